@@ -1,0 +1,302 @@
+"""``planner build``: spec + rules + options -> a canonical, sealed plan.
+
+Pipeline: load the spec (embedded default or file) -> match rules per phase ->
+memory workload (analytic or trace) -> check forced orders for conflicts ->
+choose strategies (optimize.py) -> step graph and its order (graph.py) ->
+simulate the ordered steps for the timeline -> Plan with decisions and digest.
+
+Everything recorded in the plan is relative and sorted: the same inputs give
+the same bytes on any machine (tests/test_determinism.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.codec import canonical_bytes, decode_trace, seal, sha256
+from schemas.errors import ConstraintError, DriftError, InputError
+from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
+                          Strategy)
+from schemas.spec import Spec
+
+from . import resources
+from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
+from .optimize import Problem, mib, optimize, parse_pins
+from .rules import Context, phase_rules, satisfies
+from .simulate import pool_id, simulate
+from .specs import DEFAULT_MAX_BS, default_spec, load_spec_file
+from .workload import Workload, workspace_bytes
+
+__all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "write_atomic", "check_plan",
+           "normalized_command"]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What ``planner build`` was asked. Paths are as given (relative to cwd)."""
+
+    backend: str
+    ci: bool = False
+    speculative: str | None = None
+    max_bs: int | None = None
+    spec: Path | None = None
+    strategies: tuple[str, ...] = ()
+    trace: Path | None = None
+    tp: int | None = None
+    output: Path | None = None
+    allocator: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _rel(path: Path) -> str:
+    """A stable, relative, forward-slash spelling of a user path."""
+    return Path(os.path.relpath(path.resolve(), Path.cwd().resolve())).as_posix()
+
+
+def default_output(opts: BuildOptions) -> Path:
+    parts = [opts.backend]
+    if opts.spec is not None:
+        parts.append(opts.spec.stem)
+    elif opts.speculative:
+        parts.append(opts.speculative)
+    if opts.ci:
+        parts.append("ci")
+    return Path("plans") / ("-".join(parts) + ".json")
+
+
+def normalized_command(opts: BuildOptions) -> list[str]:
+    cmd = ["planner", "build", "--backend", opts.backend]
+    if opts.ci:
+        cmd.append("--ci")
+    if opts.spec is not None:
+        cmd += ["--spec", _rel(opts.spec)]
+    if opts.speculative:
+        cmd += ["--speculative", opts.speculative]
+    if opts.max_bs is not None and opts.max_bs != DEFAULT_MAX_BS:
+        cmd += ["--max-bs", str(opts.max_bs)]
+    if opts.tp is not None:
+        cmd += ["--tp", str(opts.tp)]
+    if opts.allocator is not None:
+        cmd += ["--allocator", opts.allocator]
+    if opts.trace is not None:
+        cmd += ["--trace", _rel(opts.trace)]
+    for s in sorted(set(opts.strategies)):
+        cmd += ["--strategy", s]
+    out = opts.output if opts.output is not None else default_output(opts)
+    if _rel(out) != default_output(opts).as_posix():
+        cmd += ["-o", _rel(out)]
+    return cmd
+
+
+def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes]:
+    if opts.spec is not None:
+        if opts.speculative or opts.max_bs is not None:
+            raise InputError("--speculative and --max-bs shape the embedded default spec; "
+                             "with --spec, write the phases in the spec file", where="--spec")
+        spec = load_spec_file(opts.spec)
+        return spec, _rel(opts.spec), opts.spec.read_bytes()
+    spec = default_spec(opts.speculative, DEFAULT_MAX_BS if opts.max_bs is None else opts.max_bs)
+    return spec, "embedded:" + spec.name, canonical_bytes(spec)
+
+
+def _trace_path(opts: BuildOptions, spec: Spec) -> Path | None:
+    if opts.trace is not None:
+        return opts.trace
+    if spec.trace is not None and opts.spec is not None:
+        return opts.spec.parent / spec.trace
+    return None
+
+
+def _order_rule(rules, st: Strategy, pins: dict) -> str:
+    forcing = [r.id for r in rules if r.require and all(c.order == st.order for c in r.require)]
+    if forcing:
+        return forcing[0]
+    if "order" in pins:
+        return f"--strategy order={st.order}"
+    preferring = [r.id for r in rules if r.prefer is not None and r.prefer.order == st.order]
+    meeting = [r.id for r in rules if r.require and any(c.order == st.order and satisfies(st, c) for c in r.require)]
+    return (meeting or preferring or ["optimizer"])[0]
+
+
+def build_plan(opts: BuildOptions) -> Plan:
+    backend = resources.backend(opts.backend)
+    spec, spec_name, spec_raw = _spec(opts)
+    tp = opts.tp if opts.tp is not None else spec.tp
+    if tp < 1:
+        raise InputError(f"--tp must be >= 1, got {tp}", where="--tp")
+    if spec.model.kv_heads % tp and tp % spec.model.kv_heads:
+        raise InputError(f"tp={tp} does not divide kv_heads={spec.model.kv_heads}", where="--tp")
+    allocator = opts.allocator or spec.allocator
+    if allocator not in ("native", "expandable"):
+        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator", fix="use native or expandable")
+    ctx = Context(backend=opts.backend, ci=opts.ci)
+    all_rules = list(resources.builtin_rules()) + list(spec.rules)
+    rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
+    names = [p.name for p in spec.phases]
+    pins = parse_pins(list(opts.strategies), names)
+
+    trace_path = _trace_path(opts, spec)
+    trace_digest = None
+    if trace_path is None:
+        workload = Workload.analytic(spec.model, spec.phases, backend, tp)
+    else:
+        try:
+            raw = trace_path.read_bytes()
+        except OSError as err:
+            raise InputError(f"cannot read trace: {err.strerror}", where=str(trace_path)) from None
+        trace_digest = sha256(raw)
+        workload = Workload.from_trace(decode_trace(raw, str(trace_path)), spec.phases, str(trace_path))
+    expandable = allocator == "expandable"
+
+    keep = Strategy()
+    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: keep}, workload, expandable).pool_bytes
+             for p in spec.phases}
+    floor = max(alone.values())
+    if spec.budget_mib is not None and spec.budget_mib * 2**20 < floor:
+        raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
+                              f"needs {mib(floor)}", where=f"{spec_name}: $.budget_mib",
+                              fix=f"raise budget_mib to at least {-(-floor // 2**20)}")
+    sequence = phase_sequence(spec.phases, alone)
+    by_name = {p.name: p for p in spec.phases}
+
+    # Orders demanded outright (a rule whose every alternative names the same
+    # order, or a pin) become edges before anything is chosen: two that
+    # disagree make a cycle, reported as the rules in conflict.
+    forced: dict[str, list[tuple[str, str]]] = {}
+    for p in spec.phases:
+        for r in rules[p.name]:
+            orders = {c.order for c in r.require}
+            if r.require and len(orders) == 1 and None not in orders:
+                forced.setdefault(p.name, []).append((orders.pop(), r.id))
+        pin = {**pins.get(None, {}), **pins.get(p.name, {})}.get("order")
+        if pin:
+            forced.setdefault(p.name, []).append((pin, f"--strategy order={pin}"))
+    pre = StepGraph.empty()
+    for name, pairs in forced.items():
+        for order, rule in pairs:
+            pre.chain(name, capture_order(by_name[name].sizes, order), rule)
+    check_acyclic(pre.g)
+
+    baseline_choice, baseline_runs, _ = resources.baseline()
+    sol = optimize(Problem(phases=spec.phases, sequence=sequence, rules=rules, backend=backend,
+                           workload=workload, pins=pins, expandable=expandable))
+    strategies = sol.strategies
+
+    order_rule = {n: _order_rule(rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
+    warm_rule = {n: next((r.id for r in rules[n] if any(c.warmup for c in r.require)), "warmup") for n in names}
+    hoist_rule = {n: next((r.id for r in rules[n] if any(c.workspace == "hoisted" for c in r.require)), "optimizer")
+                  for n in names}
+    sg = build_steps(by_name, sequence, strategies, order_rule, warm_rule, hoist_rule, forced)
+    order = sg.order()
+    index = {sid: i for i, sid in enumerate(order)}
+
+    steps: list[Step] = []
+    for i, sid in enumerate(order):
+        node = sg.g.nodes[sid]
+        st = strategies[node["phase"]]
+        p = by_name[node["phase"]]
+        steps.append(Step(
+            index=i, id=sid, op=node["op"], phase=node["phase"], bs=node["bs"],
+            pool=pool_id(node["phase"], st) if node["op"] == "capture" else "",
+            outputs=st.outputs if node["op"] == "capture" else None,
+            runs=1 if node["op"] == "warmup" else 0,
+            bytes=workspace_bytes(backend, node["bs"], p.tokens_per_request) if node["op"] == "provision" else 0))
+
+    captures = [(s.phase, s.bs) for s in steps if s.op == "capture"]
+    sim = simulate(captures, strategies, workload, expandable)
+    timeline, reserved, allocated, k = [], 0, 0, 0
+    for s in steps:
+        if s.op == "capture":
+            reserved, allocated = sim.after_capture[k]
+            k += 1
+        timeline.append(StepMemory(step=s.index, reserved=reserved, allocated=allocated))
+
+    base_st = {n: Strategy(order=baseline_choice.order, outputs=baseline_choice.outputs, workspace="pool",
+                           pool="shared", warmup="every-size") for n in names}
+    base_seq = [(n, bs) for n in sequence for bs in capture_order(by_name[n].sizes, "largest-first")]
+    baseline_bytes = simulate(base_seq, base_st, workload, expandable).pool_bytes
+    hoisted = sum(s.bytes for s in steps if s.op == "provision")
+    total = sim.pool_bytes + hoisted
+
+    decisions = list(sol.decisions)
+    if len(sequence) > 1:
+        decisions.insert(0, Decision(
+            phase="*", rule="phase-order", constraint="after: " + (", ".join(
+                f"{p.name} after {d}" for p in spec.phases for d in p.after) or "none"),
+            choice=" -> ".join(sequence),
+            why="phases whose largest graph needs the most pool capture first, so later phases reuse "
+                "its freed blocks: " + ", ".join(f"{n} {mib(alone[n])}" for n in sequence)))
+
+    if spec.budget_mib is not None and total > spec.budget_mib * 2**20:
+        cheapest = min((a for d in sol.decisions for a in d.alternatives
+                        if not [v for v in a.violates if not v.startswith("--strategy")]),
+                       key=lambda a: a.pool_bytes)
+        raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; cheapest schedule "
+                              f"the rules allow: {cheapest.strategy.label()} at {mib(cheapest.pool_bytes)}",
+                              where=f"{spec_name}: $.budget_mib",
+                              fix="raise the budget, drop --strategy pins, or capture fewer sizes")
+
+    output = opts.output if opts.output is not None else default_output(opts)
+    plan = Plan(
+        name=output.stem,
+        command=normalized_command(opts),
+        inputs=Inputs(spec=spec_name, spec_digest=sha256(spec_raw), rules_digest=resources.rules_digest(),
+                      backend=opts.backend, ci=opts.ci, speculative=opts.speculative,
+                      max_bs=max(max(p.sizes) for p in spec.phases), tp=tp,
+                      strategies=sorted(set(opts.strategies)),
+                      trace=_rel(trace_path) if trace_path is not None else None, trace_digest=trace_digest),
+        requires=Requires(backend=opts.backend, modules=list(backend["modules"]),
+                          min_compute_capability=list(backend["min_compute_capability"]), tp=tp),
+        phases=[PhasePlan(name=n, kind=by_name[n].kind, sizes=capture_order(by_name[n].sizes, strategies[n].order),
+                          tokens_per_request=by_name[n].tokens_per_request,
+                          output_lifetime=by_name[n].output_lifetime, strategy=strategies[n],
+                          pool=pool_id(n, strategies[n]),
+                          hoisted_bytes=sum(s.bytes for s in steps if s.op == "provision" and s.phase == n))
+                for n in sequence],
+        steps=steps,
+        edges=sg.edges(index),
+        decisions=decisions,
+        predicted=Prediction(source=workload.source, allocator=allocator, pool_bytes=sim.pool_bytes,
+                             pools=sim.pools, largest_graph_bytes=floor, hoisted_bytes=hoisted,
+                             baseline_bytes=baseline_bytes,
+                             warmup_runs=sum(s.runs for s in steps), timeline=timeline),
+    )
+    return seal(plan)
+
+
+def plan_bytes(plan: Plan) -> bytes:
+    return canonical_bytes(plan)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside ``path`` and rename: never half-written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise InputError(f"cannot write: {err.strerror}", where=str(path),
+                         fix="choose a writable path with -o") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as err:
+        os.unlink(tmp)
+        raise InputError(f"cannot write: {err.strerror}", where=str(path), fix="choose a writable path with -o") from None
+
+
+def check_plan(opts: BuildOptions) -> Path:
+    """Build in memory and compare with the file on disk; raise DriftError if they differ."""
+    plan = build_plan(opts)
+    path = opts.output if opts.output is not None else default_output(opts)
+    fix = "run `" + " ".join(plan.command) + "`"
+    try:
+        current = path.read_bytes()
+    except OSError:
+        raise DriftError("plan is missing", where=str(path), fix=fix) from None
+    if current != plan_bytes(plan):
+        raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
+    return path

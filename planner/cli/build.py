@@ -1,0 +1,44 @@
+"""``planner build``: write (or check) a plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build")(build)
+
+
+def build(
+    backend: str = typer.Option(..., "--backend", "-b", help="Attention backend: fa3, flashinfer, triton, torch."),
+    ci: bool = typer.Option(False, "--ci", help="Apply the CI-only gates."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Spec file (TOML or JSON); default: the embedded spec."),
+    speculative: Optional[str] = typer.Option(None, "--speculative", help="Add speculative phases: eagle."),
+    max_bs: Optional[int] = typer.Option(None, "--max-bs", help="Largest capture size of the embedded spec [256]."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (per-rank memory)."),
+    allocator: Optional[str] = typer.Option(None, "--allocator", help="native or expandable segments."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Allocation trace for exact predictions."),
+    strategy: List[str] = typer.Option([], "--strategy", "-s",
+                                       help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Plan path [plans/<backend>[-...][-ci].json]."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the summary; write nothing."),
+    check: bool = typer.Option(False, "--check", help="Build in memory and compare with the file; exit 1 on drift."),
+) -> None:
+    """Build a capture plan from the spec, rules and gates."""
+    from planner.build import BuildOptions, build_plan, check_plan, default_output, plan_bytes, write_atomic
+    from planner.render import summary
+
+    opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,
+                        allocator=allocator, trace=trace, strategies=tuple(strategy), output=output)
+    path = output if output is not None else default_output(opts)
+    if check:
+        check_plan(opts)
+        typer.echo(f"{path}: up to date")
+        return
+    plan = build_plan(opts)
+    if not dry_run:
+        write_atomic(path, plan_bytes(plan))
+    typer.echo(summary(plan, f"{path}{' (dry run, not written)' if dry_run else ''}"))

@@ -1,0 +1,234 @@
+"""Choose each phase's strategy: the lowest predicted pool that breaks no rule.
+
+Search: coordinate descent over phases. Each phase starts at its preferred
+feasible strategy (rules' ``prefer``, then the baseline); then, phase by phase
+in capture order, every feasible strategy for that phase is simulated with the
+others fixed and the cheapest is kept, until a full round changes nothing.
+Cost is (pool bytes + hoisted bytes, warm-up runs, distance from the
+preference, label), so ties resolve the same way on every machine.
+
+What this does not do: it is not an exhaustive search over joint choices of
+several phases sharing a pool (that grows as 16^phases); coordinate descent
+finds the exact optimum when phases are independent (own pools) and a local
+optimum otherwise. Every alternative it rejected is reported with its cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from schemas.errors import ConstraintError, InputError
+from schemas.plan import Alternative, Decision, Strategy
+from schemas.spec import Choice, Phase, Rule
+from schemas.strategy import AXES, AXIS_VALUES
+
+from .allocator import MiB
+from .rules import choice_label, satisfies, violated
+from .simulate import simulate
+from .workload import Workload, workspace_bytes
+
+__all__ = ["Problem", "Solution", "parse_pins", "optimize", "mib"]
+
+MEMORY_AXES = ("order", "outputs", "workspace", "pool")
+
+
+def mib(n: int) -> str:
+    return f"{n / MiB:,.1f} MiB"
+
+
+def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str, str]]:
+    """``axis=value`` for every phase, ``phase.axis=value`` for one phase."""
+    out: dict[str | None, dict[str, str]] = {}
+    for i, pin in enumerate(pins):
+        where = f"--strategy {pin!r}"
+        key, sep, value = pin.partition("=")
+        if not sep:
+            raise InputError("expected AXIS=VALUE or PHASE.AXIS=VALUE", where=where)
+        phase, dot, axis = key.rpartition(".")
+        target = phase if dot else None
+        if target is not None and target not in phases:
+            raise InputError(f"unknown phase {target!r}; phases are {phases}", where=where)
+        if axis not in AXIS_VALUES:
+            raise InputError(f"unknown strategy axis {axis!r}", where=where, fix=f"use one of {', '.join(AXES)}")
+        if value not in AXIS_VALUES[axis]:
+            raise InputError(f"unknown value {value!r} for {axis}", where=where,
+                             fix=f"use one of {', '.join(AXIS_VALUES[axis])}")
+        out.setdefault(target, {})[axis] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    phases: list[Phase]
+    #: capture order of the phases
+    sequence: list[str]
+    rules: dict[str, list[Rule]]
+    backend: dict
+    workload: Workload
+    pins: dict[str | None, dict[str, str]]
+    expandable: bool = False
+    warmup_runs: int = 1
+
+
+@dataclass(frozen=True)
+class Solution:
+    strategies: dict[str, Strategy]
+    pool_bytes: int
+    hoisted_bytes: int
+    decisions: list[Decision]
+
+
+def _pinned(phase: str, pins: dict[str | None, dict[str, str]]) -> dict[str, str]:
+    return {**pins.get(None, {}), **pins.get(phase, {})}
+
+
+def _candidates(phase: Phase, pb: Problem) -> list[Strategy]:
+    values = {ax: AXIS_VALUES[ax] for ax in MEMORY_AXES}
+    if not pb.backend.get("workspace"):
+        values["workspace"] = ("pool",)  # nothing to hoist
+    if len(pb.phases) == 1:
+        values["pool"] = ("shared",)  # one phase: "own" is the same pool
+    combos = itertools.product(*(values[ax] for ax in MEMORY_AXES))
+    return [Strategy(**dict(zip(MEMORY_AXES, c))) for c in combos]
+
+
+def _preference(rules: list[Rule], base: Choice) -> dict[str, str]:
+    pref = {ax: getattr(base, ax) for ax in AXES if getattr(base, ax) is not None}
+    for r in rules:
+        if r.prefer is not None:
+            pref.update({ax: getattr(r.prefer, ax) for ax in AXES if getattr(r.prefer, ax) is not None})
+    return pref
+
+
+def _check_pins(phase: Phase, pins: dict[str, str], cands: list[Strategy], rules: list[Rule], pb: Problem) -> None:
+    where = "--strategy " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
+    if pins.get("workspace") == "hoisted" and not pb.backend.get("workspace"):
+        raise ConstraintError(f"phase {phase.name!r}: this backend has no workspace to hoist", where=where)
+    if not cands:
+        return
+    if all(violated(s, rules) for s in cands):
+        broken = sorted({rid for s in cands for rid in violated(s, rules)})
+        reqs = "; ".join(f"{r.id} requires {' or '.join(choice_label(c) for c in r.require)}"
+                         for r in rules if r.id in broken)
+        raise ConstraintError(f"breaks rule {', '.join(broken)} for phase {phase.name!r} ({reqs})", where=where,
+                              fix="drop the pin or pin a value the rule allows")
+
+
+def _warmup(phase: Phase, rules: list[Rule], pins: dict[str, str]) -> str:
+    """Fewest warm-ups the rules allow: warm-ups cost time, never pool memory."""
+    def allowed(value: str) -> bool:
+        return all(any(c.warmup in (None, value) for c in r.require) for r in rules if r.require)
+    for value in ("once-per-phase", "every-size"):
+        if pins.get("warmup", value) == value and allowed(value):
+            return value
+    blocking = ", ".join(r.id for r in rules if any(c.warmup for c in r.require))
+    raise ConstraintError(f"breaks rule {blocking} for phase {phase.name!r}",
+                          where=f"--strategy warmup={pins.get('warmup')}", fix="drop the pin")
+
+
+def _hoisted(strategies: dict[str, Strategy], pb: Problem) -> int:
+    return sum(workspace_bytes(pb.backend, max(p.sizes), p.tokens_per_request)
+               for p in pb.phases if strategies[p.name].workspace == "hoisted")
+
+
+def optimize(pb: Problem) -> Solution:
+    by_name = {p.name: p for p in pb.phases}
+    base = Choice(order="largest-first", outputs="keep", workspace="pool", pool="shared")
+    cands: dict[str, list[Strategy]] = {}
+    feasible: dict[str, list[Strategy]] = {}
+    prefs: dict[str, dict[str, str]] = {}
+    for p in pb.phases:
+        rules = pb.rules[p.name]
+        pins = _pinned(p.name, pb.pins)
+        warm = _warmup(p, rules, pins)
+        allc = [Strategy(**{**{ax: getattr(s, ax) for ax in MEMORY_AXES}, "warmup": warm}) for s in _candidates(p, pb)]
+        pinned = [s for s in allc if all(getattr(s, ax) == v for ax, v in pins.items() if ax in MEMORY_AXES)]
+        _check_pins(p, {k: v for k, v in pins.items() if k in MEMORY_AXES}, pinned, rules, pb)
+        ok = [s for s in pinned if not violated(s, rules)]
+        if not ok:
+            broken = sorted({rid for s in allc for rid in violated(s, rules)})
+            raise ConstraintError(f"rules in conflict for phase {p.name!r}: {', '.join(broken)}; "
+                                  "no strategy satisfies all of them", where=f"phase {p.name}",
+                                  fix="remove or relax one of these rules in the spec")
+        cands[p.name], feasible[p.name] = allc, ok
+        prefs[p.name] = _preference(rules, base)
+
+    memo: dict[tuple, tuple] = {}
+    captures_for = {name: by_name[name].sizes for name in pb.sequence}
+
+    def cost(strats: dict[str, Strategy]) -> tuple:
+        key = tuple(strats[n] for n in pb.sequence)
+        if key not in memo:
+            seq = [(n, bs) for n in pb.sequence
+                   for bs in sorted(captures_for[n], reverse=strats[n].order == "largest-first")]
+            total = simulate(seq, strats, pb.workload, pb.expandable).pool_bytes + _hoisted(strats, pb)
+            memo[key] = (total,)
+        dev = sum(getattr(strats[n], ax) != v for n in pb.sequence for ax, v in prefs[n].items())
+        return memo[key] + (dev, tuple(s.label() for s in key))
+
+    def first_pref(name: str) -> Strategy:
+        return min(feasible[name], key=lambda s: (sum(getattr(s, ax) != v for ax, v in prefs[name].items()), s.label()))
+
+    current = {n: first_pref(n) for n in pb.sequence}
+    for _ in range(8):
+        changed = False
+        for n in pb.sequence:
+            best = min(feasible[n], key=lambda s: cost({**current, n: s}))
+            if best != current[n]:
+                current[n], changed = best, True
+        if not changed:
+            break
+
+    pool_total = cost(current)[0]
+    hoisted = _hoisted(current, pb)
+    decisions: list[Decision] = []
+    for n in pb.sequence:
+        decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, prefs[n]))
+    return Solution(strategies=current, pool_bytes=pool_total - hoisted, hoisted_bytes=hoisted, decisions=decisions)
+
+
+def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost,
+                   pref: dict[str, str]) -> list[Decision]:
+    rules = pb.rules[phase.name]
+    pins = _pinned(phase.name, pb.pins)
+    chosen = current[phase.name]
+    alts = []
+    for s in cands:
+        v = violated(s, rules)
+        pin_broken = [f"--strategy {ax}={val}" for ax, val in pins.items()
+                      if ax in MEMORY_AXES and getattr(s, ax) != val]
+        alts.append(Alternative(strategy=s, pool_bytes=cost({**current, phase.name: s})[0],
+                                feasible=not v and not pin_broken, violates=v + pin_broken))
+    alts.sort(key=lambda a: (not a.feasible, a.pool_bytes, a.strategy.label()))
+    chosen_bytes = cost(current)[0]
+    runner = next((a for a in alts if a.feasible and a.strategy != chosen), None)
+    why = f"lowest predicted total of {len([a for a in alts if a.feasible])} feasible strategies: {mib(chosen_bytes)}"
+    if runner is not None:
+        why += f"; next best {runner.strategy.label()} at {mib(runner.pool_bytes)}"
+    why += "; " + (f"views allowed: outputs are consumed before the next replay"
+                   if phase.output_lifetime == "next-replay" else "outputs must survive other phases' replays")
+    required = [r for r in rules if r.require]
+    out = [Decision(phase=phase.name, rule="optimizer", constraint="; ".join(
+        f"{r.id}: {' | '.join(choice_label(c) for c in r.require)}" for r in required) or "none",
+        choice=chosen.label(), why=why, alternatives=alts)]
+    for r in required:
+        met = [c for c in r.require if satisfies(chosen, c)]
+        parts = []
+        for c in r.require:
+            best = min((a for a in alts if a.feasible and satisfies(a.strategy, c)), key=lambda a: a.pool_bytes,
+                       default=None)
+            parts.append(f"{choice_label(c)}: " + (mib(best.pool_bytes) if best else "no feasible schedule"))
+        out.append(Decision(phase=phase.name, rule=r.id,
+                            constraint=" | ".join(choice_label(c) for c in r.require),
+                            choice=" and ".join(choice_label(c) for c in met),
+                            why=f"{r.why}. Cheapest way to meet each alternative: " + "; ".join(parts)))
+    warm_rules = [r.id for r in rules if any(c.warmup for c in r.require)]
+    out.append(Decision(phase=phase.name, rule=",".join(warm_rules) or "warmup",
+                        constraint="warm-up at every size" if warm_rules else "none",
+                        choice=f"warmup={chosen.warmup}",
+                        why=("kernels autotune or JIT per shape" if chosen.warmup == "every-size"
+                             else "no per-shape compilation: one eager run at the largest size before the "
+                                  "phase's first capture suffices, saving "
+                                  f"{len(phase.sizes) - 1} warm-up runs")))
+    return out

@@ -1,0 +1,129 @@
+"""Text renderings of plans and reports: tables, explanations, diffs, graphs.
+
+Pure functions from schema objects to strings; the CLI prints them. Kept free
+of networkx so ``planner show`` stays fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from schemas.plan import Plan
+from schemas.report import CaptureReport
+
+from .allocator import MiB
+
+__all__ = ["mib", "summary", "steps_table", "explain", "diff", "graph", "timeline", "report_table"]
+
+
+def mib(n: int) -> str:
+    return f"{n / MiB:,.1f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = lambda r: "  ".join(str(x).rjust(w) if i and str(x)[:1].isdigit() else str(x).ljust(w)
+                              for i, (x, w) in enumerate(zip(r, widths))).rstrip()
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def summary(plan: Plan, path: str) -> str:
+    p = plan.predicted
+    caps = sum(s.op == "capture" for s in plan.steps)
+    ratio = p.baseline_bytes / p.pool_bytes if p.pool_bytes else float("inf")
+    lines = [f"{path}: {caps} captures in {len(plan.phases)} phase(s), {p.warmup_runs} warm-up run(s); "
+             f"predicted pool {mib(p.pool_bytes)} MiB ({p.source}, {p.allocator} allocator), "
+             f"largest graph alone {mib(p.largest_graph_bytes)} MiB, hoisted {p.hoisted_bytes} B; "
+             f"baseline loop {mib(p.baseline_bytes)} MiB ({ratio:.1f}x)"]
+    for ph in plan.phases:
+        lines.append(f"  {ph.name}: {ph.strategy.label()} ({ph.pool} pool)")
+    return "\n".join(lines)
+
+
+def steps_table(plan: Plan) -> str:
+    tl = {m.step: m for m in plan.predicted.timeline}
+    rows = [[str(s.index), s.op, s.phase, str(s.bs), s.pool or "-", s.outputs or "-",
+             mib(tl[s.index].reserved), mib(tl[s.index].allocated)] for s in plan.steps]
+    return _table(["#", "op", "phase", "bs", "pool", "outputs", "reserved MiB", "allocated MiB"], rows)
+
+
+def explain(plan: Plan) -> str:
+    out = [f"plan {plan.name} ({' '.join(plan.command)})", "", "decisions:"]
+    for d in plan.decisions:
+        out.append(f"- [{d.phase}] {d.rule}: {d.choice}")
+        out.append(f"    constraint: {d.constraint}")
+        out.append(f"    why: {d.why}")
+        if d.alternatives:
+            out.append("    alternatives (predicted pool MiB):")
+            for a in d.alternatives:
+                mark = "ok " if a.feasible else "no "
+                extra = "" if a.feasible else f"  breaks {', '.join(a.violates)}"
+                out.append(f"      {mark}{mib(a.pool_bytes):>10}  {a.strategy.label()}{extra}")
+    out += ["", "ordering edges (step -> step: rule):"]
+    out += [f"- {e.src} -> {e.dst}: {e.rule}" for e in plan.edges]
+    return "\n".join(out)
+
+
+def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
+    """Steps, strategies, decisions and predictions that differ; (text, differs)."""
+    out: list[str] = []
+    pa, pb = a.predicted, b.predicted
+    for label, x, y in [("pool", pa.pool_bytes, pb.pool_bytes), ("hoisted", pa.hoisted_bytes, pb.hoisted_bytes),
+                        ("largest graph", pa.largest_graph_bytes, pb.largest_graph_bytes),
+                        ("warm-up runs", pa.warmup_runs, pb.warmup_runs)]:
+        if x != y:
+            unit = "" if label == "warm-up runs" else " MiB"
+            fx, fy = (str(x), str(y)) if not unit else (mib(x), mib(y))
+            pct = f" ({(y - x) / x:+.1%})" if x else ""
+            out.append(f"predicted {label}: {fx}{unit} -> {fy}{unit}{pct}")
+    sa = {p.name: p.strategy.label() for p in a.phases}
+    sb = {p.name: p.strategy.label() for p in b.phases}
+    for name in sorted(set(sa) | set(sb)):
+        if sa.get(name) != sb.get(name):
+            out.append(f"phase {name}: {sa.get(name, '(absent)')} -> {sb.get(name, '(absent)')}")
+    da = [f"[{d.phase}] {d.rule}: {d.choice}" for d in a.decisions]
+    db = [f"[{d.phase}] {d.rule}: {d.choice}" for d in b.decisions]
+    out += [ln for ln in difflib.unified_diff(da, db, f"{name_a} decisions", f"{name_b} decisions", lineterm="", n=0)
+            if not ln.startswith("@@")]
+    ta = [f"{s.op} {s.phase} {s.bs} {s.pool} {s.outputs or '-'}" for s in a.steps]
+    tb = [f"{s.op} {s.phase} {s.bs} {s.pool} {s.outputs or '-'}" for s in b.steps]
+    out += [ln for ln in difflib.unified_diff(ta, tb, f"{name_a} steps", f"{name_b} steps", lineterm="", n=1)]
+    if not out:
+        return f"{name_a} and {name_b}: no differences in steps, decisions or predictions", False
+    return "\n".join(out), True
+
+
+def graph(plan: Plan, fmt: str) -> str:
+    ids = {s.id: f"s{s.index}" for s in plan.steps}
+    if fmt == "dot":
+        lines = [f'digraph "{plan.name}" {{', "  rankdir=LR;"]
+        lines += [f'  {ids[s.id]} [label="{s.id}"];' for s in plan.steps]
+        lines += [f'  {ids[e.src]} -> {ids[e.dst]} [label="{e.rule}"];' for e in plan.edges]
+        return "\n".join(lines + ["}"])
+    lines = ["flowchart LR"]
+    lines += [f'  {ids[s.id]}["{s.id}"]' for s in plan.steps]
+    lines += [f'  {ids[e.src]} -->|{e.rule}| {ids[e.dst]}' for e in plan.edges]
+    return "\n".join(lines)
+
+
+def timeline(plan: Plan) -> str:
+    steps = {s.index: s for s in plan.steps}
+    rows = [[str(m.step), steps[m.step].id, mib(m.reserved), mib(m.allocated)] for m in plan.predicted.timeline]
+    return _table(["#", "step", "reserved MiB", "allocated MiB"], rows) + (
+        f"\npeak reserved {mib(plan.predicted.pool_bytes)} MiB")
+
+
+def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
+    rows = []
+    for m in report.steps:
+        delta = (m.reserved - m.predicted_reserved) / m.predicted_reserved if m.predicted_reserved else 0.0
+        rows.append([str(m.step), m.id, mib(m.predicted_reserved), mib(m.reserved), f"{delta:+.1%}",
+                     f"{m.seconds * 1e3:.1f}"])
+    head = (f"report for {report.plan} on {report.device} (torch {report.torch}, {report.backend_module}); "
+            f"capture {report.capture_seconds:.2f} s")
+    if plan is not None and plan.digest != report.plan_digest:
+        head += f"\nwarning: report was made from plan digest {report.plan_digest}, not {plan.digest}"
+    tot = report.predicted_pool_bytes
+    err = (report.pool_bytes - tot) / tot if tot else 0.0
+    return "\n".join([head, _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
+                      f"pool: predicted {mib(tot)} MiB, measured {mib(report.pool_bytes)} MiB ({err:+.1%})"])

@@ -1,0 +1,25 @@
+"""JSON Schemas of the shared types, for editors and reviewers."""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.errors import InputError
+from schemas.plan import Plan
+from schemas.report import CaptureReport
+from schemas.spec import Spec
+from schemas.trace import Trace
+
+__all__ = ["json_schema"]
+
+_TYPES = {"spec": Spec, "plan": Plan, "trace": Trace, "report": CaptureReport}
+
+
+def json_schema(which: str = "all") -> str:
+    if which == "all":
+        obj = {k: msgspec.json.schema(t) for k, t in _TYPES.items()}
+    elif which in _TYPES:
+        obj = msgspec.json.schema(_TYPES[which])
+    else:
+        raise InputError(f"unknown schema {which!r}", where="planner schema", fix=f"use one of all, {', '.join(_TYPES)}")
+    return msgspec.json.format(msgspec.json.encode(obj, order="sorted"), indent=2).decode()

@@ -1,0 +1,64 @@
+"""Where a spec comes from: the embedded default (presets.toml) or a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from schemas.codec import convert, decode_spec, validate_spec
+from schemas.errors import InputError
+from schemas.spec import Model, Phase, Spec
+
+from .resources import data
+
+__all__ = ["sgl_sizes", "default_spec", "load_spec_file", "SPECULATIVE", "DEFAULT_MAX_BS"]
+
+DEFAULT_MAX_BS = 256
+SPECULATIVE = ("eagle",)
+
+
+def sgl_sizes(preset: str, max_bs: int) -> list[int]:
+    """SGLang's default capture sizes up to ``max_bs`` (DESIGN §5)."""
+    if max_bs < 1:
+        raise InputError(f"--max-bs must be >= 1, got {max_bs}", where="--max-bs")
+    table = data("presets.toml")["sizes"][preset]
+    sizes = set(table.get("explicit", []))
+    for start, stop, step in table.get("ranges", []):
+        stop = max_bs + 1 if stop == "max" else stop
+        sizes.update(range(start, stop, step))
+    return sorted(s for s in sizes if s <= max_bs)
+
+
+def default_spec(speculative: str | None = None, max_bs: int = DEFAULT_MAX_BS) -> Spec:
+    """The embedded spec: a Llama-3-8B-shaped decode step with SGLang's sizes.
+
+    ``speculative="eagle"`` adds target_verify, draft_decode and draft_extend
+    phases (EAGLE, 1-layer draft) and switches every phase to SGLang's
+    speculative size list, as SGLang does when speculative decoding is on.
+    """
+    presets = data("presets.toml")
+    model = convert(presets["model"], Model, "planner/data/presets.toml: $.model")
+    if speculative is None:
+        sizes = sgl_sizes("decode", max_bs)
+        phases = [Phase(name="decode", kind="decode", sizes=sizes)]
+        return Spec(name="default", model=model, phases=phases)
+    if speculative not in SPECULATIVE:
+        raise InputError(f"unknown speculative algorithm {speculative!r}", where="--speculative",
+                         fix=f"use one of {', '.join(SPECULATIVE)}")
+    sizes = sgl_sizes("speculative", max_bs)
+    phases = [Phase(name="decode", kind="decode", sizes=sizes)]
+    for extra in presets["speculative"][speculative]["phases"]:
+        fields: dict[str, Any] = dict(extra)
+        if fields["kind"].startswith("draft"):
+            fields["layers"] = 1
+        phases.append(convert({**fields, "sizes": sizes}, Phase, f"planner/data/presets.toml: $.speculative.{speculative}"))
+    return validate_spec(Spec(name=f"default-{speculative}", model=model, phases=phases), "embedded default spec")
+
+
+def load_spec_file(path: Path) -> Spec:
+    try:
+        data_ = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read spec: {err.strerror}", where=str(path),
+                         fix="check the path given to --spec") from None
+    return decode_spec(data_, str(path))

@@ -1,0 +1,42 @@
+"""The one error root shared by planner and executor.
+
+Every error raised on purpose is a ``CapturePlanError``: one line saying what
+went wrong, where (file, JSON path, phase/size/step) and, when known, how to
+fix it. The CLI prints ``str(err)`` and exits with ``err.exit_code``; anything
+else that escapes is a bug (exit 2).
+"""
+
+from __future__ import annotations
+
+__all__ = ["CapturePlanError", "InputError", "ConstraintError", "DriftError"]
+
+
+class CapturePlanError(Exception):
+    """Root of all deliberate errors. ``exit_code`` 1 means "user error or drift"."""
+
+    exit_code = 1
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.what}" if self.where else self.what
+        if self.fix:
+            text += f"; fix: {self.fix}"
+        # One line, always: messages quote user input, which may hold newlines.
+        return " ".join(text.split())
+
+
+class InputError(CapturePlanError):
+    """A spec, plan, trace, rule file or argument is malformed or inconsistent."""
+
+
+class ConstraintError(CapturePlanError):
+    """Rules, pins or budgets that no schedule can satisfy."""
+
+
+class DriftError(CapturePlanError):
+    """A checked-in plan differs from what the planner builds now."""

@@ -1,0 +1,174 @@
+"""The plan file: the reviewed, checked-in capture schedule.
+
+Evolution rule: these structs change only by adding fields with defaults, which
+bumps ``PLAN_REVISION``; anything incompatible bumps ``PLAN_VERSION``. Readers
+ignore unknown fields so an older executor can load a newer revision, but
+refuses a newer version. Sizes are integers (bytes) so that a plan's bytes are
+identical on every machine.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from .strategy import AllocatorMode, Order, Outputs, OutputLifetime, PhaseKind, PoolMode, Warmup, Workspace
+
+__all__ = [
+    "PlanStruct", "Strategy", "PhasePlan", "Step", "Edge", "Alternative", "Decision",
+    "StepMemory", "Prediction", "Inputs", "Requires", "Plan", "PLAN_VERSION", "PLAN_REVISION",
+    "StepOp",
+]
+
+PLAN_VERSION = 1
+PLAN_REVISION = 1
+
+StepOp = Literal["provision", "warmup", "capture"]
+
+
+class PlanStruct(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every plan type: immutable, keyword-only, lenient about unknown
+    fields (forward compatibility across revisions)."""
+
+
+class Strategy(PlanStruct, kw_only=True):
+    """The choice on every strategy axis for one phase."""
+
+    order: Order = "largest-first"
+    outputs: Outputs = "keep"
+    workspace: Workspace = "pool"
+    pool: PoolMode = "shared"
+    warmup: Warmup = "every-size"
+
+    def label(self) -> str:
+        return (f"order={self.order} outputs={self.outputs} workspace={self.workspace} "
+                f"pool={self.pool} warmup={self.warmup}")
+
+
+class PhasePlan(PlanStruct, kw_only=True):
+    name: str
+    kind: PhaseKind
+    sizes: list[int]
+    tokens_per_request: int
+    output_lifetime: OutputLifetime
+    strategy: Strategy
+    #: pool id the phase captures into ("shared" or "phase:<name>")
+    pool: str
+    #: bytes of the hoisted workspace buffer, 0 when the workspace stays in the pool
+    hoisted_bytes: int = 0
+
+
+class Step(PlanStruct, kw_only=True):
+    """One executor action. ``id`` is unique and stable: ``<op>/<phase>/<bs>``."""
+
+    index: int
+    id: str
+    op: StepOp
+    phase: str
+    bs: int
+    pool: str = ""
+    stream: str = "capture"
+    outputs: Outputs | None = None
+    #: eager runs for a warm-up step
+    runs: int = 0
+    #: bytes for a provision step (hoisted workspace, allocated outside the pool)
+    bytes: int = 0
+
+
+class Edge(PlanStruct, kw_only=True):
+    """An ordering constraint between two steps and the rule that added it."""
+
+    src: str
+    dst: str
+    rule: str
+
+
+class Alternative(PlanStruct, kw_only=True):
+    """A strategy the optimizer considered for a phase, with its predicted cost."""
+
+    strategy: Strategy
+    pool_bytes: int
+    feasible: bool
+    #: rule ids it would break (empty when feasible)
+    violates: list[str] = []
+
+
+class Decision(PlanStruct, kw_only=True):
+    """Why a phase got its strategy: the rule or constraint, the choice, the reason."""
+
+    phase: str
+    rule: str
+    constraint: str
+    choice: str
+    why: str
+    alternatives: list[Alternative] = []
+
+
+class StepMemory(PlanStruct, kw_only=True):
+    """Predicted pool state right after a step (bytes, all graph pools together)."""
+
+    step: int
+    reserved: int
+    allocated: int
+
+
+class Prediction(PlanStruct, kw_only=True):
+    #: "analytic" (model dimensions) or "trace" (recorded allocation trace)
+    source: Literal["analytic", "trace"]
+    allocator: AllocatorMode
+    #: peak reserved bytes of all graph pools together
+    pool_bytes: int
+    pools: dict[str, int]
+    #: largest pool a single graph needs captured alone
+    largest_graph_bytes: int
+    #: bytes hoisted out of the pools (persistent workspaces)
+    hoisted_bytes: int
+    #: what the baseline (engines' hard-coded loop) would take, for comparison
+    baseline_bytes: int
+    warmup_runs: int
+    timeline: list[StepMemory]
+
+
+class Inputs(PlanStruct, kw_only=True):
+    """Everything the plan was derived from, without absolute paths."""
+
+    spec: str
+    spec_digest: str
+    rules_digest: str
+    backend: str
+    ci: bool
+    speculative: str | None = None
+    max_bs: int | None = None
+    tp: int = 1
+    strategies: list[str] = []
+    trace: str | None = None
+    trace_digest: str | None = None
+
+
+class Requires(PlanStruct, kw_only=True):
+    """Environment the plan is valid for; checked by ``executor.load_plan``."""
+
+    backend: str
+    #: importable modules providing the backend's kernels (any one suffices)
+    modules: list[str]
+    min_compute_capability: list[int] = msgspec.field(default_factory=lambda: [8, 0])
+    torch: str = ">=2.4"
+    tp: int = 1
+
+
+class Plan(PlanStruct, kw_only=True):
+    version: int = PLAN_VERSION
+    revision: int = PLAN_REVISION
+    name: str
+    #: the normalized command that rebuilds this exact file
+    command: list[str]
+    inputs: Inputs
+    requires: Requires
+    phases: list[PhasePlan]
+    steps: list[Step]
+    edges: list[Edge]
+    decisions: list[Decision]
+    predicted: Prediction
+    #: "sha256:<hex>" over the canonical bytes with digest set to ""
+    digest: str = ""

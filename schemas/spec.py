@@ -1,0 +1,107 @@
+"""The hand-written input: what to capture, for which model, under which rules.
+
+Strict by design: unknown fields are rejected with their JSON path, so a typo
+(``tokens_per_requst``) fails loudly instead of silently taking a default.
+Structural checks msgspec cannot express (duplicate sizes, unknown phase
+references) live in :func:`schemas.codec.validate_spec`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from .strategy import (AllocatorMode, Order, Outputs, OutputLifetime, PhaseKind,
+                       PoolMode, Warmup, Workspace)
+
+__all__ = ["SpecStruct", "Model", "Phase", "When", "Choice", "Rule", "Spec", "SPEC_VERSION"]
+
+SPEC_VERSION = 1
+
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)]
+
+
+class SpecStruct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Base of every spec type: strict, immutable, keyword-only."""
+
+
+class Model(SpecStruct, kw_only=True):
+    """Shape of the decoder whose decode step is captured (per tensor-parallel rank
+    is derived from ``tp``; dimensions here are the full model's)."""
+
+    name: str = "llama-3-8b"
+    layers: Positive = 32
+    hidden: Positive = 4096
+    heads: Positive = 32
+    kv_heads: Positive = 8
+    head_dim: Positive = 128
+    intermediate: Positive = 14336
+    vocab: Positive = 128256
+    #: bytes per activation element (bf16)
+    dtype_bytes: Positive = 2
+    #: bytes per logit element of the returned logits (float32)
+    logits_dtype_bytes: Positive = 4
+
+
+class Phase(SpecStruct, kw_only=True):
+    """One family of graphs, one per capture size."""
+
+    name: Name
+    kind: PhaseKind
+    sizes: Annotated[list[Positive], msgspec.Meta(min_length=1)]
+    tokens_per_request: Positive = 1
+    output_lifetime: OutputLifetime = "next-replay"
+    #: phases whose captures must all come before this phase's
+    after: list[Name] = []
+    #: decoder layers this phase runs (EAGLE drafts run 1); default: the model's
+    layers: Positive | None = None
+
+
+class When(SpecStruct, kw_only=True):
+    """Condition of a rule; an unset field matches anything."""
+
+    backend: list[str] | None = None
+    phase_kind: list[PhaseKind] | None = None
+    #: tokens_per_request > 1 (varlen multi-token phases)
+    multi_token: bool | None = None
+    ci: bool | None = None
+    output_lifetime: OutputLifetime | None = None
+
+
+class Choice(SpecStruct, kw_only=True):
+    """A partial strategy: the axes it sets must hold, the others are free."""
+
+    order: Order | None = None
+    outputs: Outputs | None = None
+    workspace: Workspace | None = None
+    pool: PoolMode | None = None
+    warmup: Warmup | None = None
+
+
+class Rule(SpecStruct, kw_only=True):
+    """A rule or gate: when ``when`` matches a phase, at least one of ``require``
+    must hold for it (none: no requirement), and ``prefer`` is its default."""
+
+    id: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+    why: str
+    when: When = When()
+    require: list[Choice] = []
+    prefer: Choice | None = None
+
+
+class Spec(SpecStruct, kw_only=True):
+    """What to plan. ``budget_mib`` fails a build whose predicted pool exceeds it."""
+
+    version: int = SPEC_VERSION
+    name: str = "default"
+    model: Model = Model()
+    phases: Annotated[list[Phase], msgspec.Meta(min_length=1)]
+    tp: Positive = 1
+    allocator: AllocatorMode = "native"
+    budget_mib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    #: allocation trace (relative to the spec file) for exact predictions
+    trace: str | None = None
+    #: extra rules, applied after the built-in ones
+    rules: list[Rule] = []
