@@ -12,12 +12,12 @@ the same bytes on any machine (tests/test_determinism.py).
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.codec import canonical_bytes, decode_trace, seal, sha256
 from schemas.errors import ConstraintError, DriftError, InputError
+from schemas.files import write_atomic
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy)
 from schemas.spec import Spec
@@ -269,23 +269,6 @@ def build_plan(opts: BuildOptions) -> Plan:
 
 def plan_bytes(plan: Plan) -> bytes:
     return canonical_bytes(plan)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path`` and rename: never half-written."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as err:
-        raise InputError(f"cannot write: {err.strerror}", where=str(path),
-                         fix="choose a writable path with -o") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as err:
-        os.unlink(tmp)
-        raise InputError(f"cannot write: {err.strerror}", where=str(path), fix="choose a writable path with -o") from None
 
 
 def check_plan(opts: BuildOptions) -> Path:

@@ -1,0 +1,39 @@
+"""capture-plan executor: load a plan, capture exactly as planned, replay, verify.
+
+Engine start-up::
+
+    from executor import load_plan, capture
+    plan = load_plan("plans/fa3-ci.json")
+    graphs = capture(plan, target)         # target implements CaptureTarget
+    out = graphs.replay("decode", n)
+
+``load_plan`` and the dispatch table are torch-free; everything else imports
+torch on first use. Never imports networkx, typer or the planner.
+"""
+
+from __future__ import annotations
+
+from .dispatch import PadTable
+from .errors import (CaptureFailed, EnvironmentMismatch, ExecutorError, StaleOutputError,
+                     VerificationFailed)
+from .load import Environment, check_environment, load_plan
+
+__all__ = [
+    "load_plan", "Environment", "check_environment", "PadTable",
+    "capture", "GraphSet", "CaptureTarget", "verify", "profile", "write_trace", "check_plan_agreement",
+    "ExecutorError", "EnvironmentMismatch", "CaptureFailed", "StaleOutputError", "VerificationFailed",
+]
+
+_LAZY = {
+    "capture": ".capture", "GraphSet": ".capture", "CaptureTarget": ".target", "verify": ".verify",
+    "profile": ".profile", "write_trace": ".profile", "check_plan_agreement": ".distributed",
+}
+
+
+def __getattr__(name: str):
+    # torch-using parts load on first use so that load_plan works without torch.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'executor' has no attribute {name!r}")

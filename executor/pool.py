@@ -1,0 +1,121 @@
+"""Looking into graph pools: reserved bytes, raw byte views, allocation history.
+
+Built on ``torch.cuda.memory_snapshot`` (segments carry ``segment_pool_id``) and
+``torch.cuda.memory._record_memory_history`` (ordered alloc/free events). Both
+are private-ish torch APIs; everything touching them lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["pool_segments", "pool_reserved", "weak_view", "raw_bytes", "AllocationRecorder", "Window"]
+
+
+def _pid(pool) -> tuple[int, int]:
+    return tuple(int(x) for x in pool)  # graph_pool_handle() and snapshots spell ids differently
+
+
+def pool_segments(pools) -> list[tuple[int, int]]:
+    """(address, bytes) of every segment of the given pools, sorted by address."""
+    want = {_pid(p) for p in pools}
+    segs = [(s["address"], s["total_size"]) for s in torch.cuda.memory_snapshot()
+            if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) in want]
+    return sorted(segs)
+
+
+def pool_reserved(pools) -> int:
+    return sum(size for _, size in pool_segments(pools))
+
+
+def raw_bytes(addr: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A non-owning uint8 tensor over [addr, addr + nbytes) of device memory."""
+    dev = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    storage = torch._C._construct_storage_from_data_pointer(addr, dev, nbytes)
+    return torch.empty(0, dtype=torch.uint8, device=dev).set_(storage, 0, (nbytes,), (1,))
+
+
+def weak_view(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory that does not keep it allocated.
+
+    Valid only while the memory is not reused: for a graph output, until the
+    next replay of any graph in the same pool.
+    """
+    st = t.untyped_storage()
+    dev = torch.device("cuda", t.device.index if t.device.index is not None else torch.cuda.current_device())
+    storage = torch._C._construct_storage_from_data_pointer(st.data_ptr(), dev, st.nbytes())
+    return torch.empty(0, dtype=t.dtype, device=dev).set_(storage, t.storage_offset(), t.size(), t.stride())
+
+
+@dataclass
+class Window:
+    """Allocation events of one capture: own blocks and blocks alive before it."""
+
+    own: list[tuple[int, int]] = field(default_factory=list)
+    alive_before: list[tuple[int, int]] = field(default_factory=list)
+    #: (op, addr, size) in order, within the capture
+    events: list[tuple[str, int, int]] = field(default_factory=list)
+    #: blocks allocated in the window and still alive at its end
+    alive_after: list[tuple[int, int]] = field(default_factory=list)
+
+
+class AllocationRecorder:
+    """Records the caching allocator's history and cuts it into capture windows.
+
+    ``mark()`` before and after each capture; ``windows()`` at the end. Every
+    alloc inside a window is a pool allocation (a private pool takes only
+    allocations made during its captures).
+    """
+
+    def __init__(self, max_entries: int = 2_000_000):
+        self._marks: list[tuple[int, int]] = []
+        self._open: int | None = None
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=max_entries)
+
+    def _length(self) -> int:
+        return len(self._traces())
+
+    def _traces(self) -> list:
+        snap = torch.cuda.memory._snapshot()
+        traces = snap.get("device_traces", [])
+        dev = torch.cuda.current_device()
+        return traces[dev] if dev < len(traces) else []
+
+    def begin(self) -> None:
+        self._open = self._length()
+
+    def end(self) -> None:
+        assert self._open is not None
+        self._marks.append((self._open, self._length()))
+        self._open = None
+
+    def stop(self) -> list[Window]:
+        """Stop recording; one :class:`Window` per begin/end pair, in order."""
+        traces = self._traces()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        live: dict[int, int] = {}
+
+        def apply(events, win: Window | None) -> None:
+            for e in events:
+                action, addr, size = e["action"], e["addr"], e["size"]
+                if win is not None and action == "alloc":
+                    live[addr] = size
+                    win.own.append((addr, size))
+                    win.events.append(("alloc", addr, size))
+                elif action == "free_requested" and addr in live:
+                    del live[addr]
+                    if win is not None:
+                        win.events.append(("free", addr, size))
+
+        windows, pos = [], 0
+        for start, end in self._marks:
+            apply(traces[pos:start], None)
+            win = Window(alive_before=sorted(live.items()))
+            apply(traces[start:end], win)
+            win.alive_after = sorted((a, live[a]) for a in {a for a, _ in win.own} if a in live)
+            windows.append(win)
+            pos = end
+        return windows

@@ -1,0 +1,192 @@
+"""Reference workload: a Llama-shaped decode step with random weights.
+
+For tests, benchmarks and as the integration example: it implements
+:class:`executor.target.CaptureTarget` the way an engine would (static input
+buffers, a KV cache, outputs allocated inside the step). Attention is FA3's
+``flash_attn_with_kvcache`` (official ``flash_attn_interface``, else the
+``fa3_fwd_interface`` wheel) appending the new K/V in place; where FA3 is
+missing it falls back to torch SDPA over the cache. Phases: ``decode`` (one
+token per request) and multi-token phases such as ``target_verify``.
+
+With a hoisted workspace, FA3's scheduler metadata is computed outside the
+graph by ``refresh`` into the hoisted buffer (it depends on the sequence
+lengths, so it runs before every replay) and passed to the kernel; otherwise
+FA3 allocates it inside the graph, in the pool.
+
+Not modelled: rotary embeddings, paged KV, sampling. With ``tp_group`` set,
+attention heads and the MLP are split over ranks (column/row parallel) with an
+all-reduce after the O and down projections, inside the graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ReferenceConfig", "ReferenceModel", "load_fa3"]
+
+
+def load_fa3():
+    """The FA3 module, or None: the official interface first, then the wheel's."""
+    for name in ("flash_attn_interface", "fa3_fwd_interface"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    layers: int = 32
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    intermediate: int = 14336
+    vocab: int = 128256
+    max_bs: int = 256
+    max_seqlen: int = 512
+    #: tokens per request of each phase
+    tokens: dict = field(default_factory=lambda: {"decode": 1, "target_verify": 4})
+    seed: int = 0
+
+    @classmethod
+    def from_model(cls, model, **kw) -> "ReferenceConfig":
+        """From a spec's :class:`schemas.spec.Model`."""
+        return cls(layers=model.layers, hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads,
+                   head_dim=model.head_dim, intermediate=model.intermediate, vocab=model.vocab, **kw)
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    # Deliberately unfused (float32 upcast), like the analytic memory model.
+    x32 = x.float()
+    var = x32.pow(2).mean(-1, keepdim=True)
+    return (x32 * torch.rsqrt(var + eps)).to(x.dtype) * w
+
+
+class ReferenceModel:
+    """A CaptureTarget. ``backend``: "auto" (FA3 if importable), "fa3" or "torch"."""
+
+    def __init__(self, cfg: ReferenceConfig, backend: str = "auto", device: str | torch.device = "cuda",
+                 tp_group=None):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.tp_group = tp_group
+        tp = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
+        if cfg.heads % tp or cfg.intermediate % tp or max(cfg.kv_heads, tp) % min(cfg.kv_heads, tp):
+            raise ValueError(f"tp={tp} does not divide heads={cfg.heads}, kv_heads={cfg.kv_heads}, "
+                             f"intermediate={cfg.intermediate}")
+        self.tp = tp
+        self.heads = cfg.heads // tp
+        self.kv_heads = max(1, cfg.kv_heads // tp)
+        self.inter = cfg.intermediate // tp
+        fa3 = load_fa3() if backend in ("auto", "fa3") else None
+        if backend == "fa3" and fa3 is None:
+            raise ImportError("FA3 requested but neither flash_attn_interface nor fa3_fwd_interface is importable")
+        self.fa3 = fa3
+        self.backend = "fa3" if fa3 is not None else "torch"
+        g = torch.Generator(device=self.device)
+        g.manual_seed(cfg.seed + 1000 * (torch.distributed.get_rank(tp_group) if tp_group is not None else 0))
+        dt = torch.bfloat16
+        hd, H, KV = cfg.head_dim, self.heads, self.kv_heads
+
+        def w(*shape, std=0.02):
+            return (torch.randn(*shape, generator=g, device=self.device, dtype=torch.float32) * std).to(dt)
+
+        self.embed = w(cfg.vocab, cfg.hidden, std=1.0)
+        self.lm_head = w(cfg.vocab, cfg.hidden)
+        self.final_norm = torch.ones(cfg.hidden, device=self.device, dtype=dt)
+        self.layers = []
+        for _ in range(cfg.layers):
+            self.layers.append(dict(
+                norm1=torch.ones(cfg.hidden, device=self.device, dtype=dt),
+                norm2=torch.ones(cfg.hidden, device=self.device, dtype=dt),
+                wqkv=w((H + 2 * KV) * hd, cfg.hidden), wo=w(cfg.hidden, H * hd),
+                wgu=w(2 * self.inter, cfg.hidden), wd=w(cfg.hidden, self.inter),
+                k_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0),
+                v_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0)))
+        max_tokens = cfg.max_bs * max(cfg.tokens.values())
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
+        self.cache_seqlens = torch.ones(cfg.max_bs, dtype=torch.int32, device=self.device)
+        self._md_len: dict[tuple[str, int], int] = {}
+        self._gen = torch.Generator(device=self.device)
+        self._gen.manual_seed(cfg.seed + 7)
+        self.prepare("decode", cfg.max_bs, cfg.max_bs, self._gen)
+
+    # -- CaptureTarget -------------------------------------------------------
+    def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None:
+        tpr = self.cfg.tokens[phase]
+        self.input_ids[: bs * tpr].random_(0, self.cfg.vocab, generator=generator)
+        hi = self.cfg.max_seqlen - tpr
+        seqlens = torch.randint(1, hi + 1, (bs,), generator=generator, device=self.device, dtype=torch.int32)
+        self.cache_seqlens[:bs].copy_(seqlens)
+
+    def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
+        if self.fa3 is None:
+            return
+        tpr = self.cfg.tokens[phase]
+        md = self.fa3.get_scheduler_metadata(
+            bs, tpr, self.cfg.max_seqlen, self.heads, self.kv_heads, self.cfg.head_dim,
+            self.cache_seqlens[:bs], qkv_dtype=torch.bfloat16, headdim_v=self.cfg.head_dim,
+            max_seqlen_k_new=tpr, causal=True)
+        buf = workspace.view(torch.int32)
+        if md.numel() > buf.numel():
+            raise ValueError(f"FA3 scheduler metadata needs {md.numel() * 4} B at bs={bs}, "
+                             f"the hoisted workspace has {workspace.numel()} B")
+        buf[: md.numel()].copy_(md)
+        self._md_len[(phase, bs)] = md.numel()
+
+    def run(self, phase: str, bs: int, workspace: torch.Tensor | None) -> torch.Tensor:
+        cfg = self.cfg
+        tpr = cfg.tokens[phase]
+        T = bs * tpr
+        md = None
+        if workspace is not None and self.fa3 is not None:
+            md = workspace.view(torch.int32)[: self._md_len[(phase, bs)]]
+        h = F.embedding(self.input_ids[:T], self.embed)
+        hd, H, KV = cfg.head_dim, self.heads, self.kv_heads
+        for layer in self.layers:
+            x = _rmsnorm(h, layer["norm1"])
+            qkv = x @ layer["wqkv"].t()
+            q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
+            attn = self._attention(layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd),
+                                   v.view(bs, tpr, KV, hd), bs, md)
+            o = attn.reshape(T, H * hd) @ layer["wo"].t()
+            self._all_reduce(o)
+            res = h + o
+            x = _rmsnorm(res, layer["norm2"])
+            gate, up = (x @ layer["wgu"].t()).chunk(2, dim=-1)
+            d = (F.silu(gate) * up) @ layer["wd"].t()
+            self._all_reduce(d)
+            h = res + d
+        x = _rmsnorm(h, self.final_norm)
+        return (x @ self.lm_head.t()).float()
+
+    # -- pieces --------------------------------------------------------------
+    def _all_reduce(self, t: torch.Tensor) -> None:
+        if self.tp_group is not None:
+            torch.distributed.all_reduce(t, group=self.tp_group)
+
+    def _attention(self, layer, q, k, v, bs: int, md) -> torch.Tensor:
+        kc, vc = layer["k_cache"][:bs], layer["v_cache"][:bs]
+        seqlens = self.cache_seqlens[:bs]
+        if self.fa3 is not None:
+            out = self.fa3.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=seqlens, causal=True,
+                                                   scheduler_metadata=md)
+            return out[0] if isinstance(out, tuple) else out
+        # SDPA fallback: append K/V at each request's position, then attend with a mask.
+        tpr = q.shape[1]
+        pos = seqlens.long()[:, None] + torch.arange(tpr, device=q.device)[None, :]
+        rows = torch.arange(bs, device=q.device)[:, None].expand(bs, tpr)
+        kc[rows, pos] = k
+        vc[rows, pos] = v
+        L = kc.shape[1]
+        keys = torch.arange(L, device=q.device)[None, None, :]
+        mask = keys <= pos[:, :, None]  # (bs, tpr, L): causal over the cache
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
+                                             attn_mask=mask[:, None], enable_gqa=True)
+        return out.transpose(1, 2)

@@ -1,0 +1,40 @@
+"""The engine side of the contract: what the executor needs from a model."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, Union, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CaptureTarget", "Outputs"]
+
+Outputs = Union["torch.Tensor", tuple["torch.Tensor", ...]]
+
+
+@runtime_checkable
+class CaptureTarget(Protocol):
+    """A model the executor can capture, replay and verify.
+
+    Constraints the executor relies on:
+
+    * ``run`` reads its inputs only from the engine's own static buffers
+      (allocated before capture, outside the graph pool) and returns the step's
+      outputs, whose first dimension is ``bs * rows_per_request`` rows; the
+      returned tensors are either allocated inside ``run`` (they live in the
+      pool) or static buffers whose address never changes;
+    * ``workspace`` is None when the plan keeps the backend's workspace in the
+      pool; otherwise it is a uint8 buffer hoisted out of the pool, sized for
+      the phase's largest batch, that ``run`` must use instead of allocating;
+    * ``prepare`` writes random *valid* inputs for ``n`` requests, padded to
+      ``bs``, into the static buffers (verification and tests);
+    * ``refresh`` recomputes the hoisted workspace for the current inputs; it
+      runs before every replay (FA3's scheduler metadata depends on sequence
+      lengths) and is never captured.
+    """
+
+    def run(self, phase: str, bs: int, workspace: "torch.Tensor | None") -> Outputs: ...
+
+    def prepare(self, phase: str, n: int, bs: int, generator: "torch.Generator") -> None: ...
+
+    def refresh(self, phase: str, n: int, bs: int, workspace: "torch.Tensor") -> None: ...

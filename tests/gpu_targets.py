@@ -1,0 +1,52 @@
+"""Small CaptureTargets for GPU tests: faulty on purpose."""
+
+from __future__ import annotations
+
+import torch
+
+from executor.pool import raw_bytes
+
+MiB = 2**20
+
+
+class Synthetic:
+    """decode: out = (x[:bs] * 2) + 1 over float32 rows of 256 KiB.
+
+    The largest size also allocates and frees a 64 MiB temporary, so the pool
+    has one big segment that later (smaller) captures reuse from its low end.
+    ``oob=(bs, offset, nbytes)`` makes the graph at ``bs`` write ``nbytes`` at
+    ``offset`` past its output's start: inside that segment, outside its blocks.
+    ``fail=(bs, exc)`` raises ``exc`` while capturing/running ``bs``.
+    """
+
+    row = 64 * 1024  # floats per request: 256 KiB
+
+    def __init__(self, max_bs: int = 16, oob=None, fail=None, moving=False):
+        self.max_bs = max_bs
+        self.x = torch.zeros(max_bs, self.row, device="cuda")
+        self.oob, self.fail, self.moving = oob, fail, moving
+        self.static = [torch.zeros(max_bs, self.row, device="cuda") for _ in range(2)]
+        self.calls = 0
+
+    def run(self, phase, bs, ws):
+        self.calls += 1
+        if self.fail and self.fail[0] == bs and torch.cuda.is_current_stream_capturing():
+            raise self.fail[1]
+        if self.moving:  # returns a different static buffer on every call
+            buf = self.static[self.calls % 2][:bs]
+            buf.copy_(self.x[:bs])
+            return buf
+        if bs == self.max_bs:
+            big = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+            big.zero_()
+            del big
+        out = self.x[:bs] * 2 + 1
+        if self.oob and self.oob[0] == bs:
+            raw_bytes(out.data_ptr() + self.oob[1], self.oob[2], out.device).fill_(0x5A)
+        return out
+
+    def prepare(self, phase, n, bs, gen):
+        self.x.normal_(generator=gen)
+
+    def refresh(self, phase, n, bs, ws):
+        pass

@@ -1,0 +1,219 @@
+"""Executor on a real GPU (marked ``gpu``; skipped where CUDA is absent).
+
+Run on the device: ``python -m pytest -m gpu -q``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+MiB = 2**20
+SMALL = dict(layers=2, hidden=1024, heads=8, kv_heads=2, head_dim=128, intermediate=2048, vocab=32000)
+
+
+def _spec(tmp_path: Path, sizes, phases=("decode",), **model) -> Path:
+    m = {**SMALL, **model}
+    text = "[model]\n" + "".join(f"{k} = {v}\n" for k, v in m.items())
+    for name in phases:
+        kind = name
+        tpr = 4 if name == "target_verify" else 1
+        text += (f'\n[[phases]]\nname = "{name}"\nkind = "{kind}"\nsizes = {list(sizes)}\n'
+                 f"tokens_per_request = {tpr}\n")
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+def _plan(tmp_path, sizes, backend="fa3", ci=True, phases=("decode",), strategies=(), trace=None, **model):
+    from planner import BuildOptions, build_plan
+
+    return build_plan(BuildOptions(backend=backend, ci=ci, spec=_spec(tmp_path, sizes, phases, **model),
+                                   strategies=tuple(strategies), trace=trace))
+
+
+@pytest.fixture(scope="module")
+def model():
+    from executor.reference import ReferenceConfig, ReferenceModel
+
+    return ReferenceModel(ReferenceConfig(**SMALL, max_bs=64, max_seqlen=256))
+
+
+def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):
+    from executor import capture, verify
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16, 32, 64], phases=("decode", "target_verify"))
+    tv = next(p for p in plan.phases if p.name == "target_verify")
+    assert tv.strategy.workspace == "hoisted" or tv.strategy.order == "smallest-first"
+    gs = capture(plan, model, progress=False)
+    try:
+        planned = [(s.phase, s.bs) for s in plan.steps if s.op == "capture"]
+        assert list(gs.graphs) == planned
+        assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+        res = verify(gs, checks=("interleave", "scribble"), rounds=2)
+        assert res.ok, res.summary()
+        assert res.replays >= 3 * len(planned)
+    finally:
+        gs.release()
+
+
+def test_verify_has_no_false_positives_with_footprint_guard(tmp_path, model):
+    from executor import capture, verify
+
+    plan = _plan(tmp_path, [1, 4, 8, 16, 32])
+    gs = capture(plan, model, progress=False, record=True)
+    try:
+        res = verify(gs)
+        assert res.ok, res.summary()
+    finally:
+        gs.release()
+
+
+def test_measured_pool_close_to_prediction_and_to_trace(tmp_path, model):
+    from executor import capture, profile, write_trace
+    from planner import BuildOptions, build_plan
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16, 32, 64])
+    gs = capture(plan, model, progress=False)
+    measured = gs.report.pool_bytes
+    gs.release()
+    trace = profile(plan, model)
+    path = tmp_path / "trace.json"
+    write_trace(trace, path)
+    tplan = build_plan(BuildOptions(backend="fa3", ci=True, spec=_spec(tmp_path, [1, 2, 4, 8, 16, 32, 64]),
+                                    trace=path))
+    assert tplan.predicted.source == "trace"
+    gs = capture(tplan, model, progress=False)
+    try:
+        err = abs(tplan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes
+        assert err <= 0.03, (tplan.predicted.pool_bytes, gs.report.pool_bytes)
+    finally:
+        gs.release()
+    assert abs(plan.predicted.pool_bytes - measured) / measured <= 0.25, (plan.predicted.pool_bytes, measured)
+
+
+def test_footprint_guard_catches_out_of_bounds_write(tmp_path):
+    from executor import capture, verify
+    from gpu_targets import Synthetic
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
+    target = Synthetic(max_bs=16, oob=(8, 16 * MiB, 4 * MiB))
+    gs = capture(plan, target, progress=False, record=True)
+    try:
+        res = verify(gs, checks=("footprint",))
+        assert not res.ok
+        fault = res.faults[0]
+        assert fault.graph == "decode/8" and fault.check == "footprint"
+        assert fault.nbytes == 4 * MiB
+    finally:
+        gs.release()
+    clean = capture(plan, Synthetic(max_bs=16), progress=False, record=True)
+    try:
+        assert verify(clean, checks=("footprint", "scribble", "interleave")).ok
+    finally:
+        clean.release()
+
+
+def test_reading_a_view_output_after_its_pool_replayed_is_caught(tmp_path):
+    from executor import StaleOutputError, capture
+    from gpu_targets import Synthetic
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
+    assert plan.phases[0].strategy.outputs == "view"
+    gs = capture(plan, Synthetic(max_bs=16), progress=False)
+    try:
+        a = gs.replay_checked("decode", 16)
+        a.get()  # fine right after its replay
+        gs.replay_checked("decode", 3)
+        with pytest.raises(StaleOutputError, match="decode/16.*decode/4"):
+            a.get()
+    finally:
+        gs.release()
+
+
+def test_failure_mid_capture_names_step_and_releases_everything(tmp_path):
+    import torch
+
+    from executor import CaptureFailed, capture
+    from gpu_targets import Synthetic
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    with pytest.raises(CaptureFailed, match=r"capture/decode/4.*phase decode, bs 4.*ValueError: boom"):
+        capture(plan, Synthetic(max_bs=16, fail=(4, ValueError("boom"))), progress=False)
+    assert torch.cuda.memory_reserved() <= before + 4 * MiB
+
+
+def test_out_of_memory_mid_capture_reports_predicted_and_free(tmp_path):
+    import torch
+
+    from executor import CaptureFailed, capture
+    from gpu_targets import Synthetic
+
+    class Hog(Synthetic):
+        def run(self, phase, bs, ws):
+            if bs == 4 and torch.cuda.is_current_stream_capturing():
+                torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB
+            return super().run(phase, bs, ws)
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
+    with pytest.raises(CaptureFailed, match=r"out of memory.*predicted a pool of \d+ B and \d+ B are free"):
+        capture(plan, Hog(max_bs=16), progress=False)
+
+
+def test_outputs_that_move_outside_the_pool_are_refused(tmp_path):
+    from executor import CaptureFailed, ExecutorError, capture
+    from gpu_targets import Synthetic
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="triton", ci=False)  # warm-up at every size
+    with pytest.raises(ExecutorError, match="moved from .* outside the graph pool"):
+        capture(plan, Synthetic(max_bs=16, moving=True), progress=False)
+
+
+def test_replay_pads_and_rejects_beyond_largest(tmp_path):
+    from executor import ExecutorError, capture
+    from gpu_targets import Synthetic
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
+    gs = capture(plan, Synthetic(max_bs=16), progress=False)
+    try:
+        (out,) = gs.replay("decode", 5)
+        assert out.shape[0] == 5 and gs.padded("decode", 5) == 8
+        with pytest.raises(ExecutorError, match="batch 17 is outside the captured sizes 1..16"):
+            gs.replay("decode", 17)
+    finally:
+        gs.release()
+
+
+def test_hoisted_fa3_metadata_matches_in_kernel_metadata(model):
+    import torch
+
+    if model.fa3 is None:
+        pytest.skip("FA3 not importable")
+    gen = torch.Generator(device="cuda")
+    ws = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    for seed in range(10):
+        gen.manual_seed(seed)
+        bs = 1 + seed * 6
+        model.prepare("target_verify", bs, bs, gen)
+        model.refresh("target_verify", bs, bs, ws)
+        hoisted = model.run("target_verify", bs, ws)
+        plain = model.run("target_verify", bs, None)
+        assert torch.equal(hoisted, plain), seed
+
+
+def test_sdpa_fallback_captures_and_verifies(tmp_path):
+    from executor import capture, verify
+    from executor.reference import ReferenceConfig, ReferenceModel
+
+    m = ReferenceModel(ReferenceConfig(**SMALL, max_bs=16, max_seqlen=128), backend="torch")
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False, phases=("decode", "target_verify"))
+    gs = capture(plan, m, progress=False)
+    try:
+        assert verify(gs, checks=("interleave",)).ok
+    finally:
+        gs.release()
