@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "capture": ".capture", "GraphSet": ".capture", "CaptureTarget": ".target", "verify": ".verify",
-    "profile": ".profile", "write_trace": ".profile", "check_plan_agreement": ".distributed",
+    "capture": ".graphs", "GraphSet": ".graphs", "CaptureTarget": ".target", "verify": ".verification",
+    "profile": ".profiling", "write_trace": ".profiling", "check_plan_agreement": ".distributed",
 }
 
 

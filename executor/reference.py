@@ -121,7 +121,9 @@ class ReferenceModel:
     def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None:
         tpr = self.cfg.tokens[phase]
         self.input_ids[: bs * tpr].random_(0, self.cfg.vocab, generator=generator)
-        hi = self.cfg.max_seqlen - tpr
+        # room for the longest phase's new tokens: the prepared lengths may be
+        # replayed by any phase (they share the static buffers)
+        hi = self.cfg.max_seqlen - max(self.cfg.tokens.values())
         seqlens = torch.randint(1, hi + 1, (bs,), generator=generator, device=self.device, dtype=torch.int32)
         self.cache_seqlens[:bs].copy_(seqlens)
 
@@ -141,32 +143,40 @@ class ReferenceModel:
         self._md_len[(phase, bs)] = md.numel()
 
     def run(self, phase: str, bs: int, workspace: torch.Tensor | None) -> torch.Tensor:
-        cfg = self.cfg
-        tpr = cfg.tokens[phase]
-        T = bs * tpr
+        tpr = self.cfg.tokens[phase]
         md = None
         if workspace is not None and self.fa3 is not None:
             md = workspace.view(torch.int32)[: self._md_len[(phase, bs)]]
-        h = F.embedding(self.input_ids[:T], self.embed)
-        hd, H, KV = cfg.head_dim, self.heads, self.kv_heads
+        h = F.embedding(self.input_ids[: bs * tpr], self.embed)
         for layer in self.layers:
-            x = _rmsnorm(h, layer["norm1"])
-            qkv = x @ layer["wqkv"].t()
-            q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
-            attn = self._attention(layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd),
-                                   v.view(bs, tpr, KV, hd), bs, md)
-            o = attn.reshape(T, H * hd) @ layer["wo"].t()
-            self._all_reduce(o)
-            res = h + o
-            x = _rmsnorm(res, layer["norm2"])
-            gate, up = (x @ layer["wgu"].t()).chunk(2, dim=-1)
-            d = (F.silu(gate) * up) @ layer["wd"].t()
-            self._all_reduce(d)
-            h = res + d
-        x = _rmsnorm(h, self.final_norm)
-        return (x @ self.lm_head.t()).float()
+            h = self._layer(layer, h, bs, tpr, md)
+        return self._logits(h)
 
     # -- pieces --------------------------------------------------------------
+    # Each piece is a function so that its temporaries die when it returns:
+    # the allocation pattern is then the one planner/workload.py models.
+    def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md) -> torch.Tensor:
+        hd, H, KV = self.cfg.head_dim, self.heads, self.kv_heads
+        x = _rmsnorm(h, layer["norm1"])
+        qkv = x @ layer["wqkv"].t()
+        q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
+        attn = self._attention(layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd),
+                               v.view(bs, tpr, KV, hd), bs, md)
+        o = attn.reshape(bs * tpr, H * hd) @ layer["wo"].t()
+        self._all_reduce(o)
+        res = h + o
+        x2 = _rmsnorm(res, layer["norm2"])
+        gate_up = x2 @ layer["wgu"].t()
+        gate, up = gate_up.chunk(2, dim=-1)
+        d = (F.silu(gate) * up) @ layer["wd"].t()
+        self._all_reduce(d)
+        return res + d
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        x = _rmsnorm(h, self.final_norm)
+        logits = x @ self.lm_head.t()
+        return logits.float()
+
     def _all_reduce(self, t: torch.Tensor) -> None:
         if self.tp_group is not None:
             torch.distributed.all_reduce(t, group=self.tp_group)

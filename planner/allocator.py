@@ -104,13 +104,14 @@ class PoolSim:
 
     # -- the allocator -----------------------------------------------------
     def alloc(self, nbytes: int, stream: int = 0) -> Block:
-        size = round_size(nbytes)
+        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
-        block = self._best_fit(small, stream, size)
-        if block is None:
-            block = self._grow(small, stream, size)
+        lst = self._free[small]
+        i = bisect.bisect_left(lst, (stream, size, -1))
+        if i < len(lst) and lst[i][0] == stream:
+            block = lst.pop(i)[3]  # best fit: smallest adequate block, lowest address on ties
         else:
-            self._remove(block)
+            block = self._grow(small, stream, size)
         remaining = block.size - size
         if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
             rest = Block(block.addr + size, remaining, stream, small, block.segment,
@@ -125,7 +126,8 @@ class PoolSim:
             self._insert(rest)
         block.free = False
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
     def _grow(self, small: bool, stream: int, size: int) -> Block:

@@ -152,8 +152,9 @@ def build_plan(opts: BuildOptions) -> Plan:
     expandable = allocator == "expandable"
 
     keep = Strategy()
-    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: keep}, workload, expandable).pool_bytes
-             for p in spec.phases}
+    library = int(spec.library_mib * 2**20)
+    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: keep}, workload, expandable,
+                              library_bytes=library).pool_bytes for p in spec.phases}
     floor = max(alone.values())
     if spec.budget_mib is not None and spec.budget_mib * 2**20 < floor:
         raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
@@ -182,7 +183,7 @@ def build_plan(opts: BuildOptions) -> Plan:
 
     baseline_choice, baseline_runs, _ = resources.baseline()
     sol = optimize(Problem(phases=spec.phases, sequence=sequence, rules=rules, backend=backend,
-                           workload=workload, pins=pins, expandable=expandable))
+                           workload=workload, pins=pins, expandable=expandable, library_bytes=library))
     strategies = sol.strategies
 
     order_rule = {n: _order_rule(rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
@@ -206,7 +207,10 @@ def build_plan(opts: BuildOptions) -> Plan:
             bytes=workspace_bytes(backend, node["bs"], p.tokens_per_request) if node["op"] == "provision" else 0))
 
     captures = [(s.phase, s.bs) for s in steps if s.op == "capture"]
-    sim = simulate(captures, strategies, workload, expandable)
+    protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
+    sim = simulate(captures, strategies, workload, expandable, protect, library)
+    if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
+        raise ConstraintError(sim.hazards[0], where="planned step order")
     timeline, reserved, allocated, k = [], 0, 0, 0
     for s in steps:
         if s.op == "capture":
@@ -217,7 +221,7 @@ def build_plan(opts: BuildOptions) -> Plan:
     base_st = {n: Strategy(order=baseline_choice.order, outputs=baseline_choice.outputs, workspace="pool",
                            pool="shared", warmup="every-size") for n in names}
     base_seq = [(n, bs) for n in sequence for bs in capture_order(by_name[n].sizes, "largest-first")]
-    baseline_bytes = simulate(base_seq, base_st, workload, expandable).pool_bytes
+    baseline_bytes = simulate(base_seq, base_st, workload, expandable, library_bytes=library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
     total = sim.pool_bytes + hoisted
 

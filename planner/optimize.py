@@ -25,7 +25,7 @@ from schemas.strategy import AXES, AXIS_VALUES
 
 from .allocator import MiB
 from .rules import choice_label, satisfies, violated
-from .simulate import simulate
+from .simulate import pool_id, simulate
 from .workload import Workload, workspace_bytes
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize", "mib"]
@@ -69,6 +69,7 @@ class Problem:
     pins: dict[str | None, dict[str, str]]
     expandable: bool = False
     warmup_runs: int = 1
+    library_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,17 +156,33 @@ def optimize(pb: Problem) -> Solution:
         prefs[p.name] = _preference(rules, base)
 
     memo: dict[tuple, tuple] = {}
+    protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
     captures_for = {name: by_name[name].sizes for name in pb.sequence}
 
+    def pool_cost(members: tuple[tuple[str, Strategy], ...]) -> tuple[int, bool]:
+        # Pools are independent: a freed block is only ever reused inside its
+        # own pool. Simulating (and memoizing) each pool by itself means that
+        # trying a strategy for a phase with its own pool never re-simulates
+        # the shared one.
+        if members not in memo:
+            strats = dict(members)
+            seq = [(n, bs) for n, st in members
+                   for bs in sorted(captures_for[n], reverse=st.order == "largest-first")]
+            first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
+            sim = simulate(seq, strats, pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
+            memo[members] = (sim.pool_bytes, bool(sim.hazards))
+        return memo[members]
+
     def cost(strats: dict[str, Strategy]) -> tuple:
-        key = tuple(strats[n] for n in pb.sequence)
-        if key not in memo:
-            seq = [(n, bs) for n in pb.sequence
-                   for bs in sorted(captures_for[n], reverse=strats[n].order == "largest-first")]
-            total = simulate(seq, strats, pb.workload, pb.expandable).pool_bytes + _hoisted(strats, pb)
-            memo[key] = (total,)
+        groups: dict[str, list[tuple[str, Strategy]]] = {}
+        for n in pb.sequence:
+            groups.setdefault(pool_id(n, strats[n]), []).append((n, strats[n]))
+        parts = [pool_cost(tuple(g)) for g in groups.values()]
+        total = sum(b for b, _ in parts) + _hoisted(strats, pb)
+        hazard = any(h for _, h in parts)
         dev = sum(getattr(strats[n], ax) != v for n in pb.sequence for ax, v in prefs[n].items())
-        return memo[key] + (dev, tuple(s.label() for s in key))
+        # a schedule whose protected outputs get overwritten is never chosen
+        return (hazard, total, dev, tuple(strats[n].label() for n in pb.sequence))
 
     def first_pref(name: str) -> Strategy:
         return min(feasible[name], key=lambda s: (sum(getattr(s, ax) != v for ax, v in prefs[name].items()), s.label()))
@@ -180,7 +197,11 @@ def optimize(pb: Problem) -> Solution:
         if not changed:
             break
 
-    pool_total = cost(current)[0]
+    if cost(current)[0]:
+        raise ConstraintError("every schedule the rules allow overwrites outputs that must outlive other "
+                              "phases' replays", where="phases " + ", ".join(sorted(protect)),
+                              fix="allow pool=own for those phases")
+    pool_total = cost(current)[1]
     hoisted = _hoisted(current, pb)
     decisions: list[Decision] = []
     for n in pb.sequence:
@@ -198,10 +219,12 @@ def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strat
         v = violated(s, rules)
         pin_broken = [f"--strategy {ax}={val}" for ax, val in pins.items()
                       if ax in MEMORY_AXES and getattr(s, ax) != val]
-        alts.append(Alternative(strategy=s, pool_bytes=cost({**current, phase.name: s})[0],
-                                feasible=not v and not pin_broken, violates=v + pin_broken))
+        hazard, total = cost({**current, phase.name: s})[:2]
+        v = v + (["output-overlap"] if hazard else [])
+        alts.append(Alternative(strategy=s, pool_bytes=total, feasible=not v and not pin_broken,
+                                violates=v + pin_broken))
     alts.sort(key=lambda a: (not a.feasible, a.pool_bytes, a.strategy.label()))
-    chosen_bytes = cost(current)[0]
+    chosen_bytes = cost(current)[1]
     runner = next((a for a in alts if a.feasible and a.strategy != chosen), None)
     why = f"lowest predicted total of {len([a for a in alts if a.feasible])} feasible strategies: {mib(chosen_bytes)}"
     if runner is not None:

@@ -1,15 +1,16 @@
 """Run a capture sequence through the allocator simulator.
 
-Models what ``torch.cuda.graph`` does to the pool around each capture: the
-previous capture's cuBLAS workspace is freed when the next capture begins;
-blocks a capture frees are reusable by the rest of it and by later captures;
-at the end, outputs held through views and all leftover temporaries are freed,
-kept outputs stay. Warm-ups run eagerly outside the pool and change nothing
-here. A hoisted workspace is not in the pool at all.
+Models what a capture does to its pool: blocks a capture frees are reusable
+by the rest of it and by later captures in the same pool; at the end, outputs
+held through views and all leftover temporaries are freed, kept outputs stay,
+and ``library`` blocks (workspaces a library creates on first use, such as
+cuBLAS's on a cold capture stream) stay for good. Warm-ups run eagerly outside
+the pool and change nothing here. A hoisted workspace is not in the pool.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -32,12 +33,26 @@ class SimResult:
     pools: dict[str, int]
     #: (reserved, allocated) of all pools together after each capture
     after_capture: list[tuple[int, int]]
+    #: outputs that must outlive other phases' replays but lie in memory those
+    #: replays write (see ``protect``); empty when safe
+    hazards: list[str] = ()
 
 
 def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy], workload: Workload,
-             expandable: bool = False) -> SimResult:
+             expandable: bool = False, protect: frozenset[str] = frozenset(),
+             library_bytes: int = 0) -> SimResult:
+    """Simulate ``captures`` in order.
+
+    ``library_bytes``: persistent library workspace the first capture creates
+    in its pool (the capture stream is cold: nothing ran on it before).
+
+    ``protect``: phases whose outputs must survive replays of the other
+    phases. Their output blocks are checked against every block the other
+    phases' graphs allocate (and so write on replay) in the same pool.
+    """
+    touched: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (pool, phase) -> [(start, end)]
+    outputs: list[tuple[str, str, int, int, int]] = []  # (pool, phase, bs, start, end)
     pools: dict[str, PoolSim] = {}
-    library: list[tuple[PoolSim, object]] = []
     timeline: list[tuple[int, int]] = []
     for phase, bs in captures:
         st = strategies[phase]
@@ -45,26 +60,60 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
         pool = pools.get(pid)
         if pool is None:
             pool = pools[pid] = PoolSim(expandable=expandable)
-        for p, b in library:
-            p.free(b)
-        library = []
+        if library_bytes:
+            pool.alloc(library_bytes)  # never freed
+            library_bytes = 0
         live: dict[int, tuple[object, str]] = {}
         hoisted = st.workspace == "hoisted"
-        for e in workload.events(phase, bs):
-            if e.op == "alloc":
-                if hoisted and e.kind == "workspace":
+        alloc, free = pool.alloc, pool.free
+        for size, eid, kind in workload.compiled(phase, bs):
+            if size >= 0:
+                if hoisted and kind == "workspace":
                     continue
-                live[e.id] = (pool.alloc(e.size), e.kind)
+                block = alloc(size)
+                live[eid] = (block, kind)
+                if protect:
+                    span = (block.addr, block.addr + block.size)
+                    touched.setdefault((pid, phase), []).append(span)
+                    if kind == "output" and phase in protect:
+                        outputs.append((pid, phase, bs, *span))
             else:
-                entry = live.pop(e.id, None)
+                entry = live.pop(eid, None)
                 if entry is not None:
-                    pool.free(entry[0])
+                    free(entry[0])
         for block, kind in live.values():
-            if kind == "library":
-                library.append((pool, block))
-            elif kind != "output" or st.outputs == "view":
+            if kind == "temp" or kind == "workspace" or (kind == "output" and st.outputs == "view"):
                 pool.free(block)
         timeline.append((sum(p.reserved for p in pools.values()), sum(p.allocated for p in pools.values())))
     return SimResult(pool_bytes=timeline[-1][0] if timeline else 0,
                      pools={k: p.peak_reserved for k, p in sorted(pools.items())},
-                     after_capture=timeline)
+                     after_capture=timeline, hazards=_overlaps(touched, outputs))
+
+
+def _merged(spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Union of spans as parallel (starts, ends) lists, sorted and disjoint."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for a, b in sorted(spans):
+        if ends and a <= ends[-1]:
+            ends[-1] = max(ends[-1], b)
+        else:
+            starts.append(a)
+            ends.append(b)
+    return starts, ends
+
+
+def _overlaps(touched, outputs) -> list[str]:
+    """Protected outputs overlapping blocks that other phases' graphs write."""
+    found: list[str] = []
+    unions: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+    for pid, phase, bs, start, end in outputs:
+        key = (pid, phase)
+        if key not in unions:
+            unions[key] = _merged([s for (p, ph), lst in touched.items() if p == pid and ph != phase for s in lst])
+        starts, ends = unions[key]
+        i = bisect.bisect_left(starts, end) - 1  # last span starting before this output ends
+        if i >= 0 and ends[i] > start:
+            found.append(f"{phase}/{bs} output [{start:#x}, {end:#x}) lies in blocks another phase's graphs "
+                         f"write on replay (pool {pid})")
+    return found

@@ -5,8 +5,9 @@ Two sources, one output type (:class:`schemas.trace.CaptureTrace`):
 * **analytic** -- derived from the spec's model dimensions: a Llama-style
   decoder step (RMSNorm with a float32 upcast, fused QKV, attention, O-proj,
   gated MLP), the final norm, bf16 logits and their float32 copy (the output),
-  the backend's per-call workspace, and the cuBLAS workspace that
-  ``torch.cuda.graph`` re-creates in the pool at every capture.
+  the backend's per-call workspace and log-sum-exp. Measured on an H200 with
+  torch 2.11, cuBLAS's workspace is not allocated in the graph pool, so the
+  model has none (a recorded trace would show one as ``library`` blocks).
 * **trace** -- the allocation events ``executor.profile`` recorded on a GPU.
 
 Layers are periodic: every layer allocates and frees the same sizes in the same
@@ -19,21 +20,17 @@ MoE routing, and per-rank differences beyond dividing heads and MLP by ``tp``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from schemas.errors import InputError
 from schemas.spec import Model, Phase
 from schemas.trace import CaptureTrace, Event, Trace
 
-from .allocator import MiB
 
-__all__ = ["Workload", "analytic_capture", "workspace_bytes", "LAYER_CAP", "CUBLAS_WORKSPACE"]
+__all__ = ["Workload", "analytic_capture", "workspace_bytes", "LAYER_CAP"]
 
 LAYER_CAP = 2
-#: torch's cuBLAS workspace on sm90 (":4096:8" = 8 x 4 MiB), re-allocated in the
-#: capturing pool at every capture_begin (the previous one is freed then).
-CUBLAS_WORKSPACE = 32 * MiB
 
 
 def _round_up(n: int, m: int) -> int:
@@ -66,72 +63,80 @@ class _Events:
 
 
 def _rmsnorm(ev: _Events, tokens: int, hidden: int, d: int) -> int:
-    # x.float(); x.pow(2).mean(-1); x * rsqrt(var); .to(bf16) * weight
+    """x.float(); pow(2).mean(-1); + eps; rsqrt; x * r; .to(bf16); * weight."""
     x32 = ev.alloc(tokens * hidden * 4)
-    sq = ev.alloc(tokens * hidden * 4)
+    pw = ev.alloc(tokens * hidden * 4)
     var = ev.alloc(tokens * 4)
-    ev.free(sq)
+    ev.free(pw)
+    ve = ev.alloc(tokens * 4)
+    rs = ev.alloc(tokens * 4)
+    ev.free(ve)
     y32 = ev.alloc(tokens * hidden * 4)
-    ev.free(x32, var)
-    y = ev.alloc(tokens * hidden * d)
+    ev.free(rs)
+    yb = ev.alloc(tokens * hidden * d)
     ev.free(y32)
     out = ev.alloc(tokens * hidden * d)
-    ev.free(y)
+    ev.free(yb, x32, var)
+    return out
+
+
+def _attention(ev: _Events, backend: dict, bs: int, tpr: int, heads: int, hd: int, d: int) -> int:
+    """The backend call: its output, float32 log-sum-exp, per-call workspace, partials."""
+    tokens = bs * tpr
+    out = ev.alloc(tokens * heads * hd * d)
+    lse = ev.alloc(tokens * heads * 4) if backend.get("lse", False) else None
+    ws = workspace_bytes(backend, bs, tpr)
+    if ws:
+        ev.free(ev.alloc(ws, "workspace"))
+    factor = backend.get("attention_temp_factor", 0.0)
+    if factor:
+        ev.free(ev.alloc(int(tokens * heads * hd * factor)))
+    if lse is not None:
+        ev.free(lse)
     return out
 
 
 def analytic_capture(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1,
                      layer_cap: int = LAYER_CAP) -> CaptureTrace:
-    """The allocation events of capturing ``phase`` at batch ``bs``."""
+    """The allocation events of capturing ``phase`` at batch ``bs``.
+
+    Mirrors a straightforward PyTorch decoder (executor/reference.py is one):
+    each layer is a function whose temporaries die when it returns, in the
+    order CPython releases its locals; bf16 logits, then the float32 copy that
+    is returned.
+    """
     ev = _Events()
     d = model.dtype_bytes
-    tokens = bs * phase.tokens_per_request
+    tpr = phase.tokens_per_request
+    tokens = bs * tpr
     heads = max(1, model.heads // tp)
     kv_heads = max(1, model.kv_heads // tp)
     inter = max(1, model.intermediate // tp)
-    hd = model.head_dim
-    h = model.hidden
+    hd, h = model.head_dim, model.hidden
     layers = phase.layers or model.layers
 
-    ev.alloc(CUBLAS_WORKSPACE, "library")
-    ws = workspace_bytes(backend, bs, phase.tokens_per_request)
-    ws_id = ev.alloc(ws, "workspace") if ws else None
     hidden = ev.alloc(tokens * h * d)  # embedding lookup
     for _ in range(min(layers, layer_cap)):
-        normed = _rmsnorm(ev, tokens, h, d)
+        x = _rmsnorm(ev, tokens, h, d)
         qkv = ev.alloc(tokens * (heads + 2 * kv_heads) * hd * d)
-        ev.free(normed)
-        attn = ev.alloc(tokens * heads * hd * d)
-        factor = backend.get("attention_temp_factor", 0.0)
-        if factor:
-            part = ev.alloc(int(tokens * heads * hd * factor))
-            ev.free(part)
-        ev.free(qkv)
-        o = ev.alloc(tokens * h * d)
-        ev.free(attn)
-        if tp > 1:
-            pass  # all-reduce is in place: no extra pool block
+        attn = _attention(ev, backend, bs, tpr, heads, hd, d)
+        o = ev.alloc(tokens * h * d)  # O projection; a TP all-reduce runs in place
         res = ev.alloc(tokens * h * d)
-        ev.free(o, hidden)
-        normed = _rmsnorm(ev, tokens, h, d)
+        x2 = _rmsnorm(ev, tokens, h, d)
         gate_up = ev.alloc(tokens * 2 * inter * d)
-        ev.free(normed)
         act = ev.alloc(tokens * inter * d)
         prod = ev.alloc(tokens * inter * d)
-        ev.free(act, gate_up)
+        ev.free(act)
         down = ev.alloc(tokens * h * d)
         ev.free(prod)
-        hidden = ev.alloc(tokens * h * d)
-        ev.free(down, res)
-    normed = _rmsnorm(ev, tokens, h, d)
-    ev.free(hidden)
+        new_hidden = ev.alloc(tokens * h * d)
+        ev.free(x, qkv, attn, o, res, x2, gate_up, down, hidden)  # the layer returns
+        hidden = new_hidden
+    x = _rmsnorm(ev, tokens, h, d)
     rows = tokens if phase.kind in ("target_verify", "draft_extend") else bs
     logits = ev.alloc(rows * model.vocab * d)
-    ev.free(normed)
     ev.alloc(rows * model.vocab * model.logits_dtype_bytes, "output")
-    ev.free(logits)
-    if ws_id is not None:
-        ev.free(ws_id)
+    ev.free(x, logits, hidden)
     return CaptureTrace(phase=phase.name, bs=bs, events=ev.events)
 
 
@@ -141,6 +146,7 @@ class Workload:
 
     source: str  # "analytic" | "trace"
     captures: dict[tuple[str, int], CaptureTrace]
+    _compiled: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def analytic(cls, model: Model, phases: list[Phase], backend: dict, tp: int = 1) -> "Workload":
@@ -170,6 +176,16 @@ class Workload:
 
     def events(self, phase: str, bs: int) -> Iterator[Event]:
         return iter(self.captures[(phase, bs)].events)
+
+    def compiled(self, phase: str, bs: int) -> list[tuple[int, int, int, str]]:
+        """Events as (size or -1 for a free, id, kind) tuples: the simulator's hot loop
+        unpacks tuples much faster than it reads struct attributes."""
+        key = (phase, bs)
+        cached = self._compiled.get(key)
+        if cached is None:
+            cached = self._compiled[key] = [(e.size if e.op == "alloc" else -1, e.id, e.kind)
+                                            for e in self.captures[key].events]
+        return cached
 
 
 def _check_events(cap: CaptureTrace, where: str) -> None:

@@ -103,5 +103,10 @@ class Spec(SpecStruct, kw_only=True):
     budget_mib: Annotated[float, msgspec.Meta(gt=0)] | None = None
     #: allocation trace (relative to the spec file) for exact predictions
     trace: str | None = None
+    #: persistent library workspaces the first capture creates in the pool when
+    #: the capture stream is cold (nothing ran on it before): 32 for cuBLAS on
+    #: sm90 (measured, bench/results/cold-stream-*.json). The executor warms up
+    #: on its capture stream, so its plans use 0.
+    library_mib: Annotated[float, msgspec.Meta(ge=0)] = 0
     #: extra rules, applied after the built-in ones
     rules: list[Rule] = []

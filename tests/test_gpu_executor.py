@@ -92,7 +92,7 @@ def test_measured_pool_close_to_prediction_and_to_trace(tmp_path, model):
         assert err <= 0.03, (tplan.predicted.pool_bytes, gs.report.pool_bytes)
     finally:
         gs.release()
-    assert abs(plan.predicted.pool_bytes - measured) / measured <= 0.25, (plan.predicted.pool_bytes, measured)
+    assert abs(plan.predicted.pool_bytes - measured) / measured <= 0.10, (plan.predicted.pool_bytes, measured)
 
 
 def test_footprint_guard_catches_out_of_bounds_write(tmp_path):
@@ -121,7 +121,7 @@ def test_reading_a_view_output_after_its_pool_replayed_is_caught(tmp_path):
     from executor import StaleOutputError, capture
     from gpu_targets import Synthetic
 
-    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False, strategies=["outputs=view"])
     assert plan.phases[0].strategy.outputs == "view"
     gs = capture(plan, Synthetic(max_bs=16), progress=False)
     try:
@@ -141,11 +141,14 @@ def test_failure_mid_capture_names_step_and_releases_everything(tmp_path):
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
+    target = Synthetic(max_bs=16, fail=(4, ValueError("boom")))
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     with pytest.raises(CaptureFailed, match=r"capture/decode/4.*phase decode, bs 4.*ValueError: boom"):
-        capture(plan, Synthetic(max_bs=16, fail=(4, ValueError("boom"))), progress=False)
-    assert torch.cuda.memory_reserved() <= before + 4 * MiB
+        capture(plan, target, progress=False)
+    # every partial graph and the pool it held are gone: nothing beyond the
+    # target's own buffers is reserved any more
+    assert torch.cuda.memory_reserved() <= before
 
 
 def test_out_of_memory_mid_capture_reports_predicted_and_free(tmp_path):

@@ -21,7 +21,7 @@ from schemas.files import write_atomic
 from schemas.plan import Plan
 from schemas.trace import CaptureTrace, Event, Trace
 
-from .capture import capture
+from .graphs import capture
 from .target import CaptureTarget
 
 __all__ = ["profile", "write_trace"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -58,6 +59,8 @@ class Captured:
     outputs: tuple[torch.Tensor, ...]
     held: str  # "keep" | "view"
     rows_per_request: int
+    #: position in capture order
+    order: int = 0
     #: per n in 1..bs: outputs sliced to n requests (built once: dispatch stays O(1))
     sliced: list = field(default_factory=list)
     window: Window | None = None
@@ -257,6 +260,9 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
             bar.close()
         if recorder is not None:
             recorder.stop()
+        # The traceback's frames hold the partial capture's tensors; without
+        # clearing them the pool could not be emptied.
+        traceback.clear_frames(err.__traceback__)
         gs.release()
         if not isinstance(err, Exception):  # KeyboardInterrupt and friends: released, then re-raised
             raise
@@ -309,6 +315,7 @@ def _capture_one(gs: GraphSet, step, target: CaptureTarget, stream, recorder, wa
                 g.capture_end()
             except Exception:  # the capture is already invalid; the original error matters
                 pass
+            g.reset()  # a partial graph holds its pool: release it so the pool can be emptied
             if recorder is not None:
                 recorder.end()
             raise
@@ -331,7 +338,7 @@ def _capture_one(gs: GraphSet, step, target: CaptureTarget, stream, recorder, wa
     kept = tuple(weak_view(t) for t in outs) if held == "view" else outs
     del outs
     gs._add(Captured(phase=step.phase, bs=step.bs, pool=step.pool, graph=g, outputs=kept, held=held,
-                     rows_per_request=rows))
+                     rows_per_request=rows, order=len(gs.graphs)))
     return pool_reserved(gs.pools.values())
 
 

@@ -4,7 +4,8 @@ Three checks, each fault naming the graph, the address range and the bytes:
 
 * **interleave** -- replay every graph in a shuffled and in a reversed order,
   each with fresh random inputs, and compare with the target run eagerly;
-  kept outputs are re-checked after every later replay (they must survive);
+  kept outputs are re-checked after every replay that must not touch them
+  (graphs in other pools, and graphs captured after them);
 * **scribble** -- fill every pool segment with 0xFF before a replay, then
   compare: a graph that reads pool memory it did not write first differs;
 * **footprint** -- from the allocation history recorded during capture, fill
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .capture import Captured, GraphSet
+from .graphs import Captured, GraphSet
 from .errors import VerificationFailed
 from .pool import pool_segments, raw_bytes
 
@@ -63,9 +64,12 @@ class VerifyResult:
             more = f" (+{len(self.faults) - 1} more)" if len(self.faults) > 1 else ""
             raise VerificationFailed(str(self.faults[0]) + more, where="verify")
 
-    def summary(self) -> str:
-        return (f"verify: {self.replays} replays, checks {', '.join(self.checks)}: "
-                + ("no faults" if self.ok else f"{len(self.faults)} fault(s); first: {self.faults[0]}"))
+    def summary(self, limit: int = 5) -> str:
+        head = f"verify: {self.replays} replays, checks {', '.join(self.checks)}: "
+        if self.ok:
+            return head + "no faults"
+        more = f" ... (+{len(self.faults) - limit} more)" if len(self.faults) > limit else ""
+        return head + f"{len(self.faults)} fault(s): " + " | ".join(map(str, self.faults[:limit])) + more
 
 
 def _compare(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> str | None:
@@ -141,6 +145,13 @@ def _interleave(gs, caps, rng, gen, res, rounds) -> None:
                 kept[(cap.phase, cap.bs)] = (cap, ref)
             for (p, b), (other, oref) in list(kept.items()):
                 if other is cap:
+                    continue
+                # A kept output is guaranteed to survive replays of graphs in
+                # other pools and of graphs captured after it (they could not
+                # take its blocks); a graph captured before it may use those
+                # blocks as scratch, so its reference is void from here on.
+                if other.pool == cap.pool and other.order > cap.order:
+                    del kept[(p, b)]
                     continue
                 n = oref[0].shape[0] // other.rows_per_request
                 now = tuple(t[: n * other.rows_per_request] for t in other.outputs)
