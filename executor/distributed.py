@@ -8,10 +8,11 @@ so a rank that fails makes every other rank raise (naming the rank and the
 step) instead of waiting in a collective the failed rank never joins.
 
 Works on any torch.distributed backend; status exchanges use
-``all_gather_object`` and are bounded by the process group's timeout (set it
-at ``init_process_group``). What it cannot do: interrupt a rank already
-blocked inside a collective issued by the model itself -- that rank is freed
-by the group's timeout, after which its error joins the next exchange.
+``all_gather_object`` on a side gloo group and are bounded by the process
+group's timeout (set it at ``init_process_group``). What it cannot do:
+interrupt a rank already blocked inside a collective issued by the model
+itself -- that rank is freed by the group's timeout, after which its error
+joins the exchange, so every rank raises within that timeout.
 """
 
 from __future__ import annotations
@@ -66,21 +67,28 @@ def check_plan_agreement(plan: Plan, group=None, *, env: dict[str, str] | None =
 
 
 class StepSync:
-    """One status exchange per plan step; a failure anywhere fails every rank."""
+    """One status exchange per plan step; a failure anywhere fails every rank.
+
+    Exchanges run on a separate gloo group: they never interleave with the
+    model's own collectives on ``group`` (which may be NCCL, and may be the one
+    that broke).
+    """
 
     def __init__(self, group=None):
-        self.group = group
         self.rank, self.world = _require(group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        self.side = dist.new_group(ranks=ranks, backend="gloo")
 
     def _exchange(self, status: tuple | None) -> None:
         everyone: list = [None] * self.world
-        dist.all_gather_object(everyone, status, group=self.group)
-        failures = [(s[1], r, s) for r, s in enumerate(everyone) if s is not None]
+        dist.all_gather_object(everyone, status, group=self.side)
+        failures = sorted((s[1], r, s[0], s[2]) for r, s in enumerate(everyone) if s is not None)
         if failures:
-            _, r, (step_id, index, text) = min(failures)
-            raise CaptureFailed(f"rank {r} failed at step {index} ({step_id}): {text}",
-                                where=f"rank {self.rank} of {self.world}",
-                                fix="see rank " + str(r) + "'s error; every rank stopped before its next collective")
+            # Every failing rank is named, earliest step first: the first is
+            # usually the cause, later ones (collective time-outs) its echo.
+            text = "; ".join(f"rank {r} failed at step {i} ({sid}): {msg}" for i, r, sid, msg in failures)
+            raise CaptureFailed(text, where=f"rank {self.rank} of {self.world}",
+                                fix=f"see rank {failures[0][1]}'s error; every rank stopped")
 
     def before(self) -> None:
         """All ranks are fine so far (raises if any reported a failure)."""

@@ -6,10 +6,22 @@ CPU only; never imports torch (tests/test_no_torch.py). Library entry points:
 - :func:`check_plan` -- build in memory and compare with the file (drift);
 - :class:`PoolSim` -- the caching-allocator simulator;
 - :func:`default_spec` -- the embedded Llama-3-8B-shaped spec.
+
+Attributes load on first use so that ``planner --help`` does not pay for
+networkx.
 """
 
-from .allocator import PoolSim
-from .build import BuildOptions, build_plan, check_plan, plan_bytes, write_atomic
-from .specs import default_spec
+from __future__ import annotations
 
-__all__ = ["BuildOptions", "build_plan", "check_plan", "plan_bytes", "write_atomic", "PoolSim", "default_spec"]
+import importlib
+
+__all__ = ["BuildOptions", "build_plan", "check_plan", "plan_bytes", "PoolSim", "default_spec"]
+
+_WHERE = {"BuildOptions": ".build", "build_plan": ".build", "check_plan": ".build", "plan_bytes": ".build",
+          "PoolSim": ".allocator", "default_spec": ".specs"}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

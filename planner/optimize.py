@@ -159,7 +159,7 @@ def optimize(pb: Problem) -> Solution:
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
     captures_for = {name: by_name[name].sizes for name in pb.sequence}
 
-    def pool_cost(members: tuple[tuple[str, Strategy], ...]) -> tuple[int, bool]:
+    def pool_cost(members: tuple[tuple[str, Strategy], ...]) -> tuple[int, int]:
         # Pools are independent: a freed block is only ever reused inside its
         # own pool. Simulating (and memoizing) each pool by itself means that
         # trying a strategy for a phase with its own pool never re-simulates
@@ -170,7 +170,7 @@ def optimize(pb: Problem) -> Solution:
                    for bs in sorted(captures_for[n], reverse=st.order == "largest-first")]
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
             sim = simulate(seq, strats, pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
-            memo[members] = (sim.pool_bytes, bool(sim.hazards))
+            memo[members] = (sim.pool_bytes, len(sim.hazards))
         return memo[members]
 
     def cost(strats: dict[str, Strategy]) -> tuple:
@@ -179,7 +179,7 @@ def optimize(pb: Problem) -> Solution:
             groups.setdefault(pool_id(n, strats[n]), []).append((n, strats[n]))
         parts = [pool_cost(tuple(g)) for g in groups.values()]
         total = sum(b for b, _ in parts) + _hoisted(strats, pb)
-        hazard = any(h for _, h in parts)
+        hazard = sum(h for _, h in parts)  # counted, so that descent can make progress
         dev = sum(getattr(strats[n], ax) != v for n in pb.sequence for ax, v in prefs[n].items())
         # a schedule whose protected outputs get overwritten is never chosen
         return (hazard, total, dev, tuple(strats[n].label() for n in pb.sequence))

@@ -24,7 +24,7 @@ def plot_timeline(plan: Plan, path: Path) -> None:
     except ImportError:
         raise InputError("matplotlib is not installed", where="--plot",
                          fix="pip install 'capture-plan[plot]'") from None
-    from .build import write_atomic
+    from schemas.files import write_atomic
     import io
 
     tl = plan.predicted.timeline

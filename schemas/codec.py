@@ -42,8 +42,11 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def plan_digest(plan: Plan) -> str:
-    return sha256(canonical_bytes(msgspec.structs.replace(plan, digest="")))
+def plan_digest(plan: "Plan | dict") -> str:
+    """Digest over every field, known or not, with ``digest`` blanked: a reader
+    of an older revision still verifies fields it does not understand."""
+    raw = plan if isinstance(plan, dict) else msgspec.to_builtins(plan)
+    return sha256(canonical_bytes({**raw, "digest": ""}))
 
 
 def seal(plan: Plan) -> Plan:
@@ -143,7 +146,7 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
                          where=source, fix="rebuild it with the command recorded in the plan")
     plan = convert(raw, Plan, source)
     if check_digest:
-        expected = plan_digest(plan)
+        expected = plan_digest(raw)
         if plan.digest != expected:
             raise InputError(f"digest mismatch: file says {plan.digest or '(none)'}, content is {expected}",
                              where=f"{source}: $.digest",

@@ -29,27 +29,42 @@ for module in (build, check, show, explain, diff, graph, simulate, report, schem
     module.register(app)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import click
+def _usage_errors() -> tuple[type, ...]:
+    # Newer typer vendors click (typer._click); older typer uses click itself.
+    kinds: list[type] = []
+    base = getattr(__import__("typer.exceptions").exceptions, "TyperException", None)
+    if base is not None:
+        kinds.append(base)
+    try:
+        import click
 
+        kinds.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
+def main(argv: list[str] | None = None) -> int:
     from schemas.errors import CapturePlanError
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
-        typer.main.get_command(app).main(args=args, prog_name="planner", standalone_mode=False)
+        rc = typer.main.get_command(app).main(args=args, prog_name="planner", standalone_mode=False)
+        if isinstance(rc, int):  # click returns the code of an Exit raised by a command
+            return rc
     except CapturePlanError as err:
         if debug:
             raise
         print(f"planner: error: {err}", file=sys.stderr)
         return err.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("planner: aborted", file=sys.stderr)
         return 1
-    except click.exceptions.Exit as err:
+    except typer.Exit as err:
         return err.exit_code
-    except click.ClickException as err:  # bad options and arguments: a user error
-        if debug:
+    except _usage_errors() as err:  # bad options and arguments: a user error
+        if debug or not hasattr(err, "format_message"):
             raise
         hint = f" (see `planner {err.ctx.info_name} --help`)" if getattr(err, "ctx", None) else ""
         print(f"planner: error: {' '.join(err.format_message().split())}{hint}", file=sys.stderr)

@@ -28,7 +28,8 @@ def build(
     check: bool = typer.Option(False, "--check", help="Build in memory and compare with the file; exit 1 on drift."),
 ) -> None:
     """Build a capture plan from the spec, rules and gates."""
-    from planner.build import BuildOptions, build_plan, check_plan, default_output, plan_bytes, write_atomic
+    from planner.build import BuildOptions, build_plan, check_plan, default_output, plan_bytes
+    from schemas.files import write_atomic
     from planner.render import summary
 
     opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,

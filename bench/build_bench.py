@@ -1,0 +1,95 @@
+"""Planner speed: wall time of the CLI and of builds as sizes grow.
+
+Measures (median of --repeat runs, wall clock, on this machine's CPU):
+  help            `planner --help` in a fresh process (import cost included)
+  build_default   `planner build --backend fa3 --ci --dry-run` in a fresh process
+  simulate_default  one simulation of the default plan's captures (in process)
+  optimize_spec   building the speculative preset (4 phases, all strategies)
+  scale/N         a spec with N sizes in each of 4 phases (N = 35 .. 1024)
+
+Writes JSON with date and machine to bench/results/build-<date>.json.
+Run: python bench/build_bench.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _median(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "planner", *args], check=True, capture_output=True, cwd=tempfile.gettempdir())
+
+
+def _scale_spec(n: int) -> Path:
+    sizes = list(range(1, n + 1))
+    text = ""
+    for name, kind, tpr in (("decode", "decode", 1), ("target_verify", "target_verify", 4),
+                            ("draft_decode", "draft_decode", 1), ("draft_extend", "draft_extend", 4)):
+        text += f'[[phases]]\nname = "{name}"\nkind = "{kind}"\ntokens_per_request = {tpr}\nsizes = {sizes}\n'
+        if kind.startswith("draft"):
+            text += "layers = 1\n"
+    path = Path(tempfile.mkdtemp()) / f"scale{n}.toml"
+    path.write_text(text)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    args = ap.parse_args()
+
+    from planner import BuildOptions, build_plan
+    from planner.simulate import simulate
+    from planner.specs import default_spec
+    from planner.workload import Workload
+    from planner.resources import backend
+
+    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
+                            f"{platform.python_version()}", "repeat": args.repeat}
+    res["help_s"] = _median(lambda: _cli("--help"), args.repeat)
+    res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
+    plan = build_plan(BuildOptions(backend="fa3", ci=True))
+    spec = default_spec()
+    wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
+    caps = [(s.phase, s.bs) for s in plan.steps if s.op == "capture"]
+    strategies = {p.name: p.strategy for p in plan.phases}
+    res["simulate_default_s"] = _median(lambda: simulate(caps, strategies, wl), args.repeat)
+    res["optimize_speculative_s"] = _median(
+        lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")), args.repeat)
+    res["scale"] = {}
+    for n in (35, 128, 512, 1024):
+        path = _scale_spec(n)
+        res["scale"][str(n)] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)),
+                                       max(1, args.repeat // 2))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"build-{res['date'][:10]}.json").write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(res, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

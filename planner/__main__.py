@@ -1,0 +1,7 @@
+"""``python -m planner`` is the ``planner`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,142 @@
+"""The allocator simulator, one hand-computed scenario per rule of DESIGN §3."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from planner.allocator import KiB, MiB, PoolSim, round_size, segment_size
+
+
+def test_rounding_to_512_byte_blocks():
+    assert [round_size(n) for n in (0, 1, 511, 512, 513, 1000, 1024, 1025)] == [512, 512, 512, 512, 1024, 1024,
+                                                                                  1024, 1536]
+
+
+def test_segment_sizes_small_large_and_huge():
+    assert segment_size(512) == 2 * MiB            # small pool: 2 MiB segments
+    assert segment_size(1 * MiB) == 2 * MiB        # 1 MiB inclusive is still small
+    assert segment_size(1 * MiB + 512) == 20 * MiB  # large, under 10 MiB: 20 MiB
+    assert segment_size(10 * MiB - 512) == 20 * MiB
+    assert segment_size(10 * MiB) == 10 * MiB      # 10 MiB and up: rounded to 2 MiB
+    assert segment_size(11 * MiB) == 12 * MiB
+
+
+def test_new_segments_and_reserved_bytes():
+    p = PoolSim()
+    p.alloc(100)
+    assert (p.reserved, p.allocated) == (2 * MiB, 512)
+    p.alloc(3 * MiB)
+    assert (p.reserved, p.segments) == (22 * MiB, 2)
+    p.alloc(12 * MiB)  # fits the 17 MiB left of the 20 MiB segment: no new segment
+    assert (p.reserved, p.segments) == (22 * MiB, 2)
+    p.alloc(40 * MiB)
+    assert p.reserved == 62 * MiB
+
+
+def test_best_fit_takes_smallest_adequate_block_then_lowest_address():
+    p = PoolSim()
+    blocks = [p.alloc(s) for s in (4 * MiB, 2 * MiB, 3 * MiB, 2 * MiB, 2 * MiB)]  # one 20 MiB segment
+    for b in (blocks[0], blocks[2]):  # free a 4 MiB and a 3 MiB hole
+        p.free(b)
+    got = p.alloc(3 * MiB - 4096)
+    assert got.addr == blocks[2].addr  # the 3 MiB hole, not the 4 MiB one
+    # two equal holes: the lowest address wins
+    q = PoolSim()
+    a, b, c, d = (q.alloc(2 * MiB) for _ in range(4))
+    q.free(c)
+    q.free(a)
+    assert q.alloc(2 * MiB).addr == a.addr
+
+
+def test_small_pool_split_threshold_is_512_bytes():
+    p = PoolSim()
+    first = p.alloc(1024)
+    p.alloc(512)  # pin the rest of the segment away from `first`
+    p.free(first)
+    got = p.alloc(512)  # 1024 block, remainder 512 >= 512: split
+    assert got.size == 512
+    assert (512, got.addr + 512) in p.free_blocks(True)
+
+
+def test_large_pool_splits_only_above_1_mib_remainder():
+    p = PoolSim()
+    big = p.alloc(4 * MiB)
+    p.alloc(2 * MiB)  # neighbour, so `big`'s hole cannot merge
+    p.free(big)
+    got = p.alloc(3 * MiB)  # remainder exactly 1 MiB: not split, whole block handed out
+    assert got.size == 4 * MiB
+    p.free(got)
+    got = p.alloc(3 * MiB - 512)  # remainder 1 MiB + 512: split
+    assert got.size == 3 * MiB - 512
+
+
+def test_free_merges_with_free_neighbours_in_the_same_segment():
+    p = PoolSim()
+    a, b, c = p.alloc(2 * MiB), p.alloc(2 * MiB), p.alloc(2 * MiB)
+    p.free(a)
+    p.free(c)
+    p.free(b)  # merges with both neighbours and the segment's tail
+    assert p.free_blocks(False) == [(20 * MiB, a.addr)]
+    assert p.alloc(19 * MiB).addr == a.addr  # the merged block serves a large request
+
+
+def test_blocks_freed_on_another_stream_are_not_reused():
+    p = PoolSim()
+    x = p.alloc(2 * MiB, stream=1)
+    p.free(x)
+    y = p.alloc(2 * MiB, stream=0)
+    assert y.segment != x.segment
+    assert p.reserved == 40 * MiB
+
+
+def test_reserved_never_falls_after_frees():
+    p = PoolSim()
+    blocks = [p.alloc(s * MiB) for s in (30, 5, 1, 12)]
+    top = p.reserved
+    for b in blocks:
+        p.free(b)
+    assert p.reserved == top and p.allocated == 0
+
+
+def test_expandable_segments_map_pages_on_demand():
+    native, exp = PoolSim(), PoolSim(expandable=True)
+    for pool in (native, exp):
+        a = pool.alloc(30 * MiB)
+        pool.free(a)
+        pool.alloc(50 * MiB)  # native: a second segment; expandable: grow the one segment
+    assert native.reserved == 80 * MiB
+    assert exp.reserved == 60 * MiB  # 30 MiB rounded to 40 (20 MiB pages), grown to 60
+    assert exp.segments == 1
+
+
+def test_expandable_small_pool_uses_2_mib_pages():
+    p = PoolSim(expandable=True)
+    for _ in range(5):
+        p.alloc(512 * KiB)
+    assert p.reserved == 4 * MiB  # 2.5 MiB mapped as two 2 MiB pages
+    assert p.segments == 1
+
+
+ops = st.lists(st.tuples(st.booleans(), st.integers(1, 48 * MiB), st.integers(0, 1)), min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.booleans())
+def test_reserved_only_grows_and_best_fit_is_smallest_adequate(seq, expandable):
+    p = PoolSim(expandable=expandable)
+    live = []
+    last = 0
+    for is_alloc, size, stream in seq:
+        if is_alloc or not live:
+            small = round_size(size) <= MiB
+            candidates = [(s, a) for s, a in p.free_blocks(small, stream) if s >= round_size(size)]
+            b = p.alloc(size, stream)
+            if candidates:  # the smallest adequate block on that stream, lowest address on ties
+                assert b.addr == min(candidates)[1]
+            live.append(b)
+        else:
+            p.free(live.pop(size % len(live)))
+        assert p.reserved >= last
+        assert p.allocated <= p.reserved
+        last = p.reserved

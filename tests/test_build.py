@@ -1,0 +1,196 @@
+"""planner.build: what the plans decide, and the constraints they honour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner import BuildOptions, build_plan, plan_bytes
+from schemas.errors import ConstraintError, InputError
+
+
+def _edges_respected(plan):
+    index = {s.id: s.index for s in plan.steps}
+    return all(index[e.src] < index[e.dst] for e in plan.edges)
+
+
+def test_default_fa3_uses_views_and_stays_near_the_largest_graph():
+    plan = build_plan(BuildOptions(backend="fa3"))
+    (decode,) = plan.phases
+    assert decode.strategy.outputs == "view" and decode.strategy.order == "largest-first"
+    assert plan.predicted.pool_bytes <= 1.10 * plan.predicted.largest_graph_bytes
+    assert plan.predicted.baseline_bytes > 5 * plan.predicted.pool_bytes
+    assert plan.steps[0].op == "warmup" and plan.steps[0].bs == 256  # one warm-up at the largest size
+    assert [s.bs for s in plan.steps if s.op == "capture"] == sorted(decode.sizes, reverse=True)
+    assert _edges_respected(plan)
+
+
+def test_sglang_sizes_and_max_bs():
+    plan = build_plan(BuildOptions(backend="fa3", max_bs=64))
+    assert plan.phases[0].sizes == [64, 56, 48, 40, 32, 24, 16, 12, 8, 4, 2, 1]
+    big = build_plan(BuildOptions(backend="torch", max_bs=600))
+    sizes = sorted(big.phases[0].sizes)
+    assert sizes[-3:] == [512, 544, 576] and 496 in sizes and 504 not in sizes
+
+
+def test_fa3_ci_gate_hoists_the_workspace_for_multi_token_phases_and_says_why():
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle"))
+    tv = next(p for p in plan.phases if p.name == "target_verify")
+    assert tv.strategy.workspace == "hoisted" and tv.hoisted_bytes == 4 * (4 * 256 + 1)
+    gate = [d for d in plan.decisions if d.rule == "fa3-ci-varlen-gate" and d.phase == "target_verify"]
+    assert gate and gate[0].choice == "workspace=hoisted"
+    assert "order=smallest-first:" in gate[0].why and "workspace=hoisted:" in gate[0].why
+    prov = next(s for s in plan.steps if s.op == "provision" and s.phase == "target_verify")
+    first = next(s for s in plan.steps if s.op == "capture" and s.phase == "target_verify")
+    assert prov.index < first.index
+    # without --ci the gate does not apply and nothing is hoisted
+    plain = build_plan(BuildOptions(backend="fa3", speculative="eagle"))
+    assert all(p.strategy.workspace == "pool" for p in plain.phases)
+
+
+def test_outputs_read_across_phases_get_their_own_pool_or_are_kept():
+    plan = build_plan(BuildOptions(backend="fa3", speculative="eagle"))
+    tv = next(p for p in plan.phases if p.name == "target_verify")
+    assert tv.strategy.pool == "own" or tv.strategy.outputs == "keep"
+    opt = next(d for d in plan.decisions if d.phase == "target_verify" and d.rule == "optimizer")
+    shared_views = [a for a in opt.alternatives if a.strategy.pool == "shared" and a.strategy.outputs == "view"]
+    assert shared_views and all("output-overlap" in a.violates for a in shared_views)
+
+
+def test_per_shape_backends_warm_up_every_size():
+    plan = build_plan(BuildOptions(backend="triton"))
+    caps = [s for s in plan.steps if s.op == "capture"]
+    warms = [s for s in plan.steps if s.op == "warmup"]
+    assert len(warms) == len(caps)
+    for w in warms:  # each warm-up right before its capture
+        assert plan.steps[w.index + 1].id == f"capture/decode/{w.bs}"
+
+
+def test_pin_changes_the_choice_and_the_cost_is_reported():
+    best = build_plan(BuildOptions(backend="fa3"))
+    pinned = build_plan(BuildOptions(backend="fa3", strategies=("order=smallest-first", "outputs=keep")))
+    assert pinned.phases[0].strategy.order == "smallest-first"
+    assert pinned.predicted.pool_bytes > 5 * best.predicted.pool_bytes
+    assert "--strategy" in " ".join(pinned.command)
+
+
+def test_pin_that_breaks_a_rule_is_refused_naming_it():
+    with pytest.raises(ConstraintError, match="breaks rule warmup-per-shape"):
+        build_plan(BuildOptions(backend="triton", strategies=("warmup=once-per-phase",)))
+    with pytest.raises(ConstraintError, match="breaks rule fa3-ci-varlen-gate"):
+        build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle",
+                                strategies=("target_verify.order=largest-first", "target_verify.workspace=pool")))
+
+
+def test_bad_pins_are_located():
+    with pytest.raises(InputError, match="unknown strategy axis 'colour'"):
+        build_plan(BuildOptions(backend="fa3", strategies=("colour=red",)))
+    with pytest.raises(InputError, match="unknown phase 'verify'"):
+        build_plan(BuildOptions(backend="fa3", strategies=("verify.order=largest-first",)))
+    with pytest.raises(InputError, match="unknown backend 'xformers'"):
+        build_plan(BuildOptions(backend="xformers"))
+
+
+def _spec(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+PHASE = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 32]\n'
+
+
+def test_conflicting_order_rules_are_reported_as_the_rules_in_conflict(tmp_path):
+    spec = _spec(tmp_path, PHASE + '''
+[[rules]]
+id = "team-a"
+why = "x"
+require = [{ order = "largest-first" }]
+[[rules]]
+id = "team-b"
+why = "y"
+require = [{ order = "smallest-first" }]
+''')
+    with pytest.raises(ConstraintError, match=r"rules in conflict: team-a, team-b"):
+        build_plan(BuildOptions(backend="fa3", spec=spec))
+
+
+def test_cyclic_phase_order_is_reported(tmp_path):
+    spec = _spec(tmp_path, '''
+[[phases]]
+name = "a"
+kind = "decode"
+sizes = [1, 2]
+after = ["b"]
+[[phases]]
+name = "b"
+kind = "draft_decode"
+sizes = [1, 2]
+after = ["a"]
+''')
+    with pytest.raises(ConstraintError, match=r"rules in conflict: after:a, after:b"):
+        build_plan(BuildOptions(backend="fa3", spec=spec))
+
+
+def test_budget_exceeded_names_the_cheapest_alternative(tmp_path):
+    phase = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [32, 64, 128, 256]\n'
+    spec = _spec(tmp_path, "budget_mib = 300\n" + phase)
+    build_plan(BuildOptions(backend="fa3", spec=spec))  # views fit
+    with pytest.raises(ConstraintError, match=r"exceeds budget_mib 300; cheapest schedule the rules allow: "
+                                              r"order=largest-first outputs=view .* at [\d.]+ MiB"):
+        build_plan(BuildOptions(backend="fa3", spec=spec, strategies=("outputs=keep",)))
+
+
+def test_budget_below_the_floor(tmp_path):
+    spec = _spec(tmp_path, "budget_mib = 1\n" + PHASE)
+    with pytest.raises(ConstraintError, match=r"budget_mib 1 is below the floor: the largest graph alone needs"):
+        build_plan(BuildOptions(backend="fa3", spec=spec))
+
+
+def test_phase_after_constraint_orders_phases(tmp_path):
+    spec = _spec(tmp_path, PHASE + '''
+[[phases]]
+name = "verify"
+kind = "target_verify"
+tokens_per_request = 4
+sizes = [1, 2, 4]
+after = ["decode"]
+''')
+    plan = build_plan(BuildOptions(backend="fa3", spec=spec))
+    assert [p.name for p in plan.phases] == ["decode", "verify"]  # though verify's graphs are larger
+    assert any(e.rule == "after:verify" for e in plan.edges)
+
+
+def test_expandable_mode_and_library_workspace(tmp_path):
+    native = build_plan(BuildOptions(backend="fa3", strategies=("outputs=keep",)))
+    exp = build_plan(BuildOptions(backend="fa3", strategies=("outputs=keep",), allocator="expandable"))
+    assert exp.predicted.allocator == "expandable" and exp.predicted.pool_bytes != native.predicted.pool_bytes
+    spec = _spec(tmp_path, "library_mib = 32\n" + PHASE)
+    cold = build_plan(BuildOptions(backend="fa3", spec=spec))
+    warm = build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path / "..", PHASE)))
+    assert cold.predicted.pool_bytes == warm.predicted.pool_bytes + 32 * 2**20
+
+
+def test_trace_driven_prediction(tmp_path):
+    import msgspec
+
+    from schemas.trace import CaptureTrace, Event, Trace
+
+    caps = [CaptureTrace(phase="decode", bs=bs, events=[
+        Event(op="alloc", id=0, size=bs * 2**20), Event(op="alloc", id=1, size=bs * 2**19, kind="output"),
+        Event(op="free", id=0)]) for bs in (1, 2, 4, 8, 16, 32)]
+    tpath = tmp_path / "t.json"
+    tpath.write_bytes(msgspec.json.encode(Trace(captures=caps)))
+    plan = build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE), trace=tpath))
+    assert plan.predicted.source == "trace" and plan.inputs.trace_digest.startswith("sha256:")
+    # largest-first with views: bs=32's 32 MiB temp and 16 MiB output segments
+    # serve every later capture, except bs=1's 1 MiB temp: a small-pool request
+    # with a 2 MiB segment of its own
+    assert plan.predicted.pool_bytes == (32 + 16 + 2) * 2**20
+
+
+def test_building_twice_gives_identical_bytes():
+    a = plan_bytes(build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))
+    b = plan_bytes(build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))
+    assert a == b and a.endswith(b"\n") and b"/work/" not in a and b"/tmp" not in a
