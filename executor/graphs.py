@@ -34,7 +34,7 @@ from schemas.report import CaptureReport, StepMeasurement
 from .dispatch import PadTable
 from .errors import CaptureFailed, ExecutorError, StaleOutputError
 from .load import backend_module, current_environment
-from .pool import AllocationRecorder, Window, pool_reserved, weak_view
+from .pool import AllocationRecorder, Window, pool_reserved, pool_segments, weak_view
 from .target import CaptureTarget
 
 __all__ = ["capture", "GraphSet", "Captured", "GuardedOutputs"]
@@ -163,10 +163,16 @@ class GraphSet:
             self._refresh[phase] = self.target.refresh if phase in self.workspaces else None
 
     def release(self) -> None:
-        """Drop every graph, output and workspace and return the pools' memory."""
-        for cap in self.graphs.values():
+        """Drop every graph, output and workspace and return the pools' memory.
+
+        A pool's segments are returned only once every graph captured into it
+        is destroyed (a reset is not enough on torch 2.11), so no reference to
+        a graph may outlive this method -- not even a loop variable.
+        """
+        while self.graphs:
+            _, cap = self.graphs.popitem()
             cap.graph.reset()
-        self.graphs.clear()
+            del cap
         self._tables.clear()
         self.workspaces.clear()
         self.pools.clear()
@@ -246,6 +252,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
             bar.set_postfix_str(f"{step.id} free {free / 2**30:.1f} GiB", refresh=False)
             bar.update(1)
 
+    failure: BaseException | None = None
     try:
         if distributed:
             from .distributed import run_synchronized
@@ -256,26 +263,31 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
                 do_step(step)
         torch.cuda.synchronize(device)
     except BaseException as err:
+        failure = err
+    if failure is not None:
+        # Clean up outside the except clause, once nothing on this stack
+        # refers to the partial capture: the traceback's frames hold its
+        # tensors and graphs, and a pool is only returned when no graph and
+        # no tensor uses it any more.
         if bar is not None:
             bar.close()
         if recorder is not None:
             recorder.stop()
-        # The traceback's frames hold the partial capture's tensors; without
-        # clearing them the pool could not be emptied.
-        traceback.clear_frames(err.__traceback__)
+        traceback.clear_frames(failure.__traceback__)
         gs.release()
-        if not isinstance(err, Exception):  # KeyboardInterrupt and friends: released, then re-raised
-            raise
+        if not isinstance(failure, Exception):  # KeyboardInterrupt and friends: released, then re-raised
+            raise failure
         step = current[0]
         where = f"step {step.index} ({step.id}: phase {step.phase}, bs {step.bs})" if step else "before the first step"
-        if isinstance(err, torch.OutOfMemoryError):
+        if isinstance(failure, torch.OutOfMemoryError):
             free, _ = torch.cuda.mem_get_info(device)
             raise CaptureFailed(f"CUDA out of memory; the plan predicted a pool of {plan.predicted.pool_bytes} B "
                                 f"and {free} B are free now that the partial graphs were released", where=where,
-                                fix="free memory before capture (smaller KV cache) or plan fewer sizes") from err
-        if isinstance(err, ExecutorError):
-            raise
-        raise CaptureFailed(f"{type(err).__name__}: {err}; all partial graphs were released", where=where) from err
+                                fix="free memory before capture (smaller KV cache) or plan fewer sizes") from failure
+        if isinstance(failure, ExecutorError):
+            raise failure
+        raise CaptureFailed(f"{type(failure).__name__}: {failure}; all partial graphs were released",
+                            where=where) from failure
     if bar is not None:
         bar.close()
     if recorder is not None:
@@ -343,7 +355,5 @@ def _capture_one(gs: GraphSet, step, target: CaptureTarget, stream, recorder, wa
 
 
 def _in_pool(t: torch.Tensor, gs: GraphSet) -> bool:
-    from .pool import pool_segments
-
     ptr = t.data_ptr()
     return any(a <= ptr < a + s for a, s in pool_segments(gs.pools.values()))
