@@ -148,6 +148,17 @@ class GraphSet:
     def padded(self, phase: str, n: int) -> int:
         return self._tables[phase].padded(n)
 
+    def write_report(self, path) -> None:
+        """Write the capture report (``planner report PATH`` shows it beside the plan)."""
+        from pathlib import Path
+
+        from schemas.codec import canonical_bytes
+        from schemas.files import write_atomic
+
+        if self.report is None:
+            raise ExecutorError("no report: the graphs were not captured by capture()", where="GraphSet")
+        write_atomic(Path(path), canonical_bytes(self.report))
+
     # -- bookkeeping -------------------------------------------------------
     def _add(self, cap: Captured) -> None:
         self.graphs[(cap.phase, cap.bs)] = cap

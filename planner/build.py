@@ -12,22 +12,23 @@ the same bytes on any machine (tests/test_determinism.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.codec import canonical_bytes, decode_trace, seal, sha256
+from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import write_atomic
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy)
 from schemas.spec import Spec
+from schemas.strategy import AXES
 
 from . import resources
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .optimize import Problem, mib, optimize, parse_pins
 from .rules import Context, phase_rules, satisfies
 from .simulate import pool_id, simulate
-from .specs import DEFAULT_MAX_BS, default_spec, load_spec_file
+from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
 from .workload import Workload, workspace_bytes
 
 __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "write_atomic", "check_plan",
@@ -48,7 +49,6 @@ class BuildOptions:
     tp: int | None = None
     output: Path | None = None
     allocator: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _rel(path: Path) -> str:
@@ -96,8 +96,8 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes]:
         if opts.speculative or opts.max_bs is not None:
             raise InputError("--speculative and --max-bs shape the embedded default spec; "
                              "with --spec, write the phases in the spec file", where="--spec")
-        spec = load_spec_file(opts.spec)
-        return spec, _rel(opts.spec), opts.spec.read_bytes()
+        raw = read_spec_file(opts.spec)
+        return decode_spec(raw, str(opts.spec)), _rel(opts.spec), raw
     spec = default_spec(opts.speculative, DEFAULT_MAX_BS if opts.max_bs is None else opts.max_bs)
     return spec, "embedded:" + spec.name, canonical_bytes(spec)
 
@@ -181,9 +181,10 @@ def build_plan(opts: BuildOptions) -> Plan:
             pre.chain(name, capture_order(by_name[name].sizes, order), rule)
     check_acyclic(pre.g)
 
-    baseline_choice, baseline_runs, _ = resources.baseline()
+    baseline_choice = resources.baseline()
     sol = optimize(Problem(phases=spec.phases, sequence=sequence, rules=rules, backend=backend,
-                           workload=workload, pins=pins, expandable=expandable, library_bytes=library))
+                           workload=workload, pins=pins, baseline=baseline_choice, expandable=expandable,
+                           library_bytes=library))
     strategies = sol.strategies
 
     order_rule = {n: _order_rule(rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
@@ -218,8 +219,7 @@ def build_plan(opts: BuildOptions) -> Plan:
             k += 1
         timeline.append(StepMemory(step=s.index, reserved=reserved, allocated=allocated))
 
-    base_st = {n: Strategy(order=baseline_choice.order, outputs=baseline_choice.outputs, workspace="pool",
-                           pool="shared", warmup="every-size") for n in names}
+    base_st = {n: Strategy(**{ax: getattr(baseline_choice, ax) for ax in AXES}) for n in names}
     base_seq = [(n, bs) for n in sequence for bs in capture_order(by_name[n].sizes, "largest-first")]
     baseline_bytes = simulate(base_seq, base_st, workload, expandable, library_bytes=library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Iterable
 
@@ -35,10 +36,15 @@ def options_from_command(cmd: list[str], where: str):
     return BuildOptions(**kw)
 
 
-def check_paths(paths: Iterable[Path]) -> list[str]:
-    """Check every plan; raise one DriftError listing all stale files."""
-    from .build import check_plan
+def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
+    """Check every plan; raise one DriftError listing all stale files.
+
+    ``fix=True`` rebuilds stale plans in place (each from its own recorded
+    command) instead of failing.
+    """
+    from .build import build_plan, check_plan, plan_bytes
     from schemas.codec import decode_plan
+    from schemas.files import write_atomic
 
     files: list[Path] = []
     for p in paths:
@@ -53,13 +59,18 @@ def check_paths(paths: Iterable[Path]) -> list[str]:
             raise InputError(f"cannot read plan: {err.strerror}", where=str(f)) from None
         opts = options_from_command(plan.command, f"{f}: $.command")
         if opts.output is None and Path(f).as_posix() != f"plans/{f.name}":
-            opts = type(opts)(**{**opts.__dict__, "output": f})
+            opts = dataclasses.replace(opts, output=f)  # a plan checked where it lies
         try:
             check_plan(opts)
             ok.append(f"{f}: up to date")
         except DriftError as err:
-            stale.append(err)
+            if not fix:
+                stale.append(err)
+                continue
+            write_atomic(f, plan_bytes(build_plan(opts)))
+            ok.append(f"{f}: rebuilt ({' '.join(plan.command)})")
     if stale:
-        raise DriftError("; ".join(f"{e.where}: {e.what}, fix: {e.fix}" for e in stale),
-                         where=f"{len(stale)} of {len(files)} plan(s) stale")
+        raise DriftError("; ".join(f"{e.where}: {e.what} ({e.fix})" for e in stale),
+                         where=f"{len(stale)} of {len(files)} plan(s) stale",
+                         fix="or rebuild them all with `planner check --fix`")
     return ok

@@ -121,8 +121,8 @@ def build_steps(phases: dict[str, Phase], sequence: list[str], strategies: dict[
     for prev, nxt in zip(sequence, sequence[1:]):
         last = step_id("capture", prev, capture_order(phases[prev].sizes, strategies[prev].order)[-1])
         rule = f"after:{nxt}" if prev in phases[nxt].after else "phase-order"
-        for n in [n for n, d in sg.g.nodes(data=True) if d["phase"] == nxt and d["op"] != "capture"] or []:
-            sg.add_edge(last, n, rule)
+        for n in [n for n, d in sg.g.nodes(data=True) if d["phase"] == nxt and d["op"] != "capture"]:
+            sg.add_edge(last, n, rule)  # the next phase's warm-ups and provisions too
         first = step_id("capture", nxt, capture_order(phases[nxt].sizes, strategies[nxt].order)[0])
         sg.add_edge(last, first, rule)
     # `after` constraints between non-adjacent phases still hold by transitivity

@@ -67,8 +67,9 @@ class Problem:
     backend: dict
     workload: Workload
     pins: dict[str | None, dict[str, str]]
+    #: the engines' loop: where the search starts when no rule prefers otherwise
+    baseline: Choice = Choice(order="largest-first", outputs="keep", workspace="pool", pool="shared")
     expandable: bool = False
-    warmup_runs: int = 1
     library_bytes: int = 0
 
 
@@ -135,7 +136,6 @@ def _hoisted(strategies: dict[str, Strategy], pb: Problem) -> int:
 
 def optimize(pb: Problem) -> Solution:
     by_name = {p.name: p for p in pb.phases}
-    base = Choice(order="largest-first", outputs="keep", workspace="pool", pool="shared")
     cands: dict[str, list[Strategy]] = {}
     feasible: dict[str, list[Strategy]] = {}
     prefs: dict[str, dict[str, str]] = {}
@@ -153,7 +153,7 @@ def optimize(pb: Problem) -> Solution:
                                   "no strategy satisfies all of them", where=f"phase {p.name}",
                                   fix="remove or relax one of these rules in the spec")
         cands[p.name], feasible[p.name] = allc, ok
-        prefs[p.name] = _preference(rules, base)
+        prefs[p.name] = _preference(rules, Choice(**{ax: getattr(pb.baseline, ax) for ax in MEMORY_AXES}))
 
     memo: dict[tuple, tuple] = {}
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from schemas.codec import convert, decode_spec, validate_spec
+from schemas.codec import convert, validate_spec
 from schemas.errors import InputError
 from schemas.spec import Model, Phase, Spec
 
 from .resources import data
 
-__all__ = ["sgl_sizes", "default_spec", "load_spec_file", "SPECULATIVE", "DEFAULT_MAX_BS"]
+__all__ = ["sgl_sizes", "default_spec", "read_spec_file", "SPECULATIVE", "DEFAULT_MAX_BS"]
 
 DEFAULT_MAX_BS = 256
 SPECULATIVE = ("eagle",)
@@ -55,10 +55,10 @@ def default_spec(speculative: str | None = None, max_bs: int = DEFAULT_MAX_BS) -
     return validate_spec(Spec(name=f"default-{speculative}", model=model, phases=phases), "embedded default spec")
 
 
-def load_spec_file(path: Path) -> Spec:
+def read_spec_file(path: Path) -> bytes:
+    """The spec file's bytes (decoded by :func:`schemas.codec.decode_spec`)."""
     try:
-        data_ = path.read_bytes()
+        return path.read_bytes()
     except OSError as err:
         raise InputError(f"cannot read spec: {err.strerror}", where=str(path),
                          fix="check the path given to --spec") from None
-    return decode_spec(data_, str(path))

@@ -41,6 +41,10 @@ def test_check_reports_drift_with_file_and_fix(cli, tmp_path):
                            "builds now; fix: run `planner build --backend fa3`")
     code, _, err = cli("check", "plans")
     assert code == 1 and "plans/fa3.json: plan is stale" in err and "planner build --backend fa3" in err
+    assert "planner check --fix" in err
+    code, out, _ = cli("check", "--fix", "plans")
+    assert (code, out.strip()) == (0, "plans/fa3.json: rebuilt (planner build --backend fa3)")
+    assert cli("check")[0] == 0
     path.unlink()
     code, _, err = cli("build", "-b", "fa3", "--check")
     assert code == 1 and "plans/fa3.json: plan is missing" in err
@@ -234,3 +238,21 @@ def test_the_console_script_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "planner", "show", "nope.json"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("trace,message", [
+    ('{"captures": [', "t.json: not valid JSON (truncated?)"),
+    ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, -5, "temp"]]}]}',
+     "t.json: $.captures[0].events[0][2]: Expected `int` >= 0"),
+    ('{"captures": [{"phase": "verify", "bs": 1, "events": []}]}',
+     "t.json: $.captures[0].phase: unknown phase 'verify'"),
+    ('{"captures": [{"phase": "decode", "bs": 1, "events": []}]}',
+     "t.json: trace has no capture for phase 'decode' at sizes [2]"),
+    ('{"version": 7, "captures": []}', "t.json: trace version 7 is newer than supported (1)"),
+])
+def test_bad_traces_are_refused_with_one_line(cli, tmp_path, trace, message):
+    (tmp_path / "s.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n')
+    (tmp_path / "t.json").write_text(trace)
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "t.json")
+    assert code == 1 and out == "" and err.startswith("planner: error: " + message), err
+    assert not (tmp_path / "plans").exists()
