@@ -165,12 +165,20 @@ def main() -> None:
 
     gs = capture(plan, model)
     rep = gs.report
+    gs.write_report(Path(args.out) / f"report-{plan.name}.json")
     v = verify(gs, checks=("interleave",), rounds=1)
     res["executor"] = {"pool_mib": rep.pool_bytes / MiB, "capture_s": rep.capture_seconds,
                        "predicted_analytic_mib": plan.predicted.pool_bytes / MiB,
                        "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
                        "replays": v.replays, "replays_not_equal_eager": len(v.faults),
                        "verify": v.summary()}
+    gs.release()
+
+    # all three checks (footprint guard needs the allocation history)
+    gs = capture(plan, model, progress=False, record=True)
+    full = verify(gs)
+    res["executor"]["verify_all"] = full.summary()
+    res["executor"]["verify_all_faults"] = len(full.faults)
     gs.release()
 
     # exact prediction: record the trace, plan from it, capture again
@@ -199,7 +207,8 @@ def main() -> None:
           f"executor {res['executor']['pool_mib']:.0f} (alone {res['alone']['pool_mib']:.0f}); capture s: "
           f"sglang {base['capture_s']:.2f}, executor {res['executor']['capture_s']:.2f}; "
           f"pred err analytic {res['executor']['analytic_error']:+.1%} trace {res['executor']['trace_error']:+.1%}; "
-          f"overhead {res['replay_overhead']['overhead_us']:.2f} us")
+          f"overhead {res['replay_overhead']['overhead_us']:.2f} us; verify all checks: "
+          f"{res['executor']['verify_all_faults']} fault(s)")
 
 
 if __name__ == "__main__":
