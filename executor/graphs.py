@@ -307,7 +307,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     gs._finish()
     elapsed = time.perf_counter() - t_start
     gs.report = CaptureReport(
-        plan=plan.name, plan_digest=plan.digest, device=env.describe(), torch=torch.__version__,
+        plan=plan.name, plan_digest=plan.digest, device=env.describe(), torch=str(torch.__version__),
         backend_module=backend_module(plan, env.modules) or "", pool_bytes=reserved,
         predicted_pool_bytes=plan.predicted.pool_bytes, capture_seconds=elapsed,
         hoisted_bytes=sum(w.numel() for w in gs.workspaces.values()), steps=measurements)

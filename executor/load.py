@@ -74,9 +74,9 @@ def current_environment(modules: tuple[str, ...] = ()) -> Environment:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         world = torch.distributed.get_world_size()
     if not torch.cuda.is_available():
-        return Environment("no CUDA device", (0, 0), torch.__version__, found, world)
+        return Environment("no CUDA device", (0, 0), str(torch.__version__), found, world)
     cap = torch.cuda.get_device_capability()
-    return Environment(torch.cuda.get_device_name(), (cap[0], cap[1]), torch.__version__, found, world)
+    return Environment(torch.cuda.get_device_name(), (cap[0], cap[1]), str(torch.__version__), found, world)
 
 
 def check_environment(plan: Plan, env: Environment) -> list[str]:
