@@ -53,6 +53,10 @@ def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):
         planned = [(s.phase, s.bs) for s in plan.steps if s.op == "capture"]
         assert list(gs.graphs) == planned
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+        gs.write_report(tmp_path / "report.json")
+        from planner.cli import main
+
+        assert main(["report", str(tmp_path / "report.json")]) == 0
         res = verify(gs, checks=("interleave", "scribble"), rounds=2)
         assert res.ok, res.summary()
         assert res.replays >= 3 * len(planned)
