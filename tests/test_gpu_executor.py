@@ -53,6 +53,10 @@ def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):
         planned = [(s.phase, s.bs) for s in plan.steps if s.op == "capture"]
         assert list(gs.graphs) == planned
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+        from executor.pool import pool_reserved
+
+        # the cheap per-step counter adds up to what the pools really hold
+        assert gs.report.steps[-1].reserved == gs.report.pool_bytes == pool_reserved(gs.pools.values())
         gs.write_report(tmp_path / "report.json")
         from planner.cli import main
 
