@@ -71,6 +71,10 @@ class Problem:
     baseline: Choice = Choice(order="largest-first", outputs="keep", workspace="pool", pool="shared")
     expandable: bool = False
     library_bytes: int = 0
+    #: compare strategies on at most this many sizes per phase (evenly spread,
+    #: smallest and largest included); the plan's own prediction always
+    #: simulates every size
+    screen: int = 64
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,15 @@ def _warmup(phase: Phase, rules: list[Rule], pins: dict[str, str]) -> str:
                           where=f"--strategy warmup={pins.get('warmup')}", fix="drop the pin")
 
 
+def screened(sizes: list[int], limit: int) -> list[int]:
+    """At most ``limit`` of ``sizes``, evenly spread by rank, ends included."""
+    ordered = sorted(sizes)
+    if len(ordered) <= limit:
+        return ordered
+    last = len(ordered) - 1
+    return sorted({ordered[round(i * last / (limit - 1))] for i in range(limit)})
+
+
 def _hoisted(strategies: dict[str, Strategy], pb: Problem) -> int:
     return sum(workspace_bytes(pb.backend, max(p.sizes), p.tokens_per_request)
                for p in pb.phases if strategies[p.name].workspace == "hoisted")
@@ -157,7 +170,7 @@ def optimize(pb: Problem) -> Solution:
 
     memo: dict[tuple, tuple] = {}
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
-    captures_for = {name: by_name[name].sizes for name in pb.sequence}
+    captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
     def pool_cost(members: tuple[tuple[str, Strategy], ...]) -> tuple[int, int]:
         # Pools are independent: a freed block is only ever reused inside its
@@ -205,12 +218,12 @@ def optimize(pb: Problem) -> Solution:
     hoisted = _hoisted(current, pb)
     decisions: list[Decision] = []
     for n in pb.sequence:
-        decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, prefs[n]))
+        decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, prefs[n], len(captures_for[n])))
     return Solution(strategies=current, pool_bytes=pool_total - hoisted, hoisted_bytes=hoisted, decisions=decisions)
 
 
 def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost,
-                   pref: dict[str, str]) -> list[Decision]:
+                   pref: dict[str, str], compared: int) -> list[Decision]:
     rules = pb.rules[phase.name]
     pins = _pinned(phase.name, pb.pins)
     chosen = current[phase.name]
@@ -231,10 +244,13 @@ def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strat
         why += f"; next best {runner.strategy.label()} at {mib(runner.pool_bytes)}"
     why += "; " + (f"views allowed: outputs are consumed before the next replay"
                    if phase.output_lifetime == "next-replay" else "outputs must survive other phases' replays")
+    if compared < len(phase.sizes):
+        why += (f"; strategies compared on {compared} of {len(phase.sizes)} sizes (evenly spread), so the "
+                "alternatives' bytes are estimates; the plan's prediction simulates every size")
     required = [r for r in rules if r.require]
     out = [Decision(phase=phase.name, rule="optimizer", constraint="; ".join(
         f"{r.id}: {' | '.join(choice_label(c) for c in r.require)}" for r in required) or "none",
-        choice=chosen.label(), why=why, alternatives=alts)]
+        choice=chosen.label(), why=why, alternatives=alts, sizes_compared=compared)]
     for r in required:
         met = [c for c in r.require if satisfies(chosen, c)]
         parts = []

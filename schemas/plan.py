@@ -103,6 +103,9 @@ class Decision(PlanStruct, kw_only=True):
     choice: str
     why: str
     alternatives: list[Alternative] = []
+    #: sizes of the phase the alternatives were simulated on (fewer than the
+    #: phase has: their bytes are screening estimates); 0 when not applicable
+    sizes_compared: int = 0
 
 
 class StepMemory(PlanStruct, kw_only=True):

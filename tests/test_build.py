@@ -194,3 +194,26 @@ def test_building_twice_gives_identical_bytes():
     a = plan_bytes(build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))
     b = plan_bytes(build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))
     assert a == b and a.endswith(b"\n") and b"/work/" not in a and b"/tmp" not in a
+
+
+def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path):
+    from planner.optimize import screened
+    from planner.resources import backend
+    from planner.simulate import simulate
+    from planner.workload import Workload
+    from schemas.codec import decode_spec
+
+    sizes = list(range(1, 201))
+    assert screened(sizes, 64)[0] == 1 and screened(sizes, 64)[-1] == 200 and len(screened(sizes, 64)) == 64
+    assert screened([5, 3, 9], 64) == [3, 5, 9]
+    path = _spec(tmp_path, f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {sizes}\n')
+    plan = build_plan(BuildOptions(backend="fa3", spec=path))
+    opt = next(d for d in plan.decisions if d.rule == "optimizer")
+    assert opt.sizes_compared == 64 and "compared on 64 of 200 sizes" in opt.why
+    spec = decode_spec(path.read_bytes(), "spec.toml")
+    wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
+    st = {"decode": plan.phases[0].strategy}
+    exact = simulate([("decode", s.bs) for s in plan.steps if s.op == "capture"], st, wl).pool_bytes
+    assert plan.predicted.pool_bytes == exact
+    small = build_plan(BuildOptions(backend="fa3"))
+    assert next(d for d in small.decisions if d.rule == "optimizer").sizes_compared == 36
