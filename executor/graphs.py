@@ -203,14 +203,18 @@ def _progress(steps, enabled: bool):
     return tqdm(total=len(steps), desc="capture", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
-def _rank0() -> bool:
+def _rank0(group=None) -> bool:
     return not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
-        or torch.distributed.get_rank() == 0
+        or torch.distributed.get_rank(group) == 0
 
 
 def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record: bool = False,
-            device: torch.device | None = None) -> GraphSet:
+            device: torch.device | None = None, group=None) -> GraphSet:
     """Capture ``plan``'s graphs of ``target``; see the module docstring.
+
+    With ``torch.distributed`` initialized, ``group`` (default: the world) is
+    the tensor-parallel group whose ranks must agree on the plan and fail
+    together (see executor.distributed).
 
     ``record=True`` keeps each graph's allocation footprint (needed by
     ``verify``'s footprint guard and by ``profile``); it slows capture down.
@@ -220,10 +224,10 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         from .distributed import check_plan_agreement
 
-        check_plan_agreement(plan)
+        check_plan_agreement(plan, group)
     device = device or torch.device("cuda", torch.cuda.current_device())
     gs = GraphSet(plan, target)
-    show = progress and _rank0()
+    show = progress and _rank0(group)
     bar = _progress(plan.steps, show)
     env = current_environment(tuple(plan.requires.modules))
     stream = torch.cuda.Stream(device=device)
@@ -269,7 +273,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
         if distributed:
             from .distributed import run_synchronized
 
-            run_synchronized(plan.steps, do_step)
+            run_synchronized(plan.steps, do_step, group)
         else:
             for step in plan.steps:
                 do_step(step)

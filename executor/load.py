@@ -4,9 +4,11 @@ Torch-free on purpose (the environment is passed in or probed lazily), so that
 plan validation runs in CPU-only CI. Checks, in order: the file reads and
 decodes; version (newer is refused with the fix); digest (tampering,
 truncation); environment fingerprint: compute capability, torch version,
-backend kernels importable, tensor-parallel world size. A mismatch is an error
+backend kernels importable. A mismatch is an error
 for plans built with ``--ci`` (CI must run exactly what was reviewed) and a
-warning otherwise.
+warning otherwise. The tensor-parallel size is checked against the actual
+group by ``capture`` (``executor.distributed.check_plan_agreement``), which
+knows the group; a process's world may be larger (data parallelism).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ class Environment:
     capability: tuple[int, int]
     torch: str
     modules: frozenset[str]
-    world_size: int = 1
 
     def describe(self) -> str:
         return f"{self.device} sm{self.capability[0]}{self.capability[1]}, torch {self.torch}"
@@ -70,13 +71,10 @@ def current_environment(modules: tuple[str, ...] = ()) -> Environment:
     import torch
 
     found = frozenset(m for m in modules if importlib.util.find_spec(m) is not None)
-    world = 1
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        world = torch.distributed.get_world_size()
     if not torch.cuda.is_available():
-        return Environment("no CUDA device", (0, 0), str(torch.__version__), found, world)
+        return Environment("no CUDA device", (0, 0), str(torch.__version__), found)
     cap = torch.cuda.get_device_capability()
-    return Environment(torch.cuda.get_device_name(), (cap[0], cap[1]), str(torch.__version__), found, world)
+    return Environment(torch.cuda.get_device_name(), (cap[0], cap[1]), str(torch.__version__), found)
 
 
 def check_environment(plan: Plan, env: Environment) -> list[str]:
@@ -90,8 +88,6 @@ def check_environment(plan: Plan, env: Environment) -> list[str]:
         problems.append(f"needs torch {req.torch}, this is {env.torch}")
     if backend_module(plan, env.modules) is None:
         problems.append(f"backend {req.backend} kernels not importable (any of {', '.join(req.modules)})")
-    if env.world_size != req.tp:
-        problems.append(f"planned for tp={req.tp}, the process group has {env.world_size} rank(s)")
     return problems
 
 

@@ -121,51 +121,34 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
     return (meeting or preferring or ["optimizer"])[0]
 
 
-def build_plan(opts: BuildOptions) -> Plan:
-    backend = resources.backend(opts.backend)
-    spec, spec_name, spec_raw = _spec(opts)
-    tp = opts.tp if opts.tp is not None else spec.tp
+def _check_tp(spec: Spec, tp: int) -> None:
+    m = spec.model
     if tp < 1:
         raise InputError(f"--tp must be >= 1, got {tp}", where="--tp")
-    if spec.model.kv_heads % tp and tp % spec.model.kv_heads:
-        raise InputError(f"tp={tp} does not divide kv_heads={spec.model.kv_heads}", where="--tp")
-    allocator = opts.allocator or spec.allocator
-    if allocator not in ("native", "expandable"):
-        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator", fix="use native or expandable")
-    ctx = Context(backend=opts.backend, ci=opts.ci)
-    all_rules = list(resources.builtin_rules()) + list(spec.rules)
-    rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
-    names = [p.name for p in spec.phases]
-    pins = parse_pins(list(opts.strategies), names)
+    bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
+    if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
+        bad.append(f"kv_heads={m.kv_heads}")
+    if bad:
+        raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where="--tp",
+                         fix="use a tensor-parallel size that divides the model's heads and MLP")
 
-    trace_path = _trace_path(opts, spec)
-    trace_digest = None
-    if trace_path is None:
-        workload = Workload.analytic(spec.model, spec.phases, backend, tp)
-    else:
-        try:
-            raw = trace_path.read_bytes()
-        except OSError as err:
-            raise InputError(f"cannot read trace: {err.strerror}", where=str(trace_path)) from None
-        trace_digest = sha256(raw)
-        workload = Workload.from_trace(decode_trace(raw, str(trace_path)), spec.phases, str(trace_path))
-    expandable = allocator == "expandable"
 
-    keep = Strategy()
-    library = int(spec.library_mib * 2**20)
-    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: keep}, workload, expandable,
-                              library_bytes=library).pool_bytes for p in spec.phases}
-    floor = max(alone.values())
-    if spec.budget_mib is not None and spec.budget_mib * 2**20 < floor:
-        raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
-                              f"needs {mib(floor)}", where=f"{spec_name}: $.budget_mib",
-                              fix=f"raise budget_mib to at least {-(-floor // 2**20)}")
-    sequence = phase_sequence(spec.phases, alone)
-    by_name = {p.name: p for p in spec.phases}
+def _workload(opts: BuildOptions, spec: Spec, backend: dict, tp: int) -> tuple[Workload, Path | None, str | None]:
+    """The analytic model, or the recorded trace when one is given."""
+    path = _trace_path(opts, spec)
+    if path is None:
+        return Workload.analytic(spec.model, spec.phases, backend, tp), None, None
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read trace: {err.strerror}", where=str(path)) from None
+    return Workload.from_trace(decode_trace(raw, str(path)), spec.phases, str(path)), path, sha256(raw)
 
-    # Orders demanded outright (a rule whose every alternative names the same
-    # order, or a pin) become edges before anything is chosen: two that
-    # disagree make a cycle, reported as the rules in conflict.
+
+def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:
+    """Orders demanded outright: by a rule whose every alternative names the same
+    order, or by a pin. They become edges before anything is chosen, so two
+    that disagree make a cycle, reported as the rules in conflict."""
     forced: dict[str, list[tuple[str, str]]] = {}
     for p in spec.phases:
         for r in rules[p.name]:
@@ -176,14 +159,93 @@ def build_plan(opts: BuildOptions) -> Plan:
         if pin:
             forced.setdefault(p.name, []).append((pin, f"--strategy order={pin}"))
     pre = StepGraph.empty()
+    sizes = {p.name: p.sizes for p in spec.phases}
     for name, pairs in forced.items():
         for order, rule in pairs:
-            pre.chain(name, capture_order(by_name[name].sizes, order), rule)
+            pre.chain(name, capture_order(sizes[name], order), rule)
     check_acyclic(pre.g)
+    return forced
 
-    baseline_choice = resources.baseline()
+
+def _steps(sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict, backend: dict) -> list[Step]:
+    steps = []
+    for i, sid in enumerate(order):
+        node = sg.g.nodes[sid]
+        op, name, bs = node["op"], node["phase"], node["bs"]
+        st = strategies[name]
+        steps.append(Step(
+            index=i, id=sid, op=op, phase=name, bs=bs,
+            pool=pool_id(name, st) if op == "capture" else "",
+            outputs=st.outputs if op == "capture" else None,
+            runs=1 if op == "warmup" else 0,
+            bytes=workspace_bytes(backend, bs, phases[name].tokens_per_request) if op == "provision" else 0))
+    return steps
+
+
+def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[StepMemory]:
+    """Pool state after every step; only captures change it."""
+    timeline, reserved, allocated = [], 0, 0
+    captures = iter(after_capture)
+    for s in steps:
+        if s.op == "capture":
+            reserved, allocated = next(captures)
+        timeline.append(StepMemory(step=s.index, reserved=reserved, allocated=allocated))
+    return timeline
+
+
+def _check_budget(spec: Spec, spec_name: str, total: int, decisions: list[Decision]) -> None:
+    if spec.budget_mib is None or total <= spec.budget_mib * 2**20:
+        return
+    allowed = [a for d in decisions for a in d.alternatives
+               if not [v for v in a.violates if not v.startswith("--strategy")]]
+    cheapest = min(allowed, key=lambda a: a.pool_bytes)
+    raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; cheapest schedule "
+                          f"the rules allow: {cheapest.strategy.label()} at {mib(cheapest.pool_bytes)}",
+                          where=f"{spec_name}: $.budget_mib",
+                          fix="raise the budget, drop --strategy pins, or capture fewer sizes")
+
+
+def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]) -> Decision:
+    return Decision(
+        phase="*", rule="phase-order",
+        constraint="after: " + (", ".join(f"{p.name} after {d}" for p in spec.phases for d in p.after) or "none"),
+        choice=" -> ".join(sequence),
+        why="phases whose largest graph needs the most pool capture first, so later phases reuse "
+            "its freed blocks: " + ", ".join(f"{n} {mib(alone[n])}" for n in sequence))
+
+
+def build_plan(opts: BuildOptions) -> Plan:
+    """Everything ``planner build`` does except writing the file."""
+    backend = resources.backend(opts.backend)
+    spec, spec_name, spec_raw = _spec(opts)
+    tp = opts.tp if opts.tp is not None else spec.tp
+    _check_tp(spec, tp)
+    allocator = opts.allocator or spec.allocator
+    if allocator not in ("native", "expandable"):
+        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator", fix="use native or expandable")
+    expandable = allocator == "expandable"
+    ctx = Context(backend=opts.backend, ci=opts.ci)
+    all_rules = list(resources.builtin_rules()) + list(spec.rules)
+    rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
+    names = [p.name for p in spec.phases]
+    by_name = {p.name: p for p in spec.phases}
+    pins = parse_pins(list(opts.strategies), names)
+    workload, trace_path, trace_digest = _workload(opts, spec, backend, tp)
+
+    library = int(spec.library_mib * 2**20)
+    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: Strategy()}, workload, expandable,
+                              library_bytes=library).pool_bytes for p in spec.phases}
+    floor = max(alone.values())
+    if spec.budget_mib is not None and spec.budget_mib * 2**20 < floor:
+        raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
+                              f"needs {mib(floor)}", where=f"{spec_name}: $.budget_mib",
+                              fix=f"raise budget_mib to at least {-(-floor // 2**20)}")
+    sequence = phase_sequence(spec.phases, alone)
+    forced = _forced_orders(spec, rules, pins)
+
+    baseline = resources.baseline()
     sol = optimize(Problem(phases=spec.phases, sequence=sequence, rules=rules, backend=backend,
-                           workload=workload, pins=pins, baseline=baseline_choice, expandable=expandable,
+                           workload=workload, pins=pins, baseline=baseline, expandable=expandable,
                            library_bytes=library))
     strategies = sol.strategies
 
@@ -193,55 +255,20 @@ def build_plan(opts: BuildOptions) -> Plan:
                   for n in names}
     sg = build_steps(by_name, sequence, strategies, order_rule, warm_rule, hoist_rule, forced)
     order = sg.order()
-    index = {sid: i for i, sid in enumerate(order)}
+    steps = _steps(sg, order, strategies, by_name, backend)
 
-    steps: list[Step] = []
-    for i, sid in enumerate(order):
-        node = sg.g.nodes[sid]
-        st = strategies[node["phase"]]
-        p = by_name[node["phase"]]
-        steps.append(Step(
-            index=i, id=sid, op=node["op"], phase=node["phase"], bs=node["bs"],
-            pool=pool_id(node["phase"], st) if node["op"] == "capture" else "",
-            outputs=st.outputs if node["op"] == "capture" else None,
-            runs=1 if node["op"] == "warmup" else 0,
-            bytes=workspace_bytes(backend, node["bs"], p.tokens_per_request) if node["op"] == "provision" else 0))
-
-    captures = [(s.phase, s.bs) for s in steps if s.op == "capture"]
+    # The prediction simulates the steps exactly as ordered, at every size.
     protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
-    sim = simulate(captures, strategies, workload, expandable, protect, library)
+    sim = simulate([(s.phase, s.bs) for s in steps if s.op == "capture"], strategies, workload, expandable,
+                   protect, library)
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
         raise ConstraintError(sim.hazards[0], where="planned step order")
-    timeline, reserved, allocated, k = [], 0, 0, 0
-    for s in steps:
-        if s.op == "capture":
-            reserved, allocated = sim.after_capture[k]
-            k += 1
-        timeline.append(StepMemory(step=s.index, reserved=reserved, allocated=allocated))
-
-    base_st = {n: Strategy(**{ax: getattr(baseline_choice, ax) for ax in AXES}) for n in names}
-    base_seq = [(n, bs) for n in sequence for bs in capture_order(by_name[n].sizes, "largest-first")]
+    base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in names}
+    base_seq = [(n, bs) for n in sequence for bs in capture_order(by_name[n].sizes, baseline.order)]
     baseline_bytes = simulate(base_seq, base_st, workload, expandable, library_bytes=library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
-    total = sim.pool_bytes + hoisted
-
-    decisions = list(sol.decisions)
-    if len(sequence) > 1:
-        decisions.insert(0, Decision(
-            phase="*", rule="phase-order", constraint="after: " + (", ".join(
-                f"{p.name} after {d}" for p in spec.phases for d in p.after) or "none"),
-            choice=" -> ".join(sequence),
-            why="phases whose largest graph needs the most pool capture first, so later phases reuse "
-                "its freed blocks: " + ", ".join(f"{n} {mib(alone[n])}" for n in sequence)))
-
-    if spec.budget_mib is not None and total > spec.budget_mib * 2**20:
-        cheapest = min((a for d in sol.decisions for a in d.alternatives
-                        if not [v for v in a.violates if not v.startswith("--strategy")]),
-                       key=lambda a: a.pool_bytes)
-        raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; cheapest schedule "
-                              f"the rules allow: {cheapest.strategy.label()} at {mib(cheapest.pool_bytes)}",
-                              where=f"{spec_name}: $.budget_mib",
-                              fix="raise the budget, drop --strategy pins, or capture fewer sizes")
+    decisions = ([_phase_order_decision(spec, sequence, alone)] if len(sequence) > 1 else []) + sol.decisions
+    _check_budget(spec, spec_name, sim.pool_bytes + hoisted, sol.decisions)
 
     output = opts.output if opts.output is not None else default_output(opts)
     plan = Plan(
@@ -261,12 +288,12 @@ def build_plan(opts: BuildOptions) -> Plan:
                           hoisted_bytes=sum(s.bytes for s in steps if s.op == "provision" and s.phase == n))
                 for n in sequence],
         steps=steps,
-        edges=sg.edges(index),
+        edges=sg.edges({sid: i for i, sid in enumerate(order)}),
         decisions=decisions,
         predicted=Prediction(source=workload.source, allocator=allocator, pool_bytes=sim.pool_bytes,
                              pools=sim.pools, largest_graph_bytes=floor, hoisted_bytes=hoisted,
-                             baseline_bytes=baseline_bytes,
-                             warmup_runs=sum(s.runs for s in steps), timeline=timeline),
+                             baseline_bytes=baseline_bytes, warmup_runs=sum(s.runs for s in steps),
+                             timeline=_timeline(steps, sim.after_capture)),
     )
     return seal(plan)
 
