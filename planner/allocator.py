@@ -169,6 +169,16 @@ class PoolSim:
         self.reserved += nbytes
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
+    def free_state(self) -> tuple:
+        """Reserved and allocated bytes and every free block, hashable.
+
+        With the same set of allocated blocks (the caller's business), equal
+        values mean identical allocator states: every block is either
+        allocated or on a free list, and the lists hold address and size.
+        """
+        return (self.reserved, self.allocated,
+                tuple(k[:3] for k in self._free[True]), tuple(k[:3] for k in self._free[False]))
+
     def free(self, block: Block) -> None:
         if block.free:
             raise ValueError(f"double free of block at {block.addr:#x}")

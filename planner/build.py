@@ -25,7 +25,7 @@ from schemas.strategy import AXES
 
 from . import resources
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
-from .optimize import Problem, mib, optimize, parse_pins
+from .optimize import SCREEN_SIZES, Problem, mib, optimize, parse_pins
 from .rules import Context, phase_rules, satisfies
 from .simulate import pool_id, simulate
 from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
@@ -49,6 +49,8 @@ class BuildOptions:
     tp: int | None = None
     output: Path | None = None
     allocator: str | None = None
+    #: compare strategies on every size, however many (slower; see optimize.SCREEN_ABOVE)
+    exact: bool = False
 
 
 def _rel(path: Path) -> str:
@@ -83,6 +85,8 @@ def normalized_command(opts: BuildOptions) -> list[str]:
         cmd += ["--allocator", opts.allocator]
     if opts.trace is not None:
         cmd += ["--trace", _rel(opts.trace)]
+    if opts.exact:
+        cmd.append("--exact")
     for s in sorted(set(opts.strategies)):
         cmd += ["--strategy", s]
     out = opts.output if opts.output is not None else default_output(opts)
@@ -246,7 +250,7 @@ def build_plan(opts: BuildOptions) -> Plan:
     baseline = resources.baseline()
     sol = optimize(Problem(phases=spec.phases, sequence=sequence, rules=rules, backend=backend,
                            workload=workload, pins=pins, baseline=baseline, expandable=expandable,
-                           library_bytes=library))
+                           library_bytes=library, screen=None if opts.exact else SCREEN_SIZES))
     strategies = sol.strategies
 
     order_rule = {n: _order_rule(rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}

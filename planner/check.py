@@ -23,8 +23,8 @@ def options_from_command(cmd: list[str], where: str):
              "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
              "--trace": ("trace", Path), "-o": ("output", Path)}
     for arg in it:
-        if arg == "--ci":
-            kw["ci"] = True
+        if arg in ("--ci", "--exact"):
+            kw[arg[2:]] = True
         elif arg == "--strategy":
             kw["strategies"].append(next(it))
         elif arg in flags:

@@ -31,6 +31,11 @@ from .workload import Workload, workspace_bytes
 __all__ = ["Problem", "Solution", "parse_pins", "optimize", "mib"]
 
 MEMORY_AXES = ("order", "outputs", "workspace", "pool")
+#: Every preset (36 decode sizes, 51 speculative) is compared exactly; a phase
+#: with more sizes is compared on SCREEN_SIZES of them, which keeps a
+#: 1024-size x 4-phase build near 2 s (bench/build_bench.py). `--exact` opts out.
+SCREEN_ABOVE = 64
+SCREEN_SIZES = 24
 
 
 def mib(n: int) -> str:
@@ -71,10 +76,10 @@ class Problem:
     baseline: Choice = Choice(order="largest-first", outputs="keep", workspace="pool", pool="shared")
     expandable: bool = False
     library_bytes: int = 0
-    #: compare strategies on at most this many sizes per phase (evenly spread,
-    #: smallest and largest included); the plan's own prediction always
-    #: simulates every size
-    screen: int = 64
+    #: phases with more sizes than SCREEN_ABOVE compare strategies on this many
+    #: (evenly spread, smallest and largest included); None: every size. The
+    #: plan's own prediction always simulates every size.
+    screen: int | None = SCREEN_SIZES
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,13 @@ def _pinned(phase: str, pins: dict[str | None, dict[str, str]]) -> dict[str, str
 
 def _candidates(phase: Phase, pb: Problem) -> list[Strategy]:
     values = {ax: AXIS_VALUES[ax] for ax in MEMORY_AXES}
-    if not pb.backend.get("workspace"):
-        values["workspace"] = ("pool",)  # nothing to hoist
+    # Hoisting makes the engine refresh the workspace before every replay (host
+    # time on the hot path) and saves at most the workspace's few KiB, so it
+    # is considered only where a rule asks for it or a pin names it.
+    asked = any(c.workspace for r in pb.rules[phase.name] for c in r.require) or \
+        "workspace" in _pinned(phase.name, pb.pins)
+    if not pb.backend.get("workspace") or not asked:
+        values["workspace"] = ("pool",)
     if len(pb.phases) == 1:
         values["pool"] = ("shared",)  # one phase: "own" is the same pool
     combos = itertools.product(*(values[ax] for ax in MEMORY_AXES))
@@ -133,10 +143,10 @@ def _warmup(phase: Phase, rules: list[Rule], pins: dict[str, str]) -> str:
                           where=f"--strategy warmup={pins.get('warmup')}", fix="drop the pin")
 
 
-def screened(sizes: list[int], limit: int) -> list[int]:
-    """At most ``limit`` of ``sizes``, evenly spread by rank, ends included."""
+def screened(sizes: list[int], limit: int | None) -> list[int]:
+    """``sizes`` sorted; above SCREEN_ABOVE of them, ``limit`` evenly spread by rank, ends included."""
     ordered = sorted(sizes)
-    if len(ordered) <= limit:
+    if limit is None or len(ordered) <= SCREEN_ABOVE:
         return ordered
     last = len(ordered) - 1
     return sorted({ordered[round(i * last / (limit - 1))] for i in range(limit)})

@@ -17,7 +17,7 @@ from typing import Iterable
 from schemas.plan import Strategy
 
 from .allocator import PoolSim
-from .workload import Workload
+from .workload import CARRY, Workload
 
 __all__ = ["SimResult", "simulate", "pool_id"]
 
@@ -64,23 +64,51 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
             pool.alloc(library_bytes)  # never freed
             library_bytes = 0
         live: dict[int, tuple[object, str]] = {}
-        hoisted = st.workspace == "hoisted"
         alloc, free = pool.alloc, pool.free
-        for size, eid, kind in workload.compiled(phase, bs):
-            if size >= 0:
-                if hoisted and kind == "workspace":
+        tracked = bool(protect)
+
+        def run(ops) -> None:
+            for size, eid, kind in ops:
+                if size < 0:
+                    entry = live.pop(eid, None)
+                    if entry is not None:
+                        free(entry[0])
                     continue
                 block = alloc(size)
                 live[eid] = (block, kind)
-                if protect:
+                if tracked:
                     span = (block.addr, block.addr + block.size)
                     touched.setdefault((pid, phase), []).append(span)
                     if kind == "output" and phase in protect:
                         outputs.append((pid, phase, bs, *span))
-            else:
-                entry = live.pop(eid, None)
-                if entry is not None:
-                    free(entry[0])
+
+        prog = workload.program(phase, bs, hoisted=st.workspace == "hoisted")
+        run(prog.prologue)
+        if prog.repeats:
+            carried = live.pop(prog.carry_in)
+            seen: dict[tuple, int] = {}
+            i = 0
+            while i < prog.repeats:
+                # The allocator is deterministic: once the state after a layer
+                # recurs, the layers in between repeat forever. Skip whole
+                # cycles; the peak inside them was already seen. Between
+                # layers the allocated blocks are the ones from before the
+                # loop plus the carried one (a body that leaked would change
+                # `allocated`), so free lists and that block pin the state.
+                if seen is not None:
+                    sig = (pool.free_state(), carried[0].addr)
+                    if sig in seen:
+                        period = i - seen[sig]
+                        i += (prog.repeats - i) // period * period
+                        seen = None
+                        continue
+                    seen[sig] = i
+                live[CARRY] = carried
+                run(prog.body)
+                carried = live.pop(prog.carry_out)
+                i += 1
+            live[CARRY] = carried
+        run(prog.epilogue)
         for block, kind in live.values():
             if kind == "temp" or kind == "workspace" or (kind == "output" and st.outputs == "view"):
                 pool.free(block)

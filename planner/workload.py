@@ -1,6 +1,6 @@
 """What one capture allocates in the pool: the workload memory model.
 
-Two sources, one output type (:class:`schemas.trace.CaptureTrace`):
+Two sources, one output type (:class:`Program`, what the simulator runs):
 
 * **analytic** -- derived from the spec's model dimensions: a Llama-style
   decoder step (RMSNorm with a float32 upcast, fused QKV, attention, O-proj,
@@ -10,27 +10,23 @@ Two sources, one output type (:class:`schemas.trace.CaptureTrace`):
   model has none (a recorded trace would show one as ``library`` blocks).
 * **trace** -- the allocation events ``executor.profile`` recorded on a GPU.
 
-Layers are periodic: every layer allocates and frees the same sizes in the same
-order, so after the second layer the allocator is in the same state as after
-the first (tests/test_workload.py checks that peaks agree with the full
-count). The analytic model therefore emits at most ``LAYER_CAP`` layers, which
-keeps a 1024-size plan fast. Not modelled: rotary caches, sampling, LoRA,
-MoE routing, and per-rank differences beyond dividing heads and MLP by ``tp``.
+Layers repeat: the analytic model emits one layer as a repeated body, and the
+simulator runs it layer by layer until the pool's state recurs, then skips
+the whole cycles that remain (exact: the allocator is deterministic). Not
+modelled: rotary caches, sampling, LoRA, MoE routing, and per-rank
+differences beyond dividing heads and MLP by ``tp``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from schemas.errors import InputError
 from schemas.spec import Model, Phase
 from schemas.trace import CaptureTrace, Event, Trace
 
+__all__ = ["Workload", "Program", "CARRY", "analytic_program", "analytic_capture", "workspace_bytes"]
 
-__all__ = ["Workload", "analytic_capture", "workspace_bytes", "LAYER_CAP"]
-
-LAYER_CAP = 2
 
 
 def _round_up(n: int, m: int) -> int:
@@ -46,23 +42,76 @@ def workspace_bytes(backend: dict, bs: int, tokens_per_request: int) -> int:
     return ws["elem_bytes"] * (ws["per_request"] * batch + ws["fixed"])
 
 
-class _Events:
+#: id, inside a repeated body, of the block carried in from before it
+CARRY = -1
+
+Op = tuple  # (size or -1 for a free, id, kind)
+
+
+@dataclass(frozen=True)
+class Program:
+    """One capture's allocations as the simulator runs them.
+
+    ``prologue``, then ``body`` ``repeats`` times (one decoder layer), then
+    ``epilogue``; each a tuple of ``(size, id, kind)`` ops, size -1 for a
+    free. The block with id ``carry_in`` (allocated in the prologue) enters
+    the first repetition as id ``CARRY``; each repetition frees it and
+    allocates ``carry_out``, which enters the next one (and the epilogue) as
+    ``CARRY``. Ids inside the body are reused by every repetition. A recorded
+    trace is all prologue.
+    """
+
+    prologue: tuple
+    body: tuple = ()
+    repeats: int = 0
+    epilogue: tuple = ()
+    carry_in: int = CARRY
+    carry_out: int = CARRY
+
+    def flatten(self) -> list[Event]:
+        """Every event in order, with ids made unique (for tests and inspection)."""
+        out: list[Event] = []
+        fresh = iter(range(1 << 62))
+        ids: dict[int, int] = {}
+
+        def emit(ops, rename) -> None:
+            for size, i, kind in ops:
+                if size >= 0:
+                    ids[rename(i)] = n = next(fresh)
+                    out.append(Event(op="alloc", id=n, size=size, kind=kind))
+                else:
+                    out.append(Event(op="free", id=ids.pop(rename(i))))
+
+        emit(self.prologue, lambda i: ("p", i))
+        carried = ("p", self.carry_in)
+        for r in range(self.repeats):
+            emit(self.body, lambda i, r=r, c=carried: c if i == CARRY else ("b", r, i))
+            carried = ("b", r, self.carry_out)
+        emit(self.epilogue, lambda i, c=carried: c if i == CARRY else ("e", i))
+        return out
+
+
+class _Ops:
     def __init__(self) -> None:
-        self.events: list[Event] = []
+        self.ops: list[Op] = []
         self._next = 0
 
     def alloc(self, size: int, kind: str = "temp") -> int:
         i = self._next
         self._next += 1
-        self.events.append(Event(op="alloc", id=i, size=size, kind=kind))
+        self.ops.append((size, i, kind))
         return i
 
     def free(self, *ids: int) -> None:
         for i in ids:
-            self.events.append(Event(op="free", id=i))
+            self.ops.append((-1, i, "temp"))
+
+    def take(self) -> tuple:
+        ops, self.ops = tuple(self.ops), []
+        return ops
 
 
-def _rmsnorm(ev: _Events, tokens: int, hidden: int, d: int) -> int:
+def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int) -> int:
     """x.float(); pow(2).mean(-1); + eps; rsqrt; x * r; .to(bf16); * weight."""
     x32 = ev.alloc(tokens * hidden * 4)
     pw = ev.alloc(tokens * hidden * 4)
@@ -80,7 +129,7 @@ def _rmsnorm(ev: _Events, tokens: int, hidden: int, d: int) -> int:
     return out
 
 
-def _attention(ev: _Events, backend: dict, bs: int, tpr: int, heads: int, hd: int, d: int) -> int:
+def _attention(ev: _Ops, backend: dict, bs: int, tpr: int, heads: int, hd: int, d: int) -> int:
     """The backend call: its output, float32 log-sum-exp, per-call workspace, partials."""
     tokens = bs * tpr
     out = ev.alloc(tokens * heads * hd * d)
@@ -96,16 +145,15 @@ def _attention(ev: _Events, backend: dict, bs: int, tpr: int, heads: int, hd: in
     return out
 
 
-def analytic_capture(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1,
-                     layer_cap: int = LAYER_CAP) -> CaptureTrace:
-    """The allocation events of capturing ``phase`` at batch ``bs``.
+def analytic_program(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1) -> Program:
+    """The allocations of capturing ``phase`` at batch ``bs``, one layer as a repeated body.
 
     Mirrors a straightforward PyTorch decoder (executor/reference.py is one):
     each layer is a function whose temporaries die when it returns, in the
     order CPython releases its locals; bf16 logits, then the float32 copy that
     is returned.
     """
-    ev = _Events()
+    ev = _Ops()
     d = model.dtype_bytes
     tpr = phase.tokens_per_request
     tokens = bs * tpr
@@ -113,79 +161,95 @@ def analytic_capture(model: Model, phase: Phase, bs: int, backend: dict, tp: int
     kv_heads = max(1, model.kv_heads // tp)
     inter = max(1, model.intermediate // tp)
     hd, h = model.head_dim, model.hidden
-    layers = phase.layers or model.layers
 
-    hidden = ev.alloc(tokens * h * d)  # embedding lookup
-    for _ in range(min(layers, layer_cap)):
-        x = _rmsnorm(ev, tokens, h, d)
-        qkv = ev.alloc(tokens * (heads + 2 * kv_heads) * hd * d)
-        attn = _attention(ev, backend, bs, tpr, heads, hd, d)
-        o = ev.alloc(tokens * h * d)  # O projection; a TP all-reduce runs in place
-        res = ev.alloc(tokens * h * d)
-        x2 = _rmsnorm(ev, tokens, h, d)
-        gate_up = ev.alloc(tokens * 2 * inter * d)
-        act = ev.alloc(tokens * inter * d)
-        prod = ev.alloc(tokens * inter * d)
-        ev.free(act)
-        down = ev.alloc(tokens * h * d)
-        ev.free(prod)
-        new_hidden = ev.alloc(tokens * h * d)
-        ev.free(x, qkv, attn, o, res, x2, gate_up, down, hidden)  # the layer returns
-        hidden = new_hidden
+    embedding = ev.alloc(tokens * h * d)
+    prologue = ev.take()
+
+    x = _rmsnorm(ev, tokens, h, d)
+    qkv = ev.alloc(tokens * (heads + 2 * kv_heads) * hd * d)
+    attn = _attention(ev, backend, bs, tpr, heads, hd, d)
+    o = ev.alloc(tokens * h * d)  # O projection; a TP all-reduce runs in place
+    res = ev.alloc(tokens * h * d)
+    x2 = _rmsnorm(ev, tokens, h, d)
+    gate_up = ev.alloc(tokens * 2 * inter * d)
+    act = ev.alloc(tokens * inter * d)
+    prod = ev.alloc(tokens * inter * d)
+    ev.free(act)
+    down = ev.alloc(tokens * h * d)
+    ev.free(prod)
+    new_hidden = ev.alloc(tokens * h * d)
+    ev.free(x, qkv, attn, o, res, x2, gate_up, down, CARRY)  # the layer returns
+    body = ev.take()
+
     x = _rmsnorm(ev, tokens, h, d)
     rows = tokens if phase.kind in ("target_verify", "draft_extend") else bs
     logits = ev.alloc(rows * model.vocab * d)
     ev.alloc(rows * model.vocab * model.logits_dtype_bytes, "output")
-    ev.free(x, logits, hidden)
-    return CaptureTrace(phase=phase.name, bs=bs, events=ev.events)
+    ev.free(x, logits, CARRY)
+    return Program(prologue=prologue, body=body, repeats=phase.layers or model.layers, epilogue=ev.take(),
+                   carry_in=embedding, carry_out=new_hidden)
+
+
+def analytic_capture(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1) -> CaptureTrace:
+    """:func:`analytic_program` written out as a flat trace (every layer)."""
+    return CaptureTrace(phase=phase.name, bs=bs,
+                        events=analytic_program(model, phase, bs, backend, tp).flatten())
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Capture traces per (phase, size), from the analytic model or a recorded trace."""
+    """What each (phase, size) capture allocates, from the analytic model or a recorded trace."""
 
     source: str  # "analytic" | "trace"
-    captures: dict[tuple[str, int], CaptureTrace]
-    _compiled: dict = field(default_factory=dict, repr=False, compare=False)
+    programs: dict[tuple[str, int], Program]
+    _hoisted: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def analytic(cls, model: Model, phases: list[Phase], backend: dict, tp: int = 1) -> "Workload":
-        caps = {(p.name, bs): analytic_capture(model, p, bs, backend, tp) for p in phases for bs in p.sizes}
-        return cls("analytic", caps)
+        return cls("analytic", {(p.name, bs): analytic_program(model, p, bs, backend, tp)
+                                for p in phases for bs in p.sizes})
 
     @classmethod
     def from_trace(cls, trace: Trace, phases: list[Phase], source: str) -> "Workload":
         """Index a recorded trace; every planned (phase, size) must be in it."""
         names = {p.name for p in phases}
-        caps: dict[tuple[str, int], CaptureTrace] = {}
+        progs: dict[tuple[str, int], Program] = {}
         for i, cap in enumerate(trace.captures):
             where = f"{source}: $.captures[{i}]"
             if cap.phase not in names:
                 raise InputError(f"unknown phase {cap.phase!r}; the spec has {sorted(names)}", where=where + ".phase")
-            if (cap.phase, cap.bs) in caps:
+            if (cap.phase, cap.bs) in progs:
                 raise InputError(f"duplicate capture {cap.phase}/{cap.bs}", where=where)
             _check_events(cap, where)
-            caps[(cap.phase, cap.bs)] = cap
+            progs[(cap.phase, cap.bs)] = Program(prologue=tuple(
+                (e.size if e.op == "alloc" else -1, e.id, e.kind) for e in cap.events))
         for p in phases:
-            missing = [bs for bs in p.sizes if (p.name, bs) not in caps]
+            missing = [bs for bs in p.sizes if (p.name, bs) not in progs]
             if missing:
                 raise InputError(f"trace has no capture for phase {p.name!r} at sizes {missing[:8]}"
                                  + (" ..." if len(missing) > 8 else ""), where=source,
                                  fix="record it again with executor.profile for this spec")
-        return cls("trace", caps)
+        return cls("trace", progs)
 
-    def events(self, phase: str, bs: int) -> Iterator[Event]:
-        return iter(self.captures[(phase, bs)].events)
-
-    def compiled(self, phase: str, bs: int) -> list[tuple[int, int, int, str]]:
-        """Events as (size or -1 for a free, id, kind) tuples: the simulator's hot loop
-        unpacks tuples much faster than it reads struct attributes."""
+    def program(self, phase: str, bs: int, hoisted: bool = False) -> Program:
+        """The capture's program; ``hoisted``: without the backend workspace,
+        which then lives outside the pool."""
+        if not hoisted:
+            return self.programs[(phase, bs)]
         key = (phase, bs)
-        cached = self._compiled.get(key)
-        if cached is None:
-            cached = self._compiled[key] = [(e.size if e.op == "alloc" else -1, e.id, e.kind)
-                                            for e in self.captures[key].events]
-        return cached
+        prog = self._hoisted.get(key)
+        if prog is None:
+            p = self.programs[key]
+            prog = self._hoisted[key] = Program(
+                prologue=_without_workspace(p.prologue), body=_without_workspace(p.body), repeats=p.repeats,
+                epilogue=_without_workspace(p.epilogue), carry_in=p.carry_in, carry_out=p.carry_out)
+        return prog
+
+
+def _without_workspace(ops: tuple) -> tuple:
+    """``ops`` less workspace allocations and their frees (ids are unique within a section)."""
+    ws = {eid for size, eid, kind in ops if size >= 0 and kind == "workspace"}
+    return tuple(op for op in ops if op[1] not in ws) if ws else ops
 
 
 def _check_events(cap: CaptureTrace, where: str) -> None:

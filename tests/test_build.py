@@ -204,12 +204,13 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     from schemas.codec import decode_spec
 
     sizes = list(range(1, 201))
-    assert screened(sizes, 64)[0] == 1 and screened(sizes, 64)[-1] == 200 and len(screened(sizes, 64)) == 64
-    assert screened([5, 3, 9], 64) == [3, 5, 9]
+    assert screened(sizes, 24)[0] == 1 and screened(sizes, 24)[-1] == 200 and len(screened(sizes, 24)) == 24
+    assert screened([5, 3, 9], 24) == [3, 5, 9] and screened(sizes, None) == sizes
+    assert len(screened(list(range(1, 65)), 24)) == 64  # up to 64 sizes: every size
     path = _spec(tmp_path, f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {sizes}\n')
     plan = build_plan(BuildOptions(backend="fa3", spec=path))
     opt = next(d for d in plan.decisions if d.rule == "optimizer")
-    assert opt.sizes_compared == 64 and "compared on 64 of 200 sizes" in opt.why
+    assert opt.sizes_compared == 24 and "compared on 24 of 200 sizes" in opt.why
     spec = decode_spec(path.read_bytes(), "spec.toml")
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
     st = {"decode": plan.phases[0].strategy}
@@ -217,3 +218,6 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     assert plan.predicted.pool_bytes == exact
     small = build_plan(BuildOptions(backend="fa3"))
     assert next(d for d in small.decisions if d.rule == "optimizer").sizes_compared == 36
+    exact = build_plan(BuildOptions(backend="fa3", spec=path, exact=True))
+    assert next(d for d in exact.decisions if d.rule == "optimizer").sizes_compared == 200
+    assert exact.command[-1] == "--exact" and exact.predicted.pool_bytes == plan.predicted.pool_bytes

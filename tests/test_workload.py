@@ -53,17 +53,34 @@ def test_analytic_model_matches_the_recorded_h200_trace():
             assert abs(m - r) / r <= 0.05, (order, outputs, m, r)
 
 
+LAYER_CASES = [  # shapes whose layers settle into a cycle only after several layers
+    (Model(layers=32, hidden=8192, heads=16, kv_heads=4, head_dim=64, intermediate=2816, vocab=152064), [214]),
+    (Model(layers=32, hidden=2048, heads=16, kv_heads=2, head_dim=128, intermediate=2816, vocab=152064),
+     [5, 38, 97, 104, 132, 188, 195, 209, 247, 273, 279]),
+    (Model(layers=4, hidden=8192, heads=16, kv_heads=8, head_dim=128, intermediate=28672), [3, 67, 197, 263, 281]),
+    (Model(), [1, 3, 8, 24, 64, 100, 128]),
+]
+
+
+@pytest.mark.parametrize("model,sizes", LAYER_CASES)
 @pytest.mark.parametrize("kind,tpr", [("decode", 1), ("target_verify", 4)])
-def test_layer_cap_gives_the_same_pool_as_every_layer(kind, tpr):
-    sizes = [1, 3, 8, 24, 64, 100, 128]
+@pytest.mark.parametrize("expandable", [False, True])
+def test_skipping_repeated_layers_is_exact(model, sizes, kind, tpr, expandable):
+    """Cycle skipping gives exactly the pool of simulating every layer."""
+    from planner.workload import Program, analytic_program
+
     phase = Phase(name="decode", kind=kind, sizes=sizes, tokens_per_request=tpr)
     b = backend("fa3")
-    capped = Workload.analytic(Model(), [phase], b)
-    full = Workload("analytic", {("decode", bs): analytic_capture(Model(), phase, bs, b, layer_cap=32)
-                                 for bs in sizes})
+    looped = Workload("analytic", {("decode", bs): analytic_program(model, phase, bs, b) for bs in sizes})
+    flat = Workload("analytic", {k: Program(prologue=tuple((e.size if e.op == "alloc" else -1, e.id, e.kind)
+                                                            for e in p.flatten()))
+                                 for k, p in looped.programs.items()})
     for order in ("largest-first", "smallest-first"):
         for outputs in ("keep", "view"):
-            assert _pool(capped, sizes, order, outputs) == _pool(full, sizes, order, outputs)
+            seq = [("decode", x) for x in sorted(sizes, reverse=order == "largest-first")]
+            st = {"decode": Strategy(order=order, outputs=outputs)}
+            a, f = simulate(seq, st, looped, expandable), simulate(seq, st, flat, expandable)
+            assert (a.pool_bytes, a.after_capture) == (f.pool_bytes, f.after_capture)
 
 
 def test_hoisted_workspace_leaves_the_pool():

@@ -24,6 +24,8 @@ def build(
     strategy: List[str] = typer.Option([], "--strategy", "-s",
                                        help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Plan path [plans/<backend>[-...][-ci].json]."),
+    exact: bool = typer.Option(False, "--exact", help="Compare strategies on every size (default: phases with "
+                               "more than 64 sizes are compared on 24 of them; the prediction is always exact)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the summary; write nothing."),
     check: bool = typer.Option(False, "--check", help="Build in memory and compare with the file; exit 1 on drift."),
 ) -> None:
@@ -33,7 +35,7 @@ def build(
     from planner.render import summary
 
     opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,
-                        allocator=allocator, trace=trace, strategies=tuple(strategy), output=output)
+                        allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact)
     path = output if output is not None else default_output(opts)
     if check:
         check_plan(opts)
