@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
 from executor.reference import ReferenceConfig, ReferenceModel  # noqa: E402
+from schemas.spec import Model  # noqa: E402
 
 MiB = 2**20
 
@@ -139,7 +140,7 @@ def main() -> None:
 
     plan = load_plan(args.plan)
     sizes = plan.phases[0].sizes
-    cfg = ReferenceConfig(layers=args.layers, max_bs=max(sizes))
+    cfg = ReferenceConfig(model=Model(layers=args.layers), max_bs=max(sizes))
     model = ReferenceModel(cfg)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)

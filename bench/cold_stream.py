@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from executor.pool import AllocationRecorder, pool_reserved  # noqa: E402
 from executor.reference import ReferenceConfig, ReferenceModel  # noqa: E402
+from schemas.spec import Model  # noqa: E402
 
 
 def capture_alone(model, bs: int, stream, warm_on):
@@ -52,7 +53,7 @@ def main() -> None:
     ap.add_argument("--bs", type=int, default=256)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args()
-    model = ReferenceModel(ReferenceConfig(layers=args.layers, max_bs=args.bs))
+    model = ReferenceModel(ReferenceConfig(model=Model(layers=args.layers), max_bs=args.bs))
     res = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "layers": args.layers, "bs": args.bs}
     warm = torch.cuda.Stream()

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from schemas.spec import Model
+
 __all__ = ["ReferenceConfig", "ReferenceModel", "load_fa3"]
 
 
@@ -41,24 +43,15 @@ def load_fa3():
 
 @dataclass(frozen=True)
 class ReferenceConfig:
-    layers: int = 32
-    hidden: int = 4096
-    heads: int = 32
-    kv_heads: int = 8
-    head_dim: int = 128
-    intermediate: int = 14336
-    vocab: int = 128256
+    """The model's shape is the spec's own :class:`schemas.spec.Model` (bf16
+    activations and float32 logits are fixed here, as in the default spec)."""
+
+    model: Model = Model()
     max_bs: int = 256
     max_seqlen: int = 512
     #: tokens per request of each phase
     tokens: dict = field(default_factory=lambda: {"decode": 1, "target_verify": 4})
     seed: int = 0
-
-    @classmethod
-    def from_model(cls, model, **kw) -> "ReferenceConfig":
-        """From a spec's :class:`schemas.spec.Model`."""
-        return cls(layers=model.layers, hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads,
-                   head_dim=model.head_dim, intermediate=model.intermediate, vocab=model.vocab, **kw)
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -74,16 +67,18 @@ class ReferenceModel:
     def __init__(self, cfg: ReferenceConfig, backend: str = "auto", device: str | torch.device = "cuda",
                  tp_group=None):
         self.cfg = cfg
+        m = cfg.model
         self.device = torch.device(device)
         self.tp_group = tp_group
         tp = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
-        if cfg.heads % tp or cfg.intermediate % tp or max(cfg.kv_heads, tp) % min(cfg.kv_heads, tp):
-            raise ValueError(f"tp={tp} does not divide heads={cfg.heads}, kv_heads={cfg.kv_heads}, "
-                             f"intermediate={cfg.intermediate}")
+        if m.heads % tp or m.intermediate % tp or max(m.kv_heads, tp) % min(m.kv_heads, tp):
+            raise ValueError(f"tp={tp} does not divide heads={m.heads}, kv_heads={m.kv_heads}, "
+                             f"intermediate={m.intermediate}")
         self.tp = tp
-        self.heads = cfg.heads // tp
-        self.kv_heads = max(1, cfg.kv_heads // tp)
-        self.inter = cfg.intermediate // tp
+        self.heads = m.heads // tp
+        self.kv_heads = max(1, m.kv_heads // tp)
+        self.inter = m.intermediate // tp
+        self.head_dim = m.head_dim
         fa3 = load_fa3() if backend in ("auto", "fa3") else None
         if backend == "fa3" and fa3 is None:
             raise ImportError("FA3 requested but neither flash_attn_interface nor fa3_fwd_interface is importable")
@@ -92,21 +87,21 @@ class ReferenceModel:
         g = torch.Generator(device=self.device)
         g.manual_seed(cfg.seed + 1000 * (torch.distributed.get_rank(tp_group) if tp_group is not None else 0))
         dt = torch.bfloat16
-        hd, H, KV = cfg.head_dim, self.heads, self.kv_heads
+        hd, H, KV = m.head_dim, self.heads, self.kv_heads
 
         def w(*shape, std=0.02):
             return (torch.randn(*shape, generator=g, device=self.device, dtype=torch.float32) * std).to(dt)
 
-        self.embed = w(cfg.vocab, cfg.hidden, std=1.0)
-        self.lm_head = w(cfg.vocab, cfg.hidden)
-        self.final_norm = torch.ones(cfg.hidden, device=self.device, dtype=dt)
+        self.embed = w(m.vocab, m.hidden, std=1.0)
+        self.lm_head = w(m.vocab, m.hidden)
+        self.final_norm = torch.ones(m.hidden, device=self.device, dtype=dt)
         self.layers = []
-        for _ in range(cfg.layers):
+        for _ in range(m.layers):
             self.layers.append(dict(
-                norm1=torch.ones(cfg.hidden, device=self.device, dtype=dt),
-                norm2=torch.ones(cfg.hidden, device=self.device, dtype=dt),
-                wqkv=w((H + 2 * KV) * hd, cfg.hidden), wo=w(cfg.hidden, H * hd),
-                wgu=w(2 * self.inter, cfg.hidden), wd=w(cfg.hidden, self.inter),
+                norm1=torch.ones(m.hidden, device=self.device, dtype=dt),
+                norm2=torch.ones(m.hidden, device=self.device, dtype=dt),
+                wqkv=w((H + 2 * KV) * hd, m.hidden), wo=w(m.hidden, H * hd),
+                wgu=w(2 * self.inter, m.hidden), wd=w(m.hidden, self.inter),
                 k_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0),
                 v_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0)))
         max_tokens = cfg.max_bs * max(cfg.tokens.values())
@@ -120,7 +115,7 @@ class ReferenceModel:
     # -- CaptureTarget -------------------------------------------------------
     def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None:
         tpr = self.cfg.tokens[phase]
-        self.input_ids[: bs * tpr].random_(0, self.cfg.vocab, generator=generator)
+        self.input_ids[: bs * tpr].random_(0, self.cfg.model.vocab, generator=generator)
         # room for the longest phase's new tokens: the prepared lengths may be
         # replayed by any phase (they share the static buffers)
         hi = self.cfg.max_seqlen - max(self.cfg.tokens.values())
@@ -132,8 +127,8 @@ class ReferenceModel:
             return
         tpr = self.cfg.tokens[phase]
         md = self.fa3.get_scheduler_metadata(
-            bs, tpr, self.cfg.max_seqlen, self.heads, self.kv_heads, self.cfg.head_dim,
-            self.cache_seqlens[:bs], qkv_dtype=torch.bfloat16, headdim_v=self.cfg.head_dim,
+            bs, tpr, self.cfg.max_seqlen, self.heads, self.kv_heads, self.head_dim,
+            self.cache_seqlens[:bs], qkv_dtype=torch.bfloat16, headdim_v=self.head_dim,
             max_seqlen_k_new=tpr, causal=True)
         buf = workspace.view(torch.int32)
         if md.numel() > buf.numel():
@@ -156,7 +151,7 @@ class ReferenceModel:
     # Each piece is a function so that its temporaries die when it returns:
     # the allocation pattern is then the one planner/workload.py models.
     def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md) -> torch.Tensor:
-        hd, H, KV = self.cfg.head_dim, self.heads, self.kv_heads
+        hd, H, KV = self.head_dim, self.heads, self.kv_heads
         x = _rmsnorm(h, layer["norm1"])
         qkv = x @ layer["wqkv"].t()
         q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)

@@ -39,7 +39,9 @@ def _plan(tmp_path, sizes, backend="fa3", ci=True, phases=("decode",), strategie
 def model():
     from executor.reference import ReferenceConfig, ReferenceModel
 
-    return ReferenceModel(ReferenceConfig(**SMALL, max_bs=64, max_seqlen=256))
+    from schemas.spec import Model
+
+    return ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=64, max_seqlen=256))
 
 
 def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):
@@ -223,7 +225,9 @@ def test_sdpa_fallback_captures_and_verifies(tmp_path):
     from executor import capture, verify
     from executor.reference import ReferenceConfig, ReferenceModel
 
-    m = ReferenceModel(ReferenceConfig(**SMALL, max_bs=16, max_seqlen=128), backend="torch")
+    from schemas.spec import Model
+
+    m = ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=16, max_seqlen=128), backend="torch")
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False, phases=("decode", "target_verify"))
     gs = capture(plan, m, progress=False)
     try:
@@ -248,7 +252,8 @@ from planner import BuildOptions, build_plan
 from executor import capture, verify
 from executor.reference import ReferenceConfig, ReferenceModel
 plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=__import__("pathlib").Path({str(spec)!r}), tp=1))
-m = ReferenceModel(ReferenceConfig(**{SMALL!r}, max_bs=8, max_seqlen=128), tp_group=dist.group.WORLD)
+from schemas.spec import Model
+m = ReferenceModel(ReferenceConfig(model=Model(**{SMALL!r}), max_bs=8, max_seqlen=128), tp_group=dist.group.WORLD)
 gs = capture(plan, m, progress=False)
 res = verify(gs, checks=("interleave",))
 print("RESULT", len(gs.graphs), res.ok, res.summary())

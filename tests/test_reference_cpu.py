@@ -1,0 +1,38 @@
+"""The reference workload on the CPU (SDPA path): what padded replay relies on."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from executor.reference import ReferenceConfig, ReferenceModel
+    from schemas.spec import Model
+
+    shape = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)
+    return ReferenceModel(ReferenceConfig(model=shape, max_bs=8, max_seqlen=32), backend="torch", device="cpu")
+
+
+@pytest.mark.parametrize("phase,tpr", [("decode", 1), ("target_verify", 4)])
+def test_padding_leaves_the_real_requests_unchanged(model, phase, tpr):
+    """A batch of n padded to bs gives the same rows for the n real requests:
+    the executor replays the graph of the padded size and slices."""
+    gen = torch.Generator()
+    gen.manual_seed(3)
+    model.prepare(phase, 8, 8, gen)
+    padded = model.run(phase, 8, None)
+    alone = model.run(phase, 3, None)
+    assert padded.shape == (8 * tpr, 1000) and padded.dtype == torch.float32
+    assert torch.isfinite(padded).all()
+    torch.testing.assert_close(padded[: 3 * tpr], alone, rtol=2e-2, atol=2e-2)
+
+
+def test_prepare_keeps_every_phase_inside_the_kv_cache(model):
+    gen = torch.Generator()
+    for seed in range(20):
+        gen.manual_seed(seed)
+        model.prepare("decode", 8, 8, gen)
+        assert int(model.cache_seqlens.max()) + 4 <= model.cfg.max_seqlen  # room for target_verify's 4 tokens
