@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-import torch
 import torch.distributed as dist
 
 from schemas.plan import Plan

@@ -252,7 +252,7 @@ def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strat
     why = f"lowest predicted total of {len([a for a in alts if a.feasible])} feasible strategies: {mib(chosen_bytes)}"
     if runner is not None:
         why += f"; next best {runner.strategy.label()} at {mib(runner.pool_bytes)}"
-    why += "; " + (f"views allowed: outputs are consumed before the next replay"
+    why += "; " + ("views allowed: outputs are consumed before the next replay"
                    if phase.output_lifetime == "next-replay" else "outputs must survive other phases' replays")
     if compared < len(phase.sizes):
         why += (f"; strategies compared on {compared} of {len(phase.sizes)} sizes (evenly spread), so the "

@@ -181,7 +181,7 @@ def test_out_of_memory_mid_capture_reports_predicted_and_free(tmp_path):
 
 
 def test_outputs_that_move_outside_the_pool_are_refused(tmp_path):
-    from executor import CaptureFailed, ExecutorError, capture
+    from executor import ExecutorError, capture
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="triton", ci=False)  # warm-up at every size
