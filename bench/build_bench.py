@@ -5,6 +5,7 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
   build_default   `planner build --backend fa3 --ci --dry-run` in a fresh process
   simulate_default  one simulation of the default plan's captures (in process)
   optimize_spec   building the speculative preset (4 phases, all strategies)
+  load_plan       executor.load_plan of plans/fa3-ci.json (decode, digest, fingerprint check)
   scale/N         a spec with N sizes in each of 4 phases (N = 35 .. 1024)
 
 Writes JSON with date and machine to bench/results/build-<date>.json.
@@ -80,6 +81,11 @@ def main() -> None:
     res["simulate_default_s"] = _median(lambda: simulate(caps, strategies, wl), args.repeat)
     res["optimize_speculative_s"] = _median(
         lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")), args.repeat)
+    from executor import Environment, load_plan
+
+    env = Environment("NVIDIA H200", (9, 0), "2.11.0", frozenset({"fa3_fwd_interface"}))
+    path = ROOT / "plans/fa3-ci.json"
+    res["load_plan_s"] = _median(lambda: [load_plan(path, env=env) for _ in range(100)], args.repeat) / 100
     res["scale"] = {}
     for n in (35, 128, 512, 1024):
         path = _scale_spec(n)

@@ -263,8 +263,10 @@ def build_plan(opts: BuildOptions) -> Plan:
 
     # The prediction simulates the steps exactly as ordered, at every size.
     protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
-    sim = simulate([(s.phase, s.bs) for s in steps if s.op == "capture"], strategies, workload, expandable,
-                   protect, library)
+    captures = tuple((s.phase, s.bs) for s in steps if s.op == "capture")
+    seen = sol.sims.get(tuple((n, strategies[n]) for n in sequence))
+    sim = seen[1] if seen is not None and seen[0] == captures else \
+        simulate(captures, strategies, workload, expandable, protect, library)
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
         raise ConstraintError(sim.hazards[0], where="planned step order")
     base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in names}

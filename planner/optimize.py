@@ -16,7 +16,7 @@ optimum otherwise. Every alternative it rejected is reported with its cost.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from schemas.errors import ConstraintError, InputError
 from schemas.plan import Alternative, Decision, Strategy
@@ -88,6 +88,10 @@ class Solution:
     pool_bytes: int
     hoisted_bytes: int
     decisions: list[Decision]
+    #: exact simulations already run of every phase in one pool at every size,
+    #: by ((phase, strategy), ...): (captures, SimResult); the build reuses the
+    #: chosen one instead of simulating it again
+    sims: dict = field(default_factory=dict)
 
 
 def _pinned(phase: str, pins: dict[str | None, dict[str, str]]) -> dict[str, str]:
@@ -179,6 +183,7 @@ def optimize(pb: Problem) -> Solution:
         prefs[p.name] = _preference(rules, Choice(**{ax: getattr(pb.baseline, ax) for ax in MEMORY_AXES}))
 
     memo: dict[tuple, tuple] = {}
+    sims: dict[tuple, object] = {}
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
@@ -194,6 +199,9 @@ def optimize(pb: Problem) -> Solution:
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
             sim = simulate(seq, strats, pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
             memo[members] = (sim.pool_bytes, len(sim.hazards))
+            if len(members) == len(pb.sequence) and all(len(captures_for[n]) == len(by_name[n].sizes)
+                                                       for n, _ in members):
+                sims[members] = (tuple(seq), sim)  # every phase, every size: a whole plan's simulation
         return memo[members]
 
     def cost(strats: dict[str, Strategy]) -> tuple:
@@ -229,7 +237,8 @@ def optimize(pb: Problem) -> Solution:
     decisions: list[Decision] = []
     for n in pb.sequence:
         decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, prefs[n], len(captures_for[n])))
-    return Solution(strategies=current, pool_bytes=pool_total - hoisted, hoisted_bytes=hoisted, decisions=decisions)
+    return Solution(strategies=current, pool_bytes=pool_total - hoisted, hoisted_bytes=hoisted, decisions=decisions,
+                    sims=sims)
 
 
 def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost,
