@@ -81,15 +81,22 @@ class PoolSim:
     # expandable mode: (small, stream) -> last block of that virtual segment
     _tails: dict = field(default_factory=dict)
 
+    # running sum of the free entries' hashes: free_state() in O(1)
+    _fsum: int = 0
+
     # -- free lists: sorted (stream, size, addr) keys per small/large pool ----
     def _insert(self, b: Block) -> None:
-        bisect.insort(self._free[b.small], (b.stream, b.size, b.addr, b))
+        key = (b.stream, b.size, b.addr)
+        self._fsum += hash(key)
+        bisect.insort(self._free[b.small], (*key, b))
 
     def _remove(self, b: Block) -> None:
         lst = self._free[b.small]
-        i = bisect.bisect_left(lst, (b.stream, b.size, b.addr))
+        key = (b.stream, b.size, b.addr)
+        i = bisect.bisect_left(lst, key)
         assert lst[i][3] is b
         del lst[i]
+        self._fsum -= hash(key)
 
     def _best_fit(self, small: bool, stream: int, size: int) -> Block | None:
         lst = self._free[small]
@@ -109,7 +116,8 @@ class PoolSim:
         lst = self._free[small]
         i = bisect.bisect_left(lst, (stream, size, -1))
         if i < len(lst) and lst[i][0] == stream:
-            block = lst.pop(i)[3]  # best fit: smallest adequate block, lowest address on ties
+            st_, sz_, ad_, block = lst.pop(i)  # best fit: smallest adequate block, lowest address on ties
+            self._fsum -= hash((st_, sz_, ad_))
         else:
             block = self._grow(small, stream, size)
         remaining = block.size - size
@@ -170,14 +178,20 @@ class PoolSim:
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
     def free_state(self) -> tuple:
-        """Reserved and allocated bytes and every free block, hashable.
+        """Reserved and allocated bytes and the free blocks, in O(1).
 
         With the same set of allocated blocks (the caller's business), equal
-        values mean identical allocator states: every block is either
+        free lists mean identical allocator states: every block is either
         allocated or on a free list, and the lists hold address and size.
+        The lists are summarized by their lengths and a running sum of their
+        entries' hashes, so equal values could, with a probability near
+        2**-64, come from different lists; ``free_lists()`` is the exact form.
         """
-        return (self.reserved, self.allocated,
-                tuple(k[:3] for k in self._free[True]), tuple(k[:3] for k in self._free[False]))
+        return (self.reserved, self.allocated, self._fsum, len(self._free[True]), len(self._free[False]))
+
+    def free_lists(self) -> tuple:
+        """Every free block as (stream, size, addr), small pool first: exact and O(n)."""
+        return tuple(k[:3] for k in self._free[True]), tuple(k[:3] for k in self._free[False])
 
     def free(self, block: Block) -> None:
         if block.free:

@@ -139,4 +139,8 @@ def test_reserved_only_grows_and_best_fit_is_smallest_adequate(seq, expandable):
             p.free(live.pop(size % len(live)))
         assert p.reserved >= last
         assert p.allocated <= p.reserved
+        # the O(1) state summary tracks the exact free lists
+        small, large = p.free_lists()
+        assert p.free_state() == (p.reserved, p.allocated, sum(hash(k) for k in small + large),
+                                  len(small), len(large))
         last = p.reserved
