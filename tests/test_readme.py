@@ -15,3 +15,16 @@ def test_quickstart_is_two_commands_and_ci_runs_the_test_command_verbatim():
     assert commands[0].endswith("planner build --backend fa3 --ci")
     assert "pytest" in commands[1]
     assert commands[1] in (ROOT / ".ci/run").read_text().splitlines()
+
+
+def test_the_spec_example_builds(tmp_path):
+    from planner import BuildOptions, build_plan
+
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("**Spec** (TOML or JSON", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    spec = tmp_path / "example.toml"
+    spec.write_text(example)
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=spec))
+    (phase,) = plan.phases
+    assert phase.strategy.workspace == "hoisted" or phase.strategy.order == "smallest-first"
+    assert any(d.rule == "team-gate" for d in plan.decisions)
