@@ -124,11 +124,10 @@ class GraphSet:
         return cap.sliced[n]
 
     def replay_checked(self, phase: str, n: int) -> GuardedOutputs:
-        bs, cap = self._tables[phase][n]
+        _, cap = self._tables[phase][n]
         out = self.replay(phase, n)
         if cap.held == "view":
-            self._epoch[cap.pool] += 1
-            self._last[cap.pool] = f"{phase}/{bs}"
+            self.note_replay(cap)
         return GuardedOutputs(self, cap, out)
 
     def note_replay(self, cap: Captured) -> None:

@@ -4,8 +4,11 @@ Search: coordinate descent over phases. Each phase starts at its preferred
 feasible strategy (rules' ``prefer``, then the baseline); then, phase by phase
 in capture order, every feasible strategy for that phase is simulated with the
 others fixed and the cheapest is kept, until a full round changes nothing.
-Cost is (pool bytes + hoisted bytes, warm-up runs, distance from the
-preference, label), so ties resolve the same way on every machine.
+Cost is (protected outputs overwritten, pool bytes + hoisted bytes, distance
+from the preference, label), so ties resolve the same way on every machine.
+Warm-ups cost no pool memory and are chosen per phase beforehand (the fewest
+the rules allow). Phases with more than SCREEN_ABOVE sizes are compared on
+SCREEN_SIZES of them.
 
 What this does not do: it is not an exhaustive search over joint choices of
 several phases sharing a pool (that grows as 16^phases); coordinate descent
@@ -85,8 +88,6 @@ class Problem:
 @dataclass(frozen=True)
 class Solution:
     strategies: dict[str, Strategy]
-    pool_bytes: int
-    hoisted_bytes: int
     decisions: list[Decision]
     #: exact simulations already run of every phase in one pool at every size,
     #: by ((phase, strategy), ...): (captures, SimResult); the build reuses the
@@ -232,17 +233,14 @@ def optimize(pb: Problem) -> Solution:
         raise ConstraintError("every schedule the rules allow overwrites outputs that must outlive other "
                               "phases' replays", where="phases " + ", ".join(sorted(protect)),
                               fix="allow pool=own for those phases")
-    pool_total = cost(current)[1]
-    hoisted = _hoisted(current, pb)
     decisions: list[Decision] = []
     for n in pb.sequence:
-        decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, prefs[n], len(captures_for[n])))
-    return Solution(strategies=current, pool_bytes=pool_total - hoisted, hoisted_bytes=hoisted, decisions=decisions,
-                    sims=sims)
+        decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, len(captures_for[n])))
+    return Solution(strategies=current, decisions=decisions, sims=sims)
 
 
 def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost,
-                   pref: dict[str, str], compared: int) -> list[Decision]:
+                   compared: int) -> list[Decision]:
     rules = pb.rules[phase.name]
     pins = _pinned(phase.name, pb.pins)
     chosen = current[phase.name]
