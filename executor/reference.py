@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from schemas.spec import Model
 
-__all__ = ["ReferenceConfig", "ReferenceModel", "load_fa3"]
+__all__ = ["ReferenceConfig", "ReferenceModel", "CacheRows", "load_fa3"]
 
 
 def load_fa3():
@@ -59,6 +59,21 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tenso
     x32 = x.float()
     var = x32.pow(2).mean(-1, keepdim=True)
     return (x32 * torch.rsqrt(var + eps)).to(x.dtype) * w
+
+
+@dataclass(frozen=True)
+class CacheRows:
+    """Which KV-cache rows a batch attends over (engines with a request pool).
+
+    ``index``: int32 cache row per batch row (FA3's ``cache_batch_idx``);
+    ``seqlens``: int32 cached tokens per batch row; ``append``: write the new
+    K/V at ``seqlens`` (False: attend read-only, as a draft step over the
+    request's context does).
+    """
+
+    index: torch.Tensor
+    seqlens: torch.Tensor
+    append: bool = True
 
 
 class ReferenceModel:
@@ -150,13 +165,13 @@ class ReferenceModel:
     # -- pieces --------------------------------------------------------------
     # Each piece is a function so that its temporaries die when it returns:
     # the allocation pattern is then the one planner/workload.py models.
-    def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md) -> torch.Tensor:
+    def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md, rows: "CacheRows | None" = None) -> torch.Tensor:
         hd, H, KV = self.head_dim, self.heads, self.kv_heads
         x = _rmsnorm(h, layer["norm1"])
         qkv = x @ layer["wqkv"].t()
         q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
         attn = self._attention(layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd),
-                               v.view(bs, tpr, KV, hd), bs, md)
+                               v.view(bs, tpr, KV, hd), bs, md, rows)
         o = attn.reshape(bs * tpr, H * hd) @ layer["wo"].t()
         self._all_reduce(o)
         res = h + o
@@ -176,19 +191,27 @@ class ReferenceModel:
         if self.tp_group is not None:
             torch.distributed.all_reduce(t, group=self.tp_group)
 
-    def _attention(self, layer, q, k, v, bs: int, md) -> torch.Tensor:
-        kc, vc = layer["k_cache"][:bs], layer["v_cache"][:bs]
-        seqlens = self.cache_seqlens[:bs]
+    def _attention(self, layer, q, k, v, bs: int, md, rows: "CacheRows | None" = None) -> torch.Tensor:
+        if rows is None:  # request i owns cache row i
+            kc, vc, idx, seqlens, append = layer["k_cache"][:bs], layer["v_cache"][:bs], None, self.cache_seqlens[:bs], True
+        else:
+            kc, vc, idx, seqlens, append = layer["k_cache"], layer["v_cache"], rows.index, rows.seqlens, rows.append
         if self.fa3 is not None:
-            out = self.fa3.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=seqlens, causal=True,
-                                                   scheduler_metadata=md)
+            new = dict(k=k, v=v) if append else {}
+            out = self.fa3.flash_attn_with_kvcache(q, kc, vc, **new, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                                   causal=True, scheduler_metadata=md)
             return out[0] if isinstance(out, tuple) else out
         # SDPA fallback: append K/V at each request's position, then attend with a mask.
         tpr = q.shape[1]
         pos = seqlens.long()[:, None] + torch.arange(tpr, device=q.device)[None, :]
-        rows = torch.arange(bs, device=q.device)[:, None].expand(bs, tpr)
-        kc[rows, pos] = k
-        vc[rows, pos] = v
+        crow = (torch.arange(bs, device=q.device) if idx is None else idx.long())[:, None].expand(bs, tpr)
+        if append:
+            kc[crow, pos] = k
+            vc[crow, pos] = v
+        else:  # read-only: the query rows sit right after the cached tokens
+            pos = pos - tpr
+        if idx is not None:
+            kc, vc = kc[idx.long()], vc[idx.long()]
         L = kc.shape[1]
         keys = torch.arange(L, device=q.device)[None, None, :]
         mask = keys <= pos[:, :, None]  # (bs, tpr, L): causal over the cache

@@ -11,7 +11,20 @@ Three checks, each fault naming the graph, the address range and the bytes:
 * **footprint** -- from the allocation history recorded during capture, fill
   all pool memory outside the graph's own blocks and outside blocks alive when
   it was captured (cuBLAS workspaces live there) with a canary, replay, and
-  report every canary byte that changed: an out-of-bounds write.
+  report every canary byte that changed: an out-of-bounds write, with the
+  graphs whose blocks it lands in.
+
+Around every replay it also runs two guards:
+
+* **read-only** -- tensors the target declares read-only (a
+  ``read_only()`` method returning ``{name: tensor}``: weights, the engine's
+  lookup tables) are checksummed before and after each replay; a graph that
+  changes one is a fault naming it and the tensor;
+* **device fault** -- each replay is synchronized; a replay that raises a
+  CUDA error (an illegal address kills the process's CUDA context) stops
+  verification with :class:`VerificationFailed` naming the graph, saying the
+  context is lost and giving the ``compute-sanitizer`` command that
+  reproduces it. Nothing on this device works in this process afterwards.
 
 Verification destroys the contents of every pool: outputs are garbage until
 their graphs replay again. It needs graphs captured with ``record=True`` for
@@ -22,6 +35,8 @@ not draw.
 from __future__ import annotations
 
 import random
+import shlex
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +45,7 @@ from .graphs import Captured, GraphSet
 from .errors import VerificationFailed
 from .pool import pool_segments, raw_bytes
 
-__all__ = ["verify", "Fault", "VerifyResult"]
+__all__ = ["verify", "Fault", "VerifyResult", "sanitizer_command"]
 
 SCRIBBLE = 0xFF
 CANARY = 0xA5
@@ -90,44 +105,108 @@ def _sizes_for(gs: GraphSet, cap: Captured, rng: random.Random) -> int:
     return rng.randint(lower, cap.bs)
 
 
-def _replay_vs_eager(gs: GraphSet, cap: Captured, n: int, gen: torch.Generator, before=None) -> tuple[str | None, tuple]:
+def sanitizer_command() -> str:
+    """The command line that re-runs this process under compute-sanitizer's memcheck."""
+    argv = [sys.executable, *sys.argv] if sys.argv and sys.argv[0] else [sys.executable]
+    return "compute-sanitizer --tool memcheck --print-limit 20 " + shlex.join(argv)
+
+
+class _Guard:
+    """Checksums of the target's read-only tensors; ``check`` after a replay."""
+
+    CHUNK = 1 << 26  # elements per reduction: bounds the temporaries
+
+    def __init__(self, target) -> None:
+        declared = getattr(target, "read_only", None)
+        self.tensors: dict[str, torch.Tensor] = dict(declared()) if callable(declared) else {}
+        self.sums = {name: self._sum(t) for name, t in self.tensors.items()}
+
+    @classmethod
+    def _sum(cls, t: torch.Tensor) -> tuple[int, int]:
+        # Two sums over the raw words: plain and position-weighted, so that a
+        # write that moves values around changes the checksum too.
+        flat = t.detach().reshape(-1)
+        words = flat.view(torch.int32) if flat.numel() * flat.element_size() % 4 == 0 else flat.view(torch.uint8)
+        plain = weighted = 0
+        for start in range(0, words.numel(), cls.CHUNK):
+            w = words[start:start + cls.CHUNK].to(torch.int64)
+            idx = torch.arange(start, start + w.numel(), device=w.device, dtype=torch.int64) % 65521 + 1
+            plain += int(w.sum())
+            weighted += int((w * idx).sum())
+        return plain, weighted
+
+    def check(self, who: str, res: "VerifyResult") -> None:
+        for name, t in self.tensors.items():
+            now = self._sum(t)
+            if now != self.sums[name]:
+                res.faults.append(Fault("read-only", who, f"wrote into read-only tensor {name!r} "
+                                        f"({tuple(t.shape)}, {t.dtype})", t.data_ptr(), t.numel() * t.element_size()))
+                self.sums[name] = now  # later faults are attributed to their own graph
+
+
+def _replay(gs: GraphSet, cap: Captured, n: int, guard: "_Guard | None", res: "VerifyResult") -> tuple:
+    """Replay, synchronize, check the read-only guard; a CUDA fault is fatal."""
+    try:
+        out = gs.replay(cap.phase, n)
+        torch.cuda.synchronize()
+    except (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError)) as err:
+        raise VerificationFailed(
+            f"graph {cap.phase}/{cap.bs} faulted on replay (n={n}): {str(err).splitlines()[0]}; "
+            "this process's CUDA context is lost (no further GPU work is possible in it)",
+            where=f"verify, replay of {cap.phase}/{cap.bs}",
+            fix=f"locate the faulting kernel with: {sanitizer_command()}") from err
+    gs.note_replay(cap)
+    res.replays += 1
+    if guard is not None:
+        guard.check(f"{cap.phase}/{cap.bs}", res)
+    return out
+
+
+def _replay_vs_eager(gs: GraphSet, cap: Captured, n: int, gen: torch.Generator, guard, res,
+                     before=None) -> tuple[str | None, tuple]:
     gs.target.prepare(cap.phase, n, cap.bs, gen)
     if before is not None:
         before()
-    out = tuple(t.clone() for t in gs.replay(cap.phase, n))
-    gs.note_replay(cap)
+    out = tuple(t.clone() for t in _replay(gs, cap, n, guard, res))
     ref = tuple(t.clone() for t in gs.eager(cap.phase, n))
+    if guard is not None:  # the eager run is the target's code too
+        guard.check(f"{cap.phase}/{cap.bs} (eager run)", res)
     return _compare(out, ref), ref
 
 
 def verify(gs: GraphSet, *, checks: tuple[str, ...] = ("interleave", "scribble", "footprint"),
-           seed: int = 0, rounds: int = 1) -> VerifyResult:
-    """Run the checks; returns every fault found (``raise_for_faults`` to fail)."""
+           seed: int = 0, rounds: int = 1, read_only: bool = True) -> VerifyResult:
+    """Run the checks; returns every fault found (``raise_for_faults`` to fail).
+
+    ``read_only=True`` checksums the target's declared read-only tensors
+    around every replay (cost: one read of them per replay). Raises
+    :class:`VerificationFailed` at once if a replay faults on the device.
+    """
     rng = random.Random(seed)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed)
-    res = VerifyResult(checks=checks)
+    guard = _Guard(gs.target) if read_only else None
+    res = VerifyResult(checks=checks + (("read-only",) if guard is not None and guard.tensors else ()))
     caps = list(gs.graphs.values())
     if "interleave" in checks:
-        _interleave(gs, caps, rng, gen, res, rounds)
+        _interleave(gs, caps, rng, gen, res, rounds, guard)
     if "scribble" in checks:
         for cap in caps:
             segs = pool_segments([gs.pools[cap.pool]])
             def scribble(segs=segs):
                 for addr, size in segs:
                     raw_bytes(addr, size, torch.device("cuda")).fill_(SCRIBBLE)
-            bad, _ = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen, scribble)
-            res.replays += 1
+            bad, _ = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen, guard, res, scribble)
             if bad:
                 res.faults.append(Fault("scribble", f"{cap.phase}/{cap.bs}",
                                         f"reads pool memory it did not write: {bad}"))
     if "footprint" in checks:
-        _footprint(gs, caps, rng, gen, res)
+        _footprint(gs, caps, rng, gen, res, guard)
     torch.cuda.synchronize()
     return res
 
 
-def _interleave(gs, caps, rng, gen, res, rounds) -> None:
+def _interleave(gs, caps, rng, gen, res, rounds, guard) -> None:
     kept: dict[tuple[str, int], tuple] = {}
     orders = []
     for _ in range(rounds):
@@ -137,8 +216,7 @@ def _interleave(gs, caps, rng, gen, res, rounds) -> None:
     orders.append(caps[::-1])
     for order in orders:
         for cap in order:
-            bad, ref = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen)
-            res.replays += 1
+            bad, ref = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen, guard, res)
             if bad:
                 res.faults.append(Fault("interleave", f"{cap.phase}/{cap.bs}", bad))
             if cap.held == "keep":
@@ -181,26 +259,32 @@ def _outside(segs, keep) -> list[tuple[int, int]]:
     return out
 
 
-def _footprint(gs, caps, rng, gen, res) -> None:
+def _owners(caps, lo: int, hi: int, exclude) -> list[str]:
+    """Graphs whose own blocks overlap [lo, hi): whose memory a stray write lands in."""
+    return [f"{c.phase}/{c.bs}" for c in caps if c is not exclude
+            and any(a < hi and lo < a + s for a, s in c.window.own)]
+
+
+def _footprint(gs, caps, rng, gen, res, guard) -> None:
     if any(c.window is None for c in caps):
         raise VerificationFailed("the footprint check needs the allocation history",
                                  where="verify", fix="capture with capture(plan, target, record=True)")
     dev = torch.device("cuda")
     for cap in caps:
         segs = pool_segments(gs.pools.values())
-        guard = _outside(segs, cap.window.own + cap.window.alive_before)
+        outside = _outside(segs, cap.window.own + cap.window.alive_before)
         n = _sizes_for(gs, cap, rng)
         gs.target.prepare(cap.phase, n, cap.bs, gen)
         for addr, size in segs:
             raw_bytes(addr, size, dev).fill_(CANARY)
-        gs.replay(cap.phase, n)
-        gs.note_replay(cap)
-        res.replays += 1
-        torch.cuda.synchronize()
-        for addr, size in guard:
+        _replay(gs, cap, n, guard, res)
+        for addr, size in outside:
             changed = (raw_bytes(addr, size, dev) != CANARY).nonzero()
             if changed.numel():
-                lo, hi = int(changed[0]), int(changed[-1]) + 1
+                lo, hi = addr + int(changed[0]), addr + int(changed[-1]) + 1
+                owners = _owners(caps, lo, hi, cap)
+                into = f"; lands in blocks of {', '.join(owners[:4])}" + (" ..." if len(owners) > 4 else "") \
+                    if owners else ""
                 res.faults.append(Fault("footprint", f"{cap.phase}/{cap.bs}",
                                         f"out-of-bounds write: {int(changed.numel())} canary byte(s) changed "
-                                        "outside the graph's own blocks", addr + lo, hi - lo))
+                                        f"outside the graph's own blocks{into}", lo, hi - lo))

@@ -145,49 +145,156 @@ def _attention(ev: _Ops, backend: dict, bs: int, tpr: int, heads: int, hd: int, 
     return out
 
 
-def analytic_program(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1) -> Program:
-    """The allocations of capturing ``phase`` at batch ``bs``, one layer as a repeated body.
+@dataclass(frozen=True)
+class _Shape:
+    """Per-rank dimensions of one analytic program."""
 
-    Mirrors a straightforward PyTorch decoder (executor/reference.py is one):
-    each layer is a function whose temporaries die when it returns, in the
-    order CPython releases its locals; bf16 logits, then the float32 copy that
-    is returned.
-    """
-    ev = _Ops()
-    d = model.dtype_bytes
-    tpr = phase.tokens_per_request
+    model: Model
+    backend: dict
+    heads: int
+    kv_heads: int
+    inter: int
+
+    @classmethod
+    def of(cls, model: Model, backend: dict, tp: int) -> "_Shape":
+        return cls(model, backend, max(1, model.heads // tp), max(1, model.kv_heads // tp),
+                   max(1, model.intermediate // tp))
+
+
+def _decoder_layer(ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int) -> int:
+    """One decoder layer over ``bs * tpr`` tokens; frees ``h_in``, returns the new hidden state."""
+    d, hd, h = s.model.dtype_bytes, s.model.head_dim, s.model.hidden
     tokens = bs * tpr
-    heads = max(1, model.heads // tp)
-    kv_heads = max(1, model.kv_heads // tp)
-    inter = max(1, model.intermediate // tp)
-    hd, h = model.head_dim, model.hidden
-
-    embedding = ev.alloc(tokens * h * d)
-    prologue = ev.take()
-
     x = _rmsnorm(ev, tokens, h, d)
-    qkv = ev.alloc(tokens * (heads + 2 * kv_heads) * hd * d)
-    attn = _attention(ev, backend, bs, tpr, heads, hd, d)
+    qkv = ev.alloc(tokens * (s.heads + 2 * s.kv_heads) * hd * d)
+    attn = _attention(ev, s.backend, bs, tpr, s.heads, hd, d)
     o = ev.alloc(tokens * h * d)  # O projection; a TP all-reduce runs in place
     res = ev.alloc(tokens * h * d)
     x2 = _rmsnorm(ev, tokens, h, d)
-    gate_up = ev.alloc(tokens * 2 * inter * d)
-    act = ev.alloc(tokens * inter * d)
-    prod = ev.alloc(tokens * inter * d)
+    gate_up = ev.alloc(tokens * 2 * s.inter * d)
+    act = ev.alloc(tokens * s.inter * d)
+    prod = ev.alloc(tokens * s.inter * d)
     ev.free(act)
     down = ev.alloc(tokens * h * d)
     ev.free(prod)
     new_hidden = ev.alloc(tokens * h * d)
-    ev.free(x, qkv, attn, o, res, x2, gate_up, down, CARRY)  # the layer returns
-    body = ev.take()
+    ev.free(x, qkv, attn, o, res, x2, gate_up, down, h_in)  # the layer returns
+    return new_hidden
 
-    x = _rmsnorm(ev, tokens, h, d)
-    rows = tokens if phase.kind in ("target_verify", "draft_extend") else bs
-    logits = ev.alloc(rows * model.vocab * d)
-    ev.alloc(rows * model.vocab * model.logits_dtype_bytes, "output")
-    ev.free(x, logits, CARRY)
-    return Program(prologue=prologue, body=body, repeats=phase.layers or model.layers, epilogue=ev.take(),
+
+def _logits(ev: _Ops, s: _Shape, rows: int) -> tuple[int, int]:
+    """Final norm and lm_head over ``rows`` hidden states, then the float32
+    copy; returns (float32 logits, the normed input still alive)."""
+    m = s.model
+    x = _rmsnorm(ev, rows, m.hidden, m.dtype_bytes)
+    logits = ev.alloc(rows * m.vocab * m.dtype_bytes)
+    out = ev.alloc(rows * m.vocab * m.logits_dtype_bytes, "output")
+    ev.free(logits)
+    return out, x
+
+
+def _target_program(s: _Shape, phase: Phase, bs: int) -> Program:
+    """decode / target_verify: the target over ``tokens_per_request`` tokens,
+    logits of every token returned (target_verify also returns the last
+    hidden state, which the draft reads)."""
+    ev = _Ops()
+    m, tpr = s.model, phase.tokens_per_request
+    tokens = bs * tpr
+    embedding = ev.alloc(tokens * m.hidden * m.dtype_bytes)
+    prologue = ev.take()
+    new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr)
+    body = ev.take()
+    x = _rmsnorm(ev, tokens, m.hidden, m.dtype_bytes)
+    logits = ev.alloc(tokens * m.vocab * m.dtype_bytes)
+    ev.alloc(tokens * m.vocab * m.logits_dtype_bytes, "output")
+    ev.free(x, logits)
+    if phase.kind != "target_verify":
+        ev.free(CARRY)
+    return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
                    carry_in=embedding, carry_out=new_hidden)
+
+
+def _topk(ev: _Ops, rows: int, k: int, kind: str = "temp") -> tuple[int, int]:
+    """``probs.topk(k)``: float32 values and int64 indices."""
+    return ev.alloc(rows * k * 4, kind), ev.alloc(rows * k * 8, kind)
+
+
+def _draft_extend_program(s: _Shape, phase: Phase, bs: int) -> Program:
+    """The draft over ``tokens_per_request`` tokens per request (embedding
+    plus the target's hidden state), then softmax and top-k of the last
+    accepted token only: its logits are (bs, vocab), not one row per token."""
+    ev = _Ops()
+    m, tpr = s.model, phase.tokens_per_request
+    tokens = bs * tpr
+    emb = ev.alloc(tokens * m.hidden * m.dtype_bytes)
+    x_in = ev.alloc(tokens * m.hidden * m.dtype_bytes)
+    ev.free(emb)
+    prologue = ev.take()
+    new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr)
+    body = ev.take()
+    last = ev.alloc(bs * m.hidden * m.dtype_bytes, "output")  # the last accepted token's hidden state
+    logits, x = _logits(ev, s, bs)
+    ev.free(x)
+    probs = ev.alloc(bs * m.vocab * 4)
+    ev.free(logits)
+    vals, idx = _topk(ev, bs, phase.topk, "output")
+    ev.free(probs, CARRY)
+    return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
+                   carry_in=x_in, carry_out=new_hidden)
+
+
+def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
+    """``steps`` draft steps in one graph over ``bs * topk`` rows: each step
+    embeds the candidates, runs the draft's layers, softmax over the vocabulary
+    and a top-k of top-k; the chosen parents' hidden states carry into the
+    next step. The repeated body is one step (its layers inline)."""
+    ev = _Ops()
+    m, k = s.model, phase.topk
+    rows = bs * k
+    for size in (bs * phase.steps * k * 8, bs * phase.steps * k * 4, bs * phase.steps * k * 8):
+        ev.alloc(size, "output")  # draft ids, scores, token locations
+    carried = ev.alloc(rows * m.hidden * m.dtype_bytes)  # stands for the static input of step 0
+    prologue = ev.take()
+    emb = ev.alloc(rows * m.hidden * m.dtype_bytes)
+    h = ev.alloc(rows * m.hidden * m.dtype_bytes)
+    ev.free(emb)
+    for _ in range(phase.layers or m.layers):
+        h = _decoder_layer(ev, s, h, rows, 1)
+    logits, x = _logits(ev, s, rows)
+    ev.free(x)
+    probs = ev.alloc(rows * m.vocab * 4)
+    ev.free(logits)
+    vals, idx = _topk(ev, rows, k)
+    joint = ev.alloc(rows * k * 4)
+    bvals, bidx = _topk(ev, bs, k)
+    new_hidden = ev.alloc(rows * m.hidden * m.dtype_bytes)
+    ev.free(probs, vals, idx, joint, bvals, bidx, h, CARRY)
+    body = ev.take()
+    ev.free(CARRY)
+    return Program(prologue=prologue, body=body, repeats=phase.steps, epilogue=ev.take(),
+                   carry_in=carried, carry_out=new_hidden)
+
+
+#: the analytic program of each phase kind
+_PROGRAMS = {
+    "decode": _target_program,
+    "target_verify": _target_program,
+    "draft_extend": _draft_extend_program,
+    "draft_decode": _draft_decode_program,
+}
+
+
+def analytic_program(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1) -> Program:
+    """The allocations of capturing ``phase`` at batch ``bs``, with a repeated body.
+
+    Mirrors a straightforward PyTorch engine step (executor/reference.py and
+    executor/speculative.py are such steps): each layer is a function whose
+    temporaries die when it returns, in the order CPython releases its
+    locals; bf16 logits, then the float32 copy that is returned. Small
+    metadata tensors (slots, page tables, top-k scratch) are left out: they
+    are bytes against the megabytes of activations and logits.
+    """
+    return _PROGRAMS[phase.kind](_Shape.of(model, backend, tp), phase, bs)
 
 
 def analytic_capture(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1) -> CaptureTrace:

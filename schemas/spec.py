@@ -57,6 +57,10 @@ class Phase(SpecStruct, kw_only=True):
     after: list[Name] = []
     #: decoder layers this phase runs (EAGLE drafts run 1); default: the model's
     layers: Positive | None = None
+    #: draft steps run inside one graph (draft_decode; EAGLE's num_steps)
+    steps: Positive = 1
+    #: candidates per request kept at every draft step (draft_decode; EAGLE's topk)
+    topk: Positive = 1
 
 
 class When(SpecStruct, kw_only=True):

@@ -1,0 +1,195 @@
+"""The speculative (EAGLE) reference on a real GPU, and the bug class verify exists for.
+
+Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_speculative.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SMALL = dict(layers=2, hidden=1024, heads=8, kv_heads=2, head_dim=128, intermediate=2048, vocab=32000)
+SIZES = [1, 2, 4, 8, 16, 32]
+
+
+def spec_text(sizes=SIZES, steps=3, topk=4, ndt=4, model=SMALL) -> str:
+    """A spec for the four EAGLE phases of the small reference (names are the kinds)."""
+    text = "[model]\n" + "".join(f"{k} = {v}\n" for k, v in model.items())
+    phases = [("decode", 1, ""), ("target_verify", ndt, 'output_lifetime = "across-phases"\n'),
+              ("draft_decode", 1, f"layers = 1\nsteps = {steps}\ntopk = {topk}\n"),
+              ("draft_extend", steps + 1, "layers = 1\n")]
+    for name, tpr, extra in phases:
+        text += (f'\n[[phases]]\nname = "{name}"\nkind = "{name}"\nsizes = {list(sizes)}\n'
+                 f"tokens_per_request = {tpr}\n{extra}")
+    return text
+
+
+def plan_for(tmp_path: Path, strategies=(), ci=True, **kw):
+    from planner import BuildOptions, build_plan
+
+    path = tmp_path / "spec.toml"
+    path.write_text(spec_text(**kw))
+    return build_plan(BuildOptions(backend="fa3", ci=ci, spec=path, strategies=tuple(strategies)))
+
+
+def make(bugs=(), topk=4, page_size=4, steps=3, max_bs=max(SIZES)):
+    from executor.speculative import SpeculativeConfig, SpeculativeModel
+    from schemas.spec import Model
+
+    return SpeculativeModel(SpeculativeConfig(model=Model(**SMALL), max_bs=max_bs, max_seqlen=256, topk=topk,
+                                              num_steps=steps, page_size=page_size, bugs=frozenset(bugs)))
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return make()
+
+
+def test_triton_metadata_kernels_equal_their_torch_specification(clean):
+    import torch
+
+    m = clean
+    gen = torch.Generator(device="cuda")
+    for seed in range(5):
+        gen.manual_seed(seed)
+        bs = 3 + seed * 7
+        m.prepare("draft_decode", bs - 2, bs, gen)
+        triton_out = [t.clone() for t in m.run("draft_decode", bs, None)]
+        kernels, m.kernels = m.kernels, None
+        try:
+            torch_out = m.run("draft_decode", bs, None)
+        finally:
+            m.kernels = kernels
+        for a, b in zip(triton_out, torch_out):
+            assert torch.equal(a, b), seed
+
+
+@pytest.mark.parametrize("plan_file", ["fa3-eagle-ci", "fa3-eagle"])
+def test_every_phase_captures_as_planned_and_verifies_clean(tmp_path, clean, plan_file):
+    from executor import capture, verify
+
+    plan = plan_for(tmp_path, ci=plan_file.endswith("-ci"))
+    gs = capture(plan, clean, progress=False, record=True)
+    try:
+        assert list(gs.graphs) == [(s.phase, s.bs) for s in plan.steps if s.op == "capture"]
+        res = verify(gs)
+        assert res.ok, res.summary()
+        assert "read-only" in res.checks
+        assert gs.report.pool_bytes > 0
+    finally:
+        gs.release()
+
+
+def _faults(tmp_path, bug, strategies=(), **kw):
+    from executor import capture, verify
+
+    plan = plan_for(tmp_path, strategies=strategies)
+    m = make(bugs=(bug,), **kw)
+    gs = capture(plan, m, progress=False, record=True)
+    try:
+        return verify(gs, checks=("interleave", "footprint"))
+    finally:
+        gs.release()
+
+
+@pytest.mark.parametrize("bug", ["kv-indices-topk", "page-table-scatter"])
+def test_planted_out_of_bounds_writes_are_caught_and_located(tmp_path, bug):
+    res = _faults(tmp_path, bug)
+    foot = [f for f in res.faults if f.check == "footprint"]
+    assert foot, res.summary()
+    # every fault names a draft_decode graph, an address range and its size
+    assert {f.graph.split("/")[0] for f in foot} == {"draft_decode"}, res.summary()
+    assert all(f.nbytes > 0 and f.addr > 0 for f in foot)
+    caught = {int(f.graph.split("/")[1]) for f in foot}
+    assert len(caught) >= 3, res.summary()
+
+
+def test_dormant_bug_stays_dormant_at_topk_1(tmp_path):
+    """The kv_indices bug needs topk > 1 (as in the engines): verify is silent, not noisy."""
+    res = _faults(tmp_path, "kv-indices-topk", topk=1, page_size=1)
+    assert res.ok, res.summary()
+
+
+def test_smallest_first_order_does_not_make_the_bugs_go_away(tmp_path):
+    """The reverted CI gate: capturing smallest-first hides nothing from verify."""
+    for bug in ("kv-indices-topk", "page-table-scatter"):
+        res = _faults(tmp_path, bug, strategies=("order=smallest-first",))
+        assert any(f.check == "footprint" and f.graph.startswith("draft_decode/") for f in res.faults), \
+            (bug, res.summary())
+
+
+def test_read_only_guard_names_the_graph_that_writes_a_weight(tmp_path, clean):
+    import torch
+
+    from executor import capture, verify
+
+    plan = plan_for(tmp_path)
+
+    class Scribbler:
+        """Delegates to the clean target; draft_extend also bumps a weight in place."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, phase, bs, ws):
+            out = self.inner.run(phase, bs, ws)
+            if phase == "draft_extend" and bs == 8:
+                self.inner.draft.lm_head[0, :4].add_(1)
+            return out
+
+        def prepare(self, *a):
+            self.inner.prepare(*a)
+
+        def refresh(self, *a):
+            self.inner.refresh(*a)
+
+        def read_only(self):
+            return self.inner.read_only()
+
+    target = Scribbler(clean)
+    gs = capture(plan, target, progress=False)
+    saved = clean.draft.lm_head.clone()
+    try:
+        res = verify(gs, checks=("interleave",))
+        ro = [f for f in res.faults if f.check == "read-only"]
+        assert ro and ro[0].graph == "draft_extend/8" and "draft.lm_head" in ro[0].detail, res.summary()
+    finally:
+        gs.release()
+        clean.draft.lm_head.copy_(saved)
+        del torch
+
+
+def test_wild_write_names_the_graph_and_the_sanitizer_command(tmp_path):
+    """An illegal address kills the CUDA context: in a subprocess."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(spec_text())
+    root = Path(__file__).resolve().parent.parent
+    script = f"""
+import sys; sys.path.insert(0, {str(root)!r}); sys.path.insert(0, {str(root / 'tests')!r})
+from pathlib import Path
+from planner import BuildOptions, build_plan
+from executor import capture, verify, VerificationFailed
+from test_gpu_speculative import make
+plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=Path({str(spec)!r})))
+gs = capture(plan, make(bugs=("wild",)), progress=False)
+print("CAPTURED", len(gs.graphs), flush=True)
+try:
+    verify(gs, checks=("interleave",))
+except VerificationFailed as err:
+    print("FAILED", err, flush=True)
+    raise SystemExit(3)
+print("NO FAULT")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert "CAPTURED" in out, out[-3000:]
+    assert r.returncode == 3, out[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FAILED"))
+    assert "graph draft_extend/" in line and "CUDA context is lost" in line, line
+    assert "compute-sanitizer --tool memcheck" in line, line
