@@ -119,6 +119,8 @@ class SpeculativeModel:
 
     def __init__(self, cfg: SpeculativeConfig, backend: str = "auto", device: str | torch.device = "cuda"):
         self.cfg = cfg
+        #: planted bugs in effect (a benchmark may change them between captures)
+        self.bugs = frozenset(cfg.bugs)
         self.device = torch.device(device)
         if cfg.bugs and self.device.type != "cuda":
             raise ValueError("planted bugs are Triton kernels: they need a CUDA device")
@@ -303,7 +305,7 @@ class SpeculativeModel:
         cache row from its first entry."""
         cfg, k = self.cfg, self.cfg.topk
         width = cfg.num_steps
-        alloc_rows = bs if "kv-indices-topk" in cfg.bugs else bs * k
+        alloc_rows = bs if "kv-indices-topk" in self.bugs else bs * k
         kv = torch.empty(alloc_rows * width, dtype=torch.int32, device=self.device)
         slots = self._slots(bs)
         if self.kernels is None:
@@ -323,12 +325,12 @@ class SpeculativeModel:
         locs = self.req_to_token[slots[:, None], pos].long()  # (rows, steps)
         if cfg.page_size == 1:
             return locs.view(bs, -1)
-        cols = 2 if "page-table-scatter" in cfg.bugs else cfg.num_steps  # decode_length + 1 vs num_steps
+        cols = 2 if "page-table-scatter" in self.bugs else cfg.num_steps  # decode_length + 1 vs num_steps
         table = torch.empty(bs * k * cols, dtype=torch.int32, device=self.device)
         if self.kernels is None:
             pages = _torch_page_scatter(locs, table, cols, cfg.page_size)
         else:
-            pages = self.kernels.page_scatter(locs, table, cols, cfg.page_size, "page-table-scatter" in cfg.bugs)
+            pages = self.kernels.page_scatter(locs, table, cols, cfg.page_size, "page-table-scatter" in self.bugs)
         return (pages.long() * cfg.page_size + locs % cfg.page_size).view(bs, -1)
 
     def _record_accept(self, bs: int) -> None:
@@ -337,7 +339,7 @@ class SpeculativeModel:
             slots = self._slots(bs).long()
             self.slot_accept[:, 0].index_copy_(0, slots, self.accept_lens[:bs])
             return
-        wild = "wild" in self.cfg.bugs
+        wild = "wild" in self.bugs
         slots = self.req_pool_indices[:bs] if wild else self._slots(bs)
         self.kernels.record_accept(slots, self.accept_lens[:bs], self.slot_accept, wild)
 

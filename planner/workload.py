@@ -232,7 +232,7 @@ def _draft_extend_program(s: _Shape, phase: Phase, bs: int) -> Program:
     prologue = ev.take()
     new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr)
     body = ev.take()
-    last = ev.alloc(bs * m.hidden * m.dtype_bytes, "output")  # the last accepted token's hidden state
+    ev.alloc(bs * m.hidden * m.dtype_bytes, "output")  # the last accepted token's hidden state
     logits, x = _logits(ev, s, bs)
     ev.free(x)
     probs = ev.alloc(bs * m.vocab * 4)

@@ -1,0 +1,336 @@
+"""Speculative (EAGLE) benchmark on one GPU: the engines' loops against capture-plan.
+
+Side by side in one process, on the speculative reference workload
+(executor/speculative.py: 32-layer Llama-3-8B-shaped target, one-layer draft
+with its own lm_head, FA3), the four phases and the sizes of the checked-in
+EAGLE plans:
+
+  loop       every phase largest-first, outputs kept, 2 warm-ups per size,
+             one pool shared by all phases (what the engines do)
+  gate       the reverted CI gate: FA3 multi-token phases (target_verify,
+             draft_extend) smallest-first, the others largest-first, outputs kept
+  executor   capture(load_plan(P), target) for plans/fa3-eagle-ci.json and
+             plans/fa3-eagle.json
+
+For each: pool MiB per pool and in total, capture seconds per phase and in
+total, every graph replayed against the eager run. For the executor also the
+analytic and the trace-driven prediction per phase and per pool against
+measured, and verify() with every check. Then the planted bugs: each caught
+(graph, address range, bytes) at several sizes, also under smallest-first
+order; the wild write in subprocesses (it kills the CUDA context).
+
+Writes JSON (date, device) to --out; prints SUMMARY last.
+Run: python bench/speculative_bench.py [--layers 32] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
+from executor.pool import pool_reserved  # noqa: E402
+from executor.speculative import SpeculativeConfig, SpeculativeModel  # noqa: E402
+from planner import BuildOptions, build_plan  # noqa: E402
+from schemas.spec import Model  # noqa: E402
+
+MiB = 2**20
+MULTI_TOKEN = ("target_verify", "draft_extend")
+
+
+def _tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def loop_capture(model, order: list[tuple[str, list[int]]], warmups: int = 2) -> dict:
+    """The engines' loop over phases in turn, via torch.cuda.graph, one shared pool, outputs kept.
+
+    Stops at the first out-of-memory error and says where (a result, not a failure)."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    graphs, outs, seconds = {}, {}, {}
+    oom = None
+    torch.cuda.synchronize()
+    t_all = time.perf_counter()
+    for phase, sizes in order:
+        t0 = time.perf_counter()
+        try:
+            for bs in sizes:
+                with torch.cuda.stream(stream):
+                    for _ in range(warmups):
+                        model.run(phase, bs, None)
+                stream.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool, stream=stream):
+                    outs[(phase, bs)] = _tuple(model.run(phase, bs, None))
+                graphs[(phase, bs)] = g
+        except torch.OutOfMemoryError:
+            oom = f"{phase}/{bs}"
+        torch.cuda.synchronize()
+        seconds[phase] = time.perf_counter() - t0
+        if oom:
+            break
+    total = time.perf_counter() - t_all
+    return {"graphs": graphs, "outs": outs, "pool": pool, "seconds": seconds, "total_s": total, "oom": oom}
+
+
+def check_loop(model, run: dict, gen) -> int:
+    """Graphs whose replay differs from the eager run (inputs drawn for bs requests)."""
+    bad = 0
+    for (phase, bs), g in run["graphs"].items():
+        model.prepare(phase, bs, bs, gen)
+        g.replay()
+        got = tuple(t.clone() for t in run["outs"][(phase, bs)])
+        ref = _tuple(model.run(phase, bs, None))
+        bad += any(not torch.equal(a, b) for a, b in zip(got, ref))
+    return bad
+
+
+def release_loop(run: dict) -> None:
+    for g in run["graphs"].values():
+        g.reset()
+    run["graphs"].clear()
+    run["outs"].clear()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def per_phase(report, plan) -> dict:
+    """Pool growth and seconds per phase, measured and predicted, from the per-step report."""
+    grown, pred, secs = defaultdict(int), defaultdict(int), defaultdict(float)
+    prev_m = prev_p = 0
+    for m in report.steps:
+        phase = m.id.split("/")[1]
+        grown[phase] += m.reserved - prev_m
+        pred[phase] += m.predicted_reserved - prev_p
+        secs[phase] += m.seconds
+        prev_m, prev_p = m.reserved, m.predicted_reserved
+    return {p.name: {"measured_mib": grown[p.name] / MiB, "predicted_mib": pred[p.name] / MiB,
+                     "capture_s": secs[p.name]} for p in plan.phases}
+
+
+def per_pool(gs, plan) -> dict:
+    return {pid: {"measured_mib": pool_reserved([h]) / MiB, "predicted_mib": plan.predicted.pools.get(pid, 0) / MiB}
+            for pid, h in gs.pools.items()}
+
+
+def check_graphs(gs, gen) -> tuple[int, int]:
+    """Every graph at its full size and at a random padded size, against eager."""
+    bad = n = 0
+    for (phase, bs) in list(gs.graphs):
+        for k in {bs, max(1, bs // 2 + 1)}:
+            if gs.padded(phase, k) != bs:
+                continue
+            gs.target.prepare(phase, k, bs, gen)
+            out = tuple(t.clone() for t in gs.replay(phase, k))
+            ref = gs.eager(phase, k)
+            bad += any(not torch.equal(a, b) for a, b in zip(out, ref))
+            n += 1
+    return bad, n
+
+
+def executor_run(plan_path: Path, model, gen, out_dir: Path, trace_dir: Path) -> dict:
+    plan = load_plan(plan_path)
+    gs = capture(plan, model, progress=False)
+    rep = gs.report
+    res = {"pool_mib": rep.pool_bytes / MiB, "capture_s": rep.capture_seconds,
+           "predicted_analytic_mib": plan.predicted.pool_bytes / MiB,
+           "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
+           "phases": per_phase(rep, plan), "pools": per_pool(gs, plan),
+           "floors_mib": {}}
+    bad, n = check_graphs(gs, gen)
+    res["replays"], res["replays_not_equal_eager"] = n, bad
+    gs.write_report(out_dir / f"report-{plan.name}.json")
+    gs.release()
+
+    # every check of verify needs the allocation history
+    gs = capture(plan, model, progress=False, record=True)
+    v = verify(gs)
+    res["verify"] = v.summary()
+    res["verify_faults"] = len(v.faults)
+    res["verify_replays"] = v.replays
+    gs.release()
+
+    # exact prediction from a recorded trace of the same plan
+    trace = profile(plan, model)
+    tpath = trace_dir / f"{plan.name}.json"
+    write_trace(trace, tpath)
+    tplan = build_plan(BuildOptions(backend=plan.inputs.backend, ci=plan.inputs.ci,
+                                    speculative=plan.inputs.speculative, trace=tpath))
+    gs = capture(tplan, model, progress=False)
+    res["trace"] = {"predicted_mib": tplan.predicted.pool_bytes / MiB, "pool_mib": gs.report.pool_bytes / MiB,
+                    "error": (tplan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes,
+                    "phases": per_phase(gs.report, tplan), "pools": per_pool(gs, tplan)}
+    gs.release()
+    return res
+
+
+def floors(model, plan_path: Path) -> dict:
+    """Each pool's floor: its phases' largest graph captured alone (max over its phases)."""
+    plan = load_plan(plan_path)
+    out: dict = {}
+    for ph in plan.phases:
+        run = loop_capture(model, [(ph.name, [max(ph.sizes)])], warmups=1)
+        mib = pool_reserved([run["pool"]]) / MiB
+        release_loop(run)
+        out[ph.pool] = max(out.get(ph.pool, 0.0), mib)
+    return out
+
+
+def spec_for_bugs(path: Path, sizes, layers: int) -> Path:
+    """The four phases at ``sizes`` for the bug runs (topk 4, 3 steps), target shape as the bench's."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_gpu_speculative import spec_text
+
+    m = Model(layers=layers)
+    dims = {k: getattr(m, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")}
+    path.write_text(spec_text(sizes=sizes, steps=3, topk=4, model=dims))
+    return path
+
+
+def planted(model_bugs, spec: Path) -> dict:
+    """Each in-pool bug under the planned order and under smallest-first."""
+    out = {}
+    for bug in ("kv-indices-topk", "page-table-scatter"):
+        for order in ("planned", "smallest-first"):
+            pins = () if order == "planned" else ("order=smallest-first",)
+            plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=spec, strategies=pins))
+            model_bugs.bugs = frozenset({bug})
+            gs = capture(plan, model_bugs, progress=False, record=True)
+            v = verify(gs, checks=("interleave", "footprint"))
+            gs.release()
+            foot = [f for f in v.faults if f.check == "footprint"]
+            out[f"{bug}/{order}"] = {
+                "faults": len(v.faults), "footprint_faults": len(foot),
+                "graphs_caught": sorted({f.graph for f in foot}, key=lambda g: (g.split("/")[0], int(g.split("/")[1]))),
+                "interleave_faults": [str(f) for f in v.faults if f.check == "interleave"][:5],
+                "examples": [str(f) for f in foot[:3]]}
+    model_bugs.bugs = frozenset()
+    return out
+
+
+WILD_SCRIPT = """
+import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+from pathlib import Path
+from planner import BuildOptions, build_plan
+from executor import capture, verify, VerificationFailed
+from test_gpu_speculative import make, spec_text
+p = Path({spec!r}); p.write_text(spec_text(sizes=[{bs}]))
+plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=p))
+gs = capture(plan, make(bugs=("wild",), max_bs={bs}), progress=False)
+try:
+    verify(gs, checks=("interleave",))
+except VerificationFailed as err:
+    print("FAILED", err, flush=True); raise SystemExit(3)
+print("NO FAULT")
+"""
+
+
+def wild(sizes) -> dict:
+    out = {}
+    for bs in sizes:
+        spec = Path(tempfile.mkdtemp()) / "spec.toml"
+        script = WILD_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), spec=str(spec), bs=bs)
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        line = next((ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "NO FAULT"))), r.stderr[-500:])
+        out[str(bs)] = {"exit": r.returncode, "line": line}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--trace-dir", default=str(ROOT / "plans/traces"))
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: loop,gate,executor,bugs,wild")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    out_dir, trace_dir = Path(args.out), Path(args.trace_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+
+    ci_path = ROOT / "plans/fa3-eagle-ci.json"
+    ref = load_plan(ci_path)
+    sizes = {p.name: sorted(p.sizes) for p in ref.phases}
+    draft = next(p for p in ref.phases if p.kind == "draft_decode")
+    steps_topk = (3, 1)
+    shape = Model(layers=args.layers)
+    model = SpeculativeModel(SpeculativeConfig(model=shape, max_bs=max(max(s) for s in sizes.values()),
+                                               num_steps=steps_topk[0], topk=steps_topk[1]))
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "attention": model.backend, "layers": args.layers, "draft_layers": 1,
+                 "num_steps": steps_topk[0], "topk": steps_topk[1], "page_size": 1,
+                 "sizes_per_phase": {k: len(v) for k, v in sizes.items()}, "draft_phase": draft.name}
+    for phase in sizes:  # lazy initialisation out of every measurement
+        model.run(phase, 8, None)
+    torch.cuda.synchronize()
+
+    res["floors_mib"] = floors(model, ci_path)
+    engine_order = [p for p in ("decode", "target_verify", "draft_decode", "draft_extend") if p in sizes]
+    variants = {"loop": {p: False for p in engine_order},
+                "gate": {p: p in MULTI_TOKEN for p in engine_order}}
+    for name, ascending in variants.items():
+        if name in skip:
+            continue
+        order = [(p, sorted(sizes[p], reverse=not ascending[p])) for p in engine_order]
+        run = loop_capture(model, order)
+        res[name] = {"pool_mib": pool_reserved([run["pool"]]) / MiB, "capture_s": run["total_s"],
+                     "phase_capture_s": run["seconds"], "oom_at": run["oom"], "graphs": len(run["graphs"])}
+        res[name]["replays_not_equal_eager"] = check_loop(model, run, gen)
+        release_loop(run)
+        print(name, json.dumps(res[name]), flush=True)
+
+    if "executor" not in skip:
+        for plan_file in ("fa3-eagle-ci.json", "fa3-eagle.json"):
+            r = executor_run(ROOT / "plans" / plan_file, model, gen, out_dir, trace_dir)
+            res[plan_file] = r
+            print(plan_file, json.dumps({k: r[k] for k in ("pool_mib", "capture_s", "analytic_error", "verify")}),
+                  flush=True)
+
+    del model
+    torch.cuda.empty_cache()
+    if "bugs" not in skip:
+        bug_model = SpeculativeModel(SpeculativeConfig(model=shape, max_bs=64, topk=4, page_size=4, num_steps=3))
+        spec = spec_for_bugs(Path(tempfile.mkdtemp()) / "bugs.toml", [1, 2, 4, 8, 16, 32, 64], args.layers)
+        res["bugs"] = planted(bug_model, spec)
+        del bug_model
+        torch.cuda.empty_cache()
+    if "wild" not in skip:
+        res["wild"] = wild([4, 16, 64])
+
+    path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l.json"
+    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(res, indent=2, sort_keys=True)[:6000])
+    ex = res.get("fa3-eagle-ci.json", {})
+    loop = res.get("loop", {})
+    fl = sum(res["floors_mib"].values())
+    caught = {k: len(v["graphs_caught"]) for k, v in res.get("bugs", {}).items()}
+    wild_ok = sum(1 for v in res.get("wild", {}).values() if v["exit"] == 3 and "context is lost" in v["line"])
+    if ex and loop:
+        print(f"SUMMARY pool MiB: loop {loop['pool_mib']:.0f} (oom at {loop['oom_at']}), gate "
+              f"{res.get('gate', {}).get('pool_mib', float('nan')):.0f}, executor(ci) {ex['pool_mib']:.0f} "
+              f"(floors {fl:.0f}: {ex['pool_mib'] / fl:.3f}x; {ex['pool_mib'] / loop['pool_mib']:.3f}x of loop); "
+              f"capture s: loop {loop['capture_s']:.2f}, executor {ex['capture_s']:.2f} "
+              f"({ex['capture_s'] / loop['capture_s']:.2f}x); pred err analytic {ex['analytic_error']:+.2%} "
+              f"trace {ex['trace']['error']:+.2%}; replays bad: loop {loop['replays_not_equal_eager']}, "
+              f"executor {ex['replays_not_equal_eager']}/{ex['replays']}; verify faults {ex['verify_faults']}; "
+              f"bugs caught (graphs) {caught}; wild named {wild_ok}/{len(res.get('wild', {}))}")
+
+
+if __name__ == "__main__":
+    main()
