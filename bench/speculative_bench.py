@@ -276,11 +276,17 @@ def main() -> None:
                  "attention": model.backend, "layers": args.layers, "draft_layers": 1,
                  "num_steps": steps_topk[0], "topk": steps_topk[1], "page_size": 1,
                  "sizes_per_phase": {k: len(v) for k, v in sizes.items()}, "draft_phase": draft.name}
+    path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l.json"
+
+    def save() -> None:  # after every part: a run cut short keeps what it measured
+        path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+
     for phase in sizes:  # lazy initialisation out of every measurement
         model.run(phase, 8, None)
     torch.cuda.synchronize()
 
     res["floors_mib"] = floors(model, ci_path)
+    save()
     engine_order = [p for p in ("decode", "target_verify", "draft_decode", "draft_extend") if p in sizes]
     variants = {"loop": {p: False for p in engine_order},
                 "gate": {p: p in MULTI_TOKEN for p in engine_order}}
@@ -293,12 +299,14 @@ def main() -> None:
                      "phase_capture_s": run["seconds"], "oom_at": run["oom"], "graphs": len(run["graphs"])}
         res[name]["replays_not_equal_eager"] = check_loop(model, run, gen)
         release_loop(run)
+        save()
         print(name, json.dumps(res[name]), flush=True)
 
     if "executor" not in skip:
         for plan_file in ("fa3-eagle-ci.json", "fa3-eagle.json"):
             r = executor_run(ROOT / "plans" / plan_file, model, gen, out_dir, trace_dir)
             res[plan_file] = r
+            save()
             print(plan_file, json.dumps({k: r[k] for k in ("pool_mib", "capture_s", "analytic_error", "verify")}),
                   flush=True)
 
@@ -308,13 +316,13 @@ def main() -> None:
         bug_model = SpeculativeModel(SpeculativeConfig(model=shape, max_bs=64, topk=4, page_size=4, num_steps=3))
         spec = spec_for_bugs(Path(tempfile.mkdtemp()) / "bugs.toml", [1, 2, 4, 8, 16, 32, 64], args.layers)
         res["bugs"] = planted(bug_model, spec)
+        save()
         del bug_model
         torch.cuda.empty_cache()
     if "wild" not in skip:
         res["wild"] = wild([4, 16, 64])
 
-    path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l.json"
-    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    save()
     print(json.dumps(res, indent=2, sort_keys=True)[:6000])
     ex = res.get("fa3-eagle-ci.json", {})
     loop = res.get("loop", {})

@@ -64,19 +64,26 @@ class Window:
 class AllocationRecorder:
     """Records the caching allocator's history and cuts it into capture windows.
 
-    ``mark()`` before and after each capture; ``windows()`` at the end. Every
-    alloc inside a window is a pool allocation (a private pool takes only
+    ``begin()`` before and ``end()`` after each capture; ``stop()`` at the end.
+    Every alloc inside a window is a pool allocation (a private pool takes only
     allocations made during its captures).
+
+    A window's bounds are marker allocations (odd sizes, outside any capture,
+    kept alive until ``stop``) found in the one history read at the end:
+    reading the history at every mark would make recording quadratic in the
+    number of captures.
     """
 
+    #: marker sizes: odd byte counts from here up (a model's tensors are whole elements of
+    #: 2 or 4 bytes, and a marker is matched by address and size while it is alive)
+    _MARK = 12345
+
     def __init__(self, max_entries: int = 2_000_000):
-        self._marks: list[tuple[int, int]] = []
+        self._marks: list[tuple[int, int]] = []  # (begin marker index, end marker index)
+        self._markers: list[torch.Tensor] = []
         self._open: int | None = None
         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                                  max_entries=max_entries)
-
-    def _length(self) -> int:
-        return len(self._traces())
 
     def _traces(self) -> list:
         snap = torch.cuda.memory._snapshot()
@@ -84,18 +91,37 @@ class AllocationRecorder:
         dev = torch.cuda.current_device()
         return traces[dev] if dev < len(traces) else []
 
+    def _mark(self) -> int:
+        self._markers.append(torch.empty(self._MARK + len(self._markers), dtype=torch.uint8, device="cuda"))
+        return len(self._markers) - 1
+
     def begin(self) -> None:
-        self._open = self._length()
+        self._open = self._mark()
 
     def end(self) -> None:
         assert self._open is not None
-        self._marks.append((self._open, self._length()))
+        self._marks.append((self._open, self._mark()))
         self._open = None
+
+    def _positions(self, traces) -> list[int]:
+        """Index in ``traces`` of each marker's alloc event, in order."""
+        want = [(t.data_ptr(), t.numel()) for t in self._markers]
+        pos, i = [], 0
+        for j, e in enumerate(traces):
+            if i < len(want) and e["action"] == "alloc" and (e["addr"], e["size"]) == want[i]:
+                pos.append(j)
+                i += 1
+        if i < len(want):
+            raise RuntimeError(f"allocation history lost {len(want) - i} capture marker(s): "
+                               "raise AllocationRecorder(max_entries=...)")
+        return pos
 
     def stop(self) -> list[Window]:
         """Stop recording; one :class:`Window` per begin/end pair, in order."""
         traces = self._traces()
         torch.cuda.memory._record_memory_history(enabled=None)
+        at = self._positions(traces)
+        self._markers.clear()
         live: dict[int, int] = {}
 
         def apply(events, win: Window | None) -> None:
@@ -111,7 +137,8 @@ class AllocationRecorder:
                         win.events.append(("free", addr, size))
 
         windows, pos = [], 0
-        for start, end in self._marks:
+        for b_mark, e_mark in self._marks:
+            start, end = at[b_mark] + 1, at[e_mark]
             apply(traces[pos:start], None)
             win = Window(alive_before=sorted(live.items()))
             apply(traces[start:end], win)

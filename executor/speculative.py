@@ -285,7 +285,10 @@ class SpeculativeModel:
         return child, h[parent], best.values.view(-1)
 
     def _draft_input(self, ids, hidden):
-        return F.embedding(ids, self.draft.embed) + hidden
+        # Clamped as a defensive engine does: a stray write into the ids (the
+        # planted bugs do that during warm-up, outside any pool) must give
+        # wrong draft tokens, not a device assert that ends the process.
+        return F.embedding(ids.clamp(0, self.cfg.model.vocab - 1), self.draft.embed) + hidden
 
     # -- KV metadata built inside the graph ----------------------------------
     def _slots(self, bs: int) -> torch.Tensor:
@@ -309,9 +312,11 @@ class SpeculativeModel:
         kv = torch.empty(alloc_rows * width, dtype=torch.int32, device=self.device)
         slots = self._slots(bs)
         if self.kernels is None:
-            return _torch_kv_rows(self.req_to_token, slots, self.seq_lens[:bs], step, kv, k, width)
-        return self.kernels.kv_rows(self.req_to_token, slots, self.seq_lens[:bs], step, kv, k, width,
-                                    cfg.max_seqlen)
+            rows = _torch_kv_rows(self.req_to_token, slots, self.seq_lens[:bs], step, kv, k, width)
+        else:
+            rows = self.kernels.kv_rows(self.req_to_token, slots, self.seq_lens[:bs], step, kv, k, width,
+                                        cfg.max_seqlen)
+        return rows.clamp(0, self.pad_row)  # a corrupted row must not send attention out of the cache
 
     def _draft_locations(self, bs: int) -> torch.Tensor:
         """Token locations of every row's ``num_steps`` draft tokens, (bs, steps*k).

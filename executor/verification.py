@@ -114,26 +114,20 @@ def sanitizer_command() -> str:
 class _Guard:
     """Checksums of the target's read-only tensors; ``check`` after a replay."""
 
-    CHUNK = 1 << 26  # elements per reduction: bounds the temporaries
-
     def __init__(self, target) -> None:
         declared = getattr(target, "read_only", None)
         self.tensors: dict[str, torch.Tensor] = dict(declared()) if callable(declared) else {}
         self.sums = {name: self._sum(t) for name, t in self.tensors.items()}
 
-    @classmethod
-    def _sum(cls, t: torch.Tensor) -> tuple[int, int]:
-        # Two sums over the raw words: plain and position-weighted, so that a
-        # write that moves values around changes the checksum too.
-        flat = t.detach().reshape(-1)
-        words = flat.view(torch.int32) if flat.numel() * flat.element_size() % 4 == 0 else flat.view(torch.uint8)
-        plain = weighted = 0
-        for start in range(0, words.numel(), cls.CHUNK):
-            w = words[start:start + cls.CHUNK].to(torch.int64)
-            idx = torch.arange(start, start + w.numel(), device=w.device, dtype=torch.int64) % 65521 + 1
-            plain += int(w.sum())
-            weighted += int((w * idx).sum())
-        return plain, weighted
+    @staticmethod
+    def _sum(t: torch.Tensor) -> int:
+        # One pass over the raw bytes as wrapping 64-bit words: any write that
+        # changes a value changes the sum, except a write that exactly
+        # compensates (e.g. swapping two words), which this does not catch.
+        raw = t.detach().reshape(-1).view(torch.uint8)
+        body = raw[: raw.numel() // 8 * 8].view(torch.int64)
+        tail = raw[body.numel() * 8:]
+        return int(body.sum()) + int(tail.sum())
 
     def check(self, who: str, res: "VerifyResult") -> None:
         for name, t in self.tensors.items():
