@@ -138,17 +138,23 @@ class _Guard:
                 self.sums[name] = now  # later faults are attributed to their own graph
 
 
+def _device_fault(what: str, cap: Captured, n: int, err: BaseException) -> VerificationFailed:
+    return VerificationFailed(
+        f"{what} {cap.phase}/{cap.bs} faulted (n={n}): {str(err).splitlines()[0]}; "
+        "this process's CUDA context is lost (no further GPU work is possible in it)",
+        where=f"verify, {what} {cap.phase}/{cap.bs}", fix=f"locate the faulting kernel with: {sanitizer_command()}")
+
+
+_DEVICE_ERRORS = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))
+
+
 def _replay(gs: GraphSet, cap: Captured, n: int, guard: "_Guard | None", res: "VerifyResult") -> tuple:
     """Replay, synchronize, check the read-only guard; a CUDA fault is fatal."""
     try:
         out = gs.replay(cap.phase, n)
         torch.cuda.synchronize()
-    except (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError)) as err:
-        raise VerificationFailed(
-            f"graph {cap.phase}/{cap.bs} faulted on replay (n={n}): {str(err).splitlines()[0]}; "
-            "this process's CUDA context is lost (no further GPU work is possible in it)",
-            where=f"verify, replay of {cap.phase}/{cap.bs}",
-            fix=f"locate the faulting kernel with: {sanitizer_command()}") from err
+    except _DEVICE_ERRORS as err:
+        raise _device_fault("graph", cap, n, err) from err
     gs.note_replay(cap)
     res.replays += 1
     if guard is not None:
@@ -162,8 +168,12 @@ def _replay_vs_eager(gs: GraphSet, cap: Captured, n: int, gen: torch.Generator, 
     if before is not None:
         before()
     out = tuple(t.clone() for t in _replay(gs, cap, n, guard, res))
-    ref = tuple(t.clone() for t in gs.eager(cap.phase, n))
-    if guard is not None:  # the eager run is the target's code too
+    try:
+        ref = tuple(t.clone() for t in gs.eager(cap.phase, n))
+        torch.cuda.synchronize()
+    except _DEVICE_ERRORS as err:  # the eager run is the target's code too
+        raise _device_fault("eager run of graph", cap, n, err) from err
+    if guard is not None:
         guard.check(f"{cap.phase}/{cap.bs} (eager run)", res)
     return _compare(out, ref), ref
 

@@ -95,16 +95,29 @@ def _faults(tmp_path, bug, strategies=(), **kw):
         gs.release()
 
 
+def _named(res) -> set[int]:
+    """draft_decode sizes a fault blames: as the culprit, or as the replay that changed a kept output."""
+    sizes = set()
+    for f in res.faults:
+        for word in [f.graph, *f.detail.replace(":", " ").split()]:
+            phase, _, bs = word.partition("/")
+            if phase == "draft_decode" and bs.isdigit():
+                sizes.add(int(bs))
+    return sizes
+
+
 @pytest.mark.parametrize("bug", ["kv-indices-topk", "page-table-scatter"])
 def test_planted_out_of_bounds_writes_are_caught_and_located(tmp_path, bug):
+    """Caught at several sizes, every fault blaming a draft_decode graph: as a
+    footprint fault (address range, bytes) where the write leaves the graph's
+    own blocks, as an interleave fault naming both graphs where it corrupts
+    another graph's kept output, or as a replay that differs from eager."""
     res = _faults(tmp_path, bug)
-    foot = [f for f in res.faults if f.check == "footprint"]
-    assert foot, res.summary()
-    # every fault names a draft_decode graph, an address range and its size
-    assert {f.graph.split("/")[0] for f in foot} == {"draft_decode"}, res.summary()
-    assert all(f.nbytes > 0 and f.addr > 0 for f in foot)
-    caught = {int(f.graph.split("/")[1]) for f in foot}
-    assert len(caught) >= 3, res.summary()
+    assert res.faults, res.summary()
+    assert all(f.graph.startswith("draft_decode/") or "draft_decode/" in f.detail for f in res.faults), res.summary()
+    assert len(_named(res)) >= 3, res.summary()
+    located = [f for f in res.faults if f.nbytes]
+    assert all(f.addr > 0 for f in located)
 
 
 def test_dormant_bug_stays_dormant_at_topk_1(tmp_path):
@@ -117,8 +130,7 @@ def test_smallest_first_order_does_not_make_the_bugs_go_away(tmp_path):
     """The reverted CI gate: capturing smallest-first hides nothing from verify."""
     for bug in ("kv-indices-topk", "page-table-scatter"):
         res = _faults(tmp_path, bug, strategies=("order=smallest-first",))
-        assert any(f.check == "footprint" and f.graph.startswith("draft_decode/") for f in res.faults), \
-            (bug, res.summary())
+        assert len(_named(res)) >= 3, (bug, res.summary())
 
 
 def test_read_only_guard_names_the_graph_that_writes_a_weight(tmp_path, clean):
