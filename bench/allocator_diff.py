@@ -15,6 +15,12 @@ pool) and compared with PoolSim replaying the same program:
 - ``layout``: also the blocks inside every segment (sizes, allocated or free)
   and the allocated bytes.
 
+Best fit breaks ties between equal free blocks by address, and a process that
+has freed memory gets cudaMalloc addresses in no particular order; so PoolSim
+replays each program with the real segments' base addresses (recorded as they
+appear), which tests the rules. ``matches_planner_addresses`` counts the
+matches with PoolSim's own increasing addresses, as the planner predicts.
+
 Each allocator mode runs in its own process, because the mode is read from
 ``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` when CUDA initializes (the
 child sets both, replacing any other allocator settings, and checks the
@@ -165,9 +171,9 @@ def checkpoint_from_snapshot(segments: list[dict], key: tuple[int, ...]) -> tupl
     return _canonical(segs), flags
 
 
-def simulate(ops: list[list], expandable: bool) -> list[dict]:
-    """PoolSim's checkpoints for ``ops`` (one stream)."""
-    pool = PoolSim(expandable=expandable)
+def simulate(ops: list[list], expandable: bool, addresses: list[int] | None = None) -> list[dict]:
+    """PoolSim's checkpoints for ``ops`` (one stream); ``addresses``: the real segments' base addresses."""
+    pool = PoolSim(expandable=expandable, addresses=None if addresses is None else iter(addresses))
     live = {}
     out = []
     for op in ops:
@@ -218,11 +224,25 @@ class GpuRunner:
     def _segments(self, key) -> tuple[dict, set]:
         return checkpoint_from_snapshot(self.torch.cuda.memory_snapshot(), key)
 
+    def _reserved(self) -> int:
+        # the nested form skips memory_reserved()'s flattening of every statistic
+        return self.torch.cuda.memory_stats_as_nested_dict()["reserved_bytes"]["all"]["current"]
+
+    def _addresses(self, key) -> set[int]:
+        return {s["address"] for s in self.torch.cuda.memory_snapshot()
+                if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) == key}
+
     def run(self, ops: list[list]) -> dict:
-        """{"checkpoints": [...], "flags": set, "leaked": bool} for one program."""
+        """{"checkpoints", "segment_addrs", "flags", "leaked"} for one program.
+
+        ``segment_addrs``: base addresses of the pool's segments in creation
+        order (a new one shows as a rise of reserved bytes across one
+        allocation, then as a new address in the snapshot).
+        """
         torch = self.torch
         pool = torch.cuda.graph_pool_handle()
         key = pool_key(pool)
+        addrs: list[int] = []
         live = {}
         graphs = []
         checkpoints = []
@@ -232,7 +252,10 @@ class GpuRunner:
             with torch.cuda.stream(self.stream):
                 for op in ops:
                     if op[0] == "a":
+                        before = self._reserved()
                         live[op[1]] = torch.empty(op[2], dtype=torch.uint8, device="cuda")
+                        if self._reserved() != before:
+                            addrs += sorted(self._addresses(key) - set(addrs))
                     elif op[0] == "f":
                         del live[op[1]]
                     elif op[0] == "b":
@@ -258,7 +281,7 @@ class GpuRunner:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
         left, _ = self._segments(key)
-        return {"checkpoints": checkpoints, "flags": flags, "leaked": bool(left["segments"])}
+        return {"checkpoints": checkpoints, "segment_addrs": addrs, "flags": flags, "leaked": bool(left["segments"])}
 
 
 def run_mode(mode: str, seeds: list[int], torch, max_ops: int = 40, first: int = FIRST_MISMATCHES,
@@ -267,8 +290,8 @@ def run_mode(mode: str, seeds: list[int], torch, max_ops: int = 40, first: int =
     expandable = mode == "expandable"
     runner = GpuRunner(torch)
     res = {"alloc_conf": ALLOC_CONF[mode], "programs": len(seeds), "measured": 0, "matches": 0,
-           "layout_matches": 0, "leaks": 0, "mode_check": "", "errors": [], "max_reserved_rel_diff": 0.0,
-           "first_mismatches": [], "first_layout_mismatches": [], "measurements": []}
+           "layout_matches": 0, "matches_planner_addresses": 0, "leaks": 0, "mode_check": "", "errors": [],
+           "max_reserved_rel_diff": 0.0, "first_mismatches": [], "first_layout_mismatches": [], "measurements": []}
     flags: set = set()
     t0 = time.perf_counter()
     for n, seed in enumerate(seeds):
@@ -282,13 +305,17 @@ def run_mode(mode: str, seeds: list[int], torch, max_ops: int = 40, first: int =
         res["measured"] += 1
         res["leaks"] += got["leaked"]
         flags |= got["flags"]
-        res["measurements"].append({"seed": seed, "digest": program_digest(ops), "checkpoints": real})
-        cmp = compare(real, simulate(ops, expandable))
+        addrs = got["segment_addrs"]
+        res["measurements"].append({"seed": seed, "digest": program_digest(ops), "checkpoints": real,
+                                    "segment_addrs": addrs})
+        sim = simulate(ops, expandable, addrs)
+        cmp = compare(real, sim)
         res["matches"] += cmp["match"]
         res["layout_matches"] += cmp["layout"]
+        res["matches_planner_addresses"] += compare(real, simulate(ops, expandable))["match"]
         res["max_reserved_rel_diff"] = max(res["max_reserved_rel_diff"], cmp["reserved_rel_diff"])
         if not cmp["layout"]:
-            entry = {"seed": seed, "ops": ops, "real": real, "sim": simulate(ops, expandable),
+            entry = {"seed": seed, "ops": ops, "segment_addrs": addrs, "real": real, "sim": sim,
                      "first_diff": cmp["first_diff"], "reserved_rel_diff": cmp["reserved_rel_diff"]}
             key = "first_mismatches" if not cmp["match"] else "first_layout_mismatches"
             if len(res[key]) < first:
@@ -312,9 +339,9 @@ def mode_check(flags: set, expandable: bool) -> str:
 def replay(programs: list[dict]) -> dict:
     """Re-check saved measurements on the CPU: per mode, programs and matches.
 
-    Each entry has "mode", "checkpoints" and either "ops" or ("seed",
-    "digest", and "max_ops" in the generator settings): then the program is
-    regenerated and must have the recorded digest.
+    Each entry has "mode", "checkpoints", "segment_addrs" and either "ops" or
+    ("seed", "digest", and "max_ops" in the generator settings): then the
+    program is regenerated and must have the recorded digest.
     """
     out: dict = {}
     for p in programs:
@@ -325,7 +352,7 @@ def replay(programs: list[dict]) -> dict:
             if program_digest(ops) != p["digest"]:
                 raise ValueError(f"seed {p['seed']}: the generator no longer makes the measured program "
                                  f"(digest {program_digest(ops)} != {p['digest']}); re-measure on a GPU")
-        cmp = compare(p["checkpoints"], simulate(ops, mode == "expandable"))
+        cmp = compare(p["checkpoints"], simulate(ops, mode == "expandable", p.get("segment_addrs")))
         r = out.setdefault(mode, {"programs": 0, "matches": 0, "layout_matches": 0, "mismatched_seeds": []})
         r["programs"] += 1
         r["matches"] += cmp["match"]
@@ -353,7 +380,8 @@ def summary_line(data: dict) -> str:
         if "measured" not in r:
             parts.append(f"{mode}: FAILED ({r.get('error', '?')})")
             continue
-        s = f"{mode} {r['matches']}/{r['programs']} match (layout {r['layout_matches']})"
+        s = (f"{mode} {r['matches']}/{r['programs']} match (layout {r['layout_matches']}; "
+             f"{r['matches_planner_addresses']} with the planner's segment addresses)")
         if r["matches"] < r["measured"]:
             s += f", worst reserved diff {100 * r['max_reserved_rel_diff']:.1f}%"
         if r["errors"] or r["leaks"] or r["mode_check"] != "ok" or r["measured"] < r["programs"]:
@@ -375,10 +403,10 @@ def make_fixture(data: dict, per_mode: int) -> dict:
     for mode, r in data["modes"].items():
         chosen = {m["seed"]: m for m in r.get("measurements", [])[:per_mode]}
         for m in r.get("first_mismatches", []) + r.get("first_layout_mismatches", []):
-            chosen[m["seed"]] = {"seed": m["seed"], "checkpoints": m["real"]}
+            chosen[m["seed"]] = {"seed": m["seed"], "checkpoints": m["real"], "segment_addrs": m["segment_addrs"]}
         for seed, m in chosen.items():
             progs.append({"mode": mode, "seed": seed, "ops": generate_program(seed, max_ops),
-                          "checkpoints": m["checkpoints"]})
+                          "segment_addrs": m["segment_addrs"], "checkpoints": m["checkpoints"]})
     return {"bench": "allocator_diff", "date": data["date"], "device": data.get("device"),
             "torch": data.get("torch"), "programs": progs}
 

@@ -121,9 +121,17 @@ class PoolSim:
     ``segments`` counts segments (cudaMallocs, or expandable segments);
     ``segment_sizes()`` and ``layout()`` describe them as a memory snapshot
     does.
+
+    Best fit breaks ties between equal free blocks by address, so in native
+    mode the order of the segments' addresses can matter. By default each new
+    segment lies above the previous ones; ``addresses`` (an iterator of ints)
+    gives new segments other base addresses instead, e.g. the real
+    allocator's in a differential test. Expandable mode never compares blocks
+    of different segments (one per block pool and stream).
     """
 
     expandable: bool = False
+    addresses: object = None
     reserved: int = 0
     allocated: int = 0
     peak_reserved: int = 0
@@ -205,11 +213,17 @@ class PoolSim:
         if self.expandable:
             return self._grow_expandable(small, stream, size)
         seg = segment_size(size)
-        block = Block(self._next_addr, seg, stream, small, self.segments)
-        self._next_addr += _round_up(seg, ROUND_LARGE) + ROUND_LARGE
+        block = Block(self._new_address(seg), seg, stream, small, self.segments)
         self._new_segment(block)
         self._reserve(seg, block.segment)
         return block
+
+    def _new_address(self, span: int) -> int:
+        if self.addresses is not None:
+            return next(self.addresses)
+        addr = self._next_addr
+        self._next_addr += _round_up(span, ROUND_LARGE) + ROUND_LARGE
+        return addr
 
     def _new_segment(self, head: Block) -> None:
         self.segments += 1
@@ -229,8 +243,7 @@ class PoolSim:
             return tail
         extra = _round_up(size, page)
         if tail is None:
-            block = Block(self._next_addr, extra, stream, small, self.segments, tail=True)
-            self._next_addr += 1 << 40  # virtual reservations are huge
+            block = Block(self._new_address(1 << 40), extra, stream, small, self.segments, tail=True)
             self._new_segment(block)
         else:
             block = Block(tail.addr + tail.size, extra, stream, small, tail.segment, prev=tail, tail=True)

@@ -168,6 +168,22 @@ def test_layout_lists_every_block_of_every_segment_by_address():
     assert p.layout()[0] == (False, 20 * MiB, ((20 * MiB, False),))
 
 
+def test_segment_addresses_decide_ties_between_segments():
+    def run(pool):
+        a = pool.alloc(4 * MiB)  # segment 0: [a 4][16 free]
+        c, d = pool.alloc(9 * MiB), pool.alloc(7 * MiB)
+        pool.alloc(4 * MiB)  # segment 1: [4][16 free]
+        pool.free(c)
+        pool.free(d)  # both segments now [4][16 free]: a tie for 9 MiB
+        pool.alloc(9 * MiB)  # takes the 16 MiB hole at the lower address
+        pool.free(a)
+        pool.alloc(18 * MiB)  # fits only where the 9 MiB did not go
+        return pool.reserved
+
+    assert run(PoolSim()) == 58 * MiB  # segment 0 lies lower: the 18 MiB needs its own segment
+    assert run(PoolSim(addresses=iter([1 << 40, 1 << 32]))) == 40 * MiB  # segment 1 lower: segment 0 frees up
+
+
 ops = st.lists(st.tuples(st.booleans(), st.integers(1, 48 * MiB), st.integers(0, 1)), min_size=1, max_size=60)
 
 

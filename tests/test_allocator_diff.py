@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import itertools
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +174,8 @@ class _FakeAllocator:
 
     def __init__(self, truth_expandable, release=True, fail_at=None):
         self.truth, self.release, self.fail_at = truth_expandable, release, fail_at
+        # segment base addresses in no particular order, as cudaMalloc gives them after frees
+        self.addresses = iter(a << 41 for a in random.Random(1).sample(range(1, 10**6), 10**5))
         self.pools, self.use, self.freeable = {}, {}, set()
         self.capturing = None
         self.ids = itertools.count(1)
@@ -183,7 +186,9 @@ class _FakeAllocator:
         self.allocs += 1
         if self.fail_at is not None and self.allocs == self.fail_at:
             raise RuntimeError("CUDA error: out of memory (fake)")
-        pool = self.pools.setdefault(self.capturing, PoolSim(expandable=self.truth))
+        pool = self.pools.get(self.capturing)
+        if pool is None:
+            pool = self.pools[self.capturing] = PoolSim(expandable=self.truth, addresses=self.addresses)
         return _FakeTensor(self, self.capturing, pool.alloc(n))
 
     def free(self, key, block):
@@ -192,10 +197,14 @@ class _FakeAllocator:
     def snapshot(self):
         out = [_snap_segment(None, "large", [20 * MiB])]  # the default pool
         for key, pool in self.pools.items():
-            for small, n, blocks in pool.layout():
+            for (small, n, blocks), head in zip(pool.layout(), pool._heads):
                 out.append(_snap_segment(list(key), "small" if small else "large",
                                          [s if used else -s for s, used in blocks], self.truth))
+                out[-1]["address"] = head.addr
         return out
+
+    def reserved(self):
+        return sum(p.reserved for p in self.pools.values()) + 20 * MiB
 
     def empty_cache(self):
         for key in list(self.freeable):
@@ -234,6 +243,7 @@ def _fake_torch(alloc):
             yield
 
         synchronize = staticmethod(lambda: None)
+        memory_stats_as_nested_dict = staticmethod(lambda: {"reserved_bytes": {"all": {"current": alloc.reserved()}}})
         empty_cache = staticmethod(alloc.empty_cache)
         memory_snapshot = staticmethod(alloc.snapshot)
         graph_pool_handle = staticmethod(lambda: (0, next(alloc.ids)))
@@ -259,11 +269,15 @@ def test_run_mode_measures_releases_and_matches_an_exact_allocator():
         alloc = _FakeAllocator(mode == "expandable")
         res = ad.run_mode(mode, list(range(40)), _fake_torch(alloc))
         assert (res["measured"], res["matches"], res["layout_matches"]) == (40, 40, 40)
+        assert res["matches_planner_addresses"] <= 40
         assert res["leaks"] == 0 and res["errors"] == [] and res["mode_check"] == "ok"
         assert res["first_mismatches"] == [] and not alloc.pools  # every pool released
         assert [m["seed"] for m in res["measurements"]] == list(range(40))
         m = res["measurements"][3]
-        assert m["checkpoints"] == ad.simulate(ad.generate_program(3), mode == "expandable")
+        assert m["checkpoints"] == ad.simulate(ad.generate_program(3), mode == "expandable", m["segment_addrs"])
+        # the recorded addresses are the segments' bases, in creation order
+        assert len(m["segment_addrs"]) == len(set(m["segment_addrs"])) == \
+            len(m["checkpoints"][-1]["segments"]) and all(a % (1 << 41) == 0 for a in m["segment_addrs"])
 
 
 def test_run_mode_reports_mismatches_wrong_mode_leaks_and_errors():
@@ -302,7 +316,8 @@ def _results(tmp_path):
 def test_results_recheck_on_cpu_and_fixture_roundtrip(tmp_path, capsys):
     path, data = _results(tmp_path)
     assert not ad.failed(data)
-    assert data["summary"].startswith("allocator_diff: native 30/30 match (layout 30); expandable 30/30 match")
+    assert data["summary"].startswith("allocator_diff: native 30/30 match (layout 30; ")
+    assert "; expandable 30/30 match (layout 30; " in data["summary"]
     res = ad.replay(ad.programs_of(json.loads(path.read_text())))
     assert {m: (r["programs"], r["matches"]) for m, r in res.items()} == {"native": (30, 30), "expandable": (30, 30)}
     assert ad.main(["--recheck", str(path)]) == 0
