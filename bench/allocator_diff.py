@@ -171,9 +171,18 @@ def checkpoint_from_snapshot(segments: list[dict], key: tuple[int, ...]) -> tupl
     return _canonical(segs), flags
 
 
+def _addresses_then_fresh(addresses: list[int]):
+    """The real base addresses, then (a model that makes more segments than the GPU did) fresh ones above."""
+    yield from addresses
+    top = max(addresses, default=0)
+    while True:
+        top += 1 << 44
+        yield top
+
+
 def simulate(ops: list[list], expandable: bool, addresses: list[int] | None = None) -> list[dict]:
     """PoolSim's checkpoints for ``ops`` (one stream); ``addresses``: the real segments' base addresses."""
-    pool = PoolSim(expandable=expandable, addresses=None if addresses is None else iter(addresses))
+    pool = PoolSim(expandable=expandable, addresses=None if addresses is None else _addresses_then_fresh(addresses))
     live = {}
     out = []
     for op in ops:
