@@ -34,11 +34,13 @@ CPU:  python bench/allocator_diff.py --recheck FILE   (replay saved measurements
 
 The JSON (``--out``) holds per mode the counts, the first mismatches in full
 (program, real and simulated checkpoints) and the raw measurements of every
-program (seed, program digest, checkpoints) so they can be re-checked on a CPU
-later; ``--fixture`` writes a small self-contained subset (programs with their
-ops) for ``tests/data/``. The summary line is printed last. Exit status: 0 when
-every program ran (whether or not it matched), 1 when a mode failed to run,
-leaked or ran in the wrong mode.
+program (seed, program digest, segment addresses, checkpoints) so they can be
+re-checked on a CPU later; ``--fixture`` writes a small self-contained subset
+(the first programs of each mode with their ops, plus every mismatch kept: a
+fixture with mismatches fails tests/test_allocator_diff.py until the model is
+fixed) for ``tests/data/``. The summary line is printed last. Exit status: 0
+when every program ran (whether or not it matched), 1 when a mode failed to
+run, leaked or ran in the wrong mode.
 
 Not covered: several streams, ``record_stream``, allocator settings other than
 the mode, allocations outside captures.

@@ -291,6 +291,12 @@ def test_run_mode_reports_mismatches_wrong_mode_leaks_and_errors():
     assert mm["first_diff"]["real"]["reserved"] != mm["first_diff"]["sim"]["reserved"] \
         or mm["first_diff"]["real"]["segments"] != mm["first_diff"]["sim"]["segments"]
     assert res["mode_check"].startswith("wrong") and res["max_reserved_rel_diff"] > 0
+    # a fixture keeps the mismatches, and replaying it on the CPU finds them again
+    data = {"date": "d", "generator": {**ad.GENERATOR, "max_ops": 40}, "modes": {"expandable": res}}
+    fx = ad.make_fixture(data, 2)
+    bad = {m["seed"] for m in res["first_mismatches"]}
+    assert bad <= {p["seed"] for p in fx["programs"]}
+    assert set(ad.replay(fx["programs"])["expandable"]["mismatched_seeds"]) >= bad
     # pools never released
     res = ad.run_mode("native", list(range(5)), _fake_torch(_FakeAllocator(False, release=False)))
     assert res["leaks"] == 5
