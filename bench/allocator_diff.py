@@ -68,7 +68,7 @@ from planner.allocator import KiB, MiB, PoolSim  # noqa: E402  (CPU only, no tor
 
 MODES = ("native", "expandable")
 ALLOC_CONF = {"native": "expandable_segments:False", "expandable": "expandable_segments:True"}
-GENERATOR = {"version": 1, "min_ops": 5, "captures": [1, 4], "free_p": 0.4}
+GENERATOR = {"version": 2, "min_ops": 5, "captures": [1, 4], "free_p": 0.4, "repeat_p": 0.25}
 FIRST_MISMATCHES = 10
 
 # -- programs (pure Python, deterministic from the seed) ----------------------
@@ -112,6 +112,7 @@ def generate_program(seed: int, max_ops: int = 40) -> list[list]:
     chunks = [b - a for a, b in zip([0, *cuts], [*cuts, n_ops])]
     ops: list[list] = []
     live: list[int] = []
+    sizes: list[int] = []
     slot = 0
     for c, n in enumerate(chunks):
         if c and live and rng.random() < 0.5:  # between captures: free some kept blocks
@@ -122,7 +123,10 @@ def generate_program(seed: int, max_ops: int = 40) -> list[list]:
             if live and rng.random() < GENERATOR["free_p"]:
                 ops.append(["f", live.pop(rng.randrange(len(live)))])
             else:
-                ops.append(["a", slot, sample_size(rng)])
+                # engines repeat sizes (layers): equal blocks, ties broken by address
+                repeat = sizes and rng.random() < GENERATOR["repeat_p"]
+                sizes.append(rng.choice(sizes) if repeat else sample_size(rng))
+                ops.append(["a", slot, sizes[-1]])
                 live.append(slot)
                 slot += 1
         ops.append(["e"])

@@ -77,7 +77,8 @@ def test_programs_cover_every_boundary():
     assert any(19 * MiB < x <= 20 * MiB for x in r) and any(20 * MiB < x < 21 * MiB for x in r)
     assert max(sizes) <= 48 * MiB
     progs = [ad.generate_program(s) for s in range(300)]
-    # blocks kept across captures, and frees between captures
+    # repeated sizes (ties between equal free blocks), blocks kept across captures, frees between captures
+    assert sum(len({op[2] for op in p if op[0] == "a"}) < sum(op[0] == "a" for op in p) for p in progs) > 100
     assert any(_kept_across(p) for p in progs)
     assert any(p[i][0] == "f" and p[i - 1] == ["e"] for p in progs for i in range(1, len(p)))
 
