@@ -349,6 +349,43 @@ def test_results_recheck_on_cpu_and_fixture_roundtrip(tmp_path, capsys):
     assert "re-measure on a GPU" in capsys.readouterr().err
 
 
+def test_parent_runs_one_child_per_mode_and_merges(tmp_path, capsys, monkeypatch):
+    """The parent process: children (faked here) per mode, merged results, fixture, summary last."""
+    calls, failing = [], set()
+
+    def child(cmd, capture_output, text, timeout):
+        args = dict(zip(cmd[2::2], cmd[3::2]))
+        mode = args["--mode"]
+        calls.append(mode)
+        if mode in failing:
+            return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nRuntimeError: CUDA error (fake)\n")
+        seeds = list(range(int(args["--seed"]), int(args["--seed"]) + int(args["--programs"])))
+        res = ad.run_mode(mode, seeds, _fake_torch(_FakeAllocator(mode == "expandable")), int(args["--max-ops"]))
+        ad.write_json(Path(args["--out"]), {**res, "device": "fake GPU", "torch": "2.11-fake"})
+        return subprocess.CompletedProcess(cmd, 0, "", f"{mode}: progress\n")
+
+    monkeypatch.setattr(ad.subprocess, "run", child)
+    out, fx = tmp_path / "r" / "out.json", tmp_path / "fx.json"
+    assert ad.main(["--programs", "12", "--seed", "5", "--out", str(out), "--fixture", str(fx)]) == 0
+    assert calls == ["native", "expandable"]
+    printed = capsys.readouterr()
+    assert printed.out.splitlines()[-1].startswith("allocator_diff: native 12/12 match")
+    assert "expandable: progress" in printed.err
+    data = json.loads(out.read_text())
+    assert data["device"] == "fake GPU" and data["torch"] == "2.11-fake" and data["date"]
+    assert data["summary"] == printed.out.splitlines()[-1]
+    assert [m["seed"] for m in data["modes"]["expandable"]["measurements"]] == list(range(5, 17))
+    assert ad.main(["--recheck", str(fx)]) == 0
+    # a child that dies: the mode is reported as failed, the other still runs, exit 1
+    failing.add("native")
+    out2 = tmp_path / "out2.json"
+    assert ad.main(["--programs", "3", "--out", str(out2)]) == 1
+    data = json.loads(out2.read_text())
+    assert data["modes"]["native"] == {"error": "exit 1: RuntimeError: CUDA error (fake)"}
+    assert data["modes"]["expandable"]["matches"] == 3
+    assert "native: FAILED (exit 1: RuntimeError: CUDA error (fake))" in capsys.readouterr().out
+
+
 def test_command_line_refuses_what_it_cannot_do(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         ad.main([])
