@@ -163,13 +163,6 @@ class PoolSim:
         del lst[i]
         self._fsum -= hash(key)
 
-    def _best_fit(self, small: bool, stream: int, size: int) -> Block | None:
-        lst = self._free[small]
-        i = bisect.bisect_left(lst, (stream, size, -1))
-        if i < len(lst) and lst[i][0] == stream:
-            return lst[i][3]
-        return None
-
     def free_blocks(self, small: bool, stream: int = 0) -> list[tuple[int, int]]:
         """(size, addr) of the free blocks, smallest first (for tests and plots)."""
         return [(k[1], k[2]) for k in self._free[small] if k[0] == stream]
