@@ -1,19 +1,67 @@
 """A private pool of PyTorch's CUDA caching allocator, simulated on the CPU.
 
-Follows the rules in DESIGN §3 (c10 defaults): requests round up to 512 B;
-<= 1 MiB goes to the small pool, larger to the large pool; a new segment is
-2 MiB (small), 20 MiB (large, under 10 MiB) or the request rounded up to 2 MiB;
-best fit on the same stream by (size, address); the allocation takes the low
-end of a block and the remainder is split off when it is >= 512 B (small) or
-> 1 MiB (large); frees merge with free neighbours in the same segment; a pool
-used by graphs never releases segments, so ``reserved`` only grows.
+The rules below are those of ``c10/cuda/CUDACachingAllocator.cpp``
+(``DeviceCachingAllocator``, PyTorch 2.10/2.11), for a CUDA-graph private pool
+(``torch.cuda.graph_pool_handle()``: no user allocator) with the default
+settings; function names are PyTorch's.
 
-``expandable=True`` models expandable segments: one growing virtual segment
-per (small/large, stream), mapped in 2 MiB / 20 MiB pages on demand.
+Both modes:
 
-Not modelled: ``max_split_size_mb``, garbage-collection thresholds,
-``roundup_power2_divisions``, events/stream-ordered frees across streams
-(blocks here are freed immediately, as a capture on one stream sees them).
+- ``round_size``: a request rounds up to a multiple of 512 B (at least 512 B).
+- ``get_pool``: rounded size <= 1 MiB goes to the pool's small block pool,
+  larger to its large block pool; each has its own free list and segments.
+- ``get_free_block``: the smallest free block on the request's stream that is
+  large enough, lowest address on ties (a set ordered by stream, size, ptr).
+- ``free_block`` / ``try_merge_blocks``: a freed block merges with free
+  neighbours in the same segment.
+- A graph pool never gives memory back while a graph uses it
+  (``release_cached_blocks`` only releases pools whose graphs were all
+  destroyed), so ``reserved`` only grows.
+
+Native mode (``expandable_segments`` off):
+
+- ``alloc_block``: one ``cudaMalloc`` per miss, of ``get_allocation_size``:
+  2 MiB (small), 20 MiB (large under 10 MiB), else the request rounded up to
+  2 MiB. Each is a segment.
+- ``should_split``: the remainder becomes a free block when it is >= 512 B
+  (small pool) or > 1 MiB (large pool); otherwise the whole block is handed
+  out.
+
+Expandable mode (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``;
+``malloc`` turns it on for every pool without a user allocator, graph pools
+included):
+
+- ``find_expandable_block``: one expandable segment per (small/large block
+  pool, stream), created on the first miss. It reserves virtual space for
+  1.125x the device's memory, so it is never outgrown and never followed by a
+  second one.
+- ``try_allocate_expandable_block`` / ``map_block``: a miss maps whole pages,
+  2 MiB (``kSmallBuffer``) in the small pool and 20 MiB
+  (``large_segment_size()``, default ``kLargeBuffer``) in the large pool, at
+  the segment's mapped end: ceil(request / page) pages after the last block,
+  or, when the last block is free but too small (s bytes), ceil((request - s)
+  / page) pages merged into it. The request size is the rounded request, not
+  ``get_allocation_size``.
+- ``reserved`` counts mapped pages only, and a memory snapshot reports one
+  segment per contiguous mapped range: here one per expandable segment, its
+  mapped bytes.
+- ``should_split``: the remainder is split off when it is >= 512 B in both
+  pools (the large pool's 1 MiB rule does not apply).
+- ``get_free_block``: best fit ranks a block by its size plus the unmapped
+  space behind it, so the free block at a segment's mapped end ranks last: it
+  is taken only when no other free block on the stream fits (the search steps
+  from it to the next larger block).
+- Nothing is unmapped while a graph uses the pool (``unmap_block`` only runs
+  from ``release_blocks`` on released pools and on out-of-memory paths).
+
+Not modelled: ``max_split_size_mb`` / ``max_non_split_rounding_mb``,
+``roundup_power2_divisions``, ``garbage_collection_threshold``, a
+non-default ``large_segment_size``, out-of-memory retries, memory pools with a
+user allocator or ``no_split``, and cross-stream uses (``record_stream``,
+events, ``graph_capture_record_stream_reuse``): blocks here are freed
+immediately, as a capture on one stream sees them.
+``bench/allocator_diff.py`` checks this model against the real allocator on a
+GPU, in both modes.
 """
 
 from __future__ import annotations
@@ -62,15 +110,28 @@ class Block:
     free: bool = True
     prev: "Block | None" = None
     next: "Block | None" = None
-    #: expandable mode: this block ends at the segment's mapped end
+    #: expandable mode: this block ends at its segment's mapped end
     tail: bool = False
 
 
 @dataclass(slots=True)
 class PoolSim:
-    """One private graph pool. ``alloc`` returns a handle for ``free``."""
+    """One private graph pool. ``alloc`` returns a handle for ``free``.
+
+    ``segments`` counts segments (cudaMallocs, or expandable segments);
+    ``segment_sizes()`` and ``layout()`` describe them as a memory snapshot
+    does.
+
+    Best fit breaks ties between equal free blocks by address, so in native
+    mode the order of the segments' addresses can matter. By default each new
+    segment lies above the previous ones; ``addresses`` (an iterator of ints)
+    gives new segments other base addresses instead, e.g. the real
+    allocator's in a differential test. Expandable mode never compares blocks
+    of different segments (one per block pool and stream).
+    """
 
     expandable: bool = False
+    addresses: object = None
     reserved: int = 0
     allocated: int = 0
     peak_reserved: int = 0
@@ -80,6 +141,10 @@ class PoolSim:
     _next_addr: int = 1 << 32
     # expandable mode: (small, stream) -> last block of that virtual segment
     _tails: dict = field(default_factory=dict)
+    # per segment: its first block, whether it is a small-pool segment, its bytes
+    _heads: list = field(default_factory=list)
+    _seg_small: list = field(default_factory=list)
+    _seg_bytes: list = field(default_factory=list)
 
     # running sum of the free entries' hashes: free_state() in O(1)
     _fsum: int = 0
@@ -98,13 +163,6 @@ class PoolSim:
         del lst[i]
         self._fsum -= hash(key)
 
-    def _best_fit(self, small: bool, stream: int, size: int) -> Block | None:
-        lst = self._free[small]
-        i = bisect.bisect_left(lst, (stream, size, -1))
-        if i < len(lst) and lst[i][0] == stream:
-            return lst[i][3]
-        return None
-
     def free_blocks(self, small: bool, stream: int = 0) -> list[tuple[int, int]]:
         """(size, addr) of the free blocks, smallest first (for tests and plots)."""
         return [(k[1], k[2]) for k in self._free[small] if k[0] == stream]
@@ -116,12 +174,18 @@ class PoolSim:
         lst = self._free[small]
         i = bisect.bisect_left(lst, (stream, size, -1))
         if i < len(lst) and lst[i][0] == stream:
-            st_, sz_, ad_, block = lst.pop(i)  # best fit: smallest adequate block, lowest address on ties
+            # best fit: smallest adequate block, lowest address on ties; with
+            # expandable segments the free block at a segment's mapped end
+            # ranks last (get_free_block's expandable_size)
+            if lst[i][3].tail and i + 1 < len(lst) and lst[i + 1][0] == stream:
+                i += 1
+            st_, sz_, ad_, block = lst.pop(i)
             self._fsum -= hash((st_, sz_, ad_))
         else:
             block = self._grow(small, stream, size)
         remaining = block.size - size
-        if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
+        # should_split: with expandable segments both pools split at 512 B
+        if (remaining >= MIN_BLOCK) if (small or self.expandable) else (remaining > SMALL_SIZE):
             rest = Block(block.addr + size, remaining, stream, small, block.segment,
                          prev=block, next=block.next, tail=block.tail)
             if block.next is not None:
@@ -142,11 +206,23 @@ class PoolSim:
         if self.expandable:
             return self._grow_expandable(small, stream, size)
         seg = segment_size(size)
-        block = Block(self._next_addr, seg, stream, small, self.segments)
-        self._next_addr += _round_up(seg, ROUND_LARGE) + ROUND_LARGE
-        self.segments += 1
-        self._reserve(seg)
+        block = Block(self._new_address(seg), seg, stream, small, self.segments)
+        self._new_segment(block)
+        self._reserve(seg, block.segment)
         return block
+
+    def _new_address(self, span: int) -> int:
+        if self.addresses is not None:
+            return next(self.addresses)
+        addr = self._next_addr
+        self._next_addr += _round_up(span, ROUND_LARGE) + ROUND_LARGE
+        return addr
+
+    def _new_segment(self, head: Block) -> None:
+        self.segments += 1
+        self._heads.append(head)
+        self._seg_small.append(head.small)
+        self._seg_bytes.append(0)
 
     def _grow_expandable(self, small: bool, stream: int, size: int) -> Block:
         page = SMALL_BUFFER if small else LARGE_BUFFER
@@ -156,24 +232,22 @@ class PoolSim:
             extra = _round_up(size - tail.size, page)
             self._remove(tail)
             tail.size += extra
-            self._reserve(extra)
+            self._reserve(extra, tail.segment)
             return tail
         extra = _round_up(size, page)
         if tail is None:
-            addr, seg = self._next_addr, self.segments
-            self._next_addr += 1 << 40  # virtual reservations are huge
-            self.segments += 1
+            block = Block(self._new_address(1 << 40), extra, stream, small, self.segments, tail=True)
+            self._new_segment(block)
         else:
-            addr, seg = tail.addr + tail.size, tail.segment
+            block = Block(tail.addr + tail.size, extra, stream, small, tail.segment, prev=tail, tail=True)
             tail.tail = False
-        block = Block(addr, extra, stream, small, seg, prev=tail, tail=True)
-        if tail is not None:
             tail.next = block
         self._tails[(small, stream)] = block
-        self._reserve(extra)
+        self._reserve(extra, block.segment)
         return block
 
-    def _reserve(self, nbytes: int) -> None:
+    def _reserve(self, nbytes: int, segment: int) -> None:
+        self._seg_bytes[segment] += nbytes
         self.reserved += nbytes
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
@@ -210,6 +284,8 @@ class PoolSim:
             block.prev = nb.prev
             if nb.prev is not None:
                 nb.prev.next = block
+            else:
+                self._heads[block.segment] = block
         else:
             block.next = nb.next
             if nb.next is not None:
@@ -218,3 +294,24 @@ class PoolSim:
                 block.tail = True
                 self._tails[(block.small, block.stream)] = block
         block.size += nb.size
+
+    # -- what a memory snapshot shows ----------------------------------------
+    def segment_sizes(self) -> list[tuple[bool, int]]:
+        """(small, bytes) of every segment, in creation order (reserved = their sum)."""
+        return list(zip(self._seg_small, self._seg_bytes))
+
+    def layout(self) -> list[tuple[bool, int, tuple[tuple[int, bool], ...]]]:
+        """Every segment as (small, bytes, ((block size, allocated), ...)), blocks by address.
+
+        O(blocks): for tests and the GPU differential benchmark, not for the
+        planner's inner loop.
+        """
+        out = []
+        for small, nbytes, head in zip(self._seg_small, self._seg_bytes, self._heads):
+            blocks = []
+            b = head
+            while b is not None:
+                blocks.append((b.size, not b.free))
+                b = b.next
+            out.append((small, nbytes, tuple(blocks)))
+        return out

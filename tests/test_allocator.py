@@ -1,4 +1,4 @@
-"""The allocator simulator, one hand-computed scenario per rule of DESIGN §3."""
+"""The allocator simulator: one hand-computed scenario per rule (planner/allocator.py's docstring)."""
 
 from __future__ import annotations
 
@@ -118,22 +118,101 @@ def test_expandable_small_pool_uses_2_mib_pages():
     assert p.segments == 1
 
 
+def test_expandable_large_pool_splits_remainders_of_512_bytes():
+    # should_split with expandable segments: remainder >= 512 B in the large
+    # pool too, so the 0.5 MiB left of the first 20 MiB page stays free and
+    # the next request grows the segment from there
+    p = PoolSim(expandable=True)
+    a = p.alloc(19 * MiB + 512 * KiB)
+    assert a.size == 19 * MiB + 512 * KiB
+    p.alloc(20 * MiB + 512 * KiB)  # 0.5 MiB free tail + one more 20 MiB page
+    assert p.reserved == 40 * MiB and p.segments == 1
+    native = PoolSim()
+    assert native.alloc(19 * MiB + 512 * KiB).size == 20 * MiB  # native: 0.5 MiB <= 1 MiB, not split
+
+
+def test_expandable_free_block_at_the_mapped_end_is_taken_last():
+    # get_free_block ranks the free block before the unmapped space by its
+    # size plus that space: a 6 MiB request takes the 10 MiB hole, not the
+    # 8 MiB free tail, so a later 10 MiB request must map another page
+    p = PoolSim(expandable=True)
+    a = p.alloc(10 * MiB)
+    p.alloc(2 * MiB)
+    p.free(a)  # [10 free][2][8 free tail]
+    assert p.alloc(6 * MiB).addr == a.addr
+    p.alloc(10 * MiB)
+    assert p.reserved == 40 * MiB
+    # the tail is still used when nothing else fits
+    q = PoolSim(expandable=True)
+    b = q.alloc(4 * MiB)
+    tail_addr = b.addr + 4 * MiB
+    assert q.alloc(8 * MiB).addr == tail_addr and q.reserved == 20 * MiB
+
+
+def test_expandable_segments_are_one_per_block_pool_and_stream():
+    p = PoolSim(expandable=True)
+    for size, stream in ((512, 0), (3 * MiB, 0), (700 * KiB, 0), (30 * MiB, 0), (512, 1), (2 * MiB, 1)):
+        p.alloc(size, stream)
+    assert sorted(p.segment_sizes()) == [(False, 20 * MiB), (False, 40 * MiB), (True, 2 * MiB), (True, 2 * MiB)]
+    assert p.segments == 4 and p.reserved == 64 * MiB
+
+
+def test_layout_lists_every_block_of_every_segment_by_address():
+    p = PoolSim()
+    a, b = p.alloc(3 * MiB), p.alloc(5 * MiB)
+    p.alloc(100)
+    p.free(a)
+    assert p.layout() == [(False, 20 * MiB, ((3 * MiB, False), (5 * MiB, True), (12 * MiB, False))),
+                          (True, 2 * MiB, ((512, True), (2 * MiB - 512, False)))]
+    p.free(b)  # merges both ways: the head block changes
+    assert p.layout()[0] == (False, 20 * MiB, ((20 * MiB, False),))
+
+
+def test_segment_addresses_decide_ties_between_segments():
+    def run(pool):
+        a = pool.alloc(4 * MiB)  # segment 0: [a 4][16 free]
+        c, d = pool.alloc(9 * MiB), pool.alloc(7 * MiB)
+        pool.alloc(4 * MiB)  # segment 1: [4][16 free]
+        pool.free(c)
+        pool.free(d)  # both segments now [4][16 free]: a tie for 9 MiB
+        pool.alloc(9 * MiB)  # takes the 16 MiB hole at the lower address
+        pool.free(a)
+        pool.alloc(18 * MiB)  # fits only where the 9 MiB did not go
+        return pool.reserved
+
+    assert run(PoolSim()) == 58 * MiB  # segment 0 lies lower: the 18 MiB needs its own segment
+    assert run(PoolSim(addresses=iter([1 << 40, 1 << 32]))) == 40 * MiB  # segment 1 lower: segment 0 frees up
+
+
 ops = st.lists(st.tuples(st.booleans(), st.integers(1, 48 * MiB), st.integers(0, 1)), min_size=1, max_size=60)
 
 
-@settings(max_examples=150, deadline=None)
+def _expected_choice(p, live, small, stream, size, expandable):
+    """The block get_free_block picks, from the pool's free lists and the live blocks."""
+    free = p.free_blocks(small, stream)
+    cands = sorted((s, a) for s, a in free if s >= round_size(size))
+    if not cands:
+        return None
+    if expandable:  # the free block at the mapped end (one segment per pool and stream) ranks last
+        ends = [a + s for s, a in free] + [b.addr + b.size for b in live if b.small == small and b.stream == stream]
+        if cands[0][0] + cands[0][1] == max(ends) and len(cands) > 1:
+            return cands[1][1]
+    return cands[0][1]
+
+
+@settings(max_examples=200, deadline=None)
 @given(ops, st.booleans())
-def test_reserved_only_grows_and_best_fit_is_smallest_adequate(seq, expandable):
+def test_reserved_only_grows_and_best_fit_follows_get_free_block(seq, expandable):
     p = PoolSim(expandable=expandable)
     live = []
     last = 0
     for is_alloc, size, stream in seq:
         if is_alloc or not live:
             small = round_size(size) <= MiB
-            candidates = [(s, a) for s, a in p.free_blocks(small, stream) if s >= round_size(size)]
+            want = _expected_choice(p, live, small, stream, size, expandable)
             b = p.alloc(size, stream)
-            if candidates:  # the smallest adequate block on that stream, lowest address on ties
-                assert b.addr == min(candidates)[1]
+            if want is not None:
+                assert b.addr == want
             live.append(b)
         else:
             p.free(live.pop(size % len(live)))
@@ -143,4 +222,9 @@ def test_reserved_only_grows_and_best_fit_is_smallest_adequate(seq, expandable):
         small, large = p.free_lists()
         assert p.free_state() == (p.reserved, p.allocated, sum(hash(k) for k in small + large),
                                   len(small), len(large))
+        # the layout accounts for every byte: segments tile into blocks, reserved is their sum
+        layout = p.layout()
+        assert sum(n for _, n, _ in layout) == p.reserved == sum(n for _, n in p.segment_sizes())
+        assert all(n == sum(s for s, _ in blocks) for _, n, blocks in layout)
+        assert sum(s for _, _, blocks in layout for s, used in blocks if used) == p.allocated
         last = p.reserved
