@@ -11,10 +11,10 @@ every phase (request slots, cache lengths, accepted lengths, the engine's
   states (the draft reads them);
 * ``draft_decode`` -- ``num_steps`` draft steps inside one graph, ``topk``
   candidates per request and step; each step builds the draft's
-  ``kv_indices`` (the token locations of every one of the ``bs * topk``
-  branches' draft tokens so far: the per-branch level of cascade attention,
-  whose shared level is the request's context) and attends over the
-  request's context;
+  ``kv_indices`` (rows of ``draft_kv_width`` token locations, one row per
+  branch -- ``bs * topk`` of them -- holding the branch's draft tokens so
+  far: the per-branch level of cascade attention, whose shared level is the
+  request's context) and attends over the request's context;
 * ``draft_extend`` -- the draft over ``num_steps + 1`` tokens per request
   of which the first ``accept_lens`` are real; returns the top-k of the last
   accepted token and its hidden state.
@@ -94,6 +94,8 @@ class SpeculativeConfig:
     topk: int = 1
     num_draft_tokens: int = 4
     page_size: int = 1
+    #: token slots per branch row of the draft's kv_indices (the tree level's capacity)
+    draft_kv_width: int = 64
     bugs: frozenset = frozenset()
     phases: dict = field(default_factory=lambda: {p: p for p in PHASES})
     seed: int = 0
@@ -104,6 +106,8 @@ class SpeculativeConfig:
             raise ValueError(f"unknown planted bug(s) {sorted(unknown)}; known: {list(BUGS)}")
         if min(self.num_steps, self.topk, self.num_draft_tokens, self.page_size, self.draft_layers) < 1:
             raise ValueError("num_steps, topk, num_draft_tokens, page_size and draft_layers must be >= 1")
+        if self.draft_kv_width < self.num_steps:
+            raise ValueError(f"draft_kv_width {self.draft_kv_width} cannot hold num_steps {self.num_steps} tokens")
         if self.max_seqlen % self.page_size:
             raise ValueError(f"max_seqlen {self.max_seqlen} is not a multiple of page_size {self.page_size}")
 
@@ -304,10 +308,10 @@ class SpeculativeModel:
 
     def _draft_kv_rows(self, bs: int, step: int) -> torch.Tensor:
         """Build the step's ``kv_indices`` (each branch's ``step + 1`` draft
-        token locations, row width ``num_steps``), then read each branch's
-        cache row from its first entry."""
+        token locations in a row of ``draft_kv_width``), then read each
+        branch's cache row from its first entry."""
         cfg, k = self.cfg, self.cfg.topk
-        width = cfg.num_steps
+        width = cfg.draft_kv_width
         alloc_rows = bs if "kv-indices-topk" in self.bugs else bs * k
         kv = torch.empty(alloc_rows * width, dtype=torch.int32, device=self.device)
         slots = self._slots(bs)
@@ -419,7 +423,7 @@ def _triton_kernels():
             rows = slots.numel() * topk
             out = torch.empty(rows, dtype=torch.int32, device=kv.device)
             kv_indices_kernel[(rows,)](req_to_token, slots, lens, kv, topk, step, width, ctx,
-                                       BLOCK=triton.next_power_of_2(width))
+                                       BLOCK=triton.next_power_of_2(step + 1))
             row_of_kernel[(rows,)](kv, out, width, ctx)
             return out
 
