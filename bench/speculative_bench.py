@@ -263,7 +263,8 @@ def main() -> None:
                  "attention": model.backend, "layers": args.layers, "draft_layers": 1,
                  "num_steps": steps_topk[0], "topk": steps_topk[1], "page_size": 1,
                  "sizes_per_phase": {k: len(v) for k, v in sizes.items()}, "draft_phase": draft.name}
-    path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l.json"
+    part = "" if not skip else "-" + "-".join(p for p in ("loop", "gate", "executor", "bugs", "wild") if p not in skip)
+    path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l{part}.json"
 
     def save() -> None:  # after every part: a run cut short keeps what it measured
         path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
@@ -272,8 +273,9 @@ def main() -> None:
         model.run(phase, 8, None)
     torch.cuda.synchronize()
 
-    res["floors_mib"] = floors(model, ci_path)
-    save()
+    if not {"loop", "gate", "executor"} <= skip:
+        res["floors_mib"] = floors(model, ci_path)
+        save()
     engine_order = [p for p in ("decode", "target_verify", "draft_decode", "draft_extend") if p in sizes]
     variants = {"loop": {p: False for p in engine_order},
                 "gate": {p: p in MULTI_TOKEN for p in engine_order}}
@@ -309,7 +311,7 @@ def main() -> None:
     print(json.dumps(res, indent=2, sort_keys=True)[:6000])
     ex = res.get("fa3-eagle-ci.json", {})
     loop = res.get("loop", {})
-    fl = sum(res["floors_mib"].values())
+    fl = sum(res.get("floors_mib", {}).values())
     caught = {k: v.get("by_check", v.get("line")) for k, v in res.get("bugs", {}).items()}
     wild_ok = sum(1 for v in res.get("wild", {}).values()
                   if v["exit"] == 3 and "context is lost" in v["line"] and "compute-sanitizer" in v["line"])
