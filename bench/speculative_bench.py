@@ -254,13 +254,14 @@ def main() -> None:
     draft = next(p for p in ref.phases if p.kind == "draft_decode")
     steps_topk = (3, 1)
     shape = Model(layers=args.layers)
+    need_model = not {"loop", "gate", "executor"} <= skip
     model = SpeculativeModel(SpeculativeConfig(model=shape, max_bs=max(max(s) for s in sizes.values()),
-                                               num_steps=steps_topk[0], topk=steps_topk[1]))
+                                               num_steps=steps_topk[0], topk=steps_topk[1])) if need_model else None
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "attention": model.backend, "layers": args.layers, "draft_layers": 1,
+                 "attention": model.backend if model else None, "layers": args.layers, "draft_layers": 1,
                  "num_steps": steps_topk[0], "topk": steps_topk[1], "page_size": 1,
                  "sizes_per_phase": {k: len(v) for k, v in sizes.items()}, "draft_phase": draft.name}
     part = "" if not skip else "-" + "-".join(p for p in ("loop", "gate", "executor", "bugs", "wild") if p not in skip)
@@ -269,11 +270,10 @@ def main() -> None:
     def save() -> None:  # after every part: a run cut short keeps what it measured
         path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
 
-    for phase in sizes:  # lazy initialisation out of every measurement
-        model.run(phase, 8, None)
-    torch.cuda.synchronize()
-
-    if not {"loop", "gate", "executor"} <= skip:
+    if need_model:
+        for phase in sizes:  # lazy initialisation out of every measurement
+            model.run(phase, 8, None)
+        torch.cuda.synchronize()
         res["floors_mib"] = floors(model, ci_path)
         save()
     engine_order = [p for p in ("decode", "target_verify", "draft_decode", "draft_extend") if p in sizes]
