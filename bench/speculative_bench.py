@@ -216,7 +216,8 @@ def _subprocess(bug: str, sizes, pins=(), checks=("interleave", "footprint"), re
     if not line.startswith("RESULT"):
         return {"exit": r.returncode, "line": line}
     faults = json.loads(line[len("RESULT "):])
-    culprits = sorted({f[1] for f in faults} | {w for f in faults for w in f[2].split() if w.count("/") == 1
+    words = {w.strip(",:;()") for f in faults for w in f[2].split()}
+    culprits = sorted({f[1] for f in faults} | {w for w in words if w.count("/") == 1
                                                   and w.split("/")[0] in ("draft_decode", "draft_extend")})
     return {"exit": r.returncode, "faults": len(faults),
             "by_check": {c: sum(1 for f in faults if f[0] == c) for c in {f[0] for f in faults}},

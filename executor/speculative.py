@@ -39,10 +39,12 @@ real ones were -- an unmasked Triton store with flat index arithmetic:
   (inside the graph, so in the pool) for ``bs`` rows instead of
   ``bs * topk`` and written with ``bs * topk`` rows: it spills into the
   neighbouring pool memory (dormant at ``topk == 1``);
-* ``page-table-scatter`` -- with ``page_size > 1``, the ``num_steps``-wide
-  scatter of the draft's new token locations into a page table of only
-  ``decode_length + 1`` (2) columns, indexed as if it had ``num_steps``:
-  past each row and past the buffer (dormant at ``num_steps <= 2``);
+* ``page-table-scatter`` -- with ``page_size > 1``, the draft's page table
+  (one row of ``draft_kv_width / page_size`` pages per branch) is allocated
+  with only ``decode_length + 1`` (2) columns, sized for a one-token decode,
+  while the ``num_steps``-wide scatter of the new token locations (and the
+  read that follows it) still use the full row stride: past the buffer, into
+  whatever the pool put after it;
 * ``wild`` -- ``draft_extend`` records each row's accepted length in a
   per-slot table, reading the raw slot as an unsigned 32-bit index (a
   signed/unsigned mix-up): the padded rows' sentinel -1 becomes 2^32 - 1
@@ -334,12 +336,13 @@ class SpeculativeModel:
         locs = self.req_to_token[slots[:, None], pos].long()  # (rows, steps)
         if cfg.page_size == 1:
             return locs.view(bs, -1)
-        cols = 2 if "page-table-scatter" in self.bugs else cfg.num_steps  # decode_length + 1 vs num_steps
+        stride = -(-cfg.draft_kv_width // cfg.page_size)  # pages per branch row
+        cols = 2 if "page-table-scatter" in self.bugs else stride  # decode_length + 1 vs the row's pages
         table = torch.empty(bs * k * cols, dtype=torch.int32, device=self.device)
         if self.kernels is None:
-            pages = _torch_page_scatter(locs, table, cols, cfg.page_size)
+            pages = _torch_page_scatter(locs, table, stride, cfg.page_size)
         else:
-            pages = self.kernels.page_scatter(locs, table, cols, cfg.page_size, "page-table-scatter" in self.bugs)
+            pages = self.kernels.page_scatter(locs, table, stride, cfg.page_size)
         return (pages.long() * cfg.page_size + locs % cfg.page_size).view(bs, -1)
 
     def _record_accept(self, bs: int) -> None:
@@ -362,9 +365,9 @@ def _torch_kv_rows(req_to_token, slots, lens, step, kv, topk, width):
     return (table[:, 0] // req_to_token.shape[1]).to(torch.int32)
 
 
-def _torch_page_scatter(locs, table, cols, page):
+def _torch_page_scatter(locs, table, stride, page):
     rows, steps = locs.shape
-    t = table.view(rows, cols)
+    t = table.view(rows, stride)
     t[:, :steps] = (locs // page).to(torch.int32)
     return t[:, :steps]
 
@@ -428,15 +431,14 @@ def _triton_kernels():
             return out
 
         @staticmethod
-        def page_scatter(locs, table, cols, page, buggy):
+        def page_scatter(locs, table, stride, page):
             rows, steps = locs.shape
             block = triton.next_power_of_2(steps)
             locs = locs.contiguous()
-            # the buggy scatter indexes as if the table had ``steps`` columns
-            page_scatter_kernel[(rows,)](locs, table, steps, steps if buggy else cols, page, BLOCK=block)
+            # flat indices with the full row stride, whatever size ``table`` was given
+            page_scatter_kernel[(rows,)](locs, table, steps, stride, page, BLOCK=block)
             pages = torch.empty(rows, steps, dtype=torch.int32, device=locs.device)
-            page_read_kernel[(rows,)](table, pages, min(steps, cols) if not buggy else steps,
-                                      cols, BLOCK=block)
+            page_read_kernel[(rows,)](table, pages, steps, stride, BLOCK=block)
             return pages
 
         @staticmethod

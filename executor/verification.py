@@ -107,7 +107,8 @@ def _sizes_for(gs: GraphSet, cap: Captured, rng: random.Random) -> int:
 
 def sanitizer_command() -> str:
     """The command line that re-runs this process under compute-sanitizer's memcheck."""
-    argv = [sys.executable, *sys.argv] if sys.argv and sys.argv[0] else [sys.executable]
+    # orig_argv is the interpreter's own command line (with a -c program, the program itself)
+    argv = [sys.executable, *getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]]
     return "compute-sanitizer --tool memcheck --print-limit 20 " + shlex.join(argv)
 
 
