@@ -40,6 +40,10 @@ pool, all correct, under exactly these conditions):
 * warm-ups run on the engine's live static buffers: ``run`` must only write
   memory that the next real step writes before it reads it (the usual engine
   contract: padded rows write to a dummy KV slot);
+* the engine's own GPU work on the target's buffers outside ``replay`` (an
+  eager prefill, writing the next step's inputs, reading outputs) runs inside
+  ``with graphs.exclusive():`` so that no warm-up of the capture thread lands
+  in the middle of it (``replay`` itself may be called inside);
 * one capture per process at a time; not with ``torch.distributed`` (each
   rank would interleave warm-ups and replays differently, and the collectives
   in them would hang) and not with ``record=True``.
@@ -70,6 +74,8 @@ from .graphs import GraphSet, _as_tuple, _capture_failed, _Steps, log
 
 __all__ = ["Background"]
 
+_WAIT = object()
+
 
 class Background:
     """A capture running on a thread, and how ``GraphSet.replay`` serves meanwhile."""
@@ -79,7 +85,7 @@ class Background:
         self.device = device
         self.fallback = fallback
         self.heap = heap
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered by replay inside exclusive()
         #: notified when a graph lands and when the capture ends
         self.landed = threading.Condition()
         self.stopping = threading.Event()
@@ -163,6 +169,23 @@ class Background:
             ev = self.served[key] = torch.cuda.Event()
         return ev
 
+    def _serving_stream(self):
+        stream = torch.cuda.current_stream(self.device)
+        if stream == self.default_stream:
+            raise ExecutorError("GPU work on the legacy default stream while a background capture runs",
+                                where="GraphSet.replay",
+                                fix="serve under torch.cuda.stream(s) with a stream of your own")
+        return stream
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """The engine's own GPU work on the target's buffers, ordered against the capture thread's eager steps."""
+        with self.lock:
+            stream = self._serving_stream()
+            stream.wait_event(self.eager_done)
+            yield
+            self._served(stream).record(stream)
+
     def replay(self, gs: GraphSet, phase: str, n: int):
         while True:
             with self.lock:
@@ -174,14 +197,10 @@ class Background:
                 if table is None:
                     raise ExecutorError(f"no graphs for phase {phase!r}; planned: {sorted(gs._tables)}",
                                         where="GraphSet.replay")
-                stream = torch.cuda.current_stream(self.device)
-                if stream == self.default_stream:
-                    raise ExecutorError("replay on the legacy default stream while a background capture runs",
-                                        where="GraphSet.replay",
-                                        fix="serve under torch.cuda.stream(s) with a stream of your own")
+                stream = self._serving_stream()
                 stream.wait_event(self.eager_done)
                 slot = table.get(n)
-                out = None
+                out = _WAIT
                 if slot is not None:
                     bs, cap = slot
                     refresh = gs._refresh[phase]
@@ -198,7 +217,7 @@ class Background:
                 elif callable(self.fallback):
                     out = self.fallback(phase, n)
                     self.fallback_runs += 1
-                if out is not None:
+                if out is not _WAIT:
                     self._served(stream).record(stream)
                     return out
             # "wait": block outside the lock (the capture thread takes it for its eager steps)

@@ -211,6 +211,14 @@ class GraphSet:
         return self._tables[phase].padded(n)
 
     # -- background capture --------------------------------------------------
+    def exclusive(self) -> contextlib.AbstractContextManager:
+        """While a background capture runs: a block of the engine's own GPU work
+        on the target's buffers (eager runs, input writes) that the capture
+        thread's warm-ups must not interleave with; ``replay`` may be called
+        inside. Otherwise it does nothing."""
+        bg = self._bg
+        return bg.exclusive() if bg is not None else contextlib.nullcontext()
+
     @property
     def done(self) -> bool:
         """Every graph captured (always true for a foreground capture)."""
@@ -579,9 +587,10 @@ def _capture_one(gs: GraphSet, step, target: CaptureTarget, stream, recorder, wa
         # Between capture_begin and capture_end every allocation on the capture
         # stream goes to the pool, so the device's reserved-bytes delta is the
         # pool's growth: a cheap counter instead of a full memory snapshot per
-        # step (a background capture's serving thread could add to it; the
-        # snapshot at the end says so if it did).
-        reserved_before = torch.cuda.memory_reserved()
+        # step. In the background the serving thread may allocate meanwhile,
+        # so there the pool itself is measured.
+        exact = mode != "global"
+        reserved_before = _pool_bytes(pool) if exact else torch.cuda.memory_reserved()
         g.capture_begin(pool=pool, capture_error_mode=mode)
         try:
             outs = _as_tuple(target.run(step.phase, step.bs, ws))
@@ -595,7 +604,7 @@ def _capture_one(gs: GraphSet, step, target: CaptureTarget, stream, recorder, wa
                 recorder.end()
             raise
         g.capture_end()
-        grown = torch.cuda.memory_reserved() - reserved_before
+        grown = (_pool_bytes(pool) if exact else torch.cuda.memory_reserved()) - reserved_before
         if recorder is not None:
             recorder.end()
     rows, rem = divmod(outs[0].shape[0], step.bs) if outs[0].dim() else (1, 0)
@@ -616,6 +625,18 @@ def _capture_one(gs: GraphSet, step, target: CaptureTarget, stream, recorder, wa
     gs._add(Captured(phase=step.phase, bs=step.bs, pool=step.pool, graph=g, outputs=kept, held=held,
                      rows_per_request=rows, order=len(gs.graphs)))
     return grown
+
+
+def _pool_bytes(pool) -> int:
+    """Reserved bytes of one pool: a snapshot of that pool alone where torch
+    can take one (``mempool_id``), else of the whole allocator."""
+    try:
+        segs = torch.cuda.memory_snapshot(mempool_id=pool)
+    except TypeError:  # an older torch without per-pool snapshots
+        return pool_reserved([pool])
+    want = tuple(int(x) for x in pool)
+    return sum(s["total_size"] for s in segs
+               if s.get("segment_pool_id") is not None and tuple(int(x) for x in s["segment_pool_id"]) == want)
 
 
 def _in_pool(t: torch.Tensor, gs: GraphSet) -> bool:
