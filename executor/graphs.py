@@ -539,8 +539,12 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     if background:
         from .background import Background
 
-        _init_cublas(device)
-        gs.background = Background(runner, device, fallback, heap)
+        try:
+            _init_cublas(device)
+            gs.background = Background(runner, device, fallback, heap)
+        except BaseException:
+            heap.thaw()
+            raise
         gs._bg = gs.background
         gs.background.start()
         return gs
