@@ -221,6 +221,10 @@ class Background:
                     self._served(stream).record(stream)
                     return out
             # "wait": block outside the lock (the capture thread takes it for its eager steps)
+            if self._held_here():
+                raise ExecutorError("fallback='wait' inside exclusive() would wait for a capture thread that "
+                                    "needs the lock it holds", where="GraphSet.replay",
+                                    fix="replay outside exclusive(), or use another fallback")
             with self.landed:
                 self.landed.wait_for(lambda: self.finished.is_set() or self.stopping.is_set()
                                      or table.get(n) is not None)
@@ -236,13 +240,22 @@ class Background:
         return True
 
     def _raise(self, gs: GraphSet):
+        self.finished.wait()  # the failed thread is winding down and needs no lock any more
         failure, step = self.failure, self.failed_step
         gs._closed = f" (the background capture failed at {step.id if step else 'start'})"
         gs.release()
         raise _capture_failed(failure, step, self.plan, self.device)
 
+    def _held_here(self) -> bool:
+        owned = getattr(self.lock, "_is_owned", None)  # CPython's RLock says whether this thread holds it
+        return bool(owned and owned())
+
     def stop_and_join(self) -> None:
         """Stop after the current step and wait for the thread (from any other thread)."""
+        if self._held_here() and not self.finished.is_set():
+            raise ExecutorError("release() inside exclusive() while the capture runs would wait for a capture "
+                                "thread that needs the lock it holds", where="GraphSet.release",
+                                fix="leave the exclusive() block first")
         self.stopping.set()
         with self.landed:
             self.landed.notify_all()

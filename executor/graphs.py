@@ -632,15 +632,17 @@ def _capture_one(gs: GraphSet, step, target: CaptureTarget, stream, recorder, wa
 
 
 def _pool_bytes(pool) -> int:
-    """Reserved bytes of one pool: a snapshot of that pool alone where torch
-    can take one (``mempool_id``), else of the whole allocator."""
+    """Reserved bytes of one pool: from a snapshot of that pool alone where
+    torch can take one (``mempool_id``), else of the whole allocator."""
+    want = tuple(int(x) for x in pool)
     try:
         segs = torch.cuda.memory_snapshot(mempool_id=pool)
-    except TypeError:  # an older torch without per-pool snapshots
-        return pool_reserved([pool])
-    want = tuple(int(x) for x in pool)
-    return sum(s["total_size"] for s in segs
-               if s.get("segment_pool_id") is not None and tuple(int(x) for x in s["segment_pool_id"]) == want)
+    except (TypeError, RuntimeError):  # a torch without per-pool snapshots
+        segs = []
+    mine = [s["total_size"] for s in segs
+            if s.get("segment_pool_id") is not None and tuple(int(x) for x in s["segment_pool_id"]) == want]
+    # nothing found (a new pool, or a snapshot that does not say its pool): ask the whole allocator
+    return sum(mine) if mine else pool_reserved([pool])
 
 
 def _in_pool(t: torch.Tensor, gs: GraphSet) -> bool:

@@ -274,3 +274,21 @@ def test_background_refuses_record_and_unknown_fallback(tmp_path, fake):
         _capture(plan, Target(fake), record=True)
     with pytest.raises(ExecutorError, match="unknown fallback 'later'"):
         _capture(plan, Target(fake), fallback="later")
+
+
+def test_blocking_calls_inside_exclusive_are_refused_not_deadlocked(tmp_path, fake):
+    from executor import ExecutorError
+
+    plan = _plan(tmp_path, [4, 8, 16])
+    target = Target(fake, gate_at=16)
+    with torch.cuda.stream(FakeStream(3)):
+        gs = _capture(plan, target, fallback="wait")
+        assert target.reached.wait(30)
+        with gs.exclusive():
+            with pytest.raises(ExecutorError, match="fallback='wait' inside exclusive"):
+                gs.replay("decode", 3)
+            with pytest.raises(ExecutorError, match=r"release\(\) inside exclusive"):
+                gs.release()
+        target.gate.set()
+        gs.wait(30)
+        gs.release()
