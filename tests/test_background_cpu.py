@@ -292,3 +292,22 @@ def test_blocking_calls_inside_exclusive_are_refused_not_deadlocked(tmp_path, fa
         target.gate.set()
         gs.wait(30)
         gs.release()
+
+
+def test_capture_and_release_never_run_a_full_collection(tmp_path, fake, monkeypatch):
+    import gc
+
+    real, calls = gc.collect, []
+
+    def spy(generation=2):
+        calls.append(generation)
+        return real(generation)
+
+    monkeypatch.setattr(gc, "collect", spy)
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16])
+    with torch.cuda.stream(FakeStream(3)):
+        gs = _capture(plan, Target(fake))
+        assert gs.wait(30)
+    gs.release()
+    assert 2 not in calls, calls
+    assert gc.get_freeze_count() == 0  # the heap was thawed by the capture thread

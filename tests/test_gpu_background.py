@@ -211,3 +211,31 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
                 target.gate.set()
                 gs.wait(60)
                 gs.release()
+
+
+def test_capture_and_release_return_the_pool_without_a_full_collection(tmp_path, model, monkeypatch):
+    """A full collection costs ~1 s in a server-sized heap: neither capture nor
+    release may run one, and release must still return every pool segment."""
+    import gc
+
+    import torch
+
+    from executor import capture
+
+    real, calls = gc.collect, []
+
+    def spy(generation=2):
+        calls.append(generation)
+        return real(generation)
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16, 32, 64])
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    monkeypatch.setattr(gc, "collect", spy)
+    gs = capture(plan, model, progress=False)
+    assert gs.report.pool_bytes > 0
+    out = gs.replay("decode", 5)
+    del out
+    gs.release()
+    assert 2 not in calls, calls
+    assert _left_over(before) == []
