@@ -155,7 +155,9 @@ class Background:
         else:
             runner.abort(None)
         self.seconds = time.perf_counter() - self.t_start
-        self.runner = None  # the thread no longer needs the set: no reference cycle through it
+        # The thread no longer needs the set; a stored failure's traceback keeps
+        # this frame, so its locals must not hold the set either.
+        self.runner = runner = gs = None  # noqa: F841
         self.finished.set()
         with self.landed:
             self.landed.notify_all()

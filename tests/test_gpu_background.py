@@ -19,6 +19,21 @@ def _padded_to(out, n: int, rows: int) -> int:
     return n if base is None else base.shape[0] // rows
 
 
+def _serving_stream():
+    """A stream of its own with cuBLAS already used on it (as capture() does for
+    the calling thread): its workspace is then allocated before ``before``."""
+    import torch
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        a = torch.ones(16, 16, device="cuda")
+        for t in (a, a.bfloat16()):
+            torch.addmm(t, t, t)
+            t @ t
+    torch.cuda.synchronize()
+    return s
+
+
 def _left_over(before: int) -> list:
     """Segments beyond what was reserved before (empty: everything was returned)."""
     import torch
@@ -43,7 +58,7 @@ def test_replays_during_capture_equal_eager_pool_unchanged_verify_clean(tmp_path
     fg_pool = fg.report.pool_bytes
     fg.release()
 
-    serve = torch.cuda.Stream()
+    serve = _serving_stream()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     rng = random.Random(0)
@@ -95,9 +110,9 @@ def test_error_on_the_capture_thread_reaches_the_next_replay_with_the_step(tmp_p
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
     target = Gated(gate_bs=4, max_bs=16, fail=(4, ValueError("boom")))
+    serve = _serving_stream()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
-    serve = torch.cuda.Stream()
     with torch.cuda.stream(serve):
         target.run("decode", 2, None)
         gs = capture(plan, target, progress=False, background=True)
@@ -125,11 +140,13 @@ def test_error_reaches_wait(tmp_path):
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
     target = Synthetic(max_bs=16, fail=(2, RuntimeError("bad kernel")))
+    serve = _serving_stream()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
-    gs = capture(plan, target, progress=False, background=True)
-    with pytest.raises(CaptureFailed, match=r"capture/decode/2.*RuntimeError: bad kernel"):
-        gs.wait(timeout=120)
+    with torch.cuda.stream(serve):
+        gs = capture(plan, target, progress=False, background=True)
+        with pytest.raises(CaptureFailed, match=r"capture/decode/2.*RuntimeError: bad kernel"):
+            gs.wait(timeout=120)
     assert _left_over(before) == []
 
 
@@ -141,9 +158,9 @@ def test_release_mid_capture_stops_the_thread_and_releases_everything(tmp_path):
 
     plan = _plan(tmp_path, list(range(1, 17)), backend="torch", ci=False)
     target = Gated(gate_bs=8, max_bs=16)
+    serve = _serving_stream()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
-    serve = torch.cuda.Stream()
     with torch.cuda.stream(serve):
         target.run("decode", 2, None)
         gs = capture(plan, target, progress=False, background=True)
@@ -167,7 +184,7 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
     from gpu_targets import Gated
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
-    serve = torch.cuda.Stream()
+    serve = _serving_stream()
     for fallback in ("raise", "wait", "eager", "callable"):
         target = Gated(gate_bs=16, max_bs=16)  # held at the first capture: no graph yet
         calls = []
@@ -182,11 +199,17 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
                          fallback=mine if fallback == "callable" else fallback)
             assert target.reached.wait(60)
             try:
+                with torch.cuda.stream(torch.cuda.default_stream()):
+                    with pytest.raises(ExecutorError, match="legacy default stream"):
+                        gs.replay("decode", 3)
+                with pytest.raises(ExecutorError, match="outside the captured sizes 1..16"):
+                    gs.replay("decode", 17)
                 if fallback == "raise":
                     with pytest.raises(ExecutorError, match="batch 3 has no captured graph yet"):
                         gs.replay("decode", 3)
                 elif fallback == "wait":
                     got = []
+
                     def waiter():
                         with torch.cuda.stream(serve):  # streams are per thread
                             got.append(gs.replay("decode", 3)[0].clone())
@@ -197,16 +220,11 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
                     assert t.is_alive() and not got  # blocked until a graph fits
                     target.gate.set()
                     t.join(60)
-                    assert got and got[0][0].shape[0] == 3
+                    assert got and got[0].shape[0] == 3
                 else:
                     (out,) = gs.replay("decode", 3)
                     assert out._base is None and torch.equal(out, target.x[:3] * 2 + 1)
                     assert calls == ([3] if fallback == "callable" else [])
-                with torch.cuda.stream(torch.cuda.default_stream()):
-                    with pytest.raises(ExecutorError, match="legacy default stream"):
-                        gs.replay("decode", 3)
-                with pytest.raises(ExecutorError, match="outside the captured sizes 1..16"):
-                    gs.replay("decode", 17)
             finally:
                 target.gate.set()
                 gs.wait(60)
