@@ -92,6 +92,10 @@ class Background:
         self.finished = threading.Event()
         self.failure: BaseException | None = None
         self.failed_step = None
+        #: every step ran and the report is written
+        self.completed = False
+        #: the capture thread is waiting for the lock
+        self.waiting = 0
         self.plan = runner.plan
         self.t_start = runner.t_start
         self.stream = runner.stream
@@ -117,11 +121,28 @@ class Background:
     @contextlib.contextmanager
     def eager(self):
         """Around the capture thread's eager GPU work: after every replay so far, before any later one."""
-        with self.lock:
+        self.waiting += 1  # see _yield: a serving loop would otherwise take the lock again and again first
+        try:
+            self.lock.acquire()
+        finally:
+            self.waiting -= 1
+        try:
             for ev in self.served.values():
                 self.stream.wait_event(ev)
             yield
             self.eager_done.record(self.stream)
+        finally:
+            self.lock.release()
+
+    def _yield(self) -> None:
+        """Let a waiting capture thread have the lock first.
+
+        Python's locks are not fair: a serving loop that releases the lock and
+        takes it again microseconds later would keep the capture thread's
+        warm-up waiting indefinitely, and no graph would land."""
+        if self.waiting and not self._held_here():
+            while self.waiting and not self.finished.is_set():
+                time.sleep(50e-6)
 
     def _on_land(self, cap) -> None:
         with self.landed:
@@ -147,6 +168,7 @@ class Background:
             log.error("capture-plan: background capture failed at %s: %s: %s",
                       runner.current.id if runner.current else "start", type(failure).__name__, failure)
         elif completed:
+            self.completed = True
             gs = runner.gs
             gs._bg = None  # the capture stream is drained: replays take the lock-free path from here on
             if runner.show:
@@ -182,6 +204,7 @@ class Background:
     @contextlib.contextmanager
     def exclusive(self):
         """The engine's own GPU work on the target's buffers, ordered against the capture thread's eager steps."""
+        self._yield()
         with self.lock:
             stream = self._serving_stream()
             stream.wait_event(self.eager_done)
@@ -190,6 +213,7 @@ class Background:
 
     def replay(self, gs: GraphSet, phase: str, n: int):
         while True:
+            self._yield()
             with self.lock:
                 if self.failure is not None:
                     break
@@ -239,6 +263,8 @@ class Background:
             return False
         if self.failure is not None:
             self._raise(gs)
+        if not self.completed:
+            raise ExecutorError("the graph set was released before its capture finished", where="GraphSet.wait")
         return True
 
     def _raise(self, gs: GraphSet):

@@ -221,7 +221,8 @@ class GraphSet:
 
     @property
     def done(self) -> bool:
-        """Every graph captured (always true for a foreground capture)."""
+        """The capture has ended: every graph captured, or it failed or was
+        released (always true for a foreground capture)."""
         return self.background is None or self.background.finished.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -229,7 +230,8 @@ class GraphSet:
 
         Returns False if ``timeout`` seconds passed first. A failure of the
         capture thread is raised here (the set is released first), as a
-        :class:`CaptureFailed` naming the step, like a foreground capture's.
+        :class:`CaptureFailed` naming the step, like a foreground capture's;
+        a set released before its capture finished raises ExecutorError.
         """
         if self.background is None:
             return True
@@ -637,7 +639,7 @@ def _pool_bytes(pool) -> int:
     want = tuple(int(x) for x in pool)
     try:
         segs = torch.cuda.memory_snapshot(mempool_id=pool)
-    except (TypeError, RuntimeError):  # a torch without per-pool snapshots
+    except Exception:  # a torch without per-pool snapshots (TypeError), or one that refuses this pool
         segs = []
     mine = [s["total_size"] for s in segs
             if s.get("segment_pool_id") is not None and tuple(int(x) for x in s["segment_pool_id"]) == want]

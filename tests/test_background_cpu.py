@@ -263,7 +263,11 @@ def test_release_mid_capture_stops_after_the_current_step(tmp_path, fake):
     assert not stopper.is_alive() and not gs.background.thread.is_alive()
     assert gs.graphs == {} and gs._tables == {}
     assert [b for _, _, b in gs.timeline] == [16, 15, 14, 13, 12]  # nothing after the step it was in
-    assert gs.report is None
+    assert gs.report is None and gs.done
+    from executor import ExecutorError
+
+    with pytest.raises(ExecutorError, match="released before its capture finished"):
+        gs.wait()
 
 
 def test_background_refuses_record_and_unknown_fallback(tmp_path, fake):
@@ -311,3 +315,20 @@ def test_capture_and_release_never_run_a_full_collection(tmp_path, fake, monkeyp
     gs.release()
     assert 2 not in calls, calls
     assert gc.get_freeze_count() == 0  # the heap was thawed by the capture thread
+
+
+def test_a_busy_serving_loop_does_not_starve_the_capture_thread(tmp_path, fake):
+    """The serving side takes the lock for every replay; the capture thread's
+    warm-up needs it too and must get it although the loop never pauses."""
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16])
+    target = Target(fake)
+    spins = 0
+    with torch.cuda.stream(FakeStream(3)):
+        gs = _capture(plan, target)
+        while not gs.done and spins < 200_000:
+            with gs.exclusive():
+                gs.replay("decode", 3)
+            spins += 1
+    assert gs.done, f"capture still running after {spins} replays"
+    assert gs.wait(30)
+    gs.release()
