@@ -236,8 +236,6 @@ def test_capture_and_release_return_the_pool_without_a_full_collection(tmp_path,
     release may run one, and release must still return every pool segment."""
     import gc
 
-    import torch
-
     from executor import capture
 
     real, calls = gc.collect, []
@@ -246,14 +244,17 @@ def test_capture_and_release_return_the_pool_without_a_full_collection(tmp_path,
         calls.append(generation)
         return real(generation)
 
+    from executor.pool import pool_reserved
+
     plan = _plan(tmp_path, [1, 2, 4, 8, 16, 32, 64])
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved()
     monkeypatch.setattr(gc, "collect", spy)
     gs = capture(plan, model, progress=False)
-    assert gs.report.pool_bytes > 0
+    pools = list(gs.pools.values())
+    assert pool_reserved(pools) == gs.report.pool_bytes > 0
     out = gs.replay("decode", 5)
     del out
     gs.release()
     assert 2 not in calls, calls
-    assert _left_over(before) == []
+    # every segment of the pools is gone (measured per pool: a new capture
+    # stream's cuBLAS workspace lives outside them, for good)
+    assert pool_reserved(pools) == 0
