@@ -47,6 +47,7 @@ class Fake:
         self.default = FakeStream(0)
         self.recording = None
         self.pools = 0
+        self.modes = []
 
 
 class FakeGraph:
@@ -54,7 +55,7 @@ class FakeGraph:
         self.fake, self.calls = fake, []
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
-        assert capture_error_mode == "thread_local"
+        self.fake.modes.append(capture_error_mode)
         self.fake.recording = self
 
     def capture_end(self):
@@ -150,6 +151,24 @@ def _capture(plan, target, **kw):
     return capture(plan, target, progress=False, background=True, device=torch.device("cpu"), **kw)
 
 
+def test_foreground_capture_refactored_into_steps_still_works(tmp_path, fake):
+    from executor import CaptureFailed, capture
+
+    plan = _plan(tmp_path, [1, 2, 4, 8, 16])
+    target = Target(fake)
+    gs = capture(plan, target, progress=False, device=torch.device("cpu"))
+    assert gs.done and gs.wait() and gs.background is None
+    assert fake.modes == ["global"] * 5
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    assert gs.progress() == "decode 5/5 [1-16]"
+    target.prepare("decode", 3, 16, None)
+    (out,) = gs.replay("decode", 3)
+    assert out._base.shape[0] == 4 and torch.equal(out, target.x[:3] * 2 + 1)
+    gs.release()
+    with pytest.raises(CaptureFailed, match=r"capture/decode/4: phase decode, bs 4\).*ValueError: boom"):
+        capture(plan, Target(fake, fail_at=4), progress=False, device=torch.device("cpu"))
+
+
 def test_tables_grow_as_graphs_land_and_replays_equal_eager(tmp_path, fake):
     plan = _plan(tmp_path, [1, 2, 4, 8, 16])
     target = Target(fake, gate_at=4)
@@ -167,6 +186,7 @@ def test_tables_grow_as_graphs_land_and_replays_equal_eager(tmp_path, fake):
         target.gate.set()
         assert gs.wait(30)
     assert gs.done and gs._bg is None and gs.report is not None
+    assert fake.modes == ["thread_local"] * 5
     assert [(p, b) for _, p, b in gs.timeline] == [("decode", b) for b in (16, 8, 4, 2, 1)]
     assert gs.padded("decode", 3) == 4 and gs.background.graph_replays == 1
     assert serve.waited and gs.background.served[7].records == 2  # replay + exclusive block
