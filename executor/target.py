@@ -31,6 +31,22 @@ class CaptureTarget(Protocol):
     * ``refresh`` recomputes the hoisted workspace for the current inputs; it
       runs before every replay (FA3's scheduler metadata depends on sequence
       lengths) and is never captured.
+
+    For ``capture(..., background=True)`` (serving while capturing; see
+    ``executor.background``), also:
+
+    * ``run`` may be called on two threads at once -- recording on the capture
+      thread, eagerly on the serving thread as the fallback -- so it keeps no
+      host-side state that one call changes and another reads;
+    * warm-ups run on the engine's live static buffers, so ``run`` writes only
+      memory that the next real step writes before reading it (padded rows
+      write to a dummy KV slot);
+    * the engine serves on a stream of its own (never the legacy default
+      stream), makes no device-wide synchronization while the capture runs,
+      has used cuBLAS on that stream before it starts, and wraps its own GPU
+      work on these buffers outside ``replay`` in ``GraphSet.exclusive()``.
+      ``run`` is never called eagerly on the capture stream while a graph is
+      being recorded there: the executor owns that stream.
     """
 
     def run(self, phase: str, bs: int, workspace: "torch.Tensor | None") -> Outputs: ...

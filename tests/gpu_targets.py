@@ -50,3 +50,24 @@ class Synthetic:
 
     def refresh(self, phase, n, bs, ws):
         pass
+
+
+class Gated(Synthetic):
+    """Synthetic whose capture at ``gate_bs`` blocks until ``gate`` is set:
+    holds a background capture at a known point (the gate is waited on while
+    recording, outside the executor's lock)."""
+
+    def __init__(self, gate_bs: int, **kw):
+        import threading
+
+        super().__init__(**kw)
+        self.gate_bs = gate_bs
+        self.gate = threading.Event()
+        self.reached = threading.Event()
+
+    def run(self, phase, bs, ws):
+        if bs == self.gate_bs and torch.cuda.is_current_stream_capturing():
+            self.reached.set()
+            if not self.gate.wait(60):
+                raise TimeoutError("gate never opened")
+        return super().run(phase, bs, ws)
