@@ -19,7 +19,7 @@ from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha2
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import write_atomic
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
-                          Strategy)
+                          Strategy, TraceSamples)
 from schemas.spec import Spec
 from schemas.strategy import AXES
 
@@ -299,7 +299,9 @@ def build_plan(opts: BuildOptions) -> Plan:
         predicted=Prediction(source=workload.source, allocator=allocator, pool_bytes=sim.pool_bytes,
                              pools=sim.pools, largest_graph_bytes=floor, hoisted_bytes=hoisted,
                              baseline_bytes=baseline_bytes, warmup_runs=sum(s.runs for s in steps),
-                             timeline=_timeline(steps, sim.after_capture)),
+                             timeline=_timeline(steps, sim.after_capture),
+                             samples={n: TraceSamples(measured=list(m), derived=list(d))
+                                      for n, (m, d) in sorted(workload.samples.items())}),
     )
     return seal(plan)
 
