@@ -18,6 +18,7 @@ from pathlib import Path
 from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import write_atomic
+from schemas.snapshot import is_pickle, trace_from_snapshot
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
 from schemas.spec import Spec
@@ -138,7 +139,8 @@ def _check_tp(spec: Spec, tp: int) -> None:
 
 
 def _workload(opts: BuildOptions, spec: Spec, backend: dict, tp: int) -> tuple[Workload, Path | None, str | None]:
-    """The analytic model, or the recorded trace when one is given."""
+    """The analytic model, or the recorded trace when one is given: JSON from
+    executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
     path = _trace_path(opts, spec)
     if path is None:
         return Workload.analytic(spec.model, spec.phases, backend, tp), None, None
@@ -146,7 +148,11 @@ def _workload(opts: BuildOptions, spec: Spec, backend: dict, tp: int) -> tuple[W
         raw = path.read_bytes()
     except OSError as err:
         raise InputError(f"cannot read trace: {err.strerror}", where=str(path)) from None
-    return Workload.from_trace(decode_trace(raw, str(path)), spec.phases, str(path)), path, sha256(raw)
+    if is_pickle(raw):
+        trace = trace_from_snapshot(raw, spec.phases, str(path))
+    else:
+        trace = decode_trace(raw, str(path))
+    return Workload.from_trace(trace, spec.phases, str(path)), path, sha256(raw)
 
 
 def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:
