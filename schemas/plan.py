@@ -160,6 +160,9 @@ class Inputs(PlanStruct, kw_only=True):
     strategies: list[str] = []
     trace: str | None = None
     trace_digest: str | None = None
+    #: the spec's model config.json (left out of the file when there is none)
+    model_config: str | msgspec.UnsetType = msgspec.UNSET
+    model_config_digest: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Requires(PlanStruct, kw_only=True):
