@@ -94,15 +94,27 @@ def _int(d: Any, key: str, where: str) -> int:
     return v
 
 
+def _pool_id(pid: Any, where: str) -> tuple | None:
+    if pid is None:
+        return None
+    if not isinstance(pid, (list, tuple)) or not all(isinstance(x, int) for x in pid):
+        raise InputError(f"segment_pool_id must be a pair of integers, got {pid!r}", where=where)
+    return tuple(pid)
+
+
 def _pool_segments(snap: dict, source: str) -> tuple[int, dict[int, int]]:
     """(device, {address: size}) of the graph pools' segments."""
     segs: dict[int, dict[int, int]] = {}
     for i, s in enumerate(snap["segments"]):
         where = f"{source}: segments[{i}]"
-        pid = s.get("segment_pool_id") if isinstance(s, dict) else None
-        if pid is None or tuple(pid) == (0, 0):
+        if not isinstance(s, dict):
+            raise InputError("a segment must be a dict", where=where)
+        pid = _pool_id(s.get("segment_pool_id"), where + ".segment_pool_id")
+        if pid is None or pid == (0, 0):
             continue
         dev = s.get("device", 0)
+        if not isinstance(dev, int) or dev < 0:
+            raise InputError(f"device must be a non-negative integer, got {dev!r}", where=where + ".device")
         segs.setdefault(dev, {})[_int(s, "address", where)] = _int(s, "total_size", where)
     if not segs:
         raise InputError("the snapshot has no graph-pool segments", where=source,
@@ -120,10 +132,14 @@ def _windows(snap: dict, source: str) -> list[list[tuple[str, int, int]]]:
         raise InputError(f"no allocation history for device {dev}", where=source,
                          fix="call torch.cuda.memory._record_memory_history() before capturing")
     entries = traces[dev]
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise InputError("the history must be a list of dicts", where=f"{source}: device_traces[{dev}]")
     last_seg = {}
     for i, e in enumerate(entries):
-        if isinstance(e, dict) and e.get("action") == "segment_alloc" and e.get("addr") in pool:
-            last_seg[e["addr"]] = i
+        if e.get("action") == "segment_alloc":
+            addr = _int(e, "addr", f"{source}: device_traces[{dev}][{i}]")
+            if addr in pool:
+                last_seg[addr] = i
     missing = sorted(set(pool) - set(last_seg))
     if missing:
         raise InputError(f"the graph pool's segment at {missing[0]:#x} was created before the recorded history "
@@ -136,8 +152,8 @@ def _windows(snap: dict, source: str) -> list[list[tuple[str, int, int]]]:
     cur: list[tuple[str, int, int]] | None = None
     for i, e in enumerate(entries):
         where = f"{source}: device_traces[{dev}][{i}]"
-        action = e.get("action") if isinstance(e, dict) else None
-        if action == "segment_alloc" and last_seg.get(e.get("addr")) == i:
+        action = e.get("action")
+        if action == "segment_alloc" and last_seg.get(e["addr"]) == i:
             a = e["addr"]
             starts.insert(bisect_right(starts, a), a)
             ends[a] = a + pool[a]

@@ -167,3 +167,13 @@ def test_profile_subset_keeps_planned_order_and_warmups():
     assert subset_plan(plan, "all").steps == plan.steps
     with pytest.raises(ValueError, match="no planned sizes"):
         subset_plan(plan, {"decode": [300]})
+
+
+def test_build_summary_says_which_sizes_were_derived(cli, tmp_path):
+    full = _h200()
+    keep = default_samples([c.bs for c in full.captures])
+    (tmp_path / "few.json").write_bytes(msgspec.json.encode(Trace(captures=[c for c in full.captures
+                                                                            if c.bs in keep])))
+    code, out, err = cli("build", "-b", "fa3", "--ci", "--trace", "few.json", "--dry-run")
+    assert code == 0, err
+    assert out.splitlines()[-1] == "  trace sizes: decode measured [1, 120, 256], 33 derived"

@@ -148,6 +148,15 @@ def test_payload_never_runs_in_a_fresh_process(tmp_path):
     (b"\x80\x04garbage", "not a readable pickle"),
     (pickle.dumps([1, 2]), "not a memory snapshot"),
     (pickle.dumps({"segments": [], "device_traces": []}), "the snapshot has no graph-pool segments"),
+    (pickle.dumps({"segments": [{"segment_pool_id": 7}], "device_traces": []}),
+     r"segments\[0\].segment_pool_id: segment_pool_id must be a pair of integers, got 7"),
+    (pickle.dumps({"segments": [{"segment_pool_id": (1, 0), "address": "x", "total_size": 1}],
+                   "device_traces": []}), r"segments\[0\]: missing or non-integer `address`"),
+    (pickle.dumps({"segments": [{"segment_pool_id": (1, 0), "address": 0, "total_size": 1}],
+                   "device_traces": [[{"action": "segment_alloc", "addr": [1]}]]}),
+     r"device_traces\[0\]\[0\]: missing or non-integer `addr`"),
+    (pickle.dumps({"segments": [{"segment_pool_id": (1, 0), "address": 0, "total_size": 1}],
+                   "device_traces": [[1, 2]]}), r"device_traces\[0\]: the history must be a list of dicts"),
 ])
 def test_malformed_snapshots_are_refused(data, message):
     with pytest.raises(InputError, match=message):
