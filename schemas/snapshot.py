@@ -18,7 +18,9 @@ without torch:
   its address lies in such a segment created by the history's last
   ``segment_alloc`` at that address (graph pools never free segments while
   their graphs live). Allocations are the ``alloc`` entries, frees the
-  ``free_requested`` ones; sizes are the requested bytes.
+  ``free_requested`` ones; sizes are the requested bytes. Pool segments
+  older than the history are ignored unless something is allocated in them
+  (then the history missed the captures' start, which is refused).
 * **Capture windows.** A window is a run of pool allocations that no
   allocation outside the graph pools interrupts: engines warm up eagerly
   before each capture (outside the pool), which separates their captures.
@@ -140,11 +142,11 @@ def _windows(snap: dict, source: str) -> list[list[tuple[str, int, int]]]:
             addr = _int(e, "addr", f"{source}: device_traces[{dev}][{i}]")
             if addr in pool:
                 last_seg[addr] = i
-    missing = sorted(set(pool) - set(last_seg))
-    if missing:
-        raise InputError(f"the graph pool's segment at {missing[0]:#x} was created before the recorded history "
-                         f"starts", where=source, fix="start _record_memory_history before the first capture "
-                         "(and keep max_entries large enough)")
+    # Pool segments older than the history (another, earlier set of graphs)
+    # are left out; an allocation landing in one means the history missed
+    # the start of these captures.
+    stale = sorted((a, a + pool[a]) for a in set(pool) - set(last_seg))
+    stale_starts = [a for a, _ in stale]
     starts: list[int] = []  # live pool segments, sorted
     ends: dict[int, int] = {}
     live: set[int] = set()  # live pool blocks
@@ -166,8 +168,15 @@ def _windows(snap: dict, source: str) -> list[list[tuple[str, int, int]]]:
                     windows.append(cur)
                 cur.append(("alloc", addr, size))
                 live.add(addr)
-            elif cur is not None and any(op == "alloc" for op, _, _ in cur):
-                cur = None  # an eager allocation: the capture is over
+            else:
+                k = bisect_right(stale_starts, addr) - 1
+                if k >= 0 and addr < stale[k][1]:
+                    raise InputError(f"an allocation at {addr:#x} lies in a graph pool's segment created before the "
+                                     "recorded history starts", where=where,
+                                     fix="start _record_memory_history before the first capture (and keep "
+                                         "max_entries large enough)")
+                if cur is not None:
+                    cur = None  # an eager allocation: the capture is over
         elif action == "free_requested":
             addr = _int(e, "addr", where)
             if addr in live:

@@ -166,5 +166,14 @@ def test_malformed_snapshots_are_refused(data, message):
 def test_history_started_after_the_pool_is_refused():
     snap = fake_snapshot(_h200(), [256, 1])
     snap["device_traces"][0] = [e for e in snap["device_traces"][0] if e["action"] != "segment_alloc"]
-    with pytest.raises(InputError, match="created before the recorded history starts"):
+    with pytest.raises(InputError, match=r"snap: device_traces\[0\]\[\d+\]: an allocation at 0x[0-9a-f]+ lies in a "
+                                         "graph pool's segment created before the recorded history starts"):
         trace_from_snapshot(pickle.dumps(snap), [Phase(name="decode", kind="decode", sizes=[1, 256])], "snap")
+
+
+def test_an_older_idle_pool_is_ignored():
+    trace = _h200()
+    snap = fake_snapshot(trace, [256, 1])
+    snap["segments"].append({"device": 0, "address": 0x10, "total_size": 2 << 20, "segment_pool_id": (9, 0)})
+    got = trace_from_snapshot(pickle.dumps(snap), [Phase(name="decode", kind="decode", sizes=[1, 256])], "snap")
+    assert {c.bs: c.events for c in got.captures} == {c.bs: c.events for c in trace.captures if c.bs in (1, 256)}
