@@ -1,34 +1,87 @@
 """``profile(plan, target)``: record real allocation traces for exact predictions.
 
-Captures the plan once with the allocation history on, then writes, per
-(phase, size), the ordered pool allocations and frees of its capture. Blocks
+Captures the plan (by default only three sizes per phase: the smallest, the
+median and the largest; the planner derives the others, planner/fitting.py)
+once with the allocation history on, then writes, per recorded (phase, size),
+the ordered pool allocations and frees of its capture. What a capture
+requests does not depend on what was captured before it, so a subset of the
+plan's steps records the same events as the whole plan would. Blocks
 still alive when the capture ends are classified: an output of ``run`` is
 ``output``; anything else (cuBLAS's workspace, re-created at each capture) is
 ``library``. The planner's ``--trace`` (or a spec's ``trace``) consumes it.
 
-Event sizes are the allocator's block sizes (already rounded), which the
-simulator rounds again to the same value. The graphs are released afterwards.
+Event sizes are the requested bytes of the history's entries (a 4-byte
+tensor records 4); the simulator rounds them as the allocator does. The
+graphs are released afterwards.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping, Union
 
+import msgspec
 import torch
 
 from schemas.codec import canonical_bytes
 from schemas.files import write_atomic
 from schemas.plan import Plan
-from schemas.trace import CaptureTrace, Event, Trace
+from schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 from .graphs import capture
 from .target import CaptureTarget
 
-__all__ = ["profile", "write_trace"]
+__all__ = ["profile", "write_trace", "subset_plan"]
+
+Sizes = Union[str, Mapping[str, list]]
 
 
-def profile(plan: Plan, target: CaptureTarget, *, progress: bool = False) -> Trace:
-    gs = capture(plan, target, progress=progress, record=True)
+def _chosen(plan: Plan, sizes: Sizes) -> dict[str, set[int]]:
+    if sizes == "all":
+        return {p.name: set(p.sizes) for p in plan.phases}
+    if sizes == "default":
+        return {p.name: set(default_samples(p.sizes)) for p in plan.phases}
+    if isinstance(sizes, str):
+        raise ValueError(f"sizes must be 'default', 'all' or {{phase: [sizes]}}, got {sizes!r}")
+    out = {}
+    for p in plan.phases:
+        want = set(sizes.get(p.name, default_samples(p.sizes)))
+        unknown = want - set(p.sizes)
+        if unknown:
+            raise ValueError(f"phase {p.name!r} has no planned sizes {sorted(unknown)}; planned: {p.sizes}")
+        out[p.name] = want
+    unknown_phases = set(sizes) - {p.name for p in plan.phases}
+    if unknown_phases:
+        raise ValueError(f"unknown phases {sorted(unknown_phases)}")
+    return out
+
+
+def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
+    """``plan`` restricted to the chosen captures, in the planned order.
+
+    Provision steps stay; a warm-up stays when its size is captured or when
+    the phase warms up once for all sizes. The digest is the original plan's
+    (the subset is never written or loaded as a plan).
+    """
+    chosen = _chosen(plan, sizes)
+    once = {p.name for p in plan.phases if p.strategy.warmup != "every-size"}
+    steps = [s for s in plan.steps
+             if s.op == "provision" or s.bs in chosen[s.phase] or (s.op == "warmup" and s.phase in once)]
+    index = {s.index: i for i, s in enumerate(steps)}
+    timeline = [msgspec.structs.replace(m, step=index[m.step]) for m in plan.predicted.timeline if m.step in index]
+    return msgspec.structs.replace(
+        plan, steps=[msgspec.structs.replace(s, index=i) for i, s in enumerate(steps)],
+        phases=[msgspec.structs.replace(p, sizes=[b for b in p.sizes if b in chosen[p.name]]) for p in plan.phases],
+        predicted=msgspec.structs.replace(plan.predicted, timeline=timeline))
+
+
+def profile(plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False) -> Trace:
+    """Record the allocation trace of ``plan``'s captures of the chosen sizes.
+
+    ``sizes``: ``"default"`` (smallest, median and largest of each phase),
+    ``"all"``, or ``{phase: [sizes]}`` (phases left out get the default).
+    """
+    gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True)
     try:
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
         caps.sort(key=lambda c: (c.phase, c.bs))

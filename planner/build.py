@@ -15,15 +15,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import write_atomic
+from schemas.snapshot import is_pickle, trace_from_snapshot
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
-                          Strategy)
+                          Strategy, TraceSamples)
 from schemas.spec import Spec
 from schemas.strategy import AXES
 
 from . import resources
+from .hf_config import read_model_config
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .optimize import SCREEN_SIZES, Problem, mib, optimize, parse_pins
 from .rules import Context, phase_rules, satisfies
@@ -95,15 +99,19 @@ def normalized_command(opts: BuildOptions) -> list[str]:
     return cmd
 
 
-def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes]:
+def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]:
+    """(spec, its name, its bytes, (model config path, digest) or None)."""
     if opts.spec is not None:
         if opts.speculative or opts.max_bs is not None:
             raise InputError("--speculative and --max-bs shape the embedded default spec; "
                              "with --spec, write the phases in the spec file", where="--spec")
         raw = read_spec_file(opts.spec)
-        return decode_spec(raw, str(opts.spec)), _rel(opts.spec), raw
+        spec = decode_spec(raw, str(opts.spec))
+        model, config, config_raw = read_model_config(spec.model, opts.spec, str(opts.spec))
+        used = (_rel(Path(config)), sha256(config_raw)) if config is not None else None
+        return msgspec.structs.replace(spec, model=model), _rel(opts.spec), raw, used
     spec = default_spec(opts.speculative, DEFAULT_MAX_BS if opts.max_bs is None else opts.max_bs)
-    return spec, "embedded:" + spec.name, canonical_bytes(spec)
+    return spec, "embedded:" + spec.name, canonical_bytes(spec), None
 
 
 def _trace_path(opts: BuildOptions, spec: Spec) -> Path | None:
@@ -138,7 +146,8 @@ def _check_tp(spec: Spec, tp: int) -> None:
 
 
 def _workload(opts: BuildOptions, spec: Spec, backend: dict, tp: int) -> tuple[Workload, Path | None, str | None]:
-    """The analytic model, or the recorded trace when one is given."""
+    """The analytic model, or the recorded trace when one is given: JSON from
+    executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
     path = _trace_path(opts, spec)
     if path is None:
         return Workload.analytic(spec.model, spec.phases, backend, tp), None, None
@@ -146,7 +155,11 @@ def _workload(opts: BuildOptions, spec: Spec, backend: dict, tp: int) -> tuple[W
         raw = path.read_bytes()
     except OSError as err:
         raise InputError(f"cannot read trace: {err.strerror}", where=str(path)) from None
-    return Workload.from_trace(decode_trace(raw, str(path)), spec.phases, str(path)), path, sha256(raw)
+    if is_pickle(raw):
+        trace = trace_from_snapshot(raw, spec.phases, str(path))
+    else:
+        trace = decode_trace(raw, str(path))
+    return Workload.from_trace(trace, spec.phases, str(path)), path, sha256(raw)
 
 
 def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:
@@ -221,7 +234,7 @@ def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]
 def build_plan(opts: BuildOptions) -> Plan:
     """Everything ``planner build`` does except writing the file."""
     backend = resources.backend(opts.backend)
-    spec, spec_name, spec_raw = _spec(opts)
+    spec, spec_name, spec_raw, model_config = _spec(opts)
     tp = opts.tp if opts.tp is not None else spec.tp
     _check_tp(spec, tp)
     allocator = opts.allocator or spec.allocator
@@ -284,7 +297,9 @@ def build_plan(opts: BuildOptions) -> Plan:
                       backend=opts.backend, ci=opts.ci, speculative=opts.speculative,
                       max_bs=max(max(p.sizes) for p in spec.phases), tp=tp,
                       strategies=sorted(set(opts.strategies)),
-                      trace=_rel(trace_path) if trace_path is not None else None, trace_digest=trace_digest),
+                      trace=_rel(trace_path) if trace_path is not None else None, trace_digest=trace_digest,
+                      **({"model_config": model_config[0], "model_config_digest": model_config[1]}
+                         if model_config else {})),
         requires=Requires(backend=opts.backend, modules=list(backend["modules"]),
                           min_compute_capability=list(backend["min_compute_capability"]), tp=tp),
         phases=[PhasePlan(name=n, kind=by_name[n].kind, sizes=capture_order(by_name[n].sizes, strategies[n].order),
@@ -299,7 +314,9 @@ def build_plan(opts: BuildOptions) -> Plan:
         predicted=Prediction(source=workload.source, allocator=allocator, pool_bytes=sim.pool_bytes,
                              pools=sim.pools, largest_graph_bytes=floor, hoisted_bytes=hoisted,
                              baseline_bytes=baseline_bytes, warmup_runs=sum(s.runs for s in steps),
-                             timeline=_timeline(steps, sim.after_capture)),
+                             timeline=_timeline(steps, sim.after_capture),
+                             samples={n: TraceSamples(measured=list(m), derived=list(d))
+                                      for n, (m, d) in sorted(workload.samples.items())}),
     )
     return seal(plan)
 

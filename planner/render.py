@@ -37,6 +37,10 @@ def summary(plan: Plan, path: str) -> str:
              f"baseline loop {mib(p.baseline_bytes)} MiB ({ratio:.1f}x)"]
     for ph in plan.phases:
         lines.append(f"  {ph.name}: {ph.strategy.label()} ({ph.pool} pool)")
+    derived = {n: s for n, s in p.samples.items() if s.derived}
+    if derived:
+        lines.append("  trace sizes: " + "; ".join(f"{n} measured {s.measured}, {len(s.derived)} derived"
+                                                   for n, s in sorted(derived.items())))
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@ Two sources, one output type (:class:`Program`, what the simulator runs):
   the backend's per-call workspace and log-sum-exp. Measured on an H200 with
   torch 2.11, cuBLAS's workspace is not allocated in the graph pool, so the
   model has none (a recorded trace would show one as ``library`` blocks).
-* **trace** -- the allocation events ``executor.profile`` recorded on a GPU.
+* **trace** -- the allocation events ``executor.profile`` recorded on a GPU
+  (every size, or a few from which planner/fitting.py derives the rest).
 
 Layers repeat: the analytic model emits one layer as a repeated body, and the
 simulator runs it layer by layer until the pool's state recurs, then skips
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from schemas.errors import InputError
 from schemas.spec import Model, Phase
 from schemas.trace import CaptureTrace, Event, Trace
+
+from .fitting import fit_phase
 
 __all__ = ["Workload", "Program", "CARRY", "analytic_program", "analytic_capture", "workspace_bytes"]
 
@@ -309,6 +312,8 @@ class Workload:
 
     source: str  # "analytic" | "trace"
     programs: dict[tuple[str, int], Program]
+    #: per phase, (sizes measured, sizes derived) when from a trace
+    samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     _hoisted: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -318,25 +323,27 @@ class Workload:
 
     @classmethod
     def from_trace(cls, trace: Trace, phases: list[Phase], source: str) -> "Workload":
-        """Index a recorded trace; every planned (phase, size) must be in it."""
+        """Index a recorded trace. A planned size the trace lacks is derived
+        from the phase's recorded sizes (planner/fitting.py), or refused with
+        the sizes to record."""
         names = {p.name for p in phases}
-        progs: dict[tuple[str, int], Program] = {}
+        caps: dict[tuple[str, int], CaptureTrace] = {}
         for i, cap in enumerate(trace.captures):
             where = f"{source}: $.captures[{i}]"
             if cap.phase not in names:
                 raise InputError(f"unknown phase {cap.phase!r}; the spec has {sorted(names)}", where=where + ".phase")
-            if (cap.phase, cap.bs) in progs:
+            if (cap.phase, cap.bs) in caps:
                 raise InputError(f"duplicate capture {cap.phase}/{cap.bs}", where=where)
             _check_events(cap, where)
-            progs[(cap.phase, cap.bs)] = Program(prologue=tuple(
-                (e.size if e.op == "alloc" else -1, e.id, e.kind) for e in cap.events))
+            caps[(cap.phase, cap.bs)] = cap
+        progs: dict[tuple[str, int], Program] = {}
+        samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         for p in phases:
-            missing = [bs for bs in p.sizes if (p.name, bs) not in progs]
-            if missing:
-                raise InputError(f"trace has no capture for phase {p.name!r} at sizes {missing[:8]}"
-                                 + (" ..." if len(missing) > 8 else ""), where=source,
-                                 fix="record it again with executor.profile for this spec")
-        return cls("trace", progs)
+            fit = fit_phase(p.name, list(p.sizes), {bs: c for (ph, bs), c in caps.items() if ph == p.name}, source)
+            for bs, ops in fit.ops.items():
+                progs[(p.name, bs)] = Program(prologue=ops)
+            samples[p.name] = (fit.measured, fit.derived)
+        return cls("trace", progs, samples)
 
     def program(self, phase: str, bs: int, hoisted: bool = False) -> Program:
         """The capture's program; ``hoisted``: without the backend workspace,

@@ -17,7 +17,7 @@ from .strategy import AllocatorMode, Order, Outputs, OutputLifetime, PhaseKind, 
 
 __all__ = [
     "PlanStruct", "Strategy", "PhasePlan", "Step", "Edge", "Alternative", "Decision",
-    "StepMemory", "Prediction", "Inputs", "Requires", "Plan", "PLAN_VERSION", "PLAN_REVISION",
+    "StepMemory", "TraceSamples", "Prediction", "Inputs", "Requires", "Plan", "PLAN_VERSION", "PLAN_REVISION",
     "StepOp",
 ]
 
@@ -116,7 +116,18 @@ class StepMemory(PlanStruct, kw_only=True):
     allocated: int
 
 
-class Prediction(PlanStruct, kw_only=True):
+class TraceSamples(PlanStruct, kw_only=True):
+    """Where a trace-based prediction's sizes of one phase came from."""
+
+    #: planned sizes whose captures were recorded
+    measured: list[int]
+    #: planned sizes derived from the recorded ones (planner/fitting.py)
+    derived: list[int] = []
+
+
+class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
+    # omit_defaults: fields added later are left out of plans that do not use
+    # them, so plans built before they existed keep their bytes and digest.
     #: "analytic" (model dimensions) or "trace" (recorded allocation trace)
     source: Literal["analytic", "trace"]
     allocator: AllocatorMode
@@ -131,6 +142,8 @@ class Prediction(PlanStruct, kw_only=True):
     baseline_bytes: int
     warmup_runs: int
     timeline: list[StepMemory]
+    #: per phase, for a trace-based prediction: sizes measured and sizes derived
+    samples: dict[str, TraceSamples] = {}
 
 
 class Inputs(PlanStruct, kw_only=True):
@@ -147,6 +160,9 @@ class Inputs(PlanStruct, kw_only=True):
     strategies: list[str] = []
     trace: str | None = None
     trace_digest: str | None = None
+    #: the spec's model config.json (left out of the file when there is none)
+    model_config: str | msgspec.UnsetType = msgspec.UNSET
+    model_config_digest: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Requires(PlanStruct, kw_only=True):

@@ -43,6 +43,18 @@ class Model(SpecStruct, kw_only=True):
     dtype_bytes: Positive = 2
     #: bytes per logit element of the returned logits (float32)
     logits_dtype_bytes: Positive = 4
+    # Fields below are UNSET unless given, and msgspec leaves UNSET fields out
+    # of encoded specs: specs written before they existed keep their bytes.
+    #: a Hugging Face config.json (relative to the spec file) giving the
+    #: dimensions above; dimensions also listed here are refused as ambiguous
+    config: str | msgspec.UnsetType = msgspec.UNSET
+    #: mixture of experts: routed experts, experts per token, each expert's
+    #: MLP width, and the shared expert's MLP width (Qwen2-MoE). Recorded for
+    #: traces and reports; the analytic model does not model MoE routing.
+    experts: Positive | msgspec.UnsetType = msgspec.UNSET
+    experts_per_token: Positive | msgspec.UnsetType = msgspec.UNSET
+    expert_intermediate: Positive | msgspec.UnsetType = msgspec.UNSET
+    shared_expert_intermediate: Positive | msgspec.UnsetType = msgspec.UNSET
 
 
 class Phase(SpecStruct, kw_only=True):

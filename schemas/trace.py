@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-__all__ = ["TraceStruct", "Event", "CaptureTrace", "Trace", "TRACE_VERSION", "EventKind"]
+__all__ = ["TraceStruct", "Event", "CaptureTrace", "Trace", "TRACE_VERSION", "EventKind", "default_samples"]
 
 TRACE_VERSION = 1
 
@@ -51,3 +51,11 @@ class Trace(TraceStruct, kw_only=True):
     device: str = ""
     backend: str = ""
     captures: list[CaptureTrace]
+
+
+def default_samples(sizes: list[int]) -> list[int]:
+    """The sizes of a phase that ``executor.profile`` records by default: the
+    smallest, the largest and the median in between (all of them when there
+    are at most three). The planner derives the rest (planner/fitting.py)."""
+    s = sorted(set(sizes))
+    return sorted({s[0], s[len(s) // 2], s[-1]})

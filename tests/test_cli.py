@@ -246,7 +246,7 @@ def test_the_console_script_runs(tmp_path):
     ('{"captures": [{"phase": "verify", "bs": 1, "events": []}]}',
      "t.json: $.captures[0].phase: unknown phase 'verify'"),
     ('{"captures": [{"phase": "decode", "bs": 1, "events": []}]}',
-     "t.json: trace has no capture for phase 'decode' at sizes [2]"),
+     "t.json: phase 'decode': planned sizes [2] lie outside the recorded sizes 1..1"),
     ('{"version": 7, "captures": []}', "t.json: trace version 7 is newer than supported (1)"),
 ])
 def test_bad_traces_are_refused_with_one_line(cli, tmp_path, trace, message):

@@ -25,3 +25,25 @@ def test_executor_load_plan_needs_neither_networkx_nor_typer_nor_torch():
     out = _run("import sys, executor\nfrom executor import load_plan, PadTable\n"
                "print(sorted(m for m in ('networkx', 'typer', 'planner', 'torch') if m in sys.modules))")
     assert out == "[]"
+
+
+def test_executor_never_imports_adapters():
+    """Adapters sit above the executor: importing every executor module loads none."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    mods = sorted(p.stem for p in (root / "executor").glob("*.py") if p.stem != "__init__")
+    out = _run("import importlib, sys\n"
+               f"for m in {mods!r}:\n"
+               "    try:\n        importlib.import_module('executor.' + m)\n"
+               "    except ImportError as e:\n        if 'torch' not in str(e): raise\n"
+               "print(sorted(m for m in sys.modules if m == 'adapters' or m.startswith('adapters.')))")
+    assert out.splitlines()[-1] == "[]"
+    # and no executor source names the package (an import inside a function would not show above)
+    import ast
+
+    for path in (root / "executor").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            assert not [n for n in names if n.split(".")[0] in ("adapters", "transformers")], (path, names)

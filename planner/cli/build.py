@@ -20,7 +20,8 @@ def build(
     max_bs: Optional[int] = typer.Option(None, "--max-bs", help="Largest capture size of the embedded spec [256]."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (per-rank memory)."),
     allocator: Optional[str] = typer.Option(None, "--allocator", help="native or expandable segments."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Allocation trace for exact predictions."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Allocation trace for exact predictions: executor.profile's JSON, "
+                                         "or a torch.cuda.memory._dump_snapshot pickle."),
     strategy: List[str] = typer.Option([], "--strategy", "-s",
                                        help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Plan path [plans/<backend>[-...][-ci].json]."),

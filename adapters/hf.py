@@ -1,0 +1,149 @@
+"""``HFTarget``: a transformers causal LM's decode step as a ``CaptureTarget``.
+
+Maps a Hugging Face model onto the executor's contract the way an engine's
+model runner does (see README, "Engine adapters"):
+
+* **one static KV cache** (``transformers.StaticCache``) sized for the largest
+  batch and the longest sequence, allocated once outside every graph pool;
+  the graph of batch ``bs`` uses a view of its first ``bs`` rows (a shallow
+  copy of the cache whose layers hold ``keys[:bs]`` / ``values[:bs]``: no
+  memory of its own);
+* **static input buffers**: token ids, position ids, a 4-D additive attention
+  mask and the write position, per tokens-per-request; ``prepare`` writes
+  random valid inputs into them; ``run`` reads slices of them;
+* **outputs allocated in the step**: the logits the model returns, one row
+  per token (``bs * tokens_per_request`` rows).
+
+Every ``run`` first copies the prepared write position into each cache
+layer's position counter (inside the graph, so replays and eager runs write
+the new keys and values into the same slots and read the same history: a
+replay equals an eager run on the same inputs). The mask is passed as a 4-D
+tensor, so transformers builds none itself (its mask code reads tensor values
+on the host when not capturing, which would make eager and captured runs
+take different paths).
+
+Constraints: the model is in eval mode on one device; sliding-window layers
+must have a window of at least ``max_seqlen`` (the cache never rolls); tested
+with transformers 5.17 (Llama, Mixtral, Qwen2-MoE, Gemma2 built from configs).
+What it does not do: paged KV, sampling, tensor parallelism, prefill.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["HFTarget"]
+
+
+@dataclass
+class _Buffers:
+    """Static inputs for one tokens-per-request value."""
+
+    ids: torch.Tensor  # (max_bs, t) long
+    positions: torch.Tensor  # (max_bs, t) long
+    mask: torch.Tensor  # (max_bs, 1, t, max_seqlen) model dtype, additive
+
+
+class HFTarget:
+    """A CaptureTarget for ``model`` (a ``*ForCausalLM``).
+
+    ``tokens``: tokens per request of each phase (``{"decode": 1}``; a
+    ``target_verify`` phase would be 4). ``max_bs`` and ``max_seqlen`` size
+    the cache and the buffers.
+    """
+
+    def __init__(self, model, *, max_bs: int = 256, max_seqlen: int = 512, tokens: dict | None = None,
+                 seed: int = 0):
+        from transformers import StaticCache
+
+        self.model = model.eval()
+        self.tokens = dict(tokens or {"decode": 1})
+        self.max_bs, self.max_seqlen = max_bs, max_seqlen
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        cfg = model.config.get_text_config(decoder=True)
+        self.vocab = cfg.vocab_size
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.cache = StaticCache(config=model.config, max_cache_len=max_seqlen)
+        short = [layer.max_cache_len for layer in self.cache.layers
+                 if getattr(layer, "is_sliding", False) and layer.max_cache_len < max_seqlen]
+        if short:
+            raise ValueError(f"sliding_window {short[0]} < max_seqlen {max_seqlen}: the static cache would roll, "
+                             "which a captured graph cannot follow; lower max_seqlen")
+        self.cache.early_initialization(batch_size=max_bs, num_heads=kv_heads, head_dim=head_dim,
+                                        dtype=self.dtype, device=self.device)
+        # Each layer's write position, reset from `position` at every run. The
+        # counters are views of one tensor, so the reset is a single copy.
+        self._counters = torch.zeros(len(self.cache.layers), dtype=torch.long, device=self.device)
+        for i, layer in enumerate(self.cache.layers):
+            layer.cumulative_length = self._counters[i]
+        self.position = torch.zeros((), dtype=torch.long, device=self.device)
+        self._views: dict[int, object] = {}
+        self._buffers = {t: _Buffers(
+            ids=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
+            positions=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
+            mask=torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device))
+            for t in set(self.tokens.values())}
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        for phase in self.tokens:
+            self.prepare(phase, max_bs, max_bs, gen)
+
+    # -- CaptureTarget -------------------------------------------------------
+    def run(self, phase: str, bs: int, workspace: torch.Tensor | None) -> torch.Tensor:
+        t = self.tokens[phase]
+        buf = self._buffers[t]
+        self._counters.copy_(self.position.expand_as(self._counters))
+        for layer in self._view(bs).layers:
+            if hasattr(layer, "cumulative_length_int"):  # sliding layers also count on the host
+                layer.cumulative_length_int = 0
+        with torch.no_grad():
+            out = self.model(input_ids=buf.ids[:bs], position_ids=buf.positions[:bs], attention_mask=buf.mask[:bs],
+                             past_key_values=self._view(bs), use_cache=True)
+        return out.logits.reshape(bs * t, -1)
+
+    def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None:
+        """Random valid inputs for ``bs`` rows: token ids, one write position
+        shared by the batch (a static cache writes every row at the same
+        slot), and per row a random history length below it, expressed by
+        the mask (each new token sees that history and the new tokens up to
+        itself)."""
+        t = self.tokens[phase]
+        buf = self._buffers[t]
+        dev = self.device
+        pos = torch.randint(0, self.max_seqlen - t + 1, (), generator=generator, device=dev)
+        self.position.copy_(pos)
+        buf.ids[:bs].random_(0, self.vocab, generator=generator)
+        steps = torch.arange(t, device=dev)
+        buf.positions[:bs].copy_((pos + steps).expand(bs, t))
+        history = (torch.rand(bs, generator=generator, device=dev) * (pos + 1).float()).long()  # 0..pos
+        slot = torch.arange(self.max_seqlen, device=dev)
+        seen = slot[None, None, :] < history[:, None, None]
+        new = (slot[None, None, :] >= pos) & (slot[None, None, :] <= pos + steps[None, :, None])
+        allowed = (seen | new)[:, None]  # (bs, 1, t, max_seqlen)
+        buf.mask[:bs] = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)
+
+    def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
+        """Nothing to hoist: transformers' attention has no per-call workspace."""
+
+    # -- pieces --------------------------------------------------------------
+    def _view(self, bs: int):
+        """The cache seen by the graph of batch ``bs``: rows ``[:bs]`` of the one
+        static cache. Shallow copies allocate no device memory, so one made
+        during a capture puts nothing in the pool."""
+        view = self._views.get(bs)
+        if view is None:
+            view = copy.copy(self.cache)
+            view.layers = []
+            for layer in self.cache.layers:
+                lv = copy.copy(layer)
+                lv.keys, lv.values = layer.keys[:bs], layer.values[:bs]
+                if hasattr(lv, "batch_size"):
+                    lv.batch_size = bs
+                view.layers.append(lv)
+            self._views[bs] = view
+        return view

@@ -1,0 +1,270 @@
+"""Models benchmark on one GPU: transformers models through capture-plan.
+
+For each architecture, a transformers model built from a config with random
+weights (no download), wrapped by ``adapters.hf.HFTarget``, with the 36 decode
+sizes 1..256 of the default spec, and a spec whose ``[model]`` names the
+model's config.json:
+
+  loop       the engines' loop: largest-first, outputs kept, 2 warm-ups per
+             size, torch.cuda.graph into one shared pool; replays vs eager
+  alone      the largest size captured by itself (the floor)
+  few-size   executor.profile at 3 sizes (smallest, median, largest); the
+             planner derives the other 33 and plans from that trace
+  executor   capture() of that plan: measured pool after every step against
+             the prediction, and verify() with all three checks
+  analytic   the plan from the config alone (a Llama-shaped model: MoE and
+             other MLPs are not modelled), measured the same way, for contrast
+
+Writes JSON (date, device, versions, per architecture) to --out and prints a
+markdown table and a one-line summary last.
+Run: python bench/models_bench.py --out bench/results/models-DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from adapters.hf import HFTarget  # noqa: E402
+from executor import capture, profile, verify, write_trace  # noqa: E402
+from executor.pool import pool_reserved  # noqa: E402
+from planner import BuildOptions, build_plan  # noqa: E402
+from planner.specs import sgl_sizes  # noqa: E402
+
+MiB = 2**20
+MAX_SEQLEN = 256
+
+#: architecture -> (config class, config kwargs, attention implementation)
+ARCHS = {
+    "llama": (transformers.LlamaConfig, dict(
+        hidden_size=2048, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
+        intermediate_size=5632, vocab_size=32000), "sdpa"),
+    "mixtral": (transformers.MixtralConfig, dict(
+        hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+        intermediate_size=3584, vocab_size=32000, num_local_experts=8, num_experts_per_tok=2), "sdpa"),
+    "qwen2_moe": (transformers.Qwen2MoeConfig, dict(
+        hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16,
+        intermediate_size=2816, moe_intermediate_size=704, shared_expert_intermediate_size=2816,
+        num_experts=16, num_experts_per_tok=4, vocab_size=32000), "sdpa"),
+    # Gemma2: GeGLU MLP, pre- and post-norms, logit soft-capping (eager attention for it)
+    "gemma2": (transformers.Gemma2Config, dict(
+        hidden_size=1152, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+        intermediate_size=4608, vocab_size=32000, sliding_window=4096), "eager"),
+}
+
+
+def build_model(name: str):
+    cls, kw, attn = ARCHS[name]
+    cfg = cls(**kw, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn)
+    return model.to("cuda").eval(), cfg
+
+
+def write_spec(d: Path, cfg, sizes) -> Path:
+    raw = cfg.to_dict()
+    raw["dtype"] = "bfloat16"
+    (d / "config.json").write_text(json.dumps(raw, default=str, indent=1))
+    spec = d / "spec.toml"
+    spec.write_text(f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\n'
+                    f"sizes = {list(sizes)}\n")
+    return spec
+
+
+def release(graphs: dict | None = None) -> None:
+    if graphs:
+        for g in graphs.values():
+            g.reset()
+        graphs.clear()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def loop_capture(target, sizes, warmups: int = 2):
+    """The engines' hard-coded loop (SGLang's ``for bs in reversed(sizes)``)."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    graphs, outs = {}, {}
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for bs in sorted(sizes, reverse=True):
+        with torch.cuda.stream(stream):
+            for _ in range(warmups):
+                target.run("decode", bs, None)
+        stream.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool, stream=stream):
+            outs[bs] = target.run("decode", bs, None)
+        graphs[bs] = g
+    torch.cuda.synchronize()
+    return graphs, outs, pool, time.perf_counter() - t0
+
+
+def check_loop(target, graphs, outs, gen) -> int:
+    bad = 0
+    for bs, g in graphs.items():
+        target.prepare("decode", bs, bs, gen)
+        g.replay()
+        got = outs[bs].clone()
+        bad += not torch.equal(got, target.run("decode", bs, None))
+    return bad
+
+
+def few_size_plan(plan, target, spec: Path, tmp: Path):
+    """The plan from 3 recorded sizes; where the planner refuses to derive the
+    rest (samples that do not line up or fit), record 5, then every size,
+    and keep the planner's messages: the JSON says how many were needed."""
+    from schemas.errors import InputError
+    from schemas.trace import default_samples
+
+    sizes = plan.phases[0].sizes
+    s = sorted(sizes)
+    five = sorted(set(default_samples(sizes)) | {s[len(s) // 4], s[3 * len(s) // 4]})
+    refused = []
+    for choice in ("default", {"decode": five}, "all"):
+        write_trace(profile(plan, target, sizes=choice), tmp / "trace.json")
+        try:
+            return build_plan(BuildOptions(backend="torch", spec=spec, trace=tmp / "trace.json")), refused
+        except InputError as err:
+            refused.append(str(err))
+    raise AssertionError("unreachable: a trace of every size needs no fit")
+
+
+def step_errors(plan, report) -> dict:
+    """Prediction against measurement after every capture step."""
+    captures = {s.index for s in plan.steps if s.op == "capture"}
+    pred = {m.step: m.reserved for m in plan.predicted.timeline}
+    errs = [(m.reserved - pred[m.step]) / m.reserved for m in report.steps if m.step in captures and m.reserved]
+    worst = max(errs, key=abs) if errs else 0.0
+    return {"steps": len(errs), "max_abs_error": abs(worst), "worst_error": worst,
+            "pool_error": (plan.predicted.pool_bytes - report.pool_bytes) / report.pool_bytes}
+
+
+def bench_arch(name: str, sizes, tmp: Path) -> dict:
+    model, cfg = build_model(name)
+    target = HFTarget(model, max_bs=max(sizes), max_seqlen=MAX_SEQLEN)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    res: dict = {"config": {k: v for k, v in ARCHS[name][1].items()}, "attention": ARCHS[name][2],
+                 "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    t_arch = time.perf_counter()
+    target.run("decode", max(sizes), None)  # lazy initialisation outside every measurement
+    torch.cuda.synchronize()
+
+    graphs, outs, pool, _ = loop_capture(target, [max(sizes)], warmups=1)
+    res["alone_mib"] = pool_reserved([pool]) / MiB
+    outs.clear()
+    release(graphs)
+
+    graphs, outs, pool, secs = loop_capture(target, sizes)
+    res["loop"] = {"pool_mib": pool_reserved([pool]) / MiB, "capture_s": secs,
+                   "replays_not_equal_eager": check_loop(target, graphs, outs, gen), "replays": len(graphs)}
+    outs.clear()
+    release(graphs)
+
+    spec = write_spec(tmp, cfg, sizes)
+    plan = build_plan(BuildOptions(backend="torch", spec=spec))
+    t0 = time.perf_counter()
+    tplan, res["refused_fits"] = few_size_plan(plan, target, spec, tmp)
+    res["profile_s"] = time.perf_counter() - t0
+    samples = tplan.predicted.samples["decode"]
+    res["recorded_sizes"] = samples.measured
+    res["derived_sizes"] = len(samples.derived)
+
+    gs = capture(tplan, target, progress=False)
+    rep = gs.report
+    res["executor"] = {"pool_mib": rep.pool_bytes / MiB, "capture_s": rep.capture_seconds,
+                       "predicted_mib": tplan.predicted.pool_bytes / MiB,
+                       "strategy": tplan.phases[0].strategy.label(), **step_errors(tplan, rep)}
+    gs.release()
+    res["loop"]["predicted_mib"] = tplan.predicted.baseline_bytes / MiB
+    res["loop"]["prediction_error"] = (tplan.predicted.baseline_bytes / MiB - res["loop"]["pool_mib"]) / \
+        res["loop"]["pool_mib"]
+    res["predicted_alone_mib"] = tplan.predicted.largest_graph_bytes / MiB
+
+    gs = capture(tplan, target, progress=False, record=True)
+    v = verify(gs)
+    res["verify"] = {"checks": list(v.checks), "replays": v.replays, "faults": len(v.faults), "summary": v.summary()}
+    gs.release()
+
+    gs = capture(plan, target, progress=False)  # the analytic plan, for contrast
+    res["analytic"] = {"predicted_mib": plan.predicted.pool_bytes / MiB, "pool_mib": gs.report.pool_bytes / MiB,
+                       "error": (plan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes}
+    gs.release()
+
+    res["ratios"] = {"executor_vs_alone": res["executor"]["pool_mib"] / res["alone_mib"],
+                     "executor_vs_loop": res["executor"]["pool_mib"] / res["loop"]["pool_mib"]}
+    res["seconds"] = time.perf_counter() - t_arch
+    del target, model
+    release()
+    return res
+
+
+def table(archs: dict) -> str:
+    rows = ["| model | loop MiB (pred.) | alone MiB | executor MiB (pred., worst step) | analytic pred. | verify |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, r in archs.items():
+        if "error" in r:
+            rows.append(f"| {name} | failed: {r['error'][:60]} | | | | |")
+            continue
+        e, lp = r["executor"], r["loop"]
+        rows.append(f"| {name} | {lp['pool_mib']:.0f} ({lp['predicted_mib']:.0f}) | {r['alone_mib']:.0f} | "
+                    f"{e['pool_mib']:.1f} ({e['predicted_mib']:.1f}, {e['worst_error']:+.1%}) | "
+                    f"{r['analytic']['error']:+.0%} | {r['verify']['replays']} replays, "
+                    f"{r['verify']['faults']} faults |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None, help="JSON path [bench/results/models-DATE.json]")
+    ap.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated subset of {list(ARCHS)}")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    sizes = sgl_sizes("decode", 256)
+    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "transformers": transformers.__version__, "sizes": sizes, "max_seqlen": MAX_SEQLEN, "archs": {}}
+    for name in args.archs.split(","):
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                res["archs"][name] = bench_arch(name, sizes, Path(d))
+        except Exception as err:  # one architecture failing must not hide the others' results
+            res["archs"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+            release()
+        print(name, json.dumps(res["archs"][name], default=str)[:400], flush=True)
+    res["seconds"] = time.perf_counter() - t0
+    ok = {n: r for n, r in res["archs"].items() if "error" not in r}
+    res["targets"] = {
+        "few_size_within_2pct_every_step": all(r["executor"]["max_abs_error"] <= 0.02 for r in ok.values()),
+        "executor_within_1.05x_alone": all(r["ratios"]["executor_vs_alone"] <= 1.05 for r in ok.values()),
+        "verify_clean": all(r["verify"]["faults"] == 0 for r in ok.values()),
+        "all_ran": len(ok) == len(res["archs"]),
+    }
+    out = Path(args.out or ROOT / f"bench/results/models-{res['date'][:10]}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+    print(table(res["archs"]))
+    worst = max((r["executor"]["max_abs_error"] for r in ok.values()), default=float("nan"))
+    alone = max((r["ratios"]["executor_vs_alone"] for r in ok.values()), default=float("nan"))
+    print(f"SUMMARY {len(ok)}/{len(res['archs'])} architectures in {res['seconds']:.0f} s; few-size prediction worst "
+          f"step error {worst:.2%}; executor pool <= {alone:.3f}x largest graph alone; verify faults "
+          f"{sum(r['verify']['faults'] for r in ok.values())}; targets {res['targets']}; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

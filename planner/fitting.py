@@ -1,0 +1,220 @@
+"""Few-size traces: derive every capture of a phase from a few recorded ones.
+
+A capture's allocation requests are a function of the batch size only (the
+pool's state changes where blocks land, never what is requested), so a trace
+of a few sizes determines the others when their event sequences line up. For
+each phase this module:
+
+1. aligns the recorded samples: the same sequence of allocations and frees
+   (op, kind, and which allocation each free releases), ignoring ``library``
+   allocations (workspaces a library creates once per process, in whichever
+   capture runs first; they stay with the sample that recorded them);
+2. fits each allocation's size as an exact integer function of the batch
+   size, ``a * round_up(bs, k) + b`` with integers ``a, b`` and ``k`` in
+   :data:`ROUNDINGS` (``k = 1``: affine in ``bs``; kernels that pad the batch,
+   such as FA3's scheduler metadata padded to 4, need ``k > 1``), from the
+   smallest and largest sample of a run of aligned samples, and checks it on
+   every sample in between, which the fit did not use;
+3. derives each planned size strictly inside such a run.
+
+It refuses, naming the sizes and what to record, rather than guess: a planned
+size outside the recorded range (no extrapolation), between two samples whose
+sequences differ (a kernel changed its workspace or algorithm there), in a run
+of two samples (nothing would check the fit), an allocation no candidate
+function fits, or one that several candidates fit but predict differently
+at a planned size (a fit with a negative fixed part is set aside while one
+without fits).
+
+What it does not do: fit non-integer or non-affine growth (a size that
+doubles every few batch sizes is reported, not approximated), or derive a
+phase from another phase's samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.errors import InputError
+from schemas.trace import CaptureTrace, default_samples
+
+__all__ = ["ROUNDINGS", "PhaseFit", "fit_phase", "default_samples"]
+
+#: batch roundings tried, in order: 1 (plain affine) first
+ROUNDINGS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+@dataclass(frozen=True)
+class PhaseFit:
+    """Result for one phase: the programs' ops per planned size, and which
+    sizes were measured (recorded) and which derived."""
+
+    ops: dict[int, tuple]
+    measured: tuple[int, ...]
+    derived: tuple[int, ...]
+
+
+def _ops(cap: CaptureTrace) -> tuple:
+    return tuple((e.size if e.op == "alloc" else -1, e.id, e.kind) for e in cap.events)
+
+
+def _skeleton(cap: CaptureTrace) -> tuple[tuple, list[int]]:
+    """(shape, sizes): the event sequence without library allocations, each
+    free naming the ordinal of the allocation it releases; and the sizes of
+    those allocations in order."""
+    index: dict[int, int] = {}
+    shape: list = []
+    sizes: list[int] = []
+    for e in cap.events:
+        if e.op == "alloc":
+            if e.kind == "library":
+                continue
+            index[e.id] = len(sizes)
+            sizes.append(e.size)
+            shape.append(("a", e.kind))
+        else:
+            shape.append(("f", index[e.id]))  # frees of library blocks cannot occur: they outlive the capture
+    return tuple(shape), sizes
+
+
+def _rebuild(shape: tuple, sizes: list[int]) -> tuple:
+    ops, n = [], 0
+    for item in shape:
+        if item[0] == "a":
+            ops.append((sizes[n], n, item[1]))
+            n += 1
+        else:
+            ops.append((-1, item[1], "temp"))
+    return tuple(ops)
+
+
+def _fmt(sizes) -> str:
+    s = list(sizes)
+    return str(s[:8])[:-1] + (", ...]" if len(s) > 8 else "]")
+
+
+def _between(planned: list[int], lo: int, hi: int) -> list[int]:
+    return [s for s in planned if lo < s < hi]
+
+
+class _Run:
+    """Aligned samples (sorted by batch size) and their fitted size functions."""
+
+    def __init__(self, samples: list[int], shape: tuple, sizes: dict[int, list[int]]):
+        self.samples, self.shape, self.sizes = samples, shape, sizes
+
+    def fit(self, targets: list[int], phase: str, where: str) -> dict[int, list[int]]:
+        """Sizes of every allocation at each target batch size."""
+        xs = self.samples
+        lo, hi = xs[0], xs[-1]
+        out = {t: [] for t in targets}
+        for j in range(len(self.sizes[lo])):
+            ys = [self.sizes[x][j] for x in xs]
+            if len(set(ys)) == 1:  # constant: every candidate agrees
+                for t in targets:
+                    out[t].append(ys[0])
+                continue
+            fits = []
+            for k in ROUNDINGS:
+                rlo, rhi = _round_up(lo, k), _round_up(hi, k)
+                if rhi == rlo:
+                    continue
+                a, rem = divmod(ys[-1] - ys[0], rhi - rlo)
+                if rem:
+                    continue
+                b = ys[0] - a * rlo
+                if all(a * _round_up(x, k) + b == y for x, y in zip(xs, ys)):
+                    fits.append((k, a, b))
+            kind = self.shape[[i for i, s in enumerate(self.shape) if s[0] == "a"][j]][1]
+            if not fits:
+                raise InputError(
+                    f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
+                    f"{dict(zip(xs, ys))} that no exact function a*round_up(bs, k) + b "
+                    f"(k in {list(ROUNDINGS)}) fits", where=where,
+                    fix=f"record every planned size between {lo} and {hi} "
+                        f"(executor.profile(plan, target, sizes='all'))")
+            # A size is elements * (per request * padded batch + fixed): the
+            # fixed part is not negative. A fit with a negative intercept is a
+            # coincidence of few samples (8192*bs also equals 8704*round_up(bs,
+            # 16) - 131072 at 1, 120 and 256) and is used only when nothing
+            # else fits. Fits that remain and disagree anywhere are refused.
+            fits = [f for f in fits if f[2] >= 0] or fits
+            for t in targets:
+                preds = {a * _round_up(t, k) + b for k, a, b in fits}
+                if len(preds) > 1:
+                    names = " and ".join(f"{a}*round_up(bs, {k}) + {b}" for k, a, b in fits)
+                    raise InputError(
+                        f"phase {phase!r}: allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both "
+                        f"{names}, which differ at bs {t}", where=where, fix=f"record size {t} as well")
+                (v,) = preds
+                if v < 0:
+                    raise InputError(f"phase {phase!r}: allocation #{j} fits a size of {v} B at bs {t}",
+                                     where=where, fix=f"record size {t}")
+                out[t].append(v)
+        return out
+
+
+def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], where: str) -> PhaseFit:
+    """Programs (op tuples) for every planned size of ``phase`` from ``samples``.
+
+    Planned sizes that were recorded use their own events unchanged; the
+    others are derived as the module docstring describes, or an
+    :class:`InputError` names the sizes and what to record.
+    """
+    recorded = sorted(samples)
+    missing = sorted(s for s in planned if s not in samples)
+    ops = {s: _ops(samples[s]) for s in planned if s in samples}
+    if not missing:
+        return PhaseFit(ops=ops, measured=tuple(sorted(ops)), derived=())
+    if not recorded:
+        raise InputError(f"trace has no capture for phase {phase!r}", where=where,
+                         fix="record it with executor.profile for this spec")
+    outside = [s for s in missing if s < recorded[0] or s > recorded[-1]]
+    if outside:
+        raise InputError(f"phase {phase!r}: planned sizes {_fmt(outside)} lie outside the recorded sizes "
+                         f"{recorded[0]}..{recorded[-1]}; sizes are never extrapolated", where=where,
+                         fix=f"record sizes {min(missing)} and {max(missing)} as well")
+    skel = {s: _skeleton(samples[s]) for s in recorded}
+    # consecutive samples with the same event sequence form a run
+    runs: list[list[int]] = [[recorded[0]]]
+    for prev, s in zip(recorded, recorded[1:]):
+        if skel[s][0] == skel[prev][0]:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    for a, b in zip(runs, runs[1:]):
+        gap = _between(missing, a[-1], b[0])
+        if gap:
+            raise InputError(
+                f"phase {phase!r}: the captures at sizes {a} and {b} do not line up "
+                f"({len(skel[a[-1]][0])} vs {len(skel[b[0]][0])} events, first difference at event "
+                f"{_first_difference(skel[a[-1]][0], skel[b[0]][0])}): a kernel changes its allocations "
+                f"between {a[-1]} and {b[0]}, so sizes {_fmt(gap)} cannot be derived", where=where,
+                fix=f"record the sizes between {a[-1]} and {b[0]} ({_fmt(gap)}), or enough of them that "
+                    f"each side has 3 aligned samples")
+    derived: list[int] = []
+    for run in runs:
+        targets = _between(missing, run[0], run[-1])
+        if not targets:
+            continue
+        if len(run) < 3:
+            mid = targets[len(targets) // 2]
+            raise InputError(
+                f"phase {phase!r}: sizes {_fmt(targets)} would be derived from the 2 samples {run} with none "
+                f"left to check the fit", where=where, fix=f"record one more size between {run[0]} and "
+                f"{run[-1]}, e.g. {mid}")
+        r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run})
+        for t, sizes in r.fit(targets, phase, where).items():
+            ops[t] = _rebuild(r.shape, sizes)
+            derived.append(t)
+    return PhaseFit(ops=ops, measured=tuple(s for s in recorded if s in set(planned)), derived=tuple(sorted(derived)))
+
+
+def _first_difference(a: tuple, b: tuple) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
