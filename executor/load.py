@@ -2,8 +2,9 @@
 
 Torch-free on purpose (the environment is passed in or probed lazily), so that
 plan validation runs in CPU-only CI. Checks, in order: the file reads and
-decodes; version (newer is refused with the fix); digest (tampering,
-truncation); environment fingerprint: compute capability, torch version,
+decodes (a regular file under the plan size limit); version (newer is
+refused with the fix); digest (tampering, truncation); consistency
+(``schemas.codec.validate_plan``: steps, edges, timeline, tp); environment fingerprint: compute capability, torch version,
 backend kernels importable. A mismatch is an error
 for plans built with ``--ci`` (CI must run exactly what was reviewed) and a
 warning otherwise. The tensor-parallel size is checked against the actual
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.codec import decode_plan
-from schemas.errors import InputError
+from schemas.files import read_input
 from schemas.plan import Plan
 
 from .errors import EnvironmentMismatch
@@ -98,11 +99,7 @@ def load_plan(path: str | Path, *, env: Environment | None = None, check_env: bo
     networkx, typer or the planner.
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read plan: {err.strerror}", where=str(path)) from None
-    plan = decode_plan(data, str(path))
+    plan = decode_plan(read_input(path, "plan"), str(path))
     if check_env:
         env = env if env is not None else current_environment(tuple(plan.requires.modules))
         problems = check_environment(plan, env)

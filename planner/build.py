@@ -11,15 +11,17 @@ the same bytes on any machine (tests/test_determinism.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
-from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256
+from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256, sniff_kind
 from schemas.errors import ConstraintError, DriftError, InputError
-from schemas.files import write_atomic
+from schemas.files import read_input, write_atomic
+from schemas.limits import MODEL_MAX
 from schemas.snapshot import is_pickle, trace_from_snapshot
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
@@ -35,8 +37,8 @@ from .simulate import pool_id, simulate
 from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
 from .workload import Workload, workspace_bytes
 
-__all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "write_atomic", "check_plan",
-           "normalized_command"]
+__all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
+           "write_plan", "check_plan", "normalized_command", "command_for_cwd"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,11 @@ class BuildOptions:
     exact: bool = False
 
 
-def _rel(path: Path) -> str:
-    """A stable, relative, forward-slash spelling of a user path."""
-    return Path(os.path.relpath(path.resolve(), Path.cwd().resolve())).as_posix()
+def _rel(path: Path, base: Path) -> str:
+    """``path`` relative to the folder ``base``, forward slashes. Lexical on purpose
+    (no symlink resolution): a spec given through a link is recorded as the
+    link, so the plan does not depend on where the link points today."""
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(base))).as_posix()
 
 
 def default_output(opts: BuildOptions) -> Path:
@@ -73,12 +77,16 @@ def default_output(opts: BuildOptions) -> Path:
     return Path("plans") / ("-".join(parts) + ".json")
 
 
-def normalized_command(opts: BuildOptions) -> list[str]:
+def output_path(opts: BuildOptions) -> Path:
+    return opts.output if opts.output is not None else default_output(opts)
+
+
+def _command(opts: BuildOptions, rel, out: str | None) -> list[str]:
     cmd = ["planner", "build", "--backend", opts.backend]
     if opts.ci:
         cmd.append("--ci")
     if opts.spec is not None:
-        cmd += ["--spec", _rel(opts.spec)]
+        cmd += ["--spec", rel(opts.spec)]
     if opts.speculative:
         cmd += ["--speculative", opts.speculative]
     if opts.max_bs is not None and opts.max_bs != DEFAULT_MAX_BS:
@@ -88,15 +96,31 @@ def normalized_command(opts: BuildOptions) -> list[str]:
     if opts.allocator is not None:
         cmd += ["--allocator", opts.allocator]
     if opts.trace is not None:
-        cmd += ["--trace", _rel(opts.trace)]
+        cmd += ["--trace", rel(opts.trace)]
     if opts.exact:
         cmd.append("--exact")
     for s in sorted(set(opts.strategies)):
         cmd += ["--strategy", s]
-    out = opts.output if opts.output is not None else default_output(opts)
-    if _rel(out) != default_output(opts).as_posix():
-        cmd += ["-o", _rel(out)]
-    return cmd
+    return cmd + (["-o", out] if out is not None else [])
+
+
+def normalized_command(opts: BuildOptions) -> list[str]:
+    """The command recorded in the plan. Its paths are relative to the plan's own
+    folder, and ``-o`` is only the file name, recorded when it is not the
+    default one: the same plan records the same command whichever directory it
+    was built from, in any clone (``planner check`` reads it back with
+    :func:`planner.check.options_from_command`, relative to the plan file)."""
+    base = output_path(opts).parent
+    name = output_path(opts).name
+    return _command(opts, lambda p: _rel(p, base), name if name != default_output(opts).name else None)
+
+
+def command_for_cwd(opts: BuildOptions) -> str:
+    """The ``planner build`` command that rebuilds the plan when run from the
+    current directory: what error messages tell the user to run."""
+    cwd = Path.cwd()
+    out = _rel(output_path(opts), cwd)
+    return " ".join(_command(opts, lambda p: _rel(p, cwd), out if out != default_output(opts).as_posix() else None))
 
 
 def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]:
@@ -107,9 +131,10 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]
                              "with --spec, write the phases in the spec file", where="--spec")
         raw = read_spec_file(opts.spec)
         spec = decode_spec(raw, str(opts.spec))
+        base = output_path(opts).parent
         model, config, config_raw = read_model_config(spec.model, opts.spec, str(opts.spec))
-        used = (_rel(Path(config)), sha256(config_raw)) if config is not None else None
-        return msgspec.structs.replace(spec, model=model), _rel(opts.spec), raw, used
+        used = (_rel(Path(config), base), sha256(config_raw)) if config is not None else None
+        return msgspec.structs.replace(spec, model=model), _rel(opts.spec, base), raw, used
     spec = default_spec(opts.speculative, DEFAULT_MAX_BS if opts.max_bs is None else opts.max_bs)
     return spec, "embedded:" + spec.name, canonical_bytes(spec), None
 
@@ -135,8 +160,9 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
 
 def _check_tp(spec: Spec, tp: int) -> None:
     m = spec.model
-    if tp < 1:
-        raise InputError(f"--tp must be >= 1, got {tp}", where="--tp")
+    if tp < 1 or tp > MODEL_MAX["heads"]:
+        raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where="--tp",
+                         fix="give the tensor-parallel size (GPUs per model replica)")
     bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
     if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
         bad.append(f"kv_heads={m.kv_heads}")
@@ -151,14 +177,16 @@ def _workload(opts: BuildOptions, spec: Spec, backend: dict, tp: int) -> tuple[W
     path = _trace_path(opts, spec)
     if path is None:
         return Workload.analytic(spec.model, spec.phases, backend, tp), None, None
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read trace: {err.strerror}", where=str(path)) from None
+    raw = read_input(path, "trace", fix="record one on a GPU with `executor.profile` (README: The executor), "
+                     "or build without --trace for the analytic model")
     if is_pickle(raw):
         trace = trace_from_snapshot(raw, spec.phases, str(path))
     else:
         trace = decode_trace(raw, str(path))
+    if trace.backend and trace.backend != opts.backend:
+        raise InputError(f"trace was recorded with backend {trace.backend!r}, this build is for {opts.backend!r}",
+                         where=f"{path}: $.backend", fix=f"record a trace with {opts.backend}, or build for "
+                         f"--backend {trace.backend}")
     return Workload.from_trace(trace, spec.phases, str(path)), path, sha256(raw)
 
 
@@ -289,7 +317,7 @@ def build_plan(opts: BuildOptions) -> Plan:
     decisions = ([_phase_order_decision(spec, sequence, alone)] if len(sequence) > 1 else []) + sol.decisions
     _check_budget(spec, spec_name, sim.pool_bytes + hoisted, sol.decisions)
 
-    output = opts.output if opts.output is not None else default_output(opts)
+    output = output_path(opts)
     plan = Plan(
         name=output.stem,
         command=normalized_command(opts),
@@ -297,7 +325,8 @@ def build_plan(opts: BuildOptions) -> Plan:
                       backend=opts.backend, ci=opts.ci, speculative=opts.speculative,
                       max_bs=max(max(p.sizes) for p in spec.phases), tp=tp,
                       strategies=sorted(set(opts.strategies)),
-                      trace=_rel(trace_path) if trace_path is not None else None, trace_digest=trace_digest,
+                      trace=_rel(trace_path, output.parent) if trace_path is not None else None,
+                      trace_digest=trace_digest,
                       **({"model_config": model_config[0], "model_config_digest": model_config[1]}
                          if model_config else {})),
         requires=Requires(backend=opts.backend, modules=list(backend["modules"]),
@@ -328,12 +357,46 @@ def plan_bytes(plan: Plan) -> bytes:
 def check_plan(opts: BuildOptions) -> Path:
     """Build in memory and compare with the file on disk; raise DriftError if they differ."""
     plan = build_plan(opts)
-    path = opts.output if opts.output is not None else default_output(opts)
-    fix = "run `" + " ".join(plan.command) + "`"
-    try:
-        current = path.read_bytes()
-    except OSError:
-        raise DriftError("plan is missing", where=str(path), fix=fix) from None
-    if current != plan_bytes(plan):
+    path = output_path(opts)
+    fix = f"run `{command_for_cwd(opts)}`"
+    if not path.exists():
+        raise DriftError("plan is missing", where=str(path), fix=fix)
+    if read_input(path, "plan") != plan_bytes(plan):
         raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
+    return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
+    """Write ``plan`` to its output path; refuse to clobber what it should not.
+
+    Never overwrites the spec or trace it was built from. Replaces an existing
+    file only when that file is a plan recorded with the same command (a
+    rebuild), or with ``force``: a what-if build (``--tp 8``, ``-s ...``) does
+    not silently replace the checked-in plan of the same default name.
+    """
+    path = output_path(opts)
+    for flag, src in (("--spec", opts.spec), ("--trace", opts.trace)):
+        if src is not None and _same_file(path, src):
+            raise InputError(f"the output is the {flag[2:]} file", where=str(path),
+                             fix=f"name another output with -o (it would overwrite {flag} {src})")
+    if path.exists() and not force:
+        existing = None
+        try:
+            raw = msgspec.json.decode(read_input(path, "plan"))
+            existing = raw.get("command") if isinstance(raw, dict) and sniff_kind(raw) == "plan" else None
+        except (InputError, msgspec.DecodeError, RecursionError):
+            pass
+        if existing != plan.command:
+            what = (f"holds a plan built by `{' '.join(map(str, existing))}`" if isinstance(existing, list)
+                    else "exists and is not a plan")
+            raise InputError(f"{what}; this build would replace it", where=str(path),
+                             fix="write a what-if plan elsewhere with -o, or pass --force to replace it")
+    write_atomic(path, plan_bytes(plan))
     return path

@@ -1,8 +1,17 @@
-"""Drift check over checked-in plans, driven by the command each plan records."""
+"""Drift check over checked-in plans, driven by the command each plan records.
+
+Each plan is checked against a rebuild of its own command *to its own path*:
+the recorded paths are relative to the plan's folder (see
+:func:`planner.build.normalized_command`), so the answer is the same from any
+working directory, and a copy stored under another name is a different plan
+(its name and ``-o`` differ), never "up to date". The digest is verified
+first: a plan that fails it (edited by hand, a merge resolved by hand) is
+stale, and ``--fix`` rebuilds it from the command it records, which is parsed
+defensively since it may be what was edited.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Iterable
 
@@ -10,57 +19,99 @@ from schemas.errors import DriftError, InputError
 
 __all__ = ["check_paths", "options_from_command"]
 
+_VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
+           "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
+           "--trace": ("trace", Path), "-o": ("output", Path), "--strategy": ("strategies", str)}
 
-def options_from_command(cmd: list[str], where: str):
-    """Parse a plan's normalized ``planner build`` command back into options."""
+
+def options_from_command(cmd: list[str], where: str, plan_path: Path):
+    """Parse a plan's recorded ``planner build`` command back into options, its
+    paths relative to ``plan_path``'s folder and its output ``plan_path``."""
     from .build import BuildOptions
 
     if cmd[:2] != ["planner", "build"]:
         raise InputError(f"recorded command is not `planner build`: {' '.join(cmd)}", where=where)
     kw: dict = {"strategies": []}
-    it = iter(cmd[2:])
-    flags = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
-             "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
-             "--trace": ("trace", Path), "-o": ("output", Path)}
-    for arg in it:
+    args = cmd[2:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
         if arg in ("--ci", "--exact"):
             kw[arg[2:]] = True
-        elif arg == "--strategy":
-            kw["strategies"].append(next(it))
-        elif arg in flags:
-            name, conv = flags[arg]
-            kw[name] = conv(next(it))
-        else:
+            i += 1
+            continue
+        if arg not in _VALUED:
             raise InputError(f"unknown option {arg!r} in recorded command", where=where)
+        if i + 1 >= len(args):
+            raise InputError(f"option {arg} has no value in recorded command", where=where)
+        name, conv = _VALUED[arg]
+        try:
+            value = conv(args[i + 1])
+        except ValueError:
+            raise InputError(f"option {arg} has a bad value {args[i + 1]!r} in recorded command", where=where) from None
+        if name == "strategies":
+            kw[name].append(value)
+        elif name in kw:
+            raise InputError(f"option {arg} given twice in recorded command", where=where)
+        else:
+            kw[name] = value
+        i += 2
+    if "backend" not in kw:
+        raise InputError("recorded command has no --backend", where=where)
+    base = plan_path.parent
+    for name in ("spec", "trace"):
+        if name in kw:
+            kw[name] = base / kw[name]
+    # The output is where the plan lies: a copy under another name rebuilds with
+    # that name (and -o), so it is never "up to date" as someone else's plan.
+    kw["output"] = plan_path
     kw["strategies"] = tuple(kw["strategies"])
     return BuildOptions(**kw)
+
+
+def _plan_files(paths: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in paths:
+        try:
+            is_dir = p.is_dir()
+        except (OSError, ValueError):
+            is_dir = False
+        files += sorted(p.glob("*.json")) if is_dir else [p]
+    return files
 
 
 def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
     """Check every plan; raise one DriftError listing all stale files.
 
     ``fix=True`` rebuilds stale plans in place (each from its own recorded
-    command) instead of failing.
+    command) instead of failing. A plan whose digest does not match, or whose
+    recorded command cannot be read, is an :class:`InputError` either way.
     """
-    from .build import build_plan, check_plan, plan_bytes
+    from .build import build_plan, check_plan, command_for_cwd, plan_bytes
     from schemas.codec import decode_plan
-    from schemas.files import write_atomic
+    from schemas.files import read_input, write_atomic
 
-    files: list[Path] = []
-    for p in paths:
-        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    paths = list(paths)
+    files = _plan_files(paths)
     if not files:
-        raise InputError("no plan files found", where=", ".join(map(str, paths)))
+        raise InputError("no plan files found", where=", ".join(map(str, paths)),
+                         fix="name plan files or folders that hold them")
     ok, stale = [], []
     for f in files:
+        data = read_input(f, "plan")
+        try:  # digest first: a plan that passes is read as written by the planner
+            plan, tampered = decode_plan(data, str(f)), None
+        except InputError as err:
+            if "digest mismatch" not in err.what:
+                raise
+            plan = decode_plan(data, str(f), check_digest=False)
+            tampered = DriftError("plan is stale: its digest does not match its content (edited by hand or "
+                                  "corrupted)", where=str(f))
+        opts = options_from_command(plan.command, f"{f}: $.command", f)
         try:
-            plan = decode_plan(f.read_bytes(), str(f), check_digest=False)
-        except OSError as err:
-            raise InputError(f"cannot read plan: {err.strerror}", where=str(f)) from None
-        opts = options_from_command(plan.command, f"{f}: $.command")
-        if opts.output is None and Path(f).as_posix() != f"plans/{f.name}":
-            opts = dataclasses.replace(opts, output=f)  # a plan checked where it lies
-        try:
+            if tampered is not None:
+                tampered.fix = f"run `{command_for_cwd(opts)}`"
+                raise tampered
             check_plan(opts)
             ok.append(f"{f}: up to date")
         except DriftError as err:
@@ -68,7 +119,7 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
                 stale.append(err)
                 continue
             write_atomic(f, plan_bytes(build_plan(opts)))
-            ok.append(f"{f}: rebuilt ({' '.join(plan.command)})")
+            ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
     if stale:
         raise DriftError("; ".join(f"{e.where}: {e.what} ({e.fix})" for e in stale),
                          where=f"{len(stale)} of {len(files)} plan(s) stale",

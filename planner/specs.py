@@ -7,6 +7,8 @@ from typing import Any
 
 from schemas.codec import convert, validate_spec
 from schemas.errors import InputError
+from schemas.files import read_input
+from schemas.limits import MAX_BS
 from schemas.spec import Model, Phase, Spec
 
 from .resources import data
@@ -19,8 +21,9 @@ SPECULATIVE = ("eagle",)
 
 def sgl_sizes(preset: str, max_bs: int) -> list[int]:
     """SGLang's default capture sizes up to ``max_bs`` (DESIGN §5)."""
-    if max_bs < 1:
-        raise InputError(f"--max-bs must be >= 1, got {max_bs}", where="--max-bs")
+    if not 1 <= max_bs <= MAX_BS:
+        raise InputError(f"must be 1..{MAX_BS}, got {max_bs}", where="--max-bs",
+                         fix="give the largest batch size to capture")
     table = data("presets.toml")["sizes"][preset]
     sizes = set(table.get("explicit", []))
     for start, stop, step in table.get("ranges", []):
@@ -41,7 +44,8 @@ def default_spec(speculative: str | None = None, max_bs: int = DEFAULT_MAX_BS) -
     if speculative is None:
         sizes = sgl_sizes("decode", max_bs)
         phases = [Phase(name="decode", kind="decode", sizes=sizes)]
-        return Spec(name="default", model=model, phases=phases)
+        return validate_spec(Spec(name="default", model=model, phases=phases),
+                             f"embedded default spec (--max-bs {max_bs})")
     if speculative not in SPECULATIVE:
         raise InputError(f"unknown speculative algorithm {speculative!r}", where="--speculative",
                          fix=f"use one of {', '.join(SPECULATIVE)}")
@@ -52,13 +56,10 @@ def default_spec(speculative: str | None = None, max_bs: int = DEFAULT_MAX_BS) -
         if fields["kind"].startswith("draft"):
             fields["layers"] = 1
         phases.append(convert({**fields, "sizes": sizes}, Phase, f"planner/data/presets.toml: $.speculative.{speculative}"))
-    return validate_spec(Spec(name=f"default-{speculative}", model=model, phases=phases), "embedded default spec")
+    return validate_spec(Spec(name=f"default-{speculative}", model=model, phases=phases),
+                         f"embedded default spec (--max-bs {max_bs})")
 
 
 def read_spec_file(path: Path) -> bytes:
     """The spec file's bytes (decoded by :func:`schemas.codec.decode_spec`)."""
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read spec: {err.strerror}", where=str(path),
-                         fix="check the path given to --spec") from None
+    return read_input(path, "spec", fix="check the path given to --spec")

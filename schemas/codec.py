@@ -9,6 +9,8 @@ be checked for tampering or truncation without knowing how it was built.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import sys
 from pathlib import PurePath
 from typing import Any, TypeVar
@@ -16,8 +18,12 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import InputError
+from .limits import (MAX_BS, MAX_CAPTURES, MAX_DEPTH, MAX_EVENT_BYTES, MAX_INT, MAX_MIB,
+                     MAX_PHASES, MAX_RULES, MAX_SIZES_PER_PHASE, MAX_TOKENS_PER_REQUEST, MODEL_MAX,
+                     MODEL_MAX_DEFAULT)
 from .plan import PLAN_VERSION, Plan
-from .spec import Spec
+from .report import CaptureReport
+from .spec import SPEC_VERSION, Spec
 from .trace import TRACE_VERSION, Trace
 
 if sys.version_info >= (3, 11):
@@ -27,7 +33,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = [
     "canonical_bytes", "sha256", "plan_digest", "seal", "decode_spec", "decode_plan",
-    "decode_trace", "convert", "validate_spec",
+    "decode_trace", "decode_report", "convert", "validate_spec", "validate_plan", "sniff_kind",
 ]
 
 T = TypeVar("T")
@@ -54,47 +60,216 @@ def seal(plan: Plan) -> Plan:
     return msgspec.structs.replace(plan, digest=plan_digest(plan))
 
 
-def _located(err: msgspec.ValidationError, source: str) -> InputError:
+_FIX = {
+    "spec": "see `planner schema spec` for every field and its type",
+    "plan": "rebuild the plan with the `planner build` command it records",
+    "trace": "record the trace again with executor.profile",
+    "report": "write the report again with GraphSet.write_report",
+}
+_WANT = {
+    "spec": "pass a spec (TOML or JSON, `planner schema spec`)",
+    "plan": "pass a plan file written by `planner build` (plans/*.json)",
+    "trace": "pass a trace recorded by executor.profile (plans/traces/*.json)",
+    "report": "pass a report written by GraphSet.write_report",
+}
+
+
+def _located(err: msgspec.ValidationError, source: str, fix: str | None = None) -> InputError:
     # msgspec says "Expected `int` >= 1, got `0` - at `$.phases[0].sizes[3]`";
     # re-shape it to "<file>: $.phases[0].sizes[3]: Expected ..."
     text = str(err)
     what, sep, path = text.rpartition(" - at `")
     if sep:
-        return InputError(what, where=f"{source}: {path.rstrip('`')}")
-    return InputError(text, where=f"{source}: $")
+        return InputError(what, where=f"{source}: {path.rstrip('`')}", fix=fix)
+    return InputError(text, where=f"{source}: $", fix=fix)
 
 
-def convert(obj: Any, type_: type[T], source: str) -> T:
+def convert(obj: Any, type_: type[T], source: str, *, kind: str | None = None) -> T:
     try:
         return msgspec.convert(obj, type_)
     except msgspec.ValidationError as err:
-        raise _located(err, source) from None
+        raise _located(err, source, _FIX.get(kind or "")) from None
+    except RecursionError:
+        raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX.get(kind or "")) from None
 
 
-def _parse(data: bytes, source: str) -> Any:
+def sniff_kind(raw: Any) -> str | None:
+    """Which of our file kinds a decoded document looks like (None: none of them)."""
+    if not isinstance(raw, dict):
+        return None
+    if "steps" in raw and "command" in raw:
+        return "plan"
+    if "captures" in raw:
+        return "trace"
+    if "plan_digest" in raw:
+        return "report"
+    if "phases" in raw:
+        return "spec"
+    return None
+
+
+def _expect_kind(raw: Any, kind: str, source: str) -> dict:
+    if not isinstance(raw, dict):
+        got = type(raw).__name__ if not isinstance(raw, list) else "array"
+        raise InputError(f"a {kind} must be a JSON object (a TOML table), got {'an' if got == 'int' else 'a'} {got}",
+                         where=f"{source}: $", fix=_WANT[kind])
+    got = sniff_kind(raw)
+    if got is not None and got != kind:
+        raise InputError(f"this is a {got} file, not a {kind}", where=source, fix=_WANT[kind])
+    return raw
+
+
+def _dup_keys(pairs: list) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Duplicate(key)
+        seen[key] = value
+    return seen
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _check_values(raw: Any, source: str, kind: str, *, non_negative: bool = False) -> None:
+    """Every number finite and within ``MAX_INT`` (``non_negative``: also >= 0),
+    nesting at most ``MAX_DEPTH``: absurd values are refused here, located,
+    instead of overflowing deep inside a build. Iterative: no recursion limit."""
+    stack: list[tuple[Any, str, int]] = [(raw, "$", 0)]
+    while stack:
+        obj, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=f"{source}: {path}", fix=_FIX[kind])
+        if isinstance(obj, dict):
+            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in obj.items())
+        elif isinstance(obj, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj))
+        elif isinstance(obj, bool):
+            continue
+        elif isinstance(obj, int):
+            if abs(obj) > MAX_INT:
+                raise InputError(f"number out of range: {_short(obj)} (the limit is 2**53)", where=f"{source}: {path}",
+                                 fix=_FIX[kind])
+            if non_negative and obj < 0:
+                raise InputError(f"must be >= 0, got {obj}", where=f"{source}: {path}", fix=_FIX[kind])
+        elif isinstance(obj, float):
+            if not math.isfinite(obj) or abs(obj) > MAX_INT:
+                raise InputError(f"number out of range: {obj!r}", where=f"{source}: {path}", fix=_FIX[kind])
+            if non_negative and obj < 0:
+                raise InputError(f"must be >= 0, got {obj!r}", where=f"{source}: {path}", fix=_FIX[kind])
+
+
+def _short(n: int) -> str:
+    text = str(n) if n.bit_length() < 10000 else "a number of more than 3000 digits"
+    return text if len(text) <= 24 else f"{text[:8]}...({len(text)} digits)"
+
+
+def _decode_text(data: bytes, source: str, kind: str) -> bytes:
+    """``data`` without a UTF-8 byte-order mark; other encodings are refused."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        return data[3:]
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:4]:
+        raise InputError("file is UTF-16 or UTF-32 encoded", where=source, fix="save it as UTF-8")
+    return data
+
+
+def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = None) -> Any:
+    """Decode JSON (or TOML when ``source`` ends in ``.toml``); located errors only.
+
+    Beyond the decoders' own checks: duplicate keys in a JSON object are an
+    error (the JSON decoders keep the last one silently; TOML refuses them
+    itself), and so are nesting past ``MAX_DEPTH`` and out-of-range numbers.
+    """
+    data = _decode_text(data, source, kind)
     if not data.strip():
-        raise InputError("file is empty", where=source, fix="write a spec (see `planner schema`)")
-    if PurePath(source).suffix.lower() == ".toml":
+        fix = "write a spec (see `planner schema`)" if kind == "spec" else _FIX[kind]
+        raise InputError(f"{kind} file is empty" if kind != "spec" else "file is empty", where=source, fix=fix)
+    if toml is None:
+        toml = PurePath(source).suffix.lower() == ".toml"
+    if toml:
         try:
-            return tomllib.loads(data.decode("utf-8"))
+            raw = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise InputError(f"malformed TOML: {err}", where=source) from None
+        except RecursionError:
+            raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX[kind]) from None
+        except ValueError as err:  # e.g. an integer of more than 4300 digits
+            raise InputError(f"malformed TOML: {err}", where=source, fix=_FIX[kind]) from None
+        return raw
+    what = "malformed JSON" if kind == "spec" else "not valid JSON (truncated or corrupted?)"
     try:
-        return msgspec.json.decode(data)
+        raw = msgspec.json.decode(data)
     except msgspec.DecodeError as err:
-        raise InputError(f"malformed JSON: {err}", where=source) from None
+        raise InputError(f"{what}: {err}", where=source, fix=_FIX[kind] if kind != "spec" else None) from None
+    except RecursionError:
+        raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX[kind]) from None
+    _no_duplicate_keys(data, source, kind)
+    return raw
+
+
+def _no_duplicate_keys(data: bytes, source: str, kind: str) -> None:
+    if b'"' not in data:
+        return
+    try:
+        json.loads(data, object_pairs_hook=_dup_keys, parse_constant=float)
+    except _Duplicate as dup:
+        raise InputError(f"duplicate key {str(dup.args[0])!r} in an object (a JSON reader would silently keep "
+                         "the last one)", where=source, fix="write each key once") from None
+    except (ValueError, RecursionError):  # msgspec accepted it; a json-module limit (e.g. digits) is no error
+        return
 
 
 def validate_spec(spec: Spec, source: str) -> Spec:
-    """Checks a msgspec type cannot express, each located by JSON path."""
+    """Checks a msgspec type cannot express, each located by JSON path: version,
+    unique names and sizes, known ``after`` targets, and the resource limits of
+    :mod:`schemas.limits`."""
+    if spec.version != SPEC_VERSION:
+        newer = spec.version > SPEC_VERSION
+        raise InputError(f"spec version {spec.version} is {'newer than' if newer else 'not'} the supported "
+                         f"version {SPEC_VERSION}", where=f"{source}: $.version",
+                         fix="upgrade capture-plan" if newer else f"write version = {SPEC_VERSION} or leave it out")
+    if len(spec.phases) > MAX_PHASES:
+        raise InputError(f"{len(spec.phases)} phases, over the limit of {MAX_PHASES}", where=f"{source}: $.phases",
+                         fix="split the spec into several plans")
+    if len(spec.rules) > MAX_RULES:
+        raise InputError(f"{len(spec.rules)} rules, over the limit of {MAX_RULES}", where=f"{source}: $.rules",
+                         fix="merge rules that say the same thing")
+    for field, value in msgspec.structs.asdict(spec.model).items():
+        bound = MODEL_MAX.get(field, MODEL_MAX_DEFAULT)
+        if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+            raise InputError(f"{field} = {_short(value)} is over the limit of {bound:,}",
+                             where=f"{source}: $.model.{field}", fix="give the model's real dimensions")
+    for field in ("budget_mib", "library_mib"):
+        value = getattr(spec, field)
+        if value is not None and not (math.isfinite(value) and value <= MAX_MIB):
+            raise InputError(f"{field} = {value!r} is over the limit of {MAX_MIB:,.0f} (1 PiB)",
+                             where=f"{source}: $.{field}", fix="give a real amount of memory in MiB")
+    captures = 0
     names: dict[str, int] = {}
     for i, phase in enumerate(spec.phases):
         if phase.name in names:
             raise InputError(f"duplicate phase name {phase.name!r} (also $.phases[{names[phase.name]}])",
                              where=f"{source}: $.phases[{i}].name", fix="give every phase a unique name")
         names[phase.name] = i
+        if len(phase.sizes) > MAX_SIZES_PER_PHASE:
+            raise InputError(f"{len(phase.sizes)} capture sizes, over the limit of {MAX_SIZES_PER_PHASE} per phase",
+                             where=f"{source}: $.phases[{i}].sizes", fix="capture fewer sizes (pad to the next one)")
+        captures += len(phase.sizes)
+        if captures > MAX_CAPTURES:
+            raise InputError(f"over {MAX_CAPTURES} capture sizes in all phases together",
+                             where=f"{source}: $.phases[{i}].sizes", fix="capture fewer sizes (pad to the next one)")
+        if phase.tokens_per_request > MAX_TOKENS_PER_REQUEST:
+            raise InputError(f"tokens_per_request = {_short(phase.tokens_per_request)} is over the limit of "
+                             f"{MAX_TOKENS_PER_REQUEST}", where=f"{source}: $.phases[{i}].tokens_per_request")
+        if phase.layers is not None and phase.layers > MODEL_MAX["layers"]:
+            raise InputError(f"layers = {_short(phase.layers)} is over the limit of {MODEL_MAX['layers']}",
+                             where=f"{source}: $.phases[{i}].layers")
         seen: dict[int, int] = {}
         for j, bs in enumerate(phase.sizes):
+            if bs > MAX_BS:
+                raise InputError(f"capture size {_short(bs)} is over the limit of {MAX_BS}",
+                                 where=f"{source}: $.phases[{i}].sizes[{j}]", fix=f"capture sizes up to {MAX_BS}")
             if bs in seen:
                 raise InputError(f"duplicate capture size {bs} (also $.phases[{i}].sizes[{seen[bs]}])",
                                  where=f"{source}: $.phases[{i}].sizes[{j}]", fix="list each size once")
@@ -113,55 +288,112 @@ def validate_spec(spec: Spec, source: str) -> Spec:
         rule_ids.add(rule.id)
     if spec.model.heads % spec.model.kv_heads:
         raise InputError("heads must be a multiple of kv_heads", where=f"{source}: $.model.kv_heads")
+    if spec.trace is not None and "\x00" in spec.trace:
+        raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
     return spec
 
 
 def decode_spec(data: bytes, source: str) -> Spec:
     """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located."""
-    obj = _parse(data, source)
-    if not isinstance(obj, dict):
-        raise InputError("a spec must be a table/object", where=f"{source}: $")
-    return validate_spec(convert(obj, Spec, source), source)
+    raw = _expect_kind(_parse(data, source, "spec"), "spec", source)
+    _check_values(raw, source, "spec")
+    return validate_spec(convert(raw, Spec, source, kind="spec"), source)
+
+
+def _check_version(raw: dict, source: str, kind: str, current: int, fix_older: str) -> None:
+    version = raw.get("version", current if kind == "trace" else None)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise InputError("missing or non-integer `version`", where=f"{source}: $.version", fix=_FIX[kind])
+    if version > current:
+        raise InputError(f"{kind} version {version} is newer than this capture-plan understands ({current})",
+                         where=source, fix=f"upgrade capture-plan, or {_FIX[kind]} with this version")
+    if version < current:
+        raise InputError(f"{kind} version {version} is {'older than' if version > 0 else 'not'} this "
+                         f"capture-plan's ({current})", where=f"{source}: $.version", fix=fix_older)
 
 
 def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
-    """Decode a plan file; refuses newer versions, truncation and tampering."""
-    if not data.strip():
-        raise InputError("plan file is empty", where=source, fix="rebuild it with the command in its header")
-    try:
-        raw = msgspec.json.decode(data)
-    except msgspec.DecodeError as err:
-        raise InputError(f"not valid JSON (truncated or corrupted?): {err}", where=source,
-                         fix="rebuild the plan with `planner build`") from None
-    if not isinstance(raw, dict):
-        raise InputError("a plan must be a JSON object", where=f"{source}: $")
-    version = raw.get("version")
-    if not isinstance(version, int):
-        raise InputError("missing or non-integer `version`", where=f"{source}: $.version")
-    if version > PLAN_VERSION:
-        raise InputError(f"plan version {version} is newer than this capture-plan understands ({PLAN_VERSION})",
-                         where=source, fix="upgrade capture-plan, or rebuild the plan with this version")
-    if version < PLAN_VERSION:
-        raise InputError(f"plan version {version} is older than this capture-plan's ({PLAN_VERSION})",
-                         where=source, fix="rebuild it with the command recorded in the plan")
-    plan = convert(raw, Plan, source)
+    """Decode a plan file; refuses newer versions, truncation, tampering and plans
+    whose parts do not fit together (:func:`validate_plan`)."""
+    raw = _expect_kind(_parse(data, source, "plan", toml=False), "plan", source)
+    _check_values(raw, source, "plan", non_negative=True)
+    _check_version(raw, source, "plan", PLAN_VERSION, "rebuild it with the command recorded in the plan")
     if check_digest:
         expected = plan_digest(raw)
-        if plan.digest != expected:
-            raise InputError(f"digest mismatch: file says {plan.digest or '(none)'}, content is {expected}",
+        if raw.get("digest") != expected:
+            found = raw.get("digest") if isinstance(raw.get("digest"), str) else None
+            raise InputError(f"digest mismatch: file says {found or '(none)'}, content is {expected}",
                              where=f"{source}: $.digest",
                              fix="the file was edited by hand or corrupted; rebuild it with `planner build`")
+    return validate_plan(convert(raw, Plan, source, kind="plan"), source)
+
+
+def validate_plan(plan: Plan, source: str) -> Plan:
+    """Consistency a digest cannot prove (a sealed plan may come from a buggy or
+    hostile writer): unique phases and step ids, steps indexed in order, every
+    step's phase known, capture sizes in their phase and within ``MAX_BS``,
+    edges between known steps, one timeline entry per step, tp >= 1."""
+    def bad(what: str, path: str) -> InputError:
+        return InputError(what, where=f"{source}: {path}", fix=_FIX["plan"])
+
+    phases: dict[str, set[int]] = {}
+    for i, ph in enumerate(plan.phases):
+        if ph.name in phases:
+            raise bad(f"duplicate phase {ph.name!r}", f"$.phases[{i}].name")
+        if not ph.sizes or any(not 1 <= bs <= MAX_BS for bs in ph.sizes):
+            raise bad(f"capture sizes must be 1..{MAX_BS}, at least one", f"$.phases[{i}].sizes")
+        phases[ph.name] = set(ph.sizes)
+    ids: set[str] = set()
+    for i, st in enumerate(plan.steps):
+        path = f"$.steps[{i}]"
+        if st.index != i:
+            raise bad(f"step index {st.index} at position {i}", f"{path}.index")
+        if st.id in ids:
+            raise bad(f"duplicate step id {st.id!r}", f"{path}.id")
+        ids.add(st.id)
+        if st.phase not in phases:
+            raise bad(f"unknown phase {st.phase!r}; phases are {sorted(phases)}", f"{path}.phase")
+        if st.bs not in phases[st.phase]:
+            raise bad(f"size {st.bs} is not a capture size of phase {st.phase!r}", f"{path}.bs")
+    for i, e in enumerate(plan.edges):
+        for end in ("src", "dst"):
+            if getattr(e, end) not in ids:
+                raise bad(f"edge to unknown step {getattr(e, end)!r}", f"$.edges[{i}].{end}")
+    timeline = plan.predicted.timeline
+    if len(timeline) != len(plan.steps):
+        raise bad(f"{len(timeline)} timeline entries for {len(plan.steps)} steps", "$.predicted.timeline")
+    for i, m in enumerate(timeline):
+        if m.step != i:
+            raise bad(f"timeline entry for step {m.step} at position {i}", f"$.predicted.timeline[{i}].step")
+    for path, tp in (("$.inputs.tp", plan.inputs.tp), ("$.requires.tp", plan.requires.tp)):
+        if tp < 1:
+            raise bad(f"tp must be >= 1, got {tp}", path)
+    if len(plan.requires.min_compute_capability) != 2:
+        raise bad("must be [major, minor]", "$.requires.min_compute_capability")
     return plan
 
 
 def decode_trace(data: bytes, source: str) -> Trace:
-    if not data.strip():
-        raise InputError("trace file is empty", where=source)
-    try:
-        raw = msgspec.json.decode(data)
-    except msgspec.DecodeError as err:
-        raise InputError(f"not valid JSON (truncated?): {err}", where=source,
-                         fix="record it again with executor.profile") from None
-    if isinstance(raw, dict) and isinstance(raw.get("version"), int) and raw["version"] > TRACE_VERSION:
-        raise InputError(f"trace version {raw['version']} is newer than supported ({TRACE_VERSION})", where=source)
-    return convert(raw, Trace, source)
+    """Decode a recorded allocation trace: version, sizes within limits, kinds."""
+    raw = _expect_kind(_parse(data, source, "trace", toml=False), "trace", source)
+    _check_version(raw, source, "trace", TRACE_VERSION, "record the trace again with executor.profile")
+    trace = convert(raw, Trace, source, kind="trace")
+    for i, cap in enumerate(trace.captures):
+        if cap.bs > MAX_BS:
+            raise InputError(f"capture size {_short(cap.bs)} is over the limit of {MAX_BS}",
+                             where=f"{source}: $.captures[{i}].bs", fix=_FIX["trace"])
+        for j, ev in enumerate(cap.events):
+            if ev.size > MAX_EVENT_BYTES:
+                raise InputError(f"allocation of {_short(ev.size)} bytes is over the limit of {MAX_EVENT_BYTES:,}",
+                                 where=f"{source}: $.captures[{i}].events[{j}]", fix=_FIX["trace"])
+            if ev.id > MAX_INT:
+                raise InputError(f"block id {_short(ev.id)} is out of range", where=f"{source}: $.captures[{i}]"
+                                 f".events[{j}]", fix=_FIX["trace"])
+    return trace
+
+
+def decode_report(data: bytes, source: str) -> CaptureReport:
+    """Decode a capture report; every number in it is a size, a count or seconds (>= 0)."""
+    raw = _expect_kind(_parse(data, source, "report", toml=False), "report", source)
+    _check_values(raw, source, "report", non_negative=True)
+    return convert(raw, CaptureReport, source, kind="report")

@@ -1,28 +1,167 @@
-"""Atomic file writes, shared by planner and executor."""
+"""Reading inputs safely and writing outputs atomically, shared by planner and executor.
+
+Reading: only regular files, at most ``limits.FILE_LIMITS[kind]`` bytes; a
+FIFO, a device (``/dev/zero``), a directory, a missing file, a symlink loop or a
+path with a NUL byte is one located :class:`InputError`, decided before a byte
+is read (a FIFO is opened non-blocking, so a FIFO with no writer never hangs).
+
+Writing: a temporary file beside the target, then ``os.replace``: readers see
+the old file or the new one, never half of one; concurrent writers leave one
+valid file. The new file gets the target's existing mode, or 0666 minus the
+umask like any other created file. Temporary names are short (a legal
+255-byte target name still works) and carry the writer's pid, so a temp file
+left by a writer killed between write and rename is removed by the next write
+to the same target. What this does NOT do: fsync (a power loss may lose the
+new contents, never corrupt the old), or lock against concurrent writers (the
+last rename wins).
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
-import tempfile
+import stat
 from pathlib import Path
 
 from .errors import InputError
+from .limits import FILE_LIMITS
 
-__all__ = ["write_atomic"]
+__all__ = ["write_atomic", "read_input"]
+
+_KIND_NAMES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path`` and rename: never half-written."""
-    path = Path(path)
+def _oserror(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
+    if err.errno == errno.ELOOP:
+        return InputError(f"cannot {doing}: symlink loop", where=where, fix="point the path at a real file")
+    if err.errno == errno.ENAMETOOLONG:
+        return InputError(f"cannot {doing}: file name too long", where=where, fix="use a shorter path")
+    return InputError(f"cannot {doing}: {err.strerror or err}", where=where, fix=fix)
+
+
+def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
+    """The bytes of the ``kind`` file (spec, plan, trace, report) at ``path``.
+
+    Refuses non-regular files and files over the kind's size limit before
+    reading; every failure is an :class:`InputError` naming the path.
+    """
+    where = str(path)
+    limit = FILE_LIMITS[kind]
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except ValueError:  # embedded NUL byte
+        raise InputError(f"{kind} path contains a NUL byte", where=repr(where), fix="check the path") from None
+    except OSError as err:
+        if err.errno == errno.EISDIR:
+            raise InputError(f"is a directory, not a {kind} file", where=where,
+                             fix=f"pass a {kind} file") from None
+        raise _oserror(err, f"read {kind}", where, fix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise InputError(f"is {what}, not a {kind} file", where=where, fix=f"pass a regular {kind} file")
+        if st.st_size > limit:
+            raise InputError(f"{kind} file is {st.st_size:,} bytes, over the limit of {limit:,}", where=where,
+                             fix=f"a {kind} this large is not a real one; check the path")
+        chunks, total = [], 0
+        while True:  # read past st_size: the file may grow, never past the limit
+            try:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            except OSError as err:
+                raise _oserror(err, f"read {kind}", where, fix) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise InputError(f"{kind} file is over the limit of {limit:,} bytes", where=where,
+                                 fix=f"a {kind} this large is not a real one; check the path")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _target(path: Path) -> Path:
+    """``path``, or where it points when it is a symlink (writes go through links)."""
+    try:
+        if not path.is_symlink():
+            return path
+        try:
+            return Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:  # a dangling link: create what it names
+            return path.parent / os.readlink(path)
+    except ValueError:
+        raise InputError("output path contains a NUL byte", where=repr(str(path)), fix="check the path") from None
+    except OSError as err:
+        raise _oserror(err, "write", str(path), "point the output at a real file") from None
+
+
+def _tmp_prefix(path: Path) -> str:
+    return ".cp-" + hashlib.sha1(path.name.encode("utf-8", "surrogateescape")).hexdigest()[:12] + "-"
+
+
+def _sweep(path: Path) -> None:
+    """Remove temp files of ``path`` left by writers that no longer run."""
+    prefix = _tmp_prefix(path)
+    try:
+        names = [n for n in os.listdir(path.parent or ".") if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            pid = int(name[len(prefix):].split("-")[0])
+            os.kill(pid, 0)
+            continue  # its writer still runs
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError, OSError):
+            continue  # not ours, or a live process of another user
+        try:
+            os.unlink(path.parent / name)
+        except OSError:
+            pass
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file and a rename: never half-written."""
+    where = str(path)
+    path = _target(Path(path))
+    fix = "choose a writable path"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = None
+        _sweep(path)
+        tmp = path.parent / f"{_tmp_prefix(path)}{os.getpid()}-{os.urandom(4).hex()}.tmp"
+        # 0o666: the umask applies, as for any newly created file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except ValueError:
+        raise InputError("output path contains a NUL byte", where=repr(where), fix="check the path") from None
     except OSError as err:
-        raise InputError(f"cannot write: {err.strerror}", where=str(path), fix="choose a writable path") from None
+        raise _oserror(err, "write", where, fix) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)  # replacing a file keeps its mode
+        if path.is_dir():
+            raise InputError("is a directory", where=where, fix="name a file for the output")
         os.replace(tmp, path)
     except OSError as err:
-        os.unlink(tmp)
-        raise InputError(f"cannot write: {err.strerror}", where=str(path), fix="choose a writable path") from None
+        _unlink(tmp)
+        raise _oserror(err, "write", where, fix) from None
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

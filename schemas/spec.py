@@ -20,7 +20,9 @@ __all__ = ["SpecStruct", "Model", "Phase", "When", "Choice", "Rule", "Spec", "SP
 SPEC_VERSION = 1
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
-Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$", max_length=64)]
+# `$(?!\n)`: Python's `$` also matches before a trailing newline ("decode\n");
+# the lookahead refuses that and reads the same in JSON Schema's dialect.
+Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
 
 
 class SpecStruct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -100,7 +102,7 @@ class Rule(SpecStruct, kw_only=True):
     """A rule or gate: when ``when`` matches a phase, at least one of ``require``
     must hold for it (none: no requirement), and ``prefer`` is its default."""
 
-    id: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+    id: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]*$(?!\n)")]
     why: str
     when: When = When()
     require: list[Choice] = []

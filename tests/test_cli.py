@@ -25,7 +25,7 @@ def test_build_names_and_dry_run(cli, tmp_path):
     assert code == 0 and "(dry run, not written)" in out
     assert not (tmp_path / "plans/torch.json").exists()
     assert cli("build", "-b", "torch", "-o", "out/x.json")[0] == 0
-    assert json.loads((tmp_path / "out/x.json").read_text())["command"][-2:] == ["-o", "out/x.json"]
+    assert json.loads((tmp_path / "out/x.json").read_text())["command"][-2:] == ["-o", "x.json"]  # relative to the plan's folder
 
 
 def test_check_reports_drift_with_file_and_fix(cli, tmp_path):
@@ -112,11 +112,35 @@ def test_unknown_backend_unreadable_spec_and_unwritable_output(cli, tmp_path):
     assert code == 1 and "file/plan.json: cannot write" in err
 
 
-def test_usage_errors_exit_1_with_one_line(cli):
+def test_usage_errors_are_the_frameworks_exit_2(cli):
     code, _, err = cli("build")
-    assert code == 1 and err.startswith("planner: error: Missing option '--backend'")
+    assert code == 2 and "Missing option '--backend'" in err and "Try 'planner build -h'" in err
     code, _, err = cli("build", "-b", "fa3", "--frobnicate")
-    assert code == 1 and "No such option: --frobnicate" in err
+    assert code == 2 and "No such option: --frobnicate" in err
+    code, _, err = cli("biuld")
+    assert code == 2 and "No such command 'biuld'" in err and "planner planner" not in err
+    code, _, err = cli("build", "-b", "fa3", "--tp", "x")
+    assert code == 2 and "Invalid value for '--tp'" in err
+
+
+def test_bare_planner_help_version_and_debug(cli):
+    code, out, err = cli()
+    assert code == 2 and "Usage: planner" in out + err and "Commands" in out + err
+    assert len((out + err).splitlines()) > 5  # the help as the framework lays it out, not squashed
+    for flag in ("-h", "--help"):
+        code, out, _ = cli(flag)
+        assert code == 0 and out.startswith("Usage: planner")
+    code, out, _ = cli("--version")
+    assert code == 0 and out.startswith("planner (capture-plan) ")
+    # --debug belongs to `planner`, before the command; after it, it is unknown (no argv scanning)
+    code, _, err = cli("build", "-b", "nope", "--debug")
+    assert code == 2 and "No such option: --debug" in err
+    code, _, err = cli("build", "-b", "nope")
+    assert code == 1 and err.count("\n") == 1
+    from schemas.errors import InputError
+
+    with pytest.raises(InputError):  # --debug: the traceback of any error
+        cli("--debug", "build", "-b", "nope")
 
 
 def test_conflicting_rules_exit_1_naming_them(cli, tmp_path):
@@ -214,7 +238,7 @@ def test_report_side_by_side(cli, tmp_path):
     assert code == 0 and "warning: report was made from plan digest sha256:x" in out
 
 
-def test_internal_errors_exit_2_and_debug_shows_the_traceback(cli, monkeypatch):
+def test_internal_errors_exit_3_and_debug_shows_the_traceback(cli, monkeypatch):
     import planner.build
 
     def boom(opts):
@@ -222,7 +246,7 @@ def test_internal_errors_exit_2_and_debug_shows_the_traceback(cli, monkeypatch):
 
     monkeypatch.setattr(planner.build, "build_plan", boom)
     code, _, err = cli("build", "-b", "fa3")
-    assert code == 2 and err.startswith("planner: internal error: KeyError: 'oops' (rerun with --debug")
+    assert code == 3 and err.startswith("planner: internal error: KeyError: 'oops' (rerun as `planner --debug")
     with pytest.raises(KeyError):
         cli("--debug", "build", "-b", "fa3")
 
@@ -240,14 +264,14 @@ def test_the_console_script_runs(tmp_path):
 
 
 @pytest.mark.parametrize("trace,message", [
-    ('{"captures": [', "t.json: not valid JSON (truncated?)"),
+    ('{"captures": [', "t.json: not valid JSON (truncated or corrupted?)"),
     ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, -5, "temp"]]}]}',
      "t.json: $.captures[0].events[0][2]: Expected `int` >= 0"),
     ('{"captures": [{"phase": "verify", "bs": 1, "events": []}]}',
      "t.json: $.captures[0].phase: unknown phase 'verify'"),
     ('{"captures": [{"phase": "decode", "bs": 1, "events": []}]}',
      "t.json: phase 'decode': planned sizes [2] lie outside the recorded sizes 1..1"),
-    ('{"version": 7, "captures": []}', "t.json: trace version 7 is newer than supported (1)"),
+    ('{"version": 7, "captures": []}', "t.json: trace version 7 is newer than this capture-plan understands (1)"),
 ])
 def test_bad_traces_are_refused_with_one_line(cli, tmp_path, trace, message):
     (tmp_path / "s.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n')

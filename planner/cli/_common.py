@@ -1,4 +1,4 @@
-"""Small helpers shared by the command modules."""
+"""Small helpers shared by the command modules: read a plan or report, located errors only."""
 
 from __future__ import annotations
 
@@ -9,26 +9,13 @@ __all__ = ["read_plan", "read_report"]
 
 def read_plan(path: Path):
     from schemas.codec import decode_plan
-    from schemas.errors import InputError
+    from schemas.files import read_input
 
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read plan: {err.strerror}", where=str(path)) from None
-    return decode_plan(data, str(path))
+    return decode_plan(read_input(path, "plan"), str(path))
 
 
 def read_report(path: Path):
-    import msgspec
+    from schemas.codec import decode_report
+    from schemas.files import read_input
 
-    from schemas.codec import convert
-    from schemas.errors import InputError
-    from schemas.report import CaptureReport
-
-    try:
-        raw = msgspec.json.decode(path.read_bytes())
-    except OSError as err:
-        raise InputError(f"cannot read report: {err.strerror}", where=str(path)) from None
-    except msgspec.DecodeError as err:
-        raise InputError(f"not valid JSON: {err}", where=str(path)) from None
-    return convert(raw, CaptureReport, str(path))
+    return decode_report(read_input(path, "report"), str(path))

@@ -29,20 +29,21 @@ def build(
                                "more than 64 sizes are compared on 24 of them; the prediction is always exact)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the summary; write nothing."),
     check: bool = typer.Option(False, "--check", help="Build in memory and compare with the file; exit 1 on drift."),
+    force: bool = typer.Option(False, "--force", help="Replace an output file that holds a plan built by another "
+                               "command (default: refuse, so a what-if build never clobbers a checked-in plan)."),
 ) -> None:
     """Build a capture plan from the spec, rules and gates."""
-    from planner.build import BuildOptions, build_plan, check_plan, default_output, plan_bytes
-    from schemas.files import write_atomic
+    from planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
     from planner.render import summary
 
     opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,
                         allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact)
-    path = output if output is not None else default_output(opts)
+    path = output_path(opts)
     if check:
         check_plan(opts)
         typer.echo(f"{path}: up to date")
         return
     plan = build_plan(opts)
     if not dry_run:
-        write_atomic(path, plan_bytes(plan))
+        write_plan(opts, plan, force=force)
     typer.echo(summary(plan, f"{path}{' (dry run, not written)' if dry_run else ''}"))

@@ -1,0 +1,51 @@
+"""Resource limits: inputs beyond these are refused up front, with a located error.
+
+The planner's work grows with capture sizes, phases and layer bodies; the
+limits sit far above any real serving engine (SGLang captures at most a few
+hundred sizes in at most four phases) so that every accepted input builds in
+bounded time and memory, and absurd numbers (``1e308``, ``10**200``) are
+reported instead of overflowing somewhere deep in the simulator.
+
+What these do NOT bound: the run time of a build inside the limits (a spec at
+every limit at once is slow, minutes, but finishes), or anything the executor
+does on a GPU.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MAX_BS", "MAX_SIZES_PER_PHASE", "MAX_CAPTURES", "MAX_PHASES", "MAX_RULES", "MAX_INT", "MAX_MIB",
+    "MODEL_MAX", "MAX_TOKENS_PER_REQUEST", "MAX_EVENT_BYTES", "FILE_LIMITS", "MAX_DEPTH",
+]
+
+#: largest capture size (batch size) of any phase, and of ``--max-bs``
+MAX_BS = 65536
+#: capture sizes in one phase
+MAX_SIZES_PER_PHASE = 4096
+#: capture sizes over all phases together (the step graph has ~2 nodes each)
+MAX_CAPTURES = 8192
+#: phases in one spec (a chain of ``after`` is bounded by this too)
+MAX_PHASES = 32
+#: rules a spec may add
+MAX_RULES = 256
+#: tokens per request of a multi-token phase
+MAX_TOKENS_PER_REQUEST = 4096
+#: any integer in any input file: 2**53, exact in every JSON reader
+MAX_INT = 2**53
+#: ``budget_mib`` and ``library_mib``: 2**30 MiB is 1 PiB
+MAX_MIB = float(2**30)
+#: upper bound of each model dimension (the largest real models are 10-100x below)
+MODEL_MAX: dict[str, int] = {
+    "layers": 1024, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "head_dim": 1 << 14,
+    "intermediate": 1 << 22, "vocab": 1 << 24, "dtype_bytes": 16, "logits_dtype_bytes": 16,
+}
+#: model dimensions not in MODEL_MAX (fields added later) get this bound
+MODEL_MAX_DEFAULT = 1 << 24
+#: one allocation of a recorded trace: 1 TiB
+MAX_EVENT_BYTES = 1 << 40
+#: files larger than this are refused before reading (bytes), per kind
+FILE_LIMITS: dict[str, int] = {
+    "spec": 4 << 20, "plan": 64 << 20, "trace": 512 << 20, "report": 64 << 20,
+}
+#: nesting depth of any input document (real ones need 6)
+MAX_DEPTH = 64
