@@ -56,7 +56,8 @@ def test_config_path_is_relative_to_the_spec_and_recorded(tmp_path, monkeypatch)
     spec = _write(tmp_path, LLAMA)
     monkeypatch.chdir(tmp_path)  # not the spec's directory
     plan = build_plan(BuildOptions(backend="torch", spec=spec.relative_to(tmp_path)))
-    assert plan.inputs.model_config == "models/config.json"
+    # recorded relative to the plan's own folder (plans/), like every path a plan records
+    assert plan.inputs.model_config == "../models/config.json"
     assert plan.inputs.model_config_digest.startswith("sha256:")
     # editing the config makes the plan stale: its digest is in the plan
     _write(tmp_path, {**LLAMA, "vocab_size": 32000})
