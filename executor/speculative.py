@@ -40,7 +40,7 @@ real ones were -- an unmasked Triton store with flat index arithmetic:
   ``bs * topk`` and written with ``bs * topk`` rows: it spills into the
   neighbouring pool memory (dormant at ``topk == 1``);
 * ``page-table-scatter`` -- with ``page_size > 1``, the draft's page table
-  (one row of ``draft_kv_width / page_size`` pages per branch) is allocated
+  (one row of ``draft_page_cols`` pages per branch) is allocated
   with only ``decode_length + 1`` (2) columns, sized for a one-token decode,
   while the ``num_steps``-wide scatter of the new token locations (and the
   read that follows it) still use the full row stride: past the buffer, into
@@ -96,8 +96,12 @@ class SpeculativeConfig:
     topk: int = 1
     num_draft_tokens: int = 4
     page_size: int = 1
-    #: token slots per branch row of the draft's kv_indices (the tree level's capacity)
-    draft_kv_width: int = 64
+    #: token slots per branch row of the draft's kv_indices (None: num_steps). Wider rows
+    #: make the planted kv-indices-topk overflow larger: measured on an H200, 64 slots made
+    #: the eager warm-up itself hit an illegal address now and then (past a segment's end)
+    draft_kv_width: int | None = None
+    #: pages per branch row of the draft's page table (page_size > 1)
+    draft_page_cols: int = 16
     bugs: frozenset = frozenset()
     phases: dict = field(default_factory=lambda: {p: p for p in PHASES})
     seed: int = 0
@@ -108,8 +112,10 @@ class SpeculativeConfig:
             raise ValueError(f"unknown planted bug(s) {sorted(unknown)}; known: {list(BUGS)}")
         if min(self.num_steps, self.topk, self.num_draft_tokens, self.page_size, self.draft_layers) < 1:
             raise ValueError("num_steps, topk, num_draft_tokens, page_size and draft_layers must be >= 1")
-        if self.draft_kv_width < self.num_steps:
+        if self.draft_kv_width is not None and self.draft_kv_width < self.num_steps:
             raise ValueError(f"draft_kv_width {self.draft_kv_width} cannot hold num_steps {self.num_steps} tokens")
+        if self.draft_page_cols < 2:
+            raise ValueError("draft_page_cols must be >= 2")
         if self.max_seqlen % self.page_size:
             raise ValueError(f"max_seqlen {self.max_seqlen} is not a multiple of page_size {self.page_size}")
 
@@ -313,7 +319,7 @@ class SpeculativeModel:
         token locations in a row of ``draft_kv_width``), then read each
         branch's cache row from its first entry."""
         cfg, k = self.cfg, self.cfg.topk
-        width = cfg.draft_kv_width
+        width = cfg.draft_kv_width or cfg.num_steps
         alloc_rows = bs if "kv-indices-topk" in self.bugs else bs * k
         kv = torch.empty(alloc_rows * width, dtype=torch.int32, device=self.device)
         slots = self._slots(bs)
@@ -336,7 +342,7 @@ class SpeculativeModel:
         locs = self.req_to_token[slots[:, None], pos].long()  # (rows, steps)
         if cfg.page_size == 1:
             return locs.view(bs, -1)
-        stride = -(-cfg.draft_kv_width // cfg.page_size)  # pages per branch row
+        stride = cfg.draft_page_cols  # pages per branch row
         cols = 2 if "page-table-scatter" in self.bugs else stride  # decode_length + 1 vs the row's pages
         table = torch.empty(bs * k * cols, dtype=torch.int32, device=self.device)
         if self.kernels is None:
