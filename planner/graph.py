@@ -1,24 +1,81 @@
-"""Capture steps as a dependency graph (networkx), and its canonical order.
+"""Capture steps as a dependency graph, and its canonical order.
 
 Nodes are step ids (``capture/decode/256``); every edge carries the ``rule``
 that added it, so ``planner explain`` can say why one step precedes another
-and a cycle can be reported as the rules in conflict. The order is
-networkx's lexicographic topological sort with the key
-(phase rank, position in the phase's capture order, op rank): deterministic
-on every machine, and it puts each warm-up right before its capture.
+and a cycle can be reported as the rules in conflict. The order is the
+lexicographic topological sort with the key (phase rank, position in the
+phase's capture order, op rank): deterministic on every machine, and it puts
+each warm-up right before its capture.
+
+The graph is a small insertion-ordered :class:`Digraph` rather than a
+networkx one: a build needs only a topological sort, and importing networkx
+costs more than the whole default build. networkx is imported only to name
+the edges of a cycle in an error message.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import networkx as nx
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
 
 from schemas.errors import ConstraintError
 from schemas.plan import Edge, Strategy
 from schemas.spec import Phase
 
-__all__ = ["step_id", "phase_sequence", "StepGraph", "check_acyclic", "capture_order"]
+__all__ = ["step_id", "phase_sequence", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
+
+
+@dataclass
+class Digraph:
+    """Nodes with attributes and labelled edges, both kept in insertion order.
+
+    Only what the planner needs: add nodes and edges, and the lexicographic
+    topological sort (the same order as networkx's
+    ``lexicographical_topological_sort``: Kahn's algorithm popping the
+    smallest ``(key, insertion index)`` ready node). No removal.
+    """
+
+    nodes: dict[Hashable, dict[str, Any]] = field(default_factory=dict)
+    #: node -> {successor: edge attributes}
+    succ: dict[Hashable, dict[Hashable, dict[str, Any]]] = field(default_factory=dict)
+
+    def add_node(self, n: Hashable, **attrs: Any) -> None:
+        if n in self.nodes:
+            self.nodes[n].update(attrs)
+        else:
+            self.nodes[n] = dict(attrs)
+            self.succ[n] = {}
+
+    def add_edge(self, u: Hashable, v: Hashable, **attrs: Any) -> None:
+        self.add_node(u)
+        self.add_node(v)
+        self.succ[u].setdefault(v, {}).update(attrs)
+
+    def has_edge(self, u: Hashable, v: Hashable) -> bool:
+        return v in self.succ.get(u, ())
+
+    def edges(self) -> list[tuple[Hashable, Hashable, dict[str, Any]]]:
+        return [(u, v, d) for u, out in self.succ.items() for v, d in out.items()]
+
+    def topological_order(self, key: Callable[[Hashable], Any]) -> list[Hashable] | None:
+        """Nodes in lexicographic topological order by ``key``; None if there is a cycle."""
+        indegree = dict.fromkeys(self.nodes, 0)
+        for out in self.succ.values():
+            for v in out:
+                indegree[v] += 1
+        index = {n: i for i, n in enumerate(self.nodes)}
+        ready = [(key(n), index[n], n) for n, d in indegree.items() if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            node = heapq.heappop(ready)[2]
+            order.append(node)
+            for child in self.succ[node]:
+                indegree[child] -= 1
+                if indegree[child] == 0:
+                    heapq.heappush(ready, (key(child), index[child], child))
+        return order if len(order) == len(self.nodes) else None
 
 _OP_RANK = {"provision": 0, "warmup": 1, "capture": 2}
 
@@ -31,13 +88,22 @@ def capture_order(sizes: list[int], order: str) -> list[int]:
     return sorted(sizes, reverse=order == "largest-first")
 
 
-def check_acyclic(g: nx.DiGraph, what: str = "steps") -> None:
+def check_acyclic(g: Digraph, what: str = "steps") -> None:
     """Raise the rules on a cycle as a conflict; never a traceback."""
-    try:
-        cycle = nx.find_cycle(g)
-    except nx.NetworkXNoCycle:
+    if g.topological_order(key=lambda n: 0) is not None:
         return
-    rules = sorted({g.edges[u, v]["rule"] for u, v, *_ in cycle})
+    _raise_cycle(g, what)
+
+
+def _raise_cycle(g: Digraph, what: str) -> None:
+    """Name the rules along one cycle (networkx finds it: only on this error path)."""
+    import networkx as nx
+
+    ng = nx.DiGraph()
+    ng.add_nodes_from(g.nodes)
+    ng.add_edges_from(g.edges())
+    cycle = nx.find_cycle(ng)
+    rules = sorted({g.succ[u][v]["rule"] for u, v, *_ in cycle})
     path = " -> ".join([cycle[0][0]] + [v for _, v, *_ in cycle])
     raise ConstraintError(f"rules in conflict: {', '.join(rules)} (they order {what} in a cycle: {path})",
                           where="rules", fix="remove or relax one of these rules")
@@ -48,24 +114,27 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int]) -> list[str]:
     largest graph needs the most memory (so smaller phases reuse its blocks),
     then spec order."""
     index = {p.name: i for i, p in enumerate(phases)}
-    g = nx.DiGraph()
-    g.add_nodes_from(index)
+    g = Digraph()
+    for name in index:
+        g.add_node(name)
     for p in phases:
         for dep in p.after:
             g.add_edge(dep, p.name, rule=f"after:{p.name}")
-    check_acyclic(g, "phases")
-    return list(nx.lexicographical_topological_sort(g, key=lambda n: (-weight[n], index[n])))
+    order = g.topological_order(key=lambda n: (-weight[n], index[n]))
+    if order is None:
+        _raise_cycle(g, "phases")
+    return order
 
 
 @dataclass
 class StepGraph:
-    """The DiGraph plus helpers to add steps and labelled edges."""
+    """The Digraph plus helpers to add steps and labelled edges."""
 
-    g: nx.DiGraph
+    g: Digraph
 
     @classmethod
     def empty(cls) -> "StepGraph":
-        return cls(nx.DiGraph())
+        return cls(Digraph())
 
     def add_step(self, op: str, phase: str, bs: int, rank: int, pos: int) -> str:
         sid = step_id(op, phase, bs)
@@ -83,11 +152,14 @@ class StepGraph:
             self.add_edge(a, b, rule)
 
     def order(self) -> list[str]:
-        check_acyclic(self.g)
-        return list(nx.lexicographical_topological_sort(self.g, key=lambda n: self.g.nodes[n]["key"]))
+        nodes = self.g.nodes
+        order = self.g.topological_order(key=lambda n: nodes[n]["key"])
+        if order is None:
+            _raise_cycle(self.g, "steps")
+        return order
 
     def edges(self, index: dict[str, int]) -> list[Edge]:
-        out = [Edge(src=u, dst=v, rule=d["rule"]) for u, v, d in self.g.edges(data=True)]
+        out = [Edge(src=u, dst=v, rule=d["rule"]) for u, v, d in self.g.edges()]
         return sorted(out, key=lambda e: (index[e.dst], index[e.src], e.rule))
 
 
@@ -121,7 +193,7 @@ def build_steps(phases: dict[str, Phase], sequence: list[str], strategies: dict[
     for prev, nxt in zip(sequence, sequence[1:]):
         last = step_id("capture", prev, capture_order(phases[prev].sizes, strategies[prev].order)[-1])
         rule = f"after:{nxt}" if prev in phases[nxt].after else "phase-order"
-        for n in [n for n, d in sg.g.nodes(data=True) if d["phase"] == nxt and d["op"] != "capture"]:
+        for n in [n for n, d in sg.g.nodes.items() if d["phase"] == nxt and d["op"] != "capture"]:
             sg.add_edge(last, n, rule)  # the next phase's warm-ups and provisions too
         first = step_id("capture", nxt, capture_order(phases[nxt].sizes, strategies[nxt].order)[0])
         sg.add_edge(last, first, rule)

@@ -47,3 +47,11 @@ def test_executor_never_imports_adapters():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             assert not [n for n in names if n.split(".")[0] in ("adapters", "transformers")], (path, names)
+
+
+def test_a_build_imports_no_networkx():
+    """networkx costs more than a whole default build; only a cycle's error message needs it."""
+    out = _run("import sys\nfrom planner.cli import main\n"
+               "main(['build', '-b', 'fa3', '--ci', '--speculative', 'eagle', '--dry-run'])\n"
+               "print('networkx' in sys.modules)")
+    assert out.splitlines()[-1] == "False"
