@@ -66,7 +66,7 @@ GPU, in both modes.
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 __all__ = ["PoolSim", "Block", "round_size", "segment_size", "KiB", "MiB",
@@ -114,6 +114,16 @@ class Block:
     tail: bool = False
 
 
+#: free-list keys: (stream << _STREAM_SHIFT) | (size << _SIZE_SHIFT) | addr, one int
+#: ordered as get_free_block's (stream, size, ptr) set; addresses and sizes are below 2**64
+_SIZE_SHIFT = 64
+_STREAM_SHIFT = 128
+
+
+def _key(b: Block) -> int:
+    return (b.stream << _STREAM_SHIFT) | (b.size << _SIZE_SHIFT) | b.addr
+
+
 @dataclass(slots=True)
 class PoolSim:
     """One private graph pool. ``alloc`` returns a handle for ``free``.
@@ -128,6 +138,10 @@ class PoolSim:
     gives new segments other base addresses instead, e.g. the real
     allocator's in a differential test. Expandable mode never compares blocks
     of different segments (one per block pool and stream).
+
+    Streams are small non-negative ints. Each free list is a sorted list of
+    single-int keys (see ``_key``) plus a key -> block dict: the inner loop
+    compares and moves ints, never builds tuples.
     """
 
     expandable: bool = False
@@ -137,7 +151,9 @@ class PoolSim:
     peak_reserved: int = 0
     peak_allocated: int = 0
     segments: int = 0
-    _free: dict = field(default_factory=lambda: {True: [], False: []})
+    _small: list = field(default_factory=list)
+    _large: list = field(default_factory=list)
+    _blocks: dict = field(default_factory=dict)  # free-list key -> free Block
     _next_addr: int = 1 << 32
     # expandable mode: (small, stream) -> last block of that virtual segment
     _tails: dict = field(default_factory=dict)
@@ -146,56 +162,56 @@ class PoolSim:
     _seg_small: list = field(default_factory=list)
     _seg_bytes: list = field(default_factory=list)
 
-    # running sum of the free entries' hashes: free_state() in O(1)
-    _fsum: int = 0
-
     # -- free lists: sorted (stream, size, addr) keys per small/large pool ----
     def _insert(self, b: Block) -> None:
-        key = (b.stream, b.size, b.addr)
-        self._fsum += hash(key)
-        bisect.insort(self._free[b.small], (*key, b))
+        key = (b.stream << _STREAM_SHIFT) | (b.size << _SIZE_SHIFT) | b.addr
+        self._blocks[key] = b
+        insort(self._small if b.small else self._large, key)
 
     def _remove(self, b: Block) -> None:
-        lst = self._free[b.small]
-        key = (b.stream, b.size, b.addr)
-        i = bisect.bisect_left(lst, key)
-        assert lst[i][3] is b
-        del lst[i]
-        self._fsum -= hash(key)
+        lst = self._small if b.small else self._large
+        key = (b.stream << _STREAM_SHIFT) | (b.size << _SIZE_SHIFT) | b.addr
+        del lst[bisect_left(lst, key)]
+        del self._blocks[key]
 
     def free_blocks(self, small: bool, stream: int = 0) -> list[tuple[int, int]]:
         """(size, addr) of the free blocks, smallest first (for tests and plots)."""
-        return [(k[1], k[2]) for k in self._free[small] if k[0] == stream]
+        return [(b.size, b.addr) for k in (self._small if small else self._large)
+                if (b := self._blocks[k]).stream == stream]
 
     # -- the allocator -----------------------------------------------------
     def alloc(self, nbytes: int, stream: int = 0) -> Block:
         size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
-        lst = self._free[small]
-        i = bisect.bisect_left(lst, (stream, size, -1))
-        if i < len(lst) and lst[i][0] == stream:
+        lst = self._small if small else self._large
+        i = bisect_left(lst, (stream << _STREAM_SHIFT) | (size << _SIZE_SHIFT))
+        if i < len(lst) and lst[i] >> _STREAM_SHIFT == stream:
             # best fit: smallest adequate block, lowest address on ties; with
             # expandable segments the free block at a segment's mapped end
             # ranks last (get_free_block's expandable_size)
-            if lst[i][3].tail and i + 1 < len(lst) and lst[i + 1][0] == stream:
+            block = self._blocks[lst[i]]
+            if block.tail and i + 1 < len(lst) and lst[i + 1] >> _STREAM_SHIFT == stream:
                 i += 1
-            st_, sz_, ad_, block = lst.pop(i)
-            self._fsum -= hash((st_, sz_, ad_))
+                block = self._blocks[lst[i]]
+            del self._blocks[lst.pop(i)]
         else:
             block = self._grow(small, stream, size)
         remaining = block.size - size
         # should_split: with expandable segments both pools split at 512 B
         if (remaining >= MIN_BLOCK) if (small or self.expandable) else (remaining > SMALL_SIZE):
+            nxt = block.next
             rest = Block(block.addr + size, remaining, stream, small, block.segment,
-                         prev=block, next=block.next, tail=block.tail)
-            if block.next is not None:
-                block.next.prev = rest
+                         prev=block, next=nxt, tail=block.tail)
+            if nxt is not None:
+                nxt.prev = rest
             block.next = rest
             block.size = size
             if block.tail:
                 block.tail = False
                 self._tails[(small, stream)] = rest
-            self._insert(rest)
+            key = (stream << _STREAM_SHIFT) | (remaining << _SIZE_SHIFT) | rest.addr
+            self._blocks[key] = rest
+            insort(lst, key)
         block.free = False
         self.allocated += block.size
         if self.allocated > self.peak_allocated:
@@ -252,30 +268,33 @@ class PoolSim:
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
     def free_state(self) -> tuple:
-        """Reserved and allocated bytes and the free blocks, in O(1).
+        """Reserved and allocated bytes and the free lists' keys: the exact state.
 
         With the same set of allocated blocks (the caller's business), equal
-        free lists mean identical allocator states: every block is either
-        allocated or on a free list, and the lists hold address and size.
-        The lists are summarized by their lengths and a running sum of their
-        entries' hashes, so equal values could, with a probability near
-        2**-64, come from different lists; ``free_lists()`` is the exact form.
+        values mean identical allocator states: every block is either
+        allocated or on a free list, and a key holds stream, size and
+        address. O(free blocks), at C speed (two list copies).
         """
-        return (self.reserved, self.allocated, self._fsum, len(self._free[True]), len(self._free[False]))
+        return (self.reserved, self.allocated, tuple(self._small), tuple(self._large))
 
     def free_lists(self) -> tuple:
         """Every free block as (stream, size, addr), small pool first: exact and O(n)."""
-        return tuple(k[:3] for k in self._free[True]), tuple(k[:3] for k in self._free[False])
+        return tuple(tuple((b.stream, b.size, b.addr) for k in lst for b in (self._blocks[k],))
+                     for lst in (self._small, self._large))
 
     def free(self, block: Block) -> None:
         if block.free:
             raise ValueError(f"double free of block at {block.addr:#x}")
         block.free = True
         self.allocated -= block.size
-        for nb in (block.prev, block.next):
-            if nb is not None and nb.free:
-                self._remove(nb)
-                self._merge(block, nb)
+        nb = block.prev
+        if nb is not None and nb.free:
+            self._remove(nb)
+            self._merge(block, nb)
+        nb = block.next
+        if nb is not None and nb.free:
+            self._remove(nb)
+            self._merge(block, nb)
         self._insert(block)
 
     def _merge(self, block: Block, nb: Block) -> None:

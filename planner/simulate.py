@@ -94,7 +94,7 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
                 # cycles; the peak inside them was already seen. Between
                 # layers the allocated blocks are the ones from before the
                 # loop plus the carried one (a body that leaked would change
-                # `allocated`), so the free lists (summarized in O(1), see
+                # `allocated`), so the free lists (compared exactly, see
                 # PoolSim.free_state) and that block pin the state.
                 if seen is not None:
                     sig = (pool.free_state(), carried[0].addr)
