@@ -314,6 +314,30 @@ class PoolSim:
                 self._tails[(block.small, block.stream)] = block
         block.size += nb.size
 
+    def copy(self) -> "PoolSim":
+        """An independent pool in the same state (blocks copied, O(blocks)).
+
+        Blocks of the copy are new objects: a handle from the original must
+        not be freed in the copy. ``addresses``, an iterator, is shared.
+        """
+        twin = {}
+        for head in self._heads:
+            b, prev = head, None
+            while b is not None:
+                c = Block(b.addr, b.size, b.stream, b.small, b.segment, b.free, prev, None, b.tail)
+                if prev is not None:
+                    prev.next = c
+                twin[id(b)] = prev = c
+                b = b.next
+        return PoolSim(expandable=self.expandable, addresses=self.addresses, reserved=self.reserved,
+                       allocated=self.allocated, peak_reserved=self.peak_reserved,
+                       peak_allocated=self.peak_allocated, segments=self.segments,
+                       _small=list(self._small), _large=list(self._large),
+                       _blocks={k: twin[id(b)] for k, b in self._blocks.items()}, _next_addr=self._next_addr,
+                       _tails={k: twin[id(b)] for k, b in self._tails.items()},
+                       _heads=[twin[id(b)] for b in self._heads], _seg_small=list(self._seg_small),
+                       _seg_bytes=list(self._seg_bytes))
+
     # -- what a memory snapshot shows ----------------------------------------
     def segment_sizes(self) -> list[tuple[bool, int]]:
         """(small, bytes) of every segment, in creation order (reserved = their sum)."""

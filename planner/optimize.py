@@ -28,7 +28,7 @@ from schemas.strategy import AXES, AXIS_VALUES
 
 from .allocator import MiB
 from .rules import choice_label, satisfies, violated
-from .simulate import pool_id, simulate
+from .simulate import Simulation, pool_id
 from .workload import Workload, workspace_bytes
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize", "mib"]
@@ -188,17 +188,37 @@ def optimize(pb: Problem) -> Solution:
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
+    prefixes: dict[tuple, Simulation] = {}
+
+    def simulate_pool(members: tuple[tuple[str, Strategy], ...]):
+        # Descent varies one phase at a time: resume from the state after the
+        # longest prefix of phases already simulated (same phases, same
+        # strategies, same order) instead of simulating it again.
+        j = len(members) - 1
+        while j > 0 and members[:j] not in prefixes:
+            j -= 1
+        if j:
+            run = prefixes[members[:j]].copy()
+        else:
+            first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
+            run = Simulation(pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
+        for k in range(j, len(members)):
+            n, st = members[k]
+            for bs in sorted(captures_for[n], reverse=st.order == "largest-first"):
+                run.capture(n, bs, st)
+            if k + 1 < len(members):
+                prefixes[members[:k + 1]] = run.copy()
+        return run.result()
+
     def pool_cost(members: tuple[tuple[str, Strategy], ...]) -> tuple[int, int]:
         # Pools are independent: a freed block is only ever reused inside its
         # own pool. Simulating (and memoizing) each pool by itself means that
         # trying a strategy for a phase with its own pool never re-simulates
         # the shared one.
         if members not in memo:
-            strats = dict(members)
             seq = [(n, bs) for n, st in members
                    for bs in sorted(captures_for[n], reverse=st.order == "largest-first")]
-            first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
-            sim = simulate(seq, strats, pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
+            sim = simulate_pool(members)
             memo[members] = (sim.pool_bytes, len(sim.hazards))
             if len(members) == len(pb.sequence) and all(len(captures_for[n]) == len(by_name[n].sizes)
                                                        for n, _ in members):

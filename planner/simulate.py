@@ -19,7 +19,7 @@ from schemas.plan import Strategy
 from .allocator import PoolSim
 from .workload import CARRY, Workload
 
-__all__ = ["SimResult", "simulate", "pool_id"]
+__all__ = ["SimResult", "Simulation", "simulate", "pool_id"]
 
 
 def pool_id(phase: str, strategy: Strategy) -> str:
@@ -50,22 +50,57 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
     phases. Their output blocks are checked against every block the other
     phases' graphs allocate (and so write on replay) in the same pool.
     """
-    touched: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (pool, phase) -> [(start, end)]
-    outputs: list[tuple[str, str, int, int, int]] = []  # (pool, phase, bs, start, end)
-    pools: dict[str, PoolSim] = {}
-    timeline: list[tuple[int, int]] = []
+    run = Simulation(workload, expandable, protect, library_bytes)
     for phase, bs in captures:
-        st = strategies[phase]
+        run.capture(phase, bs, strategies[phase])
+    return run.result()
+
+
+class Simulation:
+    """Pools after a sequence of captures, resumable and copyable.
+
+    :func:`simulate` is one of these run to the end. The optimizer keeps
+    copies taken after a prefix of phases and resumes from them, so that
+    strategies differing only in later phases never simulate the shared
+    prefix again (a copy costs O(blocks), a capture O(its allocations)).
+    """
+
+    __slots__ = ("workload", "expandable", "protect", "library_bytes", "pools", "touched", "outputs", "timeline")
+
+    def __init__(self, workload: Workload, expandable: bool = False, protect: frozenset[str] = frozenset(),
+                 library_bytes: int = 0) -> None:
+        self.workload, self.expandable, self.protect = workload, expandable, protect
+        self.library_bytes = library_bytes
+        self.pools: dict[str, PoolSim] = {}
+        self.touched: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (pool, phase) -> [(start, end)]
+        self.outputs: list[tuple[str, str, int, int, int]] = []  # (pool, phase, bs, start, end)
+        self.timeline: list[tuple[int, int]] = []
+
+    def copy(self) -> "Simulation":
+        twin = Simulation(self.workload, self.expandable, self.protect, self.library_bytes)
+        twin.pools = {k: p.copy() for k, p in self.pools.items()}
+        twin.touched = {k: list(v) for k, v in self.touched.items()}
+        twin.outputs = list(self.outputs)
+        twin.timeline = list(self.timeline)
+        return twin
+
+    def capture(self, phase: str, bs: int, st: Strategy) -> None:
+        """One capture of ``phase`` at ``bs`` under ``st``, into its pool."""
         pid = pool_id(phase, st)
+        pools = self.pools
         pool = pools.get(pid)
         if pool is None:
-            pool = pools[pid] = PoolSim(expandable=expandable)
-        if library_bytes:
-            pool.alloc(library_bytes)  # never freed
-            library_bytes = 0
+            pool = pools[pid] = PoolSim(expandable=self.expandable)
+        if self.library_bytes:
+            pool.alloc(self.library_bytes)  # never freed
+            self.library_bytes = 0
         live: dict[int, tuple[object, str]] = {}
         alloc, free = pool.alloc, pool.free
-        tracked = bool(protect)
+        if self.protect:
+            spans = self.touched.setdefault((pid, phase), [])
+            outputs = self.outputs if phase in self.protect else None
+        else:
+            spans = outputs = None
 
         def run(ops) -> None:
             for size, eid, kind in ops:
@@ -76,13 +111,12 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
                     continue
                 block = alloc(size)
                 live[eid] = (block, kind)
-                if tracked:
-                    span = (block.addr, block.addr + block.size)
-                    touched.setdefault((pid, phase), []).append(span)
-                    if kind == "output" and phase in protect:
-                        outputs.append((pid, phase, bs, *span))
+                if spans is not None:
+                    spans.append((block.addr, block.addr + block.size))
+                    if outputs is not None and kind == "output":
+                        outputs.append((pid, phase, bs, block.addr, block.addr + block.size))
 
-        prog = workload.program(phase, bs, hoisted=st.workspace == "hoisted")
+        prog = self.workload.program(phase, bs, hoisted=st.workspace == "hoisted")
         run(prog.prologue)
         if prog.repeats:
             carried = live.pop(prog.carry_in)
@@ -112,11 +146,14 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
         run(prog.epilogue)
         for block, kind in live.values():
             if kind == "temp" or kind == "workspace" or (kind == "output" and st.outputs == "view"):
-                pool.free(block)
-        timeline.append((sum(p.reserved for p in pools.values()), sum(p.allocated for p in pools.values())))
-    return SimResult(pool_bytes=timeline[-1][0] if timeline else 0,
-                     pools={k: p.peak_reserved for k, p in sorted(pools.items())},
-                     after_capture=timeline, hazards=_overlaps(touched, outputs))
+                free(block)
+        self.timeline.append((sum(p.reserved for p in pools.values()), sum(p.allocated for p in pools.values())))
+
+    def result(self) -> SimResult:
+        timeline = self.timeline
+        return SimResult(pool_bytes=timeline[-1][0] if timeline else 0,
+                         pools={k: p.peak_reserved for k, p in sorted(self.pools.items())},
+                         after_capture=list(timeline), hazards=_overlaps(self.touched, self.outputs))
 
 
 def _merged(spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:

@@ -229,3 +229,36 @@ def test_reserved_only_grows_and_best_fit_follows_get_free_block(seq, expandable
         assert all(n == sum(s for s, _ in blocks) for _, n, blocks in layout)
         assert sum(s for _, _, blocks in layout for s, used in blocks if used) == p.allocated
         last = p.reserved
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops, ops, st.booleans())
+def test_a_copy_continues_exactly_as_the_original_and_independently(first, then, expandable):
+    """PoolSim.copy: the optimizer resumes simulations from copies taken after a prefix."""
+    def play(p, seq, live):
+        out = []
+        for is_alloc, size, stream in seq:
+            if is_alloc or not live:
+                b = p.alloc(size, stream)
+                live.append(b)
+                out.append((b.addr, b.size))
+            else:
+                p.free(live.pop(size % len(live)))
+        return out, p.layout(), p.free_state(), p.peak_reserved, p.peak_allocated
+
+    a, b = PoolSim(expandable=expandable), PoolSim(expandable=expandable)
+    live_a, live_b = [], []
+    play(a, first, live_a)
+    play(b, first, live_b)
+    before = (a.layout(), a.free_state())
+    twin = a.copy()
+    # the copy's handles for the live blocks: same positions in its segments
+    by_addr = {}
+    for head in twin._heads:
+        blk = head
+        while blk is not None:
+            by_addr[blk.addr] = blk
+            blk = blk.next
+    live_t = [by_addr[x.addr] for x in live_a]
+    assert play(twin, then, live_t) == play(b, then, live_b)
+    assert (a.layout(), a.free_state()) == before  # the original is untouched

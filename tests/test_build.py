@@ -221,3 +221,27 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     exact = build_plan(BuildOptions(backend="fa3", spec=path, exact=True))
     assert next(d for d in exact.decisions if d.rule == "optimizer").sizes_compared == 200
     assert exact.command[-1] == "--exact" and exact.predicted.pool_bytes == plan.predicted.pool_bytes
+
+
+def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
+    from planner.simulate import Simulation, simulate
+    from schemas.plan import Strategy
+    from planner.specs import default_spec
+    from planner.workload import Workload
+    from planner.resources import backend
+
+    spec = default_spec("eagle")
+    wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
+    strategies = {p.name: Strategy(outputs="keep" if i % 2 else "view", pool="own" if i == 1 else "shared")
+                  for i, p in enumerate(spec.phases)}
+    caps = [(p.name, bs) for p in spec.phases for bs in sorted(p.sizes, reverse=True)[:6]]
+    protect = frozenset({spec.phases[0].name})
+    whole = simulate(caps, strategies, wl, protect=protect, library_bytes=32 << 20)
+    run = Simulation(wl, protect=protect, library_bytes=32 << 20)
+    for phase, bs in caps[:9]:
+        run.capture(phase, bs, strategies[phase])
+    twin = run.copy()
+    for phase, bs in caps[9:]:
+        twin.capture(phase, bs, strategies[phase])
+    assert twin.result() == whole
+    assert run.result().after_capture == whole.after_capture[:9]
