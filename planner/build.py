@@ -30,7 +30,7 @@ from schemas.strategy import AXES
 from . import resources
 from .hf_config import read_model_config
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
-from .optimize import SCREEN_SIZES, Problem, mib, optimize, parse_pins
+from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, mib, optimize, parse_pins
 from .rules import Context, phase_rules, satisfies
 from .simulate import pool_id, simulate
 from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
@@ -258,6 +258,21 @@ def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]
             "its freed blocks: " + ", ".join(f"{n} {mib(alone[n])}" for n in sequence))
 
 
+def _reused_bytes(sims: dict, strategies: dict[str, Strategy], captures: list[tuple[str, int]]) -> int | None:
+    """Pool bytes of ``captures`` under ``strategies`` if the optimizer already
+    simulated exactly that (same captures in the same order, same memory axes;
+    warm-ups and hazard tracking do not change the bytes); else None."""
+    captures = tuple(captures)
+    for members, (seq, sim) in sims.items():
+        if seq == captures and all(_memory(st) == _memory(strategies[n]) for n, st in members):
+            return sim.pool_bytes
+    return None
+
+
+def _memory(st: Strategy) -> tuple[str, ...]:
+    return tuple(getattr(st, ax) for ax in MEMORY_AXES)
+
+
 def build_plan(opts: BuildOptions) -> Plan:
     """Everything ``planner build`` does except writing the file."""
     backend = resources.backend(opts.backend)
@@ -311,7 +326,9 @@ def build_plan(opts: BuildOptions) -> Plan:
         raise ConstraintError(sim.hazards[0], where="planned step order")
     base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in names}
     base_seq = [(n, bs) for n in sequence for bs in capture_order(by_name[n].sizes, baseline.order)]
-    baseline_bytes = simulate(base_seq, base_st, workload, expandable, library_bytes=library).pool_bytes
+    baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
+    if baseline_bytes is None:
+        baseline_bytes = simulate(base_seq, base_st, workload, expandable, library_bytes=library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
     decisions = ([_phase_order_decision(spec, sequence, alone)] if len(sequence) > 1 else []) + sol.decisions
     _check_budget(spec, spec_name, sim.pool_bytes + hoisted, sol.decisions)

@@ -245,3 +245,16 @@ def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
         twin.capture(phase, bs, strategies[phase])
     assert twin.result() == whole
     assert run.result().after_capture == whole.after_capture[:9]
+
+
+@pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="triton", speculative="eagle")])
+def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch):
+    import planner.build as build
+
+    reused = []
+    real = build._reused_bytes
+    monkeypatch.setattr(build, "_reused_bytes", lambda *a: reused.append(real(*a)) or reused[-1])
+    with_reuse = plan_bytes(build_plan(BuildOptions(**kw)))
+    assert reused[-1] is not None  # the optimizer did simulate the engines' loop
+    monkeypatch.setattr(build, "_reused_bytes", lambda *a: None)
+    assert plan_bytes(build_plan(BuildOptions(**kw))) == with_reuse
