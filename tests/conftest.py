@@ -37,3 +37,24 @@ def cli(capsys, monkeypatch, tmp_path):
         return code, out, err
 
     return run
+
+
+_PLANS: dict = {}
+
+
+@pytest.fixture(scope="session")
+def built():
+    """``build_plan(BuildOptions(**kw))``, built once per session for the same ``kw``.
+
+    Plans are immutable; tests that only read a plan share it instead of
+    rebuilding the same one (the speculative preset costs about a second).
+    """
+    from planner import BuildOptions, build_plan
+
+    def get(**kw):
+        key = tuple(sorted(kw.items()))
+        if key not in _PLANS:
+            _PLANS[key] = build_plan(BuildOptions(**kw))
+        return _PLANS[key]
+
+    return get

@@ -34,8 +34,8 @@ def test_sglang_sizes_and_max_bs():
     assert sizes[-3:] == [512, 544, 576] and 496 in sizes and 504 not in sizes
 
 
-def test_fa3_ci_gate_hoists_the_workspace_for_multi_token_phases_and_says_why():
-    plan = build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle"))
+def test_fa3_ci_gate_hoists_the_workspace_for_multi_token_phases_and_says_why(built):
+    plan = built(backend="fa3", ci=True, speculative="eagle")
     tv = next(p for p in plan.phases if p.name == "target_verify")
     assert tv.strategy.workspace == "hoisted" and tv.hoisted_bytes == 4 * (4 * 256 + 1)
     gate = [d for d in plan.decisions if d.rule == "fa3-ci-varlen-gate" and d.phase == "target_verify"]
@@ -45,12 +45,12 @@ def test_fa3_ci_gate_hoists_the_workspace_for_multi_token_phases_and_says_why():
     first = next(s for s in plan.steps if s.op == "capture" and s.phase == "target_verify")
     assert prov.index < first.index
     # without --ci the gate does not apply and nothing is hoisted
-    plain = build_plan(BuildOptions(backend="fa3", speculative="eagle"))
+    plain = built(backend="fa3", speculative="eagle")
     assert all(p.strategy.workspace == "pool" for p in plain.phases)
 
 
-def test_outputs_read_across_phases_get_their_own_pool_or_are_kept():
-    plan = build_plan(BuildOptions(backend="fa3", speculative="eagle"))
+def test_outputs_read_across_phases_get_their_own_pool_or_are_kept(built):
+    plan = built(backend="fa3", speculative="eagle")
     tv = next(p for p in plan.phases if p.name == "target_verify")
     assert tv.strategy.pool == "own" or tv.strategy.outputs == "keep"
     opt = next(d for d in plan.decisions if d.phase == "target_verify" and d.rule == "optimizer")
@@ -190,8 +190,8 @@ def test_trace_driven_prediction(tmp_path):
     assert plan.predicted.pool_bytes == (32 + 16 + 2) * 2**20
 
 
-def test_building_twice_gives_identical_bytes():
-    a = plan_bytes(build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))
+def test_building_twice_gives_identical_bytes(built):
+    a = plan_bytes(built(backend="fa3", ci=True, speculative="eagle"))  # built earlier in the session
     b = plan_bytes(build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))
     assert a == b and a.endswith(b"\n") and b"/work/" not in a and b"/tmp" not in a
 
@@ -247,14 +247,19 @@ def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
     assert run.result().after_capture == whole.after_capture[:9]
 
 
-@pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="triton", speculative="eagle")])
-def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch):
+def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
     import planner.build as build
 
     reused = []
     real = build._reused_bytes
     monkeypatch.setattr(build, "_reused_bytes", lambda *a: reused.append(real(*a)) or reused[-1])
-    with_reuse = plan_bytes(build_plan(BuildOptions(**kw)))
-    assert reused[-1] is not None  # the optimizer did simulate the engines' loop
-    monkeypatch.setattr(build, "_reused_bytes", lambda *a: None)
-    assert plan_bytes(build_plan(BuildOptions(**kw))) == with_reuse
+    build_plan(BuildOptions(backend="fa3", ci=True))
+    assert reused and reused[-1] is not None
+
+
+@pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle")])
+def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch, built):
+    import planner.build as build
+
+    monkeypatch.setattr(build, "_reused_bytes", lambda *a: None)  # always simulate the engines' loop
+    assert plan_bytes(build_plan(BuildOptions(**kw))) == plan_bytes(built(**kw))

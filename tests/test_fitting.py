@@ -151,11 +151,11 @@ def test_any_exact_affine_of_a_padded_batch_is_recovered(a, b, k, mid):
         assert _sizes(w, "decode", bs)[0] == f(bs)
 
 
-def test_profile_subset_keeps_planned_order_and_warmups():
+def test_profile_subset_keeps_planned_order_and_warmups(built):
     pytest.importorskip("torch")
     from executor.profiling import subset_plan
 
-    plan = build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle"))
+    plan = built(backend="fa3", ci=True, speculative="eagle")
     sub = subset_plan(plan)
     caps = [(s.phase, s.bs) for s in sub.steps if s.op == "capture"]
     for p in plan.phases:
