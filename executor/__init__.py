@@ -13,13 +13,15 @@ torch on first use. Never imports networkx, typer or the planner.
 
 from __future__ import annotations
 
+from schemas import __version__
+
 from .dispatch import PadTable
 from .errors import (CaptureFailed, EnvironmentMismatch, ExecutorError, StaleOutputError,
                      VerificationFailed)
 from .load import Environment, check_environment, load_plan
 
 __all__ = [
-    "load_plan", "Environment", "check_environment", "PadTable",
+    "__version__", "load_plan", "Environment", "check_environment", "PadTable",
     "capture", "GraphSet", "CaptureTarget", "verify", "profile", "write_trace", "check_plan_agreement",
     "ExecutorError", "EnvironmentMismatch", "CaptureFailed", "StaleOutputError", "VerificationFailed",
 ]

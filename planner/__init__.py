@@ -22,6 +22,10 @@ _WHERE = {"BuildOptions": ".build", "build_plan": ".build", "check_plan": ".buil
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # one source: schemas.__version__ (pyproject reads it too)
+        from schemas import __version__
+
+        return __version__
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name], __name__), name)
     raise AttributeError(f"module 'planner' has no attribute {name!r}")

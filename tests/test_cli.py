@@ -131,7 +131,15 @@ def test_bare_planner_help_version_and_debug(cli):
         code, out, _ = cli(flag)
         assert code == 0 and out.startswith("Usage: planner")
     code, out, _ = cli("--version")
-    assert code == 0 and out.startswith("planner (capture-plan) ")
+    import executor
+    import planner
+    import schemas
+
+    assert code == 0 and out == f"planner (capture-plan) {schemas.__version__}\n"
+    assert planner.__version__ == executor.__version__ == schemas.__version__
+    from importlib.metadata import version
+
+    assert version("capture-plan") == schemas.__version__  # pyproject reads the same attribute
     # --debug belongs to `planner`, before the command; after it, it is unknown (no argv scanning)
     code, _, err = cli("build", "-b", "nope", "--debug")
     assert code == 2 and "No such option: --debug" in err

@@ -30,12 +30,9 @@ _state = {"debug": False}
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from schemas import __version__
 
-        try:
-            typer.echo(f"planner (capture-plan) {version('capture-plan')}")
-        except PackageNotFoundError:  # running from a source tree that was never installed
-            typer.echo("planner (capture-plan) unknown version")
+        typer.echo(f"planner (capture-plan) {__version__}")
         raise typer.Exit()
 
 
