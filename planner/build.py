@@ -170,7 +170,7 @@ def _check_tp(spec: Spec, tp: int) -> None:
                          fix="use a tensor-parallel size that divides the model's heads and MLP")
 
 
-def _workload(opts: BuildOptions, spec: Spec, backend: dict, tp: int) -> tuple[Workload, Path | None, str | None]:
+def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: int) -> tuple[Workload, Path | None, str | None]:
     """The analytic model, or the recorded trace when one is given: JSON from
     executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
     path = _trace_path(opts, spec)
@@ -211,7 +211,7 @@ def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[
     return forced
 
 
-def _steps(sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict, backend: dict) -> list[Step]:
+def _steps(sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict, backend: resources.Backend) -> list[Step]:
     steps = []
     for i, sid in enumerate(order):
         node = sg.g.nodes[sid]
@@ -345,8 +345,8 @@ def build_plan(opts: BuildOptions) -> Plan:
                       trace_digest=trace_digest,
                       **({"model_config": model_config[0], "model_config_digest": model_config[1]}
                          if model_config else {})),
-        requires=Requires(backend=opts.backend, modules=list(backend["modules"]),
-                          min_compute_capability=list(backend["min_compute_capability"]), tp=tp),
+        requires=Requires(backend=opts.backend, modules=list(backend.modules),
+                          min_compute_capability=list(backend.min_compute_capability), tp=tp),
         phases=[PhasePlan(name=n, kind=by_name[n].kind, sizes=capture_order(by_name[n].sizes, strategies[n].order),
                           tokens_per_request=by_name[n].tokens_per_request,
                           output_lifetime=by_name[n].output_lifetime, strategy=strategies[n],

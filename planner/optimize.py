@@ -27,6 +27,7 @@ from schemas.spec import Choice, Phase, Rule
 from schemas.strategy import AXES, AXIS_VALUES
 
 from .allocator import MiB
+from .resources import Backend
 from .rules import choice_label, satisfies, violated
 from .simulate import Simulation, pool_id
 from .workload import Workload, workspace_bytes
@@ -72,7 +73,7 @@ class Problem:
     #: capture order of the phases
     sequence: list[str]
     rules: dict[str, list[Rule]]
-    backend: dict
+    backend: Backend
     workload: Workload
     pins: dict[str | None, dict[str, str]]
     #: the engines' loop: where the search starts when no rule prefers otherwise
@@ -106,7 +107,7 @@ def _candidates(phase: Phase, pb: Problem) -> list[Strategy]:
     # is considered only where a rule asks for it or a pin names it.
     asked = any(c.workspace for r in pb.rules[phase.name] for c in r.require) or \
         "workspace" in _pinned(phase.name, pb.pins)
-    if not pb.backend.get("workspace") or not asked:
+    if pb.backend.workspace is None or not asked:
         values["workspace"] = ("pool",)
     if len(pb.phases) == 1:
         values["pool"] = ("shared",)  # one phase: "own" is the same pool
@@ -124,7 +125,7 @@ def _preference(rules: list[Rule], base: Choice) -> dict[str, str]:
 
 def _check_pins(phase: Phase, pins: dict[str, str], cands: list[Strategy], rules: list[Rule], pb: Problem) -> None:
     where = "--strategy " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
-    if pins.get("workspace") == "hoisted" and not pb.backend.get("workspace"):
+    if pins.get("workspace") == "hoisted" and pb.backend.workspace is None:
         raise ConstraintError(f"phase {phase.name!r}: this backend has no workspace to hoist", where=where)
     if not cands:
         return

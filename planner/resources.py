@@ -3,6 +3,12 @@
 Data lives in ``planner/data/*.toml`` so that a reviewer changes a rule by
 editing data, not an if-chain. Their bytes feed ``rules_digest`` in every plan:
 changing a rule makes every checked-in plan stale, which CI then reports.
+
+Backends are strict typed data (:class:`Backend`): a key the struct does not
+know is an error naming the file and key. Adding a backend is one
+``[backends.NAME]`` table in ``backends.toml``; the CLI's choices and help
+are read from it. What this does not do: a backend whose attention allocates
+in a way the fields below cannot express needs code in planner/workload.py.
 """
 
 from __future__ import annotations
@@ -10,18 +16,19 @@ from __future__ import annotations
 import functools
 import sys
 from importlib import resources
-from typing import Any
+from typing import Any, Optional
 
-from schemas.codec import convert, sha256
+import msgspec
+
 from schemas.errors import InputError
-from schemas.spec import Choice, Rule
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "rules_digest", "BACKENDS"]
+__all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "backend", "backend_names", "rules_digest",
+           "Backend", "Workspace"]
 
 _FILES = ("rules.toml", "backends.toml", "presets.toml")
 
@@ -39,25 +46,63 @@ def data(name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def builtin_rules() -> tuple[Rule, ...]:
+def builtin_rules() -> tuple:
+    """The rules of ``rules.toml`` as :class:`schemas.spec.Rule`."""
+    from schemas.codec import convert
+    from schemas.spec import Rule
+
     return tuple(convert(data("rules.toml")["rules"], list[Rule], "planner/data/rules.toml"))
 
 
 @functools.cache
-def baseline() -> Choice:
-    """The engines' hard-coded schedule, the yardstick every plan reports against."""
+def baseline():
+    """The engines' hard-coded schedule (a :class:`schemas.spec.Choice`), the yardstick every plan reports against."""
+    from schemas.codec import convert
+    from schemas.spec import Choice
+
     raw = {k: v for k, v in data("rules.toml")["baseline"].items() if k != "why"}
     return convert(raw, Choice, "planner/data/rules.toml: $.baseline")
 
 
-def backends() -> dict[str, dict[str, Any]]:
-    return data("backends.toml")["backends"]
+class Workspace(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A per-call workspace the backend allocates in the pool unless hoisted:
+    ``elem_bytes * (per_request * round_up(batch, round_batch_to) + fixed)`` bytes."""
+
+    name: str
+    elem_bytes: int
+    per_request: int
+    fixed: int
+    round_batch_to: int
 
 
-BACKENDS = ("fa3", "flashinfer", "triton", "torch")
+class Backend(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One ``[backends.NAME]`` table of ``planner/data/backends.toml``."""
+
+    description: str
+    #: importable modules providing the kernels (any one suffices; the executor checks)
+    modules: list[str]
+    min_compute_capability: list[int]
+    workspace: Optional[Workspace] = None
+    #: the kernel allocates a float32 log-sum-exp per token and head
+    lse: bool = False
+    #: bytes per (token, head, head-dim element) of temporaries allocated and freed inside each call
+    attention_temp_factor: float = 0.0
 
 
-def backend(name: str) -> dict[str, Any]:
+@functools.cache
+def backends() -> dict[str, Backend]:
+    from schemas.codec import convert
+
+    return {name: convert(table, Backend, f"planner/data/backends.toml: $.backends.{name}")
+            for name, table in data("backends.toml")["backends"].items()}
+
+
+def backend_names() -> list[str]:
+    """The backends' names, sorted, without converting the tables (for the CLI's help)."""
+    return sorted(data("backends.toml")["backends"])
+
+
+def backend(name: str) -> Backend:
     table = backends()
     if name not in table:
         raise InputError(f"unknown backend {name!r}", where="--backend", fix=f"use one of {', '.join(sorted(table))}")
@@ -66,4 +111,6 @@ def backend(name: str) -> dict[str, Any]:
 
 @functools.cache
 def rules_digest() -> str:
+    from schemas.codec import sha256
+
     return sha256(b"".join(data_bytes(f) for f in _FILES))

@@ -27,6 +27,7 @@ from schemas.spec import Model, Phase
 from schemas.trace import CaptureTrace, Event, Trace
 
 from .fitting import fit_phase
+from .resources import Backend
 
 __all__ = ["Workload", "Program", "CARRY", "analytic_program", "analytic_capture", "workspace_bytes"]
 
@@ -36,13 +37,12 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def workspace_bytes(backend: dict, bs: int, tokens_per_request: int) -> int:
+def workspace_bytes(backend: Backend, bs: int, tokens_per_request: int) -> int:
     """Bytes of the backend's per-call workspace at batch ``bs`` (0: none)."""
-    ws = backend.get("workspace")
-    if not ws:
+    ws = backend.workspace
+    if ws is None:
         return 0
-    batch = _round_up(bs, ws["round_batch_to"])
-    return ws["elem_bytes"] * (ws["per_request"] * batch + ws["fixed"])
+    return ws.elem_bytes * (ws.per_request * _round_up(bs, ws.round_batch_to) + ws.fixed)
 
 
 #: id, inside a repeated body, of the block carried in from before it
@@ -132,15 +132,15 @@ def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int) -> int:
     return out
 
 
-def _attention(ev: _Ops, backend: dict, bs: int, tpr: int, heads: int, hd: int, d: int) -> int:
+def _attention(ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: int, d: int) -> int:
     """The backend call: its output, float32 log-sum-exp, per-call workspace, partials."""
     tokens = bs * tpr
     out = ev.alloc(tokens * heads * hd * d)
-    lse = ev.alloc(tokens * heads * 4) if backend.get("lse", False) else None
+    lse = ev.alloc(tokens * heads * 4) if backend.lse else None
     ws = workspace_bytes(backend, bs, tpr)
     if ws:
         ev.free(ev.alloc(ws, "workspace"))
-    factor = backend.get("attention_temp_factor", 0.0)
+    factor = backend.attention_temp_factor
     if factor:
         ev.free(ev.alloc(int(tokens * heads * hd * factor)))
     if lse is not None:
@@ -153,13 +153,13 @@ class _Shape:
     """Per-rank dimensions of one analytic program."""
 
     model: Model
-    backend: dict
+    backend: Backend
     heads: int
     kv_heads: int
     inter: int
 
     @classmethod
-    def of(cls, model: Model, backend: dict, tp: int) -> "_Shape":
+    def of(cls, model: Model, backend: Backend, tp: int) -> "_Shape":
         return cls(model, backend, max(1, model.heads // tp), max(1, model.kv_heads // tp),
                    max(1, model.intermediate // tp))
 
@@ -287,7 +287,7 @@ _PROGRAMS = {
 }
 
 
-def analytic_program(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1) -> Program:
+def analytic_program(model: Model, phase: Phase, bs: int, backend: Backend, tp: int = 1) -> Program:
     """The allocations of capturing ``phase`` at batch ``bs``, with a repeated body.
 
     Mirrors a straightforward PyTorch engine step (executor/reference.py and
@@ -300,7 +300,7 @@ def analytic_program(model: Model, phase: Phase, bs: int, backend: dict, tp: int
     return _PROGRAMS[phase.kind](_Shape.of(model, backend, tp), phase, bs)
 
 
-def analytic_capture(model: Model, phase: Phase, bs: int, backend: dict, tp: int = 1) -> CaptureTrace:
+def analytic_capture(model: Model, phase: Phase, bs: int, backend: Backend, tp: int = 1) -> CaptureTrace:
     """:func:`analytic_program` written out as a flat trace (every layer)."""
     return CaptureTrace(phase=phase.name, bs=bs,
                         events=analytic_program(model, phase, bs, backend, tp).flatten())
@@ -317,7 +317,7 @@ class Workload:
     _hoisted: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def analytic(cls, model: Model, phases: list[Phase], backend: dict, tp: int = 1) -> "Workload":
+    def analytic(cls, model: Model, phases: list[Phase], backend: Backend, tp: int = 1) -> "Workload":
         return cls("analytic", {(p.name, bs): analytic_program(model, p, bs, backend, tp)
                                 for p in phases for bs in p.sizes})
 

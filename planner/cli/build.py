@@ -7,13 +7,20 @@ from typing import List, Optional
 
 import typer
 
+from planner.resources import backend_names
+
+
+def _complete_backend(incomplete: str) -> list[str]:
+    return [n for n in backend_names() if n.startswith(incomplete)]
+
 
 def register(app: typer.Typer) -> None:
     app.command("build")(build)
 
 
 def build(
-    backend: str = typer.Option(..., "--backend", "-b", help="Attention backend: fa3, flashinfer, triton, torch."),
+    backend: str = typer.Option(..., "--backend", "-b", autocompletion=_complete_backend,
+                                help=f"Attention backend: {', '.join(backend_names())} (planner/data/backends.toml)."),
     ci: bool = typer.Option(False, "--ci", help="Apply the CI-only gates."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="Spec file (TOML or JSON); default: the embedded spec."),
     speculative: Optional[str] = typer.Option(None, "--speculative", help="Add speculative phases: eagle."),
