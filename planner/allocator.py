@@ -163,11 +163,6 @@ class PoolSim:
     _seg_bytes: list = field(default_factory=list)
 
     # -- free lists: sorted (stream, size, addr) keys per small/large pool ----
-    def _insert(self, b: Block) -> None:
-        key = (b.stream << _STREAM_SHIFT) | (b.size << _SIZE_SHIFT) | b.addr
-        self._blocks[key] = b
-        insort(self._small if b.small else self._large, key)
-
     def _remove(self, b: Block) -> None:
         lst = self._small if b.small else self._large
         key = (b.stream << _STREAM_SHIFT) | (b.size << _SIZE_SHIFT) | b.addr
@@ -181,7 +176,7 @@ class PoolSim:
 
     # -- the allocator -----------------------------------------------------
     def alloc(self, nbytes: int, stream: int = 0) -> Block:
-        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + MIN_BLOCK - 1) & -MIN_BLOCK
         small = size <= SMALL_SIZE
         lst = self._small if small else self._large
         i = bisect_left(lst, (stream << _STREAM_SHIFT) | (size << _SIZE_SHIFT))
@@ -200,8 +195,7 @@ class PoolSim:
         # should_split: with expandable segments both pools split at 512 B
         if (remaining >= MIN_BLOCK) if (small or self.expandable) else (remaining > SMALL_SIZE):
             nxt = block.next
-            rest = Block(block.addr + size, remaining, stream, small, block.segment,
-                         prev=block, next=nxt, tail=block.tail)
+            rest = Block(block.addr + size, remaining, stream, small, block.segment, True, block, nxt, block.tail)
             if nxt is not None:
                 nxt.prev = rest
             block.next = rest
@@ -283,36 +277,43 @@ class PoolSim:
                      for lst in (self._small, self._large))
 
     def free(self, block: Block) -> None:
+        # free_block + try_merge_blocks, inlined: this and alloc are the
+        # planner's inner loop. Neighbours in a segment share its block pool
+        # and stream, so one free list and one stream prefix serve all three.
         if block.free:
             raise ValueError(f"double free of block at {block.addr:#x}")
         block.free = True
         self.allocated -= block.size
+        blocks = self._blocks
+        lst = self._small if block.small else self._large
+        stream = block.stream << _STREAM_SHIFT
         nb = block.prev
         if nb is not None and nb.free:
-            self._remove(nb)
-            self._merge(block, nb)
-        nb = block.next
-        if nb is not None and nb.free:
-            self._remove(nb)
-            self._merge(block, nb)
-        self._insert(block)
-
-    def _merge(self, block: Block, nb: Block) -> None:
-        if nb is block.prev:
+            key = stream | (nb.size << _SIZE_SHIFT) | nb.addr
+            del lst[bisect_left(lst, key)]
+            del blocks[key]
             block.addr = nb.addr
-            block.prev = nb.prev
-            if nb.prev is not None:
-                nb.prev.next = block
+            block.size += nb.size
+            block.prev = before = nb.prev
+            if before is not None:
+                before.next = block
             else:
                 self._heads[block.segment] = block
-        else:
-            block.next = nb.next
-            if nb.next is not None:
-                nb.next.prev = block
+        nb = block.next
+        if nb is not None and nb.free:
+            key = stream | (nb.size << _SIZE_SHIFT) | nb.addr
+            del lst[bisect_left(lst, key)]
+            del blocks[key]
+            block.size += nb.size
+            block.next = after = nb.next
+            if after is not None:
+                after.prev = block
             if nb.tail:
                 block.tail = True
                 self._tails[(block.small, block.stream)] = block
-        block.size += nb.size
+        key = stream | (block.size << _SIZE_SHIFT) | block.addr
+        blocks[key] = block
+        insort(lst, key)
 
     def copy(self) -> "PoolSim":
         """An independent pool in the same state (blocks copied, O(blocks)).
