@@ -24,7 +24,7 @@ from schemas.limits import MODEL_MAX
 from schemas.snapshot import is_pickle, trace_from_snapshot
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
-from schemas.spec import Spec
+from schemas.spec import Phase, Spec
 from schemas.strategy import AXES
 
 from . import resources
@@ -32,7 +32,7 @@ from .hf_config import read_model_config
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, mib, optimize, parse_pins
 from .rules import Context, phase_rules, satisfies
-from .simulate import pool_id, simulate
+from .simulate import SimResult, pool_id, simulate
 from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
 from .workload import Workload, workspace_bytes
 
@@ -273,8 +273,58 @@ def _memory(st: Strategy) -> tuple[str, ...]:
     return tuple(getattr(st, ax) for ax in MEMORY_AXES)
 
 
-def build_plan(opts: BuildOptions) -> Plan:
-    """Everything ``planner build`` does except writing the file."""
+@dataclass(frozen=True)
+class _Resolved:
+    """Step 1 of a build: every input read, checked and matched to rules."""
+
+    backend: resources.Backend
+    spec: Spec
+    spec_name: str
+    spec_raw: bytes
+    model_config: tuple[str, str] | None
+    tp: int
+    allocator: str
+    rules: dict[str, list]
+    by_name: dict[str, Phase]
+    pins: dict[str | None, dict[str, str]]
+    workload: Workload
+    trace_path: Path | None
+    trace_digest: str | None
+    library: int
+    #: pool bytes of each phase's largest graph alone
+    alone: dict[str, int]
+    sequence: list[str]
+    forced: dict[str, list[tuple[str, str]]]
+
+    @property
+    def expandable(self) -> bool:
+        return self.allocator == "expandable"
+
+    @property
+    def protect(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.spec.phases if p.output_lifetime == "across-phases")
+
+
+@dataclass(frozen=True)
+class _Ordered:
+    """Step 3: the step graph of the chosen strategies and its canonical order."""
+
+    graph: StepGraph
+    order: list[str]
+    steps: list[Step]
+
+
+@dataclass(frozen=True)
+class _Predicted:
+    """Step 4: the plan's exact simulation and the engines' loop for comparison."""
+
+    sim: SimResult
+    baseline_bytes: int
+    hoisted: int
+
+
+def _resolve(opts: BuildOptions) -> _Resolved:
+    """Read spec, trace and data; check tp, allocator and budget floor; order the phases."""
     backend = resources.backend(opts.backend)
     spec, spec_name, spec_raw, model_config = _spec(opts)
     tp = opts.tp if opts.tp is not None else spec.tp
@@ -282,88 +332,115 @@ def build_plan(opts: BuildOptions) -> Plan:
     allocator = opts.allocator or spec.allocator
     if allocator not in ("native", "expandable"):
         raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator", fix="use native or expandable")
-    expandable = allocator == "expandable"
     ctx = Context(backend=opts.backend, ci=opts.ci)
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
     rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
-    names = [p.name for p in spec.phases]
-    by_name = {p.name: p for p in spec.phases}
-    pins = parse_pins(list(opts.strategies), names)
+    pins = parse_pins(list(opts.strategies), [p.name for p in spec.phases])
     workload, trace_path, trace_digest = _workload(opts, spec, backend, tp)
 
     library = int(spec.library_mib * 2**20)
-    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: Strategy()}, workload, expandable,
+    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: Strategy()}, workload, allocator == "expandable",
                               library_bytes=library).pool_bytes for p in spec.phases}
     floor = max(alone.values())
     if spec.budget_mib is not None and spec.budget_mib * 2**20 < floor:
         raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
                               f"needs {mib(floor)}", where=f"{spec_name}: $.budget_mib",
                               fix=f"raise budget_mib to at least {-(-floor // 2**20)}")
-    sequence = phase_sequence(spec.phases, alone)
-    forced = _forced_orders(spec, rules, pins)
+    return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_raw=spec_raw, model_config=model_config,
+                     tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
+                     workload=workload, trace_path=trace_path, trace_digest=trace_digest, library=library,
+                     alone=alone, sequence=phase_sequence(spec.phases, alone),
+                     forced=_forced_orders(spec, rules, pins))
 
-    baseline = resources.baseline()
-    sol = optimize(Problem(phases=spec.phases, sequence=sequence, rules=rules, backend=backend,
-                           workload=workload, pins=pins, baseline=baseline, expandable=expandable,
-                           library_bytes=library, screen=None if opts.exact else SCREEN_SIZES))
-    strategies = sol.strategies
 
-    order_rule = {n: _order_rule(rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
-    warm_rule = {n: next((r.id for r in rules[n] if any(c.warmup for c in r.require)), "warmup") for n in names}
-    hoist_rule = {n: next((r.id for r in rules[n] if any(c.workspace == "hoisted" for c in r.require)), "optimizer")
-                  for n in names}
-    sg = build_steps(by_name, sequence, strategies, order_rule, warm_rule, hoist_rule, forced)
+def _optimize(r: _Resolved, opts: BuildOptions):
+    """Step 2: each phase's strategy (optimize.py)."""
+    return optimize(Problem(phases=r.spec.phases, sequence=r.sequence, rules=r.rules, backend=r.backend,
+                            workload=r.workload, pins=r.pins, baseline=resources.baseline(),
+                            expandable=r.expandable, library_bytes=r.library,
+                            screen=None if opts.exact else SCREEN_SIZES))
+
+
+def _order(r: _Resolved, strategies: dict[str, Strategy]) -> _Ordered:
+    names = [p.name for p in r.spec.phases]
+    pins = r.pins
+    order_rule = {n: _order_rule(r.rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
+    warm_rule = {n: next((x.id for x in r.rules[n] if any(c.warmup for c in x.require)), "warmup") for n in names}
+    hoist_rule = {n: next((x.id for x in r.rules[n] if any(c.workspace == "hoisted" for c in x.require)),
+                          "optimizer") for n in names}
+    sg = build_steps(r.by_name, r.sequence, strategies, order_rule, warm_rule, hoist_rule, r.forced)
     order = sg.order()
-    steps = _steps(sg, order, strategies, by_name, backend)
+    return _Ordered(graph=sg, order=order, steps=_steps(sg, order, strategies, r.by_name, r.backend))
 
-    # The prediction simulates the steps exactly as ordered, at every size.
-    protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
+
+def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
+    """The steps simulated exactly as ordered, at every size (the optimizer's
+    simulation when it ran the same captures), and the engines' loop."""
+    strategies = sol.strategies
     captures = tuple((s.phase, s.bs) for s in steps if s.op == "capture")
-    seen = sol.sims.get(tuple((n, strategies[n]) for n in sequence))
+    seen = sol.sims.get(tuple((n, strategies[n]) for n in r.sequence))
     sim = seen[1] if seen is not None and seen[0] == captures else \
-        simulate(captures, strategies, workload, expandable, protect, library)
+        simulate(captures, strategies, r.workload, r.expandable, r.protect, r.library)
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
         raise ConstraintError(sim.hazards[0], where="planned step order")
-    base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in names}
-    base_seq = [(n, bs) for n in sequence for bs in capture_order(by_name[n].sizes, baseline.order)]
+    baseline = resources.baseline()
+    base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in r.sequence}
+    base_seq = [(n, bs) for n in r.sequence for bs in capture_order(r.by_name[n].sizes, baseline.order)]
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
     if baseline_bytes is None:
-        baseline_bytes = simulate(base_seq, base_st, workload, expandable, library_bytes=library).pool_bytes
+        baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
-    decisions = ([_phase_order_decision(spec, sequence, alone)] if len(sequence) > 1 else []) + sol.decisions
-    _check_budget(spec, spec_name, sim.pool_bytes + hoisted, sol.decisions)
+    _check_budget(r.spec, r.spec_name, sim.pool_bytes + hoisted, sol.decisions)
+    return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
+
+def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _Predicted) -> Plan:
+    """Step 5: the Plan, sealed with its digest."""
+    strategies, steps, spec, by_name = sol.strategies, ordered.steps, r.spec, r.by_name
+    decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
     output = output_path(opts)
     plan = Plan(
         name=output.stem,
         command=normalized_command(opts),
-        inputs=Inputs(spec=spec_name, spec_digest=sha256(spec_raw), rules_digest=resources.rules_digest(),
+        inputs=Inputs(spec=r.spec_name, spec_digest=sha256(r.spec_raw), rules_digest=resources.rules_digest(),
                       backend=opts.backend, ci=opts.ci, speculative=opts.speculative,
-                      max_bs=max(max(p.sizes) for p in spec.phases), tp=tp,
+                      max_bs=max(max(p.sizes) for p in spec.phases), tp=r.tp,
                       strategies=sorted(set(opts.strategies)),
-                      trace=_rel(trace_path, output.parent) if trace_path is not None else None,
-                      trace_digest=trace_digest,
-                      **({"model_config": model_config[0], "model_config_digest": model_config[1]}
-                         if model_config else {})),
-        requires=Requires(backend=opts.backend, modules=list(backend.modules),
-                          min_compute_capability=list(backend.min_compute_capability), tp=tp),
+                      trace=_rel(r.trace_path, output.parent) if r.trace_path is not None else None,
+                      trace_digest=r.trace_digest,
+                      **({"model_config": r.model_config[0], "model_config_digest": r.model_config[1]}
+                         if r.model_config else {})),
+        requires=Requires(backend=opts.backend, modules=list(r.backend.modules),
+                          min_compute_capability=list(r.backend.min_compute_capability), tp=r.tp),
         phases=[PhasePlan(name=n, kind=by_name[n].kind, sizes=capture_order(by_name[n].sizes, strategies[n].order),
                           tokens_per_request=by_name[n].tokens_per_request,
                           output_lifetime=by_name[n].output_lifetime, strategy=strategies[n],
                           pool=pool_id(n, strategies[n]),
                           hoisted_bytes=sum(s.bytes for s in steps if s.op == "provision" and s.phase == n))
-                for n in sequence],
+                for n in r.sequence],
         steps=steps,
-        edges=sg.edges({sid: i for i, sid in enumerate(order)}),
+        edges=ordered.graph.edges({sid: i for i, sid in enumerate(ordered.order)}),
         decisions=decisions,
-        predicted=Prediction(source=workload.source, allocator=allocator, pool_bytes=sim.pool_bytes,
-                             pools=sim.pools, largest_graph_bytes=floor, hoisted_bytes=hoisted,
-                             baseline_bytes=baseline_bytes, warmup_runs=sum(s.runs for s in steps),
-                             timeline=_timeline(steps, sim.after_capture),
+        predicted=Prediction(source=r.workload.source, allocator=r.allocator, pool_bytes=pred.sim.pool_bytes,
+                             pools=pred.sim.pools, largest_graph_bytes=max(r.alone.values()),
+                             hoisted_bytes=pred.hoisted, baseline_bytes=pred.baseline_bytes,
+                             warmup_runs=sum(s.runs for s in steps),
+                             timeline=_timeline(steps, pred.sim.after_capture),
                              samples={n: TraceSamples(measured=list(m), derived=list(d))
-                                      for n, (m, d) in sorted(workload.samples.items())}),
+                                      for n, (m, d) in sorted(r.workload.samples.items())}),
     )
     return seal(plan)
+
+
+def build_plan(opts: BuildOptions) -> Plan:
+    """Everything ``planner build`` does except writing the file, in named steps:
+    resolve the inputs -> optimize the strategies -> order the steps -> predict
+    memory -> assemble the sealed plan."""
+    resolved = _resolve(opts)
+    sol = _optimize(resolved, opts)
+    ordered = _order(resolved, sol.strategies)
+    predicted = _predict(resolved, sol, ordered.steps)
+    return _assemble(opts, resolved, sol, ordered, predicted)
 
 
 def plan_bytes(plan: Plan) -> bytes:

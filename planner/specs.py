@@ -20,7 +20,10 @@ SPECULATIVE = ("eagle",)
 
 
 def sgl_sizes(preset: str, max_bs: int) -> list[int]:
-    """SGLang's default capture sizes up to ``max_bs`` (DESIGN §5)."""
+    """SGLang's default capture sizes up to ``max_bs``, as ``presets.toml`` lists them:
+    ``[1,2,4,8,12] + range(16,257,8) + range(272,512,16) + range(512,max+1,32)``, and
+    with speculative decoding ``range(1,9) + range(10,33,2) + range(40,65,4) +
+    range(72,257,8) + range(272,max+1,16)``."""
     if not 1 <= max_bs <= MAX_BS:
         raise InputError(f"must be 1..{MAX_BS}, got {max_bs}", where="--max-bs",
                          fix="give the largest batch size to capture")
