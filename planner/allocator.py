@@ -70,7 +70,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 __all__ = ["PoolSim", "Block", "round_size", "segment_size", "KiB", "MiB",
-           "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
+           "mib", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -80,6 +80,12 @@ SMALL_BUFFER = 2 * MiB
 LARGE_BUFFER = 20 * MiB
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB
+
+
+def mib(n: int, unit: bool = True) -> str:
+    """``n`` bytes in MiB, one decimal, thousands separated: "2,122.0 MiB" (``unit=False``: "2,122.0")."""
+    text = f"{n / MiB:,.1f}"
+    return f"{text} MiB" if unit else text
 
 
 def _round_up(n: int, m: int) -> int:

@@ -30,7 +30,8 @@ from schemas.strategy import AXES
 from . import resources
 from .hf_config import read_model_config
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
-from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, mib, optimize, parse_pins
+from .allocator import mib
+from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
 from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file

@@ -26,13 +26,13 @@ from schemas.plan import Alternative, Decision, Strategy
 from schemas.spec import Choice, Phase, Rule
 from schemas.strategy import AXES, AXIS_VALUES
 
-from .allocator import MiB
+from .allocator import mib
 from .resources import Backend
 from .rules import choice_label, satisfies, violated
 from .simulate import Simulation, pool_id
 from .workload import Workload, workspace_bytes
 
-__all__ = ["Problem", "Solution", "parse_pins", "optimize", "mib"]
+__all__ = ["Problem", "Solution", "parse_pins", "optimize"]
 
 MEMORY_AXES = ("order", "outputs", "workspace", "pool")
 #: Every preset (36 decode sizes, 51 speculative) is compared exactly; a phase
@@ -40,10 +40,6 @@ MEMORY_AXES = ("order", "outputs", "workspace", "pool")
 #: 1024-size x 4-phase build near 2 s (bench/build_bench.py). `--exact` opts out.
 SCREEN_ABOVE = 64
 SCREEN_SIZES = 24
-
-
-def mib(n: int) -> str:
-    return f"{n / MiB:,.1f} MiB"
 
 
 def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str, str]]:

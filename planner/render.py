@@ -11,13 +11,11 @@ import difflib
 from schemas.plan import Plan
 from schemas.report import CaptureReport
 
-from .allocator import MiB
+from .allocator import mib
 
-__all__ = ["mib", "summary", "steps_table", "explain", "diff", "graph", "timeline", "report_table"]
+__all__ = ["summary", "steps_table", "explain", "diff", "graph", "timeline", "report_table"]
 
 
-def mib(n: int) -> str:
-    return f"{n / MiB:,.1f}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -32,9 +30,9 @@ def summary(plan: Plan, path: str) -> str:
     caps = sum(s.op == "capture" for s in plan.steps)
     ratio = p.baseline_bytes / p.pool_bytes if p.pool_bytes else float("inf")
     lines = [f"{path}: {caps} captures in {len(plan.phases)} phase(s), {p.warmup_runs} warm-up run(s); "
-             f"predicted pool {mib(p.pool_bytes)} MiB ({p.source}, {p.allocator} allocator), "
-             f"largest graph alone {mib(p.largest_graph_bytes)} MiB, hoisted {p.hoisted_bytes} B; "
-             f"baseline loop {mib(p.baseline_bytes)} MiB ({ratio:.1f}x)"]
+             f"predicted pool {mib(p.pool_bytes, unit=False)} MiB ({p.source}, {p.allocator} allocator), "
+             f"largest graph alone {mib(p.largest_graph_bytes, unit=False)} MiB, hoisted {p.hoisted_bytes} B; "
+             f"baseline loop {mib(p.baseline_bytes, unit=False)} MiB ({ratio:.1f}x)"]
     for ph in plan.phases:
         lines.append(f"  {ph.name}: {ph.strategy.label()} ({ph.pool} pool)")
     derived = {n: s for n, s in p.samples.items() if s.derived}
@@ -47,7 +45,7 @@ def summary(plan: Plan, path: str) -> str:
 def steps_table(plan: Plan) -> str:
     tl = {m.step: m for m in plan.predicted.timeline}
     rows = [[str(s.index), s.op, s.phase, str(s.bs), s.pool or "-", s.outputs or "-",
-             mib(tl[s.index].reserved), mib(tl[s.index].allocated)] for s in plan.steps]
+             mib(tl[s.index].reserved, unit=False), mib(tl[s.index].allocated, unit=False)] for s in plan.steps]
     return _table(["#", "op", "phase", "bs", "pool", "outputs", "reserved MiB", "allocated MiB"], rows)
 
 
@@ -62,7 +60,7 @@ def explain(plan: Plan) -> str:
             for a in d.alternatives:
                 mark = "ok " if a.feasible else "no "
                 extra = "" if a.feasible else f"  breaks {', '.join(a.violates)}"
-                out.append(f"      {mark}{mib(a.pool_bytes):>10}  {a.strategy.label()}{extra}")
+                out.append(f"      {mark}{mib(a.pool_bytes, unit=False):>10}  {a.strategy.label()}{extra}")
     out += ["", "ordering edges (step -> step: rule):"]
     out += [f"- {e.src} -> {e.dst}: {e.rule}" for e in plan.edges]
     return "\n".join(out)
@@ -77,7 +75,7 @@ def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
                         ("warm-up runs", pa.warmup_runs, pb.warmup_runs)]:
         if x != y:
             unit = "" if label == "warm-up runs" else " MiB"
-            fx, fy = (str(x), str(y)) if not unit else (mib(x), mib(y))
+            fx, fy = (str(x), str(y)) if not unit else (mib(x, unit=False), mib(y, unit=False))
             pct = f" ({(y - x) / x:+.1%})" if x else ""
             out.append(f"predicted {label}: {fx}{unit} -> {fy}{unit}{pct}")
     sa = {p.name: p.strategy.label() for p in a.phases}
@@ -112,16 +110,16 @@ def graph(plan: Plan, fmt: str) -> str:
 
 def timeline(plan: Plan) -> str:
     steps = {s.index: s for s in plan.steps}
-    rows = [[str(m.step), steps[m.step].id, mib(m.reserved), mib(m.allocated)] for m in plan.predicted.timeline]
+    rows = [[str(m.step), steps[m.step].id, mib(m.reserved, unit=False), mib(m.allocated, unit=False)] for m in plan.predicted.timeline]
     return _table(["#", "step", "reserved MiB", "allocated MiB"], rows) + (
-        f"\npeak reserved {mib(plan.predicted.pool_bytes)} MiB")
+        f"\npeak reserved {mib(plan.predicted.pool_bytes, unit=False)} MiB")
 
 
 def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
     rows = []
     for m in report.steps:
         delta = (m.reserved - m.predicted_reserved) / m.predicted_reserved if m.predicted_reserved else 0.0
-        rows.append([str(m.step), m.id, mib(m.predicted_reserved), mib(m.reserved), f"{delta:+.1%}",
+        rows.append([str(m.step), m.id, mib(m.predicted_reserved, unit=False), mib(m.reserved, unit=False), f"{delta:+.1%}",
                      f"{m.seconds * 1e3:.1f}"])
     head = (f"report for {report.plan} on {report.device} (torch {report.torch}, {report.backend_module}); "
             f"capture {report.capture_seconds:.2f} s")
@@ -130,4 +128,4 @@ def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
     tot = report.predicted_pool_bytes
     err = (report.pool_bytes - tot) / tot if tot else 0.0
     return "\n".join([head, _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
-                      f"pool: predicted {mib(tot)} MiB, measured {mib(report.pool_bytes)} MiB ({err:+.1%})"])
+                      f"pool: predicted {mib(tot, unit=False)} MiB, measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})"])
