@@ -21,6 +21,7 @@ differences beyond dividing heads and MLP by ``tp``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from schemas.errors import InputError
 from schemas.spec import Model, Phase
@@ -29,7 +30,8 @@ from schemas.trace import CaptureTrace, Event, Trace
 from .fitting import fit_phase
 from .resources import Backend
 
-__all__ = ["Workload", "Program", "CARRY", "analytic_program", "analytic_capture", "workspace_bytes"]
+__all__ = ["Workload", "Program", "CARRY", "PHASE_KINDS", "PhaseKindModel", "analytic_program", "analytic_capture",
+           "workspace_bytes"]
 
 
 
@@ -211,7 +213,7 @@ def _target_program(s: _Shape, phase: Phase, bs: int) -> Program:
     logits = ev.alloc(tokens * m.vocab * m.dtype_bytes)
     ev.alloc(tokens * m.vocab * m.logits_dtype_bytes, "output")
     ev.free(x, logits)
-    if phase.kind != "target_verify":
+    if not PHASE_KINDS[phase.kind].returns_hidden:
         ev.free(CARRY)
     return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
                    carry_in=embedding, carry_out=new_hidden)
@@ -278,12 +280,25 @@ def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
                    carry_in=carried, carry_out=new_hidden)
 
 
-#: the analytic program of each phase kind
-_PROGRAMS = {
-    "decode": _target_program,
-    "target_verify": _target_program,
-    "draft_extend": _draft_extend_program,
-    "draft_decode": _draft_decode_program,
+@dataclass(frozen=True)
+class PhaseKindModel:
+    """What the analytic model runs for one phase kind (``schemas.strategy.PhaseKind``)."""
+
+    #: builds the capture's program: the target over every token
+    #: (logits of each), the draft over the accepted tokens (logits of the
+    #: last), or the draft's tree steps
+    program: Callable[[_Shape, Phase, int], Program]
+    #: the graph also returns the last layer's hidden state (the draft reads it)
+    returns_hidden: bool = False
+
+
+#: every phase kind the spec accepts; tests/test_workload.py keeps the keys
+#: equal to the PhaseKind values
+PHASE_KINDS: dict[str, PhaseKindModel] = {
+    "decode": PhaseKindModel(_target_program),
+    "target_verify": PhaseKindModel(_target_program, returns_hidden=True),
+    "draft_extend": PhaseKindModel(_draft_extend_program),
+    "draft_decode": PhaseKindModel(_draft_decode_program),
 }
 
 
@@ -297,7 +312,7 @@ def analytic_program(model: Model, phase: Phase, bs: int, backend: Backend, tp: 
     metadata tensors (slots, page tables, top-k scratch) are left out: they
     are bytes against the megabytes of activations and logits.
     """
-    return _PROGRAMS[phase.kind](_Shape.of(model, backend, tp), phase, bs)
+    return PHASE_KINDS[phase.kind].program(_Shape.of(model, backend, tp), phase, bs)
 
 
 def analytic_capture(model: Model, phase: Phase, bs: int, backend: Backend, tp: int = 1) -> CaptureTrace:

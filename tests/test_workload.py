@@ -113,3 +113,12 @@ def test_trace_with_unknown_phase_or_bad_free_is_located():
     t = _trace(CaptureTrace(phase="decode", bs=1, events=[Event(op="free", id=3)]))
     with pytest.raises(InputError, match=r"\$\.captures\[0\]\.events\[0\]: free of id 3"):
         Workload.from_trace(t, [phase], "t.json")
+
+
+def test_every_phase_kind_the_spec_accepts_has_an_analytic_model():
+    from typing import get_args
+
+    from planner.workload import PHASE_KINDS
+    from schemas.strategy import PhaseKind
+
+    assert sorted(PHASE_KINDS) == sorted(get_args(PhaseKind))
