@@ -112,11 +112,16 @@ def test_unknown_backend_unreadable_spec_and_unwritable_output(cli, tmp_path):
     assert code == 1 and "file/plan.json: cannot write" in err
 
 
+def _no_such_option(err: str, name: str) -> bool:
+    # click words it "No such option: --x" (8.2) or "No such option '--x'" (8.3): both name it
+    return "No such option" in err and name in err
+
+
 def test_usage_errors_are_the_frameworks_exit_2(cli):
     code, _, err = cli("build")
-    assert code == 2 and "Missing option '--backend'" in err and "Try 'planner build -h'" in err
+    assert code == 2 and "Missing option '--backend'" in err and "Try 'planner build -" in err
     code, _, err = cli("build", "-b", "fa3", "--frobnicate")
-    assert code == 2 and "No such option: --frobnicate" in err
+    assert code == 2 and _no_such_option(err, "--frobnicate")
     code, _, err = cli("biuld")
     assert code == 2 and "No such command 'biuld'" in err and "planner planner" not in err
     code, _, err = cli("build", "-b", "fa3", "--tp", "x")
@@ -142,7 +147,7 @@ def test_bare_planner_help_version_and_debug(cli):
     assert version("capture-plan") == schemas.__version__  # pyproject reads the same attribute
     # --debug belongs to `planner`, before the command; after it, it is unknown (no argv scanning)
     code, _, err = cli("build", "-b", "nope", "--debug")
-    assert code == 2 and "No such option: --debug" in err
+    assert code == 2 and _no_such_option(err, "--debug")
     code, _, err = cli("build", "-b", "nope")
     assert code == 1 and err.count("\n") == 1
     from schemas.errors import InputError
