@@ -85,7 +85,7 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
         prog = workload.program(phase, bs, hoisted=st.workspace == "hoisted")
         run(prog.prologue)
         if prog.repeats:
-            carried = live.pop(prog.carry_in)
+            carried = live.pop(prog.carry_in) if prog.carry_in is not None else None
             seen: dict[tuple, int] = {}
             i = 0
             while i < prog.repeats:
@@ -97,7 +97,7 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
                 # `allocated`), so the free lists (summarized in O(1), see
                 # PoolSim.free_state) and that block pin the state.
                 if seen is not None:
-                    sig = (pool.free_state(), carried[0].addr)
+                    sig = (pool.free_state(), carried[0].addr if carried is not None else -1)
                     if sig in seen:
                         period = i - seen[sig]
                         i += (prog.repeats - i) // period * period
@@ -108,6 +108,10 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
                 run(prog.body)
                 carried = live.pop(prog.carry_out)
                 i += 1
+            if prog.carry_kind is not None:  # the step returns what the last repetition carries out
+                carried = (carried[0], prog.carry_kind)
+                if tracked and prog.carry_kind == "output" and phase in protect:
+                    outputs.append((pid, phase, bs, carried[0].addr, carried[0].addr + carried[0].size))
             live[CARRY] = carried
         run(prog.epilogue)
         for block, kind in live.values():

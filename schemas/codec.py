@@ -262,6 +262,16 @@ def validate_spec(spec: Spec, source: str) -> Spec:
         if phase.tokens_per_request > MAX_TOKENS_PER_REQUEST:
             raise InputError(f"tokens_per_request = {_short(phase.tokens_per_request)} is over the limit of "
                              f"{MAX_TOKENS_PER_REQUEST}", where=f"{source}: $.phases[{i}].tokens_per_request")
+        # draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
+        for field, kinds in (("steps", ("draft_decode",)), ("topk", ("draft_decode", "draft_extend"))):
+            value = getattr(phase, field)
+            if value != 1 and phase.kind not in kinds:
+                raise InputError(f"{field} = {_short(value)} has no meaning for a {phase.kind} phase",
+                                 where=f"{source}: $.phases[{i}].{field}",
+                                 fix=f"set {field} on {' or '.join(kinds)} phases only")
+            if value > MAX_TOKENS_PER_REQUEST:
+                raise InputError(f"{field} = {_short(value)} is over the limit of {MAX_TOKENS_PER_REQUEST}",
+                                 where=f"{source}: $.phases[{i}].{field}")
         if phase.layers is not None and phase.layers > MODEL_MAX["layers"]:
             raise InputError(f"layers = {_short(phase.layers)} is over the limit of {MODEL_MAX['layers']}",
                              where=f"{source}: $.phases[{i}].layers")
