@@ -132,32 +132,51 @@ class _Duplicate(Exception):
     pass
 
 
+def _bad_value(obj: Any, non_negative: bool) -> str | None:
+    """Why one leaf value is refused, or None."""
+    if isinstance(obj, bool) or not isinstance(obj, (int, float)):
+        return None
+    if isinstance(obj, int):
+        if abs(obj) > MAX_INT:
+            return f"number out of range: {_short(obj)} (the limit is 2**53)"
+    elif not math.isfinite(obj) or abs(obj) > MAX_INT:
+        return f"number out of range: {obj!r}"
+    if non_negative and obj < 0:
+        return f"must be >= 0, got {obj!r}"
+    return None
+
+
 def _check_values(raw: Any, source: str, kind: str, *, non_negative: bool = False) -> None:
     """Every number finite and within ``MAX_INT`` (``non_negative``: also >= 0),
     nesting at most ``MAX_DEPTH``: absurd values are refused here, located,
-    instead of overflowing deep inside a build. Iterative: no recursion limit."""
-    stack: list[tuple[Any, str, int]] = [(raw, "$", 0)]
+    instead of overflowing deep inside a build. Iterative: no recursion limit.
+    Paths are only spelled out for the value that fails (plans are walked at
+    every engine start)."""
+    stack: list[tuple[Any, tuple, int]] = [(raw, (), 0)]
     while stack:
         obj, path, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=f"{source}: {path}", fix=_FIX[kind])
+            raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=f"{source}: {_spell(path)}",
+                             fix=_FIX[kind])
         if isinstance(obj, dict):
-            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in obj.items())
+            depth += 1
+            stack.extend((v, (path, k), depth) for k, v in obj.items() if isinstance(v, (dict, list, int, float)))
         elif isinstance(obj, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj))
-        elif isinstance(obj, bool):
-            continue
-        elif isinstance(obj, int):
-            if abs(obj) > MAX_INT:
-                raise InputError(f"number out of range: {_short(obj)} (the limit is 2**53)", where=f"{source}: {path}",
-                                 fix=_FIX[kind])
-            if non_negative and obj < 0:
-                raise InputError(f"must be >= 0, got {obj}", where=f"{source}: {path}", fix=_FIX[kind])
-        elif isinstance(obj, float):
-            if not math.isfinite(obj) or abs(obj) > MAX_INT:
-                raise InputError(f"number out of range: {obj!r}", where=f"{source}: {path}", fix=_FIX[kind])
-            if non_negative and obj < 0:
-                raise InputError(f"must be >= 0, got {obj!r}", where=f"{source}: {path}", fix=_FIX[kind])
+            depth += 1
+            stack.extend((v, (path, i), depth) for i, v in enumerate(obj) if isinstance(v, (dict, list, int, float)))
+        else:
+            why = _bad_value(obj, non_negative)
+            if why:
+                raise InputError(why, where=f"{source}: {_spell(path)}", fix=_FIX[kind])
+
+
+def _spell(path: tuple) -> str:
+    """``(((), "a"), 0)`` -> ``$.a[0]``; a linked list keeps the walk cheap."""
+    parts = []
+    while path:
+        path, key = path
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "$" + "".join(reversed(parts))
 
 
 def _short(n: int) -> str:
