@@ -11,7 +11,6 @@ the same bytes on any machine (tests/test_determinism.py).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path

@@ -113,6 +113,8 @@ def _sweep(path: Path) -> None:
     for name in names:
         try:
             pid = int(name[len(prefix):].split("-")[0])
+            if pid <= 0:
+                continue
             os.kill(pid, 0)
             continue  # its writer still runs
         except ProcessLookupError:

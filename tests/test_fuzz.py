@@ -10,7 +10,7 @@ must really be valid, judged by checks written independently of the
 planner's (no duplicate keys, names matching the pattern exactly, numbers in
 range, a plan's digest matching its content).
 
-Examples per test: ``CAPTURE_PLAN_FUZZ_EXAMPLES`` (default 25, a few seconds
+Examples per test: ``CAPTURE_PLAN_FUZZ_EXAMPLES`` (default 20, a few seconds
 for the whole file); ``CAPTURE_PLAN_FUZZ_LOG=path`` appends one line per input
 run, to count them over a long run::
 
@@ -43,7 +43,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-EXAMPLES = int(os.environ.get("CAPTURE_PLAN_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("CAPTURE_PLAN_FUZZ_EXAMPLES", "20"))
 LOG = os.environ.get("CAPTURE_PLAN_FUZZ_LOG")
 HANG_S = 60
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False, database=None,
