@@ -498,3 +498,25 @@ def test_special_files_where_a_file_is_expected(tmp_path, where, kind):
     if kind == "output" and where.startswith("/dev/"):  # --force never replaces a device
         expect_clean(planner(*args, "--force"))
         assert not Path(where).is_file()
+
+
+OPTION_VALUES = st.one_of(st.sampled_from(["", "fa3", "eagle", "native", "expandable", "0", "-1", "8", "2",
+                                           "order=smallest-first", "decode.outputs=keep", "=", "x.y=z", "1e9",
+                                           "99999999999999999999", "plans", "."]), st.text(max_size=12))
+
+
+@FUZZ
+@given(pairs=st.lists(st.tuples(st.sampled_from(["--backend", "--speculative", "--max-bs", "--tp", "--allocator",
+                                                 "-s", "--ci", "--exact", "-o"]), OPTION_VALUES), max_size=5))
+def test_fuzz_build_options(work, pairs):
+    """What a user types: exit 0, 1 (bad value) or 2 (the framework's usage error), nothing else."""
+    args = ["build", "--max-bs", "16", "--dry-run"]
+    for flag, value in pairs:
+        args += [flag] if flag in ("--ci", "--exact") else [flag, value.replace("\x00", "")]
+    if "--backend" not in args:
+        args += ["--backend", "fa3"]
+    code, out, err = planner(*args)
+    if code == 2:
+        assert "Usage: planner build" in err and "Traceback" not in err, err
+    else:
+        expect_clean((code, out, err))

@@ -423,3 +423,9 @@ def test_max_bs_at_the_limit_with_every_phase_is_refused_by_the_size_limits(cli)
 def test_checked_in_plans_decode_and_validate():
     for path in sorted((ROOT / "plans").glob("*.json")):
         decode_plan(path.read_bytes(), str(path))
+
+
+def test_empty_option_values_are_refused(cli):
+    one_line_error(cli("build", "-b", "fa3", "--allocator", ""), "--allocator: unknown allocator mode ''")
+    for out in ("", ".", "/"):
+        one_line_error(cli("build", "-b", "fa3", "-o", out, "--dry-run"), "-o: ", "names no file")
