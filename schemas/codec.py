@@ -110,9 +110,9 @@ def sniff_kind(raw: Any) -> str | None:
 
 def _expect_kind(raw: Any, kind: str, source: str) -> dict:
     if not isinstance(raw, dict):
-        got = type(raw).__name__ if not isinstance(raw, list) else "array"
-        raise InputError(f"a {kind} must be a JSON object (a TOML table), got {'an' if got == 'int' else 'a'} {got}",
-                         where=f"{source}: $", fix=_WANT[kind])
+        got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(raw), "a number")
+        raise InputError(f"a {kind} must be a JSON object (a TOML table), got {got}", where=f"{source}: $",
+                         fix=_WANT[kind])
     got = sniff_kind(raw)
     if got is not None and got != kind:
         raise InputError(f"this is a {got} file, not a {kind}", where=source, fix=_WANT[kind])
