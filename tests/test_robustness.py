@@ -12,7 +12,6 @@ import stat
 import threading
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from schemas.codec import canonical_bytes, decode_plan, plan_digest
@@ -285,8 +284,8 @@ def test_9_absurd_plan_numbers(cli, tmp_path, plan_raw):
 # 14. the kind of file is named ----------------------------------------------------------------
 
 def test_14_wrong_kind_of_file(cli, tmp_path):
-    shutil_copy = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
-    (tmp_path / "t.json").write_bytes(shutil_copy)
+    trace_bytes = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
+    (tmp_path / "t.json").write_bytes(trace_bytes)
     one_line_error(cli("show", "t.json"), "t.json: this is a trace file, not a plan", "plans/*.json")
     (tmp_path / "p.json").write_bytes((ROOT / "plans/fa3-ci.json").read_bytes())
     one_line_error(cli("report", "p.json"), "p.json: this is a plan file, not a report")
@@ -424,3 +423,9 @@ def test_max_bs_at_the_limit_with_every_phase_is_refused_by_the_size_limits(cli)
 def test_checked_in_plans_decode_and_validate():
     for path in sorted((ROOT / "plans").glob("*.json")):
         decode_plan(path.read_bytes(), str(path))
+
+
+def test_empty_option_values_are_refused(cli):
+    one_line_error(cli("build", "-b", "fa3", "--allocator", ""), "--allocator: unknown allocator mode ''")
+    for out in ("", ".", "/"):
+        one_line_error(cli("build", "-b", "fa3", "-o", out, "--dry-run"), "-o: ", "names no file")
