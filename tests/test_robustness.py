@@ -37,10 +37,19 @@ def reseal(raw: dict) -> bytes:
     return canonical_bytes(raw)
 
 
+@pytest.fixture(scope="module")
+def eagle_plan() -> bytes:
+    from planner import BuildOptions, build_plan, plan_bytes
+
+    return plan_bytes(build_plan(BuildOptions(backend="fa3", speculative="eagle", max_bs=8)))
+
+
 @pytest.fixture
-def plan_raw(cli, tmp_path) -> dict:
-    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--max-bs", "8")[0] == 0
-    return json.loads((tmp_path / "plans/fa3-eagle.json").read_text())
+def plan_raw(cli, tmp_path, eagle_plan) -> dict:
+    """A small multi-phase plan at plans/fa3-eagle.json in the test's cwd (built once)."""
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans/fa3-eagle.json").write_bytes(eagle_plan)
+    return json.loads(eagle_plan)
 
 
 # 1. deep nesting ------------------------------------------------------------------
