@@ -227,24 +227,13 @@ class SpeculativeModel:
         """FA3's scheduler metadata for the phase's attention calls, computed
         outside the graph into the hoisted buffer (``draft_decode``'s steps
         each see other lengths, so its plans keep the workspace in the pool)."""
-        fa3 = self.target.fa3
-        if fa3 is None:
+        if self.target.fa3 is None:
             return
         kind = self.kind(phase)
         if kind == "draft_decode":
             raise ValueError("draft_decode cannot use a hoisted workspace: each step's lengths differ")
         model = self.draft if kind == "draft_extend" else self.target
-        tpr = self.cfg.tokens(kind)
-        md = fa3.get_scheduler_metadata(
-            bs, tpr, self.cfg.max_seqlen, model.heads, model.kv_heads, model.head_dim,
-            self.seq_lens[:bs], qkv_dtype=torch.bfloat16, headdim_v=model.head_dim,
-            max_seqlen_k_new=tpr, causal=True)
-        buf = workspace.view(torch.int32)
-        if md.numel() > buf.numel():
-            raise ValueError(f"FA3 scheduler metadata needs {md.numel() * 4} B at bs={bs}, "
-                             f"the hoisted workspace has {workspace.numel()} B")
-        buf[: md.numel()].copy_(md)
-        self._md_len[(phase, bs)] = md.numel()
+        self._md_len[(phase, bs)] = model.scheduler_metadata(bs, self.cfg.tokens(kind), self.seq_lens[:bs], workspace)
 
     def _check_bs(self, bs: int) -> None:
         if not 1 <= bs <= self.cfg.max_bs:
