@@ -148,8 +148,7 @@ def executor_run(plan_path: Path, model, gen, out_dir: Path, trace_dir: Path) ->
     res = {"pool_mib": rep.pool_bytes / MiB, "capture_s": rep.capture_seconds,
            "predicted_analytic_mib": plan.predicted.pool_bytes / MiB,
            "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
-           "phases": per_phase(rep, plan), "pools": per_pool(gs, plan),
-           "floors_mib": {}}
+           "phases": per_phase(rep, plan), "pools": per_pool(gs, plan)}
     bad, n = check_graphs(gs, gen)
     res["replays"], res["replays_not_equal_eager"] = n, bad
     gs.write_report(out_dir / f"report-{plan.name}.json")

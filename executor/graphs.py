@@ -446,7 +446,7 @@ class _Steps:
             self.bar.close()
             self.bar = None
         if self.recorder is not None:
-            self.recorder.stop()
+            self.recorder.close()  # reading the history could raise and hide the real failure
             self.recorder = None
         _clear_frames(failure)
 

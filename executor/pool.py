@@ -74,8 +74,8 @@ class AllocationRecorder:
     number of captures.
     """
 
-    #: marker sizes: odd byte counts from here up (a model's tensors are whole elements of
-    #: 2 or 4 bytes, and a marker is matched by address and size while it is alive)
+    #: marker sizes: odd byte counts from here up, two apart (a model's tensors are whole
+    #: elements of 2 or 4 bytes, and a marker is matched by address and size while it is alive)
     _MARK = 12345
 
     def __init__(self, max_entries: int = 2_000_000):
@@ -92,7 +92,7 @@ class AllocationRecorder:
         return traces[dev] if dev < len(traces) else []
 
     def _mark(self) -> int:
-        self._markers.append(torch.empty(self._MARK + len(self._markers), dtype=torch.uint8, device="cuda"))
+        self._markers.append(torch.empty(self._MARK + 2 * len(self._markers), dtype=torch.uint8, device="cuda"))
         return len(self._markers) - 1
 
     def begin(self) -> None:
@@ -116,12 +116,18 @@ class AllocationRecorder:
                                "raise AllocationRecorder(max_entries=...)")
         return pos
 
+    def close(self) -> None:
+        """Stop recording and drop the markers, reading nothing (after a failed capture)."""
+        torch.cuda.memory._record_memory_history(enabled=None)
+        self._markers.clear()
+
     def stop(self) -> list[Window]:
         """Stop recording; one :class:`Window` per begin/end pair, in order."""
         traces = self._traces()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        at = self._positions(traces)
-        self._markers.clear()
+        try:
+            at = self._positions(traces)
+        finally:
+            self.close()
         live: dict[int, int] = {}
 
         def apply(events, win: Window | None) -> None:

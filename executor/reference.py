@@ -140,17 +140,21 @@ class ReferenceModel:
     def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
         if self.fa3 is None:
             return
-        tpr = self.cfg.tokens[phase]
+        self._md_len[(phase, bs)] = self.scheduler_metadata(bs, self.cfg.tokens[phase], self.cache_seqlens[:bs],
+                                                            workspace)
+
+    def scheduler_metadata(self, bs: int, tpr: int, seqlens: torch.Tensor, workspace: torch.Tensor) -> int:
+        """Write FA3's scheduler metadata for this model's attention over ``tpr``
+        new tokens per request into the hoisted ``workspace``; returns its int32 length."""
         md = self.fa3.get_scheduler_metadata(
             bs, tpr, self.cfg.max_seqlen, self.heads, self.kv_heads, self.head_dim,
-            self.cache_seqlens[:bs], qkv_dtype=torch.bfloat16, headdim_v=self.head_dim,
-            max_seqlen_k_new=tpr, causal=True)
+            seqlens, qkv_dtype=torch.bfloat16, headdim_v=self.head_dim, max_seqlen_k_new=tpr, causal=True)
         buf = workspace.view(torch.int32)
         if md.numel() > buf.numel():
             raise ValueError(f"FA3 scheduler metadata needs {md.numel() * 4} B at bs={bs}, "
                              f"the hoisted workspace has {workspace.numel()} B")
         buf[: md.numel()].copy_(md)
-        self._md_len[(phase, bs)] = md.numel()
+        return md.numel()
 
     def run(self, phase: str, bs: int, workspace: torch.Tensor | None) -> torch.Tensor:
         tpr = self.cfg.tokens[phase]

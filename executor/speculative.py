@@ -49,8 +49,10 @@ real ones were -- an unmasked Triton store with flat index arithmetic:
   per-slot table, reading the raw slot as an unsigned 32-bit index (a
   signed/unsigned mix-up): the padded rows' sentinel -1 becomes 2^32 - 1
   rows of 256 B, about a TiB past the table -- an illegal address that kills
-  the CUDA context on the first padded replay (never during capture: the
-  executor's warm-ups and captures run unpadded batches).
+  the CUDA context on the first padded replay. Capture itself survives only
+  because the executor never calls ``prepare``: warm-ups run on whatever the
+  static buffers hold, which the constructor fills unpadded (a padded
+  ``prepare`` before capture makes the warm-up fault).
 
 Not modelled: rotary embeddings, sampling, tree masks (draft steps attend
 over the request's context, not over earlier draft tokens), EAGLE's fc over
@@ -114,8 +116,12 @@ class SpeculativeConfig:
             raise ValueError("num_steps, topk, num_draft_tokens, page_size and draft_layers must be >= 1")
         if self.draft_kv_width is not None and self.draft_kv_width < self.num_steps:
             raise ValueError(f"draft_kv_width {self.draft_kv_width} cannot hold num_steps {self.num_steps} tokens")
-        if self.draft_page_cols < 2:
-            raise ValueError("draft_page_cols must be >= 2")
+        if self.draft_page_cols < max(2, self.num_steps if self.page_size > 1 else 0):
+            raise ValueError(f"draft_page_cols {self.draft_page_cols} cannot hold num_steps {self.num_steps} pages")
+        longest = max(self.num_draft_tokens, self.num_steps + 1)
+        if self.max_seqlen <= longest:
+            raise ValueError(f"max_seqlen {self.max_seqlen} leaves no context before the longest phase's "
+                             f"{longest} new tokens")
         if self.max_seqlen % self.page_size:
             raise ValueError(f"max_seqlen {self.max_seqlen} is not a multiple of page_size {self.page_size}")
 
@@ -147,6 +153,8 @@ class SpeculativeModel:
         self.draft.embed = self.target.embed  # EAGLE shares the target's embedding; its lm_head is its own
         self.backend = self.target.backend
         self.kernels = _triton_kernels() if self.device.type == "cuda" else None
+        if cfg.bugs and self.kernels is None:
+            raise ValueError("planted bugs are Triton kernels: triton is not importable")
         dev, m = self.device, cfg.model
         max_tokens = cfg.max_bs * max(toks.values()) * cfg.topk
         i32 = dict(dtype=torch.int32, device=dev)
@@ -183,11 +191,12 @@ class SpeculativeModel:
         """Tensors no graph may write: weights and the engine's lookup table
         (``verify`` checksums them around every replay). The KV caches are
         written by design and are not listed."""
-        out = {"req_to_token": self.req_to_token, "embed": self.target.embed,
-               "lm_head": self.target.lm_head, "draft.lm_head": self.draft.lm_head}
+        out = {"req_to_token": self.req_to_token, "embed": self.target.embed}
         for name, model in (("target", self.target), ("draft", self.draft)):
+            out[f"{name}.lm_head"] = model.lm_head
+            out[f"{name}.final_norm"] = model.final_norm
             for i, layer in enumerate(model.layers):
-                for key in ("wqkv", "wo", "wgu", "wd"):
+                for key in ("norm1", "norm2", "wqkv", "wo", "wgu", "wd"):
                     out[f"{name}.layers.{i}.{key}"] = layer[key]
         return out
 
@@ -196,6 +205,9 @@ class SpeculativeModel:
         """Random valid inputs for ``n`` requests in distinct slots; rows
         ``n..bs`` are padding (sentinel slot). Cache lengths reach the context
         limit: the longest phase's tokens still fit."""
+        self._check_bs(bs)
+        if not 1 <= n <= bs:
+            raise ValueError(f"{n} requests do not fit a batch of {bs}")
         cfg, dev = self.cfg, self.device
         self.input_ids.random_(0, cfg.model.vocab, generator=generator)
         perm = torch.randperm(cfg.max_bs, generator=generator, device=dev).to(torch.int32)
@@ -215,26 +227,20 @@ class SpeculativeModel:
         """FA3's scheduler metadata for the phase's attention calls, computed
         outside the graph into the hoisted buffer (``draft_decode``'s steps
         each see other lengths, so its plans keep the workspace in the pool)."""
-        fa3 = self.target.fa3
-        if fa3 is None:
+        if self.target.fa3 is None:
             return
         kind = self.kind(phase)
         if kind == "draft_decode":
             raise ValueError("draft_decode cannot use a hoisted workspace: each step's lengths differ")
         model = self.draft if kind == "draft_extend" else self.target
-        tpr = self.cfg.tokens(kind)
-        md = fa3.get_scheduler_metadata(
-            bs, tpr, self.cfg.max_seqlen, model.heads, model.kv_heads, model.head_dim,
-            self.seq_lens[:bs], qkv_dtype=torch.bfloat16, headdim_v=model.head_dim,
-            max_seqlen_k_new=tpr, causal=True)
-        buf = workspace.view(torch.int32)
-        if md.numel() > buf.numel():
-            raise ValueError(f"FA3 scheduler metadata needs {md.numel() * 4} B at bs={bs}, "
-                             f"the hoisted workspace has {workspace.numel()} B")
-        buf[: md.numel()].copy_(md)
-        self._md_len[(phase, bs)] = md.numel()
+        self._md_len[(phase, bs)] = model.scheduler_metadata(bs, self.cfg.tokens(kind), self.seq_lens[:bs], workspace)
+
+    def _check_bs(self, bs: int) -> None:
+        if not 1 <= bs <= self.cfg.max_bs:
+            raise ValueError(f"batch {bs} is outside 1..max_bs={self.cfg.max_bs} of this target")
 
     def run(self, phase: str, bs: int, workspace: torch.Tensor | None):
+        self._check_bs(bs)
         kind = self.kind(phase)
         md = None
         if workspace is not None and self.target.fa3 is not None:

@@ -45,7 +45,7 @@ from .graphs import Captured, GraphSet
 from .errors import VerificationFailed
 from .pool import pool_segments, raw_bytes
 
-__all__ = ["verify", "Fault", "VerifyResult", "sanitizer_command"]
+__all__ = ["verify", "Fault", "VerifyResult", "sanitizer_command", "is_device_fault"]
 
 SCRIBBLE = 0xFF
 CANARY = 0xA5
@@ -126,9 +126,11 @@ class _Guard:
         # changes a value changes the sum, except a write that exactly
         # compensates (e.g. swapping two words), which this does not catch.
         raw = t.detach().reshape(-1).view(torch.uint8)
+        if raw.storage_offset() % 8:  # 64-bit words need an aligned start: sum the bytes instead
+            return int(raw.sum(dtype=torch.int64))
         body = raw[: raw.numel() // 8 * 8].view(torch.int64)
         tail = raw[body.numel() * 8:]
-        return int(body.sum()) + int(tail.sum())
+        return int(body.sum()) + int(tail.sum(dtype=torch.int64))
 
     def check(self, who: str, res: "VerifyResult") -> None:
         for name, t in self.tensors.items():
@@ -146,16 +148,31 @@ def _device_fault(what: str, cap: Captured, n: int, err: BaseException) -> Verif
         where=f"verify, {what} {cap.phase}/{cap.bs}", fix=f"locate the faulting kernel with: {sanitizer_command()}")
 
 
-_DEVICE_ERRORS = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))
+def is_device_fault(err: BaseException) -> bool:
+    """Whether ``err`` is a CUDA error reported by the device (after which the
+    context may be lost), not a Python-level error of the target or of torch."""
+    accel = getattr(torch, "AcceleratorError", None)
+    if accel is not None and isinstance(err, accel):
+        return True
+    return isinstance(err, RuntimeError) and not isinstance(err, torch.OutOfMemoryError) \
+        and str(err).startswith("CUDA error")
+
+
+def _synchronized(what: str, cap: Captured, n: int, work) -> object:
+    """Run ``work`` and wait for the device; a device fault names ``what`` and the graph."""
+    try:
+        out = work()
+        torch.cuda.synchronize()
+        return out
+    except Exception as err:
+        if is_device_fault(err):
+            raise _device_fault(what, cap, n, err) from err
+        raise
 
 
 def _replay(gs: GraphSet, cap: Captured, n: int, guard: "_Guard | None", res: "VerifyResult") -> tuple:
     """Replay, synchronize, check the read-only guard; a CUDA fault is fatal."""
-    try:
-        out = gs.replay(cap.phase, n)
-        torch.cuda.synchronize()
-    except _DEVICE_ERRORS as err:
-        raise _device_fault("graph", cap, n, err) from err
+    out = _synchronized("graph", cap, n, lambda: gs.replay(cap.phase, n))
     gs.note_replay(cap)
     res.replays += 1
     if guard is not None:
@@ -165,15 +182,12 @@ def _replay(gs: GraphSet, cap: Captured, n: int, guard: "_Guard | None", res: "V
 
 def _replay_vs_eager(gs: GraphSet, cap: Captured, n: int, gen: torch.Generator, guard, res,
                      before=None) -> tuple[str | None, tuple]:
-    gs.target.prepare(cap.phase, n, cap.bs, gen)
+    _synchronized("prepare for graph", cap, n, lambda: gs.target.prepare(cap.phase, n, cap.bs, gen))
     if before is not None:
-        before()
+        _synchronized("pool fill before graph", cap, n, before)
     out = tuple(t.clone() for t in _replay(gs, cap, n, guard, res))
-    try:
-        ref = tuple(t.clone() for t in gs.eager(cap.phase, n))
-        torch.cuda.synchronize()
-    except _DEVICE_ERRORS as err:  # the eager run is the target's code too
-        raise _device_fault("eager run of graph", cap, n, err) from err
+    # the eager run is the target's code too
+    ref = _synchronized("eager run of graph", cap, n, lambda: tuple(t.clone() for t in gs.eager(cap.phase, n)))
     if guard is not None:
         guard.check(f"{cap.phase}/{cap.bs} (eager run)", res)
     return _compare(out, ref), ref
@@ -224,8 +238,12 @@ def _interleave(gs, caps, rng, gen, res, rounds, guard) -> None:
             bad, ref = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen, guard, res)
             if bad:
                 res.faults.append(Fault("interleave", f"{cap.phase}/{cap.bs}", bad))
-            if cap.held == "keep":
+            if cap.held == "keep" and not bad:
+                # only a replay that matched eager is a reference for later
+                # checks: a wrong one would blame every graph replayed after it
                 kept[(cap.phase, cap.bs)] = (cap, ref)
+            elif cap.held == "keep":
+                kept.pop((cap.phase, cap.bs), None)
             for (p, b), (other, oref) in list(kept.items()):
                 if other is cap:
                     continue
@@ -279,9 +297,13 @@ def _footprint(gs, caps, rng, gen, res, guard) -> None:
         segs = pool_segments(gs.pools.values())
         outside = _outside(segs, cap.window.own + cap.window.alive_before)
         n = _sizes_for(gs, cap, rng)
-        gs.target.prepare(cap.phase, n, cap.bs, gen)
-        for addr, size in segs:
-            raw_bytes(addr, size, dev).fill_(CANARY)
+        _synchronized("prepare for graph", cap, n, lambda: gs.target.prepare(cap.phase, n, cap.bs, gen))
+
+        def canary(segs=segs) -> None:
+            for addr, size in segs:
+                raw_bytes(addr, size, dev).fill_(CANARY)
+
+        _synchronized("pool fill before graph", cap, n, canary)
         _replay(gs, cap, n, guard, res)
         for addr, size in outside:
             changed = (raw_bytes(addr, size, dev) != CANARY).nonzero()

@@ -330,7 +330,9 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     spec, spec_name, spec_raw, model_config = _spec(opts)
     tp = opts.tp if opts.tp is not None else spec.tp
     _check_tp(spec, tp)
-    allocator = opts.allocator or spec.allocator
+    if not output_path(opts).name:
+        raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
+    allocator = spec.allocator if opts.allocator is None else opts.allocator
     if allocator not in ("native", "expandable"):
         raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator", fix="use native or expandable")
     ctx = Context(backend=opts.backend, ci=opts.ci)

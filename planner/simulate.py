@@ -119,7 +119,7 @@ class Simulation:
         prog = self.workload.program(phase, bs, hoisted=st.workspace == "hoisted")
         run(prog.prologue)
         if prog.repeats:
-            carried = live.pop(prog.carry_in)
+            carried = live.pop(prog.carry_in) if prog.carry_in is not None else None
             seen: dict[tuple, int] = {}
             i = 0
             while i < prog.repeats:
@@ -131,7 +131,7 @@ class Simulation:
                 # `allocated`), so the free lists (compared exactly, see
                 # PoolSim.free_state) and that block pin the state.
                 if seen is not None:
-                    sig = (pool.free_state(), carried[0].addr)
+                    sig = (pool.free_state(), carried[0].addr if carried is not None else -1)
                     if sig in seen:
                         period = i - seen[sig]
                         i += (prog.repeats - i) // period * period
@@ -142,6 +142,10 @@ class Simulation:
                 run(prog.body)
                 carried = live.pop(prog.carry_out)
                 i += 1
+            if prog.carry_kind is not None:  # the step returns what the last repetition carries out
+                carried = (carried[0], prog.carry_kind)
+                if outputs is not None and prog.carry_kind == "output":
+                    outputs.append((pid, phase, bs, carried[0].addr, carried[0].addr + carried[0].size))
             live[CARRY] = carried
         run(prog.epilogue)
         for block, kind in live.values():

@@ -62,29 +62,35 @@ class Program:
     free. The block with id ``carry_in`` (allocated in the prologue) enters
     the first repetition as id ``CARRY``; each repetition frees it and
     allocates ``carry_out``, which enters the next one (and the epilogue) as
-    ``CARRY``. Ids inside the body are reused by every repetition. A recorded
-    trace is all prologue.
+    ``CARRY``. ``carry_in=None``: the first repetition's input is no pool
+    block (a static buffer of the engine). ``carry_kind``: the kind of the
+    block the last repetition carries out, when the step returns it (the
+    body allocates it as a temporary). Ids inside the body are reused by
+    every repetition. A recorded trace is all prologue.
     """
 
     prologue: tuple
     body: tuple = ()
     repeats: int = 0
     epilogue: tuple = ()
-    carry_in: int = CARRY
+    carry_in: int | None = CARRY
     carry_out: int = CARRY
+    carry_kind: str | None = None
 
     def flatten(self) -> list[Event]:
         """Every event in order, with ids made unique (for tests and inspection)."""
         out: list[Event] = []
         fresh = iter(range(1 << 62))
-        ids: dict[int, int] = {}
+        ids: dict[tuple, int] = {}
+        at: dict[int, int] = {}  # allocation id -> index of its event
 
         def emit(ops, rename) -> None:
             for size, i, kind in ops:
                 if size >= 0:
                     ids[rename(i)] = n = next(fresh)
+                    at[n] = len(out)
                     out.append(Event(op="alloc", id=n, size=size, kind=kind))
-                else:
+                elif rename(i) in ids:  # a free of no block: the static input of carry_in=None
                     out.append(Event(op="free", id=ids.pop(rename(i))))
 
         emit(self.prologue, lambda i: ("p", i))
@@ -92,6 +98,9 @@ class Program:
         for r in range(self.repeats):
             emit(self.body, lambda i, r=r, c=carried: c if i == CARRY else ("b", r, i))
             carried = ("b", r, self.carry_out)
+        if self.carry_kind and self.repeats:
+            e = out[at[ids[carried]]]
+            out[at[ids[carried]]] = Event(op="alloc", id=e.id, size=e.size, kind=self.carry_kind)
         emit(self.epilogue, lambda i, c=carried: c if i == CARRY else ("e", i))
         return out
 
@@ -187,13 +196,13 @@ def _decoder_layer(ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int) -> int:
     return new_hidden
 
 
-def _logits(ev: _Ops, s: _Shape, rows: int) -> tuple[int, int]:
+def _logits(ev: _Ops, s: _Shape, rows: int, kind: str) -> tuple[int, int]:
     """Final norm and lm_head over ``rows`` hidden states, then the float32
-    copy; returns (float32 logits, the normed input still alive)."""
+    copy (of ``kind``); returns (float32 logits, the normed input still alive)."""
     m = s.model
     x = _rmsnorm(ev, rows, m.hidden, m.dtype_bytes)
     logits = ev.alloc(rows * m.vocab * m.dtype_bytes)
-    out = ev.alloc(rows * m.vocab * m.logits_dtype_bytes, "output")
+    out = ev.alloc(rows * m.vocab * m.logits_dtype_bytes, kind)
     ev.free(logits)
     return out, x
 
@@ -209,14 +218,13 @@ def _target_program(s: _Shape, phase: Phase, bs: int) -> Program:
     prologue = ev.take()
     new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr)
     body = ev.take()
-    x = _rmsnorm(ev, tokens, m.hidden, m.dtype_bytes)
-    logits = ev.alloc(tokens * m.vocab * m.dtype_bytes)
-    ev.alloc(tokens * m.vocab * m.logits_dtype_bytes, "output")
-    ev.free(x, logits)
-    if not PHASE_KINDS[phase.kind].returns_hidden:
+    _, x = _logits(ev, s, tokens, "output")
+    ev.free(x)
+    returns_hidden = PHASE_KINDS[phase.kind].returns_hidden
+    if not returns_hidden:
         ev.free(CARRY)
     return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
-                   carry_in=embedding, carry_out=new_hidden)
+                   carry_in=embedding, carry_out=new_hidden, carry_kind="output" if returns_hidden else None)
 
 
 def _topk(ev: _Ops, rows: int, k: int, kind: str = "temp") -> tuple[int, int]:
@@ -238,7 +246,7 @@ def _draft_extend_program(s: _Shape, phase: Phase, bs: int) -> Program:
     new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr)
     body = ev.take()
     ev.alloc(bs * m.hidden * m.dtype_bytes, "output")  # the last accepted token's hidden state
-    logits, x = _logits(ev, s, bs)
+    logits, x = _logits(ev, s, bs, "temp")
     ev.free(x)
     probs = ev.alloc(bs * m.vocab * 4)
     ev.free(logits)
@@ -258,14 +266,13 @@ def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
     rows = bs * k
     for size in (bs * phase.steps * k * 8, bs * phase.steps * k * 4, bs * phase.steps * k * 8):
         ev.alloc(size, "output")  # draft ids, scores, token locations
-    carried = ev.alloc(rows * m.hidden * m.dtype_bytes)  # stands for the static input of step 0
-    prologue = ev.take()
+    prologue = ev.take()  # step 0 reads the engine's static candidates: no pool block
     emb = ev.alloc(rows * m.hidden * m.dtype_bytes)
     h = ev.alloc(rows * m.hidden * m.dtype_bytes)
     ev.free(emb)
     for _ in range(phase.layers or m.layers):
         h = _decoder_layer(ev, s, h, rows, 1)
-    logits, x = _logits(ev, s, rows)
+    logits, x = _logits(ev, s, rows, "temp")
     ev.free(x)
     probs = ev.alloc(rows * m.vocab * 4)
     ev.free(logits)
@@ -277,7 +284,7 @@ def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
     body = ev.take()
     ev.free(CARRY)
     return Program(prologue=prologue, body=body, repeats=phase.steps, epilogue=ev.take(),
-                   carry_in=carried, carry_out=new_hidden)
+                   carry_in=None, carry_out=new_hidden)
 
 
 @dataclass(frozen=True)
@@ -371,7 +378,8 @@ class Workload:
             p = self.programs[key]
             prog = self._hoisted[key] = Program(
                 prologue=_without_workspace(p.prologue), body=_without_workspace(p.body), repeats=p.repeats,
-                epilogue=_without_workspace(p.epilogue), carry_in=p.carry_in, carry_out=p.carry_out)
+                epilogue=_without_workspace(p.epilogue), carry_in=p.carry_in, carry_out=p.carry_out,
+                carry_kind=p.carry_kind)
         return prog
 
 

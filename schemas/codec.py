@@ -110,9 +110,9 @@ def sniff_kind(raw: Any) -> str | None:
 
 def _expect_kind(raw: Any, kind: str, source: str) -> dict:
     if not isinstance(raw, dict):
-        got = type(raw).__name__ if not isinstance(raw, list) else "array"
-        raise InputError(f"a {kind} must be a JSON object (a TOML table), got {'an' if got == 'int' else 'a'} {got}",
-                         where=f"{source}: $", fix=_WANT[kind])
+        got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(raw), "a number")
+        raise InputError(f"a {kind} must be a JSON object (a TOML table), got {got}", where=f"{source}: $",
+                         fix=_WANT[kind])
     got = sniff_kind(raw)
     if got is not None and got != kind:
         raise InputError(f"this is a {got} file, not a {kind}", where=source, fix=_WANT[kind])
@@ -132,32 +132,51 @@ class _Duplicate(Exception):
     pass
 
 
+def _bad_value(obj: Any, non_negative: bool) -> str | None:
+    """Why one leaf value is refused, or None."""
+    if isinstance(obj, bool) or not isinstance(obj, (int, float)):
+        return None
+    if isinstance(obj, int):
+        if abs(obj) > MAX_INT:
+            return f"number out of range: {_short(obj)} (the limit is 2**53)"
+    elif not math.isfinite(obj) or abs(obj) > MAX_INT:
+        return f"number out of range: {obj!r}"
+    if non_negative and obj < 0:
+        return f"must be >= 0, got {obj!r}"
+    return None
+
+
 def _check_values(raw: Any, source: str, kind: str, *, non_negative: bool = False) -> None:
     """Every number finite and within ``MAX_INT`` (``non_negative``: also >= 0),
     nesting at most ``MAX_DEPTH``: absurd values are refused here, located,
-    instead of overflowing deep inside a build. Iterative: no recursion limit."""
-    stack: list[tuple[Any, str, int]] = [(raw, "$", 0)]
+    instead of overflowing deep inside a build. Iterative: no recursion limit.
+    Paths are only spelled out for the value that fails (plans are walked at
+    every engine start)."""
+    stack: list[tuple[Any, tuple, int]] = [(raw, (), 0)]
     while stack:
         obj, path, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=f"{source}: {path}", fix=_FIX[kind])
+            raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=f"{source}: {_spell(path)}",
+                             fix=_FIX[kind])
         if isinstance(obj, dict):
-            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in obj.items())
+            depth += 1
+            stack.extend((v, (path, k), depth) for k, v in obj.items() if isinstance(v, (dict, list, int, float)))
         elif isinstance(obj, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(obj))
-        elif isinstance(obj, bool):
-            continue
-        elif isinstance(obj, int):
-            if abs(obj) > MAX_INT:
-                raise InputError(f"number out of range: {_short(obj)} (the limit is 2**53)", where=f"{source}: {path}",
-                                 fix=_FIX[kind])
-            if non_negative and obj < 0:
-                raise InputError(f"must be >= 0, got {obj}", where=f"{source}: {path}", fix=_FIX[kind])
-        elif isinstance(obj, float):
-            if not math.isfinite(obj) or abs(obj) > MAX_INT:
-                raise InputError(f"number out of range: {obj!r}", where=f"{source}: {path}", fix=_FIX[kind])
-            if non_negative and obj < 0:
-                raise InputError(f"must be >= 0, got {obj!r}", where=f"{source}: {path}", fix=_FIX[kind])
+            depth += 1
+            stack.extend((v, (path, i), depth) for i, v in enumerate(obj) if isinstance(v, (dict, list, int, float)))
+        else:
+            why = _bad_value(obj, non_negative)
+            if why:
+                raise InputError(why, where=f"{source}: {_spell(path)}", fix=_FIX[kind])
+
+
+def _spell(path: tuple) -> str:
+    """``(((), "a"), 0)`` -> ``$.a[0]``; a linked list keeps the walk cheap."""
+    parts = []
+    while path:
+        path, key = path
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "$" + "".join(reversed(parts))
 
 
 def _short(n: int) -> str:
@@ -262,6 +281,16 @@ def validate_spec(spec: Spec, source: str) -> Spec:
         if phase.tokens_per_request > MAX_TOKENS_PER_REQUEST:
             raise InputError(f"tokens_per_request = {_short(phase.tokens_per_request)} is over the limit of "
                              f"{MAX_TOKENS_PER_REQUEST}", where=f"{source}: $.phases[{i}].tokens_per_request")
+        # draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
+        for field, kinds in (("steps", ("draft_decode",)), ("topk", ("draft_decode", "draft_extend"))):
+            value = getattr(phase, field)
+            if value != 1 and phase.kind not in kinds:
+                raise InputError(f"{field} = {_short(value)} has no meaning for a {phase.kind} phase",
+                                 where=f"{source}: $.phases[{i}].{field}",
+                                 fix=f"set {field} on {' or '.join(kinds)} phases only")
+            if value > MAX_TOKENS_PER_REQUEST:
+                raise InputError(f"{field} = {_short(value)} is over the limit of {MAX_TOKENS_PER_REQUEST}",
+                                 where=f"{source}: $.phases[{i}].{field}")
         if phase.layers is not None and phase.layers > MODEL_MAX["layers"]:
             raise InputError(f"layers = {_short(phase.layers)} is over the limit of {MODEL_MAX['layers']}",
                              where=f"{source}: $.phases[{i}].layers")
@@ -331,7 +360,7 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
 def validate_plan(plan: Plan, source: str) -> Plan:
     """Consistency a digest cannot prove (a sealed plan may come from a buggy or
     hostile writer): unique phases and step ids, steps indexed in order, every
-    step's phase known, capture sizes in their phase and within ``MAX_BS``,
+    step's phase known, sizes within ``MAX_BS`` (a capture's among its phase's),
     edges between known steps, one timeline entry per step, tp >= 1."""
     def bad(what: str, path: str) -> InputError:
         return InputError(what, where=f"{source}: {path}", fix=_FIX["plan"])
@@ -353,7 +382,7 @@ def validate_plan(plan: Plan, source: str) -> Plan:
         ids.add(st.id)
         if st.phase not in phases:
             raise bad(f"unknown phase {st.phase!r}; phases are {sorted(phases)}", f"{path}.phase")
-        if st.bs not in phases[st.phase]:
+        if not 1 <= st.bs <= MAX_BS or (st.op == "capture" and st.bs not in phases[st.phase]):
             raise bad(f"size {st.bs} is not a capture size of phase {st.phase!r}", f"{path}.bs")
     for i, e in enumerate(plan.edges):
         for end in ("src", "dst"):

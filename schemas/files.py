@@ -113,6 +113,8 @@ def _sweep(path: Path) -> None:
     for name in names:
         try:
             pid = int(name[len(prefix):].split("-")[0])
+            if pid <= 0:
+                continue
             os.kill(pid, 0)
             continue  # its writer still runs
         except ProcessLookupError:
@@ -133,9 +135,14 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            mode = stat.S_IMODE(os.stat(path).st_mode)
+            st = os.stat(path)
         except FileNotFoundError:
             mode = None
+        else:
+            if not stat.S_ISREG(st.st_mode):  # never replace a device, FIFO, socket or directory
+                what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
+                raise InputError(f"cannot write: is {what}", where=where, fix="name a regular file for the output")
+            mode = stat.S_IMODE(st.st_mode)
         _sweep(path)
         tmp = path.parent / f"{_tmp_prefix(path)}{os.getpid()}-{os.urandom(4).hex()}.tmp"
         # 0o666: the umask applies, as for any newly created file
@@ -149,8 +156,6 @@ def write_atomic(path: str | Path, data: bytes) -> None:
             f.write(data)
             if mode is not None:
                 os.fchmod(f.fileno(), mode)  # replacing a file keeps its mode
-        if path.is_dir():
-            raise InputError("is a directory", where=where, fix="name a file for the output")
         os.replace(tmp, path)
     except OSError as err:
         _unlink(tmp)

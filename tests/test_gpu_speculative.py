@@ -20,7 +20,7 @@ def spec_text(sizes=SIZES, steps=3, topk=4, ndt=4, model=SMALL) -> str:
     text = "[model]\n" + "".join(f"{k} = {v}\n" for k, v in model.items())
     phases = [("decode", 1, ""), ("target_verify", ndt, 'output_lifetime = "across-phases"\n'),
               ("draft_decode", 1, f"layers = 1\nsteps = {steps}\ntopk = {topk}\n"),
-              ("draft_extend", steps + 1, "layers = 1\n")]
+              ("draft_extend", steps + 1, f"layers = 1\ntopk = {topk}\n")]
     for name, tpr, extra in phases:
         text += (f'\n[[phases]]\nname = "{name}"\nkind = "{name}"\nsizes = {list(sizes)}\n'
                  f"tokens_per_request = {tpr}\n{extra}")
@@ -134,8 +134,6 @@ def test_smallest_first_order_does_not_make_the_bugs_go_away(tmp_path):
 
 
 def test_read_only_guard_names_the_graph_that_writes_a_weight(tmp_path, clean):
-    import torch
-
     from executor import capture, verify
 
     plan = plan_for(tmp_path)
@@ -162,8 +160,8 @@ def test_read_only_guard_names_the_graph_that_writes_a_weight(tmp_path, clean):
             return self.inner.read_only()
 
     target = Scribbler(clean)
-    gs = capture(plan, target, progress=False)
     saved = clean.draft.lm_head.clone()
+    gs = capture(plan, target, progress=False)
     try:
         res = verify(gs, checks=("interleave",))
         ro = [f for f in res.faults if f.check == "read-only"]
@@ -171,7 +169,6 @@ def test_read_only_guard_names_the_graph_that_writes_a_weight(tmp_path, clean):
     finally:
         gs.release()
         clean.draft.lm_head.copy_(saved)
-        del torch
 
 
 def test_wild_write_names_the_graph_and_the_sanitizer_command(tmp_path):
@@ -203,5 +200,5 @@ print("NO FAULT")
     assert "CAPTURED" in out, out[-3000:]
     assert r.returncode == 3, out[-3000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FAILED"))
-    assert "graph draft_extend/" in line and "CUDA context is lost" in line, line
+    assert line.startswith("FAILED verify, graph draft_extend/") and "CUDA context is lost" in line, line
     assert "compute-sanitizer --tool memcheck" in line, line

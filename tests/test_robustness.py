@@ -12,7 +12,6 @@ import stat
 import threading
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from schemas.codec import canonical_bytes, decode_plan, plan_digest
@@ -38,10 +37,19 @@ def reseal(raw: dict) -> bytes:
     return canonical_bytes(raw)
 
 
+@pytest.fixture(scope="module")
+def eagle_plan() -> bytes:
+    from planner import BuildOptions, build_plan, plan_bytes
+
+    return plan_bytes(build_plan(BuildOptions(backend="fa3", speculative="eagle", max_bs=8)))
+
+
 @pytest.fixture
-def plan_raw(cli, tmp_path) -> dict:
-    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--max-bs", "8")[0] == 0
-    return json.loads((tmp_path / "plans/fa3-eagle.json").read_text())
+def plan_raw(cli, tmp_path, eagle_plan) -> dict:
+    """A small multi-phase plan at plans/fa3-eagle.json in the test's cwd (built once)."""
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans/fa3-eagle.json").write_bytes(eagle_plan)
+    return json.loads(eagle_plan)
 
 
 # 1. deep nesting ------------------------------------------------------------------
@@ -285,8 +293,8 @@ def test_9_absurd_plan_numbers(cli, tmp_path, plan_raw):
 # 14. the kind of file is named ----------------------------------------------------------------
 
 def test_14_wrong_kind_of_file(cli, tmp_path):
-    shutil_copy = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
-    (tmp_path / "t.json").write_bytes(shutil_copy)
+    trace_bytes = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
+    (tmp_path / "t.json").write_bytes(trace_bytes)
     one_line_error(cli("show", "t.json"), "t.json: this is a trace file, not a plan", "plans/*.json")
     (tmp_path / "p.json").write_bytes((ROOT / "plans/fa3-ci.json").read_bytes())
     one_line_error(cli("report", "p.json"), "p.json: this is a plan file, not a report")
@@ -424,3 +432,9 @@ def test_max_bs_at_the_limit_with_every_phase_is_refused_by_the_size_limits(cli)
 def test_checked_in_plans_decode_and_validate():
     for path in sorted((ROOT / "plans").glob("*.json")):
         decode_plan(path.read_bytes(), str(path))
+
+
+def test_empty_option_values_are_refused(cli):
+    one_line_error(cli("build", "-b", "fa3", "--allocator", ""), "--allocator: unknown allocator mode ''")
+    for out in ("", ".", "/"):
+        one_line_error(cli("build", "-b", "fa3", "-o", out, "--dry-run"), "-o: ", "names no file")

@@ -1,0 +1,525 @@
+"""Fuzzing every input kind through the real ``planner`` entry point (issue 9).
+
+Specs (TOML and JSON), plans, traces and reports are derived from valid
+seeds by truncation, byte flips, insertions, type swaps, extreme numbers, huge
+lists, deep nesting, unicode, byte-order marks, other encodings and duplicate
+keys, then fed to ``planner`` in-process. Every input must end in exit 0 or in
+exit 1 with one ``planner: error:`` line: never a usage error (2), an internal
+error (3), a traceback, or a run past ``HANG_S`` seconds. An accepted input
+must really be valid, judged by checks written independently of the
+planner's (no duplicate keys, names matching the pattern exactly, numbers in
+range, a plan's digest matching its content).
+
+Examples per test: ``CAPTURE_PLAN_FUZZ_EXAMPLES`` (default 10, a few seconds
+for the whole file); ``CAPTURE_PLAN_FUZZ_LOG=path`` appends one line per input
+run, to count them over a long run::
+
+    CAPTURE_PLAN_FUZZ_EXAMPLES=20000 CAPTURE_PLAN_FUZZ_LOG=/tmp/fuzz.log \\
+        python -m pytest -q tests/test_fuzz.py -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import canonical_bytes, plan_digest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+EXAMPLES = int(os.environ.get("CAPTURE_PLAN_FUZZ_EXAMPLES", "10"))
+LOG = os.environ.get("CAPTURE_PLAN_FUZZ_LOG")
+HANG_S = 60
+#: list repetitions of the "huge list" mutation: CI keeps them small enough to stay fast
+#: (a resealed plan with 20,000x its steps renders for seconds); long runs use the big ones
+REPEATS = [2, 1000, 20000] if EXAMPLES > 100 else [2, 50, 5000]
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False, database=None,
+                suppress_health_check=list(HealthCheck))
+
+SPEC_TOML = """version = 1
+name = "fz"
+tp = 1
+allocator = "native"
+library_mib = 0
+budget_mib = 100000
+[model]
+layers = 2
+hidden = 256
+heads = 4
+kv_heads = 2
+head_dim = 64
+intermediate = 512
+vocab = 1000
+[[phases]]
+name = "decode"
+kind = "decode"
+sizes = [1, 2, 4]
+[[phases]]
+name = "verify"
+kind = "target_verify"
+sizes = [1, 2]
+tokens_per_request = 4
+output_lifetime = "across-phases"
+after = ["decode"]
+[[rules]]
+id = "team"
+why = "w"
+when = { backend = ["fa3"], ci = true }
+require = [{ order = "smallest-first" }, { workspace = "hoisted" }]
+"""
+SPEC = tomllib.loads(SPEC_TOML)
+TRACE_SPEC = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n[model]\nlayers = 2\n'
+TRACE = {"version": 1, "device": "fuzz", "backend": "fa3", "captures": [
+    {"phase": "decode", "bs": bs, "events": [["alloc", 0, 1024 * bs, "temp"], ["alloc", 1, 3 << 20, "output"],
+                                              ["alloc", 2, 2048, "workspace"], ["free", 0, 0, "temp"]]}
+    for bs in (1, 2)]}
+REPORT = {"plan": "fz", "plan_digest": "sha256:00", "device": "d", "torch": "2.11", "backend_module": "fa3",
+          "pool_bytes": 3 << 20, "predicted_pool_bytes": 3 << 20, "capture_seconds": 0.5, "hoisted_bytes": 0,
+          "steps": [{"step": 0, "id": "capture/decode/1", "reserved": 2 << 20, "predicted_reserved": 2 << 20,
+                     "seconds": 0.01}]}
+NAME = re.compile(r"\A[a-z][a-z0-9_]*\Z")
+
+
+# -- running the planner ---------------------------------------------------------------------
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang(f"no answer within {HANG_S} s")
+
+
+def planner(*args: str) -> tuple[int, str, str]:
+    """``planner ARGS`` in-process: (exit code, stdout, stderr); a hang fails the example."""
+    from planner.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(HANG_S)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    if LOG:
+        with open(LOG, "a") as f:
+            f.write(f"{args[0]} {code}\n")
+    return code, out.getvalue(), err.getvalue()
+
+
+def expect_clean(result: tuple[int, str, str]) -> bool:
+    """Exit 0, or exit 1 with exactly one located error line. True when accepted."""
+    code, out, err = result
+    assert code in (0, 1), f"exit {code}: {err[-2000:]}"
+    assert "Traceback" not in err and "internal error" not in err, err[-2000:]
+    if code == 1:
+        assert err.startswith("planner: error: ") and err.count("\n") == 1, err[-2000:]
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def work():
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+@pytest.fixture(scope="module")
+def seed_plan(work) -> bytes:
+    (work / "seed.toml").write_text(SPEC_TOML)
+    assert expect_clean(planner("build", "-b", "fa3", "--spec", str(work / "seed.toml"), "-o",
+                                str(work / "seed-plan.json")))
+    return (work / "seed-plan.json").read_bytes()
+
+
+# -- mutations --------------------------------------------------------------------------------
+
+EXTREME = [0, -1, 1, 2**31, 2**53 + 1, 2**63, 2**64 + 5, 10**200, -10**30, 1e308, -1e308, 1.5, 1e-300,
+           float("inf"), float("nan"), True, None, "", "x" * 70, "decode\n", "\x00", "é\u202e",
+           "\U0001f600", [], {}, [1] * 5000, list(range(5000)), {"a": 1}]
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+@st.composite
+def values(draw):
+    kind = draw(st.integers(0, 3))
+    if kind == 0:
+        return draw(st.sampled_from(EXTREME))
+    if kind == 1:
+        return draw(st.text(max_size=20))
+    if kind == 2:
+        return draw(st.integers(-2**70, 2**70))
+    return draw(st.recursive(st.none() | st.booleans() | st.integers(-5, 300) | st.text(max_size=5),
+                             lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+                             max_leaves=8))
+
+
+def _paths(obj, path=()):
+    yield path
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _paths(v, path + (i,))
+
+
+def _set(obj, path, value):
+    if not path:
+        return value
+    obj = json.loads(json.dumps(obj))
+    cur = obj
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    return obj
+
+
+def _json(obj) -> str:
+    """JSON with non-finite floats written as JSON readers refuse them (NaN, 1e999)."""
+    return json.dumps(obj, ensure_ascii=False).replace("Infinity", "1e999")
+
+
+@st.composite
+def structured(draw, seed: dict) -> str:
+    """The seed as JSON text after a structural mutation."""
+    paths = list(_paths(seed))
+    how = draw(st.sampled_from(["swap", "swap", "delete", "add", "duplicate", "deep", "repeat"]))
+    path = draw(st.sampled_from(paths))
+    if how == "swap":
+        return _json(_set(seed, path, draw(values())))
+    if how == "delete" and path:
+        obj = json.loads(json.dumps(seed))
+        cur = obj
+        for p in path[:-1]:
+            cur = cur[p]
+        del cur[path[-1]]
+        return _json(obj)
+    if how == "add":
+        dicts = [p for p in paths if isinstance(_get(seed, p), dict)]
+        p = draw(st.sampled_from(dicts))
+        return _json(_set(seed, p, {**_get(seed, p), draw(st.text(max_size=12)): draw(values())}))
+    if how == "duplicate":  # a key written twice: the later one would silently win
+        dicts = [p for p in paths if isinstance(_get(seed, p), dict) and _get(seed, p)]
+        p = draw(st.sampled_from(dicts))
+        key = draw(st.sampled_from(sorted(_get(seed, p))))
+        marker = "__DUP__"
+        text = _json(_set(seed, p, {marker: 0, **_get(seed, p)}))
+        return text.replace(f'"{marker}": 0', f'{json.dumps(key)}: {_json(draw(values()))}', 1)
+    if how == "deep":
+        marker = "__DEEP__"
+        return _json(_set(seed, path, marker)).replace(f'"{marker}"', _deep(draw(st.sampled_from([70, 1000, 50000]))))
+    lists = [p for p in paths if isinstance(_get(seed, p), list)]
+    p = draw(st.sampled_from(lists)) if lists else ()
+    items = _get(seed, p) if lists else [seed]
+    return _json(_set(seed, p, (items or [1]) * draw(st.sampled_from(REPEATS))))
+
+
+def _get(obj, path):
+    for p in path:
+        obj = obj[p]
+    return obj
+
+
+@st.composite
+def raw_bytes(draw, seed: bytes) -> bytes:
+    """Byte-level damage: truncation, flips, insertions, BOMs, other encodings."""
+    how = draw(st.sampled_from(["truncate", "flip", "insert", "delete", "bom", "encoding", "nul", "splice"]))
+    n = len(seed)
+    if how == "truncate":
+        return seed[:draw(st.integers(0, n))]
+    if how == "flip":
+        data = bytearray(seed)
+        for _ in range(draw(st.integers(1, 4))):
+            data[draw(st.integers(0, n - 1))] = draw(st.integers(0, 255))
+        return bytes(data)
+    if how == "insert":
+        i = draw(st.integers(0, n))
+        return seed[:i] + draw(st.binary(min_size=1, max_size=16)) + seed[i:]
+    if how == "delete":
+        i = draw(st.integers(0, n - 1))
+        return seed[:i] + seed[i + draw(st.integers(1, 16)):]
+    if how == "bom":
+        return draw(st.sampled_from([b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff"])) + seed
+    if how == "encoding":
+        return seed.decode().encode(draw(st.sampled_from(["utf-16", "utf-16-le", "utf-32", "latin-1", "cp1252"])),
+                                    errors="replace").replace(b"fz", "fé".encode("latin-1"))
+    if how == "nul":
+        i = draw(st.integers(0, n))
+        return seed[:i] + b"\x00" + seed[i:]
+    i, j = sorted((draw(st.integers(0, n)), draw(st.integers(0, n))))
+    return seed[:i] + seed[j:] + seed[i:j]
+
+
+TOML_LINES = ["version = 99", "version = -3", "library_mib = inf", "library_mib = nan", "budget_mib = 1e308",
+              "tp = 0", "tp = 100000", "library_mib = 1" + "0" * 200, "name = \"\\u0000\"", 'trace = "a\\u0000b"',
+              'trace = "/dev/zero"', 'trace = "."', "tp = 1", "allocator = \"expandable\"", "x = " + _deep(600),
+              "x = " + "{a = " * 300 + "1" + "}" * 300, "layers = 1" + "0" * 5000, "vocab = 99999999999",
+              "sizes = [" + ", ".join(map(str, range(1, 5000))) + "]", "sizes = [0]", "sizes = [1, 1]",
+              'after = ["nope"]', 'name = "decode\\n"', "[model]", "[[phases]]", "[[rules]]", "kind = 3",
+              'output_lifetime = "forever"', "tokens_per_request = 999999", "heads = 3", "hidden = 1e3"]
+
+
+@st.composite
+def toml_text(draw) -> bytes:
+    how = draw(st.integers(0, 2))
+    if how == 0:
+        return draw(raw_bytes(SPEC_TOML.encode()))
+    lines = SPEC_TOML.splitlines()
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(lines)))
+        new = draw(st.sampled_from(TOML_LINES)) if how == 1 else \
+            f"{draw(st.sampled_from(['layers', 'sizes', 'name', 'tp', 'vocab', 'kind', 'id']))} = " \
+            f"{_toml_value(draw(values()))}"
+        if draw(st.booleans()) and i < len(lines) and "=" in lines[i] and "=" in new:
+            lines[i] = lines[i].split("=")[0] + "= " + new.split("=", 1)[1].strip()
+        else:
+            lines.insert(i, new)
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
+    if isinstance(v, (int, str)):
+        return json.dumps(v)
+    if v is None:
+        return '"null"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v[:50]) + "]"
+    return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in list(v.items())[:5]) + "}"
+
+
+# -- independent validity checks for accepted inputs ----------------------------------------------
+
+def _no_dup_json(data: bytes) -> None:
+    def hook(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), f"accepted duplicate keys {keys}"
+        return dict(pairs)
+
+    json.loads(data.decode("utf-8-sig"), object_pairs_hook=hook)
+
+
+def _numbers_in_range(obj, non_negative=False) -> None:
+    for p in _paths(obj):
+        v = _get(obj, p)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        assert math.isfinite(v) and abs(v) <= 2**53, f"accepted {v!r} at {p}"
+        if non_negative:
+            assert v >= 0, f"accepted negative {v!r} at {p}"
+
+
+def _spec_is_valid(raw: dict) -> None:
+    assert raw.get("version", 1) == 1
+    _numbers_in_range(raw)
+    phases = raw["phases"]
+    assert 1 <= len(phases) <= 32
+    for ph in phases:
+        assert NAME.match(ph["name"]), f"accepted phase name {ph['name']!r}"
+        assert all(NAME.match(a) for a in ph.get("after", []))
+        assert 1 <= len(ph["sizes"]) <= 4096 and len(set(ph["sizes"])) == len(ph["sizes"])
+        assert all(isinstance(s, int) and 1 <= s <= 65536 for s in ph["sizes"])
+    for r in raw.get("rules", []):
+        assert re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", r["id"]), f"accepted rule id {r['id']!r}"
+    for k in ("library_mib", "budget_mib"):
+        if raw.get(k) is not None:
+            assert 0 <= raw[k] <= 2**30
+
+
+def _check_written_plan(path: Path) -> None:
+    raw = msgspec.json.decode(path.read_bytes())
+    assert raw["digest"] == plan_digest(raw)
+    assert len(raw["predicted"]["timeline"]) == len(raw["steps"])
+
+
+# -- the tests --------------------------------------------------------------------------------------
+
+@FUZZ
+@given(data=toml_text())
+def test_fuzz_spec_toml(work, data):
+    spec, out = work / "s.toml", work / "s-out.json"
+    spec.write_bytes(data)
+    out.unlink(missing_ok=True)
+    if expect_clean(planner("build", "-b", "fa3", "--ci", "--spec", str(spec), "-o", str(out), "--force")):
+        _spec_is_valid(tomllib.loads(data.decode("utf-8-sig")))
+        _check_written_plan(out)
+
+
+@FUZZ
+@given(data=st.one_of(structured(SPEC), raw_bytes(json.dumps(SPEC).encode()).map(lambda b: b.decode("latin-1"))))
+def test_fuzz_spec_json(work, data):
+    spec, out = work / "s.json", work / "j-out.json"
+    spec.write_bytes(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data)
+    raw_data = spec.read_bytes()
+    out.unlink(missing_ok=True)
+    if expect_clean(planner("build", "-b", "fa3", "--spec", str(spec), "-o", str(out), "--force")):
+        _no_dup_json(raw_data)
+        _spec_is_valid(json.loads(raw_data.decode("utf-8-sig")))
+        _check_written_plan(out)
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_plan_bytes(work, seed_plan, data):
+    """Damaged plan files: accepted only when the content is the same document."""
+    mutated = data.draw(raw_bytes(seed_plan))
+    path = work / "p.json"
+    path.write_bytes(mutated)
+    cmd = data.draw(st.sampled_from([("show",), ("explain",), ("simulate",), ("graph", "-f", "mermaid"),
+                                     ("diff", str(work / "seed-plan.json")), ("report", "--plan")]))
+    args = (*cmd, str(path)) if cmd != ("report", "--plan") else ("report", str(work / "r.json"), "--plan", str(path))
+    if cmd[0] == "report":
+        (work / "r.json").write_text(json.dumps(REPORT))
+    if expect_clean(planner(*args)):
+        assert msgspec.json.decode(mutated.removeprefix(b"\xef\xbb\xbf")) == msgspec.json.decode(seed_plan), \
+            "accepted a changed plan"
+        _no_dup_json(mutated)
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_plan_resealed(work, seed_plan, data):
+    """Structurally changed plans sealed again (a buggy or hostile writer): no crash
+    anywhere, in the CLI or in ``executor.load_plan``."""
+    from executor.load import load_plan
+    from schemas.errors import InputError
+
+    text = data.draw(structured(json.loads(seed_plan)))
+    try:
+        raw = msgspec.json.decode(text.encode("utf-8", "surrogatepass"))
+        raw = {**raw, "digest": ""} if isinstance(raw, dict) else raw
+        if isinstance(raw, dict):
+            raw["digest"] = plan_digest(raw)
+            text = canonical_bytes(raw).decode()
+    except (msgspec.DecodeError, RecursionError, TypeError, ValueError, OverflowError):
+        pass  # stays as it is: not valid JSON, or not sealable
+    path = work / "q.json"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    cmd = data.draw(st.sampled_from(["show", "explain", "simulate", "graph"]))
+    expect_clean(planner(cmd, str(path)))
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(HANG_S)
+    try:
+        load_plan(path, check_env=False)
+    except InputError:
+        pass
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@FUZZ
+@given(data=st.one_of(structured(TRACE), raw_bytes(json.dumps(TRACE).encode()).map(lambda b: b.decode("latin-1"))))
+def test_fuzz_trace(work, data):
+    (work / "ts.toml").write_text(TRACE_SPEC)
+    trace = work / "t.json"
+    trace.write_bytes(data.encode("utf-8", "surrogatepass"))
+    raw_data = trace.read_bytes()
+    if expect_clean(planner("build", "-b", "fa3", "--spec", str(work / "ts.toml"), "--trace", str(trace),
+                            "--dry-run")):
+        _no_dup_json(raw_data)
+        raw = json.loads(raw_data.decode("utf-8-sig"))
+        assert raw.get("version", 1) == 1 and raw.get("backend", "") in ("", "fa3"), raw
+        _numbers_in_range(raw, non_negative=True)
+
+
+@FUZZ
+@given(data=st.one_of(structured(REPORT), raw_bytes(json.dumps(REPORT).encode()).map(lambda b: b.decode("latin-1"))))
+def test_fuzz_report(work, data):
+    path = work / "r2.json"
+    path.write_bytes(data.encode("utf-8", "surrogatepass"))
+    raw_data = path.read_bytes()
+    if expect_clean(planner("report", str(path))):
+        _no_dup_json(raw_data)
+        _numbers_in_range(json.loads(raw_data.decode("utf-8-sig")), non_negative=True)
+
+
+SPECIAL = ["dir", "fifo", "/dev/zero", "/dev/urandom", "/dev/null", "missing", "loop", "dangling", "empty", "nul"]
+
+
+@pytest.mark.parametrize("where", SPECIAL)
+@pytest.mark.parametrize("kind", ["spec-toml", "spec-json", "plan", "trace", "report", "output"])
+def test_special_files_where_a_file_is_expected(tmp_path, where, kind):
+    """Directories, FIFOs, devices, missing files, links that go nowhere: exit 1, one line, no hang."""
+    name = {"spec-toml": "x.toml"}.get(kind, "x.json")
+    target = tmp_path / name
+    if where == "dir":
+        target.mkdir()
+    elif where == "fifo":
+        os.mkfifo(target)
+    elif where.startswith("/dev/"):
+        target = Path(where)
+    elif where == "loop":
+        os.symlink(target, target)
+    elif where == "dangling":
+        os.symlink(tmp_path / "nowhere" / "x", target)
+    elif where == "empty":
+        target.write_bytes(b"")
+    elif where == "nul":  # argv cannot carry a NUL byte; a file can (a spec's trace path): the library
+        from schemas.errors import InputError
+        from schemas.files import read_input, write_atomic
+
+        with pytest.raises(InputError, match="NUL"):
+            (write_atomic if kind == "output" else read_input)(Path(str(target) + "\x00x"),
+                                                              *((b"x",) if kind == "output" else (kind.split("-")[0],)))
+        return
+    (tmp_path / "s.toml").write_text(TRACE_SPEC)
+    args = {"spec-toml": ("build", "-b", "fa3", "--spec", str(target), "--dry-run"),
+            "spec-json": ("build", "-b", "fa3", "--spec", str(target), "--dry-run"),
+            "plan": ("show", str(target)),
+            "trace": ("build", "-b", "fa3", "--spec", str(tmp_path / "s.toml"), "--trace", str(target), "--dry-run"),
+            "report": ("report", str(target)),
+            "output": ("build", "-b", "fa3", "-o", str(target))}[kind]
+    accepted = expect_clean(planner(*args))
+    # only an output may be new (a missing file, the target of a dangling link); nothing else is accepted
+    assert not accepted or (kind == "output" and where in ("missing", "dangling")), f"{kind} {where} accepted"
+    if kind == "output" and where.startswith("/dev/"):  # --force never replaces a device
+        expect_clean(planner(*args, "--force"))
+        assert not Path(where).is_file()
+
+
+OPTION_VALUES = st.one_of(st.sampled_from(["", "fa3", "eagle", "native", "expandable", "0", "-1", "8", "2",
+                                           "order=smallest-first", "decode.outputs=keep", "=", "x.y=z", "1e9",
+                                           "99999999999999999999", "plans", "."]), st.text(max_size=12))
+
+
+@FUZZ
+@given(pairs=st.lists(st.tuples(st.sampled_from(["--backend", "--speculative", "--max-bs", "--tp", "--allocator",
+                                                 "-s", "--ci", "--exact", "-o"]), OPTION_VALUES), max_size=5))
+def test_fuzz_build_options(work, pairs):
+    """What a user types: exit 0, 1 (bad value) or 2 (the framework's usage error), nothing else."""
+    args = ["build", "--max-bs", "16", "--dry-run"]
+    for flag, value in pairs:
+        args += [flag] if flag in ("--ci", "--exact") else [flag, value.replace("\x00", "")]
+    if "--backend" not in args:
+        args += ["--backend", "fa3"]
+    code, out, err = planner(*args)
+    if code == 2:
+        assert "Usage: planner build" in err and "Traceback" not in err, err
+    else:
+        expect_clean((code, out, err))
