@@ -10,12 +10,6 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
 
 Writes JSON with date and machine to bench/results/build-<date>.json.
 Run: python bench/build_bench.py [--repeat 5]
-
-Also: ``python bench/build_bench.py duplicates [--change] [--lines 6]`` lists
-runs of at least ``--lines`` code lines (blank lines, comments and
-indentation ignored) that occur in more than one place among the tracked
-Python files; ``--change`` only those touching lines this branch adds
-against ``main``. A copy worth a shared helper shows up here.
 """
 
 from __future__ import annotations
@@ -62,73 +56,7 @@ def _scale_spec(n: int) -> Path:
     return path
 
 
-def _code_lines(path: Path) -> list[tuple[int, str]]:
-    out = []
-    for no, line in enumerate(path.read_text().splitlines(), 1):
-        text = line.strip()
-        if text and not text.startswith("#"):
-            out.append((no, text))
-    return out
-
-
-def _added_lines(base: str) -> dict[str, set[int]]:
-    """Line numbers this branch adds against ``base``, per file."""
-    diff = subprocess.run(["git", "diff", "-U0", f"{base}...HEAD", "--", "*.py"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
-    added: dict[str, set[int]] = {}
-    path = None
-    for line in diff.splitlines():
-        if line.startswith("+++ "):
-            path = line[6:] if line.startswith("+++ b/") else None
-        elif line.startswith("@@") and path is not None:
-            new = line.split("+", 1)[1].split(" ", 1)[0]
-            start, _, count = new.partition(",")
-            n = int(count) if count else 1
-            added.setdefault(path, set()).update(range(int(start), int(start) + n))
-    return added
-
-
-def duplicates(lines: int, change: bool, base: str = "main") -> list[list[tuple[str, int, int]]]:
-    """Groups of places [(file, first line, last line)] holding the same ``lines`` code lines or more."""
-    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, check=True, capture_output=True,
-                           text=True).stdout.split()
-    windows: dict[tuple[str, ...], list[tuple[str, int, int]]] = {}
-    for f in files:
-        code = _code_lines(ROOT / f)
-        for i in range(len(code) - lines + 1):
-            chunk = code[i:i + lines]
-            if sum(len(t) for _, t in chunk) < 20 * lines:  # short lines (brackets, returns) are no copy
-                continue
-            windows.setdefault(tuple(t for _, t in chunk), []).append((f, chunk[0][0], chunk[-1][0]))
-    added = _added_lines(base) if change else None
-    groups: list[list[tuple[str, int, int]]] = []
-    for places in windows.values():
-        if len(places) < 2:
-            continue
-        if added is not None and not any(added.get(f, set()) & set(range(a, b + 1)) for f, a, b in places):
-            continue
-        # consecutive windows of the same copy: extend the previous group instead of adding one
-        prev = groups[-1] if groups else None
-        if prev is not None and len(prev) == len(places) and all(
-                pf == f and pa <= a <= pb + 1 for (pf, pa, pb), (f, a, _) in zip(prev, places)):
-            groups[-1] = [(f, pa, max(pb, b)) for (f, pa, pb), (_, _, b) in zip(prev, places)]
-        else:
-            groups.append(list(places))
-    return groups
-
-
 def main() -> None:
-    if sys.argv[1:2] == ["duplicates"]:
-        ap = argparse.ArgumentParser(prog="build_bench.py duplicates")
-        ap.add_argument("--lines", type=int, default=6)
-        ap.add_argument("--change", action="store_true", help="only copies touching lines added against main")
-        ap.add_argument("--base", default="main")
-        args = ap.parse_args(sys.argv[2:])
-        groups = duplicates(args.lines, args.change, args.base)
-        for g in groups:
-            print("  ==  ".join(f"{f}:{a}-{b}" for f, a, b in g))
-        print(f"{len(groups)} repeated run(s) of >= {args.lines} code lines" + (" touching this change" if args.change else ""))
-        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
