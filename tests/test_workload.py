@@ -122,3 +122,33 @@ def test_every_phase_kind_the_spec_accepts_has_an_analytic_model():
     from schemas.strategy import PhaseKind
 
     assert sorted(PHASE_KINDS) == sorted(get_args(PhaseKind))
+
+
+SMALL_DRAFT = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)
+
+
+def test_draft_decode_allocates_nothing_for_its_static_first_input():
+    """Step 0 reads the engine's static candidates: before the first step the
+    graph allocates only its three outputs (ids, scores, token locations)."""
+    from planner.workload import analytic_program
+
+    phase = Phase(name="draft_decode", kind="draft_decode", sizes=[8], layers=1, steps=3, topk=2)
+    prog = analytic_program(SMALL_DRAFT, phase, 8, backend("torch"))
+    assert [(size, kind) for size, _, kind in prog.prologue] == [(8 * 3 * 2 * 8, "output"), (8 * 3 * 2 * 4, "output"),
+                                                                 (8 * 3 * 2 * 8, "output")]
+
+
+def test_a_draft_phase_whose_outputs_outlive_others_can_keep_them_in_the_shared_pool(tmp_path):
+    """The drafts' float32 logits are temporaries: marked as outputs, they made
+    every shared-pool schedule an output-overlap hazard."""
+    from planner import BuildOptions, build_plan
+
+    spec = tmp_path / "drafts.toml"
+    spec.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in msgspec.structs.asdict(SMALL_DRAFT).items()
+                                          if isinstance(v, int))
+                    + '[[phases]]\nname = "draft_extend"\nkind = "draft_extend"\nsizes = [1, 2, 4, 8]\n'
+                      'tokens_per_request = 4\nlayers = 1\noutput_lifetime = "across-phases"\n'
+                      '[[phases]]\nname = "draft_decode"\nkind = "draft_decode"\nsizes = [1, 2, 4, 8]\n'
+                      'layers = 1\nsteps = 3\nafter = ["draft_extend"]\n')
+    plan = build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep", "pool=shared")))
+    assert {p.pool for p in plan.phases} == {"shared"}
