@@ -34,11 +34,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from adapters.hf import HFTarget  # noqa: E402
+from capture_bench import loop_capture  # noqa: E402
 from executor import capture, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
 from planner import BuildOptions, build_plan  # noqa: E402
@@ -94,26 +96,6 @@ def release(graphs: dict | None = None) -> None:
     torch.cuda.empty_cache()
 
 
-def loop_capture(target, sizes, warmups: int = 2):
-    """The engines' hard-coded loop (SGLang's ``for bs in reversed(sizes)``)."""
-    pool = torch.cuda.graph_pool_handle()
-    stream = torch.cuda.Stream()
-    graphs, outs = {}, {}
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for bs in sorted(sizes, reverse=True):
-        with torch.cuda.stream(stream):
-            for _ in range(warmups):
-                target.run("decode", bs, None)
-        stream.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool, stream=stream):
-            outs[bs] = target.run("decode", bs, None)
-        graphs[bs] = g
-    torch.cuda.synchronize()
-    return graphs, outs, pool, time.perf_counter() - t0
-
-
 def check_loop(target, graphs, outs, gen) -> int:
     bad = 0
     for bs, g in graphs.items():
@@ -165,12 +147,12 @@ def bench_arch(name: str, sizes, tmp: Path) -> dict:
     target.run("decode", max(sizes), None)  # lazy initialisation outside every measurement
     torch.cuda.synchronize()
 
-    graphs, outs, pool, _ = loop_capture(target, [max(sizes)], warmups=1)
+    graphs, outs, pool, _ = loop_capture(target, [max(sizes)], ascending=False, warmups=1)
     res["alone_mib"] = pool_reserved([pool]) / MiB
     outs.clear()
     release(graphs)
 
-    graphs, outs, pool, secs = loop_capture(target, sizes)
+    graphs, outs, pool, secs = loop_capture(target, sizes, ascending=False)
     res["loop"] = {"pool_mib": pool_reserved([pool]) / MiB, "capture_s": secs,
                    "replays_not_equal_eager": check_loop(target, graphs, outs, gen), "replays": len(graphs)}
     outs.clear()
