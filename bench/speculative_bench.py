@@ -162,14 +162,21 @@ def executor_run(plan_path: Path, model, gen, out_dir: Path, trace_dir: Path) ->
     res["verify_replays"] = v.replays
     gs.release()
 
-    # exact prediction from a recorded trace of the same plan
-    trace = profile(plan, model)
+    # exact prediction from a recorded trace of the same plan: the target
+    # phases at the profiler's default sizes (the fitter derives the rest),
+    # the draft phases at every size -- torch.topk's scratch over the vocabulary
+    # is not affine in the batch (the fitter refuses 3 sizes and says so)
+    drafts = {s.phase for s in plan.steps if s.op == "capture" and model.kind(s.phase) in ("draft_decode", "draft_extend")}
+    sizes = {ph: sorted({s.bs for s in plan.steps if s.op == "capture" and s.phase == ph}) for ph in drafts}
+    trace = profile(plan, model, sizes=sizes)
     tpath = trace_dir / f"{plan.name}.json"
     write_trace(trace, tpath)
     tplan = build_plan(BuildOptions(backend=plan.inputs.backend, ci=plan.inputs.ci,
                                     speculative=plan.inputs.speculative, trace=tpath))
     gs = capture(tplan, model, progress=False)
-    res["trace"] = {"predicted_mib": tplan.predicted.pool_bytes / MiB, "pool_mib": gs.report.pool_bytes / MiB,
+    res["trace"] = {"recorded": {c.phase: sum(1 for d in trace.captures if d.phase == c.phase) for c in trace.captures},
+                    "trace_bytes": tpath.stat().st_size,
+                    "predicted_mib": tplan.predicted.pool_bytes / MiB, "pool_mib": gs.report.pool_bytes / MiB,
                     "error": (tplan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes,
                     "phases": per_phase(gs.report, tplan), "pools": per_pool(gs, tplan)}
     gs.release()

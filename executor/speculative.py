@@ -279,6 +279,11 @@ class SpeculativeModel:
         k, rows = cfg.topk, bs * cfg.topk
         seqlens = self.seq_lens[:bs].repeat_interleave(k)
         locs = self._draft_locations(bs)
+        # In place (no allocation, so the graph's memory is unchanged): a stray
+        # write into these lengths (the planted page-table overflow lands on them
+        # in eager runs) must give wrong draft tokens, not an attention read past
+        # the cache that ends the process.
+        seqlens.clamp_(1, cfg.max_seqlen - cfg.num_steps)
         ids, hidden, scores = self.draft_ids[:rows], self.draft_hidden[:rows], self.draft_scores[:rows]
         out_ids = torch.empty(bs, cfg.num_steps * k, dtype=torch.long, device=self.device)
         out_scores = torch.empty(bs, cfg.num_steps * k, dtype=torch.float32, device=self.device)
