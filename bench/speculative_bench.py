@@ -11,11 +11,16 @@ EAGLE plans:
              draft_extend) smallest-first, the others largest-first, outputs kept
   executor   capture(load_plan(P), target) for plans/fa3-eagle-ci.json and
              plans/fa3-eagle.json
+  timing     capture seconds only, all four variants per round, the order
+             rotated every round, --repeats rounds: medians (a single run's
+             seconds move by +-30% with whoever runs first after a release)
 
 For each: pool MiB per pool and in total, capture seconds per phase and in
 total, every graph replayed against the eager run. For the executor also the
 analytic and the trace-driven prediction per phase and per pool against
-measured, and verify() with every check. Then the planted bugs: each caught
+measured (the trace: the target phases at 3 sizes, the draft phases at every
+size; written to --trace-dir, plans/traces/ by default), and verify() with
+every check. Then the planted bugs: each caught
 (graph, address range, bytes) at several sizes, also under smallest-first
 order; the wild write in subprocesses (it kills the CUDA context).
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +54,7 @@ from schemas.spec import Model  # noqa: E402
 
 MiB = 2**20
 MULTI_TOKEN = ("target_verify", "draft_extend")
+PARTS = ("loop", "gate", "executor", "timing", "bugs", "wild")
 
 
 def _tuple(out):
@@ -183,6 +190,29 @@ def executor_run(plan_path: Path, model, gen, out_dir: Path, trace_dir: Path) ->
     return res
 
 
+def timing(model, sizes, engine_order, variants, repeats: int) -> dict:
+    """Capture seconds only, every variant once per round, the order rotated
+    each round (whoever runs first after a release pays for it): medians.
+    One process; nothing else measured in these runs."""
+    runs: dict[str, list[float]] = defaultdict(list)
+    names = [*variants, "fa3-eagle-ci.json", "fa3-eagle.json"]
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if name in variants:
+                order = [(p, sorted(sizes[p], reverse=not variants[name][p])) for p in engine_order]
+                run = loop_capture(model, order)
+                runs[name].append(run["total_s"])
+                release_loop(run)
+            else:
+                gs = capture(load_plan(ROOT / "plans" / name), model, progress=False)
+                runs[name].append(gs.report.capture_seconds)
+                gs.release()
+                torch.cuda.empty_cache()
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {"repeats": repeats, "runs_s": dict(runs), "median_s": med,
+            "ratio_to_loop": {k: v / med["loop"] for k, v in med.items()}}
+
+
 def floors(model, plan_path: Path) -> dict:
     """Each pool's floor: its phases' largest graph captured alone (max over its phases)."""
     plan = load_plan(plan_path)
@@ -248,7 +278,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--trace-dir", default=str(ROOT / "plans/traces"))
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: loop,gate,executor,bugs,wild")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: loop,gate,executor,timing,bugs,wild")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of the timing part (capture only, rotating order)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     out_dir, trace_dir = Path(args.out), Path(args.trace_dir)
@@ -261,7 +292,7 @@ def main() -> None:
     draft = next(p for p in ref.phases if p.kind == "draft_decode")
     steps_topk = (3, 1)
     shape = Model(layers=args.layers)
-    need_model = not {"loop", "gate", "executor"} <= skip
+    need_model = not {"loop", "gate", "executor", "timing"} <= skip
     model = SpeculativeModel(SpeculativeConfig(model=shape, max_bs=max(max(s) for s in sizes.values()),
                                                num_steps=steps_topk[0], topk=steps_topk[1])) if need_model else None
     gen = torch.Generator(device="cuda")
@@ -271,7 +302,7 @@ def main() -> None:
                  "attention": model.backend if model else None, "layers": args.layers, "draft_layers": 1,
                  "num_steps": steps_topk[0], "topk": steps_topk[1], "page_size": 1,
                  "sizes_per_phase": {k: len(v) for k, v in sizes.items()}, "draft_phase": draft.name}
-    part = "" if not skip else "-" + "-".join(p for p in ("loop", "gate", "executor", "bugs", "wild") if p not in skip)
+    part = "" if not skip else "-" + "-".join(p for p in PARTS if p not in skip)
     path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l{part}.json"
 
     def save() -> None:  # after every part: a run cut short keeps what it measured
@@ -306,6 +337,11 @@ def main() -> None:
             print(plan_file, json.dumps({k: r[k] for k in ("pool_mib", "capture_s", "analytic_error", "verify")}),
                   flush=True)
 
+    if "timing" not in skip:
+        res["timing"] = timing(model, sizes, engine_order, variants, args.repeats)
+        save()
+        print("timing", json.dumps(res["timing"]), flush=True)
+
     del model
     torch.cuda.empty_cache()
     if "bugs" not in skip:  # the small reference (2 layers), topk 4, page size 4, in subprocesses
@@ -322,6 +358,10 @@ def main() -> None:
     caught = {k: v.get("by_check", v.get("line")) for k, v in res.get("bugs", {}).items()}
     wild_ok = sum(1 for v in res.get("wild", {}).values()
                   if v["exit"] == 3 and "context is lost" in v["line"] and "compute-sanitizer" in v["line"])
+    tm = res.get("timing")
+    if tm:
+        print("TIMING median capture s " + ", ".join(f"{k} {v:.2f} ({tm['ratio_to_loop'][k]:.2f}x)"
+                                                  for k, v in tm["median_s"].items()) + f" over {tm['repeats']} rounds")
     if ex and loop:
         print(f"SUMMARY pool MiB: loop {loop['pool_mib']:.0f} (oom at {loop['oom_at']}), gate "
               f"{res.get('gate', {}).get('pool_mib', float('nan')):.0f}, executor(ci) {ex['pool_mib']:.0f} "
