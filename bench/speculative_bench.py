@@ -226,14 +226,14 @@ def floors(model, plan_path: Path) -> dict:
 
 
 BUG_SCRIPT = """
-import json, sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+import json, sys; sys.path.insert(0, {root!r})
 from pathlib import Path
 from planner import BuildOptions, build_plan
 from executor import capture, verify, VerificationFailed
-from test_gpu_speculative import make, spec_text
-p = Path({spec!r}); p.write_text(spec_text(sizes={sizes!r}))
+from executor.speculative import small_model, spec_toml
+p = Path({spec!r}); p.write_text(spec_toml({sizes!r}))
 plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=p, strategies={pins!r}))
-gs = capture(plan, make(bugs=({bug!r},), max_bs={max_bs}), progress=False, record={record!r})
+gs = capture(plan, small_model(({bug!r},), max_bs={max_bs}), progress=False, record={record!r})
 try:
     v = verify(gs, checks={checks!r})
 except VerificationFailed as err:
@@ -245,7 +245,7 @@ print("RESULT", json.dumps([[f.check, f.graph, f.detail, f.addr, f.nbytes] for f
 def _subprocess(bug: str, sizes, pins=(), checks=("interleave", "footprint"), record=True) -> dict:
     """One planted-bug run in its own process (a device fault ends the process's CUDA context)."""
     spec = Path(tempfile.mkdtemp()) / "spec.toml"
-    script = BUG_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), spec=str(spec), sizes=list(sizes),
+    script = BUG_SCRIPT.format(root=str(ROOT), spec=str(spec), sizes=list(sizes),
                                pins=tuple(pins), bug=bug, max_bs=max(sizes), record=record, checks=tuple(checks))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "RESULT"))), r.stderr[-800:])

@@ -61,6 +61,7 @@ the concatenated embedding and hidden state (a sum here).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import msgspec
@@ -72,7 +73,7 @@ from schemas.spec import Model
 
 from .reference import CacheRows, ReferenceConfig, ReferenceModel
 
-__all__ = ["SpeculativeConfig", "SpeculativeModel", "BUGS", "PHASES"]
+__all__ = ["SpeculativeConfig", "SpeculativeModel", "BUGS", "PHASES", "SMALL", "spec_toml", "small_model"]
 
 #: the phases of an EAGLE plan, by kind
 PHASES = ("decode", "target_verify", "draft_decode", "draft_extend")
@@ -463,3 +464,31 @@ def _triton_kernels():
             record_accept_kernel[(slots.numel(),)](slots, accept, table, table.stride(0), UNSIGNED=wild)
 
     return Kernels()
+
+
+# -- the small reference of the planted-bug tests and benchmark --------------
+#: 2 layers: captures in seconds, and the bugs behave as in the full model
+SMALL = Model(layers=2, hidden=1024, heads=8, kv_heads=2, head_dim=128, intermediate=2048, vocab=32000)
+
+
+def spec_toml(sizes, *, steps: int = 3, topk: int = 4, num_draft_tokens: int = 4, model: Model = SMALL) -> str:
+    """A planner spec (TOML text) with the four EAGLE phases of ``model`` at
+    ``sizes``, each phase named after its kind (what :class:`SpeculativeModel`
+    expects); target_verify's outputs live across phases, as the engines'
+    draft phases read them."""
+    # JSON scalars are TOML scalars (the model's fields are numbers and plain names)
+    text = "[model]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in msgspec.to_builtins(model).items())
+    phases = [("decode", 1, ""), ("target_verify", num_draft_tokens, 'output_lifetime = "across-phases"\n'),
+              ("draft_decode", 1, f"layers = 1\nsteps = {steps}\ntopk = {topk}\n"),
+              ("draft_extend", steps + 1, f"layers = 1\ntopk = {topk}\n")]
+    for name, tpr, extra in phases:
+        text += (f'\n[[phases]]\nname = "{name}"\nkind = "{name}"\nsizes = {sorted(set(sizes))}\n'
+                 f"tokens_per_request = {tpr}\n{extra}")
+    return text
+
+
+def small_model(bugs=(), *, topk: int = 4, page_size: int = 4, steps: int = 3, max_bs: int = 32,
+                max_seqlen: int = 256) -> SpeculativeModel:
+    """The :data:`SMALL` reference on CUDA with ``bugs`` planted."""
+    return SpeculativeModel(SpeculativeConfig(model=SMALL, max_bs=max_bs, max_seqlen=max_seqlen, topk=topk,
+                                              num_steps=steps, page_size=page_size, bugs=frozenset(bugs)))

@@ -11,36 +11,22 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-SMALL = dict(layers=2, hidden=1024, heads=8, kv_heads=2, head_dim=128, intermediate=2048, vocab=32000)
 SIZES = [1, 2, 4, 8, 16, 32]
 
 
-def spec_text(sizes=SIZES, steps=3, topk=4, ndt=4, model=SMALL) -> str:
-    """A spec for the four EAGLE phases of the small reference (names are the kinds)."""
-    text = "[model]\n" + "".join(f"{k} = {v}\n" for k, v in model.items())
-    phases = [("decode", 1, ""), ("target_verify", ndt, 'output_lifetime = "across-phases"\n'),
-              ("draft_decode", 1, f"layers = 1\nsteps = {steps}\ntopk = {topk}\n"),
-              ("draft_extend", steps + 1, f"layers = 1\ntopk = {topk}\n")]
-    for name, tpr, extra in phases:
-        text += (f'\n[[phases]]\nname = "{name}"\nkind = "{name}"\nsizes = {list(sizes)}\n'
-                 f"tokens_per_request = {tpr}\n{extra}")
-    return text
-
-
 def plan_for(tmp_path: Path, strategies=(), ci=True, **kw):
+    from executor.speculative import spec_toml
     from planner import BuildOptions, build_plan
 
     path = tmp_path / "spec.toml"
-    path.write_text(spec_text(**kw))
+    path.write_text(spec_toml(kw.pop("sizes", SIZES), **kw))
     return build_plan(BuildOptions(backend="fa3", ci=ci, spec=path, strategies=tuple(strategies)))
 
 
-def make(bugs=(), topk=4, page_size=4, steps=3, max_bs=max(SIZES)):
-    from executor.speculative import SpeculativeConfig, SpeculativeModel
-    from schemas.spec import Model
+def make(bugs=(), **kw):
+    from executor.speculative import small_model
 
-    return SpeculativeModel(SpeculativeConfig(model=Model(**SMALL), max_bs=max_bs, max_seqlen=256, topk=topk,
-                                              num_steps=steps, page_size=page_size, bugs=frozenset(bugs)))
+    return small_model(bugs, max_bs=max(SIZES), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +51,41 @@ def test_triton_metadata_kernels_equal_their_torch_specification(clean):
             m.kernels = kernels
         for a, b in zip(triton_out, torch_out):
             assert torch.equal(a, b), seed
+
+
+def test_metadata_kernels_write_the_same_buffers_as_their_specification(clean):
+    """Every buffer a Triton metadata kernel writes, entry for entry (not only
+    what the phase returns), equals the torch specification's, padded rows
+    included; entries neither writes keep their fill."""
+    import torch
+
+    from executor.speculative import _torch_kv_rows, _torch_page_scatter
+
+    m, cfg = clean, clean.cfg
+    k, width, stride = cfg.topk, cfg.draft_kv_width or cfg.num_steps, cfg.draft_page_cols
+    gen = torch.Generator(device="cuda")
+    i32 = dict(dtype=torch.int32, device="cuda")
+    for seed in range(4):
+        gen.manual_seed(seed)
+        bs = 3 + 9 * seed
+        m.prepare("draft_decode", max(1, bs - seed), bs, gen)
+        slots, lens, rows = m._slots(bs), m.seq_lens[:bs], bs * k
+        for step in range(cfg.num_steps):
+            a, b = torch.full((rows * width,), -7, **i32), torch.full((rows * width,), -7, **i32)
+            ra = m.kernels.kv_rows(m.req_to_token, slots, lens, step, a, k, width, cfg.max_seqlen)
+            rb = _torch_kv_rows(m.req_to_token, slots, lens, step, b, k, width)
+            assert torch.equal(a, b) and torch.equal(ra, rb), (seed, step)
+        branch = slots.long().repeat_interleave(k)
+        pos = lens.long().repeat_interleave(k)[:, None] + torch.arange(cfg.num_steps, device="cuda")
+        locs = m.req_to_token[branch[:, None], pos].long()
+        a, b = torch.full((rows * stride,), -7, **i32), torch.full((rows * stride,), -7, **i32)
+        pa = m.kernels.page_scatter(locs, a, stride, cfg.page_size)
+        pb = _torch_page_scatter(locs, b, stride, cfg.page_size)
+        assert torch.equal(a, b) and torch.equal(pa, pb), seed
+        a, b = m.slot_accept.clone(), m.slot_accept.clone()
+        m.kernels.record_accept(slots, m.accept_lens[:bs], a, False)
+        b[:, 0].index_copy_(0, slots.long(), m.accept_lens[:bs])
+        assert torch.equal(a, b), seed
 
 
 @pytest.mark.parametrize("plan_file", ["fa3-eagle-ci", "fa3-eagle"])
@@ -191,7 +212,9 @@ def test_wild_write_names_the_graph_and_the_sanitizer_command(tmp_path):
     import sys
 
     spec = tmp_path / "spec.toml"
-    spec.write_text(spec_text())
+    from executor.speculative import spec_toml
+
+    spec.write_text(spec_toml(SIZES))
     root = Path(__file__).resolve().parent.parent
     script = f"""
 import sys; sys.path.insert(0, {str(root)!r}); sys.path.insert(0, {str(root / 'tests')!r})

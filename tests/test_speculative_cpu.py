@@ -178,3 +178,18 @@ def test_draft_settings_on_other_phases_are_refused(kind, field):
     spec = Spec(phases=[Phase(name="p", kind=kind, sizes=[1], **{field: 3})])
     with pytest.raises(InputError, match=rf"{field} = 3 has no meaning for a {kind} phase"):
         validate_spec(spec, "s.toml")
+
+
+def test_spec_toml_gives_the_four_phases_the_model_expects(tmp_path):
+    """The small reference's spec (tests and bench share it): every phase named
+    after its kind, at the sizes asked for, with the draft settings."""
+    from executor.speculative import spec_toml
+    from planner import BuildOptions, build_plan
+
+    path = tmp_path / "spec.toml"
+    path.write_text(spec_toml([4, 1, 2, 2], steps=2, topk=3))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=path))
+    assert {p.name: p.kind for p in plan.phases} == {k: k for k in PHASES}
+    assert all(sorted(p.sizes) == [1, 2, 4] for p in plan.phases)
+    assert {p.name: p.tokens_per_request for p in plan.phases} == \
+        {"decode": 1, "target_verify": 4, "draft_decode": 1, "draft_extend": 3}
