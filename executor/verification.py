@@ -100,7 +100,7 @@ def _compare(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> str | 
 
 def _sizes_for(gs: GraphSet, cap: Captured, rng: random.Random) -> int:
     """A random n that pads to this graph's size."""
-    sizes = gs._tables[cap.phase].sizes
+    sizes = gs.table(cap.phase).sizes
     lower = max([s for s in sizes if s < cap.bs], default=0) + 1
     return rng.randint(lower, cap.bs)
 

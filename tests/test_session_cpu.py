@@ -1,0 +1,94 @@
+"""The capture session on CPU, CUDA faked (tests/fake_cuda.py): one method per
+plan step op, the target called exactly as the plan's steps say, in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fake_cuda import Target, fake  # noqa: E402,F401 - fake is a fixture
+
+CPU = torch.device("cpu")
+PHASES = ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
+          '[[phases]]\nname = "target_verify"\nkind = "target_verify"\nsizes = [1, 2, 4]\ntokens_per_request = 4\n')
+
+
+def _plan(tmp_path: Path, backend: str, *strategies: str, ci: bool = False):
+    from planner import BuildOptions, build_plan
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(PHASES)
+    # outputs=keep: the fake has no device memory to take non-owning views of
+    return build_plan(BuildOptions(backend=backend, ci=ci, spec=spec, strategies=("outputs=keep", *strategies)))
+
+
+def _expected_calls(plan) -> list[tuple]:
+    """The target calls each step op makes, as the session's docstring states them."""
+    hoisted: set[str] = set()
+    calls = []
+    for s in plan.steps:
+        ws = s.phase in hoisted
+        if s.op == "provision":
+            hoisted.add(s.phase)
+        elif s.op == "warmup":
+            for _ in range(max(s.runs, 1)):
+                calls += [("refresh", s.phase, s.bs, False, True)] * ws + [("run", s.phase, s.bs, False, ws)]
+        else:  # the refresh runs eagerly before recording; the run is recorded
+            calls += [("refresh", s.phase, s.bs, False, True)] * ws + [("run", s.phase, s.bs, True, ws)]
+    return calls
+
+
+def test_every_plan_step_op_has_a_session_method():
+    from executor.session import CaptureSession
+    from schemas.plan import StepOp
+
+    assert set(CaptureSession.OPS) == set(get_args(StepOp))
+    assert all(fn.__name__ == op for op, fn in CaptureSession.OPS.items())
+
+
+@pytest.mark.parametrize("backend,strategies,ci", [
+    ("fa3", (), True),                                   # one warm-up per phase, smallest-first gate
+    ("triton", (), False),                               # a warm-up before every capture
+    ("fa3", ("workspace=hoisted", "pool=own"), False),   # provision steps, a pool per phase
+])
+def test_the_target_is_called_exactly_as_the_plan_steps_say(tmp_path, fake, backend, strategies, ci):
+    from executor import capture
+
+    plan = _plan(tmp_path, backend, *strategies, ci=ci)
+    assert {s.op for s in plan.steps} >= {"warmup", "capture"}
+    target = Target(fake)
+    gs = capture(plan, target, progress=False, device=CPU)
+    try:
+        assert target.calls == _expected_calls(plan)
+        captures = [s for s in plan.steps if s.op == "capture"]
+        assert list(gs.graphs) == [(s.phase, s.bs) for s in captures]
+        assert [c.order for c in gs.graphs.values()] == list(range(len(captures)))
+        assert [(c.pool, c.held) for c in gs.graphs.values()] == [(s.pool, s.outputs or "keep") for s in captures]
+        assert set(gs.pools) == {s.pool for s in captures} and fake.pools == len(gs.pools)
+        provisions = {s.phase: max(s.bytes, 1) for s in plan.steps if s.op == "provision"}
+        assert {p: w.numel() for p, w in gs.workspaces.items()} == provisions
+        assert gs.report.hoisted_bytes == sum(provisions.values())
+        predicted = {m.step: m.reserved for m in plan.predicted.timeline}
+        assert [(m.step, m.id, m.predicted_reserved) for m in gs.report.steps] == \
+            [(s.index, s.id, predicted.get(s.index, 0)) for s in plan.steps]
+        assert [(p, b) for _, p, b in gs.timeline] == [(s.phase, s.bs) for s in captures]
+    finally:
+        gs.release()
+    if "pool=own" in strategies:
+        assert len({s.pool for s in plan.steps if s.op == "capture"}) == 2
+
+
+def test_a_step_op_the_executor_does_not_know_is_one_clear_error(tmp_path, fake):
+    import msgspec
+
+    from executor import ExecutorError, capture
+
+    plan = _plan(tmp_path, "torch")
+    steps = [msgspec.structs.replace(s, op="free") if s.index == 1 else s for s in plan.steps]
+    bad = msgspec.structs.replace(plan, steps=steps)
+    with pytest.raises(ExecutorError, match=r"unknown step op 'free'.*fix: upgrade"):
+        capture(bad, Target(fake), progress=False, device=CPU)
