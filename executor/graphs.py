@@ -128,9 +128,11 @@ class GraphSet:
     ``report`` are complete only after ``wait()``.
     """
 
-    def __init__(self, plan: Plan, target: CaptureTarget):
+    def __init__(self, plan: Plan, target: CaptureTarget, device: torch.device | None = None):
         self.plan = plan
         self.target = target
+        #: the device whose pools hold the graphs
+        self.device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.graphs: dict[tuple[str, int], Captured] = {}
         self.pools: dict[str, tuple[int, int]] = {}
         self.workspaces: dict[str, torch.Tensor] = {}

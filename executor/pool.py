@@ -30,9 +30,16 @@ def pool_reserved(pools) -> int:
     return sum(size for _, size in pool_segments(pools))
 
 
+def _concrete(device: torch.device) -> torch.device:
+    """A CUDA device with its index (the current one when it has none); another device as it is."""
+    if device.type != "cuda":
+        return device  # host memory: CPU tests of what writes through these views
+    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
 def raw_bytes(addr: int, nbytes: int, device: torch.device) -> torch.Tensor:
-    """A non-owning uint8 tensor over [addr, addr + nbytes) of device memory."""
-    dev = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    """A non-owning uint8 tensor over [addr, addr + nbytes) of ``device``'s memory."""
+    dev = _concrete(device)
     storage = torch._C._construct_storage_from_data_pointer(addr, dev, nbytes)
     return torch.empty(0, dtype=torch.uint8, device=dev).set_(storage, 0, (nbytes,), (1,))
 
@@ -44,7 +51,7 @@ def weak_view(t: torch.Tensor) -> torch.Tensor:
     next replay of any graph in the same pool.
     """
     st = t.untyped_storage()
-    dev = torch.device("cuda", t.device.index if t.device.index is not None else torch.cuda.current_device())
+    dev = _concrete(t.device)
     storage = torch._C._construct_storage_from_data_pointer(st.data_ptr(), dev, st.nbytes())
     return torch.empty(0, dtype=t.dtype, device=dev).set_(storage, t.storage_offset(), t.size(), t.stride())
 

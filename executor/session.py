@@ -410,7 +410,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
 
         check_plan_agreement(plan, group)
     device = device or torch.device("cuda", torch.cuda.current_device())
-    gs = GraphSet(plan, target)
+    gs = GraphSet(plan, target, device)
     show = _rank0(group)
     bar = _progress(plan.steps, progress and show and not background)
     session = CaptureSession(gs, device, record=record, bar=bar, show=show and progress, t_start=t_start,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import pytest
 import torch
@@ -48,6 +49,21 @@ class Fake:
         self.recording = None
         self.pools = 0
         self.modes = []
+        #: segments memory_snapshot() reports besides those of pool_tensor()
+        self.segments: list[dict] = []
+        self._pooled: list[tuple[weakref.ref, tuple[int, int]]] = []
+
+    def pool_tensor(self, *shape) -> torch.Tensor:
+        """A tensor in the pool of the graph being recorded: a segment of its
+        own for as long as the tensor lives, as memory_snapshot reports it."""
+        t = torch.zeros(*shape)
+        self._pooled.append((weakref.ref(t), self.recording.pool))
+        return t
+
+    def snapshot(self) -> list[dict]:
+        live = [(r(), pool) for r, pool in self._pooled]
+        return self.segments + [{"address": t.data_ptr(), "total_size": t.untyped_storage().nbytes(),
+                                 "segment_pool_id": pool} for t, pool in live if t is not None]
 
 
 class FakeGraph:
@@ -56,6 +72,7 @@ class FakeGraph:
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         self.fake.modes.append(capture_error_mode)
+        self.pool = pool
         self.fake.recording = self
 
     def capture_end(self):
@@ -94,8 +111,8 @@ def fake(monkeypatch):
         "Stream": lambda device=None: FakeStream(id(object())), "Event": FakeEvent,
         "current_stream": current_stream, "default_stream": lambda device=None: f.default,
         "stream": stream, "set_device": lambda d: None, "synchronize": lambda d=None: None,
-        "empty_cache": lambda: None, "memory_snapshot": lambda mempool_id=None: [],
-        "memory_reserved": lambda d=None: 0, "graph_pool_handle": pool_handle,
+        "empty_cache": lambda: None, "memory_snapshot": lambda mempool_id=None: f.snapshot(),
+        "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()), "graph_pool_handle": pool_handle,
         "CUDAGraph": lambda: FakeGraph(f), "is_current_stream_capturing": lambda: f.recording is not None,
         "current_device": lambda: 0,
     }.items():
