@@ -30,7 +30,7 @@ from schemas.report import CaptureReport
 from .dispatch import PadTable
 from .errors import ExecutorError, StaleOutputError
 from .heap import collect_young
-from .logs import log
+from .logs import log, rank_tag
 from .pool import Window, pool_reserved, pool_segments
 from .target import CaptureTarget
 
@@ -335,8 +335,8 @@ class GraphSet:
             torch.cuda.empty_cache()
             left = pool_reserved(pools)
             if left:
-                log.warning("capture-plan: %d B of released graph pools are still held after dropping every "
+                log.warning("capture-plan%s: %d B of released graph pools are still held after dropping every "
                             "graph (%d unreachable young objects collected): a tensor outside the GraphSet "
-                            "(a kept output?) still uses them", left, found)
+                            "(a kept output?) still uses them", rank_tag(), left, found)
 
 

@@ -50,7 +50,7 @@ from .errors import CaptureFailed, ExecutorError
 from .graphs import Captured, Fallback, GraphSet, as_outputs
 from .heap import Frozen
 from .load import backend_module, current_environment
-from .logs import log
+from .logs import log, rank_tag
 from .pool import AllocationRecorder, pool_reserved, pool_segments, weak_view
 from .target import CaptureTarget
 
@@ -112,7 +112,8 @@ class CaptureSession:
     against concurrent replays in the background. ``mode`` is CUDA's capture
     error mode: "global" (foreground) also fails the capture if any other
     thread makes an unsafe call meanwhile; "thread_local" (background) lets
-    the engine's threads keep launching work.
+    the engine's threads keep launching work. ``show``: this process logs
+    progress and the summary (rank 0 of the capture's group).
     """
 
     def __init__(self, gs: GraphSet, device, *, record: bool, bar, show: bool, t_start: float,
@@ -231,10 +232,12 @@ class CaptureSession:
     def _landed(self, cap: Captured) -> None:
         if self.on_land is not None:
             self.on_land(cap)
+        if not self.show:  # progress is rank 0's to tell
+            return
         done = len(self.gs.timeline)
         first = len(self.gs.table(cap.phase).sizes) == 1
         # Background: an operator wants to know when serving gets graphs and how far it is.
-        level = logging.INFO if self.mode != "global" and self.show else logging.DEBUG
+        level = logging.INFO if self.mode != "global" else logging.DEBUG
         quarter = max(self.captures // 4, 1)
         if first or done % quarter == 0 or done == self.captures:
             log.log(level, "capture-plan: %d/%d graphs in %.2f s%s; ready: %s", done, self.captures,
@@ -295,8 +298,8 @@ class CaptureSession:
         exact = pool_reserved(gs.pools.values())  # one snapshot: the authoritative figure
         reserved = self.reserved
         if exact != reserved:
-            log.warning("capture-plan: per-step pool figures are approximate: counted %d B, the pools hold %d B "
-                        "(something else allocated during capture)", reserved, exact)
+            log.warning("capture-plan%s: per-step pool figures are approximate: counted %d B, the pools hold %d B "
+                        "(something else allocated during capture)", rank_tag(), reserved, exact)
             reserved = exact
         if self.recorder is not None:
             for cap, win in zip([c for c in gs.graphs.values()], self.recorder.stop()):
@@ -399,8 +402,10 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     the constraints on the target and the serving thread). Not with
     ``torch.distributed`` nor with ``record=True``.
 
-    Progress goes to the ``capture_plan.executor`` logger (rank 0; a tqdm bar
-    too in the foreground when ``progress``).
+    Progress and the summary go to the ``capture_plan.executor`` logger
+    (rank 0 of ``group`` only; the summary at INFO, per-quarter progress at
+    DEBUG, at INFO in the background); ``progress`` adds a tqdm bar on stderr
+    in the foreground, on rank 0. Warnings come from every rank, naming it.
     """
     t_start = time.perf_counter()
     distributed = _distributed()
@@ -413,7 +418,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     gs = GraphSet(plan, target, device)
     show = _rank0(group)
     bar = _progress(plan.steps, progress and show and not background)
-    session = CaptureSession(gs, device, record=record, bar=bar, show=show and progress, t_start=t_start,
+    session = CaptureSession(gs, device, record=record, bar=bar, show=show, t_start=t_start,
                              mode="thread_local" if background else "global")
     torch.cuda.synchronize(device)
     heap = Frozen().__enter__()

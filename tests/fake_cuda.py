@@ -114,7 +114,7 @@ def fake(monkeypatch):
         "empty_cache": lambda: None, "memory_snapshot": lambda mempool_id=None: f.snapshot(),
         "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()), "graph_pool_handle": pool_handle,
         "CUDAGraph": lambda: FakeGraph(f), "is_current_stream_capturing": lambda: f.recording is not None,
-        "current_device": lambda: 0,
+        "current_device": lambda: 0, "mem_get_info": lambda device=None: (0, 0),
     }.items():
         monkeypatch.setattr(cuda, name, value, raising=False)
     return f

@@ -3,6 +3,7 @@ plan step op, the target called exactly as the plan's steps say, in order."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import get_args
 
@@ -92,3 +93,73 @@ def test_a_step_op_the_executor_does_not_know_is_one_clear_error(tmp_path, fake)
     bad = msgspec.structs.replace(plan, steps=steps)
     with pytest.raises(ExecutorError, match=r"unknown step op 'free'.*fix: upgrade"):
         capture(bad, Target(fake), progress=False, device=CPU)
+
+
+def _leak(fake, gs) -> None:
+    """A segment of the set's pool that outlives it, as a kept output held by the engine would."""
+    (pid,) = gs.pools.values()
+    fake.segments = [{"address": 1 << 20, "total_size": 512, "segment_pool_id": pid}]
+
+
+def _records(caplog) -> list[tuple[str, str, str]]:
+    return [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_capture_logs_through_the_named_logger_and_prints_nothing(tmp_path, fake, caplog, capsys):
+    import logging
+
+    from executor import capture
+
+    caplog.set_level(logging.DEBUG, logger="capture_plan.executor")
+    plan = _plan(tmp_path, "torch")
+    gs = capture(plan, Target(fake), progress=False, device=CPU)
+    _leak(fake, gs)
+    gs.release()
+    got = _records(caplog)
+    assert {name for name, _, _ in got} == {"capture_plan.executor"}
+    (summary,) = [m for _, level, m in got if level == "INFO"]
+    assert re.fullmatch(rf"capture-plan: 7 graphs of {plan.name} in [\d.]+ s; pool 0.0 MiB, predicted "
+                        r"[\d,.]+ MiB \(-100.0%\)", summary), summary
+    progress = [m for _, level, m in got if level == "DEBUG"]
+    assert progress[0].startswith("capture-plan: 1/7 graphs in ") and "servable up to n=" in progress[0]
+    assert progress[-1].startswith("capture-plan: 7/7 graphs in ")
+    (warning,) = [m for _, level, m in got if level == "WARNING"]
+    assert warning.startswith("capture-plan: 512 B of released graph pools are still held")
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings(tmp_path, fake, caplog, capsys,
+                                                                                 monkeypatch, rank):
+    """One gloo process plays rank 0 or (its rank faked) rank 1 of the world."""
+    import logging
+
+    import torch.distributed as dist
+
+    from executor import capture, session
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    caplog.set_level(logging.DEBUG, logger="capture_plan.executor")
+    plan = _plan(tmp_path, "torch")
+    bars = []
+    monkeypatch.setattr(session, "_progress", lambda steps, enabled: bars.append(enabled))  # tqdm may be absent
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        if rank:
+            monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+        gs = capture(plan, Target(fake), progress=True, device=CPU)
+        _leak(fake, gs)
+        gs.release()
+    finally:
+        dist.destroy_process_group()
+    got = _records(caplog)
+    levels = [level for _, level, _ in got]
+    (warning,) = [m for _, level, m in got if level == "WARNING"]
+    assert warning.startswith(f"capture-plan [rank {rank}]: 512 B of released graph pools are still held")
+    assert bars == [rank == 0]  # the tqdm bar on rank 0 only
+    assert capsys.readouterr() == ("", "")
+    if rank == 0:
+        assert levels.count("INFO") == 1 and "DEBUG" in levels
+    else:
+        assert levels == ["WARNING"]
