@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["pool_segments", "pool_reserved", "weak_view", "raw_bytes", "AllocationRecorder", "Window"]
+__all__ = ["pool_segments", "pool_reserved", "one_pool_reserved", "in_pools", "weak_view", "raw_bytes",
+           "AllocationRecorder", "Window"]
 
 
 def _pid(pool) -> tuple[int, int]:
@@ -28,6 +29,26 @@ def pool_segments(pools) -> list[tuple[int, int]]:
 
 def pool_reserved(pools) -> int:
     return sum(size for _, size in pool_segments(pools))
+
+
+def one_pool_reserved(pool) -> int:
+    """Reserved bytes of one pool: from a snapshot of that pool alone where
+    torch can take one (``mempool_id``: cheaper than a whole snapshot), else
+    of the whole allocator."""
+    want = _pid(pool)
+    try:
+        segs = torch.cuda.memory_snapshot(mempool_id=pool)
+    except Exception:  # a torch without per-pool snapshots (TypeError), or one that refuses this pool
+        segs = []
+    mine = [s["total_size"] for s in segs
+            if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) == want]
+    # nothing found (a new pool, or a snapshot that does not say its pool): ask the whole allocator
+    return sum(mine) if mine else pool_reserved([pool])
+
+
+def in_pools(ptr: int, pools) -> bool:
+    """Whether device address ``ptr`` lies in a segment of the given pools."""
+    return any(a <= ptr < a + s for a, s in pool_segments(pools))
 
 
 def _concrete(device: torch.device) -> torch.device:

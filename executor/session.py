@@ -51,7 +51,7 @@ from .graphs import Captured, Fallback, GraphSet, as_outputs
 from .heap import Frozen
 from .load import backend_module, current_environment
 from .logs import log, rank_tag
-from .pool import AllocationRecorder, pool_reserved, pool_segments, weak_view
+from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_reserved, weak_view
 from .target import CaptureTarget
 
 __all__ = ["capture", "CaptureSession", "capture_failed"]
@@ -198,7 +198,7 @@ class CaptureSession:
             # step. In the background the serving thread may allocate meanwhile,
             # so there the pool itself is measured.
             exact = self.mode != "global"
-            reserved_before = _pool_bytes(pool) if exact else torch.cuda.memory_reserved()
+            reserved_before = one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()
             g.capture_begin(pool=pool, capture_error_mode=self.mode)
             try:
                 outs = as_outputs(target.run(step.phase, step.bs, ws))
@@ -212,7 +212,7 @@ class CaptureSession:
                     recorder.end()
                 raise
             g.capture_end()
-            grown = (_pool_bytes(pool) if exact else torch.cuda.memory_reserved()) - reserved_before
+            grown = (one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()) - reserved_before
             if recorder is not None:
                 recorder.end()
         return g, outs, grown
@@ -223,7 +223,7 @@ class CaptureSession:
         if before is None:
             return
         for i, (t, p) in enumerate(zip(outs, before)):
-            if t.data_ptr() != p and not _in_pool(t, self.gs):
+            if t.data_ptr() != p and not in_pools(t.data_ptr(), self.gs.pools.values()):
                 raise ExecutorError(
                     f"output {i} moved from {p:#x} (warm-up) to {t.data_ptr():#x} (capture) outside the graph pool: "
                     "replays would write where the engine does not read", where=f"step {step.index} ({step.id})",
@@ -425,22 +425,3 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     if background:
         return session.start_background(heap, fallback)
     return session.run_foreground(heap, distributed=distributed, group=group)
-
-
-def _pool_bytes(pool) -> int:
-    """Reserved bytes of one pool: from a snapshot of that pool alone where
-    torch can take one (``mempool_id``), else of the whole allocator."""
-    want = tuple(int(x) for x in pool)
-    try:
-        segs = torch.cuda.memory_snapshot(mempool_id=pool)
-    except Exception:  # a torch without per-pool snapshots (TypeError), or one that refuses this pool
-        segs = []
-    mine = [s["total_size"] for s in segs
-            if s.get("segment_pool_id") is not None and tuple(int(x) for x in s["segment_pool_id"]) == want]
-    # nothing found (a new pool, or a snapshot that does not say its pool): ask the whole allocator
-    return sum(mine) if mine else pool_reserved([pool])
-
-
-def _in_pool(t: torch.Tensor, gs: GraphSet) -> bool:
-    ptr = t.data_ptr()
-    return any(a <= ptr < a + s for a, s in pool_segments(gs.pools.values()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,3 +156,13 @@ class Target:
 
     def refresh(self, phase, n, bs, ws):
         self.calls.append(("refresh", phase, bs, self.fake.recording is not None, True))
+
+
+def decode_plan(tmp_path: Path, sizes):
+    """A torch-backend plan of one decode phase at ``sizes``, outputs kept
+    (the fake has no device memory to take non-owning views of)."""
+    from planner import BuildOptions, build_plan
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(sizes)}\n')
+    return build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep",)))

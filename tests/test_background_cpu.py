@@ -6,21 +6,13 @@ the GPU tests do that (tests/test_gpu_background.py)."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from fake_cuda import FakeStream, Target, fake  # noqa: E402,F401 - fake is a fixture
-
-
-def _plan(tmp_path: Path, sizes):
-    from planner import BuildOptions, build_plan
-
-    spec = tmp_path / "spec.toml"
-    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(sizes)}\n')
-    return build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep",)))
+from fake_cuda import decode_plan as _plan  # noqa: E402
 
 
 def _capture(plan, target, **kw):

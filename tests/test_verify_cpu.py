@@ -3,23 +3,15 @@ check, and interleave blaming only the graph that is wrong."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from fake_cuda import decode_plan as _plan  # noqa: E402
 from fake_cuda import fake  # noqa: E402,F401 - fake is a fixture
 
 CPU = torch.device("cpu")
-
-
-def _plan(tmp_path: Path, sizes):
-    from planner import BuildOptions, build_plan
-
-    spec = tmp_path / "spec.toml"
-    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(sizes)}\n')
-    return build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep",)))
 
 
 def test_fill_writes_the_byte_over_exactly_the_given_ranges():
