@@ -163,3 +163,24 @@ def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings
         assert levels.count("INFO") == 1 and "DEBUG" in levels
     else:
         assert levels == ["WARNING"]
+
+
+def test_nothing_outside_graphset_reaches_into_its_private_members():
+    """GraphSet's state is its own: other modules, benches and tests use its methods."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    tree = ast.parse((root / "executor" / "graphs.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphSet"]
+    private = {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+               and not n.attr.startswith("__") and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    private |= {f.name for f in cls.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_")
+                and not f.name.startswith("__")}
+    assert {"_tables", "_refresh", "_bg"} <= private
+    reach = []
+    for path in sorted(p for d in ("executor", "adapters", "bench", "tests") for p in (root / d).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):  # GraphSet's own code says self._x
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                    isinstance(node.value, ast.Name) and node.value.id == "self"):
+                reach.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    assert reach == []
