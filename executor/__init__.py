@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "capture": ".graphs", "GraphSet": ".graphs", "CaptureTarget": ".target", "verify": ".verification",
+    "capture": ".session", "GraphSet": ".graphs", "CaptureTarget": ".target", "verify": ".verification",
     "profile": ".profiling", "write_trace": ".profiling", "check_plan_agreement": ".distributed",
 }
 

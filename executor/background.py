@@ -70,7 +70,9 @@ import time
 import torch
 
 from .errors import ExecutorError
-from .graphs import GraphSet, _as_tuple, _capture_failed, _Steps, log
+from .graphs import GraphSet, as_outputs
+from .logs import log
+from .session import CaptureSession, capture_failed
 
 __all__ = ["Background"]
 
@@ -80,8 +82,8 @@ _WAIT = object()
 class Background:
     """A capture running on a thread, and how ``GraphSet.replay`` serves meanwhile."""
 
-    def __init__(self, runner: _Steps, device: torch.device, fallback, heap):
-        self.runner: _Steps | None = runner
+    def __init__(self, runner: CaptureSession, device: torch.device, fallback, heap):
+        self.runner: CaptureSession | None = runner
         self.device = device
         self.fallback = fallback
         self.heap = heap
@@ -170,7 +172,7 @@ class Background:
         elif completed:
             self.completed = True
             gs = runner.gs
-            gs._bg = None  # the capture stream is drained: replays take the lock-free path from here on
+            gs.serve_through(None)  # the capture stream is drained: replays take the lock-free path from here on
             if runner.show:
                 log.info("capture-plan: served %d replays by graphs and %d by the fallback while capturing",
                          self.graph_replays, self.fallback_runs)
@@ -219,26 +221,18 @@ class Background:
                     break
                 if self.stopping.is_set():
                     raise ExecutorError("replay after release", where="GraphSet.replay")
-                table = gs._tables.get(phase)
-                if table is None:
-                    raise ExecutorError(f"no graphs for phase {phase!r}; planned: {sorted(gs._tables)}",
-                                        where="GraphSet.replay")
+                table = gs.table(phase)
                 stream = self._serving_stream()
                 stream.wait_event(self.eager_done)
                 slot = table.get(n)
                 out = _WAIT
                 if slot is not None:
-                    bs, cap = slot
-                    refresh = gs._refresh[phase]
-                    if refresh is not None:
-                        refresh(phase, n, bs, gs.workspaces[phase])
-                    cap.graph.replay()
-                    out = cap.sliced[n]
+                    out = gs.replay_graph(phase, n, *slot)
                     self.graph_replays += 1
                 elif not 1 <= n <= table.limit or self.fallback == "raise":
                     table[n]  # raises: outside the plan, or not captured yet
                 elif self.fallback == "eager":
-                    out = _as_tuple(gs.target.run(phase, n, None))
+                    out = as_outputs(gs.target.run(phase, n, None))
                     self.fallback_runs += 1
                 elif callable(self.fallback):
                     out = self.fallback(phase, n)
@@ -270,9 +264,8 @@ class Background:
     def _raise(self, gs: GraphSet):
         self.finished.wait()  # the failed thread is winding down and needs no lock any more
         failure, step = self.failure, self.failed_step
-        gs._closed = f" (the background capture failed at {step.id if step else 'start'})"
-        gs.release()
-        raise _capture_failed(failure, step, self.plan, self.device)
+        gs.release(reason=f"the background capture failed at {step.id if step else 'start'}")
+        raise capture_failed(failure, step, self.plan, self.device)
 
     def _held_here(self) -> bool:
         owned = getattr(self.lock, "_is_owned", None)  # CPython's RLock says whether this thread holds it

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["pool_segments", "pool_reserved", "weak_view", "raw_bytes", "AllocationRecorder", "Window"]
+__all__ = ["pool_segments", "pool_reserved", "one_pool_reserved", "in_pools", "weak_view", "raw_bytes",
+           "AllocationRecorder", "Window"]
 
 
 def _pid(pool) -> tuple[int, int]:
@@ -30,9 +31,36 @@ def pool_reserved(pools) -> int:
     return sum(size for _, size in pool_segments(pools))
 
 
+def one_pool_reserved(pool) -> int:
+    """Reserved bytes of one pool: from a snapshot of that pool alone where
+    torch can take one (``mempool_id``: cheaper than a whole snapshot), else
+    of the whole allocator."""
+    want = _pid(pool)
+    try:
+        segs = torch.cuda.memory_snapshot(mempool_id=pool)
+    except Exception:  # a torch without per-pool snapshots (TypeError), or one that refuses this pool
+        segs = []
+    mine = [s["total_size"] for s in segs
+            if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) == want]
+    # nothing found (a new pool, or a snapshot that does not say its pool): ask the whole allocator
+    return sum(mine) if mine else pool_reserved([pool])
+
+
+def in_pools(ptr: int, pools) -> bool:
+    """Whether device address ``ptr`` lies in a segment of the given pools."""
+    return any(a <= ptr < a + s for a, s in pool_segments(pools))
+
+
+def _concrete(device: torch.device) -> torch.device:
+    """A CUDA device with its index (the current one when it has none); another device as it is."""
+    if device.type != "cuda":
+        return device  # host memory: CPU tests of what writes through these views
+    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
 def raw_bytes(addr: int, nbytes: int, device: torch.device) -> torch.Tensor:
-    """A non-owning uint8 tensor over [addr, addr + nbytes) of device memory."""
-    dev = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    """A non-owning uint8 tensor over [addr, addr + nbytes) of ``device``'s memory."""
+    dev = _concrete(device)
     storage = torch._C._construct_storage_from_data_pointer(addr, dev, nbytes)
     return torch.empty(0, dtype=torch.uint8, device=dev).set_(storage, 0, (nbytes,), (1,))
 
@@ -44,7 +72,7 @@ def weak_view(t: torch.Tensor) -> torch.Tensor:
     next replay of any graph in the same pool.
     """
     st = t.untyped_storage()
-    dev = torch.device("cuda", t.device.index if t.device.index is not None else torch.cuda.current_device())
+    dev = _concrete(t.device)
     storage = torch._C._construct_storage_from_data_pointer(st.data_ptr(), dev, st.nbytes())
     return torch.empty(0, dtype=t.dtype, device=dev).set_(storage, t.storage_offset(), t.size(), t.stride())
 

@@ -28,7 +28,7 @@ from schemas.files import write_atomic
 from schemas.plan import Plan
 from schemas.trace import CaptureTrace, Event, Trace, default_samples
 
-from .graphs import capture
+from .session import capture
 from .target import CaptureTarget
 
 __all__ = ["profile", "write_trace", "subset_plan"]

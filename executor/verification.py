@@ -34,6 +34,7 @@ not draw.
 
 from __future__ import annotations
 
+import functools
 import random
 import shlex
 import sys
@@ -100,9 +101,15 @@ def _compare(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> str | 
 
 def _sizes_for(gs: GraphSet, cap: Captured, rng: random.Random) -> int:
     """A random n that pads to this graph's size."""
-    sizes = gs._tables[cap.phase].sizes
+    sizes = gs.table(cap.phase).sizes
     lower = max([s for s in sizes if s < cap.bs], default=0) + 1
     return rng.randint(lower, cap.bs)
+
+
+def _fill(segs, byte: int, device: torch.device) -> None:
+    """Write ``byte`` over every ``(address, bytes)`` range of ``segs`` (pool memory)."""
+    for addr, size in segs:
+        raw_bytes(addr, size, device).fill_(byte)
 
 
 def sanitizer_command() -> str:
@@ -202,7 +209,7 @@ def verify(gs: GraphSet, *, checks: tuple[str, ...] = ("interleave", "scribble",
     :class:`VerificationFailed` at once if a replay faults on the device.
     """
     rng = random.Random(seed)
-    gen = torch.Generator(device="cuda")
+    gen = torch.Generator(device=gs.device)
     gen.manual_seed(seed)
     guard = _Guard(gs.target) if read_only else None
     res = VerifyResult(checks=checks + (("read-only",) if guard is not None and guard.tensors else ()))
@@ -211,10 +218,7 @@ def verify(gs: GraphSet, *, checks: tuple[str, ...] = ("interleave", "scribble",
         _interleave(gs, caps, rng, gen, res, rounds, guard)
     if "scribble" in checks:
         for cap in caps:
-            segs = pool_segments([gs.pools[cap.pool]])
-            def scribble(segs=segs):
-                for addr, size in segs:
-                    raw_bytes(addr, size, torch.device("cuda")).fill_(SCRIBBLE)
+            scribble = functools.partial(_fill, pool_segments([gs.pools[cap.pool]]), SCRIBBLE, gs.device)
             bad, _ = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen, guard, res, scribble)
             if bad:
                 res.faults.append(Fault("scribble", f"{cap.phase}/{cap.bs}",
@@ -292,21 +296,15 @@ def _footprint(gs, caps, rng, gen, res, guard) -> None:
     if any(c.window is None for c in caps):
         raise VerificationFailed("the footprint check needs the allocation history",
                                  where="verify", fix="capture with capture(plan, target, record=True)")
-    dev = torch.device("cuda")
     for cap in caps:
         segs = pool_segments(gs.pools.values())
         outside = _outside(segs, cap.window.own + cap.window.alive_before)
         n = _sizes_for(gs, cap, rng)
         _synchronized("prepare for graph", cap, n, lambda: gs.target.prepare(cap.phase, n, cap.bs, gen))
-
-        def canary(segs=segs) -> None:
-            for addr, size in segs:
-                raw_bytes(addr, size, dev).fill_(CANARY)
-
-        _synchronized("pool fill before graph", cap, n, canary)
+        _synchronized("pool fill before graph", cap, n, functools.partial(_fill, segs, CANARY, gs.device))
         _replay(gs, cap, n, guard, res)
         for addr, size in outside:
-            changed = (raw_bytes(addr, size, dev) != CANARY).nonzero()
+            changed = (raw_bytes(addr, size, gs.device) != CANARY).nonzero()
             if changed.numel():
                 lo, hi = addr + int(changed[0]), addr + int(changed[-1]) + 1
                 owners = _owners(caps, lo, hi, cap)

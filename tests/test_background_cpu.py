@@ -5,144 +5,14 @@ the GPU tests do that (tests/test_gpu_background.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-
-class FakeStream:
-    def __init__(self, sid=1, device=None):
-        self.cuda_stream = sid
-        self.waited = []
-
-    def __eq__(self, other):
-        return isinstance(other, FakeStream) and other.cuda_stream == self.cuda_stream
-
-    __hash__ = object.__hash__
-
-    def wait_event(self, ev):
-        self.waited.append(ev)
-
-    def synchronize(self):
-        pass
-
-
-class FakeEvent:
-    def __init__(self):
-        self.records = 0
-
-    def record(self, stream=None):
-        self.records += 1
-
-
-class Fake:
-    """State of the fake CUDA: which graph records, each thread's current stream."""
-
-    def __init__(self):
-        self.local = threading.local()
-        self.default = FakeStream(0)
-        self.recording = None
-        self.pools = 0
-        self.modes = []
-
-
-class FakeGraph:
-    def __init__(self, fake):
-        self.fake, self.calls = fake, []
-
-    def capture_begin(self, pool=None, capture_error_mode="global"):
-        self.fake.modes.append(capture_error_mode)
-        self.fake.recording = self
-
-    def capture_end(self):
-        self.fake.recording = None
-
-    def replay(self):
-        for fn in self.calls:
-            fn()
-
-    def reset(self):
-        self.calls = []
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    f = Fake()
-    cuda = torch.cuda
-
-    def current_stream(device=None):
-        return getattr(f.local, "stream", f.default)
-
-    @contextlib.contextmanager
-    def stream(s):
-        old = current_stream()
-        f.local.stream = s
-        try:
-            yield
-        finally:
-            f.local.stream = old
-
-    def pool_handle():
-        f.pools += 1
-        return (0, f.pools)
-
-    for name, value in {
-        "Stream": lambda device=None: FakeStream(id(object())), "Event": FakeEvent,
-        "current_stream": current_stream, "default_stream": lambda device=None: f.default,
-        "stream": stream, "set_device": lambda d: None, "synchronize": lambda d=None: None,
-        "empty_cache": lambda: None, "memory_snapshot": lambda mempool_id=None: [],
-        "memory_reserved": lambda d=None: 0, "graph_pool_handle": pool_handle,
-        "CUDAGraph": lambda: FakeGraph(f), "is_current_stream_capturing": lambda: f.recording is not None,
-        "current_device": lambda: 0,
-    }.items():
-        monkeypatch.setattr(cuda, name, value, raising=False)
-    return f
-
-
-class Target:
-    """out = x[:bs] * 2 + 1 into a static per-size buffer; a graph replay re-runs it."""
-
-    def __init__(self, fake, max_bs=16, fail_at=None, gate_at=None):
-        self.fake = fake
-        self.x = torch.zeros(max_bs, 4)
-        self.out = {}
-        self.fail_at, self.gate_at = fail_at, gate_at
-        self.gate, self.reached = threading.Event(), threading.Event()
-
-    def run(self, phase, bs, ws):
-        g = self.fake.recording
-        if g is not None and bs == self.gate_at:
-            self.reached.set()
-            assert self.gate.wait(30)
-        if g is not None and bs == self.fail_at:
-            raise ValueError("boom")
-        out = self.out.setdefault(bs, torch.zeros(bs, 4))
-
-        def compute():
-            out.copy_(self.x[:bs] * 2 + 1)
-
-        compute()
-        if g is not None:
-            g.calls.append(compute)
-        return out
-
-    def prepare(self, phase, n, bs, gen):
-        self.x.normal_()
-
-    def refresh(self, phase, n, bs, ws):
-        pass
-
-
-def _plan(tmp_path: Path, sizes):
-    from planner import BuildOptions, build_plan
-
-    spec = tmp_path / "spec.toml"
-    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(sizes)}\n')
-    return build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep",)))
+from fake_cuda import FakeStream, Target, fake  # noqa: E402,F401 - fake is a fixture
+from fake_cuda import decode_plan as _plan  # noqa: E402
 
 
 def _capture(plan, target, **kw):
@@ -185,7 +55,7 @@ def test_tables_grow_as_graphs_land_and_replays_equal_eager(tmp_path, fake):
         assert torch.equal(out, target.x[:5] * 2 + 1)
         target.gate.set()
         assert gs.wait(30)
-    assert gs.done and gs._bg is None and gs.report is not None
+    assert gs.done and gs.lock_free and gs.report is not None
     assert fake.modes == ["thread_local"] * 5
     assert [(p, b) for _, p, b in gs.timeline] == [("decode", b) for b in (16, 8, 4, 2, 1)]
     assert gs.padded("decode", 3) == 4 and gs.background.graph_replays == 1
@@ -281,7 +151,7 @@ def test_release_mid_capture_stops_after_the_current_step(tmp_path, fake):
         target.gate.set()
         stopper.join(30)
     assert not stopper.is_alive() and not gs.background.thread.is_alive()
-    assert gs.graphs == {} and gs._tables == {}
+    assert gs.graphs == {} and gs.progress() == "decode 0/16"
     assert [b for _, _, b in gs.timeline] == [16, 15, 14, 13, 12]  # nothing after the step it was in
     assert gs.report is None and gs.done
     from executor import ExecutorError

@@ -96,7 +96,7 @@ def test_replays_during_capture_equal_eager_pool_unchanged_verify_clean(tmp_path
         res = verify(gs, checks=("interleave", "scribble"))
         assert res.ok, res.summary()
         out = gs.replay("decode", 3)  # the lock-free path again
-        assert gs._bg is None and out[0].shape[0] == 3
+        assert gs.lock_free and out[0].shape[0] == 3
         del out
     finally:
         gs.release()

@@ -1,0 +1,427 @@
+"""``capture(plan, target)``: execute a plan's steps on the GPU into a ``GraphSet``.
+
+A :class:`CaptureSession` runs the plan's steps in order, one method per step
+op (``schemas.plan.StepOp``): ``provision`` allocates a hoisted workspace
+outside every graph pool; ``warmup`` runs the target eagerly on the capture
+stream; ``capture`` records one CUDA graph into the planned pool on the one
+capture stream, then holds the outputs as planned (owning tensors, or
+non-owning views that let later captures reuse the memory) and makes the
+graph servable. It measures the pool after every capture against the plan's
+prediction (from the device's reserved-bytes counter; one memory snapshot at
+the end confirms the total). The steps allocate in exactly the order the
+planner simulated: that is what makes its predictions exact, so a change here
+that moves, adds or drops an allocation changes what the plans predict.
+
+Unlike ``torch.cuda.graph(...)``, it does not synchronize and empty the cache
+at every capture (vLLM turns that off too): that per-capture overhead is most
+of the capture time of the engines' loop. It never runs a full garbage
+collection either: one costs about a second in a server process with ~10
+million live objects, more than the capture. The collector's old objects are
+frozen while capturing (``executor.heap``); ``GraphSet.release`` collects only
+the young generations, and only if a pool is still held after every reference
+was dropped. A dead reference cycle that holds CUDA memory from before
+``capture`` stays reserved until the engine's next collection (that memory
+is outside the graph pools: the plan's prediction does not depend on it).
+
+``capture(..., background=True)`` returns at once and runs the same session
+on a thread while the engine serves: see :mod:`executor.background` for how
+replays during capture work and what the target must allow.
+
+What it does not do: choose anything. The order, pools, output holding,
+workspaces and warm-ups are the plan's; a plan that is wrong for the target is
+caught by ``verify``, not here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+import traceback
+from typing import Callable
+
+import torch
+
+from schemas.plan import Plan, Step
+from schemas.report import CaptureReport, StepMeasurement
+
+from .errors import CaptureFailed, ExecutorError
+from .graphs import Captured, Fallback, GraphSet, as_outputs
+from .heap import Frozen
+from .load import backend_module, current_environment
+from .logs import log, rank_tag
+from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_reserved, weak_view
+from .target import CaptureTarget
+
+__all__ = ["capture", "CaptureSession", "capture_failed"]
+
+
+def _progress(steps, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is a nicety; tqdm is in the executor extra
+        return None
+    return tqdm(total=len(steps), desc="capture", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _rank0(group=None) -> bool:
+    return not _distributed() or torch.distributed.get_rank(group) == 0
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Clear the frames of an exception and of every exception chained to it:
+    they hold the partial capture's tensors and graphs."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+def capture_failed(failure: BaseException, step: Step | None, plan: Plan, device) -> BaseException:
+    """The error to raise for a capture that stopped at ``step`` (partial graphs already released)."""
+    where = f"step {step.index} ({step.id}: phase {step.phase}, bs {step.bs})" if step else "before the first step"
+    if isinstance(failure, ExecutorError):
+        return failure
+    if isinstance(failure, torch.OutOfMemoryError):
+        free, _ = torch.cuda.mem_get_info(device)
+        err = CaptureFailed(f"CUDA out of memory; the plan predicted a pool of {plan.predicted.pool_bytes} B "
+                            f"and {free} B are free now that the partial graphs were released", where=where,
+                            fix="free memory before capture (smaller KV cache) or plan fewer sizes")
+    else:
+        err = CaptureFailed(f"{type(failure).__name__}: {failure}; all partial graphs were released", where=where)
+    err.__cause__ = failure
+    err.__suppress_context__ = True
+    return err
+
+
+class CaptureSession:
+    """Runs a plan's steps into a GraphSet, on the calling thread or a background one.
+
+    ``step`` dispatches each plan step to the method named for its op
+    (:attr:`OPS`), then records the step's measurement. ``eager`` wraps every
+    step that executes work on the GPU outside a graph (provision, warm-up,
+    the refresh before a capture): a no-op in the foreground, the ordering
+    against concurrent replays in the background. ``mode`` is CUDA's capture
+    error mode: "global" (foreground) also fails the capture if any other
+    thread makes an unsafe call meanwhile; "thread_local" (background) lets
+    the engine's threads keep launching work. ``show``: this process logs
+    progress and the summary (rank 0 of the capture's group).
+    """
+
+    def __init__(self, gs: GraphSet, device, *, record: bool, bar, show: bool, t_start: float,
+                 mode: str = "global"):
+        self.gs, self.plan, self.target, self.device = gs, gs.plan, gs.target, device
+        self.bar, self.show, self.t_start, self.mode = bar, show, t_start, mode
+        self.stream = torch.cuda.Stream(device=device)
+        self.recorder = AllocationRecorder() if record else None
+        self.predicted = {m.step: m.reserved for m in self.plan.predicted.timeline}
+        self.measurements: list[StepMeasurement] = []
+        #: output addresses of each (phase, bs)'s last warm-up run
+        self.warm_ptrs: dict[tuple[str, int], list[int]] = {}
+        #: bytes the graph pools grew by so far
+        self.reserved = 0
+        #: the step running (or that failed)
+        self.current: Step | None = None
+        self.eager: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        self.on_land: Callable[[Captured], None] | None = None
+        self.env = current_environment(tuple(self.plan.requires.modules))
+        self.captures = sum(s.op == "capture" for s in self.plan.steps)
+
+    # -- one method per step op ---------------------------------------------
+    def provision(self, step: Step) -> None:
+        """Allocate the phase's hoisted workspace, outside every graph pool."""
+        # On a background capture's thread the current stream is the legacy default
+        # stream, whose work synchronizes with every other stream: use the capture stream.
+        with self.eager(), torch.cuda.stream(self.stream) if self.mode != "global" else contextlib.nullcontext():
+            self.gs.workspaces[step.phase] = torch.zeros(max(step.bytes, 1), dtype=torch.uint8, device=self.device)
+
+    def warmup(self, step: Step) -> None:
+        """Run the target eagerly on the capture stream ``step.runs`` times (at least once)."""
+        target, stream = self.target, self.stream
+        ws = self.gs.workspaces.get(step.phase)
+        with self.eager(), torch.cuda.stream(stream):
+            for _ in range(max(step.runs, 1)):
+                if ws is not None:
+                    target.refresh(step.phase, step.bs, step.bs, ws)
+                outs = as_outputs(target.run(step.phase, step.bs, ws))
+        self.warm_ptrs[(step.phase, step.bs)] = [t.data_ptr() for t in outs]
+        del outs
+        stream.synchronize()
+
+    def capture(self, step: Step) -> None:
+        """Record one graph into the step's pool, hold its outputs as planned, make it servable."""
+        gs = self.gs
+        pool = gs.pools.get(step.pool)
+        if pool is None:
+            pool = gs.pools[step.pool] = torch.cuda.graph_pool_handle()
+        graph, outs, grown = self._record(step, pool, gs.workspaces.get(step.phase))
+        rows, rem = divmod(outs[0].shape[0], step.bs) if outs[0].dim() else (1, 0)
+        if rem:
+            raise ExecutorError(f"output has {outs[0].shape[0]} rows, not a multiple of bs {step.bs}",
+                                where=f"step {step.index} ({step.id})")
+        self._check_static_outputs(step, outs)
+        held = step.outputs or "keep"
+        kept = tuple(weak_view(t) for t in outs) if held == "view" else outs
+        del outs
+        gs.add(Captured(phase=step.phase, bs=step.bs, pool=step.pool, graph=graph, outputs=kept, held=held,
+                        rows_per_request=rows, order=len(gs.graphs)))
+        self.reserved += grown
+        gs.timeline.append((time.perf_counter() - self.t_start, step.phase, step.bs))
+        self._landed(gs.graphs[(step.phase, step.bs)])
+
+    #: the method that runs each op of ``schemas.plan.StepOp``
+    OPS: dict[str, Callable[["CaptureSession", Step], None]] = {
+        "provision": provision, "warmup": warmup, "capture": capture}
+
+    # -- the parts of a capture step ------------------------------------------
+    def _record(self, step: Step, pool, ws) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], int]:
+        """The graph, its outputs and the bytes its pool grew by."""
+        target, recorder = self.target, self.recorder
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.stream):
+            if ws is not None:
+                with self.eager():  # writes the workspace replays read: ordered against them
+                    target.refresh(step.phase, step.bs, step.bs, ws)  # outside the graph, by design
+            if recorder is not None:
+                recorder.begin()
+            # Between capture_begin and capture_end every allocation on the capture
+            # stream goes to the pool, so the device's reserved-bytes delta is the
+            # pool's growth: a cheap counter instead of a full memory snapshot per
+            # step. In the background the serving thread may allocate meanwhile,
+            # so there the pool itself is measured.
+            exact = self.mode != "global"
+            reserved_before = one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()
+            g.capture_begin(pool=pool, capture_error_mode=self.mode)
+            try:
+                outs = as_outputs(target.run(step.phase, step.bs, ws))
+            except BaseException:
+                try:
+                    g.capture_end()
+                except Exception:  # the capture is already invalid; the original error matters
+                    pass
+                g.reset()  # a partial graph holds its pool: release it so the pool can be emptied
+                if recorder is not None:
+                    recorder.end()
+                raise
+            g.capture_end()
+            grown = (one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()) - reserved_before
+            if recorder is not None:
+                recorder.end()
+        return g, outs, grown
+
+    def _check_static_outputs(self, step: Step, outs) -> None:
+        """An output outside the pool must be the static buffer the warm-up returned."""
+        before = self.warm_ptrs.get((step.phase, step.bs))
+        if before is None:
+            return
+        for i, (t, p) in enumerate(zip(outs, before)):
+            if t.data_ptr() != p and not in_pools(t.data_ptr(), self.gs.pools.values()):
+                raise ExecutorError(
+                    f"output {i} moved from {p:#x} (warm-up) to {t.data_ptr():#x} (capture) outside the graph pool: "
+                    "replays would write where the engine does not read", where=f"step {step.index} ({step.id})",
+                    fix="return the same static buffer every call, or allocate the output inside run()")
+
+    def _landed(self, cap: Captured) -> None:
+        if self.on_land is not None:
+            self.on_land(cap)
+        if not self.show:  # progress is rank 0's to tell
+            return
+        done = len(self.gs.timeline)
+        first = len(self.gs.table(cap.phase).sizes) == 1
+        # Background: an operator wants to know when serving gets graphs and how far it is.
+        level = logging.INFO if self.mode != "global" else logging.DEBUG
+        quarter = max(self.captures // 4, 1)
+        if first or done % quarter == 0 or done == self.captures:
+            log.log(level, "capture-plan: %d/%d graphs in %.2f s%s; ready: %s", done, self.captures,
+                    time.perf_counter() - self.t_start,
+                    f" ({cap.phase} servable up to n={cap.bs})" if first else "", self.gs.progress())
+
+    # -- the whole plan ------------------------------------------------------
+    def step(self, step: Step) -> None:
+        """Run one plan step and record its measurement."""
+        self.current = step
+        t0 = time.perf_counter()
+        op = self.OPS.get(step.op)
+        if op is None:  # the plan decoder admits only StepOp; a new op needs a method here
+            raise ExecutorError(f"unknown step op {step.op!r}", where=f"step {step.index} ({step.id})",
+                                fix="upgrade capture-plan's executor to one that knows this op")
+        op(self, step)
+        self.measurements.append(StepMeasurement(step=step.index, id=step.id, reserved=self.reserved,
+                                                 predicted_reserved=self.predicted.get(step.index, 0),
+                                                 seconds=time.perf_counter() - t0))
+        if self.bar is not None:
+            free, _ = torch.cuda.mem_get_info(self.device)
+            self.bar.set_postfix_str(f"{step.id} free {free / 2**30:.1f} GiB", refresh=False)
+            self.bar.update(1)
+
+    def run(self, *, should_stop: Callable[[], bool] | None = None, distributed: bool = False, group=None) -> bool:
+        """Every step, in plan order; False if ``should_stop`` said so between steps. Raises what a step raised."""
+        if distributed:
+            from .distributed import run_synchronized
+
+            run_synchronized(self.plan.steps, self.step, group)
+        else:
+            for step in self.plan.steps:
+                if should_stop is not None and should_stop():
+                    return False
+                self.step(step)
+        if self.mode == "global":
+            torch.cuda.synchronize(self.device)
+        else:  # a device-wide sync would wait for the engine's serving work too
+            self.stream.synchronize()
+        return True
+
+    def abort(self, failure: BaseException | None) -> None:
+        """Stop the progress bar and the recorder, drop the failure's frames."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.recorder is not None:
+            self.recorder.close()  # reading the history could raise and hide the real failure
+            self.recorder = None
+        _clear_frames(failure)
+
+    def finish(self) -> None:
+        """The exact pool snapshot, allocation windows and the report."""
+        gs, plan = self.gs, self.plan
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        exact = pool_reserved(gs.pools.values())  # one snapshot: the authoritative figure
+        reserved = self.reserved
+        if exact != reserved:
+            log.warning("capture-plan%s: per-step pool figures are approximate: counted %d B, the pools hold %d B "
+                        "(something else allocated during capture)", rank_tag(), reserved, exact)
+            reserved = exact
+        if self.recorder is not None:
+            for cap, win in zip([c for c in gs.graphs.values()], self.recorder.stop()):
+                cap.window = win
+            self.recorder = None
+        elapsed = time.perf_counter() - self.t_start  # the whole call, from capture() on
+        gs.report = CaptureReport(
+            plan=plan.name, plan_digest=plan.digest, device=self.env.describe(), torch=str(torch.__version__),
+            backend_module=backend_module(plan, self.env.modules) or "", pool_bytes=reserved,
+            predicted_pool_bytes=plan.predicted.pool_bytes, capture_seconds=elapsed,
+            hoisted_bytes=sum(w.numel() for w in gs.workspaces.values()), steps=self.measurements)
+        if self.show:
+            pred = plan.predicted.pool_bytes
+            delta = f" ({(reserved - pred) / pred:+.1%})" if pred else ""
+            log.info("capture-plan: %d graphs of %s in %.2f s; pool %s MiB, predicted %s MiB%s", len(gs.graphs),
+                     plan.name, elapsed, f"{reserved / 2**20:,.1f}", f"{pred / 2**20:,.1f}", delta)
+
+    # -- foreground or background ---------------------------------------------
+    def run_foreground(self, heap: Frozen, *, distributed: bool, group) -> GraphSet:
+        """Every step on this thread; on any error the partial capture is released and
+        a :class:`CaptureFailed` names the step."""
+        failure: BaseException | None = None
+        try:
+            self.run(distributed=distributed, group=group)
+        except BaseException as err:
+            failure = err
+        finally:
+            heap.thaw()
+        if failure is not None:
+            # Clean up outside the except clause, once nothing on this stack
+            # refers to the partial capture: the traceback's frames hold its
+            # tensors and graphs, and a pool is only returned when no graph and
+            # no tensor uses it any more.
+            self.abort(failure)
+            self.gs.release()
+            if not isinstance(failure, Exception):  # KeyboardInterrupt and friends: released, then re-raised
+                raise failure
+            raise capture_failed(failure, self.current, self.plan, self.device)
+        self.finish()
+        return self.gs
+
+    def start_background(self, heap: Frozen, fallback: Fallback) -> GraphSet:
+        """Start the steps on a thread (:mod:`executor.background`); returns the GraphSet at once."""
+        from .background import Background
+
+        try:
+            _init_cublas(self.device)
+            job = Background(self, self.device, fallback, heap)
+        except BaseException:
+            heap.thaw()
+            raise
+        self.gs.background = job
+        self.gs.serve_through(job)
+        job.start()
+        return self.gs
+
+
+def _init_cublas(device) -> None:
+    """Create this thread's cuBLAS and cuBLASLt handles and workspace on its current stream.
+
+    A thread's first cuBLAS call creates its handle, which must not happen while
+    another thread captures (it invalidates the capture)."""
+    for dt in (torch.float32, torch.bfloat16):
+        a = torch.ones(16, 16, device=device, dtype=dt)
+        torch.addmm(a, a, a)
+        a @ a
+
+
+def _check_options(*, background: bool, record: bool, fallback: Fallback, distributed: bool) -> None:
+    if background and distributed:
+        raise ExecutorError("background capture is not supported with torch.distributed: each rank's warm-ups "
+                            "and replays would interleave differently and the collectives in them would hang",
+                            where="capture", fix="capture in the foreground (background=False)")
+    if background and record:
+        raise ExecutorError("record=True cannot be combined with background=True: the allocation history would "
+                            "mix the serving thread's allocations into the graphs' footprints",
+                            where="capture", fix="record in a foreground capture (verify, profile)")
+    if background and not (fallback in ("eager", "wait", "raise") or callable(fallback)):
+        raise ExecutorError(f"unknown fallback {fallback!r}", where="capture",
+                            fix='use "eager", "wait", "raise" or a callable (phase, n) -> outputs')
+
+
+def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record: bool = False,
+            device: torch.device | None = None, group=None, background: bool = False,
+            fallback: Fallback = "eager") -> GraphSet:
+    """Capture ``plan``'s graphs of ``target``; see the module docstring.
+
+    With ``torch.distributed`` initialized, ``group`` (default: the world) is
+    the tensor-parallel group whose ranks must agree on the plan and fail
+    together (see executor.distributed).
+
+    ``record=True`` keeps each graph's allocation footprint (needed by
+    ``verify``'s footprint guard and by ``profile``); it slows capture down.
+    On any error every partial graph is released and the pools emptied, and a
+    :class:`CaptureFailed` names the step, phase and size.
+
+    ``background=True`` returns the GraphSet at once and captures on a thread
+    in plan order; ``replay`` serves from the first graph of each phase on and
+    ``fallback`` says what it does before (see :mod:`executor.background` for
+    the constraints on the target and the serving thread). Not with
+    ``torch.distributed`` nor with ``record=True``.
+
+    Progress and the summary go to the ``capture_plan.executor`` logger
+    (rank 0 of ``group`` only; the summary at INFO, per-quarter progress at
+    DEBUG, at INFO in the background); ``progress`` adds a tqdm bar on stderr
+    in the foreground, on rank 0. Warnings come from every rank, naming it.
+    """
+    t_start = time.perf_counter()
+    distributed = _distributed()
+    _check_options(background=background, record=record, fallback=fallback, distributed=distributed)
+    if distributed:
+        from .distributed import check_plan_agreement
+
+        check_plan_agreement(plan, group)
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    gs = GraphSet(plan, target, device)
+    show = _rank0(group)
+    bar = _progress(plan.steps, progress and show and not background)
+    session = CaptureSession(gs, device, record=record, bar=bar, show=show, t_start=t_start,
+                             mode="thread_local" if background else "global")
+    torch.cuda.synchronize(device)
+    heap = Frozen().__enter__()
+    if background:
+        return session.start_background(heap, fallback)
+    return session.run_foreground(heap, distributed=distributed, group=group)

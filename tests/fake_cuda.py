@@ -1,0 +1,168 @@
+"""A fake of the torch.cuda calls the executor makes, for CPU tests.
+
+Graphs re-run the calls recorded while capturing on replay; streams, events
+and pools are tokens. What it checks is the executor's protocol (which calls,
+in which order, on which thread), not CUDA itself: the GPU tests do that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+
+class FakeStream:
+    def __init__(self, sid=1, device=None):
+        self.cuda_stream = sid
+        self.waited = []
+
+    def __eq__(self, other):
+        return isinstance(other, FakeStream) and other.cuda_stream == self.cuda_stream
+
+    __hash__ = object.__hash__
+
+    def wait_event(self, ev):
+        self.waited.append(ev)
+
+    def synchronize(self):
+        pass
+
+
+class FakeEvent:
+    def __init__(self):
+        self.records = 0
+
+    def record(self, stream=None):
+        self.records += 1
+
+
+class Fake:
+    """State of the fake CUDA: which graph records, each thread's current stream."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self.default = FakeStream(0)
+        self.recording = None
+        self.pools = 0
+        self.modes = []
+        #: segments memory_snapshot() reports besides those of pool_tensor()
+        self.segments: list[dict] = []
+        self._pooled: list[tuple[weakref.ref, tuple[int, int]]] = []
+
+    def pool_tensor(self, *shape) -> torch.Tensor:
+        """A tensor in the pool of the graph being recorded: a segment of its
+        own for as long as the tensor lives, as memory_snapshot reports it."""
+        t = torch.zeros(*shape)
+        self._pooled.append((weakref.ref(t), self.recording.pool))
+        return t
+
+    def snapshot(self) -> list[dict]:
+        live = [(r(), pool) for r, pool in self._pooled]
+        return self.segments + [{"address": t.data_ptr(), "total_size": t.untyped_storage().nbytes(),
+                                 "segment_pool_id": pool} for t, pool in live if t is not None]
+
+
+class FakeGraph:
+    def __init__(self, fake):
+        self.fake, self.calls = fake, []
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.fake.modes.append(capture_error_mode)
+        self.pool = pool
+        self.fake.recording = self
+
+    def capture_end(self):
+        self.fake.recording = None
+
+    def replay(self):
+        for fn in self.calls:
+            fn()
+
+    def reset(self):
+        self.calls = []
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = Fake()
+    cuda = torch.cuda
+
+    def current_stream(device=None):
+        return getattr(f.local, "stream", f.default)
+
+    @contextlib.contextmanager
+    def stream(s):
+        old = current_stream()
+        f.local.stream = s
+        try:
+            yield
+        finally:
+            f.local.stream = old
+
+    def pool_handle():
+        f.pools += 1
+        return (0, f.pools)
+
+    for name, value in {
+        "Stream": lambda device=None: FakeStream(id(object())), "Event": FakeEvent,
+        "current_stream": current_stream, "default_stream": lambda device=None: f.default,
+        "stream": stream, "set_device": lambda d: None, "synchronize": lambda d=None: None,
+        "empty_cache": lambda: None, "memory_snapshot": lambda mempool_id=None: f.snapshot(),
+        "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()), "graph_pool_handle": pool_handle,
+        "CUDAGraph": lambda: FakeGraph(f), "is_current_stream_capturing": lambda: f.recording is not None,
+        "current_device": lambda: 0, "mem_get_info": lambda device=None: (0, 0),
+    }.items():
+        monkeypatch.setattr(cuda, name, value, raising=False)
+    return f
+
+
+class Target:
+    """out = x[:bs] * 2 + 1 into a static per-size buffer; a graph replay re-runs it."""
+
+    def __init__(self, fake, max_bs=16, fail_at=None, gate_at=None):
+        self.fake = fake
+        self.x = torch.zeros(max_bs, 4)
+        self.out = {}
+        self.fail_at, self.gate_at = fail_at, gate_at
+        self.gate, self.reached = threading.Event(), threading.Event()
+        #: ("run" | "refresh", phase, bs, recording a graph?, workspace given?) of every call, in order
+        self.calls: list[tuple[str, str, int, bool, bool]] = []
+
+    def run(self, phase, bs, ws):
+        g = self.fake.recording
+        self.calls.append(("run", phase, bs, g is not None, ws is not None))
+        if g is not None and bs == self.gate_at:
+            self.reached.set()
+            assert self.gate.wait(30)
+        if g is not None and bs == self.fail_at:
+            raise ValueError("boom")
+        out = self.out.setdefault(bs, torch.zeros(bs, 4))
+
+        def compute():
+            out.copy_(self.x[:bs] * 2 + 1)
+
+        compute()
+        if g is not None:
+            g.calls.append(compute)
+        return out
+
+    def prepare(self, phase, n, bs, gen):
+        self.x.normal_()
+
+    def refresh(self, phase, n, bs, ws):
+        self.calls.append(("refresh", phase, bs, self.fake.recording is not None, True))
+
+
+def decode_plan(tmp_path: Path, sizes):
+    """A torch-backend plan of one decode phase at ``sizes``, outputs kept
+    (the fake has no device memory to take non-owning views of)."""
+    from planner import BuildOptions, build_plan
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(sizes)}\n')
+    return build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep",)))

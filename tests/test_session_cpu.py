@@ -1,0 +1,186 @@
+"""The capture session on CPU, CUDA faked (tests/fake_cuda.py): one method per
+plan step op, the target called exactly as the plan's steps say, in order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fake_cuda import Target, fake  # noqa: E402,F401 - fake is a fixture
+
+CPU = torch.device("cpu")
+PHASES = ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
+          '[[phases]]\nname = "target_verify"\nkind = "target_verify"\nsizes = [1, 2, 4]\ntokens_per_request = 4\n')
+
+
+def _plan(tmp_path: Path, backend: str, *strategies: str, ci: bool = False):
+    from planner import BuildOptions, build_plan
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(PHASES)
+    # outputs=keep: the fake has no device memory to take non-owning views of
+    return build_plan(BuildOptions(backend=backend, ci=ci, spec=spec, strategies=("outputs=keep", *strategies)))
+
+
+def _expected_calls(plan) -> list[tuple]:
+    """The target calls each step op makes, as the session's docstring states them."""
+    hoisted: set[str] = set()
+    calls = []
+    for s in plan.steps:
+        ws = s.phase in hoisted
+        if s.op == "provision":
+            hoisted.add(s.phase)
+        elif s.op == "warmup":
+            for _ in range(max(s.runs, 1)):
+                calls += [("refresh", s.phase, s.bs, False, True)] * ws + [("run", s.phase, s.bs, False, ws)]
+        else:  # the refresh runs eagerly before recording; the run is recorded
+            calls += [("refresh", s.phase, s.bs, False, True)] * ws + [("run", s.phase, s.bs, True, ws)]
+    return calls
+
+
+def test_every_plan_step_op_has_a_session_method():
+    from executor.session import CaptureSession
+    from schemas.plan import StepOp
+
+    assert set(CaptureSession.OPS) == set(get_args(StepOp))
+    assert all(fn.__name__ == op for op, fn in CaptureSession.OPS.items())
+
+
+@pytest.mark.parametrize("backend,strategies,ci", [
+    ("fa3", (), True),                                   # one warm-up per phase, smallest-first gate
+    ("triton", (), False),                               # a warm-up before every capture
+    ("fa3", ("workspace=hoisted", "pool=own"), False),   # provision steps, a pool per phase
+])
+def test_the_target_is_called_exactly_as_the_plan_steps_say(tmp_path, fake, backend, strategies, ci):
+    from executor import capture
+
+    plan = _plan(tmp_path, backend, *strategies, ci=ci)
+    assert {s.op for s in plan.steps} >= {"warmup", "capture"}
+    target = Target(fake)
+    gs = capture(plan, target, progress=False, device=CPU)
+    try:
+        assert target.calls == _expected_calls(plan)
+        captures = [s for s in plan.steps if s.op == "capture"]
+        assert list(gs.graphs) == [(s.phase, s.bs) for s in captures]
+        assert [c.order for c in gs.graphs.values()] == list(range(len(captures)))
+        assert [(c.pool, c.held) for c in gs.graphs.values()] == [(s.pool, s.outputs or "keep") for s in captures]
+        assert set(gs.pools) == {s.pool for s in captures} and fake.pools == len(gs.pools)
+        provisions = {s.phase: max(s.bytes, 1) for s in plan.steps if s.op == "provision"}
+        assert {p: w.numel() for p, w in gs.workspaces.items()} == provisions
+        assert gs.report.hoisted_bytes == sum(provisions.values())
+        predicted = {m.step: m.reserved for m in plan.predicted.timeline}
+        assert [(m.step, m.id, m.predicted_reserved) for m in gs.report.steps] == \
+            [(s.index, s.id, predicted.get(s.index, 0)) for s in plan.steps]
+        assert [(p, b) for _, p, b in gs.timeline] == [(s.phase, s.bs) for s in captures]
+    finally:
+        gs.release()
+    if "pool=own" in strategies:
+        assert len({s.pool for s in plan.steps if s.op == "capture"}) == 2
+
+
+def test_a_step_op_the_executor_does_not_know_is_one_clear_error(tmp_path, fake):
+    import msgspec
+
+    from executor import ExecutorError, capture
+
+    plan = _plan(tmp_path, "torch")
+    steps = [msgspec.structs.replace(s, op="free") if s.index == 1 else s for s in plan.steps]
+    bad = msgspec.structs.replace(plan, steps=steps)
+    with pytest.raises(ExecutorError, match=r"unknown step op 'free'.*fix: upgrade"):
+        capture(bad, Target(fake), progress=False, device=CPU)
+
+
+def _leak(fake, gs) -> None:
+    """A segment of the set's pool that outlives it, as a kept output held by the engine would."""
+    (pid,) = gs.pools.values()
+    fake.segments = [{"address": 1 << 20, "total_size": 512, "segment_pool_id": pid}]
+
+
+def _records(caplog) -> list[tuple[str, str, str]]:
+    return [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_capture_logs_through_the_named_logger_and_prints_nothing(tmp_path, fake, caplog, capsys):
+    import logging
+
+    from executor import capture
+
+    caplog.set_level(logging.DEBUG, logger="capture_plan.executor")
+    plan = _plan(tmp_path, "torch")
+    gs = capture(plan, Target(fake), progress=False, device=CPU)
+    _leak(fake, gs)
+    gs.release()
+    got = _records(caplog)
+    assert {name for name, _, _ in got} == {"capture_plan.executor"}
+    (summary,) = [m for _, level, m in got if level == "INFO"]
+    assert re.fullmatch(rf"capture-plan: 7 graphs of {plan.name} in [\d.]+ s; pool 0.0 MiB, predicted "
+                        r"[\d,.]+ MiB \(-100.0%\)", summary), summary
+    progress = [m for _, level, m in got if level == "DEBUG"]
+    assert progress[0].startswith("capture-plan: 1/7 graphs in ") and "servable up to n=" in progress[0]
+    assert progress[-1].startswith("capture-plan: 7/7 graphs in ")
+    (warning,) = [m for _, level, m in got if level == "WARNING"]
+    assert warning.startswith("capture-plan: 512 B of released graph pools are still held")
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings(tmp_path, fake, caplog, capsys,
+                                                                                 monkeypatch, rank):
+    """One gloo process plays rank 0 or (its rank faked) rank 1 of the world."""
+    import logging
+
+    import torch.distributed as dist
+
+    from executor import capture, session
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    caplog.set_level(logging.DEBUG, logger="capture_plan.executor")
+    plan = _plan(tmp_path, "torch")
+    bars = []
+    monkeypatch.setattr(session, "_progress", lambda steps, enabled: bars.append(enabled))  # tqdm may be absent
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        if rank:
+            monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+        gs = capture(plan, Target(fake), progress=True, device=CPU)
+        _leak(fake, gs)
+        gs.release()
+    finally:
+        dist.destroy_process_group()
+    got = _records(caplog)
+    levels = [level for _, level, _ in got]
+    (warning,) = [m for _, level, m in got if level == "WARNING"]
+    assert warning.startswith(f"capture-plan [rank {rank}]: 512 B of released graph pools are still held")
+    assert bars == [rank == 0]  # the tqdm bar on rank 0 only
+    assert capsys.readouterr() == ("", "")
+    if rank == 0:
+        assert levels.count("INFO") == 1 and "DEBUG" in levels
+    else:
+        assert levels == ["WARNING"]
+
+
+def test_nothing_outside_graphset_reaches_into_its_private_members():
+    """GraphSet's state is its own: other modules, benches and tests use its methods."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    tree = ast.parse((root / "executor" / "graphs.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphSet"]
+    private = {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+               and not n.attr.startswith("__") and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    private |= {f.name for f in cls.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_")
+                and not f.name.startswith("__")}
+    assert {"_tables", "_refresh", "_bg"} <= private
+    reach = []
+    for path in sorted(p for d in ("executor", "adapters", "bench", "tests") for p in (root / d).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):  # GraphSet's own code says self._x
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                    isinstance(node.value, ast.Name) and node.value.id == "self"):
+                reach.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    assert reach == []
