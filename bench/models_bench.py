@@ -14,6 +14,13 @@ model's config.json:
              the prediction, and verify() with all three checks
   analytic   the plan from the config alone (a Llama-shaped model: MoE and
              other MLPs are not modelled), measured the same way, for contrast
+  attention  the SDPA kernel PyTorch's dispatcher picks for the decode
+             attention, with the adapter's pin (its default) and without it
+             (PyTorch's choice), and for each: graphs of 8 sizes, each replayed
+             3 times with fresh inputs and compared bit for bit with an eager
+             run of the same inputs, and that eager run with a second one
+             (a kernel whose eager runs differ is nondeterministic, not a
+             capture fault)
 
 Writes JSON (date, device, versions, per architecture) to --out and prints a
 markdown table and a one-line summary last.
@@ -41,6 +48,7 @@ import transformers  # noqa: E402
 
 from adapters.hf import HFTarget  # noqa: E402
 from capture_bench import loop_capture  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 from executor import capture, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
 from planner import BuildOptions, build_plan  # noqa: E402
@@ -104,6 +112,60 @@ def check_loop(target, graphs, outs, gen) -> int:
         got = outs[bs].clone()
         bad += not torch.equal(got, target.run("decode", bs, None))
     return bad
+
+
+def sdpa_choice(target, bs: int) -> str:
+    """The kernel ``scaled_dot_product_attention`` dispatches to for this model's
+    decode attention at batch ``bs``, under the target's current pin: the
+    query as transformers makes it (a transpose of the projection), keys and
+    values as after its ``repeat_kv`` (GQA with a mask), the target's mask."""
+    cfg = target.model.config.get_text_config(decoder=True)
+    heads = cfg.num_attention_heads
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    q = torch.empty(bs, 1, heads, dim, dtype=target.dtype, device=target.device).transpose(1, 2)
+    kv = torch.empty(bs, heads, target.max_seqlen, dim, dtype=target.dtype, device=target.device)
+    with target._attention():
+        choice = torch._fused_sdp_choice(q, kv, kv, attn_mask=target._buffers[1].mask[:bs], dropout_p=0.0,
+                                         is_causal=False)
+    names = {int(getattr(SDPBackend, n)): n for n in dir(SDPBackend) if n.isupper()}
+    return names.get(int(choice), str(choice))
+
+
+def agreement(target, sizes, gen, trials: int = 3) -> dict:
+    """Replays against eager runs of the same inputs, and eager against eager."""
+    graphs, outs, _, _ = loop_capture(target, sizes, ascending=False, warmups=1)
+    replay_ne = eager_ne = 0
+    worst = 0.0
+    for bs, g in graphs.items():
+        for _ in range(trials):
+            target.prepare("decode", bs, bs, gen)
+            g.replay()
+            got = outs[bs].clone()
+            a = target.run("decode", bs, None).clone()
+            b = target.run("decode", bs, None)
+            replay_ne += not torch.equal(got, a)
+            eager_ne += not torch.equal(a, b)
+            worst = max(worst, float((got.float() - a.float()).abs().max()))
+    outs.clear()
+    release(graphs)
+    return {"sizes": list(sizes), "replays": len(sizes) * trials, "replay_not_equal_eager": replay_ne,
+            "eager_not_equal_eager": eager_ne, "max_abs_diff": worst}
+
+
+def attention_check(target, sizes, gen) -> dict:
+    """The pinned kernels (the adapter's default) against PyTorch's own choice."""
+    pin = target.sdpa_backends
+    some = sorted(sizes)[::5] + ([max(sizes)] if (len(sizes) - 1) % 5 else [])
+    res = {}
+    try:
+        for mode, backends in (("pinned", pin), ("pytorch_default", None)):
+            target.sdpa_backends = backends
+            res[mode] = {"backends": list(backends) if backends else None,
+                         "kernel": {bs: sdpa_choice(target, bs) for bs in (1, max(sizes))},
+                         **agreement(target, some, gen)}
+    finally:
+        target.sdpa_backends = pin
+    return res
 
 
 def few_size_plan(plan, target, spec: Path, tmp: Path):
@@ -188,6 +250,9 @@ def bench_arch(name: str, sizes, tmp: Path) -> dict:
                        "error": (plan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes}
     gs.release()
 
+    if res["attention"] != "eager":
+        res["attention_check"] = attention_check(target, sizes, gen)
+
     res["ratios"] = {"executor_vs_alone": res["executor"]["pool_mib"] / res["alone_mib"],
                      "executor_vs_loop": res["executor"]["pool_mib"] / res["loop"]["pool_mib"]}
     res["seconds"] = time.perf_counter() - t_arch
@@ -197,17 +262,22 @@ def bench_arch(name: str, sizes, tmp: Path) -> dict:
 
 
 def table(archs: dict) -> str:
-    rows = ["| model | loop MiB (pred.) | alone MiB | executor MiB (pred., worst step) | analytic pred. | verify |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| model | loop MiB (pred.) | alone MiB | executor MiB (pred., worst step) | analytic pred. | verify | "
+            "SDPA kernel: replays != eager, eager != eager (pinned / PyTorch's choice) |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in archs.items():
         if "error" in r:
-            rows.append(f"| {name} | failed: {r['error'][:60]} | | | | |")
+            rows.append(f"| {name} | failed: {r['error'][:60]} | | | | | |")
             continue
         e, lp = r["executor"], r["loop"]
+        att = r.get("attention_check")
+        sdpa = " / ".join(f"{a['kernel'][max(a['kernel'])]}: {a['replay_not_equal_eager']}, "
+                          f"{a['eager_not_equal_eager']} of {a['replays']}"
+                          for a in (att["pinned"], att["pytorch_default"])) if att else "(eager attention)"
         rows.append(f"| {name} | {lp['pool_mib']:.0f} ({lp['predicted_mib']:.0f}) | {r['alone_mib']:.0f} | "
                     f"{e['pool_mib']:.1f} ({e['predicted_mib']:.1f}, {e['worst_error']:+.1%}) | "
                     f"{r['analytic']['error']:+.0%} | {r['verify']['replays']} replays, "
-                    f"{r['verify']['faults']} faults |")
+                    f"{r['verify']['faults']} faults | {sdpa} |")
     return "\n".join(rows)
 
 
@@ -220,7 +290,7 @@ def main() -> None:
     sizes = sgl_sizes("decode", 256)
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "transformers": transformers.__version__, "sizes": sizes, "max_seqlen": MAX_SEQLEN, "archs": {}}
+                 "transformers": transformers.__version__, "cudnn": torch.backends.cudnn.version(), "sizes": sizes, "max_seqlen": MAX_SEQLEN, "archs": {}}
     for name in args.archs.split(","):
         try:
             with tempfile.TemporaryDirectory() as d:
@@ -236,6 +306,8 @@ def main() -> None:
         "executor_within_1.05x_alone": all(r["ratios"]["executor_vs_alone"] <= 1.05 for r in ok.values()),
         "verify_clean": all(r["verify"]["faults"] == 0 for r in ok.values()),
         "all_ran": len(ok) == len(res["archs"]),
+        "pinned_attention_replays_equal_eager": all(
+            r["attention_check"]["pinned"]["replay_not_equal_eager"] == 0 for r in ok.values() if "attention_check" in r),
     }
     out = Path(args.out or ROOT / f"bench/results/models-{res['date'][:10]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +315,13 @@ def main() -> None:
     print(table(res["archs"]))
     worst = max((r["executor"]["max_abs_error"] for r in ok.values()), default=float("nan"))
     alone = max((r["ratios"]["executor_vs_alone"] for r in ok.values()), default=float("nan"))
+    att = [r["attention_check"] for r in ok.values() if "attention_check" in r]
+    ne = {m: sum(a[m]["replay_not_equal_eager"] for a in att) for m in ("pinned", "pytorch_default")}
+    ee = {m: sum(a[m]["eager_not_equal_eager"] for a in att) for m in ("pinned", "pytorch_default")}
+    kern = {m: sorted({k for a in att for k in a[m]["kernel"].values()}) for m in ("pinned", "pytorch_default")}
+    print(f"ATTENTION SDPA models: PyTorch's choice {kern['pytorch_default']}: {ne['pytorch_default']} replays != "
+          f"eager, {ee['pytorch_default']} eager != eager; pinned {kern['pinned']}: {ne['pinned']} replays != eager, "
+          f"{ee['pinned']} eager != eager (of {sum(a['pinned']['replays'] for a in att)} each)")
     print(f"SUMMARY {len(ok)}/{len(res['archs'])} architectures in {res['seconds']:.0f} s; few-size prediction worst "
           f"step error {worst:.2%}; executor pool <= {alone:.3f}x largest graph alone; verify faults "
           f"{sum(r['verify']['faults'] for r in ok.values())}; targets {res['targets']}; wrote {out}")
