@@ -184,3 +184,35 @@ def test_step_is_one_program_for_any_inputs_eager_or_captured(kind, monkeypatch)
     assert any(op[0].startswith("aten.index_copy") for op in logs[0])  # the cache write is in the program
     assert logs[0] == logs[1], next((a, b) for a, b in zip(logs[0], logs[1]) if a != b)
     assert logs[0] == logs[2], next((a, b) for a, b in zip(logs[0], logs[2]) if a != b)
+
+
+def _alive_after(fn, tmp_path) -> tuple[dict, object]:
+    """(address -> bytes of the allocations ``fn`` made and left alive, its result),
+    from the profiler's memory events."""
+    import json
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    alive: dict = {}
+    for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
+        addr, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+        if nbytes > 0:
+            alive[addr] = nbytes
+        else:
+            alive.pop(addr, None)
+    return alive, result
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_step_leaves_nothing_alive_but_its_output(kind, tmp_path):
+    """In a shared pool only what a step leaves alive can hold memory from one
+    graph's capture to the next: the adapter and the model keep no buffer made
+    lazily, no routing tensor and no per-size cache (a size never run before
+    only gets a cache view, which owns no memory)."""
+    target = HFTarget(_model(kind), max_bs=8, max_seqlen=32)
+    target.run("decode", 8, None)
+    for bs in (8, 3):
+        alive, out = _alive_after(lambda bs=bs: target.run("decode", bs, None), tmp_path)
+        assert alive == {out.untyped_storage().data_ptr(): out.untyped_storage().nbytes()}, (bs, alive)
