@@ -333,7 +333,7 @@ def main() -> None:
             release()
         print(name, json.dumps(res["archs"][name], default=str)[:400], flush=True)
     if args.allocator == "native":
-        for name in filter(None, args.expandable_archs.split(",")):
+        for name in [n for n in args.expandable_archs.split(",") if n in args.archs.split(",")]:
             res["archs"][f"{name}@expandable"] = expandable_child(name)
     res["seconds"] = time.perf_counter() - t0
     ok = {n: r for n, r in res["archs"].items() if "error" not in r}

@@ -96,7 +96,7 @@ def _sdpa_flags():
             "EFFICIENT_ATTENTION": b.mem_efficient_sdp_enabled(), "MATH": b.math_sdp_enabled()}
 
 
-@pytest.mark.parametrize("backends", [None, ("EFFICIENT_ATTENTION", "MATH")])
+@pytest.mark.parametrize("backends", [None, ("EFFICIENT_ATTENTION", "MATH")], ids=["default", "explicit"])
 def test_attention_kernels_are_pinned_while_the_model_runs(monkeypatch, backends):
     """PyTorch's dispatcher prefers cuDNN attention for the masked decode SDPA
     on an H200, a kernel it refuses in deterministic mode; the adapter allows
