@@ -22,6 +22,29 @@ tensor, so transformers builds none itself (its mask code reads tensor values
 on the host when not capturing, which would make eager and captured runs
 take different paths).
 
+**Attention kernels are pinned** (``sdpa_backends``), as an engine pins its
+attention backend instead of letting a dispatcher choose: by default ``run``
+lets ``scaled_dot_product_attention`` use flash, memory-efficient or math
+attention only, the kernels PyTorch's dispatcher still allows under
+``torch.use_deterministic_algorithms(True)``. Left to itself, the dispatcher
+puts cuDNN attention first on sm90 / sm100 with a cuDNN newer than 9.15
+(``check_prefer_cudnn_attention`` in PyTorch's ``sdp_utils.cpp``; flash
+attention takes no mask, so the masked decode attention goes to cuDNN), and
+cuDNN attention is the kernel the dispatcher refuses in deterministic mode
+("cuDNN SDPA is not deterministic"). Why this matters, measured on an H200
+(torch 2.11, bench/models_bench.py, 2026-11-29, before the pin): with SDPA,
+6-18 of 36 replays per model differed from an eager run of the same inputs
+(up to 0.07 in bf16 logits) while Gemma2 with eager attention matched bit for
+bit, and nothing on the Python side differs: the step dispatches the same
+aten ops with the same arguments on the same buffers for any inputs, eager
+or under capture, and reads no tensor value on the host
+(tests/test_adapters_cpu.py checks that op by op). The models bench's
+attention check measures both settings on the device: the kernel picked,
+replays against eager runs, and eager runs against each other. Pass
+``sdpa_backends=None`` to keep PyTorch's choice. The pin sets PyTorch's
+global SDPA flags for the duration of ``run`` and restores them after it:
+another thread running SDPA at that moment sees them too.
+
 Constraints: the model is in eval mode on one device; sliding-window layers
 must have a window of at least ``max_seqlen`` (the cache never rolls); tested
 with transformers 5.17 (Llama, Mixtral, Qwen2-MoE, Gemma2 built from configs).
@@ -30,12 +53,17 @@ What it does not do: paged KV, sampling, tensor parallelism, prefill.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["HFTarget"]
+__all__ = ["HFTarget", "DETERMINISTIC_SDPA"]
+
+#: ``torch.nn.attention.SDPBackend`` names the adapter allows by default: those
+#: PyTorch keeps in deterministic mode (all but cuDNN attention), in its order.
+DETERMINISTIC_SDPA = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
 @dataclass
@@ -52,12 +80,21 @@ class HFTarget:
 
     ``tokens``: tokens per request of each phase (``{"decode": 1}``; a
     ``target_verify`` phase would be 4). ``max_bs`` and ``max_seqlen`` size
-    the cache and the buffers.
+    the cache and the buffers. ``sdpa_backends``: the ``SDPBackend`` names
+    ``run`` allows (default :data:`DETERMINISTIC_SDPA`), or ``None`` for
+    PyTorch's own dispatch.
     """
 
     def __init__(self, model, *, max_bs: int = 256, max_seqlen: int = 512, tokens: dict | None = None,
-                 seed: int = 0):
+                 seed: int = 0, sdpa_backends: tuple[str, ...] | None = DETERMINISTIC_SDPA):
+        from torch.nn.attention import SDPBackend
         from transformers import StaticCache
+
+        unknown = [b for b in (sdpa_backends or ()) if not hasattr(SDPBackend, b)]
+        if unknown or sdpa_backends == ():
+            raise ValueError(f"sdpa_backends {tuple(sdpa_backends)!r}: expected None or names of "
+                             f"torch.nn.attention.SDPBackend such as {DETERMINISTIC_SDPA}")
+        self.sdpa_backends = sdpa_backends
 
         self.model = model.eval()
         self.tokens = dict(tokens or {"decode": 1})
@@ -101,7 +138,7 @@ class HFTarget:
         for layer in self._view(bs).layers:
             if hasattr(layer, "cumulative_length_int"):  # sliding layers also count on the host
                 layer.cumulative_length_int = 0
-        with torch.no_grad():
+        with self._attention(), torch.no_grad():
             out = self.model(input_ids=buf.ids[:bs], position_ids=buf.positions[:bs], attention_mask=buf.mask[:bs],
                              past_key_values=self._view(bs), use_cache=True)
         return out.logits.reshape(bs * t, -1)
@@ -131,6 +168,15 @@ class HFTarget:
         """Nothing to hoist: transformers' attention has no per-call workspace."""
 
     # -- pieces --------------------------------------------------------------
+    def _attention(self) -> contextlib.AbstractContextManager:
+        """The SDPA kernels allowed while the model runs (read at every call, so
+        the attribute can be changed between captures)."""
+        if self.sdpa_backends is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([getattr(SDPBackend, b) for b in self.sdpa_backends])
+
     def _view(self, bs: int):
         """The cache seen by the graph of batch ``bs``: rows ``[:bs]`` of the one
         static cache. Shallow copies allocate no device memory, so one made

@@ -14,6 +14,20 @@ model's config.json:
              the prediction, and verify() with all three checks
   analytic   the plan from the config alone (a Llama-shaped model: MoE and
              other MLPs are not modelled), measured the same way, for contrast
+  attention  the SDPA kernel PyTorch's dispatcher picks for the decode
+             attention, with the adapter's pin (its default) and without it
+             (PyTorch's choice), and for each: graphs of 8 sizes, each replayed
+             3 times with fresh inputs and compared bit for bit with an eager
+             run of the same inputs, and that eager run with a second one
+             (a kernel whose eager runs differ is nondeterministic, not a
+             capture fault)
+
+Qwen2-MoE is also run a second time in a child process with expandable
+segments (``--expandable-archs``; the allocator mode is fixed when CUDA
+starts, so it needs its own process), planned with ``allocator =
+"expandable"``: in native mode its pool is the small-pool need of batch 128
+plus the large-pool need of batch 256 (see README, "Measured"), which
+expandable segments do not split into 2 and 20 MiB segments.
 
 Writes JSON (date, device, versions, per architecture) to --out and prints a
 markdown table and a one-line summary last.
@@ -26,6 +40,8 @@ import argparse
 import datetime as dt
 import gc
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +57,7 @@ import transformers  # noqa: E402
 
 from adapters.hf import HFTarget  # noqa: E402
 from capture_bench import loop_capture  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 from executor import capture, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
 from planner import BuildOptions, build_plan  # noqa: E402
@@ -76,13 +93,13 @@ def build_model(name: str):
     return model.to("cuda").eval(), cfg
 
 
-def write_spec(d: Path, cfg, sizes) -> Path:
+def write_spec(d: Path, cfg, sizes, allocator: str = "native") -> Path:
     raw = cfg.to_dict()
     raw["dtype"] = "bfloat16"
     (d / "config.json").write_text(json.dumps(raw, default=str, indent=1))
     spec = d / "spec.toml"
-    spec.write_text(f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\n'
-                    f"sizes = {list(sizes)}\n")
+    spec.write_text(f'allocator = "{allocator}"\n\n[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\n'
+                    f'kind = "decode"\nsizes = {list(sizes)}\n')
     return spec
 
 
@@ -104,6 +121,60 @@ def check_loop(target, graphs, outs, gen) -> int:
         got = outs[bs].clone()
         bad += not torch.equal(got, target.run("decode", bs, None))
     return bad
+
+
+def sdpa_choice(target, bs: int) -> str:
+    """The kernel ``scaled_dot_product_attention`` dispatches to for this model's
+    decode attention at batch ``bs``, under the target's current pin: the
+    query as transformers makes it (a transpose of the projection), keys and
+    values as after its ``repeat_kv`` (GQA with a mask), the target's mask."""
+    cfg = target.model.config.get_text_config(decoder=True)
+    heads = cfg.num_attention_heads
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    q = torch.empty(bs, 1, heads, dim, dtype=target.dtype, device=target.device).transpose(1, 2)
+    kv = torch.empty(bs, heads, target.max_seqlen, dim, dtype=target.dtype, device=target.device)
+    with target._attention():
+        choice = torch._fused_sdp_choice(q, kv, kv, attn_mask=target._buffers[1].mask[:bs], dropout_p=0.0,
+                                         is_causal=False)
+    names = {int(getattr(SDPBackend, n)): n for n in dir(SDPBackend) if n.isupper()}
+    return names.get(int(choice), str(choice))
+
+
+def agreement(target, sizes, gen, trials: int = 3) -> dict:
+    """Replays against eager runs of the same inputs, and eager against eager."""
+    graphs, outs, _, _ = loop_capture(target, sizes, ascending=False, warmups=1)
+    replay_ne = eager_ne = 0
+    worst = 0.0
+    for bs, g in graphs.items():
+        for _ in range(trials):
+            target.prepare("decode", bs, bs, gen)
+            g.replay()
+            got = outs[bs].clone()
+            a = target.run("decode", bs, None).clone()
+            b = target.run("decode", bs, None)
+            replay_ne += not torch.equal(got, a)
+            eager_ne += not torch.equal(a, b)
+            worst = max(worst, float((got.float() - a.float()).abs().max()))
+    outs.clear()
+    release(graphs)
+    return {"sizes": list(sizes), "replays": len(sizes) * trials, "replay_not_equal_eager": replay_ne,
+            "eager_not_equal_eager": eager_ne, "max_abs_diff": worst}
+
+
+def attention_check(target, sizes, gen) -> dict:
+    """The pinned kernels (the adapter's default) against PyTorch's own choice."""
+    pin = target.sdpa_backends
+    some = sorted(sizes)[::5] + ([max(sizes)] if (len(sizes) - 1) % 5 else [])
+    res = {}
+    try:
+        for mode, backends in (("pinned", pin), ("pytorch_default", None)):
+            target.sdpa_backends = backends
+            res[mode] = {"backends": list(backends) if backends else None,
+                         "kernel": {bs: sdpa_choice(target, bs) for bs in (1, max(sizes))},
+                         **agreement(target, some, gen)}
+    finally:
+        target.sdpa_backends = pin
+    return res
 
 
 def few_size_plan(plan, target, spec: Path, tmp: Path):
@@ -136,7 +207,7 @@ def step_errors(plan, report) -> dict:
             "pool_error": (plan.predicted.pool_bytes - report.pool_bytes) / report.pool_bytes}
 
 
-def bench_arch(name: str, sizes, tmp: Path) -> dict:
+def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention: bool = True) -> dict:
     model, cfg = build_model(name)
     target = HFTarget(model, max_bs=max(sizes), max_seqlen=MAX_SEQLEN)
     gen = torch.Generator(device="cuda")
@@ -158,7 +229,7 @@ def bench_arch(name: str, sizes, tmp: Path) -> dict:
     outs.clear()
     release(graphs)
 
-    spec = write_spec(tmp, cfg, sizes)
+    spec = write_spec(tmp, cfg, sizes, allocator)
     plan = build_plan(BuildOptions(backend="torch", spec=spec))
     t0 = time.perf_counter()
     tplan, res["refused_fits"] = few_size_plan(plan, target, spec, tmp)
@@ -188,6 +259,9 @@ def bench_arch(name: str, sizes, tmp: Path) -> dict:
                        "error": (plan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes}
     gs.release()
 
+    if attention and res["attention"] != "eager":
+        res["attention_check"] = attention_check(target, sizes, gen)
+
     res["ratios"] = {"executor_vs_alone": res["executor"]["pool_mib"] / res["alone_mib"],
                      "executor_vs_loop": res["executor"]["pool_mib"] / res["loop"]["pool_mib"]}
     res["seconds"] = time.perf_counter() - t_arch
@@ -196,18 +270,39 @@ def bench_arch(name: str, sizes, tmp: Path) -> dict:
     return res
 
 
+def expandable_child(name: str) -> dict:
+    """``name`` benchmarked in a child process started with expandable segments."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+               PYTORCH_ALLOC_CONF="expandable_segments:True")
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "child.json"
+        run = subprocess.run([sys.executable, __file__, "--archs", name, "--allocator", "expandable",
+                              "--expandable-archs", "", "--out", str(out)], env=env, capture_output=True, text=True)
+        if run.returncode or not out.exists():
+            return {"error": f"child exited {run.returncode}: {run.stderr.strip()[-300:]}"}
+        r = json.loads(out.read_text())["archs"][name]
+    print(f"{name}@expandable", json.dumps(r, default=str)[:400], flush=True)
+    return r
+
+
 def table(archs: dict) -> str:
-    rows = ["| model | loop MiB (pred.) | alone MiB | executor MiB (pred., worst step) | analytic pred. | verify |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| model | loop MiB (pred.) | alone MiB | executor MiB (pred., worst step) | analytic pred. | verify | "
+            "SDPA kernel: replays != eager, eager != eager (pinned / PyTorch's choice) |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in archs.items():
         if "error" in r:
-            rows.append(f"| {name} | failed: {r['error'][:60]} | | | | |")
+            rows.append(f"| {name} | failed: {r['error'][:60]} | | | | | |")
             continue
         e, lp = r["executor"], r["loop"]
+        att = r.get("attention_check")
+        sdpa = " / ".join(f"{a['kernel'][max(a['kernel'])]}: {a['replay_not_equal_eager']}, "
+                          f"{a['eager_not_equal_eager']} of {a['replays']}"
+                          for a in (att["pinned"], att["pytorch_default"])) if att else \
+            "(eager attention)" if r["attention"] == "eager" else "(not measured)"
         rows.append(f"| {name} | {lp['pool_mib']:.0f} ({lp['predicted_mib']:.0f}) | {r['alone_mib']:.0f} | "
                     f"{e['pool_mib']:.1f} ({e['predicted_mib']:.1f}, {e['worst_error']:+.1%}) | "
                     f"{r['analytic']['error']:+.0%} | {r['verify']['replays']} replays, "
-                    f"{r['verify']['faults']} faults |")
+                    f"{r['verify']['faults']} faults | {sdpa} |")
     return "\n".join(rows)
 
 
@@ -215,20 +310,31 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="JSON path [bench/results/models-DATE.json]")
     ap.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated subset of {list(ARCHS)}")
+    ap.add_argument("--expandable-archs", default="qwen2_moe",
+                    help="architectures to run again in a child process with expandable segments ('' for none)")
+    ap.add_argument("--allocator", choices=("native", "expandable"), default="native",
+                    help="the allocator mode this process was started with (set by the parent for its child)")
     args = ap.parse_args()
+    if args.allocator == "expandable" and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        ap.error("--allocator expandable needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment")
     t0 = time.perf_counter()
     sizes = sgl_sizes("decode", 256)
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "transformers": transformers.__version__, "sizes": sizes, "max_seqlen": MAX_SEQLEN, "archs": {}}
+                 "transformers": transformers.__version__, "cudnn": torch.backends.cudnn.version(),
+                 "allocator": args.allocator, "sizes": sizes, "max_seqlen": MAX_SEQLEN, "archs": {}}
     for name in args.archs.split(","):
         try:
             with tempfile.TemporaryDirectory() as d:
-                res["archs"][name] = bench_arch(name, sizes, Path(d))
+                res["archs"][name] = bench_arch(name, sizes, Path(d), args.allocator,
+                                                attention=args.allocator == "native")
         except Exception as err:  # one architecture failing must not hide the others' results
             res["archs"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
             release()
         print(name, json.dumps(res["archs"][name], default=str)[:400], flush=True)
+    if args.allocator == "native":
+        for name in [n for n in args.expandable_archs.split(",") if n in args.archs.split(",")]:
+            res["archs"][f"{name}@expandable"] = expandable_child(name)
     res["seconds"] = time.perf_counter() - t0
     ok = {n: r for n, r in res["archs"].items() if "error" not in r}
     res["targets"] = {
@@ -236,6 +342,12 @@ def main() -> None:
         "executor_within_1.05x_alone": all(r["ratios"]["executor_vs_alone"] <= 1.05 for r in ok.values()),
         "verify_clean": all(r["verify"]["faults"] == 0 for r in ok.values()),
         "all_ran": len(ok) == len(res["archs"]),
+        # per model, the better of its native and expandable-segments runs
+        "executor_within_1.05x_alone_best_allocator": all(
+            min(r["ratios"]["executor_vs_alone"] for n, r in ok.items() if n.split("@")[0] == base) <= 1.05
+            for base in {n.split("@")[0] for n in ok}),
+        "pinned_attention_replays_equal_eager": all(
+            r["attention_check"]["pinned"]["replay_not_equal_eager"] == 0 for r in ok.values() if "attention_check" in r),
     }
     out = Path(args.out or ROOT / f"bench/results/models-{res['date'][:10]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +355,13 @@ def main() -> None:
     print(table(res["archs"]))
     worst = max((r["executor"]["max_abs_error"] for r in ok.values()), default=float("nan"))
     alone = max((r["ratios"]["executor_vs_alone"] for r in ok.values()), default=float("nan"))
+    att = [r["attention_check"] for r in ok.values() if "attention_check" in r]
+    ne = {m: sum(a[m]["replay_not_equal_eager"] for a in att) for m in ("pinned", "pytorch_default")}
+    ee = {m: sum(a[m]["eager_not_equal_eager"] for a in att) for m in ("pinned", "pytorch_default")}
+    kern = {m: sorted({k for a in att for k in a[m]["kernel"].values()}) for m in ("pinned", "pytorch_default")}
+    print(f"ATTENTION SDPA models: PyTorch's choice {kern['pytorch_default']}: {ne['pytorch_default']} replays != "
+          f"eager, {ee['pytorch_default']} eager != eager; pinned {kern['pinned']}: {ne['pinned']} replays != eager, "
+          f"{ee['pinned']} eager != eager (of {sum(a['pinned']['replays'] for a in att)} each)")
     print(f"SUMMARY {len(ok)}/{len(res['archs'])} architectures in {res['seconds']:.0f} s; few-size prediction worst "
           f"step error {worst:.2%}; executor pool <= {alone:.3f}x largest graph alone; verify faults "
           f"{sum(r['verify']['faults'] for r in ok.values())}; targets {res['targets']}; wrote {out}")

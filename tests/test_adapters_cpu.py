@@ -88,3 +88,131 @@ def test_hf_target_is_a_capture_target():
     from executor.target import CaptureTarget
 
     assert isinstance(HFTarget(_model("llama"), max_bs=2, max_seqlen=8), CaptureTarget)
+
+
+def _sdpa_flags():
+    b = torch.backends.cuda
+    return {"CUDNN_ATTENTION": b.cudnn_sdp_enabled(), "FLASH_ATTENTION": b.flash_sdp_enabled(),
+            "EFFICIENT_ATTENTION": b.mem_efficient_sdp_enabled(), "MATH": b.math_sdp_enabled()}
+
+
+@pytest.mark.parametrize("backends", [None, ("EFFICIENT_ATTENTION", "MATH")], ids=["default", "explicit"])
+def test_attention_kernels_are_pinned_while_the_model_runs(monkeypatch, backends):
+    """PyTorch's dispatcher prefers cuDNN attention for the masked decode SDPA
+    on an H200, a kernel it refuses in deterministic mode; the adapter allows
+    flash / efficient / math for the call and restores the global flags after."""
+    from adapters.hf import DETERMINISTIC_SDPA
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(_sdpa_flags())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    kw = {} if backends is None else {"sdpa_backends": backends}
+    target = HFTarget(_model("llama"), max_bs=2, max_seqlen=8, **kw)
+    before = _sdpa_flags()
+    seen.clear()
+    target.run("decode", 2, None)
+    assert len(seen) == 2  # one call per layer
+    allowed = set(backends or DETERMINISTIC_SDPA)
+    assert all(flags == {k: k in allowed for k in flags} for flags in seen), seen
+    assert _sdpa_flags() == before
+    target.sdpa_backends = None  # PyTorch's own dispatch: the global flags as they are
+    seen.clear()
+    target.run("decode", 2, None)
+    assert seen and all(flags == before for flags in seen)
+
+
+def test_unknown_attention_kernel_is_refused():
+    with pytest.raises(ValueError, match="sdpa_backends .*'CUDNN'"):
+        HFTarget(_model("llama"), max_bs=2, max_seqlen=8, sdpa_backends=("CUDNN",))
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every aten op the step dispatches: its name, its non-tensor arguments, and
+    for each tensor argument shape, strides, offset, dtype and which static
+    buffer it lives in (or ``tmp``: memory allocated in the step)."""
+
+    def __init__(self, static: dict):
+        super().__init__()
+        self.static, self.ops = static, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+        self.ops.append((str(func), tuple(
+            (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, self.static.get(a.untyped_storage().data_ptr(),
+                                                                                     "tmp"))
+            if isinstance(a, torch.Tensor) else repr(a) for a in flat)))
+        return func(*args, **kwargs)
+
+
+def _static_buffers(target) -> dict:
+    named = [(f"param {n}", t) for n, t in target.model.named_parameters()]
+    named += [(f"buffer {n}", t) for n, t in target.model.named_buffers()]
+    for i, layer in enumerate(target.cache.layers):
+        named += [(f"keys {i}", layer.keys), (f"values {i}", layer.values)]
+    named += [("counters", target._counters), ("position", target.position)]
+    for t, buf in target._buffers.items():
+        named += [(f"ids {t}", buf.ids), (f"positions {t}", buf.positions), (f"mask {t}", buf.mask)]
+    return {x.untyped_storage().data_ptr(): n for n, x in named}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_step_is_one_program_for_any_inputs_eager_or_captured(kind, monkeypatch):
+    """A replay re-launches the kernels recorded at capture with the arguments
+    they had then; an eager run launches what the Python code decides now. They
+    compute the same thing only if the step is one program: the same ops with
+    the same non-tensor arguments on the same buffers, whatever the inputs and
+    whether or not a capture is under way (transformers checks
+    torch.cuda.is_current_stream_capturing() in places), and no tensor value
+    read on the host (.item(), which a capture would freeze)."""
+    target = HFTarget(_model(kind).to(torch.bfloat16), max_bs=8, max_seqlen=32)
+    target.run("decode", 6, None)  # the cache view of batch 6 is made once, on first use
+    static = _static_buffers(target)
+    logs = []
+    for seed, capturing in ((1, False), (2, False), (3, True)):
+        target.prepare("decode", 6, 6, torch.Generator().manual_seed(seed))
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        with _OpLog(static) as log:
+            target.run("decode", 6, None)
+        logs.append(log.ops)
+    assert not [op for op in logs[0] if "_local_scalar_dense" in op[0]]
+    assert any(op[0].startswith("aten.index_copy") for op in logs[0])  # the cache write is in the program
+    assert logs[0] == logs[1], next((a, b) for a, b in zip(logs[0], logs[1]) if a != b)
+    assert logs[0] == logs[2], next((a, b) for a, b in zip(logs[0], logs[2]) if a != b)
+
+
+def _alive_after(fn, tmp_path) -> tuple[dict, object]:
+    """(address -> bytes of the allocations ``fn`` made and left alive, its result),
+    from the profiler's memory events."""
+    import json
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    alive: dict = {}
+    for e in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"]):
+        addr, nbytes = e["args"]["Addr"], e["args"]["Bytes"]
+        if nbytes > 0:
+            alive[addr] = nbytes
+        else:
+            alive.pop(addr, None)
+    return alive, result
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_step_leaves_nothing_alive_but_its_output(kind, tmp_path):
+    """In a shared pool only what a step leaves alive can hold memory from one
+    graph's capture to the next: the adapter and the model keep no buffer made
+    lazily, no routing tensor and no per-size cache (a size never run before
+    only gets a cache view, which owns no memory)."""
+    target = HFTarget(_model(kind), max_bs=8, max_seqlen=32)
+    target.run("decode", 8, None)
+    for bs in (8, 3):
+        alive, out = _alive_after(lambda bs=bs: target.run("decode", bs, None), tmp_path)
+        assert alive == {out.untyped_storage().data_ptr(): out.untyped_storage().nbytes()}, (bs, alive)
