@@ -85,7 +85,9 @@ def test_metadata_kernels_write_the_same_buffers_as_their_specification(clean):
         a, b = m.slot_accept.clone(), m.slot_accept.clone()
         m.kernels.record_accept(slots, m.accept_lens[:bs], a, False)
         b[:, 0].index_copy_(0, slots.long(), m.accept_lens[:bs])
-        assert torch.equal(a, b), seed
+        # every padded row writes the spare row: which one lands last is unspecified in both
+        real = torch.arange(a.shape[0], device="cuda") != m.pad_row
+        assert torch.equal(a[real], b[real]), seed
 
 
 @pytest.mark.parametrize("plan_file", ["fa3-eagle-ci", "fa3-eagle"])
