@@ -7,6 +7,7 @@ are private-ish torch APIs; everything touching them lives here.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import torch
@@ -93,8 +94,12 @@ class AllocationRecorder:
     """Records the caching allocator's history and cuts it into capture windows.
 
     ``begin()`` before and ``end()`` after each capture; ``stop()`` at the end.
-    Every alloc inside a window is a pool allocation (a private pool takes only
-    allocations made during its captures).
+    A window keeps the allocations that land in a graph pool's segment (one
+    whose ``segment_pool_id`` is not ``(0, 0)``, as the graphs' pools still hold
+    them when ``stop`` reads them). Not every allocation inside a window is a
+    pool allocation: measured on an H200 (torch 2.11), the first capture after
+    all graphs were released allocates the generator's graph-safe RNG state,
+    two 8-byte blocks, in the ordinary allocator; they are not the pool's.
 
     A window's bounds are marker allocations (odd sizes, outside any capture,
     kept alive until ``stop``) found in the one history read at the end:
@@ -113,11 +118,15 @@ class AllocationRecorder:
         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                                  max_entries=max_entries)
 
-    def _traces(self) -> list:
+    def _traces(self) -> tuple[list, list[tuple[int, int]]]:
+        """The history, and the graph pools' segments as (start, end), sorted."""
         snap = torch.cuda.memory._snapshot()
         traces = snap.get("device_traces", [])
         dev = torch.cuda.current_device()
-        return traces[dev] if dev < len(traces) else []
+        segs = sorted((s["address"], s["address"] + s["total_size"]) for s in snap.get("segments", [])
+                      if s.get("device", dev) == dev and s.get("segment_pool_id") is not None
+                      and _pid(s["segment_pool_id"]) != (0, 0))
+        return (traces[dev] if dev < len(traces) else []), segs
 
     def _mark(self) -> int:
         self._markers.append(torch.empty(self._MARK + 2 * len(self._markers), dtype=torch.uint8, device="cuda"))
@@ -151,17 +160,22 @@ class AllocationRecorder:
 
     def stop(self) -> list[Window]:
         """Stop recording; one :class:`Window` per begin/end pair, in order."""
-        traces = self._traces()
+        traces, segs = self._traces()
         try:
             at = self._positions(traces)
         finally:
             self.close()
         live: dict[int, int] = {}
+        starts = [a for a, _ in segs]
+
+        def in_pool(addr: int) -> bool:
+            i = bisect_right(starts, addr) - 1
+            return i >= 0 and addr < segs[i][1]
 
         def apply(events, win: Window | None) -> None:
             for e in events:
                 action, addr, size = e["action"], e["addr"], e["size"]
-                if win is not None and action == "alloc":
+                if win is not None and action == "alloc" and in_pool(addr):
                     live[addr] = size
                     win.own.append((addr, size))
                     win.events.append(("alloc", addr, size))

@@ -193,3 +193,25 @@ def test_spec_toml_gives_the_four_phases_the_model_expects(tmp_path):
     assert all(sorted(p.sizes) == [1, 2, 4] for p in plan.phases)
     assert {p.name: p.tokens_per_request for p in plan.phases} == \
         {"decode": 1, "target_verify": 4, "draft_decode": 1, "draft_extend": 3}
+
+
+def test_recorder_windows_keep_only_allocations_in_graph_pool_segments():
+    """capture_begin allocates the RNG's graph-safe state (two 8-byte blocks) in
+    the ordinary allocator inside the window (measured on an H200): not the pool's."""
+    from executor.pool import AllocationRecorder
+
+    rec = object.__new__(AllocationRecorder)
+    rec._markers = [SimpleNamespace(data_ptr=lambda a=a: a, numel=lambda n=n: n) for a, n in ((10, 12345), (30, 12347))]
+    rec._marks = [(0, 1)]
+
+    def ev(action, addr, size):
+        return {"action": action, "addr": addr, "size": size}
+
+    history = [ev("alloc", 10, 12345), ev("alloc", 12, 8), ev("alloc", 14, 8), ev("alloc", 1000, 512),
+               ev("alloc", 1600, 256), ev("free_requested", 1600, 256), ev("free_requested", 14, 8),
+               ev("alloc", 30, 12347)]
+    rec._traces = lambda: (history, [(1000, 3000)])  # one pool segment; the markers and RNG blocks lie outside
+    rec.close = lambda: None
+    (win,) = rec.stop()
+    assert win.events == [("alloc", 1000, 512), ("alloc", 1600, 256), ("free", 1600, 256)]
+    assert win.alive_after == [(1000, 512)]
