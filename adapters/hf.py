@@ -41,12 +41,21 @@ or under capture, and reads no tensor value on the host
 (tests/test_adapters_cpu.py checks that op by op). The models bench's
 attention check measures both settings on the device: the kernel picked,
 replays against eager runs, and eager runs against each other. Pass
-``sdpa_backends=None`` to keep PyTorch's choice. The pin sets PyTorch's
-global SDPA flags for the duration of ``run`` and restores them after it:
-another thread running SDPA at that moment sees them too.
+``sdpa_backends=None`` to keep PyTorch's choice. PyTorch's SDPA flags are
+process-wide, so the pin is too: it is set when the first ``run`` of any
+pinned target starts and restored when the last one running ends (counted
+under a lock: a background capture's thread and the serving thread's eager
+fallback may run at the same time, and a plain save-and-restore per call
+would let one of them undo the other's pin mid-run). Meanwhile every SDPA
+call in the process sees the pin; targets that run concurrently share the
+first one's backends.
 
 Constraints: the model is in eval mode on one device; sliding-window layers
-must have a window of at least ``max_seqlen`` (the cache never rolls); tested
+must have a window of at least ``max_seqlen`` (the cache never rolls), and
+their host-side write counter is reset by ``run`` on the batch's shared cache
+view, so a model with sliding-window layers must not run the same batch size
+on two threads at once (a background capture with the eager fallback can:
+use ``fallback="wait"`` for such models); tested
 with transformers 5.17 (Llama, Mixtral, Qwen2-MoE, Gemma2 built from configs).
 What it does not do: paged KV, sampling, tensor parallelism, prefill.
 """
@@ -55,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -91,7 +101,7 @@ class HFTarget:
         from transformers import StaticCache
 
         unknown = [b for b in (sdpa_backends or ()) if not hasattr(SDPBackend, b)]
-        if unknown or sdpa_backends == ():
+        if sdpa_backends is not None and (unknown or not len(sdpa_backends)):
             raise ValueError(f"sdpa_backends {tuple(sdpa_backends)!r}: expected None or names of "
                              f"torch.nn.attention.SDPBackend such as {DETERMINISTIC_SDPA}")
         self.sdpa_backends = sdpa_backends
@@ -173,9 +183,7 @@ class HFTarget:
         the attribute can be changed between captures)."""
         if self.sdpa_backends is None:
             return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([getattr(SDPBackend, b) for b in self.sdpa_backends])
+        return _pinned(tuple(self.sdpa_backends))
 
     def _view(self, bs: int):
         """The cache seen by the graph of batch ``bs``: rows ``[:bs]`` of the one
@@ -193,3 +201,32 @@ class HFTarget:
                 view.layers.append(lv)
             self._views[bs] = view
         return view
+
+
+# -- the process-wide SDPA pin -------------------------------------------------
+_pin_lock = threading.Lock()
+_pin_users = 0
+_pin_exit: contextlib.ExitStack | None = None
+
+
+@contextlib.contextmanager
+def _pinned(backends: tuple[str, ...]):
+    """PyTorch's global SDPA flags set to ``backends`` while any pinned run is
+    active: the first to enter sets them, the last to leave restores them."""
+    global _pin_users, _pin_exit
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with _pin_lock:
+        if _pin_users == 0:
+            stack = contextlib.ExitStack()
+            stack.enter_context(sdpa_kernel([getattr(SDPBackend, b) for b in backends]))
+            _pin_exit = stack
+        _pin_users += 1
+    try:
+        yield
+    finally:
+        with _pin_lock:
+            _pin_users -= 1
+            if _pin_users == 0:
+                stack, _pin_exit = _pin_exit, None
+                stack.close()

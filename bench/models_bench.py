@@ -277,7 +277,8 @@ def expandable_child(name: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "child.json"
         run = subprocess.run([sys.executable, __file__, "--archs", name, "--allocator", "expandable",
-                              "--expandable-archs", "", "--out", str(out)], env=env, capture_output=True, text=True)
+                              "--expandable-archs", "", "--out", str(out)], env=env, capture_output=True, text=True,
+                             timeout=900)
         if run.returncode or not out.exists():
             return {"error": f"child exited {run.returncode}: {run.stderr.strip()[-300:]}"}
         r = json.loads(out.read_text())["archs"][name]

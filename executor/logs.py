@@ -2,7 +2,9 @@
 
 Engines that embed the executor configure ``logging`` as they do for their
 own code; the executor never prints to stderr itself (the optional tqdm bar
-of a foreground ``capture(..., progress=True)`` aside, on rank 0 only).
+of a foreground ``capture(..., progress=True)`` aside, on rank 0 only). One
+exception: ``load_plan`` reports a plan that does not fit this machine with
+``warnings.warn`` (Python's warnings filters decide; it names no rank).
 
 Under ``torch.distributed`` every rank runs the same capture, so progress and
 the summary (INFO, DEBUG) are logged by rank 0 of the capture's group only;

@@ -414,7 +414,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
         from .distributed import check_plan_agreement
 
         check_plan_agreement(plan, group)
-    device = device or torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     gs = GraphSet(plan, target, device)
     show = _rank0(group)
     bar = _progress(plan.steps, progress and show and not background)

@@ -34,6 +34,7 @@ not draw.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import shlex
@@ -207,7 +208,15 @@ def verify(gs: GraphSet, *, checks: tuple[str, ...] = ("interleave", "scribble",
     ``read_only=True`` checksums the target's declared read-only tensors
     around every replay (cost: one read of them per replay). Raises
     :class:`VerificationFailed` at once if a replay faults on the device.
+    Runs with ``gs.device`` as the current CUDA device (its waits and fills
+    concern that device, whichever one the caller had current).
     """
+    on_device = torch.cuda.device(gs.device) if gs.device.type == "cuda" else contextlib.nullcontext()
+    with on_device:
+        return _verify(gs, checks, seed, rounds, read_only)
+
+
+def _verify(gs: GraphSet, checks: tuple[str, ...], seed: int, rounds: int, read_only: bool) -> VerifyResult:
     rng = random.Random(seed)
     gen = torch.Generator(device=gs.device)
     gen.manual_seed(seed)

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from adapters.hf import HFTarget  # noqa: E402
+from adapters.hf import DETERMINISTIC_SDPA, HFTarget  # noqa: E402
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=101, max_position_embeddings=256)
@@ -126,9 +126,26 @@ def test_attention_kernels_are_pinned_while_the_model_runs(monkeypatch, backends
     assert seen and all(flags == before for flags in seen)
 
 
-def test_unknown_attention_kernel_is_refused():
-    with pytest.raises(ValueError, match="sdpa_backends .*'CUDNN'"):
-        HFTarget(_model("llama"), max_bs=2, max_seqlen=8, sdpa_backends=("CUDNN",))
+@pytest.mark.parametrize("backends", [("CUDNN",), (), []], ids=["unknown", "empty-tuple", "empty-list"])
+def test_unknown_or_no_attention_kernel_is_refused(backends):
+    with pytest.raises(ValueError, match="sdpa_backends"):
+        HFTarget(_model("llama"), max_bs=2, max_seqlen=8, sdpa_backends=backends)
+
+
+def test_overlapping_runs_keep_the_pin_until_the_last_one_ends():
+    """A background capture's run and the serving thread's eager fallback can
+    overlap: the first to finish must not restore PyTorch's flags under the
+    other (a per-call save and restore did)."""
+    target = HFTarget(_model("llama"), max_bs=2, max_seqlen=8)
+    before = _sdpa_flags()
+    pinned = {k: k in DETERMINISTIC_SDPA for k in before}
+    a, b = target._attention(), target._attention()
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)  # the first run ends while the second still runs
+    assert _sdpa_flags() == pinned
+    b.__exit__(None, None, None)
+    assert _sdpa_flags() == before
 
 
 class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
