@@ -156,6 +156,21 @@ def test_bare_planner_help_version_and_debug(cli):
         cli("--debug", "build", "-b", "nope")
 
 
+def test_help_lists_arguments_and_shell_completion_offers_commands_and_backends(cli, monkeypatch):
+    code, out, _ = cli("show", "-h")
+    assert code == 0 and out.startswith("Usage: planner show [OPTIONS] {plan}")
+    assert "Arguments:\n  plan <path>  Plan file.  [required]" in out
+    code, out, _ = cli("build", "-h")
+    assert code == 0 and "Attention backend: fa3, flashinfer, torch, triton" in " ".join(out.split())
+    monkeypatch.setenv("_PLANNER_COMPLETE", "bash_complete")
+    for words, cword, expected in (("planner build --backend f", "3", ["plain,fa3", "plain,flashinfer"]),
+                                   ("planner sh", "1", ["plain,show"])):
+        monkeypatch.setenv("COMP_WORDS", words)
+        monkeypatch.setenv("COMP_CWORD", cword)
+        code, out, _ = cli()
+        assert (code, out.split()) == (0, expected)
+
+
 def test_conflicting_rules_exit_1_naming_them(cli, tmp_path):
     (tmp_path / "s.toml").write_text('''[[phases]]
 name = "decode"

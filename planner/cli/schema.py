@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import typer
+import click
+
+from ._common import Command, argument
 
 
-def register(app: typer.Typer) -> None:
-    app.command("schema")(schema)
-
-
-def schema(which: str = typer.Argument("all", help="spec, plan, trace, report or all.")) -> None:
+@click.command("schema", cls=Command)
+@argument("which", "spec, plan, trace, report or all.", "str", required=False, default="all")
+def command(which) -> None:
     """Print the JSON Schema (spec: the input you write; plan: the file the planner writes)."""
     from planner.schema import json_schema
 
-    typer.echo(json_schema(which))
+    click.echo(json_schema(which))
