@@ -94,34 +94,24 @@ class Simulation:
         if self.library_bytes:
             pool.alloc(self.library_bytes)  # never freed
             self.library_bytes = 0
-        live: dict[int, tuple[object, str]] = {}
-        alloc, free = pool.alloc, pool.free
+        live: dict = {}  # allocation id -> Block
+        run = pool.run
         if self.protect:
             spans = self.touched.setdefault((pid, phase), [])
-            outputs = self.outputs if phase in self.protect else None
+            outputs = [] if phase in self.protect else None
         else:
             spans = outputs = None
 
-        def run(ops) -> None:
-            for size, eid, kind in ops:
-                if size < 0:
-                    entry = live.pop(eid, None)
-                    if entry is not None:
-                        free(entry[0])
-                    continue
-                block = alloc(size)
-                live[eid] = (block, kind)
-                if spans is not None:
-                    spans.append((block.addr, block.addr + block.size))
-                    if outputs is not None and kind == "output":
-                        outputs.append((pid, phase, bs, block.addr, block.addr + block.size))
-
         prog = self.workload.program(phase, bs, hoisted=st.workspace == "hoisted")
-        run(prog.prologue)
+        code = prog.runnable
+        watch = outputs is not None  # record protected outputs where they are allocated
+        run(code.prologue, live, 0, spans, code.prologue_outputs if watch else (), outputs)
+        carried_kind = None  # the kind of the block under CARRY
         if prog.repeats:
             carried = live.pop(prog.carry_in) if prog.carry_in is not None else None
-            seen: dict[tuple, int] = {}
+            seen: dict[tuple, int] | None = {}
             i = 0
+            body = code.body
             while i < prog.repeats:
                 # The allocator is deterministic: once the state after a layer
                 # recurs, the layers in between repeat forever. Skip whole
@@ -131,26 +121,35 @@ class Simulation:
                 # `allocated`), so the free lists (compared exactly, see
                 # PoolSim.free_state) and that block pin the state.
                 if seen is not None:
-                    sig = (pool.free_state(), carried[0].addr if carried is not None else -1)
+                    sig = (pool.free_state(), carried.addr if carried is not None else -1)
                     if sig in seen:
                         period = i - seen[sig]
                         i += (prog.repeats - i) // period * period
                         seen = None
                         continue
                     seen[sig] = i
-                live[CARRY] = carried
-                run(prog.body)
+                if carried is not None:
+                    live[CARRY] = carried
+                run(body, live, 0, spans, code.body_outputs if watch else (), outputs)
                 carried = live.pop(prog.carry_out)
                 i += 1
+            carried_kind = code.kinds[prog.carry_out]
             if prog.carry_kind is not None:  # the step returns what the last repetition carries out
-                carried = (carried[0], prog.carry_kind)
+                carried_kind = prog.carry_kind
                 if outputs is not None and prog.carry_kind == "output":
-                    outputs.append((pid, phase, bs, carried[0].addr, carried[0].addr + carried[0].size))
+                    outputs.append((carried.addr, carried.addr + carried.size))
             live[CARRY] = carried
-        run(prog.epilogue)
-        for block, kind in live.values():
-            if kind == "temp" or kind == "workspace" or (kind == "output" and st.outputs == "view"):
-                free(block)
+        run(code.epilogue, live, 0, spans, code.epilogue_outputs if watch else (), outputs)
+        if outputs:
+            self.outputs.extend((pid, phase, bs, start, end) for start, end in outputs)
+        kinds = code.kinds
+        view = st.outputs == "view"
+        ends = []  # at the end of the capture: temporaries, and outputs held through views
+        for eid in live:
+            kind = carried_kind if eid == CARRY else kinds[eid]
+            if kind == "temp" or kind == "workspace" or (kind == "output" and view):
+                ends.append((-1, eid))
+        run(ends, live)
         self.timeline.append((sum(p.reserved for p in pools.values()), sum(p.allocated for p in pools.values())))
 
     def result(self) -> SimResult:

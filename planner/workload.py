@@ -20,6 +20,7 @@ differences beyond dividing heads and MLP by ``tp``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -77,6 +78,16 @@ class Program:
     carry_out: int = CARRY
     carry_kind: str | None = None
 
+    @functools.cached_property
+    def runnable(self) -> "_Runnable":
+        """The sections as :meth:`planner.allocator.PoolSim.run` takes them, and each id's kind."""
+        kinds = {i: kind for section in (self.prologue, self.body, self.epilogue) for size, i, kind in section
+                 if size >= 0}
+        pairs = [tuple((size, i) for size, i, _ in section) for section in (self.prologue, self.body, self.epilogue)]
+        outputs = [frozenset(i for size, i, kind in section if size >= 0 and kind == "output")
+                   for section in (self.prologue, self.body, self.epilogue)]
+        return _Runnable(*pairs, kinds, *outputs)
+
     def flatten(self) -> list[Event]:
         """Every event in order, with ids made unique (for tests and inspection)."""
         out: list[Event] = []
@@ -103,6 +114,18 @@ class Program:
             out[at[ids[carried]]] = Event(op="alloc", id=e.id, size=e.size, kind=self.carry_kind)
         emit(self.epilogue, lambda i, c=carried: c if i == CARRY else ("e", i))
         return out
+
+
+@dataclass(frozen=True)
+class _Runnable:
+    prologue: tuple
+    body: tuple
+    epilogue: tuple
+    #: allocation id -> kind ("temp", "output", "workspace", "library")
+    kinds: dict
+    prologue_outputs: frozenset
+    body_outputs: frozenset
+    epilogue_outputs: frozenset
 
 
 class _Ops:
