@@ -21,14 +21,12 @@ from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha2
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import read_input, write_atomic
 from schemas.limits import MODEL_MAX
-from schemas.snapshot import is_pickle, trace_from_snapshot
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
 from schemas.spec import Phase, Spec
 from schemas.strategy import AXES
 
 from . import resources
-from .hf_config import read_model_config
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .allocator import mib
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
@@ -129,6 +127,8 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]
         if opts.speculative or opts.max_bs is not None:
             raise InputError("--speculative and --max-bs shape the embedded default spec; "
                              "with --spec, write the phases in the spec file", where="--spec")
+        from .hf_config import read_model_config  # only specs from files name a model config
+
         raw = read_spec_file(opts.spec)
         spec = decode_spec(raw, str(opts.spec))
         base = output_path(opts).parent
@@ -179,6 +179,8 @@ def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: in
         return Workload.analytic(spec.model, spec.phases, backend, tp), None, None
     raw = read_input(path, "trace", fix="record one on a GPU with `executor.profile` (README: The executor), "
                      "or build without --trace for the analytic model")
+    from schemas.snapshot import is_pickle, trace_from_snapshot  # only with a trace
+
     if is_pickle(raw):
         trace = trace_from_snapshot(raw, spec.phases, str(path))
     else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from importlib import resources
+from pathlib import Path
 from typing import Any, Optional
 
 import msgspec
@@ -33,8 +33,13 @@ __all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "backe
 _FILES = ("rules.toml", "backends.toml", "presets.toml")
 
 
+_DATA = Path(__file__).resolve().parent / "data"
+
+
 def data_bytes(name: str) -> bytes:
-    return resources.files("planner").joinpath("data").joinpath(name).read_bytes()
+    """The bytes of ``planner/data/NAME`` (next to this module: a plain file
+    read, without importlib.resources and the zip support it imports)."""
+    return (_DATA / name).read_bytes()
 
 
 @functools.cache

@@ -28,7 +28,6 @@ from schemas.errors import InputError
 from schemas.spec import Model, Phase
 from schemas.trace import CaptureTrace, Event, Trace
 
-from .fitting import fit_phase
 from .resources import Backend
 
 __all__ = ["Workload", "Program", "CARRY", "PHASE_KINDS", "PhaseKindModel", "analytic_program", "analytic_capture",
@@ -371,6 +370,8 @@ class Workload:
         """Index a recorded trace. A planned size the trace lacks is derived
         from the phase's recorded sizes (planner/fitting.py), or refused with
         the sizes to record."""
+        from .fitting import fit_phase  # only traces are fitted
+
         names = {p.name for p in phases}
         caps: dict[tuple[str, int], CaptureTrace] = {}
         for i, cap in enumerate(trace.captures):
