@@ -351,6 +351,19 @@ class PoolSim:
         """
         return (self.reserved, self.allocated, tuple(self._small), tuple(self._large))
 
+    def state(self) -> tuple:
+        """Everything the pool's future depends on while its allocated blocks stay allocated.
+
+        :meth:`free_state` plus where the next segment goes (native mode), each
+        expandable segment's mapped end, and the peaks. Allocated blocks are
+        absent on purpose: a block that is never freed is never merged, so its
+        boundaries change nothing. Two pools with equal ``state()`` answer
+        every later sequence of allocations (and frees of those allocations)
+        identically, addresses included.
+        """
+        tails = tuple(sorted((k, b.addr + b.size, b.free) for k, b in self._tails.items()))
+        return (self.free_state(), self._next_addr, tails, self.peak_reserved, self.peak_allocated)
+
     def free_lists(self) -> tuple:
         """Every free block as (stream, size, addr), small pool first: exact and O(n)."""
         return tuple(tuple((b.stream, b.size, b.addr) for k in lst for b in (self._blocks[k],))

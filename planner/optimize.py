@@ -29,7 +29,7 @@ from schemas.strategy import AXES, AXIS_VALUES
 from .allocator import mib
 from .resources import Backend
 from .rules import choice_label, satisfies, violated
-from .simulate import Simulation, pool_id
+from .simulate import Simulation, Tail, pool_id
 from .workload import Workload, workspace_bytes
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize"]
@@ -186,6 +186,7 @@ def optimize(pb: Problem) -> Solution:
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
     prefixes: dict[tuple, Simulation] = {}
+    tails: dict[tuple, Tail] = {}
 
     def simulate_pool(members: tuple[tuple[str, Strategy], ...]):
         # Descent varies one phase at a time: resume from the state after the
@@ -199,13 +200,24 @@ def optimize(pb: Problem) -> Solution:
         else:
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
             run = Simulation(pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
+        # Different strategies for a phase often leave its pool in the same
+        # state (outputs freed, the same segments): the phases after it then
+        # do exactly what they did before, so they are taken as recorded.
+        starts, hit = [], None
         for k in range(j, len(members)):
+            key = (members[k:], run.state())
+            hit = tails.get(key)
+            if hit is not None:
+                break
+            starts.append((key, run.mark()))
             n, st = members[k]
             for bs in sorted(captures_for[n], reverse=st.order == "largest-first"):
                 run.capture(n, bs, st)
             if k + 1 < len(members):
                 prefixes[members[:k + 1]] = run.copy()
-        return run.result()
+        for key, mark in starts:
+            tails[key] = run.since(mark) if hit is None else run.since(mark).then(hit)
+        return run.result() if hit is None else run.result_with(hit)
 
     def pool_cost(members: tuple[tuple[str, Strategy], ...]) -> tuple[int, int]:
         # Pools are independent: a freed block is only ever reused inside its

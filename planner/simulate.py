@@ -19,7 +19,7 @@ from schemas.plan import Strategy
 from .allocator import PoolSim
 from .workload import CARRY, Workload
 
-__all__ = ["SimResult", "Simulation", "simulate", "pool_id"]
+__all__ = ["SimResult", "Simulation", "Tail", "simulate", "pool_id"]
 
 
 def pool_id(phase: str, strategy: Strategy) -> str:
@@ -83,6 +83,34 @@ class Simulation:
         twin.outputs = list(self.outputs)
         twin.timeline = list(self.timeline)
         return twin
+
+    def state(self) -> tuple:
+        """What the rest of a run depends on: each pool's :meth:`PoolSim.state`
+        (later captures free only their own blocks) and the library still to place."""
+        return tuple(sorted((k, p.state()) for k, p in self.pools.items())), self.library_bytes
+
+    def mark(self) -> tuple[int, int, frozenset]:
+        """Where the run is now, for :meth:`since`."""
+        return len(self.timeline), len(self.outputs), frozenset(self.touched)
+
+    def since(self, mark: tuple[int, int, frozenset]) -> "Tail":
+        """What the captures after ``mark`` added, phases captured only after it.
+
+        From an equal :meth:`state`, the same captures add exactly this
+        again: the optimizer reuses it instead of simulating them.
+        """
+        t, o, keys = mark
+        return Tail(timeline=tuple(self.timeline[t:]), outputs=tuple(self.outputs[o:]),
+                    touched={k: _union(v) for k, v in self.touched.items() if k not in keys},
+                    pools={k: p.peak_reserved for k, p in self.pools.items()})
+
+    def result_with(self, tail: "Tail") -> SimResult:
+        """The result of this run followed by ``tail`` (recorded from an equal state)."""
+        timeline = self.timeline + list(tail.timeline)
+        pools = {**{k: p.peak_reserved for k, p in self.pools.items()}, **tail.pools}
+        return SimResult(pool_bytes=timeline[-1][0] if timeline else 0, pools=dict(sorted(pools.items())),
+                         after_capture=timeline,
+                         hazards=_overlaps({**self.touched, **tail.touched}, self.outputs + list(tail.outputs)))
 
     def capture(self, phase: str, bs: int, st: Strategy) -> None:
         """One capture of ``phase`` at ``bs`` under ``st``, into its pool."""
@@ -157,6 +185,27 @@ class Simulation:
         return SimResult(pool_bytes=timeline[-1][0] if timeline else 0,
                          pools={k: p.peak_reserved for k, p in sorted(self.pools.items())},
                          after_capture=list(timeline), hazards=_overlaps(self.touched, self.outputs))
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The captures after a :meth:`Simulation.mark`: their timeline entries,
+    protected outputs, touched spans (as unions, all that hazards need) and
+    the pools' peaks at the end."""
+
+    timeline: tuple
+    outputs: tuple
+    touched: dict
+    pools: dict
+
+    def then(self, later: "Tail") -> "Tail":
+        return Tail(self.timeline + later.timeline, self.outputs + later.outputs, {**self.touched, **later.touched},
+                    later.pools)
+
+
+def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    starts, ends = _merged(spans)
+    return list(zip(starts, ends))
 
 
 def _merged(spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
