@@ -187,7 +187,7 @@ class PoolSim:
         self.run(((nbytes, 0),), live, stream)
         return live[0]
 
-    def run(self, ops, live: dict, stream: int = 0, spans: list | None = None, watch=(),
+    def run(self, ops, live: dict, stream: int = 0, spans: set | None = None, watch=(),
             watched: list | None = None) -> None:
         """Allocate and free in order, on ``stream``: the allocator itself.
 
@@ -287,7 +287,7 @@ class PoolSim:
             live[eid] = block
             if spans is not None:
                 span = (block.addr, block.addr + block.size)
-                spans.append(span)
+                spans.add(span)
                 if eid in watch:
                     watched.append(span)
         self.allocated = allocated

@@ -72,14 +72,15 @@ class Simulation:
         self.workload, self.expandable, self.protect = workload, expandable, protect
         self.library_bytes = library_bytes
         self.pools: dict[str, PoolSim] = {}
-        self.touched: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (pool, phase) -> [(start, end)]
+        # (pool, phase) -> {(start, end)}: a set, as layers and captures reuse the same blocks
+        self.touched: dict[tuple[str, str], set[tuple[int, int]]] = {}
         self.outputs: list[tuple[str, str, int, int, int]] = []  # (pool, phase, bs, start, end)
         self.timeline: list[tuple[int, int]] = []
 
     def copy(self) -> "Simulation":
         twin = Simulation(self.workload, self.expandable, self.protect, self.library_bytes)
         twin.pools = {k: p.copy() for k, p in self.pools.items()}
-        twin.touched = {k: list(v) for k, v in self.touched.items()}
+        twin.touched = {k: set(v) for k, v in self.touched.items()}
         twin.outputs = list(self.outputs)
         twin.timeline = list(self.timeline)
         return twin
@@ -125,7 +126,7 @@ class Simulation:
         live: dict = {}  # allocation id -> Block
         run = pool.run
         if self.protect:
-            spans = self.touched.setdefault((pid, phase), [])
+            spans = self.touched.setdefault((pid, phase), set())
             outputs = [] if phase in self.protect else None
         else:
             spans = outputs = None
@@ -203,18 +204,19 @@ class Tail:
                     later.pools)
 
 
-def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _union(spans) -> set[tuple[int, int]]:
     starts, ends = _merged(spans)
-    return list(zip(starts, ends))
+    return set(zip(starts, ends))
 
 
-def _merged(spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+def _merged(spans) -> tuple[list[int], list[int]]:
     """Union of spans as parallel (starts, ends) lists, sorted and disjoint."""
     starts: list[int] = []
     ends: list[int] = []
     for a, b in sorted(spans):
         if ends and a <= ends[-1]:
-            ends[-1] = max(ends[-1], b)
+            if b > ends[-1]:
+                ends[-1] = b
         else:
             starts.append(a)
             ends.append(b)
