@@ -24,7 +24,7 @@ from schemas.limits import MODEL_MAX
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
 from schemas.spec import Phase, Spec
-from schemas.strategy import AXES
+from schemas.strategy import AXES, allocator_modes
 
 from . import resources
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
@@ -335,8 +335,9 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     if not output_path(opts).name:
         raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator
-    if allocator not in ("native", "expandable"):
-        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator", fix="use native or expandable")
+    if allocator not in allocator_modes():
+        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator",
+                         fix=f"use {' or '.join(allocator_modes())}")
     ctx = Context(backend=opts.backend, ci=opts.ci)
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
     rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}

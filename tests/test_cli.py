@@ -156,7 +156,7 @@ def test_bare_planner_help_version_and_debug(cli):
         cli("--debug", "build", "-b", "nope")
 
 
-def test_help_lists_arguments_and_shell_completion_offers_commands_and_backends(cli, monkeypatch):
+def test_help_lists_arguments_and_shell_completion_offers_commands_backends_and_pins(cli, monkeypatch):
     code, out, _ = cli("show", "-h")
     assert code == 0 and out.startswith("Usage: planner show [OPTIONS] {plan}")
     assert "Arguments:\n  plan <path>  Plan file.  [required]" in out
@@ -164,7 +164,13 @@ def test_help_lists_arguments_and_shell_completion_offers_commands_and_backends(
     assert code == 0 and "Attention backend: fa3, flashinfer, torch, triton" in " ".join(out.split())
     monkeypatch.setenv("_PLANNER_COMPLETE", "bash_complete")
     for words, cword, expected in (("planner build --backend f", "3", ["plain,fa3", "plain,flashinfer"]),
-                                   ("planner sh", "1", ["plain,show"])):
+                                   ("planner sh", "1", ["plain,show"]),
+                                   ("planner build -s ord", "3", ["plain,order=largest-first",
+                                                                  "plain,order=smallest-first"]),
+                                   ("planner build -s decode.outputs=", "3", ["plain,decode.outputs=keep",
+                                                                              "plain,decode.outputs=view"]),
+                                   ("planner build --speculative ''", "3", ["plain,eagle"]),
+                                   ("planner build --allocator e", "3", ["plain,expandable"])):
         monkeypatch.setenv("COMP_WORDS", words)
         monkeypatch.setenv("COMP_CWORD", cword)
         code, out, _ = cli()

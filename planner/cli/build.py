@@ -13,6 +13,25 @@ def _complete_backend(incomplete: str) -> list[str]:
     return [n for n in backend_names() if n.startswith(incomplete)]
 
 
+def _complete(what: str, incomplete: str) -> list[str]:
+    """Values of --speculative (presets.toml's [speculative] tables) or --allocator (schemas.strategy)."""
+    if what == "speculative":
+        from planner.specs import speculative_names as names
+    else:
+        from schemas.strategy import allocator_modes as names
+    return [n for n in names() if n.startswith(incomplete)]
+
+
+def _complete_strategy(incomplete: str) -> list[str]:
+    """``AXIS=VALUE`` pins (schemas.strategy.AXIS_VALUES); after ``PHASE.``, the same with that prefix."""
+    from schemas.strategy import AXIS_VALUES
+
+    phase, dot, rest = incomplete.rpartition(".")
+    head = phase + dot
+    return [head + f"{axis}={value}" for axis, values in AXIS_VALUES.items() for value in values
+            if f"{axis}={value}".startswith(rest)]
+
+
 class _BackendOption(click.Option):
     """``--backend``: its help names the backends of planner/data/backends.toml,
     read only when the help is shown (``planner --help`` reads no data)."""
@@ -29,13 +48,16 @@ class _BackendOption(click.Option):
         shell_complete=lambda ctx, param, incomplete: _complete_backend(incomplete))
 @option("--ci", is_flag=True, help="Apply the CI-only gates.")
 @option("--spec", type=PATH, metavar="path", help="Spec file (TOML or JSON); default: the embedded spec.")
-@option("--speculative", metavar="str", help="Add speculative phases: eagle.")
+@option("--speculative", metavar="str", help="Add speculative phases: eagle.",
+        shell_complete=lambda ctx, param, incomplete: _complete("speculative", incomplete))
 @option("--max-bs", type=int, metavar="int", help="Largest capture size of the embedded spec [256].")
 @option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory).")
-@option("--allocator", metavar="str", help="native or expandable segments.")
+@option("--allocator", metavar="str", help="native or expandable segments.",
+        shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete))
 @option("--trace", type=PATH, metavar="path", help="Allocation trace for exact predictions: executor.profile's "
         "JSON, or a torch.cuda.memory._dump_snapshot pickle.")
 @option("--strategy", "-s", "strategy", multiple=True, metavar="list[str]",
+        shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
         help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).")
 @option("-o", "--output", type=PATH, metavar="path", help="Plan path [plans/<backend>[-...][-ci].json].")
 @option("--exact", is_flag=True, help="Compare strategies on every size (default: phases with more than 64 sizes "
