@@ -296,9 +296,15 @@ def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
     assert a.result().hazards == whole.hazards
 
 
-def test_the_optimizer_reusing_recorded_tails_builds_what_it_builds_without(monkeypatch, built):
+def test_the_optimizer_reusing_recorded_tails_builds_what_it_builds_without(monkeypatch):
     from planner.simulate import Simulation
 
-    kw = dict(backend="fa3", ci=True, speculative="eagle")
+    opts = BuildOptions(backend="fa3", ci=True, speculative="eagle", max_bs=32)
+    reused = []
+    real = Simulation.result_with
+    monkeypatch.setattr(Simulation, "result_with", lambda self, tail: reused.append(tail) or real(self, tail))
+    with_reuse = plan_bytes(build_plan(opts))
+    assert reused  # tails were taken as recorded
     monkeypatch.setattr(Simulation, "state", lambda self: object())  # every state new: nothing reused
-    assert plan_bytes(build_plan(BuildOptions(**kw))) == plan_bytes(built(**kw))
+    reused.clear()
+    assert plan_bytes(build_plan(opts)) == with_reuse and not reused

@@ -19,8 +19,8 @@ def test_build_writes_the_default_plan_and_prints_a_summary(cli, tmp_path):
 
 
 def test_build_names_and_dry_run(cli, tmp_path):
-    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--ci")[0] == 0
-    assert (tmp_path / "plans/fa3-eagle-ci.json").exists()
+    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--ci", "--max-bs", "16")[0] == 0
+    assert (tmp_path / "plans/fa3-eagle-ci.json").exists()  # --max-bs is no part of the name
     code, out, _ = cli("build", "-b", "torch", "--dry-run")
     assert code == 0 and "(dry run, not written)" in out
     assert not (tmp_path / "plans/torch.json").exists()
@@ -200,9 +200,12 @@ def test_strategy_pin_breaking_a_rule(cli):
     assert code == 1 and "breaks rule warmup-per-shape for phase 'decode'" in err
 
 
-def test_show_explain_graph_simulate_schema(cli, tmp_path):
-    assert cli("build", "-b", "fa3", "--ci", "--speculative", "eagle")[0] == 0
-    plan = "plans/fa3-eagle-ci.json"
+def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
+    from planner import plan_bytes
+
+    plan = "plans/fa3-eagle-ci.json"  # the bytes `planner build -b fa3 --ci --speculative eagle` writes
+    (tmp_path / "plans").mkdir()
+    (tmp_path / plan).write_bytes(plan_bytes(built(backend="fa3", ci=True, speculative="eagle")))
     code, out, _ = cli("show", plan)
     assert code == 0 and "provision  target_verify  256" in out.replace("  ", "  ")
     code, out, _ = cli("explain", plan)
