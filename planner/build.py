@@ -12,7 +12,6 @@ the same bytes on any machine (tests/test_determinism.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -39,8 +38,7 @@ __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output
            "write_plan", "check_plan", "normalized_command", "command_for_cwd"]
 
 
-@dataclass(frozen=True)
-class BuildOptions:
+class BuildOptions(msgspec.Struct, frozen=True):
     """What ``planner build`` was asked. Paths are as given (relative to cwd)."""
 
     backend: str
@@ -276,8 +274,7 @@ def _memory(st: Strategy) -> tuple[str, ...]:
     return tuple(getattr(st, ax) for ax in MEMORY_AXES)
 
 
-@dataclass(frozen=True)
-class _Resolved:
+class _Resolved(msgspec.Struct, frozen=True):
     """Step 1 of a build: every input read, checked and matched to rules."""
 
     backend: resources.Backend
@@ -308,8 +305,7 @@ class _Resolved:
         return frozenset(p.name for p in self.spec.phases if p.output_lifetime == "across-phases")
 
 
-@dataclass(frozen=True)
-class _Ordered:
+class _Ordered(msgspec.Struct, frozen=True):
     """Step 3: the step graph of the chosen strategies and its canonical order."""
 
     graph: StepGraph
@@ -317,8 +313,7 @@ class _Ordered:
     steps: list[Step]
 
 
-@dataclass(frozen=True)
-class _Predicted:
+class _Predicted(msgspec.Struct, frozen=True):
     """Step 4: the plan's exact simulation and the engines' loop for comparison."""
 
     sim: SimResult

@@ -18,8 +18,8 @@ optimum otherwise. Every alternative it rejected is reported with its cost.
 
 from __future__ import annotations
 
+import msgspec
 import itertools
-from dataclasses import dataclass, field
 
 from schemas.errors import ConstraintError, InputError
 from schemas.plan import Alternative, Decision, Strategy
@@ -63,8 +63,7 @@ def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str,
     return out
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(msgspec.Struct, frozen=True):
     phases: list[Phase]
     #: capture order of the phases
     sequence: list[str]
@@ -82,14 +81,13 @@ class Problem:
     screen: int | None = SCREEN_SIZES
 
 
-@dataclass(frozen=True)
-class Solution:
+class Solution(msgspec.Struct, frozen=True):
     strategies: dict[str, Strategy]
     decisions: list[Decision]
     #: exact simulations already run of every phase in one pool at every size,
     #: by ((phase, strategy), ...): (captures, SimResult); the build reuses the
     #: chosen one instead of simulating it again
-    sims: dict = field(default_factory=dict)
+    sims: dict = msgspec.field(default_factory=dict)
 
 
 def _pinned(phase: str, pins: dict[str | None, dict[str, str]]) -> dict[str, str]:

@@ -10,8 +10,8 @@ the pool and change nothing here. A hoisted workspace is not in the pool.
 
 from __future__ import annotations
 
+import msgspec
 import bisect
-from dataclasses import dataclass
 from typing import Iterable
 
 from schemas.plan import Strategy
@@ -26,8 +26,7 @@ def pool_id(phase: str, strategy: Strategy) -> str:
     return "shared" if strategy.pool == "shared" else f"phase:{phase}"
 
 
-@dataclass(frozen=True)
-class SimResult:
+class SimResult(msgspec.Struct, frozen=True):
     #: peak reserved bytes of all pools together (reserved never falls)
     pool_bytes: int
     pools: dict[str, int]
@@ -188,8 +187,7 @@ class Simulation:
                          after_capture=list(timeline), hazards=_overlaps(self.touched, self.outputs))
 
 
-@dataclass(frozen=True)
-class Tail:
+class Tail(msgspec.Struct, frozen=True):
     """The captures after a :meth:`Simulation.mark`: their timeline entries,
     protected outputs, touched spans (as unions, all that hazards need) and
     the pools' peaks at the end."""

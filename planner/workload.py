@@ -20,6 +20,7 @@ differences beyond dividing heads and MLP by ``tp``.
 
 from __future__ import annotations
 
+import msgspec
 import functools
 from dataclasses import dataclass, field
 from typing import Callable
@@ -53,8 +54,7 @@ CARRY = -1
 Op = tuple  # (size or -1 for a free, id, kind)
 
 
-@dataclass(frozen=True)
-class Program:
+class Program(msgspec.Struct, frozen=True, dict=True):
     """One capture's allocations as the simulator runs them.
 
     ``prologue``, then ``body`` ``repeats`` times (one decoder layer), then
@@ -115,8 +115,7 @@ class Program:
         return out
 
 
-@dataclass(frozen=True)
-class _Runnable:
+class _Runnable(msgspec.Struct, frozen=True):
     prologue: tuple
     body: tuple
     epilogue: tuple
@@ -181,8 +180,7 @@ def _attention(ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: in
     return out
 
 
-@dataclass(frozen=True)
-class _Shape:
+class _Shape(msgspec.Struct, frozen=True):
     """Per-rank dimensions of one analytic program."""
 
     model: Model
@@ -309,8 +307,7 @@ def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
                    carry_in=None, carry_out=new_hidden)
 
 
-@dataclass(frozen=True)
-class PhaseKindModel:
+class PhaseKindModel(msgspec.Struct, frozen=True):
     """What the analytic model runs for one phase kind (``schemas.strategy.PhaseKind``)."""
 
     #: builds the capture's program: the target over every token
