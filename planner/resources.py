@@ -28,7 +28,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "backend", "backend_names", "rules_digest",
-           "Backend", "Workspace"]
+           "Backend", "BackendsFile", "Workspace"]
 
 _FILES = ("rules.toml", "backends.toml", "presets.toml")
 
@@ -92,6 +92,12 @@ class Backend(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lse: bool = False
     #: bytes per (token, head, head-dim element) of temporaries allocated and freed inside each call
     attention_temp_factor: float = 0.0
+
+
+class BackendsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``planner/data/backends.toml`` as a whole (its JSON Schema: ``planner schema backends``)."""
+
+    backends: dict[str, Backend]
 
 
 @functools.cache

@@ -221,7 +221,15 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
     assert code == 0 and "peak reserved" in out and (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     code, out, _ = cli("schema")
     schemas = json.loads(out)
-    assert set(schemas) == {"spec", "plan", "trace", "report"}
+    assert set(schemas) == {"spec", "plan", "trace", "report", "backends"}
+    from planner.schema import SCHEMAS
+
+    assert set(schemas) == set(SCHEMAS)
+    help_text = " ".join(cli("schema", "-h")[1].split())
+    assert all(f"{name}," in help_text or f"{name} or all" in help_text for name in SCHEMAS)  # help names each
+    code, out, _ = cli("schema", "backends")
+    backend = json.loads(out)["$defs"]["Backend"]
+    assert code == 0 and backend["additionalProperties"] is False and "attention_temp_factor" in backend["properties"]
     code, out, _ = cli("schema", "spec")
     assert code == 0 and "Spec" in json.loads(out)["$defs"]
     code, _, err = cli("schema", "nope")
