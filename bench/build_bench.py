@@ -1,15 +1,23 @@
 """Planner speed: wall time of the CLI and of builds as sizes grow.
 
 Measures (median of --repeat runs, wall clock, on this machine's CPU):
-  help            `planner --help` in a fresh process (import cost included)
-  build_default   `planner build --backend fa3 --ci --dry-run` in a fresh process
+  help              `planner --help` in a fresh process (import cost included)
+  build_default     `planner build --backend fa3 --ci --dry-run` in a fresh process
+  build_speculative `planner build --backend fa3 --ci --speculative eagle --dry-run` in a fresh process
   simulate_default  one simulation of the default plan's captures (in process)
-  optimize_spec   building the speculative preset (4 phases, all strategies)
-  load_plan       executor.load_plan of plans/fa3-ci.json (decode, digest, fingerprint check)
-  scale/N         a spec with N sizes in each of 4 phases (N = 35 .. 2048; 4 x 2048 is the most schemas/limits.py allows)
+  optimize_speculative  building the speculative preset in process (4 phases, all strategies)
+  load_plan         executor.load_plan of plans/fa3-ci.json (decode, digest, fingerprint check)
+  scale/N           a spec with N sizes in each of 4 phases, in process (N = 35 .. 2048; 4 x 2048
+                    is the most schemas/limits.py allows: 8,192 sizes in all)
+  exact_1024        the 1024 x 4 spec with --exact (strategies compared on every size), once
 
-Writes JSON with date and machine to bench/results/build-<date>.json.
-Run: python bench/build_bench.py [--repeat 5]
+The project's modules are byte-compiled first (what an installed package
+has; this workplace sets PYTHONDONTWRITEBYTECODE, so without this every
+fresh process would compile them again). The load average before and after
+is recorded: other jobs on a shared machine slow every figure.
+
+Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
+Run: python bench/build_bench.py [--repeat 5] [--tag NAME] [--no-exact]
 """
 
 from __future__ import annotations
@@ -60,7 +68,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--tag", default="", help="file name suffix: build-<date>-<tag>.json")
+    ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
     args = ap.parse_args()
+
+    import compileall
+
+    for pkg in ("planner", "schemas", "executor"):
+        compileall.compile_dir(str(ROOT / pkg), quiet=1)
 
     from planner import BuildOptions, build_plan
     from planner.simulate import simulate
@@ -70,9 +85,12 @@ def main() -> None:
 
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
-                            f"{platform.python_version()}", "repeat": args.repeat}
+                            f"{platform.python_version()}", "repeat": args.repeat,
+                 "bytecode": "compiled before timing", "loadavg_before": os.getloadavg()}
     res["help_s"] = _median(lambda: _cli("--help"), args.repeat)
     res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
+    res["build_speculative_s"] = _median(
+        lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat)
     plan = build_plan(BuildOptions(backend="fa3", ci=True))
     spec = default_spec()
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -91,10 +109,20 @@ def main() -> None:
         path = _scale_spec(n)
         res["scale"][str(n)] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)),
                                        max(1, args.repeat // 2))
+    if not args.no_exact:
+        path = _scale_spec(1024)
+        res["exact_1024_s"] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)), 1)
+    res["loadavg_after"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"build-{res['date'][:10]}.json").write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    name = f"build-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
+    (out / name).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
     print(json.dumps(res, indent=2, sort_keys=True))
+    scale = res["scale"]
+    print(f"{name}: default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
+          f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
+          f"{scale['2048']:.2f} s" + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else "")
+          + f"; load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f}")
 
 
 if __name__ == "__main__":
