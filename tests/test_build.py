@@ -257,7 +257,7 @@ def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
     assert reused and reused[-1] is not None
 
 
-@pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle", max_bs=32)])
+@pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle", max_bs=16)])
 def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch):
     import planner.build as build
 
@@ -304,7 +304,7 @@ def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
 def test_the_optimizer_reusing_recorded_tails_builds_what_it_builds_without(monkeypatch):
     from planner.simulate import Simulation
 
-    opts = BuildOptions(backend="fa3", ci=True, speculative="eagle", max_bs=32)
+    opts = BuildOptions(backend="fa3", ci=True, speculative="eagle", max_bs=16)
     reused = []
     real = Simulation.result_with
     monkeypatch.setattr(Simulation, "result_with", lambda self, tail: reused.append(tail) or real(self, tail))
