@@ -359,7 +359,8 @@ class PoolSim:
         absent on purpose: a block that is never freed is never merged, so its
         boundaries change nothing. Two pools with equal ``state()`` answer
         every later sequence of allocations (and frees of those allocations)
-        identically, addresses included.
+        identically, addresses included -- with the default addresses: an
+        ``addresses`` iterator's position is not part of the state.
         """
         tails = tuple(sorted((k, b.addr + b.size, b.free) for k, b in self._tails.items()))
         return (self.free_state(), self._next_addr, tails, self.peak_reserved, self.peak_allocated)
