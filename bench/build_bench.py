@@ -18,6 +18,7 @@ is recorded: other jobs on a shared machine slow every figure.
 
 Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
 Run: python bench/build_bench.py [--repeat 5] [--tag NAME] [--no-exact]
+     python bench/build_bench.py --python OTHER/bin/python --tag installed   (commands only, that installation)
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ def _median(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+PYTHON = sys.executable  # --python: time the commands with another installation
+
+
 def _cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "planner", *args], check=True, capture_output=True, cwd=tempfile.gettempdir())
+    subprocess.run([PYTHON, "-m", "planner", *args], check=True, capture_output=True, cwd=tempfile.gettempdir())
 
 
 def _scale_spec(n: int) -> Path:
@@ -70,7 +74,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--tag", default="", help="file name suffix: build-<date>-<tag>.json")
     ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
+    ap.add_argument("--python", help="time only the commands (help, builds), run by this interpreter: e.g. a "
+                    "virtual environment where `pip install .` installed capture-plan (no editable path finder)")
     args = ap.parse_args()
+    global PYTHON
+    PYTHON = args.python or sys.executable
 
     import compileall
 
@@ -91,6 +99,13 @@ def main() -> None:
     res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
     res["build_speculative_s"] = _median(
         lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat)
+    if args.python:
+        res["python"] = args.python
+        res["install"] = subprocess.run([PYTHON, "-c", "import planner, pathlib; print('editable' if pathlib.Path("
+                                         "planner.__file__).resolve().parent.parent.joinpath('.git').exists() "
+                                         "else 'installed')"], capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()
+        return _write(res, args, f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
+                      f"speculative {res['build_speculative_s']:.3f} s, help {res['help_s']:.3f} s")
     plan = build_plan(BuildOptions(backend="fa3", ci=True))
     spec = default_spec()
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -112,17 +127,20 @@ def main() -> None:
     if not args.no_exact:
         path = _scale_spec(1024)
         res["exact_1024_s"] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)), 1)
+    scale = res["scale"]
+    _write(res, args, f"default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
+           f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
+           f"{scale['2048']:.2f} s" + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else ""))
+
+
+def _write(res: dict, args, summary: str) -> None:
     res["loadavg_after"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"build-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
     (out / name).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
     print(json.dumps(res, indent=2, sort_keys=True))
-    scale = res["scale"]
-    print(f"{name}: default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
-          f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
-          f"{scale['2048']:.2f} s" + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else "")
-          + f"; load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f}")
+    print(f"{name}: {summary}; load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f}")
 
 
 if __name__ == "__main__":
