@@ -1,15 +1,24 @@
 """Planner speed: wall time of the CLI and of builds as sizes grow.
 
 Measures (median of --repeat runs, wall clock, on this machine's CPU):
-  help            `planner --help` in a fresh process (import cost included)
-  build_default   `planner build --backend fa3 --ci --dry-run` in a fresh process
+  help              `planner --help` in a fresh process (import cost included)
+  build_default     `planner build --backend fa3 --ci --dry-run` in a fresh process
+  build_speculative `planner build --backend fa3 --ci --speculative eagle --dry-run` in a fresh process
   simulate_default  one simulation of the default plan's captures (in process)
-  optimize_spec   building the speculative preset (4 phases, all strategies)
-  load_plan       executor.load_plan of plans/fa3-ci.json (decode, digest, fingerprint check)
-  scale/N         a spec with N sizes in each of 4 phases (N = 35 .. 2048; 4 x 2048 is the most schemas/limits.py allows)
+  optimize_speculative  building the speculative preset in process (4 phases, all strategies)
+  load_plan         executor.load_plan of plans/fa3-ci.json (decode, digest, fingerprint check)
+  scale/N           a spec with N sizes in each of 4 phases, in process (N = 35 .. 2048; 4 x 2048
+                    is the most schemas/limits.py allows: 8,192 sizes in all)
+  exact_1024        the 1024 x 4 spec with --exact (strategies compared on every size), once
 
-Writes JSON with date and machine to bench/results/build-<date>.json.
-Run: python bench/build_bench.py [--repeat 5]
+The project's modules are byte-compiled first (what an installed package
+has; this workplace sets PYTHONDONTWRITEBYTECODE, so without this every
+fresh process would compile them again). The load average before and after
+is recorded: other jobs on a shared machine slow every figure.
+
+Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
+Run: python bench/build_bench.py [--repeat 5] [--tag NAME] [--no-exact]
+     python bench/build_bench.py --python OTHER/bin/python --tag installed   (commands only, that installation)
 """
 
 from __future__ import annotations
@@ -39,8 +48,11 @@ def _median(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+PYTHON = sys.executable  # --python: time the commands with another installation
+
+
 def _cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "planner", *args], check=True, capture_output=True, cwd=tempfile.gettempdir())
+    subprocess.run([PYTHON, "-m", "planner", *args], check=True, capture_output=True, cwd=tempfile.gettempdir())
 
 
 def _scale_spec(n: int) -> Path:
@@ -60,7 +72,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--tag", default="", help="file name suffix: build-<date>-<tag>.json")
+    ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
+    ap.add_argument("--python", help="time only the commands (help, builds), run by this interpreter: e.g. a "
+                    "virtual environment where `pip install .` installed capture-plan (no editable path finder)")
     args = ap.parse_args()
+    global PYTHON
+    PYTHON = args.python or sys.executable
+
+    import compileall
+
+    for pkg in ("planner", "schemas", "executor"):
+        compileall.compile_dir(str(ROOT / pkg), quiet=1)
 
     from planner import BuildOptions, build_plan
     from planner.simulate import simulate
@@ -70,9 +93,19 @@ def main() -> None:
 
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
-                            f"{platform.python_version()}", "repeat": args.repeat}
+                            f"{platform.python_version()}", "repeat": args.repeat,
+                 "bytecode": "compiled before timing", "loadavg_before": os.getloadavg()}
     res["help_s"] = _median(lambda: _cli("--help"), args.repeat)
     res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
+    res["build_speculative_s"] = _median(
+        lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat)
+    if args.python:
+        res["python"] = args.python
+        res["install"] = subprocess.run([PYTHON, "-c", "import planner, pathlib; print('editable' if pathlib.Path("
+                                         "planner.__file__).resolve().parent.parent.joinpath('.git').exists() "
+                                         "else 'installed')"], capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()
+        return _write(res, args, f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
+                      f"speculative {res['build_speculative_s']:.3f} s, help {res['help_s']:.3f} s")
     plan = build_plan(BuildOptions(backend="fa3", ci=True))
     spec = default_spec()
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -91,10 +124,23 @@ def main() -> None:
         path = _scale_spec(n)
         res["scale"][str(n)] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)),
                                        max(1, args.repeat // 2))
+    if not args.no_exact:
+        path = _scale_spec(1024)
+        res["exact_1024_s"] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)), 1)
+    scale = res["scale"]
+    _write(res, args, f"default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
+           f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
+           f"{scale['2048']:.2f} s" + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else ""))
+
+
+def _write(res: dict, args, summary: str) -> None:
+    res["loadavg_after"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"build-{res['date'][:10]}.json").write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    name = f"build-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
+    (out / name).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
     print(json.dumps(res, indent=2, sort_keys=True))
+    print(f"{name}: {summary}; load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f}")
 
 
 if __name__ == "__main__":

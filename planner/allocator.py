@@ -182,41 +182,115 @@ class PoolSim:
 
     # -- the allocator -----------------------------------------------------
     def alloc(self, nbytes: int, stream: int = 0) -> Block:
-        size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + MIN_BLOCK - 1) & -MIN_BLOCK
-        small = size <= SMALL_SIZE
-        lst = self._small if small else self._large
-        i = bisect_left(lst, (stream << _STREAM_SHIFT) | (size << _SIZE_SHIFT))
-        if i < len(lst) and lst[i] >> _STREAM_SHIFT == stream:
-            # best fit: smallest adequate block, lowest address on ties; with
-            # expandable segments the free block at a segment's mapped end
-            # ranks last (get_free_block's expandable_size)
-            block = self._blocks[lst[i]]
-            if block.tail and i + 1 < len(lst) and lst[i + 1] >> _STREAM_SHIFT == stream:
-                i += 1
-                block = self._blocks[lst[i]]
-            del self._blocks[lst.pop(i)]
-        else:
-            block = self._grow(small, stream, size)
-        remaining = block.size - size
-        # should_split: with expandable segments both pools split at 512 B
-        if (remaining >= MIN_BLOCK) if (small or self.expandable) else (remaining > SMALL_SIZE):
-            nxt = block.next
-            rest = Block(block.addr + size, remaining, stream, small, block.segment, True, block, nxt, block.tail)
-            if nxt is not None:
-                nxt.prev = rest
-            block.next = rest
-            block.size = size
-            if block.tail:
-                block.tail = False
-                self._tails[(small, stream)] = rest
-            key = (stream << _STREAM_SHIFT) | (remaining << _SIZE_SHIFT) | rest.addr
-            self._blocks[key] = rest
-            insort(lst, key)
-        block.free = False
-        self.allocated += block.size
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-        return block
+        """Allocate ``nbytes`` on ``stream``; the block is the handle for :meth:`free`."""
+        live: dict = {}
+        self.run(((nbytes, 0),), live, stream)
+        return live[0]
+
+    def run(self, ops, live: dict, stream: int = 0, spans: set | None = None, watch=(),
+            watched: list | None = None) -> None:
+        """Allocate and free in order, on ``stream``: the allocator itself.
+
+        ``ops`` are ``(nbytes, id)`` pairs: ``nbytes >= 0`` allocates and
+        stores the block as ``live[id]``; a negative ``nbytes`` frees
+        ``live.pop(id)`` (nothing when ``id`` is not live). ``spans`` gets
+        ``(start, end)`` of every block allocated and, only then, ``watched``
+        the same for the ids in ``watch``, as allocated (for hazard checks).
+
+        get_free_block, the split of malloc, and free_block with
+        try_merge_blocks, inlined in one loop: this is the planner's inner
+        loop, and :meth:`alloc` and :meth:`free` are one-op calls of it, so
+        there is one implementation of the rules.
+        """
+        blocks = self._blocks
+        small_lst, large_lst = self._small, self._large
+        expandable = self.expandable
+        prefix = stream << _STREAM_SHIFT
+        allocated = self.allocated
+        for nbytes, eid in ops:
+            if nbytes < 0:
+                # free_block + try_merge_blocks. Neighbours in a segment share
+                # its block pool and stream, so one free list and one stream
+                # prefix serve all three blocks.
+                block = live.pop(eid, None)
+                if block is None:
+                    continue
+                if block.free:
+                    raise ValueError(f"double free of block at {block.addr:#x}")
+                block.free = True
+                allocated -= block.size
+                lst = small_lst if block.small else large_lst
+                bprefix = block.stream << _STREAM_SHIFT
+                nb = block.prev
+                if nb is not None and nb.free:
+                    key = bprefix | (nb.size << _SIZE_SHIFT) | nb.addr
+                    del lst[bisect_left(lst, key)]
+                    del blocks[key]
+                    block.addr = nb.addr
+                    block.size += nb.size
+                    block.prev = before = nb.prev
+                    if before is not None:
+                        before.next = block
+                    else:
+                        self._heads[block.segment] = block
+                nb = block.next
+                if nb is not None and nb.free:
+                    key = bprefix | (nb.size << _SIZE_SHIFT) | nb.addr
+                    del lst[bisect_left(lst, key)]
+                    del blocks[key]
+                    block.size += nb.size
+                    block.next = after = nb.next
+                    if after is not None:
+                        after.prev = block
+                    if nb.tail:
+                        block.tail = True
+                        self._tails[(block.small, block.stream)] = block
+                key = bprefix | (block.size << _SIZE_SHIFT) | block.addr
+                blocks[key] = block
+                insort(lst, key)
+                continue
+            # round_size, get_pool, get_free_block
+            size = MIN_BLOCK if nbytes < MIN_BLOCK else (nbytes + MIN_BLOCK - 1) & -MIN_BLOCK
+            small = size <= SMALL_SIZE
+            lst = small_lst if small else large_lst
+            i = bisect_left(lst, prefix | (size << _SIZE_SHIFT))
+            if i < len(lst) and lst[i] >> _STREAM_SHIFT == stream:
+                # best fit: smallest adequate block, lowest address on ties; with
+                # expandable segments the free block at a segment's mapped end
+                # ranks last (get_free_block's expandable_size)
+                block = blocks[lst[i]]
+                if block.tail and i + 1 < len(lst) and lst[i + 1] >> _STREAM_SHIFT == stream:
+                    i += 1
+                    block = blocks[lst[i]]
+                del blocks[lst.pop(i)]
+            else:
+                block = self._grow(small, stream, size)
+            remaining = block.size - size
+            # should_split: with expandable segments both pools split at 512 B
+            if (remaining >= MIN_BLOCK) if (small or expandable) else (remaining > SMALL_SIZE):
+                nxt = block.next
+                rest = Block(block.addr + size, remaining, stream, small, block.segment, True, block, nxt, block.tail)
+                if nxt is not None:
+                    nxt.prev = rest
+                block.next = rest
+                block.size = size
+                if block.tail:
+                    block.tail = False
+                    self._tails[(small, stream)] = rest
+                key = prefix | (remaining << _SIZE_SHIFT) | rest.addr
+                blocks[key] = rest
+                insort(lst, key)
+            block.free = False
+            allocated += block.size
+            if allocated > self.peak_allocated:
+                self.peak_allocated = allocated
+            live[eid] = block
+            if spans is not None:
+                span = (block.addr, block.addr + block.size)
+                spans.add(span)
+                if eid in watch:
+                    watched.append(span)
+        self.allocated = allocated
 
     def _grow(self, small: bool, stream: int, size: int) -> Block:
         if self.expandable:
@@ -277,49 +351,28 @@ class PoolSim:
         """
         return (self.reserved, self.allocated, tuple(self._small), tuple(self._large))
 
+    def state(self) -> tuple:
+        """Everything the pool's future depends on while its allocated blocks stay allocated.
+
+        :meth:`free_state` plus where the next segment goes (native mode), each
+        expandable segment's mapped end, and the peaks. Allocated blocks are
+        absent on purpose: a block that is never freed is never merged, so its
+        boundaries change nothing. Two pools with equal ``state()`` answer
+        every later sequence of allocations (and frees of those allocations)
+        identically, addresses included -- with the default addresses: an
+        ``addresses`` iterator's position is not part of the state.
+        """
+        tails = tuple(sorted((k, b.addr + b.size, b.free) for k, b in self._tails.items()))
+        return (self.free_state(), self._next_addr, tails, self.peak_reserved, self.peak_allocated)
+
     def free_lists(self) -> tuple:
         """Every free block as (stream, size, addr), small pool first: exact and O(n)."""
         return tuple(tuple((b.stream, b.size, b.addr) for k in lst for b in (self._blocks[k],))
                      for lst in (self._small, self._large))
 
     def free(self, block: Block) -> None:
-        # free_block + try_merge_blocks, inlined: this and alloc are the
-        # planner's inner loop. Neighbours in a segment share its block pool
-        # and stream, so one free list and one stream prefix serve all three.
-        if block.free:
-            raise ValueError(f"double free of block at {block.addr:#x}")
-        block.free = True
-        self.allocated -= block.size
-        blocks = self._blocks
-        lst = self._small if block.small else self._large
-        stream = block.stream << _STREAM_SHIFT
-        nb = block.prev
-        if nb is not None and nb.free:
-            key = stream | (nb.size << _SIZE_SHIFT) | nb.addr
-            del lst[bisect_left(lst, key)]
-            del blocks[key]
-            block.addr = nb.addr
-            block.size += nb.size
-            block.prev = before = nb.prev
-            if before is not None:
-                before.next = block
-            else:
-                self._heads[block.segment] = block
-        nb = block.next
-        if nb is not None and nb.free:
-            key = stream | (nb.size << _SIZE_SHIFT) | nb.addr
-            del lst[bisect_left(lst, key)]
-            del blocks[key]
-            block.size += nb.size
-            block.next = after = nb.next
-            if after is not None:
-                after.prev = block
-            if nb.tail:
-                block.tail = True
-                self._tails[(block.small, block.stream)] = block
-        key = stream | (block.size << _SIZE_SHIFT) | block.addr
-        blocks[key] = block
-        insort(lst, key)
+        """Free ``block`` (merging it with free neighbours); a double free raises ValueError."""
+        self.run(((-1, 0),), {0: block}, block.stream)
 
     def copy(self) -> "PoolSim":
         """An independent pool in the same state (blocks copied, O(blocks)).

@@ -12,7 +12,6 @@ the same bytes on any machine (tests/test_determinism.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -21,14 +20,12 @@ from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha2
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import read_input, write_atomic
 from schemas.limits import MODEL_MAX
-from schemas.snapshot import is_pickle, trace_from_snapshot
 from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
 from schemas.spec import Phase, Spec
-from schemas.strategy import AXES
+from schemas.strategy import AXES, allocator_modes
 
 from . import resources
-from .hf_config import read_model_config
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .allocator import mib
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
@@ -41,8 +38,7 @@ __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output
            "write_plan", "check_plan", "normalized_command", "command_for_cwd"]
 
 
-@dataclass(frozen=True)
-class BuildOptions:
+class BuildOptions(msgspec.Struct, frozen=True):
     """What ``planner build`` was asked. Paths are as given (relative to cwd)."""
 
     backend: str
@@ -129,6 +125,8 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]
         if opts.speculative or opts.max_bs is not None:
             raise InputError("--speculative and --max-bs shape the embedded default spec; "
                              "with --spec, write the phases in the spec file", where="--spec")
+        from .hf_config import read_model_config  # only specs from files name a model config
+
         raw = read_spec_file(opts.spec)
         spec = decode_spec(raw, str(opts.spec))
         base = output_path(opts).parent
@@ -179,6 +177,8 @@ def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: in
         return Workload.analytic(spec.model, spec.phases, backend, tp), None, None
     raw = read_input(path, "trace", fix="record one on a GPU with `executor.profile` (README: The executor), "
                      "or build without --trace for the analytic model")
+    from schemas.snapshot import is_pickle, trace_from_snapshot  # only with a trace
+
     if is_pickle(raw):
         trace = trace_from_snapshot(raw, spec.phases, str(path))
     else:
@@ -274,8 +274,7 @@ def _memory(st: Strategy) -> tuple[str, ...]:
     return tuple(getattr(st, ax) for ax in MEMORY_AXES)
 
 
-@dataclass(frozen=True)
-class _Resolved:
+class _Resolved(msgspec.Struct, frozen=True):
     """Step 1 of a build: every input read, checked and matched to rules."""
 
     backend: resources.Backend
@@ -306,8 +305,7 @@ class _Resolved:
         return frozenset(p.name for p in self.spec.phases if p.output_lifetime == "across-phases")
 
 
-@dataclass(frozen=True)
-class _Ordered:
+class _Ordered(msgspec.Struct, frozen=True):
     """Step 3: the step graph of the chosen strategies and its canonical order."""
 
     graph: StepGraph
@@ -315,8 +313,7 @@ class _Ordered:
     steps: list[Step]
 
 
-@dataclass(frozen=True)
-class _Predicted:
+class _Predicted(msgspec.Struct, frozen=True):
     """Step 4: the plan's exact simulation and the engines' loop for comparison."""
 
     sim: SimResult
@@ -333,8 +330,9 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     if not output_path(opts).name:
         raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator
-    if allocator not in ("native", "expandable"):
-        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator", fix="use native or expandable")
+    if allocator not in allocator_modes():
+        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator",
+                         fix=f"use {' or '.join(allocator_modes())}")
     ctx = Context(backend=opts.backend, ci=opts.ci)
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
     rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}

@@ -18,8 +18,8 @@ optimum otherwise. Every alternative it rejected is reported with its cost.
 
 from __future__ import annotations
 
+import msgspec
 import itertools
-from dataclasses import dataclass, field
 
 from schemas.errors import ConstraintError, InputError
 from schemas.plan import Alternative, Decision, Strategy
@@ -29,7 +29,7 @@ from schemas.strategy import AXES, AXIS_VALUES
 from .allocator import mib
 from .resources import Backend
 from .rules import choice_label, satisfies, violated
-from .simulate import Simulation, pool_id
+from .simulate import Simulation, Tail, pool_id
 from .workload import Workload, workspace_bytes
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize"]
@@ -63,8 +63,7 @@ def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str,
     return out
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(msgspec.Struct, frozen=True):
     phases: list[Phase]
     #: capture order of the phases
     sequence: list[str]
@@ -82,14 +81,13 @@ class Problem:
     screen: int | None = SCREEN_SIZES
 
 
-@dataclass(frozen=True)
-class Solution:
+class Solution(msgspec.Struct, frozen=True):
     strategies: dict[str, Strategy]
     decisions: list[Decision]
     #: exact simulations already run of every phase in one pool at every size,
     #: by ((phase, strategy), ...): (captures, SimResult); the build reuses the
     #: chosen one instead of simulating it again
-    sims: dict = field(default_factory=dict)
+    sims: dict = msgspec.field(default_factory=dict)
 
 
 def _pinned(phase: str, pins: dict[str | None, dict[str, str]]) -> dict[str, str]:
@@ -186,6 +184,7 @@ def optimize(pb: Problem) -> Solution:
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
     prefixes: dict[tuple, Simulation] = {}
+    tails: dict[tuple, Tail] = {}
 
     def simulate_pool(members: tuple[tuple[str, Strategy], ...]):
         # Descent varies one phase at a time: resume from the state after the
@@ -199,13 +198,24 @@ def optimize(pb: Problem) -> Solution:
         else:
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
             run = Simulation(pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
+        # Different strategies for a phase often leave its pool in the same
+        # state (outputs freed, the same segments): the phases after it then
+        # do exactly what they did before, so they are taken as recorded.
+        starts, hit = [], None
         for k in range(j, len(members)):
+            key = (members[k:], run.state())
+            hit = tails.get(key)
+            if hit is not None:
+                break
+            starts.append((key, run.mark()))
             n, st = members[k]
             for bs in sorted(captures_for[n], reverse=st.order == "largest-first"):
                 run.capture(n, bs, st)
             if k + 1 < len(members):
                 prefixes[members[:k + 1]] = run.copy()
-        return run.result()
+        for key, mark in starts:
+            tails[key] = run.since(mark) if hit is None else run.since(mark).then(hit)
+        return run.result() if hit is None else run.result_with(hit)
 
     def pool_cost(members: tuple[tuple[str, Strategy], ...]) -> tuple[int, int]:
         # Pools are independent: a freed block is only ever reused inside its

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from importlib import resources
+from pathlib import Path
 from typing import Any, Optional
 
 import msgspec
@@ -28,13 +28,18 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "backend", "backend_names", "rules_digest",
-           "Backend", "Workspace"]
+           "Backend", "BackendsFile", "Workspace"]
 
 _FILES = ("rules.toml", "backends.toml", "presets.toml")
 
 
+_DATA = Path(__file__).resolve().parent / "data"
+
+
 def data_bytes(name: str) -> bytes:
-    return resources.files("planner").joinpath("data").joinpath(name).read_bytes()
+    """The bytes of ``planner/data/NAME`` (next to this module: a plain file
+    read, without importlib.resources and the zip support it imports)."""
+    return (_DATA / name).read_bytes()
 
 
 @functools.cache
@@ -87,6 +92,12 @@ class Backend(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lse: bool = False
     #: bytes per (token, head, head-dim element) of temporaries allocated and freed inside each call
     attention_temp_factor: float = 0.0
+
+
+class BackendsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``planner/data/backends.toml`` as a whole (its JSON Schema: ``planner schema backends``)."""
+
+    backends: dict[str, Backend]
 
 
 @functools.cache

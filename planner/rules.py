@@ -8,7 +8,7 @@ can express.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from schemas.plan import Strategy
 from schemas.spec import Choice, Phase, Rule
@@ -17,8 +17,7 @@ from schemas.strategy import AXES
 __all__ = ["Context", "applies", "satisfies", "violated", "choice_label", "phase_rules"]
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(msgspec.Struct, frozen=True):
     """The build options a rule's ``when`` can test."""
 
     backend: str

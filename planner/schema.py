@@ -1,4 +1,4 @@
-"""JSON Schemas of the shared types, for editors and reviewers."""
+"""JSON Schemas of the shared types and the planner's data files, for editors and reviewers."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from schemas.report import CaptureReport
 from schemas.spec import Spec
 from schemas.trace import Trace
 
-__all__ = ["json_schema"]
+from .resources import BackendsFile
 
-_TYPES = {"spec": Spec, "plan": Plan, "trace": Trace, "report": CaptureReport}
+__all__ = ["json_schema", "SCHEMAS"]
+
+_TYPES = {"spec": Spec, "plan": Plan, "trace": Trace, "report": CaptureReport, "backends": BackendsFile}
+#: what ``planner schema`` prints
+SCHEMAS = tuple(_TYPES)
 
 
 def json_schema(which: str = "all") -> str:

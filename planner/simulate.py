@@ -10,8 +10,8 @@ the pool and change nothing here. A hoisted workspace is not in the pool.
 
 from __future__ import annotations
 
+import msgspec
 import bisect
-from dataclasses import dataclass
 from typing import Iterable
 
 from schemas.plan import Strategy
@@ -19,15 +19,14 @@ from schemas.plan import Strategy
 from .allocator import PoolSim
 from .workload import CARRY, Workload
 
-__all__ = ["SimResult", "Simulation", "simulate", "pool_id"]
+__all__ = ["SimResult", "Simulation", "Tail", "simulate", "pool_id"]
 
 
 def pool_id(phase: str, strategy: Strategy) -> str:
     return "shared" if strategy.pool == "shared" else f"phase:{phase}"
 
 
-@dataclass(frozen=True)
-class SimResult:
+class SimResult(msgspec.Struct, frozen=True):
     #: peak reserved bytes of all pools together (reserved never falls)
     pool_bytes: int
     pools: dict[str, int]
@@ -72,17 +71,46 @@ class Simulation:
         self.workload, self.expandable, self.protect = workload, expandable, protect
         self.library_bytes = library_bytes
         self.pools: dict[str, PoolSim] = {}
-        self.touched: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (pool, phase) -> [(start, end)]
+        # (pool, phase) -> {(start, end)}: a set, as layers and captures reuse the same blocks
+        self.touched: dict[tuple[str, str], set[tuple[int, int]]] = {}
         self.outputs: list[tuple[str, str, int, int, int]] = []  # (pool, phase, bs, start, end)
         self.timeline: list[tuple[int, int]] = []
 
     def copy(self) -> "Simulation":
         twin = Simulation(self.workload, self.expandable, self.protect, self.library_bytes)
         twin.pools = {k: p.copy() for k, p in self.pools.items()}
-        twin.touched = {k: list(v) for k, v in self.touched.items()}
+        twin.touched = {k: set(v) for k, v in self.touched.items()}
         twin.outputs = list(self.outputs)
         twin.timeline = list(self.timeline)
         return twin
+
+    def state(self) -> tuple:
+        """What the rest of a run depends on: each pool's :meth:`PoolSim.state`
+        (later captures free only their own blocks) and the library still to place."""
+        return tuple(sorted((k, p.state()) for k, p in self.pools.items())), self.library_bytes
+
+    def mark(self) -> tuple[int, int, frozenset]:
+        """Where the run is now, for :meth:`since`."""
+        return len(self.timeline), len(self.outputs), frozenset(self.touched)
+
+    def since(self, mark: tuple[int, int, frozenset]) -> "Tail":
+        """What the captures after ``mark`` added, phases captured only after it.
+
+        From an equal :meth:`state`, the same captures add exactly this
+        again: the optimizer reuses it instead of simulating them.
+        """
+        t, o, keys = mark
+        return Tail(timeline=tuple(self.timeline[t:]), outputs=tuple(self.outputs[o:]),
+                    touched={k: _union(v) for k, v in self.touched.items() if k not in keys},
+                    pools={k: p.peak_reserved for k, p in self.pools.items()})
+
+    def result_with(self, tail: "Tail") -> SimResult:
+        """The result of this run followed by ``tail`` (recorded from an equal state)."""
+        timeline = self.timeline + list(tail.timeline)
+        pools = {**{k: p.peak_reserved for k, p in self.pools.items()}, **tail.pools}
+        return SimResult(pool_bytes=timeline[-1][0] if timeline else 0, pools=dict(sorted(pools.items())),
+                         after_capture=timeline,
+                         hazards=_overlaps({**self.touched, **tail.touched}, self.outputs + list(tail.outputs)))
 
     def capture(self, phase: str, bs: int, st: Strategy) -> None:
         """One capture of ``phase`` at ``bs`` under ``st``, into its pool."""
@@ -94,34 +122,24 @@ class Simulation:
         if self.library_bytes:
             pool.alloc(self.library_bytes)  # never freed
             self.library_bytes = 0
-        live: dict[int, tuple[object, str]] = {}
-        alloc, free = pool.alloc, pool.free
+        live: dict = {}  # allocation id -> Block
+        run = pool.run
         if self.protect:
-            spans = self.touched.setdefault((pid, phase), [])
-            outputs = self.outputs if phase in self.protect else None
+            spans = self.touched.setdefault((pid, phase), set())
+            outputs = [] if phase in self.protect else None
         else:
             spans = outputs = None
 
-        def run(ops) -> None:
-            for size, eid, kind in ops:
-                if size < 0:
-                    entry = live.pop(eid, None)
-                    if entry is not None:
-                        free(entry[0])
-                    continue
-                block = alloc(size)
-                live[eid] = (block, kind)
-                if spans is not None:
-                    spans.append((block.addr, block.addr + block.size))
-                    if outputs is not None and kind == "output":
-                        outputs.append((pid, phase, bs, block.addr, block.addr + block.size))
-
         prog = self.workload.program(phase, bs, hoisted=st.workspace == "hoisted")
-        run(prog.prologue)
+        code = prog.runnable
+        watch = outputs is not None  # record protected outputs where they are allocated
+        run(code.prologue, live, 0, spans, code.prologue_outputs if watch else (), outputs)
+        carried_kind = None  # the kind of the block under CARRY
         if prog.repeats:
             carried = live.pop(prog.carry_in) if prog.carry_in is not None else None
-            seen: dict[tuple, int] = {}
+            seen: dict[tuple, int] | None = {}
             i = 0
+            body = code.body
             while i < prog.repeats:
                 # The allocator is deterministic: once the state after a layer
                 # recurs, the layers in between repeat forever. Skip whole
@@ -131,26 +149,35 @@ class Simulation:
                 # `allocated`), so the free lists (compared exactly, see
                 # PoolSim.free_state) and that block pin the state.
                 if seen is not None:
-                    sig = (pool.free_state(), carried[0].addr if carried is not None else -1)
+                    sig = (pool.free_state(), carried.addr if carried is not None else -1)
                     if sig in seen:
                         period = i - seen[sig]
                         i += (prog.repeats - i) // period * period
                         seen = None
                         continue
                     seen[sig] = i
-                live[CARRY] = carried
-                run(prog.body)
+                if carried is not None:
+                    live[CARRY] = carried
+                run(body, live, 0, spans, code.body_outputs if watch else (), outputs)
                 carried = live.pop(prog.carry_out)
                 i += 1
+            carried_kind = code.kinds[prog.carry_out]
             if prog.carry_kind is not None:  # the step returns what the last repetition carries out
-                carried = (carried[0], prog.carry_kind)
+                carried_kind = prog.carry_kind
                 if outputs is not None and prog.carry_kind == "output":
-                    outputs.append((pid, phase, bs, carried[0].addr, carried[0].addr + carried[0].size))
+                    outputs.append((carried.addr, carried.addr + carried.size))
             live[CARRY] = carried
-        run(prog.epilogue)
-        for block, kind in live.values():
-            if kind == "temp" or kind == "workspace" or (kind == "output" and st.outputs == "view"):
-                free(block)
+        run(code.epilogue, live, 0, spans, code.epilogue_outputs if watch else (), outputs)
+        if outputs:
+            self.outputs.extend((pid, phase, bs, start, end) for start, end in outputs)
+        kinds = code.kinds
+        view = st.outputs == "view"
+        ends = []  # at the end of the capture: temporaries, and outputs held through views
+        for eid in live:
+            kind = carried_kind if eid == CARRY else kinds[eid]
+            if kind == "temp" or kind == "workspace" or (kind == "output" and view):
+                ends.append((-1, eid))
+        run(ends, live)
         self.timeline.append((sum(p.reserved for p in pools.values()), sum(p.allocated for p in pools.values())))
 
     def result(self) -> SimResult:
@@ -160,13 +187,34 @@ class Simulation:
                          after_capture=list(timeline), hazards=_overlaps(self.touched, self.outputs))
 
 
-def _merged(spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+class Tail(msgspec.Struct, frozen=True):
+    """The captures after a :meth:`Simulation.mark`: their timeline entries,
+    protected outputs, touched spans (as unions, all that hazards need) and
+    the pools' peaks at the end."""
+
+    timeline: tuple
+    outputs: tuple
+    touched: dict
+    pools: dict
+
+    def then(self, later: "Tail") -> "Tail":
+        return Tail(self.timeline + later.timeline, self.outputs + later.outputs, {**self.touched, **later.touched},
+                    later.pools)
+
+
+def _union(spans) -> set[tuple[int, int]]:
+    starts, ends = _merged(spans)
+    return set(zip(starts, ends))
+
+
+def _merged(spans) -> tuple[list[int], list[int]]:
     """Union of spans as parallel (starts, ends) lists, sorted and disjoint."""
     starts: list[int] = []
     ends: list[int] = []
     for a, b in sorted(spans):
         if ends and a <= ends[-1]:
-            ends[-1] = max(ends[-1], b)
+            if b > ends[-1]:
+                ends[-1] = b
         else:
             starts.append(a)
             ends.append(b)

@@ -13,10 +13,14 @@ from schemas.spec import Model, Phase, Spec
 
 from .resources import data
 
-__all__ = ["sgl_sizes", "default_spec", "read_spec_file", "SPECULATIVE", "DEFAULT_MAX_BS"]
+__all__ = ["sgl_sizes", "default_spec", "read_spec_file", "speculative_names", "DEFAULT_MAX_BS"]
 
 DEFAULT_MAX_BS = 256
-SPECULATIVE = ("eagle",)
+
+
+def speculative_names() -> list[str]:
+    """The ``--speculative`` algorithms: the ``[speculative.NAME]`` tables of presets.toml."""
+    return sorted(data("presets.toml")["speculative"])
 
 
 def sgl_sizes(preset: str, max_bs: int) -> list[int]:
@@ -49,9 +53,9 @@ def default_spec(speculative: str | None = None, max_bs: int = DEFAULT_MAX_BS) -
         phases = [Phase(name="decode", kind="decode", sizes=sizes)]
         return validate_spec(Spec(name="default", model=model, phases=phases),
                              f"embedded default spec (--max-bs {max_bs})")
-    if speculative not in SPECULATIVE:
+    if speculative not in speculative_names():
         raise InputError(f"unknown speculative algorithm {speculative!r}", where="--speculative",
-                         fix=f"use one of {', '.join(SPECULATIVE)}")
+                         fix=f"use one of {', '.join(speculative_names())}")
     sizes = sgl_sizes("speculative", max_bs)
     phases = [Phase(name="decode", kind="decode", sizes=sizes)]
     for extra in presets["speculative"][speculative]["phases"]:

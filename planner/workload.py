@@ -20,6 +20,8 @@ differences beyond dividing heads and MLP by ``tp``.
 
 from __future__ import annotations
 
+import msgspec
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -27,7 +29,6 @@ from schemas.errors import InputError
 from schemas.spec import Model, Phase
 from schemas.trace import CaptureTrace, Event, Trace
 
-from .fitting import fit_phase
 from .resources import Backend
 
 __all__ = ["Workload", "Program", "CARRY", "PHASE_KINDS", "PhaseKindModel", "analytic_program", "analytic_capture",
@@ -53,8 +54,7 @@ CARRY = -1
 Op = tuple  # (size or -1 for a free, id, kind)
 
 
-@dataclass(frozen=True)
-class Program:
+class Program(msgspec.Struct, frozen=True, dict=True):
     """One capture's allocations as the simulator runs them.
 
     ``prologue``, then ``body`` ``repeats`` times (one decoder layer), then
@@ -76,6 +76,16 @@ class Program:
     carry_in: int | None = CARRY
     carry_out: int = CARRY
     carry_kind: str | None = None
+
+    @functools.cached_property
+    def runnable(self) -> "_Runnable":
+        """The sections as :meth:`planner.allocator.PoolSim.run` takes them, and each id's kind."""
+        kinds = {i: kind for section in (self.prologue, self.body, self.epilogue) for size, i, kind in section
+                 if size >= 0}
+        pairs = [tuple((size, i) for size, i, _ in section) for section in (self.prologue, self.body, self.epilogue)]
+        outputs = [frozenset(i for size, i, kind in section if size >= 0 and kind == "output")
+                   for section in (self.prologue, self.body, self.epilogue)]
+        return _Runnable(*pairs, kinds, *outputs)
 
     def flatten(self) -> list[Event]:
         """Every event in order, with ids made unique (for tests and inspection)."""
@@ -103,6 +113,17 @@ class Program:
             out[at[ids[carried]]] = Event(op="alloc", id=e.id, size=e.size, kind=self.carry_kind)
         emit(self.epilogue, lambda i, c=carried: c if i == CARRY else ("e", i))
         return out
+
+
+class _Runnable(msgspec.Struct, frozen=True):
+    prologue: tuple
+    body: tuple
+    epilogue: tuple
+    #: allocation id -> kind ("temp", "output", "workspace", "library")
+    kinds: dict
+    prologue_outputs: frozenset
+    body_outputs: frozenset
+    epilogue_outputs: frozenset
 
 
 class _Ops:
@@ -159,8 +180,7 @@ def _attention(ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: in
     return out
 
 
-@dataclass(frozen=True)
-class _Shape:
+class _Shape(msgspec.Struct, frozen=True):
     """Per-rank dimensions of one analytic program."""
 
     model: Model
@@ -287,8 +307,7 @@ def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
                    carry_in=None, carry_out=new_hidden)
 
 
-@dataclass(frozen=True)
-class PhaseKindModel:
+class PhaseKindModel(msgspec.Struct, frozen=True):
     """What the analytic model runs for one phase kind (``schemas.strategy.PhaseKind``)."""
 
     #: builds the capture's program: the target over every token
@@ -348,6 +367,8 @@ class Workload:
         """Index a recorded trace. A planned size the trace lacks is derived
         from the phase's recorded sizes (planner/fitting.py), or refused with
         the sizes to record."""
+        from .fitting import fit_phase  # only traces are fitted
+
         names = {p.name for p in phases}
         caps: dict[tuple[str, int], CaptureTrace] = {}
         for i, cap in enumerate(trace.captures):

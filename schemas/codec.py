@@ -9,7 +9,6 @@ be checked for tampering or truncation without knowing how it was built.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import sys
 from pathlib import PurePath
@@ -230,6 +229,8 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
 def _no_duplicate_keys(data: bytes, source: str, kind: str) -> None:
     if b'"' not in data:
         return
+    import json  # only JSON inputs are read back this way (a build of the embedded spec reads none)
+
     try:
         json.loads(data, object_pairs_hook=_dup_keys, parse_constant=float)
     except _Duplicate as dup:

@@ -6,11 +6,11 @@ diffable; adding a value is a new plan revision.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 __all__ = [
     "Order", "Outputs", "Workspace", "PoolMode", "Warmup", "PhaseKind",
-    "OutputLifetime", "AllocatorMode", "AXES", "AXIS_VALUES",
+    "OutputLifetime", "AllocatorMode", "AXES", "AXIS_VALUES", "allocator_modes",
 ]
 
 #: Capture order of the sizes inside one phase.
@@ -33,10 +33,12 @@ OutputLifetime = Literal["next-replay", "across-phases"]
 AllocatorMode = Literal["native", "expandable"]
 
 AXES = ("order", "outputs", "workspace", "pool", "warmup")
+#: each axis's values, read from its type above (one source for the plan
+#: schema, the optimizer's candidates, --strategy checks and shell completion)
 AXIS_VALUES: dict[str, tuple[str, ...]] = {
-    "order": ("largest-first", "smallest-first"),
-    "outputs": ("keep", "view"),
-    "workspace": ("pool", "hoisted"),
-    "pool": ("shared", "own"),
-    "warmup": ("every-size", "once-per-phase"),
-}
+    axis: get_args(values) for axis, values in zip(AXES, (Order, Outputs, Workspace, PoolMode, Warmup))}
+
+
+def allocator_modes() -> tuple[str, ...]:
+    """The allocator modes a spec or ``--allocator`` may name."""
+    return get_args(AllocatorMode)

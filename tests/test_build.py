@@ -257,9 +257,59 @@ def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
     assert reused and reused[-1] is not None
 
 
-@pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle")])
-def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch, built):
+@pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle", max_bs=16)])
+def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch):
     import planner.build as build
 
+    reused = []
+    real = build._reused_bytes
+    monkeypatch.setattr(build, "_reused_bytes", lambda *a: reused.append(real(*a)) or reused[-1])
+    reference = plan_bytes(build_plan(BuildOptions(**kw)))
+    assert reused and reused[-1] is not None  # the reference took the optimizer's simulation
     monkeypatch.setattr(build, "_reused_bytes", lambda *a: None)  # always simulate the engines' loop
-    assert plan_bytes(build_plan(BuildOptions(**kw))) == plan_bytes(built(**kw))
+    assert plan_bytes(build_plan(BuildOptions(**kw))) == reference
+
+
+def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
+    """Simulation.since/result_with: what the optimizer reuses when a phase leaves its pool as before."""
+    from planner.simulate import Simulation, simulate
+    from schemas.plan import Strategy
+    from planner.specs import default_spec
+    from planner.workload import Workload
+    from planner.resources import backend
+
+    spec = default_spec("eagle")
+    wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
+    first, *rest = [p.name for p in spec.phases]
+    view, keep = Strategy(outputs="view"), Strategy(outputs="keep")
+    strategies = {first: view, **{n: keep for n in rest}}
+    later = [(n, bs) for n in rest for bs in (64, 8, 16)]
+    protect = frozenset({rest[0]})
+    runs = []
+    for head in ([256, 248], [256, 4, 2]):  # different captures of the first phase, the same segments left
+        run = Simulation(wl, protect=protect)
+        for bs in head:
+            run.capture(first, bs, view)
+        runs.append(run)
+    a, b = runs
+    assert a.state() == b.state() and a.timeline != b.timeline
+    mark = a.mark()
+    for phase, bs in later:
+        a.capture(phase, bs, strategies[phase])
+    whole = simulate([(first, 256), (first, 4), (first, 2)] + later, strategies, wl, protect=protect)
+    assert b.result_with(a.since(mark)) == whole
+    assert a.result().hazards == whole.hazards
+
+
+def test_the_optimizer_reusing_recorded_tails_builds_what_it_builds_without(monkeypatch):
+    from planner.simulate import Simulation
+
+    opts = BuildOptions(backend="fa3", ci=True, speculative="eagle", max_bs=16)
+    reused = []
+    real = Simulation.result_with
+    monkeypatch.setattr(Simulation, "result_with", lambda self, tail: reused.append(tail) or real(self, tail))
+    with_reuse = plan_bytes(build_plan(opts))
+    assert reused  # tails were taken as recorded
+    monkeypatch.setattr(Simulation, "state", lambda self: object())  # every state new: nothing reused
+    reused.clear()
+    assert plan_bytes(build_plan(opts)) == with_reuse and not reused

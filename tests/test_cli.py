@@ -19,8 +19,8 @@ def test_build_writes_the_default_plan_and_prints_a_summary(cli, tmp_path):
 
 
 def test_build_names_and_dry_run(cli, tmp_path):
-    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--ci")[0] == 0
-    assert (tmp_path / "plans/fa3-eagle-ci.json").exists()
+    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--ci", "--max-bs", "16")[0] == 0
+    assert (tmp_path / "plans/fa3-eagle-ci.json").exists()  # --max-bs is no part of the name
     code, out, _ = cli("build", "-b", "torch", "--dry-run")
     assert code == 0 and "(dry run, not written)" in out
     assert not (tmp_path / "plans/torch.json").exists()
@@ -156,6 +156,27 @@ def test_bare_planner_help_version_and_debug(cli):
         cli("--debug", "build", "-b", "nope")
 
 
+def test_help_lists_arguments_and_shell_completion_offers_commands_backends_and_pins(cli, monkeypatch):
+    code, out, _ = cli("show", "-h")
+    assert code == 0 and out.startswith("Usage: planner show [OPTIONS] {plan}")
+    assert "Arguments:\n  plan <path>  Plan file.  [required]" in out
+    code, out, _ = cli("build", "-h")
+    assert code == 0 and "Attention backend: fa3, flashinfer, torch, triton" in " ".join(out.split())
+    monkeypatch.setenv("_PLANNER_COMPLETE", "bash_complete")
+    for words, cword, expected in (("planner build --backend f", "3", ["plain,fa3", "plain,flashinfer"]),
+                                   ("planner sh", "1", ["plain,show"]),
+                                   ("planner build -s ord", "3", ["plain,order=largest-first",
+                                                                  "plain,order=smallest-first"]),
+                                   ("planner build -s decode.outputs=", "3", ["plain,decode.outputs=keep",
+                                                                              "plain,decode.outputs=view"]),
+                                   ("planner build --speculative ''", "3", ["plain,eagle"]),
+                                   ("planner build --allocator e", "3", ["plain,expandable"])):
+        monkeypatch.setenv("COMP_WORDS", words)
+        monkeypatch.setenv("COMP_CWORD", cword)
+        code, out, _ = cli()
+        assert (code, out.split()) == (0, expected)
+
+
 def test_conflicting_rules_exit_1_naming_them(cli, tmp_path):
     (tmp_path / "s.toml").write_text('''[[phases]]
 name = "decode"
@@ -179,9 +200,12 @@ def test_strategy_pin_breaking_a_rule(cli):
     assert code == 1 and "breaks rule warmup-per-shape for phase 'decode'" in err
 
 
-def test_show_explain_graph_simulate_schema(cli, tmp_path):
-    assert cli("build", "-b", "fa3", "--ci", "--speculative", "eagle")[0] == 0
-    plan = "plans/fa3-eagle-ci.json"
+def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
+    from planner import plan_bytes
+
+    plan = "plans/fa3-eagle-ci.json"  # the bytes `planner build -b fa3 --ci --speculative eagle` writes
+    (tmp_path / "plans").mkdir()
+    (tmp_path / plan).write_bytes(plan_bytes(built(backend="fa3", ci=True, speculative="eagle")))
     code, out, _ = cli("show", plan)
     assert code == 0 and "provision  target_verify  256" in out.replace("  ", "  ")
     code, out, _ = cli("explain", plan)
@@ -197,7 +221,15 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path):
     assert code == 0 and "peak reserved" in out and (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     code, out, _ = cli("schema")
     schemas = json.loads(out)
-    assert set(schemas) == {"spec", "plan", "trace", "report"}
+    assert set(schemas) == {"spec", "plan", "trace", "report", "backends"}
+    from planner.schema import SCHEMAS
+
+    assert set(schemas) == set(SCHEMAS)
+    help_text = " ".join(cli("schema", "-h")[1].split())
+    assert all(f"{name}," in help_text or f"{name} or all" in help_text for name in SCHEMAS)  # help names each
+    code, out, _ = cli("schema", "backends")
+    backend = json.loads(out)["$defs"]["Backend"]
+    assert code == 0 and backend["additionalProperties"] is False and "attention_temp_factor" in backend["properties"]
     code, out, _ = cli("schema", "spec")
     assert code == 0 and "Spec" in json.loads(out)["$defs"]
     code, _, err = cli("schema", "nope")

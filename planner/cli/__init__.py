@@ -1,51 +1,65 @@
-"""The ``planner`` command: a thin typer layer over the library.
+"""The ``planner`` command: a thin click layer over the library.
 
 Exit codes: 0 ok; 1 bad input or drift (one line on stderr: what, where,
-fix); 2 a usage error (unknown command or option, missing argument: the
-framework's standard message and exit code); 3 an internal bug (one line;
-the traceback with ``planner --debug ...``). Command modules import the
-library lazily so that ``planner --help`` stays fast and never imports torch.
+fix); 2 a usage error (unknown command or option, missing argument: click's
+standard message and exit code); 3 an internal bug (one line; the traceback
+with ``planner --debug ...``). Each command lives in its own module, imported
+only when that command runs (or the top-level help lists it); command modules
+import the library inside the command, so ``planner --help`` stays fast and
+never imports torch.
+
+Shell completion is click's: ``eval "$(_PLANNER_COMPLETE=bash_source planner)"``
+(``zsh_source``, ``fish_source``); ``--backend`` completes from
+planner/data/backends.toml.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Optional
 
-import typer
+import click
 
-from . import build, check, diff, explain, graph, report, schema, show, simulate
-
-__all__ = ["app", "main", "INTERNAL_ERROR"]
+__all__ = ["app", "main", "INTERNAL_ERROR", "COMMANDS"]
 
 #: exit code of a bug in capture-plan (not the user's input)
 INTERNAL_ERROR = 3
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Plan CUDA-graph capture: predict pool memory, choose a safe schedule, write a plan.")
+#: command name -> module under planner.cli defining ``command``, in the order help lists them
+COMMANDS = {name: name for name in ("build", "check", "show", "explain", "diff", "graph", "simulate", "report",
+                                    "schema")}
 
 _state = {"debug": False}
 
 
-def _version(value: bool) -> None:
-    if value:
+class _Commands(click.Group):
+    """Imports a command's module only when that command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        return importlib.import_module(f"{__name__}.{COMMANDS[name]}").command
+
+
+def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
         from schemas import __version__
 
-        typer.echo(f"planner (capture-plan) {__version__}")
-        raise typer.Exit()
+        click.echo(f"planner (capture-plan) {__version__}")
+        ctx.exit()
 
 
-@app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show the traceback of any error."),
-          version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
-                                                 help="Print the version and exit.")) -> None:
-    """Plan CUDA-graph capture for LLM serving engines."""
+@click.group("planner", cls=_Commands, no_args_is_help=True,
+             context_settings={"help_option_names": ["-h", "--help"]},
+             help="Plan CUDA-graph capture: predict pool memory, choose a safe schedule, write a plan.")
+@click.option("--debug", is_flag=True, help="Show the traceback of any error.")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Print the version and exit.")
+def app(debug: bool) -> None:
     _state["debug"] = debug
-
-
-for module in (build, check, show, explain, diff, graph, simulate, report, schema):
-    module.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     _state["debug"] = False
     try:
-        # standalone: the framework prints usage errors, help and --version itself
-        typer.main.get_command(app).main(args=args, prog_name="planner", standalone_mode=True)
+        # standalone: click prints usage errors, help and --version itself
+        app.main(args=args, prog_name="planner", standalone_mode=True)
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)

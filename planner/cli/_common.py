@@ -1,10 +1,59 @@
-"""Small helpers shared by the command modules: read a plan or report, located errors only."""
+"""Small helpers shared by the command modules: the help layout, plan and report readers.
+
+The CLI is plain click. ``Command`` adds an ``Arguments:`` section (each
+positional argument with its help) before the options, and ``argument`` and
+``option`` give every parameter the same metavar style (``<path>``, ``<int>``).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["read_plan", "read_report"]
+import click
+
+__all__ = ["Command", "argument", "option", "PATH", "read_plan", "read_report"]
+
+#: a path as given (relative to the cwd); reading and its errors are the library's
+PATH = click.Path(path_type=Path)
+
+
+class _Argument(click.Argument):
+    """A positional argument with a help text for the ``Arguments:`` section."""
+
+    def __init__(self, decls, *, doc: str, kind: str, **kw) -> None:
+        super().__init__(decls, **kw)
+        self.doc, self.kind = doc, kind
+
+    def help_row(self) -> tuple[str, str]:
+        name = self.name + ("..." if self.nargs == -1 else "")
+        extra = "  [required]" if self.required else \
+            f"  [default: {self.default}]" if isinstance(self.default, str) else ""
+        return f"{name} <{self.kind}>", self.doc + extra
+
+
+class Command(click.Command):
+    """A command whose help lists its positional arguments, then its options."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [p.help_row() for p in self.get_params(ctx) if isinstance(p, _Argument)]
+        if rows:
+            with formatter.section("Arguments"):
+                formatter.write_dl(rows)
+        super().format_options(ctx, formatter)
+
+
+def argument(name: str, doc: str, kind: str, *, required: bool = True, many: bool = False, **kw):
+    """A positional argument: ``{name}`` in the usage line when required, ``[name]`` (``[name]...``) when not."""
+    metavar = f"[{name}]..." if many else f"{{{name}}}" if required else f"[{name}]"
+    return click.argument(name, cls=_Argument, doc=doc, kind=kind, required=required and not many,
+                          nargs=-1 if many else 1, metavar=metavar, **kw)
+
+
+def option(*decls: str, help: str, metavar: str | None = None, **kw):
+    """An option; value options show ``<metavar>``, flags none."""
+    if not kw.get("is_flag"):
+        kw["metavar"] = f"<{metavar}>"
+    return click.option(*decls, help=help, **kw)
 
 
 def read_plan(path: Path):

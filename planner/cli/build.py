@@ -2,43 +2,72 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import List, Optional
+import click
 
-import typer
-
-from planner.resources import backend_names
+from ._common import PATH, Command, option
 
 
 def _complete_backend(incomplete: str) -> list[str]:
+    from planner.resources import backend_names
+
     return [n for n in backend_names() if n.startswith(incomplete)]
 
 
-def register(app: typer.Typer) -> None:
-    app.command("build")(build)
+def _complete(what: str, incomplete: str) -> list[str]:
+    """Values of --speculative (presets.toml's [speculative] tables) or --allocator (schemas.strategy)."""
+    if what == "speculative":
+        from planner.specs import speculative_names as names
+    else:
+        from schemas.strategy import allocator_modes as names
+    return [n for n in names() if n.startswith(incomplete)]
 
 
-def build(
-    backend: str = typer.Option(..., "--backend", "-b", autocompletion=_complete_backend,
-                                help=f"Attention backend: {', '.join(backend_names())} (planner/data/backends.toml)."),
-    ci: bool = typer.Option(False, "--ci", help="Apply the CI-only gates."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Spec file (TOML or JSON); default: the embedded spec."),
-    speculative: Optional[str] = typer.Option(None, "--speculative", help="Add speculative phases: eagle."),
-    max_bs: Optional[int] = typer.Option(None, "--max-bs", help="Largest capture size of the embedded spec [256]."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size (per-rank memory)."),
-    allocator: Optional[str] = typer.Option(None, "--allocator", help="native or expandable segments."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Allocation trace for exact predictions: executor.profile's JSON, "
-                                         "or a torch.cuda.memory._dump_snapshot pickle."),
-    strategy: List[str] = typer.Option([], "--strategy", "-s",
-                                       help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Plan path [plans/<backend>[-...][-ci].json]."),
-    exact: bool = typer.Option(False, "--exact", help="Compare strategies on every size (default: phases with "
-                               "more than 64 sizes are compared on 24 of them; the prediction is always exact)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the summary; write nothing."),
-    check: bool = typer.Option(False, "--check", help="Build in memory and compare with the file; exit 1 on drift."),
-    force: bool = typer.Option(False, "--force", help="Replace an output file that holds a plan built by another "
-                               "command (default: refuse, so a what-if build never clobbers a checked-in plan)."),
-) -> None:
+def _complete_strategy(incomplete: str) -> list[str]:
+    """``AXIS=VALUE`` pins (schemas.strategy.AXIS_VALUES); after ``PHASE.``, the same with that prefix."""
+    from schemas.strategy import AXIS_VALUES
+
+    phase, dot, rest = incomplete.rpartition(".")
+    head = phase + dot
+    return [head + f"{axis}={value}" for axis, values in AXIS_VALUES.items() for value in values
+            if f"{axis}={value}".startswith(rest)]
+
+
+class _BackendOption(click.Option):
+    """``--backend``: its help names the backends of planner/data/backends.toml,
+    read only when the help is shown (``planner --help`` reads no data)."""
+
+    def get_help_record(self, ctx: click.Context):
+        from planner.resources import backend_names
+
+        self.help = f"Attention backend: {', '.join(backend_names())} (planner/data/backends.toml)."
+        return super().get_help_record(ctx)
+
+
+@click.command("build", cls=Command)
+@option("--backend", "-b", "backend", cls=_BackendOption, required=True, metavar="str", help="",
+        shell_complete=lambda ctx, param, incomplete: _complete_backend(incomplete))
+@option("--ci", is_flag=True, help="Apply the CI-only gates.")
+@option("--spec", type=PATH, metavar="path", help="Spec file (TOML or JSON); default: the embedded spec.")
+@option("--speculative", metavar="str", help="Add speculative phases: eagle.",
+        shell_complete=lambda ctx, param, incomplete: _complete("speculative", incomplete))
+@option("--max-bs", type=int, metavar="int", help="Largest capture size of the embedded spec [256].")
+@option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory).")
+@option("--allocator", metavar="str", help="native or expandable segments.",
+        shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete))
+@option("--trace", type=PATH, metavar="path", help="Allocation trace for exact predictions: executor.profile's "
+        "JSON, or a torch.cuda.memory._dump_snapshot pickle.")
+@option("--strategy", "-s", "strategy", multiple=True, metavar="list[str]",
+        shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
+        help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).")
+@option("-o", "--output", type=PATH, metavar="path", help="Plan path [plans/<backend>[-...][-ci].json].")
+@option("--exact", is_flag=True, help="Compare strategies on every size (default: phases with more than 64 sizes "
+        "are compared on 24 of them; the prediction is always exact).")
+@option("--dry-run", is_flag=True, help="Build and print the summary; write nothing.")
+@option("--check", is_flag=True, help="Build in memory and compare with the file; exit 1 on drift.")
+@option("--force", is_flag=True, help="Replace an output file that holds a plan built by another command "
+        "(default: refuse, so a what-if build never clobbers a checked-in plan).")
+def command(backend, ci, spec, speculative, max_bs, tp, allocator, trace, strategy, output, exact, dry_run, check,
+            force) -> None:
     """Build a capture plan from the spec, rules and gates."""
     from planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
     from planner.render import summary
@@ -48,9 +77,9 @@ def build(
     path = output_path(opts)
     if check:
         check_plan(opts)
-        typer.echo(f"{path}: up to date")
+        click.echo(f"{path}: up to date")
         return
     plan = build_plan(opts)
     if not dry_run:
         write_plan(opts, plan, force=force)
-    typer.echo(summary(plan, f"{path}{' (dry run, not written)' if dry_run else ''}"))
+    click.echo(summary(plan, f"{path}{' (dry run, not written)' if dry_run else ''}"))

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
 
-import typer
+import click
 
-
-def register(app: typer.Typer) -> None:
-    app.command("check")(check)
+from ._common import PATH, Command, argument, option
 
 
-def check(paths: List[Path] = typer.Argument(None, help="Plan files or folders [plans/]."),
-          fix: bool = typer.Option(False, "--fix", help="Rebuild stale plans in place instead of failing.")) -> None:
+@click.command("check", cls=Command)
+@argument("paths", "Plan files or folders [plans/].", "list[Path]", many=True, type=PATH)
+@option("--fix", is_flag=True, help="Rebuild stale plans in place instead of failing.")
+def command(paths, fix) -> None:
     """Rebuild every plan from the command recorded in it and compare bytes (exit 1 on drift)."""
     from planner.check import check_paths
 
-    for line in check_paths(paths or [Path("plans")], fix=fix):
-        typer.echo(line)
+    for line in check_paths(list(paths) or [Path("plans")], fix=fix):
+        click.echo(line)

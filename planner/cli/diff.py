@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import click
 
-import typer
-
-
-def register(app: typer.Typer) -> None:
-    app.command("diff")(diff)
+from ._common import PATH, Command, argument, option
 
 
-def diff(a: Path = typer.Argument(..., help="Old plan."), b: Path = typer.Argument(..., help="New plan."),
-         exit_code: bool = typer.Option(False, "--exit-code", help="Exit 1 when the plans differ (like git diff).")
-         ) -> None:
+@click.command("diff", cls=Command)
+@argument("a", "Old plan.", "path", type=PATH)
+@argument("b", "New plan.", "path", type=PATH)
+@option("--exit-code", is_flag=True, help="Exit 1 when the plans differ (like git diff).")
+def command(a, b, exit_code) -> None:
     """Compare steps, strategies, decisions and predicted memory."""
     from planner.render import diff as render
 
     from ._common import read_plan
 
     text, differs = render(read_plan(a), read_plan(b), str(a), str(b))
-    typer.echo(text)
+    click.echo(text)
     if differs and exit_code:
-        raise typer.Exit(1)
+        raise click.exceptions.Exit(1)

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import click
 
-import typer
-
-
-def register(app: typer.Typer) -> None:
-    app.command("explain")(explain)
+from ._common import PATH, Command, argument
 
 
-def explain(plan: Path = typer.Argument(..., help="Plan file.")) -> None:
+@click.command("explain", cls=Command)
+@argument("plan", "Plan file.", "path", type=PATH)
+def command(plan) -> None:
     """Explain each decision (with rejected alternatives and their cost) and each edge."""
     from planner.render import explain as render
 
     from ._common import read_plan
 
-    typer.echo(render(read_plan(plan)))
+    click.echo(render(read_plan(plan)))

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import click
 
-import typer
-
-
-def register(app: typer.Typer) -> None:
-    app.command("graph")(graph)
+from ._common import PATH, Command, argument, option
 
 
-def graph(plan: Path = typer.Argument(..., help="Plan file."),
-          fmt: str = typer.Option("dot", "--format", "-f", help="dot or mermaid.")) -> None:
+@click.command("graph", cls=Command)
+@argument("plan", "Plan file.", "path", type=PATH)
+@option("--format", "-f", "fmt", default="dot", show_default=True, metavar="str", help="dot or mermaid.")
+def command(plan, fmt) -> None:
     """Print the ordering graph, every edge labelled with its rule."""
     from schemas.errors import InputError
     from planner.render import graph as render
@@ -21,4 +19,4 @@ def graph(plan: Path = typer.Argument(..., help="Plan file."),
 
     if fmt not in ("dot", "mermaid"):
         raise InputError(f"unknown format {fmt!r}", where="--format", fix="use dot or mermaid")
-    typer.echo(render(read_plan(plan), fmt))
+    click.echo(render(read_plan(plan), fmt))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import typer
+import click
+
+from ._common import Command, argument
 
 
-def register(app: typer.Typer) -> None:
-    app.command("schema")(schema)
-
-
-def schema(which: str = typer.Argument("all", help="spec, plan, trace, report or all.")) -> None:
-    """Print the JSON Schema (spec: the input you write; plan: the file the planner writes)."""
+@click.command("schema", cls=Command)
+@argument("which", "spec, plan, trace, report, backends or all.", "str", required=False, default="all",
+          shell_complete=lambda ctx, param, incomplete: [n for n in ("all", "spec", "plan", "trace", "report",
+                                                                     "backends") if n.startswith(incomplete)])
+def command(which) -> None:
+    """Print the JSON Schema (spec: the input you write; plan: the file the planner writes;
+    backends: planner/data/backends.toml)."""
     from planner.schema import json_schema
 
-    typer.echo(json_schema(which))
+    click.echo(json_schema(which))

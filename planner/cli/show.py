@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import click
 
-import typer
-
-
-def register(app: typer.Typer) -> None:
-    app.command("show")(show)
+from ._common import PATH, Command, argument
 
 
-def show(plan: Path = typer.Argument(..., help="Plan file.")) -> None:
+@click.command("show", cls=Command)
+@argument("plan", "Plan file.", "path", type=PATH)
+def command(plan) -> None:
     """Print the plan's summary and its steps with predicted pool memory."""
     from planner.render import steps_table, summary
 
     from ._common import read_plan
 
     p = read_plan(plan)
-    typer.echo(summary(p, str(plan)))
-    typer.echo(steps_table(p))
+    click.echo(summary(p, str(plan)))
+    click.echo(steps_table(p))

@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+import click
 
-import typer
-
-
-def register(app: typer.Typer) -> None:
-    app.command("simulate")(simulate)
+from ._common import PATH, Command, argument, option
 
 
-def simulate(plan: Path = typer.Argument(..., help="Plan file."),
-             plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the timeline to this PNG.")) -> None:
+@click.command("simulate", cls=Command)
+@argument("plan", "Plan file.", "path", type=PATH)
+@option("--plot", type=PATH, metavar="path", help="Also draw the timeline to this PNG.")
+def command(plan, plot) -> None:
     """Print reserved and allocated pool bytes after every step."""
     from planner.render import timeline
 
     from ._common import read_plan
 
     p = read_plan(plan)
-    typer.echo(timeline(p))
+    click.echo(timeline(p))
     if plot is not None:
         from planner.plot import plot_timeline
 
         plot_timeline(p, plot)
-        typer.echo(f"wrote {plot}")
+        click.echo(f"wrote {plot}")
