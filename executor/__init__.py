@@ -8,7 +8,7 @@ Engine start-up::
     out = graphs.replay("decode", n)
 
 ``load_plan`` and the dispatch table are torch-free; everything else imports
-torch on first use. Never imports networkx, typer or the planner.
+torch on first use. Never imports networkx, click or the planner.
 """
 
 from __future__ import annotations

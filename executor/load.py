@@ -96,7 +96,7 @@ def load_plan(path: str | Path, *, env: Environment | None = None, check_env: bo
     """Load, validate and environment-check a plan file.
 
     ``env`` defaults to probing this process (imports torch). Does not import
-    networkx, typer or the planner.
+    networkx, click or the planner.
     """
     path = Path(path)
     plan = decode_plan(read_input(path, "plan"), str(path))

@@ -1,4 +1,4 @@
-"""The planner never imports torch; the executor never imports networkx or typer."""
+"""The planner never imports torch; the executor never imports networkx or the CLI framework (click)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ def test_import_planner_and_help_leave_torch_unimported():
     assert out.splitlines()[-1] == "False"
 
 
-def test_executor_load_plan_needs_neither_networkx_nor_typer_nor_torch():
+def test_executor_load_plan_needs_neither_networkx_nor_click_nor_torch():
     out = _run("import sys, executor\nfrom executor import load_plan, PadTable\n"
-               "print(sorted(m for m in ('networkx', 'typer', 'planner', 'torch') if m in sys.modules))")
+               "print(sorted(m for m in ('networkx', 'click', 'typer', 'planner', 'torch') if m in sys.modules))")
     assert out == "[]"
 
 
