@@ -1,4 +1,4 @@
-"""The planner's data files (rules, backends, presets), loaded once.
+"""The planner's data files (rules, backends, phase kinds, presets), loaded once.
 
 Data lives in ``planner/data/*.toml`` so that a reviewer changes a rule by
 editing data, not an if-chain. Their bytes feed ``rules_digest`` in every plan:
@@ -9,6 +9,13 @@ know is an error naming the file and key. Adding a backend is one
 ``[backends.NAME]`` table in ``backends.toml``; the CLI's choices and help
 are read from it. What this does not do: a backend whose attention allocates
 in a way the fields below cannot express needs code in planner/workload.py.
+
+Phase kinds are strict typed data too (:class:`PhaseKind`, one
+``[kinds.NAME]`` table in ``phase_kinds.toml``): the analytic program a kind
+uses (a builder named in planner/workload.py's ``PROGRAMS``), whether its
+graph returns the hidden state, and which phase settings it accepts. A kind
+that allocates like an existing one is added by data alone; one that
+allocates differently needs a new program builder (code).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any, Optional
 import msgspec
 
 from schemas.errors import InputError
+from schemas.strategy import PhaseSetting
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,9 +36,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "backend", "backend_names", "rules_digest",
-           "Backend", "BackendsFile", "Workspace"]
+           "Backend", "BackendsFile", "Workspace", "PhaseKind", "PhaseKindsFile", "phase_kinds", "phase_kind_names",
+           "phase_kind_settings"]
 
-_FILES = ("rules.toml", "backends.toml", "presets.toml")
+_FILES = ("rules.toml", "backends.toml", "presets.toml", "phase_kinds.toml")
 
 
 _DATA = Path(__file__).resolve().parent / "data"
@@ -111,6 +120,45 @@ def backends() -> dict[str, Backend]:
 def backend_names() -> list[str]:
     """The backends' names, sorted, without converting the tables (for the CLI's help)."""
     return sorted(data("backends.toml")["backends"])
+
+
+class PhaseKind(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One ``[kinds.NAME]`` table of ``planner/data/phase_kinds.toml``."""
+
+    #: one line for help texts and the JSON Schema
+    description: str
+    #: the analytic program builder (a key of planner/workload.py's ``PROGRAMS``)
+    program: str
+    #: which of :data:`schemas.strategy.PHASE_SETTINGS` shape this kind's graph (others are refused in a spec)
+    settings: list[PhaseSetting]
+    #: the graph also returns the last layer's hidden state (a draft reads it)
+    returns_hidden: bool = False
+
+
+class PhaseKindsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``planner/data/phase_kinds.toml`` as a whole (its JSON Schema: ``planner schema phase-kinds``)."""
+
+    kinds: dict[str, PhaseKind]
+
+
+@functools.cache
+def phase_kinds() -> dict[str, PhaseKind]:
+    """The phase kinds of ``phase_kinds.toml``, in file order. A key the
+    struct does not know is an :class:`InputError` naming file and key."""
+    from schemas.codec import convert
+
+    return {name: convert(table, PhaseKind, f"planner/data/phase_kinds.toml: $.kinds.{name}")
+            for name, table in data("phase_kinds.toml")["kinds"].items()}
+
+
+def phase_kind_names() -> list[str]:
+    """The phase kinds' names, sorted (for help texts and the JSON Schema)."""
+    return sorted(phase_kinds())
+
+
+def phase_kind_settings() -> dict[str, frozenset[str]]:
+    """Each kind's accepted settings, the form :func:`schemas.codec.validate_spec` takes."""
+    return {name: frozenset(k.settings) for name, k in phase_kinds().items()}
 
 
 def backend(name: str) -> Backend:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from schemas.errors import InputError
@@ -10,20 +12,43 @@ from schemas.report import CaptureReport
 from schemas.spec import Spec
 from schemas.trace import Trace
 
-from .resources import BackendsFile
+from .resources import BackendsFile, PhaseKindsFile, phase_kinds
 
 __all__ = ["json_schema", "SCHEMAS"]
 
-_TYPES = {"spec": Spec, "plan": Plan, "trace": Trace, "report": CaptureReport, "backends": BackendsFile}
+_TYPES = {"spec": Spec, "plan": Plan, "trace": Trace, "report": CaptureReport, "backends": BackendsFile,
+          "phase-kinds": PhaseKindsFile}
 #: what ``planner schema`` prints
 SCHEMAS = tuple(_TYPES)
+
+# Where a phase kind's name sits in each schema ($defs type, property, then the
+# keys down to the string). The shared types accept any name (the kinds are
+# planner data the executor does not read); the planner's schemas list the
+# kinds of planner/data/phase_kinds.toml, so an editor completes them.
+_KIND_FIELDS = {
+    "spec": (("Phase", "kind"), ("When", "phase_kind", "anyOf", 0, "items")),
+    "plan": (("PhasePlan", "kind"),),
+}
+
+
+def _schema(which: str) -> dict[str, Any]:
+    schema = msgspec.json.schema(_TYPES[which])
+    kinds = phase_kinds()
+    for def_name, prop, *path in _KIND_FIELDS.get(which, ()):
+        node = schema["$defs"][def_name]["properties"][prop]
+        for key in path:
+            node = node[key]
+        node.clear()
+        node.update({"enum": list(kinds), "description": "a phase kind (planner/data/phase_kinds.toml): " +
+                     "; ".join(f"{name}: {kind.description}" for name, kind in kinds.items())})
+    return schema
 
 
 def json_schema(which: str = "all") -> str:
     if which == "all":
-        obj = {k: msgspec.json.schema(t) for k, t in _TYPES.items()}
+        obj = {k: _schema(k) for k in _TYPES}
     elif which in _TYPES:
-        obj = msgspec.json.schema(_TYPES[which])
+        obj = _schema(which)
     else:
         raise InputError(f"unknown schema {which!r}", where="planner schema", fix=f"use one of all, {', '.join(_TYPES)}")
     return msgspec.json.format(msgspec.json.encode(obj, order="sorted"), indent=2).decode()

@@ -11,7 +11,7 @@ from schemas.files import read_input
 from schemas.limits import MAX_BS
 from schemas.spec import Model, Phase, Spec
 
-from .resources import data
+from .resources import data, phase_kind_settings
 
 __all__ = ["sgl_sizes", "default_spec", "read_spec_file", "speculative_names", "DEFAULT_MAX_BS"]
 
@@ -52,7 +52,7 @@ def default_spec(speculative: str | None = None, max_bs: int = DEFAULT_MAX_BS) -
         sizes = sgl_sizes("decode", max_bs)
         phases = [Phase(name="decode", kind="decode", sizes=sizes)]
         return validate_spec(Spec(name="default", model=model, phases=phases),
-                             f"embedded default spec (--max-bs {max_bs})")
+                             f"embedded default spec (--max-bs {max_bs})", phase_kinds=phase_kind_settings())
     if speculative not in speculative_names():
         raise InputError(f"unknown speculative algorithm {speculative!r}", where="--speculative",
                          fix=f"use one of {', '.join(speculative_names())}")
@@ -64,7 +64,7 @@ def default_spec(speculative: str | None = None, max_bs: int = DEFAULT_MAX_BS) -
             fields["layers"] = 1
         phases.append(convert({**fields, "sizes": sizes}, Phase, f"planner/data/presets.toml: $.speculative.{speculative}"))
     return validate_spec(Spec(name=f"default-{speculative}", model=model, phases=phases),
-                         f"embedded default spec (--max-bs {max_bs})")
+                         f"embedded default spec (--max-bs {max_bs})", phase_kinds=phase_kind_settings())
 
 
 def read_spec_file(path: Path) -> bytes:

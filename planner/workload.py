@@ -23,6 +23,7 @@ from __future__ import annotations
 import msgspec
 import functools
 from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from typing import Callable
 
 from schemas.errors import InputError
@@ -31,8 +32,8 @@ from schemas.trace import CaptureTrace, Event, Trace
 
 from .resources import Backend
 
-__all__ = ["Workload", "Program", "CARRY", "PHASE_KINDS", "PhaseKindModel", "analytic_program", "analytic_capture",
-           "workspace_bytes"]
+__all__ = ["Workload", "Program", "CARRY", "PHASE_KINDS", "PhaseKindModel", "PROGRAMS", "analytic_program",
+           "analytic_capture", "workspace_bytes"]
 
 
 
@@ -307,25 +308,61 @@ def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
                    carry_in=None, carry_out=new_hidden)
 
 
-class PhaseKindModel(msgspec.Struct, frozen=True):
-    """What the analytic model runs for one phase kind (``schemas.strategy.PhaseKind``)."""
+#: the analytic program builders a phase kind may name in
+#: planner/data/phase_kinds.toml (``program = "..."``): behaviour is code,
+#: which kind uses which builder is data
+PROGRAMS: dict[str, Callable[[_Shape, Phase, int], Program]] = {
+    # the target over every token (logits of each)
+    "target": _target_program,
+    # the draft over the accepted tokens (logits of the last)
+    "draft_extend": _draft_extend_program,
+    # the draft's tree steps
+    "draft_decode": _draft_decode_program,
+}
 
-    #: builds the capture's program: the target over every token
-    #: (logits of each), the draft over the accepted tokens (logits of the
-    #: last), or the draft's tree steps
+
+class PhaseKindModel(msgspec.Struct, frozen=True):
+    """What the analytic model runs for one phase kind (a ``[kinds.NAME]``
+    table of planner/data/phase_kinds.toml, its builder resolved)."""
+
+    #: builds the capture's program (one of :data:`PROGRAMS`)
     program: Callable[[_Shape, Phase, int], Program]
     #: the graph also returns the last layer's hidden state (the draft reads it)
     returns_hidden: bool = False
 
 
-#: every phase kind the spec accepts; tests/test_workload.py keeps the keys
-#: equal to the PhaseKind values
-PHASE_KINDS: dict[str, PhaseKindModel] = {
-    "decode": PhaseKindModel(_target_program),
-    "target_verify": PhaseKindModel(_target_program, returns_hidden=True),
-    "draft_extend": PhaseKindModel(_draft_extend_program),
-    "draft_decode": PhaseKindModel(_draft_decode_program),
-}
+@functools.cache
+def _phase_kind_models() -> dict[str, PhaseKindModel]:
+    from .resources import phase_kinds
+
+    models = {}
+    for name, kind in phase_kinds().items():
+        if kind.program not in PROGRAMS:
+            raise InputError(f"unknown program {kind.program!r}",
+                             where=f"planner/data/phase_kinds.toml: $.kinds.{name}.program",
+                             fix=f"use one of {', '.join(sorted(PROGRAMS))} (a new one is a builder in "
+                                 "planner/workload.py's PROGRAMS)")
+        models[name] = PhaseKindModel(PROGRAMS[kind.program], returns_hidden=kind.returns_hidden)
+    return models
+
+
+class _PhaseKinds(Mapping[str, PhaseKindModel]):
+    """A read-only view of phase_kinds.toml's kinds as :class:`PhaseKindModel`,
+    read when first used (so a test that swaps the data file and clears
+    ``_phase_kind_models``'s cache sees its kinds)."""
+
+    def __getitem__(self, kind: str) -> PhaseKindModel:
+        return _phase_kind_models()[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_phase_kind_models())
+
+    def __len__(self) -> int:
+        return len(_phase_kind_models())
+
+
+#: every phase kind a spec may name, from planner/data/phase_kinds.toml
+PHASE_KINDS: Mapping[str, PhaseKindModel] = _PhaseKinds()
 
 
 def analytic_program(model: Model, phase: Phase, bs: int, backend: Backend, tp: int = 1) -> Program:

@@ -12,6 +12,7 @@ import hashlib
 import math
 import sys
 from pathlib import PurePath
+from collections.abc import Collection, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -22,7 +23,8 @@ from .limits import (MAX_BS, MAX_CAPTURES, MAX_DEPTH, MAX_EVENT_BYTES, MAX_INT, 
                      MODEL_MAX_DEFAULT)
 from .plan import PLAN_VERSION, Plan
 from .report import CaptureReport
-from .spec import SPEC_VERSION, Spec
+from .spec import SPEC_VERSION, Phase, Spec
+from .strategy import PHASE_SETTINGS
 from .trace import TRACE_VERSION, Trace
 
 if sys.version_info >= (3, 11):
@@ -240,10 +242,18 @@ def _no_duplicate_keys(data: bytes, source: str, kind: str) -> None:
         return
 
 
-def validate_spec(spec: Spec, source: str) -> Spec:
+#: a phase setting left at this value is unset (no kind needs to accept it)
+_UNSET_SETTING = {f.name: f.default for f in msgspec.structs.fields(Phase) if f.name in PHASE_SETTINGS}
+
+
+def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
     """Checks a msgspec type cannot express, each located by JSON path: version,
-    unique names and sizes, known ``after`` targets, and the resource limits of
-    :mod:`schemas.limits`."""
+    unique names and sizes, known ``after`` targets, the resource limits of
+    :mod:`schemas.limits`, and phase kinds: ``phase_kinds`` maps each kind a
+    spec may name to the settings (:data:`schemas.strategy.PHASE_SETTINGS`)
+    it accepts; the planner passes planner/data/phase_kinds.toml's (this
+    package does not read the planner's data). A setting a phase's kind does
+    not accept is refused rather than silently ignored."""
     if spec.version != SPEC_VERSION:
         newer = spec.version > SPEC_VERSION
         raise InputError(f"spec version {spec.version} is {'newer than' if newer else 'not'} the supported "
@@ -282,13 +292,18 @@ def validate_spec(spec: Spec, source: str) -> Spec:
         if phase.tokens_per_request > MAX_TOKENS_PER_REQUEST:
             raise InputError(f"tokens_per_request = {_short(phase.tokens_per_request)} is over the limit of "
                              f"{MAX_TOKENS_PER_REQUEST}", where=f"{source}: $.phases[{i}].tokens_per_request")
-        # draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
-        for field, kinds in (("steps", ("draft_decode",)), ("topk", ("draft_decode", "draft_extend"))):
+        _known_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
+        # e.g. draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
+        for field, unset in _UNSET_SETTING.items():
             value = getattr(phase, field)
-            if value != 1 and phase.kind not in kinds:
+            if value != unset and field not in phase_kinds[phase.kind]:
+                kinds = sorted(k for k, accepted in phase_kinds.items() if field in accepted)
                 raise InputError(f"{field} = {_short(value)} has no meaning for a {phase.kind} phase",
                                  where=f"{source}: $.phases[{i}].{field}",
-                                 fix=f"set {field} on {' or '.join(kinds)} phases only")
+                                 fix=f"set {field} on {' or '.join(kinds)} phases only" if kinds
+                                 else f"leave {field} out")
+        for field in ("steps", "topk"):
+            value = getattr(phase, field)
             if value > MAX_TOKENS_PER_REQUEST:
                 raise InputError(f"{field} = {_short(value)} is over the limit of {MAX_TOKENS_PER_REQUEST}",
                                  where=f"{source}: $.phases[{i}].{field}")
@@ -316,6 +331,8 @@ def validate_spec(spec: Spec, source: str) -> Spec:
         if rule.id in rule_ids:
             raise InputError(f"duplicate rule id {rule.id!r}", where=f"{source}: $.rules[{i}].id")
         rule_ids.add(rule.id)
+        for j, kind in enumerate(rule.when.phase_kind or ()):
+            _known_kind(kind, phase_kinds, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
     if spec.model.heads % spec.model.kv_heads:
         raise InputError("heads must be a multiple of kv_heads", where=f"{source}: $.model.kv_heads")
     if spec.trace is not None and "\x00" in spec.trace:
@@ -323,11 +340,17 @@ def validate_spec(spec: Spec, source: str) -> Spec:
     return spec
 
 
-def decode_spec(data: bytes, source: str) -> Spec:
+def _known_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
+    if kind not in phase_kinds:
+        raise InputError(f"unknown phase kind {kind!r}", where=where,
+                         fix=f"use one of {', '.join(sorted(phase_kinds))}")
+
+
+def decode_spec(data: bytes, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
     """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located."""
     raw = _expect_kind(_parse(data, source, "spec"), "spec", source)
     _check_values(raw, source, "spec")
-    return validate_spec(convert(raw, Spec, source, kind="spec"), source)
+    return validate_spec(convert(raw, Spec, source, kind="spec"), source, phase_kinds=phase_kinds)
 
 
 def _check_version(raw: dict, source: str, kind: str, current: int, fix_older: str) -> None:

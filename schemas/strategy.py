@@ -6,10 +6,12 @@ diffable; adding a value is a new plan revision.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
+
+import msgspec
 
 __all__ = [
-    "Order", "Outputs", "Workspace", "PoolMode", "Warmup", "PhaseKind",
+    "Order", "Outputs", "Workspace", "PoolMode", "Warmup", "PhaseKind", "PhaseSetting", "PHASE_SETTINGS",
     "OutputLifetime", "AllocatorMode", "AXES", "AXIS_VALUES", "allocator_modes",
 ]
 
@@ -26,7 +28,17 @@ PoolMode = Literal["shared", "own"]
 #: Eager warm-up runs before capture: at every size, or once at the phase's
 #: largest size before its first capture.
 Warmup = Literal["every-size", "once-per-phase"]
-PhaseKind = Literal["decode", "target_verify", "draft_decode", "draft_extend"]
+#: A phase kind's name. The kinds are data (planner/data/phase_kinds.toml),
+#: not a closed set here, so that a kind allocating like an existing one is
+#: added by that file alone and these types (which the executor shares
+#: without the planner) do not change: the planner checks a spec's kinds
+#: against the file (:func:`schemas.codec.validate_spec` is given them). A
+#: plan's kind is whatever the planner accepted.
+PhaseKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
+#: The per-phase settings of a spec that only some phase kinds give a meaning
+#: (each kind lists those it accepts in planner/data/phase_kinds.toml).
+PhaseSetting = Literal["steps", "topk", "layers"]
+PHASE_SETTINGS: tuple[str, ...] = get_args(PhaseSetting)
 #: "next-replay": the engine consumes the outputs before the next replay of any
 #: graph in the same pool. "across-phases": they must survive other phases' replays.
 OutputLifetime = Literal["next-replay", "across-phases"]

@@ -198,7 +198,7 @@ def test_building_twice_gives_identical_bytes(built):
 
 def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path):
     from planner.optimize import screened
-    from planner.resources import backend
+    from planner.resources import backend, phase_kind_settings
     from planner.simulate import simulate
     from planner.workload import Workload
     from schemas.codec import decode_spec
@@ -211,7 +211,7 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     plan = build_plan(BuildOptions(backend="fa3", spec=path))
     opt = next(d for d in plan.decisions if d.rule == "optimizer")
     assert opt.sizes_compared == 24 and "compared on 24 of 200 sizes" in opt.why
-    spec = decode_spec(path.read_bytes(), "spec.toml")
+    spec = decode_spec(path.read_bytes(), "spec.toml", phase_kinds=phase_kind_settings())
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
     st = {"decode": plan.phases[0].strategy}
     exact = simulate([("decode", s.bs) for s in plan.steps if s.op == "capture"], st, wl).pool_bytes

@@ -73,7 +73,8 @@ def test_check_all_plans_uses_each_recorded_command(cli, tmp_path):
     ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = []\n',
      "spec.toml: $.phases[0].sizes: Expected `array` of length >= 1"),
     ('[[phases]]\nname = "decode"\nkind = "prefill"\nsizes = [1]\n',
-     "spec.toml: $.phases[0].kind: Invalid enum value 'prefill'"),
+     "spec.toml: $.phases[0].kind: unknown phase kind 'prefill'; fix: use one of decode, draft_decode, draft_extend, "
+     "target_verify"),
 ])
 def test_bad_spec_gets_one_located_line_and_writes_nothing(cli, tmp_path, content, message):
     (tmp_path / "spec.toml").write_text(content)
@@ -221,7 +222,7 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
     assert code == 0 and "peak reserved" in out and (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     code, out, _ = cli("schema")
     schemas = json.loads(out)
-    assert set(schemas) == {"spec", "plan", "trace", "report", "backends"}
+    assert set(schemas) == {"spec", "plan", "trace", "report", "backends", "phase-kinds"}
     from planner.schema import SCHEMAS
 
     assert set(schemas) == set(SCHEMAS)

@@ -116,12 +116,14 @@ def test_trace_with_unknown_phase_or_bad_free_is_located():
 
 
 def test_every_phase_kind_the_spec_accepts_has_an_analytic_model():
-    from typing import get_args
+    from planner.resources import phase_kind_settings, phase_kinds
+    from planner.workload import PHASE_KINDS, PROGRAMS
 
-    from planner.workload import PHASE_KINDS
-    from schemas.strategy import PhaseKind
-
-    assert sorted(PHASE_KINDS) == sorted(get_args(PhaseKind))
+    assert list(PHASE_KINDS) == list(phase_kinds()) == list(phase_kind_settings())
+    for name, kind in phase_kinds().items():
+        assert PHASE_KINDS[name].program is PROGRAMS[kind.program]
+        assert PHASE_KINDS[name].returns_hidden == kind.returns_hidden
+    assert PHASE_KINDS["target_verify"].returns_hidden and not PHASE_KINDS["decode"].returns_hidden
 
 
 SMALL_DRAFT = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)

@@ -8,12 +8,13 @@ from ._common import Command, argument
 
 
 @click.command("schema", cls=Command)
-@argument("which", "spec, plan, trace, report, backends or all.", "str", required=False, default="all",
+@argument("which", "spec, plan, trace, report, backends, phase-kinds or all.", "str", required=False, default="all",
           shell_complete=lambda ctx, param, incomplete: [n for n in ("all", "spec", "plan", "trace", "report",
-                                                                     "backends") if n.startswith(incomplete)])
+                                                                     "backends", "phase-kinds")
+                                         if n.startswith(incomplete)])
 def command(which) -> None:
     """Print the JSON Schema (spec: the input you write; plan: the file the planner writes;
-    backends: planner/data/backends.toml)."""
+    backends: planner/data/backends.toml; phase-kinds: planner/data/phase_kinds.toml)."""
     from planner.schema import json_schema
 
     click.echo(json_schema(which))

@@ -1,0 +1,133 @@
+"""Phase kinds are typed data: a kind that allocates like an existing one is a
+table in phase_kinds.toml and nothing else."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner import BuildOptions, build_plan, plan_bytes
+from planner import resources, workload
+from schemas.errors import InputError
+
+# allocates like target_verify (the target over every token, hidden state returned)
+NEW = b"""
+[kinds.mtp_verify]
+description = "a kind added by data alone"
+program = "target"
+returns_hidden = true
+settings = ["layers"]
+"""
+
+PHASE = '[[phases]]\nname = "v"\nkind = "{kind}"\nsizes = [1, 4, 16]\ntokens_per_request = 4\nlayers = 2\n'
+
+
+def _clear() -> None:
+    for f in (resources.data, resources.phase_kinds, resources.rules_digest, workload._phase_kind_models):
+        f.cache_clear()
+
+
+@pytest.fixture
+def kinds_toml(monkeypatch):
+    """Replace phase_kinds.toml's bytes with the shipped ones plus ``extra``."""
+    real = resources.data_bytes
+
+    def use(extra: bytes) -> None:
+        monkeypatch.setattr(resources, "data_bytes",
+                            lambda name: real(name) + extra if name == "phase_kinds.toml" else real(name))
+        _clear()
+
+    yield use
+    monkeypatch.undo()
+    _clear()
+
+
+def _spec(tmp_path, text: str):
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_phase_kind_added_by_a_data_file_alone_builds_like_the_kind_it_copies(kinds_toml, tmp_path, cli):
+    kinds_toml(NEW)
+    rule = ('[[rules]]\nid = "mtp-smallest"\nwhy = "test"\nwhen = { phase_kind = ["mtp_verify"] }\n'
+            'require = [{ order = "smallest-first" }]\n')
+    plan = build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify") + rule)))
+    assert plan.phases[0].kind == "mtp_verify" and plan.phases[0].strategy.order == "smallest-first"
+    same = build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="target_verify") + rule
+                                                             .replace("mtp_verify", "target_verify"))))
+    assert plan.predicted.timeline == same.predicted.timeline and plan.predicted.pool_bytes > 0
+    # the plan it writes loads again (the shared plan type takes any kind the planner accepted)
+    from schemas.codec import decode_plan
+
+    assert decode_plan(plan_bytes(plan), "p.json").phases[0].kind == "mtp_verify"
+    # a setting the new kind does not list is refused, the fix naming the kinds that take it
+    bad = _spec(tmp_path, PHASE.format(kind="mtp_verify") + "steps = 3\n")
+    with pytest.raises(InputError, match=r"steps = 3 has no meaning for a mtp_verify phase") as err:
+        build_plan(BuildOptions(backend="fa3", spec=bad))
+    assert err.value.fix == "set steps on draft_decode phases only"
+    # the spec's JSON Schema offers it, with its description
+    code, out, _ = cli("schema", "spec")
+    kind = json.loads(out)["$defs"]["Phase"]["properties"]["kind"]
+    assert code == 0 and "mtp_verify" in kind["enum"] and "mtp_verify: a kind added by data alone" in kind["description"]
+
+
+def test_returns_hidden_is_read_from_the_data(kinds_toml, tmp_path):
+    """The same kind without the hidden state returned predicts decode's pool, not target_verify's."""
+    kinds_toml(NEW.replace(b"returns_hidden = true", b"returns_hidden = false"))
+    spec = PHASE.replace("sizes = [1, 4, 16]", "sizes = [1, 4, 16]\noutput_lifetime = \"across-phases\"")
+    new, dec, ver = (build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, spec.format(kind=k))))
+                     for k in ("mtp_verify", "decode", "target_verify"))
+    assert new.predicted.timeline == dec.predicted.timeline != ver.predicted.timeline
+
+
+def test_an_unknown_key_in_a_kind_table_names_file_and_key(kinds_toml, tmp_path):
+    kinds_toml(NEW.replace(b"returns_hidden = true", b"returns_hidden = true\nlogits = \"last\""))
+    with pytest.raises(InputError, match=r"planner/data/phase_kinds.toml: \$\.kinds\.mtp_verify.*logits"):
+        build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
+
+
+def test_an_unknown_program_or_setting_names_file_and_key(kinds_toml, tmp_path):
+    kinds_toml(NEW.replace(b'program = "target"', b'program = "prefill"'))
+    with pytest.raises(InputError, match=r"phase_kinds.toml: \$\.kinds\.mtp_verify\.program: unknown program "
+                                         r"'prefill'") as err:
+        build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
+    assert "draft_decode, draft_extend, target" in err.value.fix
+    kinds_toml(NEW.replace(b'settings = ["layers"]', b'settings = ["layers", "depth"]'))
+    with pytest.raises(InputError, match=r"phase_kinds.toml: \$\.kinds\.mtp_verify: \$\.settings\[1\]: Invalid enum value 'depth'"):
+        build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
+
+
+def test_an_unknown_phase_kind_in_a_spec_is_located_and_lists_the_kinds(tmp_path, cli):
+    code, _, err = cli("build", "-b", "fa3", "--spec", str(_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
+    assert code == 1 and "$.phases[0].kind: unknown phase kind 'mtp_verify'" in err
+    assert "decode, draft_decode, draft_extend, target_verify" in err
+    rule = '[[rules]]\nid = "r"\nwhy = "w"\nwhen = { phase_kind = ["decode", "verify"] }\n'
+    code, _, err = cli("build", "-b", "fa3", "--spec", str(_spec(tmp_path, PHASE.format(kind="decode") + rule)))
+    assert code == 1 and "$.rules[0].when.phase_kind[1]: unknown phase kind 'verify'" in err
+
+
+def test_the_presets_name_only_known_kinds_and_each_builds():
+    kinds = resources.phase_kinds()
+    for name in ("eagle",):
+        for phase in resources.data("presets.toml")["speculative"][name]["phases"]:
+            assert phase["kind"] in kinds
+    assert set(kinds) == {"decode", "target_verify", "draft_extend", "draft_decode"}
+
+
+def test_phase_kinds_schema_is_strict(cli):
+    code, out, _ = cli("schema", "phase-kinds")
+    schema = json.loads(out)["$defs"]
+    assert code == 0 and schema["PhaseKind"]["additionalProperties"] is False
+    assert schema["PhaseKind"]["properties"]["settings"]["items"]["enum"] == ["layers", "steps", "topk"]
+    code, out, _ = cli("schema", "plan")
+    assert json.loads(out)["$defs"]["PhasePlan"]["properties"]["kind"]["enum"] == list(resources.phase_kinds())
+
+
+def test_the_shared_schemas_still_import_without_the_planner():
+    out = subprocess.run([sys.executable, "-c", "import sys, schemas.codec, schemas.spec, schemas.plan\n"
+                          "print('planner' in sys.modules)"], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
