@@ -110,7 +110,7 @@ def test_an_unknown_phase_kind_in_a_spec_is_located_and_lists_the_kinds(tmp_path
     assert code == 1 and "$.rules[0].when.phase_kind[1]: unknown phase kind 'verify'" in err
 
 
-def test_the_presets_name_only_known_kinds_and_each_builds():
+def test_the_speculative_presets_name_only_shipped_kinds():
     kinds = resources.phase_kinds()
     for name in ("eagle",):
         for phase in resources.data("presets.toml")["speculative"][name]["phases"]:
@@ -131,3 +131,13 @@ def test_the_shared_schemas_still_import_without_the_planner():
     out = subprocess.run([sys.executable, "-c", "import sys, schemas.codec, schemas.spec, schemas.plan\n"
                           "print('planner' in sys.modules)"], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_new_kind_leaves_the_checked_in_plans_up_to_date(kinds_toml, cli):
+    """phase_kinds.toml is not in the rules digest: adding a kind changes no existing plan."""
+    from pathlib import Path
+
+    kinds_toml(NEW)
+    plan = Path(__file__).resolve().parent.parent / "plans" / "fa3-eagle-ci.json"
+    code, out, err = cli("check", str(plan))
+    assert code == 0 and out.strip().endswith("fa3-eagle-ci.json: up to date"), err
