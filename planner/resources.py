@@ -67,10 +67,14 @@ def data(name: str) -> dict[str, Any]:
 @functools.cache
 def builtin_rules() -> tuple:
     """The rules of ``rules.toml`` as :class:`schemas.spec.Rule`."""
-    from schemas.codec import convert
+    from schemas.codec import check_phase_kind, convert
     from schemas.spec import Rule
 
-    return tuple(convert(data("rules.toml")["rules"], list[Rule], "planner/data/rules.toml"))
+    rules = tuple(convert(data("rules.toml")["rules"], list[Rule], "planner/data/rules.toml"))
+    for i, rule in enumerate(rules):  # the shared Rule type takes any kind name: these are the planner's
+        for j, kind in enumerate(rule.when.phase_kind or ()):
+            check_phase_kind(kind, phase_kinds(), f"planner/data/rules.toml: $.rules[{i}].when.phase_kind[{j}]")
+    return rules
 
 
 @functools.cache

@@ -34,7 +34,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = [
     "canonical_bytes", "sha256", "plan_digest", "seal", "decode_spec", "decode_plan",
-    "decode_trace", "decode_report", "convert", "validate_spec", "validate_plan", "sniff_kind",
+    "decode_trace", "decode_report", "convert", "validate_spec", "validate_plan", "sniff_kind", "check_phase_kind",
 ]
 
 T = TypeVar("T")
@@ -292,7 +292,7 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
         if phase.tokens_per_request > MAX_TOKENS_PER_REQUEST:
             raise InputError(f"tokens_per_request = {_short(phase.tokens_per_request)} is over the limit of "
                              f"{MAX_TOKENS_PER_REQUEST}", where=f"{source}: $.phases[{i}].tokens_per_request")
-        _known_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
+        check_phase_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
         # e.g. draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
         for field, unset in _UNSET_SETTING.items():
             value = getattr(phase, field)
@@ -332,7 +332,7 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
             raise InputError(f"duplicate rule id {rule.id!r}", where=f"{source}: $.rules[{i}].id")
         rule_ids.add(rule.id)
         for j, kind in enumerate(rule.when.phase_kind or ()):
-            _known_kind(kind, phase_kinds, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
+            check_phase_kind(kind, phase_kinds, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
     if spec.model.heads % spec.model.kv_heads:
         raise InputError("heads must be a multiple of kv_heads", where=f"{source}: $.model.kv_heads")
     if spec.trace is not None and "\x00" in spec.trace:
@@ -340,7 +340,8 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
     return spec
 
 
-def _known_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
+def check_phase_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
+    """Refuse a phase kind that is not a key of ``phase_kinds`` (see :func:`validate_spec`)."""
     if kind not in phase_kinds:
         raise InputError(f"unknown phase kind {kind!r}", where=where,
                          fix=f"use one of {', '.join(sorted(phase_kinds))}")

@@ -141,3 +141,21 @@ def test_a_new_kind_leaves_the_checked_in_plans_up_to_date(kinds_toml, cli):
     plan = Path(__file__).resolve().parent.parent / "plans" / "fa3-eagle-ci.json"
     code, out, err = cli("check", str(plan))
     assert code == 0 and out.strip().endswith("fa3-eagle-ci.json: up to date"), err
+
+
+def test_a_builtin_rule_naming_an_unknown_kind_is_located(monkeypatch):
+    """The shared Rule type takes any kind name; the planner checks its own rules.toml against the data."""
+    real = resources.data_bytes
+    extra = b'\n[[rules]]\nid = "typo"\nwhy = "w"\nwhen = { phase_kind = ["decode", "verfy"] }\n'
+    monkeypatch.setattr(resources, "data_bytes", lambda name: real(name) + extra if name == "rules.toml" else real(name))
+    for f in (resources.data, resources.builtin_rules):
+        f.cache_clear()
+    try:
+        with pytest.raises(InputError, match=r"planner/data/rules.toml: \$\.rules\[\d+\]\.when\.phase_kind\[1\]: "
+                                             r"unknown phase kind 'verfy'"):
+            resources.builtin_rules()
+    finally:
+        monkeypatch.undo()
+        for f in (resources.data, resources.builtin_rules):
+            f.cache_clear()
+    assert resources.builtin_rules()  # the shipped rules load
