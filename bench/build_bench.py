@@ -19,6 +19,9 @@ is recorded: other jobs on a shared machine slow every figure.
 Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
 Run: python bench/build_bench.py [--repeat 5] [--tag NAME] [--no-exact]
      python bench/build_bench.py --python OTHER/bin/python --tag installed   (commands only, that installation)
+     python bench/build_bench.py --python B/bin/python --against A/bin/python --tag ab
+         (A/B: the commands alternate between the two installations run by run, so that drift in the
+         machine's load hits both alike; wall and child CPU medians of each, and B/A ratios)
 """
 
 from __future__ import annotations
@@ -51,8 +54,38 @@ def _median(fn, repeat: int) -> float:
 PYTHON = sys.executable  # --python: time the commands with another installation
 
 
-def _cli(*args: str) -> None:
-    subprocess.run([PYTHON, "-m", "planner", *args], check=True, capture_output=True, cwd=tempfile.gettempdir())
+def _cli(*args: str, python: str | None = None) -> None:
+    subprocess.run([python or PYTHON, "-m", "planner", *args], check=True, capture_output=True,
+                   cwd=tempfile.gettempdir())
+
+
+COMMANDS = {"help": ("--help",), "build_default": ("build", "--backend", "fa3", "--ci", "--dry-run"),
+            "build_speculative": ("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run")}
+
+
+def _ab(a: str, b: str, repeat: int, only: list[str] | None = None) -> dict:
+    """Each command run ``repeat`` times by each interpreter, alternating (a, b, b, a, ...): medians of
+    wall time and of the child's CPU time (user + system), and b's medians over a's."""
+    import resource
+
+    out: dict = {}
+    for name, args in COMMANDS.items():
+        if only and name not in only:
+            continue
+        samples: dict = {a: ([], []), b: ([], [])}
+        for i in range(repeat):
+            for py in ((a, b) if i % 2 == 0 else (b, a)):
+                r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t0 = time.perf_counter()
+                _cli(*args, python=py)
+                wall = time.perf_counter() - t0
+                r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                samples[py][0].append(wall)
+                samples[py][1].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+        med = {py: (statistics.median(w), statistics.median(c)) for py, (w, c) in samples.items()}
+        out[name] = {"a_wall_s": med[a][0], "b_wall_s": med[b][0], "a_cpu_s": med[a][1], "b_cpu_s": med[b][1],
+                     "b_over_a_wall": med[b][0] / med[a][0], "b_over_a_cpu": med[b][1] / med[a][1]}
+    return out
 
 
 def _scale_spec(n: int) -> Path:
@@ -74,6 +107,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--tag", default="", help="file name suffix: build-<date>-<tag>.json")
     ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
+    ap.add_argument("--against", metavar="PYTHON", help="A/B: alternate the commands between this "
+                    "interpreter (a) and --python (b), run by run")
+    ap.add_argument("--only", action="append", choices=sorted(COMMANDS), help="A/B: only this command "
+                    "(repeatable)")
     ap.add_argument("--python", help="time only the commands (help, builds), run by this interpreter: e.g. a "
                     "virtual environment where `pip install .` installed capture-plan (no editable path finder)")
     args = ap.parse_args()
@@ -99,6 +136,13 @@ def main() -> None:
     res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
     res["build_speculative_s"] = _median(
         lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat)
+    if args.against:
+        if not args.python:
+            ap.error("--against needs --python (the b side)")
+        res.update(a=args.against, b=args.python, ab=_ab(args.against, args.python, args.repeat, args.only))
+        return _write(res, args, "b/a: " + ", ".join(
+            f"{name} wall {v['b_over_a_wall']:.3f} cpu {v['b_over_a_cpu']:.3f} ({v['a_wall_s']:.3f} -> "
+            f"{v['b_wall_s']:.3f} s)" for name, v in res["ab"].items()))
     if args.python:
         res["python"] = args.python
         res["install"] = subprocess.run([PYTHON, "-c", "import planner, pathlib; print('editable' if pathlib.Path("

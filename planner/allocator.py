@@ -69,7 +69,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-__all__ = ["PoolSim", "Block", "round_size", "segment_size", "KiB", "MiB",
+__all__ = ["PoolSim", "Block", "FREE", "round_size", "segment_size", "KiB", "MiB",
            "mib", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
 
 KiB = 1024
@@ -80,6 +80,11 @@ SMALL_BUFFER = 2 * MiB
 LARGE_BUFFER = 20 * MiB
 MIN_LARGE_ALLOC = 10 * MiB
 ROUND_LARGE = 2 * MiB
+
+#: ``nbytes`` of a free in :meth:`PoolSim.run`'s compact ``(nbytes, id)`` ops
+#: (the inner loop tests ``nbytes < 0``). Callers build ops from typed
+#: programs (planner/program.py), never by writing this value themselves.
+FREE = -1
 
 
 def mib(n: int, unit: bool = True) -> str:
@@ -191,8 +196,9 @@ class PoolSim:
             watched: list | None = None) -> None:
         """Allocate and free in order, on ``stream``: the allocator itself.
 
-        ``ops`` are ``(nbytes, id)`` pairs: ``nbytes >= 0`` allocates and
-        stores the block as ``live[id]``; a negative ``nbytes`` frees
+        ``ops`` are ``(nbytes, id)`` pairs, the compact form
+        ``planner.program.Program.runnable`` builds: ``nbytes >= 0`` allocates
+        and stores the block as ``live[id]``; ``nbytes == FREE`` frees
         ``live.pop(id)`` (nothing when ``id`` is not live). ``spans`` gets
         ``(start, end)`` of every block allocated and, only then, ``watched``
         the same for the ids in ``watch``, as allocated (for hazard checks).
@@ -372,7 +378,7 @@ class PoolSim:
 
     def free(self, block: Block) -> None:
         """Free ``block`` (merging it with free neighbours); a double free raises ValueError."""
-        self.run(((-1, 0),), {0: block}, block.stream)
+        self.run(((FREE, 0),), {0: block}, block.stream)
 
     def copy(self) -> "PoolSim":
         """An independent pool in the same state (blocks copied, O(blocks)).

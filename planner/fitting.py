@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from schemas.errors import InputError
 from schemas.trace import CaptureTrace, default_samples
 
+from .program import Alloc, Free, Op, ops_from_events
+
 __all__ = ["ROUNDINGS", "PhaseFit", "fit_phase", "default_samples"]
 
 #: batch roundings tried, in order: 1 (plain affine) first
@@ -52,13 +54,9 @@ class PhaseFit:
     """Result for one phase: the programs' ops per planned size, and which
     sizes were measured (recorded) and which derived."""
 
-    ops: dict[int, tuple]
+    ops: dict[int, tuple[Op, ...]]
     measured: tuple[int, ...]
     derived: tuple[int, ...]
-
-
-def _ops(cap: CaptureTrace) -> tuple:
-    return tuple((e.size if e.op == "alloc" else -1, e.id, e.kind) for e in cap.events)
 
 
 def _skeleton(cap: CaptureTrace) -> tuple[tuple, list[int]]:
@@ -80,14 +78,16 @@ def _skeleton(cap: CaptureTrace) -> tuple[tuple, list[int]]:
     return tuple(shape), sizes
 
 
-def _rebuild(shape: tuple, sizes: list[int]) -> tuple:
-    ops, n = [], 0
+def _rebuild(shape: tuple, sizes: list[int]) -> tuple[Op, ...]:
+    """Ops of a derived size: the shape's allocations (ids are their ordinals) with ``sizes``."""
+    ops: list[Op] = []
+    n = 0
     for item in shape:
         if item[0] == "a":
-            ops.append((sizes[n], n, item[1]))
+            ops.append(Alloc(sizes[n], n, item[1]))
             n += 1
         else:
-            ops.append((-1, item[1], "temp"))
+            ops.append(Free(item[1]))
     return tuple(ops)
 
 
@@ -158,7 +158,7 @@ class _Run:
 
 
 def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], where: str) -> PhaseFit:
-    """Programs (op tuples) for every planned size of ``phase`` from ``samples``.
+    """Programs' ops for every planned size of ``phase`` from ``samples``.
 
     Planned sizes that were recorded use their own events unchanged; the
     others are derived as the module docstring describes, or an
@@ -166,7 +166,7 @@ def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], 
     """
     recorded = sorted(samples)
     missing = sorted(s for s in planned if s not in samples)
-    ops = {s: _ops(samples[s]) for s in planned if s in samples}
+    ops = {s: ops_from_events(samples[s].events) for s in planned if s in samples}
     if not missing:
         return PhaseFit(ops=ops, measured=tuple(sorted(ops)), derived=())
     if not recorded:

@@ -16,8 +16,9 @@ from typing import Iterable
 
 from schemas.plan import Strategy
 
-from .allocator import PoolSim
-from .workload import CARRY, Workload
+from .allocator import FREE, PoolSim
+from .program import CARRY
+from .workload import Workload
 
 __all__ = ["SimResult", "Simulation", "Tail", "simulate", "pool_id"]
 
@@ -149,7 +150,7 @@ class Simulation:
                 # `allocated`), so the free lists (compared exactly, see
                 # PoolSim.free_state) and that block pin the state.
                 if seen is not None:
-                    sig = (pool.free_state(), carried.addr if carried is not None else -1)
+                    sig = (pool.free_state(), carried.addr if carried is not None else None)
                     if sig in seen:
                         period = i - seen[sig]
                         i += (prog.repeats - i) // period * period
@@ -176,7 +177,7 @@ class Simulation:
         for eid in live:
             kind = carried_kind if eid == CARRY else kinds[eid]
             if kind == "temp" or kind == "workspace" or (kind == "output" and view):
-                ends.append((-1, eid))
+                ends.append((FREE, eid))
         run(ends, live)
         self.timeline.append((sum(p.reserved for p in pools.values()), sum(p.allocated for p in pools.values())))
 

@@ -1,6 +1,7 @@
 """What one capture allocates in the pool: the workload memory model.
 
-Two sources, one output type (:class:`Program`, what the simulator runs):
+Two sources, one output type (:class:`Program` of planner/program.py, typed
+``Alloc``/``Free`` ops, what the simulator runs):
 
 * **analytic** -- derived from the spec's model dimensions: a Llama-style
   decoder step (RMSNorm with a float32 upcast, fused QKV, attention, O-proj,
@@ -21,15 +22,15 @@ differences beyond dividing heads and MLP by ``tp``.
 from __future__ import annotations
 
 import msgspec
-import functools
 from dataclasses import dataclass, field
 from collections.abc import Iterator, Mapping
 from typing import Callable
 
 from schemas.errors import InputError
 from schemas.spec import Model, Phase
-from schemas.trace import CaptureTrace, Event, Trace
+from schemas.trace import CaptureTrace, Trace
 
+from .program import CARRY, Alloc, Free, Op, Program
 from .resources import Backend
 
 __all__ = ["Workload", "Program", "CARRY", "PHASE_KINDS", "PhaseKindModel", "PROGRAMS", "analytic_program",
@@ -49,84 +50,6 @@ def workspace_bytes(backend: Backend, bs: int, tokens_per_request: int) -> int:
     return ws.elem_bytes * (ws.per_request * _round_up(bs, ws.round_batch_to) + ws.fixed)
 
 
-#: id, inside a repeated body, of the block carried in from before it
-CARRY = -1
-
-Op = tuple  # (size or -1 for a free, id, kind)
-
-
-class Program(msgspec.Struct, frozen=True, dict=True):
-    """One capture's allocations as the simulator runs them.
-
-    ``prologue``, then ``body`` ``repeats`` times (one decoder layer), then
-    ``epilogue``; each a tuple of ``(size, id, kind)`` ops, size -1 for a
-    free. The block with id ``carry_in`` (allocated in the prologue) enters
-    the first repetition as id ``CARRY``; each repetition frees it and
-    allocates ``carry_out``, which enters the next one (and the epilogue) as
-    ``CARRY``. ``carry_in=None``: the first repetition's input is no pool
-    block (a static buffer of the engine). ``carry_kind``: the kind of the
-    block the last repetition carries out, when the step returns it (the
-    body allocates it as a temporary). Ids inside the body are reused by
-    every repetition. A recorded trace is all prologue.
-    """
-
-    prologue: tuple
-    body: tuple = ()
-    repeats: int = 0
-    epilogue: tuple = ()
-    carry_in: int | None = CARRY
-    carry_out: int = CARRY
-    carry_kind: str | None = None
-
-    @functools.cached_property
-    def runnable(self) -> "_Runnable":
-        """The sections as :meth:`planner.allocator.PoolSim.run` takes them, and each id's kind."""
-        kinds = {i: kind for section in (self.prologue, self.body, self.epilogue) for size, i, kind in section
-                 if size >= 0}
-        pairs = [tuple((size, i) for size, i, _ in section) for section in (self.prologue, self.body, self.epilogue)]
-        outputs = [frozenset(i for size, i, kind in section if size >= 0 and kind == "output")
-                   for section in (self.prologue, self.body, self.epilogue)]
-        return _Runnable(*pairs, kinds, *outputs)
-
-    def flatten(self) -> list[Event]:
-        """Every event in order, with ids made unique (for tests and inspection)."""
-        out: list[Event] = []
-        fresh = iter(range(1 << 62))
-        ids: dict[tuple, int] = {}
-        at: dict[int, int] = {}  # allocation id -> index of its event
-
-        def emit(ops, rename) -> None:
-            for size, i, kind in ops:
-                if size >= 0:
-                    ids[rename(i)] = n = next(fresh)
-                    at[n] = len(out)
-                    out.append(Event(op="alloc", id=n, size=size, kind=kind))
-                elif rename(i) in ids:  # a free of no block: the static input of carry_in=None
-                    out.append(Event(op="free", id=ids.pop(rename(i))))
-
-        emit(self.prologue, lambda i: ("p", i))
-        carried = ("p", self.carry_in)
-        for r in range(self.repeats):
-            emit(self.body, lambda i, r=r, c=carried: c if i == CARRY else ("b", r, i))
-            carried = ("b", r, self.carry_out)
-        if self.carry_kind and self.repeats:
-            e = out[at[ids[carried]]]
-            out[at[ids[carried]]] = Event(op="alloc", id=e.id, size=e.size, kind=self.carry_kind)
-        emit(self.epilogue, lambda i, c=carried: c if i == CARRY else ("e", i))
-        return out
-
-
-class _Runnable(msgspec.Struct, frozen=True):
-    prologue: tuple
-    body: tuple
-    epilogue: tuple
-    #: allocation id -> kind ("temp", "output", "workspace", "library")
-    kinds: dict
-    prologue_outputs: frozenset
-    body_outputs: frozenset
-    epilogue_outputs: frozenset
-
-
 class _Ops:
     def __init__(self) -> None:
         self.ops: list[Op] = []
@@ -135,14 +58,13 @@ class _Ops:
     def alloc(self, size: int, kind: str = "temp") -> int:
         i = self._next
         self._next += 1
-        self.ops.append((size, i, kind))
+        self.ops.append(Alloc(size, i, kind))
         return i
 
     def free(self, *ids: int) -> None:
-        for i in ids:
-            self.ops.append((-1, i, "temp"))
+        self.ops.extend(map(Free, ids))
 
-    def take(self) -> tuple:
+    def take(self) -> tuple[Op, ...]:
         ops, self.ops = tuple(self.ops), []
         return ops
 
@@ -433,18 +355,8 @@ class Workload:
         key = (phase, bs)
         prog = self._hoisted.get(key)
         if prog is None:
-            p = self.programs[key]
-            prog = self._hoisted[key] = Program(
-                prologue=_without_workspace(p.prologue), body=_without_workspace(p.body), repeats=p.repeats,
-                epilogue=_without_workspace(p.epilogue), carry_in=p.carry_in, carry_out=p.carry_out,
-                carry_kind=p.carry_kind)
+            prog = self._hoisted[key] = self.programs[key].without_workspace()
         return prog
-
-
-def _without_workspace(ops: tuple) -> tuple:
-    """``ops`` less workspace allocations and their frees (ids are unique within a section)."""
-    ws = {eid for size, eid, kind in ops if size >= 0 and kind == "workspace"}
-    return tuple(op for op in ops if op[1] not in ws) if ws else ops
 
 
 def _check_events(cap: CaptureTrace, where: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner import BuildOptions, build_plan
+from planner.program import Alloc
 from planner.workload import Workload
 from schemas.errors import InputError
 from schemas.spec import Phase
@@ -22,8 +23,9 @@ def _h200() -> Trace:
     return msgspec.json.decode(H200.read_bytes(), type=Trace)
 
 
-def _sizes(w: Workload, phase: str, bs: int) -> list[int]:
-    return [op[0] for op in w.programs[(phase, bs)].prologue]
+def _sizes(w: Workload, phase: str, bs: int) -> list[int | None]:
+    """Each op's size, None for a free."""
+    return [op.size if isinstance(op, Alloc) else None for op in w.programs[(phase, bs)].prologue]
 
 
 def test_three_recorded_h200_sizes_give_every_other_size_exactly():

@@ -70,14 +70,13 @@ LAYER_CASES = [  # shapes whose layers settle into a cycle only after several la
 @pytest.mark.parametrize("expandable", [False, True])
 def test_skipping_repeated_layers_is_exact(model, sizes, kind, tpr, expandable):
     """Cycle skipping gives exactly the pool of simulating every layer."""
+    from planner.program import ops_from_events
     from planner.workload import Program, analytic_program
 
     phase = Phase(name="decode", kind=kind, sizes=sizes, tokens_per_request=tpr)
     b = backend("fa3")
     looped = Workload("analytic", {("decode", bs): analytic_program(model, phase, bs, b) for bs in sizes})
-    flat = Workload("analytic", {k: Program(prologue=tuple((e.size if e.op == "alloc" else -1, e.id, e.kind)
-                                                            for e in p.flatten()))
-                                 for k, p in looped.programs.items()})
+    flat = Workload("analytic", {k: Program(prologue=ops_from_events(p.flatten())) for k, p in looped.programs.items()})
     for order in ("largest-first", "smallest-first"):
         for outputs in ("keep", "view"):
             seq = [("decode", x) for x in sorted(sizes, reverse=order == "largest-first")]
@@ -136,8 +135,8 @@ def test_draft_decode_allocates_nothing_for_its_static_first_input():
 
     phase = Phase(name="draft_decode", kind="draft_decode", sizes=[8], layers=1, steps=3, topk=2)
     prog = analytic_program(SMALL_DRAFT, phase, 8, backend("torch"))
-    assert [(size, kind) for size, _, kind in prog.prologue] == [(8 * 3 * 2 * 8, "output"), (8 * 3 * 2 * 4, "output"),
-                                                                 (8 * 3 * 2 * 8, "output")]
+    assert [(op.size, op.kind) for op in prog.prologue] == [(8 * 3 * 2 * 8, "output"), (8 * 3 * 2 * 4, "output"),
+                                                            (8 * 3 * 2 * 8, "output")]
 
 
 def test_a_draft_phase_whose_outputs_outlive_others_can_keep_them_in_the_shared_pool(tmp_path):
