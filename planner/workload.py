@@ -21,10 +21,12 @@ differences beyond dividing heads and MLP by ``tp``.
 
 from __future__ import annotations
 
-import msgspec
-from dataclasses import dataclass, field
+import functools
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Callable
+
+import msgspec
 
 from schemas.errors import InputError
 from schemas.spec import Model, Phase
