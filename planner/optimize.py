@@ -117,12 +117,15 @@ def _preference(rules: list[Rule], base: Choice) -> dict[str, str]:
     return pref
 
 
-def _check_pins(phase: Phase, pins: dict[str, str], cands: list[Strategy], rules: list[Rule], pb: Problem) -> None:
+def _check_pins(phase: Phase, pins: dict[str, str], cands: list[Strategy], rules: list[Rule], pb: Problem,
+                options: list[Strategy]) -> None:
     where = "--strategy " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
     if pins.get("workspace") == "hoisted" and pb.backend.workspace is None:
         raise ConstraintError(f"phase {phase.name!r}: this backend has no workspace to hoist", where=where)
-    if not cands:
-        return
+    if not cands:  # e.g. pool=own in a one-phase spec: there is no other pool to keep apart from
+        offered = "; ".join(f"{ax}: {', '.join(sorted({str(getattr(s, ax)) for s in options}))}" for ax in sorted(pins))
+        raise ConstraintError(f"phase {phase.name!r} has no strategy with {where[len('--strategy '):]} "
+                              f"(its options: {offered})", where=where, fix="drop the pin or pin one of the options")
     if all(violated(s, rules) for s in cands):
         broken = sorted({rid for s in cands for rid in violated(s, rules)})
         reqs = "; ".join(f"{r.id} requires {' or '.join(choice_label(c) for c in r.require)}"
@@ -168,7 +171,7 @@ def optimize(pb: Problem) -> Solution:
         warm = _warmup(p, rules, pins)
         allc = [Strategy(**{**{ax: getattr(s, ax) for ax in MEMORY_AXES}, "warmup": warm}) for s in _candidates(p, pb)]
         pinned = [s for s in allc if all(getattr(s, ax) == v for ax, v in pins.items() if ax in MEMORY_AXES)]
-        _check_pins(p, {k: v for k, v in pins.items() if k in MEMORY_AXES}, pinned, rules, pb)
+        _check_pins(p, {k: v for k, v in pins.items() if k in MEMORY_AXES}, pinned, rules, pb, allc)
         ok = [s for s in pinned if not violated(s, rules)]
         if not ok:
             broken = sorted({rid for s in allc for rid in violated(s, rules)})

@@ -127,6 +127,8 @@ def test_usage_errors_are_the_frameworks_exit_2(cli):
     assert code == 2 and "No such command 'biuld'" in err and "planner planner" not in err
     code, _, err = cli("build", "-b", "fa3", "--tp", "x")
     assert code == 2 and "Invalid value for '--tp'" in err
+    code, _, err = cli("show")
+    assert code == 2 and "Missing argument 'plan'." in err  # the name, not the usage line's {plan}
 
 
 def test_bare_planner_help_version_and_debug(cli):
@@ -199,6 +201,15 @@ require = [{ order = "smallest-first" }]
 def test_strategy_pin_breaking_a_rule(cli):
     code, _, err = cli("build", "-b", "triton", "-s", "warmup=once-per-phase")
     assert code == 1 and "breaks rule warmup-per-shape for phase 'decode'" in err
+
+
+def test_strategy_pin_no_strategy_has_names_the_options(cli, tmp_path):
+    """One phase shares its pool with nothing: pool=own is no option. The
+    error says so (it used to blame unnamed rules)."""
+    code, _, err = cli("build", "-b", "fa3", "--max-bs", "16", "-s", "decode.pool=own", "-o", str(tmp_path / "p.json"))
+    assert code == 1 and err.count("\n") == 1
+    assert "phase 'decode' has no strategy with pool=own (its options: pool: shared)" in err
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_show_explain_graph_simulate_schema(cli, tmp_path, built):

@@ -24,6 +24,10 @@ class _Argument(click.Argument):
         super().__init__(decls, **kw)
         self.doc, self.kind = doc, kind
 
+    def get_error_hint(self, ctx: click.Context) -> str:
+        # the usage line's {name} is click's metavar; errors name the argument plainly
+        return repr(self.name)
+
     def help_row(self) -> tuple[str, str]:
         name = self.name + ("..." if self.nargs == -1 else "")
         extra = "  [required]" if self.required else \
