@@ -58,3 +58,28 @@ def built():
         return _PLANS[key]
 
     return get
+
+
+@pytest.fixture
+def data_file(monkeypatch):
+    """``data_file(name, extra)``: the planner reads ``planner/data/<name>`` as the
+    shipped bytes plus ``extra`` (every cache of the data cleared); the shipped
+    files again after the test."""
+    from planner import resources, workload
+
+    real = resources.data_bytes
+    extras: dict[str, bytes] = {}
+
+    def clear() -> None:
+        for f in (resources.data, resources.backends, resources.phase_kinds, resources.rules_digest,
+                  resources.builtin_rules, resources.baseline, workload._phase_kind_models):
+            f.cache_clear()
+
+    def use(name: str, extra: bytes) -> None:
+        extras[name] = extra
+        monkeypatch.setattr(resources, "data_bytes", lambda n: real(n) + extras.get(n, b""))
+        clear()
+
+    yield use
+    monkeypatch.undo()
+    clear()

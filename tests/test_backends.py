@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from planner import BuildOptions, build_plan
@@ -19,25 +21,10 @@ attention_temp_factor = 2.0
 """
 
 
-def _clear() -> None:
-    for f in (resources.data, resources.backends, resources.rules_digest, resources.builtin_rules,
-              resources.baseline):
-        f.cache_clear()
-
-
 @pytest.fixture
-def backends_toml(monkeypatch):
+def backends_toml(data_file):
     """Replace backends.toml's bytes with the shipped ones plus ``extra``."""
-    real = resources.data_bytes
-
-    def use(extra: bytes) -> None:
-        monkeypatch.setattr(resources, "data_bytes",
-                            lambda name: real(name) + extra if name == "backends.toml" else real(name))
-        _clear()
-
-    yield use
-    monkeypatch.undo()
-    _clear()
+    return functools.partial(data_file, "backends.toml")
 
 
 def test_a_backend_added_by_a_data_file_alone_builds_and_is_offered(backends_toml, cli):

@@ -3,6 +3,7 @@ table in phase_kinds.toml and nothing else."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from planner import BuildOptions, build_plan, plan_bytes
-from planner import resources, workload
+from planner import resources
 from schemas.errors import InputError
 
 # allocates like target_verify (the target over every token, hidden state returned)
@@ -25,24 +26,10 @@ settings = ["layers"]
 PHASE = '[[phases]]\nname = "v"\nkind = "{kind}"\nsizes = [1, 4, 16]\ntokens_per_request = 4\nlayers = 2\n'
 
 
-def _clear() -> None:
-    for f in (resources.data, resources.phase_kinds, resources.rules_digest, workload._phase_kind_models):
-        f.cache_clear()
-
-
 @pytest.fixture
-def kinds_toml(monkeypatch):
+def kinds_toml(data_file):
     """Replace phase_kinds.toml's bytes with the shipped ones plus ``extra``."""
-    real = resources.data_bytes
-
-    def use(extra: bytes) -> None:
-        monkeypatch.setattr(resources, "data_bytes",
-                            lambda name: real(name) + extra if name == "phase_kinds.toml" else real(name))
-        _clear()
-
-    yield use
-    monkeypatch.undo()
-    _clear()
+    return functools.partial(data_file, "phase_kinds.toml")
 
 
 def _spec(tmp_path, text: str):
@@ -143,19 +130,11 @@ def test_a_new_kind_leaves_the_checked_in_plans_up_to_date(kinds_toml, cli):
     assert code == 0 and out.strip().endswith("fa3-eagle-ci.json: up to date"), err
 
 
-def test_a_builtin_rule_naming_an_unknown_kind_is_located(monkeypatch):
+def test_a_builtin_rule_naming_an_unknown_kind_is_located(data_file):
     """The shared Rule type takes any kind name; the planner checks its own rules.toml against the data."""
-    real = resources.data_bytes
-    extra = b'\n[[rules]]\nid = "typo"\nwhy = "w"\nwhen = { phase_kind = ["decode", "verfy"] }\n'
-    monkeypatch.setattr(resources, "data_bytes", lambda name: real(name) + extra if name == "rules.toml" else real(name))
-    for f in (resources.data, resources.builtin_rules):
-        f.cache_clear()
-    try:
-        with pytest.raises(InputError, match=r"planner/data/rules.toml: \$\.rules\[\d+\]\.when\.phase_kind\[1\]: "
-                                             r"unknown phase kind 'verfy'"):
-            resources.builtin_rules()
-    finally:
-        monkeypatch.undo()
-        for f in (resources.data, resources.builtin_rules):
-            f.cache_clear()
+    data_file("rules.toml", b'\n[[rules]]\nid = "typo"\nwhy = "w"\nwhen = { phase_kind = ["decode", "verfy"] }\n')
+    with pytest.raises(InputError, match=r"planner/data/rules.toml: \$\.rules\[\d+\]\.when\.phase_kind\[1\]: "
+                                         r"unknown phase kind 'verfy'"):
+        resources.builtin_rules()
+    data_file("rules.toml", b"")
     assert resources.builtin_rules()  # the shipped rules load
