@@ -56,7 +56,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from adapters.hf import HFTarget  # noqa: E402
-from capture_bench import loop_capture  # noqa: E402
+from capture_bench import check_loop, loop_capture  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
 from executor import capture, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
@@ -111,16 +111,6 @@ def release(graphs: dict | None = None) -> None:
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-
-
-def check_loop(target, graphs, outs, gen) -> int:
-    bad = 0
-    for bs, g in graphs.items():
-        target.prepare("decode", bs, bs, gen)
-        g.replay()
-        got = outs[bs].clone()
-        bad += not torch.equal(got, target.run("decode", bs, None))
-    return bad
 
 
 def sdpa_choice(target, bs: int) -> str:
