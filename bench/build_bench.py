@@ -10,6 +10,10 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
   scale/N           a spec with N sizes in each of 4 phases, in process (N = 35 .. 2048; 4 x 2048
                     is the most schemas/limits.py allows: 8,192 sizes in all)
   exact_1024        the 1024 x 4 spec with --exact (strategies compared on every size), once
+  work              per build above, in a separate untimed run: captures simulated and allocator
+                    operations (allocations and frees) run; ns_per_op is simulate_default over its own
+                    operations, so operations x ns_per_op is what simulating alone costs (the floor
+                    of an op-by-op simulation at this speed)
 
 The project's modules are byte-compiled first (what an installed package
 has; this workplace sets PYTHONDONTWRITEBYTECODE, so without this every
@@ -52,6 +56,31 @@ def _median(fn, repeat: int) -> float:
 
 
 PYTHON = sys.executable  # --python: time the commands with another installation
+
+
+def _work(fn) -> dict:
+    """Captures simulated and allocator operations run by ``fn()`` (counted, not timed)."""
+    from planner.allocator import PoolSim
+    from planner.simulate import Simulation
+
+    counts = {"captures": 0, "ops": 0}
+    run, capture = PoolSim.run, Simulation.capture
+
+    def counting_run(self, ops, *a, **k):
+        ops = tuple(ops)
+        counts["ops"] += len(ops)
+        return run(self, ops, *a, **k)
+
+    def counting_capture(self, *a, **k):
+        counts["captures"] += 1
+        return capture(self, *a, **k)
+
+    PoolSim.run, Simulation.capture = counting_run, counting_capture
+    try:
+        fn()
+    finally:
+        PoolSim.run, Simulation.capture = run, capture
+    return counts
 
 
 def _cli(*args: str, python: str | None = None) -> None:
@@ -171,10 +200,24 @@ def main() -> None:
     if not args.no_exact:
         path = _scale_spec(1024)
         res["exact_1024_s"] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)), 1)
+    work = {"simulate_default": _work(lambda: simulate(caps, strategies, wl)),
+            "build_default": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True))),
+            "build_speculative": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))}
+    path = _scale_spec(1024)
+    work["scale_1024"] = _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)))
+    if not args.no_exact:
+        work["exact_1024"] = _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)))
+    ns = res["simulate_default_s"] / work["simulate_default"]["ops"] * 1e9
+    for w in work.values():
+        w["simulating_s_at_ns_per_op"] = round(w["ops"] * ns * 1e-9, 3)
+    res["work"] = {"ns_per_op": round(ns), **work}
     scale = res["scale"]
     _write(res, args, f"default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
            f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
-           f"{scale['2048']:.2f} s" + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else ""))
+           f"{scale['2048']:.2f} s" + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else "")
+           + f"; {ns:.0f} ns per allocator op: " + ", ".join(
+               f"{k} {w['captures']:,} captures {w['ops'] / 1e6:.2f} M ops = {w['simulating_s_at_ns_per_op']:.2f} s"
+               for k, w in work.items() if k != "simulate_default"))
 
 
 def _write(res: dict, args, summary: str) -> None:

@@ -45,6 +45,7 @@ import torch
 
 from schemas.plan import Plan, Step
 from schemas.report import CaptureReport, StepMeasurement
+from schemas.units import mib
 
 from .errors import CaptureFailed, ExecutorError
 from .graphs import Captured, Fallback, GraphSet, as_outputs
@@ -315,7 +316,7 @@ class CaptureSession:
             pred = plan.predicted.pool_bytes
             delta = f" ({(reserved - pred) / pred:+.1%})" if pred else ""
             log.info("capture-plan: %d graphs of %s in %.2f s; pool %s MiB, predicted %s MiB%s", len(gs.graphs),
-                     plan.name, elapsed, f"{reserved / 2**20:,.1f}", f"{pred / 2**20:,.1f}", delta)
+                     plan.name, elapsed, mib(reserved, unit=False), mib(pred, unit=False), delta)
 
     # -- foreground or background ---------------------------------------------
     def run_foreground(self, heap: Frozen, *, distributed: bool, group) -> GraphSet:

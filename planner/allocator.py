@@ -69,11 +69,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-__all__ = ["PoolSim", "Block", "FREE", "round_size", "segment_size", "KiB", "MiB",
-           "mib", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
+from schemas.units import KiB, MiB
 
-KiB = 1024
-MiB = 1024 * KiB
+__all__ = ["PoolSim", "Block", "FREE", "round_size", "segment_size", "KiB", "MiB",
+           "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
+
 MIN_BLOCK = 512
 SMALL_SIZE = 1 * MiB
 SMALL_BUFFER = 2 * MiB
@@ -85,12 +85,6 @@ ROUND_LARGE = 2 * MiB
 #: (the inner loop tests ``nbytes < 0``). Callers build ops from typed
 #: programs (planner/program.py), never by writing this value themselves.
 FREE = -1
-
-
-def mib(n: int, unit: bool = True) -> str:
-    """``n`` bytes in MiB, one decimal, thousands separated: "2,122.0 MiB" (``unit=False``: "2,122.0")."""
-    text = f"{n / MiB:,.1f}"
-    return f"{text} MiB" if unit else text
 
 
 def _round_up(n: int, m: int) -> int:

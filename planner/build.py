@@ -24,10 +24,10 @@ from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Require
                           Strategy, TraceSamples)
 from schemas.spec import Phase, Spec
 from schemas.strategy import AXES, allocator_modes
+from schemas.units import MiB, mib
 
 from . import resources
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
-from .allocator import mib
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
@@ -239,7 +239,7 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
 
 
 def _check_budget(spec: Spec, spec_name: str, total: int, decisions: list[Decision]) -> None:
-    if spec.budget_mib is None or total <= spec.budget_mib * 2**20:
+    if spec.budget_mib is None or total <= spec.budget_mib * MiB:
         return
     allowed = [a for d in decisions for a in d.alternatives
                if not [v for v in a.violates if not v.startswith("--strategy")]]
@@ -339,14 +339,14 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     pins = parse_pins(list(opts.strategies), [p.name for p in spec.phases])
     workload, trace_path, trace_digest = _workload(opts, spec, backend, tp)
 
-    library = int(spec.library_mib * 2**20)
+    library = int(spec.library_mib * MiB)
     alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: Strategy()}, workload, allocator == "expandable",
                               library_bytes=library).pool_bytes for p in spec.phases}
     floor = max(alone.values())
-    if spec.budget_mib is not None and spec.budget_mib * 2**20 < floor:
+    if spec.budget_mib is not None and spec.budget_mib * MiB < floor:
         raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
                               f"needs {mib(floor)}", where=f"{spec_name}: $.budget_mib",
-                              fix=f"raise budget_mib to at least {-(-floor // 2**20)}")
+                              fix=f"raise budget_mib to at least {-(-floor // MiB)}")
     return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_raw=spec_raw, model_config=model_config,
                      tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
                      workload=workload, trace_path=trace_path, trace_digest=trace_digest, library=library,

@@ -25,8 +25,8 @@ from schemas.errors import ConstraintError, InputError
 from schemas.plan import Alternative, Decision, Strategy
 from schemas.spec import Choice, Phase, Rule
 from schemas.strategy import AXES, AXIS_VALUES
+from schemas.units import mib
 
-from .allocator import mib
 from .resources import Backend
 from .rules import choice_label, satisfies, violated
 from .simulate import Simulation, Tail, pool_id

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from schemas.errors import InputError
 from schemas.plan import Plan
-
-from .allocator import MiB
+from schemas.units import MiB
 
 __all__ = ["plot_timeline"]
 

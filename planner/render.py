@@ -10,8 +10,8 @@ import difflib
 
 from schemas.plan import Plan
 from schemas.report import CaptureReport
+from schemas.units import mib
 
-from .allocator import mib
 
 __all__ = ["summary", "steps_table", "explain", "diff", "graph", "timeline", "report_table"]
 

@@ -1,0 +1,19 @@
+"""Byte units and the one way the project writes a byte count in MiB.
+
+Shared by the planner (plan summaries, decisions, errors), the executor (its
+capture log line) and the benches, so that every figure a user compares is
+rounded and separated the same way.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KiB", "MiB", "mib"]
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def mib(n: int, unit: bool = True) -> str:
+    """``n`` bytes in MiB, one decimal, thousands separated: "2,122.0 MiB" (``unit=False``: "2,122.0")."""
+    text = f"{n / MiB:,.1f}"
+    return f"{text} MiB" if unit else text
