@@ -64,19 +64,15 @@ def _spec(tmp_path, cfg) -> "object":
 @pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "gemma2"])
 def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, kind):
     from adapters.hf import HFTarget
-    from executor import capture, profile, verify, write_trace
+    from executor import capture, profile, write_trace
+    from gpu_targets import assert_verifies_clean
     from planner import BuildOptions, build_plan
 
     model, cfg = _model(kind)
     target = HFTarget(model, max_bs=max(SIZES), max_seqlen=128)
     spec = _spec(tmp_path, cfg)
     plan = build_plan(BuildOptions(backend="torch", spec=spec))
-    gs = capture(plan, target, progress=False, record=True)
-    try:
-        res = verify(gs)
-        assert res.ok, res.summary()
-    finally:
-        gs.release()
+    assert_verifies_clean(plan, target)
     write_trace(profile(plan, target), tmp_path / "few.json")
     tplan = build_plan(BuildOptions(backend="torch", spec=spec, trace=tmp_path / "few.json"))
     assert len(tplan.predicted.samples["decode"].derived) == len(SIZES) - 3
