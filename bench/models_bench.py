@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import json
 import os
 import subprocess
@@ -56,7 +55,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from adapters.hf import HFTarget  # noqa: E402
-from capture_bench import check_loop, loop_capture  # noqa: E402
+from capture_bench import check_loop, loop_capture, release, replays_vs_eager  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
 from executor import capture, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
@@ -103,16 +102,6 @@ def write_spec(d: Path, cfg, sizes, allocator: str = "native") -> Path:
     return spec
 
 
-def release(graphs: dict | None = None) -> None:
-    if graphs:
-        for g in graphs.values():
-            g.reset()
-        graphs.clear()
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-
-
 def sdpa_choice(target, bs: int) -> str:
     """The kernel ``scaled_dot_product_attention`` dispatches to for this model's
     decode attention at batch ``bs``, under the target's current pin: the
@@ -133,22 +122,11 @@ def sdpa_choice(target, bs: int) -> str:
 def agreement(target, sizes, gen, trials: int = 3) -> dict:
     """Replays against eager runs of the same inputs, and eager against eager."""
     graphs, outs, _, _ = loop_capture(target, sizes, ascending=False, warmups=1)
-    replay_ne = eager_ne = 0
-    worst = 0.0
-    for bs, g in graphs.items():
-        for _ in range(trials):
-            target.prepare("decode", bs, bs, gen)
-            g.replay()
-            got = outs[bs].clone()
-            a = target.run("decode", bs, None).clone()
-            b = target.run("decode", bs, None)
-            replay_ne += not torch.equal(got, a)
-            eager_ne += not torch.equal(a, b)
-            worst = max(worst, float((got.float() - a.float()).abs().max()))
-    outs.clear()
-    release(graphs)
-    return {"sizes": list(sizes), "replays": len(sizes) * trials, "replay_not_equal_eager": replay_ne,
-            "eager_not_equal_eager": eager_ne, "max_abs_diff": worst}
+    rows = replays_vs_eager(target, graphs, outs, gen, rounds=trials, eager_twice=True)
+    release(graphs, outs)
+    return {"sizes": list(sizes), "replays": len(rows), "replay_not_equal_eager": sum(not r.equal for r in rows),
+            "eager_not_equal_eager": sum(not r.eager_equal for r in rows),
+            "max_abs_diff": max((r.max_abs_diff for r in rows), default=0.0)}
 
 
 def attention_check(target, sizes, gen) -> dict:
@@ -210,14 +188,12 @@ def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention
 
     graphs, outs, pool, _ = loop_capture(target, [max(sizes)], ascending=False, warmups=1)
     res["alone_mib"] = pool_reserved([pool]) / MiB
-    outs.clear()
-    release(graphs)
+    release(graphs, outs)
 
     graphs, outs, pool, secs = loop_capture(target, sizes, ascending=False)
     res["loop"] = {"pool_mib": pool_reserved([pool]) / MiB, "capture_s": secs,
                    "replays_not_equal_eager": check_loop(target, graphs, outs, gen), "replays": len(graphs)}
-    outs.clear()
-    release(graphs)
+    release(graphs, outs)
 
     spec = write_spec(tmp, cfg, sizes, allocator)
     plan = build_plan(BuildOptions(backend="torch", spec=spec))

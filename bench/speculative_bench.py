@@ -34,7 +34,6 @@ import argparse
 import datetime as dt
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,8 +47,8 @@ import torch  # noqa: E402
 
 from executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
-from executor.speculative import SpeculativeConfig, SpeculativeModel  # noqa: E402
-from planner import BuildOptions, build_plan  # noqa: E402
+from executor.speculative import SpeculativeConfig, SpeculativeModel, planted_run, spec_toml  # noqa: E402
+from planner import BuildOptions, build_plan, plan_bytes  # noqa: E402
 from schemas.spec import Model  # noqa: E402
 
 MiB = 2**20
@@ -225,39 +224,23 @@ def floors(model, plan_path: Path) -> dict:
     return out
 
 
-BUG_SCRIPT = """
-import json, sys; sys.path.insert(0, {root!r})
-from pathlib import Path
-from planner import BuildOptions, build_plan
-from executor import capture, verify, VerificationFailed
-from executor.speculative import small_model, spec_toml
-p = Path({spec!r}); p.write_text(spec_toml({sizes!r}))
-plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=p, strategies={pins!r}))
-gs = capture(plan, small_model(({bug!r},), max_bs={max_bs}), progress=False, record={record!r})
-try:
-    v = verify(gs, checks={checks!r})
-except VerificationFailed as err:
-    print("FAILED", err, flush=True); raise SystemExit(3)
-print("RESULT", json.dumps([[f.check, f.graph, f.detail, f.addr, f.nbytes] for f in v.faults]))
-"""
-
-
 def _subprocess(bug: str, sizes, pins=(), checks=("interleave", "footprint"), record=True) -> dict:
     """One planted-bug run in its own process (a device fault ends the process's CUDA context)."""
-    spec = Path(tempfile.mkdtemp()) / "spec.toml"
-    script = BUG_SCRIPT.format(root=str(ROOT), spec=str(spec), sizes=list(sizes),
-                               pins=tuple(pins), bug=bug, max_bs=max(sizes), record=record, checks=tuple(checks))
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    line = next((ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "RESULT"))), r.stderr[-800:])
-    if not line.startswith("RESULT"):
-        return {"exit": r.returncode, "line": line}
-    faults = json.loads(line[len("RESULT "):])
-    words = {w.strip(",:;()") for f in faults for w in f[2].split()}
-    culprits = sorted({f[1] for f in faults} | {w for w in words if w.count("/") == 1
-                                                  and w.split("/")[0] in ("draft_decode", "draft_extend")})
-    return {"exit": r.returncode, "faults": len(faults),
-            "by_check": {c: sum(1 for f in faults if f[0] == c) for c in {f[0] for f in faults}},
-            "graphs_named": culprits, "examples": [f"{f[0]}: graph {f[1]}: {f[2]}" for f in faults[:4]]}
+    d = Path(tempfile.mkdtemp())  # kept: a device fault's sanitizer command re-runs from its plan
+    (d / "spec.toml").write_text(spec_toml(list(sizes)))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=d / "spec.toml", strategies=tuple(pins)))
+    (d / "plan.json").write_bytes(plan_bytes(plan))
+    run = planted_run(d / "plan.json", (bug,), checks=tuple(checks), record=record, timeout=300)
+    if run.result is None:
+        return {"exit": run.exit, "line": run.failed or run.output[-800:]}
+    faults = run.result["faults"]
+    words = {w.strip(",:;()") for f in faults for w in f["detail"].split()}
+    culprits = sorted({f["graph"] for f in faults} | {w for w in words if w.count("/") == 1
+                                                       and w.split("/")[0] in ("draft_decode", "draft_extend")})
+    return {"exit": run.exit, "faults": len(faults),
+            "by_check": {c: sum(1 for f in faults if f["check"] == c) for c in {f["check"] for f in faults}},
+            "graphs_named": culprits,
+            "examples": [f"{f['check']}: graph {f['graph']}: {f['detail']}" for f in faults[:4]]}
 
 
 def planted(sizes) -> dict:

@@ -62,7 +62,10 @@ the concatenated embedding and hidden state (a sum here).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 
@@ -73,7 +76,8 @@ from schemas.spec import Model
 
 from .reference import CacheRows, ReferenceConfig, ReferenceModel
 
-__all__ = ["SpeculativeConfig", "SpeculativeModel", "BUGS", "PHASES", "SMALL", "spec_toml", "small_model"]
+__all__ = ["SpeculativeConfig", "SpeculativeModel", "BUGS", "PHASES", "SMALL", "spec_toml", "small_model",
+           "PlantedRun", "planted_run"]
 
 #: the phases of an EAGLE plan, by kind
 PHASES = ("decode", "target_verify", "draft_decode", "draft_extend")
@@ -492,3 +496,79 @@ def small_model(bugs=(), *, topk: int = 4, page_size: int = 4, steps: int = 3, m
     """The :data:`SMALL` reference on CUDA with ``bugs`` planted."""
     return SpeculativeModel(SpeculativeConfig(model=SMALL, max_bs=max_bs, max_seqlen=max_seqlen, topk=topk,
                                               num_steps=steps, page_size=page_size, bugs=frozenset(bugs)))
+
+
+# -- a planted-bug run in a process of its own ------------------------------------
+@dataclass(frozen=True)
+class PlantedRun:
+    """What :func:`planted_run`'s child process reported.
+
+    ``exit``: its exit code (0: verify returned; 3: verify raised
+    :class:`~executor.errors.VerificationFailed`, a device fault). ``captured``:
+    the graphs captured, None where capture did not finish. ``failed``: the
+    ``FAILED <error>`` line of a device fault, else None. ``result``: verify's
+    ``{"ok", "summary", "faults": [{"check", "graph", "detail", "addr",
+    "nbytes"}]}``, None where verify did not return. ``output``: the tail of
+    the child's stdout and stderr, for messages.
+    """
+
+    exit: int
+    captured: int | None
+    failed: str | None
+    result: dict | None
+    output: str
+
+
+def planted_run(plan_path: str | Path, bugs, *, checks: tuple[str, ...] = ("interleave", "footprint"),
+                record: bool = True, timeout: float = 600, **model) -> PlantedRun:
+    """Capture the plan at ``plan_path`` with :func:`small_model` (``bugs``
+    planted, ``max_bs`` the plan's largest size, ``model`` its other keyword
+    arguments) and ``verify`` it with ``checks``, in a fresh Python process.
+
+    In a process of its own because a planted write can end the CUDA context
+    (the ``wild`` bug always does; an overflow that lands on a live tensor
+    during an eager run can), and that must not take the caller's with it.
+    The plan comes already built (the executor never imports the planner); the
+    child loads it without the environment check, as the small reference picks
+    its attention kernels itself. The child's command line is what
+    ``sanitizer_command`` puts in a device fault's message: it re-runs as long
+    as the plan file exists. Raises ``subprocess.TimeoutExpired`` after
+    ``timeout`` seconds; does not interpret the faults.
+    """
+    root = str(Path(__file__).resolve().parent.parent)  # the folder holding the executor package
+    program = (f"import sys; sys.path.insert(0, {root!r})\n"
+               "from executor.speculative import _planted_child\n"
+               f"_planted_child({str(plan_path)!r}, {tuple(bugs)!r}, {tuple(checks)!r}, {bool(record)!r}, {model!r})\n")
+    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout)
+    captured = failed = result = None
+    for line in r.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "CAPTURED":
+            captured = int(rest)
+        elif word == "FAILED" and failed is None:
+            failed = line
+        elif word == "RESULT":
+            result = json.loads(rest)
+    return PlantedRun(exit=r.returncode, captured=captured, failed=failed, result=result,
+                      output=(r.stdout + r.stderr)[-3000:])
+
+
+def _planted_child(plan_path: str, bugs: tuple[str, ...], checks: tuple[str, ...], record: bool, model: dict) -> None:
+    """The child of :func:`planted_run`: prints ``CAPTURED n``, then ``RESULT
+    <json>``, or ``FAILED <error>`` and exits 3."""
+    from .errors import VerificationFailed
+    from .load import load_plan
+    from .session import capture
+    from .verification import verify
+
+    plan = load_plan(plan_path, check_env=False)
+    target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases), **model)
+    gs = capture(plan, target, progress=False, record=record)
+    print("CAPTURED", len(gs.graphs), flush=True)
+    try:
+        res = verify(gs, checks=checks)
+    except VerificationFailed as err:
+        print("FAILED", err, flush=True)
+        raise SystemExit(3) from None
+    faults = [dict(check=f.check, graph=f.graph, detail=f.detail, addr=f.addr, nbytes=f.nbytes) for f in res.faults]
+    print("RESULT", json.dumps(dict(ok=res.ok, summary=res.summary(), faults=faults)), flush=True)

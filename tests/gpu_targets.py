@@ -1,4 +1,5 @@
-"""Small CaptureTargets for GPU tests: faulty on purpose."""
+"""Small CaptureTargets for GPU tests (faulty on purpose), and the tests'
+capture-and-verify-clean step."""
 
 from __future__ import annotations
 
@@ -71,3 +72,17 @@ class Gated(Synthetic):
             if not self.gate.wait(60):
                 raise TimeoutError("gate never opened")
         return super().run(phase, bs, ws)
+
+
+def assert_verifies_clean(plan, target, **verify_kw) -> None:
+    """Capture ``plan`` of ``target`` with the allocation history recorded (so
+    every check of ``verify`` can run), ``verify(gs, **verify_kw)``, assert that
+    it found no fault; the graphs are released either way."""
+    from executor import capture, verify
+
+    gs = capture(plan, target, progress=False, record=True)
+    try:
+        res = verify(gs, **verify_kw)
+        assert res.ok, res.summary()
+    finally:
+        gs.release()

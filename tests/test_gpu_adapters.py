@@ -5,7 +5,10 @@ Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_adapters.py``.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,18 @@ pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def _capture_bench():
+    """bench/capture_bench.py, loaded from its file (benches are scripts, not a
+    package): the engines' capture loop and its replay check, one copy that
+    the benchmarks and this test share."""
+    spec = importlib.util.spec_from_file_location("capture_bench", ROOT / "bench" / "capture_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _model(kind: str):
@@ -49,19 +64,15 @@ def _spec(tmp_path, cfg) -> "object":
 @pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "gemma2"])
 def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, kind):
     from adapters.hf import HFTarget
-    from executor import capture, profile, verify, write_trace
+    from executor import capture, profile, write_trace
+    from gpu_targets import assert_verifies_clean
     from planner import BuildOptions, build_plan
 
     model, cfg = _model(kind)
     target = HFTarget(model, max_bs=max(SIZES), max_seqlen=128)
     spec = _spec(tmp_path, cfg)
     plan = build_plan(BuildOptions(backend="torch", spec=spec))
-    gs = capture(plan, target, progress=False, record=True)
-    try:
-        res = verify(gs)
-        assert res.ok, res.summary()
-    finally:
-        gs.release()
+    assert_verifies_clean(plan, target)
     write_trace(profile(plan, target), tmp_path / "few.json")
     tplan = build_plan(BuildOptions(backend="torch", spec=spec, trace=tmp_path / "few.json"))
     assert len(tplan.predicted.samples["decode"].derived) == len(SIZES) - 3
@@ -87,33 +98,16 @@ def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind):
 
     from adapters.hf import HFTarget
 
+    bench = _capture_bench()
     sizes = [1, 8, 32, 64, 128, 256]
     model, _ = _model(kind)
     target = HFTarget(model, max_bs=max(sizes), max_seqlen=256)
-    pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-    graphs, outs = {}, {}
-    for bs in sorted(sizes, reverse=True):
-        with torch.cuda.stream(stream):
-            target.run("decode", bs, None)
-        stream.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool, stream=stream):
-            outs[bs] = target.run("decode", bs, None)
-        graphs[bs] = g
+    graphs, outs, _, _ = bench.loop_capture(target, sizes, ascending=False, warmups=1)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    bad = []
     try:
-        for _ in range(4):
-            for bs, g in graphs.items():
-                target.prepare("decode", bs, bs, gen)
-                g.replay()
-                got = outs[bs].clone()
-                want = target.run("decode", bs, None).clone()
-                again = target.run("decode", bs, None)
-                if not torch.equal(got, want) or not torch.equal(want, again):
-                    bad.append((bs, float((got.float() - want.float()).abs().max()), torch.equal(want, again)))
+        rows = bench.replays_vs_eager(target, graphs, outs, gen, rounds=4, eager_twice=True)
     finally:
-        for g in graphs.values():
-            g.reset()
+        bench.release(graphs, outs)
+    bad = [(r.bs, r.max_abs_diff, r.eager_equal) for r in rows if not (r.equal and r.eager_equal)]
     assert not bad, f"(bs, max |replay - eager|, eager runs agree): {bad}"

@@ -5,6 +5,8 @@ Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_background.py``.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from test_gpu_executor import _plan, model  # noqa: F401 -- model is a fixture
@@ -32,6 +34,23 @@ def _serving_stream():
             t @ t
     torch.cuda.synchronize()
     return s
+
+
+@contextlib.contextmanager
+def _serving(target=None):
+    """The block runs on a fresh :func:`_serving_stream`, after the cache is
+    emptied and ``target`` (if given) ran eagerly there once at batch 2, as a
+    server does before it captures. Yields ``(stream, reserved bytes before that
+    run)``: the stream for other threads, the bytes for :func:`_left_over`."""
+    import torch
+
+    serve = _serving_stream()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    with torch.cuda.stream(serve):
+        if target is not None:
+            target.run("decode", 2, None)
+        yield serve, before
 
 
 def _left_over(before: int) -> list:
@@ -107,18 +126,12 @@ def test_replays_during_capture_equal_eager_pool_unchanged_verify_clean(tmp_path
 
 
 def test_error_on_the_capture_thread_reaches_the_next_replay_with_the_step(tmp_path):
-    import torch
-
     from executor import CaptureFailed, ExecutorError, capture
     from gpu_targets import Gated
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
     target = Gated(gate_bs=4, max_bs=16, fail=(4, ValueError("boom")))
-    serve = _serving_stream()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved()
-    with torch.cuda.stream(serve):
-        target.run("decode", 2, None)
+    with _serving(target) as (_, before):
         gs = capture(plan, target, progress=False, background=True)
         assert target.reached.wait(60)
         (out,) = gs.replay("decode", 5)  # 16 and 8 landed; 4 is being captured
@@ -137,17 +150,12 @@ def test_error_on_the_capture_thread_reaches_the_next_replay_with_the_step(tmp_p
 
 
 def test_error_reaches_wait(tmp_path):
-    import torch
-
     from executor import CaptureFailed, capture
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
     target = Synthetic(max_bs=16, fail=(2, RuntimeError("bad kernel")))
-    serve = _serving_stream()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved()
-    with torch.cuda.stream(serve):
+    with _serving() as (_, before):
         gs = capture(plan, target, progress=False, background=True)
         with pytest.raises(CaptureFailed, match=r"capture/decode/2.*RuntimeError: bad kernel"):
             gs.wait(timeout=120)
@@ -155,18 +163,12 @@ def test_error_reaches_wait(tmp_path):
 
 
 def test_release_mid_capture_stops_the_thread_and_releases_everything(tmp_path):
-    import torch
-
     from executor import ExecutorError, capture
     from gpu_targets import Gated
 
     plan = _plan(tmp_path, list(range(1, 17)), backend="torch", ci=False)
     target = Gated(gate_bs=8, max_bs=16)
-    serve = _serving_stream()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_reserved()
-    with torch.cuda.stream(serve):
-        target.run("decode", 2, None)
+    with _serving(target) as (_, before):
         gs = capture(plan, target, progress=False, background=True)
         assert target.reached.wait(60)
         assert 0 < len(gs.graphs) < 16
@@ -188,7 +190,6 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
     from gpu_targets import Gated
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
-    serve = _serving_stream()
     for fallback in ("raise", "wait", "eager", "callable"):
         target = Gated(gate_bs=16, max_bs=16)  # held at the first capture: no graph yet
         calls = []
@@ -197,8 +198,7 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
             calls.append(n)
             return (target.x[:n] * 2 + 1,)
 
-        with torch.cuda.stream(serve):
-            target.run("decode", 2, None)
+        with _serving(target) as (serve, _):
             gs = capture(plan, target, progress=False, background=True,
                          fallback=mine if fallback == "callable" else fallback)
             assert target.reached.wait(60)

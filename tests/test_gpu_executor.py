@@ -71,15 +71,9 @@ def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):
 
 
 def test_verify_has_no_false_positives_with_footprint_guard(tmp_path, model):
-    from executor import capture, verify
+    from gpu_targets import assert_verifies_clean
 
-    plan = _plan(tmp_path, [1, 4, 8, 16, 32])
-    gs = capture(plan, model, progress=False, record=True)
-    try:
-        res = verify(gs)
-        assert res.ok, res.summary()
-    finally:
-        gs.release()
+    assert_verifies_clean(_plan(tmp_path, [1, 4, 8, 16, 32]), model)
 
 
 def test_measured_pool_close_to_prediction_and_to_trace(tmp_path, model):

@@ -106,30 +106,23 @@ def test_every_phase_captures_as_planned_and_verifies_clean(tmp_path, clean, pla
         gs.release()
 
 
-def _faults(tmp_path, bug, strategies=(), **kw) -> dict:
-    """verify's interleave and footprint faults for one planted bug, in a fresh
-    process: a planted overflow that lands on a live tensor during an eager run
-    can end the CUDA context, and it must not take the other tests with it."""
-    import json
-    import subprocess
-    import sys
+def _planted(tmp_path, bug, strategies=(), **kw):
+    """The planted-bug run of :func:`executor.speculative.planted_run` (a fresh
+    process: a planted write can end the CUDA context, and it must not take the
+    other tests with it) on the plan of :func:`plan_for`."""
+    from executor.speculative import planted_run
+    from planner import plan_bytes
 
-    root = Path(__file__).resolve().parent.parent
-    script = f"""
-import json, sys; sys.path.insert(0, {str(root)!r}); sys.path.insert(0, {str(root / 'tests')!r})
-from pathlib import Path
-from executor import capture, verify
-from test_gpu_speculative import make, plan_for
-plan = plan_for(Path({str(tmp_path)!r}), strategies={tuple(strategies)!r})
-gs = capture(plan, make(bugs=({bug!r},), **{kw!r}), progress=False, record=True)
-res = verify(gs, checks=("interleave", "footprint"))
-print("RESULT", json.dumps(dict(ok=res.ok, summary=res.summary(), faults=[dict(check=f.check, graph=f.graph,
-      detail=f.detail, addr=f.addr, nbytes=f.nbytes) for f in res.faults])), flush=True)
-"""
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert r.returncode == 0 and line, (r.stdout + r.stderr)[-3000:]
-    return json.loads(line[len("RESULT "):])
+    path = tmp_path / "plan.json"
+    path.write_bytes(plan_bytes(plan_for(tmp_path, strategies)))
+    return planted_run(path, (bug,), **kw)
+
+
+def _faults(tmp_path, bug, strategies=(), **model) -> dict:
+    """verify's interleave and footprint faults for one planted bug."""
+    run = _planted(tmp_path, bug, strategies, **model)
+    assert run.exit == 0 and run.result is not None, run.output
+    return run.result
 
 
 def _named(res: dict) -> set[int]:
@@ -210,34 +203,9 @@ def test_read_only_guard_names_the_graph_that_writes_a_weight(tmp_path, clean):
 
 def test_wild_write_names_the_graph_and_the_sanitizer_command(tmp_path):
     """An illegal address kills the CUDA context: in a subprocess."""
-    import subprocess
-    import sys
-
-    spec = tmp_path / "spec.toml"
-    from executor.speculative import spec_toml
-
-    spec.write_text(spec_toml(SIZES))
-    root = Path(__file__).resolve().parent.parent
-    script = f"""
-import sys; sys.path.insert(0, {str(root)!r}); sys.path.insert(0, {str(root / 'tests')!r})
-from pathlib import Path
-from planner import BuildOptions, build_plan
-from executor import capture, verify, VerificationFailed
-from test_gpu_speculative import make
-plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=Path({str(spec)!r})))
-gs = capture(plan, make(bugs=("wild",)), progress=False)
-print("CAPTURED", len(gs.graphs), flush=True)
-try:
-    verify(gs, checks=("interleave",))
-except VerificationFailed as err:
-    print("FAILED", err, flush=True)
-    raise SystemExit(3)
-print("NO FAULT")
-"""
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    out = r.stdout + r.stderr
-    assert "CAPTURED" in out, out[-3000:]
-    assert r.returncode == 3, out[-3000:]
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("FAILED"))
+    run = _planted(tmp_path, "wild", checks=("interleave",), record=False)
+    assert run.captured, run.output
+    assert run.exit == 3 and run.failed, run.output
+    line = run.failed
     assert line.startswith("FAILED verify, graph draft_extend/") and "CUDA context is lost" in line, line
     assert "compute-sanitizer --tool memcheck" in line, line
