@@ -72,7 +72,7 @@ def _h200() -> Trace:
     return msgspec.json.decode(H200.read_bytes(), type=Trace)
 
 
-def test_snapshot_gives_the_same_captures_and_prediction_as_the_json_trace(tmp_path):
+def test_snapshot_gives_the_same_captures_and_prediction_as_the_json_trace(tmp_path, built):
     trace = _h200()
     sizes = sorted(c.bs for c in trace.captures)
     snap = tmp_path / "snap.pickle"
@@ -80,7 +80,7 @@ def test_snapshot_gives_the_same_captures_and_prediction_as_the_json_trace(tmp_p
     got = trace_from_snapshot(snap.read_bytes(), [Phase(name="decode", kind="decode", sizes=sizes)], "snap")
     want = {c.bs: c.events for c in trace.captures}
     assert {c.bs: c.events for c in got.captures} == want
-    a = build_plan(BuildOptions(backend="fa3", ci=True, trace=H200)).predicted
+    a = built(backend="fa3", ci=True, trace=H200).predicted  # the JSON trace's plan: shared with test_fitting
     b = build_plan(BuildOptions(backend="fa3", ci=True, trace=snap)).predicted
     assert (a.pool_bytes, a.pools, a.timeline, a.baseline_bytes) == (b.pool_bytes, b.pools, b.timeline,
                                                                      b.baseline_bytes)
