@@ -19,7 +19,7 @@ def test_build_writes_the_default_plan_and_prints_a_summary(cli, tmp_path):
 
 
 def test_build_names_and_dry_run(cli, tmp_path):
-    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--ci", "--max-bs", "8")[0] == 0
+    assert cli("build", "-b", "fa3", "--speculative", "eagle", "--ci", "--max-bs", "4")[0] == 0
     assert (tmp_path / "plans/fa3-eagle-ci.json").exists()  # --max-bs is no part of the name
     code, out, _ = cli("build", "-b", "torch", "--dry-run")
     assert code == 0 and "(dry run, not written)" in out

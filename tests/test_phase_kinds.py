@@ -126,11 +126,11 @@ def test_a_new_kind_leaves_the_checked_in_plans_up_to_date(kinds_toml, cli, tmp_
     Every plan records the same rules digest, so the checked-in fa3-ci.json (one
     phase, 36 captures) fails as the speculative ones would with the file in the
     digest; the predictions of every shipped kind are held by an EAGLE plan at
-    --max-bs 8, built with the shipped kinds before the new one is added (the
+    --max-bs 4, built with the shipped kinds before the new one is added (the
     checked-in EAGLE plans are such builds: `.ci/run` checks them)."""
     from pathlib import Path
 
-    assert cli("build", "-b", "fa3", "--ci", "--speculative", "eagle", "--max-bs", "8")[0] == 0
+    assert cli("build", "-b", "fa3", "--ci", "--speculative", "eagle", "--max-bs", "4")[0] == 0
     eagle = tmp_path / "plans" / "fa3-eagle-ci.json"
     assert {p["kind"] for p in json.loads(eagle.read_text())["phases"]} == set(resources.phase_kinds())
     kinds_toml(NEW)
