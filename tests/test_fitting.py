@@ -44,12 +44,12 @@ def test_three_recorded_h200_sizes_give_every_other_size_exactly():
     assert measured == (1, 120, 256) and len(derived) == 33 and 2 in derived
 
 
-def test_plan_from_three_sizes_equals_plan_from_all(tmp_path, built):
+def test_plan_from_three_sizes_equals_plan_from_all(tmp_path):
     full = _h200()
     keep = default_samples([c.bs for c in full.captures])
     few_path = tmp_path / "few.json"
     few_path.write_bytes(msgspec.json.encode(Trace(captures=[c for c in full.captures if c.bs in keep])))
-    a = built(backend="fa3", ci=True, trace=H200).predicted  # shared with test_snapshot
+    a = build_plan(BuildOptions(backend="fa3", ci=True, trace=H200)).predicted
     b = build_plan(BuildOptions(backend="fa3", ci=True, trace=few_path)).predicted
     assert (a.pool_bytes, a.pools, a.timeline, a.baseline_bytes, a.largest_graph_bytes) == \
         (b.pool_bytes, b.pools, b.timeline, b.baseline_bytes, b.largest_graph_bytes)
