@@ -15,8 +15,8 @@ def _edges_respected(plan):
     return all(index[e.src] < index[e.dst] for e in plan.edges)
 
 
-def test_default_fa3_uses_views_and_stays_near_the_largest_graph():
-    plan = build_plan(BuildOptions(backend="fa3"))
+def test_default_fa3_uses_views_and_stays_near_the_largest_graph(built):
+    plan = built(backend="fa3")
     (decode,) = plan.phases
     assert decode.strategy.outputs == "view" and decode.strategy.order == "largest-first"
     assert plan.predicted.pool_bytes <= 1.10 * plan.predicted.largest_graph_bytes
@@ -74,8 +74,8 @@ def test_per_shape_backends_warm_up_every_size():
         assert plan.steps[w.index + 1].id == f"capture/decode/{w.bs}"
 
 
-def test_pin_changes_the_choice_and_the_cost_is_reported():
-    best = build_plan(BuildOptions(backend="fa3"))
+def test_pin_changes_the_choice_and_the_cost_is_reported(built):
+    best = built(backend="fa3")
     pinned = build_plan(BuildOptions(backend="fa3", strategies=("order=smallest-first", "outputs=keep")))
     assert pinned.phases[0].strategy.order == "smallest-first"
     assert pinned.predicted.pool_bytes > 5 * best.predicted.pool_bytes
@@ -203,7 +203,7 @@ def test_building_twice_gives_identical_bytes(built):
     assert a == b and a.endswith(b"\n") and b"/work/" not in a and b"/tmp" not in a
 
 
-def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path):
+def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path, built):
     from planner.optimize import screened
     from planner.resources import backend, phase_kind_settings
     from planner.simulate import simulate
@@ -223,7 +223,7 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     st = {"decode": plan.phases[0].strategy}
     exact = simulate([("decode", s.bs) for s in plan.steps if s.op == "capture"], st, wl).pool_bytes
     assert plan.predicted.pool_bytes == exact
-    small = build_plan(BuildOptions(backend="fa3"))
+    small = built(backend="fa3")
     assert next(d for d in small.decisions if d.rule == "optimizer").sizes_compared == 36
     exact = build_plan(BuildOptions(backend="fa3", spec=path, exact=True))
     assert next(d for d in exact.decisions if d.rule == "optimizer").sizes_compared == 200
