@@ -4,6 +4,7 @@ committed GPU measurements replayed through PoolSim, and the real thing on a GPU
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import itertools
 import json
@@ -172,13 +173,20 @@ class _FakeTensor:
             self._alloc.free(self._pool, self._block)
 
 
+@functools.cache
+def _segment_addresses() -> tuple[int, ...]:
+    """Segment base addresses in no particular order, as cudaMalloc gives them after
+    frees. Drawn once (the draw costs more than a run_mode): every fake allocator
+    walks the same sequence from its start, as when each drew it with the same seed."""
+    return tuple(a << 41 for a in random.Random(1).sample(range(1, 10**6), 10**5))
+
+
 class _FakeAllocator:
     """Private pools as PoolSims (``truth_expandable`` is what the 'hardware' does)."""
 
     def __init__(self, truth_expandable, release=True, fail_at=None):
         self.truth, self.release, self.fail_at = truth_expandable, release, fail_at
-        # segment base addresses in no particular order, as cudaMalloc gives them after frees
-        self.addresses = iter(a << 41 for a in random.Random(1).sample(range(1, 10**6), 10**5))
+        self.addresses = iter(_segment_addresses())
         self.pools, self.use, self.freeable = {}, {}, set()
         self.capturing = None
         self.ids = itertools.count(1)

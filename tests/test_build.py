@@ -15,8 +15,8 @@ def _edges_respected(plan):
     return all(index[e.src] < index[e.dst] for e in plan.edges)
 
 
-def test_default_fa3_uses_views_and_stays_near_the_largest_graph():
-    plan = build_plan(BuildOptions(backend="fa3"))
+def test_default_fa3_uses_views_and_stays_near_the_largest_graph(built):
+    plan = built(backend="fa3")
     (decode,) = plan.phases
     assert decode.strategy.outputs == "view" and decode.strategy.order == "largest-first"
     assert plan.predicted.pool_bytes <= 1.10 * plan.predicted.largest_graph_bytes
@@ -34,10 +34,17 @@ def test_sglang_sizes_and_max_bs():
     assert sizes[-3:] == [512, 544, 576] and 496 in sizes and 504 not in sizes
 
 
+# The EAGLE preset cut to --max-bs 16: every phase kind, the CI gate and the
+# hoisting decision as in the full preset (at --max-bs 8 the gate's two ways tie
+# and smallest-first wins), with 48 captures to simulate instead of 204.
+SMALL_EAGLE = dict(backend="fa3", speculative="eagle", max_bs=16)
+
+
 def test_fa3_ci_gate_hoists_the_workspace_for_multi_token_phases_and_says_why(built):
-    plan = built(backend="fa3", ci=True, speculative="eagle")
+    plan = built(**SMALL_EAGLE, ci=True)
     tv = next(p for p in plan.phases if p.name == "target_verify")
-    assert tv.strategy.workspace == "hoisted" and tv.hoisted_bytes == 4 * (4 * 256 + 1)
+    assert max(tv.sizes) == 16 and tv.tokens_per_request == 4
+    assert tv.strategy.workspace == "hoisted" and tv.hoisted_bytes == 4 * (4 * 16 + 1)
     gate = [d for d in plan.decisions if d.rule == "fa3-ci-varlen-gate" and d.phase == "target_verify"]
     assert gate and gate[0].choice == "workspace=hoisted"
     assert "order=smallest-first:" in gate[0].why and "workspace=hoisted:" in gate[0].why
@@ -45,12 +52,12 @@ def test_fa3_ci_gate_hoists_the_workspace_for_multi_token_phases_and_says_why(bu
     first = next(s for s in plan.steps if s.op == "capture" and s.phase == "target_verify")
     assert prov.index < first.index
     # without --ci the gate does not apply and nothing is hoisted
-    plain = built(backend="fa3", speculative="eagle")
+    plain = built(**SMALL_EAGLE)
     assert all(p.strategy.workspace == "pool" for p in plain.phases)
 
 
 def test_outputs_read_across_phases_get_their_own_pool_or_are_kept(built):
-    plan = built(backend="fa3", speculative="eagle")
+    plan = built(**SMALL_EAGLE)
     tv = next(p for p in plan.phases if p.name == "target_verify")
     assert tv.strategy.pool == "own" or tv.strategy.outputs == "keep"
     opt = next(d for d in plan.decisions if d.phase == "target_verify" and d.rule == "optimizer")
@@ -67,8 +74,8 @@ def test_per_shape_backends_warm_up_every_size():
         assert plan.steps[w.index + 1].id == f"capture/decode/{w.bs}"
 
 
-def test_pin_changes_the_choice_and_the_cost_is_reported():
-    best = build_plan(BuildOptions(backend="fa3"))
+def test_pin_changes_the_choice_and_the_cost_is_reported(built):
+    best = built(backend="fa3")
     pinned = build_plan(BuildOptions(backend="fa3", strategies=("order=smallest-first", "outputs=keep")))
     assert pinned.phases[0].strategy.order == "smallest-first"
     assert pinned.predicted.pool_bytes > 5 * best.predicted.pool_bytes
@@ -191,12 +198,12 @@ def test_trace_driven_prediction(tmp_path):
 
 
 def test_building_twice_gives_identical_bytes(built):
-    a = plan_bytes(built(backend="fa3", ci=True, speculative="eagle"))  # built earlier in the session
-    b = plan_bytes(build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))
+    a = plan_bytes(built(**SMALL_EAGLE, ci=True))  # built earlier in the session
+    b = plan_bytes(build_plan(BuildOptions(**SMALL_EAGLE, ci=True)))
     assert a == b and a.endswith(b"\n") and b"/work/" not in a and b"/tmp" not in a
 
 
-def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path):
+def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path, built):
     from planner.optimize import screened
     from planner.resources import backend, phase_kind_settings
     from planner.simulate import simulate
@@ -216,7 +223,7 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     st = {"decode": plan.phases[0].strategy}
     exact = simulate([("decode", s.bs) for s in plan.steps if s.op == "capture"], st, wl).pool_bytes
     assert plan.predicted.pool_bytes == exact
-    small = build_plan(BuildOptions(backend="fa3"))
+    small = built(backend="fa3")
     assert next(d for d in small.decisions if d.rule == "optimizer").sizes_compared == 36
     exact = build_plan(BuildOptions(backend="fa3", spec=path, exact=True))
     assert next(d for d in exact.decisions if d.rule == "optimizer").sizes_compared == 200

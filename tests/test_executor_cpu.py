@@ -8,18 +8,19 @@ from pathlib import Path
 import pytest
 
 from executor import Environment, EnvironmentMismatch, ExecutorError, PadTable, check_environment, load_plan
-from planner import BuildOptions, build_plan, plan_bytes
+from planner import plan_bytes
 from schemas.errors import InputError
 
 H200 = Environment("NVIDIA H200", (9, 0), "2.11.0+cu130", frozenset({"fa3_fwd_interface", "torch"}))
 
 
 @pytest.fixture
-def plans(tmp_path) -> dict[str, Path]:
+def plans(tmp_path, built) -> dict[str, Path]:
+    """Fresh files for each test (tests edit them), the plans built once a session."""
     out = {}
-    for name, opts in {"ci": BuildOptions(backend="fa3", ci=True), "dev": BuildOptions(backend="fa3")}.items():
+    for name, kw in {"ci": dict(backend="fa3", ci=True), "dev": dict(backend="fa3")}.items():
         path = tmp_path / f"{name}.json"
-        path.write_bytes(plan_bytes(build_plan(opts)))
+        path.write_bytes(plan_bytes(built(**kw)))
         out[name] = path
     return out
 

@@ -157,7 +157,7 @@ def test_profile_subset_keeps_planned_order_and_warmups(built):
     pytest.importorskip("torch")
     from executor.profiling import subset_plan
 
-    plan = built(backend="fa3", ci=True, speculative="eagle")
+    plan = built(backend="fa3", ci=True, speculative="eagle", max_bs=16)  # the plan test_build reads
     sub = subset_plan(plan)
     caps = [(s.phase, s.bs) for s in sub.steps if s.op == "capture"]
     for p in plan.phases:
@@ -172,10 +172,13 @@ def test_profile_subset_keeps_planned_order_and_warmups(built):
 
 
 def test_build_summary_says_which_sizes_were_derived(cli, tmp_path):
+    """Five of the 36 sizes planned (three recorded, two derived): the summary line
+    as for all 36, with five captures to simulate instead of 36."""
     full = _h200()
     keep = default_samples([c.bs for c in full.captures])
     (tmp_path / "few.json").write_bytes(msgspec.json.encode(Trace(captures=[c for c in full.captures
                                                                             if c.bs in keep])))
-    code, out, err = cli("build", "-b", "fa3", "--ci", "--trace", "few.json", "--dry-run")
+    (tmp_path / "s.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 64, 120, 256]\n')
+    code, out, err = cli("build", "-b", "fa3", "--ci", "--spec", "s.toml", "--trace", "few.json", "--dry-run")
     assert code == 0, err
-    assert out.splitlines()[-1] == "  trace sizes: decode measured [1, 120, 256], 33 derived"
+    assert out.splitlines()[-1] == "  trace sizes: decode measured [1, 120, 256], 2 derived"

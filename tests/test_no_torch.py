@@ -50,8 +50,11 @@ def test_executor_never_imports_adapters():
 
 
 def test_a_build_imports_no_networkx():
-    """networkx costs more than a whole default build; only a cycle's error message needs it."""
+    """networkx costs more than a whole default build; only a cycle's error message needs it.
+
+    The EAGLE preset at --max-bs 16 takes every step of a multi-phase build (phase
+    order, the CI gate, hoisting) with a quarter of the full preset's captures."""
     out = _run("import sys\nfrom planner.cli import main\n"
-               "main(['build', '-b', 'fa3', '--ci', '--speculative', 'eagle', '--dry-run'])\n"
+               "main(['build', '-b', 'fa3', '--ci', '--speculative', 'eagle', '--max-bs', '16', '--dry-run'])\n"
                "print('networkx' in sys.modules)")
     assert out.splitlines()[-1] == "False"

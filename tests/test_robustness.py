@@ -41,7 +41,7 @@ def reseal(raw: dict) -> bytes:
 def eagle_plan() -> bytes:
     from planner import BuildOptions, build_plan, plan_bytes
 
-    return plan_bytes(build_plan(BuildOptions(backend="fa3", speculative="eagle", max_bs=8)))
+    return plan_bytes(build_plan(BuildOptions(backend="fa3", speculative="eagle", max_bs=4)))
 
 
 @pytest.fixture
