@@ -279,7 +279,10 @@ class _Resolved(msgspec.Struct, frozen=True):
 
     backend: resources.Backend
     spec: Spec
+    #: the spec as the plan records it: relative to the plan's folder
     spec_name: str
+    #: the spec as the user named it (relative to the cwd): where errors point
+    spec_source: str
     spec_raw: bytes
     model_config: tuple[str, str] | None
     tp: int
@@ -325,6 +328,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     """Read spec, trace and data; check tp, allocator and budget floor; order the phases."""
     backend = resources.backend(opts.backend)
     spec, spec_name, spec_raw, model_config = _spec(opts)
+    spec_source = str(opts.spec) if opts.spec is not None else spec_name
     tp = opts.tp if opts.tp is not None else spec.tp
     _check_tp(spec, tp)
     if not output_path(opts).name:
@@ -345,9 +349,10 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     floor = max(alone.values())
     if spec.budget_mib is not None and spec.budget_mib * MiB < floor:
         raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
-                              f"needs {mib(floor)}", where=f"{spec_name}: $.budget_mib",
+                              f"needs {mib(floor)}", where=f"{spec_source}: $.budget_mib",
                               fix=f"raise budget_mib to at least {-(-floor // MiB)}")
-    return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_raw=spec_raw, model_config=model_config,
+    return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_source=spec_source, spec_raw=spec_raw,
+                     model_config=model_config,
                      tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
                      workload=workload, trace_path=trace_path, trace_digest=trace_digest, library=library,
                      alone=alone, sequence=phase_sequence(spec.phases, alone),
@@ -391,7 +396,7 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     if baseline_bytes is None:
         baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
-    _check_budget(r.spec, r.spec_name, sim.pool_bytes + hoisted, sol.decisions)
+    _check_budget(r.spec, r.spec_source, sim.pool_bytes + hoisted, sol.decisions)
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
 

@@ -38,3 +38,18 @@ def test_r1_repeated_and_phase_overriding_pins_still_build_and_check(cli, tmp_pa
     assert cli("build", "-b", "fa3", "-s", "order=largest-first", "-s", "order=largest-first",
                "-s", "decode.outputs=keep", "-s", "outputs=view", "-o", "x.json")[0] == 0
     assert cli("check", "x.json")[0] == 0
+
+
+# R2. budget errors name the spec as given, not as the plan records it ----------------------------
+
+@pytest.mark.parametrize("budget,pins,needle", [
+    (0.5, (), "is below the floor"),
+    (60, ("-s", "order=smallest-first", "-s", "outputs=keep"), "exceeds budget_mib 60"),
+])
+def test_r2_budget_errors_point_at_the_spec_from_the_cwd(cli, tmp_path, budget, pins, needle):
+    # before: "../b.toml: $.budget_mib" (the path relative to plans/, where the plan records it)
+    (tmp_path / "b.toml").write_text(f"budget_mib = {budget}\n"
+                                     + SPEC.replace("[1, 2]", "[1, 2, 4, 8, 16, 32, 64]"))
+    err = one_line_error(cli("build", "-b", "fa3", "--spec", "b.toml", *pins), needle)
+    assert err.startswith("planner: error: b.toml: $.budget_mib: "), err
+    assert not (tmp_path / "plans").exists()
