@@ -20,7 +20,7 @@ from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha2
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import read_input, write_atomic
 from schemas.limits import MODEL_MAX
-from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
+from schemas.plan import (PLAN_REVISION, Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
 from schemas.spec import Phase, Spec
 from schemas.strategy import AXES, allocator_modes
@@ -35,7 +35,7 @@ from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
 from .workload import Workload, workspace_bytes
 
 __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
-           "write_plan", "check_plan", "normalized_command", "command_for_cwd"]
+           "write_plan", "check_plan", "normalized_command", "command_for_cwd", "newer_revision"]
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -453,14 +453,38 @@ def plan_bytes(plan: Plan) -> bytes:
     return canonical_bytes(plan)
 
 
+def newer_revision(revision: object, where: str, *, force_hint: bool = False) -> None:
+    """Refuse to check or replace a plan written by a newer capture-plan.
+
+    Readers accept newer plan revisions (they only add fields), but this
+    planner would rebuild such a plan without what the newer one added: the
+    comparison would call it stale and a rebuild would silently downgrade it.
+    """
+    if isinstance(revision, int) and not isinstance(revision, bool) and revision > PLAN_REVISION:
+        raise InputError(f"plan revision {revision} was written by a newer capture-plan (this one writes revision "
+                         f"{PLAN_REVISION}); checking or rebuilding it here would downgrade it", where=where,
+                         fix="upgrade capture-plan" + (", or pass --force to replace it" if force_hint else ""))
+
+
+def _revision(data: bytes) -> object:
+    try:
+        raw = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return raw.get("revision") if isinstance(raw, dict) else None
+
+
 def check_plan(opts: BuildOptions) -> Path:
-    """Build in memory and compare with the file on disk; raise DriftError if they differ."""
+    """Build in memory and compare with the file on disk; raise DriftError if they
+    differ (InputError if the file is a newer revision: see :func:`newer_revision`)."""
     plan = build_plan(opts)
     path = output_path(opts)
     fix = f"run `{command_for_cwd(opts)}`"
     if not path.exists():
         raise DriftError("plan is missing", where=str(path), fix=fix)
-    if read_input(path, "plan") != plan_bytes(plan):
+    data = read_input(path, "plan")
+    if data != plan_bytes(plan):
+        newer_revision(_revision(data), f"{path}: $.revision")
         raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
     return path
 
@@ -477,8 +501,10 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
 
     Never overwrites the spec or trace it was built from. Replaces an existing
     file only when that file is a plan recorded with the same command (a
-    rebuild), or with ``force``: a what-if build (``--tp 8``, ``-s ...``) does
-    not silently replace the checked-in plan of the same default name.
+    rebuild) and not written by a newer capture-plan, or with ``force``: a
+    what-if build (``--tp 8``, ``-s ...``) does not silently replace the
+    checked-in plan of the same default name, nor an older planner a newer
+    one's plan.
     """
     path = output_path(opts)
     for flag, src in (("--spec", opts.spec), ("--trace", opts.trace)):
@@ -492,6 +518,9 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
             existing = raw.get("command") if isinstance(raw, dict) and sniff_kind(raw) == "plan" else None
         except (InputError, msgspec.DecodeError, RecursionError):
             pass
+        else:
+            if existing is not None:
+                newer_revision(raw.get("revision"), f"{path}: $.revision", force_hint=True)
         if existing != plan.command:
             what = (f"holds a plan built by `{' '.join(map(str, existing))}`" if isinstance(existing, list)
                     else "exists and is not a plan")

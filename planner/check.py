@@ -85,9 +85,11 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
 
     ``fix=True`` rebuilds stale plans in place (each from its own recorded
     command) instead of failing. A plan whose digest does not match, or whose
-    recorded command cannot be read, is an :class:`InputError` either way.
+    recorded command cannot be read, or that a newer capture-plan wrote (a
+    newer plan revision, which a rebuild here would downgrade), is an
+    :class:`InputError` either way.
     """
-    from .build import build_plan, check_plan, command_for_cwd, plan_bytes
+    from .build import build_plan, check_plan, command_for_cwd, newer_revision, plan_bytes
     from schemas.codec import decode_plan
     from schemas.files import read_input, write_atomic
 
@@ -107,6 +109,8 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             plan = decode_plan(data, str(f), check_digest=False)
             tampered = DriftError("plan is stale: its digest does not match its content (edited by hand or "
                                   "corrupted)", where=str(f))
+        # before trusting anything else: a newer planner's plan is never rebuilt (downgraded) here
+        newer_revision(plan.revision, f"{f}: $.revision")
         opts = options_from_command(plan.command, f"{f}: $.command", f)
         try:
             if tampered is not None:

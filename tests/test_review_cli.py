@@ -53,3 +53,36 @@ def test_r2_budget_errors_point_at_the_spec_from_the_cwd(cli, tmp_path, budget, 
     err = one_line_error(cli("build", "-b", "fa3", "--spec", "b.toml", *pins), needle)
     assert err.startswith("planner: error: b.toml: $.budget_mib: "), err
     assert not (tmp_path / "plans").exists()
+
+
+# R3. a newer planner's plan is not downgraded ----------------------------------------------------
+
+def _newer_revision(path) -> bytes:
+    from schemas.codec import canonical_bytes, plan_digest
+    from schemas.plan import PLAN_REVISION
+
+    raw = json.loads(path.read_bytes())
+    raw.update(revision=PLAN_REVISION + 1, added_later={"x": 1}, digest="")
+    raw["digest"] = plan_digest(raw)
+    path.write_bytes(canonical_bytes(raw))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("args", [("check", "plans"), ("check", "--fix", "plans"), ("build", "-b", "fa3"),
+                                  ("build", "-b", "fa3", "--check")])
+def test_r3_a_newer_revision_plan_is_neither_called_stale_nor_downgraded(cli, tmp_path, args):
+    # before: `check` called it stale, and `check --fix` or a rebuild by the same
+    # command rewrote it as this (older) planner's revision, dropping what it added
+    assert cli("build", "-b", "fa3")[0] == 0
+    newer = _newer_revision(tmp_path / "plans/fa3.json")
+    assert cli("show", "plans/fa3.json")[0] == 0  # readers still accept it
+    one_line_error(cli(*args), "plans/fa3.json: $.revision: plan revision", "newer capture-plan",
+                   "fix: upgrade capture-plan")
+    assert (tmp_path / "plans/fa3.json").read_bytes() == newer
+
+
+def test_r3_force_replaces_a_newer_revision_plan(cli, tmp_path):
+    assert cli("build", "-b", "fa3")[0] == 0
+    _newer_revision(tmp_path / "plans/fa3.json")
+    assert cli("build", "-b", "fa3", "--force")[0] == 0
+    assert cli("check", "plans")[0] == 0
