@@ -12,6 +12,7 @@ defensively since it may be what was edited.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -69,14 +70,44 @@ def options_from_command(cmd: list[str], where: str, plan_path: Path):
     return BuildOptions(**kw)
 
 
+def _link_target(path: Path) -> Path:
+    """``path``, or the file that the symlink(s) at ``path`` name.
+
+    A plan is checked, and rebuilt, where it really lies: through a link
+    (``plans/latest.json -> fa3.json``) its name and recorded ``-o`` would be
+    the link's, so it was "stale", and ``--fix`` wrote a plan named after the
+    link over the file it points to. Joined lexically, like every recorded
+    path; a loop is left to the reader, which reports it.
+    """
+    for _ in range(40):
+        try:
+            if not path.is_symlink():
+                return path
+            path = Path(os.path.normpath(path.parent / os.readlink(path)))
+        except (OSError, ValueError):
+            return path
+    return path
+
+
 def _plan_files(paths: Iterable[Path]) -> list[Path]:
+    """The plan files named or held (``*.json``) by ``paths``, links followed,
+    each file once (a folder and a file in it, or a link beside its target)."""
     files: list[Path] = []
+    seen: set[str] = set()
     for p in paths:
         try:
             is_dir = p.is_dir()
         except (OSError, ValueError):
             is_dir = False
-        files += sorted(p.glob("*.json")) if is_dir else [p]
+        for f in sorted(p.glob("*.json")) if is_dir else [p]:
+            f = _link_target(f)
+            try:
+                key = os.path.realpath(f)
+            except (OSError, ValueError):
+                key = str(f)
+            if key not in seen:
+                seen.add(key)
+                files.append(f)
     return files
 
 

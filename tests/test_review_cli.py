@@ -86,3 +86,27 @@ def test_r3_force_replaces_a_newer_revision_plan(cli, tmp_path):
     _newer_revision(tmp_path / "plans/fa3.json")
     assert cli("build", "-b", "fa3", "--force")[0] == 0
     assert cli("check", "plans")[0] == 0
+
+
+# R4. a link to a plan is checked as the plan it points to -----------------------------------------
+
+def test_r4_a_symlink_beside_its_plan_is_not_stale_and_fix_never_clobbers_the_target(cli, tmp_path):
+    # before: `check plans` called plans/latest.json (-> fa3.json) stale, and
+    # `check --fix` wrote a plan named "latest" (-o latest.json) over plans/fa3.json,
+    # which was then stale itself: every --fix flipped the checked-in plan
+    assert cli("build", "-b", "fa3")[0] == 0
+    plan = (tmp_path / "plans/fa3.json").read_bytes()
+    (tmp_path / "plans/latest.json").symlink_to("fa3.json")
+    code, out, err = cli("check", "plans")
+    assert code == 0 and out == "plans/fa3.json: up to date\n", (out, err)
+    assert cli("check", "--fix", "plans")[0] == 0
+    assert (tmp_path / "plans/fa3.json").read_bytes() == plan
+    (tmp_path / "elsewhere.json").symlink_to("plans/fa3.json")
+    code, out, _ = cli("check", "elsewhere.json")
+    assert code == 0 and out == "plans/fa3.json: up to date\n"
+
+
+def test_r4_each_plan_is_checked_once(cli, tmp_path):
+    assert cli("build", "-b", "fa3")[0] == 0
+    code, out, _ = cli("check", "plans", "plans/fa3.json", "./plans/fa3.json")
+    assert code == 0 and out == "plans/fa3.json: up to date\n", out
