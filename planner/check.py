@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from schemas.errors import DriftError, InputError
+from schemas.errors import DriftError, InputError, WrongKindError
 
 __all__ = ["check_paths", "options_from_command"]
 
@@ -89,10 +89,11 @@ def _link_target(path: Path) -> Path:
     return path
 
 
-def _plan_files(paths: Iterable[Path]) -> list[Path]:
+def _plan_files(paths: Iterable[Path]) -> list[tuple[Path, Path | None]]:
     """The plan files named or held (``*.json``) by ``paths``, links followed,
-    each file once (a folder and a file in it, or a link beside its target)."""
-    files: list[Path] = []
+    each file once (a folder and a file in it, or a link beside its target),
+    with the folder that held it (None: named as a file)."""
+    files: list[tuple[Path, Path | None]] = []
     seen: set[str] = set()
     for p in paths:
         try:
@@ -107,7 +108,7 @@ def _plan_files(paths: Iterable[Path]) -> list[Path]:
                 key = str(f)
             if key not in seen:
                 seen.add(key)
-                files.append(f)
+                files.append((f, p if is_dir else None))
     return files
 
 
@@ -130,10 +131,15 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
         raise InputError("no plan files found", where=", ".join(map(str, paths)),
                          fix="name plan files or folders that hold them")
     ok, stale = [], []
-    for f in files:
+    for f, folder in files:
         data = read_input(f, "plan")
         try:  # digest first: a plan that passes is read as written by the planner
             plan, tampered = decode_plan(data, str(f)), None
+        except WrongKindError as err:  # not a plan at all: a trace, a report, some other JSON
+            if folder is not None:
+                err.fix = (f"move it out of {folder} (`planner check` reads every *.json there), "
+                           "or name the plan files")
+            raise
         except InputError as err:
             if "digest mismatch" not in err.what:
                 raise

@@ -110,3 +110,26 @@ def test_r4_each_plan_is_checked_once(cli, tmp_path):
     assert cli("build", "-b", "fa3")[0] == 0
     code, out, _ = cli("check", "plans", "plans/fa3.json", "./plans/fa3.json")
     assert code == 0 and out == "plans/fa3.json: up to date\n", out
+
+
+# R5. a folder checked with other JSON in it -------------------------------------------------------
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("other.json", '{"a": 1}', "other.json: not a plan file: a plan has `command` and `steps`"),
+    ("t.json", None, "t.json: this is a trace file, not a plan"),
+])
+def test_r5_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli, tmp_path, name, content,
+                                                                              needle):
+    # before: {"a": 1} gave "$.version: missing or non-integer `version`; fix: rebuild the plan
+    # with the `planner build` command it records" (it has no command), and a trace in the folder
+    # said "pass a plan file" (the user passed a folder)
+    from pathlib import Path
+
+    assert cli("build", "-b", "fa3")[0] == 0
+    path = tmp_path / "plans" / name
+    if content is None:
+        path.write_bytes((Path(__file__).parents[1] / "plans/traces/fa3-ci.json").read_bytes())
+    else:
+        path.write_text(content)
+    one_line_error(cli("check", "plans"), needle, "fix: move it out of plans")
+    one_line_error(cli("show", f"plans/{name}"), needle, "fix: pass a plan file")
