@@ -133,3 +133,27 @@ def test_r5_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli
         path.write_text(content)
     one_line_error(cli("check", "plans"), needle, "fix: move it out of plans")
     one_line_error(cli("show", f"plans/{name}"), needle, "fix: pass a plan file")
+
+
+# R6. --plot never replaces a plan (or any file that is not a PNG) ------------------------------------
+
+@pytest.mark.parametrize("target", ["plans/fa3.json", "s.toml"])
+def test_r6_plot_refuses_to_replace_a_file_that_is_not_a_png(cli, tmp_path, target):
+    # before: `planner simulate plans/fa3.json --plot plans/fa3.json` replaced the plan with a PNG
+    assert cli("build", "-b", "fa3")[0] == 0
+    (tmp_path / "s.toml").write_text(SPEC)
+    before = (tmp_path / target).read_bytes()
+    code, out, err = cli("simulate", "plans/fa3.json", "--plot", target)
+    one_line_error((code, out, err), f"--plot {target}: exists and is not a PNG image", "fix: plot to a new")
+    assert out == "" and (tmp_path / target).read_bytes() == before
+
+
+def test_r6_plot_replaces_its_own_png(cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    assert cli("build", "-b", "fa3")[0] == 0
+    (tmp_path / "empty.png").write_bytes(b"")
+    for _ in range(2):
+        for name in ("t.png", "empty.png"):
+            code, out, _ = cli("simulate", "plans/fa3.json", "--plot", name)
+            assert code == 0 and out.endswith(f"wrote {name}\n")
+            assert (tmp_path / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
