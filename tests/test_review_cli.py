@@ -157,3 +157,19 @@ def test_r6_plot_replaces_its_own_png(cli, tmp_path):
             code, out, _ = cli("simulate", "plans/fa3.json", "--plot", name)
             assert code == 0 and out.endswith(f"wrote {name}\n")
             assert (tmp_path / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+# R7. a spec rule cannot take a built-in rule's id -----------------------------------------------------
+
+@pytest.mark.parametrize("rule_id,needle", [("output-lifetime", "is a built-in rule's"),
+                                            ("default", "is a built-in rule's"),
+                                            ("optimizer", "the planner's own decisions"),
+                                            ("warmup", "the planner's own decisions")])
+def test_r7_spec_rule_ids_are_not_the_builtin_ones(cli, tmp_path, rule_id, needle):
+    # before: accepted; the plan's decisions then said "breaks output-lifetime" for the spec's
+    # rule (order=smallest-first here), indistinguishable from the built-in rule of that id
+    (tmp_path / "s.toml").write_text(SPEC + f'[[rules]]\nid = "{rule_id}"\nwhy = "mine"\n'
+                                     'require = [{ order = "smallest-first" }]\n')
+    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), f"s.toml: $.rules[0].id: rule id '{rule_id}' ",
+                   needle, "fix: give the rule an id of its own")
+    assert not (tmp_path / "plans").exists()
