@@ -356,7 +356,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
                      model_config=model_config,
                      tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
                      workload=workload, trace_path=trace_path, trace_digest=trace_digest, library=library,
-                     alone=alone, sequence=phase_sequence(spec.phases, alone),
+                     alone=alone, sequence=phase_sequence(spec.phases, alone, spec_source),
                      forced=_forced_orders(spec, rules, pins))
 
 

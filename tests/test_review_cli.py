@@ -173,3 +173,17 @@ def test_r7_spec_rule_ids_are_not_the_builtin_ones(cli, tmp_path, rule_id, needl
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), f"s.toml: $.rules[0].id: rule id '{rule_id}' ",
                    needle, "fix: give the rule an id of its own")
     assert not (tmp_path / "plans").exists()
+
+
+# R8. `after` lists in a cycle are located in the spec -------------------------------------------------
+
+def test_r8_after_cycles_are_located_at_an_after_entry(cli, tmp_path):
+    # before: "planner: error: rules: rules in conflict: after:a, after:b ..." (where: "rules")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/cyc.toml").write_text(
+        "".join(f'[[phases]]\nname = "{n}"\nkind = "decode"\nsizes = [1]\nafter = ["{d}"]\n'
+                for n, d in (("a", "c"), ("b", "a"), ("c", "b"))))
+    one_line_error(cli("build", "-b", "fa3", "--spec", "sub/cyc.toml"),
+                   "planner: error: sub/cyc.toml: $.phases[1].after[0]: rules in conflict: after:a, after:b, after:c",
+                   "a -> b -> c -> a")
+    assert not (tmp_path / "plans").exists()
