@@ -500,7 +500,7 @@ def _same_file(a: Path, b: Path) -> bool:
 def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
     """Write ``plan`` to its output path; refuse to clobber what it should not.
 
-    Never overwrites the spec or trace it was built from. Replaces an existing
+    Never overwrites the spec, trace or model config it was built from. Replaces an existing
     file only when that file is a plan recorded with the same command (a
     rebuild) and not written by a newer capture-plan, or with ``force``: a
     what-if build (``--tp 8``, ``-s ...``) does not silently replace the
@@ -508,10 +508,16 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
     one's plan.
     """
     path = output_path(opts)
-    for flag, src in (("--spec", opts.spec), ("--trace", opts.trace)):
+    # every file the plan was built from, --force or not: the trace a spec names
+    # (a GPU recording) and a model config too, found from the plan's own record
+    inputs = plan.inputs
+    sources = [("spec", "--spec ", opts.spec), ("trace", "--trace ", opts.trace)]
+    sources += [(what, "", path.parent / rel) for what, rel in (("trace", inputs.trace),
+                                                                 ("model config", inputs.model_config)) if rel]
+    for what, flag, src in sources:
         if src is not None and _same_file(path, src):
-            raise InputError(f"the output is the {flag[2:]} file", where=str(path),
-                             fix=f"name another output with -o (it would overwrite {flag} {src})")
+            raise InputError(f"the output is the {what} file", where=str(path),
+                             fix=f"name another output with -o (it would overwrite {flag}{src})")
     if path.exists() and not force:
         existing = None
         try:

@@ -187,3 +187,29 @@ def test_r8_after_cycles_are_located_at_an_after_entry(cli, tmp_path):
                    "planner: error: sub/cyc.toml: $.phases[1].after[0]: rules in conflict: after:a, after:b, after:c",
                    "a -> b -> c -> a")
     assert not (tmp_path / "plans").exists()
+
+
+# R9. the trace and model config a spec names are inputs too: never the output -----------------------
+
+LLAMA = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("what", ["trace", "model config"])
+def test_r9_force_never_writes_over_the_trace_or_config_a_spec_names(cli, tmp_path, what):
+    # before: README says a build never writes over its --trace, but the trace a spec names
+    # (`trace = "t.json"`, a GPU recording) and its model config were replaced under --force
+    from pathlib import Path
+
+    if what == "trace":
+        name, spec = "t.json", 'trace = "t.json"\n' + SPEC.replace("[1, 2]", "[1, 2, 4, 8]")
+        (tmp_path / name).write_bytes((Path(__file__).parents[1] / "plans/traces/fa3-ci.json").read_bytes())
+    else:
+        name, spec = "config.json", '[model]\nconfig = "config.json"\n' + SPEC
+        (tmp_path / name).write_text(json.dumps(LLAMA))
+    (tmp_path / "s.toml").write_text(spec)
+    before = (tmp_path / name).read_bytes()
+    assert cli("build", "-b", "fa3", "--spec", "s.toml", "--dry-run")[0] == 0
+    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "-o", name, "--force"),
+                   f"{name}: the output is the {what} file", "fix: name another output with -o")
+    assert (tmp_path / name).read_bytes() == before
