@@ -213,3 +213,21 @@ def test_r9_force_never_writes_over_the_trace_or_config_a_spec_names(cli, tmp_pa
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "-o", name, "--force"),
                    f"{name}: the output is the {what} file", "fix: name another output with -o")
     assert (tmp_path / name).read_bytes() == before
+
+
+# R10. the order of -s pins does not change the plan ---------------------------------------------------
+
+def test_r10_pins_in_any_order_give_the_same_bytes_and_check_clean(cli, tmp_path):
+    # before: alternatives' `violates` listed the pins in the order typed, while the plan's
+    # command records them sorted: `-s outputs=keep -s order=largest-first` gave a plan
+    # that `planner check` called stale right after the build
+    (tmp_path / "s.toml").write_text(SPEC.replace("[1, 2]", "[1, 2, 4, 8]") + '[[phases]]\nname = "verify"\n'
+                                     'kind = "target_verify"\nsizes = [1, 4]\ntokens_per_request = 4\n'
+                                     'output_lifetime = "across-phases"\n')
+    pins = ["outputs=keep", "order=largest-first"]
+    for name, order in (("a.json", pins), ("b.json", pins[::-1])):
+        assert cli("build", "-b", "fa3", "--spec", "s.toml", *[a for p in order for a in ("-s", p)], "-o", name)[0] == 0
+    a, b = (json.loads((tmp_path / n).read_bytes()) for n in ("a.json", "b.json"))
+    assert {**a, "command": [], "name": "", "digest": ""} == {**b, "command": [], "name": "", "digest": ""}
+    code, out, err = cli("check", "a.json", "b.json")
+    assert code == 0, err
