@@ -18,7 +18,7 @@ from typing import Iterable
 
 from schemas.errors import DriftError, InputError, WrongKindError
 
-__all__ = ["check_paths", "options_from_command"]
+__all__ = ["check_paths", "options_from_command", "check_report_plan"]
 
 _VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
            "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
@@ -166,3 +166,13 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
                          where=f"{len(stale)} of {len(files)} plan(s) stale",
                          fix="or rebuild them all with `planner check --fix`")
     return ok
+
+
+def check_report_plan(report, plan, report_source: str, plan_source: str) -> None:
+    """Refuse a capture report checked against a plan it was not captured from
+    (``planner report R --plan P``): the digests differ. Reports are read
+    leniently across revisions; the digest is what ties one to its plan."""
+    if report.plan_digest != plan.digest:
+        raise InputError(f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "
+                         f"{plan_source} ({plan.name!r}, {plan.digest})", where=f"{report_source}: $.plan_digest",
+                         fix=f"pass the plan it was captured from, or capture again with {plan_source}")

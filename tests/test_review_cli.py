@@ -231,3 +231,24 @@ def test_r10_pins_in_any_order_give_the_same_bytes_and_check_clean(cli, tmp_path
     assert {**a, "command": [], "name": "", "digest": ""} == {**b, "command": [], "name": "", "digest": ""}
     code, out, err = cli("check", "a.json", "b.json")
     assert code == 0, err
+
+
+# R11. a report checked against a plan it was not captured from ----------------------------------------
+
+def test_r11_report_against_another_plan_exits_1(cli, tmp_path):
+    # before: exit 0 with a "warning:" line in the table on stdout, which CI never sees
+    import msgspec
+
+    from schemas.report import CaptureReport
+
+    assert cli("build", "-b", "fa3")[0] == 0
+    assert cli("build", "-b", "fa3", "--ci")[0] == 0
+    plan = json.loads((tmp_path / "plans/fa3.json").read_bytes())
+    rep = CaptureReport(plan="fa3", plan_digest=plan["digest"], device="d", torch="2.11", backend_module="fa3",
+                        pool_bytes=1, predicted_pool_bytes=1, capture_seconds=1.0)
+    (tmp_path / "r.json").write_bytes(msgspec.json.encode(rep))
+    assert cli("report", "r.json", "--plan", "plans/fa3.json")[0] == 0
+    code, out, err = cli("report", "r.json", "--plan", "plans/fa3-ci.json")
+    one_line_error((code, out, err), "r.json: $.plan_digest: report was captured from plan 'fa3'",
+                   "not from plans/fa3-ci.json ('fa3-ci', sha256:", "fix: pass the plan it was captured from")
+    assert out == ""
