@@ -469,17 +469,23 @@ def newer_revision(revision: object, where: str, *, force_hint: bool = False) ->
                          fix="upgrade capture-plan" + (", or pass --force to replace it" if force_hint else ""))
 
 
-def _revision(data: bytes) -> object:
+def _recorded(data: bytes) -> dict:
+    """The top-level fields of a plan file's bytes ({} when it is not a plan)."""
     try:
         raw = msgspec.json.decode(data)
     except (msgspec.DecodeError, RecursionError):
-        return None
-    return raw.get("revision") if isinstance(raw, dict) else None
+        return {}
+    return raw if isinstance(raw, dict) and sniff_kind(raw) == "plan" else {}
 
 
-def check_plan(opts: BuildOptions) -> Path:
+def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
     """Build in memory and compare with the file on disk; raise DriftError if they
-    differ (InputError if the file is a newer revision: see :func:`newer_revision`)."""
+    differ. InputError if the file is a newer revision (:func:`newer_revision`)
+    or, with ``same_command`` (``planner build --check``), the plan of another
+    command: a what-if (``--tp 8 --check``) compared with the checked-in plan
+    of the same default name is not drift of that plan, and the rebuild a
+    DriftError would advise, write_plan refuses. (``planner check`` rebuilds a
+    plan from its own record, where a copy under another name is stale.)"""
     plan = build_plan(opts)
     path = output_path(opts)
     fix = f"run `{command_for_cwd(opts)}`"
@@ -487,7 +493,13 @@ def check_plan(opts: BuildOptions) -> Path:
         raise DriftError("plan is missing", where=str(path), fix=fix)
     data = read_input(path, "plan")
     if data != plan_bytes(plan):
-        newer_revision(_revision(data), f"{path}: $.revision")
+        recorded = _recorded(data)
+        newer_revision(recorded.get("revision"), f"{path}: $.revision")
+        command = recorded.get("command")
+        if same_command and isinstance(command, list) and command != plan.command:
+            raise InputError(f"holds the plan of `{' '.join(map(str, command))}`, not of this command",
+                             where=str(path), fix=f"check it with `planner check {path}`, or give this build "
+                             "its own file with -o")
         raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
     return path
 

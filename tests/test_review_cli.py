@@ -252,3 +252,17 @@ def test_r11_report_against_another_plan_exits_1(cli, tmp_path):
     one_line_error((code, out, err), "r.json: $.plan_digest: report was captured from plan 'fa3'",
                    "not from plans/fa3-ci.json ('fa3-ci', sha256:", "fix: pass the plan it was captured from")
     assert out == ""
+
+
+# R12. build --check of a what-if against the checked-in plan of the same name -------------------------
+
+def test_r12_build_check_of_another_command_is_not_called_stale(cli, tmp_path):
+    # before: "plans/fa3.json: plan is stale ...; fix: run `planner build --backend fa3 --tp 8`",
+    # a fix that write_plan then refuses (or, with --force, that clobbers the checked-in plan)
+    assert cli("build", "-b", "fa3")[0] == 0
+    one_line_error(cli("build", "-b", "fa3", "--tp", "8", "--check"),
+                   "plans/fa3.json: holds the plan of `planner build --backend fa3`, not of this command",
+                   "fix: check it with `planner check plans/fa3.json`, or give this build its own file with -o")
+    assert cli("build", "-b", "fa3", "--check")[0] == 0
+    assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json")[0] == 0
+    assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json", "--check")[0] == 0
