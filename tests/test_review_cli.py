@@ -266,3 +266,38 @@ def test_r12_build_check_of_another_command_is_not_called_stale(cli, tmp_path):
     assert cli("build", "-b", "fa3", "--check")[0] == 0
     assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json")[0] == 0
     assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json", "--check")[0] == 0
+
+
+# R13. a spec's model config is read like every other input ------------------------------------------
+
+@pytest.mark.parametrize("make,needle", [
+    ("fifo", "config.json: is a FIFO (named pipe), not a config file"),
+    ("list", "config.json: $.model_type: model_type must be a string, got ['llama']"),
+    ("deep", "config.json: nested too deeply to read"),
+])
+def test_r13_odd_model_configs_are_one_line_not_a_hang_or_an_internal_error(cli, tmp_path, make, needle):
+    # before: a FIFO hung the build (and /dev/zero read until memory ran out: not tested here,
+    # a regression would not stop at the alarm below; read_input refuses both alike), and a
+    # list model_type or deep nesting were internal errors (exit 3)
+    import os
+
+    cfg = tmp_path / "config.json"
+    if make == "fifo":
+        os.mkfifo(cfg)
+    elif make == "list":
+        cfg.write_text(json.dumps({**LLAMA, "model_type": ["llama"]}))
+    else:
+        cfg.write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+    (tmp_path / "s.toml").write_text('[model]\nconfig = "config.json"\n' + SPEC)
+    import signal
+
+    def hang(signum, frame):
+        raise TimeoutError("the build hung on the model config")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(30)  # a regression hangs on the FIFO: fail, do not stall the suite
+    try:
+        one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "--dry-run"), needle)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
