@@ -301,3 +301,16 @@ def test_r13_odd_model_configs_are_one_line_not_a_hang_or_an_internal_error(cli,
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+# R14. graph -f dot quotes the plan's name -------------------------------------------------------------
+
+def test_r14_dot_output_escapes_quotes_in_the_plan_name(cli, tmp_path):
+    # before: `-o 'we"ird.json'` gave `digraph "we"ird" {`, which Graphviz cannot read
+    import re
+
+    assert cli("build", "-b", "fa3", "--max-bs", "2", "-o", 'we"ird\\name.json')[0] == 0
+    code, out, _ = cli("graph", 'we"ird\\name.json')
+    assert code == 0 and out.splitlines()[0] == r'digraph "we\"ird\\name" {'
+    for line in out.splitlines():  # every quoted string closes on its line
+        assert len(re.findall(r'(?<!\\)(?:\\\\)*"', line)) % 2 == 0, line
