@@ -29,7 +29,7 @@ from schemas.units import MiB, mib
 from . import resources
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
-from .rules import Context, check_spec_rule_ids, phase_rules, satisfies
+from .rules import Context, check_spec_rules, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
 from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
 from .workload import Workload, workspace_bytes
@@ -338,7 +338,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
         raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator",
                          fix=f"use {' or '.join(allocator_modes())}")
     ctx = Context(backend=opts.backend, ci=opts.ci)
-    check_spec_rule_ids(spec.rules, list(resources.builtin_rules()), spec_source)
+    check_spec_rules(spec.rules, list(resources.builtin_rules()), resources.backend_names(), spec_source)
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
     rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
     # in the order the plan records them (sorted): the optimizer lists broken pins in

@@ -314,3 +314,15 @@ def test_r14_dot_output_escapes_quotes_in_the_plan_name(cli, tmp_path):
     assert code == 0 and out.splitlines()[0] == r'digraph "we\"ird\\name" {'
     for line in out.splitlines():  # every quoted string closes on its line
         assert len(re.findall(r'(?<!\\)(?:\\\\)*"', line)) % 2 == 0, line
+
+
+# R15. a spec rule for a backend that does not exist ---------------------------------------------------
+
+def test_r15_a_rule_for_an_unknown_backend_is_refused(cli, tmp_path):
+    # before: `when = { backend = ["FA3"] }` never matched "fa3": a team gate that silently gated nothing
+    (tmp_path / "s.toml").write_text(SPEC + '[[rules]]\nid = "team-gate"\nwhy = "x"\n'
+                                     'when = { backend = ["fa3", "FA3"] }\nrequire = [{ order = "smallest-first" }]\n')
+    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
+                   "s.toml: $.rules[0].when.backend[1]: unknown backend 'FA3': the rule would never apply",
+                   "fix: use one of fa3, flashinfer, torch, triton")
+    assert not (tmp_path / "plans").exists()
