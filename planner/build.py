@@ -156,16 +156,17 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
     return (meeting or preferring or ["optimizer"])[0]
 
 
-def _check_tp(spec: Spec, tp: int) -> None:
+def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
+    """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads and MLP."""
     m = spec.model
     if tp < 1 or tp > MODEL_MAX["heads"]:
-        raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where="--tp",
+        raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where=where,
                          fix="give the tensor-parallel size (GPUs per model replica)")
     bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
     if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
         bad.append(f"kv_heads={m.kv_heads}")
     if bad:
-        raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where="--tp",
+        raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=where,
                          fix="use a tensor-parallel size that divides the model's heads and MLP")
 
 
@@ -330,7 +331,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     spec, spec_name, spec_raw, model_config = _spec(opts)
     spec_source = str(opts.spec) if opts.spec is not None else spec_name
     tp = opts.tp if opts.tp is not None else spec.tp
-    _check_tp(spec, tp)
+    _check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
     if not output_path(opts).name:
         raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator

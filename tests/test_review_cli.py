@@ -326,3 +326,15 @@ def test_r15_a_rule_for_an_unknown_backend_is_refused(cli, tmp_path):
                    "s.toml: $.rules[0].when.backend[1]: unknown backend 'FA3': the rule would never apply",
                    "fix: use one of fa3, flashinfer, torch, triton")
     assert not (tmp_path / "plans").exists()
+
+
+# R16. a spec's own tp is located in the spec ---------------------------------------------------------
+
+@pytest.mark.parametrize("tp,needle", [(3, "tp=3 does not divide heads=32"), (100000, "must be 1..")])
+def test_r16_a_bad_tp_in_the_spec_points_at_the_spec_not_at_the_option(cli, tmp_path, tp, needle):
+    # before: "planner: error: --tp: ..." though no --tp was given
+    (tmp_path / "s.toml").write_text(f"tp = {tp}\n" + SPEC)
+    err = one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), needle)
+    assert err.startswith("planner: error: s.toml: $.tp: "), err
+    err = one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "--tp", "5"), "tp=5 does not divide")
+    assert err.startswith("planner: error: --tp: "), err
