@@ -62,7 +62,9 @@ def options_from_command(cmd: list[str], where: str, plan_path: Path):
     base = plan_path.parent
     for name in ("spec", "trace"):
         if name in kw:
-            kw[name] = base / kw[name]
+            # lexically, as build records them (build._rel): through a linked plans folder,
+            # the OS would resolve plans/../specs from the link's target, another folder
+            kw[name] = Path(os.path.normpath(base / kw[name]))
     # The output is where the plan lies: a copy under another name rebuilds with
     # that name (and -o), so it is never "up to date" as someone else's plan.
     kw["output"] = plan_path

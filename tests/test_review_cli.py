@@ -338,3 +338,19 @@ def test_r16_a_bad_tp_in_the_spec_points_at_the_spec_not_at_the_option(cli, tmp_
     assert err.startswith("planner: error: s.toml: $.tp: "), err
     err = one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "--tp", "5"), "tp=5 does not divide")
     assert err.startswith("planner: error: --tp: "), err
+
+
+# R17. a plans folder that is a symlink ---------------------------------------------------------------
+
+def test_r17_check_through_a_linked_plans_folder(cli, tmp_path, monkeypatch):
+    # before: the plan records --spec ../specs/s.toml (lexically, relative to plans/), but check
+    # opened plans/../specs/s.toml, which the OS resolves from the link's target: "cannot read spec"
+    (tmp_path / "repo/specs").mkdir(parents=True)
+    (tmp_path / "shared/plans").mkdir(parents=True)
+    (tmp_path / "repo/plans").symlink_to("../shared/plans")
+    (tmp_path / "repo/specs/s.toml").write_text(SPEC)
+    monkeypatch.chdir(tmp_path / "repo")
+    assert cli("build", "-b", "fa3", "--spec", "specs/s.toml")[0] == 0
+    code, out, err = cli("check", "plans")
+    assert code == 0 and out == "plans/fa3-s.json: up to date\n", err
+    assert cli("check", "--fix", "plans")[0] == 0
