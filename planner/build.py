@@ -325,8 +325,24 @@ class _Predicted(msgspec.Struct, frozen=True):
     hoisted: int
 
 
+def _check_paths_encode(opts: BuildOptions) -> None:
+    """The paths a plan records (its name, ``-o``, ``--spec``, ``--trace``) must be
+    text: a file name that is not valid UTF-8 (bytes a POSIX name may hold)
+    cannot go into the plan's JSON, and was an internal error when it was written."""
+    for flag, path in (("--spec", opts.spec), ("--trace", opts.trace), ("-o", output_path(opts))):
+        if path is None:
+            continue
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # its bytes, printable anywhere
+            raise InputError("path is not valid UTF-8, and the plan records it as text", where=f"{flag} {shown}",
+                             fix="rename the file (or the folders on its path) to a UTF-8 name") from None
+
+
 def _resolve(opts: BuildOptions) -> _Resolved:
     """Read spec, trace and data; check tp, allocator and budget floor; order the phases."""
+    _check_paths_encode(opts)
     backend = resources.backend(opts.backend)
     spec, spec_name, spec_raw, model_config = _spec(opts)
     spec_source = str(opts.spec) if opts.spec is not None else spec_name

@@ -354,3 +354,20 @@ def test_r17_check_through_a_linked_plans_folder(cli, tmp_path, monkeypatch):
     code, out, err = cli("check", "plans")
     assert code == 0 and out == "plans/fa3-s.json: up to date\n", err
     assert cli("check", "--fix", "plans")[0] == 0
+
+
+# R18. file names that are not UTF-8 ------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--spec", "-o"])
+def test_r18_a_non_utf8_file_name_is_a_located_error(cli, tmp_path, flag):
+    # before: internal error (exit 3), UnicodeEncodeError writing the plan's JSON
+    import os
+
+    if os.uname().sysname == "Darwin":
+        pytest.skip("macOS file systems refuse such names")
+    name = os.fsdecode(b"s\xff.toml")
+    (tmp_path / name).write_text(SPEC)
+    args = ("--spec", name) if flag == "--spec" else ("-o", os.fsdecode(b"o\xff.json"))
+    one_line_error(cli("build", "-b", "fa3", *args), f"{flag} ", "path is not valid UTF-8",
+                   "fix: rename the file")
+    assert sorted(os.listdir(tmp_path)) == [name]
