@@ -359,7 +359,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
     rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
     # in the order the plan records them (sorted): the optimizer lists broken pins in
-    # pin order, so the order typed would change the bytes, and `planner check` call them stale
+    # pin order, so the order typed would change the bytes and `planner check` would call them stale
     pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
     workload, trace_path, trace_digest = _workload(opts, spec, backend, tp)
 
