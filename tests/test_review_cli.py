@@ -371,3 +371,24 @@ def test_r18_a_non_utf8_file_name_is_a_located_error(cli, tmp_path, flag):
     one_line_error(cli("build", "-b", "fa3", *args), f"{flag} ", "path is not valid UTF-8",
                    "fix: rename the file")
     assert sorted(os.listdir(tmp_path)) == [name]
+
+
+# R19. Ctrl-C is not "bad input or drift" --------------------------------------------------------------
+
+def test_r19_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypatch):
+    # before: click's "Aborted!" and exit 1, the code for bad input or drift
+    import os
+
+    import schemas.files
+
+    assert cli("build", "-b", "fa3")[0] == 0
+    plan = (tmp_path / "plans/fa3.json").read_bytes()
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(schemas.files.os, "replace", interrupted)
+    code, out, err = cli("build", "-b", "fa3", "-s", "order=smallest-first", "--force")
+    assert code == 130 and err == "planner: interrupted\n" and out == "", (code, err)
+    assert (tmp_path / "plans/fa3.json").read_bytes() == plan
+    assert os.listdir(tmp_path / "plans") == ["fa3.json"]  # no temp file left
