@@ -221,7 +221,11 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
     try:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as err:
-        raise InputError(f"{what}: {err}", where=source, fix=_FIX[kind] if kind != "spec" else None) from None
+        fix = _FIX[kind] if kind != "spec" else None
+        if kind == "spec" and PurePath(source).suffix.lower() != ".json":
+            # a TOML spec named spec.txt or spec.tml is read as JSON: say why
+            fix = "a spec is read as TOML only when its name ends in .toml, else as JSON: rename a TOML spec"
+        raise InputError(f"{what}: {err}", where=source, fix=fix) from None
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX[kind]) from None
     _no_duplicate_keys(data, source, kind)

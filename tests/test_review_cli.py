@@ -392,3 +392,15 @@ def test_r19_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypat
     assert code == 130 and err == "planner: interrupted\n" and out == "", (code, err)
     assert (tmp_path / "plans/fa3.json").read_bytes() == plan
     assert os.listdir(tmp_path / "plans") == ["fa3.json"]  # no temp file left
+
+
+# R20. a TOML spec not named *.toml --------------------------------------------------------------------
+
+def test_r20_a_toml_spec_without_the_toml_suffix_is_told_why(cli, tmp_path):
+    # before: "spec.txt: malformed JSON: ... invalid character (byte 2)" and no fix
+    (tmp_path / "spec.txt").write_text(SPEC)
+    one_line_error(cli("build", "-b", "fa3", "--spec", "spec.txt"), "spec.txt: malformed JSON",
+                   "fix: a spec is read as TOML only when its name ends in .toml")
+    (tmp_path / "bad.json").write_text('{"phases": [')
+    err = one_line_error(cli("build", "-b", "fa3", "--spec", "bad.json"), "bad.json: malformed JSON")
+    assert "fix:" not in err
