@@ -20,7 +20,7 @@ from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha2
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import read_input, write_atomic
 from schemas.limits import MODEL_MAX
-from schemas.plan import (Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
+from schemas.plan import (PLAN_REVISION, Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
 from schemas.spec import Phase, Spec
 from schemas.strategy import AXES, allocator_modes
@@ -29,13 +29,13 @@ from schemas.units import MiB, mib
 from . import resources
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
-from .rules import Context, phase_rules, satisfies
+from .rules import Context, check_spec_rules, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
 from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
 from .workload import Workload, workspace_bytes
 
 __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
-           "write_plan", "check_plan", "normalized_command", "command_for_cwd"]
+           "write_plan", "check_plan", "normalized_command", "command_for_cwd", "newer_revision"]
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -156,16 +156,17 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
     return (meeting or preferring or ["optimizer"])[0]
 
 
-def _check_tp(spec: Spec, tp: int) -> None:
+def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
+    """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads and MLP."""
     m = spec.model
     if tp < 1 or tp > MODEL_MAX["heads"]:
-        raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where="--tp",
+        raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where=where,
                          fix="give the tensor-parallel size (GPUs per model replica)")
     bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
     if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
         bad.append(f"kv_heads={m.kv_heads}")
     if bad:
-        raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where="--tp",
+        raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=where,
                          fix="use a tensor-parallel size that divides the model's heads and MLP")
 
 
@@ -279,7 +280,10 @@ class _Resolved(msgspec.Struct, frozen=True):
 
     backend: resources.Backend
     spec: Spec
+    #: the spec as the plan records it: relative to the plan's folder
     spec_name: str
+    #: the spec as the user named it (relative to the cwd): where errors point
+    spec_source: str
     spec_raw: bytes
     model_config: tuple[str, str] | None
     tp: int
@@ -321,12 +325,29 @@ class _Predicted(msgspec.Struct, frozen=True):
     hoisted: int
 
 
+def _check_paths_encode(opts: BuildOptions) -> None:
+    """The paths a plan records (its name, ``-o``, ``--spec``, ``--trace``) must be
+    text: a file name that is not valid UTF-8 (bytes a POSIX name may hold)
+    cannot go into the plan's JSON, and was an internal error when it was written."""
+    for flag, path in (("--spec", opts.spec), ("--trace", opts.trace), ("-o", output_path(opts))):
+        if path is None:
+            continue
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # its bytes, printable anywhere
+            raise InputError("path is not valid UTF-8, and the plan records it as text", where=f"{flag} {shown}",
+                             fix="rename the file (or the folders on its path) to a UTF-8 name") from None
+
+
 def _resolve(opts: BuildOptions) -> _Resolved:
     """Read spec, trace and data; check tp, allocator and budget floor; order the phases."""
+    _check_paths_encode(opts)
     backend = resources.backend(opts.backend)
     spec, spec_name, spec_raw, model_config = _spec(opts)
+    spec_source = str(opts.spec) if opts.spec is not None else spec_name
     tp = opts.tp if opts.tp is not None else spec.tp
-    _check_tp(spec, tp)
+    _check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
     if not output_path(opts).name:
         raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator
@@ -334,9 +355,12 @@ def _resolve(opts: BuildOptions) -> _Resolved:
         raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator",
                          fix=f"use {' or '.join(allocator_modes())}")
     ctx = Context(backend=opts.backend, ci=opts.ci)
+    check_spec_rules(spec.rules, list(resources.builtin_rules()), resources.backend_names(), spec_source)
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
     rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
-    pins = parse_pins(list(opts.strategies), [p.name for p in spec.phases])
+    # in the order the plan records them (sorted): the optimizer lists broken pins in
+    # pin order, so the order typed would change the bytes and `planner check` would call them stale
+    pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
     workload, trace_path, trace_digest = _workload(opts, spec, backend, tp)
 
     library = int(spec.library_mib * MiB)
@@ -345,12 +369,13 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     floor = max(alone.values())
     if spec.budget_mib is not None and spec.budget_mib * MiB < floor:
         raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
-                              f"needs {mib(floor)}", where=f"{spec_name}: $.budget_mib",
+                              f"needs {mib(floor)}", where=f"{spec_source}: $.budget_mib",
                               fix=f"raise budget_mib to at least {-(-floor // MiB)}")
-    return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_raw=spec_raw, model_config=model_config,
+    return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_source=spec_source, spec_raw=spec_raw,
+                     model_config=model_config,
                      tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
                      workload=workload, trace_path=trace_path, trace_digest=trace_digest, library=library,
-                     alone=alone, sequence=phase_sequence(spec.phases, alone),
+                     alone=alone, sequence=phase_sequence(spec.phases, alone, spec_source),
                      forced=_forced_orders(spec, rules, pins))
 
 
@@ -391,7 +416,7 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     if baseline_bytes is None:
         baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
-    _check_budget(r.spec, r.spec_name, sim.pool_bytes + hoisted, sol.decisions)
+    _check_budget(r.spec, r.spec_source, sim.pool_bytes + hoisted, sol.decisions)
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
 
@@ -448,14 +473,50 @@ def plan_bytes(plan: Plan) -> bytes:
     return canonical_bytes(plan)
 
 
-def check_plan(opts: BuildOptions) -> Path:
-    """Build in memory and compare with the file on disk; raise DriftError if they differ."""
+def newer_revision(revision: object, where: str, *, force_hint: bool = False) -> None:
+    """Refuse to check or replace a plan written by a newer capture-plan.
+
+    Readers accept newer plan revisions (they only add fields), but this
+    planner would rebuild such a plan without what the newer one added: the
+    comparison would call it stale and a rebuild would silently downgrade it.
+    """
+    if isinstance(revision, int) and not isinstance(revision, bool) and revision > PLAN_REVISION:
+        raise InputError(f"plan revision {revision} was written by a newer capture-plan (this one writes revision "
+                         f"{PLAN_REVISION}); checking or rebuilding it here would downgrade it", where=where,
+                         fix="upgrade capture-plan" + (", or pass --force to replace it" if force_hint else ""))
+
+
+def _recorded(data: bytes) -> dict:
+    """The top-level fields of a plan file's bytes ({} when it is not a plan)."""
+    try:
+        raw = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return {}
+    return raw if isinstance(raw, dict) and sniff_kind(raw) == "plan" else {}
+
+
+def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
+    """Build in memory and compare with the file on disk; raise DriftError if they
+    differ. InputError if the file is a newer revision (:func:`newer_revision`)
+    or, with ``same_command`` (``planner build --check``), the plan of another
+    command: a what-if (``--tp 8 --check``) compared with the checked-in plan
+    of the same default name is not drift of that plan, and the rebuild a
+    DriftError would advise, write_plan refuses. (``planner check`` rebuilds a
+    plan from its own record, where a copy under another name is stale.)"""
     plan = build_plan(opts)
     path = output_path(opts)
     fix = f"run `{command_for_cwd(opts)}`"
     if not path.exists():
         raise DriftError("plan is missing", where=str(path), fix=fix)
-    if read_input(path, "plan") != plan_bytes(plan):
+    data = read_input(path, "plan")
+    if data != plan_bytes(plan):
+        recorded = _recorded(data)
+        newer_revision(recorded.get("revision"), f"{path}: $.revision")
+        command = recorded.get("command")
+        if same_command and isinstance(command, list) and command != plan.command:
+            raise InputError(f"holds the plan of `{' '.join(map(str, command))}`, not of this command",
+                             where=str(path), fix=f"check it with `planner check {path}`, or give this build "
+                             "its own file with -o")
         raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
     return path
 
@@ -470,16 +531,24 @@ def _same_file(a: Path, b: Path) -> bool:
 def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
     """Write ``plan`` to its output path; refuse to clobber what it should not.
 
-    Never overwrites the spec or trace it was built from. Replaces an existing
+    Never overwrites the spec, trace or model config it was built from. Replaces an existing
     file only when that file is a plan recorded with the same command (a
-    rebuild), or with ``force``: a what-if build (``--tp 8``, ``-s ...``) does
-    not silently replace the checked-in plan of the same default name.
+    rebuild) and not written by a newer capture-plan, or with ``force``: a
+    what-if build (``--tp 8``, ``-s ...``) does not silently replace the
+    checked-in plan of the same default name, nor an older planner a newer
+    one's plan.
     """
     path = output_path(opts)
-    for flag, src in (("--spec", opts.spec), ("--trace", opts.trace)):
+    # every file the plan was built from, --force or not: the trace a spec names
+    # (a GPU recording) and a model config too, found from the plan's own record
+    inputs = plan.inputs
+    sources = [("spec", "--spec ", opts.spec), ("trace", "--trace ", opts.trace)]
+    sources += [(what, "", path.parent / rel) for what, rel in (("trace", inputs.trace),
+                                                                 ("model config", inputs.model_config)) if rel]
+    for what, flag, src in sources:
         if src is not None and _same_file(path, src):
-            raise InputError(f"the output is the {flag[2:]} file", where=str(path),
-                             fix=f"name another output with -o (it would overwrite {flag} {src})")
+            raise InputError(f"the output is the {what} file", where=str(path),
+                             fix=f"name another output with -o (it would overwrite {flag}{src})")
     if path.exists() and not force:
         existing = None
         try:
@@ -487,6 +556,9 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
             existing = raw.get("command") if isinstance(raw, dict) and sniff_kind(raw) == "plan" else None
         except (InputError, msgspec.DecodeError, RecursionError):
             pass
+        else:
+            if existing is not None:
+                newer_revision(raw.get("revision"), f"{path}: $.revision", force_hint=True)
         if existing != plan.command:
             what = (f"holds a plan built by `{' '.join(map(str, existing))}`" if isinstance(existing, list)
                     else "exists and is not a plan")

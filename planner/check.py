@@ -12,12 +12,13 @@ defensively since it may be what was edited.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
-from schemas.errors import DriftError, InputError
+from schemas.errors import DriftError, InputError, WrongKindError
 
-__all__ = ["check_paths", "options_from_command"]
+__all__ = ["check_paths", "options_from_command", "check_report_plan"]
 
 _VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
            "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
@@ -61,7 +62,9 @@ def options_from_command(cmd: list[str], where: str, plan_path: Path):
     base = plan_path.parent
     for name in ("spec", "trace"):
         if name in kw:
-            kw[name] = base / kw[name]
+            # lexically, as build records them (build._rel): through a linked plans folder,
+            # the OS would resolve plans/../specs from the link's target, another folder
+            kw[name] = Path(os.path.normpath(base / kw[name]))
     # The output is where the plan lies: a copy under another name rebuilds with
     # that name (and -o), so it is never "up to date" as someone else's plan.
     kw["output"] = plan_path
@@ -69,14 +72,45 @@ def options_from_command(cmd: list[str], where: str, plan_path: Path):
     return BuildOptions(**kw)
 
 
-def _plan_files(paths: Iterable[Path]) -> list[Path]:
-    files: list[Path] = []
+def _link_target(path: Path) -> Path:
+    """``path``, or the file that the symlink(s) at ``path`` name.
+
+    A plan is checked, and rebuilt, where it really lies: through a link
+    (``plans/latest.json -> fa3.json``) its name and recorded ``-o`` would be
+    the link's, so it was "stale", and ``--fix`` wrote a plan named after the
+    link over the file it points to. Joined lexically, like every recorded
+    path; a loop is left to the reader, which reports it.
+    """
+    for _ in range(40):
+        try:
+            if not path.is_symlink():
+                return path
+            path = Path(os.path.normpath(path.parent / os.readlink(path)))
+        except (OSError, ValueError):
+            return path
+    return path
+
+
+def _plan_files(paths: Iterable[Path]) -> list[tuple[Path, Path | None]]:
+    """The plan files named or held (``*.json``) by ``paths``, links followed,
+    each file once (a folder and a file in it, or a link beside its target),
+    with the folder that held it (None: named as a file)."""
+    files: list[tuple[Path, Path | None]] = []
+    seen: set[str] = set()
     for p in paths:
         try:
             is_dir = p.is_dir()
         except (OSError, ValueError):
             is_dir = False
-        files += sorted(p.glob("*.json")) if is_dir else [p]
+        for f in sorted(p.glob("*.json")) if is_dir else [p]:
+            f = _link_target(f)
+            try:
+                key = os.path.realpath(f)
+            except (OSError, ValueError):
+                key = str(f)
+            if key not in seen:
+                seen.add(key)
+                files.append((f, p if is_dir else None))
     return files
 
 
@@ -85,9 +119,11 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
 
     ``fix=True`` rebuilds stale plans in place (each from its own recorded
     command) instead of failing. A plan whose digest does not match, or whose
-    recorded command cannot be read, is an :class:`InputError` either way.
+    recorded command cannot be read, or that a newer capture-plan wrote (a
+    newer plan revision, which a rebuild here would downgrade), is an
+    :class:`InputError` either way.
     """
-    from .build import build_plan, check_plan, command_for_cwd, plan_bytes
+    from .build import build_plan, check_plan, command_for_cwd, newer_revision, plan_bytes
     from schemas.codec import decode_plan
     from schemas.files import read_input, write_atomic
 
@@ -97,16 +133,23 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
         raise InputError("no plan files found", where=", ".join(map(str, paths)),
                          fix="name plan files or folders that hold them")
     ok, stale = [], []
-    for f in files:
+    for f, folder in files:
         data = read_input(f, "plan")
         try:  # digest first: a plan that passes is read as written by the planner
             plan, tampered = decode_plan(data, str(f)), None
+        except WrongKindError as err:  # not a plan at all: a trace, a report, some other JSON
+            if folder is not None:
+                err.fix = (f"move it out of {folder} (`planner check` reads every *.json there), "
+                           "or name the plan files")
+            raise
         except InputError as err:
             if "digest mismatch" not in err.what:
                 raise
             plan = decode_plan(data, str(f), check_digest=False)
             tampered = DriftError("plan is stale: its digest does not match its content (edited by hand or "
                                   "corrupted)", where=str(f))
+        # before trusting anything else: a newer planner's plan is never rebuilt (downgraded) here
+        newer_revision(plan.revision, f"{f}: $.revision")
         opts = options_from_command(plan.command, f"{f}: $.command", f)
         try:
             if tampered is not None:
@@ -125,3 +168,13 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
                          where=f"{len(stale)} of {len(files)} plan(s) stale",
                          fix="or rebuild them all with `planner check --fix`")
     return ok
+
+
+def check_report_plan(report, plan, report_source: str, plan_source: str) -> None:
+    """Refuse a capture report checked against a plan it was not captured from
+    (``planner report R --plan P``): the digests differ. Reports are read
+    leniently across revisions; the digest is what ties one to its plan."""
+    if report.plan_digest != plan.digest:
+        raise InputError(f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "
+                         f"{plan_source} ({plan.name!r}, {plan.digest})", where=f"{report_source}: $.plan_digest",
+                         fix=f"pass the plan it was captured from, or capture again with {plan_source}")

@@ -95,24 +95,27 @@ def check_acyclic(g: Digraph, what: str = "steps") -> None:
     _raise_cycle(g, what)
 
 
-def _raise_cycle(g: Digraph, what: str) -> None:
-    """Name the rules along one cycle (networkx finds it: only on this error path)."""
+def _raise_cycle(g: Digraph, what: str, locate=None) -> None:
+    """Name the rules along one cycle (networkx finds it: only on this error
+    path). ``locate(src, dst)``, when given, says where the input sets the
+    cycle's first edge (default: "rules")."""
     import networkx as nx
 
     ng = nx.DiGraph()
     ng.add_nodes_from(g.nodes)
     ng.add_edges_from(g.edges())
-    cycle = nx.find_cycle(ng)
-    rules = sorted({g.succ[u][v]["rule"] for u, v, *_ in cycle})
-    path = " -> ".join([cycle[0][0]] + [v for _, v, *_ in cycle])
+    cycle = [tuple(e[:2]) for e in nx.find_cycle(ng)]
+    rules = sorted({g.succ[u][v]["rule"] for u, v in cycle})
+    path = " -> ".join([cycle[0][0]] + [v for _, v in cycle])
     raise ConstraintError(f"rules in conflict: {', '.join(rules)} (they order {what} in a cycle: {path})",
-                          where="rules", fix="remove or relax one of these rules")
+                          where=locate(*cycle[0]) if locate else "rules", fix="remove or relax one of these rules")
 
 
-def phase_sequence(phases: list[Phase], weight: dict[str, int]) -> list[str]:
+def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | None = None) -> list[str]:
     """Phase capture order: ``after`` constraints first, then the phase whose
     largest graph needs the most memory (so smaller phases reuse its blocks),
-    then spec order."""
+    then spec order. ``after`` lists in a cycle are a ConstraintError located
+    at an ``after`` entry of the spec ``source``."""
     index = {p.name: i for i, p in enumerate(phases)}
     g = Digraph()
     for name in index:
@@ -122,7 +125,11 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int]) -> list[str]:
             g.add_edge(dep, p.name, rule=f"after:{p.name}")
     order = g.topological_order(key=lambda n: (-weight[n], index[n]))
     if order is None:
-        _raise_cycle(g, "phases")
+        def locate(dep: str, name: str) -> str:  # the edge dep -> name is phases[name].after's entry dep
+            i = index[name]
+            return f"{source or 'spec'}: $.phases[{i}].after[{phases[i].after.index(dep)}]"
+
+        _raise_cycle(g, "phases", locate)
     return order
 
 

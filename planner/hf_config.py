@@ -15,11 +15,13 @@ and rope fields are ignored.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
 
 from schemas.errors import InputError
+from schemas.files import read_input
 from schemas.spec import Model
 
 from .resources import data
@@ -49,6 +51,9 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
     mt = cfg.get("model_type")
     if mt is None:
         raise InputError("missing field model_type", where=f"{where}: $.model_type",
+                         fix="use the model's own config.json")
+    if not isinstance(mt, str):  # a list or object here was an internal error (unhashable)
+        raise InputError(f"model_type must be a string, got {mt!r:.60}", where=f"{where}: $.model_type",
                          fix="use the model's own config.json")
     types = table["model_types"]
     if mt not in types:
@@ -109,13 +114,17 @@ def read_model_config(model: Model, spec_path: Path | None, spec_name: str) -> t
     base = spec_path.parent if spec_path is not None else Path.cwd()
     path = base / model.config
     try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise InputError(f"cannot read model config {model.config!r}: {err.strerror}",
+        os.stat(path)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read model config {model.config!r}: {getattr(err, 'strerror', None) or err}",
                          where=f"{spec_name}: $.model.config",
                          fix="the path is relative to the spec file") from None
+    # like every input: a regular file within a size limit (a FIFO hung the build, /dev/zero filled memory)
+    raw = read_input(path, "config", fix="point [model] config at the model's config.json")
     try:
         cfg = msgspec.json.decode(raw)
     except msgspec.DecodeError as err:
         raise InputError(f"not valid JSON: {err}", where=str(path)) from None
+    except RecursionError:  # msgspec's own depth limit
+        raise InputError("nested too deeply to read", where=str(path), fix="use the model's own config.json") from None
     return model_from_config(cfg, str(path), model), str(path), raw

@@ -43,7 +43,9 @@ SCREEN_SIZES = 24
 
 
 def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str, str]]:
-    """``axis=value`` for every phase, ``phase.axis=value`` for one phase."""
+    """``axis=value`` for every phase, ``phase.axis=value`` for one phase (it
+    overrides the former for that phase). The same axis pinned twice for the
+    same scope with different values is refused, not "last one wins"."""
     out: dict[str | None, dict[str, str]] = {}
     for i, pin in enumerate(pins):
         where = f"--strategy {pin!r}"
@@ -59,7 +61,13 @@ def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str,
         if value not in AXIS_VALUES[axis]:
             raise InputError(f"unknown value {value!r} for {axis}", where=where,
                              fix=f"use one of {', '.join(AXIS_VALUES[axis])}")
-        out.setdefault(target, {})[axis] = value
+        pinned = out.setdefault(target, {})
+        if pinned.get(axis, value) != value:
+            # the plan records its pins sorted, so "last one wins" would rebuild another plan
+            scope = f"{target}.{axis}" if target is not None else axis
+            raise InputError(f"{scope} is pinned twice, to {pinned[axis]} and to {value}", where=where,
+                             fix=f"pin {scope} once")
+        pinned[axis] = value
     return out
 
 

@@ -6,16 +6,43 @@ plot is asked for.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from schemas.errors import InputError
 from schemas.plan import Plan
 from schemas.units import MiB
 
-__all__ = ["plot_timeline"]
+__all__ = ["plot_timeline", "check_plot_path"]
+
+
+#: the first bytes of every PNG file
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_plot_path(path: Path) -> None:
+    """Refuse to replace a file that is not a PNG: ``--plot`` given the plan's
+    own path (or a spec, another plan) replaced it with an image. An existing
+    PNG or an empty file is replaced (a re-plot); a missing path is fine; one that is
+    not a regular file (never opened here: a FIFO would block) or cannot be
+    read is left to write_atomic, which reports it."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
+        with open(path, "rb") as f:
+            head = f.read(len(PNG_MAGIC))
+    except (OSError, ValueError):
+        return
+    if head and head != PNG_MAGIC:  # an empty file loses nothing
+        raise InputError("exists and is not a PNG image; the plot would replace it", where=f"--plot {path}",
+                         fix="plot to a new .png path")
 
 
 def plot_timeline(plan: Plan, path: Path) -> None:
+    """Draw the plan's predicted timeline to the PNG ``path`` (atomically).
+    Never replaces a file that is not a PNG (see :func:`check_plot_path`)."""
+    check_plot_path(path)
     try:
         import matplotlib
         matplotlib.use("Agg")

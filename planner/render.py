@@ -95,12 +95,18 @@ def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
     return "\n".join(out), True
 
 
+def _dot_string(text: str) -> str:
+    """``text`` as a quoted Graphviz string: a plan's name is its file's name
+    (``-o 'a"b.json'``), which may hold quotes, backslashes or newlines."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
 def graph(plan: Plan, fmt: str) -> str:
     ids = {s.id: f"s{s.index}" for s in plan.steps}
     if fmt == "dot":
-        lines = [f'digraph "{plan.name}" {{', "  rankdir=LR;"]
-        lines += [f'  {ids[s.id]} [label="{s.id}"];' for s in plan.steps]
-        lines += [f'  {ids[e.src]} -> {ids[e.dst]} [label="{e.rule}"];' for e in plan.edges]
+        lines = [f"digraph {_dot_string(plan.name)} {{", "  rankdir=LR;"]
+        lines += [f"  {ids[s.id]} [label={_dot_string(s.id)}];" for s in plan.steps]
+        lines += [f"  {ids[e.src]} -> {ids[e.dst]} [label={_dot_string(e.rule)}];" for e in plan.edges]
         return "\n".join(lines + ["}"])
     lines = ["flowchart LR"]
     lines += [f'  {ids[s.id]}["{s.id}"]' for s in plan.steps]

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import msgspec
 
+from schemas.errors import InputError
 from schemas.plan import Strategy
 from schemas.spec import Choice, Phase, Rule
 from schemas.strategy import AXES
 
-__all__ = ["Context", "applies", "satisfies", "violated", "choice_label", "phase_rules"]
+__all__ = ["Context", "applies", "satisfies", "violated", "choice_label", "phase_rules", "PLANNER_LABELS",
+           "check_spec_rules"]
+
+#: what decisions and edges name where no rule decided (build.py, optimize.py,
+#: graph.py): a spec rule of the same id would make them ambiguous
+PLANNER_LABELS = ("optimizer", "warmup", "phase-order")
 
 
 class Context(msgspec.Struct, frozen=True):
@@ -48,3 +54,27 @@ def choice_label(choice: Choice) -> str:
 
 def phase_rules(rules: list[Rule], phase: Phase, ctx: Context) -> list[Rule]:
     return [r for r in rules if applies(r, phase, ctx)]
+
+
+def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list[str], source: str) -> None:
+    """Refuse what would make a spec's rule ambiguous or silently inert:
+
+    - an id that is a built-in rule's or one of :data:`PLANNER_LABELS`: a
+      plan's decisions, edges and "breaks ID" name rules by id alone, so a
+      reviewer could not tell the two apart (the spec's rule does not replace
+      the built-in one; both apply);
+    - a ``when.backend`` naming no backend of planner/data/backends.toml
+      (``"FA3"``): the rule would never apply, a gate that silently gates
+      nothing. (Phase kinds are checked with the spec: schemas.codec.)
+    """
+    taken = {r.id: "a built-in rule's (planner/data/rules.toml)" for r in builtin}
+    taken.update({label: "what plans call the planner's own decisions" for label in PLANNER_LABELS})
+    for i, rule in enumerate(spec_rules):
+        if rule.id in taken:
+            raise InputError(f"rule id {rule.id!r} is {taken[rule.id]}", where=f"{source}: $.rules[{i}].id",
+                             fix="give the rule an id of its own (both rules would apply, under one name)")
+        for j, name in enumerate(rule.when.backend or ()):
+            if name not in backends:
+                raise InputError(f"unknown backend {name!r}: the rule would never apply",
+                                 where=f"{source}: $.rules[{i}].when.backend[{j}]",
+                                 fix=f"use one of {', '.join(backends)}")

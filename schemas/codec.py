@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import InputError
+from .errors import InputError, WrongKindError
 from .limits import (MAX_BS, MAX_CAPTURES, MAX_DEPTH, MAX_EVENT_BYTES, MAX_INT, MAX_MIB,
                      MAX_PHASES, MAX_RULES, MAX_SIZES_PER_PHASE, MAX_TOKENS_PER_REQUEST, MODEL_MAX,
                      MODEL_MAX_DEFAULT)
@@ -112,11 +112,11 @@ def sniff_kind(raw: Any) -> str | None:
 def _expect_kind(raw: Any, kind: str, source: str) -> dict:
     if not isinstance(raw, dict):
         got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(raw), "a number")
-        raise InputError(f"a {kind} must be a JSON object (a TOML table), got {got}", where=f"{source}: $",
-                         fix=_WANT[kind])
+        raise WrongKindError(f"a {kind} must be a JSON object (a TOML table), got {got}", where=f"{source}: $",
+                             fix=_WANT[kind])
     got = sniff_kind(raw)
     if got is not None and got != kind:
-        raise InputError(f"this is a {got} file, not a {kind}", where=source, fix=_WANT[kind])
+        raise WrongKindError(f"this is a {got} file, not a {kind}", where=source, fix=_WANT[kind])
     return raw
 
 
@@ -221,7 +221,11 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
     try:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as err:
-        raise InputError(f"{what}: {err}", where=source, fix=_FIX[kind] if kind != "spec" else None) from None
+        fix = _FIX[kind] if kind != "spec" else None
+        if kind == "spec" and PurePath(source).suffix.lower() != ".json":
+            # a TOML spec named spec.txt or spec.tml is read as JSON: say why
+            fix = "a spec is read as TOML only when its name ends in .toml, else as JSON: rename a TOML spec"
+        raise InputError(f"{what}: {err}", where=source, fix=fix) from None
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX[kind]) from None
     _no_duplicate_keys(data, source, kind)
@@ -370,6 +374,11 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
     """Decode a plan file; refuses newer versions, truncation, tampering and plans
     whose parts do not fit together (:func:`validate_plan`)."""
     raw = _expect_kind(_parse(data, source, "plan", toml=False), "plan", source)
+    version = raw.get("version")
+    if sniff_kind(raw) is None and not (isinstance(version, int) and version > PLAN_VERSION):
+        # some other JSON object: say so, rather than "missing `version`; rebuild the plan"
+        raise WrongKindError("not a plan file: a plan has `command` and `steps`", where=source,
+                             fix=_WANT["plan"])
     _check_values(raw, source, "plan", non_negative=True)
     _check_version(raw, source, "plan", PLAN_VERSION, "rebuild it with the command recorded in the plan")
     if check_digest:

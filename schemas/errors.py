@@ -3,12 +3,12 @@
 Every error raised on purpose is a ``CapturePlanError``: one line saying what
 went wrong, where (file, JSON path, phase/size/step) and, when known, how to
 fix it. The CLI prints ``str(err)`` and exits with ``err.exit_code``; anything
-else that escapes is a bug (exit 2).
+else that escapes is a bug (exit 3).
 """
 
 from __future__ import annotations
 
-__all__ = ["CapturePlanError", "InputError", "ConstraintError", "DriftError"]
+__all__ = ["CapturePlanError", "InputError", "WrongKindError", "ConstraintError", "DriftError"]
 
 
 class CapturePlanError(Exception):
@@ -32,6 +32,10 @@ class CapturePlanError(Exception):
 
 class InputError(CapturePlanError):
     """A spec, plan, trace, rule file or argument is malformed or inconsistent."""
+
+
+class WrongKindError(InputError):
+    """The file is not of the kind expected: a trace given as a plan, a JSON object of no known kind."""
 
 
 class ConstraintError(CapturePlanError):

@@ -46,6 +46,8 @@ MAX_EVENT_BYTES = 1 << 40
 #: files larger than this are refused before reading (bytes), per kind
 FILE_LIMITS: dict[str, int] = {
     "spec": 4 << 20, "plan": 64 << 20, "trace": 512 << 20, "report": 64 << 20,
+    # a Hugging Face config.json a spec names (real ones are a few KiB)
+    "config": 4 << 20,
 }
 #: nesting depth of any input document (real ones need 6)
 MAX_DEPTH = 64

@@ -292,8 +292,9 @@ def test_report_side_by_side(cli, tmp_path):
     code, out, _ = cli("report", "r.json")
     assert code == 0 and "capture/decode/256" in out and "pool: predicted 258.0 MiB, measured 260.0 MiB (+0.8%)" in out
     assert cli("build", "-b", "fa3")[0] == 0
-    code, out, _ = cli("report", "r.json", "--plan", "plans/fa3.json")
-    assert code == 0 and "warning: report was made from plan digest sha256:x" in out
+    code, out, err = cli("report", "r.json", "--plan", "plans/fa3.json")  # captured from another plan
+    assert code == 1 and out == "" and err.startswith("planner: error: r.json: $.plan_digest: report was captured "
+                                                      "from plan 'fa3' (sha256:x), not from plans/fa3.json")
 
 
 def test_internal_errors_exit_3_and_debug_shows_the_traceback(cli, monkeypatch):

@@ -3,7 +3,8 @@
 Exit codes: 0 ok; 1 bad input or drift (one line on stderr: what, where,
 fix); 2 a usage error (unknown command or option, missing argument: click's
 standard message and exit code); 3 an internal bug (one line; the traceback
-with ``planner --debug ...``). Each command lives in its own module, imported
+with ``planner --debug ...``); 130 after Ctrl-C (not click's exit 1, which
+would read as drift). Each command lives in its own module, imported
 only when that command runs (or the top-level help lists it); command modules
 import the library inside the command, so ``planner --help`` stays fast and
 never imports torch.
@@ -20,10 +21,12 @@ import sys
 
 import click
 
-__all__ = ["app", "main", "INTERNAL_ERROR", "COMMANDS"]
+__all__ = ["app", "main", "INTERNAL_ERROR", "INTERRUPTED", "COMMANDS"]
 
 #: exit code of a bug in capture-plan (not the user's input)
 INTERNAL_ERROR = 3
+#: exit code after Ctrl-C (SIGINT), as a shell reports it
+INTERRUPTED = 130
 
 #: command name -> module under planner.cli defining ``command``, in the order help lists them
 COMMANDS = {name: name for name in ("build", "check", "show", "explain", "diff", "graph", "simulate", "report",
@@ -42,6 +45,16 @@ class _Commands(click.Group):
         if name not in COMMANDS:
             return None
         return importlib.import_module(f"{__name__}.{COMMANDS[name]}").command
+
+    def invoke(self, ctx: click.Context):
+        # click turns Ctrl-C into "Aborted!" and exit 1, which here means bad input or
+        # drift: a CI script would tell the user to rebuild plans. 130 is the shell's
+        # code for SIGINT. Outputs are written atomically: nothing is left half-written.
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("planner: interrupted", err=True)
+            raise click.exceptions.Exit(INTERRUPTED) from None
 
 
 def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:

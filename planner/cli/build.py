@@ -76,7 +76,7 @@ def command(backend, ci, spec, speculative, max_bs, tp, allocator, trace, strate
                         allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact)
     path = output_path(opts)
     if check:
-        check_plan(opts)
+        check_plan(opts, same_command=True)
         click.echo(f"{path}: up to date")
         return
     plan = build_plan(opts)

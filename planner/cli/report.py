@@ -9,11 +9,18 @@ from ._common import PATH, Command, argument, option
 
 @click.command("report", cls=Command)
 @argument("file", "Capture report written by the executor.", "path", type=PATH)
-@option("--plan", type=PATH, metavar="path", help="Plan to check the report against.")
+@option("--plan", type=PATH, metavar="path", help="Plan to check the report against (exit 1 if the report was "
+        "captured from another plan).")
 def command(file, plan) -> None:
     """Show a capture report beside its plan's predictions."""
     from planner.render import report_table
 
     from ._common import read_plan, read_report
 
-    click.echo(report_table(read_report(file), read_plan(plan) if plan is not None else None))
+    rep = read_report(file)
+    p = read_plan(plan) if plan is not None else None
+    if p is not None:  # exit 1, not a warning: CI runs this to check a report against its plan
+        from planner.check import check_report_plan
+
+        check_report_plan(rep, p, str(file), str(plan))
+    click.echo(report_table(rep, p))

@@ -17,6 +17,10 @@ def command(plan, plot) -> None:
     from ._common import read_plan
 
     p = read_plan(plan)
+    if plot is not None:  # before printing: a refused --plot is one line on stderr, nothing on stdout
+        from planner.plot import check_plot_path
+
+        check_plot_path(plot)
     click.echo(timeline(p))
     if plot is not None:
         from planner.plot import plot_timeline
