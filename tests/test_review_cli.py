@@ -404,3 +404,37 @@ def test_r20_a_toml_spec_without_the_toml_suffix_is_told_why(cli, tmp_path):
     (tmp_path / "bad.json").write_text('{"phases": [')
     err = one_line_error(cli("build", "-b", "fa3", "--spec", "bad.json"), "bad.json: malformed JSON")
     assert "fix:" not in err
+
+
+# R21. the reader of stdout goes away (`planner show P | head`) ----------------------------------------
+
+def test_r21_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
+    # before: click's EPIPE handling, exit 1: the code for bad input or drift, so a CI script
+    # with `set -o pipefail` told the user to rebuild plans
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    plan = Path(__file__).resolve().parent.parent / "plans" / "fa3-ci.json"
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        r = subprocess.run([sys.executable, "-m", "planner", "show", str(plan)], stdout=write,
+                           stderr=subprocess.PIPE, cwd=tmp_path, timeout=60)
+    finally:
+        os.close(write)
+    assert r.returncode == 141, (r.returncode, r.stderr)
+    assert r.stderr == b"", r.stderr
+
+
+# R22. -o naming a folder -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [("build", "-b", "fa3", "-o", "out/"), ("simulate", "P", "--plot", "out/")])
+def test_r22_an_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(cli, tmp_path, args):
+    # before: click turned "out/" into Path("out"): build wrote a plan file named `out`
+    if args[0] == "simulate":
+        assert cli("build", "-b", "fa3", "-o", "p.json")[0] == 0
+        args = tuple("p.json" if a == "P" else a for a in args)
+    one_line_error(cli(*args), "'out/' names a folder, not a file", "fix: give a file name, e.g. out/what-if.json")
+    assert not (tmp_path / "out").exists()

@@ -3,8 +3,9 @@
 Exit codes: 0 ok; 1 bad input or drift (one line on stderr: what, where,
 fix); 2 a usage error (unknown command or option, missing argument: click's
 standard message and exit code); 3 an internal bug (one line; the traceback
-with ``planner --debug ...``); 130 after Ctrl-C (not click's exit 1, which
-would read as drift). Each command lives in its own module, imported
+with ``planner --debug ...``); 130 after Ctrl-C and 141 when the reader of
+stdout went away (``planner show P | head``), as a shell reports SIGINT and
+SIGPIPE (not click's exit 1 for both, which would read as drift). Each command lives in its own module, imported
 only when that command runs (or the top-level help lists it); command modules
 import the library inside the command, so ``planner --help`` stays fast and
 never imports torch.
@@ -17,16 +18,19 @@ planner/data/backends.toml.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
 
-__all__ = ["app", "main", "INTERNAL_ERROR", "INTERRUPTED", "COMMANDS"]
+__all__ = ["app", "main", "INTERNAL_ERROR", "INTERRUPTED", "BROKEN_PIPE", "COMMANDS"]
 
 #: exit code of a bug in capture-plan (not the user's input)
 INTERNAL_ERROR = 3
 #: exit code after Ctrl-C (SIGINT), as a shell reports it
 INTERRUPTED = 130
+#: exit code when stdout's reader closed the pipe (SIGPIPE), as a shell reports it
+BROKEN_PIPE = 141
 
 #: command name -> module under planner.cli defining ``command``, in the order help lists them
 COMMANDS = {name: name for name in ("build", "check", "show", "explain", "diff", "graph", "simulate", "report",
@@ -55,6 +59,22 @@ class _Commands(click.Group):
         except KeyboardInterrupt:
             click.echo("planner: interrupted", err=True)
             raise click.exceptions.Exit(INTERRUPTED) from None
+        except BrokenPipeError:
+            # `planner show P | head`: the reader has what it wanted. Nothing to say
+            # (stderr may be the same pipe); stdout goes to /dev/null so that the
+            # interpreter's final flush does not fail again.
+            _silence_stdout()
+            raise click.exceptions.Exit(BROKEN_PIPE) from None
+
+
+def _silence_stdout() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (in-process callers, tests)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:

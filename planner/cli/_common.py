@@ -7,14 +7,33 @@ positional argument with its help) before the options, and ``argument`` and
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
-__all__ = ["Command", "argument", "option", "PATH", "read_plan", "read_report"]
+__all__ = ["Command", "argument", "option", "PATH", "OUTPUT", "read_plan", "read_report"]
 
 #: a path as given (relative to the cwd); reading and its errors are the library's
 PATH = click.Path(path_type=Path)
+
+
+class _OutputFile(click.Path):
+    """A path to write a file to. ``plans/`` is refused here, while the
+    trailing slash is still there: as a ``Path`` it would name a file ``plans``."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.endswith(("/", os.sep)):
+            from schemas.errors import InputError
+
+            flag = "/".join(param.opts) if param is not None else "output"
+            raise InputError(f"{value!r} names a folder, not a file", where=flag,
+                             fix=f"give a file name, e.g. {value}what-if.json")
+        return super().convert(value, param, ctx)
+
+
+#: a file the command writes (as given, relative to the cwd)
+OUTPUT = _OutputFile(path_type=Path)
 
 
 class _Argument(click.Argument):

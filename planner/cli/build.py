@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import PATH, Command, option
+from ._common import OUTPUT, PATH, Command, option
 
 
 def _complete_backend(incomplete: str) -> list[str]:
@@ -59,7 +59,7 @@ class _BackendOption(click.Option):
 @option("--strategy", "-s", "strategy", multiple=True, metavar="list[str]",
         shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
         help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).")
-@option("-o", "--output", type=PATH, metavar="path", help="Plan path [plans/<backend>[-...][-ci].json].")
+@option("-o", "--output", type=OUTPUT, metavar="path", help="Plan path [plans/<backend>[-...][-ci].json].")
 @option("--exact", is_flag=True, help="Compare strategies on every size (default: phases with more than 64 sizes "
         "are compared on 24 of them; the prediction is always exact).")
 @option("--dry-run", is_flag=True, help="Build and print the summary; write nothing.")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from ._common import PATH, Command, argument, option
+from ._common import OUTPUT, PATH, Command, argument, option
 
 
 @click.command("simulate", cls=Command)
 @argument("plan", "Plan file.", "path", type=PATH)
-@option("--plot", type=PATH, metavar="path", help="Also draw the timeline to this PNG.")
+@option("--plot", type=OUTPUT, metavar="path", help="Also draw the timeline to this PNG.")
 def command(plan, plot) -> None:
     """Print reserved and allocated pool bytes after every step."""
     from planner.render import timeline
