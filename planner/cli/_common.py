@@ -26,7 +26,7 @@ class _OutputFile(click.Path):
         if isinstance(value, str) and value.endswith(("/", os.sep)):
             from schemas.errors import InputError
 
-            flag = "/".join(param.opts) if param is not None else "output"
+            flag = param.opts[0] if param is not None else "output"
             raise InputError(f"{value!r} names a folder, not a file", where=flag,
                              fix=f"give a file name, e.g. {value}what-if.json")
         return super().convert(value, param, ctx)
