@@ -198,23 +198,28 @@ def optimize(pb: Problem) -> Solution:
     tails: dict[tuple, Tail] = {}
 
     def simulate_pool(members: tuple[tuple[str, Strategy], ...]):
+        # This run holds one pool: protected phases outside it overwrite nothing
+        # in it, and a capture records the blocks it touches only where another
+        # phase's outputs are protected (Simulation). What a prefix or tail
+        # recorded depends on that set, so it is part of their keys.
+        guarded = protect & {n for n, _ in members}
         # Descent varies one phase at a time: resume from the state after the
         # longest prefix of phases already simulated (same phases, same
         # strategies, same order) instead of simulating it again.
         j = len(members) - 1
-        while j > 0 and members[:j] not in prefixes:
+        while j > 0 and (members[:j], guarded) not in prefixes:
             j -= 1
         if j:
-            run = prefixes[members[:j]].copy()
+            run = prefixes[(members[:j], guarded)].copy()
         else:
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
-            run = Simulation(pb.workload, pb.expandable, protect, pb.library_bytes if first else 0)
+            run = Simulation(pb.workload, pb.expandable, guarded, pb.library_bytes if first else 0)
         # Different strategies for a phase often leave its pool in the same
         # state (outputs freed, the same segments): the phases after it then
         # do exactly what they did before, so they are taken as recorded.
         starts, hit = [], None
         for k in range(j, len(members)):
-            key = (members[k:], run.state())
+            key = (members[k:], run.state(), guarded)
             hit = tails.get(key)
             if hit is not None:
                 break
@@ -223,7 +228,7 @@ def optimize(pb: Problem) -> Solution:
             for bs in sorted(captures_for[n], reverse=st.order == "largest-first"):
                 run.capture(n, bs, st)
             if k + 1 < len(members):
-                prefixes[members[:k + 1]] = run.copy()
+                prefixes[(members[:k + 1], guarded)] = run.copy()
         for key, mark in starts:
             tails[key] = run.since(mark) if hit is None else run.since(mark).then(hit)
         return run.result() if hit is None else run.result_with(hit)

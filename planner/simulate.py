@@ -50,7 +50,8 @@ def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy
     phases. Their output blocks are checked against every block the other
     phases' graphs allocate (and so write on replay) in the same pool.
     """
-    run = Simulation(workload, expandable, protect, library_bytes)
+    where = {q: pool_id(q, strategies[q]) for q in protect if q in strategies}
+    run = Simulation(workload, expandable, protect, library_bytes, where)
     for phase, bs in captures:
         run.capture(phase, bs, strategies[phase])
     return run.result()
@@ -65,12 +66,19 @@ class Simulation:
     prefix again (a copy costs O(blocks), a capture O(its allocations)).
     """
 
-    __slots__ = ("workload", "expandable", "protect", "library_bytes", "pools", "touched", "outputs", "timeline")
+    __slots__ = ("workload", "expandable", "protect", "library_bytes", "where", "pools", "touched", "outputs",
+                 "timeline")
 
     def __init__(self, workload: Workload, expandable: bool = False, protect: frozenset[str] = frozenset(),
-                 library_bytes: int = 0) -> None:
+                 library_bytes: int = 0, where: dict[str, str] | None = None) -> None:
+        """``where``: the pool each protected phase captures into, where known. A
+        capture records the blocks it touches only when a protected phase other
+        than its own shares its pool (or may: one ``where`` does not name) --
+        only those blocks can overwrite protected outputs, and recording every
+        block is a third of a speculative build's time."""
         self.workload, self.expandable, self.protect = workload, expandable, protect
         self.library_bytes = library_bytes
+        self.where = where or {}
         self.pools: dict[str, PoolSim] = {}
         # (pool, phase) -> {(start, end)}: a set, as layers and captures reuse the same blocks
         self.touched: dict[tuple[str, str], set[tuple[int, int]]] = {}
@@ -78,7 +86,7 @@ class Simulation:
         self.timeline: list[tuple[int, int]] = []
 
     def copy(self) -> "Simulation":
-        twin = Simulation(self.workload, self.expandable, self.protect, self.library_bytes)
+        twin = Simulation(self.workload, self.expandable, self.protect, self.library_bytes, self.where)
         twin.pools = {k: p.copy() for k, p in self.pools.items()}
         twin.touched = {k: set(v) for k, v in self.touched.items()}
         twin.outputs = list(self.outputs)
@@ -126,8 +134,11 @@ class Simulation:
         live: dict = {}  # allocation id -> Block
         run = pool.run
         if self.protect:
-            spans = self.touched.setdefault((pid, phase), set())
             outputs = [] if phase in self.protect else None
+            if any(q != phase and self.where.get(q, pid) == pid for q in self.protect):
+                spans = self.touched.setdefault((pid, phase), set())
+            else:  # no other phase's outputs to overwrite here; run() records outputs only beside spans
+                spans = None if outputs is None else set()
         else:
             spans = outputs = None
 

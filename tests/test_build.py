@@ -320,3 +320,69 @@ def test_the_optimizer_reusing_recorded_tails_builds_what_it_builds_without(monk
     monkeypatch.setattr(Simulation, "state", lambda self: object())  # every state new: nothing reused
     reused.clear()
     assert plan_bytes(build_plan(opts)) == with_reuse and not reused
+
+
+def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwritten():
+    """Simulation records the blocks a capture touches only when a protected phase other
+    than its own shares (or may share) its pool. The hazards and every other figure are
+    those of recording every block, in schedules with and without hazards."""
+    import itertools
+
+    from planner.simulate import Simulation, simulate
+    from planner.specs import default_spec
+    from planner.workload import Workload
+    from planner.resources import backend
+    from schemas.plan import Strategy
+
+    spec = default_spec("eagle", 16)
+    wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
+    names = [p.name for p in spec.phases]
+    protected = names[0]
+    protect = frozenset({protected})
+    caps = [(p.name, bs) for p in spec.phases for bs in sorted(p.sizes, reverse=True)]
+    hazards = []
+    for outputs, pools in itertools.product(("keep", "view"), itertools.product(("shared", "own"), repeat=2)):
+        strategies = {n: Strategy(outputs=outputs if n == protected else "view",
+                                  pool=pools[0] if n == protected else pools[1] if n == names[1] else "shared")
+                      for n in names}
+        fast = simulate(caps, strategies, wl, protect=protect)
+        every = Simulation(wl, protect=protect)  # no `where`: every capture records its blocks
+        for phase, bs in caps:
+            every.capture(phase, bs, strategies[phase])
+        assert fast == every.result(), (outputs, pools)
+        hazards.append(bool(fast.hazards))
+        if pools[0] == "own":  # alone in its pool: nothing anywhere needs recording
+            run = Simulation(wl, protect=protect, where={protected: f"phase:{protected}"})
+            for phase, bs in caps:
+                run.capture(phase, bs, strategies[phase])
+            assert run.touched == {}
+    assert any(hazards) and not all(hazards)  # both kinds of schedule were compared
+
+
+def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_recording_every_block_builds(
+        monkeypatch, tmp_path):
+    """The optimizer's runs hold one pool each and record blocks only for the protected
+    phases in it; its reused prefixes and tails are keyed by that set. Two protected
+    phases, one captured late, so that runs with and without them share prefixes."""
+    import msgspec
+
+    import planner.optimize as optimize
+    from planner.simulate import Simulation
+    from planner.specs import default_spec
+
+    spec = default_spec("eagle", 16)
+    late = {"target_verify", "draft_decode"}
+    spec = msgspec.structs.replace(spec, phases=[
+        msgspec.structs.replace(p, output_lifetime="across-phases" if p.name in late else "next-replay")
+        for p in spec.phases])
+    path = tmp_path / "spec.json"
+    path.write_bytes(msgspec.json.encode(spec))
+    opts = BuildOptions(backend="fa3", spec=path, output=tmp_path / "p.json")
+    guarded = plan_bytes(build_plan(opts))
+
+    class EveryBlock(Simulation):  # before: every run guarded every protected phase's outputs
+        def __init__(self, workload, expandable=False, protect=frozenset(), library_bytes=0, where=None):
+            super().__init__(workload, expandable, frozenset(late), library_bytes)
+
+    monkeypatch.setattr(optimize, "Simulation", EveryBlock)
+    assert plan_bytes(build_plan(opts)) == guarded
