@@ -438,3 +438,18 @@ def test_r22_an_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(c
         args = tuple("p.json" if a == "P" else a for a in args)
     one_line_error(cli(*args), "'out/' names a folder, not a file", "fix: give a file name, e.g. out/what-if.json")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args,example", [(("build", "-b", "fa3", "-o", "out/."), "out/what-if.json"),
+                                          (("build", "-b", "fa3", "-o", "out/.."), "./what-if.json"),
+                                          (("simulate", "P", "--plot", "out/."), "out/what-if.json")])
+def test_r22_an_output_path_ending_in_dot_names_a_folder_too(cli, tmp_path, args, example):
+    # before: click's Path made "out/." Path("out"): build wrote a plan file named `out`, and
+    # `--plot out/.` a PNG named `out`; "out/.." created the folder `out`, then failed
+    if args[0] == "simulate":
+        assert cli("build", "-b", "fa3", "-o", "p.json")[0] == 0
+        args = tuple("p.json" if a == "P" else a for a in args)
+    (tmp_path / "keep").mkdir()  # something in the folder: a stray write would show
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one_line_error(cli(*args), f"{args[-1]!r} names a folder, not a file", f"fix: give a file name, e.g. {example}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
