@@ -428,6 +428,24 @@ def test_r21_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
     assert r.stderr == b"", r.stderr
 
 
+@pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",), ("build", "--help")])
+def test_r21_help_and_version_into_a_closed_pipe_exit_141_too(tmp_path, args):
+    # before: the top-level --help and --version print while click parses the group's
+    # options, before the command runs, so click's EPIPE handling gave exit 1 there
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "planner", *args], stdout=write, stderr=subprocess.PIPE,
+                           cwd=tmp_path, timeout=60)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, b"")
+
+
 # R22. -o naming a folder -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [("build", "-b", "fa3", "-o", "out/"), ("simulate", "P", "--plot", "out/")])
