@@ -471,3 +471,16 @@ def test_r22_an_output_path_ending_in_dot_names_a_folder_too(cli, tmp_path, args
     before = sorted(p.name for p in tmp_path.iterdir())
     one_line_error(cli(*args), f"{args[-1]!r} names a folder, not a file", f"fix: give a file name, e.g. {example}")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("make", ["dir", "fifo"])
+def test_r6_plot_to_a_folder_or_fifo_is_refused_before_the_timeline_is_printed(cli, tmp_path, make):
+    # before: the timeline went to stdout, then write_atomic refused the path (exit 1 after
+    # output: a refused --plot is meant to be one line on stderr and nothing on stdout)
+    import os
+
+    assert cli("build", "-b", "fa3", "-o", "p.json")[0] == 0
+    os.mkdir(tmp_path / "t.png") if make == "dir" else os.mkfifo(tmp_path / "t.png")
+    code, out, err = cli("simulate", "p.json", "--plot", "t.png")
+    one_line_error((code, out, err), "--plot t.png: cannot write: is a ", "fix: plot to a new .png path")
+    assert out == ""
