@@ -268,6 +268,17 @@ def test_r12_build_check_of_another_command_is_not_called_stale(cli, tmp_path):
     assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json", "--check")[0] == 0
 
 
+@pytest.mark.parametrize("content", ['{"a": 1}', "not json", ""])
+def test_r12_build_check_of_a_file_that_is_no_plan_is_not_called_stale(cli, tmp_path, content):
+    # before: "plan is stale ...; fix: run `planner build --backend fa3`", a build that
+    # write_plan refuses ("exists and is not a plan"): the same dead end as above
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans/fa3.json").write_text(content)
+    one_line_error(cli("build", "-b", "fa3", "--check"), "plans/fa3.json: exists and is not a plan",
+                   "fix: check another file with -o, or replace it with `planner build --backend fa3 --force`")
+    assert (tmp_path / "plans/fa3.json").read_text() == content
+
+
 # R13. a spec's model config is read like every other input ------------------------------------------
 
 @pytest.mark.parametrize("make,needle", [
