@@ -339,6 +339,18 @@ def test_r15_a_rule_for_an_unknown_backend_is_refused(cli, tmp_path):
     assert not (tmp_path / "plans").exists()
 
 
+@pytest.mark.parametrize("field", ["backend", "phase_kind"])
+def test_r15_a_rule_whose_when_lists_nothing_is_refused(cli, tmp_path, field):
+    # before: `when = { backend = [] }` matched no backend (and `phase_kind = []` no phase):
+    # the rule never applied, and the build chose largest-first against its require
+    (tmp_path / "s.toml").write_text(SPEC + f'[[rules]]\nid = "team-gate"\nwhy = "x"\nwhen = {{ {field} = [] }}\n'
+                                     'require = [{ order = "smallest-first" }]\n')
+    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
+                   f"s.toml: $.rules[0].when.{field}: an empty list matches nothing: the rule would never apply",
+                   f"fix: list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any")
+    assert not (tmp_path / "plans").exists()
+
+
 # R16. a spec's own tp is located in the spec ---------------------------------------------------------
 
 @pytest.mark.parametrize("tp,needle", [(3, "tp=3 does not divide heads=32"), (100000, "must be 1..")])
