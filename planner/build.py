@@ -499,10 +499,11 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
     """Build in memory and compare with the file on disk; raise DriftError if they
     differ. InputError if the file is a newer revision (:func:`newer_revision`)
     or, with ``same_command`` (``planner build --check``), the plan of another
-    command: a what-if (``--tp 8 --check``) compared with the checked-in plan
-    of the same default name is not drift of that plan, and the rebuild a
-    DriftError would advise, write_plan refuses. (``planner check`` rebuilds a
-    plan from its own record, where a copy under another name is stale.)"""
+    command or no plan at all: a what-if (``--tp 8 --check``) compared with the
+    checked-in plan of the same default name is not drift of that plan, and the
+    rebuild a DriftError would advise, write_plan refuses. (``planner check``
+    rebuilds a plan from its own record, where a copy under another name is
+    stale.)"""
     plan = build_plan(opts)
     path = output_path(opts)
     fix = f"run `{command_for_cwd(opts)}`"
@@ -517,6 +518,9 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
             raise InputError(f"holds the plan of `{' '.join(map(str, command))}`, not of this command",
                              where=str(path), fix=f"check it with `planner check {path}`, or give this build "
                              "its own file with -o")
+        if same_command and not recorded:  # a rebuild would be refused too (write_plan): not drift
+            raise InputError("exists and is not a plan", where=str(path),
+                             fix=f"check another file with -o, or replace it with `{command_for_cwd(opts)} --force`")
         raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
     return path
 

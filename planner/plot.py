@@ -24,12 +24,17 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def check_plot_path(path: Path) -> None:
     """Refuse to replace a file that is not a PNG: ``--plot`` given the plan's
     own path (or a spec, another plan) replaced it with an image. An existing
-    PNG or an empty file is replaced (a re-plot); a missing path is fine; one that is
-    not a regular file (never opened here: a FIFO would block) or cannot be
-    read is left to write_atomic, which reports it."""
+    PNG or an empty file is replaced (a re-plot); a missing path is fine. One
+    that is not a regular file (a folder, a FIFO: never opened here, a FIFO
+    would block) is refused as write_atomic would refuse it, but before the
+    command prints anything; one that cannot be stat'ed or read is left to
+    write_atomic, which reports it."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            what = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO (named pipe)"}.get(stat.S_IFMT(mode),
+                                                                                     "device or socket")
+            raise InputError(f"cannot write: is a {what}", where=f"--plot {path}", fix="plot to a new .png path")
         with open(path, "rb") as f:
             head = f.read(len(PNG_MAGIC))
     except (OSError, ValueError):

@@ -66,6 +66,9 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
     - a ``when.backend`` naming no backend of planner/data/backends.toml
       (``"FA3"``): the rule would never apply, a gate that silently gates
       nothing. (Phase kinds are checked with the spec: schemas.codec.)
+    - a ``when.backend`` or ``when.phase_kind`` that is an empty list: it
+      matches nothing, so the rule would never apply either (left out, the
+      field matches anything).
     """
     taken = {r.id: "a built-in rule's (planner/data/rules.toml)" for r in builtin}
     taken.update({label: "what plans call the planner's own decisions" for label in PLANNER_LABELS})
@@ -73,6 +76,11 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
         if rule.id in taken:
             raise InputError(f"rule id {rule.id!r} is {taken[rule.id]}", where=f"{source}: $.rules[{i}].id",
                              fix="give the rule an id of its own (both rules would apply, under one name)")
+        for field in ("backend", "phase_kind"):
+            if getattr(rule.when, field) == []:
+                raise InputError("an empty list matches nothing: the rule would never apply",
+                                 where=f"{source}: $.rules[{i}].when.{field}",
+                                 fix=f"list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any")
         for j, name in enumerate(rule.when.backend or ()):
             if name not in backends:
                 raise InputError(f"unknown backend {name!r}: the rule would never apply",

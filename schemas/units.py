@@ -1,8 +1,9 @@
 """Byte units and the one way the project writes a byte count in MiB.
 
-Shared by the planner (plan summaries, decisions, errors), the executor (its
-capture log line) and the benches, so that every figure a user compares is
-rounded and separated the same way.
+Shared by the planner (plan summaries, decisions, errors) and the executor
+(its capture log line), so that every figure a user compares is rounded and
+separated the same way. The benches keep their own ``MiB`` (they write raw
+MiB floats to JSON, not this text).
 """
 
 from __future__ import annotations

@@ -268,6 +268,17 @@ def test_r12_build_check_of_another_command_is_not_called_stale(cli, tmp_path):
     assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json", "--check")[0] == 0
 
 
+@pytest.mark.parametrize("content", ['{"a": 1}', "not json", ""])
+def test_r12_build_check_of_a_file_that_is_no_plan_is_not_called_stale(cli, tmp_path, content):
+    # before: "plan is stale ...; fix: run `planner build --backend fa3`", a build that
+    # write_plan refuses ("exists and is not a plan"): the same dead end as above
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans/fa3.json").write_text(content)
+    one_line_error(cli("build", "-b", "fa3", "--check"), "plans/fa3.json: exists and is not a plan",
+                   "fix: check another file with -o, or replace it with `planner build --backend fa3 --force`")
+    assert (tmp_path / "plans/fa3.json").read_text() == content
+
+
 # R13. a spec's model config is read like every other input ------------------------------------------
 
 @pytest.mark.parametrize("make,needle", [
@@ -325,6 +336,18 @@ def test_r15_a_rule_for_an_unknown_backend_is_refused(cli, tmp_path):
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
                    "s.toml: $.rules[0].when.backend[1]: unknown backend 'FA3': the rule would never apply",
                    "fix: use one of fa3, flashinfer, torch, triton")
+    assert not (tmp_path / "plans").exists()
+
+
+@pytest.mark.parametrize("field", ["backend", "phase_kind"])
+def test_r15_a_rule_whose_when_lists_nothing_is_refused(cli, tmp_path, field):
+    # before: `when = { backend = [] }` matched no backend (and `phase_kind = []` no phase):
+    # the rule never applied, and the build chose largest-first against its require
+    (tmp_path / "s.toml").write_text(SPEC + f'[[rules]]\nid = "team-gate"\nwhy = "x"\nwhen = {{ {field} = [] }}\n'
+                                     'require = [{ order = "smallest-first" }]\n')
+    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
+                   f"s.toml: $.rules[0].when.{field}: an empty list matches nothing: the rule would never apply",
+                   f"fix: list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any")
     assert not (tmp_path / "plans").exists()
 
 
@@ -428,6 +451,24 @@ def test_r21_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
     assert r.stderr == b"", r.stderr
 
 
+@pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",), ("build", "--help")])
+def test_r21_help_and_version_into_a_closed_pipe_exit_141_too(tmp_path, args):
+    # before: the top-level --help and --version print while click parses the group's
+    # options, before the command runs, so click's EPIPE handling gave exit 1 there
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "planner", *args], stdout=write, stderr=subprocess.PIPE,
+                           cwd=tmp_path, timeout=60)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, b"")
+
+
 # R22. -o naming a folder -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [("build", "-b", "fa3", "-o", "out/"), ("simulate", "P", "--plot", "out/")])
@@ -438,3 +479,31 @@ def test_r22_an_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(c
         args = tuple("p.json" if a == "P" else a for a in args)
     one_line_error(cli(*args), "'out/' names a folder, not a file", "fix: give a file name, e.g. out/what-if.json")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args,example", [(("build", "-b", "fa3", "-o", "out/."), "out/what-if.json"),
+                                          (("build", "-b", "fa3", "-o", "out/.."), "./what-if.json"),
+                                          (("simulate", "P", "--plot", "out/."), "out/what-if.json")])
+def test_r22_an_output_path_ending_in_dot_names_a_folder_too(cli, tmp_path, args, example):
+    # before: click's Path made "out/." Path("out"): build wrote a plan file named `out`, and
+    # `--plot out/.` a PNG named `out`; "out/.." created the folder `out`, then failed
+    if args[0] == "simulate":
+        assert cli("build", "-b", "fa3", "-o", "p.json")[0] == 0
+        args = tuple("p.json" if a == "P" else a for a in args)
+    (tmp_path / "keep").mkdir()  # something in the folder: a stray write would show
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one_line_error(cli(*args), f"{args[-1]!r} names a folder, not a file", f"fix: give a file name, e.g. {example}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("make", ["dir", "fifo"])
+def test_r6_plot_to_a_folder_or_fifo_is_refused_before_the_timeline_is_printed(cli, tmp_path, make):
+    # before: the timeline went to stdout, then write_atomic refused the path (exit 1 after
+    # output: a refused --plot is meant to be one line on stderr and nothing on stdout)
+    import os
+
+    assert cli("build", "-b", "fa3", "-o", "p.json")[0] == 0
+    os.mkdir(tmp_path / "t.png") if make == "dir" else os.mkfifo(tmp_path / "t.png")
+    code, out, err = cli("simulate", "p.json", "--plot", "t.png")
+    one_line_error((code, out, err), "--plot t.png: cannot write: is a ", "fix: plot to a new .png path")
+    assert out == ""

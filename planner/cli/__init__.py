@@ -17,6 +17,7 @@ planner/data/backends.toml.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -50,21 +51,34 @@ class _Commands(click.Group):
             return None
         return importlib.import_module(f"{__name__}.{COMMANDS[name]}").command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # the top-level --help and --version print here, while the group's options
+        # are parsed, before invoke: the same exit codes apply
+        with _shell_exit_codes():
+            return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context):
-        # click turns Ctrl-C into "Aborted!" and exit 1, which here means bad input or
-        # drift: a CI script would tell the user to rebuild plans. 130 is the shell's
-        # code for SIGINT. Outputs are written atomically: nothing is left half-written.
-        try:
+        with _shell_exit_codes():
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.echo("planner: interrupted", err=True)
-            raise click.exceptions.Exit(INTERRUPTED) from None
-        except BrokenPipeError:
-            # `planner show P | head`: the reader has what it wanted. Nothing to say
-            # (stderr may be the same pipe); stdout goes to /dev/null so that the
-            # interpreter's final flush does not fail again.
-            _silence_stdout()
-            raise click.exceptions.Exit(BROKEN_PIPE) from None
+
+
+@contextlib.contextmanager
+def _shell_exit_codes():
+    """Ctrl-C and a closed stdout pipe exit as a shell reports SIGINT and SIGPIPE."""
+    # click turns Ctrl-C into "Aborted!" and exit 1, which here means bad input or
+    # drift: a CI script would tell the user to rebuild plans. 130 is the shell's
+    # code for SIGINT. Outputs are written atomically: nothing is left half-written.
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("planner: interrupted", err=True)
+        raise click.exceptions.Exit(INTERRUPTED) from None
+    except BrokenPipeError:
+        # `planner show P | head`: the reader has what it wanted. Nothing to say
+        # (stderr may be the same pipe); stdout goes to /dev/null so that the
+        # interpreter's final flush does not fail again.
+        _silence_stdout()
+        raise click.exceptions.Exit(BROKEN_PIPE) from None
 
 
 def _silence_stdout() -> None:

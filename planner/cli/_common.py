@@ -19,16 +19,20 @@ PATH = click.Path(path_type=Path)
 
 
 class _OutputFile(click.Path):
-    """A path to write a file to. ``plans/`` is refused here, while the
-    trailing slash is still there: as a ``Path`` it would name a file ``plans``."""
+    """A path to write a file to. One that names a folder by its spelling
+    (``plans/``, ``plans/.``, ``plans/..``) is refused here, while the spelling
+    is still there: as a ``Path`` the first two would name a file ``plans``.
+    ``""`` and ``.`` are left to the command (build: "names no file")."""
 
     def convert(self, value, param, ctx):
-        if isinstance(value, str) and value.endswith(("/", os.sep)):
+        if isinstance(value, str) and value not in ("", ".") and (
+                value.endswith(("/", os.sep)) or os.path.basename(value) in (".", "..")):
             from schemas.errors import InputError
 
             flag = param.opts[0] if param is not None else "output"
+            folder = os.path.normpath(value)
             raise InputError(f"{value!r} names a folder, not a file", where=flag,
-                             fix=f"give a file name, e.g. {value}what-if.json")
+                             fix=f"give a file name, e.g. {os.path.join(folder, 'what-if.json')}")
         return super().convert(value, param, ctx)
 
 
