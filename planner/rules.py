@@ -68,7 +68,9 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
       nothing. (Phase kinds are checked with the spec: schemas.codec.)
     - a ``when.backend`` or ``when.phase_kind`` that is an empty list: it
       matches nothing, so the rule would never apply either (left out, the
-      field matches anything).
+      field matches anything);
+    - an empty choice in ``require`` (``{}``): every strategy meets it, so the
+      rule would require nothing.
     """
     taken = {r.id: "a built-in rule's (planner/data/rules.toml)" for r in builtin}
     taken.update({label: "what plans call the planner's own decisions" for label in PLANNER_LABELS})
@@ -81,6 +83,12 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
                 raise InputError("an empty list matches nothing: the rule would never apply",
                                  where=f"{source}: $.rules[{i}].when.{field}",
                                  fix=f"list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any")
+        for j, choice in enumerate(rule.require):
+            if all(getattr(choice, ax) is None for ax in AXES):
+                raise InputError("an empty choice is met by every strategy: the rule would require nothing",
+                                 where=f"{source}: $.rules[{i}].require[{j}]",
+                                 fix="name the axis values it requires (e.g. { order = \"smallest-first\" }), "
+                                     "or drop the choice")
         for j, name in enumerate(rule.when.backend or ()):
             if name not in backends:
                 raise InputError(f"unknown backend {name!r}: the rule would never apply",

@@ -351,6 +351,15 @@ def test_r15_a_rule_whose_when_lists_nothing_is_refused(cli, tmp_path, field):
     assert not (tmp_path / "plans").exists()
 
 
+def test_r15_a_rule_requiring_an_empty_choice_is_refused(cli, tmp_path):
+    # before: `require = [{}]` was met by every strategy: a gate that required nothing
+    (tmp_path / "s.toml").write_text(SPEC + '[[rules]]\nid = "team-gate"\nwhy = "x"\n'
+                                     'require = [{ order = "smallest-first" }, {}]\n')
+    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
+                   "s.toml: $.rules[0].require[1]: an empty choice is met by every strategy", "fix: name the axis")
+    assert not (tmp_path / "plans").exists()
+
+
 # R16. a spec's own tp is located in the spec ---------------------------------------------------------
 
 @pytest.mark.parametrize("tp,needle", [(3, "tp=3 does not divide heads=32"), (100000, "must be 1..")])
