@@ -5,10 +5,11 @@ fix); 2 a usage error (unknown command or option, missing argument: click's
 standard message and exit code); 3 an internal bug (one line; the traceback
 with ``planner --debug ...``); 130 after Ctrl-C and 141 when the reader of
 stdout went away (``planner show P | head``), as a shell reports SIGINT and
-SIGPIPE (not click's exit 1 for both, which would read as drift). Each command lives in its own module, imported
-only when that command runs (or the top-level help lists it); command modules
-import the library inside the command, so ``planner --help`` stays fast and
-never imports torch.
+SIGPIPE (not click's exit 1 for both, which would read as drift).
+
+Each command lives in its own module, imported only when that command runs
+(or the top-level help lists it); command modules import the library inside
+the command, so ``planner --help`` stays fast and never imports torch.
 
 Shell completion is click's: ``eval "$(_PLANNER_COMPLETE=bash_source planner)"``
 (``zsh_source``, ``fish_source``); ``--backend`` completes from
