@@ -6,11 +6,10 @@ plot is asked for.
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 from schemas.errors import InputError
+from schemas.files import existing_output
 from schemas.plan import Plan
 from schemas.units import MiB
 
@@ -26,15 +25,12 @@ def check_plot_path(path: Path) -> None:
     own path (or a spec, another plan) replaced it with an image. An existing
     PNG or an empty file is replaced (a re-plot); a missing path is fine. One
     that is not a regular file (a folder, a FIFO: never opened here, a FIFO
-    would block) is refused as write_atomic would refuse it, but before the
+    would block) is refused by write_atomic's own check, but before the
     command prints anything; one that cannot be stat'ed or read is left to
     write_atomic, which reports it."""
     try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            what = {stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO (named pipe)"}.get(stat.S_IFMT(mode),
-                                                                                     "device or socket")
-            raise InputError(f"cannot write: is a {what}", where=f"--plot {path}", fix="plot to a new .png path")
+        if existing_output(path, f"--plot {path}", "plot to a new .png path") is None:
+            return
         with open(path, "rb") as f:
             head = f.read(len(PNG_MAGIC))
     except (OSError, ValueError):

@@ -27,7 +27,7 @@ from pathlib import Path
 from .errors import InputError
 from .limits import FILE_LIMITS
 
-__all__ = ["write_atomic", "read_input"]
+__all__ = ["write_atomic", "read_input", "existing_output"]
 
 _KIND_NAMES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
                stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
@@ -127,6 +127,21 @@ def _sweep(path: Path) -> None:
             pass
 
 
+def existing_output(path: str | Path, where: str, fix: str) -> os.stat_result | None:
+    """The stat of the file an output would replace, None when there is none;
+    an :class:`InputError` (``where``, ``fix``) when it is a directory, FIFO,
+    device or socket, which an output never replaces. Other OSErrors
+    propagate (the caller reports them in its own terms)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise InputError(f"cannot write: is {what}", where=where, fix=fix)
+    return st
+
+
 def write_atomic(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file and a rename: never half-written."""
     where = str(path)
@@ -134,15 +149,8 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     fix = "choose a writable path"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            mode = None
-        else:
-            if not stat.S_ISREG(st.st_mode):  # never replace a device, FIFO, socket or directory
-                what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
-                raise InputError(f"cannot write: is {what}", where=where, fix="name a regular file for the output")
-            mode = stat.S_IMODE(st.st_mode)
+        st = existing_output(path, where, "name a regular file for the output")
+        mode = None if st is None else stat.S_IMODE(st.st_mode)
         _sweep(path)
         tmp = path.parent / f"{_tmp_prefix(path)}{os.getpid()}-{os.urandom(4).hex()}.tmp"
         # 0o666: the umask applies, as for any newly created file
