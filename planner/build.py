@@ -554,15 +554,13 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
             raise InputError(f"the output is the {what} file", where=str(path),
                              fix=f"name another output with -o (it would overwrite {flag}{src})")
     if path.exists() and not force:
-        existing = None
         try:
-            raw = msgspec.json.decode(read_input(path, "plan"))
-            existing = raw.get("command") if isinstance(raw, dict) and sniff_kind(raw) == "plan" else None
-        except (InputError, msgspec.DecodeError, RecursionError):
-            pass
-        else:
-            if existing is not None:
-                newer_revision(raw.get("revision"), f"{path}: $.revision", force_hint=True)
+            recorded = _recorded(read_input(path, "plan"))
+        except InputError:  # unreadable as a plan: not one this build may replace
+            recorded = {}
+        existing = recorded.get("command")
+        if existing is not None:
+            newer_revision(recorded.get("revision"), f"{path}: $.revision", force_hint=True)
         if existing != plan.command:
             what = (f"holds a plan built by `{' '.join(map(str, existing))}`" if isinstance(existing, list)
                     else "exists and is not a plan")
