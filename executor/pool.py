@@ -7,13 +7,14 @@ are private-ish torch APIs; everything touching them lives here.
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["pool_segments", "pool_reserved", "one_pool_reserved", "in_pools", "weak_view", "raw_bytes",
-           "AllocationRecorder", "Window"]
+__all__ = ["pool_segments", "pool_reserved", "pool_usage", "one_pool_reserved", "in_pools", "weak_view",
+           "raw_bytes", "scratch_pool", "AllocationRecorder", "Window"]
 
 
 def _pid(pool) -> tuple[int, int]:
@@ -30,6 +31,46 @@ def pool_segments(pools) -> list[tuple[int, int]]:
 
 def pool_reserved(pools) -> int:
     return sum(size for _, size in pool_segments(pools))
+
+
+def pool_usage(pools) -> tuple[int, int]:
+    """(reserved, allocated) bytes of the given pools, from one snapshot."""
+    want = {_pid(p) for p in pools}
+    reserved = allocated = 0
+    for s in torch.cuda.memory_snapshot():
+        if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) in want:
+            reserved += s["total_size"]
+            allocated += s.get("allocated_size", 0)
+    return reserved, allocated
+
+
+@contextlib.contextmanager
+def scratch_pool(device):
+    """Route this thread's allocations into a private pool that is returned on exit.
+
+    What the block frees goes back to the driver when it ends (``MemPool``'s
+    destructor empties that pool alone: ``emptyCache(mempool_id)``), instead of
+    staying cached in the ordinary allocator on the stream that used it, where
+    only that stream could ever reuse it. Only the calling thread's
+    allocations are routed (``use_mem_pool`` filters by thread), so an engine
+    serving on another thread meanwhile, and the blocks the engine itself
+    holds cached, are untouched. A tensor made inside and kept alive keeps its
+    segment until it is freed (the pool is destroyed only then).
+
+    Returning the segments frees device memory (``cudaFree``), which waits for
+    the device: not for use while another thread of the process captures in
+    CUDA's "global" mode. Without ``torch.cuda.MemPool`` (torch before 2.6)
+    it does nothing: the block's freed memory stays cached as before.
+    """
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
+        yield
+        return
+    pool = torch.cuda.MemPool()
+    try:
+        with torch.cuda.use_mem_pool(pool, device=device):
+            yield
+    finally:
+        del pool  # the destructor releases the pool and returns its free segments
 
 
 def one_pool_reserved(pool) -> int:

@@ -12,6 +12,23 @@ the end confirms the total). The steps allocate in exactly the order the
 planner simulated: that is what makes its predictions exact, so a change here
 that moves, adds or drops an allocation changes what the plans predict.
 
+**What capture leaves behind: the graphs, and nothing else.** After
+``capture`` returns, the device holds the graph pools, the hoisted workspaces
+and what the graphs need to run: the capture stream's cuBLAS workspace,
+created before the first step in the ordinary allocator (outside every pool:
+a first GEMM inside a capture would put it in the pool, and a first GEMM
+inside a warm-up would put it in the warm-up's scratch memory). The
+warm-ups' temporaries are *returned*, not reused: each warm-up step runs with
+this thread's allocations routed into a scratch pool that is emptied and
+destroyed when the step ends (:func:`executor.pool.scratch_pool`), so its
+blocks do not stay cached on the capture stream, where nothing else could
+reuse them. (Reusing them in the graph pool instead would change the pool's
+contents the planner simulates.) This is safe while an engine serves (a
+background capture) and for an engine that holds cached blocks of its own:
+only the capture thread's allocations are routed, and only the scratch pool is
+emptied, never the engine's cache. The report's ``device_view`` itemizes the
+free device memory capture took (``executor.device``).
+
 Unlike ``torch.cuda.graph(...)``, it does not synchronize and empty the cache
 at every capture (vLLM turns that off too): that per-capture overhead is most
 of the capture time of the engines' loop. It never runs a full garbage
@@ -47,15 +64,20 @@ from schemas.plan import Plan, Step
 from schemas.report import CaptureReport, StepMeasurement
 from schemas.units import mib
 
+from .device import Probe, device_view, driver_version, probe
 from .errors import CaptureFailed, ExecutorError
 from .graphs import Captured, Fallback, GraphSet, as_outputs
 from .heap import Frozen
 from .load import backend_module, current_environment
 from .logs import log, rank_tag
-from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_reserved, weak_view
+from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_usage, scratch_pool, weak_view
 from .target import CaptureTarget
 
 __all__ = ["capture", "CaptureSession", "capture_failed"]
+
+#: whether a capture by capture-plan has completed in this process: the first one
+#: pays the driver's one-off graph-capture cost (the device view says which it was)
+_captured_in_process = False
 
 
 def _progress(steps, enabled: bool):
@@ -135,6 +157,9 @@ class CaptureSession:
         self.on_land: Callable[[Captured], None] | None = None
         self.env = current_environment(tuple(self.plan.requires.modules))
         self.captures = sum(s.op == "capture" for s in self.plan.steps)
+        #: the device before the first step (taken by ``capture``)
+        self.before: Probe | None = None
+        self.first_in_process = not _captured_in_process
 
     # -- one method per step op ---------------------------------------------
     def provision(self, step: Step) -> None:
@@ -148,14 +173,16 @@ class CaptureSession:
         """Run the target eagerly on the capture stream ``step.runs`` times (at least once)."""
         target, stream = self.target, self.stream
         ws = self.gs.workspaces.get(step.phase)
-        with self.eager(), torch.cuda.stream(stream):
+        # The temporaries go to a scratch pool returned at the end of the step
+        # (module docstring: capture leaves nothing behind).
+        with self.eager(), torch.cuda.stream(stream), scratch_pool(self.device):
             for _ in range(max(step.runs, 1)):
                 if ws is not None:
                     target.refresh(step.phase, step.bs, step.bs, ws)
                 outs = as_outputs(target.run(step.phase, step.bs, ws))
-        self.warm_ptrs[(step.phase, step.bs)] = [t.data_ptr() for t in outs]
-        del outs
-        stream.synchronize()
+            self.warm_ptrs[(step.phase, step.bs)] = [t.data_ptr() for t in outs]
+            del outs
+            stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
 
     def capture(self, step: Step) -> None:
         """Record one graph into the step's pool, hold its outputs as planned, make it servable."""
@@ -255,16 +282,34 @@ class CaptureSession:
             raise ExecutorError(f"unknown step op {step.op!r}", where=f"step {step.index} ({step.id})",
                                 fix="upgrade capture-plan's executor to one that knows this op")
         op(self, step)
+        free, _ = torch.cuda.mem_get_info(self.device)  # no sync: the device's figure as of now
         self.measurements.append(StepMeasurement(step=step.index, id=step.id, reserved=self.reserved,
                                                  predicted_reserved=self.predicted.get(step.index, 0),
-                                                 seconds=time.perf_counter() - t0))
+                                                 seconds=time.perf_counter() - t0, free=int(free)))
         if self.bar is not None:
-            free, _ = torch.cuda.mem_get_info(self.device)
             self.bar.set_postfix_str(f"{step.id} free {free / 2**30:.1f} GiB", refresh=False)
             self.bar.update(1)
 
+    def prime(self) -> None:
+        """Create the capture stream's cuBLAS and cuBLASLt workspace, outside every pool.
+
+        cuBLAS allocates a workspace per (handle, stream) at the stream's first
+        GEMM and keeps it. The small operands come from a scratch pool that is
+        returned at once, so the workspace is all this leaves behind."""
+        dev = self.device
+        with torch.cuda.stream(self.stream):
+            with scratch_pool(dev):
+                mats = [(torch.ones(16, 16, device=dev, dtype=dt), torch.empty(16, 16, device=dev, dtype=dt))
+                        for dt in (torch.float32, torch.bfloat16)]
+            for a, out in mats:  # outside the scratch pool: the workspace must outlive it
+                torch.addmm(a, a, a, out=out)
+                torch.matmul(a, a, out=out)
+            self.stream.synchronize()
+            del mats, a, out
+
     def run(self, *, should_stop: Callable[[], bool] | None = None, distributed: bool = False, group=None) -> bool:
         """Every step, in plan order; False if ``should_stop`` said so between steps. Raises what a step raised."""
+        self.prime()
         if distributed:
             from .distributed import run_synchronized
 
@@ -296,7 +341,7 @@ class CaptureSession:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        exact = pool_reserved(gs.pools.values())  # one snapshot: the authoritative figure
+        exact, pool_allocated = pool_usage(gs.pools.values())  # one snapshot: the authoritative figure
         reserved = self.reserved
         if exact != reserved:
             log.warning("capture-plan%s: per-step pool figures are approximate: counted %d B, the pools hold %d B "
@@ -307,16 +352,25 @@ class CaptureSession:
                 cap.window = win
             self.recorder = None
         elapsed = time.perf_counter() - self.t_start  # the whole call, from capture() on
+        hoisted = sum(w.numel() for w in gs.workspaces.values())
+        view = None
+        if self.before is not None:
+            global _captured_in_process
+            _captured_in_process = True
+            view = device_view(self.before, probe(self.device), pool_reserved=exact, pool_allocated=pool_allocated,
+                               hoisted=sum(w.untyped_storage().nbytes() for w in gs.workspaces.values()),
+                               first_in_process=self.first_in_process, background=self.mode != "global")
         gs.report = CaptureReport(
             plan=plan.name, plan_digest=plan.digest, device=self.env.describe(), torch=str(torch.__version__),
             backend_module=backend_module(plan, self.env.modules) or "", pool_bytes=reserved,
             predicted_pool_bytes=plan.predicted.pool_bytes, capture_seconds=elapsed,
-            hoisted_bytes=sum(w.numel() for w in gs.workspaces.values()), steps=self.measurements)
+            hoisted_bytes=hoisted, steps=self.measurements, driver=driver_version(), device_view=view)
         if self.show:
             pred = plan.predicted.pool_bytes
             delta = f" ({(reserved - pred) / pred:+.1%})" if pred else ""
-            log.info("capture-plan: %d graphs of %s in %.2f s; pool %s MiB, predicted %s MiB%s", len(gs.graphs),
-                     plan.name, elapsed, mib(reserved, unit=False), mib(pred, unit=False), delta)
+            log.info("capture-plan: %d graphs of %s in %.2f s; pool %s MiB, predicted %s MiB%s%s", len(gs.graphs),
+                     plan.name, elapsed, mib(reserved, unit=False), mib(pred, unit=False), delta,
+                     f"; free device memory {mib(view.drop, unit=False)} MiB less" if view is not None else "")
 
     # -- foreground or background ---------------------------------------------
     def run_foreground(self, heap: Frozen, *, distributed: bool, group) -> GraphSet:
@@ -422,6 +476,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     session = CaptureSession(gs, device, record=record, bar=bar, show=show, t_start=t_start,
                              mode="thread_local" if background else "global")
     torch.cuda.synchronize(device)
+    session.before = probe(device)
     heap = Frozen().__enter__()
     if background:
         return session.start_background(heap, fallback)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["ReportStruct", "StepMeasurement", "CaptureReport"]
+__all__ = ["ReportStruct", "StepMeasurement", "DeviceItem", "DeviceView", "CaptureReport", "DEVICE_ITEMS"]
+
+#: the items of a report's device view, in the order it lists them
+#: pool: the graph pools' segments; hoisted: workspaces the plan hoists out of the
+#: pools; allocator-held: other caching-allocator memory allocated since capture began and
+#: still in use (the capture stream's cuBLAS workspace); allocator-cached: free blocks
+#: left cached in the ordinary allocator (capture leaves none: 0 is the expected figure);
+#: outside-allocator: device memory taken outside the caching allocator (the driver's
+#: cost of the process's first graph capture)
+DEVICE_ITEMS = ("pool", "hoisted", "allocator-held", "allocator-cached", "outside-allocator")
 
 
 class ReportStruct(msgspec.Struct, frozen=True, kw_only=True):
@@ -18,6 +27,41 @@ class StepMeasurement(ReportStruct, kw_only=True):
     reserved: int
     predicted_reserved: int
     seconds: float
+    #: free device memory after the step (``torch.cuda.mem_get_info``); None where not measured
+    free: int | None = None
+
+
+class DeviceItem(ReportStruct, kw_only=True):
+    """One part of the free device memory a capture took."""
+
+    #: one of :data:`DEVICE_ITEMS`
+    name: str
+    bytes: int
+    #: what it is and why it is there
+    cause: str = ""
+
+
+class DeviceView(ReportStruct, kw_only=True):
+    """Free device memory before and after ``capture()``, itemized.
+
+    Measured with ``torch.cuda.mem_get_info`` and the caching allocator's
+    counters at the start of ``capture()`` and when it returns. The free-memory
+    figure is the device's: another process allocating meanwhile, or (in the
+    background) the engine's own allocations during capture, land in the items
+    too (``background`` says which path measured it)."""
+
+    free_before: int
+    free_after: int
+    #: free_before - free_after: what an engine must budget for the capture
+    drop: int
+    items: list[DeviceItem] = []
+    #: no capture-plan capture ran earlier in this process: the outside-allocator
+    #: item includes the driver's one-off cost of the process's first graph capture
+    first_in_process: bool = False
+    background: bool = False
+
+    def item(self, name: str) -> int:
+        return next((i.bytes for i in self.items if i.name == name), 0)
 
 
 class CaptureReport(ReportStruct, kw_only=True):
@@ -31,3 +75,6 @@ class CaptureReport(ReportStruct, kw_only=True):
     capture_seconds: float
     hoisted_bytes: int = 0
     steps: list[StepMeasurement] = []
+    #: the NVIDIA driver's version ("" where unknown)
+    driver: str = ""
+    device_view: DeviceView | None = None

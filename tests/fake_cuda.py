@@ -53,6 +53,9 @@ class Fake:
         #: segments memory_snapshot() reports besides those of pool_tensor()
         self.segments: list[dict] = []
         self._pooled: list[tuple[weakref.ref, tuple[int, int]]] = []
+        #: scratch pools (torch.cuda.MemPool) made, and how many were destroyed
+        self.mempools = 0
+        self.mempools_freed = 0
 
     def pool_tensor(self, *shape) -> torch.Tensor:
         """A tensor in the pool of the graph being recorded: a segment of its
@@ -65,6 +68,15 @@ class Fake:
         live = [(r(), pool) for r, pool in self._pooled]
         return self.segments + [{"address": t.data_ptr(), "total_size": t.untyped_storage().nbytes(),
                                  "segment_pool_id": pool} for t, pool in live if t is not None]
+
+
+class FakeMemPool:
+    def __init__(self, fake):
+        self.fake = fake
+        fake.mempools += 1
+
+    def __del__(self):
+        self.fake.mempools_freed += 1
 
 
 class FakeGraph:
@@ -108,6 +120,15 @@ def fake(monkeypatch):
         f.pools += 1
         return (0, f.pools)
 
+    @contextlib.contextmanager
+    def use_mem_pool(pool, device=None):
+        old = getattr(f.local, "mempool", None)
+        f.local.mempool = pool
+        try:
+            yield
+        finally:
+            f.local.mempool = old
+
     for name, value in {
         "Stream": lambda device=None: FakeStream(id(object())), "Event": FakeEvent,
         "current_stream": current_stream, "default_stream": lambda device=None: f.default,
@@ -116,6 +137,7 @@ def fake(monkeypatch):
         "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()), "graph_pool_handle": pool_handle,
         "CUDAGraph": lambda: FakeGraph(f), "is_current_stream_capturing": lambda: f.recording is not None,
         "current_device": lambda: 0, "mem_get_info": lambda device=None: (0, 0),
+        "memory_allocated": lambda d=None: 0, "MemPool": lambda: FakeMemPool(f), "use_mem_pool": use_mem_pool,
     }.items():
         monkeypatch.setattr(cuda, name, value, raising=False)
     return f
@@ -132,10 +154,13 @@ class Target:
         self.gate, self.reached = threading.Event(), threading.Event()
         #: ("run" | "refresh", phase, bs, recording a graph?, workspace given?) of every call, in order
         self.calls: list[tuple[str, str, int, bool, bool]] = []
+        #: per run: whether this thread's allocations went to a scratch pool (torch.cuda.use_mem_pool)
+        self.scratch: list[bool] = []
 
     def run(self, phase, bs, ws):
         g = self.fake.recording
         self.calls.append(("run", phase, bs, g is not None, ws is not None))
+        self.scratch.append(getattr(self.fake.local, "mempool", None) is not None)
         if g is not None and bs == self.gate_at:
             self.reached.set()
             assert self.gate.wait(30)

@@ -119,7 +119,7 @@ def test_capture_logs_through_the_named_logger_and_prints_nothing(tmp_path, fake
     assert {name for name, _, _ in got} == {"capture_plan.executor"}
     (summary,) = [m for _, level, m in got if level == "INFO"]
     assert re.fullmatch(rf"capture-plan: 7 graphs of {plan.name} in [\d.]+ s; pool 0.0 MiB, predicted "
-                        r"[\d,.]+ MiB \(-100.0%\)", summary), summary
+                        r"[\d,.]+ MiB \(-100.0%\); free device memory [\d,.]+ MiB less", summary), summary
     progress = [m for _, level, m in got if level == "DEBUG"]
     assert progress[0].startswith("capture-plan: 1/7 graphs in ") and "servable up to n=" in progress[0]
     assert progress[-1].startswith("capture-plan: 7/7 graphs in ")
