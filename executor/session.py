@@ -73,7 +73,25 @@ from .logs import log, rank_tag
 from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_usage, scratch_pool, weak_view
 from .target import CaptureTarget
 
-__all__ = ["capture", "CaptureSession", "capture_failed"]
+__all__ = ["capture", "CaptureSession", "capture_failed", "capture_stream"]
+
+#: the executor's capture stream of each device, made once per process: cuBLAS keeps a
+#: workspace per (handle, stream) for the life of the process, so a new stream per
+#: capture() would leave one more workspace behind every time
+_streams: dict = {}
+
+
+def capture_stream(device) -> "torch.cuda.Stream":
+    """The stream every capture on ``device`` records on (one per device and process).
+
+    Graphs captured on it bake in its cuBLAS workspace, which all of them share:
+    replays of graphs from different GraphSets must not run at the same time on
+    different streams (as replays within one GraphSet must not either)."""
+    key = str(device)
+    stream = _streams.get(key)
+    if stream is None:
+        stream = _streams[key] = torch.cuda.Stream(device=device)
+    return stream
 
 #: whether a capture by capture-plan has completed in this process: the first one
 #: pays the driver's one-off graph-capture cost (the device view says which it was)
@@ -143,7 +161,7 @@ class CaptureSession:
                  mode: str = "global"):
         self.gs, self.plan, self.target, self.device = gs, gs.plan, gs.target, device
         self.bar, self.show, self.t_start, self.mode = bar, show, t_start, mode
-        self.stream = torch.cuda.Stream(device=device)
+        self.stream = capture_stream(device)
         self.recorder = AllocationRecorder() if record else None
         self.predicted = {m.step: m.reserved for m in self.plan.predicted.timeline}
         self.measurements: list[StepMeasurement] = []

@@ -129,6 +129,9 @@ def fake(monkeypatch):
         finally:
             f.local.mempool = old
 
+    from executor import session
+
+    monkeypatch.setattr(session, "_streams", {})  # the fake's streams are this test's alone
     for name, value in {
         "Stream": lambda device=None: FakeStream(id(object())), "Event": FakeEvent,
         "current_stream": current_stream, "default_stream": lambda device=None: f.default,

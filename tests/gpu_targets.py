@@ -86,3 +86,25 @@ def assert_verifies_clean(plan, target, **verify_kw) -> None:
         assert res.ok, res.summary()
     finally:
         gs.release()
+
+
+def prime_capture_stream(tmp_path, *, background: bool = False) -> None:
+    """Capture and release one tiny graph, so that the executor's capture stream
+    and its cuBLAS workspace exist before a test measures what is left over.
+
+    The workspace is made once per (thread's cuBLAS handle, stream) and kept
+    for the life of the process (executor.session.capture_stream): it is the
+    one allocation a capture leaves behind on purpose."""
+    import torch
+
+    from executor import capture
+    from planner import BuildOptions, build_plan
+
+    spec = tmp_path / "prime.toml"
+    spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1]\n')
+    gs = capture(build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "prime.json")),
+                 Synthetic(max_bs=1), progress=False, background=background)
+    if background:
+        assert gs.wait(60)
+    gs.release()
+    torch.cuda.synchronize()

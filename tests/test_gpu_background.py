@@ -6,6 +6,8 @@ Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_background.py``.
 from __future__ import annotations
 
 import contextlib
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -44,7 +46,11 @@ def _serving(target=None):
     run)``: the stream for other threads, the bytes for :func:`_left_over`."""
     import torch
 
+    from gpu_targets import prime_capture_stream
+
     serve = _serving_stream()
+    with tempfile.TemporaryDirectory() as tmp:  # the capture stream's cuBLAS workspace stays, on purpose
+        prime_capture_stream(Path(tmp), background=True)
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     with torch.cuda.stream(serve):

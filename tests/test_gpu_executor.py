@@ -142,10 +142,11 @@ def test_failure_mid_capture_names_step_and_releases_everything(tmp_path):
     import torch
 
     from executor import CaptureFailed, capture
-    from gpu_targets import Synthetic
+    from gpu_targets import Synthetic, prime_capture_stream
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
     target = Synthetic(max_bs=16, fail=(4, ValueError("boom")))
+    prime_capture_stream(tmp_path)  # the capture stream's cuBLAS workspace stays, on purpose
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     with pytest.raises(CaptureFailed, match=r"capture/decode/4.*phase decode, bs 4.*ValueError: boom"):

@@ -1,0 +1,383 @@
+"""Device-memory benchmark on one GPU: the free memory capture takes, predicted and measured.
+
+An engine subtracts what capture takes from free device memory before it
+sizes its KV cache, so the figure that matters is the drop in
+``torch.cuda.mem_get_info()``'s free bytes, not the graph pool. Every case
+runs in a fresh process (the first graph capture of a process pays a one-off
+driver cost outside the caching allocator), with random weights:
+
+  reference   the 32-layer reference decode step (FA3 if importable), plans/fa3-ci.json
+  eagle       the speculative reference, all four EAGLE phases, plans/fa3-eagle-ci.json
+  llama, gemma2, qwen2, mixtral, qwen2_moe
+              transformers models built from configs (adapters.hf.HFTarget), SGLang's
+              36 decode sizes up to 256
+
+and for each, in that fresh process (``--modes``):
+
+  executor    ``capture(plan, target)``: the report's device view (pool, hoisted,
+              allocator-held, allocator-cached, outside-allocator), free memory after
+              every step, and what stays gone after ``release()`` + ``empty_cache()``
+  loop        the engines' loop (largest-first, 2 warm-ups, ``torch.cuda.graph``,
+              outputs kept) on the same model, its device drop
+  startup     ``adapters.startup.predict_startup`` (a few recorded sizes per phase ->
+              the whole plan simulated -> the bytes capture will take), its time;
+              then a KV cache sized from it (free - predicted - margin), the capture, and
+              the slack left; the prediction against the measured drop at every step
+  vllm        vLLM 0.33's estimator as published: the two largest sizes captured into a
+              throwaway pool (largest-first, one warm-up, outputs copied into persistent
+              buffers), ``first + (n - 1) * second``, and its time
+  analytic    the plan's analytic prediction (pool, device items) against the measurement
+
+Writes JSON (date, device, driver, per case) to --out and prints a table and a
+one-line summary last.
+Run: python bench/device_bench.py [--cases reference,eagle,...] [--modes executor,loop,...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+MiB = 2**20
+CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
+MODES = ("executor", "loop", "startup", "vllm", "analytic")
+#: SGLang's decode sizes up to 256 (the default spec's)
+DECODE = [1, 2, 4, 8, 12, *range(16, 257, 8)]
+#: transformers configs with random weights: about the width of small served models, few layers
+HF = {
+    "llama": ("LlamaConfig", dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16,
+                                  num_key_value_heads=8, num_hidden_layers=8, vocab_size=32000)),
+    "gemma2": ("Gemma2Config", dict(hidden_size=1152, intermediate_size=4608, num_attention_heads=8,
+                                    num_key_value_heads=4, head_dim=128, num_hidden_layers=6, vocab_size=32000,
+                                    sliding_window=4096)),
+    "qwen2": ("Qwen2Config", dict(hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
+                                  num_key_value_heads=2, num_hidden_layers=8, vocab_size=32000)),
+    "mixtral": ("MixtralConfig", dict(hidden_size=1024, intermediate_size=3584, num_attention_heads=16,
+                                      num_key_value_heads=8, num_hidden_layers=4, vocab_size=32000,
+                                      num_local_experts=8, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=704,
+                                         num_attention_heads=16, num_key_value_heads=16, num_hidden_layers=4,
+                                         vocab_size=32000, num_experts=16, num_experts_per_tok=4,
+                                         shared_expert_intermediate_size=2816)),
+}
+MAX_SEQLEN = 256
+
+
+# -- the cases -----------------------------------------------------------------
+def _hf_spec(case: str, folder: Path) -> Path:
+    """A spec naming the model's config.json, with the decode sizes."""
+    cls, kw = HF[case]
+    import transformers
+
+    cfg = getattr(transformers, cls)(**kw)
+    (folder / "config.json").write_text(cfg.to_json_string())
+    spec = folder / f"{case}.toml"
+    spec.write_text(f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\n'
+                    f"sizes = {DECODE}\n")
+    return spec
+
+
+def _options(case: str, folder: Path):
+    from planner import BuildOptions
+
+    if case == "reference":
+        return BuildOptions(backend="fa3", ci=True)
+    if case == "eagle":
+        return BuildOptions(backend="fa3", ci=True, speculative="eagle")
+    return BuildOptions(backend="torch", spec=_hf_spec(case, folder))
+
+
+def _target(case: str, plan, layers: int):
+    import torch
+
+    from schemas.spec import Model
+
+    if case == "reference":
+        from executor.reference import ReferenceConfig, ReferenceModel
+
+        return ReferenceModel(ReferenceConfig(model=Model(layers=layers), max_bs=max(plan.phases[0].sizes)))
+    if case == "eagle":
+        from executor.speculative import SpeculativeConfig, SpeculativeModel
+
+        return SpeculativeModel(SpeculativeConfig(model=Model(layers=layers),
+                                                  max_bs=max(max(p.sizes) for p in plan.phases), num_steps=3,
+                                                  topk=1))
+    import transformers
+
+    from adapters.hf import HFTarget
+
+    cls, kw = HF[case]
+    cfg = getattr(transformers, cls)(**kw)
+    cfg._attn_implementation = "eager" if case == "gemma2" else "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    return HFTarget(model, max_bs=max(plan.phases[0].sizes), max_seqlen=MAX_SEQLEN)
+
+
+def _phase_order(plan) -> list[tuple[str, list[int]]]:
+    """The engines' loop: phases in plan order, each largest-first."""
+    return [(p.name, sorted(p.sizes, reverse=True)) for p in plan.phases]
+
+
+# -- the modes (each in a fresh process) -----------------------------------------
+def _free() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def _loop(target, plan, warmups: int, keep_copy: bool = False, only: dict | None = None) -> dict:
+    """The engines' loop over ``plan``'s phases (or ``only`` {phase: sizes}): one shared pool,
+    ``torch.cuda.graph`` per size after ``warmups`` eager runs. ``keep_copy``: outputs are
+    copied into persistent buffers inside the graph (vLLM's FULL graphs), else kept."""
+    import torch
+
+    from speculative_bench import _tuple
+
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    graphs, outs, after = {}, {}, []
+    order = list((only or dict(_phase_order(plan))).items())
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for phase, sizes in order:
+        for bs in sizes:
+            with torch.cuda.stream(stream):
+                for _ in range(warmups):
+                    w = _tuple(target.run(phase, bs, None))
+                    if keep_copy and (phase, bs) not in outs:  # persistent buffers, outside the pool
+                        outs[(phase, bs)] = tuple(torch.empty_like(t) for t in w)
+                    del w
+            stream.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool, stream=stream):
+                got = _tuple(target.run(phase, bs, None))
+                if keep_copy:
+                    for dst, src in zip(outs[(phase, bs)], got):
+                        dst.copy_(src)
+                    del got
+                else:
+                    outs[(phase, bs)] = got
+            graphs[(phase, bs)] = g
+            after.append(_free())
+    return {"graphs": graphs, "outs": outs, "pool": pool, "seconds": time.perf_counter() - t0, "after": after}
+
+
+def _drop_loop(run) -> None:
+    import torch
+
+    for g in run["graphs"].values():
+        g.reset()
+    run["graphs"].clear()
+    run["outs"].clear()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def mode_executor(target, plan) -> dict:
+    import torch
+
+    from executor import capture
+
+    gs = capture(plan, target, progress=False)
+    rep = gs.report
+    view = rep.device_view
+    free_after = _free()
+    gs.release()
+    torch.cuda.empty_cache()
+    stays = view.free_before - _free()
+    return {"pool_mib": rep.pool_bytes / MiB, "predicted_pool_mib": plan.predicted.pool_bytes / MiB,
+            "drop_mib": view.drop / MiB, "items_mib": {i.name: i.bytes / MiB for i in view.items},
+            "first_in_process": view.first_in_process, "capture_s": rep.capture_seconds,
+            "free_after_check_mib": (view.free_before - free_after) / MiB, "stays_after_release_mib": stays / MiB,
+            "driver": rep.driver, "report": json.loads(__import__("msgspec").json.encode(rep))}
+
+
+def mode_loop(target, plan) -> dict:
+    before = _free()
+    run = _loop(target, plan, warmups=2)
+    drop = before - run["after"][-1]
+    from executor.pool import pool_reserved
+
+    pool = pool_reserved([run["pool"]])
+    secs = run["seconds"]
+    _drop_loop(run)
+    return {"pool_mib": pool / MiB, "drop_mib": drop / MiB, "capture_s": secs}
+
+
+def mode_vllm(target, plan) -> dict:
+    """vLLM 0.33's estimate: the two largest sizes of the plan's largest phase into a throwaway pool."""
+    from executor.pool import pool_reserved
+
+    t0 = time.perf_counter()
+    before = _free()
+    estimates = {}
+    n_total = 0
+    first_total = second_total = 0
+    for phase, sizes in _phase_order(plan):
+        two = sizes[:2]
+        run = _loop(target, plan, warmups=1, keep_copy=True, only={phase: two})
+        first = before - run["after"][0]
+        second = run["after"][0] - run["after"][1] if len(two) > 1 else 0
+        _drop_loop(run)
+        before = _free()
+        estimates[phase] = first + (len(sizes) - 1) * second
+        n_total += len(sizes)
+        first_total += first
+        second_total += second
+    return {"estimate_mib": sum(estimates.values()) / MiB,
+            "per_phase_mib": {k: v / MiB for k, v in estimates.items()}, "seconds": time.perf_counter() - t0}
+
+
+def mode_startup(target, opts, margin_mib: int) -> dict:
+    import torch
+
+    from adapters.startup import predict_startup
+    from executor import capture
+
+    t0 = time.perf_counter()
+    pred = predict_startup(target, opts)
+    seconds = time.perf_counter() - t0
+    free = _free()
+    kv_bytes = free - pred.pending_bytes - margin_mib * MiB
+    kv = torch.empty(kv_bytes, dtype=torch.uint8, device="cuda")  # the engine's KV cache
+    before = _free()
+    try:
+        gs = capture(pred.plan, target, progress=False)
+    except Exception as err:  # an OOM is a result: the prediction was too low
+        return {"predict_s": seconds, "error": f"{type(err).__name__}: {err}"[:300],
+                "pending_mib": pred.pending_bytes / MiB}
+    rep = gs.report
+    view = rep.device_view
+    slack = _free()
+    # the prediction at every step: pool as planned + what the items still pending add
+    tl = {m.step: m.reserved for m in pred.plan.predicted.timeline}
+    fixed = pred.pending_bytes - pred.plan.predicted.pool_bytes - pred.plan.predicted.hoisted_bytes
+    errors = []
+    for m in rep.steps:
+        if m.free is None:
+            continue
+        measured = before - m.free
+        if measured <= 0:
+            continue
+        predicted = tl[m.step] + fixed + sum(s.bytes for s in pred.plan.steps[:m.step + 1] if s.op == "provision")
+        errors.append((predicted - measured) / measured)
+    gs.release()
+    del kv
+    return {"predict_s": seconds, "capture_s": rep.capture_seconds, "predicted_total_mib": pred.total_bytes / MiB,
+            "pending_mib": pred.pending_bytes / MiB, "items_mib": {k: v / MiB for k, v in pred.items.items()},
+            "measured_drop_mib": view.drop / MiB, "error": (pred.pending_bytes - view.drop) / view.drop,
+            "worst_step_error": max(errors, key=abs) if errors else None, "kv_mib": kv_bytes / MiB,
+            "slack_mib": slack / MiB, "margin_mib": margin_mib, "recorded": pred.recorded}
+
+
+def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
+    import tempfile
+
+    import torch
+
+    from planner import build_plan
+
+    folder = Path(tempfile.mkdtemp())
+    opts = _options(case, folder)
+    t0 = time.perf_counter()
+    plan = build_plan(opts)
+    out: dict = {"case": case, "build_s": time.perf_counter() - t0, "captures": sum(s.op == "capture" for s in plan.steps),
+                 "analytic_pool_mib": plan.predicted.pool_bytes / MiB,
+                 "fidelity": getattr(plan.predicted, "fidelity", None)}
+    target = _target(case, plan, layers)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    for p in plan.phases:  # valid inputs everywhere before anything runs
+        target.prepare(p.name, max(p.sizes), max(p.sizes), gen)
+    torch.cuda.synchronize()
+    out["free_after_model_mib"] = _free() / MiB
+    for mode in modes:
+        if mode == "executor":
+            out[mode] = mode_executor(target, plan)
+        elif mode == "loop":
+            out[mode] = mode_loop(target, plan)
+        elif mode == "vllm":
+            out[mode] = mode_vllm(target, plan)
+        elif mode == "startup":
+            out[mode] = mode_startup(target, opts, margin_mib)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--modes", default="executor,loop")
+    ap.add_argument("--layers", type=int, default=32, help="layers of the reference models")
+    ap.add_argument("--margin-mib", type=int, default=64, help="the engine's own margin when sizing the KV cache")
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, modes, args.layers, args.margin_mib)), flush=True)
+        return
+    import torch
+
+    from executor.device import driver_version
+
+    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                 "device": torch.cuda.get_device_name(), "driver": driver_version(), "torch": torch.__version__,
+                 "layers": args.layers, "modes": modes, "cases": {}}
+    for case in args.cases.split(","):
+        # one process per mode: each pays the first capture's cost itself
+        row: dict = {}
+        for mode in modes:
+            cmd = [sys.executable, __file__, "--child", case, "--modes", mode, "--layers", str(args.layers),
+                   "--margin-mib", str(args.margin_mib)]
+            p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+            if p.returncode or not lines:
+                row[mode] = {"error": (p.stderr or p.stdout)[-1500:]}
+                print(f"{case}/{mode}: FAILED\n{row[mode]['error']}", flush=True)
+                continue
+            got = json.loads(lines[-1][7:])
+            row.update({k: v for k, v in got.items() if k not in MODES})
+            row[mode] = got[mode]
+            print(f"{case}/{mode}: " + json.dumps({k: v for k, v in got[mode].items() if k != "report"})[:600],
+                  flush=True)
+        res["cases"][case] = row
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"device-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
+    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    parts = []
+    for case, row in res["cases"].items():
+        ex, lp = row.get("executor", {}), row.get("loop", {})
+        bits = [case]
+        if "drop_mib" in ex:
+            it = ex["items_mib"]
+            bits.append(f"exec drop {ex['drop_mib']:.0f} (pool {it['pool']:.0f} held {it['allocator-held']:.0f} "
+                        f"cached {it['allocator-cached']:.0f} outside {it['outside-allocator']:.0f})")
+        if "drop_mib" in lp:
+            bits.append(f"loop {lp['drop_mib']:.0f}")
+        st = row.get("startup", {})
+        if "error" in st and isinstance(st["error"], float):
+            bits.append(f"startup err {st['error']:+.2%} slack {st['slack_mib']:.0f}")
+        vl = row.get("vllm", {})
+        if "estimate_mib" in vl:
+            bits.append(f"vllm {vl['estimate_mib']:.0f}")
+        parts.append(" ".join(bits))
+    print(f"wrote {path}")
+    print("SUMMARY " + "; ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
