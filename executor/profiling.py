@@ -75,18 +75,23 @@ def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
         predicted=msgspec.structs.replace(plan.predicted, timeline=timeline))
 
 
-def profile(plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False) -> Trace:
+def profile(plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False,
+            with_report: bool = False):
     """Record the allocation trace of ``plan``'s captures of the chosen sizes.
 
     ``sizes``: ``"default"`` (smallest, median and largest of each phase),
     ``"all"``, or ``{phase: [sizes]}`` (phases left out get the default).
+    ``with_report``: return ``(trace, report)``, the capture report of the
+    recorded captures (its device view and per-step device memory measure what
+    the graphs take outside the pool: ``adapters.startup``).
     """
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True)
     try:
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
         caps.sort(key=lambda c: (c.phase, c.bs))
         device = gs.report.device if gs.report else ""
-        return Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
+        trace = Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
+        return (trace, gs.report) if with_report else trace
     finally:
         gs.release()
 

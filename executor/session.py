@@ -243,7 +243,9 @@ class CaptureSession:
             # pool's growth: a cheap counter instead of a full memory snapshot per
             # step. In the background the serving thread may allocate meanwhile,
             # so there the pool itself is measured.
-            exact = self.mode != "global"
+            # The session's first capture also allocates the CUDA RNG's graph-safe state in the
+            # ordinary allocator (a small segment of its own): measure the pool itself there too.
+            exact = self.mode != "global" or not self.gs.graphs
             reserved_before = one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()
             g.capture_begin(pool=pool, capture_error_mode=self.mode)
             try:
@@ -303,7 +305,8 @@ class CaptureSession:
         free, _ = torch.cuda.mem_get_info(self.device)  # no sync: the device's figure as of now
         self.measurements.append(StepMeasurement(step=step.index, id=step.id, reserved=self.reserved,
                                                  predicted_reserved=self.predicted.get(step.index, 0),
-                                                 seconds=time.perf_counter() - t0, free=int(free)))
+                                                 seconds=time.perf_counter() - t0, free=int(free),
+                                                 allocator_reserved=int(torch.cuda.memory_reserved(self.device))))
         if self.bar is not None:
             self.bar.set_postfix_str(f"{step.id} free {free / 2**30:.1f} GiB", refresh=False)
             self.bar.update(1)

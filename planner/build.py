@@ -27,6 +27,8 @@ from schemas.strategy import AXES, allocator_modes
 from schemas.units import MiB, mib
 
 from . import resources
+from .device import Calibration, device_prediction
+from .fidelity import fidelity
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, satisfies
@@ -53,6 +55,8 @@ class BuildOptions(msgspec.Struct, frozen=True):
     allocator: str | None = None
     #: compare strategies on every size, however many (slower; see optimize.SCREEN_ABOVE)
     exact: bool = False
+    #: a capture report measured on the device: the plan's measured device items (planner/device.py)
+    calibration: Path | None = None
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -93,6 +97,8 @@ def _command(opts: BuildOptions, rel, out: str | None) -> list[str]:
         cmd += ["--allocator", opts.allocator]
     if opts.trace is not None:
         cmd += ["--trace", rel(opts.trace)]
+    if opts.calibration is not None:
+        cmd += ["--calibration", rel(opts.calibration)]
     if opts.exact:
         cmd.append("--exact")
     for s in sorted(set(opts.strategies)):
@@ -131,10 +137,16 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]
         spec = decode_spec(raw, str(opts.spec), phase_kinds=resources.phase_kind_settings())
         base = output_path(opts).parent
         model, config, config_raw = read_model_config(spec.model, opts.spec, str(opts.spec))
-        used = (_rel(Path(config), base), sha256(config_raw)) if config is not None else None
+        used = (_rel(Path(config), base), sha256(config_raw), _model_type(config_raw)) if config is not None else None
         return msgspec.structs.replace(spec, model=model), _rel(opts.spec, base), raw, used
     spec = default_spec(opts.speculative, DEFAULT_MAX_BS if opts.max_bs is None else opts.max_bs)
     return spec, "embedded:" + spec.name, canonical_bytes(spec), None
+
+
+def _model_type(config_raw: bytes) -> str | None:
+    """The ``model_type`` of a config.json the reader already accepted."""
+    mt = msgspec.json.decode(config_raw).get("model_type")
+    return mt if isinstance(mt, str) else None
 
 
 def _trace_path(opts: BuildOptions, spec: Spec) -> Path | None:
@@ -170,12 +182,13 @@ def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
                          fix="use a tensor-parallel size that divides the model's heads and MLP")
 
 
-def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: int) -> tuple[Workload, Path | None, str | None]:
+def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend,
+              tp: int) -> tuple[Workload, Path | None, str | None, str]:
     """The analytic model, or the recorded trace when one is given: JSON from
     executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
     path = _trace_path(opts, spec)
     if path is None:
-        return Workload.analytic(spec.model, spec.phases, backend, tp), None, None
+        return Workload.analytic(spec.model, spec.phases, backend, tp), None, None, ""
     raw = read_input(path, "trace", fix="record one on a GPU with `executor.profile` (README: The executor), "
                      "or build without --trace for the analytic model")
     from schemas.snapshot import is_pickle, trace_from_snapshot  # only with a trace
@@ -188,7 +201,7 @@ def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: in
         raise InputError(f"trace was recorded with backend {trace.backend!r}, this build is for {opts.backend!r}",
                          where=f"{path}: $.backend", fix=f"record a trace with {opts.backend}, or build for "
                          f"--backend {trace.backend}")
-    return Workload.from_trace(trace, spec.phases, str(path)), path, sha256(raw)
+    return Workload.from_trace(trace, spec.phases, str(path)), path, sha256(raw), trace.device
 
 
 def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:
@@ -285,7 +298,8 @@ class _Resolved(msgspec.Struct, frozen=True):
     #: the spec as the user named it (relative to the cwd): where errors point
     spec_source: str
     spec_raw: bytes
-    model_config: tuple[str, str] | None
+    #: (path relative to the plan, digest, model_type)
+    model_config: tuple[str, str, str | None] | None
     tp: int
     allocator: str
     rules: dict[str, list]
@@ -294,9 +308,14 @@ class _Resolved(msgspec.Struct, frozen=True):
     workload: Workload
     trace_path: Path | None
     trace_digest: str | None
+    #: the device the trace was recorded on ("" for the analytic model)
+    traced_on: str
     library: int
     #: pool bytes of each phase's largest graph alone
     alone: dict[str, int]
+    calibration: Calibration | None
+    #: (path relative to the plan, digest) of the calibration report
+    calibration_record: tuple[str, str] | None
     sequence: list[str]
     forced: dict[str, list[tuple[str, str]]]
 
@@ -329,7 +348,8 @@ def _check_paths_encode(opts: BuildOptions) -> None:
     """The paths a plan records (its name, ``-o``, ``--spec``, ``--trace``) must be
     text: a file name that is not valid UTF-8 (bytes a POSIX name may hold)
     cannot go into the plan's JSON, and was an internal error when it was written."""
-    for flag, path in (("--spec", opts.spec), ("--trace", opts.trace), ("-o", output_path(opts))):
+    for flag, path in (("--spec", opts.spec), ("--trace", opts.trace), ("--calibration", opts.calibration),
+                       ("-o", output_path(opts))):
         if path is None:
             continue
         try:
@@ -361,7 +381,8 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     # in the order the plan records them (sorted): the optimizer lists broken pins in
     # pin order, so the order typed would change the bytes and `planner check` would call them stale
     pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
-    workload, trace_path, trace_digest = _workload(opts, spec, backend, tp)
+    workload, trace_path, trace_digest, traced_on = _workload(opts, spec, backend, tp)
+    calibration, calibration_record = _calibration(opts, spec, traced_on)
 
     library = int(spec.library_mib * MiB)
     alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: Strategy()}, workload, allocator == "expandable",
@@ -374,9 +395,28 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_source=spec_source, spec_raw=spec_raw,
                      model_config=model_config,
                      tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
-                     workload=workload, trace_path=trace_path, trace_digest=trace_digest, library=library,
-                     alone=alone, sequence=phase_sequence(spec.phases, alone, spec_source),
+                     workload=workload, trace_path=trace_path, trace_digest=trace_digest, traced_on=traced_on,
+                     library=library,
+                     alone=alone, calibration=calibration, calibration_record=calibration_record, sequence=phase_sequence(spec.phases, alone, spec_source),
                      forced=_forced_orders(spec, rules, pins))
+
+
+def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
+    """The calibration report's measured device items, and how the plan records it.
+
+    Refused when the trace the prediction comes from was recorded on another
+    device: the items would describe another machine than the pool."""
+    if opts.calibration is None:
+        return None, None
+    from .device import read_calibration
+
+    shown = str(opts.calibration)
+    cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases})
+    if traced_on and cal.device.split(" sm")[0] not in traced_on:
+        raise InputError(f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
+                         where=f"--calibration {shown}",
+                         fix="calibrate with a report from the device the trace was recorded on")
+    return cal, (_rel(opts.calibration, output_path(opts).parent), sha256(raw))
 
 
 def _optimize(r: _Resolved, opts: BuildOptions):
@@ -425,6 +465,9 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
     strategies, steps, spec, by_name = sol.strategies, ordered.steps, r.spec, r.by_name
     decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
     output = output_path(opts)
+    fid, describes, caveat = fidelity(r.workload.source, spec.model, r.model_config is not None,
+                                      r.model_config[2] if r.model_config else None,
+                                      f"{_rel(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "")
     plan = Plan(
         name=output.stem,
         command=normalized_command(opts),
@@ -435,7 +478,9 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                       trace=_rel(r.trace_path, output.parent) if r.trace_path is not None else None,
                       trace_digest=r.trace_digest,
                       **({"model_config": r.model_config[0], "model_config_digest": r.model_config[1]}
-                         if r.model_config else {})),
+                         if r.model_config else {}),
+                      **({"calibration": r.calibration_record[0], "calibration_digest": r.calibration_record[1]}
+                         if r.calibration_record else {})),
         requires=Requires(backend=opts.backend, modules=list(r.backend.modules),
                           min_compute_capability=list(r.backend.min_compute_capability), tp=r.tp),
         phases=[PhasePlan(name=n, kind=by_name[n].kind, sizes=capture_order(by_name[n].sizes, strategies[n].order),
@@ -453,7 +498,10 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                              warmup_runs=sum(s.runs for s in steps),
                              timeline=_timeline(steps, pred.sim.after_capture),
                              samples={n: TraceSamples(measured=list(m), derived=list(d))
-                                      for n, (m, d) in sorted(r.workload.samples.items())}),
+                                      for n, (m, d) in sorted(r.workload.samples.items())},
+                             device=device_prediction(pred.sim.pool_bytes, pred.hoisted, steps,
+                                                      {p.name: p.kind for p in spec.phases}, r.calibration),
+                             fidelity=fid, describes=describes, caveat=caveat),
     )
     return seal(plan)
 
@@ -546,7 +594,8 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
     # every file the plan was built from, --force or not: the trace a spec names
     # (a GPU recording) and a model config too, found from the plan's own record
     inputs = plan.inputs
-    sources = [("spec", "--spec ", opts.spec), ("trace", "--trace ", opts.trace)]
+    sources = [("spec", "--spec ", opts.spec), ("trace", "--trace ", opts.trace),
+               ("calibration report", "--calibration ", opts.calibration)]
     sources += [(what, "", path.parent / rel) for what, rel in (("trace", inputs.trace),
                                                                  ("model config", inputs.model_config)) if rel]
     for what, flag, src in sources:

@@ -22,7 +22,7 @@ __all__ = ["check_paths", "options_from_command", "check_report_plan"]
 
 _VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
            "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
-           "--trace": ("trace", Path), "-o": ("output", Path), "--strategy": ("strategies", str)}
+           "--trace": ("trace", Path), "--calibration": ("calibration", Path), "-o": ("output", Path), "--strategy": ("strategies", str)}
 
 
 def options_from_command(cmd: list[str], where: str, plan_path: Path):
@@ -60,7 +60,7 @@ def options_from_command(cmd: list[str], where: str, plan_path: Path):
     if "backend" not in kw:
         raise InputError("recorded command has no --backend", where=where)
     base = plan_path.parent
-    for name in ("spec", "trace"):
+    for name in ("spec", "trace", "calibration"):
         if name in kw:
             # lexically, as build records them (build._rel): through a linked plans folder,
             # the OS would resolve plans/../specs from the link's target, another folder

@@ -35,11 +35,38 @@ def summary(plan: Plan, path: str) -> str:
              f"baseline loop {mib(p.baseline_bytes, unit=False)} MiB ({ratio:.1f}x)"]
     for ph in plan.phases:
         lines.append(f"  {ph.name}: {ph.strategy.label()} ({ph.pool} pool)")
+    lines += device_lines(plan)
     derived = {n: s for n, s in p.samples.items() if s.derived}
     if derived:
         lines.append("  trace sizes: " + "; ".join(f"{n} measured {s.measured}, {len(s.derived)} derived"
                                                    for n, s in sorted(derived.items())))
     return "\n".join(lines)
+
+
+def _item_mib(b: int | None) -> str:
+    return "unknown" if b is None else mib(b, unit=False)
+
+
+def device_lines(plan: Plan) -> list[str]:
+    """What an engine must reserve for capture, item by item, and which model code the figures describe."""
+    p = plan.predicted
+    out = []
+    dev = p.device
+    if dev is not None:
+        parts = ", ".join(f"{i.name} {_item_mib(i.bytes)}" for i in dev.items)
+        if dev.total_bytes is not None:
+            out.append(f"  reserve for capture: {mib(dev.total_bytes, unit=False)} MiB of free device memory "
+                       f"on {dev.device} ({parts})")
+        else:
+            unknown = [i for i in dev.items if i.bytes is None]
+            out.append(f"  reserve for capture: unknown ({parts} MiB); {unknown[0].name}: {unknown[0].source}")
+    if p.fidelity == "approximate":
+        out.append(f"  {p.caveat}")
+    elif p.fidelity == "reference":
+        out.append(f"  figures describe {p.describes}: exact for that code; for your engine's model, record a trace")
+    elif p.fidelity == "recorded":
+        out.append(f"  figures are exact for {p.describes}")
+    return out
 
 
 def steps_table(plan: Plan) -> str:
@@ -133,5 +160,37 @@ def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
         head += f"\nwarning: report was made from plan digest {report.plan_digest}, not {plan.digest}"
     tot = report.predicted_pool_bytes
     err = (report.pool_bytes - tot) / tot if tot else 0.0
-    return "\n".join([head, _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
-                      f"pool: predicted {mib(tot, unit=False)} MiB, measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})"])
+    lines = [head, _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
+             f"pool: predicted {mib(tot, unit=False)} MiB, measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})"]
+    return "\n".join(lines + device_comparison(report, plan))
+
+
+def device_comparison(report: CaptureReport, plan: Plan | None) -> list[str]:
+    """The report's device view, item by item, beside the plan's device items."""
+    view = report.device_view
+    if view is None:
+        return ["device: the report has no device view (written by an older executor)"]
+    measured = {i.name: i.bytes for i in view.items}
+    # the report's items, as the plan names them (the workspace is the allocator-held part that
+    # the plan's data names; the rest of held and cached is allocator-other)
+    predicted = {}
+    if plan is not None and plan.predicted.device is not None:
+        predicted = {i.name: i.bytes for i in plan.predicted.device.items}
+    ws = predicted.get("stream-workspace")
+    held = measured.get("allocator-held", 0)
+    rows_m = {"pool": measured.get("pool", 0), "hoisted": measured.get("hoisted", 0),
+              "stream-workspace": min(held, ws) if ws is not None else held,
+              "allocator-other": held - (min(held, ws) if ws is not None else held) + measured.get("allocator-cached", 0),
+              "graph-exec": measured.get("outside-allocator", 0)}
+    rows = []
+    for name, got in rows_m.items():
+        want = predicted.get(name) if predicted else None
+        delta = "" if want is None or not want else f"{(got - want) / want:+.1%}"
+        rows.append([name, _item_mib(want) if predicted else "-", mib(got, unit=False), delta or "-"])
+    total = plan.predicted.device.total_bytes if predicted else None
+    rows.append(["free memory drop", _item_mib(total) if predicted else "-", mib(view.drop, unit=False),
+                 f"{(view.drop - total) / total:+.1%}" if total else "-"])
+    first = "first capture of its process" if view.first_in_process else "not the first capture of its process"
+    return [f"device view ({'background' if view.background else 'foreground'}, {first}; "
+            f"{report.device}{', driver ' + report.driver if report.driver else ''}):",
+            _table(["item", "predicted MiB", "measured MiB", "delta"], rows)]

@@ -18,11 +18,13 @@ from .strategy import AllocatorMode, Order, Outputs, OutputLifetime, PhaseKind, 
 __all__ = [
     "PlanStruct", "Strategy", "PhasePlan", "Step", "Edge", "Alternative", "Decision",
     "StepMemory", "TraceSamples", "Prediction", "Inputs", "Requires", "Plan", "PLAN_VERSION", "PLAN_REVISION",
-    "StepOp",
+    "StepOp", "DeviceCost", "DevicePrediction", "Provenance", "Fidelity",
 ]
 
 PLAN_VERSION = 1
-PLAN_REVISION = 1
+#: 2: ``predicted.device`` (every item of the free device memory capture takes) and
+#: ``predicted.fidelity`` / ``describes`` / ``caveat`` (which model code the figures describe)
+PLAN_REVISION = 2
 
 StepOp = Literal["provision", "warmup", "capture"]
 
@@ -125,6 +127,39 @@ class TraceSamples(PlanStruct, kw_only=True):
     derived: list[int] = []
 
 
+#: where a device item's figure comes from: the allocator simulation, the planner's
+#: data (planner/data/devices.toml), a report measured on a named device, or nowhere yet
+Provenance = Literal["simulated", "data", "measured", "unknown"]
+#: which model code the prediction describes: "recorded" (a trace of the model that is
+#: captured: exact for it), "reference" (capture-plan's reference decode step and its
+#: speculative phases, executor.reference / executor.speculative: exact for those), or
+#: "approximate" (the reference's figures for a model it does not implement: a model
+#: config.json that an engine or library implements its own way, or MoE dimensions)
+Fidelity = Literal["recorded", "reference", "approximate"]
+
+
+class DeviceCost(PlanStruct, kw_only=True, omit_defaults=True):
+    """One item of the free device memory capture takes."""
+
+    #: "pool", "hoisted", "stream-workspace", "allocator-other" or "graph-exec"
+    name: str
+    #: None: unknown (never measured for this device): never read as zero
+    bytes: int | None = None
+    provenance: Provenance
+    #: where the figure comes from, or how to get it when unknown
+    source: str = ""
+
+
+class DevicePrediction(PlanStruct, kw_only=True, omit_defaults=True):
+    """What an engine must reserve for capture: the pool plus every other item."""
+
+    #: the device, driver and torch the measured items were measured on ("" when none)
+    device: str = ""
+    items: list[DeviceCost] = []
+    #: the sum of the items; None while any item is unknown
+    total_bytes: int | None = None
+
+
 class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
     # omit_defaults: fields added later are left out of plans that do not use
     # them, so plans built before they existed keep their bytes and digest.
@@ -144,6 +179,14 @@ class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
     timeline: list[StepMemory]
     #: per phase, for a trace-based prediction: sizes measured and sizes derived
     samples: dict[str, TraceSamples] = {}
+    #: every item of the free device memory capture takes (revision 2)
+    device: DevicePrediction | None = None
+    fidelity: Fidelity | None = None
+    #: the model code the figures describe, in words
+    describes: str = ""
+    #: for an approximate prediction: how far off it was measured to be for the nearest
+    #: benchmarked architecture, and the commands that make it exact
+    caveat: str = ""
 
 
 class Inputs(PlanStruct, kw_only=True):
@@ -163,6 +206,9 @@ class Inputs(PlanStruct, kw_only=True):
     #: the spec's model config.json (left out of the file when there is none)
     model_config: str | msgspec.UnsetType = msgspec.UNSET
     model_config_digest: str | msgspec.UnsetType = msgspec.UNSET
+    #: a capture report whose device view calibrates the measured device items
+    calibration: str | msgspec.UnsetType = msgspec.UNSET
+    calibration_digest: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Requires(PlanStruct, kw_only=True):

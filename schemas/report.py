@@ -29,6 +29,8 @@ class StepMeasurement(ReportStruct, kw_only=True):
     seconds: float
     #: free device memory after the step (``torch.cuda.mem_get_info``); None where not measured
     free: int | None = None
+    #: the caching allocator's reserved bytes after the step, every pool together (None: not measured)
+    allocator_reserved: int | None = None
 
 
 class DeviceItem(ReportStruct, kw_only=True):

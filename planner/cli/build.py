@@ -59,6 +59,10 @@ class _BackendOption(click.Option):
 @option("--strategy", "-s", "strategy", multiple=True, metavar="list[str]",
         shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
         help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).")
+@option("--calibration", type=PATH, metavar="path", help="Capture report measured on the device (GraphSet."
+        "write_report): the plan's measured device items (graph memory outside the pool).")
+@option("--require-exact", is_flag=True, help="Exit 1 if the prediction is approximate for the captured model "
+        "(analytic figures for a config.json or MoE model: record a trace instead).")
 @option("-o", "--output", type=OUTPUT, metavar="path", help="Plan path [plans/<backend>[-...][-ci].json].")
 @option("--exact", is_flag=True, help="Compare strategies on every size (default: phases with more than 64 sizes "
         "are compared on 24 of them; the prediction is always exact).")
@@ -66,20 +70,28 @@ class _BackendOption(click.Option):
 @option("--check", is_flag=True, help="Build in memory and compare with the file; exit 1 on drift.")
 @option("--force", is_flag=True, help="Replace an output file that holds a plan built by another command "
         "(default: refuse, so a what-if build never clobbers a checked-in plan).")
-def command(backend, ci, spec, speculative, max_bs, tp, allocator, trace, strategy, output, exact, dry_run, check,
-            force) -> None:
+def command(backend, ci, spec, speculative, max_bs, tp, allocator, trace, strategy, calibration, require_exact,
+            output, exact, dry_run, check, force) -> None:
     """Build a capture plan from the spec, rules and gates."""
     from planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
+    from planner.fidelity import require_exact as require_exact_plan
     from planner.render import summary
 
     opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,
-                        allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact)
+                        allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact,
+                        calibration=calibration)
     path = output_path(opts)
     if check:
         check_plan(opts, same_command=True)
+        if require_exact:  # the file is exactly what the build gives
+            from ._common import read_plan
+
+            require_exact_plan(read_plan(path), str(path))
         click.echo(f"{path}: up to date")
         return
     plan = build_plan(opts)
+    if require_exact:  # before writing: CI refuses the plan, and nothing is replaced
+        require_exact_plan(plan, str(path))
     if not dry_run:
         write_plan(opts, plan, force=force)
     click.echo(summary(plan, f"{path}{' (dry run, not written)' if dry_run else ''}"))

@@ -1,0 +1,148 @@
+"""``predict_startup``: what the whole capture will take, measured on the engine's own model.
+
+One call an engine makes after loading its weights (and its eager profiling
+run) and before it allocates its KV cache::
+
+    from adapters.startup import predict_startup
+    from planner import BuildOptions
+
+    pred = predict_startup(target, BuildOptions(backend="fa3", ci=True))
+    free, _ = torch.cuda.mem_get_info()
+    kv_bytes = free - pred.pending_bytes - margin   # the engine's own margin
+    ... allocate the KV cache ...
+    graphs = executor.capture(pred.plan, target)
+
+It builds the plan (analytic, for the schedule), records a few sizes per
+phase of the target (``executor.profile``, default 3: the smallest, median and
+largest), plans again from that trace (``planner/fitting.py`` derives every
+other size exactly; a phase whose recorded sizes do not line up is recorded
+again with the sizes the fitter names, never guessed), and adds what the
+recorded captures measured outside the pool: the capture stream's cuBLAS
+workspace, other allocator memory, and the driver memory each instantiated
+graph takes (per graph, per phase: ``planner/device.py``). ``total_bytes`` is
+what the whole capture takes from free memory in a process that has captured
+nothing yet; ``pending_bytes`` is what it will still take now, after the
+recording already created the capture stream's workspace: the figure to
+subtract from free memory.
+
+Layering: this module imports the planner and the executor; neither imports
+it. The executor stays torch-only for an engine that takes a checked-in plan.
+
+What it does not do: predict for another process or device, or for memory
+the engine allocates itself meanwhile; capture (the caller does, with
+``pred.plan``, which is the schedule the prediction simulated).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import torch
+
+from executor import profile, write_trace
+from planner import BuildOptions, build_plan
+from planner.device import calibration_from_report
+from schemas.errors import InputError
+from schemas.plan import Plan
+
+__all__ = ["StartupPrediction", "predict_startup"]
+
+
+@dataclass(frozen=True)
+class StartupPrediction:
+    """The plan capture will follow and the bytes it will take on this device."""
+
+    plan: Plan
+    #: free device memory the whole capture takes (a process that captured nothing yet)
+    total_bytes: int
+    #: what it will still take from free memory now: subtract this before sizing the KV cache
+    pending_bytes: int
+    #: total_bytes by item: pool, hoisted, stream-workspace, allocator-other, graph-exec
+    items: dict[str, int] = field(default_factory=dict)
+    #: sizes recorded per phase
+    recorded: dict[str, list[int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _more_sizes(err: InputError, plan: Plan) -> dict[str, list[int]] | None:
+    """The sizes the fitter asks for ("record size 40", "record every planned size between
+    32 and 64"), by phase; None when the error is not the fitter's."""
+    text = f"{err.what} {err.fix or ''}"
+    m = re.search(r"phase '([^']+)'", text)
+    phase = next((p for p in plan.phases if m and p.name == m.group(1)), None)
+    if phase is None:
+        return None
+    between = re.search(r"between (\d+) and (\d+)", text)
+    if between:
+        lo, hi = int(between.group(1)), int(between.group(2))
+        return {phase.name: [b for b in phase.sizes if lo <= b <= hi]}
+    one = re.findall(r"record size (\d+)", text)
+    return {phase.name: [int(x) for x in one]} if one else None
+
+
+def predict_startup(target, options: BuildOptions, *, sizes: dict[str, list[int]] | None = None,
+                    device=None, progress: bool = False, max_rounds: int = 4) -> StartupPrediction:
+    """Record a few sizes of ``target``, plan from them and return what capture will take.
+
+    ``options``: the build the engine would run (``planner build``'s options;
+    its ``trace`` is replaced by the recording). ``sizes``: sizes to record per
+    phase instead of the default three (phases left out get the default).
+    """
+    t0 = time.perf_counter()
+    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    schedule = build_plan(msgspec.structs.replace(options, trace=None))
+    want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
+    folder = Path(tempfile.mkdtemp(prefix="capture-plan-startup-"))
+    for _ in range(max_rounds):
+        chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
+        trace, report = profile(schedule, target, sizes=chosen, progress=progress, with_report=True)
+        trace_path = folder / "trace.json"
+        write_trace(trace, trace_path)
+        try:
+            plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
+            break
+        except InputError as err:
+            more = _more_sizes(err, schedule)
+            if not more:
+                raise
+            for name, extra in more.items():
+                grown = sorted(set(chosen[name]) | set(extra))
+                if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
+                    grown = sorted(next(p.sizes for p in schedule.phases if p.name == name))
+                    if grown == chosen[name]:
+                        raise
+                want[name] = grown
+    else:
+        raise InputError(f"the recorded sizes did not line up after {max_rounds} rounds", where="predict_startup",
+                         fix="pass sizes={phase: [...]} with every planned size of the phase named above")
+    kinds = {p.name: p.kind for p in plan.phases}
+    cal = calibration_from_report(report, "the startup recording", kinds)
+    graphs: dict[str, int] = {}
+    for s in plan.steps:
+        if s.op == "capture":
+            graphs[s.phase] = graphs.get(s.phase, 0) + 1
+    view = report.device_view
+    hoisted = plan.predicted.hoisted_bytes
+    items = {"pool": plan.predicted.pool_bytes, "hoisted": hoisted,
+             "stream-workspace": max(0, view.item("allocator-held")),
+             "allocator-other": max(0, view.item("allocator-cached")),
+             "graph-exec": int(round(sum(n * cal.graph_exec_per_graph.get(p, 0.0) for p, n in graphs.items())))}
+    total = sum(items.values())
+    # The recording already created the capture stream's workspace (kept for the process's
+    # life). The driver keeps the recorded graphs' memory after they are destroyed too, but
+    # whether later graphs reuse it is not known: it is not subtracted (the figure errs high).
+    pending = total - items["stream-workspace"]
+    return StartupPrediction(plan=plan, total_bytes=total, pending_bytes=max(0, pending), items=items,
+                             recorded={n: list(v) for n, v in sorted(chosen.items())},
+                             seconds=time.perf_counter() - t0)
+
+
+def _default(planned: list[int]) -> list[int]:
+    from schemas.trace import default_samples
+
+    return sorted(default_samples(planned))

@@ -1,0 +1,143 @@
+"""Every item of the free device memory a capture takes, beside the pool.
+
+An engine budgets capture from free device memory (``torch.cuda.mem_get_info``)
+before it sizes its KV cache. Besides the graph pools (simulated) a capture
+takes, measured on an H200 (torch 2.11):
+
+* ``hoisted``: the plan's hoisted workspaces (from the plan's own steps);
+* ``stream-workspace``: the capture stream's cuBLAS workspace, one per stream,
+  kept for the process's life (``planner/data/devices.toml``, per compute
+  capability);
+* ``allocator-other``: other caching-allocator memory the capture leaves
+  (the CUDA RNG's graph-safe state, allocated at the first capture, sits in a
+  small segment of its own) -- measured;
+* ``graph-exec``: driver memory outside the caching allocator that each
+  instantiated graph takes (it grows with the graph's kernels and comes in
+  2 MiB steps) -- measured per graph and per phase.
+
+The measured items come from a *calibration*: a capture report
+(``GraphSet.write_report``) whose device view and per-step free memory the
+executor measured on a named device and driver. They describe that device,
+driver and the report's model code; an item nothing gives is ``unknown``
+(None), never 0, and the total is unknown with it.
+
+What it does not model: memory a model's first eager run takes (CUDA loads
+kernel modules lazily, outside the allocator): an engine has run its model
+before it captures; nor a second process or the engine's own allocations.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.codec import decode_report
+from schemas.errors import InputError
+from schemas.files import read_input
+from schemas.plan import DeviceCost, DevicePrediction, Step
+from schemas.report import CaptureReport
+
+from .resources import data
+
+__all__ = ["Calibration", "read_calibration", "calibration_from_report", "device_prediction", "capability_of"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Device items measured in one capture report."""
+
+    #: "NVIDIA H200 sm90, torch 2.11.0, driver 580.159.04"
+    device: str
+    #: "sm90", or "" when the report does not say
+    capability: str
+    #: bytes of driver memory per instantiated graph, per phase name and phase kind
+    graph_exec_per_graph: dict[str, float] = field(default_factory=dict)
+    #: other caching-allocator memory the capture left (besides pools, hoisted, the workspace)
+    allocator_other: int = 0
+    source: str = ""
+
+
+def capability_of(device: str) -> str:
+    """The "smXY" a report's device string names ("NVIDIA H200 sm90, torch 2.11" -> "sm90")."""
+    m = re.search(r"\bsm(\d+)\b", device)
+    return f"sm{m.group(1)}" if m else ""
+
+
+def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, str]) -> Calibration:
+    """Measured items from ``rep``; ``phases`` maps the report's phase names to kinds.
+
+    Per capture step: the free-memory drop minus the allocator's growth over the
+    step is the driver memory its graph took. Needs a report with a device
+    view and per-step memory (executor 0.x of revision-2 plans on)."""
+    view = rep.device_view
+    fix = "capture the plan again with this capture-plan's executor and write its report (GraphSet.write_report)"
+    if view is None or any(m.free is None or m.allocator_reserved is None for m in rep.steps):
+        raise InputError("the report has no device view or per-step device memory", where=source, fix=fix)
+    per: dict[str, list[int]] = defaultdict(list)
+    prev_free, prev_res = None, None
+    for m in rep.steps:
+        op, _, rest = m.id.partition("/")
+        phase = rest.rpartition("/")[0]
+        if op == "capture" and prev_free is not None:
+            per[phase].append((prev_free - m.free) - (m.allocator_reserved - prev_res))
+        prev_free, prev_res = m.free, m.allocator_reserved
+    if not per:
+        raise InputError("the report has no capture step after another step to measure", where=source, fix=fix)
+    graph_exec = {}
+    for phase, deltas in sorted(per.items()):
+        graph_exec[phase] = sum(deltas) / len(deltas)
+        kind = phases.get(phase)
+        if kind is not None:
+            graph_exec.setdefault(f"kind:{kind}", sum(deltas) / len(deltas))
+    workspace = data("devices.toml")["stream_workspace"].get(capability_of(rep.device))
+    held = view.item("allocator-held") - (workspace or 0)
+    other = max(0, held) + max(0, view.item("allocator-cached"))
+    device = rep.device + (f", driver {rep.driver}" if rep.driver else "")
+    return Calibration(device=device, capability=capability_of(rep.device), graph_exec_per_graph=graph_exec,
+                       allocator_other=other, source=source)
+
+
+def read_calibration(path: Path, shown: str, phases: dict[str, str]) -> tuple[Calibration, bytes]:
+    raw = read_input(path, "report", fix="give a capture report written by GraphSet.write_report")
+    return calibration_from_report(decode_report(raw, shown), shown, phases), raw
+
+
+def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[str, str],
+                      calibration: Calibration | None) -> DevicePrediction:
+    """The plan's device items and their total (None while one is unknown).
+
+    ``kinds`` maps the plan's phases to their kinds: a calibration measured on
+    a plan with other phase names still gives the graph-exec figure of a phase
+    of the same kind."""
+    how = "build with --calibration REPORT (a capture report of this plan measured on the device)"
+    items = [DeviceCost(name="pool", bytes=pool, provenance="simulated", source="allocator simulation"),
+             DeviceCost(name="hoisted", bytes=hoisted, provenance="simulated", source="the plan's provision steps")]
+    if calibration is None:
+        items += [DeviceCost(name=n, provenance="unknown", source=f"not measured for any device: {how}")
+                  for n in ("stream-workspace", "allocator-other", "graph-exec")]
+        return DevicePrediction(items=items)
+    ws = data("devices.toml")["stream_workspace"].get(calibration.capability)
+    items.append(DeviceCost(name="stream-workspace", bytes=ws, provenance="data" if ws is not None else "unknown",
+                            source=f"planner/data/devices.toml [stream_workspace] {calibration.capability}"
+                            if ws is not None else f"no figure for {calibration.capability or 'this device'} in "
+                            "planner/data/devices.toml [stream_workspace]: measure it and add it"))
+    items.append(DeviceCost(name="allocator-other", bytes=calibration.allocator_other, provenance="measured",
+                            source=f"{calibration.source} ({calibration.device})"))
+    graphs = defaultdict(int)
+    for s in steps:
+        if s.op == "capture":
+            graphs[s.phase] += 1
+    per_graph = calibration.graph_exec_per_graph
+    missing = [p for p in sorted(graphs) if p not in per_graph and f"kind:{kinds.get(p)}" not in per_graph]
+    if missing:
+        items.append(DeviceCost(name="graph-exec", provenance="unknown",
+                                source=f"{calibration.source} measured no phase like {', '.join(missing)}: {how}"))
+    else:
+        total = sum(n * per_graph.get(p, per_graph.get(f"kind:{kinds.get(p)}", 0.0)) for p, n in graphs.items())
+        items.append(DeviceCost(name="graph-exec", bytes=int(round(total)), provenance="measured",
+                                source=f"{calibration.source} ({calibration.device}): per graph, per phase"))
+    known = [i.bytes for i in items]
+    return DevicePrediction(device=calibration.device, items=items,
+                            total_bytes=sum(known) if all(b is not None for b in known) else None)
