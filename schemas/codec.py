@@ -394,8 +394,10 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
 def validate_plan(plan: Plan, source: str) -> Plan:
     """Consistency a digest cannot prove (a sealed plan may come from a buggy or
     hostile writer): unique phases and step ids, steps indexed in order, every
-    step's phase known, sizes within ``MAX_BS`` (a capture's among its phase's),
-    edges between known steps, one timeline entry per step, tp >= 1."""
+    step's phase known, sizes within ``MAX_BS`` and among its phase's (listed
+    once each), each step's id ``<op>/<phase>/<bs>``, captures one-to-one with
+    the phases' sizes (no (phase, size) captured twice, none left out), edges
+    between known steps, one timeline entry per step, tp >= 1."""
     def bad(what: str, path: str) -> InputError:
         return InputError(what, where=f"{source}: {path}", fix=_FIX["plan"])
 
@@ -405,19 +407,42 @@ def validate_plan(plan: Plan, source: str) -> Plan:
             raise bad(f"duplicate phase {ph.name!r}", f"$.phases[{i}].name")
         if not ph.sizes or any(not 1 <= bs <= MAX_BS for bs in ph.sizes):
             raise bad(f"capture sizes must be 1..{MAX_BS}, at least one", f"$.phases[{i}].sizes")
+        first: dict[int, int] = {}
+        for j, bs in enumerate(ph.sizes):
+            if bs in first:
+                raise bad(f"size {bs} listed twice (also $.phases[{i}].sizes[{first[bs]}])",
+                          f"$.phases[{i}].sizes[{j}]")
+            first[bs] = j
         phases[ph.name] = set(ph.sizes)
-    ids: set[str] = set()
+    ids: dict[str, int] = {}
+    captured: set[tuple[str, int]] = set()
     for i, st in enumerate(plan.steps):
         path = f"$.steps[{i}]"
         if st.index != i:
             raise bad(f"step index {st.index} at position {i}", f"{path}.index")
-        if st.id in ids:
-            raise bad(f"duplicate step id {st.id!r}", f"{path}.id")
-        ids.add(st.id)
         if st.phase not in phases:
             raise bad(f"unknown phase {st.phase!r}; phases are {sorted(phases)}", f"{path}.phase")
-        if not 1 <= st.bs <= MAX_BS or (st.op == "capture" and st.bs not in phases[st.phase]):
+        # warm-ups and provisions run at a capture size too (every size, or the phase's largest)
+        if not 1 <= st.bs <= MAX_BS or st.bs not in phases[st.phase]:
             raise bad(f"size {st.bs} is not a capture size of phase {st.phase!r}", f"{path}.bs")
+        # the id is what edges, reports and logs name, so it must say what the step does;
+        # unique ids that do then make every (op, phase, size) unique: no size captured twice
+        expected = f"{st.op}/{st.phase}/{st.bs}"
+        if st.id != expected:
+            raise bad(f"step id {st.id!r} does not match its op, phase and size ({expected!r})", f"{path}.id")
+        if st.id in ids:
+            what = "a size captured twice" if st.op == "capture" else "a step listed twice"
+            raise bad(f"duplicate step id {st.id!r} (also $.steps[{ids[st.id]}]): {what}", f"{path}.id")
+        ids[st.id] = i
+        if st.op == "capture":
+            captured.add((st.phase, st.bs))
+    for i, ph in enumerate(plan.phases):
+        # a size never captured is padded past at replay or refused (the largest): not what the plan says
+        missing = sorted(bs for bs in ph.sizes if (ph.name, bs) not in captured)
+        if missing:
+            shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise bad(f"phase {ph.name!r} lists size(s) {shown} that no capture step captures",
+                      f"$.phases[{i}].sizes")
     for i, e in enumerate(plan.edges):
         for end in ("src", "dst"):
             if getattr(e, end) not in ids:

@@ -173,6 +173,47 @@ def _mutations(raw: dict):
     yield "tp 0", {"requires": {**raw["requires"], "tp": 0}}, "$.requires.tp"
     yield "negative pool", {"predicted": {**raw["predicted"], "pool_bytes": -5}}, "$.predicted.pool_bytes"
     yield "index", {"steps": [{**steps[0], "index": 7}] + steps[1:]}, "$.steps[0].index"
+    # issue 18, fault 2: captures that no longer match the phases one-to-one
+    yield from _capture_mutations(raw)
+
+
+def _capture_mutations(raw: dict):
+    """Edits after which the digest was recomputed but the captures no longer
+    match the phases' sizes one-to-one (the executor found out mid-capture:
+    "size 1 was already added")."""
+    steps = raw["steps"]
+    caps = [i for i, s in enumerate(steps) if s["op"] == "capture"]
+    a, b = caps[0], caps[1]
+    phase = steps[a]["phase"]
+
+    def edit(i: int, **fields) -> list[dict]:
+        return [({**s, **fields} if j == i else s) for j, s in enumerate(steps)]
+
+    # two captures of one size, none of another (id, size and phase all edited to match)
+    yield "captured twice", {"steps": edit(b, phase=phase, bs=steps[a]["bs"], id=steps[a]["id"])}, \
+        f"$.steps[{b}].id"
+    # the size edited, the id left: the id lies
+    yield "size changed, id kept", {"steps": edit(b, phase=phase, bs=steps[a]["bs"])}, f"$.steps[{b}].id"
+    # the largest size turned into a warm-up (its id too): never captured, so refused at replay
+    largest = max((i for i in caps if steps[i]["phase"] == phase), key=lambda i: steps[i]["bs"])
+    bs = steps[largest]["bs"]
+    yield "largest turned into a warm-up", {"steps": edit(largest, op="warmup", runs=1, pool="", outputs=None,
+                                                          id=f"warmup/{phase}/{bs}")}, "$.steps["
+    # ... and without a warm-up of that size already there: the phase's size is never captured
+    others = [s for s in steps if not (s["phase"] == phase and s["bs"] == bs)]
+    others = [{**s, "index": i} for i, s in enumerate(others)]
+    yield "largest dropped", {"steps": others, "edges": [],
+                              "predicted": {**raw["predicted"], "timeline": [
+                                  {**m, "step": i} for i, m in enumerate(raw["predicted"]["timeline"][:len(others)])]}}, \
+        f"$.phases[{[p['name'] for p in raw['phases']].index(phase)}].sizes"
+    # a size listed twice in a phase
+    sizes = raw["phases"][0]["sizes"]
+    yield "size listed twice", {"phases": [{**raw["phases"][0], "sizes": sizes + sizes[:1]}] + raw["phases"][1:]}, \
+        f"$.phases[0].sizes[{len(sizes)}]"
+    # an id naming another op
+    wi = next(i for i, s in enumerate(steps) if s["op"] == "warmup")
+    yield "id names another op", {"steps": edit(wi, id=steps[wi]["id"].replace("warmup/", "provision/"))}, \
+        f"$.steps[{wi}].id"
 
 
 @pytest.mark.parametrize("command", ["show", "graph", "simulate", "explain"])
