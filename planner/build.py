@@ -22,7 +22,7 @@ from schemas.files import read_input, write_atomic
 from schemas.limits import MODEL_MAX
 from schemas.plan import (PLAN_REVISION, Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
-from schemas.spec import Phase, Spec
+from schemas.spec import Phase, Spec, phase_model
 from schemas.strategy import AXES, allocator_modes
 from schemas.units import MiB, mib
 
@@ -31,7 +31,7 @@ from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_s
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
-from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
+from .specs import default_spec, preset_max_bs, read_spec_file
 from .workload import Workload, workspace_bytes
 
 __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
@@ -53,6 +53,8 @@ class BuildOptions(msgspec.Struct, frozen=True):
     allocator: str | None = None
     #: compare strategies on every size, however many (slower; see optimize.SCREEN_ABOVE)
     exact: bool = False
+    #: another engine's conventions for the embedded spec (specs.preset_names(): vllm)
+    preset: str | None = None
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -68,6 +70,8 @@ def default_output(opts: BuildOptions) -> Path:
         parts.append(opts.spec.stem)
     elif opts.speculative:
         parts.append(opts.speculative)
+    elif opts.preset:
+        parts.append(opts.preset)
     if opts.ci:
         parts.append("ci")
     return Path("plans") / ("-".join(parts) + ".json")
@@ -85,7 +89,9 @@ def _command(opts: BuildOptions, rel, out: str | None) -> list[str]:
         cmd += ["--spec", rel(opts.spec)]
     if opts.speculative:
         cmd += ["--speculative", opts.speculative]
-    if opts.max_bs is not None and opts.max_bs != DEFAULT_MAX_BS:
+    if opts.preset:
+        cmd += ["--preset", opts.preset]
+    if opts.max_bs is not None and opts.max_bs != preset_max_bs(opts.preset):
         cmd += ["--max-bs", str(opts.max_bs)]
     if opts.tp is not None:
         cmd += ["--tp", str(opts.tp)]
@@ -122,8 +128,8 @@ def command_for_cwd(opts: BuildOptions) -> str:
 def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]:
     """(spec, its name, its bytes, (model config path, digest) or None)."""
     if opts.spec is not None:
-        if opts.speculative or opts.max_bs is not None:
-            raise InputError("--speculative and --max-bs shape the embedded default spec; "
+        if opts.speculative or opts.max_bs is not None or opts.preset:
+            raise InputError("--speculative, --preset and --max-bs shape the embedded default spec; "
                              "with --spec, write the phases in the spec file", where="--spec")
         from .hf_config import read_model_config  # only specs from files name a model config
 
@@ -133,7 +139,7 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]
         model, config, config_raw = read_model_config(spec.model, opts.spec, str(opts.spec))
         used = (_rel(Path(config), base), sha256(config_raw)) if config is not None else None
         return msgspec.structs.replace(spec, model=model), _rel(opts.spec, base), raw, used
-    spec = default_spec(opts.speculative, DEFAULT_MAX_BS if opts.max_bs is None else opts.max_bs)
+    spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
     return spec, "embedded:" + spec.name, canonical_bytes(spec), None
 
 
@@ -168,6 +174,10 @@ def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
     if bad:
         raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=where,
                          fix="use a tensor-parallel size that divides the model's heads and MLP")
+    for i, p in enumerate(spec.phases):  # a draft with its own dimensions is split across the same ranks
+        if p.model is not msgspec.UNSET:
+            _check_tp(msgspec.structs.replace(spec, model=phase_model(m, p), phases=[]), tp,
+                      f"{where} (phase {p.name!r}, its own model: $.phases[{i}].model)")
 
 
 def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: int) -> tuple[Workload, Path | None, str | None]:

@@ -24,7 +24,7 @@ from .limits import (MAX_BS, MAX_CAPTURES, MAX_DEPTH, MAX_EVENT_BYTES, MAX_INT, 
                      MODEL_MAX_DEFAULT)
 from .plan import PLAN_VERSION, Plan
 from .report import CaptureReport
-from .spec import SPEC_VERSION, Phase, Spec
+from .spec import SPEC_VERSION, Model, Phase, Spec, phase_model
 from .strategy import PHASE_SETTINGS
 from .trace import TRACE_VERSION, Trace
 
@@ -303,7 +303,8 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
             value = getattr(phase, field)
             if value != unset and field not in phase_kinds[phase.kind]:
                 kinds = sorted(k for k, accepted in phase_kinds.items() if field in accepted)
-                raise InputError(f"{field} = {_short(value)} has no meaning for a {phase.kind} phase",
+                what = f"{field} = {_short(value)}" if isinstance(value, int) else field
+                raise InputError(f"{what} has no meaning for a {phase.kind} phase",
                                  where=f"{source}: $.phases[{i}].{field}",
                                  fix=f"set {field} on {' or '.join(kinds)} phases only" if kinds
                                  else f"leave {field} out")
@@ -312,6 +313,8 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
             if value > MAX_TOKENS_PER_REQUEST:
                 raise InputError(f"{field} = {_short(value)} is over the limit of {MAX_TOKENS_PER_REQUEST}",
                                  where=f"{source}: $.phases[{i}].{field}")
+        if phase.model is not msgspec.UNSET:
+            _check_phase_model(spec.model, phase, f"{source}: $.phases[{i}].model")
         if phase.layers is not None and phase.layers > MODEL_MAX["layers"]:
             raise InputError(f"layers = {_short(phase.layers)} is over the limit of {MODEL_MAX['layers']}",
                              where=f"{source}: $.phases[{i}].layers")
@@ -343,6 +346,25 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
     if spec.trace is not None and "\x00" in spec.trace:
         raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
     return spec
+
+
+def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
+    """A phase's own dimensions: at least one, each within :data:`MODEL_MAX`, and
+    heads a multiple of kv_heads once merged with the spec's ``[model]``."""
+    own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}
+    if not own:
+        raise InputError("model sets no dimension", where=where,
+                         fix="give the dimensions this phase's model differs in (e.g. hidden, vocab), or leave it out")
+    for field, value in own.items():
+        bound = MODEL_MAX.get(field, MODEL_MAX_DEFAULT)
+        if value > bound:
+            raise InputError(f"{field} = {_short(value)} is over the limit of {bound:,}", where=f"{where}.{field}",
+                             fix="give the draft model's real dimensions")
+    merged = phase_model(model, phase)
+    if merged.heads % merged.kv_heads:
+        field = "kv_heads" if "kv_heads" in own else "heads"
+        raise InputError(f"heads = {merged.heads} must be a multiple of kv_heads = {merged.kv_heads} (the phase's "
+                         "own, else [model]'s)", where=f"{where}.{field}", fix="give the draft's heads and kv_heads")
 
 
 def check_phase_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
