@@ -163,21 +163,22 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
 
 
 def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
-    """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads and MLP."""
-    m = spec.model
+    """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads
+    and MLP, and those of every phase with its own model (a draft is split across
+    the same ranks)."""
     if tp < 1 or tp > MODEL_MAX["heads"]:
         raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where=where,
                          fix="give the tensor-parallel size (GPUs per model replica)")
-    bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
-    if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
-        bad.append(f"kv_heads={m.kv_heads}")
-    if bad:
-        raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=where,
-                         fix="use a tensor-parallel size that divides the model's heads and MLP")
-    for i, p in enumerate(spec.phases):  # a draft with its own dimensions is split across the same ranks
-        if p.model is not msgspec.UNSET:
-            _check_tp(msgspec.structs.replace(spec, model=phase_model(m, p), phases=[]), tp,
-                      f"{where} (phase {p.name!r}, its own model: $.phases[{i}].model)")
+    models = [(spec.model, where)] + [(phase_model(spec.model, p), f"{where} (phase {p.name!r}, its own model: "
+                                       f"$.phases[{i}].model)")
+                                      for i, p in enumerate(spec.phases) if p.model is not msgspec.UNSET]
+    for m, at in models:
+        bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
+        if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
+            bad.append(f"kv_heads={m.kv_heads}")
+        if bad:
+            raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=at,
+                             fix="use a tensor-parallel size that divides the model's heads and MLP")
 
 
 def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: int) -> tuple[Workload, Path | None, str | None]:

@@ -12,7 +12,7 @@ from schemas.codec import convert, validate_spec
 from schemas.errors import InputError
 from schemas.files import read_input
 from schemas.limits import MAX_BS
-from schemas.spec import Model, Name, Phase, Spec
+from schemas.spec import Model, Name, Phase, Positive, Spec
 from schemas.strategy import PhaseKind
 
 from .resources import data, phase_kind_settings
@@ -42,7 +42,7 @@ class PresetPhase(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     name: Name
     kind: PhaseKind
-    tokens_per_request: int = 1
+    tokens_per_request: Positive = 1
     uniform_decode: bool = False
 
 
@@ -52,9 +52,9 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the engine's name for the graph mode these phases make up
     mode: str
     #: ``--max-bs`` when none is given
-    max_bs: int
+    max_bs: Positive
     #: the scheduler's maximum requests per batch
-    max_num_seqs: int
+    max_num_seqs: Positive
     sizes: SizeList
     phases: list[PresetPhase]
 
