@@ -510,8 +510,8 @@ def decode_trace(data: bytes, source: str) -> Trace:
         head = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     except msgspec.ValidationError as err:  # valid JSON, not an object
         got = str(err).partition("got `")[2].partition("`")[0]
-        _expect_kind(_GOT.get(got, 0), "trace", source)
-        raise
+        _expect_kind(_GOT.get(got, 0), "trace", source)  # refuses every non-object, naming its type
+        raise  # not reached
     except msgspec.DecodeError as err:
         raise InputError(f"not valid JSON (truncated or corrupted?): {err}", where=source, fix=_FIX["trace"]) from None
     except RecursionError:

@@ -173,6 +173,7 @@ def test_help_lists_arguments_and_shell_completion_offers_commands_backends_and_
                                    ("planner build -s decode.outputs=", "3", ["plain,decode.outputs=keep",
                                                                               "plain,decode.outputs=view"]),
                                    ("planner build --speculative ''", "3", ["plain,eagle"]),
+                                   ("planner build --preset v", "3", ["plain,vllm"]),
                                    ("planner build --allocator e", "3", ["plain,expandable"])):
         monkeypatch.setenv("COMP_WORDS", words)
         monkeypatch.setenv("COMP_CWORD", cword)
