@@ -22,7 +22,7 @@ from schemas.files import read_input, write_atomic
 from schemas.limits import MODEL_MAX
 from schemas.plan import (PLAN_REVISION, Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
-from schemas.spec import Phase, Spec
+from schemas.spec import Phase, Spec, phase_model
 from schemas.strategy import AXES, allocator_modes
 from schemas.units import MiB, mib
 
@@ -33,7 +33,7 @@ from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_s
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
-from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
+from .specs import default_spec, preset_max_bs, read_spec_file
 from .workload import Workload, workspace_bytes
 
 __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
@@ -57,6 +57,8 @@ class BuildOptions(msgspec.Struct, frozen=True):
     exact: bool = False
     #: a capture report measured on the device: the plan's measured device items (planner/device.py)
     calibration: Path | None = None
+    #: another engine's conventions for the embedded spec (specs.preset_names(): vllm)
+    preset: str | None = None
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -72,6 +74,8 @@ def default_output(opts: BuildOptions) -> Path:
         parts.append(opts.spec.stem)
     elif opts.speculative:
         parts.append(opts.speculative)
+    elif opts.preset:
+        parts.append(opts.preset)
     if opts.ci:
         parts.append("ci")
     return Path("plans") / ("-".join(parts) + ".json")
@@ -89,7 +93,9 @@ def _command(opts: BuildOptions, rel, out: str | None) -> list[str]:
         cmd += ["--spec", rel(opts.spec)]
     if opts.speculative:
         cmd += ["--speculative", opts.speculative]
-    if opts.max_bs is not None and opts.max_bs != DEFAULT_MAX_BS:
+    if opts.preset:
+        cmd += ["--preset", opts.preset]
+    if opts.max_bs is not None and opts.max_bs != preset_max_bs(opts.preset):
         cmd += ["--max-bs", str(opts.max_bs)]
     if opts.tp is not None:
         cmd += ["--tp", str(opts.tp)]
@@ -128,8 +134,8 @@ def command_for_cwd(opts: BuildOptions) -> str:
 def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]:
     """(spec, its name, its bytes, (model config path, digest) or None)."""
     if opts.spec is not None:
-        if opts.speculative or opts.max_bs is not None:
-            raise InputError("--speculative and --max-bs shape the embedded default spec; "
+        if opts.speculative or opts.max_bs is not None or opts.preset:
+            raise InputError("--speculative, --preset and --max-bs shape the embedded default spec; "
                              "with --spec, write the phases in the spec file", where="--spec")
         from .hf_config import read_model_config  # only specs from files name a model config
 
@@ -139,7 +145,7 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]
         model, config, config_raw = read_model_config(spec.model, opts.spec, str(opts.spec))
         used = (_rel(Path(config), base), sha256(config_raw), _model_type(config_raw)) if config is not None else None
         return msgspec.structs.replace(spec, model=model), _rel(opts.spec, base), raw, used
-    spec = default_spec(opts.speculative, DEFAULT_MAX_BS if opts.max_bs is None else opts.max_bs)
+    spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
     return spec, "embedded:" + spec.name, canonical_bytes(spec), None
 
 
@@ -169,17 +175,22 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
 
 
 def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
-    """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads and MLP."""
-    m = spec.model
+    """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads
+    and MLP, and those of every phase with its own model (a draft is split across
+    the same ranks)."""
     if tp < 1 or tp > MODEL_MAX["heads"]:
         raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where=where,
                          fix="give the tensor-parallel size (GPUs per model replica)")
-    bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
-    if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
-        bad.append(f"kv_heads={m.kv_heads}")
-    if bad:
-        raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=where,
-                         fix="use a tensor-parallel size that divides the model's heads and MLP")
+    models = [(spec.model, where)] + [(phase_model(spec.model, p), f"{where} (phase {p.name!r}, its own model: "
+                                       f"$.phases[{i}].model)")
+                                      for i, p in enumerate(spec.phases) if p.model is not msgspec.UNSET]
+    for m, at in models:
+        bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
+        if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
+            bad.append(f"kv_heads={m.kv_heads}")
+        if bad:
+            raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=at,
+                             fix="use a tensor-parallel size that divides the model's heads and MLP")
 
 
 def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend,
@@ -410,13 +421,13 @@ def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
         return None, None
     from .device import read_calibration
 
-    shown = str(opts.calibration)
-    cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases})
+    shown, recorded = str(opts.calibration), _rel(opts.calibration, output_path(opts).parent)
+    cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded)
     if traced_on and cal.device.split(" sm")[0] not in traced_on:
         raise InputError(f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
                          where=f"--calibration {shown}",
                          fix="calibrate with a report from the device the trace was recorded on")
-    return cal, (_rel(opts.calibration, output_path(opts).parent), sha256(raw))
+    return cal, (recorded, sha256(raw))
 
 
 def _optimize(r: _Resolved, opts: BuildOptions):

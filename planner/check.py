@@ -21,6 +21,7 @@ from schemas.errors import DriftError, InputError, WrongKindError
 __all__ = ["check_paths", "options_from_command", "check_report_plan"]
 
 _VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
+           "--preset": ("preset", str),
            "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
            "--trace": ("trace", Path), "--calibration": ("calibration", Path), "-o": ("output", Path), "--strategy": ("strategies", str)}
 

@@ -99,9 +99,12 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
                        allocator_other=other, source=source)
 
 
-def read_calibration(path: Path, shown: str, phases: dict[str, str]) -> tuple[Calibration, bytes]:
+def read_calibration(path: Path, shown: str, phases: dict[str, str], recorded: str) -> tuple[Calibration, bytes]:
+    """``shown``: the path as the user gave it (errors); ``recorded``: as the plan records it."""
     raw = read_input(path, "report", fix="give a capture report written by GraphSet.write_report")
-    return calibration_from_report(decode_report(raw, shown), shown, phases), raw
+    cal = calibration_from_report(decode_report(raw, shown), shown, phases)
+    return Calibration(device=cal.device, capability=cal.capability, graph_exec_per_graph=cal.graph_exec_per_graph,
+                       allocator_other=cal.allocator_other, source=recorded), raw
 
 
 def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[str, str],

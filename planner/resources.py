@@ -44,6 +44,8 @@ __all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "backe
 # sees as a stale plan by its bytes, and a new kind changes no existing plan.
 # Adding it would change every plan's digest and orphan the GPU reports in
 # bench/results/ that name the plan they measured.
+# presets_vllm.toml (--preset vllm) is not in it either: a preset reaches a plan
+# only through the embedded spec it builds, whose digest the plan records.
 _FILES = ("rules.toml", "backends.toml", "presets.toml")
 
 

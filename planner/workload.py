@@ -29,7 +29,7 @@ from typing import Callable
 import msgspec
 
 from schemas.errors import InputError
-from schemas.spec import Model, Phase
+from schemas.spec import Model, Phase, phase_model
 from schemas.trace import CaptureTrace, Trace
 
 from .program import CARRY, Alloc, Free, Op, Program
@@ -71,8 +71,8 @@ class _Ops:
         return ops
 
 
-def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int) -> int:
-    """x.float(); pow(2).mean(-1); + eps; rsqrt; x * r; .to(bf16); * weight."""
+def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int, kind: str = "temp") -> int:
+    """x.float(); pow(2).mean(-1); + eps; rsqrt; x * r; .to(bf16); * weight (its result of ``kind``)."""
     x32 = ev.alloc(tokens * hidden * 4)
     pw = ev.alloc(tokens * hidden * 4)
     var = ev.alloc(tokens * 4)
@@ -84,15 +84,21 @@ def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int) -> int:
     ev.free(rs)
     yb = ev.alloc(tokens * hidden * d)
     ev.free(y32)
-    out = ev.alloc(tokens * hidden * d)
+    out = ev.alloc(tokens * hidden * d, kind)
     ev.free(yb, x32, var)
     return out
 
 
-def _attention(ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: int, d: int) -> int:
-    """The backend call: its output, float32 log-sum-exp, per-call workspace, partials."""
+def _attention(ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: int, d: int,
+               in_graph: bool = True) -> int:
+    """The backend call: its output, float32 log-sum-exp, per-call workspace, partials.
+    ``in_graph=False`` (a piecewise capture): the call runs eagerly between two
+    captured pieces, so only its output buffer, which the piece before it
+    allocates, is in the pool."""
     tokens = bs * tpr
     out = ev.alloc(tokens * heads * hd * d)
+    if not in_graph:
+        return out
     lse = ev.alloc(tokens * heads * 4) if backend.lse else None
     ws = workspace_bytes(backend, bs, tpr)
     if ws:
@@ -120,13 +126,13 @@ class _Shape(msgspec.Struct, frozen=True):
                    max(1, model.intermediate // tp))
 
 
-def _decoder_layer(ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int) -> int:
+def _decoder_layer(ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int, attention_in_graph: bool = True) -> int:
     """One decoder layer over ``bs * tpr`` tokens; frees ``h_in``, returns the new hidden state."""
     d, hd, h = s.model.dtype_bytes, s.model.head_dim, s.model.hidden
     tokens = bs * tpr
     x = _rmsnorm(ev, tokens, h, d)
     qkv = ev.alloc(tokens * (s.heads + 2 * s.kv_heads) * hd * d)
-    attn = _attention(ev, s.backend, bs, tpr, s.heads, hd, d)
+    attn = _attention(ev, s.backend, bs, tpr, s.heads, hd, d, attention_in_graph)
     o = ev.alloc(tokens * h * d)  # O projection; a TP all-reduce runs in place
     res = ev.alloc(tokens * h * d)
     x2 = _rmsnorm(ev, tokens, h, d)
@@ -170,6 +176,34 @@ def _target_program(s: _Shape, phase: Phase, bs: int) -> Program:
         ev.free(CARRY)
     return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
                    carry_in=embedding, carry_out=new_hidden, carry_kind="output" if returns_hidden else None)
+
+
+def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool = True) -> Program:
+    """vLLM's graphs: the model's forward over ``bs * tokens_per_request`` tokens,
+    up to the final norm, whose result is the output (vLLM computes the logits
+    outside every graph, so no lm_head and no logits here)."""
+    ev = _Ops()
+    m, tpr = s.model, phase.tokens_per_request
+    tokens = bs * tpr
+    embedding = ev.alloc(tokens * m.hidden * m.dtype_bytes)
+    prologue = ev.take()
+    new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr, attention_in_graph)
+    body = ev.take()
+    _rmsnorm(ev, tokens, m.hidden, m.dtype_bytes, "output")
+    ev.free(CARRY)
+    return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
+                   carry_in=embedding, carry_out=new_hidden)
+
+
+def _piecewise_program(s: _Shape, phase: Phase, bs: int) -> Program:
+    """vLLM's PIECEWISE capture at ``bs`` tokens: the pieces between attention
+    ops are graphs captured one after another into one pool, with the attention
+    calls run eagerly in between. The pool sees the allocations of
+    :func:`_hidden_program` except the attention calls' own (log-sum-exp,
+    workspace, partials), which land in the ordinary allocator; a capture
+    ending between two pieces changes nothing for the blocks (same stream, same
+    pool). The plan's one capture step stands for all pieces of one size."""
+    return _hidden_program(s, phase, bs, attention_in_graph=False)
 
 
 def _topk(ev: _Ops, rows: int, k: int, kind: str = "temp") -> tuple[int, int]:
@@ -242,6 +276,10 @@ PROGRAMS: dict[str, Callable[[_Shape, Phase, int], Program]] = {
     "draft_extend": _draft_extend_program,
     # the draft's tree steps
     "draft_decode": _draft_decode_program,
+    # vLLM's FULL graphs: the forward up to the final norm (no logits)
+    "hidden": _hidden_program,
+    # vLLM's PIECEWISE graphs: the same, attention run eagerly between the pieces
+    "piecewise": _piecewise_program,
 }
 
 
@@ -295,11 +333,13 @@ def analytic_program(model: Model, phase: Phase, bs: int, backend: Backend, tp: 
     Mirrors a straightforward PyTorch engine step (executor/reference.py and
     executor/speculative.py are such steps): each layer is a function whose
     temporaries die when it returns, in the order CPython releases its
-    locals; bf16 logits, then the float32 copy that is returned. Small
+    locals; bf16 logits, then the float32 copy that is returned. A phase
+    with its own dimensions (``[phases.model]``, a draft) uses them in place
+    of ``model``'s. Small
     metadata tensors (slots, page tables, top-k scratch) are left out: they
     are bytes against the megabytes of activations and logits.
     """
-    return PHASE_KINDS[phase.kind].program(_Shape.of(model, backend, tp), phase, bs)
+    return PHASE_KINDS[phase.kind].program(_Shape.of(phase_model(model, phase), backend, tp), phase, bs)
 
 
 def analytic_capture(model: Model, phase: Phase, bs: int, backend: Backend, tp: int = 1) -> CaptureTrace:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import sys
 from pathlib import PurePath
 from collections.abc import Collection, Mapping
@@ -23,7 +24,7 @@ from .limits import (MAX_BS, MAX_CAPTURES, MAX_DEPTH, MAX_EVENT_BYTES, MAX_INT, 
                      MODEL_MAX_DEFAULT)
 from .plan import PLAN_VERSION, Plan
 from .report import CaptureReport
-from .spec import SPEC_VERSION, Phase, Spec
+from .spec import SPEC_VERSION, Model, Phase, Spec, phase_model
 from .strategy import PHASE_SETTINGS
 from .trace import TRACE_VERSION, Trace
 
@@ -302,7 +303,8 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
             value = getattr(phase, field)
             if value != unset and field not in phase_kinds[phase.kind]:
                 kinds = sorted(k for k, accepted in phase_kinds.items() if field in accepted)
-                raise InputError(f"{field} = {_short(value)} has no meaning for a {phase.kind} phase",
+                what = f"{field} = {_short(value)}" if isinstance(value, int) else field
+                raise InputError(f"{what} has no meaning for a {phase.kind} phase",
                                  where=f"{source}: $.phases[{i}].{field}",
                                  fix=f"set {field} on {' or '.join(kinds)} phases only" if kinds
                                  else f"leave {field} out")
@@ -311,6 +313,8 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
             if value > MAX_TOKENS_PER_REQUEST:
                 raise InputError(f"{field} = {_short(value)} is over the limit of {MAX_TOKENS_PER_REQUEST}",
                                  where=f"{source}: $.phases[{i}].{field}")
+        if phase.model is not msgspec.UNSET:
+            _check_phase_model(spec.model, phase, f"{source}: $.phases[{i}].model")
         if phase.layers is not None and phase.layers > MODEL_MAX["layers"]:
             raise InputError(f"layers = {_short(phase.layers)} is over the limit of {MODEL_MAX['layers']}",
                              where=f"{source}: $.phases[{i}].layers")
@@ -342,6 +346,25 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
     if spec.trace is not None and "\x00" in spec.trace:
         raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
     return spec
+
+
+def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
+    """A phase's own dimensions: at least one, each within :data:`MODEL_MAX`, and
+    heads a multiple of kv_heads once merged with the spec's ``[model]``."""
+    own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}
+    if not own:
+        raise InputError("model sets no dimension", where=where,
+                         fix="give the dimensions this phase's model differs in (e.g. hidden, vocab), or leave it out")
+    for field, value in own.items():
+        bound = MODEL_MAX.get(field, MODEL_MAX_DEFAULT)
+        if value > bound:
+            raise InputError(f"{field} = {_short(value)} is over the limit of {bound:,}", where=f"{where}.{field}",
+                             fix="give the draft model's real dimensions")
+    merged = phase_model(model, phase)
+    if merged.heads % merged.kv_heads:
+        field = "kv_heads" if "kv_heads" in own else "heads"
+        raise InputError(f"heads = {merged.heads} must be a multiple of kv_heads = {merged.kv_heads} (the phase's "
+                         "own, else [model]'s)", where=f"{where}.{field}", fix="give the draft's heads and kv_heads")
 
 
 def check_phase_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
@@ -394,8 +417,10 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
 def validate_plan(plan: Plan, source: str) -> Plan:
     """Consistency a digest cannot prove (a sealed plan may come from a buggy or
     hostile writer): unique phases and step ids, steps indexed in order, every
-    step's phase known, sizes within ``MAX_BS`` (a capture's among its phase's),
-    edges between known steps, one timeline entry per step, tp >= 1."""
+    step's phase known, sizes within ``MAX_BS`` and among its phase's (listed
+    once each), each step's id ``<op>/<phase>/<bs>``, captures one-to-one with
+    the phases' sizes (no (phase, size) captured twice, none left out), edges
+    between known steps, one timeline entry per step, tp >= 1."""
     def bad(what: str, path: str) -> InputError:
         return InputError(what, where=f"{source}: {path}", fix=_FIX["plan"])
 
@@ -405,19 +430,42 @@ def validate_plan(plan: Plan, source: str) -> Plan:
             raise bad(f"duplicate phase {ph.name!r}", f"$.phases[{i}].name")
         if not ph.sizes or any(not 1 <= bs <= MAX_BS for bs in ph.sizes):
             raise bad(f"capture sizes must be 1..{MAX_BS}, at least one", f"$.phases[{i}].sizes")
+        first: dict[int, int] = {}
+        for j, bs in enumerate(ph.sizes):
+            if bs in first:
+                raise bad(f"size {bs} listed twice (also $.phases[{i}].sizes[{first[bs]}])",
+                          f"$.phases[{i}].sizes[{j}]")
+            first[bs] = j
         phases[ph.name] = set(ph.sizes)
-    ids: set[str] = set()
+    ids: dict[str, int] = {}
+    captured: set[tuple[str, int]] = set()
     for i, st in enumerate(plan.steps):
         path = f"$.steps[{i}]"
         if st.index != i:
             raise bad(f"step index {st.index} at position {i}", f"{path}.index")
-        if st.id in ids:
-            raise bad(f"duplicate step id {st.id!r}", f"{path}.id")
-        ids.add(st.id)
         if st.phase not in phases:
             raise bad(f"unknown phase {st.phase!r}; phases are {sorted(phases)}", f"{path}.phase")
-        if not 1 <= st.bs <= MAX_BS or (st.op == "capture" and st.bs not in phases[st.phase]):
+        # warm-ups and provisions run at a capture size too (every size, or the phase's largest)
+        if not 1 <= st.bs <= MAX_BS or st.bs not in phases[st.phase]:
             raise bad(f"size {st.bs} is not a capture size of phase {st.phase!r}", f"{path}.bs")
+        # the id is what edges, reports and logs name, so it must say what the step does;
+        # unique ids that do then make every (op, phase, size) unique: no size captured twice
+        expected = f"{st.op}/{st.phase}/{st.bs}"
+        if st.id != expected:
+            raise bad(f"step id {st.id!r} does not match its op, phase and size ({expected!r})", f"{path}.id")
+        if st.id in ids:
+            what = "a size captured twice" if st.op == "capture" else "a step listed twice"
+            raise bad(f"duplicate step id {st.id!r} (also $.steps[{ids[st.id]}]): {what}", f"{path}.id")
+        ids[st.id] = i
+        if st.op == "capture":
+            captured.add((st.phase, st.bs))
+    for i, ph in enumerate(plan.phases):
+        # a size never captured is padded past at replay or refused (the largest): not what the plan says
+        missing = sorted(bs for bs in ph.sizes if (ph.name, bs) not in captured)
+        if missing:
+            shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise bad(f"phase {ph.name!r} lists size(s) {shown} that no capture step captures",
+                      f"$.phases[{i}].sizes")
     for i, e in enumerate(plan.edges):
         for end in ("src", "dst"):
             if getattr(e, end) not in ids:
@@ -436,11 +484,47 @@ def validate_plan(plan: Plan, source: str) -> Plan:
     return plan
 
 
+#: a run of trace events as JSON writes them, ``["alloc", 12, 4096, "temp"], ...`` (any
+#: whitespace): arrays of scalars that hold no object key, so the duplicate-key check
+#: reads each run as one ``0`` (an event written otherwise is checked as it is). A match
+#: cannot start inside a string: its quotes would end the string where JSON allows none.
+_EVENT = rb'\[\s*"(?:alloc|free)"\s*,\s*-?\d+\s*(?:,\s*-?\d+\s*(?:,\s*"[a-z]+"\s*)?)?\]'
+_EVENTS = re.compile(_EVENT + rb"(?:\s*,\s*" + _EVENT + rb")*")
+_GOT = {"array": [], "str": "", "bool": True, "null": None}
+
+
 def decode_trace(data: bytes, source: str) -> Trace:
-    """Decode a recorded allocation trace: version, sizes within limits, kinds."""
-    raw = _expect_kind(_parse(data, source, "trace", toml=False), "trace", source)
-    _check_version(raw, source, "trace", TRACE_VERSION, "record the trace again with executor.profile")
-    trace = convert(raw, Trace, source, kind="trace")
+    """Decode a recorded allocation trace: version, sizes within limits, kinds.
+
+    Memory stays near the file's size, not a multiple of it (traces may be
+    hundreds of MiB; the generic path of the other kinds built three copies of
+    the document): the top-level keys are read as zero-copy ``msgspec.Raw``
+    views, the trace is decoded straight into its typed structs, and the
+    duplicate-key check reads a copy in which every run of events is one ``0``
+    (events are arrays and hold no keys, so no duplicate is hidden).
+    """
+    data = _decode_text(data, source, "trace")
+    if not data.strip():
+        raise InputError("trace file is empty", where=source, fix=_FIX["trace"])
+    try:
+        head = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    except msgspec.ValidationError as err:  # valid JSON, not an object
+        got = str(err).partition("got `")[2].partition("`")[0]
+        _expect_kind(_GOT.get(got, 0), "trace", source)  # refuses every non-object, naming its type
+        raise  # not reached
+    except msgspec.DecodeError as err:
+        raise InputError(f"not valid JSON (truncated or corrupted?): {err}", where=source, fix=_FIX["trace"]) from None
+    except RecursionError:
+        raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX["trace"]) from None
+    _expect_kind(head, "trace", source)
+    _check_version({"version": msgspec.json.decode(head["version"])} if "version" in head else {}, source, "trace",
+                   TRACE_VERSION, "record the trace again with executor.profile")
+    del head
+    try:  # nesting is bounded already: the first decode read the whole document
+        trace = msgspec.json.decode(data, type=Trace)
+    except msgspec.ValidationError as err:
+        raise _located(err, source, _FIX["trace"]) from None
+    _no_duplicate_keys(_EVENTS.sub(b"0", data), source, "trace")
     for i, cap in enumerate(trace.captures):
         if cap.bs > MAX_BS:
             raise InputError(f"capture size {_short(cap.bs)} is over the limit of {MAX_BS}",

@@ -15,7 +15,8 @@ import msgspec
 from .strategy import (AllocatorMode, Order, Outputs, OutputLifetime, PhaseKind,
                        PoolMode, Warmup, Workspace)
 
-__all__ = ["SpecStruct", "Model", "Phase", "When", "Choice", "Rule", "Spec", "SPEC_VERSION"]
+__all__ = ["SpecStruct", "Model", "PhaseModel", "Phase", "When", "Choice", "Rule", "Spec", "SPEC_VERSION",
+           "phase_model"]
 
 SPEC_VERSION = 1
 
@@ -59,6 +60,25 @@ class Model(SpecStruct, kw_only=True):
     shared_expert_intermediate: Positive | msgspec.UnsetType = msgspec.UNSET
 
 
+class PhaseModel(SpecStruct, kw_only=True):
+    """Dimensions in which a phase's model differs from the spec's ``[model]``:
+    a draft with its own hidden size or a smaller vocabulary (EAGLE-3 drafts
+    have both). A field left out is the spec's. Layers are the phase's own
+    ``layers`` setting, not repeated here. The analytic programs use these
+    dimensions as they use ``[model]``'s; they do not model what is particular
+    to a draft architecture (EAGLE-3's projection of three target hidden states
+    into the draft, or a draft-to-target token map after the draft's top-k)."""
+
+    hidden: Positive | msgspec.UnsetType = msgspec.UNSET
+    heads: Positive | msgspec.UnsetType = msgspec.UNSET
+    kv_heads: Positive | msgspec.UnsetType = msgspec.UNSET
+    head_dim: Positive | msgspec.UnsetType = msgspec.UNSET
+    intermediate: Positive | msgspec.UnsetType = msgspec.UNSET
+    vocab: Positive | msgspec.UnsetType = msgspec.UNSET
+    dtype_bytes: Positive | msgspec.UnsetType = msgspec.UNSET
+    logits_dtype_bytes: Positive | msgspec.UnsetType = msgspec.UNSET
+
+
 class Phase(SpecStruct, kw_only=True):
     """One family of graphs, one per capture size."""
 
@@ -75,6 +95,9 @@ class Phase(SpecStruct, kw_only=True):
     steps: Positive = 1
     #: candidates per request kept at every draft step (draft_decode; EAGLE's topk)
     topk: Positive = 1
+    #: the phase's model where it differs from ``[model]`` (draft phases only);
+    #: UNSET is left out of encoded specs, so specs without it keep their bytes
+    model: PhaseModel | msgspec.UnsetType = msgspec.UNSET
 
 
 class When(SpecStruct, kw_only=True):
@@ -128,3 +151,12 @@ class Spec(SpecStruct, kw_only=True):
     library_mib: Annotated[float, msgspec.Meta(ge=0)] = 0
     #: extra rules, applied after the built-in ones
     rules: list[Rule] = []
+
+
+def phase_model(model: Model, phase: Phase) -> Model:
+    """``model`` with ``phase``'s own dimensions (:class:`PhaseModel`) put in;
+    ``model`` itself when the phase sets none."""
+    if phase.model is msgspec.UNSET:
+        return model
+    own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}
+    return msgspec.structs.replace(model, **own) if own else model

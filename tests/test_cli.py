@@ -74,7 +74,7 @@ def test_check_all_plans_uses_each_recorded_command(cli, tmp_path):
      "spec.toml: $.phases[0].sizes: Expected `array` of length >= 1"),
     ('[[phases]]\nname = "decode"\nkind = "prefill"\nsizes = [1]\n',
      "spec.toml: $.phases[0].kind: unknown phase kind 'prefill'; fix: use one of decode, draft_decode, draft_extend, "
-     "target_verify"),
+     "full, piecewise, target_verify"),
 ])
 def test_bad_spec_gets_one_located_line_and_writes_nothing(cli, tmp_path, content, message):
     (tmp_path / "spec.toml").write_text(content)
@@ -173,6 +173,7 @@ def test_help_lists_arguments_and_shell_completion_offers_commands_backends_and_
                                    ("planner build -s decode.outputs=", "3", ["plain,decode.outputs=keep",
                                                                               "plain,decode.outputs=view"]),
                                    ("planner build --speculative ''", "3", ["plain,eagle"]),
+                                   ("planner build --preset v", "3", ["plain,vllm"]),
                                    ("planner build --allocator e", "3", ["plain,expandable"])):
         monkeypatch.setenv("COMP_WORDS", words)
         monkeypatch.setenv("COMP_CWORD", cword)

@@ -82,7 +82,7 @@ def test_an_unknown_program_or_setting_names_file_and_key(kinds_toml, tmp_path):
     with pytest.raises(InputError, match=r"phase_kinds.toml: \$\.kinds\.mtp_verify\.program: unknown program "
                                          r"'prefill'") as err:
         build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
-    assert "draft_decode, draft_extend, target" in err.value.fix
+    assert "draft_decode, draft_extend, hidden, piecewise, target" in err.value.fix
     kinds_toml(NEW.replace(b'settings = ["layers"]', b'settings = ["layers", "depth"]'))
     with pytest.raises(InputError, match=r"phase_kinds.toml: \$\.kinds\.mtp_verify: \$\.settings\[1\]: Invalid enum value 'depth'"):
         build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
@@ -91,7 +91,7 @@ def test_an_unknown_program_or_setting_names_file_and_key(kinds_toml, tmp_path):
 def test_an_unknown_phase_kind_in_a_spec_is_located_and_lists_the_kinds(tmp_path, cli):
     code, _, err = cli("build", "-b", "fa3", "--spec", str(_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
     assert code == 1 and "$.phases[0].kind: unknown phase kind 'mtp_verify'" in err
-    assert "decode, draft_decode, draft_extend, target_verify" in err
+    assert "decode, draft_decode, draft_extend, full, piecewise, target_verify" in err
     rule = '[[rules]]\nid = "r"\nwhy = "w"\nwhen = { phase_kind = ["decode", "verify"] }\n'
     code, _, err = cli("build", "-b", "fa3", "--spec", str(_spec(tmp_path, PHASE.format(kind="decode") + rule)))
     assert code == 1 and "$.rules[0].when.phase_kind[1]: unknown phase kind 'verify'" in err
@@ -102,14 +102,16 @@ def test_the_speculative_presets_name_only_shipped_kinds():
     for name in ("eagle",):
         for phase in resources.data("presets.toml")["speculative"][name]["phases"]:
             assert phase["kind"] in kinds
-    assert set(kinds) == {"decode", "target_verify", "draft_extend", "draft_decode"}
+    for phase in resources.data("presets_vllm.toml")["phases"]:
+        assert phase["kind"] in kinds
+    assert set(kinds) == {"decode", "target_verify", "draft_extend", "draft_decode", "full", "piecewise"}
 
 
 def test_phase_kinds_schema_is_strict(cli):
     code, out, _ = cli("schema", "phase-kinds")
     schema = json.loads(out)["$defs"]
     assert code == 0 and schema["PhaseKind"]["additionalProperties"] is False
-    assert schema["PhaseKind"]["properties"]["settings"]["items"]["enum"] == ["layers", "steps", "topk"]
+    assert schema["PhaseKind"]["properties"]["settings"]["items"]["enum"] == ["layers", "model", "steps", "topk"]
     code, out, _ = cli("schema", "plan")
     assert json.loads(out)["$defs"]["PhasePlan"]["properties"]["kind"]["enum"] == list(resources.phase_kinds())
 
@@ -131,12 +133,15 @@ def test_a_new_kind_leaves_the_checked_in_plans_up_to_date(kinds_toml, cli, tmp_
     from pathlib import Path
 
     assert cli("build", "-b", "fa3", "--ci", "--speculative", "eagle", "--max-bs", "4")[0] == 0
-    eagle = tmp_path / "plans" / "fa3-eagle-ci.json"
-    assert {p["kind"] for p in json.loads(eagle.read_text())["phases"]} == set(resources.phase_kinds())
+    assert cli("build", "-b", "fa3", "--preset", "vllm", "--max-bs", "4")[0] == 0
+    eagle, vllm = tmp_path / "plans" / "fa3-eagle-ci.json", tmp_path / "plans" / "fa3-vllm.json"
+    assert {p["kind"] for f in (eagle, vllm) for p in json.loads(f.read_text())["phases"]} == \
+        set(resources.phase_kinds())
     kinds_toml(NEW)
     plan = Path(__file__).resolve().parent.parent / "plans" / "fa3-ci.json"
-    code, out, err = cli("check", str(plan), str(eagle))
-    assert code == 0 and out.splitlines() == [f"{plan}: up to date", f"{eagle}: up to date"], err
+    code, out, err = cli("check", str(plan), str(eagle), str(vllm))
+    assert code == 0 and out.splitlines() == [f"{plan}: up to date", f"{eagle}: up to date",
+                                              f"{vllm}: up to date"], err
 
 
 def test_a_builtin_rule_naming_an_unknown_kind_is_located(data_file):

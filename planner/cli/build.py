@@ -14,9 +14,12 @@ def _complete_backend(incomplete: str) -> list[str]:
 
 
 def _complete(what: str, incomplete: str) -> list[str]:
-    """Values of --speculative (presets.toml's [speculative] tables) or --allocator (schemas.strategy)."""
+    """Values of --speculative (presets.toml's [speculative] tables), --preset (planner.specs.preset_names)
+    or --allocator (schemas.strategy)."""
     if what == "speculative":
         from planner.specs import speculative_names as names
+    elif what == "preset":
+        from planner.specs import preset_names as names
     else:
         from schemas.strategy import allocator_modes as names
     return [n for n in names() if n.startswith(incomplete)]
@@ -50,7 +53,11 @@ class _BackendOption(click.Option):
 @option("--spec", type=PATH, metavar="path", help="Spec file (TOML or JSON); default: the embedded spec.")
 @option("--speculative", metavar="str", help="Add speculative phases: eagle.",
         shell_complete=lambda ctx, param, incomplete: _complete("speculative", incomplete))
-@option("--max-bs", type=int, metavar="int", help="Largest capture size of the embedded spec [256].")
+@option("--preset", metavar="str", help="Another engine's conventions for the embedded spec: vllm "
+        "(planner/data/presets_vllm.toml); default SGLang's.",
+        shell_complete=lambda ctx, param, incomplete: _complete("preset", incomplete))
+@option("--max-bs", type=int, metavar="int", help="Largest capture size of the embedded spec [256; --preset vllm: "
+        "512 tokens].")
 @option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory).")
 @option("--allocator", metavar="str", help="native or expandable segments.",
         shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete))
@@ -70,8 +77,8 @@ class _BackendOption(click.Option):
 @option("--check", is_flag=True, help="Build in memory and compare with the file; exit 1 on drift.")
 @option("--force", is_flag=True, help="Replace an output file that holds a plan built by another command "
         "(default: refuse, so a what-if build never clobbers a checked-in plan).")
-def command(backend, ci, spec, speculative, max_bs, tp, allocator, trace, strategy, calibration, require_exact,
-            output, exact, dry_run, check, force) -> None:
+def command(backend, ci, spec, speculative, preset, max_bs, tp, allocator, trace, strategy, calibration,
+            require_exact, output, exact, dry_run, check, force) -> None:
     """Build a capture plan from the spec, rules and gates."""
     from planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
     from planner.fidelity import require_exact as require_exact_plan
@@ -79,7 +86,7 @@ def command(backend, ci, spec, speculative, max_bs, tp, allocator, trace, strate
 
     opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,
                         allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact,
-                        calibration=calibration)
+                        calibration=calibration, preset=preset)
     path = output_path(opts)
     if check:
         check_plan(opts, same_command=True)
