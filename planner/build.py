@@ -18,7 +18,7 @@ import msgspec
 
 from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256, sniff_kind
 from schemas.errors import ConstraintError, DriftError, InputError
-from schemas.files import read_input, write_atomic
+from schemas.files import existing_output, read_input, write_atomic
 from schemas.limits import MODEL_MAX
 from schemas.plan import (PLAN_REVISION, Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
@@ -507,7 +507,8 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
     plan = build_plan(opts)
     path = output_path(opts)
     fix = f"run `{command_for_cwd(opts)}`"
-    if not path.exists():
+    # not Path.exists(): it raises on a name too long or a folder that may not be searched
+    if existing_output(path, str(path), "check a plan file, not a folder", doing="check") is None:
         raise DriftError("plan is missing", where=str(path), fix=fix)
     data = read_input(path, "plan")
     if data != plan_bytes(plan):
@@ -553,16 +554,20 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
         if src is not None and _same_file(path, src):
             raise InputError(f"the output is the {what} file", where=str(path),
                              fix=f"name another output with -o (it would overwrite {flag}{src})")
-    if path.exists() and not force:
+    # a folder at the path is refused here, not after "pass --force" (which the
+    # write then refused too); a name too long or a folder that may not be searched
+    # is "cannot write", not an internal error (Path.exists() raises on both)
+    existing = existing_output(path, str(path), "name a plan file with -o, not a folder")
+    if existing is not None and not force:
         try:
             recorded = _recorded(read_input(path, "plan"))
         except InputError:  # unreadable as a plan: not one this build may replace
             recorded = {}
-        existing = recorded.get("command")
-        if existing is not None:
+        command = recorded.get("command")
+        if command is not None:
             newer_revision(recorded.get("revision"), f"{path}: $.revision", force_hint=True)
-        if existing != plan.command:
-            what = (f"holds a plan built by `{' '.join(map(str, existing))}`" if isinstance(existing, list)
+        if command != plan.command:
+            what = (f"holds a plan built by `{' '.join(map(str, command))}`" if isinstance(command, list)
                     else "exists and is not a plan")
             raise InputError(f"{what}; this build would replace it", where=str(path),
                              fix="write a what-if plan elsewhere with -o, or pass --force to replace it")

@@ -27,13 +27,14 @@ from pathlib import Path
 from .errors import InputError
 from .limits import FILE_LIMITS
 
-__all__ = ["write_atomic", "read_input", "existing_output"]
+__all__ = ["write_atomic", "read_input", "existing_output", "oserror_input"]
 
 _KIND_NAMES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
                stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
-def _oserror(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
+def oserror_input(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
+    """``err`` as one located line: ``cannot <doing>: <reason>``."""
     if err.errno == errno.ELOOP:
         return InputError(f"cannot {doing}: symlink loop", where=where, fix="point the path at a real file")
     if err.errno == errno.ENAMETOOLONG:
@@ -57,7 +58,7 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
         if err.errno == errno.EISDIR:
             raise InputError(f"is a directory, not a {kind} file", where=where,
                              fix=f"pass a {kind} file") from None
-        raise _oserror(err, f"read {kind}", where, fix) from None
+        raise oserror_input(err, f"read {kind}", where, fix) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -71,7 +72,7 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
             try:
                 chunk = os.read(fd, min(1 << 20, limit + 1 - total))
             except OSError as err:
-                raise _oserror(err, f"read {kind}", where, fix) from None
+                raise oserror_input(err, f"read {kind}", where, fix) from None
             if not chunk:
                 break
             chunks.append(chunk)
@@ -96,7 +97,7 @@ def _target(path: Path) -> Path:
     except ValueError:
         raise InputError("output path contains a NUL byte", where=repr(str(path)), fix="check the path") from None
     except OSError as err:
-        raise _oserror(err, "write", str(path), "point the output at a real file") from None
+        raise oserror_input(err, "write", str(path), "point the output at a real file") from None
 
 
 def _tmp_prefix(path: Path) -> str:
@@ -127,18 +128,42 @@ def _sweep(path: Path) -> None:
             pass
 
 
-def existing_output(path: str | Path, where: str, fix: str) -> os.stat_result | None:
+def _file_on_the_way(path: Path) -> Path | None:
+    """The nearest folder of ``path`` that exists and is no folder (``afile`` of
+    ``afile/plan.json``), None when there is none."""
+    for parent in path.parents:
+        try:
+            if parent.exists() and not parent.is_dir():
+                return parent
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def existing_output(path: str | Path, where: str, fix: str, doing: str = "write") -> os.stat_result | None:
     """The stat of the file an output would replace, None when there is none;
     an :class:`InputError` (``where``, ``fix``) when it is a directory, FIFO,
-    device or socket, which an output never replaces. Other OSErrors
-    propagate (the caller reports them in its own terms)."""
+    device or socket, which an output never replaces, and ``cannot <doing>: ...``
+    when the path cannot even be looked at: a name too long for the file
+    system, a folder the user may not search, a folder on the path that is a
+    regular file (``afile/plan.json``). ``Path.exists()`` raises on the first
+    two (it only swallows "no such file"), which is why callers ask here."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        blocker = _file_on_the_way(Path(path))
+        raise InputError(f"cannot {doing}: {blocker if blocker is not None else 'a folder on the path'} is a file, "
+                         "not a folder", where=where,
+                         fix=f"rename {blocker if blocker is not None else 'that file'}, or choose another path") from None
+    except ValueError:
+        raise InputError("output path contains a NUL byte", where=repr(str(path)), fix="check the path") from None
+    except OSError as err:
+        raise oserror_input(err, doing, where, "choose a writable path") from None
     if not stat.S_ISREG(st.st_mode):
         what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        raise InputError(f"cannot write: is {what}", where=where, fix=fix)
+        raise InputError(f"cannot {doing}: is {what}", where=where, fix=fix)
     return st
 
 
@@ -148,8 +173,8 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     path = _target(Path(path))
     fix = "choose a writable path"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         st = existing_output(path, where, "name a regular file for the output")
+        path.parent.mkdir(parents=True, exist_ok=True)
         mode = None if st is None else stat.S_IMODE(st.st_mode)
         _sweep(path)
         tmp = path.parent / f"{_tmp_prefix(path)}{os.getpid()}-{os.urandom(4).hex()}.tmp"
@@ -158,7 +183,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     except ValueError:
         raise InputError("output path contains a NUL byte", where=repr(where), fix="check the path") from None
     except OSError as err:
-        raise _oserror(err, "write", where, fix) from None
+        raise oserror_input(err, "write", where, fix) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -167,7 +192,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as err:
         _unlink(tmp)
-        raise _oserror(err, "write", where, fix) from None
+        raise oserror_input(err, "write", where, fix) from None
     except BaseException:
         _unlink(tmp)
         raise
