@@ -252,9 +252,9 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
 def test_diff_shows_predictions_strategies_and_steps(cli):
     assert cli("build", "-b", "fa3")[0] == 0
     assert cli("build", "-b", "fa3", "-s", "order=smallest-first", "-o", "plans/asc.json")[0] == 0
-    code, out, _ = cli("diff", "plans/fa3.json", "plans/asc.json")
+    code, out, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--steps")
     assert code == 0
-    assert "predicted pool: 258.0 MiB -> " in out and "phase decode: order=largest-first" in out
+    assert "  pool shared: 258.0 MiB -> " in out and "[decode] optimizer: order=largest-first" in out
     assert "+capture decode 1 shared view" in out and "-capture decode 1 shared view" in out
     code, _, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--exit-code")
     assert code == 1
