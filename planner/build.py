@@ -522,8 +522,37 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
         if same_command and not recorded:  # a rebuild would be refused too (write_plan): not drift
             raise InputError("exists and is not a plan", where=str(path),
                              fix=f"check another file with -o, or replace it with `{command_for_cwd(opts)} --force`")
-        raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
+        raise DriftError(f"plan is stale: {_why_stale(data, plan, str(path))}", where=str(path), fix=fix)
     return path
+
+
+def _why_stale(data: bytes, plan: Plan, source: str) -> str:
+    """Which recorded input changed and how far the prediction moved
+    (:func:`planner.compare.stale_reason`); "it differs from what the planner
+    builds now" when the file cannot be read as a plan to compare with."""
+    from schemas.codec import decode_plan
+    from schemas.errors import CapturePlanError
+
+    from .compare import stale_reason
+
+    try:
+        old = decode_plan(data, source, check_digest=False)
+    except CapturePlanError:
+        return "it differs from what the planner builds now"
+    if plan_digest_ok(data) is False:  # what it records was edited, not built: comparing it says nothing
+        return "its digest does not match its content (edited by hand or corrupted)"
+    return stale_reason(old, plan)
+
+
+def plan_digest_ok(data: bytes) -> bool | None:
+    """Whether a plan file's recorded digest matches its content (None: not a JSON object)."""
+    from schemas.codec import plan_digest
+
+    try:
+        raw = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return raw.get("digest") == plan_digest(raw) if isinstance(raw, dict) else None
 
 
 def _same_file(a: Path, b: Path) -> bool:

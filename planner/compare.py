@@ -31,7 +31,7 @@ from schemas.units import MiB, mib
 
 __all__ = ["FIGURES", "INPUTS", "Figure", "InputChange", "DecisionChange", "PlanDiff", "compare", "total",
            "bytes_text", "change_text", "render_text", "render_markdown", "moved", "gate", "limit_text",
-           "input_changes"]
+           "input_changes", "stale_reason"]
 
 Unit = Literal["bytes", "count"]
 
@@ -79,6 +79,11 @@ def _config(p: Plan) -> str | None:
     return f"{i.model_config} ({_digest(i.model_config_digest)})"
 
 
+def _default_name(p: Plan) -> str:
+    # the name `planner build` gives without -o; a plan named otherwise records its -o
+    return p.command[p.command.index("-o") + 1].removesuffix(".json") if "-o" in p.command else p.name
+
+
 def _sizes(sizes: list[int]) -> str:
     s = sorted(sizes)
     return f"{len(s)} sizes {s[0]}..{s[-1]}" if s else "no sizes"
@@ -86,6 +91,7 @@ def _sizes(sizes: list[int]) -> str:
 
 #: (label, getter): the recorded inputs ``planner diff`` and ``planner check`` compare
 INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
+    ("command", lambda p: " ".join(p.command) + ("" if p.name == _default_name(p) else f" (named {p.name})")),
     ("spec", lambda p: f"{p.inputs.spec} ({_digest(p.inputs.spec_digest)})"),
     ("model config", _config),
     ("backend", lambda p: p.inputs.backend),
@@ -302,7 +308,7 @@ def moved(a: Plan, b: Plan) -> str:
     t = f"predicted total {change_text(total(a), total(b))}"
     others = [f for f in _figures(a, b) if f.old != f.new and not f.label.startswith("total")]
     if total(a) == total(b) and not others:
-        return "prediction unchanged (steps or decisions differ)"
+        return "prediction unchanged"
     if total(a) == total(b):
         return f"predicted total unchanged ({bytes_text(total(b), total(b) < MiB)}); " + \
             f"{others[0].label} {change_text(others[0].old, others[0].new, others[0].unit)}"
@@ -312,6 +318,12 @@ def moved(a: Plan, b: Plan) -> str:
 def _input_text(c: InputChange) -> str:
     if c.label.startswith("sizes ") and c.old and c.new:
         return f"{c.label}: {c.old} -> {c.new} ({c.detail})" if c.detail else f"{c.label}: {c.old} -> {c.new}"
+    if c.old and c.new and c.old.endswith(")") and c.new.endswith(")"):
+        # the same file with other contents: "spec: my.toml (d488039a491f -> 4ef05cf04192)"
+        name_a, _, digest_a = c.old[:-1].rpartition(" (")
+        name_b, _, digest_b = c.new[:-1].rpartition(" (")
+        if name_a == name_b:
+            return f"{c.label}: {name_a} ({digest_a} -> {digest_b})"
     return f"{c.label}: {c.old or '(none)'} -> {c.new or '(none)'}"
 
 
@@ -401,3 +413,19 @@ def gate(a: Plan, b: Plan, threshold: tuple[str, float], where: str):
         return None
     return DriftError(f"predicted total grew {change_text(old, new)}, above --fail-above {limit_text(threshold)}",
                       where=where, fix="make the plan cheaper, or raise --fail-above if the growth is intended")
+
+
+def stale_reason(old: Plan, new: Plan, *, inputs_shown: int = 3) -> str:
+    """Why a checked-in plan ``old`` differs from the rebuild ``new``, in one
+    clause: the recorded inputs that changed (the first ``inputs_shown``), or
+    that none did (the planner's code or data tables predict differently), and
+    how far the prediction moved."""
+    changes = input_changes(old, new)
+    if changes:
+        shown = [_input_text(c) for c in changes[:inputs_shown]]
+        if len(changes) > inputs_shown:
+            shown.append(f"{len(changes) - inputs_shown} more input(s)")
+        why = "changed: " + ", ".join(shown)
+    else:
+        why = "no recorded input changed (this planner's code or data tables predict differently)"
+    return f"{why}; {moved(old, new)}"

@@ -36,8 +36,8 @@ def test_check_reports_drift_with_file_and_fix(cli, tmp_path):
     path.write_text(path.read_text().replace('"largest-first"', '"smallest-first"', 1))
     code, out, err = cli("build", "-b", "fa3", "--check")
     assert code == 1 and out == ""
-    assert err.strip() == ("planner: error: plans/fa3.json: plan is stale: it differs from what the planner "
-                           "builds now; fix: run `planner build --backend fa3`")
+    assert err.strip() == ("planner: error: plans/fa3.json: plan is stale: its digest does not match its content "
+                           "(edited by hand or corrupted); fix: run `planner build --backend fa3`")
     code, _, err = cli("check", "plans")
     assert code == 1 and "plans/fa3.json: plan is stale" in err and "planner build --backend fa3" in err
     assert "planner check --fix" in err

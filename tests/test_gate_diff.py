@@ -24,12 +24,14 @@ def test_a_change_under_one_mib_is_written_in_bytes(cli, plans):
     code, out, err = cli("diff", "plans/fa3-eagle-ci.json", "plans/fa3-eagle.json")
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[:6] == [
+    assert lines[:7] == [
         "plans/fa3-eagle-ci.json -> plans/fa3-eagle.json",
         "predicted:",
         "  total (pools + hoisted): 1,520.0 MiB -> 1,520.0 MiB (-8,200 B, -0.00051%)",
         "  hoisted: 8,200 B -> 0 B (-8,200 B, -100.0%)",
         "inputs:",
+        "  command: planner build --backend fa3 --ci --speculative eagle -> planner build --backend fa3 "
+        "--speculative eagle",
         "  ci: true -> false",
     ]
     assert "  [target_verify] fa3-ci-varlen-gate: workspace=hoisted -> (none)" in lines
@@ -60,7 +62,8 @@ def test_tp_and_model_changes_are_inputs(cli, plans):
     assert cli("build", "-b", "fa3", "--ci", "--tp", "8", "-o", "tp8.json")[0] == 0
     code, out, _ = cli("diff", "plans/fa3-ci.json", "tp8.json")
     assert code == 0
-    assert "inputs:\n  tp: 1 -> 8\n" in out
+    assert "inputs:\n  command: planner build --backend fa3 --ci -> planner build --backend fa3 --ci --tp 8 -o tp8.json" \
+           "\n  tp: 1 -> 8\n" in out
     assert "  largest graph alone: 252.0 MiB -> 214.0 MiB (-38.0 MiB, -15.1%)" in out.splitlines()
 
 

@@ -13,8 +13,24 @@ from ._common import PATH, Command, argument, option
 @argument("paths", "Plan files or folders [plans/].", "list[Path]", many=True, type=PATH)
 @option("--fix", is_flag=True, help="Rebuild stale plans in place instead of failing.")
 def command(paths, fix) -> None:
-    """Rebuild every plan from the command recorded in it and compare bytes (exit 1 on drift)."""
-    from planner.check import check_paths
+    """Rebuild every plan from the command recorded in it and compare bytes (exit 1 on drift).
 
-    for line in check_paths(list(paths) or [Path("plans")], fix=fix):
+    Each stale plan is one line on stderr: which recorded input changed, how far
+    the prediction moved, and the command that rebuilds it; then one summary line.
+    """
+    from planner.check import StalePlans, check_paths
+
+    try:
+        lines = check_paths(list(paths) or [Path("plans")], fix=fix)
+    except StalePlans as err:
+        for line in err.ok:
+            click.echo(line)
+        if len(err.stale) == 1:  # its own line says it all
+            only = err.stale[0]
+            only.fix = f"{only.fix}, or `planner check --fix`"
+            raise only from None
+        for stale in err.stale:
+            click.echo(f"planner: error: {stale}", err=True)
+        raise
+    for line in lines:
         click.echo(line)
