@@ -69,20 +69,20 @@ def test_the_hook_definition_names_planner_check():
 
 def test_pre_commit_try_repo_passes_fresh_plans_and_fails_a_stale_one(tmp_path, pre_commit_home):
     repo = _repo(tmp_path)
+    (repo / "my.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n')
+    assert _planner("build", "-b", "fa3", "--spec", "my.toml", "-o", "plans/mine.json", cwd=repo).returncode == 0
+    _git(repo, "add", "-A")
     done = _try_repo(repo, pre_commit_home)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Passed" in done.stdout
-    # a plan that another planner build wrote over it (a what-if): the hook names it and the fix
-    built = _planner("build", "-b", "fa3", "-s", "order=smallest-first", "-o", "plans/fa3.json", "--force",
-                     cwd=repo)
-    assert built.returncode == 0, built.stderr
-    stale = (repo / "plans/fa3.json").read_bytes()
-    shutil.copy(ROOT / "plans/fa3.json", repo / "plans/fa3.json")
-    (repo / "plans/fa3.json").write_bytes(stale.replace(b'"--strategy",', b"", 1))  # its digest no longer holds
+    # the spec changes and its plan is not rebuilt: the hook names the plan, the input and the fix
+    (repo / "my.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16]\n')
     done = _try_repo(repo, pre_commit_home)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "Failed" in done.stdout and "plans/fa3.json: plan is stale" in done.stdout
-    assert "fix: run `planner build --backend fa3" in done.stdout
+    assert "Failed" in done.stdout
+    assert "planner: error: plans/mine.json: plan is stale: changed: spec: ../my.toml (" in done.stdout
+    assert "fix: run `planner build --backend fa3 --spec my.toml -o plans/mine.json`, or `planner check --fix`" \
+        in done.stdout
 
 
 # the GitHub Actions example ------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_the_workflow_checks_plans_and_posts_the_diff(tmp_path):
     assert diff.returncode == 1, diff.stderr  # fa3.json grew more than 5%
     assert "plans/fa3.json: predicted total grew 258.0 MiB -> 2,078.0 MiB" in diff.stderr
     body = (repo / "plan-diff.md").read_text()
-    assert "### Capture plan `plans/fa3-ci.json` removed" in body
+    assert "### Capture plan `plans/fa3-ci.json` removed" in body, _git(repo, "diff", "--name-status", "main...HEAD")
     assert "### Capture plan `plans/fa3.json` vs `.plan-base/plans/fa3.json`" in body
     assert "**Over the limit**: predicted total grew 258.0 MiB -> 2,078.0 MiB (+1,820.0 MiB, +705.4%), above " \
            "--fail-above 5%" in body
