@@ -35,7 +35,7 @@ from .specs import DEFAULT_MAX_BS, default_spec, read_spec_file
 from .workload import Workload, workspace_bytes
 
 __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
-           "write_plan", "check_plan", "normalized_command", "command_for_cwd", "newer_revision"]
+           "write_plan", "check_plan", "normalized_command", "command_for_cwd", "newer_revision", "check_tp"]
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -122,9 +122,16 @@ def command_for_cwd(opts: BuildOptions) -> str:
 def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]:
     """(spec, its name, its bytes, (model config path, digest) or None)."""
     if opts.spec is not None:
-        if opts.speculative or opts.max_bs is not None:
-            raise InputError("--speculative and --max-bs shape the embedded default spec; "
-                             "with --spec, write the phases in the spec file", where="--spec")
+        # --speculative and --max-bs choose the embedded spec's phases and sizes; a spec file
+        # lists its own, and merging the two would leave no one place that says what is captured
+        # (--tp and --allocator do apply: they override the file's tp and allocator)
+        given = [f"{flag} {v}" for flag, v in (("--speculative", opts.speculative), ("--max-bs", opts.max_bs))
+                 if v is not None]
+        if given:
+            raise InputError(f"{' and '.join(given)} choose the embedded spec's phases and sizes, and "
+                             f"{opts.spec} lists its own", where=f"--spec {opts.spec}",
+                             fix=f"start a spec from `planner spec show {' '.join(given)} > my.toml` and build "
+                                 "with --spec my.toml, or write the phases and sizes into your spec")
         from .hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
@@ -156,7 +163,7 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
     return (meeting or preferring or ["optimizer"])[0]
 
 
-def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
+def check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
     """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads and MLP."""
     m = spec.model
     if tp < 1 or tp > MODEL_MAX["heads"]:
@@ -347,7 +354,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     spec, spec_name, spec_raw, model_config = _spec(opts)
     spec_source = str(opts.spec) if opts.spec is not None else spec_name
     tp = opts.tp if opts.tp is not None else spec.tp
-    _check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
+    check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
     if not output_path(opts).name:
         raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator
