@@ -246,16 +246,34 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
     return timeline
 
 
-def _check_budget(spec: Spec, spec_name: str, total: int, decisions: list[Decision]) -> None:
+def _check_budget(r: "_Resolved", opts: BuildOptions, sol, pred: "_Predicted") -> None:
+    """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
+    the rules allow, per phase, at its real total. With ``--strategy`` pins that
+    is the build without them (the alternatives a pinned build records are
+    each priced with the other phases still pinned: their minimum named a
+    schedule no build would make); without pins it is this plan."""
+    spec = r.spec
+    total = pred.sim.pool_bytes + pred.hoisted
     if spec.budget_mib is None or total <= spec.budget_mib * MiB:
         return
-    allowed = [a for d in decisions for a in d.alternatives
-               if not [v for v in a.violates if not v.startswith("--strategy")]]
-    cheapest = min(allowed, key=lambda a: a.pool_bytes)
-    raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; cheapest schedule "
-                          f"the rules allow: {cheapest.strategy.label()} at {mib(cheapest.pool_bytes)}",
-                          where=f"{spec_name}: $.budget_mib",
-                          fix="raise the budget, drop --strategy pins, or capture fewer sizes")
+    where = f"{r.spec_source}: $.budget_mib"
+    budget = spec.budget_mib * MiB
+    if r.pins:
+        free = msgspec.structs.replace(r, pins={}, forced=_forced_orders(spec, r.rules, {}))
+        free_sol = _optimize(free, opts)
+        free_pred = _predict(free, free_sol, _order(free, free_sol.strategies).steps)
+        cheapest, strategies = free_pred.sim.pool_bytes + free_pred.hoisted, free_sol.strategies
+        named = "; ".join(f"{n}: {strategies[n].label()}" for n in r.sequence)
+        found = (f"the cheapest schedule the rules allow, without the --strategy pins, takes {mib(cheapest)} "
+                 f"({'within' if cheapest <= budget else 'also over'} the budget): {named}")
+    else:
+        cheapest = total
+        named = "; ".join(f"{n}: {sol.strategies[n].label()}" for n in r.sequence)
+        found = f"no schedule the rules allow is cheaper than this one: {named}"
+    fix = "drop the --strategy pins, or raise the budget" if cheapest <= budget else \
+        "raise the budget, or capture fewer sizes"
+    raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}", where=where,
+                          fix=fix)
 
 
 def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]) -> Decision:
@@ -423,7 +441,6 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     if baseline_bytes is None:
         baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
-    _check_budget(r.spec, r.spec_source, sim.pool_bytes + hoisted, sol.decisions)
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
 
@@ -473,6 +490,7 @@ def build_plan(opts: BuildOptions) -> Plan:
     sol = _optimize(resolved, opts)
     ordered = _order(resolved, sol.strategies)
     predicted = _predict(resolved, sol, ordered.steps)
+    _check_budget(resolved, opts, sol, predicted)
     return _assemble(opts, resolved, sol, ordered, predicted)
 
 

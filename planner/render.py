@@ -49,8 +49,11 @@ def steps_table(plan: Plan) -> str:
     return _table(["#", "op", "phase", "bs", "pool", "outputs", "reserved MiB", "allocated MiB"], rows)
 
 
-def explain(plan: Plan) -> str:
-    out = [f"plan {plan.name} ({' '.join(plan.command)})", "", "decisions:"]
+def explain(plan: Plan, head: str | None = None) -> str:
+    """Every decision with its alternatives, and every ordering edge. ``head`` is
+    the first line (``planner explain`` gives the command runnable from the cwd);
+    by default the name and the command as recorded (relative to the plan's folder)."""
+    out = [head or f"plan {plan.name} ({' '.join(plan.command)})", "", "decisions:"]
     for d in plan.decisions:
         out.append(f"- [{d.phase}] {d.rule}: {d.choice}")
         out.append(f"    constraint: {d.constraint}")
