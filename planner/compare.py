@@ -11,8 +11,10 @@ older revision). Adding a figure is adding a row. Inputs are rows of
 :data:`INPUTS` the same way (a getter returning text or None).
 
 Byte figures are written so that a real change never reads "0.0 -> 0.0":
-below 1 MiB in bytes (``8,200 B -> 0 B``), otherwise in MiB with one
-decimal, plus the exact byte change when both round to the same MiB.
+a pair of values both under 1 MiB, and any change under 1 MiB, in bytes
+(``1,520.0 MiB -> 1,520.0 MiB (-8,200 B, -0.00051%)``, ``8,200 B -> 0 B``),
+otherwise MiB with one decimal; a percentage under 0.1% keeps two
+significant digits.
 
 What this does not do: a plan records its spec's digest, not the model's
 dimensions, so a model change shows as the spec (or model config) digest
@@ -79,11 +81,6 @@ def _config(p: Plan) -> str | None:
     return f"{i.model_config} ({_digest(i.model_config_digest)})"
 
 
-def _default_name(p: Plan) -> str:
-    # the name `planner build` gives without -o; a plan named otherwise records its -o
-    return p.command[p.command.index("-o") + 1].removesuffix(".json") if "-o" in p.command else p.name
-
-
 def _sizes(sizes: list[int]) -> str:
     s = sorted(sizes)
     return f"{len(s)} sizes {s[0]}..{s[-1]}" if s else "no sizes"
@@ -91,7 +88,8 @@ def _sizes(sizes: list[int]) -> str:
 
 #: (label, getter): the recorded inputs ``planner diff`` and ``planner check`` compare
 INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
-    ("command", lambda p: " ".join(p.command) + ("" if p.name == _default_name(p) else f" (named {p.name})")),
+    # relative to the plan's folder; a plan's name is its -o (or the default one), so the command says both
+    ("command", lambda p: " ".join(p.command)),
     ("spec", lambda p: f"{p.inputs.spec} ({_digest(p.inputs.spec_digest)})"),
     ("model config", _config),
     ("backend", lambda p: p.inputs.backend),
@@ -188,7 +186,9 @@ def input_changes(a: Plan, b: Plan) -> list[InputChange]:
         if isinstance(va, dict) or isinstance(vb, dict):
             va, vb = va or {}, vb or {}
             for name in list(va) + [n for n in vb if n not in va]:
-                if va.get(name) != vb.get(name) or sorted(sizes_a.get(name, [])) != sorted(sizes_b.get(name, [])):
+                # two size lists can read the same ("36 sizes 1..256") and still differ
+                same_sizes = label != "sizes" or sorted(sizes_a.get(name, [])) == sorted(sizes_b.get(name, []))
+                if va.get(name) != vb.get(name) or not same_sizes:
                     detail = _size_detail(sizes_a.get(name, []), sizes_b.get(name, [])) if label == "sizes" else ""
                     out.append(InputChange(label=f"{label} {name}", old=va.get(name), new=vb.get(name),
                                            detail=detail))
@@ -228,7 +228,8 @@ def _steps(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[list[str], list[
         return f"{len(ops)} ({_n(ops.count('capture'), 'capture')}, {_n(ops.count('warmup'), 'warm-up')}, " \
                f"{_n(ops.count('provision'), 'provision')})"
 
-    summary = [f"steps: {counts(a)} -> {counts(b)}" if counts(a) != counts(b) else f"steps: {counts(b)}, reordered"]
+    summary = [f"steps: {counts(a)} -> {counts(b)}" if counts(a) != counts(b) else
+               f"steps: {counts(b)} in both, not the same (--steps shows how)"]
 
     def captured(p: Plan) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}

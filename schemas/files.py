@@ -27,14 +27,13 @@ from pathlib import Path
 from .errors import InputError
 from .limits import FILE_LIMITS
 
-__all__ = ["write_atomic", "read_input", "existing_output", "oserror_input"]
+__all__ = ["write_atomic", "read_input", "existing_output"]
 
 _KIND_NAMES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
                stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
-def oserror_input(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
-    """``err`` as one located line: ``cannot <doing>: <reason>``."""
+def _oserror(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
     if err.errno == errno.ELOOP:
         return InputError(f"cannot {doing}: symlink loop", where=where, fix="point the path at a real file")
     if err.errno == errno.ENAMETOOLONG:
@@ -58,7 +57,7 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
         if err.errno == errno.EISDIR:
             raise InputError(f"is a directory, not a {kind} file", where=where,
                              fix=f"pass a {kind} file") from None
-        raise oserror_input(err, f"read {kind}", where, fix) from None
+        raise _oserror(err, f"read {kind}", where, fix) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -72,7 +71,7 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
             try:
                 chunk = os.read(fd, min(1 << 20, limit + 1 - total))
             except OSError as err:
-                raise oserror_input(err, f"read {kind}", where, fix) from None
+                raise _oserror(err, f"read {kind}", where, fix) from None
             if not chunk:
                 break
             chunks.append(chunk)
@@ -97,7 +96,7 @@ def _target(path: Path) -> Path:
     except ValueError:
         raise InputError("output path contains a NUL byte", where=repr(str(path)), fix="check the path") from None
     except OSError as err:
-        raise oserror_input(err, "write", str(path), "point the output at a real file") from None
+        raise _oserror(err, "write", str(path), "point the output at a real file") from None
 
 
 def _tmp_prefix(path: Path) -> str:
@@ -154,13 +153,13 @@ def existing_output(path: str | Path, where: str, fix: str, doing: str = "write"
         return None
     except NotADirectoryError:
         blocker = _file_on_the_way(Path(path))
-        raise InputError(f"cannot {doing}: {blocker if blocker is not None else 'a folder on the path'} is a file, "
-                         "not a folder", where=where,
-                         fix=f"rename {blocker if blocker is not None else 'that file'}, or choose another path") from None
+        named, rename = (str(blocker), str(blocker)) if blocker is not None else ("a folder on the path", "that file")
+        raise InputError(f"cannot {doing}: {named} is a file, not a folder", where=where,
+                         fix=f"rename {rename}, or choose another path") from None
     except ValueError:
         raise InputError("output path contains a NUL byte", where=repr(str(path)), fix="check the path") from None
     except OSError as err:
-        raise oserror_input(err, doing, where, "choose a writable path") from None
+        raise _oserror(err, doing, where, "choose a writable path") from None
     if not stat.S_ISREG(st.st_mode):
         what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
         raise InputError(f"cannot {doing}: is {what}", where=where, fix=fix)
@@ -183,7 +182,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     except ValueError:
         raise InputError("output path contains a NUL byte", where=repr(where), fix="check the path") from None
     except OSError as err:
-        raise oserror_input(err, "write", where, fix) from None
+        raise _oserror(err, "write", where, fix) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -192,7 +191,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as err:
         _unlink(tmp)
-        raise oserror_input(err, "write", where, fix) from None
+        raise _oserror(err, "write", where, fix) from None
     except BaseException:
         _unlink(tmp)
         raise

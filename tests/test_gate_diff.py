@@ -165,3 +165,16 @@ def test_the_figures_are_a_table_of_getters():
     from planner.compare import FIGURES
 
     assert all(isinstance(label, str) and callable(get) and unit in ("bytes", "count") for label, get, unit in FIGURES)
+
+
+def test_a_reorder_and_sizes_that_read_the_same(cli, tmp_path):
+    for name, sizes in (("a", "[1, 2, 4]"), ("b", "[1, 3, 4]")):
+        (tmp_path / f"{name}.toml").write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {sizes}\n')
+        assert cli("build", "-b", "fa3", "--spec", f"{name}.toml", "-o", f"{name}.json")[0] == 0
+    assert cli("build", "-b", "fa3", "--spec", "a.toml", "-s", "order=smallest-first", "-o", "asc.json")[0] == 0
+    out = cli("diff", "a.json", "b.json")[1].splitlines()
+    assert "  sizes decode: 3 sizes 1..4 -> 3 sizes 1..4 (+[3] -[2])" in out
+    out = cli("diff", "a.json", "asc.json")[1].splitlines()
+    assert out[-2:] == ["steps: 4 (3 captures, 1 warm-up, 0 provisions) in both, not the same (--steps shows how)",
+                        "capture order changed in decode"]
+    assert "  pins: none -> -s order=smallest-first" in out
