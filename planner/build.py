@@ -18,7 +18,7 @@ import msgspec
 
 from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256, sniff_kind
 from schemas.errors import ConstraintError, DriftError, InputError
-from schemas.files import read_input, write_atomic
+from schemas.files import existing_output, read_input, write_atomic
 from schemas.limits import MODEL_MAX
 from schemas.plan import (PLAN_REVISION, Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
                           Strategy, TraceSamples)
@@ -37,7 +37,7 @@ from .specs import default_spec, preset_max_bs, read_spec_file
 from .workload import Workload, workspace_bytes
 
 __all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
-           "write_plan", "check_plan", "normalized_command", "command_for_cwd", "newer_revision"]
+           "write_plan", "check_plan", "normalized_command", "command_for_cwd", "newer_revision", "check_tp"]
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -134,9 +134,16 @@ def command_for_cwd(opts: BuildOptions) -> str:
 def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]:
     """(spec, its name, its bytes, (model config path, digest) or None)."""
     if opts.spec is not None:
-        if opts.speculative or opts.max_bs is not None or opts.preset:
-            raise InputError("--speculative, --preset and --max-bs shape the embedded default spec; "
-                             "with --spec, write the phases in the spec file", where="--spec")
+        # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
+        # file lists its own, and merging the two would leave no one place that says what is
+        # captured (--tp and --allocator do apply: they override the file's tp and allocator)
+        given = [f"{flag} {v}" for flag, v in (("--speculative", opts.speculative), ("--preset", opts.preset),
+                                                ("--max-bs", opts.max_bs)) if v is not None]
+        if given:
+            raise InputError(f"{' and '.join(given)} choose the embedded spec's phases and sizes, and "
+                             f"{opts.spec} lists its own", where=f"--spec {opts.spec}",
+                             fix=f"start a spec from `planner spec show {' '.join(given)} > my.toml` and build "
+                                 "with --spec my.toml, or write the phases and sizes into your spec")
         from .hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
@@ -174,7 +181,7 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
     return (meeting or preferring or ["optimizer"])[0]
 
 
-def _check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
+def check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
     """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads
     and MLP, and those of every phase with its own model (a draft is split across
     the same ranks)."""
@@ -263,16 +270,34 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
     return timeline
 
 
-def _check_budget(spec: Spec, spec_name: str, total: int, decisions: list[Decision]) -> None:
+def _check_budget(r: "_Resolved", opts: BuildOptions, sol, pred: "_Predicted") -> None:
+    """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
+    the rules allow, per phase, at its real total. With ``--strategy`` pins that
+    is the build without them (the alternatives a pinned build records are
+    each priced with the other phases still pinned: their minimum named a
+    schedule no build would make); without pins it is this plan."""
+    spec = r.spec
+    total = pred.sim.pool_bytes + pred.hoisted
     if spec.budget_mib is None or total <= spec.budget_mib * MiB:
         return
-    allowed = [a for d in decisions for a in d.alternatives
-               if not [v for v in a.violates if not v.startswith("--strategy")]]
-    cheapest = min(allowed, key=lambda a: a.pool_bytes)
-    raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; cheapest schedule "
-                          f"the rules allow: {cheapest.strategy.label()} at {mib(cheapest.pool_bytes)}",
-                          where=f"{spec_name}: $.budget_mib",
-                          fix="raise the budget, drop --strategy pins, or capture fewer sizes")
+    where = f"{r.spec_source}: $.budget_mib"
+    budget = spec.budget_mib * MiB
+    if r.pins:
+        free = msgspec.structs.replace(r, pins={}, forced=_forced_orders(spec, r.rules, {}))
+        free_sol = _optimize(free, opts)
+        free_pred = _predict(free, free_sol, _order(free, free_sol.strategies).steps)
+        cheapest, strategies = free_pred.sim.pool_bytes + free_pred.hoisted, free_sol.strategies
+        named = "; ".join(f"{n}: {strategies[n].label()}" for n in r.sequence)
+        found = (f"the cheapest schedule the rules allow, without the --strategy pins, takes {mib(cheapest)} "
+                 f"({'within' if cheapest <= budget else 'also over'} the budget): {named}")
+    else:
+        cheapest = total
+        named = "; ".join(f"{n}: {sol.strategies[n].label()}" for n in r.sequence)
+        found = f"no schedule the rules allow is cheaper than this one: {named}"
+    fix = "drop the --strategy pins, or raise the budget" if cheapest <= budget else \
+        "raise the budget, or capture fewer sizes"
+    raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}", where=where,
+                          fix=fix)
 
 
 def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]) -> Decision:
@@ -378,7 +403,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     spec, spec_name, spec_raw, model_config = _spec(opts)
     spec_source = str(opts.spec) if opts.spec is not None else spec_name
     tp = opts.tp if opts.tp is not None else spec.tp
-    _check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
+    check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
     if not output_path(opts).name:
         raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator
@@ -467,7 +492,6 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     if baseline_bytes is None:
         baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
-    _check_budget(r.spec, r.spec_source, sim.pool_bytes + hoisted, sol.decisions)
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
 
@@ -525,6 +549,7 @@ def build_plan(opts: BuildOptions) -> Plan:
     sol = _optimize(resolved, opts)
     ordered = _order(resolved, sol.strategies)
     predicted = _predict(resolved, sol, ordered.steps)
+    _check_budget(resolved, opts, sol, predicted)
     return _assemble(opts, resolved, sol, ordered, predicted)
 
 
@@ -566,7 +591,8 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
     plan = build_plan(opts)
     path = output_path(opts)
     fix = f"run `{command_for_cwd(opts)}`"
-    if not path.exists():
+    # not Path.exists(): it raises on a name too long or a folder that may not be searched
+    if existing_output(path, str(path), "check a plan file, not a folder", doing="check") is None:
         raise DriftError("plan is missing", where=str(path), fix=fix)
     data = read_input(path, "plan")
     if data != plan_bytes(plan):
@@ -580,8 +606,37 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
         if same_command and not recorded:  # a rebuild would be refused too (write_plan): not drift
             raise InputError("exists and is not a plan", where=str(path),
                              fix=f"check another file with -o, or replace it with `{command_for_cwd(opts)} --force`")
-        raise DriftError("plan is stale: it differs from what the planner builds now", where=str(path), fix=fix)
+        raise DriftError(f"plan is stale: {_why_stale(data, plan, str(path))}", where=str(path), fix=fix)
     return path
+
+
+def _why_stale(data: bytes, plan: Plan, source: str) -> str:
+    """Which recorded input changed and how far the prediction moved
+    (:func:`planner.compare.stale_reason`); "it differs from what the planner
+    builds now" when the file cannot be read as a plan to compare with."""
+    from schemas.codec import decode_plan
+    from schemas.errors import CapturePlanError
+
+    from .compare import stale_reason
+
+    try:
+        old = decode_plan(data, source, check_digest=False)
+    except CapturePlanError:
+        return "it differs from what the planner builds now"
+    if plan_digest_ok(data) is False:  # what it records was edited, not built: comparing it says nothing
+        return "its digest does not match its content (edited by hand or corrupted)"
+    return stale_reason(old, plan)
+
+
+def plan_digest_ok(data: bytes) -> bool | None:
+    """Whether a plan file's recorded digest matches its content (None: not a JSON object)."""
+    from schemas.codec import plan_digest
+
+    try:
+        raw = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return raw.get("digest") == plan_digest(raw) if isinstance(raw, dict) else None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -613,16 +668,20 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
         if src is not None and _same_file(path, src):
             raise InputError(f"the output is the {what} file", where=str(path),
                              fix=f"name another output with -o (it would overwrite {flag}{src})")
-    if path.exists() and not force:
+    # a folder at the path is refused here, not after "pass --force" (which the
+    # write then refused too); a name too long or a folder that may not be searched
+    # is "cannot write", not an internal error (Path.exists() raises on both)
+    existing = existing_output(path, str(path), "name a plan file with -o, not a folder")
+    if existing is not None and not force:
         try:
             recorded = _recorded(read_input(path, "plan"))
         except InputError:  # unreadable as a plan: not one this build may replace
             recorded = {}
-        existing = recorded.get("command")
-        if existing is not None:
+        command = recorded.get("command")
+        if command is not None:
             newer_revision(recorded.get("revision"), f"{path}: $.revision", force_hint=True)
-        if existing != plan.command:
-            what = (f"holds a plan built by `{' '.join(map(str, existing))}`" if isinstance(existing, list)
+        if command != plan.command:
+            what = (f"holds a plan built by `{' '.join(map(str, command))}`" if isinstance(command, list)
                     else "exists and is not a plan")
             raise InputError(f"{what}; this build would replace it", where=str(path),
                              fix="write a what-if plan elsewhere with -o, or pass --force to replace it")

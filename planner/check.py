@@ -18,7 +18,7 @@ from typing import Iterable
 
 from schemas.errors import DriftError, InputError, WrongKindError
 
-__all__ = ["check_paths", "options_from_command", "check_report_plan"]
+__all__ = ["check_paths", "options_from_command", "check_report_plan", "StalePlans"]
 
 _VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
            "--preset": ("preset", str),
@@ -116,7 +116,7 @@ def _plan_files(paths: Iterable[Path]) -> list[tuple[Path, Path | None]]:
 
 
 def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
-    """Check every plan; raise one DriftError listing all stale files.
+    """Check every plan; raise :class:`StalePlans` (a DriftError) naming every stale file.
 
     ``fix=True`` rebuilds stale plans in place (each from its own recorded
     command) instead of failing. A plan whose digest does not match, or whose
@@ -165,10 +165,21 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             write_atomic(f, plan_bytes(build_plan(opts)))
             ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
     if stale:
-        raise DriftError("; ".join(f"{e.where}: {e.what} ({e.fix})" for e in stale),
-                         where=f"{len(stale)} of {len(files)} plan(s) stale",
-                         fix="or rebuild them all with `planner check --fix`")
+        raise StalePlans(stale, ok, len(files))
     return ok
+
+
+class StalePlans(DriftError):
+    """Some plans are stale: ``stale`` holds one DriftError per plan (which
+    input changed, how far the prediction moved, the command that fixes it),
+    ``ok`` the lines of the plans that were fine. ``str()`` is the summary
+    line; the CLI prints each plan's error on its own line before it (one
+    line of 1,100 characters for five plans could not be read)."""
+
+    def __init__(self, stale: list[DriftError], ok: list[str], checked: int):
+        self.stale, self.ok = stale, ok
+        super().__init__(f"{len(stale)} of {checked} plan(s) stale", fix="run the command each line above names, "
+                         "or rebuild them all with `planner check --fix`")
 
 
 def check_report_plan(report, plan, report_source: str, plan_source: str) -> None:

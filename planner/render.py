@@ -13,7 +13,7 @@ from schemas.report import CaptureReport
 from schemas.units import mib
 
 
-__all__ = ["summary", "steps_table", "explain", "diff", "graph", "timeline", "report_table"]
+__all__ = ["summary", "steps_table", "explain", "diff", "graph", "graph_phases", "timeline", "report_table"]
 
 
 
@@ -76,8 +76,11 @@ def steps_table(plan: Plan) -> str:
     return _table(["#", "op", "phase", "bs", "pool", "outputs", "reserved MiB", "allocated MiB"], rows)
 
 
-def explain(plan: Plan) -> str:
-    out = [f"plan {plan.name} ({' '.join(plan.command)})", "", "decisions:"]
+def explain(plan: Plan, head: str | None = None) -> str:
+    """Every decision with its alternatives, and every ordering edge. ``head`` is
+    the first line (``planner explain`` gives the command runnable from the cwd);
+    by default the name and the command as recorded (relative to the plan's folder)."""
+    out = [head or f"plan {plan.name} ({' '.join(plan.command)})", "", "decisions:"]
     for d in plan.decisions:
         out.append(f"- [{d.phase}] {d.rule}: {d.choice}")
         out.append(f"    constraint: {d.constraint}")
@@ -139,6 +142,68 @@ def graph(plan: Plan, fmt: str) -> str:
     lines += [f'  {ids[s.id]}["{s.id}"]' for s in plan.steps]
     lines += [f'  {ids[e.src]} -->|{e.rule}| {ids[e.dst]}' for e in plan.edges]
     return "\n".join(lines)
+
+
+def _phase_nodes(plan: Plan) -> tuple[list[tuple[str, list[str]]], list[tuple[str, str, str]]]:
+    """The phase-level view: per phase (in capture order) its label lines, and the
+    edges between phases with the rules that order them. A phase's chain of
+    steps is one node: its captures (count, first and last size, the rule that
+    orders them), pool, provisions and warm-ups with their rules."""
+    phase_of = {s.id: s.phase for s in plan.steps}
+    op_of = {s.id: s.op for s in plan.steps}
+    inner: dict[str, dict[str, list[str]]] = {}
+    between: dict[tuple[str, str], list[str]] = {}
+    for e in plan.edges:
+        a, b = phase_of[e.src], phase_of[e.dst]
+        if a == b:
+            rules = inner.setdefault(a, {}).setdefault(f"{op_of[e.src]}>{op_of[e.dst]}", [])
+            if e.rule not in rules:
+                rules.append(e.rule)
+        else:
+            rules = between.setdefault((a, b), [])
+            if e.rule not in rules:
+                rules.append(e.rule)
+    order = list(dict.fromkeys(s.phase for s in plan.steps))
+    by_name = {ph.name: ph for ph in plan.phases}
+    nodes = []
+    for name in order:
+        ph = by_name[name]
+        caps = [s.bs for s in plan.steps if s.phase == name and s.op == "capture"]
+        rules = inner.get(name, {})
+        chain = ", ".join(rules.get("capture>capture", [])) or "-"
+        lines = [name, f"{len(caps)} captures, bs {caps[0]} \u2192 {caps[-1]}" if caps else "no captures",
+                 f"order {ph.strategy.order} ({chain})", f"pool {ph.pool}, outputs {ph.strategy.outputs}"]
+        for op, what in (("provision", "hoisted workspace"), ("warmup", "warm-up")):
+            n = sum(1 for s in plan.steps if s.phase == name and s.op == op)
+            if n:
+                rule = ", ".join(rules.get(f"{op}>capture", [])) or "-"
+                lines.append(f"{n} {what}{'s' if n > 1 and op == 'warmup' else ''} ({rule})")
+        nodes.append((name, lines))
+    edges = [(a, b, ", ".join(r)) for (a, b), r in between.items()]
+    return nodes, edges
+
+
+def graph_phases(plan: Plan, fmt: str) -> str:
+    """The phase-level graph (``planner graph --phases``): one node per phase, an
+    edge per ordered pair of phases, labelled with the rules that order them."""
+    nodes, edges = _phase_nodes(plan)
+    ids = {name: f"p{i}" for i, (name, _) in enumerate(nodes)}
+    if fmt == "dot":
+        out = [f"digraph {_dot_string(plan.name)} {{", "  rankdir=LR;",
+               '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=11];',
+               '  edge [fontname="Helvetica", fontsize=10];']
+        for name, lines in nodes:
+            # \l ends each line left-aligned; each line escaped on its own
+            label = '"' + "".join(_dot_string(line)[1:-1] + "\\l" for line in lines) + '"'
+            out.append(f"  {ids[name]} [label={label}];")
+        out += [f"  {ids[a]} -> {ids[b]} [label={_dot_string(rule)}];" for a, b, rule in edges]
+        return "\n".join(out + ["}"])
+    out = ["flowchart LR"]
+    for name, lines in nodes:
+        text = "<br/>".join(line.replace('"', "#quot;") for line in lines)
+        out.append(f'  {ids[name]}["{text}"]')
+    out += [f"  {ids[a]} -->|{rule}| {ids[b]}" for a, b, rule in edges]
+    return "\n".join(out)
 
 
 def timeline(plan: Plan) -> str:

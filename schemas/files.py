@@ -127,18 +127,42 @@ def _sweep(path: Path) -> None:
             pass
 
 
-def existing_output(path: str | Path, where: str, fix: str) -> os.stat_result | None:
+def _file_on_the_way(path: Path) -> Path | None:
+    """The nearest folder of ``path`` that exists and is no folder (``afile`` of
+    ``afile/plan.json``), None when there is none."""
+    for parent in path.parents:
+        try:
+            if parent.exists() and not parent.is_dir():
+                return parent
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def existing_output(path: str | Path, where: str, fix: str, doing: str = "write") -> os.stat_result | None:
     """The stat of the file an output would replace, None when there is none;
     an :class:`InputError` (``where``, ``fix``) when it is a directory, FIFO,
-    device or socket, which an output never replaces. Other OSErrors
-    propagate (the caller reports them in its own terms)."""
+    device or socket, which an output never replaces, and ``cannot <doing>: ...``
+    when the path cannot even be looked at: a name too long for the file
+    system, a folder the user may not search, a folder on the path that is a
+    regular file (``afile/plan.json``). ``Path.exists()`` raises on the first
+    two (it only swallows "no such file"), which is why callers ask here."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        blocker = _file_on_the_way(Path(path))
+        named, rename = (str(blocker), str(blocker)) if blocker is not None else ("a folder on the path", "that file")
+        raise InputError(f"cannot {doing}: {named} is a file, not a folder", where=where,
+                         fix=f"rename {rename}, or choose another path") from None
+    except ValueError:
+        raise InputError("output path contains a NUL byte", where=repr(str(path)), fix="check the path") from None
+    except OSError as err:
+        raise _oserror(err, doing, where, "choose a writable path") from None
     if not stat.S_ISREG(st.st_mode):
         what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        raise InputError(f"cannot write: is {what}", where=where, fix=fix)
+        raise InputError(f"cannot {doing}: is {what}", where=where, fix=fix)
     return st
 
 
@@ -148,8 +172,8 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     path = _target(Path(path))
     fix = "choose a writable path"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         st = existing_output(path, where, "name a regular file for the output")
+        path.parent.mkdir(parents=True, exist_ok=True)
         mode = None if st is None else stat.S_IMODE(st.st_mode)
         _sweep(path)
         tmp = path.parent / f"{_tmp_prefix(path)}{os.getpid()}-{os.urandom(4).hex()}.tmp"

@@ -36,8 +36,8 @@ def test_check_reports_drift_with_file_and_fix(cli, tmp_path):
     path.write_text(path.read_text().replace('"largest-first"', '"smallest-first"', 1))
     code, out, err = cli("build", "-b", "fa3", "--check")
     assert code == 1 and out == ""
-    assert err.strip() == ("planner: error: plans/fa3.json: plan is stale: it differs from what the planner "
-                           "builds now; fix: run `planner build --backend fa3`")
+    assert err.strip() == ("planner: error: plans/fa3.json: plan is stale: its digest does not match its content "
+                           "(edited by hand or corrupted); fix: run `planner build --backend fa3`")
     code, _, err = cli("check", "plans")
     assert code == 1 and "plans/fa3.json: plan is stale" in err and "planner build --backend fa3" in err
     assert "planner check --fix" in err
@@ -253,9 +253,9 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
 def test_diff_shows_predictions_strategies_and_steps(cli):
     assert cli("build", "-b", "fa3")[0] == 0
     assert cli("build", "-b", "fa3", "-s", "order=smallest-first", "-o", "plans/asc.json")[0] == 0
-    code, out, _ = cli("diff", "plans/fa3.json", "plans/asc.json")
+    code, out, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--steps")
     assert code == 0
-    assert "predicted pool: 258.0 MiB -> " in out and "phase decode: order=largest-first" in out
+    assert "  pool shared: 258.0 MiB -> " in out and "[decode] optimizer: order=largest-first" in out
     assert "+capture decode 1 shared view" in out and "-capture decode 1 shared view" in out
     code, _, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--exit-code")
     assert code == 1

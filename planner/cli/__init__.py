@@ -35,8 +35,8 @@ INTERRUPTED = 130
 BROKEN_PIPE = 141
 
 #: command name -> module under planner.cli defining ``command``, in the order help lists them
-COMMANDS = {name: name for name in ("build", "check", "show", "explain", "diff", "graph", "simulate", "report",
-                                    "schema")}
+COMMANDS = {name: name for name in ("build", "check", "show", "explain", "diff", "plot", "graph", "simulate",
+                                    "report", "schema", "spec")}
 
 _state = {"debug": False}
 

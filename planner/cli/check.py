@@ -15,11 +15,27 @@ from ._common import PATH, Command, argument, option
 @option("--require-exact", is_flag=True, help="Also exit 1 for a plan whose prediction is approximate for the "
         "captured model (analytic figures for a config.json or MoE model).")
 def command(paths, fix, require_exact) -> None:
-    """Rebuild every plan from the command recorded in it and compare bytes (exit 1 on drift)."""
-    from planner.check import check_paths
+    """Rebuild every plan from the command recorded in it and compare bytes (exit 1 on drift).
+
+    Each stale plan is one line on stderr: which recorded input changed, how far
+    the prediction moved, and the command that rebuilds it; then one summary line.
+    """
+    from planner.check import StalePlans, check_paths
 
     paths = list(paths) or [Path("plans")]
-    for line in check_paths(paths, fix=fix):
+    try:
+        lines = check_paths(paths, fix=fix)
+    except StalePlans as err:
+        for line in err.ok:
+            click.echo(line)
+        if len(err.stale) == 1:  # its own line says it all
+            only = err.stale[0]
+            only.fix = f"{only.fix}, or `planner check --fix`"
+            raise only from None
+        for stale in err.stale:
+            click.echo(f"planner: error: {stale}", err=True)
+        raise
+    for line in lines:
         click.echo(line)
     if require_exact:
         from planner.check import _plan_files

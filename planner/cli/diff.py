@@ -1,4 +1,4 @@
-"""``planner diff A B``: what changes between two plans."""
+"""``planner diff OLD NEW``: what changes between two plans, for a terminal or a PR comment."""
 
 from __future__ import annotations
 
@@ -7,17 +7,63 @@ import click
 from ._common import PATH, Command, argument, option
 
 
+class Threshold(click.ParamType):
+    """``--fail-above``: a percentage of the old total (``5``, ``5%``) or an
+    amount (``64MiB``, ``1GiB``, ``8200B``). Anything else is a usage error
+    (exit 2, click's message)."""
+
+    name = "threshold"
+    _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip().lower()
+        unit = next((u for u in sorted(self._UNITS, key=len, reverse=True) if text.endswith(u)), None)
+        number = text[: -len(unit)] if unit else text.removesuffix("%")
+        try:
+            amount = float(number)
+        except ValueError:
+            amount = float("nan")
+        if not amount >= 0 or amount == float("inf"):
+            self.fail(f"{value!r} is not a percentage (5, 5%) or an amount (64MiB, 8200B)", param, ctx)
+        return ("bytes", int(amount * self._UNITS[unit])) if unit else ("percent", amount)
+
+
 @click.command("diff", cls=Command)
-@argument("a", "Old plan.", "path", type=PATH)
-@argument("b", "New plan.", "path", type=PATH)
-@option("--exit-code", is_flag=True, help="Exit 1 when the plans differ (like git diff).")
-def command(a, b, exit_code) -> None:
-    """Compare steps, strategies, decisions and predicted memory."""
-    from planner.render import diff as render
+@argument("old", "Old plan (e.g. the base branch's).", "path", type=PATH)
+@argument("new", "New plan.", "path", type=PATH)
+@option("--format", "-f", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
+        metavar="str", help="text, or markdown for a PR comment.")
+@option("--fail-above", type=Threshold(), metavar="pct|amount",
+        help="Exit 1 when the predicted total (pools + hoisted) grows by more than this: a percentage of the "
+             "old total (5, 5%) or an amount (64MiB, 8200B). Shrinking never fails.")
+@option("--exit-code", is_flag=True, help="Exit 1 when the plans differ at all (like git diff).")
+@option("--steps", is_flag=True, help="Also print the step-by-step diff.")
+def command(old, new, fmt, fail_above, exit_code, steps) -> None:
+    """Compare predicted memory (total, per pool, per phase, baseline, hoisted), inputs, decisions and steps."""
+    from planner.compare import compare, gate, render_markdown, render_text
 
     from ._common import read_plan
 
-    text, differs = render(read_plan(a), read_plan(b), str(a), str(b))
-    click.echo(text)
-    if differs and exit_code:
+    a, b = read_plan(old), read_plan(new)
+    d = compare(a, b, str(old), str(new), where=str(new))
+    failure = gate(a, b, fail_above, str(new)) if fail_above is not None else None
+    if fmt == "markdown":
+        verdict = None
+        if fail_above is not None:
+            verdict = f"**Over the limit**: {failure.what}" if failure else \
+                f"Within the limit: the predicted total grows by no more than {_limit(fail_above)}."
+        click.echo(render_markdown(d, steps=steps, verdict=verdict))
+    else:
+        click.echo(render_text(d, steps=steps))
+    if failure is not None:
+        raise failure
+    if exit_code and d.differs:
         raise click.exceptions.Exit(1)
+
+
+def _limit(threshold) -> str:
+    from planner.compare import limit_text
+
+    return limit_text(threshold)

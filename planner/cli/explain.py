@@ -15,4 +15,25 @@ def command(plan) -> None:
 
     from ._common import read_plan
 
-    click.echo(render(read_plan(plan)))
+    p = read_plan(plan)
+    click.echo(render(p, _head(p, plan)))
+
+
+def _head(p, path) -> str:
+    """The first line: the command that rebuilds the plan, runnable from the
+    current directory. A plan records its command relative to its own folder
+    (so that it is the same in every clone); where that command cannot be read
+    back (a newer planner's option), it is shown as recorded, with the folder to
+    run it in."""
+    import os
+
+    from planner.build import command_for_cwd
+    from planner.check import options_from_command
+    from schemas.errors import InputError
+
+    try:
+        opts = options_from_command(list(p.command), f"{path}: $.command", path)
+    except InputError:
+        folder = os.path.dirname(str(path)) or "."
+        return f"plan {p.name}, recorded command (run it in {folder}): {' '.join(p.command)}"
+    return f"plan {p.name}, rebuilt from here by: {command_for_cwd(opts)}"

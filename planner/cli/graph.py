@@ -10,10 +10,14 @@ from ._common import PATH, Command, argument, option
 @click.command("graph", cls=Command)
 @argument("plan", "Plan file.", "path", type=PATH)
 @option("--format", "-f", "fmt", default="dot", show_default=True, metavar="str", help="dot or mermaid.")
-def command(plan, fmt) -> None:
+@option("--phases", is_flag=True, help="One node per phase (its captures, size range, order and rules), edges "
+        "between phases: legible for plans of hundreds of steps.")
+def command(plan, fmt, phases) -> None:
     """Print the ordering graph, every edge labelled with its rule."""
     from schemas.errors import InputError
-    from planner.render import graph as render
+    from planner.render import graph, graph_phases
+
+    render = graph_phases if phases else graph
 
     from ._common import read_plan
 

@@ -1,0 +1,432 @@
+"""Two plans side by side: the figures, inputs and decisions a reviewer reads.
+
+Used by ``planner diff OLD NEW`` (text or Markdown, a CI threshold) and by
+``planner check``, which says per stale plan which recorded input changed and
+how far the prediction moved.
+
+A figure is one row of :data:`FIGURES`, ``(label, getter, unit)``: the getter
+takes a plan and returns a number, a ``{name: number}`` dict (one row per
+name: per pool, per phase) or None where the plan has no such figure (an
+older revision). Adding a figure is adding a row. Inputs are rows of
+:data:`INPUTS` the same way (a getter returning text or None).
+
+Byte figures are written so that a real change never reads "0.0 -> 0.0":
+a pair of values both under 1 MiB, and any change under 1 MiB, in bytes
+(``1,520.0 MiB -> 1,520.0 MiB (-8,200 B, -0.00051%)``, ``8,200 B -> 0 B``),
+otherwise MiB with one decimal; a percentage under 0.1% keeps two
+significant digits.
+
+What this does not do: a plan records its spec's digest, not the model's
+dimensions, so a model change shows as the spec (or model config) digest
+changing; the spec itself is not re-read.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Literal
+
+import msgspec
+
+from schemas.plan import Plan
+from schemas.units import MiB, mib
+
+__all__ = ["FIGURES", "INPUTS", "Figure", "InputChange", "DecisionChange", "PlanDiff", "compare", "total",
+           "bytes_text", "change_text", "render_text", "render_markdown", "moved", "gate", "limit_text",
+           "input_changes", "stale_reason"]
+
+Unit = Literal["bytes", "count"]
+
+
+def total(plan: Plan) -> int:
+    """What the plan takes: every graph pool at its peak plus the hoisted workspaces."""
+    return plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
+
+
+def _phase_growth(plan: Plan) -> dict[str, int]:
+    """Per phase, how much the pools grew during its captures (the timeline is
+    all pools together, so the phases' figures add up to the peak)."""
+    grown: dict[str, int] = {ph.name: 0 for ph in plan.phases}
+    before = 0
+    reserved = {m.step: m.reserved for m in plan.predicted.timeline}
+    for s in plan.steps:
+        if s.op == "capture":
+            grown[s.phase] = grown.get(s.phase, 0) + reserved[s.index] - before
+            before = reserved[s.index]
+    return grown
+
+
+#: (label, getter, unit): every figure ``planner diff`` compares, in the order it prints them
+FIGURES: list[tuple[str, Callable[[Plan], int | dict[str, int] | None], Unit]] = [
+    ("total (pools + hoisted)", total, "bytes"),
+    ("pools at peak", lambda p: p.predicted.pool_bytes, "bytes"),
+    ("pool", lambda p: dict(p.predicted.pools), "bytes"),
+    ("phase adds", _phase_growth, "bytes"),
+    ("largest graph alone", lambda p: p.predicted.largest_graph_bytes, "bytes"),
+    ("engines' loop baseline", lambda p: p.predicted.baseline_bytes, "bytes"),
+    ("hoisted", lambda p: p.predicted.hoisted_bytes, "bytes"),
+    ("captures", lambda p: sum(s.op == "capture" for s in p.steps), "count"),
+    ("warm-up runs", lambda p: p.predicted.warmup_runs, "count"),
+]
+
+
+def _digest(d: str | None) -> str:
+    return d.split(":", 1)[-1][:12] if d else "-"
+
+
+def _config(p: Plan) -> str | None:
+    i = p.inputs
+    if i.model_config is msgspec.UNSET:
+        return None
+    return f"{i.model_config} ({_digest(i.model_config_digest)})"
+
+
+def _sizes(sizes: list[int]) -> str:
+    s = sorted(sizes)
+    return f"{len(s)} sizes {s[0]}..{s[-1]}" if s else "no sizes"
+
+
+#: (label, getter): the recorded inputs ``planner diff`` and ``planner check`` compare
+INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
+    # relative to the plan's folder; a plan's name is its -o (or the default one), so the command says both
+    ("command", lambda p: " ".join(p.command)),
+    ("spec", lambda p: f"{p.inputs.spec} ({_digest(p.inputs.spec_digest)})"),
+    ("model config", _config),
+    ("backend", lambda p: p.inputs.backend),
+    ("ci", lambda p: str(p.inputs.ci).lower()),
+    ("speculative", lambda p: p.inputs.speculative or "none"),
+    ("tp", lambda p: str(p.inputs.tp)),
+    ("allocator", lambda p: p.predicted.allocator),
+    ("prediction", lambda p: p.predicted.source),
+    ("trace", lambda p: f"{p.inputs.trace} ({_digest(p.inputs.trace_digest)})" if p.inputs.trace else None),
+    ("pins", lambda p: " ".join(f"-s {s}" for s in p.inputs.strategies) or "none"),
+    ("rules", lambda p: _digest(p.inputs.rules_digest)),
+    ("sizes", lambda p: {ph.name: _sizes(ph.sizes) for ph in p.phases}),
+    ("plan revision", lambda p: str(p.revision)),
+]
+
+
+class Figure(msgspec.Struct, frozen=True):
+    label: str
+    old: int | None
+    new: int | None
+    unit: Unit
+
+
+class InputChange(msgspec.Struct, frozen=True):
+    label: str
+    old: str | None
+    new: str | None
+    #: for "sizes": the sizes added and removed
+    detail: str = ""
+
+
+class DecisionChange(msgspec.Struct, frozen=True):
+    phase: str
+    old: str | None
+    new: str | None
+    old_why: str = ""
+    new_why: str = ""
+
+
+class PlanDiff(msgspec.Struct, frozen=True):
+    old_name: str
+    new_name: str
+    #: every figure, changed or not (a table shows them all; text only the changed)
+    figures: list[Figure]
+    inputs: list[InputChange]
+    decisions: list[DecisionChange]
+    #: "steps: 73 -> 73 (...)" and which phases' capture order changed, when any
+    steps: list[str]
+    #: the unified diff of the step lists (``planner diff --steps``)
+    step_lines: list[str]
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.changed_figures or self.inputs or self.decisions or self.steps)
+
+    @property
+    def changed_figures(self) -> list[Figure]:
+        return [f for f in self.figures if f.old != f.new]
+
+
+def _expand(plan: Plan, label: str, getter) -> dict[str, int | None]:
+    value = getter(plan)
+    if isinstance(value, dict):
+        return {f"{label} {k}": v for k, v in value.items()}
+    return {label: value}
+
+
+def _figures(a: Plan, b: Plan) -> list[Figure]:
+    out = []
+    for label, getter, unit in FIGURES:
+        xa, xb = _expand(a, label, getter), _expand(b, label, getter)
+        for key in list(xa) + [k for k in xb if k not in xa]:
+            out.append(Figure(label=key, old=xa.get(key), new=xb.get(key), unit=unit))
+    return out
+
+
+def _size_detail(a: list[int], b: list[int]) -> str:
+    added, removed = sorted(set(b) - set(a)), sorted(set(a) - set(b))
+    parts = []
+    for sign, got in (("+", added), ("-", removed)):
+        if got:
+            shown = ", ".join(map(str, got[:8])) + (f", ... ({len(got)} in all)" if len(got) > 8 else "")
+            parts.append(f"{sign}[{shown}]")
+    return " ".join(parts)
+
+
+def input_changes(a: Plan, b: Plan) -> list[InputChange]:
+    """The recorded inputs that differ between ``a`` and ``b``, in :data:`INPUTS` order."""
+    out = []
+    sizes_a = {ph.name: ph.sizes for ph in a.phases}
+    sizes_b = {ph.name: ph.sizes for ph in b.phases}
+    for label, getter in INPUTS:
+        va, vb = getter(a), getter(b)
+        if isinstance(va, dict) or isinstance(vb, dict):
+            va, vb = va or {}, vb or {}
+            for name in list(va) + [n for n in vb if n not in va]:
+                # two size lists can read the same ("36 sizes 1..256") and still differ
+                same_sizes = label != "sizes" or sorted(sizes_a.get(name, [])) == sorted(sizes_b.get(name, []))
+                if va.get(name) != vb.get(name) or not same_sizes:
+                    detail = _size_detail(sizes_a.get(name, []), sizes_b.get(name, [])) if label == "sizes" else ""
+                    out.append(InputChange(label=f"{label} {name}", old=va.get(name), new=vb.get(name),
+                                           detail=detail))
+        elif va != vb:
+            out.append(InputChange(label=label, old=va, new=vb))
+    return out
+
+
+def _decisions(a: Plan, b: Plan) -> list[DecisionChange]:
+    """Per phase, the decisions whose choice changed, matched by the rule that made them."""
+    def keyed(p: Plan) -> dict[tuple[str, str], object]:
+        return {(d.phase, d.rule): d for d in p.decisions}
+
+    da, db = keyed(a), keyed(b)
+    out = []
+    for key in list(db) + [k for k in da if k not in db]:
+        o, n = da.get(key), db.get(key)
+        if o is not None and n is not None and o.choice == n.choice:
+            continue
+        out.append(DecisionChange(phase=key[0], old=f"{o.rule}: {o.choice}" if o else None,
+                                  new=f"{n.rule}: {n.choice}" if n else None,
+                                  old_why=o.why if o else "", new_why=n.why if n else ""))
+    return out
+
+
+def _steps(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[list[str], list[str]]:
+    def key(s) -> str:
+        return f"{s.op} {s.phase} {s.bs} {s.pool or '-'} {s.outputs or '-'}"
+
+    ta, tb = [key(s) for s in a.steps], [key(s) for s in b.steps]
+    lines = list(difflib.unified_diff(ta, tb, f"{name_a} steps", f"{name_b} steps", lineterm="", n=1))
+    if not lines:
+        return [], []
+
+    def counts(p: Plan) -> str:
+        ops = [s.op for s in p.steps]
+        return f"{len(ops)} ({_n(ops.count('capture'), 'capture')}, {_n(ops.count('warmup'), 'warm-up')}, " \
+               f"{_n(ops.count('provision'), 'provision')})"
+
+    summary = [f"steps: {counts(a)} -> {counts(b)}" if counts(a) != counts(b) else
+               f"steps: {counts(b)} in both, not the same (--steps shows how)"]
+
+    def captured(p: Plan) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for s in p.steps:
+            if s.op == "capture":
+                out.setdefault(s.phase, []).append(s.bs)
+        return out
+
+    ca, cb = captured(a), captured(b)
+    reordered = [n for n in cb if n in ca and sorted(ca[n]) == sorted(cb[n]) and ca[n] != cb[n]]
+    if reordered:
+        summary.append("capture order changed in " + ", ".join(reordered))
+    seq_a = list(dict.fromkeys(s.phase for s in a.steps if s.op == "capture"))
+    seq_b = list(dict.fromkeys(s.phase for s in b.steps if s.op == "capture"))
+    if seq_a != seq_b:
+        summary.append(f"phase order: {' -> '.join(seq_a)} => {' -> '.join(seq_b)}")
+    return summary, lines
+
+
+def _n(k: int, what: str) -> str:
+    return f"{k} {what}" + ("" if k == 1 else "s")
+
+
+def compare(a: Plan, b: Plan, name_a: str, name_b: str, *, where: str | None = None) -> PlanDiff:
+    """Everything that differs from ``a`` (old) to ``b`` (new). Plans of
+    different versions (incompatible layouts) are an InputError at ``where``."""
+    if a.version != b.version:
+        from schemas.errors import InputError
+
+        raise InputError(f"plans of different versions ({name_a}: {a.version}, {name_b}: {b.version}) "
+                         "cannot be compared", where=where or name_b,
+                         fix="rebuild the older one with this capture-plan and diff again")
+    summary, lines = _steps(a, b, name_a, name_b)
+    return PlanDiff(old_name=name_a, new_name=name_b, figures=_figures(a, b), inputs=input_changes(a, b),
+                    decisions=_decisions(a, b), steps=summary, step_lines=lines)
+
+
+def bytes_text(n: int, in_bytes: bool) -> str:
+    """``n`` in bytes (``8,200 B``) or MiB (``1,520.0 MiB``); nothing is ``0 B``."""
+    return f"{n:,} B" if in_bytes or n == 0 else mib(n)
+
+
+def _signed(d: int, in_bytes: bool) -> str:
+    sign = "+" if d >= 0 else "-"
+    return sign + bytes_text(abs(d), in_bytes or abs(d) < MiB)
+
+
+def change_text(old: int | None, new: int | None, unit: Unit = "bytes") -> str:
+    """``old -> new (change, percent)``: bytes below 1 MiB exactly, MiB above,
+    never two equal roundings for a real change."""
+    if unit == "count":
+        def show(v): return "(none)" if v is None else f"{v:,}"
+        if old is None or new is None or old == new:
+            return f"{show(old)} -> {show(new)}"
+        return f"{show(old)} -> {show(new)} ({new - old:+,}, {_percent(new - old, old)})"
+    values = [v for v in (old, new) if v is not None]
+    in_bytes = max(values, default=0) < MiB
+    def show(v): return "(none)" if v is None else bytes_text(v, in_bytes)
+    if old is None or new is None or old == new:
+        return f"{show(old)} -> {show(new)}"
+    d = new - old
+    # a change under 1 MiB is written in bytes, so two equal MiB roundings still show it
+    return f"{show(old)} -> {show(new)} ({_signed(d, in_bytes)}, {_percent(d, old)})"
+
+
+def _percent(d: int, old: int) -> str:
+    """``d`` as a percentage of ``old``; a tiny one keeps two significant digits
+    (``-0.00051%``), never "-0.0%"."""
+    if not old:
+        return "new"
+    p = d * 100 / old
+    return f"{p:+.1f}%" if abs(p) >= 0.1 else f"{p:+.2g}%"
+
+
+def moved(a: Plan, b: Plan) -> str:
+    """How far the prediction moved, in one clause: the total, then what else changed."""
+    t = f"predicted total {change_text(total(a), total(b))}"
+    others = [f for f in _figures(a, b) if f.old != f.new and not f.label.startswith("total")]
+    if total(a) == total(b) and not others:
+        return "prediction unchanged"
+    if total(a) == total(b):
+        return f"predicted total unchanged ({bytes_text(total(b), total(b) < MiB)}); " + \
+            f"{others[0].label} {change_text(others[0].old, others[0].new, others[0].unit)}"
+    return t
+
+
+def _input_text(c: InputChange) -> str:
+    if c.label.startswith("sizes ") and c.old and c.new:
+        return f"{c.label}: {c.old} -> {c.new} ({c.detail})" if c.detail else f"{c.label}: {c.old} -> {c.new}"
+    if c.old and c.new and c.old.endswith(")") and c.new.endswith(")"):
+        # the same file with other contents: "spec: my.toml (d488039a491f -> 4ef05cf04192)"
+        name_a, _, digest_a = c.old[:-1].rpartition(" (")
+        name_b, _, digest_b = c.new[:-1].rpartition(" (")
+        if name_a == name_b:
+            return f"{c.label}: {name_a} ({digest_a} -> {digest_b})"
+    return f"{c.label}: {c.old or '(none)'} -> {c.new or '(none)'}"
+
+
+def render_text(d: PlanDiff, *, steps: bool = False) -> str:
+    """The diff for a terminal: changed figures, inputs, decisions, steps."""
+    if not d.differs:
+        return f"{d.old_name} and {d.new_name}: no differences in inputs, steps, decisions or predictions"
+    out = [f"{d.old_name} -> {d.new_name}"]
+    if d.changed_figures:
+        out.append("predicted:")
+        out += [f"  {f.label}: {change_text(f.old, f.new, f.unit)}" for f in d.changed_figures]
+    if d.inputs:
+        out.append("inputs:")
+        out += [f"  {_input_text(c)}" for c in d.inputs]
+    if d.decisions:
+        out.append("decisions:")
+        for c in d.decisions:
+            out.append(f"  [{c.phase}] {c.old or '(none)'} -> {c.new or '(none)'}")
+            if c.new_why or c.old_why:
+                out.append(f"    why: {c.new_why}" if c.new_why else f"    why it was: {c.old_why}")
+    if d.steps:
+        out += d.steps
+    if steps and d.step_lines:
+        out += d.step_lines
+    return "\n".join(out)
+
+
+def _md(text: str) -> str:
+    # a table cell: pipes would end it, newlines the row
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def render_markdown(d: PlanDiff, *, steps: bool = False, verdict: str | None = None) -> str:
+    """The diff as a Markdown PR comment: a table of every figure (changed ones
+    bold), then inputs, decisions and steps as lists."""
+    head = f"### Capture plan `{_md(d.new_name)}` vs `{_md(d.old_name)}`"
+    out = [head, ""]
+    if verdict:
+        out += [verdict, ""]
+    if not d.differs:
+        return "\n".join(out + ["No differences in inputs, steps, decisions or predictions."])
+    out += ["| figure | old | new | change |", "| --- | ---: | ---: | ---: |"]
+    for f in d.figures:
+        if f.old == f.new:
+            if f.unit == "bytes":
+                cell = "-" if f.old is None else bytes_text(f.old, f.old < MiB)
+            else:
+                cell = "-" if f.old is None else f"{f.old:,}"
+            out.append(f"| {_md(f.label)} | {cell} | {cell} | |")
+            continue
+        text = change_text(f.old, f.new, f.unit)
+        old, _, rest = text.partition(" -> ")
+        new, _, change = rest.partition(" (")
+        out.append(f"| **{_md(f.label)}** | {old} | {new} | **{change.rstrip(')')}** |")
+    if d.inputs:
+        out += ["", "**Inputs that differ**", ""]
+        out += [f"- {_md(_input_text(c))}" for c in d.inputs]
+    if d.decisions:
+        out += ["", "**Decisions that changed**", ""]
+        for c in d.decisions:
+            out.append(f"- `{_md(c.phase)}`: {_md(c.old or '(none)')} → {_md(c.new or '(none)')}")
+            if c.new_why or c.old_why:
+                out.append(f"  - why: {_md(c.new_why)}" if c.new_why else f"  - why it was: {_md(c.old_why)}")
+    if d.steps:
+        out += ["", "**Steps**: " + _md("; ".join(d.steps).removeprefix("steps: "))]
+    if steps and d.step_lines:
+        out += ["", "<details><summary>step diff</summary>", "", "```diff"] + d.step_lines + ["```", "", "</details>"]
+    return "\n".join(out)
+
+
+def limit_text(threshold: tuple[str, float]) -> str:
+    kind, amount = threshold
+    return f"{amount:g}%" if kind == "percent" else bytes_text(int(amount), amount < MiB)
+
+
+def gate(a: Plan, b: Plan, threshold: tuple[str, float], where: str):
+    """The DriftError to raise when ``b``'s total grew from ``a``'s by more than
+    ``threshold`` (``("percent", 5.0)`` or ``("bytes", n)``); None when within.
+    Growth from a total of 0 is over any percentage."""
+    from schemas.errors import DriftError
+
+    old, new = total(a), total(b)
+    grown = new - old
+    kind, amount = threshold
+    over = grown > amount if kind == "bytes" else grown > 0 and (old == 0 or grown * 100 > amount * old)
+    if not over:
+        return None
+    return DriftError(f"predicted total grew {change_text(old, new)}, above --fail-above {limit_text(threshold)}",
+                      where=where, fix="make the plan cheaper, or raise --fail-above if the growth is intended")
+
+
+def stale_reason(old: Plan, new: Plan, *, inputs_shown: int = 3) -> str:
+    """Why a checked-in plan ``old`` differs from the rebuild ``new``, in one
+    clause: the recorded inputs that changed (the first ``inputs_shown``), or
+    that none did (the planner's code or data tables predict differently), and
+    how far the prediction moved."""
+    changes = input_changes(old, new)
+    if changes:
+        shown = [_input_text(c) for c in changes[:inputs_shown]]
+        if len(changes) > inputs_shown:
+            shown.append(f"{len(changes) - inputs_shown} more input(s)")
+        why = "changed: " + ", ".join(shown)
+    else:
+        why = "no recorded input changed (this planner's code or data tables predict differently)"
+    return f"{why}; {moved(old, new)}"
