@@ -50,20 +50,39 @@ would let one of them undo the other's pin mid-run). Meanwhile every SDPA
 call in the process sees the pin; targets that run concurrently share the
 first one's backends.
 
+**The cache has the shapes the model writes**: each layer is allocated from
+one eager step of batch 1 with a dynamic cache (at construction), so MLA
+attention (DeepSeek-V3, Kimi K2: a compressed latent of one head, its two
+parts of different widths) needs no config arithmetic. **MoE experts** run
+as transformers dispatches them (``experts_implementation``); ``grouped_mm``
+(transformers' default) and ``batched_mm`` route on the device and are
+accepted, ``eager`` (a loop over the experts hit, read on the host) is
+refused. The forward's cache argument is ``cache`` where the model's
+signature has it (transformers 5.24; ``past_key_values`` there warns) and
+``past_key_values`` otherwise (5.17).
+
 Constraints: the model is in eval mode on one device; sliding-window layers
-must have a window of at least ``max_seqlen`` (the cache never rolls), and
-their host-side write counter is reset by ``run`` on the batch's shared cache
-view, so a model with sliding-window layers must not run the same batch size
-on two threads at once (a background capture with the eager fallback can:
-use ``fallback="wait"`` for such models); tested
-with transformers 5.17 (Llama, Mixtral, Qwen2-MoE, Gemma2 built from configs).
-What it does not do: paged KV, sampling, tensor parallelism, prefill.
+must have a window of at least ``max_seqlen`` (the cache never rolls: a
+rolling window's update branches on a host-side counter, which a captured
+graph would freeze), and their host-side write counter is reset by ``run``
+on the batch's shared cache view, so a model with sliding-window layers must
+not run the same batch size on two threads at once (a background capture
+with the eager fallback can: use ``fallback="wait"`` for such models).
+Linear-attention layers (Qwen3-Next) are refused: transformers allocates
+their state at first use, inside the first capture's pool. Tested with
+transformers 5.17 and 5.24 on CPU (tests/test_adapters_cpu.py: Llama,
+Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, GPT-OSS, GLM-4-MoE, Mistral,
+Gemma2 built from tiny configs) and with 5.17 on an H200 for Llama,
+Mixtral, Qwen2-MoE and Gemma2 (tests/test_gpu_adapters.py).
+What it does not do: paged KV, sampling, tensor parallelism, prefill, a
+rolling sliding window.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import threading
 from dataclasses import dataclass
 
@@ -113,16 +132,19 @@ class HFTarget:
         self.device, self.dtype = p.device, p.dtype
         cfg = model.config.get_text_config(decoder=True)
         self.vocab = cfg.vocab_size
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name
+        # warns, and goes in 5.40); 5.17 knows only the old one. Ask the signature, not
+        # the version: the rename is per model class.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        _check_experts(model)
         self.cache = StaticCache(config=model.config, max_cache_len=max_seqlen)
         short = [layer.max_cache_len for layer in self.cache.layers
                  if getattr(layer, "is_sliding", False) and layer.max_cache_len < max_seqlen]
         if short:
             raise ValueError(f"sliding_window {short[0]} < max_seqlen {max_seqlen}: the static cache would roll, "
                              "which a captured graph cannot follow; lower max_seqlen")
-        self.cache.early_initialization(batch_size=max_bs, num_heads=kv_heads, head_dim=head_dim,
-                                        dtype=self.dtype, device=self.device)
+        self._allocate_cache(max_bs)
         # Each layer's write position, reset from `position` at every run. The
         # counters are views of one tensor, so the reset is a single copy.
         self._counters = torch.zeros(len(self.cache.layers), dtype=torch.long, device=self.device)
@@ -150,7 +172,7 @@ class HFTarget:
                 layer.cumulative_length_int = 0
         with self._attention(), torch.no_grad():
             out = self.model(input_ids=buf.ids[:bs], position_ids=buf.positions[:bs], attention_mask=buf.mask[:bs],
-                             past_key_values=self._view(bs), use_cache=True)
+                             use_cache=True, **{self._cache_kwarg: self._view(bs)})
         return out.logits.reshape(bs * t, -1)
 
     def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None:
@@ -178,6 +200,45 @@ class HFTarget:
         """Nothing to hoist: transformers' attention has no per-call workspace."""
 
     # -- pieces --------------------------------------------------------------
+    def _allocate_cache(self, max_bs: int) -> None:
+        """Allocate every layer of the static cache now, outside any graph pool,
+        with the shapes the model itself writes.
+
+        Those shapes are read from one eager step of batch 1 with a dynamic
+        cache, not from the config: MLA attention (DeepSeek-V3, Kimi K2)
+        caches its compressed latent as one head, ``kv_lora_rank`` wide in the
+        "keys" and ``qk_rope_head_dim`` wide in the "values" (transformers
+        5.17-5.24 expand them to per-head keys and values after the cache),
+        which neither the config's heads nor its ``head_dim`` describe.
+        ``StaticCache``'s own ``early_initialization`` takes one head count
+        and one head dim from the caller, and the first decode step then
+        failed in ``index_copy_``.
+
+        Refused (ValueError): a layer whose state transformers allocates only
+        at its first use (linear attention, e.g. Qwen3-Next's Gated DeltaNet
+        layers): that allocation would land in the first capture's pool.
+        """
+        from transformers import DynamicCache
+
+        lazy = [(i, type(layer).__name__) for i, layer in enumerate(self.cache.layers)
+                if not getattr(layer, "supports_early_init", True)]
+        if lazy:
+            raise ValueError(f"cache layer {lazy[0][0]} is a {lazy[0][1]}, whose state transformers allocates at "
+                             "its first use (inside the first capture's pool); HFTarget supports attention layers "
+                             "with a key/value cache only")
+        probe = DynamicCache(config=self.model.config)
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            self.model(input_ids=ids, use_cache=True, **{self._cache_kwarg: probe})
+        if len(probe.layers) != len(self.cache.layers):
+            raise ValueError(f"the model wrote {len(probe.layers)} cache layers, the static cache has "
+                             f"{len(self.cache.layers)}: layers that share a cache are not supported")
+        for layer, seen in zip(self.cache.layers, probe.layers):
+            k, v = seen.keys, seen.values
+            # zero-length along the sequence: the layer allocates its full size, nothing else
+            layer.lazy_initialization(k.new_zeros(max_bs, k.shape[1], 0, k.shape[-1]),
+                                      v.new_zeros(max_bs, v.shape[1], 0, v.shape[-1]))
+
     def _attention(self) -> contextlib.AbstractContextManager:
         """The SDPA kernels allowed while the model runs (read at every call, so
         the attribute can be changed between captures)."""
@@ -201,6 +262,28 @@ class HFTarget:
                 view.layers.append(lv)
             self._views[bs] = view
         return view
+
+
+def _check_experts(model) -> None:
+    """Refuse MoE experts that route on the host.
+
+    transformers runs a MoE block's experts through ``experts_implementation``:
+    ``grouped_mm`` (its default where the kernel exists) and ``batched_mm``
+    route on the device, the same kernels for any routing; ``eager`` loops
+    over the experts that received tokens (``nonzero()`` read on the host),
+    so a graph would replay the routing of the batch it was captured with.
+    Experts classes are recognised by what transformers' experts decorator
+    adds to them (``_apply_gate``); a MoE block that transformers does not
+    route through that decorator is not checked here.
+    """
+    for name, module in model.named_modules():
+        if hasattr(type(module), "_apply_gate") and getattr(module, "config", None) is not None:
+            impl = getattr(module.config, "_experts_implementation", None)
+            if impl == "eager":
+                raise ValueError(f"{name}: experts_implementation 'eager' routes tokens on the host (a captured graph "
+                                 "would replay one batch's routing); load the model with "
+                                 "experts_implementation='grouped_mm' or 'batched_mm'")
+            return
 
 
 # -- the process-wide SDPA pin -------------------------------------------------

@@ -13,22 +13,52 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             intermediate_size=128, vocab_size=101, max_position_embeddings=256)
 
 
-def _model(kind: str):
+#: DeepSeek-V3-style MLA: keys of qk_nope + qk_rope = 24 per head, values of 12
+MLA = dict(kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def _config(kind: str):
+    """A tiny config of each architecture the adapter is tested with."""
     if kind == "llama":
-        cfg = transformers.LlamaConfig(**TINY)
-    elif kind == "mixtral":
-        cfg = transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2)
-    elif kind == "qwen2_moe":
-        cfg = transformers.Qwen2MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                          shared_expert_intermediate_size=64)
-    else:
-        cfg = transformers.Gemma2Config(**TINY, head_dim=16, sliding_window=64)
-    cfg._attn_implementation = "sdpa" if kind != "gemma2" else "eager"
+        return transformers.LlamaConfig(**TINY)
+    if kind == "mixtral":
+        return transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2)
+    if kind == "qwen2_moe":
+        return transformers.Qwen2MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=64)
+    if kind == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    if kind == "deepseek_v3":  # MLA; layer 0 dense, layer 1 routed (group-limited top-k) plus a shared expert
+        return transformers.DeepseekV3Config(**{**TINY, "num_key_value_heads": 4}, **MLA, n_routed_experts=8,
+                                             n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                             moe_intermediate_size=32, first_k_dense_replace=1)
+    if kind == "gpt_oss":  # MoE with biases, attention sinks, a sliding layer then a full one
+        return transformers.GptOssConfig(**TINY, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                         sliding_window=64)
+    if kind == "glm4_moe":
+        return transformers.Glm4MoeConfig(**TINY, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                                          moe_intermediate_size=32, first_k_dense_replace=1)
+    if kind == "mistral":  # every layer sliding (the window is longer than the tests' caches)
+        return transformers.MistralConfig(**TINY, sliding_window=64)
+    if kind == "gemma2":
+        return transformers.Gemma2Config(**TINY, head_dim=16, sliding_window=64)
+    raise AssertionError(kind)
+
+
+#: attention each kind runs: SDPA where transformers supports it (GPT-OSS's sinks and
+#: Gemma2's soft-capping need the eager attention)
+EAGER_ATTENTION = {"gemma2", "gpt_oss"}
+
+
+def _model(kind: str, **kw):
+    cfg = _config(kind)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32)
+    return transformers.AutoModelForCausalLM.from_config(
+        cfg, attn_implementation="eager" if kind in EAGER_ATTENTION else "sdpa", **kw).to(torch.float32)
 
 
-KINDS = ["llama", "mixtral", "qwen2_moe", "gemma2"]
+KINDS = ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "mistral", "gemma2"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -233,3 +263,61 @@ def test_a_step_leaves_nothing_alive_but_its_output(kind, tmp_path):
     for bs in (8, 3):
         alive, out = _alive_after(lambda bs=bs: target.run("decode", bs, None), tmp_path)
         assert alive == {out.untyped_storage().data_ptr(): out.untyped_storage().nbytes()}, (bs, alive)
+
+
+def test_mla_cache_has_the_shapes_the_model_writes():
+    """DeepSeek-V3's MLA caches its compressed latent, one head: as "keys" the
+    kv_lora_rank part, as "values" the qk_rope_head_dim part (transformers
+    expands them to per-head keys and values after the cache). A cache made
+    from the config's heads and head_dim made the first step fail in
+    index_copy_; the adapter now takes each layer's shapes from the model."""
+    target = HFTarget(_model("deepseek_v3"), max_bs=4, max_seqlen=16)
+    for layer in target.cache.layers:
+        assert layer.keys.shape == (4, 1, 16, MLA["kv_lora_rank"])
+        assert layer.values.shape == (4, 1, 16, MLA["qk_rope_head_dim"])
+
+
+def test_run_uses_the_cache_argument_this_transformers_names():
+    """transformers 5.24 renamed forward's ``past_key_values`` to ``cache`` (the old
+    name warns); 5.17 knows only ``past_key_values``. No deprecation warning either way."""
+    import warnings
+
+    target = HFTarget(_model("llama"), max_bs=2, max_seqlen=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target.run("decode", 2, None)
+    params = __import__("inspect").signature(target.model.forward).parameters
+    assert target._cache_kwarg in params
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+def test_moe_experts_route_on_the_device(impl, monkeypatch):
+    """Both device-side experts implementations of transformers are one program
+    for any routing (the same ops on the same buffers), eager or captured."""
+    target = HFTarget(_model("qwen3_moe", experts_implementation=impl).to(torch.bfloat16), max_bs=8, max_seqlen=32)
+    assert target.model.config._experts_implementation == impl
+    target.run("decode", 6, None)
+    static = _static_buffers(target)
+    logs = []
+    for seed in (1, 2):
+        target.prepare("decode", 6, 6, torch.Generator().manual_seed(seed))
+        with _OpLog(static) as log:
+            target.run("decode", 6, None)
+        logs.append(log.ops)
+    assert logs[0] == logs[1]
+
+
+def test_experts_that_route_on_the_host_are_refused():
+    with pytest.raises(ValueError, match=r"experts_implementation 'eager' routes tokens on the host"):
+        HFTarget(_model("mixtral", experts_implementation="eager"), max_bs=2, max_seqlen=8)
+
+
+def test_linear_attention_layers_are_refused():
+    """Qwen3-Next's Gated DeltaNet layers keep a state that transformers allocates
+    at first use, which would land in the first capture's pool."""
+    cfg = transformers.Qwen3NextConfig(**TINY, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                       linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(ValueError, match=r"cache layer 0 is a .*supports attention layers with a key/value cache"):
+        HFTarget(transformers.AutoModelForCausalLM.from_config(cfg), max_bs=2, max_seqlen=8)
