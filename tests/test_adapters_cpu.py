@@ -7,58 +7,21 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import hf_tiny  # noqa: E402
 from adapters.hf import DETERMINISTIC_SDPA, HFTarget  # noqa: E402
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=101, max_position_embeddings=256)
 
 
-#: DeepSeek-V3-style MLA: keys of qk_nope + qk_rope = 24 per head, values of 12
-MLA = dict(kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
-           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-
-
-def _config(kind: str):
-    """A tiny config of each architecture the adapter is tested with."""
-    if kind == "llama":
-        return transformers.LlamaConfig(**TINY)
-    if kind == "mixtral":
-        return transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2)
-    if kind == "qwen2_moe":
-        return transformers.Qwen2MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                           shared_expert_intermediate_size=64)
-    if kind == "qwen3_moe":
-        return transformers.Qwen3MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    if kind == "deepseek_v3":  # MLA; layer 0 dense, layer 1 routed (group-limited top-k) plus a shared expert
-        return transformers.DeepseekV3Config(**{**TINY, "num_key_value_heads": 4}, **MLA, n_routed_experts=8,
-                                             n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
-                                             moe_intermediate_size=32, first_k_dense_replace=1)
-    if kind == "gpt_oss":  # MoE with biases, attention sinks, a sliding layer then a full one
-        return transformers.GptOssConfig(**TINY, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-                                         sliding_window=64)
-    if kind == "glm4_moe":
-        return transformers.Glm4MoeConfig(**TINY, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                                          moe_intermediate_size=32, first_k_dense_replace=1)
-    if kind == "mistral":  # every layer sliding (the window is longer than the tests' caches)
-        return transformers.MistralConfig(**TINY, sliding_window=64)
-    if kind == "gemma2":
-        return transformers.Gemma2Config(**TINY, head_dim=16, sliding_window=64)
-    raise AssertionError(kind)
-
-
-#: attention each kind runs: SDPA where transformers supports it (GPT-OSS's sinks and
-#: Gemma2's soft-capping need the eager attention)
-EAGER_ATTENTION = {"gemma2", "gpt_oss"}
-
-
 def _model(kind: str, **kw):
-    cfg = _config(kind)
+    cfg = hf_tiny.config(kind, TINY, head_dim=16, expert=32, window=64)
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(
-        cfg, attn_implementation="eager" if kind in EAGER_ATTENTION else "sdpa", **kw).to(torch.float32)
+        cfg, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa", **kw).to(torch.float32)
 
 
-KINDS = ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe", "mistral", "gemma2"]
+KINDS = list(hf_tiny.KINDS)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -271,10 +234,13 @@ def test_mla_cache_has_the_shapes_the_model_writes():
     expands them to per-head keys and values after the cache). A cache made
     from the config's heads and head_dim made the first step fail in
     index_copy_; the adapter now takes each layer's shapes from the model."""
-    target = HFTarget(_model("deepseek_v3"), max_bs=4, max_seqlen=16)
+    model = _model("deepseek_v3")
+    cfg = model.config
+    assert cfg.kv_lora_rank != cfg.qk_rope_head_dim and cfg.v_head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    target = HFTarget(model, max_bs=4, max_seqlen=16)
     for layer in target.cache.layers:
-        assert layer.keys.shape == (4, 1, 16, MLA["kv_lora_rank"])
-        assert layer.values.shape == (4, 1, 16, MLA["qk_rope_head_dim"])
+        assert layer.keys.shape == (4, 1, 16, cfg.kv_lora_rank)
+        assert layer.values.shape == (4, 1, 16, cfg.qk_rope_head_dim)
 
 
 def test_run_uses_the_cache_argument_this_transformers_names():

@@ -14,6 +14,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import hf_tiny
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -35,44 +36,15 @@ def _capture_bench():
     return mod
 
 
-def _config(kind: str):
-    common = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-                  intermediate_size=1024, vocab_size=8192, max_position_embeddings=1024)
-    if kind == "llama":
-        return transformers.LlamaConfig(**common)
-    if kind == "mixtral":
-        return transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
-    if kind == "qwen2_moe":
-        return transformers.Qwen2MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-                                           shared_expert_intermediate_size=512)
-    if kind == "qwen3_moe":
-        return transformers.Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
-    if kind == "deepseek_v3":  # MLA (a compressed latent cache), group-limited routing, a shared expert
-        return transformers.DeepseekV3Config(
-            **{**common, "num_key_value_heads": 8}, kv_lora_rank=64, q_lora_rank=96, qk_nope_head_dim=32,
-            qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-            n_group=2, topk_group=1, moe_intermediate_size=256, first_k_dense_replace=1,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    if kind == "gpt_oss":  # MoE with biases, attention sinks, a sliding layer then a full one
-        return transformers.GptOssConfig(**common, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
-                                         sliding_window=256)
-    if kind == "glm4_moe":
-        return transformers.Glm4MoeConfig(**common, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                                          moe_intermediate_size=256, first_k_dense_replace=1)
-    if kind == "mistral":  # sliding-window attention on every layer (the window covers the cache)
-        return transformers.MistralConfig(**common, sliding_window=1024)
-    if kind == "gemma2":
-        return transformers.Gemma2Config(**common, head_dim=64, sliding_window=1024)
-    raise AssertionError(kind)
-
-
 def _model(kind: str):
     import torch
 
-    cfg = _config(kind)
+    common = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                  intermediate_size=1024, vocab_size=8192, max_position_embeddings=1024)
+    cfg = hf_tiny.config(kind, common, head_dim=64, expert=256, window=1024)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        cfg, dtype=torch.bfloat16, attn_implementation="eager" if kind in ("gemma2", "gpt_oss") else "sdpa")
+        cfg, dtype=torch.bfloat16, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa")
     return model.to("cuda"), cfg
 
 
@@ -86,8 +58,7 @@ def _spec(tmp_path, cfg) -> "object":
     return path
 
 
-@pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe",
-                                  "mistral", "gemma2"])
+@pytest.mark.parametrize("kind", list(hf_tiny.KINDS))
 def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, kind):
     from adapters.hf import HFTarget
     from executor import capture, profile, write_trace
@@ -114,7 +85,7 @@ def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, ki
         gs.release()
 
 
-@pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe", "mistral"])
+@pytest.mark.parametrize("kind", [k for k in hf_tiny.KINDS if k not in hf_tiny.EAGER_ATTENTION])
 def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind):
     """With the adapter's attention pin (flash / efficient / math), every replay
     of the engines' loop equals an eager run of the same inputs bit for bit,
