@@ -293,3 +293,17 @@ def test_the_table_reads_what_transformers_builds(tmp_path, mt):
     if m.experts is not msgspec.UNSET:
         experts = [mod for mod in model.modules() if type(mod).__name__.endswith("Experts")]
         assert experts and all(next(e.parameters()).shape[0] == m.experts for e in experts), mt
+
+
+def test_reading_a_config_imports_neither_transformers_nor_torch(tmp_path):
+    """The alias table is data: the planner reads a config without transformers."""
+    import subprocess
+    import sys
+
+    spec = _write(tmp_path, {**DEEPSEEK_V3, "num_local_experts": 256})
+    code = ("import sys\nfrom pathlib import Path\nfrom planner import BuildOptions, build_plan\n"
+            f"build_plan(BuildOptions(backend='torch', spec=Path({str(spec)!r})))\n"
+            "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
