@@ -18,7 +18,8 @@ Every ``run`` first copies the prepared write position into each cache
 layer's position counter (inside the graph, so replays and eager runs write
 the new keys and values into the same slots and read the same history: a
 replay equals an eager run on the same inputs). The mask is passed as a 4-D
-tensor, so transformers builds none itself (its mask code reads tensor values
+tensor (one per layer type for hybrid sliding-window models), so
+transformers builds none itself (its mask code reads tensor values
 on the host when not capturing, which would make eager and captured runs
 take different paths).
 
@@ -50,20 +51,45 @@ would let one of them undo the other's pin mid-run). Meanwhile every SDPA
 call in the process sees the pin; targets that run concurrently share the
 first one's backends.
 
-Constraints: the model is in eval mode on one device; sliding-window layers
-must have a window of at least ``max_seqlen`` (the cache never rolls), and
-their host-side write counter is reset by ``run`` on the batch's shared cache
-view, so a model with sliding-window layers must not run the same batch size
-on two threads at once (a background capture with the eager fallback can:
-use ``fallback="wait"`` for such models); tested
-with transformers 5.17 (Llama, Mixtral, Qwen2-MoE, Gemma2 built from configs).
-What it does not do: paged KV, sampling, tensor parallelism, prefill.
+**The cache has the shapes the model writes**: each layer is allocated from
+one eager step of batch 1 with a dynamic cache (at construction), so MLA
+attention (DeepSeek-V3, Kimi K2: a compressed latent of one head, its two
+parts of different widths) needs no config arithmetic. **MoE experts** run
+as transformers dispatches them (``experts_implementation``); ``grouped_mm``
+(transformers' default) and ``batched_mm`` route on the device and are
+accepted, ``eager`` (a loop over the experts hit, read on the host) is
+refused. The forward's cache argument is ``cache`` where the model's
+signature has it (transformers 5.24; ``past_key_values`` there warns) and
+``past_key_values`` otherwise (5.17).
+
+**Sliding-window layers** keep all ``max_seqlen`` slots like full layers,
+and their window is applied by the mask (``HFTarget.window``; hybrid models
+get one mask per layer type, as transformers keys them): transformers' own
+sliding cache is a ring of ``window`` slots that rolls on a host-side
+branch, which a captured graph would freeze. The cost is memory: a sliding
+layer's cache is ``max_seqlen`` slots, not ``window``.
+
+Constraints: the model is in eval mode on one device; sliding layers of
+different windows narrower than the cache, and chunked attention (Llama 4)
+narrower than the cache, are refused. Linear-attention layers (Qwen3-Next)
+are refused: transformers allocates their state at first use, inside the
+first capture's pool. Tested with transformers 5.17 and 5.24 on CPU
+(tests/test_adapters_cpu.py: Llama, Mixtral, Qwen2-MoE, Qwen3-MoE,
+DeepSeek-V3, GPT-OSS, GLM-4-MoE, Mistral, Gemma2 built from tiny configs;
+decoding through a narrow window equals transformers' full-sequence forward)
+and with 5.17 on an H200 for Llama, Mixtral, Qwen2-MoE and Gemma2 with
+windows at least ``max_seqlen`` (tests/test_gpu_adapters.py also has the
+other architectures and narrow windows; they had not run on a GPU when this
+was written).
+What it does not do: paged KV, sampling, tensor parallelism, prefill, a
+cache of only ``window`` slots for sliding layers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import threading
 from dataclasses import dataclass
 
@@ -83,6 +109,8 @@ class _Buffers:
     ids: torch.Tensor  # (max_bs, t) long
     positions: torch.Tensor  # (max_bs, t) long
     mask: torch.Tensor  # (max_bs, 1, t, max_seqlen) model dtype, additive
+    #: the same for sliding-window layers (also hides slots a window behind); None without such layers
+    window_mask: torch.Tensor | None = None
 
 
 class HFTarget:
@@ -113,16 +141,17 @@ class HFTarget:
         self.device, self.dtype = p.device, p.dtype
         cfg = model.config.get_text_config(decoder=True)
         self.vocab = cfg.vocab_size
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name
+        # warns, and goes in 5.40); 5.17 knows only the old one. Ask the signature, not
+        # the version: the rename is per model class.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        _check_experts(model)
         self.cache = StaticCache(config=model.config, max_cache_len=max_seqlen)
-        short = [layer.max_cache_len for layer in self.cache.layers
-                 if getattr(layer, "is_sliding", False) and layer.max_cache_len < max_seqlen]
-        if short:
-            raise ValueError(f"sliding_window {short[0]} < max_seqlen {max_seqlen}: the static cache would roll, "
-                             "which a captured graph cannot follow; lower max_seqlen")
-        self.cache.early_initialization(batch_size=max_bs, num_heads=kv_heads, head_dim=head_dim,
-                                        dtype=self.dtype, device=self.device)
+        #: the sliding window narrower than the cache (None: none is), and whether some layers attend fully
+        self.window: int | None = None
+        self._mixed = False
+        self._allocate_cache(max_bs, getattr(cfg, "layer_types", None))
         # Each layer's write position, reset from `position` at every run. The
         # counters are views of one tensor, so the reset is a single copy.
         self._counters = torch.zeros(len(self.cache.layers), dtype=torch.long, device=self.device)
@@ -133,7 +162,9 @@ class HFTarget:
         self._buffers = {t: _Buffers(
             ids=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
             positions=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
-            mask=torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device))
+            mask=torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device),
+            window_mask=None if self.window is None else
+            torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device))
             for t in set(self.tokens.values())}
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
@@ -145,12 +176,15 @@ class HFTarget:
         t = self.tokens[phase]
         buf = self._buffers[t]
         self._counters.copy_(self.position.expand_as(self._counters))
-        for layer in self._view(bs).layers:
-            if hasattr(layer, "cumulative_length_int"):  # sliding layers also count on the host
-                layer.cumulative_length_int = 0
+        mask = buf.mask[:bs]
+        if buf.window_mask is not None:
+            # one mask per layer type, as transformers' hybrid models key them; a
+            # model whose layers all slide takes the window's mask alone
+            mask = ({"full_attention": mask, "sliding_attention": buf.window_mask[:bs]} if self._mixed
+                    else buf.window_mask[:bs])
         with self._attention(), torch.no_grad():
-            out = self.model(input_ids=buf.ids[:bs], position_ids=buf.positions[:bs], attention_mask=buf.mask[:bs],
-                             past_key_values=self._view(bs), use_cache=True)
+            out = self.model(input_ids=buf.ids[:bs], position_ids=buf.positions[:bs], attention_mask=mask,
+                             use_cache=True, **{self._cache_kwarg: self._view(bs)})
         return out.logits.reshape(bs * t, -1)
 
     def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None:
@@ -163,21 +197,100 @@ class HFTarget:
         buf = self._buffers[t]
         dev = self.device
         pos = torch.randint(0, self.max_seqlen - t + 1, (), generator=generator, device=dev)
-        self.position.copy_(pos)
         buf.ids[:bs].random_(0, self.vocab, generator=generator)
+        history = (torch.rand(bs, generator=generator, device=dev) * (pos + 1).float()).long()  # 0..pos
+        self._place(buf, bs, pos, history)
+
+    def _place(self, buf: _Buffers, bs: int, pos: torch.Tensor, history: torch.Tensor) -> None:
+        """Write position ``pos`` (a 0-d tensor), the positions of the new tokens
+        and the masks: row ``i``'s token ``j`` sees the slots below
+        ``history[i]`` and the new tokens up to itself; in sliding-window
+        layers only those less than a window behind it (position ``q`` sees
+        ``q - window < slot <= q``, as transformers' sliding masks)."""
+        t, dev = buf.ids.shape[1], self.device
+        self.position.copy_(pos)
         steps = torch.arange(t, device=dev)
         buf.positions[:bs].copy_((pos + steps).expand(bs, t))
-        history = (torch.rand(bs, generator=generator, device=dev) * (pos + 1).float()).long()  # 0..pos
-        slot = torch.arange(self.max_seqlen, device=dev)
-        seen = slot[None, None, :] < history[:, None, None]
-        new = (slot[None, None, :] >= pos) & (slot[None, None, :] <= pos + steps[None, :, None])
-        allowed = (seen | new)[:, None]  # (bs, 1, t, max_seqlen)
-        buf.mask[:bs] = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)
+        slot = torch.arange(self.max_seqlen, device=dev)[None, None, :]
+        seen = slot < history[:, None, None]
+        new = (slot >= pos) & (slot <= pos + steps[None, :, None])
+        allowed = seen | new  # (bs, t, max_seqlen)
+        low = torch.finfo(self.dtype).min
+        buf.mask[:bs] = torch.where(allowed, 0.0, low).to(self.dtype)[:, None]
+        if buf.window_mask is not None:
+            near = slot > pos + steps[None, :, None] - self.window
+            buf.window_mask[:bs] = torch.where(allowed & near, 0.0, low).to(self.dtype)[:, None]
 
     def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
         """Nothing to hoist: transformers' attention has no per-call workspace."""
 
     # -- pieces --------------------------------------------------------------
+    def _allocate_cache(self, max_bs: int, layer_types: list | None) -> None:
+        """Allocate every layer of the static cache now, outside any graph pool,
+        with the shapes the model itself writes, and find the sliding window.
+
+        Those shapes are read from one eager step of batch 1 with a dynamic
+        cache, not from the config: MLA attention (DeepSeek-V3, Kimi K2)
+        caches its compressed latent as one head, ``kv_lora_rank`` wide in the
+        "keys" and ``qk_rope_head_dim`` wide in the "values" (transformers
+        5.17-5.24 expand them to per-head keys and values after the cache),
+        which neither the config's heads nor its ``head_dim`` describe.
+        ``StaticCache``'s own ``early_initialization`` takes one head count
+        and one head dim from the caller, and the first decode step then
+        failed in ``index_copy_``.
+
+        Every layer, sliding or not, gets ``max_seqlen`` slots written at their
+        absolute positions: transformers' sliding layers (a ring of
+        ``window`` slots) branch on a host-side counter and roll the ring,
+        which a captured graph would freeze at the branch it took. The window
+        is applied by the mask instead (``_place``). Memory: a sliding layer
+        holds ``max_seqlen`` slots, not ``window``.
+
+        Refused (ValueError): a layer whose state transformers allocates only
+        at its first use (linear attention, e.g. Qwen3-Next's Gated DeltaNet
+        layers): that allocation would land in the first capture's pool;
+        sliding layers of different windows narrower than the cache (one
+        window mask serves them all); a chunked-attention layer (Llama 4)
+        whose chunk is narrower than the cache (its mask is not a window).
+        """
+        from transformers.cache_utils import StaticLayer
+
+        from transformers import DynamicCache
+
+        lazy = [(i, type(layer).__name__) for i, layer in enumerate(self.cache.layers)
+                if not getattr(layer, "supports_early_init", True)]
+        if lazy:
+            raise ValueError(f"cache layer {lazy[0][0]} is a {lazy[0][1]}, whose state transformers allocates at "
+                             "its first use (inside the first capture's pool); HFTarget supports attention layers "
+                             "with a key/value cache only")
+        probe = DynamicCache(config=self.model.config)
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            self.model(input_ids=ids, use_cache=True, **{self._cache_kwarg: probe})
+        if len(probe.layers) != len(self.cache.layers):
+            raise ValueError(f"the model wrote {len(probe.layers)} cache layers, the static cache has "
+                             f"{len(self.cache.layers)}: layers that share a cache are not supported")
+        windows: list[int | None] = []
+        for i, seen in enumerate(probe.layers):
+            w = getattr(seen, "sliding_window", None) if getattr(seen, "is_sliding", False) else None
+            kind = layer_types[i] if layer_types else ("sliding_attention" if w is not None else "full_attention")
+            if w is not None and w < self.max_seqlen and kind != "sliding_attention":
+                raise ValueError(f"layer {i} is {kind} over {w} tokens < max_seqlen {self.max_seqlen}: HFTarget "
+                                 "masks sliding windows only; lower max_seqlen")
+            windows.append(w if kind == "sliding_attention" else None)
+        narrow = sorted({w for w in windows if w is not None})
+        if narrow and narrow[0] < self.max_seqlen:
+            if len(narrow) > 1:
+                raise ValueError(f"sliding windows {narrow} with max_seqlen {self.max_seqlen}: one window mask "
+                                 "serves every sliding layer; lower max_seqlen to at most the smallest")
+            self.window, self._mixed = narrow[0], None in windows
+        self.cache.layers = [StaticLayer(max_cache_len=self.max_seqlen) for _ in probe.layers]
+        for layer, seen in zip(self.cache.layers, probe.layers):
+            k, v = seen.keys, seen.values
+            # zero-length along the sequence: the layer allocates its full size, nothing else
+            layer.lazy_initialization(k.new_zeros(max_bs, k.shape[1], 0, k.shape[-1]),
+                                      v.new_zeros(max_bs, v.shape[1], 0, v.shape[-1]))
+
     def _attention(self) -> contextlib.AbstractContextManager:
         """The SDPA kernels allowed while the model runs (read at every call, so
         the attribute can be changed between captures)."""
@@ -201,6 +314,28 @@ class HFTarget:
                 view.layers.append(lv)
             self._views[bs] = view
         return view
+
+
+def _check_experts(model) -> None:
+    """Refuse MoE experts that route on the host.
+
+    transformers runs a MoE block's experts through ``experts_implementation``:
+    ``grouped_mm`` (its default where the kernel exists) and ``batched_mm``
+    route on the device, the same kernels for any routing; ``eager`` loops
+    over the experts that received tokens (``nonzero()`` read on the host),
+    so a graph would replay the routing of the batch it was captured with.
+    Experts classes are recognised by what transformers' experts decorator
+    adds to them (``_apply_gate``); a MoE block that transformers does not
+    route through that decorator is not checked here.
+    """
+    for name, module in model.named_modules():
+        if hasattr(type(module), "_apply_gate") and getattr(module, "config", None) is not None:
+            impl = getattr(module.config, "_experts_implementation", None)
+            if impl == "eager":
+                raise ValueError(f"{name}: experts_implementation 'eager' routes tokens on the host (a captured graph "
+                                 "would replay one batch's routing); load the model with "
+                                 "experts_implementation='grouped_mm' or 'batched_mm'")
+            return
 
 
 # -- the process-wide SDPA pin -------------------------------------------------

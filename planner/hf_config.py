@@ -3,20 +3,37 @@
 Reads the fields ``planner/data/architectures.toml`` names for the config's
 ``model_type`` (hidden size, layers, heads, KV heads, head dim, intermediate
 size, vocabulary, dtype, and the expert fields of MoE types) and returns the
-spec's :class:`Model` with them. Every problem is one :class:`InputError`
-naming the config file and the key: a missing field, an unknown
-``model_type``, a value that is not a positive integer or is absurd (above
-the table's ``max``; heads not a multiple of KV heads; more experts per
-token than experts), an unknown dtype.
+spec's :class:`Model` with them. Keys are read under every spelling
+transformers accepts: a type's ``attribute_map`` aliases (Qwen3-MoE's
+``num_experts`` and ``num_local_experts``) and ``torch_dtype`` for ``dtype``;
+an alias and its canonical key with different values is an error naming both.
+A multimodal config (Gemma 3, Llama 4, Mistral 3) is read from its
+``text_config``. Every problem is one :class:`InputError` naming the config
+file and the key: a missing field, an unknown or unsupported ``model_type``
+(the reason is in the data), a value that is not a positive integer or is
+absurd (above the table's ``max``; heads not a multiple of KV heads; more
+experts per token than experts), an unknown dtype.
 
-What it does not do: download anything, or read the weights; quantization
-and rope fields are ignored.
+MLA types (DeepSeek-V2/V3, Kimi K2) are mapped onto the ordinary attention
+the analytic model describes: heads and KV heads as given, head dim = the
+query/key head dim (``qk_nope_head_dim + qk_rope_head_dim``). The analytic
+figure is then approximate (values are ``v_head_dim`` wide, and engines cache
+a compressed latent, not per-head keys); a few-size trace gives exact
+predictions. MoE routing is not modelled either (the expert fields are
+recorded for traces and reports).
+
+What it does not do: download anything, read the weights, or apply
+transformers' class defaults for missing keys (they are a release's guess
+about the model, not the model); quantization, rope and sliding-window
+fields are ignored.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
+from typing import Optional, Union
 
 import msgspec
 
@@ -26,28 +43,146 @@ from schemas.spec import Model
 
 from .resources import data
 
-__all__ = ["model_from_config", "read_model_config", "DIMENSIONS"]
+__all__ = ["model_from_config", "read_model_config", "architectures", "ArchitecturesFile", "ModelType", "Combined",
+           "DIMENSIONS"]
 
 DIMENSIONS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
 _MOE = ("experts", "experts_per_token", "expert_intermediate", "shared_expert_intermediate")
 
 
-def _positive(cfg: dict, key: str, field: str, where: str) -> int:
-    v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise InputError(f"{key} must be a positive integer, got {v!r}", where=f"{where}: $.{key}")
-    top = data("architectures.toml")["max"][field]
+class Combined(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A dimension computed from several keys: their ``sum`` or their ``product``
+    (exactly one of the two)."""
+
+    sum: Optional[list[str]] = None
+    product: Optional[list[str]] = None
+
+    @property
+    def keys(self) -> list[str]:
+        return self.sum if self.sum is not None else self.product or []
+
+
+Key = Union[str, Combined]
+
+
+class ModelType(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One ``[model_types.NAME]`` table: the keys that differ from ``[fields]``
+    and transformers' ``attribute_map`` of the type's config class."""
+
+    hidden: Optional[Key] = None
+    layers: Optional[Key] = None
+    heads: Optional[Key] = None
+    kv_heads: Optional[Key] = None
+    head_dim: Optional[Key] = None
+    intermediate: Optional[Key] = None
+    vocab: Optional[Key] = None
+    experts: Optional[Key] = None
+    experts_per_token: Optional[Key] = None
+    expert_intermediate: Optional[Key] = None
+    shared_expert_intermediate: Optional[Key] = None
+    #: alias -> canonical key, as transformers' ``attribute_map``
+    aliases: dict[str, str] = {}
+
+
+class Wrapper(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A multimodal config whose decoder is its ``text_config``, of ``model_type``
+    unless text_config names one."""
+
+    model_type: str
+
+
+class ArchitecturesFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``planner/data/architectures.toml`` as a whole."""
+
+    fields: dict[str, str]
+    aliases: dict[str, str]
+    max: dict[str, int]
+    dtypes: dict[str, int]
+    model_types: dict[str, ModelType]
+    unsupported: dict[str, str] = {}
+    wrappers: dict[str, Wrapper] = {}
+
+
+@functools.cache
+def architectures() -> ArchitecturesFile:
+    """The table, typed (a malformed table is a broken package: RuntimeError)."""
+    try:
+        table = msgspec.convert(data("architectures.toml"), ArchitecturesFile)
+    except msgspec.ValidationError as err:
+        raise RuntimeError(f"planner/data/architectures.toml: {err}") from None
+    for name, mt in table.model_types.items():
+        for f in DIMENSIONS + _MOE:
+            k = getattr(mt, f)
+            if isinstance(k, Combined) and (k.sum is None) == (k.product is None):
+                raise RuntimeError(f"planner/data/architectures.toml: model_types.{name}.{f}: "
+                                   "give exactly one of sum and product")
+    return table
+
+
+class _Config:
+    """A config's keys under their canonical names, remembering which spelling
+    each value came from (errors name the key as the file spells it)."""
+
+    def __init__(self, cfg: dict, aliases: dict[str, str], where: str, prefix: str):
+        self.where, self.prefix = where, prefix
+        self.values = {k: v for k, v in cfg.items() if v is not None}
+        self.spelled = {k: k for k in self.values}
+        self.others: dict[str, list[str]] = {}
+        for alias, canon in sorted(aliases.items()):
+            self.others.setdefault(canon, []).append(alias)
+            if alias not in self.values:
+                continue
+            if canon in self.values and self.values[canon] != self.values[alias]:
+                raise InputError(f"{alias} = {self.values[alias]!r:.40} and {canon} = {self.values[canon]!r:.40} "
+                                 f"disagree (transformers reads {alias} as {canon})", where=self.at(alias),
+                                 fix=f"keep one of {alias} and {canon}")
+            if canon not in self.values:
+                self.values[canon] = self.values[alias]
+                self.spelled[canon] = alias
+
+    def at(self, key: str) -> str:
+        return f"{self.where}: $.{self.prefix}{self.spelled.get(key, key)}"
+
+    def missing(self, key: str, field: str) -> InputError:
+        also = self.others.get(key)
+        also_text = f"; also read as {' or '.join(also)}" if also else ""
+        return InputError(f"missing field {key} (the model's {field.replace('_', ' ')}{also_text})", where=self.at(key),
+                          fix=f"add {key} to the config, or list the dimensions in [model]")
+
+    def positive(self, key: str, field: str) -> int:
+        v = self.values[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise InputError(f"{self.spelled[key]} must be a positive integer, got {v!r:.60}", where=self.at(key))
+        return v
+
+
+def _last(key: Key) -> str:
+    """The key an error about ``key``'s value points at."""
+    return key.keys[-1] if isinstance(key, Combined) else key
+
+
+def _dimension(c: _Config, key: Key, field: str) -> int | None:
+    """The value of ``field`` (None: its one key is absent; the caller decides)."""
+    keys = key.keys if isinstance(key, Combined) else [key]
+    absent = [k for k in keys if k not in c.values]
+    if absent and not isinstance(key, Combined):
+        return None
+    if absent:  # a computed dimension has no Hugging Face default
+        raise c.missing(absent[0], field)
+    vals = [c.positive(k, field) for k in keys]
+    v = vals[0]
+    if isinstance(key, Combined):
+        v = sum(vals) if key.sum is not None else functools.reduce(lambda a, b: a * b, vals)
+    top = architectures().max[field]
     if v > top:
-        raise InputError(f"{key} = {v} is absurd (more than {top})", where=f"{where}: $.{key}",
+        spelled = " + ".join(keys) if isinstance(key, Combined) and key.sum else " * ".join(keys)
+        raise InputError(f"{spelled} = {v} is absurd (more than {top})", where=c.at(keys[-1]),
                          fix="check that this is the model's config.json")
     return v
 
 
-def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
-    """``base`` with the dimensions, dtype and MoE fields of config ``cfg``."""
-    table = data("architectures.toml")
-    if not isinstance(cfg, dict):
-        raise InputError("a config.json must be a JSON object", where=f"{where}: $")
+def _text_config(cfg: dict, table: ArchitecturesFile, where: str) -> tuple[dict, str, str]:
+    """(the decoder's config, its model_type, the JSON path prefix of its keys)."""
     mt = cfg.get("model_type")
     if mt is None:
         raise InputError("missing field model_type", where=f"{where}: $.model_type",
@@ -55,46 +190,73 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
     if not isinstance(mt, str):  # a list or object here was an internal error (unhashable)
         raise InputError(f"model_type must be a string, got {mt!r:.60}", where=f"{where}: $.model_type",
                          fix="use the model's own config.json")
-    types = table["model_types"]
+    wrapper = table.wrappers.get(mt)
+    if wrapper is None:
+        return cfg, mt, ""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise InputError(f"a {mt} config keeps its decoder's dimensions in text_config, got {text!r:.60}",
+                         where=f"{where}: $.text_config", fix="use the model's own config.json")
+    inner = text.get("model_type", wrapper.model_type)
+    if not isinstance(inner, str):
+        raise InputError(f"model_type must be a string, got {inner!r:.60}", where=f"{where}: $.text_config.model_type",
+                         fix="use the model's own config.json")
+    return text, inner, "text_config."
+
+
+def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
+    """``base`` with the dimensions, dtype and MoE fields of config ``cfg``."""
+    table = architectures()
+    if not isinstance(cfg, dict):
+        raise InputError("a config.json must be a JSON object", where=f"{where}: $")
+    outer = cfg
+    cfg, mt, prefix = _text_config(cfg, table, where)
+    if mt in table.unsupported:
+        raise InputError(f"model_type {mt!r} is not supported: {table.unsupported[mt]}",
+                         where=f"{where}: $.{prefix}model_type", fix="list the dimensions in [model] instead of config")
+    types = table.model_types
     if mt not in types:
         raise InputError(f"unknown model_type {mt!r}; known: {', '.join(sorted(types))}",
-                         where=f"{where}: $.model_type", fix="list the dimensions in [model] instead of config")
-    keys = {**table["fields"], **types[mt]}
+                         where=f"{where}: $.{prefix}model_type", fix="list the dimensions in [model] instead of config")
+    kind = types[mt]
+    c = _Config(cfg, {**table.aliases, **kind.aliases}, where, prefix)
+    keys: dict[str, Key] = {**table.fields, **{f: getattr(kind, f) for f in DIMENSIONS + _MOE
+                                               if getattr(kind, f) is not None}}
     out: dict = {}
     for f in DIMENSIONS + _MOE:
         key = keys.get(f)
         if key is None:
             continue
-        if key not in cfg or cfg[key] is None:
-            if f == "kv_heads" and "heads" in out:
-                out[f] = out["heads"]  # Hugging Face's default: multi-head attention
-                continue
-            if f == "head_dim" and "heads" in out:
+        v = _dimension(c, key, f)
+        if v is None:
+            if f == "kv_heads":
+                v = out["heads"]  # Hugging Face's default: multi-head attention
+            elif f == "head_dim":
                 if out["hidden"] % out["heads"]:
                     raise InputError(f"hidden_size {out['hidden']} is not a multiple of num_attention_heads "
-                                     f"{out['heads']} and head_dim is missing", where=f"{where}: $.head_dim")
-                out[f] = out["hidden"] // out["heads"]
-                continue
-            raise InputError(f"missing field {key} (the model's {f.replace('_', ' ')})", where=f"{where}: $.{key}",
-                             fix=f"add {key} to the config, or list the dimensions in [model]")
-        out[f] = _positive(cfg, key, f, where)
+                                     f"{out['heads']} and head_dim is missing", where=c.at("head_dim"))
+                v = out["hidden"] // out["heads"]
+            else:
+                raise c.missing(key, f)
+        out[f] = v
     if out["heads"] % out["kv_heads"]:
         raise InputError(f"num_attention_heads {out['heads']} is not a multiple of num_key_value_heads "
-                         f"{out['kv_heads']}", where=f"{where}: $.{keys['kv_heads']}")
+                         f"{out['kv_heads']}", where=c.at(_last(keys["kv_heads"])))
     if "experts" in out and out["experts_per_token"] > out["experts"]:
-        raise InputError(f"{keys['experts_per_token']} {out['experts_per_token']} exceeds {keys['experts']} "
-                         f"{out['experts']}", where=f"{where}: $.{keys['experts_per_token']}")
-    dkey = "dtype" if cfg.get("dtype") is not None else "torch_dtype"
-    dtype = cfg.get(dkey)
+        per, n = (c.spelled.get(_last(keys[f]), _last(keys[f])) for f in ("experts_per_token", "experts"))
+        raise InputError(f"{per} {out['experts_per_token']} exceeds {n} {out['experts']}",
+                         where=c.at(_last(keys["experts_per_token"])))
+    if "dtype" not in c.values and prefix:  # a multimodal config's text_config without one: the outer config's
+        c = _Config(outer, table.aliases, where, "")
+    dtype = c.values.get("dtype")
     if dtype is None:
-        raise InputError("missing field dtype (or torch_dtype)", where=f"{where}: $.dtype",
+        raise InputError("missing field dtype (or torch_dtype)", where=c.at("dtype"),
                          fix='add "dtype": "bfloat16" (the dtype the engine runs)')
-    dtypes = table["dtypes"]
     name = str(dtype).removeprefix("torch.")
-    if name not in dtypes:
-        raise InputError(f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(dtypes))}",
-                         where=f"{where}: $.{dkey}")
-    out["dtype_bytes"] = dtypes[name]
+    if name not in table.dtypes:
+        raise InputError(f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(table.dtypes))}",
+                         where=c.at("dtype"))
+    out["dtype_bytes"] = table.dtypes[name]
     model_name = base.name if base.name != Model().name else mt
     return msgspec.structs.replace(base, name=model_name, **out)
 

@@ -7,28 +7,21 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import hf_tiny  # noqa: E402
 from adapters.hf import DETERMINISTIC_SDPA, HFTarget  # noqa: E402
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=101, max_position_embeddings=256)
 
 
-def _model(kind: str):
-    if kind == "llama":
-        cfg = transformers.LlamaConfig(**TINY)
-    elif kind == "mixtral":
-        cfg = transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2)
-    elif kind == "qwen2_moe":
-        cfg = transformers.Qwen2MoeConfig(**TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                          shared_expert_intermediate_size=64)
-    else:
-        cfg = transformers.Gemma2Config(**TINY, head_dim=16, sliding_window=64)
-    cfg._attn_implementation = "sdpa" if kind != "gemma2" else "eager"
+def _model(kind: str, window: int = 64, **kw):
+    cfg = hf_tiny.config(kind, TINY, head_dim=16, expert=32, window=window)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32)
+    return transformers.AutoModelForCausalLM.from_config(
+        cfg, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa", **kw).to(torch.float32)
 
 
-KINDS = ["llama", "mixtral", "qwen2_moe", "gemma2"]
+KINDS = list(hf_tiny.KINDS)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -77,11 +70,34 @@ def test_multi_token_phase_and_history_mask():
         assert (m[i, pos + i + 1:] < 0).all()
 
 
-def test_sliding_window_shorter_than_the_cache_is_refused():
-    cfg = transformers.Gemma2Config(**TINY, head_dim=16, sliding_window=8)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with pytest.raises(ValueError, match="sliding_window 8 < max_seqlen 16"):
-        HFTarget(model, max_bs=2, max_seqlen=16)
+@pytest.mark.parametrize("kind", ["mistral", "gpt_oss", "gemma2"])  # every layer sliding; mixed; mixed
+def test_a_window_narrower_than_the_cache_attends_as_transformers_does(kind):
+    """Sliding layers keep every slot, and the window is the mask's (transformers'
+    own ring of window slots rolls on a host-side branch, which a graph would
+    freeze): decoding a sequence token by token ends on the logits of
+    transformers' full-sequence forward with its sliding masks."""
+    window, n = 4, 12
+    model = _model(kind, window=window)
+    target = HFTarget(model, max_bs=2, max_seqlen=16)
+    assert target.window == window and all(layer.keys.shape[2] == 16 for layer in target.cache.layers)
+    ids = torch.randint(0, 101, (2, n), generator=torch.Generator().manual_seed(4))
+    buf = target._buffers[1]
+    for p in range(n):
+        buf.ids[:2, 0] = ids[:, p]
+        target._place(buf, 2, torch.tensor(p), torch.full((2,), p))
+        got = target.run("decode", 2, None)
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits[:, -1]
+        unwindowed = _model(kind, window=64)(input_ids=ids, use_cache=False).logits[:, -1]  # same weights
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(want, unwindowed, atol=1e-3)  # the window changes this sequence's result
+
+
+def test_chunked_attention_narrower_than_the_cache_is_refused():
+    cfg = transformers.Llama4TextConfig(**TINY, head_dim=16, num_local_experts=2, intermediate_size_mlp=128,
+                                        attention_chunk_size=8, layer_types=["chunked_attention", "full_attention"])
+    with pytest.raises(ValueError, match="layer 0 is chunked_attention over 8 tokens < max_seqlen 16"):
+        HFTarget(transformers.AutoModelForCausalLM.from_config(cfg), max_bs=2, max_seqlen=16)
 
 
 def test_hf_target_is_a_capture_target():
@@ -175,11 +191,13 @@ def _static_buffers(target) -> dict:
     named += [("counters", target._counters), ("position", target.position)]
     for t, buf in target._buffers.items():
         named += [(f"ids {t}", buf.ids), (f"positions {t}", buf.positions), (f"mask {t}", buf.mask)]
+        if buf.window_mask is not None:
+            named.append((f"window mask {t}", buf.window_mask))
     return {x.untyped_storage().data_ptr(): n for n, x in named}
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_step_is_one_program_for_any_inputs_eager_or_captured(kind, monkeypatch):
+@pytest.mark.parametrize("kind,window", [(k, 64) for k in KINDS] + [("mistral", 8), ("gpt_oss", 8)])
+def test_step_is_one_program_for_any_inputs_eager_or_captured(kind, window, monkeypatch):
     """A replay re-launches the kernels recorded at capture with the arguments
     they had then; an eager run launches what the Python code decides now. They
     compute the same thing only if the step is one program: the same ops with
@@ -187,7 +205,7 @@ def test_step_is_one_program_for_any_inputs_eager_or_captured(kind, monkeypatch)
     whether or not a capture is under way (transformers checks
     torch.cuda.is_current_stream_capturing() in places), and no tensor value
     read on the host (.item(), which a capture would freeze)."""
-    target = HFTarget(_model(kind).to(torch.bfloat16), max_bs=8, max_seqlen=32)
+    target = HFTarget(_model(kind, window=window).to(torch.bfloat16), max_bs=8, max_seqlen=32)
     target.run("decode", 6, None)  # the cache view of batch 6 is made once, on first use
     static = _static_buffers(target)
     logs = []
@@ -233,3 +251,64 @@ def test_a_step_leaves_nothing_alive_but_its_output(kind, tmp_path):
     for bs in (8, 3):
         alive, out = _alive_after(lambda bs=bs: target.run("decode", bs, None), tmp_path)
         assert alive == {out.untyped_storage().data_ptr(): out.untyped_storage().nbytes()}, (bs, alive)
+
+
+def test_mla_cache_has_the_shapes_the_model_writes():
+    """DeepSeek-V3's MLA caches its compressed latent, one head: as "keys" the
+    kv_lora_rank part, as "values" the qk_rope_head_dim part (transformers
+    expands them to per-head keys and values after the cache). A cache made
+    from the config's heads and head_dim made the first step fail in
+    index_copy_; the adapter now takes each layer's shapes from the model."""
+    model = _model("deepseek_v3")
+    cfg = model.config
+    assert cfg.kv_lora_rank != cfg.qk_rope_head_dim and cfg.v_head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    target = HFTarget(model, max_bs=4, max_seqlen=16)
+    for layer in target.cache.layers:
+        assert layer.keys.shape == (4, 1, 16, cfg.kv_lora_rank)
+        assert layer.values.shape == (4, 1, 16, cfg.qk_rope_head_dim)
+
+
+def test_run_uses_the_cache_argument_this_transformers_names():
+    """transformers 5.24 renamed forward's ``past_key_values`` to ``cache`` (the old
+    name warns); 5.17 knows only ``past_key_values``. No deprecation warning either way."""
+    import warnings
+
+    target = HFTarget(_model("llama"), max_bs=2, max_seqlen=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target.run("decode", 2, None)
+    params = __import__("inspect").signature(target.model.forward).parameters
+    assert target._cache_kwarg in params
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+def test_moe_experts_route_on_the_device(impl, monkeypatch):
+    """Both device-side experts implementations of transformers are one program
+    for any routing (the same ops on the same buffers), eager or captured."""
+    target = HFTarget(_model("qwen3_moe", experts_implementation=impl).to(torch.bfloat16), max_bs=8, max_seqlen=32)
+    assert target.model.config._experts_implementation == impl
+    target.run("decode", 6, None)
+    static = _static_buffers(target)
+    logs = []
+    for seed in (1, 2):
+        target.prepare("decode", 6, 6, torch.Generator().manual_seed(seed))
+        with _OpLog(static) as log:
+            target.run("decode", 6, None)
+        logs.append(log.ops)
+    assert logs[0] == logs[1]
+
+
+def test_experts_that_route_on_the_host_are_refused():
+    with pytest.raises(ValueError, match=r"experts_implementation 'eager' routes tokens on the host"):
+        HFTarget(_model("mixtral", experts_implementation="eager"), max_bs=2, max_seqlen=8)
+
+
+def test_linear_attention_layers_are_refused():
+    """Qwen3-Next's Gated DeltaNet layers keep a state that transformers allocates
+    at first use, which would land in the first capture's pool."""
+    cfg = transformers.Qwen3NextConfig(**TINY, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                       moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                       linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    with pytest.raises(ValueError, match=r"cache layer 0 is a .*supports attention layers with a key/value cache"):
+        HFTarget(transformers.AutoModelForCausalLM.from_config(cfg), max_bs=2, max_seqlen=8)

@@ -32,6 +32,8 @@ def _repo(tmp_path: Path) -> Path:
     (repo / "plans").mkdir(parents=True)
     for name in ("fa3.json", "fa3-ci.json"):
         shutil.copy(ROOT / "plans" / name, repo / "plans" / name)
+    # fa3-ci.json is calibrated from a device report: the plan records it as an input
+    shutil.copytree(ROOT / "plans" / "calibration", repo / "plans" / "calibration")
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "plans")

@@ -1,6 +1,11 @@
 """The transformers adapter captured by the executor on a real GPU (marked ``gpu``).
 
 Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_adapters.py``.
+Architectures: dense (Llama), MoE as transformers routes it (Mixtral,
+Qwen2-MoE, Qwen3-MoE, GLM-4-MoE, GPT-OSS), MLA (DeepSeek-V3, with its routed
+and shared experts), sliding-window attention (Mistral, Gemma2, GPT-OSS; and
+Mistral and GPT-OSS with a window narrower than the cache); the plan is built
+from the model's own config (``planner/hf_config.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import hf_tiny
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -31,23 +37,15 @@ def _capture_bench():
     return mod
 
 
-def _model(kind: str):
+def _model(kind: str, window: int = 1024):
     import torch
 
     common = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
                   intermediate_size=1024, vocab_size=8192, max_position_embeddings=1024)
-    if kind == "llama":
-        cfg = transformers.LlamaConfig(**common)
-    elif kind == "mixtral":
-        cfg = transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
-    elif kind == "qwen2_moe":
-        cfg = transformers.Qwen2MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-                                          shared_expert_intermediate_size=512)
-    else:
-        cfg = transformers.Gemma2Config(**common, head_dim=64, sliding_window=1024)
+    cfg = hf_tiny.config(kind, common, head_dim=64, expert=256, window=window)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        cfg, dtype=torch.bfloat16, attn_implementation="eager" if kind == "gemma2" else "sdpa")
+        cfg, dtype=torch.bfloat16, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa")
     return model.to("cuda"), cfg
 
 
@@ -61,15 +59,20 @@ def _spec(tmp_path, cfg) -> "object":
     return path
 
 
-@pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "gemma2"])
-def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, kind):
+#: sliding windows narrower than the cache (the adapter masks them; max_seqlen 128 and 256 below)
+NARROW = [("mistral", 64), ("gpt_oss", 64)]
+
+
+@pytest.mark.parametrize("kind,window", [(k, 1024) for k in hf_tiny.KINDS] + NARROW)
+def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, kind, window):
     from adapters.hf import HFTarget
     from executor import capture, profile, write_trace
     from gpu_targets import assert_verifies_clean
     from planner import BuildOptions, build_plan
 
-    model, cfg = _model(kind)
+    model, cfg = _model(kind, window)
     target = HFTarget(model, max_bs=max(SIZES), max_seqlen=128)
+    assert target.window == (window if window < 128 else None)
     spec = _spec(tmp_path, cfg)
     plan = build_plan(BuildOptions(backend="torch", spec=spec))
     assert_verifies_clean(plan, target)
@@ -88,8 +91,9 @@ def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, ki
         gs.release()
 
 
-@pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe"])
-def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind):
+@pytest.mark.parametrize("kind,window", [(k, 1024) for k in hf_tiny.KINDS if k not in hf_tiny.EAGER_ATTENTION]
+                         + [("mistral", 64)])
+def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind, window):
     """With the adapter's attention pin (flash / efficient / math), every replay
     of the engines' loop equals an eager run of the same inputs bit for bit,
     and two eager runs agree. Before the pin, PyTorch's dispatcher chose the
@@ -100,7 +104,7 @@ def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind):
 
     bench = _capture_bench()
     sizes = [1, 8, 32, 64, 128, 256]
-    model, _ = _model(kind)
+    model, _ = _model(kind, window)
     target = HFTarget(model, max_bs=max(sizes), max_seqlen=256)
     graphs, outs, _, _ = bench.loop_capture(target, sizes, ascending=False, warmups=1)
     gen = torch.Generator(device="cuda")
