@@ -79,7 +79,7 @@ def _hf_spec(case: str, folder: Path) -> Path:
     cls, kw = HF[case]
     import transformers
 
-    cfg = getattr(transformers, cls)(**kw)
+    cfg = getattr(transformers, cls)(**kw, dtype="bfloat16")  # the dtype the target runs in
     (folder / "config.json").write_text(cfg.to_json_string())
     spec = folder / f"{case}.toml"
     spec.write_text(f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\n'
