@@ -30,7 +30,7 @@ def test_a_change_under_one_mib_is_written_in_bytes(cli, plans):
         "  total (pools + hoisted): 1,520.0 MiB -> 1,520.0 MiB (-8,200 B, -0.00051%)",
         "  hoisted: 8,200 B -> 0 B (-8,200 B, -100.0%)",
         "inputs:",
-        "  command: planner build --backend fa3 --ci --speculative eagle -> planner build --backend fa3 "
+        "  command: planner build --backend fa3 --ci --speculative eagle --calibration calibration/h200-fa3-eagle-ci.json -> planner build --backend fa3 "
         "--speculative eagle",
         "  ci: true -> false",
     ]
@@ -62,7 +62,7 @@ def test_tp_and_model_changes_are_inputs(cli, plans):
     assert cli("build", "-b", "fa3", "--ci", "--tp", "8", "-o", "tp8.json")[0] == 0
     code, out, _ = cli("diff", "plans/fa3-ci.json", "tp8.json")
     assert code == 0
-    assert "inputs:\n  command: planner build --backend fa3 --ci -> planner build --backend fa3 --ci --tp 8 -o tp8.json" \
+    assert "inputs:\n  command: planner build --backend fa3 --ci --calibration calibration/h200-fa3-ci.json -> planner build --backend fa3 --ci --tp 8 -o tp8.json" \
            "\n  tp: 1 -> 8\n" in out
     assert "  largest graph alone: 252.0 MiB -> 214.0 MiB (-38.0 MiB, -15.1%)" in out.splitlines()
 

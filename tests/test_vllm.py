@@ -93,7 +93,7 @@ def test_preset_options(cli):
     (["--preset", "sglang"], "--preset: unknown preset 'sglang'; fix: use one of vllm"),
     (["--preset", ""], "--preset: unknown preset ''"),
     (["--preset", "vllm", "--speculative", "eagle"], "--speculative: --speculative shapes SGLang's embedded spec"),
-    (["--preset", "vllm", "--spec", "s.toml"], "--spec: --speculative, --preset and --max-bs shape"),
+    (["--preset", "vllm", "--spec", "s.toml"], "--preset vllm choose the embedded spec's phases and sizes"),
     (["--preset", "vllm", "--max-bs", "0"], "--max-bs: must be 1..65536"),
 ])
 def test_bad_preset_options_are_one_line(cli, tmp_path, args, needle):
