@@ -307,3 +307,20 @@ def test_reading_a_config_imports_neither_transformers_nor_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("extra,message", [
+    (b'[model_types.bad]\nwidth = "hidden_size"\n', r"architectures.toml: Object contains unknown field `width`"),
+    (b'[model_types.bad]\nhead_dim = { sum = ["a"], product = ["b"] }\n',
+     r"model_types.bad.head_dim: give exactly one of sum and product"),
+])
+def test_a_broken_table_is_a_broken_package(data_file, extra, message):
+    from planner.hf_config import architectures
+
+    architectures.cache_clear()
+    data_file("architectures.toml", extra)
+    try:
+        with pytest.raises(RuntimeError, match=message):
+            architectures()
+    finally:
+        architectures.cache_clear()
