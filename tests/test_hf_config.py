@@ -194,6 +194,22 @@ def test_bad_served_configs_name_the_keys(tmp_path, cfg, message):
         _model(tmp_path, cfg)
 
 
+def test_two_aliases_that_disagree_are_named(monkeypatch):
+    """A key with two aliases (as Sarvam's n_routed_experts in transformers 5.24):
+    the error names the two spellings the file gives."""
+    from planner import hf_config
+
+    table = hf_config.architectures()
+    kind = msgspec.structs.replace(table.model_types["deepseek_v3"],
+                                   aliases={"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts"})
+    monkeypatch.setattr(hf_config, "architectures", lambda: msgspec.structs.replace(
+        table, model_types={**table.model_types, "deepseek_v3": kind}))
+    cfg = {**_drop(DEEPSEEK_V3, "n_routed_experts"), "num_experts": 8, "num_local_experts": 16}
+    with pytest.raises(InputError, match=r"\$.num_local_experts: num_local_experts = 16 and num_experts = 8 disagree "
+                                         r"\(transformers reads num_local_experts as n_routed_experts\)"):
+        hf_config.model_from_config(cfg, "config.json")
+
+
 def test_cli_one_line_for_an_alias_that_disagrees(cli, tmp_path):
     spec = _write(tmp_path, {**QWEN3_MOE, "num_experts": 64, "num_local_experts": 128})
     code, out, err = cli("build", "-b", "torch", "--spec", str(spec))
