@@ -253,9 +253,7 @@ class HFTarget:
         window mask serves them all); a chunked-attention layer (Llama 4)
         whose chunk is narrower than the cache (its mask is not a window).
         """
-        from transformers.cache_utils import StaticLayer
-
-        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicCache, StaticLayer
 
         lazy = [(i, type(layer).__name__) for i, layer in enumerate(self.cache.layers)
                 if not getattr(layer, "supports_early_init", True)]

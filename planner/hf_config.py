@@ -133,9 +133,10 @@ class _Config:
             if alias not in self.values:
                 continue
             if canon in self.values and self.values[canon] != self.values[alias]:
-                raise InputError(f"{alias} = {self.values[alias]!r:.40} and {canon} = {self.values[canon]!r:.40} "
+                other = self.spelled[canon]  # the canonical key, or an earlier alias of it
+                raise InputError(f"{alias} = {self.values[alias]!r:.40} and {other} = {self.values[canon]!r:.40} "
                                  f"disagree (transformers reads {alias} as {canon})", where=self.at(alias),
-                                 fix=f"keep one of {alias} and {canon}")
+                                 fix=f"keep one of {alias} and {other}")
             if canon not in self.values:
                 self.values[canon] = self.values[alias]
                 self.spelled[canon] = alias

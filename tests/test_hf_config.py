@@ -194,6 +194,22 @@ def test_bad_served_configs_name_the_keys(tmp_path, cfg, message):
         _model(tmp_path, cfg)
 
 
+def test_two_aliases_that_disagree_are_named(monkeypatch):
+    """A key with two aliases (as Sarvam's n_routed_experts in transformers 5.24):
+    the error names the two spellings the file gives."""
+    from planner import hf_config
+
+    table = hf_config.architectures()
+    kind = msgspec.structs.replace(table.model_types["deepseek_v3"],
+                                   aliases={"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts"})
+    monkeypatch.setattr(hf_config, "architectures", lambda: msgspec.structs.replace(
+        table, model_types={**table.model_types, "deepseek_v3": kind}))
+    cfg = {**_drop(DEEPSEEK_V3, "n_routed_experts"), "num_experts": 8, "num_local_experts": 16}
+    with pytest.raises(InputError, match=r"\$.num_local_experts: num_local_experts = 16 and num_experts = 8 disagree "
+                                         r"\(transformers reads num_local_experts as n_routed_experts\)"):
+        hf_config.model_from_config(cfg, "config.json")
+
+
 def test_cli_one_line_for_an_alias_that_disagrees(cli, tmp_path):
     spec = _write(tmp_path, {**QWEN3_MOE, "num_experts": 64, "num_local_experts": 128})
     code, out, err = cli("build", "-b", "torch", "--spec", str(spec))
@@ -307,3 +323,20 @@ def test_reading_a_config_imports_neither_transformers_nor_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("extra,message", [
+    (b'[model_types.bad]\nwidth = "hidden_size"\n', r"architectures.toml: Object contains unknown field `width`"),
+    (b'[model_types.bad]\nhead_dim = { sum = ["a"], product = ["b"] }\n',
+     r"model_types.bad.head_dim: give exactly one of sum and product"),
+])
+def test_a_broken_table_is_a_broken_package(data_file, extra, message):
+    from planner.hf_config import architectures
+
+    architectures.cache_clear()
+    data_file("architectures.toml", extra)
+    try:
+        with pytest.raises(RuntimeError, match=message):
+            architectures()
+    finally:
+        architectures.cache_clear()
