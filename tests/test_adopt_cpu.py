@@ -133,3 +133,10 @@ def test_bad_adoption_input_is_one_clear_error(fake):
     for kw, message in cases:
         with pytest.raises(ExecutorError, match=message):
             adopt(device=CPU, **kw)
+
+
+def test_footprint_on_adopted_graphs_without_the_history_says_how_to_record_it(fake):
+    from executor import VerificationFailed, verify
+
+    with pytest.raises(VerificationFailed, match=r"needs the allocation history.*record_graphs\(\)"):
+        verify(_adopted(Outputs(fake)), checks=("footprint",))

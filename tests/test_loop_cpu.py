@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from engine_shaped import run_engine  # noqa: E402
 from fake_cuda import fake  # noqa: E402,F401 - fake is a fixture
 
 CPU = torch.device("cpu")
@@ -79,79 +80,6 @@ class AsTarget:
         self.model.refresh(phase, n, bs, ws)
 
 
-class Backend:
-    """The shape of SGLang's FullCudaGraphBackend: ``capture_one`` warms up,
-    records one graph and stores it and its outputs under the engine's own
-    key; ``cleanup`` drops them. Each adoption change is marked ``# +``."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.graphs: dict = {}
-        self.outputs: dict = {}
-        #: how the engine gets it wrong, for the fault tests
-        self.pool_override = self.stream_override = None
-        self.output_override = None
-        self.hold_at: tuple | None = None
-
-    def capture_one(self, key, forward_fn, step, before_run=None):
-        with step.warmup():                                              # +
-            for _ in range(step.warmups):                                # + was range(2)
-                if before_run is not None:
-                    before_run()
-                forward_fn()
-        if before_run is not None:
-            before_run()
-        graph = torch.cuda.CUDAGraph()
-        with step.graph(graph, pool=self.pool_override or step.pool,     # + was torch.cuda.graph(...)
-                        stream=self.stream_override or self.stream):
-            out = forward_fn()
-        if self.output_override is not None:
-            out = self.output_override(out)
-        if self.hold_at is not None and key == self.hold_at:
-            return  # the engine forgets hold() here
-        self.graphs[key] = graph
-        self.outputs[key] = step.hold(out)                               # +
-
-    def cleanup(self):
-        self.graphs.clear()
-        self.outputs.clear()
-
-
-class Runner:
-    """One per phase, as SGLang's decode runner and EAGLE draft runners: its
-    own loop over sizes (the plan's now), its own workspace computation, one
-    shared backend and pool."""
-
-    def __init__(self, phase: str, model: Model, backend: Backend):
-        self.phase, self.model, self.backend = phase, model, backend
-        self.sizes = None  # the engine's own list, for the fault tests
-
-    def capture(self, loop):
-        for bs in self.sizes or loop.sizes(self.phase):                  # + was reversed(self.capture_bs)
-            step = loop.step(self.phase, bs)                             # +
-            ws = step.workspace
-            # the engine computes a hoisted workspace's metadata before every run, outside the graph
-            refresh = None if ws is None else (lambda bs=bs, ws=ws: self.model.refresh(self.phase, bs, bs, ws))
-            self.backend.capture_one((self.phase, bs), lambda bs=bs, ws=ws: self.model.forward(self.phase, bs, ws),
-                                     step, refresh)
-
-
-def _engine(fake, plan, model, *, phases=None, configure=None, **kw):
-    """The engine's start-up: its stream, its runners, its loop over phases."""
-    from executor import capture_loop
-
-    stream = torch.cuda.Stream()
-    backend = Backend(stream)
-    order = phases or list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-    runners = [Runner(p, model, backend) for p in order]
-    if configure is not None:
-        configure(backend, runners)
-    with capture_loop(plan, stream=stream, device=CPU, on_failure=backend.cleanup, **kw) as loop:
-        for runner in runners:
-            runner.capture(loop)
-    return loop, backend
-
-
 def _recorded(calls) -> list[tuple]:
     """Each recording, with the refresh right before it."""
     return [(c, calls[i - 1] if i and calls[i - 1][0] == "refresh" else None) for i, c in enumerate(calls) if c[3]]
@@ -183,7 +111,7 @@ def test_engine_loop_captures_what_capture_captures(tmp_path, fake, backend, str
     ref = capture(plan, AsTarget(ref_model), progress=False, device=CPU)
     pools_ref = fake.pools
     model = Model(fake, tokens)
-    loop, backend_ = _engine(fake, plan, model, target=AsTarget(model))  # replays refresh a hoisted workspace
+    loop, backend_ = run_engine(plan, model, CPU, target=AsTarget(model))  # replays refresh a hoisted workspace
     gs = loop.graphs
     try:
         # the same recordings and refreshes in the same order, and as many warm-up runs per phase; a
@@ -292,7 +220,7 @@ def test_an_engine_loop_that_breaks_the_plan_gets_one_error_naming_the_step(tmp_
         configure(backend, runners)
 
     with pytest.raises(ExecutorError, match=message) as info:
-        _engine(fake, plan, model, configure=setup)
+        run_engine(plan, model, CPU, configure=setup)
     assert f"({step})" in str(info.value), str(info.value)
     assert len(str(info.value).splitlines()) == 1
     _gone(fake, holder["backend"])
@@ -306,7 +234,7 @@ def test_an_engine_forward_that_raises_is_capture_failed_naming_the_step(tmp_pat
     model.fail_at = ("decode", 2)
     holder = {}
     with pytest.raises(CaptureFailed, match=r"ValueError: boom; all partial graphs were released") as info:
-        _engine(fake, plan, model, configure=lambda b, r: holder.setdefault("backend", b))
+        run_engine(plan, model, CPU, configure=lambda b, r: holder.setdefault("backend", b))
     step = next(s for s in plan.steps if s.id == "capture/decode/2")
     assert f"step {step.index} (capture/decode/2: phase decode, bs 2)" in str(info.value)
     _gone(fake, holder["backend"])
