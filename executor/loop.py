@@ -289,7 +289,7 @@ class CaptureLoop:
         self._next = 0
         self.current: LoopStep | None = None
         self._heap: Frozen | None = None
-        self._done = False
+        self._done = self._failed = False
         self._phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
 
     @property
@@ -377,7 +377,12 @@ class CaptureLoop:
         self._counted[pool_name] = self._counted.get(pool_name, 0) + nbytes
 
     # -- the with block ------------------------------------------------------
-    def __enter__(self) -> "CaptureLoop":
+    def open(self) -> "CaptureLoop":
+        """Begin: prime the capture stream, freeze the collector's old objects
+        (what entering the ``with`` block does)."""
+        if self._heap is not None or self._done or self._failed:
+            raise ExecutorError("the capture loop was opened already", where="CaptureLoop.open",
+                                fix="one capture_loop per capture")
         if _distributed():
             from .distributed import check_plan_agreement
 
@@ -390,9 +395,14 @@ class CaptureLoop:
                 self._counted[name] = one_pool_reserved(handle)
             self.session.prime()
         except BaseException:
-            self._heap.thaw()
+            self._thaw()
             raise
         return self
+
+    def _thaw(self) -> None:
+        heap, self._heap = self._heap, None
+        if heap is not None:
+            heap.thaw()
 
     def _unfinished(self) -> ExecutorError | None:
         cur = self.current
@@ -407,25 +417,72 @@ class CaptureLoop:
                                  fix=f"capture every size of loop.sizes(phase) for the phases {self._phases}")
         return None
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        heap, self._heap = self._heap, None
-        if heap is not None:
-            heap.thaw()
-        failure: BaseException | None = exc if exc is not None else self._unfinished()
-        if failure is None:
-            for s in self.plan.steps[self._next:]:  # setup steps after the last capture (none in built plans)
-                self.session.step(s)
-            torch.cuda.synchronize(self.device)
-            self.session.finish()
-            self._done = True
-            return False
+    def close(self) -> GraphSet:
+        """End cleanly: check that every planned capture was made, write the
+        report, return the GraphSet (what leaving the ``with`` block does).
+        Raises, everything released, if a capture is missing."""
+        if self._done:
+            return self.gs
+        failure = self._unfinished()
+        if failure is not None:
+            raise self.fail(failure)
+        self._thaw()
+        for s in self.plan.steps[self._next:]:  # setup steps after the last capture (none in built plans)
+            self.session.step(s)
+        torch.cuda.synchronize(self.device)
+        self.session.finish()
+        self._done = True
+        return self.gs
+
+    def fail(self, failure: BaseException) -> BaseException:
+        """Release everything after ``failure`` (the engine's ``on_failure``
+        first) and return the error to raise: the executor's own as it is,
+        another exception as a :class:`CaptureFailed` naming the step."""
+        self._thaw()
+        self._failed = True
         self._release(failure)
         if not isinstance(failure, Exception):  # KeyboardInterrupt and friends: released, then re-raised
+            return failure
+        return capture_failed(failure, self.session.current, self.plan, self.device)
+
+    def __enter__(self) -> "CaptureLoop":
+        return self.open()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            self.close()
             return False
-        err = capture_failed(failure, self.session.current, self.plan, self.device)
+        err = self.fail(exc)
         if err is exc:
             return False
         raise err
+
+    @property
+    def complete(self) -> bool:
+        """Every planned capture has been made and held."""
+        return (self.current is None or self.current.landed) and \
+            not any(s.op == "capture" for s in self.plan.steps[self._next:])
+
+    @contextlib.contextmanager
+    def part(self):
+        """One runner's share of the plan, for engines whose phases are captured
+        by runners made at different times (SGLang's target and EAGLE draft
+        runners): opens the loop at the first, closes it when the plan's last
+        capture is held, and on an error releases everything and raises it
+        as the ``with`` block would. Captures outside every part are not
+        guarded; a loop whose parts never complete the plan stays open until
+        ``close()`` says which step is missing."""
+        if self._heap is None and not self._done:
+            self.open()
+        try:
+            yield self
+        except BaseException as exc:
+            err = self.fail(exc)
+            if err is exc:
+                raise
+            raise err from exc
+        if self.complete and not self._done:
+            self.close()
 
     def _release(self, failure: BaseException) -> None:
         """Nothing half-captured left behind: the engine drops its references,

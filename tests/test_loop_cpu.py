@@ -336,3 +336,68 @@ def test_a_graph_the_engine_records_itself_is_checked_for_its_pool(tmp_path, fak
             g.capture_begin(pool=torch.cuda.graph_pool_handle())
             g.capture_end()
             step.hold(torch.zeros(8, 4), graph=g)
+
+
+def _runner_parts(fake, plan, model, fail_phase=None, holder=None):
+    """SGLang's shape: the target's runner captures at one time, the EAGLE draft
+    runners later, each inside its own ``loop.part()``; one loop for the plan."""
+    from engine_shaped import Backend, Runner
+    from executor import capture_loop
+
+    stream = torch.cuda.Stream()
+    backend = Backend(stream)
+    if holder is not None:
+        holder["backend"] = backend
+    loop = capture_loop(plan, stream=stream, device=CPU, on_failure=backend.cleanup)
+    for phase in dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"):
+        runner = Runner(phase, model, backend)  # made when the engine gets to it
+        if phase == fail_phase:
+            model.fail_at = (phase, loop.sizes(phase)[1])
+        with loop.part():
+            runner.capture(loop)
+    return loop, backend
+
+
+def test_runners_made_at_different_times_share_one_loop_through_parts(tmp_path, fake):
+    from executor import capture
+
+    plan = _plan(tmp_path, "fa3", ci=True, eagle=True)
+    tokens = {p.name: p.tokens_per_request for p in plan.phases}
+    ref = capture(plan, AsTarget(Model(fake, tokens)), progress=False, device=CPU)
+    loop, backend = _runner_parts(fake, plan, Model(fake, tokens))
+    assert loop.complete and loop.graphs.report is not None  # the last part closed the loop
+    assert [(m.id, m.reserved) for m in loop.graphs.report.steps] == [(m.id, m.reserved) for m in ref.report.steps]
+    assert list(backend.graphs) == list(ref.graphs)
+    backend.cleanup()
+    loop.graphs.release()
+    ref.release()
+
+
+def test_a_failure_in_a_later_part_releases_the_earlier_parts_too(tmp_path, fake):
+    from executor import CaptureFailed
+
+    plan = _plan(tmp_path, "fa3", ci=True, eagle=True)
+    model = Model(fake, {p.name: p.tokens_per_request for p in plan.phases})
+    last = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))[-1]
+    holder = {}
+    with pytest.raises(CaptureFailed, match=rf"capture/{last}/\d+: phase {last}.*ValueError: boom"):
+        _runner_parts(fake, plan, model, fail_phase=last, holder=holder)
+    _gone(fake, holder["backend"])
+
+
+def test_close_names_the_first_capture_never_made(tmp_path, fake):
+    from executor import ExecutorError, capture_loop
+
+    plan = _plan(tmp_path, "fa3", ci=True)
+    loop = capture_loop(plan, device=CPU)
+    with loop.part():
+        step = loop.step("decode", 8)
+        with step.graph():
+            t = fake.pool_tensor(8, 4)
+        step.hold(t)
+        del t
+    assert not loop.complete
+    with pytest.raises(ExecutorError, match=r"step \d+ \(capture/decode/4\): the engine's loop ended with 3"):
+        loop.close()
+    gc.collect()
+    assert fake.snapshot() == []
