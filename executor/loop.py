@@ -40,6 +40,13 @@ names the step. The engine's own references to graphs and kept outputs
 would keep the pools' memory: ``on_failure`` is called first, for the engine
 to drop them (SGLang's backend ``cleanup``).
 
+The ``with`` block is ``open()`` and ``close()`` (or ``fail()``). Engines
+whose runners capture at different times (SGLang's target runner, then its
+EAGLE draft runners) share one loop through ``with loop.part():`` around
+each runner's capture: the first part opens it, the one that holds the
+plan's last capture closes it, an error in any releases all.
+``docs/adoption.md`` has the diffs against SGLang's and vLLM's loops.
+
 What it does not do: run the engine's warm-ups or forward (the engine does,
 with its own buffers, barriers and stream), synchronize ranks between steps
 (the engine's barriers do; the ranks' plans are checked to agree when
