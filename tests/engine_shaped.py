@@ -126,14 +126,11 @@ def planted_child(plan_path: str, bugs: tuple[str, ...], mode: str, checks: tupl
     """Capture the plan's phases of ``executor.speculative.small_model(bugs)``
     through the engine-shaped runner (``mode="loop"``: ``capture_loop`` with
     the allocation history) or the plain loop (``mode="plain"``: adopted,
-    recorded by ``record_graphs``), then verify; prints ``CAPTURED n`` and
-    ``RESULT <json>``, or ``FAILED <error>`` and exits 3 (as
-    ``executor.speculative._planted_child`` does)."""
-    import json
-
-    from executor import VerificationFailed, adopt, record_graphs, verify
+    recorded by ``record_graphs``), then verify and print as
+    ``executor.speculative.planted_verify`` does."""
+    from executor import adopt, record_graphs
     from executor.load import load_plan
-    from executor.speculative import small_model
+    from executor.speculative import planted_verify, small_model
 
     plan = load_plan(plan_path, check_env=False)
     target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases))
@@ -145,14 +142,7 @@ def planted_child(plan_path: str, bugs: tuple[str, ...], mode: str, checks: tupl
         with record_graphs() as rec:
             graphs, outputs, pool = plain_loop(target, {p.name: p.sizes for p in plan.phases})
         gs = adopt(graphs, outputs, pool=pool, target=target, recorded=rec)
-    print("CAPTURED", len(gs.graphs), flush=True)
-    try:
-        res = verify(gs, checks=checks)
-    except VerificationFailed as err:
-        print("FAILED", err, flush=True)
-        raise SystemExit(3) from None
-    faults = [dict(check=f.check, graph=f.graph, detail=f.detail, addr=f.addr, nbytes=f.nbytes) for f in res.faults]
-    print("RESULT", json.dumps(dict(ok=res.ok, summary=res.summary(), faults=faults)), flush=True)
+    planted_verify(gs, checks)
 
 
 def planted(plan_path, bugs, mode: str, checks=("interleave", "footprint"), timeout: float = 600) -> dict:
