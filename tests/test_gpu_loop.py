@@ -100,13 +100,14 @@ def test_engine_loop_equals_capture_on_the_eagle_reference(tmp_path, ci):
     _loop_equals_capture(plan_for(tmp_path, ci=ci), make())
 
 
-def test_engine_loop_equals_capture_on_a_transformers_model(tmp_path):
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "gemma2"])  # the benchmarked families
+def test_engine_loop_equals_capture_on_a_transformers_model(tmp_path, kind):
     pytest.importorskip("transformers")
     from adapters.hf import HFTarget
     from planner import BuildOptions, build_plan
     from test_gpu_adapters import _model, _spec
 
-    model, cfg = _model("llama")
+    model, cfg = _model(kind)
     target = HFTarget(model, max_bs=32, max_seqlen=128)
     _loop_equals_capture(build_plan(BuildOptions(backend="torch", spec=_spec(tmp_path, cfg))), target)
 
