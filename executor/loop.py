@@ -5,7 +5,7 @@ dispatch keys and per-phase runners -- and let the plan decide what the loop
 iterates and how each graph is recorded and held::
 
     with capture_loop(plan, stream=self.stream) as loop:
-        for phase in ("target_verify", "draft_extend", "draft_decode"):   # the plan's phase order
+        for phase in loop.phases:                                         # the plan's phase order
             for bs in loop.sizes(phase):                                  # was: reversed(capture_bs)
                 step = loop.step(phase, bs)
                 with step.warmup():
@@ -321,6 +321,13 @@ class CaptureLoop:
         return self.gs
 
     # -- the engine's loop -------------------------------------------------
+    @property
+    def phases(self) -> list[str]:
+        """The plan's phases in the order it captures them. Per-phase loops
+        follow the plan only while each phase's captures are contiguous, as in
+        the plans the planner builds; ``step()`` refuses anything else."""
+        return list(self._phases)
+
     def sizes(self, phase: str) -> list[int]:
         """The phase's capture sizes in the plan's order (what the engine's loop iterates)."""
         if phase not in self._phases:

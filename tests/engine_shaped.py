@@ -77,11 +77,11 @@ def run_engine(plan, model, device, *, phases=None, configure=None, **kw):
 
     stream = torch.cuda.Stream()
     backend = Backend(stream)
-    order = phases or list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-    runners = [Runner(p, model, backend) for p in order]
+    loop = capture_loop(plan, stream=stream, device=device, on_failure=backend.cleanup, **kw)
+    runners = [Runner(p, model, backend) for p in phases or loop.phases]
     if configure is not None:
         configure(backend, runners)
-    with capture_loop(plan, stream=stream, device=device, on_failure=backend.cleanup, **kw) as loop:
+    with loop:
         for runner in runners:
             runner.capture(loop)
     return loop, backend
