@@ -120,7 +120,8 @@ def record_graphs(max_entries: int = 2_000_000):
     cls = torch.cuda.CUDAGraph
     begin, end = cls.capture_begin, cls.capture_end
     rec, out = AllocationRecorder(max_entries), GraphRecording()
-    opened: list = []
+    #: per begin/end pair of the recorder, in order: its graph, or None for a capture that failed
+    owners: list = []
 
     def capture_begin(self, *a, **kw):
         rec.begin()  # the marker is allocated before capturing: outside the pool
@@ -128,14 +129,19 @@ def record_graphs(max_entries: int = 2_000_000):
             return begin(self, *a, **kw)
         except BaseException:
             rec.end()
+            owners.append(None)
             raise
 
     def capture_end(self, *a, **kw):
         try:
-            return end(self, *a, **kw)
-        finally:
+            done = end(self, *a, **kw)
+        except BaseException:
             rec.end()
-            opened.append(self)
+            owners.append(None)
+            raise
+        rec.end()
+        owners.append(self)
+        return done
 
     cls.capture_begin, cls.capture_end = capture_begin, capture_end
     ok = False
@@ -146,8 +152,8 @@ def record_graphs(max_entries: int = 2_000_000):
         cls.capture_begin, cls.capture_end = begin, end
         _patch_lock.release()
         if ok:
-            out.graphs = opened
-            out.windows = rec.stop()
+            kept = [(g, w) for g, w in zip(owners, rec.stop()) if g is not None]
+            out.graphs, out.windows = [g for g, _ in kept], [w for _, w in kept]
         else:
             rec.close()
 
