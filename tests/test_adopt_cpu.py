@@ -140,3 +140,49 @@ def test_footprint_on_adopted_graphs_without_the_history_says_how_to_record_it(f
 
     with pytest.raises(VerificationFailed, match=r"needs the allocation history.*record_graphs\(\)"):
         verify(_adopted(Outputs(fake)), checks=("footprint",))
+
+
+def test_record_graphs_pairs_each_graph_with_its_own_window_when_a_capture_fails(monkeypatch):
+    """The wrapping alone (the history is the GPU tests'): a failed capture in
+    the middle is left out and the graphs after it keep their own windows."""
+    from executor import engine
+
+    class Recorder:
+        def __init__(self, max_entries):
+            self.pairs, self.open = [], None
+
+        def begin(self):
+            self.open = len(self.pairs)
+
+        def end(self):
+            self.pairs.append(f"window {self.open}")
+
+        def stop(self):
+            return list(self.pairs)
+
+        def close(self):
+            pass
+
+    class Graph:
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            pass
+
+        def capture_end(self):
+            if getattr(self, "broken", False):
+                raise RuntimeError("capture invalidated")
+
+    monkeypatch.setattr(engine, "AllocationRecorder", Recorder)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    graphs = [Graph(), Graph(), Graph()]
+    graphs[1].broken = True
+    methods = (Graph.capture_begin, Graph.capture_end)
+    with engine.record_graphs() as rec:
+        for g in graphs:
+            g.capture_begin()
+            try:
+                g.capture_end()
+            except RuntimeError:
+                pass
+    assert rec.graphs == [graphs[0], graphs[2]]
+    assert [rec.window(g) for g in graphs] == ["window 0", None, "window 2"]
+    assert (Graph.capture_begin, Graph.capture_end) == methods  # unwrapped again
