@@ -52,25 +52,32 @@ def _loop_equals_capture(plan, target) -> None:
         got = _facts(gs)
         assert got == want
         assert got["pool"] > 0 and got["pool"] == got["pools"]
-        # the engine's own replays (its backend's graphs and held outputs) are the set's
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(0)
-        for (phase, bs), graph in backend.graphs.items():
-            target.prepare(phase, bs, bs, gen)
-            ws = gs.workspaces.get(phase)
-            if ws is not None:
-                target.refresh(phase, bs, bs, ws)
-            graph.replay()
-            mine = backend.outputs[(phase, bs)]
-            mine = mine if isinstance(mine, tuple) else (mine,)
-            ref_out = [t.clone() for t in gs.eager(phase, bs)]
-            for a, b in zip(mine, ref_out):
-                assert torch.equal(a[: b.shape[0]], b), (phase, bs)
+        _engine_replays_equal_eager(backend, gs, target)
         res = verify(gs, checks=("interleave", "scribble"))
         assert res.ok, res.summary()
     finally:
         backend.cleanup()  # the engine drops its graphs and outputs first: a kept one would hold the pool
         gs.release()
+
+
+def _engine_replays_equal_eager(backend, gs, target) -> None:
+    """The engine's own replays (its backend's graphs and the outputs it holds) equal eager runs.
+    A function of its own: no loop variable outlives it to hold a graph (and its pool)."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    for (phase, bs), graph in backend.graphs.items():
+        target.prepare(phase, bs, bs, gen)
+        ws = gs.workspaces.get(phase)
+        if ws is not None:
+            target.refresh(phase, bs, bs, ws)
+        graph.replay()
+        mine = backend.outputs[(phase, bs)]
+        mine = mine if isinstance(mine, tuple) else (mine,)
+        ref_out = [t.clone() for t in gs.eager(phase, bs)]
+        for a, b in zip(mine, ref_out):
+            assert torch.equal(a[: b.shape[0]], b), (phase, bs)
 
 
 def _reference_plan(tmp_path: Path, ci: bool):
