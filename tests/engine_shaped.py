@@ -69,13 +69,14 @@ class Runner:
                                      step, refresh)
 
 
-def run_engine(plan, model, device, *, phases=None, configure=None, **kw):
-    """The engine's start-up: its stream, its runners, its loop over the
-    phases (the plan's order); ``configure(backend, runners)`` may break it
-    first. Returns the loop and the backend."""
+def run_engine(plan, model, device, *, phases=None, configure=None, stream=None, **kw):
+    """The engine's start-up: its stream (a new one unless given), its
+    runners, its loop over the phases (the plan's order);
+    ``configure(backend, runners)`` may break it first. Returns the loop and
+    the backend."""
     from executor import capture_loop
 
-    stream = torch.cuda.Stream()
+    stream = stream if stream is not None else torch.cuda.Stream()
     backend = Backend(stream)
     loop = capture_loop(plan, stream=stream, device=device, on_failure=backend.cleanup, **kw)
     runners = [Runner(p, model, backend) for p in phases or loop.phases]

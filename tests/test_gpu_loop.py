@@ -195,3 +195,50 @@ def test_the_loop_with_the_allocation_history_verifies_clean_with_every_check(tm
     finally:
         backend.cleanup()
         gs.release()
+
+
+def _synthetic_plan(tmp_path: Path, name: str):
+    from planner import BuildOptions, build_plan
+
+    spec = tmp_path / f"{name}.toml"
+    sizes = [1] if name == "prime" else [1, 2, 4, 8, 16]
+    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {sizes}\n')
+    return build_plan(BuildOptions(backend="torch", spec=spec))
+
+
+def _reverse(backend, runners):
+    runners[0].sizes = [16, 8, 2, 4, 1]  # the engine's own order, wrong at the third step
+
+
+def _no_tensor(backend, runners):
+    backend.output_override = lambda out: (out, "logits") if out.shape[0] == 4 else out
+
+
+@pytest.mark.parametrize("fault", ["raises", "order", "outputs"])
+def test_a_failed_engine_loop_leaves_no_graph_memory_behind(tmp_path, fault):
+    import torch
+
+    from engine_shaped import TargetModel, run_engine
+    from executor import ExecutorError
+    from gpu_targets import Synthetic
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    stream = torch.cuda.Stream()
+    loop, backend = run_engine(_synthetic_plan(tmp_path, "prime"), TargetModel(Synthetic(max_bs=1)), device,
+                               stream=stream)  # the stream's cuBLAS workspace stays, on purpose
+    backend.cleanup()
+    loop.graphs.release()
+    target = Synthetic(max_bs=16, fail=(4, ValueError("boom")) if fault == "raises" else None)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    configure = {"raises": None, "order": _reverse, "outputs": _no_tensor}[fault]
+    message = {"raises": r"capture/decode/4: phase decode, bs 4\).*ValueError: boom",
+               "order": r"capture/decode/4\): the engine's loop asked for decode/2 out of the plan's order",
+               "outputs": r"capture/decode/4\): output out\[1\] is a str"}[fault]
+    with pytest.raises(ExecutorError, match=message):
+        run_engine(_synthetic_plan(tmp_path, "plan"), TargetModel(target), device, stream=stream,
+                   configure=configure)
+    pools = [(tuple(s["segment_pool_id"]), s["total_size"]) for s in torch.cuda.memory_snapshot()
+             if tuple(s["segment_pool_id"]) != (0, 0)]
+    assert pools == [] and torch.cuda.memory_reserved() <= before, pools
