@@ -47,12 +47,15 @@ each runner's capture: the first part opens it, the one that holds the
 plan's last capture closes it, an error in any releases all.
 ``docs/adoption.md`` has the diffs against SGLang's and vLLM's loops.
 
+``loop.start(body)`` runs the engine's loop ``body(loop)`` on a thread while
+the engine serves from the GraphSet (background capture, as
+``capture(..., background=True)``).
+
 What it does not do: run the engine's warm-ups or forward (the engine does,
 with its own buffers, barriers and stream), synchronize ranks between steps
 (the engine's barriers do; the ranks' plans are checked to agree when
-``torch.distributed`` is initialized), capture in the background (the loop
-is the engine's, on its thread), or check the stream of a graph recorded
-outside ``graph()`` (``hold(out, graph=g)`` checks only its pool).
+``torch.distributed`` is initialized), or check the stream of a graph
+recorded outside ``graph()`` (``hold(out, graph=g)`` checks only its pool).
 Warm-ups run at the capture's own size: where a plan warms a phase up once at
 its largest size and captures smallest-first, the runs move to the first
 capture, which changes memory outside the pools only.
@@ -82,6 +85,11 @@ __all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached"]
 
 def _pid(pool) -> tuple[int, ...]:
     return tuple(int(x) for x in pool)
+
+
+class _Stopped(BaseException):
+    """Ends the engine's loop on the capture thread after ``release()`` (a
+    BaseException: an engine's ``except Exception`` does not swallow it)."""
 
 
 class Unattached:
@@ -197,6 +205,16 @@ class LoopStep:
         with session.eager(), torch.cuda.stream(self.stream), scratch_pool(session.device):
             yield
             self.stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
+
+    @contextlib.contextmanager
+    def eager(self):
+        """A block of the engine's own eager GPU work for this step outside
+        its warm-ups (computing a hoisted workspace before recording), on the
+        capture stream. In a background capture it is ordered against the
+        serving thread's replays, as warm-ups are; in the foreground it only
+        sets the stream."""
+        with self._session.eager(), torch.cuda.stream(self.stream):
+            yield
 
     @contextlib.contextmanager
     def graph(self, cuda_graph: torch.cuda.CUDAGraph | None = None, *, pool=None, stream=None):
@@ -350,6 +368,9 @@ class CaptureLoop:
         if self._heap is None:
             raise ExecutorError("the capture loop is not open", where="CaptureLoop.step",
                                 fix="use `with capture_loop(plan) as loop:`")
+        job = self.gs.background
+        if job is not None and job.stopping.is_set():
+            raise _Stopped()  # released while capturing in the background: the engine's loop ends here
         cur = self.current
         if cur is not None and not cur.landed:
             raise ExecutorError(f"the engine's loop moved on to {phase}/{bs} before the step's outputs were held",
@@ -459,6 +480,71 @@ class CaptureLoop:
             return failure
         return capture_failed(failure, self.session.current, self.plan, self.device)
 
+    # -- serving while the engine's loop captures -----------------------------
+    def start(self, body: Callable[["CaptureLoop"], None], *, fallback="eager") -> GraphSet:
+        """Run the engine's capture loop ``body(loop)`` on a thread and return
+        the GraphSet at once: it serves each graph as it lands, and ``fallback``
+        before (as ``capture(..., background=True)``; :mod:`executor.background`
+        has the constraints on the engine). ``body`` is the loop of the ``with``
+        block (``loop.step``, ``step.graph``, ``step.hold``); its eager GPU work
+        on shared buffers goes inside ``step.warmup()`` or ``step.eager()``.
+        Errors reach the caller through ``replay`` or ``wait`` as a
+        CaptureFailed naming the step (``on_failure`` called, everything
+        released); ``release()`` stops the loop at its next ``step()``.
+        Not with ``record=True`` nor ``torch.distributed``; ``fallback="eager"``
+        needs ``capture_loop(target=)``."""
+        from .background import Background
+        from .session import _check_options, _init_cublas
+
+        if self._heap is not None or self._done or self._failed:
+            raise ExecutorError("the capture loop was opened already", where="CaptureLoop.start",
+                                fix="one capture_loop per capture")
+        try:
+            _check_options(background=True, record=self.session.recorder is not None, fallback=fallback,
+                           distributed=_distributed())
+        except ExecutorError:
+            if self.session.recorder is not None:
+                self.session.recorder.close()
+                self.session.recorder = None
+            raise
+        self.session.mode = "thread_local"  # the engine's threads keep launching work meanwhile
+        torch.cuda.synchronize(self.device)
+        self.session.before = probe(self.device)
+        self._heap = heap = Frozen().__enter__()
+        try:
+            for name, handle in self.gs.pools.items():
+                self._counted[name] = one_pool_reserved(handle)
+            _init_cublas(self.device)
+            job = Background(self.session, self.device, fallback, heap, body=lambda: self._background(body))
+        except BaseException:
+            self._thaw()
+            raise
+        self.gs.background = job
+        self.gs.serve_through(job)
+        job.start()
+        return self.gs
+
+    def _background(self, body) -> bool:
+        """The capture thread: the engine's loop, then what ``close`` checks;
+        True once every step ran (the thread writes the report), False if stopped."""
+        self.session.prime()
+        try:
+            body(self)
+            failure = self._unfinished()
+            if failure is not None:
+                raise failure
+        except _Stopped:
+            self._drop()
+            return False
+        except BaseException:
+            self._drop()  # the Background releases the set and raises it at the caller
+            raise
+        for s in self.plan.steps[self._next:]:
+            self.session.step(s)
+        self.session.stream.synchronize()  # a device-wide sync would wait for the serving work too
+        self._done = True
+        return True
+
     def __enter__(self) -> "CaptureLoop":
         return self.open()
 
@@ -498,9 +584,8 @@ class CaptureLoop:
         if self.complete and not self._done:
             self.close()
 
-    def _release(self, failure: BaseException) -> None:
-        """Nothing half-captured left behind: the engine drops its references,
-        every graph is reset and the pools are emptied."""
+    def _drop(self) -> None:
+        """The step's unheld graph reset, the engine's references dropped (``on_failure``)."""
         cur = self.current
         if cur is not None and cur.recorded is not None:
             cur.recorded.reset()
@@ -508,6 +593,11 @@ class CaptureLoop:
         self.current = None
         if self.on_failure is not None:
             self.on_failure()
+
+    def _release(self, failure: BaseException) -> None:
+        """Nothing half-captured left behind: the engine drops its references,
+        every graph is reset and the pools are emptied."""
+        self._drop()
         self.session.abort(failure)
         self.gs.release(reason="the capture loop failed")
 

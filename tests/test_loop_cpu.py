@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -401,3 +402,88 @@ def test_close_names_the_first_capture_never_made(tmp_path, fake):
         loop.close()
     gc.collect()
     assert fake.snapshot() == []
+
+
+class GatedModel:
+    """tests/fake_cuda.py's Target as the engine's model (``gate_at``: its
+    recording at that size waits for ``gate``; ``fail_at``: it raises there)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def forward(self, phase, bs, ws):
+        return self.target.run(phase, bs, ws)
+
+    def refresh(self, phase, n, bs, ws):
+        self.target.refresh(phase, n, bs, ws)
+
+
+def _start(plan, target, **kw):
+    """The engine's loop of run_engine, on the capture thread through loop.start()."""
+    from engine_shaped import Backend, Runner
+    from executor import capture_loop
+
+    stream = torch.cuda.Stream()
+    backend = Backend(stream)
+    loop = capture_loop(plan, stream=stream, device=CPU, on_failure=backend.cleanup, target=target)
+    runners = [Runner(p, GatedModel(target), backend) for p in loop.phases]
+
+    def body(loop):
+        for runner in runners:
+            runner.capture(loop)
+
+    return loop.start(body, **kw), loop, backend
+
+
+def test_the_engine_loop_captures_in_the_background_while_the_engine_serves(tmp_path, fake):
+    from fake_cuda import FakeStream, Target, decode_plan
+
+    plan = decode_plan(tmp_path, [1, 2, 4, 8, 16])
+    target = Target(fake, gate_at=4)
+    with torch.cuda.stream(FakeStream(7)):
+        gs, loop, backend = _start(plan, target)
+        assert target.reached.wait(30)  # 16 and 8 landed, 4 is recording
+        assert gs.padded("decode", 3) == 8 and not gs.done
+        target.prepare("decode", 5, 16, None)
+        (out,) = gs.replay("decode", 5)
+        assert torch.equal(out, target.x[:5] * 2 + 1) and gs.background.graph_replays == 1
+        target.gate.set()
+        assert gs.wait(30)
+    assert gs.lock_free and loop.complete and gs.report is not None
+    assert fake.modes == ["thread_local"] * 5
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    assert list(backend.graphs) == [("decode", b) for b in (16, 8, 4, 2, 1)]
+    assert loop.graphs is gs
+    backend.cleanup()
+    gs.release()
+
+
+def test_a_background_engine_loop_that_fails_raises_at_wait_naming_the_step(tmp_path, fake):
+    from executor import CaptureFailed
+    from fake_cuda import FakeStream, Target, decode_plan
+
+    plan = decode_plan(tmp_path, [1, 2, 4, 8, 16])
+    with torch.cuda.stream(FakeStream(7)):
+        gs, loop, backend = _start(plan, Target(fake, fail_at=4))
+        with pytest.raises(CaptureFailed, match=r"capture/decode/4: phase decode, bs 4\).*ValueError: boom"):
+            gs.wait(30)
+    _gone(fake, backend)
+
+
+def test_release_during_a_background_engine_loop_stops_it_at_its_next_step(tmp_path, fake):
+    from executor import ExecutorError, capture_loop
+    from fake_cuda import FakeStream, Target, decode_plan
+
+    plan = decode_plan(tmp_path, [1, 2, 4, 8, 16])
+    target = Target(fake, gate_at=4)
+    with torch.cuda.stream(FakeStream(7)):
+        gs, loop, backend = _start(plan, target)
+        assert target.reached.wait(30)
+        releasing = threading.Thread(target=gs.release)
+        releasing.start()
+        target.gate.set()
+        releasing.join(30)
+    assert not releasing.is_alive() and not loop.complete
+    _gone(fake, backend)  # on_failure ran when the loop stopped
+    with pytest.raises(ExecutorError, match=r"unknown fallback 'later'"):
+        capture_loop(plan, device=CPU).start(lambda loop: None, fallback="later")
