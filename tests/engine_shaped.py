@@ -33,7 +33,8 @@ class Backend:
                     before_run()
                 forward_fn()
         if before_run is not None:
-            before_run()
+            with step.eager():  # on the capture stream; ordered against replays in a background capture
+                before_run()
         graph = torch.cuda.CUDAGraph()
         with step.graph(graph, pool=self.pool_override or step.pool,     # + was torch.cuda.graph(...)
                         stream=self.stream_override or self.stream):

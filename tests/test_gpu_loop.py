@@ -242,3 +242,59 @@ def test_a_failed_engine_loop_leaves_no_graph_memory_behind(tmp_path, fault):
     pools = [(tuple(s["segment_pool_id"]), s["total_size"]) for s in torch.cuda.memory_snapshot()
              if tuple(s["segment_pool_id"]) != (0, 0)]
     assert pools == [] and torch.cuda.memory_reserved() <= before, pools
+
+
+def test_the_engine_loop_captures_in_the_background_while_replays_equal_eager(tmp_path):
+    """loop.start(): the engine's loop on a capture thread; the serving thread
+    replays meanwhile (each check in one exclusive block); the same pool, step
+    by step, as capture() in the foreground; verify clean afterwards."""
+    import random
+
+    import torch
+
+    from engine_shaped import Backend, Runner, TargetModel
+    from executor import capture, capture_loop, verify
+    from executor.reference import ReferenceConfig, ReferenceModel
+    from schemas.spec import Model
+    from test_gpu_background import _padded_to, _serving_stream
+
+    model = ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=max(SIZES), max_seqlen=256))
+    plan = _reference_plan(tmp_path, ci=True)
+    rows = {"decode": 1, "target_verify": 4}
+    fg = capture(plan, model, progress=False)
+    fg_steps, fg_pool = [(m.id, m.reserved) for m in fg.report.steps], fg.report.pool_bytes
+    fg.release()
+    serve = _serving_stream()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    rng = random.Random(0)
+    bad, by_graph = [], 0
+    stream = torch.cuda.Stream()
+    backend = Backend(stream)
+    loop = capture_loop(plan, stream=stream, on_failure=backend.cleanup, target=model)
+    runners = [Runner(p, TargetModel(model), backend) for p in loop.phases]
+    with torch.cuda.stream(serve):
+        for phase in rows:  # cuBLAS and FA3 on the serving stream before the capture starts
+            model.run(phase, 4, None)
+        gs = loop.start(lambda loop: [r.capture(loop) for r in runners])
+        while not gs.done:
+            phase, n = rng.choice(tuple(rows)), rng.randint(1, max(SIZES))
+            with gs.exclusive():
+                model.prepare(phase, n, max(SIZES), gen)
+                res = gs.replay(phase, n)
+                bs = _padded_to(res[0], n, rows[phase])
+                got = res[0].clone()
+                ref = model.run(phase, bs, None)
+                if not torch.equal(got, ref[: n * rows[phase]]):
+                    bad.append((phase, n, bs))
+            by_graph += res[0]._base is not None
+            del res, got, ref
+        assert gs.wait(timeout=600)
+    try:
+        assert not bad, bad[:10]
+        assert [(m.id, m.reserved) for m in gs.report.steps] == fg_steps and gs.report.pool_bytes == fg_pool
+        res = verify(gs, checks=("interleave", "scribble"))
+        assert res.ok, res.summary()
+    finally:
+        backend.cleanup()
+        gs.release()
