@@ -70,17 +70,24 @@ class Runner:
                                      step, refresh)
 
 
-def run_engine(plan, model, device, *, phases=None, configure=None, stream=None, **kw):
-    """The engine's start-up: its stream (a new one unless given), its
-    runners, its loop over the phases (the plan's order);
-    ``configure(backend, runners)`` may break it first. Returns the loop and
-    the backend."""
+def make_engine(plan, model, device, *, phases=None, stream=None, **kw):
+    """The engine's start-up up to its capture: its stream (a new one unless
+    given), its backend, one runner per phase (the plan's order unless
+    ``phases``), and the loop (``kw`` for ``capture_loop``). Returns (loop,
+    backend, runners)."""
     from executor import capture_loop
 
     stream = stream if stream is not None else torch.cuda.Stream()
     backend = Backend(stream)
     loop = capture_loop(plan, stream=stream, device=device, on_failure=backend.cleanup, **kw)
-    runners = [Runner(p, model, backend) for p in phases or loop.phases]
+    return loop, backend, [Runner(p, model, backend) for p in phases or loop.phases]
+
+
+def run_engine(plan, model, device, *, configure=None, **kw):
+    """:func:`make_engine`, then the engine's loop over its runners in the
+    ``with`` block; ``configure(backend, runners)`` may break it first.
+    Returns the loop and the backend."""
+    loop, backend, runners = make_engine(plan, model, device, **kw)
     if configure is not None:
         configure(backend, runners)
     with loop:

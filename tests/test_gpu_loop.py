@@ -252,8 +252,8 @@ def test_the_engine_loop_captures_in_the_background_while_replays_equal_eager(tm
 
     import torch
 
-    from engine_shaped import Backend, Runner, TargetModel
-    from executor import capture, capture_loop, verify
+    from engine_shaped import TargetModel, make_engine
+    from executor import capture, verify
     from executor.reference import ReferenceConfig, ReferenceModel
     from schemas.spec import Model
     from test_gpu_background import _padded_to, _serving_stream
@@ -269,10 +269,8 @@ def test_the_engine_loop_captures_in_the_background_while_replays_equal_eager(tm
     gen.manual_seed(0)
     rng = random.Random(0)
     bad, by_graph = [], 0
-    stream = torch.cuda.Stream()
-    backend = Backend(stream)
-    loop = capture_loop(plan, stream=stream, on_failure=backend.cleanup, target=model)
-    runners = [Runner(p, TargetModel(model), backend) for p in loop.phases]
+    loop, backend, runners = make_engine(plan, TargetModel(model), torch.device("cuda", torch.cuda.current_device()),
+                                         target=model)
     with torch.cuda.stream(serve):
         for phase in rows:  # cuBLAS and FA3 on the serving stream before the capture starts
             model.run(phase, 4, None)

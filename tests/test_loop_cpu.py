@@ -404,29 +404,13 @@ def test_close_names_the_first_capture_never_made(tmp_path, fake):
     assert fake.snapshot() == []
 
 
-class GatedModel:
-    """tests/fake_cuda.py's Target as the engine's model (``gate_at``: its
-    recording at that size waits for ``gate``; ``fail_at``: it raises there)."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def forward(self, phase, bs, ws):
-        return self.target.run(phase, bs, ws)
-
-    def refresh(self, phase, n, bs, ws):
-        self.target.refresh(phase, n, bs, ws)
-
-
 def _start(plan, target, **kw):
-    """The engine's loop of run_engine, on the capture thread through loop.start()."""
-    from engine_shaped import Backend, Runner
-    from executor import capture_loop
+    """The engine's loop of run_engine, on the capture thread through loop.start()
+    (``target``: tests/fake_cuda.py's Target, whose recording at ``gate_at``
+    waits for its gate and raises at ``fail_at``)."""
+    from engine_shaped import TargetModel, make_engine
 
-    stream = torch.cuda.Stream()
-    backend = Backend(stream)
-    loop = capture_loop(plan, stream=stream, device=CPU, on_failure=backend.cleanup, target=target)
-    runners = [Runner(p, GatedModel(target), backend) for p in loop.phases]
+    loop, backend, runners = make_engine(plan, TargetModel(target), CPU, target=target)
 
     def body(loop):
         for runner in runners:
