@@ -7,6 +7,12 @@ Engine start-up::
     graphs = capture(plan, target)         # target implements CaptureTarget
     out = graphs.replay("decode", n)
 
+An engine that keeps its own capture loop iterates the plan's steps inside
+it (``capture_loop``, :mod:`executor.loop`); graphs it captured without a
+plan are checked through ``adopt`` (:mod:`executor.engine`) and ``verify``.
+``weak_view(t)`` is the non-owning output view the "view" policy holds, for
+an engine's own capture code.
+
 ``load_plan`` and the dispatch table are torch-free; everything else imports
 torch on first use. Never imports networkx, click or the planner.
 """
@@ -23,12 +29,15 @@ from .load import Environment, check_environment, load_plan
 __all__ = [
     "__version__", "load_plan", "Environment", "check_environment", "PadTable",
     "capture", "GraphSet", "CaptureTarget", "verify", "profile", "write_trace", "check_plan_agreement",
+    "capture_loop", "CaptureLoop", "LoopStep", "adopt", "EngineFunctions", "record_graphs", "weak_view",
     "ExecutorError", "EnvironmentMismatch", "CaptureFailed", "StaleOutputError", "VerificationFailed",
 ]
 
 _LAZY = {
     "capture": ".session", "GraphSet": ".graphs", "CaptureTarget": ".target", "verify": ".verification",
     "profile": ".profiling", "write_trace": ".profiling", "check_plan_agreement": ".distributed",
+    "capture_loop": ".loop", "CaptureLoop": ".loop", "LoopStep": ".loop",
+    "adopt": ".engine", "EngineFunctions": ".engine", "record_graphs": ".engine", "weak_view": ".pool",
 }
 
 

@@ -82,8 +82,11 @@ _WAIT = object()
 class Background:
     """A capture running on a thread, and how ``GraphSet.replay`` serves meanwhile."""
 
-    def __init__(self, runner: CaptureSession, device: torch.device, fallback, heap):
+    def __init__(self, runner: CaptureSession, device: torch.device, fallback, heap, body=None):
         self.runner: CaptureSession | None = runner
+        #: what the thread runs instead of ``runner.run`` (the engine's own loop, ``executor.loop``):
+        #: returns True once every step ran, False when it stopped early
+        self.body = body
         self.device = device
         self.fallback = fallback
         self.heap = heap
@@ -156,7 +159,7 @@ class Background:
         failure: BaseException | None = None
         completed = False
         try:
-            completed = runner.run(should_stop=self.stopping.is_set)
+            completed = self.body() if self.body is not None else runner.run(should_stop=self.stopping.is_set)
             if completed:
                 runner.finish()
         except BaseException as err:  # reaches the caller on its next replay or wait
@@ -181,7 +184,7 @@ class Background:
         self.seconds = time.perf_counter() - self.t_start
         # The thread no longer needs the set; a stored failure's traceback keeps
         # this frame, so its locals must not hold the set either.
-        self.runner = runner = gs = None  # noqa: F841
+        self.runner = self.body = runner = gs = None  # noqa: F841
         self.finished.set()
         with self.landed:
             self.landed.notify_all()

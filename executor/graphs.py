@@ -128,7 +128,9 @@ class GraphSet:
     ``report`` are complete only after ``wait()``.
     """
 
-    def __init__(self, plan: Plan, target: CaptureTarget, device: torch.device | None = None):
+    def __init__(self, plan: Plan | None, target: CaptureTarget, device: torch.device | None = None, *,
+                 sizes: dict[str, list[int]] | None = None):
+        #: the plan captured (None for graphs an engine captured without one: ``executor.engine.adopt``)
         self.plan = plan
         self.target = target
         #: the device whose pools hold the graphs
@@ -141,7 +143,8 @@ class GraphSet:
         self.timeline: list[tuple[float, str, int]] = []
         #: the background capture (None for a foreground one); kept after it ends for its numbers
         self.background = None
-        self._planned = _planned_sizes(plan)
+        self._planned = _planned_sizes(plan) if plan is not None else \
+            {p: sorted(v) for p, v in (sizes or {}).items()}
         self._tables: dict[str, PadTable] = {p: PadTable(p, {}, limit=v[-1]) for p, v in self._planned.items()}
         self._refresh: dict[str, Callable | None] = {}
         self._epoch: dict[str, int] = {}

@@ -111,7 +111,9 @@ def weak_view(t: torch.Tensor) -> torch.Tensor:
     """A tensor over ``t``'s memory that does not keep it allocated.
 
     Valid only while the memory is not reused: for a graph output, until the
-    next replay of any graph in the same pool.
+    next replay of any graph in the same pool. Reading it after ``t``'s memory
+    was freed and reused reads whatever is there now (no error): keep the
+    graph that writes it, and read before the pool's next replay.
     """
     st = t.untyped_storage()
     dev = _concrete(t.device)

@@ -204,38 +204,45 @@ class CaptureSession:
 
     def capture(self, step: Step) -> None:
         """Record one graph into the step's pool, hold its outputs as planned, make it servable."""
-        gs = self.gs
-        pool = gs.pools.get(step.pool)
-        if pool is None:
-            pool = gs.pools[step.pool] = torch.cuda.graph_pool_handle()
-        graph, outs, grown = self._record(step, pool, gs.workspaces.get(step.phase))
-        rows, rem = divmod(outs[0].shape[0], step.bs) if outs[0].dim() else (1, 0)
-        if rem:
-            raise ExecutorError(f"output has {outs[0].shape[0]} rows, not a multiple of bs {step.bs}",
-                                where=f"step {step.index} ({step.id})")
+        graph, outs, grown = self._record(step, self.pool(step.pool), self.gs.workspaces.get(step.phase))
+        rows = self.rows_per_request(step, outs)
         self._check_static_outputs(step, outs)
-        held = step.outputs or "keep"
-        kept = tuple(weak_view(t) for t in outs) if held == "view" else outs
+        self.land(step, graph, outs, rows, grown)
         del outs
-        gs.add(Captured(phase=step.phase, bs=step.bs, pool=step.pool, graph=graph, outputs=kept, held=held,
-                        rows_per_request=rows, order=len(gs.graphs)))
-        self.reserved += grown
-        gs.timeline.append((time.perf_counter() - self.t_start, step.phase, step.bs))
-        self._landed(gs.graphs[(step.phase, step.bs)])
 
     #: the method that runs each op of ``schemas.plan.StepOp``
     OPS: dict[str, Callable[["CaptureSession", Step], None]] = {
         "provision": provision, "warmup": warmup, "capture": capture}
 
     # -- the parts of a capture step ------------------------------------------
+    def pool(self, name: str):
+        """The handle of the plan's pool ``name``, made at its first capture."""
+        pool = self.gs.pools.get(name)
+        if pool is None:
+            pool = self.gs.pools[name] = torch.cuda.graph_pool_handle()
+        return pool
+
     def _record(self, step: Step, pool, ws) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], int]:
         """The graph, its outputs and the bytes its pool grew by."""
-        target, recorder = self.target, self.recorder
+        target = self.target
         g = torch.cuda.CUDAGraph()
         with torch.cuda.stream(self.stream):
             if ws is not None:
                 with self.eager():  # writes the workspace replays read: ordered against them
                     target.refresh(step.phase, step.bs, step.bs, ws)  # outside the graph, by design
+            with self.recording(g, pool) as grown:
+                outs = as_outputs(target.run(step.phase, step.bs, ws))
+        return g, outs, grown[0]
+
+    @contextlib.contextmanager
+    def recording(self, g: torch.cuda.CUDAGraph, pool):
+        """Record ``g`` into ``pool`` on the capture stream while the block runs.
+
+        Yields a one-element list that holds the bytes the pool grew by once
+        the block has ended. A block that raises leaves no partial graph
+        behind: the graph is reset (it would hold its pool)."""
+        recorder = self.recorder
+        with torch.cuda.stream(self.stream):
             if recorder is not None:
                 recorder.begin()
             # Between capture_begin and capture_end every allocation on the capture
@@ -247,9 +254,10 @@ class CaptureSession:
             # ordinary allocator (a small segment of its own): measure the pool itself there too.
             exact = self.mode != "global" or not self.gs.graphs
             reserved_before = one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()
+            grown = [0]
             g.capture_begin(pool=pool, capture_error_mode=self.mode)
             try:
-                outs = as_outputs(target.run(step.phase, step.bs, ws))
+                yield grown
             except BaseException:
                 try:
                     g.capture_end()
@@ -260,10 +268,35 @@ class CaptureSession:
                     recorder.end()
                 raise
             g.capture_end()
-            grown = (one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()) - reserved_before
+            grown[0] = (one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()) - reserved_before
             if recorder is not None:
                 recorder.end()
-        return g, outs, grown
+
+    def rows_per_request(self, step: Step, outs: tuple[torch.Tensor, ...]) -> int:
+        """Output rows per request: the first output's rows over ``step.bs`` (an
+        ExecutorError naming the step if they are no multiple of it)."""
+        rows, rem = divmod(outs[0].shape[0], step.bs) if outs[0].dim() else (1, 0)
+        if rem:
+            raise ExecutorError(f"output has {outs[0].shape[0]} rows, not a multiple of bs {step.bs}",
+                                where=f"step {step.index} ({step.id})")
+        return rows
+
+    def land(self, step: Step, graph: torch.cuda.CUDAGraph, outs: tuple[torch.Tensor, ...], rows: int,
+             grown: int) -> tuple[torch.Tensor, ...]:
+        """Hold a recorded graph's outputs as planned and make it servable; returns the held outputs.
+
+        With ``outputs = "view"`` the held outputs do not keep the memory: the
+        caller drops ``outs`` before the next capture, or it stays allocated."""
+        gs = self.gs
+        held = step.outputs or "keep"
+        kept = tuple(weak_view(t) for t in outs) if held == "view" else outs
+        del outs
+        gs.add(Captured(phase=step.phase, bs=step.bs, pool=step.pool, graph=graph, outputs=kept, held=held,
+                        rows_per_request=rows, order=len(gs.graphs)))
+        self.reserved += grown
+        gs.timeline.append((time.perf_counter() - self.t_start, step.phase, step.bs))
+        self._landed(gs.graphs[(step.phase, step.bs)])
+        return kept
 
     def _check_static_outputs(self, step: Step, outs) -> None:
         """An output outside the pool must be the static buffer the warm-up returned."""
@@ -302,6 +335,10 @@ class CaptureSession:
             raise ExecutorError(f"unknown step op {step.op!r}", where=f"step {step.index} ({step.id})",
                                 fix="upgrade capture-plan's executor to one that knows this op")
         op(self, step)
+        self.measure(step, t0)
+
+    def measure(self, step: Step, t0: float) -> None:
+        """Record the measurement of ``step``, which began at ``t0`` (``time.perf_counter``)."""
         free, _ = torch.cuda.mem_get_info(self.device)  # no sync: the device's figure as of now
         self.measurements.append(StepMeasurement(step=step.index, id=step.id, reserved=self.reserved,
                                                  predicted_reserved=self.predicted.get(step.index, 0),

@@ -77,7 +77,7 @@ from schemas.spec import Model
 from .reference import CacheRows, ReferenceConfig, ReferenceModel
 
 __all__ = ["SpeculativeConfig", "SpeculativeModel", "BUGS", "PHASES", "SMALL", "spec_toml", "small_model",
-           "PlantedRun", "planted_run"]
+           "PlantedRun", "planted_run", "planted_verify"]
 
 #: the phases of an EAGLE plan, by kind
 PHASES = ("decode", "target_verify", "draft_decode", "draft_extend")
@@ -556,14 +556,21 @@ def planted_run(plan_path: str | Path, bugs, *, checks: tuple[str, ...] = ("inte
 def _planted_child(plan_path: str, bugs: tuple[str, ...], checks: tuple[str, ...], record: bool, model: dict) -> None:
     """The child of :func:`planted_run`: prints ``CAPTURED n``, then ``RESULT
     <json>``, or ``FAILED <error>`` and exits 3."""
-    from .errors import VerificationFailed
     from .load import load_plan
     from .session import capture
-    from .verification import verify
 
     plan = load_plan(plan_path, check_env=False)
     target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases), **model)
-    gs = capture(plan, target, progress=False, record=record)
+    planted_verify(capture(plan, target, progress=False, record=record), checks)
+
+
+def planted_verify(gs, checks: tuple[str, ...]) -> None:
+    """What a planted-bug child prints for its captured ``gs``: ``CAPTURED n``,
+    then ``verify``'s ``RESULT <json>``, or ``FAILED <error>`` and exit 3
+    (the lines :func:`planted_run` reads)."""
+    from .errors import VerificationFailed
+    from .verification import verify
+
     print("CAPTURED", len(gs.graphs), flush=True)
     try:
         res = verify(gs, checks=checks)

@@ -27,9 +27,12 @@ Around every replay it also runs two guards:
   reproduces it. Nothing on this device works in this process afterwards.
 
 Verification destroys the contents of every pool: outputs are garbage until
-their graphs replay again. It needs graphs captured with ``record=True`` for
-the footprint check. It does not prove the absence of bugs on inputs it did
-not draw.
+their graphs replay again. It needs the allocation history for the footprint
+check: graphs captured with ``capture(..., record=True)`` or
+``capture_loop(..., record=True)``, or graphs an engine captured itself
+inside ``record_graphs()`` (``executor.engine.adopt`` makes a GraphSet of
+those, with the engine's eager function as the reference). It does not prove
+the absence of bugs on inputs it did not draw.
 """
 
 from __future__ import annotations
@@ -304,7 +307,9 @@ def _owners(caps, lo: int, hi: int, exclude) -> list[str]:
 def _footprint(gs, caps, rng, gen, res, guard) -> None:
     if any(c.window is None for c in caps):
         raise VerificationFailed("the footprint check needs the allocation history",
-                                 where="verify", fix="capture with capture(plan, target, record=True)")
+                                 where="verify", fix="capture with capture(plan, target, record=True) or "
+                                 "capture_loop(plan, record=True), or adopt(..., recorded=) the engine's graphs "
+                                 "captured inside record_graphs()")
     for cap in caps:
         segs = pool_segments(gs.pools.values())
         outside = _outside(segs, cap.window.own + cap.window.alive_before)

@@ -61,7 +61,7 @@ class Fake:
         """A tensor in the pool of the graph being recorded: a segment of its
         own for as long as the tensor lives, as memory_snapshot reports it."""
         t = torch.zeros(*shape)
-        self._pooled.append((weakref.ref(t), self.recording.pool))
+        self._pooled.append((weakref.ref(t), self.recording.pool()))
         return t
 
     def snapshot(self) -> list[dict]:
@@ -85,11 +85,15 @@ class FakeGraph:
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         self.fake.modes.append(capture_error_mode)
-        self.pool = pool
+        self._pool = pool
         self.fake.recording = self
 
     def capture_end(self):
         self.fake.recording = None
+
+    def pool(self):
+        """The pool it records into, as ``torch.cuda.CUDAGraph.pool()``."""
+        return self._pool
 
     def replay(self):
         for fn in self.calls:

@@ -1,0 +1,188 @@
+"""verify() on graphs an engine captured itself (``executor.engine.adopt``), on
+CPU with CUDA faked: a plain capture loop into one pool, no plan, verified
+with the engine's eager function finds exactly what verify finds on the same
+model captured by ``capture(plan, target)``, and nothing on a clean one."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fake_cuda import decode_plan as _plan  # noqa: E402
+from fake_cuda import fake  # noqa: E402,F401 - fake is a fixture
+from test_verify_cpu import Outputs, Scratch  # noqa: E402
+
+CPU = torch.device("cpu")
+SIZES = [1, 2, 4, 8, 16]
+
+
+def _plain_loop(target, sizes=SIZES):
+    """What an engine does without capture-plan: largest first, a warm-up per
+    size, one graph per size into one pool, graphs and outputs kept by size."""
+    pool = torch.cuda.graph_pool_handle()
+    graphs, outputs = {}, {}
+    for bs in reversed(sizes):
+        target.run("decode", bs, None)  # warm-up
+        g = torch.cuda.CUDAGraph()
+        g.capture_begin(pool=pool)
+        out = target.run("decode", bs, None)
+        g.capture_end()
+        graphs[bs], outputs[bs] = g, out
+    return graphs, outputs, pool
+
+
+def _adopted(target, **kw):
+    from executor import adopt
+
+    graphs, outputs, pool = _plain_loop(target)
+    return adopt(graphs, outputs, pool=pool, eager=lambda phase, bs: target.run(phase, bs, None),
+                 prepare=target.prepare, device=CPU, **kw)
+
+
+def _faults(res) -> list[tuple[str, str, str]]:
+    return [(f.check, f.graph, f.detail) for f in res.faults]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adopted_graphs_verify_like_executor_captured_ones(tmp_path, fake, seed):
+    from executor import capture, verify
+
+    wrong = Outputs(fake, wrong_bs=4)
+    ours = capture(_plan(tmp_path, SIZES), wrong, progress=False, device=CPU)
+    theirs = _adopted(Outputs(fake, wrong_bs=4))
+    try:
+        assert [(c.phase, c.bs, c.order, c.rows_per_request, c.held) for c in theirs.graphs.values()] == \
+            [(c.phase, c.bs, c.order, c.rows_per_request, c.held) for c in ours.graphs.values()]
+        assert [theirs.padded("decode", n) for n in range(1, 17)] == [ours.padded("decode", n) for n in range(1, 17)]
+        a = verify(ours, checks=("interleave",), seed=seed, rounds=2)
+        b = verify(theirs, checks=("interleave",), seed=seed, rounds=2)
+    finally:
+        ours.release()
+    assert b.faults and {f.graph for f in b.faults} == {"decode/4"}, b.summary(20)
+    assert _faults(b) == _faults(a) and b.replays == a.replays
+    clean = _adopted(Outputs(fake))
+    assert verify(clean, checks=("interleave",), seed=seed, rounds=2).ok
+
+
+def test_scribble_finds_the_lazy_graph_among_adopted_ones(fake):
+    from executor import verify
+
+    pool_mem = torch.zeros(16 * 4 * 4, dtype=torch.uint8)
+    gs = _adopted(Scratch(fake, 8, pool_mem))
+    (pid,) = gs.pools.values()
+    fake.segments = [{"address": pool_mem.data_ptr(), "total_size": pool_mem.numel(), "segment_pool_id": pid}]
+    try:
+        res = verify(gs, checks=("interleave", "scribble"))
+    finally:
+        fake.segments = []
+    assert [(f.check, f.graph) for f in res.faults] == [("scribble", "decode/8")], res.summary()
+
+
+class ReadOnly(Outputs):
+    """The graph of ``bad_bs`` also bumps a weight on replay."""
+
+    def __init__(self, fake, bad_bs):
+        super().__init__(fake)
+        self.weight, self.bad_bs = torch.ones(4), bad_bs
+
+    def run(self, phase, bs, ws):
+        out = super().run(phase, bs, ws)
+        g = self.fake.recording
+        if g is not None and bs == self.bad_bs:
+            g.calls.append(lambda: self.weight.add_(1))
+        return out
+
+
+def test_read_only_tensors_given_to_adopt_are_guarded(fake):
+    from executor import verify
+
+    target = ReadOnly(fake, 2)
+    res = verify(_adopted(target, read_only={"lm_head": target.weight}), checks=("interleave",))
+    assert "read-only" in res.checks
+    assert {f.graph for f in res.faults if f.check == "read-only"} == {"decode/2"}, res.summary()
+
+
+def test_without_prepare_float_inputs_are_redrawn_and_integer_ones_kept(fake):
+    from executor import EngineFunctions
+
+    x, idx = torch.zeros(4, 2), torch.arange(4)
+    fns = EngineFunctions(lambda phase, bs: x[:bs], inputs={"x": x, "idx": idx})
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    fns.prepare("decode", 2, 4, gen)
+    assert not torch.equal(x, torch.zeros(4, 2)) and torch.equal(idx, torch.arange(4))
+    assert fns.run("decode", 2, None)[0].shape == (2, 2) and fns.read_only() == {}
+
+
+def test_bad_adoption_input_is_one_clear_error(fake):
+    from executor import ExecutorError, adopt
+
+    target = Outputs(fake)
+    graphs, outputs, pool = _plain_loop(target, [1, 2])
+    eager = lambda phase, bs: target.run(phase, bs, None)  # noqa: E731
+    cases = [
+        (dict(graphs=graphs, outputs={2: outputs[2]}, pool=pool, eager=eager), r"no outputs for graph decode/1"),
+        (dict(graphs={"two": graphs[2]}, outputs=outputs, pool=pool, eager=eager), r"graph key 'two' is neither"),
+        (dict(graphs=graphs, outputs=outputs, pool=pool), r"needs the engine's eager function"),
+        (dict(graphs=graphs, outputs=outputs, pool=pool, eager=eager, held="weak"), r"held='weak'"),
+        (dict(graphs=graphs, outputs={1: outputs[1], 2: torch.zeros(3, 4)}, pool=pool, eager=eager),
+         r"adopt, graph decode/2: output has 3 rows, not a multiple of bs 2"),
+        (dict(graphs=graphs, outputs=outputs, pool={"verify": pool}, eager=eager), r"no pool for phase 'decode'"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(ExecutorError, match=message):
+            adopt(device=CPU, **kw)
+
+
+def test_footprint_on_adopted_graphs_without_the_history_says_how_to_record_it(fake):
+    from executor import VerificationFailed, verify
+
+    with pytest.raises(VerificationFailed, match=r"needs the allocation history.*record_graphs\(\)"):
+        verify(_adopted(Outputs(fake)), checks=("footprint",))
+
+
+def test_record_graphs_pairs_each_graph_with_its_own_window_when_a_capture_fails(monkeypatch):
+    """The wrapping alone (the history is the GPU tests'): a failed capture in
+    the middle is left out and the graphs after it keep their own windows."""
+    from executor import engine
+
+    class Recorder:
+        def __init__(self, max_entries):
+            self.pairs, self.open = [], None
+
+        def begin(self):
+            self.open = len(self.pairs)
+
+        def end(self):
+            self.pairs.append(f"window {self.open}")
+
+        def stop(self):
+            return list(self.pairs)
+
+        def close(self):
+            pass
+
+    class Graph:
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            pass
+
+        def capture_end(self):
+            if getattr(self, "broken", False):
+                raise RuntimeError("capture invalidated")
+
+    monkeypatch.setattr(engine, "AllocationRecorder", Recorder)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    graphs = [Graph(), Graph(), Graph()]
+    graphs[1].broken = True
+    methods = (Graph.capture_begin, Graph.capture_end)
+    with engine.record_graphs() as rec:
+        for g in graphs:
+            g.capture_begin()
+            try:
+                g.capture_end()
+            except RuntimeError:
+                pass
+    assert rec.graphs == [graphs[0], graphs[2]]
+    assert [rec.window(g) for g in graphs] == ["window 0", None, "window 2"]
+    assert (Graph.capture_begin, Graph.capture_end) == methods  # unwrapped again
