@@ -21,9 +21,11 @@ recorded captures measured outside the pool: the capture stream's cuBLAS
 workspace, other allocator memory, and the driver memory each instantiated
 graph takes (per graph, per phase: ``planner/device.py``). ``total_bytes`` is
 what the whole capture takes from free memory in a process that has captured
-nothing yet; ``pending_bytes`` is what it will still take now, after the
-recording already created the capture stream's workspace: the figure to
-subtract from free memory.
+nothing yet; ``pending_bytes`` is what it will still take from free memory
+now, at its peak (a warm-up's temporaries on top of the pools captured
+before it), after the recording already created the capture stream's
+workspace and left the driver memory of its graphs for later graphs to
+reuse: the figure to subtract from free memory.
 
 Layering: this module imports the planner and the executor; neither imports
 it. The executor stays torch-only for an engine that takes a checked-in plan.
@@ -46,7 +48,7 @@ import torch
 
 from executor import profile, write_trace
 from planner import BuildOptions, build_plan
-from planner.device import calibration_from_report
+from planner.device import calibration_from_report, peak
 from schemas.errors import InputError
 from schemas.plan import Plan
 
@@ -95,6 +97,8 @@ def predict_startup(target, options: BuildOptions, *, sizes: dict[str, list[int]
     """
     t0 = time.perf_counter()
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.synchronize(device)
+    free0 = int(torch.cuda.mem_get_info(device)[0])
     schedule = build_plan(msgspec.structs.replace(options, trace=None))
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     folder = Path(tempfile.mkdtemp(prefix="capture-plan-startup-"))
@@ -122,21 +126,28 @@ def predict_startup(target, options: BuildOptions, *, sizes: dict[str, list[int]
                          fix="pass sizes={phase: [...]} with every planned size of the phase named above")
     kinds = {p.name: p.kind for p in plan.phases}
     cal = calibration_from_report(report, "the startup recording", kinds)
-    graphs: dict[str, int] = {}
-    for s in plan.steps:
-        if s.op == "capture":
-            graphs[s.phase] = graphs.get(s.phase, 0) + 1
     view = report.device_view
-    hoisted = plan.predicted.hoisted_bytes
-    items = {"pool": plan.predicted.pool_bytes, "hoisted": hoisted,
+    per_graph = cal.graph_exec_per_graph
+    graph_exec = sum(per_graph.get(s.phase, 0.0) for s in plan.steps if s.op == "capture")
+    items = {"pool": plan.predicted.pool_bytes, "hoisted": plan.predicted.hoisted_bytes,
              "stream-workspace": max(0, view.item("allocator-held")),
              "allocator-other": max(0, view.item("allocator-cached")),
-             "graph-exec": int(round(sum(n * cal.graph_exec_per_graph.get(p, 0.0) for p, n in graphs.items())))}
+             "graph-exec": int(round(graph_exec))}
     total = sum(items.values())
-    # The recording already created the capture stream's workspace (kept for the process's
-    # life). The driver keeps the recorded graphs' memory after they are destroyed too, but
-    # whether later graphs reuse it is not known: it is not subtracted (the figure errs high).
-    pending = total - items["stream-workspace"]
+    # What the recording left taken: the capture stream's workspace (kept for the process's
+    # life) and the driver memory of the recorded graphs, which the driver keeps after they
+    # are destroyed and hands to later graphs.
+    torch.cuda.synchronize(device)
+    paid = free0 - int(torch.cuda.mem_get_info(device)[0])
+    reused = max(0, paid - items["stream-workspace"])
+    hoisted = 0
+    pool_after = []
+    for st, m in zip(plan.steps, plan.predicted.timeline):
+        hoisted += st.bytes if st.op == "provision" else 0
+        pool_after.append(m.reserved + hoisted)
+    top = peak(plan.steps, pool_after, kinds, per_graph, cal.warmup_scratch, items["allocator-other"], reused)
+    final = total - items["stream-workspace"] - min(reused, items["graph-exec"])
+    pending = max(final, top) if top is not None else final
     return StartupPrediction(plan=plan, total_bytes=total, pending_bytes=max(0, pending), items=items,
                              recorded={n: list(v) for n, v in sorted(chosen.items())},
                              seconds=time.perf_counter() - t0)

@@ -202,9 +202,10 @@ class LoopStep:
         stay cached nowhere). Optional: warm-ups outside it work, and leave
         their blocks cached on whatever stream ran them."""
         session = self._session
-        with session.eager(), torch.cuda.stream(self.stream), scratch_pool(session.device):
+        with session.eager(), torch.cuda.stream(self.stream), scratch_pool(session.device) as scratch:
             yield
             self.stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
+        session.scratch = scratch.reserved
 
     @contextlib.contextmanager
     def eager(self):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["pool_segments", "pool_reserved", "pool_usage", "one_pool_reserved", "in_pools", "weak_view",
-           "raw_bytes", "scratch_pool", "AllocationRecorder", "Window"]
+           "raw_bytes", "scratch_pool", "Scratch", "AllocationRecorder", "Window"]
 
 
 def _pid(pool) -> tuple[int, int]:
@@ -44,6 +44,12 @@ def pool_usage(pools) -> tuple[int, int]:
     return reserved, allocated
 
 
+class Scratch:
+    """What a :func:`scratch_pool` block reserved at its peak (0 where not measured)."""
+
+    reserved: int = 0
+
+
 @contextlib.contextmanager
 def scratch_pool(device):
     """Route this thread's allocations into a private pool that is returned on exit.
@@ -61,14 +67,24 @@ def scratch_pool(device):
     the device: not for use while another thread of the process captures in
     CUDA's "global" mode. Without ``torch.cuda.MemPool`` (torch before 2.6)
     it does nothing: the block's freed memory stays cached as before.
+
+    Yields a :class:`Scratch` whose ``reserved`` is set on exit: the pool's
+    segments, i.e. the block's peak reserved memory (segments are returned only
+    when the pool is destroyed), which a capture budget must allow for on top
+    of the pools captured so far.
     """
+    box = Scratch()
     if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
-        yield
+        yield box
         return
     pool = torch.cuda.MemPool()
     try:
         with torch.cuda.use_mem_pool(pool, device=device):
-            yield
+            yield box
+        pid = getattr(pool, "id", None)
+        if pid is not None:
+            box.reserved = sum(s["total_size"] for s in torch.cuda.memory_snapshot(mempool_id=pid)
+                               if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) == _pid(pid))
     finally:
         del pool  # the destructor releases the pool and returns its free segments
 

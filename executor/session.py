@@ -177,6 +177,10 @@ class CaptureSession:
         self.captures = sum(s.op == "capture" for s in self.plan.steps)
         #: the device before the first step (taken by ``capture``)
         self.before: Probe | None = None
+        #: the last warm-up's peak scratch memory, until its step is measured
+        self.scratch: int | None = None
+        #: pools this session made that nothing has captured into yet (they hold no segment)
+        self.new_pools: set[tuple[int, int]] = set()
         self.first_in_process = not _captured_in_process
 
     # -- one method per step op ---------------------------------------------
@@ -193,7 +197,7 @@ class CaptureSession:
         ws = self.gs.workspaces.get(step.phase)
         # The temporaries go to a scratch pool returned at the end of the step
         # (module docstring: capture leaves nothing behind).
-        with self.eager(), torch.cuda.stream(stream), scratch_pool(self.device):
+        with self.eager(), torch.cuda.stream(stream), scratch_pool(self.device) as scratch:
             for _ in range(max(step.runs, 1)):
                 if ws is not None:
                     target.refresh(step.phase, step.bs, step.bs, ws)
@@ -201,6 +205,7 @@ class CaptureSession:
             self.warm_ptrs[(step.phase, step.bs)] = [t.data_ptr() for t in outs]
             del outs
             stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
+        self.scratch = scratch.reserved
 
     def capture(self, step: Step) -> None:
         """Record one graph into the step's pool, hold its outputs as planned, make it servable."""
@@ -220,6 +225,7 @@ class CaptureSession:
         pool = self.gs.pools.get(name)
         if pool is None:
             pool = self.gs.pools[name] = torch.cuda.graph_pool_handle()
+            self.new_pools.add(tuple(int(x) for x in pool))
         return pool
 
     def _record(self, step: Step, pool, ws) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], int]:
@@ -253,7 +259,15 @@ class CaptureSession:
             # The session's first capture also allocates the CUDA RNG's graph-safe state in the
             # ordinary allocator (a small segment of its own): measure the pool itself there too.
             exact = self.mode != "global" or not self.gs.graphs
-            reserved_before = one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()
+            key = tuple(int(x) for x in pool)
+            # a pool nothing captured into yet holds nothing, and is not asked: torch keeps no
+            # private pool for the handle until its first capture_begin
+            fresh = key in self.new_pools
+            self.new_pools.discard(key)
+            if exact:
+                reserved_before = 0 if fresh else one_pool_reserved(pool)
+            else:
+                reserved_before = torch.cuda.memory_reserved()
             grown = [0]
             g.capture_begin(pool=pool, capture_error_mode=self.mode)
             try:
@@ -340,10 +354,12 @@ class CaptureSession:
     def measure(self, step: Step, t0: float) -> None:
         """Record the measurement of ``step``, which began at ``t0`` (``time.perf_counter``)."""
         free, _ = torch.cuda.mem_get_info(self.device)  # no sync: the device's figure as of now
+        scratch, self.scratch = self.scratch, None
         self.measurements.append(StepMeasurement(step=step.index, id=step.id, reserved=self.reserved,
                                                  predicted_reserved=self.predicted.get(step.index, 0),
                                                  seconds=time.perf_counter() - t0, free=int(free),
-                                                 allocator_reserved=int(torch.cuda.memory_reserved(self.device))))
+                                                 allocator_reserved=int(torch.cuda.memory_reserved(self.device)),
+                                                 scratch=scratch))
         if self.bar is not None:
             self.bar.set_postfix_str(f"{step.id} free {free / 2**30:.1f} GiB", refresh=False)
             self.bar.update(1)
@@ -352,18 +368,22 @@ class CaptureSession:
         """Create the capture stream's cuBLAS and cuBLASLt workspace, outside every pool.
 
         cuBLAS allocates a workspace per (handle, stream) at the stream's first
-        GEMM and keeps it. The small operands come from a scratch pool that is
-        returned at once, so the workspace is all this leaves behind."""
+        GEMM and keeps it. The operands are allocated on the calling thread's
+        stream without a kernel (a few bytes in blocks the engine's stream has
+        cached) and filled on the capture stream, so that the capture stream
+        gets no small segment of its own: the workspace is all this leaves.
+        (Operands from a scratch pool left its 2 MiB segment behind: a pool
+        destroyed while its blocks are alive keeps their segment cached.)"""
         dev = self.device
+        mats = [(torch.empty(16, 16, device=dev, dtype=dt), torch.empty(16, 16, device=dev, dtype=dt))
+                for dt in (torch.float32, torch.bfloat16)]
         with torch.cuda.stream(self.stream):
-            with scratch_pool(dev):
-                mats = [(torch.ones(16, 16, device=dev, dtype=dt), torch.empty(16, 16, device=dev, dtype=dt))
-                        for dt in (torch.float32, torch.bfloat16)]
-            for a, out in mats:  # outside the scratch pool: the workspace must outlive it
+            for a, out in mats:
+                a.fill_(1)
                 torch.addmm(a, a, a, out=out)
                 torch.matmul(a, a, out=out)
-            self.stream.synchronize()
-            del mats, a, out
+            self.stream.synchronize()  # the operands are idle before they go back to their stream
+        del mats, a, out
 
     def run(self, *, should_stop: Callable[[], bool] | None = None, distributed: bool = False, group=None) -> bool:
         """Every step, in plan order; False if ``should_stop`` said so between steps. Raises what a step raised."""

@@ -270,6 +270,15 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
     return timeline
 
 
+def _hoisted_so_far(steps: list[Step]) -> list[int]:
+    """Bytes hoisted out of the pools after each step (provision steps allocate them)."""
+    out, total = [], 0
+    for s in steps:
+        total += s.bytes if s.op == "provision" else 0
+        out.append(total)
+    return out
+
+
 def _check_budget(r: "_Resolved", opts: BuildOptions, sol, pred: "_Predicted") -> None:
     """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
     the rules allow, per phase, at its real total. With ``--strategy`` pins that
@@ -535,7 +544,10 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                              samples={n: TraceSamples(measured=list(m), derived=list(d))
                                       for n, (m, d) in sorted(r.workload.samples.items())},
                              device=device_prediction(pred.sim.pool_bytes, pred.hoisted, steps,
-                                                      {p.name: p.kind for p in spec.phases}, r.calibration),
+                                                      {p.name: p.kind for p in spec.phases}, r.calibration,
+                                                      [m.reserved + h for m, h in zip(
+                                                          _timeline(steps, pred.sim.after_capture),
+                                                          _hoisted_so_far(steps))]),
                              fidelity=fid, describes=describes, caveat=caveat),
     )
     return seal(plan)

@@ -35,7 +35,8 @@ __all__ = ["FIGURES", "INPUTS", "Figure", "InputChange", "DecisionChange", "Plan
            "bytes_text", "change_text", "render_text", "render_markdown", "moved", "gate", "limit_text",
            "input_changes", "stale_reason"]
 
-Unit = Literal["bytes", "count"]
+#: "device-bytes": bytes where None means unknown (a device item never measured), not absent
+Unit = Literal["bytes", "count", "device-bytes"]
 
 
 def total(plan: Plan) -> int:
@@ -67,6 +68,13 @@ FIGURES: list[tuple[str, Callable[[Plan], int | dict[str, int] | None], Unit]] =
     ("hoisted", lambda p: p.predicted.hoisted_bytes, "bytes"),
     ("captures", lambda p: sum(s.op == "capture" for s in p.steps), "count"),
     ("warm-up runs", lambda p: p.predicted.warmup_runs, "count"),
+    # revision 2: what capture takes from free device memory (None while unknown: never read as 0)
+    ("device: reserve (peak)", lambda p: p.predicted.device.peak_bytes if p.predicted.device else None,
+     "device-bytes"),
+    ("device: taken after capture", lambda p: p.predicted.device.total_bytes if p.predicted.device else None,
+     "device-bytes"),
+    ("device item", lambda p: {i.name: i.bytes for i in p.predicted.device.items} if p.predicted.device else None,
+     "device-bytes"),
 ]
 
 
@@ -103,6 +111,9 @@ INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
     ("rules", lambda p: _digest(p.inputs.rules_digest)),
     ("sizes", lambda p: {ph.name: _sizes(ph.sizes) for ph in p.phases}),
     ("plan revision", lambda p: str(p.revision)),
+    ("calibration", lambda p: f"{p.inputs.calibration} ({_digest(p.inputs.calibration_digest)})"
+     if isinstance(p.inputs.calibration, str) else None),
+    ("fidelity", lambda p: p.predicted.fidelity),
 ]
 
 
@@ -287,7 +298,8 @@ def change_text(old: int | None, new: int | None, unit: Unit = "bytes") -> str:
         return f"{show(old)} -> {show(new)} ({new - old:+,}, {_percent(new - old, old)})"
     values = [v for v in (old, new) if v is not None]
     in_bytes = max(values, default=0) < MiB
-    def show(v): return "(none)" if v is None else bytes_text(v, in_bytes)
+    missing = "unknown" if unit == "device-bytes" else "(none)"
+    def show(v): return missing if v is None else bytes_text(v, in_bytes)
     if old is None or new is None or old == new:
         return f"{show(old)} -> {show(new)}"
     d = new - old
@@ -369,8 +381,9 @@ def render_markdown(d: PlanDiff, *, steps: bool = False, verdict: str | None = N
     out += ["| figure | old | new | change |", "| --- | ---: | ---: | ---: |"]
     for f in d.figures:
         if f.old == f.new:
-            if f.unit == "bytes":
-                cell = "-" if f.old is None else bytes_text(f.old, f.old < MiB)
+            if f.unit != "count":
+                cell = ("unknown" if f.unit == "device-bytes" else "-") if f.old is None else \
+                    bytes_text(f.old, f.old < MiB)
             else:
                 cell = "-" if f.old is None else f"{f.old:,}"
             out.append(f"| {_md(f.label)} | {cell} | {cell} | |")

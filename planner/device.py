@@ -41,7 +41,8 @@ from schemas.report import CaptureReport
 
 from .resources import data
 
-__all__ = ["Calibration", "read_calibration", "calibration_from_report", "device_prediction", "capability_of"]
+__all__ = ["Calibration", "read_calibration", "calibration_from_report", "device_prediction", "capability_of",
+           "peak"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class Calibration:
     #: other caching-allocator memory the capture left (besides pools, hoisted, the workspace)
     allocator_other: int = 0
     source: str = ""
+    #: per phase name and kind: the largest scratch memory a warm-up of it took (its
+    #: temporaries, returned when the warm-up ends); empty when the report does not say
+    warmup_scratch: dict[str, int] = field(default_factory=dict)
 
 
 def capability_of(device: str) -> str:
@@ -76,10 +80,14 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     if view is None or any(m.free is None or m.allocator_reserved is None for m in rep.steps):
         raise InputError("the report has no device view or per-step device memory", where=source, fix=fix)
     per: dict[str, list[int]] = defaultdict(list)
+    scratch: dict[str, int] = {}
     prev_free, prev_res = None, None
     for m in rep.steps:
         op, _, rest = m.id.partition("/")
         phase = rest.rpartition("/")[0]
+        if op == "warmup" and m.scratch is not None:
+            for key in (phase, f"kind:{phases.get(phase)}"):
+                scratch[key] = max(scratch.get(key, 0), m.scratch)
         if op == "capture" and prev_free is not None:
             per[phase].append((prev_free - m.free) - (m.allocator_reserved - prev_res))
         prev_free, prev_res = m.free, m.allocator_reserved
@@ -96,7 +104,7 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     other = max(0, held) + max(0, view.item("allocator-cached"))
     device = rep.device + (f", driver {rep.driver}" if rep.driver else "")
     return Calibration(device=device, capability=capability_of(rep.device), graph_exec_per_graph=graph_exec,
-                       allocator_other=other, source=source)
+                       allocator_other=other, source=source, warmup_scratch=scratch)
 
 
 def read_calibration(path: Path, shown: str, phases: dict[str, str], recorded: str) -> tuple[Calibration, bytes]:
@@ -104,11 +112,40 @@ def read_calibration(path: Path, shown: str, phases: dict[str, str], recorded: s
     raw = read_input(path, "report", fix="give a capture report written by GraphSet.write_report")
     cal = calibration_from_report(decode_report(raw, shown), shown, phases)
     return Calibration(device=cal.device, capability=cal.capability, graph_exec_per_graph=cal.graph_exec_per_graph,
-                       allocator_other=cal.allocator_other, source=recorded), raw
+                       allocator_other=cal.allocator_other, source=recorded, warmup_scratch=cal.warmup_scratch), raw
+
+
+def _lookup(table: dict, phase: str, kinds: dict[str, str]):
+    return table.get(phase, table.get(f"kind:{kinds.get(phase)}"))
+
+
+def peak(steps: list[Step], pool_after: list[int], kinds: dict[str, str], per_graph: dict[str, float],
+         scratch: dict[str, int], fixed: int, reused: int = 0) -> int | None:
+    """The most free memory the capture takes at any moment: after each step
+    (the pools so far, ``fixed`` bytes, the driver memory of the graphs so far
+    less ``reused`` bytes the driver kept from earlier graphs), and during each
+    warm-up (the pools before it plus its scratch). None when a warm-up's or a
+    graph's figure is unknown. ``pool_after``: the pools' bytes after each step."""
+    top, graphs, before = 0, 0.0, 0
+    for s, after in zip(steps, pool_after):
+        driver = max(0.0, graphs - reused)
+        if s.op == "warmup":
+            sc = _lookup(scratch, s.phase, kinds)
+            if sc is None:
+                return None
+            top = max(top, before + sc + fixed + driver)
+        if s.op == "capture":
+            g = _lookup(per_graph, s.phase, kinds)
+            if g is None:
+                return None
+            graphs += g
+        top = max(top, after + fixed + max(0.0, graphs - reused))
+        before = after
+    return int(round(top))
 
 
 def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[str, str],
-                      calibration: Calibration | None) -> DevicePrediction:
+                      calibration: Calibration | None, pool_after: list[int] | None = None) -> DevicePrediction:
     """The plan's device items and their total (None while one is unknown).
 
     ``kinds`` maps the plan's phases to their kinds: a calibration measured on
@@ -142,5 +179,11 @@ def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[st
         items.append(DeviceCost(name="graph-exec", bytes=int(round(total)), provenance="measured",
                                 source=f"{calibration.source} ({calibration.device}): per graph, per phase"))
     known = [i.bytes for i in items]
-    return DevicePrediction(device=calibration.device, items=items,
-                            total_bytes=sum(known) if all(b is not None for b in known) else None)
+    total = sum(known) if all(b is not None for b in known) else None
+    top = None
+    if total is not None and pool_after is not None and calibration.warmup_scratch:
+        # the workspace and other allocator memory; pool_after holds the pools and hoisted bytes
+        fixed = total - pool - hoisted - next(i.bytes for i in items if i.name == "graph-exec")
+        top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed)
+    return DevicePrediction(device=calibration.device, items=items, total_bytes=total,
+                            **({"peak_bytes": max(top, total)} if top is not None else {}))

@@ -54,9 +54,14 @@ def device_lines(plan: Plan) -> list[str]:
     dev = p.device
     if dev is not None:
         parts = ", ".join(f"{i.name} {_item_mib(i.bytes)}" for i in dev.items)
-        if dev.total_bytes is not None:
+        if dev.total_bytes is not None and dev.peak_bytes is not None:
+            out.append(f"  reserve for capture: {mib(dev.peak_bytes, unit=False)} MiB of free device memory (the "
+                       f"peak, a warm-up on top of the pools so far); {mib(dev.total_bytes, unit=False)} MiB stay "
+                       f"taken after capture on {dev.device} ({parts})")
+        elif dev.total_bytes is not None:
             out.append(f"  reserve for capture: {mib(dev.total_bytes, unit=False)} MiB of free device memory "
-                       f"on {dev.device} ({parts})")
+                       f"on {dev.device} ({parts}); the warm-ups' peak is unknown (the calibration report "
+                       "measured no warm-up scratch)")
         else:
             unknown = [i for i in dev.items if i.bytes is None]
             out.append(f"  reserve for capture: unknown ({parts} MiB); {unknown[0].name}: {unknown[0].source}")

@@ -158,6 +158,9 @@ class DevicePrediction(PlanStruct, kw_only=True, omit_defaults=True):
     items: list[DeviceCost] = []
     #: the sum of the items; None while any item is unknown
     total_bytes: int | None = None
+    #: the most free memory capture takes at any moment (a warm-up's temporaries on top of
+    #: the pools so far): what must be free before capture; left out while unknown
+    peak_bytes: int | None = None
 
 
 class Prediction(PlanStruct, kw_only=True, omit_defaults=True):

@@ -31,6 +31,8 @@ class StepMeasurement(ReportStruct, kw_only=True):
     free: int | None = None
     #: the caching allocator's reserved bytes after the step, every pool together (None: not measured)
     allocator_reserved: int | None = None
+    #: a warm-up step: the peak memory its scratch pool reserved (returned when the step ended)
+    scratch: int | None = None
 
 
 class DeviceItem(ReportStruct, kw_only=True):

@@ -24,11 +24,17 @@ def test_a_change_under_one_mib_is_written_in_bytes(cli, plans):
     code, out, err = cli("diff", "plans/fa3-eagle-ci.json", "plans/fa3-eagle.json")
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[:7] == [
+    assert lines[:12] == [
         "plans/fa3-eagle-ci.json -> plans/fa3-eagle.json",
         "predicted:",
         "  total (pools + hoisted): 1,520.0 MiB -> 1,520.0 MiB (-8,200 B, -0.00051%)",
         "  hoisted: 8,200 B -> 0 B (-8,200 B, -100.0%)",
+        # the plan without a calibration: its measured device items are unknown, never 0
+        f"  device: taken after capture: {lines[4].split(': ')[2].split(' ->')[0]} -> unknown",
+        "  device item hoisted: 8,200 B -> 0 B (-8,200 B, -100.0%)",
+        "  device item stream-workspace: 32.0 MiB -> unknown",
+        f"  device item allocator-other: {lines[7].split(': ')[1].split(' ->')[0]} -> unknown",
+        f"  device item graph-exec: {lines[8].split(': ')[1].split(' ->')[0]} -> unknown",
         "inputs:",
         "  command: planner build --backend fa3 --ci --speculative eagle --calibration calibration/h200-fa3-eagle-ci.json -> planner build --backend fa3 "
         "--speculative eagle",
@@ -164,7 +170,7 @@ def test_the_figures_are_a_table_of_getters():
     # adding a figure is one row: (label, getter, unit)
     from planner.compare import FIGURES
 
-    assert all(isinstance(label, str) and callable(get) and unit in ("bytes", "count") for label, get, unit in FIGURES)
+    assert all(isinstance(label, str) and callable(get) and unit in ("bytes", "count", "device-bytes") for label, get, unit in FIGURES)
 
 
 def test_a_reorder_and_sizes_that_read_the_same(cli, tmp_path):
