@@ -347,6 +347,9 @@ def main() -> None:
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "device": torch.cuda.get_device_name(), "driver": driver_version(), "torch": torch.__version__,
                  "layers": args.layers, "modes": modes, "cases": {}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"device-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
     for case in args.cases.split(","):
         # one process per mode: each pays the first capture's cost itself
         row: dict = {}
@@ -365,10 +368,7 @@ def main() -> None:
             print(f"{case}/{mode}: " + json.dumps({k: v for k, v in got[mode].items() if k != "report"})[:600],
                   flush=True)
         res["cases"][case] = row
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"device-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
-    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+        path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")  # after every case: a time limit keeps them
     parts = []
     for case, row in res["cases"].items():
         ex, lp = row.get("executor", {}), row.get("loop", {})
