@@ -7,8 +7,8 @@ stream; ``capture`` records one CUDA graph into the planned pool on the one
 capture stream, then holds the outputs as planned (owning tensors, or
 non-owning views that let later captures reuse the memory) and makes the
 graph servable. It measures the pool after every capture against the plan's
-prediction (from the device's reserved-bytes counter; one memory snapshot at
-the end confirms the total). The steps allocate in exactly the order the
+prediction (a snapshot of that pool alone after every capture; one memory
+snapshot of every pool at the end confirms the total). The steps allocate in exactly the order the
 planner simulated: that is what makes its predictions exact, so a change here
 that moves, adds or drops an allocation changes what the plans predict.
 
@@ -251,23 +251,16 @@ class CaptureSession:
         with torch.cuda.stream(self.stream):
             if recorder is not None:
                 recorder.begin()
-            # Between capture_begin and capture_end every allocation on the capture
-            # stream goes to the pool, so the device's reserved-bytes delta is the
-            # pool's growth: a cheap counter instead of a full memory snapshot per
-            # step. In the background the serving thread may allocate meanwhile,
-            # so there the pool itself is measured.
-            # The session's first capture also allocates the CUDA RNG's graph-safe state in the
-            # ordinary allocator (a small segment of its own): measure the pool itself there too.
-            exact = self.mode != "global" or not self.gs.graphs
+            # The pool itself is measured (a snapshot of that pool alone): the device's
+            # reserved-bytes counter also moves for allocations outside the pool meanwhile (the
+            # CUDA RNG's graph-safe state at a pool's first capture, the serving thread in the
+            # background), and the per-step figures are what the plan's timeline is checked against.
             key = tuple(int(x) for x in pool)
             # a pool nothing captured into yet holds nothing, and is not asked: torch keeps no
             # private pool for the handle until its first capture_begin
             fresh = key in self.new_pools
             self.new_pools.discard(key)
-            if exact:
-                reserved_before = 0 if fresh else one_pool_reserved(pool)
-            else:
-                reserved_before = torch.cuda.memory_reserved()
+            reserved_before = 0 if fresh else one_pool_reserved(pool)
             grown = [0]
             g.capture_begin(pool=pool, capture_error_mode=self.mode)
             try:
@@ -282,7 +275,7 @@ class CaptureSession:
                     recorder.end()
                 raise
             g.capture_end()
-            grown[0] = (one_pool_reserved(pool) if exact else torch.cuda.memory_reserved()) - reserved_before
+            grown[0] = one_pool_reserved(pool) - reserved_before
             if recorder is not None:
                 recorder.end()
 
