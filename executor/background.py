@@ -66,13 +66,18 @@ import atexit
 import contextlib
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import ExecutorError
+from .errors import ExecutorError, capture_failed
 from .graphs import GraphSet, as_outputs
 from .logs import log
-from .session import CaptureSession, capture_failed
+
+if TYPE_CHECKING:
+    # a type only: executor.session starts this module's Background (it imports
+    # this module inside start_background), so a run-time import would be a circle
+    from .session import CaptureSession
 
 __all__ = ["Background"]
 

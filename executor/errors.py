@@ -1,10 +1,20 @@
-"""Executor errors: all are :class:`schemas.errors.CapturePlanError`."""
+"""Executor errors: all are :class:`schemas.errors.CapturePlanError`.
+
+Torch-free when imported (``executor``'s package imports it, and ``load_plan``
+works without torch); :func:`capture_failed` imports torch when called.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from schemas.errors import CapturePlanError
 
-__all__ = ["ExecutorError", "EnvironmentMismatch", "CaptureFailed", "StaleOutputError", "VerificationFailed"]
+if TYPE_CHECKING:
+    from schemas.plan import Plan, Step
+
+__all__ = ["ExecutorError", "EnvironmentMismatch", "CaptureFailed", "StaleOutputError", "VerificationFailed",
+           "capture_failed"]
 
 
 class ExecutorError(CapturePlanError):
@@ -25,3 +35,29 @@ class StaleOutputError(ExecutorError):
 
 class VerificationFailed(ExecutorError):
     """verify() found a graph that corrupts another or reads what it must not."""
+
+
+def capture_failed(failure: BaseException, step: Step | None, plan: Plan, device) -> BaseException:
+    """The error to raise for a capture that stopped at ``step`` (partial graphs already released).
+
+    An :class:`ExecutorError` is returned as it is; anything else becomes a
+    :class:`CaptureFailed` naming the step, chained to ``failure``. Used by
+    every capture driver (``executor.session``, ``executor.background``,
+    ``executor.loop``), which is why it lives here and not in one of them.
+    """
+    # torch only here: the failure came from a capture, so torch is loaded already
+    import torch
+
+    where = f"step {step.index} ({step.id}: phase {step.phase}, bs {step.bs})" if step else "before the first step"
+    if isinstance(failure, ExecutorError):
+        return failure
+    if isinstance(failure, torch.OutOfMemoryError):
+        free, _ = torch.cuda.mem_get_info(device)
+        err = CaptureFailed(f"CUDA out of memory; the plan predicted a pool of {plan.predicted.pool_bytes} B "
+                            f"and {free} B are free now that the partial graphs were released", where=where,
+                            fix="free memory before capture (smaller KV cache) or plan fewer sizes")
+    else:
+        err = CaptureFailed(f"{type(failure).__name__}: {failure}; all partial graphs were released", where=where)
+    err.__cause__ = failure
+    err.__suppress_context__ = True
+    return err

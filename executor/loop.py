@@ -74,11 +74,11 @@ import torch
 from schemas.plan import Plan, Step
 
 from .device import probe
-from .errors import ExecutorError
+from .errors import ExecutorError, capture_failed
 from .graphs import GraphSet
 from .heap import Frozen
 from .pool import one_pool_reserved, scratch_pool
-from .session import CaptureSession, _distributed, _rank0, capture_failed
+from .session import CaptureSession, _distributed, _rank0
 
 __all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached"]
 

@@ -65,7 +65,7 @@ from schemas.report import CaptureReport, StepMeasurement
 from schemas.units import mib
 
 from .device import Probe, device_view, driver_version, probe
-from .errors import CaptureFailed, ExecutorError
+from .errors import ExecutorError, capture_failed
 from .graphs import Captured, Fallback, GraphSet, as_outputs
 from .heap import Frozen
 from .load import backend_module, current_environment
@@ -124,23 +124,6 @@ def _clear_frames(exc: BaseException | None) -> None:
         seen.add(id(exc))
         traceback.clear_frames(exc.__traceback__)
         exc = exc.__cause__ or exc.__context__
-
-
-def capture_failed(failure: BaseException, step: Step | None, plan: Plan, device) -> BaseException:
-    """The error to raise for a capture that stopped at ``step`` (partial graphs already released)."""
-    where = f"step {step.index} ({step.id}: phase {step.phase}, bs {step.bs})" if step else "before the first step"
-    if isinstance(failure, ExecutorError):
-        return failure
-    if isinstance(failure, torch.OutOfMemoryError):
-        free, _ = torch.cuda.mem_get_info(device)
-        err = CaptureFailed(f"CUDA out of memory; the plan predicted a pool of {plan.predicted.pool_bytes} B "
-                            f"and {free} B are free now that the partial graphs were released", where=where,
-                            fix="free memory before capture (smaller KV cache) or plan fewer sizes")
-    else:
-        err = CaptureFailed(f"{type(failure).__name__}: {failure}; all partial graphs were released", where=where)
-    err.__cause__ = failure
-    err.__suppress_context__ = True
-    return err
 
 
 class CaptureSession:

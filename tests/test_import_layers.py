@@ -1,0 +1,215 @@
+"""The import graph of schemas, planner, executor and adapters has layers and no circles.
+
+Read from the source with ast (nothing is imported), as ``tests/test_no_torch.py``
+checks the planner's imports at run time. What counts as an edge:
+
+* every ``import`` / ``from ... import`` statement, at module level or inside
+  a function (a lazy import closes a circle as surely as a top-level one,
+  only later);
+* a package whose ``__init__`` defines a module-level ``__getattr__`` that
+  calls ``importlib.import_module`` (``executor``, ``planner``) may load any
+  module below it: it gets an edge to each of them, so that a submodule
+  importing names from its own lazy package is a circle too.
+
+What does not count: imports under ``if TYPE_CHECKING:`` (never executed;
+type checkers resolve circles among annotations), and ``importlib`` calls
+elsewhere, whose module names are computed (``planner.cli`` loads its
+command modules that way: they sit below it, which is the direction every
+package already has). Only modules of the four packages are nodes: what
+they import from outside (torch, networkx, the standard library) is not
+looked at here.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import networkx as nx
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("schemas", "planner", "executor", "adapters")
+#: which other packages each package may import: schemas at the bottom; planner and
+#: executor beside each other on it, never importing each other; adapters on top
+MAY_IMPORT = {
+    "schemas": set(),
+    "planner": {"schemas"},
+    "executor": {"schemas"},
+    "adapters": {"schemas", "planner", "executor"},
+}
+
+
+def _modules(root: pathlib.Path, packages) -> dict[str, tuple[pathlib.Path, bool]]:
+    """Dotted module name -> (its file, whether it is a package's ``__init__``)."""
+    mods = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            mods[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return mods
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) bodies."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for stmt in node.body:
+                out.update(id(n) for n in ast.walk(stmt))
+    return out
+
+
+def _is_lazy_package(tree: ast.Module) -> bool:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            return any(isinstance(n, ast.Attribute) and n.attr == "import_module" for n in ast.walk(node))
+    return False
+
+
+def _known(name: str, mods) -> str | None:
+    """The longest prefix of ``name`` that is one of ``mods``."""
+    parts = name.split(".")
+    while parts and ".".join(parts) not in mods:
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def import_graph(root: pathlib.Path = ROOT, packages=PACKAGES) -> nx.DiGraph:
+    """Modules of ``packages`` under ``root``; an edge a -> b when a imports b,
+    with the lines that do in the edge's ``lines``."""
+    mods = _modules(root, packages)
+    g = nx.DiGraph()
+    g.add_nodes_from(mods)
+
+    def edge(a: str, b: str | None, line: int) -> None:
+        if b is not None and b != a:
+            g.add_edge(a, b)
+            g.edges[a, b].setdefault("lines", []).append(line)
+
+    for mod, (path, is_pkg) in mods.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        skip = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    edge(mod, _known(alias.name, mods), node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package holding this module
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[:len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                for alias in node.names:
+                    # `from pkg import mod` imports the module pkg.mod; `from mod import name`, mod
+                    full = f"{base}.{alias.name}"
+                    edge(mod, full if full in mods else _known(base, mods), node.lineno)
+        if is_pkg and _is_lazy_package(tree):
+            for other in mods:
+                if other.startswith(mod + "."):
+                    edge(mod, other, 0)
+    return g
+
+
+def cycles(g: nx.DiGraph) -> list[list[str]]:
+    """Every simple cycle, each rotated to start at its smallest module, sorted."""
+    out = []
+    for c in nx.simple_cycles(g):
+        i = c.index(min(c))
+        out.append(c[i:] + c[:i])
+    return sorted(out)
+
+
+def _describe(g: nx.DiGraph, cycle: list[str]) -> str:
+    steps = []
+    for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+        lines = [n for n in g.edges[a, b]["lines"] if n]
+        steps.append(f"{a} (line {lines[0]})" if lines else f"{a} (lazy __getattr__)")
+    return " -> ".join(steps) + f" -> {cycle[0]}"
+
+
+def test_no_import_cycles():
+    g = import_graph()
+    found = cycles(g)
+    assert not found, "import circles (move the shared piece below both):\n" + \
+        "\n".join(_describe(g, c) for c in found)
+
+
+def layer_violations(g: nx.DiGraph, may_import=MAY_IMPORT) -> list[str]:
+    """Each edge from one package into another that ``may_import`` does not allow, as text."""
+    def pkg(m: str) -> str:
+        return m.split(".")[0]
+
+    return sorted(f"{a} imports {b} (line {g.edges[a, b]['lines'][0]})" for a, b in g.edges
+                  if pkg(b) != pkg(a) and pkg(b) not in may_import[pkg(a)])
+
+
+def test_packages_import_only_the_layers_below():
+    bad = layer_violations(import_graph())
+    assert not bad, "imports across the package layers:\n" + "\n".join(bad)
+
+
+def test_every_package_is_read():
+    """The graph holds every module of the four packages, and real edges between them."""
+    g = import_graph()
+    for pkg in PACKAGES:
+        assert pkg in g and any(n.startswith(pkg + ".") for n in g), pkg
+    assert g.has_edge("executor.session", "executor.background")  # the lazy import in start_background
+    assert g.has_edge("adapters.startup", "planner")
+    assert g.has_edge("planner.build", "planner.resources")  # `from . import resources`
+    assert g.has_edge("executor", "executor.session")  # executor's lazy __getattr__
+
+
+def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_circle_closed_by_a_lazy_import_is_found(tmp_path):
+    """The shape executor/background.py and executor/session.py had: one imports
+    the other at the top, the other imports back inside a function."""
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/background.py": "from .session import CaptureSession\n",
+        "pkg/session.py": "def start():\n    from .background import Background\n",
+    })
+    g = import_graph(root, ("pkg",))
+    assert cycles(g) == [["pkg.background", "pkg.session"]]
+    assert _describe(g, cycles(g)[0]) == "pkg.background (line 1) -> pkg.session (line 2) -> pkg.background"
+
+
+def test_type_checking_imports_are_not_edges(tmp_path):
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+        "pkg/b.py": "from . import a\n",
+    })
+    g = import_graph(root, ("pkg",))
+    assert cycles(g) == [] and g.has_edge("pkg.b", "pkg.a") and not g.has_edge("pkg.a", "pkg.b")
+
+
+def test_a_submodule_importing_its_lazy_package_is_a_circle(tmp_path):
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "import importlib\n\ndef __getattr__(name):\n"
+                           "    return getattr(importlib.import_module('.m', __name__), name)\n",
+        "pkg/m.py": "import pkg.n\n",
+        "pkg/n.py": "def f():\n    from pkg import thing\n",
+    })
+    g = import_graph(root, ("pkg",))
+    assert ["pkg", "pkg.n"] in cycles(g) and g.has_edge("pkg.m", "pkg.n")
+
+
+def test_a_lazy_import_across_the_layers_is_a_violation(tmp_path):
+    root = _write(tmp_path, {
+        "schemas/__init__.py": "",
+        "schemas/plan.py": "def f():\n    from planner.build import build_plan\n",
+        "planner/__init__.py": "",
+        "planner/build.py": "from schemas.plan import f\n",
+    })
+    g = import_graph(root, ("schemas", "planner"))
+    assert layer_violations(g) == ["schemas.plan imports planner.build (line 2)"]
