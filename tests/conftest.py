@@ -1,4 +1,4 @@
-"""Shared fixtures: CLI runner, GPU gating."""
+"""Shared fixtures: CLI runner, faked CUDA, GPU gating."""
 
 from __future__ import annotations
 
@@ -22,6 +22,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """torch.cuda faked on CPU, for the executor's protocol tests (tests/fake_cuda.py).
+
+    Defined here rather than imported into each test module: an imported fixture
+    is a module global that every test's parameter of the same name redefines."""
+    pytest.importorskip("torch")
+    from fake_cuda import install
+
+    return install(monkeypatch)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import threading
 import weakref
 from pathlib import Path
 
-import pytest
 import torch
 
 
@@ -103,8 +102,8 @@ class FakeGraph:
         self.calls = []
 
 
-@pytest.fixture
-def fake(monkeypatch):
+def install(monkeypatch) -> Fake:
+    """Fake torch.cuda through ``monkeypatch`` (undone with it); the ``fake`` fixture of tests/conftest.py."""
     f = Fake()
     cuda = torch.cuda
 

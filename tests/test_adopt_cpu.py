@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fake_cuda import decode_plan as _plan  # noqa: E402
-from fake_cuda import fake  # noqa: E402,F401 - fake is a fixture
 from test_verify_cpu import Outputs, Scratch  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fake_cuda import FakeStream, Target, fake  # noqa: E402,F401 - fake is a fixture
+from fake_cuda import FakeStream, Target  # noqa: E402
 from fake_cuda import decode_plan as _plan  # noqa: E402
 
 

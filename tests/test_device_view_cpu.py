@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fake_cuda import Target, decode_plan, fake  # noqa: E402,F401 - fake is a fixture
+from fake_cuda import Target, decode_plan  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -17,7 +17,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine_shaped import run_engine  # noqa: E402
-from fake_cuda import fake  # noqa: E402,F401 - fake is a fixture
 
 CPU = torch.device("cpu")
 DECODE = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fake_cuda import Target, fake  # noqa: E402,F401 - fake is a fixture
+from fake_cuda import Target  # noqa: E402
 
 CPU = torch.device("cpu")
 PHASES = ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
