@@ -152,10 +152,10 @@ def main() -> None:
         compileall.compile_dir(str(ROOT / pkg), quiet=1)
 
     from planner import BuildOptions, build_plan
+    from planner.resources import backend
     from planner.simulate import simulate
     from planner.specs import default_spec
     from planner.workload import Workload
-    from planner.resources import backend
 
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "

@@ -133,8 +133,9 @@ class Tiny:
 
 
 def replay_overhead(calls: int = 5000, repeats: int = 7) -> dict:
-    from planner import BuildOptions, build_plan  # CPU planner, present on the device too
     import tempfile
+
+    from planner import BuildOptions, build_plan  # CPU planner, present on the device too
 
     spec = Path(tempfile.mkdtemp()) / "tiny.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]\n')

@@ -142,7 +142,6 @@ def _loop(target, plan, warmups: int, keep_copy: bool = False, only: dict | None
     ``torch.cuda.graph`` per size after ``warmups`` eager runs. ``keep_copy``: outputs are
     copied into persistent buffers inside the graph (vLLM's FULL graphs), else kept."""
     import torch
-
     from speculative_bench import _tuple
 
     pool = torch.cuda.graph_pool_handle()
@@ -226,7 +225,6 @@ def mode_loop(target, plan) -> dict:
 
 def mode_vllm(target, plan) -> dict:
     """vLLM 0.33's estimate: the two largest sizes of the plan's largest phase into a throwaway pool."""
-    from executor.pool import pool_reserved
 
     t0 = time.perf_counter()
     before = _free()

@@ -53,10 +53,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-
-from adapters.hf import HFTarget  # noqa: E402
 from capture_bench import check_loop, loop_capture, release, replays_vs_eager  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
+
+from adapters.hf import HFTarget  # noqa: E402
 from executor import capture, profile, verify, write_trace  # noqa: E402
 from executor.pool import pool_reserved  # noqa: E402
 from planner import BuildOptions, build_plan  # noqa: E402

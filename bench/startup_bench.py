@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-
 from capture_bench import loop_capture, release as release_loop  # noqa: E402
+
 from executor import capture, load_plan, verify  # noqa: E402
 from executor.reference import ReferenceConfig, ReferenceModel  # noqa: E402
 from schemas.spec import Model  # noqa: E402

@@ -22,8 +22,7 @@ from __future__ import annotations
 from schemas import __version__
 
 from .dispatch import PadTable
-from .errors import (CaptureFailed, EnvironmentMismatch, ExecutorError, StaleOutputError,
-                     VerificationFailed)
+from .errors import CaptureFailed, EnvironmentMismatch, ExecutorError, StaleOutputError, VerificationFailed
 from .load import Environment, check_environment, load_plan
 
 __all__ = [

@@ -17,7 +17,7 @@ joins the exchange, so every rank raises within that timeout.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch.distributed as dist
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 

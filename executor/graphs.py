@@ -19,8 +19,8 @@ not corrupt each other (``verify`` does).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Union
 
 import torch
 
@@ -40,7 +40,7 @@ __all__ = ["GraphSet", "Captured", "GuardedOutputs", "Fallback", "as_outputs"]
 #: "eager" runs ``target.run(phase, n, None)``, "wait" blocks until a graph
 #: lands, "raise" raises; a callable ``(phase, n) -> outputs`` is the engine's
 #: own eager path.
-Fallback = Union[str, Callable[[str, int], object]]
+Fallback = str | Callable[[str, int], object]
 
 
 def as_outputs(out) -> tuple[torch.Tensor, ...]:
@@ -75,7 +75,7 @@ class GuardedOutputs:
 
     __slots__ = ("_gs", "_pool", "_epoch", "_tensors", "_who")
 
-    def __init__(self, gs: "GraphSet", cap: Captured, tensors):
+    def __init__(self, gs: GraphSet, cap: Captured, tensors):
         self._gs, self._pool, self._tensors = gs, cap.pool, tensors
         self._epoch = gs.pool_replays(cap.pool)
         self._who = f"{cap.phase}/{cap.bs}"

@@ -39,7 +39,7 @@ class Frozen:
     def __init__(self):
         self._froze: int | None = None
 
-    def __enter__(self) -> "Frozen":
+    def __enter__(self) -> Frozen:
         with _lock:
             # An engine that froze its heap already manages the collector itself.
             if gc.isenabled() and gc.get_freeze_count() == 0:

@@ -67,7 +67,7 @@ import contextlib
 import copy
 import dataclasses
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -172,7 +172,7 @@ class LoopStep:
     every replay) and ``outputs`` ("keep" or "view").
     """
 
-    def __init__(self, loop: "CaptureLoop", step: Step, warmups: int, t0: float):
+    def __init__(self, loop: CaptureLoop, step: Step, warmups: int, t0: float):
         session = loop.session
         self._loop, self._session, self.plan_step, self._t0 = loop, session, step, t0
         self.phase, self.bs, self.index, self.id = step.phase, step.bs, step.index, step.id
@@ -292,7 +292,7 @@ class CaptureLoop:
     writes the report (``graphs.report``); an error releases everything.
     """
 
-    def __init__(self, plan: Plan, *, device=None, stream: "torch.cuda.Stream | None" = None,
+    def __init__(self, plan: Plan, *, device=None, stream: torch.cuda.Stream | None = None,
                  pools: dict | None = None, target=None, record: bool = False, group=None,
                  on_failure: Callable[[], None] | None = None):
         self.t_start = time.perf_counter()
@@ -319,7 +319,7 @@ class CaptureLoop:
         self._phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
 
     @property
-    def stream(self) -> "torch.cuda.Stream":
+    def stream(self) -> torch.cuda.Stream:
         """The stream every graph records on."""
         return self.session.stream
 
@@ -413,7 +413,7 @@ class CaptureLoop:
         self._counted[pool_name] = self._counted.get(pool_name, 0) + nbytes
 
     # -- the with block ------------------------------------------------------
-    def open(self) -> "CaptureLoop":
+    def open(self) -> CaptureLoop:
         """Begin: prime the capture stream, freeze the collector's old objects
         (what entering the ``with`` block does)."""
         if self._heap is not None or self._done or self._failed:
@@ -482,7 +482,7 @@ class CaptureLoop:
         return capture_failed(failure, self.session.current, self.plan, self.device)
 
     # -- serving while the engine's loop captures -----------------------------
-    def start(self, body: Callable[["CaptureLoop"], None], *, fallback="eager") -> GraphSet:
+    def start(self, body: Callable[[CaptureLoop], None], *, fallback="eager") -> GraphSet:
         """Run the engine's capture loop ``body(loop)`` on a thread and return
         the GraphSet at once: it serves each graph as it lands, and ``fallback``
         before (as ``capture(..., background=True)``; :mod:`executor.background`
@@ -546,7 +546,7 @@ class CaptureLoop:
         self._done = True
         return True
 
-    def __enter__(self) -> "CaptureLoop":
+    def __enter__(self) -> CaptureLoop:
         return self.open()
 
     def __exit__(self, exc_type, exc, tb) -> bool:

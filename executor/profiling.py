@@ -17,8 +17,8 @@ graphs are released afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Union
 
 import msgspec
 import torch
@@ -33,7 +33,7 @@ from .target import CaptureTarget
 
 __all__ = ["profile", "write_trace", "subset_plan"]
 
-Sizes = Union[str, Mapping[str, list]]
+Sizes = str | Mapping[str, list]
 
 
 def _chosen(plan: Plan, sizes: Sizes) -> dict[str, set[int]]:

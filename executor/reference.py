@@ -169,7 +169,7 @@ class ReferenceModel:
     # -- pieces --------------------------------------------------------------
     # Each piece is a function so that its temporaries die when it returns:
     # the allocation pattern is then the one planner/workload.py models.
-    def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md, rows: "CacheRows | None" = None) -> torch.Tensor:
+    def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md, rows: CacheRows | None = None) -> torch.Tensor:
         hd, H, KV = self.head_dim, self.heads, self.kv_heads
         x = _rmsnorm(h, layer["norm1"])
         qkv = x @ layer["wqkv"].t()
@@ -195,7 +195,7 @@ class ReferenceModel:
         if self.tp_group is not None:
             torch.distributed.all_reduce(t, group=self.tp_group)
 
-    def _attention(self, layer, q, k, v, bs: int, md, rows: "CacheRows | None" = None) -> torch.Tensor:
+    def _attention(self, layer, q, k, v, bs: int, md, rows: CacheRows | None = None) -> torch.Tensor:
         if rows is None:  # request i owns cache row i
             kc, vc, idx, seqlens, append = layer["k_cache"][:bs], layer["v_cache"][:bs], None, self.cache_seqlens[:bs], True
         else:

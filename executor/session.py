@@ -56,7 +56,7 @@ import logging
 import sys
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -81,7 +81,7 @@ __all__ = ["capture", "CaptureSession", "capture_failed", "capture_stream"]
 _streams: dict = {}
 
 
-def capture_stream(device) -> "torch.cuda.Stream":
+def capture_stream(device) -> torch.cuda.Stream:
     """The stream every capture on ``device`` records on (one per device and process).
 
     Graphs captured on it bake in its cuBLAS workspace, which all of them share:
@@ -199,7 +199,7 @@ class CaptureSession:
         del outs
 
     #: the method that runs each op of ``schemas.plan.StepOp``
-    OPS: dict[str, Callable[["CaptureSession", Step], None]] = {
+    OPS: dict[str, Callable[[CaptureSession, Step], None]] = {
         "provision": provision, "warmup": warmup, "capture": capture}
 
     # -- the parts of a capture step ------------------------------------------

@@ -68,7 +68,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-
 import torch
 import torch.nn.functional as F
 

@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .graphs import Captured, GraphSet
 from .errors import VerificationFailed
+from .graphs import Captured, GraphSet
 from .pool import pool_segments, raw_bytes
 
 __all__ = ["verify", "Fault", "VerifyResult", "sanitizer_command", "is_device_fault"]
@@ -143,7 +143,7 @@ class _Guard:
         tail = raw[body.numel() * 8:]
         return int(body.sum()) + int(tail.sum(dtype=torch.int64))
 
-    def check(self, who: str, res: "VerifyResult") -> None:
+    def check(self, who: str, res: VerifyResult) -> None:
         for name, t in self.tensors.items():
             now = self._sum(t)
             if now != self.sums[name]:
@@ -181,7 +181,7 @@ def _synchronized(what: str, cap: Captured, n: int, work) -> object:
         raise
 
 
-def _replay(gs: GraphSet, cap: Captured, n: int, guard: "_Guard | None", res: "VerifyResult") -> tuple:
+def _replay(gs: GraphSet, cap: Captured, n: int, guard: _Guard | None, res: VerifyResult) -> tuple:
     """Replay, synchronize, check the read-only guard; a CUDA fault is fatal."""
     out = _synchronized("graph", cap, n, lambda: gs.replay(cap.phase, n))
     gs.note_replay(cap)

@@ -113,8 +113,8 @@ class Block:
     small: bool
     segment: int
     free: bool = True
-    prev: "Block | None" = None
-    next: "Block | None" = None
+    prev: Block | None = None
+    next: Block | None = None
     #: expandable mode: this block ends at its segment's mapped end
     tail: bool = False
 
@@ -374,7 +374,7 @@ class PoolSim:
         """Free ``block`` (merging it with free neighbours); a double free raises ValueError."""
         self.run(((FREE, 0),), {0: block}, block.stream)
 
-    def copy(self) -> "PoolSim":
+    def copy(self) -> PoolSim:
         """An independent pool in the same state (blocks copied, O(blocks)).
 
         Blocks of the copy are new objects: a handle from the original must

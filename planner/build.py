@@ -20,8 +20,19 @@ from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha2
 from schemas.errors import ConstraintError, DriftError, InputError
 from schemas.files import existing_output, read_input, write_atomic
 from schemas.limits import MODEL_MAX
-from schemas.plan import (PLAN_REVISION, Decision, Inputs, PhasePlan, Plan, Prediction, Requires, Step, StepMemory,
-                          Strategy, TraceSamples)
+from schemas.plan import (
+    PLAN_REVISION,
+    Decision,
+    Inputs,
+    PhasePlan,
+    Plan,
+    Prediction,
+    Requires,
+    Step,
+    StepMemory,
+    Strategy,
+    TraceSamples,
+)
 from schemas.spec import Phase, Spec, phase_model
 from schemas.strategy import AXES, allocator_modes
 from schemas.units import MiB, mib
@@ -279,7 +290,7 @@ def _hoisted_so_far(steps: list[Step]) -> list[int]:
     return out
 
 
-def _check_budget(r: "_Resolved", opts: BuildOptions, sol, pred: "_Predicted") -> None:
+def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> None:
     """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
     the rules allow, per phase, at its real total. With ``--strategy`` pins that
     is the build without them (the alternatives a pinned build records are

@@ -13,8 +13,8 @@ defensively since it may be what was edited.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from schemas.errors import DriftError, InputError, WrongKindError
 
@@ -124,9 +124,10 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
     newer plan revision, which a rebuild here would downgrade), is an
     :class:`InputError` either way.
     """
-    from .build import build_plan, check_plan, command_for_cwd, newer_revision, plan_bytes
     from schemas.codec import decode_plan
     from schemas.files import read_input, write_atomic
+
+    from .build import build_plan, check_plan, command_for_cwd, newer_revision, plan_bytes
 
     paths = list(paths)
     files = _plan_files(paths)

@@ -24,7 +24,8 @@ changing; the spec itself is not re-read.
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 

@@ -16,8 +16,9 @@ the edges of a cycle in an error message.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from schemas.errors import ConstraintError
 from schemas.plan import Edge, Strategy
@@ -140,7 +141,7 @@ class StepGraph:
     g: Digraph
 
     @classmethod
-    def empty(cls) -> "StepGraph":
+    def empty(cls) -> StepGraph:
         return cls(Digraph())
 
     def add_step(self, op: str, phase: str, bs: int, rank: int, pos: int) -> str:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Optional, Union
 
 import msgspec
 
@@ -54,32 +53,32 @@ class Combined(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A dimension computed from several keys: their ``sum`` or their ``product``
     (exactly one of the two)."""
 
-    sum: Optional[list[str]] = None
-    product: Optional[list[str]] = None
+    sum: list[str] | None = None
+    product: list[str] | None = None
 
     @property
     def keys(self) -> list[str]:
         return self.sum if self.sum is not None else self.product or []
 
 
-Key = Union[str, Combined]
+Key = str | Combined
 
 
 class ModelType(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One ``[model_types.NAME]`` table: the keys that differ from ``[fields]``
     and transformers' ``attribute_map`` of the type's config class."""
 
-    hidden: Optional[Key] = None
-    layers: Optional[Key] = None
-    heads: Optional[Key] = None
-    kv_heads: Optional[Key] = None
-    head_dim: Optional[Key] = None
-    intermediate: Optional[Key] = None
-    vocab: Optional[Key] = None
-    experts: Optional[Key] = None
-    experts_per_token: Optional[Key] = None
-    expert_intermediate: Optional[Key] = None
-    shared_expert_intermediate: Optional[Key] = None
+    hidden: Key | None = None
+    layers: Key | None = None
+    heads: Key | None = None
+    kv_heads: Key | None = None
+    head_dim: Key | None = None
+    intermediate: Key | None = None
+    vocab: Key | None = None
+    experts: Key | None = None
+    experts_per_token: Key | None = None
+    expert_intermediate: Key | None = None
+    shared_expert_intermediate: Key | None = None
     #: alias -> canonical key, as transformers' ``attribute_map``
     aliases: dict[str, str] = {}
 

@@ -18,8 +18,9 @@ optimum otherwise. Every alternative it rejected is reported with its cost.
 
 from __future__ import annotations
 
-import msgspec
 import itertools
+
+import msgspec
 
 from schemas.errors import ConstraintError, InputError
 from schemas.plan import Alternative, Decision, Strategy

@@ -19,7 +19,7 @@ a section (the builders and ``Workload.from_trace`` guarantee both).
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 import msgspec
 
@@ -48,7 +48,7 @@ class Free(msgspec.Struct, frozen=True, gc=False, tag="free"):
 
 
 #: one op of a program
-Op = Union[Alloc, Free]
+Op = Alloc | Free
 
 #: id, inside a repeated body, of the block carried in from before it
 CARRY = -1
@@ -82,7 +82,7 @@ class Program(msgspec.Struct, frozen=True, dict=True):
     carry_kind: EventKind | None = None
 
     @functools.cached_property
-    def runnable(self) -> "Runnable":
+    def runnable(self) -> Runnable:
         """The sections as :meth:`planner.allocator.PoolSim.run` takes them, and each id's kind (built once)."""
         sections = (self.prologue, self.body, self.epilogue)
         kinds = {op.id: op.kind for section in sections for op in section if type(op) is Alloc}
@@ -92,7 +92,7 @@ class Program(msgspec.Struct, frozen=True, dict=True):
                    for section in sections]
         return Runnable(*pairs, kinds, *outputs)
 
-    def without_workspace(self) -> "Program":
+    def without_workspace(self) -> Program:
         """This program less the backend workspace's allocations and their
         frees (a hoisted workspace lives outside the pool)."""
         return Program(prologue=_without_workspace(self.prologue), body=_without_workspace(self.body),

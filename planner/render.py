@@ -12,7 +12,6 @@ from schemas.plan import Plan
 from schemas.report import CaptureReport
 from schemas.units import mib
 
-
 __all__ = ["summary", "steps_table", "explain", "diff", "graph", "graph_phases", "timeline", "report_table"]
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import msgspec
 
@@ -107,7 +107,7 @@ class Backend(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: importable modules providing the kernels (any one suffices; the executor checks)
     modules: list[str]
     min_compute_capability: list[int]
-    workspace: Optional[Workspace] = None
+    workspace: Workspace | None = None
     #: the kernel allocates a float32 log-sum-exp per token and head
     lse: bool = False
     #: bytes per (token, head, head-dim element) of temporaries allocated and freed inside each call

@@ -10,9 +10,10 @@ the pool and change nothing here. A hoisted workspace is not in the pool.
 
 from __future__ import annotations
 
-import msgspec
 import bisect
-from typing import Iterable
+from collections.abc import Iterable
+
+import msgspec
 
 from schemas.plan import Strategy
 
@@ -85,7 +86,7 @@ class Simulation:
         self.outputs: list[tuple[str, str, int, int, int]] = []  # (pool, phase, bs, start, end)
         self.timeline: list[tuple[int, int]] = []
 
-    def copy(self) -> "Simulation":
+    def copy(self) -> Simulation:
         twin = Simulation(self.workload, self.expandable, self.protect, self.library_bytes, self.where)
         twin.pools = {k: p.copy() for k, p in self.pools.items()}
         twin.touched = {k: set(v) for k, v in self.touched.items()}
@@ -102,7 +103,7 @@ class Simulation:
         """Where the run is now, for :meth:`since`."""
         return len(self.timeline), len(self.outputs), frozenset(self.touched)
 
-    def since(self, mark: tuple[int, int, frozenset]) -> "Tail":
+    def since(self, mark: tuple[int, int, frozenset]) -> Tail:
         """What the captures after ``mark`` added, phases captured only after it.
 
         From an equal :meth:`state`, the same captures add exactly this
@@ -113,7 +114,7 @@ class Simulation:
                     touched={k: _union(v) for k, v in self.touched.items() if k not in keys},
                     pools={k: p.peak_reserved for k, p in self.pools.items()})
 
-    def result_with(self, tail: "Tail") -> SimResult:
+    def result_with(self, tail: Tail) -> SimResult:
         """The result of this run followed by ``tail`` (recorded from an equal state)."""
         timeline = self.timeline + list(tail.timeline)
         pools = {**{k: p.peak_reserved for k, p in self.pools.items()}, **tail.pools}
@@ -209,7 +210,7 @@ class Tail(msgspec.Struct, frozen=True):
     touched: dict
     pools: dict
 
-    def then(self, later: "Tail") -> "Tail":
+    def then(self, later: Tail) -> Tail:
         return Tail(self.timeline + later.timeline, self.outputs + later.outputs, {**self.touched, **later.touched},
                     later.pools)
 

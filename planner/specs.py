@@ -4,7 +4,7 @@ conventions; presets_vllm.toml with ``--preset vllm``) or a file."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -32,7 +32,7 @@ class SizeList(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     exclusive, as Python's range); a stop of ``"max"`` is ``--max-bs`` + 1."""
 
     explicit: list[int] = []
-    ranges: list[tuple[int, Union[int, Literal["max"]], int]] = []
+    ranges: list[tuple[int, int | Literal["max"], int]] = []
 
 
 class PresetPhase(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

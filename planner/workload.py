@@ -22,9 +22,8 @@ differences beyond dividing heads and MLP by ``tp``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Callable
 
 import msgspec
 
@@ -121,7 +120,7 @@ class _Shape(msgspec.Struct, frozen=True):
     inter: int
 
     @classmethod
-    def of(cls, model: Model, backend: Backend, tp: int) -> "_Shape":
+    def of(cls, model: Model, backend: Backend, tp: int) -> _Shape:
         return cls(model, backend, max(1, model.heads // tp), max(1, model.kv_heads // tp),
                    max(1, model.intermediate // tp))
 
@@ -359,12 +358,12 @@ class Workload:
     _hoisted: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def analytic(cls, model: Model, phases: list[Phase], backend: Backend, tp: int = 1) -> "Workload":
+    def analytic(cls, model: Model, phases: list[Phase], backend: Backend, tp: int = 1) -> Workload:
         return cls("analytic", {(p.name, bs): analytic_program(model, p, bs, backend, tp)
                                 for p in phases for bs in p.sizes})
 
     @classmethod
-    def from_trace(cls, trace: Trace, phases: list[Phase], source: str) -> "Workload":
+    def from_trace(cls, trace: Trace, phases: list[Phase], source: str) -> Workload:
         """Index a recorded trace. A planned size the trace lacks is derived
         from the phase's recorded sizes (planner/fitting.py), or refused with
         the sizes to record."""

@@ -12,16 +12,27 @@ import hashlib
 import math
 import re
 import sys
-from pathlib import PurePath
 from collections.abc import Collection, Mapping
+from pathlib import PurePath
 from typing import Any, TypeVar
 
 import msgspec
 
 from .errors import InputError, WrongKindError
-from .limits import (MAX_BS, MAX_CAPTURES, MAX_DEPTH, MAX_EVENT_BYTES, MAX_INT, MAX_MIB,
-                     MAX_PHASES, MAX_RULES, MAX_SIZES_PER_PHASE, MAX_TOKENS_PER_REQUEST, MODEL_MAX,
-                     MODEL_MAX_DEFAULT)
+from .limits import (
+    MAX_BS,
+    MAX_CAPTURES,
+    MAX_DEPTH,
+    MAX_EVENT_BYTES,
+    MAX_INT,
+    MAX_MIB,
+    MAX_PHASES,
+    MAX_RULES,
+    MAX_SIZES_PER_PHASE,
+    MAX_TOKENS_PER_REQUEST,
+    MODEL_MAX,
+    MODEL_MAX_DEFAULT,
+)
 from .plan import PLAN_VERSION, Plan
 from .report import CaptureReport
 from .spec import SPEC_VERSION, Model, Phase, Spec, phase_model
@@ -50,7 +61,7 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def plan_digest(plan: "Plan | dict") -> str:
+def plan_digest(plan: Plan | dict) -> str:
     """Digest over every field, known or not, with ``digest`` blanked: a reader
     of an older revision still verifies fields it does not understand."""
     raw = plan if isinstance(plan, dict) else msgspec.to_builtins(plan)

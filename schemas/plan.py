@@ -13,7 +13,7 @@ from typing import Literal
 
 import msgspec
 
-from .strategy import AllocatorMode, Order, Outputs, OutputLifetime, PhaseKind, PoolMode, Warmup, Workspace
+from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
 
 __all__ = [
     "PlanStruct", "Strategy", "PhasePlan", "Step", "Edge", "Alternative", "Decision",

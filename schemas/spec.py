@@ -12,8 +12,7 @@ from typing import Annotated
 
 import msgspec
 
-from .strategy import (AllocatorMode, Order, Outputs, OutputLifetime, PhaseKind,
-                       PoolMode, Warmup, Workspace)
+from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
 
 __all__ = ["SpecStruct", "Model", "PhaseModel", "Phase", "When", "Choice", "Rule", "Spec", "SPEC_VERSION",
            "phase_model"]

@@ -6,8 +6,7 @@ import functools
 
 import pytest
 
-from planner import BuildOptions, build_plan
-from planner import resources
+from planner import BuildOptions, build_plan, resources
 from schemas.errors import InputError
 
 NEW = b"""

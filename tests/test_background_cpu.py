@@ -11,8 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fake_cuda import FakeStream, Target  # noqa: E402
-from fake_cuda import decode_plan as _plan  # noqa: E402
+from fake_cuda import (  # noqa: E402
+    FakeStream,
+    Target,
+    decode_plan as _plan,  # noqa: E402
+)
 
 
 def _capture(plan, target, **kw):

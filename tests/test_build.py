@@ -232,11 +232,11 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
 
 
 def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
+    from planner.resources import backend
     from planner.simulate import Simulation, simulate
-    from schemas.plan import Strategy
     from planner.specs import default_spec
     from planner.workload import Workload
-    from planner.resources import backend
+    from schemas.plan import Strategy
 
     spec = default_spec("eagle")
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -280,11 +280,11 @@ def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, mo
 
 def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
     """Simulation.since/result_with: what the optimizer reuses when a phase leaves its pool as before."""
+    from planner.resources import backend
     from planner.simulate import Simulation, simulate
-    from schemas.plan import Strategy
     from planner.specs import default_spec
     from planner.workload import Workload
-    from planner.resources import backend
+    from schemas.plan import Strategy
 
     spec = default_spec("eagle")
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -329,10 +329,10 @@ def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwr
     those of recording every block, in schedules with and without hazards."""
     import itertools
 
+    from planner.resources import backend
     from planner.simulate import Simulation, simulate
     from planner.specs import default_spec
     from planner.workload import Workload
-    from planner.resources import backend
     from schemas.plan import Strategy
 
     spec = default_spec("eagle", 16)

@@ -14,9 +14,8 @@ CPU = torch.device("cpu")
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])  # triton warms up at every size
 def test_every_warmup_runs_in_a_scratch_pool_that_is_returned_and_no_capture_does(tmp_path, fake, backend):
-    from planner import BuildOptions, build_plan
-
     from executor import capture
+    from planner import BuildOptions, build_plan
 
     spec = tmp_path / "spec.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n')

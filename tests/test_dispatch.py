@@ -6,8 +6,7 @@ import random
 import threading
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from executor import ExecutorError, PadTable
 

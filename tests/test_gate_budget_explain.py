@@ -6,8 +6,6 @@ runs from the current directory (it printed the plan-relative one)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 
@@ -17,7 +15,6 @@ def _spec(cli, tmp_path, budget: int) -> None:
 
 
 def test_with_a_pin_the_budget_error_names_the_unpinned_plan_per_phase(cli, tmp_path, built):
-    from planner import BuildOptions, build_plan
     from schemas.units import mib
 
     free = built(backend="fa3", ci=True, speculative="eagle", max_bs=16)
@@ -73,10 +70,8 @@ def test_explain_of_a_default_plan(cli):
 
 
 def test_explain_of_a_plan_whose_command_cannot_be_read_says_where_to_run_it(cli, tmp_path):
-    import json
 
-    from schemas.codec import seal
-    from schemas.codec import decode_plan, canonical_bytes
+    from schemas.codec import canonical_bytes, decode_plan, seal
 
     assert cli("build", "-b", "fa3")[0] == 0
     plan = decode_plan((tmp_path / "plans/fa3.json").read_bytes(), "p")

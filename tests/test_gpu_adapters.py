@@ -15,8 +15,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-import hf_tiny
 import pytest
+
+import hf_tiny
 
 pytestmark = pytest.mark.gpu
 
@@ -49,7 +50,7 @@ def _model(kind: str, window: int = 1024):
     return model.to("cuda"), cfg
 
 
-def _spec(tmp_path, cfg) -> "object":
+def _spec(tmp_path, cfg) -> object:
     d = cfg.to_dict()
     d["dtype"] = "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps(d, default=str))

@@ -38,7 +38,6 @@ def _plan(tmp_path, sizes, backend="fa3", ci=True, phases=("decode",), strategie
 @pytest.fixture(scope="module")
 def model():
     from executor.reference import ReferenceConfig, ReferenceModel
-
     from schemas.spec import Model
 
     return ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=64, max_seqlen=256))
@@ -219,7 +218,6 @@ def test_hoisted_fa3_metadata_matches_in_kernel_metadata(model):
 def test_sdpa_fallback_captures_and_verifies(tmp_path):
     from executor import capture, verify
     from executor.reference import ReferenceConfig, ReferenceModel
-
     from schemas.spec import Model
 
     m = ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=16, max_seqlen=128), backend="torch")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import msgspec
-
 import pytest
 
 from planner import BuildOptions, build_plan

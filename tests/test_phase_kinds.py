@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from planner import BuildOptions, build_plan, plan_bytes
-from planner import resources
+from planner import BuildOptions, build_plan, plan_bytes, resources
 from schemas.errors import InputError
 
 # allocates like target_verify (the target over every token, hidden state returned)

@@ -7,9 +7,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 
 from planner import BuildOptions, build_plan, plan_bytes
-from planner.rules import violated
 from planner.resources import builtin_rules
-from planner.rules import Context, phase_rules
+from planner.rules import Context, phase_rules, violated
 
 KINDS = ("decode", "target_verify", "draft_decode", "draft_extend")
 

@@ -3,7 +3,6 @@ check, and interleave blaming only the graph that is wrong."""
 
 from __future__ import annotations
 
-
 import pytest
 
 torch = pytest.importorskip("torch")

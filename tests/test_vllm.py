@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from planner import BuildOptions, build_plan, plan_bytes, resources
+from planner import BuildOptions, build_plan, resources
 from planner.resources import backend
 from planner.specs import default_spec
 from planner.workload import analytic_program

@@ -18,10 +18,11 @@ def command() -> None:
 @option("--tp", type=int, metavar="int", help="Tensor-parallel size to write into the spec [1].")
 def show(speculative, max_bs, tp) -> None:
     """Print the embedded spec for these options as TOML (redirect it to a file, edit it, build with --spec)."""
+    import msgspec
+
     from planner.build import check_tp
     from planner.spec_toml import spec_toml
     from planner.specs import DEFAULT_MAX_BS, default_spec
-    import msgspec
 
     spec = default_spec(speculative, DEFAULT_MAX_BS if max_bs is None else max_bs)
     if tp is not None:
