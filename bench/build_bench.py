@@ -176,7 +176,8 @@ def main() -> None:
         res["python"] = args.python
         res["install"] = subprocess.run([PYTHON, "-c", "import planner, pathlib; print('editable' if pathlib.Path("
                                          "planner.__file__).resolve().parent.parent.joinpath('.git').exists() "
-                                         "else 'installed')"], capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()
+                                         "else 'installed')"], capture_output=True, text=True,
+                                        cwd=tempfile.gettempdir()).stdout.strip()
         return _write(res, args, f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
                       f"speculative {res['build_speculative_s']:.3f} s, help {res['help_s']:.3f} s")
     plan = build_plan(BuildOptions(backend="fa3", ci=True))
@@ -195,11 +196,12 @@ def main() -> None:
     res["scale"] = {}
     for n in (35, 128, 512, 1024, 2048):
         path = _scale_spec(n)
-        res["scale"][str(n)] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)),
+        res["scale"][str(n)] = _median(lambda path=path: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)),
                                        max(1, args.repeat // 2))
     if not args.no_exact:
         path = _scale_spec(1024)
-        res["exact_1024_s"] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)), 1)
+        res["exact_1024_s"] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)),
+                                      1)
     work = {"simulate_default": _work(lambda: simulate(caps, strategies, wl)),
             "build_default": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True))),
             "build_speculative": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))}

@@ -208,7 +208,8 @@ def mode_executor(target, plan) -> dict:
             "drop_mib": view.drop / MiB, "items_mib": {i.name: i.bytes / MiB for i in view.items},
             "first_in_process": view.first_in_process, "capture_s": rep.capture_seconds,
             "free_after_check_mib": (view.free_before - free_after) / MiB, "stays_after_release_mib": stays / MiB,
-            "driver": rep.driver, "new_ordinary_segments": new, "report": json.loads(__import__("msgspec").json.encode(rep))}
+            "driver": rep.driver, "new_ordinary_segments": new,
+            "report": json.loads(__import__("msgspec").json.encode(rep))}
 
 
 def mode_loop(target, plan) -> dict:
@@ -300,7 +301,8 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
     opts = _options(case, folder)
     t0 = time.perf_counter()
     plan = build_plan(opts)
-    out: dict = {"case": case, "build_s": time.perf_counter() - t0, "captures": sum(s.op == "capture" for s in plan.steps),
+    out: dict = {"case": case, "build_s": time.perf_counter() - t0,
+                 "captures": sum(s.op == "capture" for s in plan.steps),
                  "analytic_pool_mib": plan.predicted.pool_bytes / MiB,
                  "fidelity": getattr(plan.predicted, "fidelity", None)}
     target = _target(case, plan, layers)

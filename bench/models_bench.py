@@ -282,7 +282,8 @@ def main() -> None:
     ap.add_argument("--allocator", choices=("native", "expandable"), default="native",
                     help="the allocator mode this process was started with (set by the parent for its child)")
     args = ap.parse_args()
-    if args.allocator == "expandable" and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+    if (args.allocator == "expandable"
+            and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
         ap.error("--allocator expandable needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment")
     t0 = time.perf_counter()
     sizes = sgl_sizes("decode", 256)
@@ -314,7 +315,8 @@ def main() -> None:
             min(r["ratios"]["executor_vs_alone"] for n, r in ok.items() if n.split("@")[0] == base) <= 1.05
             for base in {n.split("@")[0] for n in ok}),
         "pinned_attention_replays_equal_eager": all(
-            r["attention_check"]["pinned"]["replay_not_equal_eager"] == 0 for r in ok.values() if "attention_check" in r),
+            r["attention_check"]["pinned"]["replay_not_equal_eager"] == 0
+            for r in ok.values() if "attention_check" in r),
     }
     out = Path(args.out or ROOT / f"bench/results/models-{res['date'][:10]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -172,7 +172,8 @@ def executor_run(plan_path: Path, model, gen, out_dir: Path, trace_dir: Path) ->
     # phases at the profiler's default sizes (the fitter derives the rest),
     # the draft phases at every size -- torch.topk's scratch over the vocabulary
     # is not affine in the batch (the fitter refuses 3 sizes and says so)
-    drafts = {s.phase for s in plan.steps if s.op == "capture" and model.kind(s.phase) in ("draft_decode", "draft_extend")}
+    drafts = {s.phase for s in plan.steps
+              if s.op == "capture" and model.kind(s.phase) in ("draft_decode", "draft_extend")}
     sizes = {ph: sorted({s.bs for s in plan.steps if s.op == "capture" and s.phase == ph}) for ph in drafts}
     trace = profile(plan, model, sizes=sizes)
     tpath = trace_dir / f"{plan.name}.json"

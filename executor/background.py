@@ -254,7 +254,8 @@ class Background:
                                     "needs the lock it holds", where="GraphSet.replay",
                                     fix="replay outside exclusive(), or use another fallback")
             with self.landed:
-                self.landed.wait_for(lambda: self.finished.is_set() or self.stopping.is_set()
+                # table bound now (B023): the predicate runs only inside this wait
+                self.landed.wait_for(lambda table=table: self.finished.is_set() or self.stopping.is_set()
                                      or table.get(n) is not None)
             if self.finished.is_set() and self.failure is None and not self.stopping.is_set():
                 return gs.replay(phase, n)

@@ -197,7 +197,8 @@ class ReferenceModel:
 
     def _attention(self, layer, q, k, v, bs: int, md, rows: CacheRows | None = None) -> torch.Tensor:
         if rows is None:  # request i owns cache row i
-            kc, vc, idx, seqlens, append = layer["k_cache"][:bs], layer["v_cache"][:bs], None, self.cache_seqlens[:bs], True
+            kc, vc, idx = layer["k_cache"][:bs], layer["v_cache"][:bs], None
+            seqlens, append = self.cache_seqlens[:bs], True
         else:
             kc, vc, idx, seqlens, append = layer["k_cache"], layer["v_cache"], rows.index, rows.seqlens, rows.append
         if self.fa3 is not None:

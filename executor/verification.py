@@ -99,7 +99,8 @@ def _compare(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> str | 
         if not torch.equal(x, y):
             diff = (x.float() - y.float()).abs()
             bad = int((x != y).sum())
-            return f"output {i}: {bad} element(s) differ from eager, max |diff| {float(diff.nan_to_num(1e30).max()):.3g}"
+            return (f"output {i}: {bad} element(s) differ from eager, "
+                    f"max |diff| {float(diff.nan_to_num(1e30).max()):.3g}")
     return None
 
 
@@ -314,7 +315,7 @@ def _footprint(gs, caps, rng, gen, res, guard) -> None:
         segs = pool_segments(gs.pools.values())
         outside = _outside(segs, cap.window.own + cap.window.alive_before)
         n = _sizes_for(gs, cap, rng)
-        _synchronized("prepare for graph", cap, n, lambda: gs.target.prepare(cap.phase, n, cap.bs, gen))
+        _synchronized("prepare for graph", cap, n, functools.partial(gs.target.prepare, cap.phase, n, cap.bs, gen))
         _synchronized("pool fill before graph", cap, n, functools.partial(_fill, segs, CANARY, gs.device))
         _replay(gs, cap, n, guard, res)
         for addr, size in outside:

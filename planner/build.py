@@ -255,7 +255,8 @@ def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[
     return forced
 
 
-def _steps(sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict, backend: resources.Backend) -> list[Step]:
+def _steps(sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict,
+           backend: resources.Backend) -> list[Step]:
     steps = []
     for i, sid in enumerate(order):
         node = sg.g.nodes[sid]
@@ -453,7 +454,8 @@ def _resolve(opts: BuildOptions) -> _Resolved:
                      tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
                      workload=workload, trace_path=trace_path, trace_digest=trace_digest, traced_on=traced_on,
                      library=library,
-                     alone=alone, calibration=calibration, calibration_record=calibration_record, sequence=phase_sequence(spec.phases, alone, spec_source),
+                     alone=alone, calibration=calibration, calibration_record=calibration_record,
+                     sequence=phase_sequence(spec.phases, alone, spec_source),
                      forced=_forced_orders(spec, rules, pins))
 
 

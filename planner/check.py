@@ -23,7 +23,8 @@ __all__ = ["check_paths", "options_from_command", "check_report_plan", "StalePla
 _VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
            "--preset": ("preset", str),
            "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
-           "--trace": ("trace", Path), "--calibration": ("calibration", Path), "-o": ("output", Path), "--strategy": ("strategies", str)}
+           "--trace": ("trace", Path), "--calibration": ("calibration", Path), "-o": ("output", Path),
+           "--strategy": ("strategies", str)}
 
 
 def options_from_command(cmd: list[str], where: str, plan_path: Path):

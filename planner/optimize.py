@@ -48,7 +48,7 @@ def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str,
     overrides the former for that phase). The same axis pinned twice for the
     same scope with different values is refused, not "last one wins"."""
     out: dict[str | None, dict[str, str]] = {}
-    for i, pin in enumerate(pins):
+    for pin in pins:
         where = f"--strategy {pin!r}"
         key, sep, value = pin.partition("=")
         if not sep:

@@ -163,7 +163,8 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
     names = sorted(set(series_new) | set(series_old))
     colors = {n: f"C{i}" for i, n in enumerate(names)}
     # the old plan's captures at the new one's positions (capture i of each); beyond them, one apart
-    x_at = lambda i: xs[i] if i < len(xs) else (xs[-1] if xs else -1) + 1 + i - len(xs)
+    def x_at(i: int) -> float:
+        return xs[i] if i < len(xs) else (xs[-1] if xs else -1) + 1 + i - len(xs)
 
     # svg.fonttype none: text stays text (searchable, editable in a review tool), not glyph paths
     with matplotlib.rc_context({"svg.hashsalt": "capture-plan", "svg.fonttype": "none", "font.size": 9,

@@ -19,8 +19,11 @@ __all__ = ["summary", "steps_table", "explain", "diff", "graph", "graph_phases",
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = lambda r: "  ".join(str(x).rjust(w) if i and str(x)[:1].isdigit() else str(x).ljust(w)
-                              for i, (x, w) in enumerate(zip(r, widths))).rstrip()
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(str(x).rjust(w) if i and str(x)[:1].isdigit() else str(x).ljust(w)
+                         for i, (x, w) in enumerate(zip(r, widths))).rstrip()
+
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 
@@ -212,7 +215,8 @@ def graph_phases(plan: Plan, fmt: str) -> str:
 
 def timeline(plan: Plan) -> str:
     steps = {s.index: s for s in plan.steps}
-    rows = [[str(m.step), steps[m.step].id, mib(m.reserved, unit=False), mib(m.allocated, unit=False)] for m in plan.predicted.timeline]
+    rows = [[str(m.step), steps[m.step].id, mib(m.reserved, unit=False), mib(m.allocated, unit=False)]
+            for m in plan.predicted.timeline]
     return _table(["#", "step", "reserved MiB", "allocated MiB"], rows) + (
         f"\npeak reserved {mib(plan.predicted.pool_bytes, unit=False)} MiB")
 
@@ -221,8 +225,8 @@ def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
     rows = []
     for m in report.steps:
         delta = (m.reserved - m.predicted_reserved) / m.predicted_reserved if m.predicted_reserved else 0.0
-        rows.append([str(m.step), m.id, mib(m.predicted_reserved, unit=False), mib(m.reserved, unit=False), f"{delta:+.1%}",
-                     f"{m.seconds * 1e3:.1f}"])
+        rows.append([str(m.step), m.id, mib(m.predicted_reserved, unit=False), mib(m.reserved, unit=False),
+                     f"{delta:+.1%}", f"{m.seconds * 1e3:.1f}"])
     head = (f"report for {report.plan} on {report.device} (torch {report.torch}, {report.backend_module}); "
             f"capture {report.capture_seconds:.2f} s")
     if plan is not None and plan.digest != report.plan_digest:
@@ -230,7 +234,8 @@ def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
     tot = report.predicted_pool_bytes
     err = (report.pool_bytes - tot) / tot if tot else 0.0
     lines = [head, _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
-             f"pool: predicted {mib(tot, unit=False)} MiB, measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})"]
+             f"pool: predicted {mib(tot, unit=False)} MiB, "
+             f"measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})"]
     return "\n".join(lines + device_comparison(report, plan))
 
 
@@ -249,7 +254,8 @@ def device_comparison(report: CaptureReport, plan: Plan | None) -> list[str]:
     held = measured.get("allocator-held", 0)
     rows_m = {"pool": measured.get("pool", 0), "hoisted": measured.get("hoisted", 0),
               "stream-workspace": min(held, ws) if ws is not None else held,
-              "allocator-other": held - (min(held, ws) if ws is not None else held) + measured.get("allocator-cached", 0),
+              "allocator-other": held - (min(held, ws) if ws is not None else held)
+              + measured.get("allocator-cached", 0),
               "graph-exec": measured.get("outside-allocator", 0)}
     rows = []
     for name, got in rows_m.items():

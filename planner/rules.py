@@ -82,7 +82,8 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
             if getattr(rule.when, field) == []:
                 raise InputError("an empty list matches nothing: the rule would never apply",
                                  where=f"{source}: $.rules[{i}].when.{field}",
-                                 fix=f"list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any")
+                                 fix=f"list the {field.replace('_', ' ')}s it is for, "
+                                 f"or leave {field} out to match any")
         for j, choice in enumerate(rule.require):
             if all(getattr(choice, ax) is None for ax in AXES):
                 raise InputError("an empty choice is met by every strategy: the rule would require nothing",

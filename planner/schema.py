@@ -50,5 +50,6 @@ def json_schema(which: str = "all") -> str:
     elif which in _TYPES:
         obj = _schema(which)
     else:
-        raise InputError(f"unknown schema {which!r}", where="planner schema", fix=f"use one of all, {', '.join(_TYPES)}")
+        raise InputError(f"unknown schema {which!r}", where="planner schema",
+                         fix=f"use one of all, {', '.join(_TYPES)}")
     return msgspec.json.format(msgspec.json.encode(obj, order="sorted"), indent=2).decode()

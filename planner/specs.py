@@ -160,7 +160,8 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
         fields: dict[str, Any] = dict(extra)
         if fields["kind"].startswith("draft"):
             fields["layers"] = 1
-        phases.append(convert({**fields, "sizes": sizes}, Phase, f"planner/data/presets.toml: $.speculative.{speculative}"))
+        phases.append(convert({**fields, "sizes": sizes}, Phase,
+                              f"planner/data/presets.toml: $.speculative.{speculative}"))
     return validate_spec(Spec(name=f"default-{speculative}", model=model, phases=phases),
                          f"embedded default spec (--max-bs {max_bs})", phase_kinds=phase_kind_settings())
 

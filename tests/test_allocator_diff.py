@@ -208,7 +208,7 @@ class _FakeAllocator:
     def snapshot(self):
         out = [_snap_segment(None, "large", [20 * MiB])]  # the default pool
         for key, pool in self.pools.items():
-            for (small, n, blocks), head in zip(pool.layout(), pool._heads):
+            for (small, _n, blocks), head in zip(pool.layout(), pool._heads):
                 out.append(_snap_segment(list(key), "small" if small else "large",
                                          [s if used else -s for s, used in blocks], self.truth))
                 out[-1]["address"] = head.addr

@@ -25,7 +25,8 @@ def test_build_names_and_dry_run(cli, tmp_path):
     assert code == 0 and "(dry run, not written)" in out
     assert not (tmp_path / "plans/torch.json").exists()
     assert cli("build", "-b", "torch", "-o", "out/x.json")[0] == 0
-    assert json.loads((tmp_path / "out/x.json").read_text())["command"][-2:] == ["-o", "x.json"]  # relative to the plan's folder
+    # relative to the plan's folder
+    assert json.loads((tmp_path / "out/x.json").read_text())["command"][-2:] == ["-o", "x.json"]
 
 
 def test_check_reports_drift_with_file_and_fix(cli, tmp_path):
@@ -285,7 +286,8 @@ def test_report_side_by_side(cli, tmp_path):
 
     from schemas.report import CaptureReport, StepMeasurement
 
-    rep = CaptureReport(plan="fa3", plan_digest="sha256:x", device="NVIDIA H200 sm90", torch="2.11", backend_module="fa3",
+    rep = CaptureReport(plan="fa3", plan_digest="sha256:x", device="NVIDIA H200 sm90", torch="2.11",
+                        backend_module="fa3",
                         pool_bytes=260 * 2**20, predicted_pool_bytes=258 * 2**20, capture_seconds=1.0,
                         steps=[StepMeasurement(step=1, id="capture/decode/256", reserved=252 * 2**20,
                                                predicted_reserved=252 * 2**20, seconds=0.05)])

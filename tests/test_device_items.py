@@ -109,7 +109,8 @@ def test_config_builds_are_approximate_and_require_exact_refuses_them(tmp_path, 
     spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
     plan = build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "m.json"))
     assert plan.predicted.fidelity == "approximate"
-    assert "llama" in plan.predicted.caveat and "-89%" in plan.predicted.caveat and "executor.profile" in plan.predicted.caveat
+    caveat = plan.predicted.caveat
+    assert "llama" in caveat and "-89%" in caveat and "executor.profile" in caveat
     out = tmp_path / "m.json"
     assert main(["build", "-b", "torch", "--spec", str(spec), "-o", str(out), "--require-exact"]) == 1
     err = capsys.readouterr().err

@@ -36,7 +36,8 @@ def test_a_change_under_one_mib_is_written_in_bytes(cli, plans):
         f"  device item allocator-other: {lines[7].split(': ')[1].split(' ->')[0]} -> unknown",
         f"  device item graph-exec: {lines[8].split(': ')[1].split(' ->')[0]} -> unknown",
         "inputs:",
-        "  command: planner build --backend fa3 --ci --speculative eagle --calibration calibration/h200-fa3-eagle-ci.json -> planner build --backend fa3 "
+        "  command: planner build --backend fa3 --ci --speculative eagle "
+        "--calibration calibration/h200-fa3-eagle-ci.json -> planner build --backend fa3 "
         "--speculative eagle",
         "  ci: true -> false",
     ]
@@ -68,7 +69,8 @@ def test_tp_and_model_changes_are_inputs(cli, plans):
     assert cli("build", "-b", "fa3", "--ci", "--tp", "8", "-o", "tp8.json")[0] == 0
     code, out, _ = cli("diff", "plans/fa3-ci.json", "tp8.json")
     assert code == 0
-    assert "inputs:\n  command: planner build --backend fa3 --ci --calibration calibration/h200-fa3-ci.json -> planner build --backend fa3 --ci --tp 8 -o tp8.json" \
+    assert "inputs:\n  command: planner build --backend fa3 --ci --calibration calibration/h200-fa3-ci.json " \
+           "-> planner build --backend fa3 --ci --tp 8 -o tp8.json" \
            "\n  tp: 1 -> 8\n" in out
     assert "  largest graph alone: 252.0 MiB -> 214.0 MiB (-38.0 MiB, -15.1%)" in out.splitlines()
 
@@ -170,7 +172,8 @@ def test_the_figures_are_a_table_of_getters():
     # adding a figure is one row: (label, getter, unit)
     from planner.compare import FIGURES
 
-    assert all(isinstance(label, str) and callable(get) and unit in ("bytes", "count", "device-bytes") for label, get, unit in FIGURES)
+    assert all(isinstance(label, str) and callable(get) and unit in ("bytes", "count", "device-bytes")
+               for label, get, unit in FIGURES)
 
 
 def test_a_reorder_and_sizes_that_read_the_same(cli, tmp_path):

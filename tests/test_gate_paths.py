@@ -23,7 +23,8 @@ def _one_line(result, text: str) -> None:
 
 
 def test_a_name_too_long_is_cannot_write(cli):
-    _one_line(cli("build", "-b", "fa3", "-o", LONG), f"{LONG}: cannot write: file name too long; fix: use a shorter path")
+    _one_line(cli("build", "-b", "fa3", "-o", LONG),
+              f"{LONG}: cannot write: file name too long; fix: use a shorter path")
 
 
 def test_a_name_too_long_with_check_is_cannot_check(cli):

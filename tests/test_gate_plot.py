@@ -57,7 +57,8 @@ def test_svg_has_the_series_phases_baseline_and_budget(cli, plans, tmp_path):
     assert svg.startswith("<?xml")
     for text in ["fa3-eagle-ci \u2192 tv: predicted total 1,520.0 MiB -&gt; 9,514.0 MiB (+7,994.0 MiB, +525.9%); "
                  "budget 4,096 MiB: over by 5,418.0 MiB",
-                 "old fa3-eagle-ci: pool phase:target_verify: 978.0 MiB", "new tv: pool phase:target_verify: 8,972.0 MiB",
+                 "old fa3-eagle-ci: pool phase:target_verify: 978.0 MiB",
+                 "new tv: pool phase:target_verify: 8,972.0 MiB",
                  "new tv: pool shared: 542.0 MiB", "new tv: all pools: 9,514.0 MiB",
                  "engines' loop peak: 11,486.0 MiB", "budget: 4,096 MiB",
                  "target_verify", "51 sizes, bs 1\u2192256", "phase:target_verify pool, smallest-first",

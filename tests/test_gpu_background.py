@@ -11,9 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from test_gpu_executor import _plan, model  # noqa: F401 -- model is a fixture
+from test_gpu_executor import _plan, small_model
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model()
 
 
 def _padded_to(out, n: int, rows: int) -> int:
@@ -200,7 +205,7 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
         target = Gated(gate_bs=16, max_bs=16)  # held at the first capture: no graph yet
         calls = []
 
-        def mine(phase, n, target=target):
+        def mine(phase, n, target=target, calls=calls):
             calls.append(n)
             return (target.x[:n] * 2 + 1,)
 
@@ -220,7 +225,7 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
                 elif fallback == "wait":
                     got = []
 
-                    def waiter():
+                    def waiter(got=got, gs=gs):
                         with torch.cuda.stream(serve):  # streams are per thread
                             got.append(gs.replay("decode", 3)[0].clone())
 

@@ -35,12 +35,17 @@ def _plan(tmp_path, sizes, backend="fa3", ci=True, phases=("decode",), strategie
                                    strategies=tuple(strategies), trace=trace))
 
 
-@pytest.fixture(scope="module")
-def model():
+def small_model():
+    """The reference model at SMALL, batches up to 64 (tests/test_gpu_background.py's too)."""
     from executor.reference import ReferenceConfig, ReferenceModel
     from schemas.spec import Model
 
     return ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=64, max_seqlen=256))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model()
 
 
 def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):

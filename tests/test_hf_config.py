@@ -84,7 +84,8 @@ def _drop(cfg, key):
     ({**LLAMA, "num_key_value_heads": 5}, r"\$.num_key_value_heads: num_attention_heads 32 is not a multiple"),
     (_drop(LLAMA, "dtype"), r"\$.dtype: missing field dtype \(or torch_dtype\)"),
     ({**LLAMA, "dtype": "int3"}, r"unsupported dtype 'int3'"),
-    ({**MIXTRAL, "num_experts_per_tok": 9}, r"\$.num_experts_per_tok: num_experts_per_tok 9 exceeds num_local_experts 8"),
+    ({**MIXTRAL, "num_experts_per_tok": 9},
+     r"\$.num_experts_per_tok: num_experts_per_tok 9 exceeds num_local_experts 8"),
     (_drop(MIXTRAL, "num_local_experts"),
      r"missing field num_local_experts \(the model's experts; also read as num_experts\)"),
 ])

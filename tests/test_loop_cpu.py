@@ -97,7 +97,8 @@ def _first(plan, phase: str) -> int:
     return next(s.bs for s in plan.steps if s.op == "capture" and s.phase == phase)
 
 
-CASES = [("fa3", (), True, False), ("triton", (), False, False), ("fa3", ("workspace=hoisted", "pool=own"), False, True),
+CASES = [("fa3", (), True, False), ("triton", (), False, False),
+         ("fa3", ("workspace=hoisted", "pool=own"), False, True),
          ("fa3", (), True, True), ("fa3", ("pool=shared",), True, True)]
 
 
@@ -132,7 +133,8 @@ def test_engine_loop_captures_what_capture_captures(tmp_path, fake, backend, str
             and g.pool_bytes > 0
         for p in plan.phases:
             top = max(p.sizes)
-            assert [gs.padded(p.name, n) for n in range(1, top + 1)] == [ref.padded(p.name, n) for n in range(1, top + 1)]
+            assert [gs.padded(p.name, n) for n in range(1, top + 1)] == \
+                [ref.padded(p.name, n) for n in range(1, top + 1)]
         # the engine's stored graphs are the set's, and replays serve its stored outputs
         assert all(backend_.graphs[k] is c.graph for k, c in gs.graphs.items())
         model.x.normal_()
@@ -304,7 +306,7 @@ def test_misuse_outside_the_loop_is_one_clear_error(tmp_path, fake):
     with pytest.raises(ExecutorError, match=r"phase 'verify' is not in the plan; it captures \['decode'\]"):
         loop.sizes("verify")
     with pytest.raises(ExecutorError, match=r"has not finished"):
-        loop.graphs
+        _ = loop.graphs
     with pytest.raises(ExecutorError, match=r"pool 'phase:decode' is not one of the plan's pools \['shared'\]"):
         capture_loop(plan, device=CPU, pools={"phase:decode": (0, 99)})
     with pytest.raises(ExecutorError, match=r"step 1 \(capture/decode/8\).*hold\(\) before the graph was recorded"):
@@ -329,7 +331,8 @@ def test_a_graph_the_engine_records_itself_is_checked_for_its_pool(tmp_path, fak
     assert [m.reserved for m in loop.graphs.report.steps if m.id.startswith("capture")] == \
         [16 * b for b in (8, 12, 14, 15)]
     loop.graphs.release()
-    with pytest.raises(ExecutorError, match=r"step 1 \(capture/decode/8\).*recorded into pool \(0, \d+\), not the plan"):
+    with pytest.raises(ExecutorError,
+                       match=r"step 1 \(capture/decode/8\).*recorded into pool \(0, \d+\), not the plan"):
         with capture_loop(plan, device=CPU) as loop:
             step = loop.step("decode", 8)
             g = torch.cuda.CUDAGraph()

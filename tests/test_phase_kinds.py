@@ -58,7 +58,8 @@ def test_a_phase_kind_added_by_a_data_file_alone_builds_like_the_kind_it_copies(
     # the spec's JSON Schema offers it, with its description
     code, out, _ = cli("schema", "spec")
     kind = json.loads(out)["$defs"]["Phase"]["properties"]["kind"]
-    assert code == 0 and "mtp_verify" in kind["enum"] and "mtp_verify: a kind added by data alone" in kind["description"]
+    assert code == 0 and "mtp_verify" in kind["enum"]
+    assert "mtp_verify: a kind added by data alone" in kind["description"]
 
 
 def test_returns_hidden_is_read_from_the_data(kinds_toml, tmp_path):
@@ -83,7 +84,8 @@ def test_an_unknown_program_or_setting_names_file_and_key(kinds_toml, tmp_path):
         build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
     assert "draft_decode, draft_extend, hidden, piecewise, target" in err.value.fix
     kinds_toml(NEW.replace(b'settings = ["layers"]', b'settings = ["layers", "depth"]'))
-    with pytest.raises(InputError, match=r"phase_kinds.toml: \$\.kinds\.mtp_verify: \$\.settings\[1\]: Invalid enum value 'depth'"):
+    with pytest.raises(InputError,
+                       match=r"phase_kinds.toml: \$\.kinds\.mtp_verify: \$\.settings\[1\]: Invalid enum value 'depth'"):
         build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
 
 

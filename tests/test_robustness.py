@@ -204,7 +204,8 @@ def _capture_mutations(raw: dict):
     others = [{**s, "index": i} for i, s in enumerate(others)]
     yield "largest dropped", {"steps": others, "edges": [],
                               "predicted": {**raw["predicted"], "timeline": [
-                                  {**m, "step": i} for i, m in enumerate(raw["predicted"]["timeline"][:len(others)])]}}, \
+                                  {**m, "step": i}
+                                  for i, m in enumerate(raw["predicted"]["timeline"][:len(others)])]}}, \
         f"$.phases[{[p['name'] for p in raw['phases']].index(phase)}].sizes"
     # a size listed twice in a phase
     sizes = raw["phases"][0]["sizes"]
@@ -218,7 +219,7 @@ def _capture_mutations(raw: dict):
 
 @pytest.mark.parametrize("command", ["show", "graph", "simulate", "explain"])
 def test_6_inconsistent_plans_are_refused(cli, tmp_path, plan_raw, command):
-    for label, change, where in _mutations(plan_raw):
+    for _label, change, where in _mutations(plan_raw):
         (tmp_path / "p.json").write_bytes(reseal({**plan_raw, **change}))
         one_line_error(cli(command, "p.json"), f"p.json: {where}")
 
@@ -226,7 +227,7 @@ def test_6_inconsistent_plans_are_refused(cli, tmp_path, plan_raw, command):
 def test_6_load_plan_rejects_inconsistent_plans(tmp_path, plan_raw):
     from executor.load import load_plan
 
-    for label, change, where in _mutations(plan_raw):
+    for _label, change, where in _mutations(plan_raw):
         (tmp_path / "p.json").write_bytes(reseal({**plan_raw, **change}))
         with pytest.raises(InputError, match=f"p.json: {where[:12]}".replace("$", r"\$").replace("[", r"\[")):
             load_plan(tmp_path / "p.json", check_env=False)

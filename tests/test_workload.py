@@ -100,7 +100,8 @@ def _trace(*caps):
 def test_trace_must_cover_every_planned_size():
     phase = Phase(name="decode", kind="decode", sizes=[1, 2])
     t = _trace(CaptureTrace(phase="decode", bs=1, events=[Event(op="alloc", id=0, size=10, kind="output")]))
-    with pytest.raises(InputError, match=r"t.json: phase 'decode': planned sizes \[2\] lie outside the recorded sizes 1\.\.1; sizes are never extrapolated"):
+    with pytest.raises(InputError, match=r"t.json: phase 'decode': planned sizes \[2\] lie outside the recorded "
+                                         r"sizes 1\.\.1; sizes are never extrapolated"):
         Workload.from_trace(t, [phase], "t.json")
 
 
