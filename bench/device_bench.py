@@ -175,14 +175,9 @@ def _loop(target, plan, warmups: int, keep_copy: bool = False, only: dict | None
 
 
 def _drop_loop(run) -> None:
-    import torch
+    from speculative_bench import release_loop
 
-    for g in run["graphs"].values():
-        g.reset()
-    run["graphs"].clear()
-    run["outs"].clear()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    release_loop(run)
 
 
 def mode_executor(target, plan) -> dict:
