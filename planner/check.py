@@ -190,3 +190,10 @@ def check_report_plan(report, plan, report_source: str, plan_source: str) -> Non
         raise InputError(f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "
                          f"{plan_source} ({plan.name!r}, {plan.digest})", where=f"{report_source}: $.plan_digest",
                          fix=f"pass the plan it was captured from, or capture again with {plan_source}")
+    calibrated = plan.predicted.device.device if plan.predicted.device is not None else ""
+    measured = report.device + (f", driver {report.driver}" if report.driver else "")
+    if calibrated and measured != calibrated:  # another device or driver: the items would not compare
+        raise InputError(f"the plan's device items were measured on {calibrated!r}, this report on {measured!r}",
+                         where=f"{report_source}: $.device",
+                         fix=f"compare a report from that device and driver, or rebuild {plan_source} with "
+                             f"--calibration {report_source}")

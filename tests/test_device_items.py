@@ -123,3 +123,23 @@ def test_reference_and_trace_plans_say_what_they_describe(fa3ci):
     assert fa3ci.predicted.fidelity == "reference" and "executor.reference" in fa3ci.predicted.describes
     traced = build_plan(BuildOptions(backend="fa3", ci=True, trace=ROOT / "plans/traces/fa3-ci.json"))
     assert traced.predicted.fidelity == "recorded" and "fa3-ci.json" in traced.predicted.describes
+
+
+def test_a_report_from_another_device_than_the_calibration_is_refused_naming_both(tmp_path, fa3ci, capsys):
+    rep = tmp_path / "report.json"
+    rep.write_bytes(msgspec.json.encode(_report(fa3ci)))
+    out = tmp_path / "p.json"
+    assert main(["build", "-b", "fa3", "--ci", "--calibration", str(rep), "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    other = msgspec.structs.replace(_report(fa3ci), device="NVIDIA H100 80GB HBM3 sm90, torch 2.11",
+                                    plan_digest=plan["digest"])
+    (tmp_path / "h100.json").write_bytes(msgspec.json.encode(other))
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "h100.json"), "--plan", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "H100" in err and "H200" in err and err.count("\n") == 1, err
+    same = msgspec.structs.replace(_report(fa3ci), plan_digest=plan["digest"])
+    (tmp_path / "same.json").write_bytes(msgspec.json.encode(same))
+    assert main(["report", str(tmp_path / "same.json"), "--plan", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "device view (foreground, first capture of its process" in shown and "graph-exec" in shown
