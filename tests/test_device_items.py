@@ -143,3 +143,25 @@ def test_a_report_from_another_device_than_the_calibration_is_refused_naming_bot
     assert main(["report", str(tmp_path / "same.json"), "--plan", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "device view (foreground, first capture of its process" in shown and "graph-exec" in shown
+
+
+def test_report_require_exact_refuses_an_approximate_plan_and_needs_one(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "mixtral", "hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "intermediate_size": 3584, "vocab_size": 32000, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "dtype": "bfloat16"}))
+    spec = tmp_path / "m.toml"
+    spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
+    out = tmp_path / "m.json"
+    assert main(["build", "-b", "torch", "--spec", str(spec), "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["predicted"]["fidelity"] == "approximate" and "mixtral" in plan["predicted"]["caveat"]
+    rep = tmp_path / "r.json"
+    p = build_plan(BuildOptions(backend="torch", spec=spec, output=out))
+    rep.write_bytes(msgspec.json.encode(_report(p)))
+    capsys.readouterr()
+    assert main(["report", str(rep), "--plan", str(out)]) == 0
+    assert main(["report", str(rep), "--plan", str(out), "--require-exact"]) == 1
+    assert "approximate" in capsys.readouterr().err
+    assert main(["report", str(rep), "--require-exact"]) == 1
+    assert "--plan" in capsys.readouterr().err
