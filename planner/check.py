@@ -182,11 +182,15 @@ class StalePlans(DriftError):
                          "or rebuild them all with `planner check --fix`")
 
 
-def check_report_plan(report, plan, report_source: str, plan_source: str) -> None:
+def check_report_plan(report, plan, report_source: str, plan_source: str, report_digest: str = "") -> None:
     """Refuse a capture report checked against a plan it was not captured from
     (``planner report R --plan P``): the digests differ. Reports are read
-    leniently across revisions; the digest is what ties one to its plan."""
-    if report.plan_digest != plan.digest:
+    leniently across revisions; the digest is what ties one to its plan. The
+    plan's own calibration report (``report_digest`` equal to the one the plan
+    records) is accepted: it was captured from the plan before its device
+    items were added, the same steps."""
+    own = bool(report_digest) and report_digest == getattr(plan.inputs, "calibration_digest", None)
+    if report.plan_digest != plan.digest and not own:
         raise InputError(f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "
                          f"{plan_source} ({plan.name!r}, {plan.digest})", where=f"{report_source}: $.plan_digest",
                          fix=f"pass the plan it was captured from, or capture again with {plan_source}")

@@ -68,9 +68,30 @@ def test_a_calibration_report_gives_the_total_and_the_warmup_peak(tmp_path, fa3c
     assert items["graph-exec"] == captures * 2 * MiB
     assert dev.total_bytes == sum(items.values())
     # the warm-up runs first, on an empty pool: its 100 MiB scratch is below the final pools here
-    assert dev.peak_bytes == max(dev.total_bytes, 100 * MiB + 32 * MiB)
+    assert dev.peak_bytes == dev.total_bytes > 100 * MiB + 32 * MiB
     assert "NVIDIA H200" in dev.device and "580.1" in dev.device
     assert plan.inputs.calibration == "report.json"
+
+
+def test_a_warmup_larger_than_the_pools_is_the_peak(tmp_path, fa3ci):
+    rep = tmp_path / "report.json"
+    rep.write_bytes(msgspec.json.encode(_report(fa3ci, scratch=1000 * MiB)))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, calibration=rep, output=tmp_path / "p.json"))
+    # the one warm-up runs before any capture: its scratch plus the workspace (allocator-other is 0 here)
+    assert plan.predicted.device.peak_bytes == 1000 * MiB + 32 * MiB > plan.predicted.device.total_bytes
+
+
+def test_a_calibration_without_the_device_items_or_a_workspace_figure_gives_no_zeros(tmp_path, fa3ci):
+    rep = _report(fa3ci, device="NVIDIA H200")  # no compute capability: no workspace figure
+    path = tmp_path / "r.json"
+    path.write_bytes(msgspec.json.encode(rep))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, calibration=path, output=tmp_path / "p.json"))
+    items = {i.name: i for i in plan.predicted.device.items}
+    assert items["stream-workspace"].bytes is None and items["allocator-other"].bytes is None
+    assert plan.predicted.device.total_bytes is None
+    bare = msgspec.structs.replace(rep, device_view=msgspec.structs.replace(rep.device_view, items=[]))
+    with pytest.raises(InputError, match="lacks pool, hoisted, allocator-held"):
+        calibration_from_report(bare, "bare.json", {})
 
 
 def test_the_peak_is_a_warmup_on_top_of_the_pools_captured_before_it():
@@ -165,3 +186,13 @@ def test_report_require_exact_refuses_an_approximate_plan_and_needs_one(tmp_path
     assert "approximate" in capsys.readouterr().err
     assert main(["report", str(rep), "--require-exact"]) == 1
     assert "--plan" in capsys.readouterr().err
+
+
+def test_a_calibrated_plan_compares_with_its_own_calibration_report(capsys):
+    cal = ROOT / "plans/calibration/h200-fa3-ci.json"
+    assert main(["report", str(cal), "--plan", str(ROOT / "plans/fa3-ci-h200.json")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("graph-exec"))
+    assert row.split()[1:3] == ["94.0", "94.0"]  # predicted from that very report, measured in it
+    # another plan's report stays refused
+    assert main(["report", str(cal), "--plan", str(ROOT / "plans/fa3-eagle-ci-h200.json")]) == 1

@@ -33,5 +33,8 @@ def command(file, plan, require_exact) -> None:
     if p is not None:  # exit 1, not a warning: CI runs this to check a report against its plan
         from planner.check import check_report_plan
 
-        check_report_plan(rep, p, str(file), str(plan))
+        from schemas.codec import sha256
+        from schemas.files import read_input
+
+        check_report_plan(rep, p, str(file), str(plan), sha256(read_input(file, "report")))
     click.echo(report_table(rep, p))
