@@ -60,13 +60,18 @@ def scratch_pool(device):
     only that stream could ever reuse it. Only the calling thread's
     allocations are routed (``use_mem_pool`` filters by thread), so an engine
     serving on another thread meanwhile, and the blocks the engine itself
-    holds cached, are untouched. A tensor made inside and kept alive keeps its
-    segment until it is freed (the pool is destroyed only then).
+    holds cached, are untouched. A tensor made inside and kept alive outlives
+    the pool, which is destroyed on exit anyway: its whole segment then stays
+    cached until the next ``torch.cuda.empty_cache()`` (``Scratch.reserved``
+    counts it as returned): the executor's own blocks are all freed inside.
 
     Returning the segments frees device memory (``cudaFree``), which waits for
-    the device: not for use while another thread of the process captures in
-    CUDA's "global" mode. Without ``torch.cuda.MemPool`` (torch before 2.6)
-    it does nothing: the block's freed memory stays cached as before.
+    the device (the engine's serving work too, from the capture thread), and
+    the allocator refuses to empty a pool while any stream of the device is
+    capturing: not for use while another thread of the process captures (the
+    executor's own captures run between its warm-ups, never during one).
+    Without ``torch.cuda.MemPool`` (torch before 2.6) it does nothing: the
+    block's freed memory stays cached as before.
 
     Yields a :class:`Scratch` whose ``reserved`` is set on exit: the pool's
     segments, i.e. the block's peak reserved memory (segments are returned only

@@ -87,6 +87,9 @@ def capture_stream(device) -> torch.cuda.Stream:
     Graphs captured on it bake in its cuBLAS workspace, which all of them share:
     replays of graphs from different GraphSets must not run at the same time on
     different streams (as replays within one GraphSet must not either)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one device
+        device = torch.device("cuda", torch.cuda.current_device())
     key = str(device)
     stream = _streams.get(key)
     if stream is None:

@@ -22,6 +22,7 @@ from schemas.files import existing_output, read_input, write_atomic
 from schemas.limits import MODEL_MAX
 from schemas.plan import (
     PLAN_REVISION,
+    BuildRecord,
     Decision,
     Inputs,
     PhasePlan,
@@ -47,8 +48,9 @@ from .simulate import SimResult, pool_id, simulate
 from .specs import default_spec, preset_max_bs, read_spec_file
 from .workload import Workload, workspace_bytes
 
-__all__ = ["BuildOptions", "build_plan", "plan_bytes", "default_output", "output_path", "write_atomic",
-           "write_plan", "check_plan", "normalized_command", "command_for_cwd", "newer_revision", "check_tp"]
+__all__ = ["BuildOptions", "build_record", "options_from_record", "build_plan", "plan_bytes", "default_output",
+           "output_path", "write_atomic", "write_plan", "check_plan", "normalized_command", "command_for_cwd",
+           "newer_revision", "check_tp"]
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -123,12 +125,47 @@ def _command(opts: BuildOptions, rel, out: str | None) -> list[str]:
     return cmd + (["-o", out] if out is not None else [])
 
 
+def build_record(opts: BuildOptions) -> BuildRecord:
+    """``opts`` as the plan records them (:class:`schemas.plan.BuildRecord`): paths
+    relative to the plan's own folder, ``output`` only the file name and only
+    when it is not the default one, pins sorted and once each -- the same record
+    whichever directory the plan was built from, in any clone."""
+    base = output_path(opts).parent
+    name = output_path(opts).name
+
+    def rel(p: Path | None) -> str | None:
+        return _rel(p, base) if p is not None else None
+
+    return BuildRecord(backend=opts.backend, ci=opts.ci, speculative=opts.speculative, preset=opts.preset,
+                       max_bs=None if opts.max_bs == preset_max_bs(opts.preset) else opts.max_bs,
+                       spec=rel(opts.spec),
+                       strategies=sorted(set(opts.strategies)), trace=rel(opts.trace), tp=opts.tp,
+                       allocator=opts.allocator, exact=opts.exact, calibration=rel(opts.calibration),
+                       output=name if name != default_output(opts).name else None)
+
+
+def options_from_record(rec: BuildRecord, plan_path: Path) -> BuildOptions:
+    """The options that rebuild the plan at ``plan_path`` from its record: its
+    paths joined to the plan's folder lexically, as :func:`build_record` made
+    them (through a linked plans folder the OS would resolve ``plans/../specs``
+    from the link's target), its output ``plan_path`` itself (a copy under
+    another name rebuilds under that name, so it is never "up to date" as
+    another plan)."""
+    base = plan_path.parent
+
+    def join(p: str | None) -> Path | None:
+        return Path(os.path.normpath(base / p)) if p is not None else None
+
+    return BuildOptions(backend=rec.backend, ci=rec.ci, speculative=rec.speculative, preset=rec.preset,
+                        max_bs=rec.max_bs, spec=join(rec.spec), strategies=tuple(rec.strategies),
+                        trace=join(rec.trace), tp=rec.tp, allocator=rec.allocator, output=plan_path,
+                        exact=rec.exact, calibration=join(rec.calibration))
+
+
 def normalized_command(opts: BuildOptions) -> list[str]:
-    """The command recorded in the plan. Its paths are relative to the plan's own
-    folder, and ``-o`` is only the file name, recorded when it is not the
-    default one: the same plan records the same command whichever directory it
-    was built from, in any clone (``planner check`` reads it back with
-    :func:`planner.check.options_from_command`, relative to the plan file)."""
+    """The command recorded in the plan, the text of :func:`build_record`: its
+    paths are relative to the plan's own folder, and ``-o`` is only the file
+    name, recorded when it is not the default one."""
     base = output_path(opts).parent
     name = output_path(opts).name
     return _command(opts, lambda p: _rel(p, base), name if name != default_output(opts).name else None)
@@ -537,7 +574,8 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                       **({"model_config": r.model_config[0], "model_config_digest": r.model_config[1]}
                          if r.model_config else {}),
                       **({"calibration": r.calibration_record[0], "calibration_digest": r.calibration_record[1]}
-                         if r.calibration_record else {})),
+                         if r.calibration_record else {}),
+                      build=build_record(opts)),
         requires=Requires(backend=opts.backend, modules=list(r.backend.modules),
                           min_compute_capability=list(r.backend.min_compute_capability), tp=r.tp),
         phases=[PhasePlan(name=n, kind=by_name[n].kind, sizes=capture_order(by_name[n].sizes, strategies[n].order),

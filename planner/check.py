@@ -6,8 +6,9 @@ the recorded paths are relative to the plan's folder (see
 working directory, and a copy stored under another name is a different plan
 (its name and ``-o`` differ), never "up to date". The digest is verified
 first: a plan that fails it (edited by hand, a merge resolved by hand) is
-stale, and ``--fix`` rebuilds it from the command it records, which is parsed
-defensively since it may be what was edited.
+stale, and ``--fix`` rebuilds it from the options it records (``inputs.build``:
+the same structure ``planner build`` fills, typed, so an edited record is a
+located decode error, not a parse).
 """
 
 from __future__ import annotations
@@ -16,62 +17,39 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import msgspec
+
 from schemas.errors import DriftError, InputError, WrongKindError
 
-__all__ = ["check_paths", "options_from_command", "check_report_plan", "StalePlans"]
+__all__ = ["check_paths", "recorded_options", "check_report_plan", "StalePlans"]
 
-_VALUED = {"--backend": ("backend", str), "--spec": ("spec", Path), "--speculative": ("speculative", str),
-           "--preset": ("preset", str),
-           "--max-bs": ("max_bs", int), "--tp": ("tp", int), "--allocator": ("allocator", str),
-           "--trace": ("trace", Path), "--calibration": ("calibration", Path), "-o": ("output", Path),
-           "--strategy": ("strategies", str)}
+def recorded_options(plan, plan_path: Path):
+    """The options that rebuild ``plan`` (lying at ``plan_path``) from its record
+    (``inputs.build``, :func:`planner.build.options_from_record`). A plan written
+    before the record existed (revision 1) is stale: rebuild it once with the
+    command it records, shown in the error."""
+    from .build import options_from_record
+
+    rec = plan.inputs.build
+    if isinstance(rec, msgspec.UnsetType):
+        folder = os.path.dirname(str(plan_path)) or "."
+        err = DriftError(f"plan revision {plan.revision} records its build only as text", where=str(plan_path),
+                         fix=f"rebuild it once, in {folder}: `{' '.join(plan.command)} --force`")
+        err.fixable = False  # `planner check --fix` has nothing to rebuild from
+        raise err
+    return options_from_record(rec, plan_path)
 
 
-def options_from_command(cmd: list[str], where: str, plan_path: Path):
-    """Parse a plan's recorded ``planner build`` command back into options, its
-    paths relative to ``plan_path``'s folder and its output ``plan_path``."""
-    from .build import BuildOptions
-
-    if cmd[:2] != ["planner", "build"]:
-        raise InputError(f"recorded command is not `planner build`: {' '.join(cmd)}", where=where)
-    kw: dict = {"strategies": []}
-    args = cmd[2:]
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("--ci", "--exact"):
-            kw[arg[2:]] = True
-            i += 1
-            continue
-        if arg not in _VALUED:
-            raise InputError(f"unknown option {arg!r} in recorded command", where=where)
-        if i + 1 >= len(args):
-            raise InputError(f"option {arg} has no value in recorded command", where=where)
-        name, conv = _VALUED[arg]
-        try:
-            value = conv(args[i + 1])
-        except ValueError:
-            raise InputError(f"option {arg} has a bad value {args[i + 1]!r} in recorded command", where=where) from None
-        if name == "strategies":
-            kw[name].append(value)
-        elif name in kw:
-            raise InputError(f"option {arg} given twice in recorded command", where=where)
-        else:
-            kw[name] = value
-        i += 2
-    if "backend" not in kw:
-        raise InputError("recorded command has no --backend", where=where)
-    base = plan_path.parent
-    for name in ("spec", "trace", "calibration"):
-        if name in kw:
-            # lexically, as build records them (build._rel): through a linked plans folder,
-            # the OS would resolve plans/../specs from the link's target, another folder
-            kw[name] = Path(os.path.normpath(base / kw[name]))
-    # The output is where the plan lies: a copy under another name rebuilds with
-    # that name (and -o), so it is never "up to date" as someone else's plan.
-    kw["output"] = plan_path
-    kw["strategies"] = tuple(kw["strategies"])
-    return BuildOptions(**kw)
+def _from_record(plan_path: Path, fn, opts):
+    """``fn(opts)``; an input error of the rebuild (the record names something this
+    planner refuses) is located at the plan's record as well."""
+    try:
+        return fn(opts)
+    except DriftError:
+        raise
+    except InputError as err:
+        err.where = f"{plan_path}: $.inputs.build ({err.where})" if err.where else f"{plan_path}: $.inputs.build"
+        raise
 
 
 def _link_target(path: Path) -> Path:
@@ -153,18 +131,22 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
                                   "corrupted)", where=str(f))
         # before trusting anything else: a newer planner's plan is never rebuilt (downgraded) here
         newer_revision(plan.revision, f"{f}: $.revision")
-        opts = options_from_command(plan.command, f"{f}: $.command", f)
+        try:
+            opts = recorded_options(plan, f)
+        except DriftError as err:  # no record to rebuild from, --fix or not
+            stale.append(err)
+            continue
         try:
             if tampered is not None:
                 tampered.fix = f"run `{command_for_cwd(opts)}`"
                 raise tampered
-            check_plan(opts)
+            _from_record(f, check_plan, opts)
             ok.append(f"{f}: up to date")
         except DriftError as err:
             if not fix:
                 stale.append(err)
                 continue
-            write_atomic(f, plan_bytes(build_plan(opts)))
+            write_atomic(f, plan_bytes(_from_record(f, build_plan, opts)))
             ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
     if stale:
         raise StalePlans(stale, ok, len(files))
@@ -184,11 +166,22 @@ class StalePlans(DriftError):
                          "or rebuild them all with `planner check --fix`")
 
 
-def check_report_plan(report, plan, report_source: str, plan_source: str) -> None:
+def check_report_plan(report, plan, report_source: str, plan_source: str, report_digest: str = "") -> None:
     """Refuse a capture report checked against a plan it was not captured from
     (``planner report R --plan P``): the digests differ. Reports are read
-    leniently across revisions; the digest is what ties one to its plan."""
-    if report.plan_digest != plan.digest:
+    leniently across revisions; the digest is what ties one to its plan. The
+    plan's own calibration report (``report_digest`` equal to the one the plan
+    records) is accepted: it was captured from the plan before its device
+    items were added, the same steps."""
+    own = bool(report_digest) and report_digest == getattr(plan.inputs, "calibration_digest", None)
+    if report.plan_digest != plan.digest and not own:
         raise InputError(f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "
                          f"{plan_source} ({plan.name!r}, {plan.digest})", where=f"{report_source}: $.plan_digest",
                          fix=f"pass the plan it was captured from, or capture again with {plan_source}")
+    calibrated = plan.predicted.device.device if plan.predicted.device is not None else ""
+    measured = report.device + (f", driver {report.driver}" if report.driver else "")
+    if calibrated and measured != calibrated:  # another device or driver: the items would not compare
+        raise InputError(f"the plan's device items were measured on {calibrated!r}, this report on {measured!r}",
+                         where=f"{report_source}: $.device",
+                         fix=f"compare a report from that device and driver, or rebuild {plan_source} with "
+                             f"--calibration {report_source}")

@@ -37,7 +37,7 @@ from schemas.codec import decode_report
 from schemas.errors import InputError
 from schemas.files import read_input
 from schemas.plan import DeviceCost, DevicePrediction, Step
-from schemas.report import CaptureReport
+from schemas.report import DEVICE_ITEMS, CaptureReport
 
 from .resources import data
 
@@ -55,8 +55,9 @@ class Calibration:
     capability: str
     #: bytes of driver memory per instantiated graph, per phase name and phase kind
     graph_exec_per_graph: dict[str, float] = field(default_factory=dict)
-    #: other caching-allocator memory the capture left (besides pools, hoisted, the workspace)
-    allocator_other: int = 0
+    #: other caching-allocator memory the capture left (besides pools, hoisted, the workspace);
+    #: None when the device's workspace figure is unknown (it cannot be told apart)
+    allocator_other: int | None = 0
     source: str = ""
     #: per phase name and kind: the largest scratch memory a warm-up of it took (its
     #: temporaries, returned when the warm-up ends); empty when the report does not say
@@ -79,6 +80,10 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     fix = "capture the plan again with this capture-plan's executor and write its report (GraphSet.write_report)"
     if view is None or any(m.free is None or m.allocator_reserved is None for m in rep.steps):
         raise InputError("the report has no device view or per-step device memory", where=source, fix=fix)
+    missing = [n for n in DEVICE_ITEMS if n not in {i.name for i in view.items}]
+    if missing:  # an item the report does not give is unknown, never 0
+        raise InputError(f"the report's device view lacks {', '.join(missing)}", where=f"{source}: $.device_view",
+                         fix=fix)
     per: dict[str, list[int]] = defaultdict(list)
     scratch: dict[str, int] = {}
     prev_free, prev_res = None, None
@@ -100,8 +105,9 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
         if kind is not None:
             graph_exec.setdefault(f"kind:{kind}", sum(deltas) / len(deltas))
     workspace = data("devices.toml")["stream_workspace"].get(capability_of(rep.device))
-    held = view.item("allocator-held") - (workspace or 0)
-    other = max(0, held) + max(0, view.item("allocator-cached"))
+    # without the device's workspace figure the workspace cannot be told from the rest of held
+    other = None if workspace is None else \
+        max(0, view.item("allocator-held") - workspace) + max(0, view.item("allocator-cached"))
     device = rep.device + (f", driver {rep.driver}" if rep.driver else "")
     return Calibration(device=device, capability=capability_of(rep.device), graph_exec_per_graph=graph_exec,
                        allocator_other=other, source=source, warmup_scratch=scratch)
@@ -163,8 +169,10 @@ def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[st
                             source=f"planner/data/devices.toml [stream_workspace] {calibration.capability}"
                             if ws is not None else f"no figure for {calibration.capability or 'this device'} in "
                             "planner/data/devices.toml [stream_workspace]: measure it and add it"))
-    items.append(DeviceCost(name="allocator-other", bytes=calibration.allocator_other, provenance="measured",
-                            source=f"{calibration.source} ({calibration.device})"))
+    items.append(DeviceCost(name="allocator-other", bytes=calibration.allocator_other,
+                            provenance="measured" if calibration.allocator_other is not None else "unknown",
+                            source=f"{calibration.source} ({calibration.device})" if calibration.allocator_other
+                            is not None else "the calibration's device has no workspace figure to tell it apart"))
     graphs = defaultdict(int)
     for s in steps:
         if s.op == "capture":

@@ -18,11 +18,12 @@ from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, 
 __all__ = [
     "PlanStruct", "Strategy", "PhasePlan", "Step", "Edge", "Alternative", "Decision",
     "StepMemory", "TraceSamples", "Prediction", "Inputs", "Requires", "Plan", "PLAN_VERSION", "PLAN_REVISION",
-    "StepOp", "DeviceCost", "DevicePrediction", "Provenance", "Fidelity",
+    "StepOp", "BuildRecord", "DeviceCost", "DevicePrediction", "Provenance", "Fidelity",
 ]
 
 PLAN_VERSION = 1
-#: 2: ``predicted.device`` (every item of the free device memory capture takes) and
+#: 2: ``inputs.build`` (the build's options, what ``planner check`` rebuilds from),
+#: ``predicted.device`` (every item of the free device memory capture takes) and
 #: ``predicted.fidelity`` / ``describes`` / ``caveat`` (which model code the figures describe)
 PLAN_REVISION = 2
 
@@ -192,6 +193,27 @@ class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
     caveat: str = ""
 
 
+class BuildRecord(PlanStruct, kw_only=True, omit_defaults=True):
+    """The options ``planner build`` was given (``planner.build.BuildOptions``), as
+    ``planner check`` rebuilds the plan from them: paths relative to the plan's
+    own folder, ``output`` only the file name and only when it is not the
+    default one. The one record of a build (``command`` is its text)."""
+
+    backend: str
+    ci: bool = False
+    speculative: str | None = None
+    preset: str | None = None
+    max_bs: int | None = None
+    spec: str | None = None
+    strategies: list[str] = []
+    trace: str | None = None
+    tp: int | None = None
+    allocator: str | None = None
+    exact: bool = False
+    calibration: str | None = None
+    output: str | None = None
+
+
 class Inputs(PlanStruct, kw_only=True):
     """Everything the plan was derived from, without absolute paths."""
 
@@ -212,6 +234,8 @@ class Inputs(PlanStruct, kw_only=True):
     #: a capture report whose device view calibrates the measured device items
     calibration: str | msgspec.UnsetType = msgspec.UNSET
     calibration_digest: str | msgspec.UnsetType = msgspec.UNSET
+    #: the build's options: what ``planner check`` rebuilds from (revision 2)
+    build: BuildRecord | msgspec.UnsetType = msgspec.UNSET
 
 
 class Requires(PlanStruct, kw_only=True):

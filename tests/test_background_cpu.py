@@ -63,6 +63,9 @@ def test_tables_grow_as_graphs_land_and_replays_equal_eager(tmp_path, fake):
     assert [(p, b) for _, p, b in gs.timeline] == [("decode", b) for b in (16, 8, 4, 2, 1)]
     assert gs.padded("decode", 3) == 4 and gs.background.graph_replays == 1
     assert serve.waited and gs.background.served[7].records == 2  # replay + exclusive block
+    # the background path reports its device view too, marked as such
+    view = gs.report.device_view
+    assert view is not None and view.background and {i.name for i in view.items} >= {"pool", "outside-allocator"}
     gs.release()
 
 

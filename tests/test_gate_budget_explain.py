@@ -77,7 +77,9 @@ def test_explain_of_a_plan_whose_command_cannot_be_read_says_where_to_run_it(cli
     plan = decode_plan((tmp_path / "plans/fa3.json").read_bytes(), "p")
     import msgspec
 
-    odd = seal(msgspec.structs.replace(plan, command=["planner", "build", "--backend", "fa3", "--future-flag"]))
+    # an older revision: no build record, only the command's text, which says --future-flag
+    odd = seal(msgspec.structs.replace(plan, command=["planner", "build", "--backend", "fa3", "--future-flag"],
+                                       inputs=msgspec.structs.replace(plan.inputs, build=msgspec.UNSET)))
     (tmp_path / "plans/odd.json").write_bytes(canonical_bytes(odd))
     code, out, _ = cli("explain", "plans/odd.json")
     assert code == 0

@@ -28,3 +28,26 @@ def test_the_spec_example_builds(tmp_path):
     (phase,) = plan.phases
     assert phase.strategy.workspace == "hoisted" or phase.strategy.order == "smallest-first"
     assert any(d.rule == "team-gate" for d in plan.decisions)
+
+
+def test_the_quickstart_build_rewrites_the_checked_in_plan_it_names(tmp_path):
+    """`planner build --backend fa3 --ci` in a clone replaces plans/fa3-ci.json: the
+    checked-in file must be the plan of exactly that command (a calibrated one under
+    that name made the quickstart refuse to replace it, exit 1)."""
+    import json
+    import os
+    import shutil
+
+    from planner.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "plans", tmp_path / "plans")
+    recorded = json.loads((tmp_path / "plans/fa3-ci.json").read_text())["command"]
+    assert recorded == ["planner", "build", "--backend", "fa3", "--ci"]
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["build", "--backend", "fa3", "--ci"]) == 0
+    finally:
+        os.chdir(old)
+    assert (tmp_path / "plans/fa3-ci.json").read_bytes() == (root / "plans/fa3-ci.json").read_bytes()

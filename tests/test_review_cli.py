@@ -228,6 +228,8 @@ def test_r10_pins_in_any_order_give_the_same_bytes_and_check_clean(cli, tmp_path
     for name, order in (("a.json", pins), ("b.json", pins[::-1])):
         assert cli("build", "-b", "fa3", "--spec", "s.toml", *[a for p in order for a in ("-s", p)], "-o", name)[0] == 0
     a, b = (json.loads((tmp_path / n).read_bytes()) for n in ("a.json", "b.json"))
+    for p in (a, b):  # the output name, which the command and the build record hold, differs
+        p["inputs"]["build"].pop("output")
     assert {**a, "command": [], "name": "", "digest": ""} == {**b, "command": [], "name": "", "digest": ""}
     code, out, err = cli("check", "a.json", "b.json")
     assert code == 0, err

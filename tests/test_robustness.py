@@ -131,23 +131,33 @@ def test_4_output_through_a_symlink_writes_its_target(cli, tmp_path):
     assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real/p.json").is_file()
 
 
-# 5. check verifies the digest before trusting the recorded command -------------------------
+# 5. check verifies the digest before trusting the recorded build -------------------------
 
-@pytest.mark.parametrize("command", [
-    ["planner", "build", "--backend"],
-    ["planner", "build", "--backend", "fa3", "--max-bs", "x"],
-    ["planner", "build", "--ci"],
-    ["planner", "build", "--backend", "fa3", "--tp", "2", "--tp", "4"],
-    ["planner", "build", "--backend", "fa3", "--frob"],
-    ["planner", "show"],
+@pytest.mark.parametrize("build, where", [
+    ({}, "$.inputs.build"),  # no backend
+    ({"backend": "fa3", "max_bs": "x"}, "$.inputs.build.max_bs"),
+    ({"backend": 3}, "$.inputs.build.backend"),
+    ({"backend": "fa3", "tp": [2, 4]}, "$.inputs.build.tp"),
+    ({"backend": "nope"}, "plans/fa3-eagle.json: $.inputs.build (--backend)"),  # decodes; the rebuild refuses it
 ])
-def test_5_check_with_a_broken_recorded_command(cli, tmp_path, plan_raw, command):
+def test_5_check_with_a_broken_recorded_build(cli, tmp_path, plan_raw, build, where):
     path = tmp_path / "plans/fa3-eagle.json"
-    path.write_bytes(reseal({**plan_raw, "command": command}))  # sealed: passes the digest
-    one_line_error(cli("check", "plans"), "plans/fa3-eagle.json: $.command")
-    raw = {**plan_raw, "command": command}  # unsealed: stale, and --fix cannot parse it either
-    path.write_bytes(canonical_bytes(raw))
+    raw = {**plan_raw, "inputs": {**plan_raw["inputs"], "build": build}}
+    path.write_bytes(reseal(raw))  # sealed: passes the digest
+    one_line_error(cli("check", "plans"), where)
+    path.write_bytes(canonical_bytes(raw))  # unsealed: stale, and --fix cannot use its record either
     one_line_error(cli("check", "--fix", "plans"), "plans/fa3-eagle.json")
+
+
+def test_5_a_plan_without_a_build_record_is_stale_and_names_its_command(cli, tmp_path, plan_raw):
+    # a revision-1 plan recorded its build only as command text: rebuilt once, by hand, then clean
+    path = tmp_path / "plans/fa3-eagle.json"
+    raw = {**plan_raw, "revision": 1, "inputs": {k: v for k, v in plan_raw["inputs"].items() if k != "build"}}
+    path.write_bytes(reseal(raw))
+    for args in (("check", "plans"), ("check", "--fix", "plans")):
+        one_line_error(cli(*args), "records its build only as text",
+                       "planner build --backend fa3 --speculative eagle --max-bs 4 --force`")
+    assert "check --fix`" not in cli("check", "plans")[2]  # --fix cannot rebuild it: not offered
 
 
 def test_5_a_hand_edited_plan_is_stale_and_fix_rebuilds_it(cli, tmp_path, plan_raw):

@@ -30,7 +30,8 @@ def command(paths, fix, require_exact) -> None:
             click.echo(line)
         if len(err.stale) == 1:  # its own line says it all
             only = err.stale[0]
-            only.fix = f"{only.fix}, or `planner check --fix`"
+            if getattr(only, "fixable", True):
+                only.fix = f"{only.fix}, or `planner check --fix`"
             raise only from None
         for stale in err.stale:
             click.echo(f"planner: error: {stale}", err=True)

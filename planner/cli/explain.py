@@ -28,12 +28,12 @@ def _head(p, path) -> str:
     import os
 
     from planner.build import command_for_cwd
-    from planner.check import options_from_command
-    from schemas.errors import InputError
+    from planner.check import recorded_options
+    from schemas.errors import CapturePlanError
 
     try:
-        opts = options_from_command(list(p.command), f"{path}: $.command", path)
-    except InputError:
+        opts = recorded_options(p, path)
+    except CapturePlanError:
         folder = os.path.dirname(str(path)) or "."
         return f"plan {p.name}, recorded command (run it in {folder}): {' '.join(p.command)}"
     return f"plan {p.name}, rebuilt from here by: {command_for_cwd(opts)}"
