@@ -138,8 +138,11 @@ class _Guard:
         # changes a value changes the sum, except a write that exactly
         # compensates (e.g. swapping two words), which this does not catch.
         raw = t.detach().reshape(-1).view(torch.uint8)
-        if raw.storage_offset() % 8:  # 64-bit words need an aligned start: sum the bytes instead
-            return int(raw.sum(dtype=torch.int64))
+        if raw.storage_offset() % 8:
+            # 64-bit words need an aligned start: sum an aligned copy (rare: a view into a
+            # buffer). Summing the bytes instead missed changes whose bytes cancel out
+            # (a bf16 0x3f80 -> 0x4070 keeps the byte sum).
+            raw = raw.clone()
         body = raw[: raw.numel() // 8 * 8].view(torch.int64)
         tail = raw[body.numel() * 8:]
         return int(body.sum()) + int(tail.sum(dtype=torch.int64))

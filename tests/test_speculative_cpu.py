@@ -116,11 +116,17 @@ def test_owners_names_the_other_graphs_whose_blocks_a_write_lands_in():
 def test_read_only_checksum_sees_any_changed_word_and_any_alignment():
     from executor.verification import _Guard
 
-    w = torch.randn(1001, dtype=torch.bfloat16)
+    w = torch.randn(1001, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     for t in (w, w[1:], w[3:700]):  # byte offsets 0, 2 and 6: not all 8-aligned
         before = _Guard._sum(t)
         t[5] += 1
         assert _Guard._sum(t) != before
+    # a change whose bytes cancel out (0x3f80 -> 0x4070: the same byte sum) at an unaligned offset
+    odd = torch.zeros(16, dtype=torch.bfloat16)[1:]
+    odd.view(torch.int16)[2] = 0x3F80
+    before = _Guard._sum(odd)
+    odd.view(torch.int16)[2] = 0x4070
+    assert _Guard._sum(odd) != before
     target = SimpleNamespace(read_only=lambda: {"w": w})
     guard = _Guard(target)
     res = SimpleNamespace(faults=[])
