@@ -141,7 +141,7 @@ class _Guard:
         if raw.storage_offset() % 8:
             # 64-bit words need an aligned start: sum an aligned copy (rare: a view into a
             # buffer). Summing the bytes instead missed changes whose bytes cancel out
-            # (a bf16 0x3f80 -> 0x4070 keeps the byte sum).
+            # (a bf16 0x3f80 -> 0x407f keeps the byte sum).
             raw = raw.clone()
         body = raw[: raw.numel() // 8 * 8].view(torch.int64)
         tail = raw[body.numel() * 8:]

@@ -121,11 +121,11 @@ def test_read_only_checksum_sees_any_changed_word_and_any_alignment():
         before = _Guard._sum(t)
         t[5] += 1
         assert _Guard._sum(t) != before
-    # a change whose bytes cancel out (0x3f80 -> 0x4070: the same byte sum) at an unaligned offset
+    # a change whose bytes cancel out (0x3f80 -> 0x407f: the same byte sum) at an unaligned offset
     odd = torch.zeros(16, dtype=torch.bfloat16)[1:]
     odd.view(torch.int16)[2] = 0x3F80
     before = _Guard._sum(odd)
-    odd.view(torch.int16)[2] = 0x4070
+    odd.view(torch.int16)[2] = 0x407F
     assert _Guard._sum(odd) != before
     target = SimpleNamespace(read_only=lambda: {"w": w})
     guard = _Guard(target)
