@@ -53,7 +53,7 @@ import torch
 
 from executor import profile, write_trace
 from planner import BuildOptions, build_plan
-from planner.device import calibration_from_report, peak
+from planner.device import calibration_from_report, graph_exec, peak, pools_after
 from schemas.errors import InputError
 from schemas.plan import Plan
 
@@ -135,22 +135,19 @@ def predict_startup(target, options: BuildOptions, *, sizes: dict[str, list[int]
     cal = calibration_from_report(first, "the startup recording", kinds)
     view = first.device_view
     per_graph = cal.graph_exec_per_graph
-    graph_exec = sum(per_graph.get(s.phase, 0.0) for s in plan.steps if s.op == "capture")
+    # every phase was recorded in the first round: each has its figure
+    driver = graph_exec(plan.steps, per_graph, kinds)
     items = {"pool": plan.predicted.pool_bytes, "hoisted": plan.predicted.hoisted_bytes,
              "stream-workspace": max(0, view.item("allocator-held")),
              "allocator-other": max(0, view.item("allocator-cached")),  # the RNG state's segment
-             "graph-exec": int(round(graph_exec))}
+             "graph-exec": int(round(driver))}
     total = sum(items.values())
     # The recording already created the capture stream's workspace (kept for the process's
     # life). The driver keeps the recorded graphs' memory after they are destroyed, but what
     # the recording left taken also holds kernel modules loaded at sizes the engine had not
     # run: subtracting it made the figure 25% low on the H200, so nothing else is subtracted.
-    hoisted = 0
-    pool_after = []
-    for st, m in zip(plan.steps, plan.predicted.timeline):
-        hoisted += st.bytes if st.op == "provision" else 0
-        pool_after.append(m.reserved + hoisted)
-    top = peak(plan.steps, pool_after, kinds, per_graph, cal.warmup_scratch, items["allocator-other"])
+    top = peak(plan.steps, pools_after(plan.steps, plan.predicted.timeline), kinds, per_graph, cal.warmup_scratch,
+               items["allocator-other"])
     final = total - items["stream-workspace"]
     pending = max(final, top) if top is not None else final
     return StartupPrediction(plan=plan, total_bytes=total, pending_bytes=max(0, pending), items=items,

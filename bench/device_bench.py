@@ -225,8 +225,6 @@ def mode_vllm(target, plan) -> dict:
     t0 = time.perf_counter()
     before = _free()
     estimates = {}
-    n_total = 0
-    first_total = second_total = 0
     for phase, sizes in _phase_order(plan):
         two = sizes[:2]
         run = _loop(target, plan, warmups=1, keep_copy=True, only={phase: two})
@@ -235,9 +233,6 @@ def mode_vllm(target, plan) -> dict:
         _drop_loop(run)
         before = _free()
         estimates[phase] = first + (len(sizes) - 1) * second
-        n_total += len(sizes)
-        first_total += first
-        second_total += second
     return {"estimate_mib": sum(estimates.values()) / MiB,
             "per_phase_mib": {k: v / MiB for k, v in estimates.items()}, "seconds": time.perf_counter() - t0}
 

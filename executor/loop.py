@@ -77,14 +77,10 @@ from .device import probe
 from .errors import ExecutorError, capture_failed
 from .graphs import GraphSet
 from .heap import Frozen
-from .pool import one_pool_reserved, scratch_pool
+from .pool import one_pool_reserved, pool_key, scratch_pool
 from .session import CaptureSession, _distributed, _rank0
 
 __all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached"]
-
-
-def _pid(pool) -> tuple[int, ...]:
-    return tuple(int(x) for x in pool)
 
 
 class _Stopped(BaseException):
@@ -227,9 +223,9 @@ class LoopStep:
         raises leaves no partial graph."""
         if self.recorded is not None or self.landed:
             raise self._error("the step recorded its graph already", "one graph() per step")
-        if pool is not None and _pid(pool) != _pid(self.pool):
-            raise self._error(f"the engine records into pool {_pid(pool)}, not the plan's pool {self.pool_name!r} "
-                              f"{_pid(self.pool)}", "pass step.pool (or leave pool out)")
+        if pool is not None and pool_key(pool) != pool_key(self.pool):
+            raise self._error(f"the engine records into pool {pool_key(pool)}, not the plan's pool {self.pool_name!r} "
+                              f"{pool_key(self.pool)}", "pass step.pool (or leave pool out)")
         if stream is not None and stream != self.stream:
             raise self._error(f"the engine records on stream {stream}, not the capture stream {self.stream}: "
                               "captures sharing a pool reuse memory only on one stream",
@@ -273,11 +269,11 @@ class LoopStep:
         if self._session.recorder is not None:
             raise self._error("record=True needs the graph recorded in `with step.graph(g):` (the allocation "
                               "history is cut at its bounds)", "record through step.graph()")
-        got = _pid(graph.pool())
-        if got != _pid(self.pool):
+        got = pool_key(graph.pool())
+        if got != pool_key(self.pool):
             graph.reset()  # nothing half-captured: it holds the wrong pool
             raise self._error(f"the engine recorded into pool {got}, not the plan's pool {self.pool_name!r} "
-                              f"{_pid(self.pool)}", "record with pool=step.pool")
+                              f"{pool_key(self.pool)}", "record with pool=step.pool")
         self.recorded = graph
         # what the pool holds now, less what it held before this step's graph
         self._grown = one_pool_reserved(self.pool) - self._loop.counted(self.pool_name)

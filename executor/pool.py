@@ -14,18 +14,19 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["pool_segments", "pool_reserved", "pool_usage", "one_pool_reserved", "in_pools", "weak_view",
-           "raw_bytes", "scratch_pool", "Scratch", "AllocationRecorder", "Window"]
+           "raw_bytes", "scratch_pool", "Scratch", "pool_key", "AllocationRecorder", "Window"]
 
 
-def _pid(pool) -> tuple[int, int]:
+def pool_key(pool) -> tuple[int, int]:
+    """A pool's id as a plain tuple, however it is spelled (handle, snapshot list, MemPool id)."""
     return tuple(int(x) for x in pool)  # graph_pool_handle() and snapshots spell ids differently
 
 
 def pool_segments(pools) -> list[tuple[int, int]]:
     """(address, bytes) of every segment of the given pools, sorted by address."""
-    want = {_pid(p) for p in pools}
+    want = {pool_key(p) for p in pools}
     segs = [(s["address"], s["total_size"]) for s in torch.cuda.memory_snapshot()
-            if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) in want]
+            if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) in want]
     return sorted(segs)
 
 
@@ -35,10 +36,10 @@ def pool_reserved(pools) -> int:
 
 def pool_usage(pools) -> tuple[int, int]:
     """(reserved, allocated) bytes of the given pools, from one snapshot."""
-    want = {_pid(p) for p in pools}
+    want = {pool_key(p) for p in pools}
     reserved = allocated = 0
     for s in torch.cuda.memory_snapshot():
-        if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) in want:
+        if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) in want:
             reserved += s["total_size"]
             allocated += s.get("allocated_size", 0)
     return reserved, allocated
@@ -88,8 +89,7 @@ def scratch_pool(device):
             yield box
         pid = getattr(pool, "id", None)
         if pid is not None:
-            box.reserved = sum(s["total_size"] for s in torch.cuda.memory_snapshot(mempool_id=pid)
-                               if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) == _pid(pid))
+            box.reserved = one_pool_reserved(pid)
     finally:
         del pool  # the destructor releases the pool and returns its free segments
 
@@ -98,13 +98,13 @@ def one_pool_reserved(pool) -> int:
     """Reserved bytes of one pool: from a snapshot of that pool alone where
     torch can take one (``mempool_id``: cheaper than a whole snapshot), else
     of the whole allocator."""
-    want = _pid(pool)
+    want = pool_key(pool)
     try:
         segs = torch.cuda.memory_snapshot(mempool_id=pool)
     except Exception:  # a torch without per-pool snapshots (TypeError), or one that refuses this pool
         segs = []
     mine = [s["total_size"] for s in segs
-            if s.get("segment_pool_id") is not None and _pid(s["segment_pool_id"]) == want]
+            if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) == want]
     # nothing found (a new pool, or a snapshot that does not say its pool): ask the whole allocator
     return sum(mine) if mine else pool_reserved([pool])
 
@@ -189,7 +189,7 @@ class AllocationRecorder:
         dev = torch.cuda.current_device()
         segs = sorted((s["address"], s["address"] + s["total_size"]) for s in snap.get("segments", [])
                       if s.get("device", dev) == dev and s.get("segment_pool_id") is not None
-                      and _pid(s["segment_pool_id"]) != (0, 0))
+                      and pool_key(s["segment_pool_id"]) != (0, 0))
         return (traces[dev] if dev < len(traces) else []), segs
 
     def _mark(self) -> int:

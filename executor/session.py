@@ -70,7 +70,7 @@ from .graphs import Captured, Fallback, GraphSet, as_outputs
 from .heap import Frozen
 from .load import backend_module, current_environment
 from .logs import log, rank_tag
-from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_usage, scratch_pool, weak_view
+from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_key, pool_usage, scratch_pool, weak_view
 from .target import CaptureTarget
 
 __all__ = ["capture", "CaptureSession", "capture_failed", "capture_stream"]
@@ -211,7 +211,7 @@ class CaptureSession:
         pool = self.gs.pools.get(name)
         if pool is None:
             pool = self.gs.pools[name] = torch.cuda.graph_pool_handle()
-            self.new_pools.add(tuple(int(x) for x in pool))
+            self.new_pools.add(pool_key(pool))
         return pool
 
     def _record(self, step: Step, pool, ws) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], int]:
@@ -241,7 +241,7 @@ class CaptureSession:
             # reserved-bytes counter also moves for allocations outside the pool meanwhile (the
             # CUDA RNG's graph-safe state at a pool's first capture, the serving thread in the
             # background), and the per-step figures are what the plan's timeline is checked against.
-            key = tuple(int(x) for x in pool)
+            key = pool_key(pool)
             # a pool nothing captured into yet holds nothing, and is not asked: torch keeps no
             # private pool for the handle until its first capture_begin
             fresh = key in self.new_pools

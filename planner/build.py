@@ -39,7 +39,7 @@ from schemas.strategy import AXES, allocator_modes
 from schemas.units import MiB, mib
 
 from . import resources
-from .device import Calibration, device_prediction
+from .device import Calibration, device_prediction, pools_after
 from .fidelity import fidelity
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
@@ -319,15 +319,6 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
     return timeline
 
 
-def _hoisted_so_far(steps: list[Step]) -> list[int]:
-    """Bytes hoisted out of the pools after each step (provision steps allocate them)."""
-    out, total = [], 0
-    for s in steps:
-        total += s.bytes if s.op == "provision" else 0
-        out.append(total)
-    return out
-
-
 def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> None:
     """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
     the rules allow, per phase, at its real total. With ``--strategy`` pins that
@@ -559,6 +550,7 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
     strategies, steps, spec, by_name = sol.strategies, ordered.steps, r.spec, r.by_name
     decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
     output = output_path(opts)
+    timeline = _timeline(steps, pred.sim.after_capture)
     fid, describes, caveat = fidelity(r.workload.source, spec.model, r.model_config is not None,
                                       r.model_config[2] if r.model_config else None,
                                       f"{_rel(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "")
@@ -591,14 +583,12 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                              pools=pred.sim.pools, largest_graph_bytes=max(r.alone.values()),
                              hoisted_bytes=pred.hoisted, baseline_bytes=pred.baseline_bytes,
                              warmup_runs=sum(s.runs for s in steps),
-                             timeline=_timeline(steps, pred.sim.after_capture),
+                             timeline=timeline,
                              samples={n: TraceSamples(measured=list(m), derived=list(d))
                                       for n, (m, d) in sorted(r.workload.samples.items())},
                              device=device_prediction(pred.sim.pool_bytes, pred.hoisted, steps,
                                                       {p.name: p.kind for p in spec.phases}, r.calibration,
-                                                      [m.reserved + h for m, h in zip(
-                                                          _timeline(steps, pred.sim.after_capture),
-                                                          _hoisted_so_far(steps))]),
+                                                      pools_after(steps, timeline)),
                              fidelity=fid, describes=describes, caveat=caveat),
     )
     return seal(plan)

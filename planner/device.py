@@ -36,13 +36,13 @@ from pathlib import Path
 from schemas.codec import decode_report
 from schemas.errors import InputError
 from schemas.files import read_input
-from schemas.plan import DeviceCost, DevicePrediction, Step
+from schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
 from schemas.report import DEVICE_ITEMS, CaptureReport
 
 from .resources import data
 
 __all__ = ["Calibration", "read_calibration", "calibration_from_report", "device_prediction", "capability_of",
-           "peak"]
+           "peak", "pools_after", "graph_exec"]
 
 
 @dataclass(frozen=True)
@@ -125,29 +125,50 @@ def _lookup(table: dict, phase: str, kinds: dict[str, str]):
     return table.get(phase, table.get(f"kind:{kinds.get(phase)}"))
 
 
+def pools_after(steps: list[Step], timeline: list[StepMemory]) -> list[int]:
+    """After each step: the pools' predicted bytes plus the workspaces hoisted so far
+    (provision steps allocate them, outside the pools)."""
+    out, hoisted = [], 0
+    for s, m in zip(steps, timeline):
+        hoisted += s.bytes if s.op == "provision" else 0
+        out.append(m.reserved + hoisted)
+    return out
+
+
 def peak(steps: list[Step], pool_after: list[int], kinds: dict[str, str], per_graph: dict[str, float],
-         scratch: dict[str, int], fixed: int, reused: int = 0) -> int | None:
+         scratch: dict[str, int], fixed: int) -> int | None:
     """The most free memory the capture takes at any moment: after each step
-    (the pools so far, ``fixed`` bytes, the driver memory of the graphs so far
-    less ``reused`` bytes the driver kept from earlier graphs), and during each
-    warm-up (the pools before it plus its scratch). None when a warm-up's or a
-    graph's figure is unknown. ``pool_after``: the pools' bytes after each step."""
+    (the pools so far, ``fixed`` bytes, the driver memory of the graphs so
+    far), and during each warm-up (the pools before it plus its scratch). None
+    when a warm-up's or a graph's figure is unknown. ``pool_after``: the pools'
+    bytes after each step (:func:`pools_after`)."""
     top, graphs, before = 0, 0.0, 0
     for s, after in zip(steps, pool_after):
-        driver = max(0.0, graphs - reused)
         if s.op == "warmup":
             sc = _lookup(scratch, s.phase, kinds)
             if sc is None:
                 return None
-            top = max(top, before + sc + fixed + driver)
+            top = max(top, before + sc + fixed + graphs)
         if s.op == "capture":
             g = _lookup(per_graph, s.phase, kinds)
             if g is None:
                 return None
             graphs += g
-        top = max(top, after + fixed + max(0.0, graphs - reused))
+        top = max(top, after + fixed + graphs)
         before = after
     return int(round(top))
+
+
+def graph_exec(steps: list[Step], per_graph: dict[str, float], kinds: dict[str, str]) -> float | None:
+    """The driver memory of every graph the steps capture; None when a phase's figure is unknown."""
+    total = 0.0
+    for s in steps:
+        if s.op == "capture":
+            g = _lookup(per_graph, s.phase, kinds)
+            if g is None:
+                return None
+            total += g
+    return total
 
 
 def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[str, str],
@@ -173,17 +194,13 @@ def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[st
                             provenance="measured" if calibration.allocator_other is not None else "unknown",
                             source=f"{calibration.source} ({calibration.device})" if calibration.allocator_other
                             is not None else "the calibration's device has no workspace figure to tell it apart"))
-    graphs = defaultdict(int)
-    for s in steps:
-        if s.op == "capture":
-            graphs[s.phase] += 1
     per_graph = calibration.graph_exec_per_graph
-    missing = [p for p in sorted(graphs) if p not in per_graph and f"kind:{kinds.get(p)}" not in per_graph]
-    if missing:
+    total = graph_exec(steps, per_graph, kinds)
+    if total is None:
+        missing = sorted({s.phase for s in steps if s.op == "capture" and _lookup(per_graph, s.phase, kinds) is None})
         items.append(DeviceCost(name="graph-exec", provenance="unknown",
                                 source=f"{calibration.source} measured no phase like {', '.join(missing)}: {how}"))
     else:
-        total = sum(n * per_graph.get(p, per_graph.get(f"kind:{kinds.get(p)}", 0.0)) for p, n in graphs.items())
         items.append(DeviceCost(name="graph-exec", bytes=int(round(total)), provenance="measured",
                                 source=f"{calibration.source} ({calibration.device}): per graph, per phase"))
     known = [i.bytes for i in items]
