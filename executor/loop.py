@@ -109,47 +109,59 @@ class Unattached:
         self._missing("workspace refresh", phase)
 
 
+def _walk(x, path: str, where: str, device: torch.device, leaves: list):
+    """Append the tensors of ``x`` to ``leaves``; return a function that rebuilds ``x``.
+
+    A module-level function, not a closure over ``leaves``: a recursive nested
+    function is a reference cycle that would keep the engine's outputs alive
+    until the next collection (and the collector is frozen while capturing),
+    so "view" outputs would not be reused by the next capture. The rebuilders
+    hold types and leaf indices, never the engine's tensors."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != device.type:
+            raise ExecutorError(f"output {path} is on {x.device}, not {device}: a replay never writes it",
+                                where=where, fix="return the tensors the graph computes on the device")
+        leaves.append(x)
+        i = len(leaves) - 1
+        return lambda held: held[i]
+    if x is None:
+        return lambda held: None
+    kind = type(x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple
+        parts = [_walk(v, f"{path}.{k}", where, device, leaves) for k, v in zip(x._fields, x)]
+        return lambda held: kind(*(p(held) for p in parts))
+    if isinstance(x, (tuple, list)):
+        parts = [_walk(v, f"{path}[{i}]", where, device, leaves) for i, v in enumerate(x)]
+        return lambda held: kind(p(held) for p in parts)
+    if isinstance(x, dict):
+        fields = {k: _walk(v, f"{path}[{k!r}]", where, device, leaves) for k, v in x.items()}
+        return lambda held: {k: p(held) for k, p in fields.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        fields = {f.name: _walk(getattr(x, f.name), f"{path}.{f.name}", where, device, leaves)
+                  for f in dataclasses.fields(x)}
+        template = copy.copy(x)  # its other fields; the tensor fields are replaced on every rebuild
+        for name in fields:
+            object.__setattr__(template, name, None)
+
+        def rebuild(held):
+            new = copy.copy(template)
+            for k, p in fields.items():
+                object.__setattr__(new, k, p(held))  # frozen dataclasses too
+            return new
+        return rebuild
+    raise ExecutorError(f"output {path} is a {kind.__name__}: the output policy holds tensors",
+                        where=where, fix="return tensors, or tuples, lists, dicts or dataclasses of them "
+                        "(None allowed)")
+
+
 def _flatten(out, where: str, device: torch.device):
     """The tensors of ``out`` in order, and a function that rebuilds ``out`` from
     replacements for them; an ExecutorError for anything the policy cannot hold."""
     leaves: list[torch.Tensor] = []
-
-    def walk(x, path: str):
-        if isinstance(x, torch.Tensor):
-            if x.device.type != device.type:
-                raise ExecutorError(f"output {path} is on {x.device}, not {device}: a replay never writes it",
-                                    where=where, fix="return the tensors the graph computes on the device")
-            leaves.append(x)
-            i = len(leaves) - 1
-            return lambda held: held[i]
-        if x is None:
-            return lambda held: None
-        if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple
-            parts = [walk(v, f"{path}.{k}") for k, v in zip(x._fields, x)]
-            return lambda held: type(x)(*(p(held) for p in parts))
-        if isinstance(x, (tuple, list)):
-            parts = [walk(v, f"{path}[{i}]") for i, v in enumerate(x)]
-            return lambda held: type(x)(p(held) for p in parts)
-        if isinstance(x, dict):
-            parts = {k: walk(v, f"{path}[{k!r}]") for k, v in x.items()}
-            return lambda held: {k: p(held) for k, p in parts.items()}
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            parts = {f.name: walk(getattr(x, f.name), f"{path}.{f.name}") for f in dataclasses.fields(x)}
-
-            def rebuild(held):
-                new = copy.copy(x)
-                for k, p in parts.items():
-                    object.__setattr__(new, k, p(held))  # frozen dataclasses too
-                return new
-            return rebuild
-        raise ExecutorError(f"output {path} is a {type(x).__name__}: the output policy holds tensors",
-                            where=where, fix="return tensors, or tuples, lists, dicts or dataclasses of them "
-                            "(None allowed)")
-
     try:
-        rebuild = walk(out, "out")
+        rebuild = _walk(out, "out", where, device, leaves)
     except ExecutorError:
-        leaves.clear()  # the closures form a cycle that the error's frames keep: let go of the outputs now
+        leaves.clear()  # the error's frames keep this list: let go of the outputs now
         raise
     if not leaves:
         raise ExecutorError("the step's outputs hold no tensor: a graph that returns nothing cannot be replayed "
