@@ -4,7 +4,7 @@ They sit above the executor (they may import it; the executor never imports
 them, tests/test_no_torch.py keeps that true) and each imports its engine or
 library only when used.
 
-- :class:`adapters.hf.HFTarget` -- a transformers causal LM's decode step.
+- :class:`capture_plan.adapters.hf.HFTarget` -- a transformers causal LM's decode step.
 """
 
 from __future__ import annotations

@@ -3,17 +3,17 @@
 One call an engine makes after loading its weights (and its eager profiling
 run) and before it allocates its KV cache::
 
-    from adapters.startup import predict_startup
-    from planner import BuildOptions
+    from capture_plan.adapters.startup import predict_startup
+    from capture_plan.planner import BuildOptions
 
     pred = predict_startup(target, BuildOptions(backend="fa3", ci=True))
     free, _ = torch.cuda.mem_get_info()
     kv_bytes = free - pred.pending_bytes - margin   # the engine's own margin
     ... allocate the KV cache ...
-    graphs = executor.capture(pred.plan, target)
+    graphs = capture_plan.executor.capture(pred.plan, target)
 
 It builds the plan (analytic, for the schedule), records a few sizes per
-phase of the target (``executor.profile``, default 3: the smallest, median and
+phase of the target (``capture_plan.executor.profile``, default 3: the smallest, median and
 largest), plans again from that trace (``planner/fitting.py`` derives every
 other size exactly; a phase whose recorded sizes do not line up is recorded
 again with the sizes the fitter names, never guessed), and adds what the
@@ -51,11 +51,11 @@ from pathlib import Path
 import msgspec
 import torch
 
-from executor import profile, write_trace
-from planner import BuildOptions, build_plan
-from planner.device import calibration_from_report, graph_exec, peak, pools_after
-from schemas.errors import InputError
-from schemas.plan import Plan
+from capture_plan.executor import profile, write_trace
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.device import calibration_from_report, graph_exec, peak, pools_after
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.plan import Plan
 
 __all__ = ["StartupPrediction", "predict_startup"]
 
@@ -156,6 +156,6 @@ def predict_startup(target, options: BuildOptions, *, sizes: dict[str, list[int]
 
 
 def _default(planned: list[int]) -> list[int]:
-    from schemas.trace import default_samples
+    from capture_plan.schemas.trace import default_samples
 
     return sorted(default_samples(planned))

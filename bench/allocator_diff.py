@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from planner.allocator import KiB, MiB, PoolSim  # noqa: E402  (CPU only, no torch)
+from capture_plan.planner.allocator import KiB, MiB, PoolSim  # noqa: E402  (CPU only, no torch)
 
 MODES = ("native", "expandable")
 ALLOC_CONF = {"native": "expandable_segments:False", "expandable": "expandable_segments:True"}

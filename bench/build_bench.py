@@ -6,7 +6,7 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
   build_speculative `planner build --backend fa3 --ci --speculative eagle --dry-run` in a fresh process
   simulate_default  one simulation of the default plan's captures (in process)
   optimize_speculative  building the speculative preset in process (4 phases, all strategies)
-  load_plan         executor.load_plan of plans/fa3-ci.json (decode, digest, fingerprint check)
+  load_plan         capture_plan.executor.load_plan of plans/fa3-ci.json (decode, digest, fingerprint check)
   scale/N           a spec with N sizes in each of 4 phases, in process (N = 35 .. 2048; 4 x 2048
                     is the most schemas/limits.py allows: 8,192 sizes in all)
   exact_1024        the 1024 x 4 spec with --exact (strategies compared on every size), once
@@ -60,8 +60,8 @@ PYTHON = sys.executable  # --python: time the commands with another installation
 
 def _work(fn) -> dict:
     """Captures simulated and allocator operations run by ``fn()`` (counted, not timed)."""
-    from planner.allocator import PoolSim
-    from planner.simulate import Simulation
+    from capture_plan.planner.allocator import PoolSim
+    from capture_plan.planner.simulate import Simulation
 
     counts = {"captures": 0, "ops": 0}
     run, capture = PoolSim.run, Simulation.capture
@@ -84,7 +84,7 @@ def _work(fn) -> dict:
 
 
 def _cli(*args: str, python: str | None = None) -> None:
-    subprocess.run([python or PYTHON, "-m", "planner", *args], check=True, capture_output=True,
+    subprocess.run([python or PYTHON, "-m", "capture_plan.planner", *args], check=True, capture_output=True,
                    cwd=tempfile.gettempdir())
 
 
@@ -151,11 +151,11 @@ def main() -> None:
     for pkg in ("planner", "schemas", "executor"):
         compileall.compile_dir(str(ROOT / pkg), quiet=1)
 
-    from planner import BuildOptions, build_plan
-    from planner.resources import backend
-    from planner.simulate import simulate
-    from planner.specs import default_spec
-    from planner.workload import Workload
+    from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.planner.resources import backend
+    from capture_plan.planner.simulate import simulate
+    from capture_plan.planner.specs import default_spec
+    from capture_plan.planner.workload import Workload
 
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
@@ -174,8 +174,9 @@ def main() -> None:
             f"{v['b_wall_s']:.3f} s)" for name, v in res["ab"].items()))
     if args.python:
         res["python"] = args.python
-        res["install"] = subprocess.run([PYTHON, "-c", "import planner, pathlib; print('editable' if pathlib.Path("
-                                         "planner.__file__).resolve().parent.parent.joinpath('.git').exists() "
+        res["install"] = subprocess.run([PYTHON, "-c", "import capture_plan.planner as planner, pathlib; "
+                                         "print('editable' if pathlib.Path(planner.__file__).resolve().parent.parent"
+                                         ".joinpath('.git').exists() "
                                          "else 'installed')"], capture_output=True, text=True,
                                         cwd=tempfile.gettempdir()).stdout.strip()
         return _write(res, args, f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
@@ -188,7 +189,7 @@ def main() -> None:
     res["simulate_default_s"] = _median(lambda: simulate(caps, strategies, wl), args.repeat)
     res["optimize_speculative_s"] = _median(
         lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")), args.repeat)
-    from executor import Environment, load_plan
+    from capture_plan.executor import Environment, load_plan
 
     env = Environment("NVIDIA H200", (9, 0), "2.11.0", frozenset({"fa3_fwd_interface"}))
     path = ROOT / "plans/fa3-ci.json"

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
-from executor.pool import pool_reserved  # noqa: E402
-from executor.reference import ReferenceConfig, ReferenceModel  # noqa: E402
-from schemas.spec import Model  # noqa: E402
+from capture_plan.executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
+from capture_plan.executor.pool import pool_reserved  # noqa: E402
+from capture_plan.references.decode import ReferenceConfig, ReferenceModel  # noqa: E402
+from capture_plan.schemas.spec import Model  # noqa: E402
 
 MiB = 2**20
 
@@ -135,7 +135,7 @@ class Tiny:
 def replay_overhead(calls: int = 5000, repeats: int = 7) -> dict:
     import tempfile
 
-    from planner import BuildOptions, build_plan  # CPU planner, present on the device too
+    from capture_plan.planner import BuildOptions, build_plan  # CPU planner, present on the device too
 
     spec = Path(tempfile.mkdtemp()) / "tiny.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]\n')
@@ -218,7 +218,7 @@ def main() -> None:
     trace = profile(plan, model)
     trace_path = Path(args.trace_out or (Path(args.out) / "trace.json"))
     write_trace(trace, trace_path)
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
     tplan = build_plan(BuildOptions(backend=plan.inputs.backend, ci=plan.inputs.ci, trace=trace_path))
     gs = capture(tplan, model, progress=False)
     res["executor"]["predicted_trace_mib"] = tplan.predicted.pool_bytes / MiB

@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from executor.pool import AllocationRecorder, pool_reserved  # noqa: E402
-from executor.reference import ReferenceConfig, ReferenceModel  # noqa: E402
-from schemas.spec import Model  # noqa: E402
+from capture_plan.executor.pool import AllocationRecorder, pool_reserved  # noqa: E402
+from capture_plan.references.decode import ReferenceConfig, ReferenceModel  # noqa: E402
+from capture_plan.schemas.spec import Model  # noqa: E402
 
 
 def capture_alone(model, bs: int, stream, warm_on):

@@ -9,7 +9,7 @@ driver cost outside the caching allocator), with random weights:
   reference   the 32-layer reference decode step (FA3 if importable), plans/fa3-ci.json
   eagle       the speculative reference, all four EAGLE phases, plans/fa3-eagle-ci.json
   llama, gemma2, qwen2, mixtral, qwen2_moe
-              transformers models built from configs (adapters.hf.HFTarget), SGLang's
+              transformers models built from configs (capture_plan.adapters.hf.HFTarget), SGLang's
               36 decode sizes up to 256
 
 and for each, in that fresh process (``--modes``):
@@ -19,7 +19,7 @@ and for each, in that fresh process (``--modes``):
               every step, and what stays gone after ``release()`` + ``empty_cache()``
   loop        the engines' loop (largest-first, 2 warm-ups, ``torch.cuda.graph``,
               outputs kept) on the same model, its device drop
-  startup     ``adapters.startup.predict_startup`` (a few recorded sizes per phase ->
+  startup     ``capture_plan.adapters.startup.predict_startup`` (a few recorded sizes per phase ->
               the whole plan simulated -> the bytes capture will take), its time;
               then a KV cache sized from it (free - predicted - margin), the capture, and
               the slack left; the prediction against the measured drop at every step
@@ -88,7 +88,7 @@ def _hf_spec(case: str, folder: Path) -> Path:
 
 
 def _options(case: str, folder: Path):
-    from planner import BuildOptions
+    from capture_plan.planner import BuildOptions
 
     if case == "reference":
         return BuildOptions(backend="fa3", ci=True)
@@ -100,21 +100,21 @@ def _options(case: str, folder: Path):
 def _target(case: str, plan, layers: int):
     import torch
 
-    from schemas.spec import Model
+    from capture_plan.schemas.spec import Model
 
     if case == "reference":
-        from executor.reference import ReferenceConfig, ReferenceModel
+        from capture_plan.references.decode import ReferenceConfig, ReferenceModel
 
         return ReferenceModel(ReferenceConfig(model=Model(layers=layers), max_bs=max(plan.phases[0].sizes)))
     if case == "eagle":
-        from executor.speculative import SpeculativeConfig, SpeculativeModel
+        from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
 
         return SpeculativeModel(SpeculativeConfig(model=Model(layers=layers),
                                                   max_bs=max(max(p.sizes) for p in plan.phases), num_steps=3,
                                                   topk=1))
     import transformers
 
-    from adapters.hf import HFTarget
+    from capture_plan.adapters.hf import HFTarget
 
     cls, kw = HF[case]
     cfg = getattr(transformers, cls)(**kw)
@@ -182,7 +182,7 @@ def _drop_loop(run) -> None:
 def mode_executor(target, plan) -> dict:
     import torch
 
-    from executor import capture
+    from capture_plan.executor import capture
 
     segs0 = {s["address"] for s in torch.cuda.memory_snapshot()}
     gs = capture(plan, target, progress=False)
@@ -211,7 +211,7 @@ def mode_loop(target, plan) -> dict:
     before = _free()
     run = _loop(target, plan, warmups=2)
     drop = before - run["after"][-1]
-    from executor.pool import pool_reserved
+    from capture_plan.executor.pool import pool_reserved
 
     pool = pool_reserved([run["pool"]])
     secs = run["seconds"]
@@ -240,8 +240,8 @@ def mode_vllm(target, plan) -> dict:
 def mode_startup(target, opts, margin_mib: int) -> dict:
     import torch
 
-    from adapters.startup import predict_startup
-    from executor import capture
+    from capture_plan.adapters.startup import predict_startup
+    from capture_plan.executor import capture
 
     t0 = time.perf_counter()
     pred = predict_startup(target, opts)
@@ -288,7 +288,7 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
 
     import torch
 
-    from planner import build_plan
+    from capture_plan.planner import build_plan
 
     folder = Path(tempfile.mkdtemp())
     opts = _options(case, folder)
@@ -335,7 +335,7 @@ def main() -> None:
         return
     import torch
 
-    from executor.device import driver_version
+    from capture_plan.executor.device import driver_version
 
     res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "device": torch.cuda.get_device_name(), "driver": driver_version(), "torch": torch.__version__,

@@ -1,14 +1,14 @@
 """Models benchmark on one GPU: transformers models through capture-plan.
 
 For each architecture, a transformers model built from a config with random
-weights (no download), wrapped by ``adapters.hf.HFTarget``, with the 36 decode
+weights (no download), wrapped by ``capture_plan.adapters.hf.HFTarget``, with the 36 decode
 sizes 1..256 of the default spec, and a spec whose ``[model]`` names the
 model's config.json:
 
   loop       the engines' loop: largest-first, outputs kept, 2 warm-ups per
              size, torch.cuda.graph into one shared pool; replays vs eager
   alone      the largest size captured by itself (the floor)
-  few-size   executor.profile at 3 sizes (smallest, median, largest); the
+  few-size   capture_plan.executor.profile at 3 sizes (smallest, median, largest); the
              planner derives the other 33 and plans from that trace
   executor   capture() of that plan: measured pool after every step against
              the prediction, and verify() with all three checks
@@ -56,11 +56,11 @@ import transformers  # noqa: E402
 from capture_bench import check_loop, loop_capture, release, replays_vs_eager  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
 
-from adapters.hf import HFTarget  # noqa: E402
-from executor import capture, profile, verify, write_trace  # noqa: E402
-from executor.pool import pool_reserved  # noqa: E402
-from planner import BuildOptions, build_plan  # noqa: E402
-from planner.specs import sgl_sizes  # noqa: E402
+from capture_plan.adapters.hf import HFTarget  # noqa: E402
+from capture_plan.executor import capture, profile, verify, write_trace  # noqa: E402
+from capture_plan.executor.pool import pool_reserved  # noqa: E402
+from capture_plan.planner import BuildOptions, build_plan  # noqa: E402
+from capture_plan.planner.specs import sgl_sizes  # noqa: E402
 
 MiB = 2**20
 MAX_SEQLEN = 256
@@ -149,8 +149,8 @@ def few_size_plan(plan, target, spec: Path, tmp: Path):
     """The plan from 3 recorded sizes; where the planner refuses to derive the
     rest (samples that do not line up or fit), record 5, then every size,
     and keep the planner's messages: the JSON says how many were needed."""
-    from schemas.errors import InputError
-    from schemas.trace import default_samples
+    from capture_plan.schemas.errors import InputError
+    from capture_plan.schemas.trace import default_samples
 
     sizes = plan.phases[0].sizes
     s = sorted(sizes)

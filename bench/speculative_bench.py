@@ -1,7 +1,7 @@
 """Speculative (EAGLE) benchmark on one GPU: the engines' loops against capture-plan.
 
 Side by side in one process, on the speculative reference workload
-(executor/speculative.py: 32-layer Llama-3-8B-shaped target, one-layer draft
+(references/speculative.py: 32-layer Llama-3-8B-shaped target, one-layer draft
 with its own lm_head, FA3), the four phases and the sizes of the checked-in
 EAGLE plans:
 
@@ -45,11 +45,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
-from executor.pool import pool_reserved  # noqa: E402
-from executor.speculative import SpeculativeConfig, SpeculativeModel, planted_run, spec_toml  # noqa: E402
-from planner import BuildOptions, build_plan, plan_bytes  # noqa: E402
-from schemas.spec import Model  # noqa: E402
+from capture_plan.executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
+from capture_plan.executor.pool import pool_reserved  # noqa: E402
+from capture_plan.planner import BuildOptions, build_plan, plan_bytes  # noqa: E402
+from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel, planted_run, spec_toml  # noqa: E402
+from capture_plan.schemas.spec import Model  # noqa: E402
 
 MiB = 2**20
 MULTI_TOKEN = ("target_verify", "draft_extend")

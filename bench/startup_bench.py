@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 from capture_bench import loop_capture, release as release_loop  # noqa: E402
 
-from executor import capture, load_plan, verify  # noqa: E402
-from executor.reference import ReferenceConfig, ReferenceModel  # noqa: E402
-from schemas.spec import Model  # noqa: E402
+from capture_plan.executor import capture, load_plan, verify  # noqa: E402
+from capture_plan.references.decode import ReferenceConfig, ReferenceModel  # noqa: E402
+from capture_plan.schemas.spec import Model  # noqa: E402
 
 MiB = 2**20
 #: SGLang's capture sizes with speculative decoding, up to 256
@@ -53,7 +53,7 @@ SPECULATIVE = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 25
 
 
 def speculative_plan(layers: int):
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = Path(tempfile.mkdtemp()) / "speculative-sizes.toml"
     spec.write_text(f"[model]\nlayers = {layers}\n\n[[phases]]\nname = \"decode\"\nkind = \"decode\"\n"

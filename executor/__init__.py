@@ -2,14 +2,14 @@
 
 Engine start-up::
 
-    from executor import load_plan, capture
+    from capture_plan.executor import load_plan, capture
     plan = load_plan("plans/fa3-ci.json")
     graphs = capture(plan, target)         # target implements CaptureTarget
     out = graphs.replay("decode", n)
 
 An engine that keeps its own capture loop iterates the plan's steps inside
-it (``capture_loop``, :mod:`executor.loop`); graphs it captured without a
-plan are checked through ``adopt`` (:mod:`executor.engine`) and ``verify``.
+it (``capture_loop``, :mod:`capture_plan.executor.loop`); graphs it captured without a
+plan are checked through ``adopt`` (:mod:`capture_plan.executor.engine`) and ``verify``.
 ``weak_view(t)`` is the non-owning output view the "view" policy holds, for
 an engine's own capture code.
 
@@ -19,7 +19,7 @@ torch on first use. Never imports networkx, click or the planner.
 
 from __future__ import annotations
 
-from schemas import __version__
+from capture_plan.schemas import __version__
 
 from .dispatch import PadTable
 from .errors import CaptureFailed, EnvironmentMismatch, ExecutorError, StaleOutputError, VerificationFailed

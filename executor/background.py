@@ -4,7 +4,7 @@
 plan's steps in order, capturing with CUDA's ``thread_local`` capture error
 mode so that the engine's threads may keep launching work. Each graph is
 servable the moment it lands: the phase's dispatch table grows
-(:class:`executor.dispatch.PadTable.add`), so with a largest-first plan every
+(:class:`capture_plan.executor.dispatch.PadTable.add`), so with a largest-first plan every
 batch size is servable after the phase's first graph (padded up to it), and
 padding gets tighter as smaller sizes land. Until a phase has a graph that
 fits, ``replay`` does what ``fallback`` says: run the target eagerly at n
@@ -75,7 +75,7 @@ from .graphs import GraphSet, as_outputs
 from .logs import log
 
 if TYPE_CHECKING:
-    # a type only: executor.session starts this module's Background (it imports
+    # a type only: capture_plan.executor.session starts this module's Background (it imports
     # this module inside start_background), so a run-time import would be a circle
     from .session import CaptureSession
 
@@ -89,7 +89,7 @@ class Background:
 
     def __init__(self, runner: CaptureSession, device: torch.device, fallback, heap, body=None):
         self.runner: CaptureSession | None = runner
-        #: what the thread runs instead of ``runner.run`` (the engine's own loop, ``executor.loop``):
+        #: what the thread runs instead of ``runner.run`` (the engine's own loop, ``capture_plan.executor.loop``):
         #: returns True once every step ran, False when it stopped early
         self.body = body
         self.device = device

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from schemas.report import DeviceItem, DeviceView
+from capture_plan.schemas.report import DeviceItem, DeviceView
 
 __all__ = ["Probe", "probe", "device_view", "driver_version"]
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 import torch.distributed as dist
 
-from schemas.plan import Plan
+from capture_plan.schemas.plan import Plan
 
 from .errors import CaptureFailed, EnvironmentMismatch, ExecutorError
 from .load import backend_module, current_environment

@@ -1,4 +1,4 @@
-"""Executor errors: all are :class:`schemas.errors.CapturePlanError`.
+"""Executor errors: all are :class:`capture_plan.schemas.errors.CapturePlanError`.
 
 Torch-free when imported (``executor``'s package imports it, and ``load_plan``
 works without torch); :func:`capture_failed` imports torch when called.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schemas.errors import CapturePlanError
+from capture_plan.schemas.errors import CapturePlanError
 
 if TYPE_CHECKING:
-    from schemas.plan import Plan, Step
+    from capture_plan.schemas.plan import Plan, Step
 
 __all__ = ["ExecutorError", "EnvironmentMismatch", "CaptureFailed", "StaleOutputError", "VerificationFailed",
            "capture_failed"]
@@ -42,8 +42,8 @@ def capture_failed(failure: BaseException, step: Step | None, plan: Plan, device
 
     An :class:`ExecutorError` is returned as it is; anything else becomes a
     :class:`CaptureFailed` naming the step, chained to ``failure``. Used by
-    every capture driver (``executor.session``, ``executor.background``,
-    ``executor.loop``), which is why it lives here and not in one of them.
+    every capture driver (``capture_plan.executor.session``, ``capture_plan.executor.background``,
+    ``capture_plan.executor.loop``), which is why it lives here and not in one of them.
     """
     # torch only here: the failure came from a capture, so torch is loaded already
     import torch

@@ -1,6 +1,6 @@
 """``GraphSet``: the captured graphs of one plan, and their O(1) replay.
 
-``capture(plan, target)`` (:mod:`executor.session`) fills a GraphSet step by
+``capture(plan, target)`` (:mod:`capture_plan.executor.session`) fills a GraphSet step by
 step: each graph is added with :meth:`GraphSet.add` the moment it is
 captured, and from then on ``replay(phase, n)`` serves it -- a table lookup,
 the target's ``refresh`` for a hoisted workspace, the replay, the outputs
@@ -10,7 +10,7 @@ Outputs are held as the plan says: owning tensors ("keep"), or non-owning
 views ("view") that let later captures reuse the memory and are valid until
 the next replay of any graph in the same pool (``replay_checked`` enforces
 that). ``release`` returns the pools' memory without a full garbage
-collection (``executor.heap``).
+collection (``capture_plan.executor.heap``).
 
 What it does not do: choose anything (the plan did), or check that graphs do
 not corrupt each other (``verify`` does).
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from schemas.plan import Plan
-from schemas.report import CaptureReport
+from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.report import CaptureReport
 
 from .dispatch import PadTable
 from .errors import ExecutorError, StaleOutputError
@@ -122,7 +122,7 @@ class GraphSet:
     returns outputs that enforce that.
 
     While a background capture runs (``capture(..., background=True)``),
-    ``replay`` goes through :class:`executor.background.Background` (a lock and
+    ``replay`` goes through :class:`capture_plan.executor.background.Background` (a lock and
     two CUDA events more; eager fallback where no graph fits yet); once every
     graph has landed it is the lock-free path again. ``graphs``, ``pools`` and
     ``report`` are complete only after ``wait()``.
@@ -130,7 +130,7 @@ class GraphSet:
 
     def __init__(self, plan: Plan | None, target: CaptureTarget, device: torch.device | None = None, *,
                  sizes: dict[str, list[int]] | None = None):
-        #: the plan captured (None for graphs an engine captured without one: ``executor.engine.adopt``)
+        #: the plan captured (None for graphs an engine captured without one: ``capture_plan.executor.engine.adopt``)
         self.plan = plan
         self.target = target
         #: the device whose pools hold the graphs
@@ -236,7 +236,7 @@ class GraphSet:
 
     def serve_through(self, job) -> None:
         """Route ``replay`` and ``exclusive`` through a running background
-        capture ``job`` (:class:`executor.background.Background`), or back to
+        capture ``job`` (:class:`capture_plan.executor.background.Background`), or back to
         the lock-free path (None: its graphs have landed and its stream is drained)."""
         self._bg = job
 
@@ -277,8 +277,8 @@ class GraphSet:
         """Write the capture report (``planner report PATH`` shows it beside the plan)."""
         from pathlib import Path
 
-        from schemas.codec import canonical_bytes
-        from schemas.files import write_atomic
+        from capture_plan.schemas.codec import canonical_bytes
+        from capture_plan.schemas.files import write_atomic
 
         if self.report is None:
             why = "the capture is still running: wait() first" if not self.done \

@@ -4,11 +4,11 @@ Torch-free on purpose (the environment is passed in or probed lazily), so that
 plan validation runs in CPU-only CI. Checks, in order: the file reads and
 decodes (a regular file under the plan size limit); version (newer is
 refused with the fix); digest (tampering, truncation); consistency
-(``schemas.codec.validate_plan``: steps, edges, timeline, tp); environment
+(``capture_plan.schemas.codec.validate_plan``: steps, edges, timeline, tp); environment
 fingerprint: compute capability, torch version, backend kernels importable. A mismatch is an error
 for plans built with ``--ci`` (CI must run exactly what was reviewed) and a
 warning otherwise. The tensor-parallel size is checked against the actual
-group by ``capture`` (``executor.distributed.check_plan_agreement``), which
+group by ``capture`` (``capture_plan.executor.distributed.check_plan_agreement``), which
 knows the group; a process's world may be larger (data parallelism).
 """
 
@@ -19,9 +19,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.codec import decode_plan
-from schemas.files import read_input
-from schemas.plan import Plan
+from capture_plan.schemas.codec import decode_plan
+from capture_plan.schemas.files import read_input
+from capture_plan.schemas.plan import Plan
 
 from .errors import EnvironmentMismatch
 

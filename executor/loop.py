@@ -23,7 +23,7 @@ A :class:`LoopStep` gives the engine what the plan decided for one capture:
 workspace, or None) and ``outputs`` (the output policy); ``graph()`` records
 into that pool on that stream, and ``hold()`` holds the outputs as the
 policy says. Both run the same code as ``capture(plan, target)``
-(:class:`executor.session.CaptureSession`, which is a user of the same
+(:class:`capture_plan.executor.session.CaptureSession`, which is a user of the same
 recording and landing), so the pools, steps and dispatch come out the same,
 provided the engine allocates inside ``graph()`` what its target would
 allocate inside ``run``.
@@ -71,7 +71,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from schemas.plan import Plan, Step
+from capture_plan.schemas.plan import Plan, Step
 
 from .device import probe
 from .errors import ExecutorError, capture_failed
@@ -97,7 +97,8 @@ class Unattached:
     def _missing(self, what: str, phase: str):
         raise ExecutorError(f"no {what} for phase {phase!r}: the engine's loop captured these graphs",
                             where="GraphSet", fix="pass capture_loop(plan, target=...) an object with run, prepare "
-                            "and refresh (executor.engine.EngineFunctions wraps the engine's eager function)")
+                            "and refresh (capture_plan.executor.engine.EngineFunctions wraps the engine's eager "
+                            "function)")
 
     def run(self, phase, bs, workspace):
         self._missing("eager function", phase)
@@ -493,7 +494,7 @@ class CaptureLoop:
     def start(self, body: Callable[[CaptureLoop], None], *, fallback="eager") -> GraphSet:
         """Run the engine's capture loop ``body(loop)`` on a thread and return
         the GraphSet at once: it serves each graph as it lands, and ``fallback``
-        before (as ``capture(..., background=True)``; :mod:`executor.background`
+        before (as ``capture(..., background=True)``; :mod:`capture_plan.executor.background`
         has the constraints on the engine). ``body`` is the loop of the ``with``
         block (``loop.step``, ``step.graph``, ``step.hold``); its eager GPU work
         on shared buffers goes inside ``step.warmup()`` or ``step.eager()``.

@@ -23,10 +23,10 @@ from pathlib import Path
 import msgspec
 import torch
 
-from schemas.codec import canonical_bytes
-from schemas.files import write_atomic
-from schemas.plan import Plan
-from schemas.trace import CaptureTrace, Event, Trace, default_samples
+from capture_plan.schemas.codec import canonical_bytes
+from capture_plan.schemas.files import write_atomic
+from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 from .session import capture
 from .target import CaptureTarget
@@ -83,7 +83,7 @@ def profile(plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", prog
     ``"all"``, or ``{phase: [sizes]}`` (phases left out get the default).
     ``with_report``: return ``(trace, report)``, the capture report of the
     recorded captures (its device view and per-step device memory measure what
-    the graphs take outside the pool: ``adapters.startup``).
+    the graphs take outside the pool: ``capture_plan.adapters.startup``).
     """
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True)
     try:

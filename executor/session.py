@@ -1,7 +1,7 @@
 """``capture(plan, target)``: execute a plan's steps on the GPU into a ``GraphSet``.
 
 A :class:`CaptureSession` runs the plan's steps in order, one method per step
-op (``schemas.plan.StepOp``): ``provision`` allocates a hoisted workspace
+op (``capture_plan.schemas.plan.StepOp``): ``provision`` allocates a hoisted workspace
 outside every graph pool; ``warmup`` runs the target eagerly on the capture
 stream; ``capture`` records one CUDA graph into the planned pool on the one
 capture stream, then holds the outputs as planned (owning tensors, or
@@ -20,28 +20,28 @@ a first GEMM inside a capture would put it in the pool, and a first GEMM
 inside a warm-up would put it in the warm-up's scratch memory). The
 warm-ups' temporaries are *returned*, not reused: each warm-up step runs with
 this thread's allocations routed into a scratch pool that is emptied and
-destroyed when the step ends (:func:`executor.pool.scratch_pool`), so its
+destroyed when the step ends (:func:`capture_plan.executor.pool.scratch_pool`), so its
 blocks do not stay cached on the capture stream, where nothing else could
 reuse them. (Reusing them in the graph pool instead would change the pool's
 contents the planner simulates.) This is safe while an engine serves (a
 background capture) and for an engine that holds cached blocks of its own:
 only the capture thread's allocations are routed, and only the scratch pool is
 emptied, never the engine's cache. The report's ``device_view`` itemizes the
-free device memory capture took (``executor.device``).
+free device memory capture took (``capture_plan.executor.device``).
 
 Unlike ``torch.cuda.graph(...)``, it does not synchronize and empty the cache
 at every capture (vLLM turns that off too): that per-capture overhead is most
 of the capture time of the engines' loop. It never runs a full garbage
 collection either: one costs about a second in a server process with ~10
 million live objects, more than the capture. The collector's old objects are
-frozen while capturing (``executor.heap``); ``GraphSet.release`` collects only
+frozen while capturing (``capture_plan.executor.heap``); ``GraphSet.release`` collects only
 the young generations, and only if a pool is still held after every reference
 was dropped. A dead reference cycle that holds CUDA memory from before
 ``capture`` stays reserved until the engine's next collection (that memory
 is outside the graph pools: the plan's prediction does not depend on it).
 
 ``capture(..., background=True)`` returns at once and runs the same session
-on a thread while the engine serves: see :mod:`executor.background` for how
+on a thread while the engine serves: see :mod:`capture_plan.executor.background` for how
 replays during capture work and what the target must allow.
 
 What it does not do: choose anything. The order, pools, output holding,
@@ -60,9 +60,9 @@ from collections.abc import Callable
 
 import torch
 
-from schemas.plan import Plan, Step
-from schemas.report import CaptureReport, StepMeasurement
-from schemas.units import mib
+from capture_plan.schemas.plan import Plan, Step
+from capture_plan.schemas.report import CaptureReport, StepMeasurement
+from capture_plan.schemas.units import mib
 
 from .device import Probe, device_view, driver_version, probe
 from .errors import ExecutorError, capture_failed
@@ -201,7 +201,7 @@ class CaptureSession:
         self.land(step, graph, outs, rows, grown)
         del outs
 
-    #: the method that runs each op of ``schemas.plan.StepOp``
+    #: the method that runs each op of ``capture_plan.schemas.plan.StepOp``
     OPS: dict[str, Callable[[CaptureSession, Step], None]] = {
         "provision": provision, "warmup": warmup, "capture": capture}
 
@@ -454,7 +454,7 @@ class CaptureSession:
         return self.gs
 
     def start_background(self, heap: Frozen, fallback: Fallback) -> GraphSet:
-        """Start the steps on a thread (:mod:`executor.background`); returns the GraphSet at once."""
+        """Start the steps on a thread (:mod:`capture_plan.executor.background`); returns the GraphSet at once."""
         from .background import Background
 
         try:
@@ -501,7 +501,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
 
     With ``torch.distributed`` initialized, ``group`` (default: the world) is
     the tensor-parallel group whose ranks must agree on the plan and fail
-    together (see executor.distributed).
+    together (see capture_plan.executor.distributed).
 
     ``record=True`` keeps each graph's allocation footprint (needed by
     ``verify``'s footprint guard and by ``profile``); it slows capture down.
@@ -510,7 +510,7 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
 
     ``background=True`` returns the GraphSet at once and captures on a thread
     in plan order; ``replay`` serves from the first graph of each phase on and
-    ``fallback`` says what it does before (see :mod:`executor.background` for
+    ``fallback`` says what it does before (see :mod:`capture_plan.executor.background` for
     the constraints on the target and the serving thread). Not with
     ``torch.distributed`` nor with ``record=True``.
 

@@ -33,7 +33,7 @@ class CaptureTarget(Protocol):
       lengths) and is never captured.
 
     For ``capture(..., background=True)`` (serving while capturing; see
-    ``executor.background``), also:
+    ``capture_plan.executor.background``), also:
 
     * ``run`` may be called on two threads at once -- recording on the capture
       thread, eagerly on the serving thread as the fallback -- so it keeps no

@@ -30,7 +30,7 @@ Verification destroys the contents of every pool: outputs are garbage until
 their graphs replay again. It needs the allocation history for the footprint
 check: graphs captured with ``capture(..., record=True)`` or
 ``capture_loop(..., record=True)``, or graphs an engine captured itself
-inside ``record_graphs()`` (``executor.engine.adopt`` makes a GraphSet of
+inside ``record_graphs()`` (``capture_plan.executor.engine.adopt`` makes a GraphSet of
 those, with the engine's eager function as the reference). It does not prove
 the absence of bugs on inputs it did not draw.
 """

@@ -23,7 +23,7 @@ _WHERE = {"BuildOptions": ".build", "build_plan": ".build", "check_plan": ".buil
 
 def __getattr__(name: str):
     if name == "__version__":  # one source: schemas.__version__ (pyproject reads it too)
-        from schemas import __version__
+        from capture_plan.schemas import __version__
 
         return __version__
     if name in _WHERE:

@@ -1,4 +1,4 @@
-"""``python -m planner`` is the ``planner`` command."""
+"""``python -m capture_plan.planner`` is the ``planner`` command."""
 
 import sys
 

@@ -69,7 +69,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-from schemas.units import KiB, MiB
+from capture_plan.schemas.units import KiB, MiB
 
 __all__ = ["PoolSim", "Block", "FREE", "round_size", "segment_size", "KiB", "MiB",
            "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
@@ -191,7 +191,7 @@ class PoolSim:
         """Allocate and free in order, on ``stream``: the allocator itself.
 
         ``ops`` are ``(nbytes, id)`` pairs, the compact form
-        ``planner.program.Program.runnable`` builds: ``nbytes >= 0`` allocates
+        ``capture_plan.planner.program.Program.runnable`` builds: ``nbytes >= 0`` allocates
         and stores the block as ``live[id]``; ``nbytes == FREE`` frees
         ``live.pop(id)`` (nothing when ``id`` is not live). ``spans`` gets
         ``(start, end)`` of every block allocated and, only then, ``watched``

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256, sniff_kind
-from schemas.errors import ConstraintError, DriftError, InputError
-from schemas.files import existing_output, read_input, write_atomic
-from schemas.limits import MODEL_MAX
-from schemas.plan import (
+from capture_plan.schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256, sniff_kind
+from capture_plan.schemas.errors import ConstraintError, DriftError, InputError
+from capture_plan.schemas.files import existing_output, read_input, write_atomic
+from capture_plan.schemas.limits import MODEL_MAX
+from capture_plan.schemas.plan import (
     PLAN_REVISION,
     BuildRecord,
     Decision,
@@ -34,9 +34,9 @@ from schemas.plan import (
     Strategy,
     TraceSamples,
 )
-from schemas.spec import Phase, Spec, phase_model
-from schemas.strategy import AXES, allocator_modes
-from schemas.units import MiB, mib
+from capture_plan.schemas.spec import Phase, Spec, phase_model
+from capture_plan.schemas.strategy import AXES, allocator_modes
+from capture_plan.schemas.units import MiB, mib
 
 from . import resources
 from .device import Calibration, device_prediction, pools_after
@@ -126,7 +126,7 @@ def _command(opts: BuildOptions, rel, out: str | None) -> list[str]:
 
 
 def build_record(opts: BuildOptions) -> BuildRecord:
-    """``opts`` as the plan records them (:class:`schemas.plan.BuildRecord`): paths
+    """``opts`` as the plan records them (:class:`capture_plan.schemas.plan.BuildRecord`): paths
     relative to the plan's own folder, ``output`` only the file name and only
     when it is not the default one, pins sorted and once each -- the same record
     whichever directory the plan was built from, in any clone."""
@@ -251,13 +251,13 @@ def check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
 def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend,
               tp: int) -> tuple[Workload, Path | None, str | None, str]:
     """The analytic model, or the recorded trace when one is given: JSON from
-    executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
+    capture_plan.executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
     path = _trace_path(opts, spec)
     if path is None:
         return Workload.analytic(spec.model, spec.phases, backend, tp), None, None, ""
-    raw = read_input(path, "trace", fix="record one on a GPU with `executor.profile` (README: The executor), "
-                     "or build without --trace for the analytic model")
-    from schemas.snapshot import is_pickle, trace_from_snapshot  # only with a trace
+    raw = read_input(path, "trace", fix="record one on a GPU with `capture_plan.executor.profile` "
+                     "(README: The executor), or build without --trace for the analytic model")
+    from capture_plan.schemas.snapshot import is_pickle, trace_from_snapshot  # only with a trace
 
     if is_pickle(raw):
         trace = trace_from_snapshot(raw, spec.phases, str(path))
@@ -665,10 +665,10 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
 
 def _why_stale(data: bytes, plan: Plan, source: str) -> str:
     """Which recorded input changed and how far the prediction moved
-    (:func:`planner.compare.stale_reason`); "it differs from what the planner
+    (:func:`capture_plan.planner.compare.stale_reason`); "it differs from what the planner
     builds now" when the file cannot be read as a plan to compare with."""
-    from schemas.codec import decode_plan
-    from schemas.errors import CapturePlanError
+    from capture_plan.schemas.codec import decode_plan
+    from capture_plan.schemas.errors import CapturePlanError
 
     from .compare import stale_reason
 
@@ -683,7 +683,7 @@ def _why_stale(data: bytes, plan: Plan, source: str) -> str:
 
 def plan_digest_ok(data: bytes) -> bool | None:
     """Whether a plan file's recorded digest matches its content (None: not a JSON object)."""
-    from schemas.codec import plan_digest
+    from capture_plan.schemas.codec import plan_digest
 
     try:
         raw = msgspec.json.decode(data)

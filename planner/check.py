@@ -2,7 +2,7 @@
 
 Each plan is checked against a rebuild of its own command *to its own path*:
 the recorded paths are relative to the plan's folder (see
-:func:`planner.build.normalized_command`), so the answer is the same from any
+:func:`capture_plan.planner.build.normalized_command`), so the answer is the same from any
 working directory, and a copy stored under another name is a different plan
 (its name and ``-o`` differ), never "up to date". The digest is verified
 first: a plan that fails it (edited by hand, a merge resolved by hand) is
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.errors import DriftError, InputError, WrongKindError
+from capture_plan.schemas.errors import DriftError, InputError, WrongKindError
 
 __all__ = ["check_paths", "recorded_options", "check_report_plan", "StalePlans"]
 
 def recorded_options(plan, plan_path: Path):
     """The options that rebuild ``plan`` (lying at ``plan_path``) from its record
-    (``inputs.build``, :func:`planner.build.options_from_record`). A plan written
+    (``inputs.build``, :func:`capture_plan.planner.build.options_from_record`). A plan written
     before the record existed (revision 1) is stale: rebuild it once with the
     command it records, shown in the error."""
     from .build import options_from_record
@@ -103,8 +103,8 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
     newer plan revision, which a rebuild here would downgrade), is an
     :class:`InputError` either way.
     """
-    from schemas.codec import decode_plan
-    from schemas.files import read_input, write_atomic
+    from capture_plan.schemas.codec import decode_plan
+    from capture_plan.schemas.files import read_input, write_atomic
 
     from .build import build_plan, check_plan, command_for_cwd, newer_revision, plan_bytes
 

@@ -29,8 +29,8 @@ from typing import Literal
 
 import msgspec
 
-from schemas.plan import Plan
-from schemas.units import MiB, mib
+from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.units import MiB, mib
 
 __all__ = ["FIGURES", "INPUTS", "Figure", "InputChange", "DecisionChange", "PlanDiff", "compare", "total",
            "bytes_text", "change_text", "render_text", "render_markdown", "moved", "gate", "limit_text",
@@ -269,7 +269,7 @@ def compare(a: Plan, b: Plan, name_a: str, name_b: str, *, where: str | None = N
     """Everything that differs from ``a`` (old) to ``b`` (new). Plans of
     different versions (incompatible layouts) are an InputError at ``where``."""
     if a.version != b.version:
-        from schemas.errors import InputError
+        from capture_plan.schemas.errors import InputError
 
         raise InputError(f"plans of different versions ({name_a}: {a.version}, {name_b}: {b.version}) "
                          "cannot be compared", where=where or name_b,
@@ -418,7 +418,7 @@ def gate(a: Plan, b: Plan, threshold: tuple[str, float], where: str):
     """The DriftError to raise when ``b``'s total grew from ``a``'s by more than
     ``threshold`` (``("percent", 5.0)`` or ``("bytes", n)``); None when within.
     Growth from a total of 0 is over any percentage."""
-    from schemas.errors import DriftError
+    from capture_plan.schemas.errors import DriftError
 
     old, new = total(a), total(b)
     grown = new - old

@@ -33,11 +33,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.codec import decode_report
-from schemas.errors import InputError
-from schemas.files import read_input
-from schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
-from schemas.report import DEVICE_ITEMS, CaptureReport
+from capture_plan.schemas.codec import decode_report
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.files import read_input
+from capture_plan.schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
+from capture_plan.schemas.report import DEVICE_ITEMS, CaptureReport
 
 from .resources import data
 

@@ -2,7 +2,7 @@
 
 The analytic programs (planner/workload.py) emit the allocations of
 capture-plan's own reference decode step and its speculative phases
-(``executor.reference``, ``executor.speculative``): for those the prediction
+(``capture_plan.references.decode``, ``capture_plan.references.speculative``): for those the prediction
 is exact. An engine or a library implements a real model its own way (its
 attention over the whole cache, copies of repeated KV heads, its MoE
 routing), so for a model given by its ``config.json``, or for MoE dimensions
@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.spec import Model
+from capture_plan.schemas.spec import Model
 
 from .resources import data
 
 __all__ = ["fidelity", "REFERENCE", "TRACE_COMMANDS"]
 
-REFERENCE = ("capture-plan's reference decode step and its speculative phases (executor.reference, "
-             "executor.speculative), from the model's dimensions")
+REFERENCE = ("capture-plan's reference decode step and its speculative phases (capture_plan.references), "
+             "from the model's dimensions")
 #: the few-size trace that makes a prediction exact for the engine's own model
-TRACE_COMMANDS = ("record a few sizes of your own model on the GPU: `executor.profile(plan, target)` then "
-                  "`executor.write_trace(trace, 'trace.json')`, and build with `--trace trace.json` "
-                  "(or `adapters.startup.predict_startup(target, options)` at engine start-up)")
+TRACE_COMMANDS = ("record a few sizes of your own model on the GPU: `capture_plan.executor.profile(plan, target)` then "
+                  "`capture_plan.executor.write_trace(trace, 'trace.json')`, and build with `--trace trace.json` "
+                  "(or `capture_plan.adapters.startup.predict_startup(target, options)` at engine start-up)")
 
 
 def _nearest(model_type: str | None, moe: bool) -> tuple[str, dict]:
@@ -69,9 +69,9 @@ def require_exact(plan, where: str) -> None:
     analytic figures were measured 77-154% off for transformers' code). A spec
     that types a real model's dimensions into ``[model]`` is "reference" and
     passes: the planner cannot tell it from the reference step it describes."""
-    from schemas.errors import ConstraintError
+    from capture_plan.schemas.errors import ConstraintError
 
     if plan.predicted.fidelity == "approximate":
         raise ConstraintError("the prediction is approximate: " + plan.predicted.caveat.removeprefix("approximate: "),
                               where=where, fix="build from a trace of the engine's own model "
-                              "(executor.profile, then --trace), or drop --require-exact")
+                              "(capture_plan.executor.profile, then --trace), or drop --require-exact")

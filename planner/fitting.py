@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.errors import InputError
-from schemas.trace import CaptureTrace, default_samples
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.trace import CaptureTrace, default_samples
 
 from .program import Alloc, Free, Op, ops_from_events
 
@@ -135,7 +135,7 @@ class _Run:
                     f"{dict(zip(xs, ys))} that no exact function a*round_up(bs, k) + b "
                     f"(k in {list(ROUNDINGS)}) fits", where=where,
                     fix=f"record every planned size between {lo} and {hi} "
-                        f"(executor.profile(plan, target, sizes='all'))")
+                        f"(capture_plan.executor.profile(plan, target, sizes='all'))")
             # A size is elements * (per request * padded batch + fixed): the
             # fixed part is not negative. A fit with a negative intercept is a
             # coincidence of few samples (8192*bs also equals 8704*round_up(bs,
@@ -171,7 +171,7 @@ def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], 
         return PhaseFit(ops=ops, measured=tuple(sorted(ops)), derived=())
     if not recorded:
         raise InputError(f"trace has no capture for phase {phase!r}", where=where,
-                         fix="record it with executor.profile for this spec")
+                         fix="record it with capture_plan.executor.profile for this spec")
     outside = [s for s in missing if s < recorded[0] or s > recorded[-1]]
     if outside:
         raise InputError(f"phase {phase!r}: planned sizes {_fmt(outside)} lie outside the recorded sizes "

@@ -20,9 +20,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.errors import ConstraintError
-from schemas.plan import Edge, Strategy
-from schemas.spec import Phase
+from capture_plan.schemas.errors import ConstraintError
+from capture_plan.schemas.plan import Edge, Strategy
+from capture_plan.schemas.spec import Phase
 
 __all__ = ["step_id", "phase_sequence", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
 

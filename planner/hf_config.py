@@ -36,9 +36,9 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.errors import InputError
-from schemas.files import read_input
-from schemas.spec import Model
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.files import read_input
+from capture_plan.schemas.spec import Model
 
 from .resources import data
 

@@ -22,11 +22,11 @@ import itertools
 
 import msgspec
 
-from schemas.errors import ConstraintError, InputError
-from schemas.plan import Alternative, Decision, Strategy
-from schemas.spec import Choice, Phase, Rule
-from schemas.strategy import AXES, AXIS_VALUES
-from schemas.units import mib
+from capture_plan.schemas.errors import ConstraintError, InputError
+from capture_plan.schemas.plan import Alternative, Decision, Strategy
+from capture_plan.schemas.spec import Choice, Phase, Rule
+from capture_plan.schemas.strategy import AXES, AXIS_VALUES
+from capture_plan.schemas.units import mib
 
 from .resources import Backend
 from .rules import choice_label, satisfies, violated

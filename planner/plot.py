@@ -25,10 +25,10 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from schemas.errors import InputError
-from schemas.files import existing_output
-from schemas.plan import Plan
-from schemas.units import MiB
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.files import existing_output
+from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.units import MiB
 
 __all__ = ["plot_timeline", "plot_plans", "check_plot_path", "pool_series", "PNG_MAGIC", "SIZE_PX"]
 
@@ -153,7 +153,7 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         raise InputError("matplotlib is not installed", where=where, fix="pip install 'capture-plan[plot]'") from None
-    from schemas.files import write_atomic
+    from capture_plan.schemas.files import write_atomic
 
     old, new = (None, plans[0]) if len(plans) == 1 else (plans[0], plans[1])
     caps = _captures(new)

@@ -8,9 +8,9 @@ analytic model (planner/workload.py) and the trace fitter
 
 The allocator's inner loop does not see these ops: :attr:`Program.runnable`
 converts each section once (the property caches it) into the compact
-``(nbytes, id)`` pairs :meth:`planner.allocator.PoolSim.run` takes, so typed
+``(nbytes, id)`` pairs :meth:`capture_plan.planner.allocator.PoolSim.run` takes, so typed
 ops cost nothing per simulated capture. That compact form is the only place
-a free is written as a negative size (:data:`planner.allocator.FREE`).
+a free is written as a negative size (:data:`capture_plan.planner.allocator.FREE`).
 
 Not checked here: that a free names a live id, or that ids are unique within
 a section (the builders and ``Workload.from_trace`` guarantee both).
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from schemas.trace import Event, EventKind
+from capture_plan.schemas.trace import Event, EventKind
 
 from .allocator import FREE
 
@@ -83,7 +83,8 @@ class Program(msgspec.Struct, frozen=True, dict=True):
 
     @functools.cached_property
     def runnable(self) -> Runnable:
-        """The sections as :meth:`planner.allocator.PoolSim.run` takes them, and each id's kind (built once)."""
+        """The sections as :meth:`capture_plan.planner.allocator.PoolSim.run` takes them, and each id's
+        kind (built once)."""
         sections = (self.prologue, self.body, self.epilogue)
         kinds = {op.id: op.kind for section in sections for op in section if type(op) is Alloc}
         pairs = [tuple((op.size, op.id) if type(op) is Alloc else (FREE, op.id) for op in section)
@@ -128,7 +129,7 @@ class Program(msgspec.Struct, frozen=True, dict=True):
 
 
 class Runnable(msgspec.Struct, frozen=True):
-    """A program in :meth:`planner.allocator.PoolSim.run`'s compact form."""
+    """A program in :meth:`capture_plan.planner.allocator.PoolSim.run`'s compact form."""
 
     #: ``(nbytes, id)`` pairs, ``nbytes == FREE`` for a free
     prologue: tuple

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import difflib
 
-from schemas.plan import Plan
-from schemas.report import CaptureReport
-from schemas.units import mib
+from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.report import CaptureReport
+from capture_plan.schemas.units import mib
 
 __all__ = ["summary", "steps_table", "explain", "diff", "graph", "graph_phases", "timeline", "report_table"]
 

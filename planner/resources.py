@@ -27,8 +27,8 @@ from typing import Any
 
 import msgspec
 
-from schemas.errors import InputError
-from schemas.strategy import PhaseSetting
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.strategy import PhaseSetting
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -68,9 +68,9 @@ def data(name: str) -> dict[str, Any]:
 
 @functools.cache
 def builtin_rules() -> tuple:
-    """The rules of ``rules.toml`` as :class:`schemas.spec.Rule`."""
-    from schemas.codec import check_phase_kind, convert
-    from schemas.spec import Rule
+    """The rules of ``rules.toml`` as :class:`capture_plan.schemas.spec.Rule`."""
+    from capture_plan.schemas.codec import check_phase_kind, convert
+    from capture_plan.schemas.spec import Rule
 
     rules = tuple(convert(data("rules.toml")["rules"], list[Rule], "planner/data/rules.toml"))
     for i, rule in enumerate(rules):  # the shared Rule type takes any kind name: these are the planner's
@@ -81,9 +81,10 @@ def builtin_rules() -> tuple:
 
 @functools.cache
 def baseline():
-    """The engines' hard-coded schedule (a :class:`schemas.spec.Choice`), the yardstick every plan reports against."""
-    from schemas.codec import convert
-    from schemas.spec import Choice
+    """The engines' hard-coded schedule (a :class:`capture_plan.schemas.spec.Choice`), the yardstick
+    every plan reports against."""
+    from capture_plan.schemas.codec import convert
+    from capture_plan.schemas.spec import Choice
 
     raw = {k: v for k, v in data("rules.toml")["baseline"].items() if k != "why"}
     return convert(raw, Choice, "planner/data/rules.toml: $.baseline")
@@ -122,7 +123,7 @@ class BackendsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 @functools.cache
 def backends() -> dict[str, Backend]:
-    from schemas.codec import convert
+    from capture_plan.schemas.codec import convert
 
     return {name: convert(table, Backend, f"planner/data/backends.toml: $.backends.{name}")
             for name, table in data("backends.toml")["backends"].items()}
@@ -140,7 +141,8 @@ class PhaseKind(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     description: str
     #: the analytic program builder (a key of planner/workload.py's ``PROGRAMS``)
     program: str
-    #: which of :data:`schemas.strategy.PHASE_SETTINGS` shape this kind's graph (others are refused in a spec)
+    #: which of :data:`capture_plan.schemas.strategy.PHASE_SETTINGS` shape this kind's graph (others
+    #: are refused in a spec)
     settings: list[PhaseSetting]
     #: the graph also returns the last layer's hidden state (a draft reads it)
     returns_hidden: bool = False
@@ -156,7 +158,7 @@ class PhaseKindsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def phase_kinds() -> dict[str, PhaseKind]:
     """The phase kinds of ``phase_kinds.toml``, in file order. A key the
     struct does not know is an :class:`InputError` naming file and key."""
-    from schemas.codec import convert
+    from capture_plan.schemas.codec import convert
 
     return {name: convert(table, PhaseKind, f"planner/data/phase_kinds.toml: $.kinds.{name}")
             for name, table in data("phase_kinds.toml")["kinds"].items()}
@@ -168,7 +170,7 @@ def phase_kind_names() -> list[str]:
 
 
 def phase_kind_settings() -> dict[str, frozenset[str]]:
-    """Each kind's accepted settings, the form :func:`schemas.codec.validate_spec` takes."""
+    """Each kind's accepted settings, the form :func:`capture_plan.schemas.codec.validate_spec` takes."""
     return {name: frozenset(k.settings) for name, k in phase_kinds().items()}
 
 
@@ -181,6 +183,6 @@ def backend(name: str) -> Backend:
 
 @functools.cache
 def rules_digest() -> str:
-    from schemas.codec import sha256
+    from capture_plan.schemas.codec import sha256
 
     return sha256(b"".join(data_bytes(f) for f in _FILES))

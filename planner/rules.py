@@ -2,7 +2,7 @@
 
 A rule applies to a phase when every set field of its ``when`` matches; it
 then requires that at least one of its ``require`` alternatives holds. Rules
-never run code: what they can say is exactly what :class:`schemas.spec.Rule`
+never run code: what they can say is exactly what :class:`capture_plan.schemas.spec.Rule`
 can express.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import msgspec
 
-from schemas.errors import InputError
-from schemas.plan import Strategy
-from schemas.spec import Choice, Phase, Rule
-from schemas.strategy import AXES
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.plan import Strategy
+from capture_plan.schemas.spec import Choice, Phase, Rule
+from capture_plan.schemas.strategy import AXES
 
 __all__ = ["Context", "applies", "satisfies", "violated", "choice_label", "phase_rules", "PLANNER_LABELS",
            "check_spec_rules"]
@@ -65,7 +65,7 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
       the built-in one; both apply);
     - a ``when.backend`` naming no backend of planner/data/backends.toml
       (``"FA3"``): the rule would never apply, a gate that silently gates
-      nothing. (Phase kinds are checked with the spec: schemas.codec.)
+      nothing. (Phase kinds are checked with the spec: capture_plan.schemas.codec.)
     - a ``when.backend`` or ``when.phase_kind`` that is an empty list: it
       matches nothing, so the rule would never apply either (left out, the
       field matches anything);

@@ -6,11 +6,11 @@ from typing import Any
 
 import msgspec
 
-from schemas.errors import InputError
-from schemas.plan import Plan
-from schemas.report import CaptureReport
-from schemas.spec import Spec
-from schemas.trace import Trace
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.report import CaptureReport
+from capture_plan.schemas.spec import Spec
+from capture_plan.schemas.trace import Trace
 
 from .resources import BackendsFile, PhaseKindsFile, phase_kinds
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from schemas.plan import Strategy
+from capture_plan.schemas.plan import Strategy
 
 from .allocator import FREE, PoolSim
 from .program import CARRY

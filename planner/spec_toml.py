@@ -16,7 +16,7 @@ import json
 
 import msgspec
 
-from schemas.spec import Spec
+from capture_plan.schemas.spec import Spec
 
 __all__ = ["spec_toml"]
 

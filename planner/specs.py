@@ -8,12 +8,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from schemas.codec import convert, validate_spec
-from schemas.errors import InputError
-from schemas.files import read_input
-from schemas.limits import MAX_BS
-from schemas.spec import Model, Name, Phase, Positive, Spec
-from schemas.strategy import PhaseKind
+from capture_plan.schemas.codec import convert, validate_spec
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.files import read_input
+from capture_plan.schemas.limits import MAX_BS
+from capture_plan.schemas.spec import Model, Name, Phase, Positive, Spec
+from capture_plan.schemas.strategy import PhaseKind
 
 from .resources import data, phase_kind_settings
 
@@ -167,5 +167,5 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
 
 
 def read_spec_file(path: Path) -> bytes:
-    """The spec file's bytes (decoded by :func:`schemas.codec.decode_spec`)."""
+    """The spec file's bytes (decoded by :func:`capture_plan.schemas.codec.decode_spec`)."""
     return read_input(path, "spec", fix="check the path given to --spec")

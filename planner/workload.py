@@ -9,7 +9,7 @@ Two sources, one output type (:class:`Program` of planner/program.py, typed
   the backend's per-call workspace and log-sum-exp. Measured on an H200 with
   torch 2.11, cuBLAS's workspace is not allocated in the graph pool, so the
   model has none (a recorded trace would show one as ``library`` blocks).
-* **trace** -- the allocation events ``executor.profile`` recorded on a GPU
+* **trace** -- the allocation events ``capture_plan.executor.profile`` recorded on a GPU
   (every size, or a few from which planner/fitting.py derives the rest).
 
 Layers repeat: the analytic model emits one layer as a repeated body, and the
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from schemas.errors import InputError
-from schemas.spec import Model, Phase, phase_model
-from schemas.trace import CaptureTrace, Trace
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.spec import Model, Phase, phase_model
+from capture_plan.schemas.trace import CaptureTrace, Trace
 
 from .program import CARRY, Alloc, Free, Op, Program
 from .resources import Backend
@@ -329,8 +329,8 @@ PHASE_KINDS: Mapping[str, PhaseKindModel] = _PhaseKinds()
 def analytic_program(model: Model, phase: Phase, bs: int, backend: Backend, tp: int = 1) -> Program:
     """The allocations of capturing ``phase`` at batch ``bs``, with a repeated body.
 
-    Mirrors a straightforward PyTorch engine step (executor/reference.py and
-    executor/speculative.py are such steps): each layer is a function whose
+    Mirrors a straightforward PyTorch engine step (references/decode.py and
+    references/speculative.py are such steps): each layer is a function whose
     temporaries die when it returns, in the order CPython releases its
     locals; bf16 logits, then the float32 copy that is returned. A phase
     with its own dimensions (``[phases.model]``, a draft) uses them in place

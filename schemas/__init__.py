@@ -1,10 +1,10 @@
 """Types shared by planner and executor: spec, plan, trace, report, errors.
 
 Imports neither torch nor networkx: both sides depend on this package.
-``__version__`` is the distribution's version (pyproject.toml reads it from here).
+``__version__`` is the distribution's version (``capture_plan.__version__``).
 """
 
-__version__ = "0.1.0"
+from capture_plan import __version__
 
 from .errors import CapturePlanError, ConstraintError, DriftError, InputError
 from .plan import (

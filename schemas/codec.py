@@ -76,13 +76,13 @@ def seal(plan: Plan) -> Plan:
 _FIX = {
     "spec": "see `planner schema spec` for every field and its type",
     "plan": "rebuild the plan with the `planner build` command it records",
-    "trace": "record the trace again with executor.profile",
+    "trace": "record the trace again with capture_plan.executor.profile",
     "report": "write the report again with GraphSet.write_report",
 }
 _WANT = {
     "spec": "pass a spec (TOML or JSON, `planner schema spec`)",
     "plan": "pass a plan file written by `planner build` (plans/*.json)",
-    "trace": "pass a trace recorded by executor.profile (plans/traces/*.json)",
+    "trace": "pass a trace recorded by capture_plan.executor.profile (plans/traces/*.json)",
     "report": "pass a report written by GraphSet.write_report",
 }
 
@@ -265,8 +265,8 @@ _UNSET_SETTING = {f.name: f.default for f in msgspec.structs.fields(Phase) if f.
 def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
     """Checks a msgspec type cannot express, each located by JSON path: version,
     unique names and sizes, known ``after`` targets, the resource limits of
-    :mod:`schemas.limits`, and phase kinds: ``phase_kinds`` maps each kind a
-    spec may name to the settings (:data:`schemas.strategy.PHASE_SETTINGS`)
+    :mod:`capture_plan.schemas.limits`, and phase kinds: ``phase_kinds`` maps each kind a
+    spec may name to the settings (:data:`capture_plan.schemas.strategy.PHASE_SETTINGS`)
     it accepts; the planner passes planner/data/phase_kinds.toml's (this
     package does not read the planner's data). A setting a phase's kind does
     not accept is refused rather than silently ignored."""
@@ -529,7 +529,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX["trace"]) from None
     _expect_kind(head, "trace", source)
     _check_version({"version": msgspec.json.decode(head["version"])} if "version" in head else {}, source, "trace",
-                   TRACE_VERSION, "record the trace again with executor.profile")
+                   TRACE_VERSION, "record the trace again with capture_plan.executor.profile")
     del head
     try:  # nesting is bounded already: the first decode read the whole document
         trace = msgspec.json.decode(data, type=Trace)

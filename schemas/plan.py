@@ -133,7 +133,7 @@ class TraceSamples(PlanStruct, kw_only=True):
 Provenance = Literal["simulated", "data", "measured", "unknown"]
 #: which model code the prediction describes: "recorded" (a trace of the model that is
 #: captured: exact for it), "reference" (capture-plan's reference decode step and its
-#: speculative phases, executor.reference / executor.speculative: exact for those), or
+#: speculative phases, capture_plan.references.decode / capture_plan.references.speculative: exact for those), or
 #: "approximate" (the reference's figures for a model it does not implement: a model
 #: config.json that an engine or library implements its own way, or MoE dimensions)
 Fidelity = Literal["recorded", "reference", "approximate"]
@@ -194,7 +194,7 @@ class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
 
 
 class BuildRecord(PlanStruct, kw_only=True, omit_defaults=True):
-    """The options ``planner build`` was given (``planner.build.BuildOptions``), as
+    """The options ``planner build`` was given (``capture_plan.planner.build.BuildOptions``), as
     ``planner check`` rebuilds the plan from them: paths relative to the plan's
     own folder, ``output`` only the file name and only when it is not the
     default one. The one record of a build (``command`` is its text)."""
@@ -239,7 +239,7 @@ class Inputs(PlanStruct, kw_only=True):
 
 
 class Requires(PlanStruct, kw_only=True):
-    """Environment the plan is valid for; checked by ``executor.load_plan``."""
+    """Environment the plan is valid for; checked by ``capture_plan.executor.load_plan``."""
 
     backend: str
     #: importable modules providing the backend's kernels (any one suffices)

@@ -35,7 +35,7 @@ without torch:
 
 What it does not do: expandable segments (``segment_map``), snapshots whose
 history was cut by ``max_entries`` before the first capture, captures with
-no eager allocation between them (record those with ``executor.profile``),
+no eager allocation between them (record those with ``capture_plan.executor.profile``),
 or outputs freed right after their capture (they would read as temporaries).
 """
 
@@ -236,7 +236,7 @@ def trace_from_snapshot(data: bytes, phases: list[Phase], source: str, *, device
         raise InputError(f"found {len(windows)} capture windows in the snapshot, the spec plans {want} captures "
                          f"({', '.join(f'{p.name}: {len(p.sizes)}' for p in phases)})", where=source,
                          fix="dump the snapshot of a run that captured exactly the spec's sizes, each after an "
-                             "eager warm-up, or record the trace with executor.profile")
+                             "eager warm-up, or record the trace with capture_plan.executor.profile")
     caps: list[CaptureTrace] = []
     pos = 0
     for p in phases:
@@ -246,7 +246,7 @@ def trace_from_snapshot(data: bytes, phases: list[Phase], source: str, *, device
         if len(set(scale)) != len(scale):
             raise InputError(f"phase {p.name!r}: two capture windows request the same temporary bytes; "
                              "cannot tell their batch sizes apart", where=source,
-                             fix="record the trace with executor.profile")
+                             fix="record the trace with capture_plan.executor.profile")
         n_out = min(_alive(w) for w in block)
         ranked = sorted(range(len(block)), key=lambda i: scale[i])
         for bs, i in zip(sorted(p.sizes), ranked):

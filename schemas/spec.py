@@ -3,7 +3,7 @@
 Strict by design: unknown fields are rejected with their JSON path, so a typo
 (``tokens_per_requst``) fails loudly instead of silently taking a default.
 Structural checks msgspec cannot express (duplicate sizes, unknown phase
-references) live in :func:`schemas.codec.validate_spec`.
+references) live in :func:`capture_plan.schemas.codec.validate_spec`.
 """
 
 from __future__ import annotations

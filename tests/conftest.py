@@ -39,7 +39,7 @@ def fake(monkeypatch):
 @pytest.fixture
 def cli(capsys, monkeypatch, tmp_path):
     """Run ``planner ARGS`` in-process in a temp cwd; returns (code, stdout, stderr)."""
-    from planner.cli import main
+    from capture_plan.planner.cli import main
 
     monkeypatch.chdir(tmp_path)
 
@@ -61,7 +61,7 @@ def built():
     Plans are immutable; tests that only read a plan share it instead of
     rebuilding the same one (the speculative preset costs about a second).
     """
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     def get(**kw):
         key = tuple(sorted(kw.items()))
@@ -77,7 +77,7 @@ def data_file(monkeypatch):
     """``data_file(name, extra)``: the planner reads ``planner/data/<name>`` as the
     shipped bytes plus ``extra`` (every cache of the data cleared); the shipped
     files again after the test."""
-    from planner import resources, workload
+    from capture_plan.planner import resources, workload
 
     real = resources.data_bytes
     extras: dict[str, bytes] = {}

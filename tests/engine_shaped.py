@@ -75,7 +75,7 @@ def make_engine(plan, model, device, *, phases=None, stream=None, **kw):
     given), its backend, one runner per phase (the plan's order unless
     ``phases``), and the loop (``kw`` for ``capture_loop``). Returns (loop,
     backend, runners)."""
-    from executor import capture_loop
+    from capture_plan.executor import capture_loop
 
     stream = stream if stream is not None else torch.cuda.Stream()
     backend = Backend(stream)
@@ -132,14 +132,14 @@ def plain_loop(target, phases: dict[str, list[int]], warmups: int = 1):
 
 
 def planted_child(plan_path: str, bugs: tuple[str, ...], mode: str, checks: tuple[str, ...]) -> None:
-    """Capture the plan's phases of ``executor.speculative.small_model(bugs)``
+    """Capture the plan's phases of ``capture_plan.references.speculative.small_model(bugs)``
     through the engine-shaped runner (``mode="loop"``: ``capture_loop`` with
     the allocation history) or the plain loop (``mode="plain"``: adopted,
     recorded by ``record_graphs``), then verify and print as
-    ``executor.speculative.planted_verify`` does."""
-    from executor import adopt, record_graphs
-    from executor.load import load_plan
-    from executor.speculative import planted_verify, small_model
+    ``capture_plan.references.speculative.planted_verify`` does."""
+    from capture_plan.executor import adopt, record_graphs
+    from capture_plan.executor.load import load_plan
+    from capture_plan.references.speculative import planted_verify, small_model
 
     plan = load_plan(plan_path, check_env=False)
     target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases))

@@ -132,7 +132,7 @@ def install(monkeypatch) -> Fake:
         finally:
             f.local.mempool = old
 
-    from executor import session
+    from capture_plan.executor import session
 
     monkeypatch.setattr(session, "_streams", {})  # the fake's streams are this test's alone
     for name, value in {
@@ -192,7 +192,7 @@ class Target:
 def decode_plan(tmp_path: Path, sizes):
     """A torch-backend plan of one decode phase at ``sizes``, outputs kept
     (the fake has no device memory to take non-owning views of)."""
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = tmp_path / "spec.toml"
     spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(sizes)}\n')

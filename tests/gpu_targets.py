@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from executor.pool import raw_bytes
+from capture_plan.executor.pool import raw_bytes
 
 MiB = 2**20
 
@@ -78,7 +78,7 @@ def assert_verifies_clean(plan, target, **verify_kw) -> None:
     """Capture ``plan`` of ``target`` with the allocation history recorded (so
     every check of ``verify`` can run), ``verify(gs, **verify_kw)``, assert that
     it found no fault; the graphs are released either way."""
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     gs = capture(plan, target, progress=False, record=True)
     try:
@@ -93,12 +93,12 @@ def prime_capture_stream(tmp_path, *, background: bool = False) -> None:
     and its cuBLAS workspace exist before a test measures what is left over.
 
     The workspace is made once per (thread's cuBLAS handle, stream) and kept
-    for the life of the process (executor.session.capture_stream): it is the
+    for the life of the process (capture_plan.executor.session.capture_stream): it is the
     one allocation a capture leaves behind on purpose."""
     import torch
 
-    from executor import capture
-    from planner import BuildOptions, build_plan
+    from capture_plan.executor import capture
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = tmp_path / "prime.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1]\n')

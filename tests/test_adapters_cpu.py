@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import hf_tiny  # noqa: E402
-from adapters.hf import DETERMINISTIC_SDPA, HFTarget  # noqa: E402
+from capture_plan.adapters.hf import DETERMINISTIC_SDPA, HFTarget  # noqa: E402
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=101, max_position_embeddings=256)
@@ -101,7 +101,7 @@ def test_chunked_attention_narrower_than_the_cache_is_refused():
 
 
 def test_hf_target_is_a_capture_target():
-    from executor.target import CaptureTarget
+    from capture_plan.executor.target import CaptureTarget
 
     assert isinstance(HFTarget(_model("llama"), max_bs=2, max_seqlen=8), CaptureTarget)
 
@@ -117,7 +117,7 @@ def test_attention_kernels_are_pinned_while_the_model_runs(monkeypatch, backends
     """PyTorch's dispatcher prefers cuDNN attention for the masked decode SDPA
     on an H200, a kernel it refuses in deterministic mode; the adapter allows
     flash / efficient / math for the call and restores the global flags after."""
-    from adapters.hf import DETERMINISTIC_SDPA
+    from capture_plan.adapters.hf import DETERMINISTIC_SDPA
 
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention

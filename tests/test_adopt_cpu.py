@@ -1,4 +1,4 @@
-"""verify() on graphs an engine captured itself (``executor.engine.adopt``), on
+"""verify() on graphs an engine captured itself (``capture_plan.executor.engine.adopt``), on
 CPU with CUDA faked: a plain capture loop into one pool, no plan, verified
 with the engine's eager function finds exactly what verify finds on the same
 model captured by ``capture(plan, target)``, and nothing on a clean one."""
@@ -32,7 +32,7 @@ def _plain_loop(target, sizes=SIZES):
 
 
 def _adopted(target, **kw):
-    from executor import adopt
+    from capture_plan.executor import adopt
 
     graphs, outputs, pool = _plain_loop(target)
     return adopt(graphs, outputs, pool=pool, eager=lambda phase, bs: target.run(phase, bs, None),
@@ -45,7 +45,7 @@ def _faults(res) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_adopted_graphs_verify_like_executor_captured_ones(tmp_path, fake, seed):
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     wrong = Outputs(fake, wrong_bs=4)
     ours = capture(_plan(tmp_path, SIZES), wrong, progress=False, device=CPU)
@@ -65,7 +65,7 @@ def test_adopted_graphs_verify_like_executor_captured_ones(tmp_path, fake, seed)
 
 
 def test_scribble_finds_the_lazy_graph_among_adopted_ones(fake):
-    from executor import verify
+    from capture_plan.executor import verify
 
     pool_mem = torch.zeros(16 * 4 * 4, dtype=torch.uint8)
     gs = _adopted(Scratch(fake, 8, pool_mem))
@@ -94,7 +94,7 @@ class ReadOnly(Outputs):
 
 
 def test_read_only_tensors_given_to_adopt_are_guarded(fake):
-    from executor import verify
+    from capture_plan.executor import verify
 
     target = ReadOnly(fake, 2)
     res = verify(_adopted(target, read_only={"lm_head": target.weight}), checks=("interleave",))
@@ -103,7 +103,7 @@ def test_read_only_tensors_given_to_adopt_are_guarded(fake):
 
 
 def test_without_prepare_float_inputs_are_redrawn_and_integer_ones_kept(fake):
-    from executor import EngineFunctions
+    from capture_plan.executor import EngineFunctions
 
     x, idx = torch.zeros(4, 2), torch.arange(4)
     fns = EngineFunctions(lambda phase, bs: x[:bs], inputs={"x": x, "idx": idx})
@@ -115,7 +115,7 @@ def test_without_prepare_float_inputs_are_redrawn_and_integer_ones_kept(fake):
 
 
 def test_bad_adoption_input_is_one_clear_error(fake):
-    from executor import ExecutorError, adopt
+    from capture_plan.executor import ExecutorError, adopt
 
     target = Outputs(fake)
     graphs, outputs, pool = _plain_loop(target, [1, 2])
@@ -135,7 +135,7 @@ def test_bad_adoption_input_is_one_clear_error(fake):
 
 
 def test_footprint_on_adopted_graphs_without_the_history_says_how_to_record_it(fake):
-    from executor import VerificationFailed, verify
+    from capture_plan.executor import VerificationFailed, verify
 
     with pytest.raises(VerificationFailed, match=r"needs the allocation history.*record_graphs\(\)"):
         verify(_adopted(Outputs(fake)), checks=("footprint",))
@@ -144,7 +144,7 @@ def test_footprint_on_adopted_graphs_without_the_history_says_how_to_record_it(f
 def test_record_graphs_pairs_each_graph_with_its_own_window_when_a_capture_fails(monkeypatch):
     """The wrapping alone (the history is the GPU tests'): a failed capture in
     the middle is left out and the graphs after it keep their own windows."""
-    from executor import engine
+    from capture_plan.executor import engine
 
     class Recorder:
         def __init__(self, max_entries):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from planner.allocator import KiB, MiB, PoolSim, round_size, segment_size
+from capture_plan.planner.allocator import KiB, MiB, PoolSim, round_size, segment_size
 
 
 def test_rounding_to_512_byte_blocks():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.allocator import MiB, PoolSim, round_size
+from capture_plan.planner.allocator import MiB, PoolSim, round_size
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

@@ -19,13 +19,13 @@ from fake_cuda import (  # noqa: E402
 
 
 def _capture(plan, target, **kw):
-    from executor import capture
+    from capture_plan.executor import capture
 
     return capture(plan, target, progress=False, background=True, device=torch.device("cpu"), **kw)
 
 
 def test_foreground_capture_refactored_into_steps_still_works(tmp_path, fake):
-    from executor import CaptureFailed, capture
+    from capture_plan.executor import CaptureFailed, capture
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16])
     target = Target(fake)
@@ -70,7 +70,7 @@ def test_tables_grow_as_graphs_land_and_replays_equal_eager(tmp_path, fake):
 
 
 def test_eager_fallback_before_the_first_graph_and_default_stream_refused(tmp_path, fake):
-    from executor import ExecutorError
+    from capture_plan.executor import ExecutorError
 
     plan = _plan(tmp_path, [4, 8, 16])
     target = Target(fake, gate_at=16)
@@ -91,7 +91,7 @@ def test_eager_fallback_before_the_first_graph_and_default_stream_refused(tmp_pa
 
 
 def test_raise_and_wait_fallbacks(tmp_path, fake):
-    from executor import ExecutorError
+    from capture_plan.executor import ExecutorError
 
     plan = _plan(tmp_path, [4, 8, 16])
     target = Target(fake, gate_at=16)
@@ -126,7 +126,7 @@ def test_raise_and_wait_fallbacks(tmp_path, fake):
 
 
 def test_error_reaches_the_next_replay_then_wait_with_the_step(tmp_path, fake):
-    from executor import CaptureFailed, ExecutorError
+    from capture_plan.executor import CaptureFailed, ExecutorError
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16])
     target = Target(fake, fail_at=4, gate_at=4)
@@ -160,14 +160,14 @@ def test_release_mid_capture_stops_after_the_current_step(tmp_path, fake):
     assert gs.graphs == {} and gs.progress() == "decode 0/16"
     assert [b for _, _, b in gs.timeline] == [16, 15, 14, 13, 12]  # nothing after the step it was in
     assert gs.report is None and gs.done
-    from executor import ExecutorError
+    from capture_plan.executor import ExecutorError
 
     with pytest.raises(ExecutorError, match="released before its capture finished"):
         gs.wait()
 
 
 def test_background_refuses_record_and_unknown_fallback(tmp_path, fake):
-    from executor import ExecutorError
+    from capture_plan.executor import ExecutorError
 
     plan = _plan(tmp_path, [1, 2])
     with pytest.raises(ExecutorError, match="record=True cannot be combined with background=True"):
@@ -177,7 +177,7 @@ def test_background_refuses_record_and_unknown_fallback(tmp_path, fake):
 
 
 def test_blocking_calls_inside_exclusive_are_refused_not_deadlocked(tmp_path, fake):
-    from executor import ExecutorError
+    from capture_plan.executor import ExecutorError
 
     plan = _plan(tmp_path, [4, 8, 16])
     target = Target(fake, gate_at=16)

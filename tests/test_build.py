@@ -1,4 +1,4 @@
-"""planner.build: what the plans decide, and the constraints they honour."""
+"""capture_plan.planner.build: what the plans decide, and the constraints they honour."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from planner import BuildOptions, build_plan, plan_bytes
-from schemas.errors import ConstraintError, InputError
+from capture_plan.planner import BuildOptions, build_plan, plan_bytes
+from capture_plan.schemas.errors import ConstraintError, InputError
 
 
 def _edges_respected(plan):
@@ -183,7 +183,7 @@ def test_expandable_mode_and_library_workspace(tmp_path):
 def test_trace_driven_prediction(tmp_path):
     import msgspec
 
-    from schemas.trace import CaptureTrace, Event, Trace
+    from capture_plan.schemas.trace import CaptureTrace, Event, Trace
 
     caps = [CaptureTrace(phase="decode", bs=bs, events=[
         Event(op="alloc", id=0, size=bs * 2**20), Event(op="alloc", id=1, size=bs * 2**19, kind="output"),
@@ -205,11 +205,11 @@ def test_building_twice_gives_identical_bytes(built):
 
 
 def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path, built):
-    from planner.optimize import screened
-    from planner.resources import backend, phase_kind_settings
-    from planner.simulate import simulate
-    from planner.workload import Workload
-    from schemas.codec import decode_spec
+    from capture_plan.planner.optimize import screened
+    from capture_plan.planner.resources import backend, phase_kind_settings
+    from capture_plan.planner.simulate import simulate
+    from capture_plan.planner.workload import Workload
+    from capture_plan.schemas.codec import decode_spec
 
     sizes = list(range(1, 201))
     assert screened(sizes, 24)[0] == 1 and screened(sizes, 24)[-1] == 200 and len(screened(sizes, 24)) == 24
@@ -232,11 +232,11 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
 
 
 def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
-    from planner.resources import backend
-    from planner.simulate import Simulation, simulate
-    from planner.specs import default_spec
-    from planner.workload import Workload
-    from schemas.plan import Strategy
+    from capture_plan.planner.resources import backend
+    from capture_plan.planner.simulate import Simulation, simulate
+    from capture_plan.planner.specs import default_spec
+    from capture_plan.planner.workload import Workload
+    from capture_plan.schemas.plan import Strategy
 
     spec = default_spec("eagle")
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -256,7 +256,7 @@ def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
 
 
 def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
-    import planner.build as build
+    import capture_plan.planner.build as build
 
     reused = []
     real = build._reused_bytes
@@ -267,7 +267,7 @@ def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
 
 @pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle", max_bs=16)])
 def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch):
-    import planner.build as build
+    import capture_plan.planner.build as build
 
     reused = []
     real = build._reused_bytes
@@ -280,11 +280,11 @@ def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, mo
 
 def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
     """Simulation.since/result_with: what the optimizer reuses when a phase leaves its pool as before."""
-    from planner.resources import backend
-    from planner.simulate import Simulation, simulate
-    from planner.specs import default_spec
-    from planner.workload import Workload
-    from schemas.plan import Strategy
+    from capture_plan.planner.resources import backend
+    from capture_plan.planner.simulate import Simulation, simulate
+    from capture_plan.planner.specs import default_spec
+    from capture_plan.planner.workload import Workload
+    from capture_plan.schemas.plan import Strategy
 
     spec = default_spec("eagle")
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -310,7 +310,7 @@ def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
 
 
 def test_the_optimizer_reusing_recorded_tails_builds_what_it_builds_without(monkeypatch):
-    from planner.simulate import Simulation
+    from capture_plan.planner.simulate import Simulation
 
     opts = BuildOptions(backend="fa3", ci=True, speculative="eagle", max_bs=16)
     reused = []
@@ -329,11 +329,11 @@ def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwr
     those of recording every block, in schedules with and without hazards."""
     import itertools
 
-    from planner.resources import backend
-    from planner.simulate import Simulation, simulate
-    from planner.specs import default_spec
-    from planner.workload import Workload
-    from schemas.plan import Strategy
+    from capture_plan.planner.resources import backend
+    from capture_plan.planner.simulate import Simulation, simulate
+    from capture_plan.planner.specs import default_spec
+    from capture_plan.planner.workload import Workload
+    from capture_plan.schemas.plan import Strategy
 
     spec = default_spec("eagle", 16)
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -367,9 +367,9 @@ def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_rec
     phases, one captured late, so that runs with and without them share prefixes."""
     import msgspec
 
-    import planner.optimize as optimize
-    from planner.simulate import Simulation
-    from planner.specs import default_spec
+    import capture_plan.planner.optimize as optimize
+    from capture_plan.planner.simulate import Simulation
+    from capture_plan.planner.specs import default_spec
 
     spec = default_spec("eagle", 16)
     late = {"target_verify", "draft_decode"}

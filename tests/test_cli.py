@@ -140,9 +140,7 @@ def test_bare_planner_help_version_and_debug(cli):
         code, out, _ = cli(flag)
         assert code == 0 and out.startswith("Usage: planner")
     code, out, _ = cli("--version")
-    import executor
-    import planner
-    import schemas
+    from capture_plan import executor, planner, schemas
 
     assert code == 0 and out == f"planner (capture-plan) {schemas.__version__}\n"
     assert planner.__version__ == executor.__version__ == schemas.__version__
@@ -154,7 +152,7 @@ def test_bare_planner_help_version_and_debug(cli):
     assert code == 2 and _no_such_option(err, "--debug")
     code, _, err = cli("build", "-b", "nope")
     assert code == 1 and err.count("\n") == 1
-    from schemas.errors import InputError
+    from capture_plan.schemas.errors import InputError
 
     with pytest.raises(InputError):  # --debug: the traceback of any error
         cli("--debug", "build", "-b", "nope")
@@ -215,7 +213,7 @@ def test_strategy_pin_no_strategy_has_names_the_options(cli, tmp_path):
 
 
 def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
-    from planner import plan_bytes
+    from capture_plan.planner import plan_bytes
 
     plan = "plans/fa3-eagle-ci.json"  # the bytes `planner build -b fa3 --ci --speculative eagle --max-bs 16` writes
     (tmp_path / "plans").mkdir()
@@ -237,7 +235,7 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
     code, out, _ = cli("schema")
     schemas = json.loads(out)
     assert set(schemas) == {"spec", "plan", "trace", "report", "backends", "phase-kinds"}
-    from planner.schema import SCHEMAS
+    from capture_plan.planner.schema import SCHEMAS
 
     assert set(schemas) == set(SCHEMAS)
     help_text = " ".join(cli("schema", "-h")[1].split())
@@ -284,7 +282,7 @@ def test_plan_files_that_are_corrupt_truncated_tampered_or_newer(cli, tmp_path):
 def test_report_side_by_side(cli, tmp_path):
     import msgspec
 
-    from schemas.report import CaptureReport, StepMeasurement
+    from capture_plan.schemas.report import CaptureReport, StepMeasurement
 
     rep = CaptureReport(plan="fa3", plan_digest="sha256:x", device="NVIDIA H200 sm90", torch="2.11",
                         backend_module="fa3",
@@ -301,12 +299,12 @@ def test_report_side_by_side(cli, tmp_path):
 
 
 def test_internal_errors_exit_3_and_debug_shows_the_traceback(cli, monkeypatch):
-    import planner.build
+    import capture_plan.planner.build as build
 
     def boom(opts):
         raise KeyError("oops")
 
-    monkeypatch.setattr(planner.build, "build_plan", boom)
+    monkeypatch.setattr(build, "build_plan", boom)
     code, _, err = cli("build", "-b", "fa3")
     assert code == 3 and err.startswith("planner: internal error: KeyError: 'oops' (rerun as `planner --debug")
     with pytest.raises(KeyError):
@@ -317,10 +315,10 @@ def test_the_console_script_runs(tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "planner", "build", "-b", "fa3", "--dry-run"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "capture_plan.planner", "build", "-b", "fa3", "--dry-run"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 0 and "dry run" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "planner", "show", "nope.json"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "capture_plan.planner", "show", "nope.json"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1
 

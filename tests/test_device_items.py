@@ -8,12 +8,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from planner import BuildOptions, build_plan
-from planner.cli import main
-from planner.device import calibration_from_report, peak
-from schemas.errors import InputError
-from schemas.plan import Step
-from schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.cli import main
+from capture_plan.planner.device import calibration_from_report, peak
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.plan import Step
+from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +131,7 @@ def test_config_builds_are_approximate_and_require_exact_refuses_them(tmp_path, 
     plan = build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "m.json"))
     assert plan.predicted.fidelity == "approximate"
     caveat = plan.predicted.caveat
-    assert "llama" in caveat and "-89%" in caveat and "executor.profile" in caveat
+    assert "llama" in caveat and "-89%" in caveat and "capture_plan.executor.profile" in caveat
     out = tmp_path / "m.json"
     assert main(["build", "-b", "torch", "--spec", str(spec), "-o", str(out), "--require-exact"]) == 1
     err = capsys.readouterr().err
@@ -142,7 +142,7 @@ def test_config_builds_are_approximate_and_require_exact_refuses_them(tmp_path, 
 
 
 def test_reference_and_trace_plans_say_what_they_describe(fa3ci):
-    assert fa3ci.predicted.fidelity == "reference" and "executor.reference" in fa3ci.predicted.describes
+    assert fa3ci.predicted.fidelity == "reference" and "capture_plan.references" in fa3ci.predicted.describes
     traced = build_plan(BuildOptions(backend="fa3", ci=True, trace=ROOT / "plans/traces/fa3-ci.json"))
     assert traced.predicted.fidelity == "recorded" and "fa3-ci.json" in traced.predicted.describes
 

@@ -14,8 +14,8 @@ CPU = torch.device("cpu")
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])  # triton warms up at every size
 def test_every_warmup_runs_in_a_scratch_pool_that_is_returned_and_no_capture_does(tmp_path, fake, backend):
-    from executor import capture
-    from planner import BuildOptions, build_plan
+    from capture_plan.executor import capture
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = tmp_path / "spec.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n')
@@ -33,7 +33,7 @@ def test_every_warmup_runs_in_a_scratch_pool_that_is_returned_and_no_capture_doe
 
 
 def test_device_view_items_add_up_to_the_free_memory_drop():
-    from executor.device import Probe, device_view
+    from capture_plan.executor.device import Probe, device_view
 
     MiB = 2**20
     before = Probe(free=10_000 * MiB, reserved=100 * MiB, allocated=90 * MiB)
@@ -52,7 +52,7 @@ def test_device_view_items_add_up_to_the_free_memory_drop():
 
 
 def test_only_the_first_capture_of_the_process_is_marked_first(tmp_path, fake):
-    from executor import capture, session
+    from capture_plan.executor import capture, session
 
     session._captured_in_process = False
     plan = decode_plan(tmp_path, [1, 2])

@@ -8,7 +8,7 @@ import threading
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from executor import ExecutorError, PadTable
+from capture_plan.executor import ExecutorError, PadTable
 
 
 def _expected(captured: set[int], n: int):

@@ -30,8 +30,8 @@ def _worker(rank, world, port, scenario, plans, results):
 
     import torch.distributed as dist
 
-    from executor import load_plan
-    from executor.distributed import check_plan_agreement, run_synchronized
+    from capture_plan.executor import load_plan
+    from capture_plan.executor.distributed import check_plan_agreement, run_synchronized
 
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -78,7 +78,7 @@ def _run(world, scenario, plans):
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory) -> dict[str, str]:
-    from planner import BuildOptions, build_plan, plan_bytes
+    from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 
     d: Path = tmp_path_factory.mktemp("plans")
     out = {}
@@ -125,8 +125,8 @@ def test_a_rank_failing_mid_capture_makes_every_rank_raise_naming_it(plans, worl
 
 
 def test_not_initialized_is_a_clear_error():
-    from executor import ExecutorError
-    from executor.distributed import check_plan_agreement
+    from capture_plan.executor import ExecutorError
+    from capture_plan.executor.distributed import check_plan_agreement
 
     with pytest.raises(ExecutorError, match="torch.distributed is not initialized"):
         check_plan_agreement(object())

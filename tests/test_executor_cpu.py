@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from executor import Environment, EnvironmentMismatch, ExecutorError, PadTable, check_environment, load_plan
-from planner import plan_bytes
-from schemas.errors import InputError
+from capture_plan.executor import (
+    Environment,
+    EnvironmentMismatch,
+    ExecutorError,
+    PadTable,
+    check_environment,
+    load_plan,
+)
+from capture_plan.planner import plan_bytes
+from capture_plan.schemas.errors import InputError
 
 H200 = Environment("NVIDIA H200", (9, 0), "2.11.0+cu130", frozenset({"fa3_fwd_interface", "torch"}))
 
@@ -63,7 +70,7 @@ def test_tampered_truncated_and_newer_plans(plans):
 def test_a_newer_revision_with_unknown_fields_still_loads(plans):
     import msgspec
 
-    from schemas.codec import canonical_bytes, plan_digest
+    from capture_plan.schemas.codec import canonical_bytes, plan_digest
 
     raw = msgspec.json.decode(plans["ci"].read_bytes())
     raw["revision"] = 99

@@ -8,12 +8,12 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner import BuildOptions, build_plan
-from planner.program import Alloc
-from planner.workload import Workload
-from schemas.errors import InputError
-from schemas.spec import Phase
-from schemas.trace import CaptureTrace, Event, Trace, default_samples
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.program import Alloc
+from capture_plan.planner.workload import Workload
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.spec import Phase
+from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 H200 = ROOT / "plans/traces/fa3-ci.json"
@@ -155,7 +155,7 @@ def test_any_exact_affine_of_a_padded_batch_is_recovered(a, b, k, mid):
 
 def test_profile_subset_keeps_planned_order_and_warmups(built):
     pytest.importorskip("torch")
-    from executor.profiling import subset_plan
+    from capture_plan.executor.profiling import subset_plan
 
     plan = built(backend="fa3", ci=True, speculative="eagle", max_bs=16)  # the plan test_build reads
     sub = subset_plan(plan)

@@ -35,7 +35,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from schemas.codec import canonical_bytes, plan_digest
+from capture_plan.schemas.codec import canonical_bytes, plan_digest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -107,7 +107,7 @@ def _alarm(signum, frame):
 
 def planner(*args: str) -> tuple[int, str, str]:
     """``planner ARGS`` in-process: (exit code, stdout, stderr); a hang fails the example."""
-    from planner.cli import main
+    from capture_plan.planner.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     old = signal.signal(signal.SIGALRM, _alarm)
@@ -404,9 +404,9 @@ def test_fuzz_plan_bytes(work, seed_plan, data):
 @given(data=st.data())
 def test_fuzz_plan_resealed(work, seed_plan, data):
     """Structurally changed plans sealed again (a buggy or hostile writer): no crash
-    anywhere, in the CLI or in ``executor.load_plan``."""
-    from executor.load import load_plan
-    from schemas.errors import InputError
+    anywhere, in the CLI or in ``capture_plan.executor.load_plan``."""
+    from capture_plan.executor.load import load_plan
+    from capture_plan.schemas.errors import InputError
 
     text = data.draw(structured(json.loads(seed_plan)))
     try:
@@ -480,8 +480,8 @@ def test_special_files_where_a_file_is_expected(tmp_path, where, kind):
     elif where == "empty":
         target.write_bytes(b"")
     elif where == "nul":  # argv cannot carry a NUL byte; a file can (a spec's trace path): the library
-        from schemas.errors import InputError
-        from schemas.files import read_input, write_atomic
+        from capture_plan.schemas.errors import InputError
+        from capture_plan.schemas.files import read_input, write_atomic
 
         with pytest.raises(InputError, match="NUL"):
             (write_atomic if kind == "output" else read_input)(Path(str(target) + "\x00x"),

@@ -15,7 +15,7 @@ def _spec(cli, tmp_path, budget: int) -> None:
 
 
 def test_with_a_pin_the_budget_error_names_the_unpinned_plan_per_phase(cli, tmp_path, built):
-    from schemas.units import mib
+    from capture_plan.schemas.units import mib
 
     free = built(backend="fa3", ci=True, speculative="eagle", max_bs=16)
     free_total = free.predicted.pool_bytes + free.predicted.hoisted_bytes
@@ -71,7 +71,7 @@ def test_explain_of_a_default_plan(cli):
 
 def test_explain_of_a_plan_whose_command_cannot_be_read_says_where_to_run_it(cli, tmp_path):
 
-    from schemas.codec import canonical_bytes, decode_plan, seal
+    from capture_plan.schemas.codec import canonical_bytes, decode_plan, seal
 
     assert cli("build", "-b", "fa3")[0] == 0
     plan = decode_plan((tmp_path / "plans/fa3.json").read_bytes(), "p")

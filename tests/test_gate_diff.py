@@ -131,7 +131,7 @@ def test_markdown_says_when_the_threshold_is_crossed(cli, plans):
 
 
 def test_the_markdown_escapes_table_cells(cli, plans):
-    from planner.compare import Figure, PlanDiff, render_markdown
+    from capture_plan.planner.compare import Figure, PlanDiff, render_markdown
 
     d = PlanDiff(old_name="a|b", new_name="c", figures=[Figure(label="pool x|y", old=1, new=2, unit="bytes")],
                  inputs=[], decisions=[], steps=[], step_lines=[])
@@ -153,8 +153,8 @@ def test_non_plans_and_other_versions_are_one_line(cli, plans, tmp_path, other, 
 def test_plans_of_different_versions_are_refused_by_the_library(built):
     import msgspec
 
-    from planner.compare import compare
-    from schemas.errors import InputError
+    from capture_plan.planner.compare import compare
+    from capture_plan.schemas.errors import InputError
 
     a = built(backend="fa3", max_bs=8)
     with pytest.raises(InputError, match=r"b.json: plans of different versions \(a.json: 1, b.json: 0\) cannot "
@@ -164,7 +164,7 @@ def test_plans_of_different_versions_are_refused_by_the_library(built):
 
 def test_the_figures_are_a_table_of_getters():
     # adding a figure is one row: (label, getter, unit)
-    from planner.compare import FIGURES
+    from capture_plan.planner.compare import FIGURES
 
     assert all(isinstance(label, str) and callable(get) and unit in ("bytes", "count", "device-bytes")
                for label, get, unit in FIGURES)

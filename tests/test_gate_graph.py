@@ -50,7 +50,7 @@ def test_one_phase_plan(cli, plans):
 def test_a_phase_name_with_quotes_stays_one_dot_string(built):
     import msgspec
 
-    from planner.render import graph_phases
+    from capture_plan.planner.render import graph_phases
 
     plan = built(backend="fa3", max_bs=4)
     odd = msgspec.structs.replace(plan, name='we"ird')

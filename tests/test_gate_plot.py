@@ -28,8 +28,8 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_per_pool_series_end_at_each_pools_peak(plans):
-    from planner.plot import pool_series
-    from schemas.codec import decode_plan
+    from capture_plan.planner.plot import pool_series
+    from capture_plan.schemas.codec import decode_plan
 
     plan = decode_plan((plans / "fa3-eagle-ci.json").read_bytes(), "p")
     series = pool_series(plan)

@@ -66,10 +66,10 @@ NARROW = [("mistral", 64), ("gpt_oss", 64)]
 
 @pytest.mark.parametrize("kind,window", [(k, 1024) for k in hf_tiny.KINDS] + NARROW)
 def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, kind, window):
-    from adapters.hf import HFTarget
-    from executor import capture, profile, write_trace
+    from capture_plan.adapters.hf import HFTarget
+    from capture_plan.executor import capture, profile, write_trace
+    from capture_plan.planner import BuildOptions, build_plan
     from gpu_targets import assert_verifies_clean
-    from planner import BuildOptions, build_plan
 
     model, cfg = _model(kind, window)
     target = HFTarget(model, max_bs=max(SIZES), max_seqlen=128)
@@ -101,7 +101,7 @@ def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind, window):
     kernel, and on the H200 6-18 of 36 replays per SDPA model differed."""
     import torch
 
-    from adapters.hf import HFTarget
+    from capture_plan.adapters.hf import HFTarget
 
     bench = _capture_bench()
     sizes = [1, 8, 32, 64, 128, 256]

@@ -79,7 +79,7 @@ def test_replays_during_capture_equal_eager_pool_unchanged_verify_clean(tmp_path
 
     import torch
 
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     plan = _plan(tmp_path, list(range(1, 65)), phases=("decode", "target_verify"))
     rows = {"decode": 1, "target_verify": 4}
@@ -137,7 +137,7 @@ def test_replays_during_capture_equal_eager_pool_unchanged_verify_clean(tmp_path
 
 
 def test_error_on_the_capture_thread_reaches_the_next_replay_with_the_step(tmp_path):
-    from executor import CaptureFailed, ExecutorError, capture
+    from capture_plan.executor import CaptureFailed, ExecutorError, capture
     from gpu_targets import Gated
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
@@ -161,7 +161,7 @@ def test_error_on_the_capture_thread_reaches_the_next_replay_with_the_step(tmp_p
 
 
 def test_error_reaches_wait(tmp_path):
-    from executor import CaptureFailed, capture
+    from capture_plan.executor import CaptureFailed, capture
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
@@ -174,7 +174,7 @@ def test_error_reaches_wait(tmp_path):
 
 
 def test_release_mid_capture_stops_the_thread_and_releases_everything(tmp_path):
-    from executor import ExecutorError, capture
+    from capture_plan.executor import ExecutorError, capture
     from gpu_targets import Gated
 
     plan = _plan(tmp_path, list(range(1, 17)), backend="torch", ci=False)
@@ -197,7 +197,7 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
 
     import torch
 
-    from executor import ExecutorError, capture
+    from capture_plan.executor import ExecutorError, capture
     from gpu_targets import Gated
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
@@ -251,7 +251,7 @@ def test_capture_and_release_return_the_pool_without_a_full_collection(tmp_path,
     release may run one, and release must still return every pool segment."""
     import gc
 
-    from executor import capture
+    from capture_plan.executor import capture
 
     real, calls = gc.collect, []
 
@@ -259,7 +259,7 @@ def test_capture_and_release_return_the_pool_without_a_full_collection(tmp_path,
         calls.append(generation)
         return real(generation)
 
-    from executor.pool import pool_reserved
+    from capture_plan.executor.pool import pool_reserved
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16, 32, 64])
     monkeypatch.setattr(gc, "collect", spy)

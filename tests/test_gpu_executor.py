@@ -29,7 +29,7 @@ def _spec(tmp_path: Path, sizes, phases=("decode",), **model) -> Path:
 
 
 def _plan(tmp_path, sizes, backend="fa3", ci=True, phases=("decode",), strategies=(), trace=None, **model):
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     return build_plan(BuildOptions(backend=backend, ci=ci, spec=_spec(tmp_path, sizes, phases, **model),
                                    strategies=tuple(strategies), trace=trace))
@@ -37,8 +37,8 @@ def _plan(tmp_path, sizes, backend="fa3", ci=True, phases=("decode",), strategie
 
 def small_model():
     """The reference model at SMALL, batches up to 64 (tests/test_gpu_background.py's too)."""
-    from executor.reference import ReferenceConfig, ReferenceModel
-    from schemas.spec import Model
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
 
     return ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=64, max_seqlen=256))
 
@@ -49,7 +49,7 @@ def model():
 
 
 def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16, 32, 64], phases=("decode", "target_verify"))
     tv = next(p for p in plan.phases if p.name == "target_verify")
@@ -59,12 +59,12 @@ def test_capture_follows_plan_and_replays_equal_eager(tmp_path, model):
         planned = [(s.phase, s.bs) for s in plan.steps if s.op == "capture"]
         assert list(gs.graphs) == planned
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
-        from executor.pool import pool_reserved
+        from capture_plan.executor.pool import pool_reserved
 
         # the cheap per-step counter adds up to what the pools really hold
         assert gs.report.steps[-1].reserved == gs.report.pool_bytes == pool_reserved(gs.pools.values())
         gs.write_report(tmp_path / "report.json")
-        from planner.cli import main
+        from capture_plan.planner.cli import main
 
         assert main(["report", str(tmp_path / "report.json")]) == 0
         res = verify(gs, checks=("interleave", "scribble"), rounds=2)
@@ -81,8 +81,8 @@ def test_verify_has_no_false_positives_with_footprint_guard(tmp_path, model):
 
 
 def test_measured_pool_close_to_prediction_and_to_trace(tmp_path, model):
-    from executor import capture, profile, write_trace
-    from planner import BuildOptions, build_plan
+    from capture_plan.executor import capture, profile, write_trace
+    from capture_plan.planner import BuildOptions, build_plan
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16, 32, 64])
     gs = capture(plan, model, progress=False)
@@ -104,7 +104,7 @@ def test_measured_pool_close_to_prediction_and_to_trace(tmp_path, model):
 
 
 def test_footprint_guard_catches_out_of_bounds_write(tmp_path):
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
@@ -126,7 +126,7 @@ def test_footprint_guard_catches_out_of_bounds_write(tmp_path):
 
 
 def test_reading_a_view_output_after_its_pool_replayed_is_caught(tmp_path):
-    from executor import StaleOutputError, capture
+    from capture_plan.executor import StaleOutputError, capture
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False, strategies=["outputs=view"])
@@ -145,7 +145,7 @@ def test_reading_a_view_output_after_its_pool_replayed_is_caught(tmp_path):
 def test_failure_mid_capture_names_step_and_releases_everything(tmp_path):
     import torch
 
-    from executor import CaptureFailed, capture
+    from capture_plan.executor import CaptureFailed, capture
     from gpu_targets import Synthetic, prime_capture_stream
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
@@ -165,7 +165,7 @@ def test_failure_mid_capture_names_step_and_releases_everything(tmp_path):
 def test_out_of_memory_mid_capture_reports_predicted_and_free(tmp_path):
     import torch
 
-    from executor import CaptureFailed, capture
+    from capture_plan.executor import CaptureFailed, capture
     from gpu_targets import Synthetic
 
     class Hog(Synthetic):
@@ -180,7 +180,7 @@ def test_out_of_memory_mid_capture_reports_predicted_and_free(tmp_path):
 
 
 def test_outputs_that_move_outside_the_pool_are_refused(tmp_path):
-    from executor import ExecutorError, capture
+    from capture_plan.executor import ExecutorError, capture
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="triton", ci=False)  # warm-up at every size
@@ -189,7 +189,7 @@ def test_outputs_that_move_outside_the_pool_are_refused(tmp_path):
 
 
 def test_replay_pads_and_rejects_beyond_largest(tmp_path):
-    from executor import ExecutorError, capture
+    from capture_plan.executor import ExecutorError, capture
     from gpu_targets import Synthetic
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False)
@@ -221,9 +221,9 @@ def test_hoisted_fa3_metadata_matches_in_kernel_metadata(model):
 
 
 def test_sdpa_fallback_captures_and_verifies(tmp_path):
-    from executor import capture, verify
-    from executor.reference import ReferenceConfig, ReferenceModel
-    from schemas.spec import Model
+    from capture_plan.executor import capture, verify
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
 
     m = ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=16, max_seqlen=128), backend="torch")
     plan = _plan(tmp_path, [1, 2, 4, 8, 16], backend="torch", ci=False, phases=("decode", "target_verify"))
@@ -246,11 +246,11 @@ import os, torch, torch.distributed as dist
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29511")
 dist.init_process_group("nccl", rank=0, world_size=1)
 torch.cuda.set_device(0)
-from planner import BuildOptions, build_plan
-from executor import capture, verify
-from executor.reference import ReferenceConfig, ReferenceModel
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.executor import capture, verify
+from capture_plan.references.decode import ReferenceConfig, ReferenceModel
 plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=__import__("pathlib").Path({str(spec)!r}), tp=1))
-from schemas.spec import Model
+from capture_plan.schemas.spec import Model
 m = ReferenceModel(ReferenceConfig(model=Model(**{SMALL!r}), max_bs=8, max_seqlen=128), tp_group=dist.group.WORLD)
 gs = capture(plan, m, progress=False)
 res = verify(gs, checks=("interleave",))

@@ -24,7 +24,7 @@ SIZES = [1, 2, 4, 8, 16, 32]
 
 def _facts(gs) -> dict:
     """What capture() and the loop must agree on."""
-    from executor.pool import pool_reserved
+    from capture_plan.executor.pool import pool_reserved
 
     return dict(pool=gs.report.pool_bytes, pools=pool_reserved(gs.pools.values()),
                 steps=[(m.id, m.reserved, m.predicted_reserved) for m in gs.report.steps],
@@ -37,8 +37,8 @@ def _facts(gs) -> dict:
 def _loop_equals_capture(plan, target) -> None:
     import torch
 
+    from capture_plan.executor import capture, verify
     from engine_shaped import TargetModel, run_engine
-    from executor import capture, verify
 
     ref = capture(plan, target, progress=False)
     try:
@@ -81,7 +81,7 @@ def _engine_replays_equal_eager(backend, gs, target) -> None:
 
 
 def _reference_plan(tmp_path: Path, ci: bool):
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     text = "[model]\n" + "".join(f"{k} = {v}\n" for k, v in SMALL.items())
     for name, tpr in (("decode", 1), ("target_verify", 4)):
@@ -92,8 +92,8 @@ def _reference_plan(tmp_path: Path, ci: bool):
 
 @pytest.mark.parametrize("ci", [True, False])
 def test_engine_loop_equals_capture_on_the_reference(tmp_path, ci):
-    from executor.reference import ReferenceConfig, ReferenceModel
-    from schemas.spec import Model
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
 
     model = ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=max(SIZES), max_seqlen=256,
                                            tokens={"decode": 1, "target_verify": 4}))
@@ -110,8 +110,8 @@ def test_engine_loop_equals_capture_on_the_eagle_reference(tmp_path, ci):
 @pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "gemma2"])  # the benchmarked families
 def test_engine_loop_equals_capture_on_a_transformers_model(tmp_path, kind):
     pytest.importorskip("transformers")
-    from adapters.hf import HFTarget
-    from planner import BuildOptions, build_plan
+    from capture_plan.adapters.hf import HFTarget
+    from capture_plan.planner import BuildOptions, build_plan
     from test_gpu_adapters import _model, _spec
 
     model, cfg = _model(kind)
@@ -120,7 +120,7 @@ def test_engine_loop_equals_capture_on_a_transformers_model(tmp_path, kind):
 
 
 def _plan_file(tmp_path: Path, strategies=()) -> Path:
-    from planner import plan_bytes
+    from capture_plan.planner import plan_bytes
     from test_gpu_speculative import plan_for
 
     path = tmp_path / "plan.json"
@@ -137,8 +137,8 @@ def test_planted_bugs_give_the_same_faults_through_the_loop_and_in_a_plain_loop(
     """Through the loop: the very faults of ``capture()`` (the same pools and
     layout). In a plain torch.cuda.graph loop, adopted: caught too, every fault
     blaming a draft_decode graph (its layout differs, so do the faults)."""
+    from capture_plan.references.speculative import planted_run
     from engine_shaped import planted
-    from executor.speculative import planted_run
 
     path = _plan_file(tmp_path)
     ours = planted_run(path, (bug,))
@@ -156,8 +156,8 @@ def test_planted_bugs_give_the_same_faults_through_the_loop_and_in_a_plain_loop(
 def test_a_clean_plain_loop_verifies_clean_with_every_check(tmp_path):
     """No false positives on engine-captured graphs: interleave, scribble,
     footprint (from record_graphs) and the read-only guard."""
+    from capture_plan.executor import adopt, record_graphs, verify
     from engine_shaped import plain_loop
-    from executor import adopt, record_graphs, verify
     from test_gpu_speculative import make, plan_for
 
     plan = plan_for(tmp_path)
@@ -180,8 +180,8 @@ def test_a_clean_plain_loop_verifies_clean_with_every_check(tmp_path):
 def test_the_loop_with_the_allocation_history_verifies_clean_with_every_check(tmp_path):
     import torch
 
+    from capture_plan.executor import verify
     from engine_shaped import TargetModel, run_engine
-    from executor import verify
     from test_gpu_speculative import make, plan_for
 
     target = make()
@@ -198,7 +198,7 @@ def test_the_loop_with_the_allocation_history_verifies_clean_with_every_check(tm
 
 
 def _synthetic_plan(tmp_path: Path, name: str):
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = tmp_path / f"{name}.toml"
     sizes = [1] if name == "prime" else [1, 2, 4, 8, 16]
@@ -218,8 +218,8 @@ def _no_tensor(backend, runners):
 def test_a_failed_engine_loop_leaves_no_graph_memory_behind(tmp_path, fault):
     import torch
 
+    from capture_plan.executor import ExecutorError
     from engine_shaped import TargetModel, run_engine
-    from executor import ExecutorError
     from gpu_targets import Synthetic
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -252,10 +252,10 @@ def test_the_engine_loop_captures_in_the_background_while_replays_equal_eager(tm
 
     import torch
 
+    from capture_plan.executor import capture, verify
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
     from engine_shaped import TargetModel, make_engine
-    from executor import capture, verify
-    from executor.reference import ReferenceConfig, ReferenceModel
-    from schemas.spec import Model
     from test_gpu_background import _padded_to, _serving_stream
 
     model = ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=max(SIZES), max_seqlen=256))

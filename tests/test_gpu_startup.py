@@ -15,10 +15,10 @@ MiB = 2**20
 def test_predicted_startup_memory_is_what_the_capture_then_takes(tmp_path):
     import torch
 
-    from adapters.startup import predict_startup
-    from executor import capture
+    from capture_plan.adapters.startup import predict_startup
+    from capture_plan.executor import capture
+    from capture_plan.planner import BuildOptions
     from gpu_targets import Synthetic
-    from planner import BuildOptions
 
     spec = tmp_path / "spec.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 12, 16, 24, 32]\n')
@@ -42,9 +42,9 @@ def test_predicted_startup_memory_is_what_the_capture_then_takes(tmp_path):
 def test_capture_leaves_no_cached_blocks_in_the_ordinary_allocator(tmp_path):
     import torch
 
-    from executor import capture
+    from capture_plan.executor import capture
+    from capture_plan.planner import BuildOptions, build_plan
     from gpu_targets import Synthetic, prime_capture_stream
-    from planner import BuildOptions, build_plan
 
     prime_capture_stream(tmp_path)
     spec = tmp_path / "spec.toml"

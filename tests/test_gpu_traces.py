@@ -23,8 +23,8 @@ def _spec(tmp_path, sizes):
 
 @pytest.fixture(scope="module")
 def model():
-    from executor.reference import ReferenceConfig, ReferenceModel
-    from schemas.spec import Model
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
 
     return ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=64, max_seqlen=256))
 
@@ -34,8 +34,8 @@ def _pred(p):
 
 
 def test_prediction_from_three_sizes_equals_the_one_from_every_size(tmp_path, model):
-    from executor import capture, profile, write_trace
-    from planner import BuildOptions, build_plan
+    from capture_plan.executor import capture, profile, write_trace
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = _spec(tmp_path, SIZES)
     plan = build_plan(BuildOptions(backend="fa3", spec=spec))
@@ -46,7 +46,7 @@ def test_prediction_from_three_sizes_equals_the_one_from_every_size(tmp_path, mo
     write_trace(profile(plan, model), tmp_path / "few.json")
     full = build_plan(BuildOptions(backend="fa3", spec=spec, trace=tmp_path / "all.json"))
     few = build_plan(BuildOptions(backend="fa3", spec=spec, trace=tmp_path / "few.json"))
-    from schemas.trace import default_samples
+    from capture_plan.schemas.trace import default_samples
 
     assert few.predicted.samples["decode"].measured == default_samples(SIZES) == [1, 24, 64]
     assert _pred(few.predicted) == _pred(full.predicted)
@@ -61,11 +61,11 @@ def test_prediction_from_three_sizes_equals_the_one_from_every_size(tmp_path, mo
 
 
 def test_snapshot_dumped_during_capture_predicts_like_the_projects_trace(tmp_path, model, monkeypatch):
-    """The same captures, read twice: torch's pickled snapshot and executor.profile's trace."""
+    """The same captures, read twice: torch's pickled snapshot and capture_plan.executor.profile's trace."""
     import torch
 
-    from executor import pool, profile, write_trace
-    from planner import BuildOptions, build_plan
+    from capture_plan.executor import pool, profile, write_trace
+    from capture_plan.planner import BuildOptions, build_plan
 
     snap = tmp_path / "snapshot.pickle"
     stop = pool.AllocationRecorder.stop
@@ -83,8 +83,8 @@ def test_snapshot_dumped_during_capture_predicts_like_the_projects_trace(tmp_pat
     assert snap.stat().st_size > 0
     a = build_plan(BuildOptions(backend="fa3", spec=spec, trace=tmp_path / "trace.json"))
     b = build_plan(BuildOptions(backend="fa3", spec=spec, trace=snap))
-    from schemas.snapshot import trace_from_snapshot
-    from schemas.spec import Phase
+    from capture_plan.schemas.snapshot import trace_from_snapshot
+    from capture_plan.schemas.spec import Phase
 
     got = trace_from_snapshot(snap.read_bytes(), [Phase(name="decode", kind="decode", sizes=SIZES)], "snap")
     sizes = lambda t: {c.bs: [(e.op, e.size) for e in c.events] for c in t.captures}  # noqa: E731

@@ -22,7 +22,7 @@ PINS = ("order=largest-first", "outputs=view", "warmup=once-per-phase", "pool=sh
 
 
 def _plan(tmp_path: Path, kind: str):
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     text = "[model]\n" + "".join(f"{k} = {v}\n" for k, v in SMALL.items())
     text += f'\n[[phases]]\nname = "{kind}"\nkind = "{kind}"\nsizes = {SIZES}\n'
@@ -35,8 +35,8 @@ def _plan(tmp_path: Path, kind: str):
 def model():
     import torch.nn.functional as F
 
-    from executor.reference import ReferenceConfig, ReferenceModel, _rmsnorm
-    from schemas.spec import Model
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel, _rmsnorm
+    from capture_plan.schemas.spec import Model
 
     class HiddenModel(ReferenceModel):
         """vLLM's graphs: the forward up to the final norm, logits computed outside
@@ -74,7 +74,7 @@ def model():
 
 def test_full_phase_prediction_and_replays(tmp_path, model):
     """A FULL graph is one ordinary capture: the executor runs the plan as it is."""
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     plan = _plan(tmp_path, "full")
     gs = capture(plan, model, progress=False)
@@ -95,7 +95,7 @@ def test_piecewise_phase_prediction(tmp_path, model):
     them, which is the engine's runtime, not the plan's."""
     import torch
 
-    from executor.pool import pool_reserved
+    from capture_plan.executor.pool import pool_reserved
 
     plan = _plan(tmp_path, "piecewise")
     assert [(s.op, s.bs) for s in plan.steps] == [("warmup", 64)] + [("capture", bs) for bs in sorted(SIZES)[::-1]]

@@ -6,8 +6,8 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.graph import Digraph, check_acyclic
-from schemas.errors import ConstraintError
+from capture_plan.planner.graph import Digraph, check_acyclic
+from capture_plan.schemas.errors import ConstraintError
 
 
 @st.composite

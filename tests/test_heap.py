@@ -1,4 +1,4 @@
-"""executor.heap: the collector is frozen, not run, and an engine's own freeze is kept (CPU)."""
+"""capture_plan.executor.heap: the collector is frozen, not run, and an engine's own freeze is kept (CPU)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from executor.heap import Frozen, collect_young
+from capture_plan.executor.heap import Frozen, collect_young
 
 
 @pytest.fixture(autouse=True)

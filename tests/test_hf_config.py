@@ -7,8 +7,8 @@ import json
 import msgspec
 import pytest
 
-from planner import BuildOptions, build_plan
-from schemas.errors import InputError
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.schemas.errors import InputError
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
          "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -35,7 +35,7 @@ def _write(tmp_path, cfg, model_extra=""):
 
 
 def _model(tmp_path, cfg, **kw):
-    from planner.build import _spec
+    from capture_plan.planner.build import _spec
 
     return _spec(BuildOptions(backend="torch", spec=_write(tmp_path, cfg, **kw)))[0].model
 
@@ -197,7 +197,7 @@ def test_bad_served_configs_name_the_keys(tmp_path, cfg, message):
 def test_two_aliases_that_disagree_are_named(monkeypatch):
     """A key with two aliases (as Sarvam's n_routed_experts in transformers 5.24):
     the error names the two spellings the file gives."""
-    from planner import hf_config
+    from capture_plan.planner import hf_config
 
     table = hf_config.architectures()
     kind = msgspec.structs.replace(table.model_types["deepseek_v3"],
@@ -230,7 +230,7 @@ def test_aliases_are_transformers_attribute_maps():
     lowest and the newest transformers the hf extra allows)."""
     CONFIG_MAPPING = pytest.importorskip("transformers").CONFIG_MAPPING
 
-    from planner.hf_config import architectures
+    from capture_plan.planner.hf_config import architectures
 
     _transformers()
     table = architectures()
@@ -251,7 +251,7 @@ SMALL = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate
 def _small_config(mt: str) -> dict:
     """A config dict for ``mt`` giving SMALL through the keys the table names;
     the parts of a sum or product get their own small values."""
-    from planner.hf_config import DIMENSIONS, Combined, architectures
+    from capture_plan.planner.hf_config import DIMENSIONS, Combined, architectures
 
     table = architectures()
     kind = table.model_types[mt]
@@ -275,7 +275,7 @@ def _small_config(mt: str) -> dict:
 
 
 def _type_names():
-    from planner.hf_config import architectures
+    from capture_plan.planner.hf_config import architectures
 
     return sorted(architectures().model_types)
 
@@ -288,7 +288,7 @@ def test_the_table_reads_what_transformers_builds(tmp_path, mt):
     import torch
 
     transformers = _transformers()
-    from planner.hf_config import model_from_config
+    from capture_plan.planner.hf_config import model_from_config
 
     cfg = transformers.AutoConfig.for_model(**_small_config(mt))
     written = json.loads(cfg.to_json_string())  # what save_pretrained writes: canonical names, every key
@@ -331,7 +331,7 @@ def test_reading_a_config_imports_neither_transformers_nor_torch(tmp_path):
      r"model_types.bad.head_dim: give exactly one of sum and product"),
 ])
 def test_a_broken_table_is_a_broken_package(data_file, extra, message):
-    from planner.hf_config import architectures
+    from capture_plan.planner.hf_config import architectures
 
     architectures.cache_clear()
     data_file("architectures.toml", extra)

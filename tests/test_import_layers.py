@@ -1,4 +1,4 @@
-"""The import graph of schemas, planner, executor and adapters has layers and no circles.
+"""The import graph of capture_plan's packages has layers and no circles.
 
 Read from the source with ast (nothing is imported), as ``tests/test_no_torch.py``
 checks the planner's imports at run time. What counts as an edge:
@@ -13,9 +13,10 @@ checks the planner's imports at run time. What counts as an edge:
 
 What does not count: imports under ``if TYPE_CHECKING:`` (never executed;
 type checkers resolve circles among annotations), and ``importlib`` calls
-elsewhere, whose module names are computed (``planner.cli`` loads its
+elsewhere, whose module names are computed (``capture_plan.planner.cli`` loads its
 command modules that way: they sit below it, which is the direction every
-package already has). Only modules of the four packages are nodes: what
+package already has). Only modules of capture_plan are nodes (the
+repository's folders, named as pyproject.toml's package-dir maps them): what
 they import from outside (torch, networkx, the standard library) is not
 looked at here.
 """
@@ -26,25 +27,34 @@ import ast
 import pathlib
 
 import networkx as nx
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("schemas", "planner", "executor", "adapters")
+#: package -> its folder, as the wheel maps them (capture_plan itself: the root's __init__.py)
+PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 #: which other packages each package may import: schemas at the bottom; planner and
-#: executor beside each other on it, never importing each other; adapters on top
+#: executor beside each other on it, never importing each other; adapters and the
+#: reference models above the executor, which imports neither
 MAY_IMPORT = {
-    "schemas": set(),
+    "capture_plan": set(),
+    "schemas": {"capture_plan"},  # its __version__
     "planner": {"schemas"},
     "executor": {"schemas"},
     "adapters": {"schemas", "planner", "executor"},
+    "references": {"schemas", "executor"},
 }
 
 
-def _modules(root: pathlib.Path, packages) -> dict[str, tuple[pathlib.Path, bool]]:
-    """Dotted module name -> (its file, whether it is a package's ``__init__``)."""
+def _modules(root: pathlib.Path, packages: dict[str, str]) -> dict[str, tuple[pathlib.Path, bool]]:
+    """Dotted module name -> (its file, whether it is a package's ``__init__``), for
+    ``packages`` mapping each package's name to its folder under ``root``."""
     mods = {}
-    for pkg in packages:
-        for path in sorted((root / pkg).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for pkg, folder in packages.items():
+        base = root / folder
+        # the root package's folder holds the others: only its own __init__.py is it
+        paths = [base / "__init__.py"] if folder == "." else sorted(base.rglob("*.py"))
+        for path in paths:
+            parts = pkg.split(".") + list(path.relative_to(base).with_suffix("").parts)
             is_pkg = parts[-1] == "__init__"
             mods[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
     return mods
@@ -139,8 +149,9 @@ def test_no_import_cycles():
 
 def layer_violations(g: nx.DiGraph, may_import=MAY_IMPORT) -> list[str]:
     """Each edge from one package into another that ``may_import`` does not allow, as text."""
-    def pkg(m: str) -> str:
-        return m.split(".")[0]
+    def pkg(m: str) -> str:  # capture_plan.planner.build -> planner; pkg.m -> pkg
+        parts = m.split(".")
+        return parts[1] if parts[0] == "capture_plan" and len(parts) > 1 else parts[0]
 
     return sorted(f"{a} imports {b} (line {g.edges[a, b]['lines'][0]})" for a, b in g.edges
                   if pkg(b) != pkg(a) and pkg(b) not in may_import[pkg(a)])
@@ -152,14 +163,27 @@ def test_packages_import_only_the_layers_below():
 
 
 def test_every_package_is_read():
-    """The graph holds every module of the four packages, and real edges between them."""
+    """The graph holds every module of the packages, and real edges between them."""
     g = import_graph()
+    assert set(PACKAGES) == {"capture_plan", *(f"capture_plan.{p}" for p in MAY_IMPORT if p != "capture_plan")}
     for pkg in PACKAGES:
-        assert pkg in g and any(n.startswith(pkg + ".") for n in g), pkg
-    assert g.has_edge("executor.session", "executor.background")  # the lazy import in start_background
-    assert g.has_edge("adapters.startup", "planner")
-    assert g.has_edge("planner.build", "planner.resources")  # `from . import resources`
-    assert g.has_edge("executor", "executor.session")  # executor's lazy __getattr__
+        assert pkg in g and (pkg == "capture_plan" or any(n.startswith(pkg + ".") for n in g)), pkg
+    cp = "capture_plan."
+    assert g.has_edge(cp + "executor.session", cp + "executor.background")  # the lazy import in start_background
+    assert g.has_edge(cp + "adapters.startup", cp + "planner")
+    assert g.has_edge(cp + "planner.build", cp + "planner.resources")  # `from . import resources`
+    assert g.has_edge(cp + "executor", cp + "executor.session")  # executor's lazy __getattr__
+    assert g.has_edge(cp + "references.speculative", cp + "references.decode")
+    assert g.has_edge(cp + "schemas", "capture_plan")
+
+
+def test_the_executor_imports_no_reference_model():
+    """What an engine imports (capture_plan.executor and everything it reaches)
+    holds no reference model, planted bug or the planner."""
+    g = import_graph()
+    reached = nx.descendants(g, "capture_plan.executor") | {"capture_plan.executor"}
+    assert not any(m.startswith(("capture_plan.references", "capture_plan.planner", "capture_plan.adapters"))
+                   for m in reached), sorted(reached)
 
 
 def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
@@ -178,7 +202,7 @@ def test_a_circle_closed_by_a_lazy_import_is_found(tmp_path):
         "pkg/background.py": "from .session import CaptureSession\n",
         "pkg/session.py": "def start():\n    from .background import Background\n",
     })
-    g = import_graph(root, ("pkg",))
+    g = import_graph(root, {"pkg": "pkg"})
     assert cycles(g) == [["pkg.background", "pkg.session"]]
     assert _describe(g, cycles(g)[0]) == "pkg.background (line 1) -> pkg.session (line 2) -> pkg.background"
 
@@ -189,7 +213,7 @@ def test_type_checking_imports_are_not_edges(tmp_path):
         "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
         "pkg/b.py": "from . import a\n",
     })
-    g = import_graph(root, ("pkg",))
+    g = import_graph(root, {"pkg": "pkg"})
     assert cycles(g) == [] and g.has_edge("pkg.b", "pkg.a") and not g.has_edge("pkg.a", "pkg.b")
 
 
@@ -200,16 +224,16 @@ def test_a_submodule_importing_its_lazy_package_is_a_circle(tmp_path):
         "pkg/m.py": "import pkg.n\n",
         "pkg/n.py": "def f():\n    from pkg import thing\n",
     })
-    g = import_graph(root, ("pkg",))
+    g = import_graph(root, {"pkg": "pkg"})
     assert ["pkg", "pkg.n"] in cycles(g) and g.has_edge("pkg.m", "pkg.n")
 
 
 def test_a_lazy_import_across_the_layers_is_a_violation(tmp_path):
     root = _write(tmp_path, {
         "schemas/__init__.py": "",
-        "schemas/plan.py": "def f():\n    from planner.build import build_plan\n",
+        "schemas/plan.py": "def f():\n    from capture_plan.planner.build import build_plan\n",
         "planner/__init__.py": "",
-        "planner/build.py": "from schemas.plan import f\n",
+        "planner/build.py": "from capture_plan.schemas.plan import f\n",
     })
-    g = import_graph(root, ("schemas", "planner"))
-    assert layer_violations(g) == ["schemas.plan imports planner.build (line 2)"]
+    g = import_graph(root, {"capture_plan.schemas": "schemas", "capture_plan.planner": "planner"})
+    assert layer_violations(g) == ["capture_plan.schemas.plan imports capture_plan.planner.build (line 2)"]

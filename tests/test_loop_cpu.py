@@ -23,8 +23,8 @@ DECODE = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
 
 
 def _plan(tmp_path: Path, backend: str, *strategies: str, ci: bool = False, eagle: bool = False):
-    from executor.speculative import spec_toml
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.references.speculative import spec_toml
 
     spec = tmp_path / "spec.toml"
     spec.write_text(spec_toml([1, 2, 4, 8]) if eagle else DECODE)
@@ -104,7 +104,7 @@ CASES = [("fa3", (), True, False), ("triton", (), False, False),
 
 @pytest.mark.parametrize("backend,strategies,ci,eagle", CASES)
 def test_engine_loop_captures_what_capture_captures(tmp_path, fake, backend, strategies, ci, eagle):
-    from executor import capture
+    from capture_plan.executor import capture
 
     plan = _plan(tmp_path, backend, *strategies, ci=ci, eagle=eagle)
     tokens = {p.name: p.tokens_per_request for p in plan.phases}
@@ -210,7 +210,7 @@ FAULTS = [
 
 @pytest.mark.parametrize("configure,message,step", FAULTS, ids=[f[0].__name__.strip("_") for f in FAULTS])
 def test_an_engine_loop_that_breaks_the_plan_gets_one_error_naming_the_step(tmp_path, fake, configure, message, step):
-    from executor import ExecutorError
+    from capture_plan.executor import ExecutorError
 
     eagle = configure is _phase_order
     plan = _plan(tmp_path, "fa3", ci=True, eagle=eagle)
@@ -229,7 +229,7 @@ def test_an_engine_loop_that_breaks_the_plan_gets_one_error_naming_the_step(tmp_
 
 
 def test_an_engine_forward_that_raises_is_capture_failed_naming_the_step(tmp_path, fake):
-    from executor import CaptureFailed
+    from capture_plan.executor import CaptureFailed
 
     plan = _plan(tmp_path, "fa3", ci=True)
     model = Model(fake, {"decode": 1})
@@ -254,7 +254,7 @@ class Pair(NamedTuple):
 
 
 def test_hold_returns_the_engine_s_own_output_structure(tmp_path, fake):
-    from executor import capture_loop
+    from capture_plan.executor import capture_loop
 
     plan = _plan(tmp_path, "fa3", ci=True)
     shapes = []
@@ -275,7 +275,7 @@ def test_hold_returns_the_engine_s_own_output_structure(tmp_path, fake):
 
 
 def test_a_view_policy_holds_non_owning_views(tmp_path, fake):
-    from executor import capture_loop
+    from capture_plan.executor import capture_loop
 
     plan = _plan(tmp_path, "fa3", ci=True)
     import msgspec
@@ -297,7 +297,7 @@ def test_a_view_policy_holds_non_owning_views(tmp_path, fake):
 
 
 def test_misuse_outside_the_loop_is_one_clear_error(tmp_path, fake):
-    from executor import ExecutorError, capture_loop
+    from capture_plan.executor import ExecutorError, capture_loop
 
     plan = _plan(tmp_path, "fa3", ci=True)
     loop = capture_loop(plan, device=CPU)
@@ -315,7 +315,7 @@ def test_misuse_outside_the_loop_is_one_clear_error(tmp_path, fake):
 
 
 def test_a_graph_the_engine_records_itself_is_checked_for_its_pool(tmp_path, fake):
-    from executor import ExecutorError, capture_loop
+    from capture_plan.executor import ExecutorError, capture_loop
 
     plan = _plan(tmp_path, "fa3", ci=True)
     with capture_loop(plan, device=CPU) as loop:
@@ -344,8 +344,8 @@ def test_a_graph_the_engine_records_itself_is_checked_for_its_pool(tmp_path, fak
 def _runner_parts(fake, plan, model, fail_phase=None, holder=None):
     """SGLang's shape: the target's runner captures at one time, the EAGLE draft
     runners later, each inside its own ``loop.part()``; one loop for the plan."""
+    from capture_plan.executor import capture_loop
     from engine_shaped import Backend, Runner
-    from executor import capture_loop
 
     stream = torch.cuda.Stream()
     backend = Backend(stream)
@@ -362,7 +362,7 @@ def _runner_parts(fake, plan, model, fail_phase=None, holder=None):
 
 
 def test_runners_made_at_different_times_share_one_loop_through_parts(tmp_path, fake):
-    from executor import capture
+    from capture_plan.executor import capture
 
     plan = _plan(tmp_path, "fa3", ci=True, eagle=True)
     tokens = {p.name: p.tokens_per_request for p in plan.phases}
@@ -377,7 +377,7 @@ def test_runners_made_at_different_times_share_one_loop_through_parts(tmp_path, 
 
 
 def test_a_failure_in_a_later_part_releases_the_earlier_parts_too(tmp_path, fake):
-    from executor import CaptureFailed
+    from capture_plan.executor import CaptureFailed
 
     plan = _plan(tmp_path, "fa3", ci=True, eagle=True)
     model = Model(fake, {p.name: p.tokens_per_request for p in plan.phases})
@@ -389,7 +389,7 @@ def test_a_failure_in_a_later_part_releases_the_earlier_parts_too(tmp_path, fake
 
 
 def test_close_names_the_first_capture_never_made(tmp_path, fake):
-    from executor import ExecutorError, capture_loop
+    from capture_plan.executor import ExecutorError, capture_loop
 
     plan = _plan(tmp_path, "fa3", ci=True)
     loop = capture_loop(plan, device=CPU)
@@ -445,7 +445,7 @@ def test_the_engine_loop_captures_in_the_background_while_the_engine_serves(tmp_
 
 
 def test_a_background_engine_loop_that_fails_raises_at_wait_naming_the_step(tmp_path, fake):
-    from executor import CaptureFailed
+    from capture_plan.executor import CaptureFailed
     from fake_cuda import FakeStream, Target, decode_plan
 
     plan = decode_plan(tmp_path, [1, 2, 4, 8, 16])
@@ -457,7 +457,7 @@ def test_a_background_engine_loop_that_fails_raises_at_wait_naming_the_step(tmp_
 
 
 def test_release_during_a_background_engine_loop_stops_it_at_its_next_step(tmp_path, fake):
-    from executor import ExecutorError, capture_loop
+    from capture_plan.executor import ExecutorError, capture_loop
     from fake_cuda import FakeStream, Target, decode_plan
 
     plan = decode_plan(tmp_path, [1, 2, 4, 8, 16])
@@ -484,7 +484,7 @@ def test_hold_lets_go_of_the_engine_s_outputs_without_a_collection(shape):
     more pool per step than capture())."""
     import weakref
 
-    from executor.loop import _flatten
+    from capture_plan.executor.loop import _flatten
 
     @dataclasses.dataclass
     class Out:

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from planner import BuildOptions, build_plan, plan_bytes, resources
-from schemas.errors import InputError
+from capture_plan.planner import BuildOptions, build_plan, plan_bytes, resources
+from capture_plan.schemas.errors import InputError
 
 # allocates like target_verify (the target over every token, hidden state returned)
 NEW = b"""
@@ -47,7 +47,7 @@ def test_a_phase_kind_added_by_a_data_file_alone_builds_like_the_kind_it_copies(
                                                              .replace("mtp_verify", "target_verify"))))
     assert plan.predicted.timeline == same.predicted.timeline and plan.predicted.pool_bytes > 0
     # the plan it writes loads again (the shared plan type takes any kind the planner accepted)
-    from schemas.codec import decode_plan
+    from capture_plan.schemas.codec import decode_plan
 
     assert decode_plan(plan_bytes(plan), "p.json").phases[0].kind == "mtp_verify"
     # a setting the new kind does not list is refused, the fix naming the kinds that take it
@@ -118,8 +118,10 @@ def test_phase_kinds_schema_is_strict(cli):
 
 
 def test_the_shared_schemas_still_import_without_the_planner():
-    out = subprocess.run([sys.executable, "-c", "import sys, schemas.codec, schemas.spec, schemas.plan\n"
-                          "print('planner' in sys.modules)"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", "import sys, capture_plan.schemas.codec, capture_plan.schemas.spec, "
+                          "capture_plan.schemas.plan\n"
+                          "print('capture_plan.planner' in sys.modules)"],
+                         capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from planner.allocator import FREE, PoolSim
-from planner.program import CARRY, Alloc, Free, Program, ops_from_events
-from planner.resources import backend
-from planner.workload import PHASE_KINDS, analytic_program
-from schemas.spec import Model, Phase
-from schemas.trace import Event
+from capture_plan.planner.allocator import FREE, PoolSim
+from capture_plan.planner.program import CARRY, Alloc, Free, Program, ops_from_events
+from capture_plan.planner.resources import backend
+from capture_plan.planner.workload import PHASE_KINDS, analytic_program
+from capture_plan.schemas.spec import Model, Phase
+from capture_plan.schemas.trace import Event
 
 SMALL = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)
 

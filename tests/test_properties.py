@@ -6,9 +6,9 @@ import hypothesis.strategies as st
 import msgspec
 from hypothesis import HealthCheck, given, settings
 
-from planner import BuildOptions, build_plan, plan_bytes
-from planner.resources import builtin_rules
-from planner.rules import Context, phase_rules, violated
+from capture_plan.planner import BuildOptions, build_plan, plan_bytes
+from capture_plan.planner.resources import builtin_rules
+from capture_plan.planner.rules import Context, phase_rules, violated
 
 KINDS = ("decode", "target_verify", "draft_decode", "draft_extend")
 
@@ -51,7 +51,7 @@ def test_plans_respect_every_constraint_and_are_reproducible(tmp_path, spec, bac
         warm = [s for s in plan.steps if s.op == "warmup" and s.phase == ph.name]
         assert warm and all(s.index < first or ph.strategy.warmup == "every-size" for s in warm)
     # every rule holds for the chosen strategies
-    from schemas.spec import Phase
+    from capture_plan.schemas.spec import Phase
 
     ctx = Context(backend=backend, ci=ci)
     for ph in plan.phases:

@@ -18,7 +18,7 @@ def test_quickstart_is_two_commands_and_ci_runs_the_test_command_verbatim():
 
 
 def test_the_spec_example_builds(tmp_path):
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     readme = (ROOT / "README.md").read_text()
     example = readme.split("**Spec** (TOML or JSON", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
@@ -38,7 +38,7 @@ def test_the_quickstart_build_rewrites_the_checked_in_plan_it_names(tmp_path):
     import os
     import shutil
 
-    from planner.cli import main
+    from capture_plan.planner.cli import main
 
     root = Path(__file__).resolve().parent.parent
     shutil.copytree(root / "plans", tmp_path / "plans")

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def model():
-    from executor.reference import ReferenceConfig, ReferenceModel
-    from schemas.spec import Model
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
 
     shape = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)
     return ReferenceModel(ReferenceConfig(model=shape, max_bs=8, max_seqlen=32), backend="torch", device="cpu")

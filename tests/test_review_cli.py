@@ -58,8 +58,8 @@ def test_r2_budget_errors_point_at_the_spec_from_the_cwd(cli, tmp_path, budget, 
 # R3. a newer planner's plan is not downgraded ----------------------------------------------------
 
 def _newer_revision(path) -> bytes:
-    from schemas.codec import canonical_bytes, plan_digest
-    from schemas.plan import PLAN_REVISION
+    from capture_plan.schemas.codec import canonical_bytes, plan_digest
+    from capture_plan.schemas.plan import PLAN_REVISION
 
     raw = json.loads(path.read_bytes())
     raw.update(revision=PLAN_REVISION + 1, added_later={"x": 1}, digest="")
@@ -241,7 +241,7 @@ def test_r11_report_against_another_plan_exits_1(cli, tmp_path):
     # before: exit 0 with a "warning:" line in the table on stdout, which CI never sees
     import msgspec
 
-    from schemas.report import CaptureReport
+    from capture_plan.schemas.report import CaptureReport
 
     assert cli("build", "-b", "fa3")[0] == 0
     assert cli("build", "-b", "fa3", "--ci")[0] == 0
@@ -413,7 +413,7 @@ def test_r19_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypat
     # before: click's "Aborted!" and exit 1, the code for bad input or drift
     import os
 
-    import schemas.files
+    import capture_plan.schemas.files as files
 
     assert cli("build", "-b", "fa3")[0] == 0
     plan = (tmp_path / "plans/fa3.json").read_bytes()
@@ -421,7 +421,7 @@ def test_r19_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypat
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(schemas.files.os, "replace", interrupted)
+    monkeypatch.setattr(files.os, "replace", interrupted)
     code, out, err = cli("build", "-b", "fa3", "-s", "order=smallest-first", "--force")
     assert code == 130 and err == "planner: interrupted\n" and out == "", (code, err)
     assert (tmp_path / "plans/fa3.json").read_bytes() == plan
@@ -454,7 +454,7 @@ def test_r21_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line is written
     try:
-        r = subprocess.run([sys.executable, "-m", "planner", "show", str(plan)], stdout=write,
+        r = subprocess.run([sys.executable, "-m", "capture_plan.planner", "show", str(plan)], stdout=write,
                            stderr=subprocess.PIPE, cwd=tmp_path, timeout=60)
     finally:
         os.close(write)
@@ -473,7 +473,7 @@ def test_r21_help_and_version_into_a_closed_pipe_exit_141_too(tmp_path, args):
     read, write = os.pipe()
     os.close(read)
     try:
-        r = subprocess.run([sys.executable, "-m", "planner", *args], stdout=write, stderr=subprocess.PIPE,
+        r = subprocess.run([sys.executable, "-m", "capture_plan.planner", *args], stdout=write, stderr=subprocess.PIPE,
                            cwd=tmp_path, timeout=60)
     finally:
         os.close(write)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from schemas.strategy import AXIS_VALUES
+from capture_plan.schemas.strategy import AXIS_VALUES
 
 EXAMPLES = int(os.environ.get("CAPTURE_PLAN_FUZZ_EXAMPLES", "10"))
 PROPS = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -52,7 +52,7 @@ def run(cli_main, cwd: Path, *args: str) -> tuple[int, str, str]:
        allocator=st.sampled_from([None, "native", "expandable"]), out_name=st.sampled_from([None, "what-if.json"]))
 def test_an_accepted_build_checks_clean_from_anywhere_and_rebuilds_byte_identical(tmp_path_factory, pins, ci, backend,
                                                                                 tp, allocator, out_name):
-    from planner.cli import main
+    from capture_plan.planner.cli import main
 
     root = tmp_path_factory.mktemp("p")
     (root / "specs").mkdir()

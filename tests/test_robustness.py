@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.codec import canonical_bytes, decode_plan, plan_digest
-from schemas.errors import InputError
+from capture_plan.schemas.codec import canonical_bytes, decode_plan, plan_digest
+from capture_plan.schemas.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n'
@@ -39,7 +39,7 @@ def reseal(raw: dict) -> bytes:
 
 @pytest.fixture(scope="module")
 def eagle_plan() -> bytes:
-    from planner import BuildOptions, build_plan, plan_bytes
+    from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 
     return plan_bytes(build_plan(BuildOptions(backend="fa3", speculative="eagle", max_bs=4)))
 
@@ -106,10 +106,10 @@ def test_3_nul_byte_in_paths(cli, tmp_path):
     (tmp_path / "s.toml").write_text('trace = "t\\u0000.json"\n' + SPEC)
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), "s.toml: $.trace", "NUL")
     with pytest.raises(InputError, match="NUL"):
-        from schemas.files import read_input
+        from capture_plan.schemas.files import read_input
         read_input("a\0b", "plan")
     with pytest.raises(InputError, match="NUL"):
-        from schemas.files import write_atomic
+        from capture_plan.schemas.files import write_atomic
         write_atomic(Path("a\0b"), b"x")
 
 
@@ -235,7 +235,7 @@ def test_6_inconsistent_plans_are_refused(cli, tmp_path, plan_raw, command):
 
 
 def test_6_load_plan_rejects_inconsistent_plans(tmp_path, plan_raw):
-    from executor.load import load_plan
+    from capture_plan.executor.load import load_plan
 
     for _label, change, where in _mutations(plan_raw):
         (tmp_path / "p.json").write_bytes(reseal({**plan_raw, **change}))
@@ -263,7 +263,7 @@ def test_7_fifo_without_a_writer_does_not_hang(cli, tmp_path):
 
 
 def test_7_directories_missing_and_huge_files(cli, tmp_path):
-    from schemas.limits import FILE_LIMITS
+    from capture_plan.schemas.limits import FILE_LIMITS
 
     (tmp_path / "d.toml").mkdir()
     one_line_error(cli("build", "-b", "fa3", "--spec", "d.toml"), "d.toml: is a directory")
@@ -273,7 +273,7 @@ def test_7_directories_missing_and_huge_files(cli, tmp_path):
     one_line_error(cli("build", "-b", "fa3", "--spec", "big.toml"), "over the limit")
     (tmp_path / "s.toml").write_text(SPEC)
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "nope.json"),
-                   "nope.json: cannot read trace", "executor.profile")
+                   "nope.json: cannot read trace", "capture_plan.executor.profile")
 
 
 # 8. a copy under another name is checked as itself ---------------------------------------------
@@ -434,7 +434,7 @@ def test_11_output_equal_to_the_spec_is_refused(cli, tmp_path):
 # 12. file modes, long names, no temp files ---------------------------------------------------------
 
 def test_12_modes_long_names_and_temp_files(cli, tmp_path):
-    from schemas.files import write_atomic
+    from capture_plan.schemas.files import write_atomic
 
     old = os.umask(0o022)
     try:
@@ -451,7 +451,7 @@ def test_12_modes_long_names_and_temp_files(cli, tmp_path):
     long = "p" * 245 + ".json"  # 250 characters: legal
     assert cli("build", "-b", "fa3", "-o", long)[0] == 0 and (tmp_path / long).is_file()
     # a writer killed between write and rename: its temp file goes with the next write
-    from schemas.files import _tmp_prefix
+    from capture_plan.schemas.files import _tmp_prefix
 
     dead = tmp_path / f"{_tmp_prefix(tmp_path / 'a.json')}999999999-abcd.tmp"
     live = tmp_path / f"{_tmp_prefix(tmp_path / 'a.json')}{os.getpid()}-abcd.tmp"
@@ -510,7 +510,7 @@ def test_trace_decoding_memory_is_near_the_file_size():
     the conversion): 6.4x under tracemalloc here. Now about the typed events: 1.6x."""
     import tracemalloc
 
-    from schemas.codec import decode_trace
+    from capture_plan.schemas.codec import decode_trace
 
     data = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
     tracemalloc.start()

@@ -19,7 +19,7 @@ PHASES = ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
 
 
 def _plan(tmp_path: Path, backend: str, *strategies: str, ci: bool = False):
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = tmp_path / "spec.toml"
     spec.write_text(PHASES)
@@ -44,8 +44,8 @@ def _expected_calls(plan) -> list[tuple]:
 
 
 def test_every_plan_step_op_has_a_session_method():
-    from executor.session import CaptureSession
-    from schemas.plan import StepOp
+    from capture_plan.executor.session import CaptureSession
+    from capture_plan.schemas.plan import StepOp
 
     assert set(CaptureSession.OPS) == set(get_args(StepOp))
     assert all(fn.__name__ == op for op, fn in CaptureSession.OPS.items())
@@ -57,7 +57,7 @@ def test_every_plan_step_op_has_a_session_method():
     ("fa3", ("workspace=hoisted", "pool=own"), False),   # provision steps, a pool per phase
 ])
 def test_the_target_is_called_exactly_as_the_plan_steps_say(tmp_path, fake, backend, strategies, ci):
-    from executor import capture
+    from capture_plan.executor import capture
 
     plan = _plan(tmp_path, backend, *strategies, ci=ci)
     assert {s.op for s in plan.steps} >= {"warmup", "capture"}
@@ -86,7 +86,7 @@ def test_the_target_is_called_exactly_as_the_plan_steps_say(tmp_path, fake, back
 def test_a_step_op_the_executor_does_not_know_is_one_clear_error(tmp_path, fake):
     import msgspec
 
-    from executor import ExecutorError, capture
+    from capture_plan.executor import ExecutorError, capture
 
     plan = _plan(tmp_path, "torch")
     steps = [msgspec.structs.replace(s, op="free") if s.index == 1 else s for s in plan.steps]
@@ -108,7 +108,7 @@ def _records(caplog) -> list[tuple[str, str, str]]:
 def test_capture_logs_through_the_named_logger_and_prints_nothing(tmp_path, fake, caplog, capsys):
     import logging
 
-    from executor import capture
+    from capture_plan.executor import capture
 
     caplog.set_level(logging.DEBUG, logger="capture_plan.executor")
     plan = _plan(tmp_path, "torch")
@@ -136,7 +136,7 @@ def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings
 
     import torch.distributed as dist
 
-    from executor import capture, session
+    from capture_plan.executor import capture, session
 
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")

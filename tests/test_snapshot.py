@@ -18,12 +18,12 @@ import sys
 import msgspec
 import pytest
 
-from planner import BuildOptions, build_plan
-from planner.allocator import PoolSim, round_size, segment_size
-from schemas.errors import InputError
-from schemas.snapshot import load_snapshot, trace_from_snapshot
-from schemas.spec import Phase
-from schemas.trace import Trace
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.allocator import PoolSim, round_size, segment_size
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.snapshot import load_snapshot, trace_from_snapshot
+from capture_plan.schemas.spec import Phase
+from capture_plan.schemas.trace import Trace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 H200 = ROOT / "plans/traces/fa3-ci.json"
@@ -105,7 +105,7 @@ def test_cli_accepts_a_snapshot_and_refuses_a_miscounted_one(cli, tmp_path):
     assert code == 1 and err == ("planner: error: two.pickle: found 2 capture windows in the snapshot, the spec "
                                  "plans 3 captures (decode: 3); fix: dump the snapshot of a run that captured "
                                  "exactly the spec's sizes, each after an eager warm-up, or record the trace "
-                                 "with executor.profile\n")
+                                 "with capture_plan.executor.profile\n")
     (tmp_path / "nowarm.pickle").write_bytes(pickle.dumps(fake_snapshot(trace, [256, 120, 1], warmup=False)))
     code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "nowarm.pickle")
     assert code == 1 and "found 1 capture windows" in err
@@ -141,8 +141,8 @@ def test_payload_never_runs_in_a_fresh_process(tmp_path):
     """Out of process, so nothing this test imported can mask an execution."""
     marker = tmp_path / "ran"
     (tmp_path / "evil.pickle").write_bytes(pickle.dumps([1, _Payload(marker)]))
-    code = ("import sys; from schemas.snapshot import load_snapshot\n"
-            "from schemas.errors import InputError\n"
+    code = ("import sys; from capture_plan.schemas.snapshot import load_snapshot\n"
+            "from capture_plan.schemas.errors import InputError\n"
             "try:\n    load_snapshot(open(sys.argv[1], 'rb').read(), 'x')\n"
             "except InputError as e:\n    print('refused', e)\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "evil.pickle")], capture_output=True,

@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor.speculative import PHASES, SpeculativeConfig, SpeculativeModel  # noqa: E402
-from schemas.spec import Model, Phase  # noqa: E402
+from capture_plan.references.speculative import PHASES, SpeculativeConfig, SpeculativeModel  # noqa: E402
+from capture_plan.schemas.spec import Model, Phase  # noqa: E402
 
 SHAPE = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)
 
@@ -44,8 +44,8 @@ def test_padding_leaves_the_real_requests_unchanged(model, phase):
 def test_the_analytic_outputs_are_what_the_model_returns(model, kind):
     """The planner's analytic program for each phase kind leaves exactly the
     blocks the reference returns alive as outputs (sizes in bytes)."""
-    from planner.resources import backend
-    from planner.workload import analytic_program
+    from capture_plan.planner.resources import backend
+    from capture_plan.planner.workload import analytic_program
 
     cfg = model.cfg
     phase = Phase(name=kind, kind=kind, sizes=[8], tokens_per_request=cfg.tokens(kind),
@@ -94,7 +94,7 @@ def test_batches_outside_the_target_are_refused(model):
 
 # -- verify's helpers ---------------------------------------------------------
 def test_outside_is_the_complement_of_the_kept_intervals():
-    from executor.verification import _outside
+    from capture_plan.executor.verification import _outside
 
     segs = [(1000, 100), (2000, 50)]
     keep = [(1010, 10), (1050, 60), (1990, 20)]
@@ -103,7 +103,7 @@ def test_outside_is_the_complement_of_the_kept_intervals():
 
 
 def test_owners_names_the_other_graphs_whose_blocks_a_write_lands_in():
-    from executor.verification import _owners
+    from capture_plan.executor.verification import _owners
 
     def cap(phase, bs, own):
         return SimpleNamespace(phase=phase, bs=bs, window=SimpleNamespace(own=own))
@@ -114,7 +114,7 @@ def test_owners_names_the_other_graphs_whose_blocks_a_write_lands_in():
 
 
 def test_read_only_checksum_sees_any_changed_word_and_any_alignment():
-    from executor.verification import _Guard
+    from capture_plan.executor.verification import _Guard
 
     w = torch.randn(1001, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
     for t in (w, w[1:], w[3:700]):  # byte offsets 0, 2 and 6: not all 8-aligned
@@ -140,7 +140,7 @@ def test_read_only_checksum_sees_any_changed_word_and_any_alignment():
 
 
 def test_only_device_errors_count_as_a_lost_context():
-    from executor.verification import is_device_fault
+    from capture_plan.executor.verification import is_device_fault
 
     assert is_device_fault(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not is_device_fault(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
@@ -151,7 +151,7 @@ def test_only_device_errors_count_as_a_lost_context():
 def test_sanitizer_command_reruns_this_interpreter_with_its_own_arguments(monkeypatch):
     import sys
 
-    from executor.verification import sanitizer_command
+    from capture_plan.executor.verification import sanitizer_command
 
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-c", "print('x y')"])
     cmd = sanitizer_command()
@@ -160,7 +160,7 @@ def test_sanitizer_command_reruns_this_interpreter_with_its_own_arguments(monkey
 
 
 def test_recorder_finds_its_markers_by_address_and_size_in_order():
-    from executor.pool import AllocationRecorder
+    from capture_plan.executor.pool import AllocationRecorder
 
     rec = object.__new__(AllocationRecorder)
     rec._markers = [SimpleNamespace(data_ptr=lambda a=a: a, numel=lambda n=n: n)
@@ -177,10 +177,10 @@ def test_recorder_finds_its_markers_by_address_and_size_in_order():
 
 @pytest.mark.parametrize("kind,field", [("decode", "steps"), ("target_verify", "topk"), ("draft_extend", "steps")])
 def test_draft_settings_on_other_phases_are_refused(kind, field):
-    from planner.resources import phase_kind_settings
-    from schemas.codec import validate_spec
-    from schemas.errors import InputError
-    from schemas.spec import Spec
+    from capture_plan.planner.resources import phase_kind_settings
+    from capture_plan.schemas.codec import validate_spec
+    from capture_plan.schemas.errors import InputError
+    from capture_plan.schemas.spec import Spec
 
     spec = Spec(phases=[Phase(name="p", kind=kind, sizes=[1], **{field: 3})])
     with pytest.raises(InputError, match=rf"{field} = 3 has no meaning for a {kind} phase"):
@@ -190,8 +190,8 @@ def test_draft_settings_on_other_phases_are_refused(kind, field):
 def test_spec_toml_gives_the_four_phases_the_model_expects(tmp_path):
     """The small reference's spec (tests and bench share it): every phase named
     after its kind, at the sizes asked for, with the draft settings."""
-    from executor.speculative import spec_toml
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.references.speculative import spec_toml
 
     path = tmp_path / "spec.toml"
     path.write_text(spec_toml([4, 1, 2, 2], steps=2, topk=3))
@@ -205,7 +205,7 @@ def test_spec_toml_gives_the_four_phases_the_model_expects(tmp_path):
 def test_recorder_windows_keep_only_allocations_in_graph_pool_segments():
     """capture_begin allocates the RNG's graph-safe state (two 8-byte blocks) in
     the ordinary allocator inside the window (measured on an H200): not the pool's."""
-    from executor.pool import AllocationRecorder
+    from capture_plan.executor.pool import AllocationRecorder
 
     rec = object.__new__(AllocationRecorder)
     rec._markers = [SimpleNamespace(data_ptr=lambda a=a: a, numel=lambda n=n: n) for a, n in ((10, 12345), (30, 12347))]

@@ -20,11 +20,11 @@ import pathlib
 import msgspec
 import pytest
 
-from planner.simulate import simulate
-from planner.specs import default_spec
-from planner.workload import Workload
-from schemas.codec import decode_plan
-from schemas.trace import Trace
+from capture_plan.planner.simulate import simulate
+from capture_plan.planner.specs import default_spec
+from capture_plan.planner.workload import Workload
+from capture_plan.schemas.codec import decode_plan
+from capture_plan.schemas.trace import Trace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ CPU = torch.device("cpu")
 
 
 def test_fill_writes_the_byte_over_exactly_the_given_ranges():
-    from executor.verification import CANARY, SCRIBBLE, _fill
+    from capture_plan.executor.verification import CANARY, SCRIBBLE, _fill
 
     buf = torch.zeros(64, dtype=torch.uint8)
     base = buf.data_ptr()
@@ -61,7 +61,7 @@ class Outputs:
 def test_interleave_blames_only_the_graph_whose_replay_differs(tmp_path, fake, seed):
     """A kept output whose own replay already differed from eager is no
     reference: the graphs replayed after it wrote nothing into it."""
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     plan = _plan(tmp_path, [1, 2, 4, 8, 16])
     gs = capture(plan, Outputs(fake, wrong_bs=4), progress=False, device=CPU)
@@ -76,7 +76,7 @@ def test_interleave_blames_only_the_graph_whose_replay_differs(tmp_path, fake, s
 
 
 def test_interleave_passes_graphs_that_match_eager(tmp_path, fake):
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     gs = capture(_plan(tmp_path, [1, 2, 4, 8, 16]), Outputs(fake), progress=False, device=CPU)
     try:
@@ -113,7 +113,7 @@ class Scratch(Outputs):
 
 
 def test_scribble_catches_a_graph_that_reads_pool_memory_it_did_not_write(tmp_path, fake):
-    from executor import capture, verify
+    from capture_plan.executor import capture, verify
 
     pool = torch.zeros(16 * 4 * 4, dtype=torch.uint8)
     gs = capture(_plan(tmp_path, [1, 2, 4, 8, 16]), Scratch(fake, 8, pool), progress=False, device=CPU)

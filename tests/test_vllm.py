@@ -10,13 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from planner import BuildOptions, build_plan, resources
-from planner.resources import backend
-from planner.specs import default_spec
-from planner.workload import analytic_program
-from schemas.codec import canonical_bytes, decode_spec
-from schemas.errors import InputError
-from schemas.spec import Model, Phase
+from capture_plan.planner import BuildOptions, build_plan, resources
+from capture_plan.planner.resources import backend
+from capture_plan.planner.specs import default_spec
+from capture_plan.planner.workload import analytic_program
+from capture_plan.schemas.codec import canonical_bytes, decode_spec
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.spec import Model, Phase
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from planner.resources import backend
-from planner.simulate import simulate
-from planner.workload import Workload, analytic_capture
-from schemas.errors import InputError
-from schemas.plan import Strategy
-from schemas.spec import Model, Phase
-from schemas.trace import CaptureTrace, Event, Trace
+from capture_plan.planner.resources import backend
+from capture_plan.planner.simulate import simulate
+from capture_plan.planner.workload import Workload, analytic_capture
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.plan import Strategy
+from capture_plan.schemas.spec import Model, Phase
+from capture_plan.schemas.trace import CaptureTrace, Event, Trace
 
 MiB = 2**20
 #: the 35 sizes of the engines'-loop measurement below (H200, torch 2.11, FA3, 32-layer Llama-3-8B shape)
@@ -41,7 +41,7 @@ def test_measured_h200_loop_figures_within_ten_percent_in_the_same_order():
 
 
 def test_analytic_model_matches_the_recorded_h200_trace():
-    """Measured with executor.profile on the H200 (plans/traces/): warm capture stream."""
+    """Measured with capture_plan.executor.profile on the H200 (plans/traces/): warm capture stream."""
     import pathlib
 
     path = pathlib.Path(__file__).resolve().parent.parent / "plans/traces/fa3-ci.json"
@@ -70,8 +70,8 @@ LAYER_CASES = [  # shapes whose layers settle into a cycle only after several la
 @pytest.mark.parametrize("expandable", [False, True])
 def test_skipping_repeated_layers_is_exact(model, sizes, kind, tpr, expandable):
     """Cycle skipping gives exactly the pool of simulating every layer."""
-    from planner.program import ops_from_events
-    from planner.workload import Program, analytic_program
+    from capture_plan.planner.program import ops_from_events
+    from capture_plan.planner.workload import Program, analytic_program
 
     phase = Phase(name="decode", kind=kind, sizes=sizes, tokens_per_request=tpr)
     b = backend("fa3")
@@ -116,8 +116,8 @@ def test_trace_with_unknown_phase_or_bad_free_is_located():
 
 
 def test_every_phase_kind_the_spec_accepts_has_an_analytic_model():
-    from planner.resources import phase_kind_settings, phase_kinds
-    from planner.workload import PHASE_KINDS, PROGRAMS
+    from capture_plan.planner.resources import phase_kind_settings, phase_kinds
+    from capture_plan.planner.workload import PHASE_KINDS, PROGRAMS
 
     assert list(PHASE_KINDS) == list(phase_kinds()) == list(phase_kind_settings())
     for name, kind in phase_kinds().items():
@@ -132,7 +132,7 @@ SMALL_DRAFT = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, inte
 def test_draft_decode_allocates_nothing_for_its_static_first_input():
     """Step 0 reads the engine's static candidates: before the first step the
     graph allocates only its three outputs (ids, scores, token locations)."""
-    from planner.workload import analytic_program
+    from capture_plan.planner.workload import analytic_program
 
     phase = Phase(name="draft_decode", kind="draft_decode", sizes=[8], layers=1, steps=3, topk=2)
     prog = analytic_program(SMALL_DRAFT, phase, 8, backend("torch"))
@@ -143,7 +143,7 @@ def test_draft_decode_allocates_nothing_for_its_static_first_input():
 def test_a_draft_phase_whose_outputs_outlive_others_can_keep_them_in_the_shared_pool(tmp_path):
     """The drafts' float32 logits are temporaries: marked as outputs, they made
     every shared-pool schedule an output-overlap hazard."""
-    from planner import BuildOptions, build_plan
+    from capture_plan.planner import BuildOptions, build_plan
 
     spec = tmp_path / "drafts.toml"
     spec.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in msgspec.structs.asdict(SMALL_DRAFT).items()

@@ -34,7 +34,7 @@ INTERRUPTED = 130
 #: exit code when stdout's reader closed the pipe (SIGPIPE), as a shell reports it
 BROKEN_PIPE = 141
 
-#: command name -> module under planner.cli defining ``command``, in the order help lists them
+#: command name -> module under capture_plan.planner.cli defining ``command``, in the order help lists them
 COMMANDS = {name: name for name in ("build", "check", "show", "explain", "diff", "plot", "graph", "simulate",
                                     "report", "schema", "spec")}
 
@@ -94,7 +94,7 @@ def _silence_stdout() -> None:
 
 def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        from schemas import __version__
+        from capture_plan.schemas import __version__
 
         click.echo(f"planner (capture-plan) {__version__}")
         ctx.exit()
@@ -111,7 +111,7 @@ def app(debug: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from schemas.errors import CapturePlanError
+    from capture_plan.schemas.errors import CapturePlanError
 
     args = sys.argv[1:] if argv is None else list(argv)
     _state["debug"] = False

@@ -27,7 +27,7 @@ class _OutputFile(click.Path):
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value not in ("", ".") and (
                 value.endswith(("/", os.sep)) or os.path.basename(value) in (".", "..")):
-            from schemas.errors import InputError
+            from capture_plan.schemas.errors import InputError
 
             flag = param.opts[0] if param is not None else "output"
             folder = os.path.normpath(value)
@@ -84,14 +84,14 @@ def option(*decls: str, help: str, metavar: str | None = None, **kw):
 
 
 def read_plan(path: Path):
-    from schemas.codec import decode_plan
-    from schemas.files import read_input
+    from capture_plan.schemas.codec import decode_plan
+    from capture_plan.schemas.files import read_input
 
     return decode_plan(read_input(path, "plan"), str(path))
 
 
 def read_report(path: Path):
-    from schemas.codec import decode_report
-    from schemas.files import read_input
+    from capture_plan.schemas.codec import decode_report
+    from capture_plan.schemas.files import read_input
 
     return decode_report(read_input(path, "report"), str(path))

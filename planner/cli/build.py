@@ -8,26 +8,26 @@ from ._common import OUTPUT, PATH, Command, option
 
 
 def _complete_backend(incomplete: str) -> list[str]:
-    from planner.resources import backend_names
+    from capture_plan.planner.resources import backend_names
 
     return [n for n in backend_names() if n.startswith(incomplete)]
 
 
 def _complete(what: str, incomplete: str) -> list[str]:
-    """Values of --speculative (presets.toml's [speculative] tables), --preset (planner.specs.preset_names)
-    or --allocator (schemas.strategy)."""
+    """Values of --speculative (presets.toml's [speculative] tables), --preset (capture_plan.planner.specs.preset_names)
+    or --allocator (capture_plan.schemas.strategy)."""
     if what == "speculative":
-        from planner.specs import speculative_names as names
+        from capture_plan.planner.specs import speculative_names as names
     elif what == "preset":
-        from planner.specs import preset_names as names
+        from capture_plan.planner.specs import preset_names as names
     else:
-        from schemas.strategy import allocator_modes as names
+        from capture_plan.schemas.strategy import allocator_modes as names
     return [n for n in names() if n.startswith(incomplete)]
 
 
 def _complete_strategy(incomplete: str) -> list[str]:
-    """``AXIS=VALUE`` pins (schemas.strategy.AXIS_VALUES); after ``PHASE.``, the same with that prefix."""
-    from schemas.strategy import AXIS_VALUES
+    """``AXIS=VALUE`` pins (capture_plan.schemas.strategy.AXIS_VALUES); after ``PHASE.``, the same with that prefix."""
+    from capture_plan.schemas.strategy import AXIS_VALUES
 
     phase, dot, rest = incomplete.rpartition(".")
     head = phase + dot
@@ -40,7 +40,7 @@ class _BackendOption(click.Option):
     read only when the help is shown (``planner --help`` reads no data)."""
 
     def get_help_record(self, ctx: click.Context):
-        from planner.resources import backend_names
+        from capture_plan.planner.resources import backend_names
 
         self.help = f"Attention backend: {', '.join(backend_names())} (planner/data/backends.toml)."
         return super().get_help_record(ctx)
@@ -61,8 +61,8 @@ class _BackendOption(click.Option):
 @option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory).")
 @option("--allocator", metavar="str", help="native or expandable segments.",
         shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete))
-@option("--trace", type=PATH, metavar="path", help="Allocation trace for exact predictions: executor.profile's "
-        "JSON, or a torch.cuda.memory._dump_snapshot pickle.")
+@option("--trace", type=PATH, metavar="path", help="Allocation trace for exact predictions: "
+        "capture_plan.executor.profile's JSON, or a torch.cuda.memory._dump_snapshot pickle.")
 @option("--strategy", "-s", "strategy", multiple=True, metavar="list[str]",
         shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
         help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).")
@@ -80,9 +80,9 @@ class _BackendOption(click.Option):
 def command(backend, ci, spec, speculative, preset, max_bs, tp, allocator, trace, strategy, calibration,
             require_exact, output, exact, dry_run, check, force) -> None:
     """Build a capture plan from the spec, rules and gates."""
-    from planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
-    from planner.fidelity import require_exact as require_exact_plan
-    from planner.render import summary
+    from capture_plan.planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
+    from capture_plan.planner.fidelity import require_exact as require_exact_plan
+    from capture_plan.planner.render import summary
 
     opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,
                         allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact,

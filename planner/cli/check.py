@@ -20,7 +20,7 @@ def command(paths, fix, require_exact) -> None:
     Each stale plan is one line on stderr: which recorded input changed, how far
     the prediction moved, and the command that rebuilds it; then one summary line.
     """
-    from planner.check import StalePlans, check_paths
+    from capture_plan.planner.check import StalePlans, check_paths
 
     paths = list(paths) or [Path("plans")]
     try:
@@ -39,8 +39,8 @@ def command(paths, fix, require_exact) -> None:
     for line in lines:
         click.echo(line)
     if require_exact:
-        from planner.check import _plan_files
-        from planner.fidelity import require_exact as require
+        from capture_plan.planner.check import _plan_files
+        from capture_plan.planner.fidelity import require_exact as require
 
         from ._common import read_plan
 

@@ -11,7 +11,7 @@ from ._common import PATH, Command, argument
 @argument("plan", "Plan file.", "path", type=PATH)
 def command(plan) -> None:
     """Explain each decision (with rejected alternatives and their cost) and each edge."""
-    from planner.render import explain as render
+    from capture_plan.planner.render import explain as render
 
     from ._common import read_plan
 
@@ -27,9 +27,9 @@ def _head(p, path) -> str:
     run it in."""
     import os
 
-    from planner.build import command_for_cwd
-    from planner.check import recorded_options
-    from schemas.errors import CapturePlanError
+    from capture_plan.planner.build import command_for_cwd
+    from capture_plan.planner.check import recorded_options
+    from capture_plan.schemas.errors import CapturePlanError
 
     try:
         opts = recorded_options(p, path)

@@ -14,8 +14,8 @@ from ._common import PATH, Command, argument, option
         "between phases: legible for plans of hundreds of steps.")
 def command(plan, fmt, phases) -> None:
     """Print the ordering graph, every edge labelled with its rule."""
-    from planner.render import graph, graph_phases
-    from schemas.errors import InputError
+    from capture_plan.planner.render import graph, graph_phases
+    from capture_plan.schemas.errors import InputError
 
     render = graph_phases if phases else graph
 

@@ -16,7 +16,7 @@ from ._common import OUTPUT, PATH, Command, argument, option
         help="Draw this budget (MiB) as a line, e.g. the spec's budget_mib.")
 def command(old, new, output, budget) -> None:
     """Draw each pool's predicted memory per capture, phases as bands, baseline and budget as lines."""
-    from planner.plot import check_plot_path, plot_plans
+    from capture_plan.planner.plot import check_plot_path, plot_plans
 
     from ._common import read_plan
 

@@ -15,25 +15,25 @@ from ._common import PATH, Command, argument, option
         "captured model.")
 def command(file, plan, require_exact) -> None:
     """Show a capture report beside its plan's predictions."""
-    from planner.render import report_table
+    from capture_plan.planner.render import report_table
 
     from ._common import read_plan, read_report
 
     rep = read_report(file)
     p = read_plan(plan) if plan is not None else None
     if require_exact:
-        from schemas.errors import InputError
+        from capture_plan.schemas.errors import InputError
 
         if p is None:
             raise InputError("--require-exact needs the plan the report was captured from", where="--require-exact",
                              fix="add --plan PLAN")
-        from planner.fidelity import require_exact as require
+        from capture_plan.planner.fidelity import require_exact as require
 
         require(p, str(plan))
     if p is not None:  # exit 1, not a warning: CI runs this to check a report against its plan
-        from planner.check import check_report_plan
-        from schemas.codec import sha256
-        from schemas.files import read_input
+        from capture_plan.planner.check import check_report_plan
+        from capture_plan.schemas.codec import sha256
+        from capture_plan.schemas.files import read_input
 
         check_report_plan(rep, p, str(file), str(plan), sha256(read_input(file, "report")))
     click.echo(report_table(rep, p))

@@ -11,7 +11,7 @@ from ._common import PATH, Command, argument
 @argument("plan", "Plan file.", "path", type=PATH)
 def command(plan) -> None:
     """Print the plan's summary and its steps with predicted pool memory."""
-    from planner.render import steps_table, summary
+    from capture_plan.planner.render import steps_table, summary
 
     from ._common import read_plan
 

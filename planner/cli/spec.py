@@ -20,9 +20,9 @@ def show(speculative, max_bs, tp) -> None:
     """Print the embedded spec for these options as TOML (redirect it to a file, edit it, build with --spec)."""
     import msgspec
 
-    from planner.build import check_tp
-    from planner.spec_toml import spec_toml
-    from planner.specs import DEFAULT_MAX_BS, default_spec
+    from capture_plan.planner.build import check_tp
+    from capture_plan.planner.spec_toml import spec_toml
+    from capture_plan.planner.specs import DEFAULT_MAX_BS, default_spec
 
     spec = default_spec(speculative, DEFAULT_MAX_BS if max_bs is None else max_bs)
     if tp is not None:

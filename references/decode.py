@@ -1,7 +1,7 @@
 """Reference workload: a Llama-shaped decode step with random weights.
 
 For tests, benchmarks and as the integration example: it implements
-:class:`executor.target.CaptureTarget` the way an engine would (static input
+:class:`capture_plan.executor.target.CaptureTarget` the way an engine would (static input
 buffers, a KV cache, outputs allocated inside the step). Attention is FA3's
 ``flash_attn_with_kvcache`` (official ``flash_attn_interface``, else the
 ``fa3_fwd_interface`` wheel) appending the new K/V in place; where FA3 is
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from schemas.spec import Model
+from capture_plan.schemas.spec import Model
 
 __all__ = ["ReferenceConfig", "ReferenceModel", "CacheRows", "load_fa3"]
 
@@ -43,7 +43,7 @@ def load_fa3():
 
 @dataclass(frozen=True)
 class ReferenceConfig:
-    """The model's shape is the spec's own :class:`schemas.spec.Model` (bf16
+    """The model's shape is the spec's own :class:`capture_plan.schemas.spec.Model` (bf16
     activations and float32 logits are fixed here, as in the default spec)."""
 
     model: Model = Model()

@@ -1,6 +1,6 @@
 """Speculative-decoding reference workload (EAGLE-style), with plantable bugs.
 
-A :class:`~executor.target.CaptureTarget` with the four phases of an EAGLE
+A :class:`~capture_plan.executor.target.CaptureTarget` with the four phases of an EAGLE
 plan, run as an engine runs them, over one set of static buffers shared by
 every phase (request slots, cache lengths, accepted lengths, the engine's
 ``req_to_token`` table and the target's hidden states handed to the draft):
@@ -71,9 +71,9 @@ import msgspec
 import torch
 import torch.nn.functional as F
 
-from schemas.spec import Model
+from capture_plan.schemas.spec import Model
 
-from .reference import CacheRows, ReferenceConfig, ReferenceModel
+from .decode import CacheRows, ReferenceConfig, ReferenceModel
 
 __all__ = ["SpeculativeConfig", "SpeculativeModel", "BUGS", "PHASES", "SMALL", "spec_toml", "small_model",
            "PlantedRun", "planted_run", "planted_verify"]
@@ -89,7 +89,7 @@ SLOT_STATE = 64
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Shapes of the target (the spec's :class:`~schemas.spec.Model`) and of
+    """Shapes of the target (the spec's :class:`~capture_plan.schemas.spec.Model`) and of
     the speculative setup. ``phases`` maps the plan's phase names to kinds
     (the EAGLE preset names each phase after its kind)."""
 
@@ -137,7 +137,7 @@ class SpeculativeConfig:
 
 class SpeculativeModel:
     """The CaptureTarget; see the module docstring. ``backend`` as for
-    :class:`~executor.reference.ReferenceModel`."""
+    :class:`~capture_plan.references.decode.ReferenceModel`."""
 
     def __init__(self, cfg: SpeculativeConfig, backend: str = "auto", device: str | torch.device = "cuda"):
         self.cfg = cfg
@@ -503,7 +503,7 @@ class PlantedRun:
     """What :func:`planted_run`'s child process reported.
 
     ``exit``: its exit code (0: verify returned; 3: verify raised
-    :class:`~executor.errors.VerificationFailed`, a device fault). ``captured``:
+    :class:`~capture_plan.executor.errors.VerificationFailed`, a device fault). ``captured``:
     the graphs captured, None where capture did not finish. ``failed``: the
     ``FAILED <error>`` line of a device fault, else None. ``result``: verify's
     ``{"ok", "summary", "faults": [{"check", "graph", "detail", "addr",
@@ -536,7 +536,7 @@ def planted_run(plan_path: str | Path, bugs, *, checks: tuple[str, ...] = ("inte
     """
     root = str(Path(__file__).resolve().parent.parent)  # the folder holding the executor package
     program = (f"import sys; sys.path.insert(0, {root!r})\n"
-               "from executor.speculative import _planted_child\n"
+               "from capture_plan.references.speculative import _planted_child\n"
                f"_planted_child({str(plan_path)!r}, {tuple(bugs)!r}, {tuple(checks)!r}, {bool(record)!r}, {model!r})\n")
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout)
     captured = failed = result = None
@@ -555,8 +555,8 @@ def planted_run(plan_path: str | Path, bugs, *, checks: tuple[str, ...] = ("inte
 def _planted_child(plan_path: str, bugs: tuple[str, ...], checks: tuple[str, ...], record: bool, model: dict) -> None:
     """The child of :func:`planted_run`: prints ``CAPTURED n``, then ``RESULT
     <json>``, or ``FAILED <error>`` and exits 3."""
-    from .load import load_plan
-    from .session import capture
+    from capture_plan.executor.load import load_plan
+    from capture_plan.executor.session import capture
 
     plan = load_plan(plan_path, check_env=False)
     target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases), **model)
@@ -567,8 +567,8 @@ def planted_verify(gs, checks: tuple[str, ...]) -> None:
     """What a planted-bug child prints for its captured ``gs``: ``CAPTURED n``,
     then ``verify``'s ``RESULT <json>``, or ``FAILED <error>`` and exit 3
     (the lines :func:`planted_run` reads)."""
-    from .errors import VerificationFailed
-    from .verification import verify
+    from capture_plan.executor.errors import VerificationFailed
+    from capture_plan.executor.verification import verify
 
     print("CAPTURED", len(gs.graphs), flush=True)
     try:

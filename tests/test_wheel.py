@@ -1,0 +1,47 @@
+"""The distribution an engine installs: one top-level package, capture_plan.
+
+Builds the wheel from this checkout (pip, the build backend pyproject.toml
+names), installs it without dependencies into a fresh virtual environment and
+lists what landed in its site-packages. Slow (a build and a venv): one test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_wheel_installs_one_top_level_package(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("capture_plan-*.whl")
+    env = tmp_path / "env"
+    venv.create(env, with_pip=False)
+    python = env / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    before = set(p.name for p in Path(site).iterdir())
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True)
+    added = sorted(set(p.name for p in Path(site).iterdir()) - before)
+    assert [n for n in added if not n.endswith(".dist-info")] == ["capture_plan"], added
+    pkg = Path(site) / "capture_plan"
+    assert sorted(p.name for p in pkg.iterdir() if p.is_dir() and p.name != "__pycache__") == \
+        ["adapters", "executor", "planner", "references", "schemas"]
+    # the executor package ships the executor only: the reference models live beside it
+    assert not list((pkg / "executor").glob("reference*.py")) and not (pkg / "executor" / "speculative.py").exists()
+    assert (pkg / "planner" / "data" / "rules.toml").exists() and (pkg / "py.typed").exists()
+    # the root package imports from the install (no dependency needed for it), away from the checkout
+    code = "import capture_plan; print(capture_plan.__version__, capture_plan.__file__)"
+    r = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    version, path = r.stdout.split()
+    assert Path(path).parent == pkg and version == wheel.name.split("-")[1]
+    assert (env / "bin" / "planner").exists()
+    (info,) = [n for n in added if n.endswith(".dist-info")]
+    entry = [ln for ln in (Path(site) / info / "entry_points.txt").read_text().splitlines() if ln.startswith("planner")]
+    assert entry == ["planner = capture_plan.planner.cli:main"]
