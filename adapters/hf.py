@@ -123,15 +123,25 @@ class HFTarget:
     PyTorch's own dispatch.
     """
 
-    def __init__(self, model, *, max_bs: int = 256, max_seqlen: int = 512, tokens: dict | None = None,
-                 seed: int = 0, sdpa_backends: tuple[str, ...] | None = DETERMINISTIC_SDPA):
+    def __init__(
+        self,
+        model,
+        *,
+        max_bs: int = 256,
+        max_seqlen: int = 512,
+        tokens: dict | None = None,
+        seed: int = 0,
+        sdpa_backends: tuple[str, ...] | None = DETERMINISTIC_SDPA,
+    ):
         from torch.nn.attention import SDPBackend
         from transformers import StaticCache
 
         unknown = [b for b in (sdpa_backends or ()) if not hasattr(SDPBackend, b)]
         if sdpa_backends is not None and (unknown or not len(sdpa_backends)):
-            raise ValueError(f"sdpa_backends {tuple(sdpa_backends)!r}: expected None or names of "
-                             f"torch.nn.attention.SDPBackend such as {DETERMINISTIC_SDPA}")
+            raise ValueError(
+                f"sdpa_backends {tuple(sdpa_backends)!r}: expected None or names of "
+                f"torch.nn.attention.SDPBackend such as {DETERMINISTIC_SDPA}"
+            )
         self.sdpa_backends = sdpa_backends
 
         self.model = model.eval()
@@ -159,13 +169,17 @@ class HFTarget:
             layer.cumulative_length = self._counters[i]
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
         self._views: dict[int, object] = {}
-        self._buffers = {t: _Buffers(
-            ids=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
-            positions=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
-            mask=torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device),
-            window_mask=None if self.window is None else
-            torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device))
-            for t in set(self.tokens.values())}
+        self._buffers = {
+            t: _Buffers(
+                ids=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
+                positions=torch.zeros(max_bs, t, dtype=torch.long, device=self.device),
+                mask=torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device),
+                window_mask=None
+                if self.window is None
+                else torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device),
+            )
+            for t in set(self.tokens.values())
+        }
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
         for phase in self.tokens:
@@ -180,11 +194,19 @@ class HFTarget:
         if buf.window_mask is not None:
             # one mask per layer type, as transformers' hybrid models key them; a
             # model whose layers all slide takes the window's mask alone
-            mask = ({"full_attention": mask, "sliding_attention": buf.window_mask[:bs]} if self._mixed
-                    else buf.window_mask[:bs])
+            mask = (
+                {"full_attention": mask, "sliding_attention": buf.window_mask[:bs]}
+                if self._mixed
+                else buf.window_mask[:bs]
+            )
         with self._attention(), torch.no_grad():
-            out = self.model(input_ids=buf.ids[:bs], position_ids=buf.positions[:bs], attention_mask=mask,
-                             use_cache=True, **{self._cache_kwarg: self._view(bs)})
+            out = self.model(
+                input_ids=buf.ids[:bs],
+                position_ids=buf.positions[:bs],
+                attention_mask=mask,
+                use_cache=True,
+                **{self._cache_kwarg: self._view(bs)},
+            )
         return out.logits.reshape(bs * t, -1)
 
     def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None:
@@ -255,39 +277,51 @@ class HFTarget:
         """
         from transformers.cache_utils import DynamicCache, StaticLayer
 
-        lazy = [(i, type(layer).__name__) for i, layer in enumerate(self.cache.layers)
-                if not getattr(layer, "supports_early_init", True)]
+        lazy = [
+            (i, type(layer).__name__)
+            for i, layer in enumerate(self.cache.layers)
+            if not getattr(layer, "supports_early_init", True)
+        ]
         if lazy:
-            raise ValueError(f"cache layer {lazy[0][0]} is a {lazy[0][1]}, whose state transformers allocates at "
-                             "its first use (inside the first capture's pool); HFTarget supports attention layers "
-                             "with a key/value cache only")
+            raise ValueError(
+                f"cache layer {lazy[0][0]} is a {lazy[0][1]}, whose state transformers allocates at "
+                "its first use (inside the first capture's pool); HFTarget supports attention layers "
+                "with a key/value cache only"
+            )
         probe = DynamicCache(config=self.model.config)
         ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         with torch.no_grad():
             self.model(input_ids=ids, use_cache=True, **{self._cache_kwarg: probe})
         if len(probe.layers) != len(self.cache.layers):
-            raise ValueError(f"the model wrote {len(probe.layers)} cache layers, the static cache has "
-                             f"{len(self.cache.layers)}: layers that share a cache are not supported")
+            raise ValueError(
+                f"the model wrote {len(probe.layers)} cache layers, the static cache has "
+                f"{len(self.cache.layers)}: layers that share a cache are not supported"
+            )
         windows: list[int | None] = []
         for i, seen in enumerate(probe.layers):
             w = getattr(seen, "sliding_window", None) if getattr(seen, "is_sliding", False) else None
             kind = layer_types[i] if layer_types else ("sliding_attention" if w is not None else "full_attention")
             if w is not None and w < self.max_seqlen and kind != "sliding_attention":
-                raise ValueError(f"layer {i} is {kind} over {w} tokens < max_seqlen {self.max_seqlen}: HFTarget "
-                                 "masks sliding windows only; lower max_seqlen")
+                raise ValueError(
+                    f"layer {i} is {kind} over {w} tokens < max_seqlen {self.max_seqlen}: HFTarget "
+                    "masks sliding windows only; lower max_seqlen"
+                )
             windows.append(w if kind == "sliding_attention" else None)
         narrow = sorted({w for w in windows if w is not None})
         if narrow and narrow[0] < self.max_seqlen:
             if len(narrow) > 1:
-                raise ValueError(f"sliding windows {narrow} with max_seqlen {self.max_seqlen}: one window mask "
-                                 "serves every sliding layer; lower max_seqlen to at most the smallest")
+                raise ValueError(
+                    f"sliding windows {narrow} with max_seqlen {self.max_seqlen}: one window mask "
+                    "serves every sliding layer; lower max_seqlen to at most the smallest"
+                )
             self.window, self._mixed = narrow[0], None in windows
         self.cache.layers = [StaticLayer(max_cache_len=self.max_seqlen) for _ in probe.layers]
         for layer, seen in zip(self.cache.layers, probe.layers):
             k, v = seen.keys, seen.values
             # zero-length along the sequence: the layer allocates its full size, nothing else
-            layer.lazy_initialization(k.new_zeros(max_bs, k.shape[1], 0, k.shape[-1]),
-                                      v.new_zeros(max_bs, v.shape[1], 0, v.shape[-1]))
+            layer.lazy_initialization(
+                k.new_zeros(max_bs, k.shape[1], 0, k.shape[-1]), v.new_zeros(max_bs, v.shape[1], 0, v.shape[-1])
+            )
 
     def _attention(self) -> contextlib.AbstractContextManager:
         """The SDPA kernels allowed while the model runs (read at every call, so
@@ -330,9 +364,11 @@ def _check_experts(model) -> None:
         if hasattr(type(module), "_apply_gate") and getattr(module, "config", None) is not None:
             impl = getattr(module.config, "_experts_implementation", None)
             if impl == "eager":
-                raise ValueError(f"{name}: experts_implementation 'eager' routes tokens on the host (a captured graph "
-                                 "would replay one batch's routing); load the model with "
-                                 "experts_implementation='grouped_mm' or 'batched_mm'")
+                raise ValueError(
+                    f"{name}: experts_implementation 'eager' routes tokens on the host (a captured graph "
+                    "would replay one batch's routing); load the model with "
+                    "experts_implementation='grouped_mm' or 'batched_mm'"
+                )
             return
 
 

@@ -92,8 +92,15 @@ def _more_sizes(err: InputError, plan: Plan) -> dict[str, list[int]] | None:
     return {phase.name: [int(x) for x in one]} if one else None
 
 
-def predict_startup(target, options: BuildOptions, *, sizes: dict[str, list[int]] | None = None,
-                    device=None, progress: bool = False, max_rounds: int = 4) -> StartupPrediction:
+def predict_startup(
+    target,
+    options: BuildOptions,
+    *,
+    sizes: dict[str, list[int]] | None = None,
+    device=None,
+    progress: bool = False,
+    max_rounds: int = 4,
+) -> StartupPrediction:
     """Record a few sizes of ``target``, plan from them and return what capture will take.
 
     ``options``: the build the engine would run (``planner build``'s options;
@@ -129,30 +136,47 @@ def predict_startup(target, options: BuildOptions, *, sizes: dict[str, list[int]
                         raise
                 want[name] = grown
     else:
-        raise InputError(f"the recorded sizes did not line up after {max_rounds} rounds", where="predict_startup",
-                         fix="pass sizes={phase: [...]} with every planned size of the phase named above")
+        raise InputError(
+            f"the recorded sizes did not line up after {max_rounds} rounds",
+            where="predict_startup",
+            fix="pass sizes={phase: [...]} with every planned size of the phase named above",
+        )
     kinds = {p.name: p.kind for p in plan.phases}
     cal = calibration_from_report(first, "the startup recording", kinds)
     view = first.device_view
     per_graph = cal.graph_exec_per_graph
     # every phase was recorded in the first round: each has its figure
     driver = graph_exec(plan.steps, per_graph, kinds)
-    items = {"pool": plan.predicted.pool_bytes, "hoisted": plan.predicted.hoisted_bytes,
-             "stream-workspace": max(0, view.item("allocator-held")),
-             "allocator-other": max(0, view.item("allocator-cached")),  # the RNG state's segment
-             "graph-exec": int(round(driver))}
+    items = {
+        "pool": plan.predicted.pool_bytes,
+        "hoisted": plan.predicted.hoisted_bytes,
+        "stream-workspace": max(0, view.item("allocator-held")),
+        "allocator-other": max(0, view.item("allocator-cached")),  # the RNG state's segment
+        "graph-exec": int(round(driver)),
+    }
     total = sum(items.values())
     # The recording already created the capture stream's workspace (kept for the process's
     # life). The driver keeps the recorded graphs' memory after they are destroyed, but what
     # the recording left taken also holds kernel modules loaded at sizes the engine had not
     # run: subtracting it made the figure 25% low on the H200, so nothing else is subtracted.
-    top = peak(plan.steps, pools_after(plan.steps, plan.predicted.timeline), kinds, per_graph, cal.warmup_scratch,
-               items["allocator-other"])
+    top = peak(
+        plan.steps,
+        pools_after(plan.steps, plan.predicted.timeline),
+        kinds,
+        per_graph,
+        cal.warmup_scratch,
+        items["allocator-other"],
+    )
     final = total - items["stream-workspace"]
     pending = max(final, top) if top is not None else final
-    return StartupPrediction(plan=plan, total_bytes=total, pending_bytes=max(0, pending), items=items,
-                             recorded={n: list(v) for n, v in sorted(chosen.items())},
-                             seconds=time.perf_counter() - t0)
+    return StartupPrediction(
+        plan=plan,
+        total_bytes=total,
+        pending_bytes=max(0, pending),
+        items=items,
+        recorded={n: list(v) for n, v in sorted(chosen.items())},
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def _default(planned: list[int]) -> list[int]:

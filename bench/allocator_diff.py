@@ -145,15 +145,21 @@ def program_digest(ops: list[list]) -> str:
 
 
 def _canonical(segs: list[tuple[str, int, list[int]]]) -> dict:
-    return {"reserved": sum(n for _, n, _ in segs),
-            "allocated": sum(b for _, _, blocks in segs for b in blocks if b > 0),
-            "segments": sorted([k, n] for k, n, _ in segs),
-            "layout": sorted([k, list(blocks)] for k, _, blocks in segs)}
+    return {
+        "reserved": sum(n for _, n, _ in segs),
+        "allocated": sum(b for _, _, blocks in segs for b in blocks if b > 0),
+        "segments": sorted([k, n] for k, n, _ in segs),
+        "layout": sorted([k, list(blocks)] for k, _, blocks in segs),
+    }
 
 
 def checkpoint_from_sim(pool: PoolSim) -> dict:
-    return _canonical([("small" if small else "large", n, [s if used else -s for s, used in blocks])
-                       for small, n, blocks in pool.layout()])
+    return _canonical(
+        [
+            ("small" if small else "large", n, [s if used else -s for s, used in blocks])
+            for small, n, blocks in pool.layout()
+        ]
+    )
 
 
 def pool_key(pool_id) -> tuple[int, ...]:
@@ -204,19 +210,30 @@ def simulate(ops: list[list], expandable: bool, addresses: list[int] | None = No
 def compare(real: list[dict], sim: list[dict]) -> dict:
     """``match`` (reserved and segments), ``layout`` (everything) and the first difference."""
     if len(real) != len(sim):
-        return {"match": False, "layout": False, "reserved_rel_diff": 1.0,
-                "first_diff": {"checkpoints": {"real": len(real), "sim": len(sim)}}}
+        return {
+            "match": False,
+            "layout": False,
+            "reserved_rel_diff": 1.0,
+            "first_diff": {"checkpoints": {"real": len(real), "sim": len(sim)}},
+        }
     rel = 0.0
     first = first_layout = None
     for i, (r, s) in enumerate(zip(real, sim)):
         rel = max(rel, abs(r["reserved"] - s["reserved"]) / max(r["reserved"], 1))
         if first is None and (r["reserved"] != s["reserved"] or r["segments"] != s["segments"]):
-            first = {"checkpoint": i, "real": {k: r[k] for k in ("reserved", "segments")},
-                     "sim": {k: s[k] for k in ("reserved", "segments")}}
+            first = {
+                "checkpoint": i,
+                "real": {k: r[k] for k in ("reserved", "segments")},
+                "sim": {k: s[k] for k in ("reserved", "segments")},
+            }
         if first_layout is None and r != s:
             first_layout = {"checkpoint": i, "real": r, "sim": s}
-    return {"match": first is None, "layout": first_layout is None, "reserved_rel_diff": rel,
-            "first_diff": first or first_layout}
+    return {
+        "match": first is None,
+        "layout": first_layout is None,
+        "reserved_rel_diff": rel,
+        "first_diff": first or first_layout,
+    }
 
 
 # -- the GPU side (torch is passed in: tests drive it with a fake) -------------
@@ -244,8 +261,11 @@ class GpuRunner:
         return self.torch.cuda.memory_stats_as_nested_dict()["reserved_bytes"]["all"]["current"]
 
     def _addresses(self, key) -> set[int]:
-        return {s["address"] for s in self.torch.cuda.memory_snapshot()
-                if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) == key}
+        return {
+            s["address"]
+            for s in self.torch.cuda.memory_snapshot()
+            if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) == key
+        }
 
     def run(self, ops: list[list]) -> dict:
         """{"checkpoints", "segment_addrs", "flags", "leaked"} for one program.
@@ -299,14 +319,27 @@ class GpuRunner:
         return {"checkpoints": checkpoints, "segment_addrs": addrs, "flags": flags, "leaked": bool(left["segments"])}
 
 
-def run_mode(mode: str, seeds: list[int], torch, max_ops: int = 40, first: int = FIRST_MISMATCHES,
-             progress=None) -> dict:
+def run_mode(
+    mode: str, seeds: list[int], torch, max_ops: int = 40, first: int = FIRST_MISMATCHES, progress=None
+) -> dict:
     """Run ``seeds``' programs in the current process, whose allocator is in ``mode``."""
     expandable = mode == "expandable"
     runner = GpuRunner(torch)
-    res = {"alloc_conf": ALLOC_CONF[mode], "programs": len(seeds), "measured": 0, "matches": 0,
-           "layout_matches": 0, "matches_planner_addresses": 0, "leaks": 0, "mode_check": "", "errors": [],
-           "max_reserved_rel_diff": 0.0, "first_mismatches": [], "first_layout_mismatches": [], "measurements": []}
+    res = {
+        "alloc_conf": ALLOC_CONF[mode],
+        "programs": len(seeds),
+        "measured": 0,
+        "matches": 0,
+        "layout_matches": 0,
+        "matches_planner_addresses": 0,
+        "leaks": 0,
+        "mode_check": "",
+        "errors": [],
+        "max_reserved_rel_diff": 0.0,
+        "first_mismatches": [],
+        "first_layout_mismatches": [],
+        "measurements": [],
+    }
     flags: set = set()
     t0 = time.perf_counter()
     for n, seed in enumerate(seeds):
@@ -321,8 +354,9 @@ def run_mode(mode: str, seeds: list[int], torch, max_ops: int = 40, first: int =
         res["leaks"] += got["leaked"]
         flags |= got["flags"]
         addrs = got["segment_addrs"]
-        res["measurements"].append({"seed": seed, "digest": program_digest(ops), "checkpoints": real,
-                                    "segment_addrs": addrs})
+        res["measurements"].append(
+            {"seed": seed, "digest": program_digest(ops), "checkpoints": real, "segment_addrs": addrs}
+        )
         sim = simulate(ops, expandable, addrs)
         cmp = compare(real, sim)
         res["matches"] += cmp["match"]
@@ -330,8 +364,15 @@ def run_mode(mode: str, seeds: list[int], torch, max_ops: int = 40, first: int =
         res["matches_planner_addresses"] += compare(real, simulate(ops, expandable))["match"]
         res["max_reserved_rel_diff"] = max(res["max_reserved_rel_diff"], cmp["reserved_rel_diff"])
         if not cmp["layout"]:
-            entry = {"seed": seed, "ops": ops, "segment_addrs": addrs, "real": real, "sim": sim,
-                     "first_diff": cmp["first_diff"], "reserved_rel_diff": cmp["reserved_rel_diff"]}
+            entry = {
+                "seed": seed,
+                "ops": ops,
+                "segment_addrs": addrs,
+                "real": real,
+                "sim": sim,
+                "first_diff": cmp["first_diff"],
+                "reserved_rel_diff": cmp["reserved_rel_diff"],
+            }
             key = "first_mismatches" if not cmp["match"] else "first_layout_mismatches"
             if len(res[key]) < first:
                 res[key].append(entry)
@@ -343,7 +384,7 @@ def run_mode(mode: str, seeds: list[int], torch, max_ops: int = 40, first: int =
 
 
 def mode_check(flags: set, expandable: bool) -> str:
-    """"ok" when every segment's ``is_expandable`` is the mode's; "wrong: ..." when the mode did not take."""
+    """ "ok" when every segment's ``is_expandable`` is the mode's; "wrong: ..." when the mode did not take."""
     if flags == {expandable}:
         return "ok"
     if flags <= {None}:
@@ -365,8 +406,10 @@ def replay(programs: list[dict]) -> dict:
         if ops is None:
             ops = generate_program(p["seed"], p.get("max_ops", 40))
             if program_digest(ops) != p["digest"]:
-                raise ValueError(f"seed {p['seed']}: the generator no longer makes the measured program "
-                                 f"(digest {program_digest(ops)} != {p['digest']}); re-measure on a GPU")
+                raise ValueError(
+                    f"seed {p['seed']}: the generator no longer makes the measured program "
+                    f"(digest {program_digest(ops)} != {p['digest']}); re-measure on a GPU"
+                )
         cmp = compare(p["checkpoints"], simulate(ops, mode == "expandable", p.get("segment_addrs")))
         r = out.setdefault(mode, {"programs": 0, "matches": 0, "layout_matches": 0, "mismatched_seeds": []})
         r["programs"] += 1
@@ -382,8 +425,11 @@ def programs_of(data: dict) -> list[dict]:
     if "programs" in data and isinstance(data["programs"], list):  # fixture
         return data["programs"]
     max_ops = data.get("generator", {}).get("max_ops", 40)
-    return [{"mode": mode, "max_ops": max_ops, **m}
-            for mode, r in data.get("modes", {}).items() for m in r.get("measurements", [])]
+    return [
+        {"mode": mode, "max_ops": max_ops, **m}
+        for mode, r in data.get("modes", {}).items()
+        for m in r.get("measurements", [])
+    ]
 
 
 # -- files and the command line -----------------------------------------------
@@ -395,20 +441,30 @@ def summary_line(data: dict) -> str:
         if "measured" not in r:
             parts.append(f"{mode}: FAILED ({r.get('error', '?')})")
             continue
-        s = (f"{mode} {r['matches']}/{r['programs']} match (layout {r['layout_matches']}; "
-             f"{r['matches_planner_addresses']} with the planner's segment addresses)")
+        s = (
+            f"{mode} {r['matches']}/{r['programs']} match (layout {r['layout_matches']}; "
+            f"{r['matches_planner_addresses']} with the planner's segment addresses)"
+        )
         if r["matches"] < r["measured"]:
             s += f", worst reserved diff {100 * r['max_reserved_rel_diff']:.1f}%"
         if r["errors"] or r["leaks"] or r["mode_check"] != "ok" or r["measured"] < r["programs"]:
             s += f", {len(r['errors'])} error(s), {r['leaks']} leak(s), mode check: {r['mode_check']}"
         parts.append(s)
-    return (f"allocator_diff: {'; '.join(parts)} -- {data.get('device', '?')}, torch {data.get('torch', '?')}, "
-            f"{data.get('seconds', 0):.0f} s")
+    return (
+        f"allocator_diff: {'; '.join(parts)} -- {data.get('device', '?')}, torch {data.get('torch', '?')}, "
+        f"{data.get('seconds', 0):.0f} s"
+    )
 
 
 def failed(data: dict) -> bool:
-    return any("measured" not in r or r["errors"] or r["leaks"] or r["mode_check"].startswith("wrong")
-               or r["measured"] < r["programs"] for r in data["modes"].values())
+    return any(
+        "measured" not in r
+        or r["errors"]
+        or r["leaks"]
+        or r["mode_check"].startswith("wrong")
+        or r["measured"] < r["programs"]
+        for r in data["modes"].values()
+    )
 
 
 def make_fixture(data: dict, per_mode: int) -> dict:
@@ -420,10 +476,22 @@ def make_fixture(data: dict, per_mode: int) -> dict:
         for m in r.get("first_mismatches", []) + r.get("first_layout_mismatches", []):
             chosen[m["seed"]] = {"seed": m["seed"], "checkpoints": m["real"], "segment_addrs": m["segment_addrs"]}
         for seed, m in chosen.items():
-            progs.append({"mode": mode, "seed": seed, "ops": generate_program(seed, max_ops),
-                          "segment_addrs": m["segment_addrs"], "checkpoints": m["checkpoints"]})
-    return {"bench": "allocator_diff", "date": data["date"], "device": data.get("device"),
-            "torch": data.get("torch"), "programs": progs}
+            progs.append(
+                {
+                    "mode": mode,
+                    "seed": seed,
+                    "ops": generate_program(seed, max_ops),
+                    "segment_addrs": m["segment_addrs"],
+                    "checkpoints": m["checkpoints"],
+                }
+            )
+    return {
+        "bench": "allocator_diff",
+        "date": data["date"],
+        "device": data.get("device"),
+        "torch": data.get("torch"),
+        "programs": progs,
+    }
 
 
 COMPACT = ("measurements", "first_mismatches", "first_layout_mismatches", "programs")
@@ -461,12 +529,12 @@ def _child(args) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("allocator_diff: no CUDA device; run on a GPU machine (or use --recheck FILE on a CPU)",
-              file=sys.stderr)
+        print("allocator_diff: no CUDA device; run on a GPU machine (or use --recheck FILE on a CPU)", file=sys.stderr)
         return 1
     seeds = list(range(args.seed, args.seed + args.programs))
-    res = run_mode(args.mode, seeds, torch, args.max_ops, args.first,
-                   progress=lambda s: print(s, file=sys.stderr, flush=True))
+    res = run_mode(
+        args.mode, seeds, torch, args.max_ops, args.first, progress=lambda s: print(s, file=sys.stderr, flush=True)
+    )
     res["device"] = torch.cuda.get_device_name()
     res["torch"] = torch.__version__
     write_json(Path(args.out), res)
@@ -475,17 +543,35 @@ def _child(args) -> int:
 
 def _parent(args) -> int:
     t0 = time.perf_counter()
-    data = {"bench": "allocator_diff", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": f"python bench/allocator_diff.py --programs {args.programs} --seed {args.seed} "
-                       f"--max-ops {args.max_ops}",
-            "seed": args.seed, "programs_per_mode": args.programs,
-            "generator": {**GENERATOR, "max_ops": args.max_ops}, "modes": {}}
+    data = {
+        "bench": "allocator_diff",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"python bench/allocator_diff.py --programs {args.programs} --seed {args.seed} "
+        f"--max-ops {args.max_ops}",
+        "seed": args.seed,
+        "programs_per_mode": args.programs,
+        "generator": {**GENERATOR, "max_ops": args.max_ops},
+        "modes": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.modes:
             part = Path(tmp) / f"{mode}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--mode", mode, "--programs", str(args.programs),
-                   "--seed", str(args.seed), "--max-ops", str(args.max_ops), "--first", str(args.first),
-                   "--out", str(part)]
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--mode",
+                mode,
+                "--programs",
+                str(args.programs),
+                "--seed",
+                str(args.seed),
+                "--max-ops",
+                str(args.max_ops),
+                "--first",
+                str(args.first),
+                "--out",
+                str(part),
+            ]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
                 sys.stderr.write(proc.stderr)
@@ -516,16 +602,19 @@ def _recheck(path: Path) -> int:
         print(f"allocator_diff: {path}: cannot re-check: {e}", file=sys.stderr)
         return 1
     for mode, r in res.items():
-        print(f"{mode}: {r['matches']}/{r['programs']} match (layout {r['layout_matches']})"
-              + (f"; mismatched seeds {r['mismatched_seeds'][:20]}" if r["mismatched_seeds"] else ""))
+        print(
+            f"{mode}: {r['matches']}/{r['programs']} match (layout {r['layout_matches']})"
+            + (f"; mismatched seeds {r['mismatched_seeds'][:20]}" if r["mismatched_seeds"] else "")
+        )
     ok = bool(res) and all(r["matches"] == r["programs"] for r in res.values())
     print(f"allocator_diff --recheck {path}: {'all match' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--programs", type=int, default=2000, help="programs per mode (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="first program's seed; programs use seed..seed+N-1")
     ap.add_argument("--max-ops", type=int, default=40, help="most allocs+frees per program (default 40)")

@@ -84,12 +84,19 @@ def _work(fn) -> dict:
 
 
 def _cli(*args: str, python: str | None = None) -> None:
-    subprocess.run([python or PYTHON, "-m", "capture_plan.planner", *args], check=True, capture_output=True,
-                   cwd=tempfile.gettempdir())
+    subprocess.run(
+        [python or PYTHON, "-m", "capture_plan.planner", *args],
+        check=True,
+        capture_output=True,
+        cwd=tempfile.gettempdir(),
+    )
 
 
-COMMANDS = {"help": ("--help",), "build_default": ("build", "--backend", "fa3", "--ci", "--dry-run"),
-            "build_speculative": ("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run")}
+COMMANDS = {
+    "help": ("--help",),
+    "build_default": ("build", "--backend", "fa3", "--ci", "--dry-run"),
+    "build_speculative": ("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"),
+}
 
 
 def _ab(a: str, b: str, repeat: int, only: list[str] | None = None) -> dict:
@@ -103,7 +110,7 @@ def _ab(a: str, b: str, repeat: int, only: list[str] | None = None) -> dict:
             continue
         samples: dict = {a: ([], []), b: ([], [])}
         for i in range(repeat):
-            for py in ((a, b) if i % 2 == 0 else (b, a)):
+            for py in (a, b) if i % 2 == 0 else (b, a):
                 r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t0 = time.perf_counter()
                 _cli(*args, python=py)
@@ -112,16 +119,26 @@ def _ab(a: str, b: str, repeat: int, only: list[str] | None = None) -> dict:
                 samples[py][0].append(wall)
                 samples[py][1].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
         med = {py: (statistics.median(w), statistics.median(c)) for py, (w, c) in samples.items()}
-        out[name] = {"a_wall_s": med[a][0], "b_wall_s": med[b][0], "a_cpu_s": med[a][1], "b_cpu_s": med[b][1],
-                     "b_over_a_wall": med[b][0] / med[a][0], "b_over_a_cpu": med[b][1] / med[a][1]}
+        out[name] = {
+            "a_wall_s": med[a][0],
+            "b_wall_s": med[b][0],
+            "a_cpu_s": med[a][1],
+            "b_cpu_s": med[b][1],
+            "b_over_a_wall": med[b][0] / med[a][0],
+            "b_over_a_cpu": med[b][1] / med[a][1],
+        }
     return out
 
 
 def _scale_spec(n: int) -> Path:
     sizes = list(range(1, n + 1))
     text = ""
-    for name, kind, tpr in (("decode", "decode", 1), ("target_verify", "target_verify", 4),
-                            ("draft_decode", "draft_decode", 1), ("draft_extend", "draft_extend", 4)):
+    for name, kind, tpr in (
+        ("decode", "decode", 1),
+        ("target_verify", "target_verify", 4),
+        ("draft_decode", "draft_decode", 1),
+        ("draft_extend", "draft_extend", 4),
+    ):
         text += f'[[phases]]\nname = "{name}"\nkind = "{kind}"\ntokens_per_request = {tpr}\nsizes = {sizes}\n'
         if kind.startswith("draft"):
             text += "layers = 1\n"
@@ -136,12 +153,17 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--tag", default="", help="file name suffix: build-<date>-<tag>.json")
     ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
-    ap.add_argument("--against", metavar="PYTHON", help="A/B: alternate the commands between this "
-                    "interpreter (a) and --python (b), run by run")
-    ap.add_argument("--only", action="append", choices=sorted(COMMANDS), help="A/B: only this command "
-                    "(repeatable)")
-    ap.add_argument("--python", help="time only the commands (help, builds), run by this interpreter: e.g. a "
-                    "virtual environment where `pip install .` installed capture-plan (no editable path finder)")
+    ap.add_argument(
+        "--against",
+        metavar="PYTHON",
+        help="A/B: alternate the commands between this interpreter (a) and --python (b), run by run",
+    )
+    ap.add_argument("--only", action="append", choices=sorted(COMMANDS), help="A/B: only this command (repeatable)")
+    ap.add_argument(
+        "--python",
+        help="time only the commands (help, builds), run by this interpreter: e.g. a "
+        "virtual environment where `pip install .` installed capture-plan (no editable path finder)",
+    )
     args = ap.parse_args()
     global PYTHON
     PYTHON = args.python or sys.executable
@@ -157,30 +179,54 @@ def main() -> None:
     from capture_plan.planner.specs import default_spec
     from capture_plan.planner.workload import Workload
 
-    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
-                            f"{platform.python_version()}", "repeat": args.repeat,
-                 "bytecode": "compiled before timing", "loadavg_before": os.getloadavg()}
+    res: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
+        f"{platform.python_version()}",
+        "repeat": args.repeat,
+        "bytecode": "compiled before timing",
+        "loadavg_before": os.getloadavg(),
+    }
     res["help_s"] = _median(lambda: _cli("--help"), args.repeat)
     res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
     res["build_speculative_s"] = _median(
-        lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat)
+        lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat
+    )
     if args.against:
         if not args.python:
             ap.error("--against needs --python (the b side)")
         res.update(a=args.against, b=args.python, ab=_ab(args.against, args.python, args.repeat, args.only))
-        return _write(res, args, "b/a: " + ", ".join(
-            f"{name} wall {v['b_over_a_wall']:.3f} cpu {v['b_over_a_cpu']:.3f} ({v['a_wall_s']:.3f} -> "
-            f"{v['b_wall_s']:.3f} s)" for name, v in res["ab"].items()))
+        return _write(
+            res,
+            args,
+            "b/a: "
+            + ", ".join(
+                f"{name} wall {v['b_over_a_wall']:.3f} cpu {v['b_over_a_cpu']:.3f} ({v['a_wall_s']:.3f} -> "
+                f"{v['b_wall_s']:.3f} s)"
+                for name, v in res["ab"].items()
+            ),
+        )
     if args.python:
         res["python"] = args.python
-        res["install"] = subprocess.run([PYTHON, "-c", "import capture_plan.planner as planner, pathlib; "
-                                         "print('editable' if pathlib.Path(planner.__file__).resolve().parent.parent"
-                                         ".joinpath('.git').exists() "
-                                         "else 'installed')"], capture_output=True, text=True,
-                                        cwd=tempfile.gettempdir()).stdout.strip()
-        return _write(res, args, f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
-                      f"speculative {res['build_speculative_s']:.3f} s, help {res['help_s']:.3f} s")
+        res["install"] = subprocess.run(
+            [
+                PYTHON,
+                "-c",
+                "import capture_plan.planner as planner, pathlib; "
+                "print('editable' if pathlib.Path(planner.__file__).resolve().parent.parent"
+                ".joinpath('.git').exists() "
+                "else 'installed')",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tempfile.gettempdir(),
+        ).stdout.strip()
+        return _write(
+            res,
+            args,
+            f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
+            f"speculative {res['build_speculative_s']:.3f} s, help {res['help_s']:.3f} s",
+        )
     plan = build_plan(BuildOptions(backend="fa3", ci=True))
     spec = default_spec()
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -188,7 +234,8 @@ def main() -> None:
     strategies = {p.name: p.strategy for p in plan.phases}
     res["simulate_default_s"] = _median(lambda: simulate(caps, strategies, wl), args.repeat)
     res["optimize_speculative_s"] = _median(
-        lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")), args.repeat)
+        lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")), args.repeat
+    )
     from capture_plan.executor import Environment, load_plan
 
     env = Environment("NVIDIA H200", (9, 0), "2.11.0", frozenset({"fa3_fwd_interface"}))
@@ -197,15 +244,19 @@ def main() -> None:
     res["scale"] = {}
     for n in (35, 128, 512, 1024, 2048):
         path = _scale_spec(n)
-        res["scale"][str(n)] = _median(lambda path=path: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)),
-                                       max(1, args.repeat // 2))
+        res["scale"][str(n)] = _median(
+            lambda path=path: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)), max(1, args.repeat // 2)
+        )
     if not args.no_exact:
         path = _scale_spec(1024)
-        res["exact_1024_s"] = _median(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)),
-                                      1)
-    work = {"simulate_default": _work(lambda: simulate(caps, strategies, wl)),
-            "build_default": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True))),
-            "build_speculative": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")))}
+        res["exact_1024_s"] = _median(
+            lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)), 1
+        )
+    work = {
+        "simulate_default": _work(lambda: simulate(caps, strategies, wl)),
+        "build_default": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True))),
+        "build_speculative": _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle"))),
+    }
     path = _scale_spec(1024)
     work["scale_1024"] = _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)))
     if not args.no_exact:
@@ -215,12 +266,20 @@ def main() -> None:
         w["simulating_s_at_ns_per_op"] = round(w["ops"] * ns * 1e-9, 3)
     res["work"] = {"ns_per_op": round(ns), **work}
     scale = res["scale"]
-    _write(res, args, f"default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
-           f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
-           f"{scale['2048']:.2f} s" + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else "")
-           + f"; {ns:.0f} ns per allocator op: " + ", ".join(
-               f"{k} {w['captures']:,} captures {w['ops'] / 1e6:.2f} M ops = {w['simulating_s_at_ns_per_op']:.2f} s"
-               for k, w in work.items() if k != "simulate_default"))
+    _write(
+        res,
+        args,
+        f"default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
+        f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
+        f"{scale['2048']:.2f} s"
+        + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else "")
+        + f"; {ns:.0f} ns per allocator op: "
+        + ", ".join(
+            f"{k} {w['captures']:,} captures {w['ops'] / 1e6:.2f} M ops = {w['simulating_s_at_ns_per_op']:.2f} s"
+            for k, w in work.items()
+            if k != "simulate_default"
+        ),
+    )
 
 
 def _write(res: dict, args, summary: str) -> None:

@@ -158,8 +158,13 @@ def replay_overhead(calls: int = 5000, repeats: int = 7) -> dict:
         ours.append((time.perf_counter() - t0) / calls)
     gs.release()
     b, o = statistics.median(bare), statistics.median(ours)
-    return {"bare_us": b * 1e6, "graphset_us": o * 1e6, "overhead_us": (o - b) * 1e6, "calls": calls,
-            "repeats": repeats}
+    return {
+        "bare_us": b * 1e6,
+        "graphset_us": o * 1e6,
+        "overhead_us": (o - b) * 1e6,
+        "calls": calls,
+        "repeats": repeats,
+    }
 
 
 def main() -> None:
@@ -176,10 +181,16 @@ def main() -> None:
     model = ReferenceModel(cfg)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "attention": model.backend, "layers": args.layers, "sizes": len(sizes),
-                 "plan": Path(args.plan).name, "plan_digest": plan.digest}
+    res: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "attention": model.backend,
+        "layers": args.layers,
+        "sizes": len(sizes),
+        "plan": Path(args.plan).name,
+        "plan_digest": plan.digest,
+    }
 
     # warm every kernel once so the first variant does not pay lazy initialisation
     model.run("decode", max(sizes), None)
@@ -191,8 +202,12 @@ def main() -> None:
 
     for name, asc in (("sglang", False), ("ascending", True)):
         graphs, outs, pool, secs = loop_capture(model, sizes, ascending=asc)
-        res[name] = {"pool_mib": pool_reserved([pool]) / MiB, "capture_s": secs,
-                     "replays_not_equal_eager": check_loop(model, graphs, outs, gen), "replays": len(graphs)}
+        res[name] = {
+            "pool_mib": pool_reserved([pool]) / MiB,
+            "capture_s": secs,
+            "replays_not_equal_eager": check_loop(model, graphs, outs, gen),
+            "replays": len(graphs),
+        }
         release(graphs, outs)
         print(name, res[name], flush=True)
 
@@ -200,11 +215,15 @@ def main() -> None:
     rep = gs.report
     gs.write_report(Path(args.out) / f"report-{plan.name}.json")
     v = verify(gs, checks=("interleave",), rounds=1)
-    res["executor"] = {"pool_mib": rep.pool_bytes / MiB, "capture_s": rep.capture_seconds,
-                       "predicted_analytic_mib": plan.predicted.pool_bytes / MiB,
-                       "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
-                       "replays": v.replays, "replays_not_equal_eager": len(v.faults),
-                       "verify": v.summary()}
+    res["executor"] = {
+        "pool_mib": rep.pool_bytes / MiB,
+        "capture_s": rep.capture_seconds,
+        "predicted_analytic_mib": plan.predicted.pool_bytes / MiB,
+        "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
+        "replays": v.replays,
+        "replays_not_equal_eager": len(v.faults),
+        "verify": v.summary(),
+    }
     gs.release()
 
     # all three checks (footprint guard needs the allocation history)
@@ -219,6 +238,7 @@ def main() -> None:
     trace_path = Path(args.trace_out or (Path(args.out) / "trace.json"))
     write_trace(trace, trace_path)
     from capture_plan.planner import BuildOptions, build_plan
+
     tplan = build_plan(BuildOptions(backend=plan.inputs.backend, ci=plan.inputs.ci, trace=trace_path))
     gs = capture(tplan, model, progress=False)
     res["executor"]["predicted_trace_mib"] = tplan.predicted.pool_bytes / MiB
@@ -228,20 +248,24 @@ def main() -> None:
 
     res["replay_overhead"] = replay_overhead()
     base = res["sglang"]
-    res["ratios"] = {"pool_vs_sglang": res["executor"]["pool_mib"] / base["pool_mib"],
-                     "pool_vs_alone": res["executor"]["pool_mib"] / res["alone"]["pool_mib"],
-                     "capture_time_vs_sglang": res["executor"]["capture_s"] / base["capture_s"]}
+    res["ratios"] = {
+        "pool_vs_sglang": res["executor"]["pool_mib"] / base["pool_mib"],
+        "pool_vs_alone": res["executor"]["pool_mib"] / res["alone"]["pool_mib"],
+        "capture_time_vs_sglang": res["executor"]["capture_s"] / base["capture_s"],
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"capture-{res['date'][:10]}-{args.layers}l.json"
     path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
     print(json.dumps(res, indent=2, sort_keys=True))
-    print(f"SUMMARY pool MiB: sglang {base['pool_mib']:.0f}, ascending {res['ascending']['pool_mib']:.0f}, "
-          f"executor {res['executor']['pool_mib']:.0f} (alone {res['alone']['pool_mib']:.0f}); capture s: "
-          f"sglang {base['capture_s']:.2f}, executor {res['executor']['capture_s']:.2f}; "
-          f"pred err analytic {res['executor']['analytic_error']:+.1%} trace {res['executor']['trace_error']:+.1%}; "
-          f"overhead {res['replay_overhead']['overhead_us']:.2f} us; verify all checks: "
-          f"{res['executor']['verify_all_faults']} fault(s)")
+    print(
+        f"SUMMARY pool MiB: sglang {base['pool_mib']:.0f}, ascending {res['ascending']['pool_mib']:.0f}, "
+        f"executor {res['executor']['pool_mib']:.0f} (alone {res['alone']['pool_mib']:.0f}); capture s: "
+        f"sglang {base['capture_s']:.2f}, executor {res['executor']['capture_s']:.2f}; "
+        f"pred err analytic {res['executor']['analytic_error']:+.1%} trace {res['executor']['trace_error']:+.1%}; "
+        f"overhead {res['replay_overhead']['overhead_us']:.2f} us; verify all checks: "
+        f"{res['executor']['verify_all_faults']} fault(s)"
+    )
 
 
 if __name__ == "__main__":

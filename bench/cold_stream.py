@@ -54,8 +54,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     args = ap.parse_args()
     model = ReferenceModel(ReferenceConfig(model=Model(layers=args.layers), max_bs=args.bs))
-    res = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "layers": args.layers, "bs": args.bs}
+    res = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "layers": args.layers,
+        "bs": args.bs,
+    }
     warm = torch.cuda.Stream()
     res["warm_stream"], g1, o1 = capture_alone(model, args.bs, warm, warm)
     cold = torch.cuda.Stream()

@@ -55,20 +55,69 @@ MODES = ("executor", "loop", "startup", "vllm", "analytic")
 DECODE = [1, 2, 4, 8, 12, *range(16, 257, 8)]
 #: transformers configs with random weights: about the width of small served models, few layers
 HF = {
-    "llama": ("LlamaConfig", dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16,
-                                  num_key_value_heads=8, num_hidden_layers=8, vocab_size=32000)),
-    "gemma2": ("Gemma2Config", dict(hidden_size=1152, intermediate_size=4608, num_attention_heads=8,
-                                    num_key_value_heads=4, head_dim=128, num_hidden_layers=6, vocab_size=32000,
-                                    sliding_window=4096)),
-    "qwen2": ("Qwen2Config", dict(hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
-                                  num_key_value_heads=2, num_hidden_layers=8, vocab_size=32000)),
-    "mixtral": ("MixtralConfig", dict(hidden_size=1024, intermediate_size=3584, num_attention_heads=16,
-                                      num_key_value_heads=8, num_hidden_layers=4, vocab_size=32000,
-                                      num_local_experts=8, num_experts_per_tok=2)),
-    "qwen2_moe": ("Qwen2MoeConfig", dict(hidden_size=1024, intermediate_size=2816, moe_intermediate_size=704,
-                                         num_attention_heads=16, num_key_value_heads=16, num_hidden_layers=4,
-                                         vocab_size=32000, num_experts=16, num_experts_per_tok=4,
-                                         shared_expert_intermediate_size=2816)),
+    "llama": (
+        "LlamaConfig",
+        dict(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_hidden_layers=8,
+            vocab_size=32000,
+        ),
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            hidden_size=1152,
+            intermediate_size=4608,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_hidden_layers=6,
+            vocab_size=32000,
+            sliding_window=4096,
+        ),
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            num_hidden_layers=8,
+            vocab_size=32000,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(
+            hidden_size=1024,
+            intermediate_size=3584,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_hidden_layers=4,
+            vocab_size=32000,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            moe_intermediate_size=704,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            num_hidden_layers=4,
+            vocab_size=32000,
+            num_experts=16,
+            num_experts_per_tok=4,
+            shared_expert_intermediate_size=2816,
+        ),
+    ),
 }
 MAX_SEQLEN = 256
 
@@ -82,8 +131,9 @@ def _hf_spec(case: str, folder: Path) -> Path:
     cfg = getattr(transformers, cls)(**kw, dtype="bfloat16")  # the dtype the target runs in
     (folder / "config.json").write_text(cfg.to_json_string())
     spec = folder / f"{case}.toml"
-    spec.write_text(f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\n'
-                    f"sizes = {DECODE}\n")
+    spec.write_text(
+        f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {DECODE}\n'
+    )
     return spec
 
 
@@ -109,9 +159,11 @@ def _target(case: str, plan, layers: int):
     if case == "eagle":
         from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
 
-        return SpeculativeModel(SpeculativeConfig(model=Model(layers=layers),
-                                                  max_bs=max(max(p.sizes) for p in plan.phases), num_steps=3,
-                                                  topk=1))
+        return SpeculativeModel(
+            SpeculativeConfig(
+                model=Model(layers=layers), max_bs=max(max(p.sizes) for p in plan.phases), num_steps=3, topk=1
+            )
+        )
     import transformers
 
     from capture_plan.adapters.hf import HFTarget
@@ -190,21 +242,34 @@ def mode_executor(target, plan) -> dict:
     view = rep.device_view
     free_after = _free()
     # what the ordinary allocator gained (the pools excluded): for the allocator-held/cached items
-    new = [{"size": s["total_size"], "allocated": s["allocated_size"], "stream": s["stream"],
+    new = [
+        {
+            "size": s["total_size"],
+            "allocated": s["allocated_size"],
+            "stream": s["stream"],
             "pool": list(s.get("segment_pool_id") or (0, 0)),
-            "blocks": [(b["size"], b["state"]) for b in s["blocks"]][:8]}
-           for s in torch.cuda.memory_snapshot()
-           if s["address"] not in segs0 and tuple(s.get("segment_pool_id") or (0, 0)) not in
-           {tuple(int(x) for x in p) for p in gs.pools.values()}]
+            "blocks": [(b["size"], b["state"]) for b in s["blocks"]][:8],
+        }
+        for s in torch.cuda.memory_snapshot()
+        if s["address"] not in segs0
+        and tuple(s.get("segment_pool_id") or (0, 0)) not in {tuple(int(x) for x in p) for p in gs.pools.values()}
+    ]
     gs.release()
     torch.cuda.empty_cache()
     stays = view.free_before - _free()
-    return {"pool_mib": rep.pool_bytes / MiB, "predicted_pool_mib": plan.predicted.pool_bytes / MiB,
-            "drop_mib": view.drop / MiB, "items_mib": {i.name: i.bytes / MiB for i in view.items},
-            "first_in_process": view.first_in_process, "capture_s": rep.capture_seconds,
-            "free_after_check_mib": (view.free_before - free_after) / MiB, "stays_after_release_mib": stays / MiB,
-            "driver": rep.driver, "new_ordinary_segments": new,
-            "report": json.loads(__import__("msgspec").json.encode(rep))}
+    return {
+        "pool_mib": rep.pool_bytes / MiB,
+        "predicted_pool_mib": plan.predicted.pool_bytes / MiB,
+        "drop_mib": view.drop / MiB,
+        "items_mib": {i.name: i.bytes / MiB for i in view.items},
+        "first_in_process": view.first_in_process,
+        "capture_s": rep.capture_seconds,
+        "free_after_check_mib": (view.free_before - free_after) / MiB,
+        "stays_after_release_mib": stays / MiB,
+        "driver": rep.driver,
+        "new_ordinary_segments": new,
+        "report": json.loads(__import__("msgspec").json.encode(rep)),
+    }
 
 
 def mode_loop(target, plan) -> dict:
@@ -233,8 +298,11 @@ def mode_vllm(target, plan) -> dict:
         _drop_loop(run)
         before = _free()
         estimates[phase] = first + (len(sizes) - 1) * second
-    return {"estimate_mib": sum(estimates.values()) / MiB,
-            "per_phase_mib": {k: v / MiB for k, v in estimates.items()}, "seconds": time.perf_counter() - t0}
+    return {
+        "estimate_mib": sum(estimates.values()) / MiB,
+        "per_phase_mib": {k: v / MiB for k, v in estimates.items()},
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def mode_startup(target, opts, margin_mib: int) -> dict:
@@ -253,9 +321,13 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
     try:
         gs = capture(pred.plan, target, progress=False)
     except Exception as err:  # an OOM is a result: the prediction was too low
-        return {"predict_s": seconds, "error": f"{type(err).__name__}: {err}"[:300],
-                "pending_mib": pred.pending_bytes / MiB, "items_mib": {k: v / MiB for k, v in pred.items.items()},
-                "kv_mib": kv_bytes / MiB}
+        return {
+            "predict_s": seconds,
+            "error": f"{type(err).__name__}: {err}"[:300],
+            "pending_mib": pred.pending_bytes / MiB,
+            "items_mib": {k: v / MiB for k, v in pred.items.items()},
+            "kv_mib": kv_bytes / MiB,
+        }
     rep = gs.report
     view = rep.device_view
     slack = _free()
@@ -269,18 +341,27 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         measured = before - m.free
         if measured <= 0:
             continue
-        predicted = tl[m.step] + fixed + sum(s.bytes for s in pred.plan.steps[:m.step + 1] if s.op == "provision")
+        predicted = tl[m.step] + fixed + sum(s.bytes for s in pred.plan.steps[: m.step + 1] if s.op == "provision")
         errors.append((predicted - measured) / measured)
     gs.release()
     del kv
-    return {"predict_s": seconds, "capture_s": rep.capture_seconds, "predicted_total_mib": pred.total_bytes / MiB,
-            "pending_mib": pred.pending_bytes / MiB, "items_mib": {k: v / MiB for k, v in pred.items.items()},
-            "measured_drop_mib": view.drop / MiB, "error": (pred.pending_bytes - view.drop) / view.drop,
-            # pending is the peak (a warm-up on top of the pools so far); the drop is measured after
-            # capture: the figure left taken after capture is total less the workspace already made
-            "final_error": (pred.total_bytes - pred.items["stream-workspace"] - view.drop) / view.drop,
-            "worst_step_error": max(errors, key=abs) if errors else None, "kv_mib": kv_bytes / MiB,
-            "slack_mib": slack / MiB, "margin_mib": margin_mib, "recorded": pred.recorded}
+    return {
+        "predict_s": seconds,
+        "capture_s": rep.capture_seconds,
+        "predicted_total_mib": pred.total_bytes / MiB,
+        "pending_mib": pred.pending_bytes / MiB,
+        "items_mib": {k: v / MiB for k, v in pred.items.items()},
+        "measured_drop_mib": view.drop / MiB,
+        "error": (pred.pending_bytes - view.drop) / view.drop,
+        # pending is the peak (a warm-up on top of the pools so far); the drop is measured after
+        # capture: the figure left taken after capture is total less the workspace already made
+        "final_error": (pred.total_bytes - pred.items["stream-workspace"] - view.drop) / view.drop,
+        "worst_step_error": max(errors, key=abs) if errors else None,
+        "kv_mib": kv_bytes / MiB,
+        "slack_mib": slack / MiB,
+        "margin_mib": margin_mib,
+        "recorded": pred.recorded,
+    }
 
 
 def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
@@ -294,10 +375,13 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
     opts = _options(case, folder)
     t0 = time.perf_counter()
     plan = build_plan(opts)
-    out: dict = {"case": case, "build_s": time.perf_counter() - t0,
-                 "captures": sum(s.op == "capture" for s in plan.steps),
-                 "analytic_pool_mib": plan.predicted.pool_bytes / MiB,
-                 "fidelity": getattr(plan.predicted, "fidelity", None)}
+    out: dict = {
+        "case": case,
+        "build_s": time.perf_counter() - t0,
+        "captures": sum(s.op == "capture" for s in plan.steps),
+        "analytic_pool_mib": plan.predicted.pool_bytes / MiB,
+        "fidelity": getattr(plan.predicted, "fidelity", None),
+    }
     target = _target(case, plan, layers)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
@@ -337,9 +421,15 @@ def main() -> None:
 
     from capture_plan.executor.device import driver_version
 
-    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "device": torch.cuda.get_device_name(), "driver": driver_version(), "torch": torch.__version__,
-                 "layers": args.layers, "modes": modes, "cases": {}}
+    res: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "driver": driver_version(),
+        "torch": torch.__version__,
+        "layers": args.layers,
+        "modes": modes,
+        "cases": {},
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"device-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
@@ -347,8 +437,18 @@ def main() -> None:
         # one process per mode: each pays the first capture's cost itself
         row: dict = {}
         for mode in modes:
-            cmd = [sys.executable, __file__, "--child", case, "--modes", mode, "--layers", str(args.layers),
-                   "--margin-mib", str(args.margin_mib)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                case,
+                "--modes",
+                mode,
+                "--layers",
+                str(args.layers),
+                "--margin-mib",
+                str(args.margin_mib),
+            ]
             p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
             if p.returncode or not lines:
@@ -358,8 +458,9 @@ def main() -> None:
             got = json.loads(lines[-1][7:])
             row.update({k: v for k, v in got.items() if k not in MODES})
             row[mode] = got[mode]
-            print(f"{case}/{mode}: " + json.dumps({k: v for k, v in got[mode].items() if k != "report"})[:600],
-                  flush=True)
+            print(
+                f"{case}/{mode}: " + json.dumps({k: v for k, v in got[mode].items() if k != "report"})[:600], flush=True
+            )
         res["cases"][case] = row
         path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")  # after every case: a time limit keeps them
     parts = []
@@ -368,8 +469,10 @@ def main() -> None:
         bits = [case]
         if "drop_mib" in ex:
             it = ex["items_mib"]
-            bits.append(f"exec drop {ex['drop_mib']:.0f} (pool {it['pool']:.0f} held {it['allocator-held']:.0f} "
-                        f"cached {it['allocator-cached']:.0f} outside {it['outside-allocator']:.0f})")
+            bits.append(
+                f"exec drop {ex['drop_mib']:.0f} (pool {it['pool']:.0f} held {it['allocator-held']:.0f} "
+                f"cached {it['allocator-cached']:.0f} outside {it['outside-allocator']:.0f})"
+            )
         if "drop_mib" in lp:
             bits.append(f"loop {lp['drop_mib']:.0f}")
         st = row.get("startup", {})

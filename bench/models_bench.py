@@ -67,20 +67,63 @@ MAX_SEQLEN = 256
 
 #: architecture -> (config class, config kwargs, attention implementation)
 ARCHS = {
-    "llama": (transformers.LlamaConfig, dict(
-        hidden_size=2048, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
-        intermediate_size=5632, vocab_size=32000), "sdpa"),
-    "mixtral": (transformers.MixtralConfig, dict(
-        hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
-        intermediate_size=3584, vocab_size=32000, num_local_experts=8, num_experts_per_tok=2), "sdpa"),
-    "qwen2_moe": (transformers.Qwen2MoeConfig, dict(
-        hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16,
-        intermediate_size=2816, moe_intermediate_size=704, shared_expert_intermediate_size=2816,
-        num_experts=16, num_experts_per_tok=4, vocab_size=32000), "sdpa"),
+    "llama": (
+        transformers.LlamaConfig,
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            intermediate_size=5632,
+            vocab_size=32000,
+        ),
+        "sdpa",
+    ),
+    "mixtral": (
+        transformers.MixtralConfig,
+        dict(
+            hidden_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            intermediate_size=3584,
+            vocab_size=32000,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+        "sdpa",
+    ),
+    "qwen2_moe": (
+        transformers.Qwen2MoeConfig,
+        dict(
+            hidden_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            intermediate_size=2816,
+            moe_intermediate_size=704,
+            shared_expert_intermediate_size=2816,
+            num_experts=16,
+            num_experts_per_tok=4,
+            vocab_size=32000,
+        ),
+        "sdpa",
+    ),
     # Gemma2: GeGLU MLP, pre- and post-norms, logit soft-capping (eager attention for it)
-    "gemma2": (transformers.Gemma2Config, dict(
-        hidden_size=1152, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
-        intermediate_size=4608, vocab_size=32000, sliding_window=4096), "eager"),
+    "gemma2": (
+        transformers.Gemma2Config,
+        dict(
+            hidden_size=1152,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=128,
+            intermediate_size=4608,
+            vocab_size=32000,
+            sliding_window=4096,
+        ),
+        "eager",
+    ),
 }
 
 
@@ -97,8 +140,10 @@ def write_spec(d: Path, cfg, sizes, allocator: str = "native") -> Path:
     raw["dtype"] = "bfloat16"
     (d / "config.json").write_text(json.dumps(raw, default=str, indent=1))
     spec = d / "spec.toml"
-    spec.write_text(f'allocator = "{allocator}"\n\n[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\n'
-                    f'kind = "decode"\nsizes = {list(sizes)}\n')
+    spec.write_text(
+        f'allocator = "{allocator}"\n\n[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\n'
+        f'kind = "decode"\nsizes = {list(sizes)}\n'
+    )
     return spec
 
 
@@ -113,8 +158,9 @@ def sdpa_choice(target, bs: int) -> str:
     q = torch.empty(bs, 1, heads, dim, dtype=target.dtype, device=target.device).transpose(1, 2)
     kv = torch.empty(bs, heads, target.max_seqlen, dim, dtype=target.dtype, device=target.device)
     with target._attention():
-        choice = torch._fused_sdp_choice(q, kv, kv, attn_mask=target._buffers[1].mask[:bs], dropout_p=0.0,
-                                         is_causal=False)
+        choice = torch._fused_sdp_choice(
+            q, kv, kv, attn_mask=target._buffers[1].mask[:bs], dropout_p=0.0, is_causal=False
+        )
     names = {int(getattr(SDPBackend, n)): n for n in dir(SDPBackend) if n.isupper()}
     return names.get(int(choice), str(choice))
 
@@ -124,9 +170,13 @@ def agreement(target, sizes, gen, trials: int = 3) -> dict:
     graphs, outs, _, _ = loop_capture(target, sizes, ascending=False, warmups=1)
     rows = replays_vs_eager(target, graphs, outs, gen, rounds=trials, eager_twice=True)
     release(graphs, outs)
-    return {"sizes": list(sizes), "replays": len(rows), "replay_not_equal_eager": sum(not r.equal for r in rows),
-            "eager_not_equal_eager": sum(not r.eager_equal for r in rows),
-            "max_abs_diff": max((r.max_abs_diff for r in rows), default=0.0)}
+    return {
+        "sizes": list(sizes),
+        "replays": len(rows),
+        "replay_not_equal_eager": sum(not r.equal for r in rows),
+        "eager_not_equal_eager": sum(not r.eager_equal for r in rows),
+        "max_abs_diff": max((r.max_abs_diff for r in rows), default=0.0),
+    }
 
 
 def attention_check(target, sizes, gen) -> dict:
@@ -137,9 +187,11 @@ def attention_check(target, sizes, gen) -> dict:
     try:
         for mode, backends in (("pinned", pin), ("pytorch_default", None)):
             target.sdpa_backends = backends
-            res[mode] = {"backends": list(backends) if backends else None,
-                         "kernel": {bs: sdpa_choice(target, bs) for bs in (1, max(sizes))},
-                         **agreement(target, some, gen)}
+            res[mode] = {
+                "backends": list(backends) if backends else None,
+                "kernel": {bs: sdpa_choice(target, bs) for bs in (1, max(sizes))},
+                **agreement(target, some, gen),
+            }
     finally:
         target.sdpa_backends = pin
     return res
@@ -171,8 +223,12 @@ def step_errors(plan, report) -> dict:
     pred = {m.step: m.reserved for m in plan.predicted.timeline}
     errs = [(m.reserved - pred[m.step]) / m.reserved for m in report.steps if m.step in captures and m.reserved]
     worst = max(errs, key=abs) if errs else 0.0
-    return {"steps": len(errs), "max_abs_error": abs(worst), "worst_error": worst,
-            "pool_error": (plan.predicted.pool_bytes - report.pool_bytes) / report.pool_bytes}
+    return {
+        "steps": len(errs),
+        "max_abs_error": abs(worst),
+        "worst_error": worst,
+        "pool_error": (plan.predicted.pool_bytes - report.pool_bytes) / report.pool_bytes,
+    }
 
 
 def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention: bool = True) -> dict:
@@ -180,8 +236,11 @@ def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention
     target = HFTarget(model, max_bs=max(sizes), max_seqlen=MAX_SEQLEN)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    res: dict = {"config": {k: v for k, v in ARCHS[name][1].items()}, "attention": ARCHS[name][2],
-                 "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    res: dict = {
+        "config": {k: v for k, v in ARCHS[name][1].items()},
+        "attention": ARCHS[name][2],
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+    }
     t_arch = time.perf_counter()
     target.run("decode", max(sizes), None)  # lazy initialisation outside every measurement
     torch.cuda.synchronize()
@@ -191,8 +250,12 @@ def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention
     release(graphs, outs)
 
     graphs, outs, pool, secs = loop_capture(target, sizes, ascending=False)
-    res["loop"] = {"pool_mib": pool_reserved([pool]) / MiB, "capture_s": secs,
-                   "replays_not_equal_eager": check_loop(target, graphs, outs, gen), "replays": len(graphs)}
+    res["loop"] = {
+        "pool_mib": pool_reserved([pool]) / MiB,
+        "capture_s": secs,
+        "replays_not_equal_eager": check_loop(target, graphs, outs, gen),
+        "replays": len(graphs),
+    }
     release(graphs, outs)
 
     spec = write_spec(tmp, cfg, sizes, allocator)
@@ -206,13 +269,18 @@ def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention
 
     gs = capture(tplan, target, progress=False)
     rep = gs.report
-    res["executor"] = {"pool_mib": rep.pool_bytes / MiB, "capture_s": rep.capture_seconds,
-                       "predicted_mib": tplan.predicted.pool_bytes / MiB,
-                       "strategy": tplan.phases[0].strategy.label(), **step_errors(tplan, rep)}
+    res["executor"] = {
+        "pool_mib": rep.pool_bytes / MiB,
+        "capture_s": rep.capture_seconds,
+        "predicted_mib": tplan.predicted.pool_bytes / MiB,
+        "strategy": tplan.phases[0].strategy.label(),
+        **step_errors(tplan, rep),
+    }
     gs.release()
     res["loop"]["predicted_mib"] = tplan.predicted.baseline_bytes / MiB
-    res["loop"]["prediction_error"] = (tplan.predicted.baseline_bytes / MiB - res["loop"]["pool_mib"]) / \
-        res["loop"]["pool_mib"]
+    res["loop"]["prediction_error"] = (tplan.predicted.baseline_bytes / MiB - res["loop"]["pool_mib"]) / res["loop"][
+        "pool_mib"
+    ]
     res["predicted_alone_mib"] = tplan.predicted.largest_graph_bytes / MiB
 
     gs = capture(tplan, target, progress=False, record=True)
@@ -221,15 +289,20 @@ def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention
     gs.release()
 
     gs = capture(plan, target, progress=False)  # the analytic plan, for contrast
-    res["analytic"] = {"predicted_mib": plan.predicted.pool_bytes / MiB, "pool_mib": gs.report.pool_bytes / MiB,
-                       "error": (plan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes}
+    res["analytic"] = {
+        "predicted_mib": plan.predicted.pool_bytes / MiB,
+        "pool_mib": gs.report.pool_bytes / MiB,
+        "error": (plan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes,
+    }
     gs.release()
 
     if attention and res["attention"] != "eager":
         res["attention_check"] = attention_check(target, sizes, gen)
 
-    res["ratios"] = {"executor_vs_alone": res["executor"]["pool_mib"] / res["alone_mib"],
-                     "executor_vs_loop": res["executor"]["pool_mib"] / res["loop"]["pool_mib"]}
+    res["ratios"] = {
+        "executor_vs_alone": res["executor"]["pool_mib"] / res["alone_mib"],
+        "executor_vs_loop": res["executor"]["pool_mib"] / res["loop"]["pool_mib"],
+    }
     res["seconds"] = time.perf_counter() - t_arch
     del target, model
     release()
@@ -238,13 +311,29 @@ def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention
 
 def expandable_child(name: str) -> dict:
     """``name`` benchmarked in a child process started with expandable segments."""
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
-               PYTORCH_ALLOC_CONF="expandable_segments:True")
+    env = dict(
+        os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", PYTORCH_ALLOC_CONF="expandable_segments:True"
+    )
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "child.json"
-        run = subprocess.run([sys.executable, __file__, "--archs", name, "--allocator", "expandable",
-                              "--expandable-archs", "", "--out", str(out)], env=env, capture_output=True, text=True,
-                             timeout=900)
+        run = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--archs",
+                name,
+                "--allocator",
+                "expandable",
+                "--expandable-archs",
+                "",
+                "--out",
+                str(out),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if run.returncode or not out.exists():
             return {"error": f"child exited {run.returncode}: {run.stderr.strip()[-300:]}"}
         r = json.loads(out.read_text())["archs"][name]
@@ -253,23 +342,34 @@ def expandable_child(name: str) -> dict:
 
 
 def table(archs: dict) -> str:
-    rows = ["| model | loop MiB (pred.) | alone MiB | executor MiB (pred., worst step) | analytic pred. | verify | "
-            "SDPA kernel: replays != eager, eager != eager (pinned / PyTorch's choice) |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| model | loop MiB (pred.) | alone MiB | executor MiB (pred., worst step) | analytic pred. | verify | "
+        "SDPA kernel: replays != eager, eager != eager (pinned / PyTorch's choice) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, r in archs.items():
         if "error" in r:
             rows.append(f"| {name} | failed: {r['error'][:60]} | | | | | |")
             continue
         e, lp = r["executor"], r["loop"]
         att = r.get("attention_check")
-        sdpa = " / ".join(f"{a['kernel'][max(a['kernel'])]}: {a['replay_not_equal_eager']}, "
-                          f"{a['eager_not_equal_eager']} of {a['replays']}"
-                          for a in (att["pinned"], att["pytorch_default"])) if att else \
-            "(eager attention)" if r["attention"] == "eager" else "(not measured)"
-        rows.append(f"| {name} | {lp['pool_mib']:.0f} ({lp['predicted_mib']:.0f}) | {r['alone_mib']:.0f} | "
-                    f"{e['pool_mib']:.1f} ({e['predicted_mib']:.1f}, {e['worst_error']:+.1%}) | "
-                    f"{r['analytic']['error']:+.0%} | {r['verify']['replays']} replays, "
-                    f"{r['verify']['faults']} faults | {sdpa} |")
+        sdpa = (
+            " / ".join(
+                f"{a['kernel'][max(a['kernel'])]}: {a['replay_not_equal_eager']}, "
+                f"{a['eager_not_equal_eager']} of {a['replays']}"
+                for a in (att["pinned"], att["pytorch_default"])
+            )
+            if att
+            else "(eager attention)"
+            if r["attention"] == "eager"
+            else "(not measured)"
+        )
+        rows.append(
+            f"| {name} | {lp['pool_mib']:.0f} ({lp['predicted_mib']:.0f}) | {r['alone_mib']:.0f} | "
+            f"{e['pool_mib']:.1f} ({e['predicted_mib']:.1f}, {e['worst_error']:+.1%}) | "
+            f"{r['analytic']['error']:+.0%} | {r['verify']['replays']} replays, "
+            f"{r['verify']['faults']} faults | {sdpa} |"
+        )
     return "\n".join(rows)
 
 
@@ -277,25 +377,41 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="JSON path [bench/results/models-DATE.json]")
     ap.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated subset of {list(ARCHS)}")
-    ap.add_argument("--expandable-archs", default="qwen2_moe",
-                    help="architectures to run again in a child process with expandable segments ('' for none)")
-    ap.add_argument("--allocator", choices=("native", "expandable"), default="native",
-                    help="the allocator mode this process was started with (set by the parent for its child)")
+    ap.add_argument(
+        "--expandable-archs",
+        default="qwen2_moe",
+        help="architectures to run again in a child process with expandable segments ('' for none)",
+    )
+    ap.add_argument(
+        "--allocator",
+        choices=("native", "expandable"),
+        default="native",
+        help="the allocator mode this process was started with (set by the parent for its child)",
+    )
     args = ap.parse_args()
-    if (args.allocator == "expandable"
-            and "expandable_segments:True" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
+    if args.allocator == "expandable" and "expandable_segments:True" not in os.environ.get(
+        "PYTORCH_CUDA_ALLOC_CONF", ""
+    ):
         ap.error("--allocator expandable needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment")
     t0 = time.perf_counter()
     sizes = sgl_sizes("decode", 256)
-    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "transformers": transformers.__version__, "cudnn": torch.backends.cudnn.version(),
-                 "allocator": args.allocator, "sizes": sizes, "max_seqlen": MAX_SEQLEN, "archs": {}}
+    res: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "allocator": args.allocator,
+        "sizes": sizes,
+        "max_seqlen": MAX_SEQLEN,
+        "archs": {},
+    }
     for name in args.archs.split(","):
         try:
             with tempfile.TemporaryDirectory() as d:
-                res["archs"][name] = bench_arch(name, sizes, Path(d), args.allocator,
-                                                attention=args.allocator == "native")
+                res["archs"][name] = bench_arch(
+                    name, sizes, Path(d), args.allocator, attention=args.allocator == "native"
+                )
         except Exception as err:  # one architecture failing must not hide the others' results
             res["archs"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
             release()
@@ -313,10 +429,11 @@ def main() -> None:
         # per model, the better of its native and expandable-segments runs
         "executor_within_1.05x_alone_best_allocator": all(
             min(r["ratios"]["executor_vs_alone"] for n, r in ok.items() if n.split("@")[0] == base) <= 1.05
-            for base in {n.split("@")[0] for n in ok}),
+            for base in {n.split("@")[0] for n in ok}
+        ),
         "pinned_attention_replays_equal_eager": all(
-            r["attention_check"]["pinned"]["replay_not_equal_eager"] == 0
-            for r in ok.values() if "attention_check" in r),
+            r["attention_check"]["pinned"]["replay_not_equal_eager"] == 0 for r in ok.values() if "attention_check" in r
+        ),
     }
     out = Path(args.out or ROOT / f"bench/results/models-{res['date'][:10]}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -328,12 +445,16 @@ def main() -> None:
     ne = {m: sum(a[m]["replay_not_equal_eager"] for a in att) for m in ("pinned", "pytorch_default")}
     ee = {m: sum(a[m]["eager_not_equal_eager"] for a in att) for m in ("pinned", "pytorch_default")}
     kern = {m: sorted({k for a in att for k in a[m]["kernel"].values()}) for m in ("pinned", "pytorch_default")}
-    print(f"ATTENTION SDPA models: PyTorch's choice {kern['pytorch_default']}: {ne['pytorch_default']} replays != "
-          f"eager, {ee['pytorch_default']} eager != eager; pinned {kern['pinned']}: {ne['pinned']} replays != eager, "
-          f"{ee['pinned']} eager != eager (of {sum(a['pinned']['replays'] for a in att)} each)")
-    print(f"SUMMARY {len(ok)}/{len(res['archs'])} architectures in {res['seconds']:.0f} s; few-size prediction worst "
-          f"step error {worst:.2%}; executor pool <= {alone:.3f}x largest graph alone; verify faults "
-          f"{sum(r['verify']['faults'] for r in ok.values())}; targets {res['targets']}; wrote {out}")
+    print(
+        f"ATTENTION SDPA models: PyTorch's choice {kern['pytorch_default']}: {ne['pytorch_default']} replays != "
+        f"eager, {ee['pytorch_default']} eager != eager; pinned {kern['pinned']}: {ne['pinned']} replays != eager, "
+        f"{ee['pinned']} eager != eager (of {sum(a['pinned']['replays'] for a in att)} each)"
+    )
+    print(
+        f"SUMMARY {len(ok)}/{len(res['archs'])} architectures in {res['seconds']:.0f} s; few-size prediction worst "
+        f"step error {worst:.2%}; executor pool <= {alone:.3f}x largest graph alone; verify faults "
+        f"{sum(r['verify']['faults'] for r in ok.values())}; targets {res['targets']}; wrote {out}"
+    )
 
 
 if __name__ == "__main__":

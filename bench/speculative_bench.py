@@ -123,19 +123,23 @@ def per_phase(report, plan) -> dict:
         pred[phase] += m.predicted_reserved - prev_p
         secs[phase] += m.seconds
         prev_m, prev_p = m.reserved, m.predicted_reserved
-    return {p.name: {"measured_mib": grown[p.name] / MiB, "predicted_mib": pred[p.name] / MiB,
-                     "capture_s": secs[p.name]} for p in plan.phases}
+    return {
+        p.name: {"measured_mib": grown[p.name] / MiB, "predicted_mib": pred[p.name] / MiB, "capture_s": secs[p.name]}
+        for p in plan.phases
+    }
 
 
 def per_pool(gs, plan) -> dict:
-    return {pid: {"measured_mib": pool_reserved([h]) / MiB, "predicted_mib": plan.predicted.pools.get(pid, 0) / MiB}
-            for pid, h in gs.pools.items()}
+    return {
+        pid: {"measured_mib": pool_reserved([h]) / MiB, "predicted_mib": plan.predicted.pools.get(pid, 0) / MiB}
+        for pid, h in gs.pools.items()
+    }
 
 
 def check_graphs(gs, gen) -> tuple[int, int]:
     """Every graph at its full size and at a random padded size, against eager."""
     bad = n = 0
-    for (phase, bs) in list(gs.graphs):
+    for phase, bs in list(gs.graphs):
         for k in {bs, max(1, bs // 2 + 1)}:
             if gs.padded(phase, k) != bs:
                 continue
@@ -151,10 +155,14 @@ def executor_run(plan_path: Path, model, gen, out_dir: Path, trace_dir: Path) ->
     plan = load_plan(plan_path)
     gs = capture(plan, model, progress=False)
     rep = gs.report
-    res = {"pool_mib": rep.pool_bytes / MiB, "capture_s": rep.capture_seconds,
-           "predicted_analytic_mib": plan.predicted.pool_bytes / MiB,
-           "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
-           "phases": per_phase(rep, plan), "pools": per_pool(gs, plan)}
+    res = {
+        "pool_mib": rep.pool_bytes / MiB,
+        "capture_s": rep.capture_seconds,
+        "predicted_analytic_mib": plan.predicted.pool_bytes / MiB,
+        "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
+        "phases": per_phase(rep, plan),
+        "pools": per_pool(gs, plan),
+    }
     bad, n = check_graphs(gs, gen)
     res["replays"], res["replays_not_equal_eager"] = n, bad
     gs.write_report(out_dir / f"report-{plan.name}.json")
@@ -172,20 +180,26 @@ def executor_run(plan_path: Path, model, gen, out_dir: Path, trace_dir: Path) ->
     # phases at the profiler's default sizes (the fitter derives the rest),
     # the draft phases at every size -- torch.topk's scratch over the vocabulary
     # is not affine in the batch (the fitter refuses 3 sizes and says so)
-    drafts = {s.phase for s in plan.steps
-              if s.op == "capture" and model.kind(s.phase) in ("draft_decode", "draft_extend")}
+    drafts = {
+        s.phase for s in plan.steps if s.op == "capture" and model.kind(s.phase) in ("draft_decode", "draft_extend")
+    }
     sizes = {ph: sorted({s.bs for s in plan.steps if s.op == "capture" and s.phase == ph}) for ph in drafts}
     trace = profile(plan, model, sizes=sizes)
     tpath = trace_dir / f"{plan.name}.json"
     write_trace(trace, tpath)
-    tplan = build_plan(BuildOptions(backend=plan.inputs.backend, ci=plan.inputs.ci,
-                                    speculative=plan.inputs.speculative, trace=tpath))
+    tplan = build_plan(
+        BuildOptions(backend=plan.inputs.backend, ci=plan.inputs.ci, speculative=plan.inputs.speculative, trace=tpath)
+    )
     gs = capture(tplan, model, progress=False)
-    res["trace"] = {"recorded": {c.phase: sum(1 for d in trace.captures if d.phase == c.phase) for c in trace.captures},
-                    "trace_bytes": tpath.stat().st_size,
-                    "predicted_mib": tplan.predicted.pool_bytes / MiB, "pool_mib": gs.report.pool_bytes / MiB,
-                    "error": (tplan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes,
-                    "phases": per_phase(gs.report, tplan), "pools": per_pool(gs, tplan)}
+    res["trace"] = {
+        "recorded": {c.phase: sum(1 for d in trace.captures if d.phase == c.phase) for c in trace.captures},
+        "trace_bytes": tpath.stat().st_size,
+        "predicted_mib": tplan.predicted.pool_bytes / MiB,
+        "pool_mib": gs.report.pool_bytes / MiB,
+        "error": (tplan.predicted.pool_bytes - gs.report.pool_bytes) / gs.report.pool_bytes,
+        "phases": per_phase(gs.report, tplan),
+        "pools": per_pool(gs, tplan),
+    }
     gs.release()
     return res
 
@@ -197,7 +211,7 @@ def timing(model, sizes, engine_order, variants, repeats: int) -> dict:
     runs: dict[str, list[float]] = defaultdict(list)
     names = [*variants, "fa3-eagle-ci.json", "fa3-eagle.json"]
     for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             if name in variants:
                 order = [(p, sorted(sizes[p], reverse=not variants[name][p])) for p in engine_order]
                 run = loop_capture(model, order)
@@ -209,8 +223,12 @@ def timing(model, sizes, engine_order, variants, repeats: int) -> dict:
                 gs.release()
                 torch.cuda.empty_cache()
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return {"repeats": repeats, "runs_s": dict(runs), "median_s": med,
-            "ratio_to_loop": {k: v / med["loop"] for k, v in med.items()}}
+    return {
+        "repeats": repeats,
+        "runs_s": dict(runs),
+        "median_s": med,
+        "ratio_to_loop": {k: v / med["loop"] for k, v in med.items()},
+    }
 
 
 def floors(model, plan_path: Path) -> dict:
@@ -236,12 +254,17 @@ def _subprocess(bug: str, sizes, pins=(), checks=("interleave", "footprint"), re
         return {"exit": run.exit, "line": run.failed or run.output[-800:]}
     faults = run.result["faults"]
     words = {w.strip(",:;()") for f in faults for w in f["detail"].split()}
-    culprits = sorted({f["graph"] for f in faults} | {w for w in words if w.count("/") == 1
-                                                       and w.split("/")[0] in ("draft_decode", "draft_extend")})
-    return {"exit": run.exit, "faults": len(faults),
-            "by_check": {c: sum(1 for f in faults if f["check"] == c) for c in {f["check"] for f in faults}},
-            "graphs_named": culprits,
-            "examples": [f"{f['check']}: graph {f['graph']}: {f['detail']}" for f in faults[:4]]}
+    culprits = sorted(
+        {f["graph"] for f in faults}
+        | {w for w in words if w.count("/") == 1 and w.split("/")[0] in ("draft_decode", "draft_extend")}
+    )
+    return {
+        "exit": run.exit,
+        "faults": len(faults),
+        "by_check": {c: sum(1 for f in faults if f["check"] == c) for c in {f["check"] for f in faults}},
+        "graphs_named": culprits,
+        "examples": [f"{f['check']}: graph {f['graph']}: {f['detail']}" for f in faults[:4]],
+    }
 
 
 def planted(sizes) -> dict:
@@ -277,15 +300,30 @@ def main() -> None:
     steps_topk = (3, 1)
     shape = Model(layers=args.layers)
     need_model = not {"loop", "gate", "executor", "timing"} <= skip
-    model = SpeculativeModel(SpeculativeConfig(model=shape, max_bs=max(max(s) for s in sizes.values()),
-                                               num_steps=steps_topk[0], topk=steps_topk[1])) if need_model else None
+    model = (
+        SpeculativeModel(
+            SpeculativeConfig(
+                model=shape, max_bs=max(max(s) for s in sizes.values()), num_steps=steps_topk[0], topk=steps_topk[1]
+            )
+        )
+        if need_model
+        else None
+    )
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "attention": model.backend if model else None, "layers": args.layers, "draft_layers": 1,
-                 "num_steps": steps_topk[0], "topk": steps_topk[1], "page_size": 1,
-                 "sizes_per_phase": {k: len(v) for k, v in sizes.items()}, "draft_phase": draft.name}
+    res: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "attention": model.backend if model else None,
+        "layers": args.layers,
+        "draft_layers": 1,
+        "num_steps": steps_topk[0],
+        "topk": steps_topk[1],
+        "page_size": 1,
+        "sizes_per_phase": {k: len(v) for k, v in sizes.items()},
+        "draft_phase": draft.name,
+    }
     part = "" if not skip else "-" + "-".join(p for p in PARTS if p not in skip)
     path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l{part}.json"
 
@@ -299,15 +337,19 @@ def main() -> None:
         res["floors_mib"] = floors(model, ci_path)
         save()
     engine_order = [p for p in ("decode", "target_verify", "draft_decode", "draft_extend") if p in sizes]
-    variants = {"loop": {p: False for p in engine_order},
-                "gate": {p: p in MULTI_TOKEN for p in engine_order}}
+    variants = {"loop": {p: False for p in engine_order}, "gate": {p: p in MULTI_TOKEN for p in engine_order}}
     for name, ascending in variants.items():
         if name in skip:
             continue
         order = [(p, sorted(sizes[p], reverse=not ascending[p])) for p in engine_order]
         run = loop_capture(model, order)
-        res[name] = {"pool_mib": pool_reserved([run["pool"]]) / MiB, "capture_s": run["total_s"],
-                     "phase_capture_s": run["seconds"], "oom_at": run["oom"], "graphs": len(run["graphs"])}
+        res[name] = {
+            "pool_mib": pool_reserved([run["pool"]]) / MiB,
+            "capture_s": run["total_s"],
+            "phase_capture_s": run["seconds"],
+            "oom_at": run["oom"],
+            "graphs": len(run["graphs"]),
+        }
         res[name]["replays_not_equal_eager"] = check_loop(model, run, gen)
         release_loop(run)
         save()
@@ -318,8 +360,11 @@ def main() -> None:
             r = executor_run(ROOT / "plans" / plan_file, model, gen, out_dir, trace_dir)
             res[plan_file] = r
             save()
-            print(plan_file, json.dumps({k: r[k] for k in ("pool_mib", "capture_s", "analytic_error", "verify")}),
-                  flush=True)
+            print(
+                plan_file,
+                json.dumps({k: r[k] for k in ("pool_mib", "capture_s", "analytic_error", "verify")}),
+                flush=True,
+            )
 
     if "timing" not in skip:
         res["timing"] = timing(model, sizes, engine_order, variants, args.repeats)
@@ -340,21 +385,29 @@ def main() -> None:
     loop = res.get("loop", {})
     fl = sum(res.get("floors_mib", {}).values())
     caught = {k: v.get("by_check", v.get("line")) for k, v in res.get("bugs", {}).items()}
-    wild_ok = sum(1 for v in res.get("wild", {}).values()
-                  if v["exit"] == 3 and "context is lost" in v["line"] and "compute-sanitizer" in v["line"])
+    wild_ok = sum(
+        1
+        for v in res.get("wild", {}).values()
+        if v["exit"] == 3 and "context is lost" in v["line"] and "compute-sanitizer" in v["line"]
+    )
     tm = res.get("timing")
     if tm:
-        print("TIMING median capture s " + ", ".join(f"{k} {v:.2f} ({tm['ratio_to_loop'][k]:.2f}x)"
-                                                  for k, v in tm["median_s"].items()) + f" over {tm['repeats']} rounds")
+        print(
+            "TIMING median capture s "
+            + ", ".join(f"{k} {v:.2f} ({tm['ratio_to_loop'][k]:.2f}x)" for k, v in tm["median_s"].items())
+            + f" over {tm['repeats']} rounds"
+        )
     if ex and loop:
-        print(f"SUMMARY pool MiB: loop {loop['pool_mib']:.0f} (oom at {loop['oom_at']}), gate "
-              f"{res.get('gate', {}).get('pool_mib', float('nan')):.0f}, executor(ci) {ex['pool_mib']:.0f} "
-              f"(floors {fl:.0f}: {ex['pool_mib'] / fl:.3f}x; {ex['pool_mib'] / loop['pool_mib']:.3f}x of loop); "
-              f"capture s: loop {loop['capture_s']:.2f}, executor {ex['capture_s']:.2f} "
-              f"({ex['capture_s'] / loop['capture_s']:.2f}x); pred err analytic {ex['analytic_error']:+.2%} "
-              f"trace {ex['trace']['error']:+.2%}; replays bad: loop {loop['replays_not_equal_eager']}, "
-              f"executor {ex['replays_not_equal_eager']}/{ex['replays']}; verify faults {ex['verify_faults']}; "
-              f"bugs: faults by check {caught}; wild named {wild_ok}/{len(res.get('wild', {}))}")
+        print(
+            f"SUMMARY pool MiB: loop {loop['pool_mib']:.0f} (oom at {loop['oom_at']}), gate "
+            f"{res.get('gate', {}).get('pool_mib', float('nan')):.0f}, executor(ci) {ex['pool_mib']:.0f} "
+            f"(floors {fl:.0f}: {ex['pool_mib'] / fl:.3f}x; {ex['pool_mib'] / loop['pool_mib']:.3f}x of loop); "
+            f"capture s: loop {loop['capture_s']:.2f}, executor {ex['capture_s']:.2f} "
+            f"({ex['capture_s'] / loop['capture_s']:.2f}x); pred err analytic {ex['analytic_error']:+.2%} "
+            f"trace {ex['trace']['error']:+.2%}; replays bad: loop {loop['replays_not_equal_eager']}, "
+            f"executor {ex['replays_not_equal_eager']}/{ex['replays']}; verify faults {ex['verify_faults']}; "
+            f"bugs: faults by check {caught}; wild named {wild_ok}/{len(res.get('wild', {}))}"
+        )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ def speculative_plan(layers: int):
     from capture_plan.planner import BuildOptions, build_plan
 
     spec = Path(tempfile.mkdtemp()) / "speculative-sizes.toml"
-    spec.write_text(f"[model]\nlayers = {layers}\n\n[[phases]]\nname = \"decode\"\nkind = \"decode\"\n"
-                    f"sizes = {SPECULATIVE}\n")
+    spec.write_text(
+        f'[model]\nlayers = {layers}\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {SPECULATIVE}\n'
+    )
     return build_plan(BuildOptions(backend="fa3", ci=True, spec=spec))
 
 
@@ -76,8 +77,12 @@ def timed_capture(plan, model) -> dict:
     reported = gs.report.capture_seconds
     t0 = time.perf_counter()
     gs.release()
-    return {"capture_wall_s": wall, "report_capture_s": reported, "release_s": time.perf_counter() - t0,
-            "pool_mib": pool / MiB}
+    return {
+        "capture_wall_s": wall,
+        "report_capture_s": reported,
+        "release_s": time.perf_counter() - t0,
+        "pool_mib": pool / MiB,
+    }
 
 
 def timed_loop(model, sizes) -> dict:
@@ -128,13 +133,20 @@ def background_run(plan, model, serve, *, check: bool, seed: int = 0) -> dict:
     first = next((t for t, g in during if g), None)
     graph_times = [t for t, g in during if g]
     span = (graph_times[-1] - graph_times[0]) if len(graph_times) > 1 else 0.0
-    out = {"returned_s": returned, "first_servable_replay_s": first, "first_graph_s": gs.timeline[0][0],
-           "all_captured_s": gs.timeline[-1][0], "capture_thread_s": total,
-           "replays_during": len(during), "graph_replays_during": len(graph_times),
-           "fallback_replays_during": len(during) - len(graph_times),
-           "graph_replays_per_s_during": (len(graph_times) - 1) / span if span else None,
-           "replays_per_s_after": after_n / after_s, "pool_mib": gs.report.pool_bytes / MiB,
-           "report_capture_s": gs.report.capture_seconds}
+    out = {
+        "returned_s": returned,
+        "first_servable_replay_s": first,
+        "first_graph_s": gs.timeline[0][0],
+        "all_captured_s": gs.timeline[-1][0],
+        "capture_thread_s": total,
+        "replays_during": len(during),
+        "graph_replays_during": len(graph_times),
+        "fallback_replays_during": len(during) - len(graph_times),
+        "graph_replays_per_s_during": (len(graph_times) - 1) / span if span else None,
+        "replays_per_s_after": after_n / after_s,
+        "pool_mib": gs.report.pool_bytes / MiB,
+        "report_capture_s": gs.report.capture_seconds,
+    }
     if check:
         out["checked"], out["not_equal_eager"] = checked, not_equal
         v = verify(gs, checks=("interleave",))
@@ -154,10 +166,16 @@ def main() -> None:
 
     plans = {"fa3-ci": load_plan(args.plan), "speculative-51": speculative_plan(args.layers)}
     model = ReferenceModel(ReferenceConfig(model=Model(layers=args.layers), max_bs=256))
-    res: dict = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": sys.version.split()[0],
-                 "attention": model.backend, "layers": args.layers, "objects": args.objects,
-                 "plans": {k: {"sizes": len(p.phases[0].sizes), "digest": p.digest} for k, p in plans.items()}}
+    res: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "attention": model.backend,
+        "layers": args.layers,
+        "objects": args.objects,
+        "plans": {k: {"sizes": len(p.phases[0].sizes), "digest": p.digest} for k, p in plans.items()},
+    }
     model.run("decode", 256, None)  # every kernel once: no variant pays lazy initialisation
     serve = torch.cuda.Stream()
     with torch.cuda.stream(serve):
@@ -169,9 +187,14 @@ def main() -> None:
         fg = timed_capture(plan, model)
         checked = background_run(plan, model, serve, check=True)
         fast = background_run(plan, model, serve, check=False, seed=1)
-        res["background"][name] = {"foreground": fg, "checked": checked, "throughput": fast,
-                                   "first_vs_foreground": fast["first_servable_replay_s"] / fg["capture_wall_s"]
-                                   if fast["first_servable_replay_s"] else None}
+        res["background"][name] = {
+            "foreground": fg,
+            "checked": checked,
+            "throughput": fast,
+            "first_vs_foreground": fast["first_servable_replay_s"] / fg["capture_wall_s"]
+            if fast["first_servable_replay_s"]
+            else None,
+        }
         print(name, json.dumps(res["background"][name]), flush=True)
 
     def measure(label: str) -> dict:
@@ -180,8 +203,10 @@ def main() -> None:
             sizes = plan.phases[0].sizes
             runs = [timed_capture(plan, model) for _ in range(args.repeats)]
             loops = [timed_loop(model, sizes) for _ in range(args.repeats)]
-            out[name] = {"executor": {k: statistics.median(r[k] for r in runs) for k in runs[0]},
-                         "loop": {k: statistics.median(r[k] for r in loops) for k in loops[0]}}
+            out[name] = {
+                "executor": {k: statistics.median(r[k] for r in runs) for k in runs[0]},
+                "loop": {k: statistics.median(r[k] for r in loops) for k in loops[0]},
+            }
             print(label, name, json.dumps(out[name]), flush=True)
         return out
 
@@ -196,10 +221,15 @@ def main() -> None:
     res["engine_heap"] = measure("engine-heap")
     del heap
 
-    res["ratios"] = {name: {"executor_heap_vs_small": res["engine_heap"][name]["executor"]["capture_wall_s"]
-                            / res["small_heap"][name]["executor"]["capture_wall_s"],
-                            "loop_heap_vs_small": res["engine_heap"][name]["loop"]["capture_wall_s"]
-                            / res["small_heap"][name]["loop"]["capture_wall_s"]} for name in plans}
+    res["ratios"] = {
+        name: {
+            "executor_heap_vs_small": res["engine_heap"][name]["executor"]["capture_wall_s"]
+            / res["small_heap"][name]["executor"]["capture_wall_s"],
+            "loop_heap_vs_small": res["engine_heap"][name]["loop"]["capture_wall_s"]
+            / res["small_heap"][name]["loop"]["capture_wall_s"],
+        }
+        for name in plans
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"startup-{res['date'][:10]}-{args.layers}l.json"
@@ -217,7 +247,8 @@ def main() -> None:
             f"of {t['all_captured_s']:.2f} s ({(b['first_vs_foreground'] or 0):.0%} of foreground), replays/s "
             f"during {t['graph_replays_per_s_during'] or 0:.0f} after {t['replays_per_s_after']:.0f}, "
             f"{b['checked']['not_equal_eager']}/{b['checked']['checked']} != eager, pool "
-            f"{t['pool_mib']:.0f}/{b['foreground']['pool_mib']:.0f} MiB, {b['checked']['verify_faults']} fault(s)")
+            f"{t['pool_mib']:.0f}/{b['foreground']['pool_mib']:.0f} MiB, {b['checked']['verify_faults']} fault(s)"
+        )
     print(f"SUMMARY objects {args.objects:,} (full gc {res['full_gc_s']:.2f} s); " + " | ".join(parts))
 
 

@@ -175,15 +175,22 @@ class Background:
             runner.abort(failure)
             with self.lock:  # no replay is in flight from here on; the next one raises
                 self.failure, self.failed_step = failure, runner.current
-            log.error("capture-plan: background capture failed at %s: %s: %s",
-                      runner.current.id if runner.current else "start", type(failure).__name__, failure)
+            log.error(
+                "capture-plan: background capture failed at %s: %s: %s",
+                runner.current.id if runner.current else "start",
+                type(failure).__name__,
+                failure,
+            )
         elif completed:
             self.completed = True
             gs = runner.gs
             gs.serve_through(None)  # the capture stream is drained: replays take the lock-free path from here on
             if runner.show:
-                log.info("capture-plan: served %d replays by graphs and %d by the fallback while capturing",
-                         self.graph_replays, self.fallback_runs)
+                log.info(
+                    "capture-plan: served %d replays by graphs and %d by the fallback while capturing",
+                    self.graph_replays,
+                    self.fallback_runs,
+                )
         else:
             runner.abort(None)
         self.seconds = time.perf_counter() - self.t_start
@@ -206,9 +213,11 @@ class Background:
     def _serving_stream(self):
         stream = torch.cuda.current_stream(self.device)
         if stream == self.default_stream:
-            raise ExecutorError("GPU work on the legacy default stream while a background capture runs",
-                                where="GraphSet.replay",
-                                fix="serve under torch.cuda.stream(s) with a stream of your own")
+            raise ExecutorError(
+                "GPU work on the legacy default stream while a background capture runs",
+                where="GraphSet.replay",
+                fix="serve under torch.cuda.stream(s) with a stream of your own",
+            )
         return stream
 
     @contextlib.contextmanager
@@ -250,13 +259,16 @@ class Background:
                     return out
             # "wait": block outside the lock (the capture thread takes it for its eager steps)
             if self._held_here():
-                raise ExecutorError("fallback='wait' inside exclusive() would wait for a capture thread that "
-                                    "needs the lock it holds", where="GraphSet.replay",
-                                    fix="replay outside exclusive(), or use another fallback")
+                raise ExecutorError(
+                    "fallback='wait' inside exclusive() would wait for a capture thread that needs the lock it holds",
+                    where="GraphSet.replay",
+                    fix="replay outside exclusive(), or use another fallback",
+                )
             with self.landed:
                 # table bound now (B023): the predicate runs only inside this wait
-                self.landed.wait_for(lambda table=table: self.finished.is_set() or self.stopping.is_set()
-                                     or table.get(n) is not None)
+                self.landed.wait_for(
+                    lambda table=table: self.finished.is_set() or self.stopping.is_set() or table.get(n) is not None
+                )
             if self.finished.is_set() and self.failure is None and not self.stopping.is_set():
                 return gs.replay(phase, n)
         self._raise(gs)
@@ -283,9 +295,12 @@ class Background:
     def stop_and_join(self) -> None:
         """Stop after the current step and wait for the thread (from any other thread)."""
         if self._held_here() and not self.finished.is_set():
-            raise ExecutorError("release() inside exclusive() while the capture runs would wait for a capture "
-                                "thread that needs the lock it holds", where="GraphSet.release",
-                                fix="leave the exclusive() block first")
+            raise ExecutorError(
+                "release() inside exclusive() while the capture runs would wait for a capture "
+                "thread that needs the lock it holds",
+                where="GraphSet.release",
+                fix="leave the exclusive() block first",
+            )
         self.stopping.set()
         with self.landed:
             self.landed.notify_all()

@@ -33,12 +33,23 @@ class Probe:
 
 def probe(device) -> Probe:
     free, _ = torch.cuda.mem_get_info(device)
-    return Probe(free=int(free), reserved=int(torch.cuda.memory_reserved(device)),
-                 allocated=int(torch.cuda.memory_allocated(device)))
+    return Probe(
+        free=int(free),
+        reserved=int(torch.cuda.memory_reserved(device)),
+        allocated=int(torch.cuda.memory_allocated(device)),
+    )
 
 
-def device_view(before: Probe, after: Probe, *, pool_reserved: int, pool_allocated: int, hoisted: int,
-                first_in_process: bool, background: bool) -> DeviceView:
+def device_view(
+    before: Probe,
+    after: Probe,
+    *,
+    pool_reserved: int,
+    pool_allocated: int,
+    hoisted: int,
+    first_in_process: bool,
+    background: bool,
+) -> DeviceView:
     """Itemize ``before.free - after.free``.
 
     The pools' segments are all new (a capture session creates its pools), so
@@ -54,23 +65,44 @@ def device_view(before: Probe, after: Probe, *, pool_reserved: int, pool_allocat
     drop = before.free - after.free
     other_held = held - hoisted
     items = [
-        DeviceItem(name="pool", bytes=pool_reserved,
-                   cause="segments of the graph pools: the graphs' memory, as the planner simulates it"),
+        DeviceItem(
+            name="pool",
+            bytes=pool_reserved,
+            cause="segments of the graph pools: the graphs' memory, as the planner simulates it",
+        ),
         DeviceItem(name="hoisted", bytes=hoisted, cause="workspaces the plan hoists out of the pools"),
-        DeviceItem(name="allocator-held", bytes=other_held,
-                   cause="allocated outside the pools and still in use: the capture stream's cuBLAS/cuBLASLt "
-                         "workspace (one per stream that runs GEMMs), and anything the target allocated and kept"),
-        DeviceItem(name="allocator-cached", bytes=grown - pool_reserved - held,
-                   cause="free blocks left cached in the ordinary allocator (capture returns its warm-ups' "
-                         "memory: expected 0; in the background the engine's own cached growth counts here)"),
-        DeviceItem(name="outside-allocator", bytes=drop - grown,
-                   cause=("driver memory outside the caching allocator, including the one-off cost of the "
-                          "process's first graph capture" if first_in_process else
-                          "driver memory outside the caching allocator (an earlier capture in this process "
-                          "already paid the first-capture cost)")),
+        DeviceItem(
+            name="allocator-held",
+            bytes=other_held,
+            cause="allocated outside the pools and still in use: the capture stream's cuBLAS/cuBLASLt "
+            "workspace (one per stream that runs GEMMs), and anything the target allocated and kept",
+        ),
+        DeviceItem(
+            name="allocator-cached",
+            bytes=grown - pool_reserved - held,
+            cause="free blocks left cached in the ordinary allocator (capture returns its warm-ups' "
+            "memory: expected 0; in the background the engine's own cached growth counts here)",
+        ),
+        DeviceItem(
+            name="outside-allocator",
+            bytes=drop - grown,
+            cause=(
+                "driver memory outside the caching allocator, including the one-off cost of the "
+                "process's first graph capture"
+                if first_in_process
+                else "driver memory outside the caching allocator (an earlier capture in this process "
+                "already paid the first-capture cost)"
+            ),
+        ),
     ]
-    return DeviceView(free_before=before.free, free_after=after.free, drop=drop, items=items,
-                      first_in_process=first_in_process, background=background)
+    return DeviceView(
+        free_before=before.free,
+        free_after=after.free,
+        drop=drop,
+        items=items,
+        first_in_process=first_in_process,
+        background=background,
+    )
 
 
 def driver_version() -> str:

@@ -85,12 +85,17 @@ class PadTable(Generic[T]):
                 return slot
             # only batches above every captured size are uncovered: the limit is planned, not captured yet
             got = f"1..{self.sizes[-1]}" if self.sizes else "none"
-            raise ExecutorError(f"batch {n} has no captured graph yet (captured so far: {got}; planned up to "
-                                f"{self.limit})", where=f"phase {self.phase}",
-                                fix="wait for the capture, or run this batch eagerly")
+            raise ExecutorError(
+                f"batch {n} has no captured graph yet (captured so far: {got}; planned up to {self.limit})",
+                where=f"phase {self.phase}",
+                fix="wait for the capture, or run this batch eagerly",
+            )
         top = self.sizes[-1] if self.sizes else self.limit
-        raise ExecutorError(f"batch {n} is outside the captured sizes 1..{top}", where=f"phase {self.phase}",
-                            fix="capture a larger size (raise --max-bs) or run this batch eagerly")
+        raise ExecutorError(
+            f"batch {n} is outside the captured sizes 1..{top}",
+            where=f"phase {self.phase}",
+            fix="capture a larger size (raise --max-bs) or run this batch eagerly",
+        )
 
     def padded(self, n: int) -> int:
         """The captured size a batch of ``n`` replays at."""

@@ -31,8 +31,11 @@ __all__ = ["check_plan_agreement", "StepSync", "run_synchronized", "fingerprint"
 
 def _require(group) -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
-        raise ExecutorError("torch.distributed is not initialized", where="check_plan_agreement",
-                            fix="call torch.distributed.init_process_group first, or capture without a group")
+        raise ExecutorError(
+            "torch.distributed is not initialized",
+            where="check_plan_agreement",
+            fix="call torch.distributed.init_process_group first, or capture without a group",
+        )
     return dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -45,8 +48,12 @@ def fingerprint(plan: Plan) -> dict[str, str]:
 def check_plan_agreement(plan: Plan, group=None, *, env: dict[str, str] | None = None) -> None:
     """Raise the same :class:`EnvironmentMismatch` on every rank unless all agree."""
     rank, world = _require(group)
-    mine = {"plan digest": plan.digest, "ci": str(plan.inputs.ci), "planned tp": str(plan.requires.tp),
-            **(env if env is not None else fingerprint(plan))}
+    mine = {
+        "plan digest": plan.digest,
+        "ci": str(plan.inputs.ci),
+        "planned tp": str(plan.requires.tp),
+        **(env if env is not None else fingerprint(plan)),
+    }
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine, group=group)
     problems = []
@@ -55,14 +62,19 @@ def check_plan_agreement(plan: Plan, group=None, *, env: dict[str, str] | None =
         for r, d in enumerate(everyone):
             groups.setdefault(d.get(key, "(missing)"), []).append(r)
         if len(groups) > 1:
-            problems.append(f"{key} differs: " + "; ".join(f"ranks {rs}: {v}" for v, rs in
-                                                            sorted(groups.items(), key=lambda kv: kv[1])))
+            problems.append(
+                f"{key} differs: "
+                + "; ".join(f"ranks {rs}: {v}" for v, rs in sorted(groups.items(), key=lambda kv: kv[1]))
+            )
     tps = {d["planned tp"] for d in everyone}
     if len(tps) == 1 and int(next(iter(tps))) != world:
         problems.append(f"the plan is for tp={next(iter(tps))} but the group has {world} ranks")
     if problems:
-        raise EnvironmentMismatch("ranks disagree: " + " | ".join(problems), where=f"rank {rank} of {world}",
-                                  fix="give every rank the same plan file, flags and software")
+        raise EnvironmentMismatch(
+            "ranks disagree: " + " | ".join(problems),
+            where=f"rank {rank} of {world}",
+            fix="give every rank the same plan file, flags and software",
+        )
 
 
 class StepSync:
@@ -86,8 +98,11 @@ class StepSync:
             # Every failing rank is named, earliest step first: the first is
             # usually the cause, later ones (collective time-outs) its echo.
             text = "; ".join(f"rank {r} failed at step {i} ({sid}): {msg}" for i, r, sid, msg in failures)
-            raise CaptureFailed(text, where=f"rank {self.rank} of {self.world}",
-                                fix=f"see rank {failures[0][1]}'s error; every rank stopped")
+            raise CaptureFailed(
+                text,
+                where=f"rank {self.rank} of {self.world}",
+                fix=f"see rank {failures[0][1]}'s error; every rank stopped",
+            )
 
     def before(self) -> None:
         """All ranks are fine so far (raises if any reported a failure)."""

@@ -64,8 +64,14 @@ class EngineFunctions:
     own metadata (a hoisted workspace is ``capture_loop``'s, with a target).
     """
 
-    def __init__(self, eager: Callable, *, prepare: Callable | None = None, inputs=(),
-                 read_only: Mapping[str, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        eager: Callable,
+        *,
+        prepare: Callable | None = None,
+        inputs=(),
+        read_only: Mapping[str, torch.Tensor] | None = None,
+    ):
         self._eager, self._prepare = eager, prepare
         self._inputs = tuple(inputs.values() if isinstance(inputs, Mapping) else inputs)
         self._read_only = dict(read_only or {})
@@ -115,8 +121,7 @@ def record_graphs(max_entries: int = 2_000_000):
     captures on other threads meanwhile are recorded too. A capture that
     fails inside the block is not listed."""
     if not _patch_lock.acquire(blocking=False):
-        raise ExecutorError("record_graphs() is already recording", where="record_graphs",
-                            fix="one block at a time")
+        raise ExecutorError("record_graphs() is already recording", where="record_graphs", fix="one block at a time")
     cls = torch.cuda.CUDAGraph
     begin, end = cls.capture_begin, cls.capture_end
     rec, out = AllocationRecorder(max_entries), GraphRecording()
@@ -163,13 +168,25 @@ def _key(k) -> tuple[str, int]:
         return k
     if isinstance(k, int) and not isinstance(k, bool):
         return ("decode", k)
-    raise ExecutorError(f"graph key {k!r} is neither (phase, bs) nor a batch size", where="adopt",
-                        fix="key the graphs by (phase, bs)")
+    raise ExecutorError(
+        f"graph key {k!r} is neither (phase, bs) nor a batch size", where="adopt", fix="key the graphs by (phase, bs)"
+    )
 
 
-def adopt(graphs: Mapping, outputs: Mapping, *, pool, eager: Callable | None = None, target=None,
-          prepare: Callable | None = None, inputs=(), read_only: Mapping[str, torch.Tensor] | None = None,
-          held: str = "keep", recorded: GraphRecording | None = None, device=None) -> GraphSet:
+def adopt(
+    graphs: Mapping,
+    outputs: Mapping,
+    *,
+    pool,
+    eager: Callable | None = None,
+    target=None,
+    prepare: Callable | None = None,
+    inputs=(),
+    read_only: Mapping[str, torch.Tensor] | None = None,
+    held: str = "keep",
+    recorded: GraphRecording | None = None,
+    device=None,
+) -> GraphSet:
     """A GraphSet of graphs the engine captured itself; see the module docstring.
 
     ``graphs`` and ``outputs`` are keyed alike by ``(phase, bs)`` (a bare
@@ -184,23 +201,30 @@ def adopt(graphs: Mapping, outputs: Mapping, *, pool, eager: Callable | None = N
     if held not in ("keep", "view"):
         raise ExecutorError(f"held={held!r}", where="adopt", fix='use "keep" or "view"')
     if (eager is None) == (target is None):
-        raise ExecutorError("adopt needs the engine's eager function (eager=) or a CaptureTarget (target=)",
-                            where="adopt", fix="pass eager=lambda phase, bs: <the forward run eagerly>")
+        raise ExecutorError(
+            "adopt needs the engine's eager function (eager=) or a CaptureTarget (target=)",
+            where="adopt",
+            fix="pass eager=lambda phase, bs: <the forward run eagerly>",
+        )
     if target is None:
         target = EngineFunctions(eager, prepare=prepare, inputs=inputs, read_only=read_only)
     keys = [_key(k) for k in graphs]
     outs = {_key(k): v for k, v in outputs.items()}
     missing = [k for k in keys if k not in outs]
     if missing:
-        raise ExecutorError(f"no outputs for graph {missing[0][0]}/{missing[0][1]}", where="adopt",
-                            fix="give outputs for every graph")
+        raise ExecutorError(
+            f"no outputs for graph {missing[0][0]}/{missing[0][1]}", where="adopt", fix="give outputs for every graph"
+        )
     by_key = dict(zip(keys, graphs.values()))
     if recorded is not None:
         order = {id(g): i for i, g in enumerate(recorded.graphs)}
         unseen = [k for k, g in by_key.items() if id(g) not in order]
         if unseen:
-            raise ExecutorError(f"graph {unseen[0][0]}/{unseen[0][1]} was not captured inside record_graphs()",
-                                where="adopt", fix="open record_graphs() around the engine's whole capture loop")
+            raise ExecutorError(
+                f"graph {unseen[0][0]}/{unseen[0][1]} was not captured inside record_graphs()",
+                where="adopt",
+                fix="open record_graphs() around the engine's whole capture loop",
+            )
         keys.sort(key=lambda k: order[id(by_key[k])])
     pools = dict(pool) if isinstance(pool, Mapping) else None
     sizes: dict[str, list[int]] = {}
@@ -217,11 +241,20 @@ def adopt(graphs: Mapping, outputs: Mapping, *, pool, eager: Callable | None = N
         tensors = as_outputs(outs[(phase, bs)])
         rows, rem = divmod(tensors[0].shape[0], bs) if tensors[0].dim() else (1, 0)
         if rem:
-            raise ExecutorError(f"output has {tensors[0].shape[0]} rows, not a multiple of bs {bs}",
-                                where=f"adopt, graph {phase}/{bs}")
+            raise ExecutorError(
+                f"output has {tensors[0].shape[0]} rows, not a multiple of bs {bs}", where=f"adopt, graph {phase}/{bs}"
+            )
         graph = by_key[(phase, bs)]
-        cap = Captured(phase=phase, bs=bs, pool=name, graph=graph, outputs=tensors, held=held,
-                       rows_per_request=rows, order=len(gs.graphs))
+        cap = Captured(
+            phase=phase,
+            bs=bs,
+            pool=name,
+            graph=graph,
+            outputs=tensors,
+            held=held,
+            rows_per_request=rows,
+            order=len(gs.graphs),
+        )
         if recorded is not None:
             cap.window = recorded.window(graph)
         gs.add(cap)

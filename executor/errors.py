@@ -13,8 +13,14 @@ from capture_plan.schemas.errors import CapturePlanError
 if TYPE_CHECKING:
     from capture_plan.schemas.plan import Plan, Step
 
-__all__ = ["ExecutorError", "EnvironmentMismatch", "CaptureFailed", "StaleOutputError", "VerificationFailed",
-           "capture_failed"]
+__all__ = [
+    "ExecutorError",
+    "EnvironmentMismatch",
+    "CaptureFailed",
+    "StaleOutputError",
+    "VerificationFailed",
+    "capture_failed",
+]
 
 
 class ExecutorError(CapturePlanError):
@@ -53,9 +59,12 @@ def capture_failed(failure: BaseException, step: Step | None, plan: Plan, device
         return failure
     if isinstance(failure, torch.OutOfMemoryError):
         free, _ = torch.cuda.mem_get_info(device)
-        err = CaptureFailed(f"CUDA out of memory; the plan predicted a pool of {plan.predicted.pool_bytes} B "
-                            f"and {free} B are free now that the partial graphs were released", where=where,
-                            fix="free memory before capture (smaller KV cache) or plan fewer sizes")
+        err = CaptureFailed(
+            f"CUDA out of memory; the plan predicted a pool of {plan.predicted.pool_bytes} B "
+            f"and {free} B are free now that the partial graphs were released",
+            where=where,
+            fix="free memory before capture (smaller KV cache) or plan fewer sizes",
+        )
     else:
         err = CaptureFailed(f"{type(failure).__name__}: {failure}; all partial graphs were released", where=where)
     err.__cause__ = failure

@@ -84,8 +84,10 @@ class GuardedOutputs:
         if self._gs.pool_replays(self._pool) != self._epoch:
             raise StaleOutputError(
                 f"outputs of graph {self._who} were overwritten: graph {self._gs.last_replayed(self._pool)} "
-                f"replayed in the same pool ({self._pool}) after them", where=f"pool {self._pool}",
-                fix="consume outputs before the next replay, or plan the phase with outputs=keep or pool=own")
+                f"replayed in the same pool ({self._pool}) after them",
+                where=f"pool {self._pool}",
+                fix="consume outputs before the next replay, or plan the phase with outputs=keep or pool=own",
+            )
         return self._tensors
 
 
@@ -128,8 +130,14 @@ class GraphSet:
     ``report`` are complete only after ``wait()``.
     """
 
-    def __init__(self, plan: Plan | None, target: CaptureTarget, device: torch.device | None = None, *,
-                 sizes: dict[str, list[int]] | None = None):
+    def __init__(
+        self,
+        plan: Plan | None,
+        target: CaptureTarget,
+        device: torch.device | None = None,
+        *,
+        sizes: dict[str, list[int]] | None = None,
+    ):
         #: the plan captured (None for graphs an engine captured without one: ``capture_plan.executor.engine.adopt``)
         self.plan = plan
         self.target = target
@@ -143,8 +151,7 @@ class GraphSet:
         self.timeline: list[tuple[float, str, int]] = []
         #: the background capture (None for a foreground one); kept after it ends for its numbers
         self.background = None
-        self._planned = _planned_sizes(plan) if plan is not None else \
-            {p: sorted(v) for p, v in (sizes or {}).items()}
+        self._planned = _planned_sizes(plan) if plan is not None else {p: sorted(v) for p, v in (sizes or {}).items()}
         self._tables: dict[str, PadTable] = {p: PadTable(p, {}, limit=v[-1]) for p, v in self._planned.items()}
         self._refresh: dict[str, Callable | None] = {}
         self._epoch: dict[str, int] = {}
@@ -161,8 +168,10 @@ class GraphSet:
         try:
             bs, cap = self._tables[phase][n]
         except KeyError:
-            raise ExecutorError(f"no graphs for phase {phase!r}; captured: {sorted(self._tables)}{self._closed}",
-                                where="GraphSet.replay") from None
+            raise ExecutorError(
+                f"no graphs for phase {phase!r}; captured: {sorted(self._tables)}{self._closed}",
+                where="GraphSet.replay",
+            ) from None
         refresh = self._refresh[phase]
         if refresh is not None:
             refresh(phase, n, bs, self.workspaces[phase])
@@ -210,8 +219,9 @@ class GraphSet:
         a background capture runs). An ExecutorError for a phase the plan lacks."""
         table = self._tables.get(phase)
         if table is None:
-            raise ExecutorError(f"no graphs for phase {phase!r}; planned: {sorted(self._tables)}",
-                                where="GraphSet.replay")
+            raise ExecutorError(
+                f"no graphs for phase {phase!r}; planned: {sorted(self._tables)}", where="GraphSet.replay"
+            )
         return table
 
     def replay_graph(self, phase: str, n: int, bs: int, cap: Captured) -> tuple[torch.Tensor, ...]:
@@ -281,8 +291,11 @@ class GraphSet:
         from capture_plan.schemas.files import write_atomic
 
         if self.report is None:
-            why = "the capture is still running: wait() first" if not self.done \
+            why = (
+                "the capture is still running: wait() first"
+                if not self.done
                 else "the graphs were not captured by capture()"
+            )
             raise ExecutorError(f"no report: {why}", where="GraphSet")
         write_atomic(Path(path), canonical_bytes(self.report))
 
@@ -338,8 +351,11 @@ class GraphSet:
             torch.cuda.empty_cache()
             left = pool_reserved(pools)
             if left:
-                log.warning("capture-plan%s: %d B of released graph pools are still held after dropping every "
-                            "graph (%d unreachable young objects collected): a tensor outside the GraphSet "
-                            "(a kept output?) still uses them", rank_tag(), left, found)
-
-
+                log.warning(
+                    "capture-plan%s: %d B of released graph pools are still held after dropping every "
+                    "graph (%d unreachable young objects collected): a tensor outside the GraphSet "
+                    "(a kept output?) still uses them",
+                    rank_tag(),
+                    left,
+                    found,
+                )

@@ -57,7 +57,7 @@ def _torch_ok(spec: str, version: str) -> bool:
     for clause in filter(None, (c.strip() for c in spec.split(","))):
         op, ver = (clause[:2], clause[2:]) if clause[:2] in (">=", "<=", "==") else (clause[:1], clause[1:])
         t = _version_tuple(ver)
-        ok = {">=": v >= t, "<=": v <= t, "==": v[:len(t)] == t, ">": v > t, "<": v < t}.get(op)
+        ok = {">=": v >= t, "<=": v <= t, "==": v[: len(t)] == t, ">": v > t, "<": v < t}.get(op)
         if not ok:
             return False
     return True
@@ -83,8 +83,10 @@ def check_environment(plan: Plan, env: Environment) -> list[str]:
     req = plan.requires
     problems = []
     if env.capability < tuple(req.min_compute_capability):
-        problems.append(f"needs compute capability >= {req.min_compute_capability[0]}.{req.min_compute_capability[1]}"
-                        f", this is {env.device} ({env.capability[0]}.{env.capability[1]})")
+        problems.append(
+            f"needs compute capability >= {req.min_compute_capability[0]}.{req.min_compute_capability[1]}"
+            f", this is {env.device} ({env.capability[0]}.{env.capability[1]})"
+        )
     if not _torch_ok(req.torch, env.torch):
         problems.append(f"needs torch {req.torch}, this is {env.torch}")
     if backend_module(plan, env.modules) is None:
@@ -106,7 +108,10 @@ def load_plan(path: str | Path, *, env: Environment | None = None, check_env: bo
         if problems:
             text = "; ".join(problems)
             if plan.inputs.ci:
-                raise EnvironmentMismatch(f"plan does not fit this machine: {text}", where=str(path),
-                                          fix="rebuild the plan for this machine, or run where it was planned for")
+                raise EnvironmentMismatch(
+                    f"plan does not fit this machine: {text}",
+                    where=str(path),
+                    fix="rebuild the plan for this machine, or run where it was planned for",
+                )
             warnings.warn(f"{path}: plan does not fit this machine: {text}", stacklevel=2)
     return plan

@@ -95,10 +95,13 @@ class Unattached:
     what to pass."""
 
     def _missing(self, what: str, phase: str):
-        raise ExecutorError(f"no {what} for phase {phase!r}: the engine's loop captured these graphs",
-                            where="GraphSet", fix="pass capture_loop(plan, target=...) an object with run, prepare "
-                            "and refresh (capture_plan.executor.engine.EngineFunctions wraps the engine's eager "
-                            "function)")
+        raise ExecutorError(
+            f"no {what} for phase {phase!r}: the engine's loop captured these graphs",
+            where="GraphSet",
+            fix="pass capture_loop(plan, target=...) an object with run, prepare "
+            "and refresh (capture_plan.executor.engine.EngineFunctions wraps the engine's eager "
+            "function)",
+        )
 
     def run(self, phase, bs, workspace):
         self._missing("eager function", phase)
@@ -120,8 +123,11 @@ def _walk(x, path: str, where: str, device: torch.device, leaves: list):
     hold types and leaf indices, never the engine's tensors."""
     if isinstance(x, torch.Tensor):
         if x.device.type != device.type:
-            raise ExecutorError(f"output {path} is on {x.device}, not {device}: a replay never writes it",
-                                where=where, fix="return the tensors the graph computes on the device")
+            raise ExecutorError(
+                f"output {path} is on {x.device}, not {device}: a replay never writes it",
+                where=where,
+                fix="return the tensors the graph computes on the device",
+            )
         leaves.append(x)
         i = len(leaves) - 1
         return lambda held: held[i]
@@ -138,8 +144,9 @@ def _walk(x, path: str, where: str, device: torch.device, leaves: list):
         fields = {k: _walk(v, f"{path}[{k!r}]", where, device, leaves) for k, v in x.items()}
         return lambda held: {k: p(held) for k, p in fields.items()}
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        fields = {f.name: _walk(getattr(x, f.name), f"{path}.{f.name}", where, device, leaves)
-                  for f in dataclasses.fields(x)}
+        fields = {
+            f.name: _walk(getattr(x, f.name), f"{path}.{f.name}", where, device, leaves) for f in dataclasses.fields(x)
+        }
         template = copy.copy(x)  # its other fields; the tensor fields are replaced on every rebuild
         for name in fields:
             object.__setattr__(template, name, None)
@@ -149,10 +156,13 @@ def _walk(x, path: str, where: str, device: torch.device, leaves: list):
             for k, p in fields.items():
                 object.__setattr__(new, k, p(held))  # frozen dataclasses too
             return new
+
         return rebuild
-    raise ExecutorError(f"output {path} is a {kind.__name__}: the output policy holds tensors",
-                        where=where, fix="return tensors, or tuples, lists, dicts or dataclasses of them "
-                        "(None allowed)")
+    raise ExecutorError(
+        f"output {path} is a {kind.__name__}: the output policy holds tensors",
+        where=where,
+        fix="return tensors, or tuples, lists, dicts or dataclasses of them (None allowed)",
+    )
 
 
 def _flatten(out, where: str, device: torch.device):
@@ -165,8 +175,11 @@ def _flatten(out, where: str, device: torch.device):
         leaves.clear()  # the error's frames keep this list: let go of the outputs now
         raise
     if not leaves:
-        raise ExecutorError("the step's outputs hold no tensor: a graph that returns nothing cannot be replayed "
-                            "for its results", where=where, fix="return the output tensors the engine reads")
+        raise ExecutorError(
+            "the step's outputs hold no tensor: a graph that returns nothing cannot be replayed for its results",
+            where=where,
+            fix="return the output tensors the engine reads",
+        )
     return tuple(leaves), rebuild
 
 
@@ -237,12 +250,17 @@ class LoopStep:
         if self.recorded is not None or self.landed:
             raise self._error("the step recorded its graph already", "one graph() per step")
         if pool is not None and pool_key(pool) != pool_key(self.pool):
-            raise self._error(f"the engine records into pool {pool_key(pool)}, not the plan's pool {self.pool_name!r} "
-                              f"{pool_key(self.pool)}", "pass step.pool (or leave pool out)")
+            raise self._error(
+                f"the engine records into pool {pool_key(pool)}, not the plan's pool {self.pool_name!r} "
+                f"{pool_key(self.pool)}",
+                "pass step.pool (or leave pool out)",
+            )
         if stream is not None and stream != self.stream:
-            raise self._error(f"the engine records on stream {stream}, not the capture stream {self.stream}: "
-                              "captures sharing a pool reuse memory only on one stream",
-                              "pass step.stream (or leave stream out), or give capture_loop(stream=) the engine's")
+            raise self._error(
+                f"the engine records on stream {stream}, not the capture stream {self.stream}: "
+                "captures sharing a pool reuse memory only on one stream",
+                "pass step.stream (or leave stream out), or give capture_loop(stream=) the engine's",
+            )
         g = cuda_graph if cuda_graph is not None else torch.cuda.CUDAGraph()
         with self._session.recording(g, self.pool) as grown:
             yield g
@@ -280,13 +298,18 @@ class LoopStep:
     def _adopt(self, graph) -> None:
         """A graph recorded by the engine's own call: its pool must be the step's."""
         if self._session.recorder is not None:
-            raise self._error("record=True needs the graph recorded in `with step.graph(g):` (the allocation "
-                              "history is cut at its bounds)", "record through step.graph()")
+            raise self._error(
+                "record=True needs the graph recorded in `with step.graph(g):` (the allocation "
+                "history is cut at its bounds)",
+                "record through step.graph()",
+            )
         got = pool_key(graph.pool())
         if got != pool_key(self.pool):
             graph.reset()  # nothing half-captured: it holds the wrong pool
-            raise self._error(f"the engine recorded into pool {got}, not the plan's pool {self.pool_name!r} "
-                              f"{pool_key(self.pool)}", "record with pool=step.pool")
+            raise self._error(
+                f"the engine recorded into pool {got}, not the plan's pool {self.pool_name!r} {pool_key(self.pool)}",
+                "record with pool=step.pool",
+            )
         self.recorded = graph
         # what the pool holds now, less what it held before this step's graph
         self._grown = one_pool_reserved(self.pool) - self._loop.counted(self.pool_name)
@@ -301,9 +324,18 @@ class CaptureLoop:
     writes the report (``graphs.report``); an error releases everything.
     """
 
-    def __init__(self, plan: Plan, *, device=None, stream: torch.cuda.Stream | None = None,
-                 pools: dict | None = None, target=None, record: bool = False, group=None,
-                 on_failure: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        device=None,
+        stream: torch.cuda.Stream | None = None,
+        pools: dict | None = None,
+        target=None,
+        record: bool = False,
+        group=None,
+        on_failure: Callable[[], None] | None = None,
+    ):
         self.t_start = time.perf_counter()
         self.plan, self.group, self.on_failure = plan, group, on_failure
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -311,13 +343,17 @@ class CaptureLoop:
         planned = {s.pool for s in plan.steps if s.op == "capture"}
         for name, handle in (pools or {}).items():
             if name not in planned:
-                raise ExecutorError(f"pool {name!r} is not one of the plan's pools {sorted(planned)}",
-                                    where="capture_loop(pools=)", fix="name the plan's pools")
+                raise ExecutorError(
+                    f"pool {name!r} is not one of the plan's pools {sorted(planned)}",
+                    where="capture_loop(pools=)",
+                    fix="name the plan's pools",
+                )
             self.gs.pools[name] = handle
         #: per pool: its bytes before the loop (an engine's pool may hold some) plus its graphs' growth
         self._counted: dict[str, int] = {}
-        self.session = CaptureSession(self.gs, self.device, record=record, bar=None, show=_rank0(group),
-                                      t_start=self.t_start)
+        self.session = CaptureSession(
+            self.gs, self.device, record=record, bar=None, show=_rank0(group), t_start=self.t_start
+        )
         if stream is not None:
             self.session.stream = stream
         #: index of the next plan step to run
@@ -336,16 +372,22 @@ class CaptureLoop:
         """The handle of the plan's pool ``name`` (made now if no graph used it
         yet): for an engine that sets up its pool before its loop."""
         if name not in {s.pool for s in self.plan.steps if s.op == "capture"}:
-            raise ExecutorError(f"pool {name!r} is not in the plan", where="CaptureLoop.pool",
-                                fix=f"use one of {sorted({s.pool for s in self.plan.steps if s.op == 'capture'})}")
+            raise ExecutorError(
+                f"pool {name!r} is not in the plan",
+                where="CaptureLoop.pool",
+                fix=f"use one of {sorted({s.pool for s in self.plan.steps if s.op == 'capture'})}",
+            )
         return self.session.pool(name)
 
     @property
     def graphs(self) -> GraphSet:
         """The GraphSet, once the ``with`` block has ended cleanly."""
         if not self._done:
-            raise ExecutorError("the capture loop has not finished", where="CaptureLoop.graphs",
-                                fix="read graphs after the `with capture_loop(...)` block")
+            raise ExecutorError(
+                "the capture loop has not finished",
+                where="CaptureLoop.graphs",
+                fix="read graphs after the `with capture_loop(...)` block",
+            )
         return self.gs
 
     # -- the engine's loop -------------------------------------------------
@@ -359,8 +401,11 @@ class CaptureLoop:
     def sizes(self, phase: str) -> list[int]:
         """The phase's capture sizes in the plan's order (what the engine's loop iterates)."""
         if phase not in self._phases:
-            raise ExecutorError(f"phase {phase!r} is not in the plan; it captures {self._phases}",
-                                where="CaptureLoop.sizes", fix="name the phase as the plan does")
+            raise ExecutorError(
+                f"phase {phase!r} is not in the plan; it captures {self._phases}",
+                where="CaptureLoop.sizes",
+                fix="name the phase as the plan does",
+            )
         return [s.bs for s in self.plan.steps if s.op == "capture" and s.phase == phase]
 
     def steps(self, phase: str) -> Iterator[LoopStep]:
@@ -376,19 +421,25 @@ class CaptureLoop:
         ``warmups``. Raises ExecutorError naming the plan's step when the
         engine asks for another phase or size, or left the previous step unfinished."""
         if self._heap is None:
-            raise ExecutorError("the capture loop is not open", where="CaptureLoop.step",
-                                fix="use `with capture_loop(plan) as loop:`")
+            raise ExecutorError(
+                "the capture loop is not open", where="CaptureLoop.step", fix="use `with capture_loop(plan) as loop:`"
+            )
         job = self.gs.background
         if job is not None and job.stopping.is_set():
             raise _Stopped()  # released while capturing in the background: the engine's loop ends here
         cur = self.current
         if cur is not None and not cur.landed:
-            raise ExecutorError(f"the engine's loop moved on to {phase}/{bs} before the step's outputs were held",
-                                where=cur.where, fix="record the graph in step.graph() and call step.hold() "
-                                "before the next step")
+            raise ExecutorError(
+                f"the engine's loop moved on to {phase}/{bs} before the step's outputs were held",
+                where=cur.where,
+                fix="record the graph in step.graph() and call step.hold() before the next step",
+            )
         if phase not in self._phases:
-            raise ExecutorError(f"phase {phase!r} is not in the plan; it captures {self._phases}",
-                                where="CaptureLoop.step", fix="name the phase as the plan does")
+            raise ExecutorError(
+                f"phase {phase!r} is not in the plan; it captures {self._phases}",
+                where="CaptureLoop.step",
+                fix="name the phase as the plan does",
+            )
         steps, session = self.plan.steps, self.session
         t0 = time.perf_counter()
         warmups, i = 0, self._next
@@ -402,14 +453,20 @@ class CaptureLoop:
                 session.step(s)
             i += 1
         if i == len(steps):
-            raise ExecutorError(f"the engine's loop asked for {phase}/{bs}, but the plan's captures are all made",
-                                where="CaptureLoop.step", fix="iterate loop.sizes(phase)")
+            raise ExecutorError(
+                f"the engine's loop asked for {phase}/{bs}, but the plan's captures are all made",
+                where="CaptureLoop.step",
+                fix="iterate loop.sizes(phase)",
+            )
         s = steps[i]
         session.current = s
         if (s.phase, s.bs) != (phase, bs):
-            raise ExecutorError(f"the engine's loop asked for {phase}/{bs} out of the plan's order: the plan's next "
-                                f"capture is {s.phase}/{s.bs}", where=f"step {s.index} ({s.id})",
-                                fix=f"iterate loop.sizes(phase), the phases in the plan's order {self._phases}")
+            raise ExecutorError(
+                f"the engine's loop asked for {phase}/{bs} out of the plan's order: the plan's next "
+                f"capture is {s.phase}/{s.bs}",
+                where=f"step {s.index} ({s.id})",
+                fix=f"iterate loop.sizes(phase), the phases in the plan's order {self._phases}",
+            )
         self._next = i + 1
         self.current = LoopStep(self, s, warmups, t0)
         return self.current
@@ -426,8 +483,9 @@ class CaptureLoop:
         """Begin: prime the capture stream, freeze the collector's old objects
         (what entering the ``with`` block does)."""
         if self._heap is not None or self._done or self._failed:
-            raise ExecutorError("the capture loop was opened already", where="CaptureLoop.open",
-                                fix="one capture_loop per capture")
+            raise ExecutorError(
+                "the capture loop was opened already", where="CaptureLoop.open", fix="one capture_loop per capture"
+            )
         if _distributed():
             from .distributed import check_plan_agreement
 
@@ -452,14 +510,19 @@ class CaptureLoop:
     def _unfinished(self) -> ExecutorError | None:
         cur = self.current
         if cur is not None and not cur.landed:
-            return ExecutorError("the engine's loop ended inside the step: its outputs were never held",
-                                 where=cur.where, fix="call step.hold() after step.graph()")
-        left = [s for s in self.plan.steps[self._next:] if s.op == "capture"]
+            return ExecutorError(
+                "the engine's loop ended inside the step: its outputs were never held",
+                where=cur.where,
+                fix="call step.hold() after step.graph()",
+            )
+        left = [s for s in self.plan.steps[self._next :] if s.op == "capture"]
         if left:
             s = left[0]
-            return ExecutorError(f"the engine's loop ended with {len(left)} of the plan's captures not made",
-                                 where=f"step {s.index} ({s.id})",
-                                 fix=f"capture every size of loop.sizes(phase) for the phases {self._phases}")
+            return ExecutorError(
+                f"the engine's loop ended with {len(left)} of the plan's captures not made",
+                where=f"step {s.index} ({s.id})",
+                fix=f"capture every size of loop.sizes(phase) for the phases {self._phases}",
+            )
         return None
 
     def close(self) -> GraphSet:
@@ -472,7 +535,7 @@ class CaptureLoop:
         if failure is not None:
             raise self.fail(failure)
         self._thaw()
-        for s in self.plan.steps[self._next:]:  # setup steps after the last capture (none in built plans)
+        for s in self.plan.steps[self._next :]:  # setup steps after the last capture (none in built plans)
             self.session.step(s)
         torch.cuda.synchronize(self.device)
         self.session.finish()
@@ -507,11 +570,13 @@ class CaptureLoop:
         from .session import _check_options, _init_cublas
 
         if self._heap is not None or self._done or self._failed:
-            raise ExecutorError("the capture loop was opened already", where="CaptureLoop.start",
-                                fix="one capture_loop per capture")
+            raise ExecutorError(
+                "the capture loop was opened already", where="CaptureLoop.start", fix="one capture_loop per capture"
+            )
         try:
-            _check_options(background=True, record=self.session.recorder is not None, fallback=fallback,
-                           distributed=_distributed())
+            _check_options(
+                background=True, record=self.session.recorder is not None, fallback=fallback, distributed=_distributed()
+            )
         except ExecutorError:
             if self.session.recorder is not None:
                 self.session.recorder.close()
@@ -549,7 +614,7 @@ class CaptureLoop:
         except BaseException:
             self._drop()  # the Background releases the set and raises it at the caller
             raise
-        for s in self.plan.steps[self._next:]:
+        for s in self.plan.steps[self._next :]:
             self.session.step(s)
         self.session.stream.synchronize()  # a device-wide sync would wait for the serving work too
         self._done = True
@@ -570,8 +635,9 @@ class CaptureLoop:
     @property
     def complete(self) -> bool:
         """Every planned capture has been made and held."""
-        return (self.current is None or self.current.landed) and \
-            not any(s.op == "capture" for s in self.plan.steps[self._next:])
+        return (self.current is None or self.current.landed) and not any(
+            s.op == "capture" for s in self.plan.steps[self._next :]
+        )
 
     @contextlib.contextmanager
     def part(self):

@@ -13,8 +13,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["pool_segments", "pool_reserved", "pool_usage", "one_pool_reserved", "in_pools", "weak_view",
-           "raw_bytes", "scratch_pool", "Scratch", "pool_key", "AllocationRecorder", "Window"]
+__all__ = [
+    "pool_segments",
+    "pool_reserved",
+    "pool_usage",
+    "one_pool_reserved",
+    "in_pools",
+    "weak_view",
+    "raw_bytes",
+    "scratch_pool",
+    "Scratch",
+    "pool_key",
+    "AllocationRecorder",
+    "Window",
+]
 
 
 def pool_key(pool) -> tuple[int, int]:
@@ -25,8 +37,11 @@ def pool_key(pool) -> tuple[int, int]:
 def pool_segments(pools) -> list[tuple[int, int]]:
     """(address, bytes) of every segment of the given pools, sorted by address."""
     want = {pool_key(p) for p in pools}
-    segs = [(s["address"], s["total_size"]) for s in torch.cuda.memory_snapshot()
-            if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) in want]
+    segs = [
+        (s["address"], s["total_size"])
+        for s in torch.cuda.memory_snapshot()
+        if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) in want
+    ]
     return sorted(segs)
 
 
@@ -103,8 +118,9 @@ def one_pool_reserved(pool) -> int:
         segs = torch.cuda.memory_snapshot(mempool_id=pool)
     except Exception:  # a torch without per-pool snapshots (TypeError), or one that refuses this pool
         segs = []
-    mine = [s["total_size"] for s in segs
-            if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) == want]
+    mine = [
+        s["total_size"] for s in segs if s.get("segment_pool_id") is not None and pool_key(s["segment_pool_id"]) == want
+    ]
     # nothing found (a new pool, or a snapshot that does not say its pool): ask the whole allocator
     return sum(mine) if mine else pool_reserved([pool])
 
@@ -179,17 +195,20 @@ class AllocationRecorder:
         self._marks: list[tuple[int, int]] = []  # (begin marker index, end marker index)
         self._markers: list[torch.Tensor] = []
         self._open: int | None = None
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                                 max_entries=max_entries)
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=max_entries)
 
     def _traces(self) -> tuple[list, list[tuple[int, int]]]:
         """The history, and the graph pools' segments as (start, end), sorted."""
         snap = torch.cuda.memory._snapshot()
         traces = snap.get("device_traces", [])
         dev = torch.cuda.current_device()
-        segs = sorted((s["address"], s["address"] + s["total_size"]) for s in snap.get("segments", [])
-                      if s.get("device", dev) == dev and s.get("segment_pool_id") is not None
-                      and pool_key(s["segment_pool_id"]) != (0, 0))
+        segs = sorted(
+            (s["address"], s["address"] + s["total_size"])
+            for s in snap.get("segments", [])
+            if s.get("device", dev) == dev
+            and s.get("segment_pool_id") is not None
+            and pool_key(s["segment_pool_id"]) != (0, 0)
+        )
         return (traces[dev] if dev < len(traces) else []), segs
 
     def _mark(self) -> int:
@@ -213,8 +232,9 @@ class AllocationRecorder:
                 pos.append(j)
                 i += 1
         if i < len(want):
-            raise RuntimeError(f"allocation history lost {len(want) - i} capture marker(s): "
-                               "raise AllocationRecorder(max_entries=...)")
+            raise RuntimeError(
+                f"allocation history lost {len(want) - i} capture marker(s): raise AllocationRecorder(max_entries=...)"
+            )
         return pos
 
     def close(self) -> None:

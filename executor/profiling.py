@@ -65,18 +65,24 @@ def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
     """
     chosen = _chosen(plan, sizes)
     once = {p.name for p in plan.phases if p.strategy.warmup != "every-size"}
-    steps = [s for s in plan.steps
-             if s.op == "provision" or s.bs in chosen[s.phase] or (s.op == "warmup" and s.phase in once)]
+    steps = [
+        s
+        for s in plan.steps
+        if s.op == "provision" or s.bs in chosen[s.phase] or (s.op == "warmup" and s.phase in once)
+    ]
     index = {s.index: i for i, s in enumerate(steps)}
     timeline = [msgspec.structs.replace(m, step=index[m.step]) for m in plan.predicted.timeline if m.step in index]
     return msgspec.structs.replace(
-        plan, steps=[msgspec.structs.replace(s, index=i) for i, s in enumerate(steps)],
+        plan,
+        steps=[msgspec.structs.replace(s, index=i) for i, s in enumerate(steps)],
         phases=[msgspec.structs.replace(p, sizes=[b for b in p.sizes if b in chosen[p.name]]) for p in plan.phases],
-        predicted=msgspec.structs.replace(plan.predicted, timeline=timeline))
+        predicted=msgspec.structs.replace(plan.predicted, timeline=timeline),
+    )
 
 
-def profile(plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False,
-            with_report: bool = False):
+def profile(
+    plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False, with_report: bool = False
+):
     """Record the allocation trace of ``plan``'s captures of the chosen sizes.
 
     ``sizes``: ``"default"`` (smallest, median and largest of each phase),

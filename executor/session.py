@@ -96,6 +96,7 @@ def capture_stream(device) -> torch.cuda.Stream:
         stream = _streams[key] = torch.cuda.Stream(device=device)
     return stream
 
+
 #: whether a capture by capture-plan has completed in this process: the first one
 #: pays the driver's one-off graph-capture cost (the device view says which it was)
 _captured_in_process = False
@@ -143,8 +144,7 @@ class CaptureSession:
     progress and the summary (rank 0 of the capture's group).
     """
 
-    def __init__(self, gs: GraphSet, device, *, record: bool, bar, show: bool, t_start: float,
-                 mode: str = "global"):
+    def __init__(self, gs: GraphSet, device, *, record: bool, bar, show: bool, t_start: float, mode: str = "global"):
         self.gs, self.plan, self.target, self.device = gs, gs.plan, gs.target, device
         self.bar, self.show, self.t_start, self.mode = bar, show, t_start, mode
         self.stream = capture_stream(device)
@@ -203,7 +203,10 @@ class CaptureSession:
 
     #: the method that runs each op of ``capture_plan.schemas.plan.StepOp``
     OPS: dict[str, Callable[[CaptureSession, Step], None]] = {
-        "provision": provision, "warmup": warmup, "capture": capture}
+        "provision": provision,
+        "warmup": warmup,
+        "capture": capture,
+    }
 
     # -- the parts of a capture step ------------------------------------------
     def pool(self, name: str):
@@ -270,12 +273,15 @@ class CaptureSession:
         ExecutorError naming the step if they are no multiple of it)."""
         rows, rem = divmod(outs[0].shape[0], step.bs) if outs[0].dim() else (1, 0)
         if rem:
-            raise ExecutorError(f"output has {outs[0].shape[0]} rows, not a multiple of bs {step.bs}",
-                                where=f"step {step.index} ({step.id})")
+            raise ExecutorError(
+                f"output has {outs[0].shape[0]} rows, not a multiple of bs {step.bs}",
+                where=f"step {step.index} ({step.id})",
+            )
         return rows
 
-    def land(self, step: Step, graph: torch.cuda.CUDAGraph, outs: tuple[torch.Tensor, ...], rows: int,
-             grown: int) -> tuple[torch.Tensor, ...]:
+    def land(
+        self, step: Step, graph: torch.cuda.CUDAGraph, outs: tuple[torch.Tensor, ...], rows: int, grown: int
+    ) -> tuple[torch.Tensor, ...]:
         """Hold a recorded graph's outputs as planned and make it servable; returns the held outputs.
 
         With ``outputs = "view"`` the held outputs do not keep the memory: the
@@ -284,8 +290,18 @@ class CaptureSession:
         held = step.outputs or "keep"
         kept = tuple(weak_view(t) for t in outs) if held == "view" else outs
         del outs
-        gs.add(Captured(phase=step.phase, bs=step.bs, pool=step.pool, graph=graph, outputs=kept, held=held,
-                        rows_per_request=rows, order=len(gs.graphs)))
+        gs.add(
+            Captured(
+                phase=step.phase,
+                bs=step.bs,
+                pool=step.pool,
+                graph=graph,
+                outputs=kept,
+                held=held,
+                rows_per_request=rows,
+                order=len(gs.graphs),
+            )
+        )
         self.reserved += grown
         gs.timeline.append((time.perf_counter() - self.t_start, step.phase, step.bs))
         self._landed(gs.graphs[(step.phase, step.bs)])
@@ -300,8 +316,10 @@ class CaptureSession:
             if t.data_ptr() != p and not in_pools(t.data_ptr(), self.gs.pools.values()):
                 raise ExecutorError(
                     f"output {i} moved from {p:#x} (warm-up) to {t.data_ptr():#x} (capture) outside the graph pool: "
-                    "replays would write where the engine does not read", where=f"step {step.index} ({step.id})",
-                    fix="return the same static buffer every call, or allocate the output inside run()")
+                    "replays would write where the engine does not read",
+                    where=f"step {step.index} ({step.id})",
+                    fix="return the same static buffer every call, or allocate the output inside run()",
+                )
 
     def _landed(self, cap: Captured) -> None:
         if self.on_land is not None:
@@ -314,9 +332,15 @@ class CaptureSession:
         level = logging.INFO if self.mode != "global" else logging.DEBUG
         quarter = max(self.captures // 4, 1)
         if first or done % quarter == 0 or done == self.captures:
-            log.log(level, "capture-plan: %d/%d graphs in %.2f s%s; ready: %s", done, self.captures,
-                    time.perf_counter() - self.t_start,
-                    f" ({cap.phase} servable up to n={cap.bs})" if first else "", self.gs.progress())
+            log.log(
+                level,
+                "capture-plan: %d/%d graphs in %.2f s%s; ready: %s",
+                done,
+                self.captures,
+                time.perf_counter() - self.t_start,
+                f" ({cap.phase} servable up to n={cap.bs})" if first else "",
+                self.gs.progress(),
+            )
 
     # -- the whole plan ------------------------------------------------------
     def step(self, step: Step) -> None:
@@ -325,8 +349,11 @@ class CaptureSession:
         t0 = time.perf_counter()
         op = self.OPS.get(step.op)
         if op is None:  # the plan decoder admits only StepOp; a new op needs a method here
-            raise ExecutorError(f"unknown step op {step.op!r}", where=f"step {step.index} ({step.id})",
-                                fix="upgrade capture-plan's executor to one that knows this op")
+            raise ExecutorError(
+                f"unknown step op {step.op!r}",
+                where=f"step {step.index} ({step.id})",
+                fix="upgrade capture-plan's executor to one that knows this op",
+            )
         op(self, step)
         self.measure(step, t0)
 
@@ -334,11 +361,18 @@ class CaptureSession:
         """Record the measurement of ``step``, which began at ``t0`` (``time.perf_counter``)."""
         free, _ = torch.cuda.mem_get_info(self.device)  # no sync: the device's figure as of now
         scratch, self.scratch = self.scratch, None
-        self.measurements.append(StepMeasurement(step=step.index, id=step.id, reserved=self.reserved,
-                                                 predicted_reserved=self.predicted.get(step.index, 0),
-                                                 seconds=time.perf_counter() - t0, free=int(free),
-                                                 allocator_reserved=int(torch.cuda.memory_reserved(self.device)),
-                                                 scratch=scratch))
+        self.measurements.append(
+            StepMeasurement(
+                step=step.index,
+                id=step.id,
+                reserved=self.reserved,
+                predicted_reserved=self.predicted.get(step.index, 0),
+                seconds=time.perf_counter() - t0,
+                free=int(free),
+                allocator_reserved=int(torch.cuda.memory_reserved(self.device)),
+                scratch=scratch,
+            )
+        )
         if self.bar is not None:
             self.bar.set_postfix_str(f"{step.id} free {free / 2**30:.1f} GiB", refresh=False)
             self.bar.update(1)
@@ -354,8 +388,10 @@ class CaptureSession:
         (Operands from a scratch pool left its 2 MiB segment behind: a pool
         destroyed while its blocks are alive keeps their segment cached.)"""
         dev = self.device
-        mats = [(torch.empty(16, 16, device=dev, dtype=dt), torch.empty(16, 16, device=dev, dtype=dt))
-                for dt in (torch.float32, torch.bfloat16)]
+        mats = [
+            (torch.empty(16, 16, device=dev, dtype=dt), torch.empty(16, 16, device=dev, dtype=dt))
+            for dt in (torch.float32, torch.bfloat16)
+        ]
         with torch.cuda.stream(self.stream):
             for a, out in mats:
                 a.fill_(1)
@@ -401,8 +437,13 @@ class CaptureSession:
         exact, pool_allocated = pool_usage(gs.pools.values())  # one snapshot: the authoritative figure
         reserved = self.reserved
         if exact != reserved:
-            log.warning("capture-plan%s: per-step pool figures are approximate: counted %d B, the pools hold %d B "
-                        "(something else allocated during capture)", rank_tag(), reserved, exact)
+            log.warning(
+                "capture-plan%s: per-step pool figures are approximate: counted %d B, the pools hold %d B "
+                "(something else allocated during capture)",
+                rank_tag(),
+                reserved,
+                exact,
+            )
             reserved = exact
         if self.recorder is not None:
             for cap, win in zip([c for c in gs.graphs.values()], self.recorder.stop()):
@@ -414,20 +455,42 @@ class CaptureSession:
         if self.before is not None:
             global _captured_in_process
             _captured_in_process = True
-            view = device_view(self.before, probe(self.device), pool_reserved=exact, pool_allocated=pool_allocated,
-                               hoisted=sum(w.untyped_storage().nbytes() for w in gs.workspaces.values()),
-                               first_in_process=self.first_in_process, background=self.mode != "global")
+            view = device_view(
+                self.before,
+                probe(self.device),
+                pool_reserved=exact,
+                pool_allocated=pool_allocated,
+                hoisted=sum(w.untyped_storage().nbytes() for w in gs.workspaces.values()),
+                first_in_process=self.first_in_process,
+                background=self.mode != "global",
+            )
         gs.report = CaptureReport(
-            plan=plan.name, plan_digest=plan.digest, device=self.env.describe(), torch=str(torch.__version__),
-            backend_module=backend_module(plan, self.env.modules) or "", pool_bytes=reserved,
-            predicted_pool_bytes=plan.predicted.pool_bytes, capture_seconds=elapsed,
-            hoisted_bytes=hoisted, steps=self.measurements, driver=driver_version(), device_view=view)
+            plan=plan.name,
+            plan_digest=plan.digest,
+            device=self.env.describe(),
+            torch=str(torch.__version__),
+            backend_module=backend_module(plan, self.env.modules) or "",
+            pool_bytes=reserved,
+            predicted_pool_bytes=plan.predicted.pool_bytes,
+            capture_seconds=elapsed,
+            hoisted_bytes=hoisted,
+            steps=self.measurements,
+            driver=driver_version(),
+            device_view=view,
+        )
         if self.show:
             pred = plan.predicted.pool_bytes
             delta = f" ({(reserved - pred) / pred:+.1%})" if pred else ""
-            log.info("capture-plan: %d graphs of %s in %.2f s; pool %s MiB, predicted %s MiB%s%s", len(gs.graphs),
-                     plan.name, elapsed, mib(reserved, unit=False), mib(pred, unit=False), delta,
-                     f"; free device memory {mib(view.drop, unit=False)} MiB less" if view is not None else "")
+            log.info(
+                "capture-plan: %d graphs of %s in %.2f s; pool %s MiB, predicted %s MiB%s%s",
+                len(gs.graphs),
+                plan.name,
+                elapsed,
+                mib(reserved, unit=False),
+                mib(pred, unit=False),
+                delta,
+                f"; free device memory {mib(view.drop, unit=False)} MiB less" if view is not None else "",
+            )
 
     # -- foreground or background ---------------------------------------------
     def run_foreground(self, heap: Frozen, *, distributed: bool, group) -> GraphSet:
@@ -482,21 +545,38 @@ def _init_cublas(device) -> None:
 
 def _check_options(*, background: bool, record: bool, fallback: Fallback, distributed: bool) -> None:
     if background and distributed:
-        raise ExecutorError("background capture is not supported with torch.distributed: each rank's warm-ups "
-                            "and replays would interleave differently and the collectives in them would hang",
-                            where="capture", fix="capture in the foreground (background=False)")
+        raise ExecutorError(
+            "background capture is not supported with torch.distributed: each rank's warm-ups "
+            "and replays would interleave differently and the collectives in them would hang",
+            where="capture",
+            fix="capture in the foreground (background=False)",
+        )
     if background and record:
-        raise ExecutorError("record=True cannot be combined with background=True: the allocation history would "
-                            "mix the serving thread's allocations into the graphs' footprints",
-                            where="capture", fix="record in a foreground capture (verify, profile)")
+        raise ExecutorError(
+            "record=True cannot be combined with background=True: the allocation history would "
+            "mix the serving thread's allocations into the graphs' footprints",
+            where="capture",
+            fix="record in a foreground capture (verify, profile)",
+        )
     if background and not (fallback in ("eager", "wait", "raise") or callable(fallback)):
-        raise ExecutorError(f"unknown fallback {fallback!r}", where="capture",
-                            fix='use "eager", "wait", "raise" or a callable (phase, n) -> outputs')
+        raise ExecutorError(
+            f"unknown fallback {fallback!r}",
+            where="capture",
+            fix='use "eager", "wait", "raise" or a callable (phase, n) -> outputs',
+        )
 
 
-def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record: bool = False,
-            device: torch.device | None = None, group=None, background: bool = False,
-            fallback: Fallback = "eager") -> GraphSet:
+def capture(
+    plan: Plan,
+    target: CaptureTarget,
+    *,
+    progress: bool = True,
+    record: bool = False,
+    device: torch.device | None = None,
+    group=None,
+    background: bool = False,
+    fallback: Fallback = "eager",
+) -> GraphSet:
     """Capture ``plan``'s graphs of ``target``; see the module docstring.
 
     With ``torch.distributed`` initialized, ``group`` (default: the world) is
@@ -530,8 +610,9 @@ def capture(plan: Plan, target: CaptureTarget, *, progress: bool = True, record:
     gs = GraphSet(plan, target, device)
     show = _rank0(group)
     bar = _progress(plan.steps, progress and show and not background)
-    session = CaptureSession(gs, device, record=record, bar=bar, show=show, t_start=t_start,
-                             mode="thread_local" if background else "global")
+    session = CaptureSession(
+        gs, device, record=record, bar=bar, show=show, t_start=t_start, mode="thread_local" if background else "global"
+    )
     torch.cuda.synchronize(device)
     session.before = probe(device)
     heap = Frozen().__enter__()

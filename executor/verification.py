@@ -99,8 +99,9 @@ def _compare(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> str | 
         if not torch.equal(x, y):
             diff = (x.float() - y.float()).abs()
             bad = int((x != y).sum())
-            return (f"output {i}: {bad} element(s) differ from eager, "
-                    f"max |diff| {float(diff.nan_to_num(1e30).max()):.3g}")
+            return (
+                f"output {i}: {bad} element(s) differ from eager, max |diff| {float(diff.nan_to_num(1e30).max()):.3g}"
+            )
     return None
 
 
@@ -144,15 +145,22 @@ class _Guard:
             # (a bf16 0x3f80 -> 0x407f keeps the byte sum).
             raw = raw.clone()
         body = raw[: raw.numel() // 8 * 8].view(torch.int64)
-        tail = raw[body.numel() * 8:]
+        tail = raw[body.numel() * 8 :]
         return int(body.sum()) + int(tail.sum(dtype=torch.int64))
 
     def check(self, who: str, res: VerifyResult) -> None:
         for name, t in self.tensors.items():
             now = self._sum(t)
             if now != self.sums[name]:
-                res.faults.append(Fault("read-only", who, f"wrote into read-only tensor {name!r} "
-                                        f"({tuple(t.shape)}, {t.dtype})", t.data_ptr(), t.numel() * t.element_size()))
+                res.faults.append(
+                    Fault(
+                        "read-only",
+                        who,
+                        f"wrote into read-only tensor {name!r} ({tuple(t.shape)}, {t.dtype})",
+                        t.data_ptr(),
+                        t.numel() * t.element_size(),
+                    )
+                )
                 self.sums[name] = now  # later faults are attributed to their own graph
 
 
@@ -160,7 +168,9 @@ def _device_fault(what: str, cap: Captured, n: int, err: BaseException) -> Verif
     return VerificationFailed(
         f"{what} {cap.phase}/{cap.bs} faulted (n={n}): {str(err).splitlines()[0]}; "
         "this process's CUDA context is lost (no further GPU work is possible in it)",
-        where=f"verify, {what} {cap.phase}/{cap.bs}", fix=f"locate the faulting kernel with: {sanitizer_command()}")
+        where=f"verify, {what} {cap.phase}/{cap.bs}",
+        fix=f"locate the faulting kernel with: {sanitizer_command()}",
+    )
 
 
 def is_device_fault(err: BaseException) -> bool:
@@ -169,8 +179,11 @@ def is_device_fault(err: BaseException) -> bool:
     accel = getattr(torch, "AcceleratorError", None)
     if accel is not None and isinstance(err, accel):
         return True
-    return isinstance(err, RuntimeError) and not isinstance(err, torch.OutOfMemoryError) \
+    return (
+        isinstance(err, RuntimeError)
+        and not isinstance(err, torch.OutOfMemoryError)
         and str(err).startswith("CUDA error")
+    )
 
 
 def _synchronized(what: str, cap: Captured, n: int, work) -> object:
@@ -195,8 +208,9 @@ def _replay(gs: GraphSet, cap: Captured, n: int, guard: _Guard | None, res: Veri
     return out
 
 
-def _replay_vs_eager(gs: GraphSet, cap: Captured, n: int, gen: torch.Generator, guard, res,
-                     before=None) -> tuple[str | None, tuple]:
+def _replay_vs_eager(
+    gs: GraphSet, cap: Captured, n: int, gen: torch.Generator, guard, res, before=None
+) -> tuple[str | None, tuple]:
     _synchronized("prepare for graph", cap, n, lambda: gs.target.prepare(cap.phase, n, cap.bs, gen))
     if before is not None:
         _synchronized("pool fill before graph", cap, n, before)
@@ -208,8 +222,14 @@ def _replay_vs_eager(gs: GraphSet, cap: Captured, n: int, gen: torch.Generator, 
     return _compare(out, ref), ref
 
 
-def verify(gs: GraphSet, *, checks: tuple[str, ...] = ("interleave", "scribble", "footprint"),
-           seed: int = 0, rounds: int = 1, read_only: bool = True) -> VerifyResult:
+def verify(
+    gs: GraphSet,
+    *,
+    checks: tuple[str, ...] = ("interleave", "scribble", "footprint"),
+    seed: int = 0,
+    rounds: int = 1,
+    read_only: bool = True,
+) -> VerifyResult:
     """Run the checks; returns every fault found (``raise_for_faults`` to fail).
 
     ``read_only=True`` checksums the target's declared read-only tensors
@@ -237,8 +257,9 @@ def _verify(gs: GraphSet, checks: tuple[str, ...], seed: int, rounds: int, read_
             scribble = functools.partial(_fill, pool_segments([gs.pools[cap.pool]]), SCRIBBLE, gs.device)
             bad, _ = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen, guard, res, scribble)
             if bad:
-                res.faults.append(Fault("scribble", f"{cap.phase}/{cap.bs}",
-                                        f"reads pool memory it did not write: {bad}"))
+                res.faults.append(
+                    Fault("scribble", f"{cap.phase}/{cap.bs}", f"reads pool memory it did not write: {bad}")
+                )
     if "footprint" in checks:
         _footprint(gs, caps, rng, gen, res, guard)
     torch.cuda.synchronize()
@@ -279,9 +300,15 @@ def _interleave(gs, caps, rng, gen, res, rounds, guard) -> None:
                 why = _compare(now, oref)
                 if why:
                     t = other.outputs[0]
-                    res.faults.append(Fault("interleave", f"{p}/{b}",
-                                            f"kept output changed after replaying {cap.phase}/{cap.bs}: {why}",
-                                            t.data_ptr(), t.untyped_storage().nbytes()))
+                    res.faults.append(
+                        Fault(
+                            "interleave",
+                            f"{p}/{b}",
+                            f"kept output changed after replaying {cap.phase}/{cap.bs}: {why}",
+                            t.data_ptr(),
+                            t.untyped_storage().nbytes(),
+                        )
+                    )
                     del kept[(p, b)]
 
 
@@ -304,16 +331,20 @@ def _outside(segs, keep) -> list[tuple[int, int]]:
 
 def _owners(caps, lo: int, hi: int, exclude) -> list[str]:
     """Graphs whose own blocks overlap [lo, hi): whose memory a stray write lands in."""
-    return [f"{c.phase}/{c.bs}" for c in caps if c is not exclude
-            and any(a < hi and lo < a + s for a, s in c.window.own)]
+    return [
+        f"{c.phase}/{c.bs}" for c in caps if c is not exclude and any(a < hi and lo < a + s for a, s in c.window.own)
+    ]
 
 
 def _footprint(gs, caps, rng, gen, res, guard) -> None:
     if any(c.window is None for c in caps):
-        raise VerificationFailed("the footprint check needs the allocation history",
-                                 where="verify", fix="capture with capture(plan, target, record=True) or "
-                                 "capture_loop(plan, record=True), or adopt(..., recorded=) the engine's graphs "
-                                 "captured inside record_graphs()")
+        raise VerificationFailed(
+            "the footprint check needs the allocation history",
+            where="verify",
+            fix="capture with capture(plan, target, record=True) or "
+            "capture_loop(plan, record=True), or adopt(..., recorded=) the engine's graphs "
+            "captured inside record_graphs()",
+        )
     for cap in caps:
         segs = pool_segments(gs.pools.values())
         outside = _outside(segs, cap.window.own + cap.window.alive_before)
@@ -326,8 +357,18 @@ def _footprint(gs, caps, rng, gen, res, guard) -> None:
             if changed.numel():
                 lo, hi = addr + int(changed[0]), addr + int(changed[-1]) + 1
                 owners = _owners(caps, lo, hi, cap)
-                into = f"; lands in blocks of {', '.join(owners[:4])}" + (" ..." if len(owners) > 4 else "") \
-                    if owners else ""
-                res.faults.append(Fault("footprint", f"{cap.phase}/{cap.bs}",
-                                        f"out-of-bounds write: {int(changed.numel())} canary byte(s) changed "
-                                        f"outside the graph's own blocks{into}", lo, hi - lo))
+                into = (
+                    f"; lands in blocks of {', '.join(owners[:4])}" + (" ..." if len(owners) > 4 else "")
+                    if owners
+                    else ""
+                )
+                res.faults.append(
+                    Fault(
+                        "footprint",
+                        f"{cap.phase}/{cap.bs}",
+                        f"out-of-bounds write: {int(changed.numel())} canary byte(s) changed "
+                        f"outside the graph's own blocks{into}",
+                        lo,
+                        hi - lo,
+                    )
+                )

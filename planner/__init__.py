@@ -17,8 +17,14 @@ import importlib
 
 __all__ = ["BuildOptions", "build_plan", "check_plan", "plan_bytes", "PoolSim", "default_spec"]
 
-_WHERE = {"BuildOptions": ".build", "build_plan": ".build", "check_plan": ".build", "plan_bytes": ".build",
-          "PoolSim": ".allocator", "default_spec": ".specs"}
+_WHERE = {
+    "BuildOptions": ".build",
+    "build_plan": ".build",
+    "check_plan": ".build",
+    "plan_bytes": ".build",
+    "PoolSim": ".allocator",
+    "default_spec": ".specs",
+}
 
 
 def __getattr__(name: str):

@@ -71,8 +71,21 @@ from dataclasses import dataclass, field
 
 from capture_plan.schemas.units import KiB, MiB
 
-__all__ = ["PoolSim", "Block", "FREE", "round_size", "segment_size", "KiB", "MiB",
-           "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
+__all__ = [
+    "PoolSim",
+    "Block",
+    "FREE",
+    "round_size",
+    "segment_size",
+    "KiB",
+    "MiB",
+    "MIN_BLOCK",
+    "SMALL_SIZE",
+    "SMALL_BUFFER",
+    "LARGE_BUFFER",
+    "MIN_LARGE_ALLOC",
+    "ROUND_LARGE",
+]
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 * MiB
@@ -176,8 +189,9 @@ class PoolSim:
 
     def free_blocks(self, small: bool, stream: int = 0) -> list[tuple[int, int]]:
         """(size, addr) of the free blocks, smallest first (for tests and plots)."""
-        return [(b.size, b.addr) for k in (self._small if small else self._large)
-                if (b := self._blocks[k]).stream == stream]
+        return [
+            (b.size, b.addr) for k in (self._small if small else self._large) if (b := self._blocks[k]).stream == stream
+        ]
 
     # -- the allocator -----------------------------------------------------
     def alloc(self, nbytes: int, stream: int = 0) -> Block:
@@ -186,8 +200,9 @@ class PoolSim:
         self.run(((nbytes, 0),), live, stream)
         return live[0]
 
-    def run(self, ops, live: dict, stream: int = 0, spans: set | None = None, watch=(),
-            watched: list | None = None) -> None:
+    def run(
+        self, ops, live: dict, stream: int = 0, spans: set | None = None, watch=(), watched: list | None = None
+    ) -> None:
         """Allocate and free in order, on ``stream``: the allocator itself.
 
         ``ops`` are ``(nbytes, id)`` pairs, the compact form
@@ -367,8 +382,10 @@ class PoolSim:
 
     def free_lists(self) -> tuple:
         """Every free block as (stream, size, addr), small pool first: exact and O(n)."""
-        return tuple(tuple((b.stream, b.size, b.addr) for k in lst for b in (self._blocks[k],))
-                     for lst in (self._small, self._large))
+        return tuple(
+            tuple((b.stream, b.size, b.addr) for k in lst for b in (self._blocks[k],))
+            for lst in (self._small, self._large)
+        )
 
     def free(self, block: Block) -> None:
         """Free ``block`` (merging it with free neighbours); a double free raises ValueError."""
@@ -389,14 +406,23 @@ class PoolSim:
                     prev.next = c
                 twin[id(b)] = prev = c
                 b = b.next
-        return PoolSim(expandable=self.expandable, addresses=self.addresses, reserved=self.reserved,
-                       allocated=self.allocated, peak_reserved=self.peak_reserved,
-                       peak_allocated=self.peak_allocated, segments=self.segments,
-                       _small=list(self._small), _large=list(self._large),
-                       _blocks={k: twin[id(b)] for k, b in self._blocks.items()}, _next_addr=self._next_addr,
-                       _tails={k: twin[id(b)] for k, b in self._tails.items()},
-                       _heads=[twin[id(b)] for b in self._heads], _seg_small=list(self._seg_small),
-                       _seg_bytes=list(self._seg_bytes))
+        return PoolSim(
+            expandable=self.expandable,
+            addresses=self.addresses,
+            reserved=self.reserved,
+            allocated=self.allocated,
+            peak_reserved=self.peak_reserved,
+            peak_allocated=self.peak_allocated,
+            segments=self.segments,
+            _small=list(self._small),
+            _large=list(self._large),
+            _blocks={k: twin[id(b)] for k, b in self._blocks.items()},
+            _next_addr=self._next_addr,
+            _tails={k: twin[id(b)] for k, b in self._tails.items()},
+            _heads=[twin[id(b)] for b in self._heads],
+            _seg_small=list(self._seg_small),
+            _seg_bytes=list(self._seg_bytes),
+        )
 
     # -- what a memory snapshot shows ----------------------------------------
     def segment_sizes(self) -> list[tuple[bool, int]]:

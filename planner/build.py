@@ -48,9 +48,22 @@ from .simulate import SimResult, pool_id, simulate
 from .specs import default_spec, preset_max_bs, read_spec_file
 from .workload import Workload, workspace_bytes
 
-__all__ = ["BuildOptions", "build_record", "options_from_record", "build_plan", "plan_bytes", "default_output",
-           "output_path", "write_atomic", "write_plan", "check_plan", "normalized_command", "command_for_cwd",
-           "newer_revision", "check_tp"]
+__all__ = [
+    "BuildOptions",
+    "build_record",
+    "options_from_record",
+    "build_plan",
+    "plan_bytes",
+    "default_output",
+    "output_path",
+    "write_atomic",
+    "write_plan",
+    "check_plan",
+    "normalized_command",
+    "command_for_cwd",
+    "newer_revision",
+    "check_tp",
+]
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -136,12 +149,21 @@ def build_record(opts: BuildOptions) -> BuildRecord:
     def rel(p: Path | None) -> str | None:
         return _rel(p, base) if p is not None else None
 
-    return BuildRecord(backend=opts.backend, ci=opts.ci, speculative=opts.speculative, preset=opts.preset,
-                       max_bs=None if opts.max_bs == preset_max_bs(opts.preset) else opts.max_bs,
-                       spec=rel(opts.spec),
-                       strategies=sorted(set(opts.strategies)), trace=rel(opts.trace), tp=opts.tp,
-                       allocator=opts.allocator, exact=opts.exact, calibration=rel(opts.calibration),
-                       output=name if name != default_output(opts).name else None)
+    return BuildRecord(
+        backend=opts.backend,
+        ci=opts.ci,
+        speculative=opts.speculative,
+        preset=opts.preset,
+        max_bs=None if opts.max_bs == preset_max_bs(opts.preset) else opts.max_bs,
+        spec=rel(opts.spec),
+        strategies=sorted(set(opts.strategies)),
+        trace=rel(opts.trace),
+        tp=opts.tp,
+        allocator=opts.allocator,
+        exact=opts.exact,
+        calibration=rel(opts.calibration),
+        output=name if name != default_output(opts).name else None,
+    )
 
 
 def options_from_record(rec: BuildRecord, plan_path: Path) -> BuildOptions:
@@ -156,10 +178,21 @@ def options_from_record(rec: BuildRecord, plan_path: Path) -> BuildOptions:
     def join(p: str | None) -> Path | None:
         return Path(os.path.normpath(base / p)) if p is not None else None
 
-    return BuildOptions(backend=rec.backend, ci=rec.ci, speculative=rec.speculative, preset=rec.preset,
-                        max_bs=rec.max_bs, spec=join(rec.spec), strategies=tuple(rec.strategies),
-                        trace=join(rec.trace), tp=rec.tp, allocator=rec.allocator, output=plan_path,
-                        exact=rec.exact, calibration=join(rec.calibration))
+    return BuildOptions(
+        backend=rec.backend,
+        ci=rec.ci,
+        speculative=rec.speculative,
+        preset=rec.preset,
+        max_bs=rec.max_bs,
+        spec=join(rec.spec),
+        strategies=tuple(rec.strategies),
+        trace=join(rec.trace),
+        tp=rec.tp,
+        allocator=rec.allocator,
+        output=plan_path,
+        exact=rec.exact,
+        calibration=join(rec.calibration),
+    )
 
 
 def normalized_command(opts: BuildOptions) -> list[str]:
@@ -185,13 +218,18 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]
         # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
         # file lists its own, and merging the two would leave no one place that says what is
         # captured (--tp and --allocator do apply: they override the file's tp and allocator)
-        given = [f"{flag} {v}" for flag, v in (("--speculative", opts.speculative), ("--preset", opts.preset),
-                                                ("--max-bs", opts.max_bs)) if v is not None]
+        given = [
+            f"{flag} {v}"
+            for flag, v in (("--speculative", opts.speculative), ("--preset", opts.preset), ("--max-bs", opts.max_bs))
+            if v is not None
+        ]
         if given:
-            raise InputError(f"{' and '.join(given)} choose the embedded spec's phases and sizes, and "
-                             f"{opts.spec} lists its own", where=f"--spec {opts.spec}",
-                             fix=f"start a spec from `planner spec show {' '.join(given)} > my.toml` and build "
-                                 "with --spec my.toml, or write the phases and sizes into your spec")
+            raise InputError(
+                f"{' and '.join(given)} choose the embedded spec's phases and sizes, and {opts.spec} lists its own",
+                where=f"--spec {opts.spec}",
+                fix=f"start a spec from `planner spec show {' '.join(given)} > my.toml` and build "
+                "with --spec my.toml, or write the phases and sizes into your spec",
+            )
         from .hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
@@ -234,29 +272,42 @@ def check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
     and MLP, and those of every phase with its own model (a draft is split across
     the same ranks)."""
     if tp < 1 or tp > MODEL_MAX["heads"]:
-        raise InputError(f"must be 1..{MODEL_MAX['heads']}, got {tp}", where=where,
-                         fix="give the tensor-parallel size (GPUs per model replica)")
-    models = [(spec.model, where)] + [(phase_model(spec.model, p), f"{where} (phase {p.name!r}, its own model: "
-                                       f"$.phases[{i}].model)")
-                                      for i, p in enumerate(spec.phases) if p.model is not msgspec.UNSET]
+        raise InputError(
+            f"must be 1..{MODEL_MAX['heads']}, got {tp}",
+            where=where,
+            fix="give the tensor-parallel size (GPUs per model replica)",
+        )
+    models = [(spec.model, where)] + [
+        (phase_model(spec.model, p), f"{where} (phase {p.name!r}, its own model: $.phases[{i}].model)")
+        for i, p in enumerate(spec.phases)
+        if p.model is not msgspec.UNSET
+    ]
     for m, at in models:
         bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
         if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
             bad.append(f"kv_heads={m.kv_heads}")
         if bad:
-            raise InputError(f"tp={tp} does not divide {', '.join(bad)}", where=at,
-                             fix="use a tensor-parallel size that divides the model's heads and MLP")
+            raise InputError(
+                f"tp={tp} does not divide {', '.join(bad)}",
+                where=at,
+                fix="use a tensor-parallel size that divides the model's heads and MLP",
+            )
 
 
-def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend,
-              tp: int) -> tuple[Workload, Path | None, str | None, str]:
+def _workload(
+    opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: int
+) -> tuple[Workload, Path | None, str | None, str]:
     """The analytic model, or the recorded trace when one is given: JSON from
     capture_plan.executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
     path = _trace_path(opts, spec)
     if path is None:
         return Workload.analytic(spec.model, spec.phases, backend, tp), None, None, ""
-    raw = read_input(path, "trace", fix="record one on a GPU with `capture_plan.executor.profile` "
-                     "(README: The executor), or build without --trace for the analytic model")
+    raw = read_input(
+        path,
+        "trace",
+        fix="record one on a GPU with `capture_plan.executor.profile` "
+        "(README: The executor), or build without --trace for the analytic model",
+    )
     from capture_plan.schemas.snapshot import is_pickle, trace_from_snapshot  # only with a trace
 
     if is_pickle(raw):
@@ -264,9 +315,11 @@ def _workload(opts: BuildOptions, spec: Spec, backend: resources.Backend,
     else:
         trace = decode_trace(raw, str(path))
     if trace.backend and trace.backend != opts.backend:
-        raise InputError(f"trace was recorded with backend {trace.backend!r}, this build is for {opts.backend!r}",
-                         where=f"{path}: $.backend", fix=f"record a trace with {opts.backend}, or build for "
-                         f"--backend {trace.backend}")
+        raise InputError(
+            f"trace was recorded with backend {trace.backend!r}, this build is for {opts.backend!r}",
+            where=f"{path}: $.backend",
+            fix=f"record a trace with {opts.backend}, or build for --backend {trace.backend}",
+        )
     return Workload.from_trace(trace, spec.phases, str(path)), path, sha256(raw), trace.device
 
 
@@ -292,19 +345,27 @@ def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[
     return forced
 
 
-def _steps(sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict,
-           backend: resources.Backend) -> list[Step]:
+def _steps(
+    sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict, backend: resources.Backend
+) -> list[Step]:
     steps = []
     for i, sid in enumerate(order):
         node = sg.g.nodes[sid]
         op, name, bs = node["op"], node["phase"], node["bs"]
         st = strategies[name]
-        steps.append(Step(
-            index=i, id=sid, op=op, phase=name, bs=bs,
-            pool=pool_id(name, st) if op == "capture" else "",
-            outputs=st.outputs if op == "capture" else None,
-            runs=1 if op == "warmup" else 0,
-            bytes=workspace_bytes(backend, bs, phases[name].tokens_per_request) if op == "provision" else 0))
+        steps.append(
+            Step(
+                index=i,
+                id=sid,
+                op=op,
+                phase=name,
+                bs=bs,
+                pool=pool_id(name, st) if op == "capture" else "",
+                outputs=st.outputs if op == "capture" else None,
+                runs=1 if op == "warmup" else 0,
+                bytes=workspace_bytes(backend, bs, phases[name].tokens_per_request) if op == "provision" else 0,
+            )
+        )
     return steps
 
 
@@ -337,25 +398,33 @@ def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> No
         free_pred = _predict(free, free_sol, _order(free, free_sol.strategies).steps)
         cheapest, strategies = free_pred.sim.pool_bytes + free_pred.hoisted, free_sol.strategies
         named = "; ".join(f"{n}: {strategies[n].label()}" for n in r.sequence)
-        found = (f"the cheapest schedule the rules allow, without the --strategy pins, takes {mib(cheapest)} "
-                 f"({'within' if cheapest <= budget else 'also over'} the budget): {named}")
+        found = (
+            f"the cheapest schedule the rules allow, without the --strategy pins, takes {mib(cheapest)} "
+            f"({'within' if cheapest <= budget else 'also over'} the budget): {named}"
+        )
     else:
         cheapest = total
         named = "; ".join(f"{n}: {sol.strategies[n].label()}" for n in r.sequence)
         found = f"no schedule the rules allow is cheaper than this one: {named}"
-    fix = "drop the --strategy pins, or raise the budget" if cheapest <= budget else \
-        "raise the budget, or capture fewer sizes"
-    raise ConstraintError(f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}", where=where,
-                          fix=fix)
+    fix = (
+        "drop the --strategy pins, or raise the budget"
+        if cheapest <= budget
+        else "raise the budget, or capture fewer sizes"
+    )
+    raise ConstraintError(
+        f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}", where=where, fix=fix
+    )
 
 
 def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]) -> Decision:
     return Decision(
-        phase="*", rule="phase-order",
+        phase="*",
+        rule="phase-order",
         constraint="after: " + (", ".join(f"{p.name} after {d}" for p in spec.phases for d in p.after) or "none"),
         choice=" -> ".join(sequence),
         why="phases whose largest graph needs the most pool capture first, so later phases reuse "
-            "its freed blocks: " + ", ".join(f"{n} {mib(alone[n])}" for n in sequence))
+        "its freed blocks: " + ", ".join(f"{n} {mib(alone[n])}" for n in sequence),
+    )
 
 
 def _reused_bytes(sims: dict, strategies: dict[str, Strategy], captures: list[tuple[str, int]]) -> int | None:
@@ -433,16 +502,23 @@ def _check_paths_encode(opts: BuildOptions) -> None:
     """The paths a plan records (its name, ``-o``, ``--spec``, ``--trace``) must be
     text: a file name that is not valid UTF-8 (bytes a POSIX name may hold)
     cannot go into the plan's JSON, and was an internal error when it was written."""
-    for flag, path in (("--spec", opts.spec), ("--trace", opts.trace), ("--calibration", opts.calibration),
-                       ("-o", output_path(opts))):
+    for flag, path in (
+        ("--spec", opts.spec),
+        ("--trace", opts.trace),
+        ("--calibration", opts.calibration),
+        ("-o", output_path(opts)),
+    ):
         if path is None:
             continue
         try:
             str(path).encode("utf-8")
         except UnicodeEncodeError:
             shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # its bytes, printable anywhere
-            raise InputError("path is not valid UTF-8, and the plan records it as text", where=f"{flag} {shown}",
-                             fix="rename the file (or the folders on its path) to a UTF-8 name") from None
+            raise InputError(
+                "path is not valid UTF-8, and the plan records it as text",
+                where=f"{flag} {shown}",
+                fix="rename the file (or the folders on its path) to a UTF-8 name",
+            ) from None
 
 
 def _resolve(opts: BuildOptions) -> _Resolved:
@@ -457,8 +533,9 @@ def _resolve(opts: BuildOptions) -> _Resolved:
         raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator
     if allocator not in allocator_modes():
-        raise InputError(f"unknown allocator mode {allocator!r}", where="--allocator",
-                         fix=f"use {' or '.join(allocator_modes())}")
+        raise InputError(
+            f"unknown allocator mode {allocator!r}", where="--allocator", fix=f"use {' or '.join(allocator_modes())}"
+        )
     ctx = Context(backend=opts.backend, ci=opts.ci)
     check_spec_rules(spec.rules, list(resources.builtin_rules()), resources.backend_names(), spec_source)
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
@@ -470,21 +547,42 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     calibration, calibration_record = _calibration(opts, spec, traced_on)
 
     library = int(spec.library_mib * MiB)
-    alone = {p.name: simulate([(p.name, max(p.sizes))], {p.name: Strategy()}, workload, allocator == "expandable",
-                              library_bytes=library).pool_bytes for p in spec.phases}
+    alone = {
+        p.name: simulate(
+            [(p.name, max(p.sizes))], {p.name: Strategy()}, workload, allocator == "expandable", library_bytes=library
+        ).pool_bytes
+        for p in spec.phases
+    }
     floor = max(alone.values())
     if spec.budget_mib is not None and spec.budget_mib * MiB < floor:
-        raise ConstraintError(f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone "
-                              f"needs {mib(floor)}", where=f"{spec_source}: $.budget_mib",
-                              fix=f"raise budget_mib to at least {-(-floor // MiB)}")
-    return _Resolved(backend=backend, spec=spec, spec_name=spec_name, spec_source=spec_source, spec_raw=spec_raw,
-                     model_config=model_config,
-                     tp=tp, allocator=allocator, rules=rules, by_name={p.name: p for p in spec.phases}, pins=pins,
-                     workload=workload, trace_path=trace_path, trace_digest=trace_digest, traced_on=traced_on,
-                     library=library,
-                     alone=alone, calibration=calibration, calibration_record=calibration_record,
-                     sequence=phase_sequence(spec.phases, alone, spec_source),
-                     forced=_forced_orders(spec, rules, pins))
+        raise ConstraintError(
+            f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone needs {mib(floor)}",
+            where=f"{spec_source}: $.budget_mib",
+            fix=f"raise budget_mib to at least {-(-floor // MiB)}",
+        )
+    return _Resolved(
+        backend=backend,
+        spec=spec,
+        spec_name=spec_name,
+        spec_source=spec_source,
+        spec_raw=spec_raw,
+        model_config=model_config,
+        tp=tp,
+        allocator=allocator,
+        rules=rules,
+        by_name={p.name: p for p in spec.phases},
+        pins=pins,
+        workload=workload,
+        trace_path=trace_path,
+        trace_digest=trace_digest,
+        traced_on=traced_on,
+        library=library,
+        alone=alone,
+        calibration=calibration,
+        calibration_record=calibration_record,
+        sequence=phase_sequence(spec.phases, alone, spec_source),
+        forced=_forced_orders(spec, rules, pins),
+    )
 
 
 def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
@@ -499,18 +597,30 @@ def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
     shown, recorded = str(opts.calibration), _rel(opts.calibration, output_path(opts).parent)
     cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded)
     if traced_on and cal.device.split(" sm")[0] not in traced_on:
-        raise InputError(f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
-                         where=f"--calibration {shown}",
-                         fix="calibrate with a report from the device the trace was recorded on")
+        raise InputError(
+            f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
+            where=f"--calibration {shown}",
+            fix="calibrate with a report from the device the trace was recorded on",
+        )
     return cal, (recorded, sha256(raw))
 
 
 def _optimize(r: _Resolved, opts: BuildOptions):
     """Step 2: each phase's strategy (optimize.py)."""
-    return optimize(Problem(phases=r.spec.phases, sequence=r.sequence, rules=r.rules, backend=r.backend,
-                            workload=r.workload, pins=r.pins, baseline=resources.baseline(),
-                            expandable=r.expandable, library_bytes=r.library,
-                            screen=None if opts.exact else SCREEN_SIZES))
+    return optimize(
+        Problem(
+            phases=r.spec.phases,
+            sequence=r.sequence,
+            rules=r.rules,
+            backend=r.backend,
+            workload=r.workload,
+            pins=r.pins,
+            baseline=resources.baseline(),
+            expandable=r.expandable,
+            library_bytes=r.library,
+            screen=None if opts.exact else SCREEN_SIZES,
+        )
+    )
 
 
 def _order(r: _Resolved, strategies: dict[str, Strategy]) -> _Ordered:
@@ -518,8 +628,10 @@ def _order(r: _Resolved, strategies: dict[str, Strategy]) -> _Ordered:
     pins = r.pins
     order_rule = {n: _order_rule(r.rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
     warm_rule = {n: next((x.id for x in r.rules[n] if any(c.warmup for c in x.require)), "warmup") for n in names}
-    hoist_rule = {n: next((x.id for x in r.rules[n] if any(c.workspace == "hoisted" for c in x.require)),
-                          "optimizer") for n in names}
+    hoist_rule = {
+        n: next((x.id for x in r.rules[n] if any(c.workspace == "hoisted" for c in x.require)), "optimizer")
+        for n in names
+    }
     sg = build_steps(r.by_name, r.sequence, strategies, order_rule, warm_rule, hoist_rule, r.forced)
     order = sg.order()
     return _Ordered(graph=sg, order=order, steps=_steps(sg, order, strategies, r.by_name, r.backend))
@@ -531,8 +643,11 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     strategies = sol.strategies
     captures = tuple((s.phase, s.bs) for s in steps if s.op == "capture")
     seen = sol.sims.get(tuple((n, strategies[n]) for n in r.sequence))
-    sim = seen[1] if seen is not None and seen[0] == captures else \
-        simulate(captures, strategies, r.workload, r.expandable, r.protect, r.library)
+    sim = (
+        seen[1]
+        if seen is not None and seen[0] == captures
+        else simulate(captures, strategies, r.workload, r.expandable, r.protect, r.library)
+    )
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
         raise ConstraintError(sim.hazards[0], where="planned step order")
     baseline = resources.baseline()
@@ -551,45 +666,83 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
     decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
     output = output_path(opts)
     timeline = _timeline(steps, pred.sim.after_capture)
-    fid, describes, caveat = fidelity(r.workload.source, spec.model, r.model_config is not None,
-                                      r.model_config[2] if r.model_config else None,
-                                      f"{_rel(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "")
+    fid, describes, caveat = fidelity(
+        r.workload.source,
+        spec.model,
+        r.model_config is not None,
+        r.model_config[2] if r.model_config else None,
+        f"{_rel(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "",
+    )
     plan = Plan(
         name=output.stem,
         command=normalized_command(opts),
-        inputs=Inputs(spec=r.spec_name, spec_digest=sha256(r.spec_raw), rules_digest=resources.rules_digest(),
-                      backend=opts.backend, ci=opts.ci, speculative=opts.speculative,
-                      max_bs=max(max(p.sizes) for p in spec.phases), tp=r.tp,
-                      strategies=sorted(set(opts.strategies)),
-                      trace=_rel(r.trace_path, output.parent) if r.trace_path is not None else None,
-                      trace_digest=r.trace_digest,
-                      **({"model_config": r.model_config[0], "model_config_digest": r.model_config[1]}
-                         if r.model_config else {}),
-                      **({"calibration": r.calibration_record[0], "calibration_digest": r.calibration_record[1]}
-                         if r.calibration_record else {}),
-                      build=build_record(opts)),
-        requires=Requires(backend=opts.backend, modules=list(r.backend.modules),
-                          min_compute_capability=list(r.backend.min_compute_capability), tp=r.tp),
-        phases=[PhasePlan(name=n, kind=by_name[n].kind, sizes=capture_order(by_name[n].sizes, strategies[n].order),
-                          tokens_per_request=by_name[n].tokens_per_request,
-                          output_lifetime=by_name[n].output_lifetime, strategy=strategies[n],
-                          pool=pool_id(n, strategies[n]),
-                          hoisted_bytes=sum(s.bytes for s in steps if s.op == "provision" and s.phase == n))
-                for n in r.sequence],
+        inputs=Inputs(
+            spec=r.spec_name,
+            spec_digest=sha256(r.spec_raw),
+            rules_digest=resources.rules_digest(),
+            backend=opts.backend,
+            ci=opts.ci,
+            speculative=opts.speculative,
+            max_bs=max(max(p.sizes) for p in spec.phases),
+            tp=r.tp,
+            strategies=sorted(set(opts.strategies)),
+            trace=_rel(r.trace_path, output.parent) if r.trace_path is not None else None,
+            trace_digest=r.trace_digest,
+            **({"model_config": r.model_config[0], "model_config_digest": r.model_config[1]} if r.model_config else {}),
+            **(
+                {"calibration": r.calibration_record[0], "calibration_digest": r.calibration_record[1]}
+                if r.calibration_record
+                else {}
+            ),
+            build=build_record(opts),
+        ),
+        requires=Requires(
+            backend=opts.backend,
+            modules=list(r.backend.modules),
+            min_compute_capability=list(r.backend.min_compute_capability),
+            tp=r.tp,
+        ),
+        phases=[
+            PhasePlan(
+                name=n,
+                kind=by_name[n].kind,
+                sizes=capture_order(by_name[n].sizes, strategies[n].order),
+                tokens_per_request=by_name[n].tokens_per_request,
+                output_lifetime=by_name[n].output_lifetime,
+                strategy=strategies[n],
+                pool=pool_id(n, strategies[n]),
+                hoisted_bytes=sum(s.bytes for s in steps if s.op == "provision" and s.phase == n),
+            )
+            for n in r.sequence
+        ],
         steps=steps,
         edges=ordered.graph.edges({sid: i for i, sid in enumerate(ordered.order)}),
         decisions=decisions,
-        predicted=Prediction(source=r.workload.source, allocator=r.allocator, pool_bytes=pred.sim.pool_bytes,
-                             pools=pred.sim.pools, largest_graph_bytes=max(r.alone.values()),
-                             hoisted_bytes=pred.hoisted, baseline_bytes=pred.baseline_bytes,
-                             warmup_runs=sum(s.runs for s in steps),
-                             timeline=timeline,
-                             samples={n: TraceSamples(measured=list(m), derived=list(d))
-                                      for n, (m, d) in sorted(r.workload.samples.items())},
-                             device=device_prediction(pred.sim.pool_bytes, pred.hoisted, steps,
-                                                      {p.name: p.kind for p in spec.phases}, r.calibration,
-                                                      pools_after(steps, timeline)),
-                             fidelity=fid, describes=describes, caveat=caveat),
+        predicted=Prediction(
+            source=r.workload.source,
+            allocator=r.allocator,
+            pool_bytes=pred.sim.pool_bytes,
+            pools=pred.sim.pools,
+            largest_graph_bytes=max(r.alone.values()),
+            hoisted_bytes=pred.hoisted,
+            baseline_bytes=pred.baseline_bytes,
+            warmup_runs=sum(s.runs for s in steps),
+            timeline=timeline,
+            samples={
+                n: TraceSamples(measured=list(m), derived=list(d)) for n, (m, d) in sorted(r.workload.samples.items())
+            },
+            device=device_prediction(
+                pred.sim.pool_bytes,
+                pred.hoisted,
+                steps,
+                {p.name: p.kind for p in spec.phases},
+                r.calibration,
+                pools_after(steps, timeline),
+            ),
+            fidelity=fid,
+            describes=describes,
+            caveat=caveat,
+        ),
     )
     return seal(plan)
 
@@ -618,9 +771,12 @@ def newer_revision(revision: object, where: str, *, force_hint: bool = False) ->
     comparison would call it stale and a rebuild would silently downgrade it.
     """
     if isinstance(revision, int) and not isinstance(revision, bool) and revision > PLAN_REVISION:
-        raise InputError(f"plan revision {revision} was written by a newer capture-plan (this one writes revision "
-                         f"{PLAN_REVISION}); checking or rebuilding it here would downgrade it", where=where,
-                         fix="upgrade capture-plan" + (", or pass --force to replace it" if force_hint else ""))
+        raise InputError(
+            f"plan revision {revision} was written by a newer capture-plan (this one writes revision "
+            f"{PLAN_REVISION}); checking or rebuilding it here would downgrade it",
+            where=where,
+            fix="upgrade capture-plan" + (", or pass --force to replace it" if force_hint else ""),
+        )
 
 
 def _recorded(data: bytes) -> dict:
@@ -653,12 +809,17 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
         newer_revision(recorded.get("revision"), f"{path}: $.revision")
         command = recorded.get("command")
         if same_command and isinstance(command, list) and command != plan.command:
-            raise InputError(f"holds the plan of `{' '.join(map(str, command))}`, not of this command",
-                             where=str(path), fix=f"check it with `planner check {path}`, or give this build "
-                             "its own file with -o")
+            raise InputError(
+                f"holds the plan of `{' '.join(map(str, command))}`, not of this command",
+                where=str(path),
+                fix=f"check it with `planner check {path}`, or give this build its own file with -o",
+            )
         if same_command and not recorded:  # a rebuild would be refused too (write_plan): not drift
-            raise InputError("exists and is not a plan", where=str(path),
-                             fix=f"check another file with -o, or replace it with `{command_for_cwd(opts)} --force`")
+            raise InputError(
+                "exists and is not a plan",
+                where=str(path),
+                fix=f"check another file with -o, or replace it with `{command_for_cwd(opts)} --force`",
+            )
         raise DriftError(f"plan is stale: {_why_stale(data, plan, str(path))}", where=str(path), fix=fix)
     return path
 
@@ -713,14 +874,23 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
     # every file the plan was built from, --force or not: the trace a spec names
     # (a GPU recording) and a model config too, found from the plan's own record
     inputs = plan.inputs
-    sources = [("spec", "--spec ", opts.spec), ("trace", "--trace ", opts.trace),
-               ("calibration report", "--calibration ", opts.calibration)]
-    sources += [(what, "", path.parent / rel) for what, rel in (("trace", inputs.trace),
-                                                                 ("model config", inputs.model_config)) if rel]
+    sources = [
+        ("spec", "--spec ", opts.spec),
+        ("trace", "--trace ", opts.trace),
+        ("calibration report", "--calibration ", opts.calibration),
+    ]
+    sources += [
+        (what, "", path.parent / rel)
+        for what, rel in (("trace", inputs.trace), ("model config", inputs.model_config))
+        if rel
+    ]
     for what, flag, src in sources:
         if src is not None and _same_file(path, src):
-            raise InputError(f"the output is the {what} file", where=str(path),
-                             fix=f"name another output with -o (it would overwrite {flag}{src})")
+            raise InputError(
+                f"the output is the {what} file",
+                where=str(path),
+                fix=f"name another output with -o (it would overwrite {flag}{src})",
+            )
     # a folder at the path is refused here, not after "pass --force" (which the
     # write then refused too); a name too long or a folder that may not be searched
     # is "cannot write", not an internal error (Path.exists() raises on both)
@@ -734,9 +904,15 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
         if command is not None:
             newer_revision(recorded.get("revision"), f"{path}: $.revision", force_hint=True)
         if command != plan.command:
-            what = (f"holds a plan built by `{' '.join(map(str, command))}`" if isinstance(command, list)
-                    else "exists and is not a plan")
-            raise InputError(f"{what}; this build would replace it", where=str(path),
-                             fix="write a what-if plan elsewhere with -o, or pass --force to replace it")
+            what = (
+                f"holds a plan built by `{' '.join(map(str, command))}`"
+                if isinstance(command, list)
+                else "exists and is not a plan"
+            )
+            raise InputError(
+                f"{what}; this build would replace it",
+                where=str(path),
+                fix="write a what-if plan elsewhere with -o, or pass --force to replace it",
+            )
     write_atomic(path, plan_bytes(plan))
     return path

@@ -23,6 +23,7 @@ from capture_plan.schemas.errors import DriftError, InputError, WrongKindError
 
 __all__ = ["check_paths", "recorded_options", "check_report_plan", "StalePlans"]
 
+
 def recorded_options(plan, plan_path: Path):
     """The options that rebuild ``plan`` (lying at ``plan_path``) from its record
     (``inputs.build``, :func:`capture_plan.planner.build.options_from_record`). A plan written
@@ -33,8 +34,11 @@ def recorded_options(plan, plan_path: Path):
     rec = plan.inputs.build
     if isinstance(rec, msgspec.UnsetType):
         folder = os.path.dirname(str(plan_path)) or "."
-        err = DriftError(f"plan revision {plan.revision} records its build only as text", where=str(plan_path),
-                         fix=f"rebuild it once, in {folder}: `{' '.join(plan.command)} --force`")
+        err = DriftError(
+            f"plan revision {plan.revision} records its build only as text",
+            where=str(plan_path),
+            fix=f"rebuild it once, in {folder}: `{' '.join(plan.command)} --force`",
+        )
         err.fixable = False  # `planner check --fix` has nothing to rebuild from
         raise err
     return options_from_record(rec, plan_path)
@@ -111,8 +115,9 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
     paths = list(paths)
     files = _plan_files(paths)
     if not files:
-        raise InputError("no plan files found", where=", ".join(map(str, paths)),
-                         fix="name plan files or folders that hold them")
+        raise InputError(
+            "no plan files found", where=", ".join(map(str, paths)), fix="name plan files or folders that hold them"
+        )
     ok, stale = [], []
     for f, folder in files:
         data = read_input(f, "plan")
@@ -120,15 +125,15 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             plan, tampered = decode_plan(data, str(f)), None
         except WrongKindError as err:  # not a plan at all: a trace, a report, some other JSON
             if folder is not None:
-                err.fix = (f"move it out of {folder} (`planner check` reads every *.json there), "
-                           "or name the plan files")
+                err.fix = f"move it out of {folder} (`planner check` reads every *.json there), or name the plan files"
             raise
         except InputError as err:
             if "digest mismatch" not in err.what:
                 raise
             plan = decode_plan(data, str(f), check_digest=False)
-            tampered = DriftError("plan is stale: its digest does not match its content (edited by hand or "
-                                  "corrupted)", where=str(f))
+            tampered = DriftError(
+                "plan is stale: its digest does not match its content (edited by hand or corrupted)", where=str(f)
+            )
         # before trusting anything else: a newer planner's plan is never rebuilt (downgraded) here
         newer_revision(plan.revision, f"{f}: $.revision")
         try:
@@ -162,8 +167,10 @@ class StalePlans(DriftError):
 
     def __init__(self, stale: list[DriftError], ok: list[str], checked: int):
         self.stale, self.ok = stale, ok
-        super().__init__(f"{len(stale)} of {checked} plan(s) stale", fix="run the command each line above names, "
-                         "or rebuild them all with `planner check --fix`")
+        super().__init__(
+            f"{len(stale)} of {checked} plan(s) stale",
+            fix="run the command each line above names, or rebuild them all with `planner check --fix`",
+        )
 
 
 def check_report_plan(report, plan, report_source: str, plan_source: str, report_digest: str = "") -> None:
@@ -175,13 +182,18 @@ def check_report_plan(report, plan, report_source: str, plan_source: str, report
     items were added, the same steps."""
     own = bool(report_digest) and report_digest == getattr(plan.inputs, "calibration_digest", None)
     if report.plan_digest != plan.digest and not own:
-        raise InputError(f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "
-                         f"{plan_source} ({plan.name!r}, {plan.digest})", where=f"{report_source}: $.plan_digest",
-                         fix=f"pass the plan it was captured from, or capture again with {plan_source}")
+        raise InputError(
+            f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "
+            f"{plan_source} ({plan.name!r}, {plan.digest})",
+            where=f"{report_source}: $.plan_digest",
+            fix=f"pass the plan it was captured from, or capture again with {plan_source}",
+        )
     calibrated = plan.predicted.device.device if plan.predicted.device is not None else ""
     measured = report.device + (f", driver {report.driver}" if report.driver else "")
     if calibrated and measured != calibrated:  # another device or driver: the items would not compare
-        raise InputError(f"the plan's device items were measured on {calibrated!r}, this report on {measured!r}",
-                         where=f"{report_source}: $.device",
-                         fix=f"compare a report from that device and driver, or rebuild {plan_source} with "
-                             f"--calibration {report_source}")
+        raise InputError(
+            f"the plan's device items were measured on {calibrated!r}, this report on {measured!r}",
+            where=f"{report_source}: $.device",
+            fix=f"compare a report from that device and driver, or rebuild {plan_source} with "
+            f"--calibration {report_source}",
+        )

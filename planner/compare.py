@@ -32,9 +32,25 @@ import msgspec
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.units import MiB, mib
 
-__all__ = ["FIGURES", "INPUTS", "Figure", "InputChange", "DecisionChange", "PlanDiff", "compare", "total",
-           "bytes_text", "change_text", "render_text", "render_markdown", "moved", "gate", "limit_text",
-           "input_changes", "stale_reason"]
+__all__ = [
+    "FIGURES",
+    "INPUTS",
+    "Figure",
+    "InputChange",
+    "DecisionChange",
+    "PlanDiff",
+    "compare",
+    "total",
+    "bytes_text",
+    "change_text",
+    "render_text",
+    "render_markdown",
+    "moved",
+    "gate",
+    "limit_text",
+    "input_changes",
+    "stale_reason",
+]
 
 #: "device-bytes": bytes where None means unknown (a device item never measured), not absent
 Unit = Literal["bytes", "count", "device-bytes"]
@@ -70,12 +86,17 @@ FIGURES: list[tuple[str, Callable[[Plan], int | dict[str, int] | None], Unit]] =
     ("captures", lambda p: sum(s.op == "capture" for s in p.steps), "count"),
     ("warm-up runs", lambda p: p.predicted.warmup_runs, "count"),
     # revision 2: what capture takes from free device memory (None while unknown: never read as 0)
-    ("device: reserve (peak)", lambda p: p.predicted.device.peak_bytes if p.predicted.device else None,
-     "device-bytes"),
-    ("device: taken after capture", lambda p: p.predicted.device.total_bytes if p.predicted.device else None,
-     "device-bytes"),
-    ("device item", lambda p: {i.name: i.bytes for i in p.predicted.device.items} if p.predicted.device else None,
-     "device-bytes"),
+    ("device: reserve (peak)", lambda p: p.predicted.device.peak_bytes if p.predicted.device else None, "device-bytes"),
+    (
+        "device: taken after capture",
+        lambda p: p.predicted.device.total_bytes if p.predicted.device else None,
+        "device-bytes",
+    ),
+    (
+        "device item",
+        lambda p: {i.name: i.bytes for i in p.predicted.device.items} if p.predicted.device else None,
+        "device-bytes",
+    ),
 ]
 
 
@@ -112,8 +133,14 @@ INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
     ("rules", lambda p: _digest(p.inputs.rules_digest)),
     ("sizes", lambda p: {ph.name: _sizes(ph.sizes) for ph in p.phases}),
     ("plan revision", lambda p: str(p.revision)),
-    ("calibration", lambda p: f"{p.inputs.calibration} ({_digest(p.inputs.calibration_digest)})"
-     if isinstance(p.inputs.calibration, str) else None),
+    (
+        "calibration",
+        lambda p: (
+            f"{p.inputs.calibration} ({_digest(p.inputs.calibration_digest)})"
+            if isinstance(p.inputs.calibration, str)
+            else None
+        ),
+    ),
     ("fidelity", lambda p: p.predicted.fidelity),
 ]
 
@@ -202,8 +229,7 @@ def input_changes(a: Plan, b: Plan) -> list[InputChange]:
                 same_sizes = label != "sizes" or sorted(sizes_a.get(name, [])) == sorted(sizes_b.get(name, []))
                 if va.get(name) != vb.get(name) or not same_sizes:
                     detail = _size_detail(sizes_a.get(name, []), sizes_b.get(name, [])) if label == "sizes" else ""
-                    out.append(InputChange(label=f"{label} {name}", old=va.get(name), new=vb.get(name),
-                                           detail=detail))
+                    out.append(InputChange(label=f"{label} {name}", old=va.get(name), new=vb.get(name), detail=detail))
         elif va != vb:
             out.append(InputChange(label=label, old=va, new=vb))
     return out
@@ -211,6 +237,7 @@ def input_changes(a: Plan, b: Plan) -> list[InputChange]:
 
 def _decisions(a: Plan, b: Plan) -> list[DecisionChange]:
     """Per phase, the decisions whose choice changed, matched by the rule that made them."""
+
     def keyed(p: Plan) -> dict[tuple[str, str], object]:
         return {(d.phase, d.rule): d for d in p.decisions}
 
@@ -220,9 +247,15 @@ def _decisions(a: Plan, b: Plan) -> list[DecisionChange]:
         o, n = da.get(key), db.get(key)
         if o is not None and n is not None and o.choice == n.choice:
             continue
-        out.append(DecisionChange(phase=key[0], old=f"{o.rule}: {o.choice}" if o else None,
-                                  new=f"{n.rule}: {n.choice}" if n else None,
-                                  old_why=o.why if o else "", new_why=n.why if n else ""))
+        out.append(
+            DecisionChange(
+                phase=key[0],
+                old=f"{o.rule}: {o.choice}" if o else None,
+                new=f"{n.rule}: {n.choice}" if n else None,
+                old_why=o.why if o else "",
+                new_why=n.why if n else "",
+            )
+        )
     return out
 
 
@@ -237,11 +270,16 @@ def _steps(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[list[str], list[
 
     def counts(p: Plan) -> str:
         ops = [s.op for s in p.steps]
-        return f"{len(ops)} ({_n(ops.count('capture'), 'capture')}, {_n(ops.count('warmup'), 'warm-up')}, " \
-               f"{_n(ops.count('provision'), 'provision')})"
+        return (
+            f"{len(ops)} ({_n(ops.count('capture'), 'capture')}, {_n(ops.count('warmup'), 'warm-up')}, "
+            f"{_n(ops.count('provision'), 'provision')})"
+        )
 
-    summary = [f"steps: {counts(a)} -> {counts(b)}" if counts(a) != counts(b) else
-               f"steps: {counts(b)} in both, not the same (--steps shows how)"]
+    summary = [
+        f"steps: {counts(a)} -> {counts(b)}"
+        if counts(a) != counts(b)
+        else f"steps: {counts(b)} in both, not the same (--steps shows how)"
+    ]
 
     def captured(p: Plan) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -271,12 +309,21 @@ def compare(a: Plan, b: Plan, name_a: str, name_b: str, *, where: str | None = N
     if a.version != b.version:
         from capture_plan.schemas.errors import InputError
 
-        raise InputError(f"plans of different versions ({name_a}: {a.version}, {name_b}: {b.version}) "
-                         "cannot be compared", where=where or name_b,
-                         fix="rebuild the older one with this capture-plan and diff again")
+        raise InputError(
+            f"plans of different versions ({name_a}: {a.version}, {name_b}: {b.version}) cannot be compared",
+            where=where or name_b,
+            fix="rebuild the older one with this capture-plan and diff again",
+        )
     summary, lines = _steps(a, b, name_a, name_b)
-    return PlanDiff(old_name=name_a, new_name=name_b, figures=_figures(a, b), inputs=input_changes(a, b),
-                    decisions=_decisions(a, b), steps=summary, step_lines=lines)
+    return PlanDiff(
+        old_name=name_a,
+        new_name=name_b,
+        figures=_figures(a, b),
+        inputs=input_changes(a, b),
+        decisions=_decisions(a, b),
+        steps=summary,
+        step_lines=lines,
+    )
 
 
 def bytes_text(n: int, in_bytes: bool) -> str:
@@ -293,14 +340,20 @@ def change_text(old: int | None, new: int | None, unit: Unit = "bytes") -> str:
     """``old -> new (change, percent)``: bytes below 1 MiB exactly, MiB above,
     never two equal roundings for a real change."""
     if unit == "count":
-        def show(v): return "(none)" if v is None else f"{v:,}"
+
+        def show(v):
+            return "(none)" if v is None else f"{v:,}"
+
         if old is None or new is None or old == new:
             return f"{show(old)} -> {show(new)}"
         return f"{show(old)} -> {show(new)} ({new - old:+,}, {_percent(new - old, old)})"
     values = [v for v in (old, new) if v is not None]
     in_bytes = max(values, default=0) < MiB
     missing = "unknown" if unit == "device-bytes" else "(none)"
-    def show(v): return missing if v is None else bytes_text(v, in_bytes)
+
+    def show(v):
+        return missing if v is None else bytes_text(v, in_bytes)
+
     if old is None or new is None or old == new:
         return f"{show(old)} -> {show(new)}"
     d = new - old
@@ -324,8 +377,10 @@ def moved(a: Plan, b: Plan) -> str:
     if total(a) == total(b) and not others:
         return "prediction unchanged"
     if total(a) == total(b):
-        return f"predicted total unchanged ({bytes_text(total(b), total(b) < MiB)}); " + \
-            f"{others[0].label} {change_text(others[0].old, others[0].new, others[0].unit)}"
+        return (
+            f"predicted total unchanged ({bytes_text(total(b), total(b) < MiB)}); "
+            + f"{others[0].label} {change_text(others[0].old, others[0].new, others[0].unit)}"
+        )
     return t
 
 
@@ -383,8 +438,11 @@ def render_markdown(d: PlanDiff, *, steps: bool = False, verdict: str | None = N
     for f in d.figures:
         if f.old == f.new:
             if f.unit != "count":
-                cell = ("unknown" if f.unit == "device-bytes" else "-") if f.old is None else \
-                    bytes_text(f.old, f.old < MiB)
+                cell = (
+                    ("unknown" if f.unit == "device-bytes" else "-")
+                    if f.old is None
+                    else bytes_text(f.old, f.old < MiB)
+                )
             else:
                 cell = "-" if f.old is None else f"{f.old:,}"
             out.append(f"| {_md(f.label)} | {cell} | {cell} | |")
@@ -426,8 +484,11 @@ def gate(a: Plan, b: Plan, threshold: tuple[str, float], where: str):
     over = grown > amount if kind == "bytes" else grown > 0 and (old == 0 or grown * 100 > amount * old)
     if not over:
         return None
-    return DriftError(f"predicted total grew {change_text(old, new)}, above --fail-above {limit_text(threshold)}",
-                      where=where, fix="make the plan cheaper, or raise --fail-above if the growth is intended")
+    return DriftError(
+        f"predicted total grew {change_text(old, new)}, above --fail-above {limit_text(threshold)}",
+        where=where,
+        fix="make the plan cheaper, or raise --fail-above if the growth is intended",
+    )
 
 
 def stale_reason(old: Plan, new: Plan, *, inputs_shown: int = 3) -> str:

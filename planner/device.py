@@ -41,8 +41,16 @@ from capture_plan.schemas.report import DEVICE_ITEMS, CaptureReport
 
 from .resources import data
 
-__all__ = ["Calibration", "read_calibration", "calibration_from_report", "device_prediction", "capability_of",
-           "peak", "pools_after", "graph_exec"]
+__all__ = [
+    "Calibration",
+    "read_calibration",
+    "calibration_from_report",
+    "device_prediction",
+    "capability_of",
+    "peak",
+    "pools_after",
+    "graph_exec",
+]
 
 
 @dataclass(frozen=True)
@@ -82,8 +90,9 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
         raise InputError("the report has no device view or per-step device memory", where=source, fix=fix)
     missing = [n for n in DEVICE_ITEMS if n not in {i.name for i in view.items}]
     if missing:  # an item the report does not give is unknown, never 0
-        raise InputError(f"the report's device view lacks {', '.join(missing)}", where=f"{source}: $.device_view",
-                         fix=fix)
+        raise InputError(
+            f"the report's device view lacks {', '.join(missing)}", where=f"{source}: $.device_view", fix=fix
+        )
     per: dict[str, list[int]] = defaultdict(list)
     scratch: dict[str, int] = {}
     prev_free, prev_res = None, None
@@ -106,19 +115,34 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
             graph_exec.setdefault(f"kind:{kind}", sum(deltas) / len(deltas))
     workspace = data("devices.toml")["stream_workspace"].get(capability_of(rep.device))
     # without the device's workspace figure the workspace cannot be told from the rest of held
-    other = None if workspace is None else \
-        max(0, view.item("allocator-held") - workspace) + max(0, view.item("allocator-cached"))
+    other = (
+        None
+        if workspace is None
+        else max(0, view.item("allocator-held") - workspace) + max(0, view.item("allocator-cached"))
+    )
     device = rep.device + (f", driver {rep.driver}" if rep.driver else "")
-    return Calibration(device=device, capability=capability_of(rep.device), graph_exec_per_graph=graph_exec,
-                       allocator_other=other, source=source, warmup_scratch=scratch)
+    return Calibration(
+        device=device,
+        capability=capability_of(rep.device),
+        graph_exec_per_graph=graph_exec,
+        allocator_other=other,
+        source=source,
+        warmup_scratch=scratch,
+    )
 
 
 def read_calibration(path: Path, shown: str, phases: dict[str, str], recorded: str) -> tuple[Calibration, bytes]:
     """``shown``: the path as the user gave it (errors); ``recorded``: as the plan records it."""
     raw = read_input(path, "report", fix="give a capture report written by GraphSet.write_report")
     cal = calibration_from_report(decode_report(raw, shown), shown, phases)
-    return Calibration(device=cal.device, capability=cal.capability, graph_exec_per_graph=cal.graph_exec_per_graph,
-                       allocator_other=cal.allocator_other, source=recorded, warmup_scratch=cal.warmup_scratch), raw
+    return Calibration(
+        device=cal.device,
+        capability=cal.capability,
+        graph_exec_per_graph=cal.graph_exec_per_graph,
+        allocator_other=cal.allocator_other,
+        source=recorded,
+        warmup_scratch=cal.warmup_scratch,
+    ), raw
 
 
 def _lookup(table: dict, phase: str, kinds: dict[str, str]):
@@ -135,8 +159,14 @@ def pools_after(steps: list[Step], timeline: list[StepMemory]) -> list[int]:
     return out
 
 
-def peak(steps: list[Step], pool_after: list[int], kinds: dict[str, str], per_graph: dict[str, float],
-         scratch: dict[str, int], fixed: int) -> int | None:
+def peak(
+    steps: list[Step],
+    pool_after: list[int],
+    kinds: dict[str, str],
+    per_graph: dict[str, float],
+    scratch: dict[str, int],
+    fixed: int,
+) -> int | None:
     """The most free memory the capture takes at any moment: after each step
     (the pools so far, ``fixed`` bytes, the driver memory of the graphs so
     far), and during each warm-up (the pools before it plus its scratch). None
@@ -171,38 +201,72 @@ def graph_exec(steps: list[Step], per_graph: dict[str, float], kinds: dict[str, 
     return total
 
 
-def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[str, str],
-                      calibration: Calibration | None, pool_after: list[int] | None = None) -> DevicePrediction:
+def device_prediction(
+    pool: int,
+    hoisted: int,
+    steps: list[Step],
+    kinds: dict[str, str],
+    calibration: Calibration | None,
+    pool_after: list[int] | None = None,
+) -> DevicePrediction:
     """The plan's device items and their total (None while one is unknown).
 
     ``kinds`` maps the plan's phases to their kinds: a calibration measured on
     a plan with other phase names still gives the graph-exec figure of a phase
     of the same kind."""
     how = "build with --calibration REPORT (a capture report of this plan measured on the device)"
-    items = [DeviceCost(name="pool", bytes=pool, provenance="simulated", source="allocator simulation"),
-             DeviceCost(name="hoisted", bytes=hoisted, provenance="simulated", source="the plan's provision steps")]
+    items = [
+        DeviceCost(name="pool", bytes=pool, provenance="simulated", source="allocator simulation"),
+        DeviceCost(name="hoisted", bytes=hoisted, provenance="simulated", source="the plan's provision steps"),
+    ]
     if calibration is None:
-        items += [DeviceCost(name=n, provenance="unknown", source=f"not measured for any device: {how}")
-                  for n in ("stream-workspace", "allocator-other", "graph-exec")]
+        items += [
+            DeviceCost(name=n, provenance="unknown", source=f"not measured for any device: {how}")
+            for n in ("stream-workspace", "allocator-other", "graph-exec")
+        ]
         return DevicePrediction(items=items)
     ws = data("devices.toml")["stream_workspace"].get(calibration.capability)
-    items.append(DeviceCost(name="stream-workspace", bytes=ws, provenance="data" if ws is not None else "unknown",
-                            source=f"planner/data/devices.toml [stream_workspace] {calibration.capability}"
-                            if ws is not None else f"no figure for {calibration.capability or 'this device'} in "
-                            "planner/data/devices.toml [stream_workspace]: measure it and add it"))
-    items.append(DeviceCost(name="allocator-other", bytes=calibration.allocator_other,
-                            provenance="measured" if calibration.allocator_other is not None else "unknown",
-                            source=f"{calibration.source} ({calibration.device})" if calibration.allocator_other
-                            is not None else "the calibration's device has no workspace figure to tell it apart"))
+    items.append(
+        DeviceCost(
+            name="stream-workspace",
+            bytes=ws,
+            provenance="data" if ws is not None else "unknown",
+            source=f"planner/data/devices.toml [stream_workspace] {calibration.capability}"
+            if ws is not None
+            else f"no figure for {calibration.capability or 'this device'} in "
+            "planner/data/devices.toml [stream_workspace]: measure it and add it",
+        )
+    )
+    items.append(
+        DeviceCost(
+            name="allocator-other",
+            bytes=calibration.allocator_other,
+            provenance="measured" if calibration.allocator_other is not None else "unknown",
+            source=f"{calibration.source} ({calibration.device})"
+            if calibration.allocator_other is not None
+            else "the calibration's device has no workspace figure to tell it apart",
+        )
+    )
     per_graph = calibration.graph_exec_per_graph
     total = graph_exec(steps, per_graph, kinds)
     if total is None:
         missing = sorted({s.phase for s in steps if s.op == "capture" and _lookup(per_graph, s.phase, kinds) is None})
-        items.append(DeviceCost(name="graph-exec", provenance="unknown",
-                                source=f"{calibration.source} measured no phase like {', '.join(missing)}: {how}"))
+        items.append(
+            DeviceCost(
+                name="graph-exec",
+                provenance="unknown",
+                source=f"{calibration.source} measured no phase like {', '.join(missing)}: {how}",
+            )
+        )
     else:
-        items.append(DeviceCost(name="graph-exec", bytes=int(round(total)), provenance="measured",
-                                source=f"{calibration.source} ({calibration.device}): per graph, per phase"))
+        items.append(
+            DeviceCost(
+                name="graph-exec",
+                bytes=int(round(total)),
+                provenance="measured",
+                source=f"{calibration.source} ({calibration.device}): per graph, per phase",
+            )
+        )
     known = [i.bytes for i in items]
     total = sum(known) if all(b is not None for b in known) else None
     top = None
@@ -210,5 +274,9 @@ def device_prediction(pool: int, hoisted: int, steps: list[Step], kinds: dict[st
         # the workspace and other allocator memory; pool_after holds the pools and hoisted bytes
         fixed = total - pool - hoisted - next(i.bytes for i in items if i.name == "graph-exec")
         top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed)
-    return DevicePrediction(device=calibration.device, items=items, total_bytes=total,
-                            **({"peak_bytes": max(top, total)} if top is not None else {}))
+    return DevicePrediction(
+        device=calibration.device,
+        items=items,
+        total_bytes=total,
+        **({"peak_bytes": max(top, total)} if top is not None else {}),
+    )

@@ -22,12 +22,16 @@ from .resources import data
 
 __all__ = ["fidelity", "REFERENCE", "TRACE_COMMANDS"]
 
-REFERENCE = ("capture-plan's reference decode step and its speculative phases (capture_plan.references), "
-             "from the model's dimensions")
+REFERENCE = (
+    "capture-plan's reference decode step and its speculative phases (capture_plan.references), "
+    "from the model's dimensions"
+)
 #: the few-size trace that makes a prediction exact for the engine's own model
-TRACE_COMMANDS = ("record a few sizes of your own model on the GPU: `capture_plan.executor.profile(plan, target)` then "
-                  "`capture_plan.executor.write_trace(trace, 'trace.json')`, and build with `--trace trace.json` "
-                  "(or `capture_plan.adapters.startup.predict_startup(target, options)` at engine start-up)")
+TRACE_COMMANDS = (
+    "record a few sizes of your own model on the GPU: `capture_plan.executor.profile(plan, target)` then "
+    "`capture_plan.executor.write_trace(trace, 'trace.json')`, and build with `--trace trace.json` "
+    "(or `capture_plan.adapters.startup.predict_startup(target, options)` at engine start-up)"
+)
 
 
 def _nearest(model_type: str | None, moe: bool) -> tuple[str, dict]:
@@ -42,8 +46,9 @@ def _nearest(model_type: str | None, moe: bool) -> tuple[str, dict]:
     return next(iter(rows.items()))
 
 
-def fidelity(source: str, model: Model, from_config: bool, model_type: str | None,
-             describes_trace: str = "") -> tuple[str, str, str]:
+def fidelity(
+    source: str, model: Model, from_config: bool, model_type: str | None, describes_trace: str = ""
+) -> tuple[str, str, str]:
     """(fidelity, describes, caveat) of a plan predicted from ``source`` ("analytic" or "trace").
 
     ``from_config``: the dimensions came from a ``config.json`` (``model_type`` is its)."""
@@ -53,12 +58,14 @@ def fidelity(source: str, model: Model, from_config: bool, model_type: str | Non
     if not from_config and not moe:
         return "reference", REFERENCE, ""
     name, row = _nearest(model_type, moe)
-    why = (f"model {model_type!r} from its config.json" if from_config else "MoE dimensions") + \
-          ", which the reference does not implement as an engine does"
-    caveat = (f"approximate: the figures describe the reference, not the engine's code ({why}); for the nearest "
-              f"benchmarked architecture, {name} in transformers, the analytic pool was {row['error']:+.0%} off "
-              f"({row['predicted_mib']} MiB predicted, {row['measured_mib']} measured); to make it exact, "
-              + TRACE_COMMANDS)
+    why = (
+        f"model {model_type!r} from its config.json" if from_config else "MoE dimensions"
+    ) + ", which the reference does not implement as an engine does"
+    caveat = (
+        f"approximate: the figures describe the reference, not the engine's code ({why}); for the nearest "
+        f"benchmarked architecture, {name} in transformers, the analytic pool was {row['error']:+.0%} off "
+        f"({row['predicted_mib']} MiB predicted, {row['measured_mib']} measured); to make it exact, " + TRACE_COMMANDS
+    )
     return "approximate", REFERENCE, caveat
 
 
@@ -72,6 +79,9 @@ def require_exact(plan, where: str) -> None:
     from capture_plan.schemas.errors import ConstraintError
 
     if plan.predicted.fidelity == "approximate":
-        raise ConstraintError("the prediction is approximate: " + plan.predicted.caveat.removeprefix("approximate: "),
-                              where=where, fix="build from a trace of the engine's own model "
-                              "(capture_plan.executor.profile, then --trace), or drop --require-exact")
+        raise ConstraintError(
+            "the prediction is approximate: " + plan.predicted.caveat.removeprefix("approximate: "),
+            where=where,
+            fix="build from a trace of the engine's own model "
+            "(capture_plan.executor.profile, then --trace), or drop --require-exact",
+        )

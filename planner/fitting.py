@@ -133,9 +133,11 @@ class _Run:
                 raise InputError(
                     f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
                     f"{dict(zip(xs, ys))} that no exact function a*round_up(bs, k) + b "
-                    f"(k in {list(ROUNDINGS)}) fits", where=where,
+                    f"(k in {list(ROUNDINGS)}) fits",
+                    where=where,
                     fix=f"record every planned size between {lo} and {hi} "
-                        f"(capture_plan.executor.profile(plan, target, sizes='all'))")
+                    f"(capture_plan.executor.profile(plan, target, sizes='all'))",
+                )
             # A size is elements * (per request * padded batch + fixed): the
             # fixed part is not negative. A fit with a negative intercept is a
             # coincidence of few samples (8192*bs also equals 8704*round_up(bs,
@@ -148,11 +150,17 @@ class _Run:
                     names = " and ".join(f"{a}*round_up(bs, {k}) + {b}" for k, a, b in fits)
                     raise InputError(
                         f"phase {phase!r}: allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both "
-                        f"{names}, which differ at bs {t}", where=where, fix=f"record size {t} as well")
+                        f"{names}, which differ at bs {t}",
+                        where=where,
+                        fix=f"record size {t} as well",
+                    )
                 (v,) = preds
                 if v < 0:
-                    raise InputError(f"phase {phase!r}: allocation #{j} fits a size of {v} B at bs {t}",
-                                     where=where, fix=f"record size {t}")
+                    raise InputError(
+                        f"phase {phase!r}: allocation #{j} fits a size of {v} B at bs {t}",
+                        where=where,
+                        fix=f"record size {t}",
+                    )
                 out[t].append(v)
         return out
 
@@ -170,13 +178,19 @@ def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], 
     if not missing:
         return PhaseFit(ops=ops, measured=tuple(sorted(ops)), derived=())
     if not recorded:
-        raise InputError(f"trace has no capture for phase {phase!r}", where=where,
-                         fix="record it with capture_plan.executor.profile for this spec")
+        raise InputError(
+            f"trace has no capture for phase {phase!r}",
+            where=where,
+            fix="record it with capture_plan.executor.profile for this spec",
+        )
     outside = [s for s in missing if s < recorded[0] or s > recorded[-1]]
     if outside:
-        raise InputError(f"phase {phase!r}: planned sizes {_fmt(outside)} lie outside the recorded sizes "
-                         f"{recorded[0]}..{recorded[-1]}; sizes are never extrapolated", where=where,
-                         fix=f"record sizes {min(missing)} and {max(missing)} as well")
+        raise InputError(
+            f"phase {phase!r}: planned sizes {_fmt(outside)} lie outside the recorded sizes "
+            f"{recorded[0]}..{recorded[-1]}; sizes are never extrapolated",
+            where=where,
+            fix=f"record sizes {min(missing)} and {max(missing)} as well",
+        )
     skel = {s: _skeleton(samples[s]) for s in recorded}
     # consecutive samples with the same event sequence form a run
     runs: list[list[int]] = [[recorded[0]]]
@@ -192,9 +206,11 @@ def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], 
                 f"phase {phase!r}: the captures at sizes {a} and {b} do not line up "
                 f"({len(skel[a[-1]][0])} vs {len(skel[b[0]][0])} events, first difference at event "
                 f"{_first_difference(skel[a[-1]][0], skel[b[0]][0])}): a kernel changes its allocations "
-                f"between {a[-1]} and {b[0]}, so sizes {_fmt(gap)} cannot be derived", where=where,
+                f"between {a[-1]} and {b[0]}, so sizes {_fmt(gap)} cannot be derived",
+                where=where,
                 fix=f"record the sizes between {a[-1]} and {b[0]} ({_fmt(gap)}), or enough of them that "
-                    f"each side has 3 aligned samples")
+                f"each side has 3 aligned samples",
+            )
     derived: list[int] = []
     for run in runs:
         targets = _between(missing, run[0], run[-1])
@@ -204,8 +220,10 @@ def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], 
             mid = targets[len(targets) // 2]
             raise InputError(
                 f"phase {phase!r}: sizes {_fmt(targets)} would be derived from the 2 samples {run} with none "
-                f"left to check the fit", where=where, fix=f"record one more size between {run[0]} and "
-                f"{run[-1]}, e.g. {mid}")
+                f"left to check the fit",
+                where=where,
+                fix=f"record one more size between {run[0]} and {run[-1]}, e.g. {mid}",
+            )
         r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run})
         for t, sizes in r.fit(targets, phase, where).items():
             ops[t] = _rebuild(r.shape, sizes)

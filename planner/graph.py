@@ -78,6 +78,7 @@ class Digraph:
                     heapq.heappush(ready, (key(child), index[child], child))
         return order if len(order) == len(self.nodes) else None
 
+
 _OP_RANK = {"provision": 0, "warmup": 1, "capture": 2}
 
 
@@ -108,8 +109,11 @@ def _raise_cycle(g: Digraph, what: str, locate=None) -> None:
     cycle = [tuple(e[:2]) for e in nx.find_cycle(ng)]
     rules = sorted({g.succ[u][v]["rule"] for u, v in cycle})
     path = " -> ".join([cycle[0][0]] + [v for _, v in cycle])
-    raise ConstraintError(f"rules in conflict: {', '.join(rules)} (they order {what} in a cycle: {path})",
-                          where=locate(*cycle[0]) if locate else "rules", fix="remove or relax one of these rules")
+    raise ConstraintError(
+        f"rules in conflict: {', '.join(rules)} (they order {what} in a cycle: {path})",
+        where=locate(*cycle[0]) if locate else "rules",
+        fix="remove or relax one of these rules",
+    )
 
 
 def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | None = None) -> list[str]:
@@ -126,6 +130,7 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | No
             g.add_edge(dep, p.name, rule=f"after:{p.name}")
     order = g.topological_order(key=lambda n: (-weight[n], index[n]))
     if order is None:
+
         def locate(dep: str, name: str) -> str:  # the edge dep -> name is phases[name].after's entry dep
             i = index[name]
             return f"{source or 'spec'}: $.phases[{i}].after[{phases[i].after.index(dep)}]"
@@ -171,9 +176,15 @@ class StepGraph:
         return sorted(out, key=lambda e: (index[e.dst], index[e.src], e.rule))
 
 
-def build_steps(phases: dict[str, Phase], sequence: list[str], strategies: dict[str, Strategy],
-                order_rule: dict[str, str], warmup_rule: dict[str, str], hoist_rule: dict[str, str],
-                forced: dict[str, list[tuple[str, str]]]) -> StepGraph:
+def build_steps(
+    phases: dict[str, Phase],
+    sequence: list[str],
+    strategies: dict[str, Strategy],
+    order_rule: dict[str, str],
+    warmup_rule: dict[str, str],
+    hoist_rule: dict[str, str],
+    forced: dict[str, list[tuple[str, str]]],
+) -> StepGraph:
     """The full step graph for chosen strategies.
 
     ``forced`` holds, per phase, (order, rule) pairs that rules or pins demand

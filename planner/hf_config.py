@@ -42,8 +42,15 @@ from capture_plan.schemas.spec import Model
 
 from .resources import data
 
-__all__ = ["model_from_config", "read_model_config", "architectures", "ArchitecturesFile", "ModelType", "Combined",
-           "DIMENSIONS"]
+__all__ = [
+    "model_from_config",
+    "read_model_config",
+    "architectures",
+    "ArchitecturesFile",
+    "ModelType",
+    "Combined",
+    "DIMENSIONS",
+]
 
 DIMENSIONS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
 _MOE = ("experts", "experts_per_token", "expert_intermediate", "shared_expert_intermediate")
@@ -113,8 +120,9 @@ def architectures() -> ArchitecturesFile:
         for f in DIMENSIONS + _MOE:
             k = getattr(mt, f)
             if isinstance(k, Combined) and (k.sum is None) == (k.product is None):
-                raise RuntimeError(f"planner/data/architectures.toml: model_types.{name}.{f}: "
-                                   "give exactly one of sum and product")
+                raise RuntimeError(
+                    f"planner/data/architectures.toml: model_types.{name}.{f}: give exactly one of sum and product"
+                )
     return table
 
 
@@ -133,9 +141,12 @@ class _Config:
                 continue
             if canon in self.values and self.values[canon] != self.values[alias]:
                 other = self.spelled[canon]  # the canonical key, or an earlier alias of it
-                raise InputError(f"{alias} = {self.values[alias]!r:.40} and {other} = {self.values[canon]!r:.40} "
-                                 f"disagree (transformers reads {alias} as {canon})", where=self.at(alias),
-                                 fix=f"keep one of {alias} and {other}")
+                raise InputError(
+                    f"{alias} = {self.values[alias]!r:.40} and {other} = {self.values[canon]!r:.40} "
+                    f"disagree (transformers reads {alias} as {canon})",
+                    where=self.at(alias),
+                    fix=f"keep one of {alias} and {other}",
+                )
             if canon not in self.values:
                 self.values[canon] = self.values[alias]
                 self.spelled[canon] = alias
@@ -146,8 +157,11 @@ class _Config:
     def missing(self, key: str, field: str) -> InputError:
         also = self.others.get(key)
         also_text = f"; also read as {' or '.join(also)}" if also else ""
-        return InputError(f"missing field {key} (the model's {field.replace('_', ' ')}{also_text})", where=self.at(key),
-                          fix=f"add {key} to the config, or list the dimensions in [model]")
+        return InputError(
+            f"missing field {key} (the model's {field.replace('_', ' ')}{also_text})",
+            where=self.at(key),
+            fix=f"add {key} to the config, or list the dimensions in [model]",
+        )
 
     def positive(self, key: str, field: str) -> int:
         v = self.values[key]
@@ -176,8 +190,11 @@ def _dimension(c: _Config, key: Key, field: str) -> int | None:
     top = architectures().max[field]
     if v > top:
         spelled = " + ".join(keys) if isinstance(key, Combined) and key.sum else " * ".join(keys)
-        raise InputError(f"{spelled} = {v} is absurd (more than {top})", where=c.at(keys[-1]),
-                         fix="check that this is the model's config.json")
+        raise InputError(
+            f"{spelled} = {v} is absurd (more than {top})",
+            where=c.at(keys[-1]),
+            fix="check that this is the model's config.json",
+        )
     return v
 
 
@@ -185,22 +202,32 @@ def _text_config(cfg: dict, table: ArchitecturesFile, where: str) -> tuple[dict,
     """(the decoder's config, its model_type, the JSON path prefix of its keys)."""
     mt = cfg.get("model_type")
     if mt is None:
-        raise InputError("missing field model_type", where=f"{where}: $.model_type",
-                         fix="use the model's own config.json")
+        raise InputError(
+            "missing field model_type", where=f"{where}: $.model_type", fix="use the model's own config.json"
+        )
     if not isinstance(mt, str):  # a list or object here was an internal error (unhashable)
-        raise InputError(f"model_type must be a string, got {mt!r:.60}", where=f"{where}: $.model_type",
-                         fix="use the model's own config.json")
+        raise InputError(
+            f"model_type must be a string, got {mt!r:.60}",
+            where=f"{where}: $.model_type",
+            fix="use the model's own config.json",
+        )
     wrapper = table.wrappers.get(mt)
     if wrapper is None:
         return cfg, mt, ""
     text = cfg.get("text_config")
     if not isinstance(text, dict):
-        raise InputError(f"a {mt} config keeps its decoder's dimensions in text_config, got {text!r:.60}",
-                         where=f"{where}: $.text_config", fix="use the model's own config.json")
+        raise InputError(
+            f"a {mt} config keeps its decoder's dimensions in text_config, got {text!r:.60}",
+            where=f"{where}: $.text_config",
+            fix="use the model's own config.json",
+        )
     inner = text.get("model_type", wrapper.model_type)
     if not isinstance(inner, str):
-        raise InputError(f"model_type must be a string, got {inner!r:.60}", where=f"{where}: $.text_config.model_type",
-                         fix="use the model's own config.json")
+        raise InputError(
+            f"model_type must be a string, got {inner!r:.60}",
+            where=f"{where}: $.text_config.model_type",
+            fix="use the model's own config.json",
+        )
     return text, inner, "text_config."
 
 
@@ -212,16 +239,24 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
     outer = cfg
     cfg, mt, prefix = _text_config(cfg, table, where)
     if mt in table.unsupported:
-        raise InputError(f"model_type {mt!r} is not supported: {table.unsupported[mt]}",
-                         where=f"{where}: $.{prefix}model_type", fix="list the dimensions in [model] instead of config")
+        raise InputError(
+            f"model_type {mt!r} is not supported: {table.unsupported[mt]}",
+            where=f"{where}: $.{prefix}model_type",
+            fix="list the dimensions in [model] instead of config",
+        )
     types = table.model_types
     if mt not in types:
-        raise InputError(f"unknown model_type {mt!r}; known: {', '.join(sorted(types))}",
-                         where=f"{where}: $.{prefix}model_type", fix="list the dimensions in [model] instead of config")
+        raise InputError(
+            f"unknown model_type {mt!r}; known: {', '.join(sorted(types))}",
+            where=f"{where}: $.{prefix}model_type",
+            fix="list the dimensions in [model] instead of config",
+        )
     kind = types[mt]
     c = _Config(cfg, {**table.aliases, **kind.aliases}, where, prefix)
-    keys: dict[str, Key] = {**table.fields, **{f: getattr(kind, f) for f in DIMENSIONS + _MOE
-                                               if getattr(kind, f) is not None}}
+    keys: dict[str, Key] = {
+        **table.fields,
+        **{f: getattr(kind, f) for f in DIMENSIONS + _MOE if getattr(kind, f) is not None},
+    }
     out: dict = {}
     for f in DIMENSIONS + _MOE:
         key = keys.get(f)
@@ -233,29 +268,40 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
                 v = out["heads"]  # Hugging Face's default: multi-head attention
             elif f == "head_dim":
                 if out["hidden"] % out["heads"]:
-                    raise InputError(f"hidden_size {out['hidden']} is not a multiple of num_attention_heads "
-                                     f"{out['heads']} and head_dim is missing", where=c.at("head_dim"))
+                    raise InputError(
+                        f"hidden_size {out['hidden']} is not a multiple of num_attention_heads "
+                        f"{out['heads']} and head_dim is missing",
+                        where=c.at("head_dim"),
+                    )
                 v = out["hidden"] // out["heads"]
             else:
                 raise c.missing(key, f)
         out[f] = v
     if out["heads"] % out["kv_heads"]:
-        raise InputError(f"num_attention_heads {out['heads']} is not a multiple of num_key_value_heads "
-                         f"{out['kv_heads']}", where=c.at(_last(keys["kv_heads"])))
+        raise InputError(
+            f"num_attention_heads {out['heads']} is not a multiple of num_key_value_heads {out['kv_heads']}",
+            where=c.at(_last(keys["kv_heads"])),
+        )
     if "experts" in out and out["experts_per_token"] > out["experts"]:
         per, n = (c.spelled.get(_last(keys[f]), _last(keys[f])) for f in ("experts_per_token", "experts"))
-        raise InputError(f"{per} {out['experts_per_token']} exceeds {n} {out['experts']}",
-                         where=c.at(_last(keys["experts_per_token"])))
+        raise InputError(
+            f"{per} {out['experts_per_token']} exceeds {n} {out['experts']}",
+            where=c.at(_last(keys["experts_per_token"])),
+        )
     if "dtype" not in c.values and prefix:  # a multimodal config's text_config without one: the outer config's
         c = _Config(outer, table.aliases, where, "")
     dtype = c.values.get("dtype")
     if dtype is None:
-        raise InputError("missing field dtype (or torch_dtype)", where=c.at("dtype"),
-                         fix='add "dtype": "bfloat16" (the dtype the engine runs)')
+        raise InputError(
+            "missing field dtype (or torch_dtype)",
+            where=c.at("dtype"),
+            fix='add "dtype": "bfloat16" (the dtype the engine runs)',
+        )
     name = str(dtype).removeprefix("torch.")
     if name not in table.dtypes:
-        raise InputError(f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(table.dtypes))}",
-                         where=c.at("dtype"))
+        raise InputError(
+            f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(table.dtypes))}", where=c.at("dtype")
+        )
     out["dtype_bytes"] = table.dtypes[name]
     model_name = base.name if base.name != Model().name else mt
     return msgspec.structs.replace(base, name=model_name, **out)
@@ -271,16 +317,21 @@ def read_model_config(model: Model, spec_path: Path | None, spec_name: str) -> t
         return model, None, b""
     listed = [f for f in DIMENSIONS + ("dtype_bytes",) if getattr(model, f) != getattr(Model(), f)]
     if listed:
-        raise InputError(f"[model] names a config and also lists {', '.join(listed)}",
-                         where=f"{spec_name}: $.model.config", fix="keep one: the config or the dimensions")
+        raise InputError(
+            f"[model] names a config and also lists {', '.join(listed)}",
+            where=f"{spec_name}: $.model.config",
+            fix="keep one: the config or the dimensions",
+        )
     base = spec_path.parent if spec_path is not None else Path.cwd()
     path = base / model.config
     try:
         os.stat(path)
     except (OSError, ValueError) as err:
-        raise InputError(f"cannot read model config {model.config!r}: {getattr(err, 'strerror', None) or err}",
-                         where=f"{spec_name}: $.model.config",
-                         fix="the path is relative to the spec file") from None
+        raise InputError(
+            f"cannot read model config {model.config!r}: {getattr(err, 'strerror', None) or err}",
+            where=f"{spec_name}: $.model.config",
+            fix="the path is relative to the spec file",
+        ) from None
     # like every input: a regular file within a size limit (a FIFO hung the build, /dev/zero filled memory)
     raw = read_input(path, "config", fix="point [model] config at the model's config.json")
     try:

@@ -60,14 +60,16 @@ def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str,
         if axis not in AXIS_VALUES:
             raise InputError(f"unknown strategy axis {axis!r}", where=where, fix=f"use one of {', '.join(AXES)}")
         if value not in AXIS_VALUES[axis]:
-            raise InputError(f"unknown value {value!r} for {axis}", where=where,
-                             fix=f"use one of {', '.join(AXIS_VALUES[axis])}")
+            raise InputError(
+                f"unknown value {value!r} for {axis}", where=where, fix=f"use one of {', '.join(AXIS_VALUES[axis])}"
+            )
         pinned = out.setdefault(target, {})
         if pinned.get(axis, value) != value:
             # the plan records its pins sorted, so "last one wins" would rebuild another plan
             scope = f"{target}.{axis}" if target is not None else axis
-            raise InputError(f"{scope} is pinned twice, to {pinned[axis]} and to {value}", where=where,
-                             fix=f"pin {scope} once")
+            raise InputError(
+                f"{scope} is pinned twice, to {pinned[axis]} and to {value}", where=where, fix=f"pin {scope} once"
+            )
         pinned[axis] = value
     return out
 
@@ -108,8 +110,9 @@ def _candidates(phase: Phase, pb: Problem) -> list[Strategy]:
     # Hoisting makes the engine refresh the workspace before every replay (host
     # time on the hot path) and saves at most the workspace's few KiB, so it
     # is considered only where a rule asks for it or a pin names it.
-    asked = any(c.workspace for r in pb.rules[phase.name] for c in r.require) or \
-        "workspace" in _pinned(phase.name, pb.pins)
+    asked = any(c.workspace for r in pb.rules[phase.name] for c in r.require) or "workspace" in _pinned(
+        phase.name, pb.pins
+    )
     if pb.backend.workspace is None or not asked:
         values["workspace"] = ("pool",)
     if len(pb.phases) == 1:
@@ -126,33 +129,46 @@ def _preference(rules: list[Rule], base: Choice) -> dict[str, str]:
     return pref
 
 
-def _check_pins(phase: Phase, pins: dict[str, str], cands: list[Strategy], rules: list[Rule], pb: Problem,
-                options: list[Strategy]) -> None:
+def _check_pins(
+    phase: Phase, pins: dict[str, str], cands: list[Strategy], rules: list[Rule], pb: Problem, options: list[Strategy]
+) -> None:
     where = "--strategy " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
     if pins.get("workspace") == "hoisted" and pb.backend.workspace is None:
         raise ConstraintError(f"phase {phase.name!r}: this backend has no workspace to hoist", where=where)
     if not cands:  # e.g. pool=own in a one-phase spec: there is no other pool to keep apart from
         offered = "; ".join(f"{ax}: {', '.join(sorted({str(getattr(s, ax)) for s in options}))}" for ax in sorted(pins))
-        raise ConstraintError(f"phase {phase.name!r} has no strategy with {where[len('--strategy '):]} "
-                              f"(its options: {offered})", where=where, fix="drop the pin or pin one of the options")
+        raise ConstraintError(
+            f"phase {phase.name!r} has no strategy with {where[len('--strategy ') :]} (its options: {offered})",
+            where=where,
+            fix="drop the pin or pin one of the options",
+        )
     if all(violated(s, rules) for s in cands):
         broken = sorted({rid for s in cands for rid in violated(s, rules)})
-        reqs = "; ".join(f"{r.id} requires {' or '.join(choice_label(c) for c in r.require)}"
-                         for r in rules if r.id in broken)
-        raise ConstraintError(f"breaks rule {', '.join(broken)} for phase {phase.name!r} ({reqs})", where=where,
-                              fix="drop the pin or pin a value the rule allows")
+        reqs = "; ".join(
+            f"{r.id} requires {' or '.join(choice_label(c) for c in r.require)}" for r in rules if r.id in broken
+        )
+        raise ConstraintError(
+            f"breaks rule {', '.join(broken)} for phase {phase.name!r} ({reqs})",
+            where=where,
+            fix="drop the pin or pin a value the rule allows",
+        )
 
 
 def _warmup(phase: Phase, rules: list[Rule], pins: dict[str, str]) -> str:
     """Fewest warm-ups the rules allow: warm-ups cost time, never pool memory."""
+
     def allowed(value: str) -> bool:
         return all(any(c.warmup in (None, value) for c in r.require) for r in rules if r.require)
+
     for value in ("once-per-phase", "every-size"):
         if pins.get("warmup", value) == value and allowed(value):
             return value
     blocking = ", ".join(r.id for r in rules if any(c.warmup for c in r.require))
-    raise ConstraintError(f"breaks rule {blocking} for phase {phase.name!r}",
-                          where=f"--strategy warmup={pins.get('warmup')}", fix="drop the pin")
+    raise ConstraintError(
+        f"breaks rule {blocking} for phase {phase.name!r}",
+        where=f"--strategy warmup={pins.get('warmup')}",
+        fix="drop the pin",
+    )
 
 
 def screened(sizes: list[int], limit: int | None) -> list[int]:
@@ -165,8 +181,11 @@ def screened(sizes: list[int], limit: int | None) -> list[int]:
 
 
 def _hoisted(strategies: dict[str, Strategy], pb: Problem) -> int:
-    return sum(workspace_bytes(pb.backend, max(p.sizes), p.tokens_per_request)
-               for p in pb.phases if strategies[p.name].workspace == "hoisted")
+    return sum(
+        workspace_bytes(pb.backend, max(p.sizes), p.tokens_per_request)
+        for p in pb.phases
+        if strategies[p.name].workspace == "hoisted"
+    )
 
 
 def optimize(pb: Problem) -> Solution:
@@ -184,9 +203,11 @@ def optimize(pb: Problem) -> Solution:
         ok = [s for s in pinned if not violated(s, rules)]
         if not ok:
             broken = sorted({rid for s in allc for rid in violated(s, rules)})
-            raise ConstraintError(f"rules in conflict for phase {p.name!r}: {', '.join(broken)}; "
-                                  "no strategy satisfies all of them", where=f"phase {p.name}",
-                                  fix="remove or relax one of these rules in the spec")
+            raise ConstraintError(
+                f"rules in conflict for phase {p.name!r}: {', '.join(broken)}; no strategy satisfies all of them",
+                where=f"phase {p.name}",
+                fix="remove or relax one of these rules in the spec",
+            )
         cands[p.name], feasible[p.name] = allc, ok
         prefs[p.name] = _preference(rules, Choice(**{ax: getattr(pb.baseline, ax) for ax in MEMORY_AXES}))
 
@@ -229,7 +250,7 @@ def optimize(pb: Problem) -> Solution:
             for bs in sorted(captures_for[n], reverse=st.order == "largest-first"):
                 run.capture(n, bs, st)
             if k + 1 < len(members):
-                prefixes[(members[:k + 1], guarded)] = run.copy()
+                prefixes[(members[: k + 1], guarded)] = run.copy()
         for key, mark in starts:
             tails[key] = run.since(mark) if hit is None else run.since(mark).then(hit)
         return run.result() if hit is None else run.result_with(hit)
@@ -240,12 +261,12 @@ def optimize(pb: Problem) -> Solution:
         # trying a strategy for a phase with its own pool never re-simulates
         # the shared one.
         if members not in memo:
-            seq = [(n, bs) for n, st in members
-                   for bs in sorted(captures_for[n], reverse=st.order == "largest-first")]
+            seq = [(n, bs) for n, st in members for bs in sorted(captures_for[n], reverse=st.order == "largest-first")]
             sim = simulate_pool(members)
             memo[members] = (sim.pool_bytes, len(sim.hazards))
-            if len(members) == len(pb.sequence) and all(len(captures_for[n]) == len(by_name[n].sizes)
-                                                       for n, _ in members):
+            if len(members) == len(pb.sequence) and all(
+                len(captures_for[n]) == len(by_name[n].sizes) for n, _ in members
+            ):
                 sims[members] = (tuple(seq), sim)  # every phase, every size: a whole plan's simulation
         return memo[members]
 
@@ -274,61 +295,94 @@ def optimize(pb: Problem) -> Solution:
             break
 
     if cost(current)[0]:
-        raise ConstraintError("every schedule the rules allow overwrites outputs that must outlive other "
-                              "phases' replays", where="phases " + ", ".join(sorted(protect)),
-                              fix="allow pool=own for those phases")
+        raise ConstraintError(
+            "every schedule the rules allow overwrites outputs that must outlive other phases' replays",
+            where="phases " + ", ".join(sorted(protect)),
+            fix="allow pool=own for those phases",
+        )
     decisions: list[Decision] = []
     for n in pb.sequence:
         decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, len(captures_for[n])))
     return Solution(strategies=current, decisions=decisions, sims=sims)
 
 
-def _explain_phase(phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost,
-                   compared: int) -> list[Decision]:
+def _explain_phase(
+    phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost, compared: int
+) -> list[Decision]:
     rules = pb.rules[phase.name]
     pins = _pinned(phase.name, pb.pins)
     chosen = current[phase.name]
     alts = []
     for s in cands:
         v = violated(s, rules)
-        pin_broken = [f"--strategy {ax}={val}" for ax, val in pins.items()
-                      if ax in MEMORY_AXES and getattr(s, ax) != val]
+        pin_broken = [
+            f"--strategy {ax}={val}" for ax, val in pins.items() if ax in MEMORY_AXES and getattr(s, ax) != val
+        ]
         hazard, total = cost({**current, phase.name: s})[:2]
         v = v + (["output-overlap"] if hazard else [])
-        alts.append(Alternative(strategy=s, pool_bytes=total, feasible=not v and not pin_broken,
-                                violates=v + pin_broken))
+        alts.append(
+            Alternative(strategy=s, pool_bytes=total, feasible=not v and not pin_broken, violates=v + pin_broken)
+        )
     alts.sort(key=lambda a: (not a.feasible, a.pool_bytes, a.strategy.label()))
     chosen_bytes = cost(current)[1]
     runner = next((a for a in alts if a.feasible and a.strategy != chosen), None)
     why = f"lowest predicted total of {len([a for a in alts if a.feasible])} feasible strategies: {mib(chosen_bytes)}"
     if runner is not None:
         why += f"; next best {runner.strategy.label()} at {mib(runner.pool_bytes)}"
-    why += "; " + ("views allowed: outputs are consumed before the next replay"
-                   if phase.output_lifetime == "next-replay" else "outputs must survive other phases' replays")
+    why += "; " + (
+        "views allowed: outputs are consumed before the next replay"
+        if phase.output_lifetime == "next-replay"
+        else "outputs must survive other phases' replays"
+    )
     if compared < len(phase.sizes):
-        why += (f"; strategies compared on {compared} of {len(phase.sizes)} sizes (evenly spread), so the "
-                "alternatives' bytes are estimates; the plan's prediction simulates every size")
+        why += (
+            f"; strategies compared on {compared} of {len(phase.sizes)} sizes (evenly spread), so the "
+            "alternatives' bytes are estimates; the plan's prediction simulates every size"
+        )
     required = [r for r in rules if r.require]
-    out = [Decision(phase=phase.name, rule="optimizer", constraint="; ".join(
-        f"{r.id}: {' | '.join(choice_label(c) for c in r.require)}" for r in required) or "none",
-        choice=chosen.label(), why=why, alternatives=alts, sizes_compared=compared)]
+    out = [
+        Decision(
+            phase=phase.name,
+            rule="optimizer",
+            constraint="; ".join(f"{r.id}: {' | '.join(choice_label(c) for c in r.require)}" for r in required)
+            or "none",
+            choice=chosen.label(),
+            why=why,
+            alternatives=alts,
+            sizes_compared=compared,
+        )
+    ]
     for r in required:
         met = [c for c in r.require if satisfies(chosen, c)]
         parts = []
         for c in r.require:
-            best = min((a for a in alts if a.feasible and satisfies(a.strategy, c)), key=lambda a: a.pool_bytes,
-                       default=None)
+            best = min(
+                (a for a in alts if a.feasible and satisfies(a.strategy, c)), key=lambda a: a.pool_bytes, default=None
+            )
             parts.append(f"{choice_label(c)}: " + (mib(best.pool_bytes) if best else "no feasible schedule"))
-        out.append(Decision(phase=phase.name, rule=r.id,
-                            constraint=" | ".join(choice_label(c) for c in r.require),
-                            choice=" and ".join(choice_label(c) for c in met),
-                            why=f"{r.why}. Cheapest way to meet each alternative: " + "; ".join(parts)))
+        out.append(
+            Decision(
+                phase=phase.name,
+                rule=r.id,
+                constraint=" | ".join(choice_label(c) for c in r.require),
+                choice=" and ".join(choice_label(c) for c in met),
+                why=f"{r.why}. Cheapest way to meet each alternative: " + "; ".join(parts),
+            )
+        )
     warm_rules = [r.id for r in rules if any(c.warmup for c in r.require)]
-    out.append(Decision(phase=phase.name, rule=",".join(warm_rules) or "warmup",
-                        constraint="warm-up at every size" if warm_rules else "none",
-                        choice=f"warmup={chosen.warmup}",
-                        why=("kernels autotune or JIT per shape" if chosen.warmup == "every-size"
-                             else "no per-shape compilation: one eager run at the largest size before the "
-                                  "phase's first capture suffices, saving "
-                                  f"{len(phase.sizes) - 1} warm-up runs")))
+    out.append(
+        Decision(
+            phase=phase.name,
+            rule=",".join(warm_rules) or "warmup",
+            constraint="warm-up at every size" if warm_rules else "none",
+            choice=f"warmup={chosen.warmup}",
+            why=(
+                "kernels autotune or JIT per shape"
+                if chosen.warmup == "every-size"
+                else "no per-shape compilation: one eager run at the largest size before the "
+                "phase's first capture suffices, saving "
+                f"{len(phase.sizes) - 1} warm-up runs"
+            ),
+        )
+    )
     return out

@@ -121,9 +121,11 @@ def _title(old: Plan | None, new: Plan) -> str:
 
     if old is None:
         p = new.predicted
-        return (f"{new.name}: predicted {_mib(total(new))} "
-                f"(pools {_mib(p.pool_bytes)} + hoisted {_mib(p.hoisted_bytes)}), "
-                f"engines' loop {_mib(p.baseline_bytes)}")
+        return (
+            f"{new.name}: predicted {_mib(total(new))} "
+            f"(pools {_mib(p.pool_bytes)} + hoisted {_mib(p.hoisted_bytes)}), "
+            f"engines' loop {_mib(p.baseline_bytes)}"
+        )
     return f"{old.name} \u2192 {new.name}: predicted total {change_text(total(old), total(new))}"
 
 
@@ -148,6 +150,7 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
     check_plot_path(path, where)
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FuncFormatter
@@ -162,13 +165,15 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
     series_old = pool_series(old) if old is not None else {}
     names = sorted(set(series_new) | set(series_old))
     colors = {n: f"C{i}" for i, n in enumerate(names)}
+
     # the old plan's captures at the new one's positions (capture i of each); beyond them, one apart
     def x_at(i: int) -> float:
         return xs[i] if i < len(xs) else (xs[-1] if xs else -1) + 1 + i - len(xs)
 
     # svg.fonttype none: text stays text (searchable, editable in a review tool), not glyph paths
-    with matplotlib.rc_context({"svg.hashsalt": "capture-plan", "svg.fonttype": "none", "font.size": 9,
-                                "axes.titlesize": 11}):
+    with matplotlib.rc_context(
+        {"svg.hashsalt": "capture-plan", "svg.fonttype": "none", "font.size": 9, "axes.titlesize": 11}
+    ):
         fig, ax = plt.subplots(figsize=(SIZE_PX[0] / _DPI, SIZE_PX[1] / _DPI), dpi=_DPI, layout="constrained")
         peak = max([new.predicted.pool_bytes] + ([old.predicted.pool_bytes] if old else []))
         top = max(peak, (budget_mib or 0) * MiB)
@@ -181,12 +186,25 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
             if len(series) > 1:
                 # the sum under the pools, wider and grey: where one pool is all of it, both show
                 totals = [sum(v) for v in zip(*series.values())]
-                ax.step(x, [y / MiB for y in totals], where="post", color="0.3", zorder=2,
-                        **{**style, "linewidth": style["linewidth"] * 2.2, "alpha": 0.45},
-                        label=f"{tag}all pools: {_mib(totals[-1] if totals else 0)}")
+                ax.step(
+                    x,
+                    [y / MiB for y in totals],
+                    where="post",
+                    color="0.3",
+                    zorder=2,
+                    **{**style, "linewidth": style["linewidth"] * 2.2, "alpha": 0.45},
+                    label=f"{tag}all pools: {_mib(totals[-1] if totals else 0)}",
+                )
             for name, ys in series.items():
-                ax.step(x, [y / MiB for y in ys], where="post", color=colors[name], zorder=3, **style,
-                        label=f"{tag}pool {name}: {_mib(ys[-1] if ys else 0)}")
+                ax.step(
+                    x,
+                    [y / MiB for y in ys],
+                    where="post",
+                    color=colors[name],
+                    zorder=3,
+                    **style,
+                    label=f"{tag}pool {name}: {_mib(ys[-1] if ys else 0)}",
+                )
 
         if old is not None:
             draw(old, series_old, True)
@@ -194,26 +212,35 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
 
         # phases as bands, labelled inside at the top
         for i, (phase, first, last) in enumerate(_phase_runs(caps)):
-            ax.axvspan(xs[first] - 0.5, xs[last] + 0.5, color="0.92" if i % 2 == 0 else "0.96", zorder=0,
-                       linewidth=0)
-            sizes = [bs for _, bs in caps[first:last + 1]]
+            ax.axvspan(xs[first] - 0.5, xs[last] + 0.5, color="0.92" if i % 2 == 0 else "0.96", zorder=0, linewidth=0)
+            sizes = [bs for _, bs in caps[first : last + 1]]
             ph = next((p for p in new.phases if p.name == phase), None)
             detail = f"{ph.pool} pool, {ph.strategy.order}" if ph is not None else ""
-            ax.text((xs[first] + xs[last]) / 2, 0.985,
-                    f"{phase}\n{len(sizes)} sizes, bs {sizes[0]}\u2192{sizes[-1]}\n{detail}",
-                    transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=8, color="0.2",
-                    linespacing=1.3)
+            ax.text(
+                (xs[first] + xs[last]) / 2,
+                0.985,
+                f"{phase}\n{len(sizes)} sizes, bs {sizes[0]}\u2192{sizes[-1]}\n{detail}",
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="top",
+                fontsize=8,
+                color="0.2",
+                linespacing=1.3,
+            )
 
         # the engines' loop and the budget as lines; the loop's peak may be far above the plan's
         ax.set_ylim(0, top * 1.4 / MiB if top else 1)
         base = new.predicted.baseline_bytes
         ratio = base / new.predicted.pool_bytes if new.predicted.pool_bytes else 0
         if base / MiB <= ax.get_ylim()[1]:
-            ax.axhline(base / MiB, color="0.4", linestyle=":", linewidth=1.6,
-                       label=f"engines' loop peak: {_mib(base)}")
+            ax.axhline(base / MiB, color="0.4", linestyle=":", linewidth=1.6, label=f"engines' loop peak: {_mib(base)}")
         else:
-            ax.plot([], [], " ", label=f"engines' loop peak: {_mib(base)}\n({ratio:.1f}x the plan's pools; "
-                                       "above this scale)")
+            ax.plot(
+                [],
+                [],
+                " ",
+                label=f"engines' loop peak: {_mib(base)}\n({ratio:.1f}x the plan's pools; above this scale)",
+            )
         if budget_mib is not None:
             ax.axhline(budget_mib, color="#c0392b", linewidth=1.6, label=f"budget: {budget_mib:,g} MiB")
 
@@ -226,8 +253,9 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
             old_caps = _captures(old)
             top_ax = ax.secondary_xaxis("top")
             old_ticks = _ticks(old_caps)
-            top_ax.set_xticks([x_at(t) for t in old_ticks], [str(old_caps[t][1]) for t in old_ticks], rotation=90,
-                              fontsize=7)
+            top_ax.set_xticks(
+                [x_at(t) for t in old_ticks], [str(old_caps[t][1]) for t in old_ticks], rotation=90, fontsize=7
+            )
             top_ax.set_xlabel(f"captures of {old.name} (old), batch sizes", fontsize=8)
         ax.set_ylabel("graph pool reserved, MiB (predicted)")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))

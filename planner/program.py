@@ -87,18 +87,26 @@ class Program(msgspec.Struct, frozen=True, dict=True):
         kind (built once)."""
         sections = (self.prologue, self.body, self.epilogue)
         kinds = {op.id: op.kind for section in sections for op in section if type(op) is Alloc}
-        pairs = [tuple((op.size, op.id) if type(op) is Alloc else (FREE, op.id) for op in section)
-                 for section in sections]
-        outputs = [frozenset(op.id for op in section if type(op) is Alloc and op.kind == "output")
-                   for section in sections]
+        pairs = [
+            tuple((op.size, op.id) if type(op) is Alloc else (FREE, op.id) for op in section) for section in sections
+        ]
+        outputs = [
+            frozenset(op.id for op in section if type(op) is Alloc and op.kind == "output") for section in sections
+        ]
         return Runnable(*pairs, kinds, *outputs)
 
     def without_workspace(self) -> Program:
         """This program less the backend workspace's allocations and their
         frees (a hoisted workspace lives outside the pool)."""
-        return Program(prologue=_without_workspace(self.prologue), body=_without_workspace(self.body),
-                       repeats=self.repeats, epilogue=_without_workspace(self.epilogue), carry_in=self.carry_in,
-                       carry_out=self.carry_out, carry_kind=self.carry_kind)
+        return Program(
+            prologue=_without_workspace(self.prologue),
+            body=_without_workspace(self.body),
+            repeats=self.repeats,
+            epilogue=_without_workspace(self.epilogue),
+            carry_in=self.carry_in,
+            carry_out=self.carry_out,
+            carry_kind=self.carry_kind,
+        )
 
     def flatten(self) -> list[Event]:
         """Every event in order, with ids made unique (for tests and inspection)."""

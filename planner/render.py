@@ -15,14 +15,14 @@ from capture_plan.schemas.units import mib
 __all__ = ["summary", "steps_table", "explain", "diff", "graph", "graph_phases", "timeline", "report_table"]
 
 
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
 
     def fmt(r: list[str]) -> str:
-        return "  ".join(str(x).rjust(w) if i and str(x)[:1].isdigit() else str(x).ljust(w)
-                         for i, (x, w) in enumerate(zip(r, widths))).rstrip()
+        return "  ".join(
+            str(x).rjust(w) if i and str(x)[:1].isdigit() else str(x).ljust(w)
+            for i, (x, w) in enumerate(zip(r, widths))
+        ).rstrip()
 
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
@@ -31,17 +31,21 @@ def summary(plan: Plan, path: str) -> str:
     p = plan.predicted
     caps = sum(s.op == "capture" for s in plan.steps)
     ratio = p.baseline_bytes / p.pool_bytes if p.pool_bytes else float("inf")
-    lines = [f"{path}: {caps} captures in {len(plan.phases)} phase(s), {p.warmup_runs} warm-up run(s); "
-             f"predicted pool {mib(p.pool_bytes, unit=False)} MiB ({p.source}, {p.allocator} allocator), "
-             f"largest graph alone {mib(p.largest_graph_bytes, unit=False)} MiB, hoisted {p.hoisted_bytes} B; "
-             f"baseline loop {mib(p.baseline_bytes, unit=False)} MiB ({ratio:.1f}x)"]
+    lines = [
+        f"{path}: {caps} captures in {len(plan.phases)} phase(s), {p.warmup_runs} warm-up run(s); "
+        f"predicted pool {mib(p.pool_bytes, unit=False)} MiB ({p.source}, {p.allocator} allocator), "
+        f"largest graph alone {mib(p.largest_graph_bytes, unit=False)} MiB, hoisted {p.hoisted_bytes} B; "
+        f"baseline loop {mib(p.baseline_bytes, unit=False)} MiB ({ratio:.1f}x)"
+    ]
     for ph in plan.phases:
         lines.append(f"  {ph.name}: {ph.strategy.label()} ({ph.pool} pool)")
     lines += device_lines(plan)
     derived = {n: s for n, s in p.samples.items() if s.derived}
     if derived:
-        lines.append("  trace sizes: " + "; ".join(f"{n} measured {s.measured}, {len(s.derived)} derived"
-                                                   for n, s in sorted(derived.items())))
+        lines.append(
+            "  trace sizes: "
+            + "; ".join(f"{n} measured {s.measured}, {len(s.derived)} derived" for n, s in sorted(derived.items()))
+        )
     return "\n".join(lines)
 
 
@@ -57,13 +61,17 @@ def device_lines(plan: Plan) -> list[str]:
     if dev is not None:
         parts = ", ".join(f"{i.name} {_item_mib(i.bytes)}" for i in dev.items)
         if dev.total_bytes is not None and dev.peak_bytes is not None:
-            out.append(f"  reserve for capture: {mib(dev.peak_bytes, unit=False)} MiB of free device memory (the "
-                       f"peak, a warm-up on top of the pools so far); {mib(dev.total_bytes, unit=False)} MiB stay "
-                       f"taken after capture on {dev.device} ({parts})")
+            out.append(
+                f"  reserve for capture: {mib(dev.peak_bytes, unit=False)} MiB of free device memory (the "
+                f"peak, a warm-up on top of the pools so far); {mib(dev.total_bytes, unit=False)} MiB stay "
+                f"taken after capture on {dev.device} ({parts})"
+            )
         elif dev.total_bytes is not None:
-            out.append(f"  reserve for capture: {mib(dev.total_bytes, unit=False)} MiB of free device memory "
-                       f"on {dev.device} ({parts}); the warm-ups' peak is unknown (the calibration report "
-                       "measured no warm-up scratch)")
+            out.append(
+                f"  reserve for capture: {mib(dev.total_bytes, unit=False)} MiB of free device memory "
+                f"on {dev.device} ({parts}); the warm-ups' peak is unknown (the calibration report "
+                "measured no warm-up scratch)"
+            )
         else:
             unknown = [i for i in dev.items if i.bytes is None]
             out.append(f"  reserve for capture: unknown ({parts} MiB); {unknown[0].name}: {unknown[0].source}")
@@ -78,8 +86,19 @@ def device_lines(plan: Plan) -> list[str]:
 
 def steps_table(plan: Plan) -> str:
     tl = {m.step: m for m in plan.predicted.timeline}
-    rows = [[str(s.index), s.op, s.phase, str(s.bs), s.pool or "-", s.outputs or "-",
-             mib(tl[s.index].reserved, unit=False), mib(tl[s.index].allocated, unit=False)] for s in plan.steps]
+    rows = [
+        [
+            str(s.index),
+            s.op,
+            s.phase,
+            str(s.bs),
+            s.pool or "-",
+            s.outputs or "-",
+            mib(tl[s.index].reserved, unit=False),
+            mib(tl[s.index].allocated, unit=False),
+        ]
+        for s in plan.steps
+    ]
     return _table(["#", "op", "phase", "bs", "pool", "outputs", "reserved MiB", "allocated MiB"], rows)
 
 
@@ -107,9 +126,12 @@ def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
     """Steps, strategies, decisions and predictions that differ; (text, differs)."""
     out: list[str] = []
     pa, pb = a.predicted, b.predicted
-    for label, x, y in [("pool", pa.pool_bytes, pb.pool_bytes), ("hoisted", pa.hoisted_bytes, pb.hoisted_bytes),
-                        ("largest graph", pa.largest_graph_bytes, pb.largest_graph_bytes),
-                        ("warm-up runs", pa.warmup_runs, pb.warmup_runs)]:
+    for label, x, y in [
+        ("pool", pa.pool_bytes, pb.pool_bytes),
+        ("hoisted", pa.hoisted_bytes, pb.hoisted_bytes),
+        ("largest graph", pa.largest_graph_bytes, pb.largest_graph_bytes),
+        ("warm-up runs", pa.warmup_runs, pb.warmup_runs),
+    ]:
         if x != y:
             unit = "" if label == "warm-up runs" else " MiB"
             fx, fy = (str(x), str(y)) if not unit else (mib(x, unit=False), mib(y, unit=False))
@@ -122,8 +144,11 @@ def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
             out.append(f"phase {name}: {sa.get(name, '(absent)')} -> {sb.get(name, '(absent)')}")
     da = [f"[{d.phase}] {d.rule}: {d.choice}" for d in a.decisions]
     db = [f"[{d.phase}] {d.rule}: {d.choice}" for d in b.decisions]
-    out += [ln for ln in difflib.unified_diff(da, db, f"{name_a} decisions", f"{name_b} decisions", lineterm="", n=0)
-            if not ln.startswith("@@")]
+    out += [
+        ln
+        for ln in difflib.unified_diff(da, db, f"{name_a} decisions", f"{name_b} decisions", lineterm="", n=0)
+        if not ln.startswith("@@")
+    ]
     ta = [f"{s.op} {s.phase} {s.bs} {s.pool} {s.outputs or '-'}" for s in a.steps]
     tb = [f"{s.op} {s.phase} {s.bs} {s.pool} {s.outputs or '-'}" for s in b.steps]
     out += [ln for ln in difflib.unified_diff(ta, tb, f"{name_a} steps", f"{name_b} steps", lineterm="", n=1)]
@@ -147,7 +172,7 @@ def graph(plan: Plan, fmt: str) -> str:
         return "\n".join(lines + ["}"])
     lines = ["flowchart LR"]
     lines += [f'  {ids[s.id]}["{s.id}"]' for s in plan.steps]
-    lines += [f'  {ids[e.src]} -->|{e.rule}| {ids[e.dst]}' for e in plan.edges]
+    lines += [f"  {ids[e.src]} -->|{e.rule}| {ids[e.dst]}" for e in plan.edges]
     return "\n".join(lines)
 
 
@@ -178,8 +203,12 @@ def _phase_nodes(plan: Plan) -> tuple[list[tuple[str, list[str]]], list[tuple[st
         caps = [s.bs for s in plan.steps if s.phase == name and s.op == "capture"]
         rules = inner.get(name, {})
         chain = ", ".join(rules.get("capture>capture", [])) or "-"
-        lines = [name, f"{len(caps)} captures, bs {caps[0]} \u2192 {caps[-1]}" if caps else "no captures",
-                 f"order {ph.strategy.order} ({chain})", f"pool {ph.pool}, outputs {ph.strategy.outputs}"]
+        lines = [
+            name,
+            f"{len(caps)} captures, bs {caps[0]} \u2192 {caps[-1]}" if caps else "no captures",
+            f"order {ph.strategy.order} ({chain})",
+            f"pool {ph.pool}, outputs {ph.strategy.outputs}",
+        ]
         for op, what in (("provision", "hoisted workspace"), ("warmup", "warm-up")):
             n = sum(1 for s in plan.steps if s.phase == name and s.op == op)
             if n:
@@ -196,9 +225,12 @@ def graph_phases(plan: Plan, fmt: str) -> str:
     nodes, edges = _phase_nodes(plan)
     ids = {name: f"p{i}" for i, (name, _) in enumerate(nodes)}
     if fmt == "dot":
-        out = [f"digraph {_dot_string(plan.name)} {{", "  rankdir=LR;",
-               '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=11];',
-               '  edge [fontname="Helvetica", fontsize=10];']
+        out = [
+            f"digraph {_dot_string(plan.name)} {{",
+            "  rankdir=LR;",
+            '  node [shape=box, style="rounded", fontname="Helvetica", fontsize=11];',
+            '  edge [fontname="Helvetica", fontsize=10];',
+        ]
         for name, lines in nodes:
             # \l ends each line left-aligned; each line escaped on its own
             label = '"' + "".join(_dot_string(line)[1:-1] + "\\l" for line in lines) + '"'
@@ -215,27 +247,42 @@ def graph_phases(plan: Plan, fmt: str) -> str:
 
 def timeline(plan: Plan) -> str:
     steps = {s.index: s for s in plan.steps}
-    rows = [[str(m.step), steps[m.step].id, mib(m.reserved, unit=False), mib(m.allocated, unit=False)]
-            for m in plan.predicted.timeline]
+    rows = [
+        [str(m.step), steps[m.step].id, mib(m.reserved, unit=False), mib(m.allocated, unit=False)]
+        for m in plan.predicted.timeline
+    ]
     return _table(["#", "step", "reserved MiB", "allocated MiB"], rows) + (
-        f"\npeak reserved {mib(plan.predicted.pool_bytes, unit=False)} MiB")
+        f"\npeak reserved {mib(plan.predicted.pool_bytes, unit=False)} MiB"
+    )
 
 
 def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
     rows = []
     for m in report.steps:
         delta = (m.reserved - m.predicted_reserved) / m.predicted_reserved if m.predicted_reserved else 0.0
-        rows.append([str(m.step), m.id, mib(m.predicted_reserved, unit=False), mib(m.reserved, unit=False),
-                     f"{delta:+.1%}", f"{m.seconds * 1e3:.1f}"])
-    head = (f"report for {report.plan} on {report.device} (torch {report.torch}, {report.backend_module}); "
-            f"capture {report.capture_seconds:.2f} s")
+        rows.append(
+            [
+                str(m.step),
+                m.id,
+                mib(m.predicted_reserved, unit=False),
+                mib(m.reserved, unit=False),
+                f"{delta:+.1%}",
+                f"{m.seconds * 1e3:.1f}",
+            ]
+        )
+    head = (
+        f"report for {report.plan} on {report.device} (torch {report.torch}, {report.backend_module}); "
+        f"capture {report.capture_seconds:.2f} s"
+    )
     if plan is not None and plan.digest != report.plan_digest:
         head += f"\nwarning: report was made from plan digest {report.plan_digest}, not {plan.digest}"
     tot = report.predicted_pool_bytes
     err = (report.pool_bytes - tot) / tot if tot else 0.0
-    lines = [head, _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
-             f"pool: predicted {mib(tot, unit=False)} MiB, "
-             f"measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})"]
+    lines = [
+        head,
+        _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
+        f"pool: predicted {mib(tot, unit=False)} MiB, measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})",
+    ]
     return "\n".join(lines + device_comparison(report, plan))
 
 
@@ -252,20 +299,30 @@ def device_comparison(report: CaptureReport, plan: Plan | None) -> list[str]:
         predicted = {i.name: i.bytes for i in plan.predicted.device.items}
     ws = predicted.get("stream-workspace")
     held = measured.get("allocator-held", 0)
-    rows_m = {"pool": measured.get("pool", 0), "hoisted": measured.get("hoisted", 0),
-              "stream-workspace": min(held, ws) if ws is not None else held,
-              "allocator-other": held - (min(held, ws) if ws is not None else held)
-              + measured.get("allocator-cached", 0),
-              "graph-exec": measured.get("outside-allocator", 0)}
+    rows_m = {
+        "pool": measured.get("pool", 0),
+        "hoisted": measured.get("hoisted", 0),
+        "stream-workspace": min(held, ws) if ws is not None else held,
+        "allocator-other": held - (min(held, ws) if ws is not None else held) + measured.get("allocator-cached", 0),
+        "graph-exec": measured.get("outside-allocator", 0),
+    }
     rows = []
     for name, got in rows_m.items():
         want = predicted.get(name) if predicted else None
         delta = "" if want is None or not want else f"{(got - want) / want:+.1%}"
         rows.append([name, _item_mib(want) if predicted else "-", mib(got, unit=False), delta or "-"])
     total = plan.predicted.device.total_bytes if predicted else None
-    rows.append(["free memory drop", _item_mib(total) if predicted else "-", mib(view.drop, unit=False),
-                 f"{(view.drop - total) / total:+.1%}" if total else "-"])
+    rows.append(
+        [
+            "free memory drop",
+            _item_mib(total) if predicted else "-",
+            mib(view.drop, unit=False),
+            f"{(view.drop - total) / total:+.1%}" if total else "-",
+        ]
+    )
     first = "first capture of its process" if view.first_in_process else "not the first capture of its process"
-    return [f"device view ({'background' if view.background else 'foreground'}, {first}; "
-            f"{report.device}{', driver ' + report.driver if report.driver else ''}):",
-            _table(["item", "predicted MiB", "measured MiB", "delta"], rows)]
+    return [
+        f"device view ({'background' if view.background else 'foreground'}, {first}; "
+        f"{report.device}{', driver ' + report.driver if report.driver else ''}):",
+        _table(["item", "predicted MiB", "measured MiB", "delta"], rows),
+    ]

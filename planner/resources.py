@@ -35,9 +35,24 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["data_bytes", "data", "builtin_rules", "baseline", "backends", "backend", "backend_names", "rules_digest",
-           "Backend", "BackendsFile", "Workspace", "PhaseKind", "PhaseKindsFile", "phase_kinds", "phase_kind_names",
-           "phase_kind_settings"]
+__all__ = [
+    "data_bytes",
+    "data",
+    "builtin_rules",
+    "baseline",
+    "backends",
+    "backend",
+    "backend_names",
+    "rules_digest",
+    "Backend",
+    "BackendsFile",
+    "Workspace",
+    "PhaseKind",
+    "PhaseKindsFile",
+    "phase_kinds",
+    "phase_kind_names",
+    "phase_kind_settings",
+]
 
 # phase_kinds.toml is not in the digest: a kind's table changes a plan only
 # through what it predicts (program, returns_hidden), which `planner check`
@@ -125,8 +140,10 @@ class BackendsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def backends() -> dict[str, Backend]:
     from capture_plan.schemas.codec import convert
 
-    return {name: convert(table, Backend, f"planner/data/backends.toml: $.backends.{name}")
-            for name, table in data("backends.toml")["backends"].items()}
+    return {
+        name: convert(table, Backend, f"planner/data/backends.toml: $.backends.{name}")
+        for name, table in data("backends.toml")["backends"].items()
+    }
 
 
 def backend_names() -> list[str]:
@@ -160,8 +177,10 @@ def phase_kinds() -> dict[str, PhaseKind]:
     struct does not know is an :class:`InputError` naming file and key."""
     from capture_plan.schemas.codec import convert
 
-    return {name: convert(table, PhaseKind, f"planner/data/phase_kinds.toml: $.kinds.{name}")
-            for name, table in data("phase_kinds.toml")["kinds"].items()}
+    return {
+        name: convert(table, PhaseKind, f"planner/data/phase_kinds.toml: $.kinds.{name}")
+        for name, table in data("phase_kinds.toml")["kinds"].items()
+    }
 
 
 def phase_kind_names() -> list[str]:

@@ -15,8 +15,16 @@ from capture_plan.schemas.plan import Strategy
 from capture_plan.schemas.spec import Choice, Phase, Rule
 from capture_plan.schemas.strategy import AXES
 
-__all__ = ["Context", "applies", "satisfies", "violated", "choice_label", "phase_rules", "PLANNER_LABELS",
-           "check_spec_rules"]
+__all__ = [
+    "Context",
+    "applies",
+    "satisfies",
+    "violated",
+    "choice_label",
+    "phase_rules",
+    "PLANNER_LABELS",
+    "check_spec_rules",
+]
 
 #: what decisions and edges name where no rule decided (build.py, optimize.py,
 #: graph.py): a spec rule of the same id would make them ambiguous
@@ -32,11 +40,13 @@ class Context(msgspec.Struct, frozen=True):
 
 def applies(rule: Rule, phase: Phase, ctx: Context) -> bool:
     w = rule.when
-    return ((w.backend is None or ctx.backend in w.backend)
-            and (w.phase_kind is None or phase.kind in w.phase_kind)
-            and (w.multi_token is None or (phase.tokens_per_request > 1) == w.multi_token)
-            and (w.ci is None or ctx.ci == w.ci)
-            and (w.output_lifetime is None or phase.output_lifetime == w.output_lifetime))
+    return (
+        (w.backend is None or ctx.backend in w.backend)
+        and (w.phase_kind is None or phase.kind in w.phase_kind)
+        and (w.multi_token is None or (phase.tokens_per_request > 1) == w.multi_token)
+        and (w.ci is None or ctx.ci == w.ci)
+        and (w.output_lifetime is None or phase.output_lifetime == w.output_lifetime)
+    )
 
 
 def satisfies(strategy: Strategy, choice: Choice) -> bool:
@@ -76,22 +86,29 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
     taken.update({label: "what plans call the planner's own decisions" for label in PLANNER_LABELS})
     for i, rule in enumerate(spec_rules):
         if rule.id in taken:
-            raise InputError(f"rule id {rule.id!r} is {taken[rule.id]}", where=f"{source}: $.rules[{i}].id",
-                             fix="give the rule an id of its own (both rules would apply, under one name)")
+            raise InputError(
+                f"rule id {rule.id!r} is {taken[rule.id]}",
+                where=f"{source}: $.rules[{i}].id",
+                fix="give the rule an id of its own (both rules would apply, under one name)",
+            )
         for field in ("backend", "phase_kind"):
             if getattr(rule.when, field) == []:
-                raise InputError("an empty list matches nothing: the rule would never apply",
-                                 where=f"{source}: $.rules[{i}].when.{field}",
-                                 fix=f"list the {field.replace('_', ' ')}s it is for, "
-                                 f"or leave {field} out to match any")
+                raise InputError(
+                    "an empty list matches nothing: the rule would never apply",
+                    where=f"{source}: $.rules[{i}].when.{field}",
+                    fix=f"list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any",
+                )
         for j, choice in enumerate(rule.require):
             if all(getattr(choice, ax) is None for ax in AXES):
-                raise InputError("an empty choice is met by every strategy: the rule would require nothing",
-                                 where=f"{source}: $.rules[{i}].require[{j}]",
-                                 fix="name the axis values it requires (e.g. { order = \"smallest-first\" }), "
-                                     "or drop the choice")
+                raise InputError(
+                    "an empty choice is met by every strategy: the rule would require nothing",
+                    where=f"{source}: $.rules[{i}].require[{j}]",
+                    fix='name the axis values it requires (e.g. { order = "smallest-first" }), or drop the choice',
+                )
         for j, name in enumerate(rule.when.backend or ()):
             if name not in backends:
-                raise InputError(f"unknown backend {name!r}: the rule would never apply",
-                                 where=f"{source}: $.rules[{i}].when.backend[{j}]",
-                                 fix=f"use one of {', '.join(backends)}")
+                raise InputError(
+                    f"unknown backend {name!r}: the rule would never apply",
+                    where=f"{source}: $.rules[{i}].when.backend[{j}]",
+                    fix=f"use one of {', '.join(backends)}",
+                )

@@ -16,8 +16,14 @@ from .resources import BackendsFile, PhaseKindsFile, phase_kinds
 
 __all__ = ["json_schema", "SCHEMAS"]
 
-_TYPES = {"spec": Spec, "plan": Plan, "trace": Trace, "report": CaptureReport, "backends": BackendsFile,
-          "phase-kinds": PhaseKindsFile}
+_TYPES = {
+    "spec": Spec,
+    "plan": Plan,
+    "trace": Trace,
+    "report": CaptureReport,
+    "backends": BackendsFile,
+    "phase-kinds": PhaseKindsFile,
+}
 #: what ``planner schema`` prints
 SCHEMAS = tuple(_TYPES)
 
@@ -39,8 +45,13 @@ def _schema(which: str) -> dict[str, Any]:
         for key in path:
             node = node[key]
         node.clear()
-        node.update({"enum": list(kinds), "description": "a phase kind (planner/data/phase_kinds.toml): " +
-                     "; ".join(f"{name}: {kind.description}" for name, kind in kinds.items())})
+        node.update(
+            {
+                "enum": list(kinds),
+                "description": "a phase kind (planner/data/phase_kinds.toml): "
+                + "; ".join(f"{name}: {kind.description}" for name, kind in kinds.items()),
+            }
+        )
     return schema
 
 
@@ -50,6 +61,7 @@ def json_schema(which: str = "all") -> str:
     elif which in _TYPES:
         obj = _schema(which)
     else:
-        raise InputError(f"unknown schema {which!r}", where="planner schema",
-                         fix=f"use one of all, {', '.join(_TYPES)}")
+        raise InputError(
+            f"unknown schema {which!r}", where="planner schema", fix=f"use one of all, {', '.join(_TYPES)}"
+        )
     return msgspec.json.format(msgspec.json.encode(obj, order="sorted"), indent=2).decode()

@@ -39,9 +39,14 @@ class SimResult(msgspec.Struct, frozen=True):
     hazards: list[str] = ()
 
 
-def simulate(captures: Iterable[tuple[str, int]], strategies: dict[str, Strategy], workload: Workload,
-             expandable: bool = False, protect: frozenset[str] = frozenset(),
-             library_bytes: int = 0) -> SimResult:
+def simulate(
+    captures: Iterable[tuple[str, int]],
+    strategies: dict[str, Strategy],
+    workload: Workload,
+    expandable: bool = False,
+    protect: frozenset[str] = frozenset(),
+    library_bytes: int = 0,
+) -> SimResult:
     """Simulate ``captures`` in order.
 
     ``library_bytes``: persistent library workspace the first capture creates
@@ -67,11 +72,26 @@ class Simulation:
     prefix again (a copy costs O(blocks), a capture O(its allocations)).
     """
 
-    __slots__ = ("workload", "expandable", "protect", "library_bytes", "where", "pools", "touched", "outputs",
-                 "timeline")
+    __slots__ = (
+        "workload",
+        "expandable",
+        "protect",
+        "library_bytes",
+        "where",
+        "pools",
+        "touched",
+        "outputs",
+        "timeline",
+    )
 
-    def __init__(self, workload: Workload, expandable: bool = False, protect: frozenset[str] = frozenset(),
-                 library_bytes: int = 0, where: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        expandable: bool = False,
+        protect: frozenset[str] = frozenset(),
+        library_bytes: int = 0,
+        where: dict[str, str] | None = None,
+    ) -> None:
         """``where``: the pool each protected phase captures into, where known. A
         capture records the blocks it touches only when a protected phase other
         than its own shares its pool (or may: one ``where`` does not name) --
@@ -110,17 +130,23 @@ class Simulation:
         again: the optimizer reuses it instead of simulating them.
         """
         t, o, keys = mark
-        return Tail(timeline=tuple(self.timeline[t:]), outputs=tuple(self.outputs[o:]),
-                    touched={k: _union(v) for k, v in self.touched.items() if k not in keys},
-                    pools={k: p.peak_reserved for k, p in self.pools.items()})
+        return Tail(
+            timeline=tuple(self.timeline[t:]),
+            outputs=tuple(self.outputs[o:]),
+            touched={k: _union(v) for k, v in self.touched.items() if k not in keys},
+            pools={k: p.peak_reserved for k, p in self.pools.items()},
+        )
 
     def result_with(self, tail: Tail) -> SimResult:
         """The result of this run followed by ``tail`` (recorded from an equal state)."""
         timeline = self.timeline + list(tail.timeline)
         pools = {**{k: p.peak_reserved for k, p in self.pools.items()}, **tail.pools}
-        return SimResult(pool_bytes=timeline[-1][0] if timeline else 0, pools=dict(sorted(pools.items())),
-                         after_capture=timeline,
-                         hazards=_overlaps({**self.touched, **tail.touched}, self.outputs + list(tail.outputs)))
+        return SimResult(
+            pool_bytes=timeline[-1][0] if timeline else 0,
+            pools=dict(sorted(pools.items())),
+            after_capture=timeline,
+            hazards=_overlaps({**self.touched, **tail.touched}, self.outputs + list(tail.outputs)),
+        )
 
     def capture(self, phase: str, bs: int, st: Strategy) -> None:
         """One capture of ``phase`` at ``bs`` under ``st``, into its pool."""
@@ -195,9 +221,12 @@ class Simulation:
 
     def result(self) -> SimResult:
         timeline = self.timeline
-        return SimResult(pool_bytes=timeline[-1][0] if timeline else 0,
-                         pools={k: p.peak_reserved for k, p in sorted(self.pools.items())},
-                         after_capture=list(timeline), hazards=_overlaps(self.touched, self.outputs))
+        return SimResult(
+            pool_bytes=timeline[-1][0] if timeline else 0,
+            pools={k: p.peak_reserved for k, p in sorted(self.pools.items())},
+            after_capture=list(timeline),
+            hazards=_overlaps(self.touched, self.outputs),
+        )
 
 
 class Tail(msgspec.Struct, frozen=True):
@@ -211,8 +240,9 @@ class Tail(msgspec.Struct, frozen=True):
     pools: dict
 
     def then(self, later: Tail) -> Tail:
-        return Tail(self.timeline + later.timeline, self.outputs + later.outputs, {**self.touched, **later.touched},
-                    later.pools)
+        return Tail(
+            self.timeline + later.timeline, self.outputs + later.outputs, {**self.touched, **later.touched}, later.pools
+        )
 
 
 def _union(spans) -> set[tuple[int, int]]:
@@ -245,6 +275,8 @@ def _overlaps(touched, outputs) -> list[str]:
         starts, ends = unions[key]
         i = bisect.bisect_left(starts, end) - 1  # last span starting before this output ends
         if i >= 0 and ends[i] > start:
-            found.append(f"{phase}/{bs} output [{start:#x}, {end:#x}) lies in blocks another phase's graphs "
-                         f"write on replay (pool {pid})")
+            found.append(
+                f"{phase}/{bs} output [{start:#x}, {end:#x}) lies in blocks another phase's graphs "
+                f"write on replay (pool {pid})"
+            )
     return found

@@ -33,7 +33,7 @@ def _value(v) -> str:
         return json.dumps(v)  # a JSON string is a TOML basic string (\uXXXX escapes included)
     if isinstance(v, list):
         if len(v) > _PER_LINE and all(isinstance(x, int) for x in v):
-            rows = [", ".join(map(str, v[i:i + _PER_LINE])) for i in range(0, len(v), _PER_LINE)]
+            rows = [", ".join(map(str, v[i : i + _PER_LINE])) for i in range(0, len(v), _PER_LINE)]
             return "[\n" + ",\n".join(f"  {r}" for r in rows) + ",\n]"
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, dict):

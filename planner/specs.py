@@ -17,8 +17,17 @@ from capture_plan.schemas.strategy import PhaseKind
 
 from .resources import data, phase_kind_settings
 
-__all__ = ["sgl_sizes", "default_spec", "read_spec_file", "speculative_names", "preset_names", "engine_preset",
-           "preset_max_bs", "EnginePreset", "DEFAULT_MAX_BS"]
+__all__ = [
+    "sgl_sizes",
+    "default_spec",
+    "read_spec_file",
+    "speculative_names",
+    "preset_names",
+    "engine_preset",
+    "preset_max_bs",
+    "EnginePreset",
+    "DEFAULT_MAX_BS",
+]
 
 DEFAULT_MAX_BS = 256
 
@@ -67,8 +76,11 @@ def preset_names() -> list[str]:
 def engine_preset(name: str) -> EnginePreset:
     """The ``--preset`` ``name``'s table, typed; an unknown name is a located error."""
     if name not in _PRESET_FILES:
-        raise InputError(f"unknown preset {name!r}", where="--preset",
-                         fix=f"use one of {', '.join(preset_names())} (leave it out for SGLang's conventions)")
+        raise InputError(
+            f"unknown preset {name!r}",
+            where="--preset",
+            fix=f"use one of {', '.join(preset_names())} (leave it out for SGLang's conventions)",
+        )
     file = _PRESET_FILES[name]
     return convert(data(file), EnginePreset, f"planner/data/{file}")
 
@@ -80,8 +92,9 @@ def preset_max_bs(preset: str | None) -> int:
 
 def _check_max_bs(max_bs: int) -> None:
     if not 1 <= max_bs <= MAX_BS:
-        raise InputError(f"must be 1..{MAX_BS}, got {max_bs}", where="--max-bs",
-                         fix="give the largest batch size to capture")
+        raise InputError(
+            f"must be 1..{MAX_BS}, got {max_bs}", where="--max-bs", fix="give the largest batch size to capture"
+        )
 
 
 def _expand(table: SizeList, max_bs: int) -> list[int]:
@@ -117,13 +130,24 @@ def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
     phases = []
     for i, p in enumerate(preset.phases):
         # a size counts tokens; a uniform-decode graph of n tokens serves n / tokens_per_request requests
-        own = [t // p.tokens_per_request for t in sizes if t % p.tokens_per_request == 0
-               and (not p.uniform_decode or t <= preset.max_num_seqs * p.tokens_per_request)]
-        phases.append(convert({"name": p.name, "kind": p.kind, "sizes": own,
-                               "tokens_per_request": p.tokens_per_request}, Phase,
-                              f"planner/data/{_PRESET_FILES[name]}: $.phases[{i}]"))
-    return validate_spec(Spec(name=f"default-{name}", model=model, phases=phases),
-                         f"embedded {name} spec (--max-bs {max_bs})", phase_kinds=phase_kind_settings())
+        own = [
+            t // p.tokens_per_request
+            for t in sizes
+            if t % p.tokens_per_request == 0
+            and (not p.uniform_decode or t <= preset.max_num_seqs * p.tokens_per_request)
+        ]
+        phases.append(
+            convert(
+                {"name": p.name, "kind": p.kind, "sizes": own, "tokens_per_request": p.tokens_per_request},
+                Phase,
+                f"planner/data/{_PRESET_FILES[name]}: $.phases[{i}]",
+            )
+        )
+    return validate_spec(
+        Spec(name=f"default-{name}", model=model, phases=phases),
+        f"embedded {name} spec (--max-bs {max_bs})",
+        phase_kinds=phase_kind_settings(),
+    )
 
 
 def default_spec(speculative: str | None = None, max_bs: int | None = None, preset: str | None = None) -> Spec:
@@ -141,29 +165,41 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
     model = convert(presets["model"], Model, "planner/data/presets.toml: $.model")
     if preset is not None:
         if speculative is not None:
-            raise InputError(f"--speculative shapes SGLang's embedded spec; --preset {preset} has no speculative "
-                             "phases", where="--speculative",
-                             fix="leave out one of them, or write the phases in a spec file (--spec)")
+            raise InputError(
+                f"--speculative shapes SGLang's embedded spec; --preset {preset} has no speculative phases",
+                where="--speculative",
+                fix="leave out one of them, or write the phases in a spec file (--spec)",
+            )
         return _preset_spec(preset, max_bs, model)
     max_bs = DEFAULT_MAX_BS if max_bs is None else max_bs
     if speculative is None:
         sizes = sgl_sizes("decode", max_bs)
         phases = [Phase(name="decode", kind="decode", sizes=sizes)]
-        return validate_spec(Spec(name="default", model=model, phases=phases),
-                             f"embedded default spec (--max-bs {max_bs})", phase_kinds=phase_kind_settings())
+        return validate_spec(
+            Spec(name="default", model=model, phases=phases),
+            f"embedded default spec (--max-bs {max_bs})",
+            phase_kinds=phase_kind_settings(),
+        )
     if speculative not in speculative_names():
-        raise InputError(f"unknown speculative algorithm {speculative!r}", where="--speculative",
-                         fix=f"use one of {', '.join(speculative_names())}")
+        raise InputError(
+            f"unknown speculative algorithm {speculative!r}",
+            where="--speculative",
+            fix=f"use one of {', '.join(speculative_names())}",
+        )
     sizes = sgl_sizes("speculative", max_bs)
     phases = [Phase(name="decode", kind="decode", sizes=sizes)]
     for extra in presets["speculative"][speculative]["phases"]:
         fields: dict[str, Any] = dict(extra)
         if fields["kind"].startswith("draft"):
             fields["layers"] = 1
-        phases.append(convert({**fields, "sizes": sizes}, Phase,
-                              f"planner/data/presets.toml: $.speculative.{speculative}"))
-    return validate_spec(Spec(name=f"default-{speculative}", model=model, phases=phases),
-                         f"embedded default spec (--max-bs {max_bs})", phase_kinds=phase_kind_settings())
+        phases.append(
+            convert({**fields, "sizes": sizes}, Phase, f"planner/data/presets.toml: $.speculative.{speculative}")
+        )
+    return validate_spec(
+        Spec(name=f"default-{speculative}", model=model, phases=phases),
+        f"embedded default spec (--max-bs {max_bs})",
+        phase_kinds=phase_kind_settings(),
+    )
 
 
 def read_spec_file(path: Path) -> bytes:

@@ -34,9 +34,17 @@ from capture_plan.schemas.trace import CaptureTrace, Trace
 from .program import CARRY, Alloc, Free, Op, Program
 from .resources import Backend
 
-__all__ = ["Workload", "Program", "CARRY", "PHASE_KINDS", "PhaseKindModel", "PROGRAMS", "analytic_program",
-           "analytic_capture", "workspace_bytes"]
-
+__all__ = [
+    "Workload",
+    "Program",
+    "CARRY",
+    "PHASE_KINDS",
+    "PhaseKindModel",
+    "PROGRAMS",
+    "analytic_program",
+    "analytic_capture",
+    "workspace_bytes",
+]
 
 
 def _round_up(n: int, m: int) -> int:
@@ -88,8 +96,9 @@ def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int, kind: str = "temp") -> 
     return out
 
 
-def _attention(ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: int, d: int,
-               in_graph: bool = True) -> int:
+def _attention(
+    ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: int, d: int, in_graph: bool = True
+) -> int:
     """The backend call: its output, float32 log-sum-exp, per-call workspace, partials.
     ``in_graph=False`` (a piecewise capture): the call runs eagerly between two
     captured pieces, so only its output buffer, which the piece before it
@@ -121,8 +130,9 @@ class _Shape(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, model: Model, backend: Backend, tp: int) -> _Shape:
-        return cls(model, backend, max(1, model.heads // tp), max(1, model.kv_heads // tp),
-                   max(1, model.intermediate // tp))
+        return cls(
+            model, backend, max(1, model.heads // tp), max(1, model.kv_heads // tp), max(1, model.intermediate // tp)
+        )
 
 
 def _decoder_layer(ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int, attention_in_graph: bool = True) -> int:
@@ -173,8 +183,15 @@ def _target_program(s: _Shape, phase: Phase, bs: int) -> Program:
     returns_hidden = PHASE_KINDS[phase.kind].returns_hidden
     if not returns_hidden:
         ev.free(CARRY)
-    return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
-                   carry_in=embedding, carry_out=new_hidden, carry_kind="output" if returns_hidden else None)
+    return Program(
+        prologue=prologue,
+        body=body,
+        repeats=phase.layers or m.layers,
+        epilogue=ev.take(),
+        carry_in=embedding,
+        carry_out=new_hidden,
+        carry_kind="output" if returns_hidden else None,
+    )
 
 
 def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool = True) -> Program:
@@ -190,8 +207,14 @@ def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool =
     body = ev.take()
     _rmsnorm(ev, tokens, m.hidden, m.dtype_bytes, "output")
     ev.free(CARRY)
-    return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
-                   carry_in=embedding, carry_out=new_hidden)
+    return Program(
+        prologue=prologue,
+        body=body,
+        repeats=phase.layers or m.layers,
+        epilogue=ev.take(),
+        carry_in=embedding,
+        carry_out=new_hidden,
+    )
 
 
 def _piecewise_program(s: _Shape, phase: Phase, bs: int) -> Program:
@@ -230,8 +253,14 @@ def _draft_extend_program(s: _Shape, phase: Phase, bs: int) -> Program:
     ev.free(logits)
     vals, idx = _topk(ev, bs, phase.topk, "output")
     ev.free(probs, CARRY)
-    return Program(prologue=prologue, body=body, repeats=phase.layers or m.layers, epilogue=ev.take(),
-                   carry_in=x_in, carry_out=new_hidden)
+    return Program(
+        prologue=prologue,
+        body=body,
+        repeats=phase.layers or m.layers,
+        epilogue=ev.take(),
+        carry_in=x_in,
+        carry_out=new_hidden,
+    )
 
 
 def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
@@ -261,8 +290,9 @@ def _draft_decode_program(s: _Shape, phase: Phase, bs: int) -> Program:
     ev.free(probs, vals, idx, joint, bvals, bidx, h, CARRY)
     body = ev.take()
     ev.free(CARRY)
-    return Program(prologue=prologue, body=body, repeats=phase.steps, epilogue=ev.take(),
-                   carry_in=None, carry_out=new_hidden)
+    return Program(
+        prologue=prologue, body=body, repeats=phase.steps, epilogue=ev.take(), carry_in=None, carry_out=new_hidden
+    )
 
 
 #: the analytic program builders a phase kind may name in
@@ -299,10 +329,12 @@ def _phase_kind_models() -> dict[str, PhaseKindModel]:
     models = {}
     for name, kind in phase_kinds().items():
         if kind.program not in PROGRAMS:
-            raise InputError(f"unknown program {kind.program!r}",
-                             where=f"planner/data/phase_kinds.toml: $.kinds.{name}.program",
-                             fix=f"use one of {', '.join(sorted(PROGRAMS))} (a new one is a builder in "
-                                 "planner/workload.py's PROGRAMS)")
+            raise InputError(
+                f"unknown program {kind.program!r}",
+                where=f"planner/data/phase_kinds.toml: $.kinds.{name}.program",
+                fix=f"use one of {', '.join(sorted(PROGRAMS))} (a new one is a builder in "
+                "planner/workload.py's PROGRAMS)",
+            )
         models[name] = PhaseKindModel(PROGRAMS[kind.program], returns_hidden=kind.returns_hidden)
     return models
 
@@ -343,8 +375,7 @@ def analytic_program(model: Model, phase: Phase, bs: int, backend: Backend, tp: 
 
 def analytic_capture(model: Model, phase: Phase, bs: int, backend: Backend, tp: int = 1) -> CaptureTrace:
     """:func:`analytic_program` written out as a flat trace (every layer)."""
-    return CaptureTrace(phase=phase.name, bs=bs,
-                        events=analytic_program(model, phase, bs, backend, tp).flatten())
+    return CaptureTrace(phase=phase.name, bs=bs, events=analytic_program(model, phase, bs, backend, tp).flatten())
 
 
 @dataclass(frozen=True)
@@ -359,8 +390,9 @@ class Workload:
 
     @classmethod
     def analytic(cls, model: Model, phases: list[Phase], backend: Backend, tp: int = 1) -> Workload:
-        return cls("analytic", {(p.name, bs): analytic_program(model, p, bs, backend, tp)
-                                for p in phases for bs in p.sizes})
+        return cls(
+            "analytic", {(p.name, bs): analytic_program(model, p, bs, backend, tp) for p in phases for bs in p.sizes}
+        )
 
     @classmethod
     def from_trace(cls, trace: Trace, phases: list[Phase], source: str) -> Workload:

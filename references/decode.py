@@ -79,16 +79,16 @@ class CacheRows:
 class ReferenceModel:
     """A CaptureTarget. ``backend``: "auto" (FA3 if importable), "fa3" or "torch"."""
 
-    def __init__(self, cfg: ReferenceConfig, backend: str = "auto", device: str | torch.device = "cuda",
-                 tp_group=None):
+    def __init__(self, cfg: ReferenceConfig, backend: str = "auto", device: str | torch.device = "cuda", tp_group=None):
         self.cfg = cfg
         m = cfg.model
         self.device = torch.device(device)
         self.tp_group = tp_group
         tp = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
         if m.heads % tp or m.intermediate % tp or max(m.kv_heads, tp) % min(m.kv_heads, tp):
-            raise ValueError(f"tp={tp} does not divide heads={m.heads}, kv_heads={m.kv_heads}, "
-                             f"intermediate={m.intermediate}")
+            raise ValueError(
+                f"tp={tp} does not divide heads={m.heads}, kv_heads={m.kv_heads}, intermediate={m.intermediate}"
+            )
         self.tp = tp
         self.heads = m.heads // tp
         self.kv_heads = max(1, m.kv_heads // tp)
@@ -112,13 +112,18 @@ class ReferenceModel:
         self.final_norm = torch.ones(m.hidden, device=self.device, dtype=dt)
         self.layers = []
         for _ in range(m.layers):
-            self.layers.append(dict(
-                norm1=torch.ones(m.hidden, device=self.device, dtype=dt),
-                norm2=torch.ones(m.hidden, device=self.device, dtype=dt),
-                wqkv=w((H + 2 * KV) * hd, m.hidden), wo=w(m.hidden, H * hd),
-                wgu=w(2 * self.inter, m.hidden), wd=w(m.hidden, self.inter),
-                k_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0),
-                v_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0)))
+            self.layers.append(
+                dict(
+                    norm1=torch.ones(m.hidden, device=self.device, dtype=dt),
+                    norm2=torch.ones(m.hidden, device=self.device, dtype=dt),
+                    wqkv=w((H + 2 * KV) * hd, m.hidden),
+                    wo=w(m.hidden, H * hd),
+                    wgu=w(2 * self.inter, m.hidden),
+                    wd=w(m.hidden, self.inter),
+                    k_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0),
+                    v_cache=w(cfg.max_bs, cfg.max_seqlen, KV, hd, std=1.0),
+                )
+            )
         max_tokens = cfg.max_bs * max(cfg.tokens.values())
         self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
         self.cache_seqlens = torch.ones(cfg.max_bs, dtype=torch.int32, device=self.device)
@@ -140,19 +145,32 @@ class ReferenceModel:
     def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
         if self.fa3 is None:
             return
-        self._md_len[(phase, bs)] = self.scheduler_metadata(bs, self.cfg.tokens[phase], self.cache_seqlens[:bs],
-                                                            workspace)
+        self._md_len[(phase, bs)] = self.scheduler_metadata(
+            bs, self.cfg.tokens[phase], self.cache_seqlens[:bs], workspace
+        )
 
     def scheduler_metadata(self, bs: int, tpr: int, seqlens: torch.Tensor, workspace: torch.Tensor) -> int:
         """Write FA3's scheduler metadata for this model's attention over ``tpr``
         new tokens per request into the hoisted ``workspace``; returns its int32 length."""
         md = self.fa3.get_scheduler_metadata(
-            bs, tpr, self.cfg.max_seqlen, self.heads, self.kv_heads, self.head_dim,
-            seqlens, qkv_dtype=torch.bfloat16, headdim_v=self.head_dim, max_seqlen_k_new=tpr, causal=True)
+            bs,
+            tpr,
+            self.cfg.max_seqlen,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            seqlens,
+            qkv_dtype=torch.bfloat16,
+            headdim_v=self.head_dim,
+            max_seqlen_k_new=tpr,
+            causal=True,
+        )
         buf = workspace.view(torch.int32)
         if md.numel() > buf.numel():
-            raise ValueError(f"FA3 scheduler metadata needs {md.numel() * 4} B at bs={bs}, "
-                             f"the hoisted workspace has {workspace.numel()} B")
+            raise ValueError(
+                f"FA3 scheduler metadata needs {md.numel() * 4} B at bs={bs}, "
+                f"the hoisted workspace has {workspace.numel()} B"
+            )
         buf[: md.numel()].copy_(md)
         return md.numel()
 
@@ -174,8 +192,9 @@ class ReferenceModel:
         x = _rmsnorm(h, layer["norm1"])
         qkv = x @ layer["wqkv"].t()
         q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
-        attn = self._attention(layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd),
-                               v.view(bs, tpr, KV, hd), bs, md, rows)
+        attn = self._attention(
+            layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd), v.view(bs, tpr, KV, hd), bs, md, rows
+        )
         o = attn.reshape(bs * tpr, H * hd) @ layer["wo"].t()
         self._all_reduce(o)
         res = h + o
@@ -203,8 +222,9 @@ class ReferenceModel:
             kc, vc, idx, seqlens, append = layer["k_cache"], layer["v_cache"], rows.index, rows.seqlens, rows.append
         if self.fa3 is not None:
             new = dict(k=k, v=v) if append else {}
-            out = self.fa3.flash_attn_with_kvcache(q, kc, vc, **new, cache_seqlens=seqlens, cache_batch_idx=idx,
-                                                   causal=True, scheduler_metadata=md)
+            out = self.fa3.flash_attn_with_kvcache(
+                q, kc, vc, **new, cache_seqlens=seqlens, cache_batch_idx=idx, causal=True, scheduler_metadata=md
+            )
             return out[0] if isinstance(out, tuple) else out
         # SDPA fallback: append K/V at each request's position, then attend with a mask.
         tpr = q.shape[1]
@@ -220,6 +240,7 @@ class ReferenceModel:
         L = kc.shape[1]
         keys = torch.arange(L, device=q.device)[None, None, :]
         mask = keys <= pos[:, :, None]  # (bs, tpr, L): causal over the cache
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
-                                             attn_mask=mask[:, None], enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask[:, None], enable_gqa=True
+        )
         return out.transpose(1, 2)

@@ -75,8 +75,18 @@ from capture_plan.schemas.spec import Model
 
 from .decode import CacheRows, ReferenceConfig, ReferenceModel
 
-__all__ = ["SpeculativeConfig", "SpeculativeModel", "BUGS", "PHASES", "SMALL", "spec_toml", "small_model",
-           "PlantedRun", "planted_run", "planted_verify"]
+__all__ = [
+    "SpeculativeConfig",
+    "SpeculativeModel",
+    "BUGS",
+    "PHASES",
+    "SMALL",
+    "spec_toml",
+    "small_model",
+    "PlantedRun",
+    "planted_run",
+    "planted_verify",
+]
 
 #: the phases of an EAGLE plan, by kind
 PHASES = ("decode", "target_verify", "draft_decode", "draft_extend")
@@ -124,15 +134,20 @@ class SpeculativeConfig:
             raise ValueError(f"draft_page_cols {self.draft_page_cols} cannot hold num_steps {self.num_steps} pages")
         longest = max(self.num_draft_tokens, self.num_steps + 1)
         if self.max_seqlen <= longest:
-            raise ValueError(f"max_seqlen {self.max_seqlen} leaves no context before the longest phase's "
-                             f"{longest} new tokens")
+            raise ValueError(
+                f"max_seqlen {self.max_seqlen} leaves no context before the longest phase's {longest} new tokens"
+            )
         if self.max_seqlen % self.page_size:
             raise ValueError(f"max_seqlen {self.max_seqlen} is not a multiple of page_size {self.page_size}")
 
     def tokens(self, kind: str) -> int:
         """Tokens per request a phase of this kind runs."""
-        return {"decode": 1, "target_verify": self.num_draft_tokens, "draft_decode": 1,
-                "draft_extend": self.num_steps + 1}[kind]
+        return {
+            "decode": 1,
+            "target_verify": self.num_draft_tokens,
+            "draft_decode": 1,
+            "draft_extend": self.num_steps + 1,
+        }[kind]
 
 
 class SpeculativeModel:
@@ -149,11 +164,17 @@ class SpeculativeModel:
         slots = cfg.max_bs + 1  # the last row is the padding rows' spare
         self.pad_row = cfg.max_bs
         toks = {k: cfg.tokens(k) for k in PHASES}
-        self.target = ReferenceModel(ReferenceConfig(model=cfg.model, max_bs=slots, max_seqlen=cfg.max_seqlen,
-                                                     tokens=toks, seed=cfg.seed), backend, self.device)
+        self.target = ReferenceModel(
+            ReferenceConfig(model=cfg.model, max_bs=slots, max_seqlen=cfg.max_seqlen, tokens=toks, seed=cfg.seed),
+            backend,
+            self.device,
+        )
         draft_shape = msgspec.structs.replace(cfg.model, layers=cfg.draft_layers)
-        self.draft = ReferenceModel(ReferenceConfig(model=draft_shape, max_bs=slots, max_seqlen=cfg.max_seqlen,
-                                                    tokens=toks, seed=cfg.seed + 1), backend, self.device)
+        self.draft = ReferenceModel(
+            ReferenceConfig(model=draft_shape, max_bs=slots, max_seqlen=cfg.max_seqlen, tokens=toks, seed=cfg.seed + 1),
+            backend,
+            self.device,
+        )
         self.draft.embed = self.target.embed  # EAGLE shares the target's embedding; its lm_head is its own
         self.backend = self.target.backend
         self.kernels = _triton_kernels() if self.device.type == "cuda" else None
@@ -218,10 +239,10 @@ class SpeculativeModel:
         self.req_pool_indices[:n].copy_(perm[:n])
         self.req_pool_indices[n:bs].fill_(PAD_SLOT)
         room = cfg.max_seqlen - max(cfg.num_draft_tokens, cfg.num_steps + 1)
-        self.seq_lens[:bs].copy_(torch.randint(1, room + 1, (bs,), generator=generator, device=dev,
-                                               dtype=torch.int32))
-        self.accept_lens[:bs].copy_(torch.randint(1, cfg.num_steps + 2, (bs,), generator=generator, device=dev,
-                                                  dtype=torch.int32))
+        self.seq_lens[:bs].copy_(torch.randint(1, room + 1, (bs,), generator=generator, device=dev, dtype=torch.int32))
+        self.accept_lens[:bs].copy_(
+            torch.randint(1, cfg.num_steps + 2, (bs,), generator=generator, device=dev, dtype=torch.int32)
+        )
         self.spec_hidden.normal_(generator=generator)
         self.draft_hidden.normal_(generator=generator)
         self.draft_ids.random_(0, cfg.model.vocab, generator=generator)
@@ -293,8 +314,8 @@ class SpeculativeModel:
         out_scores = torch.empty(bs, cfg.num_steps * k, dtype=torch.float32, device=self.device)
         for step in range(cfg.num_steps):
             ids, hidden, scores = self._draft_step(bs, step, ids, hidden, scores, seqlens)
-            out_ids[:, step * k:(step + 1) * k] = ids.view(bs, k)
-            out_scores[:, step * k:(step + 1) * k] = scores.view(bs, k)
+            out_ids[:, step * k : (step + 1) * k] = ids.view(bs, k)
+            out_scores[:, step * k : (step + 1) * k] = scores.view(bs, k)
         return out_ids, out_scores, locs
 
     def _draft_step(self, bs, step, ids, hidden, scores, seqlens):
@@ -341,8 +362,9 @@ class SpeculativeModel:
         if self.kernels is None:
             rows = _torch_kv_rows(self.req_to_token, slots, self.seq_lens[:bs], step, kv, k, width)
         else:
-            rows = self.kernels.kv_rows(self.req_to_token, slots, self.seq_lens[:bs], step, kv, k, width,
-                                        cfg.max_seqlen)
+            rows = self.kernels.kv_rows(
+                self.req_to_token, slots, self.seq_lens[:bs], step, kv, k, width, cfg.max_seqlen
+            )
         return rows.clamp(0, self.pad_row)  # a corrupted row must not send attention out of the cache
 
     def _draft_locations(self, bs: int) -> torch.Tensor:
@@ -446,8 +468,9 @@ def _triton_kernels():
         def kv_rows(req_to_token, slots, lens, step, kv, topk, width, ctx):
             rows = slots.numel() * topk
             out = torch.empty(rows, dtype=torch.int32, device=kv.device)
-            kv_indices_kernel[(rows,)](req_to_token, slots, lens, kv, topk, step, width, ctx,
-                                       BLOCK=triton.next_power_of_2(step + 1))
+            kv_indices_kernel[(rows,)](
+                req_to_token, slots, lens, kv, topk, step, width, ctx, BLOCK=triton.next_power_of_2(step + 1)
+            )
             row_of_kernel[(rows,)](kv, out, width, ctx)
             return out
 
@@ -481,20 +504,35 @@ def spec_toml(sizes, *, steps: int = 3, topk: int = 4, num_draft_tokens: int = 4
     draft phases read them."""
     # JSON scalars are TOML scalars (the model's fields are numbers and plain names)
     text = "[model]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in msgspec.to_builtins(model).items())
-    phases = [("decode", 1, ""), ("target_verify", num_draft_tokens, 'output_lifetime = "across-phases"\n'),
-              ("draft_decode", 1, f"layers = 1\nsteps = {steps}\ntopk = {topk}\n"),
-              ("draft_extend", steps + 1, f"layers = 1\ntopk = {topk}\n")]
+    phases = [
+        ("decode", 1, ""),
+        ("target_verify", num_draft_tokens, 'output_lifetime = "across-phases"\n'),
+        ("draft_decode", 1, f"layers = 1\nsteps = {steps}\ntopk = {topk}\n"),
+        ("draft_extend", steps + 1, f"layers = 1\ntopk = {topk}\n"),
+    ]
     for name, tpr, extra in phases:
-        text += (f'\n[[phases]]\nname = "{name}"\nkind = "{name}"\nsizes = {sorted(set(sizes))}\n'
-                 f"tokens_per_request = {tpr}\n{extra}")
+        text += (
+            f'\n[[phases]]\nname = "{name}"\nkind = "{name}"\nsizes = {sorted(set(sizes))}\n'
+            f"tokens_per_request = {tpr}\n{extra}"
+        )
     return text
 
 
-def small_model(bugs=(), *, topk: int = 4, page_size: int = 4, steps: int = 3, max_bs: int = 32,
-                max_seqlen: int = 256) -> SpeculativeModel:
+def small_model(
+    bugs=(), *, topk: int = 4, page_size: int = 4, steps: int = 3, max_bs: int = 32, max_seqlen: int = 256
+) -> SpeculativeModel:
     """The :data:`SMALL` reference on CUDA with ``bugs`` planted."""
-    return SpeculativeModel(SpeculativeConfig(model=SMALL, max_bs=max_bs, max_seqlen=max_seqlen, topk=topk,
-                                              num_steps=steps, page_size=page_size, bugs=frozenset(bugs)))
+    return SpeculativeModel(
+        SpeculativeConfig(
+            model=SMALL,
+            max_bs=max_bs,
+            max_seqlen=max_seqlen,
+            topk=topk,
+            num_steps=steps,
+            page_size=page_size,
+            bugs=frozenset(bugs),
+        )
+    )
 
 
 # -- a planted-bug run in a process of its own ------------------------------------
@@ -518,8 +556,15 @@ class PlantedRun:
     output: str
 
 
-def planted_run(plan_path: str | Path, bugs, *, checks: tuple[str, ...] = ("interleave", "footprint"),
-                record: bool = True, timeout: float = 600, **model) -> PlantedRun:
+def planted_run(
+    plan_path: str | Path,
+    bugs,
+    *,
+    checks: tuple[str, ...] = ("interleave", "footprint"),
+    record: bool = True,
+    timeout: float = 600,
+    **model,
+) -> PlantedRun:
     """Capture the plan at ``plan_path`` with :func:`small_model` (``bugs``
     planted, ``max_bs`` the plan's largest size, ``model`` its other keyword
     arguments) and ``verify`` it with ``checks``, in a fresh Python process.
@@ -535,9 +580,11 @@ def planted_run(plan_path: str | Path, bugs, *, checks: tuple[str, ...] = ("inte
     ``timeout`` seconds; does not interpret the faults.
     """
     root = str(Path(__file__).resolve().parent.parent)  # the folder holding the executor package
-    program = (f"import sys; sys.path.insert(0, {root!r})\n"
-               "from capture_plan.references.speculative import _planted_child\n"
-               f"_planted_child({str(plan_path)!r}, {tuple(bugs)!r}, {tuple(checks)!r}, {bool(record)!r}, {model!r})\n")
+    program = (
+        f"import sys; sys.path.insert(0, {root!r})\n"
+        "from capture_plan.references.speculative import _planted_child\n"
+        f"_planted_child({str(plan_path)!r}, {tuple(bugs)!r}, {tuple(checks)!r}, {bool(record)!r}, {model!r})\n"
+    )
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout)
     captured = failed = result = None
     for line in r.stdout.splitlines():
@@ -548,8 +595,9 @@ def planted_run(plan_path: str | Path, bugs, *, checks: tuple[str, ...] = ("inte
             failed = line
         elif word == "RESULT":
             result = json.loads(rest)
-    return PlantedRun(exit=r.returncode, captured=captured, failed=failed, result=result,
-                      output=(r.stdout + r.stderr)[-3000:])
+    return PlantedRun(
+        exit=r.returncode, captured=captured, failed=failed, result=result, output=(r.stdout + r.stderr)[-3000:]
+    )
 
 
 def _planted_child(plan_path: str, bugs: tuple[str, ...], checks: tuple[str, ...], record: bool, model: dict) -> None:

@@ -45,8 +45,19 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 __all__ = [
-    "canonical_bytes", "sha256", "plan_digest", "seal", "decode_spec", "decode_plan",
-    "decode_trace", "decode_report", "convert", "validate_spec", "validate_plan", "sniff_kind", "check_phase_kind",
+    "canonical_bytes",
+    "sha256",
+    "plan_digest",
+    "seal",
+    "decode_spec",
+    "decode_plan",
+    "decode_trace",
+    "decode_report",
+    "convert",
+    "validate_spec",
+    "validate_plan",
+    "sniff_kind",
+    "check_phase_kind",
 ]
 
 T = TypeVar("T")
@@ -124,8 +135,9 @@ def sniff_kind(raw: Any) -> str | None:
 def _expect_kind(raw: Any, kind: str, source: str) -> dict:
     if not isinstance(raw, dict):
         got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(raw), "a number")
-        raise WrongKindError(f"a {kind} must be a JSON object (a TOML table), got {got}", where=f"{source}: $",
-                             fix=_WANT[kind])
+        raise WrongKindError(
+            f"a {kind} must be a JSON object (a TOML table), got {got}", where=f"{source}: $", fix=_WANT[kind]
+        )
     got = sniff_kind(raw)
     if got is not None and got != kind:
         raise WrongKindError(f"this is a {got} file, not a {kind}", where=source, fix=_WANT[kind])
@@ -169,8 +181,9 @@ def _check_values(raw: Any, source: str, kind: str, *, non_negative: bool = Fals
     while stack:
         obj, path, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=f"{source}: {_spell(path)}",
-                             fix=_FIX[kind])
+            raise InputError(
+                f"nested deeper than {MAX_DEPTH} levels", where=f"{source}: {_spell(path)}", fix=_FIX[kind]
+            )
         if isinstance(obj, dict):
             depth += 1
             stack.extend((v, (path, k), depth) for k, v in obj.items() if isinstance(v, (dict, list, int, float)))
@@ -252,8 +265,11 @@ def _no_duplicate_keys(data: bytes, source: str, kind: str) -> None:
     try:
         json.loads(data, object_pairs_hook=_dup_keys, parse_constant=float)
     except _Duplicate as dup:
-        raise InputError(f"duplicate key {str(dup.args[0])!r} in an object (a JSON reader would silently keep "
-                         "the last one)", where=source, fix="write each key once") from None
+        raise InputError(
+            f"duplicate key {str(dup.args[0])!r} in an object (a JSON reader would silently keep the last one)",
+            where=source,
+            fix="write each key once",
+        ) from None
     except (ValueError, RecursionError):  # msgspec accepted it; a json-module limit (e.g. digits) is no error
         return
 
@@ -272,42 +288,68 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
     not accept is refused rather than silently ignored."""
     if spec.version != SPEC_VERSION:
         newer = spec.version > SPEC_VERSION
-        raise InputError(f"spec version {spec.version} is {'newer than' if newer else 'not'} the supported "
-                         f"version {SPEC_VERSION}", where=f"{source}: $.version",
-                         fix="upgrade capture-plan" if newer else f"write version = {SPEC_VERSION} or leave it out")
+        raise InputError(
+            f"spec version {spec.version} is {'newer than' if newer else 'not'} the supported version {SPEC_VERSION}",
+            where=f"{source}: $.version",
+            fix="upgrade capture-plan" if newer else f"write version = {SPEC_VERSION} or leave it out",
+        )
     if len(spec.phases) > MAX_PHASES:
-        raise InputError(f"{len(spec.phases)} phases, over the limit of {MAX_PHASES}", where=f"{source}: $.phases",
-                         fix="split the spec into several plans")
+        raise InputError(
+            f"{len(spec.phases)} phases, over the limit of {MAX_PHASES}",
+            where=f"{source}: $.phases",
+            fix="split the spec into several plans",
+        )
     if len(spec.rules) > MAX_RULES:
-        raise InputError(f"{len(spec.rules)} rules, over the limit of {MAX_RULES}", where=f"{source}: $.rules",
-                         fix="merge rules that say the same thing")
+        raise InputError(
+            f"{len(spec.rules)} rules, over the limit of {MAX_RULES}",
+            where=f"{source}: $.rules",
+            fix="merge rules that say the same thing",
+        )
     for field, value in msgspec.structs.asdict(spec.model).items():
         bound = MODEL_MAX.get(field, MODEL_MAX_DEFAULT)
         if isinstance(value, int) and not isinstance(value, bool) and value > bound:
-            raise InputError(f"{field} = {_short(value)} is over the limit of {bound:,}",
-                             where=f"{source}: $.model.{field}", fix="give the model's real dimensions")
+            raise InputError(
+                f"{field} = {_short(value)} is over the limit of {bound:,}",
+                where=f"{source}: $.model.{field}",
+                fix="give the model's real dimensions",
+            )
     for field in ("budget_mib", "library_mib"):
         value = getattr(spec, field)
         if value is not None and not (math.isfinite(value) and value <= MAX_MIB):
-            raise InputError(f"{field} = {value!r} is over the limit of {MAX_MIB:,.0f} (1 PiB)",
-                             where=f"{source}: $.{field}", fix="give a real amount of memory in MiB")
+            raise InputError(
+                f"{field} = {value!r} is over the limit of {MAX_MIB:,.0f} (1 PiB)",
+                where=f"{source}: $.{field}",
+                fix="give a real amount of memory in MiB",
+            )
     captures = 0
     names: dict[str, int] = {}
     for i, phase in enumerate(spec.phases):
         if phase.name in names:
-            raise InputError(f"duplicate phase name {phase.name!r} (also $.phases[{names[phase.name]}])",
-                             where=f"{source}: $.phases[{i}].name", fix="give every phase a unique name")
+            raise InputError(
+                f"duplicate phase name {phase.name!r} (also $.phases[{names[phase.name]}])",
+                where=f"{source}: $.phases[{i}].name",
+                fix="give every phase a unique name",
+            )
         names[phase.name] = i
         if len(phase.sizes) > MAX_SIZES_PER_PHASE:
-            raise InputError(f"{len(phase.sizes)} capture sizes, over the limit of {MAX_SIZES_PER_PHASE} per phase",
-                             where=f"{source}: $.phases[{i}].sizes", fix="capture fewer sizes (pad to the next one)")
+            raise InputError(
+                f"{len(phase.sizes)} capture sizes, over the limit of {MAX_SIZES_PER_PHASE} per phase",
+                where=f"{source}: $.phases[{i}].sizes",
+                fix="capture fewer sizes (pad to the next one)",
+            )
         captures += len(phase.sizes)
         if captures > MAX_CAPTURES:
-            raise InputError(f"over {MAX_CAPTURES} capture sizes in all phases together",
-                             where=f"{source}: $.phases[{i}].sizes", fix="capture fewer sizes (pad to the next one)")
+            raise InputError(
+                f"over {MAX_CAPTURES} capture sizes in all phases together",
+                where=f"{source}: $.phases[{i}].sizes",
+                fix="capture fewer sizes (pad to the next one)",
+            )
         if phase.tokens_per_request > MAX_TOKENS_PER_REQUEST:
-            raise InputError(f"tokens_per_request = {_short(phase.tokens_per_request)} is over the limit of "
-                             f"{MAX_TOKENS_PER_REQUEST}", where=f"{source}: $.phases[{i}].tokens_per_request")
+            raise InputError(
+                f"tokens_per_request = {_short(phase.tokens_per_request)} is over the limit of "
+                f"{MAX_TOKENS_PER_REQUEST}",
+                where=f"{source}: $.phases[{i}].tokens_per_request",
+            )
         check_phase_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
         # e.g. draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
         for field, unset in _UNSET_SETTING.items():
@@ -315,34 +357,46 @@ def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collecti
             if value != unset and field not in phase_kinds[phase.kind]:
                 kinds = sorted(k for k, accepted in phase_kinds.items() if field in accepted)
                 what = f"{field} = {_short(value)}" if isinstance(value, int) else field
-                raise InputError(f"{what} has no meaning for a {phase.kind} phase",
-                                 where=f"{source}: $.phases[{i}].{field}",
-                                 fix=f"set {field} on {' or '.join(kinds)} phases only" if kinds
-                                 else f"leave {field} out")
+                raise InputError(
+                    f"{what} has no meaning for a {phase.kind} phase",
+                    where=f"{source}: $.phases[{i}].{field}",
+                    fix=f"set {field} on {' or '.join(kinds)} phases only" if kinds else f"leave {field} out",
+                )
         for field in ("steps", "topk"):
             value = getattr(phase, field)
             if value > MAX_TOKENS_PER_REQUEST:
-                raise InputError(f"{field} = {_short(value)} is over the limit of {MAX_TOKENS_PER_REQUEST}",
-                                 where=f"{source}: $.phases[{i}].{field}")
+                raise InputError(
+                    f"{field} = {_short(value)} is over the limit of {MAX_TOKENS_PER_REQUEST}",
+                    where=f"{source}: $.phases[{i}].{field}",
+                )
         if phase.model is not msgspec.UNSET:
             _check_phase_model(spec.model, phase, f"{source}: $.phases[{i}].model")
         if phase.layers is not None and phase.layers > MODEL_MAX["layers"]:
-            raise InputError(f"layers = {_short(phase.layers)} is over the limit of {MODEL_MAX['layers']}",
-                             where=f"{source}: $.phases[{i}].layers")
+            raise InputError(
+                f"layers = {_short(phase.layers)} is over the limit of {MODEL_MAX['layers']}",
+                where=f"{source}: $.phases[{i}].layers",
+            )
         seen: dict[int, int] = {}
         for j, bs in enumerate(phase.sizes):
             if bs > MAX_BS:
-                raise InputError(f"capture size {_short(bs)} is over the limit of {MAX_BS}",
-                                 where=f"{source}: $.phases[{i}].sizes[{j}]", fix=f"capture sizes up to {MAX_BS}")
+                raise InputError(
+                    f"capture size {_short(bs)} is over the limit of {MAX_BS}",
+                    where=f"{source}: $.phases[{i}].sizes[{j}]",
+                    fix=f"capture sizes up to {MAX_BS}",
+                )
             if bs in seen:
-                raise InputError(f"duplicate capture size {bs} (also $.phases[{i}].sizes[{seen[bs]}])",
-                                 where=f"{source}: $.phases[{i}].sizes[{j}]", fix="list each size once")
+                raise InputError(
+                    f"duplicate capture size {bs} (also $.phases[{i}].sizes[{seen[bs]}])",
+                    where=f"{source}: $.phases[{i}].sizes[{j}]",
+                    fix="list each size once",
+                )
             seen[bs] = j
     for i, phase in enumerate(spec.phases):
         for j, dep in enumerate(phase.after):
             if dep not in names:
-                raise InputError(f"unknown phase {dep!r}; phases are {sorted(names)}",
-                                 where=f"{source}: $.phases[{i}].after[{j}]")
+                raise InputError(
+                    f"unknown phase {dep!r}; phases are {sorted(names)}", where=f"{source}: $.phases[{i}].after[{j}]"
+                )
             if dep == phase.name:
                 raise InputError("a phase cannot come after itself", where=f"{source}: $.phases[{i}].after[{j}]")
     rule_ids: set[str] = set()
@@ -364,25 +418,36 @@ def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
     heads a multiple of kv_heads once merged with the spec's ``[model]``."""
     own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}
     if not own:
-        raise InputError("model sets no dimension", where=where,
-                         fix="give the dimensions this phase's model differs in (e.g. hidden, vocab), or leave it out")
+        raise InputError(
+            "model sets no dimension",
+            where=where,
+            fix="give the dimensions this phase's model differs in (e.g. hidden, vocab), or leave it out",
+        )
     for field, value in own.items():
         bound = MODEL_MAX.get(field, MODEL_MAX_DEFAULT)
         if value > bound:
-            raise InputError(f"{field} = {_short(value)} is over the limit of {bound:,}", where=f"{where}.{field}",
-                             fix="give the draft model's real dimensions")
+            raise InputError(
+                f"{field} = {_short(value)} is over the limit of {bound:,}",
+                where=f"{where}.{field}",
+                fix="give the draft model's real dimensions",
+            )
     merged = phase_model(model, phase)
     if merged.heads % merged.kv_heads:
         field = "kv_heads" if "kv_heads" in own else "heads"
-        raise InputError(f"heads = {merged.heads} must be a multiple of kv_heads = {merged.kv_heads} (the phase's "
-                         "own, else [model]'s)", where=f"{where}.{field}", fix="give the draft's heads and kv_heads")
+        raise InputError(
+            f"heads = {merged.heads} must be a multiple of kv_heads = {merged.kv_heads} (the phase's "
+            "own, else [model]'s)",
+            where=f"{where}.{field}",
+            fix="give the draft's heads and kv_heads",
+        )
 
 
 def check_phase_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
     """Refuse a phase kind that is not a key of ``phase_kinds`` (see :func:`validate_spec`)."""
     if kind not in phase_kinds:
-        raise InputError(f"unknown phase kind {kind!r}", where=where,
-                         fix=f"use one of {', '.join(sorted(phase_kinds))}")
+        raise InputError(
+            f"unknown phase kind {kind!r}", where=where, fix=f"use one of {', '.join(sorted(phase_kinds))}"
+        )
 
 
 def decode_spec(data: bytes, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
@@ -397,11 +462,17 @@ def _check_version(raw: dict, source: str, kind: str, current: int, fix_older: s
     if not isinstance(version, int) or isinstance(version, bool):
         raise InputError("missing or non-integer `version`", where=f"{source}: $.version", fix=_FIX[kind])
     if version > current:
-        raise InputError(f"{kind} version {version} is newer than this capture-plan understands ({current})",
-                         where=source, fix=f"upgrade capture-plan, or {_FIX[kind]} with this version")
+        raise InputError(
+            f"{kind} version {version} is newer than this capture-plan understands ({current})",
+            where=source,
+            fix=f"upgrade capture-plan, or {_FIX[kind]} with this version",
+        )
     if version < current:
-        raise InputError(f"{kind} version {version} is {'older than' if version > 0 else 'not'} this "
-                         f"capture-plan's ({current})", where=f"{source}: $.version", fix=fix_older)
+        raise InputError(
+            f"{kind} version {version} is {'older than' if version > 0 else 'not'} this capture-plan's ({current})",
+            where=f"{source}: $.version",
+            fix=fix_older,
+        )
 
 
 def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
@@ -411,17 +482,18 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
     version = raw.get("version")
     if sniff_kind(raw) is None and not (isinstance(version, int) and version > PLAN_VERSION):
         # some other JSON object: say so, rather than "missing `version`; rebuild the plan"
-        raise WrongKindError("not a plan file: a plan has `command` and `steps`", where=source,
-                             fix=_WANT["plan"])
+        raise WrongKindError("not a plan file: a plan has `command` and `steps`", where=source, fix=_WANT["plan"])
     _check_values(raw, source, "plan", non_negative=True)
     _check_version(raw, source, "plan", PLAN_VERSION, "rebuild it with the command recorded in the plan")
     if check_digest:
         expected = plan_digest(raw)
         if raw.get("digest") != expected:
             found = raw.get("digest") if isinstance(raw.get("digest"), str) else None
-            raise InputError(f"digest mismatch: file says {found or '(none)'}, content is {expected}",
-                             where=f"{source}: $.digest",
-                             fix="the file was edited by hand or corrupted; rebuild it with `planner build`")
+            raise InputError(
+                f"digest mismatch: file says {found or '(none)'}, content is {expected}",
+                where=f"{source}: $.digest",
+                fix="the file was edited by hand or corrupted; rebuild it with `planner build`",
+            )
     return validate_plan(convert(raw, Plan, source, kind="plan"), source)
 
 
@@ -432,6 +504,7 @@ def validate_plan(plan: Plan, source: str) -> Plan:
     once each), each step's id ``<op>/<phase>/<bs>``, captures one-to-one with
     the phases' sizes (no (phase, size) captured twice, none left out), edges
     between known steps, one timeline entry per step, tp >= 1."""
+
     def bad(what: str, path: str) -> InputError:
         return InputError(what, where=f"{source}: {path}", fix=_FIX["plan"])
 
@@ -444,8 +517,9 @@ def validate_plan(plan: Plan, source: str) -> Plan:
         first: dict[int, int] = {}
         for j, bs in enumerate(ph.sizes):
             if bs in first:
-                raise bad(f"size {bs} listed twice (also $.phases[{i}].sizes[{first[bs]}])",
-                          f"$.phases[{i}].sizes[{j}]")
+                raise bad(
+                    f"size {bs} listed twice (also $.phases[{i}].sizes[{first[bs]}])", f"$.phases[{i}].sizes[{j}]"
+                )
             first[bs] = j
         phases[ph.name] = set(ph.sizes)
     ids: dict[str, int] = {}
@@ -475,8 +549,7 @@ def validate_plan(plan: Plan, source: str) -> Plan:
         missing = sorted(bs for bs in ph.sizes if (ph.name, bs) not in captured)
         if missing:
             shown = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-            raise bad(f"phase {ph.name!r} lists size(s) {shown} that no capture step captures",
-                      f"$.phases[{i}].sizes")
+            raise bad(f"phase {ph.name!r} lists size(s) {shown} that no capture step captures", f"$.phases[{i}].sizes")
     for i, e in enumerate(plan.edges):
         for end in ("src", "dst"):
             if getattr(e, end) not in ids:
@@ -528,8 +601,13 @@ def decode_trace(data: bytes, source: str) -> Trace:
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX["trace"]) from None
     _expect_kind(head, "trace", source)
-    _check_version({"version": msgspec.json.decode(head["version"])} if "version" in head else {}, source, "trace",
-                   TRACE_VERSION, "record the trace again with capture_plan.executor.profile")
+    _check_version(
+        {"version": msgspec.json.decode(head["version"])} if "version" in head else {},
+        source,
+        "trace",
+        TRACE_VERSION,
+        "record the trace again with capture_plan.executor.profile",
+    )
     del head
     try:  # nesting is bounded already: the first decode read the whole document
         trace = msgspec.json.decode(data, type=Trace)
@@ -538,15 +616,24 @@ def decode_trace(data: bytes, source: str) -> Trace:
     _no_duplicate_keys(_EVENTS.sub(b"0", data), source, "trace")
     for i, cap in enumerate(trace.captures):
         if cap.bs > MAX_BS:
-            raise InputError(f"capture size {_short(cap.bs)} is over the limit of {MAX_BS}",
-                             where=f"{source}: $.captures[{i}].bs", fix=_FIX["trace"])
+            raise InputError(
+                f"capture size {_short(cap.bs)} is over the limit of {MAX_BS}",
+                where=f"{source}: $.captures[{i}].bs",
+                fix=_FIX["trace"],
+            )
         for j, ev in enumerate(cap.events):
             if ev.size > MAX_EVENT_BYTES:
-                raise InputError(f"allocation of {_short(ev.size)} bytes is over the limit of {MAX_EVENT_BYTES:,}",
-                                 where=f"{source}: $.captures[{i}].events[{j}]", fix=_FIX["trace"])
+                raise InputError(
+                    f"allocation of {_short(ev.size)} bytes is over the limit of {MAX_EVENT_BYTES:,}",
+                    where=f"{source}: $.captures[{i}].events[{j}]",
+                    fix=_FIX["trace"],
+                )
             if ev.id > MAX_INT:
-                raise InputError(f"block id {_short(ev.id)} is out of range", where=f"{source}: $.captures[{i}]"
-                                 f".events[{j}]", fix=_FIX["trace"])
+                raise InputError(
+                    f"block id {_short(ev.id)} is out of range",
+                    where=f"{source}: $.captures[{i}].events[{j}]",
+                    fix=_FIX["trace"],
+                )
     return trace
 
 

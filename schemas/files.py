@@ -29,8 +29,13 @@ from .limits import FILE_LIMITS
 
 __all__ = ["write_atomic", "read_input", "existing_output"]
 
-_KIND_NAMES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+_KIND_NAMES = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def _oserror(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
@@ -55,8 +60,7 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
         raise InputError(f"{kind} path contains a NUL byte", where=repr(where), fix="check the path") from None
     except OSError as err:
         if err.errno == errno.EISDIR:
-            raise InputError(f"is a directory, not a {kind} file", where=where,
-                             fix=f"pass a {kind} file") from None
+            raise InputError(f"is a directory, not a {kind} file", where=where, fix=f"pass a {kind} file") from None
         raise _oserror(err, f"read {kind}", where, fix) from None
     try:
         st = os.fstat(fd)
@@ -64,8 +68,11 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
             what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
             raise InputError(f"is {what}, not a {kind} file", where=where, fix=f"pass a regular {kind} file")
         if st.st_size > limit:
-            raise InputError(f"{kind} file is {st.st_size:,} bytes, over the limit of {limit:,}", where=where,
-                             fix=f"a {kind} this large is not a real one; check the path")
+            raise InputError(
+                f"{kind} file is {st.st_size:,} bytes, over the limit of {limit:,}",
+                where=where,
+                fix=f"a {kind} this large is not a real one; check the path",
+            )
         chunks, total = [], 0
         while True:  # read past st_size: the file may grow, never past the limit
             try:
@@ -77,8 +84,11 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
             if total > limit:
-                raise InputError(f"{kind} file is over the limit of {limit:,} bytes", where=where,
-                                 fix=f"a {kind} this large is not a real one; check the path")
+                raise InputError(
+                    f"{kind} file is over the limit of {limit:,} bytes",
+                    where=where,
+                    fix=f"a {kind} this large is not a real one; check the path",
+                )
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -112,7 +122,7 @@ def _sweep(path: Path) -> None:
         return
     for name in names:
         try:
-            pid = int(name[len(prefix):].split("-")[0])
+            pid = int(name[len(prefix) :].split("-")[0])
             if pid <= 0:
                 continue
             os.kill(pid, 0)
@@ -154,8 +164,11 @@ def existing_output(path: str | Path, where: str, fix: str, doing: str = "write"
     except NotADirectoryError:
         blocker = _file_on_the_way(Path(path))
         named, rename = (str(blocker), str(blocker)) if blocker is not None else ("a folder on the path", "that file")
-        raise InputError(f"cannot {doing}: {named} is a file, not a folder", where=where,
-                         fix=f"rename {rename}, or choose another path") from None
+        raise InputError(
+            f"cannot {doing}: {named} is a file, not a folder",
+            where=where,
+            fix=f"rename {rename}, or choose another path",
+        ) from None
     except ValueError:
         raise InputError("output path contains a NUL byte", where=repr(str(path)), fix="check the path") from None
     except OSError as err:

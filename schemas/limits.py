@@ -14,8 +14,18 @@ does on a GPU.
 from __future__ import annotations
 
 __all__ = [
-    "MAX_BS", "MAX_SIZES_PER_PHASE", "MAX_CAPTURES", "MAX_PHASES", "MAX_RULES", "MAX_INT", "MAX_MIB",
-    "MODEL_MAX", "MAX_TOKENS_PER_REQUEST", "MAX_EVENT_BYTES", "FILE_LIMITS", "MAX_DEPTH",
+    "MAX_BS",
+    "MAX_SIZES_PER_PHASE",
+    "MAX_CAPTURES",
+    "MAX_PHASES",
+    "MAX_RULES",
+    "MAX_INT",
+    "MAX_MIB",
+    "MODEL_MAX",
+    "MAX_TOKENS_PER_REQUEST",
+    "MAX_EVENT_BYTES",
+    "FILE_LIMITS",
+    "MAX_DEPTH",
 ]
 
 #: largest capture size (batch size) of any phase, and of ``--max-bs``
@@ -36,8 +46,15 @@ MAX_INT = 2**53
 MAX_MIB = float(2**30)
 #: upper bound of each model dimension (the largest real models are 10-100x below)
 MODEL_MAX: dict[str, int] = {
-    "layers": 1024, "hidden": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14, "head_dim": 1 << 14,
-    "intermediate": 1 << 22, "vocab": 1 << 24, "dtype_bytes": 16, "logits_dtype_bytes": 16,
+    "layers": 1024,
+    "hidden": 1 << 20,
+    "heads": 1 << 14,
+    "kv_heads": 1 << 14,
+    "head_dim": 1 << 14,
+    "intermediate": 1 << 22,
+    "vocab": 1 << 24,
+    "dtype_bytes": 16,
+    "logits_dtype_bytes": 16,
 }
 #: model dimensions not in MODEL_MAX (fields added later) get this bound
 MODEL_MAX_DEFAULT = 1 << 24
@@ -45,7 +62,10 @@ MODEL_MAX_DEFAULT = 1 << 24
 MAX_EVENT_BYTES = 1 << 40
 #: files larger than this are refused before reading (bytes), per kind
 FILE_LIMITS: dict[str, int] = {
-    "spec": 4 << 20, "plan": 64 << 20, "trace": 512 << 20, "report": 64 << 20,
+    "spec": 4 << 20,
+    "plan": 64 << 20,
+    "trace": 512 << 20,
+    "report": 64 << 20,
     # a Hugging Face config.json a spec names (real ones are a few KiB)
     "config": 4 << 20,
 }

@@ -16,9 +16,27 @@ import msgspec
 from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
 
 __all__ = [
-    "PlanStruct", "Strategy", "PhasePlan", "Step", "Edge", "Alternative", "Decision",
-    "StepMemory", "TraceSamples", "Prediction", "Inputs", "Requires", "Plan", "PLAN_VERSION", "PLAN_REVISION",
-    "StepOp", "BuildRecord", "DeviceCost", "DevicePrediction", "Provenance", "Fidelity",
+    "PlanStruct",
+    "Strategy",
+    "PhasePlan",
+    "Step",
+    "Edge",
+    "Alternative",
+    "Decision",
+    "StepMemory",
+    "TraceSamples",
+    "Prediction",
+    "Inputs",
+    "Requires",
+    "Plan",
+    "PLAN_VERSION",
+    "PLAN_REVISION",
+    "StepOp",
+    "BuildRecord",
+    "DeviceCost",
+    "DevicePrediction",
+    "Provenance",
+    "Fidelity",
 ]
 
 PLAN_VERSION = 1
@@ -45,8 +63,10 @@ class Strategy(PlanStruct, kw_only=True):
     warmup: Warmup = "every-size"
 
     def label(self) -> str:
-        return (f"order={self.order} outputs={self.outputs} workspace={self.workspace} "
-                f"pool={self.pool} warmup={self.warmup}")
+        return (
+            f"order={self.order} outputs={self.outputs} workspace={self.workspace} "
+            f"pool={self.pool} warmup={self.warmup}"
+        )
 
 
 class PhasePlan(PlanStruct, kw_only=True):

@@ -61,9 +61,12 @@ class PlainUnpickler(pickle.Unpickler):
         self._source = source
 
     def find_class(self, module: str, name: str):  # noqa: D401 - pickle's hook
-        raise InputError(f"pickle refers to {module}.{name}: only plain data (dicts, lists, tuples, strings, "
-                         "numbers) is accepted, and nothing in the file was executed", where=self._source,
-                         fix="pass the pickle written by torch.cuda.memory._dump_snapshot, or a JSON trace")
+        raise InputError(
+            f"pickle refers to {module}.{name}: only plain data (dicts, lists, tuples, strings, "
+            "numbers) is accepted, and nothing in the file was executed",
+            where=self._source,
+            fix="pass the pickle written by torch.cuda.memory._dump_snapshot, or a JSON trace",
+        )
 
     def persistent_load(self, pid):
         raise InputError("pickle uses persistent ids: only plain data is accepted", where=self._source)
@@ -80,12 +83,21 @@ def load_snapshot(data: bytes, source: str) -> dict:
     except InputError:
         raise
     except Exception as err:  # truncated or corrupt: pickle raises many types
-        raise InputError(f"not a readable pickle: {type(err).__name__}: {err}", where=source,
-                         fix="dump it again with torch.cuda.memory._dump_snapshot") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("segments"), list) \
-            or not isinstance(obj.get("device_traces"), list):
-        raise InputError("not a memory snapshot: expected a dict with `segments` and `device_traces`",
-                         where=source, fix="dump it with torch.cuda.memory._dump_snapshot")
+        raise InputError(
+            f"not a readable pickle: {type(err).__name__}: {err}",
+            where=source,
+            fix="dump it again with torch.cuda.memory._dump_snapshot",
+        ) from None
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("segments"), list)
+        or not isinstance(obj.get("device_traces"), list)
+    ):
+        raise InputError(
+            "not a memory snapshot: expected a dict with `segments` and `device_traces`",
+            where=source,
+            fix="dump it with torch.cuda.memory._dump_snapshot",
+        )
     return obj
 
 
@@ -119,11 +131,14 @@ def _pool_segments(snap: dict, source: str) -> tuple[int, dict[int, int]]:
             raise InputError(f"device must be a non-negative integer, got {dev!r}", where=where + ".device")
         segs.setdefault(dev, {})[_int(s, "address", where)] = _int(s, "total_size", where)
     if not segs:
-        raise InputError("the snapshot has no graph-pool segments", where=source,
-                         fix="dump the snapshot after capturing, while the graphs are still alive")
+        raise InputError(
+            "the snapshot has no graph-pool segments",
+            where=source,
+            fix="dump the snapshot after capturing, while the graphs are still alive",
+        )
     if len(segs) > 1:
         raise InputError(f"graph pools on several devices {sorted(segs)}; one device per trace", where=source)
-    (dev, pool), = segs.items()
+    ((dev, pool),) = segs.items()
     return dev, pool
 
 
@@ -131,8 +146,11 @@ def _windows(snap: dict, source: str) -> list[list[tuple[str, int, int]]]:
     dev, pool = _pool_segments(snap, source)
     traces = snap["device_traces"]
     if dev >= len(traces) or not traces[dev]:
-        raise InputError(f"no allocation history for device {dev}", where=source,
-                         fix="call torch.cuda.memory._record_memory_history() before capturing")
+        raise InputError(
+            f"no allocation history for device {dev}",
+            where=source,
+            fix="call torch.cuda.memory._record_memory_history() before capturing",
+        )
     entries = traces[dev]
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InputError("the history must be a list of dicts", where=f"{source}: device_traces[{dev}]")
@@ -171,10 +189,12 @@ def _windows(snap: dict, source: str) -> list[list[tuple[str, int, int]]]:
             else:
                 k = bisect_right(stale_starts, addr) - 1
                 if k >= 0 and addr < stale[k][1]:
-                    raise InputError(f"an allocation at {addr:#x} lies in a graph pool's segment created before the "
-                                     "recorded history starts", where=where,
-                                     fix="start _record_memory_history before the first capture (and keep "
-                                         "max_entries large enough)")
+                    raise InputError(
+                        f"an allocation at {addr:#x} lies in a graph pool's segment created before the "
+                        "recorded history starts",
+                        where=where,
+                        fix="start _record_memory_history before the first capture (and keep max_entries large enough)",
+                    )
                 if cur is not None:
                     cur = None  # an eager allocation: the capture is over
         elif action == "free_requested":
@@ -233,20 +253,26 @@ def trace_from_snapshot(data: bytes, phases: list[Phase], source: str, *, device
     windows = _windows(load_snapshot(data, source), source)
     want = sum(len(p.sizes) for p in phases)
     if len(windows) != want:
-        raise InputError(f"found {len(windows)} capture windows in the snapshot, the spec plans {want} captures "
-                         f"({', '.join(f'{p.name}: {len(p.sizes)}' for p in phases)})", where=source,
-                         fix="dump the snapshot of a run that captured exactly the spec's sizes, each after an "
-                             "eager warm-up, or record the trace with capture_plan.executor.profile")
+        raise InputError(
+            f"found {len(windows)} capture windows in the snapshot, the spec plans {want} captures "
+            f"({', '.join(f'{p.name}: {len(p.sizes)}' for p in phases)})",
+            where=source,
+            fix="dump the snapshot of a run that captured exactly the spec's sizes, each after an "
+            "eager warm-up, or record the trace with capture_plan.executor.profile",
+        )
     caps: list[CaptureTrace] = []
     pos = 0
     for p in phases:
-        block = windows[pos:pos + len(p.sizes)]
+        block = windows[pos : pos + len(p.sizes)]
         pos += len(p.sizes)
         scale = [_temp_bytes(w) for w in block]
         if len(set(scale)) != len(scale):
-            raise InputError(f"phase {p.name!r}: two capture windows request the same temporary bytes; "
-                             "cannot tell their batch sizes apart", where=source,
-                             fix="record the trace with capture_plan.executor.profile")
+            raise InputError(
+                f"phase {p.name!r}: two capture windows request the same temporary bytes; "
+                "cannot tell their batch sizes apart",
+                where=source,
+                fix="record the trace with capture_plan.executor.profile",
+            )
         n_out = min(_alive(w) for w in block)
         ranked = sorted(range(len(block)), key=lambda i: scale[i])
         for bs, i in zip(sorted(p.sizes), ranked):

@@ -14,8 +14,18 @@ import msgspec
 
 from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
 
-__all__ = ["SpecStruct", "Model", "PhaseModel", "Phase", "When", "Choice", "Rule", "Spec", "SPEC_VERSION",
-           "phase_model"]
+__all__ = [
+    "SpecStruct",
+    "Model",
+    "PhaseModel",
+    "Phase",
+    "When",
+    "Choice",
+    "Rule",
+    "Spec",
+    "SPEC_VERSION",
+    "phase_model",
+]
 
 SPEC_VERSION = 1
 

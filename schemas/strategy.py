@@ -11,8 +11,19 @@ from typing import Annotated, Literal, get_args
 import msgspec
 
 __all__ = [
-    "Order", "Outputs", "Workspace", "PoolMode", "Warmup", "PhaseKind", "PhaseSetting", "PHASE_SETTINGS",
-    "OutputLifetime", "AllocatorMode", "AXES", "AXIS_VALUES", "allocator_modes",
+    "Order",
+    "Outputs",
+    "Workspace",
+    "PoolMode",
+    "Warmup",
+    "PhaseKind",
+    "PhaseSetting",
+    "PHASE_SETTINGS",
+    "OutputLifetime",
+    "AllocatorMode",
+    "AXES",
+    "AXIS_VALUES",
+    "allocator_modes",
 ]
 
 #: Capture order of the sizes inside one phase.
@@ -48,7 +59,8 @@ AXES = ("order", "outputs", "workspace", "pool", "warmup")
 #: each axis's values, read from its type above (one source for the plan
 #: schema, the optimizer's candidates, --strategy checks and shell completion)
 AXIS_VALUES: dict[str, tuple[str, ...]] = {
-    axis: get_args(values) for axis, values in zip(AXES, (Order, Outputs, Workspace, PoolMode, Warmup))}
+    axis: get_args(values) for axis, values in zip(AXES, (Order, Outputs, Workspace, PoolMode, Warmup))
+}
 
 
 def allocator_modes() -> tuple[str, ...]:

@@ -83,8 +83,15 @@ def data_file(monkeypatch):
     extras: dict[str, bytes] = {}
 
     def clear() -> None:
-        for f in (resources.data, resources.backends, resources.phase_kinds, resources.rules_digest,
-                  resources.builtin_rules, resources.baseline, workload._phase_kind_models):
+        for f in (
+            resources.data,
+            resources.backends,
+            resources.phase_kinds,
+            resources.rules_digest,
+            resources.builtin_rules,
+            resources.baseline,
+            workload._phase_kind_models,
+        ):
             f.cache_clear()
 
     def use(name: str, extra: bytes) -> None:

@@ -27,8 +27,8 @@ class Backend:
         self.hold_at: tuple | None = None
 
     def capture_one(self, key, forward_fn, step, before_run=None):
-        with step.warmup():                                              # +
-            for _ in range(step.warmups):                                # + was range(2)
+        with step.warmup():  # +
+            for _ in range(step.warmups):  # + was range(2)
                 if before_run is not None:
                     before_run()
                 forward_fn()
@@ -36,15 +36,18 @@ class Backend:
             with step.eager():  # on the capture stream; ordered against replays in a background capture
                 before_run()
         graph = torch.cuda.CUDAGraph()
-        with step.graph(graph, pool=self.pool_override or step.pool,     # + was torch.cuda.graph(...)
-                        stream=self.stream_override or self.stream):
+        with step.graph(
+            graph,
+            pool=self.pool_override or step.pool,  # + was torch.cuda.graph(...)
+            stream=self.stream_override or self.stream,
+        ):
             out = forward_fn()
         if self.output_override is not None:
             out = self.output_override(out)
         if self.hold_at is not None and key == self.hold_at:
             return  # the engine forgets hold() here
         self.graphs[key] = graph
-        self.outputs[key] = step.hold(out)                               # +
+        self.outputs[key] = step.hold(out)  # +
 
     def cleanup(self):
         self.graphs.clear()
@@ -61,13 +64,14 @@ class Runner:
         self.sizes = None  # the engine's own list, for the fault tests
 
     def capture(self, loop):
-        for bs in self.sizes or loop.sizes(self.phase):                  # + was reversed(self.capture_bs)
-            step = loop.step(self.phase, bs)                             # +
+        for bs in self.sizes or loop.sizes(self.phase):  # + was reversed(self.capture_bs)
+            step = loop.step(self.phase, bs)  # +
             ws = step.workspace
             # the engine computes a hoisted workspace's metadata before every run, outside the graph
             refresh = None if ws is None else (lambda bs=bs, ws=ws: self.model.refresh(self.phase, bs, bs, ws))
-            self.backend.capture_one((self.phase, bs), lambda bs=bs, ws=ws: self.model.forward(self.phase, bs, ws),
-                                     step, refresh)
+            self.backend.capture_one(
+                (self.phase, bs), lambda bs=bs, ws=ws: self.model.forward(self.phase, bs, ws), step, refresh
+            )
 
 
 def make_engine(plan, model, device, *, phases=None, stream=None, **kw):
@@ -163,9 +167,11 @@ def planted(plan_path, bugs, mode: str, checks=("interleave", "footprint"), time
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
-    program = (f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]\n"
-               "from engine_shaped import planted_child\n"
-               f"planted_child({str(plan_path)!r}, {tuple(bugs)!r}, {mode!r}, {tuple(checks)!r})\n")
+    program = (
+        f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]\n"
+        "from engine_shaped import planted_child\n"
+        f"planted_child({str(plan_path)!r}, {tuple(bugs)!r}, {mode!r}, {tuple(checks)!r})\n"
+    )
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout)
     out = dict(exit=r.returncode, captured=None, failed=None, result=None, output=(r.stdout + r.stderr)[-3000:])
     for line in r.stdout.splitlines():

@@ -65,8 +65,11 @@ class Fake:
 
     def snapshot(self) -> list[dict]:
         live = [(r(), pool) for r, pool in self._pooled]
-        return self.segments + [{"address": t.data_ptr(), "total_size": t.untyped_storage().nbytes(),
-                                 "segment_pool_id": pool} for t, pool in live if t is not None]
+        return self.segments + [
+            {"address": t.data_ptr(), "total_size": t.untyped_storage().nbytes(), "segment_pool_id": pool}
+            for t, pool in live
+            if t is not None
+        ]
 
 
 class FakeMemPool:
@@ -136,14 +139,24 @@ def install(monkeypatch) -> Fake:
 
     monkeypatch.setattr(session, "_streams", {})  # the fake's streams are this test's alone
     for name, value in {
-        "Stream": lambda device=None: FakeStream(id(object())), "Event": FakeEvent,
-        "current_stream": current_stream, "default_stream": lambda device=None: f.default,
-        "stream": stream, "set_device": lambda d: None, "synchronize": lambda d=None: None,
-        "empty_cache": lambda: None, "memory_snapshot": lambda mempool_id=None: f.snapshot(),
-        "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()), "graph_pool_handle": pool_handle,
-        "CUDAGraph": lambda: FakeGraph(f), "is_current_stream_capturing": lambda: f.recording is not None,
-        "current_device": lambda: 0, "mem_get_info": lambda device=None: (0, 0),
-        "memory_allocated": lambda d=None: 0, "MemPool": lambda: FakeMemPool(f), "use_mem_pool": use_mem_pool,
+        "Stream": lambda device=None: FakeStream(id(object())),
+        "Event": FakeEvent,
+        "current_stream": current_stream,
+        "default_stream": lambda device=None: f.default,
+        "stream": stream,
+        "set_device": lambda d: None,
+        "synchronize": lambda d=None: None,
+        "empty_cache": lambda: None,
+        "memory_snapshot": lambda mempool_id=None: f.snapshot(),
+        "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()),
+        "graph_pool_handle": pool_handle,
+        "CUDAGraph": lambda: FakeGraph(f),
+        "is_current_stream_capturing": lambda: f.recording is not None,
+        "current_device": lambda: 0,
+        "mem_get_info": lambda device=None: (0, 0),
+        "memory_allocated": lambda d=None: 0,
+        "MemPool": lambda: FakeMemPool(f),
+        "use_mem_pool": use_mem_pool,
     }.items():
         monkeypatch.setattr(cuda, name, value, raising=False)
     return f

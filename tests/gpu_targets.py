@@ -102,8 +102,12 @@ def prime_capture_stream(tmp_path, *, background: bool = False) -> None:
 
     spec = tmp_path / "prime.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1]\n')
-    gs = capture(build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "prime.json")),
-                 Synthetic(max_bs=1), progress=False, background=background)
+    gs = capture(
+        build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "prime.json")),
+        Synthetic(max_bs=1),
+        progress=False,
+        background=background,
+    )
     if background:
         assert gs.wait(60)
     gs.release()

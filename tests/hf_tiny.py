@@ -38,16 +38,28 @@ def config(kind: str, common: dict, *, head_dim: int, expert: int, window: int):
         return transformers.Qwen3MoeConfig(**common, **moe, num_experts=8)
     if kind == "deepseek_v3":  # MLA attends with every head
         return transformers.DeepseekV3Config(
-            **{**common, "num_key_value_heads": common["num_attention_heads"]}, **moe, kv_lora_rank=head_dim,
-            q_lora_rank=head_dim + head_dim // 2, qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2,
-            v_head_dim=head_dim // 2 + head_dim // 4, n_routed_experts=8, n_shared_experts=1, n_group=2,
-            topk_group=1, first_k_dense_replace=1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+            **{**common, "num_key_value_heads": common["num_attention_heads"]},
+            **moe,
+            kv_lora_rank=head_dim,
+            q_lora_rank=head_dim + head_dim // 2,
+            qk_nope_head_dim=head_dim,
+            qk_rope_head_dim=head_dim // 2,
+            v_head_dim=head_dim // 2 + head_dim // 4,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
     if kind == "gpt_oss":
-        return transformers.GptOssConfig(**common, head_dim=head_dim, num_local_experts=4, num_experts_per_tok=2,
-                                         sliding_window=window)
+        return transformers.GptOssConfig(
+            **common, head_dim=head_dim, num_local_experts=4, num_experts_per_tok=2, sliding_window=window
+        )
     if kind == "glm4_moe":
-        return transformers.Glm4MoeConfig(**common, **moe, n_routed_experts=8, n_shared_experts=1,
-                                          first_k_dense_replace=1)
+        return transformers.Glm4MoeConfig(
+            **common, **moe, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1
+        )
     if kind == "mistral":
         return transformers.MistralConfig(**common, sliding_window=window)
     if kind == "gemma2":

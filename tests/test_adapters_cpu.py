@@ -10,15 +10,23 @@ transformers = pytest.importorskip("transformers")
 import hf_tiny  # noqa: E402
 from capture_plan.adapters.hf import DETERMINISTIC_SDPA, HFTarget  # noqa: E402
 
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=128, vocab_size=101, max_position_embeddings=256)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=101,
+    max_position_embeddings=256,
+)
 
 
 def _model(kind: str, window: int = 64, **kw):
     cfg = hf_tiny.config(kind, TINY, head_dim=16, expert=32, window=window)
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(
-        cfg, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa", **kw).to(torch.float32)
+        cfg, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa", **kw
+    ).to(torch.float32)
 
 
 KINDS = list(hf_tiny.KINDS)
@@ -66,8 +74,8 @@ def test_multi_token_phase_and_history_mask():
     pos = int(target.position)
     # token i sees the new tokens up to itself and none after
     for i in range(4):
-        assert (m[i, pos:pos + i + 1] == 0).all()
-        assert (m[i, pos + i + 1:] < 0).all()
+        assert (m[i, pos : pos + i + 1] == 0).all()
+        assert (m[i, pos + i + 1 :] < 0).all()
 
 
 @pytest.mark.parametrize("kind", ["mistral", "gpt_oss", "gemma2"])  # every layer sliding; mixed; mixed
@@ -94,8 +102,14 @@ def test_a_window_narrower_than_the_cache_attends_as_transformers_does(kind):
 
 
 def test_chunked_attention_narrower_than_the_cache_is_refused():
-    cfg = transformers.Llama4TextConfig(**TINY, head_dim=16, num_local_experts=2, intermediate_size_mlp=128,
-                                        attention_chunk_size=8, layer_types=["chunked_attention", "full_attention"])
+    cfg = transformers.Llama4TextConfig(
+        **TINY,
+        head_dim=16,
+        num_local_experts=2,
+        intermediate_size_mlp=128,
+        attention_chunk_size=8,
+        layer_types=["chunked_attention", "full_attention"],
+    )
     with pytest.raises(ValueError, match="layer 0 is chunked_attention over 8 tokens < max_seqlen 16"):
         HFTarget(transformers.AutoModelForCausalLM.from_config(cfg), max_bs=2, max_seqlen=16)
 
@@ -108,8 +122,12 @@ def test_hf_target_is_a_capture_target():
 
 def _sdpa_flags():
     b = torch.backends.cuda
-    return {"CUDNN_ATTENTION": b.cudnn_sdp_enabled(), "FLASH_ATTENTION": b.flash_sdp_enabled(),
-            "EFFICIENT_ATTENTION": b.mem_efficient_sdp_enabled(), "MATH": b.math_sdp_enabled()}
+    return {
+        "CUDNN_ATTENTION": b.cudnn_sdp_enabled(),
+        "FLASH_ATTENTION": b.flash_sdp_enabled(),
+        "EFFICIENT_ATTENTION": b.mem_efficient_sdp_enabled(),
+        "MATH": b.math_sdp_enabled(),
+    }
 
 
 @pytest.mark.parametrize("backends", [None, ("EFFICIENT_ATTENTION", "MATH")], ids=["default", "explicit"])
@@ -176,10 +194,23 @@ class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
-        self.ops.append((str(func), tuple(
-            (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, self.static.get(a.untyped_storage().data_ptr(),
-                                                                                     "tmp"))
-            if isinstance(a, torch.Tensor) else repr(a) for a in flat)))
+        self.ops.append(
+            (
+                str(func),
+                tuple(
+                    (
+                        tuple(a.shape),
+                        a.stride(),
+                        a.storage_offset(),
+                        a.dtype,
+                        self.static.get(a.untyped_storage().data_ptr(), "tmp"),
+                    )
+                    if isinstance(a, torch.Tensor)
+                    else repr(a)
+                    for a in flat
+                ),
+            )
+        )
         return func(*args, **kwargs)
 
 
@@ -306,9 +337,18 @@ def test_experts_that_route_on_the_host_are_refused():
 def test_linear_attention_layers_are_refused():
     """Qwen3-Next's Gated DeltaNet layers keep a state that transformers allocates
     at first use, which would land in the first capture's pool."""
-    cfg = transformers.Qwen3NextConfig(**TINY, head_dim=16, num_experts=4, num_experts_per_tok=2,
-                                       moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-                                       linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    cfg = transformers.Qwen3NextConfig(
+        **TINY,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    )
     with pytest.raises(ValueError, match=r"cache layer 0 is a .*supports attention layers with a key/value cache"):
         HFTarget(transformers.AutoModelForCausalLM.from_config(cfg), max_bs=2, max_seqlen=8)

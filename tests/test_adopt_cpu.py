@@ -35,8 +35,15 @@ def _adopted(target, **kw):
     from capture_plan.executor import adopt
 
     graphs, outputs, pool = _plain_loop(target)
-    return adopt(graphs, outputs, pool=pool, eager=lambda phase, bs: target.run(phase, bs, None),
-                 prepare=target.prepare, device=CPU, **kw)
+    return adopt(
+        graphs,
+        outputs,
+        pool=pool,
+        eager=lambda phase, bs: target.run(phase, bs, None),
+        prepare=target.prepare,
+        device=CPU,
+        **kw,
+    )
 
 
 def _faults(res) -> list[tuple[str, str, str]]:
@@ -51,8 +58,9 @@ def test_adopted_graphs_verify_like_executor_captured_ones(tmp_path, fake, seed)
     ours = capture(_plan(tmp_path, SIZES), wrong, progress=False, device=CPU)
     theirs = _adopted(Outputs(fake, wrong_bs=4))
     try:
-        assert [(c.phase, c.bs, c.order, c.rows_per_request, c.held) for c in theirs.graphs.values()] == \
-            [(c.phase, c.bs, c.order, c.rows_per_request, c.held) for c in ours.graphs.values()]
+        assert [(c.phase, c.bs, c.order, c.rows_per_request, c.held) for c in theirs.graphs.values()] == [
+            (c.phase, c.bs, c.order, c.rows_per_request, c.held) for c in ours.graphs.values()
+        ]
         assert [theirs.padded("decode", n) for n in range(1, 17)] == [ours.padded("decode", n) for n in range(1, 17)]
         a = verify(ours, checks=("interleave",), seed=seed, rounds=2)
         b = verify(theirs, checks=("interleave",), seed=seed, rounds=2)
@@ -125,8 +133,10 @@ def test_bad_adoption_input_is_one_clear_error(fake):
         (dict(graphs={"two": graphs[2]}, outputs=outputs, pool=pool, eager=eager), r"graph key 'two' is neither"),
         (dict(graphs=graphs, outputs=outputs, pool=pool), r"needs the engine's eager function"),
         (dict(graphs=graphs, outputs=outputs, pool=pool, eager=eager, held="weak"), r"held='weak'"),
-        (dict(graphs=graphs, outputs={1: outputs[1], 2: torch.zeros(3, 4)}, pool=pool, eager=eager),
-         r"adopt, graph decode/2: output has 3 rows, not a multiple of bs 2"),
+        (
+            dict(graphs=graphs, outputs={1: outputs[1], 2: torch.zeros(3, 4)}, pool=pool, eager=eager),
+            r"adopt, graph decode/2: output has 3 rows, not a multiple of bs 2",
+        ),
         (dict(graphs=graphs, outputs=outputs, pool={"verify": pool}, eager=eager), r"no pool for phase 'decode'"),
     ]
     for kw, message in cases:

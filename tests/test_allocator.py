@@ -9,16 +9,24 @@ from capture_plan.planner.allocator import KiB, MiB, PoolSim, round_size, segmen
 
 
 def test_rounding_to_512_byte_blocks():
-    assert [round_size(n) for n in (0, 1, 511, 512, 513, 1000, 1024, 1025)] == [512, 512, 512, 512, 1024, 1024,
-                                                                                  1024, 1536]
+    assert [round_size(n) for n in (0, 1, 511, 512, 513, 1000, 1024, 1025)] == [
+        512,
+        512,
+        512,
+        512,
+        1024,
+        1024,
+        1024,
+        1536,
+    ]
 
 
 def test_segment_sizes_small_large_and_huge():
-    assert segment_size(512) == 2 * MiB            # small pool: 2 MiB segments
-    assert segment_size(1 * MiB) == 2 * MiB        # 1 MiB inclusive is still small
+    assert segment_size(512) == 2 * MiB  # small pool: 2 MiB segments
+    assert segment_size(1 * MiB) == 2 * MiB  # 1 MiB inclusive is still small
     assert segment_size(1 * MiB + 512) == 20 * MiB  # large, under 10 MiB: 20 MiB
     assert segment_size(10 * MiB - 512) == 20 * MiB
-    assert segment_size(10 * MiB) == 10 * MiB      # 10 MiB and up: rounded to 2 MiB
+    assert segment_size(10 * MiB) == 10 * MiB  # 10 MiB and up: rounded to 2 MiB
     assert segment_size(11 * MiB) == 12 * MiB
 
 
@@ -162,8 +170,10 @@ def test_layout_lists_every_block_of_every_segment_by_address():
     a, b = p.alloc(3 * MiB), p.alloc(5 * MiB)
     p.alloc(100)
     p.free(a)
-    assert p.layout() == [(False, 20 * MiB, ((3 * MiB, False), (5 * MiB, True), (12 * MiB, False))),
-                          (True, 2 * MiB, ((512, True), (2 * MiB - 512, False)))]
+    assert p.layout() == [
+        (False, 20 * MiB, ((3 * MiB, False), (5 * MiB, True), (12 * MiB, False))),
+        (True, 2 * MiB, ((512, True), (2 * MiB - 512, False))),
+    ]
     p.free(b)  # merges both ways: the head block changes
     assert p.layout()[0] == (False, 20 * MiB, ((20 * MiB, False),))
 
@@ -235,6 +245,7 @@ def test_reserved_only_grows_and_best_fit_follows_get_free_block(seq, expandable
 @given(ops, ops, st.booleans())
 def test_a_copy_continues_exactly_as_the_original_and_independently(first, then, expandable):
     """PoolSim.copy: the optimizer resumes simulations from copies taken after a prefix."""
+
     def play(p, seq, live):
         out = []
         for is_alloc, size, stream in seq:

@@ -100,21 +100,31 @@ def _kept_across(ops):
 
 
 def _snap_segment(pool, kind, blocks, expandable=False):
-    return {"segment_pool_id": pool, "segment_type": kind, "address": 0, "is_expandable": expandable,
-            "total_size": sum(abs(b) for b in blocks),
-            "blocks": [{"size": abs(b), "state": "active_allocated" if b > 0 else "inactive"} for b in blocks]}
+    return {
+        "segment_pool_id": pool,
+        "segment_type": kind,
+        "address": 0,
+        "is_expandable": expandable,
+        "total_size": sum(abs(b) for b in blocks),
+        "blocks": [{"size": abs(b), "state": "active_allocated" if b > 0 else "inactive"} for b in blocks],
+    }
 
 
 def test_checkpoint_from_snapshot_takes_only_the_pool_and_reads_blocks():
-    snap = [_snap_segment([0, 5], "large", [3 * MiB, -17 * MiB], True),
-            _snap_segment((0, 6), "large", [20 * MiB]),  # another pool
-            _snap_segment([0, 5], "small", [512, -(2 * MiB - 512)], True)]
+    snap = [
+        _snap_segment([0, 5], "large", [3 * MiB, -17 * MiB], True),
+        _snap_segment((0, 6), "large", [20 * MiB]),  # another pool
+        _snap_segment([0, 5], "small", [512, -(2 * MiB - 512)], True),
+    ]
     del snap[1]["segment_pool_id"]  # the default pool's segments may carry none
     snap.append(_snap_segment((0, 6), "small", [2 * MiB]))
     cp, flags = ad.checkpoint_from_snapshot(snap, ad.pool_key((0, 5)))
-    assert cp == {"reserved": 22 * MiB, "allocated": 3 * MiB + 512,
-                  "segments": [["large", 20 * MiB], ["small", 2 * MiB]],
-                  "layout": [["large", [3 * MiB, -17 * MiB]], ["small", [512, -(2 * MiB - 512)]]]}
+    assert cp == {
+        "reserved": 22 * MiB,
+        "allocated": 3 * MiB + 512,
+        "segments": [["large", 20 * MiB], ["small", 2 * MiB]],
+        "layout": [["large", [3 * MiB, -17 * MiB]], ["small", [512, -(2 * MiB - 512)]]],
+    }
     assert flags == {True}
     bad = _snap_segment([0, 5], "large", [MiB])
     bad["total_size"] = 2 * MiB
@@ -209,8 +219,11 @@ class _FakeAllocator:
         out = [_snap_segment(None, "large", [20 * MiB])]  # the default pool
         for key, pool in self.pools.items():
             for (small, _n, blocks), head in zip(pool.layout(), pool._heads):
-                out.append(_snap_segment(list(key), "small" if small else "large",
-                                         [s if used else -s for s, used in blocks], self.truth))
+                out.append(
+                    _snap_segment(
+                        list(key), "small" if small else "large", [s if used else -s for s, used in blocks], self.truth
+                    )
+                )
                 out[-1]["address"] = head.addr
         return out
 
@@ -287,8 +300,9 @@ def test_run_mode_measures_releases_and_matches_an_exact_allocator():
         m = res["measurements"][3]
         assert m["checkpoints"] == ad.simulate(ad.generate_program(3), mode == "expandable", m["segment_addrs"])
         # the recorded addresses are the segments' bases, in creation order
-        assert len(m["segment_addrs"]) == len(set(m["segment_addrs"])) == \
-            len(m["checkpoints"][-1]["segments"]) and all(a % (1 << 41) == 0 for a in m["segment_addrs"])
+        assert len(m["segment_addrs"]) == len(set(m["segment_addrs"])) == len(m["checkpoints"][-1]["segments"]) and all(
+            a % (1 << 41) == 0 for a in m["segment_addrs"]
+        )
 
 
 def test_run_mode_reports_mismatches_wrong_mode_leaks_and_errors():
@@ -297,8 +311,10 @@ def test_run_mode_reports_mismatches_wrong_mode_leaks_and_errors():
     assert res["matches"] < 30 and len(res["first_mismatches"]) == 3
     mm = res["first_mismatches"][0]
     assert mm["ops"] == ad.generate_program(mm["seed"]) and mm["real"] != mm["sim"]
-    assert mm["first_diff"]["real"]["reserved"] != mm["first_diff"]["sim"]["reserved"] \
+    assert (
+        mm["first_diff"]["real"]["reserved"] != mm["first_diff"]["sim"]["reserved"]
         or mm["first_diff"]["real"]["segments"] != mm["first_diff"]["sim"]["segments"]
+    )
     assert res["mode_check"].startswith("wrong") and res["max_reserved_rel_diff"] > 0
     # a fixture keeps the mismatches, and replaying it on the CPU finds them again
     data = {"date": "d", "generator": {**ad.GENERATOR, "max_ops": 40}, "modes": {"expandable": res}}
@@ -320,10 +336,16 @@ def test_run_mode_reports_mismatches_wrong_mode_leaks_and_errors():
 
 def _results(tmp_path):
     """A parent-style results file from fake runs of both modes."""
-    modes = {m: ad.run_mode(m, list(range(100, 130)), _fake_torch(_FakeAllocator(m == "expandable")))
-             for m in ad.MODES}
-    data = {"bench": "allocator_diff", "date": "2026-01-01T00:00:00+00:00", "device": "fake", "torch": "0",
-            "generator": {**ad.GENERATOR, "max_ops": 40}, "seconds": 2.0, "modes": modes}
+    modes = {m: ad.run_mode(m, list(range(100, 130)), _fake_torch(_FakeAllocator(m == "expandable"))) for m in ad.MODES}
+    data = {
+        "bench": "allocator_diff",
+        "date": "2026-01-01T00:00:00+00:00",
+        "device": "fake",
+        "torch": "0",
+        "generator": {**ad.GENERATOR, "max_ops": 40},
+        "seconds": 2.0,
+        "modes": modes,
+    }
     data["summary"] = ad.summary_line(data)
     path = tmp_path / "out.json"
     ad.write_json(path, data)
@@ -406,9 +428,21 @@ def test_child_mode_without_a_gpu_says_so(tmp_path):
     """``--mode`` sets the allocator before torch loads; without CUDA it exits 1 with one line."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "allocator_diff.py"), "--mode", "expandable",
-                        "--programs", "3", "--out", str(tmp_path / "x.json")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "allocator_diff.py"),
+            "--mode",
+            "expandable",
+            "--programs",
+            "3",
+            "--out",
+            str(tmp_path / "x.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     import torch
 
     if torch.cuda.is_available():
@@ -427,9 +461,11 @@ def _measurement_files():
 def test_committed_gpu_measurements_match_poolsim():
     files = _measurement_files()
     if not files:
-        pytest.skip(f"no GPU measurements in {DATA.relative_to(ROOT)}/allocator_diff*.json yet: on an H200 run "
-                    "`python bench/allocator_diff.py --programs 2000 --out OUT.json --fixture "
-                    "tests/data/allocator_diff.json` and commit the fixture")
+        pytest.skip(
+            f"no GPU measurements in {DATA.relative_to(ROOT)}/allocator_diff*.json yet: on an H200 run "
+            "`python bench/allocator_diff.py --programs 2000 --out OUT.json --fixture "
+            "tests/data/allocator_diff.json` and commit the fixture"
+        )
     for f in files:
         res = ad.replay(ad.programs_of(json.loads(f.read_text())))
         assert res, f"{f.name}: no programs"
@@ -445,8 +481,21 @@ def test_committed_gpu_measurements_match_poolsim():
 @pytest.mark.gpu
 def test_poolsim_matches_the_real_allocator_in_both_modes(tmp_path):
     out = tmp_path / "allocdiff.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "allocator_diff.py"), "--programs", "300",
-                        "--seed", "1000000", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "allocator_diff.py"),
+            "--programs",
+            "300",
+            "--seed",
+            "1000000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     for mode in ad.MODES:

@@ -86,8 +86,14 @@ def test_pin_that_breaks_a_rule_is_refused_naming_it():
     with pytest.raises(ConstraintError, match="breaks rule warmup-per-shape"):
         build_plan(BuildOptions(backend="triton", strategies=("warmup=once-per-phase",)))
     with pytest.raises(ConstraintError, match="breaks rule fa3-ci-varlen-gate"):
-        build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle",
-                                strategies=("target_verify.order=largest-first", "target_verify.workspace=pool")))
+        build_plan(
+            BuildOptions(
+                backend="fa3",
+                ci=True,
+                speculative="eagle",
+                strategies=("target_verify.order=largest-first", "target_verify.workspace=pool"),
+            )
+        )
 
 
 def test_bad_pins_are_located():
@@ -109,7 +115,10 @@ PHASE = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 
 
 
 def test_conflicting_order_rules_are_reported_as_the_rules_in_conflict(tmp_path):
-    spec = _spec(tmp_path, PHASE + '''
+    spec = _spec(
+        tmp_path,
+        PHASE
+        + """
 [[rules]]
 id = "team-a"
 why = "x"
@@ -118,13 +127,16 @@ require = [{ order = "largest-first" }]
 id = "team-b"
 why = "y"
 require = [{ order = "smallest-first" }]
-''')
+""",
+    )
     with pytest.raises(ConstraintError, match=r"rules in conflict: team-a, team-b"):
         build_plan(BuildOptions(backend="fa3", spec=spec))
 
 
 def test_cyclic_phase_order_is_reported(tmp_path):
-    spec = _spec(tmp_path, '''
+    spec = _spec(
+        tmp_path,
+        """
 [[phases]]
 name = "a"
 kind = "decode"
@@ -135,7 +147,8 @@ name = "b"
 kind = "draft_decode"
 sizes = [1, 2]
 after = ["a"]
-''')
+""",
+    )
     with pytest.raises(ConstraintError, match=r"rules in conflict: after:a, after:b"):
         build_plan(BuildOptions(backend="fa3", spec=spec))
 
@@ -144,9 +157,12 @@ def test_budget_exceeded_names_the_cheapest_alternative(tmp_path):
     phase = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [32, 64, 128, 256]\n'
     spec = _spec(tmp_path, "budget_mib = 300\n" + phase)
     build_plan(BuildOptions(backend="fa3", spec=spec))  # views fit
-    with pytest.raises(ConstraintError, match=r"exceeds budget_mib 300; the cheapest schedule the rules allow, "
-                                              r"without the --strategy pins, takes [\d.]+ MiB \(within the budget\): "
-                                              r"decode: order=largest-first outputs=view "):
+    with pytest.raises(
+        ConstraintError,
+        match=r"exceeds budget_mib 300; the cheapest schedule the rules allow, "
+        r"without the --strategy pins, takes [\d.]+ MiB \(within the budget\): "
+        r"decode: order=largest-first outputs=view ",
+    ):
         build_plan(BuildOptions(backend="fa3", spec=spec, strategies=("outputs=keep",)))
 
 
@@ -157,14 +173,18 @@ def test_budget_below_the_floor(tmp_path):
 
 
 def test_phase_after_constraint_orders_phases(tmp_path):
-    spec = _spec(tmp_path, PHASE + '''
+    spec = _spec(
+        tmp_path,
+        PHASE
+        + """
 [[phases]]
 name = "verify"
 kind = "target_verify"
 tokens_per_request = 4
 sizes = [1, 2, 4]
 after = ["decode"]
-''')
+""",
+    )
     plan = build_plan(BuildOptions(backend="fa3", spec=spec))
     assert [p.name for p in plan.phases] == ["decode", "verify"]  # though verify's graphs are larger
     assert any(e.rule == "after:verify" for e in plan.edges)
@@ -185,9 +205,18 @@ def test_trace_driven_prediction(tmp_path):
 
     from capture_plan.schemas.trace import CaptureTrace, Event, Trace
 
-    caps = [CaptureTrace(phase="decode", bs=bs, events=[
-        Event(op="alloc", id=0, size=bs * 2**20), Event(op="alloc", id=1, size=bs * 2**19, kind="output"),
-        Event(op="free", id=0)]) for bs in (1, 2, 4, 8, 16, 32)]
+    caps = [
+        CaptureTrace(
+            phase="decode",
+            bs=bs,
+            events=[
+                Event(op="alloc", id=0, size=bs * 2**20),
+                Event(op="alloc", id=1, size=bs * 2**19, kind="output"),
+                Event(op="free", id=0),
+            ],
+        )
+        for bs in (1, 2, 4, 8, 16, 32)
+    ]
     tpath = tmp_path / "t.json"
     tpath.write_bytes(msgspec.json.encode(Trace(captures=caps)))
     plan = build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE), trace=tpath))
@@ -240,8 +269,10 @@ def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
 
     spec = default_spec("eagle")
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
-    strategies = {p.name: Strategy(outputs="keep" if i % 2 else "view", pool="own" if i == 1 else "shared")
-                  for i, p in enumerate(spec.phases)}
+    strategies = {
+        p.name: Strategy(outputs="keep" if i % 2 else "view", pool="own" if i == 1 else "shared")
+        for i, p in enumerate(spec.phases)
+    }
     caps = [(p.name, bs) for p in spec.phases for bs in sorted(p.sizes, reverse=True)[:6]]
     protect = frozenset({spec.phases[0].name})
     whole = simulate(caps, strategies, wl, protect=protect, library_bytes=32 << 20)
@@ -343,9 +374,13 @@ def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwr
     caps = [(p.name, bs) for p in spec.phases for bs in sorted(p.sizes, reverse=True)]
     hazards = []
     for outputs, pools in itertools.product(("keep", "view"), itertools.product(("shared", "own"), repeat=2)):
-        strategies = {n: Strategy(outputs=outputs if n == protected else "view",
-                                  pool=pools[0] if n == protected else pools[1] if n == names[1] else "shared")
-                      for n in names}
+        strategies = {
+            n: Strategy(
+                outputs=outputs if n == protected else "view",
+                pool=pools[0] if n == protected else pools[1] if n == names[1] else "shared",
+            )
+            for n in names
+        }
         fast = simulate(caps, strategies, wl, protect=protect)
         every = Simulation(wl, protect=protect)  # no `where`: every capture records its blocks
         for phase, bs in caps:
@@ -361,7 +396,8 @@ def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwr
 
 
 def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_recording_every_block_builds(
-        monkeypatch, tmp_path):
+    monkeypatch, tmp_path
+):
     """The optimizer's runs hold one pool each and record blocks only for the protected
     phases in it; its reused prefixes and tails are keyed by that set. Two protected
     phases, one captured late, so that runs with and without them share prefixes."""
@@ -373,9 +409,13 @@ def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_rec
 
     spec = default_spec("eagle", 16)
     late = {"target_verify", "draft_decode"}
-    spec = msgspec.structs.replace(spec, phases=[
-        msgspec.structs.replace(p, output_lifetime="across-phases" if p.name in late else "next-replay")
-        for p in spec.phases])
+    spec = msgspec.structs.replace(
+        spec,
+        phases=[
+            msgspec.structs.replace(p, output_lifetime="across-phases" if p.name in late else "next-replay")
+            for p in spec.phases
+        ],
+    )
     path = tmp_path / "spec.json"
     path.write_bytes(msgspec.json.encode(spec))
     opts = BuildOptions(backend="fa3", spec=path, output=tmp_path / "p.json")

@@ -37,8 +37,10 @@ def test_check_reports_drift_with_file_and_fix(cli, tmp_path):
     path.write_text(path.read_text().replace('"largest-first"', '"smallest-first"', 1))
     code, out, err = cli("build", "-b", "fa3", "--check")
     assert code == 1 and out == ""
-    assert err.strip() == ("planner: error: plans/fa3.json: plan is stale: its digest does not match its content "
-                           "(edited by hand or corrupted); fix: run `planner build --backend fa3`")
+    assert err.strip() == (
+        "planner: error: plans/fa3.json: plan is stale: its digest does not match its content "
+        "(edited by hand or corrupted); fix: run `planner build --backend fa3`"
+    )
     code, _, err = cli("check", "plans")
     assert code == 1 and "plans/fa3.json: plan is stale" in err and "planner build --backend fa3" in err
     assert "planner check --fix" in err
@@ -55,28 +57,46 @@ def test_check_all_plans_uses_each_recorded_command(cli, tmp_path):
         assert cli("build", *args)[0] == 0
     code, out, err = cli("check")
     assert code == 0, err
-    assert out.splitlines() == ["plans/fa3-ci.json: up to date", "plans/torch.json: up to date",
-                                "plans/triton.json: up to date"]
+    assert out.splitlines() == [
+        "plans/fa3-ci.json: up to date",
+        "plans/torch.json: up to date",
+        "plans/triton.json: up to date",
+    ]
 
 
-@pytest.mark.parametrize("content,message", [
-    ("[[phases]\nname=1", "spec.toml: malformed TOML: "),
-    ("", "spec.toml: file is empty"),
-    ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\nsize = 3\n',
-     "spec.toml: $.phases[0]: Object contains unknown field `size`"),
-    ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, "2"]\n',
-     "spec.toml: $.phases[0].sizes[1]: Expected `int`, got `str`"),
-    ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 0]\n',
-     "spec.toml: $.phases[0].sizes[2]: Expected `int` >= 1"),
-    ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [8, 4, 8]\n',
-     "spec.toml: $.phases[0].sizes[2]: duplicate capture size 8 (also $.phases[0].sizes[0]); fix: list each "
-     "size once"),
-    ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = []\n',
-     "spec.toml: $.phases[0].sizes: Expected `array` of length >= 1"),
-    ('[[phases]]\nname = "decode"\nkind = "prefill"\nsizes = [1]\n',
-     "spec.toml: $.phases[0].kind: unknown phase kind 'prefill'; fix: use one of decode, draft_decode, draft_extend, "
-     "full, piecewise, target_verify"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("[[phases]\nname=1", "spec.toml: malformed TOML: "),
+        ("", "spec.toml: file is empty"),
+        (
+            '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\nsize = 3\n',
+            "spec.toml: $.phases[0]: Object contains unknown field `size`",
+        ),
+        (
+            '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, "2"]\n',
+            "spec.toml: $.phases[0].sizes[1]: Expected `int`, got `str`",
+        ),
+        (
+            '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 0]\n',
+            "spec.toml: $.phases[0].sizes[2]: Expected `int` >= 1",
+        ),
+        (
+            '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [8, 4, 8]\n',
+            "spec.toml: $.phases[0].sizes[2]: duplicate capture size 8 (also $.phases[0].sizes[0]); fix: list each "
+            "size once",
+        ),
+        (
+            '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = []\n',
+            "spec.toml: $.phases[0].sizes: Expected `array` of length >= 1",
+        ),
+        (
+            '[[phases]]\nname = "decode"\nkind = "prefill"\nsizes = [1]\n',
+            "spec.toml: $.phases[0].kind: unknown phase kind 'prefill'; fix: use one of decode, draft_decode, "
+            "draft_extend, full, piecewise, target_verify",
+        ),
+    ],
+)
 def test_bad_spec_gets_one_located_line_and_writes_nothing(cli, tmp_path, content, message):
     (tmp_path / "spec.toml").write_text(content)
     code, out, err = cli("build", "-b", "fa3", "--spec", "spec.toml")
@@ -165,15 +185,15 @@ def test_help_lists_arguments_and_shell_completion_offers_commands_backends_and_
     code, out, _ = cli("build", "-h")
     assert code == 0 and "Attention backend: fa3, flashinfer, torch, triton" in " ".join(out.split())
     monkeypatch.setenv("_PLANNER_COMPLETE", "bash_complete")
-    for words, cword, expected in (("planner build --backend f", "3", ["plain,fa3", "plain,flashinfer"]),
-                                   ("planner sh", "1", ["plain,show"]),
-                                   ("planner build -s ord", "3", ["plain,order=largest-first",
-                                                                  "plain,order=smallest-first"]),
-                                   ("planner build -s decode.outputs=", "3", ["plain,decode.outputs=keep",
-                                                                              "plain,decode.outputs=view"]),
-                                   ("planner build --speculative ''", "3", ["plain,eagle"]),
-                                   ("planner build --preset v", "3", ["plain,vllm"]),
-                                   ("planner build --allocator e", "3", ["plain,expandable"])):
+    for words, cword, expected in (
+        ("planner build --backend f", "3", ["plain,fa3", "plain,flashinfer"]),
+        ("planner sh", "1", ["plain,show"]),
+        ("planner build -s ord", "3", ["plain,order=largest-first", "plain,order=smallest-first"]),
+        ("planner build -s decode.outputs=", "3", ["plain,decode.outputs=keep", "plain,decode.outputs=view"]),
+        ("planner build --speculative ''", "3", ["plain,eagle"]),
+        ("planner build --preset v", "3", ["plain,vllm"]),
+        ("planner build --allocator e", "3", ["plain,expandable"]),
+    ):
         monkeypatch.setenv("COMP_WORDS", words)
         monkeypatch.setenv("COMP_CWORD", cword)
         code, out, _ = cli()
@@ -181,7 +201,7 @@ def test_help_lists_arguments_and_shell_completion_offers_commands_backends_and_
 
 
 def test_conflicting_rules_exit_1_naming_them(cli, tmp_path):
-    (tmp_path / "s.toml").write_text('''[[phases]]
+    (tmp_path / "s.toml").write_text("""[[phases]]
 name = "decode"
 kind = "decode"
 sizes = [1, 2]
@@ -193,7 +213,7 @@ require = [{ order = "largest-first" }]
 id = "b"
 why = "b"
 require = [{ order = "smallest-first" }]
-''')
+""")
     code, _, err = cli("build", "-b", "fa3", "--spec", "s.toml")
     assert code == 1 and "rules in conflict: a, b" in err
 
@@ -284,18 +304,34 @@ def test_report_side_by_side(cli, tmp_path):
 
     from capture_plan.schemas.report import CaptureReport, StepMeasurement
 
-    rep = CaptureReport(plan="fa3", plan_digest="sha256:x", device="NVIDIA H200 sm90", torch="2.11",
-                        backend_module="fa3",
-                        pool_bytes=260 * 2**20, predicted_pool_bytes=258 * 2**20, capture_seconds=1.0,
-                        steps=[StepMeasurement(step=1, id="capture/decode/256", reserved=252 * 2**20,
-                                               predicted_reserved=252 * 2**20, seconds=0.05)])
+    rep = CaptureReport(
+        plan="fa3",
+        plan_digest="sha256:x",
+        device="NVIDIA H200 sm90",
+        torch="2.11",
+        backend_module="fa3",
+        pool_bytes=260 * 2**20,
+        predicted_pool_bytes=258 * 2**20,
+        capture_seconds=1.0,
+        steps=[
+            StepMeasurement(
+                step=1, id="capture/decode/256", reserved=252 * 2**20, predicted_reserved=252 * 2**20, seconds=0.05
+            )
+        ],
+    )
     (tmp_path / "r.json").write_bytes(msgspec.json.encode(rep))
     code, out, _ = cli("report", "r.json")
     assert code == 0 and "capture/decode/256" in out and "pool: predicted 258.0 MiB, measured 260.0 MiB (+0.8%)" in out
     assert cli("build", "-b", "fa3")[0] == 0
     code, out, err = cli("report", "r.json", "--plan", "plans/fa3.json")  # captured from another plan
-    assert code == 1 and out == "" and err.startswith("planner: error: r.json: $.plan_digest: report was captured "
-                                                      "from plan 'fa3' (sha256:x), not from plans/fa3.json")
+    assert (
+        code == 1
+        and out == ""
+        and err.startswith(
+            "planner: error: r.json: $.plan_digest: report was captured "
+            "from plan 'fa3' (sha256:x), not from plans/fa3.json"
+        )
+    )
 
 
 def test_internal_errors_exit_3_and_debug_shows_the_traceback(cli, monkeypatch):
@@ -315,24 +351,41 @@ def test_the_console_script_runs(tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "capture_plan.planner", "build", "-b", "fa3", "--dry-run"], cwd=tmp_path,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "capture_plan.planner", "build", "-b", "fa3", "--dry-run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "dry run" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "capture_plan.planner", "show", "nope.json"], cwd=tmp_path,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "capture_plan.planner", "show", "nope.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and r.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("trace,message", [
-    ('{"captures": [', "t.json: not valid JSON (truncated or corrupted?)"),
-    ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, -5, "temp"]]}]}',
-     "t.json: $.captures[0].events[0][2]: Expected `int` >= 0"),
-    ('{"captures": [{"phase": "verify", "bs": 1, "events": []}]}',
-     "t.json: $.captures[0].phase: unknown phase 'verify'"),
-    ('{"captures": [{"phase": "decode", "bs": 1, "events": []}]}',
-     "t.json: phase 'decode': planned sizes [2] lie outside the recorded sizes 1..1"),
-    ('{"version": 7, "captures": []}', "t.json: trace version 7 is newer than this capture-plan understands (1)"),
-])
+@pytest.mark.parametrize(
+    "trace,message",
+    [
+        ('{"captures": [', "t.json: not valid JSON (truncated or corrupted?)"),
+        (
+            '{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, -5, "temp"]]}]}',
+            "t.json: $.captures[0].events[0][2]: Expected `int` >= 0",
+        ),
+        (
+            '{"captures": [{"phase": "verify", "bs": 1, "events": []}]}',
+            "t.json: $.captures[0].phase: unknown phase 'verify'",
+        ),
+        (
+            '{"captures": [{"phase": "decode", "bs": 1, "events": []}]}',
+            "t.json: phase 'decode': planned sizes [2] lie outside the recorded sizes 1..1",
+        ),
+        ('{"version": 7, "captures": []}', "t.json: trace version 7 is newer than this capture-plan understands (1)"),
+    ],
+)
 def test_bad_traces_are_refused_with_one_line(cli, tmp_path, trace, message):
     (tmp_path / "s.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n')
     (tmp_path / "t.json").write_text(trace)

@@ -29,17 +29,45 @@ def _report(plan, *, per_graph=2 * MiB, scratch=100 * MiB, workspace=32 * MiB, d
             grown = m.reserved + workspace - reserved
             reserved += grown
             free -= grown + per_graph
-        steps.append(StepMeasurement(step=s.index, id=s.id, reserved=m.reserved, predicted_reserved=m.reserved,
-                                     seconds=0.0, free=free, allocator_reserved=reserved,
-                                     scratch=scratch if s.op == "warmup" else None))
+        steps.append(
+            StepMeasurement(
+                step=s.index,
+                id=s.id,
+                reserved=m.reserved,
+                predicted_reserved=m.reserved,
+                seconds=0.0,
+                free=free,
+                allocator_reserved=reserved,
+                scratch=scratch if s.op == "warmup" else None,
+            )
+        )
     pool = plan.predicted.pool_bytes
-    view = DeviceView(free_before=free0, free_after=free, drop=free0 - free, items=[
-        DeviceItem(name="pool", bytes=pool), DeviceItem(name="hoisted", bytes=0),
-        DeviceItem(name="allocator-held", bytes=workspace), DeviceItem(name="allocator-cached", bytes=0),
-        DeviceItem(name="outside-allocator", bytes=free0 - free - pool - workspace)], first_in_process=True)
-    return CaptureReport(plan=plan.name, plan_digest=plan.digest, device=device, torch="2.11", backend_module="",
-                         pool_bytes=pool, predicted_pool_bytes=pool, capture_seconds=1.0, steps=steps,
-                         driver="580.1", device_view=view)
+    view = DeviceView(
+        free_before=free0,
+        free_after=free,
+        drop=free0 - free,
+        items=[
+            DeviceItem(name="pool", bytes=pool),
+            DeviceItem(name="hoisted", bytes=0),
+            DeviceItem(name="allocator-held", bytes=workspace),
+            DeviceItem(name="allocator-cached", bytes=0),
+            DeviceItem(name="outside-allocator", bytes=free0 - free - pool - workspace),
+        ],
+        first_in_process=True,
+    )
+    return CaptureReport(
+        plan=plan.name,
+        plan_digest=plan.digest,
+        device=device,
+        torch="2.11",
+        backend_module="",
+        pool_bytes=pool,
+        predicted_pool_bytes=pool,
+        capture_seconds=1.0,
+        steps=steps,
+        driver="580.1",
+        device_view=view,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +123,12 @@ def test_a_calibration_without_the_device_items_or_a_workspace_figure_gives_no_z
 
 
 def test_the_peak_is_a_warmup_on_top_of_the_pools_captured_before_it():
-    steps = [Step(index=0, id="warmup/a/8", op="warmup", phase="a", bs=8),
-             Step(index=1, id="capture/a/8", op="capture", phase="a", bs=8),
-             Step(index=2, id="warmup/b/8", op="warmup", phase="b", bs=8),
-             Step(index=3, id="capture/b/8", op="capture", phase="b", bs=8)]
+    steps = [
+        Step(index=0, id="warmup/a/8", op="warmup", phase="a", bs=8),
+        Step(index=1, id="capture/a/8", op="capture", phase="a", bs=8),
+        Step(index=2, id="warmup/b/8", op="warmup", phase="b", bs=8),
+        Step(index=3, id="capture/b/8", op="capture", phase="b", bs=8),
+    ]
     after = [0, 300, 300, 320]
     got = peak(steps, after, {}, {"a": 2.0, "b": 1.0}, {"a": 50, "b": 100}, fixed=10)
     assert got == 300 + 100 + 10 + 2  # during b's warm-up: a's pool, b's scratch, fixed, a's driver memory
@@ -116,16 +146,28 @@ def test_a_calibration_from_another_device_than_the_trace_is_refused_naming_both
     plan = build_plan(BuildOptions(backend="fa3", ci=True, trace=trace, output=tmp_path / "t.json"))
     rep = tmp_path / "h100.json"
     rep.write_bytes(msgspec.json.encode(_report(plan, device="NVIDIA H100 80GB HBM3 sm90, torch 2.11")))
-    code = main(["build", "-b", "fa3", "--ci", "--trace", str(trace), "--calibration", str(rep),
-                 "-o", str(tmp_path / "x.json")])
+    code = main(
+        ["build", "-b", "fa3", "--ci", "--trace", str(trace), "--calibration", str(rep), "-o", str(tmp_path / "x.json")]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "H100" in err and "H200" in err and err.count("\n") == 1, err
 
 
 def test_config_builds_are_approximate_and_require_exact_refuses_them(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "intermediate_size": 5632, "vocab_size": 32000, "dtype": "bfloat16"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 2048,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "intermediate_size": 5632,
+                "vocab_size": 32000,
+                "dtype": "bfloat16",
+            }
+        )
+    )
     spec = tmp_path / "m.toml"
     spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
     plan = build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "m.json"))
@@ -153,8 +195,9 @@ def test_a_report_from_another_device_than_the_calibration_is_refused_naming_bot
     out = tmp_path / "p.json"
     assert main(["build", "-b", "fa3", "--ci", "--calibration", str(rep), "-o", str(out)]) == 0
     plan = json.loads(out.read_text())
-    other = msgspec.structs.replace(_report(fa3ci), device="NVIDIA H100 80GB HBM3 sm90, torch 2.11",
-                                    plan_digest=plan["digest"])
+    other = msgspec.structs.replace(
+        _report(fa3ci), device="NVIDIA H100 80GB HBM3 sm90, torch 2.11", plan_digest=plan["digest"]
+    )
     (tmp_path / "h100.json").write_bytes(msgspec.json.encode(other))
     capsys.readouterr()
     assert main(["report", str(tmp_path / "h100.json"), "--plan", str(out)]) == 1
@@ -168,10 +211,22 @@ def test_a_report_from_another_device_than_the_calibration_is_refused_naming_bot
 
 
 def test_report_require_exact_refuses_an_approximate_plan_and_needs_one(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "mixtral", "hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "intermediate_size": 3584, "vocab_size": 32000, "num_local_experts": 8,
-        "num_experts_per_tok": 2, "dtype": "bfloat16"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mixtral",
+                "hidden_size": 1024,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "intermediate_size": 3584,
+                "vocab_size": 32000,
+                "num_local_experts": 8,
+                "num_experts_per_tok": 2,
+                "dtype": "bfloat16",
+            }
+        )
+    )
     spec = tmp_path / "m.toml"
     spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
     out = tmp_path / "m.json"

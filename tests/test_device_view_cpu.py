@@ -39,14 +39,27 @@ def test_device_view_items_add_up_to_the_free_memory_drop():
     before = Probe(free=10_000 * MiB, reserved=100 * MiB, allocated=90 * MiB)
     # the pools: 258 MiB reserved, 200 allocated; the cuBLAS workspace 32 MiB held; 2 MiB cached;
     # 1 KiB hoisted; and 162 MiB outside the allocator
-    after = Probe(free=before.free - (258 + 32 + 2 + 162) * MiB - 1024,
-                  reserved=before.reserved + (258 + 32 + 2) * MiB + 1024,
-                  allocated=before.allocated + (200 + 32) * MiB + 1024)
-    view = device_view(before, after, pool_reserved=258 * MiB, pool_allocated=200 * MiB, hoisted=1024,
-                       first_in_process=True, background=False)
+    after = Probe(
+        free=before.free - (258 + 32 + 2 + 162) * MiB - 1024,
+        reserved=before.reserved + (258 + 32 + 2) * MiB + 1024,
+        allocated=before.allocated + (200 + 32) * MiB + 1024,
+    )
+    view = device_view(
+        before,
+        after,
+        pool_reserved=258 * MiB,
+        pool_allocated=200 * MiB,
+        hoisted=1024,
+        first_in_process=True,
+        background=False,
+    )
     assert {i.name: i.bytes for i in view.items} == {
-        "pool": 258 * MiB, "hoisted": 1024, "allocator-held": 32 * MiB, "allocator-cached": 2 * MiB,
-        "outside-allocator": 162 * MiB}
+        "pool": 258 * MiB,
+        "hoisted": 1024,
+        "allocator-held": 32 * MiB,
+        "allocator-cached": 2 * MiB,
+        "outside-allocator": 162 * MiB,
+    }
     assert view.drop == sum(i.bytes for i in view.items) == before.free - after.free
     assert "first graph capture" in next(i.cause for i in view.items if i.name == "outside-allocator")
 

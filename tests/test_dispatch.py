@@ -20,8 +20,11 @@ def test_an_empty_table_serves_nothing_yet_and_says_so():
     table = PadTable("decode", {}, limit=256)
     assert table.sizes == () and table.limit == 256
     assert table.get(1) is None and table.get(256) is None and table.get(257) is None
-    with pytest.raises(ExecutorError, match=r"batch 5 has no captured graph yet \(captured so far: none; "
-                                            r"planned up to 256\)"):
+    with pytest.raises(
+        ExecutorError,
+        match=r"batch 5 has no captured graph yet \(captured so far: none; "
+        r"planned up to 256\)",
+    ):
         table[5]
     with pytest.raises(ExecutorError, match="batch 300 is outside the captured sizes 1..256"):
         table[300]

@@ -34,8 +34,13 @@ def _worker(rank, world, port, scenario, plans, results):
     from capture_plan.executor.distributed import check_plan_agreement, run_synchronized
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=10))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=10),
+        )
         plan = load_plan(plans[scenario.get("plan_of", {}).get(rank, "tp")], check_env=False)
         env = {"device": "NVIDIA H200 sm90, torch 2.11.0", "backend module": "fa3_fwd_interface"}
         env.update(scenario.get("env_of", {}).get(rank, {}))
@@ -82,10 +87,12 @@ def plans(tmp_path_factory) -> dict[str, str]:
 
     d: Path = tmp_path_factory.mktemp("plans")
     out = {}
-    for name, opts in {"tp": BuildOptions(backend="fa3", tp=2, max_bs=16),
-                       "tp-ci": BuildOptions(backend="fa3", tp=2, max_bs=16, ci=True),
-                       "tp-other": BuildOptions(backend="fa3", tp=2, max_bs=8),
-                       "tp4": BuildOptions(backend="fa3", tp=4, max_bs=16)}.items():
+    for name, opts in {
+        "tp": BuildOptions(backend="fa3", tp=2, max_bs=16),
+        "tp-ci": BuildOptions(backend="fa3", tp=2, max_bs=16, ci=True),
+        "tp-other": BuildOptions(backend="fa3", tp=2, max_bs=8),
+        "tp4": BuildOptions(backend="fa3", tp=4, max_bs=16),
+    }.items():
         path = d / f"{name}.json"
         path.write_bytes(plan_bytes(build_plan(opts)))
         out[name] = str(path)
@@ -97,12 +104,17 @@ def test_agreement_passes_when_every_rank_has_the_same_plan(plans):
     assert _run(4, {"plan_of": {r: "tp4" for r in range(4)}}, plans) == {r: "ok" for r in range(4)}
 
 
-@pytest.mark.parametrize("scenario,needle", [
-    ({"plan_of": {1: "tp-other"}}, "plan digest differs: ranks [0]: sha256:"),
-    ({"plan_of": {1: "tp-ci"}}, "ci differs: ranks [0]: False; ranks [1]: True"),
-    ({"env_of": {1: {"device": "no CUDA device, torch 2.11.0"}}},
-     "device differs: ranks [0]: NVIDIA H200 sm90, torch 2.11.0; ranks [1]: no CUDA device"),
-])
+@pytest.mark.parametrize(
+    "scenario,needle",
+    [
+        ({"plan_of": {1: "tp-other"}}, "plan digest differs: ranks [0]: sha256:"),
+        ({"plan_of": {1: "tp-ci"}}, "ci differs: ranks [0]: False; ranks [1]: True"),
+        (
+            {"env_of": {1: {"device": "no CUDA device, torch 2.11.0"}}},
+            "device differs: ranks [0]: NVIDIA H200 sm90, torch 2.11.0; ranks [1]: no CUDA device",
+        ),
+    ],
+)
 def test_disagreement_fails_every_rank_with_the_same_message(plans, scenario, needle):
     results = _run(2, scenario, plans)
     assert results[0].startswith("EnvironmentMismatch") and needle in results[0]

@@ -40,9 +40,12 @@ def test_load_plan_accepts_a_fitting_machine(plans):
 
 def test_mismatch_is_an_error_for_ci_plans_and_a_warning_otherwise(plans):
     a100 = Environment("NVIDIA A100", (8, 0), "2.3.0", frozenset({"torch"}))
-    with pytest.raises(EnvironmentMismatch, match=r"ci.json: plan does not fit this machine: needs compute "
-                                                  r"capability >= 9.0, this is NVIDIA A100 \(8.0\); needs torch "
-                                                  r">=2.4, this is 2.3.0; backend fa3 kernels not importable"):
+    with pytest.raises(
+        EnvironmentMismatch,
+        match=r"ci.json: plan does not fit this machine: needs compute "
+        r"capability >= 9.0, this is NVIDIA A100 \(8.0\); needs torch "
+        r">=2.4, this is 2.3.0; backend fa3 kernels not importable",
+    ):
         load_plan(plans["ci"], env=a100)
     with pytest.warns(UserWarning, match="plan does not fit this machine"):
         load_plan(plans["dev"], env=a100)

@@ -51,8 +51,13 @@ def test_plan_from_three_sizes_equals_plan_from_all(tmp_path):
     few_path.write_bytes(msgspec.json.encode(Trace(captures=[c for c in full.captures if c.bs in keep])))
     a = build_plan(BuildOptions(backend="fa3", ci=True, trace=H200)).predicted
     b = build_plan(BuildOptions(backend="fa3", ci=True, trace=few_path)).predicted
-    assert (a.pool_bytes, a.pools, a.timeline, a.baseline_bytes, a.largest_graph_bytes) == \
-        (b.pool_bytes, b.pools, b.timeline, b.baseline_bytes, b.largest_graph_bytes)
+    assert (a.pool_bytes, a.pools, a.timeline, a.baseline_bytes, a.largest_graph_bytes) == (
+        b.pool_bytes,
+        b.pools,
+        b.timeline,
+        b.baseline_bytes,
+        b.largest_graph_bytes,
+    )
     assert b.samples["decode"].measured == [1, 120, 256] and len(b.samples["decode"].derived) == 33
     assert a.samples["decode"].derived == [] and len(a.samples["decode"].measured) == 36
 
@@ -70,8 +75,9 @@ def _cap(bs: int, sizes: list[int], extra: int = 0) -> CaptureTrace:
 
 
 def _fit(samples: dict[int, CaptureTrace], planned: list[int]) -> Workload:
-    return Workload.from_trace(Trace(captures=list(samples.values())),
-                               [Phase(name="decode", kind="decode", sizes=planned)], "t.json")
+    return Workload.from_trace(
+        Trace(captures=list(samples.values())), [Phase(name="decode", kind="decode", sizes=planned)], "t.json"
+    )
 
 
 def _fa3_workspace(bs: int) -> int:
@@ -86,41 +92,60 @@ def test_padded_batch_is_fitted_exactly():
 
 
 def test_samples_that_do_not_line_up_name_the_sizes_to_record():
-    caps = {1: _cap(1, [10, 20]), 8: _cap(8, [80, 160]), 64: _cap(64, [640, 1280], extra=1),
-            128: _cap(128, [1280, 2560], extra=1)}
+    caps = {
+        1: _cap(1, [10, 20]),
+        8: _cap(8, [80, 160]),
+        64: _cap(64, [640, 1280], extra=1),
+        128: _cap(128, [1280, 2560], extra=1),
+    }
     with pytest.raises(InputError) as err:
         _fit(caps, [1, 2, 4, 8, 16, 32, 64, 128])
     msg = str(err.value)
     assert "sizes [1, 8] and [64, 128] do not line up" in msg and "[16, 32] cannot be derived" in msg
     assert "fix: record the sizes between 8 and 64 ([16, 32])" in msg
     # sizes inside an aligned run are still fine; the gap is what is refused
-    w = _fit({**caps, 4: _cap(4, [40, 80]), 16: _cap(16, [160, 320]), 32: _cap(32, [320, 640])} | {
-        97: _cap(97, [970, 1940], extra=1)}, [1, 2, 4, 8, 16, 32, 64, 97, 100, 128])
+    w = _fit(
+        {**caps, 4: _cap(4, [40, 80]), 16: _cap(16, [160, 320]), 32: _cap(32, [320, 640])}
+        | {97: _cap(97, [970, 1940], extra=1)},
+        [1, 2, 4, 8, 16, 32, 64, 97, 100, 128],
+    )
     assert _sizes(w, "decode", 2)[:2] == [20, 40] and _sizes(w, "decode", 100)[:2] == [1000, 2000]
 
 
 def test_no_extrapolation_and_no_unchecked_fit():
     caps = {bs: _cap(bs, [10 * bs]) for bs in (2, 8, 16)}
-    with pytest.raises(InputError, match=r"planned sizes \[1, 32\] lie outside the recorded sizes 2\.\.16; "
-                                         r"sizes are never extrapolated"):
+    with pytest.raises(
+        InputError,
+        match=r"planned sizes \[1, 32\] lie outside the recorded sizes 2\.\.16; "
+        r"sizes are never extrapolated",
+    ):
         _fit(caps, [1, 2, 8, 16, 32])
-    with pytest.raises(InputError, match=r"sizes \[4\] would be derived from the 2 samples \[2, 8\] with none "
-                                         r"left to check the fit; fix: record one more size between 2 and 8"):
+    with pytest.raises(
+        InputError,
+        match=r"sizes \[4\] would be derived from the 2 samples \[2, 8\] with none "
+        r"left to check the fit; fix: record one more size between 2 and 8",
+    ):
         _fit({bs: _cap(bs, [10 * bs]) for bs in (2, 8)}, [2, 4, 8])
 
 
 def test_a_size_no_exact_function_fits_is_refused():
     caps = {bs: _cap(bs, [bs * bs * 512]) for bs in (1, 4, 16)}
-    with pytest.raises(InputError, match=r"allocation #0 \(output\) has sizes \{1: 512, 4: 8192, 16: 131072\} "
-                                         r"that no exact function"):
+    with pytest.raises(
+        InputError,
+        match=r"allocation #0 \(output\) has sizes \{1: 512, 4: 8192, 16: 131072\} "
+        r"that no exact function",
+    ):
         _fit(caps, [1, 2, 4, 16])
 
 
 def test_samples_two_functions_fit_are_refused_naming_a_size():
     # bs + 1 and round_up(bs, 2) agree at 1, 3 and 255 but not at even sizes
     caps = {bs: _cap(bs, [-(-bs // 2) * 2]) for bs in (1, 3, 255)}
-    with pytest.raises(InputError, match=r"fits both 1\*round_up\(bs, 1\) \+ 1 and 1\*round_up\(bs, 2\) \+ 0, "
-                                         r"which differ at bs 2; fix: record size 2 as well"):
+    with pytest.raises(
+        InputError,
+        match=r"fits both 1\*round_up\(bs, 1\) \+ 1 and 1\*round_up\(bs, 2\) \+ 0, "
+        r"which differ at bs 2; fix: record size 2 as well",
+    ):
         _fit(caps, [1, 2, 3, 255])
 
 
@@ -139,8 +164,9 @@ def test_library_blocks_stay_with_the_capture_that_recorded_them():
 
 
 @settings(max_examples=60, deadline=None)
-@given(a=st.integers(0, 1 << 16), b=st.integers(0, 1 << 12), k=st.sampled_from([1, 2, 4, 8, 16]),
-       mid=st.integers(2, 254))
+@given(
+    a=st.integers(0, 1 << 16), b=st.integers(0, 1 << 12), k=st.sampled_from([1, 2, 4, 8, 16]), mid=st.integers(2, 254)
+)
 def test_any_exact_affine_of_a_padded_batch_is_recovered(a, b, k, mid):
     f = lambda bs: a * (-(-bs // k) * k) + b  # noqa: E731
     planned = sorted({1, mid, 255} | set(range(1, 256, 17)))
@@ -176,8 +202,7 @@ def test_build_summary_says_which_sizes_were_derived(cli, tmp_path):
     as for all 36, with five captures to simulate instead of 36."""
     full = _h200()
     keep = default_samples([c.bs for c in full.captures])
-    (tmp_path / "few.json").write_bytes(msgspec.json.encode(Trace(captures=[c for c in full.captures
-                                                                            if c.bs in keep])))
+    (tmp_path / "few.json").write_bytes(msgspec.json.encode(Trace(captures=[c for c in full.captures if c.bs in keep])))
     (tmp_path / "s.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 64, 120, 256]\n')
     code, out, err = cli("build", "-b", "fa3", "--ci", "--spec", "s.toml", "--trace", "few.json", "--dry-run")
     assert code == 0, err

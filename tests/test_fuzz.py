@@ -48,8 +48,9 @@ HANG_S = 60
 #: list repetitions of the "huge list" mutation: CI keeps them small enough to stay fast
 #: (a resealed plan with 20,000x its steps renders for seconds); long runs use the big ones
 REPEATS = [2, 1000, 20000] if EXAMPLES > 100 else [2, 50, 5000]
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=False, database=None, suppress_health_check=list(HealthCheck)
+)
 
 SPEC_TOML = """version = 1
 name = "fz"
@@ -84,18 +85,43 @@ require = [{ order = "smallest-first" }, { workspace = "hoisted" }]
 """
 SPEC = tomllib.loads(SPEC_TOML)
 TRACE_SPEC = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n[model]\nlayers = 2\n'
-TRACE = {"version": 1, "device": "fuzz", "backend": "fa3", "captures": [
-    {"phase": "decode", "bs": bs, "events": [["alloc", 0, 1024 * bs, "temp"], ["alloc", 1, 3 << 20, "output"],
-                                              ["alloc", 2, 2048, "workspace"], ["free", 0, 0, "temp"]]}
-    for bs in (1, 2)]}
-REPORT = {"plan": "fz", "plan_digest": "sha256:00", "device": "d", "torch": "2.11", "backend_module": "fa3",
-          "pool_bytes": 3 << 20, "predicted_pool_bytes": 3 << 20, "capture_seconds": 0.5, "hoisted_bytes": 0,
-          "steps": [{"step": 0, "id": "capture/decode/1", "reserved": 2 << 20, "predicted_reserved": 2 << 20,
-                     "seconds": 0.01}]}
+TRACE = {
+    "version": 1,
+    "device": "fuzz",
+    "backend": "fa3",
+    "captures": [
+        {
+            "phase": "decode",
+            "bs": bs,
+            "events": [
+                ["alloc", 0, 1024 * bs, "temp"],
+                ["alloc", 1, 3 << 20, "output"],
+                ["alloc", 2, 2048, "workspace"],
+                ["free", 0, 0, "temp"],
+            ],
+        }
+        for bs in (1, 2)
+    ],
+}
+REPORT = {
+    "plan": "fz",
+    "plan_digest": "sha256:00",
+    "device": "d",
+    "torch": "2.11",
+    "backend_module": "fa3",
+    "pool_bytes": 3 << 20,
+    "predicted_pool_bytes": 3 << 20,
+    "capture_seconds": 0.5,
+    "hoisted_bytes": 0,
+    "steps": [
+        {"step": 0, "id": "capture/decode/1", "reserved": 2 << 20, "predicted_reserved": 2 << 20, "seconds": 0.01}
+    ],
+}
 NAME = re.compile(r"\A[a-z][a-z0-9_]*\Z")
 
 
 # -- running the planner ---------------------------------------------------------------------
+
 
 class Hang(Exception):
     pass
@@ -144,16 +170,44 @@ def work():
 @pytest.fixture(scope="module")
 def seed_plan(work) -> bytes:
     (work / "seed.toml").write_text(SPEC_TOML)
-    assert expect_clean(planner("build", "-b", "fa3", "--spec", str(work / "seed.toml"), "-o",
-                                str(work / "seed-plan.json")))
+    assert expect_clean(
+        planner("build", "-b", "fa3", "--spec", str(work / "seed.toml"), "-o", str(work / "seed-plan.json"))
+    )
     return (work / "seed-plan.json").read_bytes()
 
 
 # -- mutations --------------------------------------------------------------------------------
 
-EXTREME = [0, -1, 1, 2**31, 2**53 + 1, 2**63, 2**64 + 5, 10**200, -10**30, 1e308, -1e308, 1.5, 1e-300,
-           float("inf"), float("nan"), True, None, "", "x" * 70, "decode\n", "\x00", "é\u202e",
-           "\U0001f600", [], {}, [1] * 5000, list(range(5000)), {"a": 1}]
+EXTREME = [
+    0,
+    -1,
+    1,
+    2**31,
+    2**53 + 1,
+    2**63,
+    2**64 + 5,
+    10**200,
+    -(10**30),
+    1e308,
+    -1e308,
+    1.5,
+    1e-300,
+    float("inf"),
+    float("nan"),
+    True,
+    None,
+    "",
+    "x" * 70,
+    "decode\n",
+    "\x00",
+    "é\u202e",
+    "\U0001f600",
+    [],
+    {},
+    [1] * 5000,
+    list(range(5000)),
+    {"a": 1},
+]
 
 
 def _deep(n: int) -> str:
@@ -168,10 +222,14 @@ def values(draw):
     if kind == 1:
         return draw(st.text(max_size=20))
     if kind == 2:
-        return draw(st.integers(-2**70, 2**70))
-    return draw(st.recursive(st.none() | st.booleans() | st.integers(-5, 300) | st.text(max_size=5),
-                             lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=3),
-                             max_leaves=8))
+        return draw(st.integers(-(2**70), 2**70))
+    return draw(
+        st.recursive(
+            st.none() | st.booleans() | st.integers(-5, 300) | st.text(max_size=5),
+            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+            max_leaves=8,
+        )
+    )
 
 
 def _paths(obj, path=()):
@@ -225,7 +283,7 @@ def structured(draw, seed: dict) -> str:
         key = draw(st.sampled_from(sorted(_get(seed, p))))
         marker = "__DUP__"
         text = _json(_set(seed, p, {marker: 0, **_get(seed, p)}))
-        return text.replace(f'"{marker}": 0', f'{json.dumps(key)}: {_json(draw(values()))}', 1)
+        return text.replace(f'"{marker}": 0', f"{json.dumps(key)}: {_json(draw(values()))}", 1)
     if how == "deep":
         marker = "__DEEP__"
         return _json(_set(seed, path, marker)).replace(f'"{marker}"', _deep(draw(st.sampled_from([70, 1000, 50000]))))
@@ -247,7 +305,7 @@ def raw_bytes(draw, seed: bytes) -> bytes:
     how = draw(st.sampled_from(["truncate", "flip", "insert", "delete", "bom", "encoding", "nul", "splice"]))
     n = len(seed)
     if how == "truncate":
-        return seed[:draw(st.integers(0, n))]
+        return seed[: draw(st.integers(0, n))]
     if how == "flip":
         data = bytearray(seed)
         for _ in range(draw(st.integers(1, 4))):
@@ -258,12 +316,15 @@ def raw_bytes(draw, seed: bytes) -> bytes:
         return seed[:i] + draw(st.binary(min_size=1, max_size=16)) + seed[i:]
     if how == "delete":
         i = draw(st.integers(0, n - 1))
-        return seed[:i] + seed[i + draw(st.integers(1, 16)):]
+        return seed[:i] + seed[i + draw(st.integers(1, 16)) :]
     if how == "bom":
         return draw(st.sampled_from([b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff"])) + seed
     if how == "encoding":
-        return seed.decode().encode(draw(st.sampled_from(["utf-16", "utf-16-le", "utf-32", "latin-1", "cp1252"])),
-                                    errors="replace").replace(b"fz", "fé".encode("latin-1"))
+        return (
+            seed.decode()
+            .encode(draw(st.sampled_from(["utf-16", "utf-16-le", "utf-32", "latin-1", "cp1252"])), errors="replace")
+            .replace(b"fz", "fé".encode("latin-1"))
+        )
     if how == "nul":
         i = draw(st.integers(0, n))
         return seed[:i] + b"\x00" + seed[i:]
@@ -271,13 +332,39 @@ def raw_bytes(draw, seed: bytes) -> bytes:
     return seed[:i] + seed[j:] + seed[i:j]
 
 
-TOML_LINES = ["version = 99", "version = -3", "library_mib = inf", "library_mib = nan", "budget_mib = 1e308",
-              "tp = 0", "tp = 100000", "library_mib = 1" + "0" * 200, "name = \"\\u0000\"", 'trace = "a\\u0000b"',
-              'trace = "/dev/zero"', 'trace = "."', "tp = 1", "allocator = \"expandable\"", "x = " + _deep(600),
-              "x = " + "{a = " * 300 + "1" + "}" * 300, "layers = 1" + "0" * 5000, "vocab = 99999999999",
-              "sizes = [" + ", ".join(map(str, range(1, 5000))) + "]", "sizes = [0]", "sizes = [1, 1]",
-              'after = ["nope"]', 'name = "decode\\n"', "[model]", "[[phases]]", "[[rules]]", "kind = 3",
-              'output_lifetime = "forever"', "tokens_per_request = 999999", "heads = 3", "hidden = 1e3"]
+TOML_LINES = [
+    "version = 99",
+    "version = -3",
+    "library_mib = inf",
+    "library_mib = nan",
+    "budget_mib = 1e308",
+    "tp = 0",
+    "tp = 100000",
+    "library_mib = 1" + "0" * 200,
+    'name = "\\u0000"',
+    'trace = "a\\u0000b"',
+    'trace = "/dev/zero"',
+    'trace = "."',
+    "tp = 1",
+    'allocator = "expandable"',
+    "x = " + _deep(600),
+    "x = " + "{a = " * 300 + "1" + "}" * 300,
+    "layers = 1" + "0" * 5000,
+    "vocab = 99999999999",
+    "sizes = [" + ", ".join(map(str, range(1, 5000))) + "]",
+    "sizes = [0]",
+    "sizes = [1, 1]",
+    'after = ["nope"]',
+    'name = "decode\\n"',
+    "[model]",
+    "[[phases]]",
+    "[[rules]]",
+    "kind = 3",
+    'output_lifetime = "forever"',
+    "tokens_per_request = 999999",
+    "heads = 3",
+    "hidden = 1e3",
+]
 
 
 @st.composite
@@ -288,9 +375,12 @@ def toml_text(draw) -> bytes:
     lines = SPEC_TOML.splitlines()
     for _ in range(draw(st.integers(1, 3))):
         i = draw(st.integers(0, len(lines)))
-        new = draw(st.sampled_from(TOML_LINES)) if how == 1 else \
-            f"{draw(st.sampled_from(['layers', 'sizes', 'name', 'tp', 'vocab', 'kind', 'id']))} = " \
+        new = (
+            draw(st.sampled_from(TOML_LINES))
+            if how == 1
+            else f"{draw(st.sampled_from(['layers', 'sizes', 'name', 'tp', 'vocab', 'kind', 'id']))} = "
             f"{_toml_value(draw(values()))}"
+        )
         if draw(st.booleans()) and i < len(lines) and "=" in lines[i] and "=" in new:
             lines[i] = lines[i].split("=")[0] + "= " + new.split("=", 1)[1].strip()
         else:
@@ -313,6 +403,7 @@ def _toml_value(v) -> str:
 
 
 # -- independent validity checks for accepted inputs ----------------------------------------------
+
 
 def _no_dup_json(data: bytes) -> None:
     def hook(pairs):
@@ -358,6 +449,7 @@ def _check_written_plan(path: Path) -> None:
 
 # -- the tests --------------------------------------------------------------------------------------
 
+
 @FUZZ
 @given(data=toml_text())
 def test_fuzz_spec_toml(work, data):
@@ -389,14 +481,25 @@ def test_fuzz_plan_bytes(work, seed_plan, data):
     mutated = data.draw(raw_bytes(seed_plan))
     path = work / "p.json"
     path.write_bytes(mutated)
-    cmd = data.draw(st.sampled_from([("show",), ("explain",), ("simulate",), ("graph", "-f", "mermaid"),
-                                     ("diff", str(work / "seed-plan.json")), ("report", "--plan")]))
+    cmd = data.draw(
+        st.sampled_from(
+            [
+                ("show",),
+                ("explain",),
+                ("simulate",),
+                ("graph", "-f", "mermaid"),
+                ("diff", str(work / "seed-plan.json")),
+                ("report", "--plan"),
+            ]
+        )
+    )
     args = (*cmd, str(path)) if cmd != ("report", "--plan") else ("report", str(work / "r.json"), "--plan", str(path))
     if cmd[0] == "report":
         (work / "r.json").write_text(json.dumps(REPORT))
     if expect_clean(planner(*args)):
-        assert msgspec.json.decode(mutated.removeprefix(b"\xef\xbb\xbf")) == msgspec.json.decode(seed_plan), \
+        assert msgspec.json.decode(mutated.removeprefix(b"\xef\xbb\xbf")) == msgspec.json.decode(seed_plan), (
             "accepted a changed plan"
+        )
         _no_dup_json(mutated)
 
 
@@ -439,8 +542,7 @@ def test_fuzz_trace(work, data):
     trace = work / "t.json"
     trace.write_bytes(data.encode("utf-8", "surrogatepass"))
     raw_data = trace.read_bytes()
-    if expect_clean(planner("build", "-b", "fa3", "--spec", str(work / "ts.toml"), "--trace", str(trace),
-                            "--dry-run")):
+    if expect_clean(planner("build", "-b", "fa3", "--spec", str(work / "ts.toml"), "--trace", str(trace), "--dry-run")):
         _no_dup_json(raw_data)
         raw = json.loads(raw_data.decode("utf-8-sig"))
         assert raw.get("version", 1) == 1 and raw.get("backend", "") in ("", "fa3"), raw
@@ -484,16 +586,19 @@ def test_special_files_where_a_file_is_expected(tmp_path, where, kind):
         from capture_plan.schemas.files import read_input, write_atomic
 
         with pytest.raises(InputError, match="NUL"):
-            (write_atomic if kind == "output" else read_input)(Path(str(target) + "\x00x"),
-                                                              *((b"x",) if kind == "output" else (kind.split("-")[0],)))
+            (write_atomic if kind == "output" else read_input)(
+                Path(str(target) + "\x00x"), *((b"x",) if kind == "output" else (kind.split("-")[0],))
+            )
         return
     (tmp_path / "s.toml").write_text(TRACE_SPEC)
-    args = {"spec-toml": ("build", "-b", "fa3", "--spec", str(target), "--dry-run"),
-            "spec-json": ("build", "-b", "fa3", "--spec", str(target), "--dry-run"),
-            "plan": ("show", str(target)),
-            "trace": ("build", "-b", "fa3", "--spec", str(tmp_path / "s.toml"), "--trace", str(target), "--dry-run"),
-            "report": ("report", str(target)),
-            "output": ("build", "-b", "fa3", "-o", str(target))}[kind]
+    args = {
+        "spec-toml": ("build", "-b", "fa3", "--spec", str(target), "--dry-run"),
+        "spec-json": ("build", "-b", "fa3", "--spec", str(target), "--dry-run"),
+        "plan": ("show", str(target)),
+        "trace": ("build", "-b", "fa3", "--spec", str(tmp_path / "s.toml"), "--trace", str(target), "--dry-run"),
+        "report": ("report", str(target)),
+        "output": ("build", "-b", "fa3", "-o", str(target)),
+    }[kind]
     accepted = expect_clean(planner(*args))
     # only an output may be new (a missing file, the target of a dangling link); nothing else is accepted
     assert not accepted or (kind == "output" and where in ("missing", "dangling")), f"{kind} {where} accepted"
@@ -502,14 +607,44 @@ def test_special_files_where_a_file_is_expected(tmp_path, where, kind):
         assert not Path(where).is_file()
 
 
-OPTION_VALUES = st.one_of(st.sampled_from(["", "fa3", "eagle", "native", "expandable", "0", "-1", "8", "2",
-                                           "order=smallest-first", "decode.outputs=keep", "=", "x.y=z", "1e9",
-                                           "99999999999999999999", "plans", "."]), st.text(max_size=12))
+OPTION_VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            "fa3",
+            "eagle",
+            "native",
+            "expandable",
+            "0",
+            "-1",
+            "8",
+            "2",
+            "order=smallest-first",
+            "decode.outputs=keep",
+            "=",
+            "x.y=z",
+            "1e9",
+            "99999999999999999999",
+            "plans",
+            ".",
+        ]
+    ),
+    st.text(max_size=12),
+)
 
 
 @FUZZ
-@given(pairs=st.lists(st.tuples(st.sampled_from(["--backend", "--speculative", "--max-bs", "--tp", "--allocator",
-                                                 "-s", "--ci", "--exact", "-o"]), OPTION_VALUES), max_size=5))
+@given(
+    pairs=st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["--backend", "--speculative", "--max-bs", "--tp", "--allocator", "-s", "--ci", "--exact", "-o"]
+            ),
+            OPTION_VALUES,
+        ),
+        max_size=5,
+    )
+)
 def test_fuzz_build_options(work, pairs):
     """What a user types: exit 0, 1 (bad value) or 2 (the framework's usage error), nothing else."""
     args = ["build", "--max-bs", "16", "--dry-run"]

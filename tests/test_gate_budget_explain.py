@@ -20,12 +20,15 @@ def test_with_a_pin_the_budget_error_names_the_unpinned_plan_per_phase(cli, tmp_
     free = built(backend="fa3", ci=True, speculative="eagle", max_bs=16)
     free_total = free.predicted.pool_bytes + free.predicted.hoisted_bytes
     _spec(cli, tmp_path, -(-free_total // 2**20) + 1)  # the unpinned plan fits, by under 2 MiB
-    code, out, err = cli("build", "-b", "fa3", "--ci", "--spec", "e.toml", "-s", "target_verify.order=smallest-first",
-                         "-o", "x.json")
+    code, out, err = cli(
+        "build", "-b", "fa3", "--ci", "--spec", "e.toml", "-s", "target_verify.order=smallest-first", "-o", "x.json"
+    )
     assert (code, out) == (1, "") and err.count("\n") == 1
     named = "; ".join(f"{ph.name}: {ph.strategy.label()}" for ph in free.phases)
-    assert f"the cheapest schedule the rules allow, without the --strategy pins, takes {mib(free_total)} " \
-           f"(within the budget): {named}; fix: drop the --strategy pins, or raise the budget\n" in err
+    assert (
+        f"the cheapest schedule the rules allow, without the --strategy pins, takes {mib(free_total)} "
+        f"(within the budget): {named}; fix: drop the --strategy pins, or raise the budget\n" in err
+    )
     assert err.startswith("planner: error: e.toml: $.budget_mib: predicted ")
     # and that schedule does build within the budget
     assert cli("build", "-b", "fa3", "--ci", "--spec", "e.toml", "-o", "y.json")[0] == 0
@@ -36,15 +39,20 @@ def test_without_pins_the_plan_itself_is_named(cli, tmp_path, built):
     _spec(cli, tmp_path, free.predicted.largest_graph_bytes // 2**20 + 1)
     code, _, err = cli("build", "-b", "fa3", "--ci", "--spec", "e.toml", "-o", "x.json")
     named = "; ".join(f"{ph.name}: {ph.strategy.label()}" for ph in free.phases)
-    assert code == 1 and err.endswith(f"; no schedule the rules allow is cheaper than this one: {named}; fix: raise "
-                                      "the budget, or capture fewer sizes\n"), err
+    assert code == 1 and err.endswith(
+        f"; no schedule the rules allow is cheaper than this one: {named}; fix: raise "
+        "the budget, or capture fewer sizes\n"
+    ), err
 
 
-@pytest.mark.parametrize("cwd,plan,runnable", [
-    (".", "plans/mine.json", "planner build --backend fa3 --spec specs/mine.toml -o plans/mine.json"),
-    ("plans", "mine.json", "planner build --backend fa3 --spec ../specs/mine.toml -o mine.json"),
-    ("specs", "../plans/mine.json", "planner build --backend fa3 --spec mine.toml -o ../plans/mine.json"),
-])
+@pytest.mark.parametrize(
+    "cwd,plan,runnable",
+    [
+        (".", "plans/mine.json", "planner build --backend fa3 --spec specs/mine.toml -o plans/mine.json"),
+        ("plans", "mine.json", "planner build --backend fa3 --spec ../specs/mine.toml -o mine.json"),
+        ("specs", "../plans/mine.json", "planner build --backend fa3 --spec mine.toml -o ../plans/mine.json"),
+    ],
+)
 def test_explain_prints_the_command_for_the_current_directory(cli, tmp_path, monkeypatch, cwd, plan, runnable):
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs/mine.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n')
@@ -59,14 +67,19 @@ def test_explain_prints_the_command_for_the_current_directory(cli, tmp_path, mon
 
 def test_explain_of_a_default_plan(cli):
     assert cli("build", "-b", "fa3", "--ci")[0] == 0
-    assert cli("explain", "plans/fa3-ci.json")[1].splitlines()[0] == \
-        "plan fa3-ci, rebuilt from here by: planner build --backend fa3 --ci"
+    assert (
+        cli("explain", "plans/fa3-ci.json")[1].splitlines()[0]
+        == "plan fa3-ci, rebuilt from here by: planner build --backend fa3 --ci"
+    )
     # from elsewhere the default output path is given explicitly: a plain rebuild would write ./plans/
     import os
+
     os.mkdir("sub")
     os.chdir("sub")
-    assert cli("explain", "../plans/fa3-ci.json")[1].splitlines()[0] == \
-        "plan fa3-ci, rebuilt from here by: planner build --backend fa3 --ci -o ../plans/fa3-ci.json"
+    assert (
+        cli("explain", "../plans/fa3-ci.json")[1].splitlines()[0]
+        == "plan fa3-ci, rebuilt from here by: planner build --backend fa3 --ci -o ../plans/fa3-ci.json"
+    )
 
 
 def test_explain_of_a_plan_whose_command_cannot_be_read_says_where_to_run_it(cli, tmp_path):
@@ -78,10 +91,16 @@ def test_explain_of_a_plan_whose_command_cannot_be_read_says_where_to_run_it(cli
     import msgspec
 
     # an older revision: no build record, only the command's text, which says --future-flag
-    odd = seal(msgspec.structs.replace(plan, command=["planner", "build", "--backend", "fa3", "--future-flag"],
-                                       inputs=msgspec.structs.replace(plan.inputs, build=msgspec.UNSET)))
+    odd = seal(
+        msgspec.structs.replace(
+            plan,
+            command=["planner", "build", "--backend", "fa3", "--future-flag"],
+            inputs=msgspec.structs.replace(plan.inputs, build=msgspec.UNSET),
+        )
+    )
     (tmp_path / "plans/odd.json").write_bytes(canonical_bytes(odd))
     code, out, _ = cli("explain", "plans/odd.json")
     assert code == 0
-    assert out.splitlines()[0] == "plan fa3, recorded command (run it in plans): planner build --backend fa3 " \
-                                  "--future-flag"
+    assert (
+        out.splitlines()[0] == "plan fa3, recorded command (run it in plans): planner build --backend fa3 --future-flag"
+    )

@@ -17,9 +17,11 @@ def _build(cli, tmp_path, name: str, spec: str = SPEC) -> None:
 def test_a_spec_edit_names_the_spec_and_the_mib_it_moved(cli, tmp_path):
     _build(cli, tmp_path, "mine")
     (tmp_path / "mine.toml").write_text(SPEC.replace("128256", "152064"))
-    expected = ("planner: error: plans/mine.json: plan is stale: changed: spec: ../mine.toml (d488039a491f -> "
-                "4ef05cf04192); predicted total 58.0 MiB -> 64.0 MiB (+6.0 MiB, +10.3%); fix: run "
-                "`planner build --backend fa3 --spec mine.toml -o plans/mine.json`\n")
+    expected = (
+        "planner: error: plans/mine.json: plan is stale: changed: spec: ../mine.toml (d488039a491f -> "
+        "4ef05cf04192); predicted total 58.0 MiB -> 64.0 MiB (+6.0 MiB, +10.3%); fix: run "
+        "`planner build --backend fa3 --spec mine.toml -o plans/mine.json`\n"
+    )
     assert cli("build", "-b", "fa3", "--spec", "mine.toml", "-o", "plans/mine.json", "--check") == (1, "", expected)
     assert cli("check") == (1, "", expected.replace("`\n", "`, or `planner check --fix`\n"))
 
@@ -36,8 +38,10 @@ def test_each_stale_plan_is_one_line_and_fresh_ones_are_listed(cli, tmp_path):
     for name, line in zip("ac", lines):
         assert line.startswith(f"planner: error: plans/{name}.json: plan is stale: changed: spec: ../{name}.toml (")
         assert ", sizes decode: 7 sizes 1..64 -> 8 sizes 1..128 (+[128]); " in line
-        assert line.endswith(f"; predicted total 58.0 MiB -> 124.0 MiB (+66.0 MiB, +113.8%); fix: run "
-                             f"`planner build --backend fa3 --spec {name}.toml -o plans/{name}.json`")
+        assert line.endswith(
+            f"; predicted total 58.0 MiB -> 124.0 MiB (+66.0 MiB, +113.8%); fix: run "
+            f"`planner build --backend fa3 --spec {name}.toml -o plans/{name}.json`"
+        )
 
 
 def test_a_rule_change_is_named(cli, tmp_path, data_file):

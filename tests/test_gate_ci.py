@@ -22,8 +22,13 @@ BIN = Path(sys.executable).parent
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
 
 
@@ -46,6 +51,7 @@ def _planner(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 # pre-commit --------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def pre_commit_home(tmp_path_factory):
     if shutil.which("pre-commit", path=str(BIN)) is None and shutil.which("pre-commit") is None:
@@ -56,8 +62,9 @@ def pre_commit_home(tmp_path_factory):
 def _try_repo(repo: Path, home: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("pre-commit", path=str(BIN)) or shutil.which("pre-commit")
     env = {**os.environ, "PRE_COMMIT_HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run([exe, "try-repo", str(ROOT), "planner-check", "--all-files"], cwd=repo,
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [exe, "try-repo", str(ROOT), "planner-check", "--all-files"], cwd=repo, capture_output=True, text=True, env=env
+    )
 
 
 def test_the_hook_definition_names_planner_check():
@@ -65,8 +72,12 @@ def test_the_hook_definition_names_planner_check():
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert [h["id"] for h in hooks] == ["planner-check"]
     hook = hooks[0]
-    assert (hook["entry"], hook["args"], hook["pass_filenames"], hook["language"]) == \
-        ("planner check", ["plans"], False, "python")
+    assert (hook["entry"], hook["args"], hook["pass_filenames"], hook["language"]) == (
+        "planner check",
+        ["plans"],
+        False,
+        "python",
+    )
 
 
 def test_pre_commit_try_repo_passes_fresh_plans_and_fails_a_stale_one(tmp_path, pre_commit_home):
@@ -83,11 +94,14 @@ def test_pre_commit_try_repo_passes_fresh_plans_and_fails_a_stale_one(tmp_path, 
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Failed" in done.stdout
     assert "planner: error: plans/mine.json: plan is stale: changed: spec: ../my.toml (" in done.stdout
-    assert "fix: run `planner build --backend fa3 --spec my.toml -o plans/mine.json`, or `planner check --fix`" \
+    assert (
+        "fix: run `planner build --backend fa3 --spec my.toml -o plans/mine.json`, or `planner check --fix`"
         in done.stdout
+    )
 
 
 # the GitHub Actions example ------------------------------------------------------------------------
+
 
 def _steps() -> dict[str, dict]:
     yaml = pytest.importorskip("yaml")
@@ -97,19 +111,25 @@ def _steps() -> dict[str, dict]:
 
 def _run_step(step: dict, repo: Path, env: dict) -> subprocess.CompletedProcess:
     path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-    return subprocess.run(["bash", "-c", step["run"]], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "PATH": path, **env})
+    return subprocess.run(
+        ["bash", "-c", step["run"]], cwd=repo, capture_output=True, text=True, env={**os.environ, "PATH": path, **env}
+    )
 
 
 def test_the_workflow_checks_plans_and_posts_the_diff(tmp_path):
     steps = _steps()
-    assert set(steps) >= {"Plans are what the planner builds", "Diff plans against the base branch",
-                          "Post the diff as a PR comment"}
+    assert set(steps) >= {
+        "Plans are what the planner builds",
+        "Diff plans against the base branch",
+        "Post the diff as a PR comment",
+    }
     repo = _repo(tmp_path)
     _git(repo, "checkout", "-q", "-b", "pr")
     # the PR: fa3.json now captures smallest-first (+705%), a new plan, fa3-ci.json removed
-    for args in (("-b", "fa3", "-s", "order=smallest-first", "-o", "plans/fa3.json", "--force"),
-                 ("-b", "triton", "-o", "plans/triton.json")):
+    for args in (
+        ("-b", "fa3", "-s", "order=smallest-first", "-o", "plans/fa3.json", "--force"),
+        ("-b", "triton", "-o", "plans/triton.json"),
+    ):
         assert _planner("build", *args, cwd=repo).returncode == 0
     (repo / "plans/fa3-ci.json").unlink()
     _git(repo, "add", "-A")
@@ -128,8 +148,10 @@ def test_the_workflow_checks_plans_and_posts_the_diff(tmp_path):
     body = (repo / "plan-diff.md").read_text()
     assert "### Capture plan `plans/fa3-ci.json` removed" in body, _git(repo, "diff", "--name-status", "main...HEAD")
     assert "### Capture plan `plans/fa3.json` vs `.plan-base/plans/fa3.json`" in body
-    assert "**Over the limit**: predicted total grew 258.0 MiB -> 2,078.0 MiB (+1,820.0 MiB, +705.4%), above " \
-           "--fail-above 5%" in body
+    assert (
+        "**Over the limit**: predicted total grew 258.0 MiB -> 2,078.0 MiB (+1,820.0 MiB, +705.4%), above "
+        "--fail-above 5%" in body
+    )
     assert "| **pool shared** | 258.0 MiB | 2,078.0 MiB | **+1,820.0 MiB, +705.4%** |" in body
     assert "### New capture plan `plans/triton.json`" in body and "plans/triton.json: 36 captures" in body
     assert out.read_text() == "changed=true\n"

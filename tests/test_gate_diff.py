@@ -36,26 +36,30 @@ def test_a_change_under_one_mib_is_written_in_bytes(cli, plans):
         "  ci: true -> false",
     ]
     assert "  [target_verify] fa3-ci-varlen-gate: workspace=hoisted -> (none)" in lines
-    assert lines[-1] == "steps: 210 (204 captures, 4 warm-ups, 2 provisions) -> 208 (204 captures, 4 warm-ups, " \
-                        "0 provisions)"
+    assert (
+        lines[-1] == "steps: 210 (204 captures, 4 warm-ups, 2 provisions) -> 208 (204 captures, 4 warm-ups, "
+        "0 provisions)"
+    )
 
 
 def test_per_pool_per_phase_baseline_and_inputs(cli, plans):
     code, out, _ = cli("diff", "plans/fa3.json", "plans/fa3-eagle.json")
     lines = out.splitlines()
     assert code == 0
-    for line in ["  pool shared: 258.0 MiB -> 542.0 MiB (+284.0 MiB, +110.1%)",
-                 "  pool phase:target_verify: (none) -> 978.0 MiB",
-                 "  phase adds decode: 258.0 MiB -> 0 B (-258.0 MiB, -100.0%)",
-                 "  phase adds target_verify: (none) -> 978.0 MiB",
-                 "  largest graph alone: 252.0 MiB -> 972.0 MiB (+720.0 MiB, +285.7%)",
-                 "  engines' loop baseline: 2,122.0 MiB -> 11,486.0 MiB (+9,364.0 MiB, +441.3%)",
-                 "  captures: 36 -> 204 (+168, +466.7%)",
-                 "  spec: embedded:default (79b2e6c6e604) -> embedded:default-eagle (9d7baaf8fa5b)",
-                 "  speculative: none -> eagle",
-                 "  sizes decode: 36 sizes 1..256 -> 51 sizes 1..256 (+[3, 5, 6, 7, 10, 14, 18, 20, ... (15 in all)])",
-                 "  sizes target_verify: (none) -> 51 sizes 1..256",
-                 "phase order: decode => target_verify -> draft_extend -> draft_decode -> decode"]:
+    for line in [
+        "  pool shared: 258.0 MiB -> 542.0 MiB (+284.0 MiB, +110.1%)",
+        "  pool phase:target_verify: (none) -> 978.0 MiB",
+        "  phase adds decode: 258.0 MiB -> 0 B (-258.0 MiB, -100.0%)",
+        "  phase adds target_verify: (none) -> 978.0 MiB",
+        "  largest graph alone: 252.0 MiB -> 972.0 MiB (+720.0 MiB, +285.7%)",
+        "  engines' loop baseline: 2,122.0 MiB -> 11,486.0 MiB (+9,364.0 MiB, +441.3%)",
+        "  captures: 36 -> 204 (+168, +466.7%)",
+        "  spec: embedded:default (79b2e6c6e604) -> embedded:default-eagle (9d7baaf8fa5b)",
+        "  speculative: none -> eagle",
+        "  sizes decode: 36 sizes 1..256 -> 51 sizes 1..256 (+[3, 5, 6, 7, 10, 14, 18, 20, ... (15 in all)])",
+        "  sizes target_verify: (none) -> 51 sizes 1..256",
+        "phase order: decode => target_verify -> draft_extend -> draft_decode -> decode",
+    ]:
         assert line in lines, (line, out)
 
 
@@ -63,29 +67,45 @@ def test_tp_and_model_changes_are_inputs(cli, plans):
     assert cli("build", "-b", "fa3", "--ci", "--tp", "8", "-o", "tp8.json")[0] == 0
     code, out, _ = cli("diff", "plans/fa3-ci.json", "tp8.json")
     assert code == 0
-    assert "inputs:\n  command: planner build --backend fa3 --ci " \
-           "-> planner build --backend fa3 --ci --tp 8 -o tp8.json" \
-           "\n  tp: 1 -> 8\n" in out
+    assert (
+        "inputs:\n  command: planner build --backend fa3 --ci "
+        "-> planner build --backend fa3 --ci --tp 8 -o tp8.json"
+        "\n  tp: 1 -> 8\n" in out
+    )
     assert "  largest graph alone: 252.0 MiB -> 214.0 MiB (-38.0 MiB, -15.1%)" in out.splitlines()
 
 
 def test_identical_plans(cli, plans):
     code, out, _ = cli("diff", "plans/fa3.json", "plans/fa3.json", "--exit-code", "--fail-above", "0")
-    assert (code, out) == (0, "plans/fa3.json and plans/fa3.json: no differences in inputs, steps, decisions or "
-                              "predictions\n")
+    assert (code, out) == (
+        0,
+        "plans/fa3.json and plans/fa3.json: no differences in inputs, steps, decisions or predictions\n",
+    )
 
 
-@pytest.mark.parametrize("limit,code,shown", [("5", 1, "5%"), ("5%", 1, "5%"), ("1262MiB", 0, ""),
-                                              ("1261MiB", 1, "1,261.0 MiB"), ("489", 1, "489%"), ("490", 0, ""),
-                                              ("1GiB", 1, "1,024.0 MiB"), ("8200B", 1, "8,200 B")])
+@pytest.mark.parametrize(
+    "limit,code,shown",
+    [
+        ("5", 1, "5%"),
+        ("5%", 1, "5%"),
+        ("1262MiB", 0, ""),
+        ("1261MiB", 1, "1,261.0 MiB"),
+        ("489", 1, "489%"),
+        ("490", 0, ""),
+        ("1GiB", 1, "1,024.0 MiB"),
+        ("8200B", 1, "8,200 B"),
+    ],
+)
 def test_fail_above_is_the_ci_threshold(cli, plans, limit, code, shown):
     # fa3 -> fa3-eagle: 258.0 -> 1,520.0 MiB, +1,262.0 MiB, +489.1%
     got, out, err = cli("diff", "plans/fa3.json", "plans/fa3-eagle.json", "--fail-above", limit)
     assert got == code and out.startswith("plans/fa3.json -> plans/fa3-eagle.json\n")
     if code:
-        assert err == ("planner: error: plans/fa3-eagle.json: predicted total grew 258.0 MiB -> 1,520.0 MiB "
-                       f"(+1,262.0 MiB, +489.1%), above --fail-above {shown}; fix: make the plan cheaper, or "
-                       "raise --fail-above if the growth is intended\n")
+        assert err == (
+            "planner: error: plans/fa3-eagle.json: predicted total grew 258.0 MiB -> 1,520.0 MiB "
+            f"(+1,262.0 MiB, +489.1%), above --fail-above {shown}; fix: make the plan cheaper, or "
+            "raise --fail-above if the growth is intended\n"
+        )
     else:
         assert err == ""
 
@@ -103,45 +123,64 @@ def test_exit_code_fails_on_any_difference(cli, plans):
 def test_a_threshold_that_is_not_a_number_is_a_usage_error(cli, plans, limit):
     code, out, err = cli("diff", "plans/fa3.json", "plans/fa3.json", "--fail-above", limit)
     assert (code, out) == (2, "")
-    assert err.splitlines()[-1] == (f"Error: Invalid value for '--fail-above': {limit!r} is not a percentage "
-                                    "(5, 5%) or an amount (64MiB, 8200B)")
+    assert err.splitlines()[-1] == (
+        f"Error: Invalid value for '--fail-above': {limit!r} is not a percentage (5, 5%) or an amount (64MiB, 8200B)"
+    )
 
 
 def test_markdown_for_a_pr_comment(cli, plans):
-    code, out, _ = cli("diff", "plans/fa3-eagle-ci.json", "plans/fa3-eagle.json", "-f", "markdown",
-                       "--fail-above", "5")
+    code, out, _ = cli("diff", "plans/fa3-eagle-ci.json", "plans/fa3-eagle.json", "-f", "markdown", "--fail-above", "5")
     lines = out.splitlines()
     assert code == 0
-    assert lines[:6] == ["### Capture plan `plans/fa3-eagle.json` vs `plans/fa3-eagle-ci.json`", "",
-                         "Within the limit: the predicted total grows by no more than 5%.", "",
-                         "| figure | old | new | change |", "| --- | ---: | ---: | ---: |"]
+    assert lines[:6] == [
+        "### Capture plan `plans/fa3-eagle.json` vs `plans/fa3-eagle-ci.json`",
+        "",
+        "Within the limit: the predicted total grows by no more than 5%.",
+        "",
+        "| figure | old | new | change |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     assert "| **total (pools + hoisted)** | 1,520.0 MiB | 1,520.0 MiB | **-8,200 B, -0.00051%** |" in lines
     assert "| pool phase:target_verify | 978.0 MiB | 978.0 MiB | |" in lines
     assert "| **hoisted** | 8,200 B | 0 B | **-8,200 B, -100.0%** |" in lines
     assert "- ci: true -> false" in lines
-    assert lines[-1] == "**Steps**: 210 (204 captures, 4 warm-ups, 2 provisions) -> 208 (204 captures, 4 warm-ups, " \
-                        "0 provisions)"
+    assert (
+        lines[-1] == "**Steps**: 210 (204 captures, 4 warm-ups, 2 provisions) -> 208 (204 captures, 4 warm-ups, "
+        "0 provisions)"
+    )
 
 
 def test_markdown_says_when_the_threshold_is_crossed(cli, plans):
     code, out, err = cli("diff", "plans/fa3.json", "plans/fa3-eagle.json", "-f", "markdown", "--fail-above", "5")
     assert code == 1 and err.count("\n") == 1
-    assert out.splitlines()[2] == ("**Over the limit**: predicted total grew 258.0 MiB -> 1,520.0 MiB "
-                                   "(+1,262.0 MiB, +489.1%), above --fail-above 5%")
+    assert out.splitlines()[2] == (
+        "**Over the limit**: predicted total grew 258.0 MiB -> 1,520.0 MiB "
+        "(+1,262.0 MiB, +489.1%), above --fail-above 5%"
+    )
 
 
 def test_the_markdown_escapes_table_cells(cli, plans):
     from capture_plan.planner.compare import Figure, PlanDiff, render_markdown
 
-    d = PlanDiff(old_name="a|b", new_name="c", figures=[Figure(label="pool x|y", old=1, new=2, unit="bytes")],
-                 inputs=[], decisions=[], steps=[], step_lines=[])
+    d = PlanDiff(
+        old_name="a|b",
+        new_name="c",
+        figures=[Figure(label="pool x|y", old=1, new=2, unit="bytes")],
+        inputs=[],
+        decisions=[],
+        steps=[],
+        step_lines=[],
+    )
     assert "| **pool x\\|y** | 1 B | 2 B | **+1 B, +100.0%** |" in render_markdown(d).splitlines()
 
 
-@pytest.mark.parametrize("other,needle", [
-    ("plans/traces/fa3-ci.json", "plans/traces/fa3-ci.json: this is a trace file, not a plan"),
-    ("v2.json", "v2.json: plan version 2 is newer than this capture-plan understands (1)"),
-])
+@pytest.mark.parametrize(
+    "other,needle",
+    [
+        ("plans/traces/fa3-ci.json", "plans/traces/fa3-ci.json: this is a trace file, not a plan"),
+        ("v2.json", "v2.json: plan version 2 is newer than this capture-plan understands (1)"),
+    ],
+)
 def test_non_plans_and_other_versions_are_one_line(cli, plans, tmp_path, other, needle):
     raw = json.loads((plans / "fa3.json").read_text())
     (tmp_path / "v2.json").write_text(json.dumps({**raw, "version": 2}))
@@ -157,8 +196,11 @@ def test_plans_of_different_versions_are_refused_by_the_library(built):
     from capture_plan.schemas.errors import InputError
 
     a = built(backend="fa3", max_bs=8)
-    with pytest.raises(InputError, match=r"b.json: plans of different versions \(a.json: 1, b.json: 0\) cannot "
-                                         r"be compared"):
+    with pytest.raises(
+        InputError,
+        match=r"b.json: plans of different versions \(a.json: 1, b.json: 0\) cannot "
+        r"be compared",
+    ):
         compare(a, msgspec.structs.replace(a, version=0), "a.json", "b.json")
 
 
@@ -166,8 +208,10 @@ def test_the_figures_are_a_table_of_getters():
     # adding a figure is one row: (label, getter, unit)
     from capture_plan.planner.compare import FIGURES
 
-    assert all(isinstance(label, str) and callable(get) and unit in ("bytes", "count", "device-bytes")
-               for label, get, unit in FIGURES)
+    assert all(
+        isinstance(label, str) and callable(get) and unit in ("bytes", "count", "device-bytes")
+        for label, get, unit in FIGURES
+    )
 
 
 def test_a_reorder_and_sizes_that_read_the_same(cli, tmp_path):
@@ -178,8 +222,10 @@ def test_a_reorder_and_sizes_that_read_the_same(cli, tmp_path):
     out = cli("diff", "a.json", "b.json")[1].splitlines()
     assert "  sizes decode: 3 sizes 1..4 -> 3 sizes 1..4 (+[3] -[2])" in out
     out = cli("diff", "a.json", "asc.json")[1].splitlines()
-    assert out[-2:] == ["steps: 4 (3 captures, 1 warm-up, 0 provisions) in both, not the same (--steps shows how)",
-                        "capture order changed in decode"]
+    assert out[-2:] == [
+        "steps: 4 (3 captures, 1 warm-up, 0 provisions) in both, not the same (--steps shows how)",
+        "capture order changed in decode",
+    ]
     assert "  pins: none -> -s order=smallest-first" in out
 
 
@@ -188,6 +234,7 @@ def test_a_calibrated_plan_diffs_its_measured_device_items_against_unknown(cli, 
     code, out, _ = cli("diff", "plans/fa3-ci-h200.json", "plans/fa3-ci.json")
     assert code == 0
     assert "  device item stream-workspace: 32.0 MiB -> unknown" in out.splitlines()
-    assert any(line.startswith("  device item graph-exec: ") and line.endswith(" -> unknown")
-               for line in out.splitlines())
+    assert any(
+        line.startswith("  device item graph-exec: ") and line.endswith(" -> unknown") for line in out.splitlines()
+    )
     assert "  device item pool:" not in out  # the same simulated pool: no change to show

@@ -23,11 +23,17 @@ def test_dot_phase_view_of_the_eagle_plan(cli, plans):
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == 'digraph "fa3-eagle-ci" {'
-    assert lines[4] == ('  p0 [label="target_verify\\l51 captures, bs 256 \u2192 1\\lorder largest-first (default)\\l'
-                        'pool phase:target_verify, outputs view\\l1 hoisted workspace (fa3-ci-varlen-gate)\\l'
-                        '1 warm-up (warmup)\\l"];')
-    assert lines[-4:] == ['  p0 -> p1 [label="phase-order"];', '  p1 -> p2 [label="phase-order"];',
-                          '  p2 -> p3 [label="phase-order"];', "}"]
+    assert lines[4] == (
+        '  p0 [label="target_verify\\l51 captures, bs 256 \u2192 1\\lorder largest-first (default)\\l'
+        "pool phase:target_verify, outputs view\\l1 hoisted workspace (fa3-ci-varlen-gate)\\l"
+        '1 warm-up (warmup)\\l"];'
+    )
+    assert lines[-4:] == [
+        '  p0 -> p1 [label="phase-order"];',
+        '  p1 -> p2 [label="phase-order"];',
+        '  p2 -> p3 [label="phase-order"];',
+        "}",
+    ]
     assert len(lines) == 12  # 4 nodes, 3 edges: not 210 steps
 
 
@@ -35,16 +41,20 @@ def test_mermaid_phase_view(cli, plans):
     code, out, _ = cli("graph", "plans/fa3-eagle.json", "--phases", "-f", "mermaid")
     lines = out.splitlines()
     assert code == 0 and lines[0] == "flowchart LR"
-    assert lines[4] == ('  p3["decode<br/>51 captures, bs 256 \u2192 1<br/>order largest-first (default)<br/>'
-                        'pool shared, outputs view<br/>1 warm-up (warmup)"]')
+    assert lines[4] == (
+        '  p3["decode<br/>51 captures, bs 256 \u2192 1<br/>order largest-first (default)<br/>'
+        'pool shared, outputs view<br/>1 warm-up (warmup)"]'
+    )
     assert lines[-1] == "  p2 -->|phase-order| p3"
 
 
 def test_one_phase_plan(cli, plans):
     code, out, _ = cli("graph", "plans/triton.json", "--phases")
     assert code == 0
-    assert '"decode\\l36 captures, bs 256 \u2192 1\\lorder largest-first (default)\\lpool shared, outputs view\\l' \
-           '36 warm-ups (warmup-per-shape)\\l"' in out
+    assert (
+        '"decode\\l36 captures, bs 256 \u2192 1\\lorder largest-first (default)\\lpool shared, outputs view\\l'
+        '36 warm-ups (warmup-per-shape)\\l"' in out
+    )
 
 
 def test_a_phase_name_with_quotes_stays_one_dot_string(built):

@@ -23,13 +23,16 @@ def _one_line(result, text: str) -> None:
 
 
 def test_a_name_too_long_is_cannot_write(cli):
-    _one_line(cli("build", "-b", "fa3", "-o", LONG),
-              f"{LONG}: cannot write: file name too long; fix: use a shorter path")
+    _one_line(
+        cli("build", "-b", "fa3", "-o", LONG), f"{LONG}: cannot write: file name too long; fix: use a shorter path"
+    )
 
 
 def test_a_name_too_long_with_check_is_cannot_check(cli):
-    _one_line(cli("build", "-b", "fa3", "-o", LONG, "--check"),
-              f"{LONG}: cannot check: file name too long; fix: use a shorter path")
+    _one_line(
+        cli("build", "-b", "fa3", "-o", LONG, "--check"),
+        f"{LONG}: cannot check: file name too long; fix: use a shorter path",
+    )
 
 
 @pytest.mark.parametrize("check", [False, True])
@@ -53,23 +56,27 @@ def test_a_folder_that_may_not_be_searched(cli, tmp_path, monkeypatch, check):
 @pytest.mark.parametrize("force", [False, True])
 def test_a_folder_at_the_output_is_refused_as_a_folder(cli, tmp_path, force):
     (tmp_path / "adir").mkdir()
-    _one_line(cli("build", "-b", "fa3", "-o", "adir", *(["--force"] if force else [])),
-              "adir: cannot write: is a directory; fix: name a plan file with -o, not a folder")
+    _one_line(
+        cli("build", "-b", "fa3", "-o", "adir", *(["--force"] if force else [])),
+        "adir: cannot write: is a directory; fix: name a plan file with -o, not a folder",
+    )
     assert (tmp_path / "adir").is_dir() and os.listdir(tmp_path / "adir") == []
 
 
 @pytest.mark.parametrize("args,doing", [((), "write"), (("--check",), "check")])
 def test_a_file_where_a_folder_should_be(cli, tmp_path, args, doing):
     (tmp_path / "afile").write_text("x")
-    _one_line(cli("build", "-b", "fa3", "-o", "afile/plan.json", *args),
-              f"afile/plan.json: cannot {doing}: afile is a file, not a folder; fix: rename afile, or choose "
-              "another path")
+    _one_line(
+        cli("build", "-b", "fa3", "-o", "afile/plan.json", *args),
+        f"afile/plan.json: cannot {doing}: afile is a file, not a folder; fix: rename afile, or choose another path",
+    )
     assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_plot_under_a_file_is_refused_before_printing(cli, tmp_path):
     assert cli("build", "-b", "fa3")[0] == 0
     (tmp_path / "afile").write_text("x")
-    _one_line(cli("simulate", "plans/fa3.json", "--plot", "afile/t.png"),
-              "--plot afile/t.png: cannot write: afile is a file, not a folder; fix: rename afile, or choose "
-              "another path")
+    _one_line(
+        cli("simulate", "plans/fa3.json", "--plot", "afile/t.png"),
+        "--plot afile/t.png: cannot write: afile is a file, not a folder; fix: rename afile, or choose another path",
+    )

@@ -49,20 +49,39 @@ def test_two_plans_as_png_fixed_size_and_deterministic(cli, plans, tmp_path):
 
 
 def test_svg_has_the_series_phases_baseline_and_budget(cli, plans, tmp_path):
-    assert cli("build", "-b", "fa3", "--ci", "--speculative", "eagle", "-s", "target_verify.order=smallest-first",
-               "-o", "tv.json")[0] == 0
+    assert (
+        cli(
+            "build",
+            "-b",
+            "fa3",
+            "--ci",
+            "--speculative",
+            "eagle",
+            "-s",
+            "target_verify.order=smallest-first",
+            "-o",
+            "tv.json",
+        )[0]
+        == 0
+    )
     code, out, _ = cli("plot", "plans/fa3-eagle-ci.json", "tv.json", "-o", "tv.svg", "--budget", "4096")
     assert (code, out) == (0, "wrote tv.svg\n")
     svg = (tmp_path / "tv.svg").read_text()
     assert svg.startswith("<?xml")
-    for text in ["fa3-eagle-ci \u2192 tv: predicted total 1,520.0 MiB -&gt; 9,514.0 MiB (+7,994.0 MiB, +525.9%); "
-                 "budget 4,096 MiB: over by 5,418.0 MiB",
-                 "old fa3-eagle-ci: pool phase:target_verify: 978.0 MiB",
-                 "new tv: pool phase:target_verify: 8,972.0 MiB",
-                 "new tv: pool shared: 542.0 MiB", "new tv: all pools: 9,514.0 MiB",
-                 "engines' loop peak: 11,486.0 MiB", "budget: 4,096 MiB",
-                 "target_verify", "51 sizes, bs 1\u2192256", "phase:target_verify pool, smallest-first",
-                 "captures of fa3-eagle-ci (old), batch sizes"]:
+    for text in [
+        "fa3-eagle-ci \u2192 tv: predicted total 1,520.0 MiB -&gt; 9,514.0 MiB (+7,994.0 MiB, +525.9%); "
+        "budget 4,096 MiB: over by 5,418.0 MiB",
+        "old fa3-eagle-ci: pool phase:target_verify: 978.0 MiB",
+        "new tv: pool phase:target_verify: 8,972.0 MiB",
+        "new tv: pool shared: 542.0 MiB",
+        "new tv: all pools: 9,514.0 MiB",
+        "engines' loop peak: 11,486.0 MiB",
+        "budget: 4,096 MiB",
+        "target_verify",
+        "51 sizes, bs 1\u2192256",
+        "phase:target_verify pool, smallest-first",
+        "captures of fa3-eagle-ci (old), batch sizes",
+    ]:
         assert text in svg, text
     again = svg
     assert cli("plot", "plans/fa3-eagle-ci.json", "tv.json", "-o", "tv.svg", "--budget", "4096")[0] == 0
@@ -76,11 +95,14 @@ def test_one_plan_and_a_baseline_above_the_scale(cli, plans, tmp_path):
     assert "(7.6x the plan's pools; above this scale)" in svg
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("plans/fa3.json", "-o", "plans/fa3-ci.json"), "-o plans/fa3-ci.json: exists and is not a PNG image"),
-    (("plans/fa3.json", "-o", "x.svg"), "-o x.svg: exists and is not an SVG image"),
-    (("plans/traces/fa3-ci.json", "-o", "t.png"), "this is a trace file, not a plan"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("plans/fa3.json", "-o", "plans/fa3-ci.json"), "-o plans/fa3-ci.json: exists and is not a PNG image"),
+        (("plans/fa3.json", "-o", "x.svg"), "-o x.svg: exists and is not an SVG image"),
+        (("plans/traces/fa3-ci.json", "-o", "t.png"), "this is a trace file, not a plan"),
+    ],
+)
 def test_bad_input_is_one_line(cli, plans, tmp_path, args, needle):
     (tmp_path / "x.svg").write_bytes(b"\x89PNG\r\n\x1a\nnot svg")
     code, out, err = cli("plot", *args)

@@ -41,12 +41,20 @@ def _capture_bench():
 def _model(kind: str, window: int = 1024):
     import torch
 
-    common = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-                  intermediate_size=1024, vocab_size=8192, max_position_embeddings=1024)
+    common = dict(
+        hidden_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1024,
+        vocab_size=8192,
+        max_position_embeddings=1024,
+    )
     cfg = hf_tiny.config(kind, common, head_dim=64, expert=256, window=window)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
-        cfg, dtype=torch.bfloat16, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa")
+        cfg, dtype=torch.bfloat16, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa"
+    )
     return model.to("cuda"), cfg
 
 
@@ -55,8 +63,9 @@ def _spec(tmp_path, cfg) -> object:
     d["dtype"] = "bfloat16"
     (tmp_path / "config.json").write_text(json.dumps(d, default=str))
     path = tmp_path / "spec.toml"
-    path.write_text(f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\n'
-                    f"sizes = {SIZES}\n")
+    path.write_text(
+        f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {SIZES}\n'
+    )
     return path
 
 
@@ -84,16 +93,21 @@ def test_capture_plan_of_a_transformers_model_verifies_and_predicts(tmp_path, ki
     try:
         measured = {m.step: m.reserved for m in gs.report.steps}
         for m in tplan.predicted.timeline:
-            assert abs(measured[m.step] - m.reserved) <= 0.02 * max(m.reserved, 1), (kind, m.step, measured[m.step],
-                                                                                      m.reserved)
-        out, = gs.replay("decode", 3)
+            assert abs(measured[m.step] - m.reserved) <= 0.02 * max(m.reserved, 1), (
+                kind,
+                m.step,
+                measured[m.step],
+                m.reserved,
+            )
+        (out,) = gs.replay("decode", 3)
         assert out.shape == (3, cfg.vocab_size)
     finally:
         gs.release()
 
 
-@pytest.mark.parametrize("kind,window", [(k, 1024) for k in hf_tiny.KINDS if k not in hf_tiny.EAGER_ATTENTION]
-                         + [("mistral", 64)])
+@pytest.mark.parametrize(
+    "kind,window", [(k, 1024) for k in hf_tiny.KINDS if k not in hf_tiny.EAGER_ATTENTION] + [("mistral", 64)]
+)
 def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind, window):
     """With the adapter's attention pin (flash / efficient / math), every replay
     of the engines' loop equals an eager run of the same inputs bit for bit,

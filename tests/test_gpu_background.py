@@ -210,8 +210,9 @@ def test_fallbacks_and_the_default_stream_refusal(tmp_path):
             return (target.x[:n] * 2 + 1,)
 
         with _serving(target) as (serve, _):
-            gs = capture(plan, target, progress=False, background=True,
-                         fallback=mine if fallback == "callable" else fallback)
+            gs = capture(
+                plan, target, progress=False, background=True, fallback=mine if fallback == "callable" else fallback
+            )
             assert target.reached.wait(60)
             try:
                 with torch.cuda.stream(torch.cuda.default_stream()):

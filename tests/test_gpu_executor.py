@@ -21,8 +21,7 @@ def _spec(tmp_path: Path, sizes, phases=("decode",), **model) -> Path:
     for name in phases:
         kind = name
         tpr = 4 if name == "target_verify" else 1
-        text += (f'\n[[phases]]\nname = "{name}"\nkind = "{kind}"\nsizes = {list(sizes)}\n'
-                 f"tokens_per_request = {tpr}\n")
+        text += f'\n[[phases]]\nname = "{name}"\nkind = "{kind}"\nsizes = {list(sizes)}\ntokens_per_request = {tpr}\n'
     path = tmp_path / "spec.toml"
     path.write_text(text)
     return path
@@ -31,8 +30,15 @@ def _spec(tmp_path: Path, sizes, phases=("decode",), **model) -> Path:
 def _plan(tmp_path, sizes, backend="fa3", ci=True, phases=("decode",), strategies=(), trace=None, **model):
     from capture_plan.planner import BuildOptions, build_plan
 
-    return build_plan(BuildOptions(backend=backend, ci=ci, spec=_spec(tmp_path, sizes, phases, **model),
-                                   strategies=tuple(strategies), trace=trace))
+    return build_plan(
+        BuildOptions(
+            backend=backend,
+            ci=ci,
+            spec=_spec(tmp_path, sizes, phases, **model),
+            strategies=tuple(strategies),
+            trace=trace,
+        )
+    )
 
 
 def small_model():
@@ -91,8 +97,7 @@ def test_measured_pool_close_to_prediction_and_to_trace(tmp_path, model):
     trace = profile(plan, model)
     path = tmp_path / "trace.json"
     write_trace(trace, path)
-    tplan = build_plan(BuildOptions(backend="fa3", ci=True, spec=_spec(tmp_path, [1, 2, 4, 8, 16, 32, 64]),
-                                    trace=path))
+    tplan = build_plan(BuildOptions(backend="fa3", ci=True, spec=_spec(tmp_path, [1, 2, 4, 8, 16, 32, 64]), trace=path))
     assert tplan.predicted.source == "trace"
     gs = capture(tplan, model, progress=False)
     try:
@@ -157,8 +162,7 @@ def test_failure_mid_capture_names_step_and_releases_everything(tmp_path):
         capture(plan, target, progress=False)
     # every partial graph and the pool it held are gone: nothing beyond the
     # target's own buffers is reserved any more
-    left = [(tuple(s["segment_pool_id"]), s["total_size"], s["allocated_size"])
-            for s in torch.cuda.memory_snapshot()]
+    left = [(tuple(s["segment_pool_id"]), s["total_size"], s["allocated_size"]) for s in torch.cuda.memory_snapshot()]
     assert torch.cuda.memory_reserved() <= before, left
 
 

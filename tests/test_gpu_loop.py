@@ -26,12 +26,17 @@ def _facts(gs) -> dict:
     """What capture() and the loop must agree on."""
     from capture_plan.executor.pool import pool_reserved
 
-    return dict(pool=gs.report.pool_bytes, pools=pool_reserved(gs.pools.values()),
-                steps=[(m.id, m.reserved, m.predicted_reserved) for m in gs.report.steps],
-                graphs=[(k, c.pool, c.held, c.rows_per_request) for k, c in gs.graphs.items()],
-                dispatch={p: [gs.padded(p, n) for n in range(1, gs.table(p).sizes[-1] + 1)]
-                          for p in dict.fromkeys(q for q, _ in gs.graphs)},
-                workspaces={p: w.numel() for p, w in gs.workspaces.items()})
+    return dict(
+        pool=gs.report.pool_bytes,
+        pools=pool_reserved(gs.pools.values()),
+        steps=[(m.id, m.reserved, m.predicted_reserved) for m in gs.report.steps],
+        graphs=[(k, c.pool, c.held, c.rows_per_request) for k, c in gs.graphs.items()],
+        dispatch={
+            p: [gs.padded(p, n) for n in range(1, gs.table(p).sizes[-1] + 1)]
+            for p in dict.fromkeys(q for q, _ in gs.graphs)
+        },
+        workspaces={p: w.numel() for p, w in gs.workspaces.items()},
+    )
 
 
 def _loop_equals_capture(plan, target) -> None:
@@ -45,8 +50,9 @@ def _loop_equals_capture(plan, target) -> None:
         want = _facts(ref)
     finally:
         ref.release()
-    loop, backend = run_engine(plan, TargetModel(target), torch.device("cuda", torch.cuda.current_device()),
-                               target=target)
+    loop, backend = run_engine(
+        plan, TargetModel(target), torch.device("cuda", torch.cuda.current_device()), target=target
+    )
     gs = loop.graphs
     try:
         got = _facts(gs)
@@ -95,8 +101,11 @@ def test_engine_loop_equals_capture_on_the_reference(tmp_path, ci):
     from capture_plan.references.decode import ReferenceConfig, ReferenceModel
     from capture_plan.schemas.spec import Model
 
-    model = ReferenceModel(ReferenceConfig(model=Model(**SMALL), max_bs=max(SIZES), max_seqlen=256,
-                                           tokens={"decode": 1, "target_verify": 4}))
+    model = ReferenceModel(
+        ReferenceConfig(
+            model=Model(**SMALL), max_bs=max(SIZES), max_seqlen=256, tokens={"decode": 1, "target_verify": 4}
+        )
+    )
     _loop_equals_capture(_reference_plan(tmp_path, ci), model)
 
 
@@ -146,8 +155,9 @@ def test_planted_bugs_give_the_same_faults_through_the_loop_and_in_a_plain_loop(
     loop = planted(path, (bug,), "loop")
     assert loop["exit"] == 0 and loop["result"] is not None, loop["output"]
     assert ours.result["faults"], ours.result["summary"]
-    assert [(f["check"], f["graph"]) for f in loop["result"]["faults"]] == \
-        [(f["check"], f["graph"]) for f in ours.result["faults"]], (loop["result"]["summary"], ours.result["summary"])
+    assert [(f["check"], f["graph"]) for f in loop["result"]["faults"]] == [
+        (f["check"], f["graph"]) for f in ours.result["faults"]
+    ], (loop["result"]["summary"], ours.result["summary"])
     plain = planted(path, (bug,), "plain")
     assert plain["exit"] == 0 and plain["result"] is not None, plain["output"]
     assert plain["result"]["faults"] and _blames_draft_decode(plain["result"]), plain["result"]["summary"]
@@ -185,8 +195,13 @@ def test_the_loop_with_the_allocation_history_verifies_clean_with_every_check(tm
     from test_gpu_speculative import make, plan_for
 
     target = make()
-    loop, backend = run_engine(plan_for(tmp_path), TargetModel(target),
-                               torch.device("cuda", torch.cuda.current_device()), target=target, record=True)
+    loop, backend = run_engine(
+        plan_for(tmp_path),
+        TargetModel(target),
+        torch.device("cuda", torch.cuda.current_device()),
+        target=target,
+        record=True,
+    )
     gs = loop.graphs
     try:
         res = verify(gs)
@@ -224,8 +239,9 @@ def test_a_failed_engine_loop_leaves_no_graph_memory_behind(tmp_path, fault):
 
     device = torch.device("cuda", torch.cuda.current_device())
     stream = torch.cuda.Stream()
-    loop, backend = run_engine(_synthetic_plan(tmp_path, "prime"), TargetModel(Synthetic(max_bs=1)), device,
-                               stream=stream)  # the stream's cuBLAS workspace stays, on purpose
+    loop, backend = run_engine(
+        _synthetic_plan(tmp_path, "prime"), TargetModel(Synthetic(max_bs=1)), device, stream=stream
+    )  # the stream's cuBLAS workspace stays, on purpose
     backend.cleanup()
     loop.graphs.release()
     target = Synthetic(max_bs=16, fail=(4, ValueError("boom")) if fault == "raises" else None)
@@ -233,14 +249,18 @@ def test_a_failed_engine_loop_leaves_no_graph_memory_behind(tmp_path, fault):
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     configure = {"raises": None, "order": _reverse, "outputs": _no_tensor}[fault]
-    message = {"raises": r"capture/decode/4: phase decode, bs 4\).*ValueError: boom",
-               "order": r"capture/decode/4\): the engine's loop asked for decode/2 out of the plan's order",
-               "outputs": r"capture/decode/4\): output out\[1\] is a str"}[fault]
+    message = {
+        "raises": r"capture/decode/4: phase decode, bs 4\).*ValueError: boom",
+        "order": r"capture/decode/4\): the engine's loop asked for decode/2 out of the plan's order",
+        "outputs": r"capture/decode/4\): output out\[1\] is a str",
+    }[fault]
     with pytest.raises(ExecutorError, match=message):
-        run_engine(_synthetic_plan(tmp_path, "plan"), TargetModel(target), device, stream=stream,
-                   configure=configure)
-    pools = [(tuple(s["segment_pool_id"]), s["total_size"]) for s in torch.cuda.memory_snapshot()
-             if tuple(s["segment_pool_id"]) != (0, 0)]
+        run_engine(_synthetic_plan(tmp_path, "plan"), TargetModel(target), device, stream=stream, configure=configure)
+    pools = [
+        (tuple(s["segment_pool_id"]), s["total_size"])
+        for s in torch.cuda.memory_snapshot()
+        if tuple(s["segment_pool_id"]) != (0, 0)
+    ]
     assert pools == [] and torch.cuda.memory_reserved() <= before, pools
 
 
@@ -269,8 +289,9 @@ def test_the_engine_loop_captures_in_the_background_while_replays_equal_eager(tm
     gen.manual_seed(0)
     rng = random.Random(0)
     bad, by_graph = [], 0
-    loop, backend, runners = make_engine(plan, TargetModel(model), torch.device("cuda", torch.cuda.current_device()),
-                                         target=model)
+    loop, backend, runners = make_engine(
+        plan, TargetModel(model), torch.device("cuda", torch.cuda.current_device()), target=model
+    )
     with torch.cuda.stream(serve):
         for phase in rows:  # cuBLAS and FA3 on the serving stream before the capture starts
             model.run(phase, 4, None)

@@ -67,8 +67,9 @@ def model():
             graphs[-1].capture_begin(pool=pool)
             return out
 
-    cfg = ReferenceConfig(model=Model(**SMALL), max_bs=64, max_seqlen=256,
-                          tokens={"decode": 1, "full": 1, "piecewise": 1})
+    cfg = ReferenceConfig(
+        model=Model(**SMALL), max_bs=64, max_seqlen=256, tokens={"decode": 1, "full": 1, "piecewise": 1}
+    )
     return HiddenModel(cfg)
 
 

@@ -110,7 +110,7 @@ def import_graph(root: pathlib.Path = ROOT, packages=PACKAGES) -> nx.DiGraph:
                 base = node.module or ""
                 if node.level:  # relative: from the package holding this module
                     anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    anchor = anchor[:len(anchor) - (node.level - 1)]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
                     base = ".".join(anchor + ([base] if base else []))
                 for alias in node.names:
                     # `from pkg import mod` imports the module pkg.mod; `from mod import name`, mod
@@ -143,18 +143,21 @@ def _describe(g: nx.DiGraph, cycle: list[str]) -> str:
 def test_no_import_cycles():
     g = import_graph()
     found = cycles(g)
-    assert not found, "import circles (move the shared piece below both):\n" + \
-        "\n".join(_describe(g, c) for c in found)
+    assert not found, "import circles (move the shared piece below both):\n" + "\n".join(_describe(g, c) for c in found)
 
 
 def layer_violations(g: nx.DiGraph, may_import=MAY_IMPORT) -> list[str]:
     """Each edge from one package into another that ``may_import`` does not allow, as text."""
+
     def pkg(m: str) -> str:  # capture_plan.planner.build -> planner; pkg.m -> pkg
         parts = m.split(".")
         return parts[1] if parts[0] == "capture_plan" and len(parts) > 1 else parts[0]
 
-    return sorted(f"{a} imports {b} (line {g.edges[a, b]['lines'][0]})" for a, b in g.edges
-                  if pkg(b) != pkg(a) and pkg(b) not in may_import[pkg(a)])
+    return sorted(
+        f"{a} imports {b} (line {g.edges[a, b]['lines'][0]})"
+        for a, b in g.edges
+        if pkg(b) != pkg(a) and pkg(b) not in may_import[pkg(a)]
+    )
 
 
 def test_packages_import_only_the_layers_below():
@@ -182,8 +185,9 @@ def test_the_executor_imports_no_reference_model():
     holds no reference model, planted bug or the planner."""
     g = import_graph()
     reached = nx.descendants(g, "capture_plan.executor") | {"capture_plan.executor"}
-    assert not any(m.startswith(("capture_plan.references", "capture_plan.planner", "capture_plan.adapters"))
-                   for m in reached), sorted(reached)
+    assert not any(
+        m.startswith(("capture_plan.references", "capture_plan.planner", "capture_plan.adapters")) for m in reached
+    ), sorted(reached)
 
 
 def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
@@ -197,43 +201,55 @@ def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
 def test_a_circle_closed_by_a_lazy_import_is_found(tmp_path):
     """The shape executor/background.py and executor/session.py had: one imports
     the other at the top, the other imports back inside a function."""
-    root = _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/background.py": "from .session import CaptureSession\n",
-        "pkg/session.py": "def start():\n    from .background import Background\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/background.py": "from .session import CaptureSession\n",
+            "pkg/session.py": "def start():\n    from .background import Background\n",
+        },
+    )
     g = import_graph(root, {"pkg": "pkg"})
     assert cycles(g) == [["pkg.background", "pkg.session"]]
     assert _describe(g, cycles(g)[0]) == "pkg.background (line 1) -> pkg.session (line 2) -> pkg.background"
 
 
 def test_type_checking_imports_are_not_edges(tmp_path):
-    root = _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
-        "pkg/b.py": "from . import a\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+            "pkg/b.py": "from . import a\n",
+        },
+    )
     g = import_graph(root, {"pkg": "pkg"})
     assert cycles(g) == [] and g.has_edge("pkg.b", "pkg.a") and not g.has_edge("pkg.a", "pkg.b")
 
 
 def test_a_submodule_importing_its_lazy_package_is_a_circle(tmp_path):
-    root = _write(tmp_path, {
-        "pkg/__init__.py": "import importlib\n\ndef __getattr__(name):\n"
-                           "    return getattr(importlib.import_module('.m', __name__), name)\n",
-        "pkg/m.py": "import pkg.n\n",
-        "pkg/n.py": "def f():\n    from pkg import thing\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "import importlib\n\ndef __getattr__(name):\n"
+            "    return getattr(importlib.import_module('.m', __name__), name)\n",
+            "pkg/m.py": "import pkg.n\n",
+            "pkg/n.py": "def f():\n    from pkg import thing\n",
+        },
+    )
     g = import_graph(root, {"pkg": "pkg"})
     assert ["pkg", "pkg.n"] in cycles(g) and g.has_edge("pkg.m", "pkg.n")
 
 
 def test_a_lazy_import_across_the_layers_is_a_violation(tmp_path):
-    root = _write(tmp_path, {
-        "schemas/__init__.py": "",
-        "schemas/plan.py": "def f():\n    from capture_plan.planner.build import build_plan\n",
-        "planner/__init__.py": "",
-        "planner/build.py": "from capture_plan.schemas.plan import f\n",
-    })
+    root = _write(
+        tmp_path,
+        {
+            "schemas/__init__.py": "",
+            "schemas/plan.py": "def f():\n    from capture_plan.planner.build import build_plan\n",
+            "planner/__init__.py": "",
+            "planner/build.py": "from capture_plan.schemas.plan import f\n",
+        },
+    )
     g = import_graph(root, {"capture_plan.schemas": "schemas", "capture_plan.planner": "planner"})
     assert layer_violations(g) == ["capture_plan.schemas.plan imports capture_plan.planner.build (line 2)"]

@@ -97,9 +97,13 @@ def _first(plan, phase: str) -> int:
     return next(s.bs for s in plan.steps if s.op == "capture" and s.phase == phase)
 
 
-CASES = [("fa3", (), True, False), ("triton", (), False, False),
-         ("fa3", ("workspace=hoisted", "pool=own"), False, True),
-         ("fa3", (), True, True), ("fa3", ("pool=shared",), True, True)]
+CASES = [
+    ("fa3", (), True, False),
+    ("triton", (), False, False),
+    ("fa3", ("workspace=hoisted", "pool=own"), False, True),
+    ("fa3", (), True, True),
+    ("fa3", ("pool=shared",), True, True),
+]
 
 
 @pytest.mark.parametrize("backend,strategies,ci,eagle", CASES)
@@ -122,19 +126,25 @@ def test_engine_loop_captures_what_capture_captures(tmp_path, fake, backend, str
         if not any(s.op == "warmup" and s.bs != _first(plan, s.phase) for s in plan.steps):
             assert model.calls == ref_model.calls
         assert list(gs.graphs) == list(ref.graphs) == list(backend_.graphs)
-        assert [(c.pool, c.held, c.rows_per_request, c.order) for c in gs.graphs.values()] == \
-            [(c.pool, c.held, c.rows_per_request, c.order) for c in ref.graphs.values()]
+        assert [(c.pool, c.held, c.rows_per_request, c.order) for c in gs.graphs.values()] == [
+            (c.pool, c.held, c.rows_per_request, c.order) for c in ref.graphs.values()
+        ]
         assert set(gs.pools) == set(ref.pools) and fake.pools - pools_ref == len(ref.pools)
         assert {p: w.numel() for p, w in gs.workspaces.items()} == {p: w.numel() for p, w in ref.workspaces.items()}
         r, g = ref.report, gs.report
-        assert [(m.step, m.id, m.reserved, m.predicted_reserved) for m in g.steps] == \
-            [(m.step, m.id, m.reserved, m.predicted_reserved) for m in r.steps]
-        assert (g.pool_bytes, g.hoisted_bytes, g.plan_digest) == (r.pool_bytes, r.hoisted_bytes, r.plan_digest) \
-            and g.pool_bytes > 0
+        assert [(m.step, m.id, m.reserved, m.predicted_reserved) for m in g.steps] == [
+            (m.step, m.id, m.reserved, m.predicted_reserved) for m in r.steps
+        ]
+        assert (g.pool_bytes, g.hoisted_bytes, g.plan_digest) == (
+            r.pool_bytes,
+            r.hoisted_bytes,
+            r.plan_digest,
+        ) and g.pool_bytes > 0
         for p in plan.phases:
             top = max(p.sizes)
-            assert [gs.padded(p.name, n) for n in range(1, top + 1)] == \
-                [ref.padded(p.name, n) for n in range(1, top + 1)]
+            assert [gs.padded(p.name, n) for n in range(1, top + 1)] == [
+                ref.padded(p.name, n) for n in range(1, top + 1)
+            ]
         # the engine's stored graphs are the set's, and replays serve its stored outputs
         assert all(backend_.graphs[k] is c.graph for k, c in gs.graphs.items())
         model.x.normal_()
@@ -195,8 +205,11 @@ def _no_hold(backend, runners):
 
 FAULTS = [
     (_reverse, r"asked for decode/1 out of the plan's order: the plan's next capture is decode/8", "capture/decode/8"),
-    (_phase_order, r"asked for decode/8 out of the plan's order: the plan's next capture is target_verify/1",
-     "capture/target_verify/1"),
+    (
+        _phase_order,
+        r"asked for decode/8 out of the plan's order: the plan's next capture is target_verify/1",
+        "capture/target_verify/1",
+    ),
     (_own_pool, r"records into pool \(0, \d+\), not the plan's pool 'shared'", "capture/decode/8"),
     (_own_stream, r"records on stream .* not the capture stream", "capture/decode/8"),
     (_string, r"output out\[1\] is a str: the output policy holds tensors", "capture/decode/8"),
@@ -280,8 +293,9 @@ def test_a_view_policy_holds_non_owning_views(tmp_path, fake):
     plan = _plan(tmp_path, "fa3", ci=True)
     import msgspec
 
-    plan = msgspec.structs.replace(plan, steps=[msgspec.structs.replace(s, outputs="view") if s.op == "capture" else s
-                                                for s in plan.steps])
+    plan = msgspec.structs.replace(
+        plan, steps=[msgspec.structs.replace(s, outputs="view") if s.op == "capture" else s for s in plan.steps]
+    )
     with capture_loop(plan, device=CPU) as loop:
         for step in loop.steps("decode"):
             assert step.outputs == "view"
@@ -328,11 +342,13 @@ def test_a_graph_the_engine_records_itself_is_checked_for_its_pool(tmp_path, fak
             del t
     # 16 B a row; the counts come from the pool itself (its reserved bytes, less what earlier graphs took)
     assert loop.graphs.report.pool_bytes == 16 * (1 + 2 + 4 + 8)
-    assert [m.reserved for m in loop.graphs.report.steps if m.id.startswith("capture")] == \
-        [16 * b for b in (8, 12, 14, 15)]
+    assert [m.reserved for m in loop.graphs.report.steps if m.id.startswith("capture")] == [
+        16 * b for b in (8, 12, 14, 15)
+    ]
     loop.graphs.release()
-    with pytest.raises(ExecutorError,
-                       match=r"step 1 \(capture/decode/8\).*recorded into pool \(0, \d+\), not the plan"):
+    with pytest.raises(
+        ExecutorError, match=r"step 1 \(capture/decode/8\).*recorded into pool \(0, \d+\), not the plan"
+    ):
         with capture_loop(plan, device=CPU) as loop:
             step = loop.step("decode", 8)
             g = torch.cuda.CUDAGraph()

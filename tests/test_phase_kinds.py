@@ -39,12 +39,18 @@ def _spec(tmp_path, text: str):
 
 def test_a_phase_kind_added_by_a_data_file_alone_builds_like_the_kind_it_copies(kinds_toml, tmp_path, cli):
     kinds_toml(NEW)
-    rule = ('[[rules]]\nid = "mtp-smallest"\nwhy = "test"\nwhen = { phase_kind = ["mtp_verify"] }\n'
-            'require = [{ order = "smallest-first" }]\n')
+    rule = (
+        '[[rules]]\nid = "mtp-smallest"\nwhy = "test"\nwhen = { phase_kind = ["mtp_verify"] }\n'
+        'require = [{ order = "smallest-first" }]\n'
+    )
     plan = build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify") + rule)))
     assert plan.phases[0].kind == "mtp_verify" and plan.phases[0].strategy.order == "smallest-first"
-    same = build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="target_verify") + rule
-                                                             .replace("mtp_verify", "target_verify"))))
+    same = build_plan(
+        BuildOptions(
+            backend="fa3",
+            spec=_spec(tmp_path, PHASE.format(kind="target_verify") + rule.replace("mtp_verify", "target_verify")),
+        )
+    )
     assert plan.predicted.timeline == same.predicted.timeline and plan.predicted.pool_bytes > 0
     # the plan it writes loads again (the shared plan type takes any kind the planner accepted)
     from capture_plan.schemas.codec import decode_plan
@@ -65,27 +71,33 @@ def test_a_phase_kind_added_by_a_data_file_alone_builds_like_the_kind_it_copies(
 def test_returns_hidden_is_read_from_the_data(kinds_toml, tmp_path):
     """The same kind without the hidden state returned predicts decode's pool, not target_verify's."""
     kinds_toml(NEW.replace(b"returns_hidden = true", b"returns_hidden = false"))
-    spec = PHASE.replace("sizes = [1, 4, 16]", "sizes = [1, 4, 16]\noutput_lifetime = \"across-phases\"")
-    new, dec, ver = (build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, spec.format(kind=k))))
-                     for k in ("mtp_verify", "decode", "target_verify"))
+    spec = PHASE.replace("sizes = [1, 4, 16]", 'sizes = [1, 4, 16]\noutput_lifetime = "across-phases"')
+    new, dec, ver = (
+        build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, spec.format(kind=k))))
+        for k in ("mtp_verify", "decode", "target_verify")
+    )
     assert new.predicted.timeline == dec.predicted.timeline != ver.predicted.timeline
 
 
 def test_an_unknown_key_in_a_kind_table_names_file_and_key(kinds_toml, tmp_path):
-    kinds_toml(NEW.replace(b"returns_hidden = true", b"returns_hidden = true\nlogits = \"last\""))
+    kinds_toml(NEW.replace(b"returns_hidden = true", b'returns_hidden = true\nlogits = "last"'))
     with pytest.raises(InputError, match=r"planner/data/phase_kinds.toml: \$\.kinds\.mtp_verify.*logits"):
         build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
 
 
 def test_an_unknown_program_or_setting_names_file_and_key(kinds_toml, tmp_path):
     kinds_toml(NEW.replace(b'program = "target"', b'program = "prefill"'))
-    with pytest.raises(InputError, match=r"phase_kinds.toml: \$\.kinds\.mtp_verify\.program: unknown program "
-                                         r"'prefill'") as err:
+    with pytest.raises(
+        InputError,
+        match=r"phase_kinds.toml: \$\.kinds\.mtp_verify\.program: unknown program "
+        r"'prefill'",
+    ) as err:
         build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
     assert "draft_decode, draft_extend, hidden, piecewise, target" in err.value.fix
     kinds_toml(NEW.replace(b'settings = ["layers"]', b'settings = ["layers", "depth"]'))
-    with pytest.raises(InputError,
-                       match=r"phase_kinds.toml: \$\.kinds\.mtp_verify: \$\.settings\[1\]: Invalid enum value 'depth'"):
+    with pytest.raises(
+        InputError, match=r"phase_kinds.toml: \$\.kinds\.mtp_verify: \$\.settings\[1\]: Invalid enum value 'depth'"
+    ):
         build_plan(BuildOptions(backend="fa3", spec=_spec(tmp_path, PHASE.format(kind="mtp_verify"))))
 
 
@@ -118,10 +130,18 @@ def test_phase_kinds_schema_is_strict(cli):
 
 
 def test_the_shared_schemas_still_import_without_the_planner():
-    out = subprocess.run([sys.executable, "-c", "import sys, capture_plan.schemas.codec, capture_plan.schemas.spec, "
-                          "capture_plan.schemas.plan\n"
-                          "print('capture_plan.planner' in sys.modules)"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, capture_plan.schemas.codec, capture_plan.schemas.spec, "
+            "capture_plan.schemas.plan\n"
+            "print('capture_plan.planner' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -138,20 +158,23 @@ def test_a_new_kind_leaves_the_checked_in_plans_up_to_date(kinds_toml, cli, tmp_
     assert cli("build", "-b", "fa3", "--ci", "--speculative", "eagle", "--max-bs", "4")[0] == 0
     assert cli("build", "-b", "fa3", "--preset", "vllm", "--max-bs", "4")[0] == 0
     eagle, vllm = tmp_path / "plans" / "fa3-eagle-ci.json", tmp_path / "plans" / "fa3-vllm.json"
-    assert {p["kind"] for f in (eagle, vllm) for p in json.loads(f.read_text())["phases"]} == \
-        set(resources.phase_kinds())
+    assert {p["kind"] for f in (eagle, vllm) for p in json.loads(f.read_text())["phases"]} == set(
+        resources.phase_kinds()
+    )
     kinds_toml(NEW)
     plan = Path(__file__).resolve().parent.parent / "plans" / "fa3-ci.json"
     code, out, err = cli("check", str(plan), str(eagle), str(vllm))
-    assert code == 0 and out.splitlines() == [f"{plan}: up to date", f"{eagle}: up to date",
-                                              f"{vllm}: up to date"], err
+    assert code == 0 and out.splitlines() == [f"{plan}: up to date", f"{eagle}: up to date", f"{vllm}: up to date"], err
 
 
 def test_a_builtin_rule_naming_an_unknown_kind_is_located(data_file):
     """The shared Rule type takes any kind name; the planner checks its own rules.toml against the data."""
     data_file("rules.toml", b'\n[[rules]]\nid = "typo"\nwhy = "w"\nwhen = { phase_kind = ["decode", "verfy"] }\n')
-    with pytest.raises(InputError, match=r"planner/data/rules.toml: \$\.rules\[\d+\]\.when\.phase_kind\[1\]: "
-                                         r"unknown phase kind 'verfy'"):
+    with pytest.raises(
+        InputError,
+        match=r"planner/data/rules.toml: \$\.rules\[\d+\]\.when\.phase_kind\[1\]: "
+        r"unknown phase kind 'verfy'",
+    ):
         resources.builtin_rules()
     data_file("rules.toml", b"")
     assert resources.builtin_rules()  # the shipped rules load

@@ -15,9 +15,15 @@ SMALL = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, intermedia
 
 
 def _phase(kind: str) -> Phase:
-    return Phase(name=kind, kind=kind, sizes=[8], tokens_per_request=4 if kind in ("target_verify", "draft_extend")
-                 else 1, layers=1 if kind.startswith("draft") else None, steps=3 if kind == "draft_decode" else 1,
-                 topk=2 if kind.startswith("draft") else 1)
+    return Phase(
+        name=kind,
+        kind=kind,
+        sizes=[8],
+        tokens_per_request=4 if kind in ("target_verify", "draft_extend") else 1,
+        layers=1 if kind.startswith("draft") else None,
+        steps=3 if kind == "draft_decode" else 1,
+        topk=2 if kind.startswith("draft") else 1,
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(PHASE_KINDS))
@@ -31,8 +37,14 @@ def test_analytic_programs_are_typed_ops_and_flatten_round_trips(kind):
 
 
 def test_runnable_is_the_allocators_compact_form_with_each_ids_kind():
-    prog = Program(prologue=(Alloc(10, 0, "output"), Alloc(20, 1)), body=(Free(CARRY), Alloc(30, 2), Free(1)),
-                   repeats=2, epilogue=(Alloc(40, 3, "workspace"), Free(3)), carry_in=0, carry_out=2)
+    prog = Program(
+        prologue=(Alloc(10, 0, "output"), Alloc(20, 1)),
+        body=(Free(CARRY), Alloc(30, 2), Free(1)),
+        repeats=2,
+        epilogue=(Alloc(40, 3, "workspace"), Free(3)),
+        carry_in=0,
+        carry_out=2,
+    )
     code = prog.runnable
     assert code.prologue == ((10, 0), (20, 1))
     assert code.body == ((FREE, CARRY), (30, 2), (FREE, 1))
@@ -48,9 +60,15 @@ def test_runnable_is_the_allocators_compact_form_with_each_ids_kind():
 
 
 def test_without_workspace_drops_workspace_blocks_and_their_frees_only():
-    prog = Program(prologue=(Alloc(1, 0), Alloc(2, 1, "workspace"), Free(1), Free(0)),
-                   body=(Alloc(3, 0, "workspace"), Alloc(4, 1), Free(0)), repeats=3,
-                   epilogue=(Alloc(5, 0, "output"),), carry_in=None, carry_out=1, carry_kind="output")
+    prog = Program(
+        prologue=(Alloc(1, 0), Alloc(2, 1, "workspace"), Free(1), Free(0)),
+        body=(Alloc(3, 0, "workspace"), Alloc(4, 1), Free(0)),
+        repeats=3,
+        epilogue=(Alloc(5, 0, "output"),),
+        carry_in=None,
+        carry_out=1,
+        carry_kind="output",
+    )
     bare = prog.without_workspace()
     assert bare.prologue == (Alloc(1, 0), Free(0))
     assert bare.body == (Alloc(4, 1),)
@@ -59,6 +77,9 @@ def test_without_workspace_drops_workspace_blocks_and_their_frees_only():
 
 
 def test_ops_from_events_keeps_ids_kinds_and_order():
-    events = [Event(op="alloc", id=7, size=100, kind="library"), Event(op="alloc", id=3, size=5),
-              Event(op="free", id=3)]
+    events = [
+        Event(op="alloc", id=7, size=100, kind="library"),
+        Event(op="alloc", id=3, size=5),
+        Event(op="free", id=3),
+    ]
     assert ops_from_events(events) == (Alloc(100, 7, "library"), Alloc(5, 3, "temp"), Free(3))

@@ -21,16 +21,26 @@ def specs(draw):
         # up to 4 sizes a phase: both capture orders and every rule (no rule looks at
         # how many sizes a phase has), with half the captures to simulate per example
         sizes = draw(st.lists(st.integers(1, 96), min_size=1, max_size=4, unique=True))
-        phase = {"name": f"p{i}", "kind": draw(st.sampled_from(KINDS)), "sizes": sizes,
-                 "tokens_per_request": draw(st.sampled_from([1, 2, 4])),
-                 "output_lifetime": draw(st.sampled_from(["next-replay", "across-phases"]))}
+        phase = {
+            "name": f"p{i}",
+            "kind": draw(st.sampled_from(KINDS)),
+            "sizes": sizes,
+            "tokens_per_request": draw(st.sampled_from([1, 2, 4])),
+            "output_lifetime": draw(st.sampled_from(["next-replay", "across-phases"])),
+        }
         if i and draw(st.booleans()):
             phase["after"] = [f"p{draw(st.integers(0, i - 1))}"]
         phases.append(phase)
-    model = {"layers": draw(st.integers(1, 4)), "hidden": 512, "heads": 8, "kv_heads": 2, "head_dim": 64,
-             "intermediate": 1024, "vocab": draw(st.sampled_from([1000, 32000, 128256]))}
-    return {"model": model, "phases": phases,
-            "allocator": draw(st.sampled_from(["native", "expandable"]))}
+    model = {
+        "layers": draw(st.integers(1, 4)),
+        "hidden": 512,
+        "heads": 8,
+        "kv_heads": 2,
+        "head_dim": 64,
+        "intermediate": 1024,
+        "vocab": draw(st.sampled_from([1000, 32000, 128256])),
+    }
+    return {"model": model, "phases": phases, "allocator": draw(st.sampled_from(["native", "expandable"]))}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -58,8 +68,9 @@ def test_plans_respect_every_constraint_and_are_reproducible(tmp_path, spec, bac
         p = msgspec.convert(next(x for x in spec["phases"] if x["name"] == ph.name), Phase)
         assert violated(ph.strategy, phase_rules(list(builtin_rules()), p, ctx)) == []
         for dep in p.after:  # `after` holds: every capture of dep precedes every capture of ph
-            assert max(index[f"capture/{dep}/{b}"] for b in spec["phases"][int(dep[1:])]["sizes"]) < \
-                min(index[f"capture/{ph.name}/{b}"] for b in ph.sizes)
+            assert max(index[f"capture/{dep}/{b}"] for b in spec["phases"][int(dep[1:])]["sizes"]) < min(
+                index[f"capture/{ph.name}/{b}"] for b in ph.sizes
+            )
     # reserved memory never falls, and the peak is what the plan reports
     reserved = [m.reserved for m in plan.predicted.timeline]
     assert reserved == sorted(reserved) and reserved[-1] == plan.predicted.pool_bytes

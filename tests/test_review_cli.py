@@ -24,8 +24,10 @@ def one_line_error(result, *needles: str) -> str:
 
 # R1. the same axis pinned twice ------------------------------------------------------------------
 
-@pytest.mark.parametrize("pins", [("order=smallest-first", "order=largest-first"),
-                                  ("decode.outputs=keep", "decode.outputs=view")])
+
+@pytest.mark.parametrize(
+    "pins", [("order=smallest-first", "order=largest-first"), ("decode.outputs=keep", "decode.outputs=view")]
+)
 def test_r1_an_axis_pinned_twice_is_refused(cli, tmp_path, pins):
     # before: the last pin won, but the plan records its pins sorted, so the
     # plan just written was stale for `planner check` (its command rebuilt the other pin)
@@ -35,27 +37,47 @@ def test_r1_an_axis_pinned_twice_is_refused(cli, tmp_path, pins):
 
 
 def test_r1_repeated_and_phase_overriding_pins_still_build_and_check(cli, tmp_path):
-    assert cli("build", "-b", "fa3", "-s", "order=largest-first", "-s", "order=largest-first",
-               "-s", "decode.outputs=keep", "-s", "outputs=view", "-o", "x.json")[0] == 0
+    assert (
+        cli(
+            "build",
+            "-b",
+            "fa3",
+            "-s",
+            "order=largest-first",
+            "-s",
+            "order=largest-first",
+            "-s",
+            "decode.outputs=keep",
+            "-s",
+            "outputs=view",
+            "-o",
+            "x.json",
+        )[0]
+        == 0
+    )
     assert cli("check", "x.json")[0] == 0
 
 
 # R2. budget errors name the spec as given, not as the plan records it ----------------------------
 
-@pytest.mark.parametrize("budget,pins,needle", [
-    (0.5, (), "is below the floor"),
-    (60, ("-s", "order=smallest-first", "-s", "outputs=keep"), "exceeds budget_mib 60"),
-])
+
+@pytest.mark.parametrize(
+    "budget,pins,needle",
+    [
+        (0.5, (), "is below the floor"),
+        (60, ("-s", "order=smallest-first", "-s", "outputs=keep"), "exceeds budget_mib 60"),
+    ],
+)
 def test_r2_budget_errors_point_at_the_spec_from_the_cwd(cli, tmp_path, budget, pins, needle):
     # before: "../b.toml: $.budget_mib" (the path relative to plans/, where the plan records it)
-    (tmp_path / "b.toml").write_text(f"budget_mib = {budget}\n"
-                                     + SPEC.replace("[1, 2]", "[1, 2, 4, 8, 16, 32, 64]"))
+    (tmp_path / "b.toml").write_text(f"budget_mib = {budget}\n" + SPEC.replace("[1, 2]", "[1, 2, 4, 8, 16, 32, 64]"))
     err = one_line_error(cli("build", "-b", "fa3", "--spec", "b.toml", *pins), needle)
     assert err.startswith("planner: error: b.toml: $.budget_mib: "), err
     assert not (tmp_path / "plans").exists()
 
 
 # R3. a newer planner's plan is not downgraded ----------------------------------------------------
+
 
 def _newer_revision(path) -> bytes:
     from capture_plan.schemas.codec import canonical_bytes, plan_digest
@@ -68,16 +90,18 @@ def _newer_revision(path) -> bytes:
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("args", [("check", "plans"), ("check", "--fix", "plans"), ("build", "-b", "fa3"),
-                                  ("build", "-b", "fa3", "--check")])
+@pytest.mark.parametrize(
+    "args", [("check", "plans"), ("check", "--fix", "plans"), ("build", "-b", "fa3"), ("build", "-b", "fa3", "--check")]
+)
 def test_r3_a_newer_revision_plan_is_neither_called_stale_nor_downgraded(cli, tmp_path, args):
     # before: `check` called it stale, and `check --fix` or a rebuild by the same
     # command rewrote it as this (older) planner's revision, dropping what it added
     assert cli("build", "-b", "fa3")[0] == 0
     newer = _newer_revision(tmp_path / "plans/fa3.json")
     assert cli("show", "plans/fa3.json")[0] == 0  # readers still accept it
-    one_line_error(cli(*args), "plans/fa3.json: $.revision: plan revision", "newer capture-plan",
-                   "fix: upgrade capture-plan")
+    one_line_error(
+        cli(*args), "plans/fa3.json: $.revision: plan revision", "newer capture-plan", "fix: upgrade capture-plan"
+    )
     assert (tmp_path / "plans/fa3.json").read_bytes() == newer
 
 
@@ -89,6 +113,7 @@ def test_r3_force_replaces_a_newer_revision_plan(cli, tmp_path):
 
 
 # R4. a link to a plan is checked as the plan it points to -----------------------------------------
+
 
 def test_r4_a_symlink_beside_its_plan_is_not_stale_and_fix_never_clobbers_the_target(cli, tmp_path):
     # before: `check plans` called plans/latest.json (-> fa3.json) stale, and
@@ -114,12 +139,15 @@ def test_r4_each_plan_is_checked_once(cli, tmp_path):
 
 # R5. a folder checked with other JSON in it -------------------------------------------------------
 
-@pytest.mark.parametrize("name,content,needle", [
-    ("other.json", '{"a": 1}', "other.json: not a plan file: a plan has `command` and `steps`"),
-    ("t.json", None, "t.json: this is a trace file, not a plan"),
-])
-def test_r5_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli, tmp_path, name, content,
-                                                                              needle):
+
+@pytest.mark.parametrize(
+    "name,content,needle",
+    [
+        ("other.json", '{"a": 1}', "other.json: not a plan file: a plan has `command` and `steps`"),
+        ("t.json", None, "t.json: this is a trace file, not a plan"),
+    ],
+)
+def test_r5_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli, tmp_path, name, content, needle):
     # before: {"a": 1} gave "$.version: missing or non-integer `version`; fix: rebuild the plan
     # with the `planner build` command it records" (it has no command), and a trace in the folder
     # said "pass a plan file" (the user passed a folder)
@@ -136,6 +164,7 @@ def test_r5_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli
 
 
 # R6. --plot never replaces a plan (or any file that is not a PNG) ------------------------------------
+
 
 @pytest.mark.parametrize("target", ["plans/fa3.json", "s.toml"])
 def test_r6_plot_refuses_to_replace_a_file_that_is_not_a_png(cli, tmp_path, target):
@@ -161,38 +190,63 @@ def test_r6_plot_replaces_its_own_png(cli, tmp_path):
 
 # R7. a spec rule cannot take a built-in rule's id -----------------------------------------------------
 
-@pytest.mark.parametrize("rule_id,needle", [("output-lifetime", "is a built-in rule's"),
-                                            ("default", "is a built-in rule's"),
-                                            ("optimizer", "the planner's own decisions"),
-                                            ("warmup", "the planner's own decisions")])
+
+@pytest.mark.parametrize(
+    "rule_id,needle",
+    [
+        ("output-lifetime", "is a built-in rule's"),
+        ("default", "is a built-in rule's"),
+        ("optimizer", "the planner's own decisions"),
+        ("warmup", "the planner's own decisions"),
+    ],
+)
 def test_r7_spec_rule_ids_are_not_the_builtin_ones(cli, tmp_path, rule_id, needle):
     # before: accepted; the plan's decisions then said "breaks output-lifetime" for the spec's
     # rule (order=smallest-first here), indistinguishable from the built-in rule of that id
-    (tmp_path / "s.toml").write_text(SPEC + f'[[rules]]\nid = "{rule_id}"\nwhy = "mine"\n'
-                                     'require = [{ order = "smallest-first" }]\n')
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), f"s.toml: $.rules[0].id: rule id '{rule_id}' ",
-                   needle, "fix: give the rule an id of its own")
+    (tmp_path / "s.toml").write_text(
+        SPEC + f'[[rules]]\nid = "{rule_id}"\nwhy = "mine"\nrequire = [{{ order = "smallest-first" }}]\n'
+    )
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.toml"),
+        f"s.toml: $.rules[0].id: rule id '{rule_id}' ",
+        needle,
+        "fix: give the rule an id of its own",
+    )
     assert not (tmp_path / "plans").exists()
 
 
 # R8. `after` lists in a cycle are located in the spec -------------------------------------------------
 
+
 def test_r8_after_cycles_are_located_at_an_after_entry(cli, tmp_path):
     # before: "planner: error: rules: rules in conflict: after:a, after:b ..." (where: "rules")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub/cyc.toml").write_text(
-        "".join(f'[[phases]]\nname = "{n}"\nkind = "decode"\nsizes = [1]\nafter = ["{d}"]\n'
-                for n, d in (("a", "c"), ("b", "a"), ("c", "b"))))
-    one_line_error(cli("build", "-b", "fa3", "--spec", "sub/cyc.toml"),
-                   "planner: error: sub/cyc.toml: $.phases[1].after[0]: rules in conflict: after:a, after:b, after:c",
-                   "a -> b -> c -> a")
+        "".join(
+            f'[[phases]]\nname = "{n}"\nkind = "decode"\nsizes = [1]\nafter = ["{d}"]\n'
+            for n, d in (("a", "c"), ("b", "a"), ("c", "b"))
+        )
+    )
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "sub/cyc.toml"),
+        "planner: error: sub/cyc.toml: $.phases[1].after[0]: rules in conflict: after:a, after:b, after:c",
+        "a -> b -> c -> a",
+    )
     assert not (tmp_path / "plans").exists()
 
 
 # R9. the trace and model config a spec names are inputs too: never the output -----------------------
 
-LLAMA = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 32,
-         "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "torch_dtype": "bfloat16"}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 8192,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
 
 
 @pytest.mark.parametrize("what", ["trace", "model config"])
@@ -210,20 +264,26 @@ def test_r9_force_never_writes_over_the_trace_or_config_a_spec_names(cli, tmp_pa
     (tmp_path / "s.toml").write_text(spec)
     before = (tmp_path / name).read_bytes()
     assert cli("build", "-b", "fa3", "--spec", "s.toml", "--dry-run")[0] == 0
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "-o", name, "--force"),
-                   f"{name}: the output is the {what} file", "fix: name another output with -o")
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.toml", "-o", name, "--force"),
+        f"{name}: the output is the {what} file",
+        "fix: name another output with -o",
+    )
     assert (tmp_path / name).read_bytes() == before
 
 
 # R10. the order of -s pins does not change the plan ---------------------------------------------------
 
+
 def test_r10_pins_in_any_order_give_the_same_bytes_and_check_clean(cli, tmp_path):
     # before: alternatives' `violates` listed the pins in the order typed, while the plan's
     # command records them sorted: `-s outputs=keep -s order=largest-first` gave a plan
     # that `planner check` called stale right after the build
-    (tmp_path / "s.toml").write_text(SPEC.replace("[1, 2]", "[1, 2, 4, 8]") + '[[phases]]\nname = "verify"\n'
-                                     'kind = "target_verify"\nsizes = [1, 4]\ntokens_per_request = 4\n'
-                                     'output_lifetime = "across-phases"\n')
+    (tmp_path / "s.toml").write_text(
+        SPEC.replace("[1, 2]", "[1, 2, 4, 8]") + '[[phases]]\nname = "verify"\n'
+        'kind = "target_verify"\nsizes = [1, 4]\ntokens_per_request = 4\n'
+        'output_lifetime = "across-phases"\n'
+    )
     pins = ["outputs=keep", "order=largest-first"]
     for name, order in (("a.json", pins), ("b.json", pins[::-1])):
         assert cli("build", "-b", "fa3", "--spec", "s.toml", *[a for p in order for a in ("-s", p)], "-o", name)[0] == 0
@@ -237,6 +297,7 @@ def test_r10_pins_in_any_order_give_the_same_bytes_and_check_clean(cli, tmp_path
 
 # R11. a report checked against a plan it was not captured from ----------------------------------------
 
+
 def test_r11_report_against_another_plan_exits_1(cli, tmp_path):
     # before: exit 0 with a "warning:" line in the table on stdout, which CI never sees
     import msgspec
@@ -246,25 +307,40 @@ def test_r11_report_against_another_plan_exits_1(cli, tmp_path):
     assert cli("build", "-b", "fa3")[0] == 0
     assert cli("build", "-b", "fa3", "--ci")[0] == 0
     plan = json.loads((tmp_path / "plans/fa3.json").read_bytes())
-    rep = CaptureReport(plan="fa3", plan_digest=plan["digest"], device="d", torch="2.11", backend_module="fa3",
-                        pool_bytes=1, predicted_pool_bytes=1, capture_seconds=1.0)
+    rep = CaptureReport(
+        plan="fa3",
+        plan_digest=plan["digest"],
+        device="d",
+        torch="2.11",
+        backend_module="fa3",
+        pool_bytes=1,
+        predicted_pool_bytes=1,
+        capture_seconds=1.0,
+    )
     (tmp_path / "r.json").write_bytes(msgspec.json.encode(rep))
     assert cli("report", "r.json", "--plan", "plans/fa3.json")[0] == 0
     code, out, err = cli("report", "r.json", "--plan", "plans/fa3-ci.json")
-    one_line_error((code, out, err), "r.json: $.plan_digest: report was captured from plan 'fa3'",
-                   "not from plans/fa3-ci.json ('fa3-ci', sha256:", "fix: pass the plan it was captured from")
+    one_line_error(
+        (code, out, err),
+        "r.json: $.plan_digest: report was captured from plan 'fa3'",
+        "not from plans/fa3-ci.json ('fa3-ci', sha256:",
+        "fix: pass the plan it was captured from",
+    )
     assert out == ""
 
 
 # R12. build --check of a what-if against the checked-in plan of the same name -------------------------
 
+
 def test_r12_build_check_of_another_command_is_not_called_stale(cli, tmp_path):
     # before: "plans/fa3.json: plan is stale ...; fix: run `planner build --backend fa3 --tp 8`",
     # a fix that write_plan then refuses (or, with --force, that clobbers the checked-in plan)
     assert cli("build", "-b", "fa3")[0] == 0
-    one_line_error(cli("build", "-b", "fa3", "--tp", "8", "--check"),
-                   "plans/fa3.json: holds the plan of `planner build --backend fa3`, not of this command",
-                   "fix: check it with `planner check plans/fa3.json`, or give this build its own file with -o")
+    one_line_error(
+        cli("build", "-b", "fa3", "--tp", "8", "--check"),
+        "plans/fa3.json: holds the plan of `planner build --backend fa3`, not of this command",
+        "fix: check it with `planner check plans/fa3.json`, or give this build its own file with -o",
+    )
     assert cli("build", "-b", "fa3", "--check")[0] == 0
     assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json")[0] == 0
     assert cli("build", "-b", "fa3", "--tp", "8", "-o", "plans/tp8.json", "--check")[0] == 0
@@ -276,18 +352,25 @@ def test_r12_build_check_of_a_file_that_is_no_plan_is_not_called_stale(cli, tmp_
     # write_plan refuses ("exists and is not a plan"): the same dead end as above
     (tmp_path / "plans").mkdir()
     (tmp_path / "plans/fa3.json").write_text(content)
-    one_line_error(cli("build", "-b", "fa3", "--check"), "plans/fa3.json: exists and is not a plan",
-                   "fix: check another file with -o, or replace it with `planner build --backend fa3 --force`")
+    one_line_error(
+        cli("build", "-b", "fa3", "--check"),
+        "plans/fa3.json: exists and is not a plan",
+        "fix: check another file with -o, or replace it with `planner build --backend fa3 --force`",
+    )
     assert (tmp_path / "plans/fa3.json").read_text() == content
 
 
 # R13. a spec's model config is read like every other input ------------------------------------------
 
-@pytest.mark.parametrize("make,needle", [
-    ("fifo", "config.json: is a FIFO (named pipe), not a config file"),
-    ("list", "config.json: $.model_type: model_type must be a string, got ['llama']"),
-    ("deep", "config.json: nested too deeply to read"),
-])
+
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        ("fifo", "config.json: is a FIFO (named pipe), not a config file"),
+        ("list", "config.json: $.model_type: model_type must be a string, got ['llama']"),
+        ("deep", "config.json: nested too deeply to read"),
+    ],
+)
 def test_r13_odd_model_configs_are_one_line_not_a_hang_or_an_internal_error(cli, tmp_path, make, needle):
     # before: a FIFO hung the build (and /dev/zero read until memory ran out: not tested here,
     # a regression would not stop at the alarm below; read_input refuses both alike), and a
@@ -318,6 +401,7 @@ def test_r13_odd_model_configs_are_one_line_not_a_hang_or_an_internal_error(cli,
 
 # R14. graph -f dot quotes the plan's name -------------------------------------------------------------
 
+
 def test_r14_dot_output_escapes_quotes_in_the_plan_name(cli, tmp_path):
     # before: `-o 'we"ird.json'` gave `digraph "we"ird" {`, which Graphviz cannot read
     import re
@@ -331,13 +415,18 @@ def test_r14_dot_output_escapes_quotes_in_the_plan_name(cli, tmp_path):
 
 # R15. a spec rule for a backend that does not exist ---------------------------------------------------
 
+
 def test_r15_a_rule_for_an_unknown_backend_is_refused(cli, tmp_path):
     # before: `when = { backend = ["FA3"] }` never matched "fa3": a team gate that silently gated nothing
-    (tmp_path / "s.toml").write_text(SPEC + '[[rules]]\nid = "team-gate"\nwhy = "x"\n'
-                                     'when = { backend = ["fa3", "FA3"] }\nrequire = [{ order = "smallest-first" }]\n')
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
-                   "s.toml: $.rules[0].when.backend[1]: unknown backend 'FA3': the rule would never apply",
-                   "fix: use one of fa3, flashinfer, torch, triton")
+    (tmp_path / "s.toml").write_text(
+        SPEC + '[[rules]]\nid = "team-gate"\nwhy = "x"\n'
+        'when = { backend = ["fa3", "FA3"] }\nrequire = [{ order = "smallest-first" }]\n'
+    )
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.toml"),
+        "s.toml: $.rules[0].when.backend[1]: unknown backend 'FA3': the rule would never apply",
+        "fix: use one of fa3, flashinfer, torch, triton",
+    )
     assert not (tmp_path / "plans").exists()
 
 
@@ -345,24 +434,33 @@ def test_r15_a_rule_for_an_unknown_backend_is_refused(cli, tmp_path):
 def test_r15_a_rule_whose_when_lists_nothing_is_refused(cli, tmp_path, field):
     # before: `when = { backend = [] }` matched no backend (and `phase_kind = []` no phase):
     # the rule never applied, and the build chose largest-first against its require
-    (tmp_path / "s.toml").write_text(SPEC + f'[[rules]]\nid = "team-gate"\nwhy = "x"\nwhen = {{ {field} = [] }}\n'
-                                     'require = [{ order = "smallest-first" }]\n')
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
-                   f"s.toml: $.rules[0].when.{field}: an empty list matches nothing: the rule would never apply",
-                   f"fix: list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any")
+    (tmp_path / "s.toml").write_text(
+        SPEC + f'[[rules]]\nid = "team-gate"\nwhy = "x"\nwhen = {{ {field} = [] }}\n'
+        'require = [{ order = "smallest-first" }]\n'
+    )
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.toml"),
+        f"s.toml: $.rules[0].when.{field}: an empty list matches nothing: the rule would never apply",
+        f"fix: list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any",
+    )
     assert not (tmp_path / "plans").exists()
 
 
 def test_r15_a_rule_requiring_an_empty_choice_is_refused(cli, tmp_path):
     # before: `require = [{}]` was met by every strategy: a gate that required nothing
-    (tmp_path / "s.toml").write_text(SPEC + '[[rules]]\nid = "team-gate"\nwhy = "x"\n'
-                                     'require = [{ order = "smallest-first" }, {}]\n')
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"),
-                   "s.toml: $.rules[0].require[1]: an empty choice is met by every strategy", "fix: name the axis")
+    (tmp_path / "s.toml").write_text(
+        SPEC + '[[rules]]\nid = "team-gate"\nwhy = "x"\nrequire = [{ order = "smallest-first" }, {}]\n'
+    )
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.toml"),
+        "s.toml: $.rules[0].require[1]: an empty choice is met by every strategy",
+        "fix: name the axis",
+    )
     assert not (tmp_path / "plans").exists()
 
 
 # R16. a spec's own tp is located in the spec ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("tp,needle", [(3, "tp=3 does not divide heads=32"), (100000, "must be 1..")])
 def test_r16_a_bad_tp_in_the_spec_points_at_the_spec_not_at_the_option(cli, tmp_path, tp, needle):
@@ -375,6 +473,7 @@ def test_r16_a_bad_tp_in_the_spec_points_at_the_spec_not_at_the_option(cli, tmp_
 
 
 # R17. a plans folder that is a symlink ---------------------------------------------------------------
+
 
 def test_r17_check_through_a_linked_plans_folder(cli, tmp_path, monkeypatch):
     # before: the plan records --spec ../specs/s.toml (lexically, relative to plans/), but check
@@ -392,6 +491,7 @@ def test_r17_check_through_a_linked_plans_folder(cli, tmp_path, monkeypatch):
 
 # R18. file names that are not UTF-8 ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("flag", ["--spec", "-o"])
 def test_r18_a_non_utf8_file_name_is_a_located_error(cli, tmp_path, flag):
     # before: internal error (exit 3), UnicodeEncodeError writing the plan's JSON
@@ -402,12 +502,12 @@ def test_r18_a_non_utf8_file_name_is_a_located_error(cli, tmp_path, flag):
     name = os.fsdecode(b"s\xff.toml")
     (tmp_path / name).write_text(SPEC)
     args = ("--spec", name) if flag == "--spec" else ("-o", os.fsdecode(b"o\xff.json"))
-    one_line_error(cli("build", "-b", "fa3", *args), f"{flag} ", "path is not valid UTF-8",
-                   "fix: rename the file")
+    one_line_error(cli("build", "-b", "fa3", *args), f"{flag} ", "path is not valid UTF-8", "fix: rename the file")
     assert sorted(os.listdir(tmp_path)) == [name]
 
 
 # R19. Ctrl-C is not "bad input or drift" --------------------------------------------------------------
+
 
 def test_r19_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypatch):
     # before: click's "Aborted!" and exit 1, the code for bad input or drift
@@ -430,17 +530,22 @@ def test_r19_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypat
 
 # R20. a TOML spec not named *.toml --------------------------------------------------------------------
 
+
 def test_r20_a_toml_spec_without_the_toml_suffix_is_told_why(cli, tmp_path):
     # before: "spec.txt: malformed JSON: ... invalid character (byte 2)" and no fix
     (tmp_path / "spec.txt").write_text(SPEC)
-    one_line_error(cli("build", "-b", "fa3", "--spec", "spec.txt"), "spec.txt: malformed JSON",
-                   "fix: a spec is read as TOML only when its name ends in .toml")
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "spec.txt"),
+        "spec.txt: malformed JSON",
+        "fix: a spec is read as TOML only when its name ends in .toml",
+    )
     (tmp_path / "bad.json").write_text('{"phases": [')
     err = one_line_error(cli("build", "-b", "fa3", "--spec", "bad.json"), "bad.json: malformed JSON")
     assert "fix:" not in err
 
 
 # R21. the reader of stdout goes away (`planner show P | head`) ----------------------------------------
+
 
 def test_r21_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
     # before: click's EPIPE handling, exit 1: the code for bad input or drift, so a CI script
@@ -454,8 +559,13 @@ def test_r21_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line is written
     try:
-        r = subprocess.run([sys.executable, "-m", "capture_plan.planner", "show", str(plan)], stdout=write,
-                           stderr=subprocess.PIPE, cwd=tmp_path, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "capture_plan.planner", "show", str(plan)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            timeout=60,
+        )
     finally:
         os.close(write)
     assert r.returncode == 141, (r.returncode, r.stderr)
@@ -473,14 +583,20 @@ def test_r21_help_and_version_into_a_closed_pipe_exit_141_too(tmp_path, args):
     read, write = os.pipe()
     os.close(read)
     try:
-        r = subprocess.run([sys.executable, "-m", "capture_plan.planner", *args], stdout=write, stderr=subprocess.PIPE,
-                           cwd=tmp_path, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "capture_plan.planner", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            timeout=60,
+        )
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (141, b"")
 
 
 # R22. -o naming a folder -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("args", [("build", "-b", "fa3", "-o", "out/"), ("simulate", "P", "--plot", "out/")])
 def test_r22_an_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(cli, tmp_path, args):
@@ -492,9 +608,14 @@ def test_r22_an_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(c
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args,example", [(("build", "-b", "fa3", "-o", "out/."), "out/what-if.json"),
-                                          (("build", "-b", "fa3", "-o", "out/.."), "./what-if.json"),
-                                          (("simulate", "P", "--plot", "out/."), "out/what-if.json")])
+@pytest.mark.parametrize(
+    "args,example",
+    [
+        (("build", "-b", "fa3", "-o", "out/."), "out/what-if.json"),
+        (("build", "-b", "fa3", "-o", "out/.."), "./what-if.json"),
+        (("simulate", "P", "--plot", "out/."), "out/what-if.json"),
+    ],
+)
 def test_r22_an_output_path_ending_in_dot_names_a_folder_too(cli, tmp_path, args, example):
     # before: click's Path made "out/." Path("out"): build wrote a plan file named `out`, and
     # `--plot out/.` a PNG named `out`; "out/.." created the folder `out`, then failed

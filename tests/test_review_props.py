@@ -21,15 +21,30 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from capture_plan.schemas.strategy import AXIS_VALUES
 
 EXAMPLES = int(os.environ.get("CAPTURE_PLAN_FUZZ_EXAMPLES", "10"))
-PROPS = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+PROPS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
-SPEC = ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
-        '[[phases]]\nname = "verify"\nkind = "target_verify"\nsizes = [1, 4]\ntokens_per_request = 4\n'
-        'output_lifetime = "across-phases"\n')
+SPEC = (
+    '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
+    '[[phases]]\nname = "verify"\nkind = "target_verify"\nsizes = [1, 4]\ntokens_per_request = 4\n'
+    'output_lifetime = "across-phases"\n'
+)
 
-PINS = st.lists(st.sampled_from([f"{scope}{axis}={value}" for scope in ("", "decode.", "verify.")
-                                  for axis, values in AXIS_VALUES.items() for value in values]), max_size=4)
+PINS = st.lists(
+    st.sampled_from(
+        [
+            f"{scope}{axis}={value}"
+            for scope in ("", "decode.", "verify.")
+            for axis, values in AXIS_VALUES.items()
+            for value in values
+        ]
+    ),
+    max_size=4,
+)
 
 
 def run(cli_main, cwd: Path, *args: str) -> tuple[int, str, str]:
@@ -48,16 +63,24 @@ def run(cli_main, cwd: Path, *args: str) -> tuple[int, str, str]:
 
 
 @PROPS
-@given(pins=PINS, ci=st.booleans(), backend=st.sampled_from(["fa3", "triton"]), tp=st.sampled_from([None, 1, 2, 8]),
-       allocator=st.sampled_from([None, "native", "expandable"]), out_name=st.sampled_from([None, "what-if.json"]))
-def test_an_accepted_build_checks_clean_from_anywhere_and_rebuilds_byte_identical(tmp_path_factory, pins, ci, backend,
-                                                                                tp, allocator, out_name):
+@given(
+    pins=PINS,
+    ci=st.booleans(),
+    backend=st.sampled_from(["fa3", "triton"]),
+    tp=st.sampled_from([None, 1, 2, 8]),
+    allocator=st.sampled_from([None, "native", "expandable"]),
+    out_name=st.sampled_from([None, "what-if.json"]),
+)
+def test_an_accepted_build_checks_clean_from_anywhere_and_rebuilds_byte_identical(
+    tmp_path_factory, pins, ci, backend, tp, allocator, out_name
+):
     from capture_plan.planner.cli import main
 
     root = tmp_path_factory.mktemp("p")
     (root / "specs").mkdir()
     (root / "specs/s.toml").write_text(SPEC)
     (root / "elsewhere").mkdir()
+
     def build_args(pin_order: list[str]) -> list[str]:
         args = ["build", "-b", backend, "--spec", "../specs/s.toml"]
         args += ["--ci"] * ci + [a for p in pin_order for a in ("-s", p)]

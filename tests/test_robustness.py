@@ -54,12 +54,16 @@ def plan_raw(cli, tmp_path, eagle_plan) -> dict:
 
 # 1. deep nesting ------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,text", [
-    ("s.json", '{"phases": ' + "[" * 1000 + "]" * 1000 + "}"),
-    ("s.json", "[" * 100000 + "]" * 100000),
-    ("s.toml", "phases = " + "[" * 1000 + "]" * 1000),
-    ("s.toml", 'x = ' + "{a = " * 600 + "1" + "}" * 600),
-])
+
+@pytest.mark.parametrize(
+    "name,text",
+    [
+        ("s.json", '{"phases": ' + "[" * 1000 + "]" * 1000 + "}"),
+        ("s.json", "[" * 100000 + "]" * 100000),
+        ("s.toml", "phases = " + "[" * 1000 + "]" * 1000),
+        ("s.toml", "x = " + "{a = " * 600 + "1" + "}" * 600),
+    ],
+)
 def test_1_deeply_nested_spec(cli, tmp_path, name, text):
     (tmp_path / name).write_text(text)
     one_line_error(cli("build", "-b", "fa3", "--spec", name), name)
@@ -79,13 +83,17 @@ def test_1_deeply_nested_plan_trace_report(cli, tmp_path, plan_raw):
 
 # 2. huge numbers ------------------------------------------------------------------
 
-@pytest.mark.parametrize("extra,where", [
-    ("library_mib = inf\n", "$.library_mib"),
-    ("library_mib = 1e308\n", "$.library_mib"),
-    ("budget_mib = nan\n", "$.budget_mib"),
-    ("[model]\nvocab = 1" + "0" * 200 + "\n", "$.model.vocab"),
-    ("[model]\nvocab = 100000000\n", "$.model.vocab"),
-])
+
+@pytest.mark.parametrize(
+    "extra,where",
+    [
+        ("library_mib = inf\n", "$.library_mib"),
+        ("library_mib = 1e308\n", "$.library_mib"),
+        ("budget_mib = nan\n", "$.budget_mib"),
+        ("[model]\nvocab = 1" + "0" * 200 + "\n", "$.model.vocab"),
+        ("[model]\nvocab = 100000000\n", "$.model.vocab"),
+    ],
+)
 def test_2_huge_numbers_in_a_spec(cli, tmp_path, extra, where):
     (tmp_path / "s.toml").write_text(extra + SPEC if not extra.startswith("[") else SPEC + extra)
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), f"s.toml: {where}")
@@ -102,18 +110,22 @@ def test_2_huge_sizes(cli, tmp_path):
 
 # 3. NUL byte in a path ---------------------------------------------------------------
 
+
 def test_3_nul_byte_in_paths(cli, tmp_path):
     (tmp_path / "s.toml").write_text('trace = "t\\u0000.json"\n' + SPEC)
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), "s.toml: $.trace", "NUL")
     with pytest.raises(InputError, match="NUL"):
         from capture_plan.schemas.files import read_input
+
         read_input("a\0b", "plan")
     with pytest.raises(InputError, match="NUL"):
         from capture_plan.schemas.files import write_atomic
+
         write_atomic(Path("a\0b"), b"x")
 
 
 # 4. symlink loop as output or input -----------------------------------------------------
+
 
 def test_4_symlink_loop(cli, tmp_path):
     os.symlink("b.json", tmp_path / "a.json")
@@ -133,13 +145,17 @@ def test_4_output_through_a_symlink_writes_its_target(cli, tmp_path):
 
 # 5. check verifies the digest before trusting the recorded build -------------------------
 
-@pytest.mark.parametrize("build, where", [
-    ({}, "$.inputs.build"),  # no backend
-    ({"backend": "fa3", "max_bs": "x"}, "$.inputs.build.max_bs"),
-    ({"backend": 3}, "$.inputs.build.backend"),
-    ({"backend": "fa3", "tp": [2, 4]}, "$.inputs.build.tp"),
-    ({"backend": "nope"}, "plans/fa3-eagle.json: $.inputs.build (--backend)"),  # decodes; the rebuild refuses it
-])
+
+@pytest.mark.parametrize(
+    "build, where",
+    [
+        ({}, "$.inputs.build"),  # no backend
+        ({"backend": "fa3", "max_bs": "x"}, "$.inputs.build.max_bs"),
+        ({"backend": 3}, "$.inputs.build.backend"),
+        ({"backend": "fa3", "tp": [2, 4]}, "$.inputs.build.tp"),
+        ({"backend": "nope"}, "plans/fa3-eagle.json: $.inputs.build (--backend)"),  # decodes; the rebuild refuses it
+    ],
+)
 def test_5_check_with_a_broken_recorded_build(cli, tmp_path, plan_raw, build, where):
     path = tmp_path / "plans/fa3-eagle.json"
     raw = {**plan_raw, "inputs": {**plan_raw["inputs"], "build": build}}
@@ -155,8 +171,11 @@ def test_5_a_plan_without_a_build_record_is_stale_and_names_its_command(cli, tmp
     raw = {**plan_raw, "revision": 1, "inputs": {k: v for k, v in plan_raw["inputs"].items() if k != "build"}}
     path.write_bytes(reseal(raw))
     for args in (("check", "plans"), ("check", "--fix", "plans")):
-        one_line_error(cli(*args), "records its build only as text",
-                       "planner build --backend fa3 --speculative eagle --max-bs 4 --force`")
+        one_line_error(
+            cli(*args),
+            "records its build only as text",
+            "planner build --backend fa3 --speculative eagle --max-bs 4 --force`",
+        )
     assert "check --fix`" not in cli("check", "plans")[2]  # --fix cannot rebuild it: not offered
 
 
@@ -170,12 +189,19 @@ def test_5_a_hand_edited_plan_is_stale_and_fix_rebuilds_it(cli, tmp_path, plan_r
 
 # 6. sealed but inconsistent plans -------------------------------------------------------------
 
+
 def _mutations(raw: dict):
     steps = raw["steps"]
-    yield "timeline shorter", {"predicted": {**raw["predicted"], "timeline": raw["predicted"]["timeline"][:-1]}}, \
-        "$.predicted.timeline"
-    yield "edge to unknown", {"edges": raw["edges"] + [{"src": steps[0]["id"], "dst": "capture/x/1", "rule": "r"}]}, \
-        "$.edges["
+    yield (
+        "timeline shorter",
+        {"predicted": {**raw["predicted"], "timeline": raw["predicted"]["timeline"][:-1]}},
+        "$.predicted.timeline",
+    )
+    yield (
+        "edge to unknown",
+        {"edges": raw["edges"] + [{"src": steps[0]["id"], "dst": "capture/x/1", "rule": "r"}]},
+        "$.edges[",
+    )
     yield "unknown phase", {"steps": [{**steps[0], "phase": "nope"}] + steps[1:]}, "$.steps[0].phase"
     yield "bs 0", {"steps": [{**steps[0], "bs": 0}] + steps[1:]}, "$.steps[0].bs"
     yield "negative bytes", {"steps": [{**steps[0], "bytes": -1}] + steps[1:]}, "$.steps[0].bytes"
@@ -200,31 +226,46 @@ def _capture_mutations(raw: dict):
         return [({**s, **fields} if j == i else s) for j, s in enumerate(steps)]
 
     # two captures of one size, none of another (id, size and phase all edited to match)
-    yield "captured twice", {"steps": edit(b, phase=phase, bs=steps[a]["bs"], id=steps[a]["id"])}, \
-        f"$.steps[{b}].id"
+    yield "captured twice", {"steps": edit(b, phase=phase, bs=steps[a]["bs"], id=steps[a]["id"])}, f"$.steps[{b}].id"
     # the size edited, the id left: the id lies
     yield "size changed, id kept", {"steps": edit(b, phase=phase, bs=steps[a]["bs"])}, f"$.steps[{b}].id"
     # the largest size turned into a warm-up (its id too): never captured, so refused at replay
     largest = max((i for i in caps if steps[i]["phase"] == phase), key=lambda i: steps[i]["bs"])
     bs = steps[largest]["bs"]
-    yield "largest turned into a warm-up", {"steps": edit(largest, op="warmup", runs=1, pool="", outputs=None,
-                                                          id=f"warmup/{phase}/{bs}")}, "$.steps["
+    yield (
+        "largest turned into a warm-up",
+        {"steps": edit(largest, op="warmup", runs=1, pool="", outputs=None, id=f"warmup/{phase}/{bs}")},
+        "$.steps[",
+    )
     # ... and without a warm-up of that size already there: the phase's size is never captured
     others = [s for s in steps if not (s["phase"] == phase and s["bs"] == bs)]
     others = [{**s, "index": i} for i, s in enumerate(others)]
-    yield "largest dropped", {"steps": others, "edges": [],
-                              "predicted": {**raw["predicted"], "timeline": [
-                                  {**m, "step": i}
-                                  for i, m in enumerate(raw["predicted"]["timeline"][:len(others)])]}}, \
-        f"$.phases[{[p['name'] for p in raw['phases']].index(phase)}].sizes"
+    yield (
+        "largest dropped",
+        {
+            "steps": others,
+            "edges": [],
+            "predicted": {
+                **raw["predicted"],
+                "timeline": [{**m, "step": i} for i, m in enumerate(raw["predicted"]["timeline"][: len(others)])],
+            },
+        },
+        f"$.phases[{[p['name'] for p in raw['phases']].index(phase)}].sizes",
+    )
     # a size listed twice in a phase
     sizes = raw["phases"][0]["sizes"]
-    yield "size listed twice", {"phases": [{**raw["phases"][0], "sizes": sizes + sizes[:1]}] + raw["phases"][1:]}, \
-        f"$.phases[0].sizes[{len(sizes)}]"
+    yield (
+        "size listed twice",
+        {"phases": [{**raw["phases"][0], "sizes": sizes + sizes[:1]}] + raw["phases"][1:]},
+        f"$.phases[0].sizes[{len(sizes)}]",
+    )
     # an id naming another op
     wi = next(i for i, s in enumerate(steps) if s["op"] == "warmup")
-    yield "id names another op", {"steps": edit(wi, id=steps[wi]["id"].replace("warmup/", "provision/"))}, \
-        f"$.steps[{wi}].id"
+    yield (
+        "id names another op",
+        {"steps": edit(wi, id=steps[wi]["id"].replace("warmup/", "provision/"))},
+        f"$.steps[{wi}].id",
+    )
 
 
 @pytest.mark.parametrize("command", ["show", "graph", "simulate", "explain"])
@@ -244,6 +285,7 @@ def test_6_load_plan_rejects_inconsistent_plans(tmp_path, plan_raw):
 
 
 # 7. non-regular files, size limits, FIFOs ------------------------------------------------------
+
 
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom", "/dev/null"])
 def test_7_device_files(cli, device):
@@ -272,11 +314,15 @@ def test_7_directories_missing_and_huge_files(cli, tmp_path):
         f.truncate(FILE_LIMITS["spec"] + 1)
     one_line_error(cli("build", "-b", "fa3", "--spec", "big.toml"), "over the limit")
     (tmp_path / "s.toml").write_text(SPEC)
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "nope.json"),
-                   "nope.json: cannot read trace", "capture_plan.executor.profile")
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "nope.json"),
+        "nope.json: cannot read trace",
+        "capture_plan.executor.profile",
+    )
 
 
 # 8. a copy under another name is checked as itself ---------------------------------------------
+
 
 def test_8_a_hand_edited_copy_is_not_up_to_date(cli, tmp_path):
     assert cli("build", "-b", "fa3", "--ci")[0] == 0
@@ -294,14 +340,25 @@ def test_8_a_hand_edited_copy_is_not_up_to_date(cli, tmp_path):
 
 # 9. silent acceptance --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,text,needle", [
-    ("s.json", '{"phases": [{"name": "decode", "kind": "decode", "sizes": [1]}], "tp": 2, "tp": 1}',
-     "duplicate key 'tp'"),
-    ("s.toml", SPEC.replace('"decode"\nkind', '"decode\\n"\nkind'), "$.phases[0].name"),
-    ("s.toml", "version = 99\n" + SPEC, "s.toml: $.version: spec version 99 is newer"),
-    ("s.toml", "version = 0\n" + SPEC, "s.toml: $.version"),
-    ("s.toml", '[[rules]]\nid = "x\\n"\nwhy = "y"\n' + SPEC.replace("[[phases]]", "[[phases]]", 1), "$.rules[0].id"),
-])
+
+@pytest.mark.parametrize(
+    "name,text,needle",
+    [
+        (
+            "s.json",
+            '{"phases": [{"name": "decode", "kind": "decode", "sizes": [1]}], "tp": 2, "tp": 1}',
+            "duplicate key 'tp'",
+        ),
+        ("s.toml", SPEC.replace('"decode"\nkind', '"decode\\n"\nkind'), "$.phases[0].name"),
+        ("s.toml", "version = 99\n" + SPEC, "s.toml: $.version: spec version 99 is newer"),
+        ("s.toml", "version = 0\n" + SPEC, "s.toml: $.version"),
+        (
+            "s.toml",
+            '[[rules]]\nid = "x\\n"\nwhy = "y"\n' + SPEC.replace("[[phases]]", "[[phases]]", 1),
+            "$.rules[0].id",
+        ),
+    ],
+)
 def test_9_spec_silent_acceptance(cli, tmp_path, name, text, needle):
     if "rules" in text:
         text = SPEC + '[[rules]]\nid = "x\\n"\nwhy = "y"\n'
@@ -310,24 +367,34 @@ def test_9_spec_silent_acceptance(cli, tmp_path, name, text, needle):
     assert not (tmp_path / "plans").exists()
 
 
-@pytest.mark.parametrize("trace,needle", [
-    ('{"backend": "triton", "captures": []}', "t.json: $.backend: trace was recorded with backend 'triton'"),
-    ('{"version": -1, "captures": []}', "t.json: $.version: trace version -1"),
-    ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, 1' + "0" * 300 + ', "temp"]]}]}',
-     "t.json: $.captures[0].events[0]"),
-    ('{"captures": [], "captures": []}', "duplicate key 'captures'"),
-    # issue 18, fault 3: the trace is decoded typed now; duplicates in captures and nesting still refused
-    ('{"captures": [{"phase": "decode", "bs": 1, "bs": 2, "events": []}]}', "t.json: duplicate key 'bs'"),
-    ('{"captures": [{"phase": "decode", "bs": 1, "\\u0062s": 2, "events": []}]}', "t.json: duplicate key 'bs'"),
-    ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, 1, "temp"]], '
-     '"events": [["alloc", 0, 1, "temp"]]}]}', "t.json: duplicate key 'events'"),
-    ('{"device": ' + "[" * 5000 + "]" * 5000 + ', "captures": []}', "t.json: nested deeper than 64 levels"),
-    ('[["alloc", 0, 1, "temp"]]', "t.json: $: a trace must be a JSON object (a TOML table), got an array"),
-    ('{"version": 2, "captures": [], "new_field": 1}', "t.json: trace version 2 is newer"),
-    ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", -1, 1, "temp"]]}]}',
-     "t.json: $.captures[0].events[0][1]: Expected `int` >= 0"),
-    ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, 1, "temp"]', "t.json: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "trace,needle",
+    [
+        ('{"backend": "triton", "captures": []}', "t.json: $.backend: trace was recorded with backend 'triton'"),
+        ('{"version": -1, "captures": []}', "t.json: $.version: trace version -1"),
+        (
+            '{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, 1' + "0" * 300 + ', "temp"]]}]}',
+            "t.json: $.captures[0].events[0]",
+        ),
+        ('{"captures": [], "captures": []}', "duplicate key 'captures'"),
+        # issue 18, fault 3: the trace is decoded typed now; duplicates in captures and nesting still refused
+        ('{"captures": [{"phase": "decode", "bs": 1, "bs": 2, "events": []}]}', "t.json: duplicate key 'bs'"),
+        ('{"captures": [{"phase": "decode", "bs": 1, "\\u0062s": 2, "events": []}]}', "t.json: duplicate key 'bs'"),
+        (
+            '{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, 1, "temp"]], '
+            '"events": [["alloc", 0, 1, "temp"]]}]}',
+            "t.json: duplicate key 'events'",
+        ),
+        ('{"device": ' + "[" * 5000 + "]" * 5000 + ', "captures": []}', "t.json: nested deeper than 64 levels"),
+        ('[["alloc", 0, 1, "temp"]]', "t.json: $: a trace must be a JSON object (a TOML table), got an array"),
+        ('{"version": 2, "captures": [], "new_field": 1}', "t.json: trace version 2 is newer"),
+        (
+            '{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", -1, 1, "temp"]]}]}',
+            "t.json: $.captures[0].events[0][1]: Expected `int` >= 0",
+        ),
+        ('{"captures": [{"phase": "decode", "bs": 1, "events": [["alloc", 0, 1, "temp"]', "t.json: not valid JSON"),
+    ],
+)
 def test_9_trace_silent_acceptance(cli, tmp_path, trace, needle):
     (tmp_path / "s.toml").write_text(SPEC)
     (tmp_path / "t.json").write_text(trace)
@@ -336,9 +403,17 @@ def test_9_trace_silent_acceptance(cli, tmp_path, trace, needle):
 
 @pytest.mark.parametrize("field,value", [("pool_bytes", -1), ("capture_seconds", -0.5), ("seconds", -1.0)])
 def test_9_reports_with_negative_numbers(cli, tmp_path, field, value):
-    rep = {"plan": "fa3", "plan_digest": "sha256:x", "device": "d", "torch": "2", "backend_module": "fa3",
-           "pool_bytes": 1, "predicted_pool_bytes": 1, "capture_seconds": 1.0,
-           "steps": [{"step": 0, "id": "capture/decode/1", "reserved": 1, "predicted_reserved": 1, "seconds": 0.1}]}
+    rep = {
+        "plan": "fa3",
+        "plan_digest": "sha256:x",
+        "device": "d",
+        "torch": "2",
+        "backend_module": "fa3",
+        "pool_bytes": 1,
+        "predicted_pool_bytes": 1,
+        "capture_seconds": 1.0,
+        "steps": [{"step": 0, "id": "capture/decode/1", "reserved": 1, "predicted_reserved": 1, "seconds": 0.1}],
+    }
     if field == "seconds":
         rep["steps"][0]["seconds"] = value
     else:
@@ -348,12 +423,14 @@ def test_9_reports_with_negative_numbers(cli, tmp_path, field, value):
 
 
 def test_9_absurd_plan_numbers(cli, tmp_path, plan_raw):
-    (tmp_path / "p.json").write_bytes(reseal({**plan_raw, "predicted": {**plan_raw["predicted"],
-                                                                         "pool_bytes": 10**300}}))
+    (tmp_path / "p.json").write_bytes(
+        reseal({**plan_raw, "predicted": {**plan_raw["predicted"], "pool_bytes": 10**300}})
+    )
     one_line_error(cli("show", "p.json"), "p.json: $.predicted.pool_bytes: number out of range")
 
 
 # 14. the kind of file is named ----------------------------------------------------------------
+
 
 def test_14_wrong_kind_of_file(cli, tmp_path):
     trace_bytes = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
@@ -365,11 +442,13 @@ def test_14_wrong_kind_of_file(cli, tmp_path):
     err = one_line_error(cli("build", "-b", "fa3", "--tp", "0"), "--tp: must be 1..")
     assert "--tp must" not in err
     (tmp_path / "s.toml").write_text(SPEC.replace("[1, 2]", '[1, "2"]'))
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), "Expected `int`, got `str`",
-                   "fix: see `planner schema spec`")
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.toml"), "Expected `int`, got `str`", "fix: see `planner schema spec`"
+    )
 
 
 # 10. recorded paths do not depend on the working directory ----------------------------------------
+
 
 def test_10_check_and_fix_from_another_directory(cli, tmp_path, monkeypatch):
     assert cli("build", "-b", "fa3", "--ci")[0] == 0
@@ -406,13 +485,17 @@ def test_10_spec_plans_are_the_same_from_any_directory_and_through_links(cli, tm
 
 # 11. what-if builds do not clobber -------------------------------------------------------------
 
+
 def test_11_what_if_builds_need_force(cli, tmp_path):
     assert cli("build", "-b", "fa3", "--ci")[0] == 0
     path = tmp_path / "plans/fa3-ci.json"
     good = path.read_bytes()
     for extra in (("--tp", "2"), ("-s", "outputs=keep"), ("--allocator", "expandable")):
-        one_line_error(cli("build", "-b", "fa3", "--ci", *extra), "plans/fa3-ci.json: holds a plan built by "
-                       "`planner build --backend fa3 --ci`", "--force")
+        one_line_error(
+            cli("build", "-b", "fa3", "--ci", *extra),
+            "plans/fa3-ci.json: holds a plan built by `planner build --backend fa3 --ci`",
+            "--force",
+        )
         assert path.read_bytes() == good
     assert cli("build", "-b", "fa3", "--ci")[0] == 0  # a rebuild of the same command is fine
     assert cli("build", "-b", "fa3", "--ci", "--tp", "2", "--force")[0] == 0
@@ -426,12 +509,14 @@ def test_11_output_equal_to_the_spec_is_refused(cli, tmp_path):
     (tmp_path / "s.json").write_text(json.dumps({"phases": [{"name": "decode", "kind": "decode", "sizes": [1]}]}))
     before = (tmp_path / "s.json").read_bytes()
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.json", "-o", "s.json", "--force"), "the output is the spec")
-    one_line_error(cli("build", "-b", "fa3", "--spec", "s.json", "-o", "./sub/../s.json", "--force"),
-                   "the output is the spec")
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s.json", "-o", "./sub/../s.json", "--force"), "the output is the spec"
+    )
     assert (tmp_path / "s.json").read_bytes() == before
 
 
 # 12. file modes, long names, no temp files ---------------------------------------------------------
+
 
 def test_12_modes_long_names_and_temp_files(cli, tmp_path):
     from capture_plan.schemas.files import write_atomic
@@ -464,19 +549,36 @@ def test_12_modes_long_names_and_temp_files(cli, tmp_path):
 
 # resource limits -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,needle", [
-    ('[[phases]]\nname = "d"\nkind = "decode"\nsizes = [' + ", ".join(map(str, range(1, 4098))) + "]\n",
-     "4097 capture sizes, over the limit of 4096"),
-    ("".join(f'[[phases]]\nname = "p{i}"\nkind = "decode"\nsizes = [1]\n' for i in range(33)),
-     "33 phases, over the limit of 32"),
-    ("".join(f'[[phases]]\nname = "p{i}"\nkind = "decode"\nsizes = [{", ".join(map(str, range(1, 4001)))}]\n'
-             for i in range(3)), "over 8192 capture sizes in all phases"),
-    ("".join(f'[[phases]]\nname = "p{i}"\nkind = "decode"\nsizes = [1]\nafter = ["p{i + 1}"]\n'
-             for i in range(40)) + '[[phases]]\nname = "p40"\nkind = "decode"\nsizes = [1]\n',
-     "over the limit of 32"),
-    ("[model]\nlayers = 100000\n" + SPEC, "$.model.layers: layers = 100000 is over the limit"),
-    (SPEC + "tokens_per_request = 1000000\n", "tokens_per_request"),
-])
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        (
+            '[[phases]]\nname = "d"\nkind = "decode"\nsizes = [' + ", ".join(map(str, range(1, 4098))) + "]\n",
+            "4097 capture sizes, over the limit of 4096",
+        ),
+        (
+            "".join(f'[[phases]]\nname = "p{i}"\nkind = "decode"\nsizes = [1]\n' for i in range(33)),
+            "33 phases, over the limit of 32",
+        ),
+        (
+            "".join(
+                f'[[phases]]\nname = "p{i}"\nkind = "decode"\nsizes = [{", ".join(map(str, range(1, 4001)))}]\n'
+                for i in range(3)
+            ),
+            "over 8192 capture sizes in all phases",
+        ),
+        (
+            "".join(
+                f'[[phases]]\nname = "p{i}"\nkind = "decode"\nsizes = [1]\nafter = ["p{i + 1}"]\n' for i in range(40)
+            )
+            + '[[phases]]\nname = "p40"\nkind = "decode"\nsizes = [1]\n',
+            "over the limit of 32",
+        ),
+        ("[model]\nlayers = 100000\n" + SPEC, "$.model.layers: layers = 100000 is over the limit"),
+        (SPEC + "tokens_per_request = 1000000\n", "tokens_per_request"),
+    ],
+)
 def test_limits_are_refused_up_front(cli, tmp_path, spec, needle):
     (tmp_path / "s.toml").write_text(spec)
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), needle)
@@ -488,8 +590,11 @@ def test_max_bs_is_bounded(cli, max_bs):
 
 
 def test_max_bs_at_the_limit_with_every_phase_is_refused_by_the_size_limits(cli):
-    one_line_error(cli("build", "-b", "fa3", "--speculative", "eagle", "--max-bs", "65536"),
-                   "embedded default spec (--max-bs 65536): $.phases[0].sizes", "over the limit")
+    one_line_error(
+        cli("build", "-b", "fa3", "--speculative", "eagle", "--max-bs", "65536"),
+        "embedded default spec (--max-bs 65536): $.phases[0].sizes",
+        "over the limit",
+    )
 
 
 def test_checked_in_plans_decode_and_validate():

@@ -14,8 +14,10 @@ torch = pytest.importorskip("torch")
 from fake_cuda import Target  # noqa: E402
 
 CPU = torch.device("cpu")
-PHASES = ('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
-          '[[phases]]\nname = "target_verify"\nkind = "target_verify"\nsizes = [1, 2, 4]\ntokens_per_request = 4\n')
+PHASES = (
+    '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
+    '[[phases]]\nname = "target_verify"\nkind = "target_verify"\nsizes = [1, 2, 4]\ntokens_per_request = 4\n'
+)
 
 
 def _plan(tmp_path: Path, backend: str, *strategies: str, ci: bool = False):
@@ -51,11 +53,14 @@ def test_every_plan_step_op_has_a_session_method():
     assert all(fn.__name__ == op for op, fn in CaptureSession.OPS.items())
 
 
-@pytest.mark.parametrize("backend,strategies,ci", [
-    ("fa3", (), True),                                   # one warm-up per phase, smallest-first gate
-    ("triton", (), False),                               # a warm-up before every capture
-    ("fa3", ("workspace=hoisted", "pool=own"), False),   # provision steps, a pool per phase
-])
+@pytest.mark.parametrize(
+    "backend,strategies,ci",
+    [
+        ("fa3", (), True),  # one warm-up per phase, smallest-first gate
+        ("triton", (), False),  # a warm-up before every capture
+        ("fa3", ("workspace=hoisted", "pool=own"), False),  # provision steps, a pool per phase
+    ],
+)
 def test_the_target_is_called_exactly_as_the_plan_steps_say(tmp_path, fake, backend, strategies, ci):
     from capture_plan.executor import capture
 
@@ -74,8 +79,9 @@ def test_the_target_is_called_exactly_as_the_plan_steps_say(tmp_path, fake, back
         assert {p: w.numel() for p, w in gs.workspaces.items()} == provisions
         assert gs.report.hoisted_bytes == sum(provisions.values())
         predicted = {m.step: m.reserved for m in plan.predicted.timeline}
-        assert [(m.step, m.id, m.predicted_reserved) for m in gs.report.steps] == \
-            [(s.index, s.id, predicted.get(s.index, 0)) for s in plan.steps]
+        assert [(m.step, m.id, m.predicted_reserved) for m in gs.report.steps] == [
+            (s.index, s.id, predicted.get(s.index, 0)) for s in plan.steps
+        ]
         assert [(p, b) for _, p, b in gs.timeline] == [(s.phase, s.bs) for s in captures]
     finally:
         gs.release()
@@ -118,8 +124,11 @@ def test_capture_logs_through_the_named_logger_and_prints_nothing(tmp_path, fake
     got = _records(caplog)
     assert {name for name, _, _ in got} == {"capture_plan.executor"}
     (summary,) = [m for _, level, m in got if level == "INFO"]
-    assert re.fullmatch(rf"capture-plan: 7 graphs of {plan.name} in [\d.]+ s; pool 0.0 MiB, predicted "
-                        r"[\d,.]+ MiB \(-100.0%\); free device memory [\d,.]+ MiB less", summary), summary
+    assert re.fullmatch(
+        rf"capture-plan: 7 graphs of {plan.name} in [\d.]+ s; pool 0.0 MiB, predicted "
+        r"[\d,.]+ MiB \(-100.0%\); free device memory [\d,.]+ MiB less",
+        summary,
+    ), summary
     progress = [m for _, level, m in got if level == "DEBUG"]
     assert progress[0].startswith("capture-plan: 1/7 graphs in ") and "servable up to n=" in progress[0]
     assert progress[-1].startswith("capture-plan: 7/7 graphs in ")
@@ -129,8 +138,9 @@ def test_capture_logs_through_the_named_logger_and_prints_nothing(tmp_path, fake
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings(tmp_path, fake, caplog, capsys,
-                                                                                 monkeypatch, rank):
+def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings(
+    tmp_path, fake, caplog, capsys, monkeypatch, rank
+):
     """One gloo process plays rank 0 or (its rank faked) rank 1 of the world."""
     import logging
 
@@ -172,15 +182,28 @@ def test_nothing_outside_graphset_reaches_into_its_private_members():
     root = Path(__file__).resolve().parent.parent
     tree = ast.parse((root / "executor" / "graphs.py").read_text())
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GraphSet"]
-    private = {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
-               and not n.attr.startswith("__") and isinstance(n.value, ast.Name) and n.value.id == "self"}
-    private |= {f.name for f in cls.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_")
-                and not f.name.startswith("__")}
+    private = {
+        n.attr
+        for n in ast.walk(cls)
+        if isinstance(n, ast.Attribute)
+        and n.attr.startswith("_")
+        and not n.attr.startswith("__")
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "self"
+    }
+    private |= {
+        f.name
+        for f in cls.body
+        if isinstance(f, ast.FunctionDef) and f.name.startswith("_") and not f.name.startswith("__")
+    }
     assert {"_tables", "_refresh", "_bg"} <= private
     reach = []
     for path in sorted(p for d in ("executor", "adapters", "bench", "tests") for p in (root / d).glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):  # GraphSet's own code says self._x
-            if isinstance(node, ast.Attribute) and node.attr in private and not (
-                    isinstance(node.value, ast.Name) and node.value.id == "self"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
                 reach.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
     assert reach == []

@@ -38,8 +38,16 @@ def fake_snapshot(trace: Trace, order: list[int], warmup: bool = True) -> dict:
     by_bs = {c.bs: c for c in trace.captures}
 
     def e(action, addr, size):
-        entries.append({"action": action, "addr": addr, "size": size, "stream": 7, "time_us": len(entries),
-                        "frames": [{"filename": "x.py", "line": 1, "name": "f"}]})
+        entries.append(
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 7,
+                "time_us": len(entries),
+                "frames": [{"filename": "x.py", "line": 1, "name": "f"}],
+            }
+        )
 
     for bs in order:
         if warmup:  # an eager warm-up outside the pool
@@ -54,8 +62,17 @@ def fake_snapshot(trace: Trace, order: list[int], warmup: bool = True) -> dict:
                 if pool.segments != before:
                     size = segment_size(round_size(ev.size))
                     e("segment_alloc", b.addr, size)
-                    segments.append({"device": 0, "address": b.addr, "total_size": size, "stream": 7,
-                                     "segment_type": "large", "segment_pool_id": (1, 0), "blocks": []})
+                    segments.append(
+                        {
+                            "device": 0,
+                            "address": b.addr,
+                            "total_size": size,
+                            "stream": 7,
+                            "segment_type": "large",
+                            "segment_pool_id": (1, 0),
+                            "blocks": [],
+                        }
+                    )
                 live[ev.id] = b
                 e("alloc", b.addr, ev.size)
             else:
@@ -63,8 +80,7 @@ def fake_snapshot(trace: Trace, order: list[int], warmup: bool = True) -> dict:
                 e("free_requested", b.addr, b.size)
                 e("free_completed", b.addr, b.size)
                 pool.free(b)
-    segments.append({"device": 0, "address": eager, "total_size": 2 << 20, "segment_pool_id": (0, 0),
-                     "blocks": []})
+    segments.append({"device": 0, "address": eager, "total_size": 2 << 20, "segment_pool_id": (0, 0), "blocks": []})
     return {"segments": segments, "device_traces": [entries], "allocator_settings": {"expandable_segments": False}}
 
 
@@ -89,8 +105,12 @@ def test_snapshot_gives_the_same_captures_and_prediction_as_the_json_trace(tmp_p
     a = build_plan(BuildOptions(backend="fa3", ci=True, spec=spec, trace=H200)).predicted
     b = build_plan(BuildOptions(backend="fa3", ci=True, spec=spec, trace=tmp_path / "snap.pickle")).predicted
     assert a.source == b.source == "trace" and len(a.timeline) >= len(few)
-    assert (a.pool_bytes, a.pools, a.timeline, a.baseline_bytes) == (b.pool_bytes, b.pools, b.timeline,
-                                                                     b.baseline_bytes)
+    assert (a.pool_bytes, a.pools, a.timeline, a.baseline_bytes) == (
+        b.pool_bytes,
+        b.pools,
+        b.timeline,
+        b.baseline_bytes,
+    )
 
 
 def test_cli_accepts_a_snapshot_and_refuses_a_miscounted_one(cli, tmp_path):
@@ -102,10 +122,12 @@ def test_cli_accepts_a_snapshot_and_refuses_a_miscounted_one(cli, tmp_path):
     assert code == 0 and "(trace," in out, err
     (tmp_path / "two.pickle").write_bytes(pickle.dumps(fake_snapshot(trace, [256, 1])))
     code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "two.pickle")
-    assert code == 1 and err == ("planner: error: two.pickle: found 2 capture windows in the snapshot, the spec "
-                                 "plans 3 captures (decode: 3); fix: dump the snapshot of a run that captured "
-                                 "exactly the spec's sizes, each after an eager warm-up, or record the trace "
-                                 "with capture_plan.executor.profile\n")
+    assert code == 1 and err == (
+        "planner: error: two.pickle: found 2 capture windows in the snapshot, the spec "
+        "plans 3 captures (decode: 3); fix: dump the snapshot of a run that captured "
+        "exactly the spec's sizes, each after an eager warm-up, or record the trace "
+        "with capture_plan.executor.profile\n"
+    )
     (tmp_path / "nowarm.pickle").write_bytes(pickle.dumps(fake_snapshot(trace, [256, 120, 1], warmup=False)))
     code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "nowarm.pickle")
     assert code == 1 and "found 1 capture windows" in err
@@ -141,30 +163,52 @@ def test_payload_never_runs_in_a_fresh_process(tmp_path):
     """Out of process, so nothing this test imported can mask an execution."""
     marker = tmp_path / "ran"
     (tmp_path / "evil.pickle").write_bytes(pickle.dumps([1, _Payload(marker)]))
-    code = ("import sys; from capture_plan.schemas.snapshot import load_snapshot\n"
-            "from capture_plan.schemas.errors import InputError\n"
-            "try:\n    load_snapshot(open(sys.argv[1], 'rb').read(), 'x')\n"
-            "except InputError as e:\n    print('refused', e)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "evil.pickle")], capture_output=True,
-                       text=True, cwd=ROOT)
+    code = (
+        "import sys; from capture_plan.schemas.snapshot import load_snapshot\n"
+        "from capture_plan.schemas.errors import InputError\n"
+        "try:\n    load_snapshot(open(sys.argv[1], 'rb').read(), 'x')\n"
+        "except InputError as e:\n    print('refused', e)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "evil.pickle")], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.stdout.startswith("refused x: pickle refers to"), r.stderr
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("data,message", [
-    (b"\x80\x04garbage", "not a readable pickle"),
-    (pickle.dumps([1, 2]), "not a memory snapshot"),
-    (pickle.dumps({"segments": [], "device_traces": []}), "the snapshot has no graph-pool segments"),
-    (pickle.dumps({"segments": [{"segment_pool_id": 7}], "device_traces": []}),
-     r"segments\[0\].segment_pool_id: segment_pool_id must be a pair of integers, got 7"),
-    (pickle.dumps({"segments": [{"segment_pool_id": (1, 0), "address": "x", "total_size": 1}],
-                   "device_traces": []}), r"segments\[0\]: missing or non-integer `address`"),
-    (pickle.dumps({"segments": [{"segment_pool_id": (1, 0), "address": 0, "total_size": 1}],
-                   "device_traces": [[{"action": "segment_alloc", "addr": [1]}]]}),
-     r"device_traces\[0\]\[0\]: missing or non-integer `addr`"),
-    (pickle.dumps({"segments": [{"segment_pool_id": (1, 0), "address": 0, "total_size": 1}],
-                   "device_traces": [[1, 2]]}), r"device_traces\[0\]: the history must be a list of dicts"),
-])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"\x80\x04garbage", "not a readable pickle"),
+        (pickle.dumps([1, 2]), "not a memory snapshot"),
+        (pickle.dumps({"segments": [], "device_traces": []}), "the snapshot has no graph-pool segments"),
+        (
+            pickle.dumps({"segments": [{"segment_pool_id": 7}], "device_traces": []}),
+            r"segments\[0\].segment_pool_id: segment_pool_id must be a pair of integers, got 7",
+        ),
+        (
+            pickle.dumps(
+                {"segments": [{"segment_pool_id": (1, 0), "address": "x", "total_size": 1}], "device_traces": []}
+            ),
+            r"segments\[0\]: missing or non-integer `address`",
+        ),
+        (
+            pickle.dumps(
+                {
+                    "segments": [{"segment_pool_id": (1, 0), "address": 0, "total_size": 1}],
+                    "device_traces": [[{"action": "segment_alloc", "addr": [1]}]],
+                }
+            ),
+            r"device_traces\[0\]\[0\]: missing or non-integer `addr`",
+        ),
+        (
+            pickle.dumps(
+                {"segments": [{"segment_pool_id": (1, 0), "address": 0, "total_size": 1}], "device_traces": [[1, 2]]}
+            ),
+            r"device_traces\[0\]: the history must be a list of dicts",
+        ),
+    ],
+)
 def test_malformed_snapshots_are_refused(data, message):
     with pytest.raises(InputError, match=message):
         trace_from_snapshot(data, [Phase(name="decode", kind="decode", sizes=[1])], "snap")
@@ -173,8 +217,11 @@ def test_malformed_snapshots_are_refused(data, message):
 def test_history_started_after_the_pool_is_refused():
     snap = fake_snapshot(_h200(), [256, 1])
     snap["device_traces"][0] = [e for e in snap["device_traces"][0] if e["action"] != "segment_alloc"]
-    with pytest.raises(InputError, match=r"snap: device_traces\[0\]\[\d+\]: an allocation at 0x[0-9a-f]+ lies in a "
-                                         "graph pool's segment created before the recorded history starts"):
+    with pytest.raises(
+        InputError,
+        match=r"snap: device_traces\[0\]\[\d+\]: an allocation at 0x[0-9a-f]+ lies in a "
+        "graph pool's segment created before the recorded history starts",
+    ):
         trace_from_snapshot(pickle.dumps(snap), [Phase(name="decode", kind="decode", sizes=[1, 256])], "snap")
 
 

@@ -21,8 +21,11 @@ def _tuple(out):
 @pytest.fixture(scope="module", params=[(1, 1), (3, 4)], ids=["topk1-page1", "topk3-page4"])
 def model(request):
     topk, page = request.param
-    return SpeculativeModel(SpeculativeConfig(model=SHAPE, max_bs=8, max_seqlen=32, topk=topk, page_size=page),
-                            backend="torch", device="cpu")
+    return SpeculativeModel(
+        SpeculativeConfig(model=SHAPE, max_bs=8, max_seqlen=32, topk=topk, page_size=page),
+        backend="torch",
+        device="cpu",
+    )
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -48,10 +51,15 @@ def test_the_analytic_outputs_are_what_the_model_returns(model, kind):
     from capture_plan.planner.workload import analytic_program
 
     cfg = model.cfg
-    phase = Phase(name=kind, kind=kind, sizes=[8], tokens_per_request=cfg.tokens(kind),
-                  layers=1 if kind.startswith("draft") else None,
-                  steps=cfg.num_steps if kind == "draft_decode" else 1,
-                  topk=cfg.topk if kind.startswith("draft") else 1)
+    phase = Phase(
+        name=kind,
+        kind=kind,
+        sizes=[8],
+        tokens_per_request=cfg.tokens(kind),
+        layers=1 if kind.startswith("draft") else None,
+        steps=cfg.num_steps if kind == "draft_decode" else 1,
+        topk=cfg.topk if kind.startswith("draft") else 1,
+    )
     alive: dict[int, tuple[int, str]] = {}
     for e in analytic_program(SHAPE, phase, 8, backend("torch")).flatten():
         if e.op == "alloc":
@@ -66,14 +74,17 @@ def test_the_analytic_outputs_are_what_the_model_returns(model, kind):
     assert predicted == returned
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(bugs=frozenset({"typo"})), "unknown planted bug"),
-    (dict(num_steps=5, draft_kv_width=4), "draft_kv_width 4 cannot hold num_steps 5"),
-    (dict(page_size=4, num_steps=5, draft_page_cols=4), "draft_page_cols 4 cannot hold num_steps 5"),
-    (dict(max_seqlen=4), "max_seqlen 4 leaves no context"),
-    (dict(max_seqlen=30, page_size=4), "not a multiple of page_size"),
-    (dict(topk=0), "must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(bugs=frozenset({"typo"})), "unknown planted bug"),
+        (dict(num_steps=5, draft_kv_width=4), "draft_kv_width 4 cannot hold num_steps 5"),
+        (dict(page_size=4, num_steps=5, draft_page_cols=4), "draft_page_cols 4 cannot hold num_steps 5"),
+        (dict(max_seqlen=4), "max_seqlen 4 leaves no context"),
+        (dict(max_seqlen=30, page_size=4), "not a multiple of page_size"),
+        (dict(topk=0), "must be >= 1"),
+    ],
+)
 def test_bad_configs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig(model=SHAPE, **kwargs)
@@ -81,8 +92,11 @@ def test_bad_configs_are_refused(kwargs, message):
 
 def test_planted_bugs_need_cuda():
     with pytest.raises(ValueError, match="need a CUDA device"):
-        SpeculativeModel(SpeculativeConfig(model=SHAPE, max_bs=4, max_seqlen=32, bugs=frozenset({"wild"})),
-                         backend="torch", device="cpu")
+        SpeculativeModel(
+            SpeculativeConfig(model=SHAPE, max_bs=4, max_seqlen=32, bugs=frozenset({"wild"})),
+            backend="torch",
+            device="cpu",
+        )
 
 
 def test_batches_outside_the_target_are_refused(model):
@@ -163,8 +177,7 @@ def test_recorder_finds_its_markers_by_address_and_size_in_order():
     from capture_plan.executor.pool import AllocationRecorder
 
     rec = object.__new__(AllocationRecorder)
-    rec._markers = [SimpleNamespace(data_ptr=lambda a=a: a, numel=lambda n=n: n)
-                    for a, n in ((10, 12345), (20, 12347))]
+    rec._markers = [SimpleNamespace(data_ptr=lambda a=a: a, numel=lambda n=n: n) for a, n in ((10, 12345), (20, 12347))]
 
     def ev(action, addr, size):
         return {"action": action, "addr": addr, "size": size}
@@ -198,8 +211,12 @@ def test_spec_toml_gives_the_four_phases_the_model_expects(tmp_path):
     plan = build_plan(BuildOptions(backend="fa3", ci=True, spec=path))
     assert {p.name: p.kind for p in plan.phases} == {k: k for k in PHASES}
     assert all(sorted(p.sizes) == [1, 2, 4] for p in plan.phases)
-    assert {p.name: p.tokens_per_request for p in plan.phases} == \
-        {"decode": 1, "target_verify": 4, "draft_decode": 1, "draft_extend": 3}
+    assert {p.name: p.tokens_per_request for p in plan.phases} == {
+        "decode": 1,
+        "target_verify": 4,
+        "draft_decode": 1,
+        "draft_extend": 3,
+    }
 
 
 def test_recorder_windows_keep_only_allocations_in_graph_pool_segments():
@@ -214,9 +231,16 @@ def test_recorder_windows_keep_only_allocations_in_graph_pool_segments():
     def ev(action, addr, size):
         return {"action": action, "addr": addr, "size": size}
 
-    history = [ev("alloc", 10, 12345), ev("alloc", 12, 8), ev("alloc", 14, 8), ev("alloc", 1000, 512),
-               ev("alloc", 1600, 256), ev("free_requested", 1600, 256), ev("free_requested", 14, 8),
-               ev("alloc", 30, 12347)]
+    history = [
+        ev("alloc", 10, 12345),
+        ev("alloc", 12, 8),
+        ev("alloc", 14, 8),
+        ev("alloc", 1000, 512),
+        ev("alloc", 1600, 256),
+        ev("free_requested", 1600, 256),
+        ev("free_requested", 14, 8),
+        ev("alloc", 30, 12347),
+    ]
     rec._traces = lambda: (history, [(1000, 3000)])  # one pool segment; the markers and RNG blocks lie outside
     rec.close = lambda: None
     (win,) = rec.stop()

@@ -48,8 +48,9 @@ def test_trace_predicts_the_pool_measured_on_the_h200_to_the_byte(case):
     # the same plan's steps (revision 2 of the plan file added device items, which changed
     # its digest and nothing the executor runs): the report measured exactly these captures
     assert report["device"].startswith("NVIDIA H200") and report["plan"] == plan.name, report["plan"]
-    assert [m["id"] for m in report["steps"]] == [s.id for s in plan.steps], \
+    assert [m["id"] for m in report["steps"]] == [s.id for s in plan.steps], (
         "the report is of other steps: rerun bench/speculative_bench.py"
+    )
     assert sim.pool_bytes == report["pool_bytes"]
     measured = [m["reserved"] for m in report["steps"] if m["id"].startswith("capture/")]
     assert [reserved for reserved, _ in sim.after_capture] == measured

@@ -45,8 +45,9 @@ def test_preset_sizes_are_vllms(max_bs):
 
 def test_uniform_decode_sizes_are_bounded_by_max_num_seqs(monkeypatch):
     real = resources.data_bytes
-    monkeypatch.setattr(resources, "data_bytes", lambda n: real(n).replace(b"max_num_seqs = 1024",
-                                                                        b"max_num_seqs = 256"))
+    monkeypatch.setattr(
+        resources, "data_bytes", lambda n: real(n).replace(b"max_num_seqs = 1024", b"max_num_seqs = 256")
+    )
     resources.data.cache_clear()
     try:
         spec = default_spec(preset="vllm")
@@ -59,9 +60,13 @@ def test_uniform_decode_sizes_are_bounded_by_max_num_seqs(monkeypatch):
 
 def test_the_preset_file_is_strict(monkeypatch):
     real = resources.data_bytes
-    monkeypatch.setattr(resources, "data_bytes", lambda n: real(n) + (b"\n[[phases]]\nname = \"x\"\nkind = "
-                                                                      b"\"full\"\ncudagraph = 1\n" if
-                                                                      n == "presets_vllm.toml" else b""))
+    monkeypatch.setattr(
+        resources,
+        "data_bytes",
+        lambda n: (
+            real(n) + (b'\n[[phases]]\nname = "x"\nkind = "full"\ncudagraph = 1\n' if n == "presets_vllm.toml" else b"")
+        ),
+    )
     resources.data.cache_clear()
     try:
         with pytest.raises(InputError, match=r"planner/data/presets_vllm.toml: \$\.phases\[2\].*cudagraph"):
@@ -76,7 +81,9 @@ def test_the_checked_in_vllm_plan_records_its_command():
     assert raw["command"] == ["planner", "build", "--backend", "fa3", "--preset", "vllm"]
     assert raw["inputs"]["spec"] == "embedded:default-vllm" and raw["inputs"]["max_bs"] == 512
     assert [(p["name"], p["kind"], len(p["sizes"])) for p in raw["phases"]] == [
-        ("piecewise", "piecewise", 51), ("full_decode", "full", 51)]
+        ("piecewise", "piecewise", 51),
+        ("full_decode", "full", 51),
+    ]
 
 
 def test_preset_options(cli):
@@ -89,13 +96,16 @@ def test_preset_options(cli):
     assert json.loads(Path("plans/fa3-vllm.json").read_bytes())["command"][-1] == "vllm"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--preset", "sglang"], "--preset: unknown preset 'sglang'; fix: use one of vllm"),
-    (["--preset", ""], "--preset: unknown preset ''"),
-    (["--preset", "vllm", "--speculative", "eagle"], "--speculative: --speculative shapes SGLang's embedded spec"),
-    (["--preset", "vllm", "--spec", "s.toml"], "--preset vllm choose the embedded spec's phases and sizes"),
-    (["--preset", "vllm", "--max-bs", "0"], "--max-bs: must be 1..65536"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--preset", "sglang"], "--preset: unknown preset 'sglang'; fix: use one of vllm"),
+        (["--preset", ""], "--preset: unknown preset ''"),
+        (["--preset", "vllm", "--speculative", "eagle"], "--speculative: --speculative shapes SGLang's embedded spec"),
+        (["--preset", "vllm", "--spec", "s.toml"], "--preset vllm choose the embedded spec's phases and sizes"),
+        (["--preset", "vllm", "--max-bs", "0"], "--max-bs: must be 1..65536"),
+    ],
+)
 def test_bad_preset_options_are_one_line(cli, tmp_path, args, needle):
     (tmp_path / "s.toml").write_text('[[phases]]\nname = "d"\nkind = "decode"\nsizes = [1]\n')
     code, out, err = cli("build", "-b", "fa3", *args, "--dry-run")
@@ -120,17 +130,21 @@ def test_vllm_programs_have_no_logits_and_piecewise_no_attention_internals():
     lse = 64 * model.heads * 4
     assert sum(e.size == lse for e in f) == model.layers and not any(e.size == lse for e in p)
     # the one output: the final-normed hidden state
-    assert [e.size for e in f if e.kind == "output"] == [e.size for e in p if e.kind == "output"] == \
-        [64 * model.hidden * model.dtype_bytes]
+    assert (
+        [e.size for e in f if e.kind == "output"]
+        == [e.size for e in p if e.kind == "output"]
+        == [64 * model.hidden * model.dtype_bytes]
+    )
     # the piecewise capture is the full one without attention's own allocations
     inside = {e.size for e in f} - {e.size for e in p}
     assert inside <= {lse, *(e.size for e in f if e.kind == "workspace")} | {
-        int(64 * model.heads * model.head_dim * fa3.attention_temp_factor)}
+        int(64 * model.heads * model.head_dim * fa3.attention_temp_factor)
+    }
 
 
 # per-phase model dimensions ---------------------------------------------------------------
 
-DRAFT = '''
+DRAFT = """
 [[phases]]
 name = "draft_decode"
 kind = "draft_decode"
@@ -138,7 +152,7 @@ sizes = [1, 8, 32]
 steps = 3
 topk = 4
 layers = 1
-'''
+"""
 
 
 def _build(tmp_path, text: str, name: str = "s.toml"):
@@ -156,8 +170,7 @@ def test_a_phase_with_its_own_dimensions_predicts_as_a_model_of_them(tmp_path):
 
 
 def test_the_eagle3_example_spec_builds(tmp_path):
-    spec = decode_spec((DATA / "eagle3.toml").read_bytes(), "eagle3.toml",
-                       phase_kinds=resources.phase_kind_settings())
+    spec = decode_spec((DATA / "eagle3.toml").read_bytes(), "eagle3.toml", phase_kinds=resources.phase_kind_settings())
     drafts = [p for p in spec.phases if p.kind.startswith("draft")]
     assert drafts and all(p.model is not msgspec.UNSET and p.model.vocab == 32000 for p in drafts)
     plan = build_plan(BuildOptions(backend="fa3", spec=DATA / "eagle3.toml", output=tmp_path / "p.json"))
@@ -166,8 +179,9 @@ def test_the_eagle3_example_spec_builds(tmp_path):
 
 
 def _write_without_models(tmp_path) -> Path:
-    text = "\n".join(line for line in (DATA / "eagle3.toml").read_text().splitlines()
-                     if not line.startswith("model = "))
+    text = "\n".join(
+        line for line in (DATA / "eagle3.toml").read_text().splitlines() if not line.startswith("model = ")
+    )
     path = tmp_path / "plain.toml"
     path.write_text(text)
     return path
@@ -180,18 +194,23 @@ def test_a_phase_without_its_own_dimensions_encodes_as_before():
     assert phases and not any("model" in p for p in phases)  # the embedded spec's digest is unchanged
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ('[[phases]]\nname = "d"\nkind = "decode"\nsizes = [1]\nmodel = { vocab = 32000 }\n',
-     "s.toml: $.phases[1].model: model has no meaning for a decode phase; fix: set model on draft_decode or "
-     "draft_extend phases only"),
-    ("model = {}\n", "s.toml: $.phases[0].model: model sets no dimension"),
-    ("model = { layers = 1 }\n", "s.toml: $.phases[0].model: Object contains unknown field `layers`"),
-    ("model = { vocab = 0 }\n", "s.toml: $.phases[0].model.vocab: Expected `int` >= 1"),
-    ('model = { vocab = "32k" }\n', "s.toml: $.phases[0].model.vocab: Expected `int`"),
-    ("model = { vocab = 100000000 }\n", "s.toml: $.phases[0].model.vocab: vocab = 100000000 is over the limit"),
-    ("model = { heads = 12 }\n", "s.toml: $.phases[0].model.heads: heads = 12 must be a multiple of kv_heads = 8"),
-    ("model = { heads = 32, kv_heads = 5 }\n", "s.toml: $.phases[0].model.kv_heads: heads = 32 must be a multiple"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (
+            '[[phases]]\nname = "d"\nkind = "decode"\nsizes = [1]\nmodel = { vocab = 32000 }\n',
+            "s.toml: $.phases[1].model: model has no meaning for a decode phase; fix: set model on draft_decode or "
+            "draft_extend phases only",
+        ),
+        ("model = {}\n", "s.toml: $.phases[0].model: model sets no dimension"),
+        ("model = { layers = 1 }\n", "s.toml: $.phases[0].model: Object contains unknown field `layers`"),
+        ("model = { vocab = 0 }\n", "s.toml: $.phases[0].model.vocab: Expected `int` >= 1"),
+        ('model = { vocab = "32k" }\n', "s.toml: $.phases[0].model.vocab: Expected `int`"),
+        ("model = { vocab = 100000000 }\n", "s.toml: $.phases[0].model.vocab: vocab = 100000000 is over the limit"),
+        ("model = { heads = 12 }\n", "s.toml: $.phases[0].model.heads: heads = 12 must be a multiple of kv_heads = 8"),
+        ("model = { heads = 32, kv_heads = 5 }\n", "s.toml: $.phases[0].model.kv_heads: heads = 32 must be a multiple"),
+    ],
+)
 def test_bad_phase_models_are_one_located_line(cli, tmp_path, extra, needle):
     (tmp_path / "s.toml").write_text(DRAFT + extra)
     code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml")

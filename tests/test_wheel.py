@@ -17,22 +17,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_wheel_installs_one_top_level_package(tmp_path):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     (wheel,) = wheels.glob("capture_plan-*.whl")
     env = tmp_path / "env"
     venv.create(env, with_pip=False)
     python = env / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     before = set(p.name for p in Path(site).iterdir())
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     added = sorted(set(p.name for p in Path(site).iterdir()) - before)
     assert [n for n in added if not n.endswith(".dist-info")] == ["capture_plan"], added
     pkg = Path(site) / "capture_plan"
-    assert sorted(p.name for p in pkg.iterdir() if p.is_dir() and p.name != "__pycache__") == \
-        ["adapters", "executor", "planner", "references", "schemas"]
+    assert sorted(p.name for p in pkg.iterdir() if p.is_dir() and p.name != "__pycache__") == [
+        "adapters",
+        "executor",
+        "planner",
+        "references",
+        "schemas",
+    ]
     # the executor package ships the executor only: the reference models live beside it
     assert not list((pkg / "executor").glob("reference*.py")) and not (pkg / "executor" / "speculative.py").exists()
     assert (pkg / "planner" / "data" / "rules.toml").exists() and (pkg / "py.typed").exists()

@@ -20,8 +20,12 @@ H200_LOOP_SIZES = [1, 2, 4, 8] + list(range(16, 257, 8))
 
 def _pool(wl, sizes, order, outputs, library=0):
     seq = sorted(sizes, reverse=order == "largest-first")
-    return simulate([("decode", b) for b in seq], {"decode": Strategy(order=order, outputs=outputs)}, wl,
-                    library_bytes=library).pool_bytes / MiB
+    return (
+        simulate(
+            [("decode", b) for b in seq], {"decode": Strategy(order=order, outputs=outputs)}, wl, library_bytes=library
+        ).pool_bytes
+        / MiB
+    )
 
 
 def test_measured_h200_loop_figures_within_ten_percent_in_the_same_order():
@@ -58,8 +62,10 @@ def test_analytic_model_matches_the_recorded_h200_trace():
 
 LAYER_CASES = [  # shapes whose layers settle into a cycle only after several layers
     (Model(layers=32, hidden=8192, heads=16, kv_heads=4, head_dim=64, intermediate=2816, vocab=152064), [214]),
-    (Model(layers=32, hidden=2048, heads=16, kv_heads=2, head_dim=128, intermediate=2816, vocab=152064),
-     [5, 38, 97, 104, 132, 188, 195, 209, 247, 273, 279]),
+    (
+        Model(layers=32, hidden=2048, heads=16, kv_heads=2, head_dim=128, intermediate=2816, vocab=152064),
+        [5, 38, 97, 104, 132, 188, 195, 209, 247, 273, 279],
+    ),
     (Model(layers=4, hidden=8192, heads=16, kv_heads=8, head_dim=128, intermediate=28672), [3, 67, 197, 263, 281]),
     (Model(), [1, 3, 8, 24, 64, 100, 128]),
 ]
@@ -100,8 +106,11 @@ def _trace(*caps):
 def test_trace_must_cover_every_planned_size():
     phase = Phase(name="decode", kind="decode", sizes=[1, 2])
     t = _trace(CaptureTrace(phase="decode", bs=1, events=[Event(op="alloc", id=0, size=10, kind="output")]))
-    with pytest.raises(InputError, match=r"t.json: phase 'decode': planned sizes \[2\] lie outside the recorded "
-                                         r"sizes 1\.\.1; sizes are never extrapolated"):
+    with pytest.raises(
+        InputError,
+        match=r"t.json: phase 'decode': planned sizes \[2\] lie outside the recorded "
+        r"sizes 1\.\.1; sizes are never extrapolated",
+    ):
         Workload.from_trace(t, [phase], "t.json")
 
 
@@ -136,8 +145,11 @@ def test_draft_decode_allocates_nothing_for_its_static_first_input():
 
     phase = Phase(name="draft_decode", kind="draft_decode", sizes=[8], layers=1, steps=3, topk=2)
     prog = analytic_program(SMALL_DRAFT, phase, 8, backend("torch"))
-    assert [(op.size, op.kind) for op in prog.prologue] == [(8 * 3 * 2 * 8, "output"), (8 * 3 * 2 * 4, "output"),
-                                                            (8 * 3 * 2 * 8, "output")]
+    assert [(op.size, op.kind) for op in prog.prologue] == [
+        (8 * 3 * 2 * 8, "output"),
+        (8 * 3 * 2 * 4, "output"),
+        (8 * 3 * 2 * 8, "output"),
+    ]
 
 
 def test_a_draft_phase_whose_outputs_outlive_others_can_keep_them_in_the_shared_pool(tmp_path):
@@ -146,11 +158,13 @@ def test_a_draft_phase_whose_outputs_outlive_others_can_keep_them_in_the_shared_
     from capture_plan.planner import BuildOptions, build_plan
 
     spec = tmp_path / "drafts.toml"
-    spec.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in msgspec.structs.asdict(SMALL_DRAFT).items()
-                                          if isinstance(v, int))
-                    + '[[phases]]\nname = "draft_extend"\nkind = "draft_extend"\nsizes = [1, 2, 4, 8]\n'
-                      'tokens_per_request = 4\nlayers = 1\noutput_lifetime = "across-phases"\n'
-                      '[[phases]]\nname = "draft_decode"\nkind = "draft_decode"\nsizes = [1, 2, 4, 8]\n'
-                      'layers = 1\nsteps = 3\nafter = ["draft_extend"]\n')
+    spec.write_text(
+        "[model]\n"
+        + "".join(f"{k} = {v}\n" for k, v in msgspec.structs.asdict(SMALL_DRAFT).items() if isinstance(v, int))
+        + '[[phases]]\nname = "draft_extend"\nkind = "draft_extend"\nsizes = [1, 2, 4, 8]\n'
+        'tokens_per_request = 4\nlayers = 1\noutput_lifetime = "across-phases"\n'
+        '[[phases]]\nname = "draft_decode"\nkind = "draft_decode"\nsizes = [1, 2, 4, 8]\n'
+        'layers = 1\nsteps = 3\nafter = ["draft_extend"]\n'
+    )
     plan = build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep", "pool=shared")))
     assert {p.pool for p in plan.phases} == {"shared"}

@@ -35,8 +35,10 @@ INTERRUPTED = 130
 BROKEN_PIPE = 141
 
 #: command name -> module under capture_plan.planner.cli defining ``command``, in the order help lists them
-COMMANDS = {name: name for name in ("build", "check", "show", "explain", "diff", "plot", "graph", "simulate",
-                                    "report", "schema", "spec")}
+COMMANDS = {
+    name: name
+    for name in ("build", "check", "show", "explain", "diff", "plot", "graph", "simulate", "report", "schema", "spec")
+}
 
 _state = {"debug": False}
 
@@ -100,12 +102,17 @@ def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
         ctx.exit()
 
 
-@click.group("planner", cls=_Commands, no_args_is_help=True,
-             context_settings={"help_option_names": ["-h", "--help"]},
-             help="Plan CUDA-graph capture: predict pool memory, choose a safe schedule, write a plan.")
+@click.group(
+    "planner",
+    cls=_Commands,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Plan CUDA-graph capture: predict pool memory, choose a safe schedule, write a plan.",
+)
 @click.option("--debug", is_flag=True, help="Show the traceback of any error.")
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
-              help="Print the version and exit.")
+@click.option(
+    "--version", is_flag=True, expose_value=False, is_eager=True, callback=_version, help="Print the version and exit."
+)
 def app(debug: bool) -> None:
     _state["debug"] = debug
 
@@ -130,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         if _state["debug"]:
             raise
         text = " ".join(f"{type(err).__name__}: {err}".split())
-        print(f"planner: internal error: {text[:500]} (rerun as `planner --debug ...` and report it)",
-              file=sys.stderr)
+        print(f"planner: internal error: {text[:500]} (rerun as `planner --debug ...` and report it)", file=sys.stderr)
         return INTERNAL_ERROR
     return 0

@@ -25,14 +25,20 @@ class _OutputFile(click.Path):
     ``""`` and ``.`` are left to the command (build: "names no file")."""
 
     def convert(self, value, param, ctx):
-        if isinstance(value, str) and value not in ("", ".") and (
-                value.endswith(("/", os.sep)) or os.path.basename(value) in (".", "..")):
+        if (
+            isinstance(value, str)
+            and value not in ("", ".")
+            and (value.endswith(("/", os.sep)) or os.path.basename(value) in (".", ".."))
+        ):
             from capture_plan.schemas.errors import InputError
 
             flag = param.opts[0] if param is not None else "output"
             folder = os.path.normpath(value)
-            raise InputError(f"{value!r} names a folder, not a file", where=flag,
-                             fix=f"give a file name, e.g. {os.path.join(folder, 'what-if.json')}")
+            raise InputError(
+                f"{value!r} names a folder, not a file",
+                where=flag,
+                fix=f"give a file name, e.g. {os.path.join(folder, 'what-if.json')}",
+            )
         return super().convert(value, param, ctx)
 
 
@@ -53,8 +59,9 @@ class _Argument(click.Argument):
 
     def help_row(self) -> tuple[str, str]:
         name = self.name + ("..." if self.nargs == -1 else "")
-        extra = "  [required]" if self.required else \
-            f"  [default: {self.default}]" if isinstance(self.default, str) else ""
+        extra = (
+            "  [required]" if self.required else f"  [default: {self.default}]" if isinstance(self.default, str) else ""
+        )
         return f"{name} <{self.kind}>", self.doc + extra
 
 
@@ -72,8 +79,16 @@ class Command(click.Command):
 def argument(name: str, doc: str, kind: str, *, required: bool = True, many: bool = False, **kw):
     """A positional argument: ``{name}`` in the usage line when required, ``[name]`` (``[name]...``) when not."""
     metavar = f"[{name}]..." if many else f"{{{name}}}" if required else f"[{name}]"
-    return click.argument(name, cls=_Argument, doc=doc, kind=kind, required=required and not many,
-                          nargs=-1 if many else 1, metavar=metavar, **kw)
+    return click.argument(
+        name,
+        cls=_Argument,
+        doc=doc,
+        kind=kind,
+        required=required and not many,
+        nargs=-1 if many else 1,
+        metavar=metavar,
+        **kw,
+    )
 
 
 def option(*decls: str, help: str, metavar: str | None = None, **kw):

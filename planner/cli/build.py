@@ -31,8 +31,12 @@ def _complete_strategy(incomplete: str) -> list[str]:
 
     phase, dot, rest = incomplete.rpartition(".")
     head = phase + dot
-    return [head + f"{axis}={value}" for axis, values in AXIS_VALUES.items() for value in values
-            if f"{axis}={value}".startswith(rest)]
+    return [
+        head + f"{axis}={value}"
+        for axis, values in AXIS_VALUES.items()
+        for value in values
+        if f"{axis}={value}".startswith(rest)
+    ]
 
 
 class _BackendOption(click.Option):
@@ -47,46 +51,126 @@ class _BackendOption(click.Option):
 
 
 @click.command("build", cls=Command)
-@option("--backend", "-b", "backend", cls=_BackendOption, required=True, metavar="str", help="",
-        shell_complete=lambda ctx, param, incomplete: _complete_backend(incomplete))
+@option(
+    "--backend",
+    "-b",
+    "backend",
+    cls=_BackendOption,
+    required=True,
+    metavar="str",
+    help="",
+    shell_complete=lambda ctx, param, incomplete: _complete_backend(incomplete),
+)
 @option("--ci", is_flag=True, help="Apply the CI-only gates.")
 @option("--spec", type=PATH, metavar="path", help="Spec file (TOML or JSON); default: the embedded spec.")
-@option("--speculative", metavar="str", help="Add speculative phases: eagle.",
-        shell_complete=lambda ctx, param, incomplete: _complete("speculative", incomplete))
-@option("--preset", metavar="str", help="Another engine's conventions for the embedded spec: vllm "
-        "(planner/data/presets_vllm.toml); default SGLang's.",
-        shell_complete=lambda ctx, param, incomplete: _complete("preset", incomplete))
-@option("--max-bs", type=int, metavar="int", help="Largest capture size of the embedded spec [256; --preset vllm: "
-        "512 tokens].")
+@option(
+    "--speculative",
+    metavar="str",
+    help="Add speculative phases: eagle.",
+    shell_complete=lambda ctx, param, incomplete: _complete("speculative", incomplete),
+)
+@option(
+    "--preset",
+    metavar="str",
+    help="Another engine's conventions for the embedded spec: vllm (planner/data/presets_vllm.toml); default SGLang's.",
+    shell_complete=lambda ctx, param, incomplete: _complete("preset", incomplete),
+)
+@option(
+    "--max-bs",
+    type=int,
+    metavar="int",
+    help="Largest capture size of the embedded spec [256; --preset vllm: 512 tokens].",
+)
 @option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory).")
-@option("--allocator", metavar="str", help="native or expandable segments.",
-        shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete))
-@option("--trace", type=PATH, metavar="path", help="Allocation trace for exact predictions: "
-        "capture_plan.executor.profile's JSON, or a torch.cuda.memory._dump_snapshot pickle.")
-@option("--strategy", "-s", "strategy", multiple=True, metavar="list[str]",
-        shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
-        help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).")
-@option("--calibration", type=PATH, metavar="path", help="Capture report measured on the device (GraphSet."
-        "write_report): the plan's measured device items (graph memory outside the pool).")
-@option("--require-exact", is_flag=True, help="Exit 1 if the prediction is approximate for the captured model "
-        "(analytic figures for a config.json or MoE model: record a trace instead).")
+@option(
+    "--allocator",
+    metavar="str",
+    help="native or expandable segments.",
+    shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete),
+)
+@option(
+    "--trace",
+    type=PATH,
+    metavar="path",
+    help="Allocation trace for exact predictions: "
+    "capture_plan.executor.profile's JSON, or a torch.cuda.memory._dump_snapshot pickle.",
+)
+@option(
+    "--strategy",
+    "-s",
+    "strategy",
+    multiple=True,
+    metavar="list[str]",
+    shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
+    help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).",
+)
+@option(
+    "--calibration",
+    type=PATH,
+    metavar="path",
+    help="Capture report measured on the device (GraphSet."
+    "write_report): the plan's measured device items (graph memory outside the pool).",
+)
+@option(
+    "--require-exact",
+    is_flag=True,
+    help="Exit 1 if the prediction is approximate for the captured model "
+    "(analytic figures for a config.json or MoE model: record a trace instead).",
+)
 @option("-o", "--output", type=OUTPUT, metavar="path", help="Plan path [plans/<backend>[-...][-ci].json].")
-@option("--exact", is_flag=True, help="Compare strategies on every size (default: phases with more than 64 sizes "
-        "are compared on 24 of them; the prediction is always exact).")
+@option(
+    "--exact",
+    is_flag=True,
+    help="Compare strategies on every size (default: phases with more than 64 sizes "
+    "are compared on 24 of them; the prediction is always exact).",
+)
 @option("--dry-run", is_flag=True, help="Build and print the summary; write nothing.")
 @option("--check", is_flag=True, help="Build in memory and compare with the file; exit 1 on drift.")
-@option("--force", is_flag=True, help="Replace an output file that holds a plan built by another command "
-        "(default: refuse, so a what-if build never clobbers a checked-in plan).")
-def command(backend, ci, spec, speculative, preset, max_bs, tp, allocator, trace, strategy, calibration,
-            require_exact, output, exact, dry_run, check, force) -> None:
+@option(
+    "--force",
+    is_flag=True,
+    help="Replace an output file that holds a plan built by another command "
+    "(default: refuse, so a what-if build never clobbers a checked-in plan).",
+)
+def command(
+    backend,
+    ci,
+    spec,
+    speculative,
+    preset,
+    max_bs,
+    tp,
+    allocator,
+    trace,
+    strategy,
+    calibration,
+    require_exact,
+    output,
+    exact,
+    dry_run,
+    check,
+    force,
+) -> None:
     """Build a capture plan from the spec, rules and gates."""
     from capture_plan.planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
     from capture_plan.planner.fidelity import require_exact as require_exact_plan
     from capture_plan.planner.render import summary
 
-    opts = BuildOptions(backend=backend, ci=ci, spec=spec, speculative=speculative, max_bs=max_bs, tp=tp,
-                        allocator=allocator, trace=trace, strategies=tuple(strategy), output=output, exact=exact,
-                        calibration=calibration, preset=preset)
+    opts = BuildOptions(
+        backend=backend,
+        ci=ci,
+        spec=spec,
+        speculative=speculative,
+        max_bs=max_bs,
+        tp=tp,
+        allocator=allocator,
+        trace=trace,
+        strategies=tuple(strategy),
+        output=output,
+        exact=exact,
+        calibration=calibration,
+        preset=preset,
+    )
     path = output_path(opts)
     if check:
         check_plan(opts, same_command=True)

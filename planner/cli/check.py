@@ -12,8 +12,12 @@ from ._common import PATH, Command, argument, option
 @click.command("check", cls=Command)
 @argument("paths", "Plan files or folders [plans/].", "list[Path]", many=True, type=PATH)
 @option("--fix", is_flag=True, help="Rebuild stale plans in place instead of failing.")
-@option("--require-exact", is_flag=True, help="Also exit 1 for a plan whose prediction is approximate for the "
-        "captured model (analytic figures for a config.json or MoE model).")
+@option(
+    "--require-exact",
+    is_flag=True,
+    help="Also exit 1 for a plan whose prediction is approximate for the "
+    "captured model (analytic figures for a config.json or MoE model).",
+)
 def command(paths, fix, require_exact) -> None:
     """Rebuild every plan from the command recorded in it and compare bytes (exit 1 on drift).
 

@@ -33,11 +33,23 @@ class Threshold(click.ParamType):
 @click.command("diff", cls=Command)
 @argument("old", "Old plan (e.g. the base branch's).", "path", type=PATH)
 @argument("new", "New plan.", "path", type=PATH)
-@option("--format", "-f", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
-        metavar="str", help="text, or markdown for a PR comment.")
-@option("--fail-above", type=Threshold(), metavar="pct|amount",
-        help="Exit 1 when the predicted total (pools + hoisted) grows by more than this: a percentage of the "
-             "old total (5, 5%) or an amount (64MiB, 8200B). Shrinking never fails.")
+@option(
+    "--format",
+    "-f",
+    "fmt",
+    type=click.Choice(["text", "markdown"]),
+    default="text",
+    show_default=True,
+    metavar="str",
+    help="text, or markdown for a PR comment.",
+)
+@option(
+    "--fail-above",
+    type=Threshold(),
+    metavar="pct|amount",
+    help="Exit 1 when the predicted total (pools + hoisted) grows by more than this: a percentage of the "
+    "old total (5, 5%) or an amount (64MiB, 8200B). Shrinking never fails.",
+)
 @option("--exit-code", is_flag=True, help="Exit 1 when the plans differ at all (like git diff).")
 @option("--steps", is_flag=True, help="Also print the step-by-step diff.")
 def command(old, new, fmt, fail_above, exit_code, steps) -> None:
@@ -52,8 +64,11 @@ def command(old, new, fmt, fail_above, exit_code, steps) -> None:
     if fmt == "markdown":
         verdict = None
         if fail_above is not None:
-            verdict = f"**Over the limit**: {failure.what}" if failure else \
-                f"Within the limit: the predicted total grows by no more than {_limit(fail_above)}."
+            verdict = (
+                f"**Over the limit**: {failure.what}"
+                if failure
+                else f"Within the limit: the predicted total grows by no more than {_limit(fail_above)}."
+            )
         click.echo(render_markdown(d, steps=steps, verdict=verdict))
     else:
         click.echo(render_text(d, steps=steps))

@@ -10,8 +10,12 @@ from ._common import PATH, Command, argument, option
 @click.command("graph", cls=Command)
 @argument("plan", "Plan file.", "path", type=PATH)
 @option("--format", "-f", "fmt", default="dot", show_default=True, metavar="str", help="dot or mermaid.")
-@option("--phases", is_flag=True, help="One node per phase (its captures, size range, order and rules), edges "
-        "between phases: legible for plans of hundreds of steps.")
+@option(
+    "--phases",
+    is_flag=True,
+    help="One node per phase (its captures, size range, order and rules), edges "
+    "between phases: legible for plans of hundreds of steps.",
+)
 def command(plan, fmt, phases) -> None:
     """Print the ordering graph, every edge labelled with its rule."""
     from capture_plan.planner.render import graph, graph_phases

@@ -9,10 +9,17 @@ from ._common import PATH, Command, argument, option
 
 @click.command("report", cls=Command)
 @argument("file", "Capture report written by the executor.", "path", type=PATH)
-@option("--plan", type=PATH, metavar="path", help="Plan to check the report against (exit 1 if the report was "
-        "captured from another plan).")
-@option("--require-exact", is_flag=True, help="With --plan: exit 1 if the plan's prediction is approximate for the "
-        "captured model.")
+@option(
+    "--plan",
+    type=PATH,
+    metavar="path",
+    help="Plan to check the report against (exit 1 if the report was captured from another plan).",
+)
+@option(
+    "--require-exact",
+    is_flag=True,
+    help="With --plan: exit 1 if the plan's prediction is approximate for the captured model.",
+)
 def command(file, plan, require_exact) -> None:
     """Show a capture report beside its plan's predictions."""
     from capture_plan.planner.render import report_table
@@ -25,8 +32,11 @@ def command(file, plan, require_exact) -> None:
         from capture_plan.schemas.errors import InputError
 
         if p is None:
-            raise InputError("--require-exact needs the plan the report was captured from", where="--require-exact",
-                             fix="add --plan PLAN")
+            raise InputError(
+                "--require-exact needs the plan the report was captured from",
+                where="--require-exact",
+                fix="add --plan PLAN",
+            )
         from capture_plan.planner.fidelity import require_exact as require
 
         require(p, str(plan))

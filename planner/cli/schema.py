@@ -8,10 +8,16 @@ from ._common import Command, argument
 
 
 @click.command("schema", cls=Command)
-@argument("which", "spec, plan, trace, report, backends, phase-kinds or all.", "str", required=False, default="all",
-          shell_complete=lambda ctx, param, incomplete: [n for n in ("all", "spec", "plan", "trace", "report",
-                                                                     "backends", "phase-kinds")
-                                         if n.startswith(incomplete)])
+@argument(
+    "which",
+    "spec, plan, trace, report, backends, phase-kinds or all.",
+    "str",
+    required=False,
+    default="all",
+    shell_complete=lambda ctx, param, incomplete: [
+        n for n in ("all", "spec", "plan", "trace", "report", "backends", "phase-kinds") if n.startswith(incomplete)
+    ],
+)
 def command(which) -> None:
     """Print the JSON Schema (spec: the input you write; plan: the file the planner writes;
     backends: planner/data/backends.toml; phase-kinds: planner/data/phase_kinds.toml)."""

@@ -28,10 +28,21 @@ def show(speculative, max_bs, tp) -> None:
     if tp is not None:
         check_tp(spec, tp)
         spec = msgspec.structs.replace(spec, tp=tp)
-    args = [a for flag, v in (("--speculative", speculative), ("--max-bs", max_bs), ("--tp", tp)) if v is not None
-            for a in (flag, str(v))]
+    args = [
+        a
+        for flag, v in (("--speculative", speculative), ("--max-bs", max_bs), ("--tp", tp))
+        if v is not None
+        for a in (flag, str(v))
+    ]
     shown = " ".join(["planner", "spec", "show", *args])
-    click.echo(spec_toml(spec, [f"The embedded spec, from `{shown}`.",
-                                "Edit it and build with `planner build -b BACKEND --spec THIS.toml`",
-                                "(fields: `planner schema spec`; phase kinds: planner/data/phase_kinds.toml)."]),
-               nl=False)
+    click.echo(
+        spec_toml(
+            spec,
+            [
+                f"The embedded spec, from `{shown}`.",
+                "Edit it and build with `planner build -b BACKEND --spec THIS.toml`",
+                "(fields: `planner schema spec`; phase kinds: planner/data/phase_kinds.toml).",
+            ],
+        ),
+        nl=False,
+    )
