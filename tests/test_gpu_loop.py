@@ -116,7 +116,7 @@ def test_engine_loop_equals_capture_on_the_eagle_reference(tmp_path, ci):
     _loop_equals_capture(plan_for(tmp_path, ci=ci), make())
 
 
-@pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "gemma2"])  # the benchmarked families
+@pytest.mark.parametrize("kind", ["llama", "mixtral", "qwen2_moe", "gemma2", "deepseek_v3"])  # + MLA
 def test_engine_loop_equals_capture_on_a_transformers_model(tmp_path, kind):
     pytest.importorskip("transformers")
     from capture_plan.adapters.hf import HFTarget

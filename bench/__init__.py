@@ -1,0 +1,1 @@
+"""Benchmarks: each module runs as ``python -m bench.<name>`` from the repository root, after ``pip install -e .``."""
