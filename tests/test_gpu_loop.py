@@ -248,6 +248,9 @@ def test_a_failed_engine_loop_leaves_no_graph_memory_behind(tmp_path, fault):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
+    # pools of earlier tests in this process (their leftovers are not this loop's: on the
+    # H200 two 2 MiB segments of earlier tests' pools were still there when this ran)
+    earlier = {tuple(s["segment_pool_id"]) for s in torch.cuda.memory_snapshot()}
     configure = {"raises": None, "order": _reverse, "outputs": _no_tensor}[fault]
     message = {
         "raises": r"capture/decode/4: phase decode, bs 4\).*ValueError: boom",
@@ -259,7 +262,7 @@ def test_a_failed_engine_loop_leaves_no_graph_memory_behind(tmp_path, fault):
     pools = [
         (tuple(s["segment_pool_id"]), s["total_size"])
         for s in torch.cuda.memory_snapshot()
-        if tuple(s["segment_pool_id"]) != (0, 0)
+        if tuple(s["segment_pool_id"]) not in earlier | {(0, 0)}
     ]
     assert pools == [] and torch.cuda.memory_reserved() <= before, pools
 
