@@ -194,7 +194,7 @@ class LoopStep:
     every replay) and ``outputs`` ("keep" or "view").
     """
 
-    def __init__(self, loop: CaptureLoop, step: Step, warmups: int, t0: float):
+    def __init__(self, loop: CaptureLoop, step: Step, warmups: int, t0: float, pending: list[Step] = ()):
         session = loop.session
         self._loop, self._session, self.plan_step, self._t0 = loop, session, step, t0
         self.phase, self.bs, self.index, self.id = step.phase, step.bs, step.index, step.id
@@ -209,6 +209,8 @@ class LoopStep:
         self._grown = 0
         #: ``hold()`` has made the graph servable
         self.landed = False
+        #: the plan's warm-up steps folded into this step, measured once the engine's warm-ups ran
+        self._pending = list(pending)
 
     @property
     def where(self) -> str:
@@ -227,7 +229,19 @@ class LoopStep:
         with session.eager(), torch.cuda.stream(self.stream), scratch_pool(session.device) as scratch:
             yield
             self.stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
-        session.scratch = scratch.reserved
+        self._measure_warmups(scratch.reserved)
+
+    def _measure_warmups(self, scratch: int | None) -> None:
+        """Record the plan's warm-up steps of this capture, as ``capture()`` does:
+        the first carries the warm-ups' scratch peak (what a calibration's peak
+        reads), none if the engine ran them outside ``warmup()``. A second
+        ``warmup()`` block of the step measures nothing: its steps are recorded."""
+        session = self._session
+        for k, w in enumerate(self._pending):
+            session.scratch = scratch if k == 0 else None
+            session.measure(w, self._t0)
+        self._pending.clear()
+        session.scratch = None
 
     @contextlib.contextmanager
     def eager(self):
@@ -261,6 +275,7 @@ class LoopStep:
                 "captures sharing a pool reuse memory only on one stream",
                 "pass step.stream (or leave stream out), or give capture_loop(stream=) the engine's",
             )
+        self._measure_warmups(None)  # warm-ups the engine ran outside warmup(), if any
         g = cuda_graph if cuda_graph is not None else torch.cuda.CUDAGraph()
         with self._session.recording(g, self.pool) as grown:
             yield g
@@ -286,6 +301,7 @@ class LoopStep:
             self._adopt(graph)
         if self.recorded is None:
             raise self._error("hold() before the graph was recorded", "record it in `with step.graph(g):` first")
+        self._measure_warmups(None)  # a graph the engine recorded itself (hold(graph=)): no graph() ran
         leaves, rebuild = _flatten(outputs, self.where, session.device)
         rows = session.rows_per_request(self.plan_step, leaves)
         kept = session.land(self.plan_step, self.recorded, leaves, rows, self._grown)
@@ -442,13 +458,12 @@ class CaptureLoop:
             )
         steps, session = self.plan.steps, self.session
         t0 = time.perf_counter()
-        warmups, i = 0, self._next
+        warmups, i, pending = 0, self._next, []
         while i < len(steps) and steps[i].op != "capture":
             s = steps[i]
-            if s.op == "warmup":  # the engine runs it: at the capture, below
+            if s.op == "warmup":  # the engine runs it: at the capture, below; measured when it has
                 warmups += max(s.runs, 1)
-                session.current = s
-                session.measure(s, time.perf_counter())
+                pending.append(s)
             else:
                 session.step(s)
             i += 1
@@ -468,7 +483,7 @@ class CaptureLoop:
                 fix=f"iterate loop.sizes(phase), the phases in the plan's order {self._phases}",
             )
         self._next = i + 1
-        self.current = LoopStep(self, s, warmups, t0)
+        self.current = LoopStep(self, s, warmups, t0, pending)
         return self.current
 
     def counted(self, pool_name: str) -> int:

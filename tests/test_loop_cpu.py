@@ -135,6 +135,9 @@ def test_engine_loop_captures_what_capture_captures(tmp_path, fake, backend, str
         assert [(m.step, m.id, m.reserved, m.predicted_reserved) for m in g.steps] == [
             (m.step, m.id, m.reserved, m.predicted_reserved) for m in r.steps
         ]
+        # each warm-up step carries its scratch figure (what a calibration's peak reads), nothing else does
+        assert [(m.id, m.scratch is not None) for m in g.steps] == [(m.id, m.scratch is not None) for m in r.steps]
+        assert any(m.scratch is not None for m in r.steps) == any(s.op == "warmup" for s in plan.steps)
         assert (g.pool_bytes, g.hoisted_bytes, g.plan_digest) == (
             r.pool_bytes,
             r.hoisted_bytes,
