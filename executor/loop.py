@@ -78,7 +78,7 @@ from .errors import ExecutorError, capture_failed
 from .graphs import GraphSet
 from .heap import Frozen
 from .pool import one_pool_reserved, pool_key, scratch_pool
-from .session import CaptureSession, _distributed, _rank0
+from .session import CaptureSession, _distributed, _rank0, refuse_piecewise
 
 __all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached"]
 
@@ -456,6 +456,7 @@ class CaptureLoop:
                 where="CaptureLoop.step",
                 fix="name the phase as the plan does",
             )
+        refuse_piecewise(self.plan, (phase,), where="CaptureLoop.step")
         steps, session = self.plan.steps, self.session
         t0 = time.perf_counter()
         warmups, i, pending = 0, self._next, []

@@ -543,6 +543,27 @@ def _init_cublas(device) -> None:
         a @ a
 
 
+#: phase kinds whose graphs are pieces between eagerly-run attention ops (vLLM's PIECEWISE):
+#: the executor records one whole graph per capture step, which would be a different graph
+#: from the one the plan's figures describe. planner/data/phase_kinds.toml defines the kind.
+PIECEWISE_KINDS = frozenset({"piecewise"})
+
+
+def refuse_piecewise(plan: Plan, phases=None, where: str = "capture") -> None:
+    """An ExecutorError naming the first phase of ``plan`` (of ``phases``, if given)
+    whose kind is captured in pieces: its graphs are the engine's piecewise
+    backend's to capture (the plan predicts their pool), not the executor's."""
+    for p in plan.phases:
+        if p.kind in PIECEWISE_KINDS and (phases is None or p.name in phases):
+            raise ExecutorError(
+                f"phase {p.name!r} is {p.kind!r}: its graphs are pieces between eager attention ops, and the "
+                "executor records one whole graph per capture",
+                where=where,
+                fix="capture piecewise phases with the engine's own piecewise backend (vLLM's), the plan predicting "
+                "their pool; capture the full phases alone with a plan built without them",
+            )
+
+
 def _check_options(*, background: bool, record: bool, fallback: Fallback, distributed: bool) -> None:
     if background and distributed:
         raise ExecutorError(
@@ -601,6 +622,7 @@ def capture(
     """
     t_start = time.perf_counter()
     distributed = _distributed()
+    refuse_piecewise(plan)
     _check_options(background=background, record=record, fallback=fallback, distributed=distributed)
     if distributed:
         from .distributed import check_plan_agreement
