@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "capture": ".session",
+    "capture": ".driver",
     "GraphSet": ".graphs",
     "CaptureTarget": ".target",
     "verify": ".verification",

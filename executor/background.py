@@ -87,10 +87,10 @@ _WAIT = object()
 class Background:
     """A capture running on a thread, and how ``GraphSet.replay`` serves meanwhile."""
 
-    def __init__(self, runner: CaptureSession, device: torch.device, fallback, heap, body=None):
+    def __init__(self, runner: CaptureSession, device: torch.device, fallback, heap, body):
         self.runner: CaptureSession | None = runner
-        #: what the thread runs instead of ``runner.run`` (the engine's own loop, ``capture_plan.executor.loop``):
-        #: returns True once every step ran, False when it stopped early
+        #: what the thread runs: the capture loop (``capture_plan.executor.loop``, driven by
+        #: ``capture()`` or by the engine's own loop); True once every step ran, False when it stopped early
         self.body = body
         self.device = device
         self.fallback = fallback
@@ -164,7 +164,7 @@ class Background:
         failure: BaseException | None = None
         completed = False
         try:
-            completed = self.body() if self.body is not None else runner.run(should_stop=self.stopping.is_set)
+            completed = self.body()
             if completed:
                 runner.finish()
         except BaseException as err:  # reaches the caller on its next replay or wait

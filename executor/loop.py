@@ -22,11 +22,10 @@ A :class:`LoopStep` gives the engine what the plan decided for one capture:
 ``warmups`` (eager runs before the capture), ``workspace`` (the hoisted
 workspace, or None) and ``outputs`` (the output policy); ``graph()`` records
 into that pool on that stream, and ``hold()`` holds the outputs as the
-policy says. Both run the same code as ``capture(plan, target)``
-(:class:`capture_plan.executor.session.CaptureSession`, which is a user of the same
-recording and landing), so the pools, steps and dispatch come out the same,
-provided the engine allocates inside ``graph()`` what its target would
-allocate inside ``run``.
+policy says. ``capture(plan, target)`` is itself a user of this loop
+(:mod:`capture_plan.executor.driver`), so the pools, steps and dispatch of an
+engine's loop come out as ``capture()``'s, provided the engine allocates
+inside ``graph()`` what its target would allocate inside ``run``.
 
 Checks, each an :class:`ExecutorError` naming the plan step: a size or phase
 asked for out of the plan's order; a graph recorded into another pool or on
@@ -56,9 +55,11 @@ with its own buffers, barriers and stream), synchronize ranks between steps
 (the engine's barriers do; the ranks' plans are checked to agree when
 ``torch.distributed`` is initialized), or check the stream of a graph
 recorded outside ``graph()`` (``hold(out, graph=g)`` checks only its pool).
-Warm-ups run at the capture's own size: where a plan warms a phase up once at
-its largest size and captures smallest-first, the runs move to the first
-capture, which changes memory outside the pools only.
+An engine runs its warm-ups at the capture's own size (``step.warmups`` runs):
+where a plan warms a phase up once at its largest size and captures
+smallest-first, the runs move to the first capture, which changes memory
+outside the pools only. A driver that can run any size (``capture()``) runs
+each of ``step.planned`` at its own size in ``step.warmup(of=...)``.
 """
 
 from __future__ import annotations
@@ -209,7 +210,9 @@ class LoopStep:
         self._grown = 0
         #: ``hold()`` has made the graph servable
         self.landed = False
-        #: the plan's warm-up steps folded into this step, measured once the engine's warm-ups ran
+        #: the plan's warm-up steps before this capture (each with its phase, bs and runs), in order
+        self.planned: tuple[Step, ...] = tuple(pending)
+        #: those not yet recorded: measured once the engine's warm-ups ran
         self._pending = list(pending)
 
     @property
@@ -220,28 +223,46 @@ class LoopStep:
         return ExecutorError(what, where=self.where, fix=fix)
 
     @contextlib.contextmanager
-    def warmup(self):
+    def warmup(self, of: Step | None = None):
         """A block for the engine's warm-up runs: on the capture stream, their
         temporaries in a scratch pool that is returned at the end (so they
         stay cached nowhere). Optional: warm-ups outside it work, and leave
-        their blocks cached on whatever stream ran them."""
+        their blocks cached on whatever stream ran them.
+
+        ``of``: one of :attr:`planned`, for a driver that runs each planned
+        warm-up at its own size (``capture()`` does): the block is that step
+        alone. Without it the block is all of this capture's planned warm-ups."""
         session = self._session
+        if of is not None and of not in self._pending:
+            raise self._error(f"{of.id} is not a warm-up of this step still to run", "pass one of step.planned")
+        mine = [of] if of is not None else list(self._pending)
+        for w in mine:
+            self._loop.before_step(w)
+        if of is not None:
+            session.current = of
         with session.eager(), torch.cuda.stream(self.stream), scratch_pool(session.device) as scratch:
             yield
             self.stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
-        self._measure_warmups(scratch.reserved)
+        session.current = self.plan_step
+        self._measure_warmups(scratch.reserved, mine)
 
-    def _measure_warmups(self, scratch: int | None) -> None:
-        """Record the plan's warm-up steps of this capture, as ``capture()`` does:
-        the first carries the warm-ups' scratch peak (what a calibration's peak
-        reads), none if the engine ran them outside ``warmup()``. A second
-        ``warmup()`` block of the step measures nothing: its steps are recorded."""
+    def _measure_warmups(self, scratch: int | None, steps: list[Step] | None = None) -> None:
+        """Record the plan's warm-up ``steps`` of this capture (default: all not yet
+        recorded): the first carries the warm-ups' scratch peak (what a
+        calibration's peak reads), none if the engine ran them outside
+        ``warmup()``. A later ``warmup()`` block of the step, its steps
+        recorded, measures nothing."""
         session = self._session
-        for k, w in enumerate(self._pending):
+        steps = list(self._pending) if steps is None else steps
+        if steps and scratch is None:  # run outside warmup(): exchanged now (distributed)
+            for w in steps:
+                self._loop.before_step(w)
+        for k, w in enumerate(steps):
             session.scratch = scratch if k == 0 else None
             session.measure(w, self._t0)
-        self._pending.clear()
+            self._pending.remove(w)
         session.scratch = None
+        self._t0 = time.perf_counter()  # the capture's own time starts after its warm-ups
 
     @contextlib.contextmanager
     def eager(self):
@@ -276,6 +297,7 @@ class LoopStep:
                 "pass step.stream (or leave stream out), or give capture_loop(stream=) the engine's",
             )
         self._measure_warmups(None)  # warm-ups the engine ran outside warmup(), if any
+        self._loop.before_step(self.plan_step)
         g = cuda_graph if cuda_graph is not None else torch.cuda.CUDAGraph()
         with self._session.recording(g, self.pool) as grown:
             yield g
@@ -351,8 +373,10 @@ class CaptureLoop:
         record: bool = False,
         group=None,
         on_failure: Callable[[], None] | None = None,
+        progress=None,
+        t_start: float | None = None,
     ):
-        self.t_start = time.perf_counter()
+        self.t_start = t_start if t_start is not None else time.perf_counter()
         self.plan, self.group, self.on_failure = plan, group, on_failure
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.gs = GraphSet(plan, target if target is not None else Unattached(), self.device)
@@ -368,10 +392,12 @@ class CaptureLoop:
         #: per pool: its bytes before the loop (an engine's pool may hold some) plus its graphs' growth
         self._counted: dict[str, int] = {}
         self.session = CaptureSession(
-            self.gs, self.device, record=record, bar=None, show=_rank0(group), t_start=self.t_start
+            self.gs, self.device, record=record, bar=progress, show=_rank0(group), t_start=self.t_start
         )
         if stream is not None:
             self.session.stream = stream
+        #: called before each plan step runs (``capture()`` exchanges the ranks' status there)
+        self.on_step: Callable[[Step], None] | None = None
         #: index of the next plan step to run
         self._next = 0
         self.current: LoopStep | None = None
@@ -466,6 +492,7 @@ class CaptureLoop:
                 warmups += max(s.runs, 1)
                 pending.append(s)
             else:
+                self.before_step(s)
                 session.step(s)
             i += 1
         if i == len(steps):
@@ -486,6 +513,11 @@ class CaptureLoop:
         self._next = i + 1
         self.current = LoopStep(self, s, warmups, t0, pending)
         return self.current
+
+    def before_step(self, step: Step) -> None:
+        """About to run the plan's ``step``: the hook ``on_step``, if any."""
+        if self.on_step is not None:
+            self.on_step(step)
 
     def counted(self, pool_name: str) -> int:
         """Bytes the pool held before the loop plus what its graphs grew it by so far."""
@@ -552,6 +584,7 @@ class CaptureLoop:
             raise self.fail(failure)
         self._thaw()
         for s in self.plan.steps[self._next :]:  # setup steps after the last capture (none in built plans)
+            self.before_step(s)
             self.session.step(s)
         torch.cuda.synchronize(self.device)
         self.session.finish()
@@ -631,6 +664,7 @@ class CaptureLoop:
             self._drop()  # the Background releases the set and raises it at the caller
             raise
         for s in self.plan.steps[self._next :]:
+            self.before_step(s)
             self.session.step(s)
         self.session.stream.synchronize()  # a device-wide sync would wait for the serving work too
         self._done = True

@@ -28,7 +28,7 @@ from capture_plan.schemas.files import write_atomic
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
-from .session import capture
+from .driver import capture
 from .target import CaptureTarget
 
 __all__ = ["profile", "write_trace", "subset_plan"]

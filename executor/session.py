@@ -1,12 +1,14 @@
-"""``capture(plan, target)``: execute a plan's steps on the GPU into a ``GraphSet``.
+"""The capture session: the parts every capture of a plan is made of, into a ``GraphSet``.
 
-A :class:`CaptureSession` runs the plan's steps in order, one method per step
-op (``capture_plan.schemas.plan.StepOp``): ``provision`` allocates a hoisted workspace
-outside every graph pool; ``warmup`` runs the target eagerly on the capture
-stream; ``capture`` records one CUDA graph into the planned pool on the one
-capture stream, then holds the outputs as planned (owning tensors, or
-non-owning views that let later captures reuse the memory) and makes the
-graph servable. It measures the pool after every capture against the plan's
+A :class:`CaptureSession` is what :func:`capture_plan.executor.loop.capture_loop`
+(and ``capture(plan, target)``, its plan-driven user in
+:mod:`capture_plan.executor.driver`) run the plan's steps with: ``provision``
+allocates a hoisted workspace outside every graph pool; warm-ups run on the
+capture stream in a scratch pool; ``recording`` records one CUDA graph into
+the planned pool on the one capture stream; ``land`` holds the outputs as
+planned (owning tensors, or non-owning views that let later captures reuse
+the memory) and makes the graph servable; ``measure`` and ``finish`` write the
+report. It measures the pool after every capture against the plan's
 prediction (a snapshot of that pool alone after every capture; one memory
 snapshot of every pool at the end confirms the total). The steps allocate in exactly the order the
 planner simulated: that is what makes its predictions exact, so a change here
@@ -40,7 +42,7 @@ was dropped. A dead reference cycle that holds CUDA memory from before
 ``capture`` stays reserved until the engine's next collection (that memory
 is outside the graph pools: the plan's prediction does not depend on it).
 
-``capture(..., background=True)`` returns at once and runs the same session
+``capture(..., background=True)`` returns at once and runs the same loop
 on a thread while the engine serves: see :mod:`capture_plan.executor.background` for how
 replays during capture work and what the target must allow.
 
@@ -53,7 +55,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -66,14 +67,12 @@ from capture_plan.schemas.units import mib
 
 from .device import Probe, device_view, driver_version, probe
 from .errors import ExecutorError, capture_failed
-from .graphs import Captured, Fallback, GraphSet, as_outputs
-from .heap import Frozen
+from .graphs import Captured, Fallback, GraphSet
 from .load import backend_module, current_environment
 from .logs import log, rank_tag
-from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_key, pool_usage, scratch_pool, weak_view
-from .target import CaptureTarget
+from .pool import AllocationRecorder, in_pools, one_pool_reserved, pool_key, pool_usage, weak_view
 
-__all__ = ["capture", "CaptureSession", "capture_failed", "capture_stream"]
+__all__ = ["CaptureSession", "capture_failed", "capture_stream", "refuse_piecewise"]
 
 #: the executor's capture stream of each device, made once per process: cuBLAS keeps a
 #: workspace per (handle, stream) for the life of the process, so a new stream per
@@ -100,16 +99,6 @@ def capture_stream(device) -> torch.cuda.Stream:
 #: whether a capture by capture-plan has completed in this process: the first one
 #: pays the driver's one-off graph-capture cost (the device view says which it was)
 _captured_in_process = False
-
-
-def _progress(steps, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress is a nicety; tqdm is in the executor extra
-        return None
-    return tqdm(total=len(steps), desc="capture", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
 def _distributed() -> bool:
@@ -177,36 +166,10 @@ class CaptureSession:
         with self.eager(), torch.cuda.stream(self.stream) if self.mode != "global" else contextlib.nullcontext():
             self.gs.workspaces[step.phase] = torch.zeros(max(step.bytes, 1), dtype=torch.uint8, device=self.device)
 
-    def warmup(self, step: Step) -> None:
-        """Run the target eagerly on the capture stream ``step.runs`` times (at least once)."""
-        target, stream = self.target, self.stream
-        ws = self.gs.workspaces.get(step.phase)
-        # The temporaries go to a scratch pool returned at the end of the step
-        # (module docstring: capture leaves nothing behind).
-        with self.eager(), torch.cuda.stream(stream), scratch_pool(self.device) as scratch:
-            for _ in range(max(step.runs, 1)):
-                if ws is not None:
-                    target.refresh(step.phase, step.bs, step.bs, ws)
-                outs = as_outputs(target.run(step.phase, step.bs, ws))
-            self.warm_ptrs[(step.phase, step.bs)] = [t.data_ptr() for t in outs]
-            del outs
-            stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
-        self.scratch = scratch.reserved
-
-    def capture(self, step: Step) -> None:
-        """Record one graph into the step's pool, hold its outputs as planned, make it servable."""
-        graph, outs, grown = self._record(step, self.pool(step.pool), self.gs.workspaces.get(step.phase))
-        rows = self.rows_per_request(step, outs)
-        self._check_static_outputs(step, outs)
-        self.land(step, graph, outs, rows, grown)
-        del outs
-
-    #: the method that runs each op of ``capture_plan.schemas.plan.StepOp``
-    OPS: dict[str, Callable[[CaptureSession, Step], None]] = {
-        "provision": provision,
-        "warmup": warmup,
-        "capture": capture,
-    }
+    #: the ops of ``capture_plan.schemas.plan.StepOp`` the session runs itself; ``warmup`` and
+    #: ``capture`` steps are the loop's (:class:`capture_plan.executor.loop.LoopStep`), where the
+    #: driver (``capture()``) or the engine's loop does the work
+    OPS: dict[str, Callable[[CaptureSession, Step], None]] = {"provision": provision}
 
     # -- the parts of a capture step ------------------------------------------
     def pool(self, name: str):
@@ -216,18 +179,6 @@ class CaptureSession:
             pool = self.gs.pools[name] = torch.cuda.graph_pool_handle()
             self.new_pools.add(pool_key(pool))
         return pool
-
-    def _record(self, step: Step, pool, ws) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], int]:
-        """The graph, its outputs and the bytes its pool grew by."""
-        target = self.target
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(self.stream):
-            if ws is not None:
-                with self.eager():  # writes the workspace replays read: ordered against them
-                    target.refresh(step.phase, step.bs, step.bs, ws)  # outside the graph, by design
-            with self.recording(g, pool) as grown:
-                outs = as_outputs(target.run(step.phase, step.bs, ws))
-        return g, outs, grown[0]
 
     @contextlib.contextmanager
     def recording(self, g: torch.cuda.CUDAGraph, pool):
@@ -307,7 +258,7 @@ class CaptureSession:
         self._landed(gs.graphs[(step.phase, step.bs)])
         return kept
 
-    def _check_static_outputs(self, step: Step, outs) -> None:
+    def check_static_outputs(self, step: Step, outs) -> None:
         """An output outside the pool must be the static buffer the warm-up returned."""
         before = self.warm_ptrs.get((step.phase, step.bs))
         if before is None:
@@ -348,6 +299,12 @@ class CaptureSession:
         self.current = step
         t0 = time.perf_counter()
         op = self.OPS.get(step.op)
+        if op is None and step.op in ("warmup", "capture"):  # they run with the capture they precede
+            raise ExecutorError(
+                f"a {step.op} step after the plan's last capture: nothing follows it",
+                where=f"step {step.index} ({step.id})",
+                fix="rebuild the plan (planner builds end with a capture)",
+            )
         if op is None:  # the plan decoder admits only StepOp; a new op needs a method here
             raise ExecutorError(
                 f"unknown step op {step.op!r}",
@@ -399,24 +356,6 @@ class CaptureSession:
                 torch.matmul(a, a, out=out)
             self.stream.synchronize()  # the operands are idle before they go back to their stream
         del mats, a, out
-
-    def run(self, *, should_stop: Callable[[], bool] | None = None, distributed: bool = False, group=None) -> bool:
-        """Every step, in plan order; False if ``should_stop`` said so between steps. Raises what a step raised."""
-        self.prime()
-        if distributed:
-            from .distributed import run_synchronized
-
-            run_synchronized(self.plan.steps, self.step, group)
-        else:
-            for step in self.plan.steps:
-                if should_stop is not None and should_stop():
-                    return False
-                self.step(step)
-        if self.mode == "global":
-            torch.cuda.synchronize(self.device)
-        else:  # a device-wide sync would wait for the engine's serving work too
-            self.stream.synchronize()
-        return True
 
     def abort(self, failure: BaseException | None) -> None:
         """Stop the progress bar and the recorder, drop the failure's frames."""
@@ -492,45 +431,6 @@ class CaptureSession:
                 f"; free device memory {mib(view.drop, unit=False)} MiB less" if view is not None else "",
             )
 
-    # -- foreground or background ---------------------------------------------
-    def run_foreground(self, heap: Frozen, *, distributed: bool, group) -> GraphSet:
-        """Every step on this thread; on any error the partial capture is released and
-        a :class:`CaptureFailed` names the step."""
-        failure: BaseException | None = None
-        try:
-            self.run(distributed=distributed, group=group)
-        except BaseException as err:
-            failure = err
-        finally:
-            heap.thaw()
-        if failure is not None:
-            # Clean up outside the except clause, once nothing on this stack
-            # refers to the partial capture: the traceback's frames hold its
-            # tensors and graphs, and a pool is only returned when no graph and
-            # no tensor uses it any more.
-            self.abort(failure)
-            self.gs.release()
-            if not isinstance(failure, Exception):  # KeyboardInterrupt and friends: released, then re-raised
-                raise failure
-            raise capture_failed(failure, self.current, self.plan, self.device)
-        self.finish()
-        return self.gs
-
-    def start_background(self, heap: Frozen, fallback: Fallback) -> GraphSet:
-        """Start the steps on a thread (:mod:`capture_plan.executor.background`); returns the GraphSet at once."""
-        from .background import Background
-
-        try:
-            _init_cublas(self.device)
-            job = Background(self, self.device, fallback, heap)
-        except BaseException:
-            heap.thaw()
-            raise
-        self.gs.background = job
-        self.gs.serve_through(job)
-        job.start()
-        return self.gs
-
 
 def _init_cublas(device) -> None:
     """Create this thread's cuBLAS and cuBLASLt handles and workspace on its current stream.
@@ -585,59 +485,3 @@ def _check_options(*, background: bool, record: bool, fallback: Fallback, distri
             where="capture",
             fix='use "eager", "wait", "raise" or a callable (phase, n) -> outputs',
         )
-
-
-def capture(
-    plan: Plan,
-    target: CaptureTarget,
-    *,
-    progress: bool = True,
-    record: bool = False,
-    device: torch.device | None = None,
-    group=None,
-    background: bool = False,
-    fallback: Fallback = "eager",
-) -> GraphSet:
-    """Capture ``plan``'s graphs of ``target``; see the module docstring.
-
-    With ``torch.distributed`` initialized, ``group`` (default: the world) is
-    the tensor-parallel group whose ranks must agree on the plan and fail
-    together (see capture_plan.executor.distributed).
-
-    ``record=True`` keeps each graph's allocation footprint (needed by
-    ``verify``'s footprint guard and by ``profile``); it slows capture down.
-    On any error every partial graph is released and the pools emptied, and a
-    :class:`CaptureFailed` names the step, phase and size.
-
-    ``background=True`` returns the GraphSet at once and captures on a thread
-    in plan order; ``replay`` serves from the first graph of each phase on and
-    ``fallback`` says what it does before (see :mod:`capture_plan.executor.background` for
-    the constraints on the target and the serving thread). Not with
-    ``torch.distributed`` nor with ``record=True``.
-
-    Progress and the summary go to the ``capture_plan.executor`` logger
-    (rank 0 of ``group`` only; the summary at INFO, per-quarter progress at
-    DEBUG, at INFO in the background); ``progress`` adds a tqdm bar on stderr
-    in the foreground, on rank 0. Warnings come from every rank, naming it.
-    """
-    t_start = time.perf_counter()
-    distributed = _distributed()
-    refuse_piecewise(plan)
-    _check_options(background=background, record=record, fallback=fallback, distributed=distributed)
-    if distributed:
-        from .distributed import check_plan_agreement
-
-        check_plan_agreement(plan, group)
-    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    gs = GraphSet(plan, target, device)
-    show = _rank0(group)
-    bar = _progress(plan.steps, progress and show and not background)
-    session = CaptureSession(
-        gs, device, record=record, bar=bar, show=show, t_start=t_start, mode="thread_local" if background else "global"
-    )
-    torch.cuda.synchronize(device)
-    session.before = probe(device)
-    heap = Frozen().__enter__()
-    if background:
-        return session.start_background(heap, fallback)
-    return session.run_foreground(heap, distributed=distributed, group=group)

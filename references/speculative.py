@@ -603,8 +603,8 @@ def planted_run(
 def _planted_child(plan_path: str, bugs: tuple[str, ...], checks: tuple[str, ...], record: bool, model: dict) -> None:
     """The child of :func:`planted_run`: prints ``CAPTURED n``, then ``RESULT
     <json>``, or ``FAILED <error>`` and exits 3."""
+    from capture_plan.executor import capture
     from capture_plan.executor.load import load_plan
-    from capture_plan.executor.session import capture
 
     plan = load_plan(plan_path, check_env=False)
     target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases), **model)

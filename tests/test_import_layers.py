@@ -172,7 +172,8 @@ def test_every_package_is_read():
     for pkg in PACKAGES:
         assert pkg in g and (pkg == "capture_plan" or any(n.startswith(pkg + ".") for n in g)), pkg
     cp = "capture_plan."
-    assert g.has_edge(cp + "executor.session", cp + "executor.background")  # the lazy import in start_background
+    assert g.has_edge(cp + "executor.loop", cp + "executor.background")  # the lazy import in CaptureLoop.start
+    assert g.has_edge(cp + "executor.driver", cp + "executor.loop")  # capture() is a user of capture_loop
     assert g.has_edge(cp + "adapters.startup", cp + "planner")
     assert g.has_edge(cp + "planner.build", cp + "planner.resources")  # `from . import resources`
     assert g.has_edge(cp + "executor", cp + "executor.session")  # executor's lazy __getattr__

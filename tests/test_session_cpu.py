@@ -45,12 +45,16 @@ def _expected_calls(plan) -> list[tuple]:
     return calls
 
 
-def test_every_plan_step_op_has_a_session_method():
+def test_every_plan_step_op_runs_somewhere():
+    """provision: the session's own method; warmup and capture: with the capture they
+    precede, in the loop's step (capture() is a user of capture_loop)."""
+    from capture_plan.executor.loop import LoopStep
     from capture_plan.executor.session import CaptureSession
     from capture_plan.schemas.plan import StepOp
 
-    assert set(CaptureSession.OPS) == set(get_args(StepOp))
+    assert set(CaptureSession.OPS) | {"warmup", "capture"} == set(get_args(StepOp))
     assert all(fn.__name__ == op for op, fn in CaptureSession.OPS.items())
+    assert callable(LoopStep.warmup) and callable(LoopStep.graph)
 
 
 @pytest.mark.parametrize(
@@ -146,14 +150,14 @@ def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings
 
     import torch.distributed as dist
 
-    from capture_plan.executor import capture, session
+    from capture_plan.executor import capture, driver
 
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")
     caplog.set_level(logging.DEBUG, logger="capture_plan.executor")
     plan = _plan(tmp_path, "torch")
     bars = []
-    monkeypatch.setattr(session, "_progress", lambda steps, enabled: bars.append(enabled))  # tqdm may be absent
+    monkeypatch.setattr(driver, "_progress", lambda steps, enabled: bars.append(enabled))  # tqdm may be absent
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         if rank:
