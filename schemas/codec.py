@@ -94,8 +94,9 @@ class _Bound(NamedTuple):
 _SIZES_FIX = "capture fewer sizes (pad to the next one)"
 _MIB_FIX = "give a real amount of memory in MiB"
 #: wording of the upper bounds the schema types carry, per (file kind, field);
-#: a field is its JSON path with every index written ``[]``, or ``parent.*`` for
-#: every field of one struct
+#: a field is its JSON path with every index written ``[]`` (a trailing index
+#: kept: a field of an array-like struct), or ``parent.*`` for every field of one
+#: struct (see :func:`_bound_rule`)
 _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("spec", "$.phases"): _Bound("{value} phases", "split the spec into several plans"),
     ("spec", "$.rules"): _Bound("{value} rules", "merge rules that say the same thing"),
@@ -176,13 +177,13 @@ def _located(err: msgspec.ValidationError, source: str, kind: str | None, doc: A
     keys = _keys(path) if bound and doc is not None else None
     value = _value_at(doc, keys) if keys is not None else None
     if bound and value is not None:
-        _type, length, op, limit = bound.groups()
+        type_name, length, op, limit = bound.groups()
         if length and isinstance(value, (list, str, dict)):
             value = len(value)
         if op in ("<=", "<"):
             rule = _bound_rule(kind or "", path)
             field = next((k for k in reversed(keys) if isinstance(k, str)), "value")
-            unit = "characters" if _type == "str" else "items"
+            unit = "characters" if type_name == "str" else "items"
             label = rule.label if rule else (f"{{value}} {unit}" if length else "{field} = {value}")
             what = label.format(value=_shown(value), field=field)
             what += f", over the limit of {limit}" if length else f" is over the limit of {limit}"
