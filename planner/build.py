@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from capture_plan.schemas.codec import canonical_bytes, decode_spec, decode_trace, seal, sha256, sniff_kind
+from capture_plan.schemas.codec import canonical_bytes, decode_trace, seal, sha256, sniff_kind
 from capture_plan.schemas.errors import ConstraintError, DriftError, InputError
 from capture_plan.schemas.files import existing_output, read_input, write_atomic
 from capture_plan.schemas.limits import MODEL_MAX
@@ -46,6 +46,7 @@ from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
 from .specs import default_spec, preset_max_bs, read_spec_file
+from .validate import decode_spec
 from .workload import Workload, workspace_bytes
 
 __all__ = [
@@ -308,7 +309,7 @@ def _workload(
         fix="record one on a GPU with `capture_plan.executor.profile` "
         "(README: The executor), or build without --trace for the analytic model",
     )
-    from capture_plan.schemas.snapshot import is_pickle, trace_from_snapshot  # only with a trace
+    from capture_plan.planner.snapshot import is_pickle, trace_from_snapshot  # only with a trace
 
     if is_pickle(raw):
         trace = trace_from_snapshot(raw, spec.phases, str(path))

@@ -84,8 +84,10 @@ def data(name: str) -> dict[str, Any]:
 @functools.cache
 def builtin_rules() -> tuple:
     """The rules of ``rules.toml`` as :class:`capture_plan.schemas.spec.Rule`."""
-    from capture_plan.schemas.codec import check_phase_kind, convert
+    from capture_plan.schemas.codec import convert
     from capture_plan.schemas.spec import Rule
+
+    from .validate import check_phase_kind
 
     rules = tuple(convert(data("rules.toml")["rules"], list[Rule], "planner/data/rules.toml"))
     for i, rule in enumerate(rules):  # the shared Rule type takes any kind name: these are the planner's
@@ -189,7 +191,7 @@ def phase_kind_names() -> list[str]:
 
 
 def phase_kind_settings() -> dict[str, frozenset[str]]:
-    """Each kind's accepted settings, the form :func:`capture_plan.schemas.codec.validate_spec` takes."""
+    """Each kind's accepted settings, the form :func:`capture_plan.planner.validate.validate_spec` takes."""
     return {name: frozenset(k.settings) for name, k in phase_kinds().items()}
 
 

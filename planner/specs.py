@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from capture_plan.schemas.codec import convert, validate_spec
+from capture_plan.schemas.codec import convert
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.limits import MAX_BS
@@ -16,6 +16,7 @@ from capture_plan.schemas.spec import Model, Name, Phase, Positive, Spec
 from capture_plan.schemas.strategy import PhaseKind
 
 from .resources import data, phase_kind_settings
+from .validate import validate_spec
 
 __all__ = [
     "sgl_sizes",
@@ -136,13 +137,13 @@ def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
             if t % p.tokens_per_request == 0
             and (not p.uniform_decode or t <= preset.max_num_seqs * p.tokens_per_request)
         ]
-        phases.append(
-            convert(
-                {"name": p.name, "kind": p.kind, "sizes": own, "tokens_per_request": p.tokens_per_request},
-                Phase,
-                f"planner/data/{_PRESET_FILES[name]}: $.phases[{i}]",
-            )
+        # the preset's fields are checked here; its sizes (from --max-bs) by validate_spec, located there
+        phase = convert(
+            {"name": p.name, "kind": p.kind, "sizes": [1], "tokens_per_request": p.tokens_per_request},
+            Phase,
+            f"planner/data/{_PRESET_FILES[name]}: $.phases[{i}]",
         )
+        phases.append(msgspec.structs.replace(phase, sizes=own))
     return validate_spec(
         Spec(name=f"default-{name}", model=model, phases=phases),
         f"embedded {name} spec (--max-bs {max_bs})",
@@ -192,9 +193,9 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
         fields: dict[str, Any] = dict(extra)
         if fields["kind"].startswith("draft"):
             fields["layers"] = 1
-        phases.append(
-            convert({**fields, "sizes": sizes}, Phase, f"planner/data/presets.toml: $.speculative.{speculative}")
-        )
+        where = f"planner/data/presets.toml: $.speculative.{speculative}"
+        phase = convert({**fields, "sizes": [1]}, Phase, where)  # the sizes: validate_spec's, as above
+        phases.append(msgspec.structs.replace(phase, sizes=sizes))
     return validate_spec(
         Spec(name=f"default-{speculative}", model=model, phases=phases),
         f"embedded default spec (--max-bs {max_bs})",
@@ -203,5 +204,5 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
 
 
 def read_spec_file(path: Path) -> bytes:
-    """The spec file's bytes (decoded by :func:`capture_plan.schemas.codec.decode_spec`)."""
+    """The spec file's bytes (decoded by :func:`capture_plan.planner.validate.decode_spec`)."""
     return read_input(path, "spec", fix="check the path given to --spec")

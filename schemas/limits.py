@@ -6,12 +6,27 @@ hundred sizes in at most four phases) so that every accepted input builds in
 bounded time and memory, and absurd numbers (``1e308``, ``10**200``) are
 reported instead of overflowing somewhere deep in the simulator.
 
+The bounds of single fields are msgspec constraints on the schema types
+(:func:`dimension`, :data:`BatchSize` and the ``Annotated`` fields of
+spec.py, plan.py, trace.py, report.py), built from the numbers here: msgspec
+locates a violation, the codec words it (``schemas/codec.py``), and
+``planner schema`` publishes the same bounds as ``minimum``/``maximum``/
+``maxItems``. Rules over several fields (sizes unique, ``MAX_CAPTURES`` over
+all phases, ``heads`` a multiple of ``kv_heads``) are checked by hand in
+``capture_plan.planner.validate``; the range of every number
+(:data:`MAX_INT`, finite) and :data:`MAX_DEPTH` by the codec's walk over a
+decoded document.
+
 What these do NOT bound: the run time of a build inside the limits (a spec at
 every limit at once is slow, minutes, but finishes), or anything the executor
 does on a GPU.
 """
 
 from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
 
 __all__ = [
     "MAX_BS",
@@ -26,6 +41,10 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "FILE_LIMITS",
     "MAX_DEPTH",
+    "BatchSize",
+    "NonNegative",
+    "NonNegativeFloat",
+    "dimension",
 ]
 
 #: largest capture size (batch size) of any phase, and of ``--max-bs``
@@ -71,3 +90,17 @@ FILE_LIMITS: dict[str, int] = {
 }
 #: nesting depth of any input document (real ones need 6)
 MAX_DEPTH = 64
+
+
+#: a capture size (batch size): 1..MAX_BS
+BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BS)]
+#: a byte count, a count or an index
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+#: seconds
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+def dimension(field: str) -> object:
+    """The type of model dimension ``field``: an int from 1 to its :data:`MODEL_MAX`
+    bound (:data:`MODEL_MAX_DEFAULT` for a field not listed there)."""
+    return Annotated[int, msgspec.Meta(ge=1, le=MODEL_MAX.get(field, MODEL_MAX_DEFAULT))]

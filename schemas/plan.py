@@ -4,15 +4,19 @@ Evolution rule: these structs change only by adding fields with defaults, which
 bumps ``PLAN_REVISION``; anything incompatible bumps ``PLAN_VERSION``. Readers
 ignore unknown fields so an older executor can load a newer revision, but
 refuses a newer version. Sizes are integers (bytes) so that a plan's bytes are
-identical on every machine.
+identical on every machine. Every number is bounded below (a count, a byte
+count or a size: >= 0; capture sizes 1..``MAX_BS``; tp >= 1) by its type, which
+``planner schema plan`` publishes; how steps, phases and edges fit together is
+checked by :func:`capture_plan.schemas.codec.validate_plan`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
+from .limits import BatchSize, NonNegative
 from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
 
 __all__ = [
@@ -46,6 +50,8 @@ PLAN_VERSION = 1
 PLAN_REVISION = 2
 
 StepOp = Literal["provision", "warmup", "capture"]
+#: tensor-parallel ranks, tokens per request
+Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class PlanStruct(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,31 +78,31 @@ class Strategy(PlanStruct, kw_only=True):
 class PhasePlan(PlanStruct, kw_only=True):
     name: str
     kind: PhaseKind
-    sizes: list[int]
-    tokens_per_request: int
+    sizes: Annotated[list[BatchSize], msgspec.Meta(min_length=1)]
+    tokens_per_request: Positive
     output_lifetime: OutputLifetime
     strategy: Strategy
     #: pool id the phase captures into ("shared" or "phase:<name>")
     pool: str
     #: bytes of the hoisted workspace buffer, 0 when the workspace stays in the pool
-    hoisted_bytes: int = 0
+    hoisted_bytes: NonNegative = 0
 
 
 class Step(PlanStruct, kw_only=True):
     """One executor action. ``id`` is unique and stable: ``<op>/<phase>/<bs>``."""
 
-    index: int
+    index: NonNegative
     id: str
     op: StepOp
     phase: str
-    bs: int
+    bs: BatchSize
     pool: str = ""
     stream: str = "capture"
     outputs: Outputs | None = None
     #: eager runs for a warm-up step
-    runs: int = 0
+    runs: NonNegative = 0
     #: bytes for a provision step (hoisted workspace, allocated outside the pool)
-    bytes: int = 0
+    bytes: NonNegative = 0
 
 
 class Edge(PlanStruct, kw_only=True):
@@ -111,7 +117,7 @@ class Alternative(PlanStruct, kw_only=True):
     """A strategy the optimizer considered for a phase, with its predicted cost."""
 
     strategy: Strategy
-    pool_bytes: int
+    pool_bytes: NonNegative
     feasible: bool
     #: rule ids it would break (empty when feasible)
     violates: list[str] = []
@@ -128,24 +134,24 @@ class Decision(PlanStruct, kw_only=True):
     alternatives: list[Alternative] = []
     #: sizes of the phase the alternatives were simulated on (fewer than the
     #: phase has: their bytes are screening estimates); 0 when not applicable
-    sizes_compared: int = 0
+    sizes_compared: NonNegative = 0
 
 
 class StepMemory(PlanStruct, kw_only=True):
     """Predicted pool state right after a step (bytes, all graph pools together)."""
 
-    step: int
-    reserved: int
-    allocated: int
+    step: NonNegative
+    reserved: NonNegative
+    allocated: NonNegative
 
 
 class TraceSamples(PlanStruct, kw_only=True):
     """Where a trace-based prediction's sizes of one phase came from."""
 
     #: planned sizes whose captures were recorded
-    measured: list[int]
+    measured: list[BatchSize]
     #: planned sizes derived from the recorded ones (planner/fitting.py)
-    derived: list[int] = []
+    derived: list[BatchSize] = []
 
 
 #: where a device item's figure comes from: the allocator simulation, the planner's
@@ -165,7 +171,7 @@ class DeviceCost(PlanStruct, kw_only=True, omit_defaults=True):
     #: "pool", "hoisted", "stream-workspace", "allocator-other" or "graph-exec"
     name: str
     #: None: unknown (never measured for this device): never read as zero
-    bytes: int | None = None
+    bytes: NonNegative | None = None
     provenance: Provenance
     #: where the figure comes from, or how to get it when unknown
     source: str = ""
@@ -178,10 +184,10 @@ class DevicePrediction(PlanStruct, kw_only=True, omit_defaults=True):
     device: str = ""
     items: list[DeviceCost] = []
     #: the sum of the items; None while any item is unknown
-    total_bytes: int | None = None
+    total_bytes: NonNegative | None = None
     #: the most free memory capture takes at any moment (a warm-up's temporaries on top of
     #: the pools so far): what must be free before capture; left out while unknown
-    peak_bytes: int | None = None
+    peak_bytes: NonNegative | None = None
 
 
 class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
@@ -191,15 +197,15 @@ class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
     source: Literal["analytic", "trace"]
     allocator: AllocatorMode
     #: peak reserved bytes of all graph pools together
-    pool_bytes: int
-    pools: dict[str, int]
+    pool_bytes: NonNegative
+    pools: dict[str, NonNegative]
     #: largest pool a single graph needs captured alone
-    largest_graph_bytes: int
+    largest_graph_bytes: NonNegative
     #: bytes hoisted out of the pools (persistent workspaces)
-    hoisted_bytes: int
+    hoisted_bytes: NonNegative
     #: what the baseline (engines' hard-coded loop) would take, for comparison
-    baseline_bytes: int
-    warmup_runs: int
+    baseline_bytes: NonNegative
+    warmup_runs: NonNegative
     timeline: list[StepMemory]
     #: per phase, for a trace-based prediction: sizes measured and sizes derived
     samples: dict[str, TraceSamples] = {}
@@ -223,11 +229,11 @@ class BuildRecord(PlanStruct, kw_only=True, omit_defaults=True):
     ci: bool = False
     speculative: str | None = None
     preset: str | None = None
-    max_bs: int | None = None
+    max_bs: BatchSize | None = None
     spec: str | None = None
     strategies: list[str] = []
     trace: str | None = None
-    tp: int | None = None
+    tp: Positive | None = None
     allocator: str | None = None
     exact: bool = False
     calibration: str | None = None
@@ -243,8 +249,8 @@ class Inputs(PlanStruct, kw_only=True):
     backend: str
     ci: bool
     speculative: str | None = None
-    max_bs: int | None = None
-    tp: int = 1
+    max_bs: BatchSize | None = None
+    tp: Positive = 1
     strategies: list[str] = []
     trace: str | None = None
     trace_digest: str | None = None
@@ -264,14 +270,17 @@ class Requires(PlanStruct, kw_only=True):
     backend: str
     #: importable modules providing the backend's kernels (any one suffices)
     modules: list[str]
-    min_compute_capability: list[int] = msgspec.field(default_factory=lambda: [8, 0])
+    #: [major, minor]
+    min_compute_capability: Annotated[list[NonNegative], msgspec.Meta(min_length=2, max_length=2)] = msgspec.field(
+        default_factory=lambda: [8, 0]
+    )
     torch: str = ">=2.4"
-    tp: int = 1
+    tp: Positive = 1
 
 
 class Plan(PlanStruct, kw_only=True):
-    version: int = PLAN_VERSION
-    revision: int = PLAN_REVISION
+    version: NonNegative = PLAN_VERSION
+    revision: NonNegative = PLAN_REVISION
     name: str
     #: the normalized command that rebuilds this exact file
     command: list[str]

@@ -1,8 +1,13 @@
-"""Capture report: what the executor measured against what the plan predicted."""
+"""Capture report: what the executor measured against what the plan predicted.
+
+Every number is a size, a count or seconds: >= 0 by its type (published by
+``planner schema report``)."""
 
 from __future__ import annotations
 
 import msgspec
+
+from .limits import NonNegative, NonNegativeFloat
 
 __all__ = ["ReportStruct", "StepMeasurement", "DeviceItem", "DeviceView", "CaptureReport", "DEVICE_ITEMS"]
 
@@ -21,18 +26,18 @@ class ReportStruct(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StepMeasurement(ReportStruct, kw_only=True):
-    step: int
+    step: NonNegative
     id: str
     #: measured reserved bytes of the plan's pools after the step
-    reserved: int
-    predicted_reserved: int
-    seconds: float
+    reserved: NonNegative
+    predicted_reserved: NonNegative
+    seconds: NonNegativeFloat
     #: free device memory after the step (``torch.cuda.mem_get_info``); None where not measured
-    free: int | None = None
+    free: NonNegative | None = None
     #: the caching allocator's reserved bytes after the step, every pool together (None: not measured)
-    allocator_reserved: int | None = None
+    allocator_reserved: NonNegative | None = None
     #: a warm-up step: the peak memory its scratch pool reserved (returned when the step ended)
-    scratch: int | None = None
+    scratch: NonNegative | None = None
 
 
 class DeviceItem(ReportStruct, kw_only=True):
@@ -40,7 +45,7 @@ class DeviceItem(ReportStruct, kw_only=True):
 
     #: one of :data:`DEVICE_ITEMS`
     name: str
-    bytes: int
+    bytes: NonNegative
     #: what it is and why it is there
     cause: str = ""
 
@@ -54,10 +59,10 @@ class DeviceView(ReportStruct, kw_only=True):
     background) the engine's own allocations during capture, land in the items
     too (``background`` says which path measured it)."""
 
-    free_before: int
-    free_after: int
+    free_before: NonNegative
+    free_after: NonNegative
     #: free_before - free_after: what an engine must budget for the capture
-    drop: int
+    drop: NonNegative
     items: list[DeviceItem] = []
     #: no capture-plan capture ran earlier in this process: the outside-allocator
     #: item includes the driver's one-off cost of the process's first graph capture
@@ -74,10 +79,10 @@ class CaptureReport(ReportStruct, kw_only=True):
     device: str
     torch: str
     backend_module: str
-    pool_bytes: int
-    predicted_pool_bytes: int
-    capture_seconds: float
-    hoisted_bytes: int = 0
+    pool_bytes: NonNegative
+    predicted_pool_bytes: NonNegative
+    capture_seconds: NonNegativeFloat
+    hoisted_bytes: NonNegative = 0
     steps: list[StepMeasurement] = []
     #: the NVIDIA driver's version ("" where unknown)
     driver: str = ""

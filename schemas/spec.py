@@ -2,8 +2,11 @@
 
 Strict by design: unknown fields are rejected with their JSON path, so a typo
 (``tokens_per_requst``) fails loudly instead of silently taking a default.
-Structural checks msgspec cannot express (duplicate sizes, unknown phase
-references) live in :func:`capture_plan.schemas.codec.validate_spec`.
+Every single-field bound is a msgspec constraint here, its number from
+:mod:`capture_plan.schemas.limits` (so ``planner schema spec`` publishes it);
+rules over several fields msgspec cannot express (duplicate sizes, unknown
+phase references, heads a multiple of kv_heads, phase kinds and the settings
+each accepts) live in :func:`capture_plan.planner.validate.validate_spec`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,15 @@ from typing import Annotated
 
 import msgspec
 
+from .limits import (
+    MAX_MIB,
+    MAX_PHASES,
+    MAX_RULES,
+    MAX_SIZES_PER_PHASE,
+    MAX_TOKENS_PER_REQUEST,
+    BatchSize,
+    dimension,
+)
 from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
 
 __all__ = [
@@ -30,6 +42,24 @@ __all__ = [
 SPEC_VERSION = 1
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
+#: tokens per request, draft steps, top-k: 1..MAX_TOKENS_PER_REQUEST
+PerRequest = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS_PER_REQUEST)]
+#: budget_mib, library_mib: at most MAX_MIB (1 PiB)
+MiBAmount = Annotated[float, msgspec.Meta(le=MAX_MIB)]
+# each model dimension, 1..its MODEL_MAX bound
+Layers = dimension("layers")
+Hidden = dimension("hidden")
+Heads = dimension("heads")
+KvHeads = dimension("kv_heads")
+HeadDim = dimension("head_dim")
+Intermediate = dimension("intermediate")
+Vocab = dimension("vocab")
+DtypeBytes = dimension("dtype_bytes")
+LogitsDtypeBytes = dimension("logits_dtype_bytes")
+Experts = dimension("experts")
+ExpertsPerToken = dimension("experts_per_token")
+ExpertIntermediate = dimension("expert_intermediate")
+SharedExpertIntermediate = dimension("shared_expert_intermediate")
 # `$(?!\n)`: Python's `$` also matches before a trailing newline ("decode\n");
 # the lookahead refuses that and reads the same in JSON Schema's dialect.
 Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
@@ -44,17 +74,17 @@ class Model(SpecStruct, kw_only=True):
     is derived from ``tp``; dimensions here are the full model's)."""
 
     name: str = "llama-3-8b"
-    layers: Positive = 32
-    hidden: Positive = 4096
-    heads: Positive = 32
-    kv_heads: Positive = 8
-    head_dim: Positive = 128
-    intermediate: Positive = 14336
-    vocab: Positive = 128256
+    layers: Layers = 32
+    hidden: Hidden = 4096
+    heads: Heads = 32
+    kv_heads: KvHeads = 8
+    head_dim: HeadDim = 128
+    intermediate: Intermediate = 14336
+    vocab: Vocab = 128256
     #: bytes per activation element (bf16)
-    dtype_bytes: Positive = 2
+    dtype_bytes: DtypeBytes = 2
     #: bytes per logit element of the returned logits (float32)
-    logits_dtype_bytes: Positive = 4
+    logits_dtype_bytes: LogitsDtypeBytes = 4
     # Fields below are UNSET unless given, and msgspec leaves UNSET fields out
     # of encoded specs: specs written before they existed keep their bytes.
     #: a Hugging Face config.json (relative to the spec file) giving the
@@ -63,10 +93,10 @@ class Model(SpecStruct, kw_only=True):
     #: mixture of experts: routed experts, experts per token, each expert's
     #: MLP width, and the shared expert's MLP width (Qwen2-MoE). Recorded for
     #: traces and reports; the analytic model does not model MoE routing.
-    experts: Positive | msgspec.UnsetType = msgspec.UNSET
-    experts_per_token: Positive | msgspec.UnsetType = msgspec.UNSET
-    expert_intermediate: Positive | msgspec.UnsetType = msgspec.UNSET
-    shared_expert_intermediate: Positive | msgspec.UnsetType = msgspec.UNSET
+    experts: Experts | msgspec.UnsetType = msgspec.UNSET
+    experts_per_token: ExpertsPerToken | msgspec.UnsetType = msgspec.UNSET
+    expert_intermediate: ExpertIntermediate | msgspec.UnsetType = msgspec.UNSET
+    shared_expert_intermediate: SharedExpertIntermediate | msgspec.UnsetType = msgspec.UNSET
 
 
 class PhaseModel(SpecStruct, kw_only=True):
@@ -78,14 +108,14 @@ class PhaseModel(SpecStruct, kw_only=True):
     to a draft architecture (EAGLE-3's projection of three target hidden states
     into the draft, or a draft-to-target token map after the draft's top-k)."""
 
-    hidden: Positive | msgspec.UnsetType = msgspec.UNSET
-    heads: Positive | msgspec.UnsetType = msgspec.UNSET
-    kv_heads: Positive | msgspec.UnsetType = msgspec.UNSET
-    head_dim: Positive | msgspec.UnsetType = msgspec.UNSET
-    intermediate: Positive | msgspec.UnsetType = msgspec.UNSET
-    vocab: Positive | msgspec.UnsetType = msgspec.UNSET
-    dtype_bytes: Positive | msgspec.UnsetType = msgspec.UNSET
-    logits_dtype_bytes: Positive | msgspec.UnsetType = msgspec.UNSET
+    hidden: Hidden | msgspec.UnsetType = msgspec.UNSET
+    heads: Heads | msgspec.UnsetType = msgspec.UNSET
+    kv_heads: KvHeads | msgspec.UnsetType = msgspec.UNSET
+    head_dim: HeadDim | msgspec.UnsetType = msgspec.UNSET
+    intermediate: Intermediate | msgspec.UnsetType = msgspec.UNSET
+    vocab: Vocab | msgspec.UnsetType = msgspec.UNSET
+    dtype_bytes: DtypeBytes | msgspec.UnsetType = msgspec.UNSET
+    logits_dtype_bytes: LogitsDtypeBytes | msgspec.UnsetType = msgspec.UNSET
 
 
 class Phase(SpecStruct, kw_only=True):
@@ -93,17 +123,17 @@ class Phase(SpecStruct, kw_only=True):
 
     name: Name
     kind: PhaseKind
-    sizes: Annotated[list[Positive], msgspec.Meta(min_length=1)]
-    tokens_per_request: Positive = 1
+    sizes: Annotated[list[BatchSize], msgspec.Meta(min_length=1, max_length=MAX_SIZES_PER_PHASE)]
+    tokens_per_request: PerRequest = 1
     output_lifetime: OutputLifetime = "next-replay"
     #: phases whose captures must all come before this phase's
     after: list[Name] = []
     #: decoder layers this phase runs (EAGLE drafts run 1); default: the model's
-    layers: Positive | None = None
+    layers: Layers | None = None
     #: draft steps run inside one graph (draft_decode; EAGLE's num_steps)
-    steps: Positive = 1
+    steps: PerRequest = 1
     #: candidates per request kept at every draft step (draft_decode; EAGLE's topk)
-    topk: Positive = 1
+    topk: PerRequest = 1
     #: the phase's model where it differs from ``[model]`` (draft phases only);
     #: UNSET is left out of encoded specs, so specs without it keep their bytes
     model: PhaseModel | msgspec.UnsetType = msgspec.UNSET
@@ -147,19 +177,19 @@ class Spec(SpecStruct, kw_only=True):
     version: int = SPEC_VERSION
     name: str = "default"
     model: Model = Model()
-    phases: Annotated[list[Phase], msgspec.Meta(min_length=1)]
+    phases: Annotated[list[Phase], msgspec.Meta(min_length=1, max_length=MAX_PHASES)]
     tp: Positive = 1
     allocator: AllocatorMode = "native"
-    budget_mib: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    budget_mib: Annotated[MiBAmount, msgspec.Meta(gt=0)] | None = None
     #: allocation trace (relative to the spec file) for exact predictions
     trace: str | None = None
     #: persistent library workspaces the first capture creates in the pool when
     #: the capture stream is cold (nothing ran on it before): 32 for cuBLAS on
     #: sm90 (measured, bench/results/cold-stream-*.json). The executor warms up
     #: on its capture stream, so its plans use 0.
-    library_mib: Annotated[float, msgspec.Meta(ge=0)] = 0
+    library_mib: Annotated[MiBAmount, msgspec.Meta(ge=0)] = 0
     #: extra rules, applied after the built-in ones
-    rules: list[Rule] = []
+    rules: Annotated[list[Rule], msgspec.Meta(max_length=MAX_RULES)] = []
 
 
 def phase_model(model: Model, phase: Phase) -> Model:

@@ -18,6 +18,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .limits import MAX_EVENT_BYTES, MAX_INT, BatchSize
+
 __all__ = ["TraceStruct", "Event", "CaptureTrace", "Trace", "TRACE_VERSION", "EventKind", "default_samples"]
 
 TRACE_VERSION = 1
@@ -36,14 +38,14 @@ class Event(TraceStruct, array_like=True, gc=False):
     garbage collector nothing and each is 16 bytes smaller."""
 
     op: Literal["alloc", "free"]
-    id: Annotated[int, msgspec.Meta(ge=0)]
-    size: Annotated[int, msgspec.Meta(ge=0)] = 0
+    id: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
+    size: Annotated[int, msgspec.Meta(ge=0, le=MAX_EVENT_BYTES)] = 0
     kind: EventKind = "temp"
 
 
 class CaptureTrace(TraceStruct, kw_only=True):
     phase: str
-    bs: Annotated[int, msgspec.Meta(gt=0)]
+    bs: BatchSize
     events: list[Event]
 
 

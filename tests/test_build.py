@@ -237,8 +237,8 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     from capture_plan.planner.optimize import screened
     from capture_plan.planner.resources import backend, phase_kind_settings
     from capture_plan.planner.simulate import simulate
+    from capture_plan.planner.validate import decode_spec
     from capture_plan.planner.workload import Workload
-    from capture_plan.schemas.codec import decode_spec
 
     sizes = list(range(1, 201))
     assert screened(sizes, 24)[0] == 1 and screened(sizes, 24)[-1] == 200 and len(screened(sizes, 24)) == 24

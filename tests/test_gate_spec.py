@@ -18,7 +18,7 @@ def test_the_toml_decodes_to_the_embedded_spec(cli, args):
 
     from capture_plan.planner import resources
     from capture_plan.planner.specs import default_spec
-    from capture_plan.schemas.codec import decode_spec
+    from capture_plan.planner.validate import decode_spec
 
     code, out, err = cli("spec", "show", *args)
     assert (code, err) == (0, "")

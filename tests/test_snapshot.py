@@ -20,8 +20,8 @@ import pytest
 
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.allocator import PoolSim, round_size, segment_size
+from capture_plan.planner.snapshot import load_snapshot, trace_from_snapshot
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.snapshot import load_snapshot, trace_from_snapshot
 from capture_plan.schemas.spec import Phase
 from capture_plan.schemas.trace import Trace
 
@@ -164,7 +164,7 @@ def test_payload_never_runs_in_a_fresh_process(tmp_path):
     marker = tmp_path / "ran"
     (tmp_path / "evil.pickle").write_bytes(pickle.dumps([1, _Payload(marker)]))
     code = (
-        "import sys; from capture_plan.schemas.snapshot import load_snapshot\n"
+        "import sys; from capture_plan.planner.snapshot import load_snapshot\n"
         "from capture_plan.schemas.errors import InputError\n"
         "try:\n    load_snapshot(open(sys.argv[1], 'rb').read(), 'x')\n"
         "except InputError as e:\n    print('refused', e)\n"

@@ -191,7 +191,7 @@ def test_recorder_finds_its_markers_by_address_and_size_in_order():
 @pytest.mark.parametrize("kind,field", [("decode", "steps"), ("target_verify", "topk"), ("draft_extend", "steps")])
 def test_draft_settings_on_other_phases_are_refused(kind, field):
     from capture_plan.planner.resources import phase_kind_settings
-    from capture_plan.schemas.codec import validate_spec
+    from capture_plan.planner.validate import validate_spec
     from capture_plan.schemas.errors import InputError
     from capture_plan.schemas.spec import Spec
 

@@ -13,8 +13,9 @@ import pytest
 from capture_plan.planner import BuildOptions, build_plan, resources
 from capture_plan.planner.resources import backend
 from capture_plan.planner.specs import default_spec
+from capture_plan.planner.validate import decode_spec
 from capture_plan.planner.workload import analytic_program
-from capture_plan.schemas.codec import canonical_bytes, decode_spec
+from capture_plan.schemas.codec import canonical_bytes
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.spec import Model, Phase
 

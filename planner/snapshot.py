@@ -46,9 +46,9 @@ import pickle
 from bisect import bisect_right
 from typing import Any
 
-from .errors import InputError
-from .spec import Phase
-from .trace import CaptureTrace, Event, Trace
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.spec import Phase
+from capture_plan.schemas.trace import CaptureTrace, Event, Trace
 
 __all__ = ["load_snapshot", "is_pickle", "trace_from_snapshot", "PlainUnpickler"]
 

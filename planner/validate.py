@@ -1,0 +1,146 @@
+"""Reading and checking a spec: the rules over several fields its types cannot say.
+
+The bounds of single fields (sizes 1..``MAX_BS``, at most ``MAX_PHASES`` phases,
+each model dimension within ``MODEL_MAX``) are msgspec constraints on the spec
+types (``capture_plan.schemas.spec``), located and worded by
+:func:`capture_plan.schemas.codec.convert`, and published by ``planner schema
+spec``. What is checked here: the version, unique phase names, sizes and rule
+ids, ``MAX_CAPTURES`` over all phases, known ``after`` targets, phase kinds and
+the settings each accepts, heads a multiple of kv_heads, and a phase's own model
+setting at least one dimension. Only the planner reads specs; the executor reads
+plans (``capture_plan.schemas.codec``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import msgspec
+
+from capture_plan.schemas.codec import convert, read_document, short_int
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.limits import MAX_CAPTURES
+from capture_plan.schemas.spec import SPEC_VERSION, Model, Phase, Spec, phase_model
+from capture_plan.schemas.strategy import PHASE_SETTINGS
+
+__all__ = ["decode_spec", "validate_spec", "check_phase_kind"]
+
+#: a phase setting left at this value is unset (no kind needs to accept it)
+_UNSET_SETTING = {f.name: f.default for f in msgspec.structs.fields(Phase) if f.name in PHASE_SETTINGS}
+
+
+def decode_spec(data: bytes, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
+    """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located."""
+    spec = convert(read_document(data, source, "spec"), Spec, source, kind="spec")
+    return _check_rules(spec, source, phase_kinds)
+
+
+def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
+    """Check a spec built in code (the embedded ones): the bounds of its types, as
+    a decoded spec's are (a struct built in code is not checked by msgspec), then
+    the rules of :func:`decode_spec`. ``phase_kinds`` maps each kind a spec may
+    name to the settings (:data:`capture_plan.schemas.strategy.PHASE_SETTINGS`) it
+    accepts: planner/data/phase_kinds.toml's. A setting a phase's kind does not
+    accept is refused rather than silently ignored."""
+    convert(msgspec.to_builtins(spec), Spec, source, kind="spec")
+    return _check_rules(spec, source, phase_kinds)
+
+
+def _check_rules(spec: Spec, source: str, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
+    """The rules over several fields (module docstring), each located by JSON path."""
+    if spec.version != SPEC_VERSION:
+        newer = spec.version > SPEC_VERSION
+        raise InputError(
+            f"spec version {spec.version} is {'newer than' if newer else 'not'} the supported version {SPEC_VERSION}",
+            where=f"{source}: $.version",
+            fix="upgrade capture-plan" if newer else f"write version = {SPEC_VERSION} or leave it out",
+        )
+    captures = 0
+    names: dict[str, int] = {}
+    for i, phase in enumerate(spec.phases):
+        if phase.name in names:
+            raise InputError(
+                f"duplicate phase name {phase.name!r} (also $.phases[{names[phase.name]}])",
+                where=f"{source}: $.phases[{i}].name",
+                fix="give every phase a unique name",
+            )
+        names[phase.name] = i
+        captures += len(phase.sizes)
+        if captures > MAX_CAPTURES:
+            raise InputError(
+                f"over {MAX_CAPTURES} capture sizes in all phases together",
+                where=f"{source}: $.phases[{i}].sizes",
+                fix="capture fewer sizes (pad to the next one)",
+            )
+        check_phase_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
+        # e.g. draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
+        for field, unset in _UNSET_SETTING.items():
+            value = getattr(phase, field)
+            if value != unset and field not in phase_kinds[phase.kind]:
+                kinds = sorted(k for k, accepted in phase_kinds.items() if field in accepted)
+                what = f"{field} = {short_int(value)}" if isinstance(value, int) else field
+                raise InputError(
+                    f"{what} has no meaning for a {phase.kind} phase",
+                    where=f"{source}: $.phases[{i}].{field}",
+                    fix=f"set {field} on {' or '.join(kinds)} phases only" if kinds else f"leave {field} out",
+                )
+        if phase.model is not msgspec.UNSET:
+            _check_phase_model(spec.model, phase, f"{source}: $.phases[{i}].model")
+        seen: dict[int, int] = {}
+        for j, bs in enumerate(phase.sizes):
+            if bs in seen:
+                raise InputError(
+                    f"duplicate capture size {bs} (also $.phases[{i}].sizes[{seen[bs]}])",
+                    where=f"{source}: $.phases[{i}].sizes[{j}]",
+                    fix="list each size once",
+                )
+            seen[bs] = j
+    for i, phase in enumerate(spec.phases):
+        for j, dep in enumerate(phase.after):
+            if dep not in names:
+                raise InputError(
+                    f"unknown phase {dep!r}; phases are {sorted(names)}", where=f"{source}: $.phases[{i}].after[{j}]"
+                )
+            if dep == phase.name:
+                raise InputError("a phase cannot come after itself", where=f"{source}: $.phases[{i}].after[{j}]")
+    rule_ids: set[str] = set()
+    for i, rule in enumerate(spec.rules):
+        if rule.id in rule_ids:
+            raise InputError(f"duplicate rule id {rule.id!r}", where=f"{source}: $.rules[{i}].id")
+        rule_ids.add(rule.id)
+        for j, kind in enumerate(rule.when.phase_kind or ()):
+            check_phase_kind(kind, phase_kinds, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
+    if spec.model.heads % spec.model.kv_heads:
+        raise InputError("heads must be a multiple of kv_heads", where=f"{source}: $.model.kv_heads")
+    if spec.trace is not None and "\x00" in spec.trace:
+        raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
+    return spec
+
+
+def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
+    """A phase's own dimensions: at least one, and heads a multiple of kv_heads
+    once merged with the spec's ``[model]`` (each within its bound: the types)."""
+    own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}
+    if not own:
+        raise InputError(
+            "model sets no dimension",
+            where=where,
+            fix="give the dimensions this phase's model differs in (e.g. hidden, vocab), or leave it out",
+        )
+    merged = phase_model(model, phase)
+    if merged.heads % merged.kv_heads:
+        field = "kv_heads" if "kv_heads" in own else "heads"
+        raise InputError(
+            f"heads = {merged.heads} must be a multiple of kv_heads = {merged.kv_heads} (the phase's "
+            "own, else [model]'s)",
+            where=f"{where}.{field}",
+            fix="give the draft's heads and kv_heads",
+        )
+
+
+def check_phase_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
+    """Refuse a phase kind that is not a key of ``phase_kinds`` (see :func:`validate_spec`)."""
+    if kind not in phase_kinds:
+        raise InputError(
+            f"unknown phase kind {kind!r}", where=where, fix=f"use one of {', '.join(sorted(phase_kinds))}"
+        )
