@@ -123,3 +123,45 @@ def test_an_unknown_table_name_is_one_clear_error():
     gen = _generator()
     with pytest.raises(SystemExit, match=r"docs/x.md: unknown table 'nope'; known: capture"):
         gen.render_tables("<!-- table: nope -->\n<!-- /table -->\n", "docs/x.md")
+
+
+_PATH = re.compile(r"`((?:tests|planner|schemas|executor|adapters|references|bench|plans|docs)/[^`\s]*)`")
+#: a benchmark file named without its folder (the measurements page does this in prose)
+_RESULT = re.compile(r"`([a-z][a-z0-9-]*-20\d\d-\d\d-\d\d[a-z0-9*-]*\.(?:json|log))`( at commit)?")
+
+
+def _pages():
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_files_the_docs_name_exist():
+    """A renamed module, test or benchmark file leaves no dangling name in the docs;
+    a result file that is not checked in is named with the commit that has it."""
+    missing = []
+    for page in _pages():
+        text = page.read_text()
+        for m in _PATH.finditer(text):
+            path = m[1].rstrip(".,:;)")
+            if not (list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+                missing.append(f"{page.name}: {path}")
+        for m in _RESULT.finditer(text):
+            if not m[2] and not list((ROOT / "bench/results").glob(m[1])):
+                missing.append(f"{page.name}: bench/results/{m[1]}")
+    assert not missing, f"the docs name files that do not exist: {missing}"
+
+
+def _slug(heading: str) -> str:
+    # Python-Markdown's toc slugify, which mkdocs uses for heading anchors
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_the_readmes_links_into_the_docs_name_existing_anchors():
+    """mkdocs --strict checks the site's own links; the README is not part of the site."""
+    readme = (ROOT / "README.md").read_text()
+    bad = []
+    for page, anchor in re.findall(r"\]\((docs/[^)#]+\.md)#([^)]+)\)", readme):
+        headings = re.findall(r"^#+ (.+)$", (ROOT / page).read_text(), flags=re.M)
+        if anchor not in {_slug(h) for h in headings}:
+            bad.append(f"{page}#{anchor}")
+    assert not bad, f"README.md links to anchors that do not exist: {bad}"
