@@ -63,30 +63,24 @@ def _equal(replays: int, unequal: int) -> str:
     return f"{replays - unequal}/{replays}"
 
 
+def _schedule(label: str, run: dict, bold: bool = False) -> list[str]:
+    """A capture-benchmark row: schedule, pool MiB, capture s, replays equal to eager (the
+    loop's runs count ``graphs``, the executor's ``replays``)."""
+    cells = [label, _mib(run["pool_mib"]), f"{run['capture_s']:.2f}"]
+    if bold:
+        cells = [f"**{c}**" for c in cells]
+    return [*cells, _equal(run.get("replays", run.get("graphs")), run["replays_not_equal_eager"])]
+
+
 def capture() -> list[str]:
     name = "capture-2026-11-29-32l.json"
     d = _load(name)
-    s, a, e = d["sglang"], d["ascending"], d["executor"]
+    e = d["executor"]
     rows = [
         ["largest size captured alone", _mib(d["alone"]["pool_mib"]), "-", "-"],
-        [
-            "SGLang-style loop: largest-first, outputs kept, 2 warm-ups per size",
-            _mib(s["pool_mib"]),
-            f"{s['capture_s']:.2f}",
-            _equal(s["replays"], s["replays_not_equal_eager"]),
-        ],
-        [
-            "smallest-first, outputs kept (the reverted CI gate)",
-            _mib(a["pool_mib"]),
-            f"{a['capture_s']:.2f}",
-            _equal(a["replays"], a["replays_not_equal_eager"]),
-        ],
-        [
-            f"**executor with `plans/{d['plan']}`**",
-            f"**{_mib(e['pool_mib'])}**",
-            f"**{e['capture_s']:.2f}**",
-            _equal(e["replays"], e["replays_not_equal_eager"]),
-        ],
+        _schedule("SGLang-style loop: largest-first, outputs kept, 2 warm-ups per size", d["sglang"]),
+        _schedule("smallest-first, outputs kept (the reverted CI gate)", d["ascending"]),
+        _schedule(f"executor with `plans/{d['plan']}`", e, bold=True),
     ]
     r = d["ratios"]
     return [
@@ -108,25 +102,11 @@ def speculative() -> list[str]:
     parts = " + ".join(f"{k.removeprefix('phase:')} {_mib(v)}" for k, v in sorted(floors.items()))
     rows = [
         [f"each pool's largest graph alone ({parts})", _mib(sum(floors.values())), "-", "-"],
-        [
-            "engines' loop: every phase largest-first, outputs kept, 2 warm-ups per size, one pool",
-            _mib(loop["pool_mib"]),
-            f"{loop['capture_s']:.2f}",
-            _equal(loop["graphs"], loop["replays_not_equal_eager"]),
-        ],
-        [
-            "the reverted gate: target_verify and draft_extend smallest-first, outputs kept",
-            _mib(gate["pool_mib"]),
-            f"{gate['capture_s']:.2f}",
-            _equal(gate["graphs"], gate["replays_not_equal_eager"]),
-        ],
+        _schedule("engines' loop: every phase largest-first, outputs kept, 2 warm-ups per size, one pool", loop),
+        _schedule("the reverted gate: target_verify and draft_extend smallest-first, outputs kept", gate),
+        _schedule("executor with `plans/fa3-eagle-ci.json`", d["fa3-eagle-ci.json"], bold=True),
+        _schedule("executor with `plans/fa3-eagle.json`", d["fa3-eagle.json"]),
     ]
-    for plan, bold in (("fa3-eagle-ci.json", True), ("fa3-eagle.json", False)):
-        p = d[plan]
-        cells = [f"executor with `plans/{plan}`", _mib(p["pool_mib"]), f"{p['capture_s']:.2f}"]
-        if bold:
-            cells = [f"**{c}**" for c in cells]
-        rows.append([*cells, _equal(p["replays"], p["replays_not_equal_eager"])])
     ci = d["fa3-eagle-ci.json"]
     pools = ", ".join(
         f"{k.removeprefix('phase:')} {_mib(v['predicted_mib'])} MiB against {_mib(v['measured_mib'])} measured"
