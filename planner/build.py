@@ -307,7 +307,7 @@ def _workload(
         path,
         "trace",
         fix="record one on a GPU with `capture_plan.executor.profile` "
-        "(README: The executor), or build without --trace for the analytic model",
+        "(docs/design.md: Few-size traces), or build without --trace for the analytic model",
     )
     from capture_plan.planner.snapshot import is_pickle, trace_from_snapshot  # only with a trace
 

@@ -1,0 +1,474 @@
+"""Generate the docs' derived parts: measurement tables and the CLI reference.
+
+    python docs/generate.py          # rewrite them in place
+    python docs/generate.py --check  # exit 1, naming each stale file, if any differs
+
+Measurement tables live in marked regions of the docs' markdown::
+
+    <!-- table: capture -->
+    ... rendered from bench/results/capture-2026-11-29-32l.json ...
+    <!-- /table -->
+
+Each region's name is a key of ``TABLES``; its renderer reads one JSON file of
+``bench/results/`` (which carries the run's date and device) and ends the table
+with a line naming that file. Only the region's body is rewritten: the prose
+around it is written by hand and names its own JSON where it quotes a figure.
+``docs/cli.md`` is generated whole from the ``planner`` command group's help
+(click's own formatting, at a fixed width so the text is the same on any
+terminal). Not part of the shipped package: it runs from a checkout with the
+package installed (``pip install -e .``), and tests/test_readme.py checks that
+the committed files are what it writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+RESULTS = ROOT / "bench" / "results"
+REGION = re.compile(r"(<!-- table: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+CLI_PAGE = DOCS / "cli.md"
+#: the help's width: fixed, so the page does not depend on the terminal it was generated in
+CLI_WIDTH = 100
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _mib(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _pct(x: float, digits: int = 1) -> str:
+    return f"{x * 100:+.{digits}f}%"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _source(name: str, data: dict) -> str:
+    what = ", ".join(f"{label}{data[k]}" for k, label in (("device", ""), ("torch", "torch ")) if k in data)
+    return f"\nSource: `bench/results/{name}` ({what}{', ' if what else ''}{data['date'][:10]})."
+
+
+def _equal(replays: int, unequal: int) -> str:
+    return f"{replays - unequal}/{replays}"
+
+
+def _schedule(label: str, run: dict, bold: bool = False) -> list[str]:
+    """A capture-benchmark row: schedule, pool MiB, capture s, replays equal to eager (the
+    loop's runs count ``graphs``, the executor's ``replays``)."""
+    cells = [label, _mib(run["pool_mib"]), f"{run['capture_s']:.2f}"]
+    if bold:
+        cells = [f"**{c}**" for c in cells]
+    return [*cells, _equal(run.get("replays", run.get("graphs")), run["replays_not_equal_eager"])]
+
+
+def capture() -> list[str]:
+    name = "capture-2026-11-29-32l.json"
+    d = _load(name)
+    e = d["executor"]
+    rows = [
+        ["largest size captured alone", _mib(d["alone"]["pool_mib"]), "-", "-"],
+        _schedule("SGLang-style loop: largest-first, outputs kept, 2 warm-ups per size", d["sglang"]),
+        _schedule("smallest-first, outputs kept (the reverted CI gate)", d["ascending"]),
+        _schedule(f"executor with `plans/{d['plan']}`", e, bold=True),
+    ]
+    r = d["ratios"]
+    return [
+        *_table(["schedule", "pool MiB", "capture s", "replays equal eager"], rows),
+        "",
+        f"Executor against the loop: pool {r['pool_vs_sglang']:.2f}x, capture time {r['capture_time_vs_sglang']:.2f}x;"
+        f" pool {r['pool_vs_alone']:.2f}x of the largest graph alone. Prediction: analytic"
+        f" {_mib(e['predicted_analytic_mib'])} MiB ({_pct(e['analytic_error'])}), from the recorded trace"
+        f" {_mib(e['predicted_trace_mib'])} MiB ({_pct(e['trace_error'])}). `{e['verify_all']}`.",
+        _source(name, d),
+    ]
+
+
+def speculative() -> list[str]:
+    name = "speculative-2026-11-29-32l.json"
+    d = _load(name)
+    floors = d["floors_mib"]
+    loop, gate = d["loop"], d["gate"]
+    parts = " + ".join(f"{k.removeprefix('phase:')} {_mib(v)}" for k, v in sorted(floors.items()))
+    rows = [
+        [f"each pool's largest graph alone ({parts})", _mib(sum(floors.values())), "-", "-"],
+        _schedule("engines' loop: every phase largest-first, outputs kept, 2 warm-ups per size, one pool", loop),
+        _schedule("the reverted gate: target_verify and draft_extend smallest-first, outputs kept", gate),
+        _schedule("executor with `plans/fa3-eagle-ci.json`", d["fa3-eagle-ci.json"], bold=True),
+        _schedule("executor with `plans/fa3-eagle.json`", d["fa3-eagle.json"]),
+    ]
+    ci = d["fa3-eagle-ci.json"]
+    pools = ", ".join(
+        f"{k.removeprefix('phase:')} {_mib(v['predicted_mib'])} MiB against {_mib(v['measured_mib'])} measured"
+        for k, v in sorted(ci["pools"].items())
+    )
+    return [
+        *_table(["schedule", "pool MiB", "capture s (this run)", "replays equal eager"], rows),
+        "",
+        f"Executor against the loop: pool {ci['pool_mib'] / loop['pool_mib']:.3f}x;"
+        f" {ci['pool_mib'] / sum(floors.values()):.3f}x the sum of its pools' floors. Analytic prediction per pool:"
+        f" {pools}. `{ci['verify']}` (each plan).",
+        _source(name, d),
+    ]
+
+
+def bugs() -> list[str]:
+    name = "speculative-2026-11-29-32l.json"
+    d = _load(name)
+
+    def cell(key: str) -> str:
+        b = d["bugs"][key]
+        checks = " + ".join(f"{n} {c}" for c, n in sorted(b["by_check"].items()))
+        by_phase: dict[str, list[int]] = {}
+        for graph in b["graphs_named"]:
+            phase, size = graph.split("/")
+            by_phase.setdefault(phase, []).append(int(size))
+        blamed = "; ".join(f"{phase} {', '.join(map(str, sorted(s)))}" for phase, s in sorted(by_phase.items()))
+        return f"{checks} faults; blamed: {blamed}"
+
+    rows = [
+        [f"`{bug}`", cell(f"{bug}/planned"), cell(f"{bug}/smallest-first")]
+        for bug in sorted({k.split("/")[0] for k in d["bugs"]})
+    ]
+    wild = d["wild"]
+    named = sum("VerificationFailed" in w["line"] or "CUDA context is lost" in w["line"] for w in wild.values())
+    sanitizer = sum("compute-sanitizer --tool memcheck" in w["line"] for w in wild.values())
+    sizes = ", ".join(sorted(wild, key=int))
+    rows.append(
+        [
+            f"`wild` (sizes {sizes}, each alone)",
+            f'{named}/{len(wild)}: "CUDA context is lost", naming the draft_extend graph;'
+            f" {sanitizer}/{len(wild)} give the `compute-sanitizer --tool memcheck` line",
+            "-",
+        ]
+    )
+    return [*_table(["bug", "planned order", "smallest-first (the reverted gate)"], rows), _source(name, d)]
+
+
+_MODEL_LABELS = {
+    "llama": "Llama, {layers} layers",
+    "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen2-MoE",
+    "qwen2_moe@expandable": "Qwen2-MoE, expandable segments",
+    "gemma2": "Gemma2, {layers} layers",
+}
+_KERNELS = {"EFFICIENT_ATTENTION": "efficient", "FLASH_ATTENTION": "flash", "MATH": "math", "CUDNN_ATTENTION": "cuDNN"}
+
+
+def models() -> list[str]:
+    name = "models-2026-11-29.json"
+    d = _load(name)
+    rows = []
+    for arch, label in _MODEL_LABELS.items():
+        a = d["archs"][arch]
+        text = label.format(layers=a["config"]["num_hidden_layers"])
+        if "@" not in arch:
+            text += f" ({a['attention']})"
+        e, an, v = a["executor"], a["analytic"], a["verify"]
+        check = a.get("attention_check")
+        if check:
+            sdpa = " / ".join(
+                f"{_KERNELS[c['kernel']['256']]}: {c['replay_not_equal_eager']}, {c['eager_not_equal_eager']}"
+                for c in (check["pinned"], check["pytorch_default"])
+            )
+        else:
+            sdpa = "-"
+        verdict = "no faults" if v["faults"] == 0 else f"{v['faults']} faults"
+        rows.append(
+            [
+                text,
+                _mib(a["loop"]["pool_mib"]),
+                _mib(a["alone_mib"]),
+                f"{_mib(e['pool_mib'])} ({e['predicted_mib']:.1f}, {_pct(e['pool_error'])})",
+                f"{_mib(an['predicted_mib'])} ({_pct(an['error'], 0)})",
+                f"{v['replays']} replays, {verdict}",
+                sdpa,
+            ]
+        )
+    header = [
+        "model (attention)",
+        "loop MiB",
+        "largest alone MiB",
+        "executor MiB (predicted from 3 sizes)",
+        "analytic from config.json MiB (error)",
+        "verify",
+        "SDPA: replays != eager, eager != eager, of 24 (pinned / PyTorch's choice)",
+    ]
+    return [*_table(header, rows), _source(name, d) + f" transformers {d['transformers']}."]
+
+
+def device() -> list[str]:
+    name = "device-2026-12-01.json"
+    d = _load(name)
+    rows = []
+    for case, plan in (("reference", "fa3-ci"), ("eagle", "fa3-eagle-ci")):
+        c = d["cases"][case]
+        e = c["executor"]
+        items = e["items_mib"]
+        parts = (
+            f"{_mib(items['pool'])} + {_mib(items['allocator-held'])} workspace"
+            f" + {_mib(items['allocator-cached'])} allocator + {_mib(items['outside-allocator'])} driver"
+        )
+        rows.append(
+            [
+                f"{plan} ({c['captures']} graphs)",
+                _mib(e["pool_mib"]),
+                f"{_mib(e['drop_mib'])} ({parts})",
+                _mib(c["loop"]["drop_mib"]),
+                _mib(c["vllm"]["estimate_mib"]),
+            ]
+        )
+    header = ["plan", "pool MiB", "free-memory drop MiB, executor", "engines' loop drop", "vLLM-style estimate"]
+    return [*_table(header, rows), _source(name, d)]
+
+
+def startup_prediction() -> list[str]:
+    name = "device-2026-12-01-c.json"
+    d = _load(name)
+    labels = {
+        "reference": "reference decode",
+        "llama": "Llama-family transformers model",
+        "eagle": "EAGLE's four phases",
+    }
+    rows = []
+    for case, label in labels.items():
+        s = d["cases"][case]["startup"]
+        rows.append(
+            [
+                label,
+                _mib(s["pending_mib"]),
+                _mib(s["measured_drop_mib"]),
+                _pct(s["error"]),
+                _mib(s["predicted_total_mib"]),
+                f"{s['predict_s']:.2f}",
+                f"{s['capture_s']:.2f}",
+            ]
+        )
+    header = [
+        "target",
+        "predicted MiB (pending)",
+        "taken MiB",
+        "error",
+        "predicted to stay after capture MiB",
+        "prediction s",
+        "capture s",
+    ]
+    return [*_table(header, rows), _source(name, d)]
+
+
+_BUILD_ROWS = [
+    ("`planner --help`", lambda b: b["help_s"], "-"),
+    ("`planner build --backend fa3 --ci`", lambda b: b["build_default_s"], "0.15 s: missed"),
+    ("`planner build -b fa3 --ci --speculative eagle`", lambda b: b["build_speculative_s"], "0.4 s: missed"),
+    ("4 phases x 35 sizes (in process)", lambda b: b["scale"]["35"], "-"),
+    ("4 phases x 128 sizes (in process)", lambda b: b["scale"]["128"], "-"),
+    ("4 phases x 512 sizes (in process)", lambda b: b["scale"]["512"], "-"),
+    ("4 phases x 1024 sizes (in process)", lambda b: b["scale"]["1024"], "0.5 s: missed"),
+    ("4 phases x 2048 sizes", lambda b: b["scale"]["2048"], "-"),
+    ("1024 x 4 with `--exact`", lambda b: b["exact_1024_s"], "5 s: missed"),
+]
+
+
+def build() -> list[str]:
+    before, now = _load("build-2026-11-29-prev.json"), _load("build-2026-11-29.json")
+    rows = [[label, f"{get(before):.2f} s", f"{get(now):.2f} s", target] for label, get, target in _BUILD_ROWS]
+    return [
+        *_table(["", "before", "now", "target"], rows),
+        "",
+        f"Source: `bench/results/build-2026-11-29-prev.json` (before, {before['machine']}, median of"
+        f" {before['repeat']}, {before['date'][:10]}) and `bench/results/build-2026-11-29.json` (now, median of"
+        f" {now['repeat']}).",
+    ]
+
+
+def build_work() -> list[str]:
+    name = "build-2026-11-29-work.json"
+    d = _load(name)
+    w = d["work"]
+    rows = [
+        [
+            label,
+            f"{wall:.2f} s",
+            f"{w[key]['captures']:,}",
+            f"{w[key]['ops']:,}",
+            f"{w[key]['simulating_s_at_ns_per_op']} s",
+        ]
+        for label, key, wall in (
+            ("default build", "build_default", d["build_default_s"]),
+            ("speculative preset", "build_speculative", d["build_speculative_s"]),
+            ("4 phases x 1024 sizes", "scale_1024", d["scale"]["1024"]),
+            ("`--exact` 1024 x 4", "exact_1024", d["exact_1024_s"]),
+        )
+    ]
+    return [
+        *_table(["build", "wall time", "captures simulated", "allocator operations", "simulating alone"], rows),
+        "",
+        f"Simulating alone: the operations at the measured {w['ns_per_op']:,} ns per operation. 4 phases x 2048"
+        f" sizes: {d['scale']['2048']:.2f} s.",
+        _source(name, d) + f" {d['machine']}, median of {d['repeat']}.",
+    ]
+
+
+def startup() -> list[str]:
+    name = "startup-2026-11-29-32l.json"
+    d = _load(name)
+    rows = []
+    for plan in sorted(d["plans"]):
+        big, small = d["engine_heap"][plan], d["small_heap"][plan]
+        rows.append(
+            [
+                f"{plan} ({d['plans'][plan]['sizes']} sizes)",
+                f"{big['executor']['capture_wall_s']:.2f} / {small['executor']['capture_wall_s']:.2f}",
+                f"{big['loop']['capture_wall_s']:.2f} / {small['loop']['capture_wall_s']:.2f}",
+                f"{big['executor']['release_s']:.2f} / {small['executor']['release_s']:.2f}",
+            ]
+        )
+    header = [
+        f"plan (`capture()` wall s, {d['objects']:,} objects / small process)",
+        "executor",
+        "engines' loop",
+        "`release`",
+    ]
+    return [
+        *_table(header, rows),
+        "",
+        f"A full collection takes {d['full_gc_s']:.2f} s in the large process.",
+        _source(name, d),
+    ]
+
+
+def background() -> list[str]:
+    name = "startup-2026-11-29-32l.json"
+    d = _load(name)
+    rows = []
+    for plan in sorted(d["background"]):
+        b = d["background"][plan]
+        t, c = b["throughput"], b["checked"]
+        rows.append(
+            [
+                plan,
+                f"{t['first_servable_replay_s']:.3f}",
+                f"{t['all_captured_s']:.2f}",
+                f"{b['first_vs_foreground'] * 100:.0f}%",
+                f"{t['graph_replays_per_s_during']:.0f} / {t['replays_per_s_after']:.0f}",
+                f"{c['checked'] - c['not_equal_eager']}/{c['checked']}",
+                _mib(t["pool_mib"]),
+                f"`{c['verify']}`",
+            ]
+        )
+    header = [
+        "plan",
+        "first replay by a graph, s after `capture()`",
+        "all captured s",
+        "first, of the foreground capture",
+        "replays/s during / after",
+        "replays during equal eager",
+        "pool MiB",
+        "verify afterwards",
+    ]
+    return [*_table(header, rows), _source(name, d)]
+
+
+TABLES = {
+    "capture": capture,
+    "speculative": speculative,
+    "bugs": bugs,
+    "models": models,
+    "device": device,
+    "startup-prediction": startup_prediction,
+    "build": build,
+    "build-work": build_work,
+    "startup": startup,
+    "background": background,
+}
+
+
+def render_tables(text: str, where: str) -> str:
+    """``text`` with every table region's body rendered again; an unknown name is an error."""
+
+    def one(m: re.Match) -> str:
+        name = m["name"]
+        if name not in TABLES:
+            raise SystemExit(f"{where}: unknown table {name!r}; known: {', '.join(TABLES)}")
+        return m[1] + "\n".join(TABLES[name]()) + "\n" + m[4]
+
+    return REGION.sub(one, text)
+
+
+def cli_reference() -> str:
+    """docs/cli.md: every command's help, walked from the ``planner`` group."""
+    import click
+
+    from capture_plan.planner.cli import app
+
+    out = [
+        "# CLI reference",
+        "",
+        "<!-- generated by `python docs/generate.py` from the commands' help; do not edit -->",
+        "",
+        "What the commands do, their exit codes and the files they refuse to write: [the planner guide](planner.md).",
+        "",
+    ]
+
+    def walk(cmd: click.Command, ctx: click.Context, path: list[str]) -> None:
+        out.extend([f"{'#' * min(len(path) + 1, 4)} `{' '.join(path)}`", "", "```text", cmd.get_help(ctx), "```", ""])
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                walk(sub, click.Context(sub, info_name=name, parent=ctx, **sub.context_settings), [*path, name])
+
+    # the widths are inherited by the subcommands' contexts, as in a real invocation
+    root = click.Context(
+        app, info_name="planner", terminal_width=CLI_WIDTH, max_content_width=CLI_WIDTH, **app.context_settings
+    )
+    walk(app, root, ["planner"])
+    return "\n".join(out).rstrip() + "\n"
+
+
+def generated() -> dict[Path, str]:
+    """Each generated file and the text it should have."""
+    files = {}
+    for page in sorted(DOCS.glob("*.md")):
+        if page == CLI_PAGE:
+            continue
+        text = page.read_text()
+        if REGION.search(text):
+            files[page] = render_tables(text, str(page.relative_to(ROOT)))
+    files[CLI_PAGE] = cli_reference()
+    return files
+
+
+def main(argv: list[str]) -> int:
+    check = argv == ["--check"]
+    if argv and not check:
+        print("usage: python docs/generate.py [--check]", file=sys.stderr)
+        return 2
+    stale = []
+    for path, text in generated().items():
+        if path.exists() and path.read_text() == text:
+            continue
+        if check:
+            stale.append(str(path.relative_to(ROOT)))
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    for name in stale:
+        print(
+            f"{name}: stale (differs from what bench/results/*.json and the CLI give); fix: python docs/generate.py",
+            file=sys.stderr,
+        )
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
