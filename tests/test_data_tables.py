@@ -1,5 +1,11 @@
-"""Phase kinds are typed data: a kind that allocates like an existing one is a
-table in phase_kinds.toml and nothing else."""
+"""Knowledge as typed data (planner/data/*.toml): phase kinds and vLLM's conventions (backends: tests/test_backends.py).
+
+Phase kinds are typed data: a kind that allocates like an existing one is a
+table in phase_kinds.toml and nothing else.
+
+vLLM's conventions as data (issue 18, item 4): the ``--preset vllm`` sizes and
+phases, the ``full`` and ``piecewise`` kinds' programs, and per-phase model
+dimensions for drafts (``[phases.model]``)."""
 
 from __future__ import annotations
 
@@ -7,11 +13,18 @@ import functools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes, resources
+from capture_plan.planner.resources import backend
+from capture_plan.planner.specs import default_spec
+from capture_plan.planner.workload import analytic_program
+from capture_plan.schemas.codec import canonical_bytes, decode_spec
 from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.spec import Model, Phase
 
 # allocates like target_verify (the target over every token, hidden state returned)
 NEW = b"""
@@ -21,6 +34,7 @@ program = "target"
 returns_hidden = true
 settings = ["layers"]
 """
+
 
 PHASE = '[[phases]]\nname = "v"\nkind = "{kind}"\nsizes = [1, 4, 16]\ntokens_per_request = 4\nlayers = 2\n'
 
@@ -178,3 +192,211 @@ def test_a_builtin_rule_naming_an_unknown_kind_is_located(data_file):
         resources.builtin_rules()
     data_file("rules.toml", b"")
     assert resources.builtin_rules()  # the shipped rules load
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def vllm_default_sizes(max_size: int) -> list[int]:
+    """vLLM's VllmConfig._set_cudagraph_sizes, written out as it is there."""
+    sizes = [i for i in [1, 2, 4] if i <= max_size]
+    if max_size >= 8:
+        sizes += list(range(8, min(max_size + 1, 256), 8))
+    if max_size >= 256:
+        sizes += list(range(256, max_size + 1, 16))
+    return sizes
+
+
+@pytest.mark.parametrize("max_bs", [None, 1, 7, 8, 255, 256, 300, 512, 1024])
+def test_preset_sizes_are_vllms(max_bs):
+    spec = default_spec(preset="vllm", max_bs=max_bs)
+    want = vllm_default_sizes(512 if max_bs is None else max_bs)
+    assert [p.name for p in spec.phases] == ["piecewise", "full_decode"]  # vLLM's capture order
+    assert [p.kind for p in spec.phases] == ["piecewise", "full"]
+    # max_num_seqs 1024 (an H100 / H200's default) bounds the uniform-decode sizes only above 1024
+    assert sorted(spec.phases[0].sizes) == want == sorted(spec.phases[1].sizes)
+    assert all(p.tokens_per_request == 1 for p in spec.phases)
+
+
+def test_uniform_decode_sizes_are_bounded_by_max_num_seqs(monkeypatch):
+    real = resources.data_bytes
+    monkeypatch.setattr(
+        resources, "data_bytes", lambda n: real(n).replace(b"max_num_seqs = 1024", b"max_num_seqs = 256")
+    )
+    resources.data.cache_clear()
+    try:
+        spec = default_spec(preset="vllm")
+    finally:
+        monkeypatch.undo()
+        resources.data.cache_clear()
+    assert sorted(spec.phases[0].sizes) == vllm_default_sizes(512)
+    assert sorted(spec.phases[1].sizes) == vllm_default_sizes(256)  # <= max_num_seqs * 1 token
+
+
+def test_the_preset_file_is_strict(monkeypatch):
+    real = resources.data_bytes
+    monkeypatch.setattr(
+        resources,
+        "data_bytes",
+        lambda n: (
+            real(n) + (b'\n[[phases]]\nname = "x"\nkind = "full"\ncudagraph = 1\n' if n == "presets_vllm.toml" else b"")
+        ),
+    )
+    resources.data.cache_clear()
+    try:
+        with pytest.raises(InputError, match=r"planner/data/presets_vllm.toml: \$\.phases\[2\].*cudagraph"):
+            default_spec(preset="vllm")
+    finally:
+        monkeypatch.undo()
+        resources.data.cache_clear()
+
+
+def test_the_checked_in_vllm_plan_records_its_command():
+    raw = json.loads((ROOT / "plans/fa3-vllm.json").read_bytes())
+    assert raw["command"] == ["planner", "build", "--backend", "fa3", "--preset", "vllm"]
+    assert raw["inputs"]["spec"] == "embedded:default-vllm" and raw["inputs"]["max_bs"] == 512
+    assert [(p["name"], p["kind"], len(p["sizes"])) for p in raw["phases"]] == [
+        ("piecewise", "piecewise", 51),
+        ("full_decode", "full", 51),
+    ]
+
+
+def test_preset_options(cli):
+    assert cli("build", "-b", "fa3", "--preset", "vllm", "--max-bs", "16")[0] == 0
+    raw = json.loads(Path("plans/fa3-vllm.json").read_bytes())
+    assert raw["command"][-2:] == ["--max-bs", "16"]
+    assert cli("check", "plans/fa3-vllm.json")[1] == "plans/fa3-vllm.json: up to date\n"
+    # the preset's own default --max-bs is not recorded
+    assert cli("build", "-b", "fa3", "--preset", "vllm", "--max-bs", "512", "--force")[0] == 0
+    assert json.loads(Path("plans/fa3-vllm.json").read_bytes())["command"][-1] == "vllm"
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--preset", "sglang"], "--preset: unknown preset 'sglang'; fix: use one of vllm"),
+        (["--preset", ""], "--preset: unknown preset ''"),
+        (["--preset", "vllm", "--speculative", "eagle"], "--speculative: --speculative shapes SGLang's embedded spec"),
+        (["--preset", "vllm", "--spec", "s.toml"], "--preset vllm choose the embedded spec's phases and sizes"),
+        (["--preset", "vllm", "--max-bs", "0"], "--max-bs: must be 1..65536"),
+    ],
+)
+def test_bad_preset_options_are_one_line(cli, tmp_path, args, needle):
+    (tmp_path / "s.toml").write_text('[[phases]]\nname = "d"\nkind = "decode"\nsizes = [1]\n')
+    code, out, err = cli("build", "-b", "fa3", *args, "--dry-run")
+    assert code == 1 and err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "plans").exists()
+
+
+def test_vllm_programs_have_no_logits_and_piecewise_no_attention_internals():
+    model, fa3 = Model(), backend("fa3")
+    full = Phase(name="f", kind="full", sizes=[64])
+    pw = Phase(name="p", kind="piecewise", sizes=[64])
+    decode = Phase(name="d", kind="decode", sizes=[64])
+
+    def allocs(phase):
+        return [e for e in analytic_program(model, phase, 64, fa3).flatten() if e.op == "alloc"]
+
+    f, p, d = allocs(full), allocs(pw), allocs(decode)
+    vocab_sized = {64 * model.vocab * n for n in (2, 4)}
+    assert not {e.size for e in f + p} & vocab_sized and {e.size for e in d} & vocab_sized
+    # fa3's scheduler-metadata workspace and log-sum-exp live in the pool only when attention is in the graph
+    assert any(e.kind == "workspace" for e in f) and not any(e.kind == "workspace" for e in p)
+    lse = 64 * model.heads * 4
+    assert sum(e.size == lse for e in f) == model.layers and not any(e.size == lse for e in p)
+    # the one output: the final-normed hidden state
+    assert (
+        [e.size for e in f if e.kind == "output"]
+        == [e.size for e in p if e.kind == "output"]
+        == [64 * model.hidden * model.dtype_bytes]
+    )
+    # the piecewise capture is the full one without attention's own allocations
+    inside = {e.size for e in f} - {e.size for e in p}
+    assert inside <= {lse, *(e.size for e in f if e.kind == "workspace")} | {
+        int(64 * model.heads * model.head_dim * fa3.attention_temp_factor)
+    }
+
+
+# per-phase model dimensions ---------------------------------------------------------------
+DRAFT = """
+[[phases]]
+name = "draft_decode"
+kind = "draft_decode"
+sizes = [1, 8, 32]
+steps = 3
+topk = 4
+layers = 1
+"""
+
+
+def _build(tmp_path, text: str, name: str = "s.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return build_plan(BuildOptions(backend="fa3", spec=path, output=tmp_path / "p.json"))
+
+
+def test_a_phase_with_its_own_dimensions_predicts_as_a_model_of_them(tmp_path):
+    own = _build(tmp_path, DRAFT + "model = { hidden = 2048, vocab = 32000 }\n")
+    same = _build(tmp_path, "[model]\nhidden = 2048\nvocab = 32000\n" + DRAFT)
+    target = _build(tmp_path, DRAFT)
+    assert own.predicted.timeline == same.predicted.timeline
+    assert own.predicted.pool_bytes < target.predicted.pool_bytes
+
+
+def test_the_eagle3_example_spec_builds(tmp_path):
+    spec = decode_spec((DATA / "eagle3.toml").read_bytes(), "eagle3.toml", phase_kinds=resources.phase_kind_settings())
+    drafts = [p for p in spec.phases if p.kind.startswith("draft")]
+    assert drafts and all(p.model is not msgspec.UNSET and p.model.vocab == 32000 for p in drafts)
+    plan = build_plan(BuildOptions(backend="fa3", spec=DATA / "eagle3.toml", output=tmp_path / "p.json"))
+    plain = build_plan(BuildOptions(backend="fa3", spec=_write_without_models(tmp_path), output=tmp_path / "q.json"))
+    assert plan.predicted.pool_bytes != plain.predicted.pool_bytes
+
+
+def _write_without_models(tmp_path) -> Path:
+    text = "\n".join(
+        line for line in (DATA / "eagle3.toml").read_text().splitlines() if not line.startswith("model = ")
+    )
+    path = tmp_path / "plain.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_phase_without_its_own_dimensions_encodes_as_before():
+    phase = Phase(name="d", kind="decode", sizes=[1])
+    assert b"model" not in canonical_bytes(phase)
+    phases = json.loads(canonical_bytes(default_spec("eagle")))["phases"]
+    assert phases and not any("model" in p for p in phases)  # the embedded spec's digest is unchanged
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (
+            '[[phases]]\nname = "d"\nkind = "decode"\nsizes = [1]\nmodel = { vocab = 32000 }\n',
+            "s.toml: $.phases[1].model: model has no meaning for a decode phase; fix: set model on draft_decode or "
+            "draft_extend phases only",
+        ),
+        ("model = {}\n", "s.toml: $.phases[0].model: model sets no dimension"),
+        ("model = { layers = 1 }\n", "s.toml: $.phases[0].model: Object contains unknown field `layers`"),
+        ("model = { vocab = 0 }\n", "s.toml: $.phases[0].model.vocab: Expected `int` >= 1"),
+        ('model = { vocab = "32k" }\n', "s.toml: $.phases[0].model.vocab: Expected `int`"),
+        ("model = { vocab = 100000000 }\n", "s.toml: $.phases[0].model.vocab: vocab = 100000000 is over the limit"),
+        ("model = { heads = 12 }\n", "s.toml: $.phases[0].model.heads: heads = 12 must be a multiple of kv_heads = 8"),
+        ("model = { heads = 32, kv_heads = 5 }\n", "s.toml: $.phases[0].model.kv_heads: heads = 32 must be a multiple"),
+    ],
+)
+def test_bad_phase_models_are_one_located_line(cli, tmp_path, extra, needle):
+    (tmp_path / "s.toml").write_text(DRAFT + extra)
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml")
+    assert code == 1 and err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "plans").exists()
+
+
+def test_tp_must_divide_a_drafts_own_dimensions(cli, tmp_path):
+    (tmp_path / "s.toml").write_text(DRAFT + "model = { heads = 24, kv_heads = 8, intermediate = 6000 }\n")
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--tp", "16")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "--tp (phase 'draft_decode', its own model: $.phases[0].model): tp=16 does not divide heads=24" in err
