@@ -16,10 +16,10 @@ relative to the plan's folder); `planner check` rebuilds from that record. So
 any accepted combination of options, typed in any order from any directory,
 must give a plan that (a) `planner check` calls up to date from another
 directory and (b) a second build of the same command reproduces byte for byte.
-Finding R1 (an axis pinned twice: the last pin won, the sorted record rebuilt
-the other one) broke (a) and is what this would have caught.
+An axis pinned twice (the last pin won, the sorted record rebuilt the other one;
+tests/test_cli_build.py) broke (a) and is what this would have caught.
 
-Examples: ``CAPTURE_PLAN_FUZZ_EXAMPLES`` (default 10), as tests/test_fuzz.py."""
+Examples: ``CAPTURE_PLAN_FUZZ_EXAMPLES`` (default 10), as tests/test_cli_fuzz.py."""
 
 from __future__ import annotations
 

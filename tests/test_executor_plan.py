@@ -1,5 +1,5 @@
 """The executor's torch-free parts on CPU: plan loading, fingerprints, the dispatch table
-(the collector freeze: tests/test_heap.py).
+(the collector freeze: tests/test_executor_heap.py).
 
 Executor parts that run without a GPU: plan loading, fingerprints, dispatch.
 
