@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -116,6 +115,7 @@ LLAMA = {
 def test_force_never_writes_over_the_trace_or_config_a_spec_names(cli, tmp_path, what):
     # before: README says a build never writes over its --trace, but the trace a spec names
     # (`trace = "t.json"`, a GPU recording) and its model config were replaced under --force
+    from pathlib import Path
 
     if what == "trace":
         name, spec = "t.json", 'trace = "t.json"\n' + SPEC.replace("[1, 2]", "[1, 2, 4, 8]")

@@ -9,11 +9,10 @@ as one line of about 1,100 characters."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from capture_plan.schemas.codec import canonical_bytes, plan_digest
+from capture_plan.schemas.codec import canonical_bytes
 from cli_inputs import one_line_error, reseal
 
 SPEC = '[model]\nvocab = 128256\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 32, 64]\n'
@@ -101,7 +100,7 @@ def test_check_all_plans_uses_each_recorded_command(cli, tmp_path):
 
 
 def _newer_revision(path) -> bytes:
-    from capture_plan.schemas.codec import canonical_bytes
+    from capture_plan.schemas.codec import canonical_bytes, plan_digest
     from capture_plan.schemas.plan import PLAN_REVISION
 
     raw = json.loads(path.read_bytes())
@@ -166,6 +165,7 @@ def test_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli, t
     # before: {"a": 1} gave "$.version: missing or non-integer `version`; fix: rebuild the plan
     # with the `planner build` command it records" (it has no command), and a trace in the folder
     # said "pass a plan file" (the user passed a folder)
+    from pathlib import Path
 
     assert cli("build", "-b", "fa3")[0] == 0
     path = tmp_path / "plans" / name

@@ -3,8 +3,6 @@ errors (exit 3), Ctrl-C (130), a closed stdout pipe (141), the console script.""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 
@@ -109,6 +107,7 @@ def test_the_console_script_runs(tmp_path):
 
 def test_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypatch):
     # before: click's "Aborted!" and exit 1, the code for bad input or drift
+    import os
 
     import capture_plan.schemas.files as files
 
@@ -128,6 +127,7 @@ def test_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypatch):
 def test_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
     # before: click's EPIPE handling, exit 1: the code for bad input or drift, so a CI script
     # with `set -o pipefail` told the user to rebuild plans
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -153,6 +153,7 @@ def test_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
 def test_help_and_version_into_a_closed_pipe_exit_141_too(tmp_path, args):
     # before: the top-level --help and --version print while click parses the group's
     # options, before the command runs, so click's EPIPE handling gave exit 1 there
+    import os
     import subprocess
     import sys
 

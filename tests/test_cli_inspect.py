@@ -9,7 +9,6 @@ plan-relative one)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import subprocess
@@ -247,6 +246,7 @@ def test_explain_of_a_default_plan(cli):
         == "plan fa3-ci, rebuilt from here by: planner build --backend fa3 --ci"
     )
     # from elsewhere the default output path is given explicitly: a plain rebuild would write ./plans/
+    import os
 
     os.mkdir("sub")
     os.chdir("sub")

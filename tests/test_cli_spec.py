@@ -9,7 +9,6 @@ from presets.toml by hand)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -228,6 +227,7 @@ def test_odd_model_configs_are_one_line_not_a_hang_or_an_internal_error(cli, tmp
     # before: a FIFO hung the build (and /dev/zero read until memory ran out: not tested here,
     # a regression would not stop at the alarm below; read_input refuses both alike), and a
     # list model_type or deep nesting were internal errors (exit 3)
+    import os
 
     cfg = tmp_path / "config.json"
     if make == "fifo":
