@@ -4,7 +4,12 @@ The capture session on CPU, CUDA faked (tests/fake_cuda.py): one method per
 plan step op, the target called exactly as the plan's steps say, in order.
 
 What capture leaves behind, on CPU with CUDA faked: warm-ups run in scratch
-pools that are all returned, and the report's device view adds up."""
+pools that are all returned, and the report's device view adds up.
+
+A plan with a vLLM PIECEWISE phase is refused before any work: its graphs are
+pieces between eagerly-run attention ops, for the engine's own piecewise
+backend. Before, the executor captured each step as one whole graph: a
+different graph from the one the plan describes, silently."""
 
 from __future__ import annotations
 
@@ -278,3 +283,25 @@ def test_only_the_first_capture_of_the_process_is_marked_first(tmp_path, fake):
     assert all(m.free is not None for m in first.report.steps)
     first.release()
     second.release()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Never:
+    """A target that must not run: the refusal comes before any work."""
+
+    def run(self, phase, bs, ws):
+        raise AssertionError("ran")
+
+    prepare = refresh = run
+
+
+def test_capture_refuses_a_plan_with_a_piecewise_phase_before_any_work(fake):
+    from capture_plan.executor import ExecutorError, capture, load_plan
+
+    plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
+    assert [p.kind for p in plan.phases] == ["piecewise", "full"]
+    with pytest.raises(ExecutorError, match=r"capture: phase 'piecewise' is 'piecewise'.*fix: capture piecewise"):
+        capture(plan, _Never(), progress=False, device=torch.device("cpu"))
+    assert fake.pools == 0
