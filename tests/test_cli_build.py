@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from cli_inputs import SPEC, one_line_error
+from cli_inputs import LLAMA, SPEC, one_line_error
 
 
 def test_build_writes_the_default_plan_and_prints_a_summary(cli, tmp_path):
@@ -97,18 +97,6 @@ def test_budget_errors_point_at_the_spec_from_the_cwd(cli, tmp_path, budget, pin
     err = one_line_error(cli("build", "-b", "fa3", "--spec", "b.toml", *pins), needle)
     assert err.startswith("planner: error: b.toml: $.budget_mib: "), err
     assert not (tmp_path / "plans").exists()
-
-
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 2048,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 8192,
-    "vocab_size": 128256,
-    "torch_dtype": "bfloat16",
-}
 
 
 @pytest.mark.parametrize("what", ["trace", "model config"])

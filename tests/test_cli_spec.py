@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from cli_inputs import SPEC, one_line_error
+from cli_inputs import LLAMA, SPEC, one_line_error
 
 
 @pytest.mark.parametrize(
@@ -201,18 +201,6 @@ def test_after_cycles_are_located_at_an_after_entry(cli, tmp_path):
         "a -> b -> c -> a",
     )
     assert not (tmp_path / "plans").exists()
-
-
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 2048,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 8192,
-    "vocab_size": 128256,
-    "torch_dtype": "bfloat16",
-}
 
 
 @pytest.mark.parametrize(
