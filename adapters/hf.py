@@ -39,7 +39,7 @@ cuDNN attention is the kernel the dispatcher refuses in deterministic mode
 bit, and nothing on the Python side differs: the step dispatches the same
 aten ops with the same arguments on the same buffers for any inputs, eager
 or under capture, and reads no tensor value on the host
-(tests/test_adapters_cpu.py checks that op by op). The models bench's
+(tests/test_adapters.py checks that op by op). The models bench's
 attention check measures both settings on the device: the kernel picked,
 replays against eager runs, and eager runs against each other. Pass
 ``sdpa_backends=None`` to keep PyTorch's choice. PyTorch's SDPA flags are
@@ -74,7 +74,7 @@ different windows narrower than the cache, and chunked attention (Llama 4)
 narrower than the cache, are refused. Linear-attention layers (Qwen3-Next)
 are refused: transformers allocates their state at first use, inside the
 first capture's pool. Tested with transformers 5.17 and 5.24 on CPU
-(tests/test_adapters_cpu.py: Llama, Mixtral, Qwen2-MoE, Qwen3-MoE,
+(tests/test_adapters.py: Llama, Mixtral, Qwen2-MoE, Qwen3-MoE,
 DeepSeek-V3, GPT-OSS, GLM-4-MoE, Mistral, Gemma2 built from tiny configs;
 decoding through a narrow window equals transformers' full-sequence forward)
 and with 5.17 on an H200 for Llama, Mixtral, Qwen2-MoE and Gemma2 with

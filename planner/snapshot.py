@@ -11,7 +11,7 @@ without torch:
   unpickler whose ``find_class`` refuses every global, so only the opcodes of
   plain data (dicts, lists, tuples, str, bytes, int, float, bool, None) can
   build anything; a pickle naming any class or function is refused when that
-  opcode is read, before it is called (tests/test_snapshot.py proves a
+  opcode is read, before it is called (tests/test_traces.py proves a
   payload never ran). ``persistent_load`` is refused too.
 * **Pool allocations.** The graph pools are the segments whose
   ``segment_pool_id`` is not ``(0, 0)``; an allocation belongs to one when

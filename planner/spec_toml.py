@@ -3,7 +3,7 @@
 ``planner spec show`` prints the embedded spec this way. Every field is
 written, defaults included, so the file shows what can be changed; a field
 whose value is None (no budget, no trace) is left out, as TOML has no null.
-The output decodes back to the same spec (tests/test_gate_spec.py).
+The output decodes back to the same spec (tests/test_cli_spec.py).
 
 What this does not do: keep comments or the layout of a hand-written spec
 (it writes a spec object, not an edit of a file), or write specs whose

@@ -1,8 +1,9 @@
-"""Shared fixtures: CLI runner, faked CUDA, GPU gating."""
+"""Shared fixtures: CLI runner, faked CUDA, GPU gating, a small EAGLE plan to edit."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -102,3 +103,18 @@ def data_file(monkeypatch):
     yield use
     monkeypatch.undo()
     clear()
+
+
+@pytest.fixture(scope="module")
+def eagle_plan() -> bytes:
+    from capture_plan.planner import BuildOptions, build_plan, plan_bytes
+
+    return plan_bytes(build_plan(BuildOptions(backend="fa3", speculative="eagle", max_bs=4)))
+
+
+@pytest.fixture
+def plan_raw(cli, tmp_path, eagle_plan) -> dict:
+    """A small multi-phase plan at plans/fa3-eagle.json in the test's cwd (built once)."""
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans/fa3-eagle.json").write_bytes(eagle_plan)
+    return json.loads(eagle_plan)

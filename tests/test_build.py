@@ -1,13 +1,47 @@
-"""capture_plan.planner.build: what the plans decide, and the constraints they honour."""
+"""capture_plan.planner.build and what it rests on: the plans' decisions and constraints,
+their device items and fidelity, the rules' Digraph, and property tests over random specs.
+
+capture_plan.planner.build: what the plans decide, and the constraints they honour.
+
+A plan's device items (planner/device.py), its fidelity (planner/fidelity.py) and --require-exact.
+
+planner/graph.py's Digraph: the same order and cycle reports as networkx.
+
+Property tests: any valid spec gives a plan that respects its constraints, reproducibly.
+
+Property: whatever a build accepts, the plan it writes checks clean at once.
+
+A plan records its normalized command (pins sorted and deduplicated, paths
+relative to the plan's folder); `planner check` rebuilds from that record. So
+any accepted combination of options, typed in any order from any directory,
+must give a plan that (a) `planner check` calls up to date from another
+directory and (b) a second build of the same command reproduces byte for byte.
+An axis pinned twice (the last pin won, the sorted record rebuilt the other one;
+tests/test_cli_build.py) broke (a) and is what this would have caught.
+
+Examples: ``CAPTURE_PLAN_FUZZ_EXAMPLES`` (default 10), as tests/test_cli_fuzz.py."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
+import msgspec
+import networkx as nx
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes
+from capture_plan.planner.cli import main
+from capture_plan.planner.device import calibration_from_report, peak
+from capture_plan.planner.graph import Digraph, check_acyclic
+from capture_plan.planner.resources import builtin_rules
+from capture_plan.planner.rules import Context, phase_rules, violated
 from capture_plan.schemas.errors import ConstraintError, InputError
+from capture_plan.schemas.plan import Step
+from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement
+from capture_plan.schemas.strategy import AXIS_VALUES
 
 
 def _edges_respected(plan):
@@ -427,3 +461,434 @@ def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_rec
 
     monkeypatch.setattr(optimize, "Simulation", EveryBlock)
     assert plan_bytes(build_plan(opts)) == guarded
+
+
+MiB = 2**20
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _report(plan, *, per_graph=2 * MiB, scratch=100 * MiB, workspace=32 * MiB, device="NVIDIA H200 sm90, torch 2.11"):
+    """A report of ``plan`` as the executor writes it: free memory falls by the pool's growth
+    plus ``per_graph`` driver bytes per capture; warm-ups took ``scratch``."""
+    free0 = 100_000 * MiB
+    free, reserved, steps = free0 - workspace, workspace, []
+    for s, m in zip(plan.steps, plan.predicted.timeline):
+        if s.op == "capture":
+            grown = m.reserved + workspace - reserved
+            reserved += grown
+            free -= grown + per_graph
+        steps.append(
+            StepMeasurement(
+                step=s.index,
+                id=s.id,
+                reserved=m.reserved,
+                predicted_reserved=m.reserved,
+                seconds=0.0,
+                free=free,
+                allocator_reserved=reserved,
+                scratch=scratch if s.op == "warmup" else None,
+            )
+        )
+    pool = plan.predicted.pool_bytes
+    view = DeviceView(
+        free_before=free0,
+        free_after=free,
+        drop=free0 - free,
+        items=[
+            DeviceItem(name="pool", bytes=pool),
+            DeviceItem(name="hoisted", bytes=0),
+            DeviceItem(name="allocator-held", bytes=workspace),
+            DeviceItem(name="allocator-cached", bytes=0),
+            DeviceItem(name="outside-allocator", bytes=free0 - free - pool - workspace),
+        ],
+        first_in_process=True,
+    )
+    return CaptureReport(
+        plan=plan.name,
+        plan_digest=plan.digest,
+        device=device,
+        torch="2.11",
+        backend_module="",
+        pool_bytes=pool,
+        predicted_pool_bytes=pool,
+        capture_seconds=1.0,
+        steps=steps,
+        driver="580.1",
+        device_view=view,
+    )
+
+
+@pytest.fixture(scope="module")
+def fa3ci():
+    return build_plan(BuildOptions(backend="fa3", ci=True))
+
+
+def test_without_a_calibration_the_measured_items_are_unknown_never_zero(fa3ci):
+    dev = fa3ci.predicted.device
+    items = {i.name: i for i in dev.items}
+    assert items["pool"].bytes == fa3ci.predicted.pool_bytes and items["pool"].provenance == "simulated"
+    for name in ("stream-workspace", "allocator-other", "graph-exec"):
+        assert items[name].bytes is None and items[name].provenance == "unknown"
+        assert "--calibration" in items[name].source
+    assert dev.total_bytes is None and dev.peak_bytes is None
+
+
+def test_a_calibration_report_gives_the_total_and_the_warmup_peak(tmp_path, fa3ci):
+    rep = tmp_path / "report.json"
+    rep.write_bytes(msgspec.json.encode(_report(fa3ci)))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, calibration=rep, output=tmp_path / "p.json"))
+    dev = plan.predicted.device
+    items = {i.name: i.bytes for i in dev.items}
+    captures = sum(s.op == "capture" for s in plan.steps)
+    assert items["stream-workspace"] == 32 * MiB  # planner/data/devices.toml, sm90
+    assert items["graph-exec"] == captures * 2 * MiB
+    assert dev.total_bytes == sum(items.values())
+    # the warm-up runs first, on an empty pool: its 100 MiB scratch is below the final pools here
+    assert dev.peak_bytes == dev.total_bytes > 100 * MiB + 32 * MiB
+    assert "NVIDIA H200" in dev.device and "580.1" in dev.device
+    assert plan.inputs.calibration == "report.json"
+
+
+def test_a_warmup_larger_than_the_pools_is_the_peak(tmp_path, fa3ci):
+    rep = tmp_path / "report.json"
+    rep.write_bytes(msgspec.json.encode(_report(fa3ci, scratch=1000 * MiB)))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, calibration=rep, output=tmp_path / "p.json"))
+    # the one warm-up runs before any capture: its scratch plus the workspace (allocator-other is 0 here)
+    assert plan.predicted.device.peak_bytes == 1000 * MiB + 32 * MiB > plan.predicted.device.total_bytes
+
+
+def test_a_calibration_without_the_device_items_or_a_workspace_figure_gives_no_zeros(tmp_path, fa3ci):
+    rep = _report(fa3ci, device="NVIDIA H200")  # no compute capability: no workspace figure
+    path = tmp_path / "r.json"
+    path.write_bytes(msgspec.json.encode(rep))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, calibration=path, output=tmp_path / "p.json"))
+    items = {i.name: i for i in plan.predicted.device.items}
+    assert items["stream-workspace"].bytes is None and items["allocator-other"].bytes is None
+    assert plan.predicted.device.total_bytes is None
+    bare = msgspec.structs.replace(rep, device_view=msgspec.structs.replace(rep.device_view, items=[]))
+    with pytest.raises(InputError, match="lacks pool, hoisted, allocator-held"):
+        calibration_from_report(bare, "bare.json", {})
+
+
+def test_the_peak_is_a_warmup_on_top_of_the_pools_captured_before_it():
+    steps = [
+        Step(index=0, id="warmup/a/8", op="warmup", phase="a", bs=8),
+        Step(index=1, id="capture/a/8", op="capture", phase="a", bs=8),
+        Step(index=2, id="warmup/b/8", op="warmup", phase="b", bs=8),
+        Step(index=3, id="capture/b/8", op="capture", phase="b", bs=8),
+    ]
+    after = [0, 300, 300, 320]
+    got = peak(steps, after, {}, {"a": 2.0, "b": 1.0}, {"a": 50, "b": 100}, fixed=10)
+    assert got == 300 + 100 + 10 + 2  # during b's warm-up: a's pool, b's scratch, fixed, a's driver memory
+    assert peak(steps, after, {}, {"a": 2.0}, {"a": 50, "b": 100}, fixed=10) is None  # b's graphs: unknown
+
+
+def test_a_report_without_device_memory_is_refused_as_a_calibration(tmp_path, fa3ci):
+    old = msgspec.structs.replace(_report(fa3ci), device_view=None)
+    with pytest.raises(InputError, match="no device view"):
+        calibration_from_report(old, "old.json", {})
+
+
+def test_a_calibration_from_another_device_than_the_trace_is_refused_naming_both(tmp_path, capsys):
+    trace = ROOT / "plans/traces/fa3-ci.json"
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, trace=trace, output=tmp_path / "t.json"))
+    rep = tmp_path / "h100.json"
+    rep.write_bytes(msgspec.json.encode(_report(plan, device="NVIDIA H100 80GB HBM3 sm90, torch 2.11")))
+    code = main(
+        ["build", "-b", "fa3", "--ci", "--trace", str(trace), "--calibration", str(rep), "-o", str(tmp_path / "x.json")]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and "H100" in err and "H200" in err and err.count("\n") == 1, err
+
+
+def test_config_builds_are_approximate_and_require_exact_refuses_them(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 2048,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "intermediate_size": 5632,
+                "vocab_size": 32000,
+                "dtype": "bfloat16",
+            }
+        )
+    )
+    spec = tmp_path / "m.toml"
+    spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
+    plan = build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "m.json"))
+    assert plan.predicted.fidelity == "approximate"
+    caveat = plan.predicted.caveat
+    assert "llama" in caveat and "-89%" in caveat and "capture_plan.executor.profile" in caveat
+    out = tmp_path / "m.json"
+    assert main(["build", "-b", "torch", "--spec", str(spec), "-o", str(out), "--require-exact"]) == 1
+    err = capsys.readouterr().err
+    assert "approximate" in err and err.count("\n") == 1 and not out.exists()  # refused before writing
+    assert main(["build", "-b", "torch", "--spec", str(spec), "-o", str(out)]) == 0
+    assert "approximate: the figures describe the reference" in capsys.readouterr().out
+    assert main(["check", str(out)]) == 0 and main(["check", str(out), "--require-exact"]) == 1
+
+
+def test_reference_and_trace_plans_say_what_they_describe(fa3ci):
+    assert fa3ci.predicted.fidelity == "reference" and "capture_plan.references" in fa3ci.predicted.describes
+    traced = build_plan(BuildOptions(backend="fa3", ci=True, trace=ROOT / "plans/traces/fa3-ci.json"))
+    assert traced.predicted.fidelity == "recorded" and "fa3-ci.json" in traced.predicted.describes
+
+
+def test_a_report_from_another_device_than_the_calibration_is_refused_naming_both(tmp_path, fa3ci, capsys):
+    rep = tmp_path / "report.json"
+    rep.write_bytes(msgspec.json.encode(_report(fa3ci)))
+    out = tmp_path / "p.json"
+    assert main(["build", "-b", "fa3", "--ci", "--calibration", str(rep), "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    other = msgspec.structs.replace(
+        _report(fa3ci), device="NVIDIA H100 80GB HBM3 sm90, torch 2.11", plan_digest=plan["digest"]
+    )
+    (tmp_path / "h100.json").write_bytes(msgspec.json.encode(other))
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "h100.json"), "--plan", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "H100" in err and "H200" in err and err.count("\n") == 1, err
+    same = msgspec.structs.replace(_report(fa3ci), plan_digest=plan["digest"])
+    (tmp_path / "same.json").write_bytes(msgspec.json.encode(same))
+    assert main(["report", str(tmp_path / "same.json"), "--plan", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "device view (foreground, first capture of its process" in shown and "graph-exec" in shown
+
+
+def test_report_require_exact_refuses_an_approximate_plan_and_needs_one(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mixtral",
+                "hidden_size": 1024,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "intermediate_size": 3584,
+                "vocab_size": 32000,
+                "num_local_experts": 8,
+                "num_experts_per_tok": 2,
+                "dtype": "bfloat16",
+            }
+        )
+    )
+    spec = tmp_path / "m.toml"
+    spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
+    out = tmp_path / "m.json"
+    assert main(["build", "-b", "torch", "--spec", str(spec), "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["predicted"]["fidelity"] == "approximate" and "mixtral" in plan["predicted"]["caveat"]
+    rep = tmp_path / "r.json"
+    p = build_plan(BuildOptions(backend="torch", spec=spec, output=out))
+    rep.write_bytes(msgspec.json.encode(_report(p)))
+    capsys.readouterr()
+    assert main(["report", str(rep), "--plan", str(out)]) == 0
+    assert main(["report", str(rep), "--plan", str(out), "--require-exact"]) == 1
+    assert "approximate" in capsys.readouterr().err
+    assert main(["report", str(rep), "--require-exact"]) == 1
+    assert "--plan" in capsys.readouterr().err
+
+
+def test_a_calibrated_plan_compares_with_its_own_calibration_report(capsys):
+    cal = ROOT / "plans/calibration/h200-fa3-ci.json"
+    assert main(["report", str(cal), "--plan", str(ROOT / "plans/fa3-ci-h200.json")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("graph-exec"))
+    assert row.split()[1:3] == ["94.0", "94.0"]  # predicted from that very report, measured in it
+    # another plan's report stays refused
+    assert main(["report", str(cal), "--plan", str(ROOT / "plans/fa3-eagle-ci-h200.json")]) == 1
+
+
+@st.composite
+def _dags(draw):
+    n = draw(st.integers(1, 12))
+    edges = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=30))
+    keys = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))  # ties broken by insertion order
+    perm = draw(st.permutations(range(n)))  # insertion order differs from node value
+    return n, [(a, b) for a, b in edges if a < b], keys, perm
+
+
+@settings(max_examples=150, deadline=None)
+@given(_dags())
+def test_topological_order_is_networkx_lexicographic_order(case):
+    n, edges, keys, perm = case
+    g, ng = Digraph(), nx.DiGraph()
+    for v in perm:
+        g.add_node(v)
+        ng.add_node(v)
+    for a, b in edges:
+        g.add_edge(a, b, rule="r")
+        ng.add_edge(a, b)
+    key = keys.__getitem__
+    assert g.topological_order(key) == list(nx.lexicographical_topological_sort(ng, key=key))
+
+
+def test_cycle_names_its_rules():
+    g = Digraph()
+    g.add_edge("a", "b", rule="r1")
+    g.add_edge("b", "c", rule="r2")
+    g.add_edge("c", "a", rule="r3")
+    g.add_edge("c", "d", rule="r4")
+    assert g.topological_order(lambda n: n) is None
+    with pytest.raises(ConstraintError, match=r"rules in conflict: r1, r2, r3 .*a -> b -> c -> a"):
+        check_acyclic(g)
+
+
+KINDS = ("decode", "target_verify", "draft_decode", "draft_extend")
+
+
+@st.composite
+def specs(draw):
+    n = draw(st.integers(1, 3))
+    phases = []
+    for i in range(n):
+        # up to 4 sizes a phase: both capture orders and every rule (no rule looks at
+        # how many sizes a phase has), with half the captures to simulate per example
+        sizes = draw(st.lists(st.integers(1, 96), min_size=1, max_size=4, unique=True))
+        phase = {
+            "name": f"p{i}",
+            "kind": draw(st.sampled_from(KINDS)),
+            "sizes": sizes,
+            "tokens_per_request": draw(st.sampled_from([1, 2, 4])),
+            "output_lifetime": draw(st.sampled_from(["next-replay", "across-phases"])),
+        }
+        if i and draw(st.booleans()):
+            phase["after"] = [f"p{draw(st.integers(0, i - 1))}"]
+        phases.append(phase)
+    model = {
+        "layers": draw(st.integers(1, 4)),
+        "hidden": 512,
+        "heads": 8,
+        "kv_heads": 2,
+        "head_dim": 64,
+        "intermediate": 1024,
+        "vocab": draw(st.sampled_from([1000, 32000, 128256])),
+    }
+    return {"model": model, "phases": phases, "allocator": draw(st.sampled_from(["native", "expandable"]))}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs(), st.sampled_from(["fa3", "flashinfer", "triton", "torch"]), st.booleans())
+def test_plans_respect_every_constraint_and_are_reproducible(tmp_path, spec, backend, ci):
+    path = tmp_path / "spec.json"
+    path.write_bytes(msgspec.json.encode(spec))
+    opts = BuildOptions(backend=backend, ci=ci, spec=path, output=tmp_path / "plan.json")
+    plan = build_plan(opts)
+    index = {s.id: s.index for s in plan.steps}
+    # every ordering edge holds in the step list
+    assert all(index[e.src] < index[e.dst] for e in plan.edges)
+    # every capture is planned exactly once, in its phase's declared order
+    for ph in plan.phases:
+        caps = [s.bs for s in plan.steps if s.op == "capture" and s.phase == ph.name]
+        assert caps == ph.sizes == sorted(ph.sizes, reverse=ph.strategy.order == "largest-first")
+        first = min(index[f"capture/{ph.name}/{bs}"] for bs in ph.sizes)
+        warm = [s for s in plan.steps if s.op == "warmup" and s.phase == ph.name]
+        assert warm and all(s.index < first or ph.strategy.warmup == "every-size" for s in warm)
+    # every rule holds for the chosen strategies
+    from capture_plan.schemas.spec import Phase
+
+    ctx = Context(backend=backend, ci=ci)
+    for ph in plan.phases:
+        p = msgspec.convert(next(x for x in spec["phases"] if x["name"] == ph.name), Phase)
+        assert violated(ph.strategy, phase_rules(list(builtin_rules()), p, ctx)) == []
+        for dep in p.after:  # `after` holds: every capture of dep precedes every capture of ph
+            assert max(index[f"capture/{dep}/{b}"] for b in spec["phases"][int(dep[1:])]["sizes"]) < min(
+                index[f"capture/{ph.name}/{b}"] for b in ph.sizes
+            )
+    # reserved memory never falls, and the peak is what the plan reports
+    reserved = [m.reserved for m in plan.predicted.timeline]
+    assert reserved == sorted(reserved) and reserved[-1] == plan.predicted.pool_bytes
+    # the same inputs give the same bytes
+    assert plan_bytes(build_plan(opts)) == plan_bytes(plan)
+
+
+EXAMPLES = int(os.environ.get("CAPTURE_PLAN_FUZZ_EXAMPLES", "10"))
+
+
+PROPS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+SPEC = (
+    '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
+    '[[phases]]\nname = "verify"\nkind = "target_verify"\nsizes = [1, 4]\ntokens_per_request = 4\n'
+    'output_lifetime = "across-phases"\n'
+)
+
+
+PINS = st.lists(
+    st.sampled_from(
+        [
+            f"{scope}{axis}={value}"
+            for scope in ("", "decode.", "verify.")
+            for axis, values in AXIS_VALUES.items()
+            for value in values
+        ]
+    ),
+    max_size=4,
+)
+
+
+def run(cli_main, cwd: Path, *args: str) -> tuple[int, str, str]:
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main(list(args))
+    finally:
+        os.chdir(old)
+    return code, out.getvalue(), err.getvalue()
+
+
+@PROPS
+@given(
+    pins=PINS,
+    ci=st.booleans(),
+    backend=st.sampled_from(["fa3", "triton"]),
+    tp=st.sampled_from([None, 1, 2, 8]),
+    allocator=st.sampled_from([None, "native", "expandable"]),
+    out_name=st.sampled_from([None, "what-if.json"]),
+)
+def test_an_accepted_build_checks_clean_from_anywhere_and_rebuilds_byte_identical(
+    tmp_path_factory, pins, ci, backend, tp, allocator, out_name
+):
+    from capture_plan.planner.cli import main
+
+    root = tmp_path_factory.mktemp("p")
+    (root / "specs").mkdir()
+    (root / "specs/s.toml").write_text(SPEC)
+    (root / "elsewhere").mkdir()
+
+    def build_args(pin_order: list[str]) -> list[str]:
+        args = ["build", "-b", backend, "--spec", "../specs/s.toml"]
+        args += ["--ci"] * ci + [a for p in pin_order for a in ("-s", p)]
+        args += ["--tp", str(tp)] if tp is not None else []
+        args += ["--allocator", allocator] if allocator else []
+        return args + (["-o", f"../plans/{out_name}"] if out_name else [])
+
+    code, out, err = run(main, root / "elsewhere", *build_args(pins))  # not from the repo root
+    assert code in (0, 1), err
+    if code == 1:
+        assert err.startswith("planner: error: ") and err.count("\n") == 1, err
+        return
+    plans = sorted((root / "plans" if out_name else root / "elsewhere/plans").glob("*.json"))
+    assert len(plans) == 1, plans
+    first = plans[0].read_bytes()
+    code, out, err = run(main, root / "specs", "check", os.path.relpath(plans[0], root / "specs"))
+    assert code == 0 and out.endswith(": up to date\n"), (pins, err)
+    code, _, err = run(main, root / "elsewhere", *build_args(pins[::-1]))  # same pins, other order
+    assert code == 0, err
+    assert plans[0].read_bytes() == first

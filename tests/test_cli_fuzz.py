@@ -15,7 +15,7 @@ for the whole file); ``CAPTURE_PLAN_FUZZ_LOG=path`` appends one line per input
 run, to count them over a long run::
 
     CAPTURE_PLAN_FUZZ_EXAMPLES=20000 CAPTURE_PLAN_FUZZ_LOG=/tmp/fuzz.log \\
-        python -m pytest -q tests/test_fuzz.py -p no:cacheprovider
+        python -m pytest -q tests/test_cli_fuzz.py -p no:cacheprovider
 """
 
 from __future__ import annotations

@@ -1,5 +1,15 @@
-"""The capture session on CPU, CUDA faked (tests/fake_cuda.py): one method per
-plan step op, the target called exactly as the plan's steps say, in order."""
+"""capture(plan, target) on CPU with CUDA faked (tests/fake_cuda.py): the session, and what capture leaves behind.
+
+The capture session on CPU, CUDA faked (tests/fake_cuda.py): one method per
+plan step op, the target called exactly as the plan's steps say, in order.
+
+What capture leaves behind, on CPU with CUDA faked: warm-ups run in scratch
+pools that are all returned, and the report's device view adds up.
+
+A plan with a vLLM PIECEWISE phase is refused before any work: its graphs are
+pieces between eagerly-run attention ops, for the engine's own piecewise
+backend. Before, the executor captured each step as one whole graph: a
+different graph from the one the plan describes, silently."""
 
 from __future__ import annotations
 
@@ -10,10 +20,11 @@ from typing import get_args
 import pytest
 
 torch = pytest.importorskip("torch")
-
-from fake_cuda import Target  # noqa: E402
+from fake_cuda import Target, decode_plan  # noqa: E402
 
 CPU = torch.device("cpu")
+
+
 PHASES = (
     '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
     '[[phases]]\nname = "target_verify"\nkind = "target_verify"\nsizes = [1, 2, 4]\ntokens_per_request = 4\n'
@@ -211,3 +222,90 @@ def test_nothing_outside_graphset_reaches_into_its_private_members():
             ):
                 reach.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
     assert reach == []
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])  # triton warms up at every size
+def test_every_warmup_runs_in_a_scratch_pool_that_is_returned_and_no_capture_does(tmp_path, fake, backend):
+    from capture_plan.executor import capture
+    from capture_plan.planner import BuildOptions, build_plan
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n')
+    plan = build_plan(BuildOptions(backend=backend, spec=spec, strategies=("outputs=keep",)))
+    target = Target(fake)
+    gs = capture(plan, target, progress=False, device=CPU)
+    runs = [(c[3], scratch) for c, scratch in zip(target.calls, target.scratch)]
+    warmups = sum(s.runs for s in plan.steps if s.op == "warmup")
+    assert sorted(runs).count((False, True)) == warmups >= 1  # every eager (warm-up) run: in a scratch pool
+    assert (True, True) not in runs  # no capture records into one
+    # one per warm-up step (the cuBLAS priming uses none: its operands would keep a segment);
+    # all destroyed before capture() returns
+    assert fake.mempools == sum(s.op == "warmup" for s in plan.steps) == fake.mempools_freed
+    gs.release()
+
+
+def test_device_view_items_add_up_to_the_free_memory_drop():
+    from capture_plan.executor.device import Probe, device_view
+
+    MiB = 2**20
+    before = Probe(free=10_000 * MiB, reserved=100 * MiB, allocated=90 * MiB)
+    # the pools: 258 MiB reserved, 200 allocated; the cuBLAS workspace 32 MiB held; 2 MiB cached;
+    # 1 KiB hoisted; and 162 MiB outside the allocator
+    after = Probe(
+        free=before.free - (258 + 32 + 2 + 162) * MiB - 1024,
+        reserved=before.reserved + (258 + 32 + 2) * MiB + 1024,
+        allocated=before.allocated + (200 + 32) * MiB + 1024,
+    )
+    view = device_view(
+        before,
+        after,
+        pool_reserved=258 * MiB,
+        pool_allocated=200 * MiB,
+        hoisted=1024,
+        first_in_process=True,
+        background=False,
+    )
+    assert {i.name: i.bytes for i in view.items} == {
+        "pool": 258 * MiB,
+        "hoisted": 1024,
+        "allocator-held": 32 * MiB,
+        "allocator-cached": 2 * MiB,
+        "outside-allocator": 162 * MiB,
+    }
+    assert view.drop == sum(i.bytes for i in view.items) == before.free - after.free
+    assert "first graph capture" in next(i.cause for i in view.items if i.name == "outside-allocator")
+
+
+def test_only_the_first_capture_of_the_process_is_marked_first(tmp_path, fake):
+    from capture_plan.executor import capture, session
+
+    session._captured_in_process = False
+    plan = decode_plan(tmp_path, [1, 2])
+    first = capture(plan, Target(fake), progress=False, device=CPU)
+    second = capture(plan, Target(fake), progress=False, device=CPU)
+    assert first.report.device_view.first_in_process and not second.report.device_view.first_in_process
+    assert all(m.free is not None for m in first.report.steps)
+    first.release()
+    second.release()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Never:
+    """A target that must not run: the refusal comes before any work."""
+
+    def run(self, phase, bs, ws):
+        raise AssertionError("ran")
+
+    prepare = refresh = run
+
+
+def test_capture_refuses_a_plan_with_a_piecewise_phase_before_any_work(fake):
+    from capture_plan.executor import ExecutorError, capture, load_plan
+
+    plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
+    assert [p.kind for p in plan.phases] == ["piecewise", "full"]
+    with pytest.raises(ExecutorError, match=r"capture: phase 'piecewise' is 'piecewise'.*fix: capture piecewise"):
+        capture(plan, _Never(), progress=False, device=torch.device("cpu"))
+    assert fake.pools == 0

@@ -2,7 +2,8 @@
 runner that keeps its own stream, buffers, dispatch keys and per-phase loops
 captures through ``capture_loop`` exactly what ``capture(plan, target)``
 captures; an engine loop that breaks the plan gets one ExecutorError naming
-the step, and nothing half-captured stays behind."""
+the step, and nothing half-captured stays behind; a vLLM PIECEWISE step is
+refused by name (it was captured as one whole graph, not the plan's pieces)."""
 
 from __future__ import annotations
 
@@ -521,3 +522,16 @@ def test_hold_lets_go_of_the_engine_s_outputs_without_a_collection(shape):
         assert held is not None
     finally:
         gc.enable()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_engine_loop_refuses_a_piecewise_step_and_names_it(fake):
+    from capture_plan.executor import ExecutorError, capture_loop, load_plan
+
+    plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
+    with pytest.raises(ExecutorError, match=r"CaptureLoop.step: phase 'piecewise' is 'piecewise'"):
+        with capture_loop(plan, device=torch.device("cpu")) as loop:
+            loop.step("piecewise", loop.sizes("piecewise")[0])
+    assert fake.pools == 0

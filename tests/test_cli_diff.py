@@ -238,3 +238,16 @@ def test_a_calibrated_plan_diffs_its_measured_device_items_against_unknown(cli, 
         line.startswith("  device item graph-exec: ") and line.endswith(" -> unknown") for line in out.splitlines()
     )
     assert "  device item pool:" not in out  # the same simulated pool: no change to show
+
+
+def test_diff_shows_predictions_strategies_and_steps(cli):
+    assert cli("build", "-b", "fa3")[0] == 0
+    assert cli("build", "-b", "fa3", "-s", "order=smallest-first", "-o", "plans/asc.json")[0] == 0
+    code, out, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--steps")
+    assert code == 0
+    assert "  pool shared: 258.0 MiB -> " in out and "[decode] optimizer: order=largest-first" in out
+    assert "+capture decode 1 shared view" in out and "-capture decode 1 shared view" in out
+    code, _, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--exit-code")
+    assert code == 1
+    code, out, _ = cli("diff", "plans/fa3.json", "plans/fa3.json", "--exit-code")
+    assert code == 0 and "no differences" in out
