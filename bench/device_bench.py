@@ -44,10 +44,11 @@ from pathlib import Path
 from bench.harness import (
     HF_ARCHS,
     MiB,
+    add_layers,
     add_out_dir,
     add_overwrite,
     engine_loop,
-    free_bytes as _free,
+    free_bytes,
     header,
     hf_config,
     largest_first,
@@ -130,7 +131,7 @@ def mode_executor(target, plan) -> dict:
     gs = capture(plan, target, progress=False)
     rep = gs.report
     view = rep.device_view
-    free_after = _free()
+    free_after = free_bytes()
     # what the ordinary allocator gained (the pools excluded): for the allocator-held/cached items
     new = [
         {
@@ -146,7 +147,7 @@ def mode_executor(target, plan) -> dict:
     ]
     gs.release()
     torch.cuda.empty_cache()
-    stays = view.free_before - _free()
+    stays = view.free_before - free_bytes()
     return {
         "pool_mib": rep.pool_bytes / MiB,
         "predicted_pool_mib": plan.predicted.pool_bytes / MiB,
@@ -163,7 +164,7 @@ def mode_executor(target, plan) -> dict:
 
 
 def mode_loop(target, plan) -> dict:
-    before = _free()
+    before = free_bytes()
     run = engine_loop(target, _phase_order(plan), warmups=2, free_after=True)
     drop = before - run.free_after[-1]
     from capture_plan.executor.pool import pool_reserved
@@ -178,7 +179,7 @@ def mode_vllm(target, plan) -> dict:
     """vLLM 0.33's estimate: the two largest sizes of the plan's largest phase into a throwaway pool."""
 
     t0 = time.perf_counter()
-    before = _free()
+    before = free_bytes()
     estimates = {}
     for phase, sizes in _phase_order(plan):
         two = sizes[:2]
@@ -186,7 +187,7 @@ def mode_vllm(target, plan) -> dict:
         first = before - run.free_after[0]
         second = run.free_after[0] - run.free_after[1] if len(two) > 1 else 0
         release(run)
-        before = _free()
+        before = free_bytes()
         estimates[phase] = first + (len(sizes) - 1) * second
     return {
         "estimate_mib": sum(estimates.values()) / MiB,
@@ -204,10 +205,10 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
     t0 = time.perf_counter()
     pred = predict_startup(target, opts)
     seconds = time.perf_counter() - t0
-    free = _free()
+    free = free_bytes()
     kv_bytes = free - pred.pending_bytes - margin_mib * MiB
     kv = torch.empty(kv_bytes, dtype=torch.uint8, device="cuda")  # the engine's KV cache
-    before = _free()
+    before = free_bytes()
     try:
         gs = capture(pred.plan, target, progress=False)
     except Exception as err:  # an OOM is a result: the prediction was too low
@@ -220,7 +221,7 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         }
     rep = gs.report
     view = rep.device_view
-    slack = _free()
+    slack = free_bytes()
     # the prediction at every step: pool as planned + what the items still pending add
     tl = {m.step: m.reserved for m in pred.plan.predicted.timeline}
     fixed = pred.pending_bytes - pred.plan.predicted.pool_bytes - pred.plan.predicted.hoisted_bytes
@@ -280,7 +281,7 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
         target.run(p.name, max(p.sizes), None)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the engine's cache starts empty, so that the loop's emptying frees nothing of it
-    out["free_after_model_mib"] = _free() / MiB
+    out["free_after_model_mib"] = free_bytes() / MiB
     for mode in modes:
         if mode == "executor":
             out[mode] = mode_executor(target, plan)
@@ -297,7 +298,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--modes", default="executor,loop")
-    ap.add_argument("--layers", type=int, default=32, help="layers of the reference models")
+    add_layers(ap, help="layers of the reference models")
     ap.add_argument("--margin-mib", type=int, default=256, help="the engine's own margin when sizing the KV cache")
     add_out_dir(ap)
     ap.add_argument("--tag", default="")
