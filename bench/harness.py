@@ -326,8 +326,8 @@ def replays_vs_eager(target, run: LoopRun, gen, rounds: int = 1, eager_twice: bo
     (``target.prepare`` for ``bs`` requests), against an eager run of the same inputs;
     with ``eager_twice`` also that eager run against a second one (eager runs that
     differ: a nondeterministic kernel, not a capture fault). Compares every output of
-    the graph; releases nothing. Not for ``keep_copy`` runs whose buffers are outside
-    the capture (they compare the same way, but no bench needs it)."""
+    the graph (with ``keep_copy``: the buffers the graph copies into); releases
+    nothing."""
     rows = []
     for _ in range(rounds):
         for (phase, bs), g in run.graphs.items():

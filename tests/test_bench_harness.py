@@ -309,3 +309,52 @@ def test_largest_first_keeps_the_phase_order():
     assert h.largest_first([("b", [1, 3, 2]), ("a", (5, 4))]) == [("b", [3, 2, 1]), ("a", [5, 4])]
     assert h.largest_first([("b", [3, 1, 2])], ascending=True) == [("b", [1, 2, 3])]
     assert h.outputs(1) == (1,) and h.outputs((1, 2)) == (1, 2)
+
+
+# -- on the GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_engine_loop_replays_equal_eager_on_the_gpu():
+    """The one loop the benches run, on the small reference model: graphs in one pool whose
+    replays equal eager runs, kept outputs and vLLM's copies alike."""
+    import torch
+
+    from capture_plan.executor.pool import pool_reserved
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
+
+    model = ReferenceModel(ReferenceConfig(model=Model(layers=2), max_bs=32))
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    run = h.engine_loop(model, h.largest_first([("decode", [1, 8, 32])]))
+    try:
+        assert list(run.graphs) == [("decode", 32), ("decode", 8), ("decode", 1)]
+        assert pool_reserved([run.pool]) > 0 and run.oom is None
+        assert h.check_loop(model, run, gen) == 0
+    finally:
+        h.release(run)
+    run = h.engine_loop(model, [("decode", [32, 8])], warmups=1, keep_copy=True, free_after=True)
+    try:
+        assert len(run.free_after) == 2 and run.free_after[1] <= run.free_after[0]
+        rows = h.replays_vs_eager(model, run, gen, rounds=2)
+        assert len(rows) == 4 and all(r.equal for r in rows)
+    finally:
+        h.release(run)
+
+
+@pytest.mark.gpu
+def test_a_gpu_bench_writes_its_header_and_result(tmp_path):
+    """``python -m bench.cold_stream`` end to end on a small model: the device header, the
+    result named by the convention, and no second run over it without --overwrite."""
+    cmd = [sys.executable, "-m", "bench.cold_stream", "--layers", "2", "--bs", "16", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (path,) = tmp_path.glob("cold-stream-*.json")
+    data = json.loads(path.read_text())
+    assert path == h.result_path(tmp_path, "cold-stream", data["date"])
+    assert data["device"] and data["torch"] and data["cuda"] and data["layers"] == 2
+    assert data["warm_stream"]["pool_mib"] > 0 and data["cold_stream"]["pool_mib"] > 0
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 1 and "--overwrite" in again.stderr
+    assert subprocess.run([*cmd, "--overwrite"], capture_output=True, cwd=ROOT, timeout=600).returncode == 0
