@@ -41,7 +41,8 @@ fixture with mismatches fails tests/test_allocator_diff.py until the model is
 fixed) for ``tests/data/``; neither replaces an existing file without ``--overwrite``.
 The summary line is printed last. Exit status: 0
 when every program ran (whether or not it matched), 1 when a mode failed to
-run, leaked or ran in the wrong mode.
+run, leaked or ran in the wrong mode, or (before anything runs) when ``--out`` or
+``--fixture`` exists and ``--overwrite`` was not given.
 
 Not covered: several streams, ``record_stream``, allocator settings other than
 the mode, allocations outside captures.
