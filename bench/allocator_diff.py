@@ -28,9 +28,9 @@ snapshot's ``is_expandable`` flags). Pools are released between programs
 (tensors freed, graphs destroyed, ``torch.cuda.empty_cache()``); a pool that
 keeps segments afterwards counts as a leak.
 
-GPU:  python bench/allocator_diff.py --programs 2000 --out $OUT/allocdiff.json \
+GPU:  python -m bench.allocator_diff --programs 2000 --out $OUT/allocdiff.json \
           [--fixture $OUT/allocator_diff.json]
-CPU:  python bench/allocator_diff.py --recheck FILE   (replay saved measurements through PoolSim)
+CPU:  python -m bench.allocator_diff --recheck FILE   (replay saved measurements through PoolSim)
 
 The JSON (``--out``) holds per mode the counts, the first mismatches in full
 (program, real and simulated checkpoints) and the raw measurements of every
@@ -38,9 +38,11 @@ program (seed, program digest, segment addresses, checkpoints) so they can be
 re-checked on a CPU later; ``--fixture`` writes a small self-contained subset
 (the first programs of each mode with their ops, plus every mismatch kept: a
 fixture with mismatches fails tests/test_allocator_diff.py until the model is
-fixed) for ``tests/data/``. The summary line is printed last. Exit status: 0
+fixed) for ``tests/data/``; neither replaces an existing file without ``--overwrite``.
+The summary line is printed last. Exit status: 0
 when every program ran (whether or not it matched), 1 when a mode failed to
-run, leaked or ran in the wrong mode.
+run, leaked or ran in the wrong mode, or (before anything runs) when ``--out`` or
+``--fixture`` exists and ``--overwrite`` was not given.
 
 Not covered: several streams, ``record_stream``, allocator settings other than
 the mode, allocations outside captures.
@@ -49,7 +51,6 @@ the mode, allocations outside captures.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import json
 import os
@@ -60,11 +61,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from capture_plan.planner.allocator import KiB, MiB, PoolSim  # noqa: E402  (CPU only, no torch)
+from bench.harness import DEVICE_FIELDS, ResultFile, header, main_exit, run_module  # no torch until called
+from capture_plan.planner.allocator import KiB, MiB, PoolSim  # CPU only, no torch
 
 MODES = ("native", "expandable")
 ALLOC_CONF = {"native": "expandable_segments:False", "expandable": "expandable_segments:True"}
@@ -512,11 +510,10 @@ def dumps(obj, indent: str = "") -> str:
     return json.dumps(obj, separators=(", ", ": "))
 
 
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(data) + "\n")
-    tmp.replace(path)
+def write_json(path: Path, data: dict, overwrite: bool = True) -> None:
+    """``data`` at ``path`` as :func:`dumps` spells it (``overwrite``: else an existing file
+    raises :class:`bench.harness.ResultExists`)."""
+    ResultFile(path, overwrite=overwrite).write(text=dumps(data) + "\n")
 
 
 def _child(args) -> int:
@@ -535,18 +532,24 @@ def _child(args) -> int:
     res = run_mode(
         args.mode, seeds, torch, args.max_ops, args.first, progress=lambda s: print(s, file=sys.stderr, flush=True)
     )
-    res["device"] = torch.cuda.get_device_name()
-    res["torch"] = torch.__version__
+    head = header(device=True)
+    res.update({k: head[k] for k in DEVICE_FIELDS})
     write_json(Path(args.out), res)
     return 0
 
 
 def _parent(args) -> int:
     t0 = time.perf_counter()
+    # checked before anything runs: a run never replaces an earlier one unasked
+    out = ResultFile(args.out, overwrite=args.overwrite)
+    fixture = ResultFile(args.fixture, overwrite=args.overwrite) if args.fixture else None
+    head = header(device=False)
     data = {
         "bench": "allocator_diff",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"python bench/allocator_diff.py --programs {args.programs} --seed {args.seed} "
+        "date": head["date"],
+        "git_commit": head["git_commit"],
+        "git_dirty": head["git_dirty"],
+        "command": f"python -m bench.allocator_diff --programs {args.programs} --seed {args.seed} "
         f"--max-ops {args.max_ops}",
         "seed": args.seed,
         "programs_per_mode": args.programs,
@@ -557,8 +560,6 @@ def _parent(args) -> int:
         for mode in args.modes:
             part = Path(tmp) / f"{mode}.json"
             cmd = [
-                sys.executable,
-                str(Path(__file__).resolve()),
                 "--mode",
                 mode,
                 "--programs",
@@ -573,7 +574,7 @@ def _parent(args) -> int:
                 str(part),
             ]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                proc = run_module("allocator_diff", cmd, capture_output=True, text=True, timeout=args.timeout)
                 sys.stderr.write(proc.stderr)
                 last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 err = None if proc.returncode == 0 and part.exists() else f"exit {proc.returncode}: {last}"
@@ -583,13 +584,13 @@ def _parent(args) -> int:
                 data["modes"][mode] = {"error": err}
                 continue
             res = json.loads(part.read_text())
-            data["device"], data["torch"] = res.pop("device"), res.pop("torch")
+            data.update({k: res.pop(k) for k in DEVICE_FIELDS if k in res})
             data["modes"][mode] = res
     data["seconds"] = round(time.perf_counter() - t0, 1)
     data["summary"] = summary_line(data)
-    write_json(Path(args.out), data)
-    if args.fixture:
-        write_json(Path(args.fixture), make_fixture(data, args.fixture_programs))
+    out.write(text=dumps(data) + "\n")
+    if fixture:
+        fixture.write(text=dumps(make_fixture(data, args.fixture_programs)) + "\n")
     print(data["summary"])
     return 1 if failed(data) else 0
 
@@ -624,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixture", help="also write a small self-contained subset here (for tests/data/)")
     ap.add_argument("--fixture-programs", type=int, default=40, help="programs per mode in --fixture")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per mode")
+    ap.add_argument("--overwrite", action="store_true", help="replace --out and --fixture where they exist")
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # internal: one mode, this process
     ap.add_argument("--recheck", metavar="FILE", help="replay a results or fixture file through PoolSim (CPU)")
     args = ap.parse_args(argv)
@@ -637,4 +639,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_exit(main)

@@ -21,9 +21,9 @@ fresh process would compile them again). The load average before and after
 is recorded: other jobs on a shared machine slow every figure.
 
 Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
-Run: python bench/build_bench.py [--repeat 5] [--tag NAME] [--no-exact]
-     python bench/build_bench.py --python OTHER/bin/python --tag installed   (commands only, that installation)
-     python bench/build_bench.py --python B/bin/python --against A/bin/python --tag ab
+Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact]
+     python -m bench.build_bench --python OTHER/bin/python --tag installed   (commands only, that installation)
+     python -m bench.build_bench --python B/bin/python --against A/bin/python --tag ab
          (A/B: the commands alternate between the two installations run by run, so that drift in the
          machine's load hits both alike; wall and child CPU medians of each, and B/A ratios)
 """
@@ -31,10 +31,8 @@ Run: python bench/build_bench.py [--repeat 5] [--tag NAME] [--no-exact]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,8 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import REPO, ResultFile, add_out_dir, add_overwrite, header, main_exit, result_file
 
 
 def _median(fn, repeat: int) -> float:
@@ -150,8 +147,9 @@ def _scale_spec(n: int) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    add_out_dir(ap)
     ap.add_argument("--tag", default="", help="file name suffix: build-<date>-<tag>.json")
+    add_overwrite(ap)
     ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
     ap.add_argument(
         "--against",
@@ -165,13 +163,17 @@ def main() -> None:
         "virtual environment where `pip install .` installed capture-plan (no editable path finder)",
     )
     args = ap.parse_args()
+    if args.against and not args.python:
+        ap.error("--against needs --python (the b side)")
     global PYTHON
     PYTHON = args.python or sys.executable
+    res: dict = header(device=False)
+    out = result_file(args, "build", res["date"], args.tag)
 
     import compileall
 
     for pkg in ("planner", "schemas", "executor"):
-        compileall.compile_dir(str(ROOT / pkg), quiet=1)
+        compileall.compile_dir(str(REPO / pkg), quiet=1)
 
     from capture_plan.planner import BuildOptions, build_plan
     from capture_plan.planner.resources import backend
@@ -179,26 +181,17 @@ def main() -> None:
     from capture_plan.planner.specs import default_spec
     from capture_plan.planner.workload import Workload
 
-    res: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} "
-        f"{platform.python_version()}",
-        "repeat": args.repeat,
-        "bytecode": "compiled before timing",
-        "loadavg_before": os.getloadavg(),
-    }
+    res.update(repeat=args.repeat, bytecode="compiled before timing", loadavg_before=os.getloadavg())
     res["help_s"] = _median(lambda: _cli("--help"), args.repeat)
     res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
     res["build_speculative_s"] = _median(
         lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat
     )
     if args.against:
-        if not args.python:
-            ap.error("--against needs --python (the b side)")
         res.update(a=args.against, b=args.python, ab=_ab(args.against, args.python, args.repeat, args.only))
         return _write(
             res,
-            args,
+            out,
             "b/a: "
             + ", ".join(
                 f"{name} wall {v['b_over_a_wall']:.3f} cpu {v['b_over_a_cpu']:.3f} ({v['a_wall_s']:.3f} -> "
@@ -223,7 +216,7 @@ def main() -> None:
         ).stdout.strip()
         return _write(
             res,
-            args,
+            out,
             f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
             f"speculative {res['build_speculative_s']:.3f} s, help {res['help_s']:.3f} s",
         )
@@ -239,7 +232,7 @@ def main() -> None:
     from capture_plan.executor import Environment, load_plan
 
     env = Environment("NVIDIA H200", (9, 0), "2.11.0", frozenset({"fa3_fwd_interface"}))
-    path = ROOT / "plans/fa3-ci.json"
+    path = REPO / "plans/fa3-ci.json"
     res["load_plan_s"] = _median(lambda: [load_plan(path, env=env) for _ in range(100)], args.repeat) / 100
     res["scale"] = {}
     for n in (35, 128, 512, 1024, 2048):
@@ -268,7 +261,7 @@ def main() -> None:
     scale = res["scale"]
     _write(
         res,
-        args,
+        out,
         f"default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
         f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
         f"{scale['2048']:.2f} s"
@@ -282,15 +275,12 @@ def main() -> None:
     )
 
 
-def _write(res: dict, args, summary: str) -> None:
+def _write(res: dict, out: ResultFile, summary: str) -> None:
     res["loadavg_after"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"build-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
-    (out / name).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    out.write(res)
     print(json.dumps(res, indent=2, sort_keys=True))
-    print(f"{name}: {summary}; load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f}")
+    print(f"{out.path.name}: {summary}; load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f}")
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

@@ -14,106 +14,37 @@ trace-driven predictions and verify(); and the host overhead of
 GraphSet.replay over a bare CUDAGraph.replay on a tiny graph.
 
 Writes JSON (with date and device) to --out (default bench/results/).
-Run: python bench/capture_bench.py [--layers 32] [--plan plans/fa3-ci.json]
+Run: python -m bench.capture_bench [--layers 32] [--plan plans/fa3-ci.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import gc
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from capture_plan.executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
-from capture_plan.executor.pool import pool_reserved  # noqa: E402
-from capture_plan.references.decode import ReferenceConfig, ReferenceModel  # noqa: E402
-from capture_plan.schemas.spec import Model  # noqa: E402
-
-MiB = 2**20
-
-
-def loop_capture(model, sizes, ascending: bool, warmups: int = 2):
-    """The engines' hard-coded loop, via torch.cuda.graph (one shared pool, outputs kept)."""
-    pool = torch.cuda.graph_pool_handle()
-    stream = torch.cuda.Stream()
-    graphs, outs = {}, {}
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for bs in sorted(sizes, reverse=not ascending):
-        with torch.cuda.stream(stream):
-            for _ in range(warmups):
-                model.run("decode", bs, None)
-        stream.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool, stream=stream):
-            outs[bs] = model.run("decode", bs, None)
-        graphs[bs] = g
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
-    return graphs, outs, pool, seconds
-
-
-class Replay(NamedTuple):
-    """One replay of :func:`replays_vs_eager`."""
-
-    bs: int
-    #: the replay's outputs equal an eager run's on the same inputs, bit for bit
-    equal: bool
-    #: that eager run equals a second one (True where no second one ran)
-    eager_equal: bool
-    #: max |replay - eager| (0.0 where equal)
-    max_abs_diff: float
-
-
-def replays_vs_eager(model, graphs, outs, gen, rounds: int = 1, eager_twice: bool = False) -> list[Replay]:
-    """Replay every graph of :func:`loop_capture` ``rounds`` times, each on
-    fresh inputs (``model.prepare`` for ``bs`` requests), against an eager run
-    of the same inputs; with ``eager_twice`` also that eager run against a
-    second one (eager runs that differ: a nondeterministic kernel, not a
-    capture fault). Compares the decode phase's one output; does not release
-    anything."""
-    rows = []
-    for _ in range(rounds):
-        for bs, g in graphs.items():
-            model.prepare("decode", bs, bs, gen)
-            g.replay()
-            got = outs[bs].clone()
-            ref = model.run("decode", bs, None)
-            again = True
-            if eager_twice:
-                ref = ref.clone()  # an eager run may return a buffer the next one reuses
-                again = torch.equal(ref, model.run("decode", bs, None))
-            equal = torch.equal(got, ref)
-            diff = 0.0 if equal else float((got.float() - ref.float()).abs().max())
-            rows.append(Replay(bs, equal, again, diff))
-    return rows
-
-
-def check_loop(model, graphs, outs, gen) -> int:
-    """Graphs whose replay differs from the eager run of the same inputs."""
-    return sum(not r.equal for r in replays_vs_eager(model, graphs, outs, gen))
-
-
-def release(*objs):
-    for o in objs:
-        if isinstance(o, dict):
-            for g in o.values():
-                if isinstance(g, torch.cuda.CUDAGraph):
-                    g.reset()
-            o.clear()
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+from bench.harness import (
+    REPO,
+    MiB,
+    add_layers,
+    add_out_dir,
+    add_overwrite,
+    check_loop,
+    engine_loop,
+    header,
+    largest_first,
+    main_exit,
+    release,
+    result_file,
+)
+from capture_plan.executor import capture, load_plan, profile, verify, write_trace
+from capture_plan.executor.pool import pool_reserved
+from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+from capture_plan.schemas.spec import Model
 
 
 class Tiny:
@@ -169,46 +100,46 @@ def replay_overhead(calls: int = 5000, repeats: int = 7) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--plan", default=str(ROOT / "plans/fa3-ci.json"))
-    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    add_layers(ap)
+    ap.add_argument("--plan", default=str(REPO / "plans/fa3-ci.json"))
+    add_out_dir(ap)
     ap.add_argument("--trace-out", default=None, help="also write the recorded trace here")
+    add_overwrite(ap)
     args = ap.parse_args()
 
+    res: dict = header(device=True)
+    out = result_file(args, "capture", res["date"], f"{args.layers}l")
     plan = load_plan(args.plan)
     sizes = plan.phases[0].sizes
     cfg = ReferenceConfig(model=Model(layers=args.layers), max_bs=max(sizes))
     model = ReferenceModel(cfg)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    res: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "attention": model.backend,
-        "layers": args.layers,
-        "sizes": len(sizes),
-        "plan": Path(args.plan).name,
-        "plan_digest": plan.digest,
-    }
+    res.update(
+        attention=model.backend,
+        layers=args.layers,
+        sizes=len(sizes),
+        plan=Path(args.plan).name,
+        plan_digest=plan.digest,
+    )
 
     # warm every kernel once so the first variant does not pay lazy initialisation
     model.run("decode", max(sizes), None)
     torch.cuda.synchronize()
 
-    graphs, outs, pool, _ = loop_capture(model, [max(sizes)], ascending=False, warmups=1)
-    res["alone"] = {"pool_mib": pool_reserved([pool]) / MiB}
-    release(graphs, outs)
+    run = engine_loop(model, [("decode", [max(sizes)])], warmups=1)
+    res["alone"] = {"pool_mib": pool_reserved([run.pool]) / MiB}
+    release(run)
 
     for name, asc in (("sglang", False), ("ascending", True)):
-        graphs, outs, pool, secs = loop_capture(model, sizes, ascending=asc)
+        run = engine_loop(model, largest_first([("decode", sizes)], ascending=asc))
         res[name] = {
-            "pool_mib": pool_reserved([pool]) / MiB,
-            "capture_s": secs,
-            "replays_not_equal_eager": check_loop(model, graphs, outs, gen),
-            "replays": len(graphs),
+            "pool_mib": pool_reserved([run.pool]) / MiB,
+            "capture_s": run.seconds,
+            "replays_not_equal_eager": check_loop(model, run, gen),
+            "replays": len(run.graphs),
         }
-        release(graphs, outs)
+        release(run)
         print(name, res[name], flush=True)
 
     gs = capture(plan, model)
@@ -253,10 +184,7 @@ def main() -> None:
         "pool_vs_alone": res["executor"]["pool_mib"] / res["alone"]["pool_mib"],
         "capture_time_vs_sglang": res["executor"]["capture_s"] / base["capture_s"],
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"capture-{res['date'][:10]}-{args.layers}l.json"
-    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    out.write(res)
     print(json.dumps(res, indent=2, sort_keys=True))
     print(
         f"SUMMARY pool MiB: sglang {base['pool_mib']:.0f}, ascending {res['ascending']['pool_mib']:.0f}, "
@@ -269,4 +197,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

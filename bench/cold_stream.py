@@ -7,25 +7,20 @@ inside the capture (warm-ups on another stream, as a loop around
 ``torch.cuda.graph(g, pool=pool)`` without ``stream=`` does). Prints the pool
 of each and the blocks still alive after the capture that are not outputs.
 
-Run: python bench/cold_stream.py [--layers 32] [--bs 256]
+Run: python -m bench.cold_stream [--layers 32] [--bs 256]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from capture_plan.executor.pool import AllocationRecorder, pool_reserved  # noqa: E402
-from capture_plan.references.decode import ReferenceConfig, ReferenceModel  # noqa: E402
-from capture_plan.schemas.spec import Model  # noqa: E402
+from bench.harness import add_layers, add_out_dir, add_overwrite, header, main_exit, result_file
+from capture_plan.executor.pool import AllocationRecorder, pool_reserved
+from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+from capture_plan.schemas.spec import Model
 
 
 def capture_alone(model, bs: int, stream, warm_on):
@@ -49,27 +44,22 @@ def capture_alone(model, bs: int, stream, warm_on):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=32)
+    add_layers(ap)
     ap.add_argument("--bs", type=int, default=256)
-    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    add_out_dir(ap)
+    add_overwrite(ap)
     args = ap.parse_args()
+    res = header(device=True)
+    out = result_file(args, "cold-stream", res["date"])
     model = ReferenceModel(ReferenceConfig(model=Model(layers=args.layers), max_bs=args.bs))
-    res = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "layers": args.layers,
-        "bs": args.bs,
-    }
+    res.update(layers=args.layers, bs=args.bs)
     warm = torch.cuda.Stream()
     res["warm_stream"], g1, o1 = capture_alone(model, args.bs, warm, warm)
     cold = torch.cuda.Stream()
     res["cold_stream"], g2, o2 = capture_alone(model, args.bs, cold, torch.cuda.current_stream())
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"cold-stream-{res['date'][:10]}.json").write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    out.write(res)
     print(json.dumps(res, indent=2, sort_keys=True))
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

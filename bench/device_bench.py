@@ -30,105 +30,46 @@ and for each, in that fresh process (``--modes``):
 
 Writes JSON (date, device, driver, per case) to --out and prints a table and a
 one-line summary last.
-Run: python bench/device_bench.py [--cases reference,eagle,...] [--modes executor,loop,...] [--out DIR]
+Run: python -m bench.device_bench [--cases reference,eagle,...] [--modes executor,loop,...] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.harness import (
+    HF_ARCHS,
+    MiB,
+    add_layers,
+    add_out_dir,
+    add_overwrite,
+    engine_loop,
+    free_bytes,
+    header,
+    hf_config,
+    largest_first,
+    main_exit,
+    release,
+    result_file,
+    run_module,
+)
+from capture_plan.planner.specs import sgl_sizes
 
-MiB = 2**20
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
 MODES = ("executor", "loop", "startup", "vllm", "analytic")
 #: SGLang's decode sizes up to 256 (the default spec's)
-DECODE = [1, 2, 4, 8, 12, *range(16, 257, 8)]
-#: transformers configs with random weights: about the width of small served models, few layers
-HF = {
-    "llama": (
-        "LlamaConfig",
-        dict(
-            hidden_size=2048,
-            intermediate_size=5632,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            num_hidden_layers=8,
-            vocab_size=32000,
-        ),
-    ),
-    "gemma2": (
-        "Gemma2Config",
-        dict(
-            hidden_size=1152,
-            intermediate_size=4608,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            head_dim=128,
-            num_hidden_layers=6,
-            vocab_size=32000,
-            sliding_window=4096,
-        ),
-    ),
-    "qwen2": (
-        "Qwen2Config",
-        dict(
-            hidden_size=1536,
-            intermediate_size=8960,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            num_hidden_layers=8,
-            vocab_size=32000,
-        ),
-    ),
-    "mixtral": (
-        "MixtralConfig",
-        dict(
-            hidden_size=1024,
-            intermediate_size=3584,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            num_hidden_layers=4,
-            vocab_size=32000,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-        ),
-    ),
-    "qwen2_moe": (
-        "Qwen2MoeConfig",
-        dict(
-            hidden_size=1024,
-            intermediate_size=2816,
-            moe_intermediate_size=704,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-            num_hidden_layers=4,
-            vocab_size=32000,
-            num_experts=16,
-            num_experts_per_tok=4,
-            shared_expert_intermediate_size=2816,
-        ),
-    ),
-}
+DECODE = sgl_sizes("decode", 256)
 MAX_SEQLEN = 256
 
 
 # -- the cases -----------------------------------------------------------------
 def _hf_spec(case: str, folder: Path) -> Path:
     """A spec naming the model's config.json, with the decode sizes."""
-    cls, kw = HF[case]
-    import transformers
-
-    cfg = getattr(transformers, cls)(**kw, dtype="bfloat16")  # the dtype the target runs in
+    cfg = hf_config(case, dtype="bfloat16")  # the dtype the target runs in
     (folder / "config.json").write_text(cfg.to_json_string())
     spec = folder / f"{case}.toml"
     spec.write_text(
@@ -168,9 +109,8 @@ def _target(case: str, plan, layers: int):
 
     from capture_plan.adapters.hf import HFTarget
 
-    cls, kw = HF[case]
-    cfg = getattr(transformers, cls)(**kw)
-    cfg._attn_implementation = "eager" if case == "gemma2" else "sdpa"
+    cfg = hf_config(case)
+    cfg._attn_implementation = HF_ARCHS[case][2]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
     return HFTarget(model, max_bs=max(plan.phases[0].sizes), max_seqlen=MAX_SEQLEN)
@@ -178,59 +118,10 @@ def _target(case: str, plan, layers: int):
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
     """The engines' loop: phases in plan order, each largest-first."""
-    return [(p.name, sorted(p.sizes, reverse=True)) for p in plan.phases]
+    return largest_first((p.name, p.sizes) for p in plan.phases)
 
 
 # -- the modes (each in a fresh process) -----------------------------------------
-def _free() -> int:
-    import torch
-
-    torch.cuda.synchronize()
-    return int(torch.cuda.mem_get_info()[0])
-
-
-def _loop(target, plan, warmups: int, keep_copy: bool = False, only: dict | None = None) -> dict:
-    """The engines' loop over ``plan``'s phases (or ``only`` {phase: sizes}): one shared pool,
-    ``torch.cuda.graph`` per size after ``warmups`` eager runs. ``keep_copy``: outputs are
-    copied into persistent buffers inside the graph (vLLM's FULL graphs), else kept."""
-    import torch
-    from speculative_bench import _tuple
-
-    pool = torch.cuda.graph_pool_handle()
-    stream = torch.cuda.Stream()
-    graphs, outs, after = {}, {}, []
-    order = list((only or dict(_phase_order(plan))).items())
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for phase, sizes in order:
-        for bs in sizes:
-            with torch.cuda.stream(stream):
-                for _ in range(warmups):
-                    w = _tuple(target.run(phase, bs, None))
-                    if keep_copy and (phase, bs) not in outs:  # persistent buffers, outside the pool
-                        outs[(phase, bs)] = tuple(torch.empty_like(t) for t in w)
-                    del w
-            stream.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool, stream=stream):
-                got = _tuple(target.run(phase, bs, None))
-                if keep_copy:
-                    for dst, src in zip(outs[(phase, bs)], got):
-                        dst.copy_(src)
-                    del got
-                else:
-                    outs[(phase, bs)] = got
-            graphs[(phase, bs)] = g
-            after.append(_free())
-    return {"graphs": graphs, "outs": outs, "pool": pool, "seconds": time.perf_counter() - t0, "after": after}
-
-
-def _drop_loop(run) -> None:
-    from speculative_bench import release_loop
-
-    release_loop(run)
-
-
 def mode_executor(target, plan) -> dict:
     import torch
 
@@ -240,7 +131,7 @@ def mode_executor(target, plan) -> dict:
     gs = capture(plan, target, progress=False)
     rep = gs.report
     view = rep.device_view
-    free_after = _free()
+    free_after = free_bytes()
     # what the ordinary allocator gained (the pools excluded): for the allocator-held/cached items
     new = [
         {
@@ -256,7 +147,7 @@ def mode_executor(target, plan) -> dict:
     ]
     gs.release()
     torch.cuda.empty_cache()
-    stays = view.free_before - _free()
+    stays = view.free_before - free_bytes()
     return {
         "pool_mib": rep.pool_bytes / MiB,
         "predicted_pool_mib": plan.predicted.pool_bytes / MiB,
@@ -273,14 +164,14 @@ def mode_executor(target, plan) -> dict:
 
 
 def mode_loop(target, plan) -> dict:
-    before = _free()
-    run = _loop(target, plan, warmups=2)
-    drop = before - run["after"][-1]
+    before = free_bytes()
+    run = engine_loop(target, _phase_order(plan), warmups=2, free_after=True)
+    drop = before - run.free_after[-1]
     from capture_plan.executor.pool import pool_reserved
 
-    pool = pool_reserved([run["pool"]])
-    secs = run["seconds"]
-    _drop_loop(run)
+    pool = pool_reserved([run.pool])
+    secs = run.seconds
+    release(run)
     return {"pool_mib": pool / MiB, "drop_mib": drop / MiB, "capture_s": secs}
 
 
@@ -288,15 +179,15 @@ def mode_vllm(target, plan) -> dict:
     """vLLM 0.33's estimate: the two largest sizes of the plan's largest phase into a throwaway pool."""
 
     t0 = time.perf_counter()
-    before = _free()
+    before = free_bytes()
     estimates = {}
     for phase, sizes in _phase_order(plan):
         two = sizes[:2]
-        run = _loop(target, plan, warmups=1, keep_copy=True, only={phase: two})
-        first = before - run["after"][0]
-        second = run["after"][0] - run["after"][1] if len(two) > 1 else 0
-        _drop_loop(run)
-        before = _free()
+        run = engine_loop(target, [(phase, two)], warmups=1, keep_copy=True, free_after=True)
+        first = before - run.free_after[0]
+        second = run.free_after[0] - run.free_after[1] if len(two) > 1 else 0
+        release(run)
+        before = free_bytes()
         estimates[phase] = first + (len(sizes) - 1) * second
     return {
         "estimate_mib": sum(estimates.values()) / MiB,
@@ -314,10 +205,10 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
     t0 = time.perf_counter()
     pred = predict_startup(target, opts)
     seconds = time.perf_counter() - t0
-    free = _free()
+    free = free_bytes()
     kv_bytes = free - pred.pending_bytes - margin_mib * MiB
     kv = torch.empty(kv_bytes, dtype=torch.uint8, device="cuda")  # the engine's KV cache
-    before = _free()
+    before = free_bytes()
     try:
         gs = capture(pred.plan, target, progress=False)
     except Exception as err:  # an OOM is a result: the prediction was too low
@@ -330,7 +221,7 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         }
     rep = gs.report
     view = rep.device_view
-    slack = _free()
+    slack = free_bytes()
     # the prediction at every step: pool as planned + what the items still pending add
     tl = {m.step: m.reserved for m in pred.plan.predicted.timeline}
     fixed = pred.pending_bytes - pred.plan.predicted.pool_bytes - pred.plan.predicted.hoisted_bytes
@@ -390,7 +281,7 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
         target.run(p.name, max(p.sizes), None)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the engine's cache starts empty, so that the loop's emptying frees nothing of it
-    out["free_after_model_mib"] = _free() / MiB
+    out["free_after_model_mib"] = free_bytes() / MiB
     for mode in modes:
         if mode == "executor":
             out[mode] = mode_executor(target, plan)
@@ -407,49 +298,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--modes", default="executor,loop")
-    ap.add_argument("--layers", type=int, default=32, help="layers of the reference models")
+    add_layers(ap, help="layers of the reference models")
     ap.add_argument("--margin-mib", type=int, default=256, help="the engine's own margin when sizing the KV cache")
-    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    add_out_dir(ap)
     ap.add_argument("--tag", default="")
+    add_overwrite(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if args.child:
         print("RESULT " + json.dumps(child(args.child, modes, args.layers, args.margin_mib)), flush=True)
         return
-    import torch
-
-    from capture_plan.executor.device import driver_version
-
-    res: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "driver": driver_version(),
-        "torch": torch.__version__,
-        "layers": args.layers,
-        "modes": modes,
-        "cases": {},
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"device-{res['date'][:10]}{'-' + args.tag if args.tag else ''}.json"
+    res: dict = header(device=True)
+    path = result_file(args, "device", res["date"], args.tag)
+    res.update(layers=args.layers, modes=modes, cases={})
     for case in args.cases.split(","):
         # one process per mode: each pays the first capture's cost itself
         row: dict = {}
         for mode in modes:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                case,
-                "--modes",
-                mode,
-                "--layers",
-                str(args.layers),
-                "--margin-mib",
-                str(args.margin_mib),
-            ]
-            p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            cmd = ["--child", case, "--modes", mode, "--layers", str(args.layers), "--margin-mib", str(args.margin_mib)]
+            p = run_module(
+                "device_bench", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
             if p.returncode or not lines:
                 row[mode] = {"error": (p.stderr or p.stdout)[-1500:]}
@@ -462,7 +332,7 @@ def main() -> None:
                 f"{case}/{mode}: " + json.dumps({k: v for k, v in got[mode].items() if k != "report"})[:600], flush=True
             )
         res["cases"][case] = row
-        path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")  # after every case: a time limit keeps them
+        path.write(res)  # after every case: a time limit keeps them
     parts = []
     for case, row in res["cases"].items():
         ex, lp = row.get("executor", {}), row.get("loop", {})
@@ -482,9 +352,9 @@ def main() -> None:
         if "estimate_mib" in vl:
             bits.append(f"vllm {vl['estimate_mib']:.0f}")
         parts.append(" ".join(bits))
-    print(f"wrote {path}")
+    print(f"wrote {path.path}")
     print("SUMMARY " + "; ".join(parts))
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

@@ -31,107 +31,59 @@ expandable segments do not split into 2 and 20 MiB segments.
 
 Writes JSON (date, device, versions, per architecture) to --out and prints a
 markdown table and a one-line summary last.
-Run: python bench/models_bench.py --out bench/results/models-DATE.json
+Run: python -m bench.models_bench --out bench/results/models-DATE.json
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import torch
+from torch.nn.attention import SDPBackend
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from capture_bench import check_loop, loop_capture, release, replays_vs_eager  # noqa: E402
-from torch.nn.attention import SDPBackend  # noqa: E402
+from bench.harness import (
+    HF_ARCHS,
+    RESULTS,
+    MiB,
+    ResultFile,
+    add_overwrite,
+    check_loop,
+    engine_loop,
+    header,
+    hf_config,
+    largest_first,
+    main_exit,
+    release,
+    replays_vs_eager,
+    result_path,
+    run_module,
+)
+from capture_plan.adapters.hf import HFTarget
+from capture_plan.executor import capture, profile, verify, write_trace
+from capture_plan.executor.pool import pool_reserved
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.specs import sgl_sizes
 
-from capture_plan.adapters.hf import HFTarget  # noqa: E402
-from capture_plan.executor import capture, profile, verify, write_trace  # noqa: E402
-from capture_plan.executor.pool import pool_reserved  # noqa: E402
-from capture_plan.planner import BuildOptions, build_plan  # noqa: E402
-from capture_plan.planner.specs import sgl_sizes  # noqa: E402
-
-MiB = 2**20
 MAX_SEQLEN = 256
 
-#: architecture -> (config class, config kwargs, attention implementation)
-ARCHS = {
-    "llama": (
-        transformers.LlamaConfig,
-        dict(
-            hidden_size=2048,
-            num_hidden_layers=8,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            intermediate_size=5632,
-            vocab_size=32000,
-        ),
-        "sdpa",
-    ),
-    "mixtral": (
-        transformers.MixtralConfig,
-        dict(
-            hidden_size=1024,
-            num_hidden_layers=4,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            intermediate_size=3584,
-            vocab_size=32000,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-        ),
-        "sdpa",
-    ),
-    "qwen2_moe": (
-        transformers.Qwen2MoeConfig,
-        dict(
-            hidden_size=1024,
-            num_hidden_layers=4,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-            intermediate_size=2816,
-            moe_intermediate_size=704,
-            shared_expert_intermediate_size=2816,
-            num_experts=16,
-            num_experts_per_tok=4,
-            vocab_size=32000,
-        ),
-        "sdpa",
-    ),
-    # Gemma2: GeGLU MLP, pre- and post-norms, logit soft-capping (eager attention for it)
-    "gemma2": (
-        transformers.Gemma2Config,
-        dict(
-            hidden_size=1152,
-            num_hidden_layers=6,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            head_dim=128,
-            intermediate_size=4608,
-            vocab_size=32000,
-            sliding_window=4096,
-        ),
-        "eager",
-    ),
-}
+#: the architectures benchmarked (bench.harness.HF_ARCHS: config, attention implementation)
+ARCHS = ("llama", "mixtral", "qwen2_moe", "gemma2")
 
 
 def build_model(name: str):
-    cls, kw, attn = ARCHS[name]
-    cfg = cls(**kw, max_position_embeddings=4096)
+    import transformers
+
+    cfg = hf_config(name, max_position_embeddings=4096)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation=attn)
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, attn_implementation=HF_ARCHS[name][2]
+    )
     return model.to("cuda").eval(), cfg
 
 
@@ -167,9 +119,9 @@ def sdpa_choice(target, bs: int) -> str:
 
 def agreement(target, sizes, gen, trials: int = 3) -> dict:
     """Replays against eager runs of the same inputs, and eager against eager."""
-    graphs, outs, _, _ = loop_capture(target, sizes, ascending=False, warmups=1)
-    rows = replays_vs_eager(target, graphs, outs, gen, rounds=trials, eager_twice=True)
-    release(graphs, outs)
+    run = engine_loop(target, largest_first([("decode", sizes)]), warmups=1)
+    rows = replays_vs_eager(target, run, gen, rounds=trials, eager_twice=True)
+    release(run)
     return {
         "sizes": list(sizes),
         "replays": len(rows),
@@ -237,26 +189,26 @@ def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     res: dict = {
-        "config": {k: v for k, v in ARCHS[name][1].items()},
-        "attention": ARCHS[name][2],
+        "config": dict(HF_ARCHS[name][1]),
+        "attention": HF_ARCHS[name][2],
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
     t_arch = time.perf_counter()
     target.run("decode", max(sizes), None)  # lazy initialisation outside every measurement
     torch.cuda.synchronize()
 
-    graphs, outs, pool, _ = loop_capture(target, [max(sizes)], ascending=False, warmups=1)
-    res["alone_mib"] = pool_reserved([pool]) / MiB
-    release(graphs, outs)
+    run = engine_loop(target, [("decode", [max(sizes)])], warmups=1)
+    res["alone_mib"] = pool_reserved([run.pool]) / MiB
+    release(run)
 
-    graphs, outs, pool, secs = loop_capture(target, sizes, ascending=False)
+    run = engine_loop(target, largest_first([("decode", sizes)]))
     res["loop"] = {
-        "pool_mib": pool_reserved([pool]) / MiB,
-        "capture_s": secs,
-        "replays_not_equal_eager": check_loop(target, graphs, outs, gen),
-        "replays": len(graphs),
+        "pool_mib": pool_reserved([run.pool]) / MiB,
+        "capture_s": run.seconds,
+        "replays_not_equal_eager": check_loop(target, run, gen),
+        "replays": len(run.graphs),
     }
-    release(graphs, outs)
+    release(run)
 
     spec = write_spec(tmp, cfg, sizes, allocator)
     plan = build_plan(BuildOptions(backend="torch", spec=spec))
@@ -316,19 +268,9 @@ def expandable_child(name: str) -> dict:
     )
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "child.json"
-        run = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--archs",
-                name,
-                "--allocator",
-                "expandable",
-                "--expandable-archs",
-                "",
-                "--out",
-                str(out),
-            ],
+        run = run_module(
+            "models_bench",
+            ["--archs", name, "--allocator", "expandable", "--expandable-archs", "", "--out", str(out)],
             env=env,
             capture_output=True,
             text=True,
@@ -388,24 +330,26 @@ def main() -> None:
         default="native",
         help="the allocator mode this process was started with (set by the parent for its child)",
     )
+    add_overwrite(ap)
     args = ap.parse_args()
     if args.allocator == "expandable" and "expandable_segments:True" not in os.environ.get(
         "PYTORCH_CUDA_ALLOC_CONF", ""
     ):
         ap.error("--allocator expandable needs PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment")
+    import transformers
+
     t0 = time.perf_counter()
     sizes = sgl_sizes("decode", 256)
-    res: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "allocator": args.allocator,
-        "sizes": sizes,
-        "max_seqlen": MAX_SEQLEN,
-        "archs": {},
-    }
+    res: dict = header(device=True)
+    out = ResultFile(args.out or result_path(RESULTS, "models", res["date"]), overwrite=args.overwrite)
+    res.update(
+        transformers=transformers.__version__,
+        cudnn=torch.backends.cudnn.version(),
+        allocator=args.allocator,
+        sizes=sizes,
+        max_seqlen=MAX_SEQLEN,
+        archs={},
+    )
     for name in args.archs.split(","):
         try:
             with tempfile.TemporaryDirectory() as d:
@@ -435,9 +379,7 @@ def main() -> None:
             r["attention_check"]["pinned"]["replay_not_equal_eager"] == 0 for r in ok.values() if "attention_check" in r
         ),
     }
-    out = Path(args.out or ROOT / f"bench/results/models-{res['date'][:10]}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+    out = out.write(res, default=str)
     print(table(res["archs"]))
     worst = max((r["executor"]["max_abs_error"] for r in ok.values()), default=float("nan"))
     alone = max((r["ratios"]["executor_vs_alone"] for r in ok.values()), default=float("nan"))
@@ -458,4 +400,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

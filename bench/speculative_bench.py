@@ -25,92 +25,46 @@ every check. Then the planted bugs: each caught
 order; the wild write in subprocesses (it kills the CUDA context).
 
 Writes JSON (date, device) to --out; prints SUMMARY last.
-Run: python bench/speculative_bench.py [--layers 32] [--out bench/results]
+Run: python -m bench.speculative_bench [--layers 32] [--out bench/results]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
-import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
+from bench.harness import (
+    REPO,
+    MiB,
+    add_layers,
+    add_out_dir,
+    add_overwrite,
+    check_loop,
+    engine_loop,
+    header,
+    main_exit,
+    release,
+    result_file,
+)
+from capture_plan.executor import capture, load_plan, profile, verify, write_trace
+from capture_plan.executor.pool import pool_reserved
+from capture_plan.planner import BuildOptions, build_plan, plan_bytes
+from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel, planted_run, spec_toml
+from capture_plan.schemas.spec import Model
 
-from capture_plan.executor import capture, load_plan, profile, verify, write_trace  # noqa: E402
-from capture_plan.executor.pool import pool_reserved  # noqa: E402
-from capture_plan.planner import BuildOptions, build_plan, plan_bytes  # noqa: E402
-from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel, planted_run, spec_toml  # noqa: E402
-from capture_plan.schemas.spec import Model  # noqa: E402
-
-MiB = 2**20
 MULTI_TOKEN = ("target_verify", "draft_extend")
 PARTS = ("loop", "gate", "executor", "timing", "bugs", "wild")
 
 
-def _tuple(out):
-    return out if isinstance(out, tuple) else (out,)
-
-
-def loop_capture(model, order: list[tuple[str, list[int]]], warmups: int = 2) -> dict:
-    """The engines' loop over phases in turn, via torch.cuda.graph, one shared pool, outputs kept.
-
-    Stops at the first out-of-memory error and says where (a result, not a failure)."""
-    pool = torch.cuda.graph_pool_handle()
-    stream = torch.cuda.Stream()
-    graphs, outs, seconds = {}, {}, {}
-    oom = None
-    torch.cuda.synchronize()
-    t_all = time.perf_counter()
-    for phase, sizes in order:
-        t0 = time.perf_counter()
-        try:
-            for bs in sizes:
-                with torch.cuda.stream(stream):
-                    for _ in range(warmups):
-                        model.run(phase, bs, None)
-                stream.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream):
-                    outs[(phase, bs)] = _tuple(model.run(phase, bs, None))
-                graphs[(phase, bs)] = g
-        except torch.OutOfMemoryError:
-            oom = f"{phase}/{bs}"
-        torch.cuda.synchronize()
-        seconds[phase] = time.perf_counter() - t0
-        if oom:
-            break
-    total = time.perf_counter() - t_all
-    return {"graphs": graphs, "outs": outs, "pool": pool, "seconds": seconds, "total_s": total, "oom": oom}
-
-
-def check_loop(model, run: dict, gen) -> int:
-    """Graphs whose replay differs from the eager run (inputs drawn for bs requests)."""
-    bad = 0
-    for (phase, bs), g in run["graphs"].items():
-        model.prepare(phase, bs, bs, gen)
-        g.replay()
-        got = tuple(t.clone() for t in run["outs"][(phase, bs)])
-        ref = _tuple(model.run(phase, bs, None))
-        bad += any(not torch.equal(a, b) for a, b in zip(got, ref))
-    return bad
-
-
-def release_loop(run: dict) -> None:
-    for g in run["graphs"].values():
-        g.reset()
-    run["graphs"].clear()
-    run["outs"].clear()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+def _order(sizes: dict, phases: list[str], ascending: dict) -> list[tuple[str, list[int]]]:
+    """The loop's order: ``phases`` in turn, each largest-first unless ``ascending[phase]``."""
+    return [(p, sorted(sizes[p], reverse=not ascending[p])) for p in phases]
 
 
 def per_phase(report, plan) -> dict:
@@ -213,12 +167,11 @@ def timing(model, sizes, engine_order, variants, repeats: int) -> dict:
     for r in range(repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             if name in variants:
-                order = [(p, sorted(sizes[p], reverse=not variants[name][p])) for p in engine_order]
-                run = loop_capture(model, order)
-                runs[name].append(run["total_s"])
-                release_loop(run)
+                run = engine_loop(model, _order(sizes, engine_order, variants[name]), stop_at_oom=True)
+                runs[name].append(run.seconds)
+                release(run)
             else:
-                gs = capture(load_plan(ROOT / "plans" / name), model, progress=False)
+                gs = capture(load_plan(REPO / "plans" / name), model, progress=False)
                 runs[name].append(gs.report.capture_seconds)
                 gs.release()
                 torch.cuda.empty_cache()
@@ -236,9 +189,9 @@ def floors(model, plan_path: Path) -> dict:
     plan = load_plan(plan_path)
     out: dict = {}
     for ph in plan.phases:
-        run = loop_capture(model, [(ph.name, [max(ph.sizes)])], warmups=1)
-        mib = pool_reserved([run["pool"]]) / MiB
-        release_loop(run)
+        run = engine_loop(model, [(ph.name, [max(ph.sizes)])], warmups=1, stop_at_oom=True)
+        mib = pool_reserved([run.pool]) / MiB
+        release(run)
         out[ph.pool] = max(out.get(ph.pool, 0.0), mib)
     return out
 
@@ -282,18 +235,24 @@ def wild(sizes) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--out", default=str(ROOT / "bench/results"))
-    ap.add_argument("--trace-dir", default=str(ROOT / "plans/traces"))
+    add_layers(ap)
+    add_out_dir(ap)
+    ap.add_argument("--trace-dir", default=str(REPO / "plans/traces"))
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: loop,gate,executor,timing,bugs,wild")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of the timing part (capture only, rotating order)")
+    add_overwrite(ap)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    res: dict = header(device=True)
+    # a run that skips parts is named by the parts it ran
+    path = result_file(
+        args, "speculative", res["date"], f"{args.layers}l", *([p for p in PARTS if p not in skip] if skip else [])
+    )
     out_dir, trace_dir = Path(args.out), Path(args.trace_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_dir.mkdir(parents=True, exist_ok=True)
 
-    ci_path = ROOT / "plans/fa3-eagle-ci.json"
+    ci_path = REPO / "plans/fa3-eagle-ci.json"
     ref = load_plan(ci_path)
     sizes = {p.name: sorted(p.sizes) for p in ref.phases}
     draft = next(p for p in ref.phases if p.kind == "draft_decode")
@@ -311,24 +270,19 @@ def main() -> None:
     )
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    res: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "attention": model.backend if model else None,
-        "layers": args.layers,
-        "draft_layers": 1,
-        "num_steps": steps_topk[0],
-        "topk": steps_topk[1],
-        "page_size": 1,
-        "sizes_per_phase": {k: len(v) for k, v in sizes.items()},
-        "draft_phase": draft.name,
-    }
-    part = "" if not skip else "-" + "-".join(p for p in PARTS if p not in skip)
-    path = out_dir / f"speculative-{res['date'][:10]}-{args.layers}l{part}.json"
+    res.update(
+        attention=model.backend if model else None,
+        layers=args.layers,
+        draft_layers=1,
+        num_steps=steps_topk[0],
+        topk=steps_topk[1],
+        page_size=1,
+        sizes_per_phase={k: len(v) for k, v in sizes.items()},
+        draft_phase=draft.name,
+    )
 
     def save() -> None:  # after every part: a run cut short keeps what it measured
-        path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+        path.write(res)
 
     if need_model:
         for phase in sizes:  # lazy initialisation out of every measurement
@@ -341,23 +295,22 @@ def main() -> None:
     for name, ascending in variants.items():
         if name in skip:
             continue
-        order = [(p, sorted(sizes[p], reverse=not ascending[p])) for p in engine_order]
-        run = loop_capture(model, order)
+        run = engine_loop(model, _order(sizes, engine_order, ascending), stop_at_oom=True)
         res[name] = {
-            "pool_mib": pool_reserved([run["pool"]]) / MiB,
-            "capture_s": run["total_s"],
-            "phase_capture_s": run["seconds"],
-            "oom_at": run["oom"],
-            "graphs": len(run["graphs"]),
+            "pool_mib": pool_reserved([run.pool]) / MiB,
+            "capture_s": run.seconds,
+            "phase_capture_s": run.phase_seconds,
+            "oom_at": run.oom,
+            "graphs": len(run.graphs),
         }
         res[name]["replays_not_equal_eager"] = check_loop(model, run, gen)
-        release_loop(run)
+        release(run)
         save()
         print(name, json.dumps(res[name]), flush=True)
 
     if "executor" not in skip:
         for plan_file in ("fa3-eagle-ci.json", "fa3-eagle.json"):
-            r = executor_run(ROOT / "plans" / plan_file, model, gen, out_dir, trace_dir)
+            r = executor_run(REPO / "plans" / plan_file, model, gen, out_dir, trace_dir)
             res[plan_file] = r
             save()
             print(
@@ -411,4 +364,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

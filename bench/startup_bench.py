@@ -10,7 +10,7 @@ speculative size list up to 256 (51 sizes, one decode phase):
               replays per second during the capture against after it; in a
               second run every replay is compared with the eager run at the
               same padded size; the pool against a foreground capture; verify.
-  heap        the engines' loop (``capture_bench.loop_capture``: largest-first,
+  heap        the engines' loop (``bench.harness.engine_loop``: largest-first,
               2 warm-ups, ``torch.cuda.graph`` per size) and the executor
               (``capture`` + ``release``), whole wall time of each, first in
               this small process, then again after building an engine-sized
@@ -20,13 +20,12 @@ speculative size list up to 256 (51 sizes, one decode phase):
 
 Writes JSON (with date and device) to --out (a directory; default
 bench/results/) and prints a one-line summary last.
-Run: python bench/startup_bench.py [--layers 32] [--objects 10000000] [--out DIR]
+Run: python -m bench.startup_bench [--layers 32] [--objects 10000000] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import json
 import random
@@ -36,18 +35,25 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import torch
 
-import torch  # noqa: E402
-from capture_bench import loop_capture, release as release_loop  # noqa: E402
+from bench.harness import (
+    REPO,
+    MiB,
+    add_layers,
+    add_out_dir,
+    add_overwrite,
+    engine_loop,
+    header,
+    largest_first,
+    main_exit,
+    release,
+    result_file,
+)
+from capture_plan.executor import capture, load_plan, verify
+from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+from capture_plan.schemas.spec import Model
 
-from capture_plan.executor import capture, load_plan, verify  # noqa: E402
-from capture_plan.references.decode import ReferenceConfig, ReferenceModel  # noqa: E402
-from capture_plan.schemas.spec import Model  # noqa: E402
-
-MiB = 2**20
 #: SGLang's capture sizes with speculative decoding, up to 256
 SPECULATIVE = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8)]
 
@@ -87,10 +93,10 @@ def timed_capture(plan, model) -> dict:
 
 def timed_loop(model, sizes) -> dict:
     t0 = time.perf_counter()
-    graphs, outs, pool, secs = loop_capture(model, sizes, ascending=False)
+    run = engine_loop(model, largest_first([("decode", sizes)]))
     wall = time.perf_counter() - t0
-    release_loop(graphs, outs)
-    return {"capture_wall_s": wall, "loop_s": secs}
+    release(run)
+    return {"capture_wall_s": wall, "loop_s": run.seconds}
 
 
 def background_run(plan, model, serve, *, check: bool, seed: int = 0) -> dict:
@@ -157,25 +163,25 @@ def background_run(plan, model, serve, *, check: bool, seed: int = 0) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=32)
+    add_layers(ap)
     ap.add_argument("--objects", type=int, default=10_000_000, help="live Python objects of the engine-sized heap")
-    ap.add_argument("--plan", default=str(ROOT / "plans/fa3-ci.json"))
+    ap.add_argument("--plan", default=str(REPO / "plans/fa3-ci.json"))
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per variant (median reported)")
-    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    add_out_dir(ap)
+    add_overwrite(ap)
     args = ap.parse_args()
+    res: dict = header(device=True)
+    out = result_file(args, "startup", res["date"], f"{args.layers}l")
 
     plans = {"fa3-ci": load_plan(args.plan), "speculative-51": speculative_plan(args.layers)}
     model = ReferenceModel(ReferenceConfig(model=Model(layers=args.layers), max_bs=256))
-    res: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "attention": model.backend,
-        "layers": args.layers,
-        "objects": args.objects,
-        "plans": {k: {"sizes": len(p.phases[0].sizes), "digest": p.digest} for k, p in plans.items()},
-    }
+    res.update(
+        python=sys.version.split()[0],
+        attention=model.backend,
+        layers=args.layers,
+        objects=args.objects,
+        plans={k: {"sizes": len(p.phases[0].sizes), "digest": p.digest} for k, p in plans.items()},
+    )
     model.run("decode", 256, None)  # every kernel once: no variant pays lazy initialisation
     serve = torch.cuda.Stream()
     with torch.cuda.stream(serve):
@@ -230,11 +236,7 @@ def main() -> None:
         }
         for name in plans
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"startup-{res['date'][:10]}-{args.layers}l.json"
-    path.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {out.write(res)}")
     parts = []
     for name in plans:
         b, s, h = res["background"][name], res["small_heap"][name], res["engine_heap"][name]
@@ -253,4 +255,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

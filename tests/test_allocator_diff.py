@@ -1,4 +1,4 @@
-"""The allocator differential benchmark (bench/allocator_diff.py): its parts on the CPU, the
+"""The allocator differential benchmark (bench.allocator_diff): its parts on the CPU, the
 committed GPU measurements replayed through PoolSim, and the real thing on a GPU."""
 
 from __future__ import annotations
@@ -15,20 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from bench_modules import bench_module
 from capture_plan.planner.allocator import MiB, PoolSim, round_size
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("allocator_diff", ROOT / "bench" / "allocator_diff.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ad = _load()
+ad = bench_module("allocator_diff")
 
 
 # -- programs -------------------------------------------------------------------
@@ -382,9 +376,13 @@ def test_results_recheck_on_cpu_and_fixture_roundtrip(tmp_path, capsys):
 def test_parent_runs_one_child_per_mode_and_merges(tmp_path, capsys, monkeypatch):
     """The parent process: children (faked here) per mode, merged results, fixture, summary last."""
     calls, failing = [], set()
+    real_run = subprocess.run
 
-    def child(cmd, capture_output, text, timeout):
-        args = dict(zip(cmd[2::2], cmd[3::2]))
+    def child(cmd, capture_output, text, timeout, cwd=None):
+        if cmd[1:3] != ["-m", "bench.allocator_diff"]:
+            return real_run(cmd, capture_output=capture_output, text=text, timeout=timeout, cwd=cwd)  # git: the header
+        assert cwd == ROOT
+        args = dict(zip(cmd[3::2], cmd[4::2]))
         mode = args["--mode"]
         calls.append(mode)
         if mode in failing:
@@ -431,7 +429,8 @@ def test_child_mode_without_a_gpu_says_so(tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "allocator_diff.py"),
+            "-m",
+            "bench.allocator_diff",
             "--mode",
             "expandable",
             "--programs",
@@ -442,6 +441,7 @@ def test_child_mode_without_a_gpu_says_so(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=ROOT,
     )
     import torch
 
@@ -463,7 +463,7 @@ def test_committed_gpu_measurements_match_poolsim():
     if not files:
         pytest.skip(
             f"no GPU measurements in {DATA.relative_to(ROOT)}/allocator_diff*.json yet: on an H200 run "
-            "`python bench/allocator_diff.py --programs 2000 --out OUT.json --fixture "
+            "`python -m bench.allocator_diff --programs 2000 --out OUT.json --fixture "
             "tests/data/allocator_diff.json` and commit the fixture"
         )
     for f in files:
@@ -482,19 +482,11 @@ def test_committed_gpu_measurements_match_poolsim():
 def test_poolsim_matches_the_real_allocator_in_both_modes(tmp_path):
     out = tmp_path / "allocdiff.json"
     r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "allocator_diff.py"),
-            "--programs",
-            "300",
-            "--seed",
-            "1000000",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", "bench.allocator_diff", "--programs", "300", "--seed", "1000000", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=900,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())

@@ -10,32 +10,18 @@ from the model's own config (``planner/hf_config.py``).
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 import hf_tiny
+from bench_modules import bench_module
 
 pytestmark = pytest.mark.gpu
 
 transformers = pytest.importorskip("transformers")
 
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32]
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@functools.cache
-def _capture_bench():
-    """bench/capture_bench.py, loaded from its file (benches are scripts, not a
-    package): the engines' capture loop and its replay check, one copy that
-    the benchmarks and this test share."""
-    spec = importlib.util.spec_from_file_location("capture_bench", ROOT / "bench" / "capture_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _model(kind: str, window: int = 1024):
@@ -117,16 +103,16 @@ def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind, window):
 
     from capture_plan.adapters.hf import HFTarget
 
-    bench = _capture_bench()
+    harness = bench_module("harness")  # the engines' loop and its replay check, as the benchmarks run them
     sizes = [1, 8, 32, 64, 128, 256]
     model, _ = _model(kind, window)
     target = HFTarget(model, max_bs=max(sizes), max_seqlen=256)
-    graphs, outs, _, _ = bench.loop_capture(target, sizes, ascending=False, warmups=1)
+    run = harness.engine_loop(target, harness.largest_first([("decode", sizes)]), warmups=1)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     try:
-        rows = bench.replays_vs_eager(target, graphs, outs, gen, rounds=4, eager_twice=True)
+        rows = harness.replays_vs_eager(target, run, gen, rounds=4, eager_twice=True)
     finally:
-        bench.release(graphs, outs)
+        harness.release(run)
     bad = [(r.bs, r.max_abs_diff, r.eager_equal) for r in rows if not (r.equal and r.eager_equal)]
     assert not bad, f"(bs, max |replay - eager|, eager runs agree): {bad}"

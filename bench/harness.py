@@ -1,0 +1,451 @@
+"""What the benchmarks share: the header and the writing of a result JSON, the engines'
+capture loop, the transformers architectures they build, and their common arguments.
+
+Importing this module imports neither torch nor transformers: the GPU pieces import
+them when called, so that a bench parses its arguments (``--help``) on a machine
+without a GPU, and so that ``bench.allocator_diff`` can set the allocator mode before
+torch loads.
+
+Result files follow one convention, ``bench/results/<name>-<date>[-<tag>...].json``
+(:func:`result_path`), written as sorted, 2-space-indented JSON (:func:`dumps`). A
+:class:`ResultFile` refuses, before anything is measured, a path that already holds a
+file it did not write itself, unless told to replace it (``--overwrite``); it does not
+lock the path, so two runs started at the same moment can still race.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from capture_plan.schemas.errors import CapturePlanError, InputError
+
+#: the repository's root (bench/ is a folder of it; the benches run from here)
+REPO = Path(__file__).resolve().parent.parent
+#: where results go unless --out says otherwise
+RESULTS = REPO / "bench" / "results"
+MiB = 2**20
+#: the fields :func:`header` adds for a GPU run
+DEVICE_FIELDS = ("device", "driver", "torch", "cuda")
+
+
+# -- the header every result carries ---------------------------------------------------
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second (``2026-12-01T09:20:32+00:00``)."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit(root: Path = REPO) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the checkout at ``root``: ``(None, None)`` where git or the
+    checkout is missing (a copy of the tree without ``.git``). ``dirty``: a tracked file
+    differs from the commit (untracked files are not counted)."""
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        if sha.returncode:
+            return None, None
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    return sha.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
+
+
+def machine() -> str:
+    """This machine's CPU and Python, as the CPU benchmarks record them
+    (``x86_64 2 cpus, CPython 3.11.7``)."""
+    return f"{platform.machine()} {os.cpu_count()} cpus, {platform.python_implementation()} {platform.python_version()}"
+
+
+def header(*, device: bool) -> dict[str, Any]:
+    """The fields every result JSON starts with: ``date`` (:func:`now`), ``git_commit`` and
+    ``git_dirty`` (:func:`git_commit`; null where unknown), then with ``device`` the GPU's
+    ``device`` name, the NVIDIA ``driver``, ``torch`` and the ``cuda`` torch was built
+    with, else the CPU ``machine`` (:func:`machine`).
+
+    ``device`` imports torch and needs CUDA (the device's name); without it nothing
+    here imports torch."""
+    commit, dirty = git_commit()
+    res: dict[str, Any] = {"date": now(), "git_commit": commit, "git_dirty": dirty}
+    if not device:
+        res["machine"] = machine()
+        return res
+    import torch
+
+    from capture_plan.executor.device import driver_version
+
+    values = (torch.cuda.get_device_name(), driver_version(), torch.__version__, torch.version.cuda)
+    res.update(zip(DEVICE_FIELDS, values))
+    return res
+
+
+# -- writing results ---------------------------------------------------------------------
+
+
+class ResultExists(InputError):
+    """A results file is already where this run would write its own."""
+
+
+def result_path(out_dir: str | Path, name: str, date: str, *tags: str) -> Path:
+    """``out_dir/<name>-<YYYY-MM-DD>[-<tag>...].json``: the day of ``date`` (an ISO time,
+    :func:`now`), then each non-empty tag in order."""
+    return Path(out_dir) / f"{name}-{date[:10]}{''.join(f'-{t}' for t in tags if t)}.json"
+
+
+def dumps(res: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """The JSON of a result as the committed files have it: keys sorted, 2-space indent,
+    a final newline. ``default``: as ``json.dumps``'s (None: a value JSON cannot hold
+    raises)."""
+    return json.dumps(res, indent=2, sort_keys=True, default=default) + "\n"
+
+
+class ResultFile:
+    """One run's result file at ``path``, written as often as the run likes (benches that
+    save after every part, so that a run cut short keeps what it measured).
+
+    Made before measuring: raises :class:`ResultExists` when ``path`` holds a file and
+    ``overwrite`` is false, so that a run never replaces an earlier one unasked; the
+    check runs again before each write until the first one succeeded (a file that
+    appeared meanwhile is not replaced either). Each write goes to a temporary
+    sibling, then replaces ``path``: a reader never sees half a file."""
+
+    def __init__(self, path: str | Path, *, overwrite: bool = False):
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self._written = False
+        self._check()
+
+    def _check(self) -> None:
+        if not (self.overwrite or self._written) and self.path.exists():
+            raise ResultExists(
+                "a results file is already there",
+                where=str(self.path),
+                fix="pass another --tag or --out, or --overwrite to replace it",
+            )
+
+    def write(self, res: Any = None, *, text: str | None = None, default: Callable[[Any], Any] | None = None) -> Path:
+        """Write ``res`` as :func:`dumps` spells it (or ``text`` as given); returns the path."""
+        self._check()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(dumps(res, default) if text is None else text)
+        tmp.replace(self.path)
+        self._written = True
+        return self.path
+
+
+def result_file(args: argparse.Namespace, name: str, date: str, *tags: str) -> ResultFile:
+    """The :class:`ResultFile` of a bench whose ``--out`` is a folder (:func:`add_out_dir`)
+    and that has ``--overwrite`` (:func:`add_overwrite`), named by :func:`result_path`."""
+    return ResultFile(result_path(args.out, name, date, *tags), overwrite=args.overwrite)
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+def add_out_dir(ap: argparse.ArgumentParser) -> None:
+    """``--out DIR``: the folder of the result JSON, bench/results/ by default."""
+    ap.add_argument("--out", default=str(RESULTS), help="folder of the result JSON (default: bench/results/)")
+
+
+def add_overwrite(ap: argparse.ArgumentParser) -> None:
+    """``--overwrite``: replace a results file of the same name (else the run stops first)."""
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a results file of the same name (without it the run stops before measuring)",
+    )
+
+
+def add_layers(ap: argparse.ArgumentParser, help: str = "layers of the reference model") -> None:
+    """``--layers N``: the reference model's layers, 32 (Llama-3-8B's) by default."""
+    ap.add_argument("--layers", type=int, default=32, help=f"{help} (default 32)")
+
+
+def main_exit(main: Callable[[], int | None]) -> None:
+    """Run a bench's ``main`` and exit with its status (None: 0); a deliberate error
+    (:class:`~capture_plan.schemas.errors.CapturePlanError`, such as :class:`ResultExists`)
+    is one line on stderr and its exit code (1), not a traceback."""
+    try:
+        code = main()
+    except CapturePlanError as err:
+        print(f"{Path(sys.argv[0]).stem}: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    sys.exit(code or 0)
+
+
+def run_module(name: str, args: Iterable[str], **kw) -> subprocess.CompletedProcess:
+    """``python -m bench.<name> ARGS`` in a child process, from the repository's root (where
+    ``bench`` is importable), with this interpreter; ``kw`` as ``subprocess.run``'s. Paths
+    in ``args`` should be absolute: the child's working folder is the root."""
+    return subprocess.run([sys.executable, "-m", f"bench.{name}", *args], cwd=REPO, **kw)
+
+
+# -- the engines' loop ------------------------------------------------------------------------
+
+
+def outputs(out) -> tuple:
+    """A target's ``run`` result as a tuple of tensors (a single tensor becomes one)."""
+    return out if isinstance(out, tuple) else (out,)
+
+
+def largest_first(phases: Iterable[tuple[str, Iterable[int]]], ascending: bool = False) -> list[tuple[str, list[int]]]:
+    """``(phase, sizes)`` in the given phase order, each phase's sizes largest-first (the
+    engines' order) or, with ``ascending``, smallest-first."""
+    return [(phase, sorted(sizes, reverse=not ascending)) for phase, sizes in phases]
+
+
+@dataclass
+class LoopRun:
+    """What :func:`engine_loop` captured. Keys are ``(phase, bs)``."""
+
+    #: the graphs, in capture order
+    graphs: dict = field(default_factory=dict)
+    #: each graph's outputs (a tuple): kept from the capture, or with ``keep_copy`` the
+    #: persistent buffers the graph copies them into
+    outs: dict = field(default_factory=dict)
+    #: the one pool every graph was captured into
+    pool: Any = None
+    #: seconds per phase, from its first warm-up to the end of its last capture
+    phase_seconds: dict = field(default_factory=dict)
+    #: seconds of the whole loop (after a device synchronize at both ends)
+    seconds: float = 0.0
+    #: ``"phase/bs"`` of the out-of-memory error that stopped the loop (``stop_at_oom``)
+    oom: str | None = None
+    #: free device bytes after each capture (``free_after``)
+    free_after: list = field(default_factory=list)
+
+
+def free_bytes() -> int:
+    """Free device memory (``torch.cuda.mem_get_info``) after a synchronize."""
+    import torch
+
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def engine_loop(
+    target,
+    order: Iterable[tuple[str, Iterable[int]]],
+    warmups: int = 2,
+    *,
+    keep_copy: bool = False,
+    free_after: bool = False,
+    stop_at_oom: bool = False,
+) -> LoopRun:
+    """The engines' hard-coded capture loop (SGLang's shape): for each ``(phase, sizes)``
+    of ``order`` in turn, each size in the order given (:func:`largest_first` for the
+    engines'), ``warmups`` eager runs on a side stream, then ``torch.cuda.graph`` on that
+    stream into one pool shared by every phase; outputs kept alive.
+
+    ``keep_copy``: vLLM's FULL graphs instead: persistent output buffers made during the
+    first warm-up, outside the pool, and the graph copies its outputs into them (needs
+    ``warmups >= 1``). ``free_after``: record :func:`free_bytes` after every capture (it
+    synchronizes, which the timings then include). ``stop_at_oom``: an out-of-memory error
+    ends the loop and is recorded in ``oom`` (a result, not a failure); else it raises.
+    Releases nothing: :func:`release` does."""
+    import torch
+
+    run = LoopRun(pool=torch.cuda.graph_pool_handle())
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    t_all = time.perf_counter()
+    for phase, sizes in order:
+        t0 = time.perf_counter()
+        try:
+            for bs in sizes:
+                key = (phase, bs)
+                with torch.cuda.stream(stream):
+                    for _ in range(warmups):
+                        w = outputs(target.run(phase, bs, None))
+                        if keep_copy and key not in run.outs:
+                            run.outs[key] = tuple(torch.empty_like(t) for t in w)
+                        del w
+                stream.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=run.pool, stream=stream):
+                    got = outputs(target.run(phase, bs, None))
+                    if keep_copy:
+                        for dst, src in zip(run.outs[key], got):
+                            dst.copy_(src)
+                        del got
+                    else:
+                        run.outs[key] = got
+                run.graphs[key] = g
+                if free_after:
+                    run.free_after.append(free_bytes())
+        except torch.OutOfMemoryError:
+            if not stop_at_oom:
+                raise
+            run.oom = f"{phase}/{bs}"
+        torch.cuda.synchronize()
+        run.phase_seconds[phase] = time.perf_counter() - t0
+        if run.oom:
+            break
+    run.seconds = time.perf_counter() - t_all
+    return run
+
+
+class Replay(NamedTuple):
+    """One replay of :func:`replays_vs_eager`."""
+
+    phase: str
+    bs: int
+    #: the replay's outputs equal an eager run's on the same inputs, bit for bit
+    equal: bool
+    #: that eager run equals a second one (True where no second one ran)
+    eager_equal: bool
+    #: max |replay - eager| over the outputs (0.0 where equal)
+    max_abs_diff: float
+
+
+def _equal(a: tuple, b: tuple) -> bool:
+    import torch
+
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def replays_vs_eager(target, run: LoopRun, gen, rounds: int = 1, eager_twice: bool = False) -> list[Replay]:
+    """Replay every graph of ``run`` ``rounds`` times, each on fresh inputs
+    (``target.prepare`` for ``bs`` requests), against an eager run of the same inputs;
+    with ``eager_twice`` also that eager run against a second one (eager runs that
+    differ: a nondeterministic kernel, not a capture fault). Compares every output of
+    the graph (with ``keep_copy``: the buffers the graph copies into); releases
+    nothing."""
+    rows = []
+    for _ in range(rounds):
+        for (phase, bs), g in run.graphs.items():
+            target.prepare(phase, bs, bs, gen)
+            g.replay()
+            got = tuple(t.clone() for t in run.outs[(phase, bs)])
+            # an eager run may return a buffer the next one reuses: cloned
+            ref = tuple(t.clone() for t in outputs(target.run(phase, bs, None)))
+            again = _equal(ref, outputs(target.run(phase, bs, None))) if eager_twice else True
+            equal = _equal(got, ref)
+            diff = 0.0 if equal else max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, ref))
+            rows.append(Replay(phase, bs, equal, again, diff))
+    return rows
+
+
+def check_loop(target, run: LoopRun, gen) -> int:
+    """Graphs of ``run`` whose replay differs from the eager run of the same inputs."""
+    return sum(not r.equal for r in replays_vs_eager(target, run, gen))
+
+
+def release(run: LoopRun | None = None) -> None:
+    """Destroy ``run``'s graphs and drop its outputs, then collect, synchronize and empty
+    the allocator's cache (without ``run``: only that), so that the next measurement
+    starts from a pool-free device."""
+    import torch
+
+    if run is not None:
+        for g in run.graphs.values():
+            g.reset()
+        run.graphs.clear()
+        run.outs.clear()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+# -- transformers models ----------------------------------------------------------------------
+
+#: transformers architectures the benches build with random weights (no download): about
+#: the width of small served models, few layers. name -> (config class in transformers,
+#: its keyword arguments, attention implementation). Gemma2 (GeGLU MLP, pre- and
+#: post-norms, logit soft-capping) runs eager attention.
+HF_ARCHS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "llama": (
+        "LlamaConfig",
+        dict(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_hidden_layers=8,
+            vocab_size=32000,
+        ),
+        "sdpa",
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            hidden_size=1152,
+            intermediate_size=4608,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_hidden_layers=6,
+            vocab_size=32000,
+            sliding_window=4096,
+        ),
+        "eager",
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            num_hidden_layers=8,
+            vocab_size=32000,
+        ),
+        "sdpa",
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(
+            hidden_size=1024,
+            intermediate_size=3584,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            num_hidden_layers=4,
+            vocab_size=32000,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+        "sdpa",
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            moe_intermediate_size=704,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            num_hidden_layers=4,
+            vocab_size=32000,
+            num_experts=16,
+            num_experts_per_tok=4,
+            shared_expert_intermediate_size=2816,
+        ),
+        "sdpa",
+    ),
+}
+
+
+def hf_config(name: str, **extra):
+    """The transformers config of :data:`HF_ARCHS` ``name``, with ``extra`` keyword
+    arguments on top (imports transformers)."""
+    import transformers
+
+    cls, kw, _ = HF_ARCHS[name]
+    return getattr(transformers, cls)(**kw, **extra)

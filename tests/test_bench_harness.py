@@ -1,0 +1,360 @@
+"""The benchmarks' shared harness (bench/harness.py) on the CPU: the result header and
+writer, the file naming the committed results follow, the engines' loop on the faked
+CUDA, and the bench package itself (every module parses ``--help`` without a GPU, none
+edits ``sys.path``, only the harness captures with ``torch.cuda.graph``)."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench_modules import bench_module
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+RESULTS = BENCH / "results"
+h = bench_module("harness")
+#: every script of bench/ (the package's modules less the harness and __init__)
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in ("__init__", "harness"))
+
+
+# -- header and writer ----------------------------------------------------------------------
+
+
+def test_the_cpu_header_names_date_machine_and_commit():
+    head = h.header(device=False)
+    assert set(head) == {"date", "git_commit", "git_dirty", "machine"}
+    when = dt.datetime.fromisoformat(head["date"])
+    assert when.utcoffset() == dt.timedelta(0) and abs(dt.datetime.now(dt.timezone.utc) - when).total_seconds() < 600
+    assert re.fullmatch(r"\S+ \d+ cpus, \S+ \d+\.\d+\.\d+\S*", head["machine"])
+    if (ROOT / ".git").exists():
+        want = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert head["git_commit"] == want.stdout.strip() and isinstance(head["git_dirty"], bool)
+
+
+def test_git_commit_outside_a_checkout_is_unknown(tmp_path):
+    assert h.git_commit(tmp_path) == (None, None)
+
+
+def test_the_device_header_adds_device_driver_torch_cuda(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake H200")
+    head = h.header(device=True)
+    assert set(head) == {"date", "git_commit", "git_dirty", *h.DEVICE_FIELDS}
+    assert head["device"] == "Fake H200" and head["torch"] == torch.__version__ and "machine" not in head
+    assert head["cuda"] == torch.version.cuda and isinstance(head["driver"], str)
+
+
+def test_result_names_follow_the_convention(tmp_path):
+    date = "2026-12-01T09:20:32+00:00"
+    assert h.result_path(tmp_path, "build", date) == tmp_path / "build-2026-12-01.json"
+    assert h.result_path(tmp_path, "device", date, "") == tmp_path / "device-2026-12-01.json"
+    assert h.result_path("x", "speculative", date, "32l", "loop", "gate") == Path(
+        "x/speculative-2026-12-01-32l-loop-gate.json"
+    )
+
+
+def _committed():
+    """The committed results the benches wrote (report-*.json are the executor's reports)."""
+    files = sorted(p for p in RESULTS.glob("*.json") if not p.name.startswith("report-"))
+    assert len(files) >= 10
+    return files
+
+
+def test_committed_results_are_named_by_their_date_and_read_back_byte_for_byte():
+    """Each committed result is named <name>-<its date's day>[-tag].json and is exactly
+    what the writer makes of its own content (allocator_diff: its compact format)."""
+    ad = bench_module("allocator_diff")
+    for path in _committed():
+        text = path.read_text()
+        data = json.loads(text)
+        name = re.fullmatch(r"([a-z-]+?)-(\d{4}-\d\d-\d\d)(-[\w.-]+)?\.json", path.name)
+        assert name and name.group(2) == data["date"][:10], path.name
+        assert text == (ad.dumps(data) + "\n" if name.group(1) == "allocator-diff" else h.dumps(data)), path.name
+
+
+def test_a_written_result_round_trips(tmp_path):
+    res = {"date": h.now(), "b": [1, 2.5, None], "a": {"z": "é", "y": True}}
+    out = h.ResultFile(h.result_path(tmp_path / "new", "x", res["date"], "t"))
+    path = out.write(res)
+    assert path == tmp_path / "new" / f"x-{res['date'][:10]}-t.json"
+    assert json.loads(path.read_text()) == res and path.read_text() == h.dumps(res)
+    assert list(json.loads(path.read_text())) == ["a", "b", "date"]  # sorted keys
+    res["more"] = 1  # a bench that saves after every part writes its own file again
+    out.write(res)
+    assert json.loads(path.read_text())["more"] == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary left
+    with pytest.raises(TypeError):
+        out.write({"p": Path("x")})
+    assert out.write({"p": Path("x")}, default=str).read_text() == h.dumps({"p": "x"})
+
+
+def test_a_result_file_is_never_replaced_unless_told(tmp_path):
+    path = tmp_path / "build-2026-12-01.json"
+    path.write_text("{}\n")
+    with pytest.raises(h.ResultExists) as err:
+        h.ResultFile(path)
+    msg = str(err.value)
+    assert str(path) in msg and "--overwrite" in msg and "\n" not in msg
+    assert path.read_text() == "{}\n"
+    h.ResultFile(path, overwrite=True).write({"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    # a file that appears after the check, before the first write, is not replaced either
+    late = tmp_path / "late.json"
+    out = h.ResultFile(late)
+    late.write_text("theirs\n")
+    with pytest.raises(h.ResultExists):
+        out.write({"a": 1})
+    assert late.read_text() == "theirs\n"
+
+
+def test_a_bench_refuses_an_existing_result_before_measuring(tmp_path, monkeypatch, capsys):
+    """build_bench stops at once, before compiling or timing anything."""
+    build = bench_module("build_bench")
+    monkeypatch.setattr(h, "now", lambda: "2026-12-01T00:00:00+00:00")
+    (tmp_path / "build-2026-12-01-t.json").write_text("{}\n")
+    compiled = []
+    monkeypatch.setattr("compileall.compile_dir", lambda *a, **k: compiled.append(a))
+    monkeypatch.setattr(sys, "argv", ["build_bench", "--out", str(tmp_path), "--tag", "t"])
+    with pytest.raises(h.ResultExists):
+        build.main()
+    assert compiled == [] and capsys.readouterr().out == ""
+
+
+def test_the_command_line_says_so_in_one_line_and_exits_1(tmp_path):
+    existing = tmp_path / "out.json"
+    existing.write_text("{}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.allocator_diff", "--programs", "1", "--out", str(existing)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"allocator_diff: {existing}: ")
+    assert "--overwrite" in r.stderr and existing.read_text() == "{}\n"
+
+
+# -- the bench package -------------------------------------------------------------------------
+
+
+def test_every_bench_module_runs_help_without_a_gpu():
+    """``python -m bench.<name> --help`` from the repository's root, CUDA hidden: each
+    parses its arguments before it needs a GPU (or transformers). In parallel: each
+    pays its own torch import."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", f"bench.{name}", "--help"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in SCRIPTS
+    }
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"{name}: {err[-2000:]}"
+        assert out.startswith("usage: "), name
+    assert len(procs) == 8
+
+
+def _sources():
+    return {p.name: ast.parse(p.read_text()) for p in sorted(BENCH.glob("*.py"))}
+
+
+def test_no_bench_file_edits_sys_path():
+    """The benches import capture_plan from the installation and bench from the root."""
+    found = []
+    for name, tree in _sources().items():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "path"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+            ):
+                found.append(f"{name}:{node.lineno}")
+            if isinstance(node, ast.Constant) and node.value in ("PYTHONPATH",):
+                found.append(f"{name}:{node.lineno}: PYTHONPATH")
+    assert found == []
+
+
+def test_only_the_harness_runs_the_engines_loop():
+    """One copy of the engines' loop: no other bench calls ``torch.cuda.graph``."""
+    found = [
+        f"{name}:{node.lineno}"
+        for name, tree in _sources().items()
+        if name != "harness.py"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and ast.unparse(node) == "torch.cuda.graph"
+    ]
+    assert found == []
+
+
+# -- the engines' loop, on the faked CUDA -----------------------------------------------------
+
+
+@pytest.fixture
+def loop_fake(fake, monkeypatch):
+    """tests/fake_cuda.py plus ``torch.cuda.graph``: the real one enters CUDA stream
+    capture; this one records into the fake graph on the given stream."""
+    import torch
+
+    @contextlib.contextmanager
+    def graph(g, pool=None, stream=None):
+        with torch.cuda.stream(stream):
+            g.capture_begin(pool=pool)
+            try:
+                yield
+            finally:
+                g.capture_end()
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    return fake
+
+
+def test_engine_loop_captures_largest_first_after_warmups_into_one_pool(loop_fake):
+    from fake_cuda import Target
+
+    target = Target(loop_fake)
+    run = h.engine_loop(target, h.largest_first([("decode", [2, 8, 4])]), warmups=2)
+    assert list(run.graphs) == [("decode", 8), ("decode", 4), ("decode", 2)]
+    assert loop_fake.pools == 1 and run.pool == (0, 1)
+    # per size: two eager warm-ups, then the one run that is recorded
+    assert [(c[2], c[3]) for c in target.calls] == [(bs, rec) for bs in (8, 4, 2) for rec in (False, False, True)]
+    assert all(run.outs[("decode", bs)] == (target.out[bs],) for bs in (8, 4, 2))
+    assert set(run.phase_seconds) == {"decode"} and run.seconds >= run.phase_seconds["decode"] >= 0
+    assert run.oom is None and run.free_after == []
+    gen = None  # the fake target's prepare draws without a generator
+    rows = h.replays_vs_eager(target, run, gen, rounds=2, eager_twice=True)
+    assert [(r.phase, r.bs, r.equal, r.eager_equal, r.max_abs_diff) for r in rows] == [
+        ("decode", bs, True, True, 0.0) for _ in range(2) for bs in (8, 4, 2)
+    ]
+    assert h.check_loop(target, run, gen) == 0
+    graphs = list(run.graphs.values())
+    h.release(run)
+    assert run.graphs == {} and run.outs == {} and all(g.calls == [] for g in graphs)
+
+
+def test_replays_that_differ_from_eager_are_counted(loop_fake):
+    import torch
+
+    from fake_cuda import Target
+
+    class Drifting(Target):
+        """Eager runs add 1 that the recorded graph does not."""
+
+        def run(self, phase, bs, ws):
+            out = super().run(phase, bs, ws)
+            if self.fake.recording is None:
+                out.add_(1)
+            return out
+
+    target = Drifting(loop_fake)
+    run = h.engine_loop(target, [("decode", [4]), ("verify", [2])], warmups=1)
+    assert list(run.graphs) == [("decode", 4), ("verify", 2)] and set(run.phase_seconds) == {"decode", "verify"}
+    rows = h.replays_vs_eager(target, run, torch.Generator())
+    assert [(r.phase, r.equal) for r in rows] == [("decode", False), ("verify", False)]
+    assert [r.max_abs_diff for r in rows] == pytest.approx([1.0, 1.0])  # float32 sums of N(0, 1) draws
+    assert h.check_loop(target, run, None) == 2
+
+
+def test_engine_loop_stops_at_out_of_memory_only_when_asked(loop_fake):
+    import torch
+
+    from fake_cuda import Target
+
+    class Oom(Target):
+        def run(self, phase, bs, ws):
+            if phase == "b" and bs == 4 and self.fake.recording is not None:
+                raise torch.OutOfMemoryError("fake: out of memory")
+            return super().run(phase, bs, ws)
+
+    order = [("a", [8]), ("b", [8, 4, 2]), ("c", [1])]
+    run = h.engine_loop(Oom(loop_fake), order, stop_at_oom=True)
+    assert run.oom == "b/4" and list(run.graphs) == [("a", 8), ("b", 8)] and set(run.phase_seconds) == {"a", "b"}
+    assert loop_fake.recording is None  # the failed capture was ended
+    with pytest.raises(torch.OutOfMemoryError):
+        h.engine_loop(Oom(loop_fake), order)
+
+
+def test_engine_loop_keep_copy_and_free_after(loop_fake):
+    """vLLM's FULL graphs: outputs copied into buffers of their own, made in the warm-up."""
+    from fake_cuda import Target
+
+    target = Target(loop_fake)
+    run = h.engine_loop(target, [("decode", [4, 2])], warmups=1, keep_copy=True, free_after=True)
+    assert run.free_after == [0, 0]  # the fake's mem_get_info
+    for bs in (4, 2):
+        (buf,) = run.outs[("decode", bs)]
+        assert buf is not target.out[bs] and buf.shape == target.out[bs].shape
+        assert bool((buf == target.out[bs]).all())  # copied at capture
+
+
+def test_largest_first_keeps_the_phase_order():
+    assert h.largest_first([("b", [1, 3, 2]), ("a", (5, 4))]) == [("b", [3, 2, 1]), ("a", [5, 4])]
+    assert h.largest_first([("b", [3, 1, 2])], ascending=True) == [("b", [1, 2, 3])]
+    assert h.outputs(1) == (1,) and h.outputs((1, 2)) == (1, 2)
+
+
+# -- on the GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_engine_loop_replays_equal_eager_on_the_gpu():
+    """The one loop the benches run, on the small reference model: graphs in one pool whose
+    replays equal eager runs, kept outputs and vLLM's copies alike."""
+    import torch
+
+    from capture_plan.executor.pool import pool_reserved
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
+
+    model = ReferenceModel(ReferenceConfig(model=Model(layers=2), max_bs=32))
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    run = h.engine_loop(model, h.largest_first([("decode", [1, 8, 32])]))
+    try:
+        assert list(run.graphs) == [("decode", 32), ("decode", 8), ("decode", 1)]
+        assert pool_reserved([run.pool]) > 0 and run.oom is None
+        assert h.check_loop(model, run, gen) == 0
+    finally:
+        h.release(run)
+    run = h.engine_loop(model, [("decode", [32, 8])], warmups=1, keep_copy=True, free_after=True)
+    try:
+        assert len(run.free_after) == 2 and run.free_after[1] <= run.free_after[0]
+        rows = h.replays_vs_eager(model, run, gen, rounds=2)
+        assert len(rows) == 4 and all(r.equal for r in rows)
+    finally:
+        h.release(run)
+
+
+@pytest.mark.gpu
+def test_a_gpu_bench_writes_its_header_and_result(tmp_path):
+    """``python -m bench.cold_stream`` end to end on a small model: the device header, the
+    result named by the convention, and no second run over it without --overwrite."""
+    cmd = [sys.executable, "-m", "bench.cold_stream", "--layers", "2", "--bs", "16", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (path,) = tmp_path.glob("cold-stream-*.json")
+    data = json.loads(path.read_text())
+    assert path == h.result_path(tmp_path, "cold-stream", data["date"])
+    assert data["device"] and data["torch"] and data["cuda"] and data["layers"] == 2
+    assert data["warm_stream"]["pool_mib"] > 0 and data["cold_stream"]["pool_mib"] > 0
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 1 and "--overwrite" in again.stderr
+    assert subprocess.run([*cmd, "--overwrite"], capture_output=True, cwd=ROOT, timeout=600).returncode == 0
