@@ -19,23 +19,20 @@ Cases (random weights, no download):
   mixtral      a transformers Mixtral (MoE, top-2 of 8 experts)
   deepseek_v3  a transformers DeepSeek-V3 (MLA attention, routed and shared experts)
 
-Run: python -m bench.adoption_bench [--cases reference,eagle,...] [--out DIR]
-Writes bench/results/adoption-<date>.json (date, device, per case) and prints a
-one-line summary last.
+Run: python -m bench.adoption_bench [--cases reference,eagle,...] [--out DIR] [--overwrite]
+Writes bench/results/adoption-<date>.json (the harness's header, per case) and
+prints a one-line summary last.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-MiB = 2**20
+from bench.harness import MiB, add_out_dir, add_overwrite, header, main_exit, result_file, run_module
+
 CASES = ("reference", "eagle", "llama", "mixtral", "deepseek_v3")
 #: SGLang's decode sizes up to 256
 DECODE = [1, 2, 4, 8, 12, *range(16, 257, 8)]
@@ -271,23 +268,11 @@ def child(case: str) -> dict:
     )
 
 
-def _device() -> dict:
-    import torch
-
-    from capture_plan.executor.device import driver_version
-
-    return dict(
-        name=torch.cuda.get_device_name(),
-        driver=driver_version(),
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
-    )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_out_dir(ap)
+    add_overwrite(ap)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -297,18 +282,15 @@ def main() -> None:
     bad = [c for c in cases if c not in CASES]
     if bad:
         ap.error(f"unknown case(s) {bad}; use {','.join(CASES)}")
-    res = dict(bench="adoption", date=dt.date.today().isoformat(), device=_device(), cases={})
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"adoption-{res['date']}.json"
+    res = dict(header(device=True), bench="adoption", cases={})
+    out = result_file(args, "adoption", res["date"])
     for case in cases:
-        r = subprocess.run(
-            [sys.executable, "-m", "bench.adoption_bench", "--child", case], capture_output=True, text=True, cwd=ROOT
-        )
+        r = run_module("adoption_bench", ["--child", case], capture_output=True, text=True)
         line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
         res["cases"][case] = (
             json.loads(line[7:]) if line else dict(error=f"exit {r.returncode}", output=(r.stdout + r.stderr)[-3000:])
         )
-        path.write_text(json.dumps(res, indent=1) + "\n")  # after every case: a later crash loses nothing
+        path = out.write(res)  # after every case: a later crash loses nothing
     rows = []
     for case, c in res["cases"].items():
         if "error" in c:
@@ -326,4 +308,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_exit(main)

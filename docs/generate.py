@@ -233,7 +233,7 @@ def device() -> list[str]:
 
 
 def startup_prediction() -> list[str]:
-    name = "device-2026-12-01-c.json"
+    name = "device-2026-12-01-startup.json"
     d = _load(name)
     labels = {
         "reference": "reference decode",
@@ -250,18 +250,56 @@ def startup_prediction() -> list[str]:
                 _mib(s["measured_drop_mib"]),
                 _pct(s["error"]),
                 _mib(s["predicted_total_mib"]),
+                _pct(s["final_error"]),
                 f"{s['predict_s']:.2f}",
                 f"{s['capture_s']:.2f}",
             ]
         )
     header = [
         "target",
-        "predicted MiB (pending)",
+        "predicted MiB (pending, the peak)",
         "taken MiB",
         "error",
         "predicted to stay after capture MiB",
+        "its error (less the workspace made before)",
         "prediction s",
         "capture s",
+    ]
+    return [*_table(header, rows), _source(name, d)]
+
+
+_ADOPTION = {
+    "reference": "reference decode (32 layers)",
+    "eagle": "EAGLE's four phases",
+    "llama": "Llama (transformers, dense)",
+    "mixtral": "Mixtral (MoE)",
+    "deepseek_v3": "DeepSeek-V3 (MLA, MoE)",
+}
+
+
+def adoption() -> list[str]:
+    name = "adoption-2026-12-01.json"
+    d = _load(name)
+    rows = []
+    for case, label in _ADOPTION.items():
+        c = d["cases"][case]
+        rows.append(
+            [
+                label,
+                str(c["graphs"]),
+                f"{_mib(c['pool_mib']['capture'])} / {_mib(c['pool_mib']['engine_loop'])}",
+                ", ".join(k for k, v in c["equal"].items() if v) + (" equal" if all(c["equal"].values()) else ""),
+                f"{c['capture_again']['seconds']:.2f} / {c['engine_loop']['seconds']:.2f}",
+                f"{c['capture']['verify_faults']} / {c['engine_loop']['verify_faults']}",
+            ]
+        )
+    header = [
+        "model",
+        "graphs",
+        "pool MiB, capture() / engine loop",
+        "the same",
+        "capture s (warm process) / engine loop s",
+        "verify faults",
     ]
     return [*_table(header, rows), _source(name, d)]
 
@@ -386,6 +424,7 @@ TABLES = {
     "models": models,
     "device": device,
     "startup-prediction": startup_prediction,
+    "adoption": adoption,
     "build": build,
     "build-work": build_work,
     "startup": startup,
