@@ -123,7 +123,7 @@ def capture(
     with loop:  # open() checks that the ranks agree on the plan
         try:
             run_plan(loop, target)
-        except Exception as err:  # every rank raises, naming this one's step
+        except BaseException as err:  # every rank raises, naming this one's step (Ctrl-C too: none hangs)
             cur = loop.session.current
             sync.fail(cur.id if cur else "start", cur.index if cur else -1, err)
         sync.before()  # the end: every rank got through
