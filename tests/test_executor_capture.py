@@ -190,6 +190,26 @@ def test_under_torch_distributed_rank0_logs_progress_and_every_rank_its_warnings
         assert levels == ["WARNING"]
 
 
+def test_under_torch_distributed_a_failed_capture_is_exchanged_naming_the_rank_and_step(tmp_path, fake):
+    """capture() under torch.distributed: a failing step is reported through the ranks'
+    status exchange (every rank raises the same CaptureFailed, naming rank and step), and
+    the exchange names this rank. One gloo process, world of one."""
+    import torch.distributed as dist
+
+    from capture_plan.executor import CaptureFailed, capture
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    plan = _plan(tmp_path, "torch")
+    step = next(s for s in plan.steps if s.op == "capture" and s.bs == 2)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(CaptureFailed, match=rf"rank 0 failed at step {step.index} \({step.id}\)"):
+            capture(plan, Target(fake, fail_at=2), progress=False, device=CPU)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_nothing_outside_graphset_reaches_into_its_private_members():
     """GraphSet's state is its own: other modules, benches and tests use its methods."""
     import ast
