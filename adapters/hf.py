@@ -133,8 +133,9 @@ class HFTarget:
         seed: int = 0,
         sdpa_backends: tuple[str, ...] | None = DETERMINISTIC_SDPA,
     ):
+        # transformers is the hf extra: .ci/run type-checks with it installed, a checkout may lack it
         from torch.nn.attention import SDPBackend
-        from transformers import StaticCache
+        from transformers import StaticCache  # pyright: ignore[reportMissingImports]
 
         unknown = [b for b in (sdpa_backends or ()) if not hasattr(SDPBackend, b)]
         if sdpa_backends is not None and (unknown or not len(sdpa_backends)):
@@ -277,7 +278,7 @@ class HFTarget:
         window mask serves them all); a chunked-attention layer (Llama 4)
         whose chunk is narrower than the cache (its mask is not a window).
         """
-        from transformers.cache_utils import DynamicCache, StaticLayer
+        from transformers.cache_utils import DynamicCache, StaticLayer  # pyright: ignore[reportMissingImports]
 
         lazy = [
             (i, type(layer).__name__)
