@@ -37,7 +37,7 @@ def _progress(steps, enabled: bool):
     if not enabled:
         return None
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # pyright: ignore[reportMissingModuleSource]  # typeshed has its stubs
     except ImportError:  # progress is a nicety; tqdm is in the executor extra
         return None
     return tqdm(total=len(steps), desc="capture", unit="step", file=sys.stderr, dynamic_ncols=True)
