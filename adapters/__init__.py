@@ -9,6 +9,11 @@ library only when used.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the lazy attribute, as type checkers and editors see it (never run)
+    from .hf import HFTarget
+
 __all__ = ["HFTarget"]
 
 

@@ -133,8 +133,9 @@ class HFTarget:
         seed: int = 0,
         sdpa_backends: tuple[str, ...] | None = DETERMINISTIC_SDPA,
     ):
+        # transformers is the hf extra: .ci/run type-checks with it installed, a checkout may lack it
         from torch.nn.attention import SDPBackend
-        from transformers import StaticCache
+        from transformers import StaticCache  # pyright: ignore[reportMissingImports]
 
         unknown = [b for b in (sdpa_backends or ()) if not hasattr(SDPBackend, b)]
         if sdpa_backends is not None and (unknown or not len(sdpa_backends)):
@@ -166,7 +167,8 @@ class HFTarget:
         # counters are views of one tensor, so the reset is a single copy.
         self._counters = torch.zeros(len(self.cache.layers), dtype=torch.long, device=self.device)
         for i, layer in enumerate(self.cache.layers):
-            layer.cumulative_length = self._counters[i]
+            # transformers' cache layers keep their write position here, undeclared in its types
+            layer.cumulative_length = self._counters[i]  # pyright: ignore[reportAttributeAccessIssue]
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
         self._views: dict[int, object] = {}
         self._buffers = {
@@ -240,7 +242,8 @@ class HFTarget:
         low = torch.finfo(self.dtype).min
         buf.mask[:bs] = torch.where(allowed, 0.0, low).to(self.dtype)[:, None]
         if buf.window_mask is not None:
-            near = slot > pos + steps[None, :, None] - self.window
+            # a window mask exists only where self.window is set (_allocate_cache)
+            near = slot > pos + steps[None, :, None] - self.window  # pyright: ignore[reportOperatorIssue]
             buf.window_mask[:bs] = torch.where(allowed & near, 0.0, low).to(self.dtype)[:, None]
 
     def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
@@ -275,7 +278,7 @@ class HFTarget:
         window mask serves them all); a chunked-attention layer (Llama 4)
         whose chunk is narrower than the cache (its mask is not a window).
         """
-        from transformers.cache_utils import DynamicCache, StaticLayer
+        from transformers.cache_utils import DynamicCache, StaticLayer  # pyright: ignore[reportMissingImports]
 
         lazy = [
             (i, type(layer).__name__)
@@ -315,12 +318,15 @@ class HFTarget:
                     "serves every sliding layer; lower max_seqlen to at most the smallest"
                 )
             self.window, self._mixed = narrow[0], None in windows
-        self.cache.layers = [StaticLayer(max_cache_len=self.max_seqlen) for _ in probe.layers]
+        # transformers types layers as a list of its layer mixins, some without keys and values
+        # (linear attention); these are StaticLayers, and the probe's ran: their tensors exist
+        self.cache.layers = [StaticLayer(max_cache_len=self.max_seqlen) for _ in probe.layers]  # pyright: ignore[reportAttributeAccessIssue]
         for layer, seen in zip(self.cache.layers, probe.layers):
-            k, v = seen.keys, seen.values
+            k, v = seen.keys, seen.values  # pyright: ignore[reportAttributeAccessIssue]
             # zero-length along the sequence: the layer allocates its full size, nothing else
             layer.lazy_initialization(
-                k.new_zeros(max_bs, k.shape[1], 0, k.shape[-1]), v.new_zeros(max_bs, v.shape[1], 0, v.shape[-1])
+                k.new_zeros(max_bs, k.shape[1], 0, k.shape[-1]),  # pyright: ignore[reportOptionalMemberAccess]
+                v.new_zeros(max_bs, v.shape[1], 0, v.shape[-1]),  # pyright: ignore[reportOptionalMemberAccess]
             )
 
     def _attention(self) -> contextlib.AbstractContextManager:
@@ -340,9 +346,10 @@ class HFTarget:
             view.layers = []
             for layer in self.cache.layers:
                 lv = copy.copy(layer)
-                lv.keys, lv.values = layer.keys[:bs], layer.values[:bs]
+                # StaticLayers (see _allocate_cache), whose attributes transformers' types do not declare
+                lv.keys, lv.values = layer.keys[:bs], layer.values[:bs]  # pyright: ignore[reportAttributeAccessIssue, reportOptionalSubscript]
                 if hasattr(lv, "batch_size"):
-                    lv.batch_size = bs
+                    lv.batch_size = bs  # pyright: ignore[reportAttributeAccessIssue]
                 view.layers.append(lv)
             self._views[bs] = view
         return view
@@ -398,4 +405,4 @@ def _pinned(backends: tuple[str, ...]):
             _pin_users -= 1
             if _pin_users == 0:
                 stack, _pin_exit = _pin_exit, None
-                stack.close()
+                stack.close()  # pyright: ignore[reportOptionalMemberAccess]  # set while there are users

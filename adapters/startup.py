@@ -142,8 +142,10 @@ def predict_startup(
             fix="pass sizes={phase: [...]} with every planned size of the phase named above",
         )
     kinds = {p.name: p.kind for p in plan.phases}
+    assert first is not None  # a foreground capture has its report once capture() returns
     cal = calibration_from_report(first, "the startup recording", kinds)
     view = first.device_view
+    assert view is not None  # calibration_from_report refuses a report without one
     per_graph = cal.graph_exec_per_graph
     # every phase was recorded in the first round: each has its figure
     driver = graph_exec(plan.steps, per_graph, kinds)
@@ -152,7 +154,7 @@ def predict_startup(
         "hoisted": plan.predicted.hoisted_bytes,
         "stream-workspace": max(0, view.item("allocator-held")),
         "allocator-other": max(0, view.item("allocator-cached")),  # the RNG state's segment
-        "graph-exec": int(round(driver)),
+        "graph-exec": int(round(driver)),  # pyright: ignore[reportArgumentType]  # known: see above
     }
     total = sum(items.values())
     # The recording already created the capture stream's workspace (kept for the process's

@@ -19,11 +19,24 @@ torch on first use. Never imports networkx, click or the planner.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from capture_plan.schemas import __version__
 
 from .dispatch import PadTable
 from .errors import CaptureFailed, EnvironmentMismatch, ExecutorError, StaleOutputError, VerificationFailed
 from .load import Environment, check_environment, load_plan
+
+if TYPE_CHECKING:  # the lazy attributes (_LAZY), as type checkers and editors see them (never run)
+    from .distributed import check_plan_agreement
+    from .driver import capture
+    from .engine import EngineFunctions, adopt, record_graphs
+    from .graphs import GraphSet
+    from .loop import CaptureLoop, LoopStep, capture_loop
+    from .pool import weak_view
+    from .profiling import profile, write_trace
+    from .target import CaptureTarget
+    from .verification import verify
 
 __all__ = [
     "__version__",

@@ -160,11 +160,13 @@ class Background:
 
     def _main(self) -> None:
         torch.cuda.set_device(self.device)
-        runner = self.runner
+        runner, body = self.runner, self.body
+        # cleared only at the end of this, the thread's one run
+        assert runner is not None and body is not None
         failure: BaseException | None = None
         completed = False
         try:
-            completed = self.body()
+            completed = body()
             if completed:
                 runner.finish()
         except BaseException as err:  # reaches the caller on its next replay or wait
@@ -196,7 +198,7 @@ class Background:
         self.seconds = time.perf_counter() - self.t_start
         # The thread no longer needs the set; a stored failure's traceback keeps
         # this frame, so its locals must not hold the set either.
-        self.runner = self.body = runner = gs = None  # noqa: F841
+        self.runner = self.body = runner = body = gs = None  # noqa: F841
         self.finished.set()
         with self.landed:
             self.landed.notify_all()
@@ -285,6 +287,7 @@ class Background:
     def _raise(self, gs: GraphSet):
         self.finished.wait()  # the failed thread is winding down and needs no lock any more
         failure, step = self.failure, self.failed_step
+        assert failure is not None  # called once the capture failed
         gs.release(reason=f"the background capture failed at {step.id if step else 'start'}")
         raise capture_failed(failure, step, self.plan, self.device)
 

@@ -37,7 +37,7 @@ def _progress(steps, enabled: bool):
     if not enabled:
         return None
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # pyright: ignore[reportMissingModuleSource]  # typeshed has its stubs
     except ImportError:  # progress is a nicety; tqdm is in the executor extra
         return None
     return tqdm(total=len(steps), desc="capture", unit="step", file=sys.stderr, dynamic_ncols=True)
@@ -57,8 +57,9 @@ def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
                     if ws is not None:
                         target.refresh(w.phase, w.bs, w.bs, ws)
                     outs = as_outputs(target.run(w.phase, w.bs, ws))
-                session.warm_ptrs[(w.phase, w.bs)] = [t.data_ptr() for t in outs]
-                del outs
+                # bound: the loop runs at least once
+                session.warm_ptrs[(w.phase, w.bs)] = [t.data_ptr() for t in outs]  # pyright: ignore[reportPossiblyUnboundVariable]
+                del outs  # pyright: ignore[reportPossiblyUnboundVariable]
         if ws is not None:
             with step.eager():  # writes the workspace replays read: ordered against them
                 target.refresh(s.phase, s.bs, s.bs, ws)  # outside the graph, by design

@@ -207,7 +207,8 @@ def adopt(
             fix="pass eager=lambda phase, bs: <the forward run eagerly>",
         )
     if target is None:
-        target = EngineFunctions(eager, prepare=prepare, inputs=inputs, read_only=read_only)
+        # eager is given: exactly one of eager and target is (checked above)
+        target = EngineFunctions(eager, prepare=prepare, inputs=inputs, read_only=read_only)  # pyright: ignore[reportArgumentType]
     keys = [_key(k) for k in graphs]
     outs = {_key(k): v for k, v in outputs.items()}
     missing = [k for k in keys if k not in outs]
@@ -237,7 +238,7 @@ def adopt(
         if handle is None:
             raise ExecutorError(f"no pool for phase {phase!r}", where="adopt", fix="give pool= for every phase")
         name = f"phase:{phase}" if pools is not None else "shared"
-        gs.pools.setdefault(name, handle)
+        gs.pools.setdefault(name, handle)  # pyright: ignore[reportArgumentType]  # a handle: a Mapping pool is read per phase above
         tensors = as_outputs(outs[(phase, bs)])
         rows, rem = divmod(tensors[0].shape[0], bs) if tensors[0].dim() else (1, 0)
         if rem:

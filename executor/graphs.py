@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from .heap import collect_young
 from .logs import log, rank_tag
 from .pool import Window, pool_reserved, pool_segments
 from .target import CaptureTarget
+
+if TYPE_CHECKING:  # background imports this module
+    from .background import Background
 
 __all__ = ["GraphSet", "Captured", "GuardedOutputs", "Fallback", "as_outputs"]
 
@@ -150,7 +154,7 @@ class GraphSet:
         #: (seconds since capture() was called, phase, bs) of every graph, as it landed
         self.timeline: list[tuple[float, str, int]] = []
         #: the background capture (None for a foreground one); kept after it ends for its numbers
-        self.background = None
+        self.background: Background | None = None
         self._planned = _planned_sizes(plan) if plan is not None else {p: sorted(v) for p, v in (sizes or {}).items()}
         self._tables: dict[str, PadTable] = {p: PadTable(p, {}, limit=v[-1]) for p, v in self._planned.items()}
         self._refresh: dict[str, Callable | None] = {}

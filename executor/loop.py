@@ -68,7 +68,7 @@ import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -76,7 +76,7 @@ from capture_plan.schemas.plan import Plan, Step
 
 from .device import probe
 from .errors import ExecutorError, capture_failed
-from .graphs import GraphSet
+from .graphs import Fallback, GraphSet
 from .heap import Frozen
 from .pool import one_pool_reserved, pool_key, scratch_pool
 from .session import CaptureSession, _distributed, _rank0, refuse_piecewise
@@ -136,7 +136,8 @@ def _walk(x, path: str, where: str, device: torch.device, leaves: list):
         return lambda held: None
     kind = type(x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple
-        parts = [_walk(v, f"{path}.{k}", where, device, leaves) for k, v in zip(x._fields, x)]
+        fields = x._fields  # pyright: ignore[reportAttributeAccessIssue]  # hasattr above
+        parts = [_walk(v, f"{path}.{k}", where, device, leaves) for k, v in zip(fields, x)]
         return lambda held: kind(*(p(held) for p in parts))
     if isinstance(x, (tuple, list)):
         parts = [_walk(v, f"{path}[{i}]", where, device, leaves) for i, v in enumerate(x)]
@@ -195,7 +196,7 @@ class LoopStep:
     every replay) and ``outputs`` ("keep" or "view").
     """
 
-    def __init__(self, loop: CaptureLoop, step: Step, warmups: int, t0: float, pending: list[Step] = ()):
+    def __init__(self, loop: CaptureLoop, step: Step, warmups: int, t0: float, pending: Sequence[Step] = ()):
         session = loop.session
         self._loop, self._session, self.plan_step, self._t0 = loop, session, step, t0
         self.phase, self.bs, self.index, self.id = step.phase, step.bs, step.index, step.id
@@ -603,7 +604,7 @@ class CaptureLoop:
         return capture_failed(failure, self.session.current, self.plan, self.device)
 
     # -- serving while the engine's loop captures -----------------------------
-    def start(self, body: Callable[[CaptureLoop], None], *, fallback="eager") -> GraphSet:
+    def start(self, body: Callable[[CaptureLoop], None], *, fallback: Fallback = "eager") -> GraphSet:
         """Run the engine's capture loop ``body(loop)`` on a thread and return
         the GraphSet at once: it serves each graph as it lands, and ``fallback``
         before (as ``capture(..., background=True)``; :mod:`capture_plan.executor.background`

@@ -31,7 +31,8 @@ __all__ = [
 
 def pool_key(pool) -> tuple[int, int]:
     """A pool's id as a plain tuple, however it is spelled (handle, snapshot list, MemPool id)."""
-    return tuple(int(x) for x in pool)  # graph_pool_handle() and snapshots spell ids differently
+    # graph_pool_handle() and snapshots spell ids differently; every spelling is two ints
+    return tuple(int(x) for x in pool)  # pyright: ignore[reportReturnType]
 
 
 def pool_segments(pools) -> list[tuple[int, int]]:
@@ -206,8 +207,9 @@ class AllocationRecorder:
             (s["address"], s["address"] + s["total_size"])
             for s in snap.get("segments", [])
             if s.get("device", dev) == dev
+            # torch's snapshot TypedDict does not declare segment_pool_id; the snapshots have it
             and s.get("segment_pool_id") is not None
-            and pool_key(s["segment_pool_id"]) != (0, 0)
+            and pool_key(s["segment_pool_id"]) != (0, 0)  # pyright: ignore[reportGeneralTypeIssues]
         )
         return (traces[dev] if dev < len(traces) else []), segs
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal, overload
 
 import msgspec
 import torch
@@ -26,6 +27,7 @@ import torch
 from capture_plan.schemas.codec import canonical_bytes
 from capture_plan.schemas.files import write_atomic
 from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 from .driver import capture
@@ -80,9 +82,22 @@ def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
     )
 
 
+@overload
+def profile(
+    plan: Plan,
+    target: CaptureTarget,
+    *,
+    sizes: Sizes = "default",
+    progress: bool = False,
+    with_report: Literal[False] = False,
+) -> Trace: ...
+@overload
+def profile(
+    plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False, with_report: Literal[True]
+) -> tuple[Trace, CaptureReport | None]: ...
 def profile(
     plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False, with_report: bool = False
-):
+) -> Trace | tuple[Trace, CaptureReport | None]:
     """Record the allocation trace of ``plan``'s captures of the chosen sizes.
 
     ``sizes``: ``"default"`` (smallest, median and largest of each phase),

@@ -134,6 +134,8 @@ class CaptureSession:
     """
 
     def __init__(self, gs: GraphSet, device, *, record: bool, bar, show: bool, t_start: float, mode: str = "global"):
+        # a session runs a plan: GraphSets without one (engine.adopt's) never get here
+        assert gs.plan is not None
         self.gs, self.plan, self.target, self.device = gs, gs.plan, gs.target, device
         self.bar, self.show, self.t_start, self.mode = bar, show, t_start, mode
         self.stream = capture_stream(device)
@@ -355,7 +357,7 @@ class CaptureSession:
                 torch.addmm(a, a, a, out=out)
                 torch.matmul(a, a, out=out)
             self.stream.synchronize()  # the operands are idle before they go back to their stream
-        del mats, a, out
+        del mats, a, out  # pyright: ignore[reportPossiblyUnboundVariable]  # the loop ran: mats has two pairs
 
     def abort(self, failure: BaseException | None) -> None:
         """Stop the progress bar and the recorder, drop the failure's frames."""
@@ -440,7 +442,7 @@ def _init_cublas(device) -> None:
     for dt in (torch.float32, torch.bfloat16):
         a = torch.ones(16, 16, device=device, dtype=dt)
         torch.addmm(a, a, a)
-        a @ a
+        a @ a  # pyright: ignore[reportUnusedExpression]  # run for the cuBLASLt handle it creates
 
 
 #: phase kinds whose graphs are pieces between eagerly-run attention ops (vLLM's PIECEWISE):

@@ -42,13 +42,17 @@ import functools
 import random
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
 from .errors import VerificationFailed
 from .graphs import Captured, GraphSet
 from .pool import pool_segments, raw_bytes
+
+T = TypeVar("T")
 
 __all__ = ["verify", "Fault", "VerifyResult", "sanitizer_command", "is_device_fault"]
 
@@ -130,7 +134,8 @@ class _Guard:
 
     def __init__(self, target) -> None:
         declared = getattr(target, "read_only", None)
-        self.tensors: dict[str, torch.Tensor] = dict(declared()) if callable(declared) else {}
+        read_only: Any = declared() if callable(declared) else {}  # the target's mapping of name -> tensor
+        self.tensors: dict[str, torch.Tensor] = dict(read_only)
         self.sums = {name: self._sum(t) for name, t in self.tensors.items()}
 
     @staticmethod
@@ -186,7 +191,7 @@ def is_device_fault(err: BaseException) -> bool:
     )
 
 
-def _synchronized(what: str, cap: Captured, n: int, work) -> object:
+def _synchronized(what: str, cap: Captured, n: int, work: Callable[[], T]) -> T:
     """Run ``work`` and wait for the device; a device fault names ``what`` and the graph."""
     try:
         out = work()

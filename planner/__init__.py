@@ -14,6 +14,12 @@ networkx.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the lazy attributes below, as type checkers and editors see them (never run)
+    from .allocator import PoolSim
+    from .build import BuildOptions, build_plan, check_plan, plan_bytes
+    from .specs import default_spec
 
 __all__ = ["BuildOptions", "build_plan", "check_plan", "plan_bytes", "PoolSim", "default_spec"]
 

@@ -67,6 +67,7 @@ GPU, in both modes.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from capture_plan.schemas.units import KiB, MiB
@@ -163,7 +164,7 @@ class PoolSim:
     """
 
     expandable: bool = False
-    addresses: object = None
+    addresses: Iterator[int] | None = None
     reserved: int = 0
     allocated: int = 0
     peak_reserved: int = 0
@@ -303,8 +304,8 @@ class PoolSim:
             if spans is not None:
                 span = (block.addr, block.addr + block.size)
                 spans.add(span)
-                if eid in watch:
-                    watched.append(span)
+                if eid in watch:  # watch is non-empty only with spans and watched (see the docstring)
+                    watched.append(span)  # pyright: ignore[reportOptionalMemberAccess]
         self.allocated = allocated
 
     def _grow(self, small: bool, stream: int, size: int) -> Block:

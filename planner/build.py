@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
@@ -35,7 +36,7 @@ from capture_plan.schemas.plan import (
     TraceSamples,
 )
 from capture_plan.schemas.spec import Phase, Spec, phase_model
-from capture_plan.schemas.strategy import AXES, allocator_modes
+from capture_plan.schemas.strategy import AXES, AllocatorMode, allocator_modes
 from capture_plan.schemas.units import MiB, mib
 
 from . import resources
@@ -213,7 +214,7 @@ def command_for_cwd(opts: BuildOptions) -> str:
     return " ".join(_command(opts, lambda p: _rel(p, cwd), out if out != default_output(opts).as_posix() else None))
 
 
-def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str] | None]:
+def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str, str | None] | None]:
     """(spec, its name, its bytes, (model config path, digest) or None)."""
     if opts.spec is not None:
         # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
@@ -432,9 +433,9 @@ def _reused_bytes(sims: dict, strategies: dict[str, Strategy], captures: list[tu
     """Pool bytes of ``captures`` under ``strategies`` if the optimizer already
     simulated exactly that (same captures in the same order, same memory axes;
     warm-ups and hazard tracking do not change the bytes); else None."""
-    captures = tuple(captures)
+    key = tuple(captures)
     for members, (seq, sim) in sims.items():
-        if seq == captures and all(_memory(st) == _memory(strategies[n]) for n, st in members):
+        if seq == key and all(_memory(st) == _memory(strategies[n]) for n, st in members):
             return sim.pool_bytes
     return None
 
@@ -456,7 +457,7 @@ class _Resolved(msgspec.Struct, frozen=True):
     #: (path relative to the plan, digest, model_type)
     model_config: tuple[str, str, str | None] | None
     tp: int
-    allocator: str
+    allocator: AllocatorMode
     rules: dict[str, list]
     by_name: dict[str, Phase]
     pins: dict[str | None, dict[str, str]]
@@ -537,6 +538,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
         raise InputError(
             f"unknown allocator mode {allocator!r}", where="--allocator", fix=f"use {' or '.join(allocator_modes())}"
         )
+    allocator = cast(AllocatorMode, allocator)  # one of allocator_modes(), checked above
     ctx = Context(backend=opts.backend, ci=opts.ci)
     check_spec_rules(spec.rules, list(resources.builtin_rules()), resources.backend_names(), spec_source)
     all_rules = list(resources.builtin_rules()) + list(spec.rules)
@@ -653,7 +655,9 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
         raise ConstraintError(sim.hazards[0], where="planned step order")
     baseline = resources.baseline()
     base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in r.sequence}
-    base_seq = [(n, bs) for n in r.sequence for bs in capture_order(r.by_name[n].sizes, baseline.order)]
+    order = baseline.order
+    assert order is not None  # rules.toml's baseline sets every axis
+    base_seq = [(n, bs) for n in r.sequence for bs in capture_order(r.by_name[n].sizes, order)]
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
     if baseline_bytes is None:
         baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes

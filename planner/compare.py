@@ -24,12 +24,12 @@ changing; the spec itself is not re-read.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Literal, cast
 
 import msgspec
 
-from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.plan import Decision, Plan
 from capture_plan.schemas.units import MiB, mib
 
 __all__ = [
@@ -75,7 +75,7 @@ def _phase_growth(plan: Plan) -> dict[str, int]:
 
 
 #: (label, getter, unit): every figure ``planner diff`` compares, in the order it prints them
-FIGURES: list[tuple[str, Callable[[Plan], int | dict[str, int] | None], Unit]] = [
+FIGURES: list[tuple[str, Callable[[Plan], int | Mapping[str, int | None] | None], Unit]] = [
     ("total (pools + hoisted)", total, "bytes"),
     ("pools at peak", lambda p: p.predicted.pool_bytes, "bytes"),
     ("pool", lambda p: dict(p.predicted.pools), "bytes"),
@@ -100,7 +100,7 @@ FIGURES: list[tuple[str, Callable[[Plan], int | dict[str, int] | None], Unit]] =
 ]
 
 
-def _digest(d: str | None) -> str:
+def _digest(d: str | msgspec.UnsetType | None) -> str:
     return d.split(":", 1)[-1][:12] if d else "-"
 
 
@@ -223,7 +223,8 @@ def input_changes(a: Plan, b: Plan) -> list[InputChange]:
     for label, getter in INPUTS:
         va, vb = getter(a), getter(b)
         if isinstance(va, dict) or isinstance(vb, dict):
-            va, vb = va or {}, vb or {}
+            # a getter that returns a dict returns one (or None) for both plans
+            va, vb = cast(dict, va or {}), cast(dict, vb or {})
             for name in list(va) + [n for n in vb if n not in va]:
                 # two size lists can read the same ("36 sizes 1..256") and still differ
                 same_sizes = label != "sizes" or sorted(sizes_a.get(name, [])) == sorted(sizes_b.get(name, []))
@@ -238,7 +239,7 @@ def input_changes(a: Plan, b: Plan) -> list[InputChange]:
 def _decisions(a: Plan, b: Plan) -> list[DecisionChange]:
     """Per phase, the decisions whose choice changed, matched by the rule that made them."""
 
-    def keyed(p: Plan) -> dict[tuple[str, str], object]:
+    def keyed(p: Plan) -> dict[tuple[str, str], Decision]:
         return {(d.phase, d.rule): d for d in p.decisions}
 
     da, db = keyed(a), keyed(b)

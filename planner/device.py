@@ -103,7 +103,8 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
             for key in (phase, f"kind:{phases.get(phase)}"):
                 scratch[key] = max(scratch.get(key, 0), m.scratch)
         if op == "capture" and prev_free is not None:
-            per[phase].append((prev_free - m.free) - (m.allocator_reserved - prev_res))
+            # every step has free and allocator_reserved: checked above, where pyright cannot see it
+            per[phase].append((prev_free - m.free) - (m.allocator_reserved - prev_res))  # pyright: ignore[reportOperatorIssue]
         prev_free, prev_res = m.free, m.allocator_reserved
     if not per:
         raise InputError("the report has no capture step after another step to measure", where=source, fix=fix)
@@ -267,16 +268,19 @@ def device_prediction(
                 source=f"{calibration.source} ({calibration.device}): per graph, per phase",
             )
         )
-    known = [i.bytes for i in items]
-    total = sum(known) if all(b is not None for b in known) else None
-    top = None
+    known = [i.bytes for i in items if i.bytes is not None]
+    total = sum(known) if len(known) == len(items) else None
+    top: int | None = None
     if total is not None and pool_after is not None and calibration.warmup_scratch:
         # the workspace and other allocator memory; pool_after holds the pools and hoisted bytes
-        fixed = total - pool - hoisted - next(i.bytes for i in items if i.name == "graph-exec")
+        # (a known total: every item's bytes are known, graph-exec's too)
+        graph_bytes = next(i.bytes for i in items if i.name == "graph-exec")
+        fixed = total - pool - hoisted - graph_bytes  # pyright: ignore[reportOperatorIssue]
         top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed)
     return DevicePrediction(
         device=calibration.device,
         items=items,
         total_bytes=total,
-        **({"peak_bytes": max(top, total)} if top is not None else {}),
+        # top is set only where total is known
+        **({"peak_bytes": max(top, total)} if top is not None and total is not None else {}),
     )

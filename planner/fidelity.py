@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from capture_plan.schemas.plan import Fidelity
 from capture_plan.schemas.spec import Model
 
 from .resources import data
@@ -48,7 +49,7 @@ def _nearest(model_type: str | None, moe: bool) -> tuple[str, dict]:
 
 def fidelity(
     source: str, model: Model, from_config: bool, model_type: str | None, describes_trace: str = ""
-) -> tuple[str, str, str]:
+) -> tuple[Fidelity, str, str]:
     """(fidelity, describes, caveat) of a plan predicted from ``source`` ("analytic" or "trace").
 
     ``from_config``: the dimensions came from a ``config.json`` (``model_type`` is its)."""

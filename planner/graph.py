@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, NoReturn, TypeVar
 
 from capture_plan.schemas.errors import ConstraintError
 from capture_plan.schemas.plan import Edge, Strategy
@@ -27,8 +27,12 @@ from capture_plan.schemas.spec import Phase
 __all__ = ["step_id", "phase_sequence", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
 
 
+#: a node: any hashable (the planner's are step ids and phase names)
+N = TypeVar("N", bound=Hashable)
+
+
 @dataclass
-class Digraph:
+class Digraph(Generic[N]):
     """Nodes with attributes and labelled edges, both kept in insertion order.
 
     Only what the planner needs: add nodes and edges, and the lexicographic
@@ -37,29 +41,29 @@ class Digraph:
     smallest ``(key, insertion index)`` ready node). No removal.
     """
 
-    nodes: dict[Hashable, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[N, dict[str, Any]] = field(default_factory=dict)
     #: node -> {successor: edge attributes}
-    succ: dict[Hashable, dict[Hashable, dict[str, Any]]] = field(default_factory=dict)
+    succ: dict[N, dict[N, dict[str, Any]]] = field(default_factory=dict)
 
-    def add_node(self, n: Hashable, **attrs: Any) -> None:
+    def add_node(self, n: N, **attrs: Any) -> None:
         if n in self.nodes:
             self.nodes[n].update(attrs)
         else:
             self.nodes[n] = dict(attrs)
             self.succ[n] = {}
 
-    def add_edge(self, u: Hashable, v: Hashable, **attrs: Any) -> None:
+    def add_edge(self, u: N, v: N, **attrs: Any) -> None:
         self.add_node(u)
         self.add_node(v)
         self.succ[u].setdefault(v, {}).update(attrs)
 
-    def has_edge(self, u: Hashable, v: Hashable) -> bool:
+    def has_edge(self, u: N, v: N) -> bool:
         return v in self.succ.get(u, ())
 
-    def edges(self) -> list[tuple[Hashable, Hashable, dict[str, Any]]]:
+    def edges(self) -> list[tuple[N, N, dict[str, Any]]]:
         return [(u, v, d) for u, out in self.succ.items() for v, d in out.items()]
 
-    def topological_order(self, key: Callable[[Hashable], Any]) -> list[Hashable] | None:
+    def topological_order(self, key: Callable[[N], Any]) -> list[N] | None:
         """Nodes in lexicographic topological order by ``key``; None if there is a cycle."""
         indegree = dict.fromkeys(self.nodes, 0)
         for out in self.succ.values():
@@ -97,7 +101,7 @@ def check_acyclic(g: Digraph, what: str = "steps") -> None:
     _raise_cycle(g, what)
 
 
-def _raise_cycle(g: Digraph, what: str, locate=None) -> None:
+def _raise_cycle(g: Digraph, what: str, locate=None) -> NoReturn:
     """Name the rules along one cycle (networkx finds it: only on this error
     path). ``locate(src, dst)``, when given, says where the input sets the
     cycle's first edge (default: "rules")."""
@@ -122,7 +126,7 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | No
     then spec order. ``after`` lists in a cycle are a ConstraintError located
     at an ``after`` entry of the spec ``source``."""
     index = {p.name: i for i, p in enumerate(phases)}
-    g = Digraph()
+    g = Digraph[str]()
     for name in index:
         g.add_node(name)
     for p in phases:
@@ -143,11 +147,11 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | No
 class StepGraph:
     """The Digraph plus helpers to add steps and labelled edges."""
 
-    g: Digraph
+    g: Digraph[str]
 
     @classmethod
     def empty(cls) -> StepGraph:
-        return cls(Digraph())
+        return cls(Digraph[str]())
 
     def add_step(self, op: str, phase: str, bs: int, rank: int, pos: int) -> str:
         sid = step_id(op, phase, bs)

@@ -274,8 +274,8 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
                         where=c.at("head_dim"),
                     )
                 v = out["hidden"] // out["heads"]
-            else:
-                raise c.missing(key, f)
+            else:  # _dimension gives None only for a one-key dimension: key is a str
+                raise c.missing(key, f)  # pyright: ignore[reportArgumentType]
         out[f] = v
     if out["heads"] % out["kv_heads"]:
         raise InputError(

@@ -118,7 +118,8 @@ def _candidates(phase: Phase, pb: Problem) -> list[Strategy]:
     if len(pb.phases) == 1:
         values["pool"] = ("shared",)  # one phase: "own" is the same pool
     combos = itertools.product(*(values[ax] for ax in MEMORY_AXES))
-    return [Strategy(**dict(zip(MEMORY_AXES, c))) for c in combos]
+    # each axis's values are the Literal values of its Strategy field (str to pyright)
+    return [Strategy(**dict(zip(MEMORY_AXES, c))) for c in combos]  # pyright: ignore[reportArgumentType]
 
 
 def _preference(rules: list[Rule], base: Choice) -> dict[str, str]:

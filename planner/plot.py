@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import existing_output
@@ -181,7 +182,7 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
         def draw(plan: Plan, series: dict[str, list[int]], is_old: bool) -> None:
             n = len(next(iter(series.values()), []))
             x = [x_at(i) for i in range(n)]
-            style = dict(linestyle="--", linewidth=1.3, alpha=0.8) if is_old else dict(linewidth=2.0)
+            style: dict[str, Any] = dict(linestyle="--", linewidth=1.3, alpha=0.8) if is_old else dict(linewidth=2.0)
             tag = ("old " if is_old else "new ") + f"{plan.name}: " if old is not None else ""
             if len(series) > 1:
                 # the sum under the pools, wider and grey: where one pool is all of it, both show

@@ -93,7 +93,8 @@ class Program(msgspec.Struct, frozen=True, dict=True):
         outputs = [
             frozenset(op.id for op in section if type(op) is Alloc and op.kind == "output") for section in sections
         ]
-        return Runnable(*pairs, kinds, *outputs)
+        # three pairs, three output sets: pyright cannot count a list's items in a call
+        return Runnable(*pairs, kinds, *outputs)  # pyright: ignore[reportCallIssue]
 
     def without_workspace(self) -> Program:
         """This program less the backend workspace's allocations and their

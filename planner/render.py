@@ -311,7 +311,8 @@ def device_comparison(report: CaptureReport, plan: Plan | None) -> list[str]:
         want = predicted.get(name) if predicted else None
         delta = "" if want is None or not want else f"{(got - want) / want:+.1%}"
         rows.append([name, _item_mib(want) if predicted else "-", mib(got, unit=False), delta or "-"])
-    total = plan.predicted.device.total_bytes if predicted else None
+    # predicted is non-empty only where plan and its device prediction are there
+    total = plan.predicted.device.total_bytes if predicted else None  # pyright: ignore[reportOptionalMemberAccess]
     rows.append(
         [
             "free memory drop",

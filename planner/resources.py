@@ -33,7 +33,8 @@ from capture_plan.schemas.strategy import PhaseSetting
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
-    import tomli as tomllib
+    # tomli: a dependency on Python 3.10 only; pyright runs in a 3.11+ venv without it
+    import tomli as tomllib  # pyright: ignore[reportMissingImports]
 
 __all__ = [
     "data_bytes",

@@ -11,7 +11,7 @@ the pool and change nothing here. A hoisted workspace is not in the pool.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -36,7 +36,7 @@ class SimResult(msgspec.Struct, frozen=True):
     after_capture: list[tuple[int, int]]
     #: outputs that must outlive other phases' replays but lie in memory those
     #: replays write (see ``protect``); empty when safe
-    hazards: list[str] = ()
+    hazards: Sequence[str] = ()
 
 
 def simulate(
@@ -204,7 +204,8 @@ class Simulation:
             if prog.carry_kind is not None:  # the step returns what the last repetition carries out
                 carried_kind = prog.carry_kind
                 if outputs is not None and prog.carry_kind == "output":
-                    outputs.append((carried.addr, carried.addr + carried.size))
+                    # the body ran (prog.repeats), so carried is the block it carried out
+                    outputs.append((carried.addr, carried.addr + carried.size))  # pyright: ignore[reportOptionalMemberAccess]
             live[CARRY] = carried
         run(code.epilogue, live, 0, spans, code.epilogue_outputs if watch else (), outputs)
         if outputs:

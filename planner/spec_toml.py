@@ -13,6 +13,7 @@ strings hold control characters other than those JSON escapes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import msgspec
 
@@ -45,7 +46,7 @@ def _table(fields: dict) -> list[str]:
     return [f"{k} = {_value(v)}" for k, v in fields.items() if v is not None]
 
 
-def spec_toml(spec: Spec, header: list[str] = ()) -> str:
+def spec_toml(spec: Spec, header: Sequence[str] = ()) -> str:
     """``spec`` as TOML: top-level settings, ``[model]``, one ``[[phases]]``
     table per phase, one ``[[rules]]`` table per rule; ``header`` lines first, as comments."""
     raw = msgspec.to_builtins(spec)

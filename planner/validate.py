@@ -120,7 +120,8 @@ def _check_rules(spec: Spec, source: str, phase_kinds: Mapping[str, Collection[s
 def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
     """A phase's own dimensions: at least one, and heads a multiple of kv_heads
     once merged with the spec's ``[model]`` (each within its bound: the types)."""
-    own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}
+    # called only for a phase that has a model (not UNSET)
+    own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}  # pyright: ignore[reportArgumentType]
     if not own:
         raise InputError(
             "model sets no dimension",
@@ -138,7 +139,7 @@ def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
         )
 
 
-def check_phase_kind(kind: str, phase_kinds: Mapping[str, Collection[str]], where: str) -> None:
+def check_phase_kind(kind: str, phase_kinds: Mapping[str, object], where: str) -> None:
     """Refuse a phase kind that is not a key of ``phase_kinds`` (see :func:`validate_spec`)."""
     if kind not in phase_kinds:
         raise InputError(

@@ -24,12 +24,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import msgspec
 
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.spec import Model, Phase, phase_model
-from capture_plan.schemas.trace import CaptureTrace, Trace
+from capture_plan.schemas.trace import CaptureTrace, EventKind, Trace
 
 from .program import CARRY, Alloc, Free, Op, Program
 from .resources import Backend
@@ -64,7 +65,7 @@ class _Ops:
         self.ops: list[Op] = []
         self._next = 0
 
-    def alloc(self, size: int, kind: str = "temp") -> int:
+    def alloc(self, size: int, kind: EventKind = "temp") -> int:
         i = self._next
         self._next += 1
         self.ops.append(Alloc(size, i, kind))
@@ -78,7 +79,7 @@ class _Ops:
         return ops
 
 
-def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int, kind: str = "temp") -> int:
+def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int, kind: EventKind = "temp") -> int:
     """x.float(); pow(2).mean(-1); + eps; rsqrt; x * r; .to(bf16); * weight (its result of ``kind``)."""
     x32 = ev.alloc(tokens * hidden * 4)
     pw = ev.alloc(tokens * hidden * 4)
@@ -156,7 +157,7 @@ def _decoder_layer(ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int, attention_
     return new_hidden
 
 
-def _logits(ev: _Ops, s: _Shape, rows: int, kind: str) -> tuple[int, int]:
+def _logits(ev: _Ops, s: _Shape, rows: int, kind: EventKind) -> tuple[int, int]:
     """Final norm and lm_head over ``rows`` hidden states, then the float32
     copy (of ``kind``); returns (float32 logits, the normed input still alive)."""
     m = s.model
@@ -228,7 +229,7 @@ def _piecewise_program(s: _Shape, phase: Phase, bs: int) -> Program:
     return _hidden_program(s, phase, bs, attention_in_graph=False)
 
 
-def _topk(ev: _Ops, rows: int, k: int, kind: str = "temp") -> tuple[int, int]:
+def _topk(ev: _Ops, rows: int, k: int, kind: EventKind = "temp") -> tuple[int, int]:
     """``probs.topk(k)``: float32 values and int64 indices."""
     return ev.alloc(rows * k * 4, kind), ev.alloc(rows * k * 8, kind)
 
@@ -382,7 +383,7 @@ def analytic_capture(model: Model, phase: Phase, bs: int, backend: Backend, tp: 
 class Workload:
     """What each (phase, size) capture allocates, from the analytic model or a recorded trace."""
 
-    source: str  # "analytic" | "trace"
+    source: Literal["analytic", "trace"]
     programs: dict[tuple[str, int], Program]
     #: per phase, (sizes measured, sizes derived) when from a trace
     samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)

@@ -152,7 +152,8 @@ class ReferenceModel:
     def scheduler_metadata(self, bs: int, tpr: int, seqlens: torch.Tensor, workspace: torch.Tensor) -> int:
         """Write FA3's scheduler metadata for this model's attention over ``tpr``
         new tokens per request into the hoisted ``workspace``; returns its int32 length."""
-        md = self.fa3.get_scheduler_metadata(
+        # called only with FA3 loaded (refresh returns early without it)
+        md = self.fa3.get_scheduler_metadata(  # pyright: ignore[reportOptionalMemberAccess]
             bs,
             tpr,
             self.cfg.max_seqlen,

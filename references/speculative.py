@@ -66,6 +66,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
@@ -182,7 +183,7 @@ class SpeculativeModel:
             raise ValueError("planted bugs are Triton kernels: triton is not importable")
         dev, m = self.device, cfg.model
         max_tokens = cfg.max_bs * max(toks.values()) * cfg.topk
-        i32 = dict(dtype=torch.int32, device=dev)
+        i32: dict[str, Any] = dict(dtype=torch.int32, device=dev)
         self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=dev)
         self.req_pool_indices = torch.arange(cfg.max_bs, **i32)
         self.seq_lens = torch.ones(cfg.max_bs, **i32)
@@ -417,9 +418,11 @@ def _torch_page_scatter(locs, table, stride, page):
 
 # -- Triton: the engine's kernels, where the planted bugs live ----------------
 def _triton_kernels():
+    # triton comes with CUDA builds of torch; where it is missing (a CPU torch) pyright cannot
+    # resolve it, nor see that @triton.jit makes the kernels below subscriptable (kernel[grid])
     try:
-        import triton
-        import triton.language as tl
+        import triton  # pyright: ignore[reportMissingImports]
+        import triton.language as tl  # pyright: ignore[reportMissingImports]
     except ImportError:
         return None
 
@@ -468,10 +471,10 @@ def _triton_kernels():
         def kv_rows(req_to_token, slots, lens, step, kv, topk, width, ctx):
             rows = slots.numel() * topk
             out = torch.empty(rows, dtype=torch.int32, device=kv.device)
-            kv_indices_kernel[(rows,)](
+            kv_indices_kernel[(rows,)](  # pyright: ignore[reportIndexIssue]
                 req_to_token, slots, lens, kv, topk, step, width, ctx, BLOCK=triton.next_power_of_2(step + 1)
             )
-            row_of_kernel[(rows,)](kv, out, width, ctx)
+            row_of_kernel[(rows,)](kv, out, width, ctx)  # pyright: ignore[reportIndexIssue]
             return out
 
         @staticmethod
@@ -480,14 +483,14 @@ def _triton_kernels():
             block = triton.next_power_of_2(steps)
             locs = locs.contiguous()
             # flat indices with the full row stride, whatever size ``table`` was given
-            page_scatter_kernel[(rows,)](locs, table, steps, stride, page, BLOCK=block)
+            page_scatter_kernel[(rows,)](locs, table, steps, stride, page, BLOCK=block)  # pyright: ignore[reportIndexIssue]
             pages = torch.empty(rows, steps, dtype=torch.int32, device=locs.device)
-            page_read_kernel[(rows,)](table, pages, steps, stride, BLOCK=block)
+            page_read_kernel[(rows,)](table, pages, steps, stride, BLOCK=block)  # pyright: ignore[reportIndexIssue]
             return pages
 
         @staticmethod
         def record_accept(slots, accept, table, wild):
-            record_accept_kernel[(slots.numel(),)](slots, accept, table, table.stride(0), UNSIGNED=wild)
+            record_accept_kernel[(slots.numel(),)](slots, accept, table, table.stride(0), UNSIGNED=wild)  # pyright: ignore[reportIndexIssue]
 
     return Kernels()
 

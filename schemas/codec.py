@@ -26,7 +26,8 @@ from .trace import TRACE_VERSION, Trace
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    # tomli: a dependency on Python 3.10 only; pyright runs in a 3.11+ venv without it
+    import tomli as tomllib  # pyright: ignore[reportMissingImports]
 
 __all__ = [
     "canonical_bytes",
@@ -150,8 +151,9 @@ def _bound_rule(kind: str, path: str) -> _Bound | None:
     one kept as well: a field of an array-like struct, ``events[][2]``), else the
     struct's ``.*`` entry."""
     every = re.sub(r"\[\d+\]", "[]", path)
-    head, last = re.fullmatch(r"(.*?)(\[\d+\])?", path).groups()
-    tries = (re.sub(r"\[\d+\]", "[]", head) + last, every) if last else (every,)
+    # the pattern matches any path (both groups may be empty): never None
+    head, last = re.fullmatch(r"(.*?)(\[\d+\])?", path).groups()  # pyright: ignore[reportOptionalMemberAccess]
+    tries: tuple[str, ...] = (re.sub(r"\[\d+\]", "[]", head) + last, every) if last else (every,)
     tries += (every.rpartition(".")[0] + ".*",)
     return next((_BOUNDS[kind, t] for t in tries if (kind, t) in _BOUNDS), None)
 
@@ -182,7 +184,8 @@ def _located(err: msgspec.ValidationError, source: str, kind: str | None, doc: A
             value = len(value)
         if op in ("<=", "<"):
             rule = _bound_rule(kind or "", path)
-            field = next((k for k in reversed(keys) if isinstance(k, str)), "value")
+            # `or []` for the checker: value is read only through keys, so keys is not None here
+            field = next((k for k in reversed(keys or []) if isinstance(k, str)), "value")
             unit = "characters" if type_name == "str" else "items"
             label = rule.label if rule else (f"{{value}} {unit}" if length else "{field} = {value}")
             what = label.format(value=_shown(value), field=field)

@@ -44,3 +44,6 @@ class ConstraintError(CapturePlanError):
 
 class DriftError(CapturePlanError):
     """A checked-in plan differs from what the planner builds now."""
+
+    #: whether `planner check --fix` can rebuild the plan (False: it records no build to rebuild from)
+    fixable: bool = True

@@ -100,7 +100,10 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 
 
-def dimension(field: str) -> object:
-    """The type of model dimension ``field``: an int from 1 to its :data:`MODEL_MAX`
-    bound (:data:`MODEL_MAX_DEFAULT` for a field not listed there)."""
-    return Annotated[int, msgspec.Meta(ge=1, le=MODEL_MAX.get(field, MODEL_MAX_DEFAULT))]
+def dimension(field: str) -> msgspec.Meta:
+    """The constraint of model dimension ``field``, for ``Annotated[int, dimension(field)]``:
+    from 1 to its :data:`MODEL_MAX` bound (:data:`MODEL_MAX_DEFAULT` for a field not
+    listed there). The constraint, not the whole ``Annotated`` type: a type checker
+    reads ``Annotated[int, ...]`` written out as the type int, a returned type as a
+    value it cannot use in an annotation."""
+    return msgspec.Meta(ge=1, le=MODEL_MAX.get(field, MODEL_MAX_DEFAULT))

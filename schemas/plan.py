@@ -54,12 +54,14 @@ StepOp = Literal["provision", "warmup", "capture"]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
+# Subclasses repeat frozen=True: msgspec inherits it, but a type checker reads
+# a dataclass_transform class without it as not frozen (and refuses that).
 class PlanStruct(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every plan type: immutable, keyword-only, lenient about unknown
     fields (forward compatibility across revisions)."""
 
 
-class Strategy(PlanStruct, kw_only=True):
+class Strategy(PlanStruct, frozen=True, kw_only=True):
     """The choice on every strategy axis for one phase."""
 
     order: Order = "largest-first"
@@ -75,7 +77,7 @@ class Strategy(PlanStruct, kw_only=True):
         )
 
 
-class PhasePlan(PlanStruct, kw_only=True):
+class PhasePlan(PlanStruct, frozen=True, kw_only=True):
     name: str
     kind: PhaseKind
     sizes: Annotated[list[BatchSize], msgspec.Meta(min_length=1)]
@@ -88,7 +90,7 @@ class PhasePlan(PlanStruct, kw_only=True):
     hoisted_bytes: NonNegative = 0
 
 
-class Step(PlanStruct, kw_only=True):
+class Step(PlanStruct, frozen=True, kw_only=True):
     """One executor action. ``id`` is unique and stable: ``<op>/<phase>/<bs>``."""
 
     index: NonNegative
@@ -105,7 +107,7 @@ class Step(PlanStruct, kw_only=True):
     bytes: NonNegative = 0
 
 
-class Edge(PlanStruct, kw_only=True):
+class Edge(PlanStruct, frozen=True, kw_only=True):
     """An ordering constraint between two steps and the rule that added it."""
 
     src: str
@@ -113,7 +115,7 @@ class Edge(PlanStruct, kw_only=True):
     rule: str
 
 
-class Alternative(PlanStruct, kw_only=True):
+class Alternative(PlanStruct, frozen=True, kw_only=True):
     """A strategy the optimizer considered for a phase, with its predicted cost."""
 
     strategy: Strategy
@@ -123,7 +125,7 @@ class Alternative(PlanStruct, kw_only=True):
     violates: list[str] = []
 
 
-class Decision(PlanStruct, kw_only=True):
+class Decision(PlanStruct, frozen=True, kw_only=True):
     """Why a phase got its strategy: the rule or constraint, the choice, the reason."""
 
     phase: str
@@ -137,7 +139,7 @@ class Decision(PlanStruct, kw_only=True):
     sizes_compared: NonNegative = 0
 
 
-class StepMemory(PlanStruct, kw_only=True):
+class StepMemory(PlanStruct, frozen=True, kw_only=True):
     """Predicted pool state right after a step (bytes, all graph pools together)."""
 
     step: NonNegative
@@ -145,7 +147,7 @@ class StepMemory(PlanStruct, kw_only=True):
     allocated: NonNegative
 
 
-class TraceSamples(PlanStruct, kw_only=True):
+class TraceSamples(PlanStruct, frozen=True, kw_only=True):
     """Where a trace-based prediction's sizes of one phase came from."""
 
     #: planned sizes whose captures were recorded
@@ -165,7 +167,7 @@ Provenance = Literal["simulated", "data", "measured", "unknown"]
 Fidelity = Literal["recorded", "reference", "approximate"]
 
 
-class DeviceCost(PlanStruct, kw_only=True, omit_defaults=True):
+class DeviceCost(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     """One item of the free device memory capture takes."""
 
     #: "pool", "hoisted", "stream-workspace", "allocator-other" or "graph-exec"
@@ -177,7 +179,7 @@ class DeviceCost(PlanStruct, kw_only=True, omit_defaults=True):
     source: str = ""
 
 
-class DevicePrediction(PlanStruct, kw_only=True, omit_defaults=True):
+class DevicePrediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     """What an engine must reserve for capture: the pool plus every other item."""
 
     #: the device, driver and torch the measured items were measured on ("" when none)
@@ -190,7 +192,7 @@ class DevicePrediction(PlanStruct, kw_only=True, omit_defaults=True):
     peak_bytes: NonNegative | None = None
 
 
-class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
+class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     # omit_defaults: fields added later are left out of plans that do not use
     # them, so plans built before they existed keep their bytes and digest.
     #: "analytic" (model dimensions) or "trace" (recorded allocation trace)
@@ -219,7 +221,7 @@ class Prediction(PlanStruct, kw_only=True, omit_defaults=True):
     caveat: str = ""
 
 
-class BuildRecord(PlanStruct, kw_only=True, omit_defaults=True):
+class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     """The options ``planner build`` was given (``capture_plan.planner.build.BuildOptions``), as
     ``planner check`` rebuilds the plan from them: paths relative to the plan's
     own folder, ``output`` only the file name and only when it is not the
@@ -240,7 +242,7 @@ class BuildRecord(PlanStruct, kw_only=True, omit_defaults=True):
     output: str | None = None
 
 
-class Inputs(PlanStruct, kw_only=True):
+class Inputs(PlanStruct, frozen=True, kw_only=True):
     """Everything the plan was derived from, without absolute paths."""
 
     spec: str
@@ -264,7 +266,7 @@ class Inputs(PlanStruct, kw_only=True):
     build: BuildRecord | msgspec.UnsetType = msgspec.UNSET
 
 
-class Requires(PlanStruct, kw_only=True):
+class Requires(PlanStruct, frozen=True, kw_only=True):
     """Environment the plan is valid for; checked by ``capture_plan.executor.load_plan``."""
 
     backend: str
@@ -278,7 +280,7 @@ class Requires(PlanStruct, kw_only=True):
     tp: Positive = 1
 
 
-class Plan(PlanStruct, kw_only=True):
+class Plan(PlanStruct, frozen=True, kw_only=True):
     version: NonNegative = PLAN_VERSION
     revision: NonNegative = PLAN_REVISION
     name: str

@@ -21,11 +21,13 @@ __all__ = ["ReportStruct", "StepMeasurement", "DeviceItem", "DeviceView", "Captu
 DEVICE_ITEMS = ("pool", "hoisted", "allocator-held", "allocator-cached", "outside-allocator")
 
 
+# Subclasses repeat frozen=True: msgspec inherits it, but a type checker reads
+# a dataclass_transform class without it as not frozen (and refuses that).
 class ReportStruct(msgspec.Struct, frozen=True, kw_only=True):
     """Base of report types (lenient: reports are read across revisions)."""
 
 
-class StepMeasurement(ReportStruct, kw_only=True):
+class StepMeasurement(ReportStruct, frozen=True, kw_only=True):
     step: NonNegative
     id: str
     #: measured reserved bytes of the plan's pools after the step
@@ -40,7 +42,7 @@ class StepMeasurement(ReportStruct, kw_only=True):
     scratch: NonNegative | None = None
 
 
-class DeviceItem(ReportStruct, kw_only=True):
+class DeviceItem(ReportStruct, frozen=True, kw_only=True):
     """One part of the free device memory a capture took."""
 
     #: one of :data:`DEVICE_ITEMS`
@@ -50,7 +52,7 @@ class DeviceItem(ReportStruct, kw_only=True):
     cause: str = ""
 
 
-class DeviceView(ReportStruct, kw_only=True):
+class DeviceView(ReportStruct, frozen=True, kw_only=True):
     """Free device memory before and after ``capture()``, itemized.
 
     Measured with ``torch.cuda.mem_get_info`` and the caching allocator's
@@ -73,7 +75,7 @@ class DeviceView(ReportStruct, kw_only=True):
         return next((i.bytes for i in self.items if i.name == name), 0)
 
 
-class CaptureReport(ReportStruct, kw_only=True):
+class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     plan: str
     plan_digest: str
     device: str

@@ -47,29 +47,31 @@ PerRequest = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS_PER_REQUEST)]
 #: budget_mib, library_mib: at most MAX_MIB (1 PiB)
 MiBAmount = Annotated[float, msgspec.Meta(le=MAX_MIB)]
 # each model dimension, 1..its MODEL_MAX bound
-Layers = dimension("layers")
-Hidden = dimension("hidden")
-Heads = dimension("heads")
-KvHeads = dimension("kv_heads")
-HeadDim = dimension("head_dim")
-Intermediate = dimension("intermediate")
-Vocab = dimension("vocab")
-DtypeBytes = dimension("dtype_bytes")
-LogitsDtypeBytes = dimension("logits_dtype_bytes")
-Experts = dimension("experts")
-ExpertsPerToken = dimension("experts_per_token")
-ExpertIntermediate = dimension("expert_intermediate")
-SharedExpertIntermediate = dimension("shared_expert_intermediate")
+Layers = Annotated[int, dimension("layers")]
+Hidden = Annotated[int, dimension("hidden")]
+Heads = Annotated[int, dimension("heads")]
+KvHeads = Annotated[int, dimension("kv_heads")]
+HeadDim = Annotated[int, dimension("head_dim")]
+Intermediate = Annotated[int, dimension("intermediate")]
+Vocab = Annotated[int, dimension("vocab")]
+DtypeBytes = Annotated[int, dimension("dtype_bytes")]
+LogitsDtypeBytes = Annotated[int, dimension("logits_dtype_bytes")]
+Experts = Annotated[int, dimension("experts")]
+ExpertsPerToken = Annotated[int, dimension("experts_per_token")]
+ExpertIntermediate = Annotated[int, dimension("expert_intermediate")]
+SharedExpertIntermediate = Annotated[int, dimension("shared_expert_intermediate")]
 # `$(?!\n)`: Python's `$` also matches before a trailing newline ("decode\n");
 # the lookahead refuses that and reads the same in JSON Schema's dialect.
 Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
 
 
+# Subclasses repeat frozen=True: msgspec inherits it, but a type checker reads
+# a dataclass_transform class without it as not frozen (and refuses that).
 class SpecStruct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Base of every spec type: strict, immutable, keyword-only."""
 
 
-class Model(SpecStruct, kw_only=True):
+class Model(SpecStruct, frozen=True, kw_only=True):
     """Shape of the decoder whose decode step is captured (per tensor-parallel rank
     is derived from ``tp``; dimensions here are the full model's)."""
 
@@ -99,7 +101,7 @@ class Model(SpecStruct, kw_only=True):
     shared_expert_intermediate: SharedExpertIntermediate | msgspec.UnsetType = msgspec.UNSET
 
 
-class PhaseModel(SpecStruct, kw_only=True):
+class PhaseModel(SpecStruct, frozen=True, kw_only=True):
     """Dimensions in which a phase's model differs from the spec's ``[model]``:
     a draft with its own hidden size or a smaller vocabulary (EAGLE-3 drafts
     have both). A field left out is the spec's. Layers are the phase's own
@@ -118,7 +120,7 @@ class PhaseModel(SpecStruct, kw_only=True):
     logits_dtype_bytes: LogitsDtypeBytes | msgspec.UnsetType = msgspec.UNSET
 
 
-class Phase(SpecStruct, kw_only=True):
+class Phase(SpecStruct, frozen=True, kw_only=True):
     """One family of graphs, one per capture size."""
 
     name: Name
@@ -139,7 +141,7 @@ class Phase(SpecStruct, kw_only=True):
     model: PhaseModel | msgspec.UnsetType = msgspec.UNSET
 
 
-class When(SpecStruct, kw_only=True):
+class When(SpecStruct, frozen=True, kw_only=True):
     """Condition of a rule; an unset field matches anything."""
 
     backend: list[str] | None = None
@@ -150,7 +152,7 @@ class When(SpecStruct, kw_only=True):
     output_lifetime: OutputLifetime | None = None
 
 
-class Choice(SpecStruct, kw_only=True):
+class Choice(SpecStruct, frozen=True, kw_only=True):
     """A partial strategy: the axes it sets must hold, the others are free."""
 
     order: Order | None = None
@@ -160,7 +162,7 @@ class Choice(SpecStruct, kw_only=True):
     warmup: Warmup | None = None
 
 
-class Rule(SpecStruct, kw_only=True):
+class Rule(SpecStruct, frozen=True, kw_only=True):
     """A rule or gate: when ``when`` matches a phase, at least one of ``require``
     must hold for it (none: no requirement), and ``prefer`` is its default."""
 
@@ -171,7 +173,7 @@ class Rule(SpecStruct, kw_only=True):
     prefer: Choice | None = None
 
 
-class Spec(SpecStruct, kw_only=True):
+class Spec(SpecStruct, frozen=True, kw_only=True):
     """What to plan. ``budget_mib`` fails a build whose predicted pool exceeds it."""
 
     version: int = SPEC_VERSION

@@ -27,12 +27,14 @@ TRACE_VERSION = 1
 EventKind = Literal["temp", "output", "library", "workspace"]
 
 
+# Subclasses repeat frozen=True: msgspec inherits it, but a type checker reads
+# a dataclass_transform class without it as not frozen (and refuses that).
 class TraceStruct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Base of trace types: strict, since a trace is machine-written and a stray
     field means a version mismatch."""
 
 
-class Event(TraceStruct, array_like=True, gc=False):
+class Event(TraceStruct, frozen=True, array_like=True, gc=False):
     """``[op, id, size, kind]``; array-like to keep multi-MB traces compact.
     ``gc=False``: scalars only (no cycles), so millions of events cost the
     garbage collector nothing and each is 16 bytes smaller."""
@@ -43,13 +45,13 @@ class Event(TraceStruct, array_like=True, gc=False):
     kind: EventKind = "temp"
 
 
-class CaptureTrace(TraceStruct, kw_only=True):
+class CaptureTrace(TraceStruct, frozen=True, kw_only=True):
     phase: str
     bs: BatchSize
     events: list[Event]
 
 
-class Trace(TraceStruct, kw_only=True):
+class Trace(TraceStruct, frozen=True, kw_only=True):
     version: int = TRACE_VERSION
     #: where it was recorded, e.g. "NVIDIA H200 / torch 2.11.0 / fa3"
     device: str = ""

@@ -49,10 +49,10 @@ class _Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
             return None
-        return importlib.import_module(f"{__name__}.{COMMANDS[name]}").command
+        return importlib.import_module(f"{__name__}.{COMMANDS[cmd_name]}").command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # the top-level --help and --version print here, while the group's options

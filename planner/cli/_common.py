@@ -53,7 +53,7 @@ class _Argument(click.Argument):
         super().__init__(decls, **kw)
         self.doc, self.kind = doc, kind
 
-    def get_error_hint(self, ctx: click.Context) -> str:
+    def get_error_hint(self, ctx: click.Context | None) -> str:
         # the usage line's {name} is click's metavar; errors name the argument plainly
         return repr(self.name)
 
