@@ -72,7 +72,13 @@ class DeviceView(ReportStruct, frozen=True, kw_only=True):
     background: bool = False
 
     def item(self, name: str) -> int:
-        return next((i.bytes for i in self.items if i.name == name), 0)
+        """The bytes of the item ``name``. A KeyError naming the items there are when the
+        view has none of that name (a report of another executor version): an item
+        nobody measured is never read as 0."""
+        for i in self.items:
+            if i.name == name:
+                return i.bytes
+        raise KeyError(f"the device view has no item {name!r}; it has {[i.name for i in self.items]}")
 
 
 class CaptureReport(ReportStruct, frozen=True, kw_only=True):

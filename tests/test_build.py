@@ -525,6 +525,23 @@ def fa3ci():
     return build_plan(BuildOptions(backend="fa3", ci=True))
 
 
+def test_a_device_view_item_nobody_measured_is_an_error_not_zero(fa3ci):
+    """DeviceView.item of an item the view lacks (a report of another executor version)
+    raises, naming the items there are; before, it read as 0 bytes."""
+    from capture_plan.schemas.report import DeviceView
+
+    view = _report(fa3ci).device_view
+    assert view.item("pool") == fa3ci.predicted.pool_bytes
+    partial = DeviceView(
+        free_before=view.free_before,
+        free_after=view.free_after,
+        drop=view.drop,
+        items=[i for i in view.items if i.name != "allocator-cached"],
+    )
+    with pytest.raises(KeyError, match=r"no item 'allocator-cached'; it has \['pool'"):
+        partial.item("allocator-cached")
+
+
 def test_without_a_calibration_the_measured_items_are_unknown_never_zero(fa3ci):
     dev = fa3ci.predicted.device
     items = {i.name: i for i in dev.items}
