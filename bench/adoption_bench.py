@@ -31,54 +31,22 @@ import json
 import time
 from pathlib import Path
 
-from bench.harness import MiB, add_out_dir, add_overwrite, header, main_exit, result_file, run_module
+from bench.harness import (
+    MiB,
+    add_out_dir,
+    add_overwrite,
+    case_options,
+    case_target,
+    header,
+    main_exit,
+    result_file,
+    run_module,
+)
 
 CASES = ("reference", "eagle", "llama", "mixtral", "deepseek_v3")
-#: SGLang's decode sizes up to 256
-DECODE = [1, 2, 4, 8, 12, *range(16, 257, 8)]
-MAX_SEQLEN = 256
-_COMMON = dict(num_hidden_layers=4, vocab_size=32000, max_position_embeddings=4096)
-HF = {
-    "llama": (
-        "LlamaConfig",
-        dict(_COMMON, hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8),
-    ),
-    "mixtral": (
-        "MixtralConfig",
-        dict(
-            _COMMON,
-            hidden_size=1024,
-            intermediate_size=3584,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-        ),
-    ),
-    "deepseek_v3": (
-        "DeepseekV3Config",
-        dict(
-            _COMMON,
-            hidden_size=1024,
-            intermediate_size=2816,
-            moe_intermediate_size=512,
-            num_attention_heads=16,
-            num_key_value_heads=16,  # MLA attends with every head
-            kv_lora_rank=256,
-            q_lora_rank=384,
-            qk_nope_head_dim=64,
-            qk_rope_head_dim=32,
-            v_head_dim=64,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_shared_experts=1,
-            n_group=2,
-            topk_group=1,
-            first_k_dense_replace=1,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        ),
-    ),
-}
+#: the transformers cases' configs on top of bench.harness.HF_ARCHS: 4 layers (what
+#: bench/results/adoption-2026-12-01.json measured)
+HF_CONFIG = dict(num_hidden_layers=4, max_position_embeddings=4096)
 
 
 # -- the engine: SGLang-shaped, adopted (each adoption change marked # +) ---------------
@@ -139,51 +107,6 @@ def engine_capture(plan, model, device):
 
 
 # -- the cases ---------------------------------------------------------------------------
-def _options(case: str, folder: Path):
-    from capture_plan.planner import BuildOptions
-
-    if case == "reference":
-        return BuildOptions(backend="fa3", ci=True)
-    if case == "eagle":
-        return BuildOptions(backend="fa3", ci=True, speculative="eagle")
-    import transformers
-
-    cls, kw = HF[case]
-    cfg = getattr(transformers, cls)(**kw, dtype="bfloat16")
-    (folder / "config.json").write_text(cfg.to_json_string())
-    spec = folder / f"{case}.toml"
-    spec.write_text(
-        f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {DECODE}\n'
-    )
-    return BuildOptions(backend="torch", spec=spec)
-
-
-def _target(case: str, plan):
-    import torch
-
-    from capture_plan.schemas.spec import Model
-
-    max_bs = max(max(p.sizes) for p in plan.phases)
-    if case == "reference":
-        from capture_plan.references.decode import ReferenceConfig, ReferenceModel
-
-        return ReferenceModel(ReferenceConfig(model=Model(), max_bs=max_bs))
-    if case == "eagle":
-        from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
-
-        return SpeculativeModel(SpeculativeConfig(model=Model(), max_bs=max_bs, num_steps=3, topk=1))
-    import transformers
-
-    from capture_plan.adapters.hf import HFTarget
-
-    cls, kw = HF[case]
-    cfg = getattr(transformers, cls)(**kw)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
-    return HFTarget(model, max_bs=max_bs, max_seqlen=MAX_SEQLEN)
-
-
 def _facts(gs) -> dict:
     """What capture() and the engine's loop must agree on."""
     return dict(
@@ -238,8 +161,8 @@ def child(case: str) -> dict:
     from capture_plan.planner import build_plan
 
     with tempfile.TemporaryDirectory() as tmp:
-        plan = build_plan(_options(case, Path(tmp)))
-    target = _target(case, plan)
+        plan = build_plan(case_options(case, Path(tmp), **HF_CONFIG))
+    target = case_target(case, plan, **HF_CONFIG)
     device = torch.device("cuda", torch.cuda.current_device())
     for p in plan.phases:  # the engine ran its model eagerly before capture (module loading, cuBLAS)
         target.run(p.name, min(p.sizes), None)

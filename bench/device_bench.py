@@ -42,78 +42,24 @@ import time
 from pathlib import Path
 
 from bench.harness import (
-    HF_ARCHS,
     MiB,
     add_layers,
     add_out_dir,
     add_overwrite,
+    case_options,
+    case_target,
     engine_loop,
     free_bytes,
     header,
-    hf_config,
     largest_first,
     main_exit,
     release,
     result_file,
     run_module,
 )
-from capture_plan.planner.specs import sgl_sizes
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
 MODES = ("executor", "loop", "startup", "vllm", "analytic")
-#: SGLang's decode sizes up to 256 (the default spec's)
-DECODE = sgl_sizes("decode", 256)
-MAX_SEQLEN = 256
-
-
-# -- the cases -----------------------------------------------------------------
-def _hf_spec(case: str, folder: Path) -> Path:
-    """A spec naming the model's config.json, with the decode sizes."""
-    cfg = hf_config(case, dtype="bfloat16")  # the dtype the target runs in
-    (folder / "config.json").write_text(cfg.to_json_string())
-    spec = folder / f"{case}.toml"
-    spec.write_text(
-        f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {DECODE}\n'
-    )
-    return spec
-
-
-def _options(case: str, folder: Path):
-    from capture_plan.planner import BuildOptions
-
-    if case == "reference":
-        return BuildOptions(backend="fa3", ci=True)
-    if case == "eagle":
-        return BuildOptions(backend="fa3", ci=True, speculative="eagle")
-    return BuildOptions(backend="torch", spec=_hf_spec(case, folder))
-
-
-def _target(case: str, plan, layers: int):
-    import torch
-
-    from capture_plan.schemas.spec import Model
-
-    if case == "reference":
-        from capture_plan.references.decode import ReferenceConfig, ReferenceModel
-
-        return ReferenceModel(ReferenceConfig(model=Model(layers=layers), max_bs=max(plan.phases[0].sizes)))
-    if case == "eagle":
-        from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
-
-        return SpeculativeModel(
-            SpeculativeConfig(
-                model=Model(layers=layers), max_bs=max(max(p.sizes) for p in plan.phases), num_steps=3, topk=1
-            )
-        )
-    import transformers
-
-    from capture_plan.adapters.hf import HFTarget
-
-    cfg = hf_config(case)
-    cfg._attn_implementation = HF_ARCHS[case][2]
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
-    return HFTarget(model, max_bs=max(plan.phases[0].sizes), max_seqlen=MAX_SEQLEN)
 
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
@@ -263,7 +209,7 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
     from capture_plan.planner import build_plan
 
     folder = Path(tempfile.mkdtemp())
-    opts = _options(case, folder)
+    opts = case_options(case, folder)
     t0 = time.perf_counter()
     plan = build_plan(opts)
     out: dict = {
@@ -273,7 +219,7 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
         "analytic_pool_mib": plan.predicted.pool_bytes / MiB,
         "fidelity": getattr(plan.predicted, "fidelity", None),
     }
-    target = _target(case, plan, layers)
+    target = case_target(case, plan, layers)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     for p in plan.phases:  # valid inputs everywhere, and the engine's eager profiling run before capture

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from capture_plan.planner.specs import sgl_sizes
 from capture_plan.schemas.errors import CapturePlanError, InputError
 
 #: the repository's root (bench/ is a folder of it; the benches run from here)
@@ -439,6 +440,31 @@ HF_ARCHS: dict[str, tuple[str, dict[str, Any], str]] = {
         ),
         "sdpa",
     ),
+    "deepseek_v3": (  # MLA: key and value head dims differ, every head attends
+        "DeepseekV3Config",
+        dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            moe_intermediate_size=512,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            kv_lora_rank=256,
+            q_lora_rank=384,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=32,
+            v_head_dim=64,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            num_hidden_layers=4,
+            vocab_size=32000,
+        ),
+        "sdpa",
+    ),
 }
 
 
@@ -448,4 +474,61 @@ def hf_config(name: str, **extra):
     import transformers
 
     cls, kw, _ = HF_ARCHS[name]
-    return getattr(transformers, cls)(**kw, **extra)
+    return getattr(transformers, cls)(**{**kw, **extra})
+
+
+# -- the benchmarked cases: a plan's build options and its model --------------------------------
+
+#: SGLang's decode sizes up to 256 (the default spec's), the sizes of the transformers cases
+HF_DECODE = sgl_sizes("decode", 256)
+#: the KV cache length of the transformers cases
+HF_MAX_SEQLEN = 256
+
+
+def case_options(case: str, folder: Path, **config):
+    """The ``BuildOptions`` of a bench case: "reference" (plans/fa3-ci.json's build),
+    "eagle" (plans/fa3-eagle-ci.json's), or an :data:`HF_ARCHS` name, whose config
+    (``config`` keyword arguments on top) is written to ``folder/config.json`` and
+    named by a spec of the :data:`HF_DECODE` sizes."""
+    from capture_plan.planner import BuildOptions
+
+    if case == "reference":
+        return BuildOptions(backend="fa3", ci=True)
+    if case == "eagle":
+        return BuildOptions(backend="fa3", ci=True, speculative="eagle")
+    cfg = hf_config(case, **config, dtype="bfloat16")  # the dtype the target runs in
+    (folder / "config.json").write_text(cfg.to_json_string())
+    spec = folder / f"{case}.toml"
+    spec.write_text(
+        f'[model]\nconfig = "config.json"\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {HF_DECODE}\n'
+    )
+    return BuildOptions(backend="torch", spec=spec)
+
+
+def case_target(case: str, plan, layers: int = 32, **config):
+    """The model of a bench case for ``plan``, random weights on the GPU: the reference
+    decode step or the speculative reference (``layers`` layers), or the transformers
+    model of :data:`HF_ARCHS` (``config`` on top, its attention implementation) in
+    ``HFTarget``."""
+    import torch
+
+    from capture_plan.schemas.spec import Model
+
+    max_bs = max(max(p.sizes) for p in plan.phases)
+    if case == "reference":
+        from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+
+        return ReferenceModel(ReferenceConfig(model=Model(layers=layers), max_bs=max_bs))
+    if case == "eagle":
+        from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
+
+        return SpeculativeModel(SpeculativeConfig(model=Model(layers=layers), max_bs=max_bs, num_steps=3, topk=1))
+    import transformers
+
+    from capture_plan.adapters.hf import HFTarget
+
+    cfg = hf_config(case, **config)
+    cfg._attn_implementation = HF_ARCHS[case][2]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    return HFTarget(model, max_bs=max_bs, max_seqlen=HF_MAX_SEQLEN)
