@@ -1,7 +1,7 @@
 """``HFTarget``: a transformers causal LM's decode step as a ``CaptureTarget``.
 
 Maps a Hugging Face model onto the executor's contract the way an engine's
-model runner does (see README, "Engine adapters"):
+model runner does (see docs/adapters.md):
 
 * **one static KV cache** (``transformers.StaticCache``) sized for the largest
   batch and the longest sequence, allocated once outside every graph pool;
