@@ -53,7 +53,15 @@ import torch
 
 from capture_plan.executor import profile, write_trace
 from capture_plan.planner import BuildOptions, build_plan
-from capture_plan.planner.device import calibration_from_report, graph_exec, peak, pools_after
+from capture_plan.planner.device import (
+    DRIVER_CHUNK,
+    calibration_from_report,
+    driver_after,
+    graph_exec,
+    node_figure,
+    peak,
+    pools_after,
+)
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import Plan
 
@@ -74,6 +82,11 @@ class StartupPrediction:
     #: sizes recorded per phase
     recorded: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = 0.0
+    #: what the capture will have taken from free memory (from now) after each of
+    #: ``plan.steps``, between warm-ups; empty when the driver's figure is per graph
+    timeline: list[int] = field(default_factory=list)
+    #: how the graph-exec item was made
+    graph_exec: str = ""
 
 
 def _more_sizes(err: InputError, plan: Plan) -> dict[str, list[int]] | None:
@@ -112,13 +125,14 @@ def predict_startup(
     schedule = build_plan(msgspec.structs.replace(options, trace=None))
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     folder = Path(tempfile.mkdtemp(prefix="capture-plan-startup-"))
-    first = None
+    rounds: list = []
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
         trace, report = profile(schedule, target, sizes=chosen, progress=progress, with_report=True)
         # The first round's report measures what a fresh process pays: later rounds find the
         # capture stream's workspace made and the driver holding the earlier graphs' memory.
-        first = first if first is not None else report
+        assert report is not None  # a foreground capture has its report once capture() returns
+        rounds.append(report)
         trace_path = folder / "trace.json"
         write_trace(trace, trace_path)
         try:
@@ -142,34 +156,35 @@ def predict_startup(
             fix="pass sizes={phase: [...]} with every planned size of the phase named above",
         )
     kinds = {p.name: p.kind for p in plan.phases}
-    assert first is not None  # a foreground capture has its report once capture() returns
+    first = rounds[0]
     cal = calibration_from_report(first, "the startup recording", kinds)
     view = first.device_view
     assert view is not None  # calibration_from_report refuses a report without one
-    per_graph = cal.graph_exec_per_graph
-    # every phase was recorded in the first round: each has its figure
-    driver = graph_exec(plan.steps, per_graph, kinds)
+    fixed_now = max(0, view.item("allocator-cached"))  # the RNG state's segment, made again
+    after = pools_after(plan.steps, plan.predicted.timeline)
+    driver, held, how = _driver(plan, cal, rounds)
+    if driver is None:  # no node counts (a torch without keep_graph, no libcuda): per graph
+        per_graph = cal.graph_exec_per_graph
+        exec_total = int(round(graph_exec(plan.steps, per_graph, kinds) or 0))  # every phase was recorded
+        pending_driver, timeline, how = None, [], "per graph, as the recorded graphs measured it (2 MiB steps)"
+    else:
+        per_graph = {}
+        exec_total = driver[-1]
+        pending_driver = [max(0, d - held) for d in driver]
+        timeline = [a + fixed_now + d for a, d in zip(after, pending_driver)]
     items = {
         "pool": plan.predicted.pool_bytes,
         "hoisted": plan.predicted.hoisted_bytes,
         "stream-workspace": max(0, view.item("allocator-held")),
-        "allocator-other": max(0, view.item("allocator-cached")),  # the RNG state's segment
-        "graph-exec": int(round(driver)),  # pyright: ignore[reportArgumentType]  # known: see above
+        "allocator-other": fixed_now,
+        "graph-exec": exec_total,
     }
     total = sum(items.values())
-    # The recording already created the capture stream's workspace (kept for the process's
-    # life). The driver keeps the recorded graphs' memory after they are destroyed, but what
-    # the recording left taken also holds kernel modules loaded at sizes the engine had not
-    # run: subtracting it made the figure 25% low on the H200, so nothing else is subtracted.
-    top = peak(
-        plan.steps,
-        pools_after(plan.steps, plan.predicted.timeline),
-        kinds,
-        per_graph,
-        cal.warmup_scratch,
-        items["allocator-other"],
-    )
-    final = total - items["stream-workspace"]
+    # The recording already made the capture stream's workspace (kept for the process's life),
+    # and the driver keeps the memory of the recorded graphs, destroyed since, for the graphs to
+    # come: neither is taken again.
+    top = peak(plan.steps, after, kinds, per_graph, cal.warmup_scratch, fixed_now, pending_driver)
+    final = timeline[-1] if timeline else total - items["stream-workspace"]
     pending = max(final, top) if top is not None else final
     return StartupPrediction(
         plan=plan,
@@ -178,7 +193,34 @@ def predict_startup(
         items=items,
         recorded={n: list(v) for n, v in sorted(chosen.items())},
         seconds=time.perf_counter() - t0,
+        timeline=timeline,
+        graph_exec=how,
     )
+
+
+def _driver(plan: Plan, cal, rounds: list) -> tuple[list[int] | None, int, str]:
+    """The plan's graphs' driver memory after each step in a fresh process (from the
+    nodes the recording counted), the bytes the driver already holds from the recorded
+    graphs (the largest round's), and how the figure was made; (None, 0, "") without
+    node counts for every phase or a per-node figure."""
+    nodes: dict[str, dict[int, int]] = {}
+    for rep in rounds:
+        for m in rep.steps:
+            op, _, rest = m.id.partition("/")
+            phase, _, bs = rest.rpartition("/")
+            if op == "capture" and m.graph_nodes is not None:
+                nodes.setdefault(phase, {})[int(bs)] = m.graph_nodes
+    per_node, where = node_figure(cal)
+    if per_node is None or not all(nodes.get(p.name) for p in plan.phases):
+        return None, 0, ""
+    driver = driver_after(plan.steps, nodes, per_node)
+    if driver is None:
+        return None, 0, ""
+    held = 0
+    for rep in rounds:
+        n = sum(m.graph_nodes or 0 for m in rep.steps if m.id.startswith("capture/"))
+        held = max(held, -(-int(round(n * per_node)) // DRIVER_CHUNK) * DRIVER_CHUNK)
+    return driver, held, f"the recorded graphs' nodes, {where}, in 2 MiB steps"
 
 
 def _default(planned: list[int]) -> list[int]:

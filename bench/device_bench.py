@@ -16,7 +16,9 @@ and for each, in that fresh process (``--modes``):
 
   executor    ``capture(plan, target)``: the report's device view (pool, hoisted,
               allocator-held, allocator-cached, outside-allocator), free memory after
-              every step, and what stays gone after ``release()`` + ``empty_cache()``
+              every step, and what stays gone after ``release()`` + ``empty_cache()``;
+              the plan's analytic pool prediction (built from the config) against the
+              pool measured after every capture
   loop        the engines' loop (largest-first, 2 warm-ups, ``torch.cuda.graph``,
               outputs kept) on the same model, its device drop
   startup     ``capture_plan.adapters.startup.predict_startup`` (a few recorded sizes per phase ->
@@ -26,7 +28,6 @@ and for each, in that fresh process (``--modes``):
   vllm        vLLM 0.33's estimator as published: the two largest sizes captured into a
               throwaway pool (largest-first, one warm-up, outputs copied into persistent
               buffers), ``first + (n - 1) * second``, and its time
-  analytic    the plan's analytic prediction (pool, device items) against the measurement
 
 Writes JSON (date, device, driver, per case) to --out and prints a table and a
 one-line summary last.
@@ -59,7 +60,7 @@ from bench.harness import (
 )
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
-MODES = ("executor", "loop", "startup", "vllm", "analytic")
+MODES = ("executor", "loop", "startup", "vllm")
 
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
@@ -94,7 +95,15 @@ def mode_executor(target, plan) -> dict:
     gs.release()
     torch.cuda.empty_cache()
     stays = view.free_before - free_bytes()
+    caps = [m for m in rep.steps if m.id.startswith("capture/") and m.reserved]
+    worst = max(caps, key=lambda m: abs(m.predicted_reserved - m.reserved) / m.reserved)
     return {
+        "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
+        "analytic_worst_step": {
+            "step": worst.id,
+            "predicted_mib": worst.predicted_reserved / MiB,
+            "measured_mib": worst.reserved / MiB,
+        },
         "pool_mib": rep.pool_bytes / MiB,
         "predicted_pool_mib": plan.predicted.pool_bytes / MiB,
         "drop_mib": view.drop / MiB,
@@ -122,11 +131,13 @@ def mode_loop(target, plan) -> dict:
 
 
 def mode_vllm(target, plan) -> dict:
-    """vLLM 0.33's estimate: the two largest sizes of the plan's largest phase into a throwaway pool."""
+    """vLLM 0.33's estimate: the two largest sizes of each phase into a throwaway pool, then
+    ``first + (n - 1) * second``; against vLLM's own capture of every size (the same schedule:
+    largest-first, one warm-up, outputs copied into persistent buffers), at every size."""
 
     t0 = time.perf_counter()
     before = free_bytes()
-    estimates = {}
+    estimates, per_phase = {}, {}
     for phase, sizes in _phase_order(plan):
         two = sizes[:2]
         run = engine_loop(target, [(phase, two)], warmups=1, keep_copy=True, free_after=True)
@@ -135,10 +146,32 @@ def mode_vllm(target, plan) -> dict:
         release(run)
         before = free_bytes()
         estimates[phase] = first + (len(sizes) - 1) * second
+        per_phase[phase] = (first, second)
+    seconds = time.perf_counter() - t0
+    # the estimate after k graphs of the whole capture, phase after phase, against the drop measured
+    start = free_bytes()
+    run = engine_loop(target, _phase_order(plan), warmups=1, keep_copy=True, free_after=True)
+    errors, done, k = [], 0, 0
+    for phase, sizes in _phase_order(plan):
+        first, second = per_phase[phase]
+        for i in range(len(sizes)):
+            est = done + first + i * second
+            measured = start - run.free_after[k]
+            errors.append({"graph": f"{phase}/{sizes[i]}", "estimate_mib": est / MiB, "measured_mib": measured / MiB})
+            k += 1
+        done += estimates[phase]
+    release(run)
+    measured = errors[-1]["measured_mib"]
+    worst = max(errors, key=lambda e: abs(e["estimate_mib"] - e["measured_mib"]) / max(e["measured_mib"], 1))
     return {
         "estimate_mib": sum(estimates.values()) / MiB,
         "per_phase_mib": {k: v / MiB for k, v in estimates.items()},
-        "seconds": time.perf_counter() - t0,
+        "seconds": seconds,
+        "vllm_capture_drop_mib": measured,
+        "error": (sum(estimates.values()) / MiB - measured) / measured,
+        "worst_size_error": (worst["estimate_mib"] - worst["measured_mib"]) / max(worst["measured_mib"], 1),
+        "worst_size": worst["graph"],
+        "at_every_size": errors,
     }
 
 
@@ -155,6 +188,8 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
     kv_bytes = free - pred.pending_bytes - margin_mib * MiB
     kv = torch.empty(kv_bytes, dtype=torch.uint8, device="cuda")  # the engine's KV cache
     before = free_bytes()
+    reserved_before = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
     try:
         gs = capture(pred.plan, target, progress=False)
     except Exception as err:  # an OOM is a result: the prediction was too low
@@ -167,19 +202,20 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         }
     rep = gs.report
     view = rep.device_view
-    slack = free_bytes()
-    # the prediction at every step: pool as planned + what the items still pending add
-    tl = {m.step: m.reserved for m in pred.plan.predicted.timeline}
-    fixed = pred.pending_bytes - pred.plan.predicted.pool_bytes - pred.plan.predicted.hoisted_bytes
-    errors = []
-    for m in rep.steps:
-        if m.free is None:
+    slack = free_bytes() - margin_mib * MiB  # what the KV cache could still have had
+    # The peak inside a step (a warm-up's temporaries, returned before the step is measured):
+    # the allocator's own peak over its final figure, on top of the final drop. The driver's
+    # part only grows, so this bounds the true peak from above, and is exact when the peak is
+    # at the end.
+    peak = view.drop + torch.cuda.max_memory_reserved() - torch.cuda.memory_reserved()
+    steps = []
+    for m, predicted in zip(rep.steps, pred.timeline or [None] * len(rep.steps)):
+        if m.free is None or predicted is None:
             continue
         measured = before - m.free
-        if measured <= 0:
-            continue
-        predicted = tl[m.step] + fixed + sum(s.bytes for s in pred.plan.steps[: m.step + 1] if s.op == "provision")
-        errors.append((predicted - measured) / measured)
+        steps.append((m.id, predicted, measured))
+    within = [abs(p - m) <= max(2 * MiB, 0.01 * m) for _, p, m in steps]
+    worst = max(steps, key=lambda t: abs(t[1] - t[2]), default=None)
     gs.release()
     del kv
     return {
@@ -188,14 +224,21 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         "predicted_total_mib": pred.total_bytes / MiB,
         "pending_mib": pred.pending_bytes / MiB,
         "items_mib": {k: v / MiB for k, v in pred.items.items()},
+        "graph_exec": pred.graph_exec,
         "measured_drop_mib": view.drop / MiB,
-        "error": (pred.pending_bytes - view.drop) / view.drop,
-        # pending is the peak (a warm-up on top of the pools so far); the drop is measured after
-        # capture: the figure left taken after capture is total less the workspace already made
-        "final_error": (pred.total_bytes - pred.items["stream-workspace"] - view.drop) / view.drop,
-        "worst_step_error": max(errors, key=abs) if errors else None,
+        "measured_peak_mib": peak / MiB,
+        "allocator_reserved_before_mib": reserved_before / MiB,
+        # pending is the peak: against the measured peak; the figure after capture against the drop
+        "error": (pred.pending_bytes - peak) / peak,
+        "final_error": ((pred.timeline[-1] if pred.timeline else pred.pending_bytes) - view.drop) / view.drop,
+        "final_error_mib": ((pred.timeline[-1] if pred.timeline else pred.pending_bytes) - view.drop) / MiB,
+        "steps_within_1pct_or_2mib": f"{sum(within)}/{len(within)}",
+        "worst_step": None
+        if worst is None
+        else {"step": worst[0], "predicted_mib": worst[1] / MiB, "measured_mib": worst[2] / MiB},
         "kv_mib": kv_bytes / MiB,
         "slack_mib": slack / MiB,
+        "slack_of_drop": slack / view.drop,
         "margin_mib": margin_mib,
         "recorded": pred.recorded,
     }
@@ -293,10 +336,14 @@ def main() -> None:
             bits.append(f"loop {lp['drop_mib']:.0f}")
         st = row.get("startup", {})
         if "error" in st and isinstance(st["error"], float):
-            bits.append(f"startup err {st['error']:+.2%} slack {st['slack_mib']:.0f}")
+            bits.append(
+                f"startup peak err {st['error']:+.2%} final {st['final_error_mib']:+.0f} MiB "
+                f"steps ok {st['steps_within_1pct_or_2mib']} slack {st['slack_mib']:.0f} "
+                f"predict {st['predict_s']:.2f}s/capture {st['capture_s']:.2f}s"
+            )
         vl = row.get("vllm", {})
         if "estimate_mib" in vl:
-            bits.append(f"vllm {vl['estimate_mib']:.0f}")
+            bits.append(f"vllm {vl['estimate_mib']:.0f} err {vl['error']:+.1%} worst {vl['worst_size_error']:+.1%}")
         parts.append(" ".join(bits))
     print(f"wrote {path.path}")
     print("SUMMARY " + "; ".join(parts))

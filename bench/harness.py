@@ -231,6 +231,9 @@ class LoopRun:
     oom: str | None = None
     #: free device bytes after each capture (``free_after``)
     free_after: list = field(default_factory=list)
+    #: per capture with ``driver_memory``: ``{"bs", "nodes", "record_bytes", "instantiate_bytes"}``,
+    #: the free memory its recording and its instantiation took that the allocator did not reserve
+    driver: list = field(default_factory=list)
 
 
 def free_bytes() -> int:
@@ -241,6 +244,18 @@ def free_bytes() -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
+def _driver_state() -> tuple[int, int]:
+    import torch
+
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info()[0]), int(torch.cuda.memory_reserved())
+
+
+def _outside(a: tuple[int, int], b: tuple[int, int]) -> int:
+    """Free memory taken between states ``a`` and ``b`` that the caching allocator did not reserve."""
+    return (a[0] - b[0]) - (b[1] - a[1])
+
+
 def engine_loop(
     target,
     order: Iterable[tuple[str, Iterable[int]]],
@@ -249,6 +264,7 @@ def engine_loop(
     keep_copy: bool = False,
     free_after: bool = False,
     stop_at_oom: bool = False,
+    driver_memory: bool = False,
 ) -> LoopRun:
     """The engines' hard-coded capture loop (SGLang's shape): for each ``(phase, sizes)``
     of ``order`` in turn, each size in the order given (:func:`largest_first` for the
@@ -260,7 +276,9 @@ def engine_loop(
     ``warmups >= 1``). ``free_after``: record :func:`free_bytes` after every capture (it
     synchronizes, which the timings then include). ``stop_at_oom``: an out-of-memory error
     ends the loop and is recorded in ``oom`` (a result, not a failure); else it raises.
-    Releases nothing: :func:`release` does."""
+    ``driver_memory``: record each graph with ``keep_graph=True`` and measure, apart, the
+    driver memory its recording and its instantiation take and its nodes (``driver``;
+    both synchronize). Releases nothing: :func:`release` does."""
     import torch
 
     run = LoopRun(pool=torch.cuda.graph_pool_handle())
@@ -279,7 +297,8 @@ def engine_loop(
                             run.outs[key] = tuple(torch.empty_like(t) for t in w)
                         del w
                 stream.synchronize()
-                g = torch.cuda.CUDAGraph()
+                g = torch.cuda.CUDAGraph(keep_graph=driver_memory)
+                before = _driver_state() if driver_memory else None
                 with torch.cuda.graph(g, pool=run.pool, stream=stream):
                     got = outputs(target.run(phase, bs, None))
                     if keep_copy:
@@ -288,6 +307,20 @@ def engine_loop(
                         del got
                     else:
                         run.outs[key] = got
+                if before is not None:
+                    from capture_plan.executor.graph_nodes import instantiate_kept
+
+                    recorded = _driver_state()
+                    nodes = instantiate_kept(g)
+                    done = _driver_state()
+                    run.driver.append(
+                        {
+                            "bs": bs,
+                            "nodes": nodes,
+                            "record_bytes": _outside(before, recorded),
+                            "instantiate_bytes": _outside(recorded, done),
+                        }
+                    )
                 run.graphs[key] = g
                 if free_after:
                     run.free_after.append(free_bytes())

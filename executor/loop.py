@@ -299,7 +299,8 @@ class LoopStep:
             )
         self._measure_warmups(None)  # warm-ups the engine ran outside warmup(), if any
         self._loop.before_step(self.plan_step)
-        g = cuda_graph if cuda_graph is not None else torch.cuda.CUDAGraph()
+        # keep_graph: the session counts the graph's nodes before it instantiates it (graph_nodes)
+        g = cuda_graph if cuda_graph is not None else torch.cuda.CUDAGraph(keep_graph=True)
         with self._session.recording(g, self.pool) as grown:
             yield g
         self.recorded, self._grown = g, grown[0]

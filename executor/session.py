@@ -67,6 +67,7 @@ from capture_plan.schemas.units import mib
 
 from .device import Probe, device_view, driver_version, probe
 from .errors import ExecutorError, capture_failed
+from .graph_nodes import instantiate_kept
 from .graphs import Captured, Fallback, GraphSet
 from .load import backend_module, current_environment
 from .logs import log, rank_tag
@@ -156,6 +157,8 @@ class CaptureSession:
         self.before: Probe | None = None
         #: the last warm-up's peak scratch memory, until its step is measured
         self.scratch: int | None = None
+        #: the last recorded graph's node count, until its step is measured (None: not counted)
+        self.nodes: int | None = None
         #: pools this session made that nothing has captured into yet (they hold no segment)
         self.new_pools: set[tuple[int, int]] = set()
         self.first_in_process = not _captured_in_process
@@ -217,6 +220,9 @@ class CaptureSession:
                     recorder.end()
                 raise
             g.capture_end()
+            # a graph the loop made (keep_graph=True) is counted and instantiated here, so its
+            # driver memory lands on this step; an engine's own graph was instantiated by torch
+            self.nodes = instantiate_kept(g)
             grown[0] = one_pool_reserved(pool) - reserved_before
             if recorder is not None:
                 recorder.end()
@@ -320,6 +326,7 @@ class CaptureSession:
         """Record the measurement of ``step``, which began at ``t0`` (``time.perf_counter``)."""
         free, _ = torch.cuda.mem_get_info(self.device)  # no sync: the device's figure as of now
         scratch, self.scratch = self.scratch, None
+        nodes, self.nodes = self.nodes, None
         self.measurements.append(
             StepMeasurement(
                 step=step.index,
@@ -330,6 +337,7 @@ class CaptureSession:
                 free=int(free),
                 allocator_reserved=int(torch.cuda.memory_reserved(self.device)),
                 scratch=scratch,
+                graph_nodes=nodes if step.op == "capture" else None,
             )
         )
         if self.bar is not None:

@@ -12,8 +12,13 @@ takes, measured on an H200 (torch 2.11):
   (the CUDA RNG's graph-safe state, allocated at the first capture, sits in a
   small segment of its own) -- measured;
 * ``graph-exec``: driver memory outside the caching allocator that each
-  instantiated graph takes (it grows with the graph's kernels and comes in
-  2 MiB steps) -- measured per graph and per phase.
+  instantiated graph takes. Measured on an H200 (driver 580.159.04): it is
+  taken at instantiation (not while recording), grows with the graph's nodes
+  (about 3 KB a node, ``planner/data/devices.toml [graph_exec_per_node]``),
+  comes in 2 MiB steps, and the driver keeps it when a graph is destroyed:
+  a later graph reuses it, so a process's figure is its high-water mark.
+  From node counts (:func:`driver_after`) where the report counted them,
+  else per graph and per phase.
 
 The measured items come from a *calibration*: a capture report
 (``GraphSet.write_report``) whose device view and per-step free memory the
@@ -50,7 +55,15 @@ __all__ = [
     "peak",
     "pools_after",
     "graph_exec",
+    "per_node_figure",
+    "node_figure",
+    "driver_after",
+    "nodes_at",
+    "DRIVER_CHUNK",
 ]
+
+#: the driver takes graph-exec memory in steps of this many bytes (measured, H200)
+DRIVER_CHUNK = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,13 @@ class Calibration:
     #: per phase name and kind: the largest scratch memory a warm-up of it took (its
     #: temporaries, returned when the warm-up ends); empty when the report does not say
     warmup_scratch: dict[str, int] = field(default_factory=dict)
+    #: nodes of each recorded graph, per phase name and batch size (the report's
+    #: graph_nodes); empty when the report did not count them
+    graph_nodes: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: driver bytes per node the report's captures measured (their driver memory over
+    #: their nodes: coarse for a few graphs, since the driver takes 2 MiB at a time);
+    #: None when it counted no nodes
+    graph_exec_per_node: float | None = None
 
 
 def capability_of(device: str) -> str:
@@ -95,16 +115,23 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
         )
     per: dict[str, list[int]] = defaultdict(list)
     scratch: dict[str, int] = {}
+    nodes: dict[str, dict[int, int]] = defaultdict(dict)
+    counted_bytes, counted_nodes = 0, 0
     prev_free, prev_res = None, None
     for m in rep.steps:
         op, _, rest = m.id.partition("/")
-        phase = rest.rpartition("/")[0]
+        phase, _, bs = rest.rpartition("/")
         if op == "warmup" and m.scratch is not None:
             for key in (phase, f"kind:{phases.get(phase)}"):
                 scratch[key] = max(scratch.get(key, 0), m.scratch)
+        if op == "capture" and m.graph_nodes is not None:
+            nodes[phase][int(bs)] = m.graph_nodes
         if op == "capture" and prev_free is not None:
             # every step has free and allocator_reserved: checked above, where pyright cannot see it
-            per[phase].append((prev_free - m.free) - (m.allocator_reserved - prev_res))  # pyright: ignore[reportOperatorIssue]
+            took = (prev_free - m.free) - (m.allocator_reserved - prev_res)  # pyright: ignore[reportOperatorIssue]
+            per[phase].append(took)
+            if m.graph_nodes:
+                counted_bytes, counted_nodes = counted_bytes + took, counted_nodes + m.graph_nodes
         prev_free, prev_res = m.free, m.allocator_reserved
     if not per:
         raise InputError("the report has no capture step after another step to measure", where=source, fix=fix)
@@ -129,6 +156,8 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
         allocator_other=other,
         source=source,
         warmup_scratch=scratch,
+        graph_nodes={k: dict(sorted(v.items())) for k, v in sorted(nodes.items())},
+        graph_exec_per_node=counted_bytes / counted_nodes if counted_nodes else None,
     )
 
 
@@ -143,6 +172,8 @@ def read_calibration(path: Path, shown: str, phases: dict[str, str], recorded: s
         allocator_other=cal.allocator_other,
         source=recorded,
         warmup_scratch=cal.warmup_scratch,
+        graph_nodes=cal.graph_nodes,
+        graph_exec_per_node=cal.graph_exec_per_node,
     ), raw
 
 
@@ -167,20 +198,24 @@ def peak(
     per_graph: dict[str, float],
     scratch: dict[str, int],
     fixed: int,
+    driver: list[int] | None = None,
 ) -> int | None:
     """The most free memory the capture takes at any moment: after each step
     (the pools so far, ``fixed`` bytes, the driver memory of the graphs so
     far), and during each warm-up (the pools before it plus its scratch). None
     when a warm-up's or a graph's figure is unknown. ``pool_after``: the pools'
-    bytes after each step (:func:`pools_after`)."""
-    top, graphs, before = 0, 0.0, 0
-    for s, after in zip(steps, pool_after):
+    bytes after each step (:func:`pools_after`); ``driver``: the graphs' driver
+    memory after each step (:func:`driver_after`), instead of ``per_graph``."""
+    top, graphs, before = 0.0, 0.0, 0
+    for i, (s, after) in enumerate(zip(steps, pool_after)):
         if s.op == "warmup":
             sc = _lookup(scratch, s.phase, kinds)
             if sc is None:
                 return None
             top = max(top, before + sc + fixed + graphs)
-        if s.op == "capture":
+        if driver is not None:
+            graphs = driver[i]
+        elif s.op == "capture":
             g = _lookup(per_graph, s.phase, kinds)
             if g is None:
                 return None
@@ -188,6 +223,47 @@ def peak(
         top = max(top, after + fixed + graphs)
         before = after
     return int(round(top))
+
+
+def per_node_figure(capability: str) -> int | None:
+    """Driver bytes per graph node on devices of ``capability`` ("sm90"), from
+    ``planner/data/devices.toml [graph_exec_per_node]``; None where none is listed."""
+    return data("devices.toml").get("graph_exec_per_node", {}).get(capability)
+
+
+def nodes_at(recorded: dict[int, int], bs: int) -> float:
+    """The nodes of a graph of batch size ``bs`` from the counts ``recorded`` at
+    other sizes of the same phase: the count itself where recorded, else linear
+    between the nearest recorded sizes (a kernel that changes with the size changes
+    the count by a few nodes of ~900; the plans' sizes lie within the recorded
+    ones), the nearest count outside them."""
+    if bs in recorded:
+        return float(recorded[bs])
+    xs = sorted(recorded)
+    lo = max((x for x in xs if x < bs), default=None)
+    hi = min((x for x in xs if x > bs), default=None)
+    if lo is None or hi is None:
+        return float(recorded[hi if lo is None else lo])  # pyright: ignore[reportArgumentType]  # one of them is set
+    return recorded[lo] + (recorded[hi] - recorded[lo]) * (bs - lo) / (hi - lo)
+
+
+def driver_after(
+    steps: list[Step], nodes: dict[str, dict[int, int]], per_node: float, held: int = 0
+) -> list[int] | None:
+    """The graphs' driver memory taken from free memory after each step: their
+    nodes so far times ``per_node``, in whole :data:`DRIVER_CHUNK` steps, less
+    ``held`` bytes the driver already holds from graphs destroyed earlier in the
+    process (it reuses them). None when a captured phase has no node counts."""
+    out, total = [], 0.0
+    for s in steps:
+        if s.op == "capture":
+            rec = nodes.get(s.phase)
+            if not rec:
+                return None
+            total += nodes_at(rec, s.bs) * per_node
+        chunks = -(-int(round(total)) // DRIVER_CHUNK) * DRIVER_CHUNK
+        out.append(max(0, chunks - held))
+    return out
 
 
 def graph_exec(steps: list[Step], per_graph: dict[str, float], kinds: dict[str, str]) -> float | None:
@@ -250,7 +326,17 @@ def device_prediction(
     )
     per_graph = calibration.graph_exec_per_graph
     total = graph_exec(steps, per_graph, kinds)
-    if total is None:
+    driver, node_source = _from_nodes(steps, calibration)
+    if driver is not None:
+        items.append(
+            DeviceCost(
+                name="graph-exec",
+                bytes=driver[-1] if driver else 0,
+                provenance="measured",
+                source=f"{calibration.source} ({calibration.device}): {node_source}",
+            )
+        )
+    elif total is None:
         missing = sorted({s.phase for s in steps if s.op == "capture" and _lookup(per_graph, s.phase, kinds) is None})
         items.append(
             DeviceCost(
@@ -276,7 +362,7 @@ def device_prediction(
         # (a known total: every item's bytes are known, graph-exec's too)
         graph_bytes = next(i.bytes for i in items if i.name == "graph-exec")
         fixed = total - pool - hoisted - graph_bytes  # pyright: ignore[reportOperatorIssue]
-        top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed)
+        top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed, driver)
     return DevicePrediction(
         device=calibration.device,
         items=items,
@@ -284,3 +370,32 @@ def device_prediction(
         # top is set only where total is known
         **({"peak_bytes": max(top, total)} if top is not None and total is not None else {}),
     )
+
+
+def node_figure(calibration: Calibration) -> tuple[float | None, str]:
+    """Driver bytes per node for ``calibration``'s device and where the figure comes
+    from: the device table's, else what the calibration's own captures measured."""
+    listed = per_node_figure(calibration.capability)
+    if listed is not None:
+        table = f"planner/data/devices.toml [graph_exec_per_node] {calibration.capability}"
+        return float(listed), f"{listed} B a node ({table})"
+    if calibration.graph_exec_per_node is not None:
+        return calibration.graph_exec_per_node, (
+            f"{calibration.graph_exec_per_node:.0f} B a node, measured on the calibration's own graphs "
+            "(coarse: the driver takes 2 MiB at a time)"
+        )
+    return None, ""
+
+
+def _from_nodes(steps: list[Step], calibration: Calibration) -> tuple[list[int] | None, str]:
+    """The graphs' driver memory after each step from the calibration's node counts, or
+    (None, "") when it counted none for some captured phase or no per-node figure is known."""
+    if not calibration.graph_nodes:
+        return None, ""
+    per_node, where = node_figure(calibration)
+    if per_node is None:
+        return None, ""
+    driver = driver_after(steps, calibration.graph_nodes, per_node)
+    if driver is None:
+        return None, ""
+    return driver, f"the graphs' nodes as counted there, {where}, in 2 MiB steps"

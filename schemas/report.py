@@ -40,6 +40,9 @@ class StepMeasurement(ReportStruct, frozen=True, kw_only=True):
     allocator_reserved: NonNegative | None = None
     #: a warm-up step: the peak memory its scratch pool reserved (returned when the step ended)
     scratch: NonNegative | None = None
+    #: a capture step: the nodes of its graph (kernels, memsets, copies), which the driver
+    #: memory of its instantiation grows with; None where not counted (an engine's own graph)
+    graph_nodes: NonNegative | None = None
 
 
 class DeviceItem(ReportStruct, frozen=True, kw_only=True):

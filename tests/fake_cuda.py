@@ -82,8 +82,18 @@ class FakeMemPool:
 
 
 class FakeGraph:
-    def __init__(self, fake):
-        self.fake, self.calls = fake, []
+    def __init__(self, fake, keep_graph=False):
+        self.fake, self.calls, self.keep_graph = fake, [], keep_graph
+        self.instantiated = 0
+
+    def raw_cuda_graph(self):
+        # no driver graph behind a fake one: as torch says of a graph without keep_graph
+        raise RuntimeError(
+            "You cannot access the raw cudaGraph_t instance unless CUDAGraph was initialized with keep_graph=True"
+        )
+
+    def instantiate(self):
+        self.instantiated += 1
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         self.fake.modes.append(capture_error_mode)
@@ -150,7 +160,7 @@ def install(monkeypatch) -> Fake:
         "memory_snapshot": lambda mempool_id=None: f.snapshot(),
         "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()),
         "graph_pool_handle": pool_handle,
-        "CUDAGraph": lambda: FakeGraph(f),
+        "CUDAGraph": lambda keep_graph=False: FakeGraph(f, keep_graph),
         "is_current_stream_capturing": lambda: f.recording is not None,
         "current_device": lambda: 0,
         "mem_get_info": lambda device=None: (0, 0),

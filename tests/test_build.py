@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 from capture_plan.planner.cli import main
-from capture_plan.planner.device import calibration_from_report, peak
+from capture_plan.planner.device import DRIVER_CHUNK, calibration_from_report, driver_after, nodes_at, peak
 from capture_plan.planner.graph import Digraph, check_acyclic
 from capture_plan.planner.resources import builtin_rules
 from capture_plan.planner.rules import Context, phase_rules, violated
@@ -469,9 +469,18 @@ MiB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _report(plan, *, per_graph=2 * MiB, scratch=100 * MiB, workspace=32 * MiB, device="NVIDIA H200 sm90, torch 2.11"):
+def _report(
+    plan,
+    *,
+    per_graph=2 * MiB,
+    scratch=100 * MiB,
+    workspace=32 * MiB,
+    device="NVIDIA H200 sm90, torch 2.11",
+    nodes=None,
+):
     """A report of ``plan`` as the executor writes it: free memory falls by the pool's growth
-    plus ``per_graph`` driver bytes per capture; warm-ups took ``scratch``."""
+    plus ``per_graph`` driver bytes per capture; warm-ups took ``scratch``; ``nodes(bs)``:
+    each graph's node count (None: not counted)."""
     free0 = 100_000 * MiB
     free, reserved, steps = free0 - workspace, workspace, []
     for s, m in zip(plan.steps, plan.predicted.timeline):
@@ -489,6 +498,7 @@ def _report(plan, *, per_graph=2 * MiB, scratch=100 * MiB, workspace=32 * MiB, d
                 free=free,
                 allocator_reserved=reserved,
                 scratch=scratch if s.op == "warmup" else None,
+                graph_nodes=nodes(s.bs) if nodes is not None and s.op == "capture" else None,
             )
         )
     pool = plan.predicted.pool_bytes
@@ -600,6 +610,45 @@ def test_the_peak_is_a_warmup_on_top_of_the_pools_captured_before_it():
     got = peak(steps, after, {}, {"a": 2.0, "b": 1.0}, {"a": 50, "b": 100}, fixed=10)
     assert got == 300 + 100 + 10 + 2  # during b's warm-up: a's pool, b's scratch, fixed, a's driver memory
     assert peak(steps, after, {}, {"a": 2.0}, {"a": 50, "b": 100}, fixed=10) is None  # b's graphs: unknown
+
+
+def test_driver_memory_follows_the_nodes_in_whole_chunks_less_what_the_driver_holds():
+    """Measured on an H200: the driver takes a graph's memory at instantiation, in 2 MiB
+    steps, about 3 KB a node, and reuses what destroyed graphs took."""
+    steps = [
+        Step(index=0, id="warmup/a/8", op="warmup", phase="a", bs=8),
+        Step(index=1, id="capture/a/8", op="capture", phase="a", bs=8),
+        Step(index=2, id="capture/a/4", op="capture", phase="a", bs=4),
+        Step(index=3, id="capture/a/1", op="capture", phase="a", bs=1),
+    ]
+    nodes = {"a": {1: 1000, 8: 300}}  # bs 4 is not recorded: between 1 and 8
+    assert nodes_at(nodes["a"], 4) == 1000 - 700 * 3 / 7 == 700
+    assert nodes_at(nodes["a"], 16) == 300  # outside the recorded sizes: the nearest count
+    per_node = 3000.0
+    got = driver_after(steps, nodes, per_node)
+    chunk = DRIVER_CHUNK
+    assert got == [0, chunk, 2 * chunk, 3 * chunk]  # 0.9 MB, 3.0 MB, then 6.0 MB in 2 MiB steps
+    assert driver_after(steps, nodes, per_node, held=chunk) == [0, 0, chunk, 2 * chunk]
+    assert driver_after(steps, {"b": {1: 5}}, per_node) is None  # a's graphs were never counted
+
+
+def test_a_calibration_that_counted_nodes_gives_graph_exec_from_them(tmp_path, fa3ci):
+    from capture_plan.planner.device import per_node_figure
+
+    n = {bs: 900 - bs for bs in fa3ci.phases[0].sizes}
+    rep = tmp_path / "report.json"
+    rep.write_bytes(msgspec.json.encode(_report(fa3ci, nodes=n.get)))
+    plan = build_plan(BuildOptions(backend="fa3", ci=True, calibration=rep, output=tmp_path / "p.json"))
+    item = next(i for i in plan.predicted.device.items if i.name == "graph-exec")
+    per_node = per_node_figure("sm90")
+    assert per_node is not None  # measured on the H200: planner/data/devices.toml
+    expected = -(-round(sum(n.values()) * per_node) // DRIVER_CHUNK) * DRIVER_CHUNK
+    assert item.bytes == expected != len(n) * 2 * MiB  # not the report's per-graph figure
+    assert "nodes" in item.source and "devices.toml" in item.source
+    # the calibration's own figure: its graphs' driver bytes over their nodes
+    cal = calibration_from_report(_report(fa3ci, nodes=n.get), "r.json", {})
+    assert cal.graph_exec_per_node == pytest.approx(len(n) * 2 * MiB / sum(n.values()))
+    assert cal.graph_nodes == {"decode": dict(sorted(n.items()))}
 
 
 def test_a_report_without_device_memory_is_refused_as_a_calibration(tmp_path, fa3ci):

@@ -329,3 +329,48 @@ def test_capture_refuses_a_plan_with_a_piecewise_phase_before_any_work(fake):
     with pytest.raises(ExecutorError, match=r"capture: phase 'piecewise' is 'piecewise'.*fix: capture piecewise"):
         capture(plan, _Never(), progress=False, device=torch.device("cpu"))
     assert fake.pools == 0
+
+
+class _Kept:
+    """A recorded graph with (or without) its cudaGraph_t kept, as torch's CUDAGraph."""
+
+    def __init__(self, raw):
+        self.raw, self.instantiated = raw, 0
+
+    def raw_cuda_graph(self):
+        if self.raw is None:
+            raise RuntimeError("You cannot access the raw cudaGraph_t instance unless keep_graph=True")
+        return self.raw
+
+    def instantiate(self):
+        self.instantiated += 1
+
+
+def test_a_kept_graph_is_counted_then_instantiated_and_an_engines_own_left_alone(monkeypatch):
+    from capture_plan.executor import graph_nodes
+
+    def get_nodes(graph, nodes, count):
+        assert graph.value == 0xABC and nodes is None  # the count alone
+        count._obj.value = 912
+        return 0
+
+    monkeypatch.setattr(graph_nodes, "_get_nodes", lambda: get_nodes)
+    kept = _Kept(0xABC)
+    assert graph_nodes.instantiate_kept(kept) == 912 and kept.instantiated == 1
+    own = _Kept(None)  # an engine's CUDAGraph(): torch instantiated it at capture_end
+    assert graph_nodes.instantiate_kept(own) is None and own.instantiated == 0
+    monkeypatch.setattr(graph_nodes, "_get_nodes", lambda: None)  # no libcuda.so.1: unknown, never 0
+    assert graph_nodes.node_count(_Kept(0xABC)) is None
+
+
+def test_every_capture_step_reports_its_graphs_nodes_and_no_warmup_does(tmp_path, fake, monkeypatch):
+    from capture_plan.executor import capture, session
+
+    counted = iter(range(100, 200))
+    monkeypatch.setattr(session, "instantiate_kept", lambda g: next(counted) if g.keep_graph else None)
+    plan = decode_plan(tmp_path, [1, 2, 4])
+    gs = capture(plan, Target(fake), progress=False, device=CPU)
+    got = {m.id: m.graph_nodes for m in gs.report.steps}
+    gs.release()
+    assert [got[s.id] for s in plan.steps if s.op == "capture"] == [100, 101, 102]
+    assert all(got[s.id] is None for s in plan.steps if s.op != "capture")
