@@ -51,7 +51,8 @@ from pathlib import Path
 import msgspec
 import torch
 
-from capture_plan.executor import profile, write_trace
+from capture_plan.executor import write_trace
+from capture_plan.executor.profiling import Recording, record
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.device import (
     DRIVER_CHUNK,
@@ -126,13 +127,21 @@ def predict_startup(
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     folder = Path(tempfile.mkdtemp(prefix="capture-plan-startup-"))
     rounds: list = []
+    counts = {p.name: len(p.sizes) for p in schedule.phases}
+    copies = None
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
-        trace, report = profile(schedule, target, sizes=chosen, progress=progress, with_report=True)
+        # The first round instantiates its graphs again until each phase has as many as the
+        # plan captures: the driver memory the capture will need is measured, and taken now
+        # (the driver keeps it for the graphs to come).
+        rec = record(schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts)
+        trace, report = rec.trace, rec.report
         # The first round's report measures what a fresh process pays: later rounds find the
         # capture stream's workspace made and the driver holding the earlier graphs' memory.
         assert report is not None  # a foreground capture has its report once capture() returns
         rounds.append(report)
+        if copies is None:
+            copies = rec
         trace_path = folder / "trace.json"
         write_trace(trace, trace_path)
         try:
@@ -162,7 +171,8 @@ def predict_startup(
     assert view is not None  # calibration_from_report refuses a report without one
     fixed_now = max(0, view.item("allocator-cached"))  # the RNG state's segment, made again
     after = pools_after(plan.steps, plan.predicted.timeline)
-    driver, held, how = _driver(plan, cal, rounds)
+    assert copies is not None  # the first round's recording
+    driver, held, how = _driver(plan, cal, rounds, copies)
     if driver is None:  # no node counts (a torch without keep_graph, no libcuda): per graph
         per_graph = cal.graph_exec_per_graph
         exec_total = int(round(graph_exec(plan.steps, per_graph, kinds) or 0))  # every phase was recorded
@@ -198,11 +208,15 @@ def predict_startup(
     )
 
 
-def _driver(plan: Plan, cal, rounds: list) -> tuple[list[int] | None, int, str]:
-    """The plan's graphs' driver memory after each step in a fresh process (from the
-    nodes the recording counted), the bytes the driver already holds from the recorded
-    graphs (the largest round's), and how the figure was made; (None, 0, "") without
-    node counts for every phase or a per-node figure."""
+def _driver(plan: Plan, cal, rounds: list, first: Recording) -> tuple[list[int] | None, int, str]:
+    """The plan's graphs' driver memory after each step in a fresh process, the bytes
+    the driver holds now for graphs to come, and how the figure was made; (None, 0, "")
+    without node counts for every phase.
+
+    Where the recording instantiated its graphs as often as the plan captures, the bytes
+    per node are this model's on this device, measured (their driver memory over their
+    nodes), and the driver holds all of it now. Otherwise the device table's figure, and
+    the driver holds what the recorded graphs took."""
     nodes: dict[str, dict[int, int]] = {}
     for rep in rounds:
         for m in rep.steps:
@@ -210,17 +224,31 @@ def _driver(plan: Plan, cal, rounds: list) -> tuple[list[int] | None, int, str]:
             phase, _, bs = rest.rpartition("/")
             if op == "capture" and m.graph_nodes is not None:
                 nodes.setdefault(phase, {})[int(bs)] = m.graph_nodes
-    per_node, where = node_figure(cal)
-    if per_node is None or not all(nodes.get(p.name) for p in plan.phases):
+    if not all(nodes.get(p.name) for p in plan.phases):
         return None, 0, ""
+    recorded_bytes, recorded_nodes, prev = 0, 0, None
+    for m in rounds[0].steps:
+        if m.id.startswith("capture/") and prev is not None and m.graph_nodes:
+            recorded_bytes += (prev.free - m.free) - (m.allocator_reserved - prev.allocator_reserved)
+            recorded_nodes += m.graph_nodes
+        prev = m
+    if first.copy_nodes:
+        held = recorded_bytes + first.copy_bytes
+        per_node = held / (recorded_nodes + first.copy_nodes)
+        where = (
+            f"{per_node:.0f} B a node as {recorded_nodes + first.copy_nodes} nodes of the recorded graphs, "
+            f"instantiated {sum(first.copies.values())} times more, took on this device"
+        )
+    else:
+        listed, where = node_figure(cal)
+        if listed is None:
+            return None, 0, ""
+        per_node = listed
+        held = -(-int(round(recorded_nodes * per_node)) // DRIVER_CHUNK) * DRIVER_CHUNK
     driver = driver_after(plan.steps, nodes, per_node)
     if driver is None:
         return None, 0, ""
-    held = 0
-    for rep in rounds:
-        n = sum(m.graph_nodes or 0 for m in rep.steps if m.id.startswith("capture/"))
-        held = max(held, -(-int(round(n * per_node)) // DRIVER_CHUNK) * DRIVER_CHUNK)
-    return driver, held, f"the recorded graphs' nodes, {where}, in 2 MiB steps"
+    return driver, max(0, held), f"the recorded graphs' nodes, {where}, in 2 MiB steps"
 
 
 def _default(planned: list[int]) -> list[int]:

@@ -188,8 +188,6 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
     kv_bytes = free - pred.pending_bytes - margin_mib * MiB
     kv = torch.empty(kv_bytes, dtype=torch.uint8, device="cuda")  # the engine's KV cache
     before = free_bytes()
-    reserved_before = torch.cuda.memory_reserved()
-    torch.cuda.reset_peak_memory_stats()
     try:
         gs = capture(pred.plan, target, progress=False)
     except Exception as err:  # an OOM is a result: the prediction was too low
@@ -203,11 +201,16 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
     rep = gs.report
     view = rep.device_view
     slack = free_bytes() - margin_mib * MiB  # what the KV cache could still have had
-    # The peak inside a step (a warm-up's temporaries, returned before the step is measured):
-    # the allocator's own peak over its final figure, on top of the final drop. The driver's
-    # part only grows, so this bounds the true peak from above, and is exact when the peak is
-    # at the end.
-    peak = view.drop + torch.cuda.max_memory_reserved() - torch.cuda.memory_reserved()
+    # The peak inside a step: a warm-up's temporaries sit in its scratch pool, returned when the
+    # step ends, so the free memory after the step misses them. The report measures each
+    # warm-up's scratch peak: on top of the drop before the step, that is the drop at its peak.
+    peak, prev = 0, 0
+    for m in rep.steps:
+        if m.free is None:
+            continue
+        drop = view.free_before - m.free
+        peak = max(peak, drop, prev + (m.scratch or 0))
+        prev = drop
     steps = []
     for m, predicted in zip(rep.steps, pred.timeline or [None] * len(rep.steps)):
         if m.free is None or predicted is None:
@@ -227,7 +230,6 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         "graph_exec": pred.graph_exec,
         "measured_drop_mib": view.drop / MiB,
         "measured_peak_mib": peak / MiB,
-        "allocator_reserved_before_mib": reserved_before / MiB,
         # pending is the peak: against the measured peak; the figure after capture against the drop
         "error": (pred.pending_bytes - peak) / peak,
         "final_error": ((pred.timeline[-1] if pred.timeline else pred.pending_bytes) - view.drop) / view.drop,

@@ -26,14 +26,21 @@ import functools
 
 import torch
 
-__all__ = ["node_count", "instantiate_kept"]
+__all__ = ["node_count", "instantiate_kept", "instantiate_copies"]
+
+
+@functools.cache
+def _libcuda():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 @functools.cache
 def _get_nodes():
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    lib = _libcuda()
+    if lib is None:
         return None
     fn = lib.cuGraphGetNodes  # CUresult cuGraphGetNodes(CUgraph, CUgraphNode *nodes, size_t *numNodes)
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
@@ -68,3 +75,47 @@ def instantiate_kept(graph: torch.cuda.CUDAGraph) -> int | None:
     n = node_count(graph)
     graph.instantiate()
     return n
+
+
+@functools.cache
+def _exec_calls():
+    lib = _libcuda()
+    if lib is None:
+        return None
+    inst = lib.cuGraphInstantiateWithFlags  # (CUgraphExec *out, CUgraph, unsigned long long flags)
+    inst.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong]
+    inst.restype = ctypes.c_int
+    destroy = lib.cuGraphExecDestroy
+    destroy.argtypes = [ctypes.c_void_p]
+    destroy.restype = ctypes.c_int
+    return inst, destroy
+
+
+def instantiate_copies(graphs: list[torch.cuda.CUDAGraph], n: int) -> tuple[int, int]:
+    """Instantiate the kept ``graphs`` ``n`` times in turn, every copy alive at once, then
+    destroy the copies; returns (copies made, their nodes).
+
+    The driver takes the copies' memory and keeps it once they are destroyed, for the
+    graphs instantiated later in the process: a start-up prediction instantiates the
+    graphs it recorded as many times as the plan captures, and measures the driver
+    memory the whole capture will need (``capture_plan.adapters.startup``). Stops at the
+    first copy the driver refuses (out of memory: what was made is returned). Makes
+    nothing where the graphs were not kept or ``libcuda.so.1`` cannot be loaded."""
+    calls = _exec_calls()
+    kept = [(raw, node_count(g) or 0) for g in graphs if (raw := _raw(g)) is not None]
+    if calls is None or not kept or n <= 0:
+        return 0, 0
+    inst, destroy = calls
+    made, nodes = [], 0
+    try:
+        for i in range(n):
+            raw, count = kept[i % len(kept)]
+            out = ctypes.c_void_p()
+            if inst(ctypes.byref(out), ctypes.c_void_p(raw), 0) != 0:
+                break
+            made.append(out)
+            nodes += count
+    finally:
+        for ex in made:
+            destroy(ex)
+    return len(made), nodes

@@ -18,6 +18,7 @@ graphs are released afterwards.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, overload
 
@@ -31,9 +32,10 @@ from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 from .driver import capture
+from .graph_nodes import instantiate_copies
 from .target import CaptureTarget
 
-__all__ = ["profile", "write_trace", "subset_plan"]
+__all__ = ["profile", "record", "Recording", "write_trace", "subset_plan"]
 
 Sizes = str | Mapping[str, list]
 
@@ -82,6 +84,59 @@ def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
     )
 
 
+@dataclass(frozen=True)
+class Recording:
+    """What :func:`record` measured: the trace, the capture report of the recorded
+    captures, and the driver memory the recorded graphs' copies took (``instantiate``)."""
+
+    trace: Trace
+    report: CaptureReport | None
+    #: copies instantiated per phase (beside the recorded graphs), and their nodes in all
+    copies: dict[str, int] = field(default_factory=dict)
+    copy_nodes: int = 0
+    #: free memory the copies took outside the caching allocator (the driver keeps it after
+    #: they were destroyed, for the graphs instantiated later in the process)
+    copy_bytes: int = 0
+
+
+def record(
+    plan: Plan,
+    target: CaptureTarget,
+    *,
+    sizes: Sizes = "default",
+    progress: bool = False,
+    instantiate: Mapping[str, int] | None = None,
+) -> Recording:
+    """Capture the chosen sizes of ``plan`` with the allocation history on (``sizes`` as
+    :func:`profile`'s) and return their trace and report.
+
+    ``instantiate``: per phase, how many graphs should be instantiated in all: the
+    phase's recorded graphs are instantiated again, in turn, until the phase has that
+    many, every copy alive at once, then the copies are destroyed
+    (``capture_plan.executor.graph_nodes.instantiate_copies``). The driver keeps their
+    memory for the graphs the process instantiates later, so ``copy_bytes`` measures
+    the driver memory of a capture of that many graphs, taken now."""
+    gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True)
+    try:
+        caps = [_capture_trace(cap) for cap in gs.graphs.values()]
+        caps.sort(key=lambda c: (c.phase, c.bs))
+        device = gs.report.device if gs.report else ""
+        trace = Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
+        copies, nodes, taken = {}, 0, 0
+        if instantiate:
+            torch.cuda.synchronize()
+            free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+            for phase, want in sorted(instantiate.items()):
+                mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
+                copies[phase], n = instantiate_copies(mine, want - len(mine))
+                nodes += n
+            torch.cuda.synchronize()
+            taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
+        return Recording(trace=trace, report=gs.report, copies=copies, copy_nodes=nodes, copy_bytes=max(0, taken))
+    finally:
+        gs.release()
+
+
 @overload
 def profile(
     plan: Plan,
@@ -106,15 +161,8 @@ def profile(
     recorded captures (its device view and per-step device memory measure what
     the graphs take outside the pool: ``capture_plan.adapters.startup``).
     """
-    gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True)
-    try:
-        caps = [_capture_trace(cap) for cap in gs.graphs.values()]
-        caps.sort(key=lambda c: (c.phase, c.bs))
-        device = gs.report.device if gs.report else ""
-        trace = Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
-        return (trace, gs.report) if with_report else trace
-    finally:
-        gs.release()
+    rec = record(plan, target, sizes=sizes, progress=progress)
+    return (rec.trace, rec.report) if with_report else rec.trace
 
 
 def _capture_trace(cap) -> CaptureTrace:

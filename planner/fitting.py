@@ -111,6 +111,7 @@ class _Run:
         xs = self.samples
         lo, hi = xs[0], xs[-1]
         out = {t: [] for t in targets}
+        kinds = [s[1] for s in self.shape if s[0] == "a"]  # each allocation's kind, by ordinal
         for j in range(len(self.sizes[lo])):
             ys = [self.sizes[x][j] for x in xs]
             if len(set(ys)) == 1:  # constant: every candidate agrees
@@ -128,7 +129,7 @@ class _Run:
                 b = ys[0] - a * rlo
                 if all(a * _round_up(x, k) + b == y for x, y in zip(xs, ys)):
                     fits.append((k, a, b))
-            kind = self.shape[[i for i, s in enumerate(self.shape) if s[0] == "a"][j]][1]
+            kind = kinds[j]
             if not fits:
                 raise InputError(
                     f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
