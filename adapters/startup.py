@@ -181,7 +181,11 @@ def predict_startup(
         per_graph = {}
         exec_total = driver[-1]
         pending_driver = [max(0, d - held) for d in driver]
-        timeline = [a + fixed_now + d for a, d in zip(after, pending_driver)]
+        # the RNG state's segment comes with the first capture, not before
+        first_capture = next(i for i, st in enumerate(plan.steps) if st.op == "capture")
+        timeline = [
+            a + (fixed_now if i >= first_capture else 0) + d for i, (a, d) in enumerate(zip(after, pending_driver))
+        ]
     items = {
         "pool": plan.predicted.pool_bytes,
         "hoisted": plan.predicted.hoisted_bytes,
@@ -226,25 +230,33 @@ def _driver(plan: Plan, cal, rounds: list, first: Recording) -> tuple[list[int] 
                 nodes.setdefault(phase, {})[int(bs)] = m.graph_nodes
     if not all(nodes.get(p.name) for p in plan.phases):
         return None, 0, ""
-    recorded_bytes, recorded_nodes, prev = 0, 0, None
+    recorded: dict[str, list[int]] = {}  # per phase: driver bytes and nodes of the recorded graphs
+    prev = None
     for m in rounds[0].steps:
         if m.id.startswith("capture/") and prev is not None and m.graph_nodes:
-            recorded_bytes += (prev.free - m.free) - (m.allocator_reserved - prev.allocator_reserved)
-            recorded_nodes += m.graph_nodes
+            got = recorded.setdefault(m.id.split("/")[1], [0, 0])
+            got[0] += (prev.free - m.free) - (m.allocator_reserved - prev.allocator_reserved)
+            got[1] += m.graph_nodes
         prev = m
-    if first.copy_nodes:
-        held = recorded_bytes + first.copy_bytes
-        per_node = held / (recorded_nodes + first.copy_nodes)
+    if first.copies and all(n for _, n, _ in first.copies.values()):
+        per_node, held = {}, 0
+        for name, (_, n, taken) in first.copies.items():
+            b, k = recorded.get(name, [0, 0])
+            per_node[name] = (b + taken) / (k + n)
+            held += b + taken
+        made = sum(c for c, _, _ in first.copies.values())
         where = (
-            f"{per_node:.0f} B a node as {recorded_nodes + first.copy_nodes} nodes of the recorded graphs, "
-            f"instantiated {sum(first.copies.values())} times more, took on this device"
+            "bytes a node per phase ("
+            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per_node.items()))
+            + f") as the recorded graphs, instantiated {made} times more, took on this device"
         )
     else:
         listed, where = node_figure(cal)
         if listed is None:
             return None, 0, ""
         per_node = listed
-        held = -(-int(round(recorded_nodes * per_node)) // DRIVER_CHUNK) * DRIVER_CHUNK
+        n = sum(k for _, k in recorded.values())
+        held = -(-int(round(n * listed)) // DRIVER_CHUNK) * DRIVER_CHUNK
     driver = driver_after(plan.steps, nodes, per_node)
     if driver is None:
         return None, 0, ""

@@ -91,12 +91,10 @@ class Recording:
 
     trace: Trace
     report: CaptureReport | None
-    #: copies instantiated per phase (beside the recorded graphs), and their nodes in all
-    copies: dict[str, int] = field(default_factory=dict)
-    copy_nodes: int = 0
-    #: free memory the copies took outside the caching allocator (the driver keeps it after
-    #: they were destroyed, for the graphs instantiated later in the process)
-    copy_bytes: int = 0
+    #: per phase: the copies instantiated beside its recorded graphs, their nodes, and the
+    #: free memory they took outside the caching allocator (the driver keeps it after they
+    #: were destroyed, for the graphs instantiated later in the process)
+    copies: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def record(
@@ -122,17 +120,16 @@ def record(
         caps.sort(key=lambda c: (c.phase, c.bs))
         device = gs.report.device if gs.report else ""
         trace = Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
-        copies, nodes, taken = {}, 0, 0
-        if instantiate:
+        copies = {}
+        for phase, want in sorted((instantiate or {}).items()):
+            mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
             torch.cuda.synchronize()
             free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
-            for phase, want in sorted(instantiate.items()):
-                mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
-                copies[phase], n = instantiate_copies(mine, want - len(mine))
-                nodes += n
+            made, nodes = instantiate_copies(mine, want - len(mine))
             torch.cuda.synchronize()
             taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
-        return Recording(trace=trace, report=gs.report, copies=copies, copy_nodes=nodes, copy_bytes=max(0, taken))
+            copies[phase] = (made, nodes, max(0, taken))
+        return Recording(trace=trace, report=gs.report, copies=copies)
     finally:
         gs.release()
 

@@ -248,19 +248,21 @@ def nodes_at(recorded: dict[int, int], bs: int) -> float:
 
 
 def driver_after(
-    steps: list[Step], nodes: dict[str, dict[int, int]], per_node: float, held: int = 0
+    steps: list[Step], nodes: dict[str, dict[int, int]], per_node: float | dict[str, float], held: int = 0
 ) -> list[int] | None:
     """The graphs' driver memory taken from free memory after each step: their
-    nodes so far times ``per_node``, in whole :data:`DRIVER_CHUNK` steps, less
-    ``held`` bytes the driver already holds from graphs destroyed earlier in the
-    process (it reuses them). None when a captured phase has no node counts."""
+    nodes so far times ``per_node`` (one figure, or one per phase), in whole
+    :data:`DRIVER_CHUNK` steps, less ``held`` bytes the driver already holds from
+    graphs destroyed earlier in the process (it reuses them). None when a captured
+    phase has no node counts or no figure."""
     out, total = [], 0.0
     for s in steps:
         if s.op == "capture":
             rec = nodes.get(s.phase)
-            if not rec:
+            cost = per_node.get(s.phase) if isinstance(per_node, dict) else per_node
+            if not rec or cost is None:
                 return None
-            total += nodes_at(rec, s.bs) * per_node
+            total += nodes_at(rec, s.bs) * cost
         chunks = -(-int(round(total)) // DRIVER_CHUNK) * DRIVER_CHUNK
         out.append(max(0, chunks - held))
     return out

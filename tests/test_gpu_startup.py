@@ -35,6 +35,15 @@ def test_predicted_startup_memory_is_what_the_capture_then_takes(tmp_path):
         drop = gs.report.device_view.drop
         assert gs.report.pool_bytes == pred.plan.predicted.pool_bytes
         assert abs(pred.pending_bytes - drop) <= max(2 * MiB, drop // 100), (pred.pending_bytes, drop, pred.items)
+        # every step as predicted: the figure after each one, 1% or 2 MiB
+        assert len(pred.timeline) == len(pred.plan.steps)
+        before = gs.report.device_view.free_before
+        for m, predicted in zip(gs.report.steps, pred.timeline):
+            measured = before - m.free
+            assert abs(predicted - measured) <= max(2 * MiB, measured // 100), (m.id, predicted, measured)
+        # the executor counted every graph's nodes, and the prediction measured their driver memory
+        assert all(m.graph_nodes for m in gs.report.steps if m.id.startswith("capture/"))
+        assert "instantiated" in pred.graph_exec, pred.graph_exec
     finally:
         gs.release()
 
