@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-__all__ = ["node_count", "instantiate_kept", "instantiate_copies"]
+__all__ = ["node_count", "instantiate_kept", "ExecCopies"]
 
 
 @functools.cache
@@ -91,31 +91,42 @@ def _exec_calls():
     return inst, destroy
 
 
-def instantiate_copies(graphs: list[torch.cuda.CUDAGraph], n: int) -> tuple[int, int]:
-    """Instantiate the kept ``graphs`` ``n`` times in turn, every copy alive at once, then
-    destroy the copies; returns (copies made, their nodes).
+class ExecCopies:
+    """Extra instantiations of kept graphs, every one alive until :meth:`close` destroys them.
 
-    The driver takes the copies' memory and keeps it once they are destroyed, for the
-    graphs instantiated later in the process: a start-up prediction instantiates the
-    graphs it recorded as many times as the plan captures, and measures the driver
-    memory the whole capture will need (``capture_plan.adapters.startup``). Stops at the
-    first copy the driver refuses (out of memory: what was made is returned). Makes
-    nothing where the graphs were not kept or ``libcuda.so.1`` cannot be loaded."""
-    calls = _exec_calls()
-    kept = [(raw, node_count(g) or 0) for g in graphs if (raw := _raw(g)) is not None]
-    if calls is None or not kept or n <= 0:
-        return 0, 0
-    inst, destroy = calls
-    made, nodes = [], 0
-    try:
+    The driver takes each copy's memory and keeps it once the copy is destroyed, for
+    the graphs instantiated later in the process: a start-up prediction instantiates
+    the graphs it recorded as many times as the plan captures, all alive at once (a
+    copy destroyed before the next is made would lend it its memory), and so measures
+    the driver memory the whole capture will need, and takes it now
+    (``capture_plan.adapters.startup``). Makes nothing where the graphs were not kept
+    or ``libcuda.so.1`` cannot be loaded."""
+
+    def __init__(self) -> None:
+        self._made: list[ctypes.c_void_p] = []
+
+    def add(self, graphs: list[torch.cuda.CUDAGraph], n: int) -> tuple[int, int]:
+        """Instantiate the kept ``graphs`` ``n`` times in turn; returns (copies made, their
+        nodes). Stops at the first copy the driver refuses (out of memory)."""
+        calls = _exec_calls()
+        kept = [(raw, node_count(g) or 0) for g in graphs if (raw := _raw(g)) is not None]
+        if calls is None or not kept or n <= 0:
+            return 0, 0
+        inst, _ = calls
+        made = nodes = 0
         for i in range(n):
             raw, count = kept[i % len(kept)]
             out = ctypes.c_void_p()
             if inst(ctypes.byref(out), ctypes.c_void_p(raw), 0) != 0:
                 break
-            made.append(out)
-            nodes += count
-    finally:
-        for ex in made:
-            destroy(ex)
-    return len(made), nodes
+            self._made.append(out)
+            made, nodes = made + 1, nodes + count
+        return made, nodes
+
+    def close(self) -> None:
+        """Destroy every copy (the driver keeps their memory for later graphs)."""
+        calls = _exec_calls()
+        while self._made:
+            ex = self._made.pop()
+            if calls is not None:
+                calls[1](ex)

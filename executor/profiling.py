@@ -32,7 +32,7 @@ from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 from .driver import capture
-from .graph_nodes import instantiate_copies
+from .graph_nodes import ExecCopies
 from .target import CaptureTarget
 
 __all__ = ["profile", "record", "Recording", "write_trace", "subset_plan"]
@@ -110,8 +110,8 @@ def record(
 
     ``instantiate``: per phase, how many graphs should be instantiated in all: the
     phase's recorded graphs are instantiated again, in turn, until the phase has that
-    many, every copy alive at once, then the copies are destroyed
-    (``capture_plan.executor.graph_nodes.instantiate_copies``). The driver keeps their
+    many, every copy of every phase alive at once, then the copies are destroyed
+    (``capture_plan.executor.graph_nodes.ExecCopies``). The driver keeps their
     memory for the graphs the process instantiates later, so ``copy_bytes`` measures
     the driver memory of a capture of that many graphs, taken now."""
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True)
@@ -120,15 +120,18 @@ def record(
         caps.sort(key=lambda c: (c.phase, c.bs))
         device = gs.report.device if gs.report else ""
         trace = Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
-        copies = {}
-        for phase, want in sorted((instantiate or {}).items()):
-            mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
-            torch.cuda.synchronize()
-            free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
-            made, nodes = instantiate_copies(mine, want - len(mine))
-            torch.cuda.synchronize()
-            taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
-            copies[phase] = (made, nodes, max(0, taken))
+        copies, held = {}, ExecCopies()
+        try:  # every phase's copies alive together: a destroyed copy would lend its memory to the next
+            for phase, want in sorted((instantiate or {}).items()):
+                mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
+                torch.cuda.synchronize()
+                free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+                made, nodes = held.add(mine, want - len(mine))
+                torch.cuda.synchronize()
+                taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
+                copies[phase] = (made, nodes, max(0, taken))
+        finally:
+            held.close()
         return Recording(trace=trace, report=gs.report, copies=copies)
     finally:
         gs.release()
