@@ -13,24 +13,37 @@ run) and before it allocates its KV cache::
     graphs = capture_plan.executor.capture(pred.plan, target)
 
 It builds the plan (analytic, for the schedule), records a few sizes per
-phase of the target (``capture_plan.executor.profile``, default 3: the smallest, median and
-largest), plans again from that trace (``planner/fitting.py`` derives every
-other size exactly; a phase whose recorded sizes do not line up is recorded
-again with the sizes the fitter names, never guessed), and adds what the
-recorded captures measured outside the pool: the capture stream's cuBLAS
-workspace, other allocator memory, and the driver memory each instantiated
-graph takes (per graph, per phase: ``planner/device.py``). ``total_bytes`` is
-what the whole capture takes from free memory in a process that has captured
-nothing yet; ``pending_bytes`` is what it will still take from free memory
-now, at its peak (a warm-up's temporaries on top of the pools captured
-before it), after the recording already created the capture stream's
-workspace: the figure to subtract from free memory.
+phase of the target (``capture_plan.executor.profiling.record``, default 3: the
+smallest, median and largest), plans again from that trace
+(``planner/fitting.py`` derives every other size exactly; a phase whose
+recorded sizes do not line up is recorded again with the sizes the fitter
+names, never guessed), and adds what the recording measured outside the pool:
+the capture stream's cuBLAS workspace, other allocator memory (the RNG state's
+segment, made at the first capture), and the driver memory of the graphs.
 
-Accuracy, measured on an H200 (bench/device_bench.py): the pool is exact;
-the driver memory per graph comes in 2 MiB steps, so three recorded graphs
-estimate it coarsely (reference decode: 332 MiB predicted for 348 taken,
-Llama-family transformers model 568 for 582; the EAGLE plan's peak-based
-figure 8% high). Record more sizes (``sizes=``) for a finer figure.
+The driver memory is measured for the whole plan, not extrapolated: the
+recorded graphs are instantiated again, in turn, until each phase has as many
+as the plan captures, every copy alive at once, then destroyed. Measured on an
+H200: the driver takes a graph's memory at instantiation (2,748 to 3,029 bytes
+a node, by model, in 2 MiB steps) and keeps it after the graph is destroyed,
+for the graphs instantiated later, so that memory is taken now and the capture
+reuses it. The bytes per node of each phase come from it, and each planned
+graph's node count from the recorded ones (``planner/device.py``: linear
+between recorded sizes).
+
+``total_bytes`` is what the whole capture takes from free memory in a process
+that has captured nothing yet; ``pending_bytes`` what it will still take from
+free memory now, at its peak (a warm-up's temporaries on top of the pools
+captured before it): the pools, the RNG segment and any driver memory beyond
+what is held already. The KV cache: free memory minus the weights (already
+allocated) minus ``pending_bytes`` minus the engine's own margin.
+
+Accuracy, measured on an H200 for seven models (bench/device_bench.py,
+docs/measurements.md): the peak, the figure after capture and the
+whole-capture figure within 2 MiB of what the capture then took.
+Time: 56% to 74% of the capture's for one-phase decode plans, 5.4 times it for
+EAGLE's four phases (its draft phases record every size; the two plan builds
+take most of it).
 
 Layering: this module imports the planner and the executor; neither imports
 it. The executor stays torch-only for an engine that takes a checked-in plan.

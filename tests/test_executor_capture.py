@@ -374,3 +374,32 @@ def test_every_capture_step_reports_its_graphs_nodes_and_no_warmup_does(tmp_path
     gs.release()
     assert [got[s.id] for s in plan.steps if s.op == "capture"] == [100, 101, 102]
     assert all(got[s.id] is None for s in plan.steps if s.op != "capture")
+
+
+def test_graph_copies_of_every_phase_stay_alive_until_closed(monkeypatch):
+    """The driver lends a destroyed copy's memory to the next: copies destroyed phase by
+    phase measured EAGLE's later phases at a tenth of their driver memory on the H200.
+    Every copy must be alive when the last one is made."""
+    from capture_plan.executor import graph_nodes
+
+    alive, most = set(), [0]
+
+    def inst(out, raw, flags):
+        out._obj.value = 1000 + len(alive) + most[0] * 7
+        alive.add(out._obj.value)
+        most[0] = max(most[0], len(alive))
+        return 0
+
+    def destroy(ex):
+        alive.remove(ex.value)
+        return 0
+
+    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, destroy))
+    monkeypatch.setattr(graph_nodes, "node_count", lambda g: 900)
+    copies = graph_nodes.ExecCopies()
+    assert copies.add([_Kept(0x1), _Kept(0x2)], 5) == (5, 4500)  # a phase's two graphs, in turn
+    assert copies.add([_Kept(0x3)], 3) == (3, 2700)  # the next phase's, the first's still alive
+    assert len(alive) == most[0] == 8
+    copies.close()
+    assert not alive
+    assert copies.add([_Kept(None)], 4) == (0, 0)  # an engine's own graph has nothing to copy

@@ -1,0 +1,108 @@
+"""The start-up prediction's driver figure on CPU, from reports as the executor writes them."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from capture_plan.adapters.startup import _driver  # noqa: E402
+from capture_plan.executor.profiling import Recording  # noqa: E402
+from capture_plan.planner import BuildOptions, build_plan  # noqa: E402
+from capture_plan.planner.device import DRIVER_CHUNK, calibration_from_report  # noqa: E402
+from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement  # noqa: E402
+from capture_plan.schemas.trace import Trace  # noqa: E402
+
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return build_plan(BuildOptions(backend="fa3", ci=True))
+
+
+def _recording(plan, sizes=(1, 120, 256), nodes: int | None = 900, per_graph=2 * MiB) -> CaptureReport:
+    """The recording's report: a warm-up, then a capture of each size whose instantiation
+    took ``per_graph`` driver bytes and counted ``nodes`` nodes."""
+    free, steps = (
+        100_000 * MiB,
+        [
+            StepMeasurement(
+                step=0,
+                id="warmup/decode/256",
+                reserved=0,
+                predicted_reserved=0,
+                seconds=0.0,
+                free=100_000 * MiB,
+                allocator_reserved=0,
+            )
+        ],
+    )
+    for i, bs in enumerate(sizes, 1):
+        free -= per_graph
+        steps.append(
+            StepMeasurement(
+                step=i,
+                id=f"capture/decode/{bs}",
+                reserved=0,
+                predicted_reserved=0,
+                seconds=0.0,
+                free=free,
+                allocator_reserved=0,
+                graph_nodes=nodes,
+            )
+        )
+    items = [DeviceItem(name=n, bytes=0) for n in ("pool", "hoisted", "allocator-held", "allocator-cached")]
+    items.append(DeviceItem(name="outside-allocator", bytes=len(sizes) * per_graph))
+    view = DeviceView(free_before=100_000 * MiB, free_after=free, drop=100_000 * MiB - free, items=items)
+    return CaptureReport(
+        plan=plan.name,
+        plan_digest=plan.digest,
+        device="NVIDIA H200 sm90, torch 2.11",
+        torch="2.11",
+        backend_module="",
+        pool_bytes=0,
+        predicted_pool_bytes=0,
+        capture_seconds=0.0,
+        steps=steps,
+        driver="580.1",
+        device_view=view,
+    )
+
+
+def test_the_driver_memory_of_the_whole_capture_is_what_the_copies_took_and_is_held_now(plan):
+    rep = _recording(plan)
+    cal = calibration_from_report(rep, "rec", {"decode": "decode"})
+    copies = len(plan.phases[0].sizes) - 3
+    taken = copies * 900 * 3000  # 3,000 B a node, as the copies measured it
+    rec = Recording(
+        trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={"decode": (copies, copies * 900, taken)}
+    )
+    driver, held, how = _driver(plan, cal, [rep], rec)
+    assert driver is not None and len(driver) == len(plan.steps)
+    assert held == 3 * 2 * MiB + taken  # the recorded graphs' and the copies': the driver keeps both
+    per_node = held / (36 * 900)
+    assert driver[-1] == -(-round(36 * 900 * per_node) // DRIVER_CHUNK) * DRIVER_CHUNK
+    assert 0 <= driver[-1] - held < DRIVER_CHUNK  # the capture itself takes at most one more chunk
+    assert "instantiated 33 times more" in how and f"decode {per_node:.0f}" in how
+
+
+def test_without_copies_the_device_tables_figure_and_the_recorded_graphs_are_held(plan):
+    from capture_plan.planner.device import per_node_figure
+
+    rep = _recording(plan)
+    cal = calibration_from_report(rep, "rec", {"decode": "decode"})
+    bare = Recording(trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={})
+    driver, held, how = _driver(plan, cal, [rep], bare)
+    listed = per_node_figure("sm90")
+    assert driver is not None and listed is not None
+    assert held == -(-round(3 * 900 * listed) // DRIVER_CHUNK) * DRIVER_CHUNK
+    assert driver[-1] == -(-round(36 * 900 * listed) // DRIVER_CHUNK) * DRIVER_CHUNK
+    assert "devices.toml" in how
+
+
+def test_a_phase_the_recording_counted_no_nodes_of_has_no_node_figure(plan):
+    rep = _recording(plan, nodes=None)  # an engine's own graphs: not counted
+    cal = calibration_from_report(rep, "rec", {"decode": "decode"})
+    bare = Recording(trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={})
+    assert _driver(plan, cal, [rep], bare) == (None, 0, "")
