@@ -147,7 +147,9 @@ def predict_startup(
         # The first round instantiates its graphs again until each phase has as many as the
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
-        rec = record(schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts)
+        rec = record(
+            schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
+        )
         trace, report = rec.trace, rec.report
         # The first round's report measures what a fresh process pays: later rounds find the
         # capture stream's workspace made and the driver holding the earlier graphs' memory.

@@ -263,7 +263,7 @@ def startup_prediction() -> list[str]:
                 f"{_mib(s['predicted_total_mib'])} / {_mib(ex['drop_mib'])}",
                 s["steps_within_1pct_or_2mib"],
                 f"{at_peak:+.0f}",
-                f"{_mib(v['estimate_mib'])} ({_pct(v['error'], 0)})",
+                f"{_mib(v['estimate_mib'])} ({_pct(v['error'], 0)}, {v['seconds']:.2f} s)",
                 f"{_pct(ex['analytic_error'], 0)}",
                 f"{s['predict_s']:.2f} / {s['capture_s']:.2f}",
             ]
@@ -275,7 +275,7 @@ def startup_prediction() -> list[str]:
         "whole capture, fresh process MiB: predicted / executor's drop",
         "steps within 1% or 2 MiB",
         "KV slack at the peak MiB",
-        "vLLM 0.33's estimate MiB (error)",
+        "vLLM 0.33's estimate MiB (error, time)",
         "analytic pool error",
         "predict s / capture s",
     ]

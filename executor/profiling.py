@@ -17,6 +17,7 @@ graphs are released afterwards.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,7 @@ def record(
     sizes: Sizes = "default",
     progress: bool = False,
     instantiate: Mapping[str, int] | None = None,
+    device: torch.device | None = None,
 ) -> Recording:
     """Capture the chosen sizes of ``plan`` with the allocation history on (``sizes`` as
     :func:`profile`'s) and return their trace and report.
@@ -113,25 +115,29 @@ def record(
     many, every copy of every phase alive at once, then the copies are destroyed
     (``capture_plan.executor.graph_nodes.ExecCopies``). The driver keeps their
     memory for the graphs the process instantiates later, so ``copy_bytes`` measures
-    the driver memory of a capture of that many graphs, taken now."""
-    gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True)
+    the driver memory of a capture of that many graphs, taken now. ``device``: as
+    ``capture``'s (None: the current CUDA device)."""
+    gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True, device=device)
     try:
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
         caps.sort(key=lambda c: (c.phase, c.bs))
         device = gs.report.device if gs.report else ""
         trace = Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
         copies, held = {}, ExecCopies()
-        try:  # every phase's copies alive together: a destroyed copy would lend its memory to the next
-            for phase, want in sorted((instantiate or {}).items()):
-                mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
-                torch.cuda.synchronize()
-                free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
-                made, nodes = held.add(mine, want - len(mine))
-                torch.cuda.synchronize()
-                taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
-                copies[phase] = (made, nodes, max(0, taken))
-        finally:
-            held.close()
+        # the driver API and the free-memory figures act on the current device: make it the capture's
+        on_device = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
+        with on_device:
+            try:  # every phase's copies alive together: a destroyed copy would lend its memory to the next
+                for phase, want in sorted((instantiate or {}).items()):
+                    mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
+                    torch.cuda.synchronize()
+                    free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+                    made, nodes = held.add(mine, want - len(mine))
+                    torch.cuda.synchronize()
+                    taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
+                    copies[phase] = (made, nodes, max(0, taken))
+            finally:
+                held.close()
         return Recording(trace=trace, report=gs.report, copies=copies)
     finally:
         gs.release()

@@ -106,3 +106,25 @@ def test_a_phase_the_recording_counted_no_nodes_of_has_no_node_figure(plan):
     cal = calibration_from_report(rep, "rec", {"decode": "decode"})
     bare = Recording(trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={})
     assert _driver(plan, cal, [rep], bare) == (None, 0, "")
+
+
+def test_the_device_asked_for_is_the_one_recorded_on(monkeypatch, plan):
+    """``predict_startup(device=...)`` was computed and then never used: the recording
+    captured on the current device whatever the engine asked for."""
+    import torch
+
+    from capture_plan.adapters import startup
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def record(*a, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(startup, "record", record)
+    with pytest.raises(Stop):
+        startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), device="cuda:1")
+    assert seen["device"] == torch.device("cuda:1")
