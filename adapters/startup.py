@@ -253,9 +253,16 @@ def _driver(plan: Plan, cal, rounds: list, first: Recording) -> tuple[list[int] 
             got[0] += (prev.free - m.free) - (m.allocator_reserved - prev.allocator_reserved)
             got[1] += m.graph_nodes
         prev = m
-    if first.copies and all(n for _, n, _ in first.copies.values()):
+    planned = {p.name: sum(s.op == "capture" and s.phase == p.name for s in plan.steps) for p in plan.phases}
+    counted = {p.name: sum(m.id.startswith(f"capture/{p.name}/") for m in rounds[0].steps) for p in plan.phases}
+    # every copy a phase needed was made (a phase recorded whole needs none): the figures are measured
+    made_all = first.copies and all(
+        first.copies.get(name, (0, 0, 0))[0] >= planned[name] - counted[name] for name in planned
+    )
+    if made_all and all(recorded.get(name, [0, 0])[1] + first.copies.get(name, (0, 0, 0))[1] for name in planned):
         per_node, held = {}, 0
-        for name, (_, n, taken) in first.copies.items():
+        for name in planned:
+            _, n, taken = first.copies.get(name, (0, 0, 0))
             b, k = recorded.get(name, [0, 0])
             per_node[name] = (b + taken) / (k + n)
             held += b + taken

@@ -1,10 +1,11 @@
-"""The node count of a recorded CUDA graph, through the CUDA driver API.
+"""Node counts and extra instantiations of recorded CUDA graphs, through the CUDA driver API.
 
 What an instantiated graph takes from free device memory, outside the caching
 allocator, grows with its nodes: measured on an H200 (driver 580.159.04,
-torch 2.11), about 3 KB per node of a model's decode step, taken in 2 MiB
-steps and kept by the driver after the graph is destroyed (a later graph
-reuses it). So the executor counts each graph's nodes for the report
+torch 2.11, bench/graph_exec_bench.py), 2,748 to 3,029 bytes a node by model,
+taken at instantiation (not while recording) in 2 MiB steps and kept by the
+driver after the graph is destroyed (a later graph reuses it). So the
+executor counts each graph's nodes for the report
 (``StepMeasurement.graph_nodes``); the planner turns counts into bytes
 (``capture_plan.planner.device``).
 

@@ -128,3 +128,17 @@ def test_the_device_asked_for_is_the_one_recorded_on(monkeypatch, plan):
     with pytest.raises(Stop):
         startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), device="cuda:1")
     assert seen["device"] == torch.device("cuda:1")
+
+
+def test_a_phase_recorded_whole_needs_no_copies_and_keeps_its_measured_figure(tmp_path):
+    """A phase of three sizes is recorded whole: no copy is needed, and its own graphs
+    measure its bytes a node (it used to fall back to the device table then)."""
+    spec = tmp_path / "s.toml"
+    spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 120, 256]\n')
+    small = build_plan(BuildOptions(backend="fa3", spec=spec))
+    rep = _recording(small)
+    cal = calibration_from_report(rep, "rec", {"decode": "decode"})
+    rec = Recording(trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={"decode": (0, 0, 0)})
+    driver, held, how = _driver(small, cal, [rep], rec)
+    assert held == 3 * 2 * MiB and driver is not None and driver[-1] == 3 * 2 * MiB
+    assert "devices.toml" not in how and f"decode {2 * MiB / 900:.0f}" in how
