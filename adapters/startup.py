@@ -135,7 +135,7 @@ def predict_startup(
     phase instead of the default three (phases left out get the default).
     """
     t0 = time.perf_counter()
-    device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device) if device is not None else None  # None: the current CUDA device
     schedule = build_plan(msgspec.structs.replace(options, trace=None))
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     folder = Path(tempfile.mkdtemp(prefix="capture-plan-startup-"))

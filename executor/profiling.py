@@ -121,11 +121,12 @@ def record(
     try:
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
         caps.sort(key=lambda c: (c.phase, c.bs))
-        device = gs.report.device if gs.report else ""
-        trace = Trace(device=f"{device} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
+        name = gs.report.device if gs.report else ""
+        trace = Trace(device=f"{name} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
         copies, held = {}, ExecCopies()
         # the driver API and the free-memory figures act on the current device: make it the capture's
-        on_device = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
+        cuda = device is not None and torch.device(device).type == "cuda"
+        on_device = torch.cuda.device(device) if cuda else contextlib.nullcontext()
         with on_device:
             try:  # every phase's copies alive together: a destroyed copy would lend its memory to the next
                 for phase, want in sorted((instantiate or {}).items()):

@@ -403,3 +403,35 @@ def test_graph_copies_of_every_phase_stay_alive_until_closed(monkeypatch):
     copies.close()
     assert not alive
     assert copies.add([_Kept(None)], 4) == (0, 0)  # an engine's own graph has nothing to copy
+
+
+def test_record_on_a_named_device_returns_the_trace_and_every_phases_copies(tmp_path, fake, monkeypatch):
+    """record(device=...) once overwrote ``device`` with the report's device name before
+    it chose the device of its copies; the fake's graphs keep no driver graph, so no copy
+    is made and each phase says so."""
+    from capture_plan.executor import session
+    from capture_plan.executor.pool import Window
+    from capture_plan.executor.profiling import record
+
+    class Recorder:  # the allocation history, which the fake cannot keep: empty windows
+        def __init__(self):
+            self.n = 0
+
+        def begin(self):
+            pass
+
+        def end(self):
+            self.n += 1
+
+        def stop(self):
+            return [Window() for _ in range(self.n)]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(session, "AllocationRecorder", Recorder)
+    plan = decode_plan(tmp_path, [1, 2, 4, 8])
+    rec = record(plan, Target(fake), sizes={"decode": [1, 4, 8]}, device=CPU, instantiate={"decode": 4})
+    assert sorted(c.bs for c in rec.trace.captures) == [1, 4, 8]
+    assert rec.trace.device.endswith(f"/ torch {torch.__version__}")
+    assert rec.copies == {"decode": (0, 0, 0)}
