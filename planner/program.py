@@ -70,7 +70,8 @@ class Program(msgspec.Struct, frozen=True, dict=True):
     block (a static buffer of the engine). ``carry_kind``: the kind of the
     block the last repetition carries out, when the step returns it (the body
     allocates it as a temporary). Ids inside the body are reused by every
-    repetition. A recorded trace is all prologue.
+    repetition. A recorded trace is folded where a layer repeats
+    (planner/layers.py), else all prologue.
     """
 
     prologue: tuple[Op, ...]

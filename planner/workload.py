@@ -401,6 +401,7 @@ class Workload:
         from the phase's recorded sizes (planner/fitting.py), or refused with
         the sizes to record."""
         from .fitting import fit_phase  # only traces are fitted
+        from .layers import fold
 
         names = {p.name for p in phases}
         caps: dict[tuple[str, int], CaptureTrace] = {}
@@ -416,8 +417,10 @@ class Workload:
         samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         for p in phases:
             fit = fit_phase(p.name, list(p.sizes), {bs: c for (ph, bs), c in caps.items() if ph == p.name}, source)
-            for bs, ops in fit.ops.items():
-                progs[(p.name, bs)] = Program(prologue=ops)
+            hint = None  # the sizes of a phase share their layer structure: found once, checked per size
+            for bs, ops in sorted(fit.ops.items()):
+                progs[(p.name, bs)], found = fold(ops, hint)  # a repeated layer is simulated faster
+                hint = found or hint
             samples[p.name] = (fit.measured, fit.derived)
         return cls("trace", progs, samples)
 

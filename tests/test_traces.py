@@ -491,3 +491,80 @@ def test_analytic_prediction_within_two_percent_of_the_trace_per_pool(case):
     assert plan.predicted.pools.keys() == sim.pools.keys()
     for pool, measured in sim.pools.items():
         assert abs(plan.predicted.pools[pool] - measured) <= 0.02 * measured, pool
+
+
+# -- folding a trace's repeated layers (planner/layers.py) ----------------------------------------
+
+
+def _layered(layers: int, crossing: int = 1, leak: bool = False) -> tuple:
+    """A flat capture: a prologue block, then ``layers`` layers, each allocating a temporary
+    and ``crossing`` blocks the next layer frees (``leak``: one more block never freed)."""
+    from capture_plan.planner.program import Free
+
+    ops = [Alloc(4096, i) for i in range(crossing)]
+    nid = crossing
+    handed = list(range(crossing))
+    for _ in range(layers):
+        t = nid
+        ops.append(Alloc(8192, t))
+        new = list(range(nid + 1, nid + 1 + crossing))
+        ops += [Alloc(4096, i) for i in new]
+        ops += [Free(i) for i in handed] + [Free(t)]
+        if leak:
+            ops.append(Alloc(512, nid + 1 + crossing))
+        nid += 2 + crossing
+        handed = new
+    ops += [Free(i) for i in handed]
+    return tuple(ops)
+
+
+def test_a_traced_layer_folds_into_one_repeated_body_and_simulates_the_same():
+    from capture_plan.planner.layers import fold
+    from capture_plan.planner.program import Program
+
+    ops = _layered(32)
+    prog, run = fold(ops)
+    assert prog.repeats == 32 and run is not None and len(prog.body) == 4  # alloc, alloc, free, free
+    flat = Program(prologue=ops)
+    a, b = PoolSim(), PoolSim()
+    for sim, p in ((a, prog), (b, flat)):
+        live: dict = {}
+        code = p.runnable
+        sim.run(code.prologue, live)
+        carried = live.pop(p.carry_in) if p.repeats else None
+        for _ in range(p.repeats):
+            live[-1] = carried
+            sim.run(code.body, live)
+            carried = live.pop(p.carry_out)
+        if p.repeats:
+            live[-1] = carried
+        sim.run(code.epilogue, live)
+    assert (a.peak_reserved, a.peak_allocated, a.allocated) == (b.peak_reserved, b.peak_allocated, b.allocated)
+    # the next size of the phase: the same run, checked and reused
+    again, hint = fold(tuple(Alloc(op.size * 2, op.id) if type(op) is Alloc else op for op in ops), run)
+    assert hint == run and again.repeats == prog.repeats
+
+
+@pytest.mark.parametrize("crossing, leak", [(2, False), (1, True)])
+def test_layers_that_hand_on_two_blocks_or_leak_one_stay_flat(crossing, leak):
+    from capture_plan.planner.layers import fold
+
+    prog, run = fold(_layered(32, crossing=crossing, leak=leak))
+    assert prog.repeats == 0 and run is None
+
+
+@pytest.mark.parametrize(
+    "trace, speculative",
+    [("plans/traces/fa3-ci.json", None), ("plans/traces/fa3-eagle-ci.json", "eagle")],
+)
+def test_a_plan_from_a_folded_trace_is_the_plan_from_the_flat_one(trace, speculative, monkeypatch):
+    """Folding changes how fast a capture is simulated, never the plan (byte for byte)."""
+    from capture_plan.planner import layers
+    from capture_plan.planner.program import Program
+    from capture_plan.schemas.codec import canonical_bytes
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    opts = BuildOptions(backend="fa3", ci=True, trace=root / trace, speculative=speculative)
+    folded = build_plan(opts)
+    monkeypatch.setattr(layers, "fold", lambda ops, hint=None: (Program(prologue=ops), None))
+    assert canonical_bytes(build_plan(opts)) == canonical_bytes(folded)
