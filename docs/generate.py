@@ -285,6 +285,17 @@ def startup_prediction() -> list[str]:
     ]
 
 
+def trace_build() -> list[str]:
+    name = "trace-build-2026-12-01.json"
+    d = _load(name)
+    rows = [
+        [case, f"{r['flat_s']:.2f}", f"{r['folded_s']:.2f}", "yes" if r["identical"] else "NO"]
+        for case, r in d["cases"].items()
+    ]
+    header = ["trace", "build s, every capture flat (before)", "build s, layers folded", "plans byte-identical"]
+    return [*_table(header, rows), _source(name, d)]
+
+
 _ADOPTION = {
     "reference": "reference decode (32 layers)",
     "eagle": "EAGLE's four phases",
@@ -441,6 +452,7 @@ TABLES = {
     "models": models,
     "device": device,
     "startup-prediction": startup_prediction,
+    "trace-build": trace_build,
     "adoption": adoption,
     "build": build,
     "build-work": build_work,
