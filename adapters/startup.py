@@ -189,7 +189,9 @@ def predict_startup(
     after = pools_after(plan.steps, plan.predicted.timeline)
     assert copies is not None  # the first round's recording
     driver, held, how = _driver(plan, cal, rounds, copies)
-    if driver is None:  # no node counts (a torch without keep_graph, no libcuda): per graph
+    # no node counts (a torch without keep_graph, no libcuda): per graph, every graph's memory
+    # counted as pending (on the safe side: the driver holds the recorded graphs' already)
+    if driver is None:
         per_graph = cal.graph_exec_per_graph
         exec_total = int(round(graph_exec(plan.steps, per_graph, kinds) or 0))  # every phase was recorded
         pending_driver, timeline, how = None, [], "per graph, as the recorded graphs measured it (2 MiB steps)"
@@ -197,11 +199,7 @@ def predict_startup(
         per_graph = {}
         exec_total = driver[-1]
         pending_driver = [max(0, d - held) for d in driver]
-        # the RNG state's segment comes with the first capture, not before
-        first_capture = next(i for i, st in enumerate(plan.steps) if st.op == "capture")
-        timeline = [
-            a + (fixed_now if i >= first_capture else 0) + d for i, (a, d) in enumerate(zip(after, pending_driver))
-        ]
+        timeline = _timeline(plan, after, fixed_now, pending_driver)
     items = {
         "pool": plan.predicted.pool_bytes,
         "hoisted": plan.predicted.hoisted_bytes,
@@ -213,7 +211,13 @@ def predict_startup(
     # The recording already made the capture stream's workspace (kept for the process's life),
     # and the driver keeps the memory of the recorded graphs, destroyed since, for the graphs to
     # come: neither is taken again.
-    top = peak(plan.steps, after, kinds, per_graph, cal.warmup_scratch, fixed_now, pending_driver)
+    # with node counts the RNG segment rides on the driver figures from the first capture on (a
+    # warm-up before it does not have it); per graph, it is counted throughout (on the safe side)
+    top = (
+        peak(plan.steps, after, kinds, per_graph, cal.warmup_scratch, fixed_now)
+        if pending_driver is None
+        else _peak(plan, after, kinds, cal.warmup_scratch, timeline)
+    )
     final = timeline[-1] if timeline else total - items["stream-workspace"]
     pending = max(final, top) if top is not None else final
     return StartupPrediction(
@@ -226,6 +230,21 @@ def predict_startup(
         timeline=timeline,
         graph_exec=how,
     )
+
+
+def _timeline(plan: Plan, after: list[int], rng: int, driver: list[int]) -> list[int]:
+    """The free memory the capture will have taken after each step: the pools (and
+    hoisted workspaces) so far, the RNG state's segment from the first capture on (not
+    before), and the graphs' driver memory not held already."""
+    first = next((i for i, st in enumerate(plan.steps) if st.op == "capture"), len(plan.steps))
+    return [a + (rng if i >= first else 0) + d for i, (a, d) in enumerate(zip(after, driver))]
+
+
+def _peak(plan: Plan, after: list[int], kinds: dict[str, str], scratch: dict[str, int], timeline: list[int]):
+    """The most the capture takes at any moment (:func:`capture_plan.planner.device.peak`)
+    over ``timeline``: a warm-up's scratch on top of what the steps before it took, the
+    RNG segment and driver memory included only where the timeline has them."""
+    return peak(plan.steps, after, kinds, {}, scratch, 0, [t - a for t, a in zip(timeline, after)])
 
 
 def _driver(plan: Plan, cal, rounds: list, first: Recording) -> tuple[list[int] | None, int, str]:

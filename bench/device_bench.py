@@ -212,7 +212,8 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         peak = max(peak, drop, prev + (m.scratch or 0))
         prev = drop
     steps = []
-    for m, predicted in zip(rep.steps, pred.timeline or [None] * len(rep.steps)):
+    for m in rep.steps:
+        predicted = pred.timeline[m.step] if m.step < len(pred.timeline) else None
         if m.free is None or predicted is None:
             continue
         measured = before - m.free

@@ -114,6 +114,15 @@ class Unattached:
         self._missing("workspace refresh", phase)
 
 
+def _new_graph() -> torch.cuda.CUDAGraph:
+    """A graph that keeps its ``cudaGraph_t`` for the node count (torch 2.8 on); a plain
+    one on an older torch, whose graphs are then not counted (graph_nodes None)."""
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:  # torch < 2.8: no keep_graph
+        return torch.cuda.CUDAGraph()
+
+
 def _walk(x, path: str, where: str, device: torch.device, leaves: list):
     """Append the tensors of ``x`` to ``leaves``; return a function that rebuilds ``x``.
 
@@ -300,7 +309,7 @@ class LoopStep:
         self._measure_warmups(None)  # warm-ups the engine ran outside warmup(), if any
         self._loop.before_step(self.plan_step)
         # keep_graph: the session counts the graph's nodes before it instantiates it (graph_nodes)
-        g = cuda_graph if cuda_graph is not None else torch.cuda.CUDAGraph(keep_graph=True)
+        g = cuda_graph if cuda_graph is not None else _new_graph()
         with self._session.recording(g, self.pool) as grown:
             yield g
         self.recorded, self._grown = g, grown[0]

@@ -114,8 +114,8 @@ def record(
     phase's recorded graphs are instantiated again, in turn, until the phase has that
     many, every copy of every phase alive at once, then the copies are destroyed
     (``capture_plan.executor.graph_nodes.ExecCopies``). The driver keeps their
-    memory for the graphs the process instantiates later, so ``copy_bytes`` measures
-    the driver memory of a capture of that many graphs, taken now. ``device``: as
+    memory for the graphs the process instantiates later, so ``copies[phase]``'s bytes
+    measure the driver memory of a capture of that many graphs, taken now. ``device``: as
     ``capture``'s (None: the current CUDA device)."""
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True, device=device)
     try:

@@ -13,7 +13,8 @@ which exactly one block crosses from one repetition to the next (the hidden
 state a layer hands on) and nothing else outlives a repetition, and returns
 the program with that run as its body. It checks its own answer: the folded
 program, run as the simulator runs it, must be the original ops event for
-event (ids renamed);
+event (ids renamed; a run found for another size of the same phase is reused
+where every repetition's ops are equal, which makes it so by construction);
 otherwise, and where no such run exists, the ops stay one flat prologue.
 Folding changes how fast a capture is simulated, never what it does.
 
@@ -83,7 +84,9 @@ def fold(ops: tuple[Op, ...], hint: Run | None = None) -> tuple[Program, Run | N
     tokens = _tokens(ops)
     if hint is not None and _repeats(tokens, *hint):
         folded = _program(ops, tokens, *hint)
-        if folded is not None:  # exact by construction: every repetition's tokens are the first's
+        # not expanded again: exact by construction, every repetition's tokens being the first's,
+        # and the run's structure checked on the capture that found it
+        if folded is not None:
             return folded, hint
     start, period, repeats = _longest_run(tokens)
     if not repeats:
@@ -139,12 +142,18 @@ def _expand(prog: Program) -> tuple[Op, ...]:
 
 
 def _program(ops: tuple[Op, ...], tokens: list[tuple], start: int, period: int, repeats: int) -> Program | None:
+    """The program with ``ops[start : start + period]`` as a body repeated ``repeats``
+    times, or None when more or less than one block crosses between repetitions, a
+    block outlives its repetition otherwise, or the body allocates anything but
+    temporaries (a hoisted workspace is dropped section by section, which would break
+    the carry; an output in a layer the simulator skips would go uncounted in hazard
+    checks). A recorded trace marks only blocks alive at its end as outputs or library
+    workspaces, so its layers hold temporaries alone."""
     if repeats < MIN_REPEATS:
         return None
-    """The program with ``ops[start : start + period]`` as a body repeated ``repeats``
-    times, or None when more or less than one block crosses between repetitions or a
-    block outlives its repetition otherwise."""
     body = ops[start : start + period]
+    if any(type(op) is Alloc and op.kind != "temp" for op in body):
+        return None
     allocs_before = sum(1 for t in tokens[:start] if t[0] == "a")
     # within one repetition: which of its frees reach back before it, and how far
     own = 0

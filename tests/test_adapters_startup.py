@@ -142,3 +142,18 @@ def test_a_phase_recorded_whole_needs_no_copies_and_keeps_its_measured_figure(tm
     driver, held, how = _driver(small, cal, [rep], rec)
     assert held == 3 * 2 * MiB and driver is not None and driver[-1] == 3 * 2 * MiB
     assert "devices.toml" not in how and f"decode {2 * MiB / 900:.0f}" in how
+
+
+def test_a_warmup_before_the_first_capture_does_not_carry_the_rng_segment(plan):
+    """The RNG state's segment comes with the first capture: the peak of a warm-up before
+    it is its scratch alone (it was counted there too, 2 MiB high on the H200)."""
+    from capture_plan.adapters.startup import _peak, _timeline
+    from capture_plan.planner.device import pools_after
+
+    after = pools_after(plan.steps, plan.predicted.timeline)
+    driver = [0] * len(plan.steps)
+    line = _timeline(plan, after, 2 * MiB, driver)
+    assert plan.steps[0].op == "warmup" and line[0] == after[0] == 0
+    assert line[-1] == after[-1] + 2 * MiB
+    scratch = {"decode": 10_000 * MiB}  # a warm-up far above the pools: the peak is that warm-up
+    assert _peak(plan, after, {}, scratch, line) == 10_000 * MiB

@@ -535,3 +535,18 @@ def test_the_engine_loop_refuses_a_piecewise_step_and_names_it(fake):
         with capture_loop(plan, device=torch.device("cpu")) as loop:
             loop.step("piecewise", loop.sizes("piecewise")[0])
     assert fake.pools == 0
+
+
+def test_on_a_torch_without_keep_graph_the_loop_records_a_plain_graph(monkeypatch):
+    """torch.cuda.CUDAGraph(keep_graph=True) raised TypeError before torch 2.8, which the
+    executor still supports: the loop then records a plain graph (its nodes uncounted)."""
+    import torch
+
+    from capture_plan.executor import loop
+
+    class Old:
+        def __init__(self):  # no keep_graph
+            self.made = True
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Old)
+    assert isinstance(loop._new_graph(), Old)

@@ -568,3 +568,22 @@ def test_a_plan_from_a_folded_trace_is_the_plan_from_the_flat_one(trace, specula
     folded = build_plan(opts)
     monkeypatch.setattr(layers, "fold", lambda ops, hint=None: (Program(prologue=ops), None))
     assert canonical_bytes(build_plan(opts)) == canonical_bytes(folded)
+
+
+def test_layers_that_carry_a_workspace_or_allocate_an_output_stay_flat():
+    """A hoisted workspace is dropped section by section (a carried one broke the carry:
+    KeyError in the simulator), and an output allocated in a layer the simulator skips
+    went uncounted in hazard checks; found by fuzzing folded against flat."""
+    from capture_plan.planner.layers import fold
+    from capture_plan.planner.program import Free
+
+    ws = (Alloc(1 << 20, 0, "workspace"),) + sum(
+        ((Alloc(1 << 20, i, "workspace"), Free(i - 1)) for i in range(1, 6)), ()
+    )
+    assert fold(ws + (Free(5),))[0].repeats == 0
+    out = (Alloc(4096, 0),) + sum(
+        ((Alloc(8192, i, "output"), Alloc(4096, 100 + i), Free(i - 1 + 100 * (i > 1))) for i in range(1, 6)), ()
+    )
+    assert fold(out)[0].repeats == 0
+    temps = tuple(Alloc(op.size, op.id) if type(op) is Alloc else op for op in ws + (Free(5),))
+    assert fold(temps)[0].repeats >= 3  # the same layers of temporaries fold
