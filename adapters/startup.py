@@ -59,6 +59,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,13 +70,14 @@ from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.device import (
-    DRIVER_CHUNK,
+    Calibration,
     calibration_from_report,
     driver_after,
     graph_exec,
     node_figure,
     peak,
     pools_after,
+    whole_chunks,
 )
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import Plan
@@ -182,13 +184,14 @@ def predict_startup(
         )
     kinds = {p.name: p.kind for p in plan.phases}
     first = rounds[0]
-    cal = calibration_from_report(first, "the startup recording", kinds)
+    cals = [calibration_from_report(rep, "the startup recording", kinds) for rep in rounds]
+    cal = cals[0]
     view = first.device_view
     assert view is not None  # calibration_from_report refuses a report without one
     fixed_now = max(0, view.item("allocator-cached"))  # the RNG state's segment, made again
     after = pools_after(plan.steps, plan.predicted.timeline)
     assert copies is not None  # the first round's recording
-    driver, held, how = _driver(plan, cal, rounds, copies)
+    driver, held, how = _driver(plan, cals, copies)
     # no node counts (a torch without keep_graph, no libcuda): per graph, every graph's memory
     # counted as pending (on the safe side: the driver holds the recorded graphs' already)
     if driver is None:
@@ -247,43 +250,34 @@ def _peak(plan: Plan, after: list[int], kinds: dict[str, str], scratch: dict[str
     return peak(plan.steps, after, kinds, {}, scratch, 0, [t - a for t, a in zip(timeline, after)])
 
 
-def _driver(plan: Plan, cal, rounds: list, first: Recording) -> tuple[list[int] | None, int, str]:
+def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list[int] | None, int, str]:
     """The plan's graphs' driver memory after each step in a fresh process, the bytes
     the driver holds now for graphs to come, and how the figure was made; (None, 0, "")
-    without node counts for every phase.
+    without node counts for every phase. ``cals``: each recording round's calibration,
+    the first round's first (``first`` is that round's recording).
 
     Where the recording instantiated its graphs as often as the plan captures, the bytes
     per node are this model's on this device, measured (their driver memory over their
     nodes), and the driver holds all of it now. Otherwise the device table's figure, and
     the driver holds what the recorded graphs took."""
     nodes: dict[str, dict[int, int]] = {}
-    for rep in rounds:
-        for m in rep.steps:
-            op, _, rest = m.id.partition("/")
-            phase, _, bs = rest.rpartition("/")
-            if op == "capture" and m.graph_nodes is not None:
-                nodes.setdefault(phase, {})[int(bs)] = m.graph_nodes
+    for c in cals:  # the node counts every round recorded
+        for phase, by_size in c.graph_nodes.items():
+            nodes.setdefault(phase, {}).update(by_size)
     if not all(nodes.get(p.name) for p in plan.phases):
         return None, 0, ""
-    recorded: dict[str, list[int]] = {}  # per phase: driver bytes and nodes of the recorded graphs
-    prev = None
-    for m in rounds[0].steps:
-        if m.id.startswith("capture/") and prev is not None and m.graph_nodes:
-            got = recorded.setdefault(m.id.split("/")[1], [0, 0])
-            got[0] += (prev.free - m.free) - (m.allocator_reserved - prev.allocator_reserved)
-            got[1] += m.graph_nodes
-        prev = m
+    recorded = cals[0].graph_exec_counted  # per phase: driver bytes and nodes of the recorded graphs
     planned = {p.name: sum(s.op == "capture" and s.phase == p.name for s in plan.steps) for p in plan.phases}
-    counted = {p.name: sum(m.id.startswith(f"capture/{p.name}/") for m in rounds[0].steps) for p in plan.phases}
+    counted = Counter(c.phase for c in first.trace.captures)
     # every copy a phase needed was made (a phase recorded whole needs none): the figures are measured
     made_all = first.copies and all(
         first.copies.get(name, (0, 0, 0))[0] >= planned[name] - counted[name] for name in planned
     )
-    if made_all and all(recorded.get(name, [0, 0])[1] + first.copies.get(name, (0, 0, 0))[1] for name in planned):
+    if made_all and all(recorded.get(name, (0, 0))[1] + first.copies.get(name, (0, 0, 0))[1] for name in planned):
         per_node, held = {}, 0
         for name in planned:
             _, n, taken = first.copies.get(name, (0, 0, 0))
-            b, k = recorded.get(name, [0, 0])
+            b, k = recorded.get(name, (0, 0))
             per_node[name] = (b + taken) / (k + n)
             held += b + taken
         made = sum(c for c, _, _ in first.copies.values())
@@ -293,12 +287,11 @@ def _driver(plan: Plan, cal, rounds: list, first: Recording) -> tuple[list[int] 
             + f") as the recorded graphs, instantiated {made} times more, took on this device"
         )
     else:
-        listed, where = node_figure(cal)
+        listed, where = node_figure(cals[0])
         if listed is None:
             return None, 0, ""
         per_node = listed
-        n = sum(k for _, k in recorded.values())
-        held = -(-int(round(n * listed)) // DRIVER_CHUNK) * DRIVER_CHUNK
+        held = whole_chunks(sum(k for _, k in recorded.values()) * listed)
     driver = driver_after(plan.steps, nodes, per_node)
     if driver is None:
         return None, 0, ""

@@ -222,6 +222,7 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
     worst = max(steps, key=lambda t: abs(t[1] - t[2]), default=None)
     gs.release()
     del kv
+    final = pred.timeline[-1] if pred.timeline else pred.pending_bytes  # predicted to stay after capture
     return {
         "predict_s": seconds,
         "capture_s": rep.capture_seconds,
@@ -233,8 +234,8 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         "measured_peak_mib": peak / MiB,
         # pending is the peak: against the measured peak; the figure after capture against the drop
         "error": (pred.pending_bytes - peak) / peak,
-        "final_error": ((pred.timeline[-1] if pred.timeline else pred.pending_bytes) - view.drop) / view.drop,
-        "final_error_mib": ((pred.timeline[-1] if pred.timeline else pred.pending_bytes) - view.drop) / MiB,
+        "final_error": (final - view.drop) / view.drop,
+        "final_error_mib": (final - view.drop) / MiB,
         "steps_within_1pct_or_2mib": f"{sum(within)}/{len(within)}",
         "worst_step": None
         if worst is None

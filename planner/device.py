@@ -60,6 +60,7 @@ __all__ = [
     "driver_after",
     "nodes_at",
     "DRIVER_CHUNK",
+    "whole_chunks",
 ]
 
 #: the driver takes graph-exec memory in steps of this many bytes (measured, H200)
@@ -86,10 +87,17 @@ class Calibration:
     #: nodes of each recorded graph, per phase name and batch size (the report's
     #: graph_nodes); empty when the report did not count them
     graph_nodes: dict[str, dict[int, int]] = field(default_factory=dict)
-    #: driver bytes per node the report's captures measured (their driver memory over
-    #: their nodes: coarse for a few graphs, since the driver takes 2 MiB at a time);
-    #: None when it counted no nodes
-    graph_exec_per_node: float | None = None
+    #: per phase name: (driver bytes, nodes) of the report's captures that counted their
+    #: nodes; empty when it counted none
+    graph_exec_counted: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def graph_exec_per_node(self) -> float | None:
+        """Driver bytes per node the report's captures measured (their driver memory over
+        their nodes: coarse for a few graphs, since the driver takes 2 MiB at a time);
+        None when it counted no nodes."""
+        nodes = sum(n for _, n in self.graph_exec_counted.values())
+        return sum(b for b, _ in self.graph_exec_counted.values()) / nodes if nodes else None
 
 
 def capability_of(device: str) -> str:
@@ -116,7 +124,7 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     per: dict[str, list[int]] = defaultdict(list)
     scratch: dict[str, int] = {}
     nodes: dict[str, dict[int, int]] = defaultdict(dict)
-    counted_bytes, counted_nodes = 0, 0
+    counted: dict[str, tuple[int, int]] = {}
     prev_free, prev_res = None, None
     for m in rep.steps:
         op, _, rest = m.id.partition("/")
@@ -131,7 +139,8 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
             took = (prev_free - m.free) - (m.allocator_reserved - prev_res)  # pyright: ignore[reportOperatorIssue]
             per[phase].append(took)
             if m.graph_nodes:
-                counted_bytes, counted_nodes = counted_bytes + took, counted_nodes + m.graph_nodes
+                b, n = counted.get(phase, (0, 0))
+                counted[phase] = (b + took, n + m.graph_nodes)
         prev_free, prev_res = m.free, m.allocator_reserved
     if not per:
         raise InputError("the report has no capture step after another step to measure", where=source, fix=fix)
@@ -157,7 +166,7 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
         source=source,
         warmup_scratch=scratch,
         graph_nodes={k: dict(sorted(v.items())) for k, v in sorted(nodes.items())},
-        graph_exec_per_node=counted_bytes / counted_nodes if counted_nodes else None,
+        graph_exec_counted=dict(sorted(counted.items())),
     )
 
 
@@ -173,7 +182,7 @@ def read_calibration(path: Path, shown: str, phases: dict[str, str], recorded: s
         source=recorded,
         warmup_scratch=cal.warmup_scratch,
         graph_nodes=cal.graph_nodes,
-        graph_exec_per_node=cal.graph_exec_per_node,
+        graph_exec_counted=cal.graph_exec_counted,
     ), raw
 
 
@@ -225,6 +234,12 @@ def peak(
     return int(round(top))
 
 
+def whole_chunks(nbytes: float) -> int:
+    """``nbytes`` of driver memory as the driver takes it: rounded up to whole
+    :data:`DRIVER_CHUNK` steps."""
+    return -(-int(round(nbytes)) // DRIVER_CHUNK) * DRIVER_CHUNK
+
+
 def per_node_figure(capability: str) -> int | None:
     """Driver bytes per graph node on devices of ``capability`` ("sm90"), from
     ``planner/data/devices.toml [graph_exec_per_node]``; None where none is listed."""
@@ -263,8 +278,7 @@ def driver_after(
             if not rec or cost is None:
                 return None
             total += nodes_at(rec, s.bs) * cost
-        chunks = -(-int(round(total)) // DRIVER_CHUNK) * DRIVER_CHUNK
-        out.append(max(0, chunks - held))
+        out.append(max(0, whole_chunks(total) - held))
     return out
 
 

@@ -154,7 +154,6 @@ def _program(ops: tuple[Op, ...], tokens: list[tuple], start: int, period: int, 
     body = ops[start : start + period]
     if any(type(op) is Alloc and op.kind != "temp" for op in body):
         return None
-    allocs_before = sum(1 for t in tokens[:start] if t[0] == "a")
     # within one repetition: which of its frees reach back before it, and how far
     own = 0
     reach: list[tuple[int, int]] = []  # (index in body, allocations back from the repetition's start)
@@ -177,12 +176,12 @@ def _program(ops: tuple[Op, ...], tokens: list[tuple], start: int, period: int, 
         return None  # a block that outlives its repetition, other than the one handed on
     # ids: the body's own ids, unique in the trace, stay; the block carried in is CARRY
     carried_in = body[free_at].id  # a prologue block (the first repetition's input)
+    if carried_in not in {op.id for op in ops[:start] if type(op) is Alloc}:
+        return None
     new_body = tuple(Free(CARRY) if j == free_at else op for j, op in enumerate(body))
     tail_start = start + repeats * period
     last_out = [op.id for op in ops[tail_start - period : tail_start] if type(op) is Alloc][carry_ordinal]
     epilogue = tuple(Free(CARRY) if type(op) is Free and op.id == last_out else op for op in ops[tail_start:])
-    if allocs_before == 0 or carried_in not in {op.id for op in ops[:start] if type(op) is Alloc}:
-        return None
     return Program(
         prologue=ops[:start],
         body=new_body,

@@ -11,7 +11,7 @@ from capture_plan.executor.profiling import Recording  # noqa: E402
 from capture_plan.planner import BuildOptions, build_plan  # noqa: E402
 from capture_plan.planner.device import DRIVER_CHUNK, calibration_from_report  # noqa: E402
 from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement  # noqa: E402
-from capture_plan.schemas.trace import Trace  # noqa: E402
+from capture_plan.schemas.trace import CaptureTrace, Trace  # noqa: E402
 
 MiB = 2**20
 
@@ -70,15 +70,20 @@ def _recording(plan, sizes=(1, 120, 256), nodes: int | None = 900, per_graph=2 *
     )
 
 
+def _trace(rep: CaptureReport) -> Trace:
+    """The recording's trace: one capture per capture step of ``rep`` (events left out)."""
+    caps = [m.id.split("/") for m in rep.steps if m.id.startswith("capture/")]
+    captures = [CaptureTrace(phase=ph, bs=int(bs), events=[]) for _, ph, bs in caps]
+    return Trace(device="", backend="fa3", captures=captures)
+
+
 def test_the_driver_memory_of_the_whole_capture_is_what_the_copies_took_and_is_held_now(plan):
     rep = _recording(plan)
     cal = calibration_from_report(rep, "rec", {"decode": "decode"})
     copies = len(plan.phases[0].sizes) - 3
     taken = copies * 900 * 3000  # 3,000 B a node, as the copies measured it
-    rec = Recording(
-        trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={"decode": (copies, copies * 900, taken)}
-    )
-    driver, held, how = _driver(plan, cal, [rep], rec)
+    rec = Recording(trace=_trace(rep), report=rep, copies={"decode": (copies, copies * 900, taken)})
+    driver, held, how = _driver(plan, [cal], rec)
     assert driver is not None and len(driver) == len(plan.steps)
     assert held == 3 * 2 * MiB + taken  # the recorded graphs' and the copies': the driver keeps both
     per_node = held / (36 * 900)
@@ -92,8 +97,8 @@ def test_without_copies_the_device_tables_figure_and_the_recorded_graphs_are_hel
 
     rep = _recording(plan)
     cal = calibration_from_report(rep, "rec", {"decode": "decode"})
-    bare = Recording(trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={})
-    driver, held, how = _driver(plan, cal, [rep], bare)
+    bare = Recording(trace=_trace(rep), report=rep, copies={})
+    driver, held, how = _driver(plan, [cal], bare)
     listed = per_node_figure("sm90")
     assert driver is not None and listed is not None
     assert held == -(-round(3 * 900 * listed) // DRIVER_CHUNK) * DRIVER_CHUNK
@@ -104,8 +109,8 @@ def test_without_copies_the_device_tables_figure_and_the_recorded_graphs_are_hel
 def test_a_phase_the_recording_counted_no_nodes_of_has_no_node_figure(plan):
     rep = _recording(plan, nodes=None)  # an engine's own graphs: not counted
     cal = calibration_from_report(rep, "rec", {"decode": "decode"})
-    bare = Recording(trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={})
-    assert _driver(plan, cal, [rep], bare) == (None, 0, "")
+    bare = Recording(trace=_trace(rep), report=rep, copies={})
+    assert _driver(plan, [cal], bare) == (None, 0, "")
 
 
 def test_the_device_asked_for_is_the_one_recorded_on(monkeypatch, plan):
@@ -138,8 +143,8 @@ def test_a_phase_recorded_whole_needs_no_copies_and_keeps_its_measured_figure(tm
     small = build_plan(BuildOptions(backend="fa3", spec=spec))
     rep = _recording(small)
     cal = calibration_from_report(rep, "rec", {"decode": "decode"})
-    rec = Recording(trace=Trace(device="", backend="fa3", captures=[]), report=rep, copies={"decode": (0, 0, 0)})
-    driver, held, how = _driver(small, cal, [rep], rec)
+    rec = Recording(trace=_trace(rep), report=rep, copies={"decode": (0, 0, 0)})
+    driver, held, how = _driver(small, [cal], rec)
     assert held == 3 * 2 * MiB and driver is not None and driver[-1] == 3 * 2 * MiB
     assert "devices.toml" not in how and f"decode {2 * MiB / 900:.0f}" in how
 
