@@ -59,7 +59,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +104,10 @@ class StartupPrediction:
     timeline: list[int] = field(default_factory=list)
     #: how the graph-exec item was made
     graph_exec: str = ""
+    #: where ``seconds`` went: "schedule" (the analytic build that picks the sizes to record),
+    #: "record" (every recording round, the driver copies included), "build" (the builds from
+    #: the recorded traces), "predict" (the rest)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def _more_sizes(err: InputError, plan: Plan) -> dict[str, list[int]] | None:
@@ -138,50 +142,15 @@ def predict_startup(
     phase instead of the default three (phases left out get the default).
     """
     t0 = time.perf_counter()
+    timings: defaultdict[str, float] = defaultdict(float)
     device = torch.device(device) if device is not None else None  # None: the current CUDA device
     schedule = build_plan(msgspec.structs.replace(options, trace=None))
-    want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
-    folder = Path(tempfile.mkdtemp(prefix="capture-plan-startup-"))
-    rounds: list = []
-    counts = {p.name: len(p.sizes) for p in schedule.phases}
-    copies = None
-    for _ in range(max_rounds):
-        chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
-        # The first round instantiates its graphs again until each phase has as many as the
-        # plan captures: the driver memory the capture will need is measured, and taken now
-        # (the driver keeps it for the graphs to come).
-        rec = record(
-            schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
+    timings["schedule"] += time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
+        plan, rounds, chosen, copies = _record_and_build(
+            target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings
         )
-        trace, report = rec.trace, rec.report
-        # The first round's report measures what a fresh process pays: later rounds find the
-        # capture stream's workspace made and the driver holding the earlier graphs' memory.
-        assert report is not None  # a foreground capture has its report once capture() returns
-        rounds.append(report)
-        if copies is None:
-            copies = rec
-        trace_path = folder / "trace.json"
-        write_trace(trace, trace_path)
-        try:
-            plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
-            break
-        except InputError as err:
-            more = _more_sizes(err, schedule)
-            if not more:
-                raise
-            for name, extra in more.items():
-                grown = sorted(set(chosen[name]) | set(extra))
-                if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
-                    grown = sorted(next(p.sizes for p in schedule.phases if p.name == name))
-                    if grown == chosen[name]:
-                        raise
-                want[name] = grown
-    else:
-        raise InputError(
-            f"the recorded sizes did not line up after {max_rounds} rounds",
-            where="predict_startup",
-            fix="pass sizes={phase: [...]} with every planned size of the phase named above",
-        )
+    t_predict = time.perf_counter()
     kinds = {p.name: p.kind for p in plan.phases}
     first = rounds[0]
     cals = [calibration_from_report(rep, "the startup recording", kinds) for rep in rounds]
@@ -232,7 +201,60 @@ def predict_startup(
         seconds=time.perf_counter() - t0,
         timeline=timeline,
         graph_exec=how,
+        timings={**{k: round(v, 4) for k, v in timings.items()}, "predict": round(time.perf_counter() - t_predict, 4)},
     )
+
+
+def _record_and_build(target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings):
+    """Recording rounds until the fitter has what it needs: (the plan built from the last
+    round's trace, every round's report, the sizes recorded per phase, the first recording)."""
+    want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
+    rounds: list = []
+    counts = {p.name: len(p.sizes) for p in schedule.phases}
+    copies = None
+    for _ in range(max_rounds):
+        chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
+        # The first round instantiates its graphs again until each phase has as many as the
+        # plan captures: the driver memory the capture will need is measured, and taken now
+        # (the driver keeps it for the graphs to come).
+        t = time.perf_counter()
+        rec = record(
+            schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
+        )
+        timings["record"] += time.perf_counter() - t
+        trace, report = rec.trace, rec.report
+        # The first round's report measures what a fresh process pays: later rounds find the
+        # capture stream's workspace made and the driver holding the earlier graphs' memory.
+        assert report is not None  # a foreground capture has its report once capture() returns
+        rounds.append(report)
+        if copies is None:
+            copies = rec
+        trace_path = folder / "trace.json"
+        write_trace(trace, trace_path)
+        t = time.perf_counter()
+        try:
+            plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
+            break
+        except InputError as err:
+            timings["build"] += time.perf_counter() - t
+            more = _more_sizes(err, schedule)
+            if not more:
+                raise
+            for name, extra in more.items():
+                grown = sorted(set(chosen[name]) | set(extra))
+                if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
+                    grown = sorted(next(p.sizes for p in schedule.phases if p.name == name))
+                    if grown == chosen[name]:
+                        raise
+                want[name] = grown
+    else:
+        raise InputError(
+            f"the recorded sizes did not line up after {max_rounds} rounds",
+            where="predict_startup",
+            fix="pass sizes={phase: [...]} with every planned size of the phase named above",
+        )
+    timings["build"] += time.perf_counter() - t
+    return plan, rounds, chosen, copies
 
 
 def _timeline(plan: Plan, after: list[int], rng: int, driver: list[int]) -> list[int]:

@@ -245,6 +245,9 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         "slack_of_drop": slack / view.drop,
         "margin_mib": margin_mib,
         "recorded": pred.recorded,
+        "predict_parts_s": pred.timings,
+        # every step (id, predicted MiB, measured MiB): a miss's cause is read from these
+        "steps": [[i, round(p / MiB, 2), round(m / MiB, 2)] for i, p, m in steps],
     }
 
 
