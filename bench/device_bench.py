@@ -22,7 +22,9 @@ and for each, in that fresh process (``--modes``):
   loop        the engines' loop (largest-first, 2 warm-ups, ``torch.cuda.graph``,
               outputs kept) on the same model, its device drop
   startup     ``capture_plan.adapters.startup.predict_startup`` (a few recorded sizes per phase ->
-              the whole plan simulated -> the bytes capture will take), its time;
+              the whole plan simulated -> the bytes capture will take), its time and where it
+              went, with the case's plan as the schedule (an engine's checked-in plan: the
+              analytic build it saves is the case's ``build_s``);
               then a KV cache sized from it (free - predicted - margin), the capture, and
               the slack left; the prediction against the measured drop at every step
   vllm        vLLM 0.33's estimator as published: the two largest sizes captured into a
@@ -175,14 +177,15 @@ def mode_vllm(target, plan) -> dict:
     }
 
 
-def mode_startup(target, opts, margin_mib: int) -> dict:
+def mode_startup(target, opts, plan, margin_mib: int) -> dict:
     import torch
 
     from capture_plan.adapters.startup import predict_startup
     from capture_plan.executor import capture
 
     t0 = time.perf_counter()
-    pred = predict_startup(target, opts)
+    # the engine's checked-in plan is the schedule (the analytic build it saves is the case's build_s)
+    pred = predict_startup(target, opts, schedule=plan)
     seconds = time.perf_counter() - t0
     free = free_bytes()
     kv_bytes = free - pred.pending_bytes - margin_mib * MiB
@@ -217,8 +220,8 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         if m.free is None or predicted is None:
             continue
         measured = before - m.free
-        steps.append((m.id, predicted, measured))
-    within = [abs(p - m) <= max(2 * MiB, 0.01 * m) for _, p, m in steps]
+        steps.append((m.id, predicted, measured, m.reserved, m.predicted_reserved, m.allocator_reserved))
+    within = [abs(p - m) <= max(2 * MiB, 0.01 * m) for _, p, m, *_ in steps]
     worst = max(steps, key=lambda t: abs(t[1] - t[2]), default=None)
     gs.release()
     del kv
@@ -246,8 +249,9 @@ def mode_startup(target, opts, margin_mib: int) -> dict:
         "margin_mib": margin_mib,
         "recorded": pred.recorded,
         "predict_parts_s": pred.timings,
-        # every step (id, predicted MiB, measured MiB): a miss's cause is read from these
-        "steps": [[i, round(p / MiB, 2), round(m / MiB, 2)] for i, p, m in steps],
+        # every step: id, the drop predicted and measured, the pools' reserved bytes measured and
+        # predicted, the whole allocator's reserved bytes (MiB): a miss's cause is read from these
+        "steps": [[i, *(None if v is None else round(v / MiB, 2) for v in rest)] for i, *rest in steps],
     }
 
 
@@ -286,7 +290,7 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
         elif mode == "vllm":
             out[mode] = mode_vllm(target, plan)
         elif mode == "startup":
-            out[mode] = mode_startup(target, opts, margin_mib)
+            out[mode] = mode_startup(target, opts, plan, margin_mib)
     return out
 
 

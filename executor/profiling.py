@@ -18,6 +18,7 @@ graphs are released afterwards.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,9 @@ class Recording:
     #: free memory they took outside the caching allocator (the driver keeps it after they
     #: were destroyed, for the graphs instantiated later in the process)
     copies: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    #: where the time went: "capture" (the recorded captures, their warm-ups included),
+    #: "trace" (reading the allocation history), "copies" (the extra instantiations)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def record(
@@ -117,12 +121,25 @@ def record(
     memory for the graphs the process instantiates later, so ``copies[phase]``'s bytes
     measure the driver memory of a capture of that many graphs, taken now. ``device``: as
     ``capture``'s (None: the current CUDA device)."""
+    t0 = time.perf_counter()
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True, device=device)
+    seconds = {"capture": time.perf_counter() - t0}
     try:
+        t0 = time.perf_counter()
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
         caps.sort(key=lambda c: (c.phase, c.bs))
         name = gs.report.device if gs.report else ""
-        trace = Trace(device=f"{name} / torch {torch.__version__}", backend=plan.requires.backend, captures=caps)
+        # some kernels' scratch depends on the SM count (torch.topk's: planner/scratch_shapes.py)
+        cuda_sms = gs.device.type == "cuda"
+        sms = torch.cuda.get_device_properties(gs.device).multi_processor_count if cuda_sms else None
+        trace = Trace(
+            device=f"{name} / torch {torch.__version__}",
+            backend=plan.requires.backend,
+            multiprocessors=sms,
+            captures=caps,
+        )
+        seconds["trace"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         copies, held = {}, ExecCopies()
         # the driver API and the free-memory figures act on the current device: make it the capture's
         cuda = device is not None and torch.device(device).type == "cuda"
@@ -139,7 +156,8 @@ def record(
                     copies[phase] = (made, nodes, max(0, taken))
             finally:
                 held.close()
-        return Recording(trace=trace, report=gs.report, copies=copies)
+        seconds["copies"] = time.perf_counter() - t0
+        return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds)
     finally:
         gs.release()
 

@@ -322,7 +322,7 @@ def _workload(
             where=f"{path}: $.backend",
             fix=f"record a trace with {opts.backend}, or build for --backend {trace.backend}",
         )
-    return Workload.from_trace(trace, spec.phases, str(path)), path, sha256(raw), trace.device
+    return Workload.from_trace(trace, spec.phases, str(path), spec.model), path, sha256(raw), trace.device
 
 
 def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:

@@ -10,11 +10,13 @@ each phase this module:
    allocations (workspaces a library creates once per process, in whichever
    capture runs first; they stay with the sample that recorded them);
 2. fits each allocation's size as an exact integer function of the batch
-   size, ``a * round_up(bs, k) + b`` with integers ``a, b`` and ``k`` in
-   :data:`ROUNDINGS` (``k = 1``: affine in ``bs``; kernels that pad the batch,
-   such as FA3's scheduler metadata padded to 4, need ``k > 1``), from the
-   smallest and largest sample of a run of aligned samples, and checks it on
-   every sample in between, which the fit did not use;
+   size, ``a * f(bs) + b`` with integers ``a, b`` and a basis ``f``:
+   ``round_up(bs, k)`` for ``k`` in :data:`ROUNDINGS` (``k = 1``: affine in
+   ``bs``; kernels that pad the batch, such as FA3's scheduler metadata padded
+   to 4, need ``k > 1``), and any basis the caller adds
+   (``planner/scratch_shapes.py``: torch.topk's blocks), from the smallest and
+   largest sample of a run of aligned samples, and checks it on every sample in
+   between, which the fit did not use;
 3. derives each planned size strictly inside such a run.
 
 It refuses, naming the sizes and what to record, rather than guess: a planned
@@ -25,28 +27,27 @@ function fits, or one that several candidates fit but predict differently
 at a planned size (a fit with a negative fixed part is set aside while one
 without fits).
 
-What it does not do: fit non-integer or non-affine growth (a size that
-doubles every few batch sizes is reported, not approximated), or derive a
-phase from another phase's samples.
+What it does not do: fit a shape no basis describes (a size that doubles
+every few batch sizes is reported, not approximated), or derive a phase from
+another phase's samples.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.trace import CaptureTrace, default_samples
 
 from .program import Alloc, Free, Op, ops_from_events
+from .scratch_shapes import Basis, rounding
 
 __all__ = ["ROUNDINGS", "PhaseFit", "fit_phase", "default_samples"]
 
 #: batch roundings tried, in order: 1 (plain affine) first
 ROUNDINGS = (1, 2, 4, 8, 16, 32, 64, 128)
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
+_ROUNDING_BASES = tuple(rounding(k) for k in ROUNDINGS)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,12 @@ def _between(planned: list[int], lo: int, hi: int) -> list[int]:
 class _Run:
     """Aligned samples (sorted by batch size) and their fitted size functions."""
 
-    def __init__(self, samples: list[int], shape: tuple, sizes: dict[int, list[int]]):
-        self.samples, self.shape, self.sizes = samples, shape, sizes
+    def __init__(self, samples: list[int], shape: tuple, sizes: dict[int, list[int]], bases: Sequence[Basis]):
+        self.samples, self.shape, self.sizes, self.bases = samples, shape, sizes, bases
+
+    def _shapes(self) -> str:
+        extra = [b.label for b in self.bases[len(_ROUNDING_BASES) :]]
+        return f"a*round_up(bs, k) + b (k in {list(ROUNDINGS)})" + "".join(f", a*{x} + b" for x in extra)
 
     def fit(self, targets: list[int], phase: str, where: str) -> dict[int, list[int]]:
         """Sizes of every allocation at each target batch size."""
@@ -112,6 +117,8 @@ class _Run:
         lo, hi = xs[0], xs[-1]
         out = {t: [] for t in targets}
         kinds = [s[1] for s in self.shape if s[0] == "a"]  # each allocation's kind, by ordinal
+        # each basis at the samples and the targets, once for every allocation
+        at = [(b, [b.at(x) for x in xs], {t: b.at(t) for t in targets}) for b in self.bases]
         for j in range(len(self.sizes[lo])):
             ys = [self.sizes[x][j] for x in xs]
             if len(set(ys)) == 1:  # constant: every candidate agrees
@@ -119,22 +126,20 @@ class _Run:
                     out[t].append(ys[0])
                 continue
             fits = []
-            for k in ROUNDINGS:
-                rlo, rhi = _round_up(lo, k), _round_up(hi, k)
-                if rhi == rlo:
+            for basis, fx, ft in at:
+                if fx[-1] == fx[0]:
                     continue
-                a, rem = divmod(ys[-1] - ys[0], rhi - rlo)
+                a, rem = divmod(ys[-1] - ys[0], fx[-1] - fx[0])
                 if rem:
                     continue
-                b = ys[0] - a * rlo
-                if all(a * _round_up(x, k) + b == y for x, y in zip(xs, ys)):
-                    fits.append((k, a, b))
+                b = ys[0] - a * fx[0]
+                if all(a * f + b == y for f, y in zip(fx, ys)):
+                    fits.append((basis, a, b, ft))
             kind = kinds[j]
             if not fits:
                 raise InputError(
                     f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
-                    f"{dict(zip(xs, ys))} that no exact function a*round_up(bs, k) + b "
-                    f"(k in {list(ROUNDINGS)}) fits",
+                    f"{dict(zip(xs, ys))} that no exact function {self._shapes()} fits",
                     where=where,
                     fix=f"record every planned size between {lo} and {hi} "
                     f"(capture_plan.executor.profile(plan, target, sizes='all'))",
@@ -146,9 +151,9 @@ class _Run:
             # else fits. Fits that remain and disagree anywhere are refused.
             fits = [f for f in fits if f[2] >= 0] or fits
             for t in targets:
-                preds = {a * _round_up(t, k) + b for k, a, b in fits}
+                preds = {a * ft[t] + b for _, a, b, ft in fits}
                 if len(preds) > 1:
-                    names = " and ".join(f"{a}*round_up(bs, {k}) + {b}" for k, a, b in fits)
+                    names = " and ".join(f"{a}*{basis.label} + {b}" for basis, a, b, _ in fits)
                     raise InputError(
                         f"phase {phase!r}: allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both "
                         f"{names}, which differ at bs {t}",
@@ -166,12 +171,15 @@ class _Run:
         return out
 
 
-def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], where: str) -> PhaseFit:
+def fit_phase(
+    phase: str, planned: list[int], samples: dict[int, CaptureTrace], where: str, bases: Sequence[Basis] = ()
+) -> PhaseFit:
     """Programs' ops for every planned size of ``phase`` from ``samples``.
 
     Planned sizes that were recorded use their own events unchanged; the
     others are derived as the module docstring describes, or an
-    :class:`InputError` names the sizes and what to record.
+    :class:`InputError` names the sizes and what to record. ``bases``: shapes
+    tried after the roundings (``planner/scratch_shapes.py``).
     """
     recorded = sorted(samples)
     missing = sorted(s for s in planned if s not in samples)
@@ -225,7 +233,7 @@ def fit_phase(phase: str, planned: list[int], samples: dict[int, CaptureTrace], 
                 where=where,
                 fix=f"record one more size between {run[0]} and {run[-1]}, e.g. {mid}",
             )
-        r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run})
+        r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run}, (*_ROUNDING_BASES, *bases))
         for t, sizes in r.fit(targets, phase, where).items():
             ops[t] = _rebuild(r.shape, sizes)
             derived.append(t)

@@ -396,12 +396,14 @@ class Workload:
         )
 
     @classmethod
-    def from_trace(cls, trace: Trace, phases: list[Phase], source: str) -> Workload:
+    def from_trace(cls, trace: Trace, phases: list[Phase], source: str, model: Model | None = None) -> Workload:
         """Index a recorded trace. A planned size the trace lacks is derived
         from the phase's recorded sizes (planner/fitting.py), or refused with
-        the sizes to record."""
+        the sizes to record. ``model``: the spec's, whose vocabulary (or a
+        phase's own) sizes torch.topk's scratch (planner/scratch_shapes.py)."""
         from .fitting import fit_phase  # only traces are fitted
         from .layers import fold
+        from .scratch_shapes import MBTOPK, blocked_rows_bases
 
         names = {p.name for p in phases}
         caps: dict[tuple[str, int], CaptureTrace] = {}
@@ -416,7 +418,10 @@ class Workload:
         progs: dict[tuple[str, int], Program] = {}
         samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         for p in phases:
-            fit = fit_phase(p.name, list(p.sizes), {bs: c for (ph, bs), c in caps.items() if ph == p.name}, source)
+            widths = [] if model is None else [phase_model(model, p).vocab]
+            bases = blocked_rows_bases(MBTOPK, widths, (1, p.topk, p.tokens_per_request), trace.multiprocessors)
+            mine = {bs: c for (ph, bs), c in caps.items() if ph == p.name}
+            fit = fit_phase(p.name, list(p.sizes), mine, source, bases)
             hint = None  # the sizes of a phase share their layer structure: found once, checked per size
             for bs, ops in sorted(fit.ops.items()):
                 progs[(p.name, bs)], found = fold(ops, hint)  # a repeated layer is simulated faster

@@ -56,6 +56,9 @@ class Trace(TraceStruct, frozen=True, kw_only=True):
     #: where it was recorded, e.g. "NVIDIA H200 / torch 2.11.0 / fa3"
     device: str = ""
     backend: str = ""
+    #: the device's streaming multiprocessors: some kernels size their scratch by them
+    #: (planner/scratch_shapes.py); None where the recording did not say
+    multiprocessors: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] | None = None
     captures: list[CaptureTrace]
 
 

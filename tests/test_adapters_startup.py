@@ -162,3 +162,42 @@ def test_a_warmup_before_the_first_capture_does_not_carry_the_rng_segment(plan):
     assert line[-1] == after[-1] + 2 * MiB
     scratch = {"decode": 10_000 * MiB}  # a warm-up far above the pools: the peak is that warm-up
     assert _peak(plan, after, {}, scratch, line) == 10_000 * MiB
+
+
+def test_a_given_schedule_is_recorded_from_and_none_is_built(monkeypatch, plan):
+    """An engine's checked-in plan is the schedule: the analytic build (1.7 s for EAGLE's
+    four phases) is skipped and the recording follows that plan."""
+    from capture_plan.adapters import startup
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def record(schedule, *a, **kw):
+        seen["schedule"] = schedule
+        raise Stop
+
+    def build(opts):
+        raise AssertionError(f"built {opts}")
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "build_plan", build)
+    with pytest.raises(Stop):
+        startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
+    assert seen["schedule"] is plan
+
+
+def test_a_schedule_of_another_build_is_refused_naming_both(monkeypatch, plan, tmp_path):
+    from capture_plan.adapters import startup
+    from capture_plan.schemas.errors import InputError
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 120, 256]\n')
+    other = build_plan(BuildOptions(backend="fa3", spec=spec))
+    rep = _recording(other)
+    monkeypatch.setattr(startup, "record", lambda *a, **kw: Recording(trace=_trace(rep), report=rep))
+    monkeypatch.setattr(startup, "build_plan", lambda opts: plan)  # the build from the options
+    with pytest.raises(InputError, match=r"decode \(3 sizes\).*decode \(36 sizes\)") as err:
+        startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=other)
+    assert err.value.where == "predict_startup(schedule=...)"

@@ -493,6 +493,79 @@ def test_analytic_prediction_within_two_percent_of_the_trace_per_pool(case):
         assert abs(plan.predicted.pools[pool] - measured) <= 0.02 * measured, pool
 
 
+# -- torch.topk's scratch (planner/scratch_shapes.py) ---------------------------------------------
+
+H200_SMS = 132  # the H200's streaming multiprocessors: what the committed EAGLE trace was recorded on
+
+
+def _eagle_few(multiprocessors: int | None) -> tuple[Trace, Trace]:
+    """The committed EAGLE trace (every draft size recorded), and the same keeping only the
+    default three sizes of each phase, with the SM count a recording now writes."""
+    full = msgspec.json.decode((ROOT / "plans/traces/fa3-eagle-ci.json").read_bytes(), type=Trace)
+    keep: dict[str, list[int]] = {}
+    for c in full.captures:
+        keep.setdefault(c.phase, []).append(c.bs)
+    few = [c for c in full.captures if c.bs in default_samples(keep[c.phase])]
+    return full, msgspec.structs.replace(full, captures=few, multiprocessors=multiprocessors)
+
+
+def test_topk_blocks_reproduce_every_recorded_draft_size():
+    """ATen's multi-block top-k: the 51 recorded sizes of both draft phases, each
+    allocation 512 or 4 bytes per block (the module docstring's check, kept)."""
+    from capture_plan.planner.fitting import _skeleton
+    from capture_plan.planner.scratch_shapes import MBTOPK
+
+    full, _ = _eagle_few(None)
+    by: dict[str, dict[int, CaptureTrace]] = {}
+    for c in full.captures:
+        by.setdefault(c.phase, {})[c.bs] = c
+    seen = 0
+    for phase in ("draft_decode", "draft_extend"):
+        caps = by[phase]
+        sizes = {bs: _skeleton(c)[1] for bs, c in caps.items()}
+        n = len(next(iter(sizes.values())))
+        for j in range(n):
+            ys = {bs: s[j] for bs, s in sizes.items()}
+            if len(set(ys.values())) == 1:
+                continue
+            per = {y / MBTOPK.blocks(bs, 128256, H200_SMS) for bs, y in ys.items()}
+            if per <= {512.0} or per <= {4.0}:
+                seen += 1
+    assert seen == 12
+
+
+def test_draft_phases_derived_from_three_sizes_with_the_sm_count():
+    """With the SM count the draft phases need 3 recorded sizes, not all 51: every derived
+    size's allocations equal the recorded ones, event for event."""
+    full, few = _eagle_few(H200_SMS)
+    spec = default_spec("eagle")
+    got = Workload.from_trace(few, spec.phases, "few", spec.model)
+    want = Workload.from_trace(full, spec.phases, "full", spec.model)
+    for p in spec.phases:
+        measured, derived = got.samples[p.name]
+        assert len(measured) == 3 and len(derived) == len(p.sizes) - 3, p.name
+        for bs in p.sizes:
+            assert got.program(p.name, bs).flatten() == want.program(p.name, bs).flatten(), (p.name, bs)
+
+
+def test_without_the_sm_count_the_draft_phases_ask_for_every_size():
+    """A trace that does not say its SM count (the committed ones) gets no topk basis:
+    refused with every size to record, as before, never a guess."""
+    _, few = _eagle_few(None)
+    spec = default_spec("eagle")
+    with pytest.raises(InputError, match=r"phase 'draft_\w+'.*no exact function") as err:
+        Workload.from_trace(few, spec.phases, "few", spec.model)
+    assert "record every planned size between 1 and 256" in (err.value.fix or "")
+
+
+def test_another_sm_count_does_not_fit_the_h200s_draft_scratch():
+    """The basis is the device's: the H200's sizes with another SM count are refused."""
+    _, few = _eagle_few(114)
+    spec = default_spec("eagle")
+    with pytest.raises(InputError, match="torch.topk blocks"):
+        Workload.from_trace(few, spec.phases, "few", spec.model)
+
+
 # -- folding a trace's repeated layers (planner/layers.py) ----------------------------------------
 
 
