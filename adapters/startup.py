@@ -34,8 +34,10 @@ between recorded sizes).
 ``total_bytes`` is what the whole capture takes from free memory in a process
 that has captured nothing yet; ``pending_bytes`` what it will still take from
 free memory now, at its peak (a warm-up's temporaries on top of the pools
-captured before it): the pools, the RNG segment and any driver memory beyond
-what is held already. The KV cache: free memory minus the weights (already
+captured before it): the pools, the allocator memory outside them that the
+recording returned and the capture takes again (measured: the RNG state's
+segment on an H200, not a buffer the model made once and keeps), and any
+driver memory beyond what is held already. The KV cache: free memory minus the weights (already
 allocated) minus ``pending_bytes`` minus the engine's own margin.
 
 Accuracy, measured on an H200 for seven models (bench/device_bench.py,
@@ -155,7 +157,7 @@ def predict_startup(
         schedule = build_plan(msgspec.structs.replace(options, trace=None))
     timings["schedule"] += time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
-        plan, rounds, chosen, copies = _record_and_build(
+        plan, rounds, chosen, copies, kept = _record_and_build(
             target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings
         )
     t_predict = time.perf_counter()
@@ -172,7 +174,13 @@ def predict_startup(
     cal = cals[0]
     view = first.device_view
     assert view is not None  # calibration_from_report refuses a report without one
-    fixed_now = max(0, view.item("allocator-cached"))  # the RNG state's segment, made again
+    # Allocator memory outside the pools the capture will take again: what the recording grew
+    # outside them (the capture stream's workspace, the RNG state's segment, what the target
+    # made) less what it left reserved (the workspace is kept for the process's life; on an
+    # H200 the RNG segment is returned when the graphs are released, but a Qwen2-MoE model
+    # kept its 2 MiB; measured, not assumed)
+    cached = max(0, view.item("allocator-cached"))
+    fixed_now = max(0, max(0, view.item("allocator-held")) + cached - kept)
     after = pools_after(plan.steps, plan.predicted.timeline)
     assert copies is not None  # the first round's recording
     driver, held, how = _driver(plan, cals, copies)
@@ -191,21 +199,20 @@ def predict_startup(
         "pool": plan.predicted.pool_bytes,
         "hoisted": plan.predicted.hoisted_bytes,
         "stream-workspace": max(0, view.item("allocator-held")),
-        "allocator-other": fixed_now,
+        "allocator-other": cached,
         "graph-exec": exec_total,
     }
     total = sum(items.values())
-    # The recording already made the capture stream's workspace (kept for the process's life),
-    # and the driver keeps the memory of the recorded graphs, destroyed since, for the graphs to
-    # come: neither is taken again.
-    # with node counts the RNG segment rides on the driver figures from the first capture on (a
-    # warm-up before it does not have it); per graph, it is counted throughout (on the safe side)
+    # The driver keeps the memory of the recorded graphs, destroyed since, for the graphs to
+    # come: it is not taken again. With node counts the allocator memory taken again rides on
+    # the driver figures from the first capture on (a warm-up before it does not have it); per
+    # graph, it is counted throughout (on the safe side)
     top = (
         peak(plan.steps, after, kinds, per_graph, cal.warmup_scratch, fixed_now)
         if pending_driver is None
         else _peak(plan, after, kinds, cal.warmup_scratch, timeline)
     )
-    final = timeline[-1] if timeline else total - items["stream-workspace"]
+    final = timeline[-1] if timeline else items["pool"] + items["hoisted"] + fixed_now + exec_total
     pending = max(final, top) if top is not None else final
     return StartupPrediction(
         plan=plan,
@@ -222,20 +229,26 @@ def predict_startup(
 
 def _record_and_build(target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings):
     """Recording rounds until the fitter has what it needs: (the plan built from the last
-    round's trace, every round's report, the sizes recorded per phase, the first recording)."""
+    round's trace, every round's report, the sizes recorded per phase, the first recording,
+    and the caching allocator's memory that recording left reserved after it released its
+    graphs and emptied the cache: the capture stream's workspace, a buffer the target made
+    and keeps, a segment still in use)."""
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     rounds: list = []
     counts = {p.name: len(p.sizes) for p in schedule.phases}
-    copies = None
+    copies, kept = None, 0
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
         # The first round instantiates its graphs again until each phase has as many as the
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
         t = time.perf_counter()
+        reserved = torch.cuda.memory_reserved(device)
         rec = record(
             schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
         )
+        if not rounds:  # what the first recording left reserved once its graphs were released
+            kept = torch.cuda.memory_reserved(device) - reserved
         timings["record"] += time.perf_counter() - t
         for part, spent in rec.seconds.items():
             timings[f"record.{part}"] += spent
@@ -271,7 +284,7 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
             fix="pass sizes={phase: [...]} with every planned size of the phase named above",
         )
     timings["build"] += time.perf_counter() - t
-    return plan, rounds, chosen, copies
+    return plan, rounds, chosen, copies, kept
 
 
 def _timeline(plan: Plan, after: list[int], rng: int, driver: list[int]) -> list[int]:
