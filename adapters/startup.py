@@ -58,7 +58,6 @@ the engine allocates itself meanwhile; capture (the caller does, with
 
 from __future__ import annotations
 
-import re
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -81,7 +80,7 @@ from capture_plan.planner.device import (
     pools_after,
     whole_chunks,
 )
-from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.errors import InputError, RecordMoreError
 from capture_plan.schemas.plan import Plan
 
 __all__ = ["StartupPrediction", "predict_startup"]
@@ -110,22 +109,6 @@ class StartupPrediction:
     #: "record" (every recording round; "record.capture", "record.trace" and "record.copies"
     #: split it), "build" (the builds from the recorded traces), "predict" (the rest)
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def _more_sizes(err: InputError, plan: Plan) -> dict[str, list[int]] | None:
-    """The sizes the fitter asks for ("record size 40", "record every planned size between
-    32 and 64"), by phase; None when the error is not the fitter's."""
-    text = f"{err.what} {err.fix or ''}"
-    m = re.search(r"phase '([^']+)'", text)
-    phase = next((p for p in plan.phases if m and p.name == m.group(1)), None)
-    if phase is None:
-        return None
-    between = re.search(r"between (\d+) and (\d+)", text)
-    if between:
-        lo, hi = int(between.group(1)), int(between.group(2))
-        return {phase.name: [b for b in phase.sizes if lo <= b <= hi]}
-    one = re.findall(r"record size (\d+)", text)
-    return {phase.name: [int(x) for x in one]} if one else None
 
 
 def predict_startup(
@@ -265,18 +248,17 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
         try:
             plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
             break
-        except InputError as err:
+        except RecordMoreError as err:  # the fitter names the sizes to record
             timings["build"] += time.perf_counter() - t
-            more = _more_sizes(err, schedule)
-            if not more:
+            name = err.phase
+            if name not in chosen:  # a phase the schedule does not have: not the build's schedule
                 raise
-            for name, extra in more.items():
-                grown = sorted(set(chosen[name]) | set(extra))
-                if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
-                    grown = sorted(next(p.sizes for p in schedule.phases if p.name == name))
-                    if grown == chosen[name]:
-                        raise
-                want[name] = grown
+            grown = sorted(set(chosen[name]) | set(err.sizes))
+            if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
+                grown = sorted(next(p.sizes for p in schedule.phases if p.name == name))
+                if grown == chosen[name]:
+                    raise
+            want[name] = grown
     else:
         raise InputError(
             f"the recorded sizes did not line up after {max_rounds} rounds",

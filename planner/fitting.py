@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.errors import RecordMoreError
 from capture_plan.schemas.trace import CaptureTrace, default_samples
 
 from .program import Alloc, Free, Op, ops_from_events
@@ -137,9 +137,11 @@ class _Run:
                     fits.append((basis, a, b, ft))
             kind = kinds[j]
             if not fits:
-                raise InputError(
+                raise RecordMoreError(
                     f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
                     f"{dict(zip(xs, ys))} that no exact function {self._shapes()} fits",
+                    phase=phase,
+                    sizes=targets,
                     where=where,
                     fix=f"record every planned size between {lo} and {hi} "
                     f"(capture_plan.executor.profile(plan, target, sizes='all'))",
@@ -154,16 +156,20 @@ class _Run:
                 preds = {a * ft[t] + b for _, a, b, ft in fits}
                 if len(preds) > 1:
                     names = " and ".join(f"{a}*{basis.label} + {b}" for basis, a, b, _ in fits)
-                    raise InputError(
+                    raise RecordMoreError(
                         f"phase {phase!r}: allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both "
                         f"{names}, which differ at bs {t}",
+                        phase=phase,
+                        sizes=[t],
                         where=where,
                         fix=f"record size {t} as well",
                     )
                 (v,) = preds
                 if v < 0:
-                    raise InputError(
+                    raise RecordMoreError(
                         f"phase {phase!r}: allocation #{j} fits a size of {v} B at bs {t}",
+                        phase=phase,
+                        sizes=[t],
                         where=where,
                         fix=f"record size {t}",
                     )
@@ -178,7 +184,7 @@ def fit_phase(
 
     Planned sizes that were recorded use their own events unchanged; the
     others are derived as the module docstring describes, or an
-    :class:`InputError` names the sizes and what to record. ``bases``: shapes
+    :class:`~capture_plan.schemas.errors.RecordMoreError` names the sizes to record. ``bases``: shapes
     tried after the roundings (``planner/scratch_shapes.py``).
     """
     recorded = sorted(samples)
@@ -187,16 +193,20 @@ def fit_phase(
     if not missing:
         return PhaseFit(ops=ops, measured=tuple(sorted(ops)), derived=())
     if not recorded:
-        raise InputError(
+        raise RecordMoreError(
             f"trace has no capture for phase {phase!r}",
+            phase=phase,
+            sizes=default_samples(planned),
             where=where,
             fix="record it with capture_plan.executor.profile for this spec",
         )
     outside = [s for s in missing if s < recorded[0] or s > recorded[-1]]
     if outside:
-        raise InputError(
+        raise RecordMoreError(
             f"phase {phase!r}: planned sizes {_fmt(outside)} lie outside the recorded sizes "
             f"{recorded[0]}..{recorded[-1]}; sizes are never extrapolated",
+            phase=phase,
+            sizes=[min(missing), max(missing)],
             where=where,
             fix=f"record sizes {min(missing)} and {max(missing)} as well",
         )
@@ -211,11 +221,13 @@ def fit_phase(
     for a, b in zip(runs, runs[1:]):
         gap = _between(missing, a[-1], b[0])
         if gap:
-            raise InputError(
+            raise RecordMoreError(
                 f"phase {phase!r}: the captures at sizes {a} and {b} do not line up "
                 f"({len(skel[a[-1]][0])} vs {len(skel[b[0]][0])} events, first difference at event "
                 f"{_first_difference(skel[a[-1]][0], skel[b[0]][0])}): a kernel changes its allocations "
                 f"between {a[-1]} and {b[0]}, so sizes {_fmt(gap)} cannot be derived",
+                phase=phase,
+                sizes=gap,
                 where=where,
                 fix=f"record the sizes between {a[-1]} and {b[0]} ({_fmt(gap)}), or enough of them that "
                 f"each side has 3 aligned samples",
@@ -227,9 +239,11 @@ def fit_phase(
             continue
         if len(run) < 3:
             mid = targets[len(targets) // 2]
-            raise InputError(
+            raise RecordMoreError(
                 f"phase {phase!r}: sizes {_fmt(targets)} would be derived from the 2 samples {run} with none "
                 f"left to check the fit",
+                phase=phase,
+                sizes=[mid],
                 where=where,
                 fix=f"record one more size between {run[0]} and {run[-1]}, e.g. {mid}",
             )

@@ -8,7 +8,7 @@ else that escapes is a bug (exit 3).
 
 from __future__ import annotations
 
-__all__ = ["CapturePlanError", "InputError", "WrongKindError", "ConstraintError", "DriftError"]
+__all__ = ["CapturePlanError", "InputError", "WrongKindError", "RecordMoreError", "ConstraintError", "DriftError"]
 
 
 class CapturePlanError(Exception):
@@ -36,6 +36,17 @@ class InputError(CapturePlanError):
 
 class WrongKindError(InputError):
     """The file is not of the kind expected: a trace given as a plan, a JSON object of no known kind."""
+
+
+class RecordMoreError(InputError):
+    """A few-size trace cannot give every planned size of a phase: ``phase`` and ``sizes``
+    name what to record besides what was (planner/fitting.py), for a caller that records
+    more and tries again (capture_plan.adapters.startup) instead of reading the message."""
+
+    def __init__(self, what: str, *, phase: str, sizes: list[int], where: str | None = None, fix: str | None = None):
+        self.phase = phase
+        self.sizes = sorted(set(sizes))
+        super().__init__(what, where=where, fix=fix)
 
 
 class ConstraintError(CapturePlanError):

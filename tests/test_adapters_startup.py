@@ -230,3 +230,28 @@ def test_allocator_memory_the_recording_left_reserved_is_not_taken_again(monkeyp
     after = pools_after(plan.steps, plan.predicted.timeline)
     assert pred.timeline[first] - after[first] == again
     assert pred.timeline[-1] == after[-1] + again
+
+
+def test_the_sizes_the_fitter_names_are_recorded_in_the_next_round(monkeypatch, plan):
+    """The fitter's refusal carries its phase and sizes (RecordMoreError), which the next
+    round records beside the first round's; the message is never parsed."""
+    from capture_plan.adapters import startup
+    from capture_plan.schemas.errors import RecordMoreError
+
+    rep = _recording(plan)
+    seen: list[dict] = []
+
+    def record(schedule, target, *, sizes, **kw):
+        seen.append(sizes)
+        return Recording(trace=_trace(rep), report=rep)
+
+    def build(opts):
+        if len(seen) == 1:
+            raise RecordMoreError("fits disagree", phase="decode", sizes=[40], fix="a message not parsed")
+        return plan
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "build_plan", build)
+    pred = startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
+    assert seen == [{"decode": [1, 120, 256]}, {"decode": [1, 40, 120, 256]}]
+    assert pred.recorded == {"decode": [1, 40, 120, 256]}

@@ -556,6 +556,9 @@ def test_without_the_sm_count_the_draft_phases_ask_for_every_size():
     with pytest.raises(InputError, match=r"phase 'draft_\w+'.*no exact function") as err:
         Workload.from_trace(few, spec.phases, "few", spec.model)
     assert "record every planned size between 1 and 256" in (err.value.fix or "")
+    # and says so as data: the phase and every unrecorded size (what predict_startup records next)
+    phase = next(p for p in spec.phases if p.name == err.value.phase)
+    assert err.value.sizes == [s for s in phase.sizes if s not in default_samples(phase.sizes)]
 
 
 def test_another_sm_count_does_not_fit_the_h200s_draft_scratch():
