@@ -58,6 +58,7 @@ the engine allocates itself meanwhile; capture (the caller does, with
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -226,12 +227,12 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
         t = time.perf_counter()
-        reserved = torch.cuda.memory_reserved(device)
+        reserved = _reserved_emptied(device) if not rounds else 0
         rec = record(
             schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
         )
-        if not rounds:  # what the first recording left reserved once its graphs were released
-            kept = torch.cuda.memory_reserved(device) - reserved
+        if not rounds:  # what the first recording left reserved once it released its graphs (and emptied the cache)
+            kept = _reserved_emptied(device) - reserved
         timings["record"] += time.perf_counter() - t
         for part, spent in rec.seconds.items():
             timings[f"record.{part}"] += spent
@@ -330,6 +331,15 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     if driver is None:
         return None, 0, ""
     return driver, max(0, held), f"the recorded graphs' nodes, {where}, in 2 MiB steps"
+
+
+def _reserved_emptied(device) -> int:
+    """The caching allocator's reserved bytes on ``device`` once its cache is emptied: what
+    live tensors hold. The recording's release empties the cache (the engine's cached
+    blocks too), so both ends of the measurement are taken emptied."""
+    with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_reserved(device)
 
 
 def _phases(plan: Plan) -> str:
