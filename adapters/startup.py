@@ -23,10 +23,7 @@ segment, made at the first capture), and the driver memory of the graphs.
 
 The driver memory is measured for the whole plan, not extrapolated: the
 recorded graphs are instantiated again, in turn, until each phase has as many
-as the plan captures, and then each phase's largest until the driver takes
-one 2 MiB step more (a spare: the capture's own graphs packed into one step
-more than the copies in 5 of 7 models in one H200 run, in none in another),
-every copy alive at once, then destroyed. Measured on an
+as the plan captures, every copy alive at once, then destroyed. Measured on an
 H200: the driver takes a graph's memory at instantiation (2,748 to 3,029 bytes
 a node, by model, in 2 MiB steps) and keeps it after the graph is destroyed,
 for the graphs instantiated later, so that memory is taken now and the capture
@@ -232,13 +229,7 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
         t = time.perf_counter()
         reserved = _reserved_emptied(device) if not rounds else 0
         rec = record(
-            schedule,
-            target,
-            sizes=chosen,
-            progress=progress,
-            instantiate=None if rounds else counts,
-            spare=not rounds,
-            device=device,
+            schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
         )
         if not rounds:  # what the first recording left reserved once it released its graphs (and emptied the cache)
             kept = _reserved_emptied(device) - reserved
@@ -339,11 +330,7 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     driver = driver_after(plan.steps, nodes, per_node)
     if driver is None:
         return None, 0, ""
-    # the spare copies' memory is held too: the capture's own graphs may need a step more
-    spare = sum(b for _, b in first.spare.values())
-    if spare:
-        where += f", and {spare / 2**20:.0f} MiB more taken now as a spare (record(spare=True))"
-    return driver, max(0, held + spare), f"the recorded graphs' nodes, {where}, in 2 MiB steps"
+    return driver, max(0, held), f"the recorded graphs' nodes, {where}, in 2 MiB steps"
 
 
 def _reserved_emptied(device) -> int:

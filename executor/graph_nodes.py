@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
 
 import torch
 
@@ -124,24 +123,6 @@ class ExecCopies:
             self._made.append(out)
             made, nodes = made + 1, nodes + count
         return made, nodes
-
-    def add_until(self, graph: torch.cuda.CUDAGraph, taken: Callable[[], bool], most: int) -> int:
-        """Instantiate the kept ``graph`` again until ``taken()`` says the driver took more
-        memory (a 2 MiB step of free memory on an H200), at most ``most`` times; returns the
-        copies made (0 where the graph was not kept or the driver refuses)."""
-        calls, raw = _exec_calls(), _raw(graph)
-        if calls is None or raw is None:
-            return 0
-        made = 0
-        while made < most:
-            out = ctypes.c_void_p()
-            if calls[0](ctypes.byref(out), ctypes.c_void_p(raw), 0) != 0:
-                break
-            self._made.append(out)
-            made += 1
-            if taken():
-                break
-        return made
 
     def close(self) -> None:
         """Destroy every copy (the driver keeps their memory for later graphs)."""

@@ -34,14 +34,10 @@ from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 from .driver import capture
-from .graph_nodes import ExecCopies, node_count
+from .graph_nodes import ExecCopies
 from .target import CaptureTarget
 
 __all__ = ["profile", "record", "Recording", "write_trace", "subset_plan"]
-
-#: most spare copies a phase gets while waiting for the driver to take memory once more
-#: (a graph of a few hundred nodes takes about 1 MiB on an H200: two or three suffice)
-SPARE_MOST = 16
 
 Sizes = str | Mapping[str, list]
 
@@ -101,9 +97,6 @@ class Recording:
     #: free memory they took outside the caching allocator (the driver keeps it after they
     #: were destroyed, for the graphs instantiated later in the process)
     copies: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    #: per phase: the spare copies of its largest recorded graph made after ``copies`` until
-    #: the driver took memory once more, and the free memory they took (``spare``)
-    spare: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: where the time went: "capture" (the recorded captures, their warm-ups included),
     #: "trace" (reading the allocation history), "copies" (the extra instantiations)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -116,7 +109,6 @@ def record(
     sizes: Sizes = "default",
     progress: bool = False,
     instantiate: Mapping[str, int] | None = None,
-    spare: bool = False,
     device: torch.device | None = None,
 ) -> Recording:
     """Capture the chosen sizes of ``plan`` with the allocation history on (``sizes`` as
@@ -127,12 +119,8 @@ def record(
     many, every copy of every phase alive at once, then the copies are destroyed
     (``capture_plan.executor.graph_nodes.ExecCopies``). The driver keeps their
     memory for the graphs the process instantiates later, so ``copies[phase]``'s bytes
-    measure the driver memory of a capture of that many graphs, taken now. ``spare``: then
-    instantiate each such phase's largest recorded graph again until the driver takes memory
-    once more (``spare[phase]``), alive with the rest: the capture's graphs are not the
-    copies, and on an H200 the driver packed them into one 2 MiB step more than the copies
-    held in 5 of 7 models in one run and in none in another, so that step is taken now too.
-    ``device``: as ``capture``'s (None: the current CUDA device)."""
+    measure the driver memory of a capture of that many graphs, taken now. ``device``: as
+    ``capture``'s (None: the current CUDA device)."""
     t0 = time.perf_counter()
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True, device=device)
     seconds = {"capture": time.perf_counter() - t0}
@@ -152,7 +140,7 @@ def record(
         )
         seconds["trace"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        copies, spares, held = {}, {}, ExecCopies()
+        copies, held = {}, ExecCopies()
         # the driver API and the free-memory figures act on the current device: make it the capture's
         cuda = device is not None and torch.device(device).type == "cuda"
         on_device = torch.cuda.device(device) if cuda else contextlib.nullcontext()
@@ -166,26 +154,10 @@ def record(
                     torch.cuda.synchronize()
                     taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
                     copies[phase] = (made, nodes, max(0, taken))
-                for phase in sorted(instantiate or {}) if spare else ():
-                    mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
-                    largest = max(mine, key=lambda g: node_count(g) or 0, default=None)
-                    if largest is None:
-                        continue
-                    torch.cuda.synchronize()
-                    free0 = last = torch.cuda.mem_get_info()[0]
-
-                    def more() -> bool:
-                        nonlocal last
-                        now = torch.cuda.mem_get_info()[0]
-                        grew, last = now < last, now
-                        return grew
-
-                    made = held.add_until(largest, more, SPARE_MOST)
-                    spares[phase] = (made, max(0, free0 - torch.cuda.mem_get_info()[0]))
             finally:
                 held.close()
         seconds["copies"] = time.perf_counter() - t0
-        return Recording(trace=trace, report=gs.report, copies=copies, spare=spares, seconds=seconds)
+        return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds)
     finally:
         gs.release()
 

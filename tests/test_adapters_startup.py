@@ -256,16 +256,3 @@ def test_the_sizes_the_fitter_names_are_recorded_in_the_next_round(monkeypatch, 
     pred = startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
     assert seen == [{"decode": [1, 120, 256]}, {"decode": [1, 40, 120, 256]}]
     assert pred.recorded == {"decode": [1, 40, 120, 256]}
-
-
-def test_the_spare_copies_memory_is_held_for_the_capture(plan):
-    """What the spare copies took is held by the driver too: pending less by as much, the
-    plan's own figure (the fresh-process item) unchanged."""
-    rep = _recording(plan)
-    cal = calibration_from_report(rep, "rec", {"decode": "decode"})
-    copies = {"decode": (33, 33 * 900, 33 * 2 * MiB)}
-    plain = Recording(trace=_trace(rep), report=rep, copies=copies)
-    spared = Recording(trace=_trace(rep), report=rep, copies=copies, spare={"decode": (2, 2 * MiB)})
-    d0, held0, _ = _driver(plan, [cal], plain)
-    d1, held1, how = _driver(plan, [cal], spared)
-    assert d0 == d1 and held1 == held0 + 2 * MiB and "spare" in how

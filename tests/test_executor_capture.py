@@ -405,28 +405,6 @@ def test_graph_copies_of_every_phase_stay_alive_until_closed(monkeypatch):
     assert copies.add([_Kept(None)], 4) == (0, 0)  # an engine's own graph has nothing to copy
 
 
-def test_spare_copies_stop_once_the_driver_took_memory_again(monkeypatch):
-    """A spare: copies of one graph until the driver takes one step more, alive with the rest."""
-    from capture_plan.executor import graph_nodes
-
-    alive: list[int] = []
-
-    def inst(out, raw, flags):
-        out._obj.value = 1 + len(alive)
-        alive.append(out._obj.value)
-        return 0
-
-    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, lambda ex: alive.remove(ex.value) or 0))
-    copies = graph_nodes.ExecCopies()
-    steps = iter([False, False, True])
-    assert copies.add_until(_Kept(0x1), lambda: next(steps), most=16) == 3
-    assert copies.add_until(_Kept(0x1), lambda: False, most=4) == 4  # never taken: at most ``most``
-    assert copies.add_until(_Kept(None), lambda: True, most=4) == 0  # not kept: nothing to copy
-    assert len(alive) == 7
-    copies.close()
-    assert not alive
-
-
 def test_record_on_a_named_device_returns_the_trace_and_every_phases_copies(tmp_path, fake, monkeypatch):
     """record(device=...) once overwrote ``device`` with the report's device name before
     it chose the device of its copies; the fake's graphs keep no driver graph, so no copy
@@ -453,8 +431,7 @@ def test_record_on_a_named_device_returns_the_trace_and_every_phases_copies(tmp_
 
     monkeypatch.setattr(session, "AllocationRecorder", Recorder)
     plan = decode_plan(tmp_path, [1, 2, 4, 8])
-    rec = record(plan, Target(fake), sizes={"decode": [1, 4, 8]}, device=CPU, instantiate={"decode": 4}, spare=True)
+    rec = record(plan, Target(fake), sizes={"decode": [1, 4, 8]}, device=CPU, instantiate={"decode": 4})
     assert sorted(c.bs for c in rec.trace.captures) == [1, 4, 8]
     assert rec.trace.device.endswith(f"/ torch {torch.__version__}")
-    assert rec.copies == {"decode": (0, 0, 0)} and rec.spare == {"decode": (0, 0)}
-    assert rec.trace.multiprocessors is None  # a CPU device has none to record
+    assert rec.copies == {"decode": (0, 0, 0)}
