@@ -43,10 +43,14 @@ allocated) minus ``pending_bytes`` minus the engine's own margin.
 Accuracy, measured on an H200 for seven models (bench/device_bench.py,
 docs/measurements.md): the peak, the figure after capture and the
 whole-capture figure within 2 MiB of what the capture then took.
-Time: 56% to 74% of the capture's for one-phase decode plans, 5.4 times it for
-EAGLE's four phases (its draft phases record every size; the two plan builds
-take most of it), measured before builds from traces folded repeated layers
-(``planner/layers.py``: those builds 1.7 to 3.3 times faster on a CPU).
+Time, on the same H200 (docs/measurements.md), with the engine's checked-in plan
+as ``schedule``: 44% to 67% of the capture after it for the one-phase decode
+plans, 0.8 times it for EAGLE's four phases (3.3 s; every phase from three
+recorded sizes, ``torch.topk``'s scratch being a basis of the fitter:
+``planner/scratch_shapes.py``). About a fifth to a third of the capture is
+the floor of exactness: three recorded captures and one instantiation of every
+planned graph's worth of nodes (the driver memory measured whole); the build
+from the trace is the rest. ``timings`` says where each prediction's went.
 
 Layering: this module imports the planner and the executor; neither imports
 it. The executor stays torch-only for an engine that takes a checked-in plan.

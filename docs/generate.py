@@ -241,18 +241,20 @@ _STARTUP = {
     "qwen2_moe": "Qwen2-MoE (MoE)",
     "eagle": "EAGLE, four phases",
 }
-#: the startup run of every case, and EAGLE's re-run after its driver figure was fixed
-#: (its graph copies were destroyed phase by phase, lending their memory to the next phase's)
-STARTUP_RUNS = ("device-2026-12-01-startup-all.json", "device-2026-12-01-startup-eagle.json")
+#: the start-up prediction's last run (startup and executor modes, every case), and the run
+#: that measured vLLM 0.33's estimator on the same cases (its code has not changed since)
+STARTUP_RUNS = ("device-2026-12-01-startup-final.json", "device-2026-12-01-startup-all.json")
+#: the same cases at the start of that session (EAGLE's draft phases recorded at every size)
+STARTUP_BEFORE = "device-2026-12-01-startup-timed.json"
 
 
 def startup_prediction() -> list[str]:
-    every, eagle = (_load(n) for n in STARTUP_RUNS)
+    last, vllm_run = (_load(n) for n in STARTUP_RUNS)
     rows = []
     for case, label in _STARTUP.items():
-        c = every["cases"][case]
-        s = (eagle if case == "eagle" else every)["cases"][case]["startup"]
-        v, ex = c["vllm"], c["executor"]
+        c = last["cases"][case]
+        s, ex = c["startup"], c["executor"]
+        v = vllm_run["cases"][case]["vllm"]
         at_peak = s["slack_mib"] - (s["measured_peak_mib"] - s["measured_drop_mib"])
         after = s["measured_drop_mib"] + s["final_error_mib"]
         rows.append(
@@ -265,7 +267,6 @@ def startup_prediction() -> list[str]:
                 f"{at_peak:+.0f}",
                 f"{_mib(v['estimate_mib'])} ({_pct(v['error'], 0)}, {v['seconds']:.2f} s)",
                 f"{_pct(ex['analytic_error'], 0)}",
-                f"{s['predict_s']:.2f} / {s['capture_s']:.2f}",
             ]
         )
     header = [
@@ -277,11 +278,46 @@ def startup_prediction() -> list[str]:
         "KV slack at the peak MiB",
         "vLLM 0.33's estimate MiB (error, time)",
         "analytic pool error",
-        "predict s / capture s",
     ]
     return [
         *_table(header, rows),
-        _source(STARTUP_RUNS[0], every) + f" EAGLE: `bench/results/{STARTUP_RUNS[1]}`.",
+        _source(STARTUP_RUNS[0], last) + f" vLLM's estimator: `bench/results/{STARTUP_RUNS[1]}`.",
+    ]
+
+
+def startup_time() -> list[str]:
+    last, before = _load(STARTUP_RUNS[0]), _load(STARTUP_BEFORE)
+    rows = []
+    for case, label in _STARTUP.items():
+        c = last["cases"][case]
+        s, ex, b = c["startup"], c["executor"], before["cases"][case]["startup"]
+        parts = s["predict_parts_s"]
+        recorded = max(len(v) for v in s["recorded"].values())
+        rows.append(
+            [
+                label,
+                f"{b['predict_s']:.2f} ({max(len(v) for v in b['recorded'].values())})",
+                f"{s['predict_s']:.2f} ({recorded})",
+                f"{parts['record.capture']:.2f}",
+                f"{parts['record.copies']:.2f}",
+                f"{parts['build']:.2f}",
+                f"{s['capture_s']:.2f} / {ex['capture_s']:.2f}",
+                f"{s['predict_s'] / s['capture_s']:.0%}",
+            ]
+        )
+    header = [
+        "model",
+        "predict s before (most sizes recorded in a phase)",
+        "predict s now (most sizes recorded)",
+        "recording s",
+        "graph copies s",
+        "build from the trace s",
+        "capture s: after the prediction / fresh process",
+        "predict / capture",
+    ]
+    return [
+        *_table(header, rows),
+        _source(STARTUP_RUNS[0], last) + f" Before: `bench/results/{STARTUP_BEFORE}`.",
     ]
 
 
@@ -452,6 +488,7 @@ TABLES = {
     "models": models,
     "device": device,
     "startup-prediction": startup_prediction,
+    "startup-time": startup_time,
     "trace-build": trace_build,
     "adoption": adoption,
     "build": build,
