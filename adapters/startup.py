@@ -274,12 +274,13 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
     return plan, rounds, chosen, copies, kept
 
 
-def _timeline(plan: Plan, after: list[int], rng: int, driver: list[int]) -> list[int]:
+def _timeline(plan: Plan, after: list[int], again: int, driver: list[int]) -> list[int]:
     """The free memory the capture will have taken after each step: the pools (and
-    hoisted workspaces) so far, the RNG state's segment from the first capture on (not
-    before), and the graphs' driver memory not held already."""
+    hoisted workspaces) so far, the allocator memory outside them taken again (``again``:
+    the RNG state's segment) from the first capture on (not before), and the graphs'
+    driver memory not held already."""
     first = next((i for i, st in enumerate(plan.steps) if st.op == "capture"), len(plan.steps))
-    return [a + (rng if i >= first else 0) + d for i, (a, d) in enumerate(zip(after, driver))]
+    return [a + (again if i >= first else 0) + d for i, (a, d) in enumerate(zip(after, driver))]
 
 
 def _peak(plan: Plan, after: list[int], kinds: dict[str, str], scratch: dict[str, int], timeline: list[int]):
