@@ -98,14 +98,13 @@ def mode_executor(target, plan) -> dict:
     torch.cuda.empty_cache()
     stays = view.free_before - free_bytes()
     caps = [m for m in rep.steps if m.id.startswith("capture/") and m.reserved]
-    worst = max(caps, key=lambda m: abs(m.predicted_reserved - m.reserved) / m.reserved)
+    # no capture reserved anything (a plan of one empty graph): no worst step, no error ratio
+    worst = max(caps, key=lambda m: abs(m.predicted_reserved - m.reserved) / m.reserved, default=None)
     return {
-        "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes,
-        "analytic_worst_step": {
-            "step": worst.id,
-            "predicted_mib": worst.predicted_reserved / MiB,
-            "measured_mib": worst.reserved / MiB,
-        },
+        "analytic_error": (plan.predicted.pool_bytes - rep.pool_bytes) / rep.pool_bytes if rep.pool_bytes else None,
+        "analytic_worst_step": None
+        if worst is None
+        else {"step": worst.id, "predicted_mib": worst.predicted_reserved / MiB, "measured_mib": worst.reserved / MiB},
         "pool_mib": rep.pool_bytes / MiB,
         "predicted_pool_mib": plan.predicted.pool_bytes / MiB,
         "drop_mib": view.drop / MiB,
