@@ -52,6 +52,10 @@ the floor of exactness: three recorded captures and one instantiation of every
 planned graph's worth of nodes (the driver memory measured whole); the build
 from the trace is the rest. ``timings`` says where each prediction's went.
 
+Side effects on the process: the caching allocator's cache is emptied (the
+recording's release empties it anyway: the engine's cached free blocks go back
+to the driver), and the driver keeps the graph copies' memory for the capture.
+
 Layering: this module imports the planner and the executor; neither imports
 it. The executor stays torch-only for an engine that takes a checked-in plan.
 
