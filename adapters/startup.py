@@ -79,6 +79,7 @@ import torch
 from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
 from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.build import build_spec
 from capture_plan.planner.device import (
     Calibration,
     calibration_from_report,
@@ -144,22 +145,16 @@ def predict_startup(
     t0 = time.perf_counter()
     timings: defaultdict[str, float] = defaultdict(float)
     device = torch.device(device) if device is not None else None  # None: the current CUDA device
-    given = schedule is not None
     if schedule is None:
         schedule = build_plan(msgspec.structs.replace(options, trace=None))
+    else:
+        _check_schedule(schedule, options)
     timings["schedule"] += time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
         plan, rounds, chosen, copies, kept = _record_and_build(
             target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings
         )
     t_predict = time.perf_counter()
-    if given and [(p.name, p.sizes) for p in plan.phases] != [(p.name, p.sizes) for p in schedule.phases]:
-        raise InputError(
-            f"the schedule {schedule.name!r} has phases {_phases(schedule)}, the build from these options "
-            f"{_phases(plan)}",
-            where="predict_startup(schedule=...)",
-            fix="pass the plan built with these options (planner build), or no schedule",
-        )
     kinds = {p.name: p.kind for p in plan.phases}
     first = rounds[0]
     cals = [calibration_from_report(rep, "the startup recording", kinds) for rep in rounds]
@@ -172,7 +167,10 @@ def predict_startup(
     # H200 the RNG segment is returned when the graphs are released, but a Qwen2-MoE model
     # kept its 2 MiB; measured, not assumed)
     cached = max(0, view.item("allocator-cached"))
-    fixed_now = max(0, max(0, view.item("allocator-held")) + cached - kept)
+    grown = max(0, view.item("allocator-held")) + cached
+    # a target that freed memory it held before the recording reads as less kept: never more
+    # than the recording grew
+    fixed_now = min(grown, max(0, grown - max(0, kept)))
     after = pools_after(plan.steps, plan.predicted.timeline)
     assert copies is not None  # the first round's recording
     driver, held, how = _driver(plan, cals, copies)
@@ -228,7 +226,7 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     rounds: list = []
     counts = {p.name: len(p.sizes) for p in schedule.phases}
-    copies, kept = None, 0
+    copies, kept, last = None, 0, None
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
         # The first round instantiates its graphs again until each phase has as many as the
@@ -259,7 +257,7 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
             break
         except RecordMoreError as err:  # the fitter names the sizes to record
             timings["build"] += time.perf_counter() - t
-            name = err.phase
+            last, name = err, err.phase
             if name not in chosen:  # a phase the schedule does not have: not the build's schedule
                 raise
             grown = sorted(set(chosen[name]) | set(err.sizes))
@@ -269,11 +267,13 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
                     raise
             want[name] = grown
     else:
+        phase = last.phase if last is not None else "?"
         raise InputError(
-            f"the recorded sizes did not line up after {max_rounds} rounds",
+            f"phase {phase!r}: the recorded sizes did not give every planned size after {max_rounds} rounds "
+            f"({last.what if last is not None else ''})",
             where="predict_startup",
-            fix="pass sizes={phase: [...]} with every planned size of the phase named above",
-        )
+            fix=f"pass sizes={{{phase!r}: [...]}} with every planned size of that phase, or more max_rounds",
+        ) from last
     timings["build"] += time.perf_counter() - t
     return plan, rounds, chosen, copies, kept
 
@@ -346,13 +346,30 @@ def _reserved_emptied(device) -> int:
     """The caching allocator's reserved bytes on ``device`` once its cache is emptied: what
     live tensors hold. The recording's release empties the cache (the engine's cached
     blocks too), so both ends of the measurement are taken emptied."""
+    if device is not None and device.type != "cuda":  # a recording off CUDA (tests' fake): nothing cached
+        return 0
     with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
         torch.cuda.empty_cache()
         return torch.cuda.memory_reserved(device)
 
 
-def _phases(plan: Plan) -> str:
-    return ", ".join(f"{p.name} ({len(p.sizes)} sizes)" for p in plan.phases)
+def _check_schedule(schedule: Plan, options: BuildOptions) -> None:
+    """Refuse a schedule that is not of the build ``options`` name (another backend, other
+    phases or sizes): its recording could not give that build's captures."""
+    spec = build_spec(options)
+    theirs = {p.name: sorted(p.sizes) for p in schedule.phases}
+    ours = {p.name: sorted(p.sizes) for p in spec.phases}
+    if schedule.requires.backend != options.backend or theirs != ours:
+
+        def named(backend: str, phases: dict[str, list[int]]) -> str:
+            return f"{backend}: " + ", ".join(f"{n} ({len(v)} sizes)" for n, v in phases.items())
+
+        raise InputError(
+            f"the schedule {schedule.name!r} is {named(schedule.requires.backend, theirs)}; the build from "
+            f"these options is {named(options.backend, ours)}",
+            where="predict_startup(schedule=...)",
+            fix="pass the plan built with these options (planner build), or no schedule",
+        )
 
 
 def _default(planned: list[int]) -> list[int]:

@@ -52,6 +52,7 @@ from .workload import Workload, workspace_bytes
 
 __all__ = [
     "BuildOptions",
+    "build_spec",
     "build_record",
     "options_from_record",
     "build_plan",
@@ -242,6 +243,12 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str, str | N
         return msgspec.structs.replace(spec, model=model), _rel(opts.spec, base), raw, used
     spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
     return spec, "embedded:" + spec.name, canonical_bytes(spec), None
+
+
+def build_spec(opts: BuildOptions) -> Spec:
+    """The spec a build of ``opts`` plans (its phases and sizes), read without planning:
+    what a plan of another build is checked against (capture_plan.adapters.startup)."""
+    return _spec(opts)[0]
 
 
 def _model_type(config_raw: bytes) -> str | None:

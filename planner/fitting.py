@@ -104,12 +104,12 @@ def _between(planned: list[int], lo: int, hi: int) -> list[int]:
 class _Run:
     """Aligned samples (sorted by batch size) and their fitted size functions."""
 
-    def __init__(self, samples: list[int], shape: tuple, sizes: dict[int, list[int]], bases: Sequence[Basis]):
-        self.samples, self.shape, self.sizes, self.bases = samples, shape, sizes, bases
+    def __init__(self, samples: list[int], shape: tuple, sizes: dict[int, list[int]], extra: Sequence[Basis]):
+        self.samples, self.shape, self.sizes = samples, shape, sizes
+        self.extra, self.bases = extra, (*_ROUNDING_BASES, *extra)
 
     def _shapes(self) -> str:
-        extra = [b.label for b in self.bases[len(_ROUNDING_BASES) :]]
-        return f"a*round_up(bs, k) + b (k in {list(ROUNDINGS)})" + "".join(f", a*{x} + b" for x in extra)
+        return f"a*round_up(bs, k) + b (k in {list(ROUNDINGS)})" + "".join(f", a*{b.label} + b" for b in self.extra)
 
     def fit(self, targets: list[int], phase: str, where: str) -> dict[int, list[int]]:
         """Sizes of every allocation at each target batch size."""
@@ -206,9 +206,11 @@ def fit_phase(
             f"phase {phase!r}: planned sizes {_fmt(outside)} lie outside the recorded sizes "
             f"{recorded[0]}..{recorded[-1]}; sizes are never extrapolated",
             phase=phase,
-            sizes=[min(missing), max(missing)],
+            sizes=[min(outside), max(outside)],
             where=where,
-            fix=f"record sizes {min(missing)} and {max(missing)} as well",
+            fix=f"record sizes {min(outside)} and {max(outside)} as well"
+            if min(outside) != max(outside)
+            else f"record size {min(outside)} as well",
         )
     skel = {s: _skeleton(samples[s]) for s in recorded}
     # consecutive samples with the same event sequence form a run
@@ -247,7 +249,7 @@ def fit_phase(
                 where=where,
                 fix=f"record one more size between {run[0]} and {run[-1]}, e.g. {mid}",
             )
-        r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run}, (*_ROUNDING_BASES, *bases))
+        r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run}, bases)
         for t, sizes in r.fit(targets, phase, where).items():
             ops[t] = _rebuild(r.shape, sizes)
             derived.append(t)

@@ -28,7 +28,13 @@ basis is offered and the fitter asks for every size, as before.
 
 What it does not do: know other kernels' shapes (a basis is data here, added
 where a trace shows one), or choose between candidates: the fitter checks each
-on the samples it did not fit from and refuses where candidates disagree.
+on the samples it did not fit from and refuses where candidates disagree. Nor
+does it fit the SM count: blocks per row are coarse (14 at bs 60 for 132 SMs
+and for 143), so three samples cannot tell nearby counts apart, and the count
+must be the device's own, as the recording reads it. The held-out sample does
+guard ATen's constants: with 4 or 8 blocks an SM, 32 or 128 items, or 128
+threads, the H200's draft allocations fit nothing and are refused
+(tests/test_traces.py).
 """
 
 from __future__ import annotations

@@ -193,27 +193,51 @@ def test_a_given_schedule_is_recorded_from_and_none_is_built(monkeypatch, plan):
     assert seen["schedule"] is plan
 
 
-def test_a_schedule_of_another_build_is_refused_naming_both(monkeypatch, plan, tmp_path):
+@pytest.mark.parametrize("backend", ["fa3", "triton"])
+def test_a_schedule_of_another_build_is_refused_before_recording(monkeypatch, plan, tmp_path, backend):
+    """Checked against the options' spec before anything is recorded: a schedule of other
+    sizes made the fitter ask for sizes the schedule does not plan, and the next round
+    failed in subset_plan with a bare ValueError."""
     from capture_plan.adapters import startup
     from capture_plan.schemas.errors import InputError
 
     spec = tmp_path / "s.toml"
     spec.write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 120, 256]\n')
-    other = build_plan(BuildOptions(backend="fa3", spec=spec))
-    rep = _recording(other)
-    monkeypatch.setattr(startup, "record", lambda *a, **kw: Recording(trace=_trace(rep), report=rep))
-    monkeypatch.setattr(startup, "build_plan", lambda opts: plan)  # the build from the options
-    with pytest.raises(InputError, match=r"decode \(3 sizes\).*decode \(36 sizes\)") as err:
-        startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=other)
+    other = build_plan(BuildOptions(backend=backend, spec=spec)) if backend == "fa3" else plan
+
+    def record(*a, **kw):
+        raise AssertionError("recorded")
+
+    monkeypatch.setattr(startup, "record", record)
+    options = BuildOptions(backend="fa3" if backend == "fa3" else "triton", ci=True)
+    with pytest.raises(InputError, match=r"the schedule .* is fa3: decode \((3|36) sizes\).*is \w+: decode") as err:
+        startup.predict_startup(object(), options, schedule=other)
     assert err.value.where == "predict_startup(schedule=...)"
 
 
-@pytest.mark.parametrize(("kept", "again"), [(32 * MiB, 3 * MiB), (35 * MiB, 0)])
+def test_a_schedule_of_the_same_build_is_accepted(monkeypatch, plan):
+    from capture_plan.adapters import startup
+
+    class Stop(Exception):
+        pass
+
+    def record(*a, **kw):
+        raise Stop
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)
+    with pytest.raises(Stop):
+        startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
+
+
+@pytest.mark.parametrize(("kept", "again"), [(32 * MiB, 3 * MiB), (35 * MiB, 0), (-5 * MiB, 35 * MiB)])
 def test_allocator_memory_the_recording_left_reserved_is_not_taken_again(monkeypatch, plan, kept, again):
     """The recording grew the allocator by 32 MiB held (the capture stream's workspace) and
     3 MiB cached outside the pools. What of it stays reserved once the recording released
     its graphs is not taken again: on an H200 a Qwen2-MoE model kept it all and the
-    prediction, which assumed the cached part was made again, was 3 MiB high at 16 steps."""
+    prediction, which assumed the cached part was made again, was 3 MiB high at 16 steps.
+    A target that freed memory it held before reads as less than nothing kept: never more
+    is taken again than the recording grew."""
     import torch
 
     from capture_plan.adapters import startup
@@ -256,3 +280,21 @@ def test_the_sizes_the_fitter_names_are_recorded_in_the_next_round(monkeypatch, 
     pred = startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
     assert seen == [{"decode": [1, 120, 256]}, {"decode": [1, 40, 120, 256]}]
     assert pred.recorded == {"decode": [1, 40, 120, 256]}
+
+
+def test_rounds_that_never_give_every_size_name_the_phase_and_the_fitters_reason(monkeypatch, plan):
+    from capture_plan.adapters import startup
+    from capture_plan.schemas.errors import InputError, RecordMoreError
+
+    rep = _recording(plan)
+    monkeypatch.setattr(startup, "record", lambda *a, **kw: Recording(trace=_trace(rep), report=rep))
+    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)
+    asked = iter([[40], [48], [56]])
+
+    def build(opts):
+        raise RecordMoreError("fits disagree at bs 40", phase="decode", sizes=next(asked))
+
+    monkeypatch.setattr(startup, "build_plan", build)
+    with pytest.raises(InputError, match=r"phase 'decode': .* after 3 rounds \(fits disagree") as err:
+        startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan, max_rounds=3)
+    assert isinstance(err.value.__cause__, RecordMoreError)

@@ -138,6 +138,7 @@ def test_samples_that_do_not_line_up_name_the_sizes_to_record():
     msg = str(err.value)
     assert "sizes [1, 8] and [64, 128] do not line up" in msg and "[16, 32] cannot be derived" in msg
     assert "fix: record the sizes between 8 and 64 ([16, 32])" in msg
+    assert (err.value.phase, err.value.sizes) == ("decode", [16, 32])  # as data, for predict_startup
     # sizes inside an aligned run are still fine; the gap is what is refused
     w = _fit(
         {**caps, 4: _cap(4, [40, 80]), 16: _cap(16, [160, 320]), 32: _cap(32, [320, 640])}
@@ -153,14 +154,20 @@ def test_no_extrapolation_and_no_unchecked_fit():
         InputError,
         match=r"planned sizes \[1, 32\] lie outside the recorded sizes 2\.\.16; "
         r"sizes are never extrapolated",
-    ):
+    ) as err:
         _fit(caps, [1, 2, 8, 16, 32])
+    assert err.value.sizes == [1, 32]
+    # only sizes above the recorded ones: the largest alone (an inner size was asked for before)
+    with pytest.raises(InputError, match="fix: record size 64 as well") as err:
+        _fit(caps, [2, 4, 8, 16, 64])
+    assert err.value.sizes == [64]
     with pytest.raises(
         InputError,
         match=r"sizes \[4\] would be derived from the 2 samples \[2, 8\] with none "
         r"left to check the fit; fix: record one more size between 2 and 8",
-    ):
+    ) as err:
         _fit({bs: _cap(bs, [10 * bs]) for bs in (2, 8)}, [2, 4, 8])
+    assert err.value.sizes == [4]
 
 
 def test_a_size_no_exact_function_fits_is_refused():
@@ -180,8 +187,9 @@ def test_samples_two_functions_fit_are_refused_naming_a_size():
         InputError,
         match=r"fits both 1\*round_up\(bs, 1\) \+ 1 and 1\*round_up\(bs, 2\) \+ 0, "
         r"which differ at bs 2; fix: record size 2 as well",
-    ):
+    ) as err:
         _fit(caps, [1, 2, 3, 255])
+    assert err.value.sizes == [2]
 
 
 def test_held_out_sample_catches_a_wrong_fit():
@@ -561,11 +569,31 @@ def test_without_the_sm_count_the_draft_phases_ask_for_every_size():
     assert err.value.sizes == [s for s in phase.sizes if s not in default_samples(phase.sizes)]
 
 
-def test_another_sm_count_does_not_fit_the_h200s_draft_scratch():
-    """The basis is the device's: the H200's sizes with another SM count are refused."""
+def test_another_sm_count_far_off_does_not_fit_the_h200s_draft_scratch():
+    """The H200's sizes with an H100 PCIe's 114 SMs are refused. Nearby counts (134 to
+    143) give the same blocks at 1, 60 and 256, so three samples cannot tell them apart:
+    the count is the device's own, read by the recording, never fitted
+    (planner/scratch_shapes.py)."""
     _, few = _eagle_few(114)
     spec = default_spec("eagle")
     with pytest.raises(InputError, match="torch.topk blocks"):
+        Workload.from_trace(few, spec.phases, "few", spec.model)
+
+
+@pytest.mark.parametrize(
+    "kernel", [{"blocks_per_sm": 4}, {"blocks_per_sm": 8}, {"max_items": 32}, {"max_items": 128}, {"threads": 128}]
+)
+def test_other_kernel_constants_are_refused_by_the_held_out_sample(monkeypatch, kernel):
+    """What the middle sample guards: ATen's constants. A topk with other ones (another torch
+    could change them) fits none of the H200's draft allocations: refused, not derived."""
+    import dataclasses
+
+    from capture_plan.planner import scratch_shapes
+
+    monkeypatch.setattr(scratch_shapes, "MBTOPK", dataclasses.replace(scratch_shapes.MBTOPK, **kernel))
+    _, few = _eagle_few(H200_SMS)
+    spec = default_spec("eagle")
+    with pytest.raises(InputError, match="no exact function"):
         Workload.from_trace(few, spec.phases, "few", spec.model)
 
 
