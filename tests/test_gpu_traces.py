@@ -93,3 +93,34 @@ def test_snapshot_dumped_during_capture_predicts_like_the_projects_trace(tmp_pat
     sizes = lambda t: {c.bs: [(e.op, e.size) for e in c.events] for c in t.captures}  # noqa: E731
     assert sizes(got) == sizes(trace)
     assert _pred(b.predicted) == _pred(a.predicted)
+
+
+def test_speculative_phases_from_three_sizes_equal_every_size(tmp_path):
+    """torch.topk's scratch over the vocabulary (planner/scratch_shapes.py): with the SM
+    count the recording writes, all four EAGLE phases of the small speculative reference
+    (top-k 4: the draft's first top-k runs over 4 rows a request) are derived from three
+    sizes each and predict what every size recorded predicts."""
+    import msgspec
+    import torch
+
+    from capture_plan.executor import capture, profile, write_trace
+    from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.references.speculative import small_model, spec_toml
+    from capture_plan.schemas.trace import default_samples
+
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32]
+    path = tmp_path / "spec.toml"
+    path.write_text(spec_toml(sizes))
+    opts = BuildOptions(backend="fa3", ci=True, spec=path)
+    plan = build_plan(opts)
+    target = small_model(max_bs=max(sizes))
+    capture(plan, target, progress=False).release()  # both recordings see the same process
+    every, few = profile(plan, target, sizes="all"), profile(plan, target)
+    assert few.multiprocessors == torch.cuda.get_device_properties(0).multi_processor_count
+    write_trace(every, tmp_path / "all.json")
+    write_trace(few, tmp_path / "few.json")
+    full = build_plan(msgspec.structs.replace(opts, trace=tmp_path / "all.json"))
+    derived = build_plan(msgspec.structs.replace(opts, trace=tmp_path / "few.json"))
+    for p in plan.phases:
+        assert derived.predicted.samples[p.name].measured == default_samples(p.sizes), p.name
+    assert _pred(derived.predicted) == _pred(full.predicted)
