@@ -9,8 +9,8 @@ of ``build_plan`` with folding and with every capture left flat (the
 behaviour before), in this process, on this machine's CPU; and whether the
 two plans are byte-identical (they must be).
 
-Writes JSON (date, machine) to bench/results/trace-build-<date>.json.
-Run: python -m bench.trace_build_bench [--repeat 5]
+Writes JSON (date, machine) to bench/results/trace-build-<date>[-<tag>].json.
+Run: python -m bench.trace_build_bench [--repeat 5] [--tag TAG]
 """
 
 from __future__ import annotations
@@ -24,18 +24,33 @@ from pathlib import Path
 
 from bench.harness import REPO, add_out_dir, add_overwrite, header, main_exit, result_file
 
+#: the H200's streaming multiprocessors, which a recording now writes into its trace (the
+#: committed traces predate that): with it, EAGLE's draft phases derive from three sizes
+H200_SMS = 132
+
 CASES = {
     "fa3-ci, 3 recorded sizes": ("plans/traces/fa3-ci.json", None, (1, 120, 256)),
     "fa3-ci, every size": ("plans/traces/fa3-ci.json", None, None),
     "fa3-eagle-ci, 4 phases": ("plans/traces/fa3-eagle-ci.json", "eagle", None),
+    # what a start-up prediction records: each phase's default three sizes, and the SM count
+    "fa3-eagle-ci, 3 recorded sizes a phase": ("plans/traces/fa3-eagle-ci.json", "eagle", "default"),
 }
 
 
-def _trace(path: str, keep: tuple[int, ...] | None, folder: Path) -> Path:
+def _trace(path: str, keep: tuple[int, ...] | str | None, folder: Path) -> Path:
     if keep is None:
         return REPO / path
+    from capture_plan.schemas.trace import default_samples
+
     raw = json.loads((REPO / path).read_text())
-    raw["captures"] = [c for c in raw["captures"] if c["bs"] in keep]
+    if keep == "default":
+        sizes: dict[str, list[int]] = {}
+        for c in raw["captures"]:
+            sizes.setdefault(c["phase"], []).append(c["bs"])
+        raw["captures"] = [c for c in raw["captures"] if c["bs"] in default_samples(sizes[c["phase"]])]
+        raw["multiprocessors"] = H200_SMS
+    else:
+        raw["captures"] = [c for c in raw["captures"] if c["bs"] in keep]
     out = folder / "trace.json"
     out.write_text(json.dumps(raw))
     return out
@@ -44,6 +59,7 @@ def _trace(path: str, keep: tuple[int, ...] | None, folder: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--tag", default="", help="a suffix for the result file's name")
     add_out_dir(ap)
     add_overwrite(ap)
     args = ap.parse_args()
@@ -58,7 +74,7 @@ def main() -> None:
         return Program(prologue=ops), None
 
     res: dict = header(device=False)
-    path = result_file(args, "trace-build", res["date"])
+    path = result_file(args, "trace-build", res["date"], *([args.tag] if args.tag else []))
     res.update(repeat=args.repeat, cases={})
     folder = Path(tempfile.mkdtemp())
     for name, (trace, speculative, keep) in CASES.items():

@@ -35,7 +35,7 @@ another phase's samples.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from capture_plan.schemas.errors import RecordMoreError
 from capture_plan.schemas.trace import CaptureTrace, default_samples
@@ -52,12 +52,20 @@ _ROUNDING_BASES = tuple(rounding(k) for k in ROUNDINGS)
 
 @dataclass(frozen=True)
 class PhaseFit:
-    """Result for one phase: the programs' ops per planned size, and which
-    sizes were measured (recorded) and which derived."""
+    """Result for one phase: the ops of each recorded planned size, the shape and
+    allocation sizes of each derived one, and which sizes were measured (recorded)
+    and which derived."""
 
     ops: dict[int, tuple[Op, ...]]
     measured: tuple[int, ...]
     derived: tuple[int, ...]
+    #: derived size -> (its run's event shape, its allocation sizes by ordinal); the sizes
+    #: of one aligned run share one shape object (``derived_ops`` builds the ops)
+    shapes: dict[int, tuple[tuple, list[int]]] = field(default_factory=dict)
+
+    def derived_ops(self, bs: int) -> tuple[Op, ...]:
+        """A derived size's ops: its shape's allocations (ids are their ordinals) with its sizes."""
+        return _rebuild(*self.shapes[bs])
 
 
 def _skeleton(cap: CaptureTrace) -> tuple[tuple, list[int]]:
@@ -114,67 +122,76 @@ class _Run:
     def fit(self, targets: list[int], phase: str, where: str) -> dict[int, list[int]]:
         """Sizes of every allocation at each target batch size."""
         xs = self.samples
-        lo, hi = xs[0], xs[-1]
-        out = {t: [] for t in targets}
+        columns: list[list[int]] = []  # per allocation: its size at each target
         kinds = [s[1] for s in self.shape if s[0] == "a"]  # each allocation's kind, by ordinal
         # each basis at the samples and the targets, once for every allocation
-        at = [(b, [b.at(x) for x in xs], {t: b.at(t) for t in targets}) for b in self.bases]
-        for j in range(len(self.sizes[lo])):
-            ys = [self.sizes[x][j] for x in xs]
-            if len(set(ys)) == 1:  # constant: every candidate agrees
-                for t in targets:
-                    out[t].append(ys[0])
+        at = [(b, [b.at(x) for x in xs], [b.at(t) for t in targets]) for b in self.bases]
+        # a model's layers repeat their allocations: sizes seen already have their fit already
+        # (only fits are kept: the first allocation that fits nothing raises, naming itself)
+        seen: dict[tuple[int, ...], list[int]] = {}
+        for j in range(len(self.sizes[xs[0]])):
+            ys = tuple(self.sizes[x][j] for x in xs)
+            col = seen.get(ys)
+            if col is None:
+                col = seen[ys] = self._one(ys, j, kinds[j], at, targets, phase, where)
+            columns.append(col)
+        return {t: [c[i] for c in columns] for i, t in enumerate(targets)}
+
+    def _one(self, ys: tuple[int, ...], j: int, kind: str, at: list, targets: list[int], phase: str, where: str):
+        """One allocation's size at each target, from its sizes ``ys`` at the samples."""
+        xs = self.samples
+        if len(set(ys)) == 1:  # constant: every candidate agrees
+            return [ys[0]] * len(targets)
+        fits = []
+        for basis, fx, ft in at:
+            if fx[-1] == fx[0]:
                 continue
-            fits = []
-            for basis, fx, ft in at:
-                if fx[-1] == fx[0]:
-                    continue
-                a, rem = divmod(ys[-1] - ys[0], fx[-1] - fx[0])
-                if rem:
-                    continue
-                b = ys[0] - a * fx[0]
-                if all(a * f + b == y for f, y in zip(fx, ys)):
-                    fits.append((basis, a, b, ft))
-            kind = kinds[j]
-            if not fits:
+            a, rem = divmod(ys[-1] - ys[0], fx[-1] - fx[0])
+            if rem:
+                continue
+            b = ys[0] - a * fx[0]
+            if all(a * f + b == y for f, y in zip(fx, ys)):
+                fits.append((basis, a, b, ft))
+        if not fits:
+            raise RecordMoreError(
+                f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
+                f"{dict(zip(xs, ys))} that no exact function {self._shapes()} fits",
+                phase=phase,
+                sizes=targets,
+                where=where,
+                fix=f"record every planned size between {xs[0]} and {xs[-1]} "
+                f"(capture_plan.executor.profile(plan, target, sizes='all'))",
+            )
+        # A size is elements * (per request * padded batch + fixed): the
+        # fixed part is not negative. A fit with a negative intercept is a
+        # coincidence of few samples (8192*bs also equals 8704*round_up(bs,
+        # 16) - 131072 at 1, 120 and 256) and is used only when nothing
+        # else fits. Fits that remain and disagree anywhere are refused.
+        fits = [f for f in fits if f[2] >= 0] or fits
+        col = []
+        for i, t in enumerate(targets):
+            preds = {a * ft[i] + b for _, a, b, ft in fits}
+            if len(preds) > 1:
+                names = " and ".join(f"{a}*{basis.label} + {b}" for basis, a, b, _ in fits)
                 raise RecordMoreError(
-                    f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
-                    f"{dict(zip(xs, ys))} that no exact function {self._shapes()} fits",
+                    f"phase {phase!r}: allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both "
+                    f"{names}, which differ at bs {t}",
                     phase=phase,
-                    sizes=targets,
+                    sizes=[t],
                     where=where,
-                    fix=f"record every planned size between {lo} and {hi} "
-                    f"(capture_plan.executor.profile(plan, target, sizes='all'))",
+                    fix=f"record size {t} as well",
                 )
-            # A size is elements * (per request * padded batch + fixed): the
-            # fixed part is not negative. A fit with a negative intercept is a
-            # coincidence of few samples (8192*bs also equals 8704*round_up(bs,
-            # 16) - 131072 at 1, 120 and 256) and is used only when nothing
-            # else fits. Fits that remain and disagree anywhere are refused.
-            fits = [f for f in fits if f[2] >= 0] or fits
-            for t in targets:
-                preds = {a * ft[t] + b for _, a, b, ft in fits}
-                if len(preds) > 1:
-                    names = " and ".join(f"{a}*{basis.label} + {b}" for basis, a, b, _ in fits)
-                    raise RecordMoreError(
-                        f"phase {phase!r}: allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both "
-                        f"{names}, which differ at bs {t}",
-                        phase=phase,
-                        sizes=[t],
-                        where=where,
-                        fix=f"record size {t} as well",
-                    )
-                (v,) = preds
-                if v < 0:
-                    raise RecordMoreError(
-                        f"phase {phase!r}: allocation #{j} fits a size of {v} B at bs {t}",
-                        phase=phase,
-                        sizes=[t],
-                        where=where,
-                        fix=f"record size {t}",
-                    )
-                out[t].append(v)
-        return out
+            (v,) = preds
+            if v < 0:
+                raise RecordMoreError(
+                    f"phase {phase!r}: allocation #{j} fits a size of {v} B at bs {t}",
+                    phase=phase,
+                    sizes=[t],
+                    where=where,
+                    fix=f"record size {t}",
+                )
+            col.append(v)
+        return col
 
 
 def fit_phase(
@@ -235,6 +252,7 @@ def fit_phase(
                 f"each side has 3 aligned samples",
             )
     derived: list[int] = []
+    shapes: dict[int, tuple[tuple, list[int]]] = {}
     for run in runs:
         targets = _between(missing, run[0], run[-1])
         if not targets:
@@ -251,9 +269,14 @@ def fit_phase(
             )
         r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run}, bases)
         for t, sizes in r.fit(targets, phase, where).items():
-            ops[t] = _rebuild(r.shape, sizes)
+            shapes[t] = (r.shape, sizes)
             derived.append(t)
-    return PhaseFit(ops=ops, measured=tuple(s for s in recorded if s in set(planned)), derived=tuple(sorted(derived)))
+    return PhaseFit(
+        ops=ops,
+        measured=tuple(s for s in recorded if s in set(planned)),
+        derived=tuple(sorted(derived)),
+        shapes=shapes,
+    )
 
 
 def _first_difference(a: tuple, b: tuple) -> int:

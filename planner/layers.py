@@ -18,6 +18,11 @@ where every repetition's ops are equal, which makes it so by construction);
 otherwise, and where no such run exists, the ops stay one flat prologue.
 Folding changes how fast a capture is simulated, never what it does.
 
+:func:`refold` folds the other sizes the fitter derives for the same shape
+without their ops: the first derived size's folded program with their sizes,
+where each repetition's sizes are the first's (the shape's structure was
+checked once; a size whose repetitions differ is folded from its own ops).
+
 What it does not do: fold a run in which two or more blocks cross between
 repetitions at every point of the cycle, or a block outlives its repetition,
 or nested repetitions (experts inside layers).
@@ -25,9 +30,11 @@ or nested repetitions (experts inside layers).
 
 from __future__ import annotations
 
+import msgspec
+
 from .program import CARRY, Alloc, Free, Op, Program
 
-__all__ = ["fold"]
+__all__ = ["fold", "refold"]
 
 #: fewest repetitions worth folding
 MIN_REPEATS = 3
@@ -102,6 +109,31 @@ def fold(ops: tuple[Op, ...], hint: Run | None = None) -> tuple[Program, Run | N
                 return flat, None
             return folded, run
     return flat, None
+
+
+def refold(template: Program, sizes: list[int]) -> Program | None:
+    """``template`` (the folded program of another size of the same derived shape, whose
+    allocation ids are their ordinals, as the fitter builds them) with ``sizes`` in place
+    of its own, or None where a repetition's sizes are not the first's.
+
+    Exact without expanding: the shape is the template's, whose fold was checked, so the
+    repetitions are equal where their sizes are; the body's allocations are one
+    repetition's consecutive ordinals, and a skipped repetition's are the next ones. Costs
+    the prologue, one body and the epilogue instead of every op."""
+    ids = [op.id for op in template.body if type(op) is Alloc]
+    if not ids:
+        return None
+    a0, per = ids[0], len(ids)
+    first = sizes[a0 : a0 + per]
+    if any(sizes[a0 + r * per : a0 + (r + 1) * per] != first for r in range(1, template.repeats)):
+        return None
+
+    def sized(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        return tuple(Alloc(sizes[op.id], op.id, op.kind) if type(op) is Alloc else op for op in ops)
+
+    return msgspec.structs.replace(
+        template, prologue=sized(template.prologue), body=sized(template.body), epilogue=sized(template.epilogue)
+    )
 
 
 def _repeats(tokens: list[tuple], start: int, period: int, repeats: int) -> bool:

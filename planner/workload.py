@@ -402,7 +402,7 @@ class Workload:
         the sizes to record. ``model``: the spec's, whose vocabulary (or a
         phase's own) sizes torch.topk's scratch (planner/scratch_shapes.py)."""
         from .fitting import fit_phase  # only traces are fitted
-        from .layers import fold
+        from .layers import fold, refold
         from .scratch_shapes import MBTOPK, blocked_rows_bases
 
         names = {p.name for p in phases}
@@ -423,9 +423,26 @@ class Workload:
             mine = {bs: c for (ph, bs), c in caps.items() if ph == p.name}
             fit = fit_phase(p.name, list(p.sizes), mine, source, bases)
             hint = None  # the sizes of a phase share their layer structure: found once, checked per size
-            for bs, ops in sorted(fit.ops.items()):
-                progs[(p.name, bs)], found = fold(ops, hint)  # a repeated layer is simulated faster
-                hint = found or hint
+            # per derived shape: one size's folded program, refolded for the others with their
+            # sizes; None where that size did not fold (the others stay flat: folding changes how
+            # fast a capture is simulated, never what it does)
+            folded: dict[int, Program | None] = {}
+            for bs in sorted({*fit.ops, *fit.shapes}):
+                if bs in fit.ops:
+                    progs[(p.name, bs)], found = fold(fit.ops[bs], hint)  # a repeated layer is simulated faster
+                    hint = found or hint
+                    continue
+                shape, sizes = fit.shapes[bs]
+                if id(shape) in folded and folded[id(shape)] is None:
+                    progs[(p.name, bs)] = Program(prologue=fit.derived_ops(bs))
+                    continue
+                template = folded.get(id(shape))
+                prog = refold(template, sizes) if template is not None else None
+                if prog is None:
+                    prog, found = fold(fit.derived_ops(bs), hint)
+                    hint = found or hint
+                    folded.setdefault(id(shape), prog if prog.repeats else None)
+                progs[(p.name, bs)] = prog
             samples[p.name] = (fit.measured, fit.derived)
         return cls("trace", progs, samples)
 

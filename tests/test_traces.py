@@ -600,6 +600,46 @@ def test_other_kernel_constants_are_refused_by_the_held_out_sample(monkeypatch, 
 # -- folding a trace's repeated layers (planner/layers.py) ----------------------------------------
 
 
+def _h200_few():
+    full = _h200()
+    sizes = sorted(c.bs for c in full.captures)
+    few = Trace(captures=[c for c in full.captures if c.bs in default_samples(sizes)])
+    return few, Phase(name="decode", kind="decode", sizes=sizes)
+
+
+def test_derived_sizes_refold_as_folding_their_own_ops_would():
+    """A derived size takes another derived size's folded program with its own sizes
+    (layers.refold, instead of rebuilding and folding every op): event for event what
+    folding its own ops gives, and folded, on the H200 decode trace cut to three sizes."""
+    from capture_plan.planner.fitting import fit_phase
+    from capture_plan.planner.layers import fold
+
+    few, phase = _h200_few()
+    w = Workload.from_trace(few, [phase], "few")
+    fit = fit_phase("decode", list(phase.sizes), {c.bs: c for c in few.captures}, "few")
+    assert len(fit.derived) == 33
+    for bs in fit.derived:
+        own, _ = fold(fit.derived_ops(bs))
+        got = w.program("decode", bs)
+        assert got.repeats == own.repeats > 1 and got.flatten() == own.flatten(), bs
+
+
+def test_refold_refuses_sizes_whose_repetitions_differ():
+    from capture_plan.planner.fitting import fit_phase
+    from capture_plan.planner.layers import fold, refold
+
+    few, phase = _h200_few()
+    fit = fit_phase("decode", list(phase.sizes), {c.bs: c for c in few.captures}, "few")
+    first, other = fit.derived[0], fit.derived[1]
+    template, _ = fold(fit.derived_ops(first))
+    sizes = list(fit.shapes[other][1])
+    assert refold(template, sizes) is not None
+    a0 = next(op.id for op in template.body if isinstance(op, Alloc))
+    per = sum(isinstance(op, Alloc) for op in template.body)
+    sizes[a0 + per] += 512  # the second repetition's first allocation, alone
+    assert refold(template, sizes) is None
+
+
 def _layered(layers: int, crossing: int = 1, leak: bool = False) -> tuple:
     """A flat capture: a prologue block, then ``layers`` layers, each allocating a temporary
     and ``crossing`` blocks the next layer frees (``leak``: one more block never freed)."""
