@@ -111,30 +111,36 @@ class Program(msgspec.Struct, frozen=True, dict=True):
         )
 
     def flatten(self) -> list[Event]:
-        """Every event in order, with ids made unique (for tests and inspection)."""
+        """Every event in order as the simulator runs them, ids made unique (for tests,
+        inspection and analytic traces): one id space for every section (a free of an id
+        not live does nothing: an epilogue may free a prologue block), the body's ids
+        reused by each repetition, the carried block entering each as ``CARRY``."""
         out: list[Event] = []
-        fresh = iter(range(1 << 62))
-        ids: dict[tuple, int] = {}
-        at: dict[int, int] = {}  # allocation id -> index of its event
+        live: dict[int, int] = {}  # id in the program -> unique id of its live block
+        at: dict[int, int] = {}  # unique id -> index of its alloc event
 
-        def emit(ops, rename) -> None:
+        def emit(ops) -> None:
             for op in ops:
                 if type(op) is Alloc:
-                    ids[rename(op.id)] = n = next(fresh)
-                    at[n] = len(out)
+                    n = len(at)
+                    live[op.id], at[n] = n, len(out)
                     out.append(Event(op="alloc", id=n, size=op.size, kind=op.kind))
-                elif rename(op.id) in ids:  # a free of no block: the static input of carry_in=None
-                    out.append(Event(op="free", id=ids.pop(rename(op.id))))
+                elif (u := live.pop(op.id, None)) is not None:  # a free of no block: carry_in=None's input
+                    out.append(Event(op="free", id=u))
 
-        emit(self.prologue, lambda i: ("p", i))
-        carried = ("p", self.carry_in)
-        for r in range(self.repeats):
-            emit(self.body, lambda i, r=r, c=carried: c if i == CARRY else ("b", r, i))
-            carried = ("b", r, self.carry_out)
-        if self.carry_kind and self.repeats:
-            e = out[at[ids[carried]]]
-            out[at[ids[carried]]] = Event(op="alloc", id=e.id, size=e.size, kind=self.carry_kind)
-        emit(self.epilogue, lambda i, c=carried: c if i == CARRY else ("e", i))
+        emit(self.prologue)
+        carried = live.pop(self.carry_in, None) if self.repeats and self.carry_in is not None else None
+        for _ in range(self.repeats):
+            if carried is not None:
+                live[CARRY] = carried
+            emit(self.body)
+            carried = live.pop(self.carry_out, None)
+        if self.repeats and carried is not None:
+            if self.carry_kind:
+                e = out[at[carried]]
+                out[at[carried]] = Event(op="alloc", id=e.id, size=e.size, kind=self.carry_kind)
+            live[CARRY] = carried
+        emit(self.epilogue)
         return out
 
 

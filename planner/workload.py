@@ -423,25 +423,22 @@ class Workload:
             mine = {bs: c for (ph, bs), c in caps.items() if ph == p.name}
             fit = fit_phase(p.name, list(p.sizes), mine, source, bases)
             hint = None  # the sizes of a phase share their layer structure: found once, checked per size
-            # per derived shape: one size's folded program, refolded for the others with their
-            # sizes; None where that size did not fold (the others stay flat: folding changes how
-            # fast a capture is simulated, never what it does)
-            folded: dict[int, Program | None] = {}
+            # per derived shape: the first of its sizes that folded, refolded for the others with
+            # their sizes (a size whose repetitions differ is folded from its own ops, as before)
+            folded: dict[int, Program] = {}
             for bs in sorted({*fit.ops, *fit.shapes}):
                 if bs in fit.ops:
                     progs[(p.name, bs)], found = fold(fit.ops[bs], hint)  # a repeated layer is simulated faster
                     hint = found or hint
                     continue
                 shape, sizes = fit.shapes[bs]
-                if id(shape) in folded and folded[id(shape)] is None:
-                    progs[(p.name, bs)] = Program(prologue=fit.derived_ops(bs))
-                    continue
                 template = folded.get(id(shape))
                 prog = refold(template, sizes) if template is not None else None
                 if prog is None:
                     prog, found = fold(fit.derived_ops(bs), hint)
                     hint = found or hint
-                    folded.setdefault(id(shape), prog if prog.repeats else None)
+                    if prog.repeats and template is None:
+                        folded[id(shape)] = prog
                 progs[(p.name, bs)] = prog
             samples[p.name] = (fit.measured, fit.derived)
         return cls("trace", progs, samples)

@@ -38,7 +38,7 @@ from hypothesis import given, settings, strategies as st
 
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.allocator import PoolSim, round_size, segment_size
-from capture_plan.planner.program import Alloc
+from capture_plan.planner.program import Alloc, Free, Program, ops_from_events
 from capture_plan.planner.simulate import simulate
 from capture_plan.planner.snapshot import load_snapshot, trace_from_snapshot
 from capture_plan.planner.specs import default_spec
@@ -622,6 +622,53 @@ def test_derived_sizes_refold_as_folding_their_own_ops_would():
         own, _ = fold(fit.derived_ops(bs))
         got = w.program("decode", bs)
         assert got.repeats == own.repeats > 1 and got.flatten() == own.flatten(), bs
+
+
+def _padded_middle(bs: int) -> CaptureTrace:
+    """Three layers whose middle one pads its temporary to 4: the layers repeat only at
+    multiples of 4; a prologue block lives until the epilogue frees it."""
+    ev: list[Event] = []
+
+    def alloc(i, size, kind="temp"):
+        ev.append(Event(op="alloc", id=i, size=size, kind=kind))
+
+    alloc(1, 512)
+    alloc(0, 512)
+    h = 0
+    for layer in range(3):
+        t = 10 + 10 * layer
+        alloc(t, 16 * (-(-bs // 4) * 4 if layer == 1 else bs))
+        alloc(t + 1, 1024)
+        ev += [Event(op="free", id=t), Event(op="free", id=h)]
+        h = t + 1
+    alloc(99, 64, "output")
+    ev += [Event(op="free", id=h), Event(op="free", id=1)]
+    return CaptureTrace(phase="decode", bs=bs, events=ev)
+
+
+def test_a_derived_size_folds_where_its_layers_repeat_though_the_first_did_not():
+    """Found by fuzzing folded against flat builds: sizes 2 and 3 do not repeat, 4 and 8 do;
+    each is folded where it can be, and every program runs its own ops."""
+    from capture_plan.planner.layers import _expand
+
+    phase = Phase(name="decode", kind="decode", sizes=list(range(1, 9)))
+    w = Workload.from_trace(Trace(captures=[_padded_middle(bs) for bs in (1, 5, 8)]), [phase], "t")
+    assert [bs for bs in phase.sizes if w.program("decode", bs).repeats] == [4, 8]
+    for bs in phase.sizes:
+        flat = Program(prologue=tuple(ops_from_events(_padded_middle(bs).events)))
+        assert _expand(w.program("decode", bs)) == _expand(flat), bs
+
+
+def test_flatten_keeps_an_epilogue_free_of_a_prologue_block():
+    """One id space, as the simulator runs it: flatten() used to rename the epilogue's ids
+    apart and drop the free of block 1, allocated in the prologue."""
+    from capture_plan.planner.layers import fold
+
+    ops = tuple(ops_from_events(_padded_middle(8).events))
+    folded, _ = fold(ops)
+    assert folded.repeats == 3
+    assert folded.flatten() == Program(prologue=ops).flatten()
+    assert sum(e.op == "free" for e in folded.flatten()) == sum(type(op) is Free for op in ops)
 
 
 def test_refold_refuses_sizes_whose_repetitions_differ():
