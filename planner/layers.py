@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .program import CARRY, Alloc, Free, Op, Program
+from .program import CARRY, Alloc, Free, Op, Program, ops_from_events
 
 __all__ = ["fold", "refold"]
 
@@ -146,31 +146,11 @@ def _repeats(tokens: list[tuple], start: int, period: int, repeats: int) -> bool
 
 
 def _expand(prog: Program) -> tuple[Op, ...]:
-    """The ops ``prog`` runs, in order, as planner/simulate.py runs them: one id space
-    for every section (a free of an id not live does nothing), the body's ids reused by
-    each repetition, the carried block entering each as ``CARRY``; ids made unique."""
-    live: dict[int, int] = {}
-    out: list[Op] = []
-
-    def emit(section: tuple[Op, ...]) -> None:
-        for op in section:
-            if type(op) is Alloc:
-                live[op.id] = len(out)
-                out.append(Alloc(op.size, len(out), op.kind))
-            elif (u := live.pop(op.id, None)) is not None:
-                out.append(Free(u))
-
-    emit(prog.prologue)
-    carried = live.pop(prog.carry_in, None) if prog.repeats and prog.carry_in is not None else None
-    for _ in range(prog.repeats):
-        if carried is not None:
-            live[CARRY] = carried
-        emit(prog.body)
-        carried = live.pop(prog.carry_out)
-    if prog.repeats and carried is not None:
-        live[CARRY] = carried
-    emit(prog.epilogue)
-    return tuple(out)
+    """The ops ``prog`` runs, in order, as planner/simulate.py runs them, ids made unique:
+    :meth:`Program.flatten`'s walk (one id space, the body's ids reused by each repetition,
+    the carried block entering each as ``CARRY``) as ops. A fold made here sets no
+    ``carry_kind``, so the kinds are the recorded ones."""
+    return ops_from_events(prog.flatten())
 
 
 def _program(ops: tuple[Op, ...], tokens: list[tuple], start: int, period: int, repeats: int) -> Program | None:
