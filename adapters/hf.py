@@ -187,6 +187,33 @@ class HFTarget:
         for phase in self.tokens:
             self.prepare(phase, max_bs, max_bs, gen)
 
+    def model_key(self) -> str:
+        """What a start-up calibration of this target depends on besides the device
+        (``predict_startup(cache=..., model_key=...)``): the model class, its whole
+        config (attention implementation included), dtype, this adapter's buffer sizes
+        and SDPA backends, and the transformers version whose code it runs. A digest,
+        prefixed by the class and dtype for the logs; the same model gives the same key
+        in every process."""
+        import hashlib
+        import json
+
+        import transformers  # pyright: ignore[reportMissingImports]
+
+        cfg = self.model.config.to_dict()
+        cfg["_attn_implementation"] = getattr(self.model.config, "_attn_implementation", None)
+        parts = {
+            "class": type(self.model).__qualname__,
+            "config": cfg,
+            "dtype": str(self.dtype),
+            "transformers": transformers.__version__,
+            "max_bs": self.max_bs,
+            "max_seqlen": self.max_seqlen,
+            "tokens": self.tokens,
+            "sdpa": list(self.sdpa_backends) if self.sdpa_backends is not None else None,
+        }
+        raw = json.dumps(parts, sort_keys=True, default=str).encode()
+        return f"{type(self.model).__name__} {self.dtype} {hashlib.sha256(raw).hexdigest()[:16]}"
+
     # -- CaptureTarget -------------------------------------------------------
     def run(self, phase: str, bs: int, workspace: torch.Tensor | None) -> torch.Tensor:
         t = self.tokens[phase]

@@ -67,6 +67,7 @@ the engine allocates itself meanwhile; capture (the caller does, with
 from __future__ import annotations
 
 import contextlib
+import logging
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -76,6 +77,7 @@ from pathlib import Path
 import msgspec
 import torch
 
+from capture_plan.adapters.calibration_cache import CalibrationCache, calibration_key
 from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
 from capture_plan.planner import BuildOptions, build_plan
@@ -92,8 +94,12 @@ from capture_plan.planner.device import (
 )
 from capture_plan.schemas.errors import InputError, RecordMoreError
 from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.startup import StartupCalibration
 
-__all__ = ["StartupPrediction", "predict_startup"]
+__all__ = ["StartupPrediction", "StartupCheck", "predict_startup", "confirm_startup"]
+
+log = logging.getLogger("capture_plan.startup")
+MiB = 2**20
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ class StartupPrediction:
     pending_bytes: int
     #: total_bytes by item: pool, hoisted, stream-workspace, allocator-other, graph-exec
     items: dict[str, int] = field(default_factory=dict)
-    #: sizes recorded per phase
+    #: sizes recorded per phase (by the start-up that measured the calibration, for a cached one)
     recorded: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = 0.0
     #: what the capture will have taken from free memory (from now) after each of
@@ -116,9 +122,39 @@ class StartupPrediction:
     #: how the graph-exec item was made
     graph_exec: str = ""
     #: where ``seconds`` went: "schedule" (the analytic build that picks the sizes to record),
-    #: "record" (every recording round; "record.capture", "record.trace" and "record.copies"
-    #: split it), "build" (the builds from the recorded traces), "predict" (the rest)
+    #: "cache" (looking the calibration up, reading it), "record" (every recording round;
+    #: "record.capture", "record.trace" and "record.copies" split it), "build" (the builds
+    #: from the recorded traces), "predict" (the rest)
     timings: dict[str, float] = field(default_factory=dict)
+    #: "recorded" (this start-up recorded the model) or "cache" (a calibration an earlier
+    #: start-up measured, read from ``cache_path``)
+    source: str = "recorded"
+    #: the cache entry read or written; None without a cache
+    cache_path: Path | None = None
+    #: what was measured, in a fresh process's terms (what ``cache`` keeps)
+    calibration: StartupCalibration | None = None
+
+
+@dataclass(frozen=True)
+class StartupCheck:
+    """A capture's measured drop against its start-up prediction (:func:`confirm_startup`)."""
+
+    #: every step within ``max(2 MiB, 1%)`` of the free memory it took
+    ok: bool
+    #: steps compared and those within
+    steps: int
+    within: int
+    #: the step furthest off: (step id, predicted bytes, measured bytes); None without steps
+    worst: tuple[str, int, int] | None
+    #: whether the prediction's cache entry was removed because the capture contradicted it
+    discarded: bool = False
+
+    def describe(self) -> str:
+        text = f"start-up prediction: {self.within}/{self.steps} steps within 1% or 2 MiB"
+        if self.worst is not None:
+            step, predicted, measured = self.worst
+            text += f", worst {step}: predicted {predicted / 2**20:.0f} MiB, measured {measured / 2**20:.0f} MiB"
+        return text + (" (its cache entry was removed: the next start-up records again)" if self.discarded else "")
 
 
 def predict_startup(
@@ -130,6 +166,8 @@ def predict_startup(
     device=None,
     progress: bool = False,
     max_rounds: int = 4,
+    cache: str | Path | None = None,
+    model_key: str | None = None,
 ) -> StartupPrediction:
     """Record a few sizes of ``target``, plan from them and return what capture will take.
 
@@ -141,6 +179,14 @@ def predict_startup(
     phases on a CPU), and refused when its phases are not the build's.
     ``sizes``: sizes to record per phase instead of the default three (phases
     left out get the default).
+
+    ``cache``: a folder of start-up calibrations
+    (:mod:`capture_plan.adapters.calibration_cache`). With one, ``model_key``
+    (the engine's name for its model code, config and dtype) is required; a
+    calibration measured for the same key is read instead of recording (nothing
+    runs on the device), and one this start-up records is written there. Call
+    :func:`confirm_startup` with the capture's report: it removes an entry the
+    capture contradicts.
     """
     t0 = time.perf_counter()
     timings: defaultdict[str, float] = defaultdict(float)
@@ -150,71 +196,160 @@ def predict_startup(
     else:
         _check_schedule(schedule, options)
     timings["schedule"] += time.perf_counter() - t0
+    store, key = None, None
+    if cache is not None:
+        t = time.perf_counter()
+        store = CalibrationCache(cache)
+        key = calibration_key(model_key or "", schedule, options, device)
+        entry = store.load(key)
+        timings["cache"] += time.perf_counter() - t
+        if entry is not None:
+            log.info("start-up calibration read from %s (measured on %s)", store.path(key), entry.device)
+            # a fresh process's figures: nothing was recorded, so nothing is held yet
+            t = time.perf_counter()
+            figures = _figures(entry, held=0, early=entry.stream_workspace, late=entry.allocator_other)
+            timings["predict"] += time.perf_counter() - t
+            return _result(entry, figures, t0, timings, "cache", store.path(key))
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
         plan, rounds, chosen, copies, kept = _record_and_build(
             target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings
         )
     t_predict = time.perf_counter()
     kinds = {p.name: p.kind for p in plan.phases}
-    first = rounds[0]
     cals = [calibration_from_report(rep, "the startup recording", kinds) for rep in rounds]
-    cal = cals[0]
-    view = first.device_view
+    view = rounds[0].device_view
     assert view is not None  # calibration_from_report refuses a report without one
     # Allocator memory outside the pools the capture will take again: what the recording grew
     # outside them (the capture stream's workspace, the RNG state's segment, what the target
     # made) less what it left reserved (the workspace is kept for the process's life; on an
     # H200 the RNG segment is returned when the graphs are released, but a Qwen2-MoE model
     # kept its 2 MiB; measured, not assumed)
+    workspace = max(0, view.item("allocator-held"))
     cached = max(0, view.item("allocator-cached"))
-    grown = max(0, view.item("allocator-held")) + cached
+    grown = workspace + cached
     # a target that freed memory it held before the recording reads as less kept: never more
     # than the recording grew
     fixed_now = min(grown, max(0, grown - max(0, kept)))
-    after = pools_after(plan.steps, plan.predicted.timeline)
     assert copies is not None  # the first round's recording
     driver, held, how = _driver(plan, cals, copies)
-    # no node counts (a torch without keep_graph, no libcuda): per graph, every graph's memory
-    # counted as pending (on the safe side: the driver holds the recorded graphs' already)
-    if driver is None:
-        per_graph = cal.graph_exec_per_graph
-        exec_total = int(round(graph_exec(plan.steps, per_graph, kinds) or 0))  # every phase was recorded
-        pending_driver, timeline, how = None, [], "per graph, as the recorded graphs measured it (2 MiB steps)"
-    else:
-        per_graph = {}
-        exec_total = driver[-1]
-        pending_driver = [max(0, d - held) for d in driver]
-        timeline = _timeline(plan, after, fixed_now, pending_driver)
+    entry = StartupCalibration(
+        key=key or {},
+        plan=plan,
+        recorded={n: list(v) for n, v in sorted(chosen.items())},
+        stream_workspace=workspace,
+        allocator_other=cached,
+        driver=driver,
+        # no node counts (a torch without keep_graph, no libcuda): per graph, every graph's
+        # memory counted as pending (on the safe side: the driver holds the recorded graphs' already)
+        graph_exec_per_graph={} if driver is not None else dict(cals[0].graph_exec_per_graph),
+        warmup_scratch=dict(cals[0].warmup_scratch),
+        graph_exec=how if driver is not None else "per graph, as the recorded graphs measured it (2 MiB steps)",
+        device=cals[0].device,
+    )
+    # The driver keeps the memory of the recorded graphs, destroyed since, for the graphs to
+    # come: it is not taken again. The allocator memory taken again rides on the figures from
+    # the first capture on (a warm-up before it does not have it).
+    figures = _figures(entry, held=held, early=0, late=fixed_now)
+    timings["predict"] += time.perf_counter() - t_predict
+    path = None
+    if store is not None and key is not None:
+        path = store.store(entry)
+        log.info("start-up calibration written to %s", path)
+    return _result(entry, figures, t0, timings, "recorded", path)
+
+
+@dataclass(frozen=True)
+class _Figures:
+    total: int
+    pending: int
+    items: dict[str, int]
+    timeline: list[int]
+
+
+def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> _Figures:
+    """What the capture of ``entry.plan`` takes: in all (a fresh process), and from now.
+
+    ``held``: driver bytes the driver holds now for graphs to come (the recording's copies);
+    ``early``: allocator bytes outside the pools the capture takes from its first warm-up on
+    (the capture stream's workspace, in a process that has not recorded), ``late``: those it
+    takes from its first capture on (the RNG state's segment)."""
+    plan = entry.plan
+    kinds = {p.name: p.kind for p in plan.phases}
+    after = pools_after(plan.steps, plan.predicted.timeline)
     items = {
         "pool": plan.predicted.pool_bytes,
         "hoisted": plan.predicted.hoisted_bytes,
-        "stream-workspace": max(0, view.item("allocator-held")),
-        "allocator-other": cached,
-        "graph-exec": exec_total,
+        "stream-workspace": entry.stream_workspace,
+        "allocator-other": entry.allocator_other,
+        "graph-exec": 0,
     }
-    total = sum(items.values())
-    # The driver keeps the memory of the recorded graphs, destroyed since, for the graphs to
-    # come: it is not taken again. With node counts the allocator memory taken again rides on
-    # the driver figures from the first capture on (a warm-up before it does not have it); per
-    # graph, it is counted throughout (on the safe side)
-    top = (
-        peak(plan.steps, after, kinds, per_graph, cal.warmup_scratch, fixed_now)
-        if pending_driver is None
-        else _peak(plan, after, kinds, cal.warmup_scratch, timeline)
-    )
-    final = timeline[-1] if timeline else items["pool"] + items["hoisted"] + fixed_now + exec_total
+    if entry.driver is None:
+        items["graph-exec"] = int(round(graph_exec(plan.steps, entry.graph_exec_per_graph, kinds) or 0))
+        top = peak(plan.steps, after, kinds, entry.graph_exec_per_graph, entry.warmup_scratch, early + late)
+        final = items["pool"] + items["hoisted"] + early + late + items["graph-exec"]
+        timeline: list[int] = []
+    else:
+        items["graph-exec"] = entry.driver[-1] if entry.driver else 0
+        timeline = _timeline(plan, after, early, late, [max(0, d - held) for d in entry.driver])
+        top = _peak(plan, kinds, entry.warmup_scratch, timeline)
+        final = timeline[-1] if timeline else 0
     pending = max(final, top) if top is not None else final
+    return _Figures(total=sum(items.values()), pending=max(0, pending), items=items, timeline=timeline)
+
+
+def _result(entry, figures: _Figures, t0: float, timings, source: str, path: Path | None) -> StartupPrediction:
     return StartupPrediction(
-        plan=plan,
-        total_bytes=total,
-        pending_bytes=max(0, pending),
-        items=items,
-        recorded={n: list(v) for n, v in sorted(chosen.items())},
+        plan=entry.plan,
+        total_bytes=figures.total,
+        pending_bytes=figures.pending,
+        items=figures.items,
+        recorded={n: list(v) for n, v in entry.recorded.items()},
         seconds=time.perf_counter() - t0,
-        timeline=timeline,
-        graph_exec=how,
-        timings={**{k: round(v, 4) for k, v in timings.items()}, "predict": round(time.perf_counter() - t_predict, 4)},
+        timeline=figures.timeline,
+        graph_exec=entry.graph_exec,
+        timings={k: round(v, 4) for k, v in timings.items()},
+        source=source,
+        cache_path=path,
+        calibration=entry,
     )
+
+
+def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
+    """Compare a capture's report (``GraphSet.report``, the capture of ``pred.plan`` that
+    followed the prediction, in the same process) with ``pred``, step by step.
+
+    Where a step is off by more than 1% or 2 MiB, the prediction's cache entry (read or
+    written) is removed, so that the next start-up records the model again, and a warning
+    is logged: the engine sized its KV cache from that figure, and its margin is what
+    covered the difference this time. Without per-step figures (the driver's figure per
+    graph) the pending bytes are compared with the capture's whole drop."""
+    view = report.device_view
+    if view is None:
+        raise InputError(
+            "the capture report has no device view",
+            where="confirm_startup",
+            fix="pass GraphSet.report of a foreground capture",
+        )
+    rows = []
+    if pred.timeline:
+        for m in report.steps:
+            if m.free is not None and m.step < len(pred.timeline):
+                rows.append((m.id, pred.timeline[m.step], view.free_before - m.free))
+    else:
+        rows.append(("capture", pred.pending_bytes, view.drop))
+    within = sum(abs(p - m) <= max(2 * MiB, m // 100) for _, p, m in rows)
+    worst = max(rows, key=lambda r: abs(r[1] - r[2]), default=None)
+    ok = within == len(rows)
+    discarded = False
+    if not ok and pred.cache_path is not None:
+        try:
+            pred.cache_path.unlink()
+            discarded = True
+        except FileNotFoundError:
+            pass
+    check = StartupCheck(ok=ok, steps=len(rows), within=within, worst=worst, discarded=discarded)
+    (log.info if ok else log.warning)(check.describe())
+    return check
 
 
 def _record_and_build(target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings):
@@ -278,20 +413,34 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
     return plan, rounds, chosen, copies, kept
 
 
-def _timeline(plan: Plan, after: list[int], again: int, driver: list[int]) -> list[int]:
+def _timeline(plan: Plan, after: list[int], early: int, late: int, driver: list[int]) -> list[int]:
     """The free memory the capture will have taken after each step: the pools (and
-    hoisted workspaces) so far, the allocator memory outside them taken again (``again``:
-    the RNG state's segment) from the first capture on (not before), and the graphs'
+    hoisted workspaces) so far, the allocator memory outside them it takes from its first
+    warm-up on (``early``: the capture stream's workspace, made by the first GEMM on it)
+    and from its first capture on (``late``: the RNG state's segment), and the graphs'
     driver memory not held already."""
-    first = next((i for i, st in enumerate(plan.steps) if st.op == "capture"), len(plan.steps))
-    return [a + (again if i >= first else 0) + d for i, (a, d) in enumerate(zip(after, driver))]
+    end = len(plan.steps)
+    warm = next((i for i, st in enumerate(plan.steps) if st.op in ("warmup", "capture")), end)
+    first = next((i for i, st in enumerate(plan.steps) if st.op == "capture"), end)
+    return [
+        a + (early if i >= warm else 0) + (late if i >= first else 0) + d for i, (a, d) in enumerate(zip(after, driver))
+    ]
 
 
-def _peak(plan: Plan, after: list[int], kinds: dict[str, str], scratch: dict[str, int], timeline: list[int]):
-    """The most the capture takes at any moment (:func:`capture_plan.planner.device.peak`)
-    over ``timeline``: a warm-up's scratch on top of what the steps before it took, the
-    RNG segment and driver memory included only where the timeline has them."""
-    return peak(plan.steps, after, kinds, {}, scratch, 0, [t - a for t, a in zip(timeline, after)])
+def _peak(plan: Plan, kinds: dict[str, str], scratch: dict[str, int], timeline: list[int]) -> int | None:
+    """The most the capture takes at any moment: after each step (``timeline``), and during
+    each warm-up: its scratch on top of what was taken before it, or after it where the
+    warm-up itself took more (the workspace its first GEMM makes is there while its
+    temporaries are). None when a warm-up's scratch is unknown."""
+    top, before = max(timeline, default=0), 0
+    for s, now in zip(plan.steps, timeline):
+        if s.op == "warmup":
+            sc = scratch.get(s.phase, scratch.get(f"kind:{kinds.get(s.phase)}"))
+            if sc is None:
+                return None
+            top = max(top, max(before, now) + sc)
+        before = now
+    return top
 
 
 def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list[int] | None, int, str]:

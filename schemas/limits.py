@@ -85,6 +85,8 @@ FILE_LIMITS: dict[str, int] = {
     "plan": 64 << 20,
     "trace": 512 << 20,
     "report": 64 << 20,
+    # a start-up calibration (schemas/startup.py): a plan and a few figures
+    "calibration": 64 << 20,
     # a Hugging Face config.json a spec names (real ones are a few KiB)
     "config": 4 << 20,
 }

@@ -120,6 +120,17 @@ def test_hf_target_is_a_capture_target():
     assert isinstance(HFTarget(_model("llama"), max_bs=2, max_seqlen=8), CaptureTarget)
 
 
+def test_the_model_key_names_the_model_and_changes_with_what_its_memory_depends_on():
+    """A start-up calibration is reused only for the same key: the same model built again
+    has it; another config, dtype or buffer size does not."""
+    key = HFTarget(_model("llama"), max_bs=2, max_seqlen=8).model_key()
+    assert key == HFTarget(_model("llama"), max_bs=2, max_seqlen=8).model_key()
+    assert key.startswith("LlamaForCausalLM torch.float32 ")
+    assert key != HFTarget(_model("llama").to(torch.bfloat16), max_bs=2, max_seqlen=8).model_key()
+    assert key != HFTarget(_model("llama"), max_bs=4, max_seqlen=8).model_key()
+    assert key != HFTarget(_model("mistral"), max_bs=2, max_seqlen=8).model_key()
+
+
 def _sdpa_flags():
     b = torch.backends.cuda
     return {

@@ -162,11 +162,26 @@ def test_a_warmup_before_the_first_capture_does_not_carry_the_rng_segment(plan):
 
     after = pools_after(plan.steps, plan.predicted.timeline)
     driver = [0] * len(plan.steps)
-    line = _timeline(plan, after, 2 * MiB, driver)
+    line = _timeline(plan, after, 0, 2 * MiB, driver)
     assert plan.steps[0].op == "warmup" and line[0] == after[0] == 0
     assert line[-1] == after[-1] + 2 * MiB
     scratch = {"decode": 10_000 * MiB}  # a warm-up far above the pools: the peak is that warm-up
-    assert _peak(plan, after, {}, scratch, line) == 10_000 * MiB
+    assert _peak(plan, {}, scratch, line) == 10_000 * MiB
+
+
+def test_in_a_process_that_recorded_nothing_the_workspace_comes_with_the_first_warmup(plan):
+    """A start-up from a cached calibration has not made the capture stream's workspace:
+    the first warm-up's first GEMM makes it (32 MiB on the H200, there while the warm-up's
+    temporaries are), so it is in that step and in the warm-up's peak."""
+    from capture_plan.adapters.startup import _peak, _timeline
+    from capture_plan.planner.device import pools_after
+
+    after = pools_after(plan.steps, plan.predicted.timeline)
+    line = _timeline(plan, after, 32 * MiB, 2 * MiB, [0] * len(plan.steps))
+    assert line[0] == 32 * MiB and line[-1] == after[-1] + 34 * MiB
+    scratch = {"decode": 10_000 * MiB}
+    assert _peak(plan, {}, scratch, line) == 10_032 * MiB
+    assert _peak(plan, {}, {}, line) is None  # a warm-up of unknown scratch: no peak, never a guess
 
 
 def test_a_given_schedule_is_recorded_from_and_none_is_built(monkeypatch, plan):
@@ -298,3 +313,192 @@ def test_rounds_that_never_give_every_size_name_the_phase_and_the_fitters_reason
     with pytest.raises(InputError, match=r"phase 'decode': .* after 3 rounds \(fits disagree") as err:
         startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan, max_rounds=3)
     assert isinstance(err.value.__cause__, RecordMoreError)
+
+
+# -- the calibration cache across start-ups -------------------------------------------------
+def _cached_startup(monkeypatch, plan, cache, *, model_key="llama bf16", recorded: list | None = None, **kw):
+    """``predict_startup`` with a cache, off CUDA: the recording is the report above (32 MiB
+    held, 2 MiB cached outside the pools, copies for the whole plan); ``recorded`` collects
+    each recording made."""
+    from capture_plan.adapters import startup
+
+    rep = _recording(plan, held=32 * MiB, cached=2 * MiB)
+    copies = {"decode": (33, 33 * 900, 33 * 2 * MiB)}
+
+    def record(*a, **kw):
+        if recorded is not None:
+            recorded.append(1)
+        return Recording(trace=_trace(rep), report=rep, copies=copies)
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "build_plan", lambda opts: plan)
+    return startup.predict_startup(
+        object(),
+        BuildOptions(backend="fa3", ci=True),
+        schedule=plan,
+        device="cpu",
+        cache=cache,
+        model_key=model_key,
+        **kw,
+    )
+
+
+def test_a_later_start_up_reads_the_calibration_and_records_nothing(monkeypatch, plan, tmp_path):
+    """The second start-up of the same model on the same device pays nothing on the device:
+    its figures are a fresh process's (nothing recorded, so the workspace comes with the
+    first warm-up, and the driver holds no copies' memory), the first one's totals."""
+    recorded: list = []
+    first = _cached_startup(monkeypatch, plan, tmp_path / "cache", recorded=recorded)
+    assert first.source == "recorded" and first.cache_path is not None and first.cache_path.is_file()
+    later = _cached_startup(monkeypatch, plan, tmp_path / "cache", recorded=recorded)
+    assert len(recorded) == 1, "the later start-up recorded"
+    assert later.source == "cache" and later.cache_path == first.cache_path
+    assert later.plan == first.plan and later.total_bytes == first.total_bytes and later.items == first.items
+    assert later.recorded == first.recorded == {"decode": [1, 120, 256]}
+    assert "record" not in later.timings and "cache" in later.timings
+    after = pools_after(plan.steps, plan.predicted.timeline)
+    assert later.timeline[0] == 32 * MiB  # the first warm-up makes the capture stream's workspace
+    # the driver memory is all still to take, in whole chunks: the first start-up's copies held it
+    assert later.timeline[-1] == after[-1] + 34 * MiB + later.items["graph-exec"]
+    assert first.timeline[-1] < later.timeline[-1] and later.pending_bytes == later.total_bytes
+
+
+def test_another_model_or_driver_records_again_and_says_what_differs(monkeypatch, plan, tmp_path, caplog):
+    import logging
+
+    from capture_plan.adapters import calibration_cache
+
+    recorded: list = []
+    _cached_startup(monkeypatch, plan, tmp_path, recorded=recorded)
+    _cached_startup(monkeypatch, plan, tmp_path, model_key="llama fp8", recorded=recorded)
+    assert len(recorded) == 2
+    monkeypatch.setattr(calibration_cache, "driver_version", lambda: "999.1")
+    with caplog.at_level(logging.INFO, logger="capture_plan.startup"):
+        again = _cached_startup(monkeypatch, plan, tmp_path, recorded=recorded)
+    assert len(recorded) == 3 and again.source == "recorded"
+    assert "driver: the cache's is" in caplog.text and "this is '999.1'" in caplog.text
+    assert len(list(tmp_path.glob("startup-*.json"))) == 3  # one entry per key, none overwritten
+
+
+def test_an_unreadable_entry_is_recorded_over_never_a_failed_start_up(monkeypatch, plan, tmp_path, caplog):
+    import logging
+
+    first = _cached_startup(monkeypatch, plan, tmp_path)
+    assert first.cache_path is not None
+    first.cache_path.write_bytes(first.cache_path.read_bytes()[:100])  # truncated
+    recorded: list = []
+    with caplog.at_level(logging.WARNING, logger="capture_plan.startup"):
+        again = _cached_startup(monkeypatch, plan, tmp_path, recorded=recorded)
+    assert recorded and again.source == "recorded" and "unreadable" in caplog.text
+    assert _cached_startup(monkeypatch, plan, tmp_path).source == "cache"  # written anew, whole
+
+
+def test_an_entry_whose_key_or_plan_was_edited_is_not_reused(monkeypatch, plan, tmp_path, caplog):
+    import logging
+
+    import msgspec
+
+    from capture_plan.schemas.codec import canonical_bytes
+    from capture_plan.schemas.startup import StartupCalibration
+
+    first = _cached_startup(monkeypatch, plan, tmp_path)
+    assert first.cache_path is not None
+    entry = msgspec.json.decode(first.cache_path.read_bytes(), type=StartupCalibration)
+    forged = msgspec.structs.replace(entry, key={**entry.key, "torch": "1.0"})
+    first.cache_path.write_bytes(canonical_bytes(forged))
+    with caplog.at_level(logging.WARNING, logger="capture_plan.startup"):
+        assert _cached_startup(monkeypatch, plan, tmp_path).source == "recorded"
+    assert "torch: the cache's is '1.0'" in caplog.text
+    caplog.clear()
+    steps = list(entry.plan.steps)
+    steps[0] = msgspec.structs.replace(steps[0], bs=steps[0].bs + 1)  # the plan edited, its digest not
+    first.cache_path.write_bytes(
+        canonical_bytes(msgspec.structs.replace(entry, plan=msgspec.structs.replace(entry.plan, steps=steps)))
+    )
+    with caplog.at_level(logging.WARNING, logger="capture_plan.startup"):
+        assert _cached_startup(monkeypatch, plan, tmp_path).source == "recorded"
+    assert "does not match its digest" in caplog.text
+
+
+def test_a_cache_without_a_model_key_is_refused_before_recording(monkeypatch, plan, tmp_path):
+    from capture_plan.schemas.errors import InputError
+
+    recorded: list = []
+    with pytest.raises(InputError, match="needs the model's key") as err:
+        _cached_startup(monkeypatch, plan, tmp_path, model_key=None, recorded=recorded)
+    assert not recorded and err.value.where == "predict_startup(cache=...)"
+
+
+def _capture_report(plan, timeline: list[int], off: int = 0) -> CaptureReport:
+    """The capture's report: each step took ``timeline``'s bytes, plus ``off`` from the
+    first capture on."""
+    before = 100_000 * MiB
+    first = next(i for i, s in enumerate(plan.steps) if s.op == "capture")
+    steps = [
+        StepMeasurement(
+            step=i,
+            id=f"{s.op}/{s.phase}/{s.bs}",
+            reserved=0,
+            predicted_reserved=0,
+            seconds=0.0,
+            free=before - t - (off if i >= first else 0),
+            allocator_reserved=0,
+        )
+        for i, (s, t) in enumerate(zip(plan.steps, timeline))
+    ]
+    free = steps[-1].free
+    assert free is not None
+    view = DeviceView(free_before=before, free_after=free, drop=before - free, items=[])
+    return CaptureReport(
+        plan=plan.name,
+        plan_digest=plan.digest,
+        device="NVIDIA H200 sm90",
+        torch="2.11",
+        backend_module="",
+        pool_bytes=0,
+        predicted_pool_bytes=0,
+        capture_seconds=0.0,
+        steps=steps,
+        device_view=view,
+    )
+
+
+def test_a_capture_as_predicted_keeps_the_entry(monkeypatch, plan, tmp_path):
+    from capture_plan.adapters.startup import confirm_startup
+
+    pred = _cached_startup(monkeypatch, plan, tmp_path)
+    check = confirm_startup(pred, _capture_report(plan, pred.timeline, off=2 * MiB))  # one driver step late
+    assert check.ok and check.within == check.steps == len(plan.steps) and not check.discarded
+    assert pred.cache_path is not None and pred.cache_path.is_file()
+
+
+def test_a_capture_that_contradicts_a_cached_prediction_drops_it(monkeypatch, plan, tmp_path, caplog):
+    """A change the key cannot see (the engine's code, a kernel's scratch) shows in the
+    capture: the entry goes, and the next start-up records again."""
+    import logging
+
+    from capture_plan.adapters.startup import confirm_startup
+
+    _cached_startup(monkeypatch, plan, tmp_path)
+    pred = _cached_startup(monkeypatch, plan, tmp_path)
+    assert pred.source == "cache"
+    with caplog.at_level(logging.WARNING, logger="capture_plan.startup"):
+        check = confirm_startup(pred, _capture_report(plan, pred.timeline, off=8 * MiB))
+    assert not check.ok and check.discarded and check.worst is not None
+    step, predicted, measured = check.worst
+    assert measured - predicted == 8 * MiB and step.startswith("capture/")
+    assert "removed" in caplog.text and pred.cache_path is not None and not pred.cache_path.exists()
+    recorded: list = []
+    assert _cached_startup(monkeypatch, plan, tmp_path, recorded=recorded).source == "recorded" and recorded
+
+
+def test_a_spec_given_by_path_is_part_of_the_key(plan, tmp_path):
+    import torch
+
+    from capture_plan.adapters.calibration_cache import calibration_key
+
+    a = calibration_key("m", plan, BuildOptions(backend="fa3", spec=tmp_path / "a.toml"), torch.device("cpu"))
+    b = calibration_key("m", plan, BuildOptions(backend="fa3", spec=tmp_path / "b.toml"), torch.device("cpu"))
+    assert a["options"] != b["options"] and {k for k in a if a[k] != b[k]} == {"options"}
+    traced = BuildOptions(backend="fa3", spec=tmp_path / "a.toml", trace=tmp_path / "t.json")
+    assert calibration_key("m", plan, traced, torch.device("cpu")) == a  # the trace is the recording's
