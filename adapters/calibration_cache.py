@@ -36,6 +36,7 @@ import torch
 
 from capture_plan import __version__
 from capture_plan.executor.device import driver_version
+from capture_plan.planner.build import build_spec
 from capture_plan.schemas.codec import canonical_bytes, plan_digest, sha256
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input, write_atomic
@@ -72,19 +73,26 @@ def calibration_key(model: str, schedule: Plan, options: msgspec.Struct, device:
     """What a start-up calibration depends on, by name.
 
     ``model``: the engine's name for its model code and shapes (see the module
-    docstring); ``schedule``: the plan recorded from; ``options``: the build's
-    options (their trace is the recording's, and left out); ``device``: None for
-    the current CUDA device."""
+    docstring); ``schedule``: the plan recorded from (its phases and steps: what is
+    recorded and captured); ``options``: the build's options, with the spec they
+    name by its content (their trace is the recording's, and left out); ``device``:
+    None for the current CUDA device."""
     if not model:
         raise InputError(
             "a start-up cache needs the model's key",
             where="predict_startup(cache=...)",
             fix="pass model_key=... naming the engine's model code, config and dtype (HFTarget.model_key())",
         )
-    opts = msgspec.to_builtins(
-        msgspec.structs.replace(options, trace=None, output=None),  # pyright: ignore[reportArgumentType]
-        enc_hook=_path,
-    )
+    # by content, not by path: an engine that writes its spec to a new folder at every
+    # start-up (or names a checked-in plan instead of building one) keys the same build
+    build = {
+        **msgspec.to_builtins(
+            msgspec.structs.replace(options, spec=None, trace=None, output=None),  # pyright: ignore[reportArgumentType]
+            enc_hook=_path,
+        ),
+        "spec": msgspec.to_builtins(build_spec(options)),  # pyright: ignore[reportArgumentType]
+    }
+    captured = msgspec.to_builtins({"phases": schedule.phases, "steps": schedule.steps})
     modules = [m for m in map(_module_identity, schedule.requires.modules) if m is not None]
     return {
         "model": model,
@@ -92,8 +100,8 @@ def calibration_key(model: str, schedule: Plan, options: msgspec.Struct, device:
         "driver": driver_version(),
         "torch": f"{torch.__version__}, CUDA {torch.version.cuda}",
         "backend": ", ".join([schedule.requires.backend, *modules]),
-        "schedule": schedule.digest,
-        "options": sha256(canonical_bytes(opts)),
+        "schedule": sha256(canonical_bytes(captured)),
+        "options": sha256(canonical_bytes(build)),
         "capture-plan": f"{__version__}, calibration {STARTUP_VERSION}",
     }
 

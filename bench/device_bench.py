@@ -27,6 +27,10 @@ and for each, in that fresh process (``--modes``):
               analytic build it saves is the case's ``build_s``);
               then a KV cache sized from it (free - predicted - margin), the capture, and
               the slack left; the prediction against the measured drop at every step
+  startup-cached
+              the same in a later fresh process: the calibration the "startup" mode's
+              process wrote is read from the run's start-up cache (nothing recorded), and
+              ``confirm_startup`` checks it against the capture
   vllm        vLLM 0.33's estimator as published: the two largest sizes captured into a
               throwaway pool (largest-first, one warm-up, outputs copied into persistent
               buffers), ``first + (n - 1) * second``, and its time
@@ -41,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,7 +67,7 @@ from bench.harness import (
 )
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
-MODES = ("executor", "loop", "startup", "vllm")
+MODES = ("executor", "loop", "startup", "startup-cached", "vllm")
 
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
@@ -176,15 +181,22 @@ def mode_vllm(target, plan) -> dict:
     }
 
 
-def mode_startup(target, opts, plan, margin_mib: int) -> dict:
+def model_key(case: str, target, layers: int) -> str:
+    """The start-up cache's name for the case's model: the transformers adapter's own key,
+    else the reference's case and layers (its code is this checkout's)."""
+    key = getattr(target, "model_key", None)
+    return key() if callable(key) else f"{case}, {layers} layers"
+
+
+def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, key: str = "") -> dict:
     import torch
 
-    from capture_plan.adapters.startup import predict_startup
+    from capture_plan.adapters.startup import confirm_startup, predict_startup
     from capture_plan.executor import capture
 
     t0 = time.perf_counter()
     # the engine's checked-in plan is the schedule (the analytic build it saves is the case's build_s)
-    pred = predict_startup(target, opts, schedule=plan)
+    pred = predict_startup(target, opts, schedule=plan, cache=cache, model_key=key if cache else None)
     seconds = time.perf_counter() - t0
     free = free_bytes()
     kv_bytes = free - pred.pending_bytes - margin_mib * MiB
@@ -203,6 +215,7 @@ def mode_startup(target, opts, plan, margin_mib: int) -> dict:
     rep = gs.report
     view = rep.device_view
     slack = free_bytes() - margin_mib * MiB  # what the KV cache could still have had
+    check = confirm_startup(pred, rep) if cache else None
     # The peak inside a step: a warm-up's temporaries sit in its scratch pool, returned when the
     # step ends, so the free memory after the step misses them. The report measures each
     # warm-up's scratch peak: on top of the drop before the step, that is the drop at its peak.
@@ -211,7 +224,8 @@ def mode_startup(target, opts, plan, margin_mib: int) -> dict:
         if m.free is None:
             continue
         drop = view.free_before - m.free
-        peak = max(peak, drop, prev + (m.scratch or 0))
+        # the workspace a first warm-up makes is there while its temporaries are
+        peak = max(peak, drop, max(prev, drop) + (m.scratch or 0))
         prev = drop
     steps = []
     for m in rep.steps:
@@ -248,15 +262,15 @@ def mode_startup(target, opts, plan, margin_mib: int) -> dict:
         "margin_mib": margin_mib,
         "recorded": pred.recorded,
         "predict_parts_s": pred.timings,
+        "source": pred.source,
+        "confirm": None if check is None else check.describe(),
         # every step: id, the drop predicted and measured, the pools' reserved bytes measured and
         # predicted, the whole allocator's reserved bytes (MiB): a miss's cause is read from these
         "steps": [[i, *(None if v is None else round(v / MiB, 2) for v in rest)] for i, *rest in steps],
     }
 
 
-def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
-    import tempfile
-
+def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str | None = None) -> dict:
     import torch
 
     from capture_plan.planner import build_plan
@@ -288,8 +302,10 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int) -> dict:
             out[mode] = mode_loop(target, plan)
         elif mode == "vllm":
             out[mode] = mode_vllm(target, plan)
-        elif mode == "startup":
-            out[mode] = mode_startup(target, opts, plan, margin_mib)
+        elif mode in ("startup", "startup-cached"):
+            # with a cache: "startup" records and writes the calibration, "startup-cached" (a
+            # later process) reads it
+            out[mode] = mode_startup(target, opts, plan, margin_mib, cache, model_key(case, target, layers))
     return out
 
 
@@ -303,11 +319,14 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     add_overwrite(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, modes, args.layers, args.margin_mib)), flush=True)
+        print("RESULT " + json.dumps(child(args.child, modes, args.layers, args.margin_mib, args.cache)), flush=True)
         return
+    # one start-up cache for the run, empty at its start: "startup" writes, "startup-cached" reads
+    cache = tempfile.mkdtemp(prefix="capture-plan-bench-cache-")
     res: dict = header(device=True)
     path = result_file(args, "device", res["date"], args.tag)
     res.update(layers=args.layers, modes=modes, cases={})
@@ -316,6 +335,7 @@ def main() -> None:
         row: dict = {}
         for mode in modes:
             cmd = ["--child", case, "--modes", mode, "--layers", str(args.layers), "--margin-mib", str(args.margin_mib)]
+            cmd += ["--cache", cache]
             p = run_module(
                 "device_bench", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
             )
@@ -344,13 +364,15 @@ def main() -> None:
             )
         if "drop_mib" in lp:
             bits.append(f"loop {lp['drop_mib']:.0f}")
-        st = row.get("startup", {})
-        if "error" in st and isinstance(st["error"], float):
-            bits.append(
-                f"startup peak err {st['error']:+.2%} final {st['final_error_mib']:+.0f} MiB "
-                f"steps ok {st['steps_within_1pct_or_2mib']} slack {st['slack_mib']:.0f} "
-                f"predict {st['predict_s']:.2f}s/capture {st['capture_s']:.2f}s"
-            )
+        for mode in ("startup", "startup-cached"):
+            st = row.get(mode, {})
+            if "error" in st and isinstance(st["error"], float):
+                bits.append(
+                    f"{mode}{'' if st.get('source') != 'recorded' or mode == 'startup' else ' (recorded)'} "
+                    f"peak err {st['error']:+.2%} final {st['final_error_mib']:+.0f} MiB "
+                    f"steps ok {st['steps_within_1pct_or_2mib']} slack {st['slack_mib']:.0f} "
+                    f"predict {st['predict_s']:.3f}s/capture {st['capture_s']:.2f}s"
+                )
         vl = row.get("vllm", {})
         if "estimate_mib" in vl:
             bits.append(f"vllm {vl['estimate_mib']:.0f} err {vl['error']:+.1%} worst {vl['worst_size_error']:+.1%}")

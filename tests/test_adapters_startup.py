@@ -492,13 +492,23 @@ def test_a_capture_that_contradicts_a_cached_prediction_drops_it(monkeypatch, pl
     assert _cached_startup(monkeypatch, plan, tmp_path, recorded=recorded).source == "recorded" and recorded
 
 
-def test_a_spec_given_by_path_is_part_of_the_key(plan, tmp_path):
+def test_the_key_names_the_spec_by_content_not_by_path(plan, tmp_path):
+    """An engine that writes its spec to a new folder at every start-up keys the same build;
+    another spec's phases do not."""
     import torch
 
     from capture_plan.adapters.calibration_cache import calibration_key
 
-    a = calibration_key("m", plan, BuildOptions(backend="fa3", spec=tmp_path / "a.toml"), torch.device("cpu"))
-    b = calibration_key("m", plan, BuildOptions(backend="fa3", spec=tmp_path / "b.toml"), torch.device("cpu"))
-    assert a["options"] != b["options"] and {k for k in a if a[k] != b[k]} == {"options"}
-    traced = BuildOptions(backend="fa3", spec=tmp_path / "a.toml", trace=tmp_path / "t.json")
-    assert calibration_key("m", plan, traced, torch.device("cpu")) == a  # the trace is the recording's
+    cpu = torch.device("cpu")
+    text = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 120, 256]\n'
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "s.toml").write_text(text)
+    (tmp_path / "c.toml").write_text(text.replace("120", "128"))
+    a = calibration_key("m", plan, BuildOptions(backend="fa3", spec=tmp_path / "a" / "s.toml"), cpu)
+    assert calibration_key("m", plan, BuildOptions(backend="fa3", spec=tmp_path / "b" / "s.toml"), cpu) == a
+    c = calibration_key("m", plan, BuildOptions(backend="fa3", spec=tmp_path / "c.toml"), cpu)
+    assert {k for k in a if a[k] != c[k]} == {"options"}
+    traced = BuildOptions(backend="fa3", spec=tmp_path / "a" / "s.toml", trace=tmp_path / "t.json")
+    assert calibration_key("m", plan, traced, cpu) == a  # the trace is the recording's
+    assert calibration_key("m", plan, BuildOptions(backend="fa3", ci=True), cpu)["options"] != a["options"]

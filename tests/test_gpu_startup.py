@@ -48,6 +48,60 @@ def test_predicted_startup_memory_is_what_the_capture_then_takes(tmp_path):
         gs.release()
 
 
+_STARTUP = """
+import json, sys
+from pathlib import Path
+import torch
+from capture_plan.adapters.startup import confirm_startup, predict_startup
+from capture_plan.executor import capture
+from capture_plan.planner import BuildOptions
+from gpu_targets import Synthetic
+
+folder = Path(sys.argv[1])
+target = Synthetic(max_bs=32)
+target.run("decode", 32, None)  # the engine's eager run before capture
+torch.cuda.synchronize()
+opts = BuildOptions(backend="torch", spec=folder / "spec.toml", output=folder / "p.json")
+pred = predict_startup(target, opts, cache=folder / "cache", model_key="synthetic 32")
+gs = capture(pred.plan, target, progress=False)
+check = confirm_startup(pred, gs.report)
+print("RESULT " + json.dumps({"source": pred.source, "ok": check.ok, "line": check.describe(),
+      "pending": pred.pending_bytes, "drop": gs.report.device_view.drop, "digest": pred.plan.digest}))
+"""
+
+
+def test_a_later_start_up_from_the_cache_predicts_every_step_without_recording(tmp_path):
+    """Two start-ups, each a fresh process: the first records and writes the calibration,
+    the second reads it (nothing recorded) and still predicts every step of its capture,
+    which in that process makes the capture stream's workspace and all the graphs' driver
+    memory itself."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "spec.toml").write_text(
+        '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 12, 16, 24, 32]\n'
+    )
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    runs = []
+    for _ in range(2):
+        p = subprocess.run(
+            [sys.executable, "-c", _STARTUP, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))[7:]))
+    first, later = runs
+    assert first["source"] == "recorded" and later["source"] == "cache", runs
+    assert first["ok"] and later["ok"], runs
+    assert later["digest"] == first["digest"]
+    # the later process pays the workspace and the driver memory the first one's recording had taken
+    assert later["pending"] > first["pending"], runs
+    assert abs(later["pending"] - later["drop"]) <= max(2 * MiB, later["drop"] // 100), runs
+
+
 def test_capture_leaves_no_cached_blocks_in_the_ordinary_allocator(tmp_path):
     import torch
 
