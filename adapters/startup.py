@@ -80,6 +80,7 @@ import torch
 from capture_plan.adapters.calibration_cache import CalibrationCache, calibration_key
 from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
+from capture_plan.executor.session import capture_stream
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.build import build_spec
 from capture_plan.planner.device import (
@@ -139,21 +140,32 @@ class StartupPrediction:
 class StartupCheck:
     """A capture's measured drop against its start-up prediction (:func:`confirm_startup`)."""
 
-    #: every step within ``max(2 MiB, 1%)`` of the free memory it took
+    #: what the engine relied on held: no step took more than predicted, and the figure it
+    #: budgeted (the peak) and the one left after capture are within ``max(2 MiB, 1%)``
     ok: bool
-    #: steps compared and those within
+    #: steps compared, those within ``max(2 MiB, 1%)`` either way, those that took more than
+    #: predicted beyond it
     steps: int
     within: int
+    above: int
     #: the step furthest off: (step id, predicted bytes, measured bytes); None without steps
     worst: tuple[str, int, int] | None
+    #: (predicted, measured) bytes: the peak (what the KV cache was sized against) and after capture
+    peak: tuple[int, int] = (0, 0)
+    final: tuple[int, int] = (0, 0)
     #: whether the prediction's cache entry was removed because the capture contradicted it
     discarded: bool = False
 
     def describe(self) -> str:
-        text = f"start-up prediction: {self.within}/{self.steps} steps within 1% or 2 MiB"
+        mib = 2**20
+        text = (
+            f"start-up prediction {'held' if self.ok else 'MISSED'}: peak {self.peak[0] / mib:.0f} MiB predicted, "
+            f"{self.peak[1] / mib:.0f} measured; after capture {self.final[0] / mib:.0f}/{self.final[1] / mib:.0f}; "
+            f"{self.within}/{self.steps} steps within 1% or 2 MiB, {self.above} above it"
+        )
         if self.worst is not None:
             step, predicted, measured = self.worst
-            text += f", worst {step}: predicted {predicted / 2**20:.0f} MiB, measured {measured / 2**20:.0f} MiB"
+            text += f", worst {step}: predicted {predicted / mib:.0f} MiB, measured {measured / mib:.0f} MiB"
         return text + (" (its cache entry was removed: the next start-up records again)" if self.discarded else "")
 
 
@@ -205,6 +217,7 @@ def predict_startup(
         timings["cache"] += time.perf_counter() - t
         if entry is not None:
             log.info("start-up calibration read from %s (measured on %s)", store.path(key), entry.device)
+            _make_capture_stream(device)
             # a fresh process's figures: nothing was recorded, so nothing is held yet
             t = time.perf_counter()
             figures = _figures(entry, held=0, early=entry.stream_workspace, late=entry.allocator_other)
@@ -270,8 +283,8 @@ def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> 
     """What the capture of ``entry.plan`` takes: in all (a fresh process), and from now.
 
     ``held``: driver bytes the driver holds now for graphs to come (the recording's copies);
-    ``early``: allocator bytes outside the pools the capture takes from its first warm-up on
-    (the capture stream's workspace, in a process that has not recorded), ``late``: those it
+    ``early``: allocator bytes outside the pools the capture takes from its start (the
+    capture stream's workspace, in a process that has not recorded), ``late``: those it
     takes from its first capture on (the RNG state's segment)."""
     plan = entry.plan
     kinds = {p.name: p.kind for p in plan.phases}
@@ -318,11 +331,17 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
     """Compare a capture's report (``GraphSet.report``, the capture of ``pred.plan`` that
     followed the prediction, in the same process) with ``pred``, step by step.
 
-    Where a step is off by more than 1% or 2 MiB, the prediction's cache entry (read or
-    written) is removed, so that the next start-up records the model again, and a warning
-    is logged: the engine sized its KV cache from that figure, and its margin is what
-    covered the difference this time. Without per-step figures (the driver's figure per
-    graph) the pending bytes are compared with the capture's whole drop."""
+    The prediction held when no step took more free memory than predicted (beyond 1% or
+    2 MiB), and the peak (the figure the engine sized its KV cache against) and the figure
+    after capture are within 1% or 2 MiB either way. A step predicted higher than it took
+    is on the safe side and does not fail it: a process that recorded nothing takes the
+    graphs' driver memory in 2 MiB steps a step or two later than their nodes say
+    (measured on an H200; docs/measurements.md), and catches up by the end. Where it did
+    not hold, the prediction's cache entry (read or written) is removed, so that the next
+    start-up records the model again, and a warning is logged: the engine sized its KV
+    cache from that figure, and its margin is what covered the difference this time.
+    Without per-step figures (the driver's figure per graph) the pending bytes are
+    compared with the capture's whole drop."""
     view = report.device_view
     if view is None:
         raise InputError(
@@ -330,16 +349,28 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
             where="confirm_startup",
             fix="pass GraphSet.report of a foreground capture",
         )
-    rows = []
-    if pred.timeline:
-        for m in report.steps:
-            if m.free is not None and m.step < len(pred.timeline):
-                rows.append((m.id, pred.timeline[m.step], view.free_before - m.free))
-    else:
-        rows.append(("capture", pred.pending_bytes, view.drop))
-    within = sum(abs(p - m) <= max(2 * MiB, m // 100) for _, p, m in rows)
+
+    def tol(measured: int) -> int:
+        return max(2 * MiB, measured // 100)
+
+    rows, top, prev = [], 0, 0
+    for m in report.steps:
+        if m.free is None:
+            continue
+        drop = view.free_before - m.free
+        # a warm-up's temporaries are returned by the end of its step: its scratch is on top
+        top = max(top, drop, max(prev, drop) + (m.scratch or 0))
+        prev = drop
+        if pred.timeline and m.step < len(pred.timeline):
+            rows.append((m.id, pred.timeline[m.step], drop))
+    final = (pred.timeline[-1] if pred.timeline else pred.pending_bytes, view.drop)
+    peak = (pred.pending_bytes, max(top, view.drop))
+    if not rows:
+        rows.append(("capture", *final))
+    within = sum(abs(p - m) <= tol(m) for _, p, m in rows)
+    above = sum(m - p > tol(m) for _, p, m in rows)
     worst = max(rows, key=lambda r: abs(r[1] - r[2]), default=None)
-    ok = within == len(rows)
+    ok = not above and all(abs(p - m) <= tol(m) for p, m in (peak, final))
     discarded = False
     if not ok and pred.cache_path is not None:
         try:
@@ -347,7 +378,9 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
             discarded = True
         except FileNotFoundError:
             pass
-    check = StartupCheck(ok=ok, steps=len(rows), within=within, worst=worst, discarded=discarded)
+    check = StartupCheck(
+        ok=ok, steps=len(rows), within=within, above=above, worst=worst, peak=peak, final=final, discarded=discarded
+    )
     (log.info if ok else log.warning)(check.describe())
     return check
 
@@ -415,16 +448,12 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
 
 def _timeline(plan: Plan, after: list[int], early: int, late: int, driver: list[int]) -> list[int]:
     """The free memory the capture will have taken after each step: the pools (and
-    hoisted workspaces) so far, the allocator memory outside them it takes from its first
-    warm-up on (``early``: the capture stream's workspace, made by the first GEMM on it)
-    and from its first capture on (``late``: the RNG state's segment), and the graphs'
-    driver memory not held already."""
-    end = len(plan.steps)
-    warm = next((i for i, st in enumerate(plan.steps) if st.op in ("warmup", "capture")), end)
-    first = next((i for i, st in enumerate(plan.steps) if st.op == "capture"), end)
-    return [
-        a + (early if i >= warm else 0) + (late if i >= first else 0) + d for i, (a, d) in enumerate(zip(after, driver))
-    ]
+    hoisted workspaces) so far, the allocator memory outside them it takes from its
+    start (``early``: the capture stream's cuBLAS workspace, which the executor makes
+    before the first step) and from its first capture on (``late``: the RNG state's
+    segment), and the graphs' driver memory not held already."""
+    first = next((i for i, st in enumerate(plan.steps) if st.op == "capture"), len(plan.steps))
+    return [a + early + (late if i >= first else 0) + d for i, (a, d) in enumerate(zip(after, driver))]
 
 
 def _peak(plan: Plan, kinds: dict[str, str], scratch: dict[str, int], timeline: list[int]) -> int | None:
@@ -489,6 +518,17 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     if driver is None:
         return None, 0, ""
     return driver, max(0, held), f"the recorded graphs' nodes, {where}, in 2 MiB steps"
+
+
+def _make_capture_stream(device) -> None:
+    """Make the executor's capture stream now, as a recording would have. A process's first
+    stream besides the default one makes torch's pool of streams, which took 70 MiB of
+    free memory outside the caching allocator on an H200 (measured: the capture report
+    does not see it, since the capture makes its stream before it reads free memory); the
+    engine must find that gone before it sizes its KV cache, not during the capture."""
+    if device is not None and device.type != "cuda":  # off CUDA (tests' fake): no stream
+        return
+    capture_stream(device if device is not None else torch.device("cuda", torch.cuda.current_device()))
 
 
 def _reserved_emptied(device) -> int:

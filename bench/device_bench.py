@@ -264,6 +264,9 @@ def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, 
         "predict_parts_s": pred.timings,
         "source": pred.source,
         "confirm": None if check is None else check.describe(),
+        "confirm_ok": None if check is None else check.ok,
+        # steps where the capture took more than predicted beyond 1% or 2 MiB (the unsafe side)
+        "steps_above": sum(m - p > max(2 * MiB, 0.01 * m) for _, p, m, *_ in steps),
         # every step: id, the drop predicted and measured, the pools' reserved bytes measured and
         # predicted, the whole allocator's reserved bytes (MiB): a miss's cause is read from these
         "steps": [[i, *(None if v is None else round(v / MiB, 2) for v in rest)] for i, *rest in steps],
@@ -370,7 +373,8 @@ def main() -> None:
                 bits.append(
                     f"{mode}{'' if st.get('source') != 'recorded' or mode == 'startup' else ' (recorded)'} "
                     f"peak err {st['error']:+.2%} final {st['final_error_mib']:+.0f} MiB "
-                    f"steps ok {st['steps_within_1pct_or_2mib']} slack {st['slack_mib']:.0f} "
+                    f"steps ok {st['steps_within_1pct_or_2mib']} above {st.get('steps_above')} "
+                    f"slack {st['slack_mib']:.0f} "
                     f"predict {st['predict_s']:.3f}s/capture {st['capture_s']:.2f}s"
                 )
         vl = row.get("vllm", {})
