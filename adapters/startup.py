@@ -80,7 +80,7 @@ import torch
 from capture_plan.adapters.calibration_cache import CalibrationCache, calibration_key
 from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
-from capture_plan.executor.session import capture_stream
+from capture_plan.executor.session import capture_stream, prime_stream
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.build import build_spec
 from capture_plan.planner.device import (
@@ -217,10 +217,11 @@ def predict_startup(
         timings["cache"] += time.perf_counter() - t
         if entry is not None:
             log.info("start-up calibration read from %s (measured on %s)", store.path(key), entry.device)
-            _make_capture_stream(device)
-            # a fresh process's figures: nothing was recorded, so nothing is held yet
+            primed = _as_recorded(device)
+            # nothing was recorded, so the driver holds no graph memory yet; the workspace was
+            # made just now (off CUDA, nothing was: the capture makes it)
             t = time.perf_counter()
-            figures = _figures(entry, held=0, early=entry.stream_workspace, late=entry.allocator_other)
+            figures = _figures(entry, held=0, early=0 if primed else entry.stream_workspace, late=entry.allocator_other)
             timings["predict"] += time.perf_counter() - t
             return _result(entry, figures, t0, timings, "cache", store.path(key))
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
@@ -520,15 +521,26 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     return driver, max(0, held), f"the recorded graphs' nodes, {where}, in 2 MiB steps"
 
 
-def _make_capture_stream(device) -> None:
-    """Make the executor's capture stream now, as a recording would have. A process's first
-    stream besides the default one makes torch's pool of streams, which took 70 MiB of
-    free memory outside the caching allocator on an H200 (measured: the capture report
-    does not see it, since the capture makes its stream before it reads free memory); the
-    engine must find that gone before it sizes its KV cache, not during the capture."""
-    if device is not None and device.type != "cuda":  # off CUDA (tests' fake): no stream
-        return
-    capture_stream(device if device is not None else torch.device("cuda", torch.cuda.current_device()))
+def _as_recorded(device) -> bool:
+    """Leave the process as a recording would have, without recording: the executor's
+    capture stream made and primed, the caching allocator's cache emptied; whether it did
+    (False off CUDA, the tests' fake).
+
+    A process's first stream besides the default one makes torch's pool of streams (70 MiB
+    of free memory outside the caching allocator on an H200), and its first GEMM
+    initializes cuBLAS (66 MiB) before the capture stream's workspace is made (32 MiB;
+    ``capture_plan.executor.session.prime_stream``). The capture report sees neither of the
+    first two (the capture makes its stream before it reads free memory, and an engine's
+    eager run has made GEMMs), and the engine must find all three gone before it sizes
+    its KV cache, not during the capture. The cache is emptied as the recording's release
+    empties it (the calibration's figures are of a capture that starts with it empty)."""
+    if device is not None and device.type != "cuda":
+        return False
+    dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+    prime_stream(dev, capture_stream(dev))
+    with torch.cuda.device(dev):
+        torch.cuda.empty_cache()
+    return True
 
 
 def _reserved_emptied(device) -> int:

@@ -97,6 +97,33 @@ def capture_stream(device) -> torch.cuda.Stream:
     return stream
 
 
+def prime_stream(device, stream: torch.cuda.Stream | None = None) -> None:
+    """Create ``stream``'s (default: the capture stream's) cuBLAS and cuBLASLt workspace,
+    outside every pool.
+
+    cuBLAS allocates a workspace per (handle, stream) at the stream's first
+    GEMM and keeps it. The operands are allocated on the calling thread's
+    stream without a kernel (a few bytes in blocks the engine's stream has
+    cached) and filled on the capture stream, so that the capture stream
+    gets no small segment of its own: the workspace is all this leaves.
+    (Operands from a scratch pool left its 2 MiB segment behind: a pool
+    destroyed while its blocks are alive keeps their segment cached.) In a
+    process that has run no GEMM yet this also initializes cuBLAS, which took
+    66 MiB outside the caching allocator on an H200."""
+    stream = stream if stream is not None else capture_stream(device)
+    mats = [
+        (torch.empty(16, 16, device=device, dtype=dt), torch.empty(16, 16, device=device, dtype=dt))
+        for dt in (torch.float32, torch.bfloat16)
+    ]
+    with torch.cuda.stream(stream):
+        for a, out in mats:
+            a.fill_(1)
+            torch.addmm(a, a, a, out=out)
+            torch.matmul(a, a, out=out)
+        stream.synchronize()  # the operands are idle before they go back to their stream
+    del mats, a, out  # pyright: ignore[reportPossiblyUnboundVariable]  # the loop ran: mats has two pairs
+
+
 #: whether a capture by capture-plan has completed in this process: the first one
 #: pays the driver's one-off graph-capture cost (the device view says which it was)
 _captured_in_process = False
@@ -345,27 +372,8 @@ class CaptureSession:
             self.bar.update(1)
 
     def prime(self) -> None:
-        """Create the capture stream's cuBLAS and cuBLASLt workspace, outside every pool.
-
-        cuBLAS allocates a workspace per (handle, stream) at the stream's first
-        GEMM and keeps it. The operands are allocated on the calling thread's
-        stream without a kernel (a few bytes in blocks the engine's stream has
-        cached) and filled on the capture stream, so that the capture stream
-        gets no small segment of its own: the workspace is all this leaves.
-        (Operands from a scratch pool left its 2 MiB segment behind: a pool
-        destroyed while its blocks are alive keeps their segment cached.)"""
-        dev = self.device
-        mats = [
-            (torch.empty(16, 16, device=dev, dtype=dt), torch.empty(16, 16, device=dev, dtype=dt))
-            for dt in (torch.float32, torch.bfloat16)
-        ]
-        with torch.cuda.stream(self.stream):
-            for a, out in mats:
-                a.fill_(1)
-                torch.addmm(a, a, a, out=out)
-                torch.matmul(a, a, out=out)
-            self.stream.synchronize()  # the operands are idle before they go back to their stream
-        del mats, a, out  # pyright: ignore[reportPossiblyUnboundVariable]  # the loop ran: mats has two pairs
+        """Create the capture stream's cuBLAS and cuBLASLt workspace (:func:`prime_stream`)."""
+        prime_stream(self.device, self.stream)
 
     def abort(self, failure: BaseException | None) -> None:
         """Stop the progress bar and the recorder, drop the failure's frames."""

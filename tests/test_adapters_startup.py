@@ -542,18 +542,24 @@ def test_the_workspace_is_taken_from_the_first_step_even_a_provision():
     assert line[0] == after[0] + 32 * MiB
 
 
-def test_a_start_up_from_the_cache_makes_the_capture_stream_now(monkeypatch):
-    """A process's first stream makes torch's pool of streams: 70 MiB on an H200, taken
-    before the capture reads free memory. A recording makes it; a cached start-up must
-    too, before the engine sizes its KV cache."""
+def test_a_start_up_from_the_cache_leaves_the_process_as_a_recording_would(monkeypatch):
+    """A process's first stream makes torch's pool of streams (70 MiB on an H200, taken
+    before the capture reads free memory) and its first GEMM initializes cuBLAS (66 MiB,
+    in a process whose eager run made none): a recording pays both, and a cached start-up
+    must too, with the capture stream's workspace, before the engine sizes its KV cache."""
+    import contextlib
+
     import torch
 
     from capture_plan.adapters import startup
 
-    made = []
-    monkeypatch.setattr(startup, "capture_stream", made.append)
+    made, emptied = [], []
+    monkeypatch.setattr(startup, "capture_stream", lambda d: ("stream", d))
+    monkeypatch.setattr(startup, "prime_stream", lambda d, s: made.append((d, s)))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    startup._make_capture_stream(None)
-    startup._make_capture_stream(torch.device("cuda", 1))
-    startup._make_capture_stream(torch.device("cpu"))
-    assert made == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    assert startup._as_recorded(None) and startup._as_recorded(torch.device("cuda", 1))
+    assert not startup._as_recorded(torch.device("cpu"))
+    cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert made == [(cuda0, ("stream", cuda0)), (cuda1, ("stream", cuda1))] and len(emptied) == 2

@@ -63,10 +63,14 @@ target.run("decode", 32, None)  # the engine's eager run before capture
 torch.cuda.synchronize()
 opts = BuildOptions(backend="torch", spec=folder / "spec.toml", output=folder / "p.json")
 pred = predict_startup(target, opts, cache=folder / "cache", model_key="synthetic 32")
+free_now = torch.cuda.mem_get_info()[0]
 gs = capture(pred.plan, target, progress=False)
 check = confirm_startup(pred, gs.report)
 print("RESULT " + json.dumps({"source": pred.source, "ok": check.ok, "line": check.describe(),
-      "pending": pred.pending_bytes, "drop": gs.report.device_view.drop, "digest": pred.plan.digest}))
+      "pending": pred.pending_bytes, "drop": gs.report.device_view.drop, "digest": pred.plan.digest,
+      "items": {i.name: i.bytes for i in gs.report.device_view.items},
+      "before": (free_now, gs.report.device_view.free_before), "timeline": pred.timeline[:3],
+      "steps": [(m.id, m.free, m.allocator_reserved, m.scratch) for m in gs.report.steps[:3]]}))
 """
 
 
@@ -97,8 +101,8 @@ def test_a_later_start_up_from_the_cache_predicts_every_step_without_recording(t
     assert first["source"] == "recorded" and later["source"] == "cache", runs
     assert first["ok"] and later["ok"], runs
     assert later["digest"] == first["digest"]
-    # the later process pays the workspace and the driver memory the first one's recording had taken
-    assert later["pending"] > first["pending"], runs
+    # the later process pays the driver memory the first one's recording had taken
+    assert later["pending"] >= first["pending"], runs
     assert abs(later["pending"] - later["drop"]) <= max(2 * MiB, later["drop"] // 100), runs
 
 
