@@ -34,7 +34,7 @@ from pathlib import Path, PurePath
 import msgspec
 import torch
 
-from capture_plan import __version__
+from capture_plan.schemas import __version__
 from capture_plan.executor.device import driver_version
 from capture_plan.planner.build import build_spec
 from capture_plan.schemas.codec import canonical_bytes, plan_digest, sha256

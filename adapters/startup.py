@@ -6,11 +6,13 @@ run) and before it allocates its KV cache::
     from capture_plan.adapters.startup import predict_startup
     from capture_plan.planner import BuildOptions
 
-    pred = predict_startup(target, BuildOptions(backend="fa3", ci=True))
+    pred = predict_startup(target, BuildOptions(backend="fa3", ci=True),
+                           cache=folder, model_key=key)   # cache: optional, see below
     free, _ = torch.cuda.mem_get_info()
     kv_bytes = free - pred.pending_bytes - margin   # the engine's own margin
     ... allocate the KV cache ...
     graphs = capture_plan.executor.capture(pred.plan, target)
+    confirm_startup(pred, graphs.report)   # drops a cache entry the capture contradicts
 
 It builds the plan (analytic, for the schedule), records a few sizes per
 phase of the target (``capture_plan.executor.profiling.record``, default 3: the
@@ -43,14 +45,23 @@ allocated) minus ``pending_bytes`` minus the engine's own margin.
 Accuracy, measured on an H200 for seven models (bench/device_bench.py,
 docs/measurements.md): the peak, the figure after capture and the
 whole-capture figure within 2 MiB of what the capture then took.
-Time, on the same H200 (docs/measurements.md), with the engine's checked-in plan
-as ``schedule``: 44% to 67% of the capture after it for the one-phase decode
+Time of a start-up that records, on the same H200 (docs/measurements.md), with
+the engine's checked-in plan as ``schedule``: 44% to 67% of the capture after it for the one-phase decode
 plans, 0.8 times it for EAGLE's four phases (3.3 s; every phase from three
 recorded sizes, ``torch.topk``'s scratch being a basis of the fitter:
 ``planner/scratch_shapes.py``). About a fifth to a third of the capture is
 the floor of exactness: three recorded captures and one instantiation of every
 planned graph's worth of nodes (the driver memory measured whole); the build
 from the trace is the rest. ``timings`` says where each prediction's went.
+
+With ``cache`` (a folder) and ``model_key``, what a start-up measured is kept
+(``capture_plan.adapters.calibration_cache``: keyed by the model, device, driver,
+torch, backend, spec, schedule and capture-plan) and a later start-up of the same
+key reads it instead of recording: 0.014 to 0.070 s on the H200, 1.6% to 5.7% of
+the capture after it (docs/measurements.md). Its figures are a fresh process's
+(the driver holds no graph memory yet); it makes and primes the capture stream
+and empties the cache, as a recording would. :func:`confirm_startup` compares the
+capture with the prediction and removes an entry the capture contradicts.
 
 Side effects on the process: the caching allocator's cache is emptied (the
 recording's release empties it anyway: the engine's cached free blocks go back
@@ -217,11 +228,13 @@ def predict_startup(
         timings["cache"] += time.perf_counter() - t
         if entry is not None:
             log.info("start-up calibration read from %s (measured on %s)", store.path(key), entry.device)
-            primed = _as_recorded(device)
-            # nothing was recorded, so the driver holds no graph memory yet; the workspace was
-            # made just now (off CUDA, nothing was: the capture makes it)
+            made = _as_recorded(device)
+            # nothing was recorded, so the driver holds no graph memory yet; of the allocator
+            # memory the recording held, the capture stream's workspace was made just now, and
+            # the capture makes the rest (what the target makes and keeps: 1 MiB for Qwen2)
             t = time.perf_counter()
-            figures = _figures(entry, held=0, early=0 if primed else entry.stream_workspace, late=entry.allocator_other)
+            early = max(0, entry.stream_workspace - made)
+            figures = _figures(entry, held=0, early=early, late=entry.allocator_other)
             timings["predict"] += time.perf_counter() - t
             return _result(entry, figures, t0, timings, "cache", store.path(key))
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
@@ -521,10 +534,11 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     return driver, max(0, held), f"the recorded graphs' nodes, {where}, in 2 MiB steps"
 
 
-def _as_recorded(device) -> bool:
+def _as_recorded(device) -> int:
     """Leave the process as a recording would have, without recording: the executor's
-    capture stream made and primed, the caching allocator's cache emptied; whether it did
-    (False off CUDA, the tests' fake).
+    capture stream made and primed, the caching allocator's cache emptied. Returns the
+    bytes the priming added to the allocator's reserved memory (the capture stream's
+    cuBLAS workspace; 0 off CUDA, the tests' fake, or where the stream was primed before).
 
     A process's first stream besides the default one makes torch's pool of streams (70 MiB
     of free memory outside the caching allocator on an H200), and its first GEMM
@@ -533,14 +547,15 @@ def _as_recorded(device) -> bool:
     first two (the capture makes its stream before it reads free memory, and an engine's
     eager run has made GEMMs), and the engine must find all three gone before it sizes
     its KV cache, not during the capture. The cache is emptied as the recording's release
-    empties it (the calibration's figures are of a capture that starts with it empty)."""
+    empties it (the calibration's figures are of a capture that starts with it empty).
+    A stream primed before (a second prediction in one process) reads as 0 made, and the
+    workspace is then counted as still to take: on the safe side."""
     if device is not None and device.type != "cuda":
-        return False
+        return 0
     dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+    before = _reserved_emptied(dev)
     prime_stream(dev, capture_stream(dev))
-    with torch.cuda.device(dev):
-        torch.cuda.empty_cache()
-    return True
+    return max(0, _reserved_emptied(dev) - before)
 
 
 def _reserved_emptied(device) -> int:

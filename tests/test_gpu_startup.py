@@ -76,9 +76,9 @@ print("RESULT " + json.dumps({"source": pred.source, "ok": check.ok, "line": che
 
 def test_a_later_start_up_from_the_cache_predicts_every_step_without_recording(tmp_path):
     """Two start-ups, each a fresh process: the first records and writes the calibration,
-    the second reads it (nothing recorded) and still predicts every step of its capture,
-    which in that process makes the capture stream's workspace and all the graphs' driver
-    memory itself."""
+    the second reads it (nothing recorded: the capture stream is made and primed at the
+    prediction, as a recording would) and its capture, which takes all the graphs' driver
+    memory itself, is as predicted (confirm_startup)."""
     import json
     import os
     import subprocess
@@ -101,8 +101,6 @@ def test_a_later_start_up_from_the_cache_predicts_every_step_without_recording(t
     assert first["source"] == "recorded" and later["source"] == "cache", runs
     assert first["ok"] and later["ok"], runs
     assert later["digest"] == first["digest"]
-    # the later process pays the driver memory the first one's recording had taken
-    assert later["pending"] >= first["pending"], runs
     assert abs(later["pending"] - later["drop"]) <= max(2 * MiB, later["drop"] // 100), runs
 
 
