@@ -34,9 +34,9 @@ from pathlib import Path, PurePath
 import msgspec
 import torch
 
-from capture_plan.schemas import __version__
 from capture_plan.executor.device import driver_version
 from capture_plan.planner.build import build_spec
+from capture_plan.schemas import __version__
 from capture_plan.schemas.codec import canonical_bytes, plan_digest, sha256
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input, write_atomic
