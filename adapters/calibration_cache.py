@@ -13,15 +13,19 @@ part on reading, so a mismatch is told by name ("driver: the cache's is
 580.95.05, this is 580.159.04"), never a silent reuse. What the key cannot see
 is the engine's own code: ``model`` must name it (its version, the model's
 config and dtype); :meth:`capture_plan.adapters.hf.HFTarget.model_key` does for
-transformers models. A calibration that a capture then contradicts is dropped
-(``capture_plan.adapters.startup.confirm_startup``), so a change the key
-missed costs one start-up's accuracy, within the engine's margin, once.
+transformers models. Nor does it see capture-plan's own code beyond its version
+and the files of the packages' modules (:func:`_code_identity`), nor a backend's
+compiled library rebuilt in place under an unchanged Python module. A calibration
+that a capture then contradicts is dropped
+(``capture_plan.adapters.startup.confirm_startup``): a change the key missed is
+found at the first capture after it, which the engine's margin must cover.
 
-A cache is a cache: an unreadable, truncated or foreign file is logged and
-recorded over, never an error that stops a start-up. Writes are atomic (a
-reader sees the old entry or the new one). Not locked: two processes
-recording the same key at once both write, and the last one wins; both
-entries are measurements of the same thing.
+A cache is a cache: an unreadable, truncated, edited or foreign file is logged
+and recorded over, and a folder that cannot be read or written is logged and
+recorded without; neither stops a start-up. Writes are atomic (a reader sees
+the old entry or the new one). Not locked: two processes recording the same key
+at once both write, and the last one wins; both entries are measurements of the
+same thing.
 """
 
 from __future__ import annotations
@@ -62,6 +66,29 @@ def _module_identity(module: str) -> str | None:
     return f"{module} {spec.origin} {st.st_size} bytes {st.st_mtime_ns}"
 
 
+#: environment variables that change what the capture allocates (the allocator's
+#: configuration, cuBLAS's workspace, when kernels are loaded)
+ENVIRONMENT = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING")
+
+
+def _code_identity() -> str:
+    """The size and modification time of every module of capture-plan's packages that
+    make or read a calibration (schemas, planner, executor, adapters) and of the planner's
+    data tables, as one digest: a changed planner under the same version records again."""
+    import capture_plan.adapters
+    import capture_plan.executor
+    import capture_plan.planner
+    import capture_plan.schemas
+
+    parts = []
+    for pkg in (capture_plan.schemas, capture_plan.planner, capture_plan.executor, capture_plan.adapters):
+        root = Path(pkg.__file__).parent  # pyright: ignore[reportArgumentType]  # packages have a file
+        for path in sorted([*root.rglob("*.py"), *root.rglob("*.toml")]):
+            st = path.stat()
+            parts.append(f"{pkg.__name__}/{path.relative_to(root).as_posix()} {st.st_size} {st.st_mtime_ns}")
+    return sha256("\n".join(parts).encode())
+
+
 def _device_part(device: torch.device | None) -> str:
     if device is not None and device.type != "cuda":  # a recording off CUDA (tests' fake)
         return str(device)
@@ -87,10 +114,12 @@ def calibration_key(model: str, schedule: Plan, options: msgspec.Struct, device:
     # start-up (or names a checked-in plan instead of building one) keys the same build
     build = {
         **msgspec.to_builtins(
-            msgspec.structs.replace(options, spec=None, trace=None, output=None),  # pyright: ignore[reportArgumentType]
+            msgspec.structs.replace(options, spec=None, trace=None, output=None, calibration=None),  # pyright: ignore[reportArgumentType]
             enc_hook=_path,
         ),
         "spec": msgspec.to_builtins(build_spec(options)),  # pyright: ignore[reportArgumentType]
+        # a device report the analytic build was calibrated with: by content too
+        "calibration": _file_digest(options.calibration),  # pyright: ignore[reportAttributeAccessIssue]
     }
     captured = msgspec.to_builtins({"phases": schedule.phases, "steps": schedule.steps})
     modules = [m for m in map(_module_identity, schedule.requires.modules) if m is not None]
@@ -102,8 +131,18 @@ def calibration_key(model: str, schedule: Plan, options: msgspec.Struct, device:
         "backend": ", ".join([schedule.requires.backend, *modules]),
         "schedule": sha256(canonical_bytes(captured)),
         "options": sha256(canonical_bytes(build)),
-        "capture-plan": f"{__version__}, calibration {STARTUP_VERSION}",
+        "capture-plan": f"{__version__}, calibration {STARTUP_VERSION}, code {_code_identity()}",
+        "environment": ", ".join(f"{k}={os.environ[k]}" for k in ENVIRONMENT if k in os.environ) or "(defaults)",
     }
+
+
+def _file_digest(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return sha256(Path(path).read_bytes())
+    except OSError:
+        return f"unreadable {Path(path).as_posix()}"
 
 
 def _path(obj):
@@ -125,34 +164,45 @@ class CalibrationCache:
         """The calibration measured for ``key``; None (logged, with what differs from the
         nearest entry of the same model) when there is none or it cannot be used."""
         path = self.path(key)
-        if not path.is_file():
-            self._explain_miss(key)
-            return None
         try:
+            if not path.is_file():
+                self._explain_miss(key)
+                return None
             entry = msgspec.json.decode(read_input(path, "calibration"), type=StartupCalibration)
-        except (InputError, msgspec.DecodeError, msgspec.ValidationError) as err:
+        except (OSError, InputError, msgspec.DecodeError, msgspec.ValidationError) as err:
             log.warning("start-up calibration %s is unreadable (%s): recording again", path, err)
             return None
         if entry.key != key:  # a digest collision or an edited file: compare by name, never reuse
             log.warning("start-up calibration %s is for %s: recording again", path, _differences(entry.key, key))
             return None
-        if plan_digest(entry.plan) != entry.plan.digest:  # an edited or damaged plan: never captured
-            log.warning("start-up calibration %s: its plan does not match its digest: recording again", path)
+        problem = _inconsistent(entry)
+        if problem:  # an edited or damaged entry: never captured from
+            log.warning("start-up calibration %s: %s: recording again", path, problem)
             return None
         return entry
 
-    def store(self, entry: StartupCalibration) -> Path:
+    def store(self, entry: StartupCalibration) -> Path | None:
+        """Write ``entry``; its path, or None (logged) where the folder cannot be written."""
         path = self.path(entry.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, canonical_bytes(entry))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, canonical_bytes(entry))
+        except (OSError, InputError) as err:
+            log.warning("start-up calibration not written to %s (%s): the next start-up records again", path, err)
+            return None
+        log.info("start-up calibration written to %s", path)
         return path
 
     def discard(self, key: dict[str, str]) -> bool:
-        """Remove ``key``'s entry; whether there was one."""
+        """Remove ``key``'s entry; whether it did (a missing entry, or one that cannot be
+        removed, logged, is not)."""
         try:
             self.path(key).unlink()
             return True
         except FileNotFoundError:
+            return False
+        except OSError as err:
+            log.warning("start-up calibration %s could not be removed (%s)", self.path(key), err)
             return False
 
     def _explain_miss(self, key: dict[str, str]) -> None:
@@ -169,6 +219,20 @@ class CalibrationCache:
                 log.info("start-up calibration %s is for %s: recording", other, _differences(got.key, key))
                 return
         log.info("no start-up calibration for this model in %s: recording", self.folder)
+
+
+def _inconsistent(entry: StartupCalibration) -> str:
+    """What makes ``entry`` unusable though it decoded, or ""."""
+    if plan_digest(entry.plan) != entry.plan.digest:
+        return "its plan does not match its digest"
+    if entry.driver is not None and len(entry.driver) != len(entry.plan.steps):
+        return f"its driver figures cover {len(entry.driver)} of the plan's {len(entry.plan.steps)} steps"
+    kinds = {p.name: p.kind for p in entry.plan.phases}
+    warmed = {s.phase for s in entry.plan.steps if s.op == "warmup"}
+    missing = sorted(
+        p for p in warmed if p not in entry.warmup_scratch and f"kind:{kinds[p]}" not in entry.warmup_scratch
+    )
+    return f"no warm-up scratch for {', '.join(missing)}" if missing else ""
 
 
 def _differences(theirs: dict[str, str], ours: dict[str, str]) -> str:

@@ -190,8 +190,9 @@ class HFTarget:
     def model_key(self) -> str:
         """What a start-up calibration of this target depends on besides the device
         (``predict_startup(cache=..., model_key=...)``): the model class, its whole
-        config (attention implementation included), dtype, this adapter's buffer sizes
-        and SDPA backends, and the transformers version whose code it runs. A digest,
+        config (attention implementation included; not the path it was loaded from),
+        dtype, this adapter's buffer sizes and SDPA backends, and the transformers
+        version whose code it runs. A digest,
         prefixed by the class and dtype for the logs; the same model gives the same key
         in every process."""
         import hashlib
@@ -200,6 +201,10 @@ class HFTarget:
         import transformers  # pyright: ignore[reportMissingImports]
 
         cfg = self.model.config.to_dict()
+        # where the weights were loaded from, and the version that wrote the config, change
+        # nothing the capture allocates (the version that runs is keyed below)
+        for incidental in ("_name_or_path", "transformers_version"):
+            cfg.pop(incidental, None)
         cfg["_attn_implementation"] = getattr(self.model.config, "_attn_implementation", None)
         parts = {
             "class": type(self.model).__qualname__,

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -191,7 +192,7 @@ def model_key(case: str, target, layers: int) -> str:
 def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, key: str = "") -> dict:
     import torch
 
-    from capture_plan.adapters.startup import confirm_startup, predict_startup
+    from capture_plan.adapters.startup import confirm_startup, measured_peak, predict_startup
     from capture_plan.executor import capture
 
     t0 = time.perf_counter()
@@ -217,16 +218,9 @@ def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, 
     slack = free_bytes() - margin_mib * MiB  # what the KV cache could still have had
     check = confirm_startup(pred, rep) if cache else None
     # The peak inside a step: a warm-up's temporaries sit in its scratch pool, returned when the
-    # step ends, so the free memory after the step misses them. The report measures each
-    # warm-up's scratch peak: on top of the drop before the step, that is the drop at its peak.
-    peak, prev = 0, 0
-    for m in rep.steps:
-        if m.free is None:
-            continue
-        drop = view.free_before - m.free
-        # the workspace a first warm-up makes is there while its temporaries are
-        peak = max(peak, drop, max(prev, drop) + (m.scratch or 0))
-        prev = drop
+    # step ends, so the free memory after the step misses them; the report measures each
+    # warm-up's scratch peak (adapters.startup.measured_peak)
+    peak = measured_peak(rep)
     steps = []
     for m in rep.steps:
         predicted = pred.timeline[m.step] if m.step < len(pred.timeline) else None
@@ -381,6 +375,7 @@ def main() -> None:
         if "estimate_mib" in vl:
             bits.append(f"vllm {vl['estimate_mib']:.0f} err {vl['error']:+.1%} worst {vl['worst_size_error']:+.1%}")
         parts.append(" ".join(bits))
+    shutil.rmtree(cache, ignore_errors=True)
     print(f"wrote {path.path}")
     print("SUMMARY " + "; ".join(parts))
 

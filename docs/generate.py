@@ -304,7 +304,8 @@ def startup_cached() -> list[str]:
                 f"{_mib(later['pending_mib'])} / {_mib(later['measured_peak_mib'])} ({_pct(later['error'], 2)})",
                 f"{_mib(after)} / {_mib(later['measured_drop_mib'])}",
                 f"{later['steps_within_1pct_or_2mib']}, {later['steps_above']} above",
-                "held" if later["confirm_ok"] else "missed: entry removed",
+                ("held" if later["confirm_ok"] else "missed: entry removed")
+                + ("" if later["source"] == "cache" else " (recorded: no entry read)"),
                 f"{later['slack_mib'] - (later['measured_peak_mib'] - later['measured_drop_mib']):+.0f}",
             ]
         )

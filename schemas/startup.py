@@ -30,9 +30,12 @@ class StartupCalibration(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     """What a start-up recording measured, in a fresh process's terms.
 
     The timeline a later start-up predicts is ``plan``'s pools after each step,
-    plus ``stream_workspace`` from the first warm-up on (the capture stream's
-    cuBLAS workspace is made by the first GEMM on it), plus ``allocator_other``
-    from the first capture on (the RNG state's segment), plus ``driver``.
+    plus ``stream_workspace`` from the capture's start, less the capture stream's
+    cuBLAS workspace that start-up made when it primed the stream, plus
+    ``allocator_other`` from the first capture on (the RNG state's segment), plus
+    ``driver``. Written only from a process's first capture: the driver reuses
+    released graphs' memory, so a later one's driver figures are not a fresh
+    process's.
     """
 
     format: Literal["capture-plan.startup-calibration"] = "capture-plan.startup-calibration"

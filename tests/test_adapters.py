@@ -129,6 +129,9 @@ def test_the_model_key_names_the_model_and_changes_with_what_its_memory_depends_
     assert key != HFTarget(_model("llama").to(torch.bfloat16), max_bs=2, max_seqlen=8).model_key()
     assert key != HFTarget(_model("llama"), max_bs=4, max_seqlen=8).model_key()
     assert key != HFTarget(_model("mistral"), max_bs=2, max_seqlen=8).model_key()
+    moved = _model("llama")
+    moved.config._name_or_path = "/tmp/another/checkout"  # loaded from elsewhere: the same model
+    assert HFTarget(moved, max_bs=2, max_seqlen=8).model_key() == key
 
 
 def _sdpa_flags():

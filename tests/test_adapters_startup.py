@@ -38,6 +38,7 @@ def _recording(
                 seconds=0.0,
                 free=100_000 * MiB,
                 allocator_reserved=0,
+                scratch=0,  # the warm-up's temporaries: measured by the executor
             )
         ],
     )
@@ -316,13 +317,20 @@ def test_rounds_that_never_give_every_size_name_the_phase_and_the_fitters_reason
 
 
 # -- the calibration cache across start-ups -------------------------------------------------
-def _cached_startup(monkeypatch, plan, cache, *, model_key="llama bf16", recorded: list | None = None, **kw):
+def _cached_startup(
+    monkeypatch, plan, cache, *, model_key="llama bf16", recorded: list | None = None, fresh=True, **kw
+):
     """``predict_startup`` with a cache, off CUDA: the recording is the report above (32 MiB
-    held, 2 MiB cached outside the pools, copies for the whole plan); ``recorded`` collects
-    each recording made."""
+    held, 2 MiB cached outside the pools, copies for the whole plan), the process's first
+    capture unless not ``fresh``; ``recorded`` collects each recording made."""
+    import msgspec
+
     from capture_plan.adapters import startup
 
     rep = _recording(plan, held=32 * MiB, cached=2 * MiB)
+    assert rep.device_view is not None
+    view = msgspec.structs.replace(rep.device_view, first_in_process=fresh)
+    rep = msgspec.structs.replace(rep, device_view=view)
     copies = {"decode": (33, 33 * 900, 33 * 2 * MiB)}
 
     def record(*a, **kw):
@@ -344,9 +352,9 @@ def _cached_startup(monkeypatch, plan, cache, *, model_key="llama bf16", recorde
 
 
 def test_a_later_start_up_reads_the_calibration_and_records_nothing(monkeypatch, plan, tmp_path):
-    """The second start-up of the same model on the same device pays nothing on the device:
-    its figures are a fresh process's (nothing recorded, so the workspace comes with the
-    first warm-up, and the driver holds no copies' memory), the first one's totals."""
+    """The second start-up of the same model on the same device records nothing: its figures
+    are a fresh process's (the driver holds no copies' memory; off CUDA nothing is primed,
+    so the capture stream's workspace is still to take too), the first one's totals."""
     recorded: list = []
     first = _cached_startup(monkeypatch, plan, tmp_path / "cache", recorded=recorded)
     assert first.source == "recorded" and first.cache_path is not None and first.cache_path.is_file()
@@ -357,7 +365,7 @@ def test_a_later_start_up_reads_the_calibration_and_records_nothing(monkeypatch,
     assert later.recorded == first.recorded == {"decode": [1, 120, 256]}
     assert "record" not in later.timings and "cache" in later.timings
     after = pools_after(plan.steps, plan.predicted.timeline)
-    assert later.timeline[0] == 32 * MiB  # the first warm-up makes the capture stream's workspace
+    assert later.timeline[0] == 32 * MiB  # the capture makes the capture stream's workspace first
     # the driver memory is all still to take, in whole chunks: the first start-up's copies held it
     assert later.timeline[-1] == after[-1] + 34 * MiB + later.items["graph-exec"]
     assert first.timeline[-1] < later.timeline[-1] and later.pending_bytes == later.total_bytes
@@ -467,7 +475,8 @@ def test_a_capture_as_predicted_keeps_the_entry(monkeypatch, plan, tmp_path):
     from capture_plan.adapters.startup import confirm_startup
 
     pred = _cached_startup(monkeypatch, plan, tmp_path)
-    check = confirm_startup(pred, _capture_report(plan, pred.timeline, off=2 * MiB))  # one driver step late
+    # the driver's late step: one 2 MiB step more than predicted from the first capture on
+    check = confirm_startup(pred, _capture_report(plan, pred.timeline, off=2 * MiB))
     assert check.ok and check.within == check.steps == len(plan.steps) and not check.discarded
     assert pred.cache_path is not None and pred.cache_path.is_file()
 
@@ -579,3 +588,113 @@ def test_of_the_allocator_memory_the_recording_held_only_the_workspace_made_now_
     assert later.source == "cache" and later.items["stream-workspace"] == 32 * MiB
     after = pools_after(plan.steps, plan.predicted.timeline)
     assert later.timeline[0] == after[0] + 1 * MiB
+
+
+def test_a_recording_in_a_process_that_captured_before_is_not_kept(monkeypatch, plan, tmp_path, caplog):
+    """The driver reuses the memory of graphs a process released: a recording after an
+    earlier capture measures little or no driver memory, and a fresh process reading that
+    would predict the graphs' memory short. Such a recording predicts for now, and is not
+    written."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="capture_plan.startup"):
+        pred = _cached_startup(monkeypatch, plan, tmp_path, fresh=False)
+    assert pred.source == "recorded" and pred.cache_path is None
+    assert not list(tmp_path.glob("startup-*.json")) and "had captured graphs before" in caplog.text
+
+
+def test_a_cache_folder_that_cannot_be_written_loses_nothing_but_the_entry(monkeypatch, plan, tmp_path, caplog):
+    import logging
+
+    folder = tmp_path / "cache"
+    folder.write_text("a file where the folder should be")
+    with caplog.at_level(logging.WARNING, logger="capture_plan.startup"):
+        pred = _cached_startup(monkeypatch, plan, folder)
+    assert pred.source == "recorded" and pred.cache_path is None and pred.timeline
+    assert "not written" in caplog.text
+
+
+def test_an_entry_whose_figures_do_not_cover_the_plan_is_not_reused(monkeypatch, plan, tmp_path, caplog):
+    import logging
+
+    import msgspec
+
+    from capture_plan.schemas.codec import canonical_bytes
+    from capture_plan.schemas.startup import StartupCalibration
+
+    first = _cached_startup(monkeypatch, plan, tmp_path)
+    assert first.cache_path is not None
+    entry = msgspec.json.decode(first.cache_path.read_bytes(), type=StartupCalibration)
+    assert entry.driver is not None
+    first.cache_path.write_bytes(canonical_bytes(msgspec.structs.replace(entry, driver=entry.driver[:3])))
+    with caplog.at_level(logging.WARNING, logger="capture_plan.startup"):
+        assert _cached_startup(monkeypatch, plan, tmp_path).source == "recorded"
+    assert f"cover 3 of the plan's {len(plan.steps)} steps" in caplog.text
+
+
+def test_the_allocators_configuration_is_part_of_the_key(monkeypatch, plan):
+    import torch
+
+    from capture_plan.adapters.calibration_cache import calibration_key
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    opts, cpu = BuildOptions(backend="fa3", ci=True), torch.device("cpu")
+    plain = calibration_key("m", plan, opts, cpu)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    other = calibration_key("m", plan, opts, cpu)
+    assert {k for k in plain if plain[k] != other[k]} == {"environment"}
+    assert other["environment"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def test_a_figure_below_what_the_capture_took_holds_only_within_a_driver_step(monkeypatch, plan, tmp_path):
+    """Below what the capture took is the unsafe side (the KV cache was sized from it):
+    0.5% or one 2 MiB step. Above, 1% or 2 MiB."""
+    from capture_plan.adapters.startup import confirm_startup
+
+    pred = _cached_startup(monkeypatch, plan, tmp_path)
+    end = len(pred.timeline) - 1
+    off = 5 * MiB // 2
+    low = [t - off if i == end else t for i, t in enumerate(pred.timeline)]  # final predicted 2.5 MiB high
+    high = [t + off if i == end else t for i, t in enumerate(pred.timeline)]  # 2.5 MiB low
+    assert 250 * MiB < pred.timeline[-1] < 400 * MiB  # 1% is above 2.5 MiB, 0.5% below 2 MiB
+    assert confirm_startup(pred, _capture_report(plan, low)).ok
+    check = confirm_startup(pred, _capture_report(plan, high))
+    assert not check.ok and check.above == 1 and check.discarded
+
+
+def test_without_per_step_figures_the_peak_and_the_final_figure_are_compared(monkeypatch, plan, tmp_path):
+    """A prediction per graph has no timeline: its peak (a warm-up above the final figure)
+    is not compared with the final drop."""
+    import dataclasses
+
+    from capture_plan.adapters.startup import confirm_startup
+
+    pred = _cached_startup(monkeypatch, plan, tmp_path)
+    bare = dataclasses.replace(pred, timeline=[], pending_bytes=500 * MiB)  # the warm-up, above the final figure
+    rep = _capture_report(plan, pred.timeline)
+    steps = [msgspec_replace(m, scratch=500 * MiB) if m.id.startswith("warmup/") else m for m in rep.steps]
+    check = confirm_startup(bare, msgspec_replace(rep, steps=steps))
+    assert check.ok and check.steps == 0 and check.final == (pred.final_bytes, pred.timeline[-1])
+
+
+@pytest.mark.parametrize("wrong", ["background", "plan"])
+def test_a_report_of_another_capture_is_refused(monkeypatch, plan, tmp_path, wrong):
+    from capture_plan.adapters.startup import confirm_startup
+    from capture_plan.schemas.errors import InputError
+
+    pred = _cached_startup(monkeypatch, plan, tmp_path)
+    rep = _capture_report(plan, pred.timeline)
+    assert rep.device_view is not None
+    if wrong == "background":
+        rep = msgspec_replace(rep, device_view=msgspec_replace(rep.device_view, background=True))
+    else:
+        rep = msgspec_replace(rep, plan_digest="sha256:" + "0" * 64)
+    with pytest.raises(InputError, match="background capture" if wrong == "background" else "the report is of plan"):
+        confirm_startup(pred, rep)
+    assert pred.cache_path is not None and pred.cache_path.is_file()  # nothing judged, nothing removed
+
+
+def msgspec_replace(obj, **kw):
+    import msgspec
+
+    return msgspec.structs.replace(obj, **kw)
