@@ -60,6 +60,11 @@ def _recording(
     items += [DeviceItem(name="allocator-held", bytes=held), DeviceItem(name="allocator-cached", bytes=cached)]
     items.append(DeviceItem(name="outside-allocator", bytes=len(sizes) * per_graph))
     view = DeviceView(free_before=100_000 * MiB, free_after=free, drop=100_000 * MiB - free, items=items)
+    return _report(plan, steps, view)
+
+
+def _report(plan, steps: list[StepMeasurement], view: DeviceView) -> CaptureReport:
+    """A capture report of ``plan`` on an H200 with these steps and device view."""
     return CaptureReport(
         plan=plan.name,
         plan_digest=plan.digest,
@@ -456,19 +461,7 @@ def _capture_report(plan, timeline: list[int], off: int = 0) -> CaptureReport:
     ]
     free = steps[-1].free
     assert free is not None
-    view = DeviceView(free_before=before, free_after=free, drop=before - free, items=[])
-    return CaptureReport(
-        plan=plan.name,
-        plan_digest=plan.digest,
-        device="NVIDIA H200 sm90",
-        torch="2.11",
-        backend_module="",
-        pool_bytes=0,
-        predicted_pool_bytes=0,
-        capture_seconds=0.0,
-        steps=steps,
-        device_view=view,
-    )
+    return _report(plan, steps, DeviceView(free_before=before, free_after=free, drop=before - free, items=[]))
 
 
 def test_a_capture_as_predicted_keeps_the_entry(monkeypatch, plan, tmp_path):
