@@ -39,7 +39,7 @@ import msgspec
 import torch
 
 from capture_plan.executor.device import driver_version
-from capture_plan.planner.build import build_spec
+from capture_plan.planner.build import BuildOptions, build_spec
 from capture_plan.schemas import __version__
 from capture_plan.schemas.codec import canonical_bytes, plan_digest, sha256
 from capture_plan.schemas.errors import InputError
@@ -96,7 +96,7 @@ def _device_part(device: torch.device | None) -> str:
     return f"{props.name} sm{props.major}{props.minor}, {props.multi_processor_count} SMs, {props.total_memory} bytes"
 
 
-def calibration_key(model: str, schedule: Plan, options: msgspec.Struct, device: torch.device | None) -> dict[str, str]:
+def calibration_key(model: str, schedule: Plan, options: BuildOptions, device: torch.device | None) -> dict[str, str]:
     """What a start-up calibration depends on, by name.
 
     ``model``: the engine's name for its model code and shapes (see the module
@@ -114,12 +114,12 @@ def calibration_key(model: str, schedule: Plan, options: msgspec.Struct, device:
     # start-up (or names a checked-in plan instead of building one) keys the same build
     build = {
         **msgspec.to_builtins(
-            msgspec.structs.replace(options, spec=None, trace=None, output=None, calibration=None),  # pyright: ignore[reportArgumentType]
+            msgspec.structs.replace(options, spec=None, trace=None, output=None, calibration=None),
             enc_hook=_path,
         ),
-        "spec": msgspec.to_builtins(build_spec(options)),  # pyright: ignore[reportArgumentType]
+        "spec": msgspec.to_builtins(build_spec(options)),
         # a device report the analytic build was calibrated with: by content too
-        "calibration": _file_digest(options.calibration),  # pyright: ignore[reportAttributeAccessIssue]
+        "calibration": _file_digest(options.calibration),
     }
     captured = msgspec.to_builtins({"phases": schedule.phases, "steps": schedule.steps})
     modules = [m for m in map(_module_identity, schedule.requires.modules) if m is not None]

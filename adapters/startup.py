@@ -365,7 +365,7 @@ OVER, UNDER, STEP = 0.01, 0.005, 2 * MiB
 def measured_peak(report) -> int:
     """The most free memory a capture took at any moment, from its report: after each step,
     and during each warm-up its scratch (returned by the step's end) on top of what was
-    taken before it or after it (the workspace its first GEMM makes is there while its
+    taken before it or after it (what the warm-up itself keeps is there while its
     temporaries are)."""
     view = report.device_view
     top, prev = view.drop, 0
@@ -510,8 +510,8 @@ def _timeline(plan: Plan, after: list[int], early: int, late: int, driver: list[
 def _peak(plan: Plan, kinds: dict[str, str], scratch: dict[str, int], timeline: list[int]) -> int | None:
     """The most the capture takes at any moment: after each step (``timeline``), and during
     each warm-up: its scratch on top of what was taken before it, or after it where the
-    warm-up itself took more (the workspace its first GEMM makes is there while its
-    temporaries are). None when a warm-up's scratch is unknown."""
+    warm-up itself took more (what it keeps is there while its temporaries are; as
+    :func:`measured_peak` reads a report). None when a warm-up's scratch is unknown."""
     top, before = max(timeline, default=0), 0
     for s, now in zip(plan.steps, timeline):
         if s.op == "warmup":

@@ -232,7 +232,7 @@ def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, 
     worst = max(steps, key=lambda t: abs(t[1] - t[2]), default=None)
     gs.release()
     del kv
-    final = pred.timeline[-1] if pred.timeline else pred.pending_bytes  # predicted to stay after capture
+    final = pred.final_bytes  # predicted to stay after capture
     return {
         "predict_s": seconds,
         "capture_s": rep.capture_seconds,
