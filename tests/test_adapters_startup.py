@@ -1,4 +1,5 @@
-"""The start-up prediction's driver figure on CPU, from reports as the executor writes them."""
+"""The start-up prediction on CPU, from reports as the executor writes them: its driver
+figure, the calibration cache across start-ups, confirm_startup."""
 
 from __future__ import annotations
 
