@@ -30,6 +30,7 @@ same thing.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -45,6 +46,7 @@ from capture_plan.schemas.codec import canonical_bytes, plan_digest, sha256
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input, write_atomic
 from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.startup import STARTUP_VERSION, StartupCalibration
 
 __all__ = ["CalibrationCache", "calibration_key"]
@@ -71,6 +73,7 @@ def _module_identity(module: str) -> str | None:
 ENVIRONMENT = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "CUDA_MODULE_LOADING")
 
 
+@functools.cache  # the modules this process runs were imported once: their files are read once
 def _code_identity() -> str:
     """The size and modification time of every module of capture-plan's packages that
     make or read a calibration (schemas, planner, executor, adapters) and of the planner's
@@ -96,14 +99,17 @@ def _device_part(device: torch.device | None) -> str:
     return f"{props.name} sm{props.major}{props.minor}, {props.multi_processor_count} SMs, {props.total_memory} bytes"
 
 
-def calibration_key(model: str, schedule: Plan, options: BuildOptions, device: torch.device | None) -> dict[str, str]:
+def calibration_key(
+    model: str, schedule: Plan, options: BuildOptions, device: torch.device | None, *, spec: Spec | None = None
+) -> dict[str, str]:
     """What a start-up calibration depends on, by name.
 
     ``model``: the engine's name for its model code and shapes (see the module
     docstring); ``schedule``: the plan recorded from (its phases and steps: what is
     recorded and captured); ``options``: the build's options, with the spec they
-    name by its content (their trace is the recording's, and left out); ``device``:
-    None for the current CUDA device."""
+    name by its content (their trace is the recording's, and left out; ``spec``: that
+    spec where the caller has read it already); ``device``: None for the current CUDA
+    device."""
     if not model:
         raise InputError(
             "a start-up cache needs the model's key",
@@ -117,7 +123,7 @@ def calibration_key(model: str, schedule: Plan, options: BuildOptions, device: t
             msgspec.structs.replace(options, spec=None, trace=None, output=None, calibration=None),
             enc_hook=_path,
         ),
-        "spec": msgspec.to_builtins(build_spec(options)),
+        "spec": msgspec.to_builtins(spec if spec is not None else build_spec(options)),
         # a device report the analytic build was calibrated with: by content too
         "calibration": _file_digest(options.calibration),
     }

@@ -106,6 +106,7 @@ from capture_plan.planner.device import (
 )
 from capture_plan.schemas.errors import InputError, RecordMoreError
 from capture_plan.schemas.plan import Plan
+from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.startup import StartupCalibration
 
 __all__ = ["StartupPrediction", "StartupCheck", "predict_startup", "confirm_startup", "measured_peak"]
@@ -219,16 +220,18 @@ def predict_startup(
     t0 = time.perf_counter()
     timings: defaultdict[str, float] = defaultdict(float)
     device = torch.device(device) if device is not None else None  # None: the current CUDA device
+    spec = None  # the options' spec, read once for the schedule's check and the cache's key
     if schedule is None:
         schedule = build_plan(msgspec.structs.replace(options, trace=None))
     else:
-        _check_schedule(schedule, options)
+        spec = build_spec(options)
+        _check_schedule(schedule, options, spec)
     timings["schedule"] += time.perf_counter() - t0
     store, key = None, None
     if cache is not None:
         t = time.perf_counter()
         store = CalibrationCache(cache)
-        key = calibration_key(model_key or "", schedule, options, device)
+        key = calibration_key(model_key or "", schedule, options, device, spec=spec)
         entry = store.load(key)
         timings["cache"] += time.perf_counter() - t
         if entry is not None:
@@ -606,10 +609,10 @@ def _reserved_emptied(device) -> int:
         return torch.cuda.memory_reserved(device)
 
 
-def _check_schedule(schedule: Plan, options: BuildOptions) -> None:
+def _check_schedule(schedule: Plan, options: BuildOptions, spec: Spec) -> None:
     """Refuse a schedule that is not of the build ``options`` name (another backend, other
-    phases or sizes): its recording could not give that build's captures."""
-    spec = build_spec(options)
+    phases or sizes): its recording could not give that build's captures. ``spec``: the
+    options' spec (``build_spec(options)``)."""
     theirs = {p.name: sorted(p.sizes) for p in schedule.phases}
     ours = {p.name: sorted(p.sizes) for p in spec.phases}
     if schedule.requires.backend != options.backend or theirs != ours:
