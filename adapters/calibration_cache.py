@@ -15,7 +15,8 @@ is the engine's own code: ``model`` must name it (its version, the model's
 config and dtype); :meth:`capture_plan.adapters.hf.HFTarget.model_key` does for
 transformers models. Nor does it see capture-plan's own code beyond its version
 and the files of the packages' modules (:func:`_code_identity`), nor a backend's
-compiled library rebuilt in place under an unchanged Python module. A calibration
+compiled library that is not imported yet when the start-up asks, or that is
+loaded by path (:func:`_compiled` says which it sees). A calibration
 that a capture then contradicts is dropped
 (``capture_plan.adapters.startup.confirm_startup``): a change the key missed is
 found at the first capture after it, which the engine's margin must cover.
@@ -25,15 +26,19 @@ and recorded over, and a folder that cannot be read or written is logged and
 recorded without; neither stops a start-up. Writes are atomic (a reader sees
 the old entry or the new one). Not locked: two processes recording the same key
 at once both write, and the last one wins; both entries are measurements of the
-same thing.
+same thing. A capture that contradicts its entry removes that entry only, not
+one written since (:meth:`CalibrationCache.discard`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import importlib.util
 import logging
 import os
+import sys
+import types
 from pathlib import Path, PurePath
 
 import msgspec
@@ -55,17 +60,58 @@ log = logging.getLogger("capture_plan.startup")
 
 
 def _module_identity(module: str) -> str | None:
-    """``module`` and the file it loads from, with its size and modification time: an
-    upgrade or a rebuild of the backend changes it (a distribution's version would need
-    ``importlib.metadata``'s scan of every installed package, 0.2 s); None when the module
-    is not importable."""
+    """``module`` and the file it loads from, with its size and modification time, and
+    the compiled libraries it has loaded (:func:`_compiled`): an upgrade or a rebuild of
+    the backend changes it (a distribution's version would need ``importlib.metadata``'s
+    scan of every installed package, 0.2 s); None when the module is not importable."""
     spec = importlib.util.find_spec(module.split(".")[0])
     if spec is None:
         return None
     if not spec.origin or not os.path.isfile(spec.origin):
         return module
-    st = os.stat(spec.origin)
-    return f"{module} {spec.origin} {st.st_size} bytes {st.st_mtime_ns}"
+    compiled = "".join(f", {name} {_stat(file)}" for name, file in _compiled(module))
+    return f"{module} {spec.origin} {_stat(spec.origin)}{compiled}"
+
+
+def _stat(file: str) -> str:
+    try:
+        st = os.stat(file)
+    except OSError:  # a library removed under a running process: name it, do not fail the start-up
+        return "(gone)"
+    return f"{st.st_size} bytes {st.st_mtime_ns}"
+
+
+#: packages whose identity the key has from elsewhere (torch: its version) or that
+#: never change under a running install (the standard library)
+_KEYED_ELSEWHERE = frozenset({"torch", *sys.stdlib_module_names})
+_EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def _compiled(module: str) -> list[tuple[str, str]]:
+    """The extension modules (name, file) that ``module`` has loaded: those of its own
+    package and of the packages it imports by name. A backend's kernels live in such a
+    library, often in another package than its Python interface (``fa3_fwd_interface``
+    imports ``fa3_fwd._C``), and are rebuilt in place (``pip install -e``,
+    ``setup.py build_ext --inplace``) under an unchanged ``.py``.
+
+    Only what is imported already is seen, never imported here: importing one of a
+    backend's alternative modules (FA3's two packagings register the same operators)
+    can fail where the engine's own import works, and an engine imports the same modules
+    at the same point of every start-up, so the key is the same from one to the next.
+    A library loaded by path (``torch.ops.load_library``) is not an extension module and
+    is not seen."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return []
+    tops = {module.split(".")[0]}
+    tops.update(getattr(v, "__name__", "").split(".")[0] for v in vars(mod).values() if isinstance(v, types.ModuleType))
+    tops -= _KEYED_ELSEWHERE
+    found = []
+    for name, m in list(sys.modules.items()):  # a copy: another thread may import meanwhile
+        file = getattr(m, "__file__", None)
+        if name.split(".")[0] in tops and isinstance(file, str) and file.endswith(_EXTENSIONS):
+            found.append((name, file))
+    return sorted(found)
 
 
 #: environment variables that change what the capture allocates (the allocator's
@@ -199,16 +245,28 @@ class CalibrationCache:
         log.info("start-up calibration written to %s", path)
         return path
 
-    def discard(self, key: dict[str, str]) -> bool:
+    def discard(self, key: dict[str, str], entry: StartupCalibration | None = None) -> bool:
         """Remove ``key``'s entry; whether it did (a missing entry, or one that cannot be
-        removed, logged, is not)."""
+        removed, logged, is not). With ``entry`` (the calibration a capture contradicted),
+        only that one: an entry another start-up has written since, a newer measurement
+        of the same key, is kept (a read and a removal, not one step: a write between
+        the two is lost, and the start-up after records again)."""
+        path = self.path(key)
+        if entry is not None and path.is_file():
+            try:
+                there = msgspec.json.decode(read_input(path, "calibration"), type=StartupCalibration)
+            except (InputError, msgspec.DecodeError, msgspec.ValidationError):
+                there = None  # not an entry anyone can read: nothing to keep
+            if there is not None and there != entry:
+                log.info("start-up calibration %s was written again since it was read: kept", path)
+                return False
         try:
-            self.path(key).unlink()
+            path.unlink()
             return True
         except FileNotFoundError:
             return False
         except OSError as err:
-            log.warning("start-up calibration %s could not be removed (%s)", self.path(key), err)
+            log.warning("start-up calibration %s could not be removed (%s)", path, err)
             return False
 
     def _explain_miss(self, key: dict[str, str]) -> None:

@@ -398,7 +398,8 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
     it: a process that recorded nothing takes the graphs' driver memory in 2 MiB steps a
     step or two later than their nodes say (measured on an H200; docs/measurements.md), and
     catches up by the end. Where it did not hold, the prediction's cache entry (read or
-    written) is removed, so that the next start-up records the model again, and a warning
+    written; not one another start-up has written since) is removed, so that the next
+    start-up records the model again, and a warning
     is logged: the engine sized its KV cache from that figure, and its margin is what
     covered the difference this time. Without per-step figures (the driver's figure per
     graph, or a report without free memory per step) the peak and the final figure alone
@@ -431,7 +432,7 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
     ok = not above and _holds(*peak) and _holds(*final)
     discarded = False
     if not ok and pred.cache_path is not None and pred.calibration is not None:
-        discarded = CalibrationCache(pred.cache_path.parent).discard(pred.calibration.key)
+        discarded = CalibrationCache(pred.cache_path.parent).discard(pred.calibration.key, pred.calibration)
     check = StartupCheck(
         ok=ok, steps=len(rows), within=within, above=above, worst=worst, peak=peak, final=final, discarded=discarded
     )

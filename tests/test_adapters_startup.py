@@ -495,6 +495,30 @@ def test_a_capture_that_contradicts_a_cached_prediction_drops_it(monkeypatch, pl
     assert _cached_startup(monkeypatch, plan, tmp_path, recorded=recorded).source == "recorded" and recorded
 
 
+def test_an_entry_written_again_since_it_was_read_is_kept_when_the_capture_contradicts_the_old_one(
+    monkeypatch, plan, tmp_path, caplog
+):
+    """Two start-ups of one model: the second records again and writes its entry while the
+    first is still capturing from the old one. The first's failed check removes only what it
+    read, never the newer measurement."""
+    import logging
+
+    import msgspec
+
+    from capture_plan.adapters.calibration_cache import CalibrationCache
+    from capture_plan.adapters.startup import confirm_startup
+
+    _cached_startup(monkeypatch, plan, tmp_path)
+    pred = _cached_startup(monkeypatch, plan, tmp_path)
+    assert pred.source == "cache" and pred.calibration is not None and pred.cache_path is not None
+    newer = msgspec.structs.replace(pred.calibration, allocator_other=pred.calibration.allocator_other + 8 * MiB)
+    assert CalibrationCache(tmp_path).store(newer) == pred.cache_path
+    with caplog.at_level(logging.INFO, logger="capture_plan.startup"):
+        check = confirm_startup(pred, _capture_report(plan, pred.timeline, off=8 * MiB))
+    assert not check.ok and not check.discarded and "written again since it was read: kept" in caplog.text
+    assert _cached_startup(monkeypatch, plan, tmp_path).calibration == newer
+
+
 def test_the_key_names_the_spec_by_content_not_by_path(plan, tmp_path):
     """An engine that writes its spec to a new folder at every start-up keys the same build;
     another spec's phases do not."""
@@ -638,6 +662,43 @@ def test_the_allocators_configuration_is_part_of_the_key(monkeypatch, plan):
     other = calibration_key("m", plan, opts, cpu)
     assert {k for k in plain if plain[k] != other[k]} == {"environment"}
     assert other["environment"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def test_a_backends_compiled_library_rebuilt_in_place_changes_the_key(monkeypatch, plan, tmp_path):
+    """FA3's interface is a ``.py`` that imports its kernels from another package's
+    extension module (``fa3_fwd_interface`` imports ``fa3_fwd._C``); rebuilt in place
+    (``pip install -e``), only the library changes, and the key must see it."""
+    import importlib
+    import sys
+    import types
+
+    import msgspec
+    import torch
+
+    from capture_plan.adapters.calibration_cache import calibration_key
+
+    (tmp_path / "fake_kernels_iface.py").write_text("import fake_kernels._C\n")
+    lib = tmp_path / "fake_kernels" / "_C.abi3.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"kernels v1")
+    package, ext = types.ModuleType("fake_kernels"), types.ModuleType("fake_kernels._C")
+    ext.__file__ = str(lib)  # an extension module as the import system leaves it (never loaded here)
+    package._C = ext  # pyright: ignore[reportAttributeAccessIssue]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "fake_kernels", package)
+    monkeypatch.setitem(sys.modules, "fake_kernels._C", ext)
+    monkeypatch.delitem(sys.modules, "fake_kernels_iface", raising=False)
+    importlib.import_module("fake_kernels_iface")
+    schedule = msgspec.structs.replace(
+        plan, requires=msgspec.structs.replace(plan.requires, modules=["fake_kernels_iface"])
+    )
+    opts, cpu = BuildOptions(backend="fa3", ci=True), torch.device("cpu")
+    before = calibration_key("m", schedule, opts, cpu)
+    assert "fake_kernels._C 10 bytes" in before["backend"]
+    assert calibration_key("m", schedule, opts, cpu) == before
+    lib.write_bytes(b"kernels v2, rebuilt")
+    after = calibration_key("m", schedule, opts, cpu)
+    assert {k for k in before if before[k] != after[k]} == {"backend"}
 
 
 def test_a_figure_below_what_the_capture_took_holds_only_within_a_driver_step(monkeypatch, plan, tmp_path):
