@@ -81,8 +81,8 @@ def _stat(file: str) -> str:
     return f"{st.st_size} bytes {st.st_mtime_ns}"
 
 
-#: packages whose identity the key has from elsewhere (torch: its version) or that
-#: never change under a running install (the standard library)
+#: packages whose identity the key has from elsewhere: torch by its version, the
+#: standard library by the module files' paths (another Python is another site-packages)
 _KEYED_ELSEWHERE = frozenset({"torch", *sys.stdlib_module_names})
 _EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
