@@ -94,10 +94,12 @@ def _compiled(module: str) -> list[tuple[str, str]]:
     imports ``fa3_fwd._C``), and are rebuilt in place (``pip install -e``,
     ``setup.py build_ext --inplace``) under an unchanged ``.py``.
 
-    Only what is imported already is seen, never imported here: importing one of a
-    backend's alternative modules (FA3's two packagings register the same operators)
-    can fail where the engine's own import works, and an engine imports the same modules
-    at the same point of every start-up, so the key is the same from one to the next.
+    Only what is imported already is seen, never imported here: an import loads the
+    library (FA3's is 100 MB) and registers its operators, and for one of a backend's
+    alternative modules that the engine does not use (a plan names FA3's two
+    packagings) it can fail where the engine's own import works. An engine imports the
+    same modules at the same point of every start-up, so the key is the same from one to
+    the next.
     A library loaded by path (``torch.ops.load_library``) is not an extension module and
     is not seen."""
     mod = sys.modules.get(module)

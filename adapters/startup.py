@@ -400,10 +400,11 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
     catches up by the end. Where it did not hold, the prediction's cache entry (read or
     written; not one another start-up has written since) is removed, so that the next
     start-up records the model again, and a warning is logged: the engine sized its KV
-    cache from that figure, and its margin is what covered the difference this time. Without per-step figures (the driver's figure per
-    graph, or a report without free memory per step) the peak and the final figure alone
-    are compared. A background capture's report is refused: the engine's own allocations
-    meanwhile are in its figures."""
+    cache from that figure, and its margin is what covered the difference this time.
+    Without per-step figures (the driver's figure per graph, or a report without free
+    memory per step) the peak and the final figure alone are compared. A background
+    capture's report is refused: the engine's own allocations meanwhile are in its
+    figures."""
     view = report.device_view
     fix = "pass GraphSet.report of the foreground capture of pred.plan that followed the prediction"
     if view is None or view.background:
