@@ -687,8 +687,10 @@ def test_a_backends_compiled_library_rebuilt_in_place_changes_the_key(monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(sys.modules, "fake_kernels", package)
     monkeypatch.setitem(sys.modules, "fake_kernels._C", ext)
-    monkeypatch.delitem(sys.modules, "fake_kernels_iface", raising=False)
-    importlib.import_module("fake_kernels_iface")
+    importlib.invalidate_caches()
+    iface = importlib.import_module("fake_kernels_iface")  # imported as an engine would
+    del sys.modules["fake_kernels_iface"]
+    monkeypatch.setitem(sys.modules, "fake_kernels_iface", iface)  # and gone after the test
     schedule = msgspec.structs.replace(
         plan, requires=msgspec.structs.replace(plan.requires, modules=["fake_kernels_iface"])
     )
