@@ -108,6 +108,7 @@ from capture_plan.schemas.errors import InputError, RecordMoreError
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.startup import StartupCalibration
+from capture_plan.schemas.trace import default_samples
 
 __all__ = ["StartupPrediction", "StartupCheck", "predict_startup", "confirm_startup", "measured_peak"]
 
@@ -451,7 +452,7 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
     counts = {p.name: len(p.sizes) for p in schedule.phases}
     copies, kept, last = None, 0, None
     for _ in range(max_rounds):
-        chosen = {p.name: want[p.name] or _default(p.sizes) for p in schedule.phases}
+        chosen = {p.name: want[p.name] or default_samples(p.sizes) for p in schedule.phases}
         # The first round instantiates its graphs again until each phase has as many as the
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
@@ -627,9 +628,3 @@ def _check_schedule(schedule: Plan, options: BuildOptions, spec: Spec) -> None:
             where="predict_startup(schedule=...)",
             fix="pass the plan built with these options (planner build), or no schedule",
         )
-
-
-def _default(planned: list[int]) -> list[int]:
-    from capture_plan.schemas.trace import default_samples
-
-    return sorted(default_samples(planned))
