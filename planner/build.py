@@ -20,6 +20,7 @@ import msgspec
 from capture_plan.schemas.codec import canonical_bytes, decode_trace, seal, sha256, sniff_kind
 from capture_plan.schemas.errors import ConstraintError, DriftError, InputError
 from capture_plan.schemas.files import existing_output, read_input, write_atomic
+from capture_plan.schemas.keys import needed_revision
 from capture_plan.schemas.limits import MODEL_MAX
 from capture_plan.schemas.plan import (
     PLAN_REVISION,
@@ -756,7 +757,8 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
             caveat=caveat,
         ),
     )
-    return seal(plan)
+    # the lowest revision the plan needs: plans without graph keys keep their bytes
+    return seal(msgspec.structs.replace(plan, revision=needed_revision(plan)))
 
 
 def build_plan(opts: BuildOptions) -> Plan:

@@ -14,6 +14,7 @@ from .plan import (
     Decision,
     Edge,
     Inputs,
+    KeyPrediction,
     PhasePlan,
     Plan,
     Prediction,
@@ -21,6 +22,7 @@ from .plan import (
     Step,
     StepMemory,
     Strategy,
+    VariantAxis,
 )
 from .report import CaptureReport, StepMeasurement
 from .spec import Choice, Model, Phase, Rule, Spec, When
@@ -38,6 +40,7 @@ __all__ = [
     "Decision",
     "Edge",
     "Inputs",
+    "KeyPrediction",
     "PhasePlan",
     "Plan",
     "Prediction",
@@ -45,6 +48,7 @@ __all__ = [
     "Step",
     "StepMemory",
     "Strategy",
+    "VariantAxis",
     "CaptureReport",
     "StepMeasurement",
     "Choice",

@@ -41,7 +41,15 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "FILE_LIMITS",
     "MAX_DEPTH",
+    "MAX_VARIANT_AXES",
+    "MAX_LABELS_PER_AXIS",
+    "MAX_KEYS_PER_PHASE",
+    "MAX_PIECES",
+    "MAX_MICRO_BATCHES",
     "BatchSize",
+    "AxisName",
+    "Label",
+    "StreamName",
     "NonNegative",
     "NonNegativeFloat",
     "dimension",
@@ -92,6 +100,19 @@ FILE_LIMITS: dict[str, int] = {
 }
 #: nesting depth of any input document (real ones need 6)
 MAX_DEPTH = 64
+#: variant axes of one phase (SGLang keys by two: LoRA and attention variant; vLLM's
+#: descriptors by a few more: active LoRAs, micro-batches)
+MAX_VARIANT_AXES = 8
+#: labels of one variant axis
+MAX_LABELS_PER_AXIS = 16
+#: graph keys of one phase: its sizes times the labels of each axis (a rule over several
+#: fields, checked by capture_plan.planner.validate and published by `planner schema spec`
+#: as ``x-max-keys-per-phase``); MAX_CAPTURES bounds the keys of all phases together
+MAX_KEYS_PER_PHASE = 8192
+#: piece graphs of one piecewise capture (vLLM splits at every attention op: layers + 1)
+MAX_PIECES = 1025
+#: micro-batches of one graph (vLLM's num_ubatches; 2 with dual-batch overlap)
+MAX_MICRO_BATCHES = 8
 
 
 #: a capture size (batch size): 1..MAX_BS
@@ -100,6 +121,15 @@ BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BS)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 #: seconds
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+# `$(?!\n)`: Python's `$` also matches before a trailing newline; the lookahead refuses that
+#: a variant axis's name (``lora``, ``attention``): what step ids and spec keys spell
+AxisName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=32)]
+#: a label of a variant axis (``lora``, ``nolora``, ``fa3.v2``): no ``/``, ``,`` or ``=``,
+#: which step ids use as separators
+Label = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]*$(?!\n)", max_length=32)]
+#: a stream a step records on: ``capture`` (the capture stream) or another the engine owns
+#: (``ubatch``: vLLM's micro-batch twin)
+StreamName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.-]*$(?!\n)", max_length=64)]
 
 
 def dimension(field: str) -> msgspec.Meta:

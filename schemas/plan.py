@@ -16,13 +16,25 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .limits import BatchSize, NonNegative
-from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
+from .limits import MAX_MICRO_BATCHES, MAX_PIECES, AxisName, BatchSize, Label, NonNegative
+from .strategy import (
+    AllocatorMode,
+    KeyOrder,
+    Order,
+    OutputLifetime,
+    Outputs,
+    PhaseKind,
+    PoolMode,
+    Warmup,
+    WarmupKeeps,
+    Workspace,
+)
 
 __all__ = [
     "PlanStruct",
     "Strategy",
     "PhasePlan",
+    "VariantAxis",
     "Step",
     "Edge",
     "Alternative",
@@ -39,6 +51,8 @@ __all__ = [
     "BuildRecord",
     "DeviceCost",
     "DevicePrediction",
+    "KeyPrediction",
+    "KEYS_REVISION",
     "Provenance",
     "Fidelity",
 ]
@@ -47,7 +61,13 @@ PLAN_VERSION = 1
 #: 2: ``inputs.build`` (the build's options, what ``planner check`` rebuilds from),
 #: ``predicted.device`` (every item of the free device memory capture takes) and
 #: ``predicted.fidelity`` / ``describes`` / ``caveat`` (which model code the figures describe)
-PLAN_REVISION = 2
+#: 3: graph keys (``PhasePlan.variants``/``pieces``/``micro_batches``/``warmup_keeps``,
+#: ``Step.labels``/``pieces``/``keeps``, ``Strategy.key_order``, ``predicted.keys``, the
+#: ``warmup-kept`` device item). A plan that uses none of them is written as revision 2
+#: (the lowest revision it needs), so plans without graph keys keep their bytes.
+PLAN_REVISION = 3
+#: the revision graph keys need (see PLAN_REVISION)
+KEYS_REVISION = 3
 
 StepOp = Literal["provision", "warmup", "capture"]
 #: tensor-parallel ranks, tokens per request
@@ -69,12 +89,25 @@ class Strategy(PlanStruct, frozen=True, kw_only=True):
     workspace: Workspace = "pool"
     pool: PoolMode = "shared"
     warmup: Warmup = "every-size"
+    #: the order of graph keys of a phase with variants (revision 3); UNSET elsewhere
+    #: (and read as "size-major")
+    key_order: KeyOrder | msgspec.UnsetType = msgspec.UNSET
 
     def label(self) -> str:
+        keys = "" if self.key_order is msgspec.UNSET else f" key_order={self.key_order}"
         return (
             f"order={self.order} outputs={self.outputs} workspace={self.workspace} "
-            f"pool={self.pool} warmup={self.warmup}"
+            f"pool={self.pool} warmup={self.warmup}{keys}"
         )
+
+
+class VariantAxis(PlanStruct, frozen=True, kw_only=True):
+    """One variant axis of a phase: its name and labels, in capture order (a list,
+    not a table: canonical bytes sort a table's keys, and the axis order is what
+    step ids and ``Step.labels`` follow)."""
+
+    name: AxisName
+    labels: Annotated[list[Label], msgspec.Meta(min_length=1)]
 
 
 class PhasePlan(PlanStruct, frozen=True, kw_only=True):
@@ -88,10 +121,22 @@ class PhasePlan(PlanStruct, frozen=True, kw_only=True):
     pool: str
     #: bytes of the hoisted workspace buffer, 0 when the workspace stays in the pool
     hoisted_bytes: NonNegative = 0
+    # Graph keys (revision 3); UNSET fields are left out of the file.
+    #: variant axes in declared order: each capture size is captured once per
+    #: combination of labels (one graph key each)
+    variants: list[VariantAxis] | msgspec.UnsetType = msgspec.UNSET
+    #: piece graphs per capture (piecewise phases whose spec says so)
+    pieces: Annotated[int, msgspec.Meta(ge=1, le=MAX_PIECES)] | msgspec.UnsetType = msgspec.UNSET
+    #: micro-batches one graph runs (vLLM's num_ubatches); 1 when left out
+    micro_batches: Annotated[int, msgspec.Meta(ge=1, le=MAX_MICRO_BATCHES)] | msgspec.UnsetType = msgspec.UNSET
+    #: what the phase's warm-ups allocate that the engine keeps (their steps' ``keeps``)
+    warmup_keeps: WarmupKeeps | msgspec.UnsetType = msgspec.UNSET
 
 
 class Step(PlanStruct, frozen=True, kw_only=True):
-    """One executor action. ``id`` is unique and stable: ``<op>/<phase>/<bs>``."""
+    """One executor action. ``id`` is unique and stable: ``<op>/<phase>/<bs>``, and
+    for a phase with variants ``<op>/<phase>/<bs>/<axis>=<label>,...`` (every axis,
+    in the phase's declared order: :func:`capture_plan.schemas.keys.step_id`)."""
 
     index: NonNegative
     id: str
@@ -105,6 +150,15 @@ class Step(PlanStruct, frozen=True, kw_only=True):
     runs: NonNegative = 0
     #: bytes for a provision step (hoisted workspace, allocated outside the pool)
     bytes: NonNegative = 0
+    # Graph keys (revision 3); UNSET fields are left out of the file.
+    #: the step's label on each of its phase's variant axes, in the phase's axis
+    #: order (capture and warm-up steps of a phase with variants)
+    labels: list[Label] | msgspec.UnsetType = msgspec.UNSET
+    #: piece graphs the capture records (its phase's ``pieces``)
+    pieces: Annotated[int, msgspec.Meta(ge=1, le=MAX_PIECES)] | msgspec.UnsetType = msgspec.UNSET
+    #: bytes this warm-up allocates that the engine keeps past it, outside every pool
+    #: (its phase's ``warmup_keeps``); the executor lets them survive the warm-up
+    keeps: NonNegative | msgspec.UnsetType = msgspec.UNSET
 
 
 class Edge(PlanStruct, frozen=True, kw_only=True):
@@ -170,13 +224,34 @@ Fidelity = Literal["recorded", "reference", "approximate"]
 class DeviceCost(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     """One item of the free device memory capture takes."""
 
-    #: "pool", "hoisted", "stream-workspace", "allocator-other" or "graph-exec"
+    #: "pool", "hoisted", "stream-workspace", "allocator-other", "graph-exec", or
+    #: "warmup-kept" (revision 3: what warm-ups allocate that the engine keeps)
     name: str
     #: None: unknown (never measured for this device): never read as zero
     bytes: NonNegative | None = None
     provenance: Provenance
     #: where the figure comes from, or how to get it when unknown
     source: str = ""
+
+
+class KeyPrediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
+    """The prediction for one graph key (one capture step), revision 3."""
+
+    #: the capture step's id
+    step: str
+    #: bytes the key's graph (all its pieces) takes in a pool of its own, captured alone
+    graph_bytes: NonNegative
+    #: the pool's growth when this key is captured in the plan's order (0: it fit in
+    #: what earlier captures left)
+    added_bytes: NonNegative
+    #: per piece of a piecewise capture: the bytes each piece graph keeps in the pool
+    #: (its outputs and what it leaves allocated), in capture order; empty otherwise
+    pieces: list[NonNegative] = []
+    #: bytes its warm-up keeps outside the pool (the warm-up step's ``keeps``)
+    kept_bytes: NonNegative = 0
+    #: which model code the key's figures describe: "approximate" for a label the
+    #: reference does not model (LoRA layers) when no trace recorded the key
+    fidelity: Fidelity
 
 
 class DevicePrediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
@@ -219,6 +294,8 @@ class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     #: for an approximate prediction: how far off it was measured to be for the nearest
     #: benchmarked architecture, and the commands that make it exact
     caveat: str = ""
+    #: per graph key (capture step), in step order, for a plan with graph keys (revision 3)
+    keys: list[KeyPrediction] = []
 
 
 class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):

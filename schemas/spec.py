@@ -11,20 +11,39 @@ each accepts) live in :func:`capture_plan.planner.validate.validate_spec`.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
 from .limits import (
+    MAX_KEYS_PER_PHASE,
+    MAX_LABELS_PER_AXIS,
     MAX_MIB,
+    MAX_MICRO_BATCHES,
     MAX_PHASES,
+    MAX_PIECES,
     MAX_RULES,
     MAX_SIZES_PER_PHASE,
     MAX_TOKENS_PER_REQUEST,
+    MAX_VARIANT_AXES,
+    AxisName,
     BatchSize,
+    Label,
+    StreamName,
     dimension,
 )
-from .strategy import AllocatorMode, Order, OutputLifetime, Outputs, PhaseKind, PoolMode, Warmup, Workspace
+from .strategy import (
+    AllocatorMode,
+    KeyOrder,
+    Order,
+    OutputLifetime,
+    Outputs,
+    PhaseKind,
+    PoolMode,
+    Warmup,
+    WarmupKeeps,
+    Workspace,
+)
 
 __all__ = [
     "SpecStruct",
@@ -35,6 +54,8 @@ __all__ = [
     "Choice",
     "Rule",
     "Spec",
+    "Variants",
+    "Pieces",
     "SPEC_VERSION",
     "phase_model",
 ]
@@ -63,6 +84,22 @@ SharedExpertIntermediate = Annotated[int, dimension("shared_expert_intermediate"
 # `$(?!\n)`: Python's `$` also matches before a trailing newline ("decode\n");
 # the lookahead refuses that and reads the same in JSON Schema's dialect.
 Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
+#: a phase's variant axes: axis name -> its labels, both in capture order (as written:
+#: TOML and JSON tables keep their order). Which axes a phase kind can have is data
+#: (planner/data/phase_kinds.toml ``axes``); labels unique per axis and the keys of a
+#: phase (sizes x labels of every axis) at most MAX_KEYS_PER_PHASE are checked by
+#: capture_plan.planner.validate.
+Variants = Annotated[
+    dict[AxisName, Annotated[list[Label], msgspec.Meta(min_length=1, max_length=MAX_LABELS_PER_AXIS)]],
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_VARIANT_AXES,
+        extra_json_schema={"x-max-keys-per-phase": MAX_KEYS_PER_PHASE},
+    ),
+]
+#: piece graphs per capture of a piecewise phase: a count, or "attention" (split at
+#: every attention op: the phase's layers + 1 pieces, as vLLM's piecewise backend does)
+Pieces = Annotated[int, msgspec.Meta(ge=1, le=MAX_PIECES)] | Literal["attention"]
 
 
 # Subclasses repeat frozen=True: msgspec inherits it, but a type checker reads
@@ -139,6 +176,21 @@ class Phase(SpecStruct, frozen=True, kw_only=True):
     #: the phase's model where it differs from ``[model]`` (draft phases only);
     #: UNSET is left out of encoded specs, so specs without it keep their bytes
     model: PhaseModel | msgspec.UnsetType = msgspec.UNSET
+    # Graph keys (plan revision 3). Each UNSET unless given, so specs and plans
+    # without them keep their bytes.
+    #: variant axes: several graphs per size, one per combination of labels
+    #: (``variants = { lora = ["lora", "nolora"] }``); each is a graph key of the plan
+    variants: Variants | msgspec.UnsetType = msgspec.UNSET
+    #: piecewise kinds: the piece graphs each capture records (predicted per piece)
+    pieces: Pieces | msgspec.UnsetType = msgspec.UNSET
+    #: micro-batches one graph runs (vLLM's num_ubatches); 1 when left out
+    micro_batches: Annotated[int, msgspec.Meta(ge=1, le=MAX_MICRO_BATCHES)] | msgspec.UnsetType = msgspec.UNSET
+    #: the stream the phase's graphs record on when it is not the capture stream
+    #: (vLLM's micro-batch twin); the engine owns it and hands it to the executor
+    stream: StreamName | msgspec.UnsetType = msgspec.UNSET
+    #: what the phase's warm-up allocates that the engine keeps (a device item outside
+    #: every pool, predicted per warm-up step)
+    warmup_keeps: WarmupKeeps | msgspec.UnsetType = msgspec.UNSET
 
 
 class When(SpecStruct, frozen=True, kw_only=True):
@@ -160,6 +212,9 @@ class Choice(SpecStruct, frozen=True, kw_only=True):
     workspace: Workspace | None = None
     pool: PoolMode | None = None
     warmup: Warmup | None = None
+    #: the order of graph keys in a phase with variants; UNSET (not None) so that
+    #: specs without it keep their bytes
+    key_order: KeyOrder | msgspec.UnsetType = msgspec.UNSET
 
 
 class Rule(SpecStruct, frozen=True, kw_only=True):

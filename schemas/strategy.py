@@ -17,6 +17,8 @@ __all__ = [
     "PoolMode",
     "Warmup",
     "PhaseKind",
+    "KeyOrder",
+    "WarmupKeeps",
     "PhaseSetting",
     "PHASE_SETTINGS",
     "OutputLifetime",
@@ -39,6 +41,17 @@ PoolMode = Literal["shared", "own"]
 #: Eager warm-up runs before capture: at every size, or once at the phase's
 #: largest size before its first capture.
 Warmup = Literal["every-size", "once-per-phase"]
+#: The order of a phase's graph keys when it declares variant axes:
+#: "size-major": per size (in the phase's size order), every variant (labels in the
+#: order the spec lists them; SGLang's ``_capture_one_stream``); "variant-major": per
+#: variant, every size. Not a strategy axis the optimizer searches (it does not
+#: change which blocks a graph takes, only their order): a rule or a pin sets it.
+KeyOrder = Literal["size-major", "variant-major"]
+#: What a phase's warm-up allocates that the engine keeps past it (outside every
+#: graph pool): "outputs": the graph's output buffers at the phase's first (largest)
+#: key, reused by every later key (vLLM's persistent FULL outputs made by
+#: ``store_capture_output``; SGLang's reused output buffers).
+WarmupKeeps = Literal["outputs"]
 #: A phase kind's name. The kinds are data (planner/data/phase_kinds.toml),
 #: not a closed set here, so that a kind allocating like an existing one is
 #: added by that file alone and these types (which the executor shares
@@ -48,7 +61,7 @@ Warmup = Literal["every-size", "once-per-phase"]
 PhaseKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
 #: The per-phase settings of a spec that only some phase kinds give a meaning
 #: (each kind lists those it accepts in planner/data/phase_kinds.toml).
-PhaseSetting = Literal["steps", "topk", "layers", "model"]
+PhaseSetting = Literal["steps", "topk", "layers", "model", "pieces", "micro_batches"]
 PHASE_SETTINGS: tuple[str, ...] = get_args(PhaseSetting)
 #: "next-replay": the engine consumes the outputs before the next replay of any
 #: graph in the same pool. "across-phases": they must survive other phases' replays.

@@ -1,0 +1,204 @@
+"""Graph keys: what one capture step captures, spelled the same by planner and executor.
+
+A graph key is a phase, a capture size (requests; tokens for a phase of token-sized
+graphs such as vLLM's), and one label per variant axis the phase declares (SGLang's
+LoRA and attention-graph variants, vLLM's active LoRAs). Step ids spell it:
+``capture/decode/64`` for a phase without variants (the ids of revision-2 plans,
+unchanged), ``capture/decode/64/lora=nolora,attention=a`` with variants: every axis,
+in the phase's declared order, ``axis=label`` joined by ``,``. Labels and axis names
+cannot hold ``/``, ``,`` or ``=`` (their types, schemas/limits.py), so an id parses back
+to one key.
+
+``num_tokens`` beside ``num_reqs`` (vLLM's descriptors, SGLang's ``num_tokens = size *
+captured_req_width``) is not stored per step: it is ``bs * tokens_per_request`` of the
+step's phase (:attr:`GraphKey.tokens`). What this module does not cover: a ragged
+verify phase whose slot count is not a multiple of its requests (one more field, on
+the phase, when an engine needs it).
+
+Also here, because the executor (which may not import the planner) calls it:
+:func:`capture_memory`, the plan's answer to an engine's memory-profiling pass
+(vLLM's ``profile_cudagraph_memory``): the whole capture's figure with its items.
+Pure Python over a decoded :class:`~capture_plan.schemas.plan.Plan`; imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+import msgspec
+
+from .plan import KEYS_REVISION, DeviceCost, KeyPrediction, PhasePlan, Plan, Step
+
+__all__ = [
+    "GraphKey",
+    "CaptureMemory",
+    "step_id",
+    "label_suffix",
+    "phase_axes",
+    "step_labels",
+    "step_key",
+    "order_labels",
+    "expand_labels",
+    "uses_graph_keys",
+    "needed_revision",
+    "capture_memory",
+]
+
+
+class GraphKey(NamedTuple):
+    """One graph an engine keys by: ``labels`` are ``(axis, label)`` pairs in the
+    phase's axis order (empty without variants)."""
+
+    phase: str
+    bs: int
+    labels: tuple[tuple[str, str], ...] = ()
+    #: tokens the graph runs: bs * the phase's tokens_per_request (vLLM's num_tokens)
+    tokens: int = 0
+    #: micro-batches (vLLM's num_ubatches)
+    micro_batches: int = 1
+
+    @property
+    def id(self) -> str:
+        """The capture step's id of this key."""
+        return step_id("capture", self.phase, self.bs, self.labels)
+
+
+def label_suffix(labels: Iterable[tuple[str, str]]) -> str:
+    """``[("lora", "nolora"), ("attention", "a")]`` -> ``"lora=nolora,attention=a"``."""
+    return ",".join(f"{axis}={label}" for axis, label in labels)
+
+
+def step_id(op: str, phase: str, bs: int, labels: Iterable[tuple[str, str]] = ()) -> str:
+    """A step's id: ``<op>/<phase>/<bs>``, then ``/<axis>=<label>,...`` when the step
+    has labels (``labels``: ``(axis, label)`` pairs in the phase's axis order)."""
+    suffix = label_suffix(labels)
+    return f"{op}/{phase}/{bs}/{suffix}" if suffix else f"{op}/{phase}/{bs}"
+
+
+def phase_axes(phase: PhasePlan) -> tuple[str, ...]:
+    """The phase's variant axes, in declared order (empty without variants)."""
+    return () if phase.variants is msgspec.UNSET else tuple(a.name for a in phase.variants)
+
+
+def step_labels(phase: PhasePlan, step: Step) -> tuple[tuple[str, str], ...]:
+    """``step``'s ``(axis, label)`` pairs (empty for a step without labels)."""
+    if step.labels is msgspec.UNSET:
+        return ()
+    return tuple(zip(phase_axes(phase), step.labels))
+
+
+def step_key(plan: Plan, step: Step) -> GraphKey:
+    """The graph key ``step`` (of ``plan``) captures or warms up."""
+    phase = next(p for p in plan.phases if p.name == step.phase)
+    return GraphKey(
+        phase=step.phase,
+        bs=step.bs,
+        labels=step_labels(phase, step),
+        tokens=step.bs * phase.tokens_per_request,
+        micro_batches=1 if phase.micro_batches is msgspec.UNSET else phase.micro_batches,
+    )
+
+
+def order_labels(phase: PhasePlan, given: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``given`` (axis -> label, in any order: an engine's call such as
+    ``loop.step("decode", 64, lora="nolora")``) as the phase's ``(axis, label)`` pairs in
+    its axis order. ValueError, worded for one line, when an axis is missing or
+    unknown or a label is not one of the axis's; the caller adds where and the fix."""
+    axes = {} if phase.variants is msgspec.UNSET else {a.name: a.labels for a in phase.variants}
+    unknown = sorted(set(given) - set(axes))
+    if unknown:
+        have = f"its axes are {', '.join(axes)}" if axes else "it has no variant axes"
+        raise ValueError(f"phase {phase.name!r} has no variant axis {unknown[0]!r} ({have})")
+    missing = [a for a in axes if a not in given]
+    if missing:
+        raise ValueError(f"phase {phase.name!r} keys its graphs by {', '.join(axes)}: no label for {missing[0]!r}")
+    for axis, labels in axes.items():
+        if given[axis] not in labels:
+            raise ValueError(f"{axis}={given[axis]!r} is not a label of phase {phase.name!r} ({', '.join(labels)})")
+    return tuple((a, given[a]) for a in axes)
+
+
+def expand_labels(axes: Sequence[tuple[str, Sequence[str]]]) -> list[tuple[tuple[str, str], ...]]:
+    """Every combination of labels, the first axis outermost, each axis's labels in
+    their order (SGLang's nesting: per LoRA variant, per attention variant). One
+    empty combination for no axes."""
+    combos: list[tuple[tuple[str, str], ...]] = [()]
+    for axis, labels in axes:
+        combos = [c + ((axis, label),) for c in combos for label in labels]
+    return combos
+
+
+def uses_graph_keys(plan: Plan) -> bool:
+    """Whether ``plan`` uses a revision-3 field (so needs
+    :data:`~capture_plan.schemas.plan.KEYS_REVISION`)."""
+    unset = msgspec.UNSET
+    phased = any(
+        p.variants is not unset
+        or p.pieces is not unset
+        or p.micro_batches is not unset
+        or p.warmup_keeps is not unset
+        or p.strategy.key_order is not unset
+        for p in plan.phases
+    )
+    return phased or bool(plan.predicted.keys) or any(s.keeps is not unset for s in plan.steps)
+
+
+def needed_revision(plan: Plan, base: int = 2) -> int:
+    """The lowest revision ``plan`` can be written as: :data:`KEYS_REVISION` when it uses
+    graph keys, else ``base`` (the revision before them), so plans without graph keys
+    keep their bytes."""
+    return max(base, KEYS_REVISION) if uses_graph_keys(plan) else base
+
+
+class CaptureMemory(msgspec.Struct, frozen=True, kw_only=True):
+    """The plan's figure for the whole capture, as an engine's memory-profiling pass
+    wants it (vLLM's ``profile_cudagraph_memory`` returns one number of bytes)."""
+
+    #: the figure to reserve: every item's bytes, the known ones only when some are
+    #: unknown (then ``complete`` is False)
+    bytes: int
+    #: False when an item is unknown (never measured for this device): ``bytes`` is then a
+    #: lower bound; calibrate the plan (``planner build --calibration``) to complete it
+    complete: bool
+    #: the most free memory capture takes at any moment, when the plan knows it
+    peak_bytes: int | None
+    #: the items (pool, hoisted, stream-workspace, allocator-other, graph-exec, warmup-kept)
+    items: list[DeviceCost]
+    #: per graph key, for a plan with graph keys (revision 3)
+    keys: list[KeyPrediction]
+    #: which model code the figures describe ("recorded", "reference", "approximate";
+    #: "" for a plan from before revision 2)
+    fidelity: str
+
+
+def capture_memory(plan: Plan) -> CaptureMemory:
+    """The plan's whole-capture figure with its items (see :class:`CaptureMemory`).
+
+    Reads only ``plan.predicted``: for a revision-2 or later plan its device items
+    (``predicted.device``); for an older one the pool and the hoisted workspace, the
+    only items it records (``complete`` False). It does not measure anything nor
+    re-run the planner: an engine's profiling pass asks it instead of capturing."""
+    pred = plan.predicted
+    if pred.device is not None and pred.device.items:
+        items = list(pred.device.items)
+        peak = pred.device.peak_bytes
+    else:
+        items = [
+            DeviceCost(name="pool", bytes=pred.pool_bytes, provenance="simulated", source="allocator simulation"),
+            DeviceCost(
+                name="hoisted", bytes=pred.hoisted_bytes, provenance="simulated", source="the plan's provision steps"
+            ),
+        ]
+        peak = None
+    known = [i.bytes for i in items if i.bytes is not None]
+    complete = len(known) == len(items) and (pred.device is not None and pred.device.total_bytes is not None)
+    total = pred.device.total_bytes if complete and pred.device is not None else sum(known)
+    return CaptureMemory(
+        bytes=int(total or 0),
+        complete=complete,
+        peak_bytes=peak,
+        items=items,
+        keys=list(pred.keys),
+        fidelity=pred.fidelity or "",
+    )
