@@ -35,6 +35,7 @@ from capture_plan.schemas.plan import (
     StepMemory,
     Strategy,
     TraceSamples,
+    VariantAxis,
 )
 from capture_plan.schemas.spec import Phase, Spec, phase_model
 from capture_plan.schemas.strategy import AXES, AllocatorMode, allocator_modes
@@ -44,6 +45,7 @@ from . import resources
 from .device import Calibration, device_prediction, pools_after
 from .fidelity import fidelity
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
+from .keys import key_predictions, key_sequence, keyed_steps, piece_count, resolve_keys, uses_keys
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
@@ -350,7 +352,7 @@ def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[
     sizes = {p.name: p.sizes for p in spec.phases}
     for name, pairs in forced.items():
         for order, rule in pairs:
-            pre.chain(name, capture_order(sizes[name], order), rule)
+            pre.chain(name, [(bs, ()) for bs in capture_order(sizes[name], order)], rule)
     check_acyclic(pre.g)
     return forced
 
@@ -482,6 +484,8 @@ class _Resolved(msgspec.Struct, frozen=True):
     calibration_record: tuple[str, str] | None
     sequence: list[str]
     forced: dict[str, list[tuple[str, str]]]
+    #: per phase with variant axes: (label combinations, key order, its rule) (planner/keys.py)
+    keys: dict[str, tuple] = {}
 
     @property
     def expandable(self) -> bool:
@@ -593,6 +597,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
         calibration_record=calibration_record,
         sequence=phase_sequence(spec.phases, alone, spec_source),
         forced=_forced_orders(spec, rules, pins),
+        keys=resolve_keys(spec.phases, rules),
     )
 
 
@@ -630,6 +635,7 @@ def _optimize(r: _Resolved, opts: BuildOptions):
             expandable=r.expandable,
             library_bytes=r.library,
             screen=None if opts.exact else SCREEN_SIZES,
+            keys=r.keys,
         )
     )
 
@@ -643,9 +649,13 @@ def _order(r: _Resolved, strategies: dict[str, Strategy]) -> _Ordered:
         n: next((x.id for x in r.rules[n] if any(c.workspace == "hoisted" for c in x.require)), "optimizer")
         for n in names
     }
-    sg = build_steps(r.by_name, r.sequence, strategies, order_rule, warm_rule, hoist_rule, r.forced)
+    sg = build_steps(r.by_name, r.sequence, strategies, order_rule, warm_rule, hoist_rule, r.forced, r.keys)
     order = sg.order()
-    return _Ordered(graph=sg, order=order, steps=_steps(sg, order, strategies, r.by_name, r.backend))
+    steps = _steps(sg, order, strategies, r.by_name, r.backend)
+    if any(uses_keys(p) for p in r.spec.phases):
+        labels = {sid: sg.g.nodes[sid]["labels"] for sid in order}
+        steps = keyed_steps(steps, labels, r.by_name, r.spec.model, r.workload)
+    return _Ordered(graph=sg, order=order, steps=steps)
 
 
 def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
@@ -665,7 +675,12 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in r.sequence}
     order = baseline.order
     assert order is not None  # rules.toml's baseline sets every axis
-    base_seq = [(n, bs) for n in r.sequence for bs in capture_order(r.by_name[n].sizes, order)]
+    # the engines' loop captures every graph key too: per size, every variant
+    base_seq = [
+        (n, bs)
+        for n in r.sequence
+        for bs, _ in key_sequence(capture_order(r.by_name[n].sizes, order), r.keys.get(n, ([()],))[0], "size-major")
+    ]
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
     if baseline_bytes is None:
         baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
@@ -673,10 +688,60 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
 
+def _phase_plan_keys(r: _Resolved, name: str, steps: list[Step]) -> dict:
+    """The graph-key fields of one phase's PhasePlan (none for a phase without them)."""
+    p, out = r.by_name[name], {}
+    if p.variants is not msgspec.UNSET:
+        out["variants"] = [VariantAxis(name=a, labels=list(v)) for a, v in p.variants.items()]
+    n = piece_count(p, r.spec.model)
+    if n is not None:
+        out["pieces"] = n
+    if p.micro_batches is not msgspec.UNSET:
+        out["micro_batches"] = p.micro_batches
+    if p.warmup_keeps is not msgspec.UNSET:
+        out["warmup_keeps"] = p.warmup_keeps
+    return out
+
+
+def _with_key_order(st: Strategy, keys: tuple | None) -> Strategy:
+    return st if keys is None else msgspec.structs.replace(st, key_order=keys[1])
+
+
+def _key_order_decisions(r: _Resolved) -> list[Decision]:
+    """Why each phase with variant axes captures its keys in their order."""
+    out = []
+    for n in r.sequence:
+        if n not in r.keys:
+            continue
+        combos, order, rule = r.keys[n]
+        axes = ", ".join(f"{a} ({len(v)})" for a, v in r.by_name[n].variants.items())  # pyright: ignore[reportAttributeAccessIssue]
+        why = (
+            "per size, every variant (the engines' loop: SGLang's _capture_one_stream)"
+            if order == "size-major"
+            else "per variant, every size"
+        )
+        out.append(
+            Decision(
+                phase=n,
+                rule=rule,
+                constraint=f"variant axes {axes}: {len(combos)} graph keys per size",
+                choice=f"key_order={order}",
+                why=why if rule != "default" else f"no rule sets it: {why}",
+            )
+        )
+    return out
+
+
 def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _Predicted) -> Plan:
     """Step 5: the Plan, sealed with its digest."""
     strategies, steps, spec, by_name = sol.strategies, ordered.steps, r.spec, r.by_name
     decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
+    if r.keys:
+        decisions += _key_order_decisions(r)
+        strategies = {
+            n: msgspec.structs.replace(st, key_order=r.keys[n][1]) if n in r.keys else st
+            for n, st in strategies.items()
+        }
     output = output_path(opts)
     timeline = _timeline(steps, pred.sim.after_capture)
     fid, describes, caveat = fidelity(
@@ -725,6 +790,7 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                 strategy=strategies[n],
                 pool=pool_id(n, strategies[n]),
                 hoisted_bytes=sum(s.bytes for s in steps if s.op == "provision" and s.phase == n),
+                **_phase_plan_keys(r, n, steps),
             )
             for n in r.sequence
         ],
@@ -751,10 +817,16 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                 {p.name: p.kind for p in spec.phases},
                 r.calibration,
                 pools_after(steps, timeline),
+                kept=sum(s.keeps for s in steps if s.keeps is not msgspec.UNSET)  # pyright: ignore[reportArgumentType]
+                if any(s.keeps is not msgspec.UNSET for s in steps)
+                else None,
             ),
             fidelity=fid,
             describes=describes,
             caveat=caveat,
+            keys=key_predictions(steps, timeline, by_name, strategies, spec.model, r.workload, r.expandable, fid)
+            if any(uses_keys(p) for p in spec.phases)
+            else [],
         ),
     )
     # the lowest revision the plan needs: plans without graph keys keep their bytes

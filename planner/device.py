@@ -301,8 +301,11 @@ def device_prediction(
     kinds: dict[str, str],
     calibration: Calibration | None,
     pool_after: list[int] | None = None,
+    kept: int | None = None,
 ) -> DevicePrediction:
     """The plan's device items and their total (None while one is unknown).
+    ``kept``: bytes the warm-ups allocate that the engine keeps, outside every pool
+    (the ``warmup-kept`` item; None: the plan declares none, and has no such item).
 
     ``kinds`` maps the plan's phases to their kinds: a calibration measured on
     a plan with other phase names still gives the graph-exec figure of a phase
@@ -312,6 +315,10 @@ def device_prediction(
         DeviceCost(name="pool", bytes=pool, provenance="simulated", source="allocator simulation"),
         DeviceCost(name="hoisted", bytes=hoisted, provenance="simulated", source="the plan's provision steps"),
     ]
+    if kept is not None:
+        items.append(
+            DeviceCost(name="warmup-kept", bytes=kept, provenance="simulated", source="the plan's warm-up steps' keeps")
+        )
     if calibration is None:
         items += [
             DeviceCost(name=n, provenance="unknown", source=f"not measured for any device: {how}")
@@ -377,7 +384,7 @@ def device_prediction(
         # the workspace and other allocator memory; pool_after holds the pools and hoisted bytes
         # (a known total: every item's bytes are known, graph-exec's too)
         graph_bytes = next(i.bytes for i in items if i.name == "graph-exec")
-        fixed = total - pool - hoisted - graph_bytes  # pyright: ignore[reportOperatorIssue]
+        fixed = total - pool - hoisted - graph_bytes  # warmup-kept counted from the start: an upper bound  # pyright: ignore[reportOperatorIssue]
         top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed, driver)
     return DevicePrediction(
         device=calibration.device,

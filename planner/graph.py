@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
 from capture_plan.schemas.errors import ConstraintError
+from capture_plan.schemas.keys import step_id as _key_step_id
 from capture_plan.schemas.plan import Edge, Strategy
 from capture_plan.schemas.spec import Phase
+
+from .keys import key_sequence
 
 __all__ = ["step_id", "phase_sequence", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
 
@@ -86,8 +89,10 @@ class Digraph(Generic[N]):
 _OP_RANK = {"provision": 0, "warmup": 1, "capture": 2}
 
 
-def step_id(op: str, phase: str, bs: int) -> str:
-    return f"{op}/{phase}/{bs}"
+def step_id(op: str, phase: str, bs: int, labels: tuple[tuple[str, str], ...] = ()) -> str:
+    """``<op>/<phase>/<bs>``, with ``/<axis>=<label>,...`` for a graph key with labels
+    (:func:`capture_plan.schemas.keys.step_id`)."""
+    return _key_step_id(op, phase, bs, labels)
 
 
 def capture_order(sizes: list[int], order: str) -> list[int]:
@@ -153,9 +158,9 @@ class StepGraph:
     def empty(cls) -> StepGraph:
         return cls(Digraph[str]())
 
-    def add_step(self, op: str, phase: str, bs: int, rank: int, pos: int) -> str:
-        sid = step_id(op, phase, bs)
-        self.g.add_node(sid, op=op, phase=phase, bs=bs, key=(rank, pos, _OP_RANK[op], bs))
+    def add_step(self, op: str, phase: str, bs: int, rank: int, pos: int, labels: tuple = ()) -> str:
+        sid = step_id(op, phase, bs, labels)
+        self.g.add_node(sid, op=op, phase=phase, bs=bs, labels=labels, key=(rank, pos, _OP_RANK[op], bs))
         return sid
 
     def add_edge(self, src: str, dst: str, rule: str) -> None:
@@ -163,8 +168,9 @@ class StepGraph:
         if not self.g.has_edge(src, dst):
             self.g.add_edge(src, dst, rule=rule)
 
-    def chain(self, phase: str, sizes: list[int], rule: str) -> None:
-        ids = [step_id("capture", phase, bs) for bs in sizes]
+    def chain(self, phase: str, keys: list[tuple[int, tuple]], rule: str) -> None:
+        """Edges between consecutive captures of ``keys`` ((size, labels) in order)."""
+        ids = [step_id("capture", phase, bs, labels) for bs, labels in keys]
         for a, b in zip(ids, ids[1:]):
             self.add_edge(a, b, rule)
 
@@ -188,37 +194,58 @@ def build_steps(
     warmup_rule: dict[str, str],
     hoist_rule: dict[str, str],
     forced: dict[str, list[tuple[str, str]]],
+    keys: dict[str, tuple[list[tuple], str, str]] | None = None,
 ) -> StepGraph:
     """The full step graph for chosen strategies.
 
     ``forced`` holds, per phase, (order, rule) pairs that rules or pins demand
     outright; they are added as edges too, so two that disagree form a cycle.
+    ``keys``: per phase with variant axes, (label combinations, key order, the rule
+    that set it) (planner/keys.py): each size is captured once per combination, in
+    that order; a once-per-phase warm-up runs the first combination.
     """
+    keys = keys or {}
+
+    def seq(name: str, order: str) -> list[tuple[int, tuple]]:
+        combos, key_order, _ = keys.get(name, ([()], "size-major", ""))
+        return key_sequence(capture_order(phases[name].sizes, order), combos, key_order)
+
     sg = StepGraph.empty()
     for rank, name in enumerate(sequence):
         p, st = phases[name], strategies[name]
         sizes = capture_order(p.sizes, st.order)
-        for pos, bs in enumerate(sizes):
-            sg.add_step("capture", name, bs, rank, pos)
+        ordered = seq(name, st.order)
+        for pos, (bs, labels) in enumerate(ordered):
+            sg.add_step("capture", name, bs, rank, pos, labels)
             if st.warmup == "every-size":
-                sg.add_step("warmup", name, bs, rank, pos)
-                sg.add_edge(step_id("warmup", name, bs), step_id("capture", name, bs), warmup_rule[name])
-        first = step_id("capture", name, sizes[0])
+                sg.add_step("warmup", name, bs, rank, pos, labels)
+                sg.add_edge(
+                    step_id("warmup", name, bs, labels), step_id("capture", name, bs, labels), warmup_rule[name]
+                )
+        first = step_id("capture", name, *ordered[0])
         if st.warmup == "once-per-phase":
-            w = sg.add_step("warmup", name, max(sizes), rank, -1)
+            w = sg.add_step("warmup", name, max(sizes), rank, -1, ordered[0][1])
             sg.add_edge(w, first, warmup_rule[name])
         if st.workspace == "hoisted":
             prov = sg.add_step("provision", name, max(sizes), rank, -2)
             sg.add_edge(prov, first, hoist_rule[name])
         for order, rule in forced.get(name, []):
-            sg.chain(name, capture_order(p.sizes, order), rule)
-        sg.chain(name, sizes, order_rule[name])
+            sg.chain(name, seq(name, order), rule)
+        if name in keys:
+            # the key order's own rule labels the edges between keys of one size (size-major)
+            # or of one combination (variant-major); the size order's the rest
+            combos, key_order, key_rule = keys[name]
+            inner = [[(bs, c) for c in combos] for bs in sizes] if key_order == "size-major" else []
+            inner += [[(bs, c) for bs in sizes] for c in combos] if key_order == "variant-major" else []
+            for group in inner:
+                sg.chain(name, group, key_rule)
+        sg.chain(name, ordered, order_rule[name])
     for prev, nxt in zip(sequence, sequence[1:]):
-        last = step_id("capture", prev, capture_order(phases[prev].sizes, strategies[prev].order)[-1])
+        last = step_id("capture", prev, *seq(prev, strategies[prev].order)[-1])
         rule = f"after:{nxt}" if prev in phases[nxt].after else "phase-order"
         for n in [n for n, d in sg.g.nodes.items() if d["phase"] == nxt and d["op"] != "capture"]:
             sg.add_edge(last, n, rule)  # the next phase's warm-ups and provisions too
-        first = step_id("capture", nxt, capture_order(phases[nxt].sizes, strategies[nxt].order)[0])
+        first = step_id("capture", nxt, *seq(nxt, strategies[nxt].order)[0])
         sg.add_edge(last, first, rule)
     # `after` constraints between non-adjacent phases still hold by transitivity
     # through the phase-order chain, which phase_sequence derived from them.

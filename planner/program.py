@@ -81,6 +81,9 @@ class Program(msgspec.Struct, frozen=True, dict=True):
     carry_in: int | None = CARRY
     carry_out: int = CARRY
     carry_kind: EventKind | None = None
+    #: ids of body allocations after which a piece graph of a piecewise capture ends
+    #: (the eager attention call runs there); empty for a capture of one graph
+    splits: tuple[int, ...] = ()
 
     @functools.cached_property
     def runnable(self) -> Runnable:
@@ -108,6 +111,7 @@ class Program(msgspec.Struct, frozen=True, dict=True):
             carry_in=self.carry_in,
             carry_out=self.carry_out,
             carry_kind=self.carry_kind,
+            splits=self.splits,
         )
 
     def flatten(self) -> list[Event]:

@@ -53,6 +53,9 @@ __all__ = [
     "phase_kinds",
     "phase_kind_names",
     "phase_kind_settings",
+    "phase_kind_axes",
+    "variant_axes",
+    "VariantAxisKind",
 ]
 
 # phase_kinds.toml is not in the digest: a kind's table changes a plan only
@@ -166,12 +169,24 @@ class PhaseKind(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     settings: list[PhaseSetting]
     #: the graph also returns the last layer's hidden state (a draft reads it)
     returns_hidden: bool = False
+    #: the variant axes (``[axes.NAME]``) a phase of this kind may declare
+    axes: list[str] = []
+
+
+class VariantAxisKind(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One ``[axes.NAME]`` table of ``planner/data/phase_kinds.toml``: a variant axis."""
+
+    #: one line for help texts
+    description: str
+    #: labels whose graph the reference step models exactly (others: approximate)
+    reference: list[str] = []
 
 
 class PhaseKindsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``planner/data/phase_kinds.toml`` as a whole (its JSON Schema: ``planner schema phase-kinds``)."""
 
     kinds: dict[str, PhaseKind]
+    axes: dict[str, VariantAxisKind] = {}
 
 
 @functools.cache
@@ -184,6 +199,33 @@ def phase_kinds() -> dict[str, PhaseKind]:
         name: convert(table, PhaseKind, f"planner/data/phase_kinds.toml: $.kinds.{name}")
         for name, table in data("phase_kinds.toml")["kinds"].items()
     }
+
+
+@functools.cache
+def variant_axes() -> dict[str, VariantAxisKind]:
+    """The variant axes of ``phase_kinds.toml`` (``[axes.NAME]``), in file order; a kind
+    naming an axis with no table is an :class:`InputError` naming file and key."""
+    from capture_plan.schemas.codec import convert
+
+    raw = data("phase_kinds.toml").get("axes", {})
+    axes = {
+        name: convert(t, VariantAxisKind, f"planner/data/phase_kinds.toml: $.axes.{name}") for name, t in raw.items()
+    }
+    for name, kind in phase_kinds().items():
+        for j, axis in enumerate(kind.axes):
+            if axis not in axes:
+                raise InputError(
+                    f"axis {axis!r} has no [axes.{axis}] table",
+                    where=f"planner/data/phase_kinds.toml: $.kinds.{name}.axes[{j}]",
+                    fix="add the table or remove the axis",
+                )
+    return axes
+
+
+def phase_kind_axes() -> dict[str, frozenset[str]]:
+    """Each kind's variant axes, the form :func:`capture_plan.planner.validate.validate_spec` takes."""
+    variant_axes()  # every axis a kind names has its table
+    return {name: frozenset(k.axes) for name, k in phase_kinds().items()}
 
 
 def phase_kind_names() -> list[str]:

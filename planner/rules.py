@@ -59,7 +59,8 @@ def violated(strategy: Strategy, rules: list[Rule]) -> list[str]:
 
 
 def choice_label(choice: Choice) -> str:
-    return " ".join(f"{ax}={getattr(choice, ax)}" for ax in AXES if getattr(choice, ax) is not None)
+    keys = [] if choice.key_order is msgspec.UNSET else [f"key_order={choice.key_order}"]
+    return " ".join([*(f"{ax}={getattr(choice, ax)}" for ax in AXES if getattr(choice, ax) is not None), *keys])
 
 
 def phase_rules(rules: list[Rule], phase: Phase, ctx: Context) -> list[Rule]:
@@ -99,7 +100,7 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
                     fix=f"list the {field.replace('_', ' ')}s it is for, or leave {field} out to match any",
                 )
         for j, choice in enumerate(rule.require):
-            if all(getattr(choice, ax) is None for ax in AXES):
+            if all(getattr(choice, ax) is None for ax in AXES) and choice.key_order is msgspec.UNSET:
                 raise InputError(
                     "an empty choice is met by every strategy: the rule would require nothing",
                     where=f"{source}: $.rules[{i}].require[{j}]",

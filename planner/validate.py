@@ -6,8 +6,10 @@ types (``capture_plan.schemas.spec``), located and worded by
 :func:`capture_plan.schemas.codec.convert`, and published by ``planner schema
 spec``. What is checked here: the version, unique phase names, sizes and rule
 ids, ``MAX_CAPTURES`` over all phases, known ``after`` targets, phase kinds and
-the settings each accepts, heads a multiple of kv_heads, and a phase's own model
-setting at least one dimension. Only the planner reads specs; the executor reads
+the settings each accepts, heads a multiple of kv_heads, a phase's own model
+setting at least one dimension, and graph keys: the variant axes each kind may
+have, labels unique per axis, ``MAX_KEYS_PER_PHASE`` keys (sizes x labels of every
+axis) per phase and ``MAX_CAPTURES`` keys over all phases. Only the planner reads specs; the executor reads
 plans (``capture_plan.schemas.codec``).
 """
 
@@ -19,7 +21,7 @@ import msgspec
 
 from capture_plan.schemas.codec import convert, read_document, short_int
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.limits import MAX_CAPTURES
+from capture_plan.schemas.limits import MAX_CAPTURES, MAX_KEYS_PER_PHASE
 from capture_plan.schemas.spec import SPEC_VERSION, Model, Phase, Spec, phase_model
 from capture_plan.schemas.strategy import PHASE_SETTINGS
 
@@ -29,24 +31,42 @@ __all__ = ["decode_spec", "validate_spec", "check_phase_kind"]
 _UNSET_SETTING = {f.name: f.default for f in msgspec.structs.fields(Phase) if f.name in PHASE_SETTINGS}
 
 
-def decode_spec(data: bytes, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
+def decode_spec(
+    data: bytes,
+    source: str,
+    *,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] | None = None,
+) -> Spec:
     """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located."""
     spec = convert(read_document(data, source, "spec"), Spec, source, kind="spec")
-    return _check_rules(spec, source, phase_kinds)
+    return _check_rules(spec, source, phase_kinds, phase_axes)
 
 
-def validate_spec(spec: Spec, source: str, *, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
+def validate_spec(
+    spec: Spec,
+    source: str,
+    *,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] | None = None,
+) -> Spec:
     """Check a spec built in code (the embedded ones): the bounds of its types, as
     a decoded spec's are (a struct built in code is not checked by msgspec), then
     the rules of :func:`decode_spec`. ``phase_kinds`` maps each kind a spec may
     name to the settings (:data:`capture_plan.schemas.strategy.PHASE_SETTINGS`) it
     accepts: planner/data/phase_kinds.toml's. A setting a phase's kind does not
-    accept is refused rather than silently ignored."""
+    accept is refused rather than silently ignored. ``phase_axes`` maps each kind to
+    the variant axes it may declare (None: phase_kinds.toml's ``axes``)."""
     convert(msgspec.to_builtins(spec), Spec, source, kind="spec")
-    return _check_rules(spec, source, phase_kinds)
+    return _check_rules(spec, source, phase_kinds, phase_axes)
 
 
-def _check_rules(spec: Spec, source: str, phase_kinds: Mapping[str, Collection[str]]) -> Spec:
+def _check_rules(
+    spec: Spec,
+    source: str,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] | None = None,
+) -> Spec:
     """The rules over several fields (module docstring), each located by JSON path."""
     if spec.version != SPEC_VERSION:
         newer = spec.version > SPEC_VERSION
@@ -65,14 +85,16 @@ def _check_rules(spec: Spec, source: str, phase_kinds: Mapping[str, Collection[s
                 fix="give every phase a unique name",
             )
         names[phase.name] = i
-        captures += len(phase.sizes)
+        check_phase_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
+        keys = _check_variants(phase, f"{source}: $.phases[{i}]", phase_axes)
+        captures += keys
         if captures > MAX_CAPTURES:
+            what = "capture sizes" if phase.variants is msgspec.UNSET else "graph keys"
             raise InputError(
-                f"over {MAX_CAPTURES} capture sizes in all phases together",
+                f"over {MAX_CAPTURES} {what} in all phases together",
                 where=f"{source}: $.phases[{i}].sizes",
                 fix="capture fewer sizes (pad to the next one)",
             )
-        check_phase_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
         # e.g. draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
         for field, unset in _UNSET_SETTING.items():
             value = getattr(phase, field)
@@ -115,6 +137,47 @@ def _check_rules(spec: Spec, source: str, phase_kinds: Mapping[str, Collection[s
     if spec.trace is not None and "\x00" in spec.trace:
         raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
     return spec
+
+
+def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collection[str]] | None) -> int:
+    """A phase's variant axes: each one its kind may have, labels unique, at most
+    ``MAX_KEYS_PER_PHASE`` keys; returns the phase's number of graph keys. Call after
+    the kind is checked."""
+    if phase.variants is msgspec.UNSET:
+        return len(phase.sizes)
+    if phase_axes is None:
+        from .resources import phase_kind_axes
+
+        phase_axes = phase_kind_axes()
+    allowed = phase_axes.get(phase.kind, ())
+    keys = len(phase.sizes)
+    for axis, labels in phase.variants.items():
+        if axis not in allowed:
+            kinds = sorted(k for k, axes in phase_axes.items() if axis in axes)
+            have = f"its axes are {', '.join(sorted(allowed))}" if allowed else "it has none"
+            raise InputError(
+                f"a {phase.kind} phase cannot have the variant axis {axis!r} ({have})",
+                where=f"{where}.variants.{axis}",
+                fix=f"declare {axis} on {' or '.join(kinds)} phases only" if kinds else f"leave {axis} out",
+            )
+        seen: dict[str, int] = {}
+        for j, label in enumerate(labels):
+            if label in seen:
+                raise InputError(
+                    f"duplicate label {label!r} (also $.variants.{axis}[{seen[label]}])",
+                    where=f"{where}.variants.{axis}[{j}]",
+                    fix="list each label once",
+                )
+            seen[label] = j
+        keys *= len(labels)
+    if keys > MAX_KEYS_PER_PHASE:
+        shape = " x ".join([f"{len(phase.sizes)} sizes", *(f"{len(v)} {a}" for a, v in phase.variants.items())])
+        raise InputError(
+            f"{short_int(keys)} graph keys ({shape}), over the limit of {MAX_KEYS_PER_PHASE} per phase",
+            where=f"{where}.variants",
+            fix="capture fewer sizes or fewer labels",
+        )
+    return keys
 
 
 def _check_phase_model(model: Model, phase: Phase, where: str) -> None:

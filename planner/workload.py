@@ -136,13 +136,18 @@ class _Shape(msgspec.Struct, frozen=True):
         )
 
 
-def _decoder_layer(ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int, attention_in_graph: bool = True) -> int:
-    """One decoder layer over ``bs * tpr`` tokens; frees ``h_in``, returns the new hidden state."""
+def _decoder_layer(
+    ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int, attention_in_graph: bool = True, splits: list | None = None
+) -> int:
+    """One decoder layer over ``bs * tpr`` tokens; frees ``h_in``, returns the new hidden state.
+    ``splits``: the attention output's id is appended (a piece graph ends after it)."""
     d, hd, h = s.model.dtype_bytes, s.model.head_dim, s.model.hidden
     tokens = bs * tpr
     x = _rmsnorm(ev, tokens, h, d)
     qkv = ev.alloc(tokens * (s.heads + 2 * s.kv_heads) * hd * d)
     attn = _attention(ev, s.backend, bs, tpr, s.heads, hd, d, attention_in_graph)
+    if splits is not None:
+        splits.append(attn)
     o = ev.alloc(tokens * h * d)  # O projection; a TP all-reduce runs in place
     res = ev.alloc(tokens * h * d)
     x2 = _rmsnorm(ev, tokens, h, d)
@@ -204,7 +209,8 @@ def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool =
     tokens = bs * tpr
     embedding = ev.alloc(tokens * m.hidden * m.dtype_bytes)
     prologue = ev.take()
-    new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr, attention_in_graph)
+    splits: list[int] = []
+    new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr, attention_in_graph, splits)
     body = ev.take()
     _rmsnorm(ev, tokens, m.hidden, m.dtype_bytes, "output")
     ev.free(CARRY)
@@ -215,6 +221,8 @@ def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool =
         epilogue=ev.take(),
         carry_in=embedding,
         carry_out=new_hidden,
+        # a piecewise capture's pieces end at each eager attention call
+        splits=() if attention_in_graph else tuple(splits),
     )
 
 
