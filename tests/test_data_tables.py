@@ -139,7 +139,14 @@ def test_phase_kinds_schema_is_strict(cli):
     code, out, _ = cli("schema", "phase-kinds")
     schema = json.loads(out)["$defs"]
     assert code == 0 and schema["PhaseKind"]["additionalProperties"] is False
-    assert schema["PhaseKind"]["properties"]["settings"]["items"]["enum"] == ["layers", "model", "steps", "topk"]
+    assert schema["PhaseKind"]["properties"]["settings"]["items"]["enum"] == [
+        "layers",
+        "micro_batches",
+        "model",
+        "pieces",
+        "steps",
+        "topk",
+    ]
     code, out, _ = cli("schema", "plan")
     assert json.loads(out)["$defs"]["PhasePlan"]["properties"]["kind"]["enum"] == list(resources.phase_kinds())
 

@@ -98,3 +98,227 @@ def test_a_profiling_pass_gets_the_whole_capture_with_its_items():
     assert mem.bytes == (plan.predicted.device.total_bytes if mem.complete else sum(known))
     assert mem.bytes >= plan.predicted.pool_bytes
     assert msgspec.json.decode(msgspec.json.encode(mem))["items"][0]["name"] == "pool"
+
+
+# --- planner side: spec, expansion, order, per-key prediction, bad input -------------
+
+LORA_SPEC = """\
+name = "keys"
+[model]
+layers = 2
+[[phases]]
+name = "decode"
+kind = "decode"
+sizes = [1, 2, 4]
+variants = { lora = ["lora", "nolora"], attention = ["b", "a"] }
+"""
+
+
+def _build(tmp_path, text: str, **kw):
+    from capture_plan.planner.build import BuildOptions, build_plan
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(text)
+    return build_plan(BuildOptions(backend="fa3", spec=spec, output=tmp_path / "p.json", **kw))
+
+
+def test_variant_axes_keep_the_order_written_and_expand_per_size(tmp_path):
+    plan = _build(tmp_path, LORA_SPEC)
+    phase = plan.phases[0]
+    assert phase.variants is not msgspec.UNSET
+    assert [(a.name, a.labels) for a in phase.variants] == [("lora", ["lora", "nolora"]), ("attention", ["b", "a"])]
+    captures = [s.id for s in plan.steps if s.op == "capture"]
+    # size-major (the default): per size, largest first, every variant in the order written
+    assert captures[:5] == [
+        "capture/decode/4/lora=lora,attention=b",
+        "capture/decode/4/lora=lora,attention=a",
+        "capture/decode/4/lora=nolora,attention=b",
+        "capture/decode/4/lora=nolora,attention=a",
+        "capture/decode/2/lora=lora,attention=b",
+    ]
+    assert len(captures) == 3 * 2 * 2
+    assert plan.revision == 3 and phase.strategy.key_order == "size-major"
+    # the plan reads back through the codec (ids, labels, every key captured once)
+    decode_plan(canonical_bytes(plan), "p.json")
+
+
+def test_a_rule_sets_the_key_order_and_two_that_disagree_conflict(tmp_path):
+    from capture_plan.schemas.errors import ConstraintError
+
+    rule = '[[rules]]\nid = "{id}"\nwhy = "w"\nrequire = [{{ key_order = "{order}" }}]\n'
+    plan = _build(tmp_path, LORA_SPEC + rule.format(id="per-variant", order="variant-major"))
+    captures = [s.id for s in plan.steps if s.op == "capture"]
+    assert captures[:3] == [
+        "capture/decode/4/lora=lora,attention=b",
+        "capture/decode/2/lora=lora,attention=b",
+        "capture/decode/1/lora=lora,attention=b",
+    ]
+    assert plan.phases[0].strategy.key_order == "variant-major"
+    decision = next(d for d in plan.decisions if d.choice.startswith("key_order="))
+    assert decision.rule == "per-variant"
+    assert any(e.rule == "per-variant" for e in plan.edges)
+    with pytest.raises(ConstraintError, match="per-variant requires key_order=variant-major, per-size requires"):
+        _build(
+            tmp_path,
+            LORA_SPEC
+            + rule.format(id="per-variant", order="variant-major")
+            + rule.format(id="per-size", order="size-major"),
+        )
+
+
+def test_keys_of_one_size_share_its_program_and_labels_the_reference_lacks_are_approximate(tmp_path):
+    plain = _build(
+        tmp_path, LORA_SPEC.replace('variants = { lora = ["lora", "nolora"], attention = ["b", "a"] }\n', "")
+    )
+    keyed = _build(tmp_path, LORA_SPEC.replace(', attention = ["b", "a"]', ""))
+    keys = {k.step: k for k in keyed.predicted.keys}
+    assert list(keys) == [s.id for s in keyed.steps if s.op == "capture"]
+    assert keys["capture/decode/4/lora=nolora"].fidelity == "reference"
+    assert keys["capture/decode/4/lora=lora"].fidelity == "approximate"
+    assert keys["capture/decode/4/lora=lora"].graph_bytes == keys["capture/decode/4/lora=nolora"].graph_bytes
+    # the growth where each key is captured adds up to the pool
+    assert sum(k.added_bytes for k in keyed.predicted.keys) == keyed.predicted.pool_bytes
+    # a plan without graph keys records none, and stays revision 2
+    assert plain.predicted.keys == [] and plain.revision == 2 and not uses_graph_keys(plain)
+    assert keyed.predicted.largest_graph_bytes == plain.predicted.largest_graph_bytes
+
+
+def test_the_sglang_lora_plan_keeps_its_first_warmups_outputs_as_a_device_item():
+    plan = decode_plan((ROOT / "plans/fa3-sglang-lora.json").read_bytes(), "p.json")
+    assert plan.phases[0].warmup_keeps == "outputs"
+    kept = [s for s in plan.steps if s.keeps is not msgspec.UNSET]
+    assert [s.op for s in kept] == ["warmup"]
+    # the float32 logits of the largest size (llama-3-8b: 128256 vocab)
+    assert kept[0].keeps == 256 * 128256 * 4
+    assert plan.predicted.device is not None
+    item = next(i for i in plan.predicted.device.items if i.name == "warmup-kept")
+    assert item.bytes == kept[0].keeps
+    mem = capture_memory(plan)
+    assert "warmup-kept" in [i.name for i in mem.items] and len(mem.keys) == 2 * 36
+    assert {k.fidelity for k in mem.keys} == {"reference", "approximate"}
+
+
+def test_the_vllm_preset_with_keys_predicts_per_piece_and_leaves_the_pool_unchanged():
+    keyed = decode_plan((ROOT / "plans/fa3-vllm-keys.json").read_bytes(), "k.json")
+    plain = decode_plan((ROOT / "plans/fa3-vllm.json").read_bytes(), "p.json")
+    assert [(p.name, p.sizes) for p in keyed.phases] == [(p.name, p.sizes) for p in plain.phases]
+    assert [len(p.sizes) for p in keyed.phases] == [51, 51]
+    # the graph keys change no prediction of the plan without them
+    assert keyed.predicted.timeline == plain.predicted.timeline
+    assert keyed.predicted.pool_bytes == plain.predicted.pool_bytes
+    pieces = [k for k in keyed.predicted.keys if k.step.startswith("capture/piecewise/")]
+    assert len(pieces) == 51 and keyed.phases[0].pieces == 32 + 1
+    for k in pieces:
+        assert len(k.pieces) == 33 and sum(k.pieces) == k.graph_bytes, k.step
+    full = [k for k in keyed.predicted.keys if k.step.startswith("capture/full_decode/")]
+    assert len(full) == 51 and all(k.pieces == [] for k in full)
+    # the FULL graphs' persistent buffers: the final-normed hidden state at 512 tokens
+    assert sum(k.kept_bytes for k in full) == 512 * 4096 * 2
+
+
+def test_a_piece_count_the_model_does_not_give_is_predicted_whole(tmp_path):
+    spec = '[model]\nlayers = 2\n[[phases]]\nname = "p"\nkind = "piecewise"\nsizes = [8, 16]\npieces = {n}\n'
+    plan = _build(tmp_path, spec.format(n=3))
+    assert all(s.pieces == 3 for s in plan.steps if s.op == "capture")
+    assert all(len(k.pieces) == 3 and sum(k.pieces) == k.graph_bytes for k in plan.predicted.keys)
+    plan = _build(tmp_path, spec.format(n=5))
+    assert all(k.pieces == [] and k.graph_bytes > 0 for k in plan.predicted.keys)
+
+
+@pytest.mark.parametrize(
+    "phase,where,what,fix",
+    [
+        (
+            'kind = "draft_decode"\nvariants = { lora = ["lora", "nolora"] }',
+            "$.phases[0].variants.lora",
+            "a draft_decode phase cannot have the variant axis 'lora' (its axes are attention)",
+            "declare lora on decode or target_verify phases only",
+        ),
+        (
+            'kind = "decode"\nvariants = { lora = ["lora", "lora"] }',
+            "$.phases[0].variants.lora[1]",
+            "duplicate label 'lora' (also $.variants.lora[0])",
+            "list each label once",
+        ),
+        (
+            'kind = "decode"\npieces = 3',
+            "$.phases[0].pieces",
+            "pieces = 3 has no meaning for a decode phase",
+            "set pieces on piecewise phases only",
+        ),
+    ],
+)
+def test_bad_variants_are_one_located_line_with_a_fix(cli, tmp_path, phase, where, what, fix):
+    (tmp_path / "s.toml").write_text(f'[[phases]]\nname = "d"\nsizes = [1, 2]\n{phase}\n')
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml")
+    assert (code, out) == (1, "")
+    assert err == f"planner: error: s.toml: {where}: {what}; fix: {fix}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]  # nothing written
+
+
+def test_too_many_keys_per_phase_is_refused_with_the_product(cli, tmp_path):
+    from capture_plan.schemas.limits import MAX_KEYS_PER_PHASE
+
+    sizes = list(range(1, 1025))
+    labels = [f"l{i}" for i in range(16)]
+    (tmp_path / "s.json").write_text(
+        json.dumps({"phases": [{"name": "d", "kind": "decode", "sizes": sizes, "variants": {"lora": labels}}]})
+    )
+    code, _, err = cli("build", "-b", "fa3", "--spec", "s.json")
+    assert code == 1
+    assert err == (
+        f"planner: error: s.json: $.phases[0].variants: 16384 graph keys (1024 sizes x 16 lora), over the limit "
+        f"of {MAX_KEYS_PER_PHASE} per phase; fix: capture fewer sizes or fewer labels\n"
+    )
+
+
+def test_the_spec_schema_publishes_the_variant_limits():
+    from capture_plan.planner.schema import json_schema
+    from capture_plan.schemas.limits import MAX_KEYS_PER_PHASE, MAX_LABELS_PER_AXIS, MAX_VARIANT_AXES
+
+    variants = json.loads(json_schema("spec"))["$defs"]["Phase"]["properties"]["variants"]
+    assert variants["maxProperties"] == MAX_VARIANT_AXES
+    assert variants["x-max-keys-per-phase"] == MAX_KEYS_PER_PHASE
+    assert variants["additionalProperties"]["maxItems"] == MAX_LABELS_PER_AXIS
+
+
+def _keyed_raw() -> dict:
+    return json.loads((ROOT / "plans/fa3-sglang-lora.json").read_bytes())
+
+
+@pytest.mark.parametrize(
+    "edit,where,what",
+    [
+        (lambda r: r["steps"][1].update(labels=["dense"]), "$.steps[1].labels[0]", "'dense' is not a label"),
+        (lambda r: r["steps"][1].pop("labels"), "$.steps[1].labels", "no labels for phase 'decode'"),
+        (lambda r: r["steps"][1].update(pieces=3), "$.steps[1].pieces", "pieces = 3 where the plan says no pieces"),
+        (lambda r: r["steps"][1].update(keeps=1), "$.steps[1].keeps", "a capture step keeps bytes"),
+        (
+            lambda r: r["predicted"]["keys"][0].update(step="capture/decode/1/lora=lora"),
+            "$.predicted.keys[0].step",
+            "key prediction for 'capture/decode/1/lora=lora'",
+        ),
+    ],
+)
+def test_a_keyed_plan_that_does_not_fit_its_phase_is_refused_located(edit, where, what):
+    raw = _keyed_raw()
+    edit(raw)
+    with pytest.raises(InputError) as err:
+        decode_plan(_resealed(raw), "p.json")
+    assert err.value.where == f"p.json: {where}"
+    assert what in err.value.what
+
+
+def test_a_graph_key_left_out_is_named():
+    raw = _keyed_raw()
+    i = next(i for i, s in enumerate(raw["steps"]) if s["id"] == "capture/decode/1/lora=nolora")
+    del raw["steps"][i]
+    for j, s in enumerate(raw["steps"]):
+        s["index"] = j
+    raw["predicted"]["timeline"] = [{**m, "step": j} for j, m in enumerate(raw["predicted"]["timeline"][:-1])]
+    raw["predicted"]["keys"] = [k for k in raw["predicted"]["keys"] if k["step"] != "capture/decode/1/lora=nolora"]
+    raw["edges"] = [e for e in raw["edges"] if "capture/decode/1/lora=nolora" not in (e["src"], e["dst"])]
+    with pytest.raises(InputError) as err:
+        decode_plan(_resealed(raw), "p.json")
+    assert err.value.where == "p.json: $.phases[0].sizes"
+    assert "graph key(s) capture/decode/1/lora=nolora that no capture step captures" in err.value.what
