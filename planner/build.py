@@ -239,7 +239,12 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str, str | N
         from .hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
-        spec = decode_spec(raw, str(opts.spec), phase_kinds=resources.phase_kind_settings())
+        spec = decode_spec(
+            raw,
+            str(opts.spec),
+            phase_kinds=resources.phase_kind_settings(),
+            phase_axes=resources.phase_kind_axes(),
+        )
         base = output_path(opts).parent
         model, config, config_raw = read_model_config(spec.model, opts.spec, str(opts.spec))
         used = (_rel(Path(config), base), sha256(config_raw), _model_type(config_raw)) if config is not None else None

@@ -36,7 +36,7 @@ def decode_spec(
     source: str,
     *,
     phase_kinds: Mapping[str, Collection[str]],
-    phase_axes: Mapping[str, Collection[str]] | None = None,
+    phase_axes: Mapping[str, Collection[str]] = {},
 ) -> Spec:
     """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located."""
     spec = convert(read_document(data, source, "spec"), Spec, source, kind="spec")
@@ -48,7 +48,7 @@ def validate_spec(
     source: str,
     *,
     phase_kinds: Mapping[str, Collection[str]],
-    phase_axes: Mapping[str, Collection[str]] | None = None,
+    phase_axes: Mapping[str, Collection[str]] = {},
 ) -> Spec:
     """Check a spec built in code (the embedded ones): the bounds of its types, as
     a decoded spec's are (a struct built in code is not checked by msgspec), then
@@ -56,7 +56,9 @@ def validate_spec(
     name to the settings (:data:`capture_plan.schemas.strategy.PHASE_SETTINGS`) it
     accepts: planner/data/phase_kinds.toml's. A setting a phase's kind does not
     accept is refused rather than silently ignored. ``phase_axes`` maps each kind to
-    the variant axes it may declare (None: phase_kinds.toml's ``axes``)."""
+    the variant axes it may declare (phase_kinds.toml's ``axes``:
+    :func:`capture_plan.planner.resources.phase_kind_axes`); a kind it does not list
+    may declare none."""
     convert(msgspec.to_builtins(spec), Spec, source, kind="spec")
     return _check_rules(spec, source, phase_kinds, phase_axes)
 
@@ -65,7 +67,7 @@ def _check_rules(
     spec: Spec,
     source: str,
     phase_kinds: Mapping[str, Collection[str]],
-    phase_axes: Mapping[str, Collection[str]] | None = None,
+    phase_axes: Mapping[str, Collection[str]] = {},
 ) -> Spec:
     """The rules over several fields (module docstring), each located by JSON path."""
     if spec.version != SPEC_VERSION:
@@ -139,16 +141,12 @@ def _check_rules(
     return spec
 
 
-def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collection[str]] | None) -> int:
+def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collection[str]]) -> int:
     """A phase's variant axes: each one its kind may have, labels unique, at most
     ``MAX_KEYS_PER_PHASE`` keys; returns the phase's number of graph keys. Call after
     the kind is checked."""
     if phase.variants is msgspec.UNSET:
         return len(phase.sizes)
-    if phase_axes is None:
-        from .resources import phase_kind_axes
-
-        phase_axes = phase_kind_axes()
     allowed = phase_axes.get(phase.kind, ())
     keys = len(phase.sizes)
     for axis, labels in phase.variants.items():
