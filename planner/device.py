@@ -41,6 +41,7 @@ from pathlib import Path
 from capture_plan.schemas.codec import decode_report
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
+from capture_plan.schemas.keys import parse_step_id
 from capture_plan.schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
 from capture_plan.schemas.report import DEVICE_ITEMS, CaptureReport
 
@@ -126,14 +127,16 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     nodes: dict[str, dict[int, int]] = defaultdict(dict)
     counted: dict[str, tuple[int, int]] = {}
     prev_free, prev_res = None, None
-    for m in rep.steps:
-        op, _, rest = m.id.partition("/")
-        phase, _, bs = rest.rpartition("/")
+    for i, m in enumerate(rep.steps):
+        try:
+            op, phase, bs, _ = parse_step_id(m.id)  # a graph key's labels: its phase's figures all the same
+        except ValueError as err:
+            raise InputError(str(err), where=f"{source}: $.steps[{i}].id", fix=fix) from None
         if op == "warmup" and m.scratch is not None:
             for key in (phase, f"kind:{phases.get(phase)}"):
                 scratch[key] = max(scratch.get(key, 0), m.scratch)
         if op == "capture" and m.graph_nodes is not None:
-            nodes[phase][int(bs)] = m.graph_nodes
+            nodes[phase][bs] = m.graph_nodes
         if op == "capture" and prev_free is not None:
             # every step has free and allocator_reserved: checked above, where pyright cannot see it
             took = (prev_free - m.free) - (m.allocator_reserved - prev_res)  # pyright: ignore[reportOperatorIssue]

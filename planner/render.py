@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import difflib
 
-from capture_plan.schemas.plan import Plan
+import msgspec
+
+from capture_plan.schemas.keys import label_suffix, parse_step_id
+from capture_plan.schemas.plan import Plan, Step
 from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.units import mib
 
@@ -81,17 +84,33 @@ def device_lines(plan: Plan) -> list[str]:
         out.append(f"  figures describe {p.describes}: exact for that code; for your engine's model, record a trace")
     elif p.fidelity == "recorded":
         out.append(f"  figures are exact for {p.describes}")
+    rough = [k.step for k in p.keys if k.fidelity == "approximate" and p.fidelity != "approximate"]
+    if rough:
+        out.append(
+            f"  graph keys: {len(rough)} of {len(p.keys)} approximate (e.g. {rough[0]}): a label the reference "
+            "does not model, predicted with its size's program (planner/data/phase_kinds.toml [axes])"
+        )
     return out
+
+
+def _key(s: Step) -> str:
+    """A step's labels (as its id spells them) and pieces for a table ("" for a step without them)."""
+    labels = label_suffix(parse_step_id(s.id)[3])
+    parts = [labels] if labels else []
+    parts += [] if s.pieces is msgspec.UNSET else [f"{s.pieces} pieces"]
+    return " ".join(parts)
 
 
 def steps_table(plan: Plan) -> str:
     tl = {m.step: m for m in plan.predicted.timeline}
+    keyed = any(_key(s) for s in plan.steps)  # the key column only where a step has labels or pieces
     rows = [
         [
             str(s.index),
             s.op,
             s.phase,
             str(s.bs),
+            *([_key(s) or "-"] if keyed else []),
             s.pool or "-",
             s.outputs or "-",
             mib(tl[s.index].reserved, unit=False),
@@ -99,7 +118,8 @@ def steps_table(plan: Plan) -> str:
         ]
         for s in plan.steps
     ]
-    return _table(["#", "op", "phase", "bs", "pool", "outputs", "reserved MiB", "allocated MiB"], rows)
+    head = ["#", "op", "phase", "bs", *(["key"] if keyed else []), "pool", "outputs", "reserved MiB", "allocated MiB"]
+    return _table(head, rows)
 
 
 def explain(plan: Plan, head: str | None = None) -> str:
@@ -149,8 +169,8 @@ def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
         for ln in difflib.unified_diff(da, db, f"{name_a} decisions", f"{name_b} decisions", lineterm="", n=0)
         if not ln.startswith("@@")
     ]
-    ta = [f"{s.op} {s.phase} {s.bs} {s.pool} {s.outputs or '-'}" for s in a.steps]
-    tb = [f"{s.op} {s.phase} {s.bs} {s.pool} {s.outputs or '-'}" for s in b.steps]
+    ta = [f"{s.op} {s.phase} {s.bs}{' ' + _key(s) if _key(s) else ''} {s.pool} {s.outputs or '-'}" for s in a.steps]
+    tb = [f"{s.op} {s.phase} {s.bs}{' ' + _key(s) if _key(s) else ''} {s.pool} {s.outputs or '-'}" for s in b.steps]
     out += [ln for ln in difflib.unified_diff(ta, tb, f"{name_a} steps", f"{name_b} steps", lineterm="", n=1)]
     if not out:
         return f"{name_a} and {name_b}: no differences in steps, decisions or predictions", False

@@ -34,6 +34,7 @@ __all__ = [
     "GraphKey",
     "CaptureMemory",
     "step_id",
+    "parse_step_id",
     "label_suffix",
     "phase_axes",
     "step_labels",
@@ -74,6 +75,21 @@ def step_id(op: str, phase: str, bs: int, labels: Iterable[tuple[str, str]] = ()
     has labels (``labels``: ``(axis, label)`` pairs in the phase's axis order)."""
     suffix = label_suffix(labels)
     return f"{op}/{phase}/{bs}/{suffix}" if suffix else f"{op}/{phase}/{bs}"
+
+
+def parse_step_id(sid: str) -> tuple[str, str, int, tuple[tuple[str, str], ...]]:
+    """``"capture/decode/64/lora=nolora"`` -> ``("capture", "decode", 64, (("lora", "nolora"),))``:
+    what :func:`step_id` wrote. ValueError for an id it cannot have written."""
+    parts = sid.split("/")
+    if len(parts) not in (3, 4) or not parts[2].isdigit():
+        raise ValueError(f"{sid!r} is not a step id (<op>/<phase>/<bs>[/<axis>=<label>,...])")
+    labels: tuple[tuple[str, str], ...] = ()
+    if len(parts) == 4:
+        pairs = [p.partition("=") for p in parts[3].split(",")]
+        if any(not a or not sep or not v for a, sep, v in pairs):
+            raise ValueError(f"{sid!r} has labels that are not <axis>=<label>,...")
+        labels = tuple((a, v) for a, _, v in pairs)
+    return parts[0], parts[1], int(parts[2]), labels
 
 
 def phase_axes(phase: PhasePlan) -> tuple[str, ...]:

@@ -322,3 +322,25 @@ def test_a_graph_key_left_out_is_named():
         decode_plan(_resealed(raw), "p.json")
     assert err.value.where == "p.json: $.phases[0].sizes"
     assert "graph key(s) capture/decode/1/lora=nolora that no capture step captures" in err.value.what
+
+
+def test_a_step_id_parses_back_to_its_key():
+    from capture_plan.schemas.keys import parse_step_id
+
+    labels = (("lora", "nolora"), ("attention", "a"))
+    assert parse_step_id(step_id("warmup", "decode", 64, labels)) == ("warmup", "decode", 64, labels)
+    assert parse_step_id("capture/decode/8") == ("capture", "decode", 8, ())
+    for bad in ("capture/decode", "capture/decode/x", "capture/decode/8/lora", "capture/decode/8/a=b/c"):
+        with pytest.raises(ValueError):
+            parse_step_id(bad)
+
+
+def test_show_lists_each_steps_key_and_says_how_many_keys_are_approximate(cli):
+    code, out, _ = cli("show", str(ROOT / "plans/fa3-sglang-lora.json"))
+    assert code == 0
+    assert "graph keys: 36 of 72 approximate (e.g. capture/decode/256/lora=lora)" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[:2] in (["1", "capture"], ["2", "capture"])]
+    assert [r[4] for r in rows] == ["lora=lora", "lora=nolora"]
+    code, out, _ = cli("show", str(ROOT / "plans/fa3.json"))
+    header = next(ln.split() for ln in out.splitlines() if ln.startswith("#"))
+    assert header[:4] == ["#", "op", "phase", "bs"] and "key" not in header  # no key column without keys
