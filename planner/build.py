@@ -20,7 +20,7 @@ import msgspec
 from capture_plan.schemas.codec import canonical_bytes, decode_trace, seal, sha256, sniff_kind
 from capture_plan.schemas.errors import ConstraintError, DriftError, InputError
 from capture_plan.schemas.files import existing_output, read_input, write_atomic
-from capture_plan.schemas.keys import needed_revision
+from capture_plan.schemas.keys import needed_revision, parse_step_id
 from capture_plan.schemas.limits import MODEL_MAX
 from capture_plan.schemas.plan import (
     PLAN_REVISION,
@@ -45,7 +45,7 @@ from . import resources
 from .device import Calibration, device_prediction, pools_after
 from .fidelity import fidelity
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
-from .keys import key_predictions, key_sequence, keyed_steps, piece_count, resolve_keys, uses_keys
+from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, resolve_keys, uses_keys
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, satisfies
 from .simulate import SimResult, pool_id, simulate
@@ -667,7 +667,7 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     """The steps simulated exactly as ordered, at every size (the optimizer's
     simulation when it ran the same captures), and the engines' loop."""
     strategies = sol.strategies
-    captures = tuple((s.phase, s.bs) for s in steps if s.op == "capture")
+    captures = tuple(capture_key(s.phase, s.bs, parse_step_id(s.id)[3]) for s in steps if s.op == "capture")
     seen = sol.sims.get(tuple((n, strategies[n]) for n in r.sequence))
     sim = (
         seen[1]
@@ -682,9 +682,11 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     assert order is not None  # rules.toml's baseline sets every axis
     # the engines' loop captures every graph key too: per size, every variant
     base_seq = [
-        (n, bs)
+        capture_key(n, bs, labels)
         for n in r.sequence
-        for bs, _ in key_sequence(capture_order(r.by_name[n].sizes, order), r.keys.get(n, ([()],))[0], "size-major")
+        for bs, labels in key_sequence(
+            capture_order(r.by_name[n].sizes, order), r.keys.get(n, ([()],))[0], "size-major"
+        )
     ]
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
     if baseline_bytes is None:

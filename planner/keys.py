@@ -11,10 +11,11 @@ helpers: :mod:`capture_plan.schemas.keys`). What this module decides:
   size). Rules set it as they set the size order: a rule whose every ``require``
   names the same ``key_order`` forces it, two that force different ones conflict;
   else the last ``prefer.key_order``; else size-major (:func:`key_order`).
-* **Programs**: every key of a size runs the program of that size (the trace's, or
-  the analytic one). A label the reference step does not model (``lora=lora``: the
-  reference has no LoRA layers; planner/data/phase_kinds.toml ``[axes.*].reference``)
-  is predicted with that program and flagged approximate (:func:`key_fidelity`).
+* **Programs**: a key a trace recorded (a capture with ``labels``) runs its own
+  program (``recorded``); every other key of a size runs the program of that size (the
+  trace's, or the analytic one). A label the reference step does not model
+  (``lora=lora``: the reference has no LoRA layers; planner/data/phase_kinds.toml
+  ``[axes.*].reference``) is then flagged approximate (:func:`key_fidelity`).
   Micro-batched graphs (``micro_batches`` > 1) are flagged approximate too: the
   program runs the whole batch at once.
 * **Pieces**: a piecewise capture split at every attention op has layers + 1 pieces;
@@ -27,9 +28,10 @@ helpers: :mod:`capture_plan.schemas.keys`). What this module decides:
   phase allocates the outputs of the phase's largest graph outside every pool and
   the engine keeps them, reused by every later key (:func:`output_bytes`).
 
-What it does not do: model LoRA's or an attention variant's own allocations (a
-trace of the engine's model would; traces are per phase and size today), or a
-ragged verify phase's slot count.
+What it does not do: model LoRA's or an attention variant's own allocations
+analytically (a trace of the engine's model records them), fit a labelled key's sizes
+from a few recorded ones (each recorded key stands for itself), or a ragged verify
+phase's slot count.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from collections.abc import Sequence
 import msgspec
 
 from capture_plan.schemas.errors import ConstraintError
-from capture_plan.schemas.keys import expand_labels
+from capture_plan.schemas.keys import expand_labels, parse_step_id
 from capture_plan.schemas.plan import Fidelity, KeyPrediction, Step, StepMemory, Strategy
 from capture_plan.schemas.spec import Model, Phase, Rule
 
@@ -58,6 +60,7 @@ __all__ = [
     "piece_bytes",
     "output_bytes",
     "key_fidelity",
+    "capture_key",
     "resolve_keys",
     "uses_keys",
     "keyed_steps",
@@ -105,6 +108,12 @@ def key_sequence(sizes: Sequence[int], combos: Sequence[Labels], order: str) -> 
     if order == "variant-major":
         return [(bs, c) for c in combos for bs in sizes]
     return [(bs, c) for bs in sizes for c in combos]
+
+
+def capture_key(phase: str, bs: int, labels: Labels = ()) -> tuple:
+    """A capture as the simulator takes it: ``(phase, size)``, with the labels of a graph
+    key that has them (so captures without labels are what they were before graph keys)."""
+    return (phase, bs, labels) if labels else (phase, bs)
 
 
 def piece_count(phase: Phase, model: Model) -> int | None:
@@ -238,7 +247,7 @@ def key_predictions(
     alone (its pieces too), the pool's growth where the plan captures it, what its
     warm-up keeps, and its fidelity (:func:`key_fidelity`)."""
     reference = {name: axis.reference for name, axis in variant_axes().items()}
-    alone: dict[tuple[str, int], tuple[int, list[int]]] = {}
+    alone: dict[tuple, tuple[int, list[int]]] = {}
     keeps = {s.id.partition("/")[2]: s.keeps for s in steps if s.op == "warmup" and s.keeps is not msgspec.UNSET}
     out: list[KeyPrediction] = []
     before = 0
@@ -246,14 +255,19 @@ def key_predictions(
         if s.op != "capture":
             continue
         p, st = phases[s.phase], strategies[s.phase]
-        if (s.phase, s.bs) not in alone:
-            graph = simulate([(s.phase, s.bs)], {s.phase: st}, workload, expandable).pool_bytes
+        labels = parse_step_id(s.id)[3]
+        # keys of one size share its program unless a trace recorded the key itself
+        recorded = (s.phase, s.bs, labels) in workload.programs if labels else False
+        key = capture_key(s.phase, s.bs, labels if recorded else ())
+        if key not in alone:
+            graph = simulate([key], {s.phase: st}, workload, expandable).pool_bytes
             n = piece_count(p, model)
-            prog = workload.program(s.phase, s.bs, hoisted=st.workspace == "hoisted")
-            alone[(s.phase, s.bs)] = (graph, piece_bytes(prog, n, expandable) if n else [])
-        graph, pieces = alone[(s.phase, s.bs)]
+            prog = workload.program(
+                s.phase, s.bs, hoisted=st.workspace == "hoisted", labels=key[2:][0] if recorded else ()
+            )
+            alone[key] = (graph, piece_bytes(prog, n, expandable) if n else [])
+        graph, pieces = alone[key]
         micro = 1 if p.micro_batches is msgspec.UNSET else p.micro_batches
-        labels = tuple(zip(p.variants, s.labels)) if s.labels is not msgspec.UNSET and p.variants else ()
         out.append(
             KeyPrediction(
                 step=s.id,
@@ -261,7 +275,7 @@ def key_predictions(
                 added_bytes=max(0, mem.reserved - before),
                 pieces=pieces,
                 kept_bytes=int(keeps.get(s.id.partition("/")[2], 0)),
-                fidelity=key_fidelity(base, labels, reference, micro),
+                fidelity="recorded" if recorded and micro == 1 else key_fidelity(base, labels, reference, micro),
             )
         )
         before = mem.reserved

@@ -28,7 +28,7 @@ from capture_plan.schemas.spec import Choice, Phase, Rule
 from capture_plan.schemas.strategy import AXES, AXIS_VALUES
 from capture_plan.schemas.units import mib
 
-from .keys import key_sequence
+from .keys import capture_key, key_sequence
 from .resources import Backend
 from .rules import choice_label, satisfies, violated
 from .simulate import Simulation, Tail, pool_id
@@ -221,13 +221,13 @@ def optimize(pb: Problem) -> Solution:
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
-    def ordered(n: str, st: Strategy) -> list[int]:
+    def ordered(n: str, st: Strategy) -> list[tuple[int, tuple]]:
         # the sizes one phase captures in order, each once per graph key (planner/keys.py)
         sizes = sorted(captures_for[n], reverse=st.order == "largest-first")
         if n not in pb.keys:
-            return sizes
+            return [(bs, ()) for bs in sizes]
         combos, key_order, _ = pb.keys[n]
-        return [bs for bs, _ in key_sequence(sizes, combos, key_order)]
+        return key_sequence(sizes, combos, key_order)
 
     prefixes: dict[tuple, Simulation] = {}
     tails: dict[tuple, Tail] = {}
@@ -260,8 +260,8 @@ def optimize(pb: Problem) -> Solution:
                 break
             starts.append((key, run.mark()))
             n, st = members[k]
-            for bs in ordered(n, st):
-                run.capture(n, bs, st)
+            for bs, labels in ordered(n, st):
+                run.capture(n, bs, st, labels)
             if k + 1 < len(members):
                 prefixes[(members[: k + 1], guarded)] = run.copy()
         for key, mark in starts:
@@ -274,7 +274,7 @@ def optimize(pb: Problem) -> Solution:
         # trying a strategy for a phase with its own pool never re-simulates
         # the shared one.
         if members not in memo:
-            seq = [(n, bs) for n, st in members for bs in ordered(n, st)]
+            seq = [capture_key(n, bs, labels) for n, st in members for bs, labels in ordered(n, st)]
             sim = simulate_pool(members)
             memo[members] = (sim.pool_bytes, len(sim.hazards))
             if len(members) == len(pb.sequence) and all(

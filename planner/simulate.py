@@ -40,14 +40,15 @@ class SimResult(msgspec.Struct, frozen=True):
 
 
 def simulate(
-    captures: Iterable[tuple[str, int]],
+    captures: Iterable[tuple],
     strategies: dict[str, Strategy],
     workload: Workload,
     expandable: bool = False,
     protect: frozenset[str] = frozenset(),
     library_bytes: int = 0,
 ) -> SimResult:
-    """Simulate ``captures`` in order.
+    """Simulate ``captures`` in order: ``(phase, size)``, or ``(phase, size, labels)`` for a
+    graph key with labels (its program where a trace recorded that key: Workload.program).
 
     ``library_bytes``: persistent library workspace the first capture creates
     in its pool (the capture stream is cold: nothing ran on it before).
@@ -58,8 +59,8 @@ def simulate(
     """
     where = {q: pool_id(q, strategies[q]) for q in protect if q in strategies}
     run = Simulation(workload, expandable, protect, library_bytes, where)
-    for phase, bs in captures:
-        run.capture(phase, bs, strategies[phase])
+    for cap in captures:
+        run.capture(cap[0], cap[1], strategies[cap[0]], *cap[2:])
     return run.result()
 
 
@@ -148,8 +149,8 @@ class Simulation:
             hazards=_overlaps({**self.touched, **tail.touched}, self.outputs + list(tail.outputs)),
         )
 
-    def capture(self, phase: str, bs: int, st: Strategy) -> None:
-        """One capture of ``phase`` at ``bs`` under ``st``, into its pool."""
+    def capture(self, phase: str, bs: int, st: Strategy, labels: tuple = ()) -> None:
+        """One capture of ``phase`` at ``bs`` (and ``labels``, a graph key's) under ``st``, into its pool."""
         pid = pool_id(phase, st)
         pools = self.pools
         pool = pools.get(pid)
@@ -169,7 +170,7 @@ class Simulation:
         else:
             spans = outputs = None
 
-        prog = self.workload.program(phase, bs, hoisted=st.workspace == "hoisted")
+        prog = self.workload.program(phase, bs, hoisted=st.workspace == "hoisted", labels=labels)
         code = prog.runnable
         watch = outputs is not None  # record protected outputs where they are allocated
         run(code.prologue, live, 0, spans, code.prologue_outputs if watch else (), outputs)

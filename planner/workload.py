@@ -32,7 +32,7 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.spec import Model, Phase, phase_model
 from capture_plan.schemas.trace import CaptureTrace, EventKind, Trace
 
-from .program import CARRY, Alloc, Free, Op, Program
+from .program import CARRY, Alloc, Free, Op, Program, ops_from_events
 from .resources import Backend
 
 __all__ = [
@@ -392,7 +392,8 @@ class Workload:
     """What each (phase, size) capture allocates, from the analytic model or a recorded trace."""
 
     source: Literal["analytic", "trace"]
-    programs: dict[tuple[str, int], Program]
+    #: by (phase, size), and by (phase, size, labels) for a graph key a trace recorded
+    programs: dict[tuple, Program]
     #: per phase, (sizes measured, sizes derived) when from a trace
     samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     _hoisted: dict = field(default_factory=dict, repr=False, compare=False)
@@ -414,16 +415,33 @@ class Workload:
         from .scratch_shapes import MBTOPK, blocked_rows_bases
 
         names = {p.name for p in phases}
+        by_name = {p.name: p for p in phases}
         caps: dict[tuple[str, int], CaptureTrace] = {}
+        keyed: dict[tuple, CaptureTrace] = {}
         for i, cap in enumerate(trace.captures):
             where = f"{source}: $.captures[{i}]"
             if cap.phase not in names:
                 raise InputError(f"unknown phase {cap.phase!r}; the spec has {sorted(names)}", where=where + ".phase")
+            if cap.labels is not msgspec.UNSET:
+                key = (cap.phase, cap.bs, _trace_labels(cap, by_name[cap.phase], where))
+                if key in keyed:
+                    raise InputError(f"duplicate capture {cap.phase}/{cap.bs} {dict(key[2])}", where=where)
+                _check_events(cap, where)
+                keyed[key] = cap
+                continue
             if (cap.phase, cap.bs) in caps:
                 raise InputError(f"duplicate capture {cap.phase}/{cap.bs}", where=where)
             _check_events(cap, where)
             caps[(cap.phase, cap.bs)] = cap
-        progs: dict[tuple[str, int], Program] = {}
+        # a key whose labels the reference models (lora=nolora) is the phase's plain graph at its
+        # size where the trace has no unlabeled capture of that size: the sizes are fitted from it
+        from .resources import variant_axes
+
+        reference = {name: set(axis.reference) for name, axis in variant_axes().items()} if keyed else {}
+        for (phase, bs, labels), cap in sorted(keyed.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+            if all(label in reference.get(axis, ()) for axis, label in labels):
+                caps.setdefault((phase, bs), cap)
+        progs: dict[tuple, Program] = {}
         samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         for p in phases:
             widths = [] if model is None else [phase_model(model, p).vocab]
@@ -449,18 +467,43 @@ class Workload:
                         folded[id(shape)] = prog
                 progs[(p.name, bs)] = prog
             samples[p.name] = (fit.measured, fit.derived)
+        for key, cap in keyed.items():  # each recorded graph key: its own program
+            progs[key] = fold(ops_from_events(cap.events))[0]
         return cls("trace", progs, samples)
 
-    def program(self, phase: str, bs: int, hoisted: bool = False) -> Program:
+    def program(self, phase: str, bs: int, hoisted: bool = False, labels: tuple = ()) -> Program:
         """The capture's program; ``hoisted``: without the backend workspace,
-        which then lives outside the pool."""
+        which then lives outside the pool. ``labels``: a graph key's (axis, label)
+        pairs: its own recorded program where the trace has one, else the size's."""
+        key: tuple = (phase, bs, labels) if labels and (phase, bs, labels) in self.programs else (phase, bs)
         if not hoisted:
-            return self.programs[(phase, bs)]
-        key = (phase, bs)
+            return self.programs[key]
         prog = self._hoisted.get(key)
         if prog is None:
             prog = self._hoisted[key] = self.programs[key].without_workspace()
         return prog
+
+
+def _trace_labels(cap: CaptureTrace, phase: Phase, where: str) -> tuple[tuple[str, str], ...]:
+    """A labelled capture's labels as its phase's (axis, label) pairs in axis order;
+    refused, located, where they do not name one graph key of the phase."""
+    axes = {} if phase.variants is msgspec.UNSET else phase.variants
+    given = cap.labels if cap.labels is not msgspec.UNSET else {}
+    if cap.bs not in phase.sizes:
+        raise InputError(f"size {cap.bs} is not a capture size of phase {phase.name!r}", where=where + ".bs")
+    if set(given) != set(axes):
+        have = f"its axes are {', '.join(axes)}" if axes else "it declares no variant axes"
+        raise InputError(
+            f"labels {sorted(given)} do not name a graph key of phase {phase.name!r} ({have})",
+            where=where + ".labels",
+            fix="record the trace for this spec's variants, or leave the labels out",
+        )
+    for axis, labels in axes.items():
+        if given[axis] not in labels:
+            raise InputError(
+                f"{given[axis]!r} is not a label of axis {axis!r} ({', '.join(labels)})", where=f"{where}.labels.{axis}"
+            )
+    return tuple((a, given[a]) for a in axes)
 
 
 def _check_events(cap: CaptureTrace, where: str) -> None:

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .limits import MAX_EVENT_BYTES, MAX_INT, BatchSize
+from .limits import MAX_EVENT_BYTES, MAX_INT, AxisName, BatchSize, Label
 
 __all__ = ["TraceStruct", "Event", "CaptureTrace", "Trace", "TRACE_VERSION", "EventKind", "default_samples"]
 
@@ -49,6 +49,9 @@ class CaptureTrace(TraceStruct, frozen=True, kw_only=True):
     phase: str
     bs: BatchSize
     events: list[Event]
+    #: the graph key's labels (axis -> label) of a phase with variant axes; left out (and
+    #: out of the file): the phase's graph at this size, as before graph keys
+    labels: dict[AxisName, Label] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Trace(TraceStruct, frozen=True, kw_only=True):

@@ -344,3 +344,74 @@ def test_show_lists_each_steps_key_and_says_how_many_keys_are_approximate(cli):
     code, out, _ = cli("show", str(ROOT / "plans/fa3.json"))
     header = next(ln.split() for ln in out.splitlines() if ln.startswith("#"))
     assert header[:4] == ["#", "op", "phase", "bs"] and "key" not in header  # no key column without keys
+
+
+def _keyed_trace(tmp_path, labelled: dict[int, dict[str, str]], plain: bool = True, extra: int = 64 << 20) -> Path:
+    """A trace of LORA_SPEC's decode phase (one axis) from the analytic model, with labelled
+    captures (size -> labels) that allocate ``extra`` more when their label is `lora`."""
+    from capture_plan.planner.resources import backend
+    from capture_plan.planner.workload import analytic_capture
+    from capture_plan.schemas.spec import Model, Phase
+    from capture_plan.schemas.trace import Event, Trace
+
+    model = Model(layers=2)
+    phase = Phase(name="decode", kind="decode", sizes=[1, 2, 4])
+    caps = [analytic_capture(model, phase, bs, backend("fa3")) for bs in (1, 2, 4)] if plain else []
+    for bs, labels in labelled.items():
+        cap = analytic_capture(model, phase, bs, backend("fa3"))
+        events = list(cap.events)
+        if labels["lora"] == "lora":  # the LoRA graph's own scratch: a temporary the plain one lacks
+            n = max(e.id for e in events) + 1
+            events = [Event(op="alloc", id=n, size=extra), Event(op="free", id=n), *events]
+        caps.append(msgspec.structs.replace(cap, events=events, labels=labels))
+    path = tmp_path / "t.json"
+    path.write_bytes(msgspec.json.encode(Trace(backend="fa3", captures=caps)))
+    return path
+
+
+def test_a_recorded_key_is_predicted_from_its_own_program(tmp_path):
+    from capture_plan.planner.build import BuildOptions, build_plan
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(LORA_SPEC.replace(', attention = ["b", "a"]', ""))
+    trace = _keyed_trace(tmp_path, {4: {"lora": "lora"}})
+    plan = build_plan(BuildOptions(backend="fa3", spec=spec, trace=trace, output=tmp_path / "p.json"))
+    keys = {k.step: k for k in plan.predicted.keys}
+    own, plain = keys["capture/decode/4/lora=lora"], keys["capture/decode/4/lora=nolora"]
+    assert own.fidelity == "recorded" and plain.fidelity == "recorded"
+    # its 64 MiB scratch comes first, then the plain graph reuses part of it
+    assert own.graph_bytes >= 64 << 20 and own.graph_bytes > plain.graph_bytes
+    # a LoRA key the trace did not record: its size's program, approximate
+    assert keys["capture/decode/2/lora=lora"].fidelity == "approximate"
+    assert keys["capture/decode/2/lora=lora"].graph_bytes == keys["capture/decode/2/lora=nolora"].graph_bytes
+    assert plan.predicted.pool_bytes >= own.graph_bytes
+
+
+def test_keys_the_reference_models_stand_for_the_phase_when_a_trace_has_only_keys(tmp_path):
+    from capture_plan.planner.build import BuildOptions, build_plan
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(LORA_SPEC.replace(', attention = ["b", "a"]', ""))
+    only_keys = {bs: {"lora": "nolora"} for bs in (1, 2, 4)}
+    plan_keys = build_plan(
+        BuildOptions(
+            backend="fa3", spec=spec, trace=_keyed_trace(tmp_path, only_keys, plain=False), output=tmp_path / "p.json"
+        )
+    )
+    plan_plain = build_plan(
+        BuildOptions(backend="fa3", spec=spec, trace=_keyed_trace(tmp_path, {}), output=tmp_path / "p.json")
+    )
+    assert plan_keys.predicted.pool_bytes == plan_plain.predicted.pool_bytes
+    assert [k.graph_bytes for k in plan_keys.predicted.keys] == [k.graph_bytes for k in plan_plain.predicted.keys]
+
+
+def test_a_trace_key_the_spec_does_not_declare_is_refused_located(tmp_path):
+    from capture_plan.planner.build import BuildOptions, build_plan
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(LORA_SPEC.replace(', attention = ["b", "a"]', ""))
+    trace = _keyed_trace(tmp_path, {4: {"lora": "dense"}})
+    with pytest.raises(InputError) as err:
+        build_plan(BuildOptions(backend="fa3", spec=spec, trace=trace, output=tmp_path / "p.json"))
+    assert err.value.where == f"{trace}: $.captures[3].labels.lora"
+    assert "'dense' is not a label of axis 'lora'" in err.value.what
