@@ -695,7 +695,7 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
 
-def _phase_plan_keys(r: _Resolved, name: str, steps: list[Step]) -> dict:
+def _phase_plan_keys(r: _Resolved, name: str) -> dict:
     """The graph-key fields of one phase's PhasePlan (none for a phase without them)."""
     p, out = r.by_name[name], {}
     if p.variants is not msgspec.UNSET:
@@ -797,7 +797,7 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                 strategy=strategies[n],
                 pool=pool_id(n, strategies[n]),
                 hoisted_bytes=sum(s.bytes for s in steps if s.op == "provision" and s.phase == n),
-                **_phase_plan_keys(r, n, steps),
+                **_phase_plan_keys(r, n),
             )
             for n in r.sequence
         ],

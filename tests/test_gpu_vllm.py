@@ -21,11 +21,11 @@ SIZES = [1, 2, 4, 8, 16, 32, 64]
 PINS = ("order=largest-first", "outputs=view", "warmup=once-per-phase", "pool=shared")
 
 
-def _plan(tmp_path: Path, kind: str):
+def _plan(tmp_path: Path, kind: str, extra: str = ""):
     from capture_plan.planner import BuildOptions, build_plan
 
     text = "[model]\n" + "".join(f"{k} = {v}\n" for k, v in SMALL.items())
-    text += f'\n[[phases]]\nname = "{kind}"\nkind = "{kind}"\nsizes = {SIZES}\n'
+    text += f'\n[[phases]]\nname = "{kind}"\nkind = "{kind}"\nsizes = {SIZES}\n{extra}'
     path = tmp_path / f"{kind}.toml"
     path.write_text(text)
     return build_plan(BuildOptions(backend="fa3", spec=path, strategies=PINS, output=tmp_path / f"{kind}.json"))
@@ -59,9 +59,13 @@ def model():
                 return super()._attention(layer, q, k, v, bs, md, rows)
             import torch
 
-            pool, graphs = self.capturing
+            pool, graphs, *marks = self.capturing
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # in the piece: in the pool
             graphs[-1].capture_end()
+            if marks:  # the pool after each piece (a graph key's per-piece prediction)
+                from capture_plan.executor.pool import pool_reserved
+
+                marks[0].append(pool_reserved([pool]))
             out.copy_(super()._attention(layer, q, k, v, bs, md, rows))  # eager: outside the pool
             graphs.append(torch.cuda.CUDAGraph())
             graphs[-1].capture_begin(pool=pool)
@@ -129,5 +133,46 @@ def test_piecewise_phase_prediction(tmp_path, model):
             for g in graphs:
                 g.reset()
         kept.clear()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def test_piecewise_prediction_per_piece(tmp_path, model):
+    """A graph key's per-piece prediction (``pieces = "attention"``: layers + 1 pieces)
+    against the pool measured after each piece when the largest size is captured
+    alone, piece by piece, into a fresh pool (as the test above captures it)."""
+    import itertools
+
+    import torch
+
+    from capture_plan.executor.pool import pool_reserved
+
+    plan = _plan(tmp_path, "piecewise", 'pieces = "attention"\n')
+    key = plan.predicted.keys[0]
+    assert key.step == "capture/piecewise/64" and len(key.pieces) == SMALL["layers"] + 1
+    pool, stream, marks, graphs = torch.cuda.graph_pool_handle(), torch.cuda.Stream(), [], []
+    try:
+        with torch.cuda.stream(stream):
+            model.prepare("piecewise", 64, 64, torch.Generator(device="cuda").manual_seed(0))
+            del_me = model.run("piecewise", 64, None)
+            del del_me
+            torch.cuda.synchronize()
+            graphs.append(torch.cuda.CUDAGraph())
+            model.capturing = (pool, graphs, marks)
+            graphs[0].capture_begin(pool=pool)
+            out = model.run("piecewise", 64, None)
+            graphs[-1].capture_end()
+            model.capturing = None
+            marks.append(pool_reserved([pool]))
+            del out
+            torch.cuda.synchronize()
+        predicted = list(itertools.accumulate(key.pieces))
+        assert len(marks) == len(predicted)
+        for i, (p, m) in enumerate(zip(predicted, marks)):
+            assert abs(p - m) <= max(0.10 * m, 2 << 20), (i, predicted, marks)
+    finally:
+        model.capturing = None
+        for g in graphs:
+            g.reset()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

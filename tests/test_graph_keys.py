@@ -415,3 +415,13 @@ def test_a_trace_key_the_spec_does_not_declare_is_refused_located(tmp_path):
         build_plan(BuildOptions(backend="fa3", spec=spec, trace=trace, output=tmp_path / "p.json"))
     assert err.value.where == f"{trace}: $.captures[3].labels.lora"
     assert "'dense' is not a label of axis 'lora'" in err.value.what
+
+
+def test_a_micro_batched_phase_on_its_own_stream_records_both_and_is_approximate(tmp_path):
+    spec = '[model]\nlayers = 2\n[[phases]]\nname = "f"\nkind = "full"\nsizes = [8, 16]\n'
+    plan = _build(tmp_path, spec + 'micro_batches = 2\nstream = "ubatch"\n')
+    assert plan.phases[0].micro_batches == 2
+    assert {s.stream for s in plan.steps if s.op in ("capture", "warmup")} == {"ubatch"}
+    assert {k.fidelity for k in plan.predicted.keys} == {"approximate"}
+    plain = _build(tmp_path, spec)
+    assert {s.stream for s in plain.steps} == {"capture"} and plain.revision == 2
