@@ -36,7 +36,7 @@ phase's slot count.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -176,7 +176,7 @@ def output_bytes(prog: Program) -> int:
 
 
 def key_fidelity(
-    base: Fidelity | None, labels: Labels, reference: dict[str, Sequence[str]], micro_batches: int = 1
+    base: Fidelity | None, labels: Labels, reference: Mapping[str, Sequence[str]], micro_batches: int = 1
 ) -> Fidelity:
     """A key's fidelity: the plan's (``base``), unless a label is one the reference
     step does not model (``reference``: axis -> labels it models) or the graph runs
