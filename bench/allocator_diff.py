@@ -61,7 +61,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import DEVICE_FIELDS, ResultFile, header, main_exit, run_module  # no torch until called
+from bench.harness import (  # no torch until called
+    DEVICE_FIELDS,
+    ResultFile,
+    header,
+    main_exit,
+    refuse_dirty,
+    run_module,
+)
 from capture_plan.planner.allocator import KiB, MiB, PoolSim  # CPU only, no torch
 
 MODES = ("native", "expandable")
@@ -541,14 +548,16 @@ def _child(args) -> int:
 def _parent(args) -> int:
     t0 = time.perf_counter()
     # checked before anything runs: a run never replaces an earlier one unasked
-    out = ResultFile(args.out, overwrite=args.overwrite)
-    fixture = ResultFile(args.fixture, overwrite=args.overwrite) if args.fixture else None
+    refuse_dirty(args.allow_dirty)
+    out = ResultFile(args.out, overwrite=args.overwrite, allow_dirty=args.allow_dirty)
+    fixture = ResultFile(args.fixture, overwrite=args.overwrite, allow_dirty=args.allow_dirty) if args.fixture else None
     head = header(device=False)
     data = {
         "bench": "allocator_diff",
         "date": head["date"],
         "git_commit": head["git_commit"],
         "git_dirty": head["git_dirty"],
+        "git_diff_sha256": head["git_diff_sha256"],
         "command": f"python -m bench.allocator_diff --programs {args.programs} --seed {args.seed} "
         f"--max-ops {args.max_ops}",
         "seed": args.seed,
@@ -626,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixture-programs", type=int, default=40, help="programs per mode in --fixture")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per mode")
     ap.add_argument("--overwrite", action="store_true", help="replace --out and --fixture where they exist")
+    ap.add_argument(
+        "--allow-dirty", action="store_true", help="measure from uncommitted changes (recorded with the diff's sha256)"
+    )
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # internal: one mode, this process
     ap.add_argument("--recheck", metavar="FILE", help="replay a results or fixture file through PoolSim (CPU)")
     args = ap.parse_args(argv)

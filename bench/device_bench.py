@@ -31,9 +31,14 @@ and for each, in that fresh process (``--modes``):
               the same in a later fresh process: the calibration the "startup" mode's
               process wrote is read from the run's start-up cache (nothing recorded), and
               ``confirm_startup`` checks it against the capture
-  vllm        vLLM 0.33's estimator as published: the two largest sizes captured into a
-              throwaway pool (largest-first, one warm-up, outputs copied into persistent
-              buffers), ``first + (n - 1) * second``, and its time
+  vllm        vLLM 0.33.0's own method (bench/baselines.py): ``profile_cudagraph_memory``
+              step for step (one throwaway pool, the 2 largest FULL descriptors sampled
+              around their graph blocks, ``measured - sum(samples) + first + (n - 1) *
+              max(second, 1 MiB)``), at vLLM's default sizes on an H200 (51) with
+              hidden-state outputs in persistent buffers, against its capture of the same
+              graphs; its time. Runs are before 2026-12-02 measured another method: see
+              docs/measurements.md
+  sglang      SGLang 0.5.23's reserve (``reserve_for_graph_mb``), arithmetic only
 
 Writes JSON (date, device, driver, per case) to --out and prints a table and a
 one-line summary last.
@@ -57,6 +62,7 @@ from bench.harness import (
     add_overwrite,
     case_options,
     case_target,
+    eagle_config,
     engine_loop,
     free_bytes,
     header,
@@ -68,7 +74,7 @@ from bench.harness import (
 )
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
-MODES = ("executor", "loop", "startup", "startup-cached", "vllm")
+MODES = ("executor", "loop", "startup", "startup-cached", "vllm", "sglang")
 
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
@@ -137,48 +143,80 @@ def mode_loop(target, plan) -> dict:
     return {"pool_mib": pool / MiB, "drop_mib": drop / MiB, "capture_s": secs}
 
 
-def mode_vllm(target, plan) -> dict:
-    """vLLM 0.33's estimate: the two largest sizes of each phase into a throwaway pool, then
-    ``first + (n - 1) * second``; against vLLM's own capture of every size (the same schedule:
-    largest-first, one warm-up, outputs copied into persistent buffers), at every size."""
+def vllm_setup(case: str, plan, layers: int):
+    """vLLM 0.33.0's graphs for a case (bench/baselines.py): its default sizes on an H200
+    for the case's decode query length, the uniform-decode FULL descriptors made of them
+    (the main model's phase: ``decode``, or EAGLE's ``target_verify``), the speculator's
+    phases (EAGLE's drafts, at the same request counts), and a target sized for them."""
+    from bench.baselines import vllm_capture_sizes, vllm_full_decode_requests
 
-    t0 = time.perf_counter()
-    before = free_bytes()
-    estimates, per_phase = {}, {}
-    for phase, sizes in _phase_order(plan):
-        two = sizes[:2]
-        run = engine_loop(target, [(phase, two)], warmups=1, keep_copy=True, free_after=True)
-        first = before - run.free_after[0]
-        second = run.free_after[0] - run.free_after[1] if len(two) > 1 else 0
-        release(run)
-        before = free_bytes()
-        estimates[phase] = first + (len(sizes) - 1) * second
-        per_phase[phase] = (first, second)
-    seconds = time.perf_counter() - t0
-    # the estimate after k graphs of the whole capture, phase after phase, against the drop measured
-    start = free_bytes()
-    run = engine_loop(target, _phase_order(plan), warmups=1, keep_copy=True, free_after=True)
-    errors, done, k = [], 0, 0
-    for phase, sizes in _phase_order(plan):
-        first, second = per_phase[phase]
-        for i in range(len(sizes)):
-            est = done + first + i * second
-            measured = start - run.free_after[k]
-            errors.append({"graph": f"{phase}/{sizes[i]}", "estimate_mib": est / MiB, "measured_mib": measured / MiB})
-            k += 1
-        done += estimates[phase]
-    release(run)
-    measured = errors[-1]["measured_mib"]
-    worst = max(errors, key=lambda e: abs(e["estimate_mib"] - e["measured_mib"]) / max(e["measured_mib"], 1))
+    phases = [p.name for p in plan.phases]
+    eagle = "target_verify" in phases
+    q = eagle_config(layers, 1).num_draft_tokens if eagle else 1  # tokens per request verified
+    sizes = vllm_capture_sizes(decode_query_len=q)
+    reqs = vllm_full_decode_requests(sizes, decode_query_len=q)
+    target = case_target(case, plan, layers, max_bs=max(reqs))
+    full = ("target_verify" if eagle else "decode", reqs)
+    spec = [(p, reqs) for p in phases if p.startswith("draft_")]
+    return target, full, spec, sizes
+
+
+def mode_vllm(case: str, plan, layers: int) -> dict:
+    """vLLM 0.33.0's own method on the case's model (bench/baselines.py): its estimate
+    (``profile_cudagraph_memory`` step for step) against its capture (``capture_model``)
+    of the same graphs in a fresh pool, both with hidden-state outputs in persistent
+    buffers, at vLLM's default sizes for the device."""
+    import torch
+
+    from bench.baselines import hidden_state_outputs, vllm_capture_model, vllm_profile, vllm_release
+
+    target, full, spec, sizes = vllm_setup(case, plan, layers)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    with hidden_state_outputs(target):
+        for phase, reqs in [full, *spec]:  # valid inputs, and the eager profiling run before capture
+            target.prepare(phase, max(reqs), max(reqs), gen)
+            target.run(phase, max(reqs), None)
+        release()
+        t0 = time.perf_counter()
+        prof = vllm_profile(target, full, spec)
+        seconds = time.perf_counter() - t0
+        run = vllm_capture_model(target, full, spec)
+        measured, graphs = run.measured, len(run.graphs)
+        vllm_release(run)
     return {
-        "estimate_mib": sum(estimates.values()) / MiB,
-        "per_phase_mib": {k: v / MiB for k, v in estimates.items()},
+        "method": "vLLM 0.33.0 profile_cudagraph_memory (bench/baselines.py)",
+        "capture_sizes": sizes,
+        "full": {"phase": full[0], "requests": full[1]},
+        "speculator": [p for p, _ in spec],
+        "estimate_mib": prof["estimate"] / MiB,
+        "profile_measured_mib": prof["measured"] / MiB,
+        "samples_mib": [s / MiB for s in prof["samples"]],
+        "profiled_graphs": prof["profiled_graphs"],
         "seconds": seconds,
-        "vllm_capture_drop_mib": measured,
-        "error": (sum(estimates.values()) / MiB - measured) / measured,
-        "worst_size_error": (worst["estimate_mib"] - worst["measured_mib"]) / max(worst["measured_mib"], 1),
-        "worst_size": worst["graph"],
-        "at_every_size": errors,
+        "graphs": graphs,
+        "vllm_capture_drop_mib": measured / MiB,
+        "error": (prof["estimate"] - measured) / measured if measured else None,
+    }
+
+
+def mode_sglang(case: str, plan) -> dict:
+    """SGLang 0.5.23's reserve for the case (bench/baselines.py ``sglang_reserve_mib``): its
+    decode term at the plan's largest decode size, its default prefill term on an H200
+    (58 prefill sizes, breakable graphs), MLA for DeepSeek-V3; no DP attention, no DeepEP.
+    Arithmetic only: compared with the engines' loop ("loop" mode) where it ran."""
+    from bench.baselines import sglang_prefill_sizes, sglang_reserve_mib
+
+    decode = max(max(p.sizes) for p in plan.phases if p.name == "decode")
+    mla = case == "deepseek_v3"
+    prefill = sglang_prefill_sizes(8192)
+    return {
+        "method": "SGLang 0.5.23 reserve_for_graph_mb (bench/baselines.py)",
+        "decode_max_bs": decode,
+        "mla": mla,
+        "prefill_sizes": len(prefill),
+        "reserve_mib": sglang_reserve_mib(decode_max_bs=decode, prefill_sizes=prefill, mla=mla),
+        "decode_term_mib": sglang_reserve_mib(decode_max_bs=decode, prefill_backend="disabled"),
     }
 
 
@@ -283,14 +321,16 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str 
         "analytic_pool_mib": plan.predicted.pool_bytes / MiB,
         "fidelity": getattr(plan.predicted, "fidelity", None),
     }
-    target = case_target(case, plan, layers)
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    for p in plan.phases:  # valid inputs everywhere, and the engine's eager profiling run before capture
-        target.prepare(p.name, max(p.sizes), max(p.sizes), gen)
-        target.run(p.name, max(p.sizes), None)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()  # the engine's cache starts empty, so that the loop's emptying frees nothing of it
+    # vLLM's mode builds a target of its own (sized for vLLM's sizes), SGLang's is arithmetic
+    if not set(modes) <= {"vllm", "sglang"}:
+        target = case_target(case, plan, layers)
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(0)
+        for p in plan.phases:  # valid inputs everywhere, and the engine's eager profiling run before capture
+            target.prepare(p.name, max(p.sizes), max(p.sizes), gen)
+            target.run(p.name, max(p.sizes), None)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the engine's cache starts empty, so that the loop's emptying frees nothing of it
     out["free_after_model_mib"] = free_bytes() / MiB
     for mode in modes:
         if mode == "executor":
@@ -298,7 +338,9 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str 
         elif mode == "loop":
             out[mode] = mode_loop(target, plan)
         elif mode == "vllm":
-            out[mode] = mode_vllm(target, plan)
+            out[mode] = mode_vllm(case, plan, layers)
+        elif mode == "sglang":
+            out[mode] = mode_sglang(case, plan)
         elif mode in ("startup", "startup-cached"):
             # with a cache: "startup" records and writes the calibration, "startup-cached" (a
             # later process) reads it
@@ -373,7 +415,12 @@ def main() -> None:
                 )
         vl = row.get("vllm", {})
         if "estimate_mib" in vl:
-            bits.append(f"vllm {vl['estimate_mib']:.0f} err {vl['error']:+.1%} worst {vl['worst_size_error']:+.1%}")
+            bits.append(
+                f"vllm {vl['estimate_mib']:.0f} / capture {vl['vllm_capture_drop_mib']:.0f} err {vl['error']:+.1%}"
+            )
+        sg = row.get("sglang", {})
+        if "reserve_mib" in sg:
+            bits.append(f"sglang reserve {sg['reserve_mib']:.0f}")
         parts.append(" ".join(bits))
     shutil.rmtree(cache, ignore_errors=True)
     print(f"wrote {path.path}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
+import hashlib
 import json
 import os
 import platform
@@ -68,6 +69,17 @@ def git_commit(root: Path = REPO) -> tuple[str | None, bool | None]:
     return sha.stdout.strip(), (bool(status.stdout.strip()) if status.returncode == 0 else None)
 
 
+def git_diff_digest(root: Path = REPO) -> str | None:
+    """The sha256 of ``git diff HEAD --binary`` at ``root``: the uncommitted changes to
+    tracked files a dirty result was measured with (two runs from the same commit and
+    the same changes have the same digest); None where git or the checkout is missing."""
+    try:
+        diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
+
+
 def machine() -> str:
     """This machine's CPU and Python, as the CPU benchmarks record them
     (``x86_64 2 cpus, CPython 3.11.7``)."""
@@ -76,14 +88,17 @@ def machine() -> str:
 
 def header(*, device: bool) -> dict[str, Any]:
     """The fields every result JSON starts with: ``date`` (:func:`now`), ``git_commit`` and
-    ``git_dirty`` (:func:`git_commit`; null where unknown), then with ``device`` the GPU's
+    ``git_dirty`` (:func:`git_commit`; null where unknown), ``git_diff_sha256`` (the
+    digest of the uncommitted changes, :func:`git_diff_digest`; null where the tree is
+    clean), then with ``device`` the GPU's
     ``device`` name, the NVIDIA ``driver``, ``torch`` and the ``cuda`` torch was built
     with, else the CPU ``machine`` (:func:`machine`).
 
     ``device`` imports torch and needs CUDA (the device's name); without it nothing
     here imports torch."""
     commit, dirty = git_commit()
-    res: dict[str, Any] = {"date": now(), "git_commit": commit, "git_dirty": dirty}
+    digest = git_diff_digest() if dirty else None
+    res: dict[str, Any] = {"date": now(), "git_commit": commit, "git_dirty": dirty, "git_diff_sha256": digest}
     if not device:
         res["machine"] = machine()
         return res
@@ -101,6 +116,22 @@ def header(*, device: bool) -> dict[str, Any]:
 
 class ResultExists(InputError):
     """A results file is already where this run would write its own."""
+
+
+class DirtyTree(InputError):
+    """A result measured from uncommitted changes, not allowed explicitly."""
+
+
+def refuse_dirty(allow_dirty: bool, root: Path = REPO) -> None:
+    """Raise :class:`DirtyTree` where the checkout at ``root`` has uncommitted changes to
+    tracked files and ``allow_dirty`` is false: a bench calls it before measuring, so
+    that a figure always names a commit that holds the code it measured."""
+    if not allow_dirty and git_commit(root)[1]:
+        raise DirtyTree(
+            "the checkout has uncommitted changes; a result must name the commit it measured",
+            where=str(root),
+            fix="commit (git commit -a), or pass --allow-dirty to record the diff's digest and say so where quoted",
+        )
 
 
 def result_path(out_dir: str | Path, name: str, date: str, *tags: str) -> Path:
@@ -124,11 +155,14 @@ class ResultFile:
     ``overwrite`` is false, so that a run never replaces an earlier one unasked; the
     check runs again before each write until the first one succeeded (a file that
     appeared meanwhile is not replaced either). Each write goes to a temporary
-    sibling, then replaces ``path``: a reader never sees half a file."""
+    sibling, then replaces ``path``: a reader never sees half a file. A result whose
+    header says ``git_dirty`` is written only with ``allow_dirty`` (:class:`DirtyTree`
+    otherwise; :func:`refuse_dirty` is the check before measuring)."""
 
-    def __init__(self, path: str | Path, *, overwrite: bool = False):
+    def __init__(self, path: str | Path, *, overwrite: bool = False, allow_dirty: bool = False):
         self.path = Path(path)
         self.overwrite = overwrite
+        self.allow_dirty = allow_dirty
         self._written = False
         self._check()
 
@@ -143,6 +177,13 @@ class ResultFile:
     def write(self, res: Any = None, *, text: str | None = None, default: Callable[[Any], Any] | None = None) -> Path:
         """Write ``res`` as :func:`dumps` spells it (or ``text`` as given); returns the path."""
         self._check()
+        data = res if text is None else _json_or_none(text)
+        if isinstance(data, dict) and data.get("git_dirty") and not self.allow_dirty:
+            raise DirtyTree(
+                "the result was measured from uncommitted changes (git_dirty)",
+                where=str(self.path),
+                fix="commit and run again, or pass --allow-dirty to write it with the diff's digest",
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(dumps(res, default) if text is None else text)
@@ -151,10 +192,19 @@ class ResultFile:
         return self.path
 
 
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def result_file(args: argparse.Namespace, name: str, date: str, *tags: str) -> ResultFile:
     """The :class:`ResultFile` of a bench whose ``--out`` is a folder (:func:`add_out_dir`)
-    and that has ``--overwrite`` (:func:`add_overwrite`), named by :func:`result_path`."""
-    return ResultFile(result_path(args.out, name, date, *tags), overwrite=args.overwrite)
+    and that has ``--overwrite`` and ``--allow-dirty`` (:func:`add_overwrite`), named by
+    :func:`result_path`; refuses a dirty checkout first (:func:`refuse_dirty`)."""
+    refuse_dirty(args.allow_dirty)
+    return ResultFile(result_path(args.out, name, date, *tags), overwrite=args.overwrite, allow_dirty=args.allow_dirty)
 
 
 # -- the command line ---------------------------------------------------------------------
@@ -166,11 +216,19 @@ def add_out_dir(ap: argparse.ArgumentParser) -> None:
 
 
 def add_overwrite(ap: argparse.ArgumentParser) -> None:
-    """``--overwrite``: replace a results file of the same name (else the run stops first)."""
+    """``--overwrite``: replace a results file of the same name (else the run stops first);
+    ``--allow-dirty``: measure from uncommitted changes (else the run stops first), the
+    result recording ``git_dirty`` and the diff's digest."""
     ap.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a results file of the same name (without it the run stops before measuring)",
+    )
+    ap.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="measure from a checkout with uncommitted changes; the result records git_dirty and the diff's "
+        "sha256, and the docs say so where they quote it (without it the run stops before measuring)",
     )
 
 
@@ -271,10 +329,11 @@ def engine_loop(
     engines'), ``warmups`` eager runs on a side stream, then ``torch.cuda.graph`` on that
     stream into one pool shared by every phase; outputs kept alive.
 
-    ``keep_copy``: vLLM's FULL graphs instead: persistent output buffers made during the
-    first warm-up, outside the pool, and the graph copies its outputs into them (needs
-    ``warmups >= 1``). ``free_after``: record :func:`free_bytes` after every capture (it
-    synchronizes, which the timings then include). ``stop_at_oom``: an out-of-memory error
+    ``keep_copy``: persistent output buffers per graph, made during its first warm-up
+    outside the pool, that the graph copies its outputs into (needs ``warmups >= 1``;
+    vLLM's own capture, one buffer for every size, is bench/baselines.py's).
+    ``free_after``: record :func:`free_bytes` after every capture (it synchronizes,
+    which the timings then include). ``stop_at_oom``: an out-of-memory error
     ends the loop and is recorded in ``oom`` (a result, not a failure); else it raises.
     ``driver_memory``: record each graph with ``keep_graph=True`` and measure, apart, the
     driver memory its recording and its instantiation take and its nodes (``driver``;
@@ -538,24 +597,33 @@ def case_options(case: str, folder: Path, **config):
     return BuildOptions(backend="torch", spec=spec)
 
 
-def case_target(case: str, plan, layers: int = 32, **config):
+def eagle_config(layers: int, max_bs: int):
+    """The speculative reference's config of the "eagle" case: 3 draft steps, top-1."""
+    from capture_plan.references.speculative import SpeculativeConfig
+    from capture_plan.schemas.spec import Model
+
+    return SpeculativeConfig(model=Model(layers=layers), max_bs=max_bs, num_steps=3, topk=1)
+
+
+def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None, **config):
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
     decode step or the speculative reference (``layers`` layers), or the transformers
     model of :data:`HF_ARCHS` (``config`` on top, its attention implementation) in
-    ``HFTarget``."""
+    ``HFTarget``; sized for ``max_bs`` requests (default: the plan's largest size)."""
     import torch
 
     from capture_plan.schemas.spec import Model
 
-    max_bs = max(max(p.sizes) for p in plan.phases)
+    if max_bs is None:
+        max_bs = max(max(p.sizes) for p in plan.phases)
     if case == "reference":
         from capture_plan.references.decode import ReferenceConfig, ReferenceModel
 
         return ReferenceModel(ReferenceConfig(model=Model(layers=layers), max_bs=max_bs))
     if case == "eagle":
-        from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
+        from capture_plan.references.speculative import SpeculativeModel
 
-        return SpeculativeModel(SpeculativeConfig(model=Model(layers=layers), max_bs=max_bs, num_steps=3, topk=1))
+        return SpeculativeModel(eagle_config(layers, max_bs))
     import transformers
 
     from capture_plan.adapters.hf import HFTarget

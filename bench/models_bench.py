@@ -59,6 +59,7 @@ from bench.harness import (
     hf_config,
     largest_first,
     main_exit,
+    refuse_dirty,
     release,
     replays_vs_eager,
     result_path,
@@ -341,7 +342,10 @@ def main() -> None:
     t0 = time.perf_counter()
     sizes = sgl_sizes("decode", 256)
     res: dict = header(device=True)
-    out = ResultFile(args.out or result_path(RESULTS, "models", res["date"]), overwrite=args.overwrite)
+    refuse_dirty(args.allow_dirty)
+    out = ResultFile(
+        args.out or result_path(RESULTS, "models", res["date"]), overwrite=args.overwrite, allow_dirty=args.allow_dirty
+    )
     res.update(
         transformers=transformers.__version__,
         cudnn=torch.backends.cudnn.version(),

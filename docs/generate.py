@@ -11,8 +11,19 @@ Measurement tables live in marked regions of the docs' markdown::
 
 Each region's name is a key of ``TABLES``; its renderer reads one JSON file of
 ``bench/results/`` (which carries the run's date and device) and ends the table
-with a line naming that file. Only the region's body is rewritten: the prose
-around it is written by hand and names its own JSON where it quotes a figure.
+with a line naming that file. Only the region's body is rewritten.
+
+A figure quoted in prose is an inline region of its own, in the pages and the README::
+
+    the pool is <!-- fig: capture-executor-pool -->258 MiB<!-- /fig --> (<!-- fig: source
+    capture-2026-11-29-32l.json -->`bench/results/capture-2026-11-29-32l.json`<!-- /fig -->)
+
+Each name is a key of ``FIGURES``, which names the JSON files the figure is computed
+from; ``source FILE`` renders the file's name and its provenance (a result measured
+from uncommitted changes, or with no commit recorded, says so). tests/test_doc_figures.py
+checks that every figure's paragraph names each of its files through a ``source``
+region, and that every number with a unit in a paragraph that names a result is one
+of these regions.
 ``docs/cli.md`` is generated whole from the ``planner`` command group's help
 (click's own formatting, at a fixed width so the text is the same on any
 terminal). Not part of the shipped package: it runs from a checkout with the
@@ -54,9 +65,33 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def provenance(data: dict) -> str:
+    """How a result's code is known, for the line that names it: "" for a clean commit;
+    else what is missing (no commit recorded; uncommitted changes, with the diff's digest
+    where the header has it)."""
+    commit, dirty = data.get("git_commit"), data.get("git_dirty")
+    if not commit:
+        return "no commit recorded"
+    if dirty is None:
+        return f"commit `{commit[:7]}`, not recorded whether its tree had changes"
+    if dirty:
+        digest = data.get("git_diff_sha256")
+        diff = f", diff sha256 `{digest[:12]}`" if digest else ", the diff not recorded"
+        return f"measured from uncommitted changes to `{commit[:7]}`{diff}"
+    return ""
+
+
 def _source(name: str, data: dict) -> str:
     what = ", ".join(f"{label}{data[k]}" for k, label in (("device", ""), ("torch", "torch ")) if k in data)
-    return f"\nSource: `bench/results/{name}` ({what}{', ' if what else ''}{data['date'][:10]})."
+    known = provenance(data)
+    when = f"{what}{', ' if what else ''}{data['date'][:10]}{'; ' + known if known else ''}"
+    return f"\nSource: `bench/results/{name}` ({when})."
+
+
+def _also(label: str, name: str) -> str:
+    """A second file a table reads: `` label: `bench/results/name` (provenance).``"""
+    known = provenance(_load(name))
+    return f" {label}: `bench/results/{name}`{f' ({known})' if known else ''}."
 
 
 def _equal(replays: int, unequal: int) -> str:
@@ -228,7 +263,13 @@ def device() -> list[str]:
                 _mib(c["vllm"]["estimate_mib"]),
             ]
         )
-    header = ["plan", "pool MiB", "free-memory drop MiB, executor", "engines' loop drop", "vLLM-style estimate"]
+    header = [
+        "plan",
+        "pool MiB",
+        "free-memory drop MiB, executor",
+        "engines' loop drop",
+        "two-largest-sizes extrapolation (not vLLM's method)",
+    ]
     return [*_table(header, rows), _source(name, d)]
 
 
@@ -242,7 +283,8 @@ _STARTUP = {
     "eagle": "EAGLE, four phases",
 }
 #: the start-up prediction's last run (startup and executor modes, every case), and the run
-#: that measured vLLM 0.33's estimator on the same cases (its code has not changed since)
+#: that measured the bench's earlier "vllm" mode on the same cases: each phase's two largest
+#: sizes in a fresh pool, ``first + (n - 1) * second`` (not vLLM 0.33's method: docs/measurements.md)
 STARTUP_RUNS = ("device-2026-12-01-startup-final.json", "device-2026-12-01-startup-all.json")
 #: the same cases at the start of that session (EAGLE's draft phases recorded at every size)
 STARTUP_BEFORE = "device-2026-12-01-startup-timed.json"
@@ -276,12 +318,12 @@ def startup_prediction() -> list[str]:
         "whole capture, fresh process MiB: predicted / executor's drop",
         "steps within 1% or 2 MiB",
         "KV slack at the peak MiB",
-        "vLLM 0.33's estimate MiB (error, time)",
+        "two-largest-sizes extrapolation MiB (error, time; not vLLM's method)",
         "analytic pool error",
     ]
     return [
         *_table(header, rows),
-        _source(STARTUP_RUNS[0], last) + f" vLLM's estimator: `bench/results/{STARTUP_RUNS[1]}`.",
+        _source(STARTUP_RUNS[0], last) + _also("The two-largest-sizes extrapolation", STARTUP_RUNS[1]),
     ]
 
 
@@ -376,7 +418,7 @@ def startup_time() -> list[str]:
     ]
     return [
         *_table(header, rows),
-        _source(STARTUP_RUNS[0], last) + f" Before: `bench/results/{STARTUP_BEFORE}`.",
+        _source(STARTUP_RUNS[0], last) + _also("Before", STARTUP_BEFORE),
     ]
 
 
@@ -400,7 +442,7 @@ def trace_build() -> list[str]:
         "layers folded, derived sizes refolded, fits shared",
         "plans byte-identical",
     ]
-    return [*_table(header, rows), _source(name, d) + f" Before: `bench/results/{before_name}`."]
+    return [*_table(header, rows), _source(name, d) + _also("Before", before_name)]
 
 
 _ADOPTION = {
@@ -459,8 +501,8 @@ def build() -> list[str]:
         *_table(["", "before", "now", "target"], rows),
         "",
         f"Source: `bench/results/build-2026-11-29-prev.json` (before, {before['machine']}, median of"
-        f" {before['repeat']}, {before['date'][:10]}) and `bench/results/build-2026-11-29.json` (now, median of"
-        f" {now['repeat']}).",
+        f" {before['repeat']}, {before['date'][:10]}; {provenance(before)}) and `bench/results/build-2026-11-29.json`"
+        f" (now, median of {now['repeat']}; {provenance(now)}).",
     ]
 
 

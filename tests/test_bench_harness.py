@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
 h = bench_module("harness")
-#: every script of bench/ (the package's modules less the harness and __init__)
-SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in ("__init__", "harness"))
+#: every script of bench/ (the package's modules less the shared ones and __init__)
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in ("__init__", "harness", "baselines"))
 
 
 # -- header and writer ----------------------------------------------------------------------
@@ -32,13 +32,62 @@ SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in ("__init__"
 
 def test_the_cpu_header_names_date_machine_and_commit():
     head = h.header(device=False)
-    assert set(head) == {"date", "git_commit", "git_dirty", "machine"}
+    assert set(head) == {"date", "git_commit", "git_dirty", "git_diff_sha256", "machine"}
     when = dt.datetime.fromisoformat(head["date"])
     assert when.utcoffset() == dt.timedelta(0) and abs(dt.datetime.now(dt.timezone.utc) - when).total_seconds() < 600
     assert re.fullmatch(r"\S+ \d+ cpus, \S+ \d+\.\d+\.\d+\S*", head["machine"])
     if (ROOT / ".git").exists():
         want = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
         assert head["git_commit"] == want.stdout.strip() and isinstance(head["git_dirty"], bool)
+        # the digest of the uncommitted changes, where there are any
+        assert (head["git_diff_sha256"] is None) == (not head["git_dirty"])
+
+
+def _repo(tmp_path):
+    """A git checkout of one committed file, for the provenance tests."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    (tmp_path / "a.txt").write_text("one\n")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    return tmp_path
+
+
+def test_a_dirty_checkout_is_recorded_with_the_digest_of_its_diff(tmp_path):
+    root = _repo(tmp_path)
+    assert h.git_commit(root)[1] is False
+    h.refuse_dirty(False, root)  # clean: nothing to refuse
+    (root / "a.txt").write_text("two\n")
+    assert h.git_commit(root)[1] is True
+    digest = h.git_diff_digest(root)
+    assert re.fullmatch(r"[0-9a-f]{64}", digest) and digest == h.git_diff_digest(root)
+    (root / "a.txt").write_text("three\n")
+    assert h.git_diff_digest(root) != digest  # another change, another digest
+    with pytest.raises(h.DirtyTree, match=r"uncommitted changes.*fix: commit .*--allow-dirty"):
+        h.refuse_dirty(False, root)
+    h.refuse_dirty(True, root)
+    assert h.git_diff_digest(tmp_path / "nowhere") is None
+
+
+def test_a_dirty_result_is_written_only_when_allowed(tmp_path):
+    res = {"date": "2026-12-02T00:00:00+00:00", "git_commit": "a" * 40, "git_dirty": True, "git_diff_sha256": "b" * 64}
+    with pytest.raises(h.DirtyTree, match="git_dirty"):
+        h.ResultFile(tmp_path / "x.json").write(res)
+    with pytest.raises(h.DirtyTree):
+        h.ResultFile(tmp_path / "x.json").write(text=h.dumps(res))
+    assert not (tmp_path / "x.json").exists()
+    h.ResultFile(tmp_path / "x.json", allow_dirty=True).write(res)
+    assert json.loads((tmp_path / "x.json").read_text())["git_diff_sha256"] == "b" * 64
+    h.ResultFile(tmp_path / "y.json").write({**res, "git_dirty": False})
+
+
+def test_a_bench_refuses_a_dirty_checkout_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(h, "git_commit", lambda root=h.REPO: ("c" * 40, True))
+    args = h.argparse.Namespace(out=str(tmp_path), overwrite=False, allow_dirty=False)
+    with pytest.raises(h.DirtyTree):
+        h.result_file(args, "device", "2026-12-02")
+    args.allow_dirty = True
+    assert h.result_file(args, "device", "2026-12-02").allow_dirty
 
 
 def test_git_commit_outside_a_checkout_is_unknown(tmp_path):
@@ -49,7 +98,7 @@ def test_the_device_header_adds_device_driver_torch_cuda(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake H200")
     head = h.header(device=True)
-    assert set(head) == {"date", "git_commit", "git_dirty", *h.DEVICE_FIELDS}
+    assert set(head) == {"date", "git_commit", "git_dirty", "git_diff_sha256", *h.DEVICE_FIELDS}
     assert head["device"] == "Fake H200" and head["torch"] == torch.__version__ and "machine" not in head
     assert head["cuda"] == torch.version.cuda and isinstance(head["driver"], str)
 
@@ -121,6 +170,7 @@ def test_a_bench_refuses_an_existing_result_before_measuring(tmp_path, monkeypat
     """build_bench stops at once, before compiling or timing anything."""
     build = bench_module("build_bench")
     monkeypatch.setattr(h, "now", lambda: "2026-12-01T00:00:00+00:00")
+    monkeypatch.setattr(h, "git_commit", lambda root=h.REPO: ("c" * 40, False))  # whatever this checkout's state
     (tmp_path / "build-2026-12-01-t.json").write_text("{}\n")
     compiled = []
     monkeypatch.setattr("compileall.compile_dir", lambda *a, **k: compiled.append(a))
@@ -134,7 +184,7 @@ def test_the_command_line_says_so_in_one_line_and_exits_1(tmp_path):
     existing = tmp_path / "out.json"
     existing.write_text("{}\n")
     r = subprocess.run(
-        [sys.executable, "-m", "bench.allocator_diff", "--programs", "1", "--out", str(existing)],
+        [sys.executable, "-m", "bench.allocator_diff", "--programs", "1", "--allow-dirty", "--out", str(existing)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -194,11 +244,12 @@ def test_no_bench_file_edits_sys_path():
 
 
 def test_only_the_harness_runs_the_engines_loop():
-    """One copy of the engines' loop: no other bench calls ``torch.cuda.graph``."""
+    """One copy of each engine's loop: no bench but the harness (the SGLang-shaped loop) and
+    the baselines (vLLM's own capture, bench/baselines.py) calls ``torch.cuda.graph``."""
     found = [
         f"{name}:{node.lineno}"
         for name, tree in _sources().items()
-        if name != "harness.py"
+        if name not in ("harness.py", "baselines.py")
         for node in ast.walk(tree)
         if isinstance(node, ast.Attribute) and ast.unparse(node) == "torch.cuda.graph"
     ]
@@ -358,3 +409,179 @@ def test_a_gpu_bench_writes_its_header_and_result(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert again.returncode == 1 and "--overwrite" in again.stderr
     assert subprocess.run([*cmd, "--overwrite"], capture_output=True, cwd=ROOT, timeout=600).returncode == 0
+
+
+# -- the engines' own methods (bench/baselines.py), their arithmetic and step order -------------
+
+b = bench_module("baselines")
+
+
+def test_vllm_default_sizes_for_an_h200_are_its_51():
+    sizes = b.vllm_capture_sizes()
+    assert sizes == [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)] and len(sizes) == 51
+    assert b.vllm_capture_sizes(blackwell=True)[-1] == 1024
+    # max_num_batched_tokens off the stride is captured too; a small server caps the sizes
+    assert b.vllm_capture_sizes(max_num_batched_tokens=300)[-2:] == [288, 300]
+    assert b.vllm_capture_sizes(max_num_seqs=4, max_num_batched_tokens=2048) == [1, 2, 4, 8]
+    # 3 tokens per request (2 draft tokens): the decode sizes n * 3 are added; with 4 they are
+    # on the grid already
+    spec = b.vllm_capture_sizes(decode_query_len=3)
+    assert set(sizes) < set(spec) and {3, 6, 12, 24, 48, 504} <= set(spec) and max(spec) == 512
+    assert b.vllm_capture_sizes(decode_query_len=4) == sizes
+
+
+def test_vllm_full_decode_descriptors_round_up_to_whole_requests_largest_first():
+    sizes = b.vllm_capture_sizes()
+    assert b.vllm_full_decode_requests(sizes) == sorted(sizes, reverse=True)
+    reqs = b.vllm_full_decode_requests(b.vllm_capture_sizes(decode_query_len=4), decode_query_len=4)
+    assert reqs[0] == 128 and reqs[-1] == 1 and reqs == sorted(set(reqs), reverse=True)
+    assert 3 not in reqs and 6 in reqs  # 24 tokens: 6 requests of 4
+    reqs = b.vllm_full_decode_requests(b.vllm_capture_sizes(decode_query_len=3), decode_query_len=3)
+    assert reqs[0] == 168 and 3 in reqs  # 504 tokens (512 rounds up past the largest); 8 tokens: 9, 3 requests
+    assert b.vllm_full_decode_requests([1, 2, 4, 8], max_num_seqs=2) == [2, 1]
+
+
+def test_vllm_extrapolates_from_the_two_samples_with_its_1_mib_floor():
+    M = b.MiB
+    assert (b.VLLM_FULL_SAMPLES, b.VLLM_MIN_PER_GRAPH_BYTES) == (2, M)
+    assert b.vllm_extrapolate([100 * M, 3 * M], 51) == 100 * M + 50 * 3 * M
+    assert b.vllm_extrapolate([100 * M, M // 2], 51) == 100 * M + 50 * M  # the floor
+    assert b.vllm_extrapolate([100 * M, -5 * M], 51) == 150 * M  # a negative sample: the floor too
+    assert b.vllm_extrapolate([100 * M], 1) == 100 * M and b.vllm_extrapolate([], 51) == 0
+    # the sampled graphs' drops are swapped for the extrapolation; the rest of the drop stays
+    assert b.vllm_estimate(300 * M, [100 * M, 3 * M], 51) == 300 * M - 103 * M + 250 * M
+    assert b.vllm_estimate(M, [100 * M, 100 * M], 2) == M and b.vllm_estimate(5 * M, [5 * M], 1) == 5 * M
+    assert b.vllm_estimate(0, [-5 * M], 1) == 0  # never below 0
+
+
+def test_sglang_reserve_follows_reserve_for_graph_mb():
+    prefill = b.sglang_prefill_sizes(8192)
+    assert len(prefill) == 58 and prefill[:3] == [4, 8, 12] and prefill[-1] == 8192
+    assert b.sglang_prefill_sizes(100) == [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96]
+    # an H200 at TP 1: decode 256 x 2 MB, 58 prefill sizes x 8 MB
+    assert b.sglang_reserve_mib(decode_max_bs=256) == 256 * 2 + 58 * 8
+    assert b.sglang_reserve_mib(decode_max_bs=256, mla=True) == 512 + 1536
+    assert b.sglang_reserve_mib(decode_max_bs=256, prefill_backend="disabled") == 512
+    assert b.sglang_reserve_mib(decode_max_bs=256, attn_dp_size=4, prefill_backend="disabled") == 512 + 256 * 4 * 3
+    assert b.sglang_reserve_mib(decode_max_bs=512, attn_dp_size=2, prefill_backend="disabled") == (
+        1024 + 512 * 2 * 3 + 512 * 2 * 1.5
+    )
+    assert b.sglang_reserve_mib(decode_max_bs=256, deepep=True) == 512 + 464 + 1024
+    assert b.sglang_reserve_mib(decode_max_bs=256, prefill_backend="full", deepep=True) == 512 + 464
+    assert b.sglang_reserve_mib(decode_max_bs=256, disaggregation_mode="prefill") == 464
+    assert b.sglang_reserve_mib(decode_max_bs=256, disaggregation_mode="decode", attn_dp_size=2) == 512 + 1536
+    assert b.sglang_reserve_mib(decode_max_bs=256, decode_graphs=False, prefill_backend="disabled") == 0
+
+
+class _Memory:
+    """Free device memory for the fake CUDA: each recorded run takes ``cost[bs]`` MiB
+    for good; every call the baseline makes is logged in order."""
+
+    def __init__(self, fake, monkeypatch, cost):
+        import torch
+
+        self.fake, self.cost, self.free, self.log = fake, cost, 10_000 * b.MiB, []
+        monkeypatch.setattr(torch.cuda, "mem_get_info", self._info)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: self.log.append("empty_cache"))
+        monkeypatch.setattr(b.gc, "collect", lambda: self.log.append("collect"))
+
+    def _info(self, device=None):
+        self.log.append("free")
+        return self.free, 0
+
+    def run(self, phase, bs, ws):
+        import torch
+
+        recording = self.fake.recording is not None
+        self.log.append(f"{'record' if recording else 'warm-up'} {phase}/{bs}")
+        if recording:
+            self.free -= self.cost[bs] * b.MiB
+        return torch.ones(bs, 2) * bs, torch.ones(bs, 3)
+
+
+def test_vllm_profile_follows_profile_cudagraph_memory_step_by_step(loop_fake, monkeypatch):
+
+    cost = {8: 100, 4: 7, 2: 5, 1: 5}
+    mem = _Memory(loop_fake, monkeypatch, cost)
+    pools = loop_fake.pools
+    out = b.vllm_profile(mem, ("decode", [8, 4, 2, 1]), [("draft_decode", [1, 2])])
+    assert loop_fake.pools == pools + 1  # ONE throwaway pool for everything
+    full = [s for bs in (8, 4) for s in (f"warm-up decode/{bs}", "free", f"record decode/{bs}", "free")]
+    spec = [s for bs in (2, 1) for s in (f"warm-up draft_decode/{bs}", f"record draft_decode/{bs}")]
+    # collect and empty the cache; capture_model empties it again, then reads free memory; the 2
+    # largest FULL descriptors, each graph block between two free-memory reads; the
+    # speculator's graphs in full, largest first; free memory at the end; the teardown
+    assert mem.log == ["collect", "empty_cache", "empty_cache", "free", *full, *spec, "free", "collect", "empty_cache"]
+    M = b.MiB
+    assert out["samples"] == [100 * M, 7 * M] and out["measured"] == (100 + 7 + 5 + 5) * M
+    assert out["estimate"] == (117 - 107) * M + 100 * M + 3 * 7 * M and out["full_graphs"] == 4
+    assert out["profiled_graphs"] == 4  # 2 FULL + 2 speculator
+
+
+def test_vllm_capture_copies_every_size_into_one_persistent_buffer(loop_fake, monkeypatch):
+    import torch
+
+    mem = _Memory(loop_fake, monkeypatch, {8: 100, 4: 7, 2: 5})
+    run = b.vllm_capture_model(mem, ("decode", [8, 4, 2]))
+    assert list(run.graphs) == [("decode", 8), ("decode", 4), ("decode", 2)] and run.samples == []
+    assert run.measured == 112 * b.MiB
+    (hidden, aux) = run.buffers["decode"]  # made from the first (largest) warm-up's outputs
+    assert hidden.shape == (8, 2) and aux.shape == (8, 3)
+    assert torch.equal(hidden[:, 0], torch.tensor([2.0, 2, 4, 4, 8, 8, 8, 8]))  # each size's rows copied in
+    graphs = list(run.graphs.values())
+    b.vllm_release(run)
+    assert run.graphs == {} and run.buffers == {} and all(g.calls == [] for g in graphs)
+
+
+def test_hidden_state_outputs_swaps_the_head_and_restores_it():
+    torch = pytest.importorskip("torch")
+
+    class Hf:
+        def __init__(self):
+            self.model = torch.nn.Module()
+            self.model.lm_head = torch.nn.Linear(2, 5)
+
+        def run(self, phase, bs, ws):
+            return self.model.lm_head(torch.ones(bs, 2))
+
+    t = Hf()
+    head = t.model.lm_head
+    with b.hidden_state_outputs(t):
+        assert t.run("decode", 3, None).shape == (3, 2)
+    assert t.model.lm_head is head and t.run("decode", 3, None).shape == (3, 5)
+    with pytest.raises(TypeError, match="no LM head"):
+        with b.hidden_state_outputs(object()):
+            pass
+
+
+@pytest.mark.gpu
+def test_vllms_method_on_the_gpu_replays_hidden_states_and_estimates_its_capture():
+    """bench/baselines.py on the small reference model: vLLM's capture replays the final
+    norm's hidden states (equal to an eager run's), one buffer serving every size, and its
+    estimate is positive and no larger than capturing everything would suggest."""
+    import torch
+
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
+
+    model = ReferenceModel(ReferenceConfig(model=Model(layers=2), max_bs=64))
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    reqs = b.vllm_full_decode_requests(b.vllm_capture_sizes(max_num_seqs=64, max_num_batched_tokens=64))
+    assert reqs[0] == 64
+    with b.hidden_state_outputs(model):
+        model.prepare("decode", 64, 64, gen)
+        prof = b.vllm_profile(model, ("decode", reqs))
+        assert prof["estimate"] > 0 and prof["profiled_graphs"] == 2 and len(prof["samples"]) == 2
+        run = b.vllm_capture_model(model, ("decode", reqs))
+        try:
+            assert list(run.graphs) == [("decode", n) for n in reqs] and run.measured > 0
+            (hidden,) = run.buffers["decode"]
+            assert hidden.shape == (64, model.cfg.model.hidden)
+            for n in (64, 8, 1):
+                model.prepare("decode", n, n, gen)
+                run.graphs[("decode", n)].replay()
+                got = hidden[:n].clone()
+                assert torch.equal(got, model.run("decode", n, None))
+        finally:
+            b.vllm_release(run)

@@ -1,0 +1,312 @@
+"""The engines' hook points the plugins use and the docs name, as typed data.
+
+One row per name: the engine (its distribution name), the release it was read
+from, the file inside that release's wheel, the qualified name in the file and
+its signature. The plugins look their patch targets up here (:func:`hook`), the
+adoption guide's table is generated from here (``docs/generate.py``), and
+``tests/test_engine_contract.py`` reads the released wheels (``pip download
+--no-deps``, zipfile + ast; nothing installed or imported) and fails, naming the
+row, where a release no longer has a name or its signature changed
+(:mod:`capture_plan.adapters.plugins.contract`).
+
+``signature`` spells what the contract checks:
+
+* ``"(self, stream)"``: a function or method, its parameters as
+  :func:`~capture_plan.adapters.plugins.contract.signature_of` writes them (names,
+  defaults as written in the source, ``*``/``/``/``*args``/``**kw``; annotations
+  are not compared: a plugin calls by name, and annotations change with every
+  refactor);
+* ``"class"``: a class defined in the file;
+* ``"= <expr>"``: a module- or class-level assignment and its value as written
+  (``= 'sglang.srt.plugins'``, ``= EnvBool(False)``).
+
+What this table does not know: behaviour. A release that keeps every name and
+signature but reorders what ``capture_one`` does passes the contract; the
+behaviour tests (tests/test_plugins.py, on engine-shaped runners) and the GPU run
+are what check behaviour, for the releases in :data:`KNOWN`.
+
+No torch, no engine import: the plugins' entry points import this first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """One name in one engine release."""
+
+    #: the engine's distribution name ("sglang", "vllm")
+    engine: str
+    #: the release it was read from ("0.5.23")
+    version: str
+    #: the file inside the release's wheel ("sglang/srt/plugins/__init__.py")
+    file: str
+    #: the qualified name in that file ("FullCudaGraphBackend.capture_one")
+    name: str
+    #: what the contract checks: "(params)", "class" or "= <expr>" (module docstring)
+    signature: str
+    #: what capture-plan does with it (the adoption guide's table)
+    role: str
+
+    @property
+    def module(self) -> str:
+        """The dotted module of :attr:`file` (``sglang.srt.plugins``)."""
+        parts = self.file.removesuffix(".py").split("/")
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    @property
+    def qualified(self) -> str:
+        """``module:name``, as an entry point spells it."""
+        return f"{self.module}:{self.name}"
+
+
+_SGL = "sglang", "0.5.23"
+_SGL_RUNNER = "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py"
+_SGL_BACKEND = "sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py"
+_VLLM = "vllm", "0.33.0"
+_VLLM_CG = "vllm/v1/worker/gpu/cudagraph_utils.py"
+
+#: every hook point, engine by engine
+HOOKS: tuple[HookPoint, ...] = (
+    # -- SGLang 0.5.23
+    HookPoint(
+        *_SGL,
+        "sglang/srt/plugins/__init__.py",
+        "GENERAL_PLUGINS_GROUP",
+        "= 'sglang.srt.plugins'",
+        "the entry-point group capture-plan registers (pyproject.toml)",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/plugins/__init__.py",
+        "load_plugins",
+        "()",
+        "calls the plugin in every process; logs and goes on where a plugin raises an Exception",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+        "DecodeCudaGraphRunner",
+        "class",
+        "the decode runner; the EAGLE draft runners subclass it",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_RUNNER,
+        "DecodeCudaGraphRunner._capture_one_stream",
+        "(self, stream_idx=None)",
+        "iterates sizes largest-first x LoRA variant x attention variant; wrapped: the plan's order",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_RUNNER,
+        "DecodeCudaGraphRunner.capture_one_shape",
+        "(self, size, forward, stream_idx=None, variant_label=None, attention_variant=None)",
+        "one graph key (size, LoRA variant, attention variant): the plan's step is taken here",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/speculative/eagle_draft_cuda_graph_runner.py",
+        "EAGLEDraftCudaGraphRunner",
+        "class",
+        "EAGLE's draft-decode runner (phase draft_decode)",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/speculative/eagle_draft_extend_cuda_graph_runner.py",
+        "EAGLEDraftExtendCudaGraphRunner",
+        "class",
+        "EAGLE's draft-extend runner (phase draft_extend)",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_BACKEND,
+        "FullCudaGraphBackend",
+        "class",
+        "the backend every FULL runner records through",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_BACKEND,
+        "FullCudaGraphBackend.capture_session",
+        "(self, stream)",
+        "binds the global graph pool and the capture stream; wrapped: the plan's pool",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_BACKEND,
+        "FullCudaGraphBackend.capture_one",
+        "(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None)",
+        "2 warm-ups (sync, TP barrier) and one recording; replaced: the plan's warm-ups and recording",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/model_executor/runner_utils/pool.py",
+        "get_or_create_global_graph_capture_stream",
+        "()",
+        "the one process-wide capture stream every runner records on",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/arg_groups/memory_hook.py",
+        "reserve_for_graph_mb",
+        "(server_args)",
+        "SGLang's graph reserve (bench/baselines.py follows it)",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/arg_groups/overrides.py",
+        "post_capture_kv_sizing_planned",
+        "(server_args)",
+        "where post-capture KV sizing switches itself off",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/environ.py",
+        "Envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
+        "= EnvBool(False)",
+        "post-capture KV sizing, off by default",
+    ),
+    # -- vLLM 0.33.0 (the V2 GPU model runner, its default)
+    HookPoint(
+        *_VLLM,
+        "vllm/plugins/__init__.py",
+        "DEFAULT_PLUGINS_GROUP",
+        "= 'vllm.general_plugins'",
+        "the entry-point group capture-plan registers (pyproject.toml)",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/plugins/__init__.py",
+        "load_general_plugins",
+        "()",
+        "calls the plugin in every process; an exception stops the process",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "BatchExecutionDescriptor",
+        "class",
+        "the graph key (cg_mode, num_tokens, num_reqs, uniform_token_count, ...)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager",
+        "class",
+        "owns the graphs, the pool and the capture order",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager.__init__",
+        "(self, vllm_config, device, cudagraph_mode, decode_query_len, lora_capture_cases=None, "
+        "varlen_decode=False, ubatch_runner=None)",
+        "binds the platform's global graph pool",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager.capture",
+        "(self, create_forward_fn, progress_bar_desc='Capturing CUDA graphs')",
+        "PIECEWISE then FULL, each largest-first, one warm-up each; replaced: the plan's order",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager._capture_stream",
+        "(self, desc)",
+        "the stream a descriptor records on (a micro-batch twin: the ubatch runner's)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "ModelCudaGraphManager",
+        "class",
+        "the model's manager: persistent hidden-state outputs (store_capture_output)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "ModelCudaGraphManager.capture",
+        "(self, model, model_state, input_buffers, intermediate_tensors, block_tables, attn_groups, "
+        "kv_cache_config, pcp_manager=None, has_lora=False, use_aux_hidden_state_outputs=False, "
+        "lora_capture_hook=None, progress_bar_desc='Capturing CUDA graphs')",
+        "builds create_forward_fn and calls CudaGraphManager.capture",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "profile_cudagraph_memory",
+        "(runner)",
+        "the graph-memory estimate before the KV cache; answered from the plan instead",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "_extrapolate_full_graph_memory",
+        "(mem_samples, total_graphs)",
+        "first + (n - 1) * max(second, 1 MiB) (bench/baselines.py follows it)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "_FULL_GRAPH_PROFILING_SAMPLES",
+        "= 2",
+        "FULL descriptors the estimate captures",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "_MIN_PER_GRAPH_BYTES",
+        "= 1 << 20",
+        "the floor of the per-graph extrapolation",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/v1/worker/gpu/model_runner.py",
+        "GPUModelRunner.capture_model",
+        "(self, *, profile_only=False)",
+        "empties the cache, captures encoder, model and speculator graphs, returns the free-memory drop",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/v1/worker/gpu/model_runner.py",
+        "GPUModelRunner.profile_cudagraph_memory",
+        "(self)",
+        "the runner's entry to the estimate (calls profile_cudagraph_memory)",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/config/vllm.py",
+        "VllmConfig._set_cudagraph_sizes",
+        "(self)",
+        "vLLM's default capture sizes (bench/baselines.py follows it)",
+    ),
+)
+
+#: engine -> the releases whose hook points :data:`HOOKS` holds, oldest first
+KNOWN: dict[str, tuple[str, ...]] = {}
+for _h in HOOKS:
+    if _h.version not in KNOWN.setdefault(_h.engine, ()):
+        KNOWN[_h.engine] += (_h.version,)
+
+
+def hook(engine: str, version: str, name: str) -> HookPoint:
+    """The row of ``engine`` ``version`` named ``name``; KeyError where there is none
+    (a programming error: the plugins name rows of this table)."""
+    for h in HOOKS:
+        if (h.engine, h.version, h.name) == (engine, version, name):
+            return h
+    raise KeyError(f"{engine} {version}: no hook point {name!r} in capture_plan.adapters.plugins.hooks.HOOKS")
+
+
+def requirements() -> list[str]:
+    """``engine==version`` for every known release (what ``.ci/run`` downloads)."""
+    return [f"{e}=={v}" for e, versions in KNOWN.items() for v in versions]
+
+
+if __name__ == "__main__":  # `python -m capture_plan.adapters.plugins.hooks`: the pins, for .ci/run
+    print(" ".join(requirements()))

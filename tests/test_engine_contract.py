@@ -1,0 +1,109 @@
+"""The engines' hook points (capture_plan.adapters.plugins.hooks.HOOKS) against the
+released engines' wheels, read with zipfile + ast: nothing installed, nothing of the
+engines imported.
+
+``.ci/run`` downloads the wheels (``pip download --no-deps``, the pins
+``python -m capture_plan.adapters.plugins.hooks`` prints) into ``.cache/engine-wheels``
+(or ``$CAPTURE_PLAN_ENGINE_WHEELS``); where they are not there, the wheel tests skip
+naming the command that gets them. The checker's own tests (a name gone, a signature
+changed, a constant changed) need no wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from capture_plan.adapters.plugins import contract
+from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN, HookPoint, hook, requirements
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / "engine-wheels")
+RELEASES = [(e, v) for e, versions in KNOWN.items() for v in versions]
+
+
+@pytest.mark.parametrize(("engine", "version"), RELEASES, ids=[f"{e}-{v}" for e, v in RELEASES])
+def test_every_hook_point_exists_in_the_release_it_names(engine, version):
+    wheel = contract.find_wheel(WHEELS, engine, version)
+    if wheel is None:
+        pytest.skip(
+            f"no {engine}-{version} wheel in {WHEELS} (.ci/run downloads it: "
+            f"pip download --no-deps -d {WHEELS} {engine}=={version})"
+        )
+    rows = [h for h in HOOKS if (h.engine, h.version) == (engine, version)]
+    assert contract.check_wheel(wheel, rows) == []
+
+
+def test_the_table_is_one_row_per_name_and_knows_both_engines():
+    keys = [(h.engine, h.version, h.name) for h in HOOKS]
+    assert len(keys) == len(set(keys))
+    assert set(KNOWN) == {"sglang", "vllm"} and requirements() == ["sglang==0.5.23", "vllm==0.33.0"]
+    for h in HOOKS:
+        assert h.file.startswith(f"{h.engine}/") and h.file.endswith(".py")
+        assert h.signature == "class" or h.signature.startswith(("(", "= ")), h
+    assert hook("vllm", "0.33.0", "profile_cudagraph_memory").module == "vllm.v1.worker.gpu.cudagraph_utils"
+    assert hook("sglang", "0.5.23", "GENERAL_PLUGINS_GROUP").module == "sglang.srt.plugins"
+    with pytest.raises(KeyError, match="no hook point 'capture_graph'"):
+        hook("vllm", "0.33.0", "capture_graph")
+
+
+def test_ci_downloads_the_pins_of_the_table():
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "python -m capture_plan.adapters.plugins.hooks" in run and "pip download" in run
+    assert "--no-deps" in run and "tests/test_engine_contract.py" in run
+
+
+SOURCE = """
+GROUP = "sglang.srt.plugins"
+
+class Backend:
+    LIMIT = 1 << 20
+
+    def capture_one(self, shape_key, forward_fn, capture_inputs=None, *, hook=None, **kw):
+        pass
+
+def profile(runner, /, extra=2, *rest):
+    pass
+"""
+
+
+def _row(name: str, signature: str) -> HookPoint:
+    return HookPoint("sglang", "9.9", "sglang/x.py", name, signature, "")
+
+
+@pytest.mark.parametrize(
+    ("name", "signature"),
+    [
+        ("GROUP", "= 'sglang.srt.plugins'"),
+        ("Backend", "class"),
+        ("Backend.LIMIT", "= 1 << 20"),
+        ("Backend.capture_one", "(self, shape_key, forward_fn, capture_inputs=None, *, hook=None, **kw)"),
+        ("profile", "(runner, /, extra=2, *rest)"),
+    ],
+)
+def test_the_checker_accepts_what_the_source_defines(name, signature):
+    assert contract.check_source(_row(name, signature), SOURCE) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "signature", "says"),
+    [
+        ("capture_graph", "(self)", "'capture_graph' is not defined in sglang/x.py"),
+        ("Backend.capture_full", "(self)", "'capture_full' is not defined in Backend"),
+        ("Backend.capture_one", "(self, shape_key, forward_fn)", "is (self, shape_key, forward_fn, capture_inputs"),
+        ("GROUP", "= 'vllm.general_plugins'", "is = 'sglang.srt.plugins', the table has"),
+        ("Backend", "(self)", "is class, the table has (self)"),
+    ],
+)
+def test_the_checker_names_what_a_release_broke(name, signature, says):
+    line = contract.check_source(_row(name, signature), SOURCE)
+    assert line is not None and line.startswith(f"sglang 9.9 sglang/x.py: {name}: ") and says in line
+
+
+def test_the_command_names_a_missing_wheel_and_exits_1(tmp_path, capsys):
+    assert contract.main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert re.search(rf"sglang==0.5.23: no wheel in {re.escape(str(tmp_path))}; fix: pip download --no-deps", err)
