@@ -34,9 +34,12 @@ the committed files are what it writes.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -45,6 +48,7 @@ REGION = re.compile(r"(<!-- table: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!--
 CLI_PAGE = DOCS / "cli.md"
 #: the help's width: fixed, so the page does not depend on the terminal it was generated in
 CLI_WIDTH = 100
+MiB = 2**20
 
 
 def _load(name: str) -> dict:
@@ -594,6 +598,48 @@ def background() -> list[str]:
     return [*_table(header, rows), _source(name, d)]
 
 
+def _bench(name: str):
+    """``bench.<name>`` of this checkout, the package imported from its folder by location
+    (as tests/bench_modules.py does: the root is not put on ``sys.path``)."""
+    import importlib
+    import importlib.util
+
+    if "bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "bench", ROOT / "bench" / "__init__.py", submodule_search_locations=[str(ROOT / "bench")]
+        )
+        assert spec is not None and spec.loader is not None
+        pkg = importlib.util.module_from_spec(spec)
+        sys.modules["bench"] = pkg
+        spec.loader.exec_module(pkg)
+    return importlib.import_module(f"bench.{name}")
+
+
+def sglang_reserve() -> list[str]:
+    """SGLang 0.5.23's graph reserve on an H200 (bench/baselines.py): arithmetic of its code."""
+    b = _bench("baselines")
+    prefill = b.sglang_prefill_sizes(8192)
+    cases = [
+        ("TP 1, decode up to 256, breakable prefill graphs (the defaults)", {}),
+        ("the same, an MLA backend (DeepSeek-V3)", {"mla": True}),
+        ("the same, DeepEP all-to-all", {"deepep": True}),
+        ("TP 1, DP attention over 8, decode up to 256", {"attn_dp_size": 8}),
+        ("TP 4 (decode up to 512), DP attention over 8", {"decode_max_bs": 512, "attn_dp_size": 8}),
+        ("decode-only server (disaggregated), decode up to 256", {"disaggregation_mode": "decode"}),
+    ]
+    rows = []
+    for label, kw in cases:
+        kw = {"decode_max_bs": 256, "prefill_sizes": prefill, **kw}
+        decode = b.sglang_reserve_mib(**{**kw, "prefill_backend": "disabled"})
+        rows.append([label, _mib(decode), _mib(b.sglang_reserve_mib(**kw) - decode), _mib(b.sglang_reserve_mib(**kw))])
+    return [
+        *_table(["configuration", "decode graphs MiB", "prefill graphs MiB", "reserve MiB"], rows),
+        "",
+        f"Computed by `bench/baselines.py` from SGLang 0.5.23's `reserve_for_graph_mb` ({len(prefill)} default"
+        " prefill sizes up to 8,192 tokens); nothing measured.",
+    ]
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -610,7 +656,276 @@ TABLES = {
     "build-work": build_work,
     "startup": startup,
     "background": background,
+    "sglang-reserve": sglang_reserve,
 }
+
+
+# -- figures quoted in prose ---------------------------------------------------------------
+
+#: an inline figure: ``<!-- fig: NAME -->text<!-- /fig -->``, or ``<!-- fig: source FILE -->``
+FIG = re.compile(r"<!-- fig: (?P<name>[a-z0-9-]+)(?: (?P<arg>[\w.-]+\.json))? -->(?P<body>.*?)<!-- /fig -->", re.S)
+_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+#: the start-up cases' short names, in prose
+_SHORT = {
+    "reference": "the reference",
+    "llama": "Llama",
+    "gemma2": "Gemma2",
+    "qwen2": "Qwen2",
+    "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen2-MoE",
+    "eagle": "EAGLE",
+}
+
+
+class Figure(NamedTuple):
+    """A figure quoted in prose: the result files it reads (``bench/results/``), and the
+    function that renders it from their contents, in that order."""
+
+    files: tuple[str, ...]
+    render: Callable[..., str]
+
+
+FIGURES: dict[str, Figure] = {}
+
+
+def figure(name: str, *files: str) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Register ``name``'s renderer, which reads ``files``."""
+
+    def register(fn: Callable[..., str]) -> Callable[..., str]:
+        FIGURES[name] = Figure(files, fn)
+        return fn
+
+    return register
+
+
+def _word(n: int) -> str:
+    return _WORDS[n] if n < len(_WORDS) else str(n)
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _span(values: list[float], fmt: str, sep: str = "-") -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}{sep}{format(hi, fmt)}"
+
+
+def source_figure(name: str) -> str:
+    """``source FILE``: the file's path, and how its code is known where not a clean commit."""
+    known = provenance(_load(name))
+    return f"`bench/results/{name}`" + (f", {known}" if known else "")
+
+
+CAPTURE = "capture-2026-11-29-32l.json"
+
+
+@figure("capture-executor-pool", CAPTURE)
+def _capture_executor_pool(d: dict) -> str:
+    return f"{_mib(d['executor']['pool_mib'])} MiB"
+
+
+@figure("capture-loop-pool", CAPTURE)
+def _capture_loop_pool(d: dict) -> str:
+    return f"{_mib(d['sglang']['pool_mib'])} MiB"
+
+
+@figure("capture-analytic", CAPTURE)
+def _capture_analytic(d: dict) -> str:
+    return f"{_mib(d['executor']['predicted_analytic_mib'])} MiB"
+
+
+@figure("startup-steps", STARTUP_RUNS[0])
+def _startup_steps(d: dict) -> str:
+    rows = [c["startup"]["steps_within_1pct_or_2mib"].split("/") for c in d["cases"].values()]
+    full = sum(a == b for a, b in rows)
+    every = "after every step" + ("" if full == len(rows) else f" for {_word(full)} of the {_word(len(rows))} models")
+    return f"within 1% or 2 MiB of the prediction {every}"
+
+
+@figure("extrapolation-error", STARTUP_RUNS[1])
+def _extrapolation_error(d: dict) -> str:
+    errors = [c["vllm"]["error"] for c in d["cases"].values()]
+    return f"{min(errors) * 100:+,.0f}% to {max(errors) * 100:+,.0f}%"
+
+
+def _share(d: dict, eagle: bool) -> list[float]:
+    return [
+        c["startup"]["predict_s"] / c["startup"]["capture_s"] for k, c in d["cases"].items() if (k == "eagle") == eagle
+    ]
+
+
+@figure("startup-share-decode", STARTUP_RUNS[0])
+def _startup_share_decode(d: dict) -> str:
+    return _span([x * 100 for x in _share(d, False)], ".0f") + "%"
+
+
+@figure("startup-share-eagle", STARTUP_RUNS[0])
+def _startup_share_eagle(d: dict) -> str:
+    return f"{_share(d, True)[0]:.1f}x"
+
+
+@figure("startup-share-eagle-before", STARTUP_BEFORE)
+def _startup_share_eagle_before(d: dict) -> str:
+    return f"{_share(d, True)[0]:.1f}x"
+
+
+@figure("cached-predict-s", STARTUP_CACHED)
+def _cached_predict_s(d: dict) -> str:
+    return _span([c["startup-cached"]["predict_s"] for c in d["cases"].values()], ".3f") + " s"
+
+
+@figure("cached-share", STARTUP_CACHED)
+def _cached_share(d: dict) -> str:
+    later = [c["startup-cached"] for c in d["cases"].values()]
+    return _span([s["predict_s"] / s["capture_s"] * 100 for s in later], ".1f") + "%"
+
+
+@figure("cached-peak", STARTUP_CACHED)
+def _cached_peak(d: dict) -> str:
+    """The later start-up's peak, predicted against taken: within 2 MiB, or how far low/high."""
+    off = {
+        k: c["startup-cached"]["pending_mib"] - c["startup-cached"]["measured_peak_mib"] for k, c in d["cases"].items()
+    }
+    within = [k for k, v in off.items() if round(abs(v)) <= 2]  # whole MiB, as the table shows
+    parts = [f"within 2 MiB for {_word(len(within))} of the {_word(len(off))} models"]
+    for side, sign in (("low", -1), ("high", 1)):
+        miss = [k for k, v in off.items() if round(abs(v)) > 2 and v * sign > 0]
+        if miss:
+            worst = max(abs(off[k]) for k in miss)
+            parts.append(
+                f"{'' if len(miss) == 1 else 'up to '}{worst:.0f} MiB {side} for {_and([_SHORT[k] for k in miss])}"
+            )
+    return " and ".join(parts)
+
+
+@figure("cached2-peak", "device-2026-12-01-startup-cached-2.json", STARTUP_CACHED)
+def _cached2_peak(d: dict, first: dict) -> str:
+    """The re-run of the cached start-up: within 2 MiB where, confirm_startup, what it did not reach."""
+    later = {k: c["startup-cached"] for k, c in d["cases"].items() if "startup-cached" in c}
+    within = [k for k, s in later.items() if round(abs(s["pending_mib"] - s["measured_peak_mib"])) <= 2]
+    held = sum(bool(s.get("confirm_ok")) for s in later.values())
+    gone = [_SHORT[k] for k in first["cases"] if k not in later]
+    share = "all" if len(within) == len(later) else f"{_word(len(within))} of the"
+    text = f"within 2 MiB for {share} {_word(len(later))} models the run reached"
+    text += ", and `confirm_startup` held for each" if held == len(later) else f"; `confirm_startup` held for {held}"
+    return text + (f" ({_and(gone)} not re-measured)" if gone else "")
+
+
+def _between(steps: list, name: str) -> tuple[list[float], list[float], int]:
+    """A start-up's steps: how far each was predicted high, low, and how many took more than
+    predicted beyond 1% or 2 MiB."""
+    high = [p - m for _, p, m, *_ in steps if p > m]
+    low = [m - p for _, p, m, *_ in steps if m > p]
+    above = sum(m - p > max(2, 0.01 * m) for _, p, m, *_ in steps)
+    return high, low, above
+
+
+@figure("cached-between", STARTUP_CACHED)
+def _cached_between(d: dict) -> str:
+    high, low, above, where = [], [], 0, []
+    for k, c in d["cases"].items():
+        h, lo, a = _between(c["startup-cached"]["steps"], k)
+        high += h
+        low += lo
+        above += a
+        where += [_SHORT[k]] * bool(a)
+    return (
+        f"predicted high at {len(high)} steps, by up to {max(high, default=0):.0f} MiB, and low at {len(low)},"
+        f" by up to {max(low, default=0):.0f} MiB; {above} took more than predicted beyond 1% or 2 MiB"
+        + (f" ({_and(where)})" if where else "")
+    )
+
+
+@figure("timed-steps", STARTUP_BEFORE)
+def _timed_steps(d: dict) -> str:
+    rows = {k: c["startup"] for k, c in d["cases"].items()}
+    full = [
+        k
+        for k, s in rows.items()
+        if s["steps_within_1pct_or_2mib"].split("/")[0] == s["steps_within_1pct_or_2mib"].split("/")[1]
+    ]
+    parts = []
+    for k, s in rows.items():
+        if k in full:
+            continue
+        high, low, _ = _between(s["steps"], k)
+        miss = [x for x in high + low if x > 2]
+        side = "high" if len(high) >= len(low) else "low"
+        parts.append(
+            f"{_SHORT[k]}: {s['steps_within_1pct_or_2mib']} steps within, the others up to {max(miss):.0f} MiB {side}"
+        )
+    return f"{_word(len(full))} of {_word(len(rows))} models within 1% or 2 MiB at every step; " + "; ".join(parts)
+
+
+STARTUP_GC = "startup-2026-11-29-32l.json"
+
+
+@figure("full-gc", STARTUP_GC)
+def _full_gc(d: dict) -> str:
+    return f"{d['full_gc_s']:.2f} s in a server process holding {d['objects'] / 1e6:.0f} million live Python objects"
+
+
+GRAPH_EXEC = "graph-exec-2026-12-01.json"
+
+
+@figure("graph-exec-record", GRAPH_EXEC)
+def _graph_exec_record(d: dict) -> str:
+    cases = d["cases"].values()
+    took = [c for c in cases if any(x["record_bytes"] for x in c["first"])]
+    most = max((x["record_bytes"] for c in cases for x in c["first"]), default=0)
+    count = max((sum(x["record_bytes"] > 0 for x in c["first"]) for c in took), default=0)
+    if not took:
+        return "nothing while a graph is recorded"
+    at = "one recording" if count == 1 else f"up to {count} recordings"
+    return (
+        f"while a graph is recorded, {_mib(most / MiB)} MiB at {at} of {took[0]['graphs']} in {_word(len(took))} of the"
+        f" {_word(len(d['cases']))} models, nothing in the others"
+    )
+
+
+@figure("graph-exec-per-node", GRAPH_EXEC)
+def _graph_exec_per_node(d: dict) -> str:
+    return _span([c["bytes_per_node"] for c in d["cases"].values()], ",.0f", " to ") + " bytes per node"
+
+
+@figure("graph-exec-reference", GRAPH_EXEC)
+def _graph_exec_reference(d: dict) -> str:
+    r = d["cases"]["reference"]
+    nodes = r["nodes"] / r["graphs"]
+    return f"about {r['bytes_per_node'] * nodes / MiB:.1f} MiB for a 32-layer decode graph of ~{nodes:.0f} nodes"
+
+
+@figure("graph-exec-step", GRAPH_EXEC)
+def _graph_exec_step(d: dict) -> str:
+    sizes = [x["instantiate_bytes"] for c in d["cases"].values() for x in c["first"] if x["instantiate_bytes"]]
+    return f"{_mib(math.gcd(*sizes) / MiB)} MiB steps"
+
+
+@figure("graph-exec-second", GRAPH_EXEC)
+def _graph_exec_second(d: dict) -> str:
+    most = max(c["second_round_bytes"] for c in d["cases"].values())
+    return f"{_mib(most / MiB)} MiB more"
+
+
+def render_figures(text: str, where: str) -> str:
+    """``text`` with every figure region's body rendered again; an unknown name is an error."""
+
+    def one(m: re.Match) -> str:
+        name, arg = m["name"], m["arg"]
+        if name == "source":
+            if not arg or not (RESULTS / arg).exists():
+                raise SystemExit(f"{where}: figure source {arg!r}: no such file in bench/results/")
+            body = source_figure(arg)
+        elif name in FIGURES:
+            fig = FIGURES[name]
+            body = fig.render(*(_load(f) for f in fig.files))
+        else:
+            raise SystemExit(f"{where}: unknown figure {name!r}; known: source, {', '.join(FIGURES)}")
+        head = f"<!-- fig: {name}{' ' + arg if arg else ''} -->"
+        return f"{head}{body}<!-- /fig -->"
+
+    return FIG.sub(one, text)
 
 
 def render_tables(text: str, where: str) -> str:
@@ -658,12 +973,13 @@ def cli_reference() -> str:
 def generated() -> dict[Path, str]:
     """Each generated file and the text it should have."""
     files = {}
-    for page in sorted(DOCS.glob("*.md")):
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
         if page == CLI_PAGE:
             continue
         text = page.read_text()
-        if REGION.search(text):
-            files[page] = render_tables(text, str(page.relative_to(ROOT)))
+        if REGION.search(text) or FIG.search(text):
+            where = str(page.relative_to(ROOT))
+            files[page] = render_figures(render_tables(text, where), where)
     files[CLI_PAGE] = cli_reference()
     return files
 

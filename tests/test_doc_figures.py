@@ -1,0 +1,113 @@
+"""Figures quoted in the docs' prose come from the benchmark JSON they name.
+
+A figure in prose is an inline region that docs/generate.py renders from
+``bench/results/*.json`` (``<!-- fig: NAME -->...<!-- /fig -->``); ``source FILE`` regions
+name a file with its provenance (uncommitted changes or no commit said so). Checked here:
+the pages are what the generator writes (so each figure agrees with its JSON), each
+figure's paragraph names every file it is computed from, and in the pages held to it no
+number with a unit is quoted beside a result file outside such a region.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: pages whose every quoted figure, in a paragraph naming a result, is generated
+STRICT = ["README.md", "docs/executor.md"]
+#: a number with a unit: MiB, %, seconds, "x" ratios, bytes
+_FIGURE = re.compile(r"(?<![\w.`/-])[-+~]?\d[\d,]*(?:\.\d+)?(?:-\d[\d,.]*)?\s?(?:MiB|GiB|MB|GB|%|ms|s|x|bytes)(?![\w])")
+
+
+def _gen():
+    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs/generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _gen()
+
+
+def _blocks(text: str) -> list[str]:
+    """Paragraphs and list items outside code fences and table regions."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = gen.REGION.sub("", text)
+    out: list[str] = []
+    for para in re.split(r"\n\s*\n", text):
+        out += [b for b in re.split(r"\n(?=- )", para) if b.strip()]
+    return out
+
+
+def test_every_generated_page_agrees_with_its_json():
+    stale = [str(p.relative_to(ROOT)) for p, text in gen.generated().items() if p.read_text() != text]
+    assert stale == [], f"stale: {stale}; fix: python docs/generate.py"
+
+
+def test_the_readme_and_docs_quote_figures_through_the_generator():
+    pages = [p for p in gen.generated() if gen.FIG.search(p.read_text())]
+    assert {"README.md", "docs/executor.md", "docs/measurements.md"} <= {str(p.relative_to(ROOT)) for p in pages}
+    used = {m["name"] for p in pages for m in gen.FIG.finditer(p.read_text())}
+    assert used == {"source", *gen.FIGURES}, "a figure renderer no page uses, or the reverse"
+
+
+def test_each_figure_names_the_json_it_comes_from():
+    missing = []
+    for page in gen.generated():
+        for block in _blocks(page.read_text()):
+            named = {m["arg"] for m in gen.FIG.finditer(block) if m["name"] == "source"}
+            for m in gen.FIG.finditer(block):
+                if m["name"] != "source":
+                    missing += [
+                        f"{page.name}: {m['name']} reads {f}" for f in gen.FIGURES[m["name"]].files if f not in named
+                    ]
+    assert missing == [], "a figure whose paragraph does not name its file through <!-- fig: source FILE -->"
+
+
+@pytest.mark.parametrize("page", STRICT)
+def test_no_hand_written_figure_beside_a_result(page):
+    found = []
+    for block in _blocks((ROOT / page).read_text()):
+        if "bench/results/" not in block and "fig: source" not in block:
+            continue
+        bare = gen.FIG.sub("", block)
+        bare = re.sub(r"`[^`]*`|\]\([^)]*\)", "", bare)
+        found += [f"{m[0]!r} in: {block[:80]!r}" for m in _FIGURE.finditer(bare)]
+    assert found == [], f"{page}: figures quoted by hand beside a result file (make them <!-- fig: --> regions)"
+
+
+def test_a_changed_json_changes_the_quoted_figure(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "bench/results", results)
+    name = "capture-2026-11-29-32l.json"
+    data = json.loads((results / name).read_text())
+    data["sglang"]["pool_mib"] = 3000.0
+    data["git_commit"], data["git_dirty"], data["git_diff_sha256"] = "ab" * 20, True, "cd" * 32
+    (results / name).write_text(json.dumps(data))
+    monkeypatch.setattr(gen, "RESULTS", results)
+    page = (ROOT / "README.md").read_text()
+    out = gen.render_figures(page, "README.md")
+    assert "<!-- fig: capture-loop-pool -->3,000 MiB<!-- /fig -->" in out
+    assert f"`bench/results/{name}`, measured from uncommitted changes to `abababa`, diff sha256 `cdcdcdcdcdcd`" in out
+
+
+def test_unknown_figures_and_sources_are_one_clear_error():
+    with pytest.raises(SystemExit, match=r"docs/x.md: unknown figure 'nope'; known: source, "):
+        gen.render_figures("<!-- fig: nope -->1<!-- /fig -->", "docs/x.md")
+    with pytest.raises(SystemExit, match=r"docs/x.md: figure source 'gone.json': no such file"):
+        gen.render_figures("<!-- fig: source gone.json -->1<!-- /fig -->", "docs/x.md")
+
+
+def test_provenance_says_what_is_known_of_a_results_code():
+    assert gen.provenance({"git_commit": "a" * 40, "git_dirty": False}) == ""
+    assert gen.provenance({}) == "no commit recorded"
+    assert gen.provenance({"git_commit": "a" * 40, "git_dirty": True}) == (
+        "measured from uncommitted changes to `aaaaaaa`, the diff not recorded"
+    )
+    assert "not recorded whether" in gen.provenance({"git_commit": "a" * 40})
