@@ -143,6 +143,13 @@ HOOKS: tuple[HookPoint, ...] = (
     ),
     HookPoint(
         *_SGL,
+        _SGL_BACKEND,
+        "FullCudaGraphBackend.cleanup",
+        "(self)",
+        "resets and drops the backend's graphs: what a failed loop calls",
+    ),
+    HookPoint(
+        *_SGL,
         "sglang/srt/model_executor/runner_utils/pool.py",
         "get_or_create_global_graph_capture_stream",
         "()",
@@ -219,6 +226,13 @@ HOOKS: tuple[HookPoint, ...] = (
         "CudaGraphManager._capture_stream",
         "(self, desc)",
         "the stream a descriptor records on (a micro-batch twin: the ubatch runner's)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager.release_graphs",
+        "(self)",
+        "drops the manager's graphs: what a failed loop calls",
     ),
     HookPoint(
         *_VLLM,

@@ -1,0 +1,245 @@
+"""What the engine plugins share, engine-neutral: the setting that enables them, the
+release check, the plan checked against the engine, and one process's adoption (the
+loop made at the first capture, or the engine's own capture where the operator chose
+to fall back).
+
+Enabled by one setting: ``CAPTURE_PLAN_PLAN=plans/my-model.json`` (the plan file).
+Unset, the plugins return at once and change nothing. ``CAPTURE_PLAN_FALLBACK=engine``
+makes a refusal (an unknown release, a missing, invalid or mismatched plan) a logged
+warning after which the engine captures as it always does; the default, ``refuse``,
+stops the engine with the one line. Never a half-adopted capture: the decision is made
+before the first graph, and an error inside the loop releases everything it captured
+(``CaptureLoop.part``).
+
+What is checked against the engine (:func:`check_plan`): the plan decodes and fits this
+machine (``capture_plan.executor.load``), its tensor-parallel size is the engine's, its
+model config (where the plan names one) is the engine's file byte for byte, and it has a
+phase for every runner that captures. Not checked: that the plan's sizes are the
+engine's: the engine layers compare them at the first capture of each phase.
+
+Importing this module imports neither torch nor an engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from capture_plan.adapters.plugins.hooks import KNOWN, HookPoint
+from capture_plan.schemas.errors import CapturePlanError
+
+if TYPE_CHECKING:
+    from capture_plan.schemas.plan import Plan
+
+#: the setting that enables the plugins: the plan file
+ENV_PLAN = "CAPTURE_PLAN_PLAN"
+#: "refuse" (default) or "engine": what a refusal does
+ENV_FALLBACK = "CAPTURE_PLAN_FALLBACK"
+log = logging.getLogger("capture_plan.plugins")
+
+
+class PluginRefused(CapturePlanError):
+    """The plugin cannot route this engine's capture through the plan."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugins' setting, read from the environment (:func:`settings`)."""
+
+    plan: Path
+    fallback: Literal["refuse", "engine"] = "refuse"
+
+
+def settings(environ: Mapping[str, str] = os.environ) -> Settings | None:
+    """The setting, or None where ``CAPTURE_PLAN_PLAN`` is unset or empty (disabled)."""
+    path = environ.get(ENV_PLAN, "").strip()
+    if not path:
+        return None
+    fallback = environ.get(ENV_FALLBACK, "refuse").strip() or "refuse"
+    if fallback not in ("refuse", "engine"):
+        raise PluginRefused(
+            f"{ENV_FALLBACK}={fallback!r} is neither 'refuse' nor 'engine'",
+            where="the environment",
+            fix=f"export {ENV_FALLBACK}=refuse (stop the engine) or {ENV_FALLBACK}=engine (capture as the engine does)",
+        )
+    return Settings(Path(path), fallback)  # type: ignore[arg-type]
+
+
+def installed(dist: str) -> str:
+    """The installed release of ``dist`` ("(not installed)" where it is not)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def resolve(h: HookPoint) -> Any:
+    """The object a hook point names, imported from the engine."""
+    obj: Any = importlib.import_module(h.module)
+    for part in h.name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_version(engine: str, version: str) -> str:
+    """``version`` where :data:`~capture_plan.adapters.plugins.hooks.KNOWN` has the
+    hook points of ``engine`` ``version``; else :class:`PluginRefused` naming the
+    releases it knows."""
+    known = KNOWN.get(engine, ())
+    if version in known:
+        return version
+    return _refuse_version(engine, version, known)
+
+
+def _refuse_version(engine: str, version: str, known: tuple[str, ...]) -> str:
+    raise PluginRefused(
+        f"{engine} {version}: the capture-plan plugin knows the hook points of {engine} "
+        f"{', '.join(known) or '(no release)'} only",
+        where=f"the {ENV_PLAN} setting",
+        fix=f"pip install {engine}=={known[-1]}, or unset {ENV_PLAN} to capture as {engine} does"
+        if known
+        else f"unset {ENV_PLAN}",
+    )
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine says about itself at its first capture."""
+
+    engine: str
+    #: the tensor-parallel size
+    tp: int = 1
+    #: the model's config.json, where the engine has one on disk
+    model_config: Path | None = None
+    #: the phases of the runners that capture (plan phase names)
+    phases: tuple[str, ...] = ()
+
+
+def load(s: Settings) -> Plan:
+    """The plan file, decoded and validated (no environment check: that is
+    :func:`check_plan`'s, at capture); :class:`PluginRefused` naming the file where it
+    is missing or invalid."""
+    from capture_plan.executor.load import load_plan
+
+    if not s.plan.is_file():
+        raise PluginRefused(
+            "the plan file is not there",
+            where=f"{ENV_PLAN}={s.plan}",
+            fix=f"build it (planner build ... -o {s.plan}), or unset {ENV_PLAN}",
+        )
+    try:
+        return load_plan(s.plan, check_env=False)
+    except CapturePlanError as err:
+        raise PluginRefused(
+            f"the plan cannot be used: {err}",
+            where=f"{ENV_PLAN}={s.plan}",
+            fix=f"rebuild it with this planner (planner check {s.plan.parent}), or unset {ENV_PLAN}",
+        ) from err
+
+
+def check_plan(plan: Plan, path: Path, facts: EngineFacts, env_problems: Iterable[str] = ()) -> None:
+    """:class:`PluginRefused`, one line naming the plan, where ``plan`` is not this
+    engine's: the machine (``env_problems``, from ``capture_plan.executor.load``), the
+    tensor-parallel size, the model config, a capturing runner's phase."""
+    from capture_plan.schemas.codec import sha256
+
+    where = f"{ENV_PLAN}={path}"
+    problems = list(env_problems)
+    if plan.requires.tp != facts.tp:
+        problems.append(f"it is for TP {plan.requires.tp}, {facts.engine} runs TP {facts.tp}")
+    digest = getattr(plan.inputs, "model_config_digest", None)
+    if isinstance(digest, str) and facts.model_config is not None and facts.model_config.is_file():
+        if sha256(facts.model_config.read_bytes()) != digest:
+            problems.append(f"it was built for another model ({plan.inputs.model_config}, not {facts.model_config})")
+    phases = {p.name for p in plan.phases}
+    missing = [p for p in facts.phases if p not in phases]
+    if missing:
+        has = sorted(phases)
+        problems.append(f"it has no phase {', '.join(missing)} ({facts.engine} captures it; the plan has {has})")
+    if problems:
+        raise PluginRefused(
+            f"the plan is not this engine's: {'; '.join(problems)}",
+            where=where,
+            fix=f"build the plan for this model, device and TP size (planner build ... -o {path}), "
+            f"or {ENV_FALLBACK}=engine to capture as {facts.engine} does",
+        )
+
+
+@dataclass
+class Adoption:
+    """One process's plan-routed capture, shared by every runner of the engine.
+
+    :meth:`begin` decides once, at the first capture: the loop over the plan
+    (``make_loop(plan, stream, on_failure)``), or None where the operator chose the
+    engine's own capture after a refusal. The engine layer records the backends that
+    hold graphs (:attr:`holders`: their ``cleanup`` is called when the loop fails) and
+    the step in progress (:attr:`current`)."""
+
+    settings: Settings
+    engine: str
+    make_loop: Callable[..., Any]
+    plan: Any = None
+    loop: Any = None
+    fallback: bool = False
+    current: Any = None
+    holders: list = field(default_factory=list)
+
+    def begin(self, facts: EngineFacts, *, stream=None, env_problems: Callable[[Any], list[str]] | None = None):
+        """The loop, made at the first call; None when capture falls back to the engine's."""
+        if self.loop is not None or self.fallback:
+            return self.loop
+        try:
+            plan = load(self.settings)
+            check_plan(plan, self.settings.plan, facts, env_problems(plan) if env_problems else ())
+        except PluginRefused as err:
+            if self.settings.fallback != "engine":
+                raise
+            log.warning("capture-plan: %s; capturing as %s does (%s=engine)", err, self.engine, ENV_FALLBACK)
+            self.fallback = True
+            return None
+        self.plan = plan
+        self.loop = self.make_loop(plan, stream=stream, on_failure=self._dropped)
+        log.info("capture-plan: %s captures through %s", self.engine, self.settings.plan)
+        return self.loop
+
+    def _dropped(self) -> None:
+        for holder in self.holders:
+            holder.cleanup()
+
+    def step(self, phase: str, bs: int, labels: Mapping[str, str | None]):
+        """Begin the plan's step for ``phase`` at ``bs`` (with variant ``labels``, where
+        the loop takes them)."""
+        labels = {k: v for k, v in labels.items() if v is not None}
+        if labels:
+            try:
+                self.current = self.loop.step(phase, bs, **labels)
+            except TypeError:
+                raise PluginRefused(
+                    f"{self.engine} captures variants {labels} of {phase}/{bs}; this executor's loop takes none",
+                    where=f"{ENV_PLAN}={self.settings.plan}",
+                    fix=f"capture without variants, or {ENV_FALLBACK}=engine",
+                ) from None
+        else:
+            self.current = self.loop.step(phase, bs)
+        return self.current
+
+
+def refuse_once(err: PluginRefused) -> SystemExit:
+    """The one line an engine's start-up stops with (``capture-plan: <what>``): a
+    SystemExit, because SGLang's plugin loader logs and ignores an Exception."""
+    return SystemExit(f"capture-plan: {err}")
+
+
+def fallback_or_exit(s: Settings, err: PluginRefused, engine: str) -> None:
+    """At registration: log and return where the operator chose the engine's capture,
+    else stop the process with the one line."""
+    if s.fallback == "engine":
+        log.warning("capture-plan: %s; capturing as %s does (%s=engine)", err, engine, ENV_FALLBACK)
+        return
+    raise refuse_once(err) from err
