@@ -598,6 +598,21 @@ def background() -> list[str]:
     return [*_table(header, rows), _source(name, d)]
 
 
+def hooks() -> list[str]:
+    """The engines' hook points (capture_plan.adapters.plugins.hooks.HOOKS)."""
+    from capture_plan.adapters.plugins.hooks import HOOKS
+
+    rows = [
+        [f"{h.engine} {h.version}", f"`{h.file.split('/', 1)[1]}`", f"`{h.name}`", f"`{h.signature}`", h.role]
+        for h in HOOKS
+    ]
+    return [
+        *_table(["release", "file", "name", "signature", "what capture-plan does with it"], rows),
+        "",
+        "From `capture_plan.adapters.plugins.hooks`; checked against the wheels by `tests/test_engine_contract.py`.",
+    ]
+
+
 def _bench(name: str):
     """``bench.<name>`` of this checkout, the package imported from its folder by location
     (as tests/bench_modules.py does: the root is not put on ``sys.path``)."""
@@ -657,6 +672,7 @@ TABLES = {
     "startup": startup,
     "background": background,
     "sglang-reserve": sglang_reserve,
+    "hooks": hooks,
 }
 
 

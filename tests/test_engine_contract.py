@@ -107,3 +107,65 @@ def test_the_command_names_a_missing_wheel_and_exits_1(tmp_path, capsys):
     assert contract.main([str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert re.search(rf"sglang==0.5.23: no wheel in {re.escape(str(tmp_path))}; fix: pip download --no-deps", err)
+
+
+# -- what docs/adoption.md names ----------------------------------------------------------------
+
+ADOPTION = (ROOT / "docs" / "adoption.md").read_text()
+#: a sketch's header: "Against `FILE` (ENGINE VERSION)", then its ```diff block
+_SKETCH = re.compile(
+    r"Against `(?P<file>[\w/.]+)` \((?P<engine>\w+) (?P<version>[\d.]+)\)(?:(?!Against `).)*?```diff\n(?P<diff>.*?)```",
+    re.S,
+)
+
+
+def _sketches() -> list[tuple[str, str, str, list[str]]]:
+    return [
+        (m["engine"], m["version"], m["file"], [ln[1:].strip() for ln in m["diff"].splitlines() if ln.startswith("-")])
+        for m in _SKETCH.finditer(ADOPTION)
+    ]
+
+
+def test_every_sketch_names_a_release_and_a_file_of_the_table():
+    sketches = _sketches()
+    assert len(sketches) == ADOPTION.count("```diff") >= 3  # every diff block has its header
+    files = {(h.engine, h.version, h.file) for h in HOOKS}
+    for engine, version, file, removed in sketches:
+        assert (engine, version, file) in files and removed
+
+
+def test_every_removed_line_of_the_sketches_is_in_the_release():
+    import zipfile
+
+    missing = []
+    for engine, version, file, removed in _sketches():
+        wheel = contract.find_wheel(WHEELS, engine, version)
+        if wheel is None:
+            pytest.skip(f"no {engine}-{version} wheel in {WHEELS} (.ci/run downloads it)")
+        with zipfile.ZipFile(wheel) as z:
+            lines = {ln.strip() for ln in z.read(file).decode().splitlines()}
+        missing += [f"{engine} {version} {file}: {ln!r}" for ln in removed if ln not in lines]
+    assert missing == [], "a sketch removes lines the release does not have"
+
+
+def test_the_engine_names_the_guide_uses_are_hook_points():
+    """A name of the engines' code in docs/adoption.md's prose is a row of HOOKS (so the
+    contract test checks it), or capture-plan's own."""
+    import builtins
+
+    import capture_plan.executor as executor
+
+    text = re.sub(r"```.*?```|<!-- table: hooks -->.*?<!-- /table -->", "", ADOPTION, flags=re.S)
+    names = {h.name for h in HOOKS}
+    groups = {h.signature.strip("= '") for h in HOOKS if h.name.endswith("PLUGINS_GROUP")}
+    unknown = []
+    for tok in sorted(set(re.findall(r"`([A-Za-z_][\w.]*)(?:\(\))?`", text))):
+        first = tok.split(".")[0]
+        if first[0].isupper() and not first.isupper():  # a class's name
+            if tok not in names and not hasattr(executor, first) and not hasattr(builtins, first):
+                unknown.append(tok)
+        elif tok.startswith(("sglang.", "vllm.")) and tok not in groups:
+            unknown.append(tok)
+        elif tok.startswith(("load_", "profile_")) and tok not in names:
+            unknown.append(tok)
+    assert unknown == [], "engine names in docs/adoption.md that are not rows of HOOKS"

@@ -95,6 +95,13 @@ HOOKS: tuple[HookPoint, ...] = (
     HookPoint(
         *_SGL,
         _SGL_RUNNER,
+        "DecodeCudaGraphRunner._capture",
+        "(self)",
+        "opens the capture stream and the backend's capture session around _capture_one_stream",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_RUNNER,
         "DecodeCudaGraphRunner._capture_one_stream",
         "(self, stream_idx=None)",
         "iterates sizes largest-first x LoRA variant x attention variant; wrapped: the plan's order",
