@@ -32,6 +32,7 @@ capture, which stops the engine's start-up.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -129,22 +130,27 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     one_stream, one_shape = runner_cls._capture_one_stream, runner_cls.capture_one_shape
     session, capture_one = backend_cls.capture_session, backend_cls.capture_one
 
-    def _capture_one_stream(self, stream_idx=None):
+    def _capture_one_stream(self, *args, **kw):
         loop = adoption.loop
         if loop is None:
-            return one_stream(self, stream_idx)
+            return one_stream(self, *args, **kw)
         order = loop.sizes(phase_of(self))  # checked against capture_bs in capture_session
         saved = self.capture_bs
         self.capture_bs = list(reversed(order))  # the runner iterates reversed(capture_bs)
         try:
-            return one_stream(self, stream_idx)
+            return one_stream(self, *args, **kw)
         finally:
             self.capture_bs = saved
 
-    def capture_one_shape(self, size, forward, stream_idx=None, variant_label=None, attention_variant=None):
+    shape_params = inspect.signature(one_shape)
+
+    def capture_one_shape(self, *args, **kw):
         if adoption.loop is not None:
-            adoption.step(phase_of(self), size, {"lora": variant_label, "attention": attention_variant})
-        return one_shape(self, size, forward, stream_idx, variant_label, attention_variant)
+            # by name, as the release's signature has them (a hook point of the contract)
+            given = shape_params.bind(self, *args, **kw).arguments
+            labels = {"lora": given.get("variant_label"), "attention": given.get("attention_variant")}
+            adoption.step(phase_of(self), given["size"], labels)
+        return one_shape(self, *args, **kw)
 
     @contextlib.contextmanager
     def capture_session(self, stream):
