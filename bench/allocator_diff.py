@@ -548,7 +548,7 @@ def _child(args) -> int:
 def _parent(args) -> int:
     t0 = time.perf_counter()
     # checked before anything runs: a run never replaces an earlier one unasked
-    refuse_dirty(args.allow_dirty)
+    refuse_dirty(args.allow_dirty, args.out)
     out = ResultFile(args.out, overwrite=args.overwrite, allow_dirty=args.allow_dirty)
     fixture = ResultFile(args.fixture, overwrite=args.overwrite, allow_dirty=args.allow_dirty) if args.fixture else None
     head = header(device=False)

@@ -74,7 +74,9 @@ def git_diff_digest(root: Path = REPO) -> str | None:
     tracked files a dirty result was measured with (two runs from the same commit and
     the same changes have the same digest); None where git or the checkout is missing."""
     try:
-        diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary"], capture_output=True, timeout=60)
+        diff = subprocess.run(
+            ["git", "-C", str(root), "diff", "HEAD", "--binary"], capture_output=True, text=False, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
@@ -122,11 +124,20 @@ class DirtyTree(InputError):
     """A result measured from uncommitted changes, not allowed explicitly."""
 
 
-def refuse_dirty(allow_dirty: bool, root: Path = REPO) -> None:
-    """Raise :class:`DirtyTree` where the checkout at ``root`` has uncommitted changes to
-    tracked files and ``allow_dirty`` is false: a bench calls it before measuring, so
-    that a figure always names a commit that holds the code it measured."""
-    if not allow_dirty and git_commit(root)[1]:
+def committed_results(path: str | Path) -> bool:
+    """Whether ``path`` is in the results folder the docs quote (:data:`RESULTS`): only
+    there must a result name a clean commit; a run written elsewhere (a scratch folder,
+    a test's) records its provenance all the same."""
+    return Path(path).resolve().is_relative_to(RESULTS.resolve())
+
+
+def refuse_dirty(allow_dirty: bool, dest: str | Path, root: Path = REPO) -> None:
+    """Raise :class:`DirtyTree` where a result is to be written to ``dest`` in the
+    committed results (:func:`committed_results`), the checkout at ``root`` has
+    uncommitted changes to tracked files and ``allow_dirty`` is false: a bench calls it
+    before measuring, so that a quoted figure names a commit that holds the code it
+    measured."""
+    if not allow_dirty and committed_results(dest) and git_commit(root)[1]:
         raise DirtyTree(
             "the checkout has uncommitted changes; a result must name the commit it measured",
             where=str(root),
@@ -156,8 +167,9 @@ class ResultFile:
     check runs again before each write until the first one succeeded (a file that
     appeared meanwhile is not replaced either). Each write goes to a temporary
     sibling, then replaces ``path``: a reader never sees half a file. A result whose
-    header says ``git_dirty`` is written only with ``allow_dirty`` (:class:`DirtyTree`
-    otherwise; :func:`refuse_dirty` is the check before measuring)."""
+    header says ``git_dirty`` is written into the committed results only with
+    ``allow_dirty`` (:class:`DirtyTree` otherwise; :func:`refuse_dirty` is the check
+    before measuring)."""
 
     def __init__(self, path: str | Path, *, overwrite: bool = False, allow_dirty: bool = False):
         self.path = Path(path)
@@ -178,7 +190,7 @@ class ResultFile:
         """Write ``res`` as :func:`dumps` spells it (or ``text`` as given); returns the path."""
         self._check()
         data = res if text is None else _json_or_none(text)
-        if isinstance(data, dict) and data.get("git_dirty") and not self.allow_dirty:
+        if isinstance(data, dict) and data.get("git_dirty") and not self.allow_dirty and committed_results(self.path):
             raise DirtyTree(
                 "the result was measured from uncommitted changes (git_dirty)",
                 where=str(self.path),
@@ -203,8 +215,9 @@ def result_file(args: argparse.Namespace, name: str, date: str, *tags: str) -> R
     """The :class:`ResultFile` of a bench whose ``--out`` is a folder (:func:`add_out_dir`)
     and that has ``--overwrite`` and ``--allow-dirty`` (:func:`add_overwrite`), named by
     :func:`result_path`; refuses a dirty checkout first (:func:`refuse_dirty`)."""
-    refuse_dirty(args.allow_dirty)
-    return ResultFile(result_path(args.out, name, date, *tags), overwrite=args.overwrite, allow_dirty=args.allow_dirty)
+    path = result_path(args.out, name, date, *tags)
+    refuse_dirty(args.allow_dirty, path)
+    return ResultFile(path, overwrite=args.overwrite, allow_dirty=args.allow_dirty)
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -342,10 +342,9 @@ def main() -> None:
     t0 = time.perf_counter()
     sizes = sgl_sizes("decode", 256)
     res: dict = header(device=True)
-    refuse_dirty(args.allow_dirty)
-    out = ResultFile(
-        args.out or result_path(RESULTS, "models", res["date"]), overwrite=args.overwrite, allow_dirty=args.allow_dirty
-    )
+    path = args.out or result_path(RESULTS, "models", res["date"])
+    refuse_dirty(args.allow_dirty, path)
+    out = ResultFile(path, overwrite=args.overwrite, allow_dirty=args.allow_dirty)
     res.update(
         transformers=transformers.__version__,
         cudnn=torch.backends.cudnn.version(),

@@ -53,10 +53,11 @@ def _repo(tmp_path):
     return tmp_path
 
 
-def test_a_dirty_checkout_is_recorded_with_the_digest_of_its_diff(tmp_path):
+def test_a_dirty_checkout_is_recorded_with_the_digest_of_its_diff(tmp_path, monkeypatch):
     root = _repo(tmp_path)
+    monkeypatch.setattr(h, "RESULTS", root)  # this checkout's results folder, for the refusal
     assert h.git_commit(root)[1] is False
-    h.refuse_dirty(False, root)  # clean: nothing to refuse
+    h.refuse_dirty(False, root / "x.json", root)  # clean: nothing to refuse
     (root / "a.txt").write_text("two\n")
     assert h.git_commit(root)[1] is True
     digest = h.git_diff_digest(root)
@@ -64,135 +65,35 @@ def test_a_dirty_checkout_is_recorded_with_the_digest_of_its_diff(tmp_path):
     (root / "a.txt").write_text("three\n")
     assert h.git_diff_digest(root) != digest  # another change, another digest
     with pytest.raises(h.DirtyTree, match=r"uncommitted changes.*fix: commit .*--allow-dirty"):
-        h.refuse_dirty(False, root)
-    h.refuse_dirty(True, root)
+        h.refuse_dirty(False, root / "x.json", root)
+    h.refuse_dirty(True, root / "x.json", root)
+    h.refuse_dirty(False, tmp_path.parent / "elsewhere.json", root)  # not the committed results: recorded only
     assert h.git_diff_digest(tmp_path / "nowhere") is None
 
 
-def test_a_dirty_result_is_written_only_when_allowed(tmp_path):
+def test_a_dirty_result_is_written_into_the_results_only_when_allowed(tmp_path, monkeypatch):
+    monkeypatch.setattr(h, "RESULTS", tmp_path / "results")
     res = {"date": "2026-12-02T00:00:00+00:00", "git_commit": "a" * 40, "git_dirty": True, "git_diff_sha256": "b" * 64}
+    path = tmp_path / "results" / "x.json"
     with pytest.raises(h.DirtyTree, match="git_dirty"):
-        h.ResultFile(tmp_path / "x.json").write(res)
+        h.ResultFile(path).write(res)
     with pytest.raises(h.DirtyTree):
-        h.ResultFile(tmp_path / "x.json").write(text=h.dumps(res))
-    assert not (tmp_path / "x.json").exists()
-    h.ResultFile(tmp_path / "x.json", allow_dirty=True).write(res)
-    assert json.loads((tmp_path / "x.json").read_text())["git_diff_sha256"] == "b" * 64
-    h.ResultFile(tmp_path / "y.json").write({**res, "git_dirty": False})
+        h.ResultFile(path).write(text=h.dumps(res))
+    assert not path.exists()
+    h.ResultFile(path, allow_dirty=True).write(res)
+    assert json.loads(path.read_text())["git_diff_sha256"] == "b" * 64
+    h.ResultFile(path.with_name("y.json")).write({**res, "git_dirty": False})
+    h.ResultFile(tmp_path / "scratch.json").write(res)  # outside the results: recorded, not refused
 
 
 def test_a_bench_refuses_a_dirty_checkout_before_measuring(tmp_path, monkeypatch):
     monkeypatch.setattr(h, "git_commit", lambda root=h.REPO: ("c" * 40, True))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
     args = h.argparse.Namespace(out=str(tmp_path), overwrite=False, allow_dirty=False)
     with pytest.raises(h.DirtyTree):
         h.result_file(args, "device", "2026-12-02")
     args.allow_dirty = True
     assert h.result_file(args, "device", "2026-12-02").allow_dirty
-
-
-def test_git_commit_outside_a_checkout_is_unknown(tmp_path):
-    assert h.git_commit(tmp_path) == (None, None)
-
-
-def test_the_device_header_adds_device_driver_torch_cuda(monkeypatch):
-    torch = pytest.importorskip("torch")
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake H200")
-    head = h.header(device=True)
-    assert set(head) == {"date", "git_commit", "git_dirty", "git_diff_sha256", *h.DEVICE_FIELDS}
-    assert head["device"] == "Fake H200" and head["torch"] == torch.__version__ and "machine" not in head
-    assert head["cuda"] == torch.version.cuda and isinstance(head["driver"], str)
-
-
-def test_result_names_follow_the_convention(tmp_path):
-    date = "2026-12-01T09:20:32+00:00"
-    assert h.result_path(tmp_path, "build", date) == tmp_path / "build-2026-12-01.json"
-    assert h.result_path(tmp_path, "device", date, "") == tmp_path / "device-2026-12-01.json"
-    assert h.result_path("x", "speculative", date, "32l", "loop", "gate") == Path(
-        "x/speculative-2026-12-01-32l-loop-gate.json"
-    )
-
-
-def _committed():
-    """The committed results the benches wrote (report-*.json are the executor's reports)."""
-    files = sorted(p for p in RESULTS.glob("*.json") if not p.name.startswith("report-"))
-    assert len(files) >= 10
-    return files
-
-
-def test_committed_results_are_named_by_their_date_and_read_back_byte_for_byte():
-    """Each committed result is named <name>-<its date's day>[-tag].json and is exactly
-    what the writer makes of its own content (allocator_diff: its compact format)."""
-    ad = bench_module("allocator_diff")
-    for path in _committed():
-        text = path.read_text()
-        data = json.loads(text)
-        name = re.fullmatch(r"([a-z-]+?)-(\d{4}-\d\d-\d\d)(-[\w.-]+)?\.json", path.name)
-        assert name and name.group(2) == data["date"][:10], path.name
-        assert text == (ad.dumps(data) + "\n" if name.group(1) == "allocator-diff" else h.dumps(data)), path.name
-
-
-def test_a_written_result_round_trips(tmp_path):
-    res = {"date": h.now(), "b": [1, 2.5, None], "a": {"z": "é", "y": True}}
-    out = h.ResultFile(h.result_path(tmp_path / "new", "x", res["date"], "t"))
-    path = out.write(res)
-    assert path == tmp_path / "new" / f"x-{res['date'][:10]}-t.json"
-    assert json.loads(path.read_text()) == res and path.read_text() == h.dumps(res)
-    assert list(json.loads(path.read_text())) == ["a", "b", "date"]  # sorted keys
-    res["more"] = 1  # a bench that saves after every part writes its own file again
-    out.write(res)
-    assert json.loads(path.read_text())["more"] == 1
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary left
-    with pytest.raises(TypeError):
-        out.write({"p": Path("x")})
-    assert out.write({"p": Path("x")}, default=str).read_text() == h.dumps({"p": "x"})
-
-
-def test_a_result_file_is_never_replaced_unless_told(tmp_path):
-    path = tmp_path / "build-2026-12-01.json"
-    path.write_text("{}\n")
-    with pytest.raises(h.ResultExists) as err:
-        h.ResultFile(path)
-    msg = str(err.value)
-    assert str(path) in msg and "--overwrite" in msg and "\n" not in msg
-    assert path.read_text() == "{}\n"
-    h.ResultFile(path, overwrite=True).write({"a": 1})
-    assert json.loads(path.read_text()) == {"a": 1}
-    # a file that appears after the check, before the first write, is not replaced either
-    late = tmp_path / "late.json"
-    out = h.ResultFile(late)
-    late.write_text("theirs\n")
-    with pytest.raises(h.ResultExists):
-        out.write({"a": 1})
-    assert late.read_text() == "theirs\n"
-
-
-def test_a_bench_refuses_an_existing_result_before_measuring(tmp_path, monkeypatch, capsys):
-    """build_bench stops at once, before compiling or timing anything."""
-    build = bench_module("build_bench")
-    monkeypatch.setattr(h, "now", lambda: "2026-12-01T00:00:00+00:00")
-    monkeypatch.setattr(h, "git_commit", lambda root=h.REPO: ("c" * 40, False))  # whatever this checkout's state
-    (tmp_path / "build-2026-12-01-t.json").write_text("{}\n")
-    compiled = []
-    monkeypatch.setattr("compileall.compile_dir", lambda *a, **k: compiled.append(a))
-    monkeypatch.setattr(sys, "argv", ["build_bench", "--out", str(tmp_path), "--tag", "t"])
-    with pytest.raises(h.ResultExists):
-        build.main()
-    assert compiled == [] and capsys.readouterr().out == ""
-
-
-def test_the_command_line_says_so_in_one_line_and_exits_1(tmp_path):
-    existing = tmp_path / "out.json"
-    existing.write_text("{}\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "bench.allocator_diff", "--programs", "1", "--allow-dirty", "--out", str(existing)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"allocator_diff: {existing}: ")
-    assert "--overwrite" in r.stderr and existing.read_text() == "{}\n"
 
 
 # -- the bench package -------------------------------------------------------------------------
