@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
 from capture_plan.adapters.plugins.hooks import hook
+from plugin_engines import sglang_engine, vllm_engine
 
 torch = pytest.importorskip("torch")
 
@@ -44,14 +43,6 @@ def _plan_file(tmp_path: Path, order: str = "smallest-first", sizes=(1, 2, 4, 8)
     path = tmp_path / "plan.json"
     path.write_bytes(canonical_bytes(plan))
     return path
-
-
-def _module(monkeypatch, name: str, **attrs) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    for k, v in attrs.items():
-        setattr(mod, k, v)
-    monkeypatch.setitem(sys.modules, name, mod)
-    return mod
 
 
 class Model:
@@ -96,89 +87,7 @@ def cuda(fake, monkeypatch):
     return fake
 
 
-# -- SGLang 0.5.23, shaped -----------------------------------------------------------------------
-
-
-def sglang_engine(monkeypatch, fake):
-    """SGLang's decode runner and backend under their module paths, shaped as in 0.5.23."""
-    global_pool: list = []
-
-    class FullCudaGraphBackend:
-        def __init__(self, cuda_graph_runner):
-            self._graphs, self._outputs, self._pool = {}, {}, None
-            self._cuda_graph_runner = cuda_graph_runner
-            self._device_module = torch.cuda
-            self._capture_stream = None
-
-        @contextlib.contextmanager
-        def capture_session(self, stream):
-            if self._pool is None:
-                if not global_pool:
-                    global_pool.append(torch.cuda.graph_pool_handle())
-                self._pool = global_pool[0]
-            self._capture_stream = stream
-            try:
-                yield
-            finally:
-                self._capture_stream = None
-
-        def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
-            for _ in range(2):
-                self._device_module.synchronize()
-                output = forward_fn()
-                del output
-            graph = torch.cuda.CUDAGraph()
-            with self._device_module.graph(cuda_graph=graph, pool=self._pool, stream=self._capture_stream):
-                out = forward_fn()
-            self._graphs[shape_key] = graph
-            self._outputs[shape_key] = out
-
-        def cleanup(self):
-            for g in self._graphs.values():
-                g.reset()
-            self._graphs.clear()
-            self._outputs.clear()
-            self._pool = None
-
-    @dataclass
-    class Mode:
-        name: str
-
-    capture_stream = torch.cuda.Stream()
-
-    class DecodeCudaGraphRunner:
-        def __init__(self, model_runner, model, capture_bs, mode="DECODE"):
-            self.model_runner, self.model, self.capture_bs = model_runner, model, list(capture_bs)
-            self.capture_forward_mode = Mode(mode)
-            self.backend = FullCudaGraphBackend(self)
-            self.record_nolora_graph = False
-
-        def capture(self):
-            self.stream = capture_stream  # get_or_create_global_graph_capture_stream()
-            with self.backend.capture_session(self.stream):
-                self._capture_one_stream()
-
-        def _capture_one_stream(self, stream_idx=None):
-            lora_variants = ("lora", "nolora") if self.record_nolora_graph else (None,)
-            for bs in reversed(self.capture_bs):
-                for variant_label in lora_variants:
-                    self.capture_one_shape(bs, self.model.forward, stream_idx, variant_label, None)
-
-        def capture_one_shape(self, size, forward, stream_idx=None, variant_label=None, attention_variant=None):
-            self.backend.capture_one((size, variant_label), lambda: forward(size))
-
-    class EAGLEDraftCudaGraphRunner(DecodeCudaGraphRunner):
-        pass
-
-    h = hook("sglang", "0.5.23", "DecodeCudaGraphRunner")
-    _module(monkeypatch, h.module, DecodeCudaGraphRunner=DecodeCudaGraphRunner)
-    h = hook("sglang", "0.5.23", "FullCudaGraphBackend")
-    _module(monkeypatch, h.module, FullCudaGraphBackend=FullCudaGraphBackend)
-    h = hook("sglang", "0.5.23", "EAGLEDraftCudaGraphRunner")
-    _module(monkeypatch, h.module, EAGLEDraftCudaGraphRunner=EAGLEDraftCudaGraphRunner)
-    monkeypatch.setattr(core, "installed", lambda dist: "0.5.23")
-    monkeypatch.setattr(sgl_plugin, "_env_problems", lambda plan: [])  # the fake machine fits
-    return DecodeCudaGraphRunner, FullCudaGraphBackend
+# -- SGLang 0.5.23, shaped (tests/plugin_engines.py) -------------------------------------------
 
 
 def _runner(cls, fake, tp=1, sizes=(1, 2, 4, 8)):
@@ -186,7 +95,7 @@ def _runner(cls, fake, tp=1, sizes=(1, 2, 4, 8)):
 
 
 def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch):
-    runner_cls, backend_cls = sglang_engine(monkeypatch, cuda)
+    runner_cls, backend_cls = sglang_engine(monkeypatch)
     before = dict(vars(runner_cls)), dict(vars(backend_cls))
     monkeypatch.delenv(core.ENV_PLAN, raising=False)
     sgl_plugin.register()
@@ -197,7 +106,7 @@ def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch):
 
 
 def test_enabled_the_engines_loop_captures_in_the_plans_order_into_its_pool(cuda, monkeypatch, tmp_path):
-    runner_cls, backend_cls = sglang_engine(monkeypatch, cuda)
+    runner_cls, backend_cls = sglang_engine(monkeypatch)
     monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path, "smallest-first")))
     sgl_plugin.register()
     adoption = backend_cls.__capture_plan__
@@ -218,7 +127,7 @@ def test_enabled_the_engines_loop_captures_in_the_plans_order_into_its_pool(cuda
 
 
 def test_a_plan_for_another_tp_size_refuses_the_first_capture_in_one_line(cuda, monkeypatch, tmp_path):
-    runner_cls, _ = sglang_engine(monkeypatch, cuda)
+    runner_cls, _ = sglang_engine(monkeypatch)
     path = _plan_file(tmp_path)
     monkeypatch.setenv(core.ENV_PLAN, str(path))
     sgl_plugin.register()
@@ -232,7 +141,7 @@ def test_a_plan_for_another_tp_size_refuses_the_first_capture_in_one_line(cuda, 
 
 
 def test_a_plan_for_another_tp_size_falls_back_with_a_warning_where_chosen(cuda, monkeypatch, tmp_path, caplog):
-    runner_cls, _ = sglang_engine(monkeypatch, cuda)
+    runner_cls, _ = sglang_engine(monkeypatch)
     monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
     monkeypatch.setenv(core.ENV_FALLBACK, "engine")
     sgl_plugin.register()
@@ -244,7 +153,7 @@ def test_a_plan_for_another_tp_size_falls_back_with_a_warning_where_chosen(cuda,
 
 
 def test_a_runner_whose_sizes_are_not_the_plans_is_refused(cuda, monkeypatch, tmp_path):
-    runner_cls, _ = sglang_engine(monkeypatch, cuda)
+    runner_cls, _ = sglang_engine(monkeypatch)
     monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
     sgl_plugin.register()
     runner = _runner(runner_cls, cuda, sizes=(1, 2, 4, 8, 16))
@@ -255,7 +164,7 @@ def test_a_runner_whose_sizes_are_not_the_plans_is_refused(cuda, monkeypatch, tm
 def test_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monkeypatch, tmp_path):
     from capture_plan.executor import CaptureFailed
 
-    runner_cls, _ = sglang_engine(monkeypatch, cuda)
+    runner_cls, _ = sglang_engine(monkeypatch)
     monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
     sgl_plugin.register()
     runner = _runner(runner_cls, cuda)
@@ -288,7 +197,7 @@ def _invalid_plan(mp, tmp):
     ids=["unknown-release", "missing-plan", "invalid-plan"],
 )
 def test_registration_refuses_start_up_with_one_line(cuda, monkeypatch, tmp_path, setup, says):
-    runner_cls, backend_cls = sglang_engine(monkeypatch, cuda)
+    runner_cls, backend_cls = sglang_engine(monkeypatch)
     monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
     setup(monkeypatch, tmp_path)
     before = dict(vars(backend_cls))
@@ -308,75 +217,7 @@ def test_a_bad_fallback_setting_is_one_line():
     assert core.settings({}) is None and core.settings({core.ENV_PLAN: " "}) is None
 
 
-# -- vLLM 0.33.0, shaped --------------------------------------------------------------------------
-
-
-def vllm_engine(monkeypatch, fake):
-    @dataclass(frozen=True)
-    class Mode:
-        name: str
-
-    FULL = Mode("FULL")
-
-    @dataclass(frozen=True)
-    class BatchExecutionDescriptor:
-        cg_mode: Mode
-        num_tokens: int
-        num_reqs: int | None
-
-    class CudaGraphManager:
-        def __init__(self, vllm_config, device, cudagraph_mode, decode_query_len, lora_capture_cases=None,
-                     varlen_decode=False, ubatch_runner=None):  # fmt: skip
-            self.vllm_config, self.decode_query_len = vllm_config, decode_query_len
-            self.graphs: dict = {}
-            self.pool = torch.cuda.graph_pool_handle()  # current_platform.get_global_graph_pool()
-            sizes = vllm_config.sizes
-            self._capture_descs = {FULL: [BatchExecutionDescriptor(FULL, n, n) for n in sorted(sizes, reverse=True)]}
-
-        def capture(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs"):
-            stream = torch.cuda.Stream()  # graph_capture(device)
-            with torch.cuda.stream(stream):
-                for desc in self._capture_descs[FULL]:
-                    forward_fn = create_forward_fn(desc, warmup=True)
-                    forward_fn(None)
-                    forward_fn = create_forward_fn(desc, warmup=False)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, self.pool, stream=stream):
-                        forward_fn(None)
-                    self.graphs[desc] = graph
-
-        def release_graphs(self):
-            self.graphs.clear()
-
-    class ModelCudaGraphManager(CudaGraphManager):
-        hidden_states = None
-
-        def capture(self, model, *args, **kw):
-            def store(n, out):
-                if self.hidden_states is None:
-                    self.hidden_states = torch.empty_like(out)
-                self.hidden_states[:n] = out
-
-            def create_forward_fn(desc, warmup):
-                return lambda mode: store(desc.num_tokens, model.forward(desc.num_tokens))
-
-            super().capture(create_forward_fn)
-
-    class GPUModelRunner:
-        def __init__(self, vllm_config):
-            self.vllm_config = vllm_config
-            self.cudagraph_manager = ModelCudaGraphManager(vllm_config, CPU, FULL, 1)
-
-        def profile_cudagraph_memory(self):
-            return 12345
-
-    h = hook("vllm", "0.33.0", "CudaGraphManager")
-    _module(monkeypatch, h.module, CudaGraphManager=CudaGraphManager, ModelCudaGraphManager=ModelCudaGraphManager)
-    h = hook("vllm", "0.33.0", "GPUModelRunner.profile_cudagraph_memory")
-    _module(monkeypatch, h.module, GPUModelRunner=GPUModelRunner)
-    monkeypatch.setattr(core, "installed", lambda dist: "0.33.0")
-    monkeypatch.setattr(vllm_plugin, "_env_problems", lambda plan: [])
-    return GPUModelRunner, CudaGraphManager
+# -- vLLM 0.33.0, shaped (tests/plugin_engines.py) ---------------------------------------------
 
 
 def _vllm_config(tp=1, sizes=(1, 2, 4, 8)):
@@ -386,7 +227,7 @@ def _vllm_config(tp=1, sizes=(1, 2, 4, 8)):
 
 
 def test_disabled_the_vllm_plugin_changes_nothing(cuda, monkeypatch):
-    runner_cls, manager_cls = vllm_engine(monkeypatch, cuda)
+    runner_cls, manager_cls = vllm_engine(monkeypatch)
     before = dict(vars(runner_cls)), dict(vars(manager_cls))
     monkeypatch.delenv(core.ENV_PLAN, raising=False)
     vllm_plugin.register()
@@ -394,7 +235,7 @@ def test_disabled_the_vllm_plugin_changes_nothing(cuda, monkeypatch):
 
 
 def test_vllm_captures_its_full_graphs_in_the_plans_order_and_answers_the_estimate(cuda, monkeypatch, tmp_path):
-    runner_cls, manager_cls = vllm_engine(monkeypatch, cuda)
+    runner_cls, manager_cls = vllm_engine(monkeypatch)
     monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path, "smallest-first")))
     vllm_plugin.register()
     runner = runner_cls(_vllm_config())
@@ -417,7 +258,7 @@ def test_vllm_answers_the_estimate_from_a_calibrated_plan(cuda, monkeypatch, tmp
 
     from capture_plan.schemas.codec import canonical_bytes, decode_plan, seal
 
-    runner_cls, _ = vllm_engine(monkeypatch, cuda)
+    runner_cls, _ = vllm_engine(monkeypatch)
     path = _plan_file(tmp_path)
     plan = decode_plan(path.read_bytes(), str(path))
     device = msgspec.structs.replace(plan.predicted.device, total_bytes=300 * 2**20)
@@ -429,7 +270,7 @@ def test_vllm_answers_the_estimate_from_a_calibrated_plan(cuda, monkeypatch, tmp
 
 
 def test_vllm_refuses_a_plan_whose_sizes_are_not_its_descriptors(cuda, monkeypatch, tmp_path):
-    runner_cls, _ = vllm_engine(monkeypatch, cuda)
+    runner_cls, _ = vllm_engine(monkeypatch)
     monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
     vllm_plugin.register()
     runner = runner_cls(_vllm_config(sizes=(1, 2, 4, 8, 16)))
