@@ -16,8 +16,8 @@ stop it: a refusal is :class:`SystemExit` with the one line. Its hook points are
   buffer it copies into (``hold(graph=)``: the pool is checked; the stream, vLLM's own
   per descriptor, is not). The uniform-decode FULL graphs are the plan's ``decode``
   phase (``target_verify`` with speculative tokens), one per request count;
-* ``GPUModelRunner.profile_cudagraph_memory``: the plan's device total
-  (``predicted.device.total_bytes``) instead of a profiling capture; a plan without one
+* ``GPUModelRunner.profile_cudagraph_memory``: the plan's device total (:func:`plan_total`)
+  instead of a profiling capture; a plan without one
   (not calibrated for a device) is refused (or, with ``CAPTURE_PLAN_FALLBACK=engine``,
   vLLM profiles as it does).
 
@@ -153,7 +153,7 @@ def install(s: core.Settings, version: str) -> core.Adoption:
         )
         if loop is None:
             return profile(self)
-        total = getattr(getattr(adoption.plan.predicted, "device", None), "total_bytes", None)
+        total = plan_total(adoption.plan)
         if total is None:
             err = core.PluginRefused(
                 "the plan does not say what capture takes from the device (reserve for capture: unknown)",
@@ -170,6 +170,20 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     runner_cls.profile_cudagraph_memory = profile_routed
     manager_cls.__capture_plan__ = adoption
     return adoption
+
+
+def plan_total(plan) -> int | None:
+    """What capture takes from the device by the plan: ``schemas.keys.capture_memory``
+    where this checkout has it (per graph key, issue 28), else ``predicted.device.total_bytes``;
+    None while an item is unknown (a plan not calibrated for a device)."""
+    import importlib
+
+    try:
+        keys = importlib.import_module("capture_plan.schemas.keys")
+    except ImportError:
+        return getattr(getattr(plan.predicted, "device", None), "total_bytes", None)
+    memory = keys.capture_memory(plan)
+    return int(memory.bytes) if memory.complete else None
 
 
 def _owner(version: str):
