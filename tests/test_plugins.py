@@ -261,12 +261,19 @@ def test_vllm_answers_the_estimate_from_a_calibrated_plan(cuda, monkeypatch, tmp
     runner_cls, _ = vllm_engine(monkeypatch)
     path = _plan_file(tmp_path)
     plan = decode_plan(path.read_bytes(), str(path))
-    device = msgspec.structs.replace(plan.predicted.device, total_bytes=300 * 2**20)
+    # calibrated: every device item measured, the total their sum
+    items = [
+        i if i.bytes is not None else msgspec.structs.replace(i, bytes=10 * 2**20, provenance="measured")
+        for i in plan.predicted.device.items
+    ]
+    total = sum(i.bytes for i in items)
+    device = msgspec.structs.replace(plan.predicted.device, items=items, total_bytes=total)
     plan = seal(msgspec.structs.replace(plan, predicted=msgspec.structs.replace(plan.predicted, device=device)))
     path.write_bytes(canonical_bytes(plan))
     monkeypatch.setenv(core.ENV_PLAN, str(path))
     vllm_plugin.register()
-    assert runner_cls(_vllm_config()).profile_cudagraph_memory() == 300 * 2**20
+    assert runner_cls(_vllm_config()).profile_cudagraph_memory() == total == vllm_plugin.plan_total(plan)
+    assert total > 30 * 2**20  # the pool's simulated bytes and the three items measured
 
 
 def test_vllm_refuses_a_plan_whose_sizes_are_not_its_descriptors(cuda, monkeypatch, tmp_path):
