@@ -63,7 +63,8 @@ def speculative_plan(layers: int):
 
     spec = Path(tempfile.mkdtemp()) / "speculative-sizes.toml"
     spec.write_text(
-        f'[model]\nlayers = {layers}\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {SPECULATIVE}\n'
+        f'[model]\npreset = "llama-3-8b"\nlayers = {layers}\n\n'
+        f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {SPECULATIVE}\n'
     )
     return build_plan(BuildOptions(backend="fa3", ci=True, spec=spec))
 

@@ -23,9 +23,11 @@ from capture_plan.schemas.files import existing_output, read_input, write_atomic
 from capture_plan.schemas.keys import needed_revision, parse_step_id
 from capture_plan.schemas.limits import MODEL_MAX
 from capture_plan.schemas.plan import (
+    INPUTS_REVISION,
     PLAN_REVISION,
     BuildRecord,
     Decision,
+    DimensionSource,
     Inputs,
     PhasePlan,
     Plan,
@@ -43,14 +45,15 @@ from capture_plan.schemas.units import MiB, mib
 
 from . import resources
 from .device import Calibration, device_prediction, pools_after
+from .dimensions import MOE, model_used, preset_sources
 from .fidelity import fidelity
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
 from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, resolve_keys, uses_keys
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
-from .rules import Context, check_spec_rules, phase_rules, satisfies
+from .rules import Context, check_spec_rules, phase_rules, rule_text, satisfies
 from .simulate import SimResult, pool_id, simulate
-from .specs import default_spec, preset_max_bs, read_spec_file
-from .validate import decode_spec
+from .specs import default_spec, model_presets, preset_max_bs, read_spec_file
+from .validate import decode_spec_sources
 from .workload import Workload, workspace_bytes
 
 __all__ = [
@@ -218,8 +221,11 @@ def command_for_cwd(opts: BuildOptions) -> str:
     return " ".join(_command(opts, lambda p: _rel(p, cwd), out if out != default_output(opts).as_posix() else None))
 
 
-def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str, str | None] | None]:
-    """(spec, its name, its bytes, (model config path, digest) or None)."""
+def _spec(
+    opts: BuildOptions,
+) -> tuple[Spec, str, bytes, tuple[str, str, str | None] | None, dict[str, DimensionSource], dict[str, str]]:
+    """(spec, its name, its bytes, (model config path, digest, model_type) or None, the source
+    of every model dimension, the config key each dimension from a config was read from)."""
     if opts.spec is not None:
         # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
         # file lists its own, and merging the two would leave no one place that says what is
@@ -239,18 +245,21 @@ def _spec(opts: BuildOptions) -> tuple[Spec, str, bytes, tuple[str, str, str | N
         from .hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
-        spec = decode_spec(
+        spec, sources = decode_spec_sources(
             raw,
             str(opts.spec),
             phase_kinds=resources.phase_kind_settings(),
             phase_axes=resources.phase_kind_axes(),
+            presets=model_presets(),
         )
         base = output_path(opts).parent
-        model, config, config_raw = read_model_config(spec.model, opts.spec, str(opts.spec))
+        model, config, config_raw, config_keys = read_model_config(spec.model, opts.spec, str(opts.spec))
         used = (_rel(Path(config), base), sha256(config_raw), _model_type(config_raw)) if config is not None else None
-        return msgspec.structs.replace(spec, model=model), _rel(opts.spec, base), raw, used
+        sources.update({f: "config" for f in MOE if f in config_keys})  # the MoE fields a config gives are its
+        spec = msgspec.structs.replace(spec, model=model)
+        return spec, _rel(opts.spec, base), raw, used, sources, config_keys
     spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
-    return spec, "embedded:" + spec.name, canonical_bytes(spec), None
+    return spec, "embedded:" + spec.name, canonical_bytes(spec), None, preset_sources(spec.model), {}
 
 
 def build_spec(opts: BuildOptions) -> Spec:
@@ -471,6 +480,10 @@ class _Resolved(msgspec.Struct, frozen=True):
     spec_raw: bytes
     #: (path relative to the plan, digest, model_type)
     model_config: tuple[str, str, str | None] | None
+    #: where each model dimension came from (capture_plan.planner.dimensions)
+    model_sources: dict[str, DimensionSource]
+    #: the config.json key each dimension from a config was read from
+    model_config_keys: dict[str, str]
     tp: int
     allocator: AllocatorMode
     rules: dict[str, list]
@@ -544,7 +557,7 @@ def _resolve(opts: BuildOptions) -> _Resolved:
     """Read spec, trace and data; check tp, allocator and budget floor; order the phases."""
     _check_paths_encode(opts)
     backend = resources.backend(opts.backend)
-    spec, spec_name, spec_raw, model_config = _spec(opts)
+    spec, spec_name, spec_raw, model_config, sources, config_keys = _spec(opts)
     spec_source = str(opts.spec) if opts.spec is not None else spec_name
     tp = opts.tp if opts.tp is not None else spec.tp
     check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
@@ -587,6 +600,8 @@ def _resolve(opts: BuildOptions) -> _Resolved:
         spec_source=spec_source,
         spec_raw=spec_raw,
         model_config=model_config,
+        model_sources=sources,
+        model_config_keys=config_keys,
         tp=tp,
         allocator=allocator,
         rules=rules,
@@ -780,6 +795,8 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
                 else {}
             ),
             build=build_record(opts),
+            model=model_used(spec, r.model_sources, r.model_config_keys),
+            rules={rule.id: rule_text(rule) for rule in list(resources.builtin_rules()) + list(spec.rules)},
         ),
         requires=Requires(
             backend=opts.backend,
@@ -837,7 +854,8 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
         ),
     )
     # the lowest revision the plan needs: plans without graph keys keep their bytes
-    return seal(msgspec.structs.replace(plan, revision=needed_revision(plan)))
+    # every plan built now records its model and rules (revision 4), graph keys or not
+    return seal(msgspec.structs.replace(plan, revision=needed_revision(plan, base=INPUTS_REVISION)))
 
 
 def build_plan(opts: BuildOptions) -> Plan:

@@ -16,9 +16,22 @@ a pair of values both under 1 MiB, and any change under 1 MiB, in bytes
 otherwise MiB with one decimal; a percentage under 0.1% keeps two
 significant digits.
 
-What this does not do: a plan records its spec's digest, not the model's
-dimensions, so a model change shows as the spec (or model config) digest
-changing; the spec itself is not re-read.
+Every recorded input that changed is named with its old and new value: the
+model's dimensions and where each came from (``inputs.model``, revision 3),
+each phase's sizes and settings, backend, tp, allocator, and the digests of
+the files (spec, model config, rules, trace). A plan of an older revision
+records no dimensions: they read "not recorded" on its side, in one row.
+
+A Markdown table folds the figures that read the same on both sides into one
+row (with one pool, one phase and nothing hoisted the total, the pools' peak,
+the pool and the phase's growth are one number: one change is one bold row),
+and lists the figures unknown on both sides (device items never measured) in
+one line.
+
+What this does not do: re-read the spec or the model config (a change to a
+field the plan does not record shows as the file's digest changing), or name
+which built-in rule changed (the rules are recorded as one digest; the
+decisions they made are compared).
 """
 
 from __future__ import annotations
@@ -31,6 +44,11 @@ import msgspec
 
 from capture_plan.schemas.plan import Decision, Plan
 from capture_plan.schemas.units import MiB, mib
+
+from .dimensions import ELEMENT_SIZES, MOE, REQUIRED
+
+#: the order a model's dimensions are listed in
+DIMENSION_ORDER = REQUIRED + ELEMENT_SIZES + MOE
 
 __all__ = [
     "FIGURES",
@@ -49,6 +67,7 @@ __all__ = [
     "gate",
     "limit_text",
     "input_changes",
+    "input_text",
     "stale_reason",
 ]
 
@@ -111,6 +130,35 @@ def _config(p: Plan) -> str | None:
     return f"{i.model_config} ({_digest(i.model_config_digest)})"
 
 
+def _model(p: Plan) -> dict[str, str] | None:
+    """Every model dimension as ``value (source)``, and each phase's own ones."""
+    used = p.inputs.model
+    if isinstance(used, msgspec.UnsetType):
+        return None
+
+    def src(f: str) -> str:
+        s = used.sources.get(f, "spec")
+        if s == "preset":
+            return f"preset {used.preset}"
+        if s == "config":
+            key = used.config_keys.get(f)
+            return f"config {p.inputs.model_config}" + (f": {key}" if key else "")
+        return s
+
+    out = {"name": used.name}
+    out.update({f: f"{used.dimensions[f]} ({src(f)})" for f in DIMENSION_ORDER if f in used.dimensions})
+    for phase, dims in used.phases.items():
+        out.update({f"{phase}.{f}": f"{dims[f]} (the phase's)" for f in DIMENSION_ORDER if f in dims})
+    return out
+
+
+def _phase_settings(p: Plan) -> dict[str, str]:
+    return {
+        ph.name: f"{ph.kind}, {_n(ph.tokens_per_request, 'token')} per request, outputs read {ph.output_lifetime}"
+        for ph in p.phases
+    }
+
+
 def _sizes(sizes: list[int]) -> str:
     s = sorted(sizes)
     return f"{len(s)} sizes {s[0]}..{s[-1]}" if s else "no sizes"
@@ -122,6 +170,7 @@ INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
     ("command", lambda p: " ".join(p.command)),
     ("spec", lambda p: f"{p.inputs.spec} ({_digest(p.inputs.spec_digest)})"),
     ("model config", _config),
+    ("model", _model),
     ("backend", lambda p: p.inputs.backend),
     ("ci", lambda p: str(p.inputs.ci).lower()),
     ("speculative", lambda p: p.inputs.speculative or "none"),
@@ -131,7 +180,9 @@ INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
     ("trace", lambda p: f"{p.inputs.trace} ({_digest(p.inputs.trace_digest)})" if p.inputs.trace else None),
     ("pins", lambda p: " ".join(f"-s {s}" for s in p.inputs.strategies) or "none"),
     ("rules", lambda p: _digest(p.inputs.rules_digest)),
+    ("rule", lambda p: dict(p.inputs.rules) if isinstance(p.inputs.rules, dict) else None),
     ("sizes", lambda p: {ph.name: _sizes(ph.sizes) for ph in p.phases}),
+    ("phase", _phase_settings),
     ("plan revision", lambda p: str(p.revision)),
     (
         "calibration",
@@ -222,7 +273,15 @@ def input_changes(a: Plan, b: Plan) -> list[InputChange]:
     sizes_b = {ph.name: ph.sizes for ph in b.phases}
     for label, getter in INPUTS:
         va, vb = getter(a), getter(b)
-        if isinstance(va, dict) or isinstance(vb, dict):
+        if isinstance(va, dict) != isinstance(vb, dict) and label in _RECORDED_SINCE:
+            # one side does not record it (an older revision): one row, not one per name
+            row, sep = _RECORDED_SINCE[label]
+            old, new = (
+                "not recorded" if v is None else sep.join(f"{k} {x}" for k, x in cast(dict, v).items())
+                for v in (va, vb)
+            )
+            out.append(InputChange(label=row, old=old, new=new))
+        elif isinstance(va, dict) or isinstance(vb, dict):
             # a getter that returns a dict returns one (or None) for both plans
             va, vb = cast(dict, va or {}), cast(dict, vb or {})
             for name in list(va) + [n for n in vb if n not in va]:
@@ -234,6 +293,11 @@ def input_changes(a: Plan, b: Plan) -> list[InputChange]:
         elif va != vb:
             out.append(InputChange(label=label, old=va, new=vb))
     return out
+
+
+#: inputs a plan records since a revision: the label of their one row against an older plan,
+#: and what separates the names in it (a rule's text holds commas and semicolons)
+_RECORDED_SINCE = {"model": ("model dimensions", ", "), "rule": ("rules applied", " | ")}
 
 
 def _decisions(a: Plan, b: Plan) -> list[DecisionChange]:
@@ -385,7 +449,10 @@ def moved(a: Plan, b: Plan) -> str:
     return t
 
 
-def _input_text(c: InputChange) -> str:
+def input_text(c: InputChange) -> str:
+    """One changed input as ``label: old -> new`` (a file whose digest changed: ``spec: my.toml
+    (d488039a491f -> 4ef05cf04192)``; a value whose source changed: ``model vocab: 128256 (preset
+    llama-3-8b -> spec)``)."""
     if c.label.startswith("sizes ") and c.old and c.new:
         return f"{c.label}: {c.old} -> {c.new} ({c.detail})" if c.detail else f"{c.label}: {c.old} -> {c.new}"
     if c.old and c.new and c.old.endswith(")") and c.new.endswith(")"):
@@ -397,17 +464,41 @@ def _input_text(c: InputChange) -> str:
     return f"{c.label}: {c.old or '(none)'} -> {c.new or '(none)'}"
 
 
+def _folded(figures: list[Figure]) -> tuple[list[tuple[str, Figure]], list[str]]:
+    """(rows, unknown): byte figures that read the same on both sides as one row
+    labelled ``a = b = c`` (one change, one row), in first-seen order; and the
+    labels of the figures no plan knows (both None), for one line."""
+    rows: list[tuple[list[str], Figure]] = []
+    same: dict[tuple[int | None, int | None], int] = {}
+    unknown: list[str] = []
+    for f in figures:
+        if f.old is None and f.new is None:
+            unknown.append(f.label)
+            continue
+        key = (f.old, f.new)
+        if f.unit != "count" and None not in key and key in same:
+            rows[same[key]][0].append(f.label)
+            continue
+        if f.unit != "count" and None not in key:
+            same[key] = len(rows)
+        rows.append(([f.label], f))
+    return [(" = ".join(labels), f) for labels, f in rows], unknown
+
+
 def render_text(d: PlanDiff, *, steps: bool = False) -> str:
-    """The diff for a terminal: changed figures, inputs, decisions, steps."""
+    """The diff for a terminal: changed figures (those equal on both sides in one
+    line), inputs, decisions, steps."""
     if not d.differs:
         return f"{d.old_name} and {d.new_name}: no differences in inputs, steps, decisions or predictions"
     out = [f"{d.old_name} -> {d.new_name}"]
     if d.changed_figures:
         out.append("predicted:")
-        out += [f"  {f.label}: {change_text(f.old, f.new, f.unit)}" for f in d.changed_figures]
+        out += [f"  {label}: {change_text(f.old, f.new, f.unit)}" for label, f in _folded(d.changed_figures)[0]]
+    elif d.inputs:
+        out.append(f"predicted: unchanged (total {bytes_text(d.figures[0].new or 0, (d.figures[0].new or 0) < MiB)})")
     if d.inputs:
         out.append("inputs:")
-        out += [f"  {_input_text(c)}" for c in d.inputs]
+        out += [f"  {input_text(c)}" for c in d.inputs]
     if d.decisions:
         out.append("decisions:")
         for c in d.decisions:
@@ -436,7 +527,8 @@ def render_markdown(d: PlanDiff, *, steps: bool = False, verdict: str | None = N
     if not d.differs:
         return "\n".join(out + ["No differences in inputs, steps, decisions or predictions."])
     out += ["| figure | old | new | change |", "| --- | ---: | ---: | ---: |"]
-    for f in d.figures:
+    rows, unknown = _folded(d.figures)
+    for label, f in rows:
         if f.old == f.new:
             if f.unit != "count":
                 cell = (
@@ -446,15 +538,19 @@ def render_markdown(d: PlanDiff, *, steps: bool = False, verdict: str | None = N
                 )
             else:
                 cell = "-" if f.old is None else f"{f.old:,}"
-            out.append(f"| {_md(f.label)} | {cell} | {cell} | |")
+            out.append(f"| {_md(label)} | {cell} | {cell} | |")
             continue
         text = change_text(f.old, f.new, f.unit)
         old, _, rest = text.partition(" -> ")
         new, _, change = rest.partition(" (")
-        out.append(f"| **{_md(f.label)}** | {old} | {new} | **{change.rstrip(')')}** |")
+        out.append(f"| **{_md(label)}** | {old} | {new} | **{change.rstrip(')')}** |")
+    if unknown:
+        out += ["", _md(f"Unknown in both plans (never measured for this device): {', '.join(unknown)}.")]
+    if not d.changed_figures:
+        out += ["", "The prediction is unchanged."]
     if d.inputs:
         out += ["", "**Inputs that differ**", ""]
-        out += [f"- {_md(_input_text(c))}" for c in d.inputs]
+        out += [f"- {_md(input_text(c))}" for c in d.inputs]
     if d.decisions:
         out += ["", "**Decisions that changed**", ""]
         for c in d.decisions:
@@ -492,17 +588,14 @@ def gate(a: Plan, b: Plan, threshold: tuple[str, float], where: str):
     )
 
 
-def stale_reason(old: Plan, new: Plan, *, inputs_shown: int = 3) -> str:
+def stale_reason(old: Plan, new: Plan) -> str:
     """Why a checked-in plan ``old`` differs from the rebuild ``new``, in one
-    clause: the recorded inputs that changed (the first ``inputs_shown``), or
+    clause: every recorded input that changed, with its old and new value, or
     that none did (the planner's code or data tables predict differently), and
-    how far the prediction moved."""
+    how far the prediction moved, also when it did not."""
     changes = input_changes(old, new)
     if changes:
-        shown = [_input_text(c) for c in changes[:inputs_shown]]
-        if len(changes) > inputs_shown:
-            shown.append(f"{len(changes) - inputs_shown} more input(s)")
-        why = "changed: " + ", ".join(shown)
+        why = "changed: " + ", ".join(input_text(c) for c in changes)
     else:
         why = "no recorded input changed (this planner's code or data tables predict differently)"
     return f"{why}; {moved(old, new)}"

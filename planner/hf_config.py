@@ -233,6 +233,13 @@ def _text_config(cfg: dict, table: ArchitecturesFile, where: str) -> tuple[dict,
 
 def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
     """``base`` with the dimensions, dtype and MoE fields of config ``cfg``."""
+    return _read_config(cfg, where, base)[0]
+
+
+def _read_config(cfg: object, where: str, base: Model) -> tuple[Model, dict[str, str]]:
+    """:func:`model_from_config`, and per field the config key(s) it was read from as the
+    file spells them (``num_hidden_layers``, ``text_config.hidden_size``, ``qk_nope_head_dim +
+    qk_rope_head_dim``, ``hidden_size / num_attention_heads`` for a missing head_dim)."""
     table = architectures()
     if not isinstance(cfg, dict):
         raise InputError("a config.json must be a JSON object", where=f"{where}: $")
@@ -258,14 +265,24 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
         **{f: getattr(kind, f) for f in DIMENSIONS + _MOE if getattr(kind, f) is not None},
     }
     out: dict = {}
+    read: dict[str, str] = {}
+
+    def spelled(k: str) -> str:
+        return prefix + c.spelled.get(k, k)
+
     for f in DIMENSIONS + _MOE:
         key = keys.get(f)
         if key is None:
             continue
         v = _dimension(c, key, f)
+        if isinstance(key, Combined):
+            read[f] = (" + " if key.sum is not None else " * ").join(spelled(k) for k in key.keys)
+        else:
+            read[f] = spelled(key)
         if v is None:
             if f == "kv_heads":
                 v = out["heads"]  # Hugging Face's default: multi-head attention
+                read[f] = f"{read['heads']} ({key} absent)"
             elif f == "head_dim":
                 if out["hidden"] % out["heads"]:
                     raise InputError(
@@ -274,6 +291,7 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
                         where=c.at("head_dim"),
                     )
                 v = out["hidden"] // out["heads"]
+                read[f] = f"{read['hidden']} / {read['heads']}"
             else:  # _dimension gives None only for a one-key dimension: key is a str
                 raise c.missing(key, f)  # pyright: ignore[reportArgumentType]
         out[f] = v
@@ -303,18 +321,22 @@ def model_from_config(cfg: object, where: str, base: Model = Model()) -> Model:
             f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(table.dtypes))}", where=c.at("dtype")
         )
     out["dtype_bytes"] = table.dtypes[name]
+    read["dtype_bytes"] = c.prefix + c.spelled.get("dtype", "dtype")
     model_name = base.name if base.name != Model().name else mt
-    return msgspec.structs.replace(base, name=model_name, **out)
+    return msgspec.structs.replace(base, name=model_name, **out), read
 
 
-def read_model_config(model: Model, spec_path: Path | None, spec_name: str) -> tuple[Model, str | None, bytes]:
-    """Resolve ``model.config`` relative to the spec file: (model, path, bytes).
+def read_model_config(
+    model: Model, spec_path: Path | None, spec_name: str
+) -> tuple[Model, str | None, bytes, dict[str, str]]:
+    """Resolve ``model.config`` relative to the spec file: (model, path, bytes, the config
+    key each field was read from).
 
     A spec whose ``[model]`` sets ``config`` and also a dimension (a value
     other than the default) is refused: which one holds would be a guess.
     """
     if model.config is msgspec.UNSET:
-        return model, None, b""
+        return model, None, b"", {}
     listed = [f for f in DIMENSIONS + ("dtype_bytes",) if getattr(model, f) != getattr(Model(), f)]
     if listed:
         raise InputError(
@@ -340,4 +362,5 @@ def read_model_config(model: Model, spec_path: Path | None, spec_name: str) -> t
         raise InputError(f"not valid JSON: {err}", where=str(path)) from None
     except RecursionError:  # msgspec's own depth limit
         raise InputError("nested too deeply to read", where=str(path), fix="use the model's own config.json") from None
-    return model_from_config(cfg, str(path), model), str(path), raw
+    resolved, read = _read_config(cfg, str(path), model)
+    return resolved, str(path), raw, read

@@ -4,8 +4,13 @@
 draws, per graph pool, the predicted reserved bytes after each capture, with
 the phases as labelled bands, batch sizes on the x-axis, the engines'-loop
 baseline and an optional budget as horizontal lines, and the totals in the
-title. With two plans the old one is drawn dashed under the new one, both on
-the new one's capture positions (capture ``i`` of each).
+title. With two plans the old one is drawn dashed under the new one, aligned by
+phase and batch size: each (phase, size) of either plan has one x position, so
+a size both plans capture is at the same x in both lines and a size only one
+captures is a position only its line visits (its tick label says which plan:
+``bs (old)``/``bs (new)``). Each plan is labelled (``--label``, by default its
+file and the commit it was last committed in) and the title says what changed
+between them (the recorded inputs, as ``planner diff`` names them).
 
 Per-pool series come from the plan alone: a private pool never gives
 segments back while its graphs live, and only the pool being captured into
@@ -16,22 +21,41 @@ Output: PNG (``.png`` or any other name) or SVG (``.svg``), a fixed size
 (1400 x 640 px for PNG), no timestamps or version strings in the file: the
 same plans draw the same bytes with the same matplotlib. Needs matplotlib
 (``pip install 'capture-plan[plot]'``), imported only when a plot is drawn.
+Layout: phases in the new plan's capture order (then phases only the old one
+has), each phase's sizes in the new plan's capture order for it (largest-first:
+descending), a gap between phases. A line visits its plan's captures in x order,
+so a plan that captures a phase in the other direction reads right to left in
+time; a phase whose captures another phase's interrupt is drawn as one band.
+
 What this does not do: draw the baseline's own timeline (the plan records
-only its peak), or align two plans' captures by phase and size (by position).
+only its peak).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.files import existing_output
+from capture_plan.schemas.files import existing_output, write_atomic
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.units import MiB
 
-__all__ = ["plot_timeline", "plot_plans", "check_plot_path", "pool_series", "PNG_MAGIC", "SIZE_PX"]
+__all__ = [
+    "plot_timeline",
+    "plot_plans",
+    "check_plot_path",
+    "pool_series",
+    "layout",
+    "drawing",
+    "plan_label",
+    "PNG_MAGIC",
+    "SIZE_PX",
+]
 
 #: the first bytes of every PNG file
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -117,38 +141,111 @@ def _mib(n: int) -> str:
     return bytes_text(n, n < MiB)
 
 
-def _title(old: Plan | None, new: Plan) -> str:
-    from .compare import change_text, total
+#: at most this many changed inputs in the title (then "and N more"), in lines of at most this many characters
+_TITLE_CHANGES = 3
+_TITLE_WIDTH = 160
+
+
+def _title(old: Plan | None, new: Plan, labels: list[str]) -> tuple[str, list[str]]:
+    """(the head line: labels and totals; the lines that say which inputs changed)."""
+    from .compare import change_text, input_changes, input_text, total
 
     if old is None:
         p = new.predicted
         return (
-            f"{new.name}: predicted {_mib(total(new))} "
+            f"{labels[0]}: predicted {_mib(total(new))} "
             f"(pools {_mib(p.pool_bytes)} + hoisted {_mib(p.hoisted_bytes)}), "
             f"engines' loop {_mib(p.baseline_bytes)}"
-        )
-    return f"{old.name} \u2192 {new.name}: predicted total {change_text(total(old), total(new))}"
+        ), []
+    head = f"{labels[0]} \u2192 {labels[1]}: predicted total {change_text(total(old), total(new))}"
+    # the command names the output file and the options, which the other inputs name by what they change
+    changes = [input_text(c) for c in input_changes(old, new) if c.label != "command"]
+    if not changes:
+        return head, ["no recorded input changed"]
+    shown = changes[:_TITLE_CHANGES]
+    more = f"; and {len(changes) - len(shown)} more (planner diff lists them)" if len(changes) > len(shown) else ""
+    text = "changed: " + "; ".join(shown) + more
+    return head, textwrap.wrap(text, _TITLE_WIDTH, max_lines=2, placeholder=" ...")
+
+
+def plan_label(path: Path) -> str:
+    """``path``, and the commit it was last committed in when git tracks it
+    (``plans/fa3.json @ 1a2b3c4``; ``(modified)`` when the file differs from that commit).
+    Just the path where git is missing or the file is not tracked (a base branch's plan
+    written out with ``git show``: name it with ``--label``)."""
+    import subprocess
+
+    text = str(path)
+    folder, name = path.parent, path.name
+    try:
+        git = ["git", "-C", str(folder)]
+        log = git + ["log", "-1", "--format=%h", "--", name]
+        commit = subprocess.run(log, capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        if not commit:
+            return text
+        diff = git + ["diff", "--quiet", "HEAD", "--", name]
+        dirty = subprocess.run(diff, capture_output=True, timeout=10, check=False).returncode != 0
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return text
+    return f"{text} @ {commit}" + (" (modified)" if dirty else "")
 
 
 #: empty positions between two phases' captures on the x-axis
 _GAP = 2
 
 
-def _positions(caps: list[tuple[str, int]]) -> list[float]:
-    """x of each capture: its index, plus a gap before each new phase run."""
-    xs, shift = [], 0
-    for i, (phase, _) in enumerate(caps):
-        if i and caps[i - 1][0] != phase:
-            shift += _GAP
-        xs.append(i + shift)
-    return xs
+def layout(old: Plan | None, new: Plan) -> tuple[dict[tuple[str, int], float], list[tuple[str, list[int]]]]:
+    """(x of every (phase, size) either plan captures, the phases in x order with
+    their sizes): the alignment the module docstring describes."""
+    plans = [new] + ([old] if old is not None else [])
+    phases: dict[str, set[int]] = {}
+    descending: dict[str, bool] = {}
+    for plan in plans:
+        for s in plan.steps:
+            if s.op == "capture":
+                phases.setdefault(s.phase, set()).add(s.bs)
+        for ph in plan.phases:
+            descending.setdefault(ph.name, ph.strategy.order == "largest-first")
+    blocks = [(name, sorted(sizes, reverse=descending.get(name, False))) for name, sizes in phases.items()]
+    xs: dict[tuple[str, int], float] = {}
+    x = 0
+    for i, (name, sizes) in enumerate(blocks):
+        x += _GAP if i else 0
+        for bs in sizes:
+            xs[(name, bs)] = x
+            x += 1
+    return xs, blocks
 
 
-def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None, where: str = "-o") -> None:
-    """Draw one plan, or two (old, new) overlaid, to ``path`` (PNG, or SVG for
-    ``.svg``), atomically; never replaces a file that is not such an image
-    (:func:`check_plot_path`)."""
+def plot_plans(
+    plans: list[Plan],
+    path: Path,
+    *,
+    budget_mib: float | None = None,
+    where: str = "-o",
+    labels: list[str] | None = None,
+) -> None:
+    """Draw one plan, or two (old, new) overlaid and aligned by phase and size, to
+    ``path`` (PNG, or SVG for ``.svg``), atomically; never replaces a file that is
+    not such an image (:func:`check_plot_path`). ``labels`` name the plans in the
+    legend and title (default: their names; two equal ones get "old"/"new")."""
     check_plot_path(path, where)
+    with drawing(plans, budget_mib=budget_mib, where=where, labels=labels) as fig:
+        buf = io.BytesIO()
+        if _is_svg_path(path):
+            fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+        else:
+            fig.savefig(buf, format="png", metadata={"Software": None})
+    write_atomic(path, buf.getvalue())
+
+
+@contextlib.contextmanager
+def drawing(
+    plans: list[Plan], *, budget_mib: float | None = None, where: str = "-o", labels: list[str] | None = None
+) -> Iterator[Any]:
+    """The matplotlib Figure of :func:`plot_plans`, open while the ``with`` block runs
+    (its style settings in force, so a save in the block writes what plot_plans writes);
+    closed after it. For a caller that reads the drawing back (the tests) or saves it itself."""
     try:
         import matplotlib
 
@@ -157,19 +254,16 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         raise InputError("matplotlib is not installed", where=where, fix="pip install 'capture-plan[plot]'") from None
-    from capture_plan.schemas.files import write_atomic
-
     old, new = (None, plans[0]) if len(plans) == 1 else (plans[0], plans[1])
-    caps = _captures(new)
-    xs = _positions(caps)
+    if labels is None:
+        labels = [p.name for p in plans]
+        if len(labels) == 2 and labels[0] == labels[1]:
+            labels = [f"old {labels[0]}", f"new {labels[1]}"]
+    xs, blocks = layout(old, new)
     series_new = pool_series(new)
     series_old = pool_series(old) if old is not None else {}
     names = sorted(set(series_new) | set(series_old))
     colors = {n: f"C{i}" for i, n in enumerate(names)}
-
-    # the old plan's captures at the new one's positions (capture i of each); beyond them, one apart
-    def x_at(i: int) -> float:
-        return xs[i] if i < len(xs) else (xs[-1] if xs else -1) + 1 + i - len(xs)
 
     # svg.fonttype none: text stays text (searchable, editable in a review tool), not glyph paths
     with matplotlib.rc_context(
@@ -179,11 +273,13 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
         peak = max([new.predicted.pool_bytes] + ([old.predicted.pool_bytes] if old else []))
         top = max(peak, (budget_mib or 0) * MiB)
 
-        def draw(plan: Plan, series: dict[str, list[int]], is_old: bool) -> None:
-            n = len(next(iter(series.values()), []))
-            x = [x_at(i) for i in range(n)]
+        def draw(plan: Plan, series: dict[str, list[int]], label: str, is_old: bool) -> None:
+            # each capture at its (phase, size)'s x, visited in x order
+            at = sorted(range(len(_captures(plan))), key=lambda i: xs[_captures(plan)[i]])
+            x = [xs[_captures(plan)[i]] for i in at]
+            series = {name: [ys[i] for i in at] for name, ys in series.items()}
             style: dict[str, Any] = dict(linestyle="--", linewidth=1.3, alpha=0.8) if is_old else dict(linewidth=2.0)
-            tag = ("old " if is_old else "new ") + f"{plan.name}: " if old is not None else ""
+            tag = f"{label}: " if old is not None else ""
             if len(series) > 1:
                 # the sum under the pools, wider and grey: where one pool is all of it, both show
                 totals = [sum(v) for v in zip(*series.values())]
@@ -194,7 +290,7 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
                     color="0.3",
                     zorder=2,
                     **{**style, "linewidth": style["linewidth"] * 2.2, "alpha": 0.45},
-                    label=f"{tag}all pools: {_mib(totals[-1] if totals else 0)}",
+                    label=f"{tag}all pools: {_mib(max(totals, default=0))}",
                 )
             for name, ys in series.items():
                 ax.step(
@@ -204,21 +300,21 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
                     color=colors[name],
                     zorder=3,
                     **style,
-                    label=f"{tag}pool {name}: {_mib(ys[-1] if ys else 0)}",
+                    label=f"{tag}pool {name}: {_mib(max(ys, default=0))}",
                 )
 
         if old is not None:
-            draw(old, series_old, True)
-        draw(new, series_new, False)
+            draw(old, series_old, labels[0], True)
+        draw(new, series_new, labels[-1], False)
 
         # phases as bands, labelled inside at the top
-        for i, (phase, first, last) in enumerate(_phase_runs(caps)):
-            ax.axvspan(xs[first] - 0.5, xs[last] + 0.5, color="0.92" if i % 2 == 0 else "0.96", zorder=0, linewidth=0)
-            sizes = [bs for _, bs in caps[first : last + 1]]
+        for i, (phase, sizes) in enumerate(blocks):
+            first, last = xs[(phase, sizes[0])], xs[(phase, sizes[-1])]
+            ax.axvspan(first - 0.5, last + 0.5, color="0.92" if i % 2 == 0 else "0.96", zorder=0, linewidth=0)
             ph = next((p for p in new.phases if p.name == phase), None)
-            detail = f"{ph.pool} pool, {ph.strategy.order}" if ph is not None else ""
+            detail = f"{ph.pool} pool, {ph.strategy.order}" if ph is not None else "old plan only"
             ax.text(
-                (xs[first] + xs[last]) / 2,
+                (first + last) / 2,
                 0.985,
                 f"{phase}\n{len(sizes)} sizes, bs {sizes[0]}\u2192{sizes[-1]}\n{detail}",
                 transform=ax.get_xaxis_transform(),
@@ -245,37 +341,39 @@ def plot_plans(plans: list[Plan], path: Path, *, budget_mib: float | None = None
         if budget_mib is not None:
             ax.axhline(budget_mib, color="#c0392b", linewidth=1.6, label=f"budget: {budget_mib:,g} MiB")
 
-        ticks = _ticks(caps)
-        ax.set_xticks([xs[t] for t in ticks], [str(caps[t][1]) for t in ticks], rotation=90, fontsize=7)
-        ax.set_xlim(-0.5, max(x_at(max(len(caps), len(_captures(old)) if old else 0) - 1), 0) + 0.5)
-        ax.set_xlabel(f"captures of {new.name} in order, labelled with their batch size ({len(caps)} captures)")
-        if old is not None and _captures(old) != caps:
-            # another order or other sizes: the old plan's batch sizes along the top
-            old_caps = _captures(old)
-            top_ax = ax.secondary_xaxis("top")
-            old_ticks = _ticks(old_caps)
-            top_ax.set_xticks(
-                [x_at(t) for t in old_ticks], [str(old_caps[t][1]) for t in old_ticks], rotation=90, fontsize=7
+        keys = list(xs)
+        ticks = _ticks(keys)
+        in_new, in_old = set(_captures(new)), set(_captures(old)) if old is not None else set()
+
+        def tick(key: tuple[str, int]) -> str:
+            if old is None or (key in in_new and key in in_old):
+                return str(key[1])
+            return f"{key[1]} (new)" if key in in_new else f"{key[1]} (old)"
+
+        ax.set_xticks([xs[keys[t]] for t in ticks], [tick(keys[t]) for t in ticks], rotation=90, fontsize=7)
+        ax.set_xlim(-0.5, max(xs.values(), default=0) + 0.5)
+        if old is None:
+            ax.set_xlabel(f"batch size, each phase's sizes in capture order ({len(in_new)} captures)")
+        else:
+            ax.set_xlabel(
+                f"batch size, each phase's sizes in the new plan's capture order, both plans at the same x "
+                f"for the same phase and size ({len(in_old)} captures old, {len(in_new)} new)"
             )
-            top_ax.set_xlabel(f"captures of {old.name} (old), batch sizes", fontsize=8)
         ax.set_ylabel("graph pool reserved, MiB (predicted)")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.grid(axis="y", color="0.82", linewidth=0.6)
-        title = _title(old, new)
+        head, changed = _title(old, new, labels)
         if budget_mib is not None:
             from .compare import total
 
             over = total(new) - budget_mib * MiB
-            title += f"; budget {budget_mib:,g} MiB: " + (f"over by {_mib(int(over))}" if over > 0 else "within")
-        ax.set_title(title)
+            head += f"; budget {budget_mib:,g} MiB: " + (f"over by {_mib(int(over))}" if over > 0 else "within")
+        ax.set_title("\n".join([head] + changed))
         fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
-        buf = io.BytesIO()
-        if _is_svg_path(path):
-            fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-        else:
-            fig.savefig(buf, format="png", metadata={"Software": None})
-        plt.close(fig)
-    write_atomic(path, buf.getvalue())
+        try:
+            yield fig
+        finally:
+            plt.close(fig)
 
 
 def plot_timeline(plan: Plan, path: Path) -> None:

@@ -15,7 +15,19 @@ from capture_plan.schemas.plan import Plan, Step
 from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.units import mib
 
-__all__ = ["summary", "steps_table", "explain", "diff", "graph", "graph_phases", "timeline", "report_table"]
+from .dimensions import dimensions_text
+
+__all__ = [
+    "summary",
+    "model_lines",
+    "steps_table",
+    "explain",
+    "diff",
+    "graph",
+    "graph_phases",
+    "timeline",
+    "report_table",
+]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -42,6 +54,7 @@ def summary(plan: Plan, path: str) -> str:
     ]
     for ph in plan.phases:
         lines.append(f"  {ph.name}: {ph.strategy.label()} ({ph.pool} pool)")
+    lines += [f"  {line}" for line in model_lines(plan)]
     lines += device_lines(plan)
     derived = {n: s for n, s in p.samples.items() if s.derived}
     if derived:
@@ -50,6 +63,16 @@ def summary(plan: Plan, path: str) -> str:
             + "; ".join(f"{n} measured {s.measured}, {len(s.derived)} derived" for n, s in sorted(derived.items()))
         )
     return "\n".join(lines)
+
+
+def model_lines(plan: Plan) -> list[str]:
+    """The model dimensions the prediction used and where each came from (revision 3;
+    an older plan does not record them, and says so)."""
+    used = plan.inputs.model
+    if isinstance(used, msgspec.UnsetType):
+        return [f"model: dimensions not recorded (plan revision {plan.revision}; rebuild it to record them)"]
+    config = plan.inputs.model_config
+    return dimensions_text(used, config if isinstance(config, str) else None)
 
 
 def _item_mib(b: int | None) -> str:

@@ -21,6 +21,7 @@ __all__ = [
     "satisfies",
     "violated",
     "choice_label",
+    "rule_text",
     "phase_rules",
     "PLANNER_LABELS",
     "check_spec_rules",
@@ -61,6 +62,23 @@ def violated(strategy: Strategy, rules: list[Rule]) -> list[str]:
 def choice_label(choice: Choice) -> str:
     keys = [] if choice.key_order is msgspec.UNSET else [f"key_order={choice.key_order}"]
     return " ".join([*(f"{ax}={getattr(choice, ax)}" for ax in AXES if getattr(choice, ax) is not None), *keys])
+
+
+def rule_text(rule: Rule) -> str:
+    """What ``rule`` says, in one line (its ``why`` left out): ``when backend=fa3 ci=true
+    multi_token=true; require order=smallest-first or workspace=hoisted``. What a plan
+    records per rule, so a reviewer reads a rule's change, not a digest's."""
+    when = " ".join(
+        f"{k}={','.join(map(str, v)) if isinstance(v, list) else str(v).lower()}"
+        for k, v in msgspec.structs.asdict(rule.when).items()
+        if v is not None
+    )
+    parts = [f"when {when}" if when else "always"]
+    if rule.require:
+        parts.append("require " + " or ".join(choice_label(c) for c in rule.require))
+    if rule.prefer is not None:
+        parts.append(f"prefer {choice_label(rule.prefer)}")
+    return "; ".join(parts)
 
 
 def phase_rules(rules: list[Rule], phase: Phase, ctx: Context) -> list[Rule]:

@@ -37,8 +37,19 @@ _KIND_FIELDS = {
 }
 
 
+def _model_required(schema: dict[str, Any]) -> None:
+    """A spec's ``[model]`` gives every dimension, or names a config or a preset for
+    the rest (capture_plan.planner.dimensions): msgspec cannot say so, JSON Schema can."""
+    from .dimensions import REQUIRED
+
+    node = schema["$defs"]["Model"]
+    node["anyOf"] = [{"required": ["config"]}, {"required": ["preset"]}, {"required": list(REQUIRED)}]
+
+
 def _schema(which: str) -> dict[str, Any]:
     schema = msgspec.json.schema(_TYPES[which])
+    if which == "spec":
+        _model_required(schema)
     kinds = phase_kinds()
     for def_name, prop, *path in _KIND_FIELDS.get(which, ()):
         node = schema["$defs"][def_name]["properties"][prop]

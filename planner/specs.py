@@ -3,6 +3,7 @@ conventions; presets_vllm.toml with ``--preset vllm``) or a file."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ __all__ = [
     "read_spec_file",
     "speculative_names",
     "preset_names",
+    "model_presets",
     "engine_preset",
     "preset_max_bs",
     "EnginePreset",
@@ -67,6 +69,14 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_num_seqs: Positive
     sizes: SizeList
     phases: list[PresetPhase]
+
+
+@functools.cache
+def model_presets() -> dict[str, Model]:
+    """The ``[model] preset`` names and their models: the embedded default model
+    (presets.toml's ``[model]``; ``capture_plan.planner.dimensions``)."""
+    model = convert(data("presets.toml")["model"], Model, "planner/data/presets.toml: $.model")
+    return {model.name: model}
 
 
 def preset_names() -> list[str]:

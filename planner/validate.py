@@ -22,10 +22,13 @@ import msgspec
 from capture_plan.schemas.codec import convert, read_document, short_int
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.limits import MAX_CAPTURES, MAX_KEYS_PER_PHASE
+from capture_plan.schemas.plan import DimensionSource
 from capture_plan.schemas.spec import SPEC_VERSION, Model, Phase, Spec, phase_model
 from capture_plan.schemas.strategy import PHASE_SETTINGS
 
-__all__ = ["decode_spec", "validate_spec", "check_phase_kind"]
+from .dimensions import resolve_model
+
+__all__ = ["decode_spec", "decode_spec_sources", "validate_spec", "check_phase_kind"]
 
 #: a phase setting left at this value is unset (no kind needs to accept it)
 _UNSET_SETTING = {f.name: f.default for f in msgspec.structs.fields(Phase) if f.name in PHASE_SETTINGS}
@@ -37,10 +40,31 @@ def decode_spec(
     *,
     phase_kinds: Mapping[str, Collection[str]],
     phase_axes: Mapping[str, Collection[str]] = {},
+    presets: Mapping[str, Model],
 ) -> Spec:
-    """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located."""
-    spec = convert(read_document(data, source, "spec"), Spec, source, kind="spec")
-    return _check_rules(spec, source, phase_kinds, phase_axes)
+    """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located. Its
+    ``[model]`` is completed from its preset (:func:`decode_spec_sources`)."""
+    return decode_spec_sources(data, source, phase_kinds=phase_kinds, phase_axes=phase_axes, presets=presets)[0]
+
+
+def decode_spec_sources(
+    data: bytes,
+    source: str,
+    *,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] = {},
+    presets: Mapping[str, Model],
+) -> tuple[Spec, dict[str, DimensionSource]]:
+    """:func:`decode_spec`, and where each model dimension comes from: a ``[model]``
+    that leaves dimensions out must name a config or one of ``presets`` (the model
+    presets: ``capture_plan.planner.specs.model_presets()``) for them
+    (:func:`capture_plan.planner.dimensions.resolve_model`)."""
+    doc = read_document(data, source, "spec")
+    spec = convert(doc, Spec, source, kind="spec")
+    table = doc.get("model") if isinstance(doc, dict) else None
+    model, sources = resolve_model(table, spec.model, source, presets)
+    spec = msgspec.structs.replace(spec, model=model)
+    return _check_rules(spec, source, phase_kinds, phase_axes), sources
 
 
 def validate_spec(

@@ -53,8 +53,11 @@ __all__ = [
     "DevicePrediction",
     "KeyPrediction",
     "KEYS_REVISION",
+    "INPUTS_REVISION",
     "Provenance",
     "Fidelity",
+    "DimensionSource",
+    "ModelUsed",
 ]
 
 PLAN_VERSION = 1
@@ -65,9 +68,14 @@ PLAN_VERSION = 1
 #: ``Step.labels``/``pieces``/``keeps``, ``Strategy.key_order``, ``predicted.keys``, the
 #: ``warmup-kept`` device item). A plan that uses none of them is written as revision 2
 #: (the lowest revision it needs), so plans without graph keys keep their bytes.
-PLAN_REVISION = 3
+#: 4: ``inputs.model`` (the model dimensions the prediction used and where each came from) and
+#: ``inputs.rules`` (every rule the build applied, in one line each): every plan built since
+#: records them, so every plan is written as revision 4 at least.
+PLAN_REVISION = 4
 #: the revision graph keys need (see PLAN_REVISION)
 KEYS_REVISION = 3
+#: the revision the model and rules records need (see PLAN_REVISION)
+INPUTS_REVISION = 4
 
 StepOp = Literal["provision", "warmup", "capture"]
 #: tensor-parallel ranks, tokens per request
@@ -319,6 +327,30 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     output: str | None = None
 
 
+#: where a model dimension came from: the spec's ``[model]``, its config.json, the preset it
+#: names (or the embedded default model), or the element size's default (bf16, float32 logits)
+DimensionSource = Literal["spec", "config", "preset", "default"]
+
+
+class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
+    """The model dimensions the prediction used and where each came from (revision 4;
+    ``capture_plan.planner.dimensions``)."""
+
+    name: str
+    #: dimension -> value: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
+    #: dtype_bytes, logits_dtype_bytes, and the MoE fields when given
+    dimensions: dict[str, NonNegative]
+    #: dimension -> where its value came from
+    sources: dict[str, DimensionSource]
+    #: the preset that "preset" sources name ("" when none does)
+    preset: str = ""
+    #: dimension -> the config.json key(s) a "config" source was read from
+    config_keys: dict[str, str] = {}
+    #: phase -> the dimensions its own model sets (the spec's ``[phases.model]``, and the
+    #: phase's ``layers`` when it sets them: a draft's one layer)
+    phases: dict[str, dict[str, NonNegative]] = {}
+
+
 class Inputs(PlanStruct, frozen=True, kw_only=True):
     """Everything the plan was derived from, without absolute paths."""
 
@@ -341,6 +373,11 @@ class Inputs(PlanStruct, frozen=True, kw_only=True):
     calibration_digest: str | msgspec.UnsetType = msgspec.UNSET
     #: the build's options: what ``planner check`` rebuilds from (revision 2)
     build: BuildRecord | msgspec.UnsetType = msgspec.UNSET
+    #: the model dimensions the prediction used and their sources (revision 4)
+    model: ModelUsed | msgspec.UnsetType = msgspec.UNSET
+    #: rule id -> what the rule says (``capture_plan.planner.rules.rule_text``): the built-in
+    #: rules and the spec's, so a changed rule is read by name (revision 4)
+    rules: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Requires(PlanStruct, frozen=True, kw_only=True):

@@ -110,7 +110,15 @@ class SpecStruct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
 
 class Model(SpecStruct, frozen=True, kw_only=True):
     """Shape of the decoder whose decode step is captured (per tensor-parallel rank
-    is derived from ``tp``; dimensions here are the full model's)."""
+    is derived from ``tp``; dimensions here are the full model's).
+
+    A spec's ``[model]`` gives layers, hidden, heads, kv_heads, head_dim,
+    intermediate and vocab, or names where those it leaves out come from:
+    ``config`` (a Hugging Face config.json) or ``preset`` (``"llama-3-8b"``, the
+    embedded default model); anything else is refused, naming the missing keys
+    (``capture_plan.planner.dimensions``). The defaults below are that preset's,
+    for specs built in code. ``dtype_bytes`` and ``logits_dtype_bytes`` left out
+    are 2 and 4 (bf16 activations, float32 logits)."""
 
     name: str = "llama-3-8b"
     layers: Layers = 32
@@ -129,6 +137,8 @@ class Model(SpecStruct, frozen=True, kw_only=True):
     #: a Hugging Face config.json (relative to the spec file) giving the
     #: dimensions above; dimensions also listed here are refused as ambiguous
     config: str | msgspec.UnsetType = msgspec.UNSET
+    #: a model preset giving the dimensions this table leaves out ("llama-3-8b")
+    preset: str | msgspec.UnsetType = msgspec.UNSET
     #: mixture of experts: routed experts, experts per token, each expert's
     #: MLP width, and the shared expert's MLP width (Qwen2-MoE). Recorded for
     #: traces and reports; the analytic model does not model MoE routing.

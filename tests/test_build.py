@@ -271,6 +271,7 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     from capture_plan.planner.optimize import screened
     from capture_plan.planner.resources import backend, phase_kind_settings
     from capture_plan.planner.simulate import simulate
+    from capture_plan.planner.specs import model_presets
     from capture_plan.planner.validate import decode_spec
     from capture_plan.planner.workload import Workload
 
@@ -282,7 +283,7 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     plan = build_plan(BuildOptions(backend="fa3", spec=path))
     opt = next(d for d in plan.decisions if d.rule == "optimizer")
     assert opt.sizes_compared == 24 and "compared on 24 of 200 sizes" in opt.why
-    spec = decode_spec(path.read_bytes(), "spec.toml", phase_kinds=phase_kind_settings())
+    spec = decode_spec(path.read_bytes(), "spec.toml", phase_kinds=phase_kind_settings(), presets=model_presets())
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
     st = {"decode": plan.phases[0].strategy}
     exact = simulate([("decode", s.bs) for s in plan.steps if s.op == "capture"], st, wl).pool_bytes

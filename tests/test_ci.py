@@ -152,7 +152,10 @@ def test_the_workflow_checks_plans_and_posts_the_diff(tmp_path):
         "**Over the limit**: predicted total grew 258.0 MiB -> 2,078.0 MiB (+1,820.0 MiB, +705.4%), above "
         "--fail-above 5%" in body
     )
-    assert "| **pool shared** | 258.0 MiB | 2,078.0 MiB | **+1,820.0 MiB, +705.4%** |" in body
+    assert (
+        "| **total (pools + hoisted) = pools at peak = pool shared = phase adds decode = device item pool** | "
+        "258.0 MiB | 2,078.0 MiB | **+1,820.0 MiB, +705.4%** |" in body
+    )
     assert "### New capture plan `plans/triton.json`" in body and "plans/triton.json: 36 captures" in body
     assert out.read_text() == "changed=true\n"
     assert not (repo / ".plan-base").exists()

@@ -15,7 +15,10 @@ import pytest
 from capture_plan.schemas.codec import canonical_bytes
 from cli_inputs import one_line_error, reseal
 
-SPEC = '[model]\nvocab = 128256\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 32, 64]\n'
+SPEC = (
+    '[model]\npreset = "llama-3-8b"\nvocab = 128256\n'
+    '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 32, 64]\n'
+)
 
 
 def _build(cli, tmp_path, name: str, spec: str = SPEC) -> None:
@@ -28,12 +31,43 @@ def test_a_spec_edit_names_the_spec_and_the_mib_it_moved(cli, tmp_path):
     _build(cli, tmp_path, "mine")
     (tmp_path / "mine.toml").write_text(SPEC.replace("128256", "152064"))
     expected = (
-        "planner: error: plans/mine.json: plan is stale: changed: spec: ../mine.toml (d488039a491f -> "
-        "4ef05cf04192); predicted total 58.0 MiB -> 64.0 MiB (+6.0 MiB, +10.3%); fix: run "
+        "planner: error: plans/mine.json: plan is stale: changed: spec: ../mine.toml (3ba190e6c6e8 -> "
+        "73ba45d3e0d5), model vocab: 128256 (spec) -> 152064 (spec); predicted total 58.0 MiB -> 64.0 MiB "
+        "(+6.0 MiB, +10.3%); fix: run "
         "`planner build --backend fa3 --spec mine.toml -o plans/mine.json`\n"
     )
     assert cli("build", "-b", "fa3", "--spec", "mine.toml", "-o", "plans/mine.json", "--check") == (1, "", expected)
     assert cli("check") == (1, "", expected.replace("`\n", "`, or `planner check --fix`\n"))
+
+
+def test_a_model_change_that_leaves_the_prediction_equal_is_named(cli, tmp_path):
+    """Issue 29: `layers` 32 -> 40 read "spec: ... (hash -> hash); prediction unchanged"."""
+    _build(cli, tmp_path, "mine")
+    (tmp_path / "mine.toml").write_text(SPEC.replace("vocab = 128256", "vocab = 128256\nlayers = 40"))
+    code, out, err = cli("check")
+    assert (code, out) == (1, "")
+    assert err == (
+        "planner: error: plans/mine.json: plan is stale: changed: spec: ../mine.toml (3ba190e6c6e8 -> "
+        "b241d6412c21), model layers: 32 (preset llama-3-8b) -> 40 (spec); prediction unchanged; fix: run "
+        "`planner build --backend fa3 --spec mine.toml -o plans/mine.json`, or `planner check --fix`\n"
+    )
+
+
+def test_every_changed_input_is_named_not_the_first_three(cli, tmp_path):
+    _build(cli, tmp_path, "mine")
+    edited = SPEC.replace("vocab = 128256", "vocab = 32000\nlayers = 40\nhidden = 2048\nheads = 16\nkv_heads = 4")
+    (tmp_path / "mine.toml").write_text(edited.replace("64]", "64, 128]"))
+    err = cli("check")[2]
+    for named in [
+        "model hidden: 4096 (preset llama-3-8b) -> 2048 (spec)",
+        "model heads: 32 (preset llama-3-8b) -> 16 (spec)",
+        "model kv_heads: 8 (preset llama-3-8b) -> 4 (spec)",
+        "model layers: 32 (preset llama-3-8b) -> 40 (spec)",
+        "model vocab: 128256 (spec) -> 32000 (spec)",
+        "sizes decode: 7 sizes 1..64 -> 8 sizes 1..128 (+[128])",
+    ]:
+        assert f" {named}," in err or f" {named};" in err, (named, err)
+    assert "more input" not in err and err.count("\n") == 1
 
 
 def test_each_stale_plan_is_one_line_and_fresh_ones_are_listed(cli, tmp_path):
@@ -61,7 +95,33 @@ def test_a_rule_change_is_named(cli, tmp_path, data_file):
     assert (code, out) == (1, "")
     first = err.splitlines()[0]
     assert first.startswith("planner: error: plans/fa3.json: plan is stale: changed: rules: 31f9c0f044bd -> ")
-    assert first.endswith("; prediction unchanged; fix: run `planner build --backend fa3`, or `planner check --fix`")
+    # which rule, and what it says
+    assert first.endswith(
+        ", rule team-note: (none) -> always; prefer order=largest-first; prediction unchanged; fix: run "
+        "`planner build --backend fa3`, or `planner check --fix`"
+    )
+
+
+def test_an_edited_rule_is_named_with_what_it_said_and_says(cli, tmp_path, data_file, monkeypatch):
+    from capture_plan.planner import resources
+
+    assert cli("build", "-b", "fa3", "--ci", "-o", "plans/e.json")[0] == 0
+    real = resources.data_bytes
+    gate = b'require = [{ order = "smallest-first" }, { workspace = "hoisted" }]'
+    assert gate in real("rules.toml")
+    # the FA3 gate loses its second way out (data_file's teardown restores the shipped files)
+    monkeypatch.setattr(
+        resources,
+        "data_bytes",
+        lambda n: real(n).replace(gate, b'require = [{ order = "smallest-first" }]') if n == "rules.toml" else real(n),
+    )
+    for cached in (resources.data, resources.rules_digest, resources.builtin_rules, resources.baseline):
+        cached.cache_clear()
+    err = cli("check")[2]
+    assert (
+        "rule fa3-ci-varlen-gate: when backend=fa3 multi_token=true ci=true; require order=smallest-first or "
+        "workspace=hoisted -> when backend=fa3 multi_token=true ci=true; require order=smallest-first" in err
+    ), err
 
 
 def test_check_reports_drift_with_file_and_fix(cli, tmp_path):

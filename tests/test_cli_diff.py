@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 PLANS = Path(__file__).resolve().parents[1] / "plans"
@@ -24,12 +25,12 @@ def test_a_change_under_one_mib_is_written_in_bytes(cli, plans):
     code, out, err = cli("diff", "plans/fa3-eagle-ci.json", "plans/fa3-eagle.json")
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[:8] == [
+    assert lines[:7] == [
         "plans/fa3-eagle-ci.json -> plans/fa3-eagle.json",
         "predicted:",
         "  total (pools + hoisted): 1,520.0 MiB -> 1,520.0 MiB (-8,200 B, -0.00051%)",
-        "  hoisted: 8,200 B -> 0 B (-8,200 B, -100.0%)",
-        "  device item hoisted: 8,200 B -> 0 B (-8,200 B, -100.0%)",
+        # the same figure twice (the plan's hoisted bytes are the device's hoisted item): one line
+        "  hoisted = device item hoisted: 8,200 B -> 0 B (-8,200 B, -100.0%)",
         "inputs:",
         "  command: planner build --backend fa3 --ci --speculative eagle -> planner build --backend fa3 "
         "--speculative eagle",
@@ -141,8 +142,14 @@ def test_markdown_for_a_pr_comment(cli, plans):
         "| --- | ---: | ---: | ---: |",
     ]
     assert "| **total (pools + hoisted)** | 1,520.0 MiB | 1,520.0 MiB | **-8,200 B, -0.00051%** |" in lines
-    assert "| pool phase:target_verify | 978.0 MiB | 978.0 MiB | |" in lines
-    assert "| **hoisted** | 8,200 B | 0 B | **-8,200 B, -100.0%** |" in lines
+    assert "| pool phase:target_verify = phase adds target_verify | 978.0 MiB | 978.0 MiB | |" in lines
+    assert "| **hoisted = device item hoisted** | 8,200 B | 0 B | **-8,200 B, -100.0%** |" in lines
+    # the device items never measured: one line, not one "unknown | unknown" row each
+    assert (
+        "Unknown in both plans (never measured for this device): device: reserve (peak), device: taken after "
+        "capture, device item stream-workspace, device item allocator-other, device item graph-exec." in lines
+    )
+    assert not [line for line in lines if "unknown" in line and line.startswith("|")]
     assert "- ci: true -> false" in lines
     assert (
         lines[-1] == "**Steps**: 210 (204 captures, 4 warm-ups, 2 provisions) -> 208 (204 captures, 4 warm-ups, "
@@ -245,9 +252,87 @@ def test_diff_shows_predictions_strategies_and_steps(cli):
     assert cli("build", "-b", "fa3", "-s", "order=smallest-first", "-o", "plans/asc.json")[0] == 0
     code, out, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--steps")
     assert code == 0
-    assert "  pool shared: 258.0 MiB -> " in out and "[decode] optimizer: order=largest-first" in out
+    folded = "total (pools + hoisted) = pools at peak = pool shared = phase adds decode = device item pool"
+    assert f"  {folded}: 258.0 MiB -> " in out
+    assert "[decode] optimizer: order=largest-first" in out
     assert "+capture decode 1 shared view" in out and "-capture decode 1 shared view" in out
     code, _, _ = cli("diff", "plans/fa3.json", "plans/asc.json", "--exit-code")
     assert code == 1
     code, out, _ = cli("diff", "plans/fa3.json", "plans/fa3.json", "--exit-code")
     assert code == 0 and "no differences" in out
+
+
+_PRESET_SPEC = (
+    '[model]\npreset = "llama-3-8b"\n{extra}[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16]\n'
+)
+
+
+def _spec_plans(cli, tmp_path, **extras: str) -> None:
+    for name, extra in extras.items():
+        (tmp_path / f"{name}.toml").write_text(_PRESET_SPEC.format(extra=extra))
+        assert cli("build", "-b", "fa3", "--spec", f"{name}.toml", "-o", f"{name}.json")[0] == 0
+
+
+def test_a_model_change_with_an_equal_prediction_is_named_with_its_values(cli, tmp_path):
+    """Issue 29: `layers` 32 -> 40 read "prediction unchanged" and two spec digests."""
+    _spec_plans(cli, tmp_path, a="", b="layers = 40\n")
+    code, out, err = cli("diff", "a.json", "b.json")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "a.json -> b.json",
+        "predicted: unchanged (total 24.0 MiB)",
+        "inputs:",
+        "  command: planner build --backend fa3 --spec a.toml -o a.json -> planner build --backend fa3 --spec b.toml "
+        "-o b.json",
+        "  spec: a.toml (219115a530f7) -> b.toml (8766f06c29c0)",
+        "  model layers: 32 (preset llama-3-8b) -> 40 (spec)",
+    ]
+    md = cli("diff", "a.json", "b.json", "-f", "markdown")[1].splitlines()
+    assert md[-1] == "- model layers: 32 (preset llama-3-8b) -> 40 (spec)"
+    assert "The prediction is unchanged." in md
+    assert not [line for line in md if line.startswith("| **")]  # nothing predicted moved
+
+
+def test_one_change_is_one_bold_row(cli, tmp_path):
+    """Issue 29: one +300 MiB change filled five bold rows (total, peak, pool, phase, device
+    pool: one number) and seven `unknown | unknown` rows."""
+    _spec_plans(cli, tmp_path, a="", c="vocab = 512000\n")
+    lines = cli("diff", "a.json", "c.json", "-f", "markdown")[1].splitlines()
+    assert [line for line in lines if line.startswith("| **")] == [
+        "| **total (pools + hoisted) = pools at peak = pool shared = phase adds decode = largest graph alone = "
+        "device item pool** | 24.0 MiB | 52.0 MiB | **+28.0 MiB, +116.7%** |",
+        "| **engines' loop baseline** | 24.0 MiB | 68.0 MiB | **+44.0 MiB, +183.3%** |",
+    ]
+    assert "- model vocab: 128256 (preset llama-3-8b) -> 512000 (spec)" in lines
+    text = cli("diff", "a.json", "c.json")[1].splitlines()
+    assert text[2:4] == [
+        "  total (pools + hoisted) = pools at peak = pool shared = phase adds decode = largest graph alone = "
+        "device item pool: 24.0 MiB -> 52.0 MiB (+28.0 MiB, +116.7%)",
+        "  engines' loop baseline: 24.0 MiB -> 68.0 MiB (+44.0 MiB, +183.3%)",
+    ]
+
+
+def test_a_plan_without_a_model_record_is_one_row(cli, tmp_path):
+    """A revision-2 plan records no dimensions nor rules: one "not recorded" row each, not one per name."""
+    from capture_plan.planner.compare import input_changes
+    from capture_plan.schemas.codec import decode_plan
+
+    _spec_plans(cli, tmp_path, a="")
+    new = decode_plan((tmp_path / "a.json").read_bytes(), "a.json")
+    old = msgspec.structs.replace(new, inputs=msgspec.structs.replace(new.inputs, model=msgspec.UNSET), revision=2)
+    rows = [(c.label, c.old, c.new) for c in input_changes(old, new)]
+    assert rows == [
+        (
+            "model dimensions",
+            "not recorded",
+            "name llama-3-8b, layers 32 (preset llama-3-8b), hidden 4096 (preset llama-3-8b), heads 32 (preset "
+            "llama-3-8b), kv_heads 8 (preset llama-3-8b), head_dim 128 (preset llama-3-8b), intermediate 14336 "
+            "(preset llama-3-8b), vocab 128256 (preset llama-3-8b), dtype_bytes 2 (preset llama-3-8b), "
+            "logits_dtype_bytes 4 (preset llama-3-8b)",
+        ),
+        ("plan revision", "2", "3"),
+    ]
+    old = msgspec.structs.replace(old, inputs=msgspec.structs.replace(old.inputs, rules=msgspec.UNSET))
+    assert ("rules applied", "not recorded") == next(
+        (c.label, c.old) for c in input_changes(old, new) if c.label.startswith("rule")
+    )

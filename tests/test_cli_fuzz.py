@@ -84,7 +84,9 @@ when = { backend = ["fa3"], ci = true }
 require = [{ order = "smallest-first" }, { workspace = "hoisted" }]
 """
 SPEC = tomllib.loads(SPEC_TOML)
-TRACE_SPEC = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n[model]\nlayers = 2\n'
+TRACE_SPEC = (
+    '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n[model]\npreset = "llama-3-8b"\nlayers = 2\n'
+)
 TRACE = {
     "version": 1,
     "device": "fuzz",

@@ -23,7 +23,7 @@ def test_the_toml_decodes_to_the_embedded_spec(cli, args):
     import msgspec
 
     from capture_plan.planner import resources
-    from capture_plan.planner.specs import default_spec
+    from capture_plan.planner.specs import default_spec, model_presets
     from capture_plan.planner.validate import decode_spec
 
     code, out, err = cli("spec", "show", *args)
@@ -33,7 +33,10 @@ def test_the_toml_decodes_to_the_embedded_spec(cli, args):
     want = default_spec(opts.get("--speculative"), int(opts.get("--max-bs", 256)))
     if "--tp" in opts:
         want = msgspec.structs.replace(want, tp=int(opts["--tp"]))
-    assert decode_spec(out.encode(), "shown.toml", phase_kinds=resources.phase_kind_settings()) == want
+    assert (
+        decode_spec(out.encode(), "shown.toml", phase_kinds=resources.phase_kind_settings(), presets=model_presets())
+        == want
+    )
 
 
 def test_a_saved_spec_builds_the_same_prediction(cli, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes, resources
 from capture_plan.planner.resources import backend
-from capture_plan.planner.specs import default_spec
+from capture_plan.planner.specs import default_spec, model_presets
 from capture_plan.planner.validate import decode_spec
 from capture_plan.planner.workload import analytic_program
 from capture_plan.schemas.codec import canonical_bytes
@@ -348,14 +348,19 @@ def _build(tmp_path, text: str, name: str = "s.toml"):
 
 def test_a_phase_with_its_own_dimensions_predicts_as_a_model_of_them(tmp_path):
     own = _build(tmp_path, DRAFT + "model = { hidden = 2048, vocab = 32000 }\n")
-    same = _build(tmp_path, "[model]\nhidden = 2048\nvocab = 32000\n" + DRAFT)
+    same = _build(tmp_path, '[model]\npreset = "llama-3-8b"\nhidden = 2048\nvocab = 32000\n' + DRAFT)
     target = _build(tmp_path, DRAFT)
     assert own.predicted.timeline == same.predicted.timeline
     assert own.predicted.pool_bytes < target.predicted.pool_bytes
 
 
 def test_the_eagle3_example_spec_builds(tmp_path):
-    spec = decode_spec((DATA / "eagle3.toml").read_bytes(), "eagle3.toml", phase_kinds=resources.phase_kind_settings())
+    spec = decode_spec(
+        (DATA / "eagle3.toml").read_bytes(),
+        "eagle3.toml",
+        phase_kinds=resources.phase_kind_settings(),
+        presets=model_presets(),
+    )
     drafts = [p for p in spec.phases if p.kind.startswith("draft")]
     assert drafts and all(p.model is not msgspec.UNSET and p.model.vocab == 32000 for p in drafts)
     plan = build_plan(BuildOptions(backend="fa3", spec=DATA / "eagle3.toml", output=tmp_path / "p.json"))

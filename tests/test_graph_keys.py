@@ -19,7 +19,7 @@ from capture_plan.schemas.keys import (
     step_id,
     uses_graph_keys,
 )
-from capture_plan.schemas.plan import PhasePlan, Strategy, VariantAxis
+from capture_plan.schemas.plan import INPUTS_REVISION, PhasePlan, Strategy, VariantAxis
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,10 +73,11 @@ def _resealed(raw: dict) -> bytes:
     return canonical_bytes(raw)
 
 
-def test_a_checked_in_plan_uses_no_graph_keys_and_stays_revision_2():
+def test_a_checked_in_plan_uses_no_graph_keys():
     plan = decode_plan((ROOT / "plans/fa3-ci.json").read_bytes(), "fa3-ci.json")
     assert not uses_graph_keys(plan)
-    assert needed_revision(plan) == plan.revision == 2
+    # graph keys need no more than revision 2; its model and rules records need 4
+    assert needed_revision(plan) == 2 and plan.revision == INPUTS_REVISION == 4
 
 
 def test_labels_on_a_phase_without_variants_are_refused_located():
@@ -105,6 +106,7 @@ def test_a_profiling_pass_gets_the_whole_capture_with_its_items():
 LORA_SPEC = """\
 name = "keys"
 [model]
+preset = "llama-3-8b"
 layers = 2
 [[phases]]
 name = "decode"
@@ -137,7 +139,7 @@ def test_variant_axes_keep_the_order_written_and_expand_per_size(tmp_path):
         "capture/decode/2/lora=lora,attention=b",
     ]
     assert len(captures) == 3 * 2 * 2
-    assert plan.revision == 3 and phase.strategy.key_order == "size-major"
+    assert plan.revision == 4 and phase.strategy.key_order == "size-major"
     # the plan reads back through the codec (ids, labels, every key captured once)
     decode_plan(canonical_bytes(plan), "p.json")
 
@@ -178,8 +180,8 @@ def test_keys_of_one_size_share_its_program_and_labels_the_reference_lacks_are_a
     assert keys["capture/decode/4/lora=lora"].graph_bytes == keys["capture/decode/4/lora=nolora"].graph_bytes
     # the growth where each key is captured adds up to the pool
     assert sum(k.added_bytes for k in keyed.predicted.keys) == keyed.predicted.pool_bytes
-    # a plan without graph keys records none, and stays revision 2
-    assert plain.predicted.keys == [] and plain.revision == 2 and not uses_graph_keys(plain)
+    # a plan without graph keys records none (its revision is its model record's)
+    assert plain.predicted.keys == [] and plain.revision == 4 and not uses_graph_keys(plain)
     assert keyed.predicted.largest_graph_bytes == plain.predicted.largest_graph_bytes
 
 
@@ -217,7 +219,8 @@ def test_the_vllm_preset_with_keys_predicts_per_piece_and_leaves_the_pool_unchan
 
 
 def test_a_piece_count_the_model_does_not_give_is_predicted_whole(tmp_path):
-    spec = '[model]\nlayers = 2\n[[phases]]\nname = "p"\nkind = "piecewise"\nsizes = [8, 16]\npieces = {n}\n'
+    spec = '[model]\npreset = "llama-3-8b"\nlayers = 2\n[[phases]]\nname = "p"\nkind = "piecewise"\nsizes = [8, 16]\n'
+    spec += "pieces = {n}\n"
     plan = _build(tmp_path, spec.format(n=3))
     assert all(s.pieces == 3 for s in plan.steps if s.op == "capture")
     assert all(len(k.pieces) == 3 and sum(k.pieces) == k.graph_bytes for k in plan.predicted.keys)
@@ -418,10 +421,10 @@ def test_a_trace_key_the_spec_does_not_declare_is_refused_located(tmp_path):
 
 
 def test_a_micro_batched_phase_on_its_own_stream_records_both_and_is_approximate(tmp_path):
-    spec = '[model]\nlayers = 2\n[[phases]]\nname = "f"\nkind = "full"\nsizes = [8, 16]\n'
+    spec = '[model]\npreset = "llama-3-8b"\nlayers = 2\n[[phases]]\nname = "f"\nkind = "full"\nsizes = [8, 16]\n'
     plan = _build(tmp_path, spec + 'micro_batches = 2\nstream = "ubatch"\n')
     assert plan.phases[0].micro_batches == 2
     assert {s.stream for s in plan.steps if s.op in ("capture", "warmup")} == {"ubatch"}
     assert {k.fidelity for k in plan.predicted.keys} == {"approximate"}
     plain = _build(tmp_path, spec)
-    assert {s.stream for s in plain.steps} == {"capture"} and plain.revision == 2
+    assert {s.stream for s in plain.steps} == {"capture"} and plain.revision == 4

@@ -20,6 +20,7 @@ import pytest
 
 from capture_plan.planner.resources import phase_kind_settings
 from capture_plan.planner.schema import json_schema
+from capture_plan.planner.specs import model_presets
 from capture_plan.planner.validate import decode_spec, validate_spec
 from capture_plan.schemas.codec import canonical_bytes, decode_plan, decode_report, decode_trace, plan_digest
 from capture_plan.schemas.errors import InputError
@@ -48,7 +49,7 @@ def _schema(which: str) -> dict:
 
 
 def _decode(doc: dict):
-    return decode_spec(json.dumps(doc).encode(), "s.json", phase_kinds=phase_kind_settings())
+    return decode_spec(json.dumps(doc).encode(), "s.json", phase_kinds=phase_kind_settings(), presets=model_presets())
 
 
 def _upper_bounds() -> list[tuple[str, str, str, object]]:
