@@ -17,7 +17,7 @@ otherwise MiB with one decimal; a percentage under 0.1% keeps two
 significant digits.
 
 Every recorded input that changed is named with its old and new value: the
-model's dimensions and where each came from (``inputs.model``, revision 3),
+model's dimensions and where each came from (``inputs.model``, revision 4),
 each phase's sizes and settings, backend, tp, allocator, and the digests of
 the files (spec, model config, rules, trace). A plan of an older revision
 records no dimensions: they read "not recorded" on its side, in one row.

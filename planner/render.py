@@ -66,7 +66,7 @@ def summary(plan: Plan, path: str) -> str:
 
 
 def model_lines(plan: Plan) -> list[str]:
-    """The model dimensions the prediction used and where each came from (revision 3;
+    """The model dimensions the prediction used and where each came from (revision 4;
     an older plan does not record them, and says so)."""
     used = plan.inputs.model
     if isinstance(used, msgspec.UnsetType):

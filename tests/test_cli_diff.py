@@ -313,7 +313,7 @@ def test_one_change_is_one_bold_row(cli, tmp_path):
 
 
 def test_a_plan_without_a_model_record_is_one_row(cli, tmp_path):
-    """A revision-2 plan records no dimensions nor rules: one "not recorded" row each, not one per name."""
+    """A plan before revision 4 records no dimensions nor rules: one "not recorded" row each, not one per name."""
     from capture_plan.planner.compare import input_changes
     from capture_plan.schemas.codec import decode_plan
 
@@ -330,7 +330,7 @@ def test_a_plan_without_a_model_record_is_one_row(cli, tmp_path):
             "(preset llama-3-8b), vocab 128256 (preset llama-3-8b), dtype_bytes 2 (preset llama-3-8b), "
             "logits_dtype_bytes 4 (preset llama-3-8b)",
         ),
-        ("plan revision", "2", "3"),
+        ("plan revision", "2", "4"),
     ]
     old = msgspec.structs.replace(old, inputs=msgspec.structs.replace(old.inputs, rules=msgspec.UNSET))
     assert ("rules applied", "not recorded") == next(
