@@ -19,7 +19,11 @@ def _plan(tmp_path, order: str):
     from capture_plan.schemas.codec import canonical_bytes
 
     spec = tmp_path / "spec.toml"
-    spec.write_text(f'[model]\nlayers = 2\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(SIZES)}\n')
+    # two layers of the embedded default model (a [model] names the preset for what it leaves out)
+    spec.write_text(
+        '[model]\npreset = "llama-3-8b"\nlayers = 2\n\n'
+        f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(SIZES)}\n'
+    )
     plan = build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep", f"order={order}")))
     path = tmp_path / "plan.json"
     path.write_bytes(canonical_bytes(plan))
