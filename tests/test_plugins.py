@@ -26,9 +26,11 @@ import pytest
 
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
 from capture_plan.adapters.plugins.hooks import hook
-from plugin_engines import sglang_engine, vllm_engine
 
+# before the engines' runners, which import torch: a machine without it skips, naming it
 torch = pytest.importorskip("torch")
+
+from plugin_engines import sglang_engine, vllm_engine  # noqa: E402
 
 CPU = torch.device("cpu")
 
