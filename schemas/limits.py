@@ -97,6 +97,8 @@ FILE_LIMITS: dict[str, int] = {
     "calibration": 64 << 20,
     # a Hugging Face config.json a spec names (real ones are a few KiB)
     "config": 4 << 20,
+    # the batch sizes an engine ran (`planner sizes --traffic`): a CSV, JSON or a Prometheus scrape
+    "traffic": 64 << 20,
 }
 #: nesting depth of any input document (real ones need 6)
 MAX_DEPTH = 64

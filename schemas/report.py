@@ -43,6 +43,9 @@ class StepMeasurement(ReportStruct, frozen=True, kw_only=True):
     #: a capture step: the nodes of its graph (kernels, memsets, copies), which the driver
     #: memory of its instantiation grows with; None where not counted (an engine's own graph)
     graph_nodes: NonNegative | None = None
+    #: a capture step: the median seconds of one replay of its graph, measured after capture
+    #: (``capture_plan.executor.timing``); UNSET, and left out of the file, where not measured
+    replay_seconds: NonNegativeFloat | msgspec.UnsetType = msgspec.UNSET
 
 
 class DeviceItem(ReportStruct, frozen=True, kw_only=True):

@@ -37,7 +37,20 @@ BROKEN_PIPE = 141
 #: command name -> module under capture_plan.planner.cli defining ``command``, in the order help lists them
 COMMANDS = {
     name: name
-    for name in ("build", "check", "show", "explain", "diff", "plot", "graph", "simulate", "report", "schema", "spec")
+    for name in (
+        "build",
+        "sizes",
+        "check",
+        "show",
+        "explain",
+        "diff",
+        "plot",
+        "graph",
+        "simulate",
+        "report",
+        "schema",
+        "spec",
+    )
 }
 
 _state = {"debug": False}

@@ -1,0 +1,619 @@
+"""Choose the capture sizes for a traffic (``planner sizes``): the front of padding, memory and start-up.
+
+More capture sizes pad a step less (a batch of 9 runs the graph of 16 when 16
+is the next size) but take more graph memory and start-up time. For each
+phase the traffic names, this prices the trade:
+
+1. **Padding**, from the traffic (planner/traffic.py) and a step time per
+   size (planner/step_time.py: measured replay times, or a roofline marked
+   approximate): for every count ``k`` of sizes, the list whose expected step
+   time is least (planner/size_front.py, exact over its candidates), as the
+   expected time lost to padding in % of the time the same steps would take
+   each at its own size.
+2. **Memory**, per list on the front: the plan's own schedule (the strategies
+   a build of the spec chooses) simulated with that list, exactly as the
+   planner predicts a plan's pool; with ``--calibration``, the device total
+   as a plan records it (planner/device.py). The chosen lists are then built
+   as a plan, whose figures are the ones reported for them.
+3. **Start-up**: the count of graphs, and with ``--timing`` the capture
+   seconds the report measured per size (interpolated between them).
+
+The chosen list of a phase is the one with the least padding within the
+budget (``budget_mib``: the device total when calibrated, else the pool and
+hoisted workspaces, as ``planner build`` checks a spec's) and at most
+``max_graphs`` sizes (default: as many as the spec captures now); with
+``max_padding``, the fewest sizes that pad at most that much. SGLang's and
+vLLM's default lists for the same largest size are priced on the same table.
+Phases are chosen one after another in the plan's capture order, each with
+the lists already chosen for the phases before it.
+
+What this does not do: choose sizes for phases the traffic does not name
+(they keep the spec's), change the strategies (a list is priced under the
+schedule the spec's build chose, and the chosen lists are built afresh), or
+measure anything: every figure says where it comes from.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from capture_plan.schemas.errors import ConstraintError, InputError
+from capture_plan.schemas.files import write_atomic
+from capture_plan.schemas.limits import MAX_BS
+from capture_plan.schemas.plan import Plan, Step, Strategy
+from capture_plan.schemas.spec import Phase, Spec
+from capture_plan.schemas.units import MiB
+
+from . import resources
+from .build import BuildOptions, build_plan, build_spec
+from .device import Calibration, device_prediction, read_calibration
+from .graph import capture_order
+from .simulate import simulate
+from .size_front import Best, best_lists, candidates, expected
+from .spec_toml import spec_toml
+from .specs import _expand, default_spec, engine_preset, read_spec_file, sgl_sizes
+from .step_time import (
+    DEFAULT_CONTEXT,
+    DEFAULT_DEVICE,
+    Measured,
+    StepTime,
+    capture_seconds,
+    device_roofline,
+    measured_times,
+    read_timing,
+    roofline,
+)
+from .traffic import DEFAULT_METRIC, Traffic, read_traffic
+from .validate import decode_spec
+from .workload import Workload, workspace_bytes
+
+__all__ = ["SizesOptions", "Row", "PhaseChoice", "SizesResult", "choose_sizes", "write_spec", "render", "size_runs"]
+
+#: the counts of sizes the front shows (besides the spec's, the chosen one and the largest), unless asked for all
+_SHOWN = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+#: the front's largest count of sizes, unless the spec captures more or ``upto`` says
+DEFAULT_UPTO = 64
+
+
+class SizesOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``planner sizes`` was asked. Paths as given (relative to the cwd)."""
+
+    build: BuildOptions
+    traffic: Path
+    #: the phases traffic that names none applies to (default: every phase of the spec)
+    phases: tuple[str, ...] = ()
+    #: the largest size the engine schedules, in each phase's size unit (default: the spec's largest)
+    max_size: int | None = None
+    metric: str = DEFAULT_METRIC
+    #: a capture report with replay times (``capture_plan.executor.timing``); else a roofline
+    timing: Path | None = None
+    device: str | None = None
+    context: int = DEFAULT_CONTEXT
+    budget_mib: float | None = None
+    max_graphs: int | None = None
+    #: percent of step time
+    max_padding: float | None = None
+    #: the front's largest count of sizes
+    upto: int | None = None
+    #: every count on the front, not a selection
+    every: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    """One list of sizes for a phase and what it costs."""
+
+    label: str
+    sizes: tuple[int, ...]
+    #: expected step time lost to padding, % of the unpadded step time
+    padding: float
+    #: expected seconds per step
+    step_seconds: float
+    pool_bytes: int
+    #: the device total (None: unknown without a calibration)
+    device_bytes: int | None
+    #: seconds to capture these sizes (None: not measured)
+    capture_seconds: float | None
+    #: whether padding and step time are approximate (roofline, interpolated)
+    approximate: bool
+    capture_approximate: bool = False
+
+
+@dataclass(frozen=True)
+class PhaseChoice:
+    """A phase's front, the engines' default lists priced alike, and the chosen list."""
+
+    phase: str
+    top: int
+    steps: float
+    candidates: str
+    time_source: str
+    front: list[Row]
+    defaults: list[Row]
+    chosen: Row
+    #: why the chosen list is the chosen one
+    why: str
+    #: the spec's own list, priced alike
+    current: Row
+
+
+@dataclass(frozen=True)
+class SizesResult:
+    phases: list[PhaseChoice]
+    traffic: Traffic
+    #: the spec with every chosen list in place (what ``write_spec`` writes)
+    spec: Spec
+    #: the plan built from ``spec``: the chosen lists' figures are its own
+    plan: Plan
+    memory_source: str
+    device_source: str
+    budget: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _unbudgeted(spec: Spec) -> Spec:
+    return msgspec.structs.replace(spec, budget_mib=None)
+
+
+def _source_spec(opts: BuildOptions) -> Spec:
+    """The spec as its file (or the embedded one) says, before a model config is
+    resolved: what is rewritten with other sizes."""
+    if opts.spec is None:
+        return default_spec(opts.speculative, opts.max_bs, opts.preset)
+    build_spec(opts)  # every check a build makes of the spec and its options, located
+    return decode_spec(read_spec_file(opts.spec), str(opts.spec), phase_kinds=resources.phase_kind_settings())
+
+
+def _rebased(spec: Spec, opts: BuildOptions, folder: Path | None) -> Spec:
+    """``spec``'s paths (model config, trace), relative to the spec file, made relative to
+    ``folder`` (absolute when None): for a copy of the spec written elsewhere."""
+    if opts.spec is None:
+        return spec
+    base = opts.spec.parent
+
+    def move(p: str) -> str:
+        path = os.path.abspath(base / p)
+        return path if folder is None else Path(os.path.relpath(path, os.path.abspath(folder))).as_posix()
+
+    model = spec.model
+    if isinstance(model.config, str):
+        model = msgspec.structs.replace(model, config=move(model.config))
+    trace = move(spec.trace) if spec.trace is not None else None
+    return msgspec.structs.replace(spec, model=model, trace=trace)
+
+
+def _with_sizes(spec: Spec, lists: dict[str, list[int]]) -> Spec:
+    return msgspec.structs.replace(
+        spec, phases=[msgspec.structs.replace(p, sizes=sorted(lists.get(p.name, p.sizes))) for p in spec.phases]
+    )
+
+
+def _build(opts: BuildOptions, spec: Spec) -> Plan:
+    """The plan of ``opts`` for ``spec`` (written to a temporary file and built from it)."""
+    with tempfile.TemporaryDirectory(prefix="capture-plan-sizes-") as tmp:
+        path = Path(tmp) / "spec.toml"
+        path.write_text(spec_toml(_rebased(spec, opts, None)), encoding="utf-8")
+        own = msgspec.structs.replace(
+            opts, spec=path, speculative=None, preset=None, max_bs=None, output=Path(tmp) / "sizes.json"
+        )
+        return build_plan(own)
+
+
+class _Memory:
+    """Pool bytes (and the device total) of a set of lists under the plan's schedule, memoized."""
+
+    def __init__(self, opts: BuildOptions, spec: Spec, plan: Plan, all_sizes: dict[str, list[int]]) -> None:
+        from .build import _workload  # the build's own reader: a trace reads as a build reads it
+
+        self.backend = resources.backend(opts.backend)
+        tp = opts.tp if opts.tp is not None else spec.tp
+        resolved = build_spec(opts)
+        self.phases = {p.name: p for p in resolved.phases}
+        self.workload: Workload = _workload(opts, _with_sizes(resolved, all_sizes), self.backend, tp)[0]
+        self.strategies: dict[str, Strategy] = {p.name: p.strategy for p in plan.phases}
+        self.sequence = [p.name for p in plan.phases]
+        self.expandable = plan.predicted.allocator == "expandable"
+        self.library = int(spec.library_mib * MiB)
+        self.protect = frozenset(p.name for p in plan.phases if p.output_lifetime == "across-phases")
+        self.calibration: Calibration | None = None
+        if opts.calibration is not None:
+            kinds = {p.name: p.kind for p in spec.phases}
+            self.calibration = read_calibration(opts.calibration, str(opts.calibration), kinds, str(opts.calibration))[
+                0
+            ]
+        self._seen: dict[tuple, tuple[int, int, int | None]] = {}
+
+    def of(self, lists: dict[str, list[int]]) -> tuple[int, int, int | None]:
+        """(pool bytes, hoisted bytes, device total or None) of capturing ``lists``."""
+        key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
+        if key in self._seen:
+            return self._seen[key]
+        captures = [(n, bs) for n in self.sequence for bs in capture_order(lists[n], self.strategies[n].order)]
+        sim = simulate(captures, self.strategies, self.workload, self.expandable, self.protect, self.library)
+        hoisted = sum(
+            workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
+            for n in self.sequence
+            if self.strategies[n].workspace == "hoisted"
+        )
+        total = None
+        if self.calibration is not None:
+            steps = [
+                Step(index=i, id=f"capture/{n}/{bs}", op="capture", phase=n, bs=bs)
+                for i, (n, bs) in enumerate(captures)
+            ]
+            kinds = {n: p.kind for n, p in self.phases.items()}
+            total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
+        out = self._seen[key] = (sim.pool_bytes, hoisted, total)
+        return out
+
+
+def _step_time(opts: SizesOptions, spec: Spec, phase: Phase, tp: int, timing) -> StepTime:
+    if timing is not None:
+        rep, shown = timing
+        return measured_times(rep, shown, phase.name)
+    device = device_roofline(opts.device or DEFAULT_DEVICE)
+    return roofline(spec.model, phase, tp, device, opts.context, resources.backend(opts.build.backend))
+
+
+def _engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:
+    """SGLang's and vLLM's default lists up to ``top`` (the largest added where a list stops below it)."""
+    sgl = sgl_sizes("speculative" if speculative else "decode", min(top, MAX_BS))
+    tpr = phase.tokens_per_request
+    vllm = [t // tpr for t in _expand(engine_preset("vllm").sizes, top * tpr) if t % tpr == 0]
+    out = []
+    for name, sizes in (("SGLang default", sgl), ("vLLM default", vllm)):
+        sizes = sorted({s for s in sizes if s <= top})
+        if not sizes or sizes[-1] != top:
+            sizes.append(top)
+            name += f" (+{top})"
+        out.append((name, sizes))
+    return out
+
+
+def _interpolated(table: dict[int, float], s: int) -> float:
+    return Measured(times=table, source="").at(s)
+
+
+def _row(
+    label: str,
+    sizes: list[int] | tuple[int, ...],
+    traffic: dict[int, float],
+    time: StepTime,
+    ideal: float,
+    memory: Callable[[list[int]], tuple[int, int, int | None]],
+    captured: dict[int, float],
+    seconds: float | None = None,
+) -> Row:
+    sizes = tuple(sorted(sizes))
+    step = expected(traffic, sizes, time.cost) if seconds is None else seconds
+    pool, hoisted, total = memory(list(sizes))
+    cap = None
+    cap_approx = False
+    if len(captured) >= 2:
+        cap = sum(_interpolated(captured, s) for s in sizes)
+        cap_approx = any(s not in captured for s in sizes)
+    approximate = time.provenance == "roofline" or not all(time.exact(s) for s in {*sizes, *traffic})
+    return Row(
+        label=label,
+        sizes=sizes,
+        # at least 0: a list pads no less than every size captured (floating point may say -0.0)
+        padding=max(0.0, 100.0 * (step - ideal) / ideal) if ideal > 0 else 0.0,
+        step_seconds=step,
+        pool_bytes=pool + hoisted,
+        device_bytes=total,
+        capture_seconds=cap,
+        approximate=approximate,
+        capture_approximate=cap_approx,
+    )
+
+
+def _budget_of(row: Row, calibrated: bool) -> int | None:
+    return row.device_bytes if calibrated else row.pool_bytes
+
+
+def choose_sizes(opts: SizesOptions) -> SizesResult:
+    """Everything ``planner sizes`` computes: each traffic phase's front, the engines'
+    defaults priced alike, the chosen lists, and the plan built with them."""
+    b = opts.build
+    source = _source_spec(b)
+    resolved = build_spec(b)
+    names = [p.name for p in resolved.phases]
+    for p in opts.phases:
+        if p not in names:
+            raise InputError(f"unknown phase {p!r}; the spec has {', '.join(names)}", where=f"--phase {p}")
+    default_phases = list(opts.phases) or names
+    if opts.max_size is not None and not 1 <= opts.max_size <= MAX_BS:
+        raise InputError(
+            f"must be 1..{MAX_BS}, got {opts.max_size}",
+            where="--max-size",
+            fix="give the largest batch the engine schedules",
+        )
+    for flag, v in (("--max-graphs", opts.max_graphs), ("--upto", opts.upto), ("--context", opts.context)):
+        if v is not None and v < 1:
+            raise InputError(f"must be 1 or more, got {v}", where=f"{flag} {v}")
+    if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
+        raise InputError(f"must be a percentage of 0 or more, got {opts.max_padding:g}", where="--max-padding")
+    if opts.budget_mib is not None and not 0 < opts.budget_mib < 2**30:
+        raise InputError(f"must be more than 0 MiB, got {opts.budget_mib:g}", where="--budget-mib")
+    top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
+    traffic = read_traffic(
+        opts.traffic,
+        phases={p.name: p.tokens_per_request for p in resolved.phases},
+        default_phases=default_phases,
+        max_size=top,
+        metric=opts.metric,
+    )
+    timing = read_timing(opts.timing) if opts.timing is not None else None
+    tp = b.tp if b.tp is not None else resolved.tp
+    speculative = any(p.kind != "decode" for p in resolved.phases) and b.preset is None
+
+    reference = _build(b, _unbudgeted(source))  # the schedule every list is priced under
+    cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
+    all_sizes = {
+        p.name: sorted(
+            {*p.sizes, top[p.name], *cands.get(p.name, ([], ""))[0]}
+            | {s for _, d in _engine_defaults(p, top[p.name], speculative) for s in d}
+        )
+        for p in resolved.phases
+    }
+    memory = _Memory(b, source, reference, all_sizes)
+    calibrated = memory.calibration is not None
+    budget_mib = opts.budget_mib if opts.budget_mib is not None else source.budget_mib
+    budget = None if budget_mib is None else budget_mib * MiB
+    measure = "device total" if calibrated else "pool and hoisted workspaces"
+    budget_text = "none" if budget_mib is None else f"{budget_mib:g} MiB of {measure}"
+
+    lists = {p.name: list(p.sizes) for p in resolved.phases}
+    by_name = {p.name: p for p in resolved.phases}
+    choices: list[PhaseChoice] = []
+    for name in [q.name for q in reference.phases if q.name in traffic.phases]:
+        phase = by_name[name]
+        t = traffic.phases[name]
+        time = _step_time(opts, resolved, phase, tp, timing)
+        ideal = sum(w * time.cost(n, n) for n, w in t.items()) / sum(t.values())
+        captured = capture_seconds(timing[0], name) if timing is not None else {}
+
+        def mem(sizes: list[int], _name=name) -> tuple[int, int, int | None]:
+            return memory.of({**lists, _name: sizes})
+
+        upto = opts.upto or max(DEFAULT_UPTO, len(phase.sizes), opts.max_graphs or 0)
+        best: dict[int, Best] = best_lists(t, cands[name][0], time.cost, upto)
+        kmax = max(best)
+
+        def row(k: int, _best=best, _t=t, _time=time, _ideal=ideal, _mem=mem, _cap=captured) -> Row:
+            return _row(f"{k}", _best[k].sizes, _t, _time, _ideal, _mem, _cap, _best[k].seconds)
+
+        rows: dict[int, Row] = {}
+
+        def at(k: int, _rows=rows, _row=row) -> Row:
+            if k not in _rows:
+                _rows[k] = _row(k)
+            return _rows[k]
+
+        chosen_k, why = _choose(opts, best, kmax, len(phase.sizes), ideal, at, budget, calibrated, budget_mib, name)
+        shown = (
+            range(1, kmax + 1)
+            if opts.every
+            else sorted({*(k for k in _SHOWN if k <= kmax), kmax, chosen_k, min(len(phase.sizes), kmax)})
+        )
+        front = [at(k) for k in shown]
+        defaults = [
+            _row(label, s, t, time, ideal, mem, captured)
+            for label, s in _engine_defaults(phase, top[name], speculative)
+        ]
+        current = _row("the spec's", lists[name], t, time, ideal, mem, captured)
+        lists[name] = list(best[chosen_k].sizes)
+        choices.append(
+            PhaseChoice(
+                phase=name,
+                top=top[name],
+                steps=sum(t.values()),
+                candidates=cands[name][1],
+                time_source=time.source,
+                front=front,
+                defaults=defaults,
+                chosen=at(chosen_k),
+                why=why,
+                current=current,
+            )
+        )
+    chosen_spec = _with_sizes(source, lists)
+    plan = _build(b, chosen_spec)
+    device = plan.predicted.device
+    if budget is not None:
+        total = device.total_bytes if calibrated else plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
+        if total is not None and total > budget:
+            raise ConstraintError(
+                f"the chosen lists together take {total / MiB:,.1f} MiB, over the budget of {budget_mib:g} MiB",
+                where="--budget-mib" if opts.budget_mib is not None else f"{b.spec}: $.budget_mib",
+                fix="raise the budget, or allow fewer graphs with --max-graphs",
+            )
+    fid = plan.predicted
+    return SizesResult(
+        phases=choices,
+        traffic=traffic,
+        spec=chosen_spec,
+        plan=plan,
+        memory_source=f"simulated ({fid.source} model, {fid.allocator} allocator) under the spec's schedule: "
+        + "; ".join(f"{p.name} {p.strategy.label()}" for p in reference.phases),
+        device_source=(
+            f"device total: {device.device} ({'; '.join(f'{i.name} {i.provenance}' for i in device.items)})"
+            if calibrated
+            else "device total: unknown (build with --calibration REPORT, a capture report measured on the device)"
+        ),
+        budget=budget_text,
+        notes=list(traffic.notes) + ([fid.caveat] if fid.caveat else []),
+    )
+
+
+def _choose(
+    opts: SizesOptions,
+    best: dict[int, Best],
+    kmax: int,
+    spec_count: int,
+    ideal: float,
+    at: Callable[[int], Row],
+    budget: float | None,
+    calibrated: bool,
+    budget_mib: float | None,
+    phase: str,
+) -> tuple[int, str]:
+    """The count of sizes chosen for ``phase`` and why."""
+    limit = opts.max_graphs if opts.max_graphs is not None else (kmax if opts.max_padding is not None else spec_count)
+    limit = min(limit, kmax)
+    limit_text = f"--max-graphs {opts.max_graphs}" if opts.max_graphs is not None else f"{limit} sizes"
+
+    def fits(k: int) -> bool:
+        if budget is None:
+            return True
+        used = _budget_of(at(k), calibrated)
+        return used is not None and used <= budget
+
+    def padding(k: int) -> float:
+        return max(0.0, 100.0 * (best[k].seconds - ideal) / ideal) if ideal > 0 else 0.0
+
+    if opts.max_padding is not None:
+        for k in range(1, limit + 1):
+            if padding(k) <= opts.max_padding and fits(k):
+                return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
+                    f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
+                )
+        raise ConstraintError(
+            f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
+            + (" within the budget" if budget is not None else "")
+            + f"; the least padding there is {padding(limit):.2f}% ({limit} sizes)",
+            where=f"--max-padding {opts.max_padding:g}",
+            fix="allow more sizes with --max-graphs, or more padding",
+        )
+    for k in range(limit, 0, -1):  # padding falls as k grows: the largest count that fits
+        if fits(k):
+            why = f"the least padding within {limit_text}"
+            return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "")
+    one = at(1)
+    used = _budget_of(one, calibrated)
+    shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
+    raise ConstraintError(
+        f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
+        where="--budget-mib" if opts.budget_mib is not None else "the spec's budget_mib",
+        fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
+        if used is not None
+        else "calibrate with --calibration REPORT, or give a budget of the pool with no --calibration",
+    )
+
+
+def size_runs(sizes: tuple[int, ...] | list[int]) -> str:
+    """Sizes as runs: ``1-9,12,16-64/8,256`` (``a-b/k``: every k-th from a to b)."""
+    out, i, s = [], 0, sorted(sizes)
+    while i < len(s):
+        j = i
+        if i + 2 < len(s) and s[i + 1] - s[i] == s[i + 2] - s[i + 1]:
+            step = s[i + 1] - s[i]
+            while j + 1 < len(s) and s[j + 1] - s[j] == step:
+                j += 1
+            out.append(f"{s[i]}-{s[j]}" + (f"/{step}" if step > 1 else ""))
+        else:
+            out.append(str(s[i]))
+        i = j + 1
+    return ",".join(out)
+
+
+def _mib(x: int | None) -> str:
+    return "-" if x is None else f"{x / MiB:,.1f}"
+
+
+def _line(r: Row, width: int) -> str:
+    mark = "~" if r.approximate else " "
+    cap = "-" if r.capture_seconds is None else ("~" if r.capture_approximate else " ") + f"{r.capture_seconds:.2f}"
+    return (
+        f"  {r.label:<{width}} {len(r.sizes):>6} {mark}{r.padding:>8.2f} {mark}{r.step_seconds * 1e3:>8.3f} "
+        f"{_mib(r.pool_bytes):>9} {_mib(r.device_bytes):>10} {cap:>9}  {size_runs(r.sizes)}"
+    )
+
+
+def render(res: SizesResult) -> str:
+    """The table ``planner sizes`` prints."""
+    tr = res.traffic
+    out = [
+        f"traffic: {tr.source} ({tr.form}, {tr.digest[:19]}): "
+        + ", ".join(f"{p} {sum(s.values()):,.0f} steps at sizes {min(s)}..{max(s)}" for p, s in tr.phases.items())
+    ]
+    out += [f"  note: {n}" for n in res.notes]
+    out += [
+        f"graph memory: {res.memory_source}",
+        res.device_source,
+        f"budget: {res.budget}",
+        "~: approximate (a roofline, or step times interpolated between measured sizes)",
+    ]
+    for ph in res.phases:
+        width = max(12, *(len(r.label) for r in ph.defaults))
+        out += [
+            "",
+            f"{ph.phase}: {ph.steps:,.0f} steps, largest size {ph.top}; candidates: {ph.candidates}",
+            f"  step time: {ph.time_source}",
+            f"  {'list':<{width}} {'graphs':>6} {'padding %':>9} {'step ms':>9} {'pool MiB':>9} {'device MiB':>10} "
+            f"{'capture s':>9}  sizes",
+        ]
+        out += [_line(r, width) for r in ph.front]
+        out += [_line(r, width) for r in [ph.current, *ph.defaults]]
+        c = ph.chosen
+        out.append(f"  chosen: {len(c.sizes)} sizes ({ph.why}): {size_runs(c.sizes)}")
+        for d in ph.defaults:
+            if d.padding > 0 and c.padding >= 0:
+                if c.padding <= 0:
+                    times = "none left"
+                elif c.padding <= d.padding:
+                    times = f"{d.padding / c.padding:.1f}x less"
+                else:
+                    times = f"{c.padding / d.padding:.1f}x more"
+                out.append(
+                    f"    against {d.label} ({len(d.sizes)} sizes): padding {c.padding:.2f}% vs {d.padding:.2f}% "
+                    f"({times}), pool {_mib(c.pool_bytes)} vs {_mib(d.pool_bytes)} MiB"
+                    + (
+                        f", device {_mib(c.device_bytes)} vs {_mib(d.device_bytes)} MiB"
+                        if c.device_bytes is not None
+                        else ""
+                    )
+                )
+    p = res.plan.predicted
+    total = "unknown" if p.device.total_bytes is None else f"{p.device.total_bytes / MiB:,.1f} MiB"
+    out += [
+        "",
+        f"plan of the chosen sizes: {sum(len(ph.sizes) for ph in res.plan.phases)} captures, "
+        f"pool {p.pool_bytes / MiB:,.1f} MiB (simulated), device total {total}",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def write_spec(res: SizesResult, opts: SizesOptions, path: Path) -> str:
+    """Write the spec with the chosen sizes to ``path`` (TOML, its header saying what chose
+    them); returns the ``planner build`` command that builds it. Never over the spec or the
+    traffic it was chosen from."""
+    for what, src in (("spec", opts.build.spec), ("traffic", opts.traffic), ("timing report", opts.timing)):
+        if src is not None and os.path.exists(path) and os.path.samefile(path, src):
+            raise InputError(f"the output is the {what} file", where=f"--write-spec {path}", fix="name another file")
+    folder = path.parent
+    rel = Path(os.path.relpath(os.path.abspath(opts.traffic), os.path.abspath(folder))).as_posix()
+    header = [
+        f"Capture sizes chosen by `planner sizes` for the traffic {rel} ({res.traffic.digest}).",
+    ]
+    for ph in res.phases:
+        c = ph.chosen
+        header.append(
+            f"{ph.phase}: {len(c.sizes)} sizes, padding {'~' if c.approximate else ''}{c.padding:.2f}% of step time "
+            f"({ph.why}); step time: {ph.time_source}"
+        )
+    header.append(f"graph memory: {res.memory_source}")
+    cmd = ["planner", "build", "--backend", opts.build.backend]
+    if opts.build.ci:
+        cmd.append("--ci")
+    cmd += ["--spec", str(path)]
+    header.append(f"Build: {' '.join(cmd[:-1])} THIS.toml")
+    text = spec_toml(_rebased(res.spec, opts.build, folder), header)
+    write_atomic(path, text.encode("utf-8"))
+    return " ".join(cmd)

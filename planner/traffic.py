@@ -1,0 +1,345 @@
+"""Traffic: how many engine steps ran at each batch size, per phase (``planner sizes --traffic``).
+
+Three forms, told apart by their content:
+
+* **CSV**: ``size,count`` lines, or ``phase,size,count`` to name the phase;
+  an optional header of those names, ``#`` comments and blank lines.
+* **JSON**: ``{"PHASE": {"SIZE": COUNT, ...}, ...}``.
+* **Prometheus text** (a scrape of the engine's ``/metrics``): the
+  histogram ``vllm:iteration_tokens_total`` (tokens per engine step; another
+  with ``metric``). Its series (one per label set other than ``le``, such as
+  one per engine) are added together; each bucket's count is spread evenly
+  over the whole sizes in the bucket, and the traffic says so in its
+  ``notes`` (approximate within a bucket: vLLM's ``custom_histogram_buckets``
+  set to single sizes makes it exact). The ``+Inf`` bucket is spread up to
+  the largest size the engine schedules.
+
+Sizes in CSV and JSON count what the spec's sizes of the phase count
+(requests; vLLM's phases count tokens); the histogram counts tokens, which
+become ``ceil(tokens / tokens_per_request)`` requests of a phase. Counts are
+whole, non-negative numbers of steps.
+
+Refused with one located line: a malformed line or document, a negative or
+fractional count, a size below 1 or above the largest the engine schedules
+(``max_size``: nothing is truncated), a phase the spec does not have, a
+scrape without the metric, traffic with no steps at all.
+
+What this does not do: weigh steps by anything but their count, or read the
+engine's other metrics (requests running, queue depth).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from pathlib import Path
+
+import msgspec
+
+from capture_plan.schemas.codec import sha256
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.files import read_input
+from capture_plan.schemas.limits import MAX_INT
+
+__all__ = ["Traffic", "read_traffic", "parse_traffic", "DEFAULT_METRIC"]
+
+#: vLLM's histogram of the tokens each engine step ran
+DEFAULT_METRIC = "vllm:iteration_tokens_total"
+
+_FIX = "see `planner sizes --help` for the traffic forms (size,count CSV; JSON; a Prometheus scrape)"
+
+
+class Traffic(msgspec.Struct, frozen=True):
+    """Steps per batch size, per phase, and how they were read."""
+
+    #: phase -> {size: steps}; a bucket spread over its sizes gives fractions of a step
+    phases: dict[str, dict[int, float]]
+    #: the file as the user named it
+    source: str
+    #: sha256 of the file's bytes
+    digest: str
+    #: "csv", "json" or "prometheus"
+    form: str
+    #: how the counts were read, where that is not exact (buckets spread within themselves)
+    notes: tuple[str, ...] = ()
+
+    def steps(self, phase: str) -> float:
+        return sum(self.phases.get(phase, {}).values())
+
+
+def read_traffic(
+    path: Path,
+    *,
+    phases: dict[str, int],
+    default_phases: list[str],
+    max_size: dict[str, int],
+    metric: str = DEFAULT_METRIC,
+) -> Traffic:
+    """The traffic file at ``path`` (see the module's docstring). ``phases``: the
+    spec's phases and their ``tokens_per_request``; ``default_phases``: the phases
+    traffic that names none applies to; ``max_size``: per phase, the largest size
+    the engine schedules."""
+    raw = read_input(path, "traffic", fix="give the file of batch sizes the engine ran")
+    return parse_traffic(raw, str(path), phases=phases, default_phases=default_phases, max_size=max_size, metric=metric)
+
+
+def parse_traffic(
+    raw: bytes,
+    source: str,
+    *,
+    phases: dict[str, int],
+    default_phases: list[str],
+    max_size: dict[str, int],
+    metric: str = DEFAULT_METRIC,
+) -> Traffic:
+    """:func:`read_traffic` of bytes already read."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(f"not UTF-8 text (byte {err.start})", where=source, fix=_FIX) from None
+    head = text.lstrip()
+    notes: tuple[str, ...] = ()
+    if head.startswith("{"):
+        form, counts = "json", _json(raw, source, default_phases)
+    elif _is_prometheus(text, metric):
+        form = "prometheus"
+        counts, notes = _prometheus(text, source, metric, phases, default_phases, max_size)
+    else:
+        form, counts = "csv", _csv(text, source, default_phases)
+    for phase in counts:
+        if phase not in phases:
+            raise InputError(
+                f"phase {phase!r} is not in the spec (it has {', '.join(sorted(phases))})",
+                where=source,
+                fix="name the spec's phases in the traffic, or plan the spec that has this phase",
+            )
+    for phase, sizes in counts.items():
+        top = max_size[phase]
+        over = [s for s, c in sizes.items() if s > top and c > 0]
+        if over:
+            raise InputError(
+                f"phase {phase!r}'s traffic reaches size {max(over)}, above the engine's largest size {top} "
+                f"({len(over)} size(s) above it; a traffic file is never truncated)",
+                where=source,
+                fix=f"pass the engine's largest batch with --max-size {max(over)} (or more), "
+                "or give traffic of this engine's configuration",
+            )
+    kept = {p: dict(sorted((s, c) for s, c in sizes.items() if c > 0)) for p, sizes in sorted(counts.items())}
+    kept = {p: sizes for p, sizes in kept.items() if sizes}
+    if not kept:
+        raise InputError("the traffic has no steps (every count is 0)", where=source, fix=_FIX)
+    return Traffic(phases=kept, source=source, digest=sha256(raw), form=form, notes=notes)
+
+
+def _count(value: str, where: str) -> int:
+    """A whole, non-negative step count (``12``, ``12.0``, ``1.2e3``: Prometheus writes floats)."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise InputError(f"count {value!r} is not a number", where=where, fix="give the number of steps") from None
+    if not math.isfinite(x) or x < 0 or x != int(x) or x > MAX_INT:
+        raise InputError(
+            f"count {value!r} is not a whole number of steps from 0 to 2**53",
+            where=where,
+            fix="counts are steps: whole and not negative",
+        )
+    return int(x)
+
+
+def _size(value: str, where: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise InputError(
+            f"size {value!r} is not a whole number", where=where, fix="give batch sizes as 1, 2, ..."
+        ) from None
+    if n < 1 or n > MAX_INT:
+        raise InputError(f"size {n} is out of range", where=where, fix="batch sizes are 1 or more")
+    return n
+
+
+def _add(counts: dict[str, dict[int, float]], phase: str, size: int, n: float, where: str) -> None:
+    sizes = counts.setdefault(phase, {})
+    if size in sizes:
+        raise InputError(f"size {size} of phase {phase!r} is listed twice", where=where, fix="list each size once")
+    sizes[size] = n
+
+
+def _csv(text: str, source: str, default_phases: list[str]) -> dict[str, dict[int, float]]:
+    counts: dict[str, dict[int, float]] = {}
+    columns: int | None = None
+    for lineno, row in enumerate(csv.reader(text.splitlines()), 1):
+        where = f"{source}:{lineno}"
+        cells = [c.strip() for c in row]
+        if not cells or all(not c for c in cells) or cells[0].startswith("#"):
+            continue
+        if columns is None and not cells[0].isdigit():
+            if cells not in (["size", "count"], ["phase", "size", "count"]):
+                raise InputError(
+                    f"expected a header size,count or phase,size,count, or numbers; got {','.join(cells)!r}",
+                    where=where,
+                    fix=_FIX,
+                )
+            columns = len(cells)
+            continue
+        if columns is None:
+            columns = len(cells)
+        if len(cells) != columns or columns not in (2, 3):
+            raise InputError(
+                f"expected {columns if columns in (2, 3) else '2 or 3'} columns, got {len(cells)}",
+                where=where,
+                fix="write size,count (or phase,size,count) on every line",
+            )
+        if columns == 3:
+            phase, size, n = cells
+            targets = [phase]
+        else:
+            (size, n), targets = cells, default_phases
+        s, c = _size(size, where), _count(n, where)
+        for phase in targets:
+            _add(counts, phase, s, c, where)
+    return counts
+
+
+def _json(raw: bytes, source: str, default_phases: list[str]) -> dict[str, dict[int, float]]:
+    try:
+        doc = msgspec.json.decode(raw, type=dict[str, dict[str, object]])
+    except msgspec.ValidationError as err:
+        raise InputError(
+            f"not a traffic document: {err}", where=source, fix='write {"PHASE": {"SIZE": COUNT}}'
+        ) from None
+    except msgspec.DecodeError as err:
+        raise InputError(f"not valid JSON: {err}", where=source, fix='write {"PHASE": {"SIZE": COUNT}}') from None
+    counts: dict[str, dict[int, float]] = {}
+    for phase, sizes in doc.items():
+        for size, n in sizes.items():
+            where = f"{source}: $.{phase}[{size!r}]"
+            if isinstance(n, bool) or not isinstance(n, (int, float)):
+                raise InputError(f"count {n!r} is not a number", where=where, fix="give the number of steps")
+            _add(counts, phase, _size(size, where), _count(repr(n), where), where)
+    return counts
+
+
+# one sample line of the text format: name{labels} value [timestamp]
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+-?\d+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+
+
+def _is_prometheus(text: str, metric: str) -> bool:
+    """A scrape: a ``# HELP``/``# TYPE`` line, or a sample line (``name{...} value``; a CSV
+    line has commas between its cells, no space before a value)."""
+    return any(
+        line.startswith(("# HELP ", "# TYPE ", metric)) or _SAMPLE.match(line) is not None for line in text.splitlines()
+    )
+
+
+def _labels(body: str, where: str) -> dict[str, str]:
+    out, pos = {}, 0
+    while pos < len(body):
+        m = _LABEL.match(body, pos)
+        if m is None:
+            raise InputError(
+                f"cannot read the labels {{{body}}}", where=where, fix="give the scrape as the engine wrote it"
+            )
+        out[m.group(1)] = m.group(2)
+        pos = m.end()
+    return out
+
+
+def _prometheus(
+    text: str,
+    source: str,
+    metric: str,
+    phases: dict[str, int],
+    default_phases: list[str],
+    max_size: dict[str, int],
+) -> tuple[dict[str, dict[int, float]], tuple[str, ...]]:
+    """The histogram ``metric``'s buckets, added over its series and spread within each bucket."""
+    name = metric + "_bucket"
+    series: dict[tuple, dict[float, tuple[int, str]]] = {}
+    histograms: set[str] = set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            if line.startswith("# TYPE ") and line.split()[-1] == "histogram":
+                histograms.add(line.split()[2])
+            continue
+        m = _SAMPLE.match(line)
+        where = f"{source}:{lineno}"
+        if m is None:
+            if line.startswith(name):
+                raise InputError(
+                    "cannot read this sample line", where=where, fix="give the scrape as the engine wrote it"
+                )
+            continue
+        if m.group(1) != name:
+            continue
+        labels = _labels(m.group(3) or "", where)
+        le = labels.pop("le", None)
+        if le is None:
+            raise InputError(f"a bucket of {metric} without its le label", where=where, fix="give the whole scrape")
+        try:
+            bound = float(le)
+        except ValueError:
+            raise InputError(
+                f"bucket bound le={le!r} is not a number", where=where, fix="give the whole scrape"
+            ) from None
+        key = tuple(sorted(labels.items()))
+        buckets = series.setdefault(key, {})
+        if bound in buckets:
+            raise InputError(f"bucket le={le} listed twice in one series", where=where, fix="give one scrape, not two")
+        buckets[bound] = (_count(m.group(4), where), where)
+    if not series:
+        found = ", ".join(sorted(histograms)) or "none"
+        raise InputError(
+            f"the scrape has no histogram {metric} (histograms in it: {found})",
+            where=source,
+            fix=f"scrape the engine's /metrics (vLLM exports {DEFAULT_METRIC}), or name the metric with --metric",
+        )
+    tokens: dict[int, float] = {}
+    bounds: list[float] = []
+    for buckets in series.values():
+        prev_bound, prev = 0.0, 0
+        for bound in sorted(buckets):
+            total, where = buckets[bound]
+            if total < prev:
+                raise InputError(
+                    f"bucket le={bound:g} counts {total}, fewer than the bucket before it ({prev}): "
+                    "the buckets of a histogram are cumulative",
+                    where=where,
+                    fix="give the scrape as the engine wrote it",
+                )
+            n, prev = total - prev, total
+            lo = math.floor(prev_bound) + 1
+            if math.isinf(bound):
+                hi = max(max_size[p] * phases[p] for p in default_phases)
+            else:
+                hi = math.floor(bound)
+            if n and hi < lo:
+                top = "the engine's largest size (--max-size)" if math.isinf(bound) else f"le={bound:g}"
+                raise InputError(
+                    f"{n} step(s) lie above {prev_bound:g} tokens and at most {top}: no whole size is left there",
+                    where=where,
+                    fix="pass the engine's largest batch with --max-size, or give the scrape of this configuration",
+                )
+            for size in range(lo, hi + 1) if n else ():
+                tokens[size] = tokens.get(size, 0.0) + n / (hi - lo + 1)
+            prev_bound = bound
+            bounds.append(bound)
+    finite = sorted({b for b in bounds if math.isfinite(b)})
+    single = all(b == int(b) and (i == 0 or b - finite[i - 1] == 1) for i, b in enumerate(finite))
+    notes = ()
+    if not single:
+        notes = (
+            f"{metric}: {len(series)} series added, {len(finite) + 1} buckets; each bucket's steps spread "
+            "evenly over its sizes (approximate within a bucket: set vLLM's custom_histogram_buckets to "
+            "single sizes for exact counts)",
+        )
+    counts: dict[str, dict[int, float]] = {}
+    for phase in default_phases:
+        tpr = phases[phase]
+        own: dict[int, float] = {}
+        for t, n in tokens.items():
+            own[-(-t // tpr)] = own.get(-(-t // tpr), 0.0) + n
+        counts[phase] = own
+    return counts, notes
