@@ -266,14 +266,16 @@ def _engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[st
     sgl = sgl_sizes("speculative" if speculative else "decode", min(top, MAX_BS))
     tpr = phase.tokens_per_request
     vllm = [t // tpr for t in _expand(engine_preset("vllm").sizes, top * tpr) if t % tpr == 0]
-    out = []
-    for name, sizes in (("SGLang default", sgl), ("vLLM default", vllm)):
-        sizes = sorted({s for s in sizes if s <= top})
-        if not sizes or sizes[-1] != top:
-            sizes.append(top)
-            name += f" (+{top})"
-        out.append((name, sizes))
-    return out
+    return [_covering("SGLang default", sgl, top), _covering("vLLM default", vllm, top)]
+
+
+def _covering(label: str, sizes: list[int], top: int) -> tuple[str, list[int]]:
+    """``sizes`` up to ``top``, and ``top`` itself where they stop below it (said in the label):
+    a list is priced as one that runs no step eagerly."""
+    sizes = sorted({s for s in sizes if s <= top})
+    if not sizes or sizes[-1] != top:
+        return f"{label} (+{top})", [*sizes, top]
+    return label, sizes
 
 
 def _interpolated(table: dict[int, float], s: int) -> float:
@@ -350,6 +352,8 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
         metric=opts.metric,
     )
     timing = read_timing(opts.timing) if opts.timing is not None else None
+    # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
+    measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
     tp = b.tp if b.tp is not None else resolved.tp
     speculative = any(p.kind != "decode" for p in resolved.phases) and b.preset is None
 
@@ -377,7 +381,7 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
         t = traffic.phases[name]
         time = _step_time(opts, resolved, phase, tp, timing)
         ideal = sum(w * time.cost(n, n) for n, w in t.items()) / sum(t.values())
-        captured = capture_seconds(timing[0], name) if timing is not None else {}
+        captured = capture_seconds(measured_in[0], name) if measured_in is not None else {}
 
         def mem(sizes: list[int], _name=name) -> tuple[int, int, int | None]:
             return memory.of({**lists, _name: sizes})
@@ -407,7 +411,7 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
             _row(label, s, t, time, ideal, mem, captured)
             for label, s in _engine_defaults(phase, top[name], speculative)
         ]
-        current = _row("the spec's", lists[name], t, time, ideal, mem, captured)
+        current = _row(*_covering("the spec's", lists[name], top[name]), t, time, ideal, mem, captured)
         lists[name] = list(best[chosen_k].sizes)
         choices.append(
             PhaseChoice(

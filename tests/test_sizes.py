@@ -1,0 +1,366 @@
+"""``planner sizes``: traffic in (CSV, JSON, a Prometheus histogram), step time per size (measured
+replays, a roofline), the best list of each count (exact), memory per list, the chosen list, the
+spec it writes, and every bad input as one located line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from capture_plan.planner.build import BuildOptions
+from capture_plan.planner.size_front import best_lists, candidates, expected
+from capture_plan.planner.traffic import parse_traffic
+from capture_plan.schemas.codec import canonical_bytes, decode_report
+from capture_plan.schemas.report import CaptureReport, StepMeasurement
+from cli_inputs import one_line_error
+
+DATA = Path(__file__).parent / "data"
+SKEWED = DATA / "traffic-skewed.csv"
+SCRAPE = DATA / "vllm-metrics.prom"
+MiB = 2**20
+# a small decode model: the memory of every list simulates fast
+SMALL_SPEC = (
+    "[model]\nlayers = 2\nhidden = 1024\nheads = 8\nkv_heads = 2\nhead_dim = 128\nintermediate = 2048\n"
+    'vocab = 32000\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 24, 32]\n'
+)
+
+
+def _parse(text: str, *, phases=None, default=None, top=None, source="t.csv"):
+    phases = phases or {"decode": 1}
+    return parse_traffic(
+        text.encode(),
+        source,
+        phases=phases,
+        default_phases=default or list(phases),
+        max_size=top or {p: 256 for p in phases},
+    )
+
+
+# -- traffic in -----------------------------------------------------------------------------------
+
+
+def test_the_traffic_forms_read_alike():
+    want = {"decode": {1: 5.0, 3: 2.0, 9: 7.0}}
+    forms = [
+        "size,count\n1,5\n3,2\n9,7\n",
+        "# steps per batch size\n1,5\n\n3,2\n9,7\n",
+        "phase,size,count\ndecode,1,5\ndecode,3,2\ndecode,9,7\n",
+        json.dumps({"decode": {"1": 5, "3": 2, "9": 7}}),
+        "size,count\n1,5\n3,2\n9,7\n12,0\n",  # a size with no steps adds nothing
+    ]
+    for text in forms:
+        tr = _parse(text)
+        assert tr.phases == want, text
+        assert not tr.notes
+
+
+def test_traffic_without_phase_names_goes_to_the_phases_asked():
+    tr = _parse("1,4\n2,1\n", phases={"target_verify": 4, "draft_decode": 1}, default=["draft_decode"])
+    assert tr.phases == {"draft_decode": {1: 4.0, 2: 1.0}}
+
+
+def test_a_histogram_spreads_each_bucket_over_its_sizes_and_says_so():
+    tr = parse_traffic(
+        SCRAPE.read_bytes(),
+        str(SCRAPE),
+        phases={"piecewise": 1},
+        default_phases=["piecewise"],
+        max_size={"piecewise": 512},
+    )
+    sizes = tr.phases["piecewise"]
+    assert tr.form == "prometheus"
+    # both engines' series added: le=1 holds 120 + 80 steps; (1, 8] 1400 + 800 over 7 sizes
+    assert sizes[1] == 200
+    assert sizes[2] == sizes[8] == pytest.approx(2200 / 7)
+    assert sum(sizes.values()) == pytest.approx(3456 + 2400)
+    assert max(sizes) == 512 and 513 not in sizes
+    assert len(tr.notes) == 1 and "spread evenly" in tr.notes[0] and "custom_histogram_buckets" in tr.notes[0]
+
+
+def test_single_size_buckets_are_exact_and_a_histogram_counts_tokens():
+    text = (
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        + "".join(
+            f'vllm:iteration_tokens_total_bucket{{le="{b}.0"}} {c}\n' for b, c in [(1, 0), (2, 0), (3, 0), (4, 0)]
+        )
+        + "".join(
+            f'vllm:iteration_tokens_total_bucket{{le="{b}.0"}} {c}\n' for b, c in [(5, 3), (6, 3), (7, 3), (8, 9)]
+        )
+        + 'vllm:iteration_tokens_total_bucket{le="+Inf"} 9\n'
+    )
+    tr = _parse(text, phases={"target_verify": 4}, top={"target_verify": 2})
+    assert not tr.notes  # every bucket one size: nothing spread
+    # 5 tokens are 2 requests of 4 tokens (ceil), 8 tokens 2 requests
+    assert tr.phases == {"target_verify": {2: 9.0}}
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("size,count\n1,5\n2,3,4\n", ["t.csv:3", "expected 2 columns, got 3"]),
+        ("size,count\n1,-5\n", ["t.csv:2", "not a whole number of steps"]),
+        ("size,count\n1,2.5\n", ["t.csv:2", "not a whole number of steps"]),
+        ("size,count\n0,2\n", ["t.csv:2", "out of range"]),
+        ("sizes,counts\n1,2\n", ["t.csv:1", "expected a header"]),
+        ("size,count\n1,2\n1,3\n", ["t.csv:3", "listed twice"]),
+        ("size,count\n1,0\n2,0\n", ["has no steps"]),
+        ("", ["has no steps"]),
+        ("size,count\n300,1\n", ["reaches size 300", "above the engine's largest size 256", "--max-size 300"]),
+        ("phase,size,count\nverify,1,1\n", ["phase 'verify' is not in the spec"]),
+        ('{"decode": {"1": 1.5}}', ["$.decode['1']", "not a whole number"]),
+        ('{"decode": [1, 2]}', ["not a traffic document"]),
+        ('{"decode": ', ["not valid JSON"]),
+        ("# HELP x y\nvllm:num_requests_running 3\n", ["no histogram vllm:iteration_tokens_total"]),
+        (
+            '# TYPE vllm:iteration_tokens_total histogram\nvllm:iteration_tokens_total_bucket{le="1.0"} 5\n'
+            'vllm:iteration_tokens_total_bucket{le="8.0"} 3\n',
+            ["t.csv:3", "fewer than the bucket before it"],
+        ),
+        (
+            'vllm:iteration_tokens_total_bucket{le="256.0"} 5\nvllm:iteration_tokens_total_bucket{le="+Inf"} 7\n',
+            ["t.csv:2", "2 step(s) lie above 256 tokens", "--max-size"],
+        ),
+    ],
+)
+def test_bad_traffic_is_one_located_line(text, needles):
+    from capture_plan.schemas.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        _parse(text)
+    message = str(err.value)
+    assert "\n" not in message and "fix:" in message
+    for needle in needles:
+        assert needle in message, message
+
+
+# -- the best list of each count --------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.dictionaries(st.integers(1, 12), st.integers(0, 50), min_size=1, max_size=8),
+    st.integers(0, 3),
+    st.sampled_from(["flat", "steps", "kv"]),
+)
+def test_the_program_finds_the_cheapest_list_of_every_count(weights, extra, shape):
+    traffic = {n: float(w) for n, w in weights.items() if w}
+    if not traffic:
+        return
+    top = max(traffic) + extra
+    costs = {
+        "flat": lambda n, s: 1.0 + 0.1 * s,
+        "steps": lambda n, s: 1.0 + (s > 4) + 3 * (s > 9),  # a tile boundary: flat, then a jump
+        "kv": lambda n, s: 1.0 + 0.3 * n + 0.05 * s,  # the real rows cost more than the padded ones
+    }
+    cost = costs[shape]
+    cands, _ = candidates(traffic, top)
+    best = best_lists(traffic, cands, cost, len(cands))
+    for k, b in best.items():
+        assert len(b.sizes) == k and b.sizes[-1] == top and list(b.sizes) == sorted(set(b.sizes))
+        brute = min(
+            expected(traffic, tuple(sorted((*rest, top))), cost)
+            for rest in itertools.combinations([c for c in cands if c != top], k - 1)
+        )
+        assert b.seconds == pytest.approx(brute, rel=1e-12)
+        assert expected(traffic, b.sizes, cost) == pytest.approx(b.seconds, rel=1e-12)
+
+
+# -- the front and the chosen list --------------------------------------------------------------------
+
+
+def _choose(**kw):
+    from capture_plan.planner.sizes import SizesOptions, choose_sizes
+
+    build = kw.pop("build", BuildOptions(backend="fa3", ci=True))
+    return choose_sizes(SizesOptions(build=build, **kw))
+
+
+@pytest.fixture(scope="module")
+def skewed():
+    """The front of the skewed traffic for the embedded spec (SGLang's 36 sizes), built once."""
+    return _choose(traffic=SKEWED)
+
+
+def test_the_chosen_list_beats_sglangs_default_at_no_more_memory(skewed):
+    """The issue's target: for a skewed traffic (most steps at small odd sizes, a tail to 256) the
+    chosen 36 sizes pad less than SGLang's default 36 at equal or lower graph memory."""
+    (ph,) = skewed.phases
+    sglang = next(r for r in ph.defaults if r.label == "SGLang default")
+    assert len(sglang.sizes) == 36 and ph.current.sizes == sglang.sizes  # the embedded spec is SGLang's list
+    chosen = ph.chosen
+    assert len(chosen.sizes) == 36
+    assert chosen.padding < sglang.padding / 2
+    assert chosen.pool_bytes <= sglang.pool_bytes
+    # the chosen list's figures are the plan built with it
+    assert skewed.plan.predicted.pool_bytes == chosen.pool_bytes
+    assert [p.sizes for p in skewed.plan.phases] == [sorted(chosen.sizes, reverse=True)]
+    assert chosen.approximate and "roofline" in ph.time_source and "approximate" in ph.time_source
+
+
+def test_every_list_covers_the_largest_size_and_padding_falls_with_more_sizes(skewed):
+    (ph,) = skewed.phases
+    assert all(r.sizes[-1] == 256 for r in [*ph.front, *ph.defaults, ph.chosen])
+    paddings = [r.padding for r in ph.front]
+    assert paddings == sorted(paddings, reverse=True) and paddings[0] > 10 * paddings[-1]
+    assert [len(r.sizes) for r in ph.front][:4] == [1, 2, 3, 4]
+
+
+def test_the_table_names_every_figures_provenance(skewed):
+    from capture_plan.planner.sizes import render
+
+    text = render(skewed)
+    assert "graph memory: simulated (analytic model, native allocator)" in text
+    assert "device total: unknown" in text
+    assert "roofline of NVIDIA H200" in text and "~: approximate" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith("against SGLang default (36 sizes)"))
+    assert "x less" in line and "pool 258.0 vs 258.0 MiB" in line
+
+
+def test_a_calibration_gives_the_device_total_and_the_budget_applies_to_it():
+    root = Path(__file__).parent.parent
+    cal = root / "plans/calibration/h200-fa3-ci.json"
+    res = _choose(build=BuildOptions(backend="fa3", ci=True, calibration=cal), traffic=SKEWED, budget_mib=330, upto=40)
+    (ph,) = res.phases
+    assert all(r.device_bytes is not None for r in ph.front)
+    assert ph.chosen.device_bytes <= 330 * MiB < next(r for r in ph.front if len(r.sizes) == 36).device_bytes
+    assert res.plan.predicted.device.total_bytes == ph.chosen.device_bytes
+    # the calibration report's capture seconds, measured per size
+    assert ph.front[0].capture_seconds is not None and not ph.front[0].capture_approximate
+
+
+def test_max_padding_takes_the_fewest_sizes_and_max_size_is_always_captured(tmp_path):
+    spec = tmp_path / "small.toml"
+    spec.write_text(SMALL_SPEC)
+    traffic = tmp_path / "t.csv"
+    traffic.write_text("".join(f"{n},{100 // n}\n" for n in range(1, 33)) + "40,3\n")
+    res = _choose(build=BuildOptions(backend="fa3", spec=spec), traffic=traffic, max_size=48, max_padding=1.0)
+    (ph,) = res.phases
+    chosen = ph.chosen
+    assert chosen.sizes[-1] == 48 and chosen.padding <= 1.0
+    fewer = next(r for r in ph.front if len(r.sizes) == len(chosen.sizes) - 1) if len(chosen.sizes) > 1 else None
+    assert fewer is None or fewer.padding > 1.0
+
+
+def _report(times: dict[int, float], phase="decode") -> CaptureReport:
+    steps = [
+        StepMeasurement(
+            step=i,
+            id=f"capture/{phase}/{bs}",
+            reserved=0,
+            predicted_reserved=0,
+            seconds=0.01 * bs,
+            replay_seconds=t,
+        )
+        for i, (bs, t) in enumerate(sorted(times.items(), reverse=True))
+    ]
+    return CaptureReport(
+        plan="p",
+        plan_digest="d",
+        device="NVIDIA H200 sm90",
+        torch="2.13",
+        backend_module="m",
+        pool_bytes=0,
+        predicted_pool_bytes=0,
+        capture_seconds=1.0,
+        steps=steps,
+    )
+
+
+def test_measured_replay_times_choose_the_sizes_before_each_jump(tmp_path):
+    """Replay time that jumps above 16 and above 32 (tile boundaries): two sizes go to 16 and 32."""
+    spec = tmp_path / "small.toml"
+    spec.write_text(SMALL_SPEC)
+    times = {1: 1e-3, 8: 1e-3, 16: 1e-3, 17: 2e-3, 24: 2e-3, 32: 2e-3, 33: 3e-3}
+    report = tmp_path / "timed.json"
+    report.write_bytes(canonical_bytes(_report(times)))
+    traffic = tmp_path / "t.csv"
+    traffic.write_text("".join(f"{n},10\n" for n in range(1, 33)))
+    res = _choose(build=BuildOptions(backend="fa3", spec=spec), traffic=traffic, timing=report, max_graphs=2)
+    (ph,) = res.phases
+    assert ph.chosen.sizes == (16, 32)
+    assert ph.time_source.startswith(f"{report} (NVIDIA H200 sm90): 7 sizes replayed")
+    assert ph.chosen.padding == pytest.approx(0.0, abs=1e-9)  # 1..16 cost as 16, 17..32 as 32: no step pays for padding
+    assert ph.chosen.approximate  # the traffic's own sizes between the measured ones are interpolated
+    assert ph.chosen.capture_seconds == pytest.approx(0.16 + 0.32)
+
+
+def test_a_report_without_replay_times_is_refused(cli, tmp_path):
+    report = tmp_path / "plain.json"
+    report.write_bytes(canonical_bytes(msgspec.structs.replace(_report({1: 1e-3, 2: 1e-3}), steps=[])))
+    one_line_error(
+        cli("sizes", "-b", "fa3", "--traffic", str(SKEWED), "--timing", str(report)),
+        "times 0 size(s) of phase 'decode'",
+        "time_replays",
+    )
+
+
+def test_replay_seconds_are_left_out_of_reports_without_them():
+    rep = _report({1: 1e-3})
+    plain = msgspec.structs.replace(rep, steps=[msgspec.structs.replace(rep.steps[0], replay_seconds=msgspec.UNSET)])
+    assert b"replay_seconds" not in canonical_bytes(plain)  # reports written before keep their bytes
+    again = decode_report(canonical_bytes(rep), "r.json")
+    assert again.steps[0].replay_seconds == 1e-3
+
+
+# -- the CLI ------------------------------------------------------------------------------------------
+
+
+def test_cli_writes_a_spec_that_builds_the_chosen_plan_from_anywhere(cli, tmp_path):
+    (tmp_path / "out").mkdir()
+    code, out, err = cli(
+        "sizes", "-b", "fa3", "--traffic", str(SKEWED), "--max-graphs", "12", "--write-spec", "out/c.toml"
+    )
+    assert code == 0, err
+    assert "chosen: 12 sizes (the least padding within --max-graphs 12)" in out
+    assert "wrote out/c.toml; build its plan with `planner build --backend fa3 --spec out/c.toml`" in out
+    text = (tmp_path / "out/c.toml").read_text()
+    digest = "sha256:" + __import__("hashlib").sha256(SKEWED.read_bytes()).hexdigest()
+    assert digest in text and "decode: 12 sizes, padding ~" in text
+    code, out, err = cli("build", "-b", "fa3", "--spec", "out/c.toml", "-o", "out/c.json")
+    assert code == 0, err
+    plan = json.loads((tmp_path / "out/c.json").read_text())
+    assert len(plan["phases"][0]["sizes"]) == 12 and plan["phases"][0]["sizes"][0] == 256
+    assert cli("check", "out/c.json")[0] == 0
+    # the same spec, byte for byte, written from another directory
+    import os
+
+    os.chdir(tmp_path / "out")
+    code, out, err = cli(
+        "sizes", "-b", "fa3", "--traffic", str(SKEWED), "--max-graphs", "12", "--write-spec", "again.toml"
+    )
+    assert code == 0, err
+    assert (tmp_path / "out/again.toml").read_bytes() == text.encode()
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--budget-mib", "100"], ["--budget-mib", "no list fits the budget of 100 MiB", "252.0 MiB"]),
+        (["--max-padding", "0.001%", "--max-graphs", "4"], ["--max-padding 0.001", "no list of at most 4 sizes"]),
+        (["--max-padding", "lots"], ["--max-padding", "not a percentage"]),
+        (["--device", "NVIDIA Z9"], ["--device", "no roofline figures", "'NVIDIA H200'"]),
+        (["--phase", "verify"], ["--phase verify", "unknown phase 'verify'"]),
+        (["--max-size", "0"], ["--max-size", "must be 1.."]),
+        (["--max-graphs", "0"], ["--max-graphs 0", "must be 1 or more"]),
+        (["--write-spec", "TRAFFIC"], ["--write-spec", "the output is the traffic file"]),
+    ],
+)
+def test_cli_refuses_with_one_located_line(cli, tmp_path, args, needles):
+    traffic = tmp_path / "t.csv"
+    traffic.write_bytes(SKEWED.read_bytes())
+    args = [str(traffic) if a == "TRAFFIC" else a for a in args]
+    one_line_error(cli("sizes", "-b", "fa3", "--traffic", str(traffic), *args), *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # nothing written
+
+
+def test_cli_reads_a_prometheus_scrape_for_vllms_phases(cli):
+    code, out, err = cli("sizes", "-b", "fa3", "--preset", "vllm", "--traffic", str(SCRAPE), "--phase", "piecewise")
+    assert code == 0, err
+    assert "piecewise 5,856 steps at sizes 1..512" in out and "note: vllm:iteration_tokens_total: 2 series" in out
+    assert "\nfull_decode:" not in out  # the histogram was given to piecewise alone
+    assert "vLLM default" in out and "chosen: 51 sizes" in out
