@@ -383,8 +383,8 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
         ideal = sum(w * time.cost(n, n) for n, w in t.items()) / sum(t.values())
         captured = capture_seconds(measured_in[0], name) if measured_in is not None else {}
 
-        def mem(sizes: list[int], _name=name) -> tuple[int, int, int | None]:
-            return memory.of({**lists, _name: sizes})
+        def mem(sizes: list[int], _name=name, _others=dict(lists)) -> tuple[int, int, int | None]:
+            return memory.of({**_others, _name: sizes})
 
         upto = opts.upto or max(DEFAULT_UPTO, len(phase.sizes), opts.max_graphs or 0)
         best: dict[int, Best] = best_lists(t, cands[name][0], time.cost, upto)
@@ -430,8 +430,9 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
     chosen_spec = _with_sizes(source, lists)
     plan = _build(b, chosen_spec)
     device = plan.predicted.device
+    device_total = device.total_bytes if device is not None else None
     if budget is not None:
-        total = device.total_bytes if calibrated else plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
+        total = device_total if calibrated else plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
         if total is not None and total > budget:
             raise ConstraintError(
                 f"the chosen lists together take {total / MiB:,.1f} MiB, over the budget of {budget_mib:g} MiB",
@@ -448,7 +449,7 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
         + "; ".join(f"{p.name} {p.strategy.label()}" for p in reference.phases),
         device_source=(
             f"device total: {device.device} ({'; '.join(f'{i.name} {i.provenance}' for i in device.items)})"
-            if calibrated
+            if calibrated and device is not None
             else "device total: unknown (build with --calibration REPORT, a capture report measured on the device)"
         ),
         budget=budget_text,
@@ -585,7 +586,8 @@ def render(res: SizesResult) -> str:
                     )
                 )
     p = res.plan.predicted
-    total = "unknown" if p.device.total_bytes is None else f"{p.device.total_bytes / MiB:,.1f} MiB"
+    known = p.device.total_bytes if p.device is not None else None
+    total = "unknown" if known is None else f"{known / MiB:,.1f} MiB"
     out += [
         "",
         f"plan of the chosen sizes: {sum(len(ph.sizes) for ph in res.plan.phases)} captures, "

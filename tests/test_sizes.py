@@ -364,3 +364,22 @@ def test_cli_reads_a_prometheus_scrape_for_vllms_phases(cli):
     assert "piecewise 5,856 steps at sizes 1..512" in out and "note: vllm:iteration_tokens_total: 2 series" in out
     assert "\nfull_decode:" not in out  # the histogram was given to piecewise alone
     assert "vLLM default" in out and "chosen: 51 sizes" in out
+
+
+_PIECES = st.sampled_from(
+    ["size,count", "phase,size,count", "decode,", "1", "9", "-3", "2.5", "1e3", ",", "\n", " ", "#", "{", "}", '"',
+     ":", "[", "]", "le=", 'x_bucket{le="4.0"} 3', "vllm:iteration_tokens_total_bucket", '{le="+Inf"}', "nan", "\xff"]
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_PIECES, max_size=30).map("".join))
+def test_any_traffic_text_reads_or_is_one_located_line(text):
+    from capture_plan.schemas.errors import InputError
+
+    try:
+        tr = _parse(text)
+    except InputError as err:
+        assert "\n" not in str(err)
+        return
+    assert tr.phases and all(w > 0 and 1 <= s <= 256 for sizes in tr.phases.values() for s, w in sizes.items())

@@ -152,8 +152,11 @@ def command(
     every,
     write_spec,
 ) -> None:
-    """Choose the capture sizes for a traffic: print each phase's front (padding against graph memory and
-    capture count), the engines' default lists priced alike, and the chosen list."""
+    """Choose the capture sizes for a traffic, within a memory budget.
+
+    Prints, per phase the traffic names, the best list of each count of sizes (the front: expected
+    padding in % of step time against graph memory and capture count), the spec's list and SGLang's
+    and vLLM's defaults priced alike, and the chosen list; --write-spec writes a spec with it."""
     from capture_plan.planner.build import BuildOptions
     from capture_plan.planner.sizes import SizesOptions, choose_sizes, render, write_spec as write
 
