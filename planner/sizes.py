@@ -35,9 +35,9 @@ measure anything: every figure says where it comes from.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,9 +224,8 @@ class _Memory:
         self.calibration: Calibration | None = None
         if opts.calibration is not None:
             kinds = {p.name: p.kind for p in spec.phases}
-            self.calibration = read_calibration(opts.calibration, str(opts.calibration), kinds, str(opts.calibration))[
-                0
-            ]
+            shown = str(opts.calibration)
+            self.calibration, _ = read_calibration(opts.calibration, shown, kinds, shown)
         self._seen: dict[tuple, tuple[int, int, int | None]] = {}
 
     def of(self, lists: dict[str, list[int]]) -> tuple[int, int, int | None]:
@@ -278,41 +277,57 @@ def _covering(label: str, sizes: list[int], top: int) -> tuple[str, list[int]]:
     return label, sizes
 
 
-def _interpolated(table: dict[int, float], s: int) -> float:
-    return Measured(times=table, source="").at(s)
+@dataclass
+class _Pricing:
+    """What every list of one phase is priced with: its traffic, step time and memory (the
+    other phases at ``others``' lists), and the best list of each count once found."""
 
+    phase: str
+    traffic: dict[int, float]
+    time: StepTime
+    memory: _Memory
+    others: dict[str, list[int]]
+    captured: dict[int, float]
+    best: dict[int, Best] = field(default_factory=dict)
+    _rows: dict[int, Row] = field(default_factory=dict)
 
-def _row(
-    label: str,
-    sizes: list[int] | tuple[int, ...],
-    traffic: dict[int, float],
-    time: StepTime,
-    ideal: float,
-    memory: Callable[[list[int]], tuple[int, int, int | None]],
-    captured: dict[int, float],
-    seconds: float | None = None,
-) -> Row:
-    sizes = tuple(sorted(sizes))
-    step = expected(traffic, sizes, time.cost) if seconds is None else seconds
-    pool, hoisted, total = memory(list(sizes))
-    cap = None
-    cap_approx = False
-    if len(captured) >= 2:
-        cap = sum(_interpolated(captured, s) for s in sizes)
-        cap_approx = any(s not in captured for s in sizes)
-    approximate = time.provenance == "roofline" or not all(time.exact(s) for s in {*sizes, *traffic})
-    return Row(
-        label=label,
-        sizes=sizes,
-        # at least 0: a list pads no less than every size captured (floating point may say -0.0)
-        padding=max(0.0, 100.0 * (step - ideal) / ideal) if ideal > 0 else 0.0,
-        step_seconds=step,
-        pool_bytes=pool + hoisted,
-        device_bytes=total,
-        capture_seconds=cap,
-        approximate=approximate,
-        capture_approximate=cap_approx,
-    )
+    @functools.cached_property
+    def ideal(self) -> float:
+        """Expected seconds per step with every size captured: the unpadded step time."""
+        t = self.traffic
+        return sum(w * self.time.cost(n, n) for n, w in t.items()) / sum(t.values())
+
+    def padding(self, seconds: float) -> float:
+        """``seconds`` per step as padding, % of the unpadded step time (at least 0: floating
+        point may say -0.0 where a list pads nothing)."""
+        return max(0.0, 100.0 * (seconds - self.ideal) / self.ideal) if self.ideal > 0 else 0.0
+
+    def at(self, k: int) -> Row:
+        """The best list of ``k`` sizes, priced (memoized: memory is simulated once)."""
+        if k not in self._rows:
+            self._rows[k] = self.row(f"{k}", self.best[k].sizes, self.best[k].seconds)
+        return self._rows[k]
+
+    def row(self, label: str, sizes: list[int] | tuple[int, ...], seconds: float | None = None) -> Row:
+        sizes = tuple(sorted(sizes))
+        step = expected(self.traffic, sizes, self.time.cost) if seconds is None else seconds
+        pool, hoisted, total = self.memory.of({**self.others, self.phase: list(sizes)})
+        cap, cap_approx = None, False
+        if len(self.captured) >= 2:
+            cap = sum(Measured(times=self.captured, source="").at(s) for s in sizes)
+            cap_approx = any(s not in self.captured for s in sizes)
+        exact = self.time.provenance == "measured" and all(self.time.exact(s) for s in {*sizes, *self.traffic})
+        return Row(
+            label=label,
+            sizes=sizes,
+            padding=self.padding(step),
+            step_seconds=step,
+            pool_bytes=pool + hoisted,
+            device_bytes=total,
+            capture_seconds=cap,
+            approximate=not exact,
+            capture_approximate=cap_approx,
+        )
 
 
 def _budget_of(row: Row, calibrated: bool) -> int | None:
@@ -378,55 +393,38 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
     choices: list[PhaseChoice] = []
     for name in [q.name for q in reference.phases if q.name in traffic.phases]:
         phase = by_name[name]
-        t = traffic.phases[name]
-        time = _step_time(opts, resolved, phase, tp, timing)
-        ideal = sum(w * time.cost(n, n) for n, w in t.items()) / sum(t.values())
-        captured = capture_seconds(measured_in[0], name) if measured_in is not None else {}
-
-        def mem(sizes: list[int], _name=name, _others=dict(lists)) -> tuple[int, int, int | None]:
-            return memory.of({**_others, _name: sizes})
-
+        price = _Pricing(
+            phase=name,
+            traffic=traffic.phases[name],
+            time=_step_time(opts, resolved, phase, tp, timing),
+            memory=memory,
+            others=dict(lists),
+            captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
+        )
         upto = opts.upto or max(DEFAULT_UPTO, len(phase.sizes), opts.max_graphs or 0)
-        best: dict[int, Best] = best_lists(t, cands[name][0], time.cost, upto)
-        kmax = max(best)
-
-        def row(k: int, _best=best, _t=t, _time=time, _ideal=ideal, _mem=mem, _cap=captured) -> Row:
-            return _row(f"{k}", _best[k].sizes, _t, _time, _ideal, _mem, _cap, _best[k].seconds)
-
-        rows: dict[int, Row] = {}
-
-        def at(k: int, _rows=rows, _row=row) -> Row:
-            if k not in _rows:
-                _rows[k] = _row(k)
-            return _rows[k]
-
-        chosen_k, why = _choose(opts, best, kmax, len(phase.sizes), ideal, at, budget, calibrated, budget_mib, name)
+        price.best = best_lists(price.traffic, cands[name][0], price.time.cost, upto)
+        kmax = max(price.best)
+        chosen_k, why = _choose(opts, price, kmax, len(phase.sizes), budget, calibrated, budget_mib)
         shown = (
             range(1, kmax + 1)
             if opts.every
             else sorted({*(k for k in _SHOWN if k <= kmax), kmax, chosen_k, min(len(phase.sizes), kmax)})
         )
-        front = [at(k) for k in shown]
-        defaults = [
-            _row(label, s, t, time, ideal, mem, captured)
-            for label, s in _engine_defaults(phase, top[name], speculative)
-        ]
-        current = _row(*_covering("the spec's", lists[name], top[name]), t, time, ideal, mem, captured)
-        lists[name] = list(best[chosen_k].sizes)
         choices.append(
             PhaseChoice(
                 phase=name,
                 top=top[name],
-                steps=sum(t.values()),
+                steps=sum(price.traffic.values()),
                 candidates=cands[name][1],
-                time_source=time.source,
-                front=front,
-                defaults=defaults,
-                chosen=at(chosen_k),
+                time_source=price.time.source,
+                front=[price.at(k) for k in shown],
+                defaults=[price.row(*d) for d in _engine_defaults(phase, top[name], speculative)],
+                chosen=price.at(chosen_k),
                 why=why,
-                current=current,
+                current=price.row(*_covering("the spec's", lists[name], top[name])),
             )
         )
+        lists[name] = list(price.best[chosen_k].sizes)
     chosen_spec = _with_sizes(source, lists)
     plan = _build(b, chosen_spec)
     device = plan.predicted.device
@@ -459,17 +457,15 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
 
 def _choose(
     opts: SizesOptions,
-    best: dict[int, Best],
+    price: _Pricing,
     kmax: int,
     spec_count: int,
-    ideal: float,
-    at: Callable[[int], Row],
     budget: float | None,
     calibrated: bool,
     budget_mib: float | None,
-    phase: str,
 ) -> tuple[int, str]:
-    """The count of sizes chosen for ``phase`` and why."""
+    """The count of sizes chosen for ``price.phase`` and why."""
+    phase, at = price.phase, price.at
     limit = opts.max_graphs if opts.max_graphs is not None else (kmax if opts.max_padding is not None else spec_count)
     limit = min(limit, kmax)
     limit_text = f"--max-graphs {opts.max_graphs}" if opts.max_graphs is not None else f"{limit} sizes"
@@ -481,7 +477,7 @@ def _choose(
         return used is not None and used <= budget
 
     def padding(k: int) -> float:
-        return max(0.0, 100.0 * (best[k].seconds - ideal) / ideal) if ideal > 0 else 0.0
+        return price.padding(price.best[k].seconds)
 
     if opts.max_padding is not None:
         for k in range(1, limit + 1):

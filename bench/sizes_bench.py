@@ -1,0 +1,138 @@
+"""`planner sizes` speed: the front of 1..64 sizes over 256 candidate sizes (issue 32's target).
+
+Measures (median of --repeat runs, on this machine's CPU), for the skewed traffic of
+tests/data/traffic-skewed.csv (256 sizes) and the embedded spec (SGLang's 36 sizes, fa3, --ci):
+
+  cli_all_s        `planner sizes -b fa3 --ci --traffic ... --all` in a fresh process: every count
+                   from 1 to 64 on the front, each list's pool simulated (wall, and the child's CPU
+                   time in cli_all_cpu_s: the machine is shared, and its load slows the wall clock)
+  front_s          the dynamic program alone (planner/size_front.py): the best list of each count
+                   from 1 to 64 over the 256 candidates, the roofline's step times (in process)
+  choose_s         choose_sizes in process, the table's selection of counts (the default output)
+  captures         captures simulated by one choose_sizes --all (counted in a separate untimed run)
+
+Also records the chosen list's padding against SGLang's default 36 sizes (roofline, approximate).
+
+Writes JSON with date and machine to bench/results/sizes-<date>[-<tag>].json.
+Run: python -m bench.sizes_bench [--repeat 3] [--tag NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.harness import REPO, add_out_dir, add_overwrite, header, main_exit, result_file
+
+TRAFFIC = REPO / "tests" / "data" / "traffic-skewed.csv"
+
+
+def _median(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _cli_all(repeat: int) -> tuple[float, float]:
+    """Median wall and child CPU seconds of the CLI with --all."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "capture_plan.planner", "sizes", "-b", "fa3", "--ci"]
+            + ["--traffic", str(TRAFFIC), "--all"],
+            check=True,
+            capture_output=True,
+            cwd=tempfile.gettempdir(),
+        )
+        walls.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    add_out_dir(ap)
+    ap.add_argument("--tag", default="", help="file name suffix: sizes-<date>-<tag>.json")
+    add_overwrite(ap)
+    args = ap.parse_args()
+    res: dict = header(device=False)
+    out = result_file(args, "sizes", res["date"], args.tag)
+
+    import compileall
+
+    for pkg in ("planner", "schemas"):
+        compileall.compile_dir(str(REPO / pkg), quiet=1)
+
+    from capture_plan.planner import resources
+    from capture_plan.planner.build import BuildOptions, build_spec
+    from capture_plan.planner.simulate import Simulation
+    from capture_plan.planner.size_front import best_lists, candidates
+    from capture_plan.planner.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, device_roofline, roofline
+    from capture_plan.planner.traffic import read_traffic
+
+    res.update(repeat=args.repeat, traffic=str(TRAFFIC.relative_to(REPO)), loadavg_before=os.getloadavg())
+    build = BuildOptions(backend="fa3", ci=True)
+    spec = build_spec(build)
+    phase = spec.phases[0]
+    traffic = read_traffic(TRAFFIC, phases={"decode": 1}, default_phases=["decode"], max_size={"decode": 256})
+    cands, _ = candidates(traffic.phases["decode"], 256)
+    model = roofline(spec.model, phase, 1, device_roofline(DEFAULT_DEVICE), DEFAULT_CONTEXT, resources.backend("fa3"))
+    res["candidates"] = len(cands)
+    res["front_s"] = _median(lambda: best_lists(traffic.phases["decode"], cands, model.cost, 64), args.repeat)
+    opts = SizesOptions(build=build, traffic=TRAFFIC)
+    res["choose_s"] = _median(lambda: choose_sizes(opts), args.repeat)
+    res["cli_all_s"], res["cli_all_cpu_s"] = _cli_all(args.repeat)
+
+    counted = {"captures": 0}
+    capture = Simulation.capture
+
+    def counting(self, *a, **k):
+        counted["captures"] += 1
+        return capture(self, *a, **k)
+
+    Simulation.capture = counting
+    try:
+        chosen = choose_sizes(SizesOptions(build=build, traffic=TRAFFIC, every=True))
+    finally:
+        Simulation.capture = capture
+    res["captures"] = counted["captures"]
+    (ph,) = chosen.phases
+    sglang = next(r for r in ph.defaults if r.label == "SGLang default")
+    res["chosen"] = {
+        "sizes": list(ph.chosen.sizes),
+        "padding_pct": ph.chosen.padding,
+        "pool_bytes": ph.chosen.pool_bytes,
+    }
+    res["sglang_default"] = {
+        "sizes": list(sglang.sizes),
+        "padding_pct": sglang.padding,
+        "pool_bytes": sglang.pool_bytes,
+    }
+    res["padding_provenance"] = "roofline (approximate)"
+    res["loadavg_after"] = os.getloadavg()
+    out.write(res)
+    print(json.dumps(res, indent=2, sort_keys=True))
+    print(
+        f"{out.path.name}: front (64 counts over {len(cands)} candidates) {res['front_s']:.2f} s; "
+        f"choose_sizes {res['choose_s']:.2f} s; CLI --all {res['cli_all_s']:.2f} s wall, "
+        f"{res['cli_all_cpu_s']:.2f} s CPU; load {res['loadavg_before'][0]:.1f} -> {res['loadavg_after'][0]:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main_exit(main)
