@@ -383,3 +383,21 @@ def test_any_traffic_text_reads_or_is_one_located_line(text):
         assert "\n" not in str(err)
         return
     assert tr.phases and all(w > 0 and 1 <= s <= 256 for sizes in tr.phases.values() for s, w in sizes.items())
+
+
+def test_cli_plots_the_front_and_never_over_another_file(cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    from capture_plan.planner.plot import PNG_MAGIC
+
+    spec = tmp_path / "small.toml"
+    spec.write_text(SMALL_SPEC)
+    (tmp_path / "t.csv").write_text("size,count\n1,9\n3,5\n7,2\n30,1\n")
+    code, out, err = cli("sizes", "-b", "fa3", "--spec", str(spec), "--traffic", "t.csv", "--plot", "front.png")
+    assert code == 0, err
+    assert out.endswith("wrote front.png\n") and (tmp_path / "front.png").read_bytes().startswith(PNG_MAGIC)
+    one_line_error(
+        cli("sizes", "-b", "fa3", "--spec", str(spec), "--traffic", "t.csv", "--plot", "t.csv"),
+        "--plot t.csv",
+        "not a PNG image",
+    )
+    assert (tmp_path / "t.csv").read_text().startswith("size,count")

@@ -127,6 +127,7 @@ def _percent(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     metavar="path",
     help="Write the spec with the chosen sizes (TOML) to build with planner build --spec.",
 )
+@option("--plot", type=OUTPUT, metavar="path", help="Also draw the front to this PNG (or .svg); needs matplotlib.")
 def command(
     backend,
     traffic,
@@ -151,6 +152,7 @@ def command(
     upto,
     every,
     write_spec,
+    plot,
 ) -> None:
     """Choose the capture sizes for a traffic, within a memory budget.
 
@@ -186,8 +188,17 @@ def command(
         upto=upto,
         every=every,
     )
+    if plot is not None:  # before computing: a refused --plot is one line, nothing printed
+        from capture_plan.planner.plot import check_plot_path
+
+        check_plot_path(plot)
     res = choose_sizes(opts)
     text = render(res)
+    if plot is not None:
+        from capture_plan.planner.size_plot import plot_front
+
+        plot_front(res, plot)
+        text += f"wrote {plot}\n"
     if write_spec is not None:
         cmd = write(res, opts, write_spec)
         text += f"wrote {write_spec}; build its plan with `{cmd}`\n"

@@ -1,0 +1,110 @@
+"""The front of ``planner sizes --plot``: padding and graph memory against the count of sizes.
+
+One panel per phase the traffic names: the expected padding (% of step time,
+log scale) of the best list of each count on the front, the graph memory of
+each (the device total when calibrated, else the pool and hoisted
+workspaces) on a second axis, and the spec's list, SGLang's and vLLM's
+defaults and the chosen list marked at their counts. Approximate figures (a
+roofline, interpolated step times) say so in the axis label.
+
+Output as ``planner plot`` writes it (planner/plot.py): PNG, or SVG for
+``.svg``, a fixed size, no timestamps; never over a file that is not such
+an image. Needs matplotlib, imported only here.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.files import write_atomic
+from capture_plan.schemas.units import MiB
+
+from .plot import SIZE_PX, check_plot_path
+from .sizes import Row, SizesResult
+
+__all__ = ["plot_front"]
+
+_DPI = 100
+#: padding below this (in %) is drawn at it: a log scale has no 0
+_FLOOR = 1e-3
+
+
+def _memory(r: Row) -> float | None:
+    b = r.device_bytes if r.device_bytes is not None else r.pool_bytes
+    return b / MiB if b is not None else None
+
+
+def plot_front(res: SizesResult, path: Path, where: str = "--plot") -> None:
+    """Draw ``res``'s fronts to ``path`` (see the module docstring)."""
+    check_plot_path(path, where)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("matplotlib is not installed", where=where, fix="pip install 'capture-plan[plot]'") from None
+    calibrated = any(r.device_bytes is not None for ph in res.phases for r in ph.front)
+    memory = "device total" if calibrated else "graph pool"
+    with matplotlib.rc_context(
+        {"svg.hashsalt": "capture-plan", "svg.fonttype": "none", "font.size": 9, "axes.titlesize": 10}
+    ):
+        fig, axes = plt.subplots(
+            1,
+            len(res.phases),
+            figsize=(SIZE_PX[0] / _DPI, SIZE_PX[1] / _DPI),
+            dpi=_DPI,
+            layout="constrained",
+            squeeze=False,
+        )
+        for ax, ph in zip(axes[0], res.phases):
+            counts = [len(r.sizes) for r in ph.front]
+            ax.plot(
+                counts,
+                [max(r.padding, _FLOOR) for r in ph.front],
+                marker="o",
+                markersize=3,
+                color="C0",
+                label="best list of each count: padding",
+            )
+            ax.set_yscale("log")
+            approx = "~ " if any(r.approximate for r in ph.front) else ""
+            ax.set_ylabel(f"{approx}expected padding, % of step time")
+            ax.set_xlabel("capture sizes (graphs)")
+            ax.grid(color="0.85", linewidth=0.6)
+            mem = ax.twinx()
+            mem.step(counts, [_memory(r) for r in ph.front], where="mid", color="C1", label=f"{memory}, MiB")
+            mem.set_ylabel(f"{memory}, MiB ({'measured items + simulated pool' if calibrated else 'simulated'})")
+            marks = [(ph.current, "s", "0.3"), *[(d, "D", f"C{i + 2}") for i, d in enumerate(ph.defaults)]]
+            for r, shape, color in marks:
+                ax.plot(
+                    [len(r.sizes)],
+                    [max(r.padding, _FLOOR)],
+                    shape,
+                    color=color,
+                    markersize=7,
+                    label=f"{r.label}: {len(r.sizes)} sizes, {r.padding:.2f}%",
+                )
+            c = ph.chosen
+            ax.plot(
+                [len(c.sizes)],
+                [max(c.padding, _FLOOR)],
+                "*",
+                color="#c0392b",
+                markersize=14,
+                label=f"chosen: {len(c.sizes)} sizes, {c.padding:.2f}%",
+            )
+            ax.set_title(f"{ph.phase}: {ph.steps:,.0f} steps, largest size {ph.top}")
+            lines, labels = ax.get_legend_handles_labels()
+            more, more_labels = mem.get_legend_handles_labels()
+            ax.legend(lines + more, labels + more_labels, fontsize=7, loc="upper right")
+        fig.suptitle(f"capture sizes for {res.traffic.source} ({res.traffic.digest[:19]})")
+        buf = io.BytesIO()
+        if path.suffix.lower() == ".svg":
+            fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+        else:
+            fig.savefig(buf, format="png", metadata={"Software": None})
+        plt.close(fig)
+    write_atomic(path, buf.getvalue())
