@@ -44,7 +44,7 @@ from pathlib import Path
 import msgspec
 
 from capture_plan.schemas.errors import ConstraintError, InputError
-from capture_plan.schemas.files import write_atomic
+from capture_plan.schemas.files import existing_output, write_atomic
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Plan, Step, Strategy
 from capture_plan.schemas.spec import Phase, Spec
@@ -592,30 +592,55 @@ def render(res: SizesResult) -> str:
     return "\n".join(out) + "\n"
 
 
+#: the first line of every spec ``write_spec`` writes: a file that starts otherwise is not replaced
+_WRITTEN = "# Capture sizes chosen by `planner sizes`"
+
+
 def write_spec(res: SizesResult, opts: SizesOptions, path: Path) -> str:
     """Write the spec with the chosen sizes to ``path`` (TOML, its header saying what chose
-    them); returns the ``planner build`` command that builds it. Never over the spec or the
-    traffic it was chosen from."""
-    for what, src in (("spec", opts.build.spec), ("traffic", opts.traffic), ("timing report", opts.timing)):
-        if src is not None and os.path.exists(path) and os.path.samefile(path, src):
-            raise InputError(f"the output is the {what} file", where=f"--write-spec {path}", fix="name another file")
+    them and with what figures); returns the ``planner build`` command that builds it.
+
+    The build's own options that a spec can hold go into it (``--tp``, ``--allocator``,
+    ``--trace``); ``--ci`` and ``--calibration`` are in the command. Paths in it are relative
+    to its own folder, so the same choice writes the same bytes from any directory. Replaces
+    only a spec this function wrote before: never the spec, traffic or reports it read, nor
+    any other file."""
+    where = f"--write-spec {path}"
+    b = opts.build
+    if existing_output(path, where, "name a spec file, not a folder") is not None:
+        for what, src in (("spec", b.spec), ("traffic", opts.traffic), ("timing report", opts.timing)):
+            if src is not None and os.path.samefile(path, src):
+                raise InputError(f"the output is the {what} file", where=where, fix="name another file")
+        with open(path, "rb") as f:
+            head = f.read(len(_WRITTEN))
+        if head and head != _WRITTEN.encode():
+            raise InputError(
+                "exists and is not a spec planner sizes wrote; writing would replace it",
+                where=where,
+                fix="name a new file",
+            )
     folder = path.parent
-    rel = Path(os.path.relpath(os.path.abspath(opts.traffic), os.path.abspath(folder))).as_posix()
-    header = [
-        f"Capture sizes chosen by `planner sizes` for the traffic {rel} ({res.traffic.digest}).",
-    ]
+
+    def rel(p: Path) -> str:
+        return Path(os.path.relpath(os.path.abspath(p), os.path.abspath(folder))).as_posix()
+
+    header = [f"{_WRITTEN[2:]} for the traffic {rel(opts.traffic)} ({res.traffic.digest})."]
     for ph in res.phases:
         c = ph.chosen
+        # a measured step time names its report as the user gave it: here relative to this file
+        time = f"measured replay times in {rel(opts.timing)}" if opts.timing is not None else ph.time_source
         header.append(
             f"{ph.phase}: {len(c.sizes)} sizes, padding {'~' if c.approximate else ''}{c.padding:.2f}% of step time "
-            f"({ph.why}); step time: {ph.time_source}"
+            f"({ph.why}); step time: {time}"
         )
     header.append(f"graph memory: {res.memory_source}")
-    cmd = ["planner", "build", "--backend", opts.build.backend]
-    if opts.build.ci:
-        cmd.append("--ci")
-    cmd += ["--spec", str(path)]
-    header.append(f"Build: {' '.join(cmd[:-1])} THIS.toml")
-    text = spec_toml(_rebased(res.spec, opts.build, folder), header)
-    write_atomic(path, text.encode("utf-8"))
+    spec = _rebased(res.spec, b, folder)
+    own = {"tp": b.tp, "allocator": b.allocator, "trace": rel(b.trace) if b.trace is not None else None}
+    spec = msgspec.structs.replace(spec, **{k: v for k, v in own.items() if v is not None})
+    ci = ["--ci"] if b.ci else []
+    cal = ["--calibration", str(b.calibration)] if b.calibration is not None else []
+    cmd = ["planner", "build", "--backend", b.backend, *ci, *cal, "--spec", str(path)]
+    shown = ["--calibration", "REPORT"] if cal else []  # the header is the same bytes from any directory
+    header.append(f"Build: {' '.join(['planner', 'build', '--backend', b.backend, *ci, *shown])} --spec THIS.toml")
+    write_atomic(path, spec_toml(spec, header).encode("utf-8"))
     return " ".join(cmd)

@@ -401,3 +401,16 @@ def test_cli_plots_the_front_and_never_over_another_file(cli, tmp_path):
         "not a PNG image",
     )
     assert (tmp_path / "t.csv").read_text().startswith("size,count")
+
+
+def test_the_written_spec_holds_the_builds_own_options_and_replaces_only_its_own(cli, tmp_path):
+    (tmp_path / "other.toml").write_text("# my own spec\n")
+    base = ("sizes", "-b", "fa3", "--traffic", str(SKEWED), "--max-graphs", "4", "--tp", "2", "--allocator")
+    code, out, err = cli(*base, "expandable", "--write-spec", "s.toml")
+    assert code == 0, err
+    text = (tmp_path / "s.toml").read_text()
+    assert text.startswith("# Capture sizes chosen by `planner sizes`")
+    assert "\ntp = 2\n" in text and '\nallocator = "expandable"\n' in text
+    assert cli(*base, "expandable", "--write-spec", "s.toml")[0] == 0  # its own spec: replaced
+    one_line_error(cli(*base, "native", "--write-spec", "other.toml"), "--write-spec other.toml", "is not a spec")
+    assert (tmp_path / "other.toml").read_text() == "# my own spec\n"
