@@ -625,13 +625,15 @@ def write_spec(res: SizesResult, opts: SizesOptions, path: Path) -> str:
         return Path(os.path.relpath(os.path.abspath(p), os.path.abspath(folder))).as_posix()
 
     header = [f"{_WRITTEN[2:]} for the traffic {rel(opts.traffic)} ({res.traffic.digest})."]
+    header += [f"note: {n}" for n in res.traffic.notes]
     for ph in res.phases:
         c = ph.chosen
         # a measured step time names its report as the user gave it: here relative to this file
         time = f"measured replay times in {rel(opts.timing)}" if opts.timing is not None else ph.time_source
         header.append(
             f"{ph.phase}: {len(c.sizes)} sizes, padding {'~' if c.approximate else ''}{c.padding:.2f}% of step time "
-            f"({ph.why}); step time: {time}"
+            f"({ph.why}), pool {_mib(c.pool_bytes)} MiB, device total "
+            f"{'unknown' if c.device_bytes is None else _mib(c.device_bytes) + ' MiB'}; step time: {time}"
         )
     header.append(f"graph memory: {res.memory_source}")
     spec = _rebased(res.spec, b, folder)
