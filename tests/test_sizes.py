@@ -414,3 +414,12 @@ def test_the_written_spec_holds_the_builds_own_options_and_replaces_only_its_own
     assert cli(*base, "expandable", "--write-spec", "s.toml")[0] == 0  # its own spec: replaced
     one_line_error(cli(*base, "native", "--write-spec", "other.toml"), "--write-spec other.toml", "is not a spec")
     assert (tmp_path / "other.toml").read_text() == "# my own spec\n"
+
+
+def test_a_recorded_trace_prices_every_candidate():
+    """Graph memory from a recorded trace: the sizes it lacks are derived (planner/fitting.py)."""
+    root = Path(__file__).parent.parent
+    res = _choose(build=BuildOptions(backend="fa3", ci=True, trace=root / "plans/traces/fa3-ci.json"), traffic=SKEWED)
+    assert "simulated (trace model" in res.memory_source
+    (ph,) = res.phases
+    assert res.plan.predicted.pool_bytes == ph.chosen.pool_bytes and res.plan.predicted.source == "trace"
