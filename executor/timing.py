@@ -54,10 +54,10 @@ def replay_times(graphs: GraphSet, *, runs: int = 20, warmup: int = 3) -> dict[t
             where="replay_times",
             fix="time the graphs of a capture() that succeeded, before release()",
         )
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
     out: dict[tuple[str, int], float] = {}
     with torch.cuda.device(graphs.device):
+        start = torch.cuda.Event(enable_timing=True)  # on the graphs' device, as the replays
+        end = torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         for phase, bs in sorted(graphs.graphs):
             for _ in range(warmup):
