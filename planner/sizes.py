@@ -45,6 +45,7 @@ import msgspec
 
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.files import existing_output, write_atomic
+from capture_plan.schemas.keys import step_id
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Plan, Step, Strategy
 from capture_plan.schemas.spec import Phase, Spec
@@ -54,6 +55,7 @@ from . import resources
 from .build import BuildOptions, build_plan, build_spec
 from .device import Calibration, device_prediction, read_calibration
 from .graph import capture_order
+from .keys import capture_key, key_sequence, phase_combos
 from .simulate import simulate
 from .size_front import Best, best_lists, candidates, expected
 from .spec_toml import spec_toml
@@ -167,7 +169,12 @@ def _source_spec(opts: BuildOptions) -> Spec:
     if opts.spec is None:
         return default_spec(opts.speculative, opts.max_bs, opts.preset)
     build_spec(opts)  # every check a build makes of the spec and its options, located
-    return decode_spec(read_spec_file(opts.spec), str(opts.spec), phase_kinds=resources.phase_kind_settings())
+    return decode_spec(
+        read_spec_file(opts.spec),
+        str(opts.spec),
+        phase_kinds=resources.phase_kind_settings(),
+        phase_axes=resources.phase_kind_axes(),
+    )
 
 
 def _rebased(spec: Spec, opts: BuildOptions, folder: Path | None) -> Spec:
@@ -233,7 +240,17 @@ class _Memory:
         key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
         if key in self._seen:
             return self._seen[key]
-        captures = [(n, bs) for n in self.sequence for bs in capture_order(lists[n], self.strategies[n].order)]
+        # every graph key of a phase with variants, in the key order the spec's build chose (planner/keys.py)
+        keys = [
+            (n, bs, labels)
+            for n in self.sequence
+            for bs, labels in key_sequence(
+                capture_order(lists[n], self.strategies[n].order),
+                phase_combos(self.phases[n]),
+                "size-major" if self.strategies[n].key_order is msgspec.UNSET else str(self.strategies[n].key_order),
+            )
+        ]
+        captures = [capture_key(n, bs, labels) for n, bs, labels in keys]
         sim = simulate(captures, self.strategies, self.workload, self.expandable, self.protect, self.library)
         hoisted = sum(
             workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
@@ -243,8 +260,8 @@ class _Memory:
         total = None
         if self.calibration is not None:
             steps = [
-                Step(index=i, id=f"capture/{n}/{bs}", op="capture", phase=n, bs=bs)
-                for i, (n, bs) in enumerate(captures)
+                Step(index=i, id=step_id("capture", n, bs, labels), op="capture", phase=n, bs=bs)
+                for i, (n, bs, labels) in enumerate(keys)
             ]
             kinds = {n: p.kind for n, p in self.phases.items()}
             total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
@@ -370,7 +387,9 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
     measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
     tp = b.tp if b.tp is not None else resolved.tp
-    speculative = any(p.kind != "decode" for p in resolved.phases) and b.preset is None
+    # SGLang's speculative size list where a phase is one of its speculative algorithms' (presets.toml)
+    spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
+    speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
     reference = _build(b, _unbudgeted(source))  # the schedule every list is priced under
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
@@ -586,7 +605,7 @@ def render(res: SizesResult) -> str:
     total = "unknown" if known is None else f"{known / MiB:,.1f} MiB"
     out += [
         "",
-        f"plan of the chosen sizes: {sum(len(ph.sizes) for ph in res.plan.phases)} captures, "
+        f"plan of the chosen sizes: {sum(s.op == 'capture' for s in res.plan.steps)} captures, "
         f"pool {p.pool_bytes / MiB:,.1f} MiB (simulated), device total {total}",
     ]
     return "\n".join(out) + "\n"

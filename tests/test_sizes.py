@@ -423,3 +423,17 @@ def test_a_recorded_trace_prices_every_candidate():
     assert "simulated (trace model" in res.memory_source
     (ph,) = res.phases
     assert res.plan.predicted.pool_bytes == ph.chosen.pool_bytes and res.plan.predicted.source == "trace"
+
+
+def test_graph_keys_are_priced_as_the_plan_captures_them():
+    """A phase with variants (SGLang's lora/nolora graphs per size) captures every key of each
+    size; outputs kept make the pool grow with each graph, so a list priced without its keys
+    would show less than the plan built with it."""
+    root = Path(__file__).parent.parent
+    build = BuildOptions(backend="fa3", spec=root / "plans/specs/sglang-lora.toml", strategies=("outputs=keep",))
+    res = _choose(build=build, traffic=SKEWED, max_graphs=6, upto=8)
+    (ph,) = res.phases
+    assert len(ph.chosen.sizes) == 6 and sum(s.op == "capture" for s in res.plan.steps) == 12
+    assert res.plan.predicted.pool_bytes == ph.chosen.pool_bytes
+    sglang = next(r for r in ph.defaults if r.label == "SGLang default")
+    assert sglang.pool_bytes > ph.chosen.pool_bytes  # 72 kept graphs against 12
