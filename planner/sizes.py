@@ -11,12 +11,14 @@ phase the traffic names, this prices the trade:
    expected time lost to padding in % of the time the same steps would take
    each at its own size.
 2. **Memory**, per list on the front: the plan's own schedule (the strategies
-   a build of the spec chooses) simulated with that list, exactly as the
-   planner predicts a plan's pool; with ``--calibration``, the device total
-   as a plan records it (planner/device.py). The chosen lists are then built
-   as a plan, whose figures are the ones reported for them.
-3. **Start-up**: the count of graphs, and with ``--timing`` the capture
-   seconds the report measured per size (interpolated between them).
+   and key order a build of the spec chooses; every graph key of a phase with
+   variants) simulated with that list, exactly as the planner predicts a
+   plan's pool; with ``--calibration``, the device total as a plan records it
+   (planner/device.py). The chosen lists are then built as a plan, whose
+   figures are the ones reported for them.
+3. **Start-up**: the count of graphs, and with ``--timing`` or
+   ``--calibration`` the capture seconds that report measured per size
+   (interpolated between them).
 
 The chosen list of a phase is the one with the least padding within the
 budget (``budget_mib``: the device total when calibrated, else the pool and
