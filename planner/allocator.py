@@ -66,14 +66,29 @@ GPU, in both modes.
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 from bisect import bisect_left, insort
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
+from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.units import KiB, MiB
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from ._core import Pool as CompiledPool
 
 __all__ = [
     "PoolSim",
+    "Pool",
+    "Core",
+    "CORE_ENV",
+    "core",
+    "new_pool",
     "Block",
     "FREE",
     "round_size",
@@ -308,6 +323,68 @@ class PoolSim:
                     watched.append(span)  # pyright: ignore[reportOptionalMemberAccess]
         self.allocated = allocated
 
+    def capture(self, prog, view: bool, spans: set | None = None, outputs: list | None = None) -> None:
+        """One capture of ``prog`` (a :class:`capture_plan.planner.program.Program`) on stream 0.
+
+        The prologue, the body ``prog.repeats`` times with the carried block
+        passed from one repetition to the next, the epilogue; then the frees
+        at the capture's end: temporaries and workspaces, and outputs too when
+        ``view`` (outputs held through views). Outputs and library blocks
+        otherwise stay allocated. ``spans`` (or None) gets every block
+        allocated as ``(start, end)``, and then ``outputs`` (or None) the
+        protected outputs among them (:meth:`run`), plus the block the last
+        repetition carries out when the program returns it as an output.
+        """
+        from .program import CARRY  # program.py imports this module (FREE): not at the top
+
+        live: dict = {}  # allocation id -> Block
+        run = self.run
+        code = prog.runnable
+        watch = outputs is not None  # record protected outputs where they are allocated
+        run(code.prologue, live, 0, spans, code.prologue_outputs if watch else (), outputs)
+        carried_kind = None  # the kind of the block under CARRY
+        if prog.repeats:
+            carried = live.pop(prog.carry_in) if prog.carry_in is not None else None
+            seen: dict[tuple, int] | None = {}
+            i = 0
+            body = code.body
+            while i < prog.repeats:
+                # The allocator is deterministic: once the state after a layer
+                # recurs, the layers in between repeat forever. Skip whole
+                # cycles; the peak inside them was already seen. Between
+                # layers the allocated blocks are the ones from before the
+                # loop plus the carried one (a body that leaked would change
+                # `allocated`), so the free lists (compared exactly, see
+                # free_state) and that block pin the state.
+                if seen is not None:
+                    sig = (self.free_state(), carried.addr if carried is not None else None)
+                    if sig in seen:
+                        period = i - seen[sig]
+                        i += (prog.repeats - i) // period * period
+                        seen = None
+                        continue
+                    seen[sig] = i
+                if carried is not None:
+                    live[CARRY] = carried
+                run(body, live, 0, spans, code.body_outputs if watch else (), outputs)
+                carried = live.pop(prog.carry_out)
+                i += 1
+            carried_kind = code.kinds[prog.carry_out]
+            if prog.carry_kind is not None:  # the step returns what the last repetition carries out
+                carried_kind = prog.carry_kind
+                if outputs is not None and prog.carry_kind == "output":
+                    # the body ran (prog.repeats), so carried is the block it carried out
+                    outputs.append((carried.addr, carried.addr + carried.size))  # pyright: ignore[reportOptionalMemberAccess]
+            live[CARRY] = carried
+        run(code.epilogue, live, 0, spans, code.epilogue_outputs if watch else (), outputs)
+        kinds = code.kinds
+        ends = []  # at the end of the capture: temporaries, and outputs held through views
+        for eid in live:
+            kind = carried_kind if eid == CARRY else kinds[eid]
+            if kind == "temp" or kind == "workspace" or (kind == "output" and view):
+                ends.append((FREE, eid))
+        run(ends, live)
+
     def _grow(self, small: bool, stream: int, size: int) -> Block:
         if self.expandable:
             return self._grow_expandable(small, stream, size)
@@ -445,3 +522,67 @@ class PoolSim:
                 b = b.next
             out.append((small, nbytes, tuple(blocks)))
         return out
+
+
+# -- which core runs -----------------------------------------------------------
+
+#: A pool of either core: :class:`PoolSim`, or the compiled ``_core.Pool``
+#: (planner/_core.pyx) with the same surface, ints for block handles.
+Pool: TypeAlias = "PoolSim | CompiledPool"
+
+#: ``python`` runs :class:`PoolSim` even where the compiled core is built;
+#: ``compiled`` requires the compiled core (an error where it did not load);
+#: unset or ``auto``: the compiled core where it loads, else PoolSim.
+CORE_ENV = "CAPTURE_PLAN_ALLOCATOR_CORE"
+
+_log = logging.getLogger(__name__)
+
+
+class Core(NamedTuple):
+    """The allocator core this process runs: ``name`` (``compiled`` or
+    ``python``), the pool class, and why, when it is the Python one."""
+
+    name: str
+    pool: type
+    why: str = ""
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.why})" if self.why else self.name
+
+
+@functools.cache
+def core() -> Core:
+    """The core, chosen once per process: the compiled one (an optional
+    extension, built at install time where a C compiler exists) unless
+    :data:`CORE_ENV` says ``python`` or it did not load. Both simulate the
+    same rules (tests/test_allocator_core.py compares them op by op), so the
+    choice changes speed only, never a plan. A fallback logs one INFO line.
+    """
+    want = os.environ.get(CORE_ENV, "").strip().lower()
+    if want not in ("", "auto", "python", "compiled"):
+        raise InputError(
+            f"{CORE_ENV}={os.environ[CORE_ENV]!r} names no allocator core (python, compiled or auto)",
+            where=f"environment variable {CORE_ENV}",
+            fix=f"unset {CORE_ENV}",
+        )
+    if want == "python":
+        return Core("python", PoolSim, f"{CORE_ENV}=python")
+    try:
+        from ._core import Pool as compiled
+    except ImportError as e:  # not built here (no C compiler at install time), or built for another Python
+        why = f"the compiled core did not load: {e}"
+        if want == "compiled":
+            raise InputError(
+                f"{CORE_ENV}=compiled, but {why}",
+                where=f"environment variable {CORE_ENV}",
+                fix=f"unset {CORE_ENV} (the Python core gives the same plans), or reinstall with a C compiler: "
+                "pip install --force-reinstall --no-deps .",
+            ) from None
+        _log.info("allocator: using the Python core; %s", why)
+        return Core("python", PoolSim, why)
+    return Core("compiled", compiled)
+
+
+def new_pool(expandable: bool = False, addresses: Iterator[int] | None = None) -> Pool:
+    """A new pool of the core this process runs (:func:`core`)."""
+    return core().pool(expandable=expandable, addresses=addresses)

@@ -17,8 +17,7 @@ import msgspec
 
 from capture_plan.schemas.plan import Strategy
 
-from .allocator import FREE, PoolSim
-from .program import CARRY
+from .allocator import Pool, new_pool
 from .workload import Workload
 
 __all__ = ["SimResult", "Simulation", "Tail", "simulate", "pool_id"]
@@ -101,7 +100,7 @@ class Simulation:
         self.workload, self.expandable, self.protect = workload, expandable, protect
         self.library_bytes = library_bytes
         self.where = where or {}
-        self.pools: dict[str, PoolSim] = {}
+        self.pools: dict[str, Pool] = {}
         # (pool, phase) -> {(start, end)}: a set, as layers and captures reuse the same blocks
         self.touched: dict[tuple[str, str], set[tuple[int, int]]] = {}
         self.outputs: list[tuple[str, str, int, int, int]] = []  # (pool, phase, bs, start, end)
@@ -116,7 +115,7 @@ class Simulation:
         return twin
 
     def state(self) -> tuple:
-        """What the rest of a run depends on: each pool's :meth:`PoolSim.state`
+        """What the rest of a run depends on: each pool's :meth:`~capture_plan.planner.allocator.PoolSim.state`
         (later captures free only their own blocks) and the library still to place."""
         return tuple(sorted((k, p.state()) for k, p in self.pools.items())), self.library_bytes
 
@@ -155,12 +154,10 @@ class Simulation:
         pools = self.pools
         pool = pools.get(pid)
         if pool is None:
-            pool = pools[pid] = PoolSim(expandable=self.expandable)
+            pool = pools[pid] = new_pool(self.expandable)
         if self.library_bytes:
             pool.alloc(self.library_bytes)  # never freed
             self.library_bytes = 0
-        live: dict = {}  # allocation id -> Block
-        run = pool.run
         if self.protect:
             outputs = [] if phase in self.protect else None
             if any(q != phase and self.where.get(q, pid) == pid for q in self.protect):
@@ -169,56 +166,10 @@ class Simulation:
                 spans = None if outputs is None else set()
         else:
             spans = outputs = None
-
         prog = self.workload.program(phase, bs, hoisted=st.workspace == "hoisted", labels=labels)
-        code = prog.runnable
-        watch = outputs is not None  # record protected outputs where they are allocated
-        run(code.prologue, live, 0, spans, code.prologue_outputs if watch else (), outputs)
-        carried_kind = None  # the kind of the block under CARRY
-        if prog.repeats:
-            carried = live.pop(prog.carry_in) if prog.carry_in is not None else None
-            seen: dict[tuple, int] | None = {}
-            i = 0
-            body = code.body
-            while i < prog.repeats:
-                # The allocator is deterministic: once the state after a layer
-                # recurs, the layers in between repeat forever. Skip whole
-                # cycles; the peak inside them was already seen. Between
-                # layers the allocated blocks are the ones from before the
-                # loop plus the carried one (a body that leaked would change
-                # `allocated`), so the free lists (compared exactly, see
-                # PoolSim.free_state) and that block pin the state.
-                if seen is not None:
-                    sig = (pool.free_state(), carried.addr if carried is not None else None)
-                    if sig in seen:
-                        period = i - seen[sig]
-                        i += (prog.repeats - i) // period * period
-                        seen = None
-                        continue
-                    seen[sig] = i
-                if carried is not None:
-                    live[CARRY] = carried
-                run(body, live, 0, spans, code.body_outputs if watch else (), outputs)
-                carried = live.pop(prog.carry_out)
-                i += 1
-            carried_kind = code.kinds[prog.carry_out]
-            if prog.carry_kind is not None:  # the step returns what the last repetition carries out
-                carried_kind = prog.carry_kind
-                if outputs is not None and prog.carry_kind == "output":
-                    # the body ran (prog.repeats), so carried is the block it carried out
-                    outputs.append((carried.addr, carried.addr + carried.size))  # pyright: ignore[reportOptionalMemberAccess]
-            live[CARRY] = carried
-        run(code.epilogue, live, 0, spans, code.epilogue_outputs if watch else (), outputs)
+        pool.capture(prog, st.outputs == "view", spans, outputs)
         if outputs:
             self.outputs.extend((pid, phase, bs, start, end) for start, end in outputs)
-        kinds = code.kinds
-        view = st.outputs == "view"
-        ends = []  # at the end of the capture: temporaries, and outputs held through views
-        for eid in live:
-            kind = carried_kind if eid == CARRY else kinds[eid]
-            if kind == "temp" or kind == "workspace" or (kind == "output" and view):
-                ends.append((FREE, eid))
-        run(ends, live)
         self.timeline.append((sum(p.reserved for p in pools.values()), sum(p.allocated for p in pools.values())))
 
     def result(self) -> SimResult:
