@@ -13,7 +13,17 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
   work              per build above, in a separate untimed run: captures simulated and allocator
                     operations (allocations and frees) run; ns_per_op is simulate_default over its own
                     operations, so operations x ns_per_op is what simulating alone costs (the floor
-                    of an op-by-op simulation at this speed)
+                    of an op-by-op simulation at this speed); counted with the Python core (the
+                    operations are the same with either), ns_per_op for each core
+  cores             each workload in process with both allocator cores (planner/allocator.py's
+                    core(): the compiled one and PoolSim), paired: the cores alternate run by run
+                    (python, compiled, compiled, python, ...) after one untimed run of each, so that
+                    drift in the machine's load hits both alike; medians, compiled over python, and
+                    whether the plans are byte-identical. Workloads: the default plan, EAGLE's plan
+                    (4 phases), the 1024 x 4 spec, a build from EAGLE's trace cut to the three sizes a
+                    phase a start-up recording takes (bench.trace_build_bench), and the start-up
+                    prediction's CPU part (adapters/startup.py: the analytic EAGLE schedule, then
+                    that trace build). Left out where the compiled core is not built here.
 
 The project's modules are byte-compiled first (what an installed package
 has; this workplace sets PYTHONDONTWRITEBYTECODE, so without this every
@@ -21,7 +31,7 @@ fresh process would compile them again). The load average before and after
 is recorded: other jobs on a shared machine slow every figure.
 
 Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
-Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact]
+Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact] [--no-cores]
      python -m bench.build_bench --python OTHER/bin/python --tag installed   (commands only, that installation)
      python -m bench.build_bench --python B/bin/python --against A/bin/python --tag ab
          (A/B: the commands alternate between the two installations run by run, so that drift in the
@@ -55,13 +65,24 @@ def _median(fn, repeat: int) -> float:
 PYTHON = sys.executable  # --python: time the commands with another installation
 
 
+def _core(name: str) -> None:
+    """Run the allocator core ``name`` from now on in this process (its environment variable)."""
+    from capture_plan.planner.allocator import CORE_ENV, core
+
+    os.environ[CORE_ENV] = name
+    core.cache_clear()
+    assert core().name == name, core()
+
+
 def _work(fn) -> dict:
-    """Captures simulated and allocator operations run by ``fn()`` (counted, not timed)."""
+    """Captures simulated and allocator operations run by ``fn()`` (counted, not timed; with
+    the Python core, whose ``run`` a counter can wrap, and the compiled core again after)."""
     from capture_plan.planner.allocator import PoolSim
     from capture_plan.planner.simulate import Simulation
 
     counts = {"captures": 0, "ops": 0}
     run, capture = PoolSim.run, Simulation.capture
+    _core("python")
 
     def counting_run(self, ops, *a, **k):
         ops = tuple(ops)
@@ -77,15 +98,64 @@ def _work(fn) -> dict:
         fn()
     finally:
         PoolSim.run, Simulation.capture = run, capture
+        _core(CORE)
     return counts
 
 
+CORE = "compiled"  # the core this run measures by default: "python" where the compiled one is not built
+
+
+def _cores(repeat: int) -> dict:
+    """Each workload with both cores in process, paired (see the module docstring)."""
+    from bench.trace_build_bench import CASES, _trace
+    from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.schemas.codec import canonical_bytes
+
+    trace, _, keep = CASES["fa3-eagle-ci, 3 recorded sizes a phase"]
+    recorded = _trace(trace, keep, Path(tempfile.mkdtemp()))
+    eagle = BuildOptions(backend="fa3", ci=True, speculative="eagle")
+    eagle_trace = BuildOptions(backend="fa3", ci=True, speculative="eagle", trace=recorded)
+    workloads = {
+        "default": lambda: build_plan(BuildOptions(backend="fa3", ci=True)),
+        "eagle": lambda: build_plan(eagle),
+        "scale_1024": lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=_scale_spec(1024))),
+        "eagle_trace_3": lambda: build_plan(eagle_trace),
+        # predict_startup: the schedule (the analytic build), then the build from the recording
+        "startup_cpu": lambda: (build_plan(eagle), build_plan(eagle_trace))[1],
+    }
+    out: dict = {}
+    for name, fn in workloads.items():
+        plans, times = {}, {"python": [], "compiled": []}
+        for which in ("python", "compiled"):  # untimed: programs built and cached, modules warm
+            _core(which)
+            plans[which] = canonical_bytes(fn())
+        for i in range(repeat):
+            for which in ("python", "compiled") if i % 2 == 0 else ("compiled", "python"):
+                _core(which)
+                t0 = time.perf_counter()
+                fn()
+                times[which].append(time.perf_counter() - t0)
+        py, c = statistics.median(times["python"]), statistics.median(times["compiled"])
+        out[name] = {
+            "python_s": py,
+            "compiled_s": c,
+            "compiled_over_python": c / py,
+            "identical": plans["python"] == plans["compiled"],
+        }
+        print(f"cores: {name} python {py:.3f} s, compiled {c:.3f} s ({c / py:.2f}x)", file=sys.stderr)
+    _core(CORE)
+    return out
+
+
 def _cli(*args: str, python: str | None = None) -> None:
+    from capture_plan.planner.allocator import CORE_ENV
+
     subprocess.run(
         [python or PYTHON, "-m", "capture_plan.planner", *args],
         check=True,
         capture_output=True,
         cwd=tempfile.gettempdir(),
+        env={k: v for k, v in os.environ.items() if k != CORE_ENV},  # the installation's own choice
     )
 
 
@@ -151,6 +221,7 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="file name suffix: build-<date>-<tag>.json")
     add_overwrite(ap)
     ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
+    ap.add_argument("--no-cores", action="store_true", help="skip the in-process comparison of the allocator cores")
     ap.add_argument(
         "--against",
         metavar="PYTHON",
@@ -176,6 +247,7 @@ def main() -> None:
         compileall.compile_dir(str(REPO / pkg), quiet=1)
 
     from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.planner.allocator import core
     from capture_plan.planner.resources import backend
     from capture_plan.planner.simulate import simulate
     from capture_plan.planner.specs import default_spec
@@ -220,6 +292,12 @@ def main() -> None:
             f"{res['python']} ({res['install']}): default build {res['build_default_s']:.3f} s, "
             f"speculative {res['build_speculative_s']:.3f} s, help {res['help_s']:.3f} s",
         )
+    global CORE
+    CORE = core().name
+    res["core"] = core().describe()  # the core of every figure below but cores and work
+    if CORE == "compiled" and not args.no_cores:
+        res["cores"] = _cores(args.repeat)
+        _write(res, out, "cores measured, the rest under way")  # a run cut short keeps them
     plan = build_plan(BuildOptions(backend="fa3", ci=True))
     spec = default_spec()
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
@@ -254,19 +332,36 @@ def main() -> None:
     work["scale_1024"] = _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)))
     if not args.no_exact:
         work["exact_1024"] = _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)))
-    ns = res["simulate_default_s"] / work["simulate_default"]["ops"] * 1e9
+    _core("python")
+    ns = _median(lambda: simulate(caps, strategies, wl), args.repeat) / work["simulate_default"]["ops"] * 1e9
+    _core(CORE)
     for w in work.values():
         w["simulating_s_at_ns_per_op"] = round(w["ops"] * ns * 1e-9, 3)
-    res["work"] = {"ns_per_op": round(ns), **work}
+    res["work"] = {
+        "ns_per_op": round(ns),
+        f"ns_per_op_{CORE}": round(res["simulate_default_s"] / work["simulate_default"]["ops"] * 1e9),
+        **work,
+    }
     scale = res["scale"]
+    cores = res.get("cores", {})
     _write(
         res,
         out,
-        f"default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
+        (
+            "compiled/python core: "
+            + ", ".join(
+                f"{k} {v['compiled_over_python']:.2f}x ({v['python_s']:.2f} -> {v['compiled_s']:.2f} s)"
+                for k, v in cores.items()
+            )
+            + (", plans identical; " if all(v["identical"] for v in cores.values()) else ", PLANS DIFFER; ")
+            if cores
+            else ""
+        )
+        + f"{CORE} core: default build {res['build_default_s']:.3f} s, speculative {res['build_speculative_s']:.3f} s "
         f"(in process {res['optimize_speculative_s']:.3f} s), 1024x4 {scale['1024']:.2f} s, 2048x4 "
         f"{scale['2048']:.2f} s"
         + (f", --exact 1024x4 {res['exact_1024_s']:.1f} s" if "exact_1024_s" in res else "")
-        + f"; {ns:.0f} ns per allocator op: "
+        + f"; {ns:.0f} ns per allocator op (python core): "
         + ", ".join(
             f"{k} {w['captures']:,} captures {w['ops'] / 1e6:.2f} M ops = {w['simulating_s_at_ns_per_op']:.2f} s"
             for k, w in work.items()

@@ -67,6 +67,7 @@ GPU, in both modes.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 from bisect import bisect_left, insort
@@ -91,6 +92,7 @@ __all__ = [
     "new_pool",
     "Block",
     "FREE",
+    "CARRY",
     "round_size",
     "segment_size",
     "KiB",
@@ -114,6 +116,11 @@ ROUND_LARGE = 2 * MiB
 #: (the inner loop tests ``nbytes < 0``). Callers build ops from typed
 #: programs (planner/program.py), never by writing this value themselves.
 FREE = -1
+
+#: id, inside a repeated body (planner/program.py's ``Program``), of the block carried in
+#: from before it: :meth:`PoolSim.capture` passes it from one repetition to the next
+#: (planner/_core.pyx has the same value; tests/test_allocator_core.py checks it)
+CARRY = -1
 
 
 def _round_up(n: int, m: int) -> int:
@@ -335,8 +342,6 @@ class PoolSim:
         protected outputs among them (:meth:`run`), plus the block the last
         repetition carries out when the program returns it as an output.
         """
-        from .program import CARRY  # program.py imports this module (FREE): not at the top
-
         live: dict = {}  # allocation id -> Block
         run = self.run
         code = prog.runnable
@@ -568,7 +573,8 @@ def core() -> Core:
     if want == "python":
         return Core("python", PoolSim, f"{CORE_ENV}=python")
     try:
-        from ._core import Pool as compiled
+        # by name: the extension is no module of the source tree (and imports none of it)
+        compiled = importlib.import_module(f"{__package__}._core").Pool
     except ImportError as e:  # not built here (no C compiler at install time), or built for another Python
         why = f"the compiled core did not load: {e}"
         if want == "compiled":

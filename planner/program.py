@@ -25,7 +25,7 @@ import msgspec
 
 from capture_plan.schemas.trace import Event, EventKind
 
-from .allocator import FREE
+from .allocator import CARRY, FREE  # the compact form's ids: the allocator core runs programs
 
 __all__ = ["Alloc", "Free", "Op", "CARRY", "Program", "Runnable", "ops_from_events"]
 
@@ -49,9 +49,6 @@ class Free(msgspec.Struct, frozen=True, gc=False, tag="free"):
 
 #: one op of a program
 Op = Alloc | Free
-
-#: id, inside a repeated body, of the block carried in from before it
-CARRY = -1
 
 
 def ops_from_events(events: Iterable[Event]) -> tuple[Op, ...]:
