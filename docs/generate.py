@@ -538,6 +538,41 @@ def build_work() -> list[str]:
     ]
 
 
+_CORES_ROWS = [
+    ("default", "`planner build --backend fa3 --ci` (36 sizes)", "-"),
+    ("eagle", "EAGLE's plan (4 phases)", "0.25x"),
+    ("scale_1024", "4 phases x 1024 sizes", "0.25x"),
+    ("eagle_trace_3", "EAGLE from a trace of 3 sizes a phase", "0.25x"),
+    ("startup_cpu", "a start-up prediction's CPU part (EAGLE: the schedule, then the trace build)", "-"),
+]
+
+
+def build_cores() -> list[str]:
+    name = "build-2026-12-01-cores.json"
+    d = _load(name)
+    cores = d["cores"]
+    rows = [
+        [
+            label,
+            f"{cores[key]['python_s']:.2f} s",
+            f"{cores[key]['compiled_s']:.2f} s",
+            f"{cores[key]['compiled_over_python']:.2f}x",
+            target,
+            "yes" if cores[key]["identical"] else "NO",
+        ]
+        for key, label, target in _CORES_ROWS
+    ]
+    load = f"load average {d['loadavg_before'][0]:.1f} before, {d['loadavg_after'][0]:.1f} after"
+    return [
+        *_table(["build, in process", "Python core", "compiled core", "ratio", "target", "same plan"], rows),
+        "",
+        f"Medians of {d['repeat']} runs of each core. 4 phases x 2048 sizes with the compiled core:"
+        f" {d['scale']['2048']:.2f} s; simulating the default plan {d['work']['ns_per_op']:,} ns per allocator"
+        f" operation with the Python core, {d['work']['ns_per_op_compiled']:,} ns with the compiled one.",
+        _source(name, d) + f" {d['machine']}, {load}: a shared machine.",
+    ]
+
+
 def startup() -> list[str]:
     name = "startup-2026-11-29-32l.json"
     d = _load(name)
@@ -669,6 +704,7 @@ TABLES = {
     "adoption": adoption,
     "build": build,
     "build-work": build_work,
+    "build-cores": build_cores,
     "startup": startup,
     "background": background,
     "sglang-reserve": sglang_reserve,

@@ -4,7 +4,7 @@
 The same rules as ``PoolSim`` (planner/allocator.py's docstring cites PyTorch's functions for
 each), op for op, over C arrays instead of Python objects: blocks live in one array and are
 named by their index, each block pool's free list is a sorted array of (stream, size, addr)
-keys. ``PoolSim`` is the reference: ``tests/test_allocator_core.py`` drives both with random
+keys, and a program's typed ops are converted to an array once per program. ``PoolSim`` is the reference: ``tests/test_allocator_core.py`` drives both with random
 op streams and compares every address and the final state, so a rule changed in one and not
 the other fails there. planner/allocator.py chooses this core when it was built (an optional
 extension: setup.py) and falls back to ``PoolSim`` otherwise.
@@ -14,6 +14,8 @@ allocated (a freed block's index is reused). ``state()`` and ``free_state()`` re
 equal exactly when ``PoolSim``'s tuples would be, but not the same values. Addresses and
 sizes are below 2**63.
 """
+
+import sys
 
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc, realloc
@@ -164,14 +166,26 @@ cdef class Compiled:
         free(self.ends)
 
     def __init__(self, prog):
-        code = prog.runnable
-        sections = (code.prologue, code.body, code.epilogue)
-        watched = (code.prologue_outputs, code.body_outputs, code.epilogue_outputs)
+        # Straight from the typed ops: what Program.runnable makes for PoolSim (the sections as
+        # (nbytes, id) pairs, each id's kind, each section's output ids), without making it.
+        # The ops' classes come from the module that defined the program (planner/program.py):
+        # this extension imports nothing from the package.
+        alloc = sys.modules[type(prog).__module__].Alloc
+        sections = (prog.prologue, prog.body, prog.epilogue)
         slots: dict = {CARRY: 0}
+        kinds: dict = {}
+        watched = []
         for section in sections:
-            for _, eid in section:
+            outs = set()
+            for op in section:
+                eid = op.id
                 if eid not in slots:
                     slots[eid] = len(slots)
+                if type(op) is alloc:
+                    kinds[eid] = op.kind
+                    if op.kind == "output":
+                        outs.add(eid)
+            watched.append(outs)
         for eid in (prog.carry_in, prog.carry_out):
             if eid is not None and eid not in slots:
                 slots[eid] = len(slots)
@@ -185,20 +199,24 @@ cdef class Compiled:
         cdef int s
         for s in range(3):
             section = sections[s]
+            outs = watched[s]
             self.n[s] = len(section)
             self.ops[s] = <Op*>malloc((len(section) or 1) * sizeof(Op))
             if self.ops[s] == NULL:
                 raise MemoryError()
             j = 0
-            for nbytes, eid in section:
-                self.ops[s][j].nbytes = nbytes
-                self.ops[s][j].slot = slots[eid]
-                self.ops[s][j].output = nbytes >= 0 and eid in watched[s]
+            for op in section:
+                if type(op) is alloc:
+                    self.ops[s][j].nbytes = op.size
+                    self.ops[s][j].output = op.id in outs
+                else:
+                    self.ops[s][j].nbytes = -1  # FREE
+                    self.ops[s][j].output = 0
+                self.ops[s][j].slot = slots[op.id]
                 j += 1
         self.ends = <char*>malloc(self.nslots)
         if self.ends == NULL:
             raise MemoryError()
-        kinds = code.kinds
         for eid, slot in slots.items():
             self.ends[slot] = end_kind(kinds.get(eid))
         # simulate.py: the carried block ends as the kind of what the body carries out, or as
@@ -526,8 +544,8 @@ cdef class Pool:
     def capture(self, prog, bint view, spans=None, outputs=None) -> None:
         """PoolSim.capture, in C: one capture of ``prog`` (a planner.program.Program) on stream 0.
 
-        ``prog`` keeps its compiled form (``prog.__dict__``, as its ``runnable``), so a program
-        is converted once however often it is captured.
+        ``prog`` keeps its compiled form (``prog.__dict__``, as it keeps ``runnable``, which this
+        core never needs), so a program is converted once however often it is captured.
         """
         cdef Compiled c = prog.__dict__.get("_compiled_core")
         if c is None:
