@@ -452,6 +452,10 @@ class Workload:
             # per derived shape: the first of its sizes that folded, refolded for the others with
             # their sizes (a size whose repetitions differ is folded from its own ops, as before)
             folded: dict[int, Program] = {}
+            # folds that failed (two blocks cross every layer, as in EAGLE's target phases), by
+            # what decides a fold: the shape, which of its sizes are equal, and the hint; another
+            # size alike stays flat without searching again (exact: the same search would fail)
+            flat: set[tuple] = set()
             for bs in sorted({*fit.ops, *fit.shapes}):
                 if bs in fit.ops:
                     progs[(p.name, bs)], found = fold(fit.ops[bs], hint)  # a repeated layer is simulated faster
@@ -461,10 +465,17 @@ class Workload:
                 template = folded.get(id(shape))
                 prog = refold(template, sizes) if template is not None else None
                 if prog is None:
-                    prog, found = fold(fit.derived_ops(bs), hint)
-                    hint = found or hint
-                    if prog.repeats and template is None:
-                        folded[id(shape)] = prog
+                    first: dict[int, int] = {}
+                    alike = (id(shape), tuple([first.setdefault(n, i) for i, n in enumerate(sizes)]), hint)
+                    if alike in flat:
+                        prog = Program(prologue=fit.derived_ops(bs))
+                    else:
+                        prog, found = fold(fit.derived_ops(bs), hint)
+                        hint = found or hint
+                        if not prog.repeats:
+                            flat.add(alike)
+                        elif template is None:
+                            folded[id(shape)] = prog
                 progs[(p.name, bs)] = prog
             samples[p.name] = (fit.measured, fit.derived)
         for key, cap in keyed.items():  # each recorded graph key: its own program

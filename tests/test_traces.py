@@ -659,6 +659,30 @@ def test_a_derived_size_folds_where_its_layers_repeat_though_the_first_did_not()
         assert _expand(w.program("decode", bs)) == _expand(flat), bs
 
 
+def test_a_fold_that_failed_is_not_searched_again_for_a_size_alike(monkeypatch):
+    """EAGLE's target phases do not fold (two blocks cross every layer): a derived size whose
+    shape, equal sizes and hint match one that failed stays flat without searching again
+    (before: every one of their derived sizes searched, 102 failed folds; the programs are
+    the full trace's, event for event, test_draft_phases_derived_from_three_sizes_with_the_sm_count)."""
+    from capture_plan.planner import layers
+
+    real, tried = layers.fold, []
+
+    def counting(ops, hint=None):
+        prog, found = real(ops, hint)
+        if not prog.repeats:
+            seen: dict = {}
+            tried.append((tuple(seen.setdefault(t, len(seen)) for t in layers._tokens(ops)), hint))
+        return prog, found
+
+    monkeypatch.setattr(layers, "fold", counting)
+    _, few = _eagle_few(H200_SMS)
+    spec = default_spec("eagle")
+    Workload.from_trace(few, spec.phases, "few", spec.model)
+    recorded = 3 * len(spec.phases)  # recorded sizes are folded each from its own ops, not cached
+    assert len(tried) - len(set(tried)) <= recorded, len(tried)
+
+
 def test_flatten_keeps_an_epilogue_free_of_a_prologue_block():
     """One id space, as the simulator runs it: flatten() used to rename the epilogue's ids
     apart and drop the free of block 1, allocated in the prologue."""
