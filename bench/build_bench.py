@@ -115,10 +115,11 @@ def _cores(repeat: int) -> dict:
     recorded = _trace(trace, keep, Path(tempfile.mkdtemp()))
     eagle = BuildOptions(backend="fa3", ci=True, speculative="eagle")
     eagle_trace = BuildOptions(backend="fa3", ci=True, speculative="eagle", trace=recorded)
+    scale = BuildOptions(backend="fa3", ci=True, spec=_scale_spec(1024))  # one file: its path is in the plan
     workloads = {
         "default": lambda: build_plan(BuildOptions(backend="fa3", ci=True)),
         "eagle": lambda: build_plan(eagle),
-        "scale_1024": lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=_scale_spec(1024))),
+        "scale_1024": lambda: build_plan(scale),
         "eagle_trace_3": lambda: build_plan(eagle_trace),
         # predict_startup: the schedule (the analytic build), then the build from the recording
         "startup_cpu": lambda: (build_plan(eagle), build_plan(eagle_trace))[1],

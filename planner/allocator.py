@@ -62,6 +62,13 @@ events, ``graph_capture_record_stream_reuse``): blocks here are freed
 immediately, as a capture on one stream sees them.
 ``bench/allocator_diff.py`` checks this model against the real allocator on a
 GPU, in both modes.
+
+Two cores run these rules: :class:`PoolSim` here, the reference and the
+fallback, and ``planner/_core.pyx``, the same in C (an optional extension;
+its speed: docs/design.md), which :func:`core` chooses where it was built.
+``tests/test_allocator_core.py`` drives both with random op streams and
+capture programs and compares every address and the final state: a rule
+changed here must change there too.
 """
 
 from __future__ import annotations
