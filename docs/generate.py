@@ -539,7 +539,7 @@ def build_work() -> list[str]:
 
 
 _CORES_ROWS = [
-    ("default", "`planner build --backend fa3 --ci` (36 sizes)", "-"),
+    ("default", "the default plan (`--backend fa3 --ci`, 36 sizes)", "-"),
     ("eagle", "EAGLE's plan (4 phases)", "0.25x"),
     ("scale_1024", "4 phases x 1024 sizes", "0.25x"),
     ("eagle_trace_3", "EAGLE from a trace of 3 sizes a phase", "0.25x"),
