@@ -570,6 +570,25 @@ def build_cores() -> list[str]:
         f" {d['scale']['2048']:.2f} s; simulating the default plan {d['work']['ns_per_op']:,} ns per allocator"
         f" operation with the Python core, {d['work']['ns_per_op_compiled']:,} ns with the compiled one.",
         _source(name, d) + f" {d['machine']}, {load}: a shared machine.",
+        "",
+        *_build_ab("build-2026-12-01-ab.json"),
+    ]
+
+
+def _build_ab(name: str) -> list[str]:
+    """The whole commands before and after, each installed (``pip install .``), alternating."""
+    d = _load(name)
+    ab = d["ab"]
+
+    def cell(key: str) -> str:
+        return f"{ab[key]['b_over_a_cpu']:.2f}x CPU time, {ab[key]['b_over_a_wall']:.2f}x wall"
+
+    return [
+        f"Whole processes, installed with `pip install .` before (the commit this work started from) and"
+        f" after, run alternately {d['repeat']} times each (`--python AFTER --against BEFORE`): `planner build"
+        f" --backend fa3 --ci --speculative eagle --dry-run` {cell('build_speculative')}, the default build"
+        f" {cell('build_default')}, `planner --help` {cell('help')} (unchanged code: the machine's noise).",
+        _source(name, d) + f" load average {d['loadavg_before'][0]:.1f} before, {d['loadavg_after'][0]:.1f} after.",
     ]
 
 
