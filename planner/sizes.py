@@ -61,7 +61,7 @@ from .keys import capture_key, key_sequence, phase_combos
 from .simulate import simulate
 from .size_front import Best, best_lists, candidates, expected
 from .spec_toml import spec_toml
-from .specs import _expand, default_spec, engine_preset, read_spec_file, sgl_sizes
+from .specs import _expand, default_spec, engine_preset, model_presets, read_spec_file, sgl_sizes
 from .step_time import (
     DEFAULT_CONTEXT,
     DEFAULT_DEVICE,
@@ -176,6 +176,7 @@ def _source_spec(opts: BuildOptions) -> Spec:
         str(opts.spec),
         phase_kinds=resources.phase_kind_settings(),
         phase_axes=resources.phase_kind_axes(),
+        presets=model_presets(),
     )
 
 
