@@ -12,6 +12,7 @@ the same bytes on any machine (tests/test_determinism.py).
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import cast
 
@@ -38,6 +39,7 @@ from capture_plan.schemas.plan import (
     Strategy,
     TraceSamples,
     VariantAxis,
+    record_command,
 )
 from capture_plan.schemas.spec import Phase, Spec, phase_model
 from capture_plan.schemas.strategy import AXES, AllocatorMode, allocator_modes
@@ -69,6 +71,7 @@ __all__ = [
     "write_plan",
     "check_plan",
     "normalized_command",
+    "options_from_command",
     "command_for_cwd",
     "newer_revision",
     "check_tp",
@@ -204,13 +207,49 @@ def options_from_record(rec: BuildRecord, plan_path: Path) -> BuildOptions:
     )
 
 
+_PATH_FLAGS = {"--spec": "spec", "--trace": "trace", "--calibration": "calibration", "-o": "output"}
+_TEXT_FLAGS = {"--backend": "backend", "--speculative": "speculative", "--preset": "preset", "--allocator": "allocator"}
+_INT_FLAGS = {"--max-bs": "max_bs", "--tp": "tp"}
+
+
+def options_from_command(command: list[str], plan_path: Path) -> BuildOptions | None:
+    """The options of a recorded command's text (a revision-1 plan records nothing
+    else), its paths joined to the plan's folder as :func:`options_from_record` joins
+    a record's, its output ``plan_path``: what :func:`command_for_cwd` turns into the
+    command that rebuilds the plan from the current directory. None when the text
+    holds anything but the long options :func:`normalized_command` writes."""
+    if command[:2] != ["planner", "build"]:
+        return None
+    fields: dict = {"strategies": []}
+    args = iter(command[2:])
+    for flag in args:
+        if flag in ("--ci", "--exact"):
+            fields[flag[2:]] = True
+            continue
+        value = next(args, None)
+        if value is None:
+            return None
+        if flag in _PATH_FLAGS:
+            fields[_PATH_FLAGS[flag]] = Path(os.path.normpath(plan_path.parent / value))
+        elif flag in _TEXT_FLAGS:
+            fields[_TEXT_FLAGS[flag]] = value
+        elif flag in _INT_FLAGS and value.isdigit():
+            fields[_INT_FLAGS[flag]] = int(value)
+        elif flag == "--strategy":
+            fields["strategies"].append(value)
+        else:
+            return None
+    if "backend" not in fields:
+        return None
+    fields["strategies"] = tuple(fields["strategies"])
+    return BuildOptions(**{**fields, "output": plan_path})
+
+
 def normalized_command(opts: BuildOptions) -> list[str]:
     """The command recorded in the plan, the text of :func:`build_record`: its
     paths are relative to the plan's own folder, and ``-o`` is only the file
     name, recorded when it is not the default one."""
-    base = output_path(opts).parent
-    name = output_path(opts).name
-    return _command(opts, lambda p: _rel(p, base), name if name != default_output(opts).name else None)
+    return record_command(build_record(opts))
 
 
 def command_for_cwd(opts: BuildOptions) -> str:
@@ -218,7 +257,7 @@ def command_for_cwd(opts: BuildOptions) -> str:
     current directory: what error messages tell the user to run."""
     cwd = Path.cwd()
     out = _rel(output_path(opts), cwd)
-    return " ".join(_command(opts, lambda p: _rel(p, cwd), out if out != default_output(opts).as_posix() else None))
+    return shlex.join(_command(opts, lambda p: _rel(p, cwd), out if out != default_output(opts).as_posix() else None))
 
 
 def _spec(
@@ -931,6 +970,8 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
                 where=str(path),
                 fix=f"check another file with -o, or replace it with `{command_for_cwd(opts)} --force`",
             )
+        if command != plan.command:  # a copy under another name: the rebuild replaces another command's plan
+            fix = f"run `{command_for_cwd(opts)} --force`"
         raise DriftError(f"plan is stale: {_why_stale(data, plan, str(path))}", where=str(path), fix=fix)
     return path
 

@@ -14,6 +14,7 @@ located decode error, not a parse).
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,16 +30,21 @@ def recorded_options(plan, plan_path: Path):
     (``inputs.build``, :func:`capture_plan.planner.build.options_from_record`). A plan written
     before the record existed (revision 1) is stale: rebuild it once with the
     command it records, shown in the error."""
-    from .build import options_from_record
+    from .build import command_for_cwd, options_from_command, options_from_record
 
     rec = plan.inputs.build
     if isinstance(rec, msgspec.UnsetType):
+        # the text's paths are relative to the plan's folder and its output is the default
+        # name there: run verbatim from here (or there) it would write another file
+        opts = options_from_command(list(map(str, plan.command)), plan_path)
         folder = os.path.dirname(str(plan_path)) or "."
-        err = DriftError(
-            f"plan revision {plan.revision} records its build only as text",
-            where=str(plan_path),
-            fix=f"rebuild it once, in {folder}: `{' '.join(plan.command)} --force`",
+        fix = (
+            f"rebuild it once: `{command_for_cwd(opts)} --force`"
+            if opts is not None
+            else f"rebuild it once with the options of `{' '.join(map(str, plan.command))}`, "
+            f"its paths relative to {folder}, and `-o {plan_path} --force`"
         )
+        err = DriftError(f"plan revision {plan.revision} records its build only as text", where=str(plan_path), fix=fix)
         err.fixable = False  # `planner check --fix` has nothing to rebuild from
         raise err
     return options_from_record(rec, plan_path)
@@ -110,7 +116,7 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
     from capture_plan.schemas.codec import decode_plan
     from capture_plan.schemas.files import read_input, write_atomic
 
-    from .build import build_plan, check_plan, command_for_cwd, newer_revision, plan_bytes
+    from .build import build_plan, check_plan, command_for_cwd, newer_revision, normalized_command, plan_bytes
 
     paths = list(paths)
     files = _plan_files(paths)
@@ -125,7 +131,7 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             plan, tampered = decode_plan(data, str(f)), None
         except WrongKindError as err:  # not a plan at all: a trace, a report, some other JSON
             if folder is not None:
-                err.fix = f"move it out of {folder} (`planner check` reads every *.json there), or name the plan files"
+                err.fix = f"move it out of {folder} (planner check reads every *.json there), or name the plan files"
             raise
         except InputError as err:
             if "digest mismatch" not in err.what:
@@ -142,8 +148,9 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             stale.append(err)
             continue
         try:
-            if tampered is not None:
-                tampered.fix = f"run `{command_for_cwd(opts)}`"
+            if tampered is not None:  # --force where the rebuild's command is not the one the file records
+                force = " --force" if plan.command != normalized_command(opts) else ""
+                tampered.fix = f"run `{command_for_cwd(opts)}{force}`"
                 raise tampered
             _from_record(f, check_plan, opts)
             ok.append(f"{f}: up to date")
@@ -154,7 +161,9 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             write_atomic(f, plan_bytes(_from_record(f, build_plan, opts)))
             ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
     if stale:
-        raise StalePlans(stale, ok, len(files))
+        # the folders and files checked, but for the default (plans): the same command from here
+        named = [] if paths == [Path("plans")] else [str(p) for p in paths]
+        raise StalePlans(stale, ok, len(files), shlex.join(["planner", "check", "--fix", *named]))
     return ok
 
 
@@ -165,11 +174,13 @@ class StalePlans(DriftError):
     line; the CLI prints each plan's error on its own line before it (one
     line of 1,100 characters for five plans could not be read)."""
 
-    def __init__(self, stale: list[DriftError], ok: list[str], checked: int):
+    def __init__(self, stale: list[DriftError], ok: list[str], checked: int, fix_command: str = "planner check --fix"):
         self.stale, self.ok = stale, ok
+        #: the command that rebuilds them all: ``planner check --fix`` and the paths that were checked
+        self.fix_command = fix_command
         super().__init__(
             f"{len(stale)} of {checked} plan(s) stale",
-            fix="run the command each line above names, or rebuild them all with `planner check --fix`",
+            fix=f"run the command each line above names, or rebuild them all with `{fix_command}`",
         )
 
 

@@ -42,6 +42,7 @@ from capture_plan.schemas.codec import decode_report
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.keys import parse_step_id
+from capture_plan.schemas.limits import MAX_INT
 from capture_plan.schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
 from capture_plan.schemas.report import DEVICE_ITEMS, CaptureReport
 
@@ -140,6 +141,16 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
         if op == "capture" and prev_free is not None:
             # every step has free and allocator_reserved: checked above, where pyright cannot see it
             took = (prev_free - m.free) - (m.allocator_reserved - prev_res)  # pyright: ignore[reportOperatorIssue]
+            if not 0 <= took <= MAX_INT:
+                # free memory grew more than the allocator gave back (another process freed memory meanwhile),
+                # or fell by more than a device holds: the step measured something besides its graph
+                raise InputError(
+                    f"capture step {m.id!r} took {took:,} B of device memory besides the allocator's "
+                    "(free memory and the allocator's reserve moved apart: something else ran on the device)",
+                    where=f"{source}: $.steps[{i}].free",
+                    fix="capture the plan again on an otherwise idle device and write its report "
+                    "(GraphSet.write_report)",
+                )
             per[phase].append(took)
             if m.graph_nodes:
                 b, n = counted.get(phase, (0, 0))
@@ -389,6 +400,13 @@ def device_prediction(
         graph_bytes = next(i.bytes for i in items if i.name == "graph-exec")
         fixed = total - pool - hoisted - graph_bytes  # warmup-kept counted from the start: an upper bound  # pyright: ignore[reportOperatorIssue]
         top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed, driver)
+    largest = max([i.bytes or 0 for i in items] + [total or 0, top or 0])
+    if largest > MAX_INT:  # a plan holds no number past 2**53 (schemas/codec.py): it would not read back
+        raise InputError(
+            f"the calibration predicts {largest:,} B of device memory, more than any device holds",
+            where=calibration.source,
+            fix="capture the plan again on an otherwise idle device and write its report (GraphSet.write_report)",
+        )
     return DevicePrediction(
         device=calibration.device,
         items=items,

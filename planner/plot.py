@@ -20,7 +20,7 @@ together) belongs to that capture's pool.
 Output: PNG (``.png`` or any other name) or SVG (``.svg``), a fixed size
 (1400 x 640 px for PNG), no timestamps or version strings in the file: the
 same plans draw the same bytes with the same matplotlib. Needs matplotlib
-(``pip install 'capture-plan[plot]'``), imported only when a plot is drawn.
+(``pip install 'matplotlib>=3.7'``, the ``plot`` extra), imported only when a plot is drawn.
 Layout: phases in the new plan's capture order (then phases only the old one
 has), each phase's sizes in the new plan's capture order for it (largest-first:
 descending), a gap between phases. A line visits its plan's captures in x order,
@@ -253,7 +253,7 @@ def drawing(
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FuncFormatter
     except ImportError:
-        raise InputError("matplotlib is not installed", where=where, fix="pip install 'capture-plan[plot]'") from None
+        raise InputError("matplotlib is not installed", where=where, fix="pip install 'matplotlib>=3.7'") from None
     old, new = (None, plans[0]) if len(plans) == 1 else (plans[0], plans[1])
     if labels is None:
         labels = [p.name for p in plans]

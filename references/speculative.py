@@ -628,4 +628,5 @@ def planted_verify(gs, checks: tuple[str, ...]) -> None:
         print("FAILED", err, flush=True)
         raise SystemExit(3) from None
     faults = [dict(check=f.check, graph=f.graph, detail=f.detail, addr=f.addr, nbytes=f.nbytes) for f in res.faults]
-    print("RESULT", json.dumps(dict(ok=res.ok, summary=res.summary(), faults=faults)), flush=True)
+    result = dict(ok=res.ok, summary=res.summary(), faults=faults, replays=res.replays, checks=list(res.checks))
+    print("RESULT", json.dumps(result), flush=True)

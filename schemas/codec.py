@@ -20,7 +20,7 @@ import msgspec
 from .errors import InputError, WrongKindError
 from .keys import expand_labels, step_id, step_labels
 from .limits import MAX_BS, MAX_DEPTH, MAX_INT
-from .plan import PLAN_VERSION, PhasePlan, Plan, Step
+from .plan import PLAN_VERSION, PhasePlan, Plan, Step, record_command
 from .report import CaptureReport
 from .trace import TRACE_VERSION, Trace
 
@@ -71,13 +71,13 @@ def seal(plan: Plan) -> Plan:
 
 _FIX = {
     "spec": "see `planner schema spec` for every field and its type",
-    "plan": "rebuild the plan with the `planner build` command it records",
+    "plan": "restore the file, or rebuild the plan with the planner build command it records",
     "trace": "record the trace again with capture_plan.executor.profile",
     "report": "write the report again with GraphSet.write_report",
 }
 _WANT = {
     "spec": "pass a spec (TOML or JSON, `planner schema spec`)",
-    "plan": "pass a plan file written by `planner build` (plans/*.json)",
+    "plan": "pass a plan file written by planner build (plans/*.json)",
     "trace": "pass a trace recorded by capture_plan.executor.profile (plans/traces/*.json)",
     "report": "pass a report written by GraphSet.write_report",
 }
@@ -339,7 +339,9 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
     try:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as err:
-        fix = _FIX[kind] if kind != "spec" else None
+        if kind != "spec":
+            raise _invalid_json(data, source, kind, err) from None
+        fix = None
         if kind == "spec" and PurePath(source).suffix.lower() != ".json":
             # a TOML spec named spec.txt or spec.tml is read as JSON: say why
             fix = "a spec is read as TOML only when its name ends in .toml, else as JSON: rename a TOML spec"
@@ -348,6 +350,16 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
         raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX[kind]) from None
     _no_duplicate_keys(data, source, kind)
     return raw
+
+
+def _invalid_json(data: bytes, source: str, kind: str, err: Exception) -> InputError:
+    """A plan, trace or report file that does not decode: one that starts as a JSON
+    object was damaged (truncated, corrupted: rebuild or record it again); anything
+    else is some other file given where one of ours belongs (``planner diff README.md
+    plan.json``), and rebuilding would not help."""
+    if data.lstrip()[:1] == b"{":
+        return InputError(f"not valid JSON (truncated or corrupted?): {err}", where=source, fix=_FIX[kind])
+    return WrongKindError(f"not a {kind} file: not a JSON object ({err})", where=source, fix=_WANT[kind])
 
 
 def _no_duplicate_keys(data: bytes, source: str, kind: str) -> None:
@@ -412,7 +424,8 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
             raise InputError(
                 f"digest mismatch: file says {found or '(none)'}, content is {expected}",
                 where=f"{source}: $.digest",
-                fix="the file was edited by hand or corrupted; rebuild it with `planner build`",
+                fix="the file was edited by hand or corrupted; rebuild it from its record: "
+                f"`planner check --fix {source}`",
             )
     return validate_plan(convert(raw, Plan, source, kind="plan"), source)
 
@@ -492,6 +505,7 @@ def validate_plan(plan: Plan, source: str) -> Plan:
         for end in ("src", "dst"):
             if getattr(e, end) not in ids:
                 raise bad(f"edge to unknown step {getattr(e, end)!r}", f"$.edges[{i}].{end}")
+    _record_agrees(plan, bad)
     timeline = plan.predicted.timeline
     if len(timeline) != len(plan.steps):
         raise bad(f"{len(timeline)} timeline entries for {len(plan.steps)} steps", "$.predicted.timeline")
@@ -549,12 +563,49 @@ def _check_step_keys(ph: PhasePlan, st: Step, path: str, bad) -> None:
         raise bad(f"a {st.op} step keeps bytes only a warm-up of a phase with warmup_keeps keeps", f"{path}.keeps")
 
 
+def _record_agrees(plan: Plan, bad) -> None:
+    """A plan that records its build (``inputs.build``, revision 2) says the same in
+    the fields that repeat it: ``command`` is the record's text
+    (:func:`capture_plan.schemas.plan.record_command`), and the backend, ``--ci``,
+    ``--speculative``, pins, ``--tp`` and ``--calibration`` the record holds are the
+    ones ``inputs`` and ``requires`` name. ``show`` and ``diff`` read those fields while
+    ``planner check --fix`` rebuilds from the record: a plan whose two disagree (edited
+    and sealed again) would be shown as one build and rebuilt as another."""
+    rec = plan.inputs.build
+    if isinstance(rec, msgspec.UnsetType):
+        return
+    recorded = " ".join(record_command(rec))
+    if plan.command != record_command(rec):
+        raise bad(
+            f"`command` is `{' '.join(map(str, plan.command))}` but `inputs.build` records `{recorded}`",
+            "$.command",
+        )
+    pairs: list[tuple[str, object, object]] = [
+        ("$.inputs.backend", plan.inputs.backend, rec.backend),
+        ("$.requires.backend", plan.requires.backend, rec.backend),
+        ("$.inputs.ci", plan.inputs.ci, rec.ci),
+        ("$.inputs.speculative", plan.inputs.speculative, rec.speculative),
+        ("$.inputs.strategies", plan.inputs.strategies, rec.strategies),
+        ("$.requires.tp", plan.requires.tp, plan.inputs.tp),
+    ]
+    if rec.tp is not None:
+        pairs.append(("$.inputs.tp", plan.inputs.tp, rec.tp))
+    calibration = None if isinstance(plan.inputs.calibration, msgspec.UnsetType) else plan.inputs.calibration
+    pairs.append(("$.inputs.calibration", calibration, rec.calibration))
+    for path, value, wanted in pairs:
+        if value != wanted:
+            raise bad(f"says {value!r} but the build it records (`{recorded}`) says {wanted!r}", path)
+
+
 #: a run of trace events as JSON writes them, ``["alloc", 12, 4096, "temp"], ...`` (any
 #: whitespace): arrays of scalars that hold no object key, so the duplicate-key check
 #: reads each run as one ``0`` (an event written otherwise is checked as it is). A match
 #: cannot start inside a string: its quotes would end the string where JSON allows none.
 _EVENT = rb'\[\s*"(?:alloc|free)"\s*,\s*-?\d+\s*(?:,\s*-?\d+\s*(?:,\s*"[a-z]+"\s*)?)?\]'
-_EVENTS = re.compile(_EVENT + rb"(?:\s*,\s*" + _EVENT + rb")*")
+#: at most this many events a match: the regex engine keeps state for every repetition of a
+#: group until its match ends (~800 B each: a run of 10 million events took 7.8 GiB), so a run
+#: is replaced by a ``0`` per thousand events instead of one ``0``
+_EVENTS = re.compile(_EVENT + rb"(?:\s*,\s*" + _EVENT + rb"){0,1000}")
 _GOT = {"array": [], "str": "", "bool": True, "null": None}
 
 
@@ -562,12 +613,13 @@ def decode_trace(data: bytes, source: str) -> Trace:
     """Decode a recorded allocation trace: version, kinds, and the trace types'
     bounds (sizes 1..``MAX_BS``, allocations up to ``MAX_EVENT_BYTES``).
 
-    Memory stays near the file's size, not a multiple of it (traces may be
-    hundreds of MiB; the generic path of the other kinds built three copies of
-    the document): the top-level keys are read as zero-copy ``msgspec.Raw``
-    views, the trace is decoded straight into its typed structs, and the
-    duplicate-key check reads a copy in which every run of events is one ``0``
-    (events are arrays and hold no keys, so no duplicate is hidden).
+    Memory is the file and the decoded trace (about 4x a compact file's size,
+    tests/test_traces.py measures it; the generic path of the other kinds built
+    three copies of the document): the top-level keys are read as zero-copy
+    ``msgspec.Raw`` views, the trace is decoded straight into its typed structs,
+    and the duplicate-key check reads a copy in which every thousand events are
+    one ``0`` (events are arrays and hold no keys, so no duplicate is hidden).
+    Text that is not UTF-8 is a located error like any other malformed JSON.
     """
     data = _decode_text(data, source, "trace")
     if not data.strip():
@@ -579,7 +631,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
         _expect_kind(_GOT.get(got, 0), "trace", source)  # refuses every non-object, naming its type
         raise  # not reached
     except msgspec.DecodeError as err:
-        raise InputError(f"not valid JSON (truncated or corrupted?): {err}", where=source, fix=_FIX["trace"]) from None
+        raise _invalid_json(data, source, "trace", err) from None
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX["trace"]) from None
     _expect_kind(head, "trace", source)
@@ -595,6 +647,8 @@ def decode_trace(data: bytes, source: str) -> Trace:
         trace = msgspec.json.decode(data, type=Trace)
     except msgspec.ValidationError as err:  # a bound of the types: the value is read from the bytes
         raise _located(err, source, "trace", data) from None
+    except msgspec.DecodeError as err:  # what the Raw views skipped: invalid UTF-8 inside a string
+        raise _invalid_json(data, source, "trace", err) from None
     _no_duplicate_keys(_EVENTS.sub(b"0", data), source, "trace")
     return trace
 

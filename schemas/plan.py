@@ -58,6 +58,7 @@ __all__ = [
     "Fidelity",
     "DimensionSource",
     "ModelUsed",
+    "record_command",
 ]
 
 PLAN_VERSION = 1
@@ -349,6 +350,34 @@ class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     #: phase -> the dimensions its own model sets (the spec's ``[phases.model]``, and the
     #: phase's ``layers`` when it sets them: a draft's one layer)
     phases: dict[str, dict[str, NonNegative]] = {}
+
+
+def record_command(rec: BuildRecord) -> list[str]:
+    """The ``planner build`` command a build record is the text of: what a plan's
+    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.build``
+    writes both from this; ``capture_plan.schemas.codec.validate_plan`` refuses a plan
+    whose two disagree, since ``show``/``diff`` read the command and ``check`` rebuilds
+    from the record)."""
+    cmd = ["planner", "build", "--backend", rec.backend]
+    if rec.ci:
+        cmd.append("--ci")
+    for flag, value in (("--spec", rec.spec), ("--speculative", rec.speculative), ("--preset", rec.preset)):
+        if value is not None:
+            cmd += [flag, value]
+    for flag, value in (
+        ("--max-bs", rec.max_bs),
+        ("--tp", rec.tp),
+        ("--allocator", rec.allocator),
+        ("--trace", rec.trace),
+        ("--calibration", rec.calibration),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if rec.exact:
+        cmd.append("--exact")
+    for s in rec.strategies:
+        cmd += ["--strategy", s]
+    return cmd + (["-o", rec.output] if rec.output is not None else [])
 
 
 class Inputs(PlanStruct, frozen=True, kw_only=True):

@@ -9,7 +9,9 @@ missing these tests skip and say so.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,3 +161,124 @@ def test_the_workflow_checks_plans_and_posts_the_diff(tmp_path):
     assert "### New capture plan `plans/triton.json`" in body and "plans/triton.json: 36 captures" in body
     assert out.read_text() == "changed=true\n"
     assert not (repo / ".plan-base").exists()
+
+
+def test_the_workflow_installs_capture_plan_from_its_repository_pinned(tmp_path):
+    """The install step, run with this repository's URL and commit: pip clones it at that
+    commit and builds capture-plan from it (into a folder of its own: no dependencies, no
+    index, so nothing but the named repository can be installed)."""
+    steps = _steps()
+    yaml = pytest.importorskip("yaml")
+    flow = yaml.safe_load((ROOT / "docs/ci/capture-plans.yml").read_text())
+    step = steps["Install capture-plan"]["run"]
+    assert step == 'pip install "capture-plan @ git+${CAPTURE_PLAN_REPO}@${CAPTURE_PLAN_REF}"'
+    assert re.fullmatch(r"https://\S+", flow["env"]["CAPTURE_PLAN_REPO"])
+    assert re.fullmatch(r"[0-9a-f]{40}", flow["env"]["CAPTURE_PLAN_REF"])  # a commit: the same install every time
+    for text in (step, (ROOT / "docs/ci.md").read_text(), (ROOT / "README.md").read_text()):
+        assert not re.search(r"pip install ['\"]?capture-plan\b(?! @)", text), text  # never the bare PyPI name
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    pytest.importorskip("setuptools", minversion="77", reason="building the wheel needs setuptools>=77 offline")
+    commit = _git(ROOT, "rev-parse", "HEAD").strip()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pip").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m pip "$@"\n')
+    (bin_dir / "pip").chmod(0o755)
+    site = tmp_path / "site"
+    env = {
+        "CAPTURE_PLAN_REPO": f"file://{ROOT}",
+        "CAPTURE_PLAN_REF": commit,
+        "PIP_TARGET": str(site),
+        "PIP_NO_DEPS": "1",
+        "PIP_NO_INDEX": "1",
+        "PIP_NO_BUILD_ISOLATION": "0",  # pip's inverted switch: build with this interpreter's setuptools
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    done = subprocess.run(["bash", "-c", step], capture_output=True, text=True, env={**os.environ, **env})
+    assert done.returncode == 0, done.stdout + done.stderr
+    installed = site / "capture_plan" / "planner" / "build.py"
+    assert installed.read_text() == _git(ROOT, "show", f"{commit}:planner/build.py")
+
+
+_FAKE_GH = r'''#!PYTHON
+"""`gh api` as the comment step calls it, over comments kept in $GH_STATE (two per page)."""
+import json, os, subprocess, sys
+
+assert os.environ.get("GH_TOKEN"), "no GH_TOKEN"
+args = sys.argv[1:]
+assert args[0] == "api", args
+args = args[1:]
+method, jq, body, paginate, endpoint = "GET", None, None, False, None
+while args:
+    a = args.pop(0)
+    if a == "--method":
+        method = args.pop(0)
+    elif a == "--jq":
+        jq = args.pop(0)
+    elif a == "--paginate":
+        paginate = True
+    elif a == "-F":
+        key, _, value = args.pop(0).partition("=")
+        assert key == "body" and value.startswith("@"), a
+        body = open(value[1:]).read()
+    else:
+        assert endpoint is None, a
+        endpoint = a
+state = json.load(open(os.environ["GH_STATE"]))
+issue = "repos/o/r/issues/7/comments"
+if method == "GET":
+    assert endpoint == issue and paginate, endpoint
+    pages = [state[i : i + 2] for i in range(0, len(state), 2)] or [[]]
+    for page in pages:
+        text = json.dumps(page)
+        if jq:
+            text = subprocess.run(["jq", "-r", jq], input=text, capture_output=True, text=True, check=True).stdout
+        sys.stdout.write(text)
+elif method == "POST":
+    assert endpoint == issue and body is not None
+    state.append({"id": 100 + len(state), "user": {"login": "github-actions[bot]"}, "body": body})
+elif method == "PATCH":
+    prefix = "repos/o/r/issues/comments/"
+    assert endpoint.startswith(prefix) and body is not None
+    [c] = [c for c in state if str(c["id"]) == endpoint[len(prefix):]]
+    c["body"] = body
+json.dump(state, open(os.environ["GH_STATE"], "w"))
+'''
+
+
+def test_the_workflow_keeps_one_pr_comment_and_edits_it_on_every_push(tmp_path):
+    """The comment step against a stand-in for `gh api` (the real one needs GitHub): the first
+    run posts the diff, every later run edits that comment; another user's comment that quotes
+    the marker, and the bot's other comments, are left alone."""
+    if shutil.which("jq") is None:
+        pytest.skip("jq is not installed (the stand-in for `gh api --jq` runs it)")
+    step = _steps()["Post the diff as a PR comment"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(_FAKE_GH.replace("PYTHON", sys.executable, 1))
+    (bin_dir / "gh").chmod(0o755)
+    marker = "<!-- capture-plans: planner diff -->"
+    state = tmp_path / "comments.json"
+    others = [
+        {"id": 1, "user": {"login": "someone"}, "body": f"{marker}\nquoted"},
+        {"id": 2, "user": {"login": "github-actions[bot]"}, "body": "another workflow's comment"},
+        {"id": 3, "user": {"login": "someone"}, "body": "lgtm"},
+    ]
+    state.write_text(json.dumps(others))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        **{k: v.replace("${{ github.repository }}", "o/r") for k, v in step["env"].items()},
+        "GH_TOKEN": "t",
+        "GH_STATE": str(state),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    env["ISSUE"] = env["ISSUE"].replace("${{ github.event.pull_request.number }}", "7")
+    for push in ("first diff\n", "second diff\n", "third diff\n"):
+        (work / "plan-diff.md").write_text(push)
+        done = subprocess.run(["bash", "-c", step["run"]], cwd=work, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        comments = json.loads(state.read_text())
+        assert comments[:3] == others
+        assert [c["body"] for c in comments[3:]] == [f"{marker}\n{push}"]

@@ -212,13 +212,26 @@ def test_plans_of_different_versions_are_refused_by_the_library(built):
 
 
 def test_the_figures_are_a_table_of_getters():
-    # adding a figure is one row: (label, getter, unit)
+    # adding a figure is one row: (label, getter, unit); each getter reads a real plan
     from capture_plan.planner.compare import FIGURES
+    from capture_plan.schemas.codec import decode_plan
 
-    assert all(
-        isinstance(label, str) and callable(get) and unit in ("bytes", "count", "device-bytes")
-        for label, get, unit in FIGURES
-    )
+    plan = decode_plan((PLANS / "fa3-ci-h200.json").read_bytes(), "fa3-ci-h200.json")
+    assert len(FIGURES) >= 5 and len({label for label, _, _ in FIGURES}) == len(FIGURES), FIGURES
+    assert {unit for _, _, unit in FIGURES} == {"bytes", "count", "device-bytes"}
+    known = set()
+    for label, get, unit in FIGURES:
+        assert isinstance(label, str) and label and callable(get), label
+        value = get(plan)
+        numbers = list(value.values()) if isinstance(value, dict) else [value]
+        # a device item may be unknown (None) on a calibrated plan: its peak without warm-up figures
+        assert all(isinstance(v, int) and v >= 0 or (v is None and unit == "device-bytes") for v in numbers), (
+            label,
+            value,
+        )
+        if value is not None:
+            known.add(unit)
+    assert known == {"bytes", "count", "device-bytes"}
 
 
 def test_a_reorder_and_sizes_that_read_the_same(cli, tmp_path):

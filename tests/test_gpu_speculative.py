@@ -151,9 +151,16 @@ def test_planted_out_of_bounds_writes_are_caught_and_located(tmp_path, bug):
 
 
 def test_dormant_bug_stays_dormant_at_topk_1(tmp_path):
-    """The kv_indices bug needs topk > 1 (as in the engines): verify is silent, not noisy."""
-    res = _faults(tmp_path, "kv-indices-topk", topk=1, page_size=1)
+    """The kv_indices bug needs topk > 1 (as in the engines): verify is silent, not noisy --
+    having run both checks over every graph (a verify that checks nothing is silent too)."""
+    run = _planted(tmp_path, "kv-indices-topk", topk=1, page_size=1)
+    assert run.exit == 0 and run.result is not None, run.output
+    res = run.result
     assert res["ok"], res["summary"]
+    assert res["checks"] == ["interleave", "footprint"], res["summary"]
+    # interleave replays every graph in two orders (one shuffled, one reversed)
+    assert run.captured is not None and run.captured >= len(SIZES), run.output
+    assert res["replays"] >= 2 * run.captured, res["summary"]
 
 
 def test_smallest_first_order_does_not_make_the_bugs_go_away(tmp_path):

@@ -205,8 +205,11 @@ def test_the_wrong_kind_of_file_is_named(cli, tmp_path):
 
 
 def test_checked_in_plans_decode_and_validate():
-    for path in sorted((ROOT / "plans").glob("*.json")):
-        decode_plan(path.read_bytes(), str(path))
+    paths = sorted((ROOT / "plans").glob("*.json"))
+    # the plans docs and tests name: a glob that finds none (a moved folder) must not pass
+    assert {p.name for p in paths} >= {"fa3.json", "fa3-ci.json", "fa3-eagle-ci.json", "fa3-ci-h200.json"}, paths
+    for path in paths:
+        assert decode_plan(path.read_bytes(), str(path)).name == path.stem
 
 
 def test_trace_decoding_memory_is_near_the_file_size():

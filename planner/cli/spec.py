@@ -14,23 +14,24 @@ def command() -> None:
 
 @command.command("show", cls=Command)
 @option("--speculative", metavar="str", help="Add the speculative phases of this algorithm (eagle).")
-@option("--max-bs", type=int, metavar="int", help="Largest capture size [256].")
+@option("--preset", metavar="str", help="Another engine's conventions: vllm (as `planner build --preset`).")
+@option("--max-bs", type=int, metavar="int", help="Largest capture size [256; --preset vllm: 512 tokens].")
 @option("--tp", type=int, metavar="int", help="Tensor-parallel size to write into the spec [1].")
-def show(speculative, max_bs, tp) -> None:
+def show(speculative, preset, max_bs, tp) -> None:
     """Print the embedded spec for these options as TOML (redirect it to a file, edit it, build with --spec)."""
     import msgspec
 
     from capture_plan.planner.build import check_tp
     from capture_plan.planner.spec_toml import spec_toml
-    from capture_plan.planner.specs import DEFAULT_MAX_BS, default_spec
+    from capture_plan.planner.specs import default_spec
 
-    spec = default_spec(speculative, DEFAULT_MAX_BS if max_bs is None else max_bs)
+    spec = default_spec(speculative, max_bs, preset)
     if tp is not None:
         check_tp(spec, tp)
         spec = msgspec.structs.replace(spec, tp=tp)
     args = [
         a
-        for flag, v in (("--speculative", speculative), ("--max-bs", max_bs), ("--tp", tp))
+        for flag, v in (("--speculative", speculative), ("--preset", preset), ("--max-bs", max_bs), ("--tp", tp))
         if v is not None
         for a in (flag, str(v))
     ]

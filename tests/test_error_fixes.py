@@ -1,0 +1,185 @@
+"""Every error whose fix names a command: that command, run as the user would run it
+(a shell, in the directory the failing command ran in), works, and afterwards the
+failing command (or the check it stands for) passes.
+
+One case per error class that suggests a ``planner`` command (the commands are
+read from the error line's backticks after "; fix: "); each case is run from the
+folder above the plans and from another folder, where the plans are ``../plans``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cli_inputs import SPEC, reseal
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def sh(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def fixes(err: str) -> list[str]:
+    """The commands an error line's fix names."""
+    assert err.startswith("planner: error: ") and err.count("\n") == 1, err
+    return re.findall(r"`(planner [^`]*)`", err.partition("; fix: ")[2])
+
+
+@dataclass
+class Case:
+    #: makes the repository state under ``repo`` (its plans/ folder and specs)
+    setup: Callable[[Path], None]
+    #: the failing command, ``{plans}`` standing for the plans folder as seen from the cwd
+    command: str
+    #: what must pass after the fix (None: the command itself; "": only the fix)
+    then: str | None = None
+
+
+def _copy(repo: Path, *names: str) -> None:
+    (repo / "plans").mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy(ROOT / "plans" / name, repo / "plans" / name)
+
+
+def _edit_plan(repo: Path, name: str, change: Callable[[dict], None], *, seal: bool) -> None:
+    path = repo / "plans" / name
+    raw = json.loads(path.read_text())
+    change(raw)
+    path.write_bytes(reseal(raw) if seal else json.dumps(raw).encode())
+
+
+def _stale_spec(repo: Path) -> None:
+    (repo / "plans").mkdir(parents=True)
+    (repo / "my.toml").write_text(SPEC)
+    assert sh("planner build -b fa3 --spec my.toml -o plans/mine.json", repo).returncode == 0
+    (repo / "my.toml").write_text(SPEC.replace("[1, 2]", "[1, 2, 4]"))
+
+
+def _two_stale(repo: Path) -> None:
+    _stale_spec(repo)
+    shutil.copy(repo / "plans/mine.json", repo / "plans/other.json")
+
+
+def _revision_1(repo: Path) -> None:
+    _copy(repo, "fa3-ci.json")
+
+    def old(raw):
+        raw["revision"] = 1
+        del raw["inputs"]["build"]
+
+    _edit_plan(repo, "fa3-ci.json", old, seal=True)
+
+
+def _revision_1_with_paths(repo: Path) -> None:
+    _stale_spec(repo)
+    assert sh("planner build -b fa3 --spec my.toml -o plans/mine.json --force", repo).returncode == 0
+
+    def old(raw):
+        raw["revision"] = 1
+        del raw["inputs"]["build"]
+
+    _edit_plan(repo, "mine.json", old, seal=True)
+
+
+def _hand_edited(repo: Path) -> None:
+    _copy(repo, "fa3.json")
+    _edit_plan(repo, "fa3.json", lambda raw: raw.update(name="edited"), seal=False)
+
+
+def _plans(repo: Path) -> None:
+    _copy(repo, "fa3.json")
+
+
+def _not_a_plan(repo: Path) -> None:
+    (repo / "plans").mkdir()
+    (repo / "plans/fa3.json").write_text("{}\n")
+
+
+def _spec_file(repo: Path) -> None:
+    (repo / "x.toml").write_text(SPEC)
+
+
+def _bad_spec(repo: Path) -> None:
+    (repo / "bad.toml").write_text(SPEC.replace("sizes", "size"))
+
+
+CASES = {
+    # DriftError: a spec changed; `planner check` names the rebuild and `planner check --fix`
+    "stale": Case(_stale_spec, "planner check {plans}"),
+    "several stale": Case(_two_stale, "planner check {plans}"),
+    # a revision-1 plan at its default path: the rebuild writes that path, not plans/plans/...
+    "revision 1": Case(_revision_1, "planner check {plans}"),
+    "revision 1 with a spec": Case(_revision_1_with_paths, "planner check {plans}"),
+    # a plan edited by hand: checked, or shown
+    "hand-edited, check": Case(_hand_edited, "planner check {plans}"),
+    "hand-edited, show": Case(_hand_edited, "planner show {plans}/fa3.json"),
+    # `build --check` of a what-if against the checked-in plan of the same default name
+    "what-if --check": Case(_plans, "planner build -b fa3 --tp 2 -o {plans}/fa3.json --check", ""),
+    # `build --check` where the file is missing, or is no plan
+    "missing --check": Case(_plans, "planner build -b fa3 --ci -o {plans}/fa3-ci.json --check"),
+    "not a plan --check": Case(_not_a_plan, "planner build -b fa3 -o {plans}/fa3.json --check"),
+    # --spec with the embedded spec's options: start from `planner spec show ...`
+    "--spec and --preset": Case(
+        _spec_file,
+        "planner build -b fa3 --spec {spec} --preset vllm --dry-run",
+        "planner build -b fa3 --spec my.toml --dry-run",
+    ),
+    "--spec and --speculative": Case(
+        _spec_file,
+        "planner build -b fa3 --spec {spec} --speculative eagle --max-bs 16 --dry-run",
+        "planner build -b fa3 --spec my.toml --dry-run",
+    ),
+    # a spec the schema refuses: the schema command the fix names runs
+    "bad spec": Case(_bad_spec, "planner build -b fa3 --spec {bad} --dry-run", "planner schema spec"),
+}
+
+
+@pytest.mark.parametrize("where", ["root", "elsewhere"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_fix_an_error_names_works_from_where_the_user_stands(tmp_path, name, where):
+    case = CASES[name]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    case.setup(repo)
+    cwd = repo if where == "root" else repo / "elsewhere"
+    cwd.mkdir(exist_ok=True)
+    up = "" if where == "root" else "../"
+    command = case.command.format(plans=f"{up}plans", spec=f"{up}x.toml", bad=f"{up}bad.toml")
+    failed = sh(command, cwd)
+    assert failed.returncode == 1, (command, failed.stdout, failed.stderr)
+    lines = [line for line in failed.stderr.splitlines() if line.startswith("planner: error: ")]
+    assert lines and all(fixes(line + "\n") for line in lines), f"{command}: a line names no command: {lines}"
+    before = {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()}
+    for line in lines:
+        # a line about one file (several plans stale: one line each) fixes that file; the others fix it all
+        where_ = line.removeprefix("planner: error: ").partition(": ")[0]
+        one = (cwd / where_).is_file() and len(lines) > 1
+        for fix in fixes(line + "\n"):
+            for p in list(repo.rglob("*")):  # each fix from the state the error was about
+                if p.is_file() and p not in before:
+                    p.unlink()
+            for p, data in before.items():
+                p.write_bytes(data)
+            done = sh(fix, cwd)
+            assert done.returncode == 0, (command, fix, done.stdout, done.stderr)
+            assert not list(repo.rglob("plans/plans")), fix  # a recorded command run in the wrong folder
+            if case.then == "":
+                continue  # the fix (checking the plan itself) passing is the point
+            again = sh(case.then or command, cwd)
+            if one:
+                assert f"planner: error: {where_}:" not in again.stderr, (command, fix, again.stderr)
+            else:
+                assert again.returncode == 0, (command, fix, again.stdout, again.stderr)
