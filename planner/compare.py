@@ -230,10 +230,12 @@ class PlanDiff(msgspec.Struct, frozen=True):
     steps: list[str]
     #: the unified diff of the step lists (``planner diff --steps``)
     step_lines: list[str]
+    #: the plans differ only where no row looks (a decision's alternatives or reasons): not the same plan
+    unlisted: bool = False
 
     @property
     def differs(self) -> bool:
-        return bool(self.changed_figures or self.inputs or self.decisions or self.steps)
+        return bool(self.changed_figures or self.inputs or self.decisions or self.steps or self.unlisted)
 
     @property
     def changed_figures(self) -> list[Figure]:
@@ -380,7 +382,7 @@ def compare(a: Plan, b: Plan, name_a: str, name_b: str, *, where: str | None = N
             fix="rebuild the older one with this capture-plan and diff again",
         )
     summary, lines = _steps(a, b, name_a, name_b)
-    return PlanDiff(
+    d = PlanDiff(
         old_name=name_a,
         new_name=name_b,
         figures=_figures(a, b),
@@ -389,6 +391,9 @@ def compare(a: Plan, b: Plan, name_a: str, name_b: str, *, where: str | None = N
         steps=summary,
         step_lines=lines,
     )
+    if not d.differs and msgspec.structs.replace(a, digest="") != msgspec.structs.replace(b, digest=""):
+        return msgspec.structs.replace(d, unlisted=True)
+    return d
 
 
 def bytes_text(n: int, in_bytes: bool) -> str:
@@ -485,6 +490,9 @@ def _folded(figures: list[Figure]) -> tuple[list[tuple[str, Figure]], list[str]]
     return [(" = ".join(labels), f) for labels, f in rows], unknown
 
 
+_UNLISTED = "other recorded detail differs (a decision's alternatives or reasons): `planner explain` each plan"
+
+
 def render_text(d: PlanDiff, *, steps: bool = False) -> str:
     """The diff for a terminal: changed figures (those equal on both sides in one
     line), inputs, decisions, steps."""
@@ -507,6 +515,8 @@ def render_text(d: PlanDiff, *, steps: bool = False) -> str:
                 out.append(f"    why: {c.new_why}" if c.new_why else f"    why it was: {c.old_why}")
     if d.steps:
         out += d.steps
+    if d.unlisted:
+        out.append(_UNLISTED)
     if steps and d.step_lines:
         out += d.step_lines
     return "\n".join(out)
@@ -526,6 +536,8 @@ def render_markdown(d: PlanDiff, *, steps: bool = False, verdict: str | None = N
         out += [verdict, ""]
     if not d.differs:
         return "\n".join(out + ["No differences in inputs, steps, decisions or predictions."])
+    if d.unlisted:
+        out += [_md(_UNLISTED[0].upper() + _UNLISTED[1:]) + ".", ""]
     out += ["| figure | old | new | change |", "| --- | ---: | ---: | ---: |"]
     rows, unknown = _folded(d.figures)
     for label, f in rows:

@@ -186,7 +186,7 @@ def test_the_workflow_installs_capture_plan_from_its_repository_pinned(tmp_path)
     (bin_dir / "pip").chmod(0o755)
     site = tmp_path / "site"
     env = {
-        "CAPTURE_PLAN_REPO": f"file://{ROOT}",
+        "CAPTURE_PLAN_REPO": f"file://localhost{ROOT}",  # pip 23 reads file:///path@rev as a path
         "CAPTURE_PLAN_REF": commit,
         "PIP_TARGET": str(site),
         "PIP_NO_DEPS": "1",

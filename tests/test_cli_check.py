@@ -244,7 +244,8 @@ def test_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli, t
         ({"backend": "fa3", "max_bs": "x"}, "$.inputs.build.max_bs"),
         ({"backend": 3}, "$.inputs.build.backend"),
         ({"backend": "fa3", "tp": [2, 4]}, "$.inputs.build.tp"),
-        ({"backend": "nope"}, "plans/fa3-eagle.json: $.inputs.build (--backend)"),  # decodes; the rebuild refuses it
+        # decodes, but says another build than the plan's command: refused before any rebuild
+        ({"backend": "nope"}, "plans/fa3-eagle.json: $.command: `command` is `planner build --backend fa3"),
     ],
 )
 def test_check_locates_a_broken_recorded_build_after_the_digest(cli, tmp_path, plan_raw, build, where):
@@ -254,6 +255,15 @@ def test_check_locates_a_broken_recorded_build_after_the_digest(cli, tmp_path, p
     one_line_error(cli("check", "plans"), where)
     path.write_bytes(canonical_bytes(raw))  # unsealed: stale, and --fix cannot use its record either
     one_line_error(cli("check", "--fix", "plans"), "plans/fa3-eagle.json")
+
+
+def test_a_consistent_record_the_rebuild_refuses_is_located_at_the_record(cli, tmp_path, plan_raw):
+    # every field that names the backend says "nope": the plan decodes, the rebuild refuses it
+    raw = json.loads(json.dumps(plan_raw))
+    raw["inputs"]["build"]["backend"] = raw["inputs"]["backend"] = raw["requires"]["backend"] = "nope"
+    raw["command"][3] = "nope"
+    (tmp_path / "plans/fa3-eagle.json").write_bytes(reseal(raw))
+    one_line_error(cli("check", "plans"), "plans/fa3-eagle.json: $.inputs.build (--backend): unknown backend 'nope'")
 
 
 def test_a_plan_without_a_build_record_is_stale_and_names_its_command(cli, tmp_path, plan_raw):

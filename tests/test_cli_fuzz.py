@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -36,6 +37,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from capture_plan.schemas.codec import canonical_bytes, plan_digest
+from cli_inputs import reseal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -525,16 +527,19 @@ def test_fuzz_plan_resealed(work, seed_plan, data):
     path = work / "q.json"
     path.write_bytes(text.encode("utf-8", "surrogatepass"))
     cmd = data.draw(st.sampled_from(["show", "explain", "simulate", "graph"]))
-    expect_clean(planner(cmd, str(path)))
+    accepted = expect_clean(planner(cmd, str(path)))
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(HANG_S)
     try:
         load_plan(path, check_env=False)
+        loaded = True
     except InputError:
-        pass
+        loaded = False
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+    if accepted or loaded:
+        _plan_is_consistent(msgspec.json.decode(path.read_bytes()))
 
 
 @FUZZ
@@ -566,6 +571,105 @@ def test_fuzz_report(work, data):
 
         read = msgspec.json.decode(raw_data.decode("utf-8-sig"), type=CaptureReport)
         _numbers_in_range(msgspec.to_builtins(read), non_negative=True)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+CALIBRATION = json.loads((ROOT / "plans/calibration/h200-fa3-ci.json").read_text())
+
+
+def _record_text(rec: dict) -> list[str]:
+    """The command a build record is the text of, written here apart from the planner's
+    (capture_plan.schemas.plan.record_command): flags in the order `planner build` records them."""
+    cmd = ["planner", "build", "--backend", rec["backend"]]
+    cmd += ["--ci"] if rec.get("ci") else []
+    for key in ("spec", "speculative", "preset", "max_bs", "tp", "allocator", "trace", "calibration"):
+        if rec.get(key) is not None:
+            cmd += ["--" + key.replace("_", "-"), str(rec[key])]
+    cmd += ["--exact"] if rec.get("exact") else []
+    for s in rec.get("strategies", []):
+        cmd += ["--strategy", s]
+    return cmd + (["-o", rec["output"]] if rec.get("output") is not None else [])
+
+
+def _plan_is_consistent(raw: dict) -> None:
+    """What a plan that records its build must say alike in every place it says it."""
+    rec = raw["inputs"].get("build")
+    if rec is None:
+        return
+    assert raw["command"] == _record_text(rec), f"accepted command {raw['command']} for record {rec}"
+    assert raw["inputs"]["backend"] == raw["requires"]["backend"] == rec["backend"], "accepted two backends"
+    assert raw["inputs"]["ci"] == rec.get("ci", False) and raw["inputs"].get("speculative") == rec.get("speculative")
+
+
+@FUZZ
+@given(
+    data=st.one_of(
+        structured(CALIBRATION), raw_bytes(json.dumps(CALIBRATION).encode()).map(lambda b: b.decode("latin-1"))
+    )
+)
+def test_fuzz_calibration(work, data):
+    """A capture report given as --calibration: refused (one located line), or a plan that
+    reads back with every device item a size (never negative, never unreadable)."""
+    path, out = work / "cal.json", work / "cal-plan.json"
+    path.write_bytes(data.encode("utf-8", "surrogatepass"))
+    out.unlink(missing_ok=True)
+    if expect_clean(planner("build", "-b", "fa3", "--ci", "--calibration", str(path), "-o", str(out), "--force")):
+        _check_written_plan(out)
+        assert expect_clean(planner("show", str(out))), "the plan it wrote does not read back"
+        device = msgspec.json.decode(out.read_bytes())["predicted"]["device"]
+        numbers = [i.get("bytes") for i in device["items"]] + [device.get("total_bytes"), device.get("peak_bytes")]
+        assert all(n is None or 0 <= n <= 2**53 for n in numbers), device
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_resealed_pairs_for_diff_and_check(work, seed_plan, data):
+    """Resealed plans through diff (against the seed) and check: accepted only when what
+    they record is consistent, and `diff` says "no differences" only for the same document."""
+    text = data.draw(structured(json.loads(seed_plan)))
+    try:
+        raw = msgspec.json.decode(text.encode("utf-8", "surrogatepass"))
+    except (msgspec.DecodeError, RecursionError):
+        return
+    if not isinstance(raw, dict):
+        return
+    try:
+        sealed = reseal(raw)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return
+    folder = work / "pair"
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob("*.json"):
+        old.unlink()
+    shutil.copy(work / "seed.toml", folder / "seed.toml")
+    path = folder / "seed-plan.json"  # the seed's own name: a consistent plan checks up to date
+    path.write_bytes(sealed)
+    code, out, err = planner("diff", str(work / "seed-plan.json"), str(path))
+    if expect_clean((code, out, err)):
+        _plan_is_consistent(raw)
+        if "no differences" in out:  # the same plan: a field left at its default may be written or left out
+            from capture_plan.schemas.plan import Plan
+
+            same = [msgspec.structs.replace(msgspec.json.decode(b, type=Plan), digest="") for b in (sealed, seed_plan)]
+            a, b = (msgspec.to_builtins(p) for p in same)
+            assert a == b, (
+                f"diff: no differences, but {[k for k in a if a[k] != b.get(k)]} differ: {_first_difference(a, b)}"
+            )
+    if expect_clean(planner("check", str(folder))):
+        _plan_is_consistent(raw)
+
+
+def _first_difference(a, b, path="$"):
+    """Where two decoded documents first differ, and how (a failure message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: {a!r:.200} vs {b!r:.200}"
 
 
 SPECIAL = ["dir", "fifo", "/dev/zero", "/dev/urandom", "/dev/null", "missing", "loop", "dangling", "empty", "nul"]
@@ -665,3 +769,119 @@ def test_fuzz_build_options(work, pairs):
         assert "Usage: planner build" in err and "Traceback" not in err, err
     else:
         expect_clean((code, out, err))
+
+
+# -- what the fuzz runs found (issue 29), one regression test per class ----------------------------
+
+
+def _calibration(tmp_path: Path, change) -> tuple[int, str, str, Path]:
+    report = json.loads(json.dumps(CALIBRATION))
+    change(report)
+    (tmp_path / "cal.json").write_text(json.dumps(report))
+    out = tmp_path / "p.json"
+    result = planner("build", "-b", "fa3", "--ci", "--calibration", str(tmp_path / "cal.json"), "-o", str(out))
+    return (*result, out)
+
+
+def _capture_index(report: dict, nth: int = 1) -> int:
+    return [i for i, s in enumerate(report["steps"]) if s["id"].startswith("capture/")][nth]
+
+
+def test_a_calibration_step_id_without_a_numeric_size_is_refused_where_it_is(tmp_path):
+    """Was an internal error: ValueError: invalid literal for int() in planner/device.py."""
+    i = _capture_index(CALIBRATION)
+
+    def rename(r):
+        r["steps"][i]["id"] = "capture/decode/x"
+
+    code, out, err, plan = _calibration(tmp_path, rename)
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"cal.json: $.steps[{i}].id: step id 'capture/decode/x' is not <op>/<phase>/<size>" in err
+    assert not plan.exists()
+
+
+def test_free_memory_growing_over_a_capture_is_refused_not_a_negative_plan(tmp_path):
+    """Was a plan with "reserve for capture: -33,944.3 MiB" that then failed to read back."""
+    i = _capture_index(CALIBRATION, 3)
+
+    def grow(r):
+        r["steps"][i]["free"] = r["steps"][i - 1]["free"] + (1 << 30)
+
+    code, out, err, plan = _calibration(tmp_path, grow)
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"cal.json: $.steps[{i}].free: capture step " in err and "something else ran on the device" in err
+    assert "fix: capture the plan again on an otherwise idle device" in err
+    assert not plan.exists()
+
+
+def test_a_calibration_that_adds_up_past_any_device_is_refused(tmp_path):
+    """Each number in range, their sum past 2**53: the plan would not read back."""
+    second = _capture_index(CALIBRATION, 1)
+
+    def huge(r):
+        for i, s in enumerate(r["steps"]):
+            s.pop("graph_nodes", None)  # graph memory per graph, not per node
+            # all of 2**53 B taken over one capture, none over the others
+            s["free"], s["allocator_reserved"] = (2**53 if i < second else 0), 0
+
+    code, out, err, plan = _calibration(tmp_path, huge)
+    assert code == 1 and "more than any device holds" in err, err
+    assert not plan.exists()
+
+
+@pytest.mark.parametrize(
+    "edit, field, says",
+    [
+        (lambda p: p.update(command=p["command"][:3] + ["triton"]), "$.command", "`command` is `planner build"),
+        (
+            lambda p: p["inputs"]["build"].update(backend="triton"),
+            "$.command",
+            "records `planner build --backend triton",
+        ),
+        (lambda p: p["inputs"].update(backend="triton"), "$.inputs.backend", "says 'triton' but the build it records"),
+        (lambda p: p["requires"].update(backend="triton"), "$.requires.backend", "says 'triton'"),
+        (lambda p: p["inputs"].update(ci=False), "$.inputs.ci", "says False but the build it records"),
+        (lambda p: p["inputs"].update(speculative="eagle"), "$.inputs.speculative", "says 'eagle'"),
+        (lambda p: p["inputs"].update(strategies=["order=smallest-first"]), "$.inputs.strategies", "says"),
+    ],
+)
+def test_a_resealed_plan_whose_record_and_command_disagree_is_refused_naming_both(tmp_path, edit, field, says):
+    """Was accepted by load_plan, show and diff (diff: "no differences" for plans whose
+    bytes differ), and `check --fix` rebuilt it from the record for the other backend."""
+    from capture_plan.executor.load import load_plan
+    from capture_plan.schemas.errors import InputError
+
+    raw = json.loads((ROOT / "plans/fa3-ci.json").read_text())
+    edit(raw)
+    (tmp_path / "plans").mkdir()
+    path = tmp_path / "plans/fa3-ci.json"
+    path.write_bytes(reseal(raw))
+    before = path.read_bytes()
+    for args in (
+        ("show", str(path)),
+        ("diff", str(ROOT / "plans/fa3-ci.json"), str(path)),
+        ("check", str(tmp_path / "plans")),
+        ("check", "--fix", str(tmp_path / "plans")),
+    ):
+        code, out, err = planner(*args)
+        assert code == 1 and err.count("\n") == 1 and f"fa3-ci.json: {field}: " in err and says in err, (args, err)
+    assert path.read_bytes() == before  # --fix rebuilt nothing
+    with pytest.raises(InputError, match=re.escape(field)):
+        load_plan(path, check_env=False)
+
+
+def test_diff_of_plans_that_differ_only_in_a_decisions_alternatives_says_they_differ(tmp_path):
+    """Was "no differences in inputs, steps, decisions or predictions" (and exit 0 with
+    --exit-code) for a resealed plan whose rejected alternatives were edited."""
+    raw = json.loads((ROOT / "plans/fa3-ci.json").read_text())
+    decision = next(d for d in raw["decisions"] if d["alternatives"])
+    decision["alternatives"][0]["pool_bytes"] += 1
+    path = tmp_path / "fa3-ci.json"
+    path.write_bytes(reseal(raw))
+    code, out, err = planner("diff", str(ROOT / "plans/fa3-ci.json"), str(path), "--exit-code")
+    assert code == 1 and "no differences" not in out, out
+    assert out.splitlines()[-1] == (
+        "other recorded detail differs (a decision's alternatives or reasons): `planner explain` each plan"
+    )
+    code, out, err = planner("diff", str(ROOT / "plans/fa3-ci.json"), str(ROOT / "plans/fa3-ci.json"), "--exit-code")
+    assert code == 0 and "no differences" in out

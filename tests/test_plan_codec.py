@@ -8,6 +8,7 @@ of range, the wrong kind of file."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -229,6 +230,46 @@ def test_trace_decoding_memory_is_near_the_file_size():
         tracemalloc.stop()
     assert sum(len(c.events) for c in trace.captures) > 50_000
     assert peak < 2.5 * len(data), f"decoding took {peak / len(data):.1f}x the file's size"
+
+
+def test_a_compact_trace_decodes_in_about_four_times_its_size():
+    """Issue 29: the duplicate-key check's rewrite of the events (one regex match over a
+    whole run) kept ~800 B of matcher state per event: 53x a compact trace's size here
+    (a 263 MiB trace peaked at 7.8 GiB). Now the typed events themselves: ~4.1x, the
+    rewrite 0.2x."""
+    import tracemalloc
+
+    from capture_plan.schemas.codec import decode_trace
+
+    events = ",".join(f'["alloc",{i},{4096 + i},"temp"]' for i in range(50_000))
+    data = ('{"version":1,"backend":"fa3","captures":[{"phase":"decode","bs":1,"events":[' + events + "]}]}").encode()
+    tracemalloc.start()
+    try:
+        trace = decode_trace(data, "t.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(trace.captures[0].events) == 50_000
+    assert peak < 4.5 * len(data), f"decoding took {peak / len(data):.1f}x the file's size"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b'"device": "\xff\xfe"',  # invalid UTF-8 inside a string the first pass skips
+        b'"device": "\xc3"',  # a sequence cut short
+        b'"device": "\xed\xa0\x80"',  # a UTF-16 surrogate written as UTF-8
+    ],
+)
+def test_a_trace_with_invalid_utf8_is_a_located_error(cli, tmp_path, damage):
+    trace = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
+    damaged = re.sub(rb'"device": "[^"]*"', lambda m: damage, trace, count=1)
+    assert damaged != trace
+    (tmp_path / "t.json").write_bytes(damaged)
+    (tmp_path / "s.toml").write_text('[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n')
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--trace", "t.json", "--dry-run")
+    assert code == 1 and err.startswith("planner: error: t.json: not valid JSON") and err.count("\n") == 1, err
+    assert "fix: record the trace again with capture_plan.executor.profile" in err
 
 
 def test_plan_files_that_are_corrupt_truncated_tampered_or_newer(cli, tmp_path):
