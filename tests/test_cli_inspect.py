@@ -275,6 +275,12 @@ def test_explain_of_a_plan_whose_command_cannot_be_read_says_where_to_run_it(cli
     (tmp_path / "plans/odd.json").write_bytes(canonical_bytes(odd))
     code, out, _ = cli("explain", "plans/odd.json")
     assert code == 0
-    assert (
-        out.splitlines()[0] == "plan fa3, recorded command (run it in plans): planner build --backend fa3 --future-flag"
+    assert out.splitlines()[0] == (
+        "plan fa3, recorded command (its paths relative to plans): planner build --backend fa3 --future-flag"
     )
+    # a revision-1 plan whose text holds only what a build records: the command from here, to its own path
+    (tmp_path / "plans/old.json").write_bytes(
+        canonical_bytes(seal(msgspec.structs.replace(odd, command=["planner", "build", "--backend", "fa3", "--ci"])))
+    )
+    code, out, _ = cli("explain", "plans/old.json")
+    assert out.splitlines()[0] == "plan fa3, rebuilt from here by: planner build --backend fa3 --ci -o plans/old.json"

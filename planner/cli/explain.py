@@ -26,14 +26,18 @@ def _head(p, path) -> str:
     back (a newer planner's option), it is shown as recorded, with the folder to
     run it in."""
     import os
+    from pathlib import Path
 
-    from capture_plan.planner.build import command_for_cwd
+    from capture_plan.planner.build import command_for_cwd, options_from_command
     from capture_plan.planner.check import recorded_options
     from capture_plan.schemas.errors import CapturePlanError
 
     try:
         opts = recorded_options(p, path)
     except CapturePlanError:
-        folder = os.path.dirname(str(path)) or "."
-        return f"plan {p.name}, recorded command (run it in {folder}): {' '.join(p.command)}"
+        # a revision-1 plan: its text, read back where it holds only the options a build records
+        opts = options_from_command(list(p.command), Path(path))
+        if opts is None:
+            folder = os.path.dirname(str(path)) or "."
+            return f"plan {p.name}, recorded command (its paths relative to {folder}): {' '.join(p.command)}"
     return f"plan {p.name}, rebuilt from here by: {command_for_cwd(opts)}"
