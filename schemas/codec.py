@@ -602,10 +602,10 @@ def _record_agrees(plan: Plan, bad) -> None:
 #: reads each run as one ``0`` (an event written otherwise is checked as it is). A match
 #: cannot start inside a string: its quotes would end the string where JSON allows none.
 _EVENT = rb'\[\s*"(?:alloc|free)"\s*,\s*-?\d+\s*(?:,\s*-?\d+\s*(?:,\s*"[a-z]+"\s*)?)?\]'
-#: at most this many events a match: the regex engine keeps state for every repetition of a
-#: group until its match ends (~800 B each: a run of 10 million events took 7.8 GiB), so a run
-#: is replaced by a ``0`` per thousand events instead of one ``0``
-_EVENTS = re.compile(_EVENT + rb"(?:\s*,\s*" + _EVENT + rb"){0,1000}")
+#: at most 100 events a match: the regex engine keeps state for every repetition of a group
+#: until its match ends (~800 B each: a run of 10 million events took 7.8 GiB), so a run is
+#: replaced by a ``0`` per hundred events instead of one ``0``
+_EVENTS = re.compile(_EVENT + rb"(?:\s*,\s*" + _EVENT + rb"){0,100}")
 _GOT = {"array": [], "str": "", "bool": True, "null": None}
 
 
@@ -617,7 +617,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
     tests/test_traces.py measures it; the generic path of the other kinds built
     three copies of the document): the top-level keys are read as zero-copy
     ``msgspec.Raw`` views, the trace is decoded straight into its typed structs,
-    and the duplicate-key check reads a copy in which every thousand events are
+    and the duplicate-key check reads a copy in which every hundred events are
     one ``0`` (events are arrays and hold no keys, so no duplicate is hidden).
     Text that is not UTF-8 is a located error like any other malformed JSON.
     """
