@@ -12,7 +12,7 @@ range, a plan's digest matching its content).
 
 Examples per test: ``CAPTURE_PLAN_FUZZ_EXAMPLES`` (default 10, a few seconds
 for the whole file); ``CAPTURE_PLAN_FUZZ_LOG=path`` appends one line per input
-run, to count them over a long run::
+run (the command and its exit code), to count them over a long run::
 
     CAPTURE_PLAN_FUZZ_EXAMPLES=20000 CAPTURE_PLAN_FUZZ_LOG=/tmp/fuzz.log \\
         python -m pytest -q tests/test_cli_fuzz.py -p no:cacheprovider
@@ -46,7 +46,9 @@ else:  # pragma: no cover
 
 EXAMPLES = int(os.environ.get("CAPTURE_PLAN_FUZZ_EXAMPLES", "10"))
 LOG = os.environ.get("CAPTURE_PLAN_FUZZ_LOG")
-HANG_S = 60
+#: a run past this many seconds fails its example (``CAPTURE_PLAN_FUZZ_HANG_S``: a long run on a
+#: loaded machine reads the largest accepted plans, 50 MB of 160,000 alternatives, for ~15 s each)
+HANG_S = int(os.environ.get("CAPTURE_PLAN_FUZZ_HANG_S", "60"))
 #: list repetitions of the "huge list" mutation: CI keeps them small enough to stay fast
 #: (a resealed plan with 20,000x its steps renders for seconds); long runs use the big ones
 REPEATS = [2, 1000, 20000] if EXAMPLES > 100 else [2, 50, 5000]
