@@ -269,17 +269,19 @@ def _spec(
         # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
         # file lists its own, and merging the two would leave no one place that says what is
         # captured (--tp and --allocator do apply: they override the file's tp and allocator)
-        given = [
-            f"{flag} {v}"
+        pairs = [
+            (flag, str(v))
             for flag, v in (("--speculative", opts.speculative), ("--preset", opts.preset), ("--max-bs", opts.max_bs))
             if v is not None
         ]
-        if given:
+        if pairs:
+            given = " and ".join(f"{flag} {v}" for flag, v in pairs)
+            show = shlex.join(["planner", "spec", "show", *(a for pair in pairs for a in pair)])
             raise InputError(
-                f"{' and '.join(given)} choose the embedded spec's phases and sizes, and {opts.spec} lists its own",
+                f"{given} choose the embedded spec's phases and sizes, and {opts.spec} lists its own",
                 where=f"--spec {opts.spec}",
-                fix=f"start a spec from `planner spec show {' '.join(given)} > my.toml` and build "
-                "with --spec my.toml, or write the phases and sizes into your spec",
+                fix=f"start a spec from `{show} > my.toml` and build with --spec my.toml, "
+                "or write the phases and sizes into your spec",
             )
         from .hf_config import read_model_config  # only specs from files name a model config
 
@@ -962,7 +964,7 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
             raise InputError(
                 f"holds the plan of `{' '.join(map(str, command))}`, not of this command",
                 where=str(path),
-                fix=f"check it with `planner check {path}`, or give this build its own file with -o",
+                fix=f"check it with `planner check {shlex.quote(str(path))}`, or give this build its own file with -o",
             )
         if same_command and not recorded:  # a rebuild would be refused too (write_plan): not drift
             raise InputError(

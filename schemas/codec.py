@@ -436,7 +436,9 @@ def validate_plan(plan: Plan, source: str) -> Plan:
     step's phase known, sizes among its phase's (listed once each), each step's
     id ``<op>/<phase>/<bs>`` (with its labels, :func:`capture_plan.schemas.keys.step_id`),
     captures one-to-one with the phases' graph keys (no key captured twice, none left
-    out), edges between known steps, one timeline entry per step. Graph keys
+    out), edges between known steps, one timeline entry per step, and a build record
+    that says the build ``command``, ``inputs`` and ``requires`` say
+    (:func:`_record_agrees`). Graph keys
     (revision 3): a phase's variant axes and each axis's labels unique; a capture or
     warm-up step of a phase with variants has one label per axis, each the axis's,
     and no other step has labels; a capture step's ``pieces`` is its phase's; only

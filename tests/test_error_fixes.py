@@ -114,6 +114,7 @@ def _spec_file(repo: Path) -> None:
 
 def _bad_spec(repo: Path) -> None:
     (repo / "bad.toml").write_text(SPEC.replace("sizes", "size"))
+    (repo / "empty.toml").write_text("")
 
 
 CASES = {
@@ -143,7 +144,8 @@ CASES = {
         "planner build -b fa3 --spec my.toml --dry-run",
     ),
     # a spec the schema refuses: the schema command the fix names runs
-    "bad spec": Case(_bad_spec, "planner build -b fa3 --spec {bad} --dry-run", "planner schema spec"),
+    "bad spec": Case(_bad_spec, "planner build -b fa3 --spec {bad} --dry-run", ""),
+    "empty spec": Case(_bad_spec, "planner build -b fa3 --spec {empty} --dry-run", ""),
 }
 
 
@@ -157,7 +159,7 @@ def test_the_fix_an_error_names_works_from_where_the_user_stands(tmp_path, name,
     cwd = repo if where == "root" else repo / "elsewhere"
     cwd.mkdir(exist_ok=True)
     up = "" if where == "root" else "../"
-    command = case.command.format(plans=f"{up}plans", spec=f"{up}x.toml", bad=f"{up}bad.toml")
+    command = case.command.format(plans=f"{up}plans", spec=f"{up}x.toml", bad=f"{up}bad.toml", empty=f"{up}empty.toml")
     failed = sh(command, cwd)
     assert failed.returncode == 1, (command, failed.stdout, failed.stderr)
     lines = [line for line in failed.stderr.splitlines() if line.startswith("planner: error: ")]
