@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import shlex
 import sys
 from pathlib import PurePath
 from typing import Any, NamedTuple, TypeVar
@@ -71,7 +72,7 @@ def seal(plan: Plan) -> Plan:
 
 _FIX = {
     "spec": "see `planner schema spec` for every field and its type",
-    "plan": "restore the file, or rebuild the plan with the planner build command it records",
+    "plan": "rebuild the plan with the planner build command it records, or restore the file",
     "trace": "record the trace again with capture_plan.executor.profile",
     "report": "write the report again with GraphSet.write_report",
 }
@@ -425,7 +426,7 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
                 f"digest mismatch: file says {found or '(none)'}, content is {expected}",
                 where=f"{source}: $.digest",
                 fix="the file was edited by hand or corrupted; rebuild it from its record: "
-                f"`planner check --fix {source}`",
+                f"`planner check --fix {shlex.quote(source)}`",
             )
     return validate_plan(convert(raw, Plan, source, kind="plan"), source)
 
