@@ -798,7 +798,7 @@ def test_a_calibration_step_id_without_a_numeric_size_is_refused_where_it_is(tmp
 
     code, out, err, plan = _calibration(tmp_path, rename)
     assert code == 1 and err.count("\n") == 1, err
-    assert f"cal.json: $.steps[{i}].id: step id 'capture/decode/x' is not <op>/<phase>/<size>" in err
+    assert f"cal.json: $.steps[{i}].id: 'capture/decode/x' is not a step id (<op>/<phase>/<bs>" in err
     assert not plan.exists()
 
 
