@@ -7,8 +7,9 @@ plan's captures, runs each planned warm-up at its own size inside
 outputs with ``step.hold()``. So an engine loop adopted onto ``capture_loop``
 gets the same pools, per-step figures and dispatch as ``capture()`` by
 construction, where it allocates inside ``graph()`` what the target allocates
-inside ``run``. :mod:`capture_plan.executor.session` documents what capture
-leaves behind and why it does not synchronize per graph.
+inside ``run``. :mod:`capture_plan.executor.loop` owns every part of a capture
+step, and documents what capture leaves behind and why it does not
+synchronize per graph; this module only drives it.
 
 With ``torch.distributed`` initialized the ranks exchange their status before
 every plan step (:class:`capture_plan.executor.distributed.StepSync`, on a
@@ -25,9 +26,12 @@ import torch
 
 from capture_plan.schemas.plan import Plan
 
+from .background import check_options
+from .distributed import is_distributed, rank0
+from .errors import ExecutorError
 from .graphs import Fallback, GraphSet, as_outputs
-from .loop import CaptureLoop
-from .session import _check_options, _distributed, _rank0, refuse_piecewise
+from .loop import CaptureLoop, refuse_piecewise
+from .pool import in_pools
 from .target import CaptureTarget
 
 __all__ = ["capture"]
@@ -45,7 +49,8 @@ def _progress(steps, enabled: bool):
 
 def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
     """Every capture of ``loop``'s plan, in plan order, with ``target`` as the model."""
-    session = loop.session
+    #: output addresses of each (phase, bs)'s last warm-up run
+    warm_ptrs: dict[tuple[str, int], list[int]] = {}
     for s in loop.plan.steps:
         if s.op != "capture":
             continue  # provision steps run inside loop.step(), warm-ups below
@@ -58,16 +63,28 @@ def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
                         target.refresh(w.phase, w.bs, w.bs, ws)
                     outs = as_outputs(target.run(w.phase, w.bs, ws))
                 # bound: the loop runs at least once
-                session.warm_ptrs[(w.phase, w.bs)] = [t.data_ptr() for t in outs]  # pyright: ignore[reportPossiblyUnboundVariable]
+                warm_ptrs[(w.phase, w.bs)] = [t.data_ptr() for t in outs]  # pyright: ignore[reportPossiblyUnboundVariable]
                 del outs  # pyright: ignore[reportPossiblyUnboundVariable]
         if ws is not None:
             with step.eager():  # writes the workspace replays read: ordered against them
                 target.refresh(s.phase, s.bs, s.bs, ws)  # outside the graph, by design
         with step.graph():
             outs = as_outputs(target.run(s.phase, s.bs, ws))
-        session.check_static_outputs(s, outs)
+        _check_static_outputs(step.where, warm_ptrs.get((s.phase, s.bs)), outs, loop.gs.pools.values())
         step.hold(outs)
         del outs
+
+
+def _check_static_outputs(where: str, before: list[int] | None, outs, pools) -> None:
+    """An output outside the pool must be the static buffer the warm-up returned."""
+    for i, (t, p) in enumerate(zip(outs, before or ())):
+        if t.data_ptr() != p and not in_pools(t.data_ptr(), pools):
+            raise ExecutorError(
+                f"output {i} moved from {p:#x} (warm-up) to {t.data_ptr():#x} (capture) outside the graph pool: "
+                "replays would write where the engine does not read",
+                where=where,
+                fix="return the same static buffer every call, or allocate the output inside run()",
+            )
 
 
 def capture(
@@ -102,14 +119,14 @@ def capture(
     (rank 0 of ``group`` only; the summary at INFO, per-quarter progress at
     DEBUG, at INFO in the background); ``progress`` adds a tqdm bar on stderr
     in the foreground, on rank 0. Warnings come from every rank, naming it.
-    Plans with a piecewise phase are refused (:func:`~capture_plan.executor.session.refuse_piecewise`).
+    Plans with a piecewise phase are refused (:func:`~capture_plan.executor.loop.refuse_piecewise`).
     """
     t_start = time.perf_counter()
-    distributed = _distributed()
+    distributed = is_distributed()
     refuse_piecewise(plan)
-    _check_options(background=background, record=record, fallback=fallback, distributed=distributed)
+    check_options(background=background, record=record, fallback=fallback, distributed=distributed)
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    bar = _progress(plan.steps, progress and _rank0(group) and not background)
+    bar = _progress(plan.steps, progress and rank0(group) and not background)
     loop = CaptureLoop(plan, device=device, target=target, record=record, group=group, progress=bar, t_start=t_start)
     if background:
         return loop.start(lambda lp: run_plan(lp, target), fallback=fallback)
@@ -125,7 +142,7 @@ def capture(
         try:
             run_plan(loop, target)
         except BaseException as err:  # every rank raises, naming this one's step (Ctrl-C too: none hangs)
-            cur = loop.session.current
+            cur = loop.running
             sync.fail(cur.id if cur else "start", cur.index if cur else -1, err)
         sync.before()  # the end: every rank got through
     return loop.graphs

@@ -1,7 +1,7 @@
 """``GraphSet``: the captured graphs of one plan, and their O(1) replay.
 
-``capture(plan, target)`` (:mod:`capture_plan.executor.session`) fills a GraphSet step by
-step: each graph is added with :meth:`GraphSet.add` the moment it is
+The capture loop (:mod:`capture_plan.executor.loop`, which ``capture(plan,
+target)`` drives) fills a GraphSet step by step: each graph is added with :meth:`GraphSet.add` the moment it is
 captured, and from then on ``replay(phase, n)`` serves it -- a table lookup,
 the target's ``refresh`` for a hoisted workspace, the replay, the outputs
 sliced to ``n`` requests.

@@ -46,6 +46,49 @@ each runner's capture: the first part opens it, the one that holds the
 plan's last capture closes it, an error in any releases all.
 ``docs/adoption.md`` has the diffs against SGLang's and vLLM's loops.
 
+**The loop owns a capture step.** Everything one capture is made of lives
+here: ``open`` primes the capture stream (:mod:`capture_plan.executor.streams`)
+and freezes the collector; ``step()`` runs the plan's provision steps
+(a hoisted workspace, allocated outside every graph pool) and hands the
+engine a :class:`LoopStep`, whose ``warmup()`` runs warm-ups in a scratch
+pool, ``graph()`` records one CUDA graph into the planned pool on the capture
+stream and ``hold()`` holds the outputs as planned and makes the graph
+servable; :class:`capture_plan.executor.measure.Measurements` records each
+step's figures and writes the report. The pool is measured after every
+capture against the plan's prediction (a snapshot of that pool alone; one
+memory snapshot of every pool at the end confirms the total). The steps
+allocate in exactly the order the planner simulated: that is what makes its
+predictions exact, so a change here that moves, adds or drops an allocation
+changes what the plans predict.
+
+**What capture leaves behind: the graphs, and nothing else.** Once the loop
+closes, the device holds the graph pools, the hoisted workspaces and what the
+graphs need to run: the capture stream's cuBLAS workspace, created before the
+first step in the ordinary allocator (outside every pool: a first GEMM inside
+a capture would put it in the pool, and a first GEMM inside a warm-up would
+put it in the warm-up's scratch memory). The warm-ups' temporaries are
+*returned*, not reused: each warm-up block runs with this thread's
+allocations routed into a scratch pool that is emptied and destroyed when the
+block ends (:func:`capture_plan.executor.pool.scratch_pool`), so its blocks do
+not stay cached on the capture stream, where nothing else could reuse them.
+(Reusing them in the graph pool instead would change the pool's contents the
+planner simulates.) This is safe while an engine serves (a background
+capture) and for an engine that holds cached blocks of its own: only the
+capture thread's allocations are routed, and only the scratch pool is
+emptied, never the engine's cache. The report's ``device_view`` itemizes the
+free device memory capture took (``capture_plan.executor.device``).
+
+Unlike ``torch.cuda.graph(...)``, it does not synchronize and empty the cache
+at every capture (vLLM turns that off too): that per-capture overhead is most
+of the capture time of the engines' loop. It never runs a full garbage
+collection either: one costs about a second in a server process with ~10
+million live objects, more than the capture. The collector's old objects are
+frozen while capturing (``capture_plan.executor.heap``); ``GraphSet.release`` collects only
+the young generations, and only if a pool is still held after every reference
+was dropped. A dead reference cycle that holds CUDA memory from before
+the capture stays reserved until the engine's next collection (that memory
+is outside the graph pools: the plan's prediction does not depend on it).
+
 ``loop.start(body)`` runs the engine's loop ``body(loop)`` on a thread while
 the engine serves from the GraphSet (background capture, as
 ``capture(..., background=True)``).
@@ -68,6 +111,7 @@ import contextlib
 import copy
 import dataclasses
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -75,13 +119,47 @@ import torch
 from capture_plan.schemas.plan import Plan, Step
 
 from .device import probe
+from .distributed import is_distributed, rank0
 from .errors import ExecutorError, capture_failed
-from .graphs import Fallback, GraphSet
+from .graph_nodes import instantiate_kept
+from .graphs import Captured, Fallback, GraphSet
 from .heap import Frozen
-from .pool import one_pool_reserved, pool_key, scratch_pool
-from .session import CaptureSession, _distributed, _rank0, refuse_piecewise
+from .measure import Measurements
+from .pool import AllocationRecorder, one_pool_reserved, pool_key, scratch_pool, weak_view
+from .streams import capture_stream, prime_stream
 
-__all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached"]
+__all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached", "refuse_piecewise"]
+
+
+def _clear_frames(exc: BaseException | None) -> None:
+    """Clear the frames of an exception and of every exception chained to it:
+    they hold the partial capture's tensors and graphs."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+#: phase kinds whose graphs are pieces between eagerly-run attention ops (vLLM's PIECEWISE):
+#: the executor records one whole graph per capture step, which would be a different graph
+#: from the one the plan's figures describe. planner/data/phase_kinds.toml defines the kind.
+PIECEWISE_KINDS = frozenset({"piecewise"})
+
+
+def refuse_piecewise(plan: Plan, phases=None, where: str = "capture") -> None:
+    """An ExecutorError naming the first phase of ``plan`` (of ``phases``, if given)
+    whose kind is captured in pieces: its graphs are the engine's piecewise
+    backend's to capture (the plan predicts their pool), not the executor's."""
+    for p in plan.phases:
+        if p.kind in PIECEWISE_KINDS and (phases is None or p.name in phases):
+            raise ExecutorError(
+                f"phase {p.name!r} is {p.kind!r}: its graphs are pieces between eager attention ops, and the "
+                "executor records one whole graph per capture",
+                where=where,
+                fix="capture piecewise phases with the engine's own piecewise backend (vLLM's), the plan predicting "
+                "their pool; capture the full phases alone with a plan built without them",
+            )
 
 
 class _Stopped(BaseException):
@@ -206,18 +284,19 @@ class LoopStep:
     """
 
     def __init__(self, loop: CaptureLoop, step: Step, warmups: int, t0: float, pending: Sequence[Step] = ()):
-        session = loop.session
-        self._loop, self._session, self.plan_step, self._t0 = loop, session, step, t0
+        self._loop, self.plan_step, self._t0 = loop, step, t0
         self.phase, self.bs, self.index, self.id = step.phase, step.bs, step.index, step.id
         self.pool_name = step.pool
-        self.pool = session.pool(step.pool)
-        self.stream = session.stream
+        self.pool = loop.handle(step.pool)
+        self.stream = loop.stream
         self.warmups = warmups
         self.workspace = loop.gs.workspaces.get(step.phase)
         self.outputs = step.outputs or "keep"
         #: the graph recorded by ``graph()``, until ``hold()``
         self.recorded: torch.cuda.CUDAGraph | None = None
         self._grown = 0
+        #: the recorded graph's node count, until the step is measured (None: not counted)
+        self._nodes: int | None = None
         #: ``hold()`` has made the graph servable
         self.landed = False
         #: the plan's warm-up steps before this capture (each with its phase, bs and runs), in order
@@ -242,18 +321,18 @@ class LoopStep:
         ``of``: one of :attr:`planned`, for a driver that runs each planned
         warm-up at its own size (``capture()`` does): the block is that step
         alone. Without it the block is all of this capture's planned warm-ups."""
-        session = self._session
+        loop = self._loop
         if of is not None and of not in self._pending:
             raise self._error(f"{of.id} is not a warm-up of this step still to run", "pass one of step.planned")
         mine = [of] if of is not None else list(self._pending)
         for w in mine:
-            self._loop.before_step(w)
+            loop.before_step(w)
         if of is not None:
-            session.current = of
-        with session.eager(), torch.cuda.stream(self.stream), scratch_pool(session.device) as scratch:
+            loop.running = of
+        with loop.guard(), torch.cuda.stream(self.stream), scratch_pool(loop.device) as scratch:
             yield
             self.stream.synchronize()  # the scratch pool's blocks are idle before it is emptied
-        session.current = self.plan_step
+        loop.running = self.plan_step
         self._measure_warmups(scratch.reserved, mine)
 
     def _measure_warmups(self, scratch: int | None, steps: list[Step] | None = None) -> None:
@@ -262,16 +341,14 @@ class LoopStep:
         calibration's peak reads), none if the engine ran them outside
         ``warmup()``. A later ``warmup()`` block of the step, its steps
         recorded, measures nothing."""
-        session = self._session
+        loop = self._loop
         steps = list(self._pending) if steps is None else steps
         if steps and scratch is None:  # run outside warmup(): exchanged now (distributed)
             for w in steps:
-                self._loop.before_step(w)
+                loop.before_step(w)
         for k, w in enumerate(steps):
-            session.scratch = scratch if k == 0 else None
-            session.measure(w, self._t0)
+            loop.figures.step(w, self._t0, scratch=scratch if k == 0 else None)
             self._pending.remove(w)
-        session.scratch = None
         self._t0 = time.perf_counter()  # the capture's own time starts after its warm-ups
 
     @contextlib.contextmanager
@@ -281,7 +358,7 @@ class LoopStep:
         capture stream. In a background capture it is ordered against the
         serving thread's replays, as warm-ups are; in the foreground it only
         sets the stream."""
-        with self._session.eager(), torch.cuda.stream(self.stream):
+        with self._loop.guard(), torch.cuda.stream(self.stream):
             yield
 
     @contextlib.contextmanager
@@ -308,11 +385,11 @@ class LoopStep:
             )
         self._measure_warmups(None)  # warm-ups the engine ran outside warmup(), if any
         self._loop.before_step(self.plan_step)
-        # keep_graph: the session counts the graph's nodes before it instantiates it (graph_nodes)
+        # keep_graph: the loop counts the graph's nodes before it instantiates it (graph_nodes)
         g = cuda_graph if cuda_graph is not None else _new_graph()
-        with self._session.recording(g, self.pool) as grown:
+        with self._loop.recording(g, self.pool, self.stream) as rec:
             yield g
-        self.recorded, self._grown = g, grown[0]
+        self.recorded, self._grown, self._nodes = g, rec.grown, rec.nodes
 
     def hold(self, outputs, *, graph: torch.cuda.CUDAGraph | None = None):
         """Hold the step's outputs as the policy says and make its graph
@@ -325,7 +402,7 @@ class LoopStep:
         does), or their memory is not reused. ``graph``: a graph the engine
         recorded itself, without ``graph()`` (its pool is checked; its stream
         cannot be)."""
-        session = self._session
+        loop = self._loop
         if self.landed:
             raise self._error("the step's outputs are held already", "one hold() per step")
         if graph is not None:
@@ -335,18 +412,52 @@ class LoopStep:
         if self.recorded is None:
             raise self._error("hold() before the graph was recorded", "record it in `with step.graph(g):` first")
         self._measure_warmups(None)  # a graph the engine recorded itself (hold(graph=)): no graph() ran
-        leaves, rebuild = _flatten(outputs, self.where, session.device)
-        rows = session.rows_per_request(self.plan_step, leaves)
-        kept = session.land(self.plan_step, self.recorded, leaves, rows, self._grown)
+        leaves, rebuild = _flatten(outputs, self.where, loop.device)
+        rows = self._rows(leaves)
+        kept = self._land(leaves, rows)
         del leaves
-        self._loop.grew(self.pool_name, self._grown)
+        loop.grew(self.pool_name, self._grown)
         self.recorded, self.landed = None, True
-        session.measure(self.plan_step, self._t0)
+        loop.figures.step(self.plan_step, self._t0, nodes=self._nodes)
         return rebuild(kept)
+
+    def _rows(self, outs: tuple[torch.Tensor, ...]) -> int:
+        """Output rows per request: the first output's rows over ``bs`` (an
+        ExecutorError naming the step if they are no multiple of it)."""
+        rows, rem = divmod(outs[0].shape[0], self.bs) if outs[0].dim() else (1, 0)
+        if rem:
+            raise self._error(f"output has {outs[0].shape[0]} rows, not a multiple of bs {self.bs}")
+        return rows
+
+    def _land(self, outs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+        """Hold the recorded graph's outputs as planned and make it servable;
+        returns the held outputs. With ``outputs = "view"`` the held outputs do
+        not keep the memory: the caller drops ``outs`` before the next
+        capture, or it stays allocated."""
+        loop, gs = self._loop, self._loop.gs
+        assert self.recorded is not None  # hold() checked
+        kept = tuple(weak_view(t) for t in outs) if self.outputs == "view" else outs
+        del outs
+        gs.add(
+            Captured(
+                phase=self.phase,
+                bs=self.bs,
+                pool=self.pool_name,
+                graph=self.recorded,
+                outputs=kept,
+                held=self.outputs,
+                rows_per_request=rows,
+                order=len(gs.graphs),
+            )
+        )
+        loop.figures.reserved += self._grown
+        gs.timeline.append((time.perf_counter() - loop.t_start, self.phase, self.bs))
+        loop.landed(gs.graphs[(self.phase, self.bs)])
+        return kept
 
     def _adopt(self, graph) -> None:
         """A graph recorded by the engine's own call: its pool must be the step's."""
-        if self._session.recorder is not None:
+        if self._loop.recorder is not None:
             raise self._error(
                 "record=True needs the graph recorded in `with step.graph(g):` (the allocation "
                 "history is cut at its bounds)",
@@ -364,6 +475,13 @@ class LoopStep:
         self._grown = one_pool_reserved(self.pool) - self._loop.counted(self.pool_name)
 
 
+class _Recording:
+    """What :meth:`CaptureLoop.recording` measured once its block ended."""
+
+    grown = 0
+    nodes: int | None = None
+
+
 class CaptureLoop:
     """The plan's steps, driven by the engine's loop; see the module docstring.
 
@@ -371,6 +489,13 @@ class CaptureLoop:
     cuBLAS workspace outside every pool) and freezes the collector's old
     objects; a clean exit checks that every planned capture was made, then
     writes the report (``graphs.report``); an error releases everything.
+
+    ``guard`` wraps every block that executes work on the GPU outside a graph
+    (provision, warm-ups, the refresh before a capture): nothing in the
+    foreground, the ordering against concurrent replays in the background.
+    ``mode`` is CUDA's capture error mode: "global" (foreground) also fails
+    the capture if any other thread makes an unsafe call meanwhile;
+    "thread_local" (background) lets the engine's threads keep launching work.
     """
 
     def __init__(
@@ -402,24 +527,26 @@ class CaptureLoop:
             self.gs.pools[name] = handle
         #: per pool: its bytes before the loop (an engine's pool may hold some) plus its graphs' growth
         self._counted: dict[str, int] = {}
-        self.session = CaptureSession(
-            self.gs, self.device, record=record, bar=progress, show=_rank0(group), t_start=self.t_start
-        )
-        if stream is not None:
-            self.session.stream = stream
+        #: the stream every graph records on: the engine's, or the executor's one per device
+        self.stream: torch.cuda.Stream = stream if stream is not None else capture_stream(self.device)
+        self.recorder = AllocationRecorder() if record else None
+        self.figures = Measurements(plan, self.device, bar=progress, show=rank0(group), t_start=self.t_start)
+        self.mode = "global"
+        self.guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        #: called with each graph as it lands (the background capture's serving side)
+        self.on_land: Callable[[Captured], None] | None = None
         #: called before each plan step runs (``capture()`` exchanges the ranks' status there)
         self.on_step: Callable[[Step], None] | None = None
+        #: the plan step running (or that failed)
+        self.running: Step | None = None
+        #: pools this loop made that nothing has captured into yet (they hold no segment)
+        self._new_pools: set[tuple[int, int]] = set()
         #: index of the next plan step to run
         self._next = 0
         self.current: LoopStep | None = None
         self._heap: Frozen | None = None
         self._done = self._failed = False
         self._phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-
-    @property
-    def stream(self) -> torch.cuda.Stream:
-        """The stream every graph records on."""
-        return self.session.stream
 
     def pool(self, name: str):
         """The handle of the plan's pool ``name`` (made now if no graph used it
@@ -430,7 +557,15 @@ class CaptureLoop:
                 where="CaptureLoop.pool",
                 fix=f"use one of {sorted({s.pool for s in self.plan.steps if s.op == 'capture'})}",
             )
-        return self.session.pool(name)
+        return self.handle(name)
+
+    def handle(self, name: str):
+        """The handle of the plan's pool ``name``, made at its first use."""
+        pool = self.gs.pools.get(name)
+        if pool is None:
+            pool = self.gs.pools[name] = torch.cuda.graph_pool_handle()
+            self._new_pools.add(pool_key(pool))
+        return pool
 
     @property
     def graphs(self) -> GraphSet:
@@ -494,7 +629,7 @@ class CaptureLoop:
                 fix="name the phase as the plan does",
             )
         refuse_piecewise(self.plan, (phase,), where="CaptureLoop.step")
-        steps, session = self.plan.steps, self.session
+        steps = self.plan.steps
         t0 = time.perf_counter()
         warmups, i, pending = 0, self._next, []
         while i < len(steps) and steps[i].op != "capture":
@@ -503,8 +638,7 @@ class CaptureLoop:
                 warmups += max(s.runs, 1)
                 pending.append(s)
             else:
-                self.before_step(s)
-                session.step(s)
+                self.setup(s)
             i += 1
         if i == len(steps):
             raise ExecutorError(
@@ -513,7 +647,7 @@ class CaptureLoop:
                 fix="iterate loop.sizes(phase)",
             )
         s = steps[i]
-        session.current = s
+        self.running = s
         if (s.phase, s.bs) != (phase, bs):
             raise ExecutorError(
                 f"the engine's loop asked for {phase}/{bs} out of the plan's order: the plan's next "
@@ -537,6 +671,80 @@ class CaptureLoop:
     def grew(self, pool_name: str, nbytes: int) -> None:
         self._counted[pool_name] = self._counted.get(pool_name, 0) + nbytes
 
+    # -- the parts of a step -------------------------------------------------
+    def setup(self, step: Step) -> None:
+        """Run a plan step that is no capture's (a provision) and measure it."""
+        self.before_step(step)
+        self.running = step
+        t0 = time.perf_counter()
+        if step.op in ("warmup", "capture"):  # they run with the capture they precede
+            raise ExecutorError(
+                f"a {step.op} step after the plan's last capture: nothing follows it",
+                where=f"step {step.index} ({step.id})",
+                fix="rebuild the plan (planner builds end with a capture)",
+            )
+        if step.op != "provision":  # the plan decoder admits only StepOp; a new op needs a branch here
+            raise ExecutorError(
+                f"unknown step op {step.op!r}",
+                where=f"step {step.index} ({step.id})",
+                fix="upgrade capture-plan's executor to one that knows this op",
+            )
+        # The phase's hoisted workspace, outside every graph pool. On a background capture's
+        # thread the current stream is the legacy default stream, whose work synchronizes
+        # with every other stream: use the capture stream.
+        on_stream = torch.cuda.stream(self.stream) if self.mode != "global" else contextlib.nullcontext()
+        with self.guard(), on_stream:
+            self.gs.workspaces[step.phase] = torch.zeros(max(step.bytes, 1), dtype=torch.uint8, device=self.device)
+        self.figures.step(step, t0)
+
+    @contextlib.contextmanager
+    def recording(self, g: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
+        """Record ``g`` into ``pool`` on ``stream`` while the block runs.
+
+        Yields a :class:`_Recording` that holds the bytes the pool grew by and
+        the graph's node count once the block has ended. A block that raises
+        leaves no partial graph behind: the graph is reset (it would hold its pool)."""
+        recorder = self.recorder
+        with torch.cuda.stream(stream):
+            if recorder is not None:
+                recorder.begin()
+            # The pool itself is measured (a snapshot of that pool alone): the device's
+            # reserved-bytes counter also moves for allocations outside the pool meanwhile (the
+            # CUDA RNG's graph-safe state at a pool's first capture, the serving thread in the
+            # background), and the per-step figures are what the plan's timeline is checked against.
+            key = pool_key(pool)
+            # a pool nothing captured into yet holds nothing, and is not asked: torch keeps no
+            # private pool for the handle until its first capture_begin
+            fresh = key in self._new_pools
+            self._new_pools.discard(key)
+            reserved_before = 0 if fresh else one_pool_reserved(pool)
+            rec = _Recording()
+            g.capture_begin(pool=pool, capture_error_mode=self.mode)
+            try:
+                yield rec
+            except BaseException:
+                try:
+                    g.capture_end()
+                except Exception:  # the capture is already invalid; the original error matters
+                    pass
+                g.reset()  # a partial graph holds its pool: release it so the pool can be emptied
+                if recorder is not None:
+                    recorder.end()
+                raise
+            g.capture_end()
+            # a graph the loop made (keep_graph=True) is counted and instantiated here, so its
+            # driver memory lands on this step; an engine's own graph was instantiated by torch
+            rec.nodes = instantiate_kept(g)
+            rec.grown = one_pool_reserved(pool) - reserved_before
+            if recorder is not None:
+                recorder.end()
+
+    def landed(self, cap: Captured) -> None:
+        """A graph became servable: tell the serving side and the log."""
+        if self.on_land is not None:
+            self.on_land(cap)
+        self.figures.landed(self.gs, cap, background=self.mode != "global")
+
     # -- the with block ------------------------------------------------------
     def open(self) -> CaptureLoop:
         """Begin: prime the capture stream, freeze the collector's old objects
@@ -545,17 +753,17 @@ class CaptureLoop:
             raise ExecutorError(
                 "the capture loop was opened already", where="CaptureLoop.open", fix="one capture_loop per capture"
             )
-        if _distributed():
+        if is_distributed():
             from .distributed import check_plan_agreement
 
             check_plan_agreement(self.plan, self.group)
         torch.cuda.synchronize(self.device)
-        self.session.before = probe(self.device)
+        self.figures.before = probe(self.device)
         self._heap = Frozen().__enter__()
         try:
             for name, handle in self.gs.pools.items():  # the engine's own pools, made before the loop
                 self._counted[name] = one_pool_reserved(handle)
-            self.session.prime()
+            prime_stream(self.device, self.stream)
         except BaseException:
             self._thaw()
             raise
@@ -595,12 +803,28 @@ class CaptureLoop:
             raise self.fail(failure)
         self._thaw()
         for s in self.plan.steps[self._next :]:  # setup steps after the last capture (none in built plans)
-            self.before_step(s)
-            self.session.step(s)
+            self.setup(s)
         torch.cuda.synchronize(self.device)
-        self.session.finish()
+        self.finish()
         self._done = True
         return self.gs
+
+    def finish(self) -> None:
+        """The allocation windows and the report, after the last step."""
+        report = self.figures.report(self.gs, background=self.mode != "global")
+        if self.recorder is not None:
+            for cap, win in zip(list(self.gs.graphs.values()), self.recorder.stop()):
+                cap.window = win
+            self.recorder = None
+        self.gs.report = report
+
+    def abort(self, failure: BaseException | None) -> None:
+        """Stop the progress bar and the recorder, drop the failure's frames."""
+        self.figures.close_bar()
+        if self.recorder is not None:
+            self.recorder.close()  # reading the history could raise and hide the real failure
+            self.recorder = None
+        _clear_frames(failure)
 
     def fail(self, failure: BaseException) -> BaseException:
         """Release everything after ``failure`` (the engine's ``on_failure``
@@ -611,7 +835,7 @@ class CaptureLoop:
         self._release(failure)
         if not isinstance(failure, Exception):  # KeyboardInterrupt and friends: released, then re-raised
             return failure
-        return capture_failed(failure, self.session.current, self.plan, self.device)
+        return capture_failed(failure, self.running, self.plan, self.device)
 
     # -- serving while the engine's loop captures -----------------------------
     def start(self, body: Callable[[CaptureLoop], None], *, fallback: Fallback = "eager") -> GraphSet:
@@ -626,31 +850,31 @@ class CaptureLoop:
         released); ``release()`` stops the loop at its next ``step()``.
         Not with ``record=True`` nor ``torch.distributed``; ``fallback="eager"``
         needs ``capture_loop(target=)``."""
-        from .background import Background
-        from .session import _check_options, _init_cublas
+        from .background import Background, check_options
+        from .streams import init_cublas
 
         if self._heap is not None or self._done or self._failed:
             raise ExecutorError(
                 "the capture loop was opened already", where="CaptureLoop.start", fix="one capture_loop per capture"
             )
         try:
-            _check_options(
-                background=True, record=self.session.recorder is not None, fallback=fallback, distributed=_distributed()
+            check_options(
+                background=True, record=self.recorder is not None, fallback=fallback, distributed=is_distributed()
             )
         except ExecutorError:
-            if self.session.recorder is not None:
-                self.session.recorder.close()
-                self.session.recorder = None
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
             raise
-        self.session.mode = "thread_local"  # the engine's threads keep launching work meanwhile
+        self.mode = "thread_local"  # the engine's threads keep launching work meanwhile
         torch.cuda.synchronize(self.device)
-        self.session.before = probe(self.device)
+        self.figures.before = probe(self.device)
         self._heap = heap = Frozen().__enter__()
         try:
             for name, handle in self.gs.pools.items():
                 self._counted[name] = one_pool_reserved(handle)
-            _init_cublas(self.device)
-            job = Background(self.session, self.device, fallback, heap, body=lambda: self._background(body))
+            init_cublas(self.device)
+            job = Background(self, fallback, heap, body=lambda: self._background(body))
         except BaseException:
             self._thaw()
             raise
@@ -662,7 +886,7 @@ class CaptureLoop:
     def _background(self, body) -> bool:
         """The capture thread: the engine's loop, then what ``close`` checks;
         True once every step ran (the thread writes the report), False if stopped."""
-        self.session.prime()
+        prime_stream(self.device, self.stream)
         try:
             body(self)
             failure = self._unfinished()
@@ -675,9 +899,8 @@ class CaptureLoop:
             self._drop()  # the Background releases the set and raises it at the caller
             raise
         for s in self.plan.steps[self._next :]:
-            self.before_step(s)
-            self.session.step(s)
-        self.session.stream.synchronize()  # a device-wide sync would wait for the serving work too
+            self.setup(s)
+        self.stream.synchronize()  # a device-wide sync would wait for the serving work too
         self._done = True
         return True
 
@@ -735,7 +958,7 @@ class CaptureLoop:
         """Nothing half-captured left behind: the engine drops its references,
         every graph is reset and the pools are emptied."""
         self._drop()
-        self.session.abort(failure)
+        self.abort(failure)
         self.gs.release(reason="the capture loop failed")
 
 

@@ -145,9 +145,9 @@ def install(monkeypatch) -> Fake:
         finally:
             f.local.mempool = old
 
-    from capture_plan.executor import session
+    from capture_plan.executor import streams
 
-    monkeypatch.setattr(session, "_streams", {})  # the fake's streams are this test's alone
+    monkeypatch.setattr(streams, "_streams", {})  # the fake's streams are this test's alone
     for name, value in {
         "Stream": lambda device=None: FakeStream(id(object())),
         "Event": FakeEvent,
