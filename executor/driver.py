@@ -30,7 +30,7 @@ from .background import check_options
 from .distributed import is_distributed, rank0
 from .errors import ExecutorError
 from .graphs import Fallback, GraphSet, as_outputs
-from .loop import CaptureLoop, refuse_piecewise
+from .loop import PIECEWISE_KINDS, CaptureLoop
 from .pool import in_pools
 from .target import CaptureTarget
 
@@ -73,6 +73,21 @@ def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
         _check_static_outputs(step.where, warm_ptrs.get((s.phase, s.bs)), outs, loop.gs.pools.values())
         step.hold(outs)
         del outs
+
+
+def refuse_piecewise(plan: Plan) -> None:
+    """An ExecutorError naming the first phase of ``plan`` whose graphs are pieces:
+    ``target.run`` records one whole graph, and the pieces are the engine's
+    piecewise wrappers' to record, through ``capture_loop``."""
+    for p in plan.phases:
+        if p.kind in PIECEWISE_KINDS:
+            raise ExecutorError(
+                f"phase {p.name!r} is {p.kind!r}: its graphs are pieces between eager attention ops, and capture() "
+                "records one whole graph per step through target.run",
+                where="capture",
+                fix="record the pieces with the engine's piecewise wrappers inside capture_loop(plan) (each piece "
+                "in step.graph(), held by step.hold()), or capture the full phases alone with a plan built without it",
+            )
 
 
 def _check_static_outputs(where: str, before: list[int] | None, outs, pools) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
+import msgspec
 import torch
 
 from capture_plan.schemas.plan import Plan, Step
@@ -97,17 +98,30 @@ class Measurements:
             self.bar.close()
             self.bar = None
 
-    def report(self, gs: GraphSet, *, background: bool, outside: int = 0) -> CaptureReport:
+    def report(
+        self,
+        gs: GraphSet,
+        *,
+        background: bool,
+        outside_graphs: int = 0,
+        kept: int | None = None,
+        profiling: dict[str, int] | None = None,
+    ) -> CaptureReport:
         """The exact pool snapshot, the device view and the report (after the last step).
 
-        ``outside``: bytes of the pools that graphs made outside the loop hold
-        (an engine's piecewise wrappers in its global pool): counted apart from
-        the loop's graphs, never as theirs."""
+        ``outside_graphs``: graphs recorded into the pools outside the loop (an
+        engine's piecewise wrappers in its global pool): what the pools hold
+        beyond the loop's own graphs is theirs, reported apart (``outside_bytes``),
+        never as the loop's. ``kept``: bytes the warm-ups kept (None: none
+        declared). ``profiling``: the keys a profiling pass captured per phase."""
         self.close_bar()
         plan = self.plan
         exact, pool_allocated = pool_usage(gs.pools.values())  # one snapshot: the authoritative figure
-        exact -= outside
         reserved = self.reserved
+        outside = msgspec.UNSET
+        if outside_graphs:
+            outside = max(exact - reserved, 0)
+            exact = reserved
         if exact != reserved:
             log.warning(
                 "capture-plan%s: per-step pool figures are approximate: counted %d B, the pools hold %d B "
@@ -145,6 +159,10 @@ class Measurements:
             steps=self.steps,
             driver=driver_version(),
             device_view=view,
+            outside_graphs=outside_graphs if outside_graphs else msgspec.UNSET,
+            outside_bytes=outside,
+            warmup_kept_bytes=kept if kept is not None else msgspec.UNSET,
+            profiling=profiling if profiling is not None else msgspec.UNSET,
         )
         if self.show:
             pred = plan.predicted.pool_bytes

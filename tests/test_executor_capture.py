@@ -6,10 +6,11 @@ the target called exactly as the plan's steps say, in order.
 What capture leaves behind, on CPU with CUDA faked: warm-ups run in scratch
 pools that are all returned, and the report's device view adds up.
 
-A plan with a vLLM PIECEWISE phase is refused before any work: its graphs are
-pieces between eagerly-run attention ops, for the engine's own piecewise
-backend. Before, the executor captured each step as one whole graph: a
-different graph from the one the plan describes, silently."""
+A plan with a vLLM PIECEWISE phase is refused by capture() before any work: its
+graphs are pieces between eagerly-run attention ops, which the engine's
+piecewise wrappers record through capture_loop. Before, the executor captured
+each step as one whole graph: a different graph from the one the plan
+describes, silently."""
 
 from __future__ import annotations
 
@@ -327,7 +328,7 @@ def test_capture_refuses_a_plan_with_a_piecewise_phase_before_any_work(fake):
 
     plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
     assert [p.kind for p in plan.phases] == ["piecewise", "full"]
-    with pytest.raises(ExecutorError, match=r"capture: phase 'piecewise' is 'piecewise'.*fix: capture piecewise"):
+    with pytest.raises(ExecutorError, match=r"capture: phase 'piecewise' is 'piecewise'.*fix: record the pieces"):
         capture(plan, _Never(), progress=False, device=torch.device("cpu"))
     assert fake.pools == 0
 

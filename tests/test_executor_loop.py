@@ -2,8 +2,9 @@
 runner that keeps its own stream, buffers, dispatch keys and per-phase loops
 captures through ``capture_loop`` exactly what ``capture(plan, target)``
 captures; an engine loop that breaks the plan gets one ExecutorError naming
-the step, and nothing half-captured stays behind; a vLLM PIECEWISE step is
-refused by name (it was captured as one whole graph, not the plan's pieces)."""
+the step, and nothing half-captured stays behind; a vLLM PIECEWISE step of a plan
+that does not say its piece count is refused by name (one whole graph would not
+be the plan's pieces)."""
 
 from __future__ import annotations
 
@@ -527,11 +528,14 @@ def test_hold_lets_go_of_the_engine_s_outputs_without_a_collection(shape):
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_engine_loop_refuses_a_piecewise_step_and_names_it(fake):
+def test_the_engine_loop_refuses_a_piecewise_step_whose_piece_count_the_plan_lacks(fake):
+    """A plan from before graph keys has piecewise phases without ``pieces``: one
+    whole graph per step would be another graph than the plan's, so the loop
+    says what to rebuild (tests/engines: pieces recorded as planned)."""
     from capture_plan.executor import ExecutorError, capture_loop, load_plan
 
     plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
-    with pytest.raises(ExecutorError, match=r"CaptureLoop.step: phase 'piecewise' is 'piecewise'"):
+    with pytest.raises(ExecutorError, match=r"CaptureLoop.step: phase 'piecewise' is 'piecewise' but the plan does not"):
         with capture_loop(plan, device=torch.device("cpu")) as loop:
             loop.step("piecewise", loop.sizes("piecewise")[0])
     assert fake.pools == 0
