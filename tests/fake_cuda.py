@@ -113,7 +113,7 @@ class FakeGraph:
     def instantiate(self):
         self.instantiated += 1
 
-    def capture_begin(self, pool=None, capture_error_mode="global"):
+    def capture_begin(self, pool=None, capture_error_mode="global", **kw):
         self.fake.modes.append(capture_error_mode)
         self._pool = pool
         self.fake.recording = self
@@ -167,6 +167,22 @@ def install(monkeypatch) -> Fake:
         def __init__(self, keep_graph=False):
             super().__init__(f, keep_graph)
 
+    capture_side = FakeStream(999)
+
+    class graph:  # torch.cuda.graph's protocol: its stream (a side stream by default), begin and end
+        def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+            self.cuda_graph, self.pool, self.mode = cuda_graph, () if pool is None else (pool,), capture_error_mode
+            self.ctx = torch.cuda.stream(stream if stream is not None else capture_side)
+
+        def __enter__(self):
+            self.ctx.__enter__()
+            self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.mode)
+
+        def __exit__(self, *exc):
+            self.cuda_graph.capture_end()
+            self.ctx.__exit__(*exc)
+            return False
+
     from capture_plan.executor import streams
 
     monkeypatch.setattr(streams, "_streams", {})  # the fake's streams are this test's alone
@@ -183,6 +199,7 @@ def install(monkeypatch) -> Fake:
         "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()),
         "graph_pool_handle": pool_handle,
         "CUDAGraph": CUDAGraph,
+        "graph": graph,
         "is_current_stream_capturing": lambda: f.recording is not None,
         "current_device": lambda: 0,
         "mem_get_info": lambda device=None: (0, 0),

@@ -535,7 +535,9 @@ def test_the_engine_loop_refuses_a_piecewise_step_whose_piece_count_the_plan_lac
     from capture_plan.executor import ExecutorError, capture_loop, load_plan
 
     plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
-    with pytest.raises(ExecutorError, match=r"CaptureLoop.step: phase 'piecewise' is 'piecewise' but the plan does not"):
+    with pytest.raises(
+        ExecutorError, match=r"CaptureLoop.step: phase 'piecewise' is 'piecewise' but the plan does not"
+    ):
         with capture_loop(plan, device=torch.device("cpu")) as loop:
             loop.step("piecewise", loop.sizes("piecewise")[0])
     assert fake.pools == 0
