@@ -760,11 +760,18 @@ class CaptureLoop:
             )
         return self._phase_plans[phase]
 
-    def keys(self, phase: str) -> list[GraphKey]:
-        """The phase's graph keys in the plan's order (a profiling pass: the
-        ones it captures): size, labels, tokens, micro-batches."""
-        pp = self._phase(phase, "CaptureLoop.keys")
-        return [_key(pp, s) for s in self.run_steps if s.op == "capture" and s.phase == phase]
+    def keys(self, phase: str | None = None) -> list[GraphKey]:
+        """The phase's graph keys (every phase's, without ``phase``) in the
+        plan's order (a profiling pass: the ones it captures): phase, size,
+        labels, tokens, micro-batches. An engine that keys graphs its own way
+        (vLLM's descriptors) iterates its keys in this order."""
+        if phase is not None:
+            self._phase(phase, "CaptureLoop.keys")
+        return [
+            _key(self._phase_plans[s.phase], s)
+            for s in self.run_steps
+            if s.op == "capture" and (phase is None or s.phase == phase)
+        ]
 
     def sizes(self, phase: str) -> list[int]:
         """The phase's capture sizes in the plan's order (what the engine's loop

@@ -115,6 +115,8 @@ class FakeGraph:
 
     def capture_begin(self, pool=None, capture_error_mode="global", **kw):
         self.fake.modes.append(capture_error_mode)
+        #: the stream it records on (the thread's current stream)
+        self.stream = getattr(self.fake.local, "stream", self.fake.default)
         self._pool = pool
         self.fake.recording = self
 
@@ -186,6 +188,14 @@ def install(monkeypatch) -> Fake:
     from capture_plan.executor import streams
 
     monkeypatch.setattr(streams, "_streams", {})  # the fake's streams are this test's alone
+    empty_like = torch.empty_like
+
+    def tracked_empty_like(*a, **kw):  # an engine's persistent buffer: counted by memory_allocated
+        t = empty_like(*a, **kw)
+        f._allocated.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(torch, "empty_like", tracked_empty_like)
     for name, value in {
         "Stream": lambda device=None: FakeStream(next(f.stream_ids)),
         "Event": FakeEvent,

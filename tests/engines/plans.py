@@ -4,9 +4,10 @@ The planner expands a spec's variants itself once it does (issue 28's planner
 side); until then :func:`keyed` makes the same plan shape from a built plan:
 each capture step of a phase becomes one step per label combination (per size,
 every combination: SGLang's size-major order), a warm-up before every capture
-one before every key's, a once-per-phase warm-up the first key's labels, a piecewise phase gets its piece count, a phase its
-stream and micro-batches, warm-up steps their kept bytes. Step ids, indices,
-edges and the timeline are renumbered so that ``validate_plan`` accepts the
+one before every key's, a once-per-phase warm-up the first key's labels, a
+piecewise phase gets its piece count, a phase its stream and micro-batches,
+warm-up steps their kept bytes. Step ids, indices, edges and the timeline are
+renumbered so that ``validate_plan`` accepts the
 result (checked here); the timeline repeats each original step's figure for
 every key made from it (the predictions are the planner's to make per key).
 """
@@ -94,4 +95,6 @@ def build(tmp_path, spec: str, *strategies: str, backend: str = "fa3") -> Plan:
 
     path = tmp_path / "spec.toml"
     path.write_text(spec)
-    return build_plan(BuildOptions(backend=backend, spec=path, strategies=("outputs=keep", *strategies)))
+    pinned = any(s.startswith("outputs=") for s in strategies)
+    strategies = strategies if pinned else ("outputs=keep", *strategies)
+    return build_plan(BuildOptions(backend=backend, spec=path, strategies=tuple(strategies)))

@@ -76,9 +76,9 @@ class ToyModel:
         self.launch(lambda: torch.mm(x, wk, out=out))
         return out
 
-    def attention(self, x: torch.Tensor) -> torch.Tensor:
-        """Run eagerly between pieces (never inside a piece's graph)."""
-        return torch.tanh(x)
+    def attention(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """``tanh(x)`` into ``out``: eagerly between pieces, inside a FULL graph's recording."""
+        self.launch(lambda: torch.tanh(x, out=out))
 
     def expected_pieces(self, rows: int) -> torch.Tensor:
         h = self.x[:rows]
