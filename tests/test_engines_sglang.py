@@ -21,20 +21,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engines import adoption, sglang_runner  # noqa: E402
+from engines.harness import LORA, SGLangEngine, sglang_plan, sglang_runners, start_sglang  # noqa: E402
 from engines.plans import build, keyed  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
 CPU = torch.device("cpu")
 SIZES = [1, 2, 4, 8]
 RUNNER = Path(sglang_runner.__file__)
-LORA = {"lora": ["lora", "nolora"], "attention": ["a", "b"]}
 
 
 def _plan(tmp_path, *, keeps=None):
-    from capture_plan.references.speculative import spec_toml
-
-    plan = build(tmp_path, spec_toml(SIZES), "warmup=every-size")
-    return keyed(plan, "decode", variants=LORA, keeps=keeps)
+    return sglang_plan(tmp_path, SIZES, keeps=keeps)
 
 
 def _model(plan, fake):
@@ -43,58 +40,11 @@ def _model(plan, fake):
 
 
 def _runners(module, model, reuse=False):
-    """The target's decode runner (LoRA and attention variants), the target in
-    verify mode, then the EAGLE draft runners: the order SGLang makes them in."""
-    return [
-        module.DecodeCudaGraphRunner(
-            model, SIZES, reuse_output_buffer=reuse, record_nolora_graph=True, attention_labels=("a", "b")
-        ),
-        module.DecodeCudaGraphRunner(model, SIZES, captured_req_width=4, phase="target_verify"),
-        module.EAGLEDraftCudaGraphRunner(model, SIZES),
-        module.EAGLEDraftExtendCudaGraphRunner(model, SIZES, captured_req_width=4),
-    ]
+    return sglang_runners(module, model, SIZES, reuse)
 
 
-class Engine:
-    """What the tests read of an engine: its runners, every backend's graphs and outputs."""
-
-    def __init__(self):
-        self.runners: list = []
-
-    def cleanup(self):  # capture_loop's on_failure: every runner's backend drops its graphs
-        for r in self.runners:
-            r.backend.cleanup()
-
-    @property
-    def graphs(self) -> dict:
-        return {(r.phase, *k): g for r in self.runners for k, g in r.backend._graphs.items()}
-
-    @property
-    def outputs(self) -> dict:
-        return {(r.phase, *k): o for r in self.runners for k, o in r.backend._outputs.items()}
-
-
-def start(plan, model, *, reuse=False, configure=None, **kw):
-    """The engine's start-up: its global pool and stream, the runners made one
-    after another (each with its backend), each capturing in its part of one loop."""
-    from capture_plan.executor import capture_loop
-
-    sglang_runner.reset_globals()
-    pool = sglang_runner.get_or_create_global_graph_memory_pool()
-    stream = sglang_runner.get_or_create_global_graph_capture_stream()
-    engine = Engine()
-    loop = capture_loop(
-        plan, stream=stream, pools={"shared": pool}, device=model.device, on_failure=engine.cleanup, **kw
-    )
-    runners = _runners(sglang_runner, model, reuse)
-    runners.sort(key=lambda r: loop.phases.index(r.phase))  # the planner orders the phases as the engine makes runners
-    if configure is not None:
-        configure(engine, runners)
-    for runner in runners:
-        engine.runners.append(runner)  # made when the engine gets to it
-        with loop.part():
-            runner.capture(loop)
-    return loop, engine, runners
+def start(plan, model, **kw):
+    return start_sglang(plan, model, SIZES, **kw)
 
 
 def test_the_sglang_runner_captures_every_graph_key_through_one_loop(tmp_path, fake):
@@ -162,7 +112,7 @@ def test_the_version_before_the_adoption_captures_the_same_shapes_and_the_diff_i
     loop, adopted, _ = start(plan, model)
     before = adoption.before_module(RUNNER, tmp_path, "sglang_runner_before")
     before.reset_globals()
-    plain = Engine()
+    plain = SGLangEngine()
     for runner in sorted(_runners(before, model), key=lambda r: loop.phases.index(r.phase)):
         plain.runners.append(runner)
         runner.capture()

@@ -21,74 +21,24 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engines import adoption, vllm_runner  # noqa: E402
-from engines.plans import build, keyed  # noqa: E402
+from engines import (  # noqa: E402
+    adoption,
+    harness,  # noqa: E402
+    vllm_runner,
+)
 from engines.toy import ToyModel  # noqa: E402
 
 SIZES = [1, 2, 4, 8]
 RUNNER = Path(vllm_runner.__file__)
-SPEC = (
-    '[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = [1, 2, 4, 8]\n'
-    '[[phases]]\nname = "full"\nkind = "full"\nsizes = [1, 2, 4, 8]\n'
-    '[[phases]]\nname = "full_ubatch"\nkind = "full"\nsizes = [2, 4, 8]\n'
-)
 HIDDEN_BYTES = 8 * 8 * 4  # the persistent hidden_states: 8 tokens of 8 float32
 
 
 def vllm_plan(tmp_path, *, pieces=3, keeps=HIDDEN_BYTES):
-    plan = build(tmp_path, SPEC, "warmup=every-size", "outputs=view")
-    # the first warm-up of all (the largest PIECEWISE descriptor's, run as NONE) stores its output:
-    # it allocates the persistent hidden_states
-    plan = keyed(plan, "piecewise", pieces=pieces, keeps={8: keeps})
-    plan = keyed(plan, "full")
-    return keyed(plan, "full_ubatch", stream="ubatch", micro_batches=2)
+    return harness.vllm_plan(tmp_path, SIZES, pieces=pieces, keeps=keeps)
 
 
-class Target:
-    """verify's view of the engine: a piece run eagerly on the inputs it was
-    recorded with, a FULL graph's forward, fresh inputs."""
-
-    def __init__(self, runner, model):
-        self.runner, self.model = runner, model
-
-    def run(self, phase, bs, ws):
-        if "#" in phase:
-            k = int(phase.rsplit("#", 1)[1])
-            wrapper = self.runner.manager.compiled.pieces[k]
-            out = wrapper.runnable(*wrapper.entries[bs].inputs)
-            return out if isinstance(out, torch.Tensor) else out[0]
-        return self.model.expected_pieces(bs)
-
-    def prepare(self, phase, n, bs, generator):
-        self.model.prepare(phase, n, bs, generator)
-
-    def refresh(self, phase, n, bs, ws):
-        pass
-
-
-def start(plan, model, *, configure=None, **kw):
-    """The engine's start-up: the runner (its manager, compiled pieces, global
-    pool, capture stream and micro-batch stream), then capture_model in the loop."""
-    from capture_plan.executor import capture_loop
-
-    vllm_runner.reset_globals()
-    ubatch = torch.cuda.Stream()
-    runner = vllm_runner.GPUModelRunner(model, SIZES, ubatch_stream=ubatch)
-    streams = {"ubatch": ubatch}
-    if configure is not None:
-        configure(runner, streams)
-    loop = capture_loop(
-        plan,
-        stream=runner.manager.capture_stream,
-        streams=streams,
-        pools={"shared": vllm_runner.get_global_graph_pool()},
-        device=model.device,
-        on_failure=runner.manager.release,
-        **kw,
-    )
-    with loop:
-        runner.capture_model(loop)
-    return loop, runner
+def start(plan, model, **kw):
+    return harness.start_vllm(plan, model, SIZES, **kw)
 
 
 def _model(fake):
@@ -169,20 +119,8 @@ def test_the_profiling_pass_is_a_declared_partial_pass_answered_by_the_plan(tmp_
     ubatch = torch.cuda.Stream()
     runner = vllm_runner.GPUModelRunner(model, SIZES, ubatch_stream=ubatch)
     passes = []
-
-    def loop_for(throwaway):
-        loop = capture_loop(
-            plan,
-            stream=runner.manager.capture_stream,
-            streams={"ubatch": ubatch},
-            pools={"shared": throwaway},
-            device=model.device,
-            on_failure=runner.manager.release,
-            profiling={"full": 2, "full_ubatch": 0},  # FULL capped at the 2 largest (vLLM's samples)
-        )
-        passes.append(loop)
-        return loop
-
+    # FULL capped at the 2 largest (vLLM's samples), the twins' phase left out
+    loop_for = harness.vllm_profiling(plan, runner, model, {"full": 2, "full_ubatch": 0}, passes)
     figure = vllm_runner.profile_cudagraph_memory(runner, loop_for)
     assert figure == capture_memory(plan).bytes > 0
     (loop,) = passes
