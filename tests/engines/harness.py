@@ -148,9 +148,10 @@ class VLLMTarget:
         pass
 
 
-def start_vllm(plan, model, sizes, *, configure=None, **kw):
+def start_vllm(plan, model, sizes, *, configure=None, verified=False, **kw):
     """vLLM's start-up: the runner (its manager, compiled pieces, global pool,
-    capture stream and micro-batch stream), then capture_model in one loop.
+    capture stream and micro-batch stream), then capture_model in one loop
+    (``verified``: with :class:`VLLMTarget` as the loop's target, for verify).
     Returns (loop, runner)."""
     from capture_plan.executor import capture_loop
 
@@ -160,6 +161,8 @@ def start_vllm(plan, model, sizes, *, configure=None, **kw):
     streams = {"ubatch": ubatch}
     if configure is not None:
         configure(runner, streams)
+    if verified:
+        kw["target"] = VLLMTarget(runner, model)
     loop = capture_loop(
         plan,
         stream=runner.manager.capture_stream,
