@@ -47,11 +47,17 @@ def plan_of(source) -> Plan:
     raise TypeError(f"no plan in {type(source).__name__}: pass plan= (a Plan or its path) or a startup prediction")
 
 
-def profile_cudagraph_memory(runner=None, *, plan=None) -> int:
-    """Bytes to reserve for the whole capture, from the plan (``plan``, or the
-    plan ``runner`` carries): vLLM's ``profile_cudagraph_memory(runner)`` with
-    the plan's figure instead of a throwaway capture. Logs the items at INFO
-    (a warning when one is unknown: the figure is then a lower bound)."""
+def profile_cudagraph_memory(runner=None, *, plan=None, prediction=None) -> int:
+    """Bytes to reserve for the whole capture: vLLM's
+    ``profile_cudagraph_memory(runner)`` with the plan's figure instead of a
+    throwaway capture. ``prediction`` (``adapters.startup.predict_startup``'s,
+    measured on this device) gives its ``total_bytes`` and items; otherwise
+    the plan (``plan``, or the plan ``runner`` carries) gives its own. Logs the
+    items at INFO (a warning when one is unknown: the figure is then a lower bound)."""
+    if prediction is not None:
+        items = ", ".join(f"{name} {nbytes} B" for name, nbytes in prediction.items.items())
+        log.info("capture-plan: capture takes %d B (%s; predicted at start-up)", prediction.total_bytes, items)
+        return int(prediction.total_bytes)
     memory: CaptureMemory = capture_memory(plan_of(plan if plan is not None else runner))
     items = ", ".join(f"{i.name} {i.bytes if i.bytes is not None else 'unknown'} B" for i in memory.items)
     level = logging.INFO if memory.complete else logging.WARNING

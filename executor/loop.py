@@ -372,8 +372,10 @@ class LoopStep:
         warm-ups keep buffers (``keeps``: vLLM's persistent output buffers,
         SGLang's reused output buffer), the block runs in the ordinary
         allocator instead, so that what the engine keeps survives it, and
-        measures what it kept: more than declared is an ExecutorError naming
-        the warm-up step (everything released). Optional: warm-ups outside it
+        measures what it kept (the device's allocated bytes across the block:
+        in a background capture the serving thread's allocations meanwhile
+        count too): more than declared is an ExecutorError naming the warm-up
+        step (everything released). Optional: warm-ups outside it
         work, unchecked, and leave their blocks cached on whatever stream ran them.
 
         ``of``: one of :attr:`planned`, for a driver that runs each planned
@@ -701,6 +703,9 @@ class CaptureLoop:
         self._heap: Frozen | None = None
         self._done = self._failed = False
         self._phases = list(dict.fromkeys(s.phase for s in self.run_steps if s.op == "capture"))
+        #: (phase, bs, labels) of every key the loop captures, for step()'s check
+        self._held = {(s.phase, s.bs, tuple(s.labels or ())) for s in self.run_steps if s.op == "capture"}
+        self.figures.captures = len(self._held)
 
     def pool(self, name: str):
         """The handle of the plan's pool ``name`` (made now if no graph used it
@@ -824,8 +829,7 @@ class CaptureLoop:
                 fix='rebuild the plan with the phase\'s pieces (pieces = N or "attention" in its spec)',
             )
         steps = self.run_steps
-        held = {(s.phase, s.bs, tuple(s.labels or ())) for s in steps if s.op == "capture"}
-        if (phase, bs, tuple(lbl for _, lbl in pairs)) not in held:
+        if (phase, bs, tuple(lbl for _, lbl in pairs)) not in self._held:
             have = self.keys(phase)
             raise ExecutorError(
                 f"the plan holds no graph key {want}; phase {phase} has {len(have)} keys, sizes {self.sizes(phase)}",
