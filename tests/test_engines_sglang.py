@@ -58,7 +58,8 @@ def test_the_sglang_runner_captures_every_graph_key_through_one_loop(tmp_path, f
     # one global pool (the engine's), one global capture stream, shared by every runner
     assert list(gs.pools.values()) == [sglang_runner._global_pool] and fake.pools == 1
     assert fake.modes == ["global"] * len(captures)
-    assert sum(r.backend.warmup_runs for r in runners) == sum(s.runs for s in plan.steps if s.op == "warmup")
+    runs = sum(s.runs for s in plan.steps if s.op == "warmup")
+    assert sum(r.backend.warmup_runs for r in runners) == runs == model.after_warmup  # post_warmup_hook after each
     assert runners[-1].phase == "decode" and runners[-1].lora_prepared == 2 * len(SIZES)
     # every key is dispatched by its labels, and replays what its graph computed
     model.x.normal_()

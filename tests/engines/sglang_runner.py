@@ -11,7 +11,8 @@ Facts from the released wheel (sglang==0.5.23; this code is our own):
   attention_variant)``: several graphs per size.
 * ``capture_one_shape``: ``num_tokens = size * self.captured_req_width``; it
   prepares the batch outside the graph, then calls
-  ``self.backend.capture_one(shape_key, run_once, ...)``.
+  ``self.backend.capture_one(shape_key, run_once, capture_inputs=None,
+  post_warmup_hook=attn_backend.on_after_cuda_graph_warmup)``.
 * ``runner_backend/full_cuda_graph_backend.py``, ``FullCudaGraphBackend``:
   ``capture_session(stream)`` binds the one global graph pool
   (``runner_utils/pool.py`` ``get_or_create_global_graph_memory_pool``) and the
@@ -211,8 +212,15 @@ class DecodeCudaGraphRunner:
         def run_once():
             return self.model.forward(self.phase, num_tokens // self.captured_req_width, labels)
 
-        # - self.backend.capture_one((size, variant_label, attention_variant), run_once)
-        self.backend.capture_one((size, variant_label, attention_variant), run_once, step=step)  # +
+        # the attention backend's hook after each warm-up (on_after_cuda_graph_warmup)
+        post_warmup_hook = getattr(self.model, "on_after_cuda_graph_warmup", None)
+        self.backend.capture_one(
+            (size, variant_label, attention_variant),
+            run_once,
+            capture_inputs=None,
+            post_warmup_hook=post_warmup_hook,
+            step=step,  # +
+        )
 
 
 class EAGLEDraftCudaGraphRunner(DecodeCudaGraphRunner):

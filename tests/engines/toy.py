@@ -88,6 +88,10 @@ class ToyModel:
                 h = torch.tanh(h)
         return h
 
+    def on_after_cuda_graph_warmup(self) -> None:
+        """SGLang's attention-backend hook after each warm-up run (counted)."""
+        self.after_warmup = getattr(self, "after_warmup", 0) + 1
+
     def prepare(self, phase, n, bs, generator) -> None:
         """Fresh inputs for verify."""
         self.x.normal_(generator=generator)
