@@ -1,7 +1,8 @@
 """``capture(plan, target)``: the plan's own loop over :func:`capture_plan.executor.loop.capture_loop`.
 
 ``capture`` is a user of the loop-shaped API like any engine: it iterates the
-plan's captures, runs each planned warm-up at its own size inside
+plan's captures (every graph key: the target's ``run``, ``refresh`` and
+``prepare`` get the key's dispatch name, ``decode/lora=nolora``, as their phase), runs each planned warm-up at its own size inside
 ``step.warmup(of=...)``, computes a hoisted workspace before recording
 (``step.eager()``), records ``target.run`` in ``step.graph()`` and holds the
 outputs with ``step.hold()``. So an engine loop adopted onto ``capture_loop``
@@ -24,12 +25,13 @@ import time
 
 import torch
 
+from capture_plan.schemas.keys import step_labels
 from capture_plan.schemas.plan import Plan
 
 from .background import check_options
 from .distributed import is_distributed, rank0
 from .errors import ExecutorError
-from .graphs import Fallback, GraphSet, as_outputs
+from .graphs import Fallback, GraphSet, as_outputs, dispatch_name
 from .loop import PIECEWISE_KINDS, CaptureLoop
 from .pool import in_pools
 from .target import CaptureTarget
@@ -49,28 +51,33 @@ def _progress(steps, enabled: bool):
 
 def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
     """Every capture of ``loop``'s plan, in plan order, with ``target`` as the model."""
-    #: output addresses of each (phase, bs)'s last warm-up run
+    #: output addresses of each (key, bs)'s last warm-up run
     warm_ptrs: dict[tuple[str, int], list[int]] = {}
+    phases = {p.name: p for p in loop.plan.phases}
+
+    def name(s) -> str:  # the target is called with the key's dispatch name (the phase without labels)
+        return dispatch_name(s.phase, step_labels(phases[s.phase], s))
+
     for s in loop.plan.steps:
         if s.op != "capture":
             continue  # provision steps run inside loop.step(), warm-ups below
-        step = loop.step(s.phase, s.bs)
+        step = loop.step(s.phase, s.bs, **dict(step_labels(phases[s.phase], s)))
         ws = step.workspace
         for w in step.planned:
             with step.warmup(of=w):
                 for _ in range(max(w.runs, 1)):
                     if ws is not None:
-                        target.refresh(w.phase, w.bs, w.bs, ws)
-                    outs = as_outputs(target.run(w.phase, w.bs, ws))
+                        target.refresh(name(w), w.bs, w.bs, ws)
+                    outs = as_outputs(target.run(name(w), w.bs, ws))
                 # bound: the loop runs at least once
-                warm_ptrs[(w.phase, w.bs)] = [t.data_ptr() for t in outs]  # pyright: ignore[reportPossiblyUnboundVariable]
+                warm_ptrs[(name(w), w.bs)] = [t.data_ptr() for t in outs]  # pyright: ignore[reportPossiblyUnboundVariable]
                 del outs  # pyright: ignore[reportPossiblyUnboundVariable]
         if ws is not None:
             with step.eager():  # writes the workspace replays read: ordered against them
-                target.refresh(s.phase, s.bs, s.bs, ws)  # outside the graph, by design
+                target.refresh(name(s), s.bs, s.bs, ws)  # outside the graph, by design
         with step.graph():
-            outs = as_outputs(target.run(s.phase, s.bs, ws))
-        _check_static_outputs(step.where, warm_ptrs.get((s.phase, s.bs)), outs, loop.gs.pools.values())
+            outs = as_outputs(target.run(name(s), s.bs, ws))
+        _check_static_outputs(step.where, warm_ptrs.get((name(s), s.bs)), outs, loop.gs.pools.values())
         step.hold(outs)
         del outs
 

@@ -437,3 +437,25 @@ def test_record_on_a_named_device_returns_the_trace_and_every_phases_copies(tmp_
     assert sorted(c.bs for c in rec.trace.captures) == [1, 4, 8]
     assert rec.trace.device.endswith(f"/ torch {torch.__version__}")
     assert rec.copies == {"decode": (0, 0, 0)}
+
+
+def test_capture_of_a_plan_with_graph_keys_calls_the_target_by_each_key_s_name(tmp_path, fake):
+    """capture() iterates every graph key of the plan: the target's run gets the
+    key's dispatch name (the phase, and its labels), and replays dispatch by it."""
+    import sys
+
+    from capture_plan.executor import capture
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engines.plans import keyed
+
+    plan = keyed(decode_plan(tmp_path, [1, 2, 4]), "decode", variants={"lora": ["lora", "nolora"]})
+    target = Target(fake)
+    gs = capture(plan, target, progress=False, device=CPU)
+    try:
+        recorded = [(phase, bs) for op, phase, bs, rec, _ in target.calls if op == "run" and rec]
+        assert recorded == [(f"decode/lora={v}", b) for b in (4, 2, 1) for v in ("lora", "nolora")]
+        assert sorted(gs.graphs) == sorted((f"decode/lora={v}", b) for b in (1, 2, 4) for v in ("lora", "nolora"))
+        assert gs.padded(gs.variant("decode", lora="nolora"), 3) == 4
+    finally:
+        gs.release()
