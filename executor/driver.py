@@ -2,7 +2,8 @@
 
 ``capture`` is a user of the loop-shaped API like any engine: it iterates the
 plan's captures (every graph key: the target's ``run``, ``refresh`` and
-``prepare`` get the key's dispatch name, ``decode/lora=nolora``, as their phase), runs each planned warm-up at its own size inside
+``prepare`` get the key's dispatch name, ``decode/lora=nolora``, as their
+phase), runs each planned warm-up at its own size inside
 ``step.warmup(of=...)``, computes a hoisted workspace before recording
 (``step.eager()``), records ``target.run`` in ``step.graph()`` and holds the
 outputs with ``step.hold()``. So an engine loop adopted onto ``capture_loop``

@@ -194,7 +194,8 @@ class GraphSet:
         self.background: Background | None = None
         self._planned = _planned_sizes(plan) if plan is not None else {p: sorted(v) for p, v in (sizes or {}).items()}
         self._tables: dict[str, PadTable] = {p: PadTable(p, {}, limit=v[-1]) for p, v in self._planned.items()}
-        self._refresh: dict[str, Callable | None] = {}
+        #: per dispatch name: the target's refresh and its phase's hoisted workspace (None: no workspace)
+        self._refresh: dict[str, tuple[Callable, torch.Tensor] | None] = {}
         self._epoch: dict[str, int] = {}
         self._last: dict[str, str] = {}
         #: set while a background capture runs: replay goes through it
@@ -215,7 +216,7 @@ class GraphSet:
             ) from None
         refresh = self._refresh[phase]
         if refresh is not None:
-            refresh(phase, n, bs, self.workspaces[phase])
+            refresh[0](phase, n, bs, refresh[1])
         cap.graph.replay()
         return cap.sliced[n]
 
@@ -243,7 +244,7 @@ class GraphSet:
     def eager(self, phase: str, n: int) -> tuple[torch.Tensor, ...]:
         """The target run eagerly at the padded size, sliced like ``replay``."""
         bs, cap = self._tables[phase][n]
-        ws = self.workspaces.get(phase)
+        ws = self.workspaces.get(cap.key_phase or cap.phase)
         if ws is not None:
             self.target.refresh(phase, n, bs, ws)
         out = as_outputs(self.target.run(phase, bs, ws))
@@ -291,7 +292,7 @@ class GraphSet:
         call less on the hot path)."""
         refresh = self._refresh[phase]
         if refresh is not None:
-            refresh(phase, n, bs, self.workspaces[phase])
+            refresh[0](phase, n, bs, refresh[1])
         cap.graph.replay()
         return cap.sliced[n]
 
@@ -368,7 +369,8 @@ class GraphSet:
         self.graphs[(cap.phase, cap.bs)] = cap
         self._epoch.setdefault(cap.pool, 0)
         self._last.setdefault(cap.pool, "")
-        self._refresh[cap.phase] = self.target.refresh if cap.phase in self.workspaces else None
+        ws = self.workspaces.get(cap.key_phase or cap.phase)  # a key's workspace is its phase's
+        self._refresh[cap.phase] = (self.target.refresh, ws) if ws is not None else None
         table = self._tables.get(cap.phase)
         if table is None:
             table = self._tables[cap.phase] = PadTable(cap.phase, {}, limit=cap.bs)
