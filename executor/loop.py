@@ -18,7 +18,7 @@ iterates and how each graph is recorded and held::
     graphs = loop.graphs                                                  # the same GraphSet as capture()
 
 A :class:`LoopStep` gives the engine what the plan decided for one capture:
-``pool`` (the handle of the plan's pool), ``stream`` (the capture stream),
+``pool`` (the handle of the plan's pool), ``stream`` (the step's stream),
 ``warmups`` (eager runs before the capture), ``workspace`` (the hoisted
 workspace, or None) and ``outputs`` (the output policy); ``graph()`` records
 into that pool on that stream, and ``hold()`` holds the outputs as the
@@ -27,12 +27,28 @@ policy says. ``capture(plan, target)`` is itself a user of this loop
 engine's loop come out as ``capture()``'s, provided the engine allocates
 inside ``graph()`` what its target would allocate inside ``run``.
 
-Checks, each an :class:`ExecutorError` naming the plan step: a size or phase
-asked for out of the plan's order; a graph recorded into another pool or on
-another stream than the step's; outputs the policy cannot hold (no tensor,
-anything but tensors in tuples, lists, dicts and dataclasses, a tensor on
-another device, rows that are no multiple of the batch); a step left
-unfinished; a loop that ends before the plan's last capture. On any error
+What real engines capture (SGLang 0.5.23's and vLLM 0.33.0's runners in
+``tests/engines/``): several graphs per size (``loop.step(phase, bs,
+**labels)``: one graph key per step, ``loop.keys(phase)``); piecewise steps
+(``step.pieces`` piece graphs, each in ``graph()`` then ``hold()``, the
+engine's eager attention between them); pools the engine made
+(``pools=``: a graph-pool handle or a ``torch.cuda.MemPool``; graphs recorded
+into them outside the loop are counted apart in the report) and the streams
+the plan declares (``streams=``: a micro-batch twin's); buffers a warm-up
+allocates and the engine keeps, declared in the plan (``step.keeps``) and
+checked; a declared partial profiling pass (``profiling=``), torn down at
+``close()``; outputs that are None, and rows that are tokens or ragged slots.
+``docs/executor.md`` says how each maps onto the engines.
+
+Checks, each an :class:`ExecutorError` naming the plan step: a key the plan
+does not hold, or one asked for out of the plan's order; a graph recorded
+into another pool or on another stream than the step's; a piece count that
+differs from the plan's; a warm-up that keeps more than the plan declares;
+outputs the policy cannot hold (a structure without any tensor, anything but
+tensors in tuples, lists, dicts and dataclasses, a tensor on another device,
+rows that are no multiple of the batch unless held ``ragged``); a step left
+unfinished; a loop that ends before the plan's last capture (a profiling
+pass: before its last declared one). On any error
 inside the ``with`` block every graph is released and the pools emptied, and
 the error (a :class:`CaptureFailed` for one that is not the executor's own)
 names the step. The engine's own references to graphs and kept outputs
