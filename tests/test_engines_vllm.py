@@ -258,3 +258,28 @@ def test_a_warm_up_keeping_more_than_declared_names_the_step_and_the_fix(tmp_pat
         start(plan, model, configure=lambda r, s: holder.setdefault("runner", r))
     assert "fix: free what the warm-up does not keep, or rebuild the plan with what it keeps" in str(info.value)
     _gone(fake, holder["runner"])
+
+
+def test_a_plan_the_planner_built_from_the_engine_s_spec_runs_through_the_manager(tmp_path, fake):
+    """The spec says what vLLM captures (pieces, a micro-batch twin on its own stream
+    and micro-batches, warm-up-kept outputs) and the planner expands it; the adopted
+    manager captures it as planned."""
+    from engines.plans import build
+
+    spec = (
+        harness.vllm_spec(SIZES)
+        .replace('kind = "piecewise"\n', 'kind = "piecewise"\npieces = 3\n')
+        .replace(
+            'name = "full_ubatch"\nkind = "full"\n',
+            'name = "full_ubatch"\nkind = "full"\nstream = "ubatch"\nmicro_batches = 2\n',
+        )
+    )
+    plan = build(tmp_path, spec, "warmup=every-size", "outputs=view")
+    assert [s.pieces for s in plan.steps if s.op == "capture" and s.phase == "piecewise"] == [3] * len(SIZES)
+    model = _model(fake)
+    loop, runner = start(plan, model)
+    gs = loop.graphs
+    assert len(gs.graphs) == 3 * len(SIZES) + len(SIZES) + len(SIZES) - 1
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    runner.manager.release()
+    gs.release()

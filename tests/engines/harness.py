@@ -5,8 +5,8 @@ another), opens one ``capture_loop`` over the plan with them, and captures.
 
 Plans: :func:`sglang_plan` (the EAGLE reference spec, decode keyed by LoRA x
 attention variants) and :func:`vllm_plan` (PIECEWISE pieces, FULL, a FULL
-micro-batch twin on stream "ubatch"), made by :func:`engines.plans.keyed`
-until the planner expands variants itself.
+micro-batch twin on stream "ubatch"): the planner's where it builds the shape,
+:func:`engines.plans.keyed` where a test needs the toy model's own kept bytes.
 """
 
 from __future__ import annotations
@@ -22,12 +22,19 @@ LORA = {"lora": ["lora", "nolora"], "attention": ["a", "b"]}
 # -- SGLang --------------------------------------------------------------------------
 def sglang_plan(tmp_path, sizes, *, keeps=None):
     """The EAGLE reference's four phases at ``sizes``, a warm-up before every
-    key, decode keyed by LoRA x attention variants; ``keeps``: size -> bytes each
-    decode warm-up keeps (FullCudaGraphBackend's reused output)."""
+    key, decode keyed by LoRA x attention variants (the spec's ``variants``, the
+    planner expanding them); ``keeps``: size -> bytes each decode warm-up keeps
+    (FullCudaGraphBackend's reused output: the toy's bytes, set by
+    :func:`engines.plans.keyed` on a plan built without variants)."""
     from capture_plan.references.speculative import spec_toml
 
-    plan = build(tmp_path, spec_toml(sizes), "warmup=every-size")
-    return keyed(plan, "decode", variants=LORA, keeps=keeps)
+    spec = spec_toml(sizes)
+    if keeps is not None:
+        return keyed(build(tmp_path, spec, "warmup=every-size"), "decode", variants=LORA, keeps=keeps)
+    head = f'name = "decode"\nkind = "decode"\nsizes = {sorted(set(sizes))}\n'
+    assert head in spec
+    axes = ", ".join(f"{axis} = {labels!r}".replace("'", '"') for axis, labels in LORA.items())
+    return build(tmp_path, spec.replace(head, head + f"variants = {{ {axes} }}\n"), "warmup=every-size")
 
 
 def sglang_runners(module, model, sizes, reuse=False):
