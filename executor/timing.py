@@ -87,7 +87,8 @@ def with_replay_times(report: CaptureReport, times: dict[tuple[str, int], float]
         try:
             op, phase, bs, labels = parse_step_id(m.id)
         except ValueError:
-            op = ""
+            steps.append(m)
+            continue
         t = None
         if op == "capture":
             name = dispatch_name(phase, labels)
