@@ -91,7 +91,7 @@ import torch
 from capture_plan.adapters.calibration_cache import CalibrationCache, calibration_key
 from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
-from capture_plan.executor.session import capture_stream, prime_stream
+from capture_plan.executor.streams import capture_stream, prime_stream
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.build import build_spec
 from capture_plan.planner.device import (
@@ -585,7 +585,7 @@ def _as_recorded(device) -> int:
     A process's first stream besides the default one makes torch's pool of streams (70 MiB
     of free memory outside the caching allocator on an H200), and its first GEMM
     initializes cuBLAS (66 MiB) before the capture stream's workspace is made (32 MiB;
-    ``capture_plan.executor.session.prime_stream``). The capture report sees neither of the
+    ``capture_plan.executor.streams.prime_stream``). The capture report sees neither of the
     first two (the capture makes its stream before it reads free memory, and an engine's
     eager run has made GEMMs), and the engine must find all three gone before it sizes
     its KV cache, not during the capture. The cache is emptied as the recording's release

@@ -71,15 +71,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import ExecutorError, capture_failed
-from .graphs import GraphSet, as_outputs
+from .graphs import Fallback, GraphSet, as_outputs
 from .logs import log
 
 if TYPE_CHECKING:
-    # a type only: capture_plan.executor.session starts this module's Background (it imports
+    # a type only: capture_plan.executor.loop starts this module's Background (it imports
     # this module inside start_background), so a run-time import would be a circle
-    from .session import CaptureSession
+    from .loop import CaptureLoop
 
-__all__ = ["Background"]
+__all__ = ["Background", "check_options"]
 
 _WAIT = object()
 
@@ -87,12 +87,13 @@ _WAIT = object()
 class Background:
     """A capture running on a thread, and how ``GraphSet.replay`` serves meanwhile."""
 
-    def __init__(self, runner: CaptureSession, device: torch.device, fallback, heap, body):
-        self.runner: CaptureSession | None = runner
+    def __init__(self, runner: CaptureLoop, fallback, heap, body):
+        #: the capture loop whose steps the thread runs (None once the thread has ended)
+        self.runner: CaptureLoop | None = runner
         #: what the thread runs: the capture loop (``capture_plan.executor.loop``, driven by
         #: ``capture()`` or by the engine's own loop); True once every step ran, False when it stopped early
         self.body = body
-        self.device = device
+        self.device = runner.device
         self.fallback = fallback
         self.heap = heap
         self.lock = threading.RLock()  # re-entered by replay inside exclusive()
@@ -109,7 +110,7 @@ class Background:
         self.plan = runner.plan
         self.t_start = runner.t_start
         self.stream = runner.stream
-        self.default_stream = torch.cuda.default_stream(device)
+        self.default_stream = torch.cuda.default_stream(self.device)
         #: per serving stream: an event recorded after its last replay
         self.served: dict[int, torch.cuda.Event] = {}
         #: recorded on the capture stream after each eager step
@@ -119,7 +120,7 @@ class Background:
         self.fallback_runs = 0
         #: seconds from capture() to the end of the capture thread
         self.seconds: float | None = None
-        runner.eager = self.eager
+        runner.guard = self.eager
         runner.on_land = self._on_land
         self.thread = threading.Thread(target=self._main, name="capture-plan", daemon=True)
 
@@ -176,10 +177,10 @@ class Background:
         if failure is not None:
             runner.abort(failure)
             with self.lock:  # no replay is in flight from here on; the next one raises
-                self.failure, self.failed_step = failure, runner.current
+                self.failure, self.failed_step = failure, runner.running
             log.error(
                 "capture-plan: background capture failed at %s: %s: %s",
-                runner.current.id if runner.current else "start",
+                runner.running.id if runner.running else "start",
                 type(failure).__name__,
                 failure,
             )
@@ -187,7 +188,7 @@ class Background:
             self.completed = True
             gs = runner.gs
             gs.serve_through(None)  # the capture stream is drained: replays take the lock-free path from here on
-            if runner.show:
+            if runner.figures.show:
                 log.info(
                     "capture-plan: served %d replays by graphs and %d by the fallback while capturing",
                     self.graph_replays,
@@ -322,3 +323,27 @@ def _stop_all() -> None:
 
 
 atexit.register(_stop_all)
+
+
+def check_options(*, background: bool, record: bool, fallback: Fallback, distributed: bool) -> None:
+    """An ExecutorError for a combination of capture options that cannot work."""
+    if background and distributed:
+        raise ExecutorError(
+            "background capture is not supported with torch.distributed: each rank's warm-ups "
+            "and replays would interleave differently and the collectives in them would hang",
+            where="capture",
+            fix="capture in the foreground (background=False)",
+        )
+    if background and record:
+        raise ExecutorError(
+            "record=True cannot be combined with background=True: the allocation history would "
+            "mix the serving thread's allocations into the graphs' footprints",
+            where="capture",
+            fix="record in a foreground capture (verify, profile)",
+        )
+    if background and not (fallback in ("eager", "wait", "raise") or callable(fallback)):
+        raise ExecutorError(
+            f"unknown fallback {fallback!r}",
+            where="capture",
+            fix='use "eager", "wait", "raise" or a callable (phase, n) -> outputs',
+        )

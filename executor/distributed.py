@@ -26,7 +26,17 @@ from capture_plan.schemas.plan import Plan
 from .errors import CaptureFailed, EnvironmentMismatch, ExecutorError
 from .load import backend_module, current_environment
 
-__all__ = ["check_plan_agreement", "StepSync", "run_synchronized", "fingerprint"]
+__all__ = ["check_plan_agreement", "StepSync", "run_synchronized", "fingerprint", "is_distributed", "rank0"]
+
+
+def is_distributed() -> bool:
+    """``torch.distributed`` is available and initialized in this process."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank0(group=None) -> bool:
+    """This process tells progress: not distributed, or rank 0 of ``group``."""
+    return not is_distributed() or dist.get_rank(group) == 0
 
 
 def _require(group) -> tuple[int, int]:

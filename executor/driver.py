@@ -1,14 +1,17 @@
 """``capture(plan, target)``: the plan's own loop over :func:`capture_plan.executor.loop.capture_loop`.
 
 ``capture`` is a user of the loop-shaped API like any engine: it iterates the
-plan's captures, runs each planned warm-up at its own size inside
+plan's captures (every graph key: the target's ``run``, ``refresh`` and
+``prepare`` get the key's dispatch name, ``decode/lora=nolora``, as their
+phase), runs each planned warm-up at its own size inside
 ``step.warmup(of=...)``, computes a hoisted workspace before recording
 (``step.eager()``), records ``target.run`` in ``step.graph()`` and holds the
 outputs with ``step.hold()``. So an engine loop adopted onto ``capture_loop``
 gets the same pools, per-step figures and dispatch as ``capture()`` by
 construction, where it allocates inside ``graph()`` what the target allocates
-inside ``run``. :mod:`capture_plan.executor.session` documents what capture
-leaves behind and why it does not synchronize per graph.
+inside ``run``. :mod:`capture_plan.executor.loop` owns every part of a capture
+step, and documents what capture leaves behind and why it does not
+synchronize per graph; this module only drives it.
 
 With ``torch.distributed`` initialized the ranks exchange their status before
 every plan step (:class:`capture_plan.executor.distributed.StepSync`, on a
@@ -23,11 +26,15 @@ import time
 
 import torch
 
+from capture_plan.schemas.keys import step_labels
 from capture_plan.schemas.plan import Plan
 
-from .graphs import Fallback, GraphSet, as_outputs
-from .loop import CaptureLoop
-from .session import _check_options, _distributed, _rank0, refuse_piecewise
+from .background import check_options
+from .distributed import is_distributed, rank0
+from .errors import ExecutorError
+from .graphs import Fallback, GraphSet, as_outputs, dispatch_name
+from .loop import PIECEWISE_KINDS, CaptureLoop
+from .pool import in_pools
 from .target import CaptureTarget
 
 __all__ = ["capture"]
@@ -45,29 +52,62 @@ def _progress(steps, enabled: bool):
 
 def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
     """Every capture of ``loop``'s plan, in plan order, with ``target`` as the model."""
-    session = loop.session
+    #: output addresses of each (key, bs)'s last warm-up run
+    warm_ptrs: dict[tuple[str, int], list[int]] = {}
+    phases = {p.name: p for p in loop.plan.phases}
+
+    def name(s) -> str:  # the target is called with the key's dispatch name (the phase without labels)
+        return dispatch_name(s.phase, step_labels(phases[s.phase], s))
+
     for s in loop.plan.steps:
         if s.op != "capture":
             continue  # provision steps run inside loop.step(), warm-ups below
-        step = loop.step(s.phase, s.bs)
+        step = loop.step(s.phase, s.bs, **dict(step_labels(phases[s.phase], s)))
         ws = step.workspace
         for w in step.planned:
             with step.warmup(of=w):
                 for _ in range(max(w.runs, 1)):
                     if ws is not None:
-                        target.refresh(w.phase, w.bs, w.bs, ws)
-                    outs = as_outputs(target.run(w.phase, w.bs, ws))
+                        target.refresh(name(w), w.bs, w.bs, ws)
+                    outs = as_outputs(target.run(name(w), w.bs, ws))
                 # bound: the loop runs at least once
-                session.warm_ptrs[(w.phase, w.bs)] = [t.data_ptr() for t in outs]  # pyright: ignore[reportPossiblyUnboundVariable]
+                warm_ptrs[(name(w), w.bs)] = [t.data_ptr() for t in outs]  # pyright: ignore[reportPossiblyUnboundVariable]
                 del outs  # pyright: ignore[reportPossiblyUnboundVariable]
         if ws is not None:
             with step.eager():  # writes the workspace replays read: ordered against them
-                target.refresh(s.phase, s.bs, s.bs, ws)  # outside the graph, by design
+                target.refresh(name(s), s.bs, s.bs, ws)  # outside the graph, by design
         with step.graph():
-            outs = as_outputs(target.run(s.phase, s.bs, ws))
-        session.check_static_outputs(s, outs)
+            outs = as_outputs(target.run(name(s), s.bs, ws))
+        _check_static_outputs(step.where, warm_ptrs.get((name(s), s.bs)), outs, loop.gs.pools.values())
         step.hold(outs)
         del outs
+
+
+def refuse_piecewise(plan: Plan) -> None:
+    """An ExecutorError naming the first phase of ``plan`` whose graphs are pieces:
+    ``target.run`` records one whole graph, and the pieces are the engine's
+    piecewise wrappers' to record, through ``capture_loop``."""
+    for p in plan.phases:
+        if p.kind in PIECEWISE_KINDS:
+            raise ExecutorError(
+                f"phase {p.name!r} is {p.kind!r}: its graphs are pieces between eager attention ops, and capture() "
+                "records one whole graph per step through target.run",
+                where="capture",
+                fix="record the pieces with the engine's piecewise wrappers inside capture_loop(plan) (each piece "
+                "in step.graph(), held by step.hold()), or capture the full phases alone with a plan built without it",
+            )
+
+
+def _check_static_outputs(where: str, before: list[int] | None, outs, pools) -> None:
+    """An output outside the pool must be the static buffer the warm-up returned."""
+    for i, (t, p) in enumerate(zip(outs, before or ())):
+        if t.data_ptr() != p and not in_pools(t.data_ptr(), pools):
+            raise ExecutorError(
+                f"output {i} moved from {p:#x} (warm-up) to {t.data_ptr():#x} (capture) outside the graph pool: "
+                "replays would write where the engine does not read",
+                where=where,
+                fix="return the same static buffer every call, or allocate the output inside run()",
+            )
 
 
 def capture(
@@ -102,14 +142,14 @@ def capture(
     (rank 0 of ``group`` only; the summary at INFO, per-quarter progress at
     DEBUG, at INFO in the background); ``progress`` adds a tqdm bar on stderr
     in the foreground, on rank 0. Warnings come from every rank, naming it.
-    Plans with a piecewise phase are refused (:func:`~capture_plan.executor.session.refuse_piecewise`).
+    Plans with a piecewise phase are refused (:func:`~capture_plan.executor.loop.refuse_piecewise`).
     """
     t_start = time.perf_counter()
-    distributed = _distributed()
+    distributed = is_distributed()
     refuse_piecewise(plan)
-    _check_options(background=background, record=record, fallback=fallback, distributed=distributed)
+    check_options(background=background, record=record, fallback=fallback, distributed=distributed)
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    bar = _progress(plan.steps, progress and _rank0(group) and not background)
+    bar = _progress(plan.steps, progress and rank0(group) and not background)
     loop = CaptureLoop(plan, device=device, target=target, record=record, group=group, progress=bar, t_start=t_start)
     if background:
         return loop.start(lambda lp: run_plan(lp, target), fallback=fallback)
@@ -125,7 +165,7 @@ def capture(
         try:
             run_plan(loop, target)
         except BaseException as err:  # every rank raises, naming this one's step (Ctrl-C too: none hangs)
-            cur = loop.session.current
+            cur = loop.running
             sync.fail(cur.id if cur else "start", cur.index if cur else -1, err)
         sync.before()  # the end: every rank got through
     return loop.graphs

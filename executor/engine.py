@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from .errors import ExecutorError
-from .graphs import Captured, GraphSet, as_outputs
+from .graphs import Captured, GraphSet, as_outputs, dispatch_name
 from .pool import AllocationRecorder, Window
 
 __all__ = ["adopt", "EngineFunctions", "record_graphs", "GraphRecording"]
@@ -163,14 +163,33 @@ def record_graphs(max_entries: int = 2_000_000):
             rec.close()
 
 
-def _key(k) -> tuple[str, int]:
-    if isinstance(k, tuple) and len(k) == 2 and isinstance(k[0], str) and isinstance(k[1], int):
-        return k
+def _key(k) -> tuple[str, int, tuple[tuple[str, str], ...]]:
+    """``(phase, bs, labels)`` of an engine's graph key: a batch size (phase
+    "decode"), ``(phase, bs)``, ``(phase, bs, labels)`` with labels a mapping or
+    ``(axis, label)`` pairs, or a :class:`~capture_plan.schemas.keys.GraphKey`."""
     if isinstance(k, int) and not isinstance(k, bool):
-        return ("decode", k)
+        return ("decode", k, ())
+    if isinstance(k, tuple) and len(k) >= 2 and isinstance(k[0], str) and isinstance(k[1], int):
+        labels = k[2] if len(k) > 2 else ()
+        pairs = tuple(labels.items()) if isinstance(labels, Mapping) else tuple(labels)
+        if all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs):
+            return (k[0], k[1], pairs)
     raise ExecutorError(
-        f"graph key {k!r} is neither (phase, bs) nor a batch size", where="adopt", fix="key the graphs by (phase, bs)"
+        f"graph key {k!r} is neither (phase, bs[, labels]) nor a batch size",
+        where="adopt",
+        fix="key the graphs by (phase, bs), (phase, bs, {axis: label}) or a GraphKey",
     )
+
+
+def _rows(tensors: tuple[torch.Tensor, ...], bs: int, ragged: bool, where: str) -> tuple[int, ...]:
+    """Rows per request of each output (0: held whole; see LoopStep.hold)."""
+    rows = []
+    for t in tensors:
+        per, rem = divmod(t.shape[0], bs) if t.dim() else (0, 0)
+        if rem and not ragged:
+            raise ExecutorError(f"output has {t.shape[0]} rows, not a multiple of bs {bs}", where=where)
+        rows.append(0 if rem else per)
+    return tuple(rows)
 
 
 def adopt(
@@ -186,17 +205,26 @@ def adopt(
     held: str = "keep",
     recorded: GraphRecording | None = None,
     device=None,
+    ragged: bool = False,
 ) -> GraphSet:
     """A GraphSet of graphs the engine captured itself; see the module docstring.
 
-    ``graphs`` and ``outputs`` are keyed alike by ``(phase, bs)`` (a bare
-    batch size means phase "decode"), ``graphs`` in capture order (a dict's
-    order; ``recorded`` overrides it with the order they were captured in).
+    ``graphs`` and ``outputs`` are keyed alike by graph key: ``(phase, bs)``
+    (a bare batch size means phase "decode"), ``(phase, bs, labels)`` with the
+    key's labels (``{"lora": "nolora"}``), or a
+    :class:`~capture_plan.schemas.keys.GraphKey`; ``graphs`` in capture order (a
+    dict's order; ``recorded`` overrides it with the order they were captured
+    in). A key's graph may be a list of piece graphs (a piecewise capture),
+    its outputs then a list with each piece's (None for a piece that writes
+    into buffers); outputs may be None. A key with labels is dispatched as
+    ``phase/axis=label,...`` (``GraphSet.variant``), piece ``k`` as ``...#k``.
     ``pool`` is the pool handle they share, or a mapping from phase to handle.
     ``eager`` (with ``prepare``, ``inputs``, ``read_only``) makes an
     :class:`EngineFunctions` target; ``target`` gives a CaptureTarget
-    instead. The set shares the engine's graphs: its ``release`` resets
-    them (call it only to be rid of them); ``verify`` leaves them servable.
+    instead. ``ragged``: outputs whose rows are no multiple of the size are
+    held whole (an error otherwise). The set shares the engine's graphs: its
+    ``release`` resets them (call it only to be rid of them); ``verify``
+    leaves them servable.
     """
     if held not in ("keep", "view"):
         raise ExecutorError(f"held={held!r}", where="adopt", fix='use "keep" or "view"')
@@ -214,47 +242,59 @@ def adopt(
     missing = [k for k in keys if k not in outs]
     if missing:
         raise ExecutorError(
-            f"no outputs for graph {missing[0][0]}/{missing[0][1]}", where="adopt", fix="give outputs for every graph"
+            f"no outputs for graph {dispatch_name(missing[0][0], missing[0][2])}/{missing[0][1]}",
+            where="adopt",
+            fix="give outputs for every graph",
         )
     by_key = dict(zip(keys, graphs.values()))
+    # one entry per graph: (key, piece or None, graph, outputs)
+    entries = []
+    for k in keys:
+        g, o = by_key[k], outs[k]
+        if isinstance(g, (list, tuple)):
+            per = list(o) if isinstance(o, (list, tuple)) and len(o) == len(g) else [None] * len(g)
+            entries += [(k, i, gi, oi) for i, (gi, oi) in enumerate(zip(g, per))]
+        else:
+            entries.append((k, None, g, o))
     if recorded is not None:
         order = {id(g): i for i, g in enumerate(recorded.graphs)}
-        unseen = [k for k, g in by_key.items() if id(g) not in order]
+        unseen = [e for e in entries if id(e[2]) not in order]
         if unseen:
+            (phase, bs, labels), piece = unseen[0][0], unseen[0][1]
             raise ExecutorError(
-                f"graph {unseen[0][0]}/{unseen[0][1]} was not captured inside record_graphs()",
+                f"graph {dispatch_name(phase, labels, piece)}/{bs} was not captured inside record_graphs()",
                 where="adopt",
                 fix="open record_graphs() around the engine's whole capture loop",
             )
-        keys.sort(key=lambda k: order[id(by_key[k])])
+        entries.sort(key=lambda e: order[id(e[2])])
     pools = dict(pool) if isinstance(pool, Mapping) else None
     sizes: dict[str, list[int]] = {}
-    for phase, bs in keys:
-        sizes.setdefault(phase, []).append(bs)
+    for (phase, bs, labels), piece, _, _ in entries:
+        sizes.setdefault(dispatch_name(phase, labels, piece), []).append(bs)
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     gs = GraphSet(None, target, dev, sizes=sizes)
-    for phase, bs in keys:
+    for (phase, bs, labels), piece, graph, out in entries:
         handle = pools.get(phase) if pools is not None else pool
         if handle is None:
             raise ExecutorError(f"no pool for phase {phase!r}", where="adopt", fix="give pool= for every phase")
         name = f"phase:{phase}" if pools is not None else "shared"
         gs.pools.setdefault(name, handle)  # pyright: ignore[reportArgumentType]  # a handle: a Mapping pool is read per phase above
-        tensors = as_outputs(outs[(phase, bs)])
-        rows, rem = divmod(tensors[0].shape[0], bs) if tensors[0].dim() else (1, 0)
-        if rem:
-            raise ExecutorError(
-                f"output has {tensors[0].shape[0]} rows, not a multiple of bs {bs}", where=f"adopt, graph {phase}/{bs}"
-            )
-        graph = by_key[(phase, bs)]
+        tensors = as_outputs(out)
+        where = f"adopt, graph {dispatch_name(phase, labels, piece)}/{bs}"
+        rows = _rows(tensors, bs, ragged, where)
         cap = Captured(
-            phase=phase,
+            phase=dispatch_name(phase, labels, piece),
             bs=bs,
             pool=name,
             graph=graph,
             outputs=tensors,
             held=held,
-            rows_per_request=rows,
+            rows_per_request=rows[0] if rows and rows[0] else 1,
             order=len(gs.graphs),
+            rows=rows,
+            key_phase=phase,
+            labels=labels,
+            piece=piece,
         )
         if recorded is not None:
             cap.window = recorded.window(graph)

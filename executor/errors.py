@@ -48,7 +48,7 @@ def capture_failed(failure: BaseException, step: Step | None, plan: Plan, device
 
     An :class:`ExecutorError` is returned as it is; anything else becomes a
     :class:`CaptureFailed` naming the step, chained to ``failure``. Used by
-    every capture driver (``capture_plan.executor.session``, ``capture_plan.executor.background``,
+    every capture driver (``capture_plan.executor.loop``, ``capture_plan.executor.background``,
     ``capture_plan.executor.loop``), which is why it lives here and not in one of them.
     """
     # torch only here: the failure came from a capture, so torch is loaded already

@@ -1,7 +1,7 @@
 """``GraphSet``: the captured graphs of one plan, and their O(1) replay.
 
-``capture(plan, target)`` (:mod:`capture_plan.executor.session`) fills a GraphSet step by
-step: each graph is added with :meth:`GraphSet.add` the moment it is
+The capture loop (:mod:`capture_plan.executor.loop`, which ``capture(plan,
+target)`` drives) fills a GraphSet step by step: each graph is added with :meth:`GraphSet.add` the moment it is
 captured, and from then on ``replay(phase, n)`` serves it -- a table lookup,
 the target's ``refresh`` for a hoisted workspace, the replay, the outputs
 sliced to ``n`` requests.
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from capture_plan.schemas.keys import label_suffix, step_labels
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.report import CaptureReport
 
@@ -38,7 +39,7 @@ from .target import CaptureTarget
 if TYPE_CHECKING:  # background imports this module
     from .background import Background
 
-__all__ = ["GraphSet", "Captured", "GuardedOutputs", "Fallback", "as_outputs"]
+__all__ = ["GraphSet", "Captured", "GuardedOutputs", "Fallback", "as_outputs", "dispatch_name", "slice_outputs"]
 
 #: what a background capture does with a batch no captured graph fits yet:
 #: "eager" runs ``target.run(phase, n, None)``, "wait" blocks until a graph
@@ -48,7 +49,10 @@ Fallback = str | Callable[[str, int], object]
 
 
 def as_outputs(out) -> tuple[torch.Tensor, ...]:
-    """What ``CaptureTarget.run`` returned, as a tuple of tensors (a TypeError if it is neither)."""
+    """What ``CaptureTarget.run`` returned, as a tuple of tensors (a TypeError if it is
+    neither); None (a graph that writes into buffers and returns nothing) is ``()``."""
+    if out is None:
+        return ()
     if isinstance(out, torch.Tensor):
         return (out,)
     if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
@@ -56,9 +60,30 @@ def as_outputs(out) -> tuple[torch.Tensor, ...]:
     raise TypeError(f"CaptureTarget.run must return a tensor or a tuple of tensors, got {type(out).__name__}")
 
 
+def dispatch_name(phase: str, labels=(), piece: int | None = None) -> str:
+    """The name a graph is dispatched by: the plan's phase; ``phase/axis=label,...``
+    for a graph key with labels (``labels``: ``(axis, label)`` pairs in the phase's
+    axis order, as the step id spells them); ``...#k`` for piece ``k`` of a
+    piecewise capture. ``GraphSet.replay``, ``verify`` and a target's ``run`` and
+    ``prepare`` get it as their ``phase``."""
+    name = f"{phase}/{label_suffix(labels)}" if labels else phase
+    return f"{name}#{piece}" if piece is not None else name
+
+
+def slice_outputs(outputs: tuple[torch.Tensor, ...], rows: tuple[int, ...], n: int) -> tuple[torch.Tensor, ...]:
+    """``outputs`` cut to ``n`` requests: output ``i`` to ``n * rows[i]`` rows, or
+    whole where ``rows[i]`` is 0 (its rows are not per request: ragged verify slots,
+    a buffer the engine cuts itself)."""
+    return tuple(t[: n * r] if r else t for t, r in zip(outputs, rows))
+
+
 @dataclass
 class Captured:
-    """One captured graph and how its outputs are held."""
+    """One captured graph and how its outputs are held.
+
+    ``phase`` is the graph's dispatch name (:func:`dispatch_name`: the plan's
+    phase, with the key's labels and the piece number where it has them);
+    ``key_phase``, ``labels`` and ``piece`` say what it is in the plan."""
 
     phase: str
     bs: int
@@ -66,12 +91,19 @@ class Captured:
     graph: torch.cuda.CUDAGraph
     outputs: tuple[torch.Tensor, ...]
     held: str  # "keep" | "view"
+    #: rows of the first output per request (1 for a graph without outputs)
     rows_per_request: int
     #: position in capture order
     order: int = 0
     #: per n in 1..bs: outputs sliced to n requests (built once: dispatch stays O(1))
     sliced: list = field(default_factory=list)
     window: Window | None = None
+    #: rows per request of each output (0: held whole); None: every output as the first
+    rows: tuple[int, ...] | None = None
+    #: the plan's phase ("" : ``phase`` itself), the key's (axis, label) pairs, the piece number
+    key_phase: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    piece: int | None = None
 
 
 class GuardedOutputs:
@@ -96,10 +128,15 @@ class GuardedOutputs:
 
 
 def _planned_sizes(plan: Plan) -> dict[str, list[int]]:
+    """Per dispatch name (:func:`dispatch_name`) of the plan's graphs, their sizes."""
+    phases = {p.name: p for p in plan.phases}
     sizes: dict[str, list[int]] = {}
     for s in plan.steps:
         if s.op == "capture":
-            sizes.setdefault(s.phase, []).append(s.bs)
+            labels = step_labels(phases[s.phase], s) if s.phase in phases else ()
+            pieces = s.pieces if isinstance(s.pieces, int) else None
+            for k in range(pieces) if pieces is not None else (None,):
+                sizes.setdefault(dispatch_name(s.phase, labels, k), []).append(s.bs)
     return {p: sorted(v) for p, v in sizes.items()}
 
 
@@ -157,7 +194,8 @@ class GraphSet:
         self.background: Background | None = None
         self._planned = _planned_sizes(plan) if plan is not None else {p: sorted(v) for p, v in (sizes or {}).items()}
         self._tables: dict[str, PadTable] = {p: PadTable(p, {}, limit=v[-1]) for p, v in self._planned.items()}
-        self._refresh: dict[str, Callable | None] = {}
+        #: per dispatch name: the target's refresh and its phase's hoisted workspace (None: no workspace)
+        self._refresh: dict[str, tuple[Callable, torch.Tensor] | None] = {}
         self._epoch: dict[str, int] = {}
         self._last: dict[str, str] = {}
         #: set while a background capture runs: replay goes through it
@@ -178,7 +216,7 @@ class GraphSet:
             ) from None
         refresh = self._refresh[phase]
         if refresh is not None:
-            refresh(phase, n, bs, self.workspaces[phase])
+            refresh[0](phase, n, bs, refresh[1])
         cap.graph.replay()
         return cap.sliced[n]
 
@@ -206,11 +244,11 @@ class GraphSet:
     def eager(self, phase: str, n: int) -> tuple[torch.Tensor, ...]:
         """The target run eagerly at the padded size, sliced like ``replay``."""
         bs, cap = self._tables[phase][n]
-        ws = self.workspaces.get(phase)
+        ws = self.workspaces.get(cap.key_phase or cap.phase)
         if ws is not None:
             self.target.refresh(phase, n, bs, ws)
         out = as_outputs(self.target.run(phase, bs, ws))
-        return tuple(t[: n * cap.rows_per_request] for t in out)
+        return slice_outputs(out, cap.rows or (cap.rows_per_request,) * len(out), n)
 
     def padded(self, phase: str, n: int) -> int:
         """The captured size a batch of ``n`` replays at (during a background
@@ -228,6 +266,25 @@ class GraphSet:
             )
         return table
 
+    def variant(self, phase: str, *, piece: int | None = None, **labels: str) -> str:
+        """The dispatch name of ``phase``'s graphs keyed by ``labels`` (piece
+        ``piece`` of a piecewise capture): ``gs.replay(gs.variant("decode",
+        lora="nolora"), n)``. With a plan the labels go in the phase's axis order
+        (an ExecutorError for a label the phase does not have); without one in
+        the order given."""
+        pairs = tuple(labels.items())
+        if self.plan is not None and labels:
+            from capture_plan.schemas.keys import order_labels
+
+            phase_plan = next((p for p in self.plan.phases if p.name == phase), None)
+            if phase_plan is None:
+                raise ExecutorError(f"no phase {phase!r} in the plan", where="GraphSet.variant")
+            try:
+                pairs = order_labels(phase_plan, labels)
+            except ValueError as err:
+                raise ExecutorError(str(err), where="GraphSet.variant", fix="pass the phase's labels") from None
+        return dispatch_name(phase, pairs, piece)
+
     def replay_graph(self, phase: str, n: int, bs: int, cap: Captured) -> tuple[torch.Tensor, ...]:
         """What ``replay`` does once its lookup found ``(bs, cap)`` for ``n``:
         refresh a hoisted workspace, replay, outputs sliced to ``n``. For a
@@ -235,7 +292,7 @@ class GraphSet:
         call less on the hot path)."""
         refresh = self._refresh[phase]
         if refresh is not None:
-            refresh(phase, n, bs, self.workspaces[phase])
+            refresh[0](phase, n, bs, refresh[1])
         cap.graph.replay()
         return cap.sliced[n]
 
@@ -307,12 +364,13 @@ class GraphSet:
     def add(self, cap: Captured) -> None:
         """Make a captured graph servable. Order matters for a concurrent
         ``replay``: everything it reads is in place before the table points at it."""
-        rows = cap.rows_per_request
-        cap.sliced = [None] + [tuple(t[: n * rows] for t in cap.outputs) for n in range(1, cap.bs + 1)]
+        rows = cap.rows or (cap.rows_per_request,) * len(cap.outputs)
+        cap.sliced = [None] + [slice_outputs(cap.outputs, rows, n) for n in range(1, cap.bs + 1)]
         self.graphs[(cap.phase, cap.bs)] = cap
         self._epoch.setdefault(cap.pool, 0)
         self._last.setdefault(cap.pool, "")
-        self._refresh[cap.phase] = self.target.refresh if cap.phase in self.workspaces else None
+        ws = self.workspaces.get(cap.key_phase or cap.phase)  # a key's workspace is its phase's
+        self._refresh[cap.phase] = (self.target.refresh, ws) if ws is not None else None
         table = self._tables.get(cap.phase)
         if table is None:
             table = self._tables[cap.phase] = PadTable(cap.phase, {}, limit=cap.bs)

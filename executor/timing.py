@@ -75,12 +75,27 @@ def replay_times(graphs: GraphSet, *, runs: int = 20, warmup: int = 3) -> dict[t
 
 def with_replay_times(report: CaptureReport, times: dict[tuple[str, int], float]) -> CaptureReport:
     """``report`` with ``replay_seconds`` set on each capture step that ``times`` has
-    a figure for (its id is ``capture/PHASE/SIZE``); other steps as they were."""
+    a figure for (``times`` keyed by the graphs' dispatch names: a step
+    ``capture/PHASE/SIZE[/LABELS]`` is its key's graph, or the sum of its pieces'
+    ``...#k``); other steps as they were."""
+    from capture_plan.schemas.keys import parse_step_id
+
+    from .graphs import dispatch_name
+
     steps = []
     for m in report.steps:
-        op, _, rest = m.id.partition("/")
-        phase, _, bs = rest.rpartition("/")
-        t = times.get((phase, int(bs))) if op == "capture" and bs.isdigit() else None
+        try:
+            op, phase, bs, labels = parse_step_id(m.id)
+        except ValueError:
+            steps.append(m)
+            continue
+        t = None
+        if op == "capture":
+            name = dispatch_name(phase, labels)
+            t = times.get((name, bs))
+            pieces = [v for (n, b), v in times.items() if b == bs and n.rpartition("#")[0] == name]
+            if t is None and pieces:
+                t = sum(pieces)
         steps.append(msgspec.structs.replace(m, replay_seconds=t) if t is not None else m)
     return msgspec.structs.replace(report, steps=steps)
 

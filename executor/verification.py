@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 import torch
 
 from .errors import VerificationFailed
-from .graphs import Captured, GraphSet
+from .graphs import Captured, GraphSet, slice_outputs
 from .pool import pool_segments, raw_bytes
 
 T = TypeVar("T")
@@ -281,16 +281,17 @@ def _interleave(gs, caps, rng, gen, res, rounds, guard) -> None:
     orders.append(caps[::-1])
     for order in orders:
         for cap in order:
-            bad, ref = _replay_vs_eager(gs, cap, _sizes_for(gs, cap, rng), gen, guard, res)
+            n = _sizes_for(gs, cap, rng)
+            bad, ref = _replay_vs_eager(gs, cap, n, gen, guard, res)
             if bad:
                 res.faults.append(Fault("interleave", f"{cap.phase}/{cap.bs}", bad))
-            if cap.held == "keep" and not bad:
+            if cap.held == "keep" and cap.outputs and not bad:
                 # only a replay that matched eager is a reference for later
                 # checks: a wrong one would blame every graph replayed after it
-                kept[(cap.phase, cap.bs)] = (cap, ref)
+                kept[(cap.phase, cap.bs)] = (cap, ref, n)
             elif cap.held == "keep":
                 kept.pop((cap.phase, cap.bs), None)
-            for (p, b), (other, oref) in list(kept.items()):
+            for (p, b), (other, oref, on) in list(kept.items()):
                 if other is cap:
                     continue
                 # A kept output is guaranteed to survive replays of graphs in
@@ -300,9 +301,8 @@ def _interleave(gs, caps, rng, gen, res, rounds, guard) -> None:
                 if other.pool == cap.pool and other.order > cap.order:
                     del kept[(p, b)]
                     continue
-                n = oref[0].shape[0] // other.rows_per_request
-                now = tuple(t[: n * other.rows_per_request] for t in other.outputs)
-                why = _compare(now, oref)
+                rows = other.rows or (other.rows_per_request,) * len(other.outputs)
+                why = _compare(slice_outputs(other.outputs, rows, on), oref)
                 if why:
                     t = other.outputs[0]
                     res.faults.append(

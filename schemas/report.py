@@ -101,3 +101,13 @@ class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     #: the NVIDIA driver's version ("" where unknown)
     driver: str = ""
     device_view: DeviceView | None = None
+    # Left out of reports that do not use them (UNSET):
+    #: graphs recorded into the capture's pools outside its loop (an engine's own piecewise
+    #: wrappers in its global pool), and the bytes the pools hold beyond the loop's own graphs
+    outside_graphs: NonNegative | msgspec.UnsetType = msgspec.UNSET
+    outside_bytes: NonNegative | msgspec.UnsetType = msgspec.UNSET
+    #: bytes the warm-ups allocated and the engine kept past them (outside every pool)
+    warmup_kept_bytes: NonNegative | msgspec.UnsetType = msgspec.UNSET
+    #: a declared partial pass (an engine's memory-profiling pass): per phase, the graph keys
+    #: it captured, into pools torn down when it ended
+    profiling: dict[str, NonNegative] | msgspec.UnsetType = msgspec.UNSET

@@ -8,6 +8,7 @@ in which order, on which thread), not CUDA itself: the GPU tests do that.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from pathlib import Path
@@ -46,6 +47,8 @@ class Fake:
     def __init__(self):
         self.local = threading.local()
         self.default = FakeStream(0)
+        #: ids of new streams (id(object()) repeats: a freed object's address is reused at once)
+        self.stream_ids = itertools.count(1000)
         self.recording = None
         self.pools = 0
         self.modes = []
@@ -55,6 +58,8 @@ class Fake:
         #: scratch pools (torch.cuda.MemPool) made, and how many were destroyed
         self.mempools = 0
         self.mempools_freed = 0
+        #: tensors made by alloc(): what torch.cuda.memory_allocated counts
+        self._allocated: list[weakref.ref] = []
 
     def pool_tensor(self, *shape) -> torch.Tensor:
         """A tensor in the pool of the graph being recorded: a segment of its
@@ -62,6 +67,17 @@ class Fake:
         t = torch.zeros(*shape)
         self._pooled.append((weakref.ref(t), self.recording.pool()))
         return t
+
+    def alloc(self, *shape) -> torch.Tensor:
+        """A tensor in the ordinary allocator (a warm-up's buffer): counted by
+        ``torch.cuda.memory_allocated`` for as long as it lives."""
+        t = torch.zeros(*shape)
+        self._allocated.append(weakref.ref(t))
+        return t
+
+    def allocated(self) -> int:
+        live = [r() for r in self._allocated]
+        return sum(t.untyped_storage().nbytes() for t in live if t is not None)
 
     def snapshot(self) -> list[dict]:
         live = [(r(), pool) for r, pool in self._pooled]
@@ -76,6 +92,8 @@ class FakeMemPool:
     def __init__(self, fake):
         self.fake = fake
         fake.mempools += 1
+        #: its id, as torch.cuda.MemPool.id (a graph can record into it): apart from graph_pool_handle's
+        self.id = (1, fake.mempools)
 
     def __del__(self):
         self.fake.mempools_freed += 1
@@ -95,8 +113,10 @@ class FakeGraph:
     def instantiate(self):
         self.instantiated += 1
 
-    def capture_begin(self, pool=None, capture_error_mode="global"):
+    def capture_begin(self, pool=None, capture_error_mode="global", **kw):
         self.fake.modes.append(capture_error_mode)
+        #: the stream it records on (the thread's current stream)
+        self.stream = getattr(self.fake.local, "stream", self.fake.default)
         self._pool = pool
         self.fake.recording = self
 
@@ -145,11 +165,39 @@ def install(monkeypatch) -> Fake:
         finally:
             f.local.mempool = old
 
-    from capture_plan.executor import session
+    class CUDAGraph(FakeGraph):  # a class, as torch's: code may wrap its methods
+        def __init__(self, keep_graph=False):
+            super().__init__(f, keep_graph)
 
-    monkeypatch.setattr(session, "_streams", {})  # the fake's streams are this test's alone
+    capture_side = FakeStream(999)
+
+    class graph:  # torch.cuda.graph's protocol: its stream (a side stream by default), begin and end
+        def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+            self.cuda_graph, self.pool, self.mode = cuda_graph, () if pool is None else (pool,), capture_error_mode
+            self.ctx = torch.cuda.stream(stream if stream is not None else capture_side)
+
+        def __enter__(self):
+            self.ctx.__enter__()
+            self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.mode)
+
+        def __exit__(self, *exc):
+            self.cuda_graph.capture_end()
+            self.ctx.__exit__(*exc)
+            return False
+
+    from capture_plan.executor import streams
+
+    monkeypatch.setattr(streams, "_streams", {})  # the fake's streams are this test's alone
+    empty_like = torch.empty_like
+
+    def tracked_empty_like(*a, **kw):  # an engine's persistent buffer: counted by memory_allocated
+        t = empty_like(*a, **kw)
+        f._allocated.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(torch, "empty_like", tracked_empty_like)
     for name, value in {
-        "Stream": lambda device=None: FakeStream(id(object())),
+        "Stream": lambda device=None: FakeStream(next(f.stream_ids)),
         "Event": FakeEvent,
         "current_stream": current_stream,
         "default_stream": lambda device=None: f.default,
@@ -160,11 +208,12 @@ def install(monkeypatch) -> Fake:
         "memory_snapshot": lambda mempool_id=None: f.snapshot(),
         "memory_reserved": lambda d=None: sum(s["total_size"] for s in f.snapshot()),
         "graph_pool_handle": pool_handle,
-        "CUDAGraph": lambda keep_graph=False: FakeGraph(f, keep_graph),
+        "CUDAGraph": CUDAGraph,
+        "graph": graph,
         "is_current_stream_capturing": lambda: f.recording is not None,
         "current_device": lambda: 0,
         "mem_get_info": lambda device=None: (0, 0),
-        "memory_allocated": lambda d=None: 0,
+        "memory_allocated": lambda d=None: f.allocated(),
         "MemPool": lambda: FakeMemPool(f),
         "use_mem_pool": use_mem_pool,
     }.items():

@@ -93,7 +93,7 @@ def prime_capture_stream(tmp_path, *, background: bool = False) -> None:
     and its cuBLAS workspace exist before a test measures what is left over.
 
     The workspace is made once per (thread's cuBLAS handle, stream) and kept
-    for the life of the process (capture_plan.executor.session.capture_stream): it is the
+    for the life of the process (capture_plan.executor.streams.capture_stream): it is the
     one allocation a capture leaves behind on purpose."""
     import torch
 

@@ -1,15 +1,16 @@
-"""capture(plan, target) on CPU with CUDA faked (tests/fake_cuda.py): the session, and what capture leaves behind.
+"""capture(plan, target) on CPU with CUDA faked (tests/fake_cuda.py): its steps, and what capture leaves behind.
 
-The capture session on CPU, CUDA faked (tests/fake_cuda.py): one method per
-plan step op, the target called exactly as the plan's steps say, in order.
+capture() on CPU, CUDA faked (tests/fake_cuda.py): every plan step op runs,
+the target called exactly as the plan's steps say, in order.
 
 What capture leaves behind, on CPU with CUDA faked: warm-ups run in scratch
 pools that are all returned, and the report's device view adds up.
 
-A plan with a vLLM PIECEWISE phase is refused before any work: its graphs are
-pieces between eagerly-run attention ops, for the engine's own piecewise
-backend. Before, the executor captured each step as one whole graph: a
-different graph from the one the plan describes, silently."""
+A plan with a vLLM PIECEWISE phase is refused by capture() before any work: its
+graphs are pieces between eagerly-run attention ops, which the engine's
+piecewise wrappers record through capture_loop. Before, the executor captured
+each step as one whole graph: a different graph from the one the plan
+describes, silently."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _plan(tmp_path: Path, backend: str, *strategies: str, ci: bool = False):
 
 
 def _expected_calls(plan) -> list[tuple]:
-    """The target calls each step op makes, as the session's docstring states them."""
+    """The target calls each step op makes, as the loop's docstring states them."""
     hoisted: set[str] = set()
     calls = []
     for s in plan.steps:
@@ -57,14 +58,15 @@ def _expected_calls(plan) -> list[tuple]:
 
 
 def test_every_plan_step_op_runs_somewhere():
-    """provision: the session's own method; warmup and capture: with the capture they
+    """provision: the loop's setup; warmup and capture: with the capture they
     precede, in the loop's step (capture() is a user of capture_loop)."""
-    from capture_plan.executor.loop import LoopStep
-    from capture_plan.executor.session import CaptureSession
+    import inspect
+
+    from capture_plan.executor.loop import CaptureLoop, LoopStep
     from capture_plan.schemas.plan import StepOp
 
-    assert set(CaptureSession.OPS) | {"warmup", "capture"} == set(get_args(StepOp))
-    assert all(fn.__name__ == op for op, fn in CaptureSession.OPS.items())
+    setup = inspect.getsource(CaptureLoop.setup)
+    assert all(f'"{op}"' in setup for op in get_args(StepOp))
     assert callable(LoopStep.warmup) and callable(LoopStep.graph)
 
 
@@ -297,9 +299,9 @@ def test_device_view_items_add_up_to_the_free_memory_drop():
 
 
 def test_only_the_first_capture_of_the_process_is_marked_first(tmp_path, fake):
-    from capture_plan.executor import capture, session
+    from capture_plan.executor import capture, measure
 
-    session._captured_in_process = False
+    measure._captured_in_process = False
     plan = decode_plan(tmp_path, [1, 2])
     first = capture(plan, Target(fake), progress=False, device=CPU)
     second = capture(plan, Target(fake), progress=False, device=CPU)
@@ -326,7 +328,7 @@ def test_capture_refuses_a_plan_with_a_piecewise_phase_before_any_work(fake):
 
     plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
     assert [p.kind for p in plan.phases] == ["piecewise", "full"]
-    with pytest.raises(ExecutorError, match=r"capture: phase 'piecewise' is 'piecewise'.*fix: capture piecewise"):
+    with pytest.raises(ExecutorError, match=r"capture: phase 'piecewise' is 'piecewise'.*fix: record the pieces"):
         capture(plan, _Never(), progress=False, device=torch.device("cpu"))
     assert fake.pools == 0
 
@@ -364,10 +366,10 @@ def test_a_kept_graph_is_counted_then_instantiated_and_an_engines_own_left_alone
 
 
 def test_every_capture_step_reports_its_graphs_nodes_and_no_warmup_does(tmp_path, fake, monkeypatch):
-    from capture_plan.executor import capture, session
+    from capture_plan.executor import capture, loop
 
     counted = iter(range(100, 200))
-    monkeypatch.setattr(session, "instantiate_kept", lambda g: next(counted) if g.keep_graph else None)
+    monkeypatch.setattr(loop, "instantiate_kept", lambda g: next(counted) if g.keep_graph else None)
     plan = decode_plan(tmp_path, [1, 2, 4])
     gs = capture(plan, Target(fake), progress=False, device=CPU)
     got = {m.id: m.graph_nodes for m in gs.report.steps}
@@ -409,7 +411,7 @@ def test_record_on_a_named_device_returns_the_trace_and_every_phases_copies(tmp_
     """record(device=...) once overwrote ``device`` with the report's device name before
     it chose the device of its copies; the fake's graphs keep no driver graph, so no copy
     is made and each phase says so."""
-    from capture_plan.executor import session
+    from capture_plan.executor import loop
     from capture_plan.executor.pool import Window
     from capture_plan.executor.profiling import record
 
@@ -429,9 +431,31 @@ def test_record_on_a_named_device_returns_the_trace_and_every_phases_copies(tmp_
         def close(self):
             pass
 
-    monkeypatch.setattr(session, "AllocationRecorder", Recorder)
+    monkeypatch.setattr(loop, "AllocationRecorder", Recorder)
     plan = decode_plan(tmp_path, [1, 2, 4, 8])
     rec = record(plan, Target(fake), sizes={"decode": [1, 4, 8]}, device=CPU, instantiate={"decode": 4})
     assert sorted(c.bs for c in rec.trace.captures) == [1, 4, 8]
     assert rec.trace.device.endswith(f"/ torch {torch.__version__}")
     assert rec.copies == {"decode": (0, 0, 0)}
+
+
+def test_capture_of_a_plan_with_graph_keys_calls_the_target_by_each_key_s_name(tmp_path, fake):
+    """capture() iterates every graph key of the plan: the target's run gets the
+    key's dispatch name (the phase, and its labels), and replays dispatch by it."""
+    import sys
+
+    from capture_plan.executor import capture
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engines.plans import keyed
+
+    plan = keyed(decode_plan(tmp_path, [1, 2, 4]), "decode", variants={"lora": ["lora", "nolora"]})
+    target = Target(fake)
+    gs = capture(plan, target, progress=False, device=CPU)
+    try:
+        recorded = [(phase, bs) for op, phase, bs, rec, _ in target.calls if op == "run" and rec]
+        assert recorded == [(f"decode/lora={v}", b) for b in (4, 2, 1) for v in ("lora", "nolora")]
+        assert sorted(gs.graphs) == sorted((f"decode/lora={v}", b) for b in (1, 2, 4) for v in ("lora", "nolora"))
+        assert gs.padded(gs.variant("decode", lora="nolora"), 3) == 4
+    finally:
+        gs.release()

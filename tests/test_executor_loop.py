@@ -2,8 +2,9 @@
 runner that keeps its own stream, buffers, dispatch keys and per-phase loops
 captures through ``capture_loop`` exactly what ``capture(plan, target)``
 captures; an engine loop that breaks the plan gets one ExecutorError naming
-the step, and nothing half-captured stays behind; a vLLM PIECEWISE step is
-refused by name (it was captured as one whole graph, not the plan's pieces)."""
+the step, and nothing half-captured stays behind; a vLLM PIECEWISE step of a plan
+that does not say its piece count is refused by name (one whole graph would not
+be the plan's pieces)."""
 
 from __future__ import annotations
 
@@ -527,11 +528,16 @@ def test_hold_lets_go_of_the_engine_s_outputs_without_a_collection(shape):
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_engine_loop_refuses_a_piecewise_step_and_names_it(fake):
+def test_the_engine_loop_refuses_a_piecewise_step_whose_piece_count_the_plan_lacks(fake):
+    """A plan from before graph keys has piecewise phases without ``pieces``: one
+    whole graph per step would be another graph than the plan's, so the loop
+    says what to rebuild (tests/engines: pieces recorded as planned)."""
     from capture_plan.executor import ExecutorError, capture_loop, load_plan
 
     plan = load_plan(ROOT / "plans/fa3-vllm.json", check_env=False)
-    with pytest.raises(ExecutorError, match=r"CaptureLoop.step: phase 'piecewise' is 'piecewise'"):
+    with pytest.raises(
+        ExecutorError, match=r"CaptureLoop.step: phase 'piecewise' is 'piecewise' but the plan does not"
+    ):
         with capture_loop(plan, device=torch.device("cpu")) as loop:
             loop.step("piecewise", loop.sizes("piecewise")[0])
     assert fake.pools == 0
@@ -550,3 +556,94 @@ def test_on_a_torch_without_keep_graph_the_loop_records_a_plain_graph(monkeypatc
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Old)
     assert isinstance(loop._new_graph(), Old)
+
+
+def test_a_graph_without_outputs_and_ragged_outputs_are_held_and_dispatched(tmp_path, fake):
+    """vLLM's pieces write into buffers and return nothing; ragged verify's slots are
+    no multiple of the requests: hold(None) holds nothing, ragged=True holds them whole,
+    and per-request outputs beside them are still sliced."""
+    from capture_plan.executor import ExecutorError, capture_loop
+
+    plan = _plan(tmp_path, "fa3", ci=True)
+    with capture_loop(plan, device=CPU) as loop:
+        for step in loop.steps("decode"):
+            with step.graph():
+                slots, rows = fake.pool_tensor(2 * step.bs + 1, 4), fake.pool_tensor(step.bs, 4)
+            if step.bs == 8:
+                with pytest.raises(ExecutorError, match=r"output 1 has 17 rows, not a multiple of bs 8.*ragged=True"):
+                    step.hold((rows, slots))
+                assert step.hold(None) is None
+            else:
+                held = step.hold((rows, slots), ragged=True)
+                assert held[1] is slots
+            del slots, rows
+    gs = loop.graphs
+    assert gs.replay("decode", 8) == () and gs.graphs[("decode", 8)].outputs == ()
+    got = gs.replay("decode", 3)  # padded to 4: per-request rows sliced to 3, the slots whole
+    assert [t.shape[0] for t in got] == [3, 9] and gs.graphs[("decode", 4)].rows == (1, 0)
+    gs.release()
+
+
+def test_a_size_the_plan_does_not_hold_is_refused_before_any_work(tmp_path, fake):
+    from capture_plan.executor import ExecutorError, capture_loop
+
+    plan = _plan(tmp_path, "fa3", ci=True)
+    with pytest.raises(
+        ExecutorError, match=r"CaptureLoop.step: the plan holds no graph key decode/3; phase decode has"
+    ):
+        with capture_loop(plan, device=CPU) as loop:
+            loop.step("decode", 3)
+    with pytest.raises(ExecutorError, match=r"phase 'decode' has no variant axis 'lora' \(it has no variant axes\)"):
+        with capture_loop(plan, device=CPU) as loop:
+            loop.step("decode", 8, lora="nolora")
+    assert fake.pools == 0
+
+
+def test_the_loop_records_into_an_engine_s_mempool(tmp_path, fake):
+    """A torch.cuda.MemPool the engine made (a sleep-mode pool) is a pool the plan's
+    graphs record into: its id is the handle, the object kept alive with the loop."""
+    from capture_plan.executor import capture_loop
+
+    plan = _plan(tmp_path, "fa3", ci=True)
+    mempool = torch.cuda.MemPool()
+    with capture_loop(plan, device=CPU, pools={"shared": mempool}) as loop:
+        for step in loop.steps("decode"):
+            assert step.pool == mempool.id
+            with step.graph() as g:
+                t = fake.pool_tensor(step.bs, 4)
+            assert g.pool() == mempool.id
+            step.hold(t)
+            del t
+    assert loop.graphs.pools == {"shared": mempool.id} and fake.pools == 0
+    assert loop.graphs.report.pool_bytes == 16 * (1 + 2 + 4 + 8)
+    loop.graphs.release()
+
+
+def test_a_profiling_pass_captures_its_declared_subset_and_leaves_nothing(tmp_path, fake):
+    from capture_plan.executor import ExecutorError, capture_loop
+
+    plan = _plan(tmp_path, "triton", ci=False)  # a warm-up before every capture
+    dropped = []
+    loop = capture_loop(plan, device=CPU, profiling={"decode": 2}, on_failure=lambda: dropped.append(1))
+    assert loop.sizes("decode") == [8, 4]
+    with loop:
+        for step in loop.steps("decode"):
+            with step.warmup():
+                pass
+            with step.graph():
+                t = fake.pool_tensor(step.bs, 4)
+            step.hold(t)
+            del t
+    report = loop.graphs.report
+    assert report.profiling == {"decode": 2} and report.pool_bytes == 16 * (8 + 4)
+    assert [m.id for m in report.steps] == [
+        "warmup/decode/8",
+        "capture/decode/8",
+        "warmup/decode/4",
+        "capture/decode/4",
+    ]
+    assert loop.graphs.graphs == {} and dropped == [1]  # torn down, the engine told to drop its references
+    gc.collect()
+    assert fake.snapshot() == []
+    with pytest.raises(ExecutorError, match=r"capture_loop\(profiling=\): the profiling pass names phase 'full'"):
+        capture_loop(plan, device=CPU, profiling={"full": 2})

@@ -64,3 +64,26 @@ def test_time_replays_refuses_graphs_without_a_report():
         time_replays(graphs)  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="runs must be >= 1"):
         replay_times(graphs, runs=0)  # pyright: ignore[reportArgumentType]
+
+
+def test_a_keyed_step_gets_its_key_s_time_and_a_piecewise_step_its_pieces_sum():
+    """Graphs are timed by dispatch name (``decode/lora=nolora``, ``piecewise#k``):
+    each capture step of a graph key gets its own graph's time, a piecewise step the
+    sum of its pieces' (one forward replays every piece)."""
+    from capture_plan.schemas.report import StepMeasurement
+
+    ids = ["capture/decode/8/lora=lora", "capture/decode/8/lora=nolora", "capture/piecewise/8"]
+    report = msgspec.structs.replace(
+        _report(),
+        steps=[
+            StepMeasurement(step=i, id=sid, reserved=0, predicted_reserved=0, seconds=0.0) for i, sid in enumerate(ids)
+        ],
+    )
+    times = {
+        ("decode/lora=lora", 8): 1e-3,
+        ("decode/lora=nolora", 8): 2e-3,
+        ("piecewise#0", 8): 3e-3,
+        ("piecewise#1", 8): 4e-3,
+    }
+    got = {m.id: m.replay_seconds for m in with_replay_times(report, times).steps}
+    assert got == {ids[0]: 1e-3, ids[1]: 2e-3, ids[2]: pytest.approx(7e-3)}

@@ -1,0 +1,205 @@
+"""Engine start-ups around the runners: what the CPU tests (CUDA faked), the GPU
+tests and engine plugins share. Each builds the engine's objects the way the
+engine does (its global pool and streams first, runners made one after
+another), opens one ``capture_loop`` over the plan with them, and captures.
+
+Plans: :func:`sglang_plan` (the EAGLE reference spec, decode keyed by LoRA x
+attention variants) and :func:`vllm_plan` (PIECEWISE pieces, FULL, a FULL
+micro-batch twin on stream "ubatch"): the planner's where it builds the shape,
+:func:`engines.plans.keyed` where a test needs the toy model's own kept bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import sglang_runner, vllm_runner
+from .plans import build, keyed
+
+LORA = {"lora": ["lora", "nolora"], "attention": ["a", "b"]}
+
+
+# -- SGLang --------------------------------------------------------------------------
+def sglang_plan(tmp_path, sizes, *, keeps=None):
+    """The EAGLE reference's four phases at ``sizes``, a warm-up before every
+    key, decode keyed by LoRA x attention variants (the spec's ``variants``, the
+    planner expanding them); ``keeps``: size -> bytes each decode warm-up keeps
+    (FullCudaGraphBackend's reused output: the toy's bytes, set by
+    :func:`engines.plans.keyed` on a plan built without variants)."""
+    from capture_plan.references.speculative import spec_toml
+
+    spec = spec_toml(sizes)
+    if keeps is not None:
+        return keyed(build(tmp_path, spec, "warmup=every-size"), "decode", variants=LORA, keeps=keeps)
+    head = f'name = "decode"\nkind = "decode"\nsizes = {sorted(set(sizes))}\n'
+    assert head in spec
+    axes = ", ".join(f"{axis} = {labels!r}".replace("'", '"') for axis, labels in LORA.items())
+    return build(tmp_path, spec.replace(head, head + f"variants = {{ {axes} }}\n"), "warmup=every-size")
+
+
+def sglang_runners(module, model, sizes, reuse=False):
+    """The target's decode runner (LoRA and attention variants), the target in
+    verify mode, then the EAGLE draft runners: the order SGLang makes them in."""
+    return [
+        module.DecodeCudaGraphRunner(
+            model, sizes, reuse_output_buffer=reuse, record_nolora_graph=True, attention_labels=("a", "b")
+        ),
+        module.DecodeCudaGraphRunner(model, sizes, captured_req_width=4, phase="target_verify"),
+        module.EAGLEDraftCudaGraphRunner(model, sizes),
+        module.EAGLEDraftExtendCudaGraphRunner(model, sizes, captured_req_width=4),
+    ]
+
+
+class SGLangEngine:
+    """What the tests read of an engine: its runners, every backend's graphs and outputs."""
+
+    def __init__(self):
+        self.runners: list = []
+
+    def cleanup(self):  # capture_loop's on_failure: every runner's backend drops its graphs
+        for r in self.runners:
+            r.backend.cleanup()
+
+    @property
+    def graphs(self) -> dict:
+        return {(r.phase, *k): g for r in self.runners for k, g in r.backend._graphs.items()}
+
+    @property
+    def outputs(self) -> dict:
+        return {(r.phase, *k): o for r in self.runners for k, o in r.backend._outputs.items()}
+
+
+def start_sglang(plan, model, sizes, *, reuse=False, configure=None, **kw):
+    """SGLang's start-up: its global pool and stream, the runners made one
+    after another (each with its backend), each capturing in its part of one
+    loop. Returns (loop, engine, runners)."""
+    from capture_plan.executor import capture_loop
+
+    sglang_runner.reset_globals()
+    pool = sglang_runner.get_or_create_global_graph_memory_pool()
+    stream = sglang_runner.get_or_create_global_graph_capture_stream()
+    engine = SGLangEngine()
+    loop = capture_loop(
+        plan, stream=stream, pools={"shared": pool}, device=model.device, on_failure=engine.cleanup, **kw
+    )
+    runners = sglang_runners(sglang_runner, model, sizes, reuse)
+    runners.sort(key=lambda r: loop.phases.index(r.phase))  # the planner orders the phases as the engine makes runners
+    if configure is not None:
+        configure(engine, runners)
+    for runner in runners:
+        engine.runners.append(runner)  # made when the engine gets to it
+        with loop.part():
+            runner.capture(loop)
+    return loop, engine, runners
+
+
+class SGLangTarget:
+    """verify's view of the SGLang engine: a key's forward run eagerly (the
+    dispatch name parsed back to phase and labels), fresh inputs."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def run(self, phase, bs, ws):
+        name, _, suffix = phase.partition("/")
+        labels = dict(pair.split("=") for pair in suffix.split(",")) if suffix else {}
+        return self.model.forward(name, bs, labels)
+
+    def prepare(self, phase, n, bs, generator):
+        self.model.prepare(phase, n, bs, generator)
+
+    def refresh(self, phase, n, bs, ws):
+        pass
+
+
+# -- vLLM ------------------------------------------------------------------------------
+def vllm_spec(sizes) -> str:
+    twins = [n for n in sizes if n >= 2]
+    return (
+        f'[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
+        f'[[phases]]\nname = "full"\nkind = "full"\nsizes = {list(sizes)}\n'
+        f'[[phases]]\nname = "full_ubatch"\nkind = "full"\nsizes = {twins}\n'
+    )
+
+
+def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None):
+    """PIECEWISE (``pieces`` a key), FULL, and the FULL micro-batch twins on
+    stream "ubatch", each largest first, outputs as views; ``keeps``: bytes the
+    first warm-up keeps (the persistent hidden_states: the first warm-up of all,
+    the largest PIECEWISE descriptor's, run as NONE, stores its output)."""
+    plan = build(tmp_path, vllm_spec(sizes), "warmup=every-size", "outputs=view")
+    plan = keyed(plan, "piecewise", pieces=pieces, keeps={max(sizes): keeps} if keeps is not None else None)
+    plan = keyed(plan, "full")
+    return keyed(plan, "full_ubatch", stream="ubatch", micro_batches=2)
+
+
+class VLLMTarget:
+    """verify's view of the vLLM engine: a piece run eagerly on the inputs it
+    was recorded with, a FULL graph's compiled model run eagerly, fresh inputs."""
+
+    def __init__(self, runner, model):
+        self.runner, self.model = runner, model
+
+    def run(self, phase, bs, ws):
+        manager = self.runner.manager
+        if "#" in phase:
+            wrapper = manager.compiled.pieces[int(phase.rsplit("#", 1)[1])]
+            out = wrapper.runnable(*wrapper.entries[bs].inputs)
+            return out if isinstance(out, torch.Tensor) else out[0]
+        return manager.compiled(self.model.x[:bs])
+
+    def prepare(self, phase, n, bs, generator):
+        self.model.prepare(phase, n, bs, generator)
+
+    def refresh(self, phase, n, bs, ws):
+        pass
+
+
+def start_vllm(plan, model, sizes, *, configure=None, verified=False, **kw):
+    """vLLM's start-up: the runner (its manager, compiled pieces, global pool,
+    capture stream and micro-batch stream), then capture_model in one loop
+    (``verified``: with :class:`VLLMTarget` as the loop's target, for verify).
+    Returns (loop, runner)."""
+    from capture_plan.executor import capture_loop
+
+    vllm_runner.reset_globals()
+    ubatch = torch.cuda.Stream()
+    runner = vllm_runner.GPUModelRunner(model, sizes, ubatch_stream=ubatch)
+    streams = {"ubatch": ubatch}
+    if configure is not None:
+        configure(runner, streams)
+    if verified:
+        kw["target"] = VLLMTarget(runner, model)
+    loop = capture_loop(
+        plan,
+        stream=runner.manager.capture_stream,
+        streams=streams,
+        pools={"shared": vllm_runner.get_global_graph_pool()},
+        device=model.device,
+        on_failure=runner.manager.release,
+        **kw,
+    )
+    with loop:
+        runner.capture_model(loop)
+    return loop, runner
+
+
+def vllm_profiling(plan, runner, model, profiling, passes: list):
+    """``loop_for(throwaway_pool)`` for the adopted ``profile_cudagraph_memory``:
+    the declared partial pass (``profiling``: phase -> keys), appended to ``passes``."""
+    from capture_plan.executor import capture_loop
+
+    def loop_for(throwaway):
+        loop = capture_loop(
+            plan,
+            stream=runner.manager.capture_stream,
+            streams={"ubatch": runner.manager.ubatch_stream},
+            pools={"shared": throwaway},
+            device=model.device,
+            on_failure=runner.manager.release,
+            profiling=profiling,
+        )
+        passes.append(loop)
+        return loop
+
+    return loop_for
