@@ -243,3 +243,22 @@ def fallback_or_exit(s: Settings, err: PluginRefused, engine: str) -> None:
         log.warning("capture-plan: %s; capturing as %s does (%s=engine)", err, engine, ENV_FALLBACK)
         return
     raise refuse_once(err) from err
+
+
+def register(engine: str, install: Callable[[Settings, str], object]) -> None:
+    """An engine plugin's entry point: nothing unless ``CAPTURE_PLAN_PLAN`` is set; then the
+    release check, the plan loaded once (a missing or invalid plan stops start-up here, or
+    falls back where the operator chose so), and ``install(settings, version)``."""
+    try:
+        s = settings()
+    except PluginRefused as err:
+        raise refuse_once(err) from err
+    if s is None:
+        return
+    try:
+        version = check_version(engine, installed(engine))
+        load(s)
+    except PluginRefused as err:
+        fallback_or_exit(s, err, engine)
+        return
+    install(s, version)

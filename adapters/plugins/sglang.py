@@ -50,19 +50,7 @@ def register() -> None:
     """The entry point: nothing unless ``CAPTURE_PLAN_PLAN`` is set; then the release
     check, the plan loaded once (a missing or invalid plan stops start-up here), and
     the hooks installed."""
-    try:
-        s = core.settings()
-    except core.PluginRefused as err:
-        raise core.refuse_once(err) from err
-    if s is None:
-        return
-    try:
-        version = core.check_version(ENGINE, core.installed(ENGINE))
-        core.load(s)
-    except core.PluginRefused as err:
-        core.fallback_or_exit(s, err, ENGINE)
-        return
-    install(s, version)
+    core.register(ENGINE, install)
 
 
 def phase_of(runner) -> str:
