@@ -88,12 +88,10 @@ allocations routed into a scratch pool that is emptied and destroyed when the
 block ends (:func:`capture_plan.executor.pool.scratch_pool`), so its blocks do
 not stay cached on the capture stream, where nothing else could reuse them.
 (Reusing them in the graph pool instead would change the pool's contents the
-planner simulates.) This is safe for an engine that holds cached blocks of
-its own: only the capture thread's allocations are routed, and only the
-scratch pool is emptied, never the engine's cache. A background capture
-(``loop.start``) does not route them: on torch 2.11 a MemPool on the capture
-thread corrupted the process's native heap; there the warm-ups' freed blocks
-stay cached on the capture stream. The report's ``device_view`` itemizes the
+planner simulates.) This is safe while an engine serves (a background
+capture) and for an engine that holds cached blocks of its own: only the
+capture thread's allocations are routed, and only the scratch pool is
+emptied, never the engine's cache. The report's ``device_view`` itemizes the
 free device memory capture took (``capture_plan.executor.device``).
 
 Unlike ``torch.cuda.graph(...)``, it does not synchronize and empty the cache
@@ -386,9 +384,7 @@ class LoopStep:
         """A block for the engine's warm-up runs, on the step's stream.
 
         Their temporaries go to a scratch pool that is returned at the end (so
-        they stay cached nowhere), except in a background capture, where they
-        stay cached on the capture stream (see the comment below: a MemPool on
-        the capture thread crashed torch 2.11). Where the plan declares that the step's
+        they stay cached nowhere). Where the plan declares that the step's
         warm-ups keep buffers (``keeps``: vLLM's persistent output buffers,
         SGLang's reused output buffer), the block runs in the ordinary
         allocator instead, so that what the engine keeps survives it, and
@@ -428,18 +424,6 @@ class LoopStep:
                     '(warmup_keeps = "outputs" in the phase\'s spec, from a trace of this model)',
                 )
             loop.kept += max(kept, 0)
-            self._measure_warmups(None, mine)
-            return
-        if loop.mode != "global":
-            # A background capture's warm-ups run in the ordinary allocator: routing the capture
-            # thread's allocations into a MemPool (torch 2.11) corrupted the process's native heap
-            # (H200: a segfault in a later torch.cuda.memory_stats, in one process running the
-            # loop, background and executor GPU tests; none with the routing on the main thread
-            # only, or off; compute-sanitizer memcheck found no device-side error). Their freed
-            # blocks stay cached on the capture stream, where the next warm-up reuses them.
-            with loop.guard(), torch.cuda.stream(self.stream):
-                yield
-            loop.running = self.plan_step
             self._measure_warmups(None, mine)
             return
         with loop.guard(), torch.cuda.stream(self.stream), scratch_pool(loop.device) as scratch:

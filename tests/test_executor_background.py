@@ -228,18 +228,3 @@ def test_a_busy_serving_loop_does_not_starve_the_capture_thread(tmp_path, fake):
     assert gs.done, f"capture still running after {spins} replays"
     assert gs.wait(30)
     gs.release()
-
-
-def test_background_warmups_use_no_scratch_pool(tmp_path, fake):
-    """A background capture's warm-ups run in the ordinary allocator: a MemPool on
-    the capture thread corrupted torch 2.11's native heap on an H200 (a segfault
-    later in the process); the foreground keeps its scratch pools (tests/test_executor_capture.py)."""
-    plan = _plan(tmp_path, [1, 2, 4, 8, 16])
-    with torch.cuda.stream(FakeStream(5)):
-        gs = _capture(plan, Target(fake))
-        assert gs.wait(30)
-    assert fake.mempools == 0
-    assert [m.scratch for m in gs.report.steps if m.id.startswith("warmup")] == [None] * sum(
-        s.op == "warmup" for s in plan.steps
-    )
-    gs.release()
