@@ -105,7 +105,8 @@ def scratch_pool(device):
             yield box
         pid = getattr(pool, "id", None)
         if pid is not None:
-            box.reserved = one_pool_reserved(pid)
+            # the whole allocator's snapshot, filtered: never memory_snapshot(mempool_id=) of a MemPool
+            box.reserved = pool_reserved([pid])
     finally:
         del pool  # the destructor releases the pool and returns its free segments
 
@@ -115,6 +116,12 @@ def one_pool_reserved(pool) -> int:
     torch can take one (``mempool_id``: cheaper than a whole snapshot), else
     of the whole allocator."""
     want = pool_key(pool)
+    if want[0] == 0:
+        # A torch.cuda.MemPool's id ((0, n); a graph pool handle's is (n, 0)): torch 2.11's
+        # per-pool snapshot of one corrupted the process's native heap on an H200 (a later
+        # memory_stats or memory_snapshot segfaulted, one long GPU test process; with the
+        # whole snapshot filtered instead, the same process ran clean). Ask the whole allocator.
+        return pool_reserved([pool])
     try:
         segs = torch.cuda.memory_snapshot(mempool_id=pool)
     except Exception:  # a torch without per-pool snapshots (TypeError), or one that refuses this pool
