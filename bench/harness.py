@@ -24,6 +24,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,10 +51,62 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+#: ``<commit>:<tree>`` of the commit a copy of the tree claims to be, for a copy whose own
+#: ``.git`` is stale (the lent GPU machine's copy keeps the ``.git`` of its first run);
+#: make it with ``python -m bench.harness claim`` where the commit is, pass it to the run
+CLAIM_ENV = "CAPTURE_PLAN_COMMIT"
+
+
+def working_tree(root: Path = REPO) -> str | None:
+    """The git tree id of the files at ``root`` as they are: tracked and untracked files
+    that are not ignored (what a copy of the working tree holds), written through a
+    temporary index so that the checkout's own index is untouched; None without git."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        try:
+            for cmd in (["add", "-A"], ["write-tree"]):
+                r = subprocess.run(["git", "-C", str(root), *cmd], capture_output=True, text=True, timeout=120, env=env)
+                if r.returncode:
+                    return None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return r.stdout.strip()
+
+
+def claim(root: Path = REPO) -> str:
+    """``<commit>:<tree>`` for :data:`CLAIM_ENV`: HEAD and the working tree's id. Refused
+    where the working tree is not HEAD's (uncommitted or untracked files): a claim names a
+    commit that holds exactly the files measured."""
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD", "HEAD^{tree}"], capture_output=True, text=True)
+    head, head_tree = sha.stdout.split()
+    if working_tree(root) != head_tree:
+        raise DirtyTree(
+            "the working tree is not HEAD's (uncommitted or untracked, not ignored, files)",
+            where=str(root),
+            fix="git status; commit or remove them, then python -m bench.harness claim",
+        )
+    return f"{head}:{head_tree}"
+
+
 def git_commit(root: Path = REPO) -> tuple[str | None, bool | None]:
     """``(commit, dirty)`` of the checkout at ``root``: ``(None, None)`` where git or the
     checkout is missing (a copy of the tree without ``.git``). ``dirty``: a tracked file
-    differs from the commit (untracked files are not counted)."""
+    differs from the commit (untracked files are not counted).
+
+    With :data:`CLAIM_ENV` set (``<commit>:<tree>``, :func:`claim`), the claimed commit,
+    dirty unless the files at ``root`` (untracked ones too) make exactly the claimed tree:
+    a copy whose ``.git`` is older than the commit it holds records that commit, clean
+    only if nothing differs from it."""
+    claimed = os.environ.get(CLAIM_ENV)
+    if claimed:
+        commit, _, tree = claimed.partition(":")
+        if not commit or not tree:
+            raise InputError(
+                f"{CLAIM_ENV}={claimed!r} is not <commit>:<tree>",
+                where=CLAIM_ENV,
+                fix="set it to the output of python -m bench.harness claim",
+            )
+        return commit, working_tree(root) != tree
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
         if sha.returncode:
@@ -92,14 +145,19 @@ def header(*, device: bool) -> dict[str, Any]:
     """The fields every result JSON starts with: ``date`` (:func:`now`), ``git_commit`` and
     ``git_dirty`` (:func:`git_commit`; null where unknown), ``git_diff_sha256`` (the
     digest of the uncommitted changes, :func:`git_diff_digest`; null where the tree is
-    clean), then with ``device`` the GPU's
+    clean; with :data:`CLAIM_ENV` set, the git tree id of the files measured), then with ``device`` the GPU's
     ``device`` name, the NVIDIA ``driver``, ``torch`` and the ``cuda`` torch was built
     with, else the CPU ``machine`` (:func:`machine`).
 
     ``device`` imports torch and needs CUDA (the device's name); without it nothing
     here imports torch."""
     commit, dirty = git_commit()
-    digest = git_diff_digest() if dirty else None
+    if os.environ.get(CLAIM_ENV):
+        # a copy with a stale .git: its diff against that .git's HEAD says nothing; the
+        # files' own tree id names what was measured
+        digest = working_tree() if dirty else None
+    else:
+        digest = git_diff_digest() if dirty else None
     res: dict[str, Any] = {"date": now(), "git_commit": commit, "git_dirty": dirty, "git_diff_sha256": digest}
     if not device:
         res["machine"] = machine()
@@ -646,3 +704,12 @@ def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None,
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
     return HFTarget(model, max_bs=max_bs, max_seqlen=HF_MAX_SEQLEN)
+
+
+if __name__ == "__main__":  # python -m bench.harness claim: the value of CAPTURE_PLAN_COMMIT for a run elsewhere
+    if sys.argv[1:] != ["claim"]:
+        sys.exit("usage: python -m bench.harness claim")
+    try:
+        print(claim())
+    except CapturePlanError as e:
+        sys.exit(str(e))

@@ -71,6 +71,42 @@ def test_a_dirty_checkout_is_recorded_with_the_digest_of_its_diff(tmp_path, monk
     assert h.git_diff_digest(tmp_path / "nowhere") is None
 
 
+def test_a_copy_with_a_stale_git_records_the_commit_it_claims_clean_only_if_its_files_are_that_commit(
+    tmp_path, monkeypatch
+):
+    """The lent GPU machine's copy of the tree keeps the .git of its first run: a result
+    there names the commit claimed for it (CAPTURE_PLAN_COMMIT from ``python -m
+    bench.harness claim``), clean only while its files, untracked ones too, are that commit's."""
+    (tmp_path / "here").mkdir()
+    root = _repo(tmp_path / "here")
+    claimed = h.claim(root)
+    commit, tree = claimed.split(":")
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
+    git = ["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (copy / "a.txt").write_text("two\n")
+    subprocess.run([*git, "commit", "-qam", "b"], check=True)  # the copy's .git moves on ...
+    (copy / "a.txt").write_text("one\n")  # ... and its files are the claimed commit's again
+    monkeypatch.setenv(h.CLAIM_ENV, claimed)
+    assert h.git_commit(copy) == (commit, False)
+    (copy / "new.txt").write_text("untracked\n")  # carried to the device like the rest: measured
+    assert h.git_commit(copy) == (commit, True)
+    monkeypatch.setenv(h.CLAIM_ENV, commit)
+    with pytest.raises(
+        h.InputError, match=r"not <commit>:<tree>.*fix: set it to the output of python -m bench.harness claim"
+    ):
+        h.git_commit(copy)
+    (root / "a.txt").write_text("changed\n")
+    with pytest.raises(h.DirtyTree, match="not HEAD's"):
+        h.claim(root)
+    assert (
+        tree
+        == subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+
+
 def test_a_dirty_result_is_written_into_the_results_only_when_allowed(tmp_path, monkeypatch):
     monkeypatch.setattr(h, "RESULTS", tmp_path / "results")
     res = {"date": "2026-12-02T00:00:00+00:00", "git_commit": "a" * 40, "git_dirty": True, "git_diff_sha256": "b" * 64}
