@@ -523,6 +523,11 @@ class LoopStep:
         recorded itself, without ``graph()`` (its pool is checked; its stream
         cannot be)."""
         loop = self._loop
+        if self.landed and self.pieces is not None:  # a piece the engine recorded itself (hold(graph=))
+            raise self._error(
+                f"the engine records a piece more than the {self.pieces} the plan's step has",
+                f"rebuild the plan with the engine's piece count (pieces in the phase's spec; it says {self.pieces})",
+            )
         if self.landed:
             raise self._error("the step's outputs are held already", "one hold() per step")
         if graph is not None:

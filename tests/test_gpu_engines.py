@@ -94,7 +94,7 @@ def _vllm(tmp_path, **kw):
 
     keeps = max(SIZES) * HIDDEN * 4  # hidden_states: the largest descriptor's tokens
     plan = vllm_plan(tmp_path, SIZES, keeps=keeps)
-    tokens = {"piecewise": 1, "full": 1, "full_ubatch": 1}
+    tokens = {"piecewise": 1, "full_decode": 1, "full_decode_ubatch": 1}
     model = ToyModel(tokens, max_tokens=max(SIZES), hidden=HIDDEN, device=_device())
     loop, runner = start_vllm(plan, model, SIZES, verified=True, **kw)
     return plan, model, loop, runner, keeps
@@ -114,7 +114,7 @@ def test_the_vllm_manager_s_pieces_and_full_graphs_replay_right_and_verify_clean
         assert report.warmup_kept_bytes == keeps == runner.manager.hidden_states.untyped_storage().nbytes()
         assert report.pool_bytes > 0 and report.pool_bytes == pool_reserved(gs.pools.values())
         model.x.normal_()
-        for name in ("full", "full_ubatch"):
+        for name in ("full_decode", "full_decode_ubatch"):
             for n in (2, 9, 32):
                 (out,) = gs.replay(name, n)
                 torch.testing.assert_close(out, model.expected_pieces(n))
@@ -123,7 +123,7 @@ def test_the_vllm_manager_s_pieces_and_full_graphs_replay_right_and_verify_clean
         result = verify(gs, checks=("interleave", "footprint"))
         assert result.ok, result.summary()
     finally:
-        runner.manager.release()
+        runner.release()
         gs.release()
 
 
@@ -137,8 +137,8 @@ def test_a_vllm_graph_made_outside_the_loop_is_counted_apart(tmp_path):
     def speculator(runner, streams):
         capture = runner.manager.capture
 
-        def capture_and_speculate(loop):
-            capture(loop)
+        def capture_and_speculate(model, loop):
+            capture(model, loop)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=vllm_runner.get_global_graph_pool()):
                 outside.append(torch.ones(1 << 20, device="cuda"))
@@ -153,7 +153,7 @@ def test_a_vllm_graph_made_outside_the_loop_is_counted_apart(tmp_path):
         assert report.pool_bytes == report.steps[-1].reserved
     finally:
         outside.clear()
-        runner.manager.release()
+        runner.release()
         loop.graphs.release()
 
 
@@ -166,19 +166,19 @@ def test_the_vllm_profiling_pass_answers_with_the_plan_and_leaves_nothing(tmp_pa
     from engines.toy import ToyModel
 
     plan = harness.vllm_plan(tmp_path, SIZES, keeps=max(SIZES) * HIDDEN * 4)
-    tokens = {"piecewise": 1, "full": 1, "full_ubatch": 1}
+    tokens = {"piecewise": 1, "full_decode": 1, "full_decode_ubatch": 1}
     model = ToyModel(tokens, max_tokens=max(SIZES), hidden=HIDDEN, device=_device())
     vllm_runner.reset_globals()
     runner = vllm_runner.GPUModelRunner(model, SIZES, ubatch_stream=torch.cuda.Stream())
     passes = []
     figure = vllm_runner.profile_cudagraph_memory(
-        runner, harness.vllm_profiling(plan, runner, model, {"full": 2, "full_ubatch": 0}, passes)
+        runner, harness.vllm_profiling(plan, runner, model, {"full_decode": 2, "full_decode_ubatch": 0}, passes)
     )
     (loop,) = passes
     assert figure == capture_memory(plan).bytes > 0
-    assert loop.graphs.report.profiling == {"piecewise": len(SIZES), "full": 2}
+    assert loop.graphs.report.profiling == {"piecewise": len(SIZES), "full_decode": 2}
     assert loop.graphs.report.pool_bytes > 0
     torch.cuda.synchronize()
     (throwaway,) = loop.engine_pools
     assert pool_reserved([throwaway]) == 0  # torn down: the throwaway pool holds nothing
-    assert runner.manager.graphs == {} and all(not w.entries for w in runner.manager.compiled.pieces)
+    assert runner.manager.graphs == {} and all(not w.concrete_cudagraph_entries for w in runner.manager.compiled.pieces)

@@ -1,7 +1,9 @@
-"""The engine plugins on the GPU: the SGLang- and vLLM-shaped runners of
-tests/plugin_engines.py capture the small reference model through the plugins with the
-real executor loop; every graph replays equal to an eager run, the loop's report is
-complete, and the plan's machine check is the real one. Run on the device:
+"""The engine plugins on the GPU: the engine-faithful runners of tests/engines/ as the
+engines ship them (the version before the adoption, under the engines' module paths:
+tests/engines/plugged.py) capture the toy model through the plugins with the real
+executor loop, real pools and the real machine check of the plan; every graph replays
+what the model computes, the loop's report is complete and the warm-up-kept buffers are
+measured by the allocator. Run on the device:
 ``python -m pytest -m gpu -q tests/test_gpu_plugins.py``."""
 
 from __future__ import annotations
@@ -11,80 +13,90 @@ import pytest
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
 
 pytestmark = pytest.mark.gpu
-SIZES = (1, 2, 4, 8)
+SIZES = [1, 2, 4, 8, 16, 32]
+HIDDEN = 256
 
 
-def _plan(tmp_path, order: str):
-    from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.schemas.codec import canonical_bytes
+def _device():
+    import torch
 
-    spec = tmp_path / "spec.toml"
-    # two layers of the embedded default model (a [model] names the preset for what it leaves out)
-    spec.write_text(
-        '[model]\npreset = "llama-3-8b"\nlayers = 2\n\n'
-        f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(SIZES)}\n'
-    )
-    plan = build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep", f"order={order}")))
-    path = tmp_path / "plan.json"
-    path.write_bytes(canonical_bytes(plan))
-    return path
-
-
-class Reference:
-    """The 2-layer reference decode step, as the runners call it: forward(bs)."""
-
-    def __init__(self):
-        import torch
-
-        from capture_plan.references.decode import ReferenceConfig, ReferenceModel
-        from capture_plan.schemas.spec import Model
-
-        self.model = ReferenceModel(ReferenceConfig(model=Model(layers=2), max_bs=max(SIZES)))
-        self.gen = torch.Generator(device="cuda")
-        self.gen.manual_seed(0)
-        self.model.prepare("decode", max(SIZES), max(SIZES), self.gen)
-
-    def forward(self, bs):
-        return self.model.run("decode", bs, None)
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def test_sglang_plugin_on_the_gpu(monkeypatch, tmp_path):
     import torch
 
-    from plugin_engines import sglang_engine
+    from engines import harness
+    from engines.plugged import plan_file, sglang_release
+    from engines.toy import ToyModel
 
-    runner_cls, backend_cls = sglang_engine(monkeypatch, fits=False)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan(tmp_path, "smallest-first")))
+    module = sglang_release(monkeypatch, tmp_path, fits=False)
+    plan = harness.sglang_plan(tmp_path, SIZES, strategies=("order=smallest-first",))
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     sgl_plugin.register()
-    ref = Reference()
-    runner = runner_cls(type("MR", (), {"tp_size": 1, "model_config": None})(), ref, SIZES)
-    runner.capture()
-    graphs = backend_cls.__capture_plan__.loop.graphs
-    assert [m.id for m in graphs.report.steps if m.id.startswith("capture/")] == [f"capture/decode/{n}" for n in SIZES]
-    for n in (1, 3, 8):
-        ref.model.prepare("decode", n, n, ref.gen)
-        (out,) = graphs.replay("decode", n)
-        assert torch.equal(out, ref.forward(n)[:n])
-    graphs.release()
+    tokens = {p.name: p.tokens_per_request for p in plan.phases}
+    model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), hidden=HIDDEN, device=_device())
+    module.reset_globals()
+    runners = harness.sglang_runners(module, model, SIZES)
+    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
+    engine = harness.SGLangEngine()
+    for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
+        engine.runners.append(runner)
+        runner.capture()
+    gs = module.FullCudaGraphBackend.__capture_plan__.loop.graphs
+    try:
+        assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+        (pool,) = gs.pools.values()
+        assert all(g.pool() == pool for g in engine.graphs.values())
+        model.x.normal_()
+        for lora in ("lora", "nolora"):
+            for att in ("a", "b"):
+                labels = {"lora": lora, "attention": att}
+                for n in (1, 3, 32):
+                    (out,) = gs.replay(gs.variant("decode", **labels), n)
+                    torch.testing.assert_close(out, model.expected("decode", n, labels))
+        (out,) = gs.replay("target_verify", 5)
+        torch.testing.assert_close(out, model.expected("target_verify", 5 * tokens["target_verify"]))
+    finally:
+        engine.cleanup()
+        gs.release()
 
 
 def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path):
     import torch
 
-    from plugin_engines import vllm_engine
+    from engines import harness
+    from engines.plugged import plan_file, vllm_release
+    from engines.toy import ToyModel
 
-    runner_cls, manager_cls = vllm_engine(monkeypatch, "cuda", fits=False)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan(tmp_path, "smallest-first")))
+    module = vllm_release(monkeypatch, tmp_path, fits=False)
+    hidden_bytes = max(SIZES) * HIDDEN * 4
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes, loras=["0", "1"], draft=True)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
-    ref = Reference()
-    config = type("C", (), {"parallel_config": None, "model_config": None, "sizes": SIZES})()
-    runner = runner_cls(config)
+    model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES) * harness.DRAFT_QUERY, hidden=HIDDEN, device=_device())
+    runner = harness.vllm_runner_of(module, model, SIZES, loras=[0, 1], draft=model)
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
     manager = runner.cudagraph_manager
-    manager.capture(ref)
-    graphs = manager_cls.__capture_plan__.loop.graphs
-    assert len([m for m in graphs.report.steps if m.id.startswith("capture/")]) == len(SIZES)
-    for desc, graph in manager.graphs.items():
-        ref.model.prepare("decode", desc.num_reqs, desc.num_reqs, ref.gen)
-        graph.replay()
-        assert torch.equal(manager.hidden_states[: desc.num_tokens], ref.forward(desc.num_tokens))
-    graphs.release()
+    try:
+        assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+        # the persistent hidden states, kept by the first warm-up, measured by the allocator
+        assert gs.report.warmup_kept_bytes == hidden_bytes == manager.hidden_states.untyped_storage().nbytes()
+        (pool,) = gs.pools.values()
+        assert all(g.pool() == pool for g in manager.graphs.values())
+        model.x.normal_()
+        for name in ("full_decode/lora=0", "full_decode/lora=1", "full_decode_ubatch/lora=0"):
+            for n in (2, 3, 32):
+                (out,) = gs.replay(name, n)
+                torch.testing.assert_close(out, model.expected_pieces(n))
+        gs.replay("draft_decode_full_decode", 16)
+        torch.testing.assert_close(runner.speculator.draft_tokens[:16], model.expected_pieces(16))
+        # a piece graph replays its piece: the last piece's output from the inputs it recorded with
+        wrapper = manager.compiled.pieces[-1]
+        entry = module.entry(wrapper, 32)
+        entry.cudagraph.replay()
+        torch.testing.assert_close(entry.output, wrapper.runnable(*entry.inputs))
+    finally:
+        runner.release()
+        gs.release()

@@ -1,25 +1,29 @@
-"""The engine plugins (capture_plan.adapters.plugins) on engine-shaped runners placed
-under the engines' module paths in this process (CUDA faked, tests/fake_cuda.py): the
-runners here have the released engines' class, method and parameter names
-(tests/test_engine_contract.py checks those against the wheels) and the shape of
-their capture (SGLang 0.5.23: capture_session -> _capture_one_stream over
-reversed(capture_bs) -> capture_one_shape -> FullCudaGraphBackend.capture_one with 2
-warm-ups and ``device_module.graph``; vLLM 0.33.0: CudaGraphManager.capture over
-largest-first FULL descriptors, a warm-up per descriptor that fills the persistent
-hidden-state buffer, ``torch.cuda.graph(graph, pool)``).
+"""The engine plugins (capture_plan.adapters.plugins) on the engine-faithful runners of
+tests/engines/, as the engines ship them (the version before the adoption, placed under
+the engines' module paths in this process: tests/engines/plugged.py), on CPU with CUDA
+faked (tests/fake_cuda.py).
 
-Checked: disabled, nothing changes; an unknown release, a missing plan and a plan for
-another TP size are refused with one line (or, where chosen, the engine captures as
-it does, with a warning); enabled, the engine's own loop captures in the plan's order,
-into the plan's pool, with its outputs held, and the loop's report is complete; a
-failure inside the engine's capture leaves no graph behind.
+SGLang 0.5.23: the target's decode runner with LoRA x attention variants, the target in
+verify mode and EAGLE's draft runners, each capture_session -> _capture_one_stream ->
+capture_one_shape -> FullCudaGraphBackend.capture_one (2 warm-ups, the recording through
+``device_module.graph``), made one after another into one loop. vLLM 0.33.0:
+GPUModelRunner.capture_model -> ModelCudaGraphManager.capture (PIECEWISE pieces through
+CUDAGraphWrapper, uniform-decode FULL graphs, their micro-batch twins on the micro-batch
+runner's stream, LoRA capture cases) -> the EAGLE speculator's draft prefill and draft
+decode managers; GPUModelRunner.profile_cudagraph_memory.
+
+Checked: disabled, nothing changes; an unknown release, a missing plan, a plan for another
+TP size or for other graphs, or in an order the engine cannot follow, is refused with one
+line before the first graph (or, where chosen, the engine captures as it does, with a
+warning); enabled, the engine's own loop captures every graph in the plan's order, into
+the plan's pool, its outputs held, each graph replaying what the model computes, and the
+loop's report is complete; a fault inside the engine's capture leaves no graph behind.
 """
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import logging
-import types
 from pathlib import Path
 
 import pytest
@@ -30,150 +34,167 @@ from capture_plan.adapters.plugins.hooks import hook
 # before the engines' runners, which import torch: a machine without it skips, naming it
 torch = pytest.importorskip("torch")
 
-from plugin_engines import sglang_engine, vllm_engine  # noqa: E402
+from engines import harness  # noqa: E402
+from engines.plugged import plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.toy import ToyModel  # noqa: E402
 
 CPU = torch.device("cpu")
-
-
-def _plan_file(tmp_path: Path, order: str = "smallest-first", sizes=(1, 2, 4, 8), phase="decode") -> Path:
-    from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.schemas.codec import canonical_bytes
-
-    spec = tmp_path / "spec.toml"
-    spec.write_text(f'[[phases]]\nname = "{phase}"\nkind = "decode"\nsizes = {list(sizes)}\n')
-    plan = build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep", f"order={order}")))
-    path = tmp_path / "plan.json"
-    path.write_bytes(canonical_bytes(plan))
-    return path
-
-
-class Model:
-    """out = x[:rows] * 2 + 1, a fresh tensor in the pool while a graph records."""
-
-    def __init__(self, fake, max_rows=64):
-        self.fake, self.x, self.calls = fake, torch.randn(max_rows, 4), []
-        self.fail_at: int | None = None
-
-    def forward(self, bs: int):
-        g = self.fake.recording
-        self.calls.append((bs, g is not None))
-        if g is not None and bs == self.fail_at:
-            raise ValueError("boom")
-        out = self.fake.pool_tensor(bs, 4) if g is not None else torch.empty(bs, 4)
-
-        def compute():
-            torch.add(self.x[:bs] * 2, 1, out=out)
-
-        compute()
-        if g is not None:
-            g.calls.append(compute)
-        return out
+SIZES = [1, 2, 4, 8]
+HIDDEN_BYTES = 8 * 8 * 4  # vLLM's persistent hidden_states: 8 tokens of 8 float32
 
 
 @pytest.fixture
 def cuda(fake, monkeypatch):
-    """The fake CUDA plus ``torch.cuda.graph`` (recording on the given stream)."""
-
-    @contextlib.contextmanager
-    def graph(cuda_graph, pool=None, stream=None, capture_error_mode="global"):
-        with torch.cuda.stream(stream):
-            cuda_graph.capture_begin(pool=pool)
-            try:
-                yield
-            finally:
-                cuda_graph.capture_end()
-
-    monkeypatch.setattr(torch.cuda, "graph", graph)
+    """The fake CUDA, the plugins' loops on the CPU."""
     monkeypatch.setattr(sgl_plugin, "LOOP_OPTIONS", {"device": CPU})
     monkeypatch.setattr(vllm_plugin, "LOOP_OPTIONS", {"device": CPU})
     return fake
 
 
-# -- SGLang 0.5.23, shaped (tests/plugin_engines.py) -------------------------------------------
+# -- SGLang 0.5.23 ------------------------------------------------------------------------------
 
 
-def _runner(cls, fake, tp=1, sizes=(1, 2, 4, 8)):
-    return cls(types.SimpleNamespace(tp_size=tp, model_config=None), Model(fake), sizes)
+def _sgl_model(plan, fake):
+    tokens = {p.name: p.tokens_per_request for p in plan.phases}
+    return ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
 
 
-def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch):
-    runner_cls, backend_cls = sglang_engine(monkeypatch)
-    before = dict(vars(runner_cls)), dict(vars(backend_cls))
+def _sgl_start(module, plan, model, sizes=SIZES):
+    """SGLang's start-up, the release's code: its runners made one after another (the
+    plan's phase order: the engine's), each capturing (capture_session, its own loop)."""
+    module.reset_globals()
+    runners = harness.sglang_runners(module, model, sizes)
+    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
+    runners.sort(key=lambda r: phases.index(r.phase))
+    engine = harness.SGLangEngine()
+    for runner in runners:
+        engine.runners.append(runner)
+        runner.capture()
+    return engine
+
+
+def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch, tmp_path):
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    classes = [module.DecodeCudaGraphRunner, module.FullCudaGraphBackend]
+    before = [dict(vars(c)) for c in classes]
     monkeypatch.delenv(core.ENV_PLAN, raising=False)
     sgl_plugin.register()
-    assert (dict(vars(runner_cls)), dict(vars(backend_cls))) == before
-    runner = _runner(runner_cls, cuda)
-    runner.capture()
-    assert [bs for bs, rec in runner.model.calls if rec] == [8, 4, 2, 1]  # SGLang's own order
+    assert [dict(vars(c)) for c in classes] == before
+    engine = _sgl_start(module, plan, _sgl_model(plan, cuda))
+    # SGLang's own order: per runner, sizes largest first, per LoRA variant, per attention variant
+    decode = next(r for r in engine.runners if r.phase == "decode")
+    assert list(decode.backend._graphs)[:4] == [(8, lv, av) for lv in ("lora", "nolora") for av in ("a", "b")]
+    assert sum(r.backend.warmup_runs for r in engine.runners) == 2 * len(engine.graphs)
+    engine.cleanup()
 
 
-def test_enabled_the_engines_loop_captures_in_the_plans_order_into_its_pool(cuda, monkeypatch, tmp_path):
-    runner_cls, backend_cls = sglang_engine(monkeypatch)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path, "smallest-first")))
+@pytest.mark.parametrize("order", ["largest-first", "smallest-first"])
+def test_sglang_captures_every_graph_key_through_the_plan(cuda, monkeypatch, tmp_path, order):
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES, strategies=(f"order={order}",))
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     sgl_plugin.register()
-    adoption = backend_cls.__capture_plan__
-    runner = _runner(runner_cls, cuda)
-    runner.capture()
-    # the runner's own loop, 2 warm-ups and a recording per size, in the plan's order
-    assert runner.model.calls == [(bs, rec) for bs in (1, 2, 4, 8) for rec in (False, False, True)]
-    assert runner.capture_bs == [1, 2, 4, 8]  # the engine's list is left as it was
-    graphs = adoption.loop.graphs  # the loop closed with the plan's last capture
-    assert [m.id for m in graphs.report.steps if m.id.startswith("capture/")] == [
-        f"capture/decode/{bs}" for bs in (1, 2, 4, 8)
-    ]
-    pool = graphs.pools[next(iter(graphs.pools))]
-    assert all(g.pool() == pool for g in runner.backend._graphs.values())
-    (out,) = graphs.replay("decode", 3)  # padded to 4, the engine's graph replayed
-    assert torch.equal(out, runner.model.x[:3] * 2 + 1)
-    assert torch.equal(runner.backend._outputs[(4, None)], runner.model.x[:4] * 2 + 1)
+    adoption = module.FullCudaGraphBackend.__capture_plan__
+    model = _sgl_model(plan, cuda)
+    engine = _sgl_start(module, plan, model)
+    gs = adoption.loop.graphs  # the loop closed with the plan's last capture (the last runner's)
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    # the engine's own loops, in the plan's order: each runner's graphs in its backend, in that order
+    captures = [s for s in plan.steps if s.op == "capture"]
+    assert len(engine.graphs) == len(gs.graphs) == len(captures) == 4 * 4 + 3 * 4
+    for runner in engine.runners:
+        want = [s.bs for s in captures if s.phase == runner.phase]
+        assert [k[0] for k in runner.backend._graphs] == want, runner.phase
+        assert runner.capture_bs == SIZES  # the engine's list is left as it was
+    # into the plan's pool, on the engine's one capture stream
+    (pool,) = gs.pools.values()
+    assert all(g.pool() == pool for g in engine.graphs.values())
+    assert all(g.stream == module._global_stream for g in engine.graphs.values())
+    # every key dispatched by its labels replays what the engine's graph computes
+    model.x.normal_()
+    for lora in ("lora", "nolora"):
+        for att in ("a", "b"):
+            labels = {"lora": lora, "attention": att}
+            for n in (1, 3, 8):
+                (out,) = gs.replay(gs.variant("decode", **labels), n)
+                assert torch.equal(out, model.expected("decode", n, labels)), (labels, n)
+    (out,) = gs.replay("draft_extend", 3)
+    assert torch.equal(out, model.expected("draft_extend", 12))
+    engine.cleanup()
+    gs.release()
 
 
-def test_a_plan_for_another_tp_size_refuses_the_first_capture_in_one_line(cuda, monkeypatch, tmp_path):
-    runner_cls, _ = sglang_engine(monkeypatch)
-    path = _plan_file(tmp_path)
+def test_sglang_a_plan_for_another_tp_size_refuses_the_first_capture_in_one_line(cuda, monkeypatch, tmp_path):
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    path = plan_file(tmp_path, plan)
     monkeypatch.setenv(core.ENV_PLAN, str(path))
     sgl_plugin.register()
-    runner = _runner(runner_cls, cuda, tp=2)
+    model = _sgl_model(plan, cuda)
+    runner = module.DecodeCudaGraphRunner(model, SIZES)
+    runner.model_runner = type("ModelRunner", (), {"tp_size": 2, "model_config": None})()
     with pytest.raises(core.PluginRefused) as err:
         runner.capture()
     line = str(err.value)
     assert "\n" not in line and f"{core.ENV_PLAN}={path}" in line
     assert "it is for TP 1, sglang runs TP 2" in line and "CAPTURE_PLAN_FALLBACK=engine" in line
-    assert runner.model.calls == []  # nothing captured
+    assert runner.backend._graphs == {} and runner.backend.warmup_runs == 0  # nothing captured
 
 
-def test_a_plan_for_another_tp_size_falls_back_with_a_warning_where_chosen(cuda, monkeypatch, tmp_path, caplog):
-    runner_cls, _ = sglang_engine(monkeypatch)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
+def test_sglang_falls_back_to_its_own_capture_with_a_warning_where_chosen(cuda, monkeypatch, tmp_path, caplog):
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     monkeypatch.setenv(core.ENV_FALLBACK, "engine")
     sgl_plugin.register()
-    runner = _runner(runner_cls, cuda, tp=2)
+    runner = module.DecodeCudaGraphRunner(_sgl_model(plan, cuda), SIZES)
+    runner.model_runner = type("ModelRunner", (), {"tp_size": 2, "model_config": None})()
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
         runner.capture()
-    assert [bs for bs, rec in runner.model.calls if rec] == [8, 4, 2, 1]  # SGLang's own capture, whole
+    assert [k[0] for k in runner.backend._graphs] == [8, 4, 2, 1]  # SGLang's own capture, whole
     assert "capturing as sglang does (CAPTURE_PLAN_FALLBACK=engine)" in caplog.text
+    runner.backend.cleanup()
 
 
-def test_a_runner_whose_sizes_are_not_the_plans_is_refused(cuda, monkeypatch, tmp_path):
-    runner_cls, _ = sglang_engine(monkeypatch)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
+def test_sglang_a_runner_whose_sizes_are_not_the_plans_is_refused(cuda, monkeypatch, tmp_path):
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     sgl_plugin.register()
-    runner = _runner(runner_cls, cuda, sizes=(1, 2, 4, 8, 16))
+    runner = module.DecodeCudaGraphRunner(_sgl_model(plan, cuda), [*SIZES, 16])
     with pytest.raises(core.PluginRefused, match=r"the decode runner captures sizes \[1, 2, 4, 8, 16\], the plan"):
         runner.capture()
 
 
-def test_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monkeypatch, tmp_path):
+def test_sglang_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monkeypatch, tmp_path):
     from capture_plan.executor import CaptureFailed
 
-    runner_cls, _ = sglang_engine(monkeypatch)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     sgl_plugin.register()
-    runner = _runner(runner_cls, cuda)
-    runner.model.fail_at = 4
-    with pytest.raises(CaptureFailed, match="capture/decode/4"):
-        runner.capture()
-    assert runner.backend._graphs == {} and runner.backend._outputs == {}  # the backend's cleanup ran
+    model = _sgl_model(plan, cuda)
+    forward = model.forward
+
+    def failing(phase, bs, labels=None):
+        if phase == "decode" and bs == 4 and cuda.recording is not None:
+            raise ValueError("boom")
+        return forward(phase, bs, labels)
+
+    model.forward = failing
+    engine = harness.SGLangEngine()
+    with pytest.raises(CaptureFailed, match=r"capture/decode/4/lora=lora,attention=a") as err:
+        module.reset_globals()
+        runners = harness.sglang_runners(module, model, SIZES)
+        phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
+        for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
+            engine.runners.append(runner)
+            runner.capture()
+    assert "boom" in str(err.value)
+    assert engine.graphs == {} and engine.outputs == {}  # every backend's cleanup ran
+    gc.collect()
+    assert cuda.snapshot() == []
 
 
 def _unknown_release(mp, tmp):
@@ -199,18 +220,32 @@ def _invalid_plan(mp, tmp):
     ids=["unknown-release", "missing-plan", "invalid-plan"],
 )
 def test_registration_refuses_start_up_with_one_line(cuda, monkeypatch, tmp_path, setup, says):
-    runner_cls, backend_cls = sglang_engine(monkeypatch)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
+    module = sglang_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.sglang_plan(tmp_path, SIZES))))
     setup(monkeypatch, tmp_path)
-    before = dict(vars(backend_cls))
+    before = dict(vars(module.FullCudaGraphBackend))
     with pytest.raises(SystemExit) as exit_:
         sgl_plugin.register()
     line = str(exit_.value.code)
     assert line.startswith("capture-plan: ") and says in line and "\n" not in line and "; fix: " in line
-    assert dict(vars(backend_cls)) == before  # nothing installed
+    assert dict(vars(module.FullCudaGraphBackend)) == before  # nothing installed
     monkeypatch.setenv(core.ENV_FALLBACK, "engine")
     sgl_plugin.register()  # the operator chose the engine's capture: a warning, nothing installed
-    assert dict(vars(backend_cls)) == before
+    assert dict(vars(module.FullCudaGraphBackend)) == before
+
+
+def test_vllm_refuses_a_release_it_does_not_know_in_one_line(cuda, monkeypatch, tmp_path):
+    module = vllm_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES))))
+    monkeypatch.setattr(core, "installed", lambda dist: "0.34.0")
+    before = dict(vars(module.CudaGraphManager))
+    with pytest.raises(SystemExit) as exit_:
+        vllm_plugin.register()
+    line = str(exit_.value.code)
+    assert line.startswith("capture-plan: ") and "\n" not in line
+    assert "vllm 0.34.0: the capture-plan plugin knows the hook points of vllm 0.33.0 only" in line
+    assert "fix: pip install vllm==0.33.0, or unset CAPTURE_PLAN_PLAN to capture as vllm does" in line
+    assert dict(vars(module.CudaGraphManager)) == before
 
 
 def test_a_bad_fallback_setting_is_one_line():
@@ -219,72 +254,267 @@ def test_a_bad_fallback_setting_is_one_line():
     assert core.settings({}) is None and core.settings({core.ENV_PLAN: " "}) is None
 
 
-# -- vLLM 0.33.0, shaped (tests/plugin_engines.py) ---------------------------------------------
+# -- vLLM 0.33.0 ---------------------------------------------------------------------------------
 
 
-def _vllm_config(tp=1, sizes=(1, 2, 4, 8)):
-    return types.SimpleNamespace(
-        parallel_config=types.SimpleNamespace(tensor_parallel_size=tp), model_config=None, sizes=sizes
-    )
+def _vllm_model(fake):
+    return ToyModel({"piecewise": 1}, max_tokens=max(SIZES) * harness.DRAFT_QUERY, fake=fake)
 
 
-def test_disabled_the_vllm_plugin_changes_nothing(cuda, monkeypatch):
-    runner_cls, manager_cls = vllm_engine(monkeypatch)
-    before = dict(vars(runner_cls)), dict(vars(manager_cls))
+def _vllm_runner(module, model, *, loras=None, draft=False):
+    return harness.vllm_runner_of(module, model, SIZES, loras=loras, draft=model if draft else None)
+
+
+def _classes(module):
+    return [module.CudaGraphManager, module.GPUModelRunner, module.CUDAGraphWrapper]
+
+
+def test_disabled_the_vllm_plugin_changes_nothing(cuda, monkeypatch, tmp_path):
+    module = vllm_release(monkeypatch, tmp_path)
+    before = [dict(vars(c)) for c in _classes(module)]
     monkeypatch.delenv(core.ENV_PLAN, raising=False)
     vllm_plugin.register()
-    assert (dict(vars(runner_cls)), dict(vars(manager_cls))) == before
+    assert [dict(vars(c)) for c in _classes(module)] == before
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    runner.capture_model()
+    # vLLM's own order: PIECEWISE, then FULL, each largest first, a twin right after its descriptor
+    F = module.CUDAGraphMode.FULL
+    assert [(d.num_tokens, d.num_ubatches) for d in runner.cudagraph_manager.graphs] == [
+        (8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2), (1, 1)
+    ]  # fmt: skip
+    assert all(d.cg_mode == F for d in runner.cudagraph_manager.graphs)
+    runner.release()
 
 
-def test_vllm_captures_its_full_graphs_in_the_plans_order_and_answers_the_estimate(cuda, monkeypatch, tmp_path):
-    runner_cls, manager_cls = vllm_engine(monkeypatch)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path, "smallest-first")))
+def _vllm_routed(cuda, monkeypatch, tmp_path, *, loras=None, draft=False, **plan_kw):
+    module = vllm_release(monkeypatch, tmp_path)
+    labels = [str(n) for n in loras] if loras else None
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES, loras=labels, draft=draft, **plan_kw)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
-    runner = runner_cls(_vllm_config())
-    # the plan is not calibrated for a device: its total is unknown, and the estimate is refused
-    with pytest.raises(core.PluginRefused, match=r"reserve for capture: unknown.*--calibration REPORT"):
-        runner.profile_cudagraph_memory()
-    model = Model(cuda)
+    model = _vllm_model(cuda)
+    runner = _vllm_runner(module, model, loras=loras, draft=draft)
+    return module, plan, model, runner
+
+
+def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_the_plan(cuda, monkeypatch, tmp_path):
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, loras=[0, 1], draft=True)
+    runner.capture_model()
+    adoption = module.CudaGraphManager.__capture_plan__
+    gs = adoption.loop.graphs  # closed: every plan key captured by vLLM's own managers
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    manager, spec = runner.cudagraph_manager, runner.speculator
+    # every graph the managers hold is one of the loop's, in the plan's pool
+    full = {(d.num_tokens, d.num_active_loras, d.num_ubatches) for d in manager.graphs}
+    assert full == {(n, lo, ub) for n in SIZES for lo in (0, 1) for ub in (1, 2) if ub == 1 or n >= 2}
+    assert {d.num_tokens for d in spec.prefill_cudagraph_manager.graphs} == {3, 6}
+    assert {d.num_tokens for d in spec.decode_cudagraph_manager.graphs} == set(SIZES)
+    (pool,) = gs.pools.values()
+    everything = [*manager.graphs.values(), *spec.prefill_cudagraph_manager.graphs.values()]
+    everything += [
+        e.cudagraph for w in module.CUDAGraphWrapper._all_instances for e in w.concrete_cudagraph_entries.values()
+    ]
+    assert len(everything) == len(gs.graphs) - len(spec.decode_cudagraph_manager.graphs)
+    assert all(g.pool() == pool for g in everything)
+    assert manager.pool == module.get_global_graph_pool() != pool  # vLLM's own, restored after
+    # a twin recorded on the micro-batch runner's stream, the rest on vLLM's capture stream
+    for desc, graph in manager.graphs.items():
+        want = runner.ubatch_runner.capture_stream if desc.num_ubatches > 1 else manager.capture_stream
+        assert graph.stream == want, desc
+    # three pieces a PIECEWISE key (the model's and the draft's), held as views
+    for lo in ("0", "1"):
+        for k in range(3):
+            cap = gs.graphs[(f"piecewise/lora={lo}#{k}", 8)]
+            assert cap.held == "view" and cap.graph is module.entry(manager.compiled.pieces[k], 8, int(lo)).cudagraph
+    assert all((f"draft_prefill_piecewise#{k}", 8) in gs.graphs for k in range(3))
+    # the persistent hidden states: the first warm-up's (declared, measured), every FULL graph's output
+    assert gs.report.warmup_kept_bytes == HIDDEN_BYTES == manager.hidden_states.untyped_storage().nbytes()
+    model.x.normal_()
+    for name in ("full_decode/lora=0", "full_decode/lora=1", "full_decode_ubatch/lora=1"):
+        for n in (2, 3, 8):
+            (out,) = gs.replay(name, n)
+            assert out.data_ptr() == manager.hidden_states.data_ptr()
+            assert torch.allclose(out, model.expected_pieces(n), atol=1e-6), (name, n)
+    # the LoRA capture hook ran per descriptor build with its LoRA count
+    assert {lo for lo, _, _ in manager.lora_calls} == {0, 1}
+    # the draft's graphs write into the speculator's buffer
+    gs.replay("draft_decode_full_decode", 4)
+    assert torch.allclose(spec.draft_tokens[:4], model.expected_pieces(4), atol=1e-6)
+    runner.release()
+    gs.release()
+
+
+def test_vllm_follows_a_plan_that_captures_smallest_first(cuda, monkeypatch, tmp_path):
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, order=("order=smallest-first",))
+    runner.capture_model()
     manager = runner.cudagraph_manager
-    manager.capture(model)
-    assert [bs for bs, rec in model.calls if rec] == [1, 2, 4, 8]  # vLLM's were largest-first
-    graphs = manager_cls.__capture_plan__.loop.graphs
-    assert len([m for m in graphs.report.steps if m.id.startswith("capture/")]) == 4
-    pool = next(iter(graphs.pools.values()))
-    assert manager.pool == pool and all(g.pool() == pool for g in manager.graphs.values())
-    assert [d.num_reqs for d in manager._capture_descs[next(iter(manager._capture_descs))]] == [8, 4, 2, 1]
+    P = module.CUDAGraphMode.PIECEWISE
+    # the plan's order within each mode (vLLM's is largest first); one warm-up at the
+    # largest first, as vLLM sizes its persistent hidden states from its first warm-up
+    warm = [(d.cg_mode, d.num_tokens) for d, w in manager.builds if w]
+    assert warm[:5] == [(P, 8), (P, 1), (P, 2), (P, 4), (P, 8)]
+    assert [d.num_tokens for d in manager.graphs] == [1, 2, 4, 8, 2, 4, 8]
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    model.x.normal_()
+    (out,) = gs.replay("full_decode", 3)
+    assert torch.allclose(out, model.expected_pieces(3), atol=1e-6)
+    runner.release()
+    gs.release()
 
 
-def test_vllm_answers_the_estimate_from_a_calibrated_plan(cuda, monkeypatch, tmp_path):
+def _without_twins(plan):
     import msgspec
 
-    from capture_plan.schemas.codec import canonical_bytes, decode_plan, seal
+    from capture_plan.schemas.codec import seal
 
-    runner_cls, _ = vllm_engine(monkeypatch)
-    path = _plan_file(tmp_path)
-    plan = decode_plan(path.read_bytes(), str(path))
-    # calibrated: every device item measured, the total their sum
+    steps = [s for s in plan.steps if s.phase != "full_decode_ubatch"]
+    steps = [msgspec.structs.replace(s, index=i) for i, s in enumerate(steps)]
+    timeline = [msgspec.structs.replace(m, step=i) for i, m in enumerate(plan.predicted.timeline[: len(steps)])]
+    phases = [p for p in plan.phases if p.name != "full_decode_ubatch"]
+    predicted = msgspec.structs.replace(plan.predicted, timeline=timeline)
+    edges = [e for e in plan.edges if "ubatch" not in e.src and "ubatch" not in e.dst]
+    return seal(msgspec.structs.replace(plan, steps=steps, phases=phases, predicted=predicted, edges=edges))
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["refuse", "fallback"])
+def test_vllm_refuses_a_plan_without_graphs_it_captures_before_the_first(cuda, monkeypatch, tmp_path, fallback, caplog):
+    module = vllm_release(monkeypatch, tmp_path)
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES)
+    path = plan_file(tmp_path, _without_twins(plan))
+    monkeypatch.setenv(core.ENV_PLAN, str(path))
+    if fallback:
+        monkeypatch.setenv(core.ENV_FALLBACK, "engine")
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    if not fallback:
+        with pytest.raises(core.PluginRefused) as err:
+            runner.capture_model()
+        line = str(err.value)
+        assert "\n" not in line and f"{core.ENV_PLAN}={path}" in line
+        assert "vllm captures 3 graphs the plan does not hold (full_decode_ubatch/8 tokens x2 micro-batches" in line
+        assert runner.cudagraph_manager.builds == [] and runner.cudagraph_manager.graphs == {}  # before the first
+        return
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        runner.capture_model()
+    assert "capturing as vllm does (CAPTURE_PLAN_FALLBACK=engine)" in caplog.text
+    assert len(runner.cudagraph_manager.graphs) == 7  # vLLM's own capture, whole
+    runner.release()
+
+
+def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(cuda, monkeypatch, tmp_path):
+    """vLLM records PIECEWISE before FULL: a plan with its FULL phase first is refused."""
+    from engines.plans import build, keyed
+
+    module = vllm_release(monkeypatch, tmp_path)
+    spec = harness.vllm_spec(SIZES)
+    first, rest = spec.split('[[phases]]\nname = "full_decode"')
+    plan = build(tmp_path, '[[phases]]\nname = "full_decode"' + rest + first, "warmup=every-size", "outputs=view")
+    plan = keyed(keyed(plan, "piecewise", pieces=3), "full_decode_ubatch", stream="ubatch", micro_batches=2)
+    assert [s.phase for s in plan.steps][0] == "full_decode"  # the planner keeps the spec's order
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    with pytest.raises(core.PluginRefused) as err:
+        runner.capture_model()
+    line = str(err.value)
+    assert "\n" not in line and "the plan captures capture/full_decode_ubatch/2 before capture/piecewise/8" in line
+    assert f"which vllm cannot follow ({vllm_plugin.ORDER})" in line and "then FULL" in vllm_plugin.ORDER
+    assert runner.cudagraph_manager.graphs == {}
+
+
+@pytest.mark.parametrize(
+    "pieces,message",
+    [
+        (4, r"capture/piecewise/8\): the engine's loop moved on to piecewise/4 after 3 of the step's 4 pieces"),
+        (2, r"capture/piecewise/8\): the engine records a piece more than the 2 the plan's step has"),
+    ],
+)
+def test_vllm_a_piece_count_that_differs_from_the_plans_leaves_no_graph(cuda, monkeypatch, tmp_path, pieces, message):
+    from capture_plan.executor import ExecutorError
+
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, pieces=pieces)
+    with pytest.raises(ExecutorError, match=message):
+        runner.capture_model()
+    assert runner.cudagraph_manager.graphs == {}
+    assert all(not w.concrete_cudagraph_entries for w in module.CUDAGraphWrapper._all_instances)
+    gc.collect()
+    assert cuda.snapshot() == []
+
+
+def test_vllm_a_warm_up_keeping_more_than_declared_names_the_step(cuda, monkeypatch, tmp_path):
+    from capture_plan.executor import ExecutorError
+
+    module = vllm_release(monkeypatch, tmp_path)
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES // 2)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    with pytest.raises(ExecutorError, match=r"warmup/piecewise/8\): the warm-up kept 256 B past its block"):
+        runner.capture_model()
+    assert runner.cudagraph_manager.graphs == {}
+
+
+@pytest.mark.parametrize("setting", ["sleep", "breakable"])
+def test_vllm_refuses_what_it_does_not_route_in_one_line(cuda, monkeypatch, tmp_path, setting):
+    module = vllm_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES))))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    if setting == "sleep":
+        runner.vllm_config.use_cumem_cudagraph_pool = True
+    else:
+        runner.cudagraph_manager.use_breakable_cg = True
+    says = "cuMem pool" if setting == "sleep" else "breakable PIECEWISE graphs"
+    with pytest.raises(core.PluginRefused, match=f"{says}.*the plugin does not route it") as err:
+        runner.capture_model()
+    assert "\n" not in str(err.value) and runner.cudagraph_manager.builds == []
+
+
+def _calibrated(plan):
+    import msgspec
+
+    from capture_plan.schemas.codec import seal
+
     items = [
         i if i.bytes is not None else msgspec.structs.replace(i, bytes=10 * 2**20, provenance="measured")
         for i in plan.predicted.device.items
     ]
-    total = sum(i.bytes for i in items)
-    device = msgspec.structs.replace(plan.predicted.device, items=items, total_bytes=total)
-    plan = seal(msgspec.structs.replace(plan, predicted=msgspec.structs.replace(plan.predicted, device=device)))
-    path.write_bytes(canonical_bytes(plan))
-    monkeypatch.setenv(core.ENV_PLAN, str(path))
-    vllm_plugin.register()
-    assert runner_cls(_vllm_config()).profile_cudagraph_memory() == total == vllm_plugin.plan_total(plan)
-    assert total > 30 * 2**20  # the pool's simulated bytes and the three items measured
+    device = msgspec.structs.replace(plan.predicted.device, items=items, total_bytes=sum(i.bytes for i in items))
+    return seal(msgspec.structs.replace(plan, predicted=msgspec.structs.replace(plan.predicted, device=device)))
 
 
-def test_vllm_refuses_a_plan_whose_sizes_are_not_its_descriptors(cuda, monkeypatch, tmp_path):
-    runner_cls, _ = vllm_engine(monkeypatch)
-    monkeypatch.setenv(core.ENV_PLAN, str(_plan_file(tmp_path)))
+def test_vllm_answers_its_estimate_from_the_plan(cuda, monkeypatch, tmp_path, caplog):
+    from capture_plan.schemas.keys import capture_memory
+
+    module = vllm_release(monkeypatch, tmp_path)
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES)
+    # not calibrated for a device: the figure is unknown, and the estimate is refused
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan, "raw.json")))
     vllm_plugin.register()
-    runner = runner_cls(_vllm_config(sizes=(1, 2, 4, 8, 16)))
-    with pytest.raises(core.PluginRefused, match=r"vLLM's FULL decode graphs are for \[1, 2, 4, 8, 16\] requests"):
-        runner.cudagraph_manager.capture(Model(cuda))
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    with pytest.raises(core.PluginRefused, match=r"reserve for capture: unknown.*--calibration REPORT"):
+        runner.profile_cudagraph_memory()
+    # calibrated: the plan's whole-capture figure, no profiling capture
+    module = vllm_release(monkeypatch, tmp_path)
+    calibrated = _calibrated(plan)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, calibrated)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    figure = runner.profile_cudagraph_memory()
+    assert figure == capture_memory(calibrated).bytes == vllm_plugin.plan_total(calibrated) > 30 * 2**20
+    assert runner.cudagraph_manager.builds == []  # nothing captured to answer it
+    runner.capture_model()  # then the capture, through the loop the estimate made
+    assert module.CudaGraphManager.__capture_plan__.loop.complete
+    runner.release()
+    # the operator's choice: vLLM's own estimate (its extrapolation: the fake's memory never moves)
+    module = vllm_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan, "raw.json")))
+    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        assert runner.profile_cudagraph_memory() == (7 - 1) * module.MIB
+    assert "vLLM profiles as it does" in caplog.text
 
 
 def test_the_entry_points_name_the_plugins_under_the_engines_groups():

@@ -14,8 +14,11 @@ before the first graph, and an error inside the loop releases everything it capt
 What is checked against the engine (:func:`check_plan`): the plan decodes and fits this
 machine (``capture_plan.executor.load``), its tensor-parallel size is the engine's, its
 model config (where the plan names one) is the engine's file byte for byte, and it has a
-phase for every runner that captures. Not checked: that the plan's sizes are the
-engine's: the engine layers compare them at the first capture of each phase.
+phase for every runner that captures. Where the engine layer can list every graph it will
+capture before the first (vLLM's descriptors: :class:`EngineKey`), :func:`match_keys`
+checks them against the plan's graph keys one for one, and that the plan's order is one
+the engine can follow (:attr:`EngineKey.rank`); otherwise the engine layer compares sizes
+at the first capture of each phase (SGLang's runners).
 
 Importing this module imports neither torch nor an engine.
 """
@@ -35,6 +38,7 @@ from capture_plan.adapters.plugins.hooks import KNOWN, HookPoint
 from capture_plan.schemas.errors import CapturePlanError
 
 if TYPE_CHECKING:
+    from capture_plan.schemas.keys import GraphKey
     from capture_plan.schemas.plan import Plan
 
 #: the setting that enables the plugins: the plan file
@@ -119,6 +123,36 @@ class EngineFacts:
     model_config: Path | None = None
     #: the phases of the runners that capture (plan phase names)
     phases: tuple[str, ...] = ()
+    #: every graph the engine will capture, where it knows them before the first (else empty)
+    keys: tuple[EngineKey, ...] = ()
+    #: how the engine orders its captures, for the refusal of a plan it cannot follow
+    order: str = ""
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """One graph the engine will capture, in the plan's terms: the engine layer names
+    the phase and labels (its own key, ``native``, kept for it), the plan's key is
+    found by (phase, tokens, labels, micro-batches) (:func:`match_keys`)."""
+
+    phase: str
+    #: tokens the graph runs (the plan's bs x the phase's tokens per request)
+    tokens: int
+    #: (axis, label) pairs, any order
+    labels: tuple[tuple[str, str], ...] = ()
+    micro_batches: int = 1
+    #: where the engine's loop puts it: a plan whose order decreases the rank cannot be followed
+    rank: tuple[int, ...] = ()
+    #: labels that mean "no variant" (vLLM's ``lora=0``): left out where the plan's phase
+    #: has no such axis, so a plan without LoRA axes matches an engine without LoRA
+    defaults: tuple[tuple[str, str], ...] = ()
+    #: the engine's own key (a vLLM descriptor and its manager)
+    native: Any = field(default=None, compare=False)
+
+    def text(self) -> str:
+        labels = ",".join(f"{a}={v}" for a, v in sorted(self.labels) if (a, v) not in self.defaults)
+        ub = f" x{self.micro_batches} micro-batches" if self.micro_batches != 1 else ""
+        return f"{self.phase}/{self.tokens} tokens{'/' + labels if labels else ''}{ub}"
 
 
 def load(s: Settings) -> Plan:
@@ -143,6 +177,48 @@ def load(s: Settings) -> Plan:
         ) from err
 
 
+def _few(items: list[str], n: int = 3) -> str:
+    more = f" and {len(items) - n} more" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def match_keys(plan: Plan, facts: EngineFacts) -> tuple[dict[EngineKey, GraphKey], list[str]]:
+    """The plan's graph key of each of ``facts.keys`` (matched by phase, tokens, labels and
+    micro-batches), and the problems: graphs the engine captures that the plan does not
+    hold, keys of the plan it does not capture, and the first pair the plan orders against
+    the engine's loop (``rank``). Engine-neutral; the engine layer makes the keys."""
+    from capture_plan.schemas.keys import phase_axes, step_key
+
+    plan_keys = [step_key(plan, s) for s in plan.steps if s.op == "capture"]
+    index = {(k.phase, k.tokens, frozenset(k.labels), k.micro_batches): k for k in plan_keys}
+    axes = {p.name: set(phase_axes(p)) for p in plan.phases}
+    matched: dict[EngineKey, GraphKey] = {}
+    extra, taken = [], set()
+    for e in facts.keys:
+        labels = frozenset(lv for lv in e.labels if lv[0] in axes.get(e.phase, ()) or lv not in e.defaults)
+        k = index.get((e.phase, e.tokens, labels, e.micro_batches))
+        if k is None or k in taken:
+            extra.append(e.text())
+            continue
+        taken.add(k)
+        matched[e] = k
+    missing = [k.id for k in plan_keys if k not in taken]
+    problems = []
+    if extra:
+        problems.append(f"{facts.engine} captures {len(extra)} graphs the plan does not hold ({_few(extra)})")
+    if missing:
+        problems.append(f"the plan holds {len(missing)} graph keys {facts.engine} does not capture ({_few(missing)})")
+    if not problems:
+        rank = {k: e.rank for e, k in matched.items()}
+        for a, b in zip(plan_keys, plan_keys[1:]):
+            if rank[b] < rank[a]:
+                problems.append(
+                    f"the plan captures {a.id} before {b.id}, which {facts.engine} cannot follow ({facts.order})"
+                )
+                break
+    return matched, problems
+
+
 def check_plan(plan: Plan, path: Path, facts: EngineFacts, env_problems: Iterable[str] = ()) -> None:
     """:class:`PluginRefused`, one line naming the plan, where ``plan`` is not this
     engine's: the machine (``env_problems``, from ``capture_plan.executor.load``), the
@@ -162,6 +238,8 @@ def check_plan(plan: Plan, path: Path, facts: EngineFacts, env_problems: Iterabl
     if missing:
         has = sorted(phases)
         problems.append(f"it has no phase {', '.join(missing)} ({facts.engine} captures it; the plan has {has})")
+    if facts.keys and not missing:
+        problems += match_keys(plan, facts)[1]
     if problems:
         raise PluginRefused(
             f"the plan is not this engine's: {'; '.join(problems)}",
@@ -189,9 +267,19 @@ class Adoption:
     fallback: bool = False
     current: Any = None
     holders: list = field(default_factory=list)
+    #: the facts the loop was made for (their keys matched to the plan's by the engine layer)
+    facts: EngineFacts | None = None
 
-    def begin(self, facts: EngineFacts, *, stream=None, env_problems: Callable[[Any], list[str]] | None = None):
-        """The loop, made at the first call; None when capture falls back to the engine's."""
+    def begin(
+        self,
+        facts: EngineFacts,
+        *,
+        stream=None,
+        env_problems: Callable[[Any], list[str]] | None = None,
+        options: Callable[[Any], dict] | None = None,
+    ):
+        """The loop, made at the first call; None when capture falls back to the engine's.
+        ``options(plan)``: more ``capture_loop`` keywords (the engine's streams)."""
         if self.loop is not None or self.fallback:
             return self.loop
         try:
@@ -204,7 +292,9 @@ class Adoption:
             self.fallback = True
             return None
         self.plan = plan
-        self.loop = self.make_loop(plan, stream=stream, on_failure=self._dropped)
+        self.facts = facts
+        more = options(plan) if options is not None else {}
+        self.loop = self.make_loop(plan, stream=stream, on_failure=self._dropped, **more)
         log.info("capture-plan: %s captures through %s", self.engine, self.settings.plan)
         return self.loop
 

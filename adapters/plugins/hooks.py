@@ -67,6 +67,9 @@ _SGL_RUNNER = "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py"
 _SGL_BACKEND = "sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py"
 _VLLM = "vllm", "0.33.0"
 _VLLM_CG = "vllm/v1/worker/gpu/cudagraph_utils.py"
+_VLLM_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
+_VLLM_PIECE = "vllm/compilation/cuda_graph.py"
+_VLLM_SPEC = "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/cudagraph_utils.py"
 
 #: every hook point, engine by engine
 HOOKS: tuple[HookPoint, ...] = (
@@ -225,7 +228,35 @@ HOOKS: tuple[HookPoint, ...] = (
         _VLLM_CG,
         "CudaGraphManager.capture",
         "(self, create_forward_fn, progress_bar_desc='Capturing CUDA graphs')",
-        "PIECEWISE then FULL, each largest-first, one warm-up each; replaced: the plan's order",
+        "PIECEWISE then FULL, each largest-first, one warm-up each; wrapped: the plan's order and steps",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "BatchExecutionDescriptor.num_active_loras",
+        "= 0",
+        "a LoRA variant of a graph (the plan's label lora=N)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "BatchExecutionDescriptor.num_ubatches",
+        "= 1",
+        "a micro-batch twin (the plan's phase ..._ubatch, its micro_batches)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager._init_candidates",
+        "(self)",
+        "fills _capture_descs: per mode, largest first, LoRA cases and micro-batch twins; read by the plugin",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager._maybe_ubatch_twin",
+        "(self, desc)",
+        "a FULL descriptor's micro-batch twin, right after it",
     ),
     HookPoint(
         *_VLLM,
@@ -259,6 +290,77 @@ HOOKS: tuple[HookPoint, ...] = (
     ),
     HookPoint(
         *_VLLM,
+        _VLLM_SPEC,
+        "SpeculatorCudaGraphManager",
+        "class",
+        "a speculator's manager (EAGLE's draft prefill and decode): its capture ends in CudaGraphManager.capture",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_SPEC,
+        "SpeculatorCudaGraphManager.capture",
+        "(self, forward_fn, model_state, input_buffers, block_tables, attn_groups, kv_cache_config, "
+        "progress_bar_desc='Capturing CUDA graphs', specialize_spec_tokens=False)",
+        "builds create_forward_fn for the draft and calls CudaGraphManager.capture",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_SPEC,
+        "SpeculatorBatchDescriptor.num_speculative_tokens",
+        "= 0",
+        "a dynamic speculator's graph per token count (the plan's label spec_tokens=N)",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+        "TargetDependentARSpeculator.init_cudagraph_manager",
+        "(self, cudagraph_mode)",
+        "makes prefill_cudagraph_manager and decode_cudagraph_manager (phases draft_prefill_*, draft_decode_*)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PIECE,
+        "CUDAGraphWrapper",
+        "class",
+        "a compiled piece of a PIECEWISE graph",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PIECE,
+        "CUDAGraphWrapper.__call__",
+        "(self, *args, **kwargs)",
+        "records the piece into self.graph_pool; wrapped: the plan's pool, the piece held by the step",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PIECE,
+        "CUDAGraphWrapper.clear_all_graphs",
+        "(cls)",
+        "drops every piece's graph: what a failed loop calls",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PIECE,
+        "CUDAGraphEntry.cudagraph",
+        "= None",
+        "a piece's graph (concrete_cudagraph_entries), handed to the step",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PIECE,
+        "CUDAGraphEntry.output",
+        "= None",
+        "a piece's output (weak references), held by the step as a view",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/config/vllm.py",
+        "VllmConfig.use_cumem_cudagraph_pool",
+        "(self)",
+        "sleep mode's cuMem graph pool: refused (graphs would not record into the plan's pool)",
+    ),
+    HookPoint(
+        *_VLLM,
         _VLLM_CG,
         "profile_cudagraph_memory",
         "(runner)",
@@ -287,17 +389,25 @@ HOOKS: tuple[HookPoint, ...] = (
     ),
     HookPoint(
         *_VLLM,
-        "vllm/v1/worker/gpu/model_runner.py",
-        "GPUModelRunner.capture_model",
-        "(self, *, profile_only=False)",
-        "empties the cache, captures encoder, model and speculator graphs, returns the free-memory drop",
+        _VLLM_RUNNER,
+        "GPUModelRunner",
+        "class",
+        "the V2 model runner (cudagraph_manager, speculator, ubatch_runner)",
     ),
     HookPoint(
         *_VLLM,
-        "vllm/v1/worker/gpu/model_runner.py",
+        _VLLM_RUNNER,
+        "GPUModelRunner.capture_model",
+        "(self, *, profile_only=False)",
+        "empties the cache, captures encoder, model and speculator graphs, returns the free-memory drop; "
+        "wrapped: the graphs checked against the plan's keys, one loop part",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_RUNNER,
         "GPUModelRunner.profile_cudagraph_memory",
         "(self)",
-        "the runner's entry to the estimate (calls profile_cudagraph_memory)",
+        "the runner's entry to the estimate (calls profile_cudagraph_memory); replaced: the plan's figure",
     ),
     HookPoint(
         *_VLLM,

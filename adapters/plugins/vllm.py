@@ -1,33 +1,53 @@
-"""The vLLM plugin: a ``vllm.general_plugins`` entry point (pyproject.toml) that routes the
-V2 GPU model runner's FULL graphs through a capture plan and answers its graph-memory
-estimate from the plan.
+"""The vLLM plugin: a ``vllm.general_plugins`` entry point (pyproject.toml) that routes
+what the V2 GPU model runner captures through a capture plan, and answers its
+graph-memory estimate from the plan.
 
 Enabled by ``CAPTURE_PLAN_PLAN`` (:mod:`.core`); unset, :func:`register` returns without
 touching vLLM. vLLM calls general plugins in every process and lets their exceptions
 stop it: a refusal is :class:`SystemExit` with the one line. Its hook points are rows of
-:mod:`.hooks` for the vLLM release installed (0.33.0). What it wraps:
+:mod:`.hooks` for the vLLM release installed (0.33.0); another release is refused,
+naming the ones it knows. What it wraps, on the classes:
 
-* ``CudaGraphManager.capture`` for a ``ModelCudaGraphManager`` (the model's graphs):
-  the FULL descriptors in the plan's order (vLLM's are largest-first; where the plan's
-  first is not the largest, one warm-up at the largest runs first, as vLLM sizes its
-  persistent output buffer from the first warm-up), recorded into the
-  plan's pool (``self.pool``), each descriptor one plan step (taken when vLLM prepares
-  its warm-up), and each graph handed to the step with the persistent hidden-state
-  buffer it copies into (``hold(graph=)``: the pool is checked; the stream, vLLM's own
-  per descriptor, is not). The uniform-decode FULL graphs are the plan's ``decode``
-  phase (``target_verify`` with speculative tokens), one per request count;
-* ``GPUModelRunner.profile_cudagraph_memory``: the plan's device total (:func:`plan_total`)
-  instead of a profiling capture; a plan without one
-  (not calibrated for a device) is refused (or, with ``CAPTURE_PLAN_FALLBACK=engine``,
-  vLLM profiles as it does).
+* ``GPUModelRunner.capture_model``: the first capture of the process lists every graph
+  the runner's managers will capture (the model's ``ModelCudaGraphManager`` and every
+  ``CudaGraphManager`` of the speculator, as vLLM's own profiling pass finds them), names
+  each in the plan's terms (:func:`engine_keys`) and checks them against the plan's graph
+  keys, one for one and in an order vLLM can follow (``core.match_keys``), before the
+  first graph; then the whole capture is one part of the plan's loop, which must be
+  complete when it returns. ``profile_only`` captures (vLLM's own estimate, where the
+  operator chose it) and captures after the loop closed (elastic EP's re-capture) are
+  vLLM's own, with a warning for the latter;
+* ``CudaGraphManager.capture`` (every manager: the model's, the speculator's
+  ``SpeculatorCudaGraphManager``): its descriptors iterated in the plan's order within
+  each mode (vLLM records PIECEWISE, then FULL), each descriptor one plan step taken at
+  its warm-up build (``create_forward_fn(desc, warmup=True)``), its warm-up run inside
+  ``step.warmup()`` where the plan declares what it keeps (the persistent hidden-state
+  buffer), a FULL graph recorded into the step's pool (``self.pool``) and handed to the
+  step with what it returns through (the model's hidden states; a speculator's graph
+  writes into its own buffers: None); ``hold(graph=)`` checks the pool;
+* ``CUDAGraphWrapper.__call__`` (a compiled piece): while a PIECEWISE step's forward
+  runs, each piece records into the step's pool and is held as the step's next piece, in
+  the order the pieces run; the plan's piece count is checked by the loop;
+* ``GPUModelRunner.profile_cudagraph_memory``: the plan's figure for the whole capture
+  (``capture_plan.adapters.profiling``) instead of a profiling capture; a plan without a
+  complete figure (not calibrated for a device) is refused (or, with
+  ``CAPTURE_PLAN_FALLBACK=engine``, vLLM profiles as it does).
 
-Not routed (left to vLLM, in the same pool): PIECEWISE graphs (recorded by torch.compile's
-wrappers), encoder graphs, the speculator's managers, LoRA variants and micro-batch twins
-(a plan with those refuses: the descriptors would not match the plan's sizes).
+The plan's phases for vLLM's descriptors (:func:`phase_of`): ``piecewise``,
+``full_decode`` (uniform-decode FULL graphs: ``tokens_per_request`` is the manager's
+query length), ``full_mixed``, each with ``_ubatch`` for a micro-batch twin (the phase's
+``micro_batches``), the speculator's prefixed ``draft_<manager>_`` (``draft_prefill_``,
+``draft_decode_``); a descriptor's LoRA count is label ``lora`` (``"0"``, ``"1"``...) and
+a dynamic speculator's token count label ``spec_tokens``, where the phase declares the axis.
+
+Not routed, refused up front: breakable PIECEWISE graphs (``VLLM_USE_BREAKABLE_CUDAGRAPH``)
+and sleep mode's cuMem graph pool. Not routed, left to vLLM: encoder graphs and a model
+state's inner graphs (they record outside the plan's keys).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +59,11 @@ ENGINE = "vllm"
 ADOPTION: core.Adoption | None = None
 #: extra ``capture_loop`` keywords (the CPU tests pass ``device``)
 LOOP_OPTIONS: dict[str, Any] = {}
+#: how vLLM orders its captures (the refusal of a plan it cannot follow)
+ORDER = "vLLM captures the model's graphs, then each speculator manager's; in each, PIECEWISE, then FULL"
+#: the plan stream a micro-batch twin records on (the micro-batch runner's capture stream)
+UBATCH_STREAM = "ubatch"
+_MODES = {"PIECEWISE": 0, "FULL": 1}
 
 
 def register() -> None:
@@ -47,11 +72,11 @@ def register() -> None:
     core.register(ENGINE, install)
 
 
-def _make_loop(plan, *, stream=None, on_failure=None):
+def _make_loop(plan, *, stream=None, on_failure=None, **options):
     from capture_plan.executor import capture_loop
 
     given = {"stream": stream} if stream is not None else {}
-    return capture_loop(plan, on_failure=on_failure, **given, **LOOP_OPTIONS)
+    return capture_loop(plan, on_failure=on_failure, **given, **{**LOOP_OPTIONS, **options})
 
 
 def _env_problems(plan) -> list[str]:
@@ -60,17 +85,85 @@ def _env_problems(plan) -> list[str]:
     return check_environment(plan, current_environment(tuple(plan.requires.modules)))
 
 
-def facts_of(vllm_config, phase: str | None) -> core.EngineFacts:
-    """TP size and the model's config.json from vLLM's config."""
+def _name(mode) -> str:
+    return str(getattr(mode, "name", mode))
+
+
+def phase_of(desc, prefix: str = "") -> str:
+    """The plan phase of a descriptor (module docstring), ``prefix`` the manager's."""
+    mode = _name(desc.cg_mode)
+    if mode == "PIECEWISE":
+        routine = "piecewise"
+    elif desc.uniform_token_count is not None or desc.max_query_len is not None:
+        routine = "full_decode"
+    else:
+        routine = "full_mixed"
+    return prefix + routine + ("_ubatch" if desc.num_ubatches > 1 else "")
+
+
+def labels_of(desc) -> tuple[tuple[str, str], ...]:
+    """A descriptor's labels: ``lora`` where it runs with LoRA, ``spec_tokens`` for a
+    dynamic speculator's (each also where the plan's phase declares the axis: :func:`engine_keys`)."""
+    out = [("lora", str(desc.num_active_loras))]
+    spec = getattr(desc, "num_speculative_tokens", None)
+    if spec is not None:
+        out.append(("spec_tokens", str(spec)))
+    return tuple(out)
+
+
+def managers(runner, manager_cls) -> list[tuple[str, Any]]:
+    """(phase prefix, manager) of every manager ``capture_model`` runs, in its order: the
+    runner's, then the speculator's ``CudaGraphManager`` attributes (as vLLM's
+    ``profile_cudagraph_memory`` finds them: ``prefill_cudagraph_manager`` ->
+    ``draft_prefill_``, ``cudagraph_manager`` -> ``draft_``)."""
+    out = [("", runner.cudagraph_manager)] if runner.cudagraph_manager is not None else []
+    speculator = getattr(runner, "speculator", None)
+    if speculator is not None:
+        for name, value in vars(speculator).items():
+            if isinstance(value, manager_cls):
+                role = name.removesuffix("cudagraph_manager").strip("_")
+                out.append((f"draft_{role}_" if role else "draft_", value))
+    return out
+
+
+def engine_keys(runner, manager_cls) -> tuple[core.EngineKey, ...]:
+    """Every graph the runner's managers will capture, in the plan's terms (``lora=0``
+    a default: a plan without LoRA axes matches an engine without LoRA)."""
+    keys = []
+    for m, (prefix, manager) in enumerate(managers(runner, manager_cls)):
+        for mode, descs in manager._capture_descs.items():
+            for desc in descs:
+                rank = (m, _MODES.get(_name(mode), 2))
+                keys.append(
+                    core.EngineKey(
+                        phase_of(desc, prefix),
+                        desc.num_tokens,
+                        labels_of(desc),
+                        desc.num_ubatches,
+                        rank,
+                        defaults=(("lora", "0"),),
+                        native=(manager, desc),
+                    )
+                )
+    return tuple(keys)
+
+
+def facts_of(vllm_config, keys: tuple[core.EngineKey, ...] = ()) -> core.EngineFacts:
+    """TP size and the model's config.json from vLLM's config; the graphs it will capture."""
     tp = getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1
     model = getattr(getattr(vllm_config, "model_config", None), "model", None)
     config = Path(model) / "config.json" if isinstance(model, str) and Path(model).is_dir() else None
-    return core.EngineFacts(ENGINE, tp=int(tp), model_config=config, phases=(phase,) if phase else ())
+    return core.EngineFacts(ENGINE, tp=int(tp), model_config=config, keys=keys, order=ORDER)
 
 
-def phase_of(manager) -> str:
-    """The plan phase of a manager's uniform-decode FULL graphs."""
-    return "target_verify" if getattr(manager, "decode_query_len", 1) > 1 else "decode"
+def _unroutable(runner, manager_cls) -> str | None:
+    """What the plugin does not route, by the runner's settings (None: everything)."""
+    if getattr(runner.vllm_config, "use_cumem_cudagraph_pool", False):
+        return "sleep mode records graphs into its cuMem pool, not the plan's"
+    for prefix, manager in managers(runner, manager_cls):
+        if getattr(manager, "use_breakable_cg", False):
+            return f"the {prefix or 'model'} manager records breakable PIECEWISE graphs (VLLM_USE_BREAKABLE_CUDAGRAPH)"
+    return None
 
 
 def install(s: core.Settings, version: str) -> core.Adoption:
@@ -78,119 +171,191 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     global ADOPTION
     manager_cls = core.resolve(hook(ENGINE, version, "CudaGraphManager"))
     model_manager_cls = core.resolve(hook(ENGINE, version, "ModelCudaGraphManager"))
-    runner_cls = _owner(version)
+    wrapper_cls = core.resolve(hook(ENGINE, version, "CUDAGraphWrapper"))
+    runner_cls = core.resolve(hook(ENGINE, version, "GPUModelRunner"))
     if getattr(manager_cls, "__capture_plan__", None) is not None:
         return manager_cls.__capture_plan__
     adoption = core.Adoption(s, ENGINE, make_loop=_make_loop)
     ADOPTION = adoption
-    capture, profile = manager_cls.capture, runner_cls.profile_cudagraph_memory
+    capture, capture_model = manager_cls.capture, runner_cls.capture_model
+    profile, call = runner_cls.profile_cudagraph_memory, wrapper_cls.__call__
+    where = f"{core.ENV_PLAN}={s.plan}"
+    #: per manager (by id): descriptor -> the plan's graph key, while capture_model routes
+    routes: dict[int, dict] = {}
+    #: the PIECEWISE step whose pieces the wrappers record, while its forward runs
+    piece: list = []
+
+    def streams(runner):
+        def options(plan) -> dict:
+            declared = {st.stream for st in plan.steps if st.op == "capture"} - {"capture"}
+            ubatch = getattr(getattr(runner, "ubatch_runner", None), "capture_stream", None)
+            return {"streams": {UBATCH_STREAM: ubatch}} if UBATCH_STREAM in declared and ubatch is not None else {}
+
+        return options
+
+    def refusal(what: str, fix: str) -> core.PluginRefused:
+        return core.PluginRefused(what, where=where, fix=fix)
+
+    def capture_model_routed(self, *, profile_only=False):
+        if profile_only:  # vLLM's own estimate (the operator chose it): its throwaway capture
+            return capture_model(self, profile_only=profile_only)
+        if adoption.loop is not None and adoption.loop.complete:
+            core.log.warning("capture-plan: vLLM captures again after the plan's capture; its own capture records it")
+            return capture_model(self, profile_only=profile_only)
+        why = _unroutable(self, manager_cls)
+        if why is not None:
+            err = refusal(f"{why}; the plugin does not route it", f"turn it off, or {core.ENV_FALLBACK}=engine")
+            if s.fallback != "engine":
+                raise err
+            core.log.warning("capture-plan: %s; capturing as vLLM does", err)
+            return capture_model(self, profile_only=profile_only)
+        facts = facts_of(self.vllm_config, engine_keys(self, manager_cls))
+        made_before = adoption.loop is not None  # by the estimate, without the keys
+        loop = adoption.begin(facts, env_problems=_env_problems, options=streams(self))
+        if loop is None:
+            return capture_model(self, profile_only=profile_only)
+        matched, problems = core.match_keys(adoption.plan, facts)
+        if problems and made_before:
+            raise refusal(
+                f"the plan is not this engine's: {'; '.join(problems)}",
+                f"build the plan for vLLM's graphs (planner build ... -o {s.plan})",
+            )
+        routes.clear()
+        for e, k in matched.items():
+            manager, desc = e.native
+            routes.setdefault(id(manager), {})[desc] = k
+        holder = _Holder(self, manager_cls, wrapper_cls)
+        if holder not in adoption.holders:
+            adoption.holders.append(holder)
+        try:
+            with loop.part():
+                out = capture_model(self, profile_only=profile_only)
+            if not loop.complete:
+                loop.close()  # names the plan's first step vLLM did not capture, everything released
+        finally:
+            routes.clear()
+        return out
 
     def capture_routed(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs"):
-        full = next((m for m in self._capture_descs if getattr(m, "name", "") == "FULL"), None)
-        if not isinstance(self, model_manager_cls) or full is None:
+        route = routes.get(id(self))
+        if route is None:
             return capture(self, create_forward_fn, progress_bar_desc)
-        phase = phase_of(self)
-        loop = adoption.begin(facts_of(self.vllm_config, phase), env_problems=_env_problems)
-        if loop is None:
-            return capture(self, create_forward_fn, progress_bar_desc)
-        descs = self._capture_descs[full]
-        by_reqs = {d.num_reqs: d for d in descs}
-        order = loop.sizes(phase)
-        if len(by_reqs) != len(descs) or sorted(by_reqs) != sorted(order):
-            raise core.PluginRefused(
-                f"vLLM's FULL {phase} graphs are for {sorted(d.num_reqs for d in descs)} requests, "
-                f"the plan's for {sorted(order)}",
-                where=f"{core.ENV_PLAN}={s.plan}",
-                fix="build the plan with vLLM's sizes (a graph per request count, no LoRA or micro-batch twins)",
-            )
-        saved = self._capture_descs[full], self.pool
-        self._capture_descs[full] = [by_reqs[n] for n in order]
-        self.pool = loop.pool(next(st.pool for st in adoption.plan.steps if st.op == "capture" and st.phase == phase))
-        if _Holder(self) not in adoption.holders:
-            adoption.holders.append(_Holder(self))
+        order = {d: i for i, d in enumerate(sorted(route, key=lambda d: _index(adoption.plan, route[d])))}
+        saved = {mode: list(descs) for mode, descs in self._capture_descs.items()}, self.pool
+        for descs in self._capture_descs.values():
+            descs.sort(key=order.__getitem__)
         pending: list = []
 
         def hold_pending() -> None:
             if pending:
                 desc, step = pending.pop()
-                step.hold(self.hidden_states[: desc.num_tokens], graph=self.graphs[desc])
+                out = self.hidden_states[: desc.num_tokens] if isinstance(self, model_manager_cls) else None
+                step.hold(out, graph=self.graphs[desc])
 
         def create(desc, warmup):
-            if warmup and desc.cg_mode == full:
-                hold_pending()
-                pending.append((desc, adoption.step(phase, desc.num_reqs, {})))
-            return create_forward_fn(desc, warmup)
+            hold_pending()
+            if not warmup:  # the recording's build: into the step's pool
+                step = adoption.current
+                self.pool = step.pool
+                if _name(desc.cg_mode) == "FULL":
+                    pending.append((desc, step))
+                return create_forward_fn(desc, warmup)
+            k = route[desc]
+            step = adoption.step(k.phase, k.bs, dict(k.labels))
+            forward_fn = create_forward_fn(desc, warmup)
+
+            def routed(cg_mode):
+                if _name(cg_mode) == "PIECEWISE":
+                    piece.append(step)
+                    try:
+                        return forward_fn(cg_mode)
+                    finally:
+                        piece.clear()
+                kept = step.warmup() if step.keeps is not None else contextlib.nullcontext()
+                with kept:
+                    return forward_fn(cg_mode)
+
+            return routed
 
         try:
-            with loop.part():
-                if order[0] != max(order):
-                    # vLLM sizes its persistent hidden-state buffers from the first FULL warm-up:
-                    # a plan that captures a smaller size first gets its warm-up at the largest
-                    # (the plan's once-per-phase warm-up step) before it
-                    largest = by_reqs[max(order)]
-                    create_forward_fn(largest, True)(getattr(type(full), "NONE", None))
-                capture(self, create, progress_bar_desc)
-                hold_pending()
+            descs = sorted((d for ds in self._capture_descs.values() for d in ds), key=order.__getitem__)
+            largest = max(descs, key=lambda d: d.num_tokens, default=None)
+            if isinstance(self, model_manager_cls) and self.hidden_states is None and descs and descs[0] != largest:
+                # vLLM sizes the persistent hidden states from its first warm-up (its largest
+                # descriptor's); a plan that starts smaller gets one warm-up at the largest first
+                create_forward_fn(largest, True)(type(largest.cg_mode)["NONE"])
+            capture(self, create, progress_bar_desc)
+            hold_pending()
         finally:
-            self._capture_descs[full] = saved[0]
+            self._capture_descs.update(saved[0])
+            self.pool = saved[1]
+
+    def call_routed(self, *args, **kwargs):
+        if not piece:
+            return call(self, *args, **kwargs)
+        step = piece[0]
+        before = {k for k, e in self.concrete_cudagraph_entries.items() if e.cudagraph is not None}
+        saved, self.graph_pool = self.graph_pool, step.pool
+        try:
+            out = call(self, *args, **kwargs)
+        finally:
+            self.graph_pool = saved
+        for k, e in self.concrete_cudagraph_entries.items():
+            if k not in before and e.cudagraph is not None:  # this call recorded the piece
+                step.hold(e.output, graph=e.cudagraph, ragged=True)
+        return out
 
     def profile_routed(self):
-        manager = getattr(self, "cudagraph_manager", None)
-        loop = adoption.begin(
-            facts_of(self.vllm_config, phase_of(manager) if manager is not None else None), env_problems=_env_problems
-        )
+        loop = adoption.begin(facts_of(self.vllm_config), env_problems=_env_problems, options=streams(self))
         if loop is None:
             return profile(self)
-        total = plan_total(adoption.plan)
-        if total is None:
-            err = core.PluginRefused(
+        from capture_plan.adapters.profiling import profile_cudagraph_memory
+        from capture_plan.schemas.keys import capture_memory
+
+        if not capture_memory(adoption.plan).complete:
+            err = refusal(
                 "the plan does not say what capture takes from the device (reserve for capture: unknown)",
-                where=f"{core.ENV_PLAN}={s.plan}",
-                fix="calibrate it from a capture report of this device (planner build ... --calibration REPORT)",
+                "calibrate it from a capture report of this device (planner build ... --calibration REPORT)",
             )
             if s.fallback != "engine":
                 raise err
             core.log.warning("capture-plan: %s; vLLM profiles as it does", err)
             return profile(self)
-        return int(total)
+        return profile_cudagraph_memory(plan=adoption.plan)
 
     manager_cls.capture = capture_routed
+    runner_cls.capture_model = capture_model_routed
     runner_cls.profile_cudagraph_memory = profile_routed
+    wrapper_cls.__call__ = call_routed
     manager_cls.__capture_plan__ = adoption
     return adoption
 
 
-def plan_total(plan) -> int | None:
-    """What capture takes from the device by the plan: ``schemas.keys.capture_memory``
-    where this checkout has it (per graph key, issue 28), else ``predicted.device.total_bytes``;
-    None while an item is unknown (a plan not calibrated for a device)."""
-    import importlib
+def _index(plan, key) -> int:
+    """The plan's position of a graph key (its capture step's index)."""
+    return next(st.index for st in plan.steps if st.op == "capture" and st.id == key.id)
 
-    try:
-        keys = importlib.import_module("capture_plan.schemas.keys")
-    except ImportError:
-        return getattr(getattr(plan.predicted, "device", None), "total_bytes", None)
-    memory = keys.capture_memory(plan)
+
+def plan_total(plan) -> int | None:
+    """What capture takes from the device by the plan (``schemas.keys.capture_memory``);
+    None while an item is unknown (a plan not calibrated for a device)."""
+    from capture_plan.schemas.keys import capture_memory
+
+    memory = capture_memory(plan)
     return int(memory.bytes) if memory.complete else None
 
 
-def _owner(version: str):
-    """The runner class (the owner of ``GPUModelRunner.profile_cudagraph_memory``)."""
-    import importlib
-
-    h = hook(ENGINE, version, "GPUModelRunner.profile_cudagraph_memory")
-    return getattr(importlib.import_module(h.module), h.name.split(".")[0])
-
-
 class _Holder:
-    """A manager as the adoption's holder: a failed loop drops its graphs (vLLM's own
-    ``release_graphs``)."""
+    """A runner as the adoption's holder: a failed loop drops every manager's graphs
+    (vLLM's own ``release_graphs``) and the pieces (``CUDAGraphWrapper.clear_all_graphs``)."""
 
-    def __init__(self, manager):
-        self.manager = manager
+    def __init__(self, runner, manager_cls, wrapper_cls):
+        self.runner, self.manager_cls, self.wrapper_cls = runner, manager_cls, wrapper_cls
 
     def __eq__(self, other):
-        return isinstance(other, _Holder) and other.manager is self.manager
+        return isinstance(other, _Holder) and other.runner is self.runner
 
     def cleanup(self) -> None:
-        self.manager.release_graphs()
+        for _, manager in managers(self.runner, self.manager_cls):
+            manager.release_graphs()
+        self.wrapper_cls.clear_all_graphs()

@@ -20,12 +20,13 @@ LORA = {"lora": ["lora", "nolora"], "attention": ["a", "b"]}
 
 
 # -- SGLang --------------------------------------------------------------------------
-def sglang_plan(tmp_path, sizes, *, keeps=None):
+def sglang_plan(tmp_path, sizes, *, keeps=None, strategies=()):
     """The EAGLE reference's four phases at ``sizes``, a warm-up before every
     key, decode keyed by LoRA x attention variants (the spec's ``variants``, the
     planner expanding them); ``keeps``: size -> bytes each decode warm-up keeps
     (FullCudaGraphBackend's reused output: the toy's bytes, set by
-    :func:`engines.plans.keyed` on a plan built without variants)."""
+    :func:`engines.plans.keyed` on a plan built without variants);
+    ``strategies``: more build strategies (``order=smallest-first``)."""
     from capture_plan.references.speculative import spec_toml
 
     spec = spec_toml(sizes)
@@ -34,7 +35,7 @@ def sglang_plan(tmp_path, sizes, *, keeps=None):
     head = f'name = "decode"\nkind = "decode"\nsizes = {sorted(set(sizes))}\n'
     assert head in spec
     axes = ", ".join(f"{axis} = {labels!r}".replace("'", '"') for axis, labels in LORA.items())
-    return build(tmp_path, spec.replace(head, head + f"variants = {{ {axes} }}\n"), "warmup=every-size")
+    return build(tmp_path, spec.replace(head, head + f"variants = {{ {axes} }}\n"), "warmup=every-size", *strategies)
 
 
 def sglang_runners(module, model, sizes, reuse=False):
@@ -113,24 +114,55 @@ class SGLangTarget:
 
 
 # -- vLLM ------------------------------------------------------------------------------
-def vllm_spec(sizes) -> str:
+#: the speculator's draft prefill query length (EagleSpeculator: num_speculative_steps + 1)
+DRAFT_QUERY = 3
+
+
+def draft_sizes(sizes) -> list[int]:
+    """The draft prefill manager's uniform-decode requests: each size rounded up to
+    the query length, within the largest size (vLLM's _init_candidates)."""
+    return sorted({-(-n // DRAFT_QUERY) for n in sizes if -(-n // DRAFT_QUERY) * DRAFT_QUERY <= max(sizes)})
+
+
+def vllm_spec(sizes, *, draft: bool = False) -> str:
+    """vLLM's phases (the plugin's names, tests/engines/vllm_runner.desc_key): the model's
+    PIECEWISE, uniform-decode FULL and FULL micro-batch twins; with ``draft`` the EAGLE
+    speculator's draft prefill PIECEWISE and FULL (DRAFT_QUERY tokens a request) and its
+    draft decode FULL."""
     twins = [n for n in sizes if n >= 2]
-    return (
+    spec = (
         f'[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
-        f'[[phases]]\nname = "full"\nkind = "full"\nsizes = {list(sizes)}\n'
-        f'[[phases]]\nname = "full_ubatch"\nkind = "full"\nsizes = {twins}\n'
+        f'[[phases]]\nname = "full_decode"\nkind = "full"\nsizes = {list(sizes)}\n'
+        f'[[phases]]\nname = "full_decode_ubatch"\nkind = "full"\nsizes = {twins}\n'
     )
+    if draft:
+        spec += (
+            f'[[phases]]\nname = "draft_prefill_piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
+            f'[[phases]]\nname = "draft_prefill_full_decode"\nkind = "full"\nsizes = {draft_sizes(sizes)}\n'
+            f"tokens_per_request = {DRAFT_QUERY}\n"
+            f'[[phases]]\nname = "draft_decode_full_decode"\nkind = "full"\nsizes = {list(sizes)}\n'
+        )
+    return spec
 
 
-def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None):
+def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None, loras=None, draft=False, order=()):
     """PIECEWISE (``pieces`` a key), FULL, and the FULL micro-batch twins on
-    stream "ubatch", each largest first, outputs as views; ``keeps``: bytes the
-    first warm-up keeps (the persistent hidden_states: the first warm-up of all,
-    the largest PIECEWISE descriptor's, run as NONE, stores its output)."""
-    plan = build(tmp_path, vllm_spec(sizes), "warmup=every-size", "outputs=view")
-    plan = keyed(plan, "piecewise", pieces=pieces, keeps={max(sizes): keeps} if keeps is not None else None)
-    plan = keyed(plan, "full")
-    return keyed(plan, "full_ubatch", stream="ubatch", micro_batches=2)
+    stream "ubatch", each largest first (``order``: more build strategies), outputs
+    as views; ``keeps``: bytes the first warm-up keeps (the persistent hidden_states:
+    the first warm-up of all, the largest PIECEWISE descriptor's, run as NONE, stores
+    its output); ``loras``: the model's phases keyed by label ``lora`` (vLLM's LoRA
+    capture cases, e.g. ["0", "1"]); ``draft``: the speculator's phases too."""
+    plan = build(tmp_path, vllm_spec(sizes, draft=draft), "warmup=every-size", "outputs=view", *order)
+    variants = {"lora": list(loras)} if loras else None
+    first = max(sizes) if not order else plan.steps[0].bs
+    plan = keyed(
+        plan, "piecewise", pieces=pieces, keeps={first: keeps} if keeps is not None else None, variants=variants
+    )
+    plan = keyed(plan, "full_decode", variants=variants)
+    plan = keyed(plan, "full_decode_ubatch", stream="ubatch", micro_batches=2, variants=variants)
+    if draft:
+        plan = keyed(plan, "draft_prefill_piecewise", pieces=pieces)
+    return plan
 
 
 class VLLMTarget:
@@ -141,12 +173,16 @@ class VLLMTarget:
         self.runner, self.model = runner, model
 
     def run(self, phase, bs, ws):
-        manager = self.runner.manager
-        if "#" in phase:
-            wrapper = manager.compiled.pieces[int(phase.rsplit("#", 1)[1])]
-            out = wrapper.runnable(*wrapper.entries[bs].inputs)
+        manager = self.runner.cudagraph_manager
+        base, _, piece = phase.partition("#")
+        name, _, suffix = base.partition("/")
+        labels = dict(pair.split("=") for pair in suffix.split(",")) if suffix else {}
+        compiled = self.runner.speculator.compiled if name.startswith("draft_") else manager.compiled
+        if piece:
+            wrapper = compiled.pieces[int(piece)]
+            out = wrapper.runnable(*vllm_runner.entry(wrapper, bs, int(labels.get("lora", 0))).inputs)
             return out if isinstance(out, torch.Tensor) else out[0]
-        return manager.compiled(self.model.x[:bs])
+        return compiled(self.model.x[:bs])
 
     def prepare(self, phase, n, bs, generator):
         self.model.prepare(phase, n, bs, generator)
@@ -155,28 +191,34 @@ class VLLMTarget:
         pass
 
 
-def start_vllm(plan, model, sizes, *, configure=None, verified=False, **kw):
-    """vLLM's start-up: the runner (its manager, compiled pieces, global pool,
-    capture stream and micro-batch stream), then capture_model in one loop
-    (``verified``: with :class:`VLLMTarget` as the loop's target, for verify).
+def vllm_runner_of(module, model, sizes, *, loras=None, draft=None):
+    """vLLM's runner of ``module`` (the adopted runner, or the version before the
+    adoption that the plugin routes): its manager, compiled pieces, global pool,
+    capture stream, micro-batch stream, LoRA capture cases (``loras``: ints) and
+    speculator (``draft``: the draft model)."""
+    module.reset_globals()
+    return module.GPUModelRunner(model, sizes, ubatch_stream=torch.cuda.Stream(), lora_capture_cases=loras, draft=draft)
+
+
+def start_vllm(plan, model, sizes, *, configure=None, verified=False, loras=None, draft=None, **kw):
+    """vLLM's start-up: the runner (:func:`vllm_runner_of`), then capture_model in one
+    loop (``verified``: with :class:`VLLMTarget` as the loop's target, for verify).
     Returns (loop, runner)."""
     from capture_plan.executor import capture_loop
 
-    vllm_runner.reset_globals()
-    ubatch = torch.cuda.Stream()
-    runner = vllm_runner.GPUModelRunner(model, sizes, ubatch_stream=ubatch)
-    streams = {"ubatch": ubatch}
+    runner = vllm_runner_of(vllm_runner, model, sizes, loras=loras, draft=draft)
+    streams = {"ubatch": runner.ubatch_runner.capture_stream}
     if configure is not None:
         configure(runner, streams)
     if verified:
         kw["target"] = VLLMTarget(runner, model)
     loop = capture_loop(
         plan,
-        stream=runner.manager.capture_stream,
+        stream=runner.cudagraph_manager.capture_stream,
         streams=streams,
         pools={"shared": vllm_runner.get_global_graph_pool()},
         device=model.device,
-        on_failure=runner.manager.release,
+        on_failure=runner.release,
         **kw,
     )
     with loop:
@@ -192,11 +234,11 @@ def vllm_profiling(plan, runner, model, profiling, passes: list):
     def loop_for(throwaway):
         loop = capture_loop(
             plan,
-            stream=runner.manager.capture_stream,
-            streams={"ubatch": runner.manager.ubatch_stream},
+            stream=runner.cudagraph_manager.capture_stream,
+            streams={"ubatch": runner.ubatch_runner.capture_stream},
             pools={"shared": throwaway},
             device=model.device,
-            on_failure=runner.manager.release,
+            on_failure=runner.release,
             profiling=profiling,
         )
         passes.append(loop)

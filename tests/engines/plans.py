@@ -64,7 +64,9 @@ def keyed(
                 if orig.op == "warmup" and keeps and orig.bs in keeps:
                     fields["keeps"] = keeps[orig.bs]
             index = len(steps)
-            new = msgspec.structs.replace(orig, index=index, id=step_id(orig.op, orig.phase, orig.bs, labels), **fields)
+            # another phase's step keeps its id (labels a call before gave it)
+            sid = step_id(orig.op, orig.phase, orig.bs, labels) if orig.phase == phase else orig.id
+            new = msgspec.structs.replace(orig, index=index, id=sid, **fields)
             ids.setdefault(orig.id, new.id)
             steps.append(new)
             timeline.append(msgspec.structs.replace(by_index[orig.index], step=index))

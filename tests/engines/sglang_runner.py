@@ -22,7 +22,7 @@ Facts from the released wheel (sglang==0.5.23; this code is our own):
   ``reuse_output_buffer`` it keeps warm-up step 1's output, allocates one
   output buffer like it (``_allocate_output_buffer``) and copies every
   capture's output into its leading rows (``_copy_output_to_buffer``); it
-  records ``torch.cuda.graph(cuda_graph=graph, pool=self._pool,
+  records ``self._device_module.graph(cuda_graph=graph, pool=self._pool,
   stream=self._capture_stream)`` and stores graph and output under the shape
   key; ``cleanup`` resets and drops them.
 * ``runner_utils/pool.py`` ``get_or_create_global_graph_capture_stream``: one
@@ -42,8 +42,17 @@ backend warms up, records and holds through the step.
 from __future__ import annotations
 
 import contextlib
+import enum
 
 import torch
+
+
+class ForwardMode(enum.Enum):
+    """forward_batch_info.py's capture modes of the decode runner."""
+
+    DECODE = 1
+    TARGET_VERIFY = 2
+
 
 _global_pool = None
 _global_stream = None
@@ -90,7 +99,9 @@ def _copy_output_to_buffer(output, buffer):
 class FullCudaGraphBackend:
     """One ``torch.cuda.CUDAGraph`` per shape key, in the global pool, on the capture stream."""
 
-    def __init__(self, *, reuse_output_buffer: bool = False, tp_barrier=None):
+    def __init__(self, cuda_graph_runner=None, *, reuse_output_buffer: bool = False, tp_barrier=None):
+        self._cuda_graph_runner = cuda_graph_runner
+        self._device_module = torch.cuda  # cuda_graph_runner.device_module
         self._graphs: dict = {}
         self._outputs: dict = {}
         self._pool = None
@@ -117,7 +128,7 @@ class FullCudaGraphBackend:
         # - for warmup_step in range(2):
         with step.warmup():  # +
             for warmup_step in range(step.warmups):  # + was range(2)
-                torch.cuda.synchronize()
+                self._device_module.synchronize()
                 self._tp_barrier()
                 output = forward_fn()
                 self.warmup_runs += 1
@@ -132,7 +143,7 @@ class FullCudaGraphBackend:
             self._reuse_output_buffer = self._output_buffer is not None
         del warmup_output
         graph = torch.cuda.CUDAGraph()
-        # - with torch.cuda.graph(cuda_graph=graph, pool=self._pool, stream=self._capture_stream):
+        # - with self._device_module.graph(cuda_graph=graph, pool=self._pool, stream=self._capture_stream):
         with step.graph(graph, pool=self._pool, stream=self._capture_stream):  # +
             out = forward_fn()
             if self._reuse_output_buffer:
@@ -173,9 +184,13 @@ class DecodeCudaGraphRunner:
         phase: str | None = None,
     ):
         self.model, self.capture_bs = model, list(capture_bs)
-        self.backend = FullCudaGraphBackend(reuse_output_buffer=reuse_output_buffer)  # its own; the pool is global
+        # its own backend (resolve_decode_backend(self)); the pool is global
+        self.backend = FullCudaGraphBackend(self, reuse_output_buffer=reuse_output_buffer)
         if phase is not None:  # the target runner in verify mode (captured_req_width draft tokens a request)
             self.phase = phase
+        self.capture_forward_mode = (
+            ForwardMode[self.phase.upper()] if self.phase.upper() in ForwardMode.__members__ else None
+        )
         self.record_nolora_graph = record_nolora_graph
         self.attention_labels = tuple(attention_labels) if attention_labels else None
         self.captured_req_width = captured_req_width

@@ -1,35 +1,52 @@
 """vLLM 0.33.0's graph capture (the V2 model runner), adopted onto ``capture_loop``.
 
-Facts from the released wheel (vllm==0.33.0; this code is our own):
+Facts from the released wheel (vllm==0.33.0; this code is our own, its class,
+method and parameter names the release's where the plugin hooks them):
 
 * ``v1/worker/gpu/cudagraph_utils.py``: graphs are keyed by
   ``BatchExecutionDescriptor`` (cg_mode, num_tokens, num_reqs,
   uniform_token_count, max_query_len, num_active_loras, num_ubatches);
-  ``CudaGraphManager._init_candidates`` sorts each mode's descriptors largest
-  first, a micro-batch twin (``_maybe_ubatch_twin``: num_ubatches > 1) right
-  after its FULL descriptor. ``CudaGraphManager.capture(create_forward_fn)``,
-  inside ``graph_capture(device)``: every PIECEWISE descriptor, then every FULL
-  one; per descriptor ``create_forward_fn(desc, warmup=True)`` and one eager
-  run (``forward_fn(CUDAGraphMode.NONE)``); a PIECEWISE descriptor then runs
-  ``forward_fn(CUDAGraphMode.PIECEWISE)`` (the piece wrappers record); a FULL
-  one builds again with ``warmup=False`` and records ``torch.cuda.graph(graph,
-  pool, stream=self._capture_stream(desc))`` (a twin on the micro-batch
-  runner's stream) into ``self.pool = current_platform.get_global_graph_pool()``.
-  With ``_max_full_descs_to_capture`` set (the profiling pass) FULL is capped
-  at the first descriptors.
-* ``ModelCudaGraphManager.capture``: ``store_capture_output`` allocates the
-  persistent ``hidden_states`` buffer on first use, in a warm-up run (every
-  warm-up runs as NONE and stores its output: the first is the largest
-  PIECEWISE descriptor's), and copies every FULL graph's output into it; a
-  PIECEWISE forward returns None.
+  ``CudaGraphManager._init_candidates``: per capture size and LoRA case
+  (``lora_capture_cases``), a uniform-decode descriptor of the decode mode
+  (num_tokens rounded up to the query length) and a mixed one of the mixed
+  mode, each FULL one followed by its micro-batch twin
+  (``_maybe_ubatch_twin``: num_ubatches > 1); each mode's list sorted
+  largest first (a stable sort: a twin stays right after its FULL
+  descriptor). ``CudaGraphManager.capture(create_forward_fn,
+  progress_bar_desc)``, inside ``graph_capture(device)``: every PIECEWISE
+  descriptor, then every FULL one; per descriptor ``create_forward_fn(desc,
+  warmup=True)`` and one eager run (``forward_fn(CUDAGraphMode.NONE)``); a
+  PIECEWISE descriptor then runs ``forward_fn(CUDAGraphMode.PIECEWISE)`` (the
+  piece wrappers record); a FULL one builds again with ``warmup=False`` and
+  records ``torch.cuda.graph(graph, pool, stream=self._capture_stream(desc))``
+  (a twin on the micro-batch runner's ``capture_stream``) into ``self.pool =
+  current_platform.get_global_graph_pool()``. With
+  ``_max_full_descs_to_capture`` set (the profiling pass) FULL is capped at
+  the first descriptors.
+* ``ModelCudaGraphManager.capture``: ``create_forward_fn`` calls the LoRA
+  capture hook, and ``store_capture_output`` allocates the persistent
+  ``hidden_states`` buffer on first use, in a warm-up run (every warm-up runs
+  as NONE and stores its output: the first is the largest PIECEWISE
+  descriptor's), and copies every FULL graph's output into it; a PIECEWISE
+  forward returns None. Then ``super().capture(create_forward_fn, ...)``.
+* ``spec_decode/target_dependent_ar``: the EAGLE speculator's
+  ``prefill_cudagraph_manager`` (the model's modes, query length
+  ``num_speculative_steps + 1``) and ``decode_cudagraph_manager``
+  (FULL_DECODE_ONLY, query length 1), each a ``SpeculatorCudaGraphManager``
+  whose ``capture(forward_fn, ...)`` ends in ``CudaGraphManager.capture``; the
+  draft's FULL graphs write into the speculator's buffers.
+* ``model_runner.py`` ``GPUModelRunner.capture_model(*, profile_only=False)``:
+  the model manager's capture, then the speculator's; returns the free
+  memory it took.
 * ``vllm/compilation/cuda_graph.py`` ``CUDAGraphWrapper.__call__``: each
-  compiled piece records its own graph, ``torch.cuda.graph(cudagraph,
-  pool=self.graph_pool, stream=current_stream())`` into the global pool, the
-  last piece's output made a weak reference inside the capture
-  (``weak_ref_output=is_last_graph``, compilation/backends.py), every entry's
-  output kept as ``weak_ref_tensors(output)``; attention runs eagerly between
-  pieces (vLLM's attention op writes into an output buffer the piece before
-  allocated).
+  compiled piece records its own graph per batch descriptor
+  (``concrete_cudagraph_entries``, a ``CUDAGraphEntry`` with ``cudagraph`` and
+  ``output``), ``torch.cuda.graph(cudagraph, pool=self.graph_pool,
+  stream=current_stream())`` into the global pool, the last piece's output
+  made a weak reference inside the capture (``weak_ref_output``), every
+  entry's output kept as ``weak_ref_tensors(output)``; attention runs eagerly
+  between pieces (vLLM's attention op writes into an output buffer the piece
+  before allocated).
 * ``cudagraph_utils.py`` ``profile_cudagraph_memory(runner)``, before the KV
   cache: points the global pool, the manager and every wrapper at one
   throwaway pool, caps FULL at ``_FULL_GRAPH_PROFILING_SAMPLES`` (2), runs
@@ -40,10 +57,11 @@ Facts from the released wheel (vllm==0.33.0; this code is our own):
 
 The adoption: each added line ends with ``# +``, each removed one stays as a
 ``# - `` comment (tests/engines/adoption.py counts them and runs the version
-before). The manager iterates its own descriptors in the plan's order (the
-plan's keys: a profiling pass's subset), the wrappers record each piece
-through the step, and the profiling pass is a declared partial pass whose
-answer is the plan's figure.
+before; the engine plugin, tests/test_plugins.py, routes that version). The
+manager iterates its own descriptors in the plan's order (the plan's keys: a
+profiling pass's subset), the wrappers record each piece through the step,
+and the profiling pass is a declared partial pass whose answer is the plan's
+figure. Phases: :func:`desc_key`, as the plugin names them.
 """
 
 from __future__ import annotations
@@ -51,6 +69,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import itertools
 
 import torch
 
@@ -66,6 +85,11 @@ class CUDAGraphMode(enum.IntEnum):
     FULL = 2
 
 
+#: (decode mode, mixed mode) of vLLM's compound modes
+FULL_AND_PIECEWISE = (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE)
+FULL_DECODE_ONLY = (CUDAGraphMode.FULL, CUDAGraphMode.NONE)
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchExecutionDescriptor:
     cg_mode: CUDAGraphMode
@@ -77,12 +101,26 @@ class BatchExecutionDescriptor:
     num_ubatches: int = 1
 
 
-def desc_key(desc: BatchExecutionDescriptor) -> tuple[str, int]:
-    """The plan's graph key of a descriptor: its mode (a micro-batch twin its own
-    phase, on its own stream) and its token count."""
+@dataclasses.dataclass(frozen=True)
+class BatchDescriptor:
+    """vllm.forward_context's: what a piece wrapper keys its graphs by."""
+
+    num_tokens: int
+    num_active_loras: int = 0
+
+
+def desc_key(desc: BatchExecutionDescriptor, prefix: str = "", loras: bool = False):
+    """The plan's graph key of a descriptor, as the plugin names it: phase
+    (``piecewise``, ``full_decode``, ``full_mixed``, ``_ubatch`` for a twin, the
+    speculator's managers prefixed), size (requests for a uniform-decode graph,
+    else tokens) and labels (``lora`` where the manager captures LoRA cases)."""
     if desc.cg_mode == CUDAGraphMode.PIECEWISE:
-        return ("piecewise", desc.num_tokens)
-    return ("full_ubatch" if desc.num_ubatches > 1 else "full", desc.num_tokens)
+        phase = "piecewise"
+    else:
+        phase = "full_decode" if desc.uniform_token_count is not None else "full_mixed"
+    phase = prefix + phase + ("_ubatch" if desc.num_ubatches > 1 else "")
+    bs = desc.num_reqs if desc.uniform_token_count is not None else desc.num_tokens
+    return phase, bs, ((("lora", str(desc.num_active_loras)),) if loras else ())
 
 
 _global_graph_pool = None
@@ -117,6 +155,7 @@ def weak_ref_tensors(x):
 class _ForwardContext:
     num_tokens: int
     cudagraph_runtime_mode: CUDAGraphMode
+    batch_descriptor: BatchDescriptor | None = None
     step: object = None  # +
 
 
@@ -124,12 +163,12 @@ _forward_context: _ForwardContext | None = None
 
 
 @contextlib.contextmanager
-# - def set_forward_context(num_tokens, cudagraph_runtime_mode):
-def set_forward_context(num_tokens, cudagraph_runtime_mode, step=None):  # +
+# - def set_forward_context(num_tokens, cudagraph_runtime_mode, batch_descriptor=None):
+def set_forward_context(num_tokens, cudagraph_runtime_mode, batch_descriptor=None, step=None):  # +
     global _forward_context
     old = _forward_context
-    # - _forward_context = _ForwardContext(num_tokens, cudagraph_runtime_mode)
-    _forward_context = _ForwardContext(num_tokens, cudagraph_runtime_mode, step)  # +
+    # - _forward_context = _ForwardContext(num_tokens, cudagraph_runtime_mode, batch_descriptor)
+    _forward_context = _ForwardContext(num_tokens, cudagraph_runtime_mode, batch_descriptor, step)  # +
     try:
         yield
     finally:
@@ -137,50 +176,52 @@ def set_forward_context(num_tokens, cudagraph_runtime_mode, step=None):  # +
 
 
 @dataclasses.dataclass
-class _Entry:
-    graph: object = None
+class CUDAGraphEntry:
+    batch_descriptor: BatchDescriptor
+    cudagraph: object = None
     output: object = None
     #: weak views of the inputs it was recorded with (vLLM keeps their addresses)
     inputs: tuple = ()
 
 
 class CUDAGraphWrapper:
-    """A compiled piece: records its graph per token count in PIECEWISE mode, replays it after."""
+    """A compiled piece: records its graph per batch descriptor in PIECEWISE mode, replays it after."""
 
     _all_instances: list = []
 
     def __init__(self, runnable, *, weak_ref_output: bool):
         self.runnable, self.weak_ref_output = runnable, weak_ref_output
         self.graph_pool = get_global_graph_pool()
-        self.entries: dict[int, _Entry] = {}
+        self.concrete_cudagraph_entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
         CUDAGraphWrapper._all_instances.append(self)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         ctx = _forward_context
         if ctx is None or ctx.cudagraph_runtime_mode != CUDAGraphMode.PIECEWISE:
-            return self.runnable(*args)
-        entry = self.entries.get(ctx.num_tokens)
-        if entry is not None:
-            entry.graph.replay()
+            return self.runnable(*args, **kwargs)
+        key = ctx.batch_descriptor
+        entry = self.concrete_cudagraph_entries.get(key)
+        if entry is not None and entry.cudagraph is not None:
+            entry.cudagraph.replay()
             return entry.output
-        entry = _Entry(inputs=tuple(weak_ref_tensors(a) for a in args))
-        graph = torch.cuda.CUDAGraph()
-        # - with torch.cuda.graph(graph, pool=self.graph_pool, stream=torch.cuda.current_stream()):
-        with ctx.step.graph(graph, pool=self.graph_pool, stream=torch.cuda.current_stream()):  # +
-            output = self.runnable(*args)
+        entry = self.concrete_cudagraph_entries[key] = CUDAGraphEntry(key, inputs=tuple(map(weak_ref_tensors, args)))
+        cudagraph = torch.cuda.CUDAGraph()
+        # - with torch.cuda.graph(cudagraph, pool=self.graph_pool, stream=torch.cuda.current_stream()):
+        with ctx.step.graph(cudagraph, pool=self.graph_pool, stream=torch.cuda.current_stream()):  # +
+            output = self.runnable(*args, **kwargs)
             if self.weak_ref_output:
                 output = weak_ref_tensors(output)
         ctx.step.hold(output)  # +
-        entry.output, entry.graph = weak_ref_tensors(output), graph
-        self.entries[ctx.num_tokens] = entry
+        entry.output, entry.cudagraph = weak_ref_tensors(output), cudagraph
         return output
 
     @classmethod
     def clear_all_graphs(cls) -> None:
         for wrapper in cls._all_instances:
-            for entry in wrapper.entries.values():
-                entry.graph.reset()
-            wrapper.entries.clear()
+            for entry in wrapper.concrete_cudagraph_entries.values():
+                if entry.cudagraph is not None:
+                    entry.cudagraph.reset()
+            wrapper.concrete_cudagraph_entries.clear()
 
 
 class PiecewiseModel:
@@ -210,87 +251,113 @@ class PiecewiseModel:
             x = buf
 
 
-class ModelCudaGraphManager:
-    """cudagraph_utils.py's CudaGraphManager + ModelCudaGraphManager, FULL_AND_PIECEWISE."""
+def entry(wrapper: CUDAGraphWrapper, num_tokens: int, loras: int = 0) -> CUDAGraphEntry:
+    """A piece's entry for a token count (the tests read it)."""
+    return wrapper.concrete_cudagraph_entries[BatchDescriptor(num_tokens, loras)]
 
-    def __init__(self, model, capture_sizes, *, ubatch_stream=None, max_num_reqs: int | None = None):
-        self.model = model
-        self.compiled = PiecewiseModel(model)
+
+@dataclasses.dataclass
+class UBatchRunner:
+    """The micro-batch runner: what the manager reads of it (its capture stream)."""
+
+    capture_stream: object
+
+
+class CudaGraphManager:
+    """cudagraph_utils.py's CudaGraphManager: descriptors, the capture loop, the pool."""
+
+    def __init__(
+        self,
+        capture_sizes,
+        cudagraph_mode=FULL_AND_PIECEWISE,
+        decode_query_len: int = 1,
+        *,
+        max_num_reqs: int | None = None,
+        lora_capture_cases=None,
+        ubatch_runner: UBatchRunner | None = None,
+    ):
+        self.capture_sizes = sorted(capture_sizes)
         self.max_num_reqs = max_num_reqs or max(capture_sizes)
+        self.cudagraph_mode, self.decode_query_len = cudagraph_mode, decode_query_len
+        self.lora_capture_cases = list(lora_capture_cases or [0])
+        self.ubatch_runner = ubatch_runner
         self.graphs: dict = {}
         self.pool = get_global_graph_pool()
-        self.hidden_states = None
-        self.ubatch_stream = ubatch_stream
+        self.use_breakable_cg = False
         self._max_full_descs_to_capture = None
         self._capture_mem_samples = None
+        self._capture_descs: dict = {}
         #: (descriptor, warmup) of every forward build, in order (the tests read it)
         self.builds: list = []
-        self._capture_descs = self._init_candidates(sorted(capture_sizes))
+        self._init_candidates()
 
-    def _init_candidates(self, sizes):
-        descs = {CUDAGraphMode.PIECEWISE: [], CUDAGraphMode.FULL: []}
-        for n in sizes:
-            full = BatchExecutionDescriptor(CUDAGraphMode.FULL, n, min(n, self.max_num_reqs), uniform_token_count=1)
-            descs[CUDAGraphMode.FULL].append(full)
-            if self.ubatch_stream is not None and n >= 2:  # _maybe_ubatch_twin
-                descs[CUDAGraphMode.FULL].append(dataclasses.replace(full, num_ubatches=2))
-            descs[CUDAGraphMode.PIECEWISE].append(BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, n, None))
-        for mode_descs in descs.values():
+    def _maybe_ubatch_twin(self, desc):
+        if self.ubatch_runner is None or desc.cg_mode != CUDAGraphMode.FULL or desc.num_reqs is None:
+            return None
+        uniform, rem = divmod(desc.num_tokens, desc.num_reqs)
+        if rem or desc.num_tokens < 2:
+            return None
+        return dataclasses.replace(desc, num_ubatches=2, uniform_token_count=uniform)
+
+    def _init_candidates(self):
+        decode_mode, mixed_mode = self.cudagraph_mode
+        q, largest = self.decode_query_len, max(self.capture_sizes)
+        descs: dict = {}
+        for num_tokens, loras in itertools.product(self.capture_sizes, self.lora_capture_cases):
+            if decode_mode:
+                tokens = -(-num_tokens // q) * q
+                if tokens <= self.max_num_reqs * q and tokens <= largest:
+                    desc = BatchExecutionDescriptor(decode_mode, tokens, tokens // q, q, num_active_loras=loras)
+                    if desc not in descs.setdefault(decode_mode, []):
+                        descs[decode_mode].append(desc)
+                        twin = self._maybe_ubatch_twin(desc)
+                        if twin is not None:
+                            descs[decode_mode].append(twin)
+            if mixed_mode:
+                reqs = None if mixed_mode == CUDAGraphMode.PIECEWISE else min(num_tokens, self.max_num_reqs)
+                descs.setdefault(mixed_mode, []).append(
+                    BatchExecutionDescriptor(mixed_mode, num_tokens, reqs, num_active_loras=loras)
+                )
+        for mode, mode_descs in descs.items():
             mode_descs.sort(key=lambda d: d.num_tokens, reverse=True)
-        return descs
+            self._capture_descs[mode] = mode_descs
 
     def _capture_stream(self, desc):
         if desc.num_ubatches > 1:
-            return self.ubatch_stream
+            return self.ubatch_runner.capture_stream
         return torch.cuda.current_stream()
 
-    def create_forward_fn(self, desc, warmup: bool):
-        """Prepares inputs outside the graph; returns forward_fn(cg_mode)."""
-        self.builds.append((desc, warmup))
-        num_tokens = desc.num_tokens
-        x = self.model.x[:num_tokens]
-
-        def store_capture_output(out):
-            if self.hidden_states is None:
-                self.hidden_states = torch.empty_like(out)
-            self.model.launch(lambda: self.hidden_states[:num_tokens].copy_(out))
-
-        def forward_fn(cg_mode):
-            # - with set_forward_context(num_tokens, cg_mode):
-            with set_forward_context(num_tokens, cg_mode, self._step):  # +
-                out = self.compiled(x)
-            if cg_mode == CUDAGraphMode.PIECEWISE:
-                return None
-            store_capture_output(out)
-
-        return forward_fn
-
-    # - def capture(self):
-    def capture(self, loop):  # +
+    # - def capture(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs"):
+    def capture(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs", loop=None, prefix=""):  # +
         with torch.cuda.stream(self.capture_stream):  # graph_capture(device)
+            loras = self.lora_capture_cases != [0]  # +
+            order = {(k.phase, k.bs, k.labels): i for i, k in enumerate(loop.keys())}  # +
             for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+                if mode not in self._capture_descs:
+                    continue
                 descs = self._capture_descs[mode]
                 # - if mode == CUDAGraphMode.FULL and self._max_full_descs_to_capture is not None:
                 # -     descs = descs[: self._max_full_descs_to_capture]
-                order = {key: i for i, key in enumerate((k.phase, k.bs) for k in loop.keys())}  # +
-                descs = sorted((d for d in descs if desc_key(d) in order), key=lambda d: order[desc_key(d)])  # +
+                mine = [d for d in descs if desc_key(d, prefix, loras) in order]  # +
+                descs = sorted(mine, key=lambda d: order[desc_key(d, prefix, loras)])  # +
                 for desc in descs:
-                    forward_fn = self.create_forward_fn(desc, warmup=True)
-                    self._step = step = loop.step(*desc_key(desc))  # +
+                    forward_fn = create_forward_fn(desc, warmup=True)
+                    phase, bs, labels = desc_key(desc, prefix, loras)  # +
+                    self._step = step = loop.step(phase, bs, **dict(labels))  # +
                     # - forward_fn(CUDAGraphMode.NONE)
                     with step.warmup():  # +
                         forward_fn(CUDAGraphMode.NONE)  # +
                     if desc.cg_mode == CUDAGraphMode.PIECEWISE:
                         forward_fn(CUDAGraphMode.PIECEWISE)
                         continue
-                    forward_fn = self.create_forward_fn(desc, warmup=False)
+                    forward_fn = create_forward_fn(desc, warmup=False)
                     graph = torch.cuda.CUDAGraph()
                     if self._capture_mem_samples is not None:
                         free_before = torch.cuda.mem_get_info()[0]
                     # - with torch.cuda.graph(graph, self.pool, stream=self._capture_stream(desc)):
                     with step.graph(graph, pool=self.pool, stream=self._capture_stream(desc)):  # +
                         forward_fn(CUDAGraphMode.NONE)
-                    step.hold(self.hidden_states[: desc.num_tokens])  # +
+                    step.hold(self.captured_output(desc))  # +
                     if self._capture_mem_samples is not None:
                         self._capture_mem_samples.append(free_before - torch.cuda.mem_get_info()[0])
                     self.graphs[desc] = graph
@@ -298,26 +365,164 @@ class ModelCudaGraphManager:
     _step = None
     capture_stream = None
 
-    def release(self) -> None:
+    def captured_output(self, desc):
+        """What a FULL graph returns through (the model's persistent hidden states; a
+        speculator's graph writes into its own buffers: None)."""
+        return None
+
+    def release_graphs(self) -> None:
         for graph in self.graphs.values():
             graph.reset()
         self.graphs.clear()
+
+
+class ModelCudaGraphManager(CudaGraphManager):
+    """cudagraph_utils.py's ModelCudaGraphManager: the model's forward, persistent hidden states."""
+
+    def __init__(self, model, capture_sizes, **kw):
+        super().__init__(capture_sizes, **kw)
+        self.model = model
+        self.compiled = PiecewiseModel(model)
+        self.hidden_states = None
+        #: (num_active_loras, num_reqs, num_tokens) of every LoRA capture hook call
+        self.lora_calls: list = []
+
+    # - def capture(self, model):
+    def capture(self, model, loop=None):  # +
+        def store_capture_output(num_tokens, out):
+            if self.hidden_states is None:
+                self.hidden_states = torch.empty_like(out)
+            self.model.launch(lambda: self.hidden_states[:num_tokens].copy_(out))
+
+        def create_forward_fn(desc, warmup: bool):
+            """Prepares inputs outside the graph; returns forward_fn(cg_mode)."""
+            self.builds.append((desc, warmup))
+            num_tokens = desc.num_tokens
+            self.lora_calls.append((desc.num_active_loras, desc.num_reqs or num_tokens, num_tokens))
+            x = self.model.x[:num_tokens]
+            batch_descriptor = BatchDescriptor(num_tokens, desc.num_active_loras)
+
+            def forward_fn(cg_mode):
+                # - with set_forward_context(num_tokens, cg_mode, batch_descriptor):
+                with set_forward_context(num_tokens, cg_mode, batch_descriptor, self._step):  # +
+                    out = self.compiled(x)  # the compiled model: its pieces record only in PIECEWISE mode
+                if cg_mode == CUDAGraphMode.PIECEWISE:
+                    return None
+                store_capture_output(num_tokens, out)
+
+            return forward_fn
+
+        # - super().capture(create_forward_fn)
+        super().capture(create_forward_fn, loop=loop)  # +
+
+    def captured_output(self, desc):
+        return self.hidden_states[: desc.num_tokens]
+
+    def release(self) -> None:
+        """Every graph of the manager and the pieces dropped (the tests' teardown)."""
+        self.release_graphs()
         CUDAGraphWrapper.clear_all_graphs()
 
 
+class SpeculatorCudaGraphManager(CudaGraphManager):
+    """target_dependent_ar/cudagraph_utils.py's: the draft's graphs, fresh inputs per build."""
+
+    # - def capture(self, forward_fn, progress_bar_desc="Capturing CUDA graphs"):
+    def capture(self, forward_fn, progress_bar_desc="Capturing CUDA graphs", loop=None, prefix=""):  # +
+        def create_forward_fn(desc, warmup):
+            self.builds.append((desc, warmup))
+            num_reqs = desc.num_reqs or min(desc.num_tokens, self.max_num_reqs)
+            return lambda cg_mode: forward_fn(num_reqs, desc.num_tokens, cg_mode, self._step)
+
+        # - super().capture(create_forward_fn, progress_bar_desc)
+        super().capture(create_forward_fn, progress_bar_desc, loop=loop, prefix=prefix)  # +
+
+
+class EagleSpeculator:
+    """target_dependent_ar/speculator.py's: a draft prefill manager (the model's modes,
+    query length num_speculative_steps + 1) and a draft decode manager (FULL only)."""
+
+    def __init__(self, draft, capture_sizes, num_speculative_steps: int = 2, capture_stream=None):
+        self.draft, self.num_speculative_steps = draft, num_speculative_steps
+        self.compiled = PiecewiseModel(draft)
+        #: the draft tokens the graphs write (the speculator's persistent buffer)
+        self.draft_tokens = torch.zeros(draft.x.shape, device=draft.device)
+        self.prefill_cudagraph_manager = SpeculatorCudaGraphManager(
+            capture_sizes, FULL_AND_PIECEWISE, num_speculative_steps + 1
+        )
+        self.decode_cudagraph_manager = SpeculatorCudaGraphManager(capture_sizes, FULL_DECODE_ONLY, 1)
+        for m in (self.prefill_cudagraph_manager, self.decode_cudagraph_manager):
+            m.capture_stream = capture_stream
+
+    def _forward(self, num_reqs, num_tokens, cg_mode, step=None):
+        x = self.draft.x[:num_tokens]
+        # - with set_forward_context(num_tokens, cg_mode, BatchDescriptor(num_tokens)):
+        with set_forward_context(num_tokens, cg_mode, BatchDescriptor(num_tokens), step):  # +
+            out = self.compiled(x)
+        if cg_mode != CUDAGraphMode.PIECEWISE:
+            self.draft.launch(lambda: self.draft_tokens[:num_tokens].copy_(out))
+
+    # - def capture(self):
+    def capture(self, loop=None):  # +
+        # - self.prefill_cudagraph_manager.capture(self._forward)
+        self.prefill_cudagraph_manager.capture(self._forward, loop=loop, prefix="draft_prefill_")  # +
+        if self.num_speculative_steps == 1:
+            return
+        # - self.decode_cudagraph_manager.capture(self._forward)
+        self.decode_cudagraph_manager.capture(self._forward, loop=loop, prefix="draft_decode_")  # +
+
+    def release(self) -> None:
+        for m in (self.prefill_cudagraph_manager, self.decode_cudagraph_manager):
+            m.release_graphs()
+
+
+class Config:
+    """What the plugin reads of vLLM's config: TP size and the model's folder."""
+
+    def __init__(self, tp: int = 1, model: str | None = None):
+        self.parallel_config = type("ParallelConfig", (), {"tensor_parallel_size": tp})()
+        self.model_config = type("ModelConfig", (), {"model": model})()
+        self.use_cumem_cudagraph_pool = False
+
+
 class GPUModelRunner:
-    """What the profiling pass and the capture need of vLLM's runner."""
+    """What the profiling pass and the capture need of vLLM's runner: its manager,
+    the micro-batch runner, the speculator (``draft``: a model for EAGLE's draft)."""
 
-    def __init__(self, model, capture_sizes, *, ubatch_stream=None):
-        self.manager = ModelCudaGraphManager(model, capture_sizes, ubatch_stream=ubatch_stream)
-        self.manager.capture_stream = torch.cuda.Stream()
+    def __init__(self, model, capture_sizes, *, ubatch_stream=None, lora_capture_cases=None, draft=None, tp=1):
+        self.vllm_config = Config(tp)
+        self.ubatch_runner = UBatchRunner(ubatch_stream) if ubatch_stream is not None else None
+        self.cudagraph_manager = ModelCudaGraphManager(
+            model, capture_sizes, ubatch_runner=self.ubatch_runner, lora_capture_cases=lora_capture_cases
+        )
+        self.cudagraph_manager.capture_stream = torch.cuda.Stream()
+        self.speculator = None
+        if draft is not None:
+            self.speculator = EagleSpeculator(
+                draft, capture_sizes, capture_stream=self.cudagraph_manager.capture_stream
+            )
 
-    # - def capture_model(self):
-    def capture_model(self, loop):  # +
+    @property
+    def manager(self) -> ModelCudaGraphManager:
+        return self.cudagraph_manager
+
+    # - def capture_model(self, *, profile_only=False):
+    def capture_model(self, loop=None, *, profile_only=False):  # +
         free_before = torch.cuda.mem_get_info()[0]
-        # - self.manager.capture()
-        self.manager.capture(loop)  # +
+        # - self.cudagraph_manager.capture(self.cudagraph_manager.model)
+        self.cudagraph_manager.capture(self.cudagraph_manager.model, loop)  # +
+        if self.speculator is not None:
+            # - self.speculator.capture()
+            self.speculator.capture(loop)  # +
         return free_before - torch.cuda.mem_get_info()[0]
+
+    def profile_cudagraph_memory(self):
+        return profile_cudagraph_memory(self)
+
+    def release(self) -> None:
+        self.cudagraph_manager.release()
+        if self.speculator is not None:
+            self.speculator.release()
 
 
 def _extrapolate_full_graph_memory(mem_samples, total_graphs):
@@ -328,13 +533,13 @@ def _extrapolate_full_graph_memory(mem_samples, total_graphs):
 
 
 # - def profile_cudagraph_memory(runner):
-def profile_cudagraph_memory(runner, loop_for):  # + loop_for(throwaway pool) -> the declared profiling pass
+def profile_cudagraph_memory(runner, loop_for=None):  # + loop_for(throwaway pool) -> the declared profiling pass
     """The estimate before the KV cache: the whole capture once more, into a throwaway pool."""
     global _global_graph_pool
     saved_global_pool = _global_graph_pool
     throwaway_pool = torch.cuda.graph_pool_handle()
     _global_graph_pool = throwaway_pool
-    manager = runner.manager
+    manager = runner.cudagraph_manager
     saved_pool = manager.pool
     original_pools = {}
     try:
@@ -345,9 +550,9 @@ def profile_cudagraph_memory(runner, loop_for):  # + loop_for(throwaway pool) ->
         manager._max_full_descs_to_capture = _FULL_GRAPH_PROFILING_SAMPLES
         mem_samples: list[int] = []
         manager._capture_mem_samples = mem_samples
-        # - measured = runner.capture_model()
+        # - measured = runner.capture_model(profile_only=True)
         with loop_for(throwaway_pool) as loop:  # +
-            runner.capture_model(loop)  # +
+            runner.capture_model(loop, profile_only=True)  # +
         # - num_full_graphs = len(manager._capture_descs[CUDAGraphMode.FULL])
         # - full_estimate = _extrapolate_full_graph_memory(mem_samples, num_full_graphs)
         # - return max(measured - sum(mem_samples) + full_estimate, 0)
@@ -357,9 +562,7 @@ def profile_cudagraph_memory(runner, loop_for):  # + loop_for(throwaway pool) ->
         for wrapper in CUDAGraphWrapper._all_instances:
             if id(wrapper) in original_pools:
                 wrapper.graph_pool = original_pools[id(wrapper)]
-        for graph in manager.graphs.values():
-            graph.reset()
-        manager.graphs.clear()
+        manager.release_graphs()
         manager.pool = saved_pool
         manager._max_full_descs_to_capture = None
         manager._capture_mem_samples = None
