@@ -215,11 +215,15 @@ def install(s: core.Settings, version: str) -> core.Adoption:
         if loop is None:
             return capture_model(self, profile_only=profile_only)
         matched, problems = core.match_keys(adoption.plan, facts)
-        if problems and made_before:
-            raise refusal(
+        if problems and made_before:  # the estimate made the loop; nothing is captured yet
+            err = refusal(
                 f"the plan is not this engine's: {'; '.join(problems)}",
-                f"build the plan for vLLM's graphs (planner build ... -o {s.plan})",
+                f"build the plan for vLLM's graphs (planner build ... -o {s.plan}), or {core.ENV_FALLBACK}=engine",
             )
+            if s.fallback != "engine":
+                raise err
+            core.log.warning("capture-plan: %s; capturing as vLLM does (%s=engine)", err, core.ENV_FALLBACK)
+            return capture_model(self, profile_only=profile_only)
         routes.clear()
         for e, k in matched.items():
             manager, desc = e.native
