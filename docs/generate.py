@@ -789,21 +789,245 @@ def source_figure(name: str) -> str:
 
 
 CAPTURE = "capture-2026-11-29-32l.json"
+COLD = "cold-stream-2026-11-29.json"
+SPECULATIVE = "speculative-2026-11-29-32l.json"
+SPECULATIVE_TIMING = "speculative-2026-11-29-32l-timing.json"
+#: the per-step reports of the two EAGLE captures of SPECULATIVE's run (the plain plan, the CI plan)
+EAGLE_REPORTS = ("report-fa3-eagle.json", "report-fa3-eagle-ci.json")
+ALLOCATOR = "allocator-diff-2026-11-29.json"
+STARTUP_BENCH = "startup-2026-11-29-32l.json"
+BUILD_WORK = "build-2026-11-29-work.json"
+BUILD_INSTALLED = "build-2026-11-29-installed.json"
+BUILD_PROGRAMS = (
+    "build-2026-11-29-programs-ab.json",
+    "build-2026-11-29-programs-ba.json",
+    "build-2026-11-29-programs-default-base-vs-new.json",
+    "build-2026-11-29-programs-default-new-vs-base.json",
+)
+#: the targets the figures are read against (the issues' targets, not measurements): a build's
+#: wall time (s), the large process's capture over the small one's, the capture-time ratio of
+#: the EAGLE plans to the loop
+TARGETS = {"build_speculative": 0.4, "scale_1024": 0.5, "heap_vs_small": 1.1}
 
 
-@figure("capture-executor-pool", CAPTURE)
-def _capture_executor_pool(d: dict) -> str:
-    return f"{_mib(d['executor']['pool_mib'])} MiB"
+class PathFigure(NamedTuple):
+    """A figure that is one value (or one object) of one file, formatted: ``path`` is
+    ``/``-separated keys (list indices as numbers; empty: the whole file), ``template`` a
+    :meth:`str.format` string given the value (an object's fields by name: ``{a[b]}``),
+    after dividing a number by ``scale``."""
+
+    name: str
+    file: str
+    path: str
+    template: str
+    scale: float = 1
 
 
-@figure("capture-loop-pool", CAPTURE)
-def _capture_loop_pool(d: dict) -> str:
-    return f"{_mib(d['sglang']['pool_mib'])} MiB"
+#: figures read straight from one file; the ones that compute across values are @figure below
+PATH_FIGURES: tuple[PathFigure, ...] = (
+    PathFigure("capture-executor-pool", CAPTURE, "executor/pool_mib", "{:,.0f} MiB"),
+    PathFigure("capture-loop-pool", CAPTURE, "sglang/pool_mib", "{:,.0f} MiB"),
+    PathFigure("capture-analytic", CAPTURE, "executor/predicted_analytic_mib", "{:,.0f} MiB"),
+    PathFigure(
+        "replay-overhead",
+        CAPTURE,
+        "replay_overhead",
+        "{overhead_us:.2f} µs over a bare `CUDAGraph.replay()` ({graphset_us:.2f} against {bare_us:.2f} µs "
+        "per call, tiny graph, median of {repeats} × {calls})",
+    ),
+    PathFigure(
+        "capture-times",
+        CAPTURE,
+        "",
+        "the loop took {sglang[capture_s]:.2f} s, the executor {executor[capture_s]:.2f} s",
+    ),
+    PathFigure("cold-workspace", COLD, "cold_stream/persistent_blocks/0", "{:,.0f} MiB", MiB),
+    PathFigure("cold-pools", COLD, "", "{warm_stream[pool_mib]:,.0f} → {cold_stream[pool_mib]:,.0f} MiB"),
+    PathFigure(
+        "allocator-match",
+        ALLOCATOR,
+        "",
+        "{programs_per_mode:,} random alloc/free programs per allocator mode captured into private pools on the "
+        "H200 and replayed through `PoolSim`: native {modes[native][matches]:,}/{modes[native][programs]:,} and "
+        "expandable segments {modes[expandable][matches]:,}/{modes[expandable][programs]:,} match in reserved "
+        "bytes, segment sizes and block layout ({seconds:.0f} s)",
+    ),
+    PathFigure(
+        "build-installed",
+        BUILD_INSTALLED,
+        "",
+        "median of {repeat}, a few minutes later): the default build {build_default_s:.2f} s, the speculative "
+        "preset {build_speculative_s:.2f} s",
+    ),
+    PathFigure(
+        "build-captures",
+        BUILD_WORK,
+        "work",
+        "the speculative preset simulates {build_speculative[captures]:,} captures, a `1024 x 4` build "
+        "{scale_1024[captures]:,}",
+    ),
+    PathFigure("build-exact-captures", BUILD_WORK, "work/exact_1024/captures", "{:,}"),
+    PathFigure("eagle-build-s", "device-2026-12-01-startup-final.json", "cases/eagle/build_s", "{:.2f} s"),
+)
 
 
-@figure("capture-analytic", CAPTURE)
-def _capture_analytic(d: dict) -> str:
-    return f"{_mib(d['executor']['predicted_analytic_mib'])} MiB"
+def _at(data, path: str):
+    for key in filter(None, path.split("/")):
+        data = data[int(key)] if isinstance(data, list) else data[key]
+    return data
+
+
+def _path_render(f: PathFigure) -> Callable[[dict], str]:
+    def render(d: dict) -> str:
+        value = _at(d, f.path)
+        if isinstance(value, dict):
+            return f.template.format(**value)
+        return f.template.format(value / f.scale if f.scale != 1 else value)
+
+    return render
+
+
+for _f in PATH_FIGURES:
+    FIGURES[_f.name] = Figure((_f.file,), _path_render(_f))
+
+
+@figure("spec-capture-ratio", SPECULATIVE)
+def _spec_capture_ratio(d: dict) -> str:
+    loop = d["loop"]["capture_s"]
+    ci, plain = (d[p]["capture_s"] / loop for p in ("fa3-eagle-ci.json", "fa3-eagle.json"))
+    return f"{ci:.2f}x (CI plan) and {plain:.2f}x (plain plan)"
+
+
+@figure("spec-timing", SPECULATIVE_TIMING)
+def _spec_timing(d: dict) -> str:
+    t = d["timing"]
+    med, ratio = t["median_s"], t["ratio_to_loop"]
+    return (
+        f"medians loop {med['loop']:.2f} s, gate {med['gate']:.2f} s, executor {med['fa3-eagle-ci.json']:.2f} s "
+        f"(CI plan, {ratio['fa3-eagle-ci.json']:.2f}x) and {med['fa3-eagle.json']:.2f} s "
+        f"(plain plan, {ratio['fa3-eagle.json']:.2f}x)"
+    )
+
+
+@figure("spec-bimodal", SPECULATIVE_TIMING)
+def _spec_bimodal(d: dict) -> str:
+    runs = sorted(x for p in ("fa3-eagle-ci.json", "fa3-eagle.json") for x in d["timing"]["runs_s"][p])
+    gap = max(range(1, len(runs)), key=lambda i: runs[i] - runs[i - 1])  # the two modes split at the widest gap
+    fast, slow = runs[:gap], runs[gap:]
+    return f"{_word(len(runs))} runs are bimodal, {_span(fast, '.2f')} s or {_span(slow, '.2f')} s"
+
+
+@figure("spec-slow-steps", *EAGLE_REPORTS)
+def _spec_slow_steps(plain: dict, ci: dict) -> str:
+    import statistics
+
+    times = [{s["id"]: s["seconds"] for s in r["steps"] if s["id"].startswith("capture/")} for r in (plain, ci)]
+    slow, fast = sorted(times, key=lambda t: sum(t.values()), reverse=True)
+    ratios = [slow[k] / fast[k] for k in slow if k in fast]
+    deciles = statistics.quantiles(ratios, n=10)
+    return (
+        f"per capture step a median {statistics.median(ratios):.1f}x slower, 10th-90th percentile "
+        f"{deciles[0]:.1f}-{deciles[-1]:.1f}x"
+    )
+
+
+@figure("spec-verify-pool-error", SPECULATIVE)
+def _spec_verify_pool_error(d: dict) -> str:
+    pool = d["fa3-eagle.json"]["pools"]["phase:target_verify"]
+    return f"{_pct(pool['predicted_mib'] / pool['measured_mib'] - 1)} off"
+
+
+@figure("startup-bench-heap", STARTUP_BENCH)
+def _startup_bench_heap(d: dict) -> str:
+    ratios = [r[k] for r in d["ratios"].values() for k in ("executor_heap_vs_small", "loop_heap_vs_small")]
+    held = "within" if max(ratios) <= TARGETS["heap_vs_small"] else "not within"
+    return f"{_span(ratios, '.2f', ' to ')}x the small process's time: {held} the target of {TARGETS['heap_vs_small']}x"
+
+
+def _per_op(d: dict, case: str) -> str:
+    w = d["work"][case]
+    return f"{TARGETS[case] / w['ops'] * 1e9:,.0f} ns"
+
+
+@figure("build-op-targets", BUILD_WORK)
+def _build_op_targets(d: dict) -> str:
+    return (
+        f"under {_per_op(d, 'build_speculative')} (speculative preset, {TARGETS['build_speculative']} s, before the "
+        f"process's start-up and imports) and under {_per_op(d, 'scale_1024')} (`1024 x 4`, "
+        f"{TARGETS['scale_1024']} s, of which the chosen plan's own exact simulation is {1024 * 4:,} of the "
+        f"{d['work']['scale_1024']['captures']:,} captures)"
+    )
+
+
+@figure("build-ops-per-capture", BUILD_WORK)
+def _build_ops_per_capture(d: dict) -> str:
+    w = d["work"]
+    per = [c["ops"] / c["captures"] for k, c in w.items() if isinstance(c, dict)]
+    return f"{_span(per, '.0f', ' to ')} of them on average"
+
+
+@figure("build-default-work", BUILD_WORK)
+def _build_default_work(d: dict) -> str:
+    w = d["work"]
+    return (
+        f"{w['build_default']['simulating_s_at_ns_per_op'] * 1000:.0f} ms simulating "
+        f"{w['build_default']['captures']} captures (at {w['ns_per_op'] / 1000:.1f} µs per allocation or free)"
+    )
+
+
+@figure("build-ns-per-op", BUILD_WORK)
+def _build_ns_per_op(d: dict) -> str:
+    return f"{d['work']['ns_per_op'] / 1000:.1f} µs"
+
+
+@figure("build-programs", *BUILD_PROGRAMS)
+def _build_programs(*runs: dict) -> str:
+    default = [r["ab"]["build_default"]["b_over_a_wall"] for r in runs]
+    spec = [r["ab"]["build_speculative"]["b_over_a_wall"] for r in runs if "build_speculative" in r["ab"]]
+    reps = sorted({r["repeat"] for r in runs})
+    return (
+        f"{_and([str(n) for n in reps])} runs per side) give `b`-over-`a` wall-time medians of "
+        f"{_and([f'{x:.2f}' for x in default])} for the default build and {_and([f'{x:.2f}' for x in spec])} "
+        "for the speculative preset"
+    )
+
+
+@figure("prediction-misses", "device-2026-12-01-startup-final.json")
+def _prediction_misses(d: dict) -> str:
+    off = {k: c["startup"]["final_error_mib"] for k, c in d["cases"].items()}
+    low = {k: -v for k, v in off.items() if v < 0}
+    slack = [
+        s["slack_mib"] - (s["measured_peak_mib"] - s["measured_drop_mib"])
+        for s in (c["startup"] for c in d["cases"].values())
+    ]
+    margin = {c["startup"]["margin_mib"] for c in d["cases"].values()}
+    groups: dict[float, list[str]] = {}
+    for k, v in low.items():
+        groups.setdefault(v, []).append(_SHORT[k])
+    said = "; ".join(f"{v:.0f} MiB low for {_and(names)}" for v, names in sorted(groups.items()))
+    exact = [_SHORT[k] for k, v in off.items() if v == 0]
+    return (
+        f"after capture {said}"
+        + (f", exact for {_and(exact)}" if exact else "")
+        + f"; the slack at the peak is {_span(slack, '+.0f', ' to ')} MiB of a {max(margin):.0f} MiB margin"
+    )
+
+
+@figure("eagle-predict", "device-2026-12-01-startup-final.json", STARTUP_BEFORE, "device-2026-12-01-startup-eagle.json")
+def _eagle_predict(final: dict, before: dict, session: dict) -> str:
+    s = [r["cases"]["eagle"]["startup"]["predict_s"] for r in (final, before, session)]
+    return f"{s[0]:.1f} s against {s[1]:.1f} s before (its 51-size draft phases recorded whole) and {s[2]:.1f} s"
+
+
+@figure("earlier-startup", "device-2026-12-01-startup.json")
+def _earlier_startup(d: dict) -> str:
+    c = d["cases"]
+    ref, llama = c["reference"]["startup"], c["llama"]["startup"]
+    return (
+        f"the reference {_mib(ref['pending_mib'])} MiB predicted for {_mib(ref['measured_drop_mib'])} taken "
+        f"({_pct(ref['error'])}), Llama {_mib(llama['pending_mib'])} for {_mib(llama['measured_drop_mib'])}, "
+        f"EAGLE's peak {_pct(c['eagle']['startup']['error'])}"
+    )
 
 
 @figure("startup-steps", STARTUP_RUNS[0])
