@@ -1030,6 +1030,107 @@ def _earlier_startup(d: dict) -> str:
     )
 
 
+FINAL = STARTUP_RUNS[0]
+#: three runs of the same start-up cases (the capture times' spread between runs)
+STARTUP_THREE = ("device-2026-12-01-startup-timed.json", FINAL, "device-2026-12-01-startup-spare.json")
+TRACE_BUILDS = ("trace-build-2026-12-01-before-refold.json", "trace-build-2026-12-01-refold.json")
+MODELS = "models-2026-11-29.json"
+_TRANSFORMERS = ("llama", "gemma2", "qwen2", "mixtral")
+
+
+@figure("analytic-config-error", FINAL)
+def _analytic_config_error(d: dict) -> str:
+    errs = {k: c["executor"]["analytic_error"] for k, c in d["cases"].items()}
+    hf = [errs[k] * 100 for k in _TRANSFORMERS]
+    return (
+        f"{max(hf):+.0f}% to {min(hf):+.0f}% off for the transformers models "
+        f"({_pct(errs['qwen2_moe'], 0)} for Qwen2-MoE)"
+    )
+
+
+def _decode(d: dict) -> list[dict]:
+    return [c for k, c in d["cases"].items() if k != "eagle"]
+
+
+@figure("predict-fresh", FINAL)
+def _predict_fresh(d: dict) -> str:
+    shares = [c["startup"]["predict_s"] / c["executor"]["capture_s"] * 100 for c in _decode(d)]
+    return f"{_span(shares, '.0f', '% to ')}% of the `executor` mode's capture in a fresh process"
+
+
+@figure("predict-floor", FINAL)
+def _predict_floor(d: dict) -> str:
+    cases = _decode(d)
+    parts = [c["startup"]["predict_parts_s"] for c in cases]
+    floor = [(p["record.capture"] + p["record.copies"]) / c["startup"]["capture_s"] * 100 for p, c in zip(parts, cases)]
+    return (
+        f"{_span(floor, '.0f', '% to ')}% of the capture here, before the build from the trace "
+        f"({_span([p['build'] for p in parts], '.2f', ' to ')} s here)"
+    )
+
+
+@figure("capture-spread", *STARTUP_THREE)
+def _capture_spread(*runs: dict) -> str:
+    spread = {}
+    for k in runs[0]["cases"]:
+        times = [r["cases"][k]["startup"]["capture_s"] for r in runs]
+        spread[k] = (min(times), max(times))
+    worst = max(spread, key=lambda k: spread[k][1] / spread[k][0])
+    lo, hi = spread["mixtral"]
+    return (
+        f"by up to {(spread[worst][1] / spread[worst][0] - 1) * 100:.0f}% between runs and processes "
+        f"({_SHORT[worst]}; Mixtral's took {lo:.2f} to {hi:.2f} s"
+    )
+
+
+@figure("cached-first-share", STARTUP_CACHED)
+def _cached_first_share(d: dict) -> str:
+    share = {k: c["startup"]["predict_s"] / c["startup"]["capture_s"] * 100 for k, c in d["cases"].items()}
+    decode = [v for k, v in share.items() if k != "eagle"]
+    return (
+        f"{_span(decode, '.0f', '% to ')}% of the capture for the decode plans in this run, "
+        f"{share['eagle']:.0f}% for EAGLE"
+    )
+
+
+@figure("cached-read-ms", STARTUP_CACHED)
+def _cached_read_ms(d: dict) -> str:
+    return (
+        _span([c["startup-cached"]["predict_parts_s"]["cache"] * 1000 for c in d["cases"].values()], ".0f", " to ")
+        + " ms"
+    )
+
+
+@figure("moe-pool", MODELS)
+def _moe_pool(d: dict) -> str:
+    a = d["archs"]["qwen2_moe"]
+    pool, alone = a["executor"]["pool_mib"], a["alone_mib"]
+    return (
+        f"{a['ratios']['executor_vs_alone']:.2f}x its largest graph alone with the native allocator "
+        f"({_mib(pool - alone)} MiB of small-pool segment on a {_mib(alone)} MiB graph)"
+    )
+
+
+@figure("moe-predicted", MODELS)
+def _moe_predicted(d: dict) -> str:
+    return f"{d['archs']['qwen2_moe']['executor']['predicted_mib']:.1f} MiB"
+
+
+@figure("moe-expandable", MODELS)
+def _moe_expandable(d: dict) -> str:
+    a = d["archs"]["qwen2_moe@expandable"]
+    return f"{_mib(a['executor']['pool_mib'])} MiB, {a['ratios']['executor_vs_alone']:.2f}x"
+
+
+@figure("trace-build-spread", *TRACE_BUILDS)
+def _trace_build_spread(*runs: dict) -> str:
+    times = [r["cases"]["fa3-ci, every size"]["folded_s"] for r in runs]
+    return (
+        f"by up to {(max(times) / min(times) - 1) * 100:.0f}% between runs: the every-size fa3-ci row, where "
+        f"nothing is derived and the last change does nothing, measured {_and([f'{t:.2f}' for t in sorted(times)])} s"
+    )
+
+
 @figure("startup-steps", STARTUP_RUNS[0])
 def _startup_steps(d: dict) -> str:
     rows = [c["startup"]["steps_within_1pct_or_2mib"].split("/") for c in d["cases"].values()]
@@ -1055,14 +1156,13 @@ def _startup_share_decode(d: dict) -> str:
     return _span([x * 100 for x in _share(d, False)], ".0f") + "%"
 
 
-@figure("startup-share-eagle", STARTUP_RUNS[0])
-def _startup_share_eagle(d: dict) -> str:
+def _eagle_share(d: dict) -> str:
     return f"{_share(d, True)[0]:.1f}x"
 
 
-@figure("startup-share-eagle-before", STARTUP_BEFORE)
-def _startup_share_eagle_before(d: dict) -> str:
-    return f"{_share(d, True)[0]:.1f}x"
+# EAGLE's prediction over its capture, in the last run and at the session's start
+for _name, _file in (("startup-share-eagle", STARTUP_RUNS[0]), ("startup-share-eagle-before", STARTUP_BEFORE)):
+    FIGURES[_name] = Figure((_file,), _eagle_share)
 
 
 @figure("cached-predict-s", STARTUP_CACHED)
