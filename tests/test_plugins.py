@@ -517,6 +517,47 @@ def test_vllm_answers_its_estimate_from_the_plan(cuda, monkeypatch, tmp_path, ca
     assert "vLLM profiles as it does" in caplog.text
 
 
+@pytest.mark.parametrize("fallback", [False, True], ids=["refuse", "fallback"])
+def test_vllm_checks_the_keys_at_capture_after_answering_the_estimate(cuda, monkeypatch, tmp_path, fallback, caplog):
+    """The estimate comes before vLLM made its managers (nothing to check the keys of then):
+    the capture that follows checks them before its first graph, and refuses, or captures as
+    vLLM does where the operator chose so."""
+    module = vllm_release(monkeypatch, tmp_path)
+    plan = _calibrated(_without_twins(harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES)))
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    if fallback:
+        monkeypatch.setenv(core.ENV_FALLBACK, "engine")
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    assert runner.profile_cudagraph_memory() == vllm_plugin.plan_total(plan)
+    if not fallback:
+        with pytest.raises(core.PluginRefused, match=r"vllm captures 3 graphs the plan does not hold") as err:
+            runner.capture_model()
+        assert "\n" not in str(err.value) and runner.cudagraph_manager.builds == []
+        return
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        runner.capture_model()
+    assert "capturing as vLLM does (CAPTURE_PLAN_FALLBACK=engine)" in caplog.text
+    assert len(runner.cudagraph_manager.graphs) == 7  # vLLM's own capture, whole
+    runner.release()
+
+
+def test_vllm_captures_again_as_it_does_once_the_plans_capture_is_done(cuda, monkeypatch, tmp_path, caplog):
+    """Elastic EP drops the graphs and captures again (release_graphs, then capture_model): the
+    plan's capture is done, so vLLM's own capture records them, with a warning."""
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path)
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    runner.cudagraph_manager.release_graphs()
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        runner.capture_model()
+    assert "vLLM captures again after the plan's capture; its own capture records it" in caplog.text
+    assert len(runner.cudagraph_manager.graphs) == 7
+    assert runner.cudagraph_manager.pool == module.get_global_graph_pool()  # vLLM's own pool
+    runner.release()
+    gs.release()
+
+
 def test_the_entry_points_name_the_plugins_under_the_engines_groups():
     """pyproject.toml registers each plugin under the group its engine loads (the group's
     name is a hook point, checked against the wheels)."""

@@ -283,11 +283,12 @@ def install(s: core.Settings, version: str) -> core.Adoption:
 
         try:
             descs = sorted((d for ds in self._capture_descs.values() for d in ds), key=order.__getitem__)
-            largest = max(descs, key=lambda d: d.num_tokens, default=None)
-            if isinstance(self, model_manager_cls) and self.hidden_states is None and descs and descs[0] != largest:
+            largest = max(descs, key=lambda d: d.num_tokens) if descs else None
+            if isinstance(self, model_manager_cls) and self.hidden_states is None and largest not in (None, descs[0]):
                 # vLLM sizes the persistent hidden states from its first warm-up (its largest
                 # descriptor's); a plan that starts smaller gets one warm-up at the largest first
-                create_forward_fn(largest, True)(type(largest.cg_mode)["NONE"])
+                none = getattr(type(largest.cg_mode), "NONE")  # vLLM's CUDAGraphMode.NONE
+                create_forward_fn(largest, True)(none)
             capture(self, create, progress_bar_desc)
             hold_pending()
         finally:
