@@ -244,7 +244,8 @@ def install(s: core.Settings, version: str) -> core.Adoption:
         route = routes.get(id(self))
         if route is None:
             return capture(self, create_forward_fn, progress_bar_desc)
-        order = {d: i for i, d in enumerate(sorted(route, key=lambda d: _index(adoption.plan, route[d])))}
+        index = {st.id: st.index for st in adoption.plan.steps if st.op == "capture"}
+        order = {d: index[k.id] for d, k in route.items()}  # the plan's position of each descriptor
         saved = {mode: list(descs) for mode, descs in self._capture_descs.items()}, self.pool
         for descs in self._capture_descs.values():
             descs.sort(key=order.__getitem__)
@@ -287,7 +288,7 @@ def install(s: core.Settings, version: str) -> core.Adoption:
             if isinstance(self, model_manager_cls) and self.hidden_states is None and largest not in (None, descs[0]):
                 # vLLM sizes the persistent hidden states from its first warm-up (its largest
                 # descriptor's); a plan that starts smaller gets one warm-up at the largest first
-                none = getattr(type(largest.cg_mode), "NONE")  # vLLM's CUDAGraphMode.NONE
+                none = type(largest.cg_mode).NONE  # vLLM's CUDAGraphMode.NONE
                 create_forward_fn(largest, True)(none)
             capture(self, create, progress_bar_desc)
             hold_pending()
@@ -334,11 +335,6 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     wrapper_cls.__call__ = call_routed
     manager_cls.__capture_plan__ = adoption
     return adoption
-
-
-def _index(plan, key) -> int:
-    """The plan's position of a graph key (its capture step's index)."""
-    return next(st.index for st in plan.steps if st.op == "capture" and st.id == key.id)
 
 
 def plan_total(plan) -> int | None:
