@@ -879,7 +879,13 @@ def _at(data, path: str):
 
 def _path_render(f: PathFigure) -> Callable[[dict], str]:
     def render(d: dict) -> str:
-        value = _at(d, f.path)
+        try:
+            value = _at(d, f.path)
+        except (KeyError, IndexError, ValueError):
+            raise SystemExit(
+                f"figure {f.name}: bench/results/{f.file} has no {f.path!r}; fix: point the row of "
+                "PATH_FIGURES in docs/generate.py at a value the file holds"
+            ) from None
         if isinstance(value, dict):
             return f.template.format(**value)
         return f.template.format(value / f.scale if f.scale != 1 else value)

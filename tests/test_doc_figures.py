@@ -115,3 +115,18 @@ def test_provenance_says_what_is_known_of_a_results_code():
         "measured from uncommitted changes to `aaaaaaa`, the diff not recorded"
     )
     assert "not recorded whether" in gen.provenance({"git_commit": "a" * 40})
+
+
+def test_a_figure_row_whose_path_the_file_lacks_is_one_clear_error(monkeypatch):
+    row = gen.PathFigure("nope-row", gen.CAPTURE, "executor/no_such_key", "{}")
+    monkeypatch.setitem(gen.FIGURES, row.name, gen.Figure((row.file,), gen._path_render(row)))
+    with pytest.raises(
+        SystemExit,
+        match=r"figure nope-row: bench/results/capture-2026-11-29-32l.json has no "
+        r"'executor/no_such_key'; fix: point the row of PATH_FIGURES",
+    ):
+        gen.render_figures("<!-- fig: nope-row -->1<!-- /fig -->", "docs/x.md")
+    ok = gen.PathFigure("ok-row", gen.CAPTURE, "executor/pool_mib", "{:,.0f} MiB")
+    assert gen._path_render(ok)(gen._load(gen.CAPTURE)) == gen.FIGURES["capture-executor-pool"].render(
+        gen._load(gen.CAPTURE)
+    )
