@@ -558,6 +558,35 @@ def test_vllm_captures_again_as_it_does_once_the_plans_capture_is_done(cuda, mon
     gs.release()
 
 
+def test_vllm_a_graph_a_manager_adds_after_the_check_is_refused_and_nothing_is_left(cuda, monkeypatch, tmp_path):
+    """A dynamic speculator specializes its descriptors inside its own capture, after
+    capture_model listed them: such a graph was not checked against the plan, so the
+    capture stops there, everything released."""
+    import dataclasses
+
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    decode = runner.speculator.decode_cudagraph_manager
+    capture = module.EagleSpeculator.capture
+
+    def specialized(self):
+        full = decode._capture_descs[module.CUDAGraphMode.FULL]
+        full.append(dataclasses.replace(full[0], max_query_len=7))  # one more graph, made late
+        capture(self)
+
+    monkeypatch.setattr(module.EagleSpeculator, "capture", specialized)
+    from capture_plan.executor import CaptureFailed
+
+    with pytest.raises(CaptureFailed) as err:
+        runner.capture_model()
+    line = str(err.value)
+    assert "\n" not in line and "SpeculatorCudaGraphManager captures 1 graphs it did not list" in line
+    assert "all partial graphs were released" in line
+    assert runner.cudagraph_manager.graphs == {} and runner.speculator.prefill_cudagraph_manager.graphs == {}
+    assert all(not w.concrete_cudagraph_entries for w in module.CUDAGraphWrapper._all_instances)
+    gc.collect()
+    assert cuda.snapshot() == []
+
+
 def test_the_entry_points_name_the_plugins_under_the_engines_groups():
     """pyproject.toml registers each plugin under the group its engine loads (the group's
     name is a hook point, checked against the wheels)."""

@@ -246,6 +246,13 @@ def install(s: core.Settings, version: str) -> core.Adoption:
             return capture(self, create_forward_fn, progress_bar_desc)
         index = {st.id: st.index for st in adoption.plan.steps if st.op == "capture"}
         order = {d: index[k.id] for d, k in route.items()}  # the plan's position of each descriptor
+        unknown = [d for ds in self._capture_descs.values() for d in ds if d not in order]
+        if unknown:  # made after capture_model listed them (a dynamic speculator specializes its own)
+            raise refusal(
+                f"vLLM's {type(self).__name__} captures {len(unknown)} graphs it did not list before the first "
+                f"capture (such as {unknown[0]}); the plugin routes only graphs it checked against the plan",
+                f"capture without them (no dynamic speculative decoding), or {core.ENV_FALLBACK}=engine",
+            )
         saved = {mode: list(descs) for mode, descs in self._capture_descs.items()}, self.pool
         for descs in self._capture_descs.values():
             descs.sort(key=order.__getitem__)
