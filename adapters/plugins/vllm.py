@@ -43,8 +43,8 @@ a dynamic speculator's token count label ``spec_tokens``, where the phase declar
 Not routed, refused up front: breakable PIECEWISE graphs (``VLLM_USE_BREAKABLE_CUDAGRAPH``)
 and sleep mode's cuMem graph pool; refused when it happens (the loop releases everything): a
 graph a manager adds after ``capture_model`` listed them (a dynamic speculator's
-``SpeculatorBatchDescriptor`` per token count, made inside its own capture). Not routed, left to vLLM: encoder graphs and a model
-state's inner graphs (they record outside the plan's keys).
+``SpeculatorBatchDescriptor`` per token count, made inside its own capture). Not routed, left
+to vLLM: encoder graphs and a model state's inner graphs (they record outside the plan's keys).
 """
 
 from __future__ import annotations
