@@ -146,6 +146,7 @@ def test_phase_kinds_schema_is_strict(cli):
         "pieces",
         "steps",
         "topk",
+        "twin_of",
     ]
     code, out, _ = cli("schema", "plan")
     assert json.loads(out)["$defs"]["PhasePlan"]["properties"]["kind"]["enum"] == list(resources.phase_kinds())

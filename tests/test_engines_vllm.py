@@ -51,10 +51,11 @@ def test_the_vllm_manager_captures_pieces_then_full_graphs_through_one_loop(tmp_
     loop, runner = start(plan, model)
     gs, manager = loop.graphs, runner.manager
     F, P = vllm_runner.CUDAGraphMode.FULL, vllm_runner.CUDAGraphMode.PIECEWISE
-    # PIECEWISE then FULL, each largest first; a FULL descriptor built twice (warm-up, then capture)
-    assert [(d.cg_mode, d.num_tokens, w) for d, w in manager.builds] == [(P, n, True) for n in (8, 4, 2, 1)] + [
-        (F, n, w) for n in (8, 4, 2, 1) for w in (True, False)
-    ] + [(F, n, w) for n in (8, 4, 2) for w in (True, False)]
+    # PIECEWISE then FULL, each largest first, each FULL descriptor's micro-batch twin right after it
+    # (vLLM's _init_candidates); a FULL descriptor built twice (warm-up, then capture)
+    assert [(d.cg_mode, d.num_tokens, d.num_ubatches, w) for d, w in manager.builds] == [
+        (P, n, 1, True) for n in (8, 4, 2, 1)
+    ] + [(F, n, u, w) for n in (8, 4, 2, 1) for u in ((1, 2) if n >= 2 else (1,)) for w in (True, False)]
     # three pieces a PIECEWISE key, one graph a FULL key; all in vLLM's global pool
     assert sorted(gs.graphs) == sorted(
         [(f"piecewise#{k}", n) for k in range(3) for n in SIZES]
@@ -160,9 +161,9 @@ def test_the_version_before_the_adoption_captures_the_same_descriptors_and_the_d
     estimate = before.profile_cudagraph_memory(runner)
     assert estimate == (7 - 1) * before.MIB and runner.manager.graphs == {}
     runner.capture_model()
-    # the same descriptors; vLLM's order puts each micro-batch twin after its FULL descriptor,
-    # the plan's (which the adopted manager follows) its twins' phase after the FULL phase
-    fields = lambda descs: {(int(d.cg_mode), d.num_tokens, d.num_reqs, d.num_ubatches) for d in descs}  # noqa: E731
+    # the same descriptors in the same order: vLLM's puts each micro-batch twin right after its FULL
+    # descriptor, and so does the plan's (twin_of), which the adopted manager follows
+    fields = lambda descs: [(int(d.cg_mode), d.num_tokens, d.num_reqs, d.num_ubatches) for d in descs]  # noqa: E731
     assert fields(runner.manager.graphs) == fields(adopted.manager.graphs)  # two modules: two descriptor classes
     assert [(d.num_tokens, d.num_ubatches) for d in runner.manager.graphs] == [
         (8, 1),
@@ -231,7 +232,7 @@ def test_a_stream_or_pool_the_plan_did_not_declare_is_one_error(tmp_path, fake):
         holder["runner"] = runner
         streams.clear()
 
-    with pytest.raises(ExecutorError, match=r"step 17 \(capture/full_ubatch/8\): the plan records this step on stream"):
+    with pytest.raises(ExecutorError, match=r"step 11 \(capture/full_ubatch/8\): the plan records this step on stream"):
         start(plan, model, configure=no_twin_stream)
     _gone(fake, holder["runner"])
 

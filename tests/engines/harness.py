@@ -118,13 +118,14 @@ def vllm_spec(sizes) -> str:
     return (
         f'[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
         f'[[phases]]\nname = "full"\nkind = "full"\nsizes = {list(sizes)}\n'
-        f'[[phases]]\nname = "full_ubatch"\nkind = "full"\nsizes = {twins}\n'
+        f'[[phases]]\nname = "full_ubatch"\nkind = "full"\nsizes = {twins}\ntwin_of = "full"\n'
     )
 
 
 def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None):
     """PIECEWISE (``pieces`` a key), FULL, and the FULL micro-batch twins on
-    stream "ubatch", each largest first, outputs as views; ``keeps``: bytes the
+    stream "ubatch" (``twin_of``: each right after its FULL graph, as vLLM captures
+    them), each largest first, outputs as views; ``keeps``: bytes the
     first warm-up keeps (the persistent hidden_states: the first warm-up of all,
     the largest PIECEWISE descriptor's, run as NONE, stores its output)."""
     plan = build(tmp_path, vllm_spec(sizes), "warmup=every-size", "outputs=view")
