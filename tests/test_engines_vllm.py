@@ -120,14 +120,16 @@ def test_the_profiling_pass_is_a_declared_partial_pass_answered_by_the_plan(tmp_
     ubatch = torch.cuda.Stream()
     runner = vllm_runner.GPUModelRunner(model, SIZES, ubatch_stream=ubatch)
     passes = []
-    # FULL capped at the 2 largest (vLLM's samples), the twins' phase left out
-    loop_for = harness.vllm_profiling(plan, runner, model, {"full": 2, "full_ubatch": 0}, passes)
+    # FULL capped at the first 2 FULL descriptors (vLLM's samples, descs[:2]): the largest and,
+    # right after it in vLLM's order, its micro-batch twin
+    loop_for = harness.vllm_profiling(plan, runner, model, {"full": 1, "full_ubatch": 1}, passes)
     figure = vllm_runner.profile_cudagraph_memory(runner, loop_for)
     assert figure == capture_memory(plan).bytes > 0
     (loop,) = passes
     report = loop.graphs.report
-    assert report.profiling == {"piecewise": 4, "full": 2}
-    assert [m.id for m in report.steps if m.id.startswith("capture/full")] == ["capture/full/8", "capture/full/4"]
+    assert report.profiling == {"piecewise": 4, "full": 1, "full_ubatch": 1}
+    full = [m.id for m in report.steps if m.id.startswith("capture/full")]
+    assert full == ["capture/full/8", "capture/full_ubatch/8"]
     # torn down: no graph left, the throwaway pool empty, the engine's pools restored
     assert loop.graphs.graphs == {} and runner.manager.graphs == {}
     assert all(not w.entries for w in runner.manager.compiled.pieces)
