@@ -774,7 +774,9 @@ class CaptureLoop:
     def phases(self) -> list[str]:
         """The plan's phases in the order it captures them. Per-phase loops
         follow the plan only while each phase's captures are contiguous, as in
-        the plans the planner builds; ``step()`` refuses anything else."""
+        the plans the planner builds but for a micro-batch twin's (``twin_of``:
+        interleaved with its phase; iterate :meth:`keys` for those); ``step()``
+        refuses anything else."""
         return list(self._phases)
 
     def _phase(self, phase: str, where: str):

@@ -25,7 +25,7 @@ from capture_plan.schemas.keys import step_id as _key_step_id
 from capture_plan.schemas.plan import Edge, Strategy
 from capture_plan.schemas.spec import Phase
 
-from .keys import key_sequence
+from .keys import key_sequence, twin_phases, with_twin
 
 __all__ = ["step_id", "phase_sequence", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
 
@@ -128,24 +128,33 @@ def _raise_cycle(g: Digraph, what: str, locate=None) -> NoReturn:
 def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | None = None) -> list[str]:
     """Phase capture order: ``after`` constraints first, then the phase whose
     largest graph needs the most memory (so smaller phases reuse its blocks),
-    then spec order. ``after`` lists in a cycle are a ConstraintError located
-    at an ``after`` entry of the spec ``source``."""
+    then spec order. A micro-batch twin (``twin_of``) comes right after the phase
+    it is the twin of, whose captures it is interleaved with (:func:`build_steps`);
+    an ``after`` naming a twin names that phase. ``after`` lists in a cycle are a
+    ConstraintError located at an ``after`` entry of the spec ``source``."""
     index = {p.name: i for i, p in enumerate(phases)}
+    twins = twin_phases(phases)
+    group = {name: twins.get(name, name) for name in index}
     g = Digraph[str]()
     for name in index:
-        g.add_node(name)
+        if name not in twins:
+            g.add_node(name)
+    entry: dict[tuple[str, str], tuple[str, str]] = {}  # a group edge -> the first `after` entry that made it
     for p in phases:
         for dep in p.after:
-            g.add_edge(dep, p.name, rule=f"after:{p.name}")
+            g.add_edge(group[dep], group[p.name], rule=f"after:{p.name}")
+            entry.setdefault((group[dep], group[p.name]), (dep, p.name))
     order = g.topological_order(key=lambda n: (-weight[n], index[n]))
     if order is None:
 
-        def locate(dep: str, name: str) -> str:  # the edge dep -> name is phases[name].after's entry dep
+        def locate(u: str, v: str) -> str:  # the edge is phases[name].after's entry dep
+            dep, name = entry[(u, v)]
             i = index[name]
             return f"{source or 'spec'}: $.phases[{i}].after[{phases[i].after.index(dep)}]"
 
         _raise_cycle(g, "phases", locate)
-    return order
+    of = {parent: twin for twin, parent in twins.items()}
+    return [n for name in order for n in (name, of.get(name)) if n is not None]
 
 
 @dataclass
@@ -203,19 +212,46 @@ def build_steps(
     ``keys``: per phase with variant axes, (label combinations, key order, the rule
     that set it) (planner/keys.py): each size is captured once per combination, in
     that order; a once-per-phase warm-up runs the first combination.
+
+    A micro-batch twin (``twin_of``; ``sequence`` has it right after its phase) is
+    interleaved with its phase: each twin key right after the phase's key of the same
+    size and labels (its warm-ups and provision just before it), by edges labelled
+    ``twin_of:<twin>``; the twin's own size order must be its phase's (the optimizer
+    gives it that), another is a cycle reported as the rules in conflict.
     """
     keys = keys or {}
+    twins = twin_phases(list(phases.values()))
 
     def seq(name: str, order: str) -> list[tuple[int, tuple]]:
         combos, key_order, _ = keys.get(name, ([()], "size-major", ""))
         return key_sequence(capture_order(phases[name].sizes, order), combos, key_order)
 
+    def captured(name: str) -> list[tuple[str, int, tuple]]:
+        """``name``'s captures in order, with its twin's interleaved (a twin: none of its own)."""
+        if name in twins:
+            return []
+        own = seq(name, strategies[name].order)
+        twin = next((t for t, parent in twins.items() if parent == name), None)
+        if twin is None:
+            return [(name, bs, labels) for bs, labels in own]
+        return with_twin(name, own, twin, seq(twin, strategies[twin].order))
+
     sg = StepGraph.empty()
+    #: a phase's rank in the sequence (a twin: its phase's)
+    rank_of: dict[str, int] = {}
+    #: each key's position among its phase's captures, its twin's interleaved
+    place: dict[tuple[str, int, tuple], int] = {}
     for rank, name in enumerate(sequence):
+        rank_of[name] = rank_of[twins[name]] if name in twins else rank
+        for pos, key in enumerate(captured(name)):
+            place[key] = pos
+    for name in sequence:
         p, st = phases[name], strategies[name]
         sizes = capture_order(p.sizes, st.order)
         ordered = seq(name, st.order)
-        for pos, (bs, labels) in enumerate(ordered):
+        rank = rank_of[name]
+        for bs, labels in ordered:
+            pos = place[(name, bs, labels)]
             sg.add_step("capture", name, bs, rank, pos, labels)
             if st.warmup == "every-size":
                 sg.add_step("warmup", name, bs, rank, pos, labels)
@@ -223,11 +259,13 @@ def build_steps(
                     step_id("warmup", name, bs, labels), step_id("capture", name, bs, labels), warmup_rule[name]
                 )
         first = step_id("capture", name, *ordered[0])
+        # a twin's once-per-phase warm-up and provision come right before its first capture
+        head = place[(name, *ordered[0])] if name in twins else -1
         if st.warmup == "once-per-phase":
-            w = sg.add_step("warmup", name, max(sizes), rank, -1, ordered[0][1])
+            w = sg.add_step("warmup", name, max(sizes), rank, head, ordered[0][1])
             sg.add_edge(w, first, warmup_rule[name])
         if st.workspace == "hoisted":
-            prov = sg.add_step("provision", name, max(sizes), rank, -2)
+            prov = sg.add_step("provision", name, max(sizes), rank, head if name in twins else -2)
             sg.add_edge(prov, first, hoist_rule[name])
         for order, rule in forced.get(name, []):
             sg.chain(name, seq(name, order), rule)
@@ -240,9 +278,22 @@ def build_steps(
             for group in inner:
                 sg.chain(name, group, key_rule)
         sg.chain(name, ordered, order_rule[name])
-    for prev, nxt in zip(sequence, sequence[1:]):
-        last = step_id("capture", prev, *seq(prev, strategies[prev].order)[-1])
-        rule = f"after:{nxt}" if prev in phases[nxt].after else "phase-order"
+    for twin, parent in twins.items():
+        # each twin capture between its phase's capture of the same key and the next one;
+        # its warm-ups and provision (at its capture's position) after the capture before it
+        ids = [step_id("capture", *key) for key in captured(parent)]
+        for i in range(1, len(ids)):
+            if twin in (sg.g.nodes[ids[i - 1]]["phase"], sg.g.nodes[ids[i]]["phase"]):
+                sg.add_edge(ids[i - 1], ids[i], f"twin_of:{twin}")
+        for n, d in list(sg.g.nodes.items()):
+            if d["phase"] == twin and d["op"] != "capture" and d["key"][1] > 0:
+                sg.add_edge(ids[d["key"][1] - 1], n, f"twin_of:{twin}")
+    # phases in sequence; a twin goes with its phase, and the next phase after both
+    groups = [name for name in sequence if name not in twins]
+    for prev, nxt in zip(groups, groups[1:]):
+        last = step_id("capture", *captured(prev)[-1])
+        after = {twins.get(d, d) for d in phases[nxt].after}
+        rule = f"after:{nxt}" if prev in after else "phase-order"
         for n in [n for n, d in sg.g.nodes.items() if d["phase"] == nxt and d["op"] != "capture"]:
             sg.add_edge(last, n, rule)  # the next phase's warm-ups and provisions too
         first = step_id("capture", nxt, *seq(nxt, strategies[nxt].order)[0])

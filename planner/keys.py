@@ -28,6 +28,12 @@ helpers: :mod:`capture_plan.schemas.keys`). What this module decides:
   phase allocates the outputs of the phase's largest graph outside every pool and
   the engine keeps them, reused by every later key (:func:`output_bytes`).
 
+* **Micro-batch twins** (``twin_of``): a twin phase's key of each size and labels is
+  captured right after its phase's key of the same size and labels, in its phase's
+  order (vLLM: ``CudaGraphManager._init_candidates`` appends ``_maybe_ubatch_twin(desc)``
+  right after ``desc``; planner/data/presets_vllm.toml ``[capture]``), not in a phase of
+  its own after it (:func:`twin_phases`, :func:`with_twin`).
+
 What it does not do: model LoRA's or an attention variant's own allocations
 analytically (a trace of the engine's model records them), fit a labelled key's sizes
 from a few recorded ones (each recorded key stands for itself), or a ragged verify
@@ -65,6 +71,8 @@ __all__ = [
     "uses_keys",
     "keyed_steps",
     "key_predictions",
+    "twin_phases",
+    "with_twin",
 ]
 
 #: a key's ``(axis, label)`` pairs in the phase's axis order
@@ -108,6 +116,26 @@ def key_sequence(sizes: Sequence[int], combos: Sequence[Labels], order: str) -> 
     if order == "variant-major":
         return [(bs, c) for c in combos for bs in sizes]
     return [(bs, c) for bs in sizes for c in combos]
+
+
+def twin_phases(phases: Sequence[Phase]) -> dict[str, str]:
+    """Each micro-batch twin phase's name -> the phase it is the twin of (``twin_of``)."""
+    return {p.name: p.twin_of for p in phases if p.twin_of is not msgspec.UNSET}
+
+
+def with_twin(
+    phase: str, keys: Sequence[tuple[int, Labels]], twin: str, twin_keys: Sequence[tuple[int, Labels]]
+) -> list[tuple[str, int, Labels]]:
+    """``phase``'s keys in capture order as ``(phase, size, labels)``, each followed by
+    ``twin``'s key of the same size and labels where the twin has one: the order in which
+    an engine captures a phase and its micro-batch twin. ``twin_keys`` in any order."""
+    theirs = set(twin_keys)
+    out: list[tuple[str, int, Labels]] = []
+    for bs, labels in keys:
+        out.append((phase, bs, labels))
+        if (bs, labels) in theirs:
+            out.append((twin, bs, labels))
+    return out
 
 
 def capture_key(phase: str, bs: int, labels: Labels = ()) -> tuple:

@@ -28,7 +28,7 @@ from capture_plan.schemas.spec import Choice, Phase, Rule
 from capture_plan.schemas.strategy import AXES, AXIS_VALUES
 from capture_plan.schemas.units import mib
 
-from .keys import capture_key, key_sequence
+from .keys import capture_key, key_sequence, twin_phases, with_twin
 from .resources import Backend
 from .rules import choice_label, satisfies, violated
 from .simulate import Simulation, Tail, pool_id
@@ -216,6 +216,25 @@ def optimize(pb: Problem) -> Solution:
         cands[p.name], feasible[p.name] = allc, ok
         prefs[p.name] = _preference(rules, Choice(**{ax: getattr(pb.baseline, ax) for ax in MEMORY_AXES}))
 
+    # a micro-batch twin captures in its phase's size order, interleaved with it (planner/keys.py)
+    twins = twin_phases(pb.phases)
+    twin_of_phase = {parent: twin for twin, parent in twins.items()}
+
+    def synced(strats: dict[str, Strategy]) -> dict[str, Strategy]:
+        out = dict(strats)
+        for t, parent in twins.items():
+            if out[t].order != out[parent].order:
+                out[t] = msgspec.structs.replace(out[t], order=out[parent].order)
+        return out
+
+    for t, parent in twins.items():
+        if not any(s.order == o for s in feasible[t] for o in {s.order for s in feasible[parent]}):
+            raise ConstraintError(
+                f"no strategy the rules allow for twin phase {t!r} captures in an order phase {parent!r} can have",
+                where=f"phase {t}",
+                fix=f"let the rules give {t!r} and {parent!r} the same order",
+            )
+
     memo: dict[tuple, tuple] = {}
     sims: dict[tuple, object] = {}
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
@@ -229,6 +248,26 @@ def optimize(pb: Problem) -> Solution:
         combos, key_order, _ = pb.keys[n]
         return key_sequence(sizes, combos, key_order)
 
+    def units_of(members: tuple[tuple[str, Strategy], ...]) -> tuple[tuple[tuple[str, Strategy], ...], ...]:
+        # what one pool captures as units: a phase, or a phase and its twin when both are in it
+        names = {n for n, _ in members}
+        units = []
+        for m in members:
+            if m[0] in twins and twins[m[0]] in names:
+                continue  # captured with its phase
+            twin = next((x for x in members if x[0] == twin_of_phase.get(m[0])), None)
+            units.append((m, twin) if twin is not None else (m,))
+        return tuple(units)
+
+    def unit_captures(unit: tuple[tuple[str, Strategy], ...]) -> list[tuple[str, Strategy, int, tuple]]:
+        (n, st), *rest = unit
+        own = ordered(n, st)
+        if not rest:
+            return [(n, st, bs, labels) for bs, labels in own]
+        ((t, tst),) = rest
+        of = {n: st, t: tst}
+        return [(x, of[x], bs, labels) for x, bs, labels in with_twin(n, own, t, ordered(t, tst))]
+
     prefixes: dict[tuple, Simulation] = {}
     tails: dict[tuple, Tail] = {}
 
@@ -240,12 +279,14 @@ def optimize(pb: Problem) -> Solution:
         guarded = protect & {n for n, _ in members}
         # Descent varies one phase at a time: resume from the state after the
         # longest prefix of phases already simulated (same phases, same
-        # strategies, same order) instead of simulating it again.
-        j = len(members) - 1
-        while j > 0 and (members[:j], guarded) not in prefixes:
+        # strategies, same order) instead of simulating it again. A phase and
+        # its twin are one unit: their captures interleave.
+        units = units_of(members)
+        j = len(units) - 1
+        while j > 0 and (units[:j], guarded) not in prefixes:
             j -= 1
         if j:
-            run = prefixes[(members[:j], guarded)].copy()
+            run = prefixes[(units[:j], guarded)].copy()
         else:
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
             run = Simulation(pb.workload, pb.expandable, guarded, pb.library_bytes if first else 0)
@@ -253,17 +294,16 @@ def optimize(pb: Problem) -> Solution:
         # state (outputs freed, the same segments): the phases after it then
         # do exactly what they did before, so they are taken as recorded.
         starts, hit = [], None
-        for k in range(j, len(members)):
-            key = (members[k:], run.state(), guarded)
+        for k in range(j, len(units)):
+            key = (units[k:], run.state(), guarded)
             hit = tails.get(key)
             if hit is not None:
                 break
             starts.append((key, run.mark()))
-            n, st = members[k]
-            for bs, labels in ordered(n, st):
+            for n, st, bs, labels in unit_captures(units[k]):
                 run.capture(n, bs, st, labels)
-            if k + 1 < len(members):
-                prefixes[(members[: k + 1], guarded)] = run.copy()
+            if k + 1 < len(units):
+                prefixes[(units[: k + 1], guarded)] = run.copy()
         for key, mark in starts:
             tails[key] = run.since(mark) if hit is None else run.since(mark).then(hit)
         return run.result() if hit is None else run.result_with(hit)
@@ -274,7 +314,7 @@ def optimize(pb: Problem) -> Solution:
         # trying a strategy for a phase with its own pool never re-simulates
         # the shared one.
         if members not in memo:
-            seq = [capture_key(n, bs, labels) for n, st in members for bs, labels in ordered(n, st)]
+            seq = [capture_key(n, bs, labels) for u in units_of(members) for n, _, bs, labels in unit_captures(u)]
             sim = simulate_pool(members)
             memo[members] = (sim.pool_bytes, len(sim.hazards))
             if len(members) == len(pb.sequence) and all(
@@ -284,6 +324,7 @@ def optimize(pb: Problem) -> Solution:
         return memo[members]
 
     def cost(strats: dict[str, Strategy]) -> tuple:
+        strats = synced(strats)
         groups: dict[str, list[tuple[str, Strategy]]] = {}
         for n in pb.sequence:
             groups.setdefault(pool_id(n, strats[n]), []).append((n, strats[n]))
@@ -297,15 +338,37 @@ def optimize(pb: Problem) -> Solution:
     def first_pref(name: str) -> Strategy:
         return min(feasible[name], key=lambda s: (sum(getattr(s, ax) != v for ax, v in prefs[name].items()), s.label()))
 
-    current = {n: first_pref(n) for n in pb.sequence}
+    def options(name: str, current: dict[str, Strategy]) -> list[Strategy]:
+        # a twin's: those in its phase's current order
+        if name not in twins:
+            return feasible[name]
+        return [s for s in feasible[name] if s.order == current[twins[name]].order] or feasible[name]
+
+    current = synced({n: first_pref(n) for n in pb.sequence})
     for _ in range(8):
         changed = False
         for n in pb.sequence:
-            best = min(feasible[n], key=lambda s: cost({**current, n: s}))
+            best = min(options(n, current), key=lambda s: cost({**current, n: s}))
             if best != current[n]:
-                current[n], changed = best, True
+                current, changed = synced({**current, n: best}), True
         if not changed:
             break
+    for t, parent in twins.items():
+        pinned = _pinned(t, pb.pins).get("order")
+        if pinned is not None and pinned != current[t].order:
+            raise ConstraintError(
+                f"twin phase {t!r} captures in phase {parent!r}'s order ({current[t].order}), not {pinned}",
+                where=f"--strategy {t}.order={pinned}",
+                fix=f"pin {parent}.order instead",
+            )
+        broken = violated(current[t], pb.rules[t])
+        if broken:
+            raise ConstraintError(
+                f"twin phase {t!r} captures in phase {parent!r}'s order ({current[t].order}), which breaks "
+                f"rule {', '.join(broken)} for it",
+                where=f"phase {t}",
+                fix=f"let the rules give {t!r} and {parent!r} the same order",
+            )
 
     if cost(current)[0]:
         raise ConstraintError(
@@ -315,7 +378,20 @@ def optimize(pb: Problem) -> Solution:
         )
     decisions: list[Decision] = []
     for n in pb.sequence:
-        decisions.extend(_explain_phase(by_name[n], current, cands[n], pb, cost, len(captures_for[n])))
+        mine = [s for s in cands[n] if n not in twins or s.order == current[n].order]
+        decisions.extend(_explain_phase(by_name[n], current, mine, pb, cost, len(captures_for[n])))
+        if n in twins:
+            decisions.append(
+                Decision(
+                    phase=n,
+                    rule="twin_of",
+                    constraint=f"twin_of = {twins[n]}",
+                    choice=f"each graph right after {twins[n]}'s of the same size and labels",
+                    why=f"a micro-batch twin is captured right after the graph it is the twin of, in that phase's "
+                    f"order ({current[n].order}), as vLLM does (planner/data/presets_vllm.toml: "
+                    "capture.micro_batch_twin)",
+                )
+            )
     return Solution(strategies=current, decisions=decisions, sims=sims)
 
 

@@ -29,6 +29,8 @@ __all__ = [
     "engine_preset",
     "preset_max_bs",
     "EnginePreset",
+    "CaptureFacts",
+    "mode_ranks",
     "DEFAULT_MAX_BS",
 ]
 
@@ -58,6 +60,40 @@ class PresetPhase(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     uniform_decode: bool = False
 
 
+class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How an engine release orders its capture (a preset's ``[capture]`` table),
+    each fact read from the engine's source: ``sources`` names the file and
+    function of every field (a fact without one is refused)."""
+
+    #: the engine release the facts were read from
+    release: str
+    #: phase kinds in the order the engine captures them (its modes)
+    mode_order: list[PhaseKind]
+    #: which warm-up allocates the buffer the engine keeps across graphs:
+    #: ``first-warmup``, the first of the whole capture, whatever its phase
+    persistent_buffer: Literal["first-warmup"]
+    #: where a micro-batch twin is captured: ``after-its-graph``, right after the
+    #: graph of the same size it is the twin of (a spec's ``twin_of``)
+    micro_batch_twin: Literal["after-its-graph"]
+    #: eager warm-up runs before each graph's capture
+    warmups_per_graph: Positive
+    #: whether the engine's default configuration captures micro-batch twins
+    default_micro_batch_twins: bool
+    #: the fewest tokens a graph has a twin at, when twins are on
+    twin_min_tokens: Positive
+    #: fact name -> "file: function" it comes from
+    sources: dict[str, str]
+
+    def __post_init__(self) -> None:
+        facts = {f.name for f in msgspec.structs.fields(self)} - {"sources"}
+        missing = sorted(facts - set(self.sources))
+        if missing:
+            raise ValueError(f"facts without a source: {', '.join(missing)}; add them to [capture.sources]")
+        unknown = sorted(set(self.sources) - facts)
+        if unknown:
+            raise ValueError(f"sources of no fact: {', '.join(unknown)}")
+
+
 class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An engine's conventions (planner/data/presets_NAME.toml), strict."""
 
@@ -68,6 +104,8 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the scheduler's maximum requests per batch
     max_num_seqs: Positive
     sizes: SizeList
+    #: the engine's capture order (:class:`CaptureFacts`)
+    capture: CaptureFacts
     phases: list[PresetPhase]
 
 
@@ -94,6 +132,29 @@ def engine_preset(name: str) -> EnginePreset:
         )
     file = _PRESET_FILES[name]
     return convert(data(file), EnginePreset, f"planner/data/{file}")
+
+
+def mode_ranks(facts: CaptureFacts, kinds: list[str], where: str) -> list[int]:
+    """Each phase kind's place in the engine's mode order (``facts.mode_order``); an
+    InputError, located at ``where``'s phases, for a kind the order does not name or
+    a list of phases out of that order."""
+    ranks = []
+    for i, kind in enumerate(kinds):
+        if kind not in facts.mode_order:
+            raise InputError(
+                f"phase kind {kind!r} is not one of the engine's modes ({', '.join(facts.mode_order)})",
+                where=f"{where}: $.phases[{i}].kind",
+                fix="list the kinds of capture.mode_order only",
+            )
+        ranks.append(facts.mode_order.index(kind))
+        if ranks[-1] < max(ranks):
+            raise InputError(
+                f"a {kind} phase after a {facts.mode_order[max(ranks)]} one: the engine captures "
+                f"{' then '.join(facts.mode_order)}",
+                where=f"{where}: $.phases[{i}]",
+                fix="list the phases in capture.mode_order",
+            )
+    return ranks
 
 
 def preset_max_bs(preset: str | None) -> int:
@@ -138,6 +199,8 @@ def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
     max_bs = preset.max_bs if max_bs is None else max_bs
     _check_max_bs(max_bs)
     sizes = _expand(preset.sizes, max_bs)
+    where = f"planner/data/{_PRESET_FILES[name]}"
+    ranks = mode_ranks(preset.capture, [p.kind for p in preset.phases], where)
     phases = []
     for i, p in enumerate(preset.phases):
         # a size counts tokens; a uniform-decode graph of n tokens serves n / tokens_per_request requests
@@ -148,11 +211,11 @@ def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
             and (not p.uniform_decode or t <= preset.max_num_seqs * p.tokens_per_request)
         ]
         # the preset's fields are checked here; its sizes (from --max-bs) by validate_spec, located there
-        phase = convert(
-            {"name": p.name, "kind": p.kind, "sizes": [1], "tokens_per_request": p.tokens_per_request},
-            Phase,
-            f"planner/data/{_PRESET_FILES[name]}: $.phases[{i}]",
-        )
+        # the engine captures its modes in a fixed order: each phase after the phases of
+        # earlier modes, so that no choice of the planner's reorders them
+        after = [q.name for q, r in zip(preset.phases, ranks) if r < ranks[i]]
+        fields = {"name": p.name, "kind": p.kind, "sizes": [1], "tokens_per_request": p.tokens_per_request}
+        phase = convert({**fields, "after": after}, Phase, f"{where}: $.phases[{i}]")
         phases.append(msgspec.structs.replace(phase, sizes=own))
     return validate_spec(
         Spec(name=f"default-{name}", model=model, phases=phases),

@@ -5,7 +5,8 @@ each model dimension within ``MODEL_MAX``) are msgspec constraints on the spec
 types (``capture_plan.schemas.spec``), located and worded by
 :func:`capture_plan.schemas.codec.convert`, and published by ``planner schema
 spec``. What is checked here: the version, unique phase names, sizes and rule
-ids, ``MAX_CAPTURES`` over all phases, known ``after`` targets, phase kinds and
+ids, ``MAX_CAPTURES`` over all phases, known ``after`` targets, micro-batch twins
+(``twin_of``: :func:`_check_twins`), phase kinds and
 the settings each accepts, heads a multiple of kv_heads, a phase's own model
 setting at least one dimension, and graph keys: the variant axes each kind may
 have, labels unique per axis, ``MAX_KEYS_PER_PHASE`` keys (sizes x labels of every
@@ -151,6 +152,7 @@ def _check_rules(
                 )
             if dep == phase.name:
                 raise InputError("a phase cannot come after itself", where=f"{source}: $.phases[{i}].after[{j}]")
+    _check_twins(spec, source, names)
     rule_ids: set[str] = set()
     for i, rule in enumerate(spec.rules):
         if rule.id in rule_ids:
@@ -163,6 +165,68 @@ def _check_rules(
     if spec.trace is not None and "\x00" in spec.trace:
         raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
     return spec
+
+
+def _check_twins(spec: Spec, source: str, names: Mapping[str, int]) -> None:
+    """Micro-batch twins (``twin_of``): each names another phase that is no twin
+    itself and has no other twin, runs as many tokens per request and has the same
+    variant axes, and captures some of its sizes; a twin is placed by that phase,
+    so it has no ``after`` of its own (another phase's ``after`` may name it)."""
+    twinned: dict[str, int] = {}
+    for i, phase in enumerate(spec.phases):
+        if phase.twin_of is msgspec.UNSET:
+            continue
+        where = f"{source}: $.phases[{i}]"
+        parent_name = phase.twin_of
+        if parent_name not in names:
+            raise InputError(
+                f"unknown phase {parent_name!r}; phases are {sorted(names)}",
+                where=f"{where}.twin_of",
+                fix="name the phase whose graphs this one is the micro-batch twin of",
+            )
+        if parent_name == phase.name:
+            raise InputError("a phase cannot be its own twin", where=f"{where}.twin_of", fix="leave twin_of out")
+        parent = spec.phases[names[parent_name]]
+        if parent.twin_of is not msgspec.UNSET:
+            raise InputError(
+                f"phase {parent_name!r} is itself a twin (of {parent.twin_of!r})",
+                where=f"{where}.twin_of",
+                fix=f"name {parent.twin_of!r}, the phase whose graphs are not twins",
+            )
+        if parent_name in twinned:
+            raise InputError(
+                f"phase {parent_name!r} already has a twin ($.phases[{twinned[parent_name]}])",
+                where=f"{where}.twin_of",
+                fix="give each phase one micro-batch twin at most",
+            )
+        twinned[parent_name] = i
+        if phase.after:
+            raise InputError(
+                f"a twin is captured with phase {parent_name!r}, so it has no `after` of its own",
+                where=f"{where}.after",
+                fix=f"leave after out (put it on {parent_name!r})",
+            )
+        if phase.tokens_per_request != parent.tokens_per_request:
+            raise InputError(
+                f"tokens_per_request = {phase.tokens_per_request} differs from its phase's "
+                f"({parent.tokens_per_request}): a twin runs the same batches",
+                where=f"{where}.tokens_per_request",
+                fix=f"set tokens_per_request = {parent.tokens_per_request}",
+            )
+        if phase.variants != parent.variants:
+            raise InputError(
+                f"variants differ from phase {parent_name!r}'s: a twin has a graph per key of its phase",
+                where=f"{where}.variants",
+                fix=f"give it the variants of {parent_name!r}",
+            )
+        theirs = set(parent.sizes)
+        for j, bs in enumerate(phase.sizes):
+            if bs not in theirs:
+                raise InputError(
+                    f"size {bs} is not one of phase {parent_name!r}'s: a twin's graph is the twin of one of its graphs",
+                    where=f"{where}.sizes[{j}]",
+                    fix=f"capture only sizes that {parent_name!r} captures",
+                )
 
 
 def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collection[str]]) -> int:

@@ -201,6 +201,11 @@ class Phase(SpecStruct, frozen=True, kw_only=True):
     #: what the phase's warm-up allocates that the engine keeps (a device item outside
     #: every pool, predicted per warm-up step)
     warmup_keeps: WarmupKeeps | msgspec.UnsetType = msgspec.UNSET
+    #: a micro-batch twin of the named phase: each of this phase's graphs is captured
+    #: right after that phase's graph of the same size and labels, in that phase's order
+    #: (vLLM's ``_maybe_ubatch_twin``, captured after its FULL descriptor); its sizes are
+    #: some of that phase's. UNSET unless given, so specs without it keep their bytes
+    twin_of: Name | msgspec.UnsetType = msgspec.UNSET
 
 
 class When(SpecStruct, frozen=True, kw_only=True):

@@ -61,7 +61,7 @@ WarmupKeeps = Literal["outputs"]
 PhaseKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
 #: The per-phase settings of a spec that only some phase kinds give a meaning
 #: (each kind lists those it accepts in planner/data/phase_kinds.toml).
-PhaseSetting = Literal["steps", "topk", "layers", "model", "pieces", "micro_batches"]
+PhaseSetting = Literal["steps", "topk", "layers", "model", "pieces", "micro_batches", "twin_of"]
 PHASE_SETTINGS: tuple[str, ...] = get_args(PhaseSetting)
 #: "next-replay": the engine consumes the outputs before the next replay of any
 #: graph in the same pool. "across-phases": they must survive other phases' replays.

@@ -20,7 +20,7 @@ import pytest
 
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes, resources
 from capture_plan.planner.resources import backend
-from capture_plan.planner.specs import default_spec, model_presets
+from capture_plan.planner.specs import default_spec, engine_preset, model_presets
 from capture_plan.planner.validate import decode_spec
 from capture_plan.planner.workload import analytic_program
 from capture_plan.schemas.codec import canonical_bytes
@@ -146,6 +146,7 @@ def test_phase_kinds_schema_is_strict(cli):
         "pieces",
         "steps",
         "topk",
+        "twin_of",
     ]
     code, out, _ = cli("schema", "plan")
     assert json.loads(out)["$defs"]["PhasePlan"]["properties"]["kind"]["enum"] == list(resources.phase_kinds())
@@ -260,6 +261,107 @@ def test_the_preset_file_is_strict(monkeypatch):
     finally:
         monkeypatch.undo()
         resources.data.cache_clear()
+
+
+def _preset_edited(monkeypatch, edit):
+    """presets_vllm.toml as ``edit(bytes)`` returns it, every data cache cleared (undone by the caller)."""
+    real = resources.data_bytes
+    monkeypatch.setattr(resources, "data_bytes", lambda n: edit(real(n)) if n == "presets_vllm.toml" else real(n))
+    resources.data.cache_clear()
+
+
+def test_vllms_capture_order_is_typed_data_with_its_sources():
+    facts = engine_preset("vllm").capture
+    assert facts.release == "0.33.0"
+    # cudagraph_utils.py CudaGraphManager.capture: `for mode in [PIECEWISE, FULL]`
+    assert facts.mode_order == ["piecewise", "full"]
+    # store_capture_output allocates on first use; every warm-up (PIECEWISE ones first) stores
+    assert facts.persistent_buffer == "first-warmup"
+    # _init_candidates appends each FULL descriptor's twin right after it
+    assert facts.micro_batch_twin == "after-its-graph"
+    assert (facts.warmups_per_graph, facts.default_micro_batch_twins, facts.twin_min_tokens) == (1, False, 32)
+    fields = {f.name for f in msgspec.structs.fields(facts)} - {"sources"}
+    assert set(facts.sources) == fields
+    for fact, source in facts.sources.items():
+        assert source.startswith("vllm"), fact  # a file of the wheel
+
+
+def test_a_capture_fact_without_its_source_is_refused(monkeypatch):
+    _preset_edited(monkeypatch, lambda b: b.replace(b'\ntwin_min_tokens = """', b'\nnot_a_fact = """'))
+    try:
+        with pytest.raises(
+            InputError, match=r"presets_vllm.toml: \$\.capture.*facts without a source: twin_min_tokens"
+        ):
+            engine_preset("vllm")
+    finally:
+        monkeypatch.undo()
+        resources.data.cache_clear()
+
+
+def test_the_preset_chains_its_phases_in_vllms_mode_order():
+    """vLLM captures every PIECEWISE descriptor before any FULL one, whatever each needs: the
+    preset's FULL phase comes `after` the PIECEWISE one, so the planner cannot reorder them."""
+    spec = default_spec(preset="vllm")
+    assert [(p.name, p.after) for p in spec.phases] == [("piecewise", []), ("full_decode", ["piecewise"])]
+    raw = json.loads((ROOT / "plans/fa3-vllm.json").read_bytes())
+    order = next(d for d in raw["decisions"] if d["rule"] == "phase-order")
+    assert order["constraint"] == "after: full_decode after piecewise"
+    assert order["choice"] == "piecewise -> full_decode"
+
+
+def test_preset_phases_out_of_the_mode_order_are_refused(monkeypatch):
+    swap = b'name = "piecewise"\nkind = "piecewise"'
+    _preset_edited(monkeypatch, lambda b: b.replace(swap, b'name = "piecewise"\nkind = "full"', 1))
+    try:
+        # full, then full: in order; a piecewise kind after a full one is not
+        assert [p.after for p in default_spec(preset="vllm").phases] == [[], []]
+    finally:
+        monkeypatch.undo()
+        resources.data.cache_clear()
+    _preset_edited(
+        monkeypatch, lambda b: b.replace(b'mode_order = ["piecewise", "full"]', b'mode_order = ["full", "piecewise"]')
+    )
+    try:
+        with pytest.raises(InputError, match=r"presets_vllm.toml: \$\.phases\[1\]: a full phase after a piecewise"):
+            default_spec(preset="vllm")
+    finally:
+        monkeypatch.undo()
+        resources.data.cache_clear()
+
+
+def test_the_keyed_vllm_spec_follows_the_capture_facts():
+    """plans/specs/vllm-keys.toml against presets_vllm.toml's [capture]: the phases in the mode
+    order, each after the ones before, and the persistent buffer kept by the first warm-up of
+    the whole capture, which the checked-in plan records on its very first warm-up step."""
+    facts = engine_preset("vllm").capture
+    path = ROOT / "plans/specs/vllm-keys.toml"
+    spec = decode_spec(
+        path.read_bytes(), str(path), phase_kinds=resources.phase_kind_settings(), presets=model_presets()
+    )
+    preset = default_spec(preset="vllm")
+    assert [(p.name, p.kind, p.after, p.sizes) for p in spec.phases] == [
+        (p.name, p.kind, p.after, p.sizes) for p in preset.phases
+    ]
+    ranks = [facts.mode_order.index(p.kind) for p in spec.phases]
+    assert ranks == sorted(ranks)
+    assert facts.persistent_buffer == "first-warmup"
+    assert [p.name for p in spec.phases if p.warmup_keeps is not msgspec.UNSET] == [spec.phases[0].name]
+    raw = json.loads((ROOT / "plans/fa3-vllm-keys.json").read_bytes())
+    warmups = [s for s in raw["steps"] if s["op"] == "warmup"]
+    assert warmups[0]["index"] == 0 and warmups[0]["phase"] == "piecewise"
+    assert [s["id"] for s in raw["steps"] if "keeps" in s] == [warmups[0]["id"]] == ["warmup/piecewise/512"]
+
+
+def test_the_h200_defaults_give_51_sizes_up_to_512():
+    """vllm/config/vllm.py _set_cudagraph_sizes with arg_utils.py's H100/H200 defaults (max_num_seqs
+    1024; max_num_batched_tokens 8192 for the API server, 16384 for the LLM class): the largest
+    size is min(1024 * 1 * 2, 512) = 512, below both token budgets (not appended), and 1024
+    requests exceed it (no uniform-decode size appended): 3 + 31 + 17 sizes."""
+    preset = engine_preset("vllm")
+    largest = min(preset.max_num_seqs * 1 * 2, 512, 8192)
+    assert preset.max_bs == largest == 512
+    sizes = default_spec(preset="vllm").phases[0].sizes
+    assert len(sizes) == 51 and max(sizes) == 512 and sorted(sizes) == vllm_default_sizes(512)
 
 
 def test_the_checked_in_vllm_plan_records_its_command():

@@ -51,10 +51,11 @@ def test_the_vllm_manager_captures_pieces_then_full_graphs_through_one_loop(tmp_
     loop, runner = start(plan, model)
     gs, manager = loop.graphs, runner.manager
     F, P = vllm_runner.CUDAGraphMode.FULL, vllm_runner.CUDAGraphMode.PIECEWISE
-    # PIECEWISE then FULL, each largest first; a FULL descriptor built twice (warm-up, then capture)
-    assert [(d.cg_mode, d.num_tokens, w) for d, w in manager.builds] == [(P, n, True) for n in (8, 4, 2, 1)] + [
-        (F, n, w) for n in (8, 4, 2, 1) for w in (True, False)
-    ] + [(F, n, w) for n in (8, 4, 2) for w in (True, False)]
+    # PIECEWISE then FULL, each largest first, each FULL descriptor's micro-batch twin right after it
+    # (vLLM's _init_candidates); a FULL descriptor built twice (warm-up, then capture)
+    assert [(d.cg_mode, d.num_tokens, d.num_ubatches, w) for d, w in manager.builds] == [
+        (P, n, 1, True) for n in (8, 4, 2, 1)
+    ] + [(F, n, u, w) for n in (8, 4, 2, 1) for u in ((1, 2) if n >= 2 else (1,)) for w in (True, False)]
     # three pieces a PIECEWISE key, one graph a FULL key; all in vLLM's global pool
     assert sorted(gs.graphs) == sorted(
         [(f"piecewise#{k}", n) for k in range(3) for n in SIZES]
@@ -119,17 +120,16 @@ def test_the_profiling_pass_is_a_declared_partial_pass_answered_by_the_plan(tmp_
     ubatch = torch.cuda.Stream()
     runner = vllm_runner.GPUModelRunner(model, SIZES, ubatch_stream=ubatch)
     passes = []
-    # FULL capped at the 2 largest (vLLM's samples), the twins' phase left out
-    loop_for = harness.vllm_profiling(plan, runner, model, {"full_decode": 2, "full_decode_ubatch": 0}, passes)
+    # FULL capped at the first 2 FULL descriptors (vLLM's samples, descs[:2]): the largest and,
+    # right after it in vLLM's order, its micro-batch twin
+    loop_for = harness.vllm_profiling(plan, runner, model, {"full_decode": 1, "full_decode_ubatch": 1}, passes)
     figure = vllm_runner.profile_cudagraph_memory(runner, loop_for)
     assert figure == capture_memory(plan).bytes > 0
     (loop,) = passes
     report = loop.graphs.report
-    assert report.profiling == {"piecewise": 4, "full_decode": 2}
-    assert [m.id for m in report.steps if m.id.startswith("capture/full")] == [
-        "capture/full_decode/8",
-        "capture/full_decode/4",
-    ]
+    assert report.profiling == {"piecewise": 4, "full_decode": 1, "full_decode_ubatch": 1}
+    full = [m.id for m in report.steps if m.id.startswith("capture/full")]
+    assert full == ["capture/full_decode/8", "capture/full_decode_ubatch/8"]
     # torn down: no graph left, the throwaway pool empty, the engine's pools restored
     assert loop.graphs.graphs == {} and runner.manager.graphs == {}
     assert all(not w.concrete_cudagraph_entries for w in runner.manager.compiled.pieces)
@@ -163,9 +163,9 @@ def test_the_version_before_the_adoption_captures_the_same_descriptors_and_the_d
     estimate = before.profile_cudagraph_memory(runner)
     assert estimate == (7 - 1) * before.MIB and runner.manager.graphs == {}
     runner.capture_model()
-    # the same descriptors; vLLM's order puts each micro-batch twin after its FULL descriptor,
-    # the plan's (which the adopted manager follows) its twins' phase after the FULL phase
-    fields = lambda descs: {(int(d.cg_mode), d.num_tokens, d.num_reqs, d.num_ubatches) for d in descs}  # noqa: E731
+    # the same descriptors in the same order: vLLM's puts each micro-batch twin right after its FULL
+    # descriptor, and so does the plan's (twin_of), which the adopted manager follows
+    fields = lambda descs: [(int(d.cg_mode), d.num_tokens, d.num_reqs, d.num_ubatches) for d in descs]  # noqa: E731
     assert fields(runner.manager.graphs) == fields(adopted.manager.graphs)  # two modules: two descriptor classes
     assert [(d.num_tokens, d.num_ubatches) for d in runner.manager.graphs] == [
         (8, 1),
@@ -238,7 +238,7 @@ def test_a_stream_or_pool_the_plan_did_not_declare_is_one_error(tmp_path, fake):
         streams.clear()
 
     with pytest.raises(
-        ExecutorError, match=r"step 17 \(capture/full_decode_ubatch/8\): the plan records this step on stream"
+        ExecutorError, match=r"step 11 \(capture/full_decode_ubatch/8\): the plan records this step on stream"
     ):
         start(plan, model, configure=no_twin_stream)
     _gone(fake, holder["runner"])

@@ -214,8 +214,14 @@ def test_the_vllm_preset_with_keys_predicts_per_piece_and_leaves_the_pool_unchan
         assert len(k.pieces) == 33 and sum(k.pieces) == k.graph_bytes, k.step
     full = [k for k in keyed.predicted.keys if k.step.startswith("capture/full_decode/")]
     assert len(full) == 51 and all(k.pieces == [] for k in full)
-    # the FULL graphs' persistent buffers: the final-normed hidden state at 512 tokens
-    assert sum(k.kept_bytes for k in full) == 512 * 4096 * 2
+    # the FULL graphs' persistent buffer (the final-normed hidden state at 512 tokens) is kept by
+    # the first warm-up of the whole capture, the largest PIECEWISE descriptor's (vLLM's
+    # store_capture_output allocates on first use, and every warm-up stores its output)
+    assert sum(k.kept_bytes for k in full) == 0
+    assert [k.kept_bytes for k in pieces] == [512 * 4096 * 2] + [0] * 50
+    first = next(s for s in keyed.steps if s.op == "warmup")
+    assert (first.index, first.id, first.keeps) == (0, "warmup/piecewise/512", 512 * 4096 * 2)
+    assert [s.id for s in keyed.steps if s.keeps is not msgspec.UNSET] == [first.id]
 
 
 def test_a_piece_count_the_model_does_not_give_is_predicted_whole(tmp_path):
@@ -428,3 +434,194 @@ def test_a_micro_batched_phase_on_its_own_stream_records_both_and_is_approximate
     assert {k.fidelity for k in plan.predicted.keys} == {"approximate"}
     plain = _build(tmp_path, spec)
     assert {s.stream for s in plain.steps} == {"capture"} and plain.revision == 4
+
+
+# -- micro-batch twins (twin_of) ------------------------------------------------------
+
+TWIN_SPEC = """[model]
+preset = "llama-3-8b"
+layers = 2
+[[phases]]
+name = "piecewise"
+kind = "piecewise"
+sizes = [1, 8, 32, 48, 64]
+pieces = "attention"
+warmup_keeps = "outputs"
+[[phases]]
+name = "full"
+kind = "full"
+sizes = [1, 8, 32, 48, 64]
+after = ["piecewise"]
+[[phases]]
+name = "full_ubatch"
+kind = "full"
+sizes = [32, 48, 64]
+twin_of = "full"
+micro_batches = 2
+stream = "ubatch"
+"""
+
+
+def _captures(plan, *phases: str) -> list[tuple[str, int]]:
+    return [(s.phase, s.bs) for s in plan.steps if s.op == "capture" and s.phase in phases]
+
+
+def test_a_micro_batch_twin_is_captured_right_after_its_graph_of_each_size(tmp_path):
+    """vLLM 0.33.0 appends each FULL descriptor's micro-batch twin right after it
+    (cudagraph_utils.py CudaGraphManager._init_candidates; presets_vllm.toml [capture]):
+    the twin's graphs interleave with their phase's, each warm-up just before its capture,
+    rather than forming a phase captured after the FULL one."""
+    from capture_plan.planner.specs import engine_preset
+
+    assert engine_preset("vllm").capture.micro_batch_twin == "after-its-graph"
+    plan = _build(tmp_path, TWIN_SPEC, strategies=["warmup=every-size"])
+    assert _captures(plan, "full", "full_ubatch") == [
+        ("full", 64),
+        ("full_ubatch", 64),
+        ("full", 48),
+        ("full_ubatch", 48),
+        ("full", 32),
+        ("full_ubatch", 32),
+        ("full", 8),
+        ("full", 1),
+    ]
+    ids = [s.id for s in plan.steps]
+    for bs in (64, 48, 32):
+        i = ids.index(f"capture/full/{bs}")
+        assert ids[i + 1 : i + 3] == [f"warmup/full_ubatch/{bs}", f"capture/full_ubatch/{bs}"]
+    assert {s.stream for s in plan.steps if s.phase == "full_ubatch"} == {"ubatch"}
+    rule = {(e.src, e.dst): e.rule for e in plan.edges}
+    assert rule[("capture/full/64", "warmup/full_ubatch/64")] == "twin_of:full_ubatch"
+    assert rule[("capture/full_ubatch/64", "capture/full/48")] == "twin_of:full_ubatch"
+    assert [p.name for p in plan.phases] == ["piecewise", "full", "full_ubatch"]
+    (decision,) = [d for d in plan.decisions if d.rule == "twin_of"]
+    assert (decision.phase, decision.constraint) == ("full_ubatch", "twin_of = full")
+    # the persistent buffer: the first warm-up of the whole capture keeps it, the twins' keep nothing
+    assert [s.id for s in plan.steps if s.keeps is not msgspec.UNSET] == ["warmup/piecewise/64"]
+    # per-key growth follows the interleaved order: it adds up to the pool
+    assert sum(k.added_bytes for k in plan.predicted.keys) == plan.predicted.pool_bytes
+
+
+def test_a_twin_follows_its_phase_s_order_and_refuses_another(tmp_path, cli):
+    plan = _build(tmp_path, TWIN_SPEC, strategies=["full.order=smallest-first"])
+    assert [p.strategy.order for p in plan.phases] == ["largest-first", "smallest-first", "smallest-first"]
+    assert _captures(plan, "full", "full_ubatch") == [
+        ("full", 1),
+        ("full", 8),
+        ("full", 32),
+        ("full_ubatch", 32),
+        ("full", 48),
+        ("full_ubatch", 48),
+        ("full", 64),
+        ("full_ubatch", 64),
+    ]
+    own = _build(tmp_path, TWIN_SPEC, strategies=["full_ubatch.pool=own"])
+    assert own.phases[2].pool != own.phases[1].pool
+    assert _captures(own, "full", "full_ubatch")[:3] == [("full", 64), ("full_ubatch", 64), ("full", 48)]
+    (tmp_path / "s.toml").write_text(TWIN_SPEC)
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "-s", "full_ubatch.order=smallest-first")
+    assert (code, out) == (1, "")
+    assert err == (
+        "planner: error: --strategy full_ubatch.order=smallest-first: twin phase 'full_ubatch' captures in "
+        "phase 'full''s order (largest-first), not smallest-first; fix: pin full.order instead\n"
+    )
+
+
+def test_a_twin_built_plan_checks_up_to_date_from_its_command(tmp_path, cli):
+    (tmp_path / "s.toml").write_text(TWIN_SPEC)
+    assert cli("build", "-b", "fa3", "--spec", "s.toml", "-o", "p.json")[0] == 0
+    assert cli("check", "p.json") == (0, "p.json: up to date\n", "")
+
+
+def test_after_naming_a_twin_waits_for_its_phase_and_a_cycle_through_one_is_located(tmp_path, cli):
+    extra = '[[phases]]\nname = "late"\nkind = "full"\nsizes = [4]\nafter = ["full_ubatch"]\n'
+    plan = _build(tmp_path, TWIN_SPEC + extra)
+    assert [s.phase for s in plan.steps if s.op == "capture"][-1] == "late"
+    assert [p.name for p in plan.phases] == ["piecewise", "full", "full_ubatch", "late"]
+    (tmp_path / "s.toml").write_text(
+        TWIN_SPEC.replace('pieces = "attention"', 'pieces = "attention"\nafter = ["full_ubatch"]')
+    )
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml")
+    assert (code, out) == (1, "")
+    assert err.startswith("planner: error: s.toml: $.phases[") and "rules in conflict: after:" in err, err
+
+
+def test_twins_of_a_phase_with_variants_follow_each_key(tmp_path):
+    spec = TWIN_SPEC.replace('after = ["piecewise"]', 'after = ["piecewise"]\nvariants = { loras = ["0", "1"] }')
+    spec = spec.replace('twin_of = "full"', 'twin_of = "full"\nvariants = { loras = ["0", "1"] }')
+    plan = _build(tmp_path, spec)
+    keys = [s.id for s in plan.steps if s.op == "capture" and s.phase != "piecewise"][:6]
+    assert keys == [
+        "capture/full/64/loras=0",
+        "capture/full_ubatch/64/loras=0",
+        "capture/full/64/loras=1",
+        "capture/full_ubatch/64/loras=1",
+        "capture/full/48/loras=0",
+        "capture/full_ubatch/48/loras=0",
+    ]
+
+
+@pytest.mark.parametrize(
+    "edit,where,what,fix",
+    [
+        (
+            ('twin_of = "full"', 'twin_of = "fulll"'),
+            "$.phases[2].twin_of",
+            "unknown phase 'fulll'; phases are ['full', 'full_ubatch', 'piecewise']",
+            "name the phase whose graphs this one is the micro-batch twin of",
+        ),
+        (
+            ('twin_of = "full"', 'twin_of = "full_ubatch"'),
+            "$.phases[2].twin_of",
+            "a phase cannot be its own twin",
+            "leave twin_of out",
+        ),
+        (
+            ("sizes = [32, 48, 64]", "sizes = [32, 40]"),
+            "$.phases[2].sizes[1]",
+            "size 40 is not one of phase 'full''s: a twin's graph is the twin of one of its graphs",
+            "capture only sizes that 'full' captures",
+        ),
+        (
+            ('twin_of = "full"', 'twin_of = "full"\nafter = ["piecewise"]'),
+            "$.phases[2].after",
+            "a twin is captured with phase 'full', so it has no `after` of its own",
+            "leave after out (put it on 'full')",
+        ),
+        (
+            ('twin_of = "full"', 'twin_of = "full"\ntokens_per_request = 2'),
+            "$.phases[2].tokens_per_request",
+            "tokens_per_request = 2 differs from its phase's (1): a twin runs the same batches",
+            "set tokens_per_request = 1",
+        ),
+        (
+            ('twin_of = "full"', 'twin_of = "full"\nvariants = { loras = ["0"] }'),
+            "$.phases[2].variants",
+            "variants differ from phase 'full''s: a twin has a graph per key of its phase",
+            "give it the variants of 'full'",
+        ),
+        (
+            ('pieces = "attention"', 'pieces = "attention"\ntwin_of = "full"'),
+            "$.phases[0].twin_of",
+            "twin_of has no meaning for a piecewise phase",
+            "set twin_of on full phases only",
+        ),
+    ],
+)
+def test_bad_twins_are_one_located_line_with_a_fix(cli, tmp_path, edit, where, what, fix):
+    (tmp_path / "s.toml").write_text(TWIN_SPEC.replace(*edit))
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml")
+    assert (code, out) == (1, "")
+    assert err == f"planner: error: s.toml: {where}: {what}; fix: {fix}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]  # nothing written
+
+
+def test_a_twin_of_a_twin_and_a_second_twin_are_refused(cli, tmp_path):
+    second = '[[phases]]\nname = "again"\nkind = "full"\nsizes = [32]\ntwin_of = "{of}"\n'
+    for of, what in [
+        ("full", "phase 'full' already has a twin ($.phases[2]); fix: give each phase one micro-batch twin at most"),
+        ("full_ubatch", "phase 'full_ubatch' is itself a twin (of 'full'); fix: name 'full', the phase whose"),
+    ]:
+        (tmp_path / "s.toml").write_text(TWIN_SPEC + second.format(of=of))
+        code, _, err = cli("build", "-b", "fa3", "--spec", "s.toml")
+        assert code == 1 and err.startswith(f"planner: error: s.toml: $.phases[3].twin_of: {what}"), err

@@ -133,7 +133,7 @@ def vllm_spec(sizes, *, draft: bool = False) -> str:
     spec = (
         f'[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
         f'[[phases]]\nname = "full_decode"\nkind = "full"\nsizes = {list(sizes)}\n'
-        f'[[phases]]\nname = "full_decode_ubatch"\nkind = "full"\nsizes = {twins}\n'
+        f'[[phases]]\nname = "full_decode_ubatch"\nkind = "full"\nsizes = {twins}\ntwin_of = "full_decode"\n'
     )
     if draft:
         spec += (
@@ -147,7 +147,8 @@ def vllm_spec(sizes, *, draft: bool = False) -> str:
 
 def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None, loras=None, draft=False, order=()):
     """PIECEWISE (``pieces`` a key), FULL, and the FULL micro-batch twins on
-    stream "ubatch", each largest first (``order``: more build strategies), outputs
+    stream "ubatch" (``twin_of``: each right after its FULL graph, as vLLM captures
+    them), each largest first (``order``: more build strategies), outputs
     as views; ``keeps``: bytes the first warm-up keeps (the persistent hidden_states:
     the first warm-up of all, the largest PIECEWISE descriptor's, run as NONE, stores
     its output); ``loras``: the model's phases keyed by label ``lora`` (vLLM's LoRA
