@@ -71,8 +71,9 @@ pool, ``graph()`` records one CUDA graph into the planned pool on the capture
 stream and ``hold()`` holds the outputs as planned and makes the graph
 servable; :class:`capture_plan.executor.measure.Measurements` records each
 step's figures and writes the report. The pool is measured after every
-capture against the plan's prediction (a snapshot of that pool alone; one
-memory snapshot of every pool at the end confirms the total). The steps
+capture against the plan's prediction (its segments in a memory snapshot,
+:func:`capture_plan.executor.pool.one_pool_reserved`; one snapshot of every
+pool at the end confirms the total). The steps
 allocate in exactly the order the planner simulated: that is what makes its
 predictions exact, so a change here that moves, adds or drops an allocation
 changes what the plans predict.
@@ -953,7 +954,7 @@ class CaptureLoop:
         with torch.cuda.stream(stream):
             if recorder is not None:
                 recorder.begin()
-            # The pool itself is measured (a snapshot of that pool alone): the device's
+            # The pool itself is measured (its segments in a snapshot): the device's
             # reserved-bytes counter also moves for allocations outside the pool meanwhile (the
             # CUDA RNG's graph-safe state at a pool's first capture, the serving thread in the
             # background), and the per-step figures are what the plan's timeline is checked against.
