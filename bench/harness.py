@@ -145,20 +145,21 @@ def header(*, device: bool) -> dict[str, Any]:
     """The fields every result JSON starts with: ``date`` (:func:`now`), ``git_commit`` and
     ``git_dirty`` (:func:`git_commit`; null where unknown), ``git_diff_sha256`` (the
     digest of the uncommitted changes, :func:`git_diff_digest`; null where the tree is
-    clean; with :data:`CLAIM_ENV` set, the git tree id of the files measured), then with ``device`` the GPU's
+    clean; none with :data:`CLAIM_ENV` set, where ``git_tree`` is the git tree id of the
+    files measured instead), then with ``device`` the GPU's
     ``device`` name, the NVIDIA ``driver``, ``torch`` and the ``cuda`` torch was built
     with, else the CPU ``machine`` (:func:`machine`).
 
     ``device`` imports torch and needs CUDA (the device's name); without it nothing
     here imports torch."""
-    commit, dirty = git_commit()
-    if os.environ.get(CLAIM_ENV):
-        # a copy with a stale .git: its diff against that .git's HEAD says nothing; the
-        # files' own tree id names what was measured
-        digest = working_tree() if dirty else None
-    else:
-        digest = git_diff_digest() if dirty else None
+    commit, dirty = git_commit(REPO)
+    claimed = bool(os.environ.get(CLAIM_ENV))
+    # a copy with a stale .git: its diff against that .git's HEAD says nothing (no digest);
+    # the files' own tree id names what was measured
+    digest = git_diff_digest(REPO) if dirty and not claimed else None
     res: dict[str, Any] = {"date": now(), "git_commit": commit, "git_dirty": dirty, "git_diff_sha256": digest}
+    if claimed:
+        res["git_tree"] = working_tree(REPO)
     if not device:
         res["machine"] = machine()
         return res

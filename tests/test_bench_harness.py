@@ -91,6 +91,11 @@ def test_a_copy_with_a_stale_git_records_the_commit_it_claims_clean_only_if_its_
     assert h.git_commit(copy) == (commit, False)
     (copy / "new.txt").write_text("untracked\n")  # carried to the device like the rest: measured
     assert h.git_commit(copy) == (commit, True)
+    monkeypatch.chdir(copy)
+    monkeypatch.setattr(h, "REPO", copy)
+    head = h.header(device=False)
+    assert (head["git_commit"], head["git_dirty"], head["git_diff_sha256"]) == (commit, True, None)
+    assert head["git_tree"] == h.working_tree(copy) != tree  # what was measured, named exactly
     monkeypatch.setenv(h.CLAIM_ENV, commit)
     with pytest.raises(
         h.InputError, match=r"not <commit>:<tree>.*fix: set it to the output of python -m bench.harness claim"
