@@ -1,32 +1,32 @@
-"""``planner build``: spec + rules + options -> a canonical, sealed plan.
+"""The build pipeline: spec + rules + options -> a canonical, sealed plan.
 
-Pipeline: load the spec (embedded default or file) -> match rules per phase ->
+What a build was asked is planner/build_options.py's; writing and checking plan files
+is planner/plan_files.py's. Pipeline: load the spec (embedded default or file) -> match rules per phase ->
 memory workload (analytic or trace) -> check forced orders for conflicts ->
 choose strategies (optimize.py) -> step graph and its order (graph.py) ->
 simulate the ordered steps for the timeline -> Plan with decisions and digest.
 
 Everything recorded in the plan is relative and sorted: the same inputs give
-the same bytes on any machine (tests/test_determinism.py).
+the same bytes on any machine (tests/test_determinism.py). In named steps
+(:func:`build_plan`): resolve the inputs -> optimize the strategies -> order the
+steps -> predict memory -> assemble the sealed plan.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import cast
 
 import msgspec
 
-from capture_plan.schemas.codec import canonical_bytes, decode_trace, seal, sha256, sniff_kind
-from capture_plan.schemas.errors import ConstraintError, DriftError, InputError
-from capture_plan.schemas.files import existing_output, read_input, write_atomic
+from capture_plan.schemas.codec import canonical_bytes, decode_trace, seal, sha256
+from capture_plan.schemas.errors import ConstraintError, InputError
+from capture_plan.schemas.files import read_input
 from capture_plan.schemas.keys import needed_revision, parse_step_id
 from capture_plan.schemas.limits import MODEL_MAX
 from capture_plan.schemas.plan import (
     INPUTS_REVISION,
-    PLAN_REVISION,
-    BuildRecord,
     Decision,
     DimensionSource,
     Inputs,
@@ -39,13 +39,13 @@ from capture_plan.schemas.plan import (
     Strategy,
     TraceSamples,
     VariantAxis,
-    record_command,
 )
 from capture_plan.schemas.spec import Phase, Spec, phase_model
 from capture_plan.schemas.strategy import AXES, AllocatorMode, allocator_modes
 from capture_plan.schemas.units import MiB, mib
 
 from . import resources
+from .build_options import BuildOptions, build_record, check_paths_encode, normalized_command, output_path, relative
 from .device import Calibration, device_prediction, pools_after
 from .dimensions import MOE, model_used, preset_sources
 from .fidelity import fidelity
@@ -54,210 +54,16 @@ from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, rule_text, satisfies
 from .simulate import SimResult, pool_id, simulate
-from .specs import default_spec, model_presets, preset_max_bs, read_spec_file
+from .specs import default_spec, model_presets, read_spec_file
 from .validate import decode_spec_sources
 from .workload import Workload, workspace_bytes
 
 __all__ = [
     "BuildOptions",
     "build_spec",
-    "build_record",
-    "options_from_record",
     "build_plan",
-    "plan_bytes",
-    "default_output",
-    "output_path",
-    "write_atomic",
-    "write_plan",
-    "check_plan",
-    "normalized_command",
-    "options_from_command",
-    "command_for_cwd",
-    "newer_revision",
     "check_tp",
 ]
-
-
-class BuildOptions(msgspec.Struct, frozen=True):
-    """What ``planner build`` was asked. Paths are as given (relative to cwd)."""
-
-    backend: str
-    ci: bool = False
-    speculative: str | None = None
-    max_bs: int | None = None
-    spec: Path | None = None
-    strategies: tuple[str, ...] = ()
-    trace: Path | None = None
-    tp: int | None = None
-    output: Path | None = None
-    allocator: str | None = None
-    #: compare strategies on every size, however many (slower; see optimize.SCREEN_ABOVE)
-    exact: bool = False
-    #: a capture report measured on the device: the plan's measured device items (planner/device.py)
-    calibration: Path | None = None
-    #: another engine's conventions for the embedded spec (specs.preset_names(): vllm)
-    preset: str | None = None
-
-
-def _rel(path: Path, base: Path) -> str:
-    """``path`` relative to the folder ``base``, forward slashes. Lexical on purpose
-    (no symlink resolution): a spec given through a link is recorded as the
-    link, so the plan does not depend on where the link points today."""
-    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(base))).as_posix()
-
-
-def default_output(opts: BuildOptions) -> Path:
-    parts = [opts.backend]
-    if opts.spec is not None:
-        parts.append(opts.spec.stem)
-    elif opts.speculative:
-        parts.append(opts.speculative)
-    elif opts.preset:
-        parts.append(opts.preset)
-    if opts.ci:
-        parts.append("ci")
-    return Path("plans") / ("-".join(parts) + ".json")
-
-
-def output_path(opts: BuildOptions) -> Path:
-    return opts.output if opts.output is not None else default_output(opts)
-
-
-def _command(opts: BuildOptions, rel, out: str | None) -> list[str]:
-    cmd = ["planner", "build", "--backend", opts.backend]
-    if opts.ci:
-        cmd.append("--ci")
-    if opts.spec is not None:
-        cmd += ["--spec", rel(opts.spec)]
-    if opts.speculative:
-        cmd += ["--speculative", opts.speculative]
-    if opts.preset:
-        cmd += ["--preset", opts.preset]
-    if opts.max_bs is not None and opts.max_bs != preset_max_bs(opts.preset):
-        cmd += ["--max-bs", str(opts.max_bs)]
-    if opts.tp is not None:
-        cmd += ["--tp", str(opts.tp)]
-    if opts.allocator is not None:
-        cmd += ["--allocator", opts.allocator]
-    if opts.trace is not None:
-        cmd += ["--trace", rel(opts.trace)]
-    if opts.calibration is not None:
-        cmd += ["--calibration", rel(opts.calibration)]
-    if opts.exact:
-        cmd.append("--exact")
-    for s in sorted(set(opts.strategies)):
-        cmd += ["--strategy", s]
-    return cmd + (["-o", out] if out is not None else [])
-
-
-def build_record(opts: BuildOptions) -> BuildRecord:
-    """``opts`` as the plan records them (:class:`capture_plan.schemas.plan.BuildRecord`): paths
-    relative to the plan's own folder, ``output`` only the file name and only
-    when it is not the default one, pins sorted and once each -- the same record
-    whichever directory the plan was built from, in any clone."""
-    base = output_path(opts).parent
-    name = output_path(opts).name
-
-    def rel(p: Path | None) -> str | None:
-        return _rel(p, base) if p is not None else None
-
-    return BuildRecord(
-        backend=opts.backend,
-        ci=opts.ci,
-        speculative=opts.speculative,
-        preset=opts.preset,
-        max_bs=None if opts.max_bs == preset_max_bs(opts.preset) else opts.max_bs,
-        spec=rel(opts.spec),
-        strategies=sorted(set(opts.strategies)),
-        trace=rel(opts.trace),
-        tp=opts.tp,
-        allocator=opts.allocator,
-        exact=opts.exact,
-        calibration=rel(opts.calibration),
-        output=name if name != default_output(opts).name else None,
-    )
-
-
-def options_from_record(rec: BuildRecord, plan_path: Path) -> BuildOptions:
-    """The options that rebuild the plan at ``plan_path`` from its record: its
-    paths joined to the plan's folder lexically, as :func:`build_record` made
-    them (through a linked plans folder the OS would resolve ``plans/../specs``
-    from the link's target), its output ``plan_path`` itself (a copy under
-    another name rebuilds under that name, so it is never "up to date" as
-    another plan)."""
-    base = plan_path.parent
-
-    def join(p: str | None) -> Path | None:
-        return Path(os.path.normpath(base / p)) if p is not None else None
-
-    return BuildOptions(
-        backend=rec.backend,
-        ci=rec.ci,
-        speculative=rec.speculative,
-        preset=rec.preset,
-        max_bs=rec.max_bs,
-        spec=join(rec.spec),
-        strategies=tuple(rec.strategies),
-        trace=join(rec.trace),
-        tp=rec.tp,
-        allocator=rec.allocator,
-        output=plan_path,
-        exact=rec.exact,
-        calibration=join(rec.calibration),
-    )
-
-
-_PATH_FLAGS = {"--spec": "spec", "--trace": "trace", "--calibration": "calibration", "-o": "output"}
-_TEXT_FLAGS = {"--backend": "backend", "--speculative": "speculative", "--preset": "preset", "--allocator": "allocator"}
-_INT_FLAGS = {"--max-bs": "max_bs", "--tp": "tp"}
-
-
-def options_from_command(command: list[str], plan_path: Path) -> BuildOptions | None:
-    """The options of a recorded command's text (a revision-1 plan records nothing
-    else), its paths joined to the plan's folder as :func:`options_from_record` joins
-    a record's, its output ``plan_path``: what :func:`command_for_cwd` turns into the
-    command that rebuilds the plan from the current directory. None when the text
-    holds anything but the long options :func:`normalized_command` writes."""
-    if command[:2] != ["planner", "build"]:
-        return None
-    fields: dict = {"strategies": []}
-    args = iter(command[2:])
-    for flag in args:
-        if flag in ("--ci", "--exact"):
-            fields[flag[2:]] = True
-            continue
-        value = next(args, None)
-        if value is None:
-            return None
-        if flag in _PATH_FLAGS:
-            fields[_PATH_FLAGS[flag]] = Path(os.path.normpath(plan_path.parent / value))
-        elif flag in _TEXT_FLAGS:
-            fields[_TEXT_FLAGS[flag]] = value
-        elif flag in _INT_FLAGS and value.isdigit():
-            fields[_INT_FLAGS[flag]] = int(value)
-        elif flag == "--strategy":
-            fields["strategies"].append(value)
-        else:
-            return None
-    if "backend" not in fields:
-        return None
-    fields["strategies"] = tuple(fields["strategies"])
-    return BuildOptions(**{**fields, "output": plan_path})
-
-
-def normalized_command(opts: BuildOptions) -> list[str]:
-    """The command recorded in the plan, the text of :func:`build_record`: its
-    paths are relative to the plan's own folder, and ``-o`` is only the file
-    name, recorded when it is not the default one."""
-    return record_command(build_record(opts))
-
-
-def command_for_cwd(opts: BuildOptions) -> str:
-    """The ``planner build`` command that rebuilds the plan when run from the
-    current directory: what error messages tell the user to run."""
-    cwd = Path.cwd()
-    out = _rel(output_path(opts), cwd)
-    return shlex.join(_command(opts, lambda p: _rel(p, cwd), out if out != default_output(opts).as_posix() else None))
 
 
 def _spec(
@@ -295,10 +101,12 @@ def _spec(
         )
         base = output_path(opts).parent
         model, config, config_raw, config_keys = read_model_config(spec.model, opts.spec, str(opts.spec))
-        used = (_rel(Path(config), base), sha256(config_raw), _model_type(config_raw)) if config is not None else None
+        used = None
+        if config is not None:
+            used = (relative(Path(config), base), sha256(config_raw), _model_type(config_raw))
         sources.update({f: "config" for f in MOE if f in config_keys})  # the MoE fields a config gives are its
         spec = msgspec.structs.replace(spec, model=model)
-        return spec, _rel(opts.spec, base), raw, used, sources, config_keys
+        return spec, relative(opts.spec, base), raw, used, sources, config_keys
     spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
     return spec, "embedded:" + spec.name, canonical_bytes(spec), None, preset_sources(spec.model), {}
 
@@ -571,32 +379,9 @@ class _Predicted(msgspec.Struct, frozen=True):
     hoisted: int
 
 
-def _check_paths_encode(opts: BuildOptions) -> None:
-    """The paths a plan records (its name, ``-o``, ``--spec``, ``--trace``) must be
-    text: a file name that is not valid UTF-8 (bytes a POSIX name may hold)
-    cannot go into the plan's JSON, and was an internal error when it was written."""
-    for flag, path in (
-        ("--spec", opts.spec),
-        ("--trace", opts.trace),
-        ("--calibration", opts.calibration),
-        ("-o", output_path(opts)),
-    ):
-        if path is None:
-            continue
-        try:
-            str(path).encode("utf-8")
-        except UnicodeEncodeError:
-            shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # its bytes, printable anywhere
-            raise InputError(
-                "path is not valid UTF-8, and the plan records it as text",
-                where=f"{flag} {shown}",
-                fix="rename the file (or the folders on its path) to a UTF-8 name",
-            ) from None
-
-
 def _resolve(opts: BuildOptions) -> _Resolved:
     """Read spec, trace and data; check tp, allocator and budget floor; order the phases."""
-    _check_paths_encode(opts)
+    check_paths_encode(opts)
     backend = resources.backend(opts.backend)
     spec, spec_name, spec_raw, model_config, sources, config_keys = _spec(opts)
     spec_source = str(opts.spec) if opts.spec is not None else spec_name
@@ -671,7 +456,7 @@ def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
         return None, None
     from .device import read_calibration
 
-    shown, recorded = str(opts.calibration), _rel(opts.calibration, output_path(opts).parent)
+    shown, recorded = str(opts.calibration), relative(opts.calibration, output_path(opts).parent)
     cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded)
     if traced_on and cal.device.split(" sm")[0] not in traced_on:
         raise InputError(
@@ -812,7 +597,7 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
         spec.model,
         r.model_config is not None,
         r.model_config[2] if r.model_config else None,
-        f"{_rel(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "",
+        f"{relative(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "",
     )
     plan = Plan(
         name=output.stem,
@@ -827,7 +612,7 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
             max_bs=max(max(p.sizes) for p in spec.phases),
             tp=r.tp,
             strategies=sorted(set(opts.strategies)),
-            trace=_rel(r.trace_path, output.parent) if r.trace_path is not None else None,
+            trace=relative(r.trace_path, output.parent) if r.trace_path is not None else None,
             trace_digest=r.trace_digest,
             **({"model_config": r.model_config[0], "model_config_digest": r.model_config[1]} if r.model_config else {}),
             **(
@@ -909,164 +694,3 @@ def build_plan(opts: BuildOptions) -> Plan:
     predicted = _predict(resolved, sol, ordered.steps)
     _check_budget(resolved, opts, sol, predicted)
     return _assemble(opts, resolved, sol, ordered, predicted)
-
-
-def plan_bytes(plan: Plan) -> bytes:
-    return canonical_bytes(plan)
-
-
-def newer_revision(revision: object, where: str, *, force_hint: bool = False) -> None:
-    """Refuse to check or replace a plan written by a newer capture-plan.
-
-    Readers accept newer plan revisions (they only add fields), but this
-    planner would rebuild such a plan without what the newer one added: the
-    comparison would call it stale and a rebuild would silently downgrade it.
-    """
-    if isinstance(revision, int) and not isinstance(revision, bool) and revision > PLAN_REVISION:
-        raise InputError(
-            f"plan revision {revision} was written by a newer capture-plan (this one writes revision "
-            f"{PLAN_REVISION}); checking or rebuilding it here would downgrade it",
-            where=where,
-            fix="upgrade capture-plan" + (", or pass --force to replace it" if force_hint else ""),
-        )
-
-
-def _recorded(data: bytes) -> dict:
-    """The top-level fields of a plan file's bytes ({} when it is not a plan)."""
-    try:
-        raw = msgspec.json.decode(data)
-    except (msgspec.DecodeError, RecursionError):
-        return {}
-    return raw if isinstance(raw, dict) and sniff_kind(raw) == "plan" else {}
-
-
-def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
-    """Build in memory and compare with the file on disk; raise DriftError if they
-    differ. InputError if the file is a newer revision (:func:`newer_revision`)
-    or, with ``same_command`` (``planner build --check``), the plan of another
-    command or no plan at all: a what-if (``--tp 8 --check``) compared with the
-    checked-in plan of the same default name is not drift of that plan, and the
-    rebuild a DriftError would advise, write_plan refuses. (``planner check``
-    rebuilds a plan from its own record, where a copy under another name is
-    stale.)"""
-    plan = build_plan(opts)
-    path = output_path(opts)
-    fix = f"run `{command_for_cwd(opts)}`"
-    # not Path.exists(): it raises on a name too long or a folder that may not be searched
-    if existing_output(path, str(path), "check a plan file, not a folder", doing="check") is None:
-        raise DriftError("plan is missing", where=str(path), fix=fix)
-    data = read_input(path, "plan")
-    if data != plan_bytes(plan):
-        recorded = _recorded(data)
-        newer_revision(recorded.get("revision"), f"{path}: $.revision")
-        command = recorded.get("command")
-        if same_command and isinstance(command, list) and command != plan.command:
-            raise InputError(
-                f"holds the plan of `{' '.join(map(str, command))}`, not of this command",
-                where=str(path),
-                fix=f"check it with `planner check {shlex.quote(str(path))}`, or give this build its own file with -o",
-            )
-        if same_command and not recorded:  # a rebuild would be refused too (write_plan): not drift
-            raise InputError(
-                "exists and is not a plan",
-                where=str(path),
-                fix=f"check another file with -o, or replace it with `{command_for_cwd(opts)} --force`",
-            )
-        if command != plan.command:  # a copy under another name: the rebuild replaces another command's plan
-            fix = f"run `{command_for_cwd(opts)} --force`"
-        raise DriftError(f"plan is stale: {_why_stale(data, plan, str(path))}", where=str(path), fix=fix)
-    return path
-
-
-def _why_stale(data: bytes, plan: Plan, source: str) -> str:
-    """Which recorded input changed and how far the prediction moved
-    (:func:`capture_plan.planner.compare.stale_reason`); "it differs from what the planner
-    builds now" when the file cannot be read as a plan to compare with."""
-    from capture_plan.schemas.codec import decode_plan
-    from capture_plan.schemas.errors import CapturePlanError
-
-    from .compare import stale_reason
-
-    try:
-        old = decode_plan(data, source, check_digest=False)
-    except CapturePlanError:
-        return "it differs from what the planner builds now"
-    if plan_digest_ok(data) is False:  # what it records was edited, not built: comparing it says nothing
-        return "its digest does not match its content (edited by hand or corrupted)"
-    return stale_reason(old, plan)
-
-
-def plan_digest_ok(data: bytes) -> bool | None:
-    """Whether a plan file's recorded digest matches its content (None: not a JSON object)."""
-    from capture_plan.schemas.codec import plan_digest
-
-    try:
-        raw = msgspec.json.decode(data)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    return raw.get("digest") == plan_digest(raw) if isinstance(raw, dict) else None
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return os.path.abspath(a) == os.path.abspath(b)
-
-
-def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
-    """Write ``plan`` to its output path; refuse to clobber what it should not.
-
-    Never overwrites the spec, trace or model config it was built from. Replaces an existing
-    file only when that file is a plan recorded with the same command (a
-    rebuild) and not written by a newer capture-plan, or with ``force``: a
-    what-if build (``--tp 8``, ``-s ...``) does not silently replace the
-    checked-in plan of the same default name, nor an older planner a newer
-    one's plan.
-    """
-    path = output_path(opts)
-    # every file the plan was built from, --force or not: the trace a spec names
-    # (a GPU recording) and a model config too, found from the plan's own record
-    inputs = plan.inputs
-    sources = [
-        ("spec", "--spec ", opts.spec),
-        ("trace", "--trace ", opts.trace),
-        ("calibration report", "--calibration ", opts.calibration),
-    ]
-    sources += [
-        (what, "", path.parent / rel)
-        for what, rel in (("trace", inputs.trace), ("model config", inputs.model_config))
-        if rel
-    ]
-    for what, flag, src in sources:
-        if src is not None and _same_file(path, src):
-            raise InputError(
-                f"the output is the {what} file",
-                where=str(path),
-                fix=f"name another output with -o (it would overwrite {flag}{src})",
-            )
-    # a folder at the path is refused here, not after "pass --force" (which the
-    # write then refused too); a name too long or a folder that may not be searched
-    # is "cannot write", not an internal error (Path.exists() raises on both)
-    existing = existing_output(path, str(path), "name a plan file with -o, not a folder")
-    if existing is not None and not force:
-        try:
-            recorded = _recorded(read_input(path, "plan"))
-        except InputError:  # unreadable as a plan: not one this build may replace
-            recorded = {}
-        command = recorded.get("command")
-        if command is not None:
-            newer_revision(recorded.get("revision"), f"{path}: $.revision", force_hint=True)
-        if command != plan.command:
-            what = (
-                f"holds a plan built by `{' '.join(map(str, command))}`"
-                if isinstance(command, list)
-                else "exists and is not a plan"
-            )
-            raise InputError(
-                f"{what}; this build would replace it",
-                where=str(path),
-                fix="write a what-if plan elsewhere with -o, or pass --force to replace it",
-            )
-    write_atomic(path, plan_bytes(plan))
-    return path

@@ -59,6 +59,7 @@ __all__ = [
     "DimensionSource",
     "ModelUsed",
     "record_command",
+    "BUILD_FLAGS",
 ]
 
 PLAN_VERSION = 1
@@ -308,7 +309,7 @@ class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
-    """The options ``planner build`` was given (``capture_plan.planner.build.BuildOptions``), as
+    """The options ``planner build`` was given (``capture_plan.planner.build_options.BuildOptions``), as
     ``planner check`` rebuilds the plan from them: paths relative to the plan's
     own folder, ``output`` only the file name and only when it is not the
     default one. The one record of a build (``command`` is its text)."""
@@ -352,32 +353,44 @@ class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     phases: dict[str, dict[str, NonNegative]] = {}
 
 
+#: every option of a :class:`BuildRecord` but ``backend``, as ``planner build`` takes it, in the
+#: order a recorded command lists them: (field, flag, kind). kind: "switch" (a flag alone, when
+#: true), "repeat" (the flag once per item), "path" (a path relative to the plan's folder),
+#: "int", "float" or "text" (one value). One row per option: capture_plan.planner.build_options
+#: writes and reads the command from it, and :func:`record_command` writes its text.
+BUILD_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("ci", "--ci", "switch"),
+    ("spec", "--spec", "path"),
+    ("speculative", "--speculative", "text"),
+    ("preset", "--preset", "text"),
+    ("max_bs", "--max-bs", "int"),
+    ("tp", "--tp", "int"),
+    ("allocator", "--allocator", "text"),
+    ("trace", "--trace", "path"),
+    ("calibration", "--calibration", "path"),
+    ("exact", "--exact", "switch"),
+    ("strategies", "--strategy", "repeat"),
+    ("output", "-o", "path"),
+)
+
+
 def record_command(rec: BuildRecord) -> list[str]:
     """The ``planner build`` command a build record is the text of: what a plan's
-    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.build``
+    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.build_options``
     writes both from this; ``capture_plan.schemas.codec.validate_plan`` refuses a plan
     whose two disagree, since ``show``/``diff`` read the command and ``check`` rebuilds
-    from the record)."""
+    from the record). Flags in :data:`BUILD_FLAGS`' order."""
     cmd = ["planner", "build", "--backend", rec.backend]
-    if rec.ci:
-        cmd.append("--ci")
-    for flag, value in (("--spec", rec.spec), ("--speculative", rec.speculative), ("--preset", rec.preset)):
-        if value is not None:
-            cmd += [flag, value]
-    for flag, value in (
-        ("--max-bs", rec.max_bs),
-        ("--tp", rec.tp),
-        ("--allocator", rec.allocator),
-        ("--trace", rec.trace),
-        ("--calibration", rec.calibration),
-    ):
-        if value is not None:
+    for field, flag, kind in BUILD_FLAGS:
+        value = getattr(rec, field)
+        if kind == "switch":
+            cmd += [flag] if value else []
+        elif kind == "repeat":
+            for item in value:
+                cmd += [flag, str(item)]
+        elif value is not None:
             cmd += [flag, str(value)]
-    if rec.exact:
-        cmd.append("--exact")
-    for s in rec.strategies:
-        cmd += ["--strategy", s]
-    return cmd + (["-o", rec.output] if rec.output is not None else [])
+    return cmd
 
 
 class Inputs(PlanStruct, frozen=True, kw_only=True):
