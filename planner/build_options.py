@@ -37,7 +37,25 @@ __all__ = [
     "normalized_command",
     "command_for_cwd",
     "check_paths_encode",
+    "SIZE_CHOICE",
+    "without_size_choice",
+    "check_size_choice",
 ]
+
+#: the options that choose sizes for a traffic (``--sizes auto``), as BuildOptions fields
+SIZE_CHOICE = (
+    "sizes",
+    "traffic",
+    "traffic_phases",
+    "metric",
+    "max_size",
+    "timing",
+    "device",
+    "context",
+    "budget_mib",
+    "max_graphs",
+    "max_padding",
+)
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -59,6 +77,26 @@ class BuildOptions(msgspec.Struct, frozen=True):
     calibration: Path | None = None
     #: another engine's conventions for the embedded spec (specs.preset_names(): vllm)
     preset: str | None = None
+    #: "auto": capture the sizes chosen for ``traffic`` (planner/sizes.py) instead of the spec's;
+    #: the fields below are planner/sizes.py's SizesOptions, read only with it
+    sizes: str | None = None
+    traffic: Path | None = None
+    #: the phases traffic that names none is for (default: every phase)
+    traffic_phases: tuple[str, ...] = ()
+    #: the histogram read from a Prometheus scrape (default: traffic.DEFAULT_METRIC)
+    metric: str | None = None
+    #: the largest size the engine schedules, always captured (default: the spec's largest)
+    max_size: int | None = None
+    #: a capture report with replay times; else step times from a roofline
+    timing: Path | None = None
+    #: the roofline's device (default: step_time.DEFAULT_DEVICE)
+    device: str | None = None
+    #: KV tokens per request, for the roofline (default: step_time.DEFAULT_CONTEXT)
+    context: int | None = None
+    budget_mib: float | None = None
+    max_graphs: int | None = None
+    #: percent of step time
+    max_padding: float | None = None
 
 
 def relative(path: Path, base: Path) -> str:
@@ -76,6 +114,8 @@ def default_output(opts: BuildOptions) -> Path:
         parts.append(opts.speculative)
     elif opts.preset:
         parts.append(opts.preset)
+    if opts.sizes is not None:  # not the spec's sizes: not the spec's plan's name
+        parts.append(f"sizes-{opts.traffic.stem}" if opts.traffic is not None else "sizes")
     if opts.ci:
         parts.append("ci")
     return Path("plans") / ("-".join(parts) + ".json")
@@ -96,7 +136,7 @@ def _record(opts: BuildOptions, base: Path, output: str | None) -> BuildRecord:
         if kind == "path" and value is not None:
             value = relative(value, base)
         elif kind == "repeat":
-            value = sorted(set(value))
+            value = sorted(set(value or ()))
         fields[field] = value
     if opts.max_bs == preset_max_bs(opts.preset):
         fields["max_bs"] = None
@@ -128,7 +168,7 @@ def options_from_record(rec: BuildRecord, plan_path: Path) -> BuildOptions:
         if kind == "path" and value is not None:
             value = Path(os.path.normpath(base / value))
         elif kind == "repeat":
-            value = tuple(value)
+            value = tuple(value or ())
         fields[field] = value
     return BuildOptions(**fields)
 
@@ -207,3 +247,35 @@ def check_paths_encode(opts: BuildOptions) -> None:
                 where=f"{flag} {shown}",
                 fix="rename the file (or the folders on its path) to a UTF-8 name",
             ) from None
+
+
+def without_size_choice(opts: BuildOptions) -> BuildOptions:
+    """``opts`` building the spec's own sizes: what a size choice prices its lists with."""
+    blank = BuildOptions(backend=opts.backend)
+    return msgspec.structs.replace(opts, **{f: getattr(blank, f) for f in SIZE_CHOICE})
+
+
+def check_size_choice(opts: BuildOptions) -> None:
+    """The size-choice options come with ``--sizes auto`` and a traffic, and only then: a
+    ``--traffic`` without ``--sizes auto`` would be recorded and read by nothing."""
+    blank = BuildOptions(backend=opts.backend)
+    flags = {field: flag for field, flag, _kind in BUILD_FLAGS}
+    given = [flags[f] for f in SIZE_CHOICE[1:] if getattr(opts, f) != getattr(blank, f)]
+    if opts.sizes is None and given:
+        fix = f"capture the spec's sizes: `{command_for_cwd(without_size_choice(opts))}`"
+        if opts.traffic is not None:
+            auto = command_for_cwd(msgspec.structs.replace(opts, sizes="auto"))
+            fix = f"choose the sizes for the traffic: `{auto}`, or {fix}"
+        verb = "choose" if len(given) > 1 else "chooses"
+        raise InputError(
+            f"{', '.join(given)} {verb} sizes for a traffic, with --sizes auto only", where=given[0], fix=fix
+        )
+    if opts.sizes not in (None, "auto"):
+        raise InputError(f"unknown sizes {opts.sizes!r}", where=f"--sizes {opts.sizes}", fix="use --sizes auto")
+    if opts.sizes == "auto" and opts.traffic is None:
+        raise InputError(
+            "--sizes auto chooses the sizes for a traffic, and none is given",
+            where="--sizes auto",
+            fix="give the batch sizes the engine ran with --traffic FILE (planner sizes --help says the forms), "
+            f"or capture the spec's sizes: `{command_for_cwd(without_size_choice(opts))}`",
+        )

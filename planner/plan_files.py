@@ -146,6 +146,8 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
         ("spec", "--spec ", opts.spec),
         ("trace", "--trace ", opts.trace),
         ("calibration report", "--calibration ", opts.calibration),
+        ("traffic", "--traffic ", opts.traffic),
+        ("timing report", "--timing ", opts.timing),
     ]
     sources += [
         (what, "", path.parent / rel)

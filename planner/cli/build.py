@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._build_inputs import build_inputs
+from ._build_inputs import build_inputs, size_choice
 from ._common import OUTPUT, Command, option
 
 
@@ -24,6 +24,13 @@ def _complete_strategy(incomplete: str) -> list[str]:
 
 @click.command("build", cls=Command)
 @build_inputs
+@option(
+    "--sizes",
+    type=click.Choice(["auto"]),
+    metavar="str",
+    help="auto: capture the sizes chosen for --traffic (as planner sizes chooses them) instead of the spec's.",
+)
+@size_choice(traffic_required=False)
 @option(
     "--strategy",
     "-s",
@@ -56,6 +63,17 @@ def _complete_strategy(incomplete: str) -> list[str]:
 )
 def command(
     build,
+    sizes,
+    traffic,
+    phases,
+    metric,
+    max_size,
+    timing,
+    device,
+    context,
+    budget_mib,
+    max_graphs,
+    max_padding,
     strategy,
     require_exact,
     output,
@@ -73,7 +91,23 @@ def command(
     from capture_plan.planner.plan_files import check_plan, write_plan
     from capture_plan.planner.render import summary
 
-    opts = msgspec.structs.replace(build, strategies=tuple(strategy), output=output, exact=exact)
+    opts = msgspec.structs.replace(
+        build,
+        strategies=tuple(strategy),
+        output=output,
+        exact=exact,
+        sizes=sizes,
+        traffic=traffic,
+        traffic_phases=tuple(phases),
+        metric=metric,
+        max_size=max_size,
+        timing=timing,
+        device=device,
+        context=context,
+        budget_mib=budget_mib,
+        max_graphs=max_graphs,
+        max_padding=max_padding,
+    )
     path = output_path(opts)
     if check:
         check_plan(opts, same_command=True)
