@@ -139,7 +139,7 @@ def draw_front(data: dict, path: Path, where: str = "--plot") -> None:
             ax.set_title(f"{ph['phase']}: {ph['steps']:,.0f} steps, largest size {ph['top']}")
             lines, labels = ax.get_legend_handles_labels()
             more, more_labels = mem.get_legend_handles_labels()
-            ax.legend(lines + more, labels + more_labels, fontsize=7, loc="upper right")
+            ax.legend(lines + more, labels + more_labels, fontsize=7, loc="upper center")
         fig.suptitle(data["title"])
         buf = io.BytesIO()
         if path.suffix.lower() == ".svg":
