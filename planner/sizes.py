@@ -508,7 +508,8 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
                 where="--budget-mib" if opts.budget_mib is not None else f"{b.spec}: $.budget_mib",
                 fix="raise the budget, or allow fewer graphs with --max-graphs",
             )
-            err.retry = {"budget_mib": float(-(-total // MiB))}
+            if opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
+                err.retry = {"budget_mib": float(-(-total // MiB))}
             raise err
     fid = plan.predicted
     return SizesResult(
@@ -578,12 +579,16 @@ def _choose(
     shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
     err = ConstraintError(
         f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
-        where="--budget-mib" if opts.budget_mib is not None else "the spec's budget_mib",
+        where="--budget-mib"
+        if opts.budget_mib is not None
+        else f"{opts.build.spec}: $.budget_mib"
+        if opts.build.spec is not None
+        else "the spec's budget_mib",
         fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
         if used is not None
         else "calibrate with --calibration REPORT, or give a budget of the pool with no --calibration",
     )
-    if used is not None:
+    if used is not None and opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
         err.retry = {"budget_mib": float(-(-used // MiB))}
     raise err
 

@@ -247,3 +247,19 @@ def test_size_choice_options_come_together(cli, tmp_path, args, needles):
     args = [traffic.name if a == "TRAFFIC" else a for a in args]
     one_line_error(cli("build", "-b", "fa3", *args), *needles)
     assert not (tmp_path / "plans").exists()
+
+
+def test_a_spec_budget_no_list_meets_is_located_in_the_spec(cli, tmp_path):
+    """The spec's own budget_mib is the spec's to raise: the line names it, not a --budget-mib
+    the build was not given (the pipeline would still refuse the spec's budget)."""
+    (tmp_path / "b.toml").write_text(
+        "budget_mib = 10\n\n[model]\nlayers = 2\nhidden = 1024\nheads = 8\nkv_heads = 2\nhead_dim = 128\n"
+        'intermediate = 2048\nvocab = 32000\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8, 32]\n'
+    )
+    (tmp_path / "t.csv").write_text("1,50\n3,20\n9,5\n30,1\n")
+    line = one_line_error(
+        cli("build", "-b", "fa3", "--spec", "b.toml", "--sizes", "auto", "--traffic", "t.csv", "-o", "p.json"),
+        "b.toml: $.budget_mib: phase 'decode': no list fits the budget of 10 MiB",
+        "fix: raise the budget to at least",
+    )
+    assert "--budget-mib" not in line and not (tmp_path / "p.json").exists()
