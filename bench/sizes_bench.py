@@ -11,7 +11,10 @@ tests/data/traffic-skewed.csv (256 sizes) and the embedded spec (SGLang's 36 siz
   choose_s         choose_sizes in process, the table's selection of counts (the default output)
   captures         captures simulated by one choose_sizes --all (counted in a separate untimed run)
 
-Also records the chosen list's padding against SGLang's default 36 sizes (roofline, approximate).
+Also records the chosen list's padding against SGLang's default 36 sizes (roofline, approximate),
+and the whole front calibrated with plans/calibration/h200-fa3-ci.json (``front``: every count
+from 1 to 64, the engines' defaults and the chosen list, each with its device total), which
+docs/generate.py draws as the README's figure (docs/sizes-front.png).
 
 Writes JSON with date and machine to bench/results/sizes-<date>[-<tag>].json.
 Run: python -m bench.sizes_bench [--repeat 3] [--tag NAME]
@@ -32,6 +35,7 @@ import time
 from bench.harness import REPO, add_out_dir, add_overwrite, header, main_exit, result_file
 
 TRAFFIC = REPO / "tests" / "data" / "traffic-skewed.csv"
+CALIBRATION = REPO / "plans" / "calibration" / "h200-fa3-ci.json"
 
 
 def _median(fn, repeat: int) -> float:
@@ -124,6 +128,12 @@ def main() -> None:
         "pool_bytes": sglang.pool_bytes,
     }
     res["padding_provenance"] = "roofline (approximate)"
+    from capture_plan.planner.size_plot import front_data
+
+    calibrated = BuildOptions(backend="fa3", ci=True, calibration=CALIBRATION)
+    front = choose_sizes(SizesOptions(build=calibrated, traffic=TRAFFIC, every=True))
+    res["front"] = front_data(front, traffic=res["traffic"])
+    res["front_calibration"] = str(CALIBRATION.relative_to(REPO))
     res["loadavg_after"] = os.getloadavg()
     out.write(res)
     print(json.dumps(res, indent=2, sort_keys=True))

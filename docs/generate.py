@@ -1371,6 +1371,60 @@ def cli_reference() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+SIZES = "sizes-2026-12-02.json"
+
+
+def _front(d: dict) -> tuple[dict, dict]:
+    """The chosen list and SGLang's default of the bench's calibrated front (its one phase)."""
+    (ph,) = d["front"]["phases"]
+    return ph["chosen"], next(r for r in ph["defaults"] if r["label"] == "SGLang default")
+
+
+@figure("sizes-chosen", SIZES)
+def _sizes_chosen(d: dict) -> str:
+    chosen, _ = _front(d)
+    return f"{chosen['graphs']} sizes pad ~{chosen['padding_pct']:.2f}% of the step time"
+
+
+@figure("sizes-sglang", SIZES)
+def _sizes_sglang(d: dict) -> str:
+    _, sglang = _front(d)
+    return f"{sglang['graphs']} sizes' ~{sglang['padding_pct']:.2f}%"
+
+
+@figure("sizes-device", SIZES)
+def _sizes_device(d: dict) -> str:
+    chosen, sglang = _front(d)
+    if chosen["device_bytes"] == sglang["device_bytes"]:
+        return f"both at {chosen['device_bytes'] / MiB:,.1f} MiB of device memory"
+    return f"at {chosen['device_bytes'] / MiB:,.1f} against {sglang['device_bytes'] / MiB:,.1f} MiB of device memory"
+
+
+@figure("sizes-front-s", SIZES)
+def _sizes_front_s(d: dict) -> str:
+    return f"{d['cli_all_s']:.2f} s"
+
+
+#: the README's figure of the front, drawn from :data:`SIZES`' ``front`` (planner/size_plot.py)
+SIZES_FRONT = DOCS / "sizes-front.png"
+
+
+def draw_figures(check: bool) -> list[str]:
+    """Draw the figures made from committed results (docs/sizes-front.png); with ``check``, only
+    name those missing: a PNG's bytes depend on matplotlib's version and fonts, so they are
+    redrawn by ``python docs/generate.py``, not compared."""
+    shown = str(SIZES_FRONT.relative_to(ROOT))
+    if check:
+        return [] if SIZES_FRONT.is_file() else [shown]
+    from capture_plan.planner.size_plot import draw_front
+
+    before = SIZES_FRONT.read_bytes() if SIZES_FRONT.is_file() else None
+    draw_front(_load(SIZES)["front"], SIZES_FRONT, where=shown)
+    if SIZES_FRONT.read_bytes() != before:
+        print(f"wrote {shown}")
+    return []
+
+
 def generated() -> dict[Path, str]:
     """Each generated file and the text it should have."""
     files = {}
@@ -1399,6 +1453,7 @@ def main(argv: list[str]) -> int:
         else:
             path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
+    stale += draw_figures(check)
     for name in stale:
         print(
             f"{name}: stale (differs from what bench/results/*.json and the CLI give); fix: python docs/generate.py",

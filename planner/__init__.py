@@ -18,16 +18,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the lazy attributes below, as type checkers and editors see them (never run)
     from .allocator import PoolSim
-    from .build import BuildOptions, build_plan, check_plan, plan_bytes
+    from .build import build_plan
+    from .build_options import BuildOptions
+    from .plan_files import check_plan, plan_bytes
     from .specs import default_spec
 
 __all__ = ["BuildOptions", "build_plan", "check_plan", "plan_bytes", "PoolSim", "default_spec"]
 
 _WHERE = {
-    "BuildOptions": ".build",
+    "BuildOptions": ".build_options",
     "build_plan": ".build",
-    "check_plan": ".build",
-    "plan_bytes": ".build",
+    "check_plan": ".plan_files",
+    "plan_bytes": ".plan_files",
     "PoolSim": ".allocator",
     "default_spec": ".specs",
 }

@@ -193,6 +193,12 @@ INPUTS: list[tuple[str, Callable[[Plan], str | dict[str, str] | None]]] = [
         ),
     ),
     ("fidelity", lambda p: p.predicted.fidelity),
+    (
+        "traffic",
+        lambda p: (
+            f"{p.inputs.traffic} ({_digest(p.inputs.traffic_digest)})" if isinstance(p.inputs.traffic, str) else None
+        ),
+    ),
 ]
 
 

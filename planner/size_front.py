@@ -32,7 +32,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Best", "best_lists", "candidates", "expected", "padded", "EVERY_SIZE_UP_TO"]
+__all__ = ["Best", "best_lists", "candidates", "expected", "padded", "size_runs", "EVERY_SIZE_UP_TO"]
 
 #: candidates up to this many are every traffic size; more are thinned above it (:func:`candidates`)
 EVERY_SIZE_UP_TO = 256
@@ -119,3 +119,19 @@ def best_lists(
             j = back[kk - 1][j]
         out[k] = Best(sizes=tuple(reversed(sizes)), seconds=prev[-1] / total)
     return out
+
+
+def size_runs(sizes: tuple[int, ...] | list[int]) -> str:
+    """Sizes as runs: ``1-9,12,16-64/8,256`` (``a-b/k``: every k-th from a to b)."""
+    out, i, s = [], 0, sorted(sizes)
+    while i < len(s):
+        j = i
+        if i + 2 < len(s) and s[i + 1] - s[i] == s[i + 2] - s[i + 1]:
+            step = s[i + 1] - s[i]
+            while j + 1 < len(s) and s[j + 1] - s[j] == step:
+                j += 1
+            out.append(f"{s[i]}-{s[j]}" + (f"/{step}" if step > 1 else ""))
+        else:
+            out.append(str(s[i]))
+        i = j + 1
+    return ",".join(out)

@@ -37,7 +37,9 @@ measure anything: every figure says where it comes from.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -49,17 +51,18 @@ from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.files import existing_output, write_atomic
 from capture_plan.schemas.keys import step_id
 from capture_plan.schemas.limits import MAX_BS
-from capture_plan.schemas.plan import Plan, Step, Strategy
+from capture_plan.schemas.plan import Plan, SizeWorth, Step, Strategy
 from capture_plan.schemas.spec import Phase, Spec
 from capture_plan.schemas.units import MiB
 
 from . import resources
-from .build import BuildOptions, build_plan, build_spec
+from .build_options import BuildOptions, without_size_choice
 from .device import Calibration, device_prediction, read_calibration
 from .graph import capture_order
 from .keys import capture_key, key_sequence, phase_combos
+from .pipeline import build_plan, build_spec
 from .simulate import simulate
-from .size_front import Best, best_lists, candidates, expected
+from .size_front import Best, best_lists, candidates, expected, size_runs
 from .spec_toml import spec_toml
 from .specs import _expand, default_spec, engine_preset, model_presets, read_spec_file, sgl_sizes
 from .step_time import (
@@ -77,7 +80,17 @@ from .traffic import DEFAULT_METRIC, Traffic, read_traffic
 from .validate import decode_spec
 from .workload import Workload, workspace_bytes
 
-__all__ = ["SizesOptions", "Row", "PhaseChoice", "SizesResult", "choose_sizes", "write_spec", "render", "size_runs"]
+__all__ = [
+    "SizesOptions",
+    "Row",
+    "PhaseChoice",
+    "SizesResult",
+    "choose_sizes",
+    "for_build",
+    "write_spec",
+    "render",
+    "size_runs",
+]
 
 #: the counts of sizes the front shows (besides the spec's, the chosen one and the largest), unless asked for all
 _SHOWN = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -145,6 +158,11 @@ class PhaseChoice:
     why: str
     #: the spec's own list, priced alike
     current: Row
+    #: why each chosen size is in (only when asked: ``choose_sizes(..., worth=True)``), and the
+    #: graph memory (pool and hoisted) of every phase at its chosen list, which ``worth`` is against
+    worth: list[SizeWorth] = field(default_factory=list)
+    worth_pool_bytes: int = 0
+    worth_device_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +237,7 @@ class _Memory:
     """Pool bytes (and the device total) of a set of lists under the plan's schedule, memoized."""
 
     def __init__(self, opts: BuildOptions, spec: Spec, plan: Plan, all_sizes: dict[str, list[int]]) -> None:
-        from .build import _workload  # the build's own reader: a trace reads as a build reads it
+        from .pipeline import _workload  # the build's own reader: a trace reads as a build reads it
 
         self.backend = resources.backend(opts.backend)
         tp = opts.tp if opts.tp is not None else spec.tp
@@ -258,7 +276,7 @@ class _Memory:
         hoisted = sum(
             workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
             for n in self.sequence
-            if self.strategies[n].workspace == "hoisted"
+            if self.strategies[n].workspace == "hoisted" and lists[n]
         )
         total = None
         if self.calibration is not None:
@@ -350,13 +368,34 @@ class _Pricing:
         )
 
 
+def for_build(opts: BuildOptions) -> SizesResult:
+    """The sizes ``planner build --sizes auto`` captures: :func:`choose_sizes` with the build's
+    own size-choice options, each chosen size with why it is in."""
+    assert opts.traffic is not None  # build_options.check_size_choice
+    sizes = SizesOptions(
+        build=without_size_choice(opts),
+        traffic=opts.traffic,
+        phases=opts.traffic_phases,
+        max_size=opts.max_size,
+        metric=opts.metric or DEFAULT_METRIC,
+        timing=opts.timing,
+        device=opts.device,
+        context=DEFAULT_CONTEXT if opts.context is None else opts.context,
+        budget_mib=opts.budget_mib,
+        max_graphs=opts.max_graphs,
+        max_padding=opts.max_padding,
+    )
+    return choose_sizes(sizes, worth=True)
+
+
 def _budget_of(row: Row, calibrated: bool) -> int | None:
     return row.device_bytes if calibrated else row.pool_bytes
 
 
-def choose_sizes(opts: SizesOptions) -> SizesResult:
+def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     """Everything ``planner sizes`` computes: each traffic phase's front, the engines'
-    defaults priced alike, the chosen lists, and the plan built with them."""
+    defaults priced alike, the chosen lists, and the plan built with them. With ``worth``,
+    also why each chosen size is in (:func:`_worth`: one more simulation per size)."""
     b = opts.build
     source = _source_spec(b)
     resolved = build_spec(b)
@@ -413,6 +452,7 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
     lists = {p.name: list(p.sizes) for p in resolved.phases}
     by_name = {p.name: p for p in resolved.phases}
     choices: list[PhaseChoice] = []
+    prices: dict[str, _Pricing] = {}
     for name in [q.name for q in reference.phases if q.name in traffic.phases]:
         phase = by_name[name]
         price = _Pricing(
@@ -432,6 +472,7 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
             if opts.every
             else sorted({*(k for k in _SHOWN if k <= kmax), kmax, chosen_k, min(len(phase.sizes), kmax)})
         )
+        prices[name] = price
         choices.append(
             PhaseChoice(
                 phase=name,
@@ -447,6 +488,14 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
             )
         )
         lists[name] = list(price.best[chosen_k].sizes)
+    if worth:
+        pool, hoisted, total = memory.of(lists)
+        choices = [
+            dataclasses.replace(
+                c, worth=_worth(prices[c.phase], lists), worth_pool_bytes=pool + hoisted, worth_device_bytes=total
+            )
+            for c in choices
+        ]
     chosen_spec = _with_sizes(source, lists)
     plan = _build(b, chosen_spec)
     device = plan.predicted.device
@@ -454,11 +503,14 @@ def choose_sizes(opts: SizesOptions) -> SizesResult:
     if budget is not None:
         total = device_total if calibrated else plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
         if total is not None and total > budget:
-            raise ConstraintError(
+            err = ConstraintError(
                 f"the chosen lists together take {total / MiB:,.1f} MiB, over the budget of {budget_mib:g} MiB",
                 where="--budget-mib" if opts.budget_mib is not None else f"{b.spec}: $.budget_mib",
                 fix="raise the budget, or allow fewer graphs with --max-graphs",
             )
+            if opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
+                err.retry = {"budget_mib": float(-(-total // MiB))}
+            raise err
     fid = plan.predicted
     return SizesResult(
         phases=choices,
@@ -507,13 +559,17 @@ def _choose(
                 return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
                     f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
                 )
-        raise ConstraintError(
+        least = padding(limit)
+        err = ConstraintError(
             f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
             + (" within the budget" if budget is not None else "")
-            + f"; the least padding there is {padding(limit):.2f}% ({limit} sizes)",
+            + f"; the least padding there is {least:.2f}% ({limit} sizes)",
             where=f"--max-padding {opts.max_padding:g}",
             fix="allow more sizes with --max-graphs, or more padding",
         )
+        if fits(limit):  # the least padding there, allowed: a list that exists
+            err.retry = {"max_padding": math.ceil(least * 100) / 100}
+        raise err
     for k in range(limit, 0, -1):  # padding falls as k grows: the largest count that fits
         if fits(k):
             why = f"the least padding within {limit_text}"
@@ -521,29 +577,42 @@ def _choose(
     one = at(1)
     used = _budget_of(one, calibrated)
     shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
-    raise ConstraintError(
+    err = ConstraintError(
         f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
-        where="--budget-mib" if opts.budget_mib is not None else "the spec's budget_mib",
+        where="--budget-mib"
+        if opts.budget_mib is not None
+        else f"{opts.build.spec}: $.budget_mib"
+        if opts.build.spec is not None
+        else "the spec's budget_mib",
         fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
         if used is not None
         else "calibrate with --calibration REPORT, or give a budget of the pool with no --calibration",
     )
+    if used is not None and opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
+        err.retry = {"budget_mib": float(-(-used // MiB))}
+    raise err
 
 
-def size_runs(sizes: tuple[int, ...] | list[int]) -> str:
-    """Sizes as runs: ``1-9,12,16-64/8,256`` (``a-b/k``: every k-th from a to b)."""
-    out, i, s = [], 0, sorted(sizes)
-    while i < len(s):
-        j = i
-        if i + 2 < len(s) and s[i + 1] - s[i] == s[i + 2] - s[i + 1]:
-            step = s[i + 1] - s[i]
-            while j + 1 < len(s) and s[j + 1] - s[j] == step:
-                j += 1
-            out.append(f"{s[i]}-{s[j]}" + (f"/{step}" if step > 1 else ""))
-        else:
-            out.append(str(s[i]))
-        i = j + 1
-    return ",".join(out)
+def _worth(price: _Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
+    """Why each size of ``price.phase``'s chosen list is in: the steps that run its graph, the
+    padding the list would add without it (the steps then run the next larger size's graph),
+    and the graph memory it adds (the lists simulated with and without it; the other phases
+    at their chosen lists). The largest size is always captured: no padding figure."""
+    name, sizes = price.phase, sorted(lists[price.phase])
+    padding = price.padding(expected(price.traffic, sizes, price.time.cost))
+    out, low = [], 0
+    for s in sizes:
+        rest = [x for x in sizes if x != s]
+        p2, h2, _ = price.memory.of({**lists, name: rest})
+        saved = None
+        if s != sizes[-1]:
+            # at least 0: a list without the size runs its steps on a larger graph, never faster
+            # (floating point may say -0.0 where the two take the same time)
+            saved = max(0.0, round(price.padding(expected(price.traffic, rest, price.time.cost)) - padding, 6))
+        steps = sum(w for n, w in price.traffic.items() if low < n <= s)
+        out.append(SizeWorth(size=s, steps=round(steps, 6), padding_saved=saved, pool_bytes_without=p2 + h2))
+        low = s
+    return out
 
 
 def _mib(x: int | None) -> str:

@@ -118,13 +118,15 @@ def parse_traffic(
         top = max_size[phase]
         over = [s for s, c in sizes.items() if s > top and c > 0]
         if over:
-            raise InputError(
+            err = InputError(
                 f"phase {phase!r}'s traffic reaches size {max(over)}, above the engine's largest size {top} "
                 f"({len(over)} size(s) above it; a traffic file is never truncated)",
                 where=source,
                 fix=f"pass the engine's largest batch with --max-size {max(over)} (or more), "
                 "or give traffic of this engine's configuration",
             )
+            err.retry = {"max_size": max(over)}
+            raise err
     kept = {p: dict(sorted((s, c) for s, c in sizes.items() if c > 0)) for p, sizes in sorted(counts.items())}
     kept = {p: sizes for p, sizes in kept.items() if sizes}
     if not kept:

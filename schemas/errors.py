@@ -15,6 +15,9 @@ class CapturePlanError(Exception):
     """Root of all deliberate errors. ``exit_code`` 1 means "user error or drift"."""
 
     exit_code = 1
+    #: options under which the failed command would pass, where one is known (``planner build
+    #: --sizes auto`` names the command with them as the fix: ``--max-size 300``, ``--budget-mib 400``)
+    retry: dict[str, object] | None = None
 
     def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
         self.what = what

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .limits import MAX_MICRO_BATCHES, MAX_PIECES, AxisName, BatchSize, Label, NonNegative
+from .limits import MAX_MICRO_BATCHES, MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
     AllocatorMode,
     KeyOrder,
@@ -54,11 +54,16 @@ __all__ = [
     "KeyPrediction",
     "KEYS_REVISION",
     "INPUTS_REVISION",
+    "SIZES_REVISION",
+    "SizeWorth",
+    "ListCost",
+    "SizeChoice",
     "Provenance",
     "Fidelity",
     "DimensionSource",
     "ModelUsed",
     "record_command",
+    "BUILD_FLAGS",
 ]
 
 PLAN_VERSION = 1
@@ -72,11 +77,15 @@ PLAN_VERSION = 1
 #: 4: ``inputs.model`` (the model dimensions the prediction used and where each came from) and
 #: ``inputs.rules`` (every rule the build applied, in one line each): every plan built since
 #: records them, so every plan is written as revision 4 at least.
-PLAN_REVISION = 4
+#: 5: sizes chosen for a traffic (``planner build --sizes auto``): ``inputs.traffic`` /
+#: ``traffic_digest`` and ``predicted.sizes``. A plan without them stays revision 4.
+PLAN_REVISION = 5
 #: the revision graph keys need (see PLAN_REVISION)
 KEYS_REVISION = 3
 #: the revision the model and rules records need (see PLAN_REVISION)
 INPUTS_REVISION = 4
+#: the revision sizes chosen for a traffic need (see PLAN_REVISION)
+SIZES_REVISION = 5
 
 StepOp = Literal["provision", "warmup", "capture"]
 #: tensor-parallel ranks, tokens per request
@@ -276,6 +285,61 @@ class DevicePrediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True
     peak_bytes: NonNegative | None = None
 
 
+class SizeWorth(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
+    """Why one chosen size is in its list (``planner build --sizes auto``)."""
+
+    size: BatchSize
+    #: steps of the traffic that run this size's graph (they are above the next smaller size)
+    steps: NonNegativeFloat
+    #: the padding (% of the phase's unpadded step time) the list would add without this size;
+    #: None for the largest size, which is always captured (no step runs eagerly)
+    padding_saved: NonNegativeFloat | None = None
+    #: graph memory (pool and hoisted workspaces) of the list without this size, the other phases
+    #: at their chosen lists: the size adds the choice's ``pool_bytes`` less this (the allocator's
+    #: reuse can make that 0, or below 0)
+    pool_bytes_without: NonNegative = 0
+
+
+class ListCost(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
+    """A list of sizes priced like the chosen one: the spec's own, an engine's default."""
+
+    label: str
+    sizes: list[BatchSize]
+    #: expected padding, % of the unpadded step time
+    padding: NonNegativeFloat
+    #: pool and hoisted workspaces, simulated under the plan's schedule
+    pool_bytes: NonNegative
+    #: the device total, when the build is calibrated
+    device_bytes: NonNegative | None = None
+
+
+class SizeChoice(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
+    """A phase's capture sizes as chosen for the traffic, and what they cost (revision 5)."""
+
+    phase: str
+    #: steps the traffic counts for the phase
+    steps: NonNegativeFloat
+    #: expected padding of the chosen list, % of the unpadded step time
+    padding: NonNegativeFloat
+    #: whether padding is approximate (a roofline, or step times interpolated between measured sizes)
+    approximate: bool
+    #: where step times came from
+    step_time: str
+    #: why this count of sizes: the limit that chose it
+    why: str
+    #: graph memory (pool and hoisted workspaces) with every phase at its chosen list, simulated
+    #: under the plan's schedule: what each size's ``pool_bytes_without`` is against
+    pool_bytes: NonNegative
+    #: the device total with every phase at its chosen list, when the build is calibrated
+    device_bytes: NonNegative | None = None
+    #: every chosen size, ascending, and why it is in
+    sizes: list[SizeWorth] = []
+    #: other lists priced alike: the spec's, SGLang's and vLLM's defaults
+    against: list[ListCost] = []
+    #: how the traffic was read, where that is not exact (a histogram's buckets spread within themselves)
+    notes: list[str] = []
+
+
 class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     # omit_defaults: fields added later are left out of plans that do not use
     # them, so plans built before they existed keep their bytes and digest.
@@ -305,10 +369,12 @@ class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     caveat: str = ""
     #: per graph key (capture step), in step order, for a plan with graph keys (revision 3)
     keys: list[KeyPrediction] = []
+    #: per phase whose sizes were chosen for a traffic, the choice and its figures (revision 5)
+    sizes: list[SizeChoice] = []
 
 
 class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
-    """The options ``planner build`` was given (``capture_plan.planner.build.BuildOptions``), as
+    """The options ``planner build`` was given (``capture_plan.planner.build_options.BuildOptions``), as
     ``planner check`` rebuilds the plan from them: paths relative to the plan's
     own folder, ``output`` only the file name and only when it is not the
     default one. The one record of a build (``command`` is its text)."""
@@ -325,6 +391,18 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     allocator: str | None = None
     exact: bool = False
     calibration: str | None = None
+    #: "auto": the sizes chosen for ``traffic`` (planner/sizes.py), with the options below (revision 5)
+    sizes: str | None = None
+    traffic: str | None = None
+    traffic_phases: list[str] = []
+    metric: str | None = None
+    max_size: BatchSize | None = None
+    timing: str | None = None
+    device: str | None = None
+    context: Positive | None = None
+    budget_mib: NonNegativeFloat | None = None
+    max_graphs: Positive | None = None
+    max_padding: NonNegativeFloat | None = None
     output: str | None = None
 
 
@@ -352,32 +430,57 @@ class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     phases: dict[str, dict[str, NonNegative]] = {}
 
 
+#: every option of a :class:`BuildRecord` but ``backend``, as ``planner build`` takes it, in the
+#: order a recorded command lists them: (field, flag, kind). kind: "switch" (a flag alone, when
+#: true), "repeat" (the flag once per item), "path" (a path relative to the plan's folder),
+#: "int", "float" or "text" (one value). One row per option: capture_plan.planner.build_options
+#: writes and reads the command from it, and :func:`record_command` writes its text.
+BUILD_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("ci", "--ci", "switch"),
+    ("spec", "--spec", "path"),
+    ("speculative", "--speculative", "text"),
+    ("preset", "--preset", "text"),
+    ("max_bs", "--max-bs", "int"),
+    ("tp", "--tp", "int"),
+    ("allocator", "--allocator", "text"),
+    ("trace", "--trace", "path"),
+    ("calibration", "--calibration", "path"),
+    ("exact", "--exact", "switch"),
+    ("strategies", "--strategy", "repeat"),
+    ("sizes", "--sizes", "text"),
+    ("traffic", "--traffic", "path"),
+    ("traffic_phases", "--phase", "repeat"),
+    ("metric", "--metric", "text"),
+    ("max_size", "--max-size", "int"),
+    ("timing", "--timing", "path"),
+    ("device", "--device", "text"),
+    ("context", "--context", "int"),
+    ("budget_mib", "--budget-mib", "float"),
+    ("max_graphs", "--max-graphs", "int"),
+    ("max_padding", "--max-padding", "float"),
+    ("output", "-o", "path"),
+)
+
+
 def record_command(rec: BuildRecord) -> list[str]:
     """The ``planner build`` command a build record is the text of: what a plan's
-    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.build``
+    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.build_options``
     writes both from this; ``capture_plan.schemas.codec.validate_plan`` refuses a plan
     whose two disagree, since ``show``/``diff`` read the command and ``check`` rebuilds
-    from the record)."""
+    from the record). Flags in :data:`BUILD_FLAGS`' order."""
     cmd = ["planner", "build", "--backend", rec.backend]
-    if rec.ci:
-        cmd.append("--ci")
-    for flag, value in (("--spec", rec.spec), ("--speculative", rec.speculative), ("--preset", rec.preset)):
-        if value is not None:
-            cmd += [flag, value]
-    for flag, value in (
-        ("--max-bs", rec.max_bs),
-        ("--tp", rec.tp),
-        ("--allocator", rec.allocator),
-        ("--trace", rec.trace),
-        ("--calibration", rec.calibration),
-    ):
-        if value is not None:
+    for field, flag, kind in BUILD_FLAGS:
+        value = getattr(rec, field)
+        if kind == "switch":
+            cmd += [flag] if value else []
+        elif kind == "repeat":
+            for item in value:
+                cmd += [flag, str(item)]
+        elif isinstance(value, float):
+            cmd += [flag, f"{value:.0f}" if value.is_integer() else repr(value)]
+        elif value is not None:
             cmd += [flag, str(value)]
-    if rec.exact:
-        cmd.append("--exact")
-    for s in rec.strategies:
-        cmd += ["--strategy", s]
-    return cmd + (["-o", rec.output] if rec.output is not None else [])
+    return cmd
 
 
 class Inputs(PlanStruct, frozen=True, kw_only=True):
@@ -400,6 +503,10 @@ class Inputs(PlanStruct, frozen=True, kw_only=True):
     #: a capture report whose device view calibrates the measured device items
     calibration: str | msgspec.UnsetType = msgspec.UNSET
     calibration_digest: str | msgspec.UnsetType = msgspec.UNSET
+    #: the traffic the sizes were chosen for (``--sizes auto``): relative to the plan's folder, and
+    #: the sha256 of its bytes (revision 5)
+    traffic: str | msgspec.UnsetType = msgspec.UNSET
+    traffic_digest: str | msgspec.UnsetType = msgspec.UNSET
     #: the build's options: what ``planner check`` rebuilds from (revision 2)
     build: BuildRecord | msgspec.UnsetType = msgspec.UNSET
     #: the model dimensions the prediction used and their sources (revision 4)

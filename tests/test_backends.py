@@ -35,7 +35,7 @@ def test_a_backend_added_by_a_data_file_alone_builds_and_is_offered(backends_tom
     pinned = build_plan(BuildOptions(backend="newattn", strategies=("workspace=hoisted",)))
     assert pinned.predicted.hoisted_bytes == 4 * (2 * 256 + 3)
     assert "newattn" in resources.backend_names()
-    from capture_plan.planner.cli.build import _complete_backend
+    from capture_plan.planner.cli._build_inputs import complete_backend as _complete_backend
 
     assert _complete_backend("new") == ["newattn"]
 

@@ -322,7 +322,7 @@ def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
 
 
 def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
-    import capture_plan.planner.build as build
+    import capture_plan.planner.pipeline as build
 
     reused = []
     real = build._reused_bytes
@@ -333,7 +333,7 @@ def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
 
 @pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle", max_bs=16)])
 def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch):
-    import capture_plan.planner.build as build
+    import capture_plan.planner.pipeline as build
 
     reused = []
     real = build._reused_bytes

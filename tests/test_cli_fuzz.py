@@ -590,6 +590,16 @@ def _record_text(rec: dict) -> list[str]:
     cmd += ["--exact"] if rec.get("exact") else []
     for s in rec.get("strategies", []):
         cmd += ["--strategy", s]
+    cmd += ["--sizes", rec["sizes"]] if rec.get("sizes") is not None else []
+    cmd += ["--traffic", rec["traffic"]] if rec.get("traffic") is not None else []
+    for p in rec.get("traffic_phases", []):
+        cmd += ["--phase", p]
+    for key in ("metric", "max_size", "timing", "device", "context", "budget_mib", "max_graphs", "max_padding"):
+        value = rec.get(key)
+        if isinstance(value, float):  # a whole number of MiB or percent without its ".0"
+            value = f"{value:.0f}" if value.is_integer() else repr(value)
+        if value is not None:
+            cmd += ["--" + key.replace("_", "-"), str(value)]
     return cmd + (["-o", rec["output"]] if rec.get("output") is not None else [])
 
 

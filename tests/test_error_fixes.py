@@ -117,6 +117,25 @@ def _bad_spec(repo: Path) -> None:
     (repo / "empty.toml").write_text("")
 
 
+def _traffic(repo: Path) -> None:
+    """Traffic files for ``planner build --sizes auto`` (tests/test_sizes_auto.py), good and bad."""
+    (repo / "plans").mkdir()
+    data = ROOT / "tests/data"
+    (repo / "t.csv").write_bytes((data / "traffic-skewed.csv").read_bytes())
+    (repo / "t.prom").write_bytes((data / "vllm-metrics.prom").read_bytes())
+    (repo / "neg.csv").write_text("size,count\n1,5\n3,-2\n")
+    (repo / "frac.csv").write_text("size,count\n1,5\n3,2.5\n")
+    zero = [
+        line.rpartition(" ")[0] + " 0" if line.startswith("vllm:iteration_tokens_total") else line
+        for line in (data / "vllm-metrics.prom").read_text().splitlines()
+    ]
+    (repo / "zero.prom").write_text("\n".join(zero) + "\n")
+
+
+#: planner build --sizes auto with bad input: each fix (the command with the option that passes,
+#: or the build of the spec's own sizes) must pass; the failing command still fails after it
+_AUTO = "planner build -b fa3 --sizes auto --traffic {up}"
+
 CASES = {
     # DriftError: a spec changed; `planner check` names the rebuild and `planner check --fix`
     "stale": Case(_stale_spec, "planner check {plans}"),
@@ -146,6 +165,18 @@ CASES = {
     # a spec the schema refuses: the schema command the fix names runs
     "bad spec": Case(_bad_spec, "planner build -b fa3 --spec {bad} --dry-run", ""),
     "empty spec": Case(_bad_spec, "planner build -b fa3 --spec {empty} --dry-run", ""),
+    "traffic beyond --max-size": Case(_traffic, _AUTO + "t.csv --max-size 128 -o {plans}/auto.json", ""),
+    "negative count": Case(_traffic, _AUTO + "neg.csv -o {plans}/auto.json", ""),
+    "fractional count": Case(_traffic, _AUTO + "frac.csv -o {plans}/auto.json", ""),
+    "empty histogram": Case(_traffic, _AUTO + "zero.prom -o {plans}/auto.json", ""),
+    "scrape without the metric": Case(_traffic, _AUTO + "t.prom --metric vllm:nope -o {plans}/auto.json", ""),
+    "budget no list meets": Case(_traffic, _AUTO + "t.csv --budget-mib 10 -o {plans}/auto.json", ""),
+    "padding no list meets": Case(
+        _traffic, _AUTO + "t.csv --max-graphs 4 --max-padding 0.001 -o {plans}/auto.json", ""
+    ),
+    "--traffic without --sizes auto": Case(
+        _traffic, "planner build -b fa3 --traffic {up}t.csv --max-graphs 8 -o {plans}/auto.json", ""
+    ),
 }
 
 
@@ -159,7 +190,9 @@ def test_the_fix_an_error_names_works_from_where_the_user_stands(tmp_path, name,
     cwd = repo if where == "root" else repo / "elsewhere"
     cwd.mkdir(exist_ok=True)
     up = "" if where == "root" else "../"
-    command = case.command.format(plans=f"{up}plans", spec=f"{up}x.toml", bad=f"{up}bad.toml", empty=f"{up}empty.toml")
+    command = case.command.format(
+        plans=f"{up}plans", spec=f"{up}x.toml", bad=f"{up}bad.toml", empty=f"{up}empty.toml", up=up
+    )
     failed = sh(command, cwd)
     assert failed.returncode == 1, (command, failed.stdout, failed.stderr)
     lines = [line for line in failed.stderr.splitlines() if line.startswith("planner: error: ")]

@@ -73,7 +73,7 @@ def _write(tmp_path, cfg, model_extra=""):
 
 
 def _model(tmp_path, cfg, **kw):
-    from capture_plan.planner.build import _spec
+    from capture_plan.planner.pipeline import _spec
 
     return _spec(BuildOptions(backend="torch", spec=_write(tmp_path, cfg, **kw)))[0].model
 

@@ -4,25 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import OUTPUT, PATH, Command, option
-
-
-def _complete_backend(incomplete: str) -> list[str]:
-    from capture_plan.planner.resources import backend_names
-
-    return [n for n in backend_names() if n.startswith(incomplete)]
-
-
-def _complete(what: str, incomplete: str) -> list[str]:
-    """Values of --speculative (presets.toml's [speculative] tables), --preset (capture_plan.planner.specs.preset_names)
-    or --allocator (capture_plan.schemas.strategy)."""
-    if what == "speculative":
-        from capture_plan.planner.specs import speculative_names as names
-    elif what == "preset":
-        from capture_plan.planner.specs import preset_names as names
-    else:
-        from capture_plan.schemas.strategy import allocator_modes as names
-    return [n for n in names() if n.startswith(incomplete)]
+from ._build_inputs import build_inputs, size_choice
+from ._common import OUTPUT, Command, option
 
 
 def _complete_strategy(incomplete: str) -> list[str]:
@@ -39,62 +22,15 @@ def _complete_strategy(incomplete: str) -> list[str]:
     ]
 
 
-class _BackendOption(click.Option):
-    """``--backend``: its help names the backends of planner/data/backends.toml,
-    read only when the help is shown (``planner --help`` reads no data)."""
-
-    def get_help_record(self, ctx: click.Context):
-        from capture_plan.planner.resources import backend_names
-
-        self.help = f"Attention backend: {', '.join(backend_names())} (planner/data/backends.toml)."
-        return super().get_help_record(ctx)
-
-
 @click.command("build", cls=Command)
+@build_inputs
 @option(
-    "--backend",
-    "-b",
-    "backend",
-    cls=_BackendOption,
-    required=True,
+    "--sizes",
+    type=click.Choice(["auto"]),
     metavar="str",
-    help="",
-    shell_complete=lambda ctx, param, incomplete: _complete_backend(incomplete),
+    help="auto: capture the sizes chosen for --traffic (as planner sizes chooses them) instead of the spec's.",
 )
-@option("--ci", is_flag=True, help="Apply the CI-only gates.")
-@option("--spec", type=PATH, metavar="path", help="Spec file (TOML or JSON); default: the embedded spec.")
-@option(
-    "--speculative",
-    metavar="str",
-    help="Add speculative phases: eagle.",
-    shell_complete=lambda ctx, param, incomplete: _complete("speculative", incomplete),
-)
-@option(
-    "--preset",
-    metavar="str",
-    help="Another engine's conventions for the embedded spec: vllm (planner/data/presets_vllm.toml); default SGLang's.",
-    shell_complete=lambda ctx, param, incomplete: _complete("preset", incomplete),
-)
-@option(
-    "--max-bs",
-    type=int,
-    metavar="int",
-    help="Largest capture size of the embedded spec [256; --preset vllm: 512 tokens].",
-)
-@option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory).")
-@option(
-    "--allocator",
-    metavar="str",
-    help="native or expandable segments.",
-    shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete),
-)
-@option(
-    "--trace",
-    type=PATH,
-    metavar="path",
-    help="Allocation trace for exact predictions: "
-    "capture_plan.executor.profile's JSON, or a torch.cuda.memory._dump_snapshot pickle.",
-)
+@size_choice(traffic_required=False)
 @option(
     "--strategy",
     "-s",
@@ -103,13 +39,6 @@ class _BackendOption(click.Option):
     metavar="list[str]",
     shell_complete=lambda ctx, param, incomplete: _complete_strategy(incomplete),
     help="Pin a choice: AXIS=VALUE or PHASE.AXIS=VALUE (repeatable).",
-)
-@option(
-    "--calibration",
-    type=PATH,
-    metavar="path",
-    help="Capture report measured on the device (GraphSet."
-    "write_report): the plan's measured device items (graph memory outside the pool).",
 )
 @option(
     "--require-exact",
@@ -133,17 +62,19 @@ class _BackendOption(click.Option):
     "(default: refuse, so a what-if build never clobbers a checked-in plan).",
 )
 def command(
-    backend,
-    ci,
-    spec,
-    speculative,
-    preset,
-    max_bs,
-    tp,
-    allocator,
-    trace,
+    build,
+    sizes,
+    traffic,
+    phases,
+    metric,
+    max_size,
+    timing,
+    device,
+    context,
+    budget_mib,
+    max_graphs,
+    max_padding,
     strategy,
-    calibration,
     require_exact,
     output,
     exact,
@@ -152,24 +83,30 @@ def command(
     force,
 ) -> None:
     """Build a capture plan from the spec, rules and gates."""
-    from capture_plan.planner.build import BuildOptions, build_plan, check_plan, output_path, write_plan
+    import msgspec
+
+    from capture_plan.planner.build import build_plan
+    from capture_plan.planner.build_options import output_path
     from capture_plan.planner.fidelity import require_exact as require_exact_plan
+    from capture_plan.planner.plan_files import check_plan, write_plan
     from capture_plan.planner.render import summary
 
-    opts = BuildOptions(
-        backend=backend,
-        ci=ci,
-        spec=spec,
-        speculative=speculative,
-        max_bs=max_bs,
-        tp=tp,
-        allocator=allocator,
-        trace=trace,
+    opts = msgspec.structs.replace(
+        build,
         strategies=tuple(strategy),
         output=output,
         exact=exact,
-        calibration=calibration,
-        preset=preset,
+        sizes=sizes,
+        traffic=traffic,
+        traffic_phases=tuple(phases),
+        metric=metric,
+        max_size=max_size,
+        timing=timing,
+        device=device,
+        context=context,
+        budget_mib=budget_mib,
+        max_graphs=max_graphs,
+        max_padding=max_padding,
     )
     path = output_path(opts)
     if check:

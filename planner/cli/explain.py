@@ -28,7 +28,7 @@ def _head(p, path) -> str:
     import os
     from pathlib import Path
 
-    from capture_plan.planner.build import command_for_cwd, options_from_command
+    from capture_plan.planner.build_options import command_for_cwd, options_from_command
     from capture_plan.planner.check import recorded_options
     from capture_plan.schemas.errors import CapturePlanError
 

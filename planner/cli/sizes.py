@@ -4,121 +4,13 @@ from __future__ import annotations
 
 import click
 
-from ._common import OUTPUT, PATH, Command, option
-from .build import _BackendOption, _complete, _complete_backend
-
-
-def _percent(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """``5``, ``5%`` or ``0.5%``: a percentage of step time."""
-    if value is None:
-        return None
-    from capture_plan.schemas.errors import InputError
-
-    try:
-        return float(value.strip().removesuffix("%"))
-    except ValueError:
-        raise InputError(
-            f"{value!r} is not a percentage", where="--max-padding", fix="give a number of percent, e.g. 2%"
-        ) from None
+from ._build_inputs import build_inputs, size_choice
+from ._common import OUTPUT, Command, option
 
 
 @click.command("sizes", cls=Command)
-@option(
-    "--backend",
-    "-b",
-    "backend",
-    cls=_BackendOption,
-    required=True,
-    metavar="str",
-    help="",
-    shell_complete=lambda ctx, param, incomplete: _complete_backend(incomplete),
-)
-@option(
-    "--traffic",
-    type=PATH,
-    required=True,
-    metavar="path",
-    help="Batch sizes the engine ran: size,count CSV (or phase,size,count), JSON {PHASE: {SIZE: COUNT}}, "
-    "or a Prometheus scrape holding vllm:iteration_tokens_total.",
-)
-@option("--ci", is_flag=True, help="Apply the CI-only gates.")
-@option("--spec", type=PATH, metavar="path", help="Spec file (TOML or JSON); default: the embedded spec.")
-@option(
-    "--speculative",
-    metavar="str",
-    help="Add speculative phases: eagle.",
-    shell_complete=lambda ctx, param, incomplete: _complete("speculative", incomplete),
-)
-@option(
-    "--preset",
-    metavar="str",
-    help="Another engine's conventions for the embedded spec: vllm.",
-    shell_complete=lambda ctx, param, incomplete: _complete("preset", incomplete),
-)
-@option("--max-bs", type=int, metavar="int", help="Largest capture size of the embedded spec.")
-@option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory and step time).")
-@option(
-    "--allocator",
-    metavar="str",
-    help="native or expandable segments.",
-    shell_complete=lambda ctx, param, incomplete: _complete("allocator", incomplete),
-)
-@option("--trace", type=PATH, metavar="path", help="Allocation trace for exact graph memory (as planner build).")
-@option(
-    "--calibration",
-    type=PATH,
-    metavar="path",
-    help="Capture report measured on the device: the device total of every list (as planner build).",
-)
-@option(
-    "--phase",
-    "phases",
-    multiple=True,
-    metavar="list[str]",
-    help="The phase(s) traffic that names none is for (repeatable) [every phase].",
-)
-@option(
-    "--metric",
-    default="vllm:iteration_tokens_total",
-    show_default=True,
-    metavar="str",
-    help="The histogram to read from a Prometheus scrape (it counts tokens per step).",
-)
-@option(
-    "--max-size",
-    type=int,
-    metavar="int",
-    help="The largest batch the engine schedules, always captured [the spec's largest size].",
-)
-@option(
-    "--timing",
-    type=PATH,
-    metavar="path",
-    help="Capture report with replay times (capture_plan.executor.timing.time_replays): measured step time "
-    "per size [a roofline].",
-)
-@option("--device", metavar="str", help="Device of the roofline (planner/data/devices.toml) [NVIDIA H200].")
-@option(
-    "--context",
-    type=int,
-    default=1024,
-    show_default=True,
-    metavar="int",
-    help="Tokens of KV cache each request reads, for the roofline.",
-)
-@option(
-    "--budget-mib",
-    type=float,
-    metavar="float",
-    help="Graph memory allowed: the device total with --calibration, else pool and hoisted [the spec's budget_mib].",
-)
-@option("--max-graphs", type=int, metavar="int", help="At most this many sizes per phase [as many as the spec has].")
-@option(
-    "--max-padding",
-    callback=_percent,
-    metavar="percent",
-    help="Choose the fewest sizes that pad at most this much of the step time (e.g. 1%).",
-)
+@build_inputs
+@size_choice(traffic_required=True)
 @option("--upto", type=int, metavar="int", help="The front's largest count of sizes [64, or the spec's count].")
 @option("--all", "every", is_flag=True, help="Print every count of sizes on the front, not a selection.")
 @option(
@@ -129,17 +21,8 @@ def _percent(ctx: click.Context, param: click.Parameter, value: str | None) -> f
 )
 @option("--plot", type=OUTPUT, metavar="path", help="Also draw the front to this PNG (or .svg); needs matplotlib.")
 def command(
-    backend,
+    build,
     traffic,
-    ci,
-    spec,
-    speculative,
-    preset,
-    max_bs,
-    tp,
-    allocator,
-    trace,
-    calibration,
     phases,
     metric,
     max_size,
@@ -159,29 +42,19 @@ def command(
     Prints, per phase the traffic names, the best list of each count of sizes (the front: expected
     padding in % of step time against graph memory and capture count), the spec's list and SGLang's
     and vLLM's defaults priced alike, and the chosen list; --write-spec writes a spec with it."""
-    from capture_plan.planner.build import BuildOptions
     from capture_plan.planner.sizes import SizesOptions, choose_sizes, render, write_spec as write
+    from capture_plan.planner.step_time import DEFAULT_CONTEXT
+    from capture_plan.planner.traffic import DEFAULT_METRIC
 
     opts = SizesOptions(
-        build=BuildOptions(
-            backend=backend,
-            ci=ci,
-            spec=spec,
-            speculative=speculative,
-            preset=preset,
-            max_bs=max_bs,
-            tp=tp,
-            allocator=allocator,
-            trace=trace,
-            calibration=calibration,
-        ),
+        build=build,
         traffic=traffic,
         phases=tuple(phases),
         max_size=max_size,
-        metric=metric,
+        metric=metric or DEFAULT_METRIC,
         timing=timing,
         device=device,
-        context=context,
+        context=DEFAULT_CONTEXT if context is None else context,
         budget_mib=budget_mib,
         max_graphs=max_graphs,
         max_padding=max_padding,
