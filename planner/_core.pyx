@@ -229,6 +229,57 @@ cdef class Compiled:
             self.carried_output = prog.carry_kind == "output"
         self.ends[self.carry] = self.carried_end
 
+    cdef Compiled resized(self, prog):
+        """``prog``, a program of this one's structure (the same ops but for allocation sizes,
+        the same carries and repeats: planner/workload.py's ``_same_structure``), compiled by
+        copying this one's arrays and reading only its allocation sizes."""
+        cdef Compiled c = Compiled.__new__(Compiled)
+        cdef Py_ssize_t j, n
+        cdef int s
+        alloc = sys.modules[type(prog).__module__].Alloc
+        sections = (prog.prologue, prog.body, prog.epilogue)
+        c.nslots, c.carry, c.carry_in, c.carry_out = self.nslots, self.carry, self.carry_in, self.carry_out
+        c.carry_in_id, c.carry_out_id = self.carry_in_id, self.carry_out_id
+        c.repeats, c.carried_end, c.carried_output = self.repeats, self.carried_end, self.carried_output
+        c.ends = <char*>malloc(self.nslots)
+        if c.ends == NULL:
+            raise MemoryError()
+        memcpy(c.ends, self.ends, self.nslots)
+        for s in range(3):
+            section = sections[s]
+            n = self.n[s]
+            if len(section) != n:
+                raise ValueError("a program said to share a structure has other ops")
+            c.n[s] = n
+            c.ops[s] = <Op*>malloc((n or 1) * sizeof(Op))
+            if c.ops[s] == NULL:
+                raise MemoryError()
+            memcpy(c.ops[s], self.ops[s], n * sizeof(Op))
+            j = 0
+            for op in section:  # each op an alloc where the template's is (ids are trusted)
+                if type(op) is alloc:
+                    if c.ops[s][j].nbytes < 0:
+                        raise ValueError("a program said to share a structure has other ops")
+                    c.ops[s][j].nbytes = op.size
+                elif c.ops[s][j].nbytes >= 0:
+                    raise ValueError("a program said to share a structure has other ops")
+                j += 1
+        return c
+
+
+cdef Compiled compiled(prog):
+    """``prog``'s compiled form, built once and kept in ``prog.__dict__`` (as ``runnable``
+    is for PoolSim); from the compiled form of the program it shares its structure with
+    (``_same_structure``), where it has one, by copying and resizing that."""
+    cdef dict d = prog.__dict__
+    cdef Compiled c = d.get("_compiled_core")
+    if c is not None:
+        return c
+    like = d.get("_same_structure")
+    c = compiled(like).resized(prog) if like is not None else Compiled(prog)
+    d["_compiled_core"] = c
+    return c
+
 
 cdef class Pool:
     """One private graph pool (``PoolSim``'s surface; see the module docstring)."""
@@ -545,11 +596,10 @@ cdef class Pool:
         """PoolSim.capture, in C: one capture of ``prog`` (a planner.program.Program) on stream 0.
 
         ``prog`` keeps its compiled form (``prog.__dict__``, as it keeps ``runnable``, which this
-        core never needs), so a program is converted once however often it is captured.
+        core never needs), so a program is converted once however often it is captured, and
+        programs of one structure are converted once for all (:func:`compiled`).
         """
-        cdef Compiled c = prog.__dict__.get("_compiled_core")
-        if c is None:
-            c = prog.__dict__["_compiled_core"] = Compiled(prog)
+        cdef Compiled c = compiled(prog)
         cdef int32_t* live = <int32_t*>malloc(c.nslots * sizeof(int32_t))
         cdef int32_t carried = -1, h
         cdef Py_ssize_t i = 0, period

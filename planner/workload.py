@@ -22,9 +22,10 @@ differences beyond dividing heads and MLP by ``tp``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, cast
 
 import msgspec
 
@@ -46,6 +47,90 @@ __all__ = [
     "analytic_capture",
     "workspace_bytes",
 ]
+
+
+class Batches:
+    """Every batch size of a phase at once, for the analytic builders: arithmetic on a
+    ``Batches`` applies to each size (elementwise, in the order written, so each value is
+    what the same expression gives for that size alone). A builder run once with
+    ``bs=Batches(sizes)`` emits the op structure, which no size changes (only allocation
+    sizes depend on ``bs``), with each allocation's size for all sizes together
+    (:meth:`Workload.analytic`). Not supported: comparing sizes, or branching on one (a
+    builder whose ops differ by size must not be run this way; truth is refused unless
+    every size agrees).
+
+    Products by integers, most of a builder's arithmetic, are kept as one factor of the
+    sizes (``values`` computes them when read): integer products are exact in any grouping,
+    so ``(bs * a) * b`` is each ``bs * (a * b)``."""
+
+    __slots__ = ("base", "factor", "_values")
+
+    def __init__(self, values: Iterable[int | float], factor: int = 1) -> None:
+        self.base = tuple(values)
+        self.factor = factor
+        self._values: tuple | None = None if factor != 1 else self.base
+
+    @property
+    def values(self) -> tuple:
+        """Each size's value."""
+        if self._values is None:
+            f = self.factor
+            self._values = tuple([v * f for v in self.base])
+        return self._values
+
+    def _integral(self) -> bool:
+        # every value is an int (one type for all: each came from the same expression)
+        return not self.base or type(self.base[0]) is int
+
+    def _apply(self, other, op, reflected: bool = False) -> Batches:
+        mine = self.values
+        if type(other) is Batches:
+            theirs = other.values
+            return Batches(map(op, theirs, mine) if reflected else map(op, mine, theirs))
+        if reflected:
+            return Batches([op(other, v) for v in mine])
+        return Batches([op(v, other) for v in mine])
+
+    def __mul__(self, other) -> Batches:
+        if type(other) is int and self._integral():
+            return Batches(self.base, self.factor * other)
+        return self._apply(other, operator.mul)
+
+    def __rmul__(self, other) -> Batches:
+        if type(other) is int and self._integral():
+            return Batches(self.base, other * self.factor)
+        return self._apply(other, operator.mul, True)
+
+    def __add__(self, other) -> Batches:
+        return self._apply(other, operator.add)
+
+    def __radd__(self, other) -> Batches:
+        return self._apply(other, operator.add, True)
+
+    def __floordiv__(self, other) -> Batches:
+        return self._apply(other, operator.floordiv)
+
+    def __rfloordiv__(self, other) -> Batches:
+        return self._apply(other, operator.floordiv, True)
+
+    def __neg__(self) -> Batches:
+        return Batches([-v for v in self.values])
+
+    def __bool__(self) -> bool:
+        truth = {bool(v) for v in self.values}
+        if len(truth) > 1:
+            raise ValueError("the sizes disagree on a branch: this builder's ops differ by batch size")
+        return truth == {True}
+
+    def __repr__(self) -> str:
+        return f"Batches({list(self.values)})"
+
+
+def _int(x: float) -> int:
+    """``int(x)`` of a number, or of each of a :class:`Batches`' (typed as the number a
+    builder sees)."""
+    value: Any = x
+    return cast(int, Batches(map(int, value.values))) if type(value) is Batches else int(x)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -114,7 +199,7 @@ def _attention(
         ev.free(ev.alloc(ws, "workspace"))
     factor = backend.attention_temp_factor
     if factor:
-        ev.free(ev.alloc(int(tokens * heads * hd * factor)))
+        ev.free(ev.alloc(_int(tokens * heads * hd * factor)))
     if lse is not None:
         ev.free(lse)
     return out
@@ -397,12 +482,22 @@ class Workload:
     #: per phase, (sizes measured, sizes derived) when from a trace
     samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     _hoisted: dict = field(default_factory=dict, repr=False, compare=False)
+    #: (phase, size) -> the analytic family its program was picked from, and its index there
+    _families: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def analytic(cls, model: Model, phases: list[Phase], backend: Backend, tp: int = 1) -> Workload:
-        return cls(
-            "analytic", {(p.name, bs): analytic_program(model, p, bs, backend, tp) for p in phases for bs in p.sizes}
-        )
+        """Each phase's builder runs once, over all its sizes together (:class:`Batches`);
+        each size's program, equal to ``analytic_program`` at that size, is picked from that
+        one (:func:`_pick`), its hoisted variant likewise when first asked for."""
+        progs: dict[tuple, Program] = {}
+        families: dict[tuple, tuple[_Family, int]] = {}
+        for p in phases:
+            family = _Family(analytic_program(model, p, Batches(p.sizes), backend, tp))  # pyright: ignore[reportArgumentType]
+            for i, bs in enumerate(p.sizes):
+                progs[(p.name, bs)] = family.pick(i)
+                families[(p.name, bs)] = family, i
+        return cls("analytic", progs, _families=families)
 
     @classmethod
     def from_trace(cls, trace: Trace, phases: list[Phase], source: str, model: Model | None = None) -> Workload:
@@ -491,8 +586,64 @@ class Workload:
             return self.programs[key]
         prog = self._hoisted.get(key)
         if prog is None:
-            prog = self._hoisted[key] = self.programs[key].without_workspace()
+            family = self._families.get(key)
+            prog = family[0].hoisted().pick(family[1]) if family else self.programs[key].without_workspace()
+            self._hoisted[key] = prog
         return prog
+
+
+class _Family:
+    """The programs of one phase at all its sizes: ``template``, its builder's program over
+    :class:`Batches`, whose allocations carry a size per batch size (or one for all).
+    :meth:`pick` makes one size's program, sharing the ops that do not depend on the size;
+    every program picked names the first as ``_same_structure`` (in ``__dict__``), which the
+    compiled allocator core converts once for all of them (planner/_core.pyx: ``compiled``)."""
+
+    __slots__ = ("template", "sections", "first", "_hoisted")
+
+    def __init__(self, template: Program) -> None:
+        self.template = template
+        # per section: (op, None, id, kind) for an op every size shares, else (None, sizes, id, kind)
+        self.sections: list[list[tuple[Any, Any, Any, Any]]] = [
+            [
+                (None, op.size.values, op.id, op.kind)
+                if type(op) is Alloc and type(op.size) is Batches
+                else (op, None, 0, None)
+                for op in ops
+            ]
+            for ops in (template.prologue, template.body, template.epilogue)
+        ]
+        self.first: Program | None = None
+        self._hoisted: _Family | None = None
+
+    def pick(self, i: int) -> Program:
+        """The program at the ``i``-th size: equal to the builder's at that size alone."""
+        t = self.template
+        pro, body, epi = (
+            tuple([op if sizes is None else Alloc(sizes[i], eid, kind) for op, sizes, eid, kind in section])
+            for section in self.sections
+        )
+        prog = Program(
+            prologue=pro,
+            body=body,
+            repeats=t.repeats,
+            epilogue=epi,
+            carry_in=t.carry_in,
+            carry_out=t.carry_out,
+            carry_kind=t.carry_kind,
+            splits=t.splits,
+        )
+        if self.first is None:
+            self.first = prog
+        else:
+            vars(prog)["_same_structure"] = self.first
+        return prog
+
+    def hoisted(self) -> _Family:
+        """The family of the programs without the backend workspace (Program.without_workspace)."""
+        if self._hoisted is None:
+            self._hoisted = _Family(self.template.without_workspace())
+        return self._hoisted
 
 
 def _trace_labels(cap: CaptureTrace, phase: Phase, where: str) -> tuple[tuple[str, str], ...]:

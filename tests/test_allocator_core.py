@@ -21,6 +21,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -198,12 +199,28 @@ def random_program(rng: random.Random) -> Program:
     )
 
 
+def _resized(rng: random.Random, prog: Program) -> Program:
+    """``prog`` with other allocation sizes, naming ``prog`` as the program it shares its
+    structure with (what planner/workload.py's analytic families do): the compiled core
+    converts it by resizing ``prog``'s compiled form."""
+
+    def resize(ops):
+        return tuple(Alloc(_size(rng), op.id, op.kind) if type(op) is Alloc else op for op in ops)
+
+    twin = msgspec.structs.replace(
+        prog, prologue=resize(prog.prologue), body=resize(prog.body), epilogue=resize(prog.epilogue)
+    )
+    twin.__dict__["_same_structure"] = prog
+    return twin
+
+
 def run_captures(seed: int) -> int:
     """Random captures into pools through both cores' ``capture``: touched spans, protected
     outputs (in order) and every pool's state after each capture compared. Returns the captures."""
     rng = random.Random(seed)
     pools = [_pair(rng) for _ in range(rng.randint(1, 2))]
     programs = [random_program(rng) for _ in range(rng.randint(1, 4))]
+    programs += [_resized(rng, p) for p in programs if rng.random() < 0.5]
     n = rng.randint(1, 8)
     for i in range(n):
         k = rng.randrange(len(pools))
@@ -264,6 +281,18 @@ def test_the_compiled_core_names_the_carried_block_as_programs_do():
     from capture_plan.planner import _core
 
     assert _core.CARRY == CARRY == allocator.CARRY
+
+
+@needs_compiled
+def test_a_program_said_to_share_a_structure_it_lacks_is_refused():
+    """A wrong ``_same_structure`` (a bug in whoever linked the programs) is an error, not a
+    simulation of the other program's ops with this one's sizes."""
+    pool = CompiledPool()
+    prog = Program(prologue=(Alloc(MiB, 1), Free(1)))
+    other = Program(prologue=(Alloc(MiB, 1), Alloc(MiB, 2)))
+    other.__dict__["_same_structure"] = prog
+    with pytest.raises(ValueError, match="share a structure"):
+        pool.capture(other, False)
 
 
 @needs_compiled

@@ -168,3 +168,36 @@ def test_a_draft_phase_whose_outputs_outlive_others_can_keep_them_in_the_shared_
     )
     plan = build_plan(BuildOptions(backend="torch", spec=spec, strategies=("outputs=keep", "pool=shared")))
     assert {p.pool for p in plan.phases} == {"shared"}
+
+
+@pytest.mark.parametrize("backend_name", ["fa3", "flashinfer", "torch", "triton"])
+def test_analytic_programs_built_for_all_sizes_at_once_equal_each_size_built_alone(backend_name):
+    """Workload.analytic runs each phase's builder once over all its sizes (Batches): each
+    size's program, and its variant without the workspace, is the one the builder gives for
+    that size alone, for every phase kind."""
+    from capture_plan.planner.workload import PHASE_KINDS, analytic_program
+
+    b = backend(backend_name)
+    sizes = [1, 2, 3, 7, 8, 64, 100, 257]
+    for kind in PHASE_KINDS:
+        phase = Phase(name="p", kind=kind, tokens_per_request=3, sizes=sizes, **_draft(kind))
+        wl = Workload.analytic(SMALL_DRAFT, [phase], b, tp=2)
+        for bs in sizes:
+            alone = analytic_program(SMALL_DRAFT, phase, bs, b, 2)
+            assert wl.programs[("p", bs)] == alone, (kind, bs)
+            assert wl.program("p", bs, hoisted=True) == alone.without_workspace(), (kind, bs)
+
+
+def _draft(kind: str) -> dict:
+    return {"layers": 1} if kind.startswith("draft") else {}
+
+
+def test_a_builder_whose_ops_differ_by_size_is_refused_when_built_for_all_sizes():
+    """A branch on the batch size would give sizes different ops: Batches refuses it rather
+    than build every size with one size's structure."""
+    from capture_plan.planner.workload import Batches
+
+    with pytest.raises(ValueError, match="differ by batch size"):
+        bool(Batches([1, 2, 3]) + -2)
+    assert (Batches([3, 5]) * 7 * 0.5).values == (3 * 7 * 0.5, 5 * 7 * 0.5)
+    assert (-(-Batches([5, 8]) // 4) * 4).values == (8, 8)
