@@ -75,11 +75,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 import os
 from bisect import bisect_left, insort
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from capture_plan.schemas.errors import InputError
@@ -148,18 +146,30 @@ def segment_size(rounded: int) -> int:
     return _round_up(rounded, ROUND_LARGE)
 
 
-@dataclass(eq=False, slots=True)
 class Block:
-    addr: int
-    size: int
-    stream: int
-    small: bool
-    segment: int
-    free: bool = True
-    prev: Block | None = None
-    next: Block | None = None
-    #: expandable mode: this block ends at its segment's mapped end
-    tail: bool = False
+    """One block of a segment (a plain slotted class: equal only to itself)."""
+
+    __slots__ = ("addr", "size", "stream", "small", "segment", "free", "prev", "next", "tail")
+
+    def __init__(
+        self,
+        addr: int,
+        size: int,
+        stream: int,
+        small: bool,
+        segment: int,
+        free: bool = True,
+        prev: Block | None = None,
+        next: Block | None = None,  # noqa: A002 (the allocator's own name for it)
+        tail: bool = False,
+    ) -> None:
+        self.addr, self.size, self.stream, self.small, self.segment = addr, size, stream, small, segment
+        self.free, self.prev, self.next = free, prev, next
+        #: expandable mode: this block ends at its segment's mapped end
+        self.tail = tail
+
+    def __repr__(self) -> str:
+        return f"Block(addr={self.addr:#x}, size={self.size}, stream={self.stream}, free={self.free})"
 
 
 #: free-list keys: (stream << _STREAM_SHIFT) | (size << _SIZE_SHIFT) | addr, one int
@@ -172,7 +182,6 @@ def _key(b: Block) -> int:
     return (b.stream << _STREAM_SHIFT) | (b.size << _SIZE_SHIFT) | b.addr
 
 
-@dataclass(slots=True)
 class PoolSim:
     """One private graph pool. ``alloc`` returns a handle for ``free``.
 
@@ -192,23 +201,38 @@ class PoolSim:
     compares and moves ints, never builds tuples.
     """
 
-    expandable: bool = False
-    addresses: Iterator[int] | None = None
-    reserved: int = 0
-    allocated: int = 0
-    peak_reserved: int = 0
-    peak_allocated: int = 0
-    segments: int = 0
-    _small: list = field(default_factory=list)
-    _large: list = field(default_factory=list)
-    _blocks: dict = field(default_factory=dict)  # free-list key -> free Block
-    _next_addr: int = 1 << 32
-    # expandable mode: (small, stream) -> last block of that virtual segment
-    _tails: dict = field(default_factory=dict)
-    # per segment: its first block, whether it is a small-pool segment, its bytes
-    _heads: list = field(default_factory=list)
-    _seg_small: list = field(default_factory=list)
-    _seg_bytes: list = field(default_factory=list)
+    __slots__ = (
+        "expandable",
+        "addresses",
+        "reserved",
+        "allocated",
+        "peak_reserved",
+        "peak_allocated",
+        "segments",
+        "_small",
+        "_large",
+        "_blocks",
+        "_next_addr",
+        "_tails",
+        "_heads",
+        "_seg_small",
+        "_seg_bytes",
+    )
+
+    def __init__(self, expandable: bool = False, addresses: Iterator[int] | None = None) -> None:
+        self.expandable = expandable
+        self.addresses = addresses
+        self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = self.segments = 0
+        self._small: list = []
+        self._large: list = []
+        self._blocks: dict = {}  # free-list key -> free Block
+        self._next_addr = 1 << 32
+        # expandable mode: (small, stream) -> last block of that virtual segment
+        self._tails: dict = {}
+        # per segment: its first block, whether it is a small-pool segment, its bytes
+        self._heads: list = []
+        self._seg_small: list = []
+        self._seg_bytes: list = []
 
     # -- free lists: sorted (stream, size, addr) keys per small/large pool ----
     def _remove(self, b: Block) -> None:
@@ -496,23 +520,19 @@ class PoolSim:
                     prev.next = c
                 twin[id(b)] = prev = c
                 b = b.next
-        return PoolSim(
-            expandable=self.expandable,
-            addresses=self.addresses,
-            reserved=self.reserved,
-            allocated=self.allocated,
-            peak_reserved=self.peak_reserved,
-            peak_allocated=self.peak_allocated,
-            segments=self.segments,
-            _small=list(self._small),
-            _large=list(self._large),
-            _blocks={k: twin[id(b)] for k, b in self._blocks.items()},
-            _next_addr=self._next_addr,
-            _tails={k: twin[id(b)] for k, b in self._tails.items()},
-            _heads=[twin[id(b)] for b in self._heads],
-            _seg_small=list(self._seg_small),
-            _seg_bytes=list(self._seg_bytes),
-        )
+        twin_pool = PoolSim(self.expandable, self.addresses)
+        twin_pool.reserved, twin_pool.allocated = self.reserved, self.allocated
+        twin_pool.peak_reserved, twin_pool.peak_allocated = self.peak_reserved, self.peak_allocated
+        twin_pool.segments = self.segments
+        twin_pool._small = list(self._small)
+        twin_pool._large = list(self._large)
+        twin_pool._blocks = {k: twin[id(b)] for k, b in self._blocks.items()}
+        twin_pool._next_addr = self._next_addr
+        twin_pool._tails = {k: twin[id(b)] for k, b in self._tails.items()}
+        twin_pool._heads = [twin[id(b)] for b in self._heads]
+        twin_pool._seg_small = list(self._seg_small)
+        twin_pool._seg_bytes = list(self._seg_bytes)
+        return twin_pool
 
     # -- what a memory snapshot shows ----------------------------------------
     def segment_sizes(self) -> list[tuple[bool, int]]:
@@ -546,8 +566,6 @@ Pool: TypeAlias = "PoolSim | CompiledPool"
 #: ``compiled`` requires the compiled core (an error where it did not load);
 #: unset or ``auto``: the compiled core where it loads, else PoolSim.
 CORE_ENV = "CAPTURE_PLAN_ALLOCATOR_CORE"
-
-_log = logging.getLogger(__name__)
 
 
 class Core(NamedTuple):
@@ -591,7 +609,9 @@ def core() -> Core:
                 fix=f"unset {CORE_ENV} (the Python core gives the same plans), or reinstall with a C compiler: "
                 "pip install --force-reinstall --no-deps .",
             ) from None
-        _log.info("allocator: using the Python core; %s", why)
+        import logging  # only here: importing it is a tenth of a quick build's start-up
+
+        logging.getLogger(__name__).info("allocator: using the Python core; %s", why)
         return Core("python", PoolSim, why)
     return Core("compiled", compiled)
 

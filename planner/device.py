@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from capture_plan.schemas.codec import decode_report
 from capture_plan.schemas.errors import InputError
@@ -69,8 +70,7 @@ __all__ = [
 DRIVER_CHUNK = 2 << 20
 
 
-@dataclass(frozen=True)
-class Calibration:
+class Calibration(msgspec.Struct, frozen=True):
     """Device items measured in one capture report."""
 
     #: "NVIDIA H200 sm90, torch 2.11.0, driver 580.159.04"
@@ -78,20 +78,20 @@ class Calibration:
     #: "sm90", or "" when the report does not say
     capability: str
     #: bytes of driver memory per instantiated graph, per phase name and phase kind
-    graph_exec_per_graph: dict[str, float] = field(default_factory=dict)
+    graph_exec_per_graph: dict[str, float] = {}
     #: other caching-allocator memory the capture left (besides pools, hoisted, the workspace);
     #: None when the device's workspace figure is unknown (it cannot be told apart)
     allocator_other: int | None = 0
     source: str = ""
     #: per phase name and kind: the largest scratch memory a warm-up of it took (its
     #: temporaries, returned when the warm-up ends); empty when the report does not say
-    warmup_scratch: dict[str, int] = field(default_factory=dict)
+    warmup_scratch: dict[str, int] = {}
     #: nodes of each recorded graph, per phase name and batch size (the report's
     #: graph_nodes); empty when the report did not count them
-    graph_nodes: dict[str, dict[int, int]] = field(default_factory=dict)
+    graph_nodes: dict[str, dict[int, int]] = {}
     #: per phase name: (driver bytes, nodes) of the report's captures that counted their
     #: nodes; empty when it counted none
-    graph_exec_counted: dict[str, tuple[int, int]] = field(default_factory=dict)
+    graph_exec_counted: dict[str, tuple[int, int]] = {}
 
     @property
     def graph_exec_per_node(self) -> float | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
 from capture_plan.schemas.errors import ConstraintError
@@ -34,7 +33,6 @@ __all__ = ["step_id", "phase_sequence", "StepGraph", "Digraph", "check_acyclic",
 N = TypeVar("N", bound=Hashable)
 
 
-@dataclass
 class Digraph(Generic[N]):
     """Nodes with attributes and labelled edges, both kept in insertion order.
 
@@ -44,9 +42,10 @@ class Digraph(Generic[N]):
     smallest ``(key, insertion index)`` ready node). No removal.
     """
 
-    nodes: dict[N, dict[str, Any]] = field(default_factory=dict)
-    #: node -> {successor: edge attributes}
-    succ: dict[N, dict[N, dict[str, Any]]] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.nodes: dict[N, dict[str, Any]] = {}
+        #: node -> {successor: edge attributes}
+        self.succ: dict[N, dict[N, dict[str, Any]]] = {}
 
     def add_node(self, n: N, **attrs: Any) -> None:
         if n in self.nodes:
@@ -157,11 +156,11 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | No
     return [n for name in order for n in (name, of.get(name)) if n is not None]
 
 
-@dataclass
 class StepGraph:
     """The Digraph plus helpers to add steps and labelled edges."""
 
-    g: Digraph[str]
+    def __init__(self, g: Digraph[str]) -> None:
+        self.g = g
 
     @classmethod
     def empty(cls) -> StepGraph:

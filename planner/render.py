@@ -6,8 +6,6 @@ of networkx so ``planner show`` stays fast.
 
 from __future__ import annotations
 
-import difflib
-
 import msgspec
 
 from capture_plan.schemas.keys import label_suffix, parse_step_id
@@ -167,6 +165,8 @@ def explain(plan: Plan, head: str | None = None) -> str:
 
 def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
     """Steps, strategies, decisions and predictions that differ; (text, differs)."""
+    import difflib  # only `planner diff` and `check` show a diff: a build does not import it
+
     out: list[str] = []
     pa, pb = a.predicted, b.predicted
     for label, x, y in [

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import msgspec
@@ -472,18 +471,26 @@ def analytic_capture(model: Model, phase: Phase, bs: int, backend: Backend, tp: 
     return CaptureTrace(phase=phase.name, bs=bs, events=analytic_program(model, phase, bs, backend, tp).flatten())
 
 
-@dataclass(frozen=True)
 class Workload:
     """What each (phase, size) capture allocates, from the analytic model or a recorded trace."""
 
-    source: Literal["analytic", "trace"]
-    #: by (phase, size), and by (phase, size, labels) for a graph key a trace recorded
-    programs: dict[tuple, Program]
-    #: per phase, (sizes measured, sizes derived) when from a trace
-    samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    _hoisted: dict = field(default_factory=dict, repr=False, compare=False)
-    #: (phase, size) -> the analytic family its program was picked from, and its index there
-    _families: dict = field(default_factory=dict, repr=False, compare=False)
+    __slots__ = ("source", "programs", "samples", "_hoisted", "_families")
+
+    def __init__(
+        self,
+        source: Literal["analytic", "trace"],
+        programs: dict[tuple, Program],
+        samples: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+        families: dict[tuple, tuple[_Family, int]] | None = None,
+    ) -> None:
+        self.source: Literal["analytic", "trace"] = source
+        #: by (phase, size), and by (phase, size, labels) for a graph key a trace recorded
+        self.programs = programs
+        #: per phase, (sizes measured, sizes derived) when from a trace
+        self.samples = samples or {}
+        self._hoisted: dict = {}
+        #: (phase, size) -> the analytic family its program was picked from, and its index there
+        self._families = families or {}
 
     @classmethod
     def analytic(cls, model: Model, phases: list[Phase], backend: Backend, tp: int = 1) -> Workload:
@@ -497,7 +504,7 @@ class Workload:
             for i, bs in enumerate(p.sizes):
                 progs[(p.name, bs)] = family.pick(i)
                 families[(p.name, bs)] = family, i
-        return cls("analytic", progs, _families=families)
+        return cls("analytic", progs, families=families)
 
     @classmethod
     def from_trace(cls, trace: Trace, phases: list[Phase], source: str, model: Model | None = None) -> Workload:

@@ -369,6 +369,16 @@ def test_version_says_which_core_runs():
     assert r.returncode == 0 and r.stdout.splitlines()[1] == f"allocator core: python ({CORE_ENV}=python)"
 
 
+@pytest.mark.parametrize("forced", ["python", ""])
+def test_show_says_which_core_a_check_or_rebuild_here_runs(forced, fresh_core, cli):
+    """A plan does not record its core (both give the same bytes): `show` names the one this
+    installation runs, the Python one with why."""
+    fresh_core.setenv(CORE_ENV, forced)
+    code, out, _ = cli("show", str(ROOT / "plans/fa3-ci.json"))
+    want = f"python ({CORE_ENV}=python)" if forced else core().describe()
+    assert code == 0 and out.splitlines()[-1].startswith(f"allocator core here: {want}; a check or rebuild runs it")
+
+
 # -- plans ------------------------------------------------------------------------
 
 

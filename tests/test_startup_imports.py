@@ -1,0 +1,114 @@
+"""A command imports what it uses: the modules the Quickstart's build loads, pinned.
+
+Most of a quick command's time is its start-up (issue 31: the 36-size Quickstart build
+spent two thirds of it importing), so a module the build does not use must not load
+with it. The pinned list changes when the build's code moves between modules; a new
+entry needs a reason (the build calls into it), else the import belongs inside the
+function that uses it. ``bench/build_bench.py`` times the whole command against an
+older commit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from capture_plan.planner.allocator import CORE_ENV
+
+#: every capture_plan module `planner build --backend fa3 --ci` imports (the compiled
+#: core's extension besides, where it runs): each one's code runs in that build
+QUICKSTART_MODULES = {
+    "capture_plan",
+    "capture_plan.planner",
+    "capture_plan.planner.allocator",
+    "capture_plan.planner.build",
+    "capture_plan.planner.cli",
+    "capture_plan.planner.cli._common",
+    "capture_plan.planner.cli.build",
+    "capture_plan.planner.device",
+    "capture_plan.planner.dimensions",
+    "capture_plan.planner.fidelity",
+    "capture_plan.planner.graph",
+    "capture_plan.planner.keys",
+    "capture_plan.planner.optimize",
+    "capture_plan.planner.program",
+    "capture_plan.planner.render",
+    "capture_plan.planner.resources",
+    "capture_plan.planner.rules",
+    "capture_plan.planner.simulate",
+    "capture_plan.planner.specs",
+    "capture_plan.planner.validate",
+    "capture_plan.planner.workload",
+    "capture_plan.schemas",
+    "capture_plan.schemas.codec",
+    "capture_plan.schemas.errors",
+    "capture_plan.schemas.files",
+    "capture_plan.schemas.keys",
+    "capture_plan.schemas.limits",
+    "capture_plan.schemas.plan",
+    "capture_plan.schemas.report",
+    "capture_plan.schemas.spec",
+    "capture_plan.schemas.strategy",
+    "capture_plan.schemas.trace",
+    "capture_plan.schemas.units",
+}
+
+#: modules that cost the build's start-up and that it does not use: logging (only a core's
+#: fallback logs), dataclasses (its classes are built at import), difflib (`diff` and
+#: `check`), json (reading JSON inputs), and the libraries of other commands
+NOT_IMPORTED = ("logging", "dataclasses", "difflib", "json", "networkx", "matplotlib", "numpy", "torch")
+
+_PROBE = """
+import sys
+from capture_plan.planner.cli import main
+code = main(["build", "--backend", "fa3", "--ci"])
+print(code)
+print(" ".join(sorted(m for m in sys.modules if m.startswith("capture_plan"))))
+print(" ".join(m for m in {not_imported!r} if m in sys.modules))
+"""
+
+
+def _quickstart_imports(tmp_path, core: str | None) -> tuple[set[str], list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != CORE_ENV}
+    if core:
+        env[CORE_ENV] = core
+    r = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(not_imported=NOT_IMPORTED)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    code, modules, unwanted = (r.stdout.splitlines()[-3:] + [""])[:3]
+    assert code == "0", r.stdout
+    return set(modules.split()), unwanted.split()
+
+
+def _differences(got: set[str], want: set[str]) -> str:
+    return (
+        f"the Quickstart build imports {sorted(got - want)} besides the pinned modules and not "
+        f"{sorted(want - got)}: import a module inside the function that uses it, or, where the "
+        "build runs its code, update QUICKSTART_MODULES in tests/test_startup_imports.py"
+    )
+
+
+def test_the_quickstart_build_imports_the_pinned_modules_and_nothing_it_does_not_use(tmp_path):
+    """With the Python core (the same on every machine, a C compiler or not)."""
+    got, unwanted = _quickstart_imports(tmp_path, "python")
+    assert got == QUICKSTART_MODULES, _differences(got, QUICKSTART_MODULES)
+    assert unwanted == [], f"the Quickstart build imports {unwanted}, which it does not use"
+
+
+def test_with_the_compiled_core_it_imports_the_extension_besides(tmp_path):
+    from capture_plan.planner.allocator import core
+
+    if core().name != "compiled":
+        pytest.skip(f"the compiled core does not run here: {core().describe()}")
+    got, unwanted = _quickstart_imports(tmp_path, None)
+    want = QUICKSTART_MODULES | {"capture_plan.planner._core"}
+    assert got == want, _differences(got, want)
+    assert unwanted == [], f"the Quickstart build imports {unwanted}, which it does not use"
