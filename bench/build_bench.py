@@ -15,6 +15,11 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
                     operations, so operations x ns_per_op is what simulating alone costs (the floor
                     of an op-by-op simulation at this speed); counted with the Python core (the
                     operations are the same with either), ns_per_op for each core
+  quickstart        with --baseline PLANNER (another installation's `planner` script, e.g. of commit
+                    2a7a316): the Quickstart build (`planner build --backend fa3 --ci`, writing its plan
+                    into an empty folder) by this installation's `planner` and by that one, whole
+                    processes alternating run by run, --quickstart-repeat each: wall and CPU medians and
+                    their ratios (issue 31's target: at most 0.7x 2a7a316's)
   cores             each workload in process with both allocator cores (planner/allocator.py's
                     core(): the compiled one and PoolSim), paired: the cores alternate run by run
                     (python, compiled, compiled, python, ...) after one untimed run of each, so that
@@ -31,7 +36,9 @@ fresh process would compile them again). The load average before and after
 is recorded: other jobs on a shared machine slow every figure.
 
 Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
-Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact] [--no-cores]
+Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact] [--no-cores] [--baseline PLANNER]
+     (the baseline: git worktree add /tmp/old 2a7a316 && cd /tmp/old && python3 -m venv .venv &&
+      .venv/bin/pip install -e . ; then --baseline /tmp/old/.venv/bin/planner)
      python -m bench.build_bench --python OTHER/bin/python --tag installed   (commands only, that installation)
      python -m bench.build_bench --python B/bin/python --against A/bin/python --tag ab
          (A/B: the commands alternate between the two installations run by run, so that drift in the
@@ -50,17 +57,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import REPO, ResultFile, add_out_dir, add_overwrite, header, main_exit, result_file
-
-
-def _median(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
+from bench.harness import (
+    REPO,
+    ResultFile,
+    add_out_dir,
+    add_overwrite,
+    child_times,
+    header,
+    main_exit,
+    median_time,
+    result_file,
+)
 
 PYTHON = sys.executable  # --python: time the commands with another installation
 
@@ -148,16 +155,66 @@ def _cores(repeat: int) -> dict:
     return out
 
 
-def _cli(*args: str, python: str | None = None) -> None:
+def _cli(*args: str, python: str | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of ``planner ARGS`` run by ``python`` (this bench's by default)."""
+    return child_times([python or PYTHON, "-m", "capture_plan.planner", *args], cwd=tempfile.gettempdir(), env=_env())
+
+
+def _env() -> dict[str, str]:
     from capture_plan.planner.allocator import CORE_ENV
 
-    subprocess.run(
-        [python or PYTHON, "-m", "capture_plan.planner", *args],
-        check=True,
-        capture_output=True,
-        cwd=tempfile.gettempdir(),
-        env={k: v for k, v in os.environ.items() if k != CORE_ENV},  # the installation's own choice
-    )
+    return {k: v for k, v in os.environ.items() if k != CORE_ENV}  # the installation's own choice
+
+
+#: the Quickstart's build (README.md), as a user runs it: the installation's `planner` script
+QUICKSTART = ("build", "--backend", "fa3", "--ci")
+
+
+def _quickstart(baseline: str, repeat: int) -> dict:
+    """The Quickstart build, whole processes, by this installation's ``planner`` and by
+    ``baseline`` (another installation's ``planner`` script, e.g. of an older commit),
+    alternating run by run (this, baseline, baseline, this, ...) after one untimed run of
+    each, each in a new empty folder (it writes plans/fa3-ci.json there): medians of wall and
+    CPU time and this one's over the baseline's. Both installations' modules are
+    byte-compiled first."""
+    here = str(Path(PYTHON).parent / "planner")
+    checkout = Path(baseline).resolve().parent.parent.parent  # CHECKOUT/.venv/bin/planner
+    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    py = str(Path(baseline).parent / "python")
+    subprocess.run([py, "-m", "compileall", "-q", "-x", r"[/\\]\.(venv|git)", str(checkout)], capture_output=True)
+
+    def run(planner: str) -> tuple[float, float]:
+        with tempfile.TemporaryDirectory() as folder:
+            return child_times([planner, *QUICKSTART], cwd=folder, env=_env())
+
+    run(here), run(baseline)
+    med = _alternating(here, baseline, run, repeat)
+    return {
+        "command": "planner " + " ".join(QUICKSTART),
+        "planner": here,
+        "baseline": baseline,
+        "baseline_commit": commit.stdout.strip() or None,
+        "repeat": repeat,
+        "wall_s": med[here][0],
+        "cpu_s": med[here][1],
+        "baseline_wall_s": med[baseline][0],
+        "baseline_cpu_s": med[baseline][1],
+        "wall_over_baseline": med[here][0] / med[baseline][0],
+        "cpu_over_baseline": med[here][1] / med[baseline][1],
+    }
+
+
+def _alternating(a: str, b: str, run, repeat: int) -> dict[str, tuple[float, float]]:
+    """``run(a)`` and ``run(b)`` (each returning wall and CPU seconds), ``repeat`` times each,
+    alternating (a, b, b, a, ...) so that drift in the machine's load hits both alike: the
+    medians of wall and CPU time of each."""
+    samples: dict = {a: ([], []), b: ([], [])}
+    for i in range(repeat):
+        for side in (a, b) if i % 2 == 0 else (b, a):
+            wall, cpu = run(side)
+            samples[side][0].append(wall)
+            samples[side][1].append(cpu)
+    return {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in samples.items()}
 
 
 COMMANDS = {
@@ -170,23 +227,11 @@ COMMANDS = {
 def _ab(a: str, b: str, repeat: int, only: list[str] | None = None) -> dict:
     """Each command run ``repeat`` times by each interpreter, alternating (a, b, b, a, ...): medians of
     wall time and of the child's CPU time (user + system), and b's medians over a's."""
-    import resource
-
     out: dict = {}
     for name, args in COMMANDS.items():
         if only and name not in only:
             continue
-        samples: dict = {a: ([], []), b: ([], [])}
-        for i in range(repeat):
-            for py in (a, b) if i % 2 == 0 else (b, a):
-                r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                t0 = time.perf_counter()
-                _cli(*args, python=py)
-                wall = time.perf_counter() - t0
-                r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                samples[py][0].append(wall)
-                samples[py][1].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-        med = {py: (statistics.median(w), statistics.median(c)) for py, (w, c) in samples.items()}
+        med = _alternating(a, b, lambda py, args=args: _cli(*args, python=py), repeat)
         out[name] = {
             "a_wall_s": med[a][0],
             "b_wall_s": med[b][0],
@@ -224,6 +269,13 @@ def main() -> None:
     ap.add_argument("--no-exact", action="store_true", help="skip the --exact 1024 x 4 build (tens of seconds)")
     ap.add_argument("--no-cores", action="store_true", help="skip the in-process comparison of the allocator cores")
     ap.add_argument(
+        "--baseline",
+        metavar="PLANNER",
+        help="the `planner` script of another installation (CHECKOUT/.venv/bin/planner, e.g. of commit 2a7a316): "
+        "the Quickstart build's whole process against it, alternating",
+    )
+    ap.add_argument("--quickstart-repeat", type=int, default=20, help="runs of each side with --baseline (default 20)")
+    ap.add_argument(
         "--against",
         metavar="PYTHON",
         help="A/B: alternate the commands between this interpreter (a) and --python (b), run by run",
@@ -255,9 +307,9 @@ def main() -> None:
     from capture_plan.planner.workload import Workload
 
     res.update(repeat=args.repeat, bytecode="compiled before timing", loadavg_before=os.getloadavg())
-    res["help_s"] = _median(lambda: _cli("--help"), args.repeat)
-    res["build_default_s"] = _median(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
-    res["build_speculative_s"] = _median(
+    res["help_s"] = median_time(lambda: _cli("--help"), args.repeat)
+    res["build_default_s"] = median_time(lambda: _cli("build", "--backend", "fa3", "--ci", "--dry-run"), args.repeat)
+    res["build_speculative_s"] = median_time(
         lambda: _cli("build", "--backend", "fa3", "--ci", "--speculative", "eagle", "--dry-run"), args.repeat
     )
     if args.against:
@@ -296,6 +348,13 @@ def main() -> None:
     global CORE
     CORE = core().name
     res["core"] = core().describe()  # the core of every figure below but cores and work
+    if args.baseline:
+        res["quickstart"] = q = _quickstart(args.baseline, args.quickstart_repeat)
+        print(
+            f"quickstart: {q['wall_s']:.3f} s against {q['baseline_wall_s']:.3f} s "
+            f"({q['wall_over_baseline']:.2f}x wall, {q['cpu_over_baseline']:.2f}x CPU)",
+            file=sys.stderr,
+        )
     if CORE == "compiled" and not args.no_cores:
         res["cores"] = _cores(args.repeat)
         _write(res, out, "cores measured, the rest under way")  # a run cut short keeps them
@@ -304,24 +363,24 @@ def main() -> None:
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
     caps = [(s.phase, s.bs) for s in plan.steps if s.op == "capture"]
     strategies = {p.name: p.strategy for p in plan.phases}
-    res["simulate_default_s"] = _median(lambda: simulate(caps, strategies, wl), args.repeat)
-    res["optimize_speculative_s"] = _median(
+    res["simulate_default_s"] = median_time(lambda: simulate(caps, strategies, wl), args.repeat)
+    res["optimize_speculative_s"] = median_time(
         lambda: build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle")), args.repeat
     )
     from capture_plan.executor import Environment, load_plan
 
     env = Environment("NVIDIA H200", (9, 0), "2.11.0", frozenset({"fa3_fwd_interface"}))
     path = REPO / "plans/fa3-ci.json"
-    res["load_plan_s"] = _median(lambda: [load_plan(path, env=env) for _ in range(100)], args.repeat) / 100
+    res["load_plan_s"] = median_time(lambda: [load_plan(path, env=env) for _ in range(100)], args.repeat) / 100
     res["scale"] = {}
     for n in (35, 128, 512, 1024, 2048):
         path = _scale_spec(n)
-        res["scale"][str(n)] = _median(
+        res["scale"][str(n)] = median_time(
             lambda path=path: build_plan(BuildOptions(backend="fa3", ci=True, spec=path)), max(1, args.repeat // 2)
         )
     if not args.no_exact:
         path = _scale_spec(1024)
-        res["exact_1024_s"] = _median(
+        res["exact_1024_s"] = median_time(
             lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)), 1
         )
     work = {
@@ -334,7 +393,7 @@ def main() -> None:
     if not args.no_exact:
         work["exact_1024"] = _work(lambda: build_plan(BuildOptions(backend="fa3", ci=True, spec=path, exact=True)))
     _core("python")
-    ns = _median(lambda: simulate(caps, strategies, wl), args.repeat) / work["simulate_default"]["ops"] * 1e9
+    ns = median_time(lambda: simulate(caps, strategies, wl), args.repeat) / work["simulate_default"]["ops"] * 1e9
     _core(CORE)
     for w in work.values():
         w["simulating_s_at_ns_per_op"] = round(w["ops"] * ns * 1e-9, 3)
@@ -345,10 +404,17 @@ def main() -> None:
     }
     scale = res["scale"]
     cores = res.get("cores", {})
+    q = res.get("quickstart")
     _write(
         res,
         out,
         (
+            f"quickstart build {q['wall_over_baseline']:.2f}x wall, {q['cpu_over_baseline']:.2f}x CPU of "
+            f"{(q['baseline_commit'] or q['baseline'])[:7]} ({q['baseline_wall_s']:.3f} -> {q['wall_s']:.3f} s); "
+            if q
+            else ""
+        )
+        + (
             "compiled/python core: "
             + ", ".join(
                 f"{k} {v['compiled_over_python']:.2f}x ({v['python_s']:.2f} -> {v['compiled_s']:.2f} s)"

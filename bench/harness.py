@@ -321,6 +321,35 @@ def main_exit(main: Callable[[], int | None]) -> None:
     sys.exit(code or 0)
 
 
+# -- timing on the CPU ----------------------------------------------------------------------
+
+
+def median_time(fn: Callable[[], Any], repeat: int) -> float:
+    """The median wall time of ``repeat`` calls of ``fn()``, in seconds."""
+    import statistics
+
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def child_times(cmd: list[str], **kw) -> tuple[float, float]:
+    """Run ``cmd`` (``subprocess.run(cmd, check=True, capture_output=True, **kw)``) and return
+    its wall time and the child's CPU time (user + system), in seconds: on a shared machine
+    the CPU time moves less with the load than the wall clock."""
+    import resource
+
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, **kw)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+
+
 def run_module(name: str, args: Iterable[str], **kw) -> subprocess.CompletedProcess:
     """``python -m bench.<name> ARGS`` in a child process, from the repository's root (where
     ``bench`` is importable), with this interpreter; ``kw`` as ``subprocess.run``'s. Paths

@@ -25,44 +25,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-from bench.harness import REPO, add_out_dir, add_overwrite, header, main_exit, result_file
+from bench.harness import REPO, add_out_dir, add_overwrite, child_times, header, main_exit, median_time, result_file
 
 TRAFFIC = REPO / "tests" / "data" / "traffic-skewed.csv"
 CALIBRATION = REPO / "plans" / "calibration" / "h200-fa3-ci.json"
 
 
-def _median(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _cli_all(repeat: int) -> tuple[float, float]:
     """Median wall and child CPU seconds of the CLI with --all."""
-    walls, cpus = [], []
-    for _ in range(repeat):
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "capture_plan.planner", "sizes", "-b", "fa3", "--ci"]
-            + ["--traffic", str(TRAFFIC), "--all"],
-            check=True,
-            capture_output=True,
-            cwd=tempfile.gettempdir(),
-        )
-        walls.append(time.perf_counter() - t0)
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    cmd = [
+        sys.executable,
+        "-m",
+        "capture_plan.planner",
+        "sizes",
+        "-b",
+        "fa3",
+        "--ci",
+        "--traffic",
+        str(TRAFFIC),
+        "--all",
+    ]
+    walls, cpus = zip(*(child_times(cmd, cwd=tempfile.gettempdir()) for _ in range(repeat)))
     return statistics.median(walls), statistics.median(cpus)
 
 
@@ -97,9 +84,9 @@ def main() -> None:
     cands, _ = candidates(traffic.phases["decode"], 256)
     model = roofline(spec.model, phase, 1, device_roofline(DEFAULT_DEVICE), DEFAULT_CONTEXT, resources.backend("fa3"))
     res["candidates"] = len(cands)
-    res["front_s"] = _median(lambda: best_lists(traffic.phases["decode"], cands, model.cost, 64), args.repeat)
+    res["front_s"] = median_time(lambda: best_lists(traffic.phases["decode"], cands, model.cost, 64), args.repeat)
     opts = SizesOptions(build=build, traffic=TRAFFIC)
-    res["choose_s"] = _median(lambda: choose_sizes(opts), args.repeat)
+    res["choose_s"] = median_time(lambda: choose_sizes(opts), args.repeat)
     res["cli_all_s"], res["cli_all_cpu_s"] = _cli_all(args.repeat)
 
     counted = {"captures": 0}
