@@ -19,7 +19,9 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
                     2a7a316): the Quickstart build (`planner build --backend fa3 --ci`, writing its plan
                     into an empty folder) by this installation's `planner` and by that one, whole
                     processes alternating run by run, --quickstart-repeat each: wall and CPU medians and
-                    their ratios (issue 31's target: at most 0.7x 2a7a316's)
+                    their ratios (issue 31's target: at most 0.7x 2a7a316's); where valgrind is
+                    installed, the instructions each executes too (one run each: a count the
+                    machine's load does not move)
   cores             each workload in process with both allocator cores (planner/allocator.py's
                     core(): the compiled one and PoolSim), paired: the cores alternate run by run
                     (python, compiled, compiled, python, ...) after one untimed run of each, so that
@@ -189,7 +191,12 @@ def _quickstart(baseline: str, repeat: int) -> dict:
 
     run(here), run(baseline)
     med = _alternating(here, baseline, run, repeat)
+    ir = {k: _instructions(k) for k in (here, baseline)}
     return {
+        # where valgrind runs: instructions executed, one run each (the machine's load does not move them)
+        "instructions": ir[here],
+        "baseline_instructions": ir[baseline],
+        "instructions_over_baseline": ir[here] / ir[baseline] if ir[here] and ir[baseline] else None,
         "command": "planner " + " ".join(QUICKSTART),
         "planner": here,
         "baseline": baseline,
@@ -202,6 +209,28 @@ def _quickstart(baseline: str, repeat: int) -> dict:
         "wall_over_baseline": med[here][0] / med[baseline][0],
         "cpu_over_baseline": med[here][1] / med[baseline][1],
     }
+
+
+def _instructions(planner: str) -> int | None:
+    """Instructions the Quickstart build by ``planner`` executes (valgrind's callgrind, in an
+    empty folder), or None where valgrind is not installed. Run by the script's interpreter
+    (a console script's first line names it), as valgrind follows no ``#!``."""
+    import re
+    import shutil
+
+    if not shutil.which("valgrind"):
+        return None
+    python = str(Path(planner).parent / "python")
+    with tempfile.TemporaryDirectory() as folder:
+        r = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, planner, *QUICKSTART],
+            cwd=folder,
+            env=_env(),
+            capture_output=True,
+            text=True,
+        )
+    found = re.search(r"Collected : (\d+)", r.stderr)
+    return int(found.group(1)) if r.returncode == 0 and found else None
 
 
 def _alternating(a: str, b: str, run, repeat: int) -> dict[str, tuple[float, float]]:
@@ -409,8 +438,10 @@ def main() -> None:
         res,
         out,
         (
-            f"quickstart build {q['wall_over_baseline']:.2f}x wall, {q['cpu_over_baseline']:.2f}x CPU of "
-            f"{(q['baseline_commit'] or q['baseline'])[:7]} ({q['baseline_wall_s']:.3f} -> {q['wall_s']:.3f} s); "
+            f"quickstart build {q['wall_over_baseline']:.2f}x wall, {q['cpu_over_baseline']:.2f}x CPU"
+            + (f", {q['instructions_over_baseline']:.2f}x instructions" if q["instructions_over_baseline"] else "")
+            + " of "
+            + f"{(q['baseline_commit'] or q['baseline'])[:7]} ({q['baseline_wall_s']:.3f} -> {q['wall_s']:.3f} s); "
             if q
             else ""
         )
