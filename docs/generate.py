@@ -547,8 +547,12 @@ _CORES_ROWS = [
 ]
 
 
+#: the allocator cores side by side, and the Quickstart build against commit 2a7a316 (issue 31)
+BUILD_CORES = "build-2026-12-02-startup.json"
+
+
 def build_cores() -> list[str]:
-    name = "build-2026-12-01-cores.json"
+    name = BUILD_CORES
     d = _load(name)
     cores = d["cores"]
     rows = [
@@ -571,8 +575,27 @@ def build_cores() -> list[str]:
         f" operation with the Python core, {d['work']['ns_per_op_compiled']:,} ns with the compiled one.",
         _source(name, d) + f" {d['machine']}, {load}: a shared machine.",
         "",
+        _quickstart(d),
+        "",
         *_build_ab("build-2026-12-01-ab.json"),
     ]
+
+
+def _quickstart(d: dict) -> str:
+    """The Quickstart build's whole process against an older installation (--baseline)."""
+    q = d["quickstart"]
+    ir = (
+        f", {q['instructions_over_baseline']:.2f}x the instructions ({q['instructions'] / 1e6:,.0f} M against"
+        f" {q['baseline_instructions'] / 1e6:,.0f} M, one run each under valgrind: a count the load does not move)"
+        if q.get("instructions_over_baseline")
+        else ""
+    )
+    return (
+        f"The Quickstart build (`{q['command']}`, whole processes, each installation's `planner`, editable"
+        f" installs) against commit `{q['baseline_commit'][:7]}`, run alternately {q['repeat']} times each in"
+        f" the same run: {q['wall_s']:.3f} s against {q['baseline_wall_s']:.3f} s, {q['wall_over_baseline']:.2f}x"
+        f" the wall time (target 0.7x), {q['cpu_over_baseline']:.2f}x the CPU time{ir}."
+    )
 
 
 def _build_ab(name: str) -> list[str]:
@@ -584,7 +607,8 @@ def _build_ab(name: str) -> list[str]:
         return f"{ab[key]['b_over_a_cpu']:.2f}x CPU time, {ab[key]['b_over_a_wall']:.2f}x wall"
 
     return [
-        f"Whole processes, installed with `pip install .` before (the commit this work started from) and"
+        f"Earlier, when the compiled core came (2026-12-01): whole processes, installed with `pip install .`"
+        f" before (the commit that work started from) and"
         f" after, run alternately {d['repeat']} times each (`--python AFTER --against BEFORE`): `planner build"
         f" --backend fa3 --ci --speculative eagle --dry-run` {cell('build_speculative')}, the default build"
         f" {cell('build_default')}, `planner --help` {cell('help')} (unchanged code: the machine's noise).",
@@ -867,6 +891,14 @@ PATH_FIGURES: tuple[PathFigure, ...] = (
         "{scale_1024[captures]:,}",
     ),
     PathFigure("build-exact-captures", BUILD_WORK, "work/exact_1024/captures", "{:,}"),
+    PathFigure("startup-cpu-s", BUILD_CORES, "cores/startup_cpu/compiled_s", "{:.2f} s"),
+    PathFigure("startup-cpu-ratio", BUILD_CORES, "cores/startup_cpu/compiled_over_python", "{:.2f}x"),
+    PathFigure(
+        "quickstart-ratio",
+        BUILD_CORES,
+        "quickstart",
+        "{wall_over_baseline:.2f}x the wall time ({cpu_over_baseline:.2f}x the CPU time)",
+    ),
     PathFigure("eagle-build-s", "device-2026-12-01-startup-final.json", "cases/eagle/build_s", "{:.2f} s"),
 )
 
