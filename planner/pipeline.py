@@ -67,7 +67,6 @@ from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, rule_text, satisfies
 from .simulate import SimResult, pool_id, simulate
-from .size_front import size_runs
 from .specs import default_spec, model_presets, read_spec_file
 from .validate import decode_spec_sources
 from .workload import Workload, workspace_bytes
@@ -662,6 +661,8 @@ def _size_decisions(opts: BuildOptions, chosen: SizesResult) -> list[Decision]:
     """Per phase whose sizes were chosen: the choice against the spec's list and the engines'
     defaults, then one decision per size saying why it is in (``planner explain``; ``planner diff``
     shows the sizes that came and went, each with its why)."""
+    from .size_front import size_runs  # only `--sizes auto` (a build of fixed sizes never loads it)
+
     out = []
     folder = output_path(opts).parent
     traffic = relative(opts.traffic, folder) if opts.traffic is not None else ""
