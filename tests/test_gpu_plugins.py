@@ -86,7 +86,7 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path):
         (pool,) = gs.pools.values()
         assert all(g.pool() == pool for g in manager.graphs.values())
         model.x.normal_()
-        for name in ("full_decode/lora=0", "full_decode/lora=1", "full_decode_ubatch/lora=0"):
+        for name in ("full_decode/loras=0", "full_decode/loras=1", "full_decode_ubatch/loras=0"):
             for n in (2, 3, 32):
                 (out,) = gs.replay(name, n)
                 torch.testing.assert_close(out, model.expected_pieces(n))

@@ -300,6 +300,9 @@ def _vllm_routed(cuda, monkeypatch, tmp_path, *, loras=None, draft=False, **plan
 
 def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_the_plan(cuda, monkeypatch, tmp_path):
     module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, loras=[0, 1], draft=True)
+    # the planner's LoRA plan (spec `variants = { loras = [...] }`), the axis the plugin labels
+    axes = {p.name: [a.name for a in p.variants] for p in plan.phases if p.variants}
+    assert axes == {"piecewise": ["loras"], "full_decode": ["loras"], "full_decode_ubatch": ["loras"]}
     runner.capture_model()
     adoption = module.CudaGraphManager.__capture_plan__
     gs = adoption.loop.graphs  # closed: every plan key captured by vLLM's own managers
@@ -325,13 +328,13 @@ def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_th
     # three pieces a PIECEWISE key (the model's and the draft's), held as views
     for lo in ("0", "1"):
         for k in range(3):
-            cap = gs.graphs[(f"piecewise/lora={lo}#{k}", 8)]
+            cap = gs.graphs[(f"piecewise/loras={lo}#{k}", 8)]
             assert cap.held == "view" and cap.graph is module.entry(manager.compiled.pieces[k], 8, int(lo)).cudagraph
     assert all((f"draft_prefill_piecewise#{k}", 8) in gs.graphs for k in range(3))
     # the persistent hidden states: the first warm-up's (declared, measured), every FULL graph's output
     assert gs.report.warmup_kept_bytes == HIDDEN_BYTES == manager.hidden_states.untyped_storage().nbytes()
     model.x.normal_()
-    for name in ("full_decode/lora=0", "full_decode/lora=1", "full_decode_ubatch/lora=1"):
+    for name in ("full_decode/loras=0", "full_decode/loras=1", "full_decode_ubatch/loras=1"):
         for n in (2, 3, 8):
             (out,) = gs.replay(name, n)
             assert out.data_ptr() == manager.hidden_states.data_ptr()

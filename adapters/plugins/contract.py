@@ -89,8 +89,7 @@ def _assigns_self(cls: ast.ClassDef, name: str) -> bool:
         for node in ast.walk(fn):
             targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
             if isinstance(node, ast.Assign | ast.AnnAssign) and any(
-                isinstance(t, ast.Attribute) and t.attr == name and isinstance(t.value, ast.Name) and t.value.id == "self"
-                for t in targets
+                isinstance(t, ast.Attribute) and t.attr == name and ast.unparse(t.value) == "self" for t in targets
             ):
                 return True
     return False
