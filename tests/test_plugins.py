@@ -360,6 +360,8 @@ def test_vllm_follows_a_plan_that_captures_smallest_first(cuda, monkeypatch, tmp
     # each micro-batch twin right after its FULL graph (twin_of), as vLLM captures them
     assert [d.num_tokens for d in manager.graphs] == [1, 2, 2, 4, 4, 8, 8]
     gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    # that warm-up runs inside the first step's warm-up block: the persistent buffer is measured
+    assert gs.report.warmup_kept_bytes == HIDDEN_BYTES == manager.hidden_states.untyped_storage().nbytes()
     model.x.normal_()
     (out,) = gs.replay("full_decode", 3)
     assert torch.allclose(out, model.expected_pieces(3), atol=1e-6)
@@ -459,20 +461,56 @@ def test_vllm_a_warm_up_keeping_more_than_declared_names_the_step(cuda, monkeypa
     assert runner.cudagraph_manager.graphs == {}
 
 
-@pytest.mark.parametrize("setting", ["sleep", "breakable"])
-def test_vllm_refuses_what_it_does_not_route_in_one_line(cuda, monkeypatch, tmp_path, setting):
+def _dynamic_speculator(runner) -> None:
+    """vLLM's TargetDependentARSpeculator with dynamic speculative decoding: its capture passes
+    specialize_spec_tokens=supports_decode_metadata_update and uses_dynamic_speculative_decoding()."""
+    import types
+
+    runner.speculator.supports_decode_metadata_update = True
+    runner.speculator.speculative_config = types.SimpleNamespace(uses_dynamic_speculative_decoding=lambda: True)
+
+
+_UNROUTED = {
+    "sleep": ("cuMem pool", lambda r: setattr(r.vllm_config, "use_cumem_cudagraph_pool", True)),
+    "breakable": ("breakable PIECEWISE graphs", lambda r: setattr(r.cudagraph_manager, "use_breakable_cg", True)),
+    "pipeline": (
+        r"pipeline parallelism \(pipeline_parallel_size=2\): a rank before the last returns intermediate tensors",
+        lambda r: setattr(r.vllm_config.parallel_config, "pipeline_parallel_size", 2),
+    ),
+    "dynamic-speculator": (
+        "dynamic speculative decoding .* makes the draft decode graphs per speculative token count",
+        _dynamic_speculator,
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", list(_UNROUTED))
+def test_vllm_refuses_what_it_does_not_route_in_one_line_before_the_first_graph(cuda, monkeypatch, tmp_path, setting):
     module = vllm_release(monkeypatch, tmp_path)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES))))
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES, draft=True))))
     vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
-    if setting == "sleep":
-        runner.vllm_config.use_cumem_cudagraph_pool = True
-    else:
-        runner.cudagraph_manager.use_breakable_cg = True
-    says = "cuMem pool" if setting == "sleep" else "breakable PIECEWISE graphs"
+    runner = _vllm_runner(module, _vllm_model(cuda), draft=True)
+    says, configure = _UNROUTED[setting]
+    configure(runner)
     with pytest.raises(core.PluginRefused, match=f"{says}.*the plugin does not route it") as err:
         runner.capture_model()
-    assert "\n" not in str(err.value) and runner.cudagraph_manager.builds == []
+    assert "\n" not in str(err.value) and "CAPTURE_PLAN_FALLBACK=engine" in str(err.value)
+    assert runner.cudagraph_manager.builds == [] and runner.speculator.prefill_cudagraph_manager.builds == []
+
+
+def test_vllm_captures_a_dynamic_speculator_as_it_does_where_the_operator_chose_so(cuda, monkeypatch, tmp_path, caplog):
+    module = vllm_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES, draft=True))))
+    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda), draft=True)
+    _dynamic_speculator(runner)
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        runner.capture_model()
+    assert "dynamic speculative decoding" in caplog.text and "capturing as vLLM does" in caplog.text
+    assert len(runner.cudagraph_manager.graphs) == 7 and runner.cudagraph_manager.pool == module.get_global_graph_pool()
+    assert module.CudaGraphManager.__capture_plan__.loop is None  # no loop made: nothing half adopted
+    runner.release()
 
 
 def _calibrated(plan):
@@ -543,6 +581,9 @@ def test_vllm_checks_the_keys_at_capture_after_answering_the_estimate(cuda, monk
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
         runner.capture_model()
     assert "capturing as vLLM does (CAPTURE_PLAN_FALLBACK=engine)" in caplog.text
+    # vLLM sized its KV cache with the plan's figure: its own capture may take more, and the warning says so
+    figure = vllm_plugin.plan_total(plan)
+    assert f"its KV cache was sized with the plan's figure for graph memory ({figure} B), not vLLM's own" in caplog.text
     assert len(runner.cudagraph_manager.graphs) == 7  # vLLM's own capture, whole
     runner.release()
 
@@ -585,7 +626,7 @@ def test_vllm_a_graph_a_manager_adds_after_the_check_is_refused_and_nothing_is_l
         runner.capture_model()
     line = str(err.value)
     assert "\n" not in line and "SpeculatorCudaGraphManager captures 1 graphs it did not list" in line
-    assert "all partial graphs were released" in line
+    assert "all partial graphs were released" in line and "CAPTURE_PLAN_FALLBACK" not in line  # not offered mid-capture
     assert runner.cudagraph_manager.graphs == {} and runner.speculator.prefill_cudagraph_manager.graphs == {}
     assert all(not w.concrete_cudagraph_entries for w in module.CUDAGraphWrapper._all_instances)
     gc.collect()

@@ -11,6 +11,8 @@ micro-batch twin on stream "ubatch"): the planner's where it builds the shape,
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from . import sglang_runner, vllm_runner
@@ -135,7 +137,7 @@ def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = No
     twins = [n for n in sizes if n >= 2]
     keyed = ""
     if loras:
-        keyed = "variants = { loras = [%s] }\n" % ", ".join(f'"{label}"' for label in loras)
+        keyed = f"variants = {{ loras = {json.dumps(list(loras))} }}\n"
     piecewise = keyed + (f"pieces = {pieces}\n" if pieces else "") + ('warmup_keeps = "outputs"\n' if loras else "")
     twin = keyed + ('stream = "ubatch"\nmicro_batches = 2\n' if loras else "")
     spec = (
