@@ -369,6 +369,131 @@ def test_vllm_follows_a_plan_that_captures_smallest_first(cuda, monkeypatch, tmp
     gs.release()
 
 
+def test_vllm_names_a_mixed_full_graphs_twin_for_its_descriptor(cuda, monkeypatch, tmp_path):
+    """vLLM's FULL mode captures mixed FULL graphs, each with a micro-batch twin whose
+    uniform_token_count _maybe_ubatch_twin sets: the twin is full_mixed_ubatch (twin_of
+    full_mixed), not a uniform-decode twin."""
+    from engines.plans import build
+
+    module = vllm_release(monkeypatch, tmp_path)
+    spec = (
+        f'[[phases]]\nname = "full_mixed"\nkind = "full"\nsizes = {SIZES}\n'
+        '[[phases]]\nname = "full_mixed_ubatch"\nkind = "full"\nsizes = [2, 4, 8]\ntwin_of = "full_mixed"\n'
+        'stream = "ubatch"\nmicro_batches = 2\n'
+    )
+    plan = build(tmp_path, spec, "warmup=every-size", "outputs=view")
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    model = _vllm_model(cuda)
+    module.reset_globals()
+    runner = module.GPUModelRunner(
+        model, SIZES, ubatch_stream=torch.cuda.Stream(), cudagraph_mode=module.FULL_MIXED_ONLY
+    )
+    twins = [d for d in runner.cudagraph_manager._capture_descs[module.CUDAGraphMode.FULL] if d.num_ubatches > 1]
+    assert twins and all(d.uniform_token_count is not None for d in twins)  # as vLLM sets them
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    manager = runner.cudagraph_manager
+    assert [(d.num_tokens, d.num_ubatches) for d in manager.graphs] == [
+        (8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2), (1, 1)
+    ]  # fmt: skip
+    for desc, graph in manager.graphs.items():
+        want = runner.ubatch_runner.capture_stream if desc.num_ubatches > 1 else manager.capture_stream
+        assert graph.stream == want, desc
+    model.x.normal_()
+    for name in ("full_mixed", "full_mixed_ubatch"):
+        (out,) = gs.replay(name, 3)
+        assert torch.allclose(out, model.expected_pieces(3), atol=1e-6), name
+    runner.release()
+    gs.release()
+
+
+def test_the_runners_desc_key_names_every_descriptor_as_the_plugin_does(cuda, monkeypatch, tmp_path):
+    """tests/engines/vllm_runner.desc_key (the adopted runner's, which must not import the
+    plugin: the runner stands in for the engine) and the plugin's phase_of agree on every
+    descriptor the runner makes: LoRA cases, twins of uniform-decode and of mixed FULL
+    graphs, the speculator's managers."""
+    from engines import vllm_runner
+
+    module = vllm_release(monkeypatch, tmp_path)
+    model = _vllm_model(cuda)
+    configs = [
+        {"lora_capture_cases": [0, 1], "draft": model},
+        {"cudagraph_mode": module.FULL_MIXED_ONLY},
+        {"cudagraph_mode": module.FULL_DECODE_ONLY},
+    ]
+    seen = set()
+    for kw in configs:
+        module.reset_globals()
+        runner = module.GPUModelRunner(model, SIZES, ubatch_stream=torch.cuda.Stream(), **kw)
+        prefixes = {id(m): p for p, m in vllm_plugin.managers(runner, module.CudaGraphManager)}
+        for key in vllm_plugin.engine_keys(runner, module.CudaGraphManager):
+            manager, desc = key.native
+            loras = manager.lora_capture_cases != [0]
+            phase, _, labels = vllm_runner.desc_key(
+                desc, prefixes[id(manager)], loras, manager._capture_descs[desc.cg_mode]
+            )
+            assert phase == key.phase, desc
+            assert set(labels) <= set(key.labels)
+            seen.add(phase)
+    assert {"piecewise", "full_decode", "full_decode_ubatch", "full_mixed", "full_mixed_ubatch"} <= seen
+    assert {"draft_prefill_piecewise", "draft_prefill_full_decode", "draft_decode_full_decode"} <= seen
+
+
+def test_vllm_leaves_out_the_draft_decode_graphs_a_one_step_speculator_never_captures(cuda, monkeypatch, tmp_path):
+    """With one speculative step vLLM's speculator captures its draft prefill only: a plan with
+    draft decode graphs is refused before the first graph, a plan without them is followed."""
+    from engines.plans import build, keyed
+
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    runner.speculator.num_speculative_steps = 1
+    with pytest.raises(
+        core.PluginRefused, match=r"the plan holds 4 graph keys vllm does not capture \(capture/draft_decode"
+    ):
+        runner.capture_model()
+    assert runner.cudagraph_manager.builds == []
+    spec = harness.vllm_spec(SIZES, draft=True).split('[[phases]]\nname = "draft_decode_full_decode"')[0]
+    plan = build(tmp_path, spec, "warmup=every-size", "outputs=view")
+    plan = keyed(
+        keyed(plan, "piecewise", pieces=3, keeps={8: HIDDEN_BYTES}),
+        "full_decode_ubatch",
+        stream="ubatch",
+        micro_batches=2,
+    )
+    plan = keyed(plan, "draft_prefill_piecewise", pieces=3)
+    module = vllm_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, model, draft=True)
+    runner.speculator.num_speculative_steps = 1
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    assert runner.speculator.decode_cudagraph_manager.graphs == {}
+    runner.release()
+    gs.release()
+
+
+def test_vllm_a_listed_graph_vllm_does_not_capture_is_one_error_and_nothing_is_left(cuda, monkeypatch, tmp_path):
+    """A manager whose graphs were listed and matched but which vLLM's capture_model skips
+    (a path the plugin does not know): the loop is incomplete when capture_model returns, so
+    the plugin closes it, which names the first step not captured and releases every graph."""
+    from capture_plan.executor import ExecutorError
+
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    monkeypatch.setattr(
+        module.EagleSpeculator, "capture", lambda self: self.prefill_cudagraph_manager.capture(self._forward)
+    )
+    with pytest.raises(ExecutorError, match=r"capture/draft_decode_full_decode/8") as err:
+        runner.capture_model()
+    assert "\n" not in str(err.value)
+    assert runner.cudagraph_manager.graphs == {} and runner.speculator.prefill_cudagraph_manager.graphs == {}
+    assert all(not w.concrete_cudagraph_entries for w in module.CUDAGraphWrapper._all_instances)
+    gc.collect()
+    assert cuda.snapshot() == []
+
+
 def _without_twins(plan):
     import msgspec
 

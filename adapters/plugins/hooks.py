@@ -392,6 +392,13 @@ HOOKS: tuple[HookPoint, ...] = (
     HookPoint(
         *_VLLM,
         _VLLM_DRAFT,
+        "DraftModelSpeculator.num_speculative_steps",
+        "attribute",
+        "1: TargetDependentARSpeculator.capture returns before the draft decode manager (its graphs not listed)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_DRAFT,
         "DraftModelSpeculator.supports_decode_metadata_update",
         "attribute",
         "with dynamic speculative decoding: the draft decode graphs are specialized inside their capture",

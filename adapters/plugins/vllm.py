@@ -134,11 +134,17 @@ def managers(runner, manager_cls) -> list[tuple[str, Any]]:
     """(phase prefix, manager) of every manager ``capture_model`` runs, in its order: the
     runner's, then the speculator's ``CudaGraphManager`` attributes (as vLLM's
     ``profile_cudagraph_memory`` finds them: ``prefill_cudagraph_manager`` ->
-    ``draft_prefill_``, ``cudagraph_manager`` -> ``draft_``)."""
+    ``draft_prefill_``, ``cudagraph_manager`` -> ``draft_``), less the draft decode
+    manager of a speculator with one speculative step (vLLM does not capture it)."""
     out = [("", runner.cudagraph_manager)] if runner.cudagraph_manager is not None else []
     speculator = getattr(runner, "speculator", None)
     if speculator is not None:
+        # TargetDependentARSpeculator.capture returns before the draft decode manager's
+        # capture with one speculative step: its graphs are never captured
+        one_step = getattr(speculator, "num_speculative_steps", None) == 1
         for name, value in vars(speculator).items():
+            if one_step and name == "decode_cudagraph_manager":
+                continue
             if isinstance(value, manager_cls):
                 role = name.removesuffix("cudagraph_manager").strip("_")
                 out.append((f"draft_{role}_" if role else "draft_", value))
