@@ -24,27 +24,39 @@ naming the ones it knows. What it wraps, on the classes:
   ``step.warmup()`` where the plan declares what it keeps (the persistent hidden-state
   buffer), a FULL graph recorded into the step's pool (``self.pool``) and handed to the
   step with what it returns through (the model's hidden states; a speculator's graph
-  writes into its own buffers: None); ``hold(graph=)`` checks the pool;
+  writes into its own buffers: None); ``hold(graph=)`` checks the pool. vLLM sizes the
+  persistent hidden states from its first warm-up: a plan that does not start at the
+  largest descriptor gets one warm-up at the largest first, inside the first step's
+  warm-up block, so what it keeps is measured against what the plan declares;
 * ``CUDAGraphWrapper.__call__`` (a compiled piece): while a PIECEWISE step's forward
   runs, each piece records into the step's pool and is held as the step's next piece, in
   the order the pieces run; the plan's piece count is checked by the loop;
 * ``GPUModelRunner.profile_cudagraph_memory``: the plan's figure for the whole capture
   (``capture_plan.adapters.profiling``) instead of a profiling capture; a plan without a
   complete figure (not calibrated for a device) is refused (or, with
-  ``CAPTURE_PLAN_FALLBACK=engine``, vLLM profiles as it does).
+  ``CAPTURE_PLAN_FALLBACK=engine``, vLLM profiles as it does). vLLM then sizes its KV
+  cache with that figure: where the capture that follows falls back to vLLM's own
+  (``CAPTURE_PLAN_FALLBACK=engine`` after a refusal), the warning says so.
 
 The plan's phases for vLLM's descriptors (:func:`phase_of`): ``piecewise``,
-``full_decode`` (uniform-decode FULL graphs: ``tokens_per_request`` is the manager's
-query length), ``full_mixed``, each with ``_ubatch`` for a micro-batch twin (the phase's
-``micro_batches``), the speculator's prefixed ``draft_<manager>_`` (``draft_prefill_``,
-``draft_decode_``); a descriptor's LoRA count is label ``lora`` (``"0"``, ``"1"``...) and
-a dynamic speculator's token count label ``spec_tokens``, where the phase declares the axis.
+``full_decode`` (uniform-decode or varlen-decode FULL graphs: ``tokens_per_request`` is
+the manager's query length), ``full_mixed``, each with ``_ubatch`` for a micro-batch twin
+(the phase's ``micro_batches``; a twin is named for the descriptor it is the twin of, so
+a mixed FULL graph's twin is ``full_mixed_ubatch`` although ``_maybe_ubatch_twin`` sets
+its ``uniform_token_count``), the speculator's prefixed ``draft_<manager>_``
+(``draft_prefill_``, ``draft_decode_``); a descriptor's LoRA count is label ``loras``
+(``"0"``, ``"1"``...: the planner's axis for vLLM's kinds), where the phase declares it.
 
-Not routed, refused up front: breakable PIECEWISE graphs (``VLLM_USE_BREAKABLE_CUDAGRAPH``)
-and sleep mode's cuMem graph pool; refused when it happens (the loop releases everything): a
-graph a manager adds after ``capture_model`` listed them (a dynamic speculator's
-``SpeculatorBatchDescriptor`` per token count, made inside its own capture). Not routed, left
-to vLLM: encoder graphs and a model state's inner graphs (they record outside the plan's keys).
+Not routed, refused before the first graph (or vLLM's own capture, with a warning, where
+the operator chose ``CAPTURE_PLAN_FALLBACK=engine``): breakable PIECEWISE graphs
+(``VLLM_USE_BREAKABLE_CUDAGRAPH``), sleep mode's cuMem graph pool, pipeline parallelism
+(a rank before the last returns intermediate tensors, not hidden states), and dynamic
+speculative decoding (the speculator's draft decode manager makes a graph per speculative
+token count inside its own capture, after the plugin checked the keys). A graph a
+manager adds after ``capture_model`` listed them by a path the plugin does not know stops
+the capture when it happens (the loop releases everything; no fallback is offered then).
+Not routed, left to vLLM: encoder graphs and a model state's inner graphs (they record
+outside the plan's keys).
 """
 
 from __future__ import annotations
