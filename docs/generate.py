@@ -822,6 +822,7 @@ ALLOCATOR = "allocator-diff-2026-11-29.json"
 STARTUP_BENCH = "startup-2026-11-29-32l.json"
 BUILD_WORK = "build-2026-11-29-work.json"
 BUILD_INSTALLED = "build-2026-11-29-installed.json"
+MODELS = "models-2026-11-29.json"
 BUILD_PROGRAMS = (
     "build-2026-11-29-programs-ab.json",
     "build-2026-11-29-programs-ba.json",
@@ -899,28 +900,52 @@ PATH_FIGURES: tuple[PathFigure, ...] = (
         "quickstart",
         "{wall_over_baseline:.2f}x the wall time ({cpu_over_baseline:.2f}x the CPU time)",
     ),
+    PathFigure("build-ns-per-op", BUILD_WORK, "work/ns_per_op", "{:.1f} µs", 1000),
     PathFigure("eagle-build-s", "device-2026-12-01-startup-final.json", "cases/eagle/build_s", "{:.2f} s"),
+    PathFigure("moe-predicted", MODELS, "archs/qwen2_moe/executor/predicted_mib", "{:.1f} MiB"),
 )
 
 
 def _at(data, path: str):
+    """The value at ``path`` (PathFigure's), or LookupError saying where the path stops."""
+    walked = []
     for key in filter(None, path.split("/")):
-        data = data[int(key)] if isinstance(data, list) else data[key]
+        at = "/".join(walked) or "the top"
+        if isinstance(data, list):
+            if not key.isdigit() or int(key) >= len(data):
+                raise LookupError(f"{at} is a list of {len(data)}, which has no item {key!r}")
+            data = data[int(key)]
+        elif isinstance(data, dict):
+            if key not in data:
+                raise LookupError(f"{at} has no key {key!r}")
+            data = data[key]
+        else:
+            raise LookupError(f"{at} is a {type(data).__name__} ({data!r}), not an object with {key!r}")
+        walked.append(key)
     return data
 
 
 def _path_render(f: PathFigure) -> Callable[[dict], str]:
     def render(d: dict) -> str:
+        where = f"figure {f.name}: bench/results/{f.file}"
         try:
             value = _at(d, f.path)
-        except (KeyError, IndexError, ValueError):
+        except LookupError as err:
             raise SystemExit(
-                f"figure {f.name}: bench/results/{f.file} has no {f.path!r}; fix: point the row of "
-                "PATH_FIGURES in docs/generate.py at a value the file holds"
+                f"{where} has no {f.path!r} ({err}); fix: point the row of PATH_FIGURES in docs/generate.py "
+                "at a value the file holds"
             ) from None
-        if isinstance(value, dict):
-            return f.template.format(**value)
-        return f.template.format(value / f.scale if f.scale != 1 else value)
+        try:
+            if isinstance(value, dict):
+                return f.template.format(**value)
+            return f.template.format(value / f.scale if f.scale != 1 else value)
+        except (LookupError, ValueError, TypeError, AttributeError) as err:
+            shown = "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+            raise SystemExit(
+                f"{where}: the template {f.template!r} does not fit the value at {f.path or '(the whole file)'!r}, "
+                f"{shown} ({type(err).__name__}: {err}); fix: make the row's template in PATH_FIGURES in "
+                "docs/generate.py name the fields the value has"
+            ) from None
 
     return render
 
@@ -1013,11 +1038,6 @@ def _build_default_work(d: dict) -> str:
     )
 
 
-@figure("build-ns-per-op", BUILD_WORK)
-def _build_ns_per_op(d: dict) -> str:
-    return f"{d['work']['ns_per_op'] / 1000:.1f} µs"
-
-
 @figure("build-programs", *BUILD_PROGRAMS)
 def _build_programs(*runs: dict) -> str:
     default = [r["ab"]["build_default"]["b_over_a_wall"] for r in runs]
@@ -1072,7 +1092,6 @@ FINAL = STARTUP_RUNS[0]
 #: three runs of the same start-up cases (the capture times' spread between runs)
 STARTUP_THREE = ("device-2026-12-01-startup-timed.json", FINAL, "device-2026-12-01-startup-spare.json")
 TRACE_BUILDS = ("trace-build-2026-12-01-before-refold.json", "trace-build-2026-12-01-refold.json")
-MODELS = "models-2026-11-29.json"
 _TRANSFORMERS = ("llama", "gemma2", "qwen2", "mixtral")
 
 
@@ -1147,11 +1166,6 @@ def _moe_pool(d: dict) -> str:
         f"{a['ratios']['executor_vs_alone']:.2f}x its largest graph alone with the native allocator "
         f"({_mib(pool - alone)} MiB of small-pool segment on a {_mib(alone)} MiB graph)"
     )
-
-
-@figure("moe-predicted", MODELS)
-def _moe_predicted(d: dict) -> str:
-    return f"{d['archs']['qwen2_moe']['executor']['predicted_mib']:.1f} MiB"
 
 
 @figure("moe-expandable", MODELS)

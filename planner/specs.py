@@ -13,7 +13,7 @@ from capture_plan.schemas.codec import convert
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.limits import MAX_BS
-from capture_plan.schemas.spec import Model, Name, Phase, Positive, Spec
+from capture_plan.schemas.spec import Choice, Model, Name, Phase, Positive, Rule, Spec
 from capture_plan.schemas.strategy import PhaseKind
 
 from .resources import data, phase_kind_settings
@@ -191,6 +191,23 @@ def sgl_sizes(preset: str, max_bs: int) -> list[int]:
     return _expand(convert(data("presets.toml")["sizes"][preset], SizeList, where), max_bs)
 
 
+def engine_rules(name: str) -> list[Rule]:
+    """The rules an engine's capture facts impose on every phase of its preset
+    (``--preset name``; a spec written for the engine repeats them): one eager
+    warm-up before each graph (``warmups_per_graph``; a warm-up step of a plan
+    runs once), so that the plan's warm-ups, and its capture time, are the engine's."""
+    facts = engine_preset(name).capture
+    if facts.warmups_per_graph != 1:
+        raise InputError(
+            f"capture.warmups_per_graph = {facts.warmups_per_graph}: a plan's warm-up step runs once",
+            where=f"planner/data/{_PRESET_FILES[name]}",
+            fix="model one warm-up per graph (warmups_per_graph = 1)",
+        )
+    source = " ".join(facts.sources["warmups_per_graph"].split())
+    why = f"{name} {facts.release} runs one eager warm-up before each graph it captures ({source})"
+    return [Rule(id=f"{name}-warmup-per-graph", why=why, require=[Choice(warmup="every-size")])]
+
+
 def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
     """The embedded spec of ``--preset name``: the preset's phases in its capture
     order, each at the preset's sizes up to ``max_bs`` (uniform-decode phases
@@ -218,7 +235,7 @@ def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
         phase = convert({**fields, "after": after}, Phase, f"{where}: $.phases[{i}]")
         phases.append(msgspec.structs.replace(phase, sizes=own))
     return validate_spec(
-        Spec(name=f"default-{name}", model=model, phases=phases),
+        Spec(name=f"default-{name}", model=model, phases=phases, rules=engine_rules(name)),
         f"embedded {name} spec (--max-bs {max_bs})",
         phase_kinds=phase_kind_settings(),
     )

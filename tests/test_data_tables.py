@@ -20,12 +20,12 @@ import pytest
 
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes, resources
 from capture_plan.planner.resources import backend
-from capture_plan.planner.specs import default_spec, engine_preset, model_presets
+from capture_plan.planner.specs import default_spec, engine_preset, engine_rules, model_presets
 from capture_plan.planner.validate import decode_spec
 from capture_plan.planner.workload import analytic_program
 from capture_plan.schemas.codec import canonical_bytes
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.spec import Model, Phase
+from capture_plan.schemas.spec import Choice, Model, Phase
 
 # allocates like target_verify (the target over every token, hidden state returned)
 NEW = b"""
@@ -350,6 +350,30 @@ def test_the_keyed_vllm_spec_follows_the_capture_facts():
     warmups = [s for s in raw["steps"] if s["op"] == "warmup"]
     assert warmups[0]["index"] == 0 and warmups[0]["phase"] == "piecewise"
     assert [s["id"] for s in raw["steps"] if "keeps" in s] == [warmups[0]["id"]] == ["warmup/piecewise/512"]
+
+
+def test_vllm_plans_warm_up_once_before_every_graph_as_vllm_does():
+    """CudaGraphManager.capture runs one ``forward_fn(CUDAGraphMode.NONE)`` per descriptor
+    (the fact warmups_per_graph = 1): --preset vllm's embedded spec carries the rule, the
+    keyed spec repeats it word for word, and both checked-in plans put one warm-up right
+    before each capture (they had one warm-up per phase: 2 for 102 captures)."""
+    rules = engine_rules("vllm")
+    assert default_spec(preset="vllm").rules == rules
+    assert [r.require for r in rules] == [[Choice(warmup="every-size")]]
+    path = ROOT / "plans/specs/vllm-keys.toml"
+    spec = decode_spec(
+        path.read_bytes(), str(path), phase_kinds=resources.phase_kind_settings(), presets=model_presets()
+    )
+    assert spec.rules == rules
+    for name in ("fa3-vllm.json", "fa3-vllm-keys.json"):
+        steps = json.loads((ROOT / "plans" / name).read_bytes())["steps"]
+        pairs = [
+            (a["op"], b["op"], a["phase"], a["bs"]) == ("warmup", "capture", b["phase"], b["bs"])
+            for a, b in zip(steps, steps[1:])
+        ]
+        captures = sum(s["op"] == "capture" for s in steps)
+        assert sum(pairs) == captures == sum(s["op"] == "warmup" for s in steps) == 102, name
+        assert all(s["runs"] == 1 for s in steps if s["op"] == "warmup")
 
 
 def test_the_h200_defaults_give_51_sizes_up_to_512():

@@ -123,10 +123,47 @@ def test_a_figure_row_whose_path_the_file_lacks_is_one_clear_error(monkeypatch):
     with pytest.raises(
         SystemExit,
         match=r"figure nope-row: bench/results/capture-2026-11-29-32l.json has no "
-        r"'executor/no_such_key'; fix: point the row of PATH_FIGURES",
+        r"'executor/no_such_key' \(executor has no key 'no_such_key'\); fix: point the row of PATH_FIGURES",
     ):
         gen.render_figures("<!-- fig: nope-row -->1<!-- /fig -->", "docs/x.md")
     ok = gen.PathFigure("ok-row", gen.CAPTURE, "executor/pool_mib", "{:,.0f} MiB")
     assert gen._path_render(ok)(gen._load(gen.CAPTURE)) == gen.FIGURES["capture-executor-pool"].render(
         gen._load(gen.CAPTURE)
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "template", "says"),
+    [
+        (
+            "executor/pool_mib/x",
+            "{}",
+            r"has no 'executor/pool_mib/x' \(executor/pool_mib is a (int|float) \(.*\), not an object",
+        ),
+        ("executor/0", "{}", r"has no 'executor/0' \(executor has no key '0'\)"),
+        ("executor", "{r}", r"the template '\{r\}' does not fit the value at 'executor', an object \(KeyError: 'r'\)"),
+        ("executor/pool_mib", "{a[b]}", r"the template '\{a\[b\]\}' does not fit the value at 'executor/pool_mib', a "),
+        ("executor", "{:.1f}", r"the template '\{:.1f\}' does not fit the value at 'executor', an object \(IndexError"),
+        ("", "{executor[pool_mib][0]}", r"does not fit the value at '\(the whole file\)', an object \(TypeError"),
+    ],
+    ids=[
+        "through-a-scalar",
+        "missing-key",
+        "missing-field",
+        "field-of-a-scalar",
+        "positional-on-object",
+        "index-a-scalar",
+    ],
+)
+def test_a_figure_row_that_does_not_fit_its_file_is_one_located_line(monkeypatch, path, template, says):
+    row = gen.PathFigure("bad-row", gen.CAPTURE, path, template)
+    with pytest.raises(SystemExit) as err:
+        gen._path_render(row)(gen._load(gen.CAPTURE))
+    line = str(err.value.code)
+    assert "\n" not in line and line.startswith(f"figure bad-row: bench/results/{gen.CAPTURE}")
+    assert re.search(says, line) and "; fix: " in line and "PATH_FIGURES in docs/generate.py" in line
+
+
+def test_single_value_figures_are_path_rows():
+    rows = {f.name for f in gen.PATH_FIGURES}
+    assert {"moe-predicted", "build-ns-per-op"} <= rows

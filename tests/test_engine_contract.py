@@ -43,7 +43,7 @@ def test_the_table_is_one_row_per_name_and_knows_both_engines():
     assert set(KNOWN) == {"sglang", "vllm"} and requirements() == ["sglang==0.5.23", "vllm==0.33.0"]
     for h in HOOKS:
         assert h.file.startswith(f"{h.engine}/") and h.file.endswith(".py")
-        assert h.signature == "class" or h.signature.startswith(("(", "= ")), h
+        assert h.signature in ("class", "attribute") or h.signature.startswith(("(", "= ", ": ")), h
     assert hook("vllm", "0.33.0", "profile_cudagraph_memory").module == "vllm.v1.worker.gpu.cudagraph_utils"
     assert hook("sglang", "0.5.23", "GENERAL_PLUGINS_GROUP").module == "sglang.srt.plugins"
     with pytest.raises(KeyError, match="no hook point 'capture_graph'"):
@@ -61,9 +61,15 @@ GROUP = "sglang.srt.plugins"
 
 class Backend:
     LIMIT = 1 << 20
+    num_tokens: int
+
+    def __init__(self):
+        self.pool = None
 
     def capture_one(self, shape_key, forward_fn, capture_inputs=None, *, hook=None, **kw):
-        pass
+        if shape_key:
+            self.hidden: list = []
+        other.graphs = {}
 
 def profile(runner, /, extra=2, *rest):
     pass
@@ -82,6 +88,9 @@ def _row(name: str, signature: str) -> HookPoint:
         ("Backend.LIMIT", "= 1 << 20"),
         ("Backend.capture_one", "(self, shape_key, forward_fn, capture_inputs=None, *, hook=None, **kw)"),
         ("profile", "(runner, /, extra=2, *rest)"),
+        ("Backend.num_tokens", ": int"),
+        ("Backend.pool", "attribute"),
+        ("Backend.hidden", "attribute"),
     ],
 )
 def test_the_checker_accepts_what_the_source_defines(name, signature):
@@ -96,6 +105,10 @@ def test_the_checker_accepts_what_the_source_defines(name, signature):
         ("Backend.capture_one", "(self, shape_key, forward_fn)", "is (self, shape_key, forward_fn, capture_inputs"),
         ("GROUP", "= 'vllm.general_plugins'", "is = 'sglang.srt.plugins', the table has"),
         ("Backend", "(self)", "is class, the table has (self)"),
+        ("Backend.num_tokens", ": str", "is : int, the table has : str"),
+        ("Backend.graphs", "attribute", "no method of Backend assigns self.graphs"),
+        ("Gone.pool", "attribute", "'Gone' is not defined in sglang/x.py"),
+        ("GROUP.pool", "attribute", "is = 'sglang.srt.plugins', the table has class"),
     ],
 )
 def test_the_checker_names_what_a_release_broke(name, signature, says):

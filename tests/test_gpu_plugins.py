@@ -86,7 +86,7 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path):
         (pool,) = gs.pools.values()
         assert all(g.pool() == pool for g in manager.graphs.values())
         model.x.normal_()
-        for name in ("full_decode/lora=0", "full_decode/lora=1", "full_decode_ubatch/lora=0"):
+        for name in ("full_decode/loras=0", "full_decode/loras=1", "full_decode_ubatch/loras=0"):
             for n in (2, 3, 32):
                 (out,) = gs.replay(name, n)
                 torch.testing.assert_close(out, model.expected_pieces(n))
@@ -97,6 +97,37 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path):
         entry = module.entry(wrapper, 32)
         entry.cudagraph.replay()
         torch.testing.assert_close(entry.output, wrapper.runnable(*entry.inputs))
+    finally:
+        runner.release()
+        gs.release()
+
+
+def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_gpu(monkeypatch, tmp_path):
+    """vLLM sizes its persistent hidden states from its first warm-up: a plan that starts at the
+    smallest size gets one warm-up at the largest first, inside the first step's warm-up block,
+    so the allocator measures what it keeps."""
+    import torch
+
+    from engines import harness
+    from engines.plugged import plan_file, vllm_release
+    from engines.toy import ToyModel
+
+    module = vllm_release(monkeypatch, tmp_path, fits=False)
+    hidden_bytes = max(SIZES) * HIDDEN * 4
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes, order=("order=smallest-first",))
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES), hidden=HIDDEN, device=_device())
+    runner = harness.vllm_runner_of(module, model, SIZES)
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    manager = runner.cudagraph_manager
+    try:
+        assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+        assert gs.report.warmup_kept_bytes == hidden_bytes == manager.hidden_states.untyped_storage().nbytes()
+        model.x.normal_()
+        (out,) = gs.replay("full_decode", 3)
+        torch.testing.assert_close(out, model.expected_pieces(3))
     finally:
         runner.release()
         gs.release()

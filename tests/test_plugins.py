@@ -300,6 +300,9 @@ def _vllm_routed(cuda, monkeypatch, tmp_path, *, loras=None, draft=False, **plan
 
 def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_the_plan(cuda, monkeypatch, tmp_path):
     module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, loras=[0, 1], draft=True)
+    # the planner's LoRA plan (spec `variants = { loras = [...] }`), the axis the plugin labels
+    axes = {p.name: [a.name for a in p.variants] for p in plan.phases if p.variants}
+    assert axes == {"piecewise": ["loras"], "full_decode": ["loras"], "full_decode_ubatch": ["loras"]}
     runner.capture_model()
     adoption = module.CudaGraphManager.__capture_plan__
     gs = adoption.loop.graphs  # closed: every plan key captured by vLLM's own managers
@@ -325,13 +328,13 @@ def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_th
     # three pieces a PIECEWISE key (the model's and the draft's), held as views
     for lo in ("0", "1"):
         for k in range(3):
-            cap = gs.graphs[(f"piecewise/lora={lo}#{k}", 8)]
+            cap = gs.graphs[(f"piecewise/loras={lo}#{k}", 8)]
             assert cap.held == "view" and cap.graph is module.entry(manager.compiled.pieces[k], 8, int(lo)).cudagraph
     assert all((f"draft_prefill_piecewise#{k}", 8) in gs.graphs for k in range(3))
     # the persistent hidden states: the first warm-up's (declared, measured), every FULL graph's output
     assert gs.report.warmup_kept_bytes == HIDDEN_BYTES == manager.hidden_states.untyped_storage().nbytes()
     model.x.normal_()
-    for name in ("full_decode/lora=0", "full_decode/lora=1", "full_decode_ubatch/lora=1"):
+    for name in ("full_decode/loras=0", "full_decode/loras=1", "full_decode_ubatch/loras=1"):
         for n in (2, 3, 8):
             (out,) = gs.replay(name, n)
             assert out.data_ptr() == manager.hidden_states.data_ptr()
@@ -357,11 +360,138 @@ def test_vllm_follows_a_plan_that_captures_smallest_first(cuda, monkeypatch, tmp
     # each micro-batch twin right after its FULL graph (twin_of), as vLLM captures them
     assert [d.num_tokens for d in manager.graphs] == [1, 2, 2, 4, 4, 8, 8]
     gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    # that warm-up runs inside the first step's warm-up block: the persistent buffer is measured
+    assert gs.report.warmup_kept_bytes == HIDDEN_BYTES == manager.hidden_states.untyped_storage().nbytes()
     model.x.normal_()
     (out,) = gs.replay("full_decode", 3)
     assert torch.allclose(out, model.expected_pieces(3), atol=1e-6)
     runner.release()
     gs.release()
+
+
+def test_vllm_names_a_mixed_full_graphs_twin_for_its_descriptor(cuda, monkeypatch, tmp_path):
+    """vLLM's FULL mode captures mixed FULL graphs, each with a micro-batch twin whose
+    uniform_token_count _maybe_ubatch_twin sets: the twin is full_mixed_ubatch (twin_of
+    full_mixed), not a uniform-decode twin."""
+    from engines.plans import build
+
+    module = vllm_release(monkeypatch, tmp_path)
+    spec = (
+        f'[[phases]]\nname = "full_mixed"\nkind = "full"\nsizes = {SIZES}\n'
+        '[[phases]]\nname = "full_mixed_ubatch"\nkind = "full"\nsizes = [2, 4, 8]\ntwin_of = "full_mixed"\n'
+        'stream = "ubatch"\nmicro_batches = 2\n'
+    )
+    plan = build(tmp_path, spec, "warmup=every-size", "outputs=view")
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    model = _vllm_model(cuda)
+    module.reset_globals()
+    runner = module.GPUModelRunner(
+        model, SIZES, ubatch_stream=torch.cuda.Stream(), cudagraph_mode=module.FULL_MIXED_ONLY
+    )
+    twins = [d for d in runner.cudagraph_manager._capture_descs[module.CUDAGraphMode.FULL] if d.num_ubatches > 1]
+    assert twins and all(d.uniform_token_count is not None for d in twins)  # as vLLM sets them
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    manager = runner.cudagraph_manager
+    assert [(d.num_tokens, d.num_ubatches) for d in manager.graphs] == [
+        (8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2), (1, 1)
+    ]  # fmt: skip
+    for desc, graph in manager.graphs.items():
+        want = runner.ubatch_runner.capture_stream if desc.num_ubatches > 1 else manager.capture_stream
+        assert graph.stream == want, desc
+    model.x.normal_()
+    for name in ("full_mixed", "full_mixed_ubatch"):
+        (out,) = gs.replay(name, 3)
+        assert torch.allclose(out, model.expected_pieces(3), atol=1e-6), name
+    runner.release()
+    gs.release()
+
+
+def test_the_runners_desc_key_names_every_descriptor_as_the_plugin_does(cuda, monkeypatch, tmp_path):
+    """tests/engines/vllm_runner.desc_key (the adopted runner's, which must not import the
+    plugin: the runner stands in for the engine) and the plugin's phase_of agree on every
+    descriptor the runner makes: LoRA cases, twins of uniform-decode and of mixed FULL
+    graphs, the speculator's managers."""
+    from engines import vllm_runner
+
+    module = vllm_release(monkeypatch, tmp_path)
+    model = _vllm_model(cuda)
+    configs = [
+        {"lora_capture_cases": [0, 1], "draft": model},
+        {"cudagraph_mode": module.FULL_MIXED_ONLY},
+        {"cudagraph_mode": module.FULL_DECODE_ONLY},
+    ]
+    seen = set()
+    for kw in configs:
+        module.reset_globals()
+        runner = module.GPUModelRunner(model, SIZES, ubatch_stream=torch.cuda.Stream(), **kw)
+        prefixes = {id(m): p for p, m in vllm_plugin.managers(runner, module.CudaGraphManager)}
+        for key in vllm_plugin.engine_keys(runner, module.CudaGraphManager):
+            manager, desc = key.native
+            loras = manager.lora_capture_cases != [0]
+            phase, _, labels = vllm_runner.desc_key(
+                desc, prefixes[id(manager)], loras, manager._capture_descs[desc.cg_mode]
+            )
+            assert phase == key.phase, desc
+            assert set(labels) <= set(key.labels)
+            seen.add(phase)
+    assert {"piecewise", "full_decode", "full_decode_ubatch", "full_mixed", "full_mixed_ubatch"} <= seen
+    assert {"draft_prefill_piecewise", "draft_prefill_full_decode", "draft_decode_full_decode"} <= seen
+
+
+def test_vllm_leaves_out_the_draft_decode_graphs_a_one_step_speculator_never_captures(cuda, monkeypatch, tmp_path):
+    """With one speculative step vLLM's speculator captures its draft prefill only: a plan with
+    draft decode graphs is refused before the first graph, a plan without them is followed."""
+    from engines.plans import build, keyed
+
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    runner.speculator.num_speculative_steps = 1
+    with pytest.raises(
+        core.PluginRefused, match=r"the plan holds 4 graph keys vllm does not capture \(capture/draft_decode"
+    ):
+        runner.capture_model()
+    assert runner.cudagraph_manager.builds == []
+    spec = harness.vllm_spec(SIZES, draft=True).split('[[phases]]\nname = "draft_decode_full_decode"')[0]
+    plan = build(tmp_path, spec, "warmup=every-size", "outputs=view")
+    plan = keyed(
+        keyed(plan, "piecewise", pieces=3, keeps={8: HIDDEN_BYTES}),
+        "full_decode_ubatch",
+        stream="ubatch",
+        micro_batches=2,
+    )
+    plan = keyed(plan, "draft_prefill_piecewise", pieces=3)
+    module = vllm_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, model, draft=True)
+    runner.speculator.num_speculative_steps = 1
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    assert runner.speculator.decode_cudagraph_manager.graphs == {}
+    runner.release()
+    gs.release()
+
+
+def test_vllm_a_listed_graph_vllm_does_not_capture_is_one_error_and_nothing_is_left(cuda, monkeypatch, tmp_path):
+    """A manager whose graphs were listed and matched but which vLLM's capture_model skips
+    (a path the plugin does not know): the loop is incomplete when capture_model returns, so
+    the plugin closes it, which names the first step not captured and releases every graph."""
+    from capture_plan.executor import ExecutorError
+
+    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    monkeypatch.setattr(
+        module.EagleSpeculator, "capture", lambda self: self.prefill_cudagraph_manager.capture(self._forward)
+    )
+    with pytest.raises(ExecutorError, match=r"capture/draft_decode_full_decode/8") as err:
+        runner.capture_model()
+    assert "\n" not in str(err.value)
+    assert runner.cudagraph_manager.graphs == {} and runner.speculator.prefill_cudagraph_manager.graphs == {}
+    assert all(not w.concrete_cudagraph_entries for w in module.CUDAGraphWrapper._all_instances)
+    gc.collect()
+    assert cuda.snapshot() == []
 
 
 def _without_twins(plan):
@@ -456,20 +586,56 @@ def test_vllm_a_warm_up_keeping_more_than_declared_names_the_step(cuda, monkeypa
     assert runner.cudagraph_manager.graphs == {}
 
 
-@pytest.mark.parametrize("setting", ["sleep", "breakable"])
-def test_vllm_refuses_what_it_does_not_route_in_one_line(cuda, monkeypatch, tmp_path, setting):
+def _dynamic_speculator(runner) -> None:
+    """vLLM's TargetDependentARSpeculator with dynamic speculative decoding: its capture passes
+    specialize_spec_tokens=supports_decode_metadata_update and uses_dynamic_speculative_decoding()."""
+    import types
+
+    runner.speculator.supports_decode_metadata_update = True
+    runner.speculator.speculative_config = types.SimpleNamespace(uses_dynamic_speculative_decoding=lambda: True)
+
+
+_UNROUTED = {
+    "sleep": ("cuMem pool", lambda r: setattr(r.vllm_config, "use_cumem_cudagraph_pool", True)),
+    "breakable": ("breakable PIECEWISE graphs", lambda r: setattr(r.cudagraph_manager, "use_breakable_cg", True)),
+    "pipeline": (
+        r"pipeline parallelism \(pipeline_parallel_size=2\): a rank before the last returns intermediate tensors",
+        lambda r: setattr(r.vllm_config.parallel_config, "pipeline_parallel_size", 2),
+    ),
+    "dynamic-speculator": (
+        "dynamic speculative decoding .* makes the draft decode graphs per speculative token count",
+        _dynamic_speculator,
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", list(_UNROUTED))
+def test_vllm_refuses_what_it_does_not_route_in_one_line_before_the_first_graph(cuda, monkeypatch, tmp_path, setting):
     module = vllm_release(monkeypatch, tmp_path)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES))))
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES, draft=True))))
     vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
-    if setting == "sleep":
-        runner.vllm_config.use_cumem_cudagraph_pool = True
-    else:
-        runner.cudagraph_manager.use_breakable_cg = True
-    says = "cuMem pool" if setting == "sleep" else "breakable PIECEWISE graphs"
+    runner = _vllm_runner(module, _vllm_model(cuda), draft=True)
+    says, configure = _UNROUTED[setting]
+    configure(runner)
     with pytest.raises(core.PluginRefused, match=f"{says}.*the plugin does not route it") as err:
         runner.capture_model()
-    assert "\n" not in str(err.value) and runner.cudagraph_manager.builds == []
+    assert "\n" not in str(err.value) and "CAPTURE_PLAN_FALLBACK=engine" in str(err.value)
+    assert runner.cudagraph_manager.builds == [] and runner.speculator.prefill_cudagraph_manager.builds == []
+
+
+def test_vllm_captures_a_dynamic_speculator_as_it_does_where_the_operator_chose_so(cuda, monkeypatch, tmp_path, caplog):
+    module = vllm_release(monkeypatch, tmp_path)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES, draft=True))))
+    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda), draft=True)
+    _dynamic_speculator(runner)
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        runner.capture_model()
+    assert "dynamic speculative decoding" in caplog.text and "capturing as vLLM does" in caplog.text
+    assert len(runner.cudagraph_manager.graphs) == 7 and runner.cudagraph_manager.pool == module.get_global_graph_pool()
+    assert module.CudaGraphManager.__capture_plan__.loop is None  # no loop made: nothing half adopted
+    runner.release()
 
 
 def _calibrated(plan):
@@ -540,6 +706,9 @@ def test_vllm_checks_the_keys_at_capture_after_answering_the_estimate(cuda, monk
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
         runner.capture_model()
     assert "capturing as vLLM does (CAPTURE_PLAN_FALLBACK=engine)" in caplog.text
+    # vLLM sized its KV cache with the plan's figure: its own capture may take more, and the warning says so
+    figure = vllm_plugin.plan_total(plan)
+    assert f"its KV cache was sized with the plan's figure for graph memory ({figure} B), not vLLM's own" in caplog.text
     assert len(runner.cudagraph_manager.graphs) == 7  # vLLM's own capture, whole
     runner.release()
 
@@ -582,7 +751,7 @@ def test_vllm_a_graph_a_manager_adds_after_the_check_is_refused_and_nothing_is_l
         runner.capture_model()
     line = str(err.value)
     assert "\n" not in line and "SpeculatorCudaGraphManager captures 1 graphs it did not list" in line
-    assert "all partial graphs were released" in line
+    assert "all partial graphs were released" in line and "CAPTURE_PLAN_FALLBACK" not in line  # not offered mid-capture
     assert runner.cudagraph_manager.graphs == {} and runner.speculator.prefill_cudagraph_manager.graphs == {}
     assert all(not w.concrete_cudagraph_entries for w in module.CUDAGraphWrapper._all_instances)
     gc.collect()

@@ -13,7 +13,9 @@ What it checks (the ``signature`` field of :class:`~capture_plan.adapters.plugin
 that the file is in the wheel, that each part of the qualified name is a class,
 function or assignment defined at that level (not inherited, not imported), and
 that a function's parameters (:func:`signature_of`), or an assignment's value as
-written, are the table's. Not checked: annotations, bodies, behaviour.
+written (a field without one: its annotation), are the table's; an instance attribute
+(``"attribute"``) is assigned as ``self.<name>`` in a method of its class. Not checked:
+a function's annotations, bodies, behaviour.
 """
 
 from __future__ import annotations
@@ -67,13 +69,30 @@ def _member(body: list[ast.stmt], name: str) -> ast.AST | None:
 
 
 def describe(node: ast.AST) -> str:
-    """What a definition is, in the table's spelling: its signature, "class" or "= value"."""
+    """What a definition is, in the table's spelling: its signature, "class", "= value",
+    or ": annotation" (a field declared without a value)."""
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return signature_of(node)
     if isinstance(node, ast.ClassDef):
         return "class"
     value = getattr(node, "value", None)
+    if value is None and isinstance(node, ast.AnnAssign):
+        return f": {ast.unparse(node.annotation)}"
     return "=" if value is None else f"= {ast.unparse(value)}"
+
+
+def _assigns_self(cls: ast.ClassDef, name: str) -> bool:
+    """Whether a method of ``cls`` assigns ``self.<name>`` (an instance attribute)."""
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if isinstance(node, ast.Assign | ast.AnnAssign) and any(
+                isinstance(t, ast.Attribute) and t.attr == name and ast.unparse(t.value) == "self" for t in targets
+            ):
+                return True
+    return False
 
 
 def check_source(h: HookPoint, source: str) -> str | None:
@@ -81,7 +100,23 @@ def check_source(h: HookPoint, source: str) -> str | None:
     tree = ast.parse(source)
     body: list[ast.stmt] = tree.body
     node: ast.AST | None = None
-    for depth, part in enumerate(h.name.split(".")):
+    parts = h.name.split(".")
+    if h.signature == "attribute":  # self.<last> in a method of the class the rest names
+        if len(parts) < 2:
+            return f"{h.engine} {h.version} {h.file}: {h.name}: an attribute is named with its class"
+        owner = HookPoint(h.engine, h.version, h.file, ".".join(parts[:-1]), "class", h.role)
+        problem = check_source(owner, source)
+        if problem:  # named by this row
+            return problem.replace(f"{h.file}: {owner.name}: ", f"{h.file}: {h.name}: ", 1)
+        cls: ast.AST | None = None
+        for part in parts[:-1]:
+            cls = _member(body, part)
+            body = getattr(cls, "body", [])
+        assert isinstance(cls, ast.ClassDef)
+        if not _assigns_self(cls, parts[-1]):
+            return f"{h.engine} {h.version} {h.file}: {h.name}: no method of {parts[-2]} assigns self.{parts[-1]}"
+        return None
+    for depth, part in enumerate(parts):
         node = _member(body, part)
         if node is None:
             where = h.name.rsplit(".", len(h.name.split(".")) - depth)[0] if depth else h.file

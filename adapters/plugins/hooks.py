@@ -18,7 +18,11 @@ row, where a release no longer has a name or its signature changed
   refactor);
 * ``"class"``: a class defined in the file;
 * ``"= <expr>"``: a module- or class-level assignment and its value as written
-  (``= 'sglang.srt.plugins'``, ``= EnvBool(False)``).
+  (``= 'sglang.srt.plugins'``, ``= EnvBool(False)``);
+* ``": <annotation>"``: a class-level field declared without a value (a dataclass's
+  ``num_tokens: int``);
+* ``"attribute"``: an instance attribute, ``self.<name>`` assigned in a method of the
+  class the rest of the name gives (``ModelCudaGraphManager.hidden_states``).
 
 What this table does not know: behaviour. A release that keeps every name and
 signature but reorders what ``capture_one`` does passes the contract; the
@@ -70,6 +74,9 @@ _VLLM_CG = "vllm/v1/worker/gpu/cudagraph_utils.py"
 _VLLM_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
 _VLLM_PIECE = "vllm/compilation/cuda_graph.py"
 _VLLM_SPEC = "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/cudagraph_utils.py"
+_VLLM_AR = "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py"
+_VLLM_DRAFT = "vllm/v1/worker/gpu/spec_decode/speculator.py"
+_VLLM_PARALLEL = "vllm/config/parallel.py"
 
 #: every hook point, engine by engine
 HOOKS: tuple[HookPoint, ...] = (
@@ -233,9 +240,37 @@ HOOKS: tuple[HookPoint, ...] = (
     HookPoint(
         *_VLLM,
         _VLLM_CG,
+        "BatchExecutionDescriptor.cg_mode",
+        ": CUDAGraphMode",
+        "PIECEWISE or FULL: the plan's phase piecewise or full_* (the plugin's phase_of)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "BatchExecutionDescriptor.num_tokens",
+        ": int",
+        "the tokens a graph runs (the plan's size x the phase's tokens_per_request)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "BatchExecutionDescriptor.uniform_token_count",
+        "= None",
+        "set: a uniform-decode graph (phase full_decode); a micro-batch twin's is set by _maybe_ubatch_twin",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "BatchExecutionDescriptor.max_query_len",
+        "= None",
+        "set: a varlen-decode graph (phase full_decode)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
         "BatchExecutionDescriptor.num_active_loras",
         "= 0",
-        "a LoRA variant of a graph (the plan's label lora=N)",
+        "a LoRA variant of a graph (the plan's label loras=N)",
     ),
     HookPoint(
         *_VLLM,
@@ -264,6 +299,41 @@ HOOKS: tuple[HookPoint, ...] = (
         "CudaGraphManager._capture_stream",
         "(self, desc)",
         "the stream a descriptor records on (a micro-batch twin: the ubatch runner's)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager._capture_descs",
+        "attribute",
+        "per mode, the descriptors capture iterates: listed before the first graph, sorted into the plan's order",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager.graphs",
+        "attribute",
+        "descriptor -> FULL graph: each handed to its plan step",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager.pool",
+        "attribute",
+        "the pool FULL graphs record into: the step's while the plugin routes the capture",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "CudaGraphManager.use_breakable_cg",
+        "attribute",
+        "breakable PIECEWISE graphs (VLLM_USE_BREAKABLE_CUDAGRAPH): refused",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_CG,
+        "ModelCudaGraphManager.hidden_states",
+        "attribute",
+        "the persistent hidden states: allocated by the first warm-up, every FULL graph's output",
     ),
     HookPoint(
         *_VLLM,
@@ -305,14 +375,44 @@ HOOKS: tuple[HookPoint, ...] = (
     ),
     HookPoint(
         *_VLLM,
-        _VLLM_SPEC,
-        "SpeculatorBatchDescriptor.num_speculative_tokens",
-        "= 0",
-        "a dynamic speculator's graph per token count (the plan's label spec_tokens=N)",
+        _VLLM_AR,
+        "TargetDependentARSpeculator.capture",
+        "(self)",
+        "the draft prefill manager's capture, then (more than one speculative step) the draft decode "
+        "manager's with specialize_spec_tokens=supports_decode_metadata_update and "
+        "uses_dynamic_speculative_decoding(): that case is refused before the first graph",
     ),
     HookPoint(
         *_VLLM,
-        "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+        _VLLM_DRAFT,
+        "DraftModelSpeculator.speculative_config",
+        "attribute",
+        "the speculator's config, read for uses_dynamic_speculative_decoding()",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_DRAFT,
+        "DraftModelSpeculator.num_speculative_steps",
+        "attribute",
+        "1: TargetDependentARSpeculator.capture returns before the draft decode manager (its graphs not listed)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_DRAFT,
+        "DraftModelSpeculator.supports_decode_metadata_update",
+        "attribute",
+        "with dynamic speculative decoding: the draft decode graphs are specialized inside their capture",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/config/speculative.py",
+        "SpeculativeConfig.uses_dynamic_speculative_decoding",
+        "(self)",
+        "a graph per speculative token count, made inside the draft decode capture: refused up front",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_AR,
         "TargetDependentARSpeculator.init_cudagraph_manager",
         "(self, cudagraph_mode)",
         "makes prefill_cudagraph_manager and decode_cudagraph_manager (phases draft_prefill_*, draft_decode_*)",
@@ -330,6 +430,20 @@ HOOKS: tuple[HookPoint, ...] = (
         "CUDAGraphWrapper.__call__",
         "(self, *args, **kwargs)",
         "records the piece into self.graph_pool; wrapped: the plan's pool, the piece held by the step",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PIECE,
+        "CUDAGraphWrapper.graph_pool",
+        "attribute",
+        "the pool a piece records into: the step's while its forward runs",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PIECE,
+        "CUDAGraphWrapper.concrete_cudagraph_entries",
+        "attribute",
+        "a piece's graphs per batch descriptor: the one a call recorded is held by the step",
     ),
     HookPoint(
         *_VLLM,
@@ -393,6 +507,55 @@ HOOKS: tuple[HookPoint, ...] = (
         "GPUModelRunner",
         "class",
         "the V2 model runner (cudagraph_manager, speculator, ubatch_runner)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_RUNNER,
+        "GPUModelRunner.vllm_config",
+        "attribute",
+        "the runner's config: TP and PP sizes, the model's folder, sleep mode",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_RUNNER,
+        "GPUModelRunner.cudagraph_manager",
+        "attribute",
+        "the model's manager (phases piecewise, full_*)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_RUNNER,
+        "GPUModelRunner.speculator",
+        "attribute",
+        "the speculator, whose CudaGraphManager attributes are the draft managers (phases draft_*)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_RUNNER,
+        "GPUModelRunner.ubatch_runner",
+        "attribute",
+        "the micro-batch runner, whose capture_stream is the plan's stream ubatch",
+    ),
+    HookPoint(
+        *_VLLM,
+        "vllm/v1/worker/gpu/ubatch_utils.py",
+        "UBatchRunner.capture_stream",
+        "attribute",
+        "the stream a micro-batch twin records on (the plan's stream ubatch)",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PARALLEL,
+        "ParallelConfig.tensor_parallel_size",
+        "= Field(default=1, ge=1)",
+        "checked against the plan's TP size",
+    ),
+    HookPoint(
+        *_VLLM,
+        _VLLM_PARALLEL,
+        "ParallelConfig.pipeline_parallel_size",
+        "= Field(default=1, ge=1)",
+        "above 1 refused: a non-last rank's graphs return intermediate tensors, not hidden states",
     ),
     HookPoint(
         *_VLLM,

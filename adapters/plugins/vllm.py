@@ -24,32 +24,45 @@ naming the ones it knows. What it wraps, on the classes:
   ``step.warmup()`` where the plan declares what it keeps (the persistent hidden-state
   buffer), a FULL graph recorded into the step's pool (``self.pool``) and handed to the
   step with what it returns through (the model's hidden states; a speculator's graph
-  writes into its own buffers: None); ``hold(graph=)`` checks the pool;
+  writes into its own buffers: None); ``hold(graph=)`` checks the pool. vLLM sizes the
+  persistent hidden states from its first warm-up: a plan that does not start at the
+  largest descriptor gets one warm-up at the largest first, inside the first step's
+  warm-up block, so what it keeps is measured against what the plan declares;
 * ``CUDAGraphWrapper.__call__`` (a compiled piece): while a PIECEWISE step's forward
   runs, each piece records into the step's pool and is held as the step's next piece, in
   the order the pieces run; the plan's piece count is checked by the loop;
 * ``GPUModelRunner.profile_cudagraph_memory``: the plan's figure for the whole capture
   (``capture_plan.adapters.profiling``) instead of a profiling capture; a plan without a
   complete figure (not calibrated for a device) is refused (or, with
-  ``CAPTURE_PLAN_FALLBACK=engine``, vLLM profiles as it does).
+  ``CAPTURE_PLAN_FALLBACK=engine``, vLLM profiles as it does). vLLM then sizes its KV
+  cache with that figure: where the capture that follows falls back to vLLM's own
+  (``CAPTURE_PLAN_FALLBACK=engine`` after a refusal), the warning says so.
 
 The plan's phases for vLLM's descriptors (:func:`phase_of`): ``piecewise``,
-``full_decode`` (uniform-decode FULL graphs: ``tokens_per_request`` is the manager's
-query length), ``full_mixed``, each with ``_ubatch`` for a micro-batch twin (the phase's
-``micro_batches``), the speculator's prefixed ``draft_<manager>_`` (``draft_prefill_``,
-``draft_decode_``); a descriptor's LoRA count is label ``lora`` (``"0"``, ``"1"``...) and
-a dynamic speculator's token count label ``spec_tokens``, where the phase declares the axis.
+``full_decode`` (uniform-decode or varlen-decode FULL graphs: ``tokens_per_request`` is
+the manager's query length), ``full_mixed``, each with ``_ubatch`` for a micro-batch twin
+(the phase's ``micro_batches``; a twin is named for the descriptor it is the twin of, so
+a mixed FULL graph's twin is ``full_mixed_ubatch`` although ``_maybe_ubatch_twin`` sets
+its ``uniform_token_count``), the speculator's prefixed ``draft_<manager>_``
+(``draft_prefill_``, ``draft_decode_``); a descriptor's LoRA count is label ``loras``
+(``"0"``, ``"1"``...: the planner's axis for vLLM's kinds), where the phase declares it.
 
-Not routed, refused up front: breakable PIECEWISE graphs (``VLLM_USE_BREAKABLE_CUDAGRAPH``)
-and sleep mode's cuMem graph pool; refused when it happens (the loop releases everything): a
-graph a manager adds after ``capture_model`` listed them (a dynamic speculator's
-``SpeculatorBatchDescriptor`` per token count, made inside its own capture). Not routed, left
-to vLLM: encoder graphs and a model state's inner graphs (they record outside the plan's keys).
+Not routed, refused before the first graph (or vLLM's own capture, with a warning, where
+the operator chose ``CAPTURE_PLAN_FALLBACK=engine``): breakable PIECEWISE graphs
+(``VLLM_USE_BREAKABLE_CUDAGRAPH``), sleep mode's cuMem graph pool, pipeline parallelism
+(a rank before the last returns intermediate tensors, not hidden states), and dynamic
+speculative decoding (the speculator's draft decode manager makes a graph per speculative
+token count inside its own capture, after the plugin checked the keys). A graph a
+manager adds after ``capture_model`` listed them by a path the plugin does not know stops
+the capture when it happens (the loop releases everything; no fallback is offered then).
+Not routed, left to vLLM: encoder graphs and a model state's inner graphs (they record
+outside the plan's keys).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +104,13 @@ def _name(mode) -> str:
     return str(getattr(mode, "name", mode))
 
 
-def phase_of(desc, prefix: str = "") -> str:
-    """The plan phase of a descriptor (module docstring), ``prefix`` the manager's."""
+def phase_of(desc, prefix: str = "", parent=None) -> str:
+    """The plan phase of a descriptor (module docstring), ``prefix`` the manager's. A
+    micro-batch twin is named for ``parent``, the FULL descriptor it is the twin of
+    (:func:`twin_parents`): ``_maybe_ubatch_twin`` sets a twin's ``uniform_token_count``,
+    so a mixed graph's twin would otherwise read as a uniform-decode one."""
+    if parent is not None and desc.num_ubatches > 1:
+        return phase_of(parent, prefix) + "_ubatch"
     mode = _name(desc.cg_mode)
     if mode == "PIECEWISE":
         routine = "piecewise"
@@ -103,25 +121,42 @@ def phase_of(desc, prefix: str = "") -> str:
     return prefix + routine + ("_ubatch" if desc.num_ubatches > 1 else "")
 
 
+def twin_parents(descs) -> dict:
+    """twin -> the descriptor it is the micro-batch twin of, in one mode's list of
+    ``_capture_descs``: ``_init_candidates`` appends a twin right after its descriptor and
+    sorts by tokens only (stably), so its parent is the nearest descriptor before it with
+    one micro-batch, its tokens and its LoRA count."""
+    out, last = {}, {}
+    for d in descs:
+        key = (d.num_tokens, d.num_active_loras)
+        if d.num_ubatches == 1:
+            last[key] = d
+        elif key in last:
+            out[d] = last[key]
+    return out
+
+
 def labels_of(desc) -> tuple[tuple[str, str], ...]:
-    """A descriptor's labels: ``lora`` where it runs with LoRA, ``spec_tokens`` for a
-    dynamic speculator's (each also where the plan's phase declares the axis: :func:`engine_keys`)."""
-    out = [("lora", str(desc.num_active_loras))]
-    spec = getattr(desc, "num_speculative_tokens", None)
-    if spec is not None:
-        out.append(("spec_tokens", str(spec)))
-    return tuple(out)
+    """A descriptor's labels: ``loras``, its LoRA count (where the plan's phase declares
+    the axis, or it is not 0: :func:`engine_keys`)."""
+    return (("loras", str(desc.num_active_loras)),)
 
 
 def managers(runner, manager_cls) -> list[tuple[str, Any]]:
     """(phase prefix, manager) of every manager ``capture_model`` runs, in its order: the
     runner's, then the speculator's ``CudaGraphManager`` attributes (as vLLM's
     ``profile_cudagraph_memory`` finds them: ``prefill_cudagraph_manager`` ->
-    ``draft_prefill_``, ``cudagraph_manager`` -> ``draft_``)."""
+    ``draft_prefill_``, ``cudagraph_manager`` -> ``draft_``), less the draft decode
+    manager of a speculator with one speculative step (vLLM does not capture it)."""
     out = [("", runner.cudagraph_manager)] if runner.cudagraph_manager is not None else []
     speculator = getattr(runner, "speculator", None)
     if speculator is not None:
+        # TargetDependentARSpeculator.capture returns before the draft decode manager's
+        # capture with one speculative step: its graphs are never captured
+        one_step = getattr(speculator, "num_speculative_steps", None) == 1
         for name, value in vars(speculator).items():
+            if one_step and name == "decode_cudagraph_manager":
+                continue
             if isinstance(value, manager_cls):
                 role = name.removesuffix("cudagraph_manager").strip("_")
                 out.append((f"draft_{role}_" if role else "draft_", value))
@@ -129,21 +164,22 @@ def managers(runner, manager_cls) -> list[tuple[str, Any]]:
 
 
 def engine_keys(runner, manager_cls) -> tuple[core.EngineKey, ...]:
-    """Every graph the runner's managers will capture, in the plan's terms (``lora=0``
+    """Every graph the runner's managers will capture, in the plan's terms (``loras=0``
     a default: a plan without LoRA axes matches an engine without LoRA)."""
     keys = []
     for m, (prefix, manager) in enumerate(managers(runner, manager_cls)):
         for mode, descs in manager._capture_descs.items():
+            parents = twin_parents(descs)
             for desc in descs:
                 rank = (m, _MODES.get(_name(mode), 2))
                 keys.append(
                     core.EngineKey(
-                        phase_of(desc, prefix),
+                        phase_of(desc, prefix, parents.get(desc)),
                         desc.num_tokens,
                         labels_of(desc),
                         desc.num_ubatches,
                         rank,
-                        defaults=(("lora", "0"),),
+                        defaults=(("loras", "0"),),
                         native=(manager, desc),
                     )
                 )
@@ -159,12 +195,30 @@ def facts_of(vllm_config, keys: tuple[core.EngineKey, ...] = ()) -> core.EngineF
 
 
 def _unroutable(runner, manager_cls) -> str | None:
-    """What the plugin does not route, by the runner's settings (None: everything)."""
-    if getattr(runner.vllm_config, "use_cumem_cudagraph_pool", False):
+    """What the plugin does not route, by the runner's settings (None: everything);
+    each known before the first graph."""
+    config = runner.vllm_config
+    if getattr(config, "use_cumem_cudagraph_pool", False):
         return "sleep mode records graphs into its cuMem pool, not the plan's"
+    pp = getattr(getattr(config, "parallel_config", None), "pipeline_parallel_size", 1) or 1
+    if int(pp) > 1:  # ModelCudaGraphManager: a non-last rank keeps intermediate_tensors, hidden_states stays None
+        return (
+            f"pipeline parallelism (pipeline_parallel_size={pp}): a rank before the last returns intermediate "
+            "tensors from its graphs, not the hidden states the plan's steps hold"
+        )
     for prefix, manager in managers(runner, manager_cls):
         if getattr(manager, "use_breakable_cg", False):
             return f"the {prefix or 'model'} manager records breakable PIECEWISE graphs (VLLM_USE_BREAKABLE_CUDAGRAPH)"
+    speculator = getattr(runner, "speculator", None)
+    spec_config = getattr(speculator, "speculative_config", None)
+    dynamic = getattr(spec_config, "uses_dynamic_speculative_decoding", None)
+    # TargetDependentARSpeculator.capture passes specialize_spec_tokens=this to the draft
+    # decode manager, which then makes a graph per speculative token count inside its capture
+    if getattr(speculator, "supports_decode_metadata_update", False) and callable(dynamic) and dynamic():
+        return (
+            "dynamic speculative decoding (num_speculative_tokens_per_batch_size) makes the draft decode "
+            "graphs per speculative token count inside their capture, after the plugin checked the keys"
+        )
     return None
 
 
@@ -198,6 +252,23 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     def refusal(what: str, fix: str) -> core.PluginRefused:
         return core.PluginRefused(what, where=where, fix=fix)
 
+    #: the plan's figure, where vLLM's estimate was answered with it (the KV cache is sized from it)
+    answered: list[int] = []
+
+    def fall_back(self, err: core.PluginRefused):
+        """vLLM's own capture where the operator chose it, else the refusal; before the first graph."""
+        if s.fallback != "engine":
+            raise err
+        sized = ""
+        if answered:  # vLLM sized its KV cache with the plan's figure, not with its own estimate
+            sized = (
+                f"; its KV cache was sized with the plan's figure for graph memory ({answered[0]} B), not vLLM's "
+                "own estimate, and vLLM's capture may take more: rebuild the plan for this engine, or leave "
+                f"{core.ENV_PLAN} unset so that vLLM estimates its own"
+            )
+        core.log.warning("capture-plan: %s; capturing as vLLM does (%s=engine)%s", err, core.ENV_FALLBACK, sized)
+        return capture_model(self, profile_only=False)
+
     def capture_model_routed(self, *, profile_only=False):
         if profile_only:  # vLLM's own estimate (the operator chose it): its throwaway capture
             return capture_model(self, profile_only=profile_only)
@@ -207,10 +278,7 @@ def install(s: core.Settings, version: str) -> core.Adoption:
         why = _unroutable(self, manager_cls)
         if why is not None:
             err = refusal(f"{why}; the plugin does not route it", f"turn it off, or {core.ENV_FALLBACK}=engine")
-            if s.fallback != "engine":
-                raise err
-            core.log.warning("capture-plan: %s; capturing as vLLM does", err)
-            return capture_model(self, profile_only=profile_only)
+            return fall_back(self, err)
         facts = facts_of(self.vllm_config, engine_keys(self, manager_cls))
         made_before = adoption.loop is not None  # by the estimate, without the keys
         loop = adoption.begin(facts, env_problems=_env_problems, options=streams(self))
@@ -218,14 +286,13 @@ def install(s: core.Settings, version: str) -> core.Adoption:
             return capture_model(self, profile_only=profile_only)
         matched, problems = core.match_keys(adoption.plan, facts)
         if problems and made_before:  # the estimate made the loop; nothing is captured yet
-            err = refusal(
-                f"the plan is not this engine's: {'; '.join(problems)}",
-                f"build the plan for vLLM's graphs (planner build ... -o {s.plan}), or {core.ENV_FALLBACK}=engine",
+            return fall_back(
+                self,
+                refusal(
+                    f"the plan is not this engine's: {'; '.join(problems)}",
+                    f"build the plan for vLLM's graphs (planner build ... -o {s.plan}), or {core.ENV_FALLBACK}=engine",
+                ),
             )
-            if s.fallback != "engine":
-                raise err
-            core.log.warning("capture-plan: %s; capturing as vLLM does (%s=engine)", err, core.ENV_FALLBACK)
-            return capture_model(self, profile_only=profile_only)
         routes.clear()
         for e, k in matched.items():
             manager, desc = e.native
@@ -249,22 +316,37 @@ def install(s: core.Settings, version: str) -> core.Adoption:
         index = {st.id: st.index for st in adoption.plan.steps if st.op == "capture"}
         order = {d: index[k.id] for d, k in route.items()}  # the plan's position of each descriptor
         unknown = [d for ds in self._capture_descs.values() for d in ds if d not in order]
-        if unknown:  # made after capture_model listed them (a dynamic speculator specializes its own)
+        if unknown:  # made after capture_model listed them: what _unroutable knows of is refused before
             raise refusal(
                 f"vLLM's {type(self).__name__} captures {len(unknown)} graphs it did not list before the first "
-                f"capture (such as {unknown[0]}); the plugin routes only graphs it checked against the plan",
-                f"capture without them (no dynamic speculative decoding), or {core.ENV_FALLBACK}=engine",
+                f"capture (such as {unknown[0]}); the plugin routes only graphs it checked against the plan, and "
+                "the graphs captured so far are released",
+                f"unset {core.ENV_PLAN} to capture as vLLM {version} does with these settings "
+                "(the plugin does not know what adds them)",
             )
         saved = {mode: list(descs) for mode, descs in self._capture_descs.items()}, self.pool
         for descs in self._capture_descs.values():
             descs.sort(key=order.__getitem__)
         pending: list = []
+        descs = sorted((d for ds in self._capture_descs.values() for d in ds), key=order.__getitem__)
+        largest = max(descs, key=lambda d: d.num_tokens) if descs else None
+        # vLLM sizes the persistent hidden states from its first warm-up (its largest
+        # descriptor's); a plan that starts smaller gets one warm-up at the largest first,
+        # inside the first step's warm-up block, where the bytes it keeps are measured
+        prewarm = [largest] if isinstance(self, model_manager_cls) and self.hidden_states is None else []
+        if prewarm and largest is descs[0]:
+            prewarm.clear()
+        #: the first step's warm-up block, opened before the pre-warm, closed after its own warm-up
+        opened: list[contextlib.ExitStack] = []
 
         def hold_pending() -> None:
             if pending:
                 desc, step = pending.pop()
                 out = self.hidden_states[: desc.num_tokens] if isinstance(self, model_manager_cls) else None
                 step.hold(out, graph=self.graphs[desc])
+
+        def block(step):
+            return step.warmup() if step.keeps is not None else contextlib.nullcontext()
 
         def create(desc, warmup):
             hold_pending()
@@ -276,6 +358,12 @@ def install(s: core.Settings, version: str) -> core.Adoption:
                 return create_forward_fn(desc, warmup)
             k = route[desc]
             step = adoption.step(k.phase, k.bs, dict(k.labels))
+            if prewarm:  # built and run before this descriptor's build: each build sets vLLM's inputs
+                first = contextlib.ExitStack()
+                first.enter_context(block(step))
+                opened.append(first)
+                create_forward_fn(prewarm[0], True)(type(desc.cg_mode).NONE)  # vLLM's CUDAGraphMode.NONE
+                prewarm.clear()
             forward_fn = create_forward_fn(desc, warmup)
 
             def routed(cg_mode):
@@ -285,22 +373,18 @@ def install(s: core.Settings, version: str) -> core.Adoption:
                         return forward_fn(cg_mode)
                     finally:
                         piece.clear()
-                kept = step.warmup() if step.keeps is not None else contextlib.nullcontext()
-                with kept:
+                with opened.pop() if opened else block(step):
                     return forward_fn(cg_mode)
 
             return routed
 
         try:
-            descs = sorted((d for ds in self._capture_descs.values() for d in ds), key=order.__getitem__)
-            largest = max(descs, key=lambda d: d.num_tokens) if descs else None
-            if isinstance(self, model_manager_cls) and self.hidden_states is None and largest not in (None, descs[0]):
-                # vLLM sizes the persistent hidden states from its first warm-up (its largest
-                # descriptor's); a plan that starts smaller gets one warm-up at the largest first
-                none = type(largest.cg_mode).NONE  # vLLM's CUDAGraphMode.NONE
-                create_forward_fn(largest, True)(none)
             capture(self, create, progress_bar_desc)
             hold_pending()
+        except BaseException:
+            if opened:  # the first warm-up block never reached its own warm-up
+                opened.pop().__exit__(*sys.exc_info())
+            raise
         finally:
             self._capture_descs.update(saved[0])
             self.pool = saved[1]
@@ -336,7 +420,9 @@ def install(s: core.Settings, version: str) -> core.Adoption:
                 raise err
             core.log.warning("capture-plan: %s; vLLM profiles as it does", err)
             return profile(self)
-        return profile_cudagraph_memory(plan=adoption.plan)
+        figure = profile_cudagraph_memory(plan=adoption.plan)
+        answered[:] = [int(figure)]
+        return figure
 
     manager_cls.capture = capture_routed
     runner_cls.capture_model = capture_model_routed

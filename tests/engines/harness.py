@@ -11,6 +11,8 @@ micro-batch twin on stream "ubatch"): the planner's where it builds the shape,
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from . import sglang_runner, vllm_runner
@@ -124,21 +126,30 @@ def draft_sizes(sizes) -> list[int]:
     return sorted({-(-n // DRAFT_QUERY) for n in sizes if -(-n // DRAFT_QUERY) * DRAFT_QUERY <= max(sizes)})
 
 
-def vllm_spec(sizes, *, draft: bool = False) -> str:
-    """vLLM's phases (the plugin's names, tests/engines/vllm_runner.desc_key): the model's
-    PIECEWISE, uniform-decode FULL and FULL micro-batch twins; with ``draft`` the EAGLE
-    speculator's draft prefill PIECEWISE and FULL (DRAFT_QUERY tokens a request) and its
-    draft decode FULL."""
+def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = None) -> str:
+    """vLLM's phases (the plugin's names: capture_plan.adapters.plugins.vllm.phase_of; the
+    runner's desc_key names them alike): the model's PIECEWISE, uniform-decode FULL and FULL
+    micro-batch twins; with ``draft`` the EAGLE speculator's draft prefill PIECEWISE and FULL
+    (DRAFT_QUERY tokens a request) and its draft decode FULL. ``loras`` (labels such as
+    ["0", "1"]): the model's phases declare vLLM's LoRA axis ``loras``, and the spec sets the
+    graph-key fields the planner then writes itself: ``pieces`` a PIECEWISE key, the twins'
+    stream and micro-batches, the persistent hidden states the first warm-up keeps."""
     twins = [n for n in sizes if n >= 2]
+    keyed = ""
+    if loras:
+        keyed = f"variants = {{ loras = {json.dumps(list(loras))} }}\n"
+    piecewise = keyed + (f"pieces = {pieces}\n" if pieces else "") + ('warmup_keeps = "outputs"\n' if loras else "")
+    twin = keyed + ('stream = "ubatch"\nmicro_batches = 2\n' if loras else "")
     spec = (
-        f'[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
-        f'[[phases]]\nname = "full_decode"\nkind = "full"\nsizes = {list(sizes)}\n'
-        f'[[phases]]\nname = "full_decode_ubatch"\nkind = "full"\nsizes = {twins}\ntwin_of = "full_decode"\n'
+        f'[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n{piecewise}'
+        f'[[phases]]\nname = "full_decode"\nkind = "full"\nsizes = {list(sizes)}\n{keyed}'
+        f'[[phases]]\nname = "full_decode_ubatch"\nkind = "full"\nsizes = {twins}\ntwin_of = "full_decode"\n{twin}'
     )
     if draft:
         spec += (
             f'[[phases]]\nname = "draft_prefill_piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
-            f'[[phases]]\nname = "draft_prefill_full_decode"\nkind = "full"\nsizes = {draft_sizes(sizes)}\n'
+            + (f"pieces = {pieces}\n" if loras and pieces else "")
+            + f'[[phases]]\nname = "draft_prefill_full_decode"\nkind = "full"\nsizes = {draft_sizes(sizes)}\n'
             f"tokens_per_request = {DRAFT_QUERY}\n"
             f'[[phases]]\nname = "draft_decode_full_decode"\nkind = "full"\nsizes = {list(sizes)}\n'
         )
@@ -151,16 +162,18 @@ def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None, loras=None, draft=False,
     them), each largest first (``order``: more build strategies), outputs
     as views; ``keeps``: bytes the first warm-up keeps (the persistent hidden_states:
     the first warm-up of all, the largest PIECEWISE descriptor's, run as NONE, stores
-    its output); ``loras``: the model's phases keyed by label ``lora`` (vLLM's LoRA
-    capture cases, e.g. ["0", "1"]); ``draft``: the speculator's phases too."""
-    plan = build(tmp_path, vllm_spec(sizes, draft=draft), "warmup=every-size", "outputs=view", *order)
-    variants = {"lora": list(loras)} if loras else None
+    its output); ``draft``: the speculator's phases too. ``loras`` (vLLM's LoRA capture
+    cases as labels, e.g. ["0", "1"]): the planner builds the whole plan from the spec
+    (:func:`vllm_spec`: axis ``loras``, the graph-key fields; what the first warm-up
+    keeps is then the planner's figure for the spec's model, ``keeps`` unused); without,
+    :func:`engines.plans.keyed` sets the graph-key fields, ``keeps`` the toy's bytes."""
+    strategies = ("warmup=every-size", "outputs=view", *order)
+    if loras:
+        return build(tmp_path, vllm_spec(sizes, draft=draft, loras=loras, pieces=pieces), *strategies)
+    plan = build(tmp_path, vllm_spec(sizes, draft=draft), *strategies)
     first = max(sizes) if not order else plan.steps[0].bs
-    plan = keyed(
-        plan, "piecewise", pieces=pieces, keeps={first: keeps} if keeps is not None else None, variants=variants
-    )
-    plan = keyed(plan, "full_decode", variants=variants)
-    plan = keyed(plan, "full_decode_ubatch", stream="ubatch", micro_batches=2, variants=variants)
+    plan = keyed(plan, "piecewise", pieces=pieces, keeps={first: keeps} if keeps is not None else None)
+    plan = keyed(plan, "full_decode_ubatch", stream="ubatch", micro_batches=2)
     if draft:
         plan = keyed(plan, "draft_prefill_piecewise", pieces=pieces)
     return plan
@@ -181,7 +194,7 @@ class VLLMTarget:
         compiled = self.runner.speculator.compiled if name.startswith("draft_") else manager.compiled
         if piece:
             wrapper = compiled.pieces[int(piece)]
-            out = wrapper.runnable(*vllm_runner.entry(wrapper, bs, int(labels.get("lora", 0))).inputs)
+            out = wrapper.runnable(*vllm_runner.entry(wrapper, bs, int(labels.get("loras", 0))).inputs)
             return out if isinstance(out, torch.Tensor) else out[0]
         return compiled(self.model.x[:bs])
 

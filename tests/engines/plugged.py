@@ -4,7 +4,7 @@ The plugins route the released engines' own code, unchanged. The runners of this
 folder are the adopted versions (the manual route); the version before the adoption
 (:func:`engines.adoption.before_module`, read back from the same file) is the
 engine's code, with the release's class, method and parameter names where the
-plugins hook them. :func:`sglang_release` and :func:`vllm_release` place that version
+plugins hook them. :func:`release` (``sglang_release``, ``vllm_release``) places that version
 under the engines' module paths in this process (``sys.modules``, through
 ``monkeypatch``: undone after the test), as the installed engine would be, and report
 the release the plugins know as installed; the plugins then resolve their hook
@@ -16,6 +16,7 @@ real one on a GPU).
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -37,26 +38,27 @@ def _place(monkeypatch, module, release: tuple[str, str]) -> None:
     monkeypatch.setattr(core, "installed", lambda dist: version if dist == engine else "(not installed)")
 
 
-def sglang_release(monkeypatch, tmp_path: Path, *, fits: bool = True):
-    """SGLang 0.5.23's runners and backend (the version before the adoption) under
-    their module paths; returns the module."""
-    module = adoption.before_module(Path(sglang_runner.__file__), tmp_path, "sglang_release")
-    monkeypatch.delitem(sys.modules, "sglang_release")
-    _place(monkeypatch, module, SGLANG)
+#: engine -> (its runner module of this folder, the release the plugins know, the plugin)
+ENGINES = {"sglang": (sglang_runner, SGLANG, sgl_plugin), "vllm": (vllm_runner, VLLM, vllm_plugin)}
+
+
+def release(monkeypatch, tmp_path: Path, engine: str, *, fits: bool = True):
+    """``engine``'s runners as the release ships them (the version before the adoption:
+    SGLang 0.5.23's runners and backend, vLLM 0.33.0's runner, managers and piece
+    wrappers) under their module paths; returns the module."""
+    runners, known, plugin = ENGINES[engine]
+    name = f"{engine}_release"
+    module = adoption.before_module(Path(runners.__file__), tmp_path, name)
+    monkeypatch.delitem(sys.modules, name)
+    _place(monkeypatch, module, known)
     if fits:
-        monkeypatch.setattr(sgl_plugin, "_env_problems", lambda plan: [])
+        monkeypatch.setattr(plugin, "_env_problems", lambda plan: [])
     return module
 
 
-def vllm_release(monkeypatch, tmp_path: Path, *, fits: bool = True):
-    """vLLM 0.33.0's runner, managers and piece wrappers (the version before the
-    adoption) under their module paths; returns the module."""
-    module = adoption.before_module(Path(vllm_runner.__file__), tmp_path, "vllm_release")
-    monkeypatch.delitem(sys.modules, "vllm_release")
-    _place(monkeypatch, module, VLLM)
-    if fits:
-        monkeypatch.setattr(vllm_plugin, "_env_problems", lambda plan: [])
-    return module
+#: the tests' names for the two engines' releases
+sglang_release = functools.partial(release, engine="sglang")
+vllm_release = functools.partial(release, engine="vllm")
 
 
 def plan_file(tmp_path: Path, plan, name: str = "plan.json") -> Path:

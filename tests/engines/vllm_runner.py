@@ -88,6 +88,8 @@ class CUDAGraphMode(enum.IntEnum):
 #: (decode mode, mixed mode) of vLLM's compound modes
 FULL_AND_PIECEWISE = (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE)
 FULL_DECODE_ONLY = (CUDAGraphMode.FULL, CUDAGraphMode.NONE)
+#: vLLM's FULL: one routine (separate_routine() is False), so mixed FULL descriptors only
+FULL_MIXED_ONLY = (CUDAGraphMode.NONE, CUDAGraphMode.FULL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,18 +111,40 @@ class BatchDescriptor:
     num_active_loras: int = 0
 
 
-def desc_key(desc: BatchExecutionDescriptor, prefix: str = "", loras: bool = False):
-    """The plan's graph key of a descriptor, as the plugin names it: phase
-    (``piecewise``, ``full_decode``, ``full_mixed``, ``_ubatch`` for a twin, the
-    speculator's managers prefixed), size (requests for a uniform-decode graph,
-    else tokens) and labels (``lora`` where the manager captures LoRA cases)."""
+def desc_key(desc: BatchExecutionDescriptor, prefix: str = "", loras: bool = False, siblings=()):
+    """The plan's graph key of a descriptor, as the plugin names it
+    (``capture_plan.adapters.plugins.vllm.phase_of``, which this stand-in for the engine
+    does not import; tests/test_plugins.py checks that the two agree on every descriptor
+    the runner makes): phase (``piecewise``, ``full_decode``, ``full_mixed``, ``_ubatch``
+    for a twin, named for the descriptor it is the twin of: the one before it in
+    ``siblings``, its mode's list, with its tokens and LoRA count; the speculator's managers
+    prefixed), size (requests for a uniform-decode graph, else tokens) and labels (``loras``
+    where the manager captures LoRA cases)."""
+    parent = _twin_parent(desc, siblings)
+    if parent is not None:
+        phase, _, labels = desc_key(parent, prefix, loras)
+        return phase + "_ubatch", desc.num_reqs if parent.uniform_token_count is not None else desc.num_tokens, labels
     if desc.cg_mode == CUDAGraphMode.PIECEWISE:
         phase = "piecewise"
+    elif desc.uniform_token_count is not None or desc.max_query_len is not None:
+        phase = "full_decode"
     else:
-        phase = "full_decode" if desc.uniform_token_count is not None else "full_mixed"
+        phase = "full_mixed"
     phase = prefix + phase + ("_ubatch" if desc.num_ubatches > 1 else "")
     bs = desc.num_reqs if desc.uniform_token_count is not None else desc.num_tokens
-    return phase, bs, ((("lora", str(desc.num_active_loras)),) if loras else ())
+    return phase, bs, ((("loras", str(desc.num_active_loras)),) if loras else ())
+
+
+def _twin_parent(desc, siblings):
+    """The descriptor a micro-batch twin is the twin of: the nearest one before it in its
+    mode's list with one micro-batch, its tokens and LoRA count (None: not a twin, or not listed)."""
+    if desc.num_ubatches == 1 or desc not in siblings:
+        return None
+    same = (desc.num_tokens, desc.num_active_loras)
+    before = siblings[: siblings.index(desc)]
+    return next(
+        (d for d in reversed(before) if d.num_ubatches == 1 and (d.num_tokens, d.num_active_loras) == same), None
+    )
 
 
 _global_graph_pool = None
@@ -295,7 +319,7 @@ class CudaGraphManager:
         if self.ubatch_runner is None or desc.cg_mode != CUDAGraphMode.FULL or desc.num_reqs is None:
             return None
         uniform, rem = divmod(desc.num_tokens, desc.num_reqs)
-        if rem or desc.num_tokens < 2:
+        if rem or desc.uniform_token_count not in (None, uniform) or desc.num_tokens < 2:
             return None
         return dataclasses.replace(desc, num_ubatches=2, uniform_token_count=uniform)
 
@@ -315,9 +339,11 @@ class CudaGraphManager:
                             descs[decode_mode].append(twin)
             if mixed_mode:
                 reqs = None if mixed_mode == CUDAGraphMode.PIECEWISE else min(num_tokens, self.max_num_reqs)
-                descs.setdefault(mixed_mode, []).append(
-                    BatchExecutionDescriptor(mixed_mode, num_tokens, reqs, num_active_loras=loras)
-                )
+                desc = BatchExecutionDescriptor(mixed_mode, num_tokens, reqs, num_active_loras=loras)
+                descs.setdefault(mixed_mode, []).append(desc)
+                twin = self._maybe_ubatch_twin(desc)  # its uniform_token_count set: tokens / requests
+                if twin is not None:
+                    descs[mixed_mode].append(twin)
         for mode, mode_descs in descs.items():
             mode_descs.sort(key=lambda d: d.num_tokens, reverse=True)
             self._capture_descs[mode] = mode_descs
@@ -338,11 +364,11 @@ class CudaGraphManager:
                 descs = self._capture_descs[mode]
                 # - if mode == CUDAGraphMode.FULL and self._max_full_descs_to_capture is not None:
                 # -     descs = descs[: self._max_full_descs_to_capture]
-                mine = [d for d in descs if desc_key(d, prefix, loras) in order]  # +
-                descs = sorted(mine, key=lambda d: order[desc_key(d, prefix, loras)])  # +
+                mine = [d for d in descs if desc_key(d, prefix, loras, descs) in order]  # +
+                descs = sorted(mine, key=lambda d: order[desc_key(d, prefix, loras, self._capture_descs[mode])])  # +
                 for desc in descs:
                     forward_fn = create_forward_fn(desc, warmup=True)
-                    phase, bs, labels = desc_key(desc, prefix, loras)  # +
+                    phase, bs, labels = desc_key(desc, prefix, loras, self._capture_descs[mode])  # +
                     self._step = step = loop.step(phase, bs, **dict(labels))  # +
                     # - forward_fn(CUDAGraphMode.NONE)
                     with step.warmup():  # +
@@ -480,7 +506,7 @@ class Config:
     """What the plugin reads of vLLM's config: TP size and the model's folder."""
 
     def __init__(self, tp: int = 1, model: str | None = None):
-        self.parallel_config = type("ParallelConfig", (), {"tensor_parallel_size": tp})()
+        self.parallel_config = type("ParallelConfig", (), {"tensor_parallel_size": tp, "pipeline_parallel_size": 1})()
         self.model_config = type("ModelConfig", (), {"model": model})()
         self.use_cumem_cudagraph_pool = False
 
@@ -489,11 +515,25 @@ class GPUModelRunner:
     """What the profiling pass and the capture need of vLLM's runner: its manager,
     the micro-batch runner, the speculator (``draft``: a model for EAGLE's draft)."""
 
-    def __init__(self, model, capture_sizes, *, ubatch_stream=None, lora_capture_cases=None, draft=None, tp=1):
+    def __init__(
+        self,
+        model,
+        capture_sizes,
+        *,
+        ubatch_stream=None,
+        lora_capture_cases=None,
+        draft=None,
+        tp=1,
+        cudagraph_mode=FULL_AND_PIECEWISE,
+    ):
         self.vllm_config = Config(tp)
         self.ubatch_runner = UBatchRunner(ubatch_stream) if ubatch_stream is not None else None
         self.cudagraph_manager = ModelCudaGraphManager(
-            model, capture_sizes, ubatch_runner=self.ubatch_runner, lora_capture_cases=lora_capture_cases
+            model,
+            capture_sizes,
+            cudagraph_mode=cudagraph_mode,
+            ubatch_runner=self.ubatch_runner,
+            lora_capture_cases=lora_capture_cases,
         )
         self.cudagraph_manager.capture_stream = torch.cuda.Stream()
         self.speculator = None
