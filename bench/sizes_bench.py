@@ -37,18 +37,8 @@ CALIBRATION = REPO / "plans" / "calibration" / "h200-fa3-ci.json"
 
 def _cli_all(repeat: int) -> tuple[float, float]:
     """Median wall and child CPU seconds of the CLI with --all."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "capture_plan.planner",
-        "sizes",
-        "-b",
-        "fa3",
-        "--ci",
-        "--traffic",
-        str(TRAFFIC),
-        "--all",
-    ]
+    args = ["sizes", "-b", "fa3", "--ci", "--traffic", str(TRAFFIC), "--all"]
+    cmd = [sys.executable, "-m", "capture_plan.planner", *args]
     walls, cpus = zip(*(child_times(cmd, cwd=tempfile.gettempdir()) for _ in range(repeat)))
     return statistics.median(walls), statistics.median(cpus)
 
