@@ -88,6 +88,25 @@ def claim(root: Path = REPO) -> str:
     return f"{head}:{head_tree}"
 
 
+def claimed_state(root: Path = REPO) -> tuple[str, bool, str | None] | None:
+    """With :data:`CLAIM_ENV` set: ``(claimed commit, dirty, tree id of the files at
+    root)``, dirty unless those files make exactly the claimed tree; None without it.
+    The tree is written once (``git add -A`` over the whole copy): callers that need
+    both the state and the tree take them from here."""
+    claimed = os.environ.get(CLAIM_ENV)
+    if not claimed:
+        return None
+    commit, _, want = claimed.partition(":")
+    if not commit or not want:
+        raise InputError(
+            f"{CLAIM_ENV}={claimed!r} is not <commit>:<tree>",
+            where=CLAIM_ENV,
+            fix="set it to the output of python -m bench.harness claim",
+        )
+    tree = working_tree(root)
+    return commit, tree != want, tree
+
+
 def git_commit(root: Path = REPO) -> tuple[str | None, bool | None]:
     """``(commit, dirty)`` of the checkout at ``root``: ``(None, None)`` where git or the
     checkout is missing (a copy of the tree without ``.git``). ``dirty``: a tracked file
@@ -97,16 +116,9 @@ def git_commit(root: Path = REPO) -> tuple[str | None, bool | None]:
     dirty unless the files at ``root`` (untracked ones too) make exactly the claimed tree:
     a copy whose ``.git`` is older than the commit it holds records that commit, clean
     only if nothing differs from it."""
-    claimed = os.environ.get(CLAIM_ENV)
-    if claimed:
-        commit, _, tree = claimed.partition(":")
-        if not commit or not tree:
-            raise InputError(
-                f"{CLAIM_ENV}={claimed!r} is not <commit>:<tree>",
-                where=CLAIM_ENV,
-                fix="set it to the output of python -m bench.harness claim",
-            )
-        return commit, working_tree(root) != tree
+    claimed = claimed_state(root)
+    if claimed is not None:
+        return claimed[0], claimed[1]
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
         if sha.returncode:
@@ -152,14 +164,18 @@ def header(*, device: bool) -> dict[str, Any]:
 
     ``device`` imports torch and needs CUDA (the device's name); without it nothing
     here imports torch."""
-    commit, dirty = git_commit(REPO)
-    claimed = bool(os.environ.get(CLAIM_ENV))
-    # a copy with a stale .git: its diff against that .git's HEAD says nothing (no digest);
-    # the files' own tree id names what was measured
-    digest = git_diff_digest(REPO) if dirty and not claimed else None
+    claimed = claimed_state(REPO)
+    if claimed is None:
+        commit, dirty = git_commit(REPO)
+        digest = git_diff_digest(REPO) if dirty else None
+    else:
+        # a copy with a stale .git: its diff against that .git's HEAD says nothing (no digest);
+        # the files' own tree id names what was measured
+        commit, dirty, _ = claimed
+        digest = None
     res: dict[str, Any] = {"date": now(), "git_commit": commit, "git_dirty": dirty, "git_diff_sha256": digest}
-    if claimed:
-        res["git_tree"] = working_tree(REPO)
+    if claimed is not None:
+        res["git_tree"] = claimed[2]
     if not device:
         res["machine"] = machine()
         return res
