@@ -39,6 +39,10 @@ and for each, in that fresh process (``--modes``):
               graphs; its time. Runs are before 2026-12-02 measured another method: see
               docs/measurements.md
   sglang      SGLang 0.5.23's reserve (``reserve_for_graph_mb``), arithmetic only
+  timing      ``capture(plan, target)`` then ``executor.timing.time_replays``: the median
+              replay time of every graph (20 timed replays after 3 untimed), the step-time
+              curve ``planner sizes --timing`` weighs padding with; the timed capture report
+              is written beside the JSON (``report-CASE-timed-DATE.json``) for that command
 
 Writes JSON (date, device, driver, per case) to --out and prints a table and a
 one-line summary last.
@@ -74,7 +78,7 @@ from bench.harness import (
 )
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
-MODES = ("executor", "loop", "startup", "startup-cached", "vllm", "sglang")
+MODES = ("executor", "loop", "startup", "startup-cached", "vllm", "sglang", "timing")
 
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
@@ -128,6 +132,23 @@ def mode_executor(target, plan) -> dict:
         "driver": rep.driver,
         "new_ordinary_segments": new,
         "report": json.loads(__import__("msgspec").json.encode(rep)),
+    }
+
+
+def mode_timing(target, plan) -> dict:
+    """Every graph's median replay time, in the capture report ``planner sizes --timing`` reads."""
+    import msgspec
+
+    from capture_plan.executor import capture
+    from capture_plan.executor.timing import time_replays
+
+    gs = capture(plan, target, progress=False)
+    rep = time_replays(gs, runs=20, warmup=3)
+    gs.release()
+    steps = [(m.id, m.replay_seconds) for m in rep.steps if m.replay_seconds is not None]
+    return {
+        "replay_ms": {i: round(t * 1e3, 4) for i, t in steps},
+        "report": json.loads(msgspec.json.encode(rep)),
     }
 
 
@@ -341,6 +362,8 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str 
             out[mode] = mode_vllm(case, plan, layers)
         elif mode == "sglang":
             out[mode] = mode_sglang(case, plan)
+        elif mode == "timing":
+            out[mode] = mode_timing(target, plan)
         elif mode in ("startup", "startup-cached"):
             # with a cache: "startup" records and writes the calibration, "startup-cached" (a
             # later process) reads it
@@ -386,6 +409,9 @@ def main() -> None:
             got = json.loads(lines[-1][7:])
             row.update({k: v for k, v in got.items() if k not in MODES})
             row[mode] = got[mode]
+            if mode == "timing":  # the report planner sizes --timing reads, beside the JSON
+                report = Path(path.path).parent / f"report-{case}-timed-{res['date'][:10]}.json"
+                report.write_text(json.dumps(got[mode].pop("report"), indent=1, sort_keys=True) + "\n")
             print(
                 f"{case}/{mode}: " + json.dumps({k: v for k, v in got[mode].items() if k != "report"})[:600], flush=True
             )
@@ -413,6 +439,9 @@ def main() -> None:
                     f"slack {st['slack_mib']:.0f} "
                     f"predict {st['predict_s']:.3f}s/capture {st['capture_s']:.2f}s"
                 )
+        tm = row.get("timing", {}).get("replay_ms")
+        if tm:
+            bits.append(f"replays {len(tm)} graphs {min(tm.values()):.3f}-{max(tm.values()):.3f} ms")
         vl = row.get("vllm", {})
         if "estimate_mib" in vl:
             bits.append(
