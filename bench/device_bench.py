@@ -145,7 +145,7 @@ def mode_timing(target, plan) -> dict:
     gs = capture(plan, target, progress=False)
     rep = time_replays(gs, runs=20, warmup=3)
     gs.release()
-    steps = [(m.id, m.replay_seconds) for m in rep.steps if m.replay_seconds is not None]
+    steps = [(m.id, m.replay_seconds) for m in rep.steps if isinstance(m.replay_seconds, float)]  # else UNSET
     return {
         "replay_ms": {i: round(t * 1e3, 4) for i, t in steps},
         "report": json.loads(msgspec.json.encode(rep)),

@@ -51,6 +51,7 @@ __all__ = [
     "Label",
     "StreamName",
     "NonNegative",
+    "ByteDelta",
     "NonNegativeFloat",
     "dimension",
 ]
@@ -121,6 +122,9 @@ MAX_MICRO_BATCHES = 8
 BatchSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BS)]
 #: a byte count, a count or an index
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+#: a difference of two byte readings (a device-memory item measured as after - before):
+#: negative where memory was given back meanwhile; bounded by MAX_INT both ways
+ByteDelta = Annotated[int, msgspec.Meta(ge=-MAX_INT, le=MAX_INT)]
 #: seconds
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 # `$(?!\n)`: Python's `$` also matches before a trailing newline; the lookahead refuses that

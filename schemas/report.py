@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .limits import NonNegative, NonNegativeFloat
+from .limits import ByteDelta, NonNegative, NonNegativeFloat
 
 __all__ = ["ReportStruct", "StepMeasurement", "DeviceItem", "DeviceView", "CaptureReport", "DEVICE_ITEMS"]
 
@@ -53,7 +53,10 @@ class DeviceItem(ReportStruct, frozen=True, kw_only=True):
 
     #: one of :data:`DEVICE_ITEMS`
     name: str
-    bytes: NonNegative
+    #: signed: an item is a difference of two readings, and memory given back while the
+    #: capture ran (a buffer the target freed, blocks another process released) makes it
+    #: negative; the executor reports what it measured, and the reader takes it
+    bytes: ByteDelta
     #: what it is and why it is there
     cause: str = ""
 
@@ -69,8 +72,9 @@ class DeviceView(ReportStruct, frozen=True, kw_only=True):
 
     free_before: NonNegative
     free_after: NonNegative
-    #: free_before - free_after: what an engine must budget for the capture
-    drop: NonNegative
+    #: free_before - free_after: what an engine must budget for the capture (negative
+    #: where more was given back meanwhile than the capture took)
+    drop: ByteDelta
     items: list[DeviceItem] = []
     #: no capture-plan capture ran earlier in this process: the outside-allocator
     #: item includes the driver's one-off cost of the process's first graph capture

@@ -157,7 +157,8 @@ def test_dormant_bug_stays_dormant_at_topk_1(tmp_path):
     assert run.exit == 0 and run.result is not None, run.output
     res = run.result
     assert res["ok"], res["summary"]
-    assert res["checks"] == ["interleave", "footprint"], res["summary"]
+    # the speculative reference declares its weights read-only: verify guards them too
+    assert res["checks"] == ["interleave", "footprint", "read-only"], res["summary"]
     # interleave replays every graph in two orders (one shuffled, one reversed)
     assert run.captured is not None and run.captured >= len(SIZES), run.output
     assert res["replays"] >= 2 * run.captured, res["summary"]

@@ -298,6 +298,23 @@ def _vllm_routed(cuda, monkeypatch, tmp_path, *, loras=None, draft=False, **plan
     return module, plan, model, runner
 
 
+def test_vllm_routes_a_plan_whose_draft_phases_keep_the_managers_order(cuda, monkeypatch, tmp_path):
+    """At the GPU test's sizes the optimizer, free to order phases by pool cost, put the draft
+    decode FULL graphs before the draft prefill's, an order vLLM cannot follow (each speculator
+    manager in turn): the plugin refused the plan. The spec's ``after`` states vLLM's order."""
+    sizes = [1, 2, 4, 8, 16, 32]
+    module = vllm_release(monkeypatch, tmp_path)
+    plan = harness.vllm_plan(tmp_path, sizes, loras=["0", "1"], draft=True)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    model = ToyModel({"piecewise": 1}, max_tokens=max(sizes) * harness.DRAFT_QUERY, fake=cuda)
+    runner = harness.vllm_runner_of(module, model, sizes, loras=[0, 1], draft=model)
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    runner.release()
+
+
 def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_the_plan(cuda, monkeypatch, tmp_path):
     module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, loras=[0, 1], draft=True)
     # the planner's LoRA plan (spec `variants = { loras = [...] }`), the axis the plugin labels
@@ -538,7 +555,7 @@ def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(cuda, monkeypatch, tmp
     from engines.plans import build, keyed
 
     module = vllm_release(monkeypatch, tmp_path)
-    spec = harness.vllm_spec(SIZES)
+    spec = harness.vllm_spec(SIZES).replace('after = ["piecewise"]\n', "")  # vLLM's order, dropped
     first, rest = spec.split('[[phases]]\nname = "full_decode"')
     plan = build(tmp_path, '[[phases]]\nname = "full_decode"' + rest + first, "warmup=every-size", "outputs=view")
     plan = keyed(keyed(plan, "piecewise", pieces=3), "full_decode_ubatch", stream="ubatch", micro_batches=2)

@@ -208,19 +208,36 @@ def test_trace_bounds_are_located_to_the_event_field():
         decode_trace(bs, "t.json")
 
 
+_REPORT = {
+    "plan": "fa3",
+    "plan_digest": "sha256:x",
+    "device": "d",
+    "torch": "2",
+    "backend_module": "fa3",
+    "pool_bytes": 1,
+    "predicted_pool_bytes": 1,
+    "capture_seconds": 1.0,
+}
+
+
 def test_report_seconds_are_bounded_by_the_type():
-    rep = {
-        "plan": "fa3",
-        "plan_digest": "sha256:x",
-        "device": "d",
-        "torch": "2",
-        "backend_module": "fa3",
-        "pool_bytes": 1,
-        "predicted_pool_bytes": 1,
-        "capture_seconds": 1.0,
-        "device_view": {"free_before": 2, "free_after": 1, "drop": 1, "items": [{"name": "pool", "bytes": -5}]},
-    }
+    rep = {**_REPORT, "capture_seconds": -1.0}
     with pytest.raises(InputError) as err:
         decode_report(json.dumps(rep).encode(), "r.json")
-    assert err.value.where == "r.json: $.device_view.items[0].bytes"
-    assert err.value.what == "Expected `int` >= 0, got -5"
+    assert err.value.where == "r.json: $.capture_seconds"
+    assert err.value.what == "Expected `float` >= 0.0, got -1.0"
+
+
+def test_a_device_item_given_back_during_capture_reads_back():
+    """A device item is after - before: on the H200 a capture whose target freed a buffer
+    meanwhile measured allocator-held at -31,236 bytes, and ``planner report`` refused the
+    report the executor had just written. Signed, bounded by MAX_INT both ways."""
+    items = [{"name": "pool", "bytes": 4096}, {"name": "allocator-held", "bytes": -31236}]
+    view = {"free_before": 2, "free_after": 3, "drop": -1, "items": items}
+    rep = {**_REPORT, "device_view": view}
+    got = decode_report(json.dumps(rep).encode(), "r.json")
+    assert got.device_view.item("allocator-held") == -31236 and got.device_view.drop == -1
+    items[1]["bytes"] = -(2**53) - 1
+    with pytest.raises(InputError) as err:
+        decode_report(json.dumps(rep).encode(), "r.json")
+    assert err.value.where == "r.json: $.device_view.items[1].bytes"

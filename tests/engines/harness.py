@@ -130,7 +130,9 @@ def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = No
     """vLLM's phases (the plugin's names: capture_plan.adapters.plugins.vllm.phase_of; the
     runner's desc_key names them alike): the model's PIECEWISE, uniform-decode FULL and FULL
     micro-batch twins; with ``draft`` the EAGLE speculator's draft prefill PIECEWISE and FULL
-    (DRAFT_QUERY tokens a request) and its draft decode FULL. ``loras`` (labels such as
+    (DRAFT_QUERY tokens a request) and its draft decode FULL. ``after`` states vLLM's order
+    (each manager in turn, PIECEWISE then FULL in each), which the plugin refuses a plan to
+    break: without it the optimizer may order the draft managers' phases by pool cost. ``loras`` (labels such as
     ["0", "1"]): the model's phases declare vLLM's LoRA axis ``loras``, and the spec sets the
     graph-key fields the planner then writes itself: ``pieces`` a PIECEWISE key, the twins'
     stream and micro-batches, the persistent hidden states the first warm-up keeps."""
@@ -142,16 +144,18 @@ def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = No
     twin = keyed + ('stream = "ubatch"\nmicro_batches = 2\n' if loras else "")
     spec = (
         f'[[phases]]\nname = "piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n{piecewise}'
-        f'[[phases]]\nname = "full_decode"\nkind = "full"\nsizes = {list(sizes)}\n{keyed}'
+        f'[[phases]]\nname = "full_decode"\nkind = "full"\nsizes = {list(sizes)}\nafter = ["piecewise"]\n{keyed}'
         f'[[phases]]\nname = "full_decode_ubatch"\nkind = "full"\nsizes = {twins}\ntwin_of = "full_decode"\n{twin}'
     )
     if draft:
         spec += (
             f'[[phases]]\nname = "draft_prefill_piecewise"\nkind = "piecewise"\nsizes = {list(sizes)}\n'
+            'after = ["full_decode", "full_decode_ubatch"]\n'
             + (f"pieces = {pieces}\n" if loras and pieces else "")
             + f'[[phases]]\nname = "draft_prefill_full_decode"\nkind = "full"\nsizes = {draft_sizes(sizes)}\n'
-            f"tokens_per_request = {DRAFT_QUERY}\n"
+            f'tokens_per_request = {DRAFT_QUERY}\nafter = ["draft_prefill_piecewise"]\n'
             f'[[phases]]\nname = "draft_decode_full_decode"\nkind = "full"\nsizes = {list(sizes)}\n'
+            'after = ["draft_prefill_full_decode"]\n'
         )
     return spec
 
