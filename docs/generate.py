@@ -78,6 +78,9 @@ def provenance(data: dict) -> str:
         return "no commit recorded"
     if dirty is None:
         return f"commit `{commit[:7]}`, not recorded whether its tree had changes"
+    if dirty and data.get("git_tree") and not data.get("git_diff_sha256"):
+        # a claimed run (bench.harness claim) on a copy: the copy's tree id is known, its diff is not
+        return f"the measured copy held files beyond commit `{commit[:7]}` (its tree `{data['git_tree'][:7]}`)"
     if dirty:
         digest = data.get("git_diff_sha256")
         diff = f", diff sha256 `{digest[:12]}`" if digest else ", the diff not recorded"

@@ -115,6 +115,9 @@ def test_provenance_says_what_is_known_of_a_results_code():
         "measured from uncommitted changes to `aaaaaaa`, the diff not recorded"
     )
     assert "not recorded whether" in gen.provenance({"git_commit": "a" * 40})
+    # a claimed run on a device's copy records the copy's tree, not a diff
+    claimed = {"git_commit": "a" * 40, "git_dirty": True, "git_tree": "b" * 40}
+    assert gen.provenance(claimed) == "the measured copy held files beyond commit `aaaaaaa` (its tree `bbbbbbb`)"
 
 
 def test_a_figure_row_whose_path_the_file_lacks_is_one_clear_error(monkeypatch):
