@@ -75,14 +75,47 @@ def working_tree(root: Path = REPO) -> str | None:
 
 def claim(root: Path = REPO) -> str:
     """``<commit>:<tree>`` for :data:`CLAIM_ENV`: HEAD and the working tree's id. Refused
-    where the working tree is not HEAD's (uncommitted or untracked files): a claim names a
-    commit that holds exactly the files measured."""
-    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD", "HEAD^{tree}"], capture_output=True, text=True)
-    head, head_tree = sha.stdout.split()
-    if working_tree(root) != head_tree:
+    (:class:`NoCheckout`) where git cannot run or ``root`` is not the top of a git checkout
+    with a commit (a copy of the tree without ``.git``: claim where the commit is), and
+    (:class:`DirtyTree`) where the working tree is not HEAD's (uncommitted or untracked
+    files): a claim names a commit that holds exactly the files measured."""
+    where = str(root)
+    elsewhere = (
+        "run python -m bench.harness claim in the git checkout this tree was copied from "
+        f"and export {CLAIM_ENV}=<what it printed> here"
+    )
+    try:
+        r = subprocess.run(
+            ["git", "-C", where, "rev-parse", "--show-toplevel", "HEAD", "HEAD^{tree}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise NoCheckout(
+            f"git cannot run ({err})", where=where, fix=f"put git on PATH (apt-get install git), or {elsewhere}"
+        ) from None
+    said = next((line for line in r.stderr.splitlines() if line.strip()), "").removeprefix("fatal: ")
+    if r.returncode or len(r.stdout.splitlines()) != 3:
+        raise NoCheckout(f"not a git checkout with a commit (git rev-parse: {said})", where=where, fix=elsewhere)
+    top, head, head_tree = r.stdout.splitlines()
+    if Path(top).resolve() != Path(root).resolve():
+        raise NoCheckout(
+            f"not the top of a git checkout: it is inside {top}, whose commit does not name this tree",
+            where=where,
+            fix=elsewhere,
+        )
+    tree = working_tree(root)
+    if tree is None:
+        raise NoCheckout(
+            "git could not write the working tree's id (git add -A or git write-tree failed)",
+            where=where,
+            fix=f"git -C {where} add -A --dry-run says why; fix that, then python -m bench.harness claim",
+        )
+    if tree != head_tree:
         raise DirtyTree(
             "the working tree is not HEAD's (uncommitted or untracked, not ignored, files)",
-            where=str(root),
+            where=where,
             fix="git status; commit or remove them, then python -m bench.harness claim",
         )
     return f"{head}:{head_tree}"
@@ -197,6 +230,10 @@ class ResultExists(InputError):
 
 class DirtyTree(InputError):
     """A result measured from uncommitted changes, not allowed explicitly."""
+
+
+class NoCheckout(InputError):
+    """No git commit to claim (:func:`claim`): git cannot run, or the tree is not a git checkout's top."""
 
 
 def committed_results(path: str | Path) -> bool:
@@ -752,10 +789,13 @@ def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None,
     return HFTarget(model, max_bs=max_bs, max_seqlen=HF_MAX_SEQLEN)
 
 
-if __name__ == "__main__":  # python -m bench.harness claim: the value of CAPTURE_PLAN_COMMIT for a run elsewhere
+def _claim_main() -> None:
+    """``python -m bench.harness claim``: print the claim (:func:`claim`)."""
     if sys.argv[1:] != ["claim"]:
-        sys.exit("usage: python -m bench.harness claim")
-    try:
-        print(claim())
-    except CapturePlanError as e:
-        sys.exit(str(e))
+        print("usage: python -m bench.harness claim", file=sys.stderr)
+        sys.exit(2)
+    print(claim())
+
+
+if __name__ == "__main__":  # python -m bench.harness claim: the value of CAPTURE_PLAN_COMMIT for a run elsewhere
+    main_exit(_claim_main)

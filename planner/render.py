@@ -105,12 +105,53 @@ def device_lines(plan: Plan) -> list[str]:
         out.append(f"  figures describe {p.describes}: exact for that code; for your engine's model, record a trace")
     elif p.fidelity == "recorded":
         out.append(f"  figures are exact for {p.describes}")
-    rough = [k.step for k in p.keys if k.fidelity == "approximate" and p.fidelity != "approximate"]
-    if rough:
-        out.append(
-            f"  graph keys: {len(rough)} of {len(p.keys)} approximate (e.g. {rough[0]}): a label the reference "
-            "does not model, predicted with its size's program (planner/data/phase_kinds.toml [axes])"
+    if p.fidelity != "approximate":
+        out += _approximate_keys(plan)
+    return out
+
+
+def _approximate_keys(plan: Plan) -> list[str]:
+    """Why a plan's approximate graph keys are: a label the reference does not model
+    (LoRA layers), or a micro-batched graph, such as vLLM's DBO twin of a FULL graph
+    (``twin_of``: named from the plan's ``twin_of:<twin>`` edges), predicted as one batch."""
+    keys = plan.predicted.keys
+    micro = {
+        ph.name: ph.micro_batches for ph in plan.phases if isinstance(ph.micro_batches, int) and ph.micro_batches > 1
+    }
+    rough: dict[str, list[str]] = {}  # "" (labels) or a micro-batched phase -> its approximate keys
+    for k in keys:
+        if k.fidelity == "approximate":
+            phase = parse_step_id(k.step)[1]
+            rough.setdefault(phase if phase in micro else "", []).append(k.step)
+    twin_of: dict[str, str] = {}  # twin -> the phase whose graphs it is the twin of
+    for e in plan.edges:
+        twin = e.rule.removeprefix("twin_of:")
+        if twin != e.rule:
+            ends = {parse_step_id(e.src)[1], parse_step_id(e.dst)[1]} - {twin}
+            twin_of.update((twin, end) for end in ends)
+    out = []
+    for phase, steps in rough.items():
+        head = f"  graph keys: {len(steps)} of {len(keys)} approximate (e.g. {steps[0]}): "
+        if not phase:
+            out.append(
+                head + "a label the reference does not model, predicted with its size's program "
+                "(planner/data/phase_kinds.toml [axes])"
+            )
+            continue
+        n, parent = micro[phase], twin_of.get(phase)
+        what = (
+            f"{phase} holds the micro-batch twins of {parent}'s graphs (vLLM's DBO twin: the same batch as {n} "
+            f"micro-batches, captured right after {parent}'s graph of its size)"
+            if parent
+            else f"{phase}'s graphs run the batch as {n} micro-batches"
         )
+        if plan.predicted.source != "analytic":
+            how = f"from the trace's {phase} captures, approximate: the planner does not model the split"
+        elif parent:
+            how = f"as {parent}'s graph of that size: the reference runs the batch whole, not split"
+        else:
+            how = "as the whole batch of its size: the reference runs the batch whole, not split"
+        out.append(f"{head}{what}, each predicted {how}")
     return out
 
 

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,79 @@ def test_a_copy_with_a_stale_git_records_the_commit_it_claims_clean_only_if_its_
             ["git", "-C", str(root), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True
         ).stdout.strip()
     )
+
+
+def _bench_copy(at: Path) -> Path:
+    """A copy of the harness (bench/ without results) at ``at``, as a copy of the tree
+    without ``.git`` holds it."""
+    (at / "bench").mkdir(parents=True)
+    for name in ("__init__.py", "harness.py"):
+        shutil.copy(BENCH / name, at / "bench" / name)
+    return at
+
+
+def _claim_in(root: Path, *, ceiling: Path, **env: str) -> subprocess.CompletedProcess:
+    """``python -m bench.harness claim`` run from ``root`` as a user runs it, git not
+    looking above ``ceiling``."""
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(ceiling), "PYTHONDONTWRITEBYTECODE": "1", **env}
+    cmd = [sys.executable, "-m", "bench.harness", "claim"]
+    return subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env, timeout=120)
+
+
+def _one_line(r: subprocess.CompletedProcess, start: str) -> str:
+    assert (r.returncode, r.stdout) == (1, ""), (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(start), r.stderr
+    return r.stderr
+
+
+def test_claim_where_there_is_no_commit_to_claim_is_one_located_line(tmp_path):
+    """Outside a git checkout (a copy of the tree without .git), without git, or in a
+    folder of another checkout, ``claim`` says so in one line naming the folder and
+    where to claim instead, exit 1, not a traceback or another checkout's commit."""
+    copy = _bench_copy(tmp_path / "copy")
+    claim_elsewhere = (
+        "fix: run python -m bench.harness claim in the git checkout this tree was copied from "
+        f"and export {h.CLAIM_ENV}=<what it printed> here"
+    )
+    err = _one_line(_claim_in(copy, ceiling=tmp_path), f"harness: {copy}: not a git checkout with a commit (git ")
+    assert err.rstrip().endswith(claim_elsewhere), err
+    no_git = _claim_in(copy, ceiling=tmp_path, PATH=str(Path(sys.executable).parent))
+    err = _one_line(no_git, f"harness: {copy}: git cannot run (")
+    assert "fix: put git on PATH (apt-get install git), or run python -m bench.harness claim" in err
+    outer = _repo(tmp_path)  # tmp_path a checkout, the copy a folder of it: its commit is not the copy's
+    err = _one_line(_claim_in(copy, ceiling=tmp_path.parent), f"harness: {copy}: not the top of a git checkout: ")
+    assert f"inside {outer.resolve()}" in err and claim_elsewhere in err
+    usage = subprocess.run([sys.executable, "-m", "bench.harness"], cwd=copy, capture_output=True, text=True)
+    assert (usage.returncode, usage.stderr) == (2, "usage: python -m bench.harness claim\n")
+
+
+def test_claim_at_a_committed_checkout_prints_commit_and_tree(tmp_path):
+    root = _bench_copy(tmp_path / "here")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    r = _claim_in(root, ceiling=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    head = subprocess.run([*git[:3], "rev-parse", "HEAD", "HEAD^{tree}"], capture_output=True, text=True)
+    assert r.stdout == ":".join(head.stdout.split()) + "\n"
+
+
+def test_a_bench_run_in_a_copy_without_git_records_no_commit(tmp_path, monkeypatch):
+    """The lent machine may run a copy of the tree without .git: the header records the
+    commit as unknown (or, with a claim, the claimed commit, dirty: nothing there can
+    show the files are that commit's), and the run goes on."""
+    copy = _bench_copy(tmp_path / "copy")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    monkeypatch.delenv(h.CLAIM_ENV, raising=False)
+    monkeypatch.setattr(h, "REPO", copy)
+    head = h.header(device=False)
+    assert (head["git_commit"], head["git_dirty"], head["git_diff_sha256"]) == (None, None, None)
+    h.refuse_dirty(False, h.RESULTS / "x.json", copy)  # unknown is not dirty: nothing refused
+    monkeypatch.setenv(h.CLAIM_ENV, "c" * 40 + ":" + "d" * 40)
+    head = h.header(device=False)
+    assert (head["git_commit"], head["git_dirty"], head["git_tree"]) == ("c" * 40, True, None)
 
 
 def test_a_dirty_result_is_written_into_the_results_only_when_allowed(tmp_path, monkeypatch):

@@ -533,6 +533,55 @@ def test_a_twin_built_plan_checks_up_to_date_from_its_command(tmp_path, cli):
     assert cli("check", "p.json") == (0, "p.json: up to date\n", "")
 
 
+def test_show_says_a_micro_batch_twin_is_one_and_how_its_memory_is_predicted(tmp_path, cli):
+    """A twin's keys are approximate because the model runs the batch whole, not because
+    of a label: ``show`` names the twin, the graph it is the twin of, and what predicts it."""
+    (tmp_path / "s.toml").write_text(TWIN_SPEC)
+    assert cli("build", "-b", "fa3", "--spec", "s.toml", "-o", "p.json")[0] == 0
+    code, out, _ = cli("show", "p.json")
+    assert code == 0 and "does not model" not in out
+    assert (
+        "  graph keys: 3 of 13 approximate (e.g. capture/full_ubatch/64): full_ubatch holds the micro-batch "
+        "twins of full's graphs (vLLM's DBO twin: the same batch as 2 micro-batches, captured right after "
+        "full's graph of its size), each predicted as full's graph of that size: the reference runs the "
+        "batch whole, not split\n"
+    ) in out
+    keys = {k.step: k.graph_bytes for k in decode_plan((tmp_path / "p.json").read_bytes(), "p.json").predicted.keys}
+    assert all(keys[f"capture/full_ubatch/{bs}"] == keys[f"capture/full/{bs}"] for bs in (32, 48, 64))
+
+
+def test_show_says_how_a_micro_batched_phase_and_a_traced_twin_are_predicted(tmp_path):
+    from capture_plan.planner.render import device_lines
+    from capture_plan.planner.resources import backend
+    from capture_plan.planner.workload import analytic_capture
+    from capture_plan.schemas.spec import Model, Phase
+    from capture_plan.schemas.trace import Trace
+
+    spec = '[model]\npreset = "llama-3-8b"\nlayers = 2\n[[phases]]\nname = "f"\nkind = "full"\nsizes = [8, 16]\n'
+    plan = _build(tmp_path, spec + "micro_batches = 2\n")
+    assert device_lines(plan)[-1] == (
+        "  graph keys: 2 of 2 approximate (e.g. capture/f/16): f's graphs run the batch as 2 micro-batches, "
+        "each predicted as the whole batch of its size: the reference runs the batch whole, not split"
+    )
+    model = Model(layers=2)
+    caps = [
+        analytic_capture(model, Phase(name=name, kind=kind, sizes=sizes), bs, backend("fa3"))
+        for name, kind, sizes in (
+            ("piecewise", "piecewise", [1, 8, 32, 48, 64]),
+            ("full", "full", [1, 8, 32, 48, 64]),
+            ("full_ubatch", "full", [32, 48, 64]),
+        )
+        for bs in sizes
+    ]
+    trace = tmp_path / "t.json"
+    trace.write_bytes(msgspec.json.encode(Trace(backend="fa3", captures=caps)))
+    traced = _build(tmp_path, TWIN_SPEC, trace=trace)
+    assert device_lines(traced)[-1].endswith(
+        "captured right after full's graph of its size), each predicted from the trace's full_ubatch captures, "
+        "approximate: the planner does not model the split"
+    )
+
+
 def test_after_naming_a_twin_waits_for_its_phase_and_a_cycle_through_one_is_located(tmp_path, cli):
     extra = '[[phases]]\nname = "late"\nkind = "full"\nsizes = [4]\nafter = ["full_ubatch"]\n'
     plan = _build(tmp_path, TWIN_SPEC + extra)

@@ -22,9 +22,13 @@ loop's report is complete; a fault inside the engine's capture leaves no graph b
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,6 +170,151 @@ def test_sglang_a_runner_whose_sizes_are_not_the_plans_is_refused(cuda, monkeypa
     runner = module.DecodeCudaGraphRunner(_sgl_model(plan, cuda), [*SIZES, 16])
     with pytest.raises(core.PluginRefused, match=r"the decode runner captures sizes \[1, 2, 4, 8, 16\], the plan"):
         runner.capture()
+
+
+def test_sglang_a_plan_for_other_sizes_stops_start_up_before_the_weights_load(cuda, monkeypatch, tmp_path):
+    """The configured decode sizes are published before the model runner loads the
+    weights: a plan that no request pool's size makes SGLang's is refused there, in one
+    line naming the plan, the sizes that differ and the commands that make them agree."""
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    path = plan_file(tmp_path, plan)
+    monkeypatch.setenv(core.ENV_PLAN, str(path))
+    monkeypatch.chdir(tmp_path)
+    sgl_plugin.register()
+    loaded = []
+    monkeypatch.setattr(module.ModelRunner, "load_model", lambda self: loaded.append(self))
+    phases = "target_verify, draft_decode, draft_extend, decode"
+    for configured, says in (
+        ([1, 2, 8, 16], "the plan captures 4, SGLang does not"),  # a size SGLang is not configured with
+        ([1, 2, 4], "the plan captures 8, SGLang does not"),  # above SGLang's largest
+        ([1, 2, 4, 6, 8, 16], "SGLang captures 6, the plan does not"),  # one among the plan's
+    ):
+        module.publish(configured)  # --cuda-graph-bs-decode
+        with pytest.raises(core.PluginRefused, match=f": {phases}: {says}; fix: ") as err:
+            module.ModelRunner(_sgl_model(plan, cuda), max_running_requests=64)
+        assert loaded == []  # refused before the weights
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(
+        f"{core.ENV_PLAN}={path}: the plan's sizes are not SGLang's (its decode sizes 1, 2, 4, 6, 8, 16): "
+        f"{phases}: SGLang captures 6, the plan does not; fix: start SGLang with --cuda-graph-bs-decode 1 2 4 8, "
+        f"or set the sizes of {phases} in spec.toml to [1, 2, 4, 6, 8, 16] and rebuild it: `planner build "
+    )
+    # the fix, as the line says: the spec's sizes set to SGLang's, the command run where SGLang starts
+    spec = tmp_path / "spec.toml"
+    spec.write_text(spec.read_text().replace("sizes = [1, 2, 4, 8]", "sizes = [1, 2, 4, 6, 8, 16]"))
+    command = re.fullmatch(r".*and rebuild it: `(planner build .* -o plan\.json --force)`", line)[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    module.ModelRunner(_sgl_model(plan, cuda), max_running_requests=64)
+    assert len(loaded) == 1
+
+
+def test_sglang_names_the_rebuild_of_a_plan_of_the_embedded_spec(cli, tmp_path):
+    """SGLang's default list up to another size: the recorded build with --max-bs; another
+    list: the embedded spec written out, its sizes set, built from it. Each command works."""
+    from capture_plan.schemas.codec import decode_plan
+
+    def plan():
+        return decode_plan((tmp_path / "p.json").read_bytes(), "p.json")
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def sh(command: str) -> None:
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+
+    assert cli("build", "-b", "fa3", "--max-bs", "8", "-o", "p.json")[0] == 0
+    fix = sgl_plugin.rebuild_fix(plan(), Path("p.json"), [1, 2, 4, 8, 12, 16])
+    assert fix == (
+        "start SGLang with --cuda-graph-bs-decode 1 2 4 8, or rebuild it with SGLang's: "
+        "`planner build --backend fa3 --max-bs 16 -o p.json --force`"
+    )
+    sh(fix.split("`")[1])
+    assert plan().phases[0].sizes == [16, 12, 8, 4, 2, 1]
+    fix = sgl_plugin.rebuild_fix(plan(), Path("p.json"), [1, 2, 4, 8, 16])
+    assert fix == (
+        "start SGLang with --cuda-graph-bs-decode 1 2 4 8 12 16, or write the spec (planner spec show > "
+        "sglang-spec.toml), set the sizes of decode there to [1, 2, 4, 8, 16] and rebuild it: "
+        "`planner build --backend fa3 --spec sglang-spec.toml -o p.json --force`"
+    )
+    sh("planner spec show > sglang-spec.toml")
+    spec = tmp_path / "sglang-spec.toml"
+    spec.write_text(re.sub(r"sizes = \[[^\]]*\]", "sizes = [1, 2, 4, 8, 16]", spec.read_text()))
+    sh(fix.split("`")[1])
+    assert plan().phases[0].sizes == [16, 8, 4, 2, 1]
+    # sizes chosen for a traffic: SGLang takes the plan's
+    traffic = Path(__file__).parent / "data" / "traffic-skewed.csv"
+    assert cli("build", "-b", "fa3", "--ci", "--sizes", "auto", "--traffic", str(traffic), "-o", "a.json")[0] == 0
+    auto = decode_plan((tmp_path / "a.json").read_bytes(), "a.json")
+    chosen = " ".join(map(str, sorted(auto.phases[0].sizes)))
+    fix = sgl_plugin.rebuild_fix(auto, Path("a.json"), [1, 2, 4, 8, 16])
+    assert fix == f"start SGLang with --cuda-graph-bs-decode {chosen} (the plan's, chosen for its traffic)"
+
+
+def test_sglang_leaves_to_the_capture_what_the_request_pool_decides(cuda, monkeypatch, tmp_path):
+    """Before the KV cache, a plan of the configured sizes up to one of them may be SGLang's
+    (a request pool of that size clamps its list there): it passes the early check, and the
+    capture's check compares the runners' final list."""
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, [1, 2, 4, 6])  # SGLang's [1, 2, 4, 8, 16] clamped to a pool of 6
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    sgl_plugin.register()
+    module.publish([1, 2, 4, 8, 16])
+    model = _sgl_model(plan, cuda)
+    runner = module.ModelRunner(model, max_running_requests=6)
+    assert runner.weights_loaded and runner.capture_bs() == [1, 2, 4, 6]
+    engine = _sgl_start(module, plan, model, sizes=runner.capture_bs())
+    assert len(engine.graphs) == sum(s.op == "capture" for s in plan.steps)
+    engine.cleanup()
+    # a larger pool: the runners capture 8 too, which only the capture's check sees (as it
+    # sees a list that a PD role switch, ensure_decode_cuda_graphs, rewrote after start-up)
+    module.reset_globals()
+    sizes = module.ModelRunner(model, max_running_requests=64).capture_bs()
+    with pytest.raises(
+        core.PluginRefused, match=r"the decode runner captures sizes \[1, 2, 4, 8, 16\], the plan \[1, 2"
+    ):
+        module.DecodeCudaGraphRunner(model, sizes).capture()
+
+
+@pytest.mark.parametrize(
+    ("alignment", "backend", "refused"),
+    [(1, "full", True), (2, "full", False), (1, "breakable", False), (1, "disabled", False)],
+    ids=["checked", "aligned", "breakable", "disabled"],
+)
+def test_sglang_checks_sizes_early_only_for_full_decode_graphs_aligned_by_1(
+    cuda, monkeypatch, tmp_path, alignment, backend, refused
+):
+    """An alignment above 1 (two-batch overlap, attention TP gathers) makes a runner's
+    width enter its list: left to the capture's check; breakable or disabled decode graphs
+    are not the plugin's to route."""
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    sgl_plugin.register()
+    module.publish([1, 3, 5], alignment=alignment, backend=backend)
+    with pytest.raises(core.PluginRefused) if refused else contextlib.nullcontext():
+        assert module.ModelRunner(_sgl_model(plan, cuda), max_running_requests=64).weights_loaded
+
+
+def test_sglang_a_plan_for_other_sizes_falls_back_before_the_weights_where_chosen(cuda, monkeypatch, tmp_path, caplog):
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
+    sgl_plugin.register()
+    module.publish([1, 2, 3, 4, 8])
+    model = _sgl_model(plan, cuda)
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        runner = module.ModelRunner(model, max_running_requests=64)
+    assert runner.weights_loaded
+    assert "SGLang captures 3, the plan does not" in caplog.text and "capturing as sglang does" in caplog.text
+    module.reset_globals()
+    decode = module.DecodeCudaGraphRunner(model, runner.capture_bs())
+    decode.capture()  # SGLang's own capture, whole
+    assert [k[0] for k in decode.backend._graphs] == [8, 4, 3, 2, 1]
+    decode.backend.cleanup()
 
 
 def test_sglang_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monkeypatch, tmp_path):

@@ -69,6 +69,8 @@ class HookPoint:
 _SGL = "sglang", "0.5.23"
 _SGL_RUNNER = "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py"
 _SGL_BACKEND = "sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py"
+_SGL_MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
+_SGL_GRAPH_CONFIG = "sglang/srt/model_executor/cuda_graph_config.py"
 _VLLM = "vllm", "0.33.0"
 _VLLM_CG = "vllm/v1/worker/gpu/cudagraph_utils.py"
 _VLLM_RUNNER = "vllm/v1/worker/gpu/model_runner.py"
@@ -164,6 +166,85 @@ HOOKS: tuple[HookPoint, ...] = (
         "FullCudaGraphBackend.cleanup",
         "(self)",
         "resets and drops the backend's graphs: what a failed loop calls",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_MODEL_RUNNER,
+        "ModelRunner",
+        "class",
+        "the model runner: made in the scheduler once the config is published, before any weight is loaded",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_MODEL_RUNNER,
+        "ModelRunner.initialize",
+        "(self)",
+        "loads the weights (load_model), before the KV cache and the graph runners; wrapped: the plan's "
+        "sizes checked against the configured ones first",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/runtime_context.py",
+        "get_exec",
+        "()",
+        "the published exec config: graph.cuda_graph_config.decode.bs, the configured decode sizes",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/arg_groups/fields/exec_.py",
+        "ExecGraph._NS_PATH",
+        "= 'exec.graph'",
+        "get_exec().graph: the namespace that holds cuda_graph_config",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/arg_groups/fields/exec_.py",
+        "ExecGraph.cuda_graph_config",
+        "= None",
+        "the resolved CudaGraphConfig (--cuda-graph-bs-decode, or the default for the GPU's memory)",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_GRAPH_CONFIG,
+        "CudaGraphConfig.decode",
+        "= field(default_factory=lambda: PhaseConfig(backend=Backend.FULL))",
+        "the decode phase's settings, which every decode runner's sizes come from",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_GRAPH_CONFIG,
+        "PhaseConfig.backend",
+        "= Backend.DISABLED",
+        "the phase's capture backend: the decode sizes are checked early only where it is Backend.FULL",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_GRAPH_CONFIG,
+        "Backend.FULL",
+        "= 'full'",
+        "the backend FullCudaGraphBackend records (breakable and disabled decode graphs are not routed)",
+    ),
+    HookPoint(
+        *_SGL,
+        _SGL_GRAPH_CONFIG,
+        "PhaseConfig.bs",
+        "= None",
+        "the configured sizes (the plan's are checked against them before the weights load)",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/model_executor/runner/base_cuda_graph_runner.py",
+        "get_batch_sizes_to_capture",
+        "(model_runner, captured_req_width=1, *, gathered_buffer_required=None)",
+        "a runner's sizes: the configured ones aligned, clamped to the request pool's size (known once the KV "
+        "cache is sized); the plugin's runner_sizes follows it",
+    ),
+    HookPoint(
+        *_SGL,
+        "sglang/srt/utils/common.py",
+        "get_cuda_graph_batch_size_alignment",
+        "(*, gathered_buffer_required=None)",
+        "the alignment get_batch_sizes_to_capture filters by: the early size check runs where it is 1",
     ),
     HookPoint(
         *_SGL,

@@ -19,20 +19,38 @@ the same backend) are covered too:
   outputs held as the plan says (``step.hold``). Where the backend records through the
   memory saver's graph context instead, the graph is handed in (``hold(graph=)``).
 
+* ``ModelRunner.initialize`` (before the weights load and the KV cache is sized): the
+  plan's sizes checked against the decode sizes SGLang is configured with
+  (``get_exec().graph.cuda_graph_config.decode.bs``), so that a plan for other sizes stops
+  the start-up in seconds, not after minutes of loading (:func:`size_problems`).
+
 The runner's phase: ``draft_extend`` and ``draft_decode`` for the EAGLE draft runners,
 else its capture forward mode (``decode``, ``target_verify``). Not routed: the prefill
 runners (breakable and piecewise graphs are recorded by other backends).
 
 SGLang's loader logs and ignores an exception a plugin raises, so a refusal at
-registration stops the process with :class:`SystemExit` and the one line; a refusal at
-the first capture (a plan for another model or TP size) raises from the runner's
-capture, which stops the engine's start-up.
+registration stops the process with :class:`SystemExit` and the one line; a refusal of
+the sizes at the model runner's start raises from ``ModelRunner.initialize``, and one at
+the first capture (a plan for another model or TP size) from the runner's capture: each
+stops the engine's start-up.
+
+Why sizes are checked twice: before the KV cache, SGLang knows the sizes it is
+configured with, not yet those its runners capture. A runner's list
+(``get_batch_sizes_to_capture``) is the configured one clamped to the request pool's size,
+known once the KV cache is sized (the pool's size itself added where it is below the
+largest configured), and filtered by an alignment (two-batch overlap, attention TP/CP
+gathers) that the early check only follows where it is 1; a PD role switch
+(``ensure_decode_cuda_graphs``) rewrites the configured list after start-up. The early
+check refuses only a plan that no request pool's size makes SGLang's; the capture's
+compares the runner's final list.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +87,105 @@ def facts_of(runner) -> core.EngineFacts:
     config = Path(path) / "config.json" if path else None
     tp = int(getattr(mr, "tp_size", 1) or 1)
     return core.EngineFacts(ENGINE, tp=tp, model_config=config, phases=(phase_of(runner),))
+
+
+#: the phases whose runners capture SGLang's configured decode sizes (the decode runner, in
+#: decode and verify mode, and the EAGLE draft runners: ``get_batch_sizes_to_capture``)
+SIZED_PHASES = ("decode", "target_verify", *DRAFT_PHASES.values())
+
+
+def runner_sizes(configured: Sequence[int], pool: int | None = None, alignment: int = 1) -> list[int]:
+    """The sizes a runner of SGLang 0.5.23 captures (``get_batch_sizes_to_capture``,
+    ``base_cuda_graph_runner.py``, for a runner one request wide): the ``configured``
+    decode sizes that are multiples of ``alignment``, none above the request pool's size
+    ``pool`` (aligned up), and ``pool`` itself where it is below the largest configured.
+    ``pool`` None: a pool at least as large as every configured size."""
+    sizes = list(configured)
+    if pool is not None:
+        pool = -(-pool // alignment) * alignment
+        if max(sizes) > pool:
+            sizes.append(pool)
+    return sorted({bs for bs in sizes if bs % alignment == 0 and (pool is None or bs <= pool)})
+
+
+def _sizes_text(sizes: Sequence[int], n: int = 8) -> str:
+    more = f" and {len(sizes) - n} more" if len(sizes) > n else ""
+    return ", ".join(map(str, sizes[:n])) + more
+
+
+def size_problems(plan, configured: Sequence[int], alignment: int = 1) -> list[str]:
+    """What differs between the sizes of the plan's phases that SGLang's decode runners
+    capture (:data:`SIZED_PHASES`) and the ``configured`` decode sizes, where no request
+    pool's size makes the runners' list (:func:`runner_sizes`) the plan's: against the
+    list clamped at the plan's largest size where that is below the largest configured
+    (the pool may be that size), else against the whole list. Phases alike are named
+    together. Nothing with an ``alignment`` above 1 (a runner's width enters then: the
+    capture's check compares) or without configured sizes."""
+    if alignment != 1 or not configured:
+        return []
+    differ: dict[tuple, list[str]] = {}
+    for ph in plan.phases:
+        if ph.name not in SIZED_PHASES:
+            continue
+        want = sorted(ph.sizes)
+        clamped = runner_sizes(configured, max(want))
+        if want in (runner_sizes(configured), clamped):
+            continue
+        engine = clamped if max(want) < max(configured) else runner_sizes(configured)
+        extra = sorted(set(want) - set(engine))
+        missing = sorted(set(engine) - set(want))
+        differ.setdefault((tuple(extra), tuple(missing)), []).append(ph.name)
+    out = []
+    for (extra, missing), phases in differ.items():
+        parts = [f"the plan captures {_sizes_text(extra)}, SGLang does not"] if extra else []
+        parts += [f"SGLang captures {_sizes_text(missing)}, the plan does not"] if missing else []
+        out.append(f"{', '.join(phases)}: {' and '.join(parts)}")
+    return out
+
+
+def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int]) -> str:
+    """How to make the plan at ``path`` and SGLang agree on sizes: SGLang started with the
+    plan's (``--cuda-graph-bs-decode``, where its decode runners' phases share one list), or
+    the plan rebuilt with ``engine_sizes``: the recorded build with ``--max-bs`` where those
+    are SGLang's default list, else with its spec's phases set to them. A plan whose sizes
+    were chosen for a traffic (``--sizes auto``) is not rebuilt: SGLang takes its sizes."""
+    import msgspec
+
+    from capture_plan.planner.build_options import command_for_cwd, options_from_record, relative
+    from capture_plan.planner.specs import sgl_sizes
+    from capture_plan.schemas.limits import MAX_BS
+
+    lists = {tuple(sorted(ph.sizes)) for ph in plan.phases if ph.name in SIZED_PHASES}
+    first = (
+        f"start SGLang with --cuda-graph-bs-decode {' '.join(map(str, next(iter(lists))))}, or "
+        if len(lists) == 1
+        else ""
+    )
+    sizes = sorted(engine_sizes)
+    rec = plan.inputs.build
+    if isinstance(rec, msgspec.UnsetType):  # a plan that records its build as text only
+        return f"{first}rebuild it with the decode sizes {sizes} (planner build ... -o {path})"
+    if rec.sizes is not None and first:  # sizes chosen for a traffic (--sizes auto): SGLang takes the plan's
+        return first.removesuffix(", or ") + " (the plan's, chosen for its traffic)"
+    opts = options_from_record(rec, path)
+    if rec.spec is None and rec.preset is None and rec.sizes is None and sizes and max(sizes) <= MAX_BS:
+        top = max(sizes)
+        if sgl_sizes("speculative" if rec.speculative else "decode", top) == sizes:
+            again = command_for_cwd(msgspec.structs.replace(opts, max_bs=top))
+            return f"{first}rebuild it with SGLang's: `{again} --force`"
+    phases = ", ".join(ph.name for ph in plan.phases if ph.name in SIZED_PHASES)
+    if opts.spec is not None:
+        spec = relative(opts.spec, Path.cwd())
+        return (
+            f"{first}set the sizes of {phases} in {spec} to {sizes} and rebuild it: `{command_for_cwd(opts)} --force`"
+        )
+    # the embedded spec with other sizes than SGLang's default list: written out, then edited
+    show = shlex.join(["planner", "spec", "show", *(["--speculative", rec.speculative] if rec.speculative else [])])
+    again = command_for_cwd(msgspec.structs.replace(opts, spec=Path("sglang-spec.toml"), speculative=None, max_bs=None))
+    return (
+        f"{first}write the spec ({show} > sglang-spec.toml), set the sizes of {phases} there to {sizes} "
+        f"and rebuild it: `{again} --force`"
+    )
 
 
 def _pool_of(plan, phase: str) -> str:
@@ -111,10 +228,48 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     global ADOPTION
     runner_cls = core.resolve(hook(ENGINE, version, "DecodeCudaGraphRunner"))
     backend_cls = core.resolve(hook(ENGINE, version, "FullCudaGraphBackend"))
+    model_runner_cls = core.resolve(hook(ENGINE, version, "ModelRunner"))
     if getattr(backend_cls, "__capture_plan__", None) is not None:
         return backend_cls.__capture_plan__
     adoption = core.Adoption(s, ENGINE, make_loop=_make_loop)
     ADOPTION = adoption
+    where = f"{core.ENV_PLAN}={s.plan}"
+    initialize = model_runner_cls.initialize
+    #: whether the sizes were checked before the weights (once a process: a draft worker's runner too)
+    early: list[bool] = []
+
+    def check_sizes_early() -> None:
+        if early or adoption.loop is not None or adoption.fallback:
+            return
+        try:
+            decode = core.resolve(hook(ENGINE, version, "get_exec"))().graph.cuda_graph_config.decode
+            alignment = core.resolve(hook(ENGINE, version, "get_cuda_graph_batch_size_alignment"))()
+        except (AttributeError, ValueError):  # not published here, or no graph config: the capture checks
+            return
+        if decode.backend != core.resolve(hook(ENGINE, version, "Backend.FULL")):
+            return  # decode graphs disabled, or breakable (another backend): none the plugin routes
+        configured = decode.bs
+        try:
+            plan = core.load(s)
+            problems = size_problems(plan, list(configured or ()), alignment)
+            if problems:
+                raise core.PluginRefused(
+                    f"the plan's sizes are not SGLang's (its decode sizes {_sizes_text(sorted(configured))}): "
+                    + "; ".join(problems),
+                    where=where,
+                    fix=rebuild_fix(plan, s.plan, runner_sizes(configured)),
+                )
+            early.append(True)  # a draft worker's model runner, later in the process, is not checked again
+        except core.PluginRefused as err:
+            if s.fallback != "engine":
+                raise
+            core.log.warning("capture-plan: %s; capturing as sglang does (%s=engine)", err, core.ENV_FALLBACK)
+            adoption.fallback = True
+
+    def initialize_checked(self, *args, **kw):
+        check_sizes_early()
+        return initialize(self, *args, **kw)
+
     one_stream, one_shape = runner_cls._capture_one_stream, runner_cls.capture_one_shape
     session, capture_one = backend_cls.capture_session, backend_cls.capture_one
 
@@ -150,11 +305,12 @@ def install(s: core.Settings, version: str) -> core.Adoption:
             return
         phase = phase_of(runner)
         order = loop.sizes(phase)
+        # the runner's final list: clamped to the request pool, aligned, or changed since start-up
         if sorted(order) != sorted(runner.capture_bs):  # before the part: nothing to release
             raise core.PluginRefused(
                 f"the {phase} runner captures sizes {sorted(runner.capture_bs)}, the plan {sorted(order)}",
-                where=f"{core.ENV_PLAN}={s.plan}",
-                fix="build the plan with the engine's capture sizes, or set the engine's sizes to the plan's",
+                where=where,
+                fix=rebuild_fix(adoption.plan, s.plan, runner.capture_bs),
             )
         self._pool = loop.pool(_pool_of(adoption.plan, phase))
         if self not in adoption.holders:
@@ -176,6 +332,7 @@ def install(s: core.Settings, version: str) -> core.Adoption:
         self._outputs[shape_key] = step.hold(out) if via.used else step.hold(out, graph=self._graphs[shape_key])
         adoption.current = None
 
+    model_runner_cls.initialize = initialize_checked
     runner_cls._capture_one_stream = _capture_one_stream
     runner_cls.capture_one_shape = capture_one_shape
     backend_cls.capture_session = capture_session

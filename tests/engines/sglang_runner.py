@@ -31,6 +31,15 @@ Facts from the released wheel (sglang==0.5.23; this code is our own):
   ``eagle_draft_extend_cuda_graph_runner.py``: the EAGLE draft runners follow
   the same loop with their own phase, made after the target's runner, sharing
   the global pool and stream.
+* Before any runner: ``runtime_context.py`` ``publish`` projects the resolved server
+  args into config bags in the scheduler process; ``get_exec().graph.cuda_graph_config``
+  (``cuda_graph_config.py`` ``CudaGraphConfig``) holds the decode phase's configured sizes
+  (``PhaseConfig.bs``). ``model_runner.py`` ``ModelRunner.__init__`` ends in
+  ``initialize()``, which loads the weights (``load_model``); the KV cache and the request
+  pool (``req_to_token_pool.size``) come next, then the runners, whose sizes
+  ``base_cuda_graph_runner.py`` ``get_batch_sizes_to_capture`` makes from the configured
+  ones: aligned (``get_cuda_graph_batch_size_alignment``), none above the pool's size, the
+  pool's size added where it is below the largest.
 
 The adoption: each added line ends with ``# +``, each removed one stays as a
 ``# - `` comment (tests/engines/adoption.py counts them and runs the version
@@ -42,7 +51,9 @@ backend warms up, records and holds through the step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
+import types
 
 import torch
 
@@ -248,3 +259,93 @@ class EAGLEDraftExtendCudaGraphRunner(DecodeCudaGraphRunner):
     """eagle_draft_extend_cuda_graph_runner.py: the draft model's extend after verification."""
 
     phase = "draft_extend"
+
+
+# -- the start-up before the runners: the published config and the model runner ------------------
+
+
+class Backend:
+    """cuda_graph_config.py: the capture backends a phase can use."""
+
+    FULL = "full"
+    BREAKABLE = "breakable"
+    DISABLED = "disabled"
+
+
+@dataclasses.dataclass
+class PhaseConfig:
+    """cuda_graph_config.py: one phase's settings (its backend and configured sizes)."""
+
+    backend: str = Backend.DISABLED
+    bs: list[int] | None = None
+
+
+@dataclasses.dataclass
+class CudaGraphConfig:
+    """cuda_graph_config.py: one PhaseConfig per phase (the decode one here)."""
+
+    decode: PhaseConfig = dataclasses.field(default_factory=lambda: PhaseConfig(backend=Backend.FULL))
+
+
+_exec = None
+_alignment = 1
+
+
+def publish(decode_bs, *, alignment: int = 1, backend: str = Backend.FULL) -> None:
+    """runtime_context.publish: the scheduler's resolved config (here: the decode phase's
+    backend and configured sizes, and the alignment the parallel settings give)."""
+    global _exec, _alignment
+    config = CudaGraphConfig(PhaseConfig(backend=backend, bs=list(decode_bs)))
+    _exec = types.SimpleNamespace(graph=types.SimpleNamespace(cuda_graph_config=config))
+    _alignment = alignment
+
+
+def get_exec():
+    """runtime_context.get_exec: the published exec config bag."""
+    if _exec is None:
+        raise ValueError("exec config bag not published")
+    return _exec
+
+
+def get_cuda_graph_batch_size_alignment(*, gathered_buffer_required=None):
+    """utils/common.py: the alignment a runner's sizes must keep (two-batch overlap, attention TP/CP)."""
+    return _alignment
+
+
+def get_batch_sizes_to_capture(model_runner, captured_req_width=1, *, gathered_buffer_required=None):
+    """base_cuda_graph_runner.py: (capture_bs, compile_bs) from the configured decode sizes."""
+    capture_bs = list(get_exec().graph.cuda_graph_config.decode.bs)
+    mul_base = get_cuda_graph_batch_size_alignment(gathered_buffer_required=gathered_buffer_required)
+    num_max_requests = -(-model_runner.req_to_token_pool.size // mul_base) * mul_base
+    if max(capture_bs) > num_max_requests:
+        capture_bs += [num_max_requests]
+    capture_bs = [bs for bs in capture_bs if bs * captured_req_width % mul_base == 0]
+    capture_bs = [bs for bs in capture_bs if bs <= num_max_requests]
+    return sorted(set(capture_bs)), []
+
+
+class ModelRunner:
+    """model_runner.py: made once the config is published; ``initialize`` loads the weights
+    (minutes for a large model), then the KV cache sizes the request pool; the graph runners
+    come after (``init_cuda_graphs``)."""
+
+    def __init__(self, model, *, max_running_requests: int, is_draft_worker: bool = False):
+        self.model, self.is_draft_worker = model, is_draft_worker
+        self.max_running_requests = max_running_requests
+        self.weights_loaded = False
+        self.req_to_token_pool = None
+        self.initialize()
+        self.init_memory_pool()
+
+    def initialize(self):
+        self.load_model()
+
+    def load_model(self):
+        self.weights_loaded = True
+
+    def init_memory_pool(self):
+        self.req_to_token_pool = types.SimpleNamespace(size=self.max_running_requests)
+
+    def capture_bs(self, captured_req_width: int = 1) -> list[int]:
+        """What the runners' ``__init__`` computes (``get_batch_sizes_to_capture(self, ...)``)."""
+        return get_batch_sizes_to_capture(self, captured_req_width)[0]
