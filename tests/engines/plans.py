@@ -92,11 +92,15 @@ def keyed(
 
 
 def build(tmp_path, spec: str, *strategies: str, backend: str = "fa3") -> Plan:
-    """A plan built from ``spec`` (TOML text), outputs kept unless ``strategies`` say otherwise."""
+    """A plan built from ``spec`` (TOML text), outputs kept unless ``strategies`` say otherwise,
+    for ``tmp_path/plan.json`` (where :func:`engines.plugged.plan_file` writes it): the plan
+    records its spec relative to that folder, as ``planner build -o`` does, not to wherever
+    pytest runs from (a fix command read from the record must work from any clone)."""
     from capture_plan.planner import BuildOptions, build_plan
 
     path = tmp_path / "spec.toml"
     path.write_text(spec)
     pinned = any(s.startswith("outputs=") for s in strategies)
     strategies = strategies if pinned else ("outputs=keep", *strategies)
-    return build_plan(BuildOptions(backend=backend, spec=path, strategies=tuple(strategies)))
+    opts = BuildOptions(backend=backend, spec=path, strategies=tuple(strategies), output=tmp_path / "plan.json")
+    return build_plan(opts)
