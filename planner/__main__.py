@@ -1,7 +1,5 @@
 """``python -m capture_plan.planner`` is the ``planner`` command."""
 
-import sys
+from .cli import script
 
-from .cli import main
-
-sys.exit(main())
+script()

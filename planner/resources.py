@@ -18,7 +18,10 @@ that allocates like an existing one is added by data alone; one that
 allocates differently needs a new program builder (code).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: msgspec reads a struct's annotations
+# when it first converts to it, and an annotation kept as a string costs a compile()
+# and an eval() there, for the data files' types (a build converts backends.toml and phase_kinds.toml);
+# evaluated with the class, they cost no more than that eval.
 
 import functools
 import sys

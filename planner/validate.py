@@ -31,8 +31,17 @@ from .dimensions import resolve_model
 
 __all__ = ["decode_spec", "decode_spec_sources", "validate_spec", "check_phase_kind"]
 
-#: a phase setting left at this value is unset (no kind needs to accept it)
-_UNSET_SETTING = {f.name: f.default for f in msgspec.structs.fields(Phase) if f.name in PHASE_SETTINGS}
+#: a phase setting left at this value is unset (no kind needs to accept it): Phase's
+#: defaults, read from the class as msgspec.structs.fields reads them (the trailing fields
+#: have them), not through fields(), which resolves every annotation of Phase at import
+_UNSET_SETTING = {
+    name: default
+    for name, default in zip(
+        Phase.__struct_fields__[len(Phase.__struct_fields__) - len(Phase.__struct_defaults__) :],
+        Phase.__struct_defaults__,
+    )
+    if name in PHASE_SETTINGS
+}
 
 
 def decode_spec(

@@ -114,9 +114,11 @@ _BOUNDS: dict[tuple[str, str], _Bound] = {
     ("trace", "$.captures[].events[][1]"): _Bound("block id {value}", _FIX["trace"]),
     ("trace", "$.captures[].events[][2]"): _Bound("allocation of {value} bytes", _FIX["trace"]),
 }
-# msgspec's words for a violated bound: "Expected `int` <= 65536", "Expected `array` of length <= 32"
-_BOUND_TEXT = re.compile(r"Expected `(\w+)` (of length )?(<=|<|>=|>) (\S+)")
-_PATH_PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+# msgspec's words for a violated bound: "Expected `int` <= 65536", "Expected `array` of length <= 32".
+# The patterns of this module are strings that `re`'s functions compile on first use (and cache):
+# only an error or a trace needs them, and compiling them at import cost every command's start-up
+_BOUND_TEXT = r"Expected `(\w+)` (of length )?(<=|<|>=|>) (\S+)"
+_PATH_PART = r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]"
 
 
 def _keys(path: str) -> list[str | int] | None:
@@ -125,7 +127,7 @@ def _keys(path: str) -> list[str | int] | None:
     keys: list[str | int] = []
     pos = 1
     while pos < len(path):
-        m = _PATH_PART.match(path, pos)
+        m = re.compile(_PATH_PART).match(path, pos)  # compiled once: re caches it
         if m is None:
             return None
         keys.append(m[1] if m[1] is not None else int(m[2]))
@@ -177,7 +179,7 @@ def _located(err: msgspec.ValidationError, source: str, kind: str | None, doc: A
         return InputError(text, where=f"{source}: $", fix=_FIX.get(kind or ""))
     path = path.rstrip("`")
     fix = _FIX.get(kind or "")
-    bound = _BOUND_TEXT.fullmatch(what)
+    bound = re.fullmatch(_BOUND_TEXT, what)
     keys = _keys(path) if bound and doc is not None else None
     value = _value_at(doc, keys) if keys is not None else None
     if bound and value is not None:
@@ -608,7 +610,7 @@ _EVENT = rb'\[\s*"(?:alloc|free)"\s*,\s*-?\d+\s*(?:,\s*-?\d+\s*(?:,\s*"[a-z]+"\s
 #: at most 100 events a match: the regex engine keeps state for every repetition of a group
 #: until its match ends (~800 B each: a run of 10 million events took 7.8 GiB), so a run is
 #: replaced by a ``0`` per hundred events instead of one ``0``
-_EVENTS = re.compile(_EVENT + rb"(?:\s*,\s*" + _EVENT + rb"){0,100}")
+_EVENTS = _EVENT + rb"(?:\s*,\s*" + _EVENT + rb"){0,100}"
 _GOT = {"array": [], "str": "", "bool": True, "null": None}
 
 
@@ -652,7 +654,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
         raise _located(err, source, "trace", data) from None
     except msgspec.DecodeError as err:  # what the Raw views skipped: invalid UTF-8 inside a string
         raise _invalid_json(data, source, "trace", err) from None
-    _no_duplicate_keys(_EVENTS.sub(b"0", data), source, "trace")
+    _no_duplicate_keys(re.sub(_EVENTS, b"0", data), source, "trace")
     return trace
 
 

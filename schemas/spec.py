@@ -9,7 +9,10 @@ phase references, heads a multiple of kv_heads, phase kinds and the settings
 each accepts) live in :func:`capture_plan.planner.validate.validate_spec`.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: msgspec reads a struct's annotations
+# when it first converts to it, and an annotation kept as a string costs a compile()
+# and an eval() there, for every spec type (the Quickstart build converts its embedded spec);
+# evaluated with the class, they cost no more than that eval.
 
 from typing import Annotated, Literal
 

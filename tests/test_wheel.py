@@ -60,7 +60,7 @@ def test_the_wheel_installs_one_top_level_package(tmp_path):
     assert (env / "bin" / "planner").exists()
     (info,) = [n for n in added if n.endswith(".dist-info")]
     entry = [ln for ln in (Path(site) / info / "entry_points.txt").read_text().splitlines() if ln.startswith("planner")]
-    assert entry == ["planner = capture_plan.planner.cli:main"]
+    assert entry == ["planner = capture_plan.planner.cli:script"]
     # `pip install '.[executor]'` brings numpy: torch's wheels do not, and torch warns without it
     requires = [
         ln for ln in (Path(site) / info / "METADATA").read_text().splitlines() if ln.startswith("Requires-Dist:")
