@@ -17,11 +17,15 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
                     operations are the same with either), ns_per_op for each core
   quickstart        with --baseline PLANNER (another installation's `planner` script, e.g. of commit
                     2a7a316): the Quickstart build (`planner build --backend fa3 --ci`, writing its plan
-                    into an empty folder) by this installation's `planner` and by that one, whole
-                    processes alternating run by run, --quickstart-repeat each: wall and CPU medians and
-                    their ratios (issue 31's target: at most 0.7x 2a7a316's); where valgrind is
-                    installed, the instructions each executes too (one run each: a count the
-                    machine's load does not move)
+                    into an empty folder) by this checkout's `planner` (--planner: an installation of
+                    it, checked to hold this checkout's code; by default this interpreter's) and by
+                    that one, whole processes alternating run by run, --quickstart-repeat each: wall
+                    and CPU medians and their ratios (issue 31's target: at most 0.7x 2a7a316's);
+                    where valgrind is installed, the instructions each executes too (one run each: a
+                    count the machine's load does not move). Measure both sides installed as the
+                    Quickstart installs them, `pip install .` (not editable: an editable install adds
+                    its import hook to every process), each into its own venv; the JSON records
+                    how each side is installed
   cores             each workload in process with both allocator cores (planner/allocator.py's
                     core(): the compiled one and PoolSim), paired: the cores alternate run by run
                     (python, compiled, compiled, python, ...) after one untimed run of each, so that
@@ -38,9 +42,12 @@ fresh process would compile them again). The load average before and after
 is recorded: other jobs on a shared machine slow every figure.
 
 Writes JSON with date and machine to bench/results/build-<date>[-<tag>].json.
-Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact] [--no-cores] [--baseline PLANNER]
-     (the baseline: git worktree add /tmp/old 2a7a316 && cd /tmp/old && python3 -m venv .venv &&
-      .venv/bin/pip install -e . ; then --baseline /tmp/old/.venv/bin/planner)
+Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact] [--no-cores]
+                                 [--baseline PLANNER [--planner PLANNER] [--quickstart-repeat N]]
+     (the baseline, installed as the Quickstart does: git worktree add /tmp/old 2a7a316 && cd /tmp/old &&
+      python3 -m venv .venv && .venv/bin/pip install . ; this checkout likewise, into a venv outside it:
+      python3 -m venv /tmp/qs && /tmp/qs/bin/pip install . ; then
+      --planner /tmp/qs/bin/planner --baseline /tmp/old/.venv/bin/planner)
      python -m bench.build_bench --python OTHER/bin/python --tag installed   (commands only, that installation)
      python -m bench.build_bench --python B/bin/python --against A/bin/python --tag ab
          (A/B: the commands alternate between the two installations run by run, so that drift in the
@@ -172,18 +179,27 @@ def _env() -> dict[str, str]:
 QUICKSTART = ("build", "--backend", "fa3", "--ci")
 
 
-def _quickstart(baseline: str, repeat: int) -> dict:
-    """The Quickstart build, whole processes, by this installation's ``planner`` and by
-    ``baseline`` (another installation's ``planner`` script, e.g. of an older commit),
-    alternating run by run (this, baseline, baseline, this, ...) after one untimed run of
-    each, each in a new empty folder (it writes plans/fa3-ci.json there): medians of wall and
-    CPU time and this one's over the baseline's. Both installations' modules are
-    byte-compiled first."""
-    here = str(Path(PYTHON).parent / "planner")
+def _quickstart(baseline: str, repeat: int, planner: str | None = None) -> dict:
+    """The Quickstart build, whole processes, by ``planner`` (an installation of this
+    checkout; by default this interpreter's ``planner`` script) and by ``baseline`` (another
+    installation's ``planner`` script, e.g. of an older commit), alternating run by run
+    (this, baseline, baseline, this, ...) after one untimed run of each, each in a new empty
+    folder (it writes plans/fa3-ci.json there): medians of wall and CPU time and this one's
+    over the baseline's. Both installations' modules are byte-compiled first (an installed
+    package is at install; an editable one's checkout here)."""
+    here = planner or str(Path(PYTHON).parent / "planner")
+    install = {side: _install_kind(side) for side in (here, baseline)}
+    if install[here] == "installed":
+        _check_installed(here)
     checkout = Path(baseline).resolve().parent.parent.parent  # CHECKOUT/.venv/bin/planner
     commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    py = str(Path(baseline).parent / "python")
-    subprocess.run([py, "-m", "compileall", "-q", "-x", r"[/\\]\.(venv|git)", str(checkout)], capture_output=True)
+    for side in (here, baseline):
+        py = str(Path(side).parent / "python")
+        if install[side] == "editable":  # the checkout, but its venv and .git
+            folder = str(REPO if side == here else checkout)
+            subprocess.run([py, "-m", "compileall", "-q", "-x", r"[/\\]\.(venv|git)", folder], capture_output=True)
+        for site in Path(side).parent.parent.glob("lib/python*/site-packages"):  # pip compiled them: a check
+            subprocess.run([py, "-m", "compileall", "-q", str(site)], capture_output=True)
 
     def run(planner: str) -> tuple[float, float]:
         with tempfile.TemporaryDirectory() as folder:
@@ -200,6 +216,9 @@ def _quickstart(baseline: str, repeat: int) -> dict:
         "command": "planner " + " ".join(QUICKSTART),
         "planner": here,
         "baseline": baseline,
+        # "installed" (pip install ., as the Quickstart) or "editable" (pip install -e .), each side
+        "install": install[here],
+        "baseline_install": install[baseline],
         "baseline_commit": commit.stdout.strip() or None,
         "repeat": repeat,
         "wall_s": med[here][0],
@@ -209,6 +228,39 @@ def _quickstart(baseline: str, repeat: int) -> dict:
         "wall_over_baseline": med[here][0] / med[baseline][0],
         "cpu_over_baseline": med[here][1] / med[baseline][1],
     }
+
+
+def _install_kind(planner: str) -> str:
+    """How the installation of the ``planner`` script (VENV/bin/planner) holds its package:
+    "editable" (pip install -e: an import hook or a path file points at a checkout) or
+    "installed" (pip install .: a copy in the venv's site-packages)."""
+    site = list(Path(planner).parent.parent.glob("lib/python*/site-packages"))
+    editable = any(next(s.glob(pattern), None) for s in site for pattern in ("__editable__*", "*.egg-link"))
+    return "editable" if editable else "installed"
+
+
+def _check_installed(planner: str) -> None:
+    """Refuse an installation of the Quickstart side whose copy of the package is not this
+    checkout's code (installed before the last change): its figure would be another commit's."""
+    python = str(Path(planner).parent / "python")
+    where = subprocess.run(
+        [python, "-c", "import capture_plan, pathlib; print(pathlib.Path(capture_plan.__file__).parent)"],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
+    if where.returncode != 0:
+        sys.exit(f"build_bench: {planner}: its python cannot import capture_plan: {where.stderr.strip()[-300:]}")
+    package = Path(where.stdout.strip())
+    for source in sorted(REPO.glob("*.py")) + sorted(
+        f for pkg in ("planner", "schemas", "executor", "adapters", "references") for f in (REPO / pkg).rglob("*.py")
+    ):
+        copy = package / source.relative_to(REPO)
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            sys.exit(
+                f"build_bench: --planner {planner}: its installation is not this checkout's code "
+                f"({source.relative_to(REPO)} differs); fix: {python} -m pip install {REPO}"
+            )
 
 
 def _instructions(planner: str) -> int | None:
@@ -303,6 +355,13 @@ def main() -> None:
         help="the `planner` script of another installation (CHECKOUT/.venv/bin/planner, e.g. of commit 2a7a316): "
         "the Quickstart build's whole process against it, alternating",
     )
+    ap.add_argument(
+        "--planner",
+        metavar="PLANNER",
+        help="with --baseline: the `planner` script of this checkout's installation to time (VENV/bin/planner, "
+        "e.g. of `pip install .` into its own venv, as the Quickstart installs; checked to hold this checkout's "
+        "code); default: this interpreter's",
+    )
     ap.add_argument("--quickstart-repeat", type=int, default=20, help="runs of each side with --baseline (default 20)")
     ap.add_argument(
         "--against",
@@ -318,6 +377,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.against and not args.python:
         ap.error("--against needs --python (the b side)")
+    if args.planner and not args.baseline:
+        ap.error("--planner needs --baseline (the side it is timed against)")
     global PYTHON
     PYTHON = args.python or sys.executable
     res: dict = header(device=False)
@@ -378,7 +439,7 @@ def main() -> None:
     CORE = core().name
     res["core"] = core().describe()  # the core of every figure below but cores and work
     if args.baseline:
-        res["quickstart"] = q = _quickstart(args.baseline, args.quickstart_repeat)
+        res["quickstart"] = q = _quickstart(args.baseline, args.quickstart_repeat, args.planner)
         print(
             f"quickstart: {q['wall_s']:.3f} s against {q['baseline_wall_s']:.3f} s "
             f"({q['wall_over_baseline']:.2f}x wall, {q['cpu_over_baseline']:.2f}x CPU)",
