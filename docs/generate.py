@@ -593,9 +593,15 @@ def _quickstart(d: dict) -> str:
         if q.get("instructions_over_baseline")
         else ""
     )
+    # how each side was installed (recorded since 2026-12-02; the runs before were editable installs)
+    kinds = {q.get("install", "editable"), q.get("baseline_install", "editable")}
+    how = {
+        frozenset({"installed"}): "both installed with `pip install .` as the Quickstart installs",
+        frozenset({"editable"}): "editable installs",
+    }.get(frozenset(kinds), f"this one {q.get('install')}, the baseline {q.get('baseline_install')}")
     return (
-        f"The Quickstart build (`{q['command']}`, whole processes, each installation's `planner`, editable"
-        f" installs) against commit `{q['baseline_commit'][:7]}`, run alternately {q['repeat']} times each in"
+        f"The Quickstart build (`{q['command']}`, whole processes, each installation's `planner`, {how})"
+        f" against commit `{q['baseline_commit'][:7]}`, run alternately {q['repeat']} times each in"
         f" the same run: {q['wall_s']:.3f} s against {q['baseline_wall_s']:.3f} s, {q['wall_over_baseline']:.2f}x"
         f" the wall time (target 0.7x), {q['cpu_over_baseline']:.2f}x the CPU time{ir}."
     )

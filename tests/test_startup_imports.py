@@ -62,8 +62,26 @@ QUICKSTART_MODULES = {
 
 #: modules that cost the build's start-up and that it does not use: logging (only a core's
 #: fallback logs), dataclasses (its classes are built at import), difflib (`diff` and
-#: `check`), json (reading JSON inputs), and the libraries of other commands
-NOT_IMPORTED = ("logging", "dataclasses", "difflib", "json", "networkx", "matplotlib", "numpy", "torch")
+#: `check`), json (reading JSON inputs), importlib.metadata (the version is a constant),
+#: importlib.resources (data files are plain files next to the code), tempfile and shutil
+#: (a plan is written through its own temporary name), subprocess, copy, and the libraries
+#: of other commands
+NOT_IMPORTED = (
+    "logging",
+    "dataclasses",
+    "difflib",
+    "json",
+    "importlib.metadata",
+    "importlib.resources",
+    "tempfile",
+    "shutil",
+    "subprocess",
+    "copy",
+    "networkx",
+    "matplotlib",
+    "numpy",
+    "torch",
+)
 
 _PROBE = """
 import sys
