@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -45,9 +46,11 @@ from capture_plan.schemas.files import read_input
 from capture_plan.schemas.keys import parse_step_id
 from capture_plan.schemas.limits import MAX_INT
 from capture_plan.schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
-from capture_plan.schemas.report import DEVICE_ITEMS, CaptureReport
 
 from .resources import data
+
+if TYPE_CHECKING:  # reports are read only with --calibration (read_calibration): their types load then
+    from capture_plan.schemas.report import CaptureReport
 
 __all__ = [
     "Calibration",
@@ -114,6 +117,8 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     Per capture step: the free-memory drop minus the allocator's growth over the
     step is the driver memory its graph took. Needs a report with a device
     view and per-step memory (executor 0.x of revision-2 plans on)."""
+    from capture_plan.schemas.report import DEVICE_ITEMS
+
     view = rep.device_view
     fix = "capture the plan again with this capture-plan's executor and write its report (GraphSet.write_report)"
     if view is None or any(m.free is None or m.allocator_reserved is None for m in rep.steps):

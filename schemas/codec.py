@@ -14,7 +14,7 @@ import re
 import shlex
 import sys
 from pathlib import PurePath
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -22,7 +22,6 @@ from .errors import InputError, WrongKindError
 from .keys import expand_labels, step_id, step_labels
 from .limits import MAX_BS, MAX_DEPTH, MAX_INT
 from .plan import PLAN_VERSION, PhasePlan, Plan, Step, record_command
-from .report import CaptureReport
 from .trace import TRACE_VERSION, Trace
 
 if sys.version_info >= (3, 11):
@@ -30,6 +29,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     # tomli: a dependency on Python 3.10 only; pyright runs in a 3.11+ venv without it
     import tomli as tomllib  # pyright: ignore[reportMissingImports]
+
+if TYPE_CHECKING:  # a report is decoded by decode_report only: its types load there
+    from .report import CaptureReport
 
 __all__ = [
     "canonical_bytes",
@@ -661,4 +663,6 @@ def decode_trace(data: bytes, source: str) -> Trace:
 def decode_report(data: bytes, source: str) -> CaptureReport:
     """Decode a capture report; every number in it is a size, a count or seconds
     (>= 0, the report types' bounds)."""
+    from .report import CaptureReport
+
     return convert(read_document(data, source, "report"), CaptureReport, source, kind="report")
