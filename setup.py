@@ -7,12 +7,23 @@ either is missing (or Cython is: a build without isolation), the build goes
 on without it, saying why in one warning, and the planner runs its
 pure-Python PoolSim instead (planner/allocator.py's ``core()``; `planner
 --version` says which).
+
+The build also parses each data file once (planner/data/*.toml; ``parse_data``): an
+installed planner reads the parsed copy instead of importing tomllib and parsing.
 """
 
+import hashlib
+import json
 import sys
+from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+#: planner/resources.py's PARSED_SUFFIX (this file cannot import the package it builds;
+#: tests/test_wheel.py checks a wheel's copies are read)
+PARSED_SUFFIX = ".parsed.json"
 
 
 def _skip(why: object) -> None:
@@ -54,4 +65,33 @@ else:
         quiet=True,
     )
 
-setup(ext_modules=extensions, cmdclass={"build_ext": OptionalBuildExt})
+
+def parse_data(folder: Path) -> None:
+    """Beside each ``NAME.toml`` in ``folder``, ``NAME.toml`` + PARSED_SUFFIX: the document
+    tomllib parses from it and the SHA-256 of its bytes, as JSON (planner/resources.py's
+    ``parsed_at_install`` reads it where the digest is the file's). None on Python 3.10
+    (no tomllib, and tomli is no build dependency) or for a document JSON cannot hold
+    (TOML dates): the installed planner parses those itself."""
+    try:
+        import tomllib
+    except ImportError:
+        return
+    for toml in sorted(folder.glob("*.toml")):
+        raw = toml.read_bytes()
+        try:
+            text = json.dumps({"sha256": hashlib.sha256(raw).hexdigest(), "data": tomllib.loads(raw.decode())})
+        except (TypeError, ValueError):
+            continue
+        (folder / (toml.name + PARSED_SUFFIX)).write_text(text, encoding="utf-8")
+
+
+class BuildPy(build_py):
+    """build_py, then the data files parsed once (:func:`parse_data`)."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:  # an editable install reads the checkout's files
+            parse_data(Path(self.build_lib) / "capture_plan" / "planner" / "data")
+
+
+setup(ext_modules=extensions, cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPy})

@@ -24,7 +24,6 @@ allocates differently needs a new program builder (code).
 # evaluated with the class, they cost no more than that eval.
 
 import functools
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,11 @@ import msgspec
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.strategy import PhaseSetting
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    # tomli: a dependency on Python 3.10 only; pyright runs in a 3.11+ venv without it
-    import tomli as tomllib  # pyright: ignore[reportMissingImports]
-
 __all__ = [
     "data_bytes",
     "data",
+    "parsed_at_install",
+    "PARSED_SUFFIX",
     "builtin_rules",
     "baseline",
     "backends",
@@ -82,10 +77,46 @@ def data_bytes(name: str) -> bytes:
 
 @functools.cache
 def data(name: str) -> dict[str, Any]:
+    """``planner/data/NAME`` as tomllib parses it: from the copy the package's build parsed
+    (:func:`parsed_at_install`) where it is of these bytes, else parsed here."""
+    raw = data_bytes(name)
+    parsed = parsed_at_install(name, raw)
+    if parsed is not None:
+        return parsed
+    from capture_plan.schemas.codec import toml_parser
+
+    tomllib = toml_parser()
     try:
-        return tomllib.loads(data_bytes(name).decode())
+        return tomllib.loads(raw.decode())
     except tomllib.TOMLDecodeError as err:  # a broken package, not user input
         raise RuntimeError(f"planner/data/{name}: {err}") from None
+
+
+#: the suffix of a data file's parsed copy: setup.py writes ``NAME.toml`` + this, beside it
+PARSED_SUFFIX = ".parsed.json"
+
+
+def parsed_at_install(name: str, raw: bytes) -> dict[str, Any] | None:
+    """``NAME`` as the package's build parsed it, or None.
+
+    A wheel (``pip install .``) holds, beside each data file, the document tomllib
+    parsed from it at build time and the SHA-256 of the bytes it parsed (setup.py's
+    ``parse_data``), as JSON: reading that is a small fraction of importing tomllib and
+    parsing, which were a tenth of the Quickstart build. The copy counts only where its
+    digest is that of ``raw``, the file as it is now: an edited data file, an editable
+    install or a source tree (which have none) are parsed from the TOML, so the data
+    files stay the one source (tests/test_wheel.py checks a wheel's copies against
+    tomllib)."""
+    try:
+        doc = msgspec.json.decode((_DATA / (name + PARSED_SUFFIX)).read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+    import hashlib  # a plan's digest loads it in any build
+
+    if not isinstance(doc, dict) or doc.get("sha256") != hashlib.sha256(raw).hexdigest():
+        return None
+    parsed = doc.get("data")
+    return parsed if isinstance(parsed, dict) else None
 
 
 @functools.cache

@@ -24,12 +24,6 @@ from .limits import MAX_BS, MAX_DEPTH, MAX_INT
 from .plan import PLAN_VERSION, PhasePlan, Plan, Step, record_command
 from .trace import TRACE_VERSION, Trace
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    # tomli: a dependency on Python 3.10 only; pyright runs in a 3.11+ venv without it
-    import tomli as tomllib  # pyright: ignore[reportMissingImports]
-
 if TYPE_CHECKING:  # a report is decoded by decode_report only: its types load there
     from .report import CaptureReport
 
@@ -46,9 +40,22 @@ __all__ = [
     "convert",
     "validate_plan",
     "sniff_kind",
+    "toml_parser",
 ]
 
 T = TypeVar("T")
+
+
+def toml_parser():
+    """tomllib (tomli before Python 3.11), imported by the first TOML read: importing it
+    compiles its patterns, a cost a command that reads no TOML (an installed planner's
+    build reads its data files parsed at install: planner/resources.py) need not pay."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        # tomli: a dependency on Python 3.10 only; pyright runs in a 3.11+ venv without it
+        import tomli as tomllib  # pyright: ignore[reportMissingImports]
+    return tomllib
 
 
 def canonical_bytes(obj: Any) -> bytes:
@@ -331,6 +338,7 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
     if toml is None:
         toml = PurePath(source).suffix.lower() == ".toml"
     if toml:
+        tomllib = toml_parser()
         try:
             raw = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:

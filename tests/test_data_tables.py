@@ -539,3 +539,25 @@ def test_tp_must_divide_a_drafts_own_dimensions(cli, tmp_path):
     code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--tp", "16")
     assert code == 1 and err.count("\n") == 1, err
     assert "--tp (phase 'draft_decode', its own model: $.phases[0].model): tp=16 does not divide heads=24" in err
+
+
+def test_a_data_file_is_read_from_its_parsed_copy_only_where_the_copy_is_of_its_bytes(tmp_path, monkeypatch):
+    """An installed package reads each data file's copy parsed at build time (setup.py),
+    not tomllib's parse; a copy of other bytes (the file edited since) is ignored, and the
+    file is parsed as it is now, so the TOML stays the one source."""
+    import hashlib
+
+    raw = b"answer = 42\n"
+    (tmp_path / "x.toml").write_bytes(raw)
+    copy = tmp_path / ("x.toml" + resources.PARSED_SUFFIX)
+    monkeypatch.setattr(resources, "_DATA", tmp_path)
+    read = resources.data.__wrapped__  # not the process's cache of the real files
+    assert read("x.toml") == {"answer": 42}  # no copy: parsed here
+    # a copy of these bytes is read as it is (a different value shows it was the copy)
+    copy.write_text(json.dumps({"sha256": hashlib.sha256(raw).hexdigest(), "data": {"answer": 43}}))
+    assert read("x.toml") == {"answer": 43}
+    # the file edited after the build: its copy is of other bytes, and ignored
+    (tmp_path / "x.toml").write_bytes(b"answer = 44\n")
+    assert read("x.toml") == {"answer": 44}
+    copy.write_text("not json")  # a broken copy is no copy
+    assert read("x.toml") == {"answer": 44}

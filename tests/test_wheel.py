@@ -12,10 +12,14 @@ import sys
 import venv
 from pathlib import Path
 
+import tomllib
+
+from capture_plan.planner import resources
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_wheel_installs_one_top_level_package(tmp_path):
+def test_the_wheel_installs_one_top_level_package(tmp_path, monkeypatch):
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
@@ -67,3 +71,13 @@ def test_the_wheel_installs_one_top_level_package(tmp_path):
     ]
     executor = sorted(ln.split()[1].split(";")[0].split(">")[0] for ln in requires if 'extra == "executor"' in ln)
     assert executor == ["numpy", "torch", "tqdm"], requires
+    # each data file parsed at build time (setup.py): the copy the installed planner reads
+    # is tomllib's parse of the file beside it (planner/resources.py's parsed_at_install)
+    data = pkg / "planner" / "data"
+    tomls = sorted(data.glob("*.toml"))
+    assert tomls and sorted(p.name for p in data.glob("*" + resources.PARSED_SUFFIX)) == [
+        p.name + resources.PARSED_SUFFIX for p in tomls
+    ]
+    monkeypatch.setattr(resources, "_DATA", data)
+    for toml in tomls:
+        assert resources.parsed_at_install(toml.name, toml.read_bytes()) == tomllib.loads(toml.read_text()), toml.name
