@@ -551,7 +551,7 @@ _CORES_ROWS = [
 
 
 #: the allocator cores side by side, and the Quickstart build against commit 2a7a316 (issue 31)
-BUILD_CORES = "build-2026-12-02-startup.json"
+BUILD_CORES = "build-2026-12-02-quickstart.json"
 
 
 def build_cores() -> list[str]:
