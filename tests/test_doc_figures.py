@@ -89,7 +89,7 @@ def test_no_hand_written_figure_beside_a_result(page):
 def test_a_changed_json_changes_the_quoted_figure(tmp_path, monkeypatch):
     results = tmp_path / "results"
     shutil.copytree(ROOT / "bench/results", results)
-    name = "capture-2026-11-29-32l.json"
+    name = gen.CAPTURE
     data = json.loads((results / name).read_text())
     data["sglang"]["pool_mib"] = 3000.0
     data["git_commit"], data["git_dirty"], data["git_diff_sha256"] = "ab" * 20, True, "cd" * 32
@@ -125,7 +125,7 @@ def test_a_figure_row_whose_path_the_file_lacks_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(gen.FIGURES, row.name, gen.Figure((row.file,), gen._path_render(row)))
     with pytest.raises(
         SystemExit,
-        match=r"figure nope-row: bench/results/capture-2026-11-29-32l.json has no "
+        match=rf"figure nope-row: bench/results/{re.escape(gen.CAPTURE)} has no "
         r"'executor/no_such_key' \(executor has no key 'no_such_key'\); fix: point the row of PATH_FIGURES",
     ):
         gen.render_figures("<!-- fig: nope-row -->1<!-- /fig -->", "docs/x.md")
