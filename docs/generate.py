@@ -483,12 +483,13 @@ def planner_output(*args: str) -> str:
     user would); exit 1 naming the command where it fails."""
     import subprocess
 
-    cmd = [sys.executable, "-c", "from capture_plan.planner.cli import main; main()", *args]
+    cmd = [sys.executable, "-c", "import sys; from capture_plan.planner.cli import main; sys.exit(main())", *args]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SystemExit(
-            f"docs/generate.py: `planner {' '.join(args)}` exited {done.returncode}: "
-            f"{done.stderr.strip().splitlines()[-1:] or ['(no output)']}; fix: run it from the checkout's root"
+            f"docs/generate.py: `planner {' '.join(args)}` exited {done.returncode}: {last}; fix: run that command"
+            " from the checkout's root with the package installed (pip install -e .) and mend what it says"
         )
     return done.stdout
 
@@ -509,6 +510,11 @@ def replay_times() -> list[str]:
     header = ["model", "graphs timed", *(f"size {n} ms" for n in _TIMED_SIZES), "min-max ms"]
     out = planner_output(*SIZES_TIMED_ARGS)
     chosen = [line.strip() for line in out.splitlines() if line.strip().startswith(("chosen:", "against "))]
+    if not chosen:
+        raise SystemExit(
+            f"docs/generate.py: `planner {' '.join(SIZES_TIMED_ARGS)}` printed no 'chosen:' line; fix: make"
+            " replay_times in docs/generate.py read the lines the command prints now"
+        )
     return [
         *_table(header, rows),
         _source(TIMING, d),

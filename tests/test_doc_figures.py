@@ -170,3 +170,19 @@ def test_a_figure_row_that_does_not_fit_its_file_is_one_located_line(monkeypatch
 def test_single_value_figures_are_path_rows():
     rows = {f.name for f in gen.PATH_FIGURES}
     assert {"moe-predicted", "build-ns-per-op"} <= rows
+
+
+def test_a_planner_command_the_docs_run_that_fails_is_one_clear_error():
+    with pytest.raises(SystemExit) as err:
+        gen.planner_output("sizes", "-b", "fa3", "--ci", "--traffic", "no-such-traffic.csv")
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("docs/generate.py: `planner sizes -b fa3 --ci --traffic no-such-traffic.csv` exited 1: ")
+    assert "no-such-traffic.csv: cannot read traffic" in line and "; fix: run that command" in line
+
+
+def test_the_replay_times_table_quotes_the_commands_choice():
+    out = gen.planner_output(*gen.SIZES_TIMED_ARGS)
+    table = "\n".join(gen.replay_times())
+    chosen = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(("chosen:", "against SGLang default"))]
+    assert len(chosen) == 2 and all(ln in table for ln in chosen)
