@@ -115,7 +115,7 @@ def _schedule(label: str, run: dict, bold: bool = False) -> list[str]:
 
 
 def capture() -> list[str]:
-    name = "capture-2026-11-29-32l.json"
+    name = CAPTURE
     d = _load(name)
     e = d["executor"]
     rows = [
@@ -249,9 +249,15 @@ def models() -> list[str]:
     return [*_table(header, rows), _source(name, d) + f" transformers {d['transformers']}."]
 
 
+#: the engines' loop mode's last run (not re-measured since): its drops for the reference and EAGLE
+LOOP_RUN = "device-2026-12-01.json"
+
+
 def device() -> list[str]:
-    name = "device-2026-12-01.json"
-    d = _load(name)
+    """The executor's device items from the last start-up run's ``executor`` mode, beside the
+    engines' loop's drop from :data:`LOOP_RUN`, the one run that measured it."""
+    name = STARTUP_RUN
+    d, loops = _load(name), _load(LOOP_RUN)
     rows = []
     for case, plan in (("reference", "fa3-ci"), ("eagle", "fa3-eagle-ci")):
         c = d["cases"][case]
@@ -266,18 +272,11 @@ def device() -> list[str]:
                 f"{plan} ({c['captures']} graphs)",
                 _mib(e["pool_mib"]),
                 f"{_mib(e['drop_mib'])} ({parts})",
-                _mib(c["loop"]["drop_mib"]),
-                _mib(c["vllm"]["estimate_mib"]),
+                _mib(loops["cases"][case]["loop"]["drop_mib"]),
             ]
         )
-    header = [
-        "plan",
-        "pool MiB",
-        "free-memory drop MiB, executor",
-        "engines' loop drop",
-        "two-largest-sizes extrapolation (not vLLM's method)",
-    ]
-    return [*_table(header, rows), _source(name, d)]
+    header = ["plan", "pool MiB", "free-memory drop MiB, executor", "engines' loop drop MiB (its own run)"]
+    return [*_table(header, rows), _source(name, d) + _also("The engines' loop", LOOP_RUN)]
 
 
 _STARTUP = {
@@ -289,21 +288,23 @@ _STARTUP = {
     "qwen2_moe": "Qwen2-MoE (MoE)",
     "eagle": "EAGLE, four phases",
 }
-#: the start-up prediction's last run (startup and executor modes, every case), and the run
-#: that measured the bench's earlier "vllm" mode on the same cases: each phase's two largest
-#: sizes in a fresh pool, ``first + (n - 1) * second`` (not vLLM 0.33's method: docs/measurements.md)
-STARTUP_RUNS = ("device-2026-12-01-startup-final.json", "device-2026-12-01-startup-all.json")
+#: the start-up prediction's last run: startup, executor and startup-cached modes, every case
+#: (it replaced device-2026-12-01-startup-final.json and device-2026-12-01-startup-cached.json)
+STARTUP_RUN = "device-2026-12-02-startup.json"
+#: the run that measured the bench's earlier "vllm" mode on the same cases: each phase's two
+#: largest sizes in a fresh pool, ``first + (n - 1) * second`` (not vLLM 0.33's method, which
+#: :data:`ENGINES` measured: docs/measurements.md)
+EXTRAPOLATION = "device-2026-12-01-startup-all.json"
 #: the same cases at the start of that session (EAGLE's draft phases recorded at every size)
 STARTUP_BEFORE = "device-2026-12-01-startup-timed.json"
 
 
 def startup_prediction() -> list[str]:
-    last, vllm_run = (_load(n) for n in STARTUP_RUNS)
+    last = _load(STARTUP_RUN)
     rows = []
     for case, label in _STARTUP.items():
         c = last["cases"][case]
         s, ex = c["startup"], c["executor"]
-        v = vllm_run["cases"][case]["vllm"]
         at_peak = s["slack_mib"] - (s["measured_peak_mib"] - s["measured_drop_mib"])
         after = s["measured_drop_mib"] + s["final_error_mib"]
         rows.append(
@@ -314,7 +315,6 @@ def startup_prediction() -> list[str]:
                 f"{_mib(s['predicted_total_mib'])} / {_mib(ex['drop_mib'])}",
                 s["steps_within_1pct_or_2mib"],
                 f"{at_peak:+.0f}",
-                f"{_mib(v['estimate_mib'])} ({_pct(v['error'], 0)}, {v['seconds']:.2f} s)",
                 f"{_pct(ex['analytic_error'], 0)}",
             ]
         )
@@ -325,31 +325,18 @@ def startup_prediction() -> list[str]:
         "whole capture, fresh process MiB: predicted / executor's drop",
         "steps within 1% or 2 MiB",
         "KV slack at the peak MiB",
-        "two-largest-sizes extrapolation MiB (error, time; not vLLM's method)",
         "analytic pool error",
     ]
-    return [
-        *_table(header, rows),
-        _source(STARTUP_RUNS[0], last) + _also("The two-largest-sizes extrapolation", STARTUP_RUNS[1]),
-    ]
+    return [*_table(header, rows), _source(STARTUP_RUN, last)]
 
 
 #: a first start-up (records, writes the calibration) and a later one (reads it), each in a
 #: fresh process, every case
-STARTUP_CACHED = "device-2026-12-01-startup-cached.json"
-
-
-#: the same run again at the calibration cache's final form (3c73504 and 2bccd80 on top of the
-#: first run); it stopped at its time limit before Qwen2-MoE's later start-up and EAGLE
-STARTUP_CACHED_RERUN = "device-2026-12-01-startup-cached-2.json"
+STARTUP_CACHED = STARTUP_RUN
 
 
 def startup_cached() -> list[str]:
     return _startup_cached(STARTUP_CACHED)
-
-
-def startup_cached_rerun() -> list[str]:
-    return _startup_cached(STARTUP_CACHED_RERUN)
 
 
 def _predict_share(run: dict) -> str:
@@ -394,7 +381,7 @@ def _startup_cached(name: str) -> list[str]:
 
 
 def startup_time() -> list[str]:
-    last, before = _load(STARTUP_RUNS[0]), _load(STARTUP_BEFORE)
+    last, before = _load(STARTUP_RUN), _load(STARTUP_BEFORE)
     rows = []
     for case, label in _STARTUP.items():
         c = last["cases"][case]
@@ -425,7 +412,119 @@ def startup_time() -> list[str]:
     ]
     return [
         *_table(header, rows),
-        _source(STARTUP_RUNS[0], last) + _also("Before", STARTUP_BEFORE),
+        _source(STARTUP_RUN, last) + _also("Before", STARTUP_BEFORE),
+    ]
+
+
+#: the engines' own estimators on the start-up cases: vLLM 0.33.0's profile_cudagraph_memory
+#: against vLLM-style capture of the same graphs, and SGLang 0.5.23's reserve (its "timing"
+#: rows failed, a bug fixed after: TIMING measured replay times instead)
+ENGINES = "device-2026-12-02-engines.json"
+
+
+def engines() -> list[str]:
+    """Each engine's estimate beside what it is for: vLLM's against its own capture of the
+    graphs it estimated (vLLM's 51 default sizes); SGLang's reserve and capture-plan's
+    prediction against the capture of the case's plan (SGLang's 36 decode sizes), from
+    :data:`STARTUP_RUN`."""
+    d, run = _load(ENGINES), _load(STARTUP_RUN)
+    rows = []
+    for case, label in _STARTUP.items():
+        v, g = d["cases"][case]["vllm"], d["cases"][case]["sglang"]
+        s, ex = run["cases"][case]["startup"], run["cases"][case]["executor"]
+        first, second = v["samples_mib"]
+        plan_error = (s["predicted_total_mib"] - ex["drop_mib"]) / ex["drop_mib"]
+        rows.append(
+            [
+                label,
+                str(v["graphs"]),
+                f"{_mib(v['estimate_mib'])} / {_mib(v['vllm_capture_drop_mib'])} ({_pct(v['error'], 0)})",
+                f"{first:+,.0f}, {second:+,.0f}",
+                f"{v['seconds']:.2f}",
+                f"{_mib(g['reserve_mib'])} ({_mib(g['decode_term_mib'])})",
+                f"{_mib(s['predicted_total_mib'])} / {_mib(ex['drop_mib'])} ({_pct(plan_error, 1)})",
+                f"{_mib(s['pending_mib'])} / {_mib(s['measured_peak_mib'])}",
+            ]
+        )
+    header = [
+        "model",
+        "vLLM graphs",
+        "vLLM 0.33 estimate / vLLM-style capture's drop MiB (error)",
+        "vLLM's FULL samples MiB (largest, second)",
+        "vLLM estimate s",
+        "SGLang 0.5.23 reserve MiB (its decode-graph term)",
+        "capture-plan: whole capture predicted / executor's drop MiB (error)",
+        "capture-plan: peak predicted / taken MiB",
+    ]
+    return [*_table(header, rows), _source(ENGINES, d) + _also("capture-plan's figures", STARTUP_RUN)]
+
+
+#: replay time per graph (median of 20 after 3 untimed) for three cases, and the timed reports
+#: that run wrote beside it (report-CASE-timed-2026-12-02.json)
+TIMING = "device-2026-12-02-timing.json"
+TIMED_REPORT = "report-reference-timed-2026-12-02.json"
+#: the sizes the replay-times table shows
+_TIMED_SIZES = (1, 8, 64, 256)
+#: ``planner sizes`` on the reference's measured replay times (the traffic of the README's front)
+SIZES_TIMED_ARGS = (
+    "sizes",
+    "-b",
+    "fa3",
+    "--ci",
+    "--traffic",
+    "tests/data/traffic-skewed.csv",
+    "--timing",
+    f"bench/results/{TIMED_REPORT}",
+)
+
+
+def planner_output(*args: str) -> str:
+    """What ``planner ARGS`` prints, run from the checkout's root in a fresh process (as a
+    user would); exit 1 naming the command where it fails."""
+    import subprocess
+
+    cmd = [sys.executable, "-c", "import sys; from capture_plan.planner.cli import main; sys.exit(main())", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(
+            f"docs/generate.py: `planner {' '.join(args)}` exited {done.returncode}: {last}; fix: run that command"
+            " from the checkout's root with the package installed (pip install -e .) and mend what it says"
+        )
+    return done.stdout
+
+
+def replay_times() -> list[str]:
+    d = _load(TIMING)
+    rows = []
+    for case in ("reference", "llama", "qwen2"):
+        ms = {int(k.rsplit("/", 1)[1]): v for k, v in d["cases"][case]["timing"]["replay_ms"].items()}
+        rows.append(
+            [
+                _STARTUP[case],
+                str(len(ms)),
+                *(f"{ms[n]:.2f}" for n in _TIMED_SIZES),
+                f"{min(ms.values()):.2f}-{max(ms.values()):.2f}",
+            ]
+        )
+    header = ["model", "graphs timed", *(f"size {n} ms" for n in _TIMED_SIZES), "min-max ms"]
+    out = planner_output(*SIZES_TIMED_ARGS)
+    chosen = [line.strip() for line in out.splitlines() if line.strip().startswith(("chosen:", "against "))]
+    if not chosen:
+        raise SystemExit(
+            f"docs/generate.py: `planner {' '.join(SIZES_TIMED_ARGS)}` printed no 'chosen:' line; fix: make"
+            " replay_times in docs/generate.py read the lines the command prints now"
+        )
+    return [
+        *_table(header, rows),
+        _source(TIMING, d),
+        "",
+        f"`planner {' '.join(SIZES_TIMED_ARGS)}` (the timed capture report that run wrote for the reference;"
+        " step times interpolated between its measured sizes), its choice against the engines' defaults:",
+        "",
+        "```text",
+        *chosen,
+        "```",
     ]
 
 
@@ -751,7 +850,6 @@ TABLES = {
     "startup-prediction": startup_prediction,
     "startup-time": startup_time,
     "startup-cached": startup_cached,
-    "startup-cached-rerun": startup_cached_rerun,
     "trace-build": trace_build,
     "adoption": adoption,
     "build": build,
@@ -760,6 +858,8 @@ TABLES = {
     "startup": startup,
     "background": background,
     "sglang-reserve": sglang_reserve,
+    "engines": engines,
+    "replay-times": replay_times,
     "hooks": hooks,
 }
 
@@ -821,7 +921,10 @@ def source_figure(name: str) -> str:
     return f"`bench/results/{name}`" + (f", {known}" if known else "")
 
 
-CAPTURE = "capture-2026-11-29-32l.json"
+#: the capture bench's last run (it replaced capture-2026-11-29-32l.json; report-fa3-ci.json is its report)
+CAPTURE = "capture-2026-12-02-32l.json"
+#: the capture bench's run before it, kept for the capture times' spread between runs
+CAPTURE_BEFORE = "capture-2026-11-29-32l.json"
 COLD = "cold-stream-2026-11-29.json"
 SPECULATIVE = "speculative-2026-11-29-32l.json"
 SPECULATIVE_TIMING = "speculative-2026-11-29-32l-timing.json"
@@ -875,6 +978,12 @@ PATH_FIGURES: tuple[PathFigure, ...] = (
         "",
         "the loop took {sglang[capture_s]:.2f} s, the executor {executor[capture_s]:.2f} s",
     ),
+    PathFigure(
+        "capture-times-before",
+        CAPTURE_BEFORE,
+        "",
+        "{sglang[capture_s]:.2f} s and {executor[capture_s]:.2f} s",
+    ),
     PathFigure("cold-workspace", COLD, "cold_stream/persistent_blocks/0", "{:,.0f} MiB", MiB),
     PathFigure("cold-pools", COLD, "", "{warm_stream[pool_mib]:,.0f} → {cold_stream[pool_mib]:,.0f} MiB"),
     PathFigure(
@@ -910,7 +1019,7 @@ PATH_FIGURES: tuple[PathFigure, ...] = (
         "{wall_over_baseline:.2f}x the wall time ({cpu_over_baseline:.2f}x the CPU time)",
     ),
     PathFigure("build-ns-per-op", BUILD_WORK, "work/ns_per_op", "{:.1f} µs", 1000),
-    PathFigure("eagle-build-s", "device-2026-12-01-startup-final.json", "cases/eagle/build_s", "{:.2f} s"),
+    PathFigure("eagle-build-s", STARTUP_RUN, "cases/eagle/build_s", "{:.2f} s"),
     PathFigure("moe-predicted", MODELS, "archs/qwen2_moe/executor/predicted_mib", "{:.1f} MiB"),
 )
 
@@ -1059,7 +1168,7 @@ def _build_programs(*runs: dict) -> str:
     )
 
 
-@figure("prediction-misses", "device-2026-12-01-startup-final.json")
+@figure("prediction-misses", STARTUP_RUN)
 def _prediction_misses(d: dict) -> str:
     off = {k: c["startup"]["final_error_mib"] for k, c in d["cases"].items()}
     low = {k: -v for k, v in off.items() if v < 0}
@@ -1080,7 +1189,7 @@ def _prediction_misses(d: dict) -> str:
     )
 
 
-@figure("eagle-predict", "device-2026-12-01-startup-final.json", STARTUP_BEFORE, "device-2026-12-01-startup-eagle.json")
+@figure("eagle-predict", STARTUP_RUN, STARTUP_BEFORE, "device-2026-12-01-startup-eagle.json")
 def _eagle_predict(final: dict, before: dict, session: dict) -> str:
     s = [r["cases"]["eagle"]["startup"]["predict_s"] for r in (final, before, session)]
     return f"{s[0]:.1f} s against {s[1]:.1f} s before (its 51-size draft phases recorded whole) and {s[2]:.1f} s"
@@ -1097,14 +1206,19 @@ def _earlier_startup(d: dict) -> str:
     )
 
 
-FINAL = STARTUP_RUNS[0]
-#: three runs of the same start-up cases (the capture times' spread between runs)
-STARTUP_THREE = ("device-2026-12-01-startup-timed.json", FINAL, "device-2026-12-01-startup-spare.json")
+#: four runs of the same start-up cases, three of 2026-12-01 and the last (the capture times'
+#: spread between runs)
+STARTUP_SPREAD = (
+    "device-2026-12-01-startup-timed.json",
+    "device-2026-12-01-startup-final.json",
+    "device-2026-12-01-startup-spare.json",
+    STARTUP_RUN,
+)
 TRACE_BUILDS = ("trace-build-2026-12-01-before-refold.json", "trace-build-2026-12-01-refold.json")
 _TRANSFORMERS = ("llama", "gemma2", "qwen2", "mixtral")
 
 
-@figure("analytic-config-error", FINAL)
+@figure("analytic-config-error", STARTUP_RUN)
 def _analytic_config_error(d: dict) -> str:
     errs = {k: c["executor"]["analytic_error"] for k, c in d["cases"].items()}
     hf = [errs[k] * 100 for k in _TRANSFORMERS]
@@ -1118,13 +1232,13 @@ def _decode(d: dict) -> list[dict]:
     return [c for k, c in d["cases"].items() if k != "eagle"]
 
 
-@figure("predict-fresh", FINAL)
+@figure("predict-fresh", STARTUP_RUN)
 def _predict_fresh(d: dict) -> str:
     shares = [c["startup"]["predict_s"] / c["executor"]["capture_s"] * 100 for c in _decode(d)]
     return f"{_span(shares, '.0f', '% to ')}% of the `executor` mode's capture in a fresh process"
 
 
-@figure("predict-floor", FINAL)
+@figure("predict-floor", STARTUP_RUN)
 def _predict_floor(d: dict) -> str:
     cases = _decode(d)
     parts = [c["startup"]["predict_parts_s"] for c in cases]
@@ -1135,7 +1249,7 @@ def _predict_floor(d: dict) -> str:
     )
 
 
-@figure("capture-spread", *STARTUP_THREE)
+@figure("capture-spread", *STARTUP_SPREAD)
 def _capture_spread(*runs: dict) -> str:
     spread = {}
     for k in runs[0]["cases"]:
@@ -1192,7 +1306,16 @@ def _trace_build_spread(*runs: dict) -> str:
     )
 
 
-@figure("startup-steps", STARTUP_RUNS[0])
+@figure("schedule-build-s", STARTUP_RUN)
+def _schedule_build_s(d: dict) -> str:
+    decode = [c["build_s"] for k, c in d["cases"].items() if k != "eagle"]
+    return (
+        f"{_span(decode, '.2f', ' to ')} s for a decode plan, {d['cases']['eagle']['build_s']:.2f} s for EAGLE's"
+        " four phases"
+    )
+
+
+@figure("startup-steps", STARTUP_RUN)
 def _startup_steps(d: dict) -> str:
     rows = [c["startup"]["steps_within_1pct_or_2mib"].split("/") for c in d["cases"].values()]
     full = sum(a == b for a, b in rows)
@@ -1200,7 +1323,7 @@ def _startup_steps(d: dict) -> str:
     return f"within 1% or 2 MiB of the prediction {every}"
 
 
-@figure("extrapolation-error", STARTUP_RUNS[1])
+@figure("extrapolation-error", EXTRAPOLATION)
 def _extrapolation_error(d: dict) -> str:
     errors = [c["vllm"]["error"] for c in d["cases"].values()]
     return f"{min(errors) * 100:+,.0f}% to {max(errors) * 100:+,.0f}%"
@@ -1212,7 +1335,7 @@ def _share(d: dict, eagle: bool) -> list[float]:
     ]
 
 
-@figure("startup-share-decode", STARTUP_RUNS[0])
+@figure("startup-share-decode", STARTUP_RUN)
 def _startup_share_decode(d: dict) -> str:
     return _span([x * 100 for x in _share(d, False)], ".0f") + "%"
 
@@ -1222,7 +1345,7 @@ def _eagle_share(d: dict) -> str:
 
 
 # EAGLE's prediction over its capture, in the last run and at the session's start
-for _name, _file in (("startup-share-eagle", STARTUP_RUNS[0]), ("startup-share-eagle-before", STARTUP_BEFORE)):
+for _name, _file in (("startup-share-eagle", STARTUP_RUN), ("startup-share-eagle-before", STARTUP_BEFORE)):
     FIGURES[_name] = Figure((_file,), _eagle_share)
 
 
@@ -1244,7 +1367,8 @@ def _cached_peak(d: dict) -> str:
         k: c["startup-cached"]["pending_mib"] - c["startup-cached"]["measured_peak_mib"] for k, c in d["cases"].items()
     }
     within = [k for k, v in off.items() if round(abs(v)) <= 2]  # whole MiB, as the table shows
-    parts = [f"within 2 MiB for {_word(len(within))} of the {_word(len(off))} models"]
+    share = "all" if len(within) == len(off) else f"{_word(len(within))} of the"
+    parts = [f"within 2 MiB for {share} {_word(len(off))} models"]
     for side, sign in (("low", -1), ("high", 1)):
         miss = [k for k, v in off.items() if round(abs(v)) > 2 and v * sign > 0]
         if miss:
@@ -1253,19 +1377,6 @@ def _cached_peak(d: dict) -> str:
                 f"{'' if len(miss) == 1 else 'up to '}{worst:.0f} MiB {side} for {_and([_SHORT[k] for k in miss])}"
             )
     return " and ".join(parts)
-
-
-@figure("cached2-peak", "device-2026-12-01-startup-cached-2.json", STARTUP_CACHED)
-def _cached2_peak(d: dict, first: dict) -> str:
-    """The re-run of the cached start-up: within 2 MiB where, confirm_startup, what it did not reach."""
-    later = {k: c["startup-cached"] for k, c in d["cases"].items() if "startup-cached" in c}
-    within = [k for k, s in later.items() if round(abs(s["pending_mib"] - s["measured_peak_mib"])) <= 2]
-    held = sum(bool(s.get("confirm_ok")) for s in later.values())
-    gone = [_SHORT[k] for k in first["cases"] if k not in later]
-    share = "all" if len(within) == len(later) else f"{_word(len(within))} of the"
-    text = f"within 2 MiB for {share} {_word(len(later))} models the run reached"
-    text += ", and `confirm_startup` held for each" if held == len(later) else f"; `confirm_startup` held for {held}"
-    return text + (f" ({_and(gone)} not re-measured)" if gone else "")
 
 
 def _between(steps: list, name: str) -> tuple[list[float], list[float], int]:
@@ -1293,6 +1404,22 @@ def _cached_between(d: dict) -> str:
     )
 
 
+@figure("cached-misses", STARTUP_CACHED)
+def _cached_misses(d: dict) -> str:
+    """The later start-up's steps outside 1% or 2 MiB: how many, on which side, by how much."""
+    off = {
+        k: [p - m for _, p, m, *_ in c["startup-cached"]["steps"] if abs(p - m) > max(2, 0.01 * m)]
+        for k, c in d["cases"].items()
+    }
+    misses = [x for v in off.values() for x in v]
+    if not misses:
+        return "no step outside 1% or 2 MiB"
+    side = "all predicted high" if min(misses) > 0 else ("all predicted low" if max(misses) < 0 else "off both ways")
+    where = _and([f"{_SHORT[k]} {len(v)}" for k, v in off.items() if v])
+    by = _span([abs(x) for x in misses], ".0f")
+    return f"{len(misses)} steps outside 1% or 2 MiB ({where}) were {side}, by {by} MiB"
+
+
 @figure("timed-steps", STARTUP_BEFORE)
 def _timed_steps(d: dict) -> str:
     rows = {k: c["startup"] for k, c in d["cases"].items()}
@@ -1312,6 +1439,34 @@ def _timed_steps(d: dict) -> str:
             f"{_SHORT[k]}: {s['steps_within_1pct_or_2mib']} steps within, the others up to {max(miss):.0f} MiB {side}"
         )
     return f"{_word(len(full))} of {_word(len(rows))} models within 1% or 2 MiB at every step; " + "; ".join(parts)
+
+
+@figure("vllm-estimate-error", ENGINES)
+def _vllm_estimate_error(d: dict) -> str:
+    errors = [c["vllm"]["error"] for c in d["cases"].values()]
+    return f"{min(errors) * 100:+.0f}% to {max(errors) * 100:+.0f}%"
+
+
+@figure("vllm-second-sample", ENGINES)
+def _vllm_second_sample(d: dict) -> str:
+    second = [c["vllm"]["samples_mib"][1] for c in d["cases"].values()]
+    negative = [x for x in second if x < 0]
+    every = "every model" if len(negative) == len(second) else f"{_word(len(negative))} of the {_word(len(second))}"
+    return f"negative for {every} ({_span(negative, ',.0f', ' to ')} MiB)"
+
+
+@figure("sglang-reserve-span", ENGINES, STARTUP_RUN)
+def _sglang_reserve_span(d: dict, run: dict) -> str:
+    reserve = sorted({c["sglang"]["reserve_mib"] for c in d["cases"].values()})
+    drops = [c["executor"]["drop_mib"] for c in run["cases"].values()]
+    same = f"{_mib(reserve[0])} MiB for every model" if len(reserve) == 1 else f"{_span(reserve, ',.0f', ' to ')} MiB"
+    return f"{same}, against captures that took {_span(drops, ',.0f', ' to ')} MiB"
+
+
+@figure("plan-total-error", STARTUP_RUN)
+def _plan_total_error(d: dict) -> str:
+    off = [abs(c["startup"]["predicted_total_mib"] - c["executor"]["drop_mib"]) for c in d["cases"].values()]
+    return f"within {max(off):.0f} MiB of the executor's drop for every model"
 
 
 STARTUP_GC = "startup-2026-11-29-32l.json"

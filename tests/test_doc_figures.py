@@ -89,7 +89,7 @@ def test_no_hand_written_figure_beside_a_result(page):
 def test_a_changed_json_changes_the_quoted_figure(tmp_path, monkeypatch):
     results = tmp_path / "results"
     shutil.copytree(ROOT / "bench/results", results)
-    name = "capture-2026-11-29-32l.json"
+    name = gen.CAPTURE
     data = json.loads((results / name).read_text())
     data["sglang"]["pool_mib"] = 3000.0
     data["git_commit"], data["git_dirty"], data["git_diff_sha256"] = "ab" * 20, True, "cd" * 32
@@ -125,7 +125,7 @@ def test_a_figure_row_whose_path_the_file_lacks_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(gen.FIGURES, row.name, gen.Figure((row.file,), gen._path_render(row)))
     with pytest.raises(
         SystemExit,
-        match=r"figure nope-row: bench/results/capture-2026-11-29-32l.json has no "
+        match=rf"figure nope-row: bench/results/{re.escape(gen.CAPTURE)} has no "
         r"'executor/no_such_key' \(executor has no key 'no_such_key'\); fix: point the row of PATH_FIGURES",
     ):
         gen.render_figures("<!-- fig: nope-row -->1<!-- /fig -->", "docs/x.md")
@@ -170,3 +170,19 @@ def test_a_figure_row_that_does_not_fit_its_file_is_one_located_line(monkeypatch
 def test_single_value_figures_are_path_rows():
     rows = {f.name for f in gen.PATH_FIGURES}
     assert {"moe-predicted", "build-ns-per-op"} <= rows
+
+
+def test_a_planner_command_the_docs_run_that_fails_is_one_clear_error():
+    with pytest.raises(SystemExit) as err:
+        gen.planner_output("sizes", "-b", "fa3", "--ci", "--traffic", "no-such-traffic.csv")
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("docs/generate.py: `planner sizes -b fa3 --ci --traffic no-such-traffic.csv` exited 1: ")
+    assert "no-such-traffic.csv: cannot read traffic" in line and "; fix: run that command" in line
+
+
+def test_the_replay_times_table_quotes_the_commands_choice():
+    out = gen.planner_output(*gen.SIZES_TIMED_ARGS)
+    table = "\n".join(gen.replay_times())
+    chosen = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(("chosen:", "against SGLang default"))]
+    assert len(chosen) == 2 and all(ln in table for ln in chosen)

@@ -122,14 +122,14 @@ def test_a_changed_benchmark_json_changes_its_table(tmp_path, monkeypatch):
     gen = _generator()
     results = tmp_path / "results"
     shutil.copytree(ROOT / "bench/results", results)
-    data = json.loads((results / "capture-2026-11-29-32l.json").read_text())
+    data = json.loads((results / gen.CAPTURE).read_text())
     data["sglang"]["pool_mib"] = 2123.0
-    (results / "capture-2026-11-29-32l.json").write_text(json.dumps(data))
+    (results / gen.CAPTURE).write_text(json.dumps(data))
     monkeypatch.setattr(gen, "RESULTS", results)
     page = (ROOT / "docs/measurements.md").read_text()
     rendered = gen.render_tables(page, "docs/measurements.md")
     assert rendered != page
-    assert "| 2,123 | 4.00 | 36/36 |" in rendered
+    assert f"| 2,123 | {data['sglang']['capture_s']:.2f} | 36/36 |" in rendered
 
 
 def test_an_unknown_table_name_is_one_clear_error():
