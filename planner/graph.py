@@ -26,7 +26,7 @@ from capture_plan.schemas.spec import Phase
 
 from .keys import key_sequence, twin_phases, with_twin
 
-__all__ = ["step_id", "phase_sequence", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
+__all__ = ["step_id", "phase_sequence", "fixed_by_spec", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
 
 
 #: a node: any hashable (the planner's are step ids and phase names)
@@ -154,6 +154,35 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | No
         _raise_cycle(g, "phases", locate)
     of = {parent: twin for twin, parent in twins.items()}
     return [n for name in order for n in (name, of.get(name)) if n is not None]
+
+
+def fixed_by_spec(phases: list[Phase], sequence: list[str]) -> list[str]:
+    """Which consecutive pairs of :func:`phase_sequence`'s ``sequence`` the spec orders
+    itself, each as text (``"full_decode after piecewise"``, ``"t twin of p"``): the later
+    phase is ``after`` the earlier one, directly or through other phases' ``after``, or
+    is its micro-batch twin. The other pairs are ordered by pool weight (a choice)."""
+    twins = twin_phases(phases)
+    group = {p.name: twins.get(p.name, p.name) for p in phases}
+    before: dict[str, set[str]] = {}
+    for p in phases:
+        before.setdefault(group[p.name], set()).update(group[d] for d in p.after)
+
+    def ancestors(name: str) -> set[str]:
+        seen, todo = set(), [name]
+        while todo:
+            for dep in before.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    out = []
+    for a, b in zip(sequence, sequence[1:]):
+        if twins.get(b) == a:
+            out.append(f"{b} twin of {a}")
+        elif group[a] != group[b] and group[a] in ancestors(group[b]):
+            out.append(f"{b} after {a}")
+    return out
 
 
 class StepGraph:

@@ -62,7 +62,7 @@ from .build_options import (
 from .device import Calibration, device_prediction, pools_after
 from .dimensions import MOE, model_used, preset_sources
 from .fidelity import fidelity
-from .graph import StepGraph, build_steps, capture_order, check_acyclic, phase_sequence
+from .graph import StepGraph, build_steps, capture_order, check_acyclic, fixed_by_spec, phase_sequence
 from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, resolve_keys, uses_keys
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
 from .rules import Context, check_spec_rules, phase_rules, rule_text, satisfies
@@ -318,13 +318,27 @@ def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> No
 
 
 def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]) -> Decision:
+    """The phase order and why: by pool weight where the spec leaves a choice, and what the
+    spec fixes itself (``after``, ``twin_of``) said as such, not as a weight that only
+    happens to agree with it."""
+    weights = ", ".join(f"{n} {mib(alone[n])}" for n in sequence)
+    fixed = fixed_by_spec(spec.phases, sequence)
+    if not fixed:
+        why = "phases whose largest graph needs the most pool capture first, so later phases reuse "
+        why += f"its freed blocks: {weights}"
+    elif len(fixed) == len(sequence) - 1:
+        why = f"the spec fixes this order ({'; '.join(fixed)}); each phase's largest graph alone: {weights}"
+    else:
+        why = (
+            "where the spec leaves a choice, phases whose largest graph needs the most pool capture first, so later "
+            f"phases reuse its freed blocks: {weights}; the spec fixes {'; '.join(fixed)}"
+        )
     return Decision(
         phase="*",
         rule="phase-order",
         constraint="after: " + (", ".join(f"{p.name} after {d}" for p in spec.phases for d in p.after) or "none"),
         choice=" -> ".join(sequence),
-        why="phases whose largest graph needs the most pool capture first, so later phases reuse "
-        "its freed blocks: " + ", ".join(f"{n} {mib(alone[n])}" for n in sequence),
+        why=why,
     )
 
 

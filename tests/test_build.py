@@ -222,6 +222,34 @@ after = ["decode"]
     plan = build_plan(BuildOptions(backend="fa3", spec=spec))
     assert [p.name for p in plan.phases] == ["decode", "verify"]  # though verify's graphs are larger
     assert any(e.rule == "after:verify" for e in plan.edges)
+    # the decision says the spec fixed the order, not that the weights chose it (they disagree)
+    (order,) = [d for d in plan.decisions if d.rule == "phase-order"]
+    assert order.why.startswith("the spec fixes this order (verify after decode); each phase's largest graph alone: ")
+
+
+def test_phase_order_says_which_pairs_the_spec_fixes_and_which_the_weights_chose(tmp_path):
+    spec = _spec(
+        tmp_path,
+        PHASE
+        + """
+[[phases]]
+name = "verify"
+kind = "target_verify"
+tokens_per_request = 4
+sizes = [1, 2, 4]
+after = ["small"]
+
+[[phases]]
+name = "small"
+kind = "decode"
+sizes = [1, 2]
+""",
+    )
+    plan = build_plan(BuildOptions(backend="fa3", spec=spec))
+    (order,) = [d for d in plan.decisions if d.rule == "phase-order"]
+    assert order.choice == "decode -> small -> verify"
+    assert order.why.startswith("where the spec leaves a choice, phases whose largest graph needs the most pool")
+    assert order.why.endswith("; the spec fixes verify after small")
 
 
 def test_expandable_mode_and_library_workspace(tmp_path):

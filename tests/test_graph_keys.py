@@ -496,6 +496,8 @@ def test_a_micro_batch_twin_is_captured_right_after_its_graph_of_each_size(tmp_p
     assert [p.name for p in plan.phases] == ["piecewise", "full", "full_ubatch"]
     (decision,) = [d for d in plan.decisions if d.rule == "twin_of"]
     assert (decision.phase, decision.constraint) == ("full_ubatch", "twin_of = full")
+    (order,) = [d for d in plan.decisions if d.rule == "phase-order"]
+    assert order.why.startswith("the spec fixes this order (full after piecewise; full_ubatch twin of full); ")
     # the persistent buffer: the first warm-up of the whole capture keeps it, the twins' keep nothing
     assert [s.id for s in plan.steps if s.keeps is not msgspec.UNSET] == ["warmup/piecewise/64"]
     # per-key growth follows the interleaved order: it adds up to the pool
