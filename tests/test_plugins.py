@@ -278,6 +278,27 @@ def test_sglang_leaves_to_the_capture_what_the_request_pool_decides(cuda, monkey
         module.DecodeCudaGraphRunner(model, sizes).capture()
 
 
+def test_sglang_a_list_its_request_pool_clamped_is_not_fixed_by_the_sizes_sglang_has(cuda, monkeypatch, tmp_path):
+    """SGLang started with the plan's sizes, its request pool (6) below the largest: the runners
+    capture [1, 2, 4, 6]. The capture's refusal must not tell the user to start SGLang with the
+    plan's sizes (it was: the pool clamps them again); the rebuild it names makes them agree."""
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    sgl_plugin.register()
+    module.publish(SIZES)  # --cuda-graph-bs-decode 1 2 4 8: the plan's, and the early check passes
+    model = _sgl_model(plan, cuda)
+    sizes = module.ModelRunner(model, max_running_requests=6).capture_bs()
+    assert sizes == [1, 2, 4, 6]
+    module.reset_globals()
+    with pytest.raises(core.PluginRefused) as err:
+        module.DecodeCudaGraphRunner(model, sizes).capture()
+    line = str(err.value)
+    assert "the decode runner captures sizes [1, 2, 4, 6], the plan [1, 2, 4, 8]" in line
+    assert "--cuda-graph-bs-decode" not in line, line
+    assert "to [1, 2, 4, 6] and rebuild it" in line
+
+
 @pytest.mark.parametrize(
     ("alignment", "backend", "refused"),
     [(1, "full", True), (2, "full", False), (1, "breakable", False), (1, "disabled", False)],

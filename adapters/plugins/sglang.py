@@ -143,9 +143,11 @@ def size_problems(plan, configured: Sequence[int], alignment: int = 1) -> list[s
     return out
 
 
-def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int]) -> str:
+def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int], *, engine_can_take: bool = True) -> str:
     """How to make the plan at ``path`` and SGLang agree on sizes: SGLang started with the
-    plan's (``--cuda-graph-bs-decode``, where its decode runners' phases share one list), or
+    plan's (``--cuda-graph-bs-decode``, where its decode runners' phases share one list and
+    ``engine_can_take``: False where the request pool clamps SGLang's list below the plan's
+    largest size, which starting SGLang with the plan's sizes would not change), or
     the plan rebuilt with ``engine_sizes``: the recorded build with ``--max-bs`` where those
     are SGLang's default list, else with its spec's phases set to them. A plan whose sizes
     were chosen for a traffic (``--sizes auto``) is not rebuilt: SGLang takes its sizes."""
@@ -158,7 +160,7 @@ def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int]) -> str:
     lists = {tuple(sorted(ph.sizes)) for ph in plan.phases if ph.name in SIZED_PHASES}
     first = (
         f"start SGLang with --cuda-graph-bs-decode {' '.join(map(str, next(iter(lists))))}, or "
-        if len(lists) == 1
+        if len(lists) == 1 and engine_can_take
         else ""
     )
     sizes = sorted(engine_sizes)
@@ -310,7 +312,11 @@ def install(s: core.Settings, version: str) -> core.Adoption:
             raise core.PluginRefused(
                 f"the {phase} runner captures sizes {sorted(runner.capture_bs)}, the plan {sorted(order)}",
                 where=where,
-                fix=rebuild_fix(adoption.plan, s.plan, runner.capture_bs),
+                # the runner's list ends below the plan's largest size: its request pool may clamp
+                # it there, whatever sizes SGLang is started with, so only the rebuild is sure to work
+                fix=rebuild_fix(
+                    adoption.plan, s.plan, runner.capture_bs, engine_can_take=max(order) <= max(runner.capture_bs)
+                ),
             )
         self._pool = loop.pool(_pool_of(adoption.plan, phase))
         if self not in adoption.holders:
