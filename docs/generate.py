@@ -921,7 +921,7 @@ def source_figure(name: str) -> str:
     return f"`bench/results/{name}`" + (f", {known}" if known else "")
 
 
-#: the capture bench's last run (it replaced capture-2026-11-29-32l.json; report-fa3-ci.json is its report)
+#: the capture bench's last run (it replaced capture-2026-11-29-32l.json, whose report report-fa3-ci.json is)
 CAPTURE = "capture-2026-12-02-32l.json"
 #: the capture bench's run before it, kept for the capture times' spread between runs
 CAPTURE_BEFORE = "capture-2026-11-29-32l.json"
