@@ -103,6 +103,11 @@ _WHERE = {
 }
 
 
+def __dir__() -> list[str]:
+    """The module's names and the lazy ones (``dir()``, editors' and ``help()``'s listings)."""
+    return sorted({*globals(), *_WHERE})
+
+
 def __getattr__(name: str):
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name], __name__), name)

@@ -133,3 +133,20 @@ def test_with_the_compiled_core_it_imports_the_extension_besides(tmp_path):
     want = QUICKSTART_MODULES | {"capture_plan.planner._core"}
     assert got == want, _differences(got, want)
     assert unwanted == [], f"the Quickstart build imports {unwanted}, which it does not use"
+
+
+def test_the_schemas_lazy_attributes_all_load_and_are_listed():
+    """capture_plan.schemas loads its types on first use (PEP 562): each name it exports
+    loads (``from capture_plan.schemas import *`` takes them all) and ``dir()`` lists it,
+    as it did when they were imported eagerly."""
+    import capture_plan.schemas as schemas
+
+    names: dict = {}
+    exec("from capture_plan.schemas import *", names)
+    assert set(schemas.__all__) <= set(names)
+    assert set(schemas.__all__) <= set(dir(schemas))
+    assert all(
+        getattr(schemas, n).__module__.startswith("capture_plan.schemas.")
+        for n in schemas._WHERE
+        if isinstance(getattr(schemas, n), type)
+    )
