@@ -241,7 +241,8 @@ def _install_kind(planner: str) -> str:
 
 def _check_installed(planner: str) -> None:
     """Refuse an installation of the Quickstart side whose copy of the package is not this
-    checkout's code (installed before the last change): its figure would be another commit's."""
+    checkout's code or data (installed before the last change): its figure would be another
+    commit's. The compiled core is not compared (the wheel holds no ``_core.pyx``)."""
     python = str(Path(planner).parent / "python")
     where = subprocess.run(
         [python, "-c", "import capture_plan, pathlib; print(pathlib.Path(capture_plan.__file__).parent)"],
@@ -252,9 +253,15 @@ def _check_installed(planner: str) -> None:
     if where.returncode != 0:
         sys.exit(f"build_bench: {planner}: its python cannot import capture_plan: {where.stderr.strip()[-300:]}")
     package = Path(where.stdout.strip())
-    for source in sorted(REPO.glob("*.py")) + sorted(
-        f for pkg in ("planner", "schemas", "executor", "adapters", "references") for f in (REPO / pkg).rglob("*.py")
-    ):
+    for source in (
+        sorted(REPO.glob("*.py"))
+        + sorted(
+            f
+            for pkg in ("planner", "schemas", "executor", "adapters", "references")
+            for f in (REPO / pkg).rglob("*.py")
+        )
+        + sorted((REPO / "planner" / "data").glob("*.toml"))
+    ):  # the build reads them as much as the code
         copy = package / source.relative_to(REPO)
         if not copy.exists() or copy.read_bytes() != source.read_bytes():
             sys.exit(

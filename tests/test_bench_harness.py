@@ -601,3 +601,33 @@ def test_vllms_method_on_the_gpu_replays_hidden_states_and_estimates_its_capture
                 assert torch.equal(got, model.run("decode", n, None))
         finally:
             b.vllm_release(run)
+
+
+def _installation(tmp_path: Path) -> Path:
+    """VENV/bin/planner of a fake installation whose python imports a copy of this checkout's
+    package files (what pip install . puts in site-packages that build_bench compares)."""
+    site = tmp_path / "site" / "capture_plan"
+    for source in [*ROOT.glob("*.py"), *(ROOT / "planner" / "data").glob("*.toml")] + [
+        f for pkg in ("planner", "schemas", "executor", "adapters", "references") for f in (ROOT / pkg).rglob("*.py")
+    ]:
+        copy = site / source.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(source.read_bytes())
+    bin_ = tmp_path / "venv" / "bin"
+    bin_.mkdir(parents=True)
+    python = bin_ / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site.parent} exec {sys.executable} -c "$2"\n')
+    python.chmod(0o755)
+    return bin_ / "planner"
+
+
+def test_build_bench_refuses_an_installation_whose_data_files_are_not_the_checkouts(tmp_path):
+    """--planner times an installation only where it holds this checkout's package: a data
+    file edited since the install (the build reads it) is refused too, in one line."""
+    bb = bench_module("build_bench")
+    planner = _installation(tmp_path)
+    bb._check_installed(str(planner))  # the same files: accepted
+    toml = tmp_path / "site" / "capture_plan" / "planner" / "data" / "backends.toml"
+    toml.write_bytes(toml.read_bytes() + b"\n# edited\n")
+    with pytest.raises(SystemExit, match=r"its installation is not this checkout's code \(planner/data/backends.toml"):
+        bb._check_installed(str(planner))
