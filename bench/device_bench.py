@@ -42,7 +42,7 @@ and for each, in that fresh process (``--modes``):
   timing      ``capture(plan, target)`` then ``executor.timing.time_replays``: the median
               replay time of every graph (20 timed replays after 3 untimed), the step-time
               curve ``planner sizes --timing`` weighs padding with; the timed capture report
-              is written beside the JSON (``report-CASE-timed-DATE.json``) for that command
+              is written beside the JSON (:func:`timed_report_path`) for that command
 
 Writes JSON (date, device, driver, per case) to --out and prints a table and a
 one-line summary last.
@@ -150,6 +150,15 @@ def mode_timing(target, plan) -> dict:
         "replay_ms": {i: round(t * 1e3, 4) for i, t in steps},
         "report": json.loads(msgspec.json.encode(rep)),
     }
+
+
+def timed_report_path(result: Path, case: str) -> Path:
+    """Where the ``timing`` mode writes ``case``'s timed capture report: beside the result
+    JSON, named after it (``device-DATE[-TAG].json`` -> ``report-CASE-timed-DATE[-TAG].json``),
+    so that it is as unique as the result's name, which :class:`bench.harness.ResultFile`
+    keeps from being replaced unasked: another run of the same day (another ``--tag``)
+    writes its own reports instead of replacing the committed ones."""
+    return result.with_name(f"report-{case}-timed-{result.stem.removeprefix('device-')}.json")
 
 
 def mode_loop(target, plan) -> dict:
@@ -410,7 +419,7 @@ def main() -> None:
             row.update({k: v for k, v in got.items() if k not in MODES})
             row[mode] = got[mode]
             if mode == "timing":  # the report planner sizes --timing reads, beside the JSON
-                report = Path(path.path).parent / f"report-{case}-timed-{res['date'][:10]}.json"
+                report = timed_report_path(path.path, case)
                 report.write_text(json.dumps(got[mode].pop("report"), indent=1, sort_keys=True) + "\n")
             print(
                 f"{case}/{mode}: " + json.dumps({k: v for k, v in got[mode].items() if k != "report"})[:600], flush=True

@@ -631,3 +631,15 @@ def test_build_bench_refuses_an_installation_whose_data_files_are_not_the_checko
     toml.write_bytes(toml.read_bytes() + b"\n# edited\n")
     with pytest.raises(SystemExit, match=r"its installation is not this checkout's code \(planner/data/backends.toml"):
         bb._check_installed(str(planner))
+
+
+def test_a_timed_report_is_named_after_its_run_not_its_day_alone(tmp_path):
+    """device_bench's timing mode writes a capture report per case beside its result: two
+    runs of one day (another --tag, as ResultExists tells) must not write the same report,
+    or the second replaces the first's (committed, quoted by the docs) unasked."""
+    db = bench_module("device_bench")
+    first = h.result_path(tmp_path, "device", "2026-12-02T03:00:00+00:00", "timing")
+    second = h.result_path(tmp_path, "device", "2026-12-02T05:00:00+00:00", "engines")
+    a, b = (db.timed_report_path(Path(p), "reference") for p in (first, second))
+    assert a != b and a.parent == b.parent == tmp_path
+    assert a.name == f"report-reference-timed-{Path(first).stem.removeprefix('device-')}.json"
