@@ -297,6 +297,9 @@ def test_sglang_a_list_its_request_pool_clamped_is_not_fixed_by_the_sizes_sglang
     assert "the decode runner captures sizes [1, 2, 4, 6], the plan [1, 2, 4, 8]" in line
     assert "--cuda-graph-bs-decode" not in line, line
     assert "to [1, 2, 4, 6] and rebuild it" in line
+    # a runner left with no size (an alignment filtered them all) is refused in one line too
+    with pytest.raises(core.PluginRefused, match=r"the decode runner captures sizes \[\], the plan \[1, 2, 4, 8\]"):
+        module.DecodeCudaGraphRunner(model, []).capture()
 
 
 @pytest.mark.parametrize(

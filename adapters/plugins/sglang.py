@@ -315,7 +315,10 @@ def install(s: core.Settings, version: str) -> core.Adoption:
                 # the runner's list ends below the plan's largest size: its request pool may clamp
                 # it there, whatever sizes SGLang is started with, so only the rebuild is sure to work
                 fix=rebuild_fix(
-                    adoption.plan, s.plan, runner.capture_bs, engine_can_take=max(order) <= max(runner.capture_bs)
+                    adoption.plan,
+                    s.plan,
+                    runner.capture_bs,
+                    engine_can_take=max(order) <= max(runner.capture_bs, default=0),
                 ),
             )
         self._pool = loop.pool(_pool_of(adoption.plan, phase))
