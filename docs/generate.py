@@ -1444,13 +1444,19 @@ def _timed_steps(d: dict) -> str:
 @figure("vllm-estimate-error", ENGINES)
 def _vllm_estimate_error(d: dict) -> str:
     errors = [c["vllm"]["error"] for c in d["cases"].values()]
-    return f"{min(errors) * 100:+.0f}% to {max(errors) * 100:+.0f}%"
+    high = sum(e > 0 for e in errors)
+    side = {len(errors): "high for every model", 0: "low for every model"}.get(
+        high, f"high for {_word(high)}, low for {_word(len(errors) - high)} of the models"
+    )
+    return f"{min(errors) * 100:+.0f}% to {max(errors) * 100:+.0f}% ({side})"
 
 
 @figure("vllm-second-sample", ENGINES)
 def _vllm_second_sample(d: dict) -> str:
     second = [c["vllm"]["samples_mib"][1] for c in d["cases"].values()]
     negative = [x for x in second if x < 0]
+    if not negative:
+        return f"positive for every model ({_span(second, ',.0f', ' to ')} MiB)"
     every = "every model" if len(negative) == len(second) else f"{_word(len(negative))} of the {_word(len(second))}"
     return f"negative for {every} ({_span(negative, ',.0f', ' to ')} MiB)"
 

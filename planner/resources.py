@@ -102,7 +102,8 @@ def parsed_at_install(name: str, raw: bytes) -> dict[str, Any] | None:
     A wheel (``pip install .``) holds, beside each data file, the document tomllib
     parsed from it at build time and the SHA-256 of the bytes it parsed (setup.py's
     ``parse_data``), as JSON: reading it costs a small part of importing tomllib and
-    parsing, which were about 6% of the Quickstart build's instructions. The copy counts only where its
+    parsing, a visible share of the Quickstart build's instructions (``bench.build_bench``).
+    The copy counts only where its
     digest is that of ``raw``, the file as it is now: an edited data file, an editable
     install or a source tree (which have none) are parsed from the TOML, so the data
     files stay the one source (tests/test_wheel.py checks a wheel's copies against

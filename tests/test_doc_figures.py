@@ -186,3 +186,17 @@ def test_the_replay_times_table_quotes_the_commands_choice():
     table = "\n".join(gen.replay_times())
     chosen = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(("chosen:", "against SGLang default"))]
     assert len(chosen) == 2 and all(ln in table for ln in chosen)
+
+
+def test_the_vllm_figures_say_what_the_data_say_whichever_sign():
+    """The prose around them no longer asserts a sign: the figures carry it, and a run where
+    vLLM's estimate came out low, or no second sample was negative, is quoted as such."""
+
+    def cases(*rows):
+        return {"cases": {f"m{i}": {"vllm": {"error": e, "samples_mib": [22.0, s]}} for i, (e, s) in enumerate(rows)}}
+
+    assert gen._vllm_estimate_error(cases((0.28, -94), (0.96, -994))) == "+28% to +96% (high for every model)"
+    assert (
+        gen._vllm_estimate_error(cases((-0.1, 4), (0.5, 3))) == "-10% to +50% (high for one, low for one of the models)"
+    )
+    assert gen._vllm_second_sample(cases((0.2, 4), (0.5, 30))) == "positive for every model (4 to 30 MiB)"

@@ -168,7 +168,8 @@ def script() -> NoReturn:
     command imports live as long as the process, so the cyclic collector need not walk
     them again in each full collection, nor in the one the interpreter runs at exit. The
     command's own garbage is collected as before. For the 36-size Quickstart build this
-    walking was about 7% of the instructions the whole process executed (valgrind). What
+    walking was a visible share of the process's instructions (``bench.build_bench``'s
+    ``instructions`` figure, under valgrind, falls with it). What
     this gives up: a cycle still alive at the end is not collected at exit, so a file it
     holds open would not be flushed by its finalizer; the planner closes every file it
     writes (schemas/files.py writes them whole, then renames)."""
