@@ -86,7 +86,15 @@ def parse_data(folder: Path) -> None:
 
 
 class BuildPy(build_py):
-    """build_py, then the data files parsed once (:func:`parse_data`)."""
+    """build_py without this file, then the data files parsed once (:func:`parse_data`).
+
+    The package capture_plan is the repository's root (pyproject's package-dir), so
+    build_py would ship this build script as the module ``capture_plan.setup``, whose
+    import runs a build."""
+
+    def find_package_modules(self, package, package_dir):
+        modules = super().find_package_modules(package, package_dir)
+        return [m for m in modules if (m[0], m[1]) != ("capture_plan", "setup")]
 
     def run(self) -> None:
         super().run()

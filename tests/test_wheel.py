@@ -56,6 +56,8 @@ def test_the_wheel_installs_one_top_level_package(tmp_path, monkeypatch):
     # the executor package ships the executor only: the reference models live beside it
     assert not list((pkg / "executor").glob("reference*.py")) and not (pkg / "executor" / "speculative.py").exists()
     assert (pkg / "planner" / "data" / "rules.toml").exists() and (pkg / "py.typed").exists()
+    # the root's modules: the package's own, not the build script (importing it would run a build)
+    assert sorted(p.name for p in pkg.glob("*.py")) == ["__init__.py"]
     # the root package imports from the install (no dependency needed for it), away from the checkout
     code = "import capture_plan; print(capture_plan.__version__, capture_plan.__file__)"
     r = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
