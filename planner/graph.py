@@ -62,6 +62,18 @@ class Digraph(Generic[N]):
     def has_edge(self, u: N, v: N) -> bool:
         return v in self.succ.get(u, ())
 
+    def reaches(self, u: N, v: N) -> bool:
+        """Whether a path of one edge or more leads from ``u`` to ``v``."""
+        seen, todo = set(), [u]
+        while todo:
+            for child in self.succ.get(todo.pop(), ()):
+                if child == v:
+                    return True
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+        return False
+
     def edges(self) -> list[tuple[N, N, dict[str, Any]]]:
         return [(u, v, d) for u, out in self.succ.items() for v, d in out.items()]
 
@@ -133,16 +145,7 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | No
     ConstraintError located at an ``after`` entry of the spec ``source``."""
     index = {p.name: i for i, p in enumerate(phases)}
     twins = twin_phases(phases)
-    group = {name: twins.get(name, name) for name in index}
-    g = Digraph[str]()
-    for name in index:
-        if name not in twins:
-            g.add_node(name)
-    entry: dict[tuple[str, str], tuple[str, str]] = {}  # a group edge -> the first `after` entry that made it
-    for p in phases:
-        for dep in p.after:
-            g.add_edge(group[dep], group[p.name], rule=f"after:{p.name}")
-            entry.setdefault((group[dep], group[p.name]), (dep, p.name))
+    g, entry = _phase_graph(phases, twins)
     order = g.topological_order(key=lambda n: (-weight[n], index[n]))
     if order is None:
 
@@ -156,31 +159,37 @@ def phase_sequence(phases: list[Phase], weight: dict[str, int], source: str | No
     return [n for name in order for n in (name, of.get(name)) if n is not None]
 
 
+def _phase_graph(
+    phases: list[Phase], twins: dict[str, str]
+) -> tuple[Digraph[str], dict[tuple[str, str], tuple[str, str]]]:
+    """The phases' order constraints: a node per phase that is no twin (a twin is placed
+    by its phase, and an ``after`` naming a twin names that phase), an edge per ``after``
+    entry; and for each edge the first ``after`` entry (dep, phase) that made it."""
+    group = {p.name: twins.get(p.name, p.name) for p in phases}
+    g = Digraph[str]()
+    for p in phases:
+        if p.name not in twins:
+            g.add_node(p.name)
+    entry: dict[tuple[str, str], tuple[str, str]] = {}
+    for p in phases:
+        for dep in p.after:
+            g.add_edge(group[dep], group[p.name], rule=f"after:{p.name}")
+            entry.setdefault((group[dep], group[p.name]), (dep, p.name))
+    return g, entry
+
+
 def fixed_by_spec(phases: list[Phase], sequence: list[str]) -> list[str]:
     """Which consecutive pairs of :func:`phase_sequence`'s ``sequence`` the spec orders
     itself, each as text (``"full_decode after piecewise"``, ``"t twin of p"``): the later
     phase is ``after`` the earlier one, directly or through other phases' ``after``, or
     is its micro-batch twin. The other pairs are ordered by pool weight (a choice)."""
     twins = twin_phases(phases)
-    group = {p.name: twins.get(p.name, p.name) for p in phases}
-    before: dict[str, set[str]] = {}
-    for p in phases:
-        before.setdefault(group[p.name], set()).update(group[d] for d in p.after)
-
-    def ancestors(name: str) -> set[str]:
-        seen, todo = set(), [name]
-        while todo:
-            for dep in before.get(todo.pop(), ()):
-                if dep not in seen:
-                    seen.add(dep)
-                    todo.append(dep)
-        return seen
-
+    g, _ = _phase_graph(phases, twins)
     out = []
     for a, b in zip(sequence, sequence[1:]):
         if twins.get(b) == a:
             out.append(f"{b} twin of {a}")
-        elif group[a] != group[b] and group[a] in ancestors(group[b]):
+        elif g.reaches(twins.get(a, a), twins.get(b, b)):
             out.append(f"{b} after {a}")
     return out
 
