@@ -115,3 +115,6 @@ class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     #: a declared partial pass (an engine's memory-profiling pass): per phase, the graph keys
     #: it captured, into pools torn down when it ended
     profiling: dict[str, NonNegative] | msgspec.UnsetType = msgspec.UNSET
+    #: what the engine measured its capture took (vLLM's ``capture_model``: the free-memory
+    #: drop), set by an engine plugin that checks the plan's prediction against it
+    engine_capture_bytes: ByteDelta | msgspec.UnsetType = msgspec.UNSET

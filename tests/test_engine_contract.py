@@ -40,7 +40,8 @@ def test_every_hook_point_exists_in_the_release_it_names(engine, version):
 def test_the_table_is_one_row_per_name_and_knows_both_engines():
     keys = [(h.engine, h.version, h.name) for h in HOOKS]
     assert len(keys) == len(set(keys))
-    assert set(KNOWN) == {"sglang", "vllm"} and requirements() == ["sglang==0.5.23", "vllm==0.33.0"]
+    assert set(KNOWN) == {"sglang", "vllm"}
+    assert requirements() == ["sglang==0.5.23", "vllm==0.33.0", "vllm==0.34.0"]
     for h in HOOKS:
         assert h.file.startswith(f"{h.engine}/") and h.file.endswith(".py")
         assert h.signature in ("class", "attribute") or h.signature.startswith(("(", "= ", ": ")), h
@@ -48,6 +49,30 @@ def test_the_table_is_one_row_per_name_and_knows_both_engines():
     assert hook("sglang", "0.5.23", "GENERAL_PLUGINS_GROUP").module == "sglang.srt.plugins"
     with pytest.raises(KeyError, match="no hook point 'capture_graph'"):
         hook("vllm", "0.33.0", "capture_graph")
+
+
+def test_a_release_is_the_one_before_it_as_its_change_table_moves_it():
+    """vLLM 0.34.0's rows are 0.33.0's as the change table moves them (data, not copies): a
+    row it does not name is 0.33.0's but for its version; a moved row keeps its name unless
+    renamed; a change naming a row the release before lacks is refused."""
+    from dataclasses import replace
+
+    from capture_plan.adapters.plugins import hooks
+
+    old = {h.name: h for h in HOOKS if (h.engine, h.version) == ("vllm", "0.33.0")}
+    new = {h.name: h for h in HOOKS if (h.engine, h.version) == ("vllm", "0.34.0")}
+    for name, h in old.items():
+        if name not in hooks._VLLM_0_34_0_CHANGES:
+            assert new[name] == replace(h, version="0.34.0")
+    moved = hook("vllm", "0.34.0", "SpeculatorCudaGraphManager.capture")
+    assert moved.file == "vllm/v1/worker/gpu/spec_decode/autoregressive/cudagraph_utils.py"
+    assert "slot_mappings_buffer=None" in moved.signature
+    assert "TargetDependentARSpeculator.capture" not in new and "AutoRegressiveSpeculator.capture" in new
+    assert "has_lora" not in hook("vllm", "0.34.0", "ModelCudaGraphManager.capture").signature
+    with pytest.raises(ValueError, match=r"changes name rows the release before lacks: \['capture_graph'\]"):
+        hooks.follow(hooks._VLLM_0_33_0, "0.34.0", {"capture_graph": None})
+    gone = hooks.follow(hooks._VLLM_0_33_0, "9.9", {"_MIN_PER_GRAPH_BYTES": hooks.GONE})
+    assert "_MIN_PER_GRAPH_BYTES" not in {h.name for h in gone} and len(gone) == len(old) - 1
 
 
 def test_ci_downloads_the_pins_of_the_table():

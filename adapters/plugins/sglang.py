@@ -3,7 +3,8 @@ the graph runners' capture through a capture plan.
 
 Enabled by ``CAPTURE_PLAN_PLAN`` (:mod:`.core`); unset, :func:`register` returns without
 touching SGLang. Its hook points are rows of :mod:`.hooks` for the SGLang release
-installed (0.5.23); another release is refused naming the ones it knows. What it wraps,
+installed (0.5.23), checked live on the imported engine at registration (``core.live_release``:
+a release whose hook points moved is captured as SGLang does, with one warning). What it wraps,
 all on the classes, so that the EAGLE draft runners (subclasses of the decode runner,
 the same backend) are covered too:
 
@@ -68,7 +69,20 @@ def register() -> None:
     """The entry point: nothing unless ``CAPTURE_PLAN_PLAN`` is set; then the release
     check, the plan loaded once (a missing or invalid plan stops start-up here), and
     the hooks installed."""
-    core.register(ENGINE, install)
+    core.register(ENGINE, install, LIVE)
+
+
+#: the rows checked live at registration: the classes :func:`install` resolves and the methods
+#: it calls with the engine's arguments (``capture_one_shape`` is bound by name, whatever its order)
+LIVE = (
+    "DecodeCudaGraphRunner",
+    "FullCudaGraphBackend",
+    "FullCudaGraphBackend.capture_session",
+    "FullCudaGraphBackend.capture_one",
+    "FullCudaGraphBackend.cleanup",
+    "ModelRunner",
+    "ModelRunner.initialize",
+)
 
 
 def phase_of(runner) -> str:
@@ -194,16 +208,7 @@ def _pool_of(plan, phase: str) -> str:
     return next(s.pool for s in plan.steps if s.op == "capture" and s.phase == phase)
 
 
-def _env_problems(plan) -> list[str]:
-    from capture_plan.executor.load import check_environment, current_environment
-
-    return check_environment(plan, current_environment(tuple(plan.requires.modules)))
-
-
-def _make_loop(plan, *, stream=None, on_failure=None, **options):
-    from capture_plan.executor import capture_loop
-
-    return capture_loop(plan, stream=stream, on_failure=on_failure, **{**LOOP_OPTIONS, **options})
+_env_problems = core.env_problems
 
 
 #: extra ``capture_loop`` keywords (the CPU tests pass ``device``)
@@ -231,9 +236,9 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     runner_cls = core.resolve(hook(ENGINE, version, "DecodeCudaGraphRunner"))
     backend_cls = core.resolve(hook(ENGINE, version, "FullCudaGraphBackend"))
     model_runner_cls = core.resolve(hook(ENGINE, version, "ModelRunner"))
-    if getattr(backend_cls, "__capture_plan__", None) is not None:
-        return backend_cls.__capture_plan__
-    adoption = core.Adoption(s, ENGINE, make_loop=_make_loop)
+    adoption, new = core.opening(ENGINE, s, backend_cls, core.loop_maker(lambda: LOOP_OPTIONS))
+    if not new:
+        return adoption
     ADOPTION = adoption
     where = f"{core.ENV_PLAN}={s.plan}"
     initialize = model_runner_cls.initialize
@@ -346,5 +351,4 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     runner_cls.capture_one_shape = capture_one_shape
     backend_cls.capture_session = capture_session
     backend_cls.capture_one = capture_one_routed
-    backend_cls.__capture_plan__ = adoption
     return adoption

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,20 +85,10 @@ _MODES = {"PIECEWISE": 0, "FULL": 1}
 def register() -> None:
     """The entry point: nothing unless ``CAPTURE_PLAN_PLAN`` is set; then the release
     check, the plan loaded (a missing or invalid plan stops start-up here), the hooks."""
-    core.register(ENGINE, install)
+    core.register(ENGINE, install, LIVE)
 
 
-def _make_loop(plan, *, stream=None, on_failure=None, **options):
-    from capture_plan.executor import capture_loop
-
-    given = {"stream": stream} if stream is not None else {}
-    return capture_loop(plan, on_failure=on_failure, **given, **{**LOOP_OPTIONS, **options})
-
-
-def _env_problems(plan) -> list[str]:
-    from capture_plan.executor.load import check_environment, current_environment
-
-    return check_environment(plan, current_environment(tuple(plan.requires.modules)))
+_env_problems = core.env_problems
 
 
 def _name(mode) -> str:
@@ -222,214 +213,372 @@ def _unroutable(runner, manager_cls) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ReleaseShape:
+    """What the plugin does differently per vLLM release (the release whose rows the
+    engine matched: :func:`core.live_release`)."""
+
+    #: who makes the persistent hidden states: ``first-warmup`` (0.33.0: the first warm-up
+    #: of all, sized by its descriptor) or ``widest`` (0.34.0: the first warm-up, sized up
+    #: front for the widest descriptor, ``persistent_like``)
+    persistent_buffer: str
+
+
+#: release -> its shape (a release of ``hooks.KNOWN["vllm"]`` each)
+SHAPES = {"0.33.0": ReleaseShape("first-warmup"), "0.34.0": ReleaseShape("widest")}
+
+#: the rows checked live at registration: every object :func:`install` resolves, replaces or calls
+LIVE = (
+    "CudaGraphManager",
+    "CudaGraphManager.capture",
+    "CudaGraphManager.release_graphs",
+    "ModelCudaGraphManager",
+    "CUDAGraphWrapper",
+    "CUDAGraphWrapper.__call__",
+    "CUDAGraphWrapper.clear_all_graphs",
+    "GPUModelRunner",
+    "GPUModelRunner.capture_model",
+    "GPUModelRunner.profile_cudagraph_memory",
+)
+
+#: how far vLLM's measured capture may be from the plan's prediction before the check warns:
+#: the larger of this share of the prediction and :data:`GAP_FLOOR` (the free-memory figure
+#: moves with the driver's own allocations, which the plan predicts as one item)
+GAP_SHARE = 0.05
+GAP_FLOOR = 16 << 20
+
+
+@dataclass
+class _Hooks:
+    """One process's install: the settings, the release's shape, vLLM's classes and their
+    original methods, and the state the routed methods share."""
+
+    s: core.Settings
+    version: str
+    shape: ReleaseShape
+    adoption: core.Adoption
+    manager_cls: Any
+    model_manager_cls: Any
+    wrapper_cls: Any
+    runner_cls: Any
+    capture: Any = None
+    capture_model: Any = None
+    profile: Any = None
+    call: Any = None
+    #: per manager (by id): descriptor -> the plan's graph key, while capture_model routes
+    routes: dict = field(default_factory=dict)
+    #: the PIECEWISE step whose pieces the wrappers record, while its forward runs
+    piece: list = field(default_factory=list)
+    #: the plan's figure, where vLLM's estimate was answered with it (the KV cache is sized from it)
+    answered: int | None = None
+    #: vLLM sizes its KV cache after capture (the extensible KV cache): the estimate was its own 0
+    deferred: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{core.ENV_PLAN}={self.s.plan}"
+
+    def refusal(self, what: str, fix: str) -> core.PluginRefused:
+        return core.PluginRefused(what, where=self.where, fix=fix)
+
+
 def install(s: core.Settings, version: str) -> core.Adoption:
-    """Wrap the hook points of vLLM ``version``; idempotent. Returns the adoption."""
+    """Wrap the hook points of vLLM ``version`` (a release of ``hooks.KNOWN``); idempotent.
+    Returns the adoption."""
     global ADOPTION
     manager_cls = core.resolve(hook(ENGINE, version, "CudaGraphManager"))
-    model_manager_cls = core.resolve(hook(ENGINE, version, "ModelCudaGraphManager"))
-    wrapper_cls = core.resolve(hook(ENGINE, version, "CUDAGraphWrapper"))
-    runner_cls = core.resolve(hook(ENGINE, version, "GPUModelRunner"))
-    if getattr(manager_cls, "__capture_plan__", None) is not None:
-        return manager_cls.__capture_plan__
-    adoption = core.Adoption(s, ENGINE, make_loop=_make_loop)
+    adoption, new = core.opening(ENGINE, s, manager_cls, core.loop_maker(lambda: LOOP_OPTIONS))
+    if not new:
+        return adoption
     ADOPTION = adoption
-    capture, capture_model = manager_cls.capture, runner_cls.capture_model
-    profile, call = runner_cls.profile_cudagraph_memory, wrapper_cls.__call__
-    where = f"{core.ENV_PLAN}={s.plan}"
-    #: per manager (by id): descriptor -> the plan's graph key, while capture_model routes
-    routes: dict[int, dict] = {}
-    #: the PIECEWISE step whose pieces the wrappers record, while its forward runs
-    piece: list = []
-
-    def streams(runner):
-        def options(plan) -> dict:
-            declared = {st.stream for st in plan.steps if st.op == "capture"} - {"capture"}
-            ubatch = getattr(getattr(runner, "ubatch_runner", None), "capture_stream", None)
-            return {"streams": {UBATCH_STREAM: ubatch}} if UBATCH_STREAM in declared and ubatch is not None else {}
-
-        return options
-
-    def refusal(what: str, fix: str) -> core.PluginRefused:
-        return core.PluginRefused(what, where=where, fix=fix)
-
-    #: the plan's figure, where vLLM's estimate was answered with it (the KV cache is sized from it)
-    answered: list[int] = []
-
-    def fall_back(self, err: core.PluginRefused):
-        """vLLM's own capture where the operator chose it, else the refusal; before the first graph."""
-        if s.fallback != "engine":
-            raise err
-        sized = ""
-        if answered:  # vLLM sized its KV cache with the plan's figure, not with its own estimate
-            sized = (
-                f"; its KV cache was sized with the plan's figure for graph memory ({answered[0]} B), not vLLM's "
-                "own estimate, and vLLM's capture may take more: rebuild the plan for this engine, or leave "
-                f"{core.ENV_PLAN} unset so that vLLM estimates its own"
-            )
-        core.log.warning("capture-plan: %s; capturing as vLLM does (%s=engine)%s", err, core.ENV_FALLBACK, sized)
-        return capture_model(self, profile_only=False)
-
-    def capture_model_routed(self, *, profile_only=False):
-        if profile_only:  # vLLM's own estimate (the operator chose it): its throwaway capture
-            return capture_model(self, profile_only=profile_only)
-        if adoption.loop is not None and adoption.loop.complete:
-            core.log.warning("capture-plan: vLLM captures again after the plan's capture; its own capture records it")
-            return capture_model(self, profile_only=profile_only)
-        why = _unroutable(self, manager_cls)
-        if why is not None:
-            err = refusal(f"{why}; the plugin does not route it", f"turn it off, or {core.ENV_FALLBACK}=engine")
-            return fall_back(self, err)
-        facts = facts_of(self.vllm_config, engine_keys(self, manager_cls))
-        made_before = adoption.loop is not None  # by the estimate, without the keys
-        loop = adoption.begin(facts, env_problems=_env_problems, options=streams(self))
-        if loop is None:
-            return capture_model(self, profile_only=profile_only)
-        matched, problems = core.match_keys(adoption.plan, facts)
-        if problems and made_before:  # the estimate made the loop; nothing is captured yet
-            return fall_back(
-                self,
-                refusal(
-                    f"the plan is not this engine's: {'; '.join(problems)}",
-                    f"build the plan for vLLM's graphs (planner build ... -o {s.plan}), or {core.ENV_FALLBACK}=engine",
-                ),
-            )
-        routes.clear()
-        for e, k in matched.items():
-            manager, desc = e.native
-            routes.setdefault(id(manager), {})[desc] = k
-        holder = _Holder(self, manager_cls, wrapper_cls)
-        if holder not in adoption.holders:
-            adoption.holders.append(holder)
-        try:
-            with loop.part():
-                out = capture_model(self, profile_only=profile_only)
-            if not loop.complete:
-                loop.close()  # names the plan's first step vLLM did not capture, everything released
-        finally:
-            routes.clear()
-        return out
-
-    def capture_routed(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs"):
-        route = routes.get(id(self))
-        if route is None:
-            return capture(self, create_forward_fn, progress_bar_desc)
-        index = {st.id: st.index for st in adoption.plan.steps if st.op == "capture"}
-        order = {d: index[k.id] for d, k in route.items()}  # the plan's position of each descriptor
-        unknown = [d for ds in self._capture_descs.values() for d in ds if d not in order]
-        if unknown:  # made after capture_model listed them: what _unroutable knows of is refused before
-            raise refusal(
-                f"vLLM's {type(self).__name__} captures {len(unknown)} graphs it did not list before the first "
-                f"capture (such as {unknown[0]}); the plugin routes only graphs it checked against the plan, and "
-                "the graphs captured so far are released",
-                f"unset {core.ENV_PLAN} to capture as vLLM {version} does with these settings "
-                "(the plugin does not know what adds them)",
-            )
-        saved = {mode: list(descs) for mode, descs in self._capture_descs.items()}, self.pool
-        for descs in self._capture_descs.values():
-            descs.sort(key=order.__getitem__)
-        pending: list = []
-        descs = sorted((d for ds in self._capture_descs.values() for d in ds), key=order.__getitem__)
-        largest = max(descs, key=lambda d: d.num_tokens) if descs else None
-        # vLLM sizes the persistent hidden states from its first warm-up (its largest
-        # descriptor's); a plan that starts smaller gets one warm-up at the largest first,
-        # inside the first step's warm-up block, where the bytes it keeps are measured
-        prewarm = [largest] if isinstance(self, model_manager_cls) and self.hidden_states is None else []
-        if prewarm and largest is descs[0]:
-            prewarm.clear()
-        #: the first step's warm-up block, opened before the pre-warm, closed after its own warm-up
-        opened: list[contextlib.ExitStack] = []
-
-        def hold_pending() -> None:
-            if pending:
-                desc, step = pending.pop()
-                out = self.hidden_states[: desc.num_tokens] if isinstance(self, model_manager_cls) else None
-                step.hold(out, graph=self.graphs[desc])
-
-        def block(step):
-            return step.warmup() if step.keeps is not None else contextlib.nullcontext()
-
-        def create(desc, warmup):
-            hold_pending()
-            if not warmup:  # the recording's build: into the step's pool
-                step = adoption.current
-                self.pool = step.pool
-                if _name(desc.cg_mode) == "FULL":
-                    pending.append((desc, step))
-                return create_forward_fn(desc, warmup)
-            k = route[desc]
-            step = adoption.step(k.phase, k.bs, dict(k.labels))
-            if prewarm:  # built and run before this descriptor's build: each build sets vLLM's inputs
-                first = contextlib.ExitStack()
-                first.enter_context(block(step))
-                opened.append(first)
-                create_forward_fn(prewarm[0], True)(type(desc.cg_mode).NONE)  # vLLM's CUDAGraphMode.NONE
-                prewarm.clear()
-            forward_fn = create_forward_fn(desc, warmup)
-
-            def routed(cg_mode):
-                if _name(cg_mode) == "PIECEWISE":
-                    piece.append(step)
-                    try:
-                        return forward_fn(cg_mode)
-                    finally:
-                        piece.clear()
-                with opened.pop() if opened else block(step):
-                    return forward_fn(cg_mode)
-
-            return routed
-
-        try:
-            capture(self, create, progress_bar_desc)
-            hold_pending()
-        except BaseException:
-            if opened:  # the first warm-up block never reached its own warm-up
-                opened.pop().__exit__(*sys.exc_info())
-            raise
-        finally:
-            self._capture_descs.update(saved[0])
-            self.pool = saved[1]
-
-    def call_routed(self, *args, **kwargs):
-        if not piece:
-            return call(self, *args, **kwargs)
-        step = piece[0]
-        before = {k for k, e in self.concrete_cudagraph_entries.items() if e.cudagraph is not None}
-        saved, self.graph_pool = self.graph_pool, step.pool
-        try:
-            out = call(self, *args, **kwargs)
-        finally:
-            self.graph_pool = saved
-        for k, e in self.concrete_cudagraph_entries.items():
-            if k not in before and e.cudagraph is not None:  # this call recorded the piece
-                step.hold(e.output, graph=e.cudagraph, ragged=True)
-        return out
-
-    def profile_routed(self):
-        loop = adoption.begin(facts_of(self.vllm_config), env_problems=_env_problems, options=streams(self))
-        if loop is None:
-            return profile(self)
-        from capture_plan.adapters.profiling import profile_cudagraph_memory
-        from capture_plan.schemas.keys import capture_memory
-
-        if not capture_memory(adoption.plan).complete:
-            err = refusal(
-                "the plan does not say what capture takes from the device (reserve for capture: unknown)",
-                "calibrate it from a capture report of this device (planner build ... --calibration REPORT)",
-            )
-            if s.fallback != "engine":
-                raise err
-            core.log.warning("capture-plan: %s; vLLM profiles as it does", err)
-            return profile(self)
-        figure = profile_cudagraph_memory(plan=adoption.plan)
-        answered[:] = [int(figure)]
-        return figure
-
-    manager_cls.capture = capture_routed
-    runner_cls.capture_model = capture_model_routed
-    runner_cls.profile_cudagraph_memory = profile_routed
-    wrapper_cls.__call__ = call_routed
-    manager_cls.__capture_plan__ = adoption
+    h = _Hooks(
+        s,
+        version,
+        SHAPES[version],
+        adoption,
+        manager_cls,
+        core.resolve(hook(ENGINE, version, "ModelCudaGraphManager")),
+        core.resolve(hook(ENGINE, version, "CUDAGraphWrapper")),
+        core.resolve(hook(ENGINE, version, "GPUModelRunner")),
+    )
+    h.capture, h.capture_model = manager_cls.capture, h.runner_cls.capture_model
+    h.profile, h.call = h.runner_cls.profile_cudagraph_memory, h.wrapper_cls.__call__
+    manager_cls.capture = core.wrap(h.capture, capture_routed, h)
+    h.runner_cls.capture_model = core.wrap(h.capture_model, capture_model_routed, h)
+    h.runner_cls.profile_cudagraph_memory = core.wrap(h.profile, profile_routed, h)
+    h.wrapper_cls.__call__ = core.wrap(h.call, call_routed, h)
     return adoption
+
+
+def _streams(runner):
+    """``capture_loop``'s streams for ``runner``: the plan's stream ``ubatch`` is the
+    micro-batch runner's capture stream, where the plan declares it."""
+
+    def options(plan) -> dict:
+        declared = {st.stream for st in plan.steps if st.op == "capture"} - {"capture"}
+        ubatch = getattr(getattr(runner, "ubatch_runner", None), "capture_stream", None)
+        return {"streams": {UBATCH_STREAM: ubatch}} if UBATCH_STREAM in declared and ubatch is not None else {}
+
+    return options
+
+
+def _fall_back(h: _Hooks, runner, err: core.PluginRefused):
+    """vLLM's own capture where the operator chose it, else the refusal; before the first graph."""
+    if h.s.fallback != "engine":
+        raise err
+    sized = ""
+    if h.answered is not None:  # vLLM sized its KV cache with the plan's figure, not with its own estimate
+        sized = (
+            f"; its KV cache was sized with the plan's figure for graph memory ({h.answered} B), not vLLM's "
+            "own estimate, and vLLM's capture may take more: rebuild the plan for this engine, or leave "
+            f"{core.ENV_PLAN} unset so that vLLM estimates its own"
+        )
+    core.log.warning("capture-plan: %s; capturing as vLLM does (%s=engine)%s", err, core.ENV_FALLBACK, sized)
+    return h.capture_model(runner, profile_only=False)
+
+
+def capture_model_routed(h: _Hooks, runner, *, profile_only=False):
+    """``GPUModelRunner.capture_model``: every graph listed and checked against the plan
+    before the first, then the whole capture one part of the plan's loop, then the plan's
+    prediction checked against what vLLM measured (:func:`check_capture`)."""
+    adoption = h.adoption
+    if profile_only:  # vLLM's own estimate (the operator chose it): its throwaway capture
+        return h.capture_model(runner, profile_only=profile_only)
+    if adoption.loop is not None and adoption.loop.complete:
+        core.log.warning("capture-plan: vLLM captures again after the plan's capture; its own capture records it")
+        return h.capture_model(runner, profile_only=profile_only)
+    why = _unroutable(runner, h.manager_cls)
+    if why is not None:
+        err = h.refusal(f"{why}; the plugin does not route it", f"turn it off, or {core.ENV_FALLBACK}=engine")
+        return _fall_back(h, runner, err)
+    facts = facts_of(runner.vllm_config, engine_keys(runner, h.manager_cls))
+    made_before = adoption.loop is not None  # by the estimate, without the keys
+    loop = adoption.begin(facts, env_problems=_env_problems, options=_streams(runner))
+    if loop is None:
+        return h.capture_model(runner, profile_only=profile_only)
+    matched, problems = core.match_keys(adoption.plan, facts)
+    if problems and made_before:  # the estimate made the loop; nothing is captured yet
+        err = h.refusal(
+            f"the plan is not this engine's: {'; '.join(problems)}",
+            f"build the plan for vLLM's graphs (planner build ... -o {h.s.plan}), or {core.ENV_FALLBACK}=engine",
+        )
+        return _fall_back(h, runner, err)
+    h.routes.clear()
+    for e, k in matched.items():
+        manager, desc = e.native
+        h.routes.setdefault(id(manager), {})[desc] = k
+    holder = _Holder(runner, h.manager_cls, h.wrapper_cls)
+    if holder not in adoption.holders:
+        adoption.holders.append(holder)
+    try:
+        with loop.part():
+            out = h.capture_model(runner, profile_only=profile_only)
+        if not loop.complete:
+            loop.close()  # names the plan's first step vLLM did not capture, everything released
+    finally:
+        h.routes.clear()
+    check_capture(h, out)
+    return out
+
+
+def check_capture(h: _Hooks, measured) -> int | None:
+    """The plan's prediction against what vLLM measured its capture took (``capture_model``'s
+    free-memory drop): the figure into the loop's capture report (``engine_capture_bytes``),
+    and one WARNING naming the gap where it is wider than :data:`GAP_SHARE` of the prediction
+    (:data:`GAP_FLOOR` at least). Returns the gap (measured - predicted), None where the
+    plan has no complete figure or vLLM measured nothing."""
+    import msgspec
+
+    predicted = plan_total(h.adoption.plan)
+    gs = h.adoption.loop.graphs if h.adoption.loop is not None else None
+    if not isinstance(measured, int) or predicted is None:
+        return None
+    if gs is not None and gs.report is not None:
+        gs.report = msgspec.structs.replace(gs.report, engine_capture_bytes=measured)
+    gap = measured - predicted
+    if abs(gap) > max(GAP_FLOOR, int(GAP_SHARE * predicted)):
+        sized = (
+            "vLLM sized its KV cache after capture, from what it took"
+            if h.deferred
+            else f"vLLM sized its KV cache before capture with the plan's figure ({h.answered} B)"
+            if h.answered is not None
+            else "vLLM sized its KV cache with its own estimate"
+        )
+        core.log.warning(
+            "capture-plan: vLLM's capture took %d B, the plan predicted %d B (%s by %d B; %s): recalibrate the "
+            "plan from this device's capture report (planner build ... --calibration REPORT)",
+            measured,
+            predicted,
+            "more" if gap > 0 else "less",
+            abs(gap),
+            sized,
+        )
+    return gap
+
+
+def capture_routed(h: _Hooks, manager, create_forward_fn, *args, **kwargs):
+    """``CudaGraphManager.capture`` (every manager): the descriptors in the plan's order
+    within each mode, each one plan step taken at its warm-up build (:class:`_Routed`)."""
+    route = h.routes.get(id(manager))
+    if route is None:
+        return h.capture(manager, create_forward_fn, *args, **kwargs)
+    index = {st.id: st.index for st in h.adoption.plan.steps if st.op == "capture"}
+    order = {d: index[k.id] for d, k in route.items()}  # the plan's position of each descriptor
+    unknown = [d for ds in manager._capture_descs.values() for d in ds if d not in order]
+    if unknown:  # made after capture_model listed them: what _unroutable knows of is refused before
+        raise h.refusal(
+            f"vLLM's {type(manager).__name__} captures {len(unknown)} graphs it did not list before the first "
+            f"capture (such as {unknown[0]}); the plugin routes only graphs it checked against the plan, and "
+            "the graphs captured so far are released",
+            f"unset {core.ENV_PLAN} to capture as vLLM {h.version} does with these settings "
+            "(the plugin does not know what adds them)",
+        )
+    saved = {mode: list(descs) for mode, descs in manager._capture_descs.items()}, manager.pool
+    for descs in manager._capture_descs.values():
+        descs.sort(key=order.__getitem__)
+    routed = _Routed(h, manager, route, order, create_forward_fn)
+    try:
+        h.capture(manager, routed.create, *args, **kwargs)
+        routed.hold_pending()
+    except BaseException:
+        routed.abandon()
+        raise
+    finally:
+        manager._capture_descs.update(saved[0])
+        manager.pool = saved[1]
+
+
+class _Routed:
+    """One manager's capture through the plan: ``create`` stands in for vLLM's
+    ``create_forward_fn``. A warm-up build takes the descriptor's plan step (its warm-up
+    inside ``step.warmup()`` where the plan declares what it keeps), a recording build
+    records into the step's pool, and a FULL graph is handed to its step with what it
+    returns through (the model's hidden states; a speculator's graph writes into its own
+    buffers: None) at the next build or when the capture ends.
+
+    vLLM 0.33.0 sizes the persistent hidden states from its first warm-up (its largest
+    descriptor's): a plan that starts smaller gets one warm-up at the largest first,
+    inside the first step's warm-up block, so what it keeps is measured against what the
+    plan declares. vLLM 0.34.0 sizes them up front for the widest: no extra warm-up."""
+
+    def __init__(self, h: _Hooks, manager, route: dict, order: dict, create_forward_fn):
+        self.h, self.manager, self.route, self.create_forward_fn = h, manager, route, create_forward_fn
+        self.model = isinstance(manager, h.model_manager_cls)
+        self.pending: list = []
+        #: the first step's warm-up block, opened before the pre-warm, closed after its own warm-up
+        self.opened: list[contextlib.ExitStack] = []
+        descs = sorted((d for ds in manager._capture_descs.values() for d in ds), key=order.__getitem__)
+        largest = max(descs, key=lambda d: d.num_tokens) if descs else None
+        first_warmup = h.shape.persistent_buffer == "first-warmup"
+        self.prewarm = [largest] if first_warmup and self.model and manager.hidden_states is None else []
+        if self.prewarm and largest is descs[0]:
+            self.prewarm.clear()
+
+    def hold_pending(self) -> None:
+        if self.pending:
+            desc, step = self.pending.pop()
+            out = self.manager.hidden_states[: desc.num_tokens] if self.model else None
+            step.hold(out, graph=self.manager.graphs[desc])
+
+    @staticmethod
+    def block(step):
+        return step.warmup() if step.keeps is not None else contextlib.nullcontext()
+
+    def create(self, desc, warmup):
+        self.hold_pending()
+        adoption = self.h.adoption
+        if not warmup:  # the recording's build: into the step's pool
+            step = adoption.current
+            self.manager.pool = step.pool
+            if _name(desc.cg_mode) == "FULL":
+                self.pending.append((desc, step))
+            return self.create_forward_fn(desc, warmup)
+        k = self.route[desc]
+        step = adoption.step(k.phase, k.bs, dict(k.labels))
+        if self.prewarm:  # built and run before this descriptor's build: each build sets vLLM's inputs
+            first = contextlib.ExitStack()
+            first.enter_context(self.block(step))
+            self.opened.append(first)
+            self.create_forward_fn(self.prewarm[0], True)(type(desc.cg_mode).NONE)  # vLLM's CUDAGraphMode.NONE
+            self.prewarm.clear()
+        forward_fn = self.create_forward_fn(desc, warmup)
+        piece, opened = self.h.piece, self.opened
+
+        def routed(cg_mode):
+            if _name(cg_mode) == "PIECEWISE":
+                piece.append(step)
+                try:
+                    return forward_fn(cg_mode)
+                finally:
+                    piece.clear()
+            with opened.pop() if opened else self.block(step):
+                return forward_fn(cg_mode)
+
+        return routed
+
+    def abandon(self) -> None:
+        if self.opened:  # the first warm-up block never reached its own warm-up
+            self.opened.pop().__exit__(*sys.exc_info())
+
+
+def call_routed(h: _Hooks, wrapper, *args, **kwargs):
+    """``CUDAGraphWrapper.__call__``: while a PIECEWISE step's forward runs, the piece
+    records into the step's pool and is held as the step's next piece."""
+    if not h.piece:
+        return h.call(wrapper, *args, **kwargs)
+    step = h.piece[0]
+    before = {k for k, e in wrapper.concrete_cudagraph_entries.items() if e.cudagraph is not None}
+    saved, wrapper.graph_pool = wrapper.graph_pool, step.pool
+    try:
+        out = h.call(wrapper, *args, **kwargs)
+    finally:
+        wrapper.graph_pool = saved
+    for k, e in wrapper.concrete_cudagraph_entries.items():
+        if k not in before and e.cudagraph is not None:  # this call recorded the piece
+            step.hold(e.output, graph=e.cudagraph, ragged=True)
+    return out
+
+
+def sizes_kv_cache_after_capture(runner) -> bool:
+    """Whether vLLM sizes this runner's KV cache after capture: vLLM 0.34's extensible KV
+    cache (``cache_config.enable_extensible_kv_cache``, resolved on by default on CUDA).
+    Its estimate is then 0 and what capture takes is measured before the KV cache is backed:
+    answering with the plan's figure would count graph memory twice."""
+    return bool(getattr(getattr(runner, "cache_config", None), "enable_extensible_kv_cache", False))
+
+
+def profile_routed(h: _Hooks, runner):
+    """``GPUModelRunner.profile_cudagraph_memory``: the plan checked and its loop made; the
+    answer vLLM's own where it sizes its KV cache after capture (0: the plan's figure is
+    checked against the capture instead, :func:`check_capture`), else the plan's figure."""
+    adoption = h.adoption
+    loop = adoption.begin(facts_of(runner.vllm_config), env_problems=_env_problems, options=_streams(runner))
+    if loop is None:
+        return h.profile(runner)
+    from capture_plan.adapters.profiling import profile_cudagraph_memory
+
+    if sizes_kv_cache_after_capture(runner):
+        h.deferred = True
+        answer = h.profile(runner)
+        core.log.info(
+            "capture-plan: vLLM sizes its KV cache after capture (extensible KV cache): its estimate stands "
+            "(%s B); the plan's figure (%s B) is checked against what the capture takes",
+            answer,
+            plan_total(adoption.plan),
+        )
+        return answer
+    if plan_total(adoption.plan) is None:
+        err = h.refusal(
+            "the plan does not say what capture takes from the device (reserve for capture: unknown)",
+            "calibrate it from a capture report of this device (planner build ... --calibration REPORT)",
+        )
+        if h.s.fallback != "engine":
+            raise err
+        core.log.warning("capture-plan: %s; vLLM profiles as it does", err)
+        return h.profile(runner)
+    figure = profile_cudagraph_memory(plan=adoption.plan)
+    h.answered = int(figure)
+    return figure
 
 
 def plan_total(plan) -> int | None:
