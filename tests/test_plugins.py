@@ -40,12 +40,18 @@ from capture_plan.adapters.plugins.hooks import hook
 torch = pytest.importorskip("torch")
 
 from engines import harness  # noqa: E402
-from engines.plugged import plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
 CPU = torch.device("cpu")
 SIZES = [1, 2, 4, 8]
 HIDDEN_BYTES = 8 * 8 * 4  # vLLM's persistent hidden_states: 8 tokens of 8 float32
+
+
+@pytest.fixture(params=VLLM_RELEASES)
+def vllm(request) -> str:
+    """The vLLM release a vLLM test runs on (its engine-faithful runner: tests/engines/plugged.py)."""
+    return request.param
 
 
 @pytest.fixture
@@ -452,8 +458,8 @@ def _classes(module):
     return [module.CudaGraphManager, module.GPUModelRunner, module.CUDAGraphWrapper]
 
 
-def test_disabled_the_vllm_plugin_changes_nothing(cuda, monkeypatch, tmp_path):
-    module = vllm_release(monkeypatch, tmp_path)
+def test_disabled_the_vllm_plugin_changes_nothing(vllm, cuda, monkeypatch, tmp_path):
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     before = [dict(vars(c)) for c in _classes(module)]
     monkeypatch.delenv(core.ENV_PLAN, raising=False)
     vllm_plugin.register()
@@ -469,10 +475,28 @@ def test_disabled_the_vllm_plugin_changes_nothing(cuda, monkeypatch, tmp_path):
     runner.release()
 
 
-def _vllm_routed(cuda, monkeypatch, tmp_path, *, loras=None, draft=False, **plan_kw):
-    module = vllm_release(monkeypatch, tmp_path)
+def _draft_decode(module, sizes=SIZES):
+    """The draft decode manager's request sizes where the release has its own grid (vLLM
+    0.34.0: up to max_num_seqs, the fake runner's largest size), else None (the sizes)."""
+    grid = getattr(module, "decode_cudagraph_capture_grid", None)
+    return grid(max(sizes)) if grid is not None else None
+
+
+def _kv_sized_before_capture(runner):
+    """The runner with the KV cache sized before capture (vLLM 0.34.0 with the extensible KV
+    cache off; 0.33.0 always): vLLM then asks for its estimate, and the plan answers it."""
+    config = getattr(runner, "cache_config", None)
+    if config is not None:
+        config.enable_extensible_kv_cache = False
+    return runner
+
+
+def _vllm_routed(vllm, cuda, monkeypatch, tmp_path, *, loras=None, draft=False, **plan_kw):
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     labels = [str(n) for n in loras] if loras else None
-    plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES, loras=labels, draft=draft, **plan_kw)
+    plan = harness.vllm_plan(
+        tmp_path, SIZES, keeps=HIDDEN_BYTES, loras=labels, draft=draft, draft_decode=_draft_decode(module), **plan_kw
+    )
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
     model = _vllm_model(cuda)
@@ -480,13 +504,13 @@ def _vllm_routed(cuda, monkeypatch, tmp_path, *, loras=None, draft=False, **plan
     return module, plan, model, runner
 
 
-def test_vllm_routes_a_plan_whose_draft_phases_keep_the_managers_order(cuda, monkeypatch, tmp_path):
+def test_vllm_routes_a_plan_whose_draft_phases_keep_the_managers_order(vllm, cuda, monkeypatch, tmp_path):
     """At the GPU test's sizes the optimizer, free to order phases by pool cost, put the draft
     decode FULL graphs before the draft prefill's, an order vLLM cannot follow (each speculator
     manager in turn): the plugin refused the plan. The spec's ``after`` states vLLM's order."""
     sizes = [1, 2, 4, 8, 16, 32]
-    module = vllm_release(monkeypatch, tmp_path)
-    plan = harness.vllm_plan(tmp_path, sizes, loras=["0", "1"], draft=True)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
+    plan = harness.vllm_plan(tmp_path, sizes, loras=["0", "1"], draft=True, draft_decode=_draft_decode(module, sizes))
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
     model = ToyModel({"piecewise": 1}, max_tokens=max(sizes) * harness.DRAFT_QUERY, fake=cuda)
@@ -497,8 +521,10 @@ def test_vllm_routes_a_plan_whose_draft_phases_keep_the_managers_order(cuda, mon
     runner.release()
 
 
-def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_the_plan(cuda, monkeypatch, tmp_path):
-    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, loras=[0, 1], draft=True)
+def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_the_plan(
+    vllm, cuda, monkeypatch, tmp_path
+):
+    module, plan, model, runner = _vllm_routed(vllm, cuda, monkeypatch, tmp_path, loras=[0, 1], draft=True)
     # the planner's LoRA plan (spec `variants = { loras = [...] }`), the axis the plugin labels
     axes = {p.name: [a.name for a in p.variants] for p in plan.phases if p.variants}
     assert axes == {"piecewise": ["loras"], "full_decode": ["loras"], "full_decode_ubatch": ["loras"]}
@@ -511,7 +537,7 @@ def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_th
     full = {(d.num_tokens, d.num_active_loras, d.num_ubatches) for d in manager.graphs}
     assert full == {(n, lo, ub) for n in SIZES for lo in (0, 1) for ub in (1, 2) if ub == 1 or n >= 2}
     assert {d.num_tokens for d in spec.prefill_cudagraph_manager.graphs} == {3, 6}
-    assert {d.num_tokens for d in spec.decode_cudagraph_manager.graphs} == set(SIZES)
+    assert {d.num_tokens for d in spec.decode_cudagraph_manager.graphs} == set(_draft_decode(module) or SIZES)
     (pool,) = gs.pools.values()
     everything = [*manager.graphs.values(), *spec.prefill_cudagraph_manager.graphs.values()]
     everything += [
@@ -547,15 +573,17 @@ def test_vllm_routes_pieces_full_graphs_twins_lora_and_the_speculator_through_th
     gs.release()
 
 
-def test_vllm_follows_a_plan_that_captures_smallest_first(cuda, monkeypatch, tmp_path):
-    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, order=("order=smallest-first",))
+def test_vllm_follows_a_plan_that_captures_smallest_first(vllm, cuda, monkeypatch, tmp_path):
+    module, plan, model, runner = _vllm_routed(vllm, cuda, monkeypatch, tmp_path, order=("order=smallest-first",))
     runner.capture_model()
     manager = runner.cudagraph_manager
     P = module.CUDAGraphMode.PIECEWISE
-    # the plan's order within each mode (vLLM's is largest first); one warm-up at the
-    # largest first, as vLLM sizes its persistent hidden states from its first warm-up
+    # the plan's order within each mode (vLLM's is largest first); with 0.33.0 one warm-up at
+    # the largest first, as it sizes its persistent hidden states from its first warm-up;
+    # 0.34.0 sizes them up front for the widest descriptor, so no warm-up is added
     warm = [(d.cg_mode, d.num_tokens) for d, w in manager.builds if w]
-    assert warm[:5] == [(P, 8), (P, 1), (P, 2), (P, 4), (P, 8)]
+    first = [(P, 8)] if vllm == "0.33.0" else []
+    assert warm[: len(first) + 4] == [*first, (P, 1), (P, 2), (P, 4), (P, 8)]
     # each micro-batch twin right after its FULL graph (twin_of), as vLLM captures them
     assert [d.num_tokens for d in manager.graphs] == [1, 2, 2, 4, 4, 8, 8]
     gs = module.CudaGraphManager.__capture_plan__.loop.graphs
@@ -568,13 +596,13 @@ def test_vllm_follows_a_plan_that_captures_smallest_first(cuda, monkeypatch, tmp
     gs.release()
 
 
-def test_vllm_names_a_mixed_full_graphs_twin_for_its_descriptor(cuda, monkeypatch, tmp_path):
+def test_vllm_names_a_mixed_full_graphs_twin_for_its_descriptor(vllm, cuda, monkeypatch, tmp_path):
     """vLLM's FULL mode captures mixed FULL graphs, each with a micro-batch twin whose
     uniform_token_count _maybe_ubatch_twin sets: the twin is full_mixed_ubatch (twin_of
     full_mixed), not a uniform-decode twin."""
     from engines.plans import build
 
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     spec = (
         f'[[phases]]\nname = "full_mixed"\nkind = "full"\nsizes = {SIZES}\n'
         '[[phases]]\nname = "full_mixed_ubatch"\nkind = "full"\nsizes = [2, 4, 8]\ntwin_of = "full_mixed"\n'
@@ -608,14 +636,14 @@ def test_vllm_names_a_mixed_full_graphs_twin_for_its_descriptor(cuda, monkeypatc
     gs.release()
 
 
-def test_the_runners_desc_key_names_every_descriptor_as_the_plugin_does(cuda, monkeypatch, tmp_path):
+def test_the_runners_desc_key_names_every_descriptor_as_the_plugin_does(vllm, cuda, monkeypatch, tmp_path):
     """tests/engines/vllm_runner.desc_key (the adopted runner's, which must not import the
     plugin: the runner stands in for the engine) and the plugin's phase_of agree on every
     descriptor the runner makes: LoRA cases, twins of uniform-decode and of mixed FULL
     graphs, the speculator's managers."""
     from engines import vllm_runner
 
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     model = _vllm_model(cuda)
     configs = [
         {"lora_capture_cases": [0, 1], "draft": model},
@@ -640,15 +668,18 @@ def test_the_runners_desc_key_names_every_descriptor_as_the_plugin_does(cuda, mo
     assert {"draft_prefill_piecewise", "draft_prefill_full_decode", "draft_decode_full_decode"} <= seen
 
 
-def test_vllm_leaves_out_the_draft_decode_graphs_a_one_step_speculator_never_captures(cuda, monkeypatch, tmp_path):
+def test_vllm_leaves_out_the_draft_decode_graphs_a_one_step_speculator_never_captures(
+    vllm, cuda, monkeypatch, tmp_path
+):
     """With one speculative step vLLM's speculator captures its draft prefill only: a plan with
     draft decode graphs is refused before the first graph, a plan without them is followed."""
     from engines.plans import build, keyed
 
-    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    module, plan, model, runner = _vllm_routed(vllm, cuda, monkeypatch, tmp_path, draft=True)
     runner.speculator.num_speculative_steps = 1
+    drafts = len(_draft_decode(module) or SIZES)
     with pytest.raises(
-        core.PluginRefused, match=r"the plan holds 4 graph keys vllm does not capture \(capture/draft_decode"
+        core.PluginRefused, match=rf"the plan holds {drafts} graph keys vllm does not capture \(capture/draft_decode"
     ):
         runner.capture_model()
     assert runner.cudagraph_manager.builds == []
@@ -661,7 +692,7 @@ def test_vllm_leaves_out_the_draft_decode_graphs_a_one_step_speculator_never_cap
         micro_batches=2,
     )
     plan = keyed(plan, "draft_prefill_piecewise", pieces=3)
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
     runner = _vllm_runner(module, model, draft=True)
@@ -674,13 +705,13 @@ def test_vllm_leaves_out_the_draft_decode_graphs_a_one_step_speculator_never_cap
     gs.release()
 
 
-def test_vllm_a_listed_graph_vllm_does_not_capture_is_one_error_and_nothing_is_left(cuda, monkeypatch, tmp_path):
+def test_vllm_a_listed_graph_vllm_does_not_capture_is_one_error_and_nothing_is_left(vllm, cuda, monkeypatch, tmp_path):
     """A manager whose graphs were listed and matched but which vLLM's capture_model skips
     (a path the plugin does not know): the loop is incomplete when capture_model returns, so
     the plugin closes it, which names the first step not captured and releases every graph."""
     from capture_plan.executor import ExecutorError
 
-    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    module, plan, model, runner = _vllm_routed(vllm, cuda, monkeypatch, tmp_path, draft=True)
     monkeypatch.setattr(
         module.EagleSpeculator, "capture", lambda self: self.prefill_cudagraph_manager.capture(self._forward)
     )
@@ -708,8 +739,10 @@ def _without_twins(plan):
 
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["refuse", "fallback"])
-def test_vllm_refuses_a_plan_without_graphs_it_captures_before_the_first(cuda, monkeypatch, tmp_path, fallback, caplog):
-    module = vllm_release(monkeypatch, tmp_path)
+def test_vllm_refuses_a_plan_without_graphs_it_captures_before_the_first(
+    vllm, cuda, monkeypatch, tmp_path, fallback, caplog
+):
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES)
     path = plan_file(tmp_path, _without_twins(plan))
     monkeypatch.setenv(core.ENV_PLAN, str(path))
@@ -732,11 +765,11 @@ def test_vllm_refuses_a_plan_without_graphs_it_captures_before_the_first(cuda, m
     runner.release()
 
 
-def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(cuda, monkeypatch, tmp_path):
+def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(vllm, cuda, monkeypatch, tmp_path):
     """vLLM records PIECEWISE before FULL: a plan with its FULL phase first is refused."""
     from engines.plans import build, keyed
 
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     spec = harness.vllm_spec(SIZES).replace('after = ["piecewise"]\n', "")  # vLLM's order, dropped
     first, rest = spec.split('[[phases]]\nname = "full_decode"')
     plan = build(tmp_path, '[[phases]]\nname = "full_decode"' + rest + first, "warmup=every-size", "outputs=view")
@@ -760,10 +793,12 @@ def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(cuda, monkeypatch, tmp
         (2, r"capture/piecewise/8\): the engine records a piece more than the 2 the plan's step has"),
     ],
 )
-def test_vllm_a_piece_count_that_differs_from_the_plans_leaves_no_graph(cuda, monkeypatch, tmp_path, pieces, message):
+def test_vllm_a_piece_count_that_differs_from_the_plans_leaves_no_graph(
+    vllm, cuda, monkeypatch, tmp_path, pieces, message
+):
     from capture_plan.executor import ExecutorError
 
-    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, pieces=pieces)
+    module, plan, model, runner = _vllm_routed(vllm, cuda, monkeypatch, tmp_path, pieces=pieces)
     with pytest.raises(ExecutorError, match=message):
         runner.capture_model()
     assert runner.cudagraph_manager.graphs == {}
@@ -772,10 +807,10 @@ def test_vllm_a_piece_count_that_differs_from_the_plans_leaves_no_graph(cuda, mo
     assert cuda.snapshot() == []
 
 
-def test_vllm_a_warm_up_keeping_more_than_declared_names_the_step(cuda, monkeypatch, tmp_path):
+def test_vllm_a_warm_up_keeping_more_than_declared_names_the_step(vllm, cuda, monkeypatch, tmp_path):
     from capture_plan.executor import ExecutorError
 
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES // 2)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
@@ -809,8 +844,10 @@ _UNROUTED = {
 
 
 @pytest.mark.parametrize("setting", list(_UNROUTED))
-def test_vllm_refuses_what_it_does_not_route_in_one_line_before_the_first_graph(cuda, monkeypatch, tmp_path, setting):
-    module = vllm_release(monkeypatch, tmp_path)
+def test_vllm_refuses_what_it_does_not_route_in_one_line_before_the_first_graph(
+    vllm, cuda, monkeypatch, tmp_path, setting
+):
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES, draft=True))))
     vllm_plugin.register()
     runner = _vllm_runner(module, _vllm_model(cuda), draft=True)
@@ -822,8 +859,10 @@ def test_vllm_refuses_what_it_does_not_route_in_one_line_before_the_first_graph(
     assert runner.cudagraph_manager.builds == [] and runner.speculator.prefill_cudagraph_manager.builds == []
 
 
-def test_vllm_captures_a_dynamic_speculator_as_it_does_where_the_operator_chose_so(cuda, monkeypatch, tmp_path, caplog):
-    module = vllm_release(monkeypatch, tmp_path)
+def test_vllm_captures_a_dynamic_speculator_as_it_does_where_the_operator_chose_so(
+    vllm, cuda, monkeypatch, tmp_path, caplog
+):
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES, draft=True))))
     monkeypatch.setenv(core.ENV_FALLBACK, "engine")
     vllm_plugin.register()
@@ -850,23 +889,23 @@ def _calibrated(plan):
     return seal(msgspec.structs.replace(plan, predicted=msgspec.structs.replace(plan.predicted, device=device)))
 
 
-def test_vllm_answers_its_estimate_from_the_plan(cuda, monkeypatch, tmp_path, caplog):
+def test_vllm_answers_its_estimate_from_the_plan(vllm, cuda, monkeypatch, tmp_path, caplog):
     from capture_plan.schemas.keys import capture_memory
 
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES)
     # not calibrated for a device: the figure is unknown, and the estimate is refused
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan, "raw.json")))
     vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
+    runner = _kv_sized_before_capture(_vllm_runner(module, _vllm_model(cuda)))
     with pytest.raises(core.PluginRefused, match=r"reserve for capture: unknown.*--calibration REPORT"):
         runner.profile_cudagraph_memory()
     # calibrated: the plan's whole-capture figure, no profiling capture
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     calibrated = _calibrated(plan)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, calibrated)))
     vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
+    runner = _kv_sized_before_capture(_vllm_runner(module, _vllm_model(cuda)))
     figure = runner.profile_cudagraph_memory()
     assert figure == capture_memory(calibrated).bytes == vllm_plugin.plan_total(calibrated) > 30 * 2**20
     assert runner.cudagraph_manager.builds == []  # nothing captured to answer it
@@ -874,28 +913,30 @@ def test_vllm_answers_its_estimate_from_the_plan(cuda, monkeypatch, tmp_path, ca
     assert module.CudaGraphManager.__capture_plan__.loop.complete
     runner.release()
     # the operator's choice: vLLM's own estimate (its extrapolation: the fake's memory never moves)
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan, "raw.json")))
     monkeypatch.setenv(core.ENV_FALLBACK, "engine")
     vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
+    runner = _kv_sized_before_capture(_vllm_runner(module, _vllm_model(cuda)))
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
         assert runner.profile_cudagraph_memory() == (7 - 1) * module.MIB
     assert "vLLM profiles as it does" in caplog.text
 
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["refuse", "fallback"])
-def test_vllm_checks_the_keys_at_capture_after_answering_the_estimate(cuda, monkeypatch, tmp_path, fallback, caplog):
+def test_vllm_checks_the_keys_at_capture_after_answering_the_estimate(
+    vllm, cuda, monkeypatch, tmp_path, fallback, caplog
+):
     """The estimate comes before vLLM made its managers (nothing to check the keys of then):
     the capture that follows checks them before its first graph, and refuses, or captures as
     vLLM does where the operator chose so."""
-    module = vllm_release(monkeypatch, tmp_path)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
     plan = _calibrated(_without_twins(harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES)))
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     if fallback:
         monkeypatch.setenv(core.ENV_FALLBACK, "engine")
     vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
+    runner = _kv_sized_before_capture(_vllm_runner(module, _vllm_model(cuda)))
     assert runner.profile_cudagraph_memory() == vllm_plugin.plan_total(plan)
     if not fallback:
         with pytest.raises(core.PluginRefused, match=r"vllm captures 3 graphs the plan does not hold") as err:
@@ -912,10 +953,10 @@ def test_vllm_checks_the_keys_at_capture_after_answering_the_estimate(cuda, monk
     runner.release()
 
 
-def test_vllm_captures_again_as_it_does_once_the_plans_capture_is_done(cuda, monkeypatch, tmp_path, caplog):
+def test_vllm_captures_again_as_it_does_once_the_plans_capture_is_done(vllm, cuda, monkeypatch, tmp_path, caplog):
     """Elastic EP drops the graphs and captures again (release_graphs, then capture_model): the
     plan's capture is done, so vLLM's own capture records them, with a warning."""
-    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path)
+    module, plan, model, runner = _vllm_routed(vllm, cuda, monkeypatch, tmp_path)
     runner.capture_model()
     gs = module.CudaGraphManager.__capture_plan__.loop.graphs
     runner.cudagraph_manager.release_graphs()
@@ -928,13 +969,13 @@ def test_vllm_captures_again_as_it_does_once_the_plans_capture_is_done(cuda, mon
     gs.release()
 
 
-def test_vllm_a_graph_a_manager_adds_after_the_check_is_refused_and_nothing_is_left(cuda, monkeypatch, tmp_path):
+def test_vllm_a_graph_a_manager_adds_after_the_check_is_refused_and_nothing_is_left(vllm, cuda, monkeypatch, tmp_path):
     """A dynamic speculator specializes its descriptors inside its own capture, after
     capture_model listed them: such a graph was not checked against the plan, so the
     capture stops there, everything released."""
     import dataclasses
 
-    module, plan, model, runner = _vllm_routed(cuda, monkeypatch, tmp_path, draft=True)
+    module, plan, model, runner = _vllm_routed(vllm, cuda, monkeypatch, tmp_path, draft=True)
     decode = runner.speculator.decode_cudagraph_manager
     capture = module.EagleSpeculator.capture
 
@@ -976,3 +1017,201 @@ def test_the_entry_points_name_the_plugins_under_the_engines_groups():
         ((name, target),) = groups[group].items()
         module, attr = target.split(":")
         assert name == "capture_plan" and getattr(importlib.import_module(module), attr) is fn
+
+
+# -- the installed engine checked live at registration ------------------------------------------
+
+
+def test_an_unknown_vllm_whose_hook_points_are_a_known_releases_is_captured_by_the_plan(
+    cuda, monkeypatch, tmp_path, caplog
+):
+    """vLLM 0.35.0 (not known) with 0.34.0's objects: one INFO line, and the capture goes
+    through the plan, with 0.34.0's shape (no warm-up added for the persistent buffer)."""
+    module = vllm_release(monkeypatch, tmp_path, version="0.34.0")
+    monkeypatch.setattr(core, "installed", lambda dist: "0.35.0" if dist == "vllm" else "(not installed)")
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
+        vllm_plugin.register()
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO
+    assert record.message == (
+        "capture-plan: vllm 0.35.0 is not a release capture-plan knows; its hook points are vllm 0.34.0's: "
+        "captured by the plan"
+    )
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    runner.capture_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    runner.release()
+    gs.release()
+
+
+def test_an_unknown_vllm_with_a_method_renamed_starts_capturing_as_it_does_with_one_warning(
+    cuda, monkeypatch, tmp_path, caplog
+):
+    """A copy of the 0.34.0 shape whose GPUModelRunner.profile_cudagraph_memory is renamed,
+    reported as 0.35.0: no known release's hook points match, so the plugin installs nothing,
+    one WARNING names the first mismatched row (the newest release's), and vLLM starts and
+    captures as it does; CAPTURE_PLAN_STRICT=1 stops the start-up with that line."""
+    module = vllm_release(monkeypatch, tmp_path, version="0.34.0")
+    runner_cls = module.GPUModelRunner
+    runner_cls.estimate_cudagraph_memory = runner_cls.profile_cudagraph_memory
+    del runner_cls.profile_cudagraph_memory
+    monkeypatch.setattr(core, "installed", lambda dist: "0.35.0" if dist == "vllm" else "(not installed)")
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES))))
+    before = [dict(vars(c)) for c in _classes(module)]
+    with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
+        vllm_plugin.register()
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and "\n" not in record.message
+    assert "vllm 0.35.0: the hook points moved (vllm 0.34.0 row " in record.message
+    assert "GPUModelRunner.profile_cudagraph_memory: not in the installed vllm (AttributeError" in record.message
+    assert "fix: pip install vllm==0.34.0, or a capture-plan that knows vllm 0.35.0" in record.message
+    assert [dict(vars(c)) for c in _classes(module)] == before  # nothing installed
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    runner.capture_model()  # the server starts: vLLM's own capture
+    assert len(runner.cudagraph_manager.graphs) == 7
+    assert not hasattr(module.CudaGraphManager, "__capture_plan__")
+    runner.release()
+    monkeypatch.setenv(core.ENV_STRICT, "1")
+    with pytest.raises(SystemExit) as exit_:
+        vllm_plugin.register()
+    assert "vllm 0.35.0: the hook points moved" in str(exit_.value.code)
+
+
+def test_an_unknown_sglang_whose_hook_points_are_the_known_releases_is_captured_by_the_plan(
+    cuda, monkeypatch, tmp_path, caplog
+):
+    module = sglang_release(monkeypatch, tmp_path)
+    monkeypatch.setattr(core, "installed", lambda dist: "0.5.24" if dist == "sglang" else "(not installed)")
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.sglang_plan(tmp_path, SIZES))))
+    with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
+        sgl_plugin.register()
+    assert [r.message for r in caplog.records] == [
+        "capture-plan: sglang 0.5.24 is not a release capture-plan knows; its hook points are sglang 0.5.23's: "
+        "captured by the plan"
+    ]
+    assert module.FullCudaGraphBackend.__capture_plan__ is sgl_plugin.ADOPTION
+
+
+def test_the_live_check_reads_names_kinds_and_literal_defaults():
+    from capture_plan.adapters.plugins.hooks import HookPoint
+
+    def row(signature):
+        return HookPoint("vllm", "0.0", "vllm/x.py", "f", signature, "")
+
+    def f(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs", *, stream=None, limit=1 << 20):
+        pass
+
+    assert core._params_of_table(row("(self, a=1 << 20, *, b=None)").signature) == [
+        ("self", "POSITIONAL_OR_KEYWORD", None),
+        ("a", "POSITIONAL_OR_KEYWORD", "1 << 20"),
+        ("b", "KEYWORD_ONLY", "None"),
+    ]
+    import inspect
+
+    params = list(inspect.signature(f).parameters.values())
+    want = core._params_of_table(
+        "(self, create_forward_fn, progress_bar_desc='Capturing CUDA graphs', *, stream=None, limit=1 << 20)"
+    )
+    assert all(
+        p.name == n and p.kind.name == k and core._same_default(d, p.default) for p, (n, k, d) in zip(params, want)
+    )
+    assert not core._same_default("'Capturing'", "Capturing CUDA graphs")  # another literal
+    assert not core._same_default(None, None)  # a default where the release has none
+    assert core._same_default("1 << 20", 1 << 20)  # an expression: presence only
+
+
+# -- vLLM sizing its KV cache after capture (0.34.0's extensible KV cache) ----------------------
+
+CAPACITY = 1 << 34
+BLOCK = 1 << 20
+
+
+def _device_memory(monkeypatch, runner, per_graph):
+    """The fake device's free memory: what every graph the runner holds takes off it
+    (``per_graph(n)`` for n graphs: FULL graphs and compiled pieces), as a real pool does."""
+
+    def graphs() -> int:
+        managers = [runner.cudagraph_manager]
+        if runner.speculator is not None:
+            managers += [runner.speculator.prefill_cudagraph_manager, runner.speculator.decode_cudagraph_manager]
+        pieces = sum(
+            e.cudagraph is not None
+            for w in type(runner.cudagraph_manager.compiled.pieces[0])._all_instances
+            for e in w.concrete_cudagraph_entries.values()
+        )
+        return sum(len(m.graphs) for m in managers) + pieces
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (CAPACITY - per_graph(graphs()), CAPACITY))
+
+
+def _kv_blocks(monkeypatch, module, model, per_graph) -> tuple[int, object]:
+    runner = _vllm_runner(module, model)
+    _device_memory(monkeypatch, runner, per_graph)
+    worker = module.Worker(runner, block_bytes=BLOCK, requested_memory=CAPACITY)
+    worker.determine_available_memory()
+    worker.initialize_from_config()
+    return worker.compile_or_warm_up_model(), runner
+
+
+def test_vllm_sizes_the_same_kv_cache_after_capture_with_the_plugin_as_without(cuda, monkeypatch, tmp_path):
+    """vLLM 0.34.0 with its extensible KV cache: the plugin answers the estimate as vLLM does
+    (0), the capture goes through the plan, and the KV cache vLLM sizes after capture is the
+    one it sizes without the plugin. Answering with the plan's figure (what the plugin did
+    for 0.33.0's order) would count graph memory twice: the cache shrinks by that figure."""
+    plan = _calibrated(harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES))
+    model = _vllm_model(cuda)
+    per_graph = lambda n: n * (4 << 20)  # noqa: E731
+    module = vllm_release(monkeypatch, tmp_path, version="0.34.0")
+    monkeypatch.delenv(core.ENV_PLAN, raising=False)
+    alone, runner = _kv_blocks(monkeypatch, module, model, per_graph)
+    assert alone == (CAPACITY - 19 * (4 << 20)) // BLOCK  # 7 FULL graphs, 4 PIECEWISE keys x 3 pieces
+    runner.release()
+
+    module = vllm_release(monkeypatch, tmp_path, version="0.34.0")
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    routed, runner = _kv_blocks(monkeypatch, module, model, per_graph)
+    adoption = module.CudaGraphManager.__capture_plan__
+    assert adoption.loop.complete and routed == alone
+    assert runner.extensible_kv_cache.reserved_headroom_bytes == 0  # graph memory counted once: measured
+    runner.release()
+    adoption.loop.graphs.release()
+
+    # the plan's figure as the answer (the deferral switched off): counted twice, the cache smaller
+    module = vllm_release(monkeypatch, tmp_path, version="0.34.0")
+    monkeypatch.setattr(vllm_plugin, "sizes_kv_cache_after_capture", lambda runner: False)
+    vllm_plugin.register()
+    twice, runner = _kv_blocks(monkeypatch, module, model, per_graph)
+    assert twice == alone - vllm_plugin.plan_total(plan) // BLOCK
+    runner.release()
+    module.CudaGraphManager.__capture_plan__.loop.graphs.release()
+
+
+@pytest.mark.parametrize("off_by", [0, 2], ids=["as-predicted", "twice-the-prediction"])
+def test_vllm_checks_the_plans_prediction_against_what_the_capture_took(cuda, monkeypatch, tmp_path, caplog, off_by):
+    """With the KV cache sized after capture, the plan's figure is checked against vLLM's own
+    measure of its capture (capture_model's free-memory drop): the figure in the capture
+    report, and one WARNING naming the gap where it is wider than the tolerance."""
+    plan = _calibrated(harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES))
+    predicted = vllm_plugin.plan_total(plan)
+    module = vllm_release(monkeypatch, tmp_path, version="0.34.0")
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    took = predicted * (off_by or 1)
+    with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
+        blocks, runner = _kv_blocks(monkeypatch, module, _vllm_model(cuda), lambda n: took * n // 19)
+    report = module.CudaGraphManager.__capture_plan__.loop.graphs.report
+    assert report.engine_capture_bytes == took
+    assert "vLLM sizes its KV cache after capture (extensible KV cache): its estimate stands (0 B)" in caplog.text
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    if not off_by:
+        assert warnings == []
+    else:
+        (line,) = warnings
+        assert f"vLLM's capture took {took} B, the plan predicted {predicted} B (more by {took - predicted} B" in line
+        assert "vLLM sized its KV cache after capture, from what it took" in line and "--calibration" in line
+    runner.release()
+    module.CudaGraphManager.__capture_plan__.loop.graphs.release()

@@ -126,7 +126,7 @@ def draft_sizes(sizes) -> list[int]:
     return sorted({-(-n // DRAFT_QUERY) for n in sizes if -(-n // DRAFT_QUERY) * DRAFT_QUERY <= max(sizes)})
 
 
-def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = None) -> str:
+def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = None, draft_decode=None) -> str:
     """vLLM's phases (the plugin's names: capture_plan.adapters.plugins.vllm.phase_of; the
     runner's desc_key names them alike): the model's PIECEWISE, uniform-decode FULL and FULL
     micro-batch twins; with ``draft`` the EAGLE speculator's draft prefill PIECEWISE and FULL
@@ -135,7 +135,9 @@ def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = No
     break: without it the optimizer may order the draft managers' phases by pool cost. ``loras`` (labels such as
     ["0", "1"]): the model's phases declare vLLM's LoRA axis ``loras``, and the spec sets the
     graph-key fields the planner then writes itself: ``pieces`` a PIECEWISE key, the twins'
-    stream and micro-batches, the persistent hidden states the first warm-up keeps."""
+    stream and micro-batches, the persistent hidden states the first warm-up keeps.
+    ``draft_decode``: the draft decode manager's request sizes where they are not ``sizes``
+    (vLLM 0.34.0's own grid up to max_num_seqs: ``decode_cudagraph_capture_grid``)."""
     twins = [n for n in sizes if n >= 2]
     keyed = ""
     if loras:
@@ -154,27 +156,28 @@ def vllm_spec(sizes, *, draft: bool = False, loras=None, pieces: int | None = No
             + (f"pieces = {pieces}\n" if loras and pieces else "")
             + f'[[phases]]\nname = "draft_prefill_full_decode"\nkind = "full"\nsizes = {draft_sizes(sizes)}\n'
             f'tokens_per_request = {DRAFT_QUERY}\nafter = ["draft_prefill_piecewise"]\n'
-            f'[[phases]]\nname = "draft_decode_full_decode"\nkind = "full"\nsizes = {list(sizes)}\n'
+            f'[[phases]]\nname = "draft_decode_full_decode"\nkind = "full"\nsizes = {list(draft_decode or sizes)}\n'
             'after = ["draft_prefill_full_decode"]\n'
         )
     return spec
 
 
-def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None, loras=None, draft=False, order=()):
+def vllm_plan(tmp_path, sizes, *, pieces=3, keeps=None, loras=None, draft=False, order=(), draft_decode=None):
     """PIECEWISE (``pieces`` a key), FULL, and the FULL micro-batch twins on
     stream "ubatch" (``twin_of``: each right after its FULL graph, as vLLM captures
     them), each largest first (``order``: more build strategies), outputs
     as views; ``keeps``: bytes the first warm-up keeps (the persistent hidden_states:
     the first warm-up of all, the largest PIECEWISE descriptor's, run as NONE, stores
-    its output); ``draft``: the speculator's phases too. ``loras`` (vLLM's LoRA capture
-    cases as labels, e.g. ["0", "1"]): the planner builds the whole plan from the spec
+    its output); ``draft``: the speculator's phases too (``draft_decode``: :func:`vllm_spec`'s).
+    ``loras`` (vLLM's LoRA capture cases as labels, e.g. ["0", "1"]): the planner builds the whole plan from the spec
     (:func:`vllm_spec`: axis ``loras``, the graph-key fields; what the first warm-up
     keeps is then the planner's figure for the spec's model, ``keeps`` unused); without,
     :func:`engines.plans.keyed` sets the graph-key fields, ``keeps`` the toy's bytes."""
     strategies = ("warmup=every-size", "outputs=view", *order)
     if loras:
-        return build(tmp_path, vllm_spec(sizes, draft=draft, loras=loras, pieces=pieces), *strategies)
-    plan = build(tmp_path, vllm_spec(sizes, draft=draft), *strategies)
+        spec = vllm_spec(sizes, draft=draft, loras=loras, pieces=pieces, draft_decode=draft_decode)
+        return build(tmp_path, spec, *strategies)
+    plan = build(tmp_path, vllm_spec(sizes, draft=draft, draft_decode=draft_decode), *strategies)
     first = max(sizes) if not order else plan.steps[0].bs
     plan = keyed(plan, "piecewise", pieces=pieces, keeps={first: keeps} if keeps is not None else None)
     plan = keyed(plan, "full_decode_ubatch", stream="ubatch", micro_batches=2)

@@ -27,6 +27,10 @@ from . import adoption, sglang_runner, vllm_runner
 
 SGLANG = "sglang", "0.5.23"
 VLLM = "vllm", "0.33.0"
+#: release -> the file that changes the release before's runner into it (run over its namespace)
+LATER = {("vllm", "0.34.0"): Path(__file__).with_name("vllm_runner_034.py")}
+#: the vLLM releases the plugin tests run on
+VLLM_RELEASES = ("0.33.0", "0.34.0")
 
 
 def _place(monkeypatch, module, release: tuple[str, str]) -> None:
@@ -42,14 +46,21 @@ def _place(monkeypatch, module, release: tuple[str, str]) -> None:
 ENGINES = {"sglang": (sglang_runner, SGLANG, sgl_plugin), "vllm": (vllm_runner, VLLM, vllm_plugin)}
 
 
-def release(monkeypatch, tmp_path: Path, engine: str, *, fits: bool = True):
+def release(monkeypatch, tmp_path: Path, engine: str, *, version: str | None = None, fits: bool = True):
     """``engine``'s runners as the release ships them (the version before the adoption:
     SGLang 0.5.23's runners and backend, vLLM 0.33.0's runner, managers and piece
-    wrappers) under their module paths; returns the module."""
+    wrappers; ``version="0.34.0"``: 0.33.0's changed by tests/engines/vllm_runner_034.py)
+    under their module paths, reported as installed; returns the module (a fresh copy:
+    a test may change it)."""
     runners, known, plugin = ENGINES[engine]
+    if version is not None and version != known[1]:
+        known = engine, version
     name = f"{engine}_release"
     module = adoption.before_module(Path(runners.__file__), tmp_path, name)
     monkeypatch.delitem(sys.modules, name)
+    later = LATER.get(known)
+    if later is not None:  # the release's changes, over the release before's namespace
+        exec(compile(later.read_text(), str(later), "exec"), vars(module))
     _place(monkeypatch, module, known)
     if fits:
         monkeypatch.setattr(plugin, "_env_problems", lambda plan: [])
