@@ -13,6 +13,8 @@ import pytest
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
 
 pytestmark = pytest.mark.gpu
+#: the vLLM releases whose engine-faithful runners the vLLM tests run (tests/engines/plugged.py)
+VLLM_RELEASES = ("0.33.0", "0.34.0")
 SIZES = [1, 2, 4, 8, 16, 32]
 HIDDEN = 256
 
@@ -62,16 +64,24 @@ def test_sglang_plugin_on_the_gpu(monkeypatch, tmp_path):
         gs.release()
 
 
-def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path):
+def _draft_decode(module):
+    grid = getattr(module, "decode_cudagraph_capture_grid", None)  # vLLM 0.34.0's own draft decode grid
+    return grid(max(SIZES)) if grid is not None else None
+
+
+@pytest.mark.parametrize("vllm", VLLM_RELEASES)
+def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
     import torch
 
     from engines import harness
     from engines.plugged import plan_file, vllm_release
     from engines.toy import ToyModel
 
-    module = vllm_release(monkeypatch, tmp_path, fits=False)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm, fits=False)
     hidden_bytes = max(SIZES) * HIDDEN * 4
-    plan = harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes, loras=["0", "1"], draft=True)
+    plan = harness.vllm_plan(
+        tmp_path, SIZES, keeps=hidden_bytes, loras=["0", "1"], draft=True, draft_decode=_draft_decode(module)
+    )
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
     model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES) * harness.DRAFT_QUERY, hidden=HIDDEN, device=_device())
@@ -102,17 +112,18 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path):
         gs.release()
 
 
-def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_gpu(monkeypatch, tmp_path):
-    """vLLM sizes its persistent hidden states from its first warm-up: a plan that starts at the
-    smallest size gets one warm-up at the largest first, inside the first step's warm-up block,
-    so the allocator measures what it keeps."""
+@pytest.mark.parametrize("vllm", VLLM_RELEASES)
+def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_gpu(monkeypatch, tmp_path, vllm):
+    """vLLM 0.33.0 sizes its persistent hidden states from its first warm-up: a plan that starts
+    at the smallest size gets one warm-up at the largest first, inside the first step's warm-up
+    block, so the allocator measures what it keeps; 0.34.0 sizes them up front for the widest."""
     import torch
 
     from engines import harness
     from engines.plugged import plan_file, vllm_release
     from engines.toy import ToyModel
 
-    module = vllm_release(monkeypatch, tmp_path, fits=False)
+    module = vllm_release(monkeypatch, tmp_path, version=vllm, fits=False)
     hidden_bytes = max(SIZES) * HIDDEN * 4
     plan = harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes, order=("order=smallest-first",))
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
@@ -128,6 +139,48 @@ def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_
         model.x.normal_()
         (out,) = gs.replay("full_decode", 3)
         torch.testing.assert_close(out, model.expected_pieces(3))
+    finally:
+        runner.release()
+        gs.release()
+
+
+def test_vllm_034_plugin_checks_the_prediction_against_the_capture_on_the_gpu(monkeypatch, tmp_path, caplog):
+    """vLLM 0.34.0 with its extensible KV cache, on the GPU: the estimate answered as vLLM does
+    (0), the capture through the plan, then vLLM's own measure of the capture (capture_model's
+    free-memory drop, the device's) in the capture report beside the plan's figure, and one
+    WARNING naming the gap exactly where it is wider than the plugin's tolerance. The KV cache
+    is sized from what capture left (the worker's measure_kv_cache_blocks), the headroom 0."""
+    import logging
+
+    from engines import harness
+    from engines.plans import calibrated
+    from engines.plugged import plan_file, vllm_release
+    from engines.toy import ToyModel
+
+    module = vllm_release(monkeypatch, tmp_path, version="0.34.0", fits=False)
+    hidden_bytes = max(SIZES) * HIDDEN * 4
+    plan = calibrated(harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes), item_bytes=1 << 20)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES), hidden=HIDDEN, device=_device())
+    runner = harness.vllm_runner_of(module, model, SIZES)
+    worker = module.Worker(runner, block_bytes=1 << 20, requested_memory=1 << 30)
+    with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
+        assert worker.determine_available_memory() == 1 << 30  # the estimate: vLLM's own 0
+        worker.initialize_from_config()
+        blocks = worker.compile_or_warm_up_model()
+    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    try:
+        assert runner.extensible_kv_cache.reserved_headroom_bytes == 0 and blocks > 0
+        measured, predicted = gs.report.engine_capture_bytes, vllm_plugin.plan_total(plan)
+        assert isinstance(measured, int) and measured > 0 and predicted is not None
+        gap = measured - predicted
+        warned = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+        wide = abs(gap) > max(vllm_plugin.GAP_FLOOR, int(vllm_plugin.GAP_SHARE * predicted))
+        assert len(warned) == int(wide), warned
+        if wide:
+            assert f"vLLM's capture took {measured} B, the plan predicted {predicted} B" in warned[0]
+        print(f"vLLM 0.34.0-shaped capture on the GPU: measured {measured} B, plan {predicted} B, gap {gap} B")
     finally:
         runner.release()
         gs.release()

@@ -877,16 +877,9 @@ def test_vllm_captures_a_dynamic_speculator_as_it_does_where_the_operator_chose_
 
 
 def _calibrated(plan):
-    import msgspec
+    from engines.plans import calibrated
 
-    from capture_plan.schemas.codec import seal
-
-    items = [
-        i if i.bytes is not None else msgspec.structs.replace(i, bytes=10 * 2**20, provenance="measured")
-        for i in plan.predicted.device.items
-    ]
-    device = msgspec.structs.replace(plan.predicted.device, items=items, total_bytes=sum(i.bytes for i in items))
-    return seal(msgspec.structs.replace(plan, predicted=msgspec.structs.replace(plan.predicted, device=device)))
+    return calibrated(plan)
 
 
 def test_vllm_answers_its_estimate_from_the_plan(vllm, cuda, monkeypatch, tmp_path, caplog):
