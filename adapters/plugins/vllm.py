@@ -5,8 +5,11 @@ graph-memory estimate from the plan.
 Enabled by ``CAPTURE_PLAN_PLAN`` (:mod:`.core`); unset, :func:`register` returns without
 touching vLLM. vLLM calls general plugins in every process and lets their exceptions
 stop it: a refusal is :class:`SystemExit` with the one line. Its hook points are rows of
-:mod:`.hooks` for the vLLM release installed (0.33.0); another release is refused,
-naming the ones it knows. What it wraps, on the classes:
+:mod:`.hooks` per release (0.33.0 and 0.34.0, one plan file format for both), checked live
+on the imported vLLM at registration (:data:`LIVE`, ``core.live_release``): an unknown
+release whose objects are a known release's is captured by the plan with that release's
+shape (:data:`SHAPES`), one whose objects moved captures as vLLM does after one warning
+(``CAPTURE_PLAN_STRICT=1``: stopped). What it wraps, on the classes:
 
 * ``GPUModelRunner.capture_model``: the first capture of the process lists every graph
   the runner's managers will capture (the model's ``ModelCudaGraphManager`` and every
@@ -24,19 +27,26 @@ naming the ones it knows. What it wraps, on the classes:
   ``step.warmup()`` where the plan declares what it keeps (the persistent hidden-state
   buffer), a FULL graph recorded into the step's pool (``self.pool``) and handed to the
   step with what it returns through (the model's hidden states; a speculator's graph
-  writes into its own buffers: None); ``hold(graph=)`` checks the pool. vLLM sizes the
-  persistent hidden states from its first warm-up: a plan that does not start at the
+  writes into its own buffers: None); ``hold(graph=)`` checks the pool. vLLM 0.33.0 sizes
+  the persistent hidden states from its first warm-up: a plan that does not start at the
   largest descriptor gets one warm-up at the largest first, inside the first step's
-  warm-up block, so what it keeps is measured against what the plan declares;
+  warm-up block, so what it keeps is measured against what the plan declares (0.34.0
+  sizes them up front for the widest descriptor: nothing added). 0.34.0's ``capture``
+  takes ``stream``: passed through;
 * ``CUDAGraphWrapper.__call__`` (a compiled piece): while a PIECEWISE step's forward
   runs, each piece records into the step's pool and is held as the step's next piece, in
   the order the pieces run; the plan's piece count is checked by the loop;
-* ``GPUModelRunner.profile_cudagraph_memory``: the plan's figure for the whole capture
-  (``capture_plan.adapters.profiling``) instead of a profiling capture; a plan without a
-  complete figure (not calibrated for a device) is refused (or, with
+* ``GPUModelRunner.profile_cudagraph_memory``: where vLLM sizes its KV cache before
+  capture (0.33.0; 0.34.0 with the extensible KV cache off), the plan's figure for the
+  whole capture (``capture_plan.adapters.profiling``) instead of a profiling capture; a
+  plan without a complete figure (not calibrated for a device) is refused (or, with
   ``CAPTURE_PLAN_FALLBACK=engine``, vLLM profiles as it does). vLLM then sizes its KV
   cache with that figure: where the capture that follows falls back to vLLM's own
-  (``CAPTURE_PLAN_FALLBACK=engine`` after a refusal), the warning says so.
+  (``CAPTURE_PLAN_FALLBACK=engine`` after a refusal), the warning says so. Where vLLM
+  sizes its KV cache after capture (0.34.0's extensible KV cache, on by default on CUDA:
+  :func:`sizes_kv_cache_after_capture`), vLLM's own answer (0): the plan's figure there
+  would be counted twice (it lands in ``reserved_headroom_bytes``). Either way the plan's
+  figure is checked against what ``capture_model`` measured (:func:`check_capture`).
 
 The plan's phases for vLLM's descriptors (:func:`phase_of`): ``piecewise``,
 ``full_decode`` (uniform-decode or varlen-decode FULL graphs: ``tokens_per_request`` is
