@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO, add_overwrite, dumps, header, main_exit, result_file
+from bench.harness import REPO, add_overwrite, header, main_exit, result_file
 
 #: where the wheels are kept between runs (git-ignored, as .ci/run keeps its own)
 WHEELS = REPO / ".cache" / "engine-wheels"
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         res = {**header(device=False), "wheels": sorted(p.name for p in wheels), "releases": result}
         out = result_file(args, "engine-releases", res["date"])
-        out.write(dumps(res))
+        out.write(res)
         print(f"wrote {out.path}")
     late = unfollowed(result)
     for name in late:
