@@ -799,6 +799,32 @@ def hooks() -> list[str]:
     ]
 
 
+def releases() -> list[str]:
+    """The engines' releases against every known release's hook rows (bench/engine_releases.py's
+    latest result): held, and the broken rows named."""
+    name = sorted(p.name for p in RESULTS.glob("engine-releases-*.json"))[-1]
+    d = _load(name)
+    rows = []
+    for r in d["releases"]:
+        broken = "; ".join(f"`{b['name']}`" for b in r["broken"]) or "none"
+        known = "" if r["known"] else " (not known)"
+        rows.append(
+            [
+                f"{r['engine']} {r['release']}{known}",
+                f"{r['engine']} {r['rows_of']}",
+                f"{r['held']} of {r['rows']}",
+                broken,
+            ]
+        )
+    return [
+        *_table(["wheel", "against the hook rows of", "held", "broken rows"], rows),
+        "",
+        "Read with zipfile + ast from the wheels (`python -m bench.engine_releases`; "
+        "docs/ci/engine-releases.yml runs it daily against the newest).",
+        _source(name, d),
+    ]
+
+
 def _bench(name: str):
     """``bench.<name>`` of this checkout, the package imported from its folder by location
     (as tests/bench_modules.py does: the root is not put on ``sys.path``)."""
@@ -861,6 +887,7 @@ TABLES = {
     "engines": engines,
     "replay-times": replay_times,
     "hooks": hooks,
+    "releases": releases,
 }
 
 

@@ -207,3 +207,42 @@ def test_the_engine_names_the_guide_uses_are_hook_points():
         elif tok.startswith(("load_", "profile_")) and tok not in names:
             unknown.append(tok)
     assert unknown == [], "engine names in docs/adoption.md that are not rows of HOOKS"
+
+
+# -- which wheels hold which release's rows (bench/engine_releases.py) -----------------------------
+
+
+def test_the_release_table_names_the_rows_a_later_release_broke():
+    """The wheels against every known release's rows: each known release holds its own
+    rows whole, vLLM 0.34.0 breaks 6 of 0.33.0's (the ones its change table moves), and a
+    wheel that holds no known release's rows whole is named (what the daily job fails on)."""
+    from bench_modules import bench_module
+
+    releases = bench_module("engine_releases")
+    wheels = [contract.find_wheel(WHEELS, e, v) for e, v in RELEASES]
+    if None in wheels:
+        pytest.skip(f"the known releases' wheels are not all in {WHEELS} (.ci/run downloads them)")
+    result = releases.compatibility(wheels)
+    own = {(r["engine"], r["release"]): r for r in result if r["rows_of"] == r["release"]}
+    assert set(own) == set(RELEASES) and all(not r["broken"] for r in own.values())
+    (later,) = [r for r in result if (r["release"], r["rows_of"]) == ("0.34.0", "0.33.0")]
+    assert [b["name"] for b in later["broken"]] == [
+        "CudaGraphManager.__init__",
+        "CudaGraphManager.capture",
+        "ModelCudaGraphManager.capture",
+        "SpeculatorCudaGraphManager",
+        "SpeculatorCudaGraphManager.capture",
+        "TargetDependentARSpeculator.capture",
+    ]
+    assert releases.unfollowed(result) == []
+    assert releases.unfollowed([{**later, "release": "0.35.0", "known": False}]) == ["vllm 0.35.0"]
+    lines = releases.table(result)
+    assert "| vllm 0.34.0 | vllm 0.33.0 | 48 of 54 | `CudaGraphManager.__init__`" in "\n".join(lines)
+
+
+def test_the_daily_workflow_runs_the_release_check():
+    yaml = pytest.importorskip("yaml")
+    flow = yaml.safe_load((ROOT / "docs" / "ci" / "engine-releases.yml").read_text())
+    assert flow[True]["schedule"][0]["cron"]  # `on:` reads as True in YAML 1.1
+    (run,) = [s["run"] for s in flow["jobs"]["contract"]["steps"] if "engine_releases" in s.get("run", "")]
+    assert "python -m bench.engine_releases --wheels" in run and "--offline" not in run
