@@ -13,7 +13,7 @@ from capture_plan.schemas.codec import convert
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.limits import MAX_BS
-from capture_plan.schemas.spec import Choice, Model, Name, Phase, Positive, Rule, Spec
+from capture_plan.schemas.spec import Choice, Model, Name, Phase, Pieces, Positive, Rule, Spec, WarmupKeeps
 from capture_plan.schemas.strategy import PhaseKind
 
 from .resources import data, phase_kind_settings
@@ -58,6 +58,10 @@ class PresetPhase(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kind: PhaseKind
     tokens_per_request: Positive = 1
     uniform_decode: bool = False
+    #: a piecewise phase's piece graphs per capture (the spec's ``pieces``; "attention": layers + 1)
+    pieces: Pieces | msgspec.UnsetType = msgspec.UNSET
+    #: what the phase's warm-up keeps (the spec's ``warmup_keeps``)
+    warmup_keeps: WarmupKeeps | msgspec.UnsetType = msgspec.UNSET
 
 
 class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -232,6 +236,7 @@ def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
         # earlier modes, so that no choice of the planner's reorders them
         after = [q.name for q, r in zip(preset.phases, ranks) if r < ranks[i]]
         fields = {"name": p.name, "kind": p.kind, "sizes": [1], "tokens_per_request": p.tokens_per_request}
+        fields.update({k: getattr(p, k) for k in ("pieces", "warmup_keeps") if getattr(p, k) is not msgspec.UNSET})
         phase = convert({**fields, "after": after}, Phase, f"{where}: $.phases[{i}]")
         phases.append(msgspec.structs.replace(phase, sizes=own))
     return validate_spec(

@@ -311,7 +311,9 @@ def test_the_preset_chains_its_phases_in_vllms_mode_order():
 
 def test_preset_phases_out_of_the_mode_order_are_refused(monkeypatch):
     swap = b'name = "piecewise"\nkind = "piecewise"'
-    _preset_edited(monkeypatch, lambda b: b.replace(swap, b'name = "piecewise"\nkind = "full"', 1))
+    # a full phase has no pieces: the piecewise phase's go with its kind
+    full = b'name = "piecewise"\nkind = "full"'
+    _preset_edited(monkeypatch, lambda b: b.replace(swap, full, 1).replace(b'pieces = "attention"\n', b""))
     try:
         # full, then full: in order; a piecewise kind after a full one is not
         assert [p.after for p in default_spec(preset="vllm").phases] == [[], []]
