@@ -48,8 +48,10 @@ called), so the CPU tests check the arithmetic and the step order (tests/test_be
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +127,106 @@ def vllm_full_decode_requests(
     return sorted(reqs, reverse=True)
 
 
+# -- vLLM 0.34.0's split sizes ---------------------------------------------------------------
+
+
+def _walk_grid(limit: int, step) -> list[int]:
+    """``config/compilation.py`` ``_walk_grid``: 1, ..., ``limit``, each the next multiple of
+    the largest power of two not above ``step(size)``."""
+    grid, size = [], 1
+    while size < limit:
+        grid.append(size)
+        stride = 1 << max(0, math.floor(math.log2(max(1.0, step(size)))))
+        size = (size // stride + 1) * stride
+    return [*grid, limit] if limit else []
+
+
+def vllm_decode_grid(max_requests: int) -> list[int]:
+    """vLLM 0.34.0's ``decode_cudagraph_capture_grid``: every request count up to 6, then a step
+    of the largest power of two not above ``0.65 * n ** (2/3)``: 64 sizes at 1024."""
+    return _walk_grid(max_requests, lambda n: 0.65 * n ** (2 / 3))
+
+
+def vllm_prefill_grid(max_tokens: int, dense_head: bool = False) -> list[int]:
+    """vLLM 0.34.0's ``prefill_cudagraph_capture_grid`` (the token grid of a data-center
+    Blackwell's wide defaults): 54 sizes at 8192."""
+    grid = _walk_grid(max_tokens, lambda t: min(t, max(8, t / 4), 0.07 * max(t, 4096)))
+    if dense_head:
+        grid = sorted({*grid, *(t for t in range(1, 33) if t < max_tokens)})
+    return grid
+
+
+def vllm_decode_shapes(sizes: list[int], query_lens: dict[int, int], max_tokens: int) -> list[tuple[int, int]]:
+    """vLLM 0.34.0's ``decode_cudagraph_capture_shapes``: the (requests, query length)
+    uniform-decode graphs, each query length up to the requests it maps to and
+    ``max_tokens // q``; the first size above that limit captured at the limit."""
+    sizes = sorted(set(sizes))
+    shapes: set[tuple[int, int]] = set()
+    for q, max_reqs in query_lens.items():
+        limit = min(max_reqs, max_tokens // q)
+        reachable = sizes[: bisect.bisect_left(sizes, limit) + 1]
+        shapes.update((min(n, limit), q) for n in reachable if limit >= 1)
+    return sorted(shapes, key=lambda shape: (shape[1], shape[0]))
+
+
+@dataclass(frozen=True)
+class Vllm034Sizes:
+    """What vLLM 0.34.0 captures by default (``_set_cudagraph_sizes`` then
+    ``_split_cudagraph_capture_sizes``, no explicit sizes, no dynamic speculative decoding)."""
+
+    #: token-keyed graphs (PIECEWISE, and mixed FULL), ascending
+    prefill_tokens: list[int]
+    #: the target's uniform-decode graphs as (requests, query length)
+    decode: list[tuple[int, int]]
+    #: the draft decode manager's FULL graphs (requests; query length 1): EAGLE/MTP with K >= 2
+    draft_decode: list[int]
+
+
+def vllm_034_sizes(
+    *,
+    max_num_seqs: int = 1024,
+    max_num_batched_tokens: int = 8192,
+    num_speculative_tokens: int = 0,
+    blackwell: bool = False,
+) -> Vllm034Sizes:
+    """vLLM 0.34.0's default capture sizes for a device, step by step: the shared sizes as
+    0.33.0 made them (:func:`vllm_capture_sizes`); off data-center Blackwell the prefill
+    graphs take them and the decode graphs the request counts ``min(cdiv(s, q),
+    max_num_seqs)`` of those whose rounded-up tokens fit the largest, on Blackwell the
+    token and request grids (:func:`vllm_prefill_grid`, :func:`vllm_decode_grid`, decode
+    capped at 8192 tokens); decode graphs keyed (requests, query length) by
+    :func:`vllm_decode_shapes`; with 2 or more speculative tokens (EAGLE, MTP) the draft
+    decode graphs on their own grid up to ``max_num_seqs`` (H200: 64 up to 1024)."""
+    q = 1 + num_speculative_tokens
+    shared = vllm_capture_sizes(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        decode_query_len=q,
+        blackwell=blackwell,
+    )
+    query_lens = {q: max_num_seqs}
+    if blackwell:
+        prefill = vllm_prefill_grid(min(8192, max_num_batched_tokens))
+        requests = vllm_decode_grid(max_num_seqs)
+        decode_max = min(max_num_batched_tokens, 8192)
+    else:
+        prefill = list(shared)
+        requests = sorted({min(-(-s // q), max_num_seqs) for s in shared if -(-s // q) * q <= max(shared)})
+        decode_max = max_num_batched_tokens
+    draft_requests = vllm_decode_grid(max_num_seqs) if num_speculative_tokens >= 2 else []
+    draft = [n for n, _ in vllm_decode_shapes(draft_requests, {1: max_num_seqs}, decode_max)]
+    # the recorded max (max_cudagraph_capture_size) every decode graph is held to: the largest token count
+    recorded = max([*prefill, *(n * q for n, q in vllm_decode_shapes(requests, query_lens, decode_max)), *draft])
+    return Vllm034Sizes(prefill, vllm_decode_shapes(requests, query_lens, min(recorded, decode_max)), draft)
+
+
+def vllm_persistent_rows(release: str, first_warmup_tokens: int, widest_tokens: int) -> int:
+    """Rows of the persistent hidden states a model manager keeps: vLLM 0.33.0's first warm-up
+    makes them the size of its own descriptor (the largest PIECEWISE one's, by default),
+    0.34.0's ``persistent_like`` the widest descriptor's."""
+    return first_warmup_tokens if release == "0.33.0" else max(first_warmup_tokens, widest_tokens)
+
+
 def vllm_extrapolate(samples: list[int], total_graphs: int) -> int:
     """``_extrapolate_full_graph_memory``: ``first + (n - 1) * max(second, 1 MiB)``; the
     first sample alone where there is one; 0 without samples."""
@@ -164,14 +266,14 @@ def _free() -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
-def _store(run: VllmCapture, phase: str, n: int, out) -> None:
+def _store(run: VllmCapture, phase: str, n: int, out, rows: int = 0) -> None:
     """``store_capture_output``: copy the outputs' first ``n`` rows into the phase's
-    persistent buffers, made on first use like the first output (the largest)."""
-    import torch
+    persistent buffers, made on first use like the first output (0.33.0), or with at least
+    ``rows`` rows, the widest descriptor's (0.34.0's ``persistent_like``)."""
 
     got = outputs(out)
     if phase not in run.buffers:
-        run.buffers[phase] = tuple(torch.empty_like(t) for t in got)
+        run.buffers[phase] = tuple(t.new_empty((max(rows, t.shape[0]), *t.shape[1:])) for t in got)
     for buf, t in zip(run.buffers[phase], got):
         buf[: t.shape[0]] = t
 
@@ -184,6 +286,7 @@ def vllm_capture_model(
     pool=None,
     max_full: int | None = None,
     sample: bool = False,
+    release: str = "0.33.0",
 ) -> VllmCapture:
     """vLLM 0.33.0's capture of ``full`` (phase, request counts: the FULL descriptors)
     then each ``speculator`` phase, all into ``pool`` (a new one where None: the
@@ -193,7 +296,9 @@ def vllm_capture_model(
     read free memory; on a side stream, per descriptor largest-first: a warm-up
     (``forward_fn(NONE)``, which stores its outputs in the persistent buffers), then
     ``torch.cuda.graph(graph, pool, stream=...)`` around the forward and the copy; then
-    free memory again. Releases nothing: :func:`vllm_release` does."""
+    free memory again. Releases nothing: :func:`vllm_release` does. ``release``: whose
+    persistent buffers (:func:`vllm_persistent_rows`: 0.34.0 sizes them for the widest
+    descriptor of the phase up front)."""
     import torch
 
     run = VllmCapture(pool=torch.cuda.graph_pool_handle() if pool is None else pool)
@@ -204,8 +309,10 @@ def vllm_capture_model(
     descs = sorted(reqs, reverse=True)[:max_full]
     with torch.cuda.stream(stream):
         for kind, (name, sizes) in [("full", (phase, descs)), *(("spec", s) for s in speculator)]:
-            for n in sorted(sizes, reverse=True) if kind == "spec" else sizes:
-                _store(run, name, n, target.run(name, n, None))  # the warm-up (forward_fn(NONE))
+            order = sorted(sizes, reverse=True) if kind == "spec" else sizes
+            widest = max(sizes, default=0) if release != "0.33.0" else 0
+            for n in order:
+                _store(run, name, n, target.run(name, n, None), widest)  # the warm-up (forward_fn(NONE))
                 graph = torch.cuda.CUDAGraph()
                 before = None
                 if sample and kind == "full":

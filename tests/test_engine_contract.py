@@ -246,3 +246,62 @@ def test_the_daily_workflow_runs_the_release_check():
     assert flow[True]["schedule"][0]["cron"]  # `on:` reads as True in YAML 1.1
     (run,) = [s["run"] for s in flow["jobs"]["contract"]["steps"] if "engine_releases" in s.get("run", "")]
     assert "python -m bench.engine_releases --wheels" in run and "--offline" not in run
+
+
+# -- bench/baselines.py follows vLLM 0.34.0's size rules -----------------------------------------
+
+
+def _wheel_functions(engine: str, version: str, file: str, names: tuple[str, ...]) -> dict:
+    """``names`` defined in ``file`` of the release's wheel, run here (their source, as released)."""
+    import ast
+    import bisect
+    import math
+    import zipfile
+    from collections.abc import Callable, Iterable, Mapping
+
+    wheel = contract.find_wheel(WHEELS, engine, version)
+    if wheel is None:
+        pytest.skip(f"no {engine}-{version} wheel in {WHEELS} (.ci/run downloads it)")
+    with zipfile.ZipFile(wheel) as z:
+        tree = ast.parse(z.read(file).decode())
+    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert {n.name for n in nodes} == set(names)
+    scope: dict = {"math": math, "bisect": bisect, "Callable": Callable, "Iterable": Iterable, "Mapping": Mapping}
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), file, "exec"), scope)
+    return scope
+
+
+def test_the_baselines_size_rules_are_vllm_034s():
+    from bench_modules import bench_module
+
+    b = bench_module("baselines")
+    fns = _wheel_functions(
+        "vllm",
+        "0.34.0",
+        "vllm/config/compilation.py",
+        (
+            "_walk_grid",
+            "decode_cudagraph_capture_grid",
+            "prefill_cudagraph_capture_grid",
+            "decode_cudagraph_capture_shapes",
+        ),
+    )
+    for n in (1, 2, 7, 64, 100, 256, 512, 1000, 1024, 4096):
+        assert b.vllm_decode_grid(n) == fns["decode_cudagraph_capture_grid"](n), n
+        for dense in (False, True):
+            assert b.vllm_prefill_grid(n * 8, dense) == fns["prefill_cudagraph_capture_grid"](n * 8, dense), n
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 100, 256, 512, 1024]
+    for query_lens, max_tokens in (({1: 1024}, 512), ({4: 1024}, 1024), ({2: 64, 3: 32}, 96), ({1: 8}, 8)):
+        assert b.vllm_decode_shapes(sizes, query_lens, max_tokens) == fns["decode_cudagraph_capture_shapes"](
+            sizes, query_lens, max_tokens
+        )
+    assert len(b.vllm_decode_grid(1024)) == 64 and len(fns["prefill_cudagraph_capture_grid"](8192)) == 54
+    # an H200 without speculative decoding: 0.33.0's 51 sizes both ways; EAGLE with 3 tokens:
+    # 64 draft decode graphs up to max_num_seqs (0.33.0: 51 up to 512)
+    plain = b.vllm_034_sizes()
+    assert plain.prefill_tokens == b.vllm_capture_sizes() and [n for n, _ in plain.decode] == b.vllm_capture_sizes()
+    assert plain.draft_decode == []
+    eagle = b.vllm_034_sizes(num_speculative_tokens=3)
+    assert len(eagle.draft_decode) == 64 and eagle.draft_decode[-1] == 1024
+    assert {q for _, q in eagle.decode} == {4}
+    assert b.vllm_persistent_rows("0.33.0", 256, 512) == 256 and b.vllm_persistent_rows("0.34.0", 256, 512) == 512
