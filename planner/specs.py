@@ -98,6 +98,30 @@ class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"sources of no fact: {', '.join(unknown)}")
 
 
+class ReleaseFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one engine release does that the plugin and the baselines follow (a preset's
+    ``[releases."VERSION"]`` table), each fact with its source in the release's wheel."""
+
+    #: who sizes the persistent buffer a warm-up keeps: ``first-warmup`` (its own
+    #: descriptor's size) or ``widest`` (the widest descriptor's, up front)
+    persistent_buffer: Literal["first-warmup", "widest"]
+    #: uniform-decode graphs keyed by ``tokens`` (the shared sizes rounded up) or by
+    #: ``requests`` (request counts per query length)
+    decode_keys: Literal["tokens", "requests"]
+    #: the draft decode graphs' sizes: the ``capture-sizes`` or a ``request-grid`` to max_num_seqs
+    draft_decode_sizes: Literal["capture-sizes", "request-grid"]
+    #: when the KV cache is sized by default on CUDA: ``before-capture`` (from the graph
+    #: estimate) or ``after-capture`` (from what capture left free)
+    kv_cache: Literal["before-capture", "after-capture"]
+    #: fact name -> "file: function" it comes from
+    sources: dict[str, str]
+
+    def __post_init__(self) -> None:
+        facts = {f.name for f in msgspec.structs.fields(self)} - {"sources"}
+        if set(self.sources) != facts:
+            raise ValueError(f"sources must name exactly the facts {sorted(facts)}, not {sorted(self.sources)}")
+
+
 class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An engine's conventions (planner/data/presets_NAME.toml), strict."""
 
@@ -111,6 +135,8 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the engine's capture order (:class:`CaptureFacts`)
     capture: CaptureFacts
     phases: list[PresetPhase]
+    #: release -> what it does differently (:class:`ReleaseFacts`), every release the plugin knows
+    releases: dict[str, ReleaseFacts] = {}
 
 
 @functools.cache

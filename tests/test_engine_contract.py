@@ -305,3 +305,17 @@ def test_the_baselines_size_rules_are_vllm_034s():
     assert len(eagle.draft_decode) == 64 and eagle.draft_decode[-1] == 1024
     assert {q for _, q in eagle.decode} == {4}
     assert b.vllm_persistent_rows("0.33.0", 256, 512) == 256 and b.vllm_persistent_rows("0.34.0", 256, 512) == 512
+
+
+def test_every_known_vllm_release_has_its_facts_in_the_preset():
+    """The plugin shapes its capture by the preset's [releases."VERSION"] (one table of these
+    facts): every release the hook rows know has one, and 0.33.0's persistent buffer is the
+    one [capture] (the facts the --preset vllm spec follows) states."""
+    from capture_plan.adapters.plugins import vllm as vllm_plugin
+    from capture_plan.planner.specs import engine_preset
+
+    preset = engine_preset("vllm")
+    assert sorted(preset.releases) == sorted(KNOWN["vllm"])
+    assert preset.releases[preset.capture.release].persistent_buffer == preset.capture.persistent_buffer
+    assert vllm_plugin.shape_of("0.34.0").persistent_buffer == "widest"
+    assert vllm_plugin.shape_of("0.34.0").kv_cache == "after-capture"

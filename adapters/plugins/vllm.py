@@ -8,7 +8,7 @@ stop it: a refusal is :class:`SystemExit` with the one line. Its hook points are
 :mod:`.hooks` per release (0.33.0 and 0.34.0, one plan file format for both), checked live
 on the imported vLLM at registration (:data:`LIVE`, ``core.live_release``): an unknown
 release whose objects are a known release's is captured by the plan with that release's
-shape (:data:`SHAPES`), one whose objects moved captures as vLLM does after one warning
+shape (:func:`shape_of`), one whose objects moved captures as vLLM does after one warning
 (``CAPTURE_PLAN_STRICT=1``: stopped). What it wraps, on the classes:
 
 * ``GPUModelRunner.capture_model``: the first capture of the process lists every graph
@@ -95,7 +95,7 @@ __all__ = [
     "ENGINE",
     "ORDER",
     "LIVE",
-    "SHAPES",
+    "shape_of",
     "register",
     "install",
     "phase_of",
@@ -126,19 +126,14 @@ def register() -> None:
 _env_problems = core.env_problems
 
 
-@dataclass(frozen=True)
-class ReleaseShape:
-    """What the plugin does differently per vLLM release (the release whose rows the
-    engine matched: :func:`core.live_release`)."""
+def shape_of(release: str) -> Any:
+    """What vLLM ``release`` does differently (``planner/data/presets_vllm.toml``'s
+    ``[releases."VERSION"]``, the one table of these facts: the plugin reads
+    ``persistent_buffer``); a release of ``hooks.KNOWN["vllm"]`` each (tested)."""
+    from capture_plan.planner.specs import engine_preset
 
-    #: who makes the persistent hidden states: ``first-warmup`` (0.33.0: the first warm-up
-    #: of all, sized by its descriptor) or ``widest`` (0.34.0: the first warm-up, sized up
-    #: front for the widest descriptor, ``persistent_like``)
-    persistent_buffer: str
+    return engine_preset(ENGINE).releases[release]
 
-
-#: release -> its shape (a release of ``hooks.KNOWN["vllm"]`` each)
-SHAPES = {"0.33.0": ReleaseShape("first-warmup"), "0.34.0": ReleaseShape("widest")}
 
 #: the rows checked live at registration: every object :func:`install` resolves, replaces or calls
 LIVE = (
@@ -168,7 +163,8 @@ class _Hooks:
 
     s: core.Settings
     version: str
-    shape: ReleaseShape
+    #: the release's facts (:func:`shape_of`)
+    shape: Any
     adoption: core.Adoption
     manager_cls: Any
     model_manager_cls: Any
@@ -207,7 +203,7 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     h = _Hooks(
         s,
         version,
-        SHAPES[version],
+        shape_of(version),
         adoption,
         manager_cls,
         core.resolve(hook(ENGINE, version, "ModelCudaGraphManager")),
