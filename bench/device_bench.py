@@ -38,6 +38,15 @@ and for each, in that fresh process (``--modes``):
               hidden-state outputs in persistent buffers, against its capture of the same
               graphs; its time. Runs are before 2026-12-02 measured another method: see
               docs/measurements.md
+  vllm-0.34   vLLM 0.34.0's capture of its own default graphs on the device
+              (bench/baselines.py ``vllm_034_sizes``: the target's decode graphs keyed
+              (requests, query length), EAGLE's draft decode grid up to max_num_seqs, the
+              persistent buffers sized for the widest descriptor up front) against the
+              plan's prediction for the same graphs (the case's spec at vLLM's sizes, built
+              analytically: its pool and its whole-capture figure, a lower bound while an
+              item is unknown) and vLLM 0.34.0's estimator (0 with its extensible KV cache,
+              the default on CUDA: the capture is measured instead; else the 2-sample
+              ``profile_cudagraph_memory``, unchanged from 0.33.0)
   sglang      SGLang 0.5.23's reserve (``reserve_for_graph_mb``), arithmetic only
   timing      ``capture(plan, target)`` then ``executor.timing.time_replays``: the median
               replay time of every graph (20 timed replays after 3 untimed), the step-time
@@ -78,7 +87,7 @@ from bench.harness import (
 )
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
-MODES = ("executor", "loop", "startup", "startup-cached", "vllm", "sglang", "timing")
+MODES = ("executor", "loop", "startup", "startup-cached", "vllm", "vllm-0.34", "sglang", "timing")
 
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
@@ -230,6 +239,79 @@ def mode_vllm(case: str, plan, layers: int) -> dict:
     }
 
 
+def vllm034_setup(case: str, plan, layers: int, folder: Path):
+    """vLLM 0.34.0's graphs for a case at its H200 defaults (bench/baselines.py
+    ``vllm_034_sizes``; EAGLE: 3 speculative tokens, query length 4) and the plan for the same
+    graphs: the case's spec with the main phase at vLLM's decode request counts, a
+    ``draft_decode`` phase at its draft decode grid and the other draft phases at the
+    decode request counts, built analytically. Returns (full, speculator, sizes, plan);
+    no torch (the CPU tests run it)."""
+    import msgspec
+
+    from bench.baselines import vllm_034_sizes
+    from capture_plan.planner import build_plan
+    from capture_plan.planner.build import build_spec
+    from capture_plan.planner.spec_toml import spec_toml
+
+    phases = [p.name for p in plan.phases]
+    eagle = "target_verify" in phases
+    k = eagle_config(layers, 1).num_draft_tokens - 1 if eagle else 0  # speculative tokens a step
+    sizes = vllm_034_sizes(num_speculative_tokens=k)
+    reqs = sorted({n for n, _ in sizes.decode}, reverse=True)
+    main = "target_verify" if eagle else "decode"
+    draft = sizes.draft_decode or reqs
+    spec = [(p, sorted(draft if p == "draft_decode" else reqs, reverse=True)) for p in phases if p.startswith("draft_")]
+    want = {main: reqs, **dict(spec)}
+    opts = case_options(case, folder)
+    base = build_spec(opts)
+    kept = [msgspec.structs.replace(ph, sizes=sorted(want[ph.name])) for ph in base.phases if ph.name in want]
+    path = folder / f"{case}-vllm-0.34.toml"
+    path.write_text(spec_toml(msgspec.structs.replace(base, phases=kept)))
+    vllm_plan = build_plan(msgspec.structs.replace(opts, spec=path, ci=False, speculative=None, max_bs=None))
+    return (main, reqs), spec, sizes, vllm_plan
+
+
+def mode_vllm034(case: str, plan, layers: int) -> dict:
+    """vLLM 0.34.0's capture of its default graphs (:func:`vllm034_setup`) in a fresh pool,
+    persistent buffers sized for the widest, against the plan's prediction for those graphs
+    and vLLM 0.34.0's estimator (module docstring)."""
+    import torch
+
+    from bench.baselines import hidden_state_outputs, vllm_capture_model, vllm_profile, vllm_release
+    from capture_plan.schemas.keys import capture_memory
+
+    folder = Path(tempfile.mkdtemp())
+    full, spec, sizes, vllm_plan = vllm034_setup(case, plan, layers, folder)
+    target = case_target(case, vllm_plan, layers)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    with hidden_state_outputs(target):
+        for phase, reqs in [full, *spec]:
+            target.prepare(phase, max(reqs), max(reqs), gen)
+            target.run(phase, max(reqs), None)
+        release()
+        prof = vllm_profile(target, full, spec)  # the estimator with the extensible KV cache off
+        run = vllm_capture_model(target, full, spec, release="0.34.0")
+        measured, graphs = run.measured, len(run.graphs)
+        vllm_release(run)
+    memory = capture_memory(vllm_plan)
+    return {
+        "method": "vLLM 0.34.0 capture_model at its default sizes (bench/baselines.py vllm_034_sizes)",
+        "full": {"phase": full[0], "requests": full[1]},
+        "speculator": {p: r for p, r in spec},
+        "decode_shapes": sizes.decode,
+        "graphs": graphs,
+        "vllm_capture_drop_mib": measured / MiB,
+        "plan_pool_mib": vllm_plan.predicted.pool_bytes / MiB,
+        "plan_capture_mib": memory.bytes / MiB,
+        "plan_capture_complete": memory.complete,
+        "plan_error": (memory.bytes - measured) / measured if measured else None,
+        "estimate_extensible_mib": 0.0,
+        "estimate_mib": prof["estimate"] / MiB,
+        "estimate_error": (prof["estimate"] - measured) / measured if measured else None,
+    }
+
+
 def mode_sglang(case: str, plan) -> dict:
     """SGLang 0.5.23's reserve for the case (bench/baselines.py ``sglang_reserve_mib``): its
     decode term at the plan's largest decode size, its default prefill term on an H200
@@ -352,7 +434,7 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str 
         "fidelity": getattr(plan.predicted, "fidelity", None),
     }
     # vLLM's mode builds a target of its own (sized for vLLM's sizes), SGLang's is arithmetic
-    if not set(modes) <= {"vllm", "sglang"}:
+    if not set(modes) <= {"vllm", "vllm-0.34", "sglang"}:
         target = case_target(case, plan, layers)
         gen = torch.Generator(device="cuda")
         gen.manual_seed(0)
@@ -369,6 +451,8 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str 
             out[mode] = mode_loop(target, plan)
         elif mode == "vllm":
             out[mode] = mode_vllm(case, plan, layers)
+        elif mode == "vllm-0.34":
+            out[mode] = mode_vllm034(case, plan, layers)
         elif mode == "sglang":
             out[mode] = mode_sglang(case, plan)
         elif mode == "timing":
@@ -455,6 +539,12 @@ def main() -> None:
         if "estimate_mib" in vl:
             bits.append(
                 f"vllm {vl['estimate_mib']:.0f} / capture {vl['vllm_capture_drop_mib']:.0f} err {vl['error']:+.1%}"
+            )
+        v4 = row.get("vllm-0.34", {})
+        if "vllm_capture_drop_mib" in v4:
+            bits.append(
+                f"vllm 0.34 capture {v4['vllm_capture_drop_mib']:.0f} plan {v4['plan_capture_mib']:.0f}"
+                f"{'' if v4['plan_capture_complete'] else '+'} estimator {v4['estimate_mib']:.0f} (extensible: 0)"
             )
         sg = row.get("sglang", {})
         if "reserve_mib" in sg:

@@ -643,3 +643,22 @@ def test_a_timed_report_is_named_after_its_run_not_its_day_alone(tmp_path):
     a, b = (db.timed_report_path(Path(p), "reference") for p in (first, second))
     assert a != b and a.parent == b.parent == tmp_path
     assert a.name == f"report-reference-timed-{Path(first).stem.removeprefix('device-')}.json"
+
+
+def test_the_vllm_034_mode_builds_the_plan_for_the_graphs_vllm_captures(tmp_path):
+    """device_bench's vllm-0.34 mode: vLLM 0.34.0's default graphs on an H200 for a case, and
+    a plan of the same graphs (the case's spec at vLLM's sizes): the reference's 51 decode
+    graphs; EAGLE's verify graphs at query length 4 and its 64 draft decode graphs to 1024."""
+    from capture_plan.planner import build_plan
+
+    d = bench_module("device_bench")
+    harness = bench_module("harness")
+    for case, main, drafts in (("reference", 51, None), ("eagle", 49, 64)):
+        folder = tmp_path / case
+        folder.mkdir()
+        full, spec, sizes, plan = d.vllm034_setup(case, build_plan(harness.case_options(case, folder)), 32, folder)
+        assert len(full[1]) == main and {q for _, q in sizes.decode} == ({1} if case == "reference" else {4})
+        want = {full[0]: full[1], **dict(spec)}
+        assert {p.name: sorted(p.sizes, reverse=True) for p in plan.phases} == want
+        if drafts:
+            assert len(dict(spec)["draft_decode"]) == drafts and max(dict(spec)["draft_decode"]) == 1024
