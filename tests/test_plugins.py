@@ -1208,3 +1208,33 @@ def test_vllm_checks_the_plans_prediction_against_what_the_capture_took(cuda, mo
         assert "vLLM sized its KV cache after capture, from what it took" in line and "--calibration" in line
     runner.release()
     module.CudaGraphManager.__capture_plan__.loop.graphs.release()
+
+
+@pytest.mark.parametrize("post_capture", [False, True], ids=["reserve", "post-capture-sizing"])
+def test_sglang_checks_the_plans_figure_against_the_capture_where_it_sizes_its_kv_cache_after(
+    cuda, monkeypatch, tmp_path, caplog, post_capture
+):
+    """With SGLANG_ENABLE_POST_CAPTURE_KV_SIZING SGLang sizes its KV cache from what the
+    capture left free: the plan's figure is checked against the loop's measure of the capture
+    (one WARNING naming the gap); without it SGLang's reserve stands and nothing is checked."""
+    from engines.plans import calibrated
+
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = calibrated(harness.sglang_plan(tmp_path, SIZES))
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    if post_capture:
+        monkeypatch.setenv(sgl_plugin.POST_CAPTURE_ENV, "1")
+    predicted = vllm_plugin.plan_total(plan)
+    monkeypatch.setattr(sgl_plugin, "capture_drop", lambda loop: 3 * predicted)  # the fake device measures none
+    sgl_plugin.register()
+    with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
+        engine = _sgl_start(module, plan, _sgl_model(plan, cuda))
+    lines = [r.message for r in caplog.records]
+    if post_capture:
+        (line,) = lines
+        assert f"SGLang's capture took {3 * predicted} B, the plan predicted {predicted} B (more by" in line
+        assert "SGLang sizes its KV cache after capture (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING)" in line
+    else:
+        assert lines == []
+    engine.cleanup()
+    module.FullCudaGraphBackend.__capture_plan__.loop.graphs.release()

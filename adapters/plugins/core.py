@@ -442,6 +442,48 @@ class Adoption:
         return self.current
 
 
+#: how far an engine's measured capture may be from the plan's prediction before the check
+#: warns: the larger of this share of the prediction and :data:`GAP_FLOOR` (a free-memory
+#: figure moves with the driver's own allocations, which the plan predicts as one item)
+GAP_SHARE = 0.05
+GAP_FLOOR = 16 << 20
+
+
+def check_capture(adoption: Adoption, measured: Any, who: str, sized: str, *, record: bool) -> int | None:
+    """The plan's whole-capture figure (``capture_memory``) against ``measured``, what the
+    capture took (``who``'s measure): with ``record``, the figure into the loop's capture
+    report (``engine_capture_bytes``: the engine's own measure), and one WARNING naming the
+    gap where it is wider than :data:`GAP_SHARE` of the prediction (:data:`GAP_FLOOR` at
+    least), ``sized`` saying how the engine sized its KV cache. Returns the gap (measured -
+    predicted); None where the plan's figure is incomplete or nothing was measured."""
+    import msgspec
+
+    from capture_plan.schemas.keys import capture_memory
+
+    if adoption.plan is None or not isinstance(measured, int):
+        return None
+    memory = capture_memory(adoption.plan)
+    if not memory.complete:
+        return None
+    predicted = int(memory.bytes)
+    gs = adoption.loop.graphs if adoption.loop is not None else None
+    if record and gs is not None and gs.report is not None:
+        gs.report = msgspec.structs.replace(gs.report, engine_capture_bytes=measured)
+    gap = measured - predicted
+    if abs(gap) > max(GAP_FLOOR, int(GAP_SHARE * predicted)):
+        log.warning(
+            "capture-plan: %s's capture took %d B, the plan predicted %d B (%s by %d B; %s): recalibrate the "
+            "plan from this device's capture report (planner build ... --calibration REPORT)",
+            who,
+            measured,
+            predicted,
+            "more" if gap > 0 else "less",
+            abs(gap),
+            sized,
+        )
+    return gap
+
+
 def refuse_once(err: PluginRefused) -> SystemExit:
     """The one line an engine's start-up stops with (``capture-plan: <what>``): a
     SystemExit, because SGLang's plugin loader logs and ignores an Exception."""

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -210,6 +211,28 @@ def _pool_of(plan, phase: str) -> str:
 
 _env_problems = core.env_problems
 
+#: SGLang's switch for sizing the KV cache after capture (``Envs``: off by default)
+POST_CAPTURE_ENV = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
+POST_CAPTURE_SIZED = f"SGLang sizes its KV cache after capture ({POST_CAPTURE_ENV})"
+
+
+def sizes_kv_cache_after_capture(environ=os.environ) -> bool:
+    """Whether SGLang sizes its KV cache after capture: ``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``
+    set true. The plugin answers no reserve either way (SGLang's own ``reserve_for_graph_mb``
+    stands before capture; after it, nothing), so nothing is counted twice; with it on, the
+    plan's figure is checked against what the capture took (``core.check_capture``), which is
+    what SGLang then sizes the KV cache from. (SGLang may switch it off itself,
+    ``post_capture_kv_sizing_planned``: the check then compares all the same.)"""
+    return environ.get(POST_CAPTURE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def capture_drop(loop) -> int | None:
+    """What the capture took from the device by the loop's own measure (its report's
+    ``device_view``: the free-memory drop around the capture; None where not measured)."""
+    report = loop.graphs.report
+    view = getattr(report, "device_view", None) if report is not None else None
+    return None if view is None else int(view.drop)
+
 
 #: extra ``capture_loop`` keywords (the CPU tests pass ``device``)
 LOOP_OPTIONS: dict[str, Any] = {}
@@ -331,6 +354,8 @@ def install(s: core.Settings, version: str) -> core.Adoption:
             adoption.holders.append(self)
         with loop.part(), session(self, stream):
             yield
+        if loop.complete and sizes_kv_cache_after_capture():  # the last runner's part closed the loop
+            core.check_capture(adoption, capture_drop(loop), "SGLang", POST_CAPTURE_SIZED, record=False)
 
     def capture_one_routed(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
         step = adoption.current

@@ -149,11 +149,8 @@ LIVE = (
     "GPUModelRunner.profile_cudagraph_memory",
 )
 
-#: how far vLLM's measured capture may be from the plan's prediction before the check warns:
-#: the larger of this share of the prediction and :data:`GAP_FLOOR` (the free-memory figure
-#: moves with the driver's own allocations, which the plan predicts as one item)
-GAP_SHARE = 0.05
-GAP_FLOOR = 16 << 20
+#: how far the measured capture may be from the plan's prediction (``core.GAP_SHARE``, ``core.GAP_FLOOR``)
+GAP_SHARE, GAP_FLOOR = core.GAP_SHARE, core.GAP_FLOOR
 
 
 @dataclass
@@ -292,37 +289,15 @@ def capture_model_routed(h: _Hooks, runner, *, profile_only=False):
 
 def check_capture(h: _Hooks, measured) -> int | None:
     """The plan's prediction against what vLLM measured its capture took (``capture_model``'s
-    free-memory drop): the figure into the loop's capture report (``engine_capture_bytes``),
-    and one WARNING naming the gap where it is wider than :data:`GAP_SHARE` of the prediction
-    (:data:`GAP_FLOOR` at least). Returns the gap (measured - predicted), None where the
-    plan has no complete figure or vLLM measured nothing."""
-    import msgspec
-
-    predicted = plan_total(h.adoption.plan)
-    gs = h.adoption.loop.graphs if h.adoption.loop is not None else None
-    if not isinstance(measured, int) or predicted is None:
-        return None
-    if gs is not None and gs.report is not None:
-        gs.report = msgspec.structs.replace(gs.report, engine_capture_bytes=measured)
-    gap = measured - predicted
-    if abs(gap) > max(GAP_FLOOR, int(GAP_SHARE * predicted)):
-        sized = (
-            "vLLM sized its KV cache after capture, from what it took"
-            if h.deferred
-            else f"vLLM sized its KV cache before capture with the plan's figure ({h.answered} B)"
-            if h.answered is not None
-            else "vLLM sized its KV cache with its own estimate"
-        )
-        core.log.warning(
-            "capture-plan: vLLM's capture took %d B, the plan predicted %d B (%s by %d B; %s): recalibrate the "
-            "plan from this device's capture report (planner build ... --calibration REPORT)",
-            measured,
-            predicted,
-            "more" if gap > 0 else "less",
-            abs(gap),
-            sized,
-        )
-    return gap
+    free-memory drop): ``core.check_capture``, the figure recorded in the capture report."""
+    sized = (
+        "vLLM sized its KV cache after capture, from what it took"
+        if h.deferred
+        else f"vLLM sized its KV cache before capture with the plan's figure ({h.answered} B)"
+        if h.answered is not None
+        else "vLLM sized its KV cache with its own estimate"
+    )
+    return core.check_capture(h.adoption, measured, "vLLM", sized, record=True)
 
 
 def capture_routed(h: _Hooks, manager, create_forward_fn, *args, **kwargs):
