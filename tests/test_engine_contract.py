@@ -319,3 +319,20 @@ def test_every_known_vllm_release_has_its_facts_in_the_preset():
     assert preset.releases[preset.capture.release].persistent_buffer == preset.capture.persistent_buffer
     assert vllm_plugin.shape_of("0.34.0").persistent_buffer == "widest"
     assert vllm_plugin.shape_of("0.34.0").kv_cache == "after-capture"
+
+
+def test_the_committed_release_table_is_what_the_wheels_give_now():
+    """docs/adoption.md's table renders the latest bench/results/engine-releases-*.json: with
+    the known releases' wheels at hand, it is what bench/engine_releases computes from them
+    with the rows as they are now (a row changed since: rerun ``python -m bench.engine_releases
+    --offline --wheels DIR --write``)."""
+    import json
+
+    from bench_modules import bench_module
+
+    wheels = [contract.find_wheel(WHEELS, e, v) for e, v in RELEASES]
+    if None in wheels:
+        pytest.skip(f"the known releases' wheels are not all in {WHEELS} (.ci/run downloads them)")
+    latest = sorted((ROOT / "bench" / "results").glob("engine-releases-*.json"))[-1]
+    committed = json.loads(latest.read_text())["releases"]
+    assert bench_module("engine_releases").compatibility(wheels) == committed, latest.name
