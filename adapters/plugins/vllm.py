@@ -74,7 +74,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capture_plan.adapters.plugins import core
 from capture_plan.adapters.plugins.hooks import hook
@@ -90,6 +90,9 @@ from capture_plan.adapters.plugins.vllm_keys import (
     phase_of,
     twin_parents,
 )
+
+if TYPE_CHECKING:
+    from capture_plan.planner.specs import ReleaseFacts
 
 __all__ = [
     "ENGINE",
@@ -126,7 +129,7 @@ def register() -> None:
 _env_problems = core.env_problems
 
 
-def shape_of(release: str) -> Any:
+def shape_of(release: str) -> ReleaseFacts:
     """What vLLM ``release`` does differently (``planner/data/presets_vllm.toml``'s
     ``[releases."VERSION"]``, the one table of these facts: the plugin reads
     ``persistent_buffer``); a release of ``hooks.KNOWN["vllm"]`` each (tested)."""
@@ -161,7 +164,7 @@ class _Hooks:
     s: core.Settings
     version: str
     #: the release's facts (:func:`shape_of`)
-    shape: Any
+    shape: ReleaseFacts
     adoption: core.Adoption
     manager_cls: Any
     model_manager_cls: Any
