@@ -30,10 +30,11 @@ from capture_plan.schemas.keys import step_labels
 from capture_plan.schemas.plan import Plan
 
 from .background import check_options
+from .cursor import PIECEWISE_KINDS
 from .distributed import is_distributed, rank0
 from .errors import ExecutorError
 from .graphs import Fallback, GraphSet, as_outputs, dispatch_name
-from .loop import PIECEWISE_KINDS, CaptureLoop
+from .loop import CaptureLoop
 from .pool import in_pools
 from .target import CaptureTarget
 
