@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from capture_plan.schemas.keys import GraphKey, order_labels
+from capture_plan.schemas.keys import GraphKey, PlanIndex, order_labels
 from capture_plan.schemas.plan import PhasePlan, Plan, Step
 
 from .dispatch import dispatch_name
@@ -41,27 +41,14 @@ def step_where(step: Step) -> str:
     return f"step {step.index} ({step.id})"
 
 
-def _key(phase: PhasePlan, step: Step) -> GraphKey:
-    """The graph key ``step`` (of ``phase``) captures (``schemas.keys.step_key``, the phase at hand)."""
-    from capture_plan.schemas.keys import step_labels
-
-    return GraphKey(
-        phase=step.phase,
-        bs=step.bs,
-        labels=step_labels(phase, step),
-        tokens=step.bs * phase.tokens_per_request,
-        micro_batches=phase.micro_batches if isinstance(phase.micro_batches, int) else 1,
-    )
-
-
 def selected(plan: Plan, profiling: Mapping[str, int] | None) -> list[Step]:
     """The plan's steps a loop runs: all of them, or for a profiling pass the first
     ``profiling[phase]`` capture keys of each named phase (every key of the others),
     with the warm-ups before a kept capture and every provision step."""
     if profiling is None:
         return list(plan.steps)
-    names = {p.name for p in plan.phases}
-    unknown = sorted(set(profiling) - names)
+    names = PlanIndex.of(plan).phases
+    unknown = sorted(set(profiling) - set(names))
     if unknown:
         raise ExecutorError(
             f"the profiling pass names phase {unknown[0]!r}, which the plan does not have",
@@ -89,7 +76,8 @@ class Cursor:
 
     def __init__(self, plan: Plan, profiling: Mapping[str, int] | None = None):
         self.plan = plan
-        self._phase_plans = {p.name: p for p in plan.phases}
+        #: the plan's one index (phases by name, step keys)
+        self.index = PlanIndex.of(plan)
         #: a declared partial pass: per phase, how many of its first keys it captures
         self.profiling = dict(profiling) if profiling is not None else None
         #: the plan's steps this loop runs (all of them, but for a profiling pass)
@@ -120,11 +108,11 @@ class Cursor:
                 where=where,
                 fix="name the phase as the plan does",
             )
-        return self._phase_plans[phase]
+        return self.index.phase(phase)
 
     def key(self, step: Step) -> GraphKey:
-        """The graph key of the plan's ``step``."""
-        return _key(self._phase_plans[step.phase], step)
+        """The graph key of the plan's ``step`` (``schemas.keys.step_key``)."""
+        return self.index.key(step)
 
     def keys(self, phase: str | None = None) -> list[GraphKey]:
         """The phase's graph keys (every phase's, without ``phase``) in the order the loop captures them."""

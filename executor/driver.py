@@ -26,7 +26,6 @@ import time
 
 import torch
 
-from capture_plan.schemas.keys import step_labels
 from capture_plan.schemas.plan import Plan
 
 from .background import check_options
@@ -55,15 +54,15 @@ def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
     """Every capture of ``loop``'s plan, in plan order, with ``target`` as the model."""
     #: output addresses of each (key, bs)'s last warm-up run
     warm_ptrs: dict[tuple[str, int], list[int]] = {}
-    phases = {p.name: p for p in loop.plan.phases}
+    index = loop.cursor.index
 
     def name(s) -> str:  # the target is called with the key's dispatch name (the phase without labels)
-        return dispatch_name(s.phase, step_labels(phases[s.phase], s))
+        return dispatch_name(s.phase, index.labels(s))
 
     for s in loop.plan.steps:
         if s.op != "capture":
             continue  # provision steps run inside loop.step(), warm-ups below
-        step = loop.step(s.phase, s.bs, **dict(step_labels(phases[s.phase], s)))
+        step = loop.step(s.phase, s.bs, **dict(index.labels(s)))
         ws = step.workspace
         for w in step.planned:
             with step.warmup(of=w):

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from capture_plan.schemas.keys import step_labels
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.report import CaptureReport
 
@@ -117,11 +117,11 @@ class GuardedOutputs:
 
 def _planned_sizes(plan: Plan) -> dict[str, list[int]]:
     """Per dispatch name (:func:`dispatch_name`) of the plan's graphs, their sizes."""
-    phases = {p.name: p for p in plan.phases}
+    index = PlanIndex.of(plan)
     sizes: dict[str, list[int]] = {}
     for s in plan.steps:
         if s.op == "capture":
-            labels = step_labels(phases[s.phase], s) if s.phase in phases else ()
+            labels = index.labels(s) if s.phase in index.phases else ()
             pieces = s.pieces if isinstance(s.pieces, int) else None
             for k in range(pieces) if pieces is not None else (None,):
                 sizes.setdefault(dispatch_name(s.phase, labels, k), []).append(s.bs)
@@ -288,7 +288,7 @@ class GraphSet:
         if self.plan is not None and labels:
             from capture_plan.schemas.keys import order_labels
 
-            phase_plan = next((p for p in self.plan.phases if p.name == phase), None)
+            phase_plan = PlanIndex.of(self.plan).phases.get(phase)
             if phase_plan is None:
                 raise ExecutorError(f"no phase {phase!r} in the plan", where="GraphSet.variant")
             try:

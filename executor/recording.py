@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan, Step
 
 from .errors import ExecutorError
@@ -64,7 +65,7 @@ class Pools:
 
     def __init__(self, plan: Plan, handles: dict, given: Mapping | None):
         #: the pools the plan's captures record into
-        self.planned = {s.pool for s in plan.steps if s.op == "capture"}
+        self.planned = PlanIndex.of(plan).pools
         self.handles = handles
         #: the engine's own objects behind its pools (a torch.cuda.MemPool): kept alive with the loop
         self.objects: list = []
@@ -129,7 +130,7 @@ def plan_streams(
 ) -> dict[str, torch.cuda.Stream]:
     """The plan's stream names and the engine's streams ("capture": ``stream``); an
     ExecutorError for a name the plan does not declare."""
-    declared = sorted({s.stream for s in plan.steps if s.op in ("capture", "warmup")} | {"capture"})
+    declared = sorted(PlanIndex.of(plan).streams)
     for name in given or {}:
         if name not in declared:
             raise ExecutorError(
