@@ -24,11 +24,7 @@ from capture_plan.schemas.plan import PhasePlan, Plan, Step
 from .dispatch import dispatch_name
 from .errors import ExecutorError
 
-__all__ = ["Cursor", "Warmups", "PIECEWISE_KINDS", "selected", "key_text", "step_where"]
-
-#: phase kinds whose graphs are pieces between eagerly-run attention ops (vLLM's PIECEWISE):
-#: planner/data/phase_kinds.toml defines the kind; a step of one records its plan's ``pieces``
-PIECEWISE_KINDS = frozenset({"piecewise"})
+__all__ = ["Cursor", "Warmups", "selected", "key_text", "step_where"]
 
 
 def key_text(phase: str, bs: int, labels: Iterable[tuple[str, str]]) -> str:
@@ -143,7 +139,7 @@ class Cursor:
     def check(self, pp: PhasePlan, bs: int, pairs: tuple[tuple[str, str], ...]) -> None:
         """Refuse a key the loop cannot capture: a piecewise phase whose plan does not
         say how many pieces a capture records, or a key the plan does not hold."""
-        if pp.kind in PIECEWISE_KINDS and not isinstance(pp.pieces, int):
+        if self.index.piecewise(pp.name) and not isinstance(pp.pieces, int):
             raise ExecutorError(
                 f"phase {pp.name!r} is {pp.kind!r} but the plan does not say how many piece graphs a capture records",
                 where="CaptureLoop.step",

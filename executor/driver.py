@@ -26,10 +26,10 @@ import time
 
 import torch
 
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 
 from .background import check_options
-from .cursor import PIECEWISE_KINDS
 from .distributed import is_distributed, rank0
 from .errors import ExecutorError
 from .graphs import Fallback, GraphSet, as_outputs, dispatch_name
@@ -87,8 +87,9 @@ def refuse_piecewise(plan: Plan) -> None:
     """An ExecutorError naming the first phase of ``plan`` whose graphs are pieces:
     ``target.run`` records one whole graph, and the pieces are the engine's
     piecewise wrappers' to record, through ``capture_loop``."""
+    index = PlanIndex.of(plan)
     for p in plan.phases:
-        if p.kind in PIECEWISE_KINDS:
+        if index.piecewise(p.name):  # the plan records its kind's property (schemas.keys.PlanIndex)
             raise ExecutorError(
                 f"phase {p.name!r} is {p.kind!r}: its graphs are pieces between eager attention ops, and capture() "
                 "records one whole graph per step through target.run",

@@ -96,7 +96,7 @@ import torch
 from capture_plan.schemas.keys import GraphKey
 from capture_plan.schemas.plan import Plan, Step
 
-from .cursor import PIECEWISE_KINDS, Cursor, key_text
+from .cursor import Cursor, key_text
 from .device import probe
 from .distributed import is_distributed, rank0
 from .errors import ExecutorError, capture_failed
@@ -109,7 +109,7 @@ from .step import LoopStep
 from .streams import capture_stream, prime_stream
 from .target import Unattached
 
-__all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached", "PIECEWISE_KINDS"]
+__all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached"]
 
 
 def _clear_frames(exc: BaseException | None) -> None:

@@ -29,7 +29,16 @@ from typing import NamedTuple
 
 import msgspec
 
-from .plan import KEYS_REVISION, DeviceCost, KeyPrediction, PhasePlan, Plan, Step
+from .plan import (
+    KEYS_REVISION,
+    KINDS_REVISION,
+    PIECEWISE_BEFORE_KINDS_REVISION,
+    DeviceCost,
+    KeyPrediction,
+    PhasePlan,
+    Plan,
+    Step,
+)
 
 __all__ = [
     "GraphKey",
@@ -172,6 +181,15 @@ class PlanIndex:
         """The graph key ``step`` captures or warms up."""
         return _key(self.phases[step.phase], step)
 
+    def piecewise(self, name: str) -> bool:
+        """Whether phase ``name``'s graphs are pieces between eagerly run attention ops: as
+        the plan records it (revision 6 on), or for an older plan, which did not, by the
+        kinds that were piecewise then."""
+        phase = self.phases[name]
+        if phase.piecewise is not msgspec.UNSET:
+            return phase.piecewise
+        return self.plan.revision < KINDS_REVISION and phase.kind in PIECEWISE_BEFORE_KINDS_REVISION
+
     def labels(self, step: Step) -> tuple[tuple[str, str], ...]:
         """``step``'s ``(axis, label)`` pairs (empty for a step without labels)."""
         return step_labels(self.phases[step.phase], step)
@@ -224,7 +242,9 @@ def uses_graph_keys(plan: Plan) -> bool:
 def needed_revision(plan: Plan, base: int = 2) -> int:
     """The lowest revision ``plan`` can be written as: :data:`KEYS_REVISION` when it uses
     graph keys, else ``base`` (the revision before them), so plans without graph keys
-    keep their bytes."""
+    keep their bytes; :data:`KINDS_REVISION` when it records a kind's property."""
+    if any(p.piecewise is not msgspec.UNSET for p in plan.phases):
+        return max(base, KINDS_REVISION)
     return max(base, KEYS_REVISION) if uses_graph_keys(plan) else base
 
 
