@@ -20,7 +20,7 @@ wraps ``capture_begin`` on the class for the loop's open time and restores it af
 where the loop records itself it says so (:meth:`OutsideGraphs.own`), and that capture
 is not counted. A torch that adds such a hook is a change in this class alone.
 
-Unlike ``torch.cuda.graph(...)``, it does not synchronize and empty the cache
+Unlike ``torch.cuda.graph(...)``, a recording does not synchronize and empty the cache
 at every capture (vLLM turns that off too): that per-capture overhead is most
 of the capture time of the engines' loop. It never runs a full garbage
 collection either: one costs about a second in a server process with ~10

@@ -29,7 +29,6 @@ capture) and for an engine that holds cached blocks of its own: only the
 capture thread's allocations are routed, and only the scratch pool is
 emptied, never the engine's cache. The report's ``device_view`` itemizes the
 free device memory capture took (``capture_plan.executor.device``).
-
 """
 
 from __future__ import annotations
