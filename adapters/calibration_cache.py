@@ -50,6 +50,7 @@ from capture_plan.schemas import __version__
 from capture_plan.schemas.codec import canonical_bytes, plan_digest, sha256
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input, write_atomic
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.startup import STARTUP_VERSION, StartupCalibration
@@ -293,7 +294,7 @@ def _inconsistent(entry: StartupCalibration) -> str:
         return "its plan does not match its digest"
     if entry.driver is not None and len(entry.driver) != len(entry.plan.steps):
         return f"its driver figures cover {len(entry.driver)} of the plan's {len(entry.plan.steps)} steps"
-    kinds = {p.name: p.kind for p in entry.plan.phases}
+    kinds = PlanIndex.of(entry.plan).kinds
     warmed = {s.phase for s in entry.plan.steps if s.op == "warmup"}
     missing = sorted(
         p for p in warmed if p not in entry.warmup_scratch and f"kind:{kinds[p]}" not in entry.warmup_scratch

@@ -105,6 +105,7 @@ from capture_plan.planner.device import (
     whole_chunks,
 )
 from capture_plan.schemas.errors import InputError, RecordMoreError
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.startup import StartupCalibration
@@ -251,7 +252,7 @@ def predict_startup(
             target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings
         )
     t_predict = time.perf_counter()
-    kinds = {p.name: p.kind for p in plan.phases}
+    kinds = PlanIndex.of(plan).kinds
     cals = [calibration_from_report(rep, "the startup recording", kinds) for rep in rounds]
     view = rounds[0].device_view
     assert view is not None  # calibration_from_report refuses a report without one
@@ -315,7 +316,7 @@ def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> 
     capture stream's workspace, in a process that has not recorded), ``late``: those it
     takes from its first capture on (the RNG state's segment)."""
     plan = entry.plan
-    kinds = {p.name: p.kind for p in plan.phases}
+    kinds = PlanIndex.of(plan).kinds
     after = pools_after(plan.steps, plan.predicted.timeline)
     items = {
         "pool": plan.predicted.pool_bytes,
@@ -486,7 +487,7 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
                 raise
             grown = sorted(set(chosen[name]) | set(err.sizes))
             if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
-                grown = sorted(next(p.sizes for p in schedule.phases if p.name == name))
+                grown = sorted(PlanIndex.of(schedule).phase(name).sizes)
                 if grown == chosen[name]:
                     raise
             want[name] = grown
@@ -545,7 +546,8 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     if not all(nodes.get(p.name) for p in plan.phases):
         return None, 0, ""
     recorded = cals[0].graph_exec_counted  # per phase: driver bytes and nodes of the recorded graphs
-    planned = {p.name: sum(s.op == "capture" and s.phase == p.name for s in plan.steps) for p in plan.phases}
+    captures = Counter(s.phase for s in plan.steps if s.op == "capture")
+    planned = {name: captures[name] for name in PlanIndex.of(plan).phases}
     counted = Counter(c.phase for c in first.trace.captures)
     # every copy a phase needed was made (a phase recorded whole needs none): the figures are measured
     made_all = first.copies and all(

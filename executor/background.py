@@ -66,30 +66,52 @@ import atexit
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
-from .errors import ExecutorError, capture_failed
-from .graphs import Fallback, GraphSet, as_outputs
-from .logs import log
+from capture_plan.schemas.plan import Plan, Step
 
-if TYPE_CHECKING:
-    # a type only: capture_plan.executor.loop starts this module's Background (it imports
-    # this module inside start_background), so a run-time import would be a circle
-    from .loop import CaptureLoop
+from .errors import ExecutorError, capture_failed
+from .graphs import Captured, Fallback, GraphSet, as_outputs
+from .logs import log
+from .measure import Measurements
 
 __all__ = ["Background", "check_options"]
 
 _WAIT = object()
 
 
+class Runner(Protocol):
+    """What a :class:`Background` uses of the capture loop whose steps its thread runs
+    (:class:`capture_plan.executor.loop.CaptureLoop`, named here by what it does, not
+    imported: the loop imports this module when it starts one)."""
+
+    device: torch.device
+    plan: Plan
+    t_start: float
+    stream: torch.cuda.Stream
+    gs: GraphSet
+    figures: Measurements
+    #: the plan step running (or that failed)
+    running: Step | None
+    #: wraps the loop's eager GPU work (set here: ordered against the serving thread's replays)
+    guard: Callable[[], contextlib.AbstractContextManager]
+    #: called with each graph as it lands (set here)
+    on_land: Callable[[Captured], None] | None
+
+    def finish(self) -> None: ...
+
+    def abort(self, failure: BaseException | None) -> None: ...
+
+
 class Background:
     """A capture running on a thread, and how ``GraphSet.replay`` serves meanwhile."""
 
-    def __init__(self, runner: CaptureLoop, fallback, heap, body):
+    def __init__(self, runner: Runner, fallback, heap, body):
         #: the capture loop whose steps the thread runs (None once the thread has ended)
-        self.runner: CaptureLoop | None = runner
+        self.runner: Runner | None = runner
         #: what the thread runs: the capture loop (``capture_plan.executor.loop``, driven by
         #: ``capture()`` or by the engine's own loop); True once every step ran, False when it stopped early
         self.body = body
@@ -233,7 +255,7 @@ class Background:
             yield
             self._served(stream).record(stream)
 
-    def replay(self, gs: GraphSet, phase: str, n: int):
+    def replay(self, gs: GraphSet, phase: str, n: int) -> tuple[torch.Tensor, ...]:
         while True:
             self._yield()
             with self.lock:
@@ -259,7 +281,7 @@ class Background:
                     self.fallback_runs += 1
                 if out is not _WAIT:
                     self._served(stream).record(stream)
-                    return out
+                    return out  # pyright: ignore[reportReturnType]  # not the _WAIT sentinel: the outputs
             # "wait": block outside the lock (the capture thread takes it for its eager steps)
             if self._held_here():
                 raise ExecutorError(

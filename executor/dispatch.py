@@ -17,11 +17,23 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
+from capture_plan.schemas.keys import label_suffix
+
 from .errors import ExecutorError
 
-__all__ = ["PadTable"]
+__all__ = ["PadTable", "dispatch_name"]
 
 T = TypeVar("T")
+
+
+def dispatch_name(phase: str, labels=(), piece: int | None = None) -> str:
+    """The name a graph is dispatched by: the plan's phase; ``phase/axis=label,...``
+    for a graph key with labels (``labels``: ``(axis, label)`` pairs in the phase's
+    axis order, as the step id spells them); ``...#k`` for piece ``k`` of a
+    piecewise capture. ``GraphSet.replay``, ``verify`` and a target's ``run`` and
+    ``prepare`` get it as their ``phase``."""
+    name = f"{phase}/{label_suffix(labels)}" if labels else phase
+    return f"{name}#{piece}" if piece is not None else name
 
 
 class PadTable(Generic[T]):

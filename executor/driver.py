@@ -26,14 +26,14 @@ import time
 
 import torch
 
-from capture_plan.schemas.keys import step_labels
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 
 from .background import check_options
 from .distributed import is_distributed, rank0
 from .errors import ExecutorError
 from .graphs import Fallback, GraphSet, as_outputs, dispatch_name
-from .loop import PIECEWISE_KINDS, CaptureLoop
+from .loop import CaptureLoop
 from .pool import in_pools
 from .target import CaptureTarget
 
@@ -54,15 +54,15 @@ def run_plan(loop: CaptureLoop, target: CaptureTarget) -> None:
     """Every capture of ``loop``'s plan, in plan order, with ``target`` as the model."""
     #: output addresses of each (key, bs)'s last warm-up run
     warm_ptrs: dict[tuple[str, int], list[int]] = {}
-    phases = {p.name: p for p in loop.plan.phases}
+    index = loop.cursor.index
 
     def name(s) -> str:  # the target is called with the key's dispatch name (the phase without labels)
-        return dispatch_name(s.phase, step_labels(phases[s.phase], s))
+        return dispatch_name(s.phase, index.labels(s))
 
     for s in loop.plan.steps:
         if s.op != "capture":
             continue  # provision steps run inside loop.step(), warm-ups below
-        step = loop.step(s.phase, s.bs, **dict(step_labels(phases[s.phase], s)))
+        step = loop.step(s.phase, s.bs, **dict(index.labels(s)))
         ws = step.workspace
         for w in step.planned:
             with step.warmup(of=w):
@@ -87,8 +87,9 @@ def refuse_piecewise(plan: Plan) -> None:
     """An ExecutorError naming the first phase of ``plan`` whose graphs are pieces:
     ``target.run`` records one whole graph, and the pieces are the engine's
     piecewise wrappers' to record, through ``capture_loop``."""
+    index = PlanIndex.of(plan)
     for p in plan.phases:
-        if p.kind in PIECEWISE_KINDS:
+        if index.piecewise(p.name):  # the plan records its kind's property (schemas.keys.PlanIndex)
             raise ExecutorError(
                 f"phase {p.name!r} is {p.kind!r}: its graphs are pieces between eager attention ops, and capture() "
                 "records one whole graph per step through target.run",

@@ -19,25 +19,23 @@ not corrupt each other (``verify`` does).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from capture_plan.schemas.keys import label_suffix, step_labels
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.report import CaptureReport
 
-from .dispatch import PadTable
+from .dispatch import PadTable, dispatch_name
 from .errors import ExecutorError, StaleOutputError
 from .heap import collect_young
 from .logs import log, rank_tag
 from .pool import Window, pool_reserved, pool_segments
 from .target import CaptureTarget
-
-if TYPE_CHECKING:  # background imports this module
-    from .background import Background
 
 __all__ = ["GraphSet", "Captured", "GuardedOutputs", "Fallback", "as_outputs", "dispatch_name", "slice_outputs"]
 
@@ -58,16 +56,6 @@ def as_outputs(out) -> tuple[torch.Tensor, ...]:
     if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
         return tuple(out)
     raise TypeError(f"CaptureTarget.run must return a tensor or a tuple of tensors, got {type(out).__name__}")
-
-
-def dispatch_name(phase: str, labels=(), piece: int | None = None) -> str:
-    """The name a graph is dispatched by: the plan's phase; ``phase/axis=label,...``
-    for a graph key with labels (``labels``: ``(axis, label)`` pairs in the phase's
-    axis order, as the step id spells them); ``...#k`` for piece ``k`` of a
-    piecewise capture. ``GraphSet.replay``, ``verify`` and a target's ``run`` and
-    ``prepare`` get it as their ``phase``."""
-    name = f"{phase}/{label_suffix(labels)}" if labels else phase
-    return f"{name}#{piece}" if piece is not None else name
 
 
 def slice_outputs(outputs: tuple[torch.Tensor, ...], rows: tuple[int, ...], n: int) -> tuple[torch.Tensor, ...]:
@@ -129,11 +117,11 @@ class GuardedOutputs:
 
 def _planned_sizes(plan: Plan) -> dict[str, list[int]]:
     """Per dispatch name (:func:`dispatch_name`) of the plan's graphs, their sizes."""
-    phases = {p.name: p for p in plan.phases}
+    index = PlanIndex.of(plan)
     sizes: dict[str, list[int]] = {}
     for s in plan.steps:
         if s.op == "capture":
-            labels = step_labels(phases[s.phase], s) if s.phase in phases else ()
+            labels = index.labels(s) if s.phase in index.phases else ()
             pieces = s.pieces if isinstance(s.pieces, int) else None
             for k in range(pieces) if pieces is not None else (None,):
                 sizes.setdefault(dispatch_name(s.phase, labels, k), []).append(s.bs)
@@ -153,6 +141,30 @@ def _ranges(got: tuple[int, ...], planned: list[int]) -> str:
                 runs.append([s, s])
         prev_in = s in have
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+class BackgroundJob(Protocol):
+    """What a GraphSet uses of a background capture serving through it
+    (:class:`capture_plan.executor.background.Background`, named here by what it does,
+    not imported: that module imports this one)."""
+
+    #: set when the capture thread has ended (every graph captured, failed or stopped)
+    finished: threading.Event
+    #: set when ``release`` asked the capture thread to stop
+    stopping: threading.Event
+    #: replays served while capturing: by a graph, by the fallback
+    graph_replays: int
+    fallback_runs: int
+    #: seconds from capture() to the end of the capture thread (None while it runs)
+    seconds: float | None
+
+    def replay(self, gs: GraphSet, phase: str, n: int) -> tuple[torch.Tensor, ...]: ...
+
+    def exclusive(self) -> contextlib.AbstractContextManager: ...
+
+    def wait(self, gs: GraphSet, timeout: float | None) -> bool: ...
+
+    def stop_and_join(self) -> None: ...
 
 
 class GraphSet:
@@ -191,7 +203,7 @@ class GraphSet:
         #: (seconds since capture() was called, phase, bs) of every graph, as it landed
         self.timeline: list[tuple[float, str, int]] = []
         #: the background capture (None for a foreground one); kept after it ends for its numbers
-        self.background: Background | None = None
+        self.background: BackgroundJob | None = None
         self._planned = _planned_sizes(plan) if plan is not None else {p: sorted(v) for p, v in (sizes or {}).items()}
         self._tables: dict[str, PadTable] = {p: PadTable(p, {}, limit=v[-1]) for p, v in self._planned.items()}
         #: per dispatch name: the target's refresh and its phase's hoisted workspace (None: no workspace)
@@ -199,7 +211,7 @@ class GraphSet:
         self._epoch: dict[str, int] = {}
         self._last: dict[str, str] = {}
         #: set while a background capture runs: replay goes through it
-        self._bg = None
+        self._bg: BackgroundJob | None = None
         #: why the tables are empty (released, or the capture failed)
         self._closed = ""
 
@@ -276,7 +288,7 @@ class GraphSet:
         if self.plan is not None and labels:
             from capture_plan.schemas.keys import order_labels
 
-            phase_plan = next((p for p in self.plan.phases if p.name == phase), None)
+            phase_plan = PlanIndex.of(self.plan).phases.get(phase)
             if phase_plan is None:
                 raise ExecutorError(f"no phase {phase!r} in the plan", where="GraphSet.variant")
             try:
@@ -305,7 +317,7 @@ class GraphSet:
         bg = self._bg
         return bg.exclusive() if bg is not None else contextlib.nullcontext()
 
-    def serve_through(self, job) -> None:
+    def serve_through(self, job: BackgroundJob | None) -> None:
         """Route ``replay`` and ``exclusive`` through a running background
         capture ``job`` (:class:`capture_plan.executor.background.Background`), or back to
         the lock-free path (None: its graphs have landed and its stream is drained)."""

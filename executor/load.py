@@ -21,6 +21,7 @@ from pathlib import Path
 
 from capture_plan.schemas.codec import decode_plan
 from capture_plan.schemas.files import read_input
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 
 from .errors import EnvironmentMismatch
@@ -114,4 +115,5 @@ def load_plan(path: str | Path, *, env: Environment | None = None, check_env: bo
                     fix="rebuild the plan for this machine, or run where it was planned for",
                 )
             warnings.warn(f"{path}: plan does not fit this machine: {text}", stacklevel=2)
+    PlanIndex.of(plan)  # its one index, built once: the loop, the GraphSet and the plugins ask it
     return plan

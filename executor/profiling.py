@@ -29,6 +29,7 @@ import torch
 
 from capture_plan.schemas.codec import canonical_bytes
 from capture_plan.schemas.files import write_atomic
+from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
@@ -56,7 +57,7 @@ def _chosen(plan: Plan, sizes: Sizes) -> dict[str, set[int]]:
         if unknown:
             raise ValueError(f"phase {p.name!r} has no planned sizes {sorted(unknown)}; planned: {p.sizes}")
         out[p.name] = want
-    unknown_phases = set(sizes) - {p.name for p in plan.phases}
+    unknown_phases = set(sizes) - set(PlanIndex.of(plan).phases)
     if unknown_phases:
         raise ValueError(f"unknown phases {sorted(unknown_phases)}")
     return out

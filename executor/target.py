@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, Union, runtime_checkable
 
+from .errors import ExecutorError
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CaptureTarget", "Outputs"]
+__all__ = ["CaptureTarget", "Outputs", "Unattached"]
 
 Outputs = Union["torch.Tensor", tuple["torch.Tensor", ...]]
 
@@ -54,3 +56,28 @@ class CaptureTarget(Protocol):
     def prepare(self, phase: str, n: int, bs: int, generator: torch.Generator) -> None: ...
 
     def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None: ...
+
+
+class Unattached:
+    """The target of a GraphSet whose graphs the engine's loop captured: it has
+    no eager function. Replays of phases without a hoisted workspace work;
+    an eager run (``verify``) or a hoisted workspace's refresh raise, saying
+    what to pass."""
+
+    def _missing(self, what: str, phase: str):
+        raise ExecutorError(
+            f"no {what} for phase {phase!r}: the engine's loop captured these graphs",
+            where="GraphSet",
+            fix="pass capture_loop(plan, target=...) an object with run, prepare "
+            "and refresh (capture_plan.executor.engine.EngineFunctions wraps the engine's eager "
+            "function)",
+        )
+
+    def run(self, phase, bs, workspace):
+        self._missing("eager function", phase)
+
+    def prepare(self, phase, n, bs, generator):
+        self._missing("input preparation", phase)
+
+    def refresh(self, phase, n, bs, workspace):
+        self._missing("workspace refresh", phase)

@@ -582,7 +582,8 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
 
 
 def _phase_plan_keys(r: _Resolved, name: str) -> dict:
-    """The graph-key fields of one phase's PhasePlan (none for a phase without them)."""
+    """The graph-key fields of one phase's PhasePlan (none for a phase without them), and
+    the properties of its kind that the plan records for its consumer."""
     p, out = r.by_name[name], {}
     if p.variants is not msgspec.UNSET:
         out["variants"] = [VariantAxis(name=a, labels=list(v)) for a, v in p.variants.items()]
@@ -593,6 +594,8 @@ def _phase_plan_keys(r: _Resolved, name: str) -> dict:
         out["micro_batches"] = p.micro_batches
     if p.warmup_keeps is not msgspec.UNSET:
         out["warmup_keeps"] = p.warmup_keeps
+    if resources.phase_kinds()[p.kind].piecewise:  # the kind's property its consumer reads (revision 6)
+        out["piecewise"] = True
     return out
 
 

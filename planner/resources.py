@@ -25,7 +25,7 @@ allocates differently needs a new program builder (code).
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -206,6 +206,16 @@ class PhaseKind(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     returns_hidden: bool = False
     #: the variant axes (``[axes.NAME]``) a phase of this kind may declare
     axes: list[str] = []
+    #: the graph computes the logits (final norm and lm_head inside it)
+    lm_head: bool = False
+    #: the rows one request puts through the graph's GEMMs: its tokens, or a draft step's candidates
+    rows_per_request: Literal["tokens_per_request", "topk"] = "tokens_per_request"
+    #: the graph is pieces between eagerly run attention ops (vLLM's PIECEWISE); recorded in the plan
+    piecewise: bool = False
+    #: the draft model's graph: "extend" (over the accepted tokens) or "steps" (its tree steps)
+    draft: Literal["", "extend", "steps"] = ""
+    #: what a capture size counts: requests (SGLang) or tokens (vLLM's descriptors)
+    sizes: Literal["requests", "tokens"] = "requests"
 
 
 class VariantAxisKind(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -248,7 +248,7 @@ def roofline(model: Model, phase: Phase, tp: int, device: DeviceRoofline, contex
     per rank of ``tp``, each real request attending over ``context`` tokens; its
     activations are those of the analytic program with ``backend``'s attention."""
     m = phase_model(model, phase)
-    program = phase_kinds()[phase.kind].program
+    kind = phase_kinds()[phase.kind]  # its properties: planner/data/phase_kinds.toml
     heads, kv = max(1, m.heads // tp), max(1, m.kv_heads // tp)
     layers = phase.layers or m.layers
     attn = m.hidden * (heads + 2 * kv) * m.head_dim + heads * m.head_dim * m.hidden
@@ -263,10 +263,10 @@ def roofline(model: Model, phase: Phase, tp: int, device: DeviceRoofline, contex
         dense_mlp, expert = 3 * m.hidden * m.intermediate // tp, 0
         per_token_mlp = dense_mlp
     # vLLM's graphs (hidden, piecewise) end at the final norm: the logits are outside them
-    head = m.vocab * m.hidden // tp if program in ("target", "draft_extend", "draft_decode") else 0
+    head = m.vocab * m.hidden // tp if kind.lm_head else 0
     d = m.dtype_bytes
-    rows = phase.topk if program == "draft_decode" else phase.tokens_per_request
-    repeats = phase.steps if program == "draft_decode" else 1
+    rows = phase.topk if kind.rows_per_request == "topk" else phase.tokens_per_request
+    repeats = phase.steps if "steps" in kind.settings else 1  # a draft's tree steps, in one graph
     return Roofline(
         device=device,
         dense_bytes=float(d * (layers * (attn + dense_mlp) + head)),

@@ -23,12 +23,22 @@ Pure Python over a decoded :class:`~capture_plan.schemas.plan.Plan`; imports no 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import msgspec
 
-from .plan import KEYS_REVISION, DeviceCost, KeyPrediction, PhasePlan, Plan, Step
+from .plan import (
+    KEYS_REVISION,
+    KINDS_REVISION,
+    PIECEWISE_BEFORE_KINDS_REVISION,
+    DeviceCost,
+    KeyPrediction,
+    PhasePlan,
+    Plan,
+    Step,
+)
 
 __all__ = [
     "GraphKey",
@@ -39,6 +49,7 @@ __all__ = [
     "phase_axes",
     "step_labels",
     "step_key",
+    "PlanIndex",
     "order_labels",
     "expand_labels",
     "uses_graph_keys",
@@ -105,8 +116,11 @@ def step_labels(phase: PhasePlan, step: Step) -> tuple[tuple[str, str], ...]:
 
 
 def step_key(plan: Plan, step: Step) -> GraphKey:
-    """The graph key ``step`` (of ``plan``) captures or warms up."""
-    phase = next(p for p in plan.phases if p.name == step.phase)
+    """The graph key ``step`` (of ``plan``) captures or warms up (:meth:`PlanIndex.key`)."""
+    return PlanIndex.of(plan).key(step)
+
+
+def _key(phase: PhasePlan, step: Step) -> GraphKey:
     return GraphKey(
         phase=step.phase,
         bs=step.bs,
@@ -114,6 +128,71 @@ def step_key(plan: Plan, step: Step) -> GraphKey:
         tokens=step.bs * phase.tokens_per_request,
         micro_batches=1 if phase.micro_batches is msgspec.UNSET else phase.micro_batches,
     )
+
+
+_CACHE_LOCK = threading.Lock()
+
+
+class PlanIndex:
+    """The one index of a plan's phases and steps by name, built once per plan
+    (:meth:`of`; ``capture_plan.executor.load_plan`` builds it as it loads one): the
+    phase of a name, the graph key of a step and the pools and streams the steps use,
+    each answered in O(1). Code that needs a plan's phase by its name asks here
+    instead of searching ``plan.phases`` (tests/test_plan_index.py checks none does)."""
+
+    #: the last plans indexed, by id(plan), each with its plan (which keeps the id taken)
+    _cache: dict[int, tuple[Plan, PlanIndex]] = {}
+    _CACHED = 8
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        #: phase name -> the plan's phase, in the plan's order
+        self.phases: dict[str, PhasePlan] = {p.name: p for p in plan.phases}
+        #: phase name -> its kind
+        self.kinds: dict[str, str] = {p.name: p.kind for p in plan.phases}
+        #: step id -> the plan's step
+        self.steps: dict[str, Step] = {s.id: s for s in plan.steps}
+        #: the pools the plan's captures record into
+        self.pools: frozenset[str] = frozenset(s.pool for s in plan.steps if s.op == "capture")
+        #: the streams the plan's captures and warm-ups run on, and "capture"
+        self.streams: frozenset[str] = frozenset(
+            {s.stream for s in plan.steps if s.op in ("capture", "warmup")} | {"capture"}
+        )
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanIndex:
+        """The index of ``plan``: built at its first question, then kept with the plan
+        (the last few plans asked about)."""
+        hit = cls._cache.get(id(plan))
+        if hit is not None and hit[0] is plan:
+            return hit[1]
+        index = cls(plan)
+        with _CACHE_LOCK:  # a background capture's thread may ask too
+            while len(cls._cache) >= cls._CACHED:
+                cls._cache.pop(next(iter(cls._cache)))
+            cls._cache[id(plan)] = (plan, index)
+        return index
+
+    def phase(self, name: str) -> PhasePlan:
+        """The plan's phase ``name`` (KeyError for one it does not have)."""
+        return self.phases[name]
+
+    def key(self, step: Step) -> GraphKey:
+        """The graph key ``step`` captures or warms up."""
+        return _key(self.phases[step.phase], step)
+
+    def piecewise(self, name: str) -> bool:
+        """Whether phase ``name``'s graphs are pieces between eagerly run attention ops: as
+        the plan records it (revision 6 on), or for an older plan, which did not, by the
+        kinds that were piecewise then."""
+        phase = self.phases[name]
+        if phase.piecewise is not msgspec.UNSET:
+            return phase.piecewise
+        return self.plan.revision < KINDS_REVISION and phase.kind in PIECEWISE_BEFORE_KINDS_REVISION
+
+    def labels(self, step: Step) -> tuple[tuple[str, str], ...]:
+        """``step``'s ``(axis, label)`` pairs (empty for a step without labels)."""
+        return step_labels(self.phases[step.phase], step)
 
 
 def order_labels(phase: PhasePlan, given: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -163,7 +242,9 @@ def uses_graph_keys(plan: Plan) -> bool:
 def needed_revision(plan: Plan, base: int = 2) -> int:
     """The lowest revision ``plan`` can be written as: :data:`KEYS_REVISION` when it uses
     graph keys, else ``base`` (the revision before them), so plans without graph keys
-    keep their bytes."""
+    keep their bytes; :data:`KINDS_REVISION` when it records a kind's property."""
+    if any(p.piecewise is not msgspec.UNSET for p in plan.phases):
+        return max(base, KINDS_REVISION)
     return max(base, KEYS_REVISION) if uses_graph_keys(plan) else base
 
 

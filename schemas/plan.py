@@ -55,6 +55,8 @@ __all__ = [
     "KEYS_REVISION",
     "INPUTS_REVISION",
     "SIZES_REVISION",
+    "KINDS_REVISION",
+    "PIECEWISE_BEFORE_KINDS_REVISION",
     "SizeWorth",
     "ListCost",
     "SizeChoice",
@@ -79,13 +81,21 @@ PLAN_VERSION = 1
 #: records them, so every plan is written as revision 4 at least.
 #: 5: sizes chosen for a traffic (``planner build --sizes auto``): ``inputs.traffic`` /
 #: ``traffic_digest`` and ``predicted.sizes``. A plan without them stays revision 4.
-PLAN_REVISION = 5
+#: 6: ``PhasePlan.piecewise``: the property of a phase's kind its consumer reads (the kinds are
+#: the planner's data, planner/data/phase_kinds.toml, which the executor does not read). Left
+#: out where false: only a plan with a piecewise phase is revision 6.
+PLAN_REVISION = 6
 #: the revision graph keys need (see PLAN_REVISION)
 KEYS_REVISION = 3
 #: the revision the model and rules records need (see PLAN_REVISION)
 INPUTS_REVISION = 4
 #: the revision sizes chosen for a traffic need (see PLAN_REVISION)
 SIZES_REVISION = 5
+#: the revision that records a phase kind's properties (see PLAN_REVISION)
+KINDS_REVISION = 6
+#: the piecewise kinds of the plans before :data:`KINDS_REVISION`, which did not record the
+#: property: history, frozen (a kind added since records it in the plan)
+PIECEWISE_BEFORE_KINDS_REVISION = frozenset({"piecewise"})
 
 StepOp = Literal["provision", "warmup", "capture"]
 #: tensor-parallel ranks, tokens per request
@@ -149,6 +159,10 @@ class PhasePlan(PlanStruct, frozen=True, kw_only=True):
     micro_batches: Annotated[int, msgspec.Meta(ge=1, le=MAX_MICRO_BATCHES)] | msgspec.UnsetType = msgspec.UNSET
     #: what the phase's warm-ups allocate that the engine keeps (their steps' ``keeps``)
     warmup_keeps: WarmupKeeps | msgspec.UnsetType = msgspec.UNSET
+    # The kind's properties a plan's consumer reads (revision 6; left out where false).
+    #: the phase's graphs are pieces between eagerly run attention ops (vLLM's PIECEWISE):
+    #: ``capture()`` refuses it, and a capture records ``pieces`` piece graphs
+    piecewise: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Step(PlanStruct, frozen=True, kw_only=True):

@@ -366,10 +366,10 @@ def test_a_kept_graph_is_counted_then_instantiated_and_an_engines_own_left_alone
 
 
 def test_every_capture_step_reports_its_graphs_nodes_and_no_warmup_does(tmp_path, fake, monkeypatch):
-    from capture_plan.executor import capture, loop
+    from capture_plan.executor import capture, recording
 
     counted = iter(range(100, 200))
-    monkeypatch.setattr(loop, "instantiate_kept", lambda g: next(counted) if g.keep_graph else None)
+    monkeypatch.setattr(recording, "instantiate_kept", lambda g: next(counted) if g.keep_graph else None)
     plan = decode_plan(tmp_path, [1, 2, 4])
     gs = capture(plan, Target(fake), progress=False, device=CPU)
     got = {m.id: m.graph_nodes for m in gs.report.steps}

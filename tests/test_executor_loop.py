@@ -505,7 +505,7 @@ def test_hold_lets_go_of_the_engine_s_outputs_without_a_collection(shape):
     more pool per step than capture())."""
     import weakref
 
-    from capture_plan.executor.loop import _flatten
+    from capture_plan.executor.outputs import flatten
 
     @dataclasses.dataclass
     class Out:
@@ -516,7 +516,7 @@ def test_hold_lets_go_of_the_engine_s_outputs_without_a_collection(shape):
     alive = weakref.ref(t)
     gc.disable()
     try:
-        leaves, rebuild = _flatten(out, "step 0 (capture/decode/1)", CPU)
+        leaves, rebuild = flatten(out, "step 0 (capture/decode/1)", CPU)
         held = rebuild(tuple(x.clone() for x in leaves))
         del t, out, leaves, rebuild
         assert alive() is None, "the flattening keeps the engine's output alive until a collection"
@@ -555,14 +555,14 @@ def test_on_a_torch_without_keep_graph_the_loop_records_a_plain_graph(monkeypatc
     executor still supports: the loop then records a plain graph (its nodes uncounted)."""
     import torch
 
-    from capture_plan.executor import loop
+    from capture_plan.executor import recording
 
     class Old:
         def __init__(self):  # no keep_graph
             self.made = True
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Old)
-    assert isinstance(loop._new_graph(), Old)
+    assert isinstance(recording.new_graph(), Old)
 
 
 def test_a_graph_without_outputs_and_ragged_outputs_are_held_and_dispatched(tmp_path, fake):

@@ -60,8 +60,9 @@ from capture_plan.adapters.plugins import core
 from capture_plan.adapters.plugins.hooks import hook
 
 ENGINE = "sglang"
-#: the draft runners' phases, by class name (their forward modes do not tell them apart)
-DRAFT_PHASES = {"EAGLEDraftExtendCudaGraphRunner": "draft_extend", "EAGLEDraftCudaGraphRunner": "draft_decode"}
+#: the draft runners, by class name, and the draft graph each captures (a phase kind's ``draft``
+#: property, planner/data/phase_kinds.toml; their forward modes do not tell them apart)
+DRAFT_RUNNERS = {"EAGLEDraftExtendCudaGraphRunner": "extend", "EAGLEDraftCudaGraphRunner": "steps"}
 #: the adoption of this process (None until :func:`install`)
 ADOPTION: core.Adoption | None = None
 
@@ -89,8 +90,8 @@ LIVE = (
 def phase_of(runner) -> str:
     """The plan phase a runner captures."""
     for cls in type(runner).__mro__:
-        if cls.__name__ in DRAFT_PHASES:
-            return DRAFT_PHASES[cls.__name__]
+        if cls.__name__ in DRAFT_RUNNERS:  # SGLang's phases are named after their kinds
+            return next(name for name, kind in _kinds().items() if kind.draft == DRAFT_RUNNERS[cls.__name__])
     mode = getattr(getattr(runner, "capture_forward_mode", None), "name", "DECODE")
     return str(mode).lower()
 
@@ -104,9 +105,19 @@ def facts_of(runner) -> core.EngineFacts:
     return core.EngineFacts(ENGINE, tp=tp, model_config=config, phases=(phase_of(runner),))
 
 
-#: the phases whose runners capture SGLang's configured decode sizes (the decode runner, in
-#: decode and verify mode, and the EAGLE draft runners: ``get_batch_sizes_to_capture``)
-SIZED_PHASES = ("decode", "target_verify", *DRAFT_PHASES.values())
+def _kinds() -> dict:
+    """The phase kinds and their properties (planner/data/phase_kinds.toml)."""
+    from capture_plan.planner.resources import phase_kinds
+
+    return phase_kinds()
+
+
+def sized_phases(plan) -> list:
+    """The plan's phases whose runners capture SGLang's configured decode sizes (the decode
+    runner, in decode and verify mode, and the EAGLE draft runners: ``get_batch_sizes_to_capture``):
+    those whose kind's sizes count requests."""
+    kinds = _kinds()
+    return [ph for ph in plan.phases if ph.kind in kinds and kinds[ph.kind].sizes == "requests"]
 
 
 def runner_sizes(configured: Sequence[int], pool: int | None = None, alignment: int = 1) -> list[int]:
@@ -130,7 +141,7 @@ def _sizes_text(sizes: Sequence[int], n: int = 8) -> str:
 
 def size_problems(plan, configured: Sequence[int], alignment: int = 1) -> list[str]:
     """What differs between the sizes of the plan's phases that SGLang's decode runners
-    capture (:data:`SIZED_PHASES`) and the ``configured`` decode sizes, where no request
+    capture (:func:`sized_phases`) and the ``configured`` decode sizes, where no request
     pool's size makes the runners' list (:func:`runner_sizes`) the plan's: against the
     list clamped at the plan's largest size where that is below the largest configured
     (the pool may be that size), else against the whole list. Phases alike are named
@@ -139,9 +150,7 @@ def size_problems(plan, configured: Sequence[int], alignment: int = 1) -> list[s
     if alignment != 1 or not configured:
         return []
     differ: dict[tuple, list[str]] = {}
-    for ph in plan.phases:
-        if ph.name not in SIZED_PHASES:
-            continue
+    for ph in sized_phases(plan):
         want = sorted(ph.sizes)
         clamped = runner_sizes(configured, max(want))
         if want in (runner_sizes(configured), clamped):
@@ -172,7 +181,7 @@ def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int], *, engine_can_tak
     from capture_plan.planner.specs import sgl_sizes
     from capture_plan.schemas.limits import MAX_BS
 
-    lists = {tuple(sorted(ph.sizes)) for ph in plan.phases if ph.name in SIZED_PHASES}
+    lists = {tuple(sorted(ph.sizes)) for ph in sized_phases(plan)}
     first = (
         f"start SGLang with --cuda-graph-bs-decode {' '.join(map(str, next(iter(lists))))}, or "
         if len(lists) == 1 and engine_can_take
@@ -190,7 +199,7 @@ def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int], *, engine_can_tak
         if sgl_sizes("speculative" if rec.speculative else "decode", top) == sizes:
             again = command_for_cwd(msgspec.structs.replace(opts, max_bs=top))
             return f"{first}rebuild it with SGLang's: `{again} --force`"
-    phases = ", ".join(ph.name for ph in plan.phases if ph.name in SIZED_PHASES)
+    phases = ", ".join(ph.name for ph in sized_phases(plan))
     if opts.spec is not None:
         spec = relative(opts.spec, Path.cwd())
         return (
