@@ -194,6 +194,11 @@ def check_report_plan(report, plan, report_source: str, plan_source: str, report
     records) is accepted: it was captured from the plan before its device
     items were added, the same steps."""
     own = bool(report_digest) and report_digest == getattr(plan.inputs, "calibration_digest", None)
+    if own and report.plan_digest != plan.digest and not isinstance(plan.inputs.model, msgspec.UnsetType):
+        from .device import check_applies
+
+        # a plan built from a calibration of another model (before builds refused one) is no match either
+        check_applies(report, report_digest, report_source, plan.requires.backend, plan.inputs.model)
     if report.plan_digest != plan.digest and not own:
         raise InputError(
             f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "

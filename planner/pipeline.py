@@ -35,6 +35,7 @@ from capture_plan.schemas.plan import (
     DimensionSource,
     Inputs,
     ListCost,
+    ModelUsed,
     PhasePlan,
     Plan,
     Prediction,
@@ -447,7 +448,7 @@ def _resolve(opts: BuildOptions, chosen: SizesResult | None) -> _Resolved:
     # pin order, so the order typed would change the bytes and `planner check` would call them stale
     pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
     workload, trace_path, trace_digest, traced_on = _workload(opts, spec, backend, tp)
-    calibration, calibration_record = _calibration(opts, spec, traced_on)
+    calibration, calibration_record = _calibration(opts, spec, traced_on, model_used(spec, sources, config_keys))
 
     library = int(spec.library_mib * MiB)
     alone = {
@@ -492,17 +493,20 @@ def _resolve(opts: BuildOptions, chosen: SizesResult | None) -> _Resolved:
     )
 
 
-def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
+def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUsed):
     """The calibration report's measured device items, and how the plan records it.
 
     Refused when the trace the prediction comes from was recorded on another
-    device: the items would describe another machine than the pool."""
+    device: the items would describe another machine than the pool; and when the
+    report measured another backend or model than ``model`` (device.check_applies)."""
     if opts.calibration is None:
         return None, None
     from .device import read_calibration
 
     shown, recorded = str(opts.calibration), relative(opts.calibration, output_path(opts).parent)
-    cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded)
+    cal, raw = read_calibration(
+        opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded, applies=(opts.backend, model)
+    )
     if traced_on and cal.device.split(" sm")[0] not in traced_on:
         raise InputError(
             f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",

@@ -9,7 +9,15 @@ import msgspec
 
 from .limits import ByteDelta, NonNegative, NonNegativeFloat
 
-__all__ = ["ReportStruct", "StepMeasurement", "DeviceItem", "DeviceView", "CaptureReport", "DEVICE_ITEMS"]
+__all__ = [
+    "ReportStruct",
+    "StepMeasurement",
+    "DeviceItem",
+    "DeviceView",
+    "ReportModel",
+    "CaptureReport",
+    "DEVICE_ITEMS",
+]
 
 #: the items of a report's device view, in the order it lists them
 #: pool: the graph pools' segments; hoisted: workspaces the plan hoists out of the
@@ -91,6 +99,16 @@ class DeviceView(ReportStruct, frozen=True, kw_only=True):
         raise KeyError(f"the device view has no item {name!r}; it has {[i.name for i in self.items]}")
 
 
+class ReportModel(ReportStruct, frozen=True, kw_only=True):
+    """The model a capture ran: the plan's model dimensions (``Plan.inputs.model``), which its
+    device figures (graph nodes, warm-up scratch) depend on."""
+
+    #: dimension -> value (layers, hidden, ...), as the plan recorded them
+    dimensions: dict[str, NonNegative]
+    #: phase -> the dimensions its own model sets (a draft's one layer)
+    phases: dict[str, dict[str, NonNegative]] = {}
+
+
 class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     plan: str
     plan_digest: str
@@ -115,3 +133,8 @@ class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     #: a declared partial pass (an engine's memory-profiling pass): per phase, the graph keys
     #: it captured, into pools torn down when it ended
     profiling: dict[str, NonNegative] | msgspec.UnsetType = msgspec.UNSET
+    #: the plan's attention backend (``planner build --backend``) and the model it captured:
+    #: what a calibration built from this report applies to (``planner build --calibration``
+    #: refuses it for another backend or model); UNSET in reports written before they said
+    backend: str | msgspec.UnsetType = msgspec.UNSET
+    model: ReportModel | msgspec.UnsetType = msgspec.UNSET

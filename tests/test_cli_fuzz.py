@@ -576,7 +576,26 @@ def test_fuzz_report(work, data):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-CALIBRATION = json.loads((ROOT / "plans/calibration/h200-fa3-ci.json").read_text())
+#: the H200 report of plans/fa3-ci.json as the executor writes it now: naming the backend and the
+#: model it measured (the checked-in bytes are bound through planner/data/calibrations.toml,
+#: which no changed byte matches)
+DIMS = json.loads((ROOT / "plans/fa3-ci.json").read_text())["inputs"]["model"]["dimensions"]
+CALIBRATION = {
+    **json.loads((ROOT / "plans/calibration/h200-fa3-ci.json").read_text()),
+    "backend": "fa3",
+    "model": {"dimensions": DIMS},
+}
+#: the kernel modules of fa3 (planner/data/backends.toml)
+FA3_MODULES = {"flash_attn_interface": "fa3", "fa3_fwd_interface": "fa3"}
+#: calibrations of other models and backends, and one that names neither: never taken by the
+#: default build (issue 40, item 1)
+OTHER_CALIBRATIONS = [
+    {**CALIBRATION, "model": {"dimensions": {**DIMS, "layers": 80}}},
+    {**CALIBRATION, "model": {"dimensions": {**DIMS, "hidden": 3584, "heads": 28, "kv_heads": 4}}},
+    {**CALIBRATION, "model": {"dimensions": DIMS, "phases": {"decode": {"layers": 1}}}},
+    {**CALIBRATION, "backend": "triton"},
+    {k: v for k, v in CALIBRATION.items() if k not in ("model", "backend")},
+]
 
 
 def _record_text(rec: dict) -> list[str]:
@@ -631,6 +650,36 @@ def test_fuzz_calibration(work, data):
         device = msgspec.json.decode(out.read_bytes())["predicted"]["device"]
         numbers = [i.get("bytes") for i in device["items"]] + [device.get("total_bytes"), device.get("peak_bytes")]
         assert all(n is None or 0 <= n <= 2**53 for n in numbers), device
+
+
+@FUZZ
+@given(
+    data=st.sampled_from(OTHER_CALIBRATIONS).flatmap(
+        lambda seed: st.one_of(
+            st.just(json.dumps(seed)),
+            structured(seed),
+            raw_bytes(json.dumps(seed).encode()).map(lambda b: b.decode("latin-1")),
+        )
+    )
+)
+def test_fuzz_calibration_of_another_model(work, data):
+    """A report of another model or backend (or of none named), however damaged: a build of
+    the default model takes it only where what it says it measured is that model on fa3."""
+    path, out = work / "other-cal.json", work / "other-cal-plan.json"
+    path.write_bytes(data.encode("utf-8", "surrogatepass"))
+    out.unlink(missing_ok=True)
+    if expect_clean(planner("build", "-b", "fa3", "--ci", "--calibration", str(path), "-o", str(out), "--force")):
+        raw = json.loads(path.read_bytes().decode("utf-8-sig"))
+        # a report that does not name its backend is of the backend whose kernel module it loaded
+        backend = raw.get("backend", FA3_MODULES.get(raw.get("backend_module")))  # type: ignore[arg-type]
+        assert backend == "fa3", f"accepted a calibration of backend {raw.get('backend')!r}"
+        model = raw.get("model")
+        if model is None:  # only the bytes planner/data/calibrations.toml lists (those of fa3-ci's model)
+            assert path.read_bytes() == (ROOT / "plans/calibration/h200-fa3-ci.json").read_bytes(), "accepted no model"
+            return
+        assert model["dimensions"] == DIMS, f"accepted a calibration of model {model}"
+        assert not any(model.get("phases", {}).values()), f"accepted phase models {model['phases']}"
+        _check_written_plan(out)
 
 
 @FUZZ
