@@ -58,8 +58,11 @@ def _chosen(opts: BuildOptions) -> SizesResult | None:
     except CapturePlanError as err:
         if err.retry is None and not (err.where or "").startswith(tuple(ours)):
             raise
+        # an error may carry no fix of its own (None): never written out as "None"
         if err.retry is not None:
-            err.fix = f"{err.fix}: `{command_for_cwd(msgspec.structs.replace(opts, **err.retry))}`"
+            retry = f"`{command_for_cwd(msgspec.structs.replace(opts, **err.retry))}`"
+            err.fix = f"{err.fix}: {retry}" if err.fix else f"run {retry}"
         else:
-            err.fix = f"{err.fix}; or capture the spec's sizes: `{command_for_cwd(plain)}`"
+            spec_sizes = f"capture the spec's sizes: `{command_for_cwd(plain)}`"
+            err.fix = f"{err.fix}; or {spec_sizes}" if err.fix else spec_sizes
         raise

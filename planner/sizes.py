@@ -393,6 +393,15 @@ def _budget_of(row: Row, calibrated: bool) -> int | None:
     return row.device_bytes if calibrated else row.pool_bytes
 
 
+def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
+    """An option value out of its range, whose fix is to leave the option out (``planner
+    build --sizes auto`` appends the command without it: ``retry``)."""
+    err = InputError(what, where=where, fix=f"give {flag} a value in the range this names, or leave it out")
+    if field != "upto":  # --upto is planner sizes' own; the others are build options too
+        err.retry = {field: None}
+    return err
+
+
 def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     """Everything ``planner sizes`` computes: each traffic phase's front, the engines'
     defaults priced alike, the chosen lists, and the plan built with them. With ``worth``,
@@ -411,13 +420,24 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
             where="--max-size",
             fix="give the largest batch the engine schedules",
         )
-    for flag, v in (("--max-graphs", opts.max_graphs), ("--upto", opts.upto), ("--context", opts.context)):
+    for flag, field, v in (
+        ("--max-graphs", "max_graphs", opts.max_graphs),
+        ("--upto", "upto", opts.upto),
+        ("--context", "context", opts.context),
+    ):
         if v is not None and v < 1:
-            raise InputError(f"must be 1 or more, got {v}", where=f"{flag} {v}")
+            raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, field)
     if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
-        raise InputError(f"must be a percentage of 0 or more, got {opts.max_padding:g}", where="--max-padding")
+        raise _bad_option(
+            f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
+            "--max-padding",
+            "--max-padding",
+            "max_padding",
+        )
     if opts.budget_mib is not None and not 0 < opts.budget_mib < 2**30:
-        raise InputError(f"must be more than 0 MiB, got {opts.budget_mib:g}", where="--budget-mib")
+        raise _bad_option(
+            f"must be more than 0 MiB, got {opts.budget_mib:g}", "--budget-mib", "--budget-mib", "budget_mib"
+        )
     top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
     traffic = read_traffic(
         opts.traffic,

@@ -263,3 +263,26 @@ def test_a_spec_budget_no_list_meets_is_located_in_the_spec(cli, tmp_path):
         "fix: raise the budget to at least",
     )
     assert "--budget-mib" not in line and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(
+    "option, says",
+    [
+        (("--budget-mib", "0"), "--budget-mib: must be more than 0 MiB, got 0"),
+        (("--max-graphs", "0"), "--max-graphs 0: must be 1 or more, got 0"),
+        (("--max-padding", "-1"), "--max-padding: must be a percentage from 0 to below 1e6, got -1"),
+        (("--context", "0"), "--context 0: must be 1 or more, got 0"),
+    ],
+)
+def test_an_option_out_of_range_names_its_range_and_a_fix_never_none(cli, tmp_path, option, says):
+    """Issue 40, item 2: was `...got 0; fix: None; or capture the spec's sizes: ...`. The fix is the build without the option."""
+    shutil.copy(SKEWED, tmp_path / "t.csv")
+    err = one_line_error(
+        cli("build", "-b", "fa3", "--ci", "--sizes", "auto", "--traffic", "t.csv", "-o", "z.json", *option),
+        says,
+        "fix: give",
+        "or leave it out: `planner build --backend fa3 --ci --sizes auto --traffic t.csv -o z.json`",
+    )
+    assert "None" not in err
+    sizes = cli("sizes", "-b", "fa3", "--ci", "--traffic", "t.csv", *option)
+    assert "None" not in one_line_error(sizes, says, "; fix: give")
