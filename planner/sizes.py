@@ -435,9 +435,15 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
             "max_padding",
         )
     if opts.budget_mib is not None and not 0 < opts.budget_mib < 2**30:
-        raise _bad_option(
-            f"must be more than 0 MiB, got {opts.budget_mib:g}", "--budget-mib", "--budget-mib", "budget_mib"
+        b = opts.budget_mib
+        what = (
+            f"must be a finite number of MiB, got {b:g}"
+            if not math.isfinite(b)
+            else f"must be more than 0 MiB, got {b:g}"
+            if b <= 0
+            else f"must be below 2**30 MiB (1 PiB, more than any device holds), got {b:g}"
         )
+        raise _bad_option(what, "--budget-mib", "--budget-mib", "budget_mib")
     top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
     traffic = read_traffic(
         opts.traffic,

@@ -272,10 +272,16 @@ def test_a_spec_budget_no_list_meets_is_located_in_the_spec(cli, tmp_path):
         (("--max-graphs", "0"), "--max-graphs 0: must be 1 or more, got 0"),
         (("--max-padding", "-1"), "--max-padding: must be a percentage from 0 to below 1e6, got -1"),
         (("--context", "0"), "--context 0: must be 1 or more, got 0"),
+        # issue 40, item 3: the limit broken is the upper one (or the number is none)
+        (("--budget-mib", "1e30"), "must be below 2**30 MiB (1 PiB, more than any device holds), got 1e+30"),
+        (("--budget-mib", "1e15"), "must be below 2**30 MiB"),
+        (("--budget-mib", "inf"), "must be a finite number of MiB, got inf"),
+        (("--budget-mib", "nan"), "must be a finite number of MiB, got nan"),
     ],
 )
 def test_an_option_out_of_range_names_its_range_and_a_fix_never_none(cli, tmp_path, option, says):
-    """Issue 40, item 2: was `...got 0; fix: None; or capture the spec's sizes: ...`. The fix is the build without the option."""
+    """Issue 40, items 2 and 3: was `...got 0; fix: None; or capture the spec's sizes: ...`, and
+    `--budget-mib 1e30` said `must be more than 0 MiB`. The fix is the build without the option."""
     shutil.copy(SKEWED, tmp_path / "t.csv")
     err = one_line_error(
         cli("build", "-b", "fa3", "--ci", "--sizes", "auto", "--traffic", "t.csv", "-o", "z.json", *option),
