@@ -420,13 +420,13 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
             where="--max-size",
             fix="give the largest batch the engine schedules",
         )
-    for flag, field, v in (
+    for flag, name, v in (
         ("--max-graphs", "max_graphs", opts.max_graphs),
         ("--upto", "upto", opts.upto),
         ("--context", "context", opts.context),
     ):
         if v is not None and v < 1:
-            raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, field)
+            raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, name)
     if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
         raise _bad_option(
             f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
