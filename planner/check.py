@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from capture_plan.schemas.errors import DriftError, InputError, WrongKindError
+from capture_plan.schemas.errors import CapturePlanError, DriftError, InputError, WrongKindError
 
 __all__ = ["check_paths", "recorded_options", "check_report_plan", "StalePlans"]
 
@@ -126,7 +126,7 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
         raise InputError(
             "no plan files found", where=", ".join(map(str, paths)), fix="name plan files or folders that hold them"
         )
-    ok, stale = [], []
+    ok, stale, failed = [], [], []
     for f, folder in files:
         data = read_input(f, "plan")
         try:  # digest first: a plan that passes is read as written by the planner
@@ -150,22 +150,30 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             stale.append(err)
             continue
         try:
-            if tampered is not None:  # --force where the rebuild's command is not the one the file records
-                force = " --force" if plan.command != normalized_command(opts) else ""
-                tampered.fix = f"run `{command_for_cwd(opts)}{force}`"
-                raise tampered
-            _from_record(f, check_plan, opts)
-            ok.append(f"{f}: up to date")
-        except DriftError as err:
-            if not fix:
-                stale.append(err)
-                continue
-            write_atomic(f, plan_bytes(_from_record(f, build_plan, opts)))
-            ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
-    if stale:
+            try:
+                if tampered is not None:  # --force where the rebuild's command is not the one the file records
+                    force = " --force" if plan.command != normalized_command(opts) else ""
+                    tampered.fix = f"run `{command_for_cwd(opts)}{force}`"
+                    raise tampered
+                _from_record(f, check_plan, opts)
+                ok.append(f"{f}: up to date")
+            except DriftError as err:
+                if not fix:
+                    stale.append(err)
+                    continue
+                write_atomic(f, plan_bytes(_from_record(f, build_plan, opts)))
+                ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
+        except DriftError:
+            raise
+        except CapturePlanError as err:
+            # an input the plan records is gone or refused (a traffic file deleted): that plan's
+            # line, and the others are still checked and listed (docs/ci.md)
+            err.fixable = False  # type: ignore[attr-defined]  # `check --fix` cannot rebuild it either
+            failed.append(err)
+    if stale or failed:
         # the folders and files checked, but for the default (plans): the same command from here
         named = [] if paths == [Path("plans")] else [str(p) for p in paths]
-        raise StalePlans(stale, ok, len(files), shlex.join(["planner", "check", "--fix", *named]))
+        raise StalePlans(stale + failed, ok, len(files), shlex.join(["planner", "check", "--fix", *named]), len(failed))
     return ok
 
 
@@ -176,13 +184,26 @@ class StalePlans(DriftError):
     line; the CLI prints each plan's error on its own line before it (one
     line of 1,100 characters for five plans could not be read)."""
 
-    def __init__(self, stale: list[DriftError], ok: list[str], checked: int, fix_command: str = "planner check --fix"):
+    def __init__(
+        self,
+        stale: list[CapturePlanError],
+        ok: list[str],
+        checked: int,
+        fix_command: str = "planner check --fix",
+        failed: int = 0,
+    ):
         self.stale, self.ok = stale, ok
         #: the command that rebuilds them all: ``planner check --fix`` and the paths that were checked
         self.fix_command = fix_command
+        drifted = len(stale) - failed
+        what = f"{drifted} of {checked} plan(s) stale" if drifted else ""
+        if failed:  # the last ``failed`` errors: plans whose recorded inputs cannot be read or built
+            what += (", " if what else "") + f"{failed} of {checked} plan(s) cannot be rebuilt from what they record"
         super().__init__(
-            f"{len(stale)} of {checked} plan(s) stale",
-            fix=f"run the command each line above names, or rebuild them all with `{fix_command}`",
+            what,
+            fix=f"run the command each line above names, or rebuild them all with `{fix_command}`"
+            if drifted
+            else "mend what each line above names",
         )
 
 

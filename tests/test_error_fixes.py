@@ -132,6 +132,14 @@ def _traffic(repo: Path) -> None:
     (repo / "zero.prom").write_text("\n".join(zero) + "\n")
 
 
+def _traffic_gone(repo: Path) -> None:
+    """A sizes plan beside another plan, its traffic file then deleted (issue 40, item 5)."""
+    _traffic(repo)
+    for args in ("--ci", "--ci --sizes auto --traffic t.csv"):
+        assert sh(f"planner build -b fa3 {args}", repo).returncode == 0
+    (repo / "t.csv").unlink()
+
+
 #: planner build --sizes auto with bad input: each fix (the command with the option that passes,
 #: or the build of the spec's own sizes) must pass; the failing command still fails after it
 _AUTO = "planner build -b fa3 --sizes auto --traffic {up}"
@@ -174,6 +182,15 @@ CASES = {
     "padding no list meets": Case(
         _traffic, _AUTO + "t.csv --max-graphs 4 --max-padding 0.001 -o {plans}/auto.json", ""
     ),
+    # the traffic a sizes plan records is gone: the build of the spec's sizes in its place (--force)
+    "traffic gone, check": Case(_traffic_gone, "planner check {plans}"),
+    # option values out of range (issue 40, items 2 and 3): the build without the option
+    "--budget-mib 0": Case(_traffic, _AUTO + "t.csv --budget-mib 0 -o {plans}/auto.json", ""),
+    "--budget-mib 1e30": Case(_traffic, _AUTO + "t.csv --budget-mib 1e30 -o {plans}/auto.json", ""),
+    "--budget-mib nan": Case(_traffic, _AUTO + "t.csv --budget-mib nan -o {plans}/auto.json", ""),
+    "--max-graphs 0": Case(_traffic, _AUTO + "t.csv --max-graphs 0 -o {plans}/auto.json", ""),
+    "--max-padding -1": Case(_traffic, _AUTO + "t.csv --max-padding -1 -o {plans}/auto.json", ""),
+    "--context 0": Case(_traffic, _AUTO + "t.csv --context 0 -o {plans}/auto.json", ""),
     "--traffic without --sizes auto": Case(
         _traffic, "planner build -b fa3 --traffic {up}t.csv --max-graphs 8 -o {plans}/auto.json", ""
     ),
