@@ -294,6 +294,7 @@ def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> No
         return
     where = f"{r.spec_source}: $.budget_mib"
     budget = spec.budget_mib * MiB
+    floor = max(r.alone.values())
     if r.pins:
         free = msgspec.structs.replace(r, pins={}, forced=_forced_orders(spec, r.rules, {}))
         free_sol = _optimize(free, opts)
@@ -308,14 +309,19 @@ def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> No
         cheapest = total
         named = "; ".join(f"{n}: {sol.strategies[n].label()}" for n in r.sequence)
         found = f"no schedule the rules allow is cheaper than this one: {named}"
-    fix = (
-        "drop the --strategy pins, or raise the budget"
-        if cheapest <= budget
-        else "raise the budget, or capture fewer sizes"
-    )
-    raise ConstraintError(
-        f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}", where=where, fix=fix
-    )
+    # this plan's own total, in whole MiB: a budget that fits this build (the floor, the
+    # largest graph alone, did not: the other graphs and the hoisted workspaces add to it)
+    fits = f"raise budget_mib to at least {-(-total // MiB)}"
+    if cheapest <= budget:
+        fix = f"drop the --strategy pins, or {fits}"
+    elif r.pins:
+        fix = f"{fits} ({-(-cheapest // MiB)} without the --strategy pins), or capture fewer sizes"
+    else:
+        fix = f"{fits}, or capture fewer sizes"
+    what = f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}"
+    if budget < floor:
+        what = f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone needs {mib(floor)}; {what}"
+    raise ConstraintError(what, where=where, fix=fix)
 
 
 def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]) -> Decision:
@@ -457,13 +463,8 @@ def _resolve(opts: BuildOptions, chosen: SizesResult | None) -> _Resolved:
         ).pool_bytes
         for p in spec.phases
     }
-    floor = max(alone.values())
-    if spec.budget_mib is not None and spec.budget_mib * MiB < floor:
-        raise ConstraintError(
-            f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone needs {mib(floor)}",
-            where=f"{spec_source}: $.budget_mib",
-            fix=f"raise budget_mib to at least {-(-floor // MiB)}",
-        )
+    # a budget below the largest graph alone is refused after the schedule is priced
+    # (_check_budget): the floor is no budget that fits, and the fix names one that does
     return _Resolved(
         backend=backend,
         spec=spec,
