@@ -292,7 +292,8 @@ def test_the_budget_a_budget_error_names_then_builds(cli, tmp_path, speculative,
     code, spec, err = cli("spec", "show", *speculative)
     assert code == 0, err
     (tmp_path / "b.toml").write_text(spec.replace("library_mib = 0\n", f"library_mib = 0\nbudget_mib = {budget}\n"))
-    err = one_line_error(cli("build", "-b", "fa3", "--spec", "b.toml", "--dry-run"), "fix: raise budget_mib to at least")
+    build = ("build", "-b", "fa3", "--spec", "b.toml", "--dry-run")
+    err = one_line_error(cli(*build), "fix: raise budget_mib to at least")
     fits = int(re.search(r"raise budget_mib to at least (\d+)", err).group(1))
     (tmp_path / "b.toml").write_text(spec.replace("library_mib = 0\n", f"library_mib = 0\nbudget_mib = {fits}\n"))
     code, out, err = cli("build", "-b", "fa3", "--spec", "b.toml", "--dry-run")
