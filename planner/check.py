@@ -140,7 +140,9 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
                 raise
             plan = decode_plan(data, str(f), check_digest=False)
             tampered = DriftError(
-                "plan is stale: its digest does not match its content (edited by hand or corrupted)", where=str(f)
+                "plan is stale: its digest does not match its content (edited by hand or corrupted)",
+                where=str(f),
+                fix="rebuild it with the command it records",
             )
         # before trusting anything else: a newer planner's plan is never rebuilt (downgraded) here
         newer_revision(plan.revision, f"{f}: $.revision")

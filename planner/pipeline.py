@@ -566,7 +566,11 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
         else simulate(captures, strategies, r.workload, r.expandable, r.protect, r.library)
     )
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
-        raise ConstraintError(sim.hazards[0], where="planned step order")
+        raise ConstraintError(
+            sim.hazards[0],
+            where="planned step order",
+            fix="report this as a bug (`planner --debug` shows where); pin another order with -s meanwhile",
+        )
     baseline = resources.baseline()
     base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in r.sequence}
     order = baseline.order

@@ -412,7 +412,11 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     names = [p.name for p in resolved.phases]
     for p in opts.phases:
         if p not in names:
-            raise InputError(f"unknown phase {p!r}; the spec has {', '.join(names)}", where=f"--phase {p}")
+            raise InputError(
+                f"unknown phase {p!r}; the spec has {', '.join(names)}",
+                where=f"--phase {p}",
+                fix="name one of them with --phase, or leave --phase out for every phase",
+            )
     default_phases = list(opts.phases) or names
     if opts.max_size is not None and not 1 <= opts.max_size <= MAX_BS:
         raise InputError(

@@ -342,7 +342,11 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
         try:
             raw = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise InputError(f"malformed TOML: {err}", where=source) from None
+            raise InputError(
+                f"malformed TOML: {err}",
+                where=source,
+                fix="mend the TOML at the line and column it names (`planner spec show` prints a valid spec)",
+            ) from None
         except RecursionError:
             raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX[kind]) from None
         except ValueError as err:  # e.g. an integer of more than 4300 digits
@@ -354,7 +358,7 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
     except msgspec.DecodeError as err:
         if kind != "spec":
             raise _invalid_json(data, source, kind, err) from None
-        fix = None
+        fix = "mend the JSON at the position it names (`planner schema spec` is the spec's schema)"
         if kind == "spec" and PurePath(source).suffix.lower() != ".json":
             # a TOML spec named spec.txt or spec.tml is read as JSON: say why
             fix = "a spec is read as TOML only when its name ends in .toml, else as JSON: rename a TOML spec"

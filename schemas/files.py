@@ -39,6 +39,8 @@ _KIND_NAMES = {
 
 
 def _oserror(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
+    # every error carries a fix (the CLI promises one): the caller's, else the path to check
+    fix = fix or "check the path, and that the file is there and may be read"
     if err.errno == errno.ELOOP:
         return InputError(f"cannot {doing}: symlink loop", where=where, fix="point the path at a real file")
     if err.errno == errno.ENAMETOOLONG:

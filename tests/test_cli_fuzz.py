@@ -163,6 +163,8 @@ def expect_clean(result: tuple[int, str, str]) -> bool:
     assert "Traceback" not in err and "internal error" not in err, err[-2000:]
     if code == 1:
         assert err.startswith("planner: error: ") and err.count("\n") == 1, err[-2000:]
+        # every deliberate error says how to fix it (issue 40): never without, never "None"
+        assert "; fix: " in err and "fix: None" not in err, err[-2000:]
         return False
     return True
 
