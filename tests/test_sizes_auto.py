@@ -195,7 +195,7 @@ BAD = {
     "beyond the largest size": (None, ["--max-size", "128"], ["reaches size 256", "--max-size 256"]),
     "negative count": ("size,count\n1,5\n3,-2\n", [], ["t.csv:3", "count '-2'"]),
     "fractional count": ("size,count\n1,5\n3,2.5\n", [], ["t.csv:3", "count '2.5'"]),
-    "empty CSV": ("size,count\n", [], ["no steps"]),
+    "empty CSV": ("size,count\n", [], ["lists no batch sizes"]),
     "empty histogram": ("ZERO", [], ["no steps"]),
     "scrape without the metric": ("SCRAPE", ["--metric", "vllm:nope"], ["no histogram vllm:nope"]),
     "budget no list meets": (None, ["--budget-mib", "10"], ["--budget-mib", "no list fits", "--budget-mib 252"]),
