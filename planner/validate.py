@@ -72,7 +72,8 @@ def decode_spec_sources(
     doc = read_document(data, source, "spec")
     spec = convert(doc, Spec, source, kind="spec")
     table = doc.get("model") if isinstance(doc, dict) else None
-    model, sources = resolve_model(table, spec.model, source, presets)
+    named = doc.get("name") if isinstance(doc, dict) else None  # the spec's own name, where it gives one
+    model, sources = resolve_model(table, spec.model, source, presets, named if isinstance(named, str) else None)
     spec = msgspec.structs.replace(spec, model=model)
     return _check_rules(spec, source, phase_kinds, phase_axes), sources
 
