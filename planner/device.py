@@ -194,9 +194,10 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     )
 
 
-#: how a calibration of a plan's own backend and model is made (the fix of a calibration refused)
+#: how a calibration of a plan's own backend and model is made (the fix of a calibration refused;
+#: ``{build}``: the build without --calibration, where the caller knows it)
 CALIBRATE = (
-    "build this plan without --calibration, capture it on the device and write its report "
+    "build this plan without --calibration{build}, capture it on the device and write its report "
     "(`python -m capture_plan.references.calibrate PLAN REPORT` runs the reference model of the plan's "
     "dimensions; an engine's own model: GraphSet.write_report), then build with --calibration REPORT"
 )
@@ -225,27 +226,31 @@ def _model_changes(measured: dict, built: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def check_applies(rep: CaptureReport, digest: str, source: str, backend: str, model: ModelUsed) -> None:
+def check_applies(
+    rep: CaptureReport, digest: str, source: str, backend: str, model: ModelUsed, build: str | None = None
+) -> None:
     """Refuse a calibration report that measured another backend or model than the build's.
 
     Its driver memory follows its graphs' nodes and its warm-ups' scratch the model's
     tensors: a report of a 32-layer model says nothing of an 80-layer one, and no figure is
     scaled here. What it measured comes from the report (``backend``, ``model``: written
     by the executor), else from ``planner/data/calibrations.toml`` (reports written before,
-    by their SHA-256 ``digest``); a report that says neither is refused too."""
+    by their SHA-256 ``digest``); a report that says neither is refused too. ``build``: the
+    command that builds the plan without the calibration (the fix's first step), where known."""
+    fix = CALIBRATE.format(build=f" (`{build}`)" if build else "")
     known = data("calibrations.toml").get("reports", {}).get(digest, {})
     measured_backend = _backend_of(rep, known)
     if measured_backend is None:
         raise InputError(
             f"the report does not say which attention backend it measured (kernel module {rep.backend_module!r})",
             where=f"{source}: $.backend",
-            fix=CALIBRATE,
+            fix=fix,
         )
     if measured_backend != backend:
         raise InputError(
             f"the calibration measured backend {measured_backend!r}, this build is for {backend!r}",
             where=f"{source}: $.backend",
-            fix=CALIBRATE,
+            fix=fix,
         )
     if isinstance(rep.model, msgspec.UnsetType):
         if "dimensions" not in known:
@@ -253,7 +258,7 @@ def check_applies(rep: CaptureReport, digest: str, source: str, backend: str, mo
                 "the report does not say which model it measured (written before capture reports named "
                 "their model), so its graph memory cannot be bound to this build's",
                 where=f"{source}: $.model",
-                fix=CALIBRATE,
+                fix=fix,
             )
         dims, phases = known["dimensions"], known.get("phases", {})
     else:
@@ -266,7 +271,7 @@ def check_applies(rep: CaptureReport, digest: str, source: str, backend: str, mo
             f"the calibration measured another model than this build's ({', '.join(changes)}): its graphs' "
             "driver memory and warm-up scratch follow the model and are not scaled",
             where=f"{source}: $.model",
-            fix=CALIBRATE,
+            fix=fix,
         )
 
 
@@ -276,11 +281,11 @@ def read_calibration(
     phases: dict[str, str],
     recorded: str,
     *,
-    applies: tuple[str, ModelUsed] | None = None,
+    applies: tuple[str, ModelUsed] | tuple[str, ModelUsed, str] | None = None,
 ) -> tuple[Calibration, bytes]:
     """``shown``: the path as the user gave it (errors); ``recorded``: as the plan records it;
-    ``applies``: the build's backend and model, which the report must have measured
-    (:func:`check_applies`)."""
+    ``applies``: the build's backend and model, which the report must have measured, and the
+    command that builds without it (:func:`check_applies`)."""
     raw = read_input(path, "report", fix="give a capture report written by GraphSet.write_report")
     rep = decode_report(raw, shown)
     if applies is not None:

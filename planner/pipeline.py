@@ -56,6 +56,7 @@ from .build_options import (
     BuildOptions,
     build_record,
     check_paths_encode,
+    command_for_cwd,
     normalized_command,
     output_path,
     relative,
@@ -505,8 +506,9 @@ def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUse
     from .device import read_calibration
 
     shown, recorded = str(opts.calibration), relative(opts.calibration, output_path(opts).parent)
+    without = command_for_cwd(msgspec.structs.replace(opts, calibration=None))
     cal, raw = read_calibration(
-        opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded, applies=(opts.backend, model)
+        opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded, applies=(opts.backend, model, without)
     )
     if traced_on and cal.device.split(" sm")[0] not in traced_on:
         raise InputError(

@@ -168,8 +168,9 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
         path,
         str(path),
         "name a plan file with -o, not a folder",
-        special_fix="to build without writing a plan, pass --dry-run instead of -o (a build never writes "
-        "to a device or a pipe)",
+        # a build never writes to a device or a pipe; what `-o /dev/null` is typed for is the dry run
+        special_fix="to build without writing a plan, pass --dry-run instead of -o: "
+        f"`{command_for_cwd(msgspec.structs.replace(opts, output=None))} --dry-run`",
     )
     if existing is not None and not force:
         try:

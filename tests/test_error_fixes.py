@@ -140,6 +140,19 @@ def _traffic_gone(repo: Path) -> None:
     (repo / "t.csv").unlink()
 
 
+def _other_model(repo: Path) -> None:
+    """A spec of another model than the H200 calibration measured (issue 40, item 1)."""
+    (repo / "plans").mkdir()
+    (repo / "calibration").mkdir()
+    shutil.copy(ROOT / "plans/calibration/h200-fa3-ci.json", repo / "calibration/h200.json")
+    (repo / "x.toml").write_text('[model]\npreset = "llama-3-8b"\nlayers = 80\n' + SPEC)
+
+
+def _traffic_more(repo: Path) -> None:
+    _traffic(repo)
+    (repo / "fw.csv").write_text("size,count\n1,\uff15\n")  # a full-width digit (item 8)
+
+
 #: planner build --sizes auto with bad input: each fix (the command with the option that passes,
 #: or the build of the spec's own sizes) must pass; the failing command still fails after it
 _AUTO = "planner build -b fa3 --sizes auto --traffic {up}"
@@ -182,6 +195,13 @@ CASES = {
     "padding no list meets": Case(
         _traffic, _AUTO + "t.csv --max-graphs 4 --max-padding 0.001 -o {plans}/auto.json", ""
     ),
+    # a calibration of another model: the fix's first step, the build without it (the capture is on a GPU)
+    "calibration of another model": Case(
+        _other_model, "planner build -b fa3 --spec {spec} --calibration {up}calibration/h200.json -o {plans}/x.json", ""
+    ),
+    # -o /dev/null: the dry run it was typed for
+    "-o /dev/null": Case(_plans, "planner build -b fa3 -o /dev/null", ""),
+    "full-width digit": Case(_traffic_more, _AUTO + "fw.csv -o {plans}/auto.json", ""),
     # the traffic a sizes plan records is gone: the build of the spec's sizes in its place (--force)
     "traffic gone, check": Case(_traffic_gone, "planner check {plans}"),
     # option values out of range (issue 40, items 2 and 3): the build without the option
