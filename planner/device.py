@@ -281,7 +281,7 @@ def read_calibration(
     phases: dict[str, str],
     recorded: str,
     *,
-    applies: tuple[str, ModelUsed] | tuple[str, ModelUsed, str] | None = None,
+    applies: tuple[str, ModelUsed, str | None] | None = None,
 ) -> tuple[Calibration, bytes]:
     """``shown``: the path as the user gave it (errors); ``recorded``: as the plan records it;
     ``applies``: the build's backend and model, which the report must have measured, and the

@@ -253,7 +253,8 @@ class _Memory:
         if opts.calibration is not None:
             kinds = {p.name: p.kind for p in spec.phases}
             shown = str(opts.calibration)
-            applies = None if isinstance(plan.inputs.model, msgspec.UnsetType) else (opts.backend, plan.inputs.model)
+            model = plan.inputs.model
+            applies = None if isinstance(model, msgspec.UnsetType) else (opts.backend, model, None)
             self.calibration, _ = read_calibration(opts.calibration, shown, kinds, shown, applies=applies)
         self._seen: dict[tuple, tuple[int, int, int | None]] = {}
 

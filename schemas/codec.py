@@ -191,8 +191,10 @@ def _fields_at(type_: Any, keys: list[str | int]) -> set[str]:
         for info in flat:
             if isinstance(info, mi.StructType) and isinstance(key, str):
                 nxt += [f.type for f in info.fields if f.encode_name == key]
-            elif isinstance(info, (mi.ListType, mi.TupleType, mi.VarTupleType)) and isinstance(key, int):
-                nxt += [getattr(info, "item_type", None) or info.item_types[key]]
+            elif isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType)) and isinstance(key, int):
+                nxt.append(info.item_type)
+            elif isinstance(info, mi.TupleType) and isinstance(key, int) and key < len(info.item_types):
+                nxt.append(info.item_types[key])
             elif isinstance(info, mi.DictType):
                 nxt.append(info.value_type)
         infos = nxt
