@@ -18,7 +18,7 @@ import msgspec
 import torch
 
 from capture_plan.schemas.plan import Plan, Step
-from capture_plan.schemas.report import CaptureReport, StepMeasurement
+from capture_plan.schemas.report import CaptureReport, ReportModel, StepMeasurement
 from capture_plan.schemas.units import mib
 
 from .device import Probe, device_view, driver_version, probe
@@ -163,6 +163,11 @@ class Measurements:
             outside_bytes=outside,
             warmup_kept_bytes=kept if kept is not None else msgspec.UNSET,
             profiling=profiling if profiling is not None else msgspec.UNSET,
+            # what a calibration from this report applies to (planner/device.py binds it)
+            backend=plan.requires.backend,
+            model=msgspec.UNSET
+            if isinstance(plan.inputs.model, msgspec.UnsetType)
+            else ReportModel(dimensions=dict(plan.inputs.model.dimensions), phases=dict(plan.inputs.model.phases)),
         )
         if self.show:
             pred = plan.predicted.pool_bytes

@@ -17,7 +17,15 @@ from capture_plan.schemas.plan import BUILD_FLAGS, Plan
 from capture_plan.schemas.spec import Spec
 
 from . import pipeline
-from .build_options import SIZE_CHOICE, BuildOptions, check_size_choice, command_for_cwd, without_size_choice
+from .build_options import (
+    SIZE_CHOICE,
+    BuildOptions,
+    check_size_choice,
+    command_for_cwd,
+    normalized_command,
+    output_path,
+    without_size_choice,
+)
 from .pipeline import check_tp
 
 if TYPE_CHECKING:
@@ -58,8 +66,25 @@ def _chosen(opts: BuildOptions) -> SizesResult | None:
     except CapturePlanError as err:
         if err.retry is None and not (err.where or "").startswith(tuple(ours)):
             raise
+        # an error may carry no fix of its own (None): never written out as "None"
         if err.retry is not None:
-            err.fix = f"{err.fix}: `{command_for_cwd(msgspec.structs.replace(opts, **err.retry))}`"
+            retry = f"`{command_for_cwd(msgspec.structs.replace(opts, **err.retry))}`"
+            err.fix = f"{err.fix}: {retry}" if err.fix else f"run {retry}"
         else:
-            err.fix = f"{err.fix}; or capture the spec's sizes: `{command_for_cwd(plain)}`"
+            spec_sizes = f"capture the spec's sizes: `{command_for_cwd(plain)}{_force(plain)}`"
+            err.fix = f"{err.fix}; or {spec_sizes}" if err.fix else spec_sizes
         raise
+
+
+def _force(opts: BuildOptions) -> str:
+    """`` --force`` where the build of ``opts`` would replace a file at its output that is not
+    its own plan (the plan of the traffic a fix suggests leaving out: ``planner check`` of a
+    sizes plan whose traffic is gone), which the build refuses without it; else ""."""
+    path = output_path(opts)
+    try:
+        if not path.is_file():
+            return ""
+        raw = msgspec.json.decode(path.read_bytes())
+    except (OSError, ValueError, msgspec.DecodeError):
+        return " --force"
+    return "" if isinstance(raw, dict) and raw.get("command") == normalized_command(opts) else " --force"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from capture_plan.schemas.errors import DriftError, InputError, WrongKindError
+from capture_plan.schemas.errors import CapturePlanError, DriftError, InputError, WrongKindError
 
 __all__ = ["check_paths", "recorded_options", "check_report_plan", "StalePlans"]
 
@@ -126,7 +126,7 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
         raise InputError(
             "no plan files found", where=", ".join(map(str, paths)), fix="name plan files or folders that hold them"
         )
-    ok, stale = [], []
+    ok, stale, failed = [], [], []
     for f, folder in files:
         data = read_input(f, "plan")
         try:  # digest first: a plan that passes is read as written by the planner
@@ -140,7 +140,9 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
                 raise
             plan = decode_plan(data, str(f), check_digest=False)
             tampered = DriftError(
-                "plan is stale: its digest does not match its content (edited by hand or corrupted)", where=str(f)
+                "plan is stale: its digest does not match its content (edited by hand or corrupted)",
+                where=str(f),
+                fix="rebuild it with the command it records",
             )
         # before trusting anything else: a newer planner's plan is never rebuilt (downgraded) here
         newer_revision(plan.revision, f"{f}: $.revision")
@@ -150,22 +152,30 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
             stale.append(err)
             continue
         try:
-            if tampered is not None:  # --force where the rebuild's command is not the one the file records
-                force = " --force" if plan.command != normalized_command(opts) else ""
-                tampered.fix = f"run `{command_for_cwd(opts)}{force}`"
-                raise tampered
-            _from_record(f, check_plan, opts)
-            ok.append(f"{f}: up to date")
-        except DriftError as err:
-            if not fix:
-                stale.append(err)
-                continue
-            write_atomic(f, plan_bytes(_from_record(f, build_plan, opts)))
-            ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
-    if stale:
+            try:
+                if tampered is not None:  # --force where the rebuild's command is not the one the file records
+                    force = " --force" if plan.command != normalized_command(opts) else ""
+                    tampered.fix = f"run `{command_for_cwd(opts)}{force}`"
+                    raise tampered
+                _from_record(f, check_plan, opts)
+                ok.append(f"{f}: up to date")
+            except DriftError as err:
+                if not fix:
+                    stale.append(err)
+                    continue
+                write_atomic(f, plan_bytes(_from_record(f, build_plan, opts)))
+                ok.append(f"{f}: rebuilt ({command_for_cwd(opts)})")
+        except DriftError:
+            raise
+        except CapturePlanError as err:
+            # an input the plan records is gone or refused (a traffic file deleted): that plan's
+            # line, and the others are still checked and listed (docs/ci.md)
+            err.fixable = False  # type: ignore[attr-defined]  # `check --fix` cannot rebuild it either
+            failed.append(err)
+    if stale or failed:
         # the folders and files checked, but for the default (plans): the same command from here
         named = [] if paths == [Path("plans")] else [str(p) for p in paths]
-        raise StalePlans(stale, ok, len(files), shlex.join(["planner", "check", "--fix", *named]))
+        raise StalePlans(stale + failed, ok, len(files), shlex.join(["planner", "check", "--fix", *named]), len(failed))
     return ok
 
 
@@ -176,13 +186,26 @@ class StalePlans(DriftError):
     line; the CLI prints each plan's error on its own line before it (one
     line of 1,100 characters for five plans could not be read)."""
 
-    def __init__(self, stale: list[DriftError], ok: list[str], checked: int, fix_command: str = "planner check --fix"):
+    def __init__(
+        self,
+        stale: list[CapturePlanError],
+        ok: list[str],
+        checked: int,
+        fix_command: str = "planner check --fix",
+        failed: int = 0,
+    ):
         self.stale, self.ok = stale, ok
         #: the command that rebuilds them all: ``planner check --fix`` and the paths that were checked
         self.fix_command = fix_command
+        drifted = len(stale) - failed
+        what = f"{drifted} of {checked} plan(s) stale" if drifted else ""
+        if failed:  # the last ``failed`` errors: plans whose recorded inputs cannot be read or built
+            what += (", " if what else "") + f"{failed} of {checked} plan(s) cannot be rebuilt from what they record"
         super().__init__(
-            f"{len(stale)} of {checked} plan(s) stale",
-            fix=f"run the command each line above names, or rebuild them all with `{fix_command}`",
+            what,
+            fix=f"run the command each line above names, or rebuild them all with `{fix_command}`"
+            if drifted
+            else "mend what each line above names",
         )
 
 
@@ -194,6 +217,11 @@ def check_report_plan(report, plan, report_source: str, plan_source: str, report
     records) is accepted: it was captured from the plan before its device
     items were added, the same steps."""
     own = bool(report_digest) and report_digest == getattr(plan.inputs, "calibration_digest", None)
+    if own and report.plan_digest != plan.digest and not isinstance(plan.inputs.model, msgspec.UnsetType):
+        from .device import check_applies
+
+        # a plan built from a calibration of another model (before builds refused one) is no match either
+        check_applies(report, report_digest, report_source, plan.requires.backend, plan.inputs.model)
     if report.plan_digest != plan.digest and not own:
         raise InputError(
             f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "

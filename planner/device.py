@@ -24,7 +24,10 @@ The measured items come from a *calibration*: a capture report
 (``GraphSet.write_report``) whose device view and per-step free memory the
 executor measured on a named device and driver. They describe that device,
 driver and the report's model code; an item nothing gives is ``unknown``
-(None), never 0, and the total is unknown with it.
+(None), never 0, and the total is unknown with it. A calibration read from a
+file is bound to what it measured (:func:`check_applies`): its graphs' nodes and
+warm-up scratch follow the model and backend, so a report of another backend or
+model, or one that does not say which, is refused, not scaled.
 
 What it does not model: memory a model's first eager run takes (CUDA loads
 kernel modules lazily, outside the allocator): an engine has run its model
@@ -45,7 +48,7 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.keys import parse_step_id
 from capture_plan.schemas.limits import MAX_INT
-from capture_plan.schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
+from capture_plan.schemas.plan import DeviceCost, DevicePrediction, ModelUsed, Step, StepMemory
 
 from .resources import data
 
@@ -55,6 +58,8 @@ if TYPE_CHECKING:  # reports are read only with --calibration (read_calibration)
 __all__ = [
     "Calibration",
     "read_calibration",
+    "check_applies",
+    "CALIBRATE",
     "calibration_from_report",
     "device_prediction",
     "capability_of",
@@ -189,10 +194,105 @@ def calibration_from_report(rep: CaptureReport, source: str, phases: dict[str, s
     )
 
 
-def read_calibration(path: Path, shown: str, phases: dict[str, str], recorded: str) -> tuple[Calibration, bytes]:
-    """``shown``: the path as the user gave it (errors); ``recorded``: as the plan records it."""
+#: how a calibration of a plan's own backend and model is made (the fix of a calibration refused;
+#: ``{build}``: the build without --calibration, where the caller knows it)
+CALIBRATE = (
+    "build this plan without --calibration{build}, capture it on the device and write its report "
+    "(`python -m capture_plan.references.calibrate PLAN REPORT` runs the reference model of the plan's "
+    "dimensions; an engine's own model: GraphSet.write_report), then build with --calibration REPORT"
+)
+
+
+def _backend_of(rep: CaptureReport, known: dict) -> str | None:
+    """The backend a report measured: its own word, the calibrations table's, else the backend
+    whose kernel module it loaded (None: none, or several, do)."""
+    if isinstance(rep.backend, str):
+        return rep.backend
+    if "backend" in known:
+        return known["backend"]
+    from .resources import backends
+
+    names = [name for name, b in backends().items() if rep.backend_module and rep.backend_module in b.modules]
+    return names[0] if len(names) == 1 else None
+
+
+def _model_changes(measured: dict, built: dict, prefix: str = "") -> list[str]:
+    """``layers 32 -> 80``: each dimension the report's model and the build's give differently."""
+    out = []
+    for key in sorted(set(measured) | set(built)):
+        a, b = measured.get(key), built.get(key)
+        if a != b:
+            out.append(f"{prefix}{key} {'unset' if a is None else a} -> {'unset' if b is None else b}")
+    return out
+
+
+def check_applies(
+    rep: CaptureReport, digest: str, source: str, backend: str, model: ModelUsed, build: str | None = None
+) -> None:
+    """Refuse a calibration report that measured another backend or model than the build's.
+
+    Its driver memory follows its graphs' nodes and its warm-ups' scratch the model's
+    tensors: a report of a 32-layer model says nothing of an 80-layer one, and no figure is
+    scaled here. What it measured comes from the report (``backend``, ``model``: written
+    by the executor), else from ``planner/data/calibrations.toml`` (reports written before,
+    by their SHA-256 ``digest``); a report that says neither is refused too. ``build``: the
+    command that builds the plan without the calibration (the fix's first step), where known."""
+    fix = CALIBRATE.format(build=f" (`{build}`)" if build else "")
+    known = data("calibrations.toml").get("reports", {}).get(digest, {})
+    measured_backend = _backend_of(rep, known)
+    if measured_backend is None:
+        raise InputError(
+            f"the report does not say which attention backend it measured (kernel module {rep.backend_module!r})",
+            where=f"{source}: $.backend",
+            fix=fix,
+        )
+    if measured_backend != backend:
+        raise InputError(
+            f"the calibration measured backend {measured_backend!r}, this build is for {backend!r}",
+            where=f"{source}: $.backend",
+            fix=fix,
+        )
+    if isinstance(rep.model, msgspec.UnsetType):
+        if "dimensions" not in known:
+            raise InputError(
+                "the report does not say which model it measured (written before capture reports named "
+                "their model), so its graph memory cannot be bound to this build's",
+                where=f"{source}: $.model",
+                fix=fix,
+            )
+        dims, phases = known["dimensions"], known.get("phases", {})
+    else:
+        dims, phases = rep.model.dimensions, rep.model.phases
+    changes = _model_changes(dims, model.dimensions)
+    for name in sorted(set(phases) | set(model.phases)):
+        changes += _model_changes(phases.get(name, {}), model.phases.get(name, {}), f"phase {name} ")
+    if changes:
+        raise InputError(
+            f"the calibration measured another model than this build's ({', '.join(changes)}): its graphs' "
+            "driver memory and warm-up scratch follow the model and are not scaled",
+            where=f"{source}: $.model",
+            fix=fix,
+        )
+
+
+def read_calibration(
+    path: Path,
+    shown: str,
+    phases: dict[str, str],
+    recorded: str,
+    *,
+    applies: tuple[str, ModelUsed, str | None] | None = None,
+) -> tuple[Calibration, bytes]:
+    """``shown``: the path as the user gave it (errors); ``recorded``: as the plan records it;
+    ``applies``: the build's backend and model, which the report must have measured, and the
+    command that builds without it (:func:`check_applies`)."""
     raw = read_input(path, "report", fix="give a capture report written by GraphSet.write_report")
-    cal = calibration_from_report(decode_report(raw, shown), shown, phases)
+    rep = decode_report(raw, shown)
+    if applies is not None:
+        from capture_plan.schemas.codec import sha256
+
+        check_applies(rep, sha256(raw), shown, *applies)
+    cal = calibration_from_report(rep, shown, phases)
     return Calibration(
         device=cal.device,
         capability=cal.capability,

@@ -59,7 +59,7 @@ def preset_sources(model: Model) -> dict[str, DimensionSource]:
 
 
 def resolve_model(
-    table: object, model: Model, source: str, presets: Mapping[str, Model]
+    table: object, model: Model, source: str, presets: Mapping[str, Model], spec_name: str | None = None
 ) -> tuple[Model, dict[str, DimensionSource]]:
     """``model`` (decoded from the spec's ``[model]`` ``table``, a dict of the keys
     the file gives, or None when it has none) completed from its preset, and the
@@ -67,7 +67,10 @@ def resolve_model(
     here and read by the build. ``presets``: the preset names and their models
     (``capture_plan.planner.specs.model_presets``, passed in as the phase kinds are:
     this module reads no data). Refuses a ``[model]`` that leaves dimensions out
-    and names neither a config nor a preset, one naming both, and an unknown preset."""
+    and names neither a config nor a preset, one naming both, and an unknown preset.
+    A ``[model]`` that lists every dimension and no name is named after the spec
+    (``spec_name``, the spec's own ``name`` where it gives one), else ``unnamed``: never
+    after the default preset it did not use."""
     if not isinstance(table, dict):  # no [model]: the embedded default model, recorded as such
         preset = presets[DEFAULT_PRESET]
         return msgspec.structs.replace(preset, preset=DEFAULT_PRESET), preset_sources(preset)
@@ -113,6 +116,8 @@ def resolve_model(
             f'relative to the spec), or take the missing ones from a preset (preset = "{DEFAULT_PRESET}")',
         )
     sources = {f: "spec" if f in given else "default" for f in REQUIRED + ELEMENT_SIZES}
+    if "name" not in given:  # Model's default name is the default preset's, which this model is not
+        model = msgspec.structs.replace(model, name=spec_name or "unnamed")
     return model, {**sources, **{f: "spec" for f in MOE if f in given}}
 
 

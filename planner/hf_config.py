@@ -166,7 +166,11 @@ class _Config:
     def positive(self, key: str, field: str) -> int:
         v = self.values[key]
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise InputError(f"{self.spelled[key]} must be a positive integer, got {v!r:.60}", where=self.at(key))
+            raise InputError(
+                f"{self.spelled[key]} must be a positive integer, got {v!r:.60}",
+                where=self.at(key),
+                fix="use the model's own config.json, or list the dimensions in [model] instead of config",
+            )
         return v
 
 
@@ -242,7 +246,11 @@ def _read_config(cfg: object, where: str, base: Model) -> tuple[Model, dict[str,
     qk_rope_head_dim``, ``hidden_size / num_attention_heads`` for a missing head_dim)."""
     table = architectures()
     if not isinstance(cfg, dict):
-        raise InputError("a config.json must be a JSON object", where=f"{where}: $")
+        raise InputError(
+            "a config.json must be a JSON object",
+            where=f"{where}: $",
+            fix="use the model's own config.json, or list the dimensions in [model] instead of config",
+        )
     outer = cfg
     cfg, mt, prefix = _text_config(cfg, table, where)
     if mt in table.unsupported:
@@ -289,6 +297,7 @@ def _read_config(cfg: object, where: str, base: Model) -> tuple[Model, dict[str,
                         f"hidden_size {out['hidden']} is not a multiple of num_attention_heads "
                         f"{out['heads']} and head_dim is missing",
                         where=c.at("head_dim"),
+                        fix="add head_dim to the config, or list the dimensions in [model] instead of config",
                     )
                 v = out["hidden"] // out["heads"]
                 read[f] = f"{read['hidden']} / {read['heads']}"
@@ -299,12 +308,14 @@ def _read_config(cfg: object, where: str, base: Model) -> tuple[Model, dict[str,
         raise InputError(
             f"num_attention_heads {out['heads']} is not a multiple of num_key_value_heads {out['kv_heads']}",
             where=c.at(_last(keys["kv_heads"])),
+            fix="use the model's own config.json, or list the dimensions in [model] instead of config",
         )
     if "experts" in out and out["experts_per_token"] > out["experts"]:
         per, n = (c.spelled.get(_last(keys[f]), _last(keys[f])) for f in ("experts_per_token", "experts"))
         raise InputError(
             f"{per} {out['experts_per_token']} exceeds {n} {out['experts']}",
             where=c.at(_last(keys["experts_per_token"])),
+            fix="use the model's own config.json, or list the dimensions in [model] instead of config",
         )
     if "dtype" not in c.values and prefix:  # a multimodal config's text_config without one: the outer config's
         c = _Config(outer, table.aliases, where, "")
@@ -318,7 +329,9 @@ def _read_config(cfg: object, where: str, base: Model) -> tuple[Model, dict[str,
     name = str(dtype).removeprefix("torch.")
     if name not in table.dtypes:
         raise InputError(
-            f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(table.dtypes))}", where=c.at("dtype")
+            f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(table.dtypes))}",
+            where=c.at("dtype"),
+            fix="list the dimensions in [model] with dtype_bytes, or use a config of a dtype listed",
         )
     out["dtype_bytes"] = table.dtypes[name]
     read["dtype_bytes"] = c.prefix + c.spelled.get("dtype", "dtype")
@@ -359,7 +372,11 @@ def read_model_config(
     try:
         cfg = msgspec.json.decode(raw)
     except msgspec.DecodeError as err:
-        raise InputError(f"not valid JSON: {err}", where=str(path)) from None
+        raise InputError(
+            f"not valid JSON: {err}",
+            where=str(path),
+            fix="use the model's own config.json, or list the dimensions in [model] instead of config",
+        ) from None
     except RecursionError:  # msgspec's own depth limit
         raise InputError("nested too deeply to read", where=str(path), fix="use the model's own config.json") from None
     resolved, read = _read_config(cfg, str(path), model)

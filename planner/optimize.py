@@ -53,11 +53,19 @@ def parse_pins(pins: list[str], phases: list[str]) -> dict[str | None, dict[str,
         where = f"--strategy {pin!r}"
         key, sep, value = pin.partition("=")
         if not sep:
-            raise InputError("expected AXIS=VALUE or PHASE.AXIS=VALUE", where=where)
+            raise InputError(
+                "expected AXIS=VALUE or PHASE.AXIS=VALUE",
+                where=where,
+                fix="write the pin as AXIS=VALUE (order=smallest-first) or PHASE.AXIS=VALUE (decode.outputs=keep)",
+            )
         phase, dot, axis = key.rpartition(".")
         target = phase if dot else None
         if target is not None and target not in phases:
-            raise InputError(f"unknown phase {target!r}; phases are {phases}", where=where)
+            raise InputError(
+                f"unknown phase {target!r}; phases are {phases}",
+                where=where,
+                fix="name one of the spec's phases before the dot, or leave the phase out to pin every phase",
+            )
         if axis not in AXIS_VALUES:
             raise InputError(f"unknown strategy axis {axis!r}", where=where, fix=f"use one of {', '.join(AXES)}")
         if value not in AXIS_VALUES[axis]:
@@ -139,7 +147,11 @@ def _check_pins(
 ) -> None:
     where = "--strategy " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
     if pins.get("workspace") == "hoisted" and pb.backend.workspace is None:
-        raise ConstraintError(f"phase {phase.name!r}: this backend has no workspace to hoist", where=where)
+        raise ConstraintError(
+            f"phase {phase.name!r}: this backend has no workspace to hoist",
+            where=where,
+            fix="drop the workspace=hoisted pin: this backend's kernels allocate no workspace",
+        )
     if not cands:  # e.g. pool=own in a one-phase spec: there is no other pool to keep apart from
         offered = "; ".join(f"{ax}: {', '.join(sorted({str(getattr(s, ax)) for s in options}))}" for ax in sorted(pins))
         raise ConstraintError(

@@ -35,6 +35,7 @@ from capture_plan.schemas.plan import (
     DimensionSource,
     Inputs,
     ListCost,
+    ModelUsed,
     PhasePlan,
     Plan,
     Prediction,
@@ -55,6 +56,7 @@ from .build_options import (
     BuildOptions,
     build_record,
     check_paths_encode,
+    command_for_cwd,
     normalized_command,
     output_path,
     relative,
@@ -293,6 +295,7 @@ def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> No
         return
     where = f"{r.spec_source}: $.budget_mib"
     budget = spec.budget_mib * MiB
+    floor = max(r.alone.values())
     if r.pins:
         free = msgspec.structs.replace(r, pins={}, forced=_forced_orders(spec, r.rules, {}))
         free_sol = _optimize(free, opts)
@@ -307,14 +310,19 @@ def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> No
         cheapest = total
         named = "; ".join(f"{n}: {sol.strategies[n].label()}" for n in r.sequence)
         found = f"no schedule the rules allow is cheaper than this one: {named}"
-    fix = (
-        "drop the --strategy pins, or raise the budget"
-        if cheapest <= budget
-        else "raise the budget, or capture fewer sizes"
-    )
-    raise ConstraintError(
-        f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}", where=where, fix=fix
-    )
+    # this plan's own total, in whole MiB: a budget that fits this build (the floor, the
+    # largest graph alone, did not: the other graphs and the hoisted workspaces add to it)
+    fits = f"raise budget_mib to at least {-(-total // MiB)}"
+    if cheapest <= budget:
+        fix = f"drop the --strategy pins, or {fits}"
+    elif r.pins:
+        fix = f"{fits} ({-(-cheapest // MiB)} without the --strategy pins), or capture fewer sizes"
+    else:
+        fix = f"{fits}, or capture fewer sizes"
+    what = f"predicted {mib(total)} exceeds budget_mib {spec.budget_mib:g}; {found}"
+    if budget < floor:
+        what = f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone needs {mib(floor)}; {what}"
+    raise ConstraintError(what, where=where, fix=fix)
 
 
 def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]) -> Decision:
@@ -447,7 +455,7 @@ def _resolve(opts: BuildOptions, chosen: SizesResult | None) -> _Resolved:
     # pin order, so the order typed would change the bytes and `planner check` would call them stale
     pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
     workload, trace_path, trace_digest, traced_on = _workload(opts, spec, backend, tp)
-    calibration, calibration_record = _calibration(opts, spec, traced_on)
+    calibration, calibration_record = _calibration(opts, spec, traced_on, model_used(spec, sources, config_keys))
 
     library = int(spec.library_mib * MiB)
     alone = {
@@ -456,13 +464,8 @@ def _resolve(opts: BuildOptions, chosen: SizesResult | None) -> _Resolved:
         ).pool_bytes
         for p in spec.phases
     }
-    floor = max(alone.values())
-    if spec.budget_mib is not None and spec.budget_mib * MiB < floor:
-        raise ConstraintError(
-            f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone needs {mib(floor)}",
-            where=f"{spec_source}: $.budget_mib",
-            fix=f"raise budget_mib to at least {-(-floor // MiB)}",
-        )
+    # a budget below the largest graph alone is refused after the schedule is priced
+    # (_check_budget): the floor is no budget that fits, and the fix names one that does
     return _Resolved(
         backend=backend,
         spec=spec,
@@ -492,17 +495,21 @@ def _resolve(opts: BuildOptions, chosen: SizesResult | None) -> _Resolved:
     )
 
 
-def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
+def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUsed):
     """The calibration report's measured device items, and how the plan records it.
 
     Refused when the trace the prediction comes from was recorded on another
-    device: the items would describe another machine than the pool."""
+    device: the items would describe another machine than the pool; and when the
+    report measured another backend or model than ``model`` (device.check_applies)."""
     if opts.calibration is None:
         return None, None
     from .device import read_calibration
 
     shown, recorded = str(opts.calibration), relative(opts.calibration, output_path(opts).parent)
-    cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded)
+    without = command_for_cwd(msgspec.structs.replace(opts, calibration=None))
+    cal, raw = read_calibration(
+        opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded, applies=(opts.backend, model, without)
+    )
     if traced_on and cal.device.split(" sm")[0] not in traced_on:
         raise InputError(
             f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
@@ -561,7 +568,11 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
         else simulate(captures, strategies, r.workload, r.expandable, r.protect, r.library)
     )
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
-        raise ConstraintError(sim.hazards[0], where="planned step order")
+        raise ConstraintError(
+            sim.hazards[0],
+            where="planned step order",
+            fix="report this as a bug (`planner --debug` shows where); pin another order with -s meanwhile",
+        )
     baseline = resources.baseline()
     base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in r.sequence}
     order = baseline.order

@@ -164,7 +164,14 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
     # a folder at the path is refused here, not after "pass --force" (which the
     # write then refused too); a name too long or a folder that may not be searched
     # is "cannot write", not an internal error (Path.exists() raises on both)
-    existing = existing_output(path, str(path), "name a plan file with -o, not a folder")
+    existing = existing_output(
+        path,
+        str(path),
+        "name a plan file with -o, not a folder",
+        # a build never writes to a device or a pipe; what `-o /dev/null` is typed for is the dry run
+        special_fix="to build without writing a plan, pass --dry-run instead of -o: "
+        f"`{command_for_cwd(msgspec.structs.replace(opts, output=None))} --dry-run`",
+    )
     if existing is not None and not force:
         try:
             recorded = _recorded(read_input(path, "plan"))

@@ -55,12 +55,16 @@ __all__ = [
     "plan_label",
     "PNG_MAGIC",
     "SIZE_PX",
+    "INSTALL_MATPLOTLIB",
 ]
 
 #: the first bytes of every PNG file
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: the PNG's size in pixels (width, height)
 SIZE_PX = (1400, 640)
+#: the fix of a plot without matplotlib: the dependency itself (pyproject's ``plot`` extra), from
+#: the index that serves it; capture-plan is no index's package (it installs from its repository)
+INSTALL_MATPLOTLIB = "pip install 'matplotlib>=3.7'"
 _DPI = 100
 #: at most this many batch-size labels on the x-axis (each phase's first and last always)
 _MAX_TICKS = 64
@@ -253,7 +257,7 @@ def drawing(
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FuncFormatter
     except ImportError:
-        raise InputError("matplotlib is not installed", where=where, fix="pip install 'matplotlib>=3.7'") from None
+        raise InputError("matplotlib is not installed", where=where, fix=INSTALL_MATPLOTLIB) from None
     old, new = (None, plans[0]) if len(plans) == 1 else (plans[0], plans[1])
     if labels is None:
         labels = [p.name for p in plans]

@@ -21,7 +21,7 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import write_atomic
 from capture_plan.schemas.units import MiB
 
-from .plot import SIZE_PX, check_plot_path
+from .plot import INSTALL_MATPLOTLIB, SIZE_PX, check_plot_path
 from .sizes import Row, SizesResult
 
 __all__ = ["plot_front", "front_data", "draw_front"]
@@ -83,7 +83,7 @@ def draw_front(data: dict, path: Path, where: str = "--plot") -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InputError("matplotlib is not installed", where=where, fix="pip install 'capture-plan[plot]'") from None
+        raise InputError("matplotlib is not installed", where=where, fix=INSTALL_MATPLOTLIB) from None
     phases = data["phases"]
     calibrated = any(r["device_bytes"] is not None for ph in phases for r in ph["front"])
     memory = "device total" if calibrated else "graph pool"

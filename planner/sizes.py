@@ -253,7 +253,9 @@ class _Memory:
         if opts.calibration is not None:
             kinds = {p.name: p.kind for p in spec.phases}
             shown = str(opts.calibration)
-            self.calibration, _ = read_calibration(opts.calibration, shown, kinds, shown)
+            model = plan.inputs.model
+            applies = None if isinstance(model, msgspec.UnsetType) else (opts.backend, model, None)
+            self.calibration, _ = read_calibration(opts.calibration, shown, kinds, shown, applies=applies)
         self._seen: dict[tuple, tuple[int, int, int | None]] = {}
 
     def of(self, lists: dict[str, list[int]]) -> tuple[int, int, int | None]:
@@ -392,6 +394,15 @@ def _budget_of(row: Row, calibrated: bool) -> int | None:
     return row.device_bytes if calibrated else row.pool_bytes
 
 
+def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
+    """An option value out of its range, whose fix is to leave the option out (``planner
+    build --sizes auto`` appends the command without it: ``retry``)."""
+    err = InputError(what, where=where, fix=f"give {flag} a value in the range this names, or leave it out")
+    if field != "upto":  # --upto is planner sizes' own; the others are build options too
+        err.retry = {field: None}
+    return err
+
+
 def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     """Everything ``planner sizes`` computes: each traffic phase's front, the engines'
     defaults priced alike, the chosen lists, and the plan built with them. With ``worth``,
@@ -402,7 +413,11 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     names = [p.name for p in resolved.phases]
     for p in opts.phases:
         if p not in names:
-            raise InputError(f"unknown phase {p!r}; the spec has {', '.join(names)}", where=f"--phase {p}")
+            raise InputError(
+                f"unknown phase {p!r}; the spec has {', '.join(names)}",
+                where=f"--phase {p}",
+                fix="name one of them with --phase, or leave --phase out for every phase",
+            )
     default_phases = list(opts.phases) or names
     if opts.max_size is not None and not 1 <= opts.max_size <= MAX_BS:
         raise InputError(
@@ -410,13 +425,30 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
             where="--max-size",
             fix="give the largest batch the engine schedules",
         )
-    for flag, v in (("--max-graphs", opts.max_graphs), ("--upto", opts.upto), ("--context", opts.context)):
+    for flag, name, v in (
+        ("--max-graphs", "max_graphs", opts.max_graphs),
+        ("--upto", "upto", opts.upto),
+        ("--context", "context", opts.context),
+    ):
         if v is not None and v < 1:
-            raise InputError(f"must be 1 or more, got {v}", where=f"{flag} {v}")
+            raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, name)
     if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
-        raise InputError(f"must be a percentage of 0 or more, got {opts.max_padding:g}", where="--max-padding")
+        raise _bad_option(
+            f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
+            "--max-padding",
+            "--max-padding",
+            "max_padding",
+        )
     if opts.budget_mib is not None and not 0 < opts.budget_mib < 2**30:
-        raise InputError(f"must be more than 0 MiB, got {opts.budget_mib:g}", where="--budget-mib")
+        b = opts.budget_mib
+        what = (
+            f"must be a finite number of MiB, got {b:g}"
+            if not math.isfinite(b)
+            else f"must be more than 0 MiB, got {b:g}"
+            if b <= 0
+            else f"must be below 2**30 MiB (1 PiB, more than any device holds), got {b:g}"
+        )
+        raise _bad_option(what, "--budget-mib", "--budget-mib", "budget_mib")
     top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
     traffic = read_traffic(
         opts.traffic,

@@ -69,7 +69,11 @@ class PlainUnpickler(pickle.Unpickler):
         )
 
     def persistent_load(self, pid):
-        raise InputError("pickle uses persistent ids: only plain data is accepted", where=self._source)
+        raise InputError(
+            "pickle uses persistent ids: only plain data is accepted",
+            where=self._source,
+            fix="pass the pickle torch.cuda.memory._dump_snapshot wrote, unedited, or a JSON trace",
+        )
 
 
 def is_pickle(data: bytes) -> bool:
@@ -104,7 +108,11 @@ def load_snapshot(data: bytes, source: str) -> dict:
 def _int(d: Any, key: str, where: str) -> int:
     v = d.get(key) if isinstance(d, dict) else None
     if not isinstance(v, int) or isinstance(v, bool):
-        raise InputError(f"missing or non-integer `{key}`", where=where)
+        raise InputError(
+            f"missing or non-integer `{key}`",
+            where=where,
+            fix="pass the pickle torch.cuda.memory._dump_snapshot wrote, unedited, or a JSON trace",
+        )
     return v
 
 
@@ -112,7 +120,11 @@ def _pool_id(pid: Any, where: str) -> tuple | None:
     if pid is None:
         return None
     if not isinstance(pid, (list, tuple)) or not all(isinstance(x, int) for x in pid):
-        raise InputError(f"segment_pool_id must be a pair of integers, got {pid!r}", where=where)
+        raise InputError(
+            f"segment_pool_id must be a pair of integers, got {pid!r}",
+            where=where,
+            fix="pass the pickle torch.cuda.memory._dump_snapshot wrote, unedited, or a JSON trace",
+        )
     return tuple(pid)
 
 
@@ -122,13 +134,21 @@ def _pool_segments(snap: dict, source: str) -> tuple[int, dict[int, int]]:
     for i, s in enumerate(snap["segments"]):
         where = f"{source}: segments[{i}]"
         if not isinstance(s, dict):
-            raise InputError("a segment must be a dict", where=where)
+            raise InputError(
+                "a segment must be a dict",
+                where=where,
+                fix="pass the pickle torch.cuda.memory._dump_snapshot wrote, unedited, or a JSON trace",
+            )
         pid = _pool_id(s.get("segment_pool_id"), where + ".segment_pool_id")
         if pid is None or pid == (0, 0):
             continue
         dev = s.get("device", 0)
         if not isinstance(dev, int) or dev < 0:
-            raise InputError(f"device must be a non-negative integer, got {dev!r}", where=where + ".device")
+            raise InputError(
+                f"device must be a non-negative integer, got {dev!r}",
+                where=where + ".device",
+                fix="pass the pickle torch.cuda.memory._dump_snapshot wrote, unedited, or a JSON trace",
+            )
         segs.setdefault(dev, {})[_int(s, "address", where)] = _int(s, "total_size", where)
     if not segs:
         raise InputError(
@@ -137,7 +157,11 @@ def _pool_segments(snap: dict, source: str) -> tuple[int, dict[int, int]]:
             fix="dump the snapshot after capturing, while the graphs are still alive",
         )
     if len(segs) > 1:
-        raise InputError(f"graph pools on several devices {sorted(segs)}; one device per trace", where=source)
+        raise InputError(
+            f"graph pools on several devices {sorted(segs)}; one device per trace",
+            where=source,
+            fix="record the snapshot of one device (in the process that captures on it)",
+        )
     ((dev, pool),) = segs.items()
     return dev, pool
 
@@ -153,7 +177,11 @@ def _windows(snap: dict, source: str) -> list[list[tuple[str, int, int]]]:
         )
     entries = traces[dev]
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise InputError("the history must be a list of dicts", where=f"{source}: device_traces[{dev}]")
+        raise InputError(
+            "the history must be a list of dicts",
+            where=f"{source}: device_traces[{dev}]",
+            fix="pass the pickle torch.cuda.memory._dump_snapshot wrote, unedited, or a JSON trace",
+        )
     last_seg = {}
     for i, e in enumerate(entries):
         if e.get("action") == "segment_alloc":

@@ -3,7 +3,9 @@
 Three forms, told apart by their content:
 
 * **CSV**: ``size,count`` lines, or ``phase,size,count`` to name the phase;
-  an optional header of those names, ``#`` comments and blank lines.
+  an optional header of those names (in any case), ``#`` comments and blank lines;
+  tab-separated alike (told by the first line that is no comment). Numbers in the
+  ASCII digits only.
 * **JSON**: ``{"PHASE": {"SIZE": COUNT, ...}, ...}``.
 * **Prometheus text** (a scrape of the engine's ``/metrics``): the
   histogram ``vllm:iteration_tokens_total`` (tokens per engine step; another
@@ -129,13 +131,27 @@ def parse_traffic(
             raise err
     kept = {p: dict(sorted((s, c) for s, c in sizes.items() if c > 0)) for p, sizes in sorted(counts.items())}
     kept = {p: sizes for p, sizes in kept.items() if sizes}
+    if form != "prometheus" and not any(counts.values()):  # not one size: no count to be 0 (a histogram has buckets)
+        raise InputError(
+            "the traffic lists no batch sizes (the file is empty, or holds only a header and comments)",
+            where=source,
+            fix=_FIX,
+        )
     if not kept:
         raise InputError("the traffic has no steps (every count is 0)", where=source, fix=_FIX)
     return Traffic(phases=kept, source=source, digest=sha256(raw), form=form, notes=notes)
 
 
+def _ascii_number(value: str, what: str, where: str, fix: str) -> None:
+    """Refuse what Python's ``int``/``float`` take but no counter writes: other scripts'
+    digits (full-width ``１２``, Arabic-Indic), ``_`` between digits."""
+    if not value.isascii() or "_" in value:
+        raise InputError(f"{what} {value!r} is not a number in ASCII digits", where=where, fix=fix)
+
+
 def _count(value: str, where: str) -> int:
     """A whole, non-negative step count (``12``, ``12.0``, ``1.2e3``: Prometheus writes floats)."""
+    _ascii_number(value, "count", where, "give the number of steps in the digits 0-9")
     try:
         x = float(value)
     except ValueError:
@@ -150,6 +166,7 @@ def _count(value: str, where: str) -> int:
 
 
 def _size(value: str, where: str) -> int:
+    _ascii_number(value, "size", where, "give batch sizes as 1, 2, ... in the digits 0-9")
     try:
         n = int(value)
     except ValueError:
@@ -168,16 +185,24 @@ def _add(counts: dict[str, dict[int, float]], phase: str, size: int, n: float, w
     sizes[size] = n
 
 
+def _delimiter(text: str) -> str:
+    """``\t`` for tab-separated values (a spreadsheet's export), else ``,``: told by the
+    first line that is no comment."""
+    first = next((line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
+    return "\t" if "\t" in first and "," not in first else ","
+
+
 def _csv(text: str, source: str, default_phases: list[str]) -> dict[str, dict[int, float]]:
     counts: dict[str, dict[int, float]] = {}
     columns: int | None = None
-    for lineno, row in enumerate(csv.reader(text.splitlines()), 1):
+    for lineno, row in enumerate(csv.reader(text.splitlines(), delimiter=_delimiter(text)), 1):
         where = f"{source}:{lineno}"
         cells = [c.strip() for c in row]
         if not cells or all(not c for c in cells) or cells[0].startswith("#"):
             continue
         if columns is None and not cells[0].isdigit():
-            if cells not in (["size", "count"], ["phase", "size", "count"]):
+            # a header in any case (a spreadsheet's Size,Count)
+            if [c.lower() for c in cells] not in (["size", "count"], ["phase", "size", "count"]):
                 raise InputError(
                     f"expected a header size,count or phase,size,count, or numbers; got {','.join(cells)!r}",
                     where=where,
@@ -229,11 +254,22 @@ _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,
 
 
 def _is_prometheus(text: str, metric: str) -> bool:
-    """A scrape: a ``# HELP``/``# TYPE`` line, or a sample line (``name{...} value``; a CSV
-    line has commas between its cells, no space before a value)."""
-    return any(
-        line.startswith(("# HELP ", "# TYPE ", metric)) or _SAMPLE.match(line) is not None for line in text.splitlines()
-    )
+    """A scrape: a ``# HELP``/``# TYPE`` line, or a sample line (``name{...} value``, its value a
+    number). A CSV line has commas between its cells, and a tab-separated one tabs: an
+    exporter writes spaces (``size<TAB>count`` read as a sample named size was a scrape
+    without the histogram)."""
+
+    def sample(line: str) -> bool:
+        m = _SAMPLE.match(line)
+        if m is None or "\t" in line:
+            return False
+        try:
+            float(m.group(4))
+        except ValueError:
+            return False
+        return True
+
+    return any(line.startswith(("# HELP ", "# TYPE ", metric)) or sample(line) for line in text.splitlines())
 
 
 def _labels(body: str, where: str) -> dict[str, str]:

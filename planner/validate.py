@@ -72,7 +72,8 @@ def decode_spec_sources(
     doc = read_document(data, source, "spec")
     spec = convert(doc, Spec, source, kind="spec")
     table = doc.get("model") if isinstance(doc, dict) else None
-    model, sources = resolve_model(table, spec.model, source, presets)
+    named = doc.get("name") if isinstance(doc, dict) else None  # the spec's own name, where it gives one
+    model, sources = resolve_model(table, spec.model, source, presets, named if isinstance(named, str) else None)
     spec = msgspec.structs.replace(spec, model=model)
     return _check_rules(spec, source, phase_kinds, phase_axes), sources
 
@@ -157,20 +158,34 @@ def _check_rules(
         for j, dep in enumerate(phase.after):
             if dep not in names:
                 raise InputError(
-                    f"unknown phase {dep!r}; phases are {sorted(names)}", where=f"{source}: $.phases[{i}].after[{j}]"
+                    f"unknown phase {dep!r}; phases are {sorted(names)}",
+                    where=f"{source}: $.phases[{i}].after[{j}]",
+                    fix="name a phase of this spec in after, or drop the name",
                 )
             if dep == phase.name:
-                raise InputError("a phase cannot come after itself", where=f"{source}: $.phases[{i}].after[{j}]")
+                raise InputError(
+                    "a phase cannot come after itself",
+                    where=f"{source}: $.phases[{i}].after[{j}]",
+                    fix="drop the phase's own name from its after list",
+                )
     _check_twins(spec, source, names)
     rule_ids: set[str] = set()
     for i, rule in enumerate(spec.rules):
         if rule.id in rule_ids:
-            raise InputError(f"duplicate rule id {rule.id!r}", where=f"{source}: $.rules[{i}].id")
+            raise InputError(
+                f"duplicate rule id {rule.id!r}",
+                where=f"{source}: $.rules[{i}].id",
+                fix="give each rule an id of its own",
+            )
         rule_ids.add(rule.id)
         for j, kind in enumerate(rule.when.phase_kind or ()):
             check_phase_kind(kind, phase_kinds, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
     if spec.model.heads % spec.model.kv_heads:
-        raise InputError("heads must be a multiple of kv_heads", where=f"{source}: $.model.kv_heads")
+        raise InputError(
+            "heads must be a multiple of kv_heads",
+            where=f"{source}: $.model.kv_heads",
+            fix="give kv_heads a divisor of heads (grouped-query attention shares each KV head among heads / kv_heads)",
+        )
     if spec.trace is not None and "\x00" in spec.trace:
         raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
     return spec

@@ -523,16 +523,28 @@ class Workload:
         for i, cap in enumerate(trace.captures):
             where = f"{source}: $.captures[{i}]"
             if cap.phase not in names:
-                raise InputError(f"unknown phase {cap.phase!r}; the spec has {sorted(names)}", where=where + ".phase")
+                raise InputError(
+                    f"unknown phase {cap.phase!r}; the spec has {sorted(names)}",
+                    where=where + ".phase",
+                    fix="record the trace of this spec's phases, or give the spec the phase",
+                )
             if cap.labels is not msgspec.UNSET:
                 key = (cap.phase, cap.bs, _trace_labels(cap, by_name[cap.phase], where))
                 if key in keyed:
-                    raise InputError(f"duplicate capture {cap.phase}/{cap.bs} {dict(key[2])}", where=where)
+                    raise InputError(
+                        f"duplicate capture {cap.phase}/{cap.bs} {dict(key[2])}",
+                        where=where,
+                        fix="record the trace again with capture_plan.executor.write_trace",
+                    )
                 _check_events(cap, where)
                 keyed[key] = cap
                 continue
             if (cap.phase, cap.bs) in caps:
-                raise InputError(f"duplicate capture {cap.phase}/{cap.bs}", where=where)
+                raise InputError(
+                    f"duplicate capture {cap.phase}/{cap.bs}",
+                    where=where,
+                    fix="record the trace again with capture_plan.executor.write_trace",
+                )
             _check_events(cap, where)
             caps[(cap.phase, cap.bs)] = cap
         # a key whose labels the reference models (lora=nolora) is the phase's plain graph at its
@@ -659,7 +671,11 @@ def _trace_labels(cap: CaptureTrace, phase: Phase, where: str) -> tuple[tuple[st
     axes = {} if phase.variants is msgspec.UNSET else phase.variants
     given = cap.labels if cap.labels is not msgspec.UNSET else {}
     if cap.bs not in phase.sizes:
-        raise InputError(f"size {cap.bs} is not a capture size of phase {phase.name!r}", where=where + ".bs")
+        raise InputError(
+            f"size {cap.bs} is not a capture size of phase {phase.name!r}",
+            where=where + ".bs",
+            fix="record the trace of this spec's sizes, or add the size to the phase",
+        )
     if set(given) != set(axes):
         have = f"its axes are {', '.join(axes)}" if axes else "it declares no variant axes"
         raise InputError(
@@ -670,7 +686,9 @@ def _trace_labels(cap: CaptureTrace, phase: Phase, where: str) -> tuple[tuple[st
     for axis, labels in axes.items():
         if given[axis] not in labels:
             raise InputError(
-                f"{given[axis]!r} is not a label of axis {axis!r} ({', '.join(labels)})", where=f"{where}.labels.{axis}"
+                f"{given[axis]!r} is not a label of axis {axis!r} ({', '.join(labels)})",
+                where=f"{where}.labels.{axis}",
+                fix="record the trace again with capture_plan.executor.write_trace",
             )
     return tuple((a, given[a]) for a in axes)
 
@@ -681,10 +699,18 @@ def _check_events(cap: CaptureTrace, where: str) -> None:
     for j, e in enumerate(cap.events):
         if e.op == "alloc":
             if e.id in seen:
-                raise InputError(f"allocation id {e.id} reused", where=f"{where}.events[{j}]")
+                raise InputError(
+                    f"allocation id {e.id} reused",
+                    where=f"{where}.events[{j}]",
+                    fix="record the trace again with capture_plan.executor.write_trace",
+                )
             seen.add(e.id)
             live.add(e.id)
         else:
             if e.id not in live:
-                raise InputError(f"free of id {e.id} that is not allocated", where=f"{where}.events[{j}]")
+                raise InputError(
+                    f"free of id {e.id} that is not allocated",
+                    where=f"{where}.events[{j}]",
+                    fix="record the trace again with capture_plan.executor.write_trace",
+                )
             live.discard(e.id)

@@ -175,19 +175,68 @@ def _shown(value: Any) -> str:
     return short_int(value) if isinstance(value, int) and not isinstance(value, bool) else repr(value)
 
 
-def _located(err: msgspec.ValidationError, source: str, kind: str | None, doc: Any = None) -> InputError:
+def _fields_at(type_: Any, keys: list[str | int]) -> set[str]:
+    """The field names (as the file spells them) of the struct(s) at ``keys`` under
+    ``type_``: what a mistyped key there could have meant. Empty where none is known."""
+    import msgspec.inspect as mi
+
+    infos = [mi.type_info(type_)]
+    for key in [*keys, None]:
+        flat = []
+        for info in infos:  # unions and optionals: every struct they may be
+            flat += list(info.types) if isinstance(info, mi.UnionType) else [info]
+        if key is None:
+            return {f.encode_name for info in flat if isinstance(info, mi.StructType) for f in info.fields}
+        nxt = []
+        for info in flat:
+            if isinstance(info, mi.StructType) and isinstance(key, str):
+                nxt += [f.type for f in info.fields if f.encode_name == key]
+            elif isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType)) and isinstance(key, int):
+                nxt.append(info.item_type)
+            elif isinstance(info, mi.TupleType) and isinstance(key, int) and key < len(info.item_types):
+                nxt.append(info.item_types[key])
+            elif isinstance(info, mi.DictType):
+                nxt.append(info.value_type)
+        infos = nxt
+    return set()
+
+
+def _did_you_mean(what: str, path: str, type_: Any) -> str:
+    """`` (did you mean `layers`?)`` for msgspec's "Object contains unknown field `layer`",
+    from the fields the struct at ``path`` has; "" where none is near."""
+    m = re.fullmatch(r"Object contains unknown field `(.*)`", what, re.S)
+    keys = _keys(path) if m and type_ is not None else None
+    if m is None or keys is None:
+        return ""
+    import difflib
+
+    try:
+        near = difflib.get_close_matches(m[1], sorted(_fields_at(type_, keys)), n=1, cutoff=0.6)
+    except (TypeError, IndexError, AttributeError):  # a type msgspec.inspect describes otherwise
+        return ""
+    return f" (did you mean `{near[0]}`?)" if near else ""
+
+
+def _located(
+    err: msgspec.ValidationError, source: str, kind: str | None, doc: Any = None, type_: Any = None
+) -> InputError:
     """The one place a msgspec ``ValidationError`` becomes the project's one line:
     "<file>: <JSON path>: <what>; fix: <fix>". A violated upper bound of a schema
     type reads "<label> is over the limit of <bound>" with the fix of
     :data:`_BOUNDS`; a lower bound keeps msgspec's words ("Expected `int` >= 1")
     and adds the value; any other error is msgspec's message as it is.
-    ``doc``: the decoded document (or its JSON bytes) the value is read from."""
+    ``doc``: the decoded document (or its JSON bytes) the value is read from; ``type_``:
+    the type it was read as (a mistyped key gets the nearest field: ``did you mean``)."""
     text = str(err)
     what, sep, path = text.rpartition(" - at `")
-    if not sep:
-        return InputError(text, where=f"{source}: $", fix=_FIX.get(kind or ""))
+    if not sep:  # the document itself: msgspec names no path
+        what, path = text, "$`"
     path = path.rstrip("`")
     fix = _FIX.get(kind or "")
+    near = _did_you_mean(what, path, type_)
+    if near:
+        what += near
+        fix = f"rename the key to {near[len(' (did you mean ') : -2]}, or " + (fix or "drop it")
     bound = re.fullmatch(_BOUND_TEXT, what)
     keys = _keys(path) if bound and doc is not None else None
     value = _value_at(doc, keys) if keys is not None else None
@@ -216,7 +265,7 @@ def convert(obj: Any, type_: type[T], source: str, *, kind: str | None = None) -
     try:
         return msgspec.convert(obj, type_)
     except msgspec.ValidationError as err:
-        raise _located(err, source, kind, obj) from None
+        raise _located(err, source, kind, obj, type_) from None
     except RecursionError:
         raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX.get(kind or "")) from None
 
@@ -342,7 +391,11 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
         try:
             raw = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise InputError(f"malformed TOML: {err}", where=source) from None
+            raise InputError(
+                f"malformed TOML: {err}",
+                where=source,
+                fix="mend the TOML at the line and column it names (`planner spec show` prints a valid spec)",
+            ) from None
         except RecursionError:
             raise InputError(f"nested deeper than {MAX_DEPTH} levels", where=source, fix=_FIX[kind]) from None
         except ValueError as err:  # e.g. an integer of more than 4300 digits
@@ -354,7 +407,7 @@ def _parse(data: bytes, source: str, kind: str = "spec", *, toml: bool | None = 
     except msgspec.DecodeError as err:
         if kind != "spec":
             raise _invalid_json(data, source, kind, err) from None
-        fix = None
+        fix = "mend the JSON at the position it names (`planner schema spec` is the spec's schema)"
         if kind == "spec" and PurePath(source).suffix.lower() != ".json":
             # a TOML spec named spec.txt or spec.tml is read as JSON: say why
             fix = "a spec is read as TOML only when its name ends in .toml, else as JSON: rename a TOML spec"
@@ -661,7 +714,7 @@ def decode_trace(data: bytes, source: str) -> Trace:
     try:  # nesting is bounded already: the first decode read the whole document
         trace = msgspec.json.decode(data, type=Trace)
     except msgspec.ValidationError as err:  # a bound of the types: the value is read from the bytes
-        raise _located(err, source, "trace", data) from None
+        raise _located(err, source, "trace", data, Trace) from None
     except msgspec.DecodeError as err:  # what the Raw views skipped: invalid UTF-8 inside a string
         raise _invalid_json(data, source, "trace", err) from None
     _no_duplicate_keys(re.sub(_EVENTS, b"0", data), source, "trace")

@@ -39,6 +39,8 @@ _KIND_NAMES = {
 
 
 def _oserror(err: OSError, doing: str, where: str, fix: str | None) -> InputError:
+    # every error carries a fix (the CLI promises one): the caller's, else the path to check
+    fix = fix or "check the path, and that the file is there and may be read"
     if err.errno == errno.ELOOP:
         return InputError(f"cannot {doing}: symlink loop", where=where, fix="point the path at a real file")
     if err.errno == errno.ENAMETOOLONG:
@@ -46,14 +48,29 @@ def _oserror(err: OSError, doing: str, where: str, fix: str | None) -> InputErro
     return InputError(f"cannot {doing}: {err.strerror or err}", where=where, fix=fix)
 
 
-def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
+def read_input(path: str | Path, kind: str, *, fix: str | None = None, stream: bool = False) -> bytes:
     """The bytes of the ``kind`` file (spec, plan, trace, report) at ``path``.
 
     Refuses non-regular files and files over the kind's size limit before
-    reading; every failure is an :class:`InputError` naming the path.
+    reading; every failure is an :class:`InputError` naming the path. With
+    ``stream``, a pipe is read too, and ``-`` is standard input (``planner diff
+    <(git show HEAD:plans/x.json) plans/x.json``, ``git show ... | planner diff -
+    plans/x.json``): read to its end, within the same limit (a FIFO nobody writes
+    reads as empty, no hang).
     """
     where = str(path)
     limit = FILE_LIMITS[kind]
+    if stream and where == "-":
+        import sys
+
+        data = sys.stdin.buffer.read(limit + 1)
+        if len(data) > limit:
+            raise InputError(
+                f"{kind} on standard input is over the limit of {limit:,} bytes",
+                where="-",
+                fix=f"a {kind} this large is not a real one; check what is piped in",
+            )
+        return data
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except ValueError:  # embedded NUL byte
@@ -64,7 +81,11 @@ def read_input(path: str | Path, kind: str, *, fix: str | None = None) -> bytes:
         raise _oserror(err, f"read {kind}", where, fix) from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if stream and stat.S_ISFIFO(st.st_mode):  # opened without blocking (no writer: no hang); read blocking
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~getattr(os, "O_NONBLOCK", 0))
+        elif not stat.S_ISREG(st.st_mode):
             what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
             raise InputError(f"is {what}, not a {kind} file", where=where, fix=f"pass a regular {kind} file")
         if st.st_size > limit:
@@ -149,14 +170,17 @@ def _file_on_the_way(path: Path) -> Path | None:
     return None
 
 
-def existing_output(path: str | Path, where: str, fix: str, doing: str = "write") -> os.stat_result | None:
+def existing_output(
+    path: str | Path, where: str, fix: str, doing: str = "write", *, special_fix: str | None = None
+) -> os.stat_result | None:
     """The stat of the file an output would replace, None when there is none;
     an :class:`InputError` (``where``, ``fix``) when it is a directory, FIFO,
     device or socket, which an output never replaces, and ``cannot <doing>: ...``
     when the path cannot even be looked at: a name too long for the file
     system, a folder the user may not search, a folder on the path that is a
     regular file (``afile/plan.json``). ``Path.exists()`` raises on the first
-    two (it only swallows "no such file"), which is why callers ask here."""
+    two (it only swallows "no such file"), which is why callers ask here. ``special_fix``,
+    where given, is the fix for a FIFO, device or socket instead of ``fix`` (``-o /dev/null``)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -175,6 +199,8 @@ def existing_output(path: str | Path, where: str, fix: str, doing: str = "write"
         raise _oserror(err, doing, where, "choose a writable path") from None
     if not stat.S_ISREG(st.st_mode):
         what = _KIND_NAMES.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        if special_fix is not None and not stat.S_ISDIR(st.st_mode):
+            fix = special_fix
         raise InputError(f"cannot {doing}: is {what}", where=where, fix=fix)
     return st
 

@@ -9,7 +9,15 @@ import msgspec
 
 from .limits import ByteDelta, NonNegative, NonNegativeFloat
 
-__all__ = ["ReportStruct", "StepMeasurement", "DeviceItem", "DeviceView", "CaptureReport", "DEVICE_ITEMS"]
+__all__ = [
+    "ReportStruct",
+    "StepMeasurement",
+    "DeviceItem",
+    "DeviceView",
+    "ReportModel",
+    "CaptureReport",
+    "DEVICE_ITEMS",
+]
 
 #: the items of a report's device view, in the order it lists them
 #: pool: the graph pools' segments; hoisted: workspaces the plan hoists out of the
@@ -91,6 +99,16 @@ class DeviceView(ReportStruct, frozen=True, kw_only=True):
         raise KeyError(f"the device view has no item {name!r}; it has {[i.name for i in self.items]}")
 
 
+class ReportModel(ReportStruct, frozen=True, kw_only=True):
+    """The model a capture ran: the plan's model dimensions (``Plan.inputs.model``), which its
+    device figures (graph nodes, warm-up scratch) depend on."""
+
+    #: dimension -> value (layers, hidden, ...), as the plan recorded them
+    dimensions: dict[str, NonNegative]
+    #: phase -> the dimensions its own model sets (a draft's one layer)
+    phases: dict[str, dict[str, NonNegative]] = {}
+
+
 class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     plan: str
     plan_digest: str
@@ -118,3 +136,8 @@ class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     #: what the engine measured its capture took (vLLM's ``capture_model``: the free-memory
     #: drop), set by an engine plugin that checks the plan's prediction against it
     engine_capture_bytes: ByteDelta | msgspec.UnsetType = msgspec.UNSET
+    #: the plan's attention backend (``planner build --backend``) and the model it captured:
+    #: what a calibration built from this report applies to (``planner build --calibration``
+    #: refuses it for another backend or model); UNSET in reports written before they said
+    backend: str | msgspec.UnsetType = msgspec.UNSET
+    model: ReportModel | msgspec.UnsetType = msgspec.UNSET

@@ -40,7 +40,7 @@ from capture_plan.planner.resources import builtin_rules
 from capture_plan.planner.rules import Context, phase_rules, violated
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.plan import Step
-from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement
+from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, ReportModel, StepMeasurement
 from capture_plan.schemas.strategy import AXIS_VALUES
 
 
@@ -556,6 +556,8 @@ def _report(
         steps=steps,
         driver="580.1",
         device_view=view,
+        backend=plan.requires.backend,
+        model=ReportModel(dimensions=plan.inputs.model.dimensions, phases=plan.inputs.model.phases),
     )
 
 

@@ -282,3 +282,50 @@ def test_the_workflow_keeps_one_pr_comment_and_edits_it_on_every_push(tmp_path):
         comments = json.loads(state.read_text())
         assert comments[:3] == others
         assert [c["body"] for c in comments[3:]] == [f"{marker}\n{push}"]
+
+
+#: an install line that names capture-plan by itself: an index would serve whatever package took the name
+BARE = re.compile(r"""pip install\s+(?:-\S+\s+)*['"]?capture[-_]plan\b(?!\S*\s*@)""")
+
+
+def test_no_install_line_names_capture_plan_bare_in_the_docs_or_the_fixes():
+    """Issue 40, item 4: docs/adoption.md said `pip install 'capture-plan[executor]'` and
+    `planner sizes --plot`'s fix `pip install 'capture-plan[plot]'`: no index serves the project.
+    Every install line the project documents or prints installs from its repository (the pinned
+    git URL of docs/ci) or a checkout, or names a dependency itself."""
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "docs/ci").glob("*"))]
+    code = [
+        p
+        for folder in ("planner", "executor", "adapters", "schemas", "references")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+    ]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in texts + code
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if BARE.search(line)
+    ]
+    assert not found, found
+    assert BARE.search("pip install 'capture-plan[plot]'") and BARE.search("pip install -q capture_plan")
+    assert not BARE.search('pip install "capture-plan[executor] @ git+${CAPTURE_PLAN_REPO}@${CAPTURE_PLAN_REF}"')
+
+
+def test_the_plot_fixes_install_the_dependency_they_lack(monkeypatch, tmp_path):
+    """`planner sizes --plot` and `planner plot` without matplotlib: one fix, the dependency's."""
+    import builtins
+
+    from capture_plan.planner.plot import INSTALL_MATPLOTLIB
+    from capture_plan.planner.size_plot import draw_front
+    from capture_plan.schemas.errors import InputError
+
+    real = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(InputError) as err:
+        draw_front({"phases": []}, tmp_path / "f.png")
+    assert err.value.fix == INSTALL_MATPLOTLIB == "pip install 'matplotlib>=3.7'"

@@ -257,9 +257,15 @@ def test_with_a_pin_the_budget_error_names_the_unpinned_plan_per_phase(cli, tmp_
     named = "; ".join(f"{ph.name}: {ph.strategy.label()}" for ph in free.phases)
     assert (
         f"the cheapest schedule the rules allow, without the --strategy pins, takes {mib(free_total)} "
-        f"(within the budget): {named}; fix: drop the --strategy pins, or raise the budget\n" in err
+        f"(within the budget): {named}; fix: drop the --strategy pins, or raise budget_mib to at least " in err
     )
     assert err.startswith("planner: error: e.toml: $.budget_mib: predicted ")
+    # the budget it names takes the pinned build (issue 40, item 6)
+    import re
+
+    _spec(cli, tmp_path, int(re.search(r"at least (\d+)", err).group(1)))
+    pinned = ("-s", "target_verify.order=smallest-first", "-o", "x.json")
+    assert cli("build", "-b", "fa3", "--ci", "--spec", "e.toml", *pinned)[0] == 0
     # and that schedule does build within the budget
     assert cli("build", "-b", "fa3", "--ci", "--spec", "e.toml", "-o", "y.json")[0] == 0
 
@@ -270,6 +276,25 @@ def test_without_pins_the_plan_itself_is_named(cli, tmp_path, built):
     code, _, err = cli("build", "-b", "fa3", "--ci", "--spec", "e.toml", "-o", "x.json")
     named = "; ".join(f"{ph.name}: {ph.strategy.label()}" for ph in free.phases)
     assert code == 1 and err.endswith(
-        f"; no schedule the rules allow is cheaper than this one: {named}; fix: raise "
-        "the budget, or capture fewer sizes\n"
+        f"; no schedule the rules allow is cheaper than this one: {named}; fix: raise budget_mib to at least "
+        f"{-(-(free.predicted.pool_bytes + free.predicted.hoisted_bytes) // 2**20)}, or capture fewer sizes\n"
     ), err
+
+
+@pytest.mark.parametrize("speculative", [(), ("--speculative", "eagle", "--max-bs", "64")])
+@pytest.mark.parametrize("budget", [100, 252])
+def test_the_budget_a_budget_error_names_then_builds(cli, tmp_path, speculative, budget):
+    """Issue 40, item 6: `budget_mib = 100` said `raise budget_mib to at least 288` (the largest
+    graph alone), and 288 then failed (`predicted 294.0 MiB exceeds budget_mib 288`): the fix
+    names the cheapest schedule's own total, which then builds."""
+    import re
+
+    code, spec, err = cli("spec", "show", *speculative)
+    assert code == 0, err
+    (tmp_path / "b.toml").write_text(spec.replace("library_mib = 0\n", f"library_mib = 0\nbudget_mib = {budget}\n"))
+    build = ("build", "-b", "fa3", "--spec", "b.toml", "--dry-run")
+    err = one_line_error(cli(*build), "fix: raise budget_mib to at least")
+    fits = int(re.search(r"raise budget_mib to at least (\d+)", err).group(1))
+    (tmp_path / "b.toml").write_text(spec.replace("library_mib = 0\n", f"library_mib = 0\nbudget_mib = {fits}\n"))
+    code, out, err = cli("build", "-b", "fa3", "--spec", "b.toml", "--dry-run")
+    assert code == 0, err

@@ -12,6 +12,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from cli_inputs import SPEC, one_line_error
+
 PLANS = Path(__file__).resolve().parents[1] / "plans"
 
 
@@ -349,3 +351,64 @@ def test_a_plan_without_a_model_record_is_one_row(cli, tmp_path):
     assert ("rules applied", "not recorded") == next(
         (c.label, c.old) for c in input_changes(old, new) if c.label.startswith("rule")
     )
+
+
+# -- issue 40, item 10: what a reviewer types -----------------------------------------------------
+
+
+def _sh(command: str, cwd, stdin: bytes | None = None):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", "-c", command], cwd=cwd, input=stdin, capture_output=True, env=env)
+
+
+def test_diff_reads_a_pipe_and_standard_input_as_a_plan(tmp_path):
+    """Was `/dev/fd/63: is a FIFO (named pipe), not a plan file` for `planner diff <(git show
+    HEAD:plans/x.json) plans/x.json`."""
+    root = Path(__file__).resolve().parents[1]
+    done = _sh("planner diff <(cat plans/fa3.json) plans/fa3-ci.json", root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().startswith("/dev/fd/") and b"-> plans/fa3-ci.json" in done.stdout
+    piped = _sh("planner diff - plans/fa3-ci.json --exit-code", root, (root / "plans/fa3-ci.json").read_bytes())
+    assert piped.returncode == 0 and b"no differences" in piped.stdout, piped.stderr
+    both = _sh("planner diff - -", root, b"")
+    assert both.returncode == 1 and b"both plans are standard input" in both.stderr and b"; fix: " in both.stderr
+
+
+def test_a_named_fifo_nobody_writes_is_one_line_not_a_hang(cli, tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "f")
+    plan = str(Path(__file__).resolve().parents[1] / "plans/fa3.json")
+    one_line_error(cli("diff", "f", plan), "f: plan file is empty")
+    one_line_error(cli("show", "f"), "is a FIFO (named pipe), not a plan file")  # only diff reads pipes
+
+
+def test_an_output_to_dev_null_says_dry_run(cli):
+    """Was `/dev/null: cannot write: is a character device; fix: name a plan file with -o, not a folder`."""
+    one_line_error(
+        cli("build", "-b", "fa3", "-o", "/dev/null"),
+        "/dev/null: cannot write: is a character device",
+        "fix: to build without writing a plan, pass --dry-run instead of -o",
+    )
+    assert cli("build", "-b", "fa3", "--dry-run")[0] == 0
+
+
+def test_a_mistyped_command_or_spec_key_gets_did_you_mean(cli, tmp_path):
+    code, out, err = cli("biuld")
+    assert code == 2 and "No such command 'biuld'. Did you mean 'build'?" in err, err
+    code, out, err = cli("zzzz")
+    assert code == 2 and "No such command 'zzzz'." in err and "Did you mean" not in err
+    cases = {
+        '[model]\npreset = "llama-3-8b"\nlayer = 8\n' + SPEC: "$.model: Object contains unknown field `layer` "
+        "(did you mean `layers`?); fix: rename the key to `layers`, or ",
+        SPEC.replace("sizes", "size"): "$.phases[0]: Object contains unknown field `size` (did you mean `sizes`?)",
+        'nmae = "x"\n' + SPEC: "s.toml: $: Object contains unknown field `nmae` (did you mean `name`?)",
+        SPEC + "zzzzzz = 1\n": "Object contains unknown field `zzzzzz`; fix: see `planner schema spec`",
+    }
+    for spec, says in cases.items():
+        (tmp_path / "s.toml").write_text(spec)
+        one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml", "--dry-run"), says)

@@ -168,3 +168,19 @@ def test_a_config_edit_names_the_dimension_and_the_config_key(cli, tmp_path):
     assert (
         ", model layers: 2 (config config.json: num_hidden_layers) -> 4 (config config.json: num_hidden_layers);" in err
     ), err
+
+
+_DIMS = "layers = 80\nhidden = 8192\nheads = 64\nkv_heads = 8\nhead_dim = 128\nintermediate = 29568\nvocab = 152064\n"
+_PHASE = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n'
+
+
+@pytest.mark.parametrize("head, shown", [("", "model unnamed: "), ('name = "qwen-like"\n', "model qwen-like: ")])
+def test_a_model_of_every_dimension_and_no_name_is_not_called_the_preset(cli, tmp_path, head, shown):
+    """Issue 40, item 9: shown as `model llama-3-8b` (the default preset's name), a preset it did
+    not use: named after the spec where the spec names itself, else unnamed."""
+    (tmp_path / "s.toml").write_text(head + "[model]\n" + _DIMS + _PHASE)
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "-o", "p.json")
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.lstrip().startswith("model "))
+    assert line.strip().startswith(shown) and "llama" not in line, line
+    assert json.loads((tmp_path / "p.json").read_text())["inputs"]["model"]["name"] == shown[6:-2]

@@ -305,7 +305,7 @@ def test_a_toml_spec_without_the_toml_suffix_is_told_why(cli, tmp_path):
     )
     (tmp_path / "bad.json").write_text('{"phases": [')
     err = one_line_error(cli("build", "-b", "fa3", "--spec", "bad.json"), "bad.json: malformed JSON")
-    assert "fix:" not in err
+    assert "read as TOML" not in err and "; fix: mend the JSON at the position it names" in err  # issue 40
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,13 @@ def test_the_traffic_forms_read_alike():
         "phase,size,count\ndecode,1,5\ndecode,3,2\ndecode,9,7\n",
         json.dumps({"decode": {"1": 5, "3": 2, "9": 7}}),
         "size,count\n1,5\n3,2\n9,7\n12,0\n",  # a size with no steps adds nothing
+        # issue 40, item 8: a spreadsheet's tab-separated export (was read as a Prometheus scrape
+        # without the histogram) and its header's case (Size,Count was refused)
+        "size\tcount\n1\t5\n3\t2\n9\t7\n",
+        "1\t5\n3\t2\n9\t7\n",
+        "phase\tsize\tcount\ndecode\t1\t5\ndecode\t3\t2\ndecode\t9\t7\n",
+        "Size,Count\n1,5\n3,2\n9,7\n",
+        "PHASE,Size,COUNT\ndecode,1,5\ndecode,3,2\ndecode,9,7\n",
     ]
     for text in forms:
         tr = _parse(text)
@@ -109,7 +116,13 @@ def test_single_size_buckets_are_exact_and_a_histogram_counts_tokens():
         ("sizes,counts\n1,2\n", ["t.csv:1", "expected a header"]),
         ("size,count\n1,2\n1,3\n", ["t.csv:3", "listed twice"]),
         ("size,count\n1,0\n2,0\n", ["has no steps"]),
-        ("", ["has no steps"]),
+        ("", ["t.csv: the traffic lists no batch sizes (the file is empty"]),  # issue 40: was "every count is 0"
+        ("size,count\n# none yet\n", ["the traffic lists no batch sizes"]),
+        # issue 40, item 8: other scripts' digits, which int() and float() take
+        ("size,count\n1,\uff15\n", ["t.csv:2", "count '\uff15' is not a number in ASCII digits"]),
+        ("size,count\n\uff11,5\n", ["t.csv:2", "size '\uff11' is not a number in ASCII digits"]),
+        ("size,count\n1,1_000\n", ["t.csv:2", "not a number in ASCII digits"]),
+        ('{"decode": {"\uff11": 1}}', ["not a number in ASCII digits"]),
         ("size,count\n300,1\n", ["reaches size 300", "above the engine's largest size 256", "--max-size 300"]),
         ("phase,size,count\nverify,1,1\n", ["phase 'verify' is not in the spec"]),
         ('{"decode": {"1": 1.5}}', ["$.decode['1']", "not a whole number"]),

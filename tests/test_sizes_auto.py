@@ -195,7 +195,7 @@ BAD = {
     "beyond the largest size": (None, ["--max-size", "128"], ["reaches size 256", "--max-size 256"]),
     "negative count": ("size,count\n1,5\n3,-2\n", [], ["t.csv:3", "count '-2'"]),
     "fractional count": ("size,count\n1,5\n3,2.5\n", [], ["t.csv:3", "count '2.5'"]),
-    "empty CSV": ("size,count\n", [], ["no steps"]),
+    "empty CSV": ("size,count\n", [], ["lists no batch sizes"]),
     "empty histogram": ("ZERO", [], ["no steps"]),
     "scrape without the metric": ("SCRAPE", ["--metric", "vllm:nope"], ["no histogram vllm:nope"]),
     "budget no list meets": (None, ["--budget-mib", "10"], ["--budget-mib", "no list fits", "--budget-mib 252"]),
@@ -263,3 +263,32 @@ def test_a_spec_budget_no_list_meets_is_located_in_the_spec(cli, tmp_path):
         "fix: raise the budget to at least",
     )
     assert "--budget-mib" not in line and not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(
+    "option, says",
+    [
+        (("--budget-mib", "0"), "--budget-mib: must be more than 0 MiB, got 0"),
+        (("--max-graphs", "0"), "--max-graphs 0: must be 1 or more, got 0"),
+        (("--max-padding", "-1"), "--max-padding: must be a percentage from 0 to below 1e6, got -1"),
+        (("--context", "0"), "--context 0: must be 1 or more, got 0"),
+        # issue 40, item 3: the limit broken is the upper one (or the number is none)
+        (("--budget-mib", "1e30"), "must be below 2**30 MiB (1 PiB, more than any device holds), got 1e+30"),
+        (("--budget-mib", "1e15"), "must be below 2**30 MiB"),
+        (("--budget-mib", "inf"), "must be a finite number of MiB, got inf"),
+        (("--budget-mib", "nan"), "must be a finite number of MiB, got nan"),
+    ],
+)
+def test_an_option_out_of_range_names_its_range_and_a_fix_never_none(cli, tmp_path, option, says):
+    """Issue 40, items 2 and 3: was `...got 0; fix: None; or capture the spec's sizes: ...`, and
+    `--budget-mib 1e30` said `must be more than 0 MiB`. The fix is the build without the option."""
+    shutil.copy(SKEWED, tmp_path / "t.csv")
+    err = one_line_error(
+        cli("build", "-b", "fa3", "--ci", "--sizes", "auto", "--traffic", "t.csv", "-o", "z.json", *option),
+        says,
+        "fix: give",
+        "or leave it out: `planner build --backend fa3 --ci --sizes auto --traffic t.csv -o z.json`",
+    )
+    assert "None" not in err
+    sizes = cli("sizes", "-b", "fa3", "--ci", "--traffic", "t.csv", *option)
+    assert "None" not in one_line_error(sizes, says, "; fix: give")

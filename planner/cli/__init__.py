@@ -69,6 +69,18 @@ class _Commands(click.Group):
             return None
         return importlib.import_module(f"{__name__}.{COMMANDS[cmd_name]}").command
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        # a mistyped command (`planner biuld`) is still click's usage error (exit 2), with the
+        # commands it is nearest to
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            import difflib
+
+            near = difflib.get_close_matches(name, list(COMMANDS), n=3, cutoff=0.6)
+            if near:
+                ctx.fail(f"No such command {name!r}. Did you mean {' or '.join(map(repr, near))}?")
+        return super().resolve_command(ctx, args)
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # the top-level --help and --version print here, while the group's options
         # are parsed, before invoke: the same exit codes apply

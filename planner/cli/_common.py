@@ -98,11 +98,12 @@ def option(*decls: str, help: str, metavar: str | None = None, **kw):
     return click.option(*decls, help=help, **kw)
 
 
-def read_plan(path: Path):
+def read_plan(path: Path, *, stream: bool = False):
+    """The plan at ``path``; with ``stream``, also from a pipe or ``-`` (standard input)."""
     from capture_plan.schemas.codec import decode_plan
     from capture_plan.schemas.files import read_input
 
-    return decode_plan(read_input(path, "plan"), str(path))
+    return decode_plan(read_input(path, "plan", stream=stream), str(path))
 
 
 def read_report(path: Path):

@@ -35,7 +35,7 @@ def command(paths, fix, require_exact) -> None:
         if len(err.stale) == 1:  # its own line says it all
             only = err.stale[0]
             if getattr(only, "fixable", True):
-                only.fix = f"{only.fix}, or `{err.fix_command}`"
+                only.fix = f"{only.fix}, or `{err.fix_command}`" if only.fix else f"run `{err.fix_command}`"
             raise only from None
         for stale in err.stale:
             click.echo(f"planner: error: {stale}", err=True)

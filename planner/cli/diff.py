@@ -31,8 +31,8 @@ class Threshold(click.ParamType):
 
 
 @click.command("diff", cls=Command)
-@argument("old", "Old plan (e.g. the base branch's).", "path", type=PATH)
-@argument("new", "New plan.", "path", type=PATH)
+@argument("old", "Old plan (e.g. the base branch's; a pipe, or - for standard input).", "path", type=PATH)
+@argument("new", "New plan (a pipe, or - for standard input).", "path", type=PATH)
 @option(
     "--format",
     "-f",
@@ -58,7 +58,14 @@ def command(old, new, fmt, fail_above, exit_code, steps) -> None:
 
     from ._common import read_plan
 
-    a, b = read_plan(old), read_plan(new)
+    if str(old) == str(new) == "-":
+        from capture_plan.schemas.errors import InputError
+
+        raise InputError(
+            "both plans are standard input (-)", where="planner diff", fix="give one plan as -, the other as a file"
+        )
+    # a pipe or - as a plan: a reviewer types `planner diff <(git show HEAD:plans/x.json) plans/x.json`
+    a, b = read_plan(old, stream=True), read_plan(new, stream=True)
     d = compare(a, b, str(old), str(new), where=str(new))
     failure = gate(a, b, fail_above, str(new)) if fail_above is not None else None
     if fmt == "markdown":
