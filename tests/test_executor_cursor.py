@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from capture_plan.executor.cursor import Cursor, Warmups, selected
@@ -78,7 +79,16 @@ def case_keys_the_plan_does_not_hold_are_refused():
 
 
 def case_a_piecewise_phase_without_a_piece_count_is_refused():
-    cur = Cursor(_plan("fa3-vllm.json"))
+    # plans/fa3-vllm.json states its pieces since the vLLM preset models them: the same plan
+    # with every piece count taken out is the one the cursor must refuse
+    plan = _plan("fa3-vllm.json")
+    unset = msgspec.UNSET
+    plan = msgspec.structs.replace(
+        plan,
+        phases=[msgspec.structs.replace(p, pieces=unset) for p in plan.phases],
+        steps=[msgspec.structs.replace(st, pieces=unset) for st in plan.steps],
+    )
+    cur = Cursor(plan)
     with pytest.raises(ExecutorError, match=r"phase 'piecewise' is 'piecewise' but the plan does not say"):
         cur.check(cur.phase("piecewise", "test"), cur.sizes("piecewise")[0], ())
     keyed = Cursor(_plan("fa3-vllm-keys.json"))
