@@ -42,9 +42,11 @@ and for each, in that fresh process (``--modes``):
               (bench/baselines.py ``vllm_034_sizes``: the target's decode graphs keyed
               (requests, query length), EAGLE's draft decode grid up to max_num_seqs, the
               persistent buffers sized for the widest descriptor up front) against the
-              plan's prediction for the same graphs (the case's spec at vLLM's sizes, built
-              analytically: its pool and its whole-capture figure, a lower bound while an
-              item is unknown) and vLLM 0.34.0's estimator (0 with its extensible KV cache,
+              plan's prediction for the same graphs (the case's spec at vLLM's sizes, the
+              target's phase as vLLM's `full` kind: hidden states out, logits outside the
+              graph; built analytically: its pool against the capture's pool, and its
+              whole-capture figure, a lower bound while an item is unknown, against the
+              drop) and vLLM 0.34.0's estimator (0 with its extensible KV cache,
               the default on CUDA: the capture is measured instead; else the 2-sample
               ``profile_cudagraph_memory``, unchanged from 0.33.0)
   sglang      SGLang 0.5.23's reserve (``reserve_for_graph_mb``), arithmetic only
@@ -242,7 +244,8 @@ def mode_vllm(case: str, plan, layers: int) -> dict:
 def vllm034_setup(case: str, plan, layers: int, folder: Path):
     """vLLM 0.34.0's graphs for a case at its H200 defaults (bench/baselines.py
     ``vllm_034_sizes``; EAGLE: 3 speculative tokens, query length 4) and the plan for the same
-    graphs: the case's spec with the main phase at vLLM's decode request counts, a
+    graphs: the case's spec with the main phase at vLLM's decode request counts (as the
+    `full` kind: vLLM's forward returns hidden states), a
     ``draft_decode`` phase at its draft decode grid and the other draft phases at the
     decode request counts, built analytically. Returns (full, speculator, sizes, plan);
     no torch (the CPU tests run it)."""
@@ -264,7 +267,16 @@ def vllm034_setup(case: str, plan, layers: int, folder: Path):
     want = {main: reqs, **dict(spec)}
     opts = case_options(case, folder)
     base = build_spec(opts)
-    kept = [msgspec.structs.replace(ph, sizes=sorted(want[ph.name])) for ph in base.phases if ph.name in want]
+    # vLLM's graph of the target is the model's forward: it returns the final-normed hidden
+    # states and computes the logits outside the graph (the `full` kind; the capture below
+    # swaps the head out the same way, hidden_state_outputs). The drafts keep their kinds:
+    # the draft's sampling needs its head inside its graphs.
+    kinds = {main: "full"}
+    kept = [
+        msgspec.structs.replace(ph, sizes=sorted(want[ph.name]), kind=kinds.get(ph.name, ph.kind))
+        for ph in base.phases
+        if ph.name in want
+    ]
     path = folder / f"{case}-vllm-0.34.toml"
     path.write_text(spec_toml(msgspec.structs.replace(base, phases=kept)))
     vllm_plan = build_plan(msgspec.structs.replace(opts, spec=path, ci=False, speculative=None, max_bs=None))
@@ -278,6 +290,7 @@ def mode_vllm034(case: str, plan, layers: int) -> dict:
     import torch
 
     from bench.baselines import hidden_state_outputs, vllm_capture_model, vllm_profile, vllm_release
+    from capture_plan.executor.pool import pool_reserved
     from capture_plan.schemas.keys import capture_memory
 
     folder = Path(tempfile.mkdtemp())
@@ -293,6 +306,7 @@ def mode_vllm034(case: str, plan, layers: int) -> dict:
         prof = vllm_profile(target, full, spec)  # the estimator with the extensible KV cache off
         run = vllm_capture_model(target, full, spec, release="0.34.0")
         measured, graphs = run.measured, len(run.graphs)
+        pool = pool_reserved([run.pool])
         vllm_release(run)
     memory = capture_memory(vllm_plan)
     return {
@@ -302,7 +316,13 @@ def mode_vllm034(case: str, plan, layers: int) -> dict:
         "decode_shapes": sizes.decode,
         "graphs": graphs,
         "vllm_capture_drop_mib": measured / MiB,
+        # the pool alone, the part both sides account for the same way; the rest of the drop
+        # is outside the pool (the graphs' driver memory, the persistent buffers, the warm-ups'
+        # cached blocks), which an analytic plan does not know (plan_capture_complete False)
+        "vllm_pool_mib": pool / MiB,
+        "vllm_outside_pool_mib": (measured - pool) / MiB,
         "plan_pool_mib": vllm_plan.predicted.pool_bytes / MiB,
+        "plan_pool_error": (vllm_plan.predicted.pool_bytes - pool) / pool if pool else None,
         "plan_capture_mib": memory.bytes / MiB,
         "plan_capture_complete": memory.complete,
         "plan_error": (memory.bytes - measured) / measured if measured else None,
@@ -545,6 +565,11 @@ def main() -> None:
             bits.append(
                 f"vllm 0.34 capture {v4['vllm_capture_drop_mib']:.0f} plan {v4['plan_capture_mib']:.0f}"
                 f"{'' if v4['plan_capture_complete'] else '+'} estimator {v4['estimate_mib']:.0f} (extensible: 0)"
+                + (
+                    f" pool {v4['vllm_pool_mib']:.0f} plan pool {v4['plan_pool_mib']:.0f}"
+                    if "vllm_pool_mib" in v4
+                    else ""
+                )
             )
         sg = row.get("sglang", {})
         if "reserve_mib" in sg:

@@ -661,5 +661,10 @@ def test_the_vllm_034_mode_builds_the_plan_for_the_graphs_vllm_captures(tmp_path
         assert len(full[1]) == main and {q for _, q in sizes.decode} == ({1} if case == "reference" else {4})
         want = {full[0]: full[1], **dict(spec)}
         assert {p.name: sorted(p.sizes, reverse=True) for p in plan.phases} == want
+        # vLLM's target graph returns hidden states (logits outside it): the plan models the
+        # `full` kind for it, not a decode graph with an lm_head and float32 logits
+        kinds = {p.name: p.kind for p in plan.phases}
+        assert kinds[full[0]] == "full"
+        assert all(kinds[p] == p for p, _ in spec)
         if drafts:
             assert len(dict(spec)["draft_decode"]) == drafts and max(dict(spec)["draft_decode"]) == 1024
