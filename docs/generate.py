@@ -459,6 +459,44 @@ def engines() -> list[str]:
     return [*_table(header, rows), _source(ENGINES, d) + _also("capture-plan's figures", STARTUP_RUN)]
 
 
+#: vLLM 0.34.0's capture of its own default graphs on an H200 (device_bench's "vllm-0.34" mode)
+#: against the plan of the same graphs and vLLM 0.34.0's estimator
+ENGINES_034 = "device-2026-12-04-vllm-0.34-full.json"
+
+
+def engines_034() -> list[str]:
+    """vLLM 0.34.0-style capture of its H200 default graphs (its pool and its free-memory drop)
+    against the plan of the same graphs (its pool, and its whole-capture figure, a lower bound
+    where an item is unknown) and vLLM 0.34.0's two answers: 0 with its extensible KV cache (the
+    default on CUDA), else the 2-sample estimate."""
+    d = _load(ENGINES_034)
+    rows = []
+    for case, label in _STARTUP.items():
+        v = d["cases"].get(case, {}).get("vllm-0.34")
+        if v is None:
+            continue
+        lower = "" if v["plan_capture_complete"] else " (lower bound)"
+        rows.append(
+            [
+                label,
+                str(v["graphs"]),
+                f"{_mib(v['vllm_pool_mib'])} / {_mib(v['vllm_capture_drop_mib'])}",
+                f"{_mib(v['plan_pool_mib'])} ({_pct(v['plan_pool_error'], 1)})",
+                f"{_mib(v['plan_capture_mib'])}{lower}",
+                f"{_mib(v['estimate_extensible_mib'])}; {_mib(v['estimate_mib'])} ({_pct(v['estimate_error'], 0)})",
+            ]
+        )
+    header = [
+        "model",
+        "vLLM 0.34 graphs",
+        "vLLM-0.34-style capture: pool / drop MiB",
+        "plan's pool MiB (error against the capture's pool)",
+        "plan's whole capture MiB",
+        "vLLM 0.34 estimator MiB: extensible KV cache; off (error against the drop)",
+    ]
+    return [*_table(header, rows), _source(ENGINES_034, d)]
+
+
 #: replay time per graph (median of 20 after 3 untimed) for three cases, and the timed reports
 #: that run wrote beside it (report-CASE-timed-2026-12-02.json)
 TIMING = "device-2026-12-02-timing.json"
@@ -885,6 +923,7 @@ TABLES = {
     "background": background,
     "sglang-reserve": sglang_reserve,
     "engines": engines,
+    "engines-034": engines_034,
     "replay-times": replay_times,
     "hooks": hooks,
     "releases": releases,
