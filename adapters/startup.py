@@ -115,6 +115,9 @@ __all__ = ["StartupPrediction", "StartupCheck", "predict_startup", "confirm_star
 
 log = logging.getLogger("capture_plan.startup")
 MiB = 2**20
+#: the default ``copy_error`` of :func:`predict_startup`: half a driver step (2 MiB), so that
+#: the copies not made leave the prediction within the 2 MiB it is held to at every step
+COPY_ERROR = 1 * MiB
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,9 @@ class StartupPrediction:
     cache_path: Path | None = None
     #: what was measured, in a fresh process's terms (what ``cache`` keeps)
     calibration: StartupCalibration | None = None
+    #: the shortcuts this start-up took, by name ("copies:PHASE": a phase's driver memory
+    #: measured from fewer copies than the plan captures), each with its reason
+    shortcuts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -196,6 +202,7 @@ def predict_startup(
     max_rounds: int = 4,
     cache: str | Path | None = None,
     model_key: str | None = None,
+    copy_error: float | None = COPY_ERROR,
 ) -> StartupPrediction:
     """Record a few sizes of ``target``, plan from them and return what capture will take.
 
@@ -218,6 +225,12 @@ def predict_startup(
     not be a fresh process's; a failed write is logged, never raised). Call
     :func:`confirm_startup` with the capture's report: it removes an entry the
     capture contradicts.
+
+    ``copy_error``: the bytes by which the driver memory of the copies not made may be
+    off, for the whole plan (split evenly between its phases): a phase's copies stop once
+    its bytes per node are bounded that well (``capture_plan.executor.node_bytes``; the
+    reason is in ``shortcuts``); the capture then takes the rest of the driver memory, as
+    predicted. None: every copy the plan's captures need (the figure measured whole).
     """
     t0 = time.perf_counter()
     timings: defaultdict[str, float] = defaultdict(float)
@@ -249,7 +262,7 @@ def predict_startup(
             return _result(entry, figures, t0, timings, "cache", store.path(key))
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
         plan, rounds, chosen, copies, kept = _record_and_build(
-            target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings
+            target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings, copy_error
         )
     t_predict = time.perf_counter()
     kinds = PlanIndex.of(plan).kinds
@@ -296,7 +309,8 @@ def predict_startup(
             log.info("start-up calibration not written: this process had captured graphs before the recording")
         else:
             path = store.store(entry)
-    return _result(entry, figures, t0, timings, "recorded", path)
+    shortcuts = {f"copies:{k}": v for k, v in sorted(copies.settled.items())}
+    return _result(entry, figures, t0, timings, "recorded", path, shortcuts)
 
 
 @dataclass(frozen=True)
@@ -342,7 +356,13 @@ def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> 
 
 
 def _result(
-    entry: StartupCalibration, figures: _Figures, t0: float, timings: dict[str, float], source: str, path: Path | None
+    entry: StartupCalibration,
+    figures: _Figures,
+    t0: float,
+    timings: dict[str, float],
+    source: str,
+    path: Path | None,
+    shortcuts: dict[str, str] | None = None,
 ) -> StartupPrediction:
     return StartupPrediction(
         plan=entry.plan,
@@ -358,6 +378,7 @@ def _result(
         source=source,
         cache_path=path,
         calibration=entry,
+        shortcuts=dict(shortcuts or {}),
     )
 
 
@@ -442,7 +463,9 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
     return check
 
 
-def _record_and_build(target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings):
+def _record_and_build(
+    target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings, copy_error=None
+):
     """Recording rounds until the fitter has what it needs: (the plan built from the last
     round's trace, every round's report, the sizes recorded per phase, the first recording,
     and the caching allocator's memory that recording left reserved after it released its
@@ -460,7 +483,13 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
         t = time.perf_counter()
         reserved = _reserved_emptied(device) if not rounds else 0
         rec = record(
-            schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
+            schedule,
+            target,
+            sizes=chosen,
+            progress=progress,
+            instantiate=None if rounds else counts,
+            device=device,
+            copy_error=None if copy_error is None else copy_error / max(1, len(counts)),
         )
         if not rounds:  # what the first recording left reserved once it released its graphs (and emptied the cache)
             kept = _reserved_emptied(device) - reserved
@@ -475,7 +504,9 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
         if copies is None:
             copies = rec
         trace_path = folder / "trace.json"
+        t = time.perf_counter()
         write_trace(trace, trace_path)
+        timings["write"] += time.perf_counter() - t
         t = time.perf_counter()
         try:
             plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
@@ -550,8 +581,11 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     planned = {name: captures[name] for name in PlanIndex.of(plan).phases}
     counted = Counter(c.phase for c in first.trace.captures)
     # every copy a phase needed was made (a phase recorded whole needs none): the figures are measured
+    # or a phase's copies stopped where its bytes per node were bounded well enough (settled):
+    # the driver holds what they took, and the capture takes the rest as predicted
     made_all = first.copies and all(
-        first.copies.get(name, (0, 0, 0))[0] >= planned[name] - counted[name] for name in planned
+        first.copies.get(name, (0, 0, 0))[0] >= planned[name] - counted[name] or name in first.settled
+        for name in planned
     )
     if made_all and all(recorded.get(name, (0, 0))[1] + first.copies.get(name, (0, 0, 0))[1] for name in planned):
         per_node, held = {}, 0
@@ -566,6 +600,8 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
             + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per_node.items()))
             + f") as the recorded graphs, instantiated {made} times more, took on this device"
         )
+        if first.settled:
+            where += " (copies stopped early: " + "; ".join(f"{k} {v}" for k, v in sorted(first.settled.items())) + ")"
     else:
         listed, where = node_figure(cals[0])
         if listed is None:
