@@ -156,6 +156,7 @@ def test_copies_stopped_early_still_predict_every_step(tmp_path):
         before = gs.report.device_view.free_before
         for m, predicted in zip(gs.report.steps, pred.timeline):
             measured = before - m.free
-            assert abs(predicted - measured) <= max(2 * MiB, measured // 100), (m.id, predicted, measured, pred.shortcuts)
+            off = (m.id, predicted, measured, pred.shortcuts)
+            assert abs(predicted - measured) <= max(2 * MiB, measured // 100), off
     finally:
         gs.release()
