@@ -93,6 +93,7 @@ from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
 from capture_plan.executor.streams import capture_stream, prime_stream
 from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.allocator import core
 from capture_plan.planner.build import build_spec
 from capture_plan.planner.device import (
     Calibration,
@@ -143,8 +144,10 @@ class StartupPrediction:
     graph_exec: str = ""
     #: where ``seconds`` went: "schedule" (the analytic build that picks the sizes to record),
     #: "cache" (looking the calibration up, reading it), "record" (every recording round;
-    #: "record.capture", "record.trace" and "record.copies" split it), "build" (the builds
-    #: from the recorded traces), "predict" (the rest)
+    #: "record.capture" (itself split into "record.capture.warmup", ".graphs" and ".other"),
+    #: "record.trace", "record.copies" and "record.release" split it), "write" (writing the
+    #: trace), "build" (the builds from the recorded traces: the planner's optimizer on the
+    #: allocator core ``allocator_core`` names), "predict" (the rest)
     timings: dict[str, float] = field(default_factory=dict)
     #: "recorded" (this start-up recorded the model) or "cache" (a calibration an earlier
     #: start-up measured, read from ``cache_path``)
@@ -156,6 +159,10 @@ class StartupPrediction:
     #: the shortcuts this start-up took, by name ("copies:PHASE": a phase's driver memory
     #: measured from fewer copies than the plan captures), each with its reason
     shortcuts: dict[str, str] = field(default_factory=dict)
+    #: the planner's allocator core the builds ran on (``compiled``, or ``python (why)``:
+    #: about 6 times slower, bench/results/build-2026-12-02-startup.json; ``pip install -e .``
+    #: builds the compiled one where a C compiler and Cython exist)
+    allocator_core: str = ""
 
 
 @dataclass(frozen=True)
@@ -379,6 +386,7 @@ def _result(
         cache_path=path,
         calibration=entry,
         shortcuts=dict(shortcuts or {}),
+        allocator_core=core().describe() if source == "recorded" else "",
     )
 
 

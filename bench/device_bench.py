@@ -412,6 +412,7 @@ def mode_startup(
         "predict_parts_s": pred.timings,
         "predict_of_capture": seconds / rep.capture_seconds if rep.capture_seconds else None,
         "shortcuts": pred.shortcuts,
+        "allocator_core": pred.allocator_core,
         "copy_error": copy_error,
         "source": pred.source,
         "confirm": None if check is None else check.describe(),

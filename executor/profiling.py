@@ -99,8 +99,10 @@ class Recording:
     #: free memory they took outside the caching allocator (the driver keeps it after they
     #: were destroyed, for the graphs instantiated later in the process)
     copies: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    #: where the time went: "capture" (the recorded captures, their warm-ups included),
-    #: "trace" (reading the allocation history), "copies" (the extra instantiations)
+    #: where the time went: "capture" (the recorded captures, their warm-ups included; split
+    #: into "capture.warmup", "capture.graphs" and "capture.other" from the report's steps),
+    #: "trace" (reading the allocation history), "copies" (the extra instantiations),
+    #: "release" (releasing the graphs and pools, filled in as the recording returns)
     seconds: dict[str, float] = field(default_factory=dict)
     #: per phase whose copies stopped before ``instantiate`` asked (``copy_error``): why
     #: (the per-node figure's bounds and the error they leave on the copies not made)
@@ -136,7 +138,8 @@ def record(
     then holds only the copies made. None: every copy ``instantiate`` asks for."""
     t0 = time.perf_counter()
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True, device=device)
-    seconds = {"capture": time.perf_counter() - t0}
+    seconds = {"capture": time.perf_counter() - t0, **_step_seconds(gs.report)}
+    t_release = None
     try:
         t0 = time.perf_counter()
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
@@ -176,9 +179,27 @@ def record(
             finally:
                 held.close()
         seconds["copies"] = time.perf_counter() - t0
+        t_release = time.perf_counter()
         return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds, settled=settled)
     finally:
         gs.release()
+        if t_release is not None:  # the dict the Recording holds: its release is timed too
+            seconds["release"] = time.perf_counter() - t_release
+
+
+def _step_seconds(report: CaptureReport | None) -> dict[str, float]:
+    """Where the recorded capture's time went, from its report's steps: "capture.warmup"
+    (the warm-ups' eager runs), "capture.graphs" (the graphs' captures and instantiations)
+    and "capture.other" (the rest: making the stream and pools, the history, the report)."""
+    if report is None:
+        return {}
+    warm = sum(m.seconds for m in report.steps if m.id.startswith("warmup/"))
+    graphs = sum(m.seconds for m in report.steps if m.id.startswith("capture/"))
+    return {
+        "capture.warmup": warm,
+        "capture.graphs": graphs,
+        "capture.other": max(0.0, report.capture_seconds - warm - graphs),
+    }
 
 
 def _largest(graphs) -> int:
@@ -220,36 +241,6 @@ def profile(
     progress: bool = False,
     with_report: Literal[False] = False,
 ) -> Trace: ...
-def _largest(graphs) -> int:
-    """The most nodes of one of ``graphs`` (0 where none can be counted)."""
-    return max((node_count(g) or 0 for g in graphs), default=0)
-
-
-def _settles(
-    phase: str, want: int, per_copy: int, budget: float, taken_now: Callable[[], int], settled: dict[str, str]
-) -> Callable[[int, int], bool] | None:
-    """The ``done`` test of a phase's copies (``ExecCopies.add``): after each copy, read
-    what the copies took and stop once the ``want - made`` copies left, each at most
-    ``per_copy`` nodes, would be predicted within ``budget`` bytes; records the reason in
-    ``settled``. None (every copy) where the recorded graphs' nodes cannot be counted."""
-    if per_copy <= 0 or want <= 0:
-        return None
-    bounds = NodeBytes()
-
-    def done(made: int, nodes: int) -> bool:
-        bounds.add(nodes, max(0, taken_now()))
-        left = (want - made) * per_copy
-        if made >= want or not bounds.settled(left, budget):
-            return False
-        settled[phase] = (
-            f"{made} of {want} copies: {bounds.describe()}, so the {want - made} not made "
-            f"(at most {left} nodes) are predicted within {bounds.error(left) / 2**20:.2f} MiB"
-        )
-        return True
-
-    return done
-
-
 @overload
 def profile(
     plan: Plan, target: CaptureTarget, *, sizes: Sizes = "default", progress: bool = False, with_report: Literal[True]

@@ -843,6 +843,23 @@ def test_the_prediction_names_its_shortcuts_and_passes_the_copy_budget(monkeypat
     assert seen == [startup.COPY_ERROR]  # one phase: the whole budget
     assert pred.shortcuts == {"copies:decode": "20 of 33 copies: stable"}
     assert "write" in pred.timings
+    assert pred.allocator_core.split()[0] in ("compiled", "python")  # what the build ran on
     whole = startup.predict_startup(object(), opts, schedule=plan, copy_error=None)
     assert seen[-1] is None and whole.shortcuts == {}
     assert "stopped early" not in whole.graph_exec
+
+
+def test_the_recording_times_its_steps_from_the_report(plan):
+    """profiling._step_seconds: the recorded capture's time split into its warm-ups, its
+    graphs and the rest, from the report's steps."""
+    import msgspec
+
+    from capture_plan.executor.profiling import _step_seconds
+
+    rep = _recording(plan)
+    steps = [msgspec.structs.replace(m, seconds=0.5 if m.id.startswith("warmup/") else 0.1) for m in rep.steps]
+    rep = msgspec.structs.replace(rep, steps=steps, capture_seconds=1.0)
+    got = _step_seconds(rep)
+    assert got["capture.warmup"] == 0.5 and abs(got["capture.graphs"] - 0.3) < 1e-9
+    assert abs(got["capture.other"] - 0.2) < 1e-9
+    assert _step_seconds(None) == {}
