@@ -32,6 +32,11 @@ for the graphs instantiated later, so that memory is taken now and the capture
 reuses it. The bytes per node of each phase come from it, and each planned
 graph's node count from the recorded ones (``planner/device.py``: linear
 between recorded sizes).
+A phase's copies stop early (``copy_error``, default :data:`COPY_ERROR` for the
+whole plan) once every reading so far bounds its bytes per node so that the copies
+not made would be predicted within that budget (``capture_plan.executor.node_bytes``:
+each reading is exact to a driver step); the driver then holds what the copies
+took, the capture takes the rest as predicted, and ``shortcuts`` says why.
 
 ``total_bytes`` is what the whole capture takes from free memory in a process
 that has captured nothing yet; ``pending_bytes`` what it will still take from
