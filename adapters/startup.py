@@ -239,10 +239,11 @@ def predict_startup(
     capture contradicts.
 
     ``copy_error``: the bytes by which the driver memory of the copies not made may be
-    off, for the whole plan (split evenly between its phases): a phase's copies stop once
-    its bytes per node are bounded that well (``capture_plan.executor.node_bytes``; the
-    reason is in ``shortcuts``); the capture then takes the rest of the driver memory, as
-    predicted. None: every copy the plan's captures need (the figure measured whole).
+    off: the phase's copies stop once its bytes per node are bounded that well
+    (``capture_plan.executor.node_bytes``; the reason is in ``shortcuts``); the capture
+    then takes the rest of the driver memory, as predicted. Only where one phase needs
+    copies (:func:`copy_budget`; a refusal's reason is in ``shortcuts["copies"]``). None:
+    every copy the plan's captures need (the figure measured whole).
     """
     t0 = time.perf_counter()
     timings: defaultdict[str, float] = defaultdict(float)
@@ -273,7 +274,7 @@ def predict_startup(
             timings["predict"] += time.perf_counter() - t
             return _result(entry, figures, t0, timings, "cache", store.path(key))
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
-        plan, rounds, chosen, copies, kept = _record_and_build(
+        plan, rounds, chosen, copies, kept, refused = _record_and_build(
             target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings, copy_error
         )
     t_predict = time.perf_counter()
@@ -322,6 +323,8 @@ def predict_startup(
         else:
             path = store.store(entry)
     shortcuts = {f"copies:{k}": v for k, v in sorted(copies.settled.items())}
+    if refused:
+        shortcuts["copies"] = refused
     return _result(entry, figures, t0, timings, "recorded", path, shortcuts)
 
 
@@ -487,9 +490,11 @@ def _record_and_build(
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     rounds: list = []
     counts = {p.name: len(p.sizes) for p in schedule.phases}
-    copies, kept, last = None, 0, None
+    copies, kept, last, refused = None, 0, None, ""
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or default_samples(p.sizes) for p in schedule.phases}
+        if not rounds:
+            budget, refused = copy_budget(counts, chosen, copy_error)
         # The first round instantiates its graphs again until each phase has as many as the
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
@@ -502,7 +507,7 @@ def _record_and_build(
             progress=progress,
             instantiate=None if rounds else counts,
             device=device,
-            copy_error=None if copy_error is None else copy_error / max(1, len(counts)),
+            copy_error=budget if not rounds else None,
         )
         if not rounds:  # what the first recording left reserved once it released its graphs (and emptied the cache)
             kept = _reserved_emptied(device) - reserved
@@ -544,7 +549,31 @@ def _record_and_build(
             fix=f"pass sizes={{{phase!r}: [...]}} with every planned size of that phase, or more max_rounds",
         ) from last
     timings["build"] += time.perf_counter() - t
-    return plan, rounds, chosen, copies, kept
+    return plan, rounds, chosen, copies, kept, refused
+
+
+def copy_budget(
+    counts: dict[str, int], chosen: dict[str, list[int]], copy_error: float | None
+) -> tuple[float | None, str]:
+    """The ``copy_error`` the recording may stop copies at, and why not (an empty reason
+    where it may, or where none was asked). ``counts``: graphs the plan captures per
+    phase; ``chosen``: the sizes recorded per phase.
+
+    One phase needing copies: its copies not made are off by at most the budget at every
+    step (the capture reuses the held memory before it takes more, so a step within the
+    held copies takes nothing, as predicted). Two or more: refused. A step where one
+    phase has gone past its copies while another has not used all of its own mixes both
+    phases' figures, and the second's is off by up to its last reading's driver step over
+    its held nodes, whatever the budget: only every copy makes those steps exact."""
+    if copy_error is None:
+        return None, ""
+    need = sorted(n for n, c in counts.items() if c > len(chosen.get(n, [])))
+    if len(need) > 1:
+        return None, (
+            f"every copy made: {len(need)} phases need copies ({', '.join(need)}), and a stop in one would leave "
+            "the steps where another has not used its copies off by up to a driver step"
+        )
+    return copy_error, ""
 
 
 def _timeline(plan: Plan, after: list[int], early: int, late: int, driver: list[int]) -> list[int]:

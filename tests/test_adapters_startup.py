@@ -863,3 +863,17 @@ def test_the_recording_times_its_steps_from_the_report(plan):
     assert got["capture.warmup"] == 0.5 and abs(got["capture.graphs"] - 0.3) < 1e-9
     assert abs(got["capture.other"] - 0.2) < 1e-9
     assert _step_seconds(None) == {}
+
+
+def test_the_copy_budget_applies_to_one_phase_needing_copies_and_is_refused_for_more():
+    from capture_plan.adapters.startup import COPY_ERROR, copy_budget
+
+    one = {"decode": 51}
+    assert copy_budget(one, {"decode": [1, 120, 256]}, COPY_ERROR) == (COPY_ERROR, "")
+    assert copy_budget(one, {"decode": [1, 120, 256]}, None) == (None, "")
+    eagle = {p: 57 for p in ("decode", "draft_decode", "draft_extend", "target_verify")}
+    budget, why = copy_budget(eagle, {p: [1, 60, 256] for p in eagle}, COPY_ERROR)
+    assert budget is None and why.startswith("every copy made: 4 phases need copies")
+    # phases recorded whole need no copies: the one left may stop early
+    whole = {p: list(range(57)) for p in eagle if p != "decode"} | {"decode": [1, 60, 256]}
+    assert copy_budget(eagle, whole, COPY_ERROR) == (COPY_ERROR, "")
