@@ -26,7 +26,10 @@ and for each, in that fresh process (``--modes``):
               went, with the case's plan as the schedule (an engine's checked-in plan: the
               analytic build it saves is the case's ``build_s``);
               then a KV cache sized from it (free - predicted - margin), the capture, and
-              the slack left; the prediction against the measured drop at every step
+              the slack left; the prediction against the measured drop at every step;
+              its ``shortcuts`` (a one-phase plan's graph copies stopped early:
+              ``--copy-error-mib``, ``none`` for every copy), the allocator core its build
+              ran on, and its time over the capture's (``predict_of_capture``)
   startup-cached
               the same in a later fresh process: the calibration the "startup" mode's
               process wrote is read from the run's start-up cache (nothing recorded), and
