@@ -490,7 +490,7 @@ def _record_and_build(
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     rounds: list = []
     counts = {p.name: len(p.sizes) for p in schedule.phases}
-    copies, kept, last, refused = None, 0, None, ""
+    copies, kept, last, refused, budget = None, 0, None, "", None
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or default_samples(p.sizes) for p in schedule.phases}
         if not rounds:
