@@ -32,6 +32,11 @@ for the graphs instantiated later, so that memory is taken now and the capture
 reuses it. The bytes per node of each phase come from it, and each planned
 graph's node count from the recorded ones (``planner/device.py``: linear
 between recorded sizes).
+A phase's copies stop early (``copy_error``, default :data:`COPY_ERROR` for the
+whole plan) once every reading so far bounds its bytes per node so that the copies
+not made would be predicted within that budget (``capture_plan.executor.node_bytes``:
+each reading is exact to a driver step); the driver then holds what the copies
+took, the capture takes the rest as predicted, and ``shortcuts`` says why.
 
 ``total_bytes`` is what the whole capture takes from free memory in a process
 that has captured nothing yet; ``pending_bytes`` what it will still take from
@@ -93,6 +98,7 @@ from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
 from capture_plan.executor.streams import capture_stream, prime_stream
 from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.allocator import core
 from capture_plan.planner.build import build_spec
 from capture_plan.planner.device import (
     Calibration,
@@ -115,6 +121,9 @@ __all__ = ["StartupPrediction", "StartupCheck", "predict_startup", "confirm_star
 
 log = logging.getLogger("capture_plan.startup")
 MiB = 2**20
+#: the default ``copy_error`` of :func:`predict_startup`: half a driver step (2 MiB), so that
+#: the copies not made leave the prediction within the 2 MiB it is held to at every step
+COPY_ERROR = 1 * MiB
 
 
 @dataclass(frozen=True)
@@ -140,8 +149,10 @@ class StartupPrediction:
     graph_exec: str = ""
     #: where ``seconds`` went: "schedule" (the analytic build that picks the sizes to record),
     #: "cache" (looking the calibration up, reading it), "record" (every recording round;
-    #: "record.capture", "record.trace" and "record.copies" split it), "build" (the builds
-    #: from the recorded traces), "predict" (the rest)
+    #: "record.capture" (itself split into "record.capture.warmup", ".graphs" and ".other"),
+    #: "record.trace", "record.copies" and "record.release" split it), "write" (writing the
+    #: trace), "build" (the builds from the recorded traces: the planner's optimizer on the
+    #: allocator core ``allocator_core`` names), "predict" (the rest)
     timings: dict[str, float] = field(default_factory=dict)
     #: "recorded" (this start-up recorded the model) or "cache" (a calibration an earlier
     #: start-up measured, read from ``cache_path``)
@@ -150,6 +161,13 @@ class StartupPrediction:
     cache_path: Path | None = None
     #: what was measured, in a fresh process's terms (what ``cache`` keeps)
     calibration: StartupCalibration | None = None
+    #: the shortcuts this start-up took, by name ("copies:PHASE": a phase's driver memory
+    #: measured from fewer copies than the plan captures), each with its reason
+    shortcuts: dict[str, str] = field(default_factory=dict)
+    #: the planner's allocator core the builds ran on (``compiled``, or ``python (why)``:
+    #: about 6 times slower, bench/results/build-2026-12-02-startup.json; ``pip install -e .``
+    #: builds the compiled one where a C compiler and Cython exist)
+    allocator_core: str = ""
 
 
 @dataclass(frozen=True)
@@ -196,6 +214,7 @@ def predict_startup(
     max_rounds: int = 4,
     cache: str | Path | None = None,
     model_key: str | None = None,
+    copy_error: float | None = COPY_ERROR,
 ) -> StartupPrediction:
     """Record a few sizes of ``target``, plan from them and return what capture will take.
 
@@ -218,6 +237,13 @@ def predict_startup(
     not be a fresh process's; a failed write is logged, never raised). Call
     :func:`confirm_startup` with the capture's report: it removes an entry the
     capture contradicts.
+
+    ``copy_error``: the bytes by which the driver memory of the copies not made may be
+    off: the phase's copies stop once its bytes per node are bounded that well
+    (``capture_plan.executor.node_bytes``; the reason is in ``shortcuts``); the capture
+    then takes the rest of the driver memory, as predicted. Only where one phase needs
+    copies (:func:`copy_budget`; a refusal's reason is in ``shortcuts["copies"]``). None:
+    every copy the plan's captures need (the figure measured whole).
     """
     t0 = time.perf_counter()
     timings: defaultdict[str, float] = defaultdict(float)
@@ -248,8 +274,8 @@ def predict_startup(
             timings["predict"] += time.perf_counter() - t
             return _result(entry, figures, t0, timings, "cache", store.path(key))
     with tempfile.TemporaryDirectory(prefix="capture-plan-startup-") as folder:
-        plan, rounds, chosen, copies, kept = _record_and_build(
-            target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings
+        plan, rounds, chosen, copies, kept, refused = _record_and_build(
+            target, options, schedule, sizes, device, progress, max_rounds, Path(folder), timings, copy_error
         )
     t_predict = time.perf_counter()
     kinds = PlanIndex.of(plan).kinds
@@ -296,7 +322,10 @@ def predict_startup(
             log.info("start-up calibration not written: this process had captured graphs before the recording")
         else:
             path = store.store(entry)
-    return _result(entry, figures, t0, timings, "recorded", path)
+    shortcuts = {f"copies:{k}": v for k, v in sorted(copies.settled.items())}
+    if refused:
+        shortcuts["copies"] = refused
+    return _result(entry, figures, t0, timings, "recorded", path, shortcuts)
 
 
 @dataclass(frozen=True)
@@ -342,7 +371,13 @@ def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> 
 
 
 def _result(
-    entry: StartupCalibration, figures: _Figures, t0: float, timings: dict[str, float], source: str, path: Path | None
+    entry: StartupCalibration,
+    figures: _Figures,
+    t0: float,
+    timings: dict[str, float],
+    source: str,
+    path: Path | None,
+    shortcuts: dict[str, str] | None = None,
 ) -> StartupPrediction:
     return StartupPrediction(
         plan=entry.plan,
@@ -358,6 +393,8 @@ def _result(
         source=source,
         cache_path=path,
         calibration=entry,
+        shortcuts=dict(shortcuts or {}),
+        allocator_core=core().describe() if source == "recorded" else "",
     )
 
 
@@ -442,7 +479,9 @@ def confirm_startup(pred: StartupPrediction, report) -> StartupCheck:
     return check
 
 
-def _record_and_build(target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings):
+def _record_and_build(
+    target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings, copy_error=None
+):
     """Recording rounds until the fitter has what it needs: (the plan built from the last
     round's trace, every round's report, the sizes recorded per phase, the first recording,
     and the caching allocator's memory that recording left reserved after it released its
@@ -451,16 +490,24 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     rounds: list = []
     counts = {p.name: len(p.sizes) for p in schedule.phases}
-    copies, kept, last = None, 0, None
+    copies, kept, last, refused, budget = None, 0, None, "", None
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or default_samples(p.sizes) for p in schedule.phases}
+        if not rounds:
+            budget, refused = copy_budget(counts, chosen, copy_error)
         # The first round instantiates its graphs again until each phase has as many as the
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
         t = time.perf_counter()
         reserved = _reserved_emptied(device) if not rounds else 0
         rec = record(
-            schedule, target, sizes=chosen, progress=progress, instantiate=None if rounds else counts, device=device
+            schedule,
+            target,
+            sizes=chosen,
+            progress=progress,
+            instantiate=None if rounds else counts,
+            device=device,
+            copy_error=budget if not rounds else None,
         )
         if not rounds:  # what the first recording left reserved once it released its graphs (and emptied the cache)
             kept = _reserved_emptied(device) - reserved
@@ -475,7 +522,9 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
         if copies is None:
             copies = rec
         trace_path = folder / "trace.json"
+        t = time.perf_counter()
         write_trace(trace, trace_path)
+        timings["write"] += time.perf_counter() - t
         t = time.perf_counter()
         try:
             plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
@@ -500,7 +549,31 @@ def _record_and_build(target, options, schedule, sizes, device, progress, max_ro
             fix=f"pass sizes={{{phase!r}: [...]}} with every planned size of that phase, or more max_rounds",
         ) from last
     timings["build"] += time.perf_counter() - t
-    return plan, rounds, chosen, copies, kept
+    return plan, rounds, chosen, copies, kept, refused
+
+
+def copy_budget(
+    counts: dict[str, int], chosen: dict[str, list[int]], copy_error: float | None
+) -> tuple[float | None, str]:
+    """The ``copy_error`` the recording may stop copies at, and why not (an empty reason
+    where it may, or where none was asked). ``counts``: graphs the plan captures per
+    phase; ``chosen``: the sizes recorded per phase.
+
+    One phase needing copies: its copies not made are off by at most the budget at every
+    step (the capture reuses the held memory before it takes more, so a step within the
+    held copies takes nothing, as predicted). Two or more: refused. A step where one
+    phase has gone past its copies while another has not used all of its own mixes both
+    phases' figures, and the second's is off by up to its last reading's driver step over
+    its held nodes, whatever the budget: only every copy makes those steps exact."""
+    if copy_error is None:
+        return None, ""
+    need = sorted(n for n, c in counts.items() if c > len(chosen.get(n, [])))
+    if len(need) > 1:
+        return None, (
+            f"every copy made: {len(need)} phases need copies ({', '.join(need)}), and a stop in one would leave "
+            "the steps where another has not used its copies off by up to a driver step"
+        )
+    return copy_error, ""
 
 
 def _timeline(plan: Plan, after: list[int], early: int, late: int, driver: list[int]) -> list[int]:
@@ -550,8 +623,11 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     planned = {name: captures[name] for name in PlanIndex.of(plan).phases}
     counted = Counter(c.phase for c in first.trace.captures)
     # every copy a phase needed was made (a phase recorded whole needs none): the figures are measured
+    # or a phase's copies stopped where its bytes per node were bounded well enough (settled):
+    # the driver holds what they took, and the capture takes the rest as predicted
     made_all = first.copies and all(
-        first.copies.get(name, (0, 0, 0))[0] >= planned[name] - counted[name] for name in planned
+        first.copies.get(name, (0, 0, 0))[0] >= planned[name] - counted[name] or name in first.settled
+        for name in planned
     )
     if made_all and all(recorded.get(name, (0, 0))[1] + first.copies.get(name, (0, 0, 0))[1] for name in planned):
         per_node, held = {}, 0
@@ -566,6 +642,8 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
             + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per_node.items()))
             + f") as the recorded graphs, instantiated {made} times more, took on this device"
         )
+        if first.settled:
+            where += " (copies stopped early: " + "; ".join(f"{k} {v}" for k, v in sorted(first.settled.items())) + ")"
     else:
         listed, where = node_figure(cals[0])
         if listed is None:

@@ -26,7 +26,10 @@ and for each, in that fresh process (``--modes``):
               went, with the case's plan as the schedule (an engine's checked-in plan: the
               analytic build it saves is the case's ``build_s``);
               then a KV cache sized from it (free - predicted - margin), the capture, and
-              the slack left; the prediction against the measured drop at every step
+              the slack left; the prediction against the measured drop at every step;
+              its ``shortcuts`` (a one-phase plan's graph copies stopped early:
+              ``--copy-error-mib``, ``none`` for every copy), the allocator core its build
+              ran on, and its time over the capture's (``predict_of_capture``)
   startup-cached
               the same in a later fresh process: the calibration the "startup" mode's
               process wrote is read from the run's start-up cache (nothing recorded), and
@@ -359,7 +362,9 @@ def model_key(case: str, target, layers: int) -> str:
     return key() if callable(key) else f"{case}, {layers} layers"
 
 
-def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, key: str = "") -> dict:
+def mode_startup(
+    target, opts, plan, margin_mib: int, cache: str | None = None, key: str = "", copy_error: str = "default"
+) -> dict:
     import torch
 
     from capture_plan.adapters.startup import confirm_startup, measured_peak, predict_startup
@@ -367,7 +372,9 @@ def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, 
 
     t0 = time.perf_counter()
     # the engine's checked-in plan is the schedule (the analytic build it saves is the case's build_s)
-    pred = predict_startup(target, opts, schedule=plan, cache=cache, model_key=key if cache else None)
+    # copy_error: predict_startup's default, "none" (every copy: the figure measured whole) or MiB
+    extra = {} if copy_error == "default" else {"copy_error": None if copy_error == "none" else float(copy_error) * MiB}
+    pred = predict_startup(target, opts, schedule=plan, cache=cache, model_key=key if cache else None, **extra)
     seconds = time.perf_counter() - t0
     free = free_bytes()
     kv_bytes = free - pred.pending_bytes - margin_mib * MiB
@@ -426,6 +433,10 @@ def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, 
         "margin_mib": margin_mib,
         "recorded": pred.recorded,
         "predict_parts_s": pred.timings,
+        "predict_of_capture": seconds / rep.capture_seconds if rep.capture_seconds else None,
+        "shortcuts": pred.shortcuts,
+        "allocator_core": pred.allocator_core,
+        "copy_error": copy_error,
         "source": pred.source,
         "confirm": None if check is None else check.describe(),
         "confirm_ok": None if check is None else check.ok,
@@ -437,7 +448,9 @@ def mode_startup(target, opts, plan, margin_mib: int, cache: str | None = None, 
     }
 
 
-def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str | None = None) -> dict:
+def child(
+    case: str, modes: list[str], layers: int, margin_mib: int, cache: str | None = None, copy_error: str = "default"
+) -> dict:
     import torch
 
     from capture_plan.planner import build_plan
@@ -480,7 +493,8 @@ def child(case: str, modes: list[str], layers: int, margin_mib: int, cache: str 
         elif mode in ("startup", "startup-cached"):
             # with a cache: "startup" records and writes the calibration, "startup-cached" (a
             # later process) reads it
-            out[mode] = mode_startup(target, opts, plan, margin_mib, cache, model_key(case, target, layers))
+            key = model_key(case, target, layers)
+            out[mode] = mode_startup(target, opts, plan, margin_mib, cache, key, copy_error)
     return out
 
 
@@ -492,13 +506,19 @@ def main() -> None:
     ap.add_argument("--margin-mib", type=int, default=256, help="the engine's own margin when sizing the KV cache")
     add_out_dir(ap)
     ap.add_argument("--tag", default="")
+    ap.add_argument(
+        "--copy-error-mib",
+        default="default",
+        help="start-up modes: predict_startup's copy_error in MiB, 'none' (every graph copy), or 'default'",
+    )
     add_overwrite(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, modes, args.layers, args.margin_mib, args.cache)), flush=True)
+        got = child(args.child, modes, args.layers, args.margin_mib, args.cache, args.copy_error_mib)
+        print("RESULT " + json.dumps(got), flush=True)
         return
     # one start-up cache for the run, empty at its start: "startup" writes, "startup-cached" reads
     cache = tempfile.mkdtemp(prefix="capture-plan-bench-cache-")
@@ -510,7 +530,7 @@ def main() -> None:
         row: dict = {}
         for mode in modes:
             cmd = ["--child", case, "--modes", mode, "--layers", str(args.layers), "--margin-mib", str(args.margin_mib)]
-            cmd += ["--cache", cache]
+            cmd += ["--cache", cache, "--copy-error-mib", args.copy_error_mib]
             p = run_module(
                 "device_bench", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
             )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -106,9 +107,13 @@ class ExecCopies:
     def __init__(self) -> None:
         self._made: list[ctypes.c_void_p] = []
 
-    def add(self, graphs: list[torch.cuda.CUDAGraph], n: int) -> tuple[int, int]:
+    def add(
+        self, graphs: list[torch.cuda.CUDAGraph], n: int, done: Callable[[int, int], bool] | None = None
+    ) -> tuple[int, int]:
         """Instantiate the kept ``graphs`` ``n`` times in turn; returns (copies made, their
-        nodes). Stops at the first copy the driver refuses (out of memory)."""
+        nodes). Stops at the first copy the driver refuses (out of memory), or once
+        ``done(copies made, their nodes)``, asked after each copy, says so (a start-up
+        that has measured enough: ``capture_plan.executor.node_bytes``)."""
         calls = _exec_calls()
         kept = [(raw, node_count(g) or 0) for g in graphs if (raw := _raw(g)) is not None]
         if calls is None or not kept or n <= 0:
@@ -122,6 +127,8 @@ class ExecCopies:
                 break
             self._made.append(out)
             made, nodes = made + 1, nodes + count
+            if done is not None and done(made, nodes):
+                break
         return made, nodes
 
     def close(self) -> None:

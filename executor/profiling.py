@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, overload
@@ -35,7 +35,8 @@ from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.trace import CaptureTrace, Event, Trace, default_samples
 
 from .driver import capture
-from .graph_nodes import ExecCopies
+from .graph_nodes import ExecCopies, node_count
+from .node_bytes import NodeBytes
 from .target import CaptureTarget
 
 __all__ = ["profile", "record", "Recording", "write_trace", "subset_plan"]
@@ -98,9 +99,14 @@ class Recording:
     #: free memory they took outside the caching allocator (the driver keeps it after they
     #: were destroyed, for the graphs instantiated later in the process)
     copies: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    #: where the time went: "capture" (the recorded captures, their warm-ups included),
-    #: "trace" (reading the allocation history), "copies" (the extra instantiations)
+    #: where the time went: "capture" (the recorded captures, their warm-ups included; split
+    #: into "capture.warmup", "capture.graphs" and "capture.other" from the report's steps),
+    #: "trace" (reading the allocation history), "copies" (the extra instantiations),
+    #: "release" (releasing the graphs and pools, filled in as the recording returns)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: per phase whose copies stopped before ``instantiate`` asked (``copy_error``): why
+    #: (the per-node figure's bounds and the error they leave on the copies not made)
+    settled: dict[str, str] = field(default_factory=dict)
 
 
 def record(
@@ -111,6 +117,7 @@ def record(
     progress: bool = False,
     instantiate: Mapping[str, int] | None = None,
     device: torch.device | None = None,
+    copy_error: float | None = None,
 ) -> Recording:
     """Capture the chosen sizes of ``plan`` with the allocation history on (``sizes`` as
     :func:`profile`'s) and return their trace and report.
@@ -121,10 +128,18 @@ def record(
     (``capture_plan.executor.graph_nodes.ExecCopies``). The driver keeps their
     memory for the graphs the process instantiates later, so ``copies[phase]``'s bytes
     measure the driver memory of a capture of that many graphs, taken now. ``device``: as
-    ``capture``'s (None: the current CUDA device)."""
+    ``capture``'s (None: the current CUDA device).
+
+    ``copy_error``: stop a phase's copies early once its bytes per node are known well
+    enough that the copies not made, predicted from the figure so far, would be off by at
+    most this many bytes (``capture_plan.executor.node_bytes.NodeBytes.settled``: the
+    driver's 2 MiB steps bound each reading; it never settles on readings no single
+    per-node figure explains). ``settled`` says which phases stopped and why; the driver
+    then holds only the copies made. None: every copy ``instantiate`` asks for."""
     t0 = time.perf_counter()
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True, device=device)
-    seconds = {"capture": time.perf_counter() - t0}
+    seconds = {"capture": time.perf_counter() - t0, **_step_seconds(gs.report)}
+    t_release = None
     try:
         t0 = time.perf_counter()
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
@@ -141,7 +156,7 @@ def record(
         )
         seconds["trace"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        copies, held = {}, ExecCopies()
+        copies, held, settled = {}, ExecCopies(), {}
         # the driver API and the free-memory figures act on the current device: make it the capture's
         cuda = device is not None and torch.device(device).type == "cuda"
         on_device = torch.cuda.device(device) if cuda else contextlib.nullcontext()
@@ -151,16 +166,70 @@ def record(
                     mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
                     torch.cuda.synchronize()
                     free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
-                    made, nodes = held.add(mine, want - len(mine))
-                    torch.cuda.synchronize()
-                    taken = (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
-                    copies[phase] = (made, nodes, max(0, taken))
+
+                    def taken_now(free0=free0, res0=res0) -> int:
+                        torch.cuda.synchronize()
+                        return (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
+
+                    done = None
+                    if copy_error is not None:
+                        done = _settles(phase, want - len(mine), _largest(mine), copy_error, taken_now, settled)
+                    made, nodes = held.add(mine, want - len(mine), done)
+                    copies[phase] = (made, nodes, max(0, taken_now()))
             finally:
                 held.close()
         seconds["copies"] = time.perf_counter() - t0
-        return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds)
+        t_release = time.perf_counter()
+        return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds, settled=settled)
     finally:
         gs.release()
+        if t_release is not None:  # the dict the Recording holds: its release is timed too
+            seconds["release"] = time.perf_counter() - t_release
+
+
+def _step_seconds(report: CaptureReport | None) -> dict[str, float]:
+    """Where the recorded capture's time went, from its report's steps: "capture.warmup"
+    (the warm-ups' eager runs), "capture.graphs" (the graphs' captures and instantiations)
+    and "capture.other" (the rest: making the stream and pools, the history, the report)."""
+    if report is None:
+        return {}
+    warm = sum(m.seconds for m in report.steps if m.id.startswith("warmup/"))
+    graphs = sum(m.seconds for m in report.steps if m.id.startswith("capture/"))
+    return {
+        "capture.warmup": warm,
+        "capture.graphs": graphs,
+        "capture.other": max(0.0, report.capture_seconds - warm - graphs),
+    }
+
+
+def _largest(graphs) -> int:
+    """The most nodes of one of ``graphs`` (0 where none can be counted)."""
+    return max((node_count(g) or 0 for g in graphs), default=0)
+
+
+def _settles(
+    phase: str, want: int, per_copy: int, budget: float, taken_now: Callable[[], int], settled: dict[str, str]
+) -> Callable[[int, int], bool] | None:
+    """The ``done`` test of a phase's copies (``ExecCopies.add``): after each copy, read
+    what the copies took and stop once the ``want - made`` copies left, each at most
+    ``per_copy`` nodes, would be predicted within ``budget`` bytes; records the reason in
+    ``settled``. None (every copy) where the recorded graphs' nodes cannot be counted."""
+    if per_copy <= 0 or want <= 0:
+        return None
+    bounds = NodeBytes()
+
+    def done(made: int, nodes: int) -> bool:
+        bounds.add(nodes, max(0, taken_now()))
+        left = (want - made) * per_copy
+        if made >= want or not bounds.settled(left, budget):
+            return False
+        settled[phase] = (
+            f"{made} of {want} copies: {bounds.describe()}, so the {want - made} not made "
+            f"(at most {left} nodes) are predicted within {bounds.error(left) / 2**20:.2f} MiB"
+        )
+        return True
+
+    return done
 
 
 @overload

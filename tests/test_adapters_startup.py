@@ -755,3 +755,125 @@ def msgspec_replace(obj, **kw):
     import msgspec
 
     return msgspec.structs.replace(obj, **kw)
+
+
+def test_copies_stop_where_the_per_node_figure_settles_and_the_reason_is_kept():
+    """profiling._settles: the copies' done test stops once the copies left are bounded
+    within the budget, records why; with a driver that jumps it makes every copy."""
+    import math
+
+    from capture_plan.executor.node_bytes import STEP
+    from capture_plan.executor.profiling import _settles
+
+    nodes = {"n": 0}
+
+    def taken_now():
+        return STEP * math.ceil((5000 + 2900 * nodes["n"]) / STEP) - STEP
+
+    settled: dict[str, str] = {}
+    done = _settles("decode", 48, 650, 1 * MiB, taken_now, settled)
+    assert done is not None
+    made = 0
+    while made < 48:
+        made += 1
+        nodes["n"] += 650
+        if done(made, nodes["n"]):
+            break
+    assert made < 48 and settled["decode"].startswith(f"{made} of 48 copies")
+    # a driver that took a block unrelated to nodes at the 4th copy: every copy made, no reason
+    jumpy: dict[str, str] = {}
+    nodes["n"] = 0
+
+    def jump() -> int:
+        return 2900 * nodes["n"] + (64 * MiB if nodes["n"] > 2600 else 0)
+
+    done = _settles("decode", 48, 650, 1 * MiB, jump, jumpy)
+    assert done is not None
+    stops = []
+    for made in range(1, 49):
+        nodes["n"] += 650
+        stops.append(done(made, nodes["n"]))
+    assert not any(stops) and not jumpy
+    assert _settles("decode", 48, 0, 1 * MiB, taken_now, {}) is None  # nodes not countable: every copy
+
+
+def test_a_phase_whose_copies_settled_early_keeps_the_measured_figure_and_holds_what_was_taken(plan):
+    rep = _recording(plan)
+    cal = calibration_from_report(rep, "rec", {"decode": "decode"})
+    made, taken = 20, 20 * 900 * 3000
+    rec = Recording(
+        trace=_trace(rep),
+        report=rep,
+        copies={"decode": (made, made * 900, taken)},
+        settled={"decode": "20 of 33 copies: stable"},
+    )
+    driver, held, how = _driver(plan, [cal], rec)
+    assert driver is not None
+    assert held == 3 * 2 * MiB + taken  # only what the copies made took is held now
+    per_node = held / (23 * 900)
+    assert driver[-1] == -(-round(36 * 900 * per_node) // DRIVER_CHUNK) * DRIVER_CHUNK
+    assert driver[-1] - held > 10 * DRIVER_CHUNK  # the capture takes the rest, as predicted
+    assert "copies stopped early: decode 20 of 33 copies: stable" in how
+    # the same copies without the settled reason: refused, the device table's figure as before
+    bare = Recording(trace=_trace(rep), report=rep, copies={"decode": (made, made * 900, taken)})
+    assert "devices.toml" in _driver(plan, [cal], bare)[2]
+
+
+def test_the_prediction_names_its_shortcuts_and_passes_the_copy_budget(monkeypatch, plan):
+    import torch
+
+    from capture_plan.adapters import startup
+
+    rep = _recording(plan)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    seen: list = []
+
+    def record(*a, copy_error=None, **kw):
+        seen.append(copy_error)
+        settled = {"decode": "20 of 33 copies: stable"} if copy_error is not None else {}
+        made = 20 if copy_error is not None else 33
+        return Recording(
+            trace=_trace(rep), report=rep, copies={"decode": (made, made * 900, made * 900 * 3000)}, settled=settled
+        )
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "build_plan", lambda opts: plan)
+    opts = BuildOptions(backend="fa3", ci=True)
+    pred = startup.predict_startup(object(), opts, schedule=plan)
+    assert seen == [startup.COPY_ERROR]  # one phase: the whole budget
+    assert pred.shortcuts == {"copies:decode": "20 of 33 copies: stable"}
+    assert "write" in pred.timings
+    assert pred.allocator_core.split()[0] in ("compiled", "python")  # what the build ran on
+    whole = startup.predict_startup(object(), opts, schedule=plan, copy_error=None)
+    assert seen[-1] is None and whole.shortcuts == {}
+    assert "stopped early" not in whole.graph_exec
+
+
+def test_the_recording_times_its_steps_from_the_report(plan):
+    """profiling._step_seconds: the recorded capture's time split into its warm-ups, its
+    graphs and the rest, from the report's steps."""
+    import msgspec
+
+    from capture_plan.executor.profiling import _step_seconds
+
+    rep = _recording(plan)
+    steps = [msgspec.structs.replace(m, seconds=0.5 if m.id.startswith("warmup/") else 0.1) for m in rep.steps]
+    rep = msgspec.structs.replace(rep, steps=steps, capture_seconds=1.0)
+    got = _step_seconds(rep)
+    assert got["capture.warmup"] == 0.5 and abs(got["capture.graphs"] - 0.3) < 1e-9
+    assert abs(got["capture.other"] - 0.2) < 1e-9
+    assert _step_seconds(None) == {}
+
+
+def test_the_copy_budget_applies_to_one_phase_needing_copies_and_is_refused_for_more():
+    from capture_plan.adapters.startup import COPY_ERROR, copy_budget
+
+    one = {"decode": 51}
+    assert copy_budget(one, {"decode": [1, 120, 256]}, COPY_ERROR) == (COPY_ERROR, "")
+    assert copy_budget(one, {"decode": [1, 120, 256]}, None) == (None, "")
+    eagle = {p: 57 for p in ("decode", "draft_decode", "draft_extend", "target_verify")}
+    budget, why = copy_budget(eagle, {p: [1, 60, 256] for p in eagle}, COPY_ERROR)
+    assert budget is None and why.startswith("every copy made: 4 phases need copies")
+    # phases recorded whole need no copies: the one left may stop early
+    whole = {p: list(range(57)) for p in eagle if p != "decode"} | {"decode": [1, 60, 256]}
+    assert copy_budget(eagle, whole, COPY_ERROR) == (COPY_ERROR, "")
