@@ -839,12 +839,13 @@ def test_the_prediction_names_its_shortcuts_and_passes_the_copy_budget(monkeypat
     monkeypatch.setattr(startup, "record", record)
     monkeypatch.setattr(startup, "build_plan", lambda opts: plan)
     opts = BuildOptions(backend="fa3", ci=True)
-    pred = startup.predict_startup(object(), opts, schedule=plan)
+    pred = startup.predict_startup(object(), opts, schedule=plan, copy_error=startup.COPY_ERROR)
     assert seen == [startup.COPY_ERROR]  # one phase: the whole budget
     assert pred.shortcuts == {"copies:decode": "20 of 33 copies: stable"}
     assert "write" in pred.timings
     assert pred.allocator_core.split()[0] in ("compiled", "python")  # what the build ran on
-    whole = startup.predict_startup(object(), opts, schedule=plan, copy_error=None)
+    # the default makes every copy: a budget was measured to break exactness on the H200
+    whole = startup.predict_startup(object(), opts, schedule=plan)
     assert seen[-1] is None and whole.shortcuts == {}
     assert "stopped early" not in whole.graph_exec
 

@@ -127,11 +127,11 @@ def test_capture_leaves_no_cached_blocks_in_the_ordinary_allocator(tmp_path):
         gs.release()
 
 
-def test_copies_stopped_early_still_predict_every_step(tmp_path):
-    """The copies' early stop (copy_error; executor/node_bytes.py) on the device: the
-    prediction says which phases stopped and why, the driver figure it names is the
-    measured one, and every step of the capture that follows is within 1% or 2 MiB.
-    A spec of many sizes so that the copies have room to stop early."""
+def test_the_default_makes_every_copy_and_predicts_every_step(tmp_path):
+    """By default every graph copy is made (the copies' early stop, copy_error, was measured
+    to leave steps outside 1% or 2 MiB on the H200: adapters/startup.py), no shortcut is
+    named, and every step of the capture that follows is within 1% or 2 MiB, on a spec of
+    many sizes (where a stop would have had room)."""
     import torch
 
     from capture_plan.adapters.startup import predict_startup
@@ -147,9 +147,7 @@ def test_copies_stopped_early_still_predict_every_step(tmp_path):
     torch.cuda.synchronize()
     pred = predict_startup(target, BuildOptions(backend="torch", spec=spec, output=tmp_path / "p.json"))
     assert "instantiated" in pred.graph_exec, pred.graph_exec
-    if pred.shortcuts:  # a stop is the device's to decide: its reason is kept whenever it stopped
-        assert set(pred.shortcuts) == {"copies:decode"} and "predicted within" in pred.shortcuts["copies:decode"]
-        assert "stopped early" in pred.graph_exec
+    assert pred.shortcuts == {} and "stopped early" not in pred.graph_exec
     torch.cuda.synchronize()
     gs = capture(pred.plan, target, progress=False)
     try:
@@ -158,37 +156,5 @@ def test_copies_stopped_early_still_predict_every_step(tmp_path):
             measured = before - m.free
             off = (m.id, predicted, measured, pred.shortcuts)
             assert abs(predicted - measured) <= max(2 * MiB, measured // 100), off
-    finally:
-        gs.release()
-
-
-def test_a_generous_copy_budget_stops_the_copies_and_the_steps_stay_within_it(tmp_path):
-    """With copy_error at 16 MiB the copies of 61 graphs stop well before the last (the
-    bound narrows as the copies' nodes grow), the reason is kept, and no step of the
-    capture is further off than that budget beyond the usual 1% or 2 MiB."""
-    import torch
-
-    from capture_plan.adapters.startup import predict_startup
-    from capture_plan.executor import capture
-    from capture_plan.planner import BuildOptions
-    from gpu_targets import Synthetic
-
-    spec = tmp_path / "spec.toml"
-    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {list(range(1, 65))}\n')
-    target = Synthetic(max_bs=64)
-    target.run("decode", 64, None)
-    torch.cuda.synchronize()
-    opts = BuildOptions(backend="torch", spec=spec, output=tmp_path / "p.json")
-    pred = predict_startup(target, opts, copy_error=16 * MiB)
-    assert "copies:decode" in pred.shortcuts, (pred.shortcuts, pred.graph_exec)
-    made = int(pred.shortcuts["copies:decode"].split()[0])
-    assert made < 61
-    gs = capture(pred.plan, target, progress=False)
-    try:
-        before = gs.report.device_view.free_before
-        for m, predicted in zip(gs.report.steps, pred.timeline):
-            measured = before - m.free
-            off = (m.id, predicted, measured, pred.shortcuts)
-            assert abs(predicted - measured) <= 16 * MiB + max(2 * MiB, measured // 100), off
     finally:
         gs.release()
