@@ -60,7 +60,7 @@ else:
     from setuptools import Extension
 
     extensions = cythonize(
-        [Extension("capture_plan.planner._core", ["planner/_core.pyx"])],
+        [Extension("capture_plan.planner.memory._core", ["planner/memory/_core.pyx"])],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )

@@ -69,7 +69,7 @@ from bench.harness import (  # no torch until called
     refuse_dirty,
     run_module,
 )
-from capture_plan.planner.allocator import KiB, MiB, PoolSim  # CPU only, no torch
+from capture_plan.planner.memory.allocator import KiB, MiB, PoolSim  # CPU only, no torch
 
 MODES = ("native", "expandable")
 ALLOC_CONF = {"native": "expandable_segments:False", "expandable": "expandable_segments:True"}

@@ -58,13 +58,13 @@ def main() -> None:
     for pkg in ("planner", "schemas"):
         compileall.compile_dir(str(REPO / pkg), quiet=1)
 
-    from capture_plan.planner import resources
     from capture_plan.planner.build import BuildOptions, build_spec
-    from capture_plan.planner.simulate import Simulation
-    from capture_plan.planner.size_front import best_lists, candidates
-    from capture_plan.planner.sizes import SizesOptions, choose_sizes
-    from capture_plan.planner.step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, device_roofline, roofline
-    from capture_plan.planner.traffic import read_traffic
+    from capture_plan.planner.inputs import resources
+    from capture_plan.planner.memory.simulate import Simulation
+    from capture_plan.planner.sizes.size_front import best_lists, candidates
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, device_roofline, roofline
+    from capture_plan.planner.sizes.traffic import read_traffic
 
     res.update(repeat=args.repeat, traffic=str(TRAFFIC.relative_to(REPO)), loadavg_before=os.getloadavg())
     build = BuildOptions(backend="fa3", ci=True)
@@ -105,7 +105,7 @@ def main() -> None:
         "pool_bytes": sglang.pool_bytes,
     }
     res["padding_provenance"] = "roofline (approximate)"
-    from capture_plan.planner.size_plot import front_data
+    from capture_plan.planner.report.size_plot import front_data
 
     calibrated = BuildOptions(backend="fa3", ci=True, calibration=CALIBRATION)
     front = choose_sizes(SizesOptions(build=calibrated, traffic=TRAFFIC, every=True))

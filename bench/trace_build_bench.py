@@ -64,8 +64,9 @@ def main() -> None:
     add_overwrite(ap)
     args = ap.parse_args()
 
-    from capture_plan.planner import BuildOptions, build_plan, layers
-    from capture_plan.planner.program import Program
+    from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.planner.memory import layers
+    from capture_plan.planner.memory.program import Program
     from capture_plan.schemas.codec import canonical_bytes
 
     folding = layers.fold

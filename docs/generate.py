@@ -1632,7 +1632,7 @@ def draw_figures(check: bool) -> list[str]:
     shown = str(SIZES_FRONT.relative_to(ROOT))
     if check:
         return [] if SIZES_FRONT.is_file() else [shown]
-    from capture_plan.planner.size_plot import draw_front
+    from capture_plan.planner.report.size_plot import draw_front
 
     before = SIZES_FRONT.read_bytes() if SIZES_FRONT.is_file() else None
     draw_front(_load(SIZES)["front"], SIZES_FRONT, where=shown)

@@ -16,12 +16,12 @@ from capture_plan.schemas.errors import CapturePlanError
 from capture_plan.schemas.plan import BUILD_FLAGS, Plan
 from capture_plan.schemas.spec import Spec
 
-from . import pipeline
-from .build_options import SIZE_CHOICE, BuildOptions, check_size_choice, command_for_cwd, without_size_choice
-from .pipeline import check_tp
+from .inputs.build_options import SIZE_CHOICE, BuildOptions, check_size_choice, command_for_cwd, without_size_choice
+from .schedule import pipeline
+from .schedule.pipeline import check_tp
 
 if TYPE_CHECKING:
-    from .sizes import SizesResult
+    from .sizes.sizes import SizesResult
 
 __all__ = ["BuildOptions", "build_plan", "build_spec", "check_tp"]
 
@@ -49,7 +49,7 @@ def _chosen(opts: BuildOptions) -> SizesResult | None:
         return None
     check_size_choice(opts)
     pipeline.build_spec(plain)  # the spec's own errors, as a build without the choice gives them
-    from .sizes import for_build  # only --sizes auto reads traffic
+    from .sizes.sizes import for_build  # only --sizes auto reads traffic
 
     ours = [str(p) for p in (opts.traffic, opts.timing) if p is not None]
     ours += [flag for field, flag, _kind in BUILD_FLAGS if field in SIZE_CHOICE]

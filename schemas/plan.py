@@ -374,7 +374,7 @@ class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
-    """The options ``planner build`` was given (``capture_plan.planner.build_options.BuildOptions``), as
+    """The options ``planner build`` was given (``capture_plan.planner.inputs.build_options.BuildOptions``), as
     ``planner check`` rebuilds the plan from them: paths relative to the plan's
     own folder, ``output`` only the file name and only when it is not the
     default one. The one record of a build (``command`` is its text)."""
@@ -413,7 +413,7 @@ DimensionSource = Literal["spec", "config", "preset", "default"]
 
 class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     """The model dimensions the prediction used and where each came from (revision 4;
-    ``capture_plan.planner.dimensions``)."""
+    ``capture_plan.planner.inputs.dimensions``)."""
 
     name: str
     #: dimension -> value: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
@@ -433,7 +433,7 @@ class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
 #: every option of a :class:`BuildRecord` but ``backend``, as ``planner build`` takes it, in the
 #: order a recorded command lists them: (field, flag, kind). kind: "switch" (a flag alone, when
 #: true), "repeat" (the flag once per item), "path" (a path relative to the plan's folder),
-#: "int", "float" or "text" (one value). One row per option: capture_plan.planner.build_options
+#: "int", "float" or "text" (one value). One row per option: capture_plan.planner.inputs.build_options
 #: writes and reads the command from it, and :func:`record_command` writes its text.
 BUILD_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("ci", "--ci", "switch"),
@@ -464,7 +464,7 @@ BUILD_FLAGS: tuple[tuple[str, str, str], ...] = (
 
 def record_command(rec: BuildRecord) -> list[str]:
     """The ``planner build`` command a build record is the text of: what a plan's
-    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.build_options``
+    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.inputs.build_options``
     writes both from this; ``capture_plan.schemas.codec.validate_plan`` refuses a plan
     whose two disagree, since ``show``/``diff`` read the command and ``check`` rebuilds
     from the record). Flags in :data:`BUILD_FLAGS`' order."""
@@ -511,7 +511,7 @@ class Inputs(PlanStruct, frozen=True, kw_only=True):
     build: BuildRecord | msgspec.UnsetType = msgspec.UNSET
     #: the model dimensions the prediction used and their sources (revision 4)
     model: ModelUsed | msgspec.UnsetType = msgspec.UNSET
-    #: rule id -> what the rule says (``capture_plan.planner.rules.rule_text``): the built-in
+    #: rule id -> what the rule says (``capture_plan.planner.inputs.rules.rule_text``): the built-in
     #: rules and the spec's, so a changed rule is read by name (revision 4)
     rules: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
 

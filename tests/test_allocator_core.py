@@ -25,14 +25,14 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from capture_plan.planner import allocator
-from capture_plan.planner.allocator import CORE_ENV, FREE, Core, MiB, PoolSim, core
-from capture_plan.planner.program import CARRY, Alloc, Free, Program
+from capture_plan.planner.memory import allocator
+from capture_plan.planner.memory.allocator import CORE_ENV, FREE, Core, MiB, PoolSim, core
+from capture_plan.planner.memory.program import CARRY, Alloc, Free, Program
 
 ROOT = Path(__file__).resolve().parent.parent
 
 try:
-    from capture_plan.planner._core import Pool as CompiledPool
+    from capture_plan.planner.memory._core import Pool as CompiledPool
 except ImportError:  # not built here: the differential tests skip, test_the_compiled_core_is_built says why
     CompiledPool = None
 
@@ -278,7 +278,7 @@ def test_both_cores_capture_random_programs_alike_cycle_skip_included(seed):
 
 @needs_compiled
 def test_the_compiled_core_names_the_carried_block_as_programs_do():
-    from capture_plan.planner import _core
+    from capture_plan.planner.memory import _core
 
     assert _core.CARRY == CARRY == allocator.CARRY
 
@@ -331,8 +331,8 @@ def test_an_unknown_core_is_one_line_with_a_fix(fresh_core, cli):
 
 
 def test_a_core_that_does_not_load_falls_back_with_one_info_line(fresh_core, caplog):
-    fresh_core.setitem(sys.modules, "capture_plan.planner._core", None)  # import raises ImportError
-    with caplog.at_level(logging.INFO, logger="capture_plan.planner.allocator"):
+    fresh_core.setitem(sys.modules, "capture_plan.planner.memory._core", None)  # import raises ImportError
+    with caplog.at_level(logging.INFO, logger="capture_plan.planner.memory.allocator"):
         got = core()
         core()
         assert type(allocator.new_pool()) is PoolSim

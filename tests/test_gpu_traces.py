@@ -86,7 +86,7 @@ def test_snapshot_dumped_during_capture_predicts_like_the_projects_trace(tmp_pat
     assert snap.stat().st_size > 0
     a = build_plan(BuildOptions(backend="fa3", spec=spec, trace=tmp_path / "trace.json"))
     b = build_plan(BuildOptions(backend="fa3", spec=spec, trace=snap))
-    from capture_plan.planner.snapshot import trace_from_snapshot
+    from capture_plan.planner.memory.snapshot import trace_from_snapshot
     from capture_plan.schemas.spec import Phase
 
     got = trace_from_snapshot(snap.read_bytes(), [Phase(name="decode", kind="decode", sizes=SIZES)], "snap")

@@ -175,7 +175,9 @@ def test_every_package_is_read():
     assert g.has_edge(cp + "executor.loop", cp + "executor.background")  # the lazy import in CaptureLoop.start
     assert g.has_edge(cp + "executor.driver", cp + "executor.loop")  # capture() is a user of capture_loop
     assert g.has_edge(cp + "adapters.startup", cp + "planner")
-    assert g.has_edge(cp + "planner.pipeline", cp + "planner.resources")  # `from . import resources`
+    assert g.has_edge(
+        cp + "planner.schedule.pipeline", cp + "planner.inputs.resources"
+    )  # `from ..inputs import resources`
     assert g.has_edge(cp + "executor", cp + "executor.loop")  # executor's lazy __getattr__
     assert g.has_edge(cp + "references.speculative", cp + "references.decode")
     assert g.has_edge(cp + "schemas", "capture_plan")

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from capture_plan.planner.build import BuildOptions
-from capture_plan.planner.size_front import best_lists, candidates, expected
-from capture_plan.planner.traffic import parse_traffic
+from capture_plan.planner.sizes.size_front import best_lists, candidates, expected
+from capture_plan.planner.sizes.traffic import parse_traffic
 from capture_plan.schemas.codec import canonical_bytes, decode_report
 from capture_plan.schemas.report import CaptureReport, StepMeasurement
 from cli_inputs import one_line_error
@@ -174,7 +174,7 @@ def test_the_program_finds_the_cheapest_list_of_every_count(weights, extra, shap
 
 
 def _choose(**kw):
-    from capture_plan.planner.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
 
     build = kw.pop("build", BuildOptions(backend="fa3", ci=True))
     return choose_sizes(SizesOptions(build=build, **kw))
@@ -211,7 +211,7 @@ def test_every_list_covers_the_largest_size_and_padding_falls_with_more_sizes(sk
 
 
 def test_the_table_names_every_figures_provenance(skewed):
-    from capture_plan.planner.sizes import render
+    from capture_plan.planner.sizes.sizes import render
 
     text = render(skewed)
     assert "graph memory: simulated (analytic model, native allocator)" in text
@@ -387,7 +387,7 @@ def test_any_traffic_text_reads_or_is_one_located_line(text):
 
 def test_cli_plots_the_front_and_never_over_another_file(cli, tmp_path):
     pytest.importorskip("matplotlib")
-    from capture_plan.planner.plot import PNG_MAGIC
+    from capture_plan.planner.report.plot import PNG_MAGIC
 
     spec = tmp_path / "small.toml"
     spec.write_text(SMALL_SPEC)

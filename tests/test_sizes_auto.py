@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_plan.planner.build_options import BuildOptions, options_from_command, options_from_record
+from capture_plan.planner.inputs.build_options import BuildOptions, options_from_command, options_from_record
 from capture_plan.schemas.codec import decode_plan
 from cli_inputs import one_line_error
 
@@ -165,7 +165,7 @@ def test_a_bucketed_histogram_is_spread_and_the_plan_says_so(cli, tmp_path):
 
 def test_the_record_and_the_command_read_back_alike(tmp_path):
     """Every size-choice option round-trips through the plan's record and its command text."""
-    from capture_plan.planner.build_options import build_record, normalized_command
+    from capture_plan.planner.inputs.build_options import build_record, normalized_command
 
     opts = BuildOptions(
         backend="fa3",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tomllib
 
-from capture_plan.planner import resources
+from capture_plan.planner.inputs import resources
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -153,8 +153,8 @@ def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int], *, engine_can_tak
     were chosen for a traffic (``--sizes auto``) is not rebuilt: SGLang takes its sizes."""
     import msgspec
 
-    from capture_plan.planner.build_options import command_for_cwd, options_from_record, relative
-    from capture_plan.planner.specs import sgl_sizes
+    from capture_plan.planner.inputs.build_options import command_for_cwd, options_from_record, relative
+    from capture_plan.planner.inputs.specs import sgl_sizes
     from capture_plan.schemas.limits import MAX_BS
 
     lists = {tuple(sorted(ph.sizes)) for ph in plan.phases if ph.name in SIZED_PHASES}

@@ -1,7 +1,7 @@
 """The options that say what a build plans, shared by ``planner build`` and ``planner sizes``.
 
 :func:`build_inputs` adds them to a command (one definition, one help text each) and
-hands the command one ``build`` argument, a :class:`capture_plan.planner.build_options.BuildOptions`,
+hands the command one ``build`` argument, a :class:`capture_plan.planner.inputs.build_options.BuildOptions`,
 made when the command runs (``planner --help`` imports no planner module).
 :func:`size_choice` adds the options that choose capture sizes for a traffic
 (``planner sizes``, and ``planner build --sizes auto``).
@@ -24,18 +24,18 @@ SIZE_CHOICE = ("traffic", "phases", "max_size", "metric", "timing", "device", "c
 
 
 def complete_backend(incomplete: str) -> list[str]:
-    from capture_plan.planner.resources import backend_names
+    from capture_plan.planner.inputs.resources import backend_names
 
     return [n for n in backend_names() if n.startswith(incomplete)]
 
 
 def complete(what: str, incomplete: str) -> list[str]:
-    """Values of --speculative (presets.toml's [speculative] tables), --preset (capture_plan.planner.specs.preset_names)
-    or --allocator (capture_plan.schemas.strategy)."""
+    """Values of --speculative (presets.toml's [speculative] tables), --preset
+    (capture_plan.planner.inputs.specs.preset_names) or --allocator (capture_plan.schemas.strategy)."""
     if what == "speculative":
-        from capture_plan.planner.specs import speculative_names as names
+        from capture_plan.planner.inputs.specs import speculative_names as names
     elif what == "preset":
-        from capture_plan.planner.specs import preset_names as names
+        from capture_plan.planner.inputs.specs import preset_names as names
     else:
         from capture_plan.schemas.strategy import allocator_modes as names
     return [n for n in names() if n.startswith(incomplete)]
@@ -46,7 +46,7 @@ class BackendOption(click.Option):
     read only when the help is shown (``planner --help`` reads no data)."""
 
     def get_help_record(self, ctx: click.Context):
-        from capture_plan.planner.resources import backend_names
+        from capture_plan.planner.inputs.resources import backend_names
 
         self.help = f"Attention backend: {', '.join(backend_names())} (planner/data/backends.toml)."
         return super().get_help_record(ctx)
@@ -128,7 +128,7 @@ def build_inputs(fn):
 
     @functools.wraps(fn)
     def run(**kw):
-        from capture_plan.planner.build_options import BuildOptions
+        from capture_plan.planner.inputs.build_options import BuildOptions
 
         return fn(build=BuildOptions(**{k: kw.pop(k) for k in BUILD_INPUTS}), **kw)
 

@@ -86,10 +86,10 @@ def command(
     import msgspec
 
     from capture_plan.planner.build import build_plan
-    from capture_plan.planner.build_options import output_path
-    from capture_plan.planner.fidelity import require_exact as require_exact_plan
-    from capture_plan.planner.plan_files import check_plan, write_plan
-    from capture_plan.planner.render import summary
+    from capture_plan.planner.inputs.build_options import output_path
+    from capture_plan.planner.memory.fidelity import require_exact as require_exact_plan
+    from capture_plan.planner.report.plan_files import check_plan, write_plan
+    from capture_plan.planner.report.render import summary
 
     opts = msgspec.structs.replace(
         build,

@@ -54,7 +54,7 @@ class Threshold(click.ParamType):
 @option("--steps", is_flag=True, help="Also print the step-by-step diff.")
 def command(old, new, fmt, fail_above, exit_code, steps) -> None:
     """Compare predicted memory (total, per pool, per phase, baseline, hoisted), inputs, decisions and steps."""
-    from capture_plan.planner.compare import compare, gate, render_markdown, render_text
+    from capture_plan.planner.report.compare import compare, gate, render_markdown, render_text
 
     from ._common import read_plan
 
@@ -79,6 +79,6 @@ def command(old, new, fmt, fail_above, exit_code, steps) -> None:
 
 
 def _limit(threshold) -> str:
-    from capture_plan.planner.compare import limit_text
+    from capture_plan.planner.report.compare import limit_text
 
     return limit_text(threshold)

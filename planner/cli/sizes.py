@@ -42,9 +42,9 @@ def command(
     Prints, per phase the traffic names, the best list of each count of sizes (the front: expected
     padding in % of step time against graph memory and capture count), the spec's list and SGLang's
     and vLLM's defaults priced alike, and the chosen list; --write-spec writes a spec with it."""
-    from capture_plan.planner.sizes import SizesOptions, choose_sizes, render, write_spec as write
-    from capture_plan.planner.step_time import DEFAULT_CONTEXT
-    from capture_plan.planner.traffic import DEFAULT_METRIC
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes, render, write_spec as write
+    from capture_plan.planner.sizes.step_time import DEFAULT_CONTEXT
+    from capture_plan.planner.sizes.traffic import DEFAULT_METRIC
 
     opts = SizesOptions(
         build=build,
@@ -62,13 +62,13 @@ def command(
         every=every,
     )
     if plot is not None:  # before computing: a refused --plot is one line, nothing printed
-        from capture_plan.planner.plot import check_plot_path
+        from capture_plan.planner.report.plot import check_plot_path
 
         check_plot_path(plot)
     res = choose_sizes(opts)
     text = render(res)
     if plot is not None:
-        from capture_plan.planner.size_plot import plot_front
+        from capture_plan.planner.report.size_plot import plot_front
 
         plot_front(res, plot)
         text += f"wrote {plot}\n"

@@ -28,11 +28,11 @@ from capture_plan.schemas.spec import Choice, Phase, Rule
 from capture_plan.schemas.strategy import AXES, AXIS_VALUES
 from capture_plan.schemas.units import mib
 
+from ..inputs.resources import Backend
+from ..inputs.rules import choice_label, satisfies, violated
+from ..memory.simulate import Simulation, Tail, pool_id
+from ..memory.workload import Workload, workspace_bytes
 from .keys import capture_key, key_sequence, twin_phases, with_twin
-from .resources import Backend
-from .rules import choice_label, satisfies, violated
-from .simulate import Simulation, Tail, pool_id
-from .workload import Workload, workspace_bytes
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize"]
 

@@ -49,9 +49,9 @@ from capture_plan.schemas.files import read_input
 from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.spec import Model, Phase, phase_model
 
-from .program import Alloc, Program
-from .resources import Backend, data, phase_kinds
-from .workload import analytic_program
+from ..inputs.resources import Backend, data, phase_kinds
+from ..memory.program import Alloc, Program
+from ..memory.workload import analytic_program
 
 __all__ = [
     "StepTime",

@@ -45,7 +45,7 @@ import msgspec
 from capture_plan.schemas.plan import Decision, Plan
 from capture_plan.schemas.units import MiB, mib
 
-from .dimensions import ELEMENT_SIZES, MOE, REQUIRED
+from ..inputs.dimensions import ELEMENT_SIZES, MOE, REQUIRED
 
 #: the order a model's dimensions are listed in
 DIMENSION_ORDER = REQUIRED + ELEMENT_SIZES + MOE

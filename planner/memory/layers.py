@@ -3,7 +3,7 @@
 A trace records a capture as one flat sequence of allocations and frees; a
 model's decoder layers make most of it the same few dozen ops again and again.
 The simulator skips repeated layers once the allocator's state recurs
-(planner/simulate.py), but only in a :class:`~capture_plan.planner.program.Program`
+(planner/simulate.py), but only in a :class:`~capture_plan.planner.memory.program.Program`
 whose body is repeated, so an unfolded trace is simulated op by op: most of a
 trace-based build's time.
 

@@ -112,7 +112,7 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 @functools.cache
 def model_presets() -> dict[str, Model]:
     """The ``[model] preset`` names and their models: the embedded default model
-    (presets.toml's ``[model]``; ``capture_plan.planner.dimensions``)."""
+    (presets.toml's ``[model]``; ``capture_plan.planner.inputs.dimensions``)."""
     model = convert(data("presets.toml")["model"], Model, "planner/data/presets.toml: $.model")
     return {model.name: model}
 
@@ -294,5 +294,5 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
 
 
 def read_spec_file(path: Path) -> bytes:
-    """The spec file's bytes (decoded by :func:`capture_plan.planner.validate.decode_spec`)."""
+    """The spec file's bytes (decoded by :func:`capture_plan.planner.inputs.validate.decode_spec`)."""
     return read_input(path, "spec", fix="check the path given to --spec")

@@ -55,16 +55,18 @@ from capture_plan.schemas.plan import Plan, SizeWorth, Step, Strategy
 from capture_plan.schemas.spec import Phase, Spec
 from capture_plan.schemas.units import MiB
 
-from . import resources
-from .build_options import BuildOptions, without_size_choice
-from .device import Calibration, device_prediction, read_calibration
-from .graph import capture_order
-from .keys import capture_key, key_sequence, phase_combos
-from .pipeline import build_plan, build_spec
-from .simulate import simulate
+from ..inputs import resources
+from ..inputs.build_options import BuildOptions, without_size_choice
+from ..inputs.spec_toml import spec_toml
+from ..inputs.specs import _expand, default_spec, engine_preset, model_presets, read_spec_file, sgl_sizes
+from ..inputs.validate import decode_spec
+from ..memory.device import Calibration, device_prediction, read_calibration
+from ..memory.simulate import simulate
+from ..memory.workload import Workload, workspace_bytes
+from ..schedule.graph import capture_order
+from ..schedule.keys import capture_key, key_sequence, phase_combos
+from ..schedule.pipeline import build_plan, build_spec
 from .size_front import Best, best_lists, candidates, expected, size_runs
-from .spec_toml import spec_toml
-from .specs import _expand, default_spec, engine_preset, model_presets, read_spec_file, sgl_sizes
 from .step_time import (
     DEFAULT_CONTEXT,
     DEFAULT_DEVICE,
@@ -77,8 +79,6 @@ from .step_time import (
     roofline,
 )
 from .traffic import DEFAULT_METRIC, Traffic, read_traffic
-from .validate import decode_spec
-from .workload import Workload, workspace_bytes
 
 __all__ = [
     "SizesOptions",
@@ -237,7 +237,7 @@ class _Memory:
     """Pool bytes (and the device total) of a set of lists under the plan's schedule, memoized."""
 
     def __init__(self, opts: BuildOptions, spec: Spec, plan: Plan, all_sizes: dict[str, list[int]]) -> None:
-        from .pipeline import _workload  # the build's own reader: a trace reads as a build reads it
+        from ..schedule.pipeline import _workload  # the build's own reader: a trace reads as a build reads it
 
         self.backend = resources.backend(opts.backend)
         tp = opts.tp if opts.tp is not None else spec.tp

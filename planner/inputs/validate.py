@@ -67,8 +67,8 @@ def decode_spec_sources(
 ) -> tuple[Spec, dict[str, DimensionSource]]:
     """:func:`decode_spec`, and where each model dimension comes from: a ``[model]``
     that leaves dimensions out must name a config or one of ``presets`` (the model
-    presets: ``capture_plan.planner.specs.model_presets()``) for them
-    (:func:`capture_plan.planner.dimensions.resolve_model`)."""
+    presets: ``capture_plan.planner.inputs.specs.model_presets()``) for them
+    (:func:`capture_plan.planner.inputs.dimensions.resolve_model`)."""
     doc = read_document(data, source, "spec")
     spec = convert(doc, Spec, source, kind="spec")
     table = doc.get("model") if isinstance(doc, dict) else None
@@ -91,7 +91,7 @@ def validate_spec(
     accepts: planner/data/phase_kinds.toml's. A setting a phase's kind does not
     accept is refused rather than silently ignored. ``phase_axes`` maps each kind to
     the variant axes it may declare (phase_kinds.toml's ``axes``:
-    :func:`capture_plan.planner.resources.phase_kind_axes`); a kind it does not list
+    :func:`capture_plan.planner.inputs.resources.phase_kind_axes`); a kind it does not list
     may declare none."""
     convert(msgspec.to_builtins(spec), Spec, source, kind="spec")
     return _check_rules(spec, source, phase_kinds, phase_axes)

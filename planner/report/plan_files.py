@@ -19,8 +19,8 @@ from capture_plan.schemas.errors import DriftError, InputError
 from capture_plan.schemas.files import existing_output, read_input, write_atomic
 from capture_plan.schemas.plan import PLAN_REVISION, Plan
 
-from . import build
-from .build_options import BuildOptions, command_for_cwd, output_path
+from .. import build
+from ..inputs.build_options import BuildOptions, command_for_cwd, output_path
 
 __all__ = ["plan_bytes", "newer_revision", "check_plan", "plan_digest_ok", "write_plan", "write_atomic"]
 
@@ -94,7 +94,7 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
 
 def _why_stale(data: bytes, plan: Plan, source: str) -> str:
     """Which recorded input changed and how far the prediction moved
-    (:func:`capture_plan.planner.compare.stale_reason`); "it differs from what the planner
+    (:func:`capture_plan.planner.report.compare.stale_reason`); "it differs from what the planner
     builds now" when the file cannot be read as a plan to compare with."""
     from capture_plan.schemas.codec import decode_plan
     from capture_plan.schemas.errors import CapturePlanError

@@ -50,8 +50,8 @@ from capture_plan.schemas.spec import Phase, Spec, phase_model
 from capture_plan.schemas.strategy import AXES, AllocatorMode, allocator_modes
 from capture_plan.schemas.units import MiB, mib
 
-from . import resources
-from .build_options import (
+from ..inputs import resources
+from ..inputs.build_options import (
     BuildOptions,
     build_record,
     check_paths_encode,
@@ -59,20 +59,20 @@ from .build_options import (
     output_path,
     relative,
 )
-from .device import Calibration, device_prediction, pools_after
-from .dimensions import MOE, model_used, preset_sources
-from .fidelity import fidelity
+from ..inputs.dimensions import MOE, model_used, preset_sources
+from ..inputs.rules import Context, check_spec_rules, phase_rules, rule_text, satisfies
+from ..inputs.specs import default_spec, model_presets, read_spec_file
+from ..inputs.validate import decode_spec_sources
+from ..memory.device import Calibration, device_prediction, pools_after
+from ..memory.fidelity import fidelity
+from ..memory.simulate import SimResult, pool_id, simulate
+from ..memory.workload import Workload, workspace_bytes
 from .graph import StepGraph, build_steps, capture_order, check_acyclic, fixed_by_spec, phase_sequence
 from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, resolve_keys, uses_keys
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
-from .rules import Context, check_spec_rules, phase_rules, rule_text, satisfies
-from .simulate import SimResult, pool_id, simulate
-from .specs import default_spec, model_presets, read_spec_file
-from .validate import decode_spec_sources
-from .workload import Workload, workspace_bytes
 
 if TYPE_CHECKING:
-    from .sizes import SizesResult
+    from ..sizes.sizes import SizesResult
 
 __all__ = [
     "BuildOptions",
@@ -106,7 +106,7 @@ def _spec(
                 fix=f"start a spec from `{show} > my.toml` and build with --spec my.toml, "
                 "or write the phases and sizes into your spec",
             )
-        from .hf_config import read_model_config  # only specs from files name a model config
+        from ..inputs.hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
         spec, sources = decode_spec_sources(
@@ -209,7 +209,7 @@ def _workload(
         fix="record one on a GPU with `capture_plan.executor.profile` "
         "(docs/design.md: Few-size traces), or build without --trace for the analytic model",
     )
-    from capture_plan.planner.snapshot import is_pickle, trace_from_snapshot  # only with a trace
+    from capture_plan.planner.memory.snapshot import is_pickle, trace_from_snapshot  # only with a trace
 
     if is_pickle(raw):
         trace = trace_from_snapshot(raw, spec.phases, str(path))
@@ -369,7 +369,7 @@ class _Resolved(msgspec.Struct, frozen=True):
     spec_raw: bytes
     #: (path relative to the plan, digest, model_type)
     model_config: tuple[str, str, str | None] | None
-    #: where each model dimension came from (capture_plan.planner.dimensions)
+    #: where each model dimension came from (capture_plan.planner.inputs.dimensions)
     model_sources: dict[str, DimensionSource]
     #: the config.json key each dimension from a config was read from
     model_config_keys: dict[str, str]
@@ -499,7 +499,7 @@ def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
     device: the items would describe another machine than the pool."""
     if opts.calibration is None:
         return None, None
-    from .device import read_calibration
+    from ..memory.device import read_calibration
 
     shown, recorded = str(opts.calibration), relative(opts.calibration, output_path(opts).parent)
     cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded)
@@ -675,7 +675,7 @@ def _size_decisions(opts: BuildOptions, chosen: SizesResult) -> list[Decision]:
     """Per phase whose sizes were chosen: the choice against the spec's list and the engines'
     defaults, then one decision per size saying why it is in (``planner explain``; ``planner diff``
     shows the sizes that came and went, each with its why)."""
-    from .size_front import size_runs  # only `--sizes auto` (a build of fixed sizes never loads it)
+    from ..sizes.size_front import size_runs  # only `--sizes auto` (a build of fixed sizes never loads it)
 
     out = []
     folder = output_path(opts).parent

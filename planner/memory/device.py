@@ -47,7 +47,7 @@ from capture_plan.schemas.keys import parse_step_id
 from capture_plan.schemas.limits import MAX_INT
 from capture_plan.schemas.plan import DeviceCost, DevicePrediction, Step, StepMemory
 
-from .resources import data
+from ..inputs.resources import data
 
 if TYPE_CHECKING:  # reports are read only with --calibration (read_calibration): their types load then
     from capture_plan.schemas.report import CaptureReport

@@ -8,9 +8,9 @@ analytic model (planner/workload.py) and the trace fitter
 
 The allocator's inner loop does not see these ops: :attr:`Program.runnable`
 converts each section once (the property caches it) into the compact
-``(nbytes, id)`` pairs :meth:`capture_plan.planner.allocator.PoolSim.run` takes, so typed
+``(nbytes, id)`` pairs :meth:`capture_plan.planner.memory.allocator.PoolSim.run` takes, so typed
 ops cost nothing per simulated capture. That compact form is the only place
-a free is written as a negative size (:data:`capture_plan.planner.allocator.FREE`).
+a free is written as a negative size (:data:`capture_plan.planner.memory.allocator.FREE`).
 
 Not checked here: that a free names a live id, or that ids are unique within
 a section (the builders and ``Workload.from_trace`` guarantee both).
@@ -84,7 +84,7 @@ class Program(msgspec.Struct, frozen=True, dict=True):
 
     @functools.cached_property
     def runnable(self) -> Runnable:
-        """The sections as :meth:`capture_plan.planner.allocator.PoolSim.run` takes them, and each id's
+        """The sections as :meth:`capture_plan.planner.memory.allocator.PoolSim.run` takes them, and each id's
         kind (built once)."""
         sections = (self.prologue, self.body, self.epilogue)
         kinds = {op.id: op.kind for section in sections for op in section if type(op) is Alloc}
@@ -146,7 +146,7 @@ class Program(msgspec.Struct, frozen=True, dict=True):
 
 
 class Runnable(msgspec.Struct, frozen=True):
-    """A program in :meth:`capture_plan.planner.allocator.PoolSim.run`'s compact form."""
+    """A program in :meth:`capture_plan.planner.memory.allocator.PoolSim.run`'s compact form."""
 
     #: ``(nbytes, id)`` pairs, ``nbytes == FREE`` for a free
     prologue: tuple

@@ -94,7 +94,7 @@ def check_spec_rules(spec_rules: list[Rule], builtin: list[Rule], backends: list
       the built-in one; both apply);
     - a ``when.backend`` naming no backend of planner/data/backends.toml
       (``"FA3"``): the rule would never apply, a gate that silently gates
-      nothing. (Phase kinds are checked with the spec: capture_plan.planner.validate.)
+      nothing. (Phase kinds are checked with the spec: capture_plan.planner.inputs.validate.)
     - a ``when.backend`` or ``when.phase_kind`` that is an empty list: it
       matches nothing, so the rule would never apply either (left out, the
       field matches anything);

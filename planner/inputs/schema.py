@@ -39,7 +39,7 @@ _KIND_FIELDS = {
 
 def _model_required(schema: dict[str, Any]) -> None:
     """A spec's ``[model]`` gives every dimension, or names a config or a preset for
-    the rest (capture_plan.planner.dimensions): msgspec cannot say so, JSON Schema can."""
+    the rest (capture_plan.planner.inputs.dimensions): msgspec cannot say so, JSON Schema can."""
     from .dimensions import REQUIRED
 
     node = schema["$defs"]["Model"]

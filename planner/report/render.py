@@ -14,7 +14,7 @@ from capture_plan.schemas.keys import label_suffix, parse_step_id
 from capture_plan.schemas.plan import Plan, Step
 from capture_plan.schemas.units import mib
 
-from .dimensions import dimensions_text
+from ..inputs.dimensions import dimensions_text
 
 if TYPE_CHECKING:  # a report is shown by `planner report`, not by a build: its types load with it
     from capture_plan.schemas.report import CaptureReport

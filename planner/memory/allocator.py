@@ -260,7 +260,7 @@ class PoolSim:
         """Allocate and free in order, on ``stream``: the allocator itself.
 
         ``ops`` are ``(nbytes, id)`` pairs, the compact form
-        ``capture_plan.planner.program.Program.runnable`` builds: ``nbytes >= 0`` allocates
+        ``capture_plan.planner.memory.program.Program.runnable`` builds: ``nbytes >= 0`` allocates
         and stores the block as ``live[id]``; ``nbytes == FREE`` frees
         ``live.pop(id)`` (nothing when ``id`` is not live). ``spans`` gets
         ``(start, end)`` of every block allocated and, only then, ``watched``
@@ -362,7 +362,7 @@ class PoolSim:
         self.allocated = allocated
 
     def capture(self, prog, view: bool, spans: set | None = None, outputs: list | None = None) -> None:
-        """One capture of ``prog`` (a :class:`capture_plan.planner.program.Program`) on stream 0.
+        """One capture of ``prog`` (a :class:`capture_plan.planner.memory.program.Program`) on stream 0.
 
         The prologue, the body ``prog.repeats`` times with the carried block
         passed from one repetition to the next, the epilogue; then the frees

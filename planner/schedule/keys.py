@@ -51,11 +51,11 @@ from capture_plan.schemas.keys import expand_labels, parse_step_id
 from capture_plan.schemas.plan import Fidelity, KeyPrediction, Step, StepMemory, Strategy
 from capture_plan.schemas.spec import Model, Phase, Rule
 
-from .allocator import PoolSim
-from .program import CARRY, Alloc, Program
-from .resources import variant_axes
-from .simulate import simulate
-from .workload import Workload
+from ..inputs.resources import variant_axes
+from ..memory.allocator import PoolSim
+from ..memory.program import CARRY, Alloc, Program
+from ..memory.simulate import simulate
+from ..memory.workload import Workload
 
 __all__ = [
     "Labels",

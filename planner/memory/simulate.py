@@ -115,7 +115,7 @@ class Simulation:
         return twin
 
     def state(self) -> tuple:
-        """What the rest of a run depends on: each pool's :meth:`~capture_plan.planner.allocator.PoolSim.state`
+        """What the rest of a run depends on: each pool's :meth:`~capture_plan.planner.memory.allocator.PoolSim.state`
         (later captures free only their own blocks) and the library still to place."""
         return tuple(sorted((k, p.state()) for k, p in self.pools.items())), self.library_bytes
 

@@ -2,7 +2,7 @@
 
 Each plan is checked against a rebuild of its own command *to its own path*:
 the recorded paths are relative to the plan's folder (see
-:func:`capture_plan.planner.build_options.normalized_command`), so the answer is the same from any
+:func:`capture_plan.planner.inputs.build_options.normalized_command`), so the answer is the same from any
 working directory, and a copy stored under another name is a different plan
 (its name and ``-o`` differ), never "up to date". The digest is verified
 first: a plan that fails it (edited by hand, a merge resolved by hand) is
@@ -27,10 +27,10 @@ __all__ = ["check_paths", "recorded_options", "check_report_plan", "StalePlans"]
 
 def recorded_options(plan, plan_path: Path):
     """The options that rebuild ``plan`` (lying at ``plan_path``) from its record
-    (``inputs.build``, :func:`capture_plan.planner.build_options.options_from_record`). A plan written
+    (``inputs.build``, :func:`capture_plan.planner.inputs.build_options.options_from_record`). A plan written
     before the record existed (revision 1) is stale: rebuild it once with the
     command it records, shown in the error."""
-    from .build_options import command_for_cwd, options_from_command, options_from_record
+    from ..inputs.build_options import command_for_cwd, options_from_command, options_from_record
 
     rec = plan.inputs.build
     if isinstance(rec, msgspec.UnsetType):
@@ -116,8 +116,8 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
     from capture_plan.schemas.codec import decode_plan
     from capture_plan.schemas.files import read_input, write_atomic
 
-    from .build import build_plan
-    from .build_options import command_for_cwd, normalized_command
+    from ..build import build_plan
+    from ..inputs.build_options import command_for_cwd, normalized_command
     from .plan_files import check_plan, newer_revision, plan_bytes
 
     paths = list(paths)

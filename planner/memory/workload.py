@@ -32,8 +32,8 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.spec import Model, Phase, phase_model
 from capture_plan.schemas.trace import CaptureTrace, EventKind, Trace
 
+from ..inputs.resources import Backend
 from .program import CARRY, Alloc, Free, Op, Program, ops_from_events
-from .resources import Backend
 
 __all__ = [
     "Workload",
@@ -417,7 +417,7 @@ class PhaseKindModel(msgspec.Struct, frozen=True):
 
 @functools.cache
 def _phase_kind_models() -> dict[str, PhaseKindModel]:
-    from .resources import phase_kinds
+    from ..inputs.resources import phase_kinds
 
     models = {}
     for name, kind in phase_kinds().items():
@@ -537,7 +537,7 @@ class Workload:
             caps[(cap.phase, cap.bs)] = cap
         # a key whose labels the reference models (lora=nolora) is the phase's plain graph at its
         # size where the trace has no unlabeled capture of that size: the sizes are fitted from it
-        from .resources import variant_axes
+        from ..inputs.resources import variant_axes
 
         reference = {name: set(axis.reference) for name, axis in variant_axes().items()} if keyed else {}
         for (phase, bs, labels), cap in sorted(keyed.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):

@@ -66,7 +66,7 @@ __all__ = [
 _FILES = ("rules.toml", "backends.toml", "presets.toml")
 
 
-_DATA = Path(__file__).resolve().parent / "data"
+_DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 def data_bytes(name: str) -> bytes:
@@ -258,7 +258,7 @@ def variant_axes() -> dict[str, VariantAxisKind]:
 
 
 def phase_kind_axes() -> dict[str, frozenset[str]]:
-    """Each kind's variant axes, the form :func:`capture_plan.planner.validate.validate_spec` takes."""
+    """Each kind's variant axes, the form :func:`capture_plan.planner.inputs.validate.validate_spec` takes."""
     variant_axes()  # every axis a kind names has its table
     return {name: frozenset(k.axes) for name, k in phase_kinds().items()}
 
@@ -269,7 +269,7 @@ def phase_kind_names() -> list[str]:
 
 
 def phase_kind_settings() -> dict[str, frozenset[str]]:
-    """Each kind's accepted settings, the form :func:`capture_plan.planner.validate.validate_spec` takes."""
+    """Each kind's accepted settings, the form :func:`capture_plan.planner.inputs.validate.validate_spec` takes."""
     return {name: frozenset(k.settings) for name, k in phase_kinds().items()}
 
 

@@ -3,7 +3,7 @@
 A spec's ``[model]`` gives every dimension the prediction uses
 (:data:`REQUIRED`), or names where the ones it leaves out come from: a
 ``config.json`` (``config = "config.json"``, read by
-:mod:`capture_plan.planner.hf_config`) or a preset (``preset = "llama-3-8b"``,
+:mod:`capture_plan.planner.inputs.hf_config`) or a preset (``preset = "llama-3-8b"``,
 the embedded default model of ``planner/data/presets.toml``). A ``[model]``
 that does neither and leaves a dimension out is refused, naming every missing
 key: before this, ``[model] name = "qwen-72b"`` silently planned Llama-3-8B.
@@ -65,7 +65,7 @@ def resolve_model(
     the file gives, or None when it has none) completed from its preset, and the
     source of every dimension; dimensions from a ``config`` are marked ``config``
     here and read by the build. ``presets``: the preset names and their models
-    (``capture_plan.planner.specs.model_presets``, passed in as the phase kinds are:
+    (``capture_plan.planner.inputs.specs.model_presets``, passed in as the phase kinds are:
     this module reads no data). Refuses a ``[model]`` that leaves dimensions out
     and names neither a config nor a preset, one naming both, and an unknown preset."""
     if not isinstance(table, dict):  # no [model]: the embedded default model, recorded as such

@@ -19,7 +19,7 @@ import msgspec
 from capture_plan.schemas.plan import Fidelity
 from capture_plan.schemas.spec import Model
 
-from .resources import data
+from ..inputs.resources import data
 
 __all__ = ["fidelity", "REFERENCE", "TRACE_COMMANDS"]
 
