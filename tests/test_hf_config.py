@@ -73,9 +73,9 @@ def _write(tmp_path, cfg, model_extra=""):
 
 
 def _model(tmp_path, cfg, **kw):
-    from capture_plan.planner.schedule.pipeline import _spec
+    from capture_plan.planner.schedule.resolve import read_spec
 
-    return _spec(BuildOptions(backend="torch", spec=_write(tmp_path, cfg, **kw)))[0].model
+    return read_spec(BuildOptions(backend="torch", spec=_write(tmp_path, cfg, **kw))).spec.model
 
 
 @pytest.mark.parametrize(

@@ -263,3 +263,57 @@ def test_a_spec_budget_no_list_meets_is_located_in_the_spec(cli, tmp_path):
         "fix: raise the budget to at least",
     )
     assert "--budget-mib" not in line and not (tmp_path / "p.json").exists()
+
+
+def _counted(monkeypatch) -> dict[str, int]:
+    """Counters of the spec parsed and validated (every spec, a file's or the embedded one,
+    passes validate._check_rules once per parse) and of the pipeline's runs (pipeline.plan)
+    and assembled plans (pipeline._assemble)."""
+    from capture_plan.planner.inputs import validate
+    from capture_plan.planner.schedule import pipeline
+
+    counts = {"spec parsed": 0, "pipeline runs": 0, "plans assembled": 0}
+
+    def counting(module, name, key):
+        real = getattr(module, name)
+
+        def wrapper(*a, **kw):
+            counts[key] += 1
+            return real(*a, **kw)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counting(validate, "_check_rules", "spec parsed")
+    counting(pipeline, "plan", "pipeline runs")
+    counting(pipeline, "_assemble", "plans assembled")
+    return counts
+
+
+@pytest.mark.parametrize("spec_file", [False, True])
+def test_a_size_choice_parses_the_spec_once_and_runs_the_pipeline_once(tmp_path, monkeypatch, spec_file):
+    """``build --sizes auto`` resolves the build once and prices every list on it in memory (no
+    spec written to a file and read back); the pipeline runs once, for the plan it returns, and
+    the plan is the one a build of the chosen sizes gives."""
+    from capture_plan.planner import build_plan, plan_bytes
+    from capture_plan.planner.inputs.spec_toml import spec_toml
+    from capture_plan.planner.inputs.specs import default_spec
+
+    spec = None
+    if spec_file:
+        spec = tmp_path / "s.toml"
+        spec.write_text(spec_toml(default_spec()))
+    counts = _counted(monkeypatch)
+    opts = BuildOptions(
+        backend="fa3", spec=spec, sizes="auto", traffic=SKEWED, max_graphs=6, output=tmp_path / "p.json"
+    )
+    plan = build_plan(opts)
+    assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
+    assert len(plan.phases[0].sizes) == 6 and plan.predicted.sizes
+    # `planner sizes` likewise: one parse, one plan (of the chosen lists)
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+
+    counts.update({k: 0 for k in counts})
+    res = choose_sizes(SizesOptions(build=BuildOptions(backend="fa3", spec=spec), traffic=SKEWED, max_graphs=6))
+    assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
+    assert res.plan.predicted.pool_bytes == plan.predicted.pool_bytes
+    assert plan_bytes(plan) == plan_bytes(build_plan(opts))  # the same bytes built again

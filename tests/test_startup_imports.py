@@ -41,6 +41,7 @@ QUICKSTART_MODULES = {
     "capture_plan.planner.schedule.keys",
     "capture_plan.planner.schedule.optimize",
     "capture_plan.planner.schedule.pipeline",
+    "capture_plan.planner.schedule.resolve",
     "capture_plan.planner.report.plan_files",
     "capture_plan.planner.memory.program",
     "capture_plan.planner.report.render",

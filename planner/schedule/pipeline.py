@@ -1,40 +1,31 @@
-"""The build pipeline: spec + rules + options -> a canonical, sealed plan.
+"""The build pipeline: a resolved build -> a canonical, sealed plan.
 
-What a build was asked is planner/build_options.py's; choosing sizes for a traffic
-before the pipeline runs is planner/build.py's (planner/sizes.py prices lists with
-this pipeline); writing and checking plan files is planner/plan_files.py's.
+Reading and checking the inputs is planner/schedule/resolve.py's (step 1, once per build);
+what a build was asked is planner/inputs/build_options.py's; choosing sizes for a traffic
+before the pipeline runs is planner/build.py's (planner/sizes/ prices lists on the resolved
+build, with :func:`schedule`, and hands the plan its decisions ready-made: a
+:class:`SizeRecord`); writing and checking plan files is planner/report/plan_files.py's.
 
-Pipeline: load the spec (embedded default or file) -> match rules per phase ->
-memory workload (analytic or trace) -> check forced orders for conflicts ->
-choose strategies (optimize.py) -> step graph and its order (graph.py) ->
-simulate the ordered steps for the timeline -> Plan with decisions and digest.
+In named steps (:func:`plan`): the budget's floor -> optimize the strategies
+(optimize.py) -> order the steps (graph.py) -> predict memory (the ordered steps
+simulated, and the engines' loop) -> the budget -> assemble the sealed plan.
 
 Everything recorded in the plan is relative and sorted: the same inputs give
-the same bytes on any machine (tests/test_determinism.py). In named steps
-(:func:`build_plan`): resolve the inputs -> optimize the strategies -> order the
-steps -> predict memory -> assemble the sealed plan.
+the same bytes on any machine (tests/test_determinism.py).
 """
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
-from typing import TYPE_CHECKING, cast
-
 import msgspec
 
-from capture_plan.schemas.codec import canonical_bytes, decode_trace, seal, sha256
-from capture_plan.schemas.errors import ConstraintError, InputError
-from capture_plan.schemas.files import read_input
+from capture_plan.schemas.codec import seal, sha256
+from capture_plan.schemas.errors import ConstraintError
 from capture_plan.schemas.keys import needed_revision, parse_step_id
-from capture_plan.schemas.limits import MODEL_MAX
 from capture_plan.schemas.plan import (
     INPUTS_REVISION,
     SIZES_REVISION,
     Decision,
-    DimensionSource,
     Inputs,
-    ListCost,
     PhasePlan,
     Plan,
     Prediction,
@@ -46,115 +37,35 @@ from capture_plan.schemas.plan import (
     TraceSamples,
     VariantAxis,
 )
-from capture_plan.schemas.spec import Phase, Spec, phase_model
-from capture_plan.schemas.strategy import AXES, AllocatorMode, allocator_modes
+from capture_plan.schemas.spec import Spec
+from capture_plan.schemas.strategy import AXES
 from capture_plan.schemas.units import MiB, mib
 
 from ..inputs import resources
-from ..inputs.build_options import (
-    BuildOptions,
-    build_record,
-    check_paths_encode,
-    normalized_command,
-    output_path,
-    relative,
-)
-from ..inputs.dimensions import MOE, model_used, preset_sources
-from ..inputs.rules import Context, check_spec_rules, phase_rules, rule_text, satisfies
-from ..inputs.specs import default_spec, model_presets, read_spec_file
-from ..inputs.validate import decode_spec_sources
-from ..memory.device import Calibration, device_prediction, pools_after
+from ..inputs.build_options import build_record, normalized_command, output_path, relative
+from ..inputs.dimensions import model_used
+from ..inputs.rules import rule_text, satisfies
+from ..memory.device import device_prediction, pools_after
 from ..memory.fidelity import fidelity
 from ..memory.simulate import SimResult, pool_id, simulate
-from ..memory.workload import Workload, workspace_bytes
-from .graph import StepGraph, build_steps, capture_order, check_acyclic, fixed_by_spec, phase_sequence
-from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, resolve_keys, uses_keys
-from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize, parse_pins
+from ..memory.workload import workspace_bytes
+from .graph import StepGraph, build_steps, capture_order, fixed_by_spec
+from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, uses_keys
+from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize
+from .resolve import Resolved
 
-if TYPE_CHECKING:
-    from ..sizes.sizes import SizesResult
-
-__all__ = [
-    "BuildOptions",
-    "build_spec",
-    "build_plan",
-    "check_tp",
-    "with_chosen",
-]
+__all__ = ["SizeRecord", "plan", "schedule"]
 
 
-def _spec(
-    opts: BuildOptions,
-) -> tuple[Spec, str, bytes, tuple[str, str, str | None] | None, dict[str, DimensionSource], dict[str, str]]:
-    """(spec, its name, its bytes, (model config path, digest, model_type) or None, the source
-    of every model dimension, the config key each dimension from a config was read from)."""
-    if opts.spec is not None:
-        # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
-        # file lists its own, and merging the two would leave no one place that says what is
-        # captured (--tp and --allocator do apply: they override the file's tp and allocator)
-        pairs = [
-            (flag, str(v))
-            for flag, v in (("--speculative", opts.speculative), ("--preset", opts.preset), ("--max-bs", opts.max_bs))
-            if v is not None
-        ]
-        if pairs:
-            given = " and ".join(f"{flag} {v}" for flag, v in pairs)
-            show = shlex.join(["planner", "spec", "show", *(a for pair in pairs for a in pair)])
-            raise InputError(
-                f"{given} choose the embedded spec's phases and sizes, and {opts.spec} lists its own",
-                where=f"--spec {opts.spec}",
-                fix=f"start a spec from `{show} > my.toml` and build with --spec my.toml, "
-                "or write the phases and sizes into your spec",
-            )
-        from ..inputs.hf_config import read_model_config  # only specs from files name a model config
+class SizeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a size choice adds to the plan built with its sizes, ready-made by planner/sizes/
+    (the pipeline records it as given): its decisions, its figures per phase, and the traffic."""
 
-        raw = read_spec_file(opts.spec)
-        spec, sources = decode_spec_sources(
-            raw,
-            str(opts.spec),
-            phase_kinds=resources.phase_kind_settings(),
-            phase_axes=resources.phase_kind_axes(),
-            presets=model_presets(),
-        )
-        base = output_path(opts).parent
-        model, config, config_raw, config_keys = read_model_config(spec.model, opts.spec, str(opts.spec))
-        used = None
-        if config is not None:
-            used = (relative(Path(config), base), sha256(config_raw), _model_type(config_raw))
-        sources.update({f: "config" for f in MOE if f in config_keys})  # the MoE fields a config gives are its
-        spec = msgspec.structs.replace(spec, model=model)
-        return spec, relative(opts.spec, base), raw, used, sources, config_keys
-    spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
-    return spec, "embedded:" + spec.name, canonical_bytes(spec), None, preset_sources(spec.model), {}
-
-
-def build_spec(opts: BuildOptions, chosen: SizesResult | None = None) -> Spec:
-    """The spec a build of ``opts`` plans (its phases and sizes), read without planning;
-    with ``chosen``, the sizes chosen for a traffic in place of the spec's."""
-    spec = _spec(opts)[0]
-    return spec if chosen is None else with_chosen(spec, chosen)
-
-
-def with_chosen(spec: Spec, chosen: SizesResult) -> Spec:
-    """``spec`` capturing the sizes chosen for its traffic phases (the others keep theirs)."""
-    lists = {c.phase: sorted(c.chosen.sizes) for c in chosen.phases}
-    return msgspec.structs.replace(
-        spec, phases=[msgspec.structs.replace(p, sizes=lists.get(p.name, p.sizes)) for p in spec.phases]
-    )
-
-
-def _model_type(config_raw: bytes) -> str | None:
-    """The ``model_type`` of a config.json the reader already accepted."""
-    mt = msgspec.json.decode(config_raw).get("model_type")
-    return mt if isinstance(mt, str) else None
-
-
-def _trace_path(opts: BuildOptions, spec: Spec) -> Path | None:
-    if opts.trace is not None:
-        return opts.trace
-    if spec.trace is not None and opts.spec is not None:
-        return opts.spec.parent / spec.trace
-    return None
+    decisions: list[Decision]
+    sizes: list[SizeChoice]
+    #: the traffic's path relative to the plan's folder, and the digest of its bytes
+    traffic: str
+    traffic_digest: str
 
 
 def _order_rule(rules, st: Strategy, pins: dict) -> str:
@@ -166,84 +77,6 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
     preferring = [r.id for r in rules if r.prefer is not None and r.prefer.order == st.order]
     meeting = [r.id for r in rules if r.require and any(c.order == st.order and satisfies(st, c) for c in r.require)]
     return (meeting or preferring or ["optimizer"])[0]
-
-
-def check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
-    """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads
-    and MLP, and those of every phase with its own model (a draft is split across
-    the same ranks)."""
-    if tp < 1 or tp > MODEL_MAX["heads"]:
-        raise InputError(
-            f"must be 1..{MODEL_MAX['heads']}, got {tp}",
-            where=where,
-            fix="give the tensor-parallel size (GPUs per model replica)",
-        )
-    models = [(spec.model, where)] + [
-        (phase_model(spec.model, p), f"{where} (phase {p.name!r}, its own model: $.phases[{i}].model)")
-        for i, p in enumerate(spec.phases)
-        if p.model is not msgspec.UNSET
-    ]
-    for m, at in models:
-        bad = [f"{name}={v}" for name, v in (("heads", m.heads), ("intermediate", m.intermediate)) if v % tp]
-        if m.kv_heads % tp and tp % m.kv_heads:  # KV heads may be replicated when tp > kv_heads
-            bad.append(f"kv_heads={m.kv_heads}")
-        if bad:
-            raise InputError(
-                f"tp={tp} does not divide {', '.join(bad)}",
-                where=at,
-                fix="use a tensor-parallel size that divides the model's heads and MLP",
-            )
-
-
-def _workload(
-    opts: BuildOptions, spec: Spec, backend: resources.Backend, tp: int
-) -> tuple[Workload, Path | None, str | None, str]:
-    """The analytic model, or the recorded trace when one is given: JSON from
-    capture_plan.executor.profile, or a pickle from torch.cuda.memory._dump_snapshot."""
-    path = _trace_path(opts, spec)
-    if path is None:
-        return Workload.analytic(spec.model, spec.phases, backend, tp), None, None, ""
-    raw = read_input(
-        path,
-        "trace",
-        fix="record one on a GPU with `capture_plan.executor.profile` "
-        "(docs/design.md: Few-size traces), or build without --trace for the analytic model",
-    )
-    from capture_plan.planner.memory.snapshot import is_pickle, trace_from_snapshot  # only with a trace
-
-    if is_pickle(raw):
-        trace = trace_from_snapshot(raw, spec.phases, str(path))
-    else:
-        trace = decode_trace(raw, str(path))
-    if trace.backend and trace.backend != opts.backend:
-        raise InputError(
-            f"trace was recorded with backend {trace.backend!r}, this build is for {opts.backend!r}",
-            where=f"{path}: $.backend",
-            fix=f"record a trace with {opts.backend}, or build for --backend {trace.backend}",
-        )
-    return Workload.from_trace(trace, spec.phases, str(path), spec.model), path, sha256(raw), trace.device
-
-
-def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:
-    """Orders demanded outright: by a rule whose every alternative names the same
-    order, or by a pin. They become edges before anything is chosen, so two
-    that disagree make a cycle, reported as the rules in conflict."""
-    forced: dict[str, list[tuple[str, str]]] = {}
-    for p in spec.phases:
-        for r in rules[p.name]:
-            orders = {c.order for c in r.require}
-            if r.require and len(orders) == 1 and None not in orders:
-                forced.setdefault(p.name, []).append((orders.pop(), r.id))
-        pin = {**pins.get(None, {}), **pins.get(p.name, {})}.get("order")
-        if pin:
-            forced.setdefault(p.name, []).append((pin, f"--strategy order={pin}"))
-    pre = StepGraph.empty()
-    sizes = {p.name: p.sizes for p in spec.phases}
-    for name, pairs in forced.items():
-        for order, rule in pairs:
-            pre.chain(name, [(bs, ()) for bs in capture_order(sizes[name], order)], rule)
-    check_acyclic(pre.g)
-    return forced
 
 
 def _steps(
@@ -281,7 +114,7 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
     return timeline
 
 
-def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> None:
+def _check_budget(r: Resolved, sol, pred: _Predicted) -> None:
     """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
     the rules allow, per phase, at its real total. With ``--strategy`` pins that
     is the build without them (the alternatives a pinned build records are
@@ -294,8 +127,8 @@ def _check_budget(r: _Resolved, opts: BuildOptions, sol, pred: _Predicted) -> No
     where = f"{r.spec_source}: $.budget_mib"
     budget = spec.budget_mib * MiB
     if r.pins:
-        free = msgspec.structs.replace(r, pins={}, forced=_forced_orders(spec, r.rules, {}))
-        free_sol = _optimize(free, opts)
+        free = r.without_pins()
+        free_sol = _optimize(free)
         free_pred = _predict(free, free_sol, _order(free, free_sol.strategies).steps)
         cheapest, strategies = free_pred.sim.pool_bytes + free_pred.hoisted, free_sol.strategies
         named = "; ".join(f"{n}: {strategies[n].label()}" for n in r.sequence)
@@ -357,54 +190,6 @@ def _memory(st: Strategy) -> tuple[str, ...]:
     return tuple(getattr(st, ax) for ax in MEMORY_AXES)
 
 
-class _Resolved(msgspec.Struct, frozen=True):
-    """Step 1 of a build: every input read, checked and matched to rules."""
-
-    backend: resources.Backend
-    spec: Spec
-    #: the spec as the plan records it: relative to the plan's folder
-    spec_name: str
-    #: the spec as the user named it (relative to the cwd): where errors point
-    spec_source: str
-    spec_raw: bytes
-    #: (path relative to the plan, digest, model_type)
-    model_config: tuple[str, str, str | None] | None
-    #: where each model dimension came from (capture_plan.planner.inputs.dimensions)
-    model_sources: dict[str, DimensionSource]
-    #: the config.json key each dimension from a config was read from
-    model_config_keys: dict[str, str]
-    tp: int
-    allocator: AllocatorMode
-    rules: dict[str, list]
-    by_name: dict[str, Phase]
-    pins: dict[str | None, dict[str, str]]
-    workload: Workload
-    trace_path: Path | None
-    trace_digest: str | None
-    #: the device the trace was recorded on ("" for the analytic model)
-    traced_on: str
-    library: int
-    #: pool bytes of each phase's largest graph alone
-    alone: dict[str, int]
-    calibration: Calibration | None
-    #: (path relative to the plan, digest) of the calibration report
-    calibration_record: tuple[str, str] | None
-    sequence: list[str]
-    forced: dict[str, list[tuple[str, str]]]
-    #: per phase with variant axes: (label combinations, key order, its rule) (planner/keys.py)
-    keys: dict[str, tuple] = {}
-    #: the sizes chosen for a traffic (``--sizes auto``; planner/sizes.py)
-    chosen: SizesResult | None = None
-
-    @property
-    def expandable(self) -> bool:
-        return self.allocator == "expandable"
-
-    @property
-    def protect(self) -> frozenset[str]:
-        return frozenset(p.name for p in self.spec.phases if p.output_lifetime == "across-phases")
-
-
 class _Ordered(msgspec.Struct, frozen=True):
     """Step 3: the step graph of the chosen strategies and its canonical order."""
 
@@ -421,98 +206,7 @@ class _Predicted(msgspec.Struct, frozen=True):
     hoisted: int
 
 
-def _resolve(opts: BuildOptions, chosen: SizesResult | None) -> _Resolved:
-    """Read spec, trace and data; check tp, allocator and budget floor; order the phases."""
-    check_paths_encode(opts)
-    backend = resources.backend(opts.backend)
-    spec, spec_name, spec_raw, model_config, sources, config_keys = _spec(opts)
-    if chosen is not None:
-        spec = with_chosen(spec, chosen)
-    spec_source = str(opts.spec) if opts.spec is not None else spec_name
-    tp = opts.tp if opts.tp is not None else spec.tp
-    check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
-    if not output_path(opts).name:
-        raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
-    allocator = spec.allocator if opts.allocator is None else opts.allocator
-    if allocator not in allocator_modes():
-        raise InputError(
-            f"unknown allocator mode {allocator!r}", where="--allocator", fix=f"use {' or '.join(allocator_modes())}"
-        )
-    allocator = cast(AllocatorMode, allocator)  # one of allocator_modes(), checked above
-    ctx = Context(backend=opts.backend, ci=opts.ci)
-    check_spec_rules(spec.rules, list(resources.builtin_rules()), resources.backend_names(), spec_source)
-    all_rules = list(resources.builtin_rules()) + list(spec.rules)
-    rules = {p.name: phase_rules(all_rules, p, ctx) for p in spec.phases}
-    # in the order the plan records them (sorted): the optimizer lists broken pins in
-    # pin order, so the order typed would change the bytes and `planner check` would call them stale
-    pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
-    workload, trace_path, trace_digest, traced_on = _workload(opts, spec, backend, tp)
-    calibration, calibration_record = _calibration(opts, spec, traced_on)
-
-    library = int(spec.library_mib * MiB)
-    alone = {
-        p.name: simulate(
-            [(p.name, max(p.sizes))], {p.name: Strategy()}, workload, allocator == "expandable", library_bytes=library
-        ).pool_bytes
-        for p in spec.phases
-    }
-    floor = max(alone.values())
-    if spec.budget_mib is not None and spec.budget_mib * MiB < floor:
-        raise ConstraintError(
-            f"budget_mib {spec.budget_mib:g} is below the floor: the largest graph alone needs {mib(floor)}",
-            where=f"{spec_source}: $.budget_mib",
-            fix=f"raise budget_mib to at least {-(-floor // MiB)}",
-        )
-    return _Resolved(
-        backend=backend,
-        spec=spec,
-        spec_name=spec_name,
-        spec_source=spec_source,
-        spec_raw=spec_raw,
-        model_config=model_config,
-        model_sources=sources,
-        model_config_keys=config_keys,
-        tp=tp,
-        allocator=allocator,
-        rules=rules,
-        by_name={p.name: p for p in spec.phases},
-        pins=pins,
-        workload=workload,
-        trace_path=trace_path,
-        trace_digest=trace_digest,
-        traced_on=traced_on,
-        library=library,
-        alone=alone,
-        calibration=calibration,
-        calibration_record=calibration_record,
-        sequence=phase_sequence(spec.phases, alone, spec_source),
-        forced=_forced_orders(spec, rules, pins),
-        keys=resolve_keys(spec.phases, rules),
-        chosen=chosen,
-    )
-
-
-def _calibration(opts: BuildOptions, spec: Spec, traced_on: str):
-    """The calibration report's measured device items, and how the plan records it.
-
-    Refused when the trace the prediction comes from was recorded on another
-    device: the items would describe another machine than the pool."""
-    if opts.calibration is None:
-        return None, None
-    from ..memory.device import read_calibration
-
-    shown, recorded = str(opts.calibration), relative(opts.calibration, output_path(opts).parent)
-    cal, raw = read_calibration(opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded)
-    if traced_on and cal.device.split(" sm")[0] not in traced_on:
-        raise InputError(
-            f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
-            where=f"--calibration {shown}",
-            fix="calibrate with a report from the device the trace was recorded on",
-        )
-    return cal, (recorded, sha256(raw))
-
-
-def _optimize(r: _Resolved, opts: BuildOptions):
+def _optimize(r: Resolved):
     """Step 2: each phase's strategy (optimize.py)."""
     return optimize(
         Problem(
@@ -525,13 +219,13 @@ def _optimize(r: _Resolved, opts: BuildOptions):
             baseline=resources.baseline(),
             expandable=r.expandable,
             library_bytes=r.library,
-            screen=None if opts.exact else SCREEN_SIZES,
+            screen=None if r.opts.exact else SCREEN_SIZES,
             keys=r.keys,
         )
     )
 
 
-def _order(r: _Resolved, strategies: dict[str, Strategy]) -> _Ordered:
+def _order(r: Resolved, strategies: dict[str, Strategy]) -> _Ordered:
     names = [p.name for p in r.spec.phases]
     pins = r.pins
     order_rule = {n: _order_rule(r.rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
@@ -549,7 +243,7 @@ def _order(r: _Resolved, strategies: dict[str, Strategy]) -> _Ordered:
     return _Ordered(graph=sg, order=order, steps=steps)
 
 
-def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
+def _predict(r: Resolved, sol, steps: list[Step]) -> _Predicted:
     """The steps simulated exactly as ordered, at every size (the optimizer's
     simulation when it ran the same captures), and the engines' loop."""
     strategies = sol.strategies
@@ -581,7 +275,7 @@ def _predict(r: _Resolved, sol, steps: list[Step]) -> _Predicted:
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
 
-def _phase_plan_keys(r: _Resolved, name: str) -> dict:
+def _phase_plan_keys(r: Resolved, name: str) -> dict:
     """The graph-key fields of one phase's PhasePlan (none for a phase without them)."""
     p, out = r.by_name[name], {}
     if p.variants is not msgspec.UNSET:
@@ -600,7 +294,7 @@ def _with_key_order(st: Strategy, keys: tuple | None) -> Strategy:
     return st if keys is None else msgspec.structs.replace(st, key_order=keys[1])
 
 
-def _key_order_decisions(r: _Resolved) -> list[Decision]:
+def _key_order_decisions(r: Resolved) -> list[Decision]:
     """Why each phase with variant axes captures its keys in their order."""
     out = []
     for n in r.sequence:
@@ -625,112 +319,12 @@ def _key_order_decisions(r: _Resolved) -> list[Decision]:
     return out
 
 
-def _step_time_source(opts: BuildOptions, text: str, plan_folder: Path) -> str:
-    """Where step times came from, as a plan records it: a timing report by its path relative
-    to the plan (the report names it as the user gave it, relative to the cwd)."""
-    return f"measured replay times in {relative(opts.timing, plan_folder)}" if opts.timing is not None else text
-
-
-def _size_choices(opts: BuildOptions, chosen: SizesResult) -> list[SizeChoice]:
-    """The sizes chosen per phase and their figures, as the plan records them (``predicted.sizes``)."""
-    folder = output_path(opts).parent
-    return [
-        SizeChoice(
-            phase=c.phase,
-            steps=round(c.steps, 6),
-            padding=round(c.chosen.padding, 6),
-            approximate=c.chosen.approximate,
-            step_time=_step_time_source(opts, c.time_source, folder),
-            why=c.why,
-            pool_bytes=c.worth_pool_bytes,
-            device_bytes=c.worth_device_bytes,
-            sizes=c.worth,
-            against=[
-                ListCost(
-                    label=row.label,
-                    sizes=list(row.sizes),
-                    padding=round(row.padding, 6),
-                    pool_bytes=row.pool_bytes,
-                    device_bytes=row.device_bytes,
-                )
-                for row in [c.current, *c.defaults]
-            ],
-            notes=list(chosen.traffic.notes),
-        )
-        for c in chosen.phases
-    ]
-
-
-def _added(n: int) -> str:
-    """Bytes a size adds to the list's graph memory, in words (the allocator's reuse can make it
-    nothing, or less than nothing)."""
-    return f"it adds {mib(n)}" if n >= 0 else f"it saves {mib(-n)} (the allocator reuses its blocks)"
-
-
-def _graph_memory(pool: int, device: int | None) -> str:
-    return f"graph memory {mib(pool)}" + (f", device total {mib(device)}" if device is not None else "")
-
-
-def _size_decisions(opts: BuildOptions, chosen: SizesResult) -> list[Decision]:
-    """Per phase whose sizes were chosen: the choice against the spec's list and the engines'
-    defaults, then one decision per size saying why it is in (``planner explain``; ``planner diff``
-    shows the sizes that came and went, each with its why)."""
-    from ..sizes.size_front import size_runs  # only `--sizes auto` (a build of fixed sizes never loads it)
-
-    out = []
-    folder = output_path(opts).parent
-    traffic = relative(opts.traffic, folder) if opts.traffic is not None else ""
-    for c in chosen.phases:
-        row = c.chosen
-        mark = "~" if row.approximate else ""
-        against = "; ".join(
-            f"{d.label} ({len(d.sizes)} sizes): padding {mark}{d.padding:.2f}%, "
-            + _graph_memory(d.pool_bytes, d.device_bytes)
-            for d in [c.current, *c.defaults]
-        )
-        notes = "".join(f"; {n}" for n in chosen.traffic.notes)
-        out.append(
-            Decision(
-                phase=c.phase,
-                rule="sizes-auto",
-                constraint=f"traffic {traffic} ({chosen.traffic.digest[:19]}): {c.steps:,.0f} steps; "
-                f"largest size {c.top} always captured; budget {chosen.budget}{notes}",
-                choice=f"{len(row.sizes)} sizes: {size_runs(row.sizes)}",
-                why=f"{c.why}: padding {mark}{row.padding:.2f}% of step time "
-                f"({_step_time_source(opts, c.time_source, folder)}), "
-                f"{_graph_memory(c.worth_pool_bytes, c.worth_device_bytes)}; "
-                f"against {against}",
-            )
-        )
-        sizes = sorted(row.sizes)
-        for i, w in enumerate(c.worth):
-            low = sizes[i - 1] + 1 if i else 1
-            runs = f"{w.steps:,.6g} steps of sizes {low}..{w.size}" if low < w.size else f"{w.steps:,.6g} steps"
-            if w.padding_saved is None:
-                why = "the largest size the engine schedules: always captured, so no step runs eagerly"
-            else:
-                why = (
-                    f"without it they run the graph of {sizes[i + 1]}: padding {mark}+{w.padding_saved:.3f}% "
-                    "of step time"
-                )
-            out.append(
-                Decision(
-                    phase=c.phase,
-                    rule=f"sizes-auto {w.size}",
-                    constraint=f"{runs} run its graph",
-                    choice=f"capture {w.size}",
-                    why=f"{why}; {_added(c.worth_pool_bytes - w.pool_bytes_without)} of graph memory",
-                )
-            )
-    return out
-
-
-def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _Predicted) -> Plan:
+def _assemble(r: Resolved, sol, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord | None) -> Plan:
     """Step 5: the Plan, sealed with its digest."""
-    strategies, steps, spec, by_name = sol.strategies, ordered.steps, r.spec, r.by_name
+    opts, strategies, steps, spec, by_name = r.opts, sol.strategies, ordered.steps, r.spec, r.by_name
     decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
-    if r.chosen is not None:
-        decisions += _size_decisions(opts, r.chosen)
+    if chosen is not None:
+        decisions += chosen.decisions
     if r.keys:
         decisions += _key_order_decisions(r)
         strategies = {
@@ -742,16 +336,16 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
     fid, describes, caveat = fidelity(
         r.workload.source,
         spec.model,
-        r.model_config is not None,
-        r.model_config[2] if r.model_config else None,
+        r.spec_read.model_config is not None,
+        r.spec_read.model_config[2] if r.spec_read.model_config else None,
         f"{relative(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "",
     )
     plan = Plan(
         name=output.stem,
         command=normalized_command(opts),
         inputs=Inputs(
-            spec=r.spec_name,
-            spec_digest=sha256(r.spec_raw),
+            spec=r.spec_read.name,
+            spec_digest=sha256(r.spec_read.raw),
             rules_digest=resources.rules_digest(),
             backend=opts.backend,
             ci=opts.ci,
@@ -761,19 +355,19 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
             strategies=sorted(set(opts.strategies)),
             trace=relative(r.trace_path, output.parent) if r.trace_path is not None else None,
             trace_digest=r.trace_digest,
-            **({"model_config": r.model_config[0], "model_config_digest": r.model_config[1]} if r.model_config else {}),
+            **(
+                {"model_config": r.spec_read.model_config[0], "model_config_digest": r.spec_read.model_config[1]}
+                if r.spec_read.model_config
+                else {}
+            ),
             **(
                 {"calibration": r.calibration_record[0], "calibration_digest": r.calibration_record[1]}
                 if r.calibration_record
                 else {}
             ),
-            **(
-                {"traffic": relative(opts.traffic, output.parent), "traffic_digest": r.chosen.traffic.digest}
-                if r.chosen is not None and opts.traffic is not None
-                else {}
-            ),
+            **({"traffic": chosen.traffic, "traffic_digest": chosen.traffic_digest} if chosen is not None else {}),
             build=build_record(opts),
-            model=model_used(spec, r.model_sources, r.model_config_keys),
+            model=model_used(spec, r.spec_read.sources, r.spec_read.config_keys),
             rules={rule.id: rule_text(rule) for rule in list(resources.builtin_rules()) + list(spec.rules)},
         ),
         requires=Requires(
@@ -829,22 +423,41 @@ def _assemble(opts: BuildOptions, r: _Resolved, sol, ordered: _Ordered, pred: _P
             keys=key_predictions(steps, timeline, by_name, strategies, spec.model, r.workload, r.expandable, fid)
             if any(uses_keys(p) for p in spec.phases)
             else [],
-            sizes=_size_choices(opts, r.chosen) if r.chosen is not None else [],
+            sizes=chosen.sizes if chosen is not None else [],
         ),
     )
     # the lowest revision the plan needs: plans without graph keys keep their bytes
     # every plan built now records its model and rules (revision 4), graph keys or not
-    base = SIZES_REVISION if r.chosen is not None else INPUTS_REVISION
+    base = SIZES_REVISION if chosen is not None else INPUTS_REVISION
     return seal(msgspec.structs.replace(plan, revision=needed_revision(plan, base=base)))
 
 
-def build_plan(opts: BuildOptions, chosen: SizesResult | None = None) -> Plan:
-    """The plan of ``opts`` (capturing the sizes ``chosen`` for a traffic, when given: see
-    planner/build.py), in named steps: resolve the inputs -> optimize the strategies ->
-    order the steps -> predict memory -> assemble the sealed plan."""
-    resolved = _resolve(opts, chosen)
-    sol = _optimize(resolved, opts)
-    ordered = _order(resolved, sol.strategies)
-    predicted = _predict(resolved, sol, ordered.steps)
-    _check_budget(resolved, opts, sol, predicted)
-    return _assemble(opts, resolved, sol, ordered, predicted)
+def _check_floor(r: Resolved) -> None:
+    """Refuse a spec's ``budget_mib`` below its largest graph alone: no schedule fits it."""
+    floor = max(r.alone.values())
+    budget = r.spec.budget_mib
+    if budget is not None and budget * MiB < floor:
+        raise ConstraintError(
+            f"budget_mib {budget:g} is below the floor: the largest graph alone needs {mib(floor)}",
+            where=f"{r.spec_source}: $.budget_mib",
+            fix=f"raise budget_mib to at least {-(-floor // MiB)}",
+        )
+
+
+def schedule(r: Resolved) -> dict[str, Strategy]:
+    """Each phase's strategy as a plan of ``r`` would capture it (its key order set), in the
+    plan's phase order: what a size choice prices other lists under (planner/sizes/)."""
+    strategies = _optimize(r).strategies
+    return {n: _with_key_order(strategies[n], r.keys.get(n)) for n in r.sequence}
+
+
+def plan(r: Resolved, chosen: SizeRecord | None = None) -> Plan:
+    """The plan of ``r`` (with the decisions and figures of the size choice that chose its
+    sizes, when ``chosen``), in named steps: the budget's floor -> optimize the strategies
+    -> order the steps -> predict memory -> the budget -> assemble the sealed plan."""
+    _check_floor(r)
+    sol = _optimize(r)
+    ordered = _order(r, sol.strategies)
+    predicted = _predict(r, sol, ordered.steps)
+    _check_budget(r, sol, predicted)
+    return _assemble(r, sol, ordered, predicted, chosen)

@@ -14,7 +14,7 @@ phase the traffic names, this prices the trade:
    and key order a build of the spec chooses; every graph key of a phase with
    variants) simulated with that list, exactly as the planner predicts a
    plan's pool; with ``--calibration``, the device total as a plan records it
-   (planner/device.py). The chosen lists are then built as a plan, whose
+   (planner/memory/device.py). The chosen lists are then built as a plan, whose
    figures are the ones reported for them.
 3. **Start-up**: the count of graphs, and with ``--timing`` or
    ``--calibration`` the capture seconds that report measured per size
@@ -29,6 +29,12 @@ vLLM's default lists for the same largest size are priced on the same table.
 Phases are chosen one after another in the plan's capture order, each with
 the lists already chosen for the phases before it.
 
+Every list is priced on the build resolved once (planner/schedule/resolve.py: the spec
+parsed, the trace and reports read), in memory: ``Resolved.with_sizes`` is the same build
+capturing other sizes. :func:`choose` decides; :func:`choose_sizes` (``planner sizes``) and
+``planner build --sizes auto`` (planner/build.py) each build one plan of the chosen lists,
+the latter with the choice's decisions (planner/sizes/record.py).
+
 What this does not do: choose sizes for phases the traffic does not name
 (they keep the spec's), change the strategies (a list is priced under the
 schedule the spec's build chose, and the chosen lists are built afresh), or
@@ -41,7 +47,6 @@ import dataclasses
 import functools
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,14 +63,14 @@ from capture_plan.schemas.units import MiB
 from ..inputs import resources
 from ..inputs.build_options import BuildOptions, without_size_choice
 from ..inputs.spec_toml import spec_toml
-from ..inputs.specs import _expand, default_spec, engine_preset, model_presets, read_spec_file, sgl_sizes
-from ..inputs.validate import decode_spec
-from ..memory.device import Calibration, device_prediction, read_calibration
+from ..inputs.specs import _expand, engine_preset, sgl_sizes
+from ..memory.device import Calibration, device_prediction
 from ..memory.simulate import simulate
 from ..memory.workload import Workload, workspace_bytes
+from ..schedule import pipeline
 from ..schedule.graph import capture_order
 from ..schedule.keys import capture_key, key_sequence, phase_combos
-from ..schedule.pipeline import build_plan, build_spec
+from ..schedule.resolve import Resolved, resolve
 from .size_front import Best, best_lists, candidates, expected, size_runs
 from .step_time import (
     DEFAULT_CONTEXT,
@@ -84,8 +89,11 @@ __all__ = [
     "SizesOptions",
     "Row",
     "PhaseChoice",
+    "Choice",
     "SizesResult",
+    "choose",
     "choose_sizes",
+    "check_budget",
     "for_build",
     "write_spec",
     "render",
@@ -166,6 +174,25 @@ class PhaseChoice:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """The lists :func:`choose` chose for a traffic, before a plan is built of them."""
+
+    phases: list[PhaseChoice]
+    traffic: Traffic
+    #: phase -> its sizes: the chosen list of each traffic phase, the spec's of the others
+    lists: dict[str, list[int]]
+    #: the strategies every list was priced under (the spec's build's), in the plan's phase order
+    schedule: dict[str, Strategy]
+    #: the budget, in words, and in MiB (``--budget-mib``, else the spec's ``budget_mib``)
+    budget: str
+    budget_mib: float | None
+    #: whether the budget is of the device total (a calibration given), else of the pool and hoisted
+    calibrated: bool
+    #: what was asked (the budget a plan of the lists is checked against: :func:`check_budget`)
+    opts: SizesOptions
+
+
+@dataclass(frozen=True)
 class SizesResult:
     phases: list[PhaseChoice]
     traffic: Traffic
@@ -177,25 +204,6 @@ class SizesResult:
     device_source: str
     budget: str
     notes: list[str] = field(default_factory=list)
-
-
-def _unbudgeted(spec: Spec) -> Spec:
-    return msgspec.structs.replace(spec, budget_mib=None)
-
-
-def _source_spec(opts: BuildOptions) -> Spec:
-    """The spec as its file (or the embedded one) says, before a model config is
-    resolved: what is rewritten with other sizes."""
-    if opts.spec is None:
-        return default_spec(opts.speculative, opts.max_bs, opts.preset)
-    build_spec(opts)  # every check a build makes of the spec and its options, located
-    return decode_spec(
-        read_spec_file(opts.spec),
-        str(opts.spec),
-        phase_kinds=resources.phase_kind_settings(),
-        phase_axes=resources.phase_kind_axes(),
-        presets=model_presets(),
-    )
 
 
 def _rebased(spec: Spec, opts: BuildOptions, folder: Path | None) -> Spec:
@@ -222,38 +230,20 @@ def _with_sizes(spec: Spec, lists: dict[str, list[int]]) -> Spec:
     )
 
 
-def _build(opts: BuildOptions, spec: Spec) -> Plan:
-    """The plan of ``opts`` for ``spec`` (written to a temporary file and built from it)."""
-    with tempfile.TemporaryDirectory(prefix="capture-plan-sizes-") as tmp:
-        path = Path(tmp) / "spec.toml"
-        path.write_text(spec_toml(_rebased(spec, opts, None)), encoding="utf-8")
-        own = msgspec.structs.replace(
-            opts, spec=path, speculative=None, preset=None, max_bs=None, output=Path(tmp) / "sizes.json"
-        )
-        return build_plan(own)
-
-
 class _Memory:
     """Pool bytes (and the device total) of a set of lists under the plan's schedule, memoized."""
 
-    def __init__(self, opts: BuildOptions, spec: Spec, plan: Plan, all_sizes: dict[str, list[int]]) -> None:
-        from ..schedule.pipeline import _workload  # the build's own reader: a trace reads as a build reads it
-
-        self.backend = resources.backend(opts.backend)
-        tp = opts.tp if opts.tp is not None else spec.tp
-        resolved = build_spec(opts)
-        self.phases = {p.name: p for p in resolved.phases}
-        self.workload: Workload = _workload(opts, _with_sizes(resolved, all_sizes), self.backend, tp)[0]
-        self.strategies: dict[str, Strategy] = {p.name: p.strategy for p in plan.phases}
-        self.sequence = [p.name for p in plan.phases]
-        self.expandable = plan.predicted.allocator == "expandable"
-        self.library = int(spec.library_mib * MiB)
-        self.protect = frozenset(p.name for p in plan.phases if p.output_lifetime == "across-phases")
-        self.calibration: Calibration | None = None
-        if opts.calibration is not None:
-            kinds = {p.name: p.kind for p in spec.phases}
-            shown = str(opts.calibration)
-            self.calibration, _ = read_calibration(opts.calibration, shown, kinds, shown)
+    def __init__(self, r: Resolved, strategies: dict[str, Strategy], all_sizes: dict[str, list[int]]) -> None:
+        self.backend = r.backend
+        self.phases = {p.name: p for p in r.spec.phases}
+        # one workload for every size any list may hold (a trace fitted to them all)
+        self.workload: Workload = r.with_sizes(all_sizes).workload
+        self.strategies = strategies
+        self.sequence = list(strategies)
+        self.expandable = r.expandable
+        self.library = r.library
+        self.protect = r.protect
+        self.calibration: Calibration | None = r.calibration
         self._seen: dict[tuple, tuple[int, int, int | None]] = {}
 
     def of(self, lists: dict[str, list[int]]) -> tuple[int, int, int | None]:
@@ -368,9 +358,10 @@ class _Pricing:
         )
 
 
-def for_build(opts: BuildOptions) -> SizesResult:
-    """The sizes ``planner build --sizes auto`` captures: :func:`choose_sizes` with the build's
-    own size-choice options, each chosen size with why it is in."""
+def for_build(r: Resolved, *, worth: bool = True) -> Choice:
+    """The sizes ``planner build --sizes auto`` captures: :func:`choose` with the build's own
+    size-choice options (``r.opts``); with ``worth``, each chosen size with why it is in."""
+    opts = r.opts
     assert opts.traffic is not None  # build_options.check_size_choice
     sizes = SizesOptions(
         build=without_size_choice(opts),
@@ -385,7 +376,7 @@ def for_build(opts: BuildOptions) -> SizesResult:
         max_graphs=opts.max_graphs,
         max_padding=opts.max_padding,
     )
-    return choose_sizes(sizes, worth=True)
+    return choose(r, sizes, worth=worth)
 
 
 def _budget_of(row: Row, calibrated: bool) -> int | None:
@@ -394,11 +385,38 @@ def _budget_of(row: Row, calibrated: bool) -> int | None:
 
 def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     """Everything ``planner sizes`` computes: each traffic phase's front, the engines'
-    defaults priced alike, the chosen lists, and the plan built with them. With ``worth``,
-    also why each chosen size is in (:func:`_worth`: one more simulation per size)."""
+    defaults priced alike, the chosen lists (:func:`choose`), and the plan built with them.
+    With ``worth``, also why each chosen size is in (:func:`_worth`: one more simulation per size)."""
+    r = resolve(opts.build)
+    choice = choose(r, opts, worth=worth)
+    plan = pipeline.plan(r.with_sizes(choice.lists))
+    check_budget(choice, plan)
+    device = plan.predicted.device
+    calibrated = r.calibration is not None
+    fid = plan.predicted
+    return SizesResult(
+        phases=choice.phases,
+        traffic=choice.traffic,
+        spec=_with_sizes(r.spec_read.source, choice.lists),
+        plan=plan,
+        memory_source=f"simulated ({fid.source} model, {fid.allocator} allocator) under the spec's schedule: "
+        + "; ".join(f"{n} {st.label()}" for n, st in choice.schedule.items()),
+        device_source=(
+            f"device total: {device.device} ({'; '.join(f'{i.name} {i.provenance}' for i in device.items)})"
+            if calibrated and device is not None
+            else "device total: unknown (build with --calibration REPORT, a capture report measured on the device)"
+        ),
+        budget=choice.budget,
+        notes=list(choice.traffic.notes) + ([fid.caveat] if fid.caveat else []),
+    )
+
+
+def choose(r: Resolved, opts: SizesOptions, *, worth: bool = False) -> Choice:
+    """Each traffic phase's front, the engines' defaults priced alike, and the chosen lists,
+    priced on ``r`` (the build of ``opts.build``, resolved once) in memory. With ``worth``,
+    also why each chosen size is in (:func:`_worth`)."""
     b = opts.build
-    source = _source_spec(b)
-    resolved = build_spec(b)
+    resolved = r.spec
     names = [p.name for p in resolved.phases]
     for p in opts.phases:
         if p not in names:
@@ -433,7 +451,7 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
-    reference = _build(b, _unbudgeted(source))  # the schedule every list is priced under
+    reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
     all_sizes = {
         p.name: sorted(
@@ -442,9 +460,9 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
         )
         for p in resolved.phases
     }
-    memory = _Memory(b, source, reference, all_sizes)
+    memory = _Memory(r, reference, all_sizes)
     calibrated = memory.calibration is not None
-    budget_mib = opts.budget_mib if opts.budget_mib is not None else source.budget_mib
+    budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
     budget = None if budget_mib is None else budget_mib * MiB
     measure = "device total" if calibrated else "pool and hoisted workspaces"
     budget_text = "none" if budget_mib is None else f"{budget_mib:g} MiB of {measure}"
@@ -453,7 +471,7 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     by_name = {p.name: p for p in resolved.phases}
     choices: list[PhaseChoice] = []
     prices: dict[str, _Pricing] = {}
-    for name in [q.name for q in reference.phases if q.name in traffic.phases]:
+    for name in [n for n in reference if n in traffic.phases]:
         phase = by_name[name]
         price = _Pricing(
             phase=name,
@@ -496,8 +514,23 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
             )
             for c in choices
         ]
-    chosen_spec = _with_sizes(source, lists)
-    plan = _build(b, chosen_spec)
+    return Choice(
+        phases=choices,
+        traffic=traffic,
+        lists=lists,
+        schedule=reference,
+        budget=budget_text,
+        budget_mib=budget_mib,
+        calibrated=calibrated,
+        opts=opts,
+    )
+
+
+def check_budget(choice: Choice, plan: Plan) -> None:
+    """Refuse the plan of ``choice``'s lists (the chosen lists of all phases together) over the
+    budget: the device total when calibrated, else the pool and hoisted workspaces."""
+    opts, b, budget_mib, calibrated = choice.opts, choice.opts.build, choice.budget_mib, choice.calibrated
+    budget = None if budget_mib is None else budget_mib * MiB
     device = plan.predicted.device
     device_total = device.total_bytes if device is not None else None
     if budget is not None:
@@ -511,22 +544,6 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
             if opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
                 err.retry = {"budget_mib": float(-(-total // MiB))}
             raise err
-    fid = plan.predicted
-    return SizesResult(
-        phases=choices,
-        traffic=traffic,
-        spec=chosen_spec,
-        plan=plan,
-        memory_source=f"simulated ({fid.source} model, {fid.allocator} allocator) under the spec's schedule: "
-        + "; ".join(f"{p.name} {p.strategy.label()}" for p in reference.phases),
-        device_source=(
-            f"device total: {device.device} ({'; '.join(f'{i.name} {i.provenance}' for i in device.items)})"
-            if calibrated and device is not None
-            else "device total: unknown (build with --calibration REPORT, a capture report measured on the device)"
-        ),
-        budget=budget_text,
-        notes=list(traffic.notes) + ([fid.caveat] if fid.caveat else []),
-    )
 
 
 def _choose(
