@@ -60,6 +60,7 @@ def main() -> None:
 
     from capture_plan.planner.build import BuildOptions, build_spec
     from capture_plan.planner.inputs import resources
+    from capture_plan.planner.inputs.build_options import SizeChoiceOptions
     from capture_plan.planner.memory.simulate import Simulation
     from capture_plan.planner.sizes.size_front import best_lists, candidates
     from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
@@ -75,7 +76,7 @@ def main() -> None:
     model = roofline(spec.model, phase, 1, device_roofline(DEFAULT_DEVICE), DEFAULT_CONTEXT, resources.backend("fa3"))
     res["candidates"] = len(cands)
     res["front_s"] = median_time(lambda: best_lists(traffic.phases["decode"], cands, model.cost, 64), args.repeat)
-    opts = SizesOptions(build=build, traffic=TRAFFIC)
+    opts = SizesOptions(build=build, choice=SizeChoiceOptions(traffic=TRAFFIC))
     res["choose_s"] = median_time(lambda: choose_sizes(opts), args.repeat)
     res["cli_all_s"], res["cli_all_cpu_s"] = _cli_all(args.repeat)
 
@@ -88,7 +89,7 @@ def main() -> None:
 
     Simulation.capture = counting
     try:
-        chosen = choose_sizes(SizesOptions(build=build, traffic=TRAFFIC, every=True))
+        chosen = choose_sizes(SizesOptions(build=build, choice=SizeChoiceOptions(traffic=TRAFFIC), every=True))
     finally:
         Simulation.capture = capture
     res["captures"] = counted["captures"]
@@ -108,7 +109,7 @@ def main() -> None:
     from capture_plan.planner.report.size_plot import front_data
 
     calibrated = BuildOptions(backend="fa3", ci=True, calibration=CALIBRATION)
-    front = choose_sizes(SizesOptions(build=calibrated, traffic=TRAFFIC, every=True))
+    front = choose_sizes(SizesOptions(build=calibrated, choice=SizeChoiceOptions(traffic=TRAFFIC), every=True))
     res["front"] = front_data(front, traffic=res["traffic"])
     res["front_calibration"] = str(CALIBRATION.relative_to(REPO))
     res["loadavg_after"] = os.getloadavg()

@@ -19,7 +19,7 @@ from capture_plan.schemas.errors import CapturePlanError
 from capture_plan.schemas.plan import BUILD_FLAGS, Plan
 from capture_plan.schemas.spec import Spec
 
-from .inputs.build_options import SIZE_CHOICE, BuildOptions, check_size_choice, command_for_cwd, without_size_choice
+from .inputs.build_options import SIZE_CHOICE, BuildOptions, command_for_cwd, without_size_choice
 from .schedule import pipeline
 from .schedule.resolve import Resolved, check_tp, read_spec, resolve
 
@@ -32,7 +32,7 @@ __all__ = ["BuildOptions", "build_plan", "build_spec", "check_tp"]
 def build_plan(opts: BuildOptions) -> Plan:
     """Everything ``planner build`` does except writing the file: the build resolved once, the
     sizes chosen for the traffic when ``opts`` asks (``--sizes auto``), then the pipeline."""
-    if not _chooses(opts):
+    if opts.sizes is None:
         return pipeline.plan(resolve(opts))
     from .sizes.record import size_record  # only --sizes auto reads traffic
     from .sizes.sizes import check_budget
@@ -49,19 +49,10 @@ def build_spec(opts: BuildOptions) -> Spec:
     """The spec a build of ``opts`` plans (its phases and sizes; with ``--sizes auto``, the
     sizes chosen for the traffic), read without planning: what a plan of another build is
     checked against (capture_plan.adapters.startup)."""
-    if not _chooses(opts):
+    if opts.sizes is None:
         return read_spec(opts).spec
     r = resolve(opts)
     return r.with_sizes(_choose(r, worth=False).lists).spec
-
-
-def _chooses(opts: BuildOptions) -> bool:
-    """Whether ``opts`` choose sizes for a traffic; their size-choice options checked when
-    they do (before the spec is read: they come together or not at all)."""
-    if opts == without_size_choice(opts):
-        return False
-    check_size_choice(opts)
-    return True
 
 
 def _choose(r: Resolved, *, worth: bool) -> Choice:
@@ -77,7 +68,8 @@ def _choice_errors(opts: BuildOptions) -> Iterator[None]:
     """An error of the choice's own inputs (the traffic, the timing report, a limit no list
     meets) names, as its fix, the command that passes: with the option that would
     (``--max-size``, ``--budget-mib``, ``--max-padding``), or capturing the spec's own sizes."""
-    ours = [str(p) for p in (opts.traffic, opts.timing) if p is not None]
+    assert opts.sizes is not None  # a build that chooses its sizes
+    ours = [str(p) for p in (opts.sizes.traffic, opts.sizes.timing) if p is not None]
     ours += [flag for field, flag, _kind in BUILD_FLAGS if field in SIZE_CHOICE]
     try:
         yield
@@ -85,7 +77,8 @@ def _choice_errors(opts: BuildOptions) -> Iterator[None]:
         if err.retry is None and not (err.where or "").startswith(tuple(ours)):
             raise
         if err.retry is not None:
-            err.fix = f"{err.fix}: `{command_for_cwd(msgspec.structs.replace(opts, **err.retry))}`"
+            retry = msgspec.structs.replace(opts, sizes=msgspec.structs.replace(opts.sizes, **err.retry))
+            err.fix = f"{err.fix}: `{command_for_cwd(retry)}`"
         else:
             err.fix = f"{err.fix}; or capture the spec's sizes: `{command_for_cwd(without_size_choice(opts))}`"
         raise

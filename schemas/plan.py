@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .build_flags import BUILD_OPTIONS
 from .limits import MAX_MICRO_BATCHES, MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
     AllocatorMode,
@@ -431,34 +432,12 @@ class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 #: every option of a :class:`BuildRecord` but ``backend``, as ``planner build`` takes it, in the
-#: order a recorded command lists them: (field, flag, kind). kind: "switch" (a flag alone, when
-#: true), "repeat" (the flag once per item), "path" (a path relative to the plan's folder),
-#: "int", "float" or "text" (one value). One row per option: capture_plan.planner.inputs.build_options
-#: writes and reads the command from it, and :func:`record_command` writes its text.
-BUILD_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("ci", "--ci", "switch"),
-    ("spec", "--spec", "path"),
-    ("speculative", "--speculative", "text"),
-    ("preset", "--preset", "text"),
-    ("max_bs", "--max-bs", "int"),
-    ("tp", "--tp", "int"),
-    ("allocator", "--allocator", "text"),
-    ("trace", "--trace", "path"),
-    ("calibration", "--calibration", "path"),
-    ("exact", "--exact", "switch"),
-    ("strategies", "--strategy", "repeat"),
-    ("sizes", "--sizes", "text"),
-    ("traffic", "--traffic", "path"),
-    ("traffic_phases", "--phase", "repeat"),
-    ("metric", "--metric", "text"),
-    ("max_size", "--max-size", "int"),
-    ("timing", "--timing", "path"),
-    ("device", "--device", "text"),
-    ("context", "--context", "int"),
-    ("budget_mib", "--budget-mib", "float"),
-    ("max_graphs", "--max-graphs", "int"),
-    ("max_padding", "--max-padding", "float"),
-    ("output", "-o", "path"),
+#: order a recorded command lists them: (field, flag, kind), the rows of the one table of build
+#: options (:data:`capture_plan.schemas.build_flags.BUILD_OPTIONS`, which says the kinds).
+#: capture_plan.planner.inputs.build_options writes and reads the command from it, and
+#: :func:`record_command` writes its text.
+BUILD_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
+    (o.field, o.flag, o.kind) for o in BUILD_OPTIONS if o.field != "backend"
 )
 
 

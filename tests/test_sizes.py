@@ -174,10 +174,12 @@ def test_the_program_finds_the_cheapest_list_of_every_count(weights, extra, shap
 
 
 def _choose(**kw):
+    from capture_plan.planner.inputs.build_options import SizeChoiceOptions
     from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
 
     build = kw.pop("build", BuildOptions(backend="fa3", ci=True))
-    return choose_sizes(SizesOptions(build=build, **kw))
+    shown = {k: kw.pop(k) for k in ("upto", "every") if k in kw}
+    return choose_sizes(SizesOptions(build=build, choice=SizeChoiceOptions(**kw), **shown))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from capture_plan.planner.inputs.build_options import BuildOptions, options_from_command, options_from_record
+from capture_plan.planner.inputs.build_options import (
+    BuildOptions,
+    SizeChoiceOptions,
+    options_from_command,
+    options_from_record,
+)
 from capture_plan.schemas.codec import decode_plan
 from cli_inputs import one_line_error
 
@@ -169,24 +174,25 @@ def test_the_record_and_the_command_read_back_alike(tmp_path):
 
     opts = BuildOptions(
         backend="fa3",
-        sizes="auto",
-        traffic=tmp_path / "t.csv",
-        traffic_phases=("decode",),
-        metric="m",
-        max_size=300,
-        timing=tmp_path / "r.json",
-        device="NVIDIA H200",
-        context=2048,
-        budget_mib=300.5,
-        max_graphs=12,
-        max_padding=0.25,
+        sizes=SizeChoiceOptions(
+            traffic=tmp_path / "t.csv",
+            traffic_phases=("decode",),
+            metric="m",
+            max_size=300,
+            timing=tmp_path / "r.json",
+            device="NVIDIA H200",
+            context=2048,
+            budget_mib=300.5,
+            max_graphs=12,
+            max_padding=0.25,
+        ),
         output=tmp_path / "plans/p.json",
     )
     plan_path = tmp_path / "plans/p.json"
     assert options_from_record(build_record(opts), plan_path) == opts
     assert options_from_command(normalized_command(opts), plan_path) == opts
     assert "--budget-mib 300.5" in " ".join(normalized_command(opts))
-    whole = BuildOptions(backend="fa3", sizes="auto", traffic=tmp_path / "t.csv", budget_mib=300.0)
+    whole = BuildOptions(backend="fa3", sizes=SizeChoiceOptions(traffic=tmp_path / "t.csv", budget_mib=300.0))
     assert "--budget-mib 300 " in " ".join(normalized_command(whole)) + " "
 
 
@@ -304,7 +310,7 @@ def test_a_size_choice_parses_the_spec_once_and_runs_the_pipeline_once(tmp_path,
         spec.write_text(spec_toml(default_spec()))
     counts = _counted(monkeypatch)
     opts = BuildOptions(
-        backend="fa3", spec=spec, sizes="auto", traffic=SKEWED, max_graphs=6, output=tmp_path / "p.json"
+        backend="fa3", spec=spec, sizes=SizeChoiceOptions(traffic=SKEWED, max_graphs=6), output=tmp_path / "p.json"
     )
     plan = build_plan(opts)
     assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
@@ -313,7 +319,8 @@ def test_a_size_choice_parses_the_spec_once_and_runs_the_pipeline_once(tmp_path,
     from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
 
     counts.update({k: 0 for k in counts})
-    res = choose_sizes(SizesOptions(build=BuildOptions(backend="fa3", spec=spec), traffic=SKEWED, max_graphs=6))
+    choice = SizeChoiceOptions(traffic=SKEWED, max_graphs=6)
+    res = choose_sizes(SizesOptions(build=BuildOptions(backend="fa3", spec=spec), choice=choice))
     assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
     assert res.plan.predicted.pool_bytes == plan.predicted.pool_bytes
     assert plan_bytes(plan) == plan_bytes(build_plan(opts))  # the same bytes built again

@@ -52,6 +52,7 @@ QUICKSTART_MODULES = {
     "capture_plan.planner.inputs.validate",
     "capture_plan.planner.memory.workload",
     "capture_plan.schemas",
+    "capture_plan.schemas.build_flags",
     "capture_plan.schemas.codec",
     "capture_plan.schemas.errors",
     "capture_plan.schemas.files",

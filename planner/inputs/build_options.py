@@ -1,12 +1,14 @@
 """What ``planner build`` was asked: its options, their record in the plan, and their command.
 
-A build option lives in three places that must say the same: :class:`BuildOptions`
-(what the library takes), :class:`capture_plan.schemas.plan.BuildRecord` (what a plan
-records, what ``planner check`` rebuilds from) and the command text (what a user
-reruns). The record and the command are written from one table,
-:data:`capture_plan.schemas.plan.BUILD_FLAGS`, so a new option is a field here, a field
-of the record and a row of that table; its meaning is the pipeline's (planner/build.py)
-and its flag the CLI's (planner/cli/build.py).
+A build option is a row of one table, :data:`capture_plan.schemas.build_flags.BUILD_OPTIONS`
+(field, flag, kind, help), and a field of :class:`BuildOptions` (what the library takes; the
+size-choice options one nested :class:`SizeChoiceOptions`) and of
+:class:`capture_plan.schemas.plan.BuildRecord` (what a plan records, what ``planner check``
+rebuilds from). The record, the command text (what a user reruns) and the click options of
+``planner build`` and ``planner sizes`` (planner/cli/_build_inputs.py) are made from the table;
+options given flat (the CLI's, a record's, a command's) become a BuildOptions through
+:func:`from_flat`, which checks that the size-choice options come together. Its meaning is
+the pipeline's (planner/build.py). tests/test_build_options_table.py checks the three agree.
 
 Paths: :class:`BuildOptions` holds them as given (relative to the current directory);
 the record holds them relative to the plan's own folder, lexically, so the same build
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from capture_plan.schemas.build_flags import SIZE_CHOICE
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import BUILD_FLAGS, BuildRecord, record_command
 
@@ -28,6 +33,9 @@ from .specs import preset_max_bs
 
 __all__ = [
     "BuildOptions",
+    "SizeChoiceOptions",
+    "flat",
+    "from_flat",
     "relative",
     "default_output",
     "output_path",
@@ -42,20 +50,28 @@ __all__ = [
     "check_size_choice",
 ]
 
-#: the options that choose sizes for a traffic (``--sizes auto``), as BuildOptions fields
-SIZE_CHOICE = (
-    "sizes",
-    "traffic",
-    "traffic_phases",
-    "metric",
-    "max_size",
-    "timing",
-    "device",
-    "context",
-    "budget_mib",
-    "max_graphs",
-    "max_padding",
-)
+
+class SizeChoiceOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The options that choose the capture sizes for a traffic (``planner sizes``, and
+    ``planner build --sizes auto``): planner/sizes/sizes.py's. Paths as given (relative to cwd)."""
+
+    traffic: Path
+    #: the phases traffic that names none is for (default: every phase)
+    traffic_phases: tuple[str, ...] = ()
+    #: the histogram read from a Prometheus scrape (default: traffic.DEFAULT_METRIC)
+    metric: str | None = None
+    #: the largest size the engine schedules, always captured (default: the spec's largest)
+    max_size: int | None = None
+    #: a capture report with replay times; else step times from a roofline
+    timing: Path | None = None
+    #: the roofline's device (default: step_time.DEFAULT_DEVICE)
+    device: str | None = None
+    #: KV tokens per request, for the roofline (default: step_time.DEFAULT_CONTEXT)
+    context: int | None = None
+    budget_mib: float | None = None
+    max_graphs: int | None = None
+    #: percent of step time
+    max_padding: float | None = None
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -77,26 +93,39 @@ class BuildOptions(msgspec.Struct, frozen=True):
     calibration: Path | None = None
     #: another engine's conventions for the embedded spec (specs.preset_names(): vllm)
     preset: str | None = None
-    #: "auto": capture the sizes chosen for ``traffic`` (planner/sizes.py) instead of the spec's;
-    #: the fields below are planner/sizes.py's SizesOptions, read only with it
-    sizes: str | None = None
-    traffic: Path | None = None
-    #: the phases traffic that names none is for (default: every phase)
-    traffic_phases: tuple[str, ...] = ()
-    #: the histogram read from a Prometheus scrape (default: traffic.DEFAULT_METRIC)
-    metric: str | None = None
-    #: the largest size the engine schedules, always captured (default: the spec's largest)
-    max_size: int | None = None
-    #: a capture report with replay times; else step times from a roofline
-    timing: Path | None = None
-    #: the roofline's device (default: step_time.DEFAULT_DEVICE)
-    device: str | None = None
-    #: KV tokens per request, for the roofline (default: step_time.DEFAULT_CONTEXT)
-    context: int | None = None
-    budget_mib: float | None = None
-    max_graphs: int | None = None
-    #: percent of step time
-    max_padding: float | None = None
+    #: capture the sizes chosen for a traffic (``--sizes auto`` and the options with it:
+    #: planner/sizes/) instead of the spec's; None: the spec's
+    sizes: SizeChoiceOptions | None = None
+
+
+#: the fields of SizeChoiceOptions as the table names them (SIZE_CHOICE after ``sizes``), each
+#: with its value when not given
+_CHOICE = SIZE_CHOICE[1:]
+_NOT_GIVEN: dict[str, Any] = {
+    f: None if f == "traffic" else getattr(SizeChoiceOptions(traffic=Path()), f) for f in _CHOICE
+}
+
+
+def flat(opts: BuildOptions) -> dict[str, Any]:
+    """``opts`` as one value per row of the table of build options: ``sizes`` "auto" (or None)
+    and the size-choice options beside it, each as not given without a choice."""
+    out = {f: getattr(opts, f) for f in BuildOptions.__struct_fields__ if f != "sizes"}
+    choice = opts.sizes
+    out["sizes"] = "auto" if choice is not None else None
+    out.update({f: getattr(choice, f) for f in _CHOICE} if choice is not None else _NOT_GIVEN)
+    return out
+
+
+def from_flat(fields: Mapping[str, Any]) -> BuildOptions:
+    """The options of ``fields`` given flat (a row's field -> its value; ``sizes`` "auto" or
+    None, the size-choice options beside it: the CLI's, a record's, a command's), the
+    size-choice ones nested in one :class:`SizeChoiceOptions`. They come together or not at
+    all (:func:`check_size_choice`)."""
+    plain = BuildOptions(**{f: v for f, v in fields.items() if f not in SIZE_CHOICE})
+    choice = {f: fields[f] for f in _CHOICE if f in fields and fields[f] != _NOT_GIVEN[f]}
+    sizes = fields.get("sizes")
+    check_size_choice(plain, sizes, choice)
+    return plain if sizes is None else msgspec.structs.replace(plain, sizes=SizeChoiceOptions(**choice))
 
 
 def relative(path: Path, base: Path) -> str:
@@ -115,7 +144,7 @@ def default_output(opts: BuildOptions) -> Path:
     elif opts.preset:
         parts.append(opts.preset)
     if opts.sizes is not None:  # not the spec's sizes: not the spec's plan's name
-        parts.append(f"sizes-{opts.traffic.stem}" if opts.traffic is not None else "sizes")
+        parts.append(f"sizes-{opts.sizes.traffic.stem}")
     if opts.ci:
         parts.append("ci")
     return Path("plans") / ("-".join(parts) + ".json")
@@ -129,10 +158,11 @@ def _record(opts: BuildOptions, base: Path, output: str | None) -> BuildRecord:
     """``opts`` as a record whose paths are relative to ``base``: the strategy pins sorted and
     once each, ``--max-bs`` left out when it is the preset's own (the same spec either way)."""
     fields: dict = {"backend": opts.backend}
+    values = flat(opts)
     for field, _flag, kind in BUILD_FLAGS:
         if field == "output":
             continue
-        value = getattr(opts, field)
+        value = values[field]
         if kind == "path" and value is not None:
             value = relative(value, base)
         elif kind == "repeat":
@@ -170,7 +200,7 @@ def options_from_record(rec: BuildRecord, plan_path: Path) -> BuildOptions:
         elif kind == "repeat":
             value = tuple(value or ())
         fields[field] = value
-    return BuildOptions(**fields)
+    return from_flat(fields)
 
 
 def options_from_command(command: list[str], plan_path: Path) -> BuildOptions | None:
@@ -212,7 +242,7 @@ def options_from_command(command: list[str], plan_path: Path) -> BuildOptions | 
             fields[field] = value
     if "backend" not in fields:
         return None
-    return BuildOptions(**{**fields, "output": plan_path})
+    return from_flat({**fields, "output": plan_path})
 
 
 def normalized_command(opts: BuildOptions) -> list[str]:
@@ -234,7 +264,8 @@ def check_paths_encode(opts: BuildOptions) -> None:
     """The paths a plan records (its name, ``-o``, and every path option) must be
     text: a file name that is not valid UTF-8 (bytes a POSIX name may hold)
     cannot go into the plan's JSON, and was an internal error when it was written."""
-    paths = [(flag, getattr(opts, field)) for field, flag, kind in BUILD_FLAGS if kind == "path" and field != "output"]
+    values = flat(opts)
+    paths = [(flag, values[field]) for field, flag, kind in BUILD_FLAGS if kind == "path" and field != "output"]
     for flag, path in [*paths, ("-o", output_path(opts))]:
         if path is None:
             continue
@@ -251,28 +282,27 @@ def check_paths_encode(opts: BuildOptions) -> None:
 
 def without_size_choice(opts: BuildOptions) -> BuildOptions:
     """``opts`` building the spec's own sizes: what a size choice prices its lists with."""
-    blank = BuildOptions(backend=opts.backend)
-    return msgspec.structs.replace(opts, **{f: getattr(blank, f) for f in SIZE_CHOICE})
+    return msgspec.structs.replace(opts, sizes=None)
 
 
-def check_size_choice(opts: BuildOptions) -> None:
-    """The size-choice options come with ``--sizes auto`` and a traffic, and only then: a
-    ``--traffic`` without ``--sizes auto`` would be recorded and read by nothing."""
-    blank = BuildOptions(backend=opts.backend)
+def check_size_choice(opts: BuildOptions, sizes: str | None, choice: Mapping[str, Any]) -> None:
+    """The size-choice options (``choice``: SizeChoiceOptions' fields given, beside ``opts``
+    without them) come with ``--sizes auto`` and a traffic, and only then: a ``--traffic``
+    without ``--sizes auto`` would be recorded and read by nothing."""
     flags = {field: flag for field, flag, _kind in BUILD_FLAGS}
-    given = [flags[f] for f in SIZE_CHOICE[1:] if getattr(opts, f) != getattr(blank, f)]
-    if opts.sizes is None and given:
+    given = [flags[f] for f in _CHOICE if f in choice]
+    if sizes is None and given:
         fix = f"capture the spec's sizes: `{command_for_cwd(without_size_choice(opts))}`"
-        if opts.traffic is not None:
-            auto = command_for_cwd(msgspec.structs.replace(opts, sizes="auto"))
+        if choice.get("traffic") is not None:
+            auto = command_for_cwd(msgspec.structs.replace(opts, sizes=SizeChoiceOptions(**choice)))
             fix = f"choose the sizes for the traffic: `{auto}`, or {fix}"
         verb = "choose" if len(given) > 1 else "chooses"
         raise InputError(
             f"{', '.join(given)} {verb} sizes for a traffic, with --sizes auto only", where=given[0], fix=fix
         )
-    if opts.sizes not in (None, "auto"):
-        raise InputError(f"unknown sizes {opts.sizes!r}", where=f"--sizes {opts.sizes}", fix="use --sizes auto")
-    if opts.sizes == "auto" and opts.traffic is None:
+    if sizes not in (None, "auto"):
+        raise InputError(f"unknown sizes {sizes!r}", where=f"--sizes {sizes}", fix="use --sizes auto")
+    if sizes == "auto" and choice.get("traffic") is None:
         raise InputError(
             "--sizes auto chooses the sizes for a traffic, and none is given",
             where="--sizes auto",

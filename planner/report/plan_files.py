@@ -146,8 +146,8 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
         ("spec", "--spec ", opts.spec),
         ("trace", "--trace ", opts.trace),
         ("calibration report", "--calibration ", opts.calibration),
-        ("traffic", "--traffic ", opts.traffic),
-        ("timing report", "--timing ", opts.timing),
+        ("traffic", "--traffic ", opts.sizes.traffic if opts.sizes is not None else None),
+        ("timing report", "--timing ", opts.sizes.timing if opts.sizes is not None else None),
     ]
     sources += [
         (what, "", path.parent / rel)

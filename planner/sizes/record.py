@@ -25,11 +25,11 @@ __all__ = ["size_record"]
 
 def size_record(choice: Choice, opts: BuildOptions) -> SizeRecord:
     """``choice`` as the plan of ``opts`` records it (paths relative to the plan's folder)."""
-    assert opts.traffic is not None  # a choice is of a traffic
+    assert opts.sizes is not None  # a build that chose its sizes
     return SizeRecord(
         decisions=_size_decisions(opts, choice),
         sizes=_size_choices(opts, choice),
-        traffic=relative(opts.traffic, output_path(opts).parent),
+        traffic=relative(opts.sizes.traffic, output_path(opts).parent),
         traffic_digest=choice.traffic.digest,
     )
 
@@ -37,7 +37,8 @@ def size_record(choice: Choice, opts: BuildOptions) -> SizeRecord:
 def _step_time_source(opts: BuildOptions, text: str, plan_folder: Path) -> str:
     """Where step times came from, as a plan records it: a timing report by its path relative
     to the plan (the report names it as the user gave it, relative to the cwd)."""
-    return f"measured replay times in {relative(opts.timing, plan_folder)}" if opts.timing is not None else text
+    timing = opts.sizes.timing if opts.sizes is not None else None
+    return f"measured replay times in {relative(timing, plan_folder)}" if timing is not None else text
 
 
 def _size_choices(opts: BuildOptions, chosen: Choice) -> list[SizeChoice]:
@@ -86,7 +87,7 @@ def _size_decisions(opts: BuildOptions, chosen: Choice) -> list[Decision]:
     shows the sizes that came and went, each with its why)."""
     out = []
     folder = output_path(opts).parent
-    traffic = relative(opts.traffic, folder) if opts.traffic is not None else ""
+    traffic = relative(opts.sizes.traffic, folder) if opts.sizes is not None else ""
     for c in chosen.phases:
         row = c.chosen
         mark = "~" if row.approximate else ""

@@ -61,7 +61,7 @@ from capture_plan.schemas.spec import Phase, Spec
 from capture_plan.schemas.units import MiB
 
 from ..inputs import resources
-from ..inputs.build_options import BuildOptions, without_size_choice
+from ..inputs.build_options import BuildOptions, SizeChoiceOptions
 from ..inputs.spec_toml import spec_toml
 from ..inputs.specs import _expand, engine_preset, sgl_sizes
 from ..memory.device import Calibration, device_prediction
@@ -109,21 +109,10 @@ DEFAULT_UPTO = 64
 class SizesOptions(msgspec.Struct, frozen=True, kw_only=True):
     """What ``planner sizes`` was asked. Paths as given (relative to the cwd)."""
 
+    #: the build whose spec's sizes are chosen (its own sizes: ``build.sizes`` is None)
     build: BuildOptions
-    traffic: Path
-    #: the phases traffic that names none applies to (default: every phase of the spec)
-    phases: tuple[str, ...] = ()
-    #: the largest size the engine schedules, in each phase's size unit (default: the spec's largest)
-    max_size: int | None = None
-    metric: str = DEFAULT_METRIC
-    #: a capture report with replay times (``capture_plan.executor.timing``); else a roofline
-    timing: Path | None = None
-    device: str | None = None
-    context: int = DEFAULT_CONTEXT
-    budget_mib: float | None = None
-    max_graphs: int | None = None
-    #: percent of step time
-    max_padding: float | None = None
+    #: the options that choose the sizes, as ``planner build --sizes auto`` takes them
+    choice: SizeChoiceOptions
     #: the front's largest count of sizes
     upto: int | None = None
     #: every count on the front, not a selection
@@ -188,8 +177,10 @@ class Choice:
     budget_mib: float | None
     #: whether the budget is of the device total (a calibration given), else of the pool and hoisted
     calibrated: bool
-    #: what was asked (the budget a plan of the lists is checked against: :func:`check_budget`)
-    opts: SizesOptions
+    #: what was asked (the budget a plan of the lists is checked against: :func:`check_budget`),
+    #: and of which build
+    opts: SizeChoiceOptions
+    build: BuildOptions
 
 
 @dataclass(frozen=True)
@@ -280,12 +271,13 @@ class _Memory:
         return out
 
 
-def _step_time(opts: SizesOptions, spec: Spec, phase: Phase, tp: int, timing) -> StepTime:
+def _step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend) -> StepTime:
     if timing is not None:
         rep, shown = timing
         return measured_times(rep, shown, phase.name)
     device = device_roofline(opts.device or DEFAULT_DEVICE)
-    return roofline(spec.model, phase, tp, device, opts.context, resources.backend(opts.build.backend))
+    context = DEFAULT_CONTEXT if opts.context is None else opts.context
+    return roofline(spec.model, phase, tp, device, context, backend)
 
 
 def _engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:
@@ -360,23 +352,9 @@ class _Pricing:
 
 def for_build(r: Resolved, *, worth: bool = True) -> Choice:
     """The sizes ``planner build --sizes auto`` captures: :func:`choose` with the build's own
-    size-choice options (``r.opts``); with ``worth``, each chosen size with why it is in."""
-    opts = r.opts
-    assert opts.traffic is not None  # build_options.check_size_choice
-    sizes = SizesOptions(
-        build=without_size_choice(opts),
-        traffic=opts.traffic,
-        phases=opts.traffic_phases,
-        max_size=opts.max_size,
-        metric=opts.metric or DEFAULT_METRIC,
-        timing=opts.timing,
-        device=opts.device,
-        context=DEFAULT_CONTEXT if opts.context is None else opts.context,
-        budget_mib=opts.budget_mib,
-        max_graphs=opts.max_graphs,
-        max_padding=opts.max_padding,
-    )
-    return choose(r, sizes, worth=worth)
+    size-choice options (``r.opts.sizes``); with ``worth``, each chosen size with why it is in."""
+    assert r.opts.sizes is not None  # a build that chooses its sizes
+    return choose(r, r.opts.sizes, worth=worth)
 
 
 def _budget_of(row: Row, calibrated: bool) -> int | None:
@@ -388,7 +366,7 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     defaults priced alike, the chosen lists (:func:`choose`), and the plan built with them.
     With ``worth``, also why each chosen size is in (:func:`_worth`: one more simulation per size)."""
     r = resolve(opts.build)
-    choice = choose(r, opts, worth=worth)
+    choice = choose(r, opts.choice, upto=opts.upto, every=opts.every, worth=worth)
     plan = pipeline.plan(r.with_sizes(choice.lists))
     check_budget(choice, plan)
     device = plan.predicted.device
@@ -411,24 +389,26 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     )
 
 
-def choose(r: Resolved, opts: SizesOptions, *, worth: bool = False) -> Choice:
-    """Each traffic phase's front, the engines' defaults priced alike, and the chosen lists,
-    priced on ``r`` (the build of ``opts.build``, resolved once) in memory. With ``worth``,
-    also why each chosen size is in (:func:`_worth`)."""
-    b = opts.build
+def choose(
+    r: Resolved, opts: SizeChoiceOptions, *, upto: int | None = None, every: bool = False, worth: bool = False
+) -> Choice:
+    """Each traffic phase's front (up to ``upto`` sizes; with ``every``, each count on it), the
+    engines' defaults priced alike, and the chosen lists, priced on ``r`` (the build resolved
+    once) in memory. With ``worth``, also why each chosen size is in (:func:`_worth`)."""
+    b = r.opts
     resolved = r.spec
     names = [p.name for p in resolved.phases]
-    for p in opts.phases:
+    for p in opts.traffic_phases:
         if p not in names:
             raise InputError(f"unknown phase {p!r}; the spec has {', '.join(names)}", where=f"--phase {p}")
-    default_phases = list(opts.phases) or names
+    default_phases = list(opts.traffic_phases) or names
     if opts.max_size is not None and not 1 <= opts.max_size <= MAX_BS:
         raise InputError(
             f"must be 1..{MAX_BS}, got {opts.max_size}",
             where="--max-size",
             fix="give the largest batch the engine schedules",
         )
-    for flag, v in (("--max-graphs", opts.max_graphs), ("--upto", opts.upto), ("--context", opts.context)):
+    for flag, v in (("--max-graphs", opts.max_graphs), ("--upto", upto), ("--context", opts.context)):
         if v is not None and v < 1:
             raise InputError(f"must be 1 or more, got {v}", where=f"{flag} {v}")
     if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
@@ -441,7 +421,7 @@ def choose(r: Resolved, opts: SizesOptions, *, worth: bool = False) -> Choice:
         phases={p.name: p.tokens_per_request for p in resolved.phases},
         default_phases=default_phases,
         max_size=top,
-        metric=opts.metric,
+        metric=opts.metric or DEFAULT_METRIC,
     )
     timing = read_timing(opts.timing) if opts.timing is not None else None
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
@@ -476,18 +456,18 @@ def choose(r: Resolved, opts: SizesOptions, *, worth: bool = False) -> Choice:
         price = _Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=_step_time(opts, resolved, phase, tp, timing),
+            time=_step_time(opts, resolved, phase, tp, timing, r.backend),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
         )
-        upto = opts.upto or max(DEFAULT_UPTO, len(phase.sizes), opts.max_graphs or 0)
-        price.best = best_lists(price.traffic, cands[name][0], price.time.cost, upto)
+        count = upto or max(DEFAULT_UPTO, len(phase.sizes), opts.max_graphs or 0)
+        price.best = best_lists(price.traffic, cands[name][0], price.time.cost, count)
         kmax = max(price.best)
-        chosen_k, why = _choose(opts, price, kmax, len(phase.sizes), budget, calibrated, budget_mib)
+        chosen_k, why = _choose(opts, b.spec, price, kmax, len(phase.sizes), budget, calibrated, budget_mib)
         shown = (
             range(1, kmax + 1)
-            if opts.every
+            if every
             else sorted({*(k for k in _SHOWN if k <= kmax), kmax, chosen_k, min(len(phase.sizes), kmax)})
         )
         prices[name] = price
@@ -523,13 +503,14 @@ def choose(r: Resolved, opts: SizesOptions, *, worth: bool = False) -> Choice:
         budget_mib=budget_mib,
         calibrated=calibrated,
         opts=opts,
+        build=b,
     )
 
 
 def check_budget(choice: Choice, plan: Plan) -> None:
     """Refuse the plan of ``choice``'s lists (the chosen lists of all phases together) over the
     budget: the device total when calibrated, else the pool and hoisted workspaces."""
-    opts, b, budget_mib, calibrated = choice.opts, choice.opts.build, choice.budget_mib, choice.calibrated
+    opts, b, budget_mib, calibrated = choice.opts, choice.build, choice.budget_mib, choice.calibrated
     budget = None if budget_mib is None else budget_mib * MiB
     device = plan.predicted.device
     device_total = device.total_bytes if device is not None else None
@@ -547,7 +528,8 @@ def check_budget(choice: Choice, plan: Plan) -> None:
 
 
 def _choose(
-    opts: SizesOptions,
+    opts: SizeChoiceOptions,
+    spec: Path | None,
     price: _Pricing,
     kmax: int,
     spec_count: int,
@@ -598,8 +580,8 @@ def _choose(
         f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
         where="--budget-mib"
         if opts.budget_mib is not None
-        else f"{opts.build.spec}: $.budget_mib"
-        if opts.build.spec is not None
+        else f"{spec}: $.budget_mib"
+        if spec is not None
         else "the spec's budget_mib",
         fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
         if used is not None
@@ -714,9 +696,9 @@ def write_spec(res: SizesResult, opts: SizesOptions, path: Path) -> str:
     only a spec this function wrote before: never the spec, traffic or reports it read, nor
     any other file."""
     where = f"--write-spec {path}"
-    b = opts.build
+    b, given = opts.build, opts.choice
     if existing_output(path, where, "name a spec file, not a folder") is not None:
-        for what, src in (("spec", b.spec), ("traffic", opts.traffic), ("timing report", opts.timing)):
+        for what, src in (("spec", b.spec), ("traffic", given.traffic), ("timing report", given.timing)):
             if src is not None and os.path.samefile(path, src):
                 raise InputError(f"the output is the {what} file", where=where, fix="name another file")
         with open(path, "rb") as f:
@@ -732,12 +714,12 @@ def write_spec(res: SizesResult, opts: SizesOptions, path: Path) -> str:
     def rel(p: Path) -> str:
         return Path(os.path.relpath(os.path.abspath(p), os.path.abspath(folder))).as_posix()
 
-    header = [f"{_WRITTEN[2:]} for the traffic {rel(opts.traffic)} ({res.traffic.digest})."]
+    header = [f"{_WRITTEN[2:]} for the traffic {rel(given.traffic)} ({res.traffic.digest})."]
     header += [f"note: {n}" for n in res.traffic.notes]
     for ph in res.phases:
         c = ph.chosen
         # a measured step time names its report as the user gave it: here relative to this file
-        time = f"measured replay times in {rel(opts.timing)}" if opts.timing is not None else ph.time_source
+        time = f"measured replay times in {rel(given.timing)}" if given.timing is not None else ph.time_source
         header.append(
             f"{ph.phase}: {len(c.sizes)} sizes, padding {'~' if c.approximate else ''}{c.padding:.2f}% of step time "
             f"({ph.why}), pool {_mib(c.pool_bytes)} MiB, device total "
