@@ -213,7 +213,7 @@ def test_every_list_covers_the_largest_size_and_padding_falls_with_more_sizes(sk
 
 
 def test_the_table_names_every_figures_provenance(skewed):
-    from capture_plan.planner.sizes.sizes import render
+    from capture_plan.planner.sizes.output import render
 
     text = render(skewed)
     assert "graph memory: simulated (analytic model, native allocator)" in text

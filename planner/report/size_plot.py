@@ -21,7 +21,8 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import write_atomic
 from capture_plan.schemas.units import MiB
 
-from ..sizes.sizes import Row, SizesResult
+from ..sizes.pricing import Row
+from ..sizes.sizes import SizesResult
 from .plot import SIZE_PX, check_plot_path
 
 __all__ = ["plot_front", "front_data", "draw_front"]

@@ -31,9 +31,10 @@ the lists already chosen for the phases before it.
 
 Every list is priced on the build resolved once (planner/schedule/resolve.py: the spec
 parsed, the trace and reports read), in memory: ``Resolved.with_sizes`` is the same build
-capturing other sizes. :func:`choose` decides; :func:`choose_sizes` (``planner sizes``) and
-``planner build --sizes auto`` (planner/build.py) each build one plan of the chosen lists,
-the latter with the choice's decisions (planner/sizes/record.py).
+capturing other sizes. :func:`choose` decides, each list priced alike
+(planner/sizes/pricing.py); :func:`choose_sizes` (``planner sizes``; its table and the spec it
+writes: planner/sizes/output.py) and ``planner build --sizes auto`` (planner/build.py) each
+build one plan of the chosen lists, the latter with the choice's decisions (planner/sizes/record.py).
 
 What this does not do: choose sizes for phases the traffic does not name
 (they keep the spec's), change the strategies (a list is priced under the
@@ -44,50 +45,32 @@ measure anything: every figure says where it comes from.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
 from capture_plan.schemas.errors import ConstraintError, InputError
-from capture_plan.schemas.files import existing_output, write_atomic
-from capture_plan.schemas.keys import step_id
 from capture_plan.schemas.limits import MAX_BS
-from capture_plan.schemas.plan import Plan, SizeWorth, Step, Strategy
-from capture_plan.schemas.spec import Phase, Spec
+from capture_plan.schemas.plan import Plan, SizeWorth, Strategy
+from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.units import MiB
 
 from ..inputs import resources
 from ..inputs.build_options import BuildOptions, SizeChoiceOptions
-from ..inputs.spec_toml import spec_toml
-from ..inputs.specs import _expand, engine_preset, sgl_sizes
-from ..memory.device import Calibration, device_prediction
-from ..memory.simulate import simulate
-from ..memory.workload import Workload, workspace_bytes
 from ..schedule import pipeline
-from ..schedule.graph import capture_order
-from ..schedule.keys import capture_key, key_sequence, phase_combos
 from ..schedule.resolve import Resolved, resolve
-from .size_front import Best, best_lists, candidates, expected, size_runs
+from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time
+from .size_front import best_lists, candidates, expected, size_runs
 from .step_time import (
-    DEFAULT_CONTEXT,
-    DEFAULT_DEVICE,
-    Measured,
-    StepTime,
     capture_seconds,
-    device_roofline,
-    measured_times,
     read_timing,
-    roofline,
 )
 from .traffic import DEFAULT_METRIC, Traffic, read_traffic
 
 __all__ = [
     "SizesOptions",
-    "Row",
     "PhaseChoice",
     "Choice",
     "SizesResult",
@@ -95,8 +78,6 @@ __all__ = [
     "choose_sizes",
     "check_budget",
     "for_build",
-    "write_spec",
-    "render",
     "size_runs",
 ]
 
@@ -117,26 +98,6 @@ class SizesOptions(msgspec.Struct, frozen=True, kw_only=True):
     upto: int | None = None
     #: every count on the front, not a selection
     every: bool = False
-
-
-@dataclass(frozen=True)
-class Row:
-    """One list of sizes for a phase and what it costs."""
-
-    label: str
-    sizes: tuple[int, ...]
-    #: expected step time lost to padding, % of the unpadded step time
-    padding: float
-    #: expected seconds per step
-    step_seconds: float
-    pool_bytes: int
-    #: the device total (None: unknown without a calibration)
-    device_bytes: int | None
-    #: seconds to capture these sizes (None: not measured)
-    capture_seconds: float | None
-    #: whether padding and step time are approximate (roofline, interpolated)
-    approximate: bool
-    capture_approximate: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,157 +158,10 @@ class SizesResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _rebased(spec: Spec, opts: BuildOptions, folder: Path | None) -> Spec:
-    """``spec``'s paths (model config, trace), relative to the spec file, made relative to
-    ``folder`` (absolute when None): for a copy of the spec written elsewhere."""
-    if opts.spec is None:
-        return spec
-    base = opts.spec.parent
-
-    def move(p: str) -> str:
-        path = os.path.abspath(base / p)
-        return path if folder is None else Path(os.path.relpath(path, os.path.abspath(folder))).as_posix()
-
-    model = spec.model
-    if isinstance(model.config, str):
-        model = msgspec.structs.replace(model, config=move(model.config))
-    trace = move(spec.trace) if spec.trace is not None else None
-    return msgspec.structs.replace(spec, model=model, trace=trace)
-
-
 def _with_sizes(spec: Spec, lists: dict[str, list[int]]) -> Spec:
     return msgspec.structs.replace(
         spec, phases=[msgspec.structs.replace(p, sizes=sorted(lists.get(p.name, p.sizes))) for p in spec.phases]
     )
-
-
-class _Memory:
-    """Pool bytes (and the device total) of a set of lists under the plan's schedule, memoized."""
-
-    def __init__(self, r: Resolved, strategies: dict[str, Strategy], all_sizes: dict[str, list[int]]) -> None:
-        self.backend = r.backend
-        self.phases = {p.name: p for p in r.spec.phases}
-        # one workload for every size any list may hold (a trace fitted to them all)
-        self.workload: Workload = r.with_sizes(all_sizes).workload
-        self.strategies = strategies
-        self.sequence = list(strategies)
-        self.expandable = r.expandable
-        self.library = r.library
-        self.protect = r.protect
-        self.calibration: Calibration | None = r.calibration
-        self._seen: dict[tuple, tuple[int, int, int | None]] = {}
-
-    def of(self, lists: dict[str, list[int]]) -> tuple[int, int, int | None]:
-        """(pool bytes, hoisted bytes, device total or None) of capturing ``lists``."""
-        key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
-        if key in self._seen:
-            return self._seen[key]
-        # every graph key of a phase with variants, in the key order the spec's build chose (planner/keys.py)
-        keys = [
-            (n, bs, labels)
-            for n in self.sequence
-            for bs, labels in key_sequence(
-                capture_order(lists[n], self.strategies[n].order),
-                phase_combos(self.phases[n]),
-                "size-major" if self.strategies[n].key_order is msgspec.UNSET else str(self.strategies[n].key_order),
-            )
-        ]
-        captures = [capture_key(n, bs, labels) for n, bs, labels in keys]
-        sim = simulate(captures, self.strategies, self.workload, self.expandable, self.protect, self.library)
-        hoisted = sum(
-            workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
-            for n in self.sequence
-            if self.strategies[n].workspace == "hoisted" and lists[n]
-        )
-        total = None
-        if self.calibration is not None:
-            steps = [
-                Step(index=i, id=step_id("capture", n, bs, labels), op="capture", phase=n, bs=bs)
-                for i, (n, bs, labels) in enumerate(keys)
-            ]
-            kinds = {n: p.kind for n, p in self.phases.items()}
-            total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
-        out = self._seen[key] = (sim.pool_bytes, hoisted, total)
-        return out
-
-
-def _step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend) -> StepTime:
-    if timing is not None:
-        rep, shown = timing
-        return measured_times(rep, shown, phase.name)
-    device = device_roofline(opts.device or DEFAULT_DEVICE)
-    context = DEFAULT_CONTEXT if opts.context is None else opts.context
-    return roofline(spec.model, phase, tp, device, context, backend)
-
-
-def _engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:
-    """SGLang's and vLLM's default lists up to ``top`` (the largest added where a list stops below it)."""
-    sgl = sgl_sizes("speculative" if speculative else "decode", min(top, MAX_BS))
-    tpr = phase.tokens_per_request
-    vllm = [t // tpr for t in _expand(engine_preset("vllm").sizes, top * tpr) if t % tpr == 0]
-    return [_covering("SGLang default", sgl, top), _covering("vLLM default", vllm, top)]
-
-
-def _covering(label: str, sizes: list[int], top: int) -> tuple[str, list[int]]:
-    """``sizes`` up to ``top``, and ``top`` itself where they stop below it (said in the label):
-    a list is priced as one that runs no step eagerly."""
-    sizes = sorted({s for s in sizes if s <= top})
-    if not sizes or sizes[-1] != top:
-        return f"{label} (+{top})", [*sizes, top]
-    return label, sizes
-
-
-@dataclass
-class _Pricing:
-    """What every list of one phase is priced with: its traffic, step time and memory (the
-    other phases at ``others``' lists), and the best list of each count once found."""
-
-    phase: str
-    traffic: dict[int, float]
-    time: StepTime
-    memory: _Memory
-    others: dict[str, list[int]]
-    captured: dict[int, float]
-    best: dict[int, Best] = field(default_factory=dict)
-    _rows: dict[int, Row] = field(default_factory=dict)
-
-    @functools.cached_property
-    def ideal(self) -> float:
-        """Expected seconds per step with every size captured: the unpadded step time."""
-        t = self.traffic
-        return sum(w * self.time.cost(n, n) for n, w in t.items()) / sum(t.values())
-
-    def padding(self, seconds: float) -> float:
-        """``seconds`` per step as padding, % of the unpadded step time (at least 0: floating
-        point may say -0.0 where a list pads nothing)."""
-        return max(0.0, 100.0 * (seconds - self.ideal) / self.ideal) if self.ideal > 0 else 0.0
-
-    def at(self, k: int) -> Row:
-        """The best list of ``k`` sizes, priced (memoized: memory is simulated once)."""
-        if k not in self._rows:
-            self._rows[k] = self.row(f"{k}", self.best[k].sizes, self.best[k].seconds)
-        return self._rows[k]
-
-    def row(self, label: str, sizes: list[int] | tuple[int, ...], seconds: float | None = None) -> Row:
-        sizes = tuple(sorted(sizes))
-        step = expected(self.traffic, sizes, self.time.cost) if seconds is None else seconds
-        pool, hoisted, total = self.memory.of({**self.others, self.phase: list(sizes)})
-        cap, cap_approx = None, False
-        if len(self.captured) >= 2:
-            cap = sum(Measured(times=self.captured, source="").at(s) for s in sizes)
-            cap_approx = any(s not in self.captured for s in sizes)
-        exact = self.time.provenance == "measured" and all(self.time.exact(s) for s in {*sizes, *self.traffic})
-        return Row(
-            label=label,
-            sizes=sizes,
-            padding=self.padding(step),
-            step_seconds=step,
-            pool_bytes=pool + hoisted,
-            device_bytes=total,
-            capture_seconds=cap,
-            approximate=not exact,
-            capture_approximate=cap_approx,
-        )
 
 
 def for_build(r: Resolved, *, worth: bool = True) -> Choice:
@@ -355,10 +169,6 @@ def for_build(r: Resolved, *, worth: bool = True) -> Choice:
     size-choice options (``r.opts.sizes``); with ``worth``, each chosen size with why it is in."""
     assert r.opts.sizes is not None  # a build that chooses its sizes
     return choose(r, r.opts.sizes, worth=worth)
-
-
-def _budget_of(row: Row, calibrated: bool) -> int | None:
-    return row.device_bytes if calibrated else row.pool_bytes
 
 
 def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
@@ -436,11 +246,11 @@ def choose(
     all_sizes = {
         p.name: sorted(
             {*p.sizes, top[p.name], *cands.get(p.name, ([], ""))[0]}
-            | {s for _, d in _engine_defaults(p, top[p.name], speculative) for s in d}
+            | {s for _, d in engine_defaults(p, top[p.name], speculative) for s in d}
         )
         for p in resolved.phases
     }
-    memory = _Memory(r, reference, all_sizes)
+    memory = Memory(r, reference, all_sizes)
     calibrated = memory.calibration is not None
     budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
     budget = None if budget_mib is None else budget_mib * MiB
@@ -450,13 +260,13 @@ def choose(
     lists = {p.name: list(p.sizes) for p in resolved.phases}
     by_name = {p.name: p for p in resolved.phases}
     choices: list[PhaseChoice] = []
-    prices: dict[str, _Pricing] = {}
+    prices: dict[str, Pricing] = {}
     for name in [n for n in reference if n in traffic.phases]:
         phase = by_name[name]
-        price = _Pricing(
+        price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=_step_time(opts, resolved, phase, tp, timing, r.backend),
+            time=phase_step_time(opts, resolved, phase, tp, timing, r.backend),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
@@ -479,10 +289,10 @@ def choose(
                 candidates=cands[name][1],
                 time_source=price.time.source,
                 front=[price.at(k) for k in shown],
-                defaults=[price.row(*d) for d in _engine_defaults(phase, top[name], speculative)],
+                defaults=[price.row(*d) for d in engine_defaults(phase, top[name], speculative)],
                 chosen=price.at(chosen_k),
                 why=why,
-                current=price.row(*_covering("the spec's", lists[name], top[name])),
+                current=price.row(*covering("the spec's", lists[name], top[name])),
             )
         )
         lists[name] = list(price.best[chosen_k].sizes)
@@ -530,7 +340,7 @@ def check_budget(choice: Choice, plan: Plan) -> None:
 def _choose(
     opts: SizeChoiceOptions,
     spec: Path | None,
-    price: _Pricing,
+    price: Pricing,
     kmax: int,
     spec_count: int,
     budget: float | None,
@@ -546,7 +356,7 @@ def _choose(
     def fits(k: int) -> bool:
         if budget is None:
             return True
-        used = _budget_of(at(k), calibrated)
+        used = budget_of(at(k), calibrated)
         return used is not None and used <= budget
 
     def padding(k: int) -> float:
@@ -574,7 +384,7 @@ def _choose(
             why = f"the least padding within {limit_text}"
             return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "")
     one = at(1)
-    used = _budget_of(one, calibrated)
+    used = budget_of(one, calibrated)
     shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
     err = ConstraintError(
         f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
@@ -592,7 +402,7 @@ def _choose(
     raise err
 
 
-def _worth(price: _Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
+def _worth(price: Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
     """Why each size of ``price.phase``'s chosen list is in: the steps that run its graph, the
     padding the list would add without it (the steps then run the next larger size's graph),
     and the graph memory it adds (the lists simulated with and without it; the other phases
@@ -612,127 +422,3 @@ def _worth(price: _Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
         out.append(SizeWorth(size=s, steps=round(steps, 6), padding_saved=saved, pool_bytes_without=p2 + h2))
         low = s
     return out
-
-
-def _mib(x: int | None) -> str:
-    return "-" if x is None else f"{x / MiB:,.1f}"
-
-
-def _line(r: Row, width: int) -> str:
-    mark = "~" if r.approximate else " "
-    cap = "-" if r.capture_seconds is None else ("~" if r.capture_approximate else " ") + f"{r.capture_seconds:.2f}"
-    return (
-        f"  {r.label:<{width}} {len(r.sizes):>6} {mark}{r.padding:>8.2f} {mark}{r.step_seconds * 1e3:>8.3f} "
-        f"{_mib(r.pool_bytes):>9} {_mib(r.device_bytes):>10} {cap:>9}  {size_runs(r.sizes)}"
-    )
-
-
-def render(res: SizesResult) -> str:
-    """The table ``planner sizes`` prints."""
-    tr = res.traffic
-    out = [
-        f"traffic: {tr.source} ({tr.form}, {tr.digest[:19]}): "
-        + ", ".join(f"{p} {sum(s.values()):,.0f} steps at sizes {min(s)}..{max(s)}" for p, s in tr.phases.items())
-    ]
-    out += [f"  note: {n}" for n in res.notes]
-    out += [
-        f"graph memory: {res.memory_source}",
-        res.device_source,
-        f"budget: {res.budget}",
-        "~: approximate (a roofline, or step times interpolated between measured sizes)",
-    ]
-    for ph in res.phases:
-        width = max(12, *(len(r.label) for r in ph.defaults))
-        out += [
-            "",
-            f"{ph.phase}: {ph.steps:,.0f} steps, largest size {ph.top}; candidates: {ph.candidates}",
-            f"  step time: {ph.time_source}",
-            f"  {'list':<{width}} {'graphs':>6} {'padding %':>9} {'step ms':>9} {'pool MiB':>9} {'device MiB':>10} "
-            f"{'capture s':>9}  sizes",
-        ]
-        out += [_line(r, width) for r in ph.front]
-        out += [_line(r, width) for r in [ph.current, *ph.defaults]]
-        c = ph.chosen
-        out.append(f"  chosen: {len(c.sizes)} sizes ({ph.why}): {size_runs(c.sizes)}")
-        for d in ph.defaults:
-            if d.padding > 0 and c.padding >= 0:
-                if c.padding <= 0:
-                    times = "none left"
-                elif c.padding <= d.padding:
-                    times = f"{d.padding / c.padding:.1f}x less"
-                else:
-                    times = f"{c.padding / d.padding:.1f}x more"
-                out.append(
-                    f"    against {d.label} ({len(d.sizes)} sizes): padding {c.padding:.2f}% vs {d.padding:.2f}% "
-                    f"({times}), pool {_mib(c.pool_bytes)} vs {_mib(d.pool_bytes)} MiB"
-                    + (
-                        f", device {_mib(c.device_bytes)} vs {_mib(d.device_bytes)} MiB"
-                        if c.device_bytes is not None
-                        else ""
-                    )
-                )
-    p = res.plan.predicted
-    known = p.device.total_bytes if p.device is not None else None
-    total = "unknown" if known is None else f"{known / MiB:,.1f} MiB"
-    out += [
-        "",
-        f"plan of the chosen sizes: {sum(s.op == 'capture' for s in res.plan.steps)} captures, "
-        f"pool {p.pool_bytes / MiB:,.1f} MiB (simulated), device total {total}",
-    ]
-    return "\n".join(out) + "\n"
-
-
-#: the first line of every spec ``write_spec`` writes: a file that starts otherwise is not replaced
-_WRITTEN = "# Capture sizes chosen by `planner sizes`"
-
-
-def write_spec(res: SizesResult, opts: SizesOptions, path: Path) -> str:
-    """Write the spec with the chosen sizes to ``path`` (TOML, its header saying what chose
-    them and with what figures); returns the ``planner build`` command that builds it.
-
-    The build's own options that a spec can hold go into it (``--tp``, ``--allocator``,
-    ``--trace``); ``--ci`` and ``--calibration`` are in the command. Paths in it are relative
-    to its own folder, so the same choice writes the same bytes from any directory. Replaces
-    only a spec this function wrote before: never the spec, traffic or reports it read, nor
-    any other file."""
-    where = f"--write-spec {path}"
-    b, given = opts.build, opts.choice
-    if existing_output(path, where, "name a spec file, not a folder") is not None:
-        for what, src in (("spec", b.spec), ("traffic", given.traffic), ("timing report", given.timing)):
-            if src is not None and os.path.samefile(path, src):
-                raise InputError(f"the output is the {what} file", where=where, fix="name another file")
-        with open(path, "rb") as f:
-            head = f.read(len(_WRITTEN))
-        if head and head != _WRITTEN.encode():
-            raise InputError(
-                "exists and is not a spec planner sizes wrote; writing would replace it",
-                where=where,
-                fix="name a new file",
-            )
-    folder = path.parent
-
-    def rel(p: Path) -> str:
-        return Path(os.path.relpath(os.path.abspath(p), os.path.abspath(folder))).as_posix()
-
-    header = [f"{_WRITTEN[2:]} for the traffic {rel(given.traffic)} ({res.traffic.digest})."]
-    header += [f"note: {n}" for n in res.traffic.notes]
-    for ph in res.phases:
-        c = ph.chosen
-        # a measured step time names its report as the user gave it: here relative to this file
-        time = f"measured replay times in {rel(given.timing)}" if given.timing is not None else ph.time_source
-        header.append(
-            f"{ph.phase}: {len(c.sizes)} sizes, padding {'~' if c.approximate else ''}{c.padding:.2f}% of step time "
-            f"({ph.why}), pool {_mib(c.pool_bytes)} MiB, device total "
-            f"{'unknown' if c.device_bytes is None else _mib(c.device_bytes) + ' MiB'}; step time: {time}"
-        )
-    header.append(f"graph memory: {res.memory_source}")
-    spec = _rebased(res.spec, b, folder)
-    own = {"tp": b.tp, "allocator": b.allocator, "trace": rel(b.trace) if b.trace is not None else None}
-    spec = msgspec.structs.replace(spec, **{k: v for k, v in own.items() if v is not None})
-    ci = ["--ci"] if b.ci else []
-    cal = ["--calibration", str(b.calibration)] if b.calibration is not None else []
-    cmd = ["planner", "build", "--backend", b.backend, *ci, *cal, "--spec", str(path)]
-    shown = ["--calibration", "REPORT"] if cal else []  # the header is the same bytes from any directory
-    header.append(f"Build: {' '.join(['planner', 'build', '--backend', b.backend, *ci, *shown])} --spec THIS.toml")
-    write_atomic(path, spec_toml(spec, header).encode("utf-8"))
-    return " ".join(cmd)
