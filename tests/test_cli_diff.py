@@ -167,7 +167,8 @@ def test_markdown_says_when_the_threshold_is_crossed(cli, plans):
 
 
 def test_the_markdown_escapes_table_cells(cli, plans):
-    from capture_plan.planner.report.compare import Figure, PlanDiff, render_markdown
+    from capture_plan.planner.report.compare import Figure, PlanDiff
+    from capture_plan.planner.report.compare_text import render_markdown
 
     d = PlanDiff(
         old_name="a|b",

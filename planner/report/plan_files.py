@@ -94,12 +94,12 @@ def check_plan(opts: BuildOptions, *, same_command: bool = False) -> Path:
 
 def _why_stale(data: bytes, plan: Plan, source: str) -> str:
     """Which recorded input changed and how far the prediction moved
-    (:func:`capture_plan.planner.report.compare.stale_reason`); "it differs from what the planner
+    (:func:`capture_plan.planner.report.compare_text.stale_reason`); "it differs from what the planner
     builds now" when the file cannot be read as a plan to compare with."""
     from capture_plan.schemas.codec import decode_plan
     from capture_plan.schemas.errors import CapturePlanError
 
-    from .compare import stale_reason
+    from .compare_text import stale_reason
 
     try:
         old = decode_plan(data, source, check_digest=False)

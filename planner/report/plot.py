@@ -136,7 +136,7 @@ def _ticks(caps: list[tuple[str, int]]) -> list[int]:
 
 
 def _mib(n: int) -> str:
-    from .compare import bytes_text
+    from .compare_text import bytes_text
 
     return bytes_text(n, n < MiB)
 
@@ -148,7 +148,8 @@ _TITLE_WIDTH = 160
 
 def _title(old: Plan | None, new: Plan, labels: list[str]) -> tuple[str, list[str]]:
     """(the head line: labels and totals; the lines that say which inputs changed)."""
-    from .compare import change_text, input_changes, input_text, total
+    from .compare import input_changes, total
+    from .compare_text import change_text, input_text
 
     if old is None:
         p = new.predicted
