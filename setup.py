@@ -5,7 +5,7 @@ dependency ([build-system] requires), so a wheel and an editable install
 compile the core wherever a C compiler and Python's headers exist. Where
 either is missing (or Cython is: a build without isolation), the build goes
 on without it, saying why in one warning, and the planner runs its
-pure-Python PoolSim instead (planner/allocator.py's ``core()``; `planner
+pure-Python PoolSim instead (planner/memory/core.py's ``core()``; `planner
 --version` says which).
 
 The build also parses each data file once (planner/data/*.toml; ``parse_data``): an

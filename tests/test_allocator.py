@@ -1,6 +1,6 @@
 """The allocator simulation and the allocation programs it runs.
 
-The allocator simulator: one hand-computed scenario per rule (planner/allocator.py's docstring).
+The allocator simulator: one hand-computed scenario per rule (planner/memory/allocator.py's docstring).
 
 Allocation programs: typed ops, and the compact form the allocator runs."""
 

@@ -26,8 +26,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from capture_plan.planner.memory import allocator
-from capture_plan.planner.memory.allocator import CORE_ENV, FREE, Core, MiB, PoolSim, core
+from capture_plan.planner.memory.allocator import FREE, MiB, PoolSim
+from capture_plan.planner.memory.core import CORE_ENV, Core, core, new_pool
 from capture_plan.planner.memory.program import CARRY, Alloc, Free, Program
+from capture_plan.schemas.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -317,7 +319,7 @@ def fresh_core(monkeypatch):
 def test_the_environment_variable_forces_the_python_core(fresh_core):
     fresh_core.setenv(CORE_ENV, "python")
     assert core() == Core("python", PoolSim, f"{CORE_ENV}=python")
-    assert type(allocator.new_pool(True)) is PoolSim and allocator.new_pool(True).expandable
+    assert type(new_pool(True)) is PoolSim and new_pool(True).expandable
 
 
 def test_an_unknown_core_is_one_line_with_a_fix(fresh_core, cli):
@@ -332,16 +334,16 @@ def test_an_unknown_core_is_one_line_with_a_fix(fresh_core, cli):
 
 def test_a_core_that_does_not_load_falls_back_with_one_info_line(fresh_core, caplog):
     fresh_core.setitem(sys.modules, "capture_plan.planner.memory._core", None)  # import raises ImportError
-    with caplog.at_level(logging.INFO, logger="capture_plan.planner.memory.allocator"):
+    with caplog.at_level(logging.INFO, logger="capture_plan.planner.memory.core"):
         got = core()
         core()
-        assert type(allocator.new_pool()) is PoolSim
+        assert type(new_pool()) is PoolSim
     assert got.name == "python" and got.why.startswith("the compiled core did not load: ")
     assert [r.getMessage() for r in caplog.records] == [f"allocator: using the Python core; {got.why}"]
     # required where it did not load: an error, not a silent fallback
     core.cache_clear()
     fresh_core.setenv(CORE_ENV, "compiled")
-    with pytest.raises(allocator.InputError, match=f"{CORE_ENV}=compiled, but the compiled core did not load"):
+    with pytest.raises(InputError, match=f"{CORE_ENV}=compiled, but the compiled core did not load"):
         core()
 
 
@@ -358,7 +360,7 @@ def test_the_compiled_core_is_built_and_chosen_where_a_compiler_exists(fresh_cor
     editing planner/_core.pyx."""
     assert CompiledPool is not None, "the compiled allocator core is not built: run `pip install -e .` again"
     assert core() == Core("compiled", CompiledPool)
-    assert type(allocator.new_pool()) is CompiledPool
+    assert type(new_pool()) is CompiledPool
 
 
 def test_version_says_which_core_runs():
@@ -383,7 +385,9 @@ def test_show_says_which_core_a_check_or_rebuild_here_runs(forced, fresh_core, c
 
 
 def _python_core(monkeypatch) -> None:
-    monkeypatch.setattr(allocator, "core", lambda: Core("python", PoolSim, "test"))
+    import capture_plan.planner.memory.core as memory_core
+
+    monkeypatch.setattr(memory_core, "core", lambda: Core("python", PoolSim, "test"))
 
 
 @needs_compiled

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from capture_plan.planner.memory.allocator import CORE_ENV
+from capture_plan.planner.memory.core import CORE_ENV
 
 #: every capture_plan module `planner build --backend fa3 --ci` imports (the compiled
 #: core's extension besides, where it runs): each one's code runs in that build
@@ -24,6 +24,7 @@ QUICKSTART_MODULES = {
     "capture_plan",
     "capture_plan.planner",
     "capture_plan.planner.memory.allocator",
+    "capture_plan.planner.memory.core",
     "capture_plan.planner.build",
     "capture_plan.planner.inputs.build_options",
     "capture_plan.planner.cli",
@@ -131,7 +132,7 @@ def test_the_quickstart_build_imports_the_pinned_modules_and_nothing_it_does_not
 
 
 def test_with_the_compiled_core_it_imports_the_extension_besides(tmp_path):
-    from capture_plan.planner.memory.allocator import core
+    from capture_plan.planner.memory.core import core
 
     if core().name != "compiled":
         pytest.skip(f"the compiled core does not run here: {core().describe()}")

@@ -17,7 +17,7 @@ import msgspec
 
 from capture_plan.schemas.plan import Strategy
 
-from .allocator import Pool, new_pool
+from .core import Pool, new_pool
 from .workload import Workload
 
 __all__ = ["SimResult", "Simulation", "Tail", "simulate", "pool_id"]
