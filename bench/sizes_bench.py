@@ -6,7 +6,7 @@ tests/data/traffic-skewed.csv (256 sizes) and the embedded spec (SGLang's 36 siz
   cli_all_s        `planner sizes -b fa3 --ci --traffic ... --all` in a fresh process: every count
                    from 1 to 64 on the front, each list's pool simulated (wall, and the child's CPU
                    time in cli_all_cpu_s: the machine is shared, and its load slows the wall clock)
-  front_s          the dynamic program alone (planner/size_front.py): the best list of each count
+  front_s          the dynamic program alone (planner/sizes/size_front.py): the best list of each count
                    from 1 to 64 over the 256 candidates, the roofline's step times (in process)
   choose_s         choose_sizes in process, the table's selection of counts (the default output)
   captures         captures simulated by one choose_sizes --all (counted in a separate untimed run)

@@ -1621,7 +1621,7 @@ def _sizes_front_s(d: dict) -> str:
     return f"{d['cli_all_s']:.2f} s"
 
 
-#: the README's figure of the front, drawn from :data:`SIZES`' ``front`` (planner/size_plot.py)
+#: the README's figure of the front, drawn from :data:`SIZES`' ``front`` (planner/report/size_plot.py)
 SIZES_FRONT = DOCS / "sizes-front.png"
 
 

@@ -225,7 +225,7 @@ class TraceSamples(PlanStruct, frozen=True, kw_only=True):
 
     #: planned sizes whose captures were recorded
     measured: list[BatchSize]
-    #: planned sizes derived from the recorded ones (planner/fitting.py)
+    #: planned sizes derived from the recorded ones (planner/memory/fitting.py)
     derived: list[BatchSize] = []
 
 
@@ -392,7 +392,7 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     allocator: str | None = None
     exact: bool = False
     calibration: str | None = None
-    #: "auto": the sizes chosen for ``traffic`` (planner/sizes.py), with the options below (revision 5)
+    #: "auto": the sizes chosen for ``traffic`` (planner/sizes/sizes.py), with the options below (revision 5)
     sizes: str | None = None
     traffic: str | None = None
     traffic_phases: list[str] = []

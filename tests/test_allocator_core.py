@@ -1,4 +1,4 @@
-"""The compiled allocator core (planner/_core.pyx) against PoolSim, the reference.
+"""The compiled allocator core (planner/memory/_core.pyx) against PoolSim, the reference.
 
 Both cores are driven with the same random op streams -- sizes around every
 threshold, frees, streams, several pools, native and expandable segments,
@@ -203,7 +203,7 @@ def random_program(rng: random.Random) -> Program:
 
 def _resized(rng: random.Random, prog: Program) -> Program:
     """``prog`` with other allocation sizes, naming ``prog`` as the program it shares its
-    structure with (what planner/workload.py's analytic families do): the compiled core
+    structure with (what planner/memory/workload.py's analytic families do): the compiled core
     converts it by resizing ``prog``'s compiled form."""
 
     def resize(ops):
@@ -357,7 +357,7 @@ def _compiler() -> bool:
 @pytest.mark.skipif(not _compiler(), reason="no C compiler or Python headers here: the Python core is expected")
 def test_the_compiled_core_is_built_and_chosen_where_a_compiler_exists(fresh_core):
     """An install here (pip install ., or -e .) builds the extension; `pip install -e .` again after
-    editing planner/_core.pyx."""
+    editing planner/memory/_core.pyx."""
     assert CompiledPool is not None, "the compiled allocator core is not built: run `pip install -e .` again"
     assert core() == Core("compiled", CompiledPool)
     assert type(new_pool()) is CompiledPool

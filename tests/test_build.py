@@ -3,9 +3,9 @@ their device items and fidelity, the rules' Digraph, and property tests over ran
 
 capture_plan.planner.build: what the plans decide, and the constraints they honour.
 
-A plan's device items (planner/device.py), its fidelity (planner/fidelity.py) and --require-exact.
+A plan's device items (planner/memory/device.py), its fidelity (planner/memory/fidelity.py) and --require-exact.
 
-planner/graph.py's Digraph: the same order and cycle reports as networkx.
+planner/schedule/graph.py's Digraph: the same order and cycle reports as networkx.
 
 Property tests: any valid spec gives a plan that respects its constraints, reproducibly.
 

@@ -419,7 +419,7 @@ def test_the_written_spec_holds_the_builds_own_options_and_replaces_only_its_own
 
 
 def test_a_recorded_trace_prices_every_candidate():
-    """Graph memory from a recorded trace: the sizes it lacks are derived (planner/fitting.py)."""
+    """Graph memory from a recorded trace: the sizes it lacks are derived (planner/memory/fitting.py)."""
     root = Path(__file__).parent.parent
     res = _choose(build=BuildOptions(backend="fa3", ci=True, trace=root / "plans/traces/fa3-ci.json"), traffic=SKEWED)
     assert "simulated (trace model" in res.memory_source

@@ -501,7 +501,7 @@ def test_analytic_prediction_within_two_percent_of_the_trace_per_pool(case):
         assert abs(plan.predicted.pools[pool] - measured) <= 0.02 * measured, pool
 
 
-# -- torch.topk's scratch (planner/scratch_shapes.py) ---------------------------------------------
+# -- torch.topk's scratch (planner/memory/scratch_shapes.py) ---------------------------------------------
 
 H200_SMS = 132  # the H200's streaming multiprocessors: what the committed EAGLE trace was recorded on
 
@@ -573,7 +573,7 @@ def test_another_sm_count_far_off_does_not_fit_the_h200s_draft_scratch():
     """The H200's sizes with an H100 PCIe's 114 SMs are refused. Nearby counts (134 to
     143) give the same blocks at 1, 60 and 256, so three samples cannot tell them apart:
     the count is the device's own, read by the recording, never fitted
-    (planner/scratch_shapes.py)."""
+    (planner/memory/scratch_shapes.py)."""
     _, few = _eagle_few(114)
     spec = default_spec("eagle")
     with pytest.raises(InputError, match="torch.topk blocks"):
@@ -597,7 +597,7 @@ def test_other_kernel_constants_are_refused_by_the_held_out_sample(monkeypatch, 
         Workload.from_trace(few, spec.phases, "few", spec.model)
 
 
-# -- folding a trace's repeated layers (planner/layers.py) ----------------------------------------
+# -- folding a trace's repeated layers (planner/memory/layers.py) ----------------------------------------
 
 
 def _h200_few():

@@ -89,7 +89,7 @@ class BuildOptions(msgspec.Struct, frozen=True):
     allocator: str | None = None
     #: compare strategies on every size, however many (slower; see optimize.SCREEN_ABOVE)
     exact: bool = False
-    #: a capture report measured on the device: the plan's measured device items (planner/device.py)
+    #: a capture report measured on the device: the plan's measured device items (planner/memory/device.py)
     calibration: Path | None = None
     #: another engine's conventions for the embedded spec (specs.preset_names(): vllm)
     preset: str | None = None

@@ -64,7 +64,7 @@ immediately, as a capture on one stream sees them.
 GPU, in both modes.
 
 Two cores run these rules: :class:`PoolSim` here, the reference and the
-fallback, and ``planner/_core.pyx``, the same in C (an optional extension;
+fallback, and ``planner/memory/_core.pyx``, the same in C (an optional extension;
 its speed: docs/design.md), which :func:`core` chooses where it was built.
 ``tests/test_allocator_core.py`` drives both with random op streams and
 capture programs and compares every address and the final state: a rule
@@ -104,12 +104,12 @@ ROUND_LARGE = 2 * MiB
 
 #: ``nbytes`` of a free in :meth:`PoolSim.run`'s compact ``(nbytes, id)`` ops
 #: (the inner loop tests ``nbytes < 0``). Callers build ops from typed
-#: programs (planner/program.py), never by writing this value themselves.
+#: programs (planner/memory/program.py), never by writing this value themselves.
 FREE = -1
 
-#: id, inside a repeated body (planner/program.py's ``Program``), of the block carried in
+#: id, inside a repeated body (planner/memory/program.py's ``Program``), of the block carried in
 #: from before it: :meth:`PoolSim.capture` passes it from one repetition to the next
-#: (planner/_core.pyx has the same value; tests/test_allocator_core.py checks it)
+#: (planner/memory/_core.pyx has the same value; tests/test_allocator_core.py checks it)
 CARRY = -1
 
 

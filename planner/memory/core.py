@@ -27,7 +27,7 @@ __all__ = ["Pool", "Core", "CORE_ENV", "core", "new_pool"]
 
 
 #: A pool of either core: :class:`PoolSim`, or the compiled ``_core.Pool``
-#: (planner/_core.pyx) with the same surface, ints for block handles.
+#: (planner/memory/_core.pyx) with the same surface, ints for block handles.
 Pool: TypeAlias = "PoolSim | CompiledPool"
 
 

@@ -14,7 +14,7 @@ each phase this module:
    ``round_up(bs, k)`` for ``k`` in :data:`ROUNDINGS` (``k = 1``: affine in
    ``bs``; kernels that pad the batch, such as FA3's scheduler metadata padded
    to 4, need ``k > 1``), and any basis the caller adds
-   (``planner/scratch_shapes.py``: torch.topk's blocks), from the smallest and
+   (``planner/memory/scratch_shapes.py``: torch.topk's blocks), from the smallest and
    largest sample of a run of aligned samples, and checks it on every sample in
    between, which the fit did not use;
 3. derives each planned size strictly inside such a run.
@@ -202,7 +202,7 @@ def fit_phase(
     Planned sizes that were recorded use their own events unchanged; the
     others are derived as the module docstring describes, or an
     :class:`~capture_plan.schemas.errors.RecordMoreError` names the sizes to record. ``bases``: shapes
-    tried after the roundings (``planner/scratch_shapes.py``).
+    tried after the roundings (``planner/memory/scratch_shapes.py``).
     """
     recorded = sorted(samples)
     missing = sorted(s for s in planned if s not in samples)

@@ -3,7 +3,7 @@
 A trace records a capture as one flat sequence of allocations and frees; a
 model's decoder layers make most of it the same few dozen ops again and again.
 The simulator skips repeated layers once the allocator's state recurs
-(planner/simulate.py), but only in a :class:`~capture_plan.planner.memory.program.Program`
+(planner/memory/simulate.py), but only in a :class:`~capture_plan.planner.memory.program.Program`
 whose body is repeated, so an unfolded trace is simulated op by op: most of a
 trace-based build's time.
 
@@ -146,7 +146,7 @@ def _repeats(tokens: list[tuple], start: int, period: int, repeats: int) -> bool
 
 
 def _expand(prog: Program) -> tuple[Op, ...]:
-    """The ops ``prog`` runs, in order, as planner/simulate.py runs them, ids made unique:
+    """The ops ``prog`` runs, in order, as planner/memory/simulate.py runs them, ids made unique:
     :meth:`Program.flatten`'s walk (one id space, the body's ids reused by each repetition,
     the carried block entering each as ``CARRY``) as ops. A fold made here sets no
     ``carry_kind``, so the kinds are the recorded ones."""

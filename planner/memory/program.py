@@ -3,8 +3,8 @@
 A program is a sequence of :class:`Alloc` and :class:`Free` ops, in the order
 the capture issues them, split into a prologue, a body repeated once per
 decoder layer (or draft step) and an epilogue (:class:`Program`). The
-analytic model (planner/workload.py) and the trace fitter
-(planner/fitting.py) build programs; planner/simulate.py runs them.
+analytic model (planner/memory/workload.py) and the trace fitter
+(planner/memory/fitting.py) build programs; planner/memory/simulate.py runs them.
 
 The allocator's inner loop does not see these ops: :attr:`Program.runnable`
 converts each section once (the property caches it) into the compact
@@ -68,7 +68,7 @@ class Program(msgspec.Struct, frozen=True, dict=True):
     block the last repetition carries out, when the step returns it (the body
     allocates it as a temporary). Ids inside the body are reused by every
     repetition. A recorded trace is folded where a layer repeats
-    (planner/layers.py), else all prologue.
+    (planner/memory/layers.py), else all prologue.
     """
 
     prologue: tuple[Op, ...]

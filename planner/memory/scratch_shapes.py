@@ -1,6 +1,6 @@
 """Kernel scratch whose size is not affine in the batch size: the shapes the fitter also tries.
 
-The fitter (``planner/fitting.py``) derives a capture's allocation sizes as
+The fitter (``planner/memory/fitting.py``) derives a capture's allocation sizes as
 ``a * f(bs) + b`` for integers ``a, b`` and a basis ``f`` it knows. Most
 scratch is affine in a padded batch (``f = round_up(bs, k)``). One kernel every
 speculative phase runs is not: ``torch.topk`` over a wide row (the

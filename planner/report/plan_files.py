@@ -3,7 +3,7 @@
 :func:`check_plan` builds in memory (planner/build.py) and compares with the file;
 :func:`write_plan` writes a plan, refusing to replace what it should not (the inputs it
 was built from, another command's plan, a newer capture-plan's plan). What this does
-not do: build (planner/build.py) or say what a build was asked (planner/build_options.py).
+not do: build (planner/build.py) or say what a build was asked (planner/inputs/build_options.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ workspaces) on a second axis, and the spec's list, SGLang's and vLLM's
 defaults and the chosen list marked at their counts. Approximate figures (a
 roofline, interpolated step times) say so in the axis label.
 
-Output as ``planner plot`` writes it (planner/plot.py): PNG, or SVG for
+Output as ``planner plot`` writes it (planner/report/plot.py): PNG, or SVG for
 ``.svg``, a fixed size, no timestamps; never over a file that is not such
 an image. Needs matplotlib, imported only here.
 """

@@ -247,7 +247,7 @@ def build_steps(
     ``forced`` holds, per phase, (order, rule) pairs that rules or pins demand
     outright; they are added as edges too, so two that disagree form a cycle.
     ``keys``: per phase with variant axes, (label combinations, key order, the rule
-    that set it) (planner/keys.py): each size is captured once per combination, in
+    that set it) (planner/schedule/keys.py): each size is captured once per combination, in
     that order; a once-per-phase warm-up runs the first combination.
 
     A micro-batch twin (``twin_of``; ``sequence`` has it right after its phase) is

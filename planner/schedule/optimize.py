@@ -91,7 +91,7 @@ class Problem(msgspec.Struct, frozen=True):
     #: (evenly spread, smallest and largest included); None: every size. The
     #: plan's own prediction always simulates every size.
     screen: int | None = SCREEN_SIZES
-    #: per phase with variant axes: (label combinations, key order, rule), planner/keys.py;
+    #: per phase with variant axes: (label combinations, key order, rule), planner/schedule/keys.py;
     #: each size is simulated once per combination, in that order
     keys: dict[str, tuple] = {}
 
@@ -216,7 +216,7 @@ def optimize(pb: Problem) -> Solution:
         cands[p.name], feasible[p.name] = allc, ok
         prefs[p.name] = _preference(rules, Choice(**{ax: getattr(pb.baseline, ax) for ax in MEMORY_AXES}))
 
-    # a micro-batch twin captures in its phase's size order, interleaved with it (planner/keys.py)
+    # a micro-batch twin captures in its phase's size order, interleaved with it (planner/schedule/keys.py)
     twins = twin_phases(pb.phases)
     twin_of_phase = {parent: twin for twin, parent in twins.items()}
 
@@ -241,7 +241,7 @@ def optimize(pb: Problem) -> Solution:
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
     def ordered(n: str, st: Strategy) -> list[tuple[int, tuple]]:
-        # the sizes one phase captures in order, each once per graph key (planner/keys.py)
+        # the sizes one phase captures in order, each once per graph key (planner/schedule/keys.py)
         sizes = sorted(captures_for[n], reverse=st.order == "largest-first")
         if n not in pb.keys:
             return [(bs, ()) for bs in sizes]

@@ -75,7 +75,7 @@ class Memory:
         key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
         if key in self._seen:
             return self._seen[key]
-        # every graph key of a phase with variants, in the key order the spec's build chose (planner/keys.py)
+        # every graph key of a phase with variants, in the key order the spec's build chose (planner/schedule/keys.py)
         keys = [
             (n, bs, labels)
             for n in self.sequence

@@ -1,7 +1,7 @@
 """The best list of ``k`` capture sizes for a traffic, for every ``k``: a dynamic program.
 
 A step of ``n`` requests runs as the graph of the smallest captured size
-``s >= n`` and costs ``cost(n, s)`` (planner/step_time.py). The expected cost
+``s >= n`` and costs ``cost(n, s)`` (planner/sizes/step_time.py). The expected cost
 of a list is ``sum_n w(n) * cost(n, pad(n))`` over the traffic's steps
 ``w(n)``: separable by interval, since the sizes ``n`` in ``(c_i, c_j]``
 between two consecutive sizes of the list all run as ``c_j``. So over sorted
@@ -22,7 +22,7 @@ sizes (a histogram's wide buckets) keeps every size up to that many and a
 grid of multiples above (:func:`candidates` says which), so the program
 stays within seconds; the lists are then the best on that grid.
 
-What this does not do: weigh memory or capture time (planner/sizes.py prices
+What this does not do: weigh memory or capture time (planner/sizes/sizes.py prices
 each list on the front), or split the traffic between phases.
 """
 

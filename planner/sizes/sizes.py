@@ -4,10 +4,10 @@ More capture sizes pad a step less (a batch of 9 runs the graph of 16 when 16
 is the next size) but take more graph memory and start-up time. For each
 phase the traffic names, this prices the trade:
 
-1. **Padding**, from the traffic (planner/traffic.py) and a step time per
-   size (planner/step_time.py: measured replay times, or a roofline marked
+1. **Padding**, from the traffic (planner/sizes/traffic.py) and a step time per
+   size (planner/sizes/step_time.py: measured replay times, or a roofline marked
    approximate): for every count ``k`` of sizes, the list whose expected step
-   time is least (planner/size_front.py, exact over its candidates), as the
+   time is least (planner/sizes/size_front.py, exact over its candidates), as the
    expected time lost to padding in % of the time the same steps would take
    each at its own size.
 2. **Memory**, per list on the front: the plan's own schedule (the strategies
