@@ -271,6 +271,26 @@ def test_a_spec_budget_no_list_meets_is_located_in_the_spec(cli, tmp_path):
     assert "--budget-mib" not in line and not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.parametrize("command", ["build", "sizes"])
+def test_the_pipelines_errors_of_the_chosen_lists_name_the_users_spec(cli, tmp_path, command):
+    """A spec budget below the floor, met while the chosen lists are built (--budget-mib lets the
+    choice pass): the line names the user's spec, not a temporary copy of it (it named
+    /tmp/capture-plan-sizes-*/spec.toml when the lists were built through a spec file)."""
+    (tmp_path / "b.toml").write_text(
+        "budget_mib = 10\n\n[model]\nlayers = 2\nhidden = 1024\nheads = 8\nkv_heads = 2\nhead_dim = 128\n"
+        'intermediate = 2048\nvocab = 32000\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8, 32]\n'
+    )
+    (tmp_path / "t.csv").write_text("1,50\n3,20\n9,5\n30,1\n")
+    args = ["-b", "fa3", "--spec", "b.toml", "--traffic", "t.csv", "--budget-mib", "200"]
+    args += ["--sizes", "auto", "-o", "p.json"] if command == "build" else []
+    line = one_line_error(
+        cli(command, *args),
+        "b.toml: $.budget_mib: budget_mib 10 is below the floor",
+        "fix: raise budget_mib to at least",
+    )
+    assert line.startswith("planner: error: b.toml: $.budget_mib: ") and not (tmp_path / "p.json").exists()
+
+
 def _counted(monkeypatch) -> dict[str, int]:
     """Counters of the spec parsed and validated (every spec, a file's or the embedded one,
     passes validate._check_rules once per parse) and of the pipeline's runs (pipeline.plan)
