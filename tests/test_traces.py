@@ -352,6 +352,36 @@ def test_cli_accepts_a_snapshot_and_refuses_a_miscounted_one(cli, tmp_path):
     assert code == 1 and "found 1 capture windows" in err
 
 
+def test_a_size_choice_fits_a_snapshots_captures_to_every_list_it_prices(tmp_path):
+    """A snapshot labels its captures with the spec's own sizes (the ones the run captured),
+    once; ``build --sizes auto`` fits them to each list it prices, as it fits a JSON trace of
+    the same captures: the same plan either way. (It refused before: the snapshot was labelled
+    again with each list's sizes, and its capture count matched none of them.)"""
+    from capture_plan.planner.inputs.build_options import SizeChoiceOptions
+
+    few = [1, 120, 256]
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {few}\n')
+    snap = tmp_path / "snap.pickle"
+    snap.write_bytes(pickle.dumps(fake_snapshot(_h200(), sorted(few, reverse=True))))
+    recorded = trace_from_snapshot(snap.read_bytes(), [Phase(name="decode", kind="decode", sizes=few)], "snap")
+    (tmp_path / "t.json").write_bytes(msgspec.json.encode(recorded))
+    choice = SizeChoiceOptions(traffic=ROOT / "tests/data/traffic-skewed.csv", max_graphs=6)
+    a, b = (
+        build_plan(
+            BuildOptions(backend="fa3", ci=True, spec=spec, trace=trace, sizes=choice, output=tmp_path / "p.json")
+        )
+        for trace in (snap, tmp_path / "t.json")
+    )
+    assert a.predicted.source == "trace" and len(a.phases[0].sizes) == 6 and a.predicted.sizes
+    assert (a.phases, a.predicted.pool_bytes, a.predicted.timeline, a.predicted.sizes) == (
+        b.phases,
+        b.predicted.pool_bytes,
+        b.predicted.timeline,
+        b.predicted.sizes,
+    )
+
+
 class _Payload:
     """Unpickling this runs ``os.system`` -- what a malicious snapshot would do."""
 
