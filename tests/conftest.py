@@ -78,7 +78,8 @@ def data_file(monkeypatch):
     """``data_file(name, extra)``: the planner reads ``planner/data/<name>`` as the
     shipped bytes plus ``extra`` (every cache of the data cleared); the shipped
     files again after the test."""
-    from capture_plan.planner import resources, workload
+    from capture_plan.planner.inputs import resources
+    from capture_plan.planner.memory import workload
 
     real = resources.data_bytes
     extras: dict[str, bytes] = {}

@@ -190,6 +190,47 @@ def test_packages_import_only_the_layers_below():
     assert not bad, "imports across the package layers:\n" + "\n".join(bad)
 
 
+#: the planner's layers, bottom to top (docs/development.md says each one's job): a module
+#: imports from its own layer and those below only. ``build`` is planner/build.py (sizes chosen,
+#: then the pipeline); the package's own lazy ``__init__`` sits above them all.
+PLANNER_LAYERS = ("inputs", "memory", "schedule", "sizes", "build", "report", "cli", "__main__")
+
+
+def planner_layer_violations(g: nx.DiGraph, layers=PLANNER_LAYERS, pkg: str = "capture_plan.planner") -> list[str]:
+    """Each edge between two of ``pkg``'s layers that goes up, as text."""
+
+    def layer(m: str) -> int:  # -1: none of the layers (the package itself, another package)
+        rest = m[len(pkg) + 1 :].split(".")[0] if m.startswith(pkg + ".") else ""
+        return layers.index(rest) if rest in layers else -1
+
+    return sorted(f"{a} imports {b} (line {g.edges[a, b]['lines'][0]})" for a, b in g.edges if 0 <= layer(a) < layer(b))
+
+
+def test_the_planners_layers_import_only_the_layers_below():
+    g = import_graph()
+    planner = {m.split(".")[2] for m in g if m.startswith("capture_plan.planner.")}
+    assert planner - {"data"} == set(PLANNER_LAYERS), "a planner subpackage without its layer in PLANNER_LAYERS"
+    bad = planner_layer_violations(g)
+    assert not bad, "imports up the planner's layers (move the shared piece down):\n" + "\n".join(bad)
+
+
+def test_an_import_up_the_planners_layers_is_a_violation(tmp_path):
+    root = _write(
+        tmp_path,
+        {
+            "planner/__init__.py": "",
+            "planner/schedule/__init__.py": "",
+            "planner/schedule/pipeline.py": "def f():\n    from ..sizes.sizes import SizesResult\n",
+            "planner/sizes/__init__.py": "",
+            "planner/sizes/sizes.py": "from ..schedule import pipeline\n",
+        },
+    )
+    g = import_graph(root, {"capture_plan.planner": "planner"})
+    assert planner_layer_violations(g) == [
+        "capture_plan.planner.schedule.pipeline imports capture_plan.planner.sizes.sizes (line 2)"
+    ]
+
+
 def test_every_package_is_read():
     """The graph holds every module of the packages, and real edges between them."""
     g = import_graph()
@@ -203,7 +244,9 @@ def test_every_package_is_read():
     )
     assert g.has_edge(cp + "executor.driver", cp + "executor.loop")  # capture() is a user of capture_loop
     assert g.has_edge(cp + "adapters.startup", cp + "planner")
-    assert g.has_edge(cp + "planner.pipeline", cp + "planner.resources")  # `from . import resources`
+    assert g.has_edge(
+        cp + "planner.schedule.pipeline", cp + "planner.inputs.resources"
+    )  # `from ..inputs import resources`
     assert g.has_edge(cp + "executor", cp + "executor.loop")  # executor's lazy __getattr__
     assert g.has_edge(cp + "references.speculative", cp + "references.decode")
     assert g.has_edge(cp + "schemas", "capture_plan")

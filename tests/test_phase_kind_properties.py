@@ -15,7 +15,8 @@ import pytest
 
 from capture_plan.executor.cursor import Cursor
 from capture_plan.executor.errors import ExecutorError
-from capture_plan.planner import resources, workload
+from capture_plan.planner.inputs import resources
+from capture_plan.planner.memory import workload
 from capture_plan.schemas.codec import decode_plan, plan_digest
 from capture_plan.schemas.keys import PlanIndex
 

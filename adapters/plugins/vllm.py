@@ -92,7 +92,7 @@ from capture_plan.adapters.plugins.vllm_keys import (
 )
 
 if TYPE_CHECKING:
-    from capture_plan.planner.specs import ReleaseFacts
+    from capture_plan.planner.inputs.specs import ReleaseFacts
 
 __all__ = [
     "ENGINE",
@@ -133,7 +133,7 @@ def shape_of(release: str) -> ReleaseFacts:
     """What vLLM ``release`` does differently (``planner/data/presets_vllm.toml``'s
     ``[releases."VERSION"]``, the one table of these facts: the plugin reads
     ``persistent_buffer``); a release of ``hooks.KNOWN["vllm"]`` each (tested)."""
-    from capture_plan.planner.specs import engine_preset
+    from capture_plan.planner.inputs.specs import engine_preset
 
     return engine_preset(ENGINE).releases[release]
 
