@@ -79,7 +79,7 @@ def data_file(monkeypatch):
     shipped bytes plus ``extra`` (every cache of the data cleared); the shipped
     files again after the test."""
     from capture_plan.planner.inputs import resources
-    from capture_plan.planner.memory import workload
+    from capture_plan.planner.memory import analytic
 
     real = resources.data_bytes
     extras: dict[str, bytes] = {}
@@ -92,7 +92,7 @@ def data_file(monkeypatch):
             resources.rules_digest,
             resources.builtin_rules,
             resources.baseline,
-            workload._phase_kind_models,
+            analytic._phase_kind_models,
         ):
             f.cache_clear()
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 
 from capture_plan.planner.inputs.resources import backend
 from capture_plan.planner.memory.allocator import FREE, KiB, MiB, PoolSim, round_size, segment_size
+from capture_plan.planner.memory.analytic import PHASE_KINDS, analytic_program
 from capture_plan.planner.memory.program import CARRY, Alloc, Free, Program, ops_from_events
-from capture_plan.planner.memory.workload import PHASE_KINDS, analytic_program
 from capture_plan.schemas.spec import Model, Phase
 from capture_plan.schemas.trace import Event
 

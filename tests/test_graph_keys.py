@@ -359,7 +359,7 @@ def _keyed_trace(tmp_path, labelled: dict[int, dict[str, str]], plain: bool = Tr
     """A trace of LORA_SPEC's decode phase (one axis) from the analytic model, with labelled
     captures (size -> labels) that allocate ``extra`` more when their label is `lora`."""
     from capture_plan.planner.inputs.resources import backend
-    from capture_plan.planner.memory.workload import analytic_capture
+    from capture_plan.planner.memory.analytic import analytic_capture
     from capture_plan.schemas.spec import Model, Phase
     from capture_plan.schemas.trace import Event, Trace
 
@@ -554,7 +554,7 @@ def test_show_says_a_micro_batch_twin_is_one_and_how_its_memory_is_predicted(tmp
 
 def test_show_says_how_a_micro_batched_phase_and_a_traced_twin_are_predicted(tmp_path):
     from capture_plan.planner.inputs.resources import backend
-    from capture_plan.planner.memory.workload import analytic_capture
+    from capture_plan.planner.memory.analytic import analytic_capture
     from capture_plan.planner.report.render import device_lines
     from capture_plan.schemas.spec import Model, Phase
     from capture_plan.schemas.trace import Trace

@@ -16,7 +16,7 @@ import pytest
 from capture_plan.executor.cursor import Cursor
 from capture_plan.executor.errors import ExecutorError
 from capture_plan.planner.inputs import resources
-from capture_plan.planner.memory import workload
+from capture_plan.planner.memory import analytic
 from capture_plan.schemas.codec import decode_plan, plan_digest
 from capture_plan.schemas.keys import PlanIndex
 
@@ -34,7 +34,7 @@ settings = ["layers", "pieces"]
 
 
 def _clear() -> None:
-    for cached in (resources.data, resources.phase_kinds, resources.variant_axes, workload._phase_kind_models):
+    for cached in (resources.data, resources.phase_kinds, resources.variant_axes, analytic._phase_kind_models):
         cached.cache_clear()
 
 

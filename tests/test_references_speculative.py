@@ -48,7 +48,7 @@ def test_the_analytic_outputs_are_what_the_model_returns(model, kind):
     """The planner's analytic program for each phase kind leaves exactly the
     blocks the reference returns alive as outputs (sizes in bytes)."""
     from capture_plan.planner.inputs.resources import backend
-    from capture_plan.planner.memory.workload import analytic_program
+    from capture_plan.planner.memory.analytic import analytic_program
 
     cfg = model.cfg
     phase = Phase(

@@ -24,6 +24,7 @@ QUICKSTART_MODULES = {
     "capture_plan",
     "capture_plan.planner",
     "capture_plan.planner.memory.allocator",
+    "capture_plan.planner.memory.analytic",
     "capture_plan.planner.memory.core",
     "capture_plan.planner.build",
     "capture_plan.planner.inputs.build_options",

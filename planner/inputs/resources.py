@@ -8,11 +8,11 @@ Backends are strict typed data (:class:`Backend`): a key the struct does not
 know is an error naming the file and key. Adding a backend is one
 ``[backends.NAME]`` table in ``backends.toml``; the CLI's choices and help
 are read from it. What this does not do: a backend whose attention allocates
-in a way the fields below cannot express needs code in planner/memory/workload.py.
+in a way the fields below cannot express needs code in planner/memory/analytic.py.
 
 Phase kinds are strict typed data too (:class:`PhaseKind`, one
 ``[kinds.NAME]`` table in ``phase_kinds.toml``): the analytic program a kind
-uses (a builder named in planner/memory/workload.py's ``PROGRAMS``), whether its
+uses (a builder named in planner/memory/analytic.py's ``PROGRAMS``), whether its
 graph returns the hidden state, and which phase settings it accepts. A kind
 that allocates like an existing one is added by data alone; one that
 allocates differently needs a new program builder (code).
@@ -197,7 +197,7 @@ class PhaseKind(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     #: one line for help texts and the JSON Schema
     description: str
-    #: the analytic program builder (a key of planner/memory/workload.py's ``PROGRAMS``)
+    #: the analytic program builder (a key of planner/memory/analytic.py's ``PROGRAMS``)
     program: str
     #: which of :data:`capture_plan.schemas.strategy.PHASE_SETTINGS` shape this kind's graph (others
     #: are refused in a spec)

@@ -1,6 +1,6 @@
 """Which model code a plan's figures describe, and how far they may be from the engine's.
 
-The analytic programs (planner/memory/workload.py) emit the allocations of
+The analytic programs (planner/memory/analytic.py) emit the allocations of
 capture-plan's own reference decode step and its speculative phases
 (``capture_plan.references.decode``, ``capture_plan.references.speculative``): for those the prediction
 is exact. An engine or a library implements a real model its own way (its

@@ -3,7 +3,7 @@
 A program is a sequence of :class:`Alloc` and :class:`Free` ops, in the order
 the capture issues them, split into a prologue, a body repeated once per
 decoder layer (or draft step) and an epilogue (:class:`Program`). The
-analytic model (planner/memory/workload.py) and the trace fitter
+analytic model (planner/memory/analytic.py) and the trace fitter
 (planner/memory/fitting.py) build programs; planner/memory/simulate.py runs them.
 
 The allocator's inner loop does not see these ops: :attr:`Program.runnable`

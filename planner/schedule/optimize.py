@@ -30,8 +30,9 @@ from capture_plan.schemas.units import mib
 
 from ..inputs.resources import Backend
 from ..inputs.rules import choice_label, satisfies, violated
+from ..memory.analytic import workspace_bytes
 from ..memory.simulate import Simulation, Tail, pool_id
-from ..memory.workload import Workload, workspace_bytes
+from ..memory.workload import Workload
 from .keys import capture_key, key_sequence, twin_phases, with_twin
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize"]

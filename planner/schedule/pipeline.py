@@ -45,10 +45,10 @@ from ..inputs import resources
 from ..inputs.build_options import build_record, normalized_command, output_path, relative
 from ..inputs.dimensions import model_used
 from ..inputs.rules import rule_text, satisfies
+from ..memory.analytic import workspace_bytes
 from ..memory.device import device_prediction, pools_after
 from ..memory.fidelity import fidelity
 from ..memory.simulate import SimResult, pool_id, simulate
-from ..memory.workload import workspace_bytes
 from .graph import StepGraph, build_steps, capture_order, fixed_by_spec
 from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, uses_keys
 from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize

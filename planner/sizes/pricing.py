@@ -22,9 +22,10 @@ from capture_plan.schemas.spec import Phase, Spec
 
 from ..inputs.build_options import SizeChoiceOptions
 from ..inputs.specs import _expand, engine_preset, sgl_sizes
+from ..memory.analytic import workspace_bytes
 from ..memory.device import Calibration, device_prediction
 from ..memory.simulate import simulate
-from ..memory.workload import Workload, workspace_bytes
+from ..memory.workload import Workload
 from ..schedule.graph import capture_order
 from ..schedule.keys import capture_key, key_sequence, phase_combos
 from ..schedule.resolve import Resolved

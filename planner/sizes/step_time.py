@@ -22,7 +22,7 @@ Two sources, one interface (:class:`StepTime`: ``cost(n, s)`` in seconds,
     (padded rows attend over almost nothing: engines give them a sequence
     length of 1);
   - activations: every tensor the step allocates at size ``s`` (the analytic
-    program of planner/memory/workload.py: the reference step's own tensors),
+    program of planner/memory/analytic.py: the reference step's own tensors),
     written once and read once, over the bandwidth.
 
   Approximate: no kernel reaches a datasheet peak, fused kernels move fewer
@@ -50,8 +50,8 @@ from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.spec import Model, Phase, phase_model
 
 from ..inputs.resources import Backend, data, phase_kinds
+from ..memory.analytic import analytic_program
 from ..memory.program import Alloc, Program
-from ..memory.workload import analytic_program
 
 __all__ = [
     "StepTime",
