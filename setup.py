@@ -1,11 +1,11 @@
-"""The compiled allocator core (planner/_core.pyx), an optional extension.
+"""The compiled allocator core (planner/memory/_core.pyx), an optional extension.
 
 Everything else about the package is in pyproject.toml. Cython is a build
 dependency ([build-system] requires), so a wheel and an editable install
 compile the core wherever a C compiler and Python's headers exist. Where
 either is missing (or Cython is: a build without isolation), the build goes
 on without it, saying why in one warning, and the planner runs its
-pure-Python PoolSim instead (planner/allocator.py's ``core()``; `planner
+pure-Python PoolSim instead (planner/memory/core.py's ``core()``; `planner
 --version` says which).
 
 The build also parses each data file once (planner/data/*.toml; ``parse_data``): an
@@ -21,7 +21,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
-#: planner/resources.py's PARSED_SUFFIX (this file cannot import the package it builds;
+#: planner/inputs/resources.py's PARSED_SUFFIX (this file cannot import the package it builds;
 #: tests/test_wheel.py checks a wheel's copies are read)
 PARSED_SUFFIX = ".parsed.json"
 
@@ -60,7 +60,7 @@ else:
     from setuptools import Extension
 
     extensions = cythonize(
-        [Extension("capture_plan.planner._core", ["planner/_core.pyx"])],
+        [Extension("capture_plan.planner.memory._core", ["planner/memory/_core.pyx"])],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )
@@ -68,7 +68,7 @@ else:
 
 def parse_data(folder: Path) -> None:
     """Beside each ``NAME.toml`` in ``folder``, ``NAME.toml`` + PARSED_SUFFIX: the document
-    tomllib parses from it and the SHA-256 of its bytes, as JSON (planner/resources.py's
+    tomllib parses from it and the SHA-256 of its bytes, as JSON (planner/inputs/resources.py's
     ``parsed_at_install`` reads it where the digest is the file's). None on Python 3.10
     (no tomllib, and tomli is no build dependency) or for a document JSON cannot hold
     (TOML dates): the installed planner parses those itself."""

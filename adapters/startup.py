@@ -17,7 +17,7 @@ run) and before it allocates its KV cache::
 It builds the plan (analytic, for the schedule), records a few sizes per
 phase of the target (``capture_plan.executor.profiling.record``, default 3: the
 smallest, median and largest), plans again from that trace
-(``planner/fitting.py`` derives every other size exactly; a phase whose
+(``planner/memory/fitting.py`` derives every other size exactly; a phase whose
 recorded sizes do not line up is recorded again with the sizes the fitter
 names, never guessed), and adds what the recording measured outside the pool:
 the capture stream's cuBLAS workspace, other allocator memory (the RNG state's
@@ -30,7 +30,7 @@ H200: the driver takes a graph's memory at instantiation (2,748 to 3,029 bytes
 a node, by model, in 2 MiB steps) and keeps it after the graph is destroyed,
 for the graphs instantiated later, so that memory is taken now and the capture
 reuses it. The bytes per node of each phase come from it, and each planned
-graph's node count from the recorded ones (``planner/device.py``: linear
+graph's node count from the recorded ones (``planner/memory/device.py``: linear
 between recorded sizes).
 Every copy is made by default. A phase's copies can be stopped early (``copy_error``,
 off by default: None) once every reading so far bounds its bytes per node so that the
@@ -57,7 +57,7 @@ Time of a start-up that records, on the same H200 (docs/measurements.md), with
 the engine's checked-in plan as ``schedule``: 44% to 67% of the capture after it for the one-phase decode
 plans, 0.8 times it for EAGLE's four phases (3.3 s; every phase from three
 recorded sizes, ``torch.topk``'s scratch being a basis of the fitter:
-``planner/scratch_shapes.py``). About a fifth to a third of the capture is
+``planner/memory/scratch_shapes.py``). About a fifth to a third of the capture is
 the floor of exactness: three recorded captures and one instantiation of every
 planned graph's worth of nodes (the driver memory measured whole); the build
 from the trace is the rest. ``timings`` says where each prediction's went.
@@ -103,7 +103,7 @@ from capture_plan.executor.streams import capture_stream, prime_stream
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.allocator import core
 from capture_plan.planner.build import build_spec
-from capture_plan.planner.device import (
+from capture_plan.planner.memory.device import (
     Calibration,
     calibration_from_report,
     driver_after,

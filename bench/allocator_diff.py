@@ -1,4 +1,4 @@
-"""Differential test of ``planner/allocator.py`` (PoolSim) against PyTorch's CUDA caching allocator.
+"""Differential test of ``planner/memory/allocator.py`` (PoolSim) against PyTorch's CUDA caching allocator.
 
 Random allocation programs -- sizes around the 512 B rounding, the 1 MiB
 small/large boundary, the 10 MiB segment rule, 2 MiB rounding and 20 MiB
@@ -69,7 +69,7 @@ from bench.harness import (  # no torch until called
     refuse_dirty,
     run_module,
 )
-from capture_plan.planner.allocator import KiB, MiB, PoolSim  # CPU only, no torch
+from capture_plan.planner.memory.allocator import KiB, MiB, PoolSim  # CPU only, no torch
 
 MODES = ("native", "expandable")
 ALLOC_CONF = {"native": "expandable_segments:False", "expandable": "expandable_segments:True"}

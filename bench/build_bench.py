@@ -26,7 +26,7 @@ Measures (median of --repeat runs, wall clock, on this machine's CPU):
                     Quickstart installs them, `pip install .` (not editable: an editable install adds
                     its import hook to every process), each into its own venv; the JSON records
                     how each side is installed
-  cores             each workload in process with both allocator cores (planner/allocator.py's
+  cores             each workload in process with both allocator cores (planner/memory/core.py's
                     core(): the compiled one and PoolSim), paired: the cores alternate run by run
                     (python, compiled, compiled, python, ...) after one untimed run of each, so that
                     drift in the machine's load hits both alike; medians, compiled over python, and
@@ -83,7 +83,7 @@ PYTHON = sys.executable  # --python: time the commands with another installation
 
 def _core(name: str) -> None:
     """Run the allocator core ``name`` from now on in this process (its environment variable)."""
-    from capture_plan.planner.allocator import CORE_ENV, core
+    from capture_plan.planner.memory.core import CORE_ENV, core
 
     os.environ[CORE_ENV] = name
     core.cache_clear()
@@ -93,8 +93,8 @@ def _core(name: str) -> None:
 def _work(fn) -> dict:
     """Captures simulated and allocator operations run by ``fn()`` (counted, not timed; with
     the Python core, whose ``run`` a counter can wrap, and the compiled core again after)."""
-    from capture_plan.planner.allocator import PoolSim
-    from capture_plan.planner.simulate import Simulation
+    from capture_plan.planner.memory.allocator import PoolSim
+    from capture_plan.planner.memory.simulate import Simulation
 
     counts = {"captures": 0, "ops": 0}
     run, capture = PoolSim.run, Simulation.capture
@@ -170,7 +170,7 @@ def _cli(*args: str, python: str | None = None) -> tuple[float, float]:
 
 
 def _env() -> dict[str, str]:
-    from capture_plan.planner.allocator import CORE_ENV
+    from capture_plan.planner.memory.core import CORE_ENV
 
     return {k: v for k, v in os.environ.items() if k != CORE_ENV}  # the installation's own choice
 
@@ -397,11 +397,11 @@ def main() -> None:
         compileall.compile_dir(str(REPO / pkg), quiet=1)
 
     from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.planner.allocator import core
-    from capture_plan.planner.resources import backend
-    from capture_plan.planner.simulate import simulate
-    from capture_plan.planner.specs import default_spec
-    from capture_plan.planner.workload import Workload
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.inputs.specs import default_spec
+    from capture_plan.planner.memory.core import core
+    from capture_plan.planner.memory.simulate import simulate
+    from capture_plan.planner.memory.workload import Workload
 
     res.update(repeat=args.repeat, bytecode="compiled before timing", loadavg_before=os.getloadavg())
     res["help_s"] = median_time(lambda: _cli("--help"), args.repeat)

@@ -257,7 +257,7 @@ def vllm034_setup(case: str, plan, layers: int, folder: Path):
     from bench.baselines import vllm_034_sizes
     from capture_plan.planner import build_plan
     from capture_plan.planner.build import build_spec
-    from capture_plan.planner.spec_toml import spec_toml
+    from capture_plan.planner.inputs.spec_toml import spec_toml
 
     phases = [p.name for p in plan.phases]
     eagle = "target_verify" in phases

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from capture_plan.planner.specs import sgl_sizes
+from capture_plan.planner.inputs.specs import sgl_sizes
 from capture_plan.schemas.errors import CapturePlanError, InputError
 
 #: the repository's root (bench/ is a folder of it; the benches run from here)

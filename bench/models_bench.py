@@ -69,7 +69,7 @@ from capture_plan.adapters.hf import HFTarget
 from capture_plan.executor import capture, profile, verify, write_trace
 from capture_plan.executor.pool import pool_reserved
 from capture_plan.planner import BuildOptions, build_plan
-from capture_plan.planner.specs import sgl_sizes
+from capture_plan.planner.inputs.specs import sgl_sizes
 
 MAX_SEQLEN = 256
 

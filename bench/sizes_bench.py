@@ -6,7 +6,7 @@ tests/data/traffic-skewed.csv (256 sizes) and the embedded spec (SGLang's 36 siz
   cli_all_s        `planner sizes -b fa3 --ci --traffic ... --all` in a fresh process: every count
                    from 1 to 64 on the front, each list's pool simulated (wall, and the child's CPU
                    time in cli_all_cpu_s: the machine is shared, and its load slows the wall clock)
-  front_s          the dynamic program alone (planner/size_front.py): the best list of each count
+  front_s          the dynamic program alone (planner/sizes/size_front.py): the best list of each count
                    from 1 to 64 over the 256 candidates, the roofline's step times (in process)
   choose_s         choose_sizes in process, the table's selection of counts (the default output)
   captures         captures simulated by one choose_sizes --all (counted in a separate untimed run)
@@ -58,13 +58,14 @@ def main() -> None:
     for pkg in ("planner", "schemas"):
         compileall.compile_dir(str(REPO / pkg), quiet=1)
 
-    from capture_plan.planner import resources
     from capture_plan.planner.build import BuildOptions, build_spec
-    from capture_plan.planner.simulate import Simulation
-    from capture_plan.planner.size_front import best_lists, candidates
-    from capture_plan.planner.sizes import SizesOptions, choose_sizes
-    from capture_plan.planner.step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, device_roofline, roofline
-    from capture_plan.planner.traffic import read_traffic
+    from capture_plan.planner.inputs import resources
+    from capture_plan.planner.inputs.build_options import SizeChoiceOptions
+    from capture_plan.planner.memory.simulate import Simulation
+    from capture_plan.planner.sizes.size_front import best_lists, candidates
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, device_roofline, roofline
+    from capture_plan.planner.sizes.traffic import read_traffic
 
     res.update(repeat=args.repeat, traffic=str(TRAFFIC.relative_to(REPO)), loadavg_before=os.getloadavg())
     build = BuildOptions(backend="fa3", ci=True)
@@ -75,7 +76,7 @@ def main() -> None:
     model = roofline(spec.model, phase, 1, device_roofline(DEFAULT_DEVICE), DEFAULT_CONTEXT, resources.backend("fa3"))
     res["candidates"] = len(cands)
     res["front_s"] = median_time(lambda: best_lists(traffic.phases["decode"], cands, model.cost, 64), args.repeat)
-    opts = SizesOptions(build=build, traffic=TRAFFIC)
+    opts = SizesOptions(build=build, choice=SizeChoiceOptions(traffic=TRAFFIC))
     res["choose_s"] = median_time(lambda: choose_sizes(opts), args.repeat)
     res["cli_all_s"], res["cli_all_cpu_s"] = _cli_all(args.repeat)
 
@@ -88,7 +89,7 @@ def main() -> None:
 
     Simulation.capture = counting
     try:
-        chosen = choose_sizes(SizesOptions(build=build, traffic=TRAFFIC, every=True))
+        chosen = choose_sizes(SizesOptions(build=build, choice=SizeChoiceOptions(traffic=TRAFFIC), every=True))
     finally:
         Simulation.capture = capture
     res["captures"] = counted["captures"]
@@ -105,10 +106,10 @@ def main() -> None:
         "pool_bytes": sglang.pool_bytes,
     }
     res["padding_provenance"] = "roofline (approximate)"
-    from capture_plan.planner.size_plot import front_data
+    from capture_plan.planner.report.size_plot import front_data
 
     calibrated = BuildOptions(backend="fa3", ci=True, calibration=CALIBRATION)
-    front = choose_sizes(SizesOptions(build=calibrated, traffic=TRAFFIC, every=True))
+    front = choose_sizes(SizesOptions(build=calibrated, choice=SizeChoiceOptions(traffic=TRAFFIC), every=True))
     res["front"] = front_data(front, traffic=res["traffic"])
     res["front_calibration"] = str(CALIBRATION.relative_to(REPO))
     res["loadavg_after"] = os.getloadavg()

@@ -1,7 +1,7 @@
 """Planner speed from traces: a build from a recorded trace, its layers folded or flat.
 
 A start-up prediction builds its plan from a few recorded sizes; most of that
-build was simulating the trace's captures op by op. ``planner/layers.py``
+build was simulating the trace's captures op by op. ``planner/memory/layers.py``
 folds a capture's repeated layers so the simulator skips repeated layers as
 it does for analytic programs. For each committed trace (and fa3-ci's trace
 cut to the three sizes a start-up prediction records), the median wall time
@@ -64,8 +64,9 @@ def main() -> None:
     add_overwrite(ap)
     args = ap.parse_args()
 
-    from capture_plan.planner import BuildOptions, build_plan, layers
-    from capture_plan.planner.program import Program
+    from capture_plan.planner import BuildOptions, build_plan
+    from capture_plan.planner.memory import layers
+    from capture_plan.planner.memory.program import Program
     from capture_plan.schemas.codec import canonical_bytes
 
     folding = layers.fold

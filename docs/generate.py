@@ -1687,7 +1687,7 @@ def _sizes_front_s(d: dict) -> str:
     return f"{d['cli_all_s']:.2f} s"
 
 
-#: the README's figure of the front, drawn from :data:`SIZES`' ``front`` (planner/size_plot.py)
+#: the README's figure of the front, drawn from :data:`SIZES`' ``front`` (planner/report/size_plot.py)
 SIZES_FRONT = DOCS / "sizes-front.png"
 
 
@@ -1698,7 +1698,7 @@ def draw_figures(check: bool) -> list[str]:
     shown = str(SIZES_FRONT.relative_to(ROOT))
     if check:
         return [] if SIZES_FRONT.is_file() else [shown]
-    from capture_plan.planner.size_plot import draw_front
+    from capture_plan.planner.report.size_plot import draw_front
 
     before = SIZES_FRONT.read_bytes() if SIZES_FRONT.is_file() else None
     draw_front(_load(SIZES)["front"], SIZES_FRONT, where=shown)

@@ -7,7 +7,7 @@ taken at instantiation (not while recording) in 2 MiB steps and kept by the
 driver after the graph is destroyed (a later graph reuses it). So the
 executor counts each graph's nodes for the report
 (``StepMeasurement.graph_nodes``); the planner turns counts into bytes
-(``capture_plan.planner.device``).
+(``capture_plan.planner.memory.device``).
 
 Counting needs the graph itself, not only its instantiation: the loop records
 into ``torch.cuda.CUDAGraph(keep_graph=True)`` and instantiates it right after

@@ -163,7 +163,7 @@ class Measurements:
             outside_bytes=outside,
             warmup_kept_bytes=kept if kept is not None else msgspec.UNSET,
             profiling=profiling if profiling is not None else msgspec.UNSET,
-            # what a calibration from this report applies to (planner/device.py binds it)
+            # what a calibration from this report applies to (planner/memory/device.py binds it)
             backend=plan.requires.backend,
             model=msgspec.UNSET
             if isinstance(plan.inputs.model, msgspec.UnsetType)

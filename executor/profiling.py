@@ -1,7 +1,7 @@
 """``profile(plan, target)``: record real allocation traces for exact predictions.
 
 Captures the plan (by default only three sizes per phase: the smallest, the
-median and the largest; the planner derives the others, planner/fitting.py)
+median and the largest; the planner derives the others, planner/memory/fitting.py)
 once with the allocation history on, then writes, per recorded (phase, size),
 the ordered pool allocations and frees of its capture. What a capture
 requests does not depend on what was captured before it, so a subset of the
@@ -145,7 +145,7 @@ def record(
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
         caps.sort(key=lambda c: (c.phase, c.bs))
         name = gs.report.device if gs.report else ""
-        # some kernels' scratch depends on the SM count (torch.topk's: planner/scratch_shapes.py)
+        # some kernels' scratch depends on the SM count (torch.topk's: planner/memory/scratch_shapes.py)
         cuda_sms = gs.device.type == "cuda"
         sms = torch.cuda.get_device_properties(gs.device).multi_processor_count if cuda_sms else None
         trace = Trace(

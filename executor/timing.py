@@ -6,7 +6,7 @@ the current stream; :func:`with_replay_times` puts those figures into the
 capture report's capture steps (``StepMeasurement.replay_seconds``), and
 :func:`time_replays` does both and keeps the timed report on the set, so that
 ``GraphSet.write_report`` writes it. ``planner sizes --timing REPORT`` reads
-them as the step time of each size (planner/step_time.py).
+them as the step time of each size (planner/sizes/step_time.py).
 
 A replay here is ``GraphSet.replay(phase, bs)``: the target's ``refresh`` for a
 hoisted workspace, then the graph, on whatever the engine's static inputs hold

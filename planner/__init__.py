@@ -17,21 +17,21 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the lazy attributes below, as type checkers and editors see them (never run)
-    from .allocator import PoolSim
     from .build import build_plan
-    from .build_options import BuildOptions
-    from .plan_files import check_plan, plan_bytes
-    from .specs import default_spec
+    from .inputs.build_options import BuildOptions
+    from .inputs.specs import default_spec
+    from .memory.allocator import PoolSim
+    from .report.plan_files import check_plan, plan_bytes
 
 __all__ = ["BuildOptions", "build_plan", "check_plan", "plan_bytes", "PoolSim", "default_spec"]
 
 _WHERE = {
-    "BuildOptions": ".build_options",
+    "BuildOptions": ".inputs.build_options",
     "build_plan": ".build",
-    "check_plan": ".plan_files",
-    "plan_bytes": ".plan_files",
-    "PoolSim": ".allocator",
-    "default_spec": ".specs",
+    "check_plan": ".report.plan_files",
+    "plan_bytes": ".report.plan_files",
+    "PoolSim": ".memory.allocator",
+    "default_spec": ".inputs.specs",
 }
 
 

@@ -1,13 +1,16 @@
-"""``planner build``: the plan of a build's options (planner/build_options.py).
+"""``planner build``: the plan of a build's options (planner/inputs/build_options.py).
 
-The sizes chosen for a traffic first, when asked (``--sizes auto``: planner/sizes.py,
-which prices its lists with the pipeline), then the pipeline (planner/pipeline.py:
-resolve, optimize, order, predict, assemble). Writing and checking plan files is
-planner/plan_files.py's.
+The build is resolved once (planner/schedule/resolve.py: the spec parsed and validated, the
+trace and reports read); the sizes chosen for a traffic on it, when asked (``--sizes auto``:
+planner/sizes/, which prices its lists on the resolved build in memory and writes the
+decisions the plan records); then the pipeline, once, for the plan (planner/schedule/pipeline.py).
+Writing and checking plan files is planner/report/plan_files.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -16,61 +19,77 @@ from capture_plan.schemas.errors import CapturePlanError
 from capture_plan.schemas.plan import BUILD_FLAGS, Plan
 from capture_plan.schemas.spec import Spec
 
-from . import pipeline
-from .build_options import (
+from .inputs.build_options import (
     SIZE_CHOICE,
     BuildOptions,
-    check_size_choice,
     command_for_cwd,
     normalized_command,
     output_path,
     without_size_choice,
 )
-from .pipeline import check_tp
+from .schedule import pipeline
+from .schedule.resolve import Resolved, check_tp, read_spec, resolve
 
 if TYPE_CHECKING:
-    from .sizes import SizesResult
+    from .sizes.sizes import Choice
 
 __all__ = ["BuildOptions", "build_plan", "build_spec", "check_tp"]
 
 
 def build_plan(opts: BuildOptions) -> Plan:
-    """Everything ``planner build`` does except writing the file: the sizes chosen for the
-    traffic when ``opts`` asks (``--sizes auto``), then the pipeline."""
-    return pipeline.build_plan(opts, _chosen(opts))
+    """Everything ``planner build`` does except writing the file: the build resolved once, the
+    sizes chosen for the traffic when ``opts`` asks (``--sizes auto``), then the pipeline."""
+    if opts.sizes is None:
+        return pipeline.plan(resolve(opts))
+    from .sizes.record import size_record  # only --sizes auto reads traffic
+    from .sizes.sizes import check_budget
+
+    r = resolve(opts)
+    choice = _choose(r, worth=True)
+    plan = pipeline.plan(r.with_sizes(choice.lists), size_record(choice, opts))
+    with _choice_errors(opts):
+        check_budget(choice, plan)
+    return plan
 
 
 def build_spec(opts: BuildOptions) -> Spec:
     """The spec a build of ``opts`` plans (its phases and sizes; with ``--sizes auto``, the
     sizes chosen for the traffic), read without planning: what a plan of another build is
     checked against (capture_plan.adapters.startup)."""
-    return pipeline.build_spec(opts, _chosen(opts))
+    if opts.sizes is None:
+        return read_spec(opts).spec
+    r = resolve(opts)
+    return r.with_sizes(_choose(r, worth=False).lists).spec
 
 
-def _chosen(opts: BuildOptions) -> SizesResult | None:
-    """The sizes chosen for ``opts.traffic`` (planner/sizes.py), or None when the build captures
-    the spec's. An error of the choice's own inputs (the traffic, the timing report, a limit no
-    list meets) names, as its fix, the command that passes: with the option that would
+def _choose(r: Resolved, *, worth: bool) -> Choice:
+    """The sizes chosen for ``r.opts.traffic`` (planner/sizes/sizes.py) on the resolved build."""
+    from .sizes.sizes import for_build  # only --sizes auto reads traffic
+
+    with _choice_errors(r.opts):
+        return for_build(r, worth=worth)
+
+
+@contextlib.contextmanager
+def _choice_errors(opts: BuildOptions) -> Iterator[None]:
+    """An error of the choice's own inputs (the traffic, the timing report, a limit no list
+    meets) names, as its fix, the command that passes: with the option that would
     (``--max-size``, ``--budget-mib``, ``--max-padding``), or capturing the spec's own sizes."""
-    plain = without_size_choice(opts)
-    if opts == plain:
-        return None
-    check_size_choice(opts)
-    pipeline.build_spec(plain)  # the spec's own errors, as a build without the choice gives them
-    from .sizes import for_build  # only --sizes auto reads traffic
-
-    ours = [str(p) for p in (opts.traffic, opts.timing) if p is not None]
+    assert opts.sizes is not None  # a build that chooses its sizes
+    ours = [str(p) for p in (opts.sizes.traffic, opts.sizes.timing) if p is not None]
     ours += [flag for field, flag, _kind in BUILD_FLAGS if field in SIZE_CHOICE]
     try:
-        return for_build(opts)
+        yield
     except CapturePlanError as err:
         if err.retry is None and not (err.where or "").startswith(tuple(ours)):
             raise
         # an error may carry no fix of its own (None): never written out as "None"
         if err.retry is not None:
-            retry = f"`{command_for_cwd(msgspec.structs.replace(opts, **err.retry))}`"
-            err.fix = f"{err.fix}: {retry}" if err.fix else f"run {retry}"
+            retry = msgspec.structs.replace(opts, sizes=msgspec.structs.replace(opts.sizes, **err.retry))
+            shown = f"`{command_for_cwd(retry)}`"
+            err.fix = f"{err.fix}: {shown}" if err.fix else f"run {shown}"
         else:
+            plain = without_size_choice(opts)
             spec_sizes = f"capture the spec's sizes: `{command_for_cwd(plain)}{_force(plain)}`"
             err.fix = f"{err.fix}; or {spec_sizes}" if err.fix else spec_sizes
         raise

@@ -4,7 +4,7 @@ Captures ``PLAN`` on this machine's GPU with the reference model of the plan's o
 dimensions (``Plan.inputs.model``: the decode reference, or the speculative reference for a
 plan with draft phases, random weights) and writes the capture report, which names the
 plan's backend and model: ``planner build ... --calibration REPORT`` then applies its device
-figures to builds of that backend and model only (planner/device.py ``check_applies``).
+figures to builds of that backend and model only (planner/memory/device.py ``check_applies``).
 
 What it does not do: measure an engine's own model (its kernels differ: capture with the
 engine's target and ``GraphSet.write_report``), or a plan without recorded dimensions

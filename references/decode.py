@@ -187,7 +187,7 @@ class ReferenceModel:
 
     # -- pieces --------------------------------------------------------------
     # Each piece is a function so that its temporaries die when it returns:
-    # the allocation pattern is then the one planner/workload.py models.
+    # the allocation pattern is then the one planner/memory/analytic.py models.
     def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md, rows: CacheRows | None = None) -> torch.Tensor:
         hd, H, KV = self.head_dim, self.heads, self.kv_heads
         x = _rmsnorm(h, layer["norm1"])

@@ -49,7 +49,7 @@ T = TypeVar("T")
 def toml_parser():
     """tomllib (tomli before Python 3.11), imported by the first TOML read: importing it
     compiles its patterns, a cost a command that reads no TOML (an installed planner's
-    build reads its data files parsed at install: planner/resources.py) need not pay."""
+    build reads its data files parsed at install: planner/inputs/resources.py) need not pay."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only

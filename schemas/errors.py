@@ -43,7 +43,7 @@ class WrongKindError(InputError):
 
 class RecordMoreError(InputError):
     """A few-size trace cannot give every planned size of a phase: ``phase`` and ``sizes``
-    name what to record besides what was (planner/fitting.py), for a caller that records
+    name what to record besides what was (planner/memory/fitting.py), for a caller that records
     more and tries again (capture_plan.adapters.startup) instead of reading the message."""
 
     def __init__(self, what: str, *, phase: str, sizes: list[int], where: str | None = None, fix: str | None = None):

@@ -13,7 +13,7 @@ locates a violation, the codec words it (``schemas/codec.py``), and
 ``planner schema`` publishes the same bounds as ``minimum``/``maximum``/
 ``maxItems``. Rules over several fields (sizes unique, ``MAX_CAPTURES`` over
 all phases, ``heads`` a multiple of ``kv_heads``) are checked by hand in
-``capture_plan.planner.validate``; the range of every number
+``capture_plan.planner.inputs.validate``; the range of every number
 (:data:`MAX_INT`, finite) and :data:`MAX_DEPTH` by the codec's walk over a
 decoded document.
 
@@ -109,7 +109,7 @@ MAX_VARIANT_AXES = 8
 #: labels of one variant axis
 MAX_LABELS_PER_AXIS = 16
 #: graph keys of one phase: its sizes times the labels of each axis (a rule over several
-#: fields, checked by capture_plan.planner.validate and published by `planner schema spec`
+#: fields, checked by capture_plan.planner.inputs.validate and published by `planner schema spec`
 #: as ``x-max-keys-per-phase``); MAX_CAPTURES bounds the keys of all phases together
 MAX_KEYS_PER_PHASE = 8192
 #: piece graphs of one piecewise capture (vLLM splits at every attention op: layers + 1)

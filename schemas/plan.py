@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .build_flags import BUILD_OPTIONS
 from .limits import MAX_MICRO_BATCHES, MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
     AllocatorMode,
@@ -238,7 +239,7 @@ class TraceSamples(PlanStruct, frozen=True, kw_only=True):
 
     #: planned sizes whose captures were recorded
     measured: list[BatchSize]
-    #: planned sizes derived from the recorded ones (planner/fitting.py)
+    #: planned sizes derived from the recorded ones (planner/memory/fitting.py)
     derived: list[BatchSize] = []
 
 
@@ -388,7 +389,7 @@ class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
-    """The options ``planner build`` was given (``capture_plan.planner.build_options.BuildOptions``), as
+    """The options ``planner build`` was given (``capture_plan.planner.inputs.build_options.BuildOptions``), as
     ``planner check`` rebuilds the plan from them: paths relative to the plan's
     own folder, ``output`` only the file name and only when it is not the
     default one. The one record of a build (``command`` is its text)."""
@@ -405,7 +406,7 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     allocator: str | None = None
     exact: bool = False
     calibration: str | None = None
-    #: "auto": the sizes chosen for ``traffic`` (planner/sizes.py), with the options below (revision 5)
+    #: "auto": the sizes chosen for ``traffic`` (planner/sizes/sizes.py), with the options below (revision 5)
     sizes: str | None = None
     traffic: str | None = None
     traffic_phases: list[str] = []
@@ -427,7 +428,7 @@ DimensionSource = Literal["spec", "config", "preset", "default"]
 
 class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     """The model dimensions the prediction used and where each came from (revision 4;
-    ``capture_plan.planner.dimensions``)."""
+    ``capture_plan.planner.inputs.dimensions``)."""
 
     name: str
     #: dimension -> value: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
@@ -445,40 +446,18 @@ class ModelUsed(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 #: every option of a :class:`BuildRecord` but ``backend``, as ``planner build`` takes it, in the
-#: order a recorded command lists them: (field, flag, kind). kind: "switch" (a flag alone, when
-#: true), "repeat" (the flag once per item), "path" (a path relative to the plan's folder),
-#: "int", "float" or "text" (one value). One row per option: capture_plan.planner.build_options
-#: writes and reads the command from it, and :func:`record_command` writes its text.
-BUILD_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("ci", "--ci", "switch"),
-    ("spec", "--spec", "path"),
-    ("speculative", "--speculative", "text"),
-    ("preset", "--preset", "text"),
-    ("max_bs", "--max-bs", "int"),
-    ("tp", "--tp", "int"),
-    ("allocator", "--allocator", "text"),
-    ("trace", "--trace", "path"),
-    ("calibration", "--calibration", "path"),
-    ("exact", "--exact", "switch"),
-    ("strategies", "--strategy", "repeat"),
-    ("sizes", "--sizes", "text"),
-    ("traffic", "--traffic", "path"),
-    ("traffic_phases", "--phase", "repeat"),
-    ("metric", "--metric", "text"),
-    ("max_size", "--max-size", "int"),
-    ("timing", "--timing", "path"),
-    ("device", "--device", "text"),
-    ("context", "--context", "int"),
-    ("budget_mib", "--budget-mib", "float"),
-    ("max_graphs", "--max-graphs", "int"),
-    ("max_padding", "--max-padding", "float"),
-    ("output", "-o", "path"),
+#: order a recorded command lists them: (field, flag, kind), the rows of the one table of build
+#: options (:data:`capture_plan.schemas.build_flags.BUILD_OPTIONS`, which says the kinds).
+#: capture_plan.planner.inputs.build_options writes and reads the command from it, and
+#: :func:`record_command` writes its text.
+BUILD_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
+    (o.field, o.flag, o.kind) for o in BUILD_OPTIONS if o.field != "backend"
 )
 
 
 def record_command(rec: BuildRecord) -> list[str]:
     """The ``planner build`` command a build record is the text of: what a plan's
-    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.build_options``
+    ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.inputs.build_options``
     writes both from this; ``capture_plan.schemas.codec.validate_plan`` refuses a plan
     whose two disagree, since ``show``/``diff`` read the command and ``check`` rebuilds
     from the record). Flags in :data:`BUILD_FLAGS`' order."""
@@ -525,7 +504,7 @@ class Inputs(PlanStruct, frozen=True, kw_only=True):
     build: BuildRecord | msgspec.UnsetType = msgspec.UNSET
     #: the model dimensions the prediction used and their sources (revision 4)
     model: ModelUsed | msgspec.UnsetType = msgspec.UNSET
-    #: rule id -> what the rule says (``capture_plan.planner.rules.rule_text``): the built-in
+    #: rule id -> what the rule says (``capture_plan.planner.inputs.rules.rule_text``): the built-in
     #: rules and the spec's, so a changed rule is read by name (revision 4)
     rules: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
 

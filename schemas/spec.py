@@ -6,7 +6,7 @@ Every single-field bound is a msgspec constraint here, its number from
 :mod:`capture_plan.schemas.limits` (so ``planner schema spec`` publishes it);
 rules over several fields msgspec cannot express (duplicate sizes, unknown
 phase references, heads a multiple of kv_heads, phase kinds and the settings
-each accepts) live in :func:`capture_plan.planner.validate.validate_spec`.
+each accepts) live in :func:`capture_plan.planner.inputs.validate.validate_spec`.
 """
 
 # No `from __future__ import annotations` here: msgspec reads a struct's annotations
@@ -91,7 +91,7 @@ Name = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_lengt
 #: TOML and JSON tables keep their order). Which axes a phase kind can have is data
 #: (planner/data/phase_kinds.toml ``axes``); labels unique per axis and the keys of a
 #: phase (sizes x labels of every axis) at most MAX_KEYS_PER_PHASE are checked by
-#: capture_plan.planner.validate.
+#: capture_plan.planner.inputs.validate.
 Variants = Annotated[
     dict[AxisName, Annotated[list[Label], msgspec.Meta(min_length=1, max_length=MAX_LABELS_PER_AXIS)]],
     msgspec.Meta(
@@ -119,7 +119,7 @@ class Model(SpecStruct, frozen=True, kw_only=True):
     intermediate and vocab, or names where those it leaves out come from:
     ``config`` (a Hugging Face config.json) or ``preset`` (``"llama-3-8b"``, the
     embedded default model); anything else is refused, naming the missing keys
-    (``capture_plan.planner.dimensions``). The defaults below are that preset's,
+    (``capture_plan.planner.inputs.dimensions``). The defaults below are that preset's,
     for specs built in code. ``dtype_bytes`` and ``logits_dtype_bytes`` left out
     are 2 and 4 (bf16 activations, float32 logits)."""
 

@@ -56,7 +56,7 @@ WarmupKeeps = Literal["outputs"]
 #: not a closed set here, so that a kind allocating like an existing one is
 #: added by that file alone and these types (which the executor shares
 #: without the planner) do not change: the planner checks a spec's kinds
-#: against the file (:func:`capture_plan.planner.validate.validate_spec` is given them). A
+#: against the file (:func:`capture_plan.planner.inputs.validate.validate_spec` is given them). A
 #: plan's kind is whatever the planner accepted.
 PhaseKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_]*$(?!\n)", max_length=64)]
 #: The per-phase settings of a spec that only some phase kinds give a meaning

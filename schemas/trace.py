@@ -60,7 +60,7 @@ class Trace(TraceStruct, frozen=True, kw_only=True):
     device: str = ""
     backend: str = ""
     #: the device's streaming multiprocessors: some kernels size their scratch by them
-    #: (planner/scratch_shapes.py); None where the recording did not say
+    #: (planner/memory/scratch_shapes.py); None where the recording did not say
     multiprocessors: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] | None = None
     captures: list[CaptureTrace]
 
@@ -68,6 +68,6 @@ class Trace(TraceStruct, frozen=True, kw_only=True):
 def default_samples(sizes: list[int]) -> list[int]:
     """The sizes of a phase that ``capture_plan.executor.profile`` records by default: the
     smallest, the largest and the median in between (all of them when there
-    are at most three). The planner derives the rest (planner/fitting.py)."""
+    are at most three). The planner derives the rest (planner/memory/fitting.py)."""
     s = sorted(set(sizes))
     return sorted({s[0], s[len(s) // 2], s[-1]})

@@ -78,7 +78,8 @@ def data_file(monkeypatch):
     """``data_file(name, extra)``: the planner reads ``planner/data/<name>`` as the
     shipped bytes plus ``extra`` (every cache of the data cleared); the shipped
     files again after the test."""
-    from capture_plan.planner import resources, workload
+    from capture_plan.planner.inputs import resources
+    from capture_plan.planner.memory import analytic
 
     real = resources.data_bytes
     extras: dict[str, bytes] = {}
@@ -91,7 +92,7 @@ def data_file(monkeypatch):
             resources.rules_digest,
             resources.builtin_rules,
             resources.baseline,
-            workload._phase_kind_models,
+            analytic._phase_kind_models,
         ):
             f.cache_clear()
 

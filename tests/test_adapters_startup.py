@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 from capture_plan.adapters.startup import _driver  # noqa: E402
 from capture_plan.executor.profiling import Recording  # noqa: E402
 from capture_plan.planner import BuildOptions, build_plan  # noqa: E402
-from capture_plan.planner.device import DRIVER_CHUNK, calibration_from_report, pools_after  # noqa: E402
+from capture_plan.planner.memory.device import DRIVER_CHUNK, calibration_from_report, pools_after  # noqa: E402
 from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement  # noqa: E402
 from capture_plan.schemas.trace import CaptureTrace, Trace  # noqa: E402
 
@@ -104,7 +104,7 @@ def test_the_driver_memory_of_the_whole_capture_is_what_the_copies_took_and_is_h
 
 
 def test_without_copies_the_device_tables_figure_and_the_recorded_graphs_are_held(plan):
-    from capture_plan.planner.device import per_node_figure
+    from capture_plan.planner.memory.device import per_node_figure
 
     rep = _recording(plan)
     cal = calibration_from_report(rep, "rec", {"decode": "decode"})
@@ -165,7 +165,7 @@ def test_a_warmup_before_the_first_capture_does_not_carry_the_rng_segment(plan):
     """The RNG state's segment comes with the first capture: the peak of a warm-up before
     it is its scratch alone (it was counted there too, 2 MiB high on the H200)."""
     from capture_plan.adapters.startup import _peak, _timeline
-    from capture_plan.planner.device import pools_after
+    from capture_plan.planner.memory.device import pools_after
 
     after = pools_after(plan.steps, plan.predicted.timeline)
     driver = [0] * len(plan.steps)
@@ -181,7 +181,7 @@ def test_in_a_process_that_recorded_nothing_the_workspace_comes_with_the_first_w
     the first warm-up's first GEMM makes it (32 MiB on the H200, there while the warm-up's
     temporaries are), so it is in that step and in the warm-up's peak."""
     from capture_plan.adapters.startup import _peak, _timeline
-    from capture_plan.planner.device import pools_after
+    from capture_plan.planner.memory.device import pools_after
 
     after = pools_after(plan.steps, plan.predicted.timeline)
     line = _timeline(plan, after, 32 * MiB, 2 * MiB, [0] * len(plan.steps))

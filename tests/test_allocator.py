@@ -1,6 +1,6 @@
 """The allocator simulation and the allocation programs it runs.
 
-The allocator simulator: one hand-computed scenario per rule (planner/allocator.py's docstring).
+The allocator simulator: one hand-computed scenario per rule (planner/memory/allocator.py's docstring).
 
 Allocation programs: typed ops, and the compact form the allocator runs."""
 
@@ -10,10 +10,10 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from capture_plan.planner.allocator import FREE, KiB, MiB, PoolSim, round_size, segment_size
-from capture_plan.planner.program import CARRY, Alloc, Free, Program, ops_from_events
-from capture_plan.planner.resources import backend
-from capture_plan.planner.workload import PHASE_KINDS, analytic_program
+from capture_plan.planner.inputs.resources import backend
+from capture_plan.planner.memory.allocator import FREE, KiB, MiB, PoolSim, round_size, segment_size
+from capture_plan.planner.memory.analytic import PHASE_KINDS, analytic_program
+from capture_plan.planner.memory.program import CARRY, Alloc, Free, Program, ops_from_events
 from capture_plan.schemas.spec import Model, Phase
 from capture_plan.schemas.trace import Event
 

@@ -1,4 +1,4 @@
-"""The compiled allocator core (planner/_core.pyx) against PoolSim, the reference.
+"""The compiled allocator core (planner/memory/_core.pyx) against PoolSim, the reference.
 
 Both cores are driven with the same random op streams -- sizes around every
 threshold, frees, streams, several pools, native and expandable segments,
@@ -25,14 +25,16 @@ import msgspec
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from capture_plan.planner import allocator
-from capture_plan.planner.allocator import CORE_ENV, FREE, Core, MiB, PoolSim, core
-from capture_plan.planner.program import CARRY, Alloc, Free, Program
+from capture_plan.planner.memory import allocator
+from capture_plan.planner.memory.allocator import FREE, MiB, PoolSim
+from capture_plan.planner.memory.core import CORE_ENV, Core, core, new_pool
+from capture_plan.planner.memory.program import CARRY, Alloc, Free, Program
+from capture_plan.schemas.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 try:
-    from capture_plan.planner._core import Pool as CompiledPool
+    from capture_plan.planner.memory._core import Pool as CompiledPool
 except ImportError:  # not built here: the differential tests skip, test_the_compiled_core_is_built says why
     CompiledPool = None
 
@@ -201,7 +203,7 @@ def random_program(rng: random.Random) -> Program:
 
 def _resized(rng: random.Random, prog: Program) -> Program:
     """``prog`` with other allocation sizes, naming ``prog`` as the program it shares its
-    structure with (what planner/workload.py's analytic families do): the compiled core
+    structure with (what planner/memory/workload.py's analytic families do): the compiled core
     converts it by resizing ``prog``'s compiled form."""
 
     def resize(ops):
@@ -278,7 +280,7 @@ def test_both_cores_capture_random_programs_alike_cycle_skip_included(seed):
 
 @needs_compiled
 def test_the_compiled_core_names_the_carried_block_as_programs_do():
-    from capture_plan.planner import _core
+    from capture_plan.planner.memory import _core
 
     assert _core.CARRY == CARRY == allocator.CARRY
 
@@ -317,7 +319,7 @@ def fresh_core(monkeypatch):
 def test_the_environment_variable_forces_the_python_core(fresh_core):
     fresh_core.setenv(CORE_ENV, "python")
     assert core() == Core("python", PoolSim, f"{CORE_ENV}=python")
-    assert type(allocator.new_pool(True)) is PoolSim and allocator.new_pool(True).expandable
+    assert type(new_pool(True)) is PoolSim and new_pool(True).expandable
 
 
 def test_an_unknown_core_is_one_line_with_a_fix(fresh_core, cli):
@@ -331,17 +333,17 @@ def test_an_unknown_core_is_one_line_with_a_fix(fresh_core, cli):
 
 
 def test_a_core_that_does_not_load_falls_back_with_one_info_line(fresh_core, caplog):
-    fresh_core.setitem(sys.modules, "capture_plan.planner._core", None)  # import raises ImportError
-    with caplog.at_level(logging.INFO, logger="capture_plan.planner.allocator"):
+    fresh_core.setitem(sys.modules, "capture_plan.planner.memory._core", None)  # import raises ImportError
+    with caplog.at_level(logging.INFO, logger="capture_plan.planner.memory.core"):
         got = core()
         core()
-        assert type(allocator.new_pool()) is PoolSim
+        assert type(new_pool()) is PoolSim
     assert got.name == "python" and got.why.startswith("the compiled core did not load: ")
     assert [r.getMessage() for r in caplog.records] == [f"allocator: using the Python core; {got.why}"]
     # required where it did not load: an error, not a silent fallback
     core.cache_clear()
     fresh_core.setenv(CORE_ENV, "compiled")
-    with pytest.raises(allocator.InputError, match=f"{CORE_ENV}=compiled, but the compiled core did not load"):
+    with pytest.raises(InputError, match=f"{CORE_ENV}=compiled, but the compiled core did not load"):
         core()
 
 
@@ -355,10 +357,10 @@ def _compiler() -> bool:
 @pytest.mark.skipif(not _compiler(), reason="no C compiler or Python headers here: the Python core is expected")
 def test_the_compiled_core_is_built_and_chosen_where_a_compiler_exists(fresh_core):
     """An install here (pip install ., or -e .) builds the extension; `pip install -e .` again after
-    editing planner/_core.pyx."""
+    editing planner/memory/_core.pyx."""
     assert CompiledPool is not None, "the compiled allocator core is not built: run `pip install -e .` again"
     assert core() == Core("compiled", CompiledPool)
-    assert type(allocator.new_pool()) is CompiledPool
+    assert type(new_pool()) is CompiledPool
 
 
 def test_version_says_which_core_runs():
@@ -383,7 +385,9 @@ def test_show_says_which_core_a_check_or_rebuild_here_runs(forced, fresh_core, c
 
 
 def _python_core(monkeypatch) -> None:
-    monkeypatch.setattr(allocator, "core", lambda: Core("python", PoolSim, "test"))
+    import capture_plan.planner.memory.core as memory_core
+
+    monkeypatch.setattr(memory_core, "core", lambda: Core("python", PoolSim, "test"))
 
 
 @needs_compiled

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench_modules import bench_module
-from capture_plan.planner.allocator import MiB, PoolSim, round_size
+from capture_plan.planner.memory.allocator import MiB, PoolSim, round_size
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

@@ -6,7 +6,8 @@ import functools
 
 import pytest
 
-from capture_plan.planner import BuildOptions, build_plan, resources
+from capture_plan.planner import BuildOptions, build_plan
+from capture_plan.planner.inputs import resources
 from capture_plan.schemas.errors import InputError
 
 NEW = b"""

@@ -3,9 +3,9 @@ their device items and fidelity, the rules' Digraph, and property tests over ran
 
 capture_plan.planner.build: what the plans decide, and the constraints they honour.
 
-A plan's device items (planner/device.py), its fidelity (planner/fidelity.py) and --require-exact.
+A plan's device items (planner/memory/device.py), its fidelity (planner/memory/fidelity.py) and --require-exact.
 
-planner/graph.py's Digraph: the same order and cycle reports as networkx.
+planner/schedule/graph.py's Digraph: the same order and cycle reports as networkx.
 
 Property tests: any valid spec gives a plan that respects its constraints, reproducibly.
 
@@ -34,10 +34,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 from capture_plan.planner.cli import main
-from capture_plan.planner.device import DRIVER_CHUNK, calibration_from_report, driver_after, nodes_at, peak
-from capture_plan.planner.graph import Digraph, check_acyclic
-from capture_plan.planner.resources import builtin_rules
-from capture_plan.planner.rules import Context, phase_rules, violated
+from capture_plan.planner.inputs.resources import builtin_rules
+from capture_plan.planner.inputs.rules import Context, phase_rules, violated
+from capture_plan.planner.memory.device import DRIVER_CHUNK, calibration_from_report, driver_after, nodes_at, peak
+from capture_plan.planner.schedule.graph import Digraph, check_acyclic
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.plan import Step
 from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, ReportModel, StepMeasurement
@@ -296,12 +296,12 @@ def test_building_twice_gives_identical_bytes(built):
 
 
 def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path, built):
-    from capture_plan.planner.optimize import screened
-    from capture_plan.planner.resources import backend, phase_kind_settings
-    from capture_plan.planner.simulate import simulate
-    from capture_plan.planner.specs import model_presets
-    from capture_plan.planner.validate import decode_spec
-    from capture_plan.planner.workload import Workload
+    from capture_plan.planner.inputs.resources import backend, phase_kind_settings
+    from capture_plan.planner.inputs.specs import model_presets
+    from capture_plan.planner.inputs.validate import decode_spec
+    from capture_plan.planner.memory.simulate import simulate
+    from capture_plan.planner.memory.workload import Workload
+    from capture_plan.planner.schedule.optimize import screened
 
     sizes = list(range(1, 201))
     assert screened(sizes, 24)[0] == 1 and screened(sizes, 24)[-1] == 200 and len(screened(sizes, 24)) == 24
@@ -324,10 +324,10 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
 
 
 def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
-    from capture_plan.planner.resources import backend
-    from capture_plan.planner.simulate import Simulation, simulate
-    from capture_plan.planner.specs import default_spec
-    from capture_plan.planner.workload import Workload
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.inputs.specs import default_spec
+    from capture_plan.planner.memory.simulate import Simulation, simulate
+    from capture_plan.planner.memory.workload import Workload
     from capture_plan.schemas.plan import Strategy
 
     spec = default_spec("eagle")
@@ -350,7 +350,7 @@ def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
 
 
 def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
-    import capture_plan.planner.pipeline as build
+    import capture_plan.planner.schedule.pipeline as build
 
     reused = []
     real = build._reused_bytes
@@ -361,7 +361,7 @@ def test_the_engines_loop_reuses_the_optimizers_simulation(monkeypatch):
 
 @pytest.mark.parametrize("kw", [dict(backend="fa3", ci=True), dict(backend="fa3", speculative="eagle", max_bs=16)])
 def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, monkeypatch):
-    import capture_plan.planner.pipeline as build
+    import capture_plan.planner.schedule.pipeline as build
 
     reused = []
     real = build._reused_bytes
@@ -374,10 +374,10 @@ def test_the_baseline_reused_from_the_optimizer_equals_its_own_simulation(kw, mo
 
 def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
     """Simulation.since/result_with: what the optimizer reuses when a phase leaves its pool as before."""
-    from capture_plan.planner.resources import backend
-    from capture_plan.planner.simulate import Simulation, simulate
-    from capture_plan.planner.specs import default_spec
-    from capture_plan.planner.workload import Workload
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.inputs.specs import default_spec
+    from capture_plan.planner.memory.simulate import Simulation, simulate
+    from capture_plan.planner.memory.workload import Workload
     from capture_plan.schemas.plan import Strategy
 
     spec = default_spec("eagle")
@@ -404,7 +404,7 @@ def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
 
 
 def test_the_optimizer_reusing_recorded_tails_builds_what_it_builds_without(monkeypatch):
-    from capture_plan.planner.simulate import Simulation
+    from capture_plan.planner.memory.simulate import Simulation
 
     opts = BuildOptions(backend="fa3", ci=True, speculative="eagle", max_bs=16)
     reused = []
@@ -423,10 +423,10 @@ def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwr
     those of recording every block, in schedules with and without hazards."""
     import itertools
 
-    from capture_plan.planner.resources import backend
-    from capture_plan.planner.simulate import Simulation, simulate
-    from capture_plan.planner.specs import default_spec
-    from capture_plan.planner.workload import Workload
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.inputs.specs import default_spec
+    from capture_plan.planner.memory.simulate import Simulation, simulate
+    from capture_plan.planner.memory.workload import Workload
     from capture_plan.schemas.plan import Strategy
 
     spec = default_spec("eagle", 16)
@@ -466,9 +466,9 @@ def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_rec
     phases, one captured late, so that runs with and without them share prefixes."""
     import msgspec
 
-    import capture_plan.planner.optimize as optimize
-    from capture_plan.planner.simulate import Simulation
-    from capture_plan.planner.specs import default_spec
+    import capture_plan.planner.schedule.optimize as optimize
+    from capture_plan.planner.inputs.specs import default_spec
+    from capture_plan.planner.memory.simulate import Simulation
 
     spec = default_spec("eagle", 16)
     late = {"target_verify", "draft_decode"}
@@ -664,7 +664,7 @@ def test_driver_memory_follows_the_nodes_in_whole_chunks_less_what_the_driver_ho
 
 
 def test_a_calibration_that_counted_nodes_gives_graph_exec_from_them(tmp_path, fa3ci):
-    from capture_plan.planner.device import per_node_figure
+    from capture_plan.planner.memory.device import per_node_figure
 
     n = {bs: 900 - bs for bs in fa3ci.phases[0].sizes}
     rep = tmp_path / "report.json"

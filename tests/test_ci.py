@@ -314,8 +314,8 @@ def test_the_plot_fixes_install_the_dependency_they_lack(monkeypatch, tmp_path):
     """`planner sizes --plot` and `planner plot` without matplotlib: one fix, the dependency's."""
     import builtins
 
-    from capture_plan.planner.plot import INSTALL_MATPLOTLIB
-    from capture_plan.planner.size_plot import draw_front
+    from capture_plan.planner.report.plot import INSTALL_MATPLOTLIB
+    from capture_plan.planner.report.size_plot import draw_front
     from capture_plan.schemas.errors import InputError
 
     real = builtins.__import__

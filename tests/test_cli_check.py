@@ -103,7 +103,7 @@ def test_a_rule_change_is_named(cli, tmp_path, data_file):
 
 
 def test_an_edited_rule_is_named_with_what_it_said_and_says(cli, tmp_path, data_file, monkeypatch):
-    from capture_plan.planner import resources
+    from capture_plan.planner.inputs import resources
 
     assert cli("build", "-b", "fa3", "--ci", "-o", "plans/e.json")[0] == 0
     real = resources.data_bytes

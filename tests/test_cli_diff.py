@@ -169,7 +169,8 @@ def test_markdown_says_when_the_threshold_is_crossed(cli, plans):
 
 
 def test_the_markdown_escapes_table_cells(cli, plans):
-    from capture_plan.planner.compare import Figure, PlanDiff, render_markdown
+    from capture_plan.planner.report.compare import Figure, PlanDiff
+    from capture_plan.planner.report.compare_text import render_markdown
 
     d = PlanDiff(
         old_name="a|b",
@@ -201,7 +202,7 @@ def test_non_plans_and_other_versions_are_one_line(cli, plans, tmp_path, other, 
 def test_plans_of_different_versions_are_refused_by_the_library(built):
     import msgspec
 
-    from capture_plan.planner.compare import compare
+    from capture_plan.planner.report.compare import compare
     from capture_plan.schemas.errors import InputError
 
     a = built(backend="fa3", max_bs=8)
@@ -215,7 +216,7 @@ def test_plans_of_different_versions_are_refused_by_the_library(built):
 
 def test_the_figures_are_a_table_of_getters():
     # adding a figure is one row: (label, getter, unit); each getter reads a real plan
-    from capture_plan.planner.compare import FIGURES
+    from capture_plan.planner.report.compare import FIGURES
     from capture_plan.schemas.codec import decode_plan
 
     plan = decode_plan((PLANS / "fa3-ci-h200.json").read_bytes(), "fa3-ci-h200.json")
@@ -329,7 +330,7 @@ def test_one_change_is_one_bold_row(cli, tmp_path):
 
 def test_a_plan_without_a_model_record_is_one_row(cli, tmp_path):
     """A plan before revision 4 records no dimensions nor rules: one "not recorded" row each, not one per name."""
-    from capture_plan.planner.compare import input_changes
+    from capture_plan.planner.report.compare import input_changes
     from capture_plan.schemas.codec import decode_plan
 
     _spec_plans(cli, tmp_path, a="")

@@ -33,7 +33,7 @@ def test_bare_planner_help_version_and_debug(cli):
         assert code == 0 and out.startswith("Usage: planner")
     code, out, _ = cli("--version")
     from capture_plan import executor, planner, schemas
-    from capture_plan.planner.allocator import core
+    from capture_plan.planner.memory.core import core
 
     assert code == 0 and out == f"planner (capture-plan) {schemas.__version__}\nallocator core: {core().describe()}\n"
     assert planner.__version__ == executor.__version__ == schemas.__version__

@@ -965,7 +965,7 @@ def _capture_index(report: dict, nth: int = 1) -> int:
 
 
 def test_a_calibration_step_id_without_a_numeric_size_is_refused_where_it_is(tmp_path):
-    """Was an internal error: ValueError: invalid literal for int() in planner/device.py."""
+    """Was an internal error: ValueError: invalid literal for int() in planner/memory/device.py."""
     i = _capture_index(CALIBRATION)
 
     def rename(r):

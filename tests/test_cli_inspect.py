@@ -68,7 +68,7 @@ def test_one_phase_plan(cli, plans):
 def test_a_phase_name_with_quotes_stays_one_dot_string(built):
     import msgspec
 
-    from capture_plan.planner.render import graph_phases
+    from capture_plan.planner.report.render import graph_phases
 
     plan = built(backend="fa3", max_bs=4)
     odd = msgspec.structs.replace(plan, name='we"ird')
@@ -106,7 +106,7 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
     code, out, _ = cli("schema")
     schemas = json.loads(out)
     assert set(schemas) == {"spec", "plan", "trace", "report", "backends", "phase-kinds"}
-    from capture_plan.planner.schema import SCHEMAS
+    from capture_plan.planner.inputs.schema import SCHEMAS
 
     assert set(schemas) == set(SCHEMAS)
     help_text = " ".join(cli("schema", "-h")[1].split())

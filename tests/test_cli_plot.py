@@ -28,7 +28,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_per_pool_series_end_at_each_pools_peak(plans):
-    from capture_plan.planner.plot import pool_series
+    from capture_plan.planner.report.plot import pool_series
     from capture_plan.schemas.codec import decode_plan
 
     plan = decode_plan((plans / "fa3-eagle-ci.json").read_bytes(), "p")
@@ -122,7 +122,7 @@ def test_output_is_required_and_budget_a_number(cli, plans):
 def _drawn(old_path: Path, new_path: Path, labels: list[str]) -> dict:
     """What the plot draws, read back from its artists: per legend label the line's
     (batch size, MiB) points (sizes from the x-axis tick labels), the title, the ticks."""
-    from capture_plan.planner.plot import drawing
+    from capture_plan.planner.report.plot import drawing
     from capture_plan.schemas.codec import decode_plan
 
     plans = [decode_plan(p.read_bytes(), str(p)) for p in (old_path, new_path)]
@@ -177,7 +177,7 @@ def test_one_label_per_plan_or_a_usage_error(cli, plans, labels):
 def test_the_default_label_is_the_file_and_its_commit(tmp_path):
     import subprocess
 
-    from capture_plan.planner.plot import plan_label
+    from capture_plan.planner.report.plot import plan_label
 
     if shutil.which("git") is None:
         pytest.skip("git is not installed")

@@ -22,9 +22,9 @@ from cli_inputs import LLAMA, SPEC, one_line_error
 def test_the_toml_decodes_to_the_embedded_spec(cli, args):
     import msgspec
 
-    from capture_plan.planner import resources
-    from capture_plan.planner.specs import default_spec, model_presets
-    from capture_plan.planner.validate import decode_spec
+    from capture_plan.planner.inputs import resources
+    from capture_plan.planner.inputs.specs import default_spec, model_presets
+    from capture_plan.planner.inputs.validate import decode_spec
 
     code, out, err = cli("spec", "show", *args)
     assert (code, err) == (0, "")

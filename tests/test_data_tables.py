@@ -18,11 +18,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from capture_plan.planner import BuildOptions, build_plan, plan_bytes, resources
-from capture_plan.planner.resources import backend
-from capture_plan.planner.specs import default_spec, engine_preset, engine_rules, model_presets
-from capture_plan.planner.validate import decode_spec
-from capture_plan.planner.workload import analytic_program
+from capture_plan.planner import BuildOptions, build_plan, plan_bytes
+from capture_plan.planner.inputs import resources
+from capture_plan.planner.inputs.resources import backend
+from capture_plan.planner.inputs.specs import default_spec, engine_preset, engine_rules, model_presets
+from capture_plan.planner.inputs.validate import decode_spec
+from capture_plan.planner.memory.analytic import analytic_program
 from capture_plan.schemas.codec import canonical_bytes
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.spec import Choice, Model, Phase

@@ -312,7 +312,7 @@ def test_every_known_vllm_release_has_its_facts_in_the_preset():
     facts): every release the hook rows know has one, and 0.33.0's persistent buffer is the
     one [capture] (the facts the --preset vllm spec follows) states."""
     from capture_plan.adapters.plugins import vllm as vllm_plugin
-    from capture_plan.planner.specs import engine_preset
+    from capture_plan.planner.inputs.specs import engine_preset
 
     preset = engine_preset("vllm")
     assert sorted(preset.releases) == sorted(KNOWN["vllm"])

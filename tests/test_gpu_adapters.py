@@ -5,7 +5,7 @@ Architectures: dense (Llama), MoE as transformers routes it (Mixtral,
 Qwen2-MoE, Qwen3-MoE, GLM-4-MoE, GPT-OSS), MLA (DeepSeek-V3, with its routed
 and shared experts), sliding-window attention (Mistral, Gemma2, GPT-OSS; and
 Mistral and GPT-OSS with a window narrower than the cache); the plan is built
-from the model's own config (``planner/hf_config.py``).
+from the model's own config (``planner/inputs/hf_config.py``).
 """
 
 from __future__ import annotations

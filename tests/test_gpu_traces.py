@@ -86,7 +86,7 @@ def test_snapshot_dumped_during_capture_predicts_like_the_projects_trace(tmp_pat
     assert snap.stat().st_size > 0
     a = build_plan(BuildOptions(backend="fa3", spec=spec, trace=tmp_path / "trace.json"))
     b = build_plan(BuildOptions(backend="fa3", spec=spec, trace=snap))
-    from capture_plan.planner.snapshot import trace_from_snapshot
+    from capture_plan.planner.memory.snapshot import trace_from_snapshot
     from capture_plan.schemas.spec import Phase
 
     got = trace_from_snapshot(snap.read_bytes(), [Phase(name="decode", kind="decode", sizes=SIZES)], "snap")
@@ -96,7 +96,7 @@ def test_snapshot_dumped_during_capture_predicts_like_the_projects_trace(tmp_pat
 
 
 def test_speculative_phases_from_three_sizes_equal_every_size(tmp_path):
-    """torch.topk's scratch over the vocabulary (planner/scratch_shapes.py): with the SM
+    """torch.topk's scratch over the vocabulary (planner/memory/scratch_shapes.py): with the SM
     count the recording writes, all four EAGLE phases of the small speculative reference
     (top-k 4: the draft's first top-k runs over 4 rows a request) are derived from three
     sizes each and predict what every size recorded predicts."""

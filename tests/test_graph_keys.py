@@ -282,7 +282,7 @@ def test_too_many_keys_per_phase_is_refused_with_the_product(cli, tmp_path):
 
 
 def test_the_spec_schema_publishes_the_variant_limits():
-    from capture_plan.planner.schema import json_schema
+    from capture_plan.planner.inputs.schema import json_schema
     from capture_plan.schemas.limits import MAX_KEYS_PER_PHASE, MAX_LABELS_PER_AXIS, MAX_VARIANT_AXES
 
     variants = json.loads(json_schema("spec"))["$defs"]["Phase"]["properties"]["variants"]
@@ -358,8 +358,8 @@ def test_show_lists_each_steps_key_and_says_how_many_keys_are_approximate(cli):
 def _keyed_trace(tmp_path, labelled: dict[int, dict[str, str]], plain: bool = True, extra: int = 64 << 20) -> Path:
     """A trace of LORA_SPEC's decode phase (one axis) from the analytic model, with labelled
     captures (size -> labels) that allocate ``extra`` more when their label is `lora`."""
-    from capture_plan.planner.resources import backend
-    from capture_plan.planner.workload import analytic_capture
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.memory.analytic import analytic_capture
     from capture_plan.schemas.spec import Model, Phase
     from capture_plan.schemas.trace import Event, Trace
 
@@ -471,7 +471,7 @@ def test_a_micro_batch_twin_is_captured_right_after_its_graph_of_each_size(tmp_p
     (cudagraph_utils.py CudaGraphManager._init_candidates; presets_vllm.toml [capture]):
     the twin's graphs interleave with their phase's, each warm-up just before its capture,
     rather than forming a phase captured after the FULL one."""
-    from capture_plan.planner.specs import engine_preset
+    from capture_plan.planner.inputs.specs import engine_preset
 
     assert engine_preset("vllm").capture.micro_batch_twin == "after-its-graph"
     plan = _build(tmp_path, TWIN_SPEC, strategies=["warmup=every-size"])
@@ -553,9 +553,9 @@ def test_show_says_a_micro_batch_twin_is_one_and_how_its_memory_is_predicted(tmp
 
 
 def test_show_says_how_a_micro_batched_phase_and_a_traced_twin_are_predicted(tmp_path):
-    from capture_plan.planner.render import device_lines
-    from capture_plan.planner.resources import backend
-    from capture_plan.planner.workload import analytic_capture
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.memory.analytic import analytic_capture
+    from capture_plan.planner.report.render import device_lines
     from capture_plan.schemas.spec import Model, Phase
     from capture_plan.schemas.trace import Trace
 

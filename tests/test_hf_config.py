@@ -73,9 +73,9 @@ def _write(tmp_path, cfg, model_extra=""):
 
 
 def _model(tmp_path, cfg, **kw):
-    from capture_plan.planner.pipeline import _spec
+    from capture_plan.planner.schedule.resolve import read_spec
 
-    return _spec(BuildOptions(backend="torch", spec=_write(tmp_path, cfg, **kw)))[0].model
+    return read_spec(BuildOptions(backend="torch", spec=_write(tmp_path, cfg, **kw))).spec.model
 
 
 @pytest.mark.parametrize(
@@ -385,7 +385,7 @@ def test_bad_served_configs_name_the_keys(tmp_path, cfg, message):
 def test_two_aliases_that_disagree_are_named(monkeypatch):
     """A key with two aliases (as Sarvam's n_routed_experts in transformers 5.24):
     the error names the two spellings the file gives."""
-    from capture_plan.planner import hf_config
+    from capture_plan.planner.inputs import hf_config
 
     table = hf_config.architectures()
     kind = msgspec.structs.replace(
@@ -426,7 +426,7 @@ def test_aliases_are_transformers_attribute_maps():
     lowest and the newest transformers the hf extra allows)."""
     CONFIG_MAPPING = pytest.importorskip("transformers").CONFIG_MAPPING
 
-    from capture_plan.planner.hf_config import architectures
+    from capture_plan.planner.inputs.hf_config import architectures
 
     _transformers()
     table = architectures()
@@ -458,7 +458,7 @@ SMALL = dict(
 def _small_config(mt: str) -> dict:
     """A config dict for ``mt`` giving SMALL through the keys the table names;
     the parts of a sum or product get their own small values."""
-    from capture_plan.planner.hf_config import DIMENSIONS, Combined, architectures
+    from capture_plan.planner.inputs.hf_config import DIMENSIONS, Combined, architectures
 
     table = architectures()
     kind = table.model_types[mt]
@@ -495,7 +495,7 @@ def _small_config(mt: str) -> dict:
 
 
 def _type_names():
-    from capture_plan.planner.hf_config import architectures
+    from capture_plan.planner.inputs.hf_config import architectures
 
     return sorted(architectures().model_types)
 
@@ -507,7 +507,7 @@ def test_the_table_reads_what_transformers_builds(tmp_path, mt):
     x head dim (for MLA: the query/key head dim), key/value heads, and experts."""
     transformers = _transformers()
     torch = pytest.importorskip("torch")  # before its import: a machine with neither skips
-    from capture_plan.planner.hf_config import model_from_config
+    from capture_plan.planner.inputs.hf_config import model_from_config
 
     cfg = transformers.AutoConfig.for_model(**_small_config(mt))
     written = json.loads(cfg.to_json_string())  # what save_pretrained writes: canonical names, every key
@@ -557,7 +557,7 @@ def test_reading_a_config_imports_neither_transformers_nor_torch(tmp_path):
     ],
 )
 def test_a_broken_table_is_a_broken_package(data_file, extra, message):
-    from capture_plan.planner.hf_config import architectures
+    from capture_plan.planner.inputs.hf_config import architectures
 
     architectures.cache_clear()
     data_file("architectures.toml", extra)

@@ -124,6 +124,57 @@ def import_graph(root: pathlib.Path = ROOT, packages=PACKAGES, *, type_checking:
     return g
 
 
+def missing_modules(root: pathlib.Path = ROOT, packages=PACKAGES) -> list[str]:
+    """``file:line: module`` for each import of a capture_plan module (absolute or relative,
+    lazy or under ``if TYPE_CHECKING:``) that names no module of ``packages``: the shape a
+    lazy import keeps after its module moved, which nothing runs until that branch does. A
+    compiled module counts where its source is there (``_core.pyx``: built in place)."""
+    mods = _modules(root, packages)
+    roots = {m.split(".")[0] for m in mods}
+    bad = []
+    for mod, (path, is_pkg) in mods.items():
+        compiled = {f"{mod.rsplit('.', 1)[0] if not is_pkg else mod}.{p.stem}" for p in path.parent.glob("*.pyx")}
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                names = [base]
+            for name in names:
+                if name.split(".")[0] in roots and name not in mods and name not in compiled:
+                    bad.append(f"{path.relative_to(root)}:{node.lineno}: {name}")
+    return bad
+
+
+def test_every_import_of_capture_plan_names_a_module_that_exists():
+    """The merge of the planner's move (issue 39) left two lazy imports naming flat paths
+    (planner/memory/device.py ``from .resources``, planner/report/check.py ``from .device``)
+    that no test reached: any such import fails here, read from the source."""
+    bad = missing_modules()
+    assert not bad, "imports of modules that do not exist:\n" + "\n".join(bad)
+
+
+def test_a_lazy_import_of_a_moved_module_is_found(tmp_path):
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/inputs/__init__.py": "",
+            "pkg/inputs/resources.py": "",
+            "pkg/memory/__init__.py": "",
+            "pkg/memory/_core.pyx": "",
+            "pkg/memory/device.py": "from . import _core\n"
+            "from ..inputs.resources import x\n\ndef f():\n    from .resources import backends\n",
+        },
+    )
+    assert missing_modules(root, {"pkg": "pkg"}) == ["pkg/memory/device.py:5: pkg.memory.resources"]
+
+
 def cycles(g: nx.DiGraph) -> list[list[str]]:
     """Every simple cycle, each rotated to start at its smallest module, sorted."""
     out = []
@@ -190,6 +241,47 @@ def test_packages_import_only_the_layers_below():
     assert not bad, "imports across the package layers:\n" + "\n".join(bad)
 
 
+#: the planner's layers, bottom to top (docs/development.md says each one's job): a module
+#: imports from its own layer and those below only. ``build`` is planner/build.py (sizes chosen,
+#: then the pipeline); the package's own lazy ``__init__`` sits above them all.
+PLANNER_LAYERS = ("inputs", "memory", "schedule", "sizes", "build", "report", "cli", "__main__")
+
+
+def planner_layer_violations(g: nx.DiGraph, layers=PLANNER_LAYERS, pkg: str = "capture_plan.planner") -> list[str]:
+    """Each edge between two of ``pkg``'s layers that goes up, as text."""
+
+    def layer(m: str) -> int:  # -1: none of the layers (the package itself, another package)
+        rest = m[len(pkg) + 1 :].split(".")[0] if m.startswith(pkg + ".") else ""
+        return layers.index(rest) if rest in layers else -1
+
+    return sorted(f"{a} imports {b} (line {g.edges[a, b]['lines'][0]})" for a, b in g.edges if 0 <= layer(a) < layer(b))
+
+
+def test_the_planners_layers_import_only_the_layers_below():
+    g = import_graph()
+    planner = {m.split(".")[2] for m in g if m.startswith("capture_plan.planner.")}
+    assert planner - {"data"} == set(PLANNER_LAYERS), "a planner subpackage without its layer in PLANNER_LAYERS"
+    bad = planner_layer_violations(g)
+    assert not bad, "imports up the planner's layers (move the shared piece down):\n" + "\n".join(bad)
+
+
+def test_an_import_up_the_planners_layers_is_a_violation(tmp_path):
+    root = _write(
+        tmp_path,
+        {
+            "planner/__init__.py": "",
+            "planner/schedule/__init__.py": "",
+            "planner/schedule/pipeline.py": "def f():\n    from ..sizes.sizes import SizesResult\n",
+            "planner/sizes/__init__.py": "",
+            "planner/sizes/sizes.py": "from ..schedule import pipeline\n",
+        },
+    )
+    g = import_graph(root, {"capture_plan.planner": "planner"})
+    assert planner_layer_violations(g) == [
+        "capture_plan.planner.schedule.pipeline imports capture_plan.planner.sizes.sizes (line 2)"
+    ]
+
+
 def test_every_package_is_read():
     """The graph holds every module of the packages, and real edges between them."""
     g = import_graph()
@@ -203,7 +295,9 @@ def test_every_package_is_read():
     )
     assert g.has_edge(cp + "executor.driver", cp + "executor.loop")  # capture() is a user of capture_loop
     assert g.has_edge(cp + "adapters.startup", cp + "planner")
-    assert g.has_edge(cp + "planner.pipeline", cp + "planner.resources")  # `from . import resources`
+    assert g.has_edge(
+        cp + "planner.schedule.pipeline", cp + "planner.inputs.resources"
+    )  # `from ..inputs import resources`
     assert g.has_edge(cp + "executor", cp + "executor.loop")  # executor's lazy __getattr__
     assert g.has_edge(cp + "references.speculative", cp + "references.decode")
     assert g.has_edge(cp + "schemas", "capture_plan")

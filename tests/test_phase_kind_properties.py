@@ -1,7 +1,7 @@
 """Phase kinds carry their properties as data (planner/data/phase_kinds.toml): the planner
 reads them there, the plan records the one its consumer needs (``PhasePlan.piecewise``,
-revision 6), and neither the executor nor the SGLang plugin names a kind (the vLLM plugin is
-being rewritten apart: issue 39 item 6). The worked example of
+revision 6), and neither the executor nor a plugin names a kind (the vLLM plugin asks the
+plan whether a phase is piecewise, as the executor does). The worked example of
 docs/development.md ("A new phase kind") is the test below that adds one by data alone."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 
 from capture_plan.executor.cursor import Cursor
 from capture_plan.executor.errors import ExecutorError
-from capture_plan.planner import resources, workload
+from capture_plan.planner.inputs import resources
+from capture_plan.planner.memory import analytic
 from capture_plan.schemas.codec import decode_plan, plan_digest
 from capture_plan.schemas.keys import PlanIndex
 
@@ -33,7 +34,7 @@ settings = ["layers", "pieces"]
 
 
 def _clear() -> None:
-    for cached in (resources.data, resources.phase_kinds, resources.variant_axes, workload._phase_kind_models):
+    for cached in (resources.data, resources.phase_kinds, resources.variant_axes, analytic._phase_kind_models):
         cached.cache_clear()
 
 
@@ -127,9 +128,9 @@ def test_the_finder_finds_the_shapes_it_names(tmp_path):
     ]
 
 
-def test_neither_the_executor_nor_the_sglang_plugin_names_a_kind():
+def test_neither_the_executor_nor_a_plugin_names_a_kind():
     kinds = set(resources.phase_kinds())
-    paths = sorted((ROOT / "executor").glob("*.py")) + [ROOT / "adapters/plugins/sglang.py"]
+    paths = sorted((ROOT / "executor").glob("*.py")) + sorted((ROOT / "adapters/plugins").glob("*.py"))
     found = [hit for path in paths for hit in _kind_names_in(path, kinds)]
     assert not found, "read the kind's properties instead (PlanIndex, planner/data/phase_kinds.toml):\n" + "\n".join(
         found

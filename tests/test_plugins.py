@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
@@ -783,6 +784,29 @@ def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(vllm, cuda, monkeypatc
     line = str(err.value)
     assert "\n" not in line and re.search(r"the plan captures capture/full_decode/\d+ before capture/piecewise/8", line)
     assert f"which vllm cannot follow ({vllm_plugin.ORDER})" in line and "then FULL" in vllm_plugin.ORDER
+    assert runner.cudagraph_manager.graphs == {}
+
+
+@pytest.mark.parametrize("phase", ["piecewise", "full_decode"])
+def test_vllm_refuses_a_plan_whose_phase_is_not_as_piecewise_as_vllms_mode(vllm, cuda, monkeypatch, tmp_path, phase):
+    """The plugin reads whether a phase's graphs are pieces from the plan (its kind's
+    property, ``PlanIndex.piecewise``), never from a kind's name: a plan that says otherwise
+    than vLLM's descriptors (PIECEWISE pieces, FULL whole) is refused before the first graph."""
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
+    plan = harness.vllm_plan(tmp_path, SIZES, keeps=HIDDEN_BYTES, draft_decode=_draft_decode(module))
+    flip = msgspec.UNSET if phase == "piecewise" else True
+    plan = msgspec.structs.replace(
+        plan, phases=[msgspec.structs.replace(p, piecewise=flip) if p.name == phase else p for p in plan.phases]
+    )
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    with pytest.raises(core.PluginRefused) as err:
+        runner.capture_model()
+    line = str(err.value)
+    said = "PIECEWISE pieces" if phase == "piecewise" else "one FULL graph"
+    assert "\n" not in line and f"vLLM records capture/{phase}/" in line and said in line
+    assert f"the plan's phase {phase!r} (kind " in line and ("is not piecewise" in line) == (phase == "piecewise")
     assert runner.cudagraph_manager.graphs == {}
 
 

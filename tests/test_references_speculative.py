@@ -47,8 +47,8 @@ def test_padding_leaves_the_real_requests_unchanged(model, phase):
 def test_the_analytic_outputs_are_what_the_model_returns(model, kind):
     """The planner's analytic program for each phase kind leaves exactly the
     blocks the reference returns alive as outputs (sizes in bytes)."""
-    from capture_plan.planner.resources import backend
-    from capture_plan.planner.workload import analytic_program
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.memory.analytic import analytic_program
 
     cfg = model.cfg
     phase = Phase(
@@ -190,8 +190,8 @@ def test_recorder_finds_its_markers_by_address_and_size_in_order():
 
 @pytest.mark.parametrize("kind,field", [("decode", "steps"), ("target_verify", "topk"), ("draft_extend", "steps")])
 def test_draft_settings_on_other_phases_are_refused(kind, field):
-    from capture_plan.planner.resources import phase_kind_settings
-    from capture_plan.planner.validate import validate_spec
+    from capture_plan.planner.inputs.resources import phase_kind_settings
+    from capture_plan.planner.inputs.validate import validate_spec
     from capture_plan.schemas.errors import InputError
     from capture_plan.schemas.spec import Spec
 

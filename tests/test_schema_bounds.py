@@ -18,10 +18,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from capture_plan.planner.resources import phase_kind_settings
-from capture_plan.planner.schema import json_schema
-from capture_plan.planner.specs import model_presets
-from capture_plan.planner.validate import decode_spec, validate_spec
+from capture_plan.planner.inputs.resources import phase_kind_settings
+from capture_plan.planner.inputs.schema import json_schema
+from capture_plan.planner.inputs.specs import model_presets
+from capture_plan.planner.inputs.validate import decode_spec, validate_spec
 from capture_plan.schemas.codec import canonical_bytes, decode_plan, decode_report, decode_trace, plan_digest
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.limits import (

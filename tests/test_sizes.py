@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from capture_plan.planner.build import BuildOptions
-from capture_plan.planner.size_front import best_lists, candidates, expected
-from capture_plan.planner.traffic import parse_traffic
+from capture_plan.planner.sizes.size_front import best_lists, candidates, expected
+from capture_plan.planner.sizes.traffic import parse_traffic
 from capture_plan.schemas.codec import canonical_bytes, decode_report
 from capture_plan.schemas.report import CaptureReport, StepMeasurement
 from cli_inputs import one_line_error
@@ -187,10 +187,12 @@ def test_the_program_finds_the_cheapest_list_of_every_count(weights, extra, shap
 
 
 def _choose(**kw):
-    from capture_plan.planner.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.inputs.build_options import SizeChoiceOptions
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
 
     build = kw.pop("build", BuildOptions(backend="fa3", ci=True))
-    return choose_sizes(SizesOptions(build=build, **kw))
+    shown = {k: kw.pop(k) for k in ("upto", "every") if k in kw}
+    return choose_sizes(SizesOptions(build=build, choice=SizeChoiceOptions(**kw), **shown))
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +226,7 @@ def test_every_list_covers_the_largest_size_and_padding_falls_with_more_sizes(sk
 
 
 def test_the_table_names_every_figures_provenance(skewed):
-    from capture_plan.planner.sizes import render
+    from capture_plan.planner.sizes.output import render
 
     text = render(skewed)
     assert "graph memory: simulated (analytic model, native allocator)" in text
@@ -400,7 +402,7 @@ def test_any_traffic_text_reads_or_is_one_located_line(text):
 
 def test_cli_plots_the_front_and_never_over_another_file(cli, tmp_path):
     pytest.importorskip("matplotlib")
-    from capture_plan.planner.plot import PNG_MAGIC
+    from capture_plan.planner.report.plot import PNG_MAGIC
 
     spec = tmp_path / "small.toml"
     spec.write_text(SMALL_SPEC)
@@ -430,7 +432,7 @@ def test_the_written_spec_holds_the_builds_own_options_and_replaces_only_its_own
 
 
 def test_a_recorded_trace_prices_every_candidate():
-    """Graph memory from a recorded trace: the sizes it lacks are derived (planner/fitting.py)."""
+    """Graph memory from a recorded trace: the sizes it lacks are derived (planner/memory/fitting.py)."""
     root = Path(__file__).parent.parent
     res = _choose(build=BuildOptions(backend="fa3", ci=True, trace=root / "plans/traces/fa3-ci.json"), traffic=SKEWED)
     assert "simulated (trace model" in res.memory_source

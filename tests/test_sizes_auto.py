@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from capture_plan.planner.build_options import BuildOptions, options_from_command, options_from_record
+from capture_plan.planner.inputs.build_options import (
+    BuildOptions,
+    SizeChoiceOptions,
+    options_from_command,
+    options_from_record,
+)
 from capture_plan.schemas.codec import decode_plan
 from cli_inputs import one_line_error
 
@@ -165,28 +170,29 @@ def test_a_bucketed_histogram_is_spread_and_the_plan_says_so(cli, tmp_path):
 
 def test_the_record_and_the_command_read_back_alike(tmp_path):
     """Every size-choice option round-trips through the plan's record and its command text."""
-    from capture_plan.planner.build_options import build_record, normalized_command
+    from capture_plan.planner.inputs.build_options import build_record, normalized_command
 
     opts = BuildOptions(
         backend="fa3",
-        sizes="auto",
-        traffic=tmp_path / "t.csv",
-        traffic_phases=("decode",),
-        metric="m",
-        max_size=300,
-        timing=tmp_path / "r.json",
-        device="NVIDIA H200",
-        context=2048,
-        budget_mib=300.5,
-        max_graphs=12,
-        max_padding=0.25,
+        sizes=SizeChoiceOptions(
+            traffic=tmp_path / "t.csv",
+            traffic_phases=("decode",),
+            metric="m",
+            max_size=300,
+            timing=tmp_path / "r.json",
+            device="NVIDIA H200",
+            context=2048,
+            budget_mib=300.5,
+            max_graphs=12,
+            max_padding=0.25,
+        ),
         output=tmp_path / "plans/p.json",
     )
     plan_path = tmp_path / "plans/p.json"
     assert options_from_record(build_record(opts), plan_path) == opts
     assert options_from_command(normalized_command(opts), plan_path) == opts
     assert "--budget-mib 300.5" in " ".join(normalized_command(opts))
-    whole = BuildOptions(backend="fa3", sizes="auto", traffic=tmp_path / "t.csv", budget_mib=300.0)
+    whole = BuildOptions(backend="fa3", sizes=SizeChoiceOptions(traffic=tmp_path / "t.csv", budget_mib=300.0))
     assert "--budget-mib 300 " in " ".join(normalized_command(whole)) + " "
 
 
@@ -292,3 +298,78 @@ def test_an_option_out_of_range_names_its_range_and_a_fix_never_none(cli, tmp_pa
     assert "None" not in err
     sizes = cli("sizes", "-b", "fa3", "--ci", "--traffic", "t.csv", *option)
     assert "None" not in one_line_error(sizes, says, "; fix: give")
+
+
+@pytest.mark.parametrize("command", ["build", "sizes"])
+def test_the_pipelines_errors_of_the_chosen_lists_name_the_users_spec(cli, tmp_path, command):
+    """A spec budget below the floor, met while the chosen lists are built (--budget-mib lets the
+    choice pass): the line names the user's spec, not a temporary copy of it (it named
+    /tmp/capture-plan-sizes-*/spec.toml when the lists were built through a spec file)."""
+    (tmp_path / "b.toml").write_text(
+        "budget_mib = 10\n\n[model]\nlayers = 2\nhidden = 1024\nheads = 8\nkv_heads = 2\nhead_dim = 128\n"
+        'intermediate = 2048\nvocab = 32000\n\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8, 32]\n'
+    )
+    (tmp_path / "t.csv").write_text("1,50\n3,20\n9,5\n30,1\n")
+    args = ["-b", "fa3", "--spec", "b.toml", "--traffic", "t.csv", "--budget-mib", "200"]
+    args += ["--sizes", "auto", "-o", "p.json"] if command == "build" else []
+    line = one_line_error(
+        cli(command, *args),
+        "b.toml: $.budget_mib: budget_mib 10 is below the floor",
+        "fix: raise budget_mib to at least",
+    )
+    assert line.startswith("planner: error: b.toml: $.budget_mib: ") and not (tmp_path / "p.json").exists()
+
+
+def _counted(monkeypatch) -> dict[str, int]:
+    """Counters of the spec parsed and validated (every spec, a file's or the embedded one,
+    passes validate._check_rules once per parse) and of the pipeline's runs (pipeline.plan)
+    and assembled plans (pipeline._assemble)."""
+    from capture_plan.planner.inputs import validate
+    from capture_plan.planner.schedule import pipeline
+
+    counts = {"spec parsed": 0, "pipeline runs": 0, "plans assembled": 0}
+
+    def counting(module, name, key):
+        real = getattr(module, name)
+
+        def wrapper(*a, **kw):
+            counts[key] += 1
+            return real(*a, **kw)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counting(validate, "_check_rules", "spec parsed")
+    counting(pipeline, "plan", "pipeline runs")
+    counting(pipeline, "_assemble", "plans assembled")
+    return counts
+
+
+@pytest.mark.parametrize("spec_file", [False, True])
+def test_a_size_choice_parses_the_spec_once_and_runs_the_pipeline_once(tmp_path, monkeypatch, spec_file):
+    """``build --sizes auto`` resolves the build once and prices every list on it in memory (no
+    spec written to a file and read back); the pipeline runs once, for the plan it returns, and
+    the plan is the one a build of the chosen sizes gives."""
+    from capture_plan.planner import build_plan, plan_bytes
+    from capture_plan.planner.inputs.spec_toml import spec_toml
+    from capture_plan.planner.inputs.specs import default_spec
+
+    spec = None
+    if spec_file:
+        spec = tmp_path / "s.toml"
+        spec.write_text(spec_toml(default_spec()))
+    counts = _counted(monkeypatch)
+    opts = BuildOptions(
+        backend="fa3", spec=spec, sizes=SizeChoiceOptions(traffic=SKEWED, max_graphs=6), output=tmp_path / "p.json"
+    )
+    plan = build_plan(opts)
+    assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
+    assert len(plan.phases[0].sizes) == 6 and plan.predicted.sizes
+    # `planner sizes` likewise: one parse, one plan (of the chosen lists)
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+
+    counts.update({k: 0 for k in counts})
+    choice = SizeChoiceOptions(traffic=SKEWED, max_graphs=6)
+    res = choose_sizes(SizesOptions(build=BuildOptions(backend="fa3", spec=spec), choice=choice))
+    assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
+    assert res.plan.predicted.pool_bytes == plan.predicted.pool_bytes
+    assert plan_bytes(plan) == plan_bytes(build_plan(opts))  # the same bytes built again

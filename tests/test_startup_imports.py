@@ -16,37 +16,45 @@ import sys
 
 import pytest
 
-from capture_plan.planner.allocator import CORE_ENV
+from capture_plan.planner.memory.core import CORE_ENV
 
 #: every capture_plan module `planner build --backend fa3 --ci` imports (the compiled
 #: core's extension besides, where it runs): each one's code runs in that build
 QUICKSTART_MODULES = {
     "capture_plan",
     "capture_plan.planner",
-    "capture_plan.planner.allocator",
+    "capture_plan.planner.memory.allocator",
+    "capture_plan.planner.memory.analytic",
+    "capture_plan.planner.memory.core",
     "capture_plan.planner.build",
-    "capture_plan.planner.build_options",
+    "capture_plan.planner.inputs.build_options",
     "capture_plan.planner.cli",
     "capture_plan.planner.cli._build_inputs",
     "capture_plan.planner.cli._common",
     "capture_plan.planner.cli.build",
-    "capture_plan.planner.device",
-    "capture_plan.planner.dimensions",
-    "capture_plan.planner.fidelity",
-    "capture_plan.planner.graph",
-    "capture_plan.planner.keys",
-    "capture_plan.planner.optimize",
-    "capture_plan.planner.pipeline",
-    "capture_plan.planner.plan_files",
-    "capture_plan.planner.program",
-    "capture_plan.planner.render",
-    "capture_plan.planner.resources",
-    "capture_plan.planner.rules",
-    "capture_plan.planner.simulate",
-    "capture_plan.planner.specs",
-    "capture_plan.planner.validate",
-    "capture_plan.planner.workload",
+    "capture_plan.planner.inputs",
+    "capture_plan.planner.memory",
+    "capture_plan.planner.report",
+    "capture_plan.planner.schedule",
+    "capture_plan.planner.memory.device",
+    "capture_plan.planner.inputs.dimensions",
+    "capture_plan.planner.memory.fidelity",
+    "capture_plan.planner.schedule.graph",
+    "capture_plan.planner.schedule.keys",
+    "capture_plan.planner.schedule.optimize",
+    "capture_plan.planner.schedule.pipeline",
+    "capture_plan.planner.schedule.resolve",
+    "capture_plan.planner.report.plan_files",
+    "capture_plan.planner.memory.program",
+    "capture_plan.planner.report.render",
+    "capture_plan.planner.inputs.resources",
+    "capture_plan.planner.inputs.rules",
+    "capture_plan.planner.memory.simulate",
+    "capture_plan.planner.inputs.specs",
+    "capture_plan.planner.inputs.validate",
+    "capture_plan.planner.memory.workload",
     "capture_plan.schemas",
+    "capture_plan.schemas.build_flags",
     "capture_plan.schemas.codec",
     "capture_plan.schemas.errors",
     "capture_plan.schemas.files",
@@ -125,12 +133,12 @@ def test_the_quickstart_build_imports_the_pinned_modules_and_nothing_it_does_not
 
 
 def test_with_the_compiled_core_it_imports_the_extension_besides(tmp_path):
-    from capture_plan.planner.allocator import core
+    from capture_plan.planner.memory.core import core
 
     if core().name != "compiled":
         pytest.skip(f"the compiled core does not run here: {core().describe()}")
     got, unwanted = _quickstart_imports(tmp_path, None)
-    want = QUICKSTART_MODULES | {"capture_plan.planner._core"}
+    want = QUICKSTART_MODULES | {"capture_plan.planner.memory._core"}
     assert got == want, _differences(got, want)
     assert unwanted == [], f"the Quickstart build imports {unwanted}, which it does not use"
 

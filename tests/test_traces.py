@@ -37,12 +37,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from capture_plan.planner import BuildOptions, build_plan
-from capture_plan.planner.allocator import PoolSim, round_size, segment_size
-from capture_plan.planner.program import Alloc, Free, Program, ops_from_events
-from capture_plan.planner.simulate import simulate
-from capture_plan.planner.snapshot import load_snapshot, trace_from_snapshot
-from capture_plan.planner.specs import default_spec
-from capture_plan.planner.workload import Workload
+from capture_plan.planner.inputs.specs import default_spec
+from capture_plan.planner.memory.allocator import PoolSim, round_size, segment_size
+from capture_plan.planner.memory.program import Alloc, Free, Program, ops_from_events
+from capture_plan.planner.memory.simulate import simulate
+from capture_plan.planner.memory.snapshot import load_snapshot, trace_from_snapshot
+from capture_plan.planner.memory.workload import Workload
 from capture_plan.schemas.codec import decode_plan
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.spec import Phase
@@ -352,6 +352,36 @@ def test_cli_accepts_a_snapshot_and_refuses_a_miscounted_one(cli, tmp_path):
     assert code == 1 and "found 1 capture windows" in err
 
 
+def test_a_size_choice_fits_a_snapshots_captures_to_every_list_it_prices(tmp_path):
+    """A snapshot labels its captures with the spec's own sizes (the ones the run captured),
+    once; ``build --sizes auto`` fits them to each list it prices, as it fits a JSON trace of
+    the same captures: the same plan either way. (It refused before: the snapshot was labelled
+    again with each list's sizes, and its capture count matched none of them.)"""
+    from capture_plan.planner.inputs.build_options import SizeChoiceOptions
+
+    few = [1, 120, 256]
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {few}\n')
+    snap = tmp_path / "snap.pickle"
+    snap.write_bytes(pickle.dumps(fake_snapshot(_h200(), sorted(few, reverse=True))))
+    recorded = trace_from_snapshot(snap.read_bytes(), [Phase(name="decode", kind="decode", sizes=few)], "snap")
+    (tmp_path / "t.json").write_bytes(msgspec.json.encode(recorded))
+    choice = SizeChoiceOptions(traffic=ROOT / "tests/data/traffic-skewed.csv", max_graphs=6)
+    a, b = (
+        build_plan(
+            BuildOptions(backend="fa3", ci=True, spec=spec, trace=trace, sizes=choice, output=tmp_path / "p.json")
+        )
+        for trace in (snap, tmp_path / "t.json")
+    )
+    assert a.predicted.source == "trace" and len(a.phases[0].sizes) == 6 and a.predicted.sizes
+    assert (a.phases, a.predicted.pool_bytes, a.predicted.timeline, a.predicted.sizes) == (
+        b.phases,
+        b.predicted.pool_bytes,
+        b.predicted.timeline,
+        b.predicted.sizes,
+    )
+
+
 class _Payload:
     """Unpickling this runs ``os.system`` -- what a malicious snapshot would do."""
 
@@ -383,7 +413,7 @@ def test_payload_never_runs_in_a_fresh_process(tmp_path):
     marker = tmp_path / "ran"
     (tmp_path / "evil.pickle").write_bytes(pickle.dumps([1, _Payload(marker)]))
     code = (
-        "import sys; from capture_plan.planner.snapshot import load_snapshot\n"
+        "import sys; from capture_plan.planner.memory.snapshot import load_snapshot\n"
         "from capture_plan.schemas.errors import InputError\n"
         "try:\n    load_snapshot(open(sys.argv[1], 'rb').read(), 'x')\n"
         "except InputError as e:\n    print('refused', e)\n"
@@ -501,7 +531,7 @@ def test_analytic_prediction_within_two_percent_of_the_trace_per_pool(case):
         assert abs(plan.predicted.pools[pool] - measured) <= 0.02 * measured, pool
 
 
-# -- torch.topk's scratch (planner/scratch_shapes.py) ---------------------------------------------
+# -- torch.topk's scratch (planner/memory/scratch_shapes.py) ---------------------------------------------
 
 H200_SMS = 132  # the H200's streaming multiprocessors: what the committed EAGLE trace was recorded on
 
@@ -520,8 +550,8 @@ def _eagle_few(multiprocessors: int | None) -> tuple[Trace, Trace]:
 def test_topk_blocks_reproduce_every_recorded_draft_size():
     """ATen's multi-block top-k: the 51 recorded sizes of both draft phases, each
     allocation 512 or 4 bytes per block (the module docstring's check, kept)."""
-    from capture_plan.planner.fitting import _skeleton
-    from capture_plan.planner.scratch_shapes import MBTOPK
+    from capture_plan.planner.memory.fitting import _skeleton
+    from capture_plan.planner.memory.scratch_shapes import MBTOPK
 
     full, _ = _eagle_few(None)
     by: dict[str, dict[int, CaptureTrace]] = {}
@@ -573,7 +603,7 @@ def test_another_sm_count_far_off_does_not_fit_the_h200s_draft_scratch():
     """The H200's sizes with an H100 PCIe's 114 SMs are refused. Nearby counts (134 to
     143) give the same blocks at 1, 60 and 256, so three samples cannot tell them apart:
     the count is the device's own, read by the recording, never fitted
-    (planner/scratch_shapes.py)."""
+    (planner/memory/scratch_shapes.py)."""
     _, few = _eagle_few(114)
     spec = default_spec("eagle")
     with pytest.raises(InputError, match="torch.topk blocks"):
@@ -588,7 +618,7 @@ def test_other_kernel_constants_are_refused_by_the_held_out_sample(monkeypatch, 
     could change them) fits none of the H200's draft allocations: refused, not derived."""
     import dataclasses
 
-    from capture_plan.planner import scratch_shapes
+    from capture_plan.planner.memory import scratch_shapes
 
     monkeypatch.setattr(scratch_shapes, "MBTOPK", dataclasses.replace(scratch_shapes.MBTOPK, **kernel))
     _, few = _eagle_few(H200_SMS)
@@ -597,7 +627,7 @@ def test_other_kernel_constants_are_refused_by_the_held_out_sample(monkeypatch, 
         Workload.from_trace(few, spec.phases, "few", spec.model)
 
 
-# -- folding a trace's repeated layers (planner/layers.py) ----------------------------------------
+# -- folding a trace's repeated layers (planner/memory/layers.py) ----------------------------------------
 
 
 def _h200_few():
@@ -611,8 +641,8 @@ def test_derived_sizes_refold_as_folding_their_own_ops_would():
     """A derived size takes another derived size's folded program with its own sizes
     (layers.refold, instead of rebuilding and folding every op): event for event what
     folding its own ops gives, and folded, on the H200 decode trace cut to three sizes."""
-    from capture_plan.planner.fitting import fit_phase
-    from capture_plan.planner.layers import fold
+    from capture_plan.planner.memory.fitting import fit_phase
+    from capture_plan.planner.memory.layers import fold
 
     few, phase = _h200_few()
     w = Workload.from_trace(few, [phase], "few")
@@ -649,7 +679,7 @@ def _padded_middle(bs: int) -> CaptureTrace:
 def test_a_derived_size_folds_where_its_layers_repeat_though_the_first_did_not():
     """Found by fuzzing folded against flat builds: sizes 2 and 3 do not repeat, 4 and 8 do;
     each is folded where it can be, and every program runs its own ops."""
-    from capture_plan.planner.layers import _expand
+    from capture_plan.planner.memory.layers import _expand
 
     phase = Phase(name="decode", kind="decode", sizes=list(range(1, 9)))
     w = Workload.from_trace(Trace(captures=[_padded_middle(bs) for bs in (1, 5, 8)]), [phase], "t")
@@ -664,7 +694,7 @@ def test_a_fold_that_failed_is_not_searched_again_for_a_size_alike(monkeypatch):
     shape, equal sizes and hint match one that failed stays flat without searching again
     (before: every one of their derived sizes searched, 102 failed folds; the programs are
     the full trace's, event for event, test_draft_phases_derived_from_three_sizes_with_the_sm_count)."""
-    from capture_plan.planner import layers
+    from capture_plan.planner.memory import layers
 
     real, tried = layers.fold, []
 
@@ -686,7 +716,7 @@ def test_a_fold_that_failed_is_not_searched_again_for_a_size_alike(monkeypatch):
 def test_flatten_keeps_an_epilogue_free_of_a_prologue_block():
     """One id space, as the simulator runs it: flatten() used to rename the epilogue's ids
     apart and drop the free of block 1, allocated in the prologue."""
-    from capture_plan.planner.layers import fold
+    from capture_plan.planner.memory.layers import fold
 
     ops = tuple(ops_from_events(_padded_middle(8).events))
     folded, _ = fold(ops)
@@ -696,8 +726,8 @@ def test_flatten_keeps_an_epilogue_free_of_a_prologue_block():
 
 
 def test_refold_refuses_sizes_whose_repetitions_differ():
-    from capture_plan.planner.fitting import fit_phase
-    from capture_plan.planner.layers import fold, refold
+    from capture_plan.planner.memory.fitting import fit_phase
+    from capture_plan.planner.memory.layers import fold, refold
 
     few, phase = _h200_few()
     fit = fit_phase("decode", list(phase.sizes), {c.bs: c for c in few.captures}, "few")
@@ -714,7 +744,7 @@ def test_refold_refuses_sizes_whose_repetitions_differ():
 def _layered(layers: int, crossing: int = 1, leak: bool = False) -> tuple:
     """A flat capture: a prologue block, then ``layers`` layers, each allocating a temporary
     and ``crossing`` blocks the next layer frees (``leak``: one more block never freed)."""
-    from capture_plan.planner.program import Free
+    from capture_plan.planner.memory.program import Free
 
     ops = [Alloc(4096, i) for i in range(crossing)]
     nid = crossing
@@ -734,8 +764,8 @@ def _layered(layers: int, crossing: int = 1, leak: bool = False) -> tuple:
 
 
 def test_a_traced_layer_folds_into_one_repeated_body_and_simulates_the_same():
-    from capture_plan.planner.layers import fold
-    from capture_plan.planner.program import Program
+    from capture_plan.planner.memory.layers import fold
+    from capture_plan.planner.memory.program import Program
 
     ops = _layered(32)
     prog, run = fold(ops)
@@ -762,7 +792,7 @@ def test_a_traced_layer_folds_into_one_repeated_body_and_simulates_the_same():
 
 @pytest.mark.parametrize("crossing, leak", [(2, False), (1, True)])
 def test_layers_that_hand_on_two_blocks_or_leak_one_stay_flat(crossing, leak):
-    from capture_plan.planner.layers import fold
+    from capture_plan.planner.memory.layers import fold
 
     prog, run = fold(_layered(32, crossing=crossing, leak=leak))
     assert prog.repeats == 0 and run is None
@@ -774,8 +804,8 @@ def test_layers_that_hand_on_two_blocks_or_leak_one_stay_flat(crossing, leak):
 )
 def test_a_plan_from_a_folded_trace_is_the_plan_from_the_flat_one(trace, speculative, monkeypatch):
     """Folding changes how fast a capture is simulated, never the plan (byte for byte)."""
-    from capture_plan.planner import layers
-    from capture_plan.planner.program import Program
+    from capture_plan.planner.memory import layers
+    from capture_plan.planner.memory.program import Program
     from capture_plan.schemas.codec import canonical_bytes
 
     root = pathlib.Path(__file__).resolve().parent.parent
@@ -789,8 +819,8 @@ def test_layers_that_carry_a_workspace_or_allocate_an_output_stay_flat():
     """A hoisted workspace is dropped section by section (a carried one broke the carry:
     KeyError in the simulator), and an output allocated in a layer the simulator skips
     went uncounted in hazard checks; found by fuzzing folded against flat."""
-    from capture_plan.planner.layers import fold
-    from capture_plan.planner.program import Free
+    from capture_plan.planner.memory.layers import fold
+    from capture_plan.planner.memory.program import Free
 
     ws = (Alloc(1 << 20, 0, "workspace"),) + sum(
         ((Alloc(1 << 20, i, "workspace"), Free(i - 1)) for i in range(1, 6)), ()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tomllib
 
-from capture_plan.planner import resources
+from capture_plan.planner.inputs import resources
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ def test_the_wheel_installs_one_top_level_package(tmp_path, monkeypatch):
     executor = sorted(ln.split()[1].split(";")[0].split(">")[0] for ln in requires if 'extra == "executor"' in ln)
     assert executor == ["numpy", "torch", "tqdm"], requires
     # each data file parsed at build time (setup.py): the copy the installed planner reads
-    # is tomllib's parse of the file beside it (planner/resources.py's parsed_at_install)
+    # is tomllib's parse of the file beside it (planner/inputs/resources.py's parsed_at_install)
     data = pkg / "planner" / "data"
     tomls = sorted(data.glob("*.toml"))
     assert tomls and sorted(p.name for p in data.glob("*" + resources.PARSED_SUFFIX)) == [

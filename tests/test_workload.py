@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from capture_plan.planner.resources import backend
-from capture_plan.planner.simulate import simulate
-from capture_plan.planner.workload import Workload, analytic_capture
+from capture_plan.planner.inputs.resources import backend
+from capture_plan.planner.memory.analytic import analytic_capture
+from capture_plan.planner.memory.simulate import simulate
+from capture_plan.planner.memory.workload import Workload
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import Strategy
 from capture_plan.schemas.spec import Model, Phase
@@ -76,8 +77,8 @@ LAYER_CASES = [  # shapes whose layers settle into a cycle only after several la
 @pytest.mark.parametrize("expandable", [False, True])
 def test_skipping_repeated_layers_is_exact(model, sizes, kind, tpr, expandable):
     """Cycle skipping gives exactly the pool of simulating every layer."""
-    from capture_plan.planner.program import ops_from_events
-    from capture_plan.planner.workload import Program, analytic_program
+    from capture_plan.planner.memory.analytic import analytic_program
+    from capture_plan.planner.memory.program import Program, ops_from_events
 
     phase = Phase(name="decode", kind=kind, sizes=sizes, tokens_per_request=tpr)
     b = backend("fa3")
@@ -125,8 +126,8 @@ def test_trace_with_unknown_phase_or_bad_free_is_located():
 
 
 def test_every_phase_kind_the_spec_accepts_has_an_analytic_model():
-    from capture_plan.planner.resources import phase_kind_settings, phase_kinds
-    from capture_plan.planner.workload import PHASE_KINDS, PROGRAMS
+    from capture_plan.planner.inputs.resources import phase_kind_settings, phase_kinds
+    from capture_plan.planner.memory.analytic import PHASE_KINDS, PROGRAMS
 
     assert list(PHASE_KINDS) == list(phase_kinds()) == list(phase_kind_settings())
     for name, kind in phase_kinds().items():
@@ -141,7 +142,7 @@ SMALL_DRAFT = Model(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, inte
 def test_draft_decode_allocates_nothing_for_its_static_first_input():
     """Step 0 reads the engine's static candidates: before the first step the
     graph allocates only its three outputs (ids, scores, token locations)."""
-    from capture_plan.planner.workload import analytic_program
+    from capture_plan.planner.memory.analytic import analytic_program
 
     phase = Phase(name="draft_decode", kind="draft_decode", sizes=[8], layers=1, steps=3, topk=2)
     prog = analytic_program(SMALL_DRAFT, phase, 8, backend("torch"))
@@ -175,7 +176,7 @@ def test_analytic_programs_built_for_all_sizes_at_once_equal_each_size_built_alo
     """Workload.analytic runs each phase's builder once over all its sizes (Batches): each
     size's program, and its variant without the workspace, is the one the builder gives for
     that size alone, for every phase kind."""
-    from capture_plan.planner.workload import PHASE_KINDS, analytic_program
+    from capture_plan.planner.memory.analytic import PHASE_KINDS, analytic_program
 
     b = backend(backend_name)
     sizes = [1, 2, 3, 7, 8, 64, 100, 257]
@@ -195,7 +196,7 @@ def _draft(kind: str) -> dict:
 def test_a_builder_whose_ops_differ_by_size_is_refused_when_built_for_all_sizes():
     """A branch on the batch size would give sizes different ops: Batches refuses it rather
     than build every size with one size's structure."""
-    from capture_plan.planner.workload import Batches
+    from capture_plan.planner.memory.analytic import Batches
 
     with pytest.raises(ValueError, match="differ by batch size"):
         bool(Batches([1, 2, 3]) + -2)

@@ -107,7 +107,7 @@ def facts_of(runner) -> core.EngineFacts:
 
 def _kinds() -> dict:
     """The phase kinds and their properties (planner/data/phase_kinds.toml)."""
-    from capture_plan.planner.resources import phase_kinds
+    from capture_plan.planner.inputs.resources import phase_kinds
 
     return phase_kinds()
 
@@ -177,8 +177,8 @@ def rebuild_fix(plan, path: Path, engine_sizes: Sequence[int], *, engine_can_tak
     were chosen for a traffic (``--sizes auto``) is not rebuilt: SGLang takes its sizes."""
     import msgspec
 
-    from capture_plan.planner.build_options import command_for_cwd, options_from_record, relative
-    from capture_plan.planner.specs import sgl_sizes
+    from capture_plan.planner.inputs.build_options import command_for_cwd, options_from_record, relative
+    from capture_plan.planner.inputs.specs import sgl_sizes
     from capture_plan.schemas.limits import MAX_BS
 
     lists = {tuple(sorted(ph.sizes)) for ph in sized_phases(plan)}

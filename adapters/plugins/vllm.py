@@ -92,7 +92,7 @@ from capture_plan.adapters.plugins.vllm_keys import (
 )
 
 if TYPE_CHECKING:
-    from capture_plan.planner.specs import ReleaseFacts
+    from capture_plan.planner.inputs.specs import ReleaseFacts
 
 __all__ = [
     "ENGINE",
@@ -133,7 +133,7 @@ def shape_of(release: str) -> ReleaseFacts:
     """What vLLM ``release`` does differently (``planner/data/presets_vllm.toml``'s
     ``[releases."VERSION"]``, the one table of these facts: the plugin reads
     ``persistent_buffer``); a release of ``hooks.KNOWN["vllm"]`` each (tested)."""
-    from capture_plan.planner.specs import engine_preset
+    from capture_plan.planner.inputs.specs import engine_preset
 
     return engine_preset(ENGINE).releases[release]
 
@@ -261,12 +261,14 @@ def capture_model_routed(h: _Hooks, runner, *, profile_only=False):
         err = h.refusal(f"{why}; the plugin does not route it", f"turn it off, or {core.ENV_FALLBACK}=engine")
         return _fall_back(h, runner, err)
     facts = facts_of(runner.vllm_config, engine_keys(runner, h.manager_cls))
-    made_before = adoption.loop is not None  # by the estimate, without the keys
     loop = adoption.begin(facts, env_problems=_env_problems, options=_streams(runner))
     if loop is None:
         return h.capture_model(runner, profile_only=profile_only)
     matched, problems = core.match_keys(adoption.plan, facts)
-    if problems and made_before:  # the estimate made the loop; nothing is captured yet
+    # the keys' problems where the estimate made the loop (begin() refused them otherwise), or
+    # the plan's phases against vLLM's modes: the loop is made, nothing is captured yet
+    problems = problems or _mode_problems(adoption.plan, matched)
+    if problems:
         err = h.refusal(
             f"the plan is not this engine's: {'; '.join(problems)}",
             f"build the plan for vLLM's graphs (planner build ... -o {h.s.plan}), or {core.ENV_FALLBACK}=engine",
@@ -288,6 +290,25 @@ def capture_model_routed(h: _Hooks, runner, *, profile_only=False):
         h.routes.clear()
     check_capture(h, out)
     return out
+
+
+def _mode_problems(plan, matched: dict) -> list[str]:
+    """vLLM records a PIECEWISE descriptor as pieces (its wrappers, between eager attention
+    ops) and a FULL one whole: the plan's phase of each must say the same, as the plan records
+    its kind's property (``PlanIndex.piecewise``, the executor's question too), or its steps
+    would wait for graphs vLLM records otherwise. The first descriptor that differs; none: []."""
+    from capture_plan.schemas.keys import PlanIndex
+
+    index = PlanIndex.of(plan)
+    for e, k in matched.items():
+        pieces = _name(e.native[1].cg_mode) == "PIECEWISE"
+        if index.piecewise(k.phase) != pieces:
+            kind = index.kinds[k.phase]
+            return [
+                f"vLLM records {k.id} as {'PIECEWISE pieces' if pieces else 'one FULL graph'}, and the plan's "
+                f"phase {k.phase!r} (kind {kind!r}) is {'not ' if pieces else ''}piecewise"
+            ]
+    return []
 
 
 def check_capture(h: _Hooks, measured) -> int | None:

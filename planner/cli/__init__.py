@@ -123,7 +123,7 @@ def _silence_stdout() -> None:
 
 def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        from capture_plan.planner.allocator import core
+        from capture_plan.planner.memory.core import core
         from capture_plan.schemas import __version__
 
         allocator = core().describe()  # compiled, or python and why (an error before any output)

@@ -1,41 +1,52 @@
-"""The options that say what a build plans, shared by ``planner build`` and ``planner sizes``.
+"""The options of ``planner build`` and ``planner sizes``, made from the one table of build options.
 
-:func:`build_inputs` adds them to a command (one definition, one help text each) and
-hands the command one ``build`` argument, a :class:`capture_plan.planner.build_options.BuildOptions`,
-made when the command runs (``planner --help`` imports no planner module).
-:func:`size_choice` adds the options that choose capture sizes for a traffic
-(``planner sizes``, and ``planner build --sizes auto``).
+Each option is a row of :data:`capture_plan.schemas.build_flags.BUILD_OPTIONS` (field, flag,
+kind, help); :func:`table_option` makes its click option (the kind says the type and metavar;
+:data:`CLICK` the few click details a kind does not: completion, a choice, a callback).
+:func:`build_options` adds a list of them, with a command's own options among them in help
+order, and hands the command one ``given`` argument: the table's fields, flat, as
+``capture_plan.planner.inputs.build_options.from_flat`` takes them (made into options when
+the command runs: ``planner --help`` imports no planner module).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-from ._common import PATH, option
+from capture_plan.schemas.build_flags import BUILD_INPUTS, BUILD_OPTIONS, SIZE_CHOICE
 
-__all__ = ["build_inputs", "size_choice", "BackendOption", "complete", "complete_backend", "BUILD_INPUTS"]
+from ._common import OUTPUT, PATH, option
 
-#: the parameters :func:`build_inputs` adds, folded into the command's ``build`` argument
-BUILD_INPUTS = ("backend", "ci", "spec", "speculative", "preset", "max_bs", "tp", "allocator", "trace", "calibration")
-#: the parameters :func:`size_choice` adds
-SIZE_CHOICE = ("traffic", "phases", "max_size", "metric", "timing", "device", "context", "budget_mib", "max_graphs")
+__all__ = [
+    "build_options",
+    "table_option",
+    "BackendOption",
+    "complete",
+    "complete_backend",
+    "CLICK",
+    "KINDS",
+    "INPUTS",
+    "CHOICE",
+]
 
 
 def complete_backend(incomplete: str) -> list[str]:
-    from capture_plan.planner.resources import backend_names
+    from capture_plan.planner.inputs.resources import backend_names
 
     return [n for n in backend_names() if n.startswith(incomplete)]
 
 
 def complete(what: str, incomplete: str) -> list[str]:
-    """Values of --speculative (presets.toml's [speculative] tables), --preset (capture_plan.planner.specs.preset_names)
-    or --allocator (capture_plan.schemas.strategy)."""
+    """Values of --speculative (presets.toml's [speculative] tables), --preset
+    (capture_plan.planner.inputs.specs.preset_names) or --allocator (capture_plan.schemas.strategy)."""
     if what == "speculative":
-        from capture_plan.planner.specs import speculative_names as names
+        from capture_plan.planner.inputs.specs import speculative_names as names
     elif what == "preset":
-        from capture_plan.planner.specs import preset_names as names
+        from capture_plan.planner.inputs.specs import preset_names as names
     else:
         from capture_plan.schemas.strategy import allocator_modes as names
     return [n for n in names() if n.startswith(incomplete)]
@@ -46,9 +57,9 @@ class BackendOption(click.Option):
     read only when the help is shown (``planner --help`` reads no data)."""
 
     def get_help_record(self, ctx: click.Context):
-        from capture_plan.planner.resources import backend_names
+        from capture_plan.planner.inputs.resources import backend_names
 
-        self.help = f"Attention backend: {', '.join(backend_names())} (planner/data/backends.toml)."
+        self.help = _ROWS["backend"].help.format(backends=", ".join(backend_names()))
         return super().get_help_record(ctx)
 
 
@@ -66,142 +77,79 @@ def percent(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
         ) from None
 
 
-_INPUTS = [
-    option(
-        "--backend",
-        "-b",
-        "backend",
-        cls=BackendOption,
-        required=True,
-        metavar="str",
-        help="",
-        shell_complete=lambda ctx, param, incomplete: complete_backend(incomplete),
-    ),
-    option("--ci", is_flag=True, help="Apply the CI-only gates."),
-    option("--spec", type=PATH, metavar="path", help="Spec file (TOML or JSON); default: the embedded spec."),
-    option(
-        "--speculative",
-        metavar="str",
-        help="Add speculative phases: eagle.",
-        shell_complete=lambda ctx, param, incomplete: complete("speculative", incomplete),
-    ),
-    option(
-        "--preset",
-        metavar="str",
-        help="Another engine's conventions for the embedded spec: vllm (planner/data/presets_vllm.toml); "
-        "default SGLang's.",
-        shell_complete=lambda ctx, param, incomplete: complete("preset", incomplete),
-    ),
-    option(
-        "--max-bs",
-        type=int,
-        metavar="int",
-        help="Largest capture size of the embedded spec [256; --preset vllm: 512 tokens].",
-    ),
-    option("--tp", type=int, metavar="int", help="Tensor-parallel size (per-rank memory and step time)."),
-    option(
-        "--allocator",
-        metavar="str",
-        help="native or expandable segments.",
-        shell_complete=lambda ctx, param, incomplete: complete("allocator", incomplete),
-    ),
-    option(
-        "--trace",
-        type=PATH,
-        metavar="path",
-        help="Allocation trace for exact predictions: "
-        "capture_plan.executor.profile's JSON, or a torch.cuda.memory._dump_snapshot pickle.",
-    ),
-    option(
-        "--calibration",
-        type=PATH,
-        metavar="path",
-        help="Capture report measured on the device (GraphSet.write_report): the plan's measured device items "
-        "(graph memory outside the pool).",
-    ),
-]
+def _complete_strategy(incomplete: str) -> list[str]:
+    """``AXIS=VALUE`` pins (capture_plan.schemas.strategy.AXIS_VALUES); after ``PHASE.``, the same with that prefix."""
+    from capture_plan.schemas.strategy import AXIS_VALUES
 
-
-def build_inputs(fn):
-    """Add the build-input options to a click command; the command gets them as one
-    ``build`` argument (a BuildOptions with only these fields set)."""
-
-    @functools.wraps(fn)
-    def run(**kw):
-        from capture_plan.planner.build_options import BuildOptions
-
-        return fn(build=BuildOptions(**{k: kw.pop(k) for k in BUILD_INPUTS}), **kw)
-
-    for opt in reversed(_INPUTS):
-        run = opt(run)
-    return run
-
-
-def size_choice(*, traffic_required: bool):
-    """The options that choose capture sizes for a traffic (planner/sizes.py's SizesOptions)."""
-    opts = [
-        option(
-            "--traffic",
-            type=PATH,
-            required=traffic_required,
-            metavar="path",
-            help="Batch sizes the engine ran: size,count CSV (or phase,size,count), JSON {PHASE: {SIZE: COUNT}}, "
-            "or a Prometheus scrape holding vllm:iteration_tokens_total.",
-        ),
-        option(
-            "--phase",
-            "phases",
-            multiple=True,
-            metavar="list[str]",
-            help="The phase(s) traffic that names none is for (repeatable) [every phase].",
-        ),
-        option(
-            "--metric",
-            metavar="str",
-            help="The histogram to read from a Prometheus scrape (it counts tokens per step) "
-            "[vllm:iteration_tokens_total].",
-        ),
-        option(
-            "--max-size",
-            type=int,
-            metavar="int",
-            help="The largest batch the engine schedules, always captured [the spec's largest size].",
-        ),
-        option(
-            "--timing",
-            type=PATH,
-            metavar="path",
-            help="Capture report with replay times (capture_plan.executor.timing.time_replays): measured step time "
-            "per size [a roofline].",
-        ),
-        option("--device", metavar="str", help="Device of the roofline (planner/data/devices.toml) [NVIDIA H200]."),
-        option(
-            "--context",
-            type=int,
-            metavar="int",
-            help="Tokens of KV cache each request reads, for the roofline [1024].",
-        ),
-        option(
-            "--budget-mib",
-            type=float,
-            metavar="float",
-            help="Graph memory allowed: the device total with --calibration, else pool and hoisted "
-            "[the spec's budget_mib].",
-        ),
-        option(
-            "--max-graphs", type=int, metavar="int", help="At most this many sizes per phase [as many as the spec has]."
-        ),
-        option(
-            "--max-padding",
-            callback=percent,
-            metavar="percent",
-            help="Choose the fewest sizes that pad at most this much of the step time (e.g. 1%).",
-        ),
+    phase, dot, rest = incomplete.rpartition(".")
+    head = phase + dot
+    return [
+        head + f"{axis}={value}"
+        for axis, values in AXIS_VALUES.items()
+        for value in values
+        if f"{axis}={value}".startswith(rest)
     ]
 
+
+_ROWS = {row.field: row for row in BUILD_OPTIONS}
+#: a kind's click type and metavar
+KINDS: dict[str, dict[str, Any]] = {
+    "switch": {"is_flag": True},
+    "repeat": {"multiple": True, "metavar": "list[str]"},
+    "path": {"type": PATH, "metavar": "path"},
+    "int": {"type": int, "metavar": "int"},
+    "float": {"type": float, "metavar": "float"},
+    "text": {"metavar": "str"},
+}
+#: what click needs of an option beyond its kind
+CLICK: dict[str, dict[str, Any]] = {
+    "backend": {
+        "cls": BackendOption,
+        "required": True,
+        "shell_complete": lambda ctx, param, incomplete: complete_backend(incomplete),
+    },
+    "speculative": {"shell_complete": lambda ctx, param, incomplete: complete("speculative", incomplete)},
+    "preset": {"shell_complete": lambda ctx, param, incomplete: complete("preset", incomplete)},
+    "allocator": {"shell_complete": lambda ctx, param, incomplete: complete("allocator", incomplete)},
+    "strategies": {"shell_complete": lambda ctx, param, incomplete: _complete_strategy(incomplete)},
+    "sizes": {"type": click.Choice(["auto"])},
+    # `5`, `5%` or `0.5%`: read by the callback
+    "max_padding": {"type": click.STRING, "callback": percent, "metavar": "percent"},
+    "output": {"type": OUTPUT},
+}
+
+
+def table_option(field: str, **kw) -> Callable:
+    """The click option of the table's row ``field`` (``kw``: a command's own settings, such as
+    ``required``); its parameter is named as the field."""
+    row = _ROWS[field]
+    decls = [row.flag, *([row.other] if row.other else []), field]
+    return option(*decls, help=row.help, **{**KINDS[row.kind], **CLICK.get(field, {}), **kw})
+
+
+def build_options(*entries: str | tuple[str, dict[str, Any]] | Callable) -> Callable:
+    """Add options to a click command, in help order: a table field's option for each field
+    name (or ``(field, settings)``), and any other click option decorator as it is. The
+    command gets the table's fields as one ``given`` argument (field -> value)."""
+    fields = [e if isinstance(e, str) else e[0] for e in entries if not callable(e)]
+
     def add(fn):
-        for opt in reversed(opts):
-            fn = opt(fn)
-        return fn
+        @functools.wraps(fn)
+        def run(**kw):
+            return fn(given={f: kw.pop(f) for f in fields}, **kw)
+
+        for e in reversed(entries):
+            if callable(e):
+                run = e(run)
+            else:
+                field, settings = (e, {}) if isinstance(e, str) else e
+                run = table_option(field, **settings)(run)
+        return run
 
     return add
+
+
+#: the options that say what a build plans, then those that choose sizes for a traffic
+#: (SizeChoiceOptions' fields: the table's SIZE_CHOICE after ``sizes``), as both commands list them
+INPUTS = BUILD_INPUTS
+CHOICE = SIZE_CHOICE[1:]

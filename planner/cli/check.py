@@ -24,7 +24,7 @@ def command(paths, fix, require_exact) -> None:
     Each stale plan is one line on stderr: which recorded input changed, how far
     the prediction moved, and the command that rebuilds it; then one summary line.
     """
-    from capture_plan.planner.check import StalePlans, check_paths
+    from capture_plan.planner.report.check import StalePlans, check_paths
 
     paths = list(paths) or [Path("plans")]
     try:
@@ -43,8 +43,8 @@ def command(paths, fix, require_exact) -> None:
     for line in lines:
         click.echo(line)
     if require_exact:
-        from capture_plan.planner.check import _plan_files
-        from capture_plan.planner.fidelity import require_exact as require
+        from capture_plan.planner.memory.fidelity import require_exact as require
+        from capture_plan.planner.report.check import _plan_files
 
         from ._common import read_plan
 

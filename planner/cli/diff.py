@@ -54,7 +54,8 @@ class Threshold(click.ParamType):
 @option("--steps", is_flag=True, help="Also print the step-by-step diff.")
 def command(old, new, fmt, fail_above, exit_code, steps) -> None:
     """Compare predicted memory (total, per pool, per phase, baseline, hoisted), inputs, decisions and steps."""
-    from capture_plan.planner.compare import compare, gate, render_markdown, render_text
+    from capture_plan.planner.report.compare import compare
+    from capture_plan.planner.report.compare_text import gate, render_markdown, render_text
 
     from ._common import read_plan
 
@@ -86,6 +87,6 @@ def command(old, new, fmt, fail_above, exit_code, steps) -> None:
 
 
 def _limit(threshold) -> str:
-    from capture_plan.planner.compare import limit_text
+    from capture_plan.planner.report.compare_text import limit_text
 
     return limit_text(threshold)

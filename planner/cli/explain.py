@@ -11,7 +11,7 @@ from ._common import PATH, Command, argument
 @argument("plan", "Plan file.", "path", type=PATH)
 def command(plan) -> None:
     """Explain each decision (with rejected alternatives and their cost) and each edge."""
-    from capture_plan.planner.render import explain as render
+    from capture_plan.planner.report.render import explain as render
 
     from ._common import read_plan
 
@@ -28,8 +28,8 @@ def _head(p, path) -> str:
     import os
     from pathlib import Path
 
-    from capture_plan.planner.build_options import command_for_cwd, options_from_command
-    from capture_plan.planner.check import recorded_options
+    from capture_plan.planner.inputs.build_options import command_for_cwd, options_from_command
+    from capture_plan.planner.report.check import recorded_options
     from capture_plan.schemas.errors import CapturePlanError
 
     try:

@@ -18,7 +18,7 @@ from ._common import PATH, Command, argument, option
 )
 def command(plan, fmt, phases) -> None:
     """Print the ordering graph, every edge labelled with its rule."""
-    from capture_plan.planner.render import graph, graph_phases
+    from capture_plan.planner.report.render import graph, graph_phases
     from capture_plan.schemas.errors import InputError
 
     render = graph_phases if phases else graph

@@ -36,7 +36,7 @@ def command(old, new, output, budget, labels) -> None:
     """Draw each pool's predicted memory per capture, phases as bands, baseline and budget as lines.
 
     Two plans are aligned by phase and batch size, and the title says which inputs changed."""
-    from capture_plan.planner.plot import check_plot_path, plan_label, plot_plans
+    from capture_plan.planner.report.plot import check_plot_path, plan_label, plot_plans
 
     from ._common import read_plan
 

@@ -22,7 +22,7 @@ from ._common import PATH, Command, argument, option
 )
 def command(file, plan, require_exact) -> None:
     """Show a capture report beside its plan's predictions."""
-    from capture_plan.planner.render import report_table
+    from capture_plan.planner.report.render import report_table
 
     from ._common import read_plan, read_report
 
@@ -37,11 +37,11 @@ def command(file, plan, require_exact) -> None:
                 where="--require-exact",
                 fix="add --plan PLAN",
             )
-        from capture_plan.planner.fidelity import require_exact as require
+        from capture_plan.planner.memory.fidelity import require_exact as require
 
         require(p, str(plan))
     if p is not None:  # exit 1, not a warning: CI runs this to check a report against its plan
-        from capture_plan.planner.check import check_report_plan
+        from capture_plan.planner.report.check import check_report_plan
         from capture_plan.schemas.codec import sha256
         from capture_plan.schemas.files import read_input
 

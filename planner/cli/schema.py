@@ -21,6 +21,6 @@ from ._common import Command, argument
 def command(which) -> None:
     """Print the JSON Schema (spec: the input you write; plan: the file the planner writes;
     backends: planner/data/backends.toml; phase-kinds: planner/data/phase_kinds.toml)."""
-    from capture_plan.planner.schema import json_schema
+    from capture_plan.planner.inputs.schema import json_schema
 
     click.echo(json_schema(which))

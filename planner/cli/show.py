@@ -12,8 +12,8 @@ from ._common import PATH, Command, argument
 def command(plan) -> None:
     """Print the plan's summary and its steps with predicted pool memory, then the allocator
     core a check or rebuild of it here runs."""
-    from capture_plan.planner.allocator import core
-    from capture_plan.planner.render import steps_table, summary
+    from capture_plan.planner.memory.core import core
+    from capture_plan.planner.report.render import steps_table, summary
 
     from ._common import read_plan
 

@@ -4,71 +4,45 @@ from __future__ import annotations
 
 import click
 
-from ._build_inputs import build_inputs, size_choice
+from ._build_inputs import CHOICE, INPUTS, build_options
 from ._common import OUTPUT, Command, option
 
 
 @click.command("sizes", cls=Command)
-@build_inputs
-@size_choice(traffic_required=True)
-@option("--upto", type=int, metavar="int", help="The front's largest count of sizes [64, or the spec's count].")
-@option("--all", "every", is_flag=True, help="Print every count of sizes on the front, not a selection.")
-@option(
-    "--write-spec",
-    type=OUTPUT,
-    metavar="path",
-    help="Write the spec with the chosen sizes (TOML) to build with planner build --spec.",
+@build_options(
+    *INPUTS,
+    *((f, {"required": True}) if f == "traffic" else f for f in CHOICE),
+    option("--upto", type=int, metavar="int", help="The front's largest count of sizes [64, or the spec's count]."),
+    option("--all", "every", is_flag=True, help="Print every count of sizes on the front, not a selection."),
+    option(
+        "--write-spec",
+        type=OUTPUT,
+        metavar="path",
+        help="Write the spec with the chosen sizes (TOML) to build with planner build --spec.",
+    ),
+    option("--plot", type=OUTPUT, metavar="path", help="Also draw the front to this PNG (or .svg); needs matplotlib."),
 )
-@option("--plot", type=OUTPUT, metavar="path", help="Also draw the front to this PNG (or .svg); needs matplotlib.")
-def command(
-    build,
-    traffic,
-    phases,
-    metric,
-    max_size,
-    timing,
-    device,
-    context,
-    budget_mib,
-    max_graphs,
-    max_padding,
-    upto,
-    every,
-    write_spec,
-    plot,
-) -> None:
+def command(given, upto, every, write_spec, plot) -> None:
     """Choose the capture sizes for a traffic, within a memory budget.
 
     Prints, per phase the traffic names, the best list of each count of sizes (the front: expected
     padding in % of step time against graph memory and capture count), the spec's list and SGLang's
     and vLLM's defaults priced alike, and the chosen list; --write-spec writes a spec with it."""
-    from capture_plan.planner.sizes import SizesOptions, choose_sizes, render, write_spec as write
-    from capture_plan.planner.step_time import DEFAULT_CONTEXT
-    from capture_plan.planner.traffic import DEFAULT_METRIC
+    from capture_plan.planner.inputs.build_options import from_flat, without_size_choice
+    from capture_plan.planner.sizes.output import render, write_spec as write
+    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
 
-    opts = SizesOptions(
-        build=build,
-        traffic=traffic,
-        phases=tuple(phases),
-        max_size=max_size,
-        metric=metric or DEFAULT_METRIC,
-        timing=timing,
-        device=device,
-        context=DEFAULT_CONTEXT if context is None else context,
-        budget_mib=budget_mib,
-        max_graphs=max_graphs,
-        max_padding=max_padding,
-        upto=upto,
-        every=every,
-    )
+    build = from_flat({**given, "sizes": "auto"})
+    assert build.sizes is not None  # --traffic is required
+    opts = SizesOptions(build=without_size_choice(build), choice=build.sizes, upto=upto, every=every)
     if plot is not None:  # before computing: a refused --plot is one line, nothing printed
-        from capture_plan.planner.plot import check_plot_path
+        from capture_plan.planner.report.plot import check_plot_path
 
         check_plot_path(plot)
     res = choose_sizes(opts)
     text = render(res)
     if plot is not None:
-        from capture_plan.planner.size_plot import plot_front
+        from capture_plan.planner.report.size_plot import plot_front
 
         plot_front(res, plot)
         text += f"wrote {plot}\n"

@@ -22,8 +22,8 @@ def show(speculative, preset, max_bs, tp) -> None:
     import msgspec
 
     from capture_plan.planner.build import check_tp
-    from capture_plan.planner.spec_toml import spec_toml
-    from capture_plan.planner.specs import default_spec
+    from capture_plan.planner.inputs.spec_toml import spec_toml
+    from capture_plan.planner.inputs.specs import default_spec
 
     spec = default_spec(speculative, max_bs, preset)
     if tp is not None:

@@ -1,0 +1,320 @@
+"""Reading and checking a spec: the rules over several fields its types cannot say.
+
+The bounds of single fields (sizes 1..``MAX_BS``, at most ``MAX_PHASES`` phases,
+each model dimension within ``MODEL_MAX``) are msgspec constraints on the spec
+types (``capture_plan.schemas.spec``), located and worded by
+:func:`capture_plan.schemas.codec.convert`, and published by ``planner schema
+spec``. What is checked here: the version, unique phase names, sizes and rule
+ids, ``MAX_CAPTURES`` over all phases, known ``after`` targets, micro-batch twins
+(``twin_of``: :func:`_check_twins`), phase kinds and
+the settings each accepts, heads a multiple of kv_heads, a phase's own model
+setting at least one dimension, and graph keys: the variant axes each kind may
+have, labels unique per axis, ``MAX_KEYS_PER_PHASE`` keys (sizes x labels of every
+axis) per phase and ``MAX_CAPTURES`` keys over all phases. Only the planner reads specs; the executor reads
+plans (``capture_plan.schemas.codec``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import msgspec
+
+from capture_plan.schemas.codec import convert, read_document, short_int
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.limits import MAX_CAPTURES, MAX_KEYS_PER_PHASE
+from capture_plan.schemas.plan import DimensionSource
+from capture_plan.schemas.spec import SPEC_VERSION, Model, Phase, Spec, phase_model
+from capture_plan.schemas.strategy import PHASE_SETTINGS
+
+from .dimensions import resolve_model
+
+__all__ = ["decode_spec", "decode_spec_sources", "validate_spec", "check_phase_kind"]
+
+#: a phase setting left at this value is unset (no kind needs to accept it): Phase's
+#: defaults, read from the class as msgspec.structs.fields reads them (the trailing fields
+#: have them), not through fields(), which resolves every annotation of Phase at import
+_UNSET_SETTING = {
+    name: default
+    for name, default in zip(
+        Phase.__struct_fields__[len(Phase.__struct_fields__) - len(Phase.__struct_defaults__) :],
+        Phase.__struct_defaults__,
+    )
+    if name in PHASE_SETTINGS
+}
+
+
+def decode_spec(
+    data: bytes,
+    source: str,
+    *,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] = {},
+    presets: Mapping[str, Model],
+) -> Spec:
+    """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located. Its
+    ``[model]`` is completed from its preset (:func:`decode_spec_sources`)."""
+    return decode_spec_sources(data, source, phase_kinds=phase_kinds, phase_axes=phase_axes, presets=presets)[0]
+
+
+def decode_spec_sources(
+    data: bytes,
+    source: str,
+    *,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] = {},
+    presets: Mapping[str, Model],
+) -> tuple[Spec, dict[str, DimensionSource]]:
+    """:func:`decode_spec`, and where each model dimension comes from: a ``[model]``
+    that leaves dimensions out must name a config or one of ``presets`` (the model
+    presets: ``capture_plan.planner.inputs.specs.model_presets()``) for them
+    (:func:`capture_plan.planner.inputs.dimensions.resolve_model`)."""
+    doc = read_document(data, source, "spec")
+    spec = convert(doc, Spec, source, kind="spec")
+    table = doc.get("model") if isinstance(doc, dict) else None
+    named = doc.get("name") if isinstance(doc, dict) else None  # the spec's own name, where it gives one
+    model, sources = resolve_model(table, spec.model, source, presets, named if isinstance(named, str) else None)
+    spec = msgspec.structs.replace(spec, model=model)
+    return _check_rules(spec, source, phase_kinds, phase_axes), sources
+
+
+def validate_spec(
+    spec: Spec,
+    source: str,
+    *,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] = {},
+) -> Spec:
+    """Check a spec built in code (the embedded ones): the bounds of its types, as
+    a decoded spec's are (a struct built in code is not checked by msgspec), then
+    the rules of :func:`decode_spec`. ``phase_kinds`` maps each kind a spec may
+    name to the settings (:data:`capture_plan.schemas.strategy.PHASE_SETTINGS`) it
+    accepts: planner/data/phase_kinds.toml's. A setting a phase's kind does not
+    accept is refused rather than silently ignored. ``phase_axes`` maps each kind to
+    the variant axes it may declare (phase_kinds.toml's ``axes``:
+    :func:`capture_plan.planner.inputs.resources.phase_kind_axes`); a kind it does not list
+    may declare none."""
+    convert(msgspec.to_builtins(spec), Spec, source, kind="spec")
+    return _check_rules(spec, source, phase_kinds, phase_axes)
+
+
+def _check_rules(
+    spec: Spec,
+    source: str,
+    phase_kinds: Mapping[str, Collection[str]],
+    phase_axes: Mapping[str, Collection[str]] = {},
+) -> Spec:
+    """The rules over several fields (module docstring), each located by JSON path."""
+    if spec.version != SPEC_VERSION:
+        newer = spec.version > SPEC_VERSION
+        raise InputError(
+            f"spec version {spec.version} is {'newer than' if newer else 'not'} the supported version {SPEC_VERSION}",
+            where=f"{source}: $.version",
+            fix="upgrade capture-plan" if newer else f"write version = {SPEC_VERSION} or leave it out",
+        )
+    captures = 0
+    names: dict[str, int] = {}
+    for i, phase in enumerate(spec.phases):
+        if phase.name in names:
+            raise InputError(
+                f"duplicate phase name {phase.name!r} (also $.phases[{names[phase.name]}])",
+                where=f"{source}: $.phases[{i}].name",
+                fix="give every phase a unique name",
+            )
+        names[phase.name] = i
+        check_phase_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
+        keys = _check_variants(phase, f"{source}: $.phases[{i}]", phase_axes)
+        captures += keys
+        if captures > MAX_CAPTURES:
+            what = "capture sizes" if phase.variants is msgspec.UNSET else "graph keys"
+            raise InputError(
+                f"over {MAX_CAPTURES} {what} in all phases together",
+                where=f"{source}: $.phases[{i}].sizes",
+                fix="capture fewer sizes (pad to the next one)",
+            )
+        # e.g. draft steps and top-k shape only the draft phases' graphs: elsewhere they would be ignored
+        for field, unset in _UNSET_SETTING.items():
+            value = getattr(phase, field)
+            if value != unset and field not in phase_kinds[phase.kind]:
+                kinds = sorted(k for k, accepted in phase_kinds.items() if field in accepted)
+                what = f"{field} = {short_int(value)}" if isinstance(value, int) else field
+                raise InputError(
+                    f"{what} has no meaning for a {phase.kind} phase",
+                    where=f"{source}: $.phases[{i}].{field}",
+                    fix=f"set {field} on {' or '.join(kinds)} phases only" if kinds else f"leave {field} out",
+                )
+        if phase.model is not msgspec.UNSET:
+            _check_phase_model(spec.model, phase, f"{source}: $.phases[{i}].model")
+        seen: dict[int, int] = {}
+        for j, bs in enumerate(phase.sizes):
+            if bs in seen:
+                raise InputError(
+                    f"duplicate capture size {bs} (also $.phases[{i}].sizes[{seen[bs]}])",
+                    where=f"{source}: $.phases[{i}].sizes[{j}]",
+                    fix="list each size once",
+                )
+            seen[bs] = j
+    for i, phase in enumerate(spec.phases):
+        for j, dep in enumerate(phase.after):
+            if dep not in names:
+                raise InputError(
+                    f"unknown phase {dep!r}; phases are {sorted(names)}",
+                    where=f"{source}: $.phases[{i}].after[{j}]",
+                    fix="name a phase of this spec in after, or drop the name",
+                )
+            if dep == phase.name:
+                raise InputError(
+                    "a phase cannot come after itself",
+                    where=f"{source}: $.phases[{i}].after[{j}]",
+                    fix="drop the phase's own name from its after list",
+                )
+    _check_twins(spec, source, names)
+    rule_ids: set[str] = set()
+    for i, rule in enumerate(spec.rules):
+        if rule.id in rule_ids:
+            raise InputError(
+                f"duplicate rule id {rule.id!r}",
+                where=f"{source}: $.rules[{i}].id",
+                fix="give each rule an id of its own",
+            )
+        rule_ids.add(rule.id)
+        for j, kind in enumerate(rule.when.phase_kind or ()):
+            check_phase_kind(kind, phase_kinds, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
+    if spec.model.heads % spec.model.kv_heads:
+        raise InputError(
+            "heads must be a multiple of kv_heads",
+            where=f"{source}: $.model.kv_heads",
+            fix="give kv_heads a divisor of heads (grouped-query attention shares each KV head among heads / kv_heads)",
+        )
+    if spec.trace is not None and "\x00" in spec.trace:
+        raise InputError("trace path contains a NUL byte", where=f"{source}: $.trace", fix="check the path")
+    return spec
+
+
+def _check_twins(spec: Spec, source: str, names: Mapping[str, int]) -> None:
+    """Micro-batch twins (``twin_of``): each names another phase that is no twin
+    itself and has no other twin, runs as many tokens per request and has the same
+    variant axes, and captures some of its sizes; a twin is placed by that phase,
+    so it has no ``after`` of its own (another phase's ``after`` may name it)."""
+    twinned: dict[str, int] = {}
+    for i, phase in enumerate(spec.phases):
+        if phase.twin_of is msgspec.UNSET:
+            continue
+        where = f"{source}: $.phases[{i}]"
+        parent_name = phase.twin_of
+        if parent_name not in names:
+            raise InputError(
+                f"unknown phase {parent_name!r}; phases are {sorted(names)}",
+                where=f"{where}.twin_of",
+                fix="name the phase whose graphs this one is the micro-batch twin of",
+            )
+        if parent_name == phase.name:
+            raise InputError("a phase cannot be its own twin", where=f"{where}.twin_of", fix="leave twin_of out")
+        parent = spec.phases[names[parent_name]]
+        if parent.twin_of is not msgspec.UNSET:
+            raise InputError(
+                f"phase {parent_name!r} is itself a twin (of {parent.twin_of!r})",
+                where=f"{where}.twin_of",
+                fix=f"name {parent.twin_of!r}, the phase whose graphs are not twins",
+            )
+        if parent_name in twinned:
+            raise InputError(
+                f"phase {parent_name!r} already has a twin ($.phases[{twinned[parent_name]}])",
+                where=f"{where}.twin_of",
+                fix="give each phase one micro-batch twin at most",
+            )
+        twinned[parent_name] = i
+        if phase.after:
+            raise InputError(
+                f"a twin is captured with phase {parent_name!r}, so it has no `after` of its own",
+                where=f"{where}.after",
+                fix=f"leave after out (put it on {parent_name!r})",
+            )
+        if phase.tokens_per_request != parent.tokens_per_request:
+            raise InputError(
+                f"tokens_per_request = {phase.tokens_per_request} differs from its phase's "
+                f"({parent.tokens_per_request}): a twin runs the same batches",
+                where=f"{where}.tokens_per_request",
+                fix=f"set tokens_per_request = {parent.tokens_per_request}",
+            )
+        if phase.variants != parent.variants:
+            raise InputError(
+                f"variants differ from phase {parent_name!r}'s: a twin has a graph per key of its phase",
+                where=f"{where}.variants",
+                fix=f"give it the variants of {parent_name!r}",
+            )
+        theirs = set(parent.sizes)
+        for j, bs in enumerate(phase.sizes):
+            if bs not in theirs:
+                raise InputError(
+                    f"size {bs} is not one of phase {parent_name!r}'s: a twin's graph is the twin of one of its graphs",
+                    where=f"{where}.sizes[{j}]",
+                    fix=f"capture only sizes that {parent_name!r} captures",
+                )
+
+
+def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collection[str]]) -> int:
+    """A phase's variant axes: each one its kind may have, labels unique, at most
+    ``MAX_KEYS_PER_PHASE`` keys; returns the phase's number of graph keys. Call after
+    the kind is checked."""
+    if phase.variants is msgspec.UNSET:
+        return len(phase.sizes)
+    allowed = phase_axes.get(phase.kind, ())
+    keys = len(phase.sizes)
+    for axis, labels in phase.variants.items():
+        if axis not in allowed:
+            kinds = sorted(k for k, axes in phase_axes.items() if axis in axes)
+            have = f"its axes are {', '.join(sorted(allowed))}" if allowed else "it has none"
+            raise InputError(
+                f"a {phase.kind} phase cannot have the variant axis {axis!r} ({have})",
+                where=f"{where}.variants.{axis}",
+                fix=f"declare {axis} on {' or '.join(kinds)} phases only" if kinds else f"leave {axis} out",
+            )
+        seen: dict[str, int] = {}
+        for j, label in enumerate(labels):
+            if label in seen:
+                raise InputError(
+                    f"duplicate label {label!r} (also $.variants.{axis}[{seen[label]}])",
+                    where=f"{where}.variants.{axis}[{j}]",
+                    fix="list each label once",
+                )
+            seen[label] = j
+        keys *= len(labels)
+    if keys > MAX_KEYS_PER_PHASE:
+        shape = " x ".join([f"{len(phase.sizes)} sizes", *(f"{len(v)} {a}" for a, v in phase.variants.items())])
+        raise InputError(
+            f"{short_int(keys)} graph keys ({shape}), over the limit of {MAX_KEYS_PER_PHASE} per phase",
+            where=f"{where}.variants",
+            fix="capture fewer sizes or fewer labels",
+        )
+    return keys
+
+
+def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
+    """A phase's own dimensions: at least one, and heads a multiple of kv_heads
+    once merged with the spec's ``[model]`` (each within its bound: the types)."""
+    # called only for a phase that has a model (not UNSET)
+    own = {f: v for f, v in msgspec.structs.asdict(phase.model).items() if v is not msgspec.UNSET}  # pyright: ignore[reportArgumentType]
+    if not own:
+        raise InputError(
+            "model sets no dimension",
+            where=where,
+            fix="give the dimensions this phase's model differs in (e.g. hidden, vocab), or leave it out",
+        )
+    merged = phase_model(model, phase)
+    if merged.heads % merged.kv_heads:
+        field = "kv_heads" if "kv_heads" in own else "heads"
+        raise InputError(
+            f"heads = {merged.heads} must be a multiple of kv_heads = {merged.kv_heads} (the phase's "
+            "own, else [model]'s)",
+            where=f"{where}.{field}",
+            fix="give the draft's heads and kv_heads",
+        )
+
+
+def check_phase_kind(kind: str, phase_kinds: Mapping[str, object], where: str) -> None:
+    """Refuse a phase kind that is not a key of ``phase_kinds`` (see :func:`validate_spec`)."""
+    if kind not in phase_kinds:
+        raise InputError(
+            f"unknown phase kind {kind!r}", where=where, fix=f"use one of {', '.join(sorted(phase_kinds))}"
+        )

@@ -1,0 +1,188 @@
+"""What a list of capture sizes costs a phase: padding and step time, graph memory, capture time.
+
+Every list ``planner sizes`` weighs (planner/sizes/sizes.py) is priced here, alike: its
+expected step time and padding from the traffic and a step time per size (planner/sizes/step_time.py),
+its graph memory from the plan's own schedule simulated with the list (:class:`Memory`: the
+other phases at their lists, every graph key; with a calibration, the device total), and its
+capture seconds where a report measured them. Also the engines' default lists a choice is
+weighed against.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import msgspec
+
+from capture_plan.schemas.keys import step_id
+from capture_plan.schemas.limits import MAX_BS
+from capture_plan.schemas.plan import Step, Strategy
+from capture_plan.schemas.spec import Phase, Spec
+
+from ..inputs.build_options import SizeChoiceOptions
+from ..inputs.specs import _expand, engine_preset, sgl_sizes
+from ..memory.analytic import workspace_bytes
+from ..memory.device import Calibration, device_prediction
+from ..memory.simulate import simulate
+from ..memory.workload import Workload
+from ..schedule.graph import capture_order
+from ..schedule.keys import capture_key, key_sequence, phase_combos
+from ..schedule.resolve import Resolved
+from .size_front import Best, expected
+from .step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, Measured, StepTime, device_roofline, measured_times, roofline
+
+__all__ = ["Row", "Memory", "Pricing", "phase_step_time", "engine_defaults", "covering", "budget_of"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One list of sizes for a phase and what it costs."""
+
+    label: str
+    sizes: tuple[int, ...]
+    #: expected step time lost to padding, % of the unpadded step time
+    padding: float
+    #: expected seconds per step
+    step_seconds: float
+    pool_bytes: int
+    #: the device total (None: unknown without a calibration)
+    device_bytes: int | None
+    #: seconds to capture these sizes (None: not measured)
+    capture_seconds: float | None
+    #: whether padding and step time are approximate (roofline, interpolated)
+    approximate: bool
+    capture_approximate: bool = False
+
+
+class Memory:
+    """Pool bytes (and the device total) of a set of lists under the plan's schedule, memoized."""
+
+    def __init__(self, r: Resolved, strategies: dict[str, Strategy], all_sizes: dict[str, list[int]]) -> None:
+        self.backend = r.backend
+        self.phases = {p.name: p for p in r.spec.phases}
+        # one workload for every size any list may hold (a trace fitted to them all)
+        self.workload: Workload = r.with_sizes(all_sizes).workload
+        self.strategies = strategies
+        self.sequence = list(strategies)
+        self.expandable = r.expandable
+        self.library = r.library
+        self.protect = r.protect
+        self.calibration: Calibration | None = r.calibration
+        self._seen: dict[tuple, tuple[int, int, int | None]] = {}
+
+    def of(self, lists: dict[str, list[int]]) -> tuple[int, int, int | None]:
+        """(pool bytes, hoisted bytes, device total or None) of capturing ``lists``."""
+        key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
+        if key in self._seen:
+            return self._seen[key]
+        # every graph key of a phase with variants, in the key order the spec's build chose (planner/schedule/keys.py)
+        keys = [
+            (n, bs, labels)
+            for n in self.sequence
+            for bs, labels in key_sequence(
+                capture_order(lists[n], self.strategies[n].order),
+                phase_combos(self.phases[n]),
+                "size-major" if self.strategies[n].key_order is msgspec.UNSET else str(self.strategies[n].key_order),
+            )
+        ]
+        captures = [capture_key(n, bs, labels) for n, bs, labels in keys]
+        sim = simulate(captures, self.strategies, self.workload, self.expandable, self.protect, self.library)
+        hoisted = sum(
+            workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
+            for n in self.sequence
+            if self.strategies[n].workspace == "hoisted" and lists[n]
+        )
+        total = None
+        if self.calibration is not None:
+            steps = [
+                Step(index=i, id=step_id("capture", n, bs, labels), op="capture", phase=n, bs=bs)
+                for i, (n, bs, labels) in enumerate(keys)
+            ]
+            kinds = {n: p.kind for n, p in self.phases.items()}
+            total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
+        out = self._seen[key] = (sim.pool_bytes, hoisted, total)
+        return out
+
+
+def phase_step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend) -> StepTime:
+    if timing is not None:
+        rep, shown = timing
+        return measured_times(rep, shown, phase.name)
+    device = device_roofline(opts.device or DEFAULT_DEVICE)
+    context = DEFAULT_CONTEXT if opts.context is None else opts.context
+    return roofline(spec.model, phase, tp, device, context, backend)
+
+
+def engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:
+    """SGLang's and vLLM's default lists up to ``top`` (the largest added where a list stops below it)."""
+    sgl = sgl_sizes("speculative" if speculative else "decode", min(top, MAX_BS))
+    tpr = phase.tokens_per_request
+    vllm = [t // tpr for t in _expand(engine_preset("vllm").sizes, top * tpr) if t % tpr == 0]
+    return [covering("SGLang default", sgl, top), covering("vLLM default", vllm, top)]
+
+
+def covering(label: str, sizes: list[int], top: int) -> tuple[str, list[int]]:
+    """``sizes`` up to ``top``, and ``top`` itself where they stop below it (said in the label):
+    a list is priced as one that runs no step eagerly."""
+    sizes = sorted({s for s in sizes if s <= top})
+    if not sizes or sizes[-1] != top:
+        return f"{label} (+{top})", [*sizes, top]
+    return label, sizes
+
+
+@dataclass
+class Pricing:
+    """What every list of one phase is priced with: its traffic, step time and memory (the
+    other phases at ``others``' lists), and the best list of each count once found."""
+
+    phase: str
+    traffic: dict[int, float]
+    time: StepTime
+    memory: Memory
+    others: dict[str, list[int]]
+    captured: dict[int, float]
+    best: dict[int, Best] = field(default_factory=dict)
+    _rows: dict[int, Row] = field(default_factory=dict)
+
+    @functools.cached_property
+    def ideal(self) -> float:
+        """Expected seconds per step with every size captured: the unpadded step time."""
+        t = self.traffic
+        return sum(w * self.time.cost(n, n) for n, w in t.items()) / sum(t.values())
+
+    def padding(self, seconds: float) -> float:
+        """``seconds`` per step as padding, % of the unpadded step time (at least 0: floating
+        point may say -0.0 where a list pads nothing)."""
+        return max(0.0, 100.0 * (seconds - self.ideal) / self.ideal) if self.ideal > 0 else 0.0
+
+    def at(self, k: int) -> Row:
+        """The best list of ``k`` sizes, priced (memoized: memory is simulated once)."""
+        if k not in self._rows:
+            self._rows[k] = self.row(f"{k}", self.best[k].sizes, self.best[k].seconds)
+        return self._rows[k]
+
+    def row(self, label: str, sizes: list[int] | tuple[int, ...], seconds: float | None = None) -> Row:
+        sizes = tuple(sorted(sizes))
+        step = expected(self.traffic, sizes, self.time.cost) if seconds is None else seconds
+        pool, hoisted, total = self.memory.of({**self.others, self.phase: list(sizes)})
+        cap, cap_approx = None, False
+        if len(self.captured) >= 2:
+            cap = sum(Measured(times=self.captured, source="").at(s) for s in sizes)
+            cap_approx = any(s not in self.captured for s in sizes)
+        exact = self.time.provenance == "measured" and all(self.time.exact(s) for s in {*sizes, *self.traffic})
+        return Row(
+            label=label,
+            sizes=sizes,
+            padding=self.padding(step),
+            step_seconds=step,
+            pool_bytes=pool + hoisted,
+            device_bytes=total,
+            capture_seconds=cap,
+            approximate=not exact,
+            capture_approximate=cap_approx,
+        )
+
+
+def budget_of(row: Row, calibrated: bool) -> int | None:
+    return row.device_bytes if calibrated else row.pool_bytes

@@ -1,0 +1,454 @@
+"""Choose the capture sizes for a traffic (``planner sizes``): the front of padding, memory and start-up.
+
+More capture sizes pad a step less (a batch of 9 runs the graph of 16 when 16
+is the next size) but take more graph memory and start-up time. For each
+phase the traffic names, this prices the trade:
+
+1. **Padding**, from the traffic (planner/sizes/traffic.py) and a step time per
+   size (planner/sizes/step_time.py: measured replay times, or a roofline marked
+   approximate): for every count ``k`` of sizes, the list whose expected step
+   time is least (planner/sizes/size_front.py, exact over its candidates), as the
+   expected time lost to padding in % of the time the same steps would take
+   each at its own size.
+2. **Memory**, per list on the front: the plan's own schedule (the strategies
+   and key order a build of the spec chooses; every graph key of a phase with
+   variants) simulated with that list, exactly as the planner predicts a
+   plan's pool; with ``--calibration``, the device total as a plan records it
+   (planner/memory/device.py). The chosen lists are then built as a plan, whose
+   figures are the ones reported for them.
+3. **Start-up**: the count of graphs, and with ``--timing`` or
+   ``--calibration`` the capture seconds that report measured per size
+   (interpolated between them).
+
+The chosen list of a phase is the one with the least padding within the
+budget (``budget_mib``: the device total when calibrated, else the pool and
+hoisted workspaces, as ``planner build`` checks a spec's) and at most
+``max_graphs`` sizes (default: as many as the spec captures now); with
+``max_padding``, the fewest sizes that pad at most that much. SGLang's and
+vLLM's default lists for the same largest size are priced on the same table.
+Phases are chosen one after another in the plan's capture order, each with
+the lists already chosen for the phases before it.
+
+Every list is priced on the build resolved once (planner/schedule/resolve.py: the spec
+parsed, the trace and reports read), in memory: ``Resolved.with_sizes`` is the same build
+capturing other sizes. :func:`choose` decides, each list priced alike
+(planner/sizes/pricing.py); :func:`choose_sizes` (``planner sizes``; its table and the spec it
+writes: planner/sizes/output.py) and ``planner build --sizes auto`` (planner/build.py) each
+build one plan of the chosen lists, the latter with the choice's decisions (planner/sizes/record.py).
+
+What this does not do: choose sizes for phases the traffic does not name
+(they keep the spec's), change the strategies (a list is priced under the
+schedule the spec's build chose, and the chosen lists are built afresh), or
+measure anything: every figure says where it comes from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from capture_plan.schemas.errors import ConstraintError, InputError
+from capture_plan.schemas.limits import MAX_BS
+from capture_plan.schemas.plan import Plan, SizeWorth, Strategy
+from capture_plan.schemas.spec import Spec
+from capture_plan.schemas.units import MiB
+
+from ..inputs import resources
+from ..inputs.build_options import BuildOptions, SizeChoiceOptions
+from ..schedule import pipeline
+from ..schedule.resolve import Resolved, resolve
+from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time
+from .size_front import best_lists, candidates, expected, size_runs
+from .step_time import (
+    capture_seconds,
+    read_timing,
+)
+from .traffic import DEFAULT_METRIC, Traffic, read_traffic
+
+__all__ = [
+    "SizesOptions",
+    "PhaseChoice",
+    "Choice",
+    "SizesResult",
+    "choose",
+    "choose_sizes",
+    "check_budget",
+    "for_build",
+    "size_runs",
+]
+
+#: the counts of sizes the front shows (besides the spec's, the chosen one and the largest), unless asked for all
+_SHOWN = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+#: the front's largest count of sizes, unless the spec captures more or ``upto`` says
+DEFAULT_UPTO = 64
+
+
+class SizesOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``planner sizes`` was asked. Paths as given (relative to the cwd)."""
+
+    #: the build whose spec's sizes are chosen (its own sizes: ``build.sizes`` is None)
+    build: BuildOptions
+    #: the options that choose the sizes, as ``planner build --sizes auto`` takes them
+    choice: SizeChoiceOptions
+    #: the front's largest count of sizes
+    upto: int | None = None
+    #: every count on the front, not a selection
+    every: bool = False
+
+
+@dataclass(frozen=True)
+class PhaseChoice:
+    """A phase's front, the engines' default lists priced alike, and the chosen list."""
+
+    phase: str
+    top: int
+    steps: float
+    candidates: str
+    time_source: str
+    front: list[Row]
+    defaults: list[Row]
+    chosen: Row
+    #: why the chosen list is the chosen one
+    why: str
+    #: the spec's own list, priced alike
+    current: Row
+    #: why each chosen size is in (only when asked: ``choose_sizes(..., worth=True)``), and the
+    #: graph memory (pool and hoisted) of every phase at its chosen list, which ``worth`` is against
+    worth: list[SizeWorth] = field(default_factory=list)
+    worth_pool_bytes: int = 0
+    worth_device_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The lists :func:`choose` chose for a traffic, before a plan is built of them."""
+
+    phases: list[PhaseChoice]
+    traffic: Traffic
+    #: phase -> its sizes: the chosen list of each traffic phase, the spec's of the others
+    lists: dict[str, list[int]]
+    #: the strategies every list was priced under (the spec's build's), in the plan's phase order
+    schedule: dict[str, Strategy]
+    #: the budget, in words, and in MiB (``--budget-mib``, else the spec's ``budget_mib``)
+    budget: str
+    budget_mib: float | None
+    #: whether the budget is of the device total (a calibration given), else of the pool and hoisted
+    calibrated: bool
+    #: what was asked (the budget a plan of the lists is checked against: :func:`check_budget`),
+    #: and of which build
+    opts: SizeChoiceOptions
+    build: BuildOptions
+
+
+@dataclass(frozen=True)
+class SizesResult:
+    phases: list[PhaseChoice]
+    traffic: Traffic
+    #: the spec with every chosen list in place (what ``write_spec`` writes)
+    spec: Spec
+    #: the plan built from ``spec``: the chosen lists' figures are its own
+    plan: Plan
+    memory_source: str
+    device_source: str
+    budget: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _with_sizes(spec: Spec, lists: dict[str, list[int]]) -> Spec:
+    return msgspec.structs.replace(
+        spec, phases=[msgspec.structs.replace(p, sizes=sorted(lists.get(p.name, p.sizes))) for p in spec.phases]
+    )
+
+
+def for_build(r: Resolved, *, worth: bool = True) -> Choice:
+    """The sizes ``planner build --sizes auto`` captures: :func:`choose` with the build's own
+    size-choice options (``r.opts.sizes``); with ``worth``, each chosen size with why it is in."""
+    assert r.opts.sizes is not None  # a build that chooses its sizes
+    return choose(r, r.opts.sizes, worth=worth)
+
+
+def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
+    """Everything ``planner sizes`` computes: each traffic phase's front, the engines'
+    defaults priced alike, the chosen lists (:func:`choose`), and the plan built with them.
+    With ``worth``, also why each chosen size is in (:func:`_worth`: one more simulation per size)."""
+    r = resolve(opts.build)
+    choice = choose(r, opts.choice, upto=opts.upto, every=opts.every, worth=worth)
+    plan = pipeline.plan(r.with_sizes(choice.lists))
+    check_budget(choice, plan)
+    device = plan.predicted.device
+    calibrated = r.calibration is not None
+    fid = plan.predicted
+    return SizesResult(
+        phases=choice.phases,
+        traffic=choice.traffic,
+        spec=_with_sizes(r.spec_read.source, choice.lists),
+        plan=plan,
+        memory_source=f"simulated ({fid.source} model, {fid.allocator} allocator) under the spec's schedule: "
+        + "; ".join(f"{n} {st.label()}" for n, st in choice.schedule.items()),
+        device_source=(
+            f"device total: {device.device} ({'; '.join(f'{i.name} {i.provenance}' for i in device.items)})"
+            if calibrated and device is not None
+            else "device total: unknown (build with --calibration REPORT, a capture report measured on the device)"
+        ),
+        budget=choice.budget,
+        notes=list(choice.traffic.notes) + ([fid.caveat] if fid.caveat else []),
+    )
+
+
+def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
+    """An option value out of its range, whose fix is to leave the option out (``planner
+    build --sizes auto`` appends the command without it: ``retry``)."""
+    err = InputError(what, where=where, fix=f"give {flag} a value in the range this names, or leave it out")
+    if field != "upto":  # --upto is planner sizes' own; the others are build options too
+        err.retry = {field: None}
+    return err
+
+
+def choose(
+    r: Resolved, opts: SizeChoiceOptions, *, upto: int | None = None, every: bool = False, worth: bool = False
+) -> Choice:
+    """Each traffic phase's front (up to ``upto`` sizes; with ``every``, each count on it), the
+    engines' defaults priced alike, and the chosen lists, priced on ``r`` (the build resolved
+    once) in memory. With ``worth``, also why each chosen size is in (:func:`_worth`)."""
+    b = r.opts
+    resolved = r.spec
+    names = [p.name for p in resolved.phases]
+    for p in opts.traffic_phases:
+        if p not in names:
+            raise InputError(
+                f"unknown phase {p!r}; the spec has {', '.join(names)}",
+                where=f"--phase {p}",
+                fix="name one of them with --phase, or leave --phase out for every phase",
+            )
+    default_phases = list(opts.traffic_phases) or names
+    if opts.max_size is not None and not 1 <= opts.max_size <= MAX_BS:
+        raise InputError(
+            f"must be 1..{MAX_BS}, got {opts.max_size}",
+            where="--max-size",
+            fix="give the largest batch the engine schedules",
+        )
+    for flag, name, v in (
+        ("--max-graphs", "max_graphs", opts.max_graphs),
+        ("--upto", "upto", upto),
+        ("--context", "context", opts.context),
+    ):
+        if v is not None and v < 1:
+            raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, name)
+    if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
+        raise _bad_option(
+            f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
+            "--max-padding",
+            "--max-padding",
+            "max_padding",
+        )
+    if opts.budget_mib is not None and not 0 < opts.budget_mib < 2**30:
+        b = opts.budget_mib
+        what = (
+            f"must be a finite number of MiB, got {b:g}"
+            if not math.isfinite(b)
+            else f"must be more than 0 MiB, got {b:g}"
+            if b <= 0
+            else f"must be below 2**30 MiB (1 PiB, more than any device holds), got {b:g}"
+        )
+        raise _bad_option(what, "--budget-mib", "--budget-mib", "budget_mib")
+    top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
+    traffic = read_traffic(
+        opts.traffic,
+        phases={p.name: p.tokens_per_request for p in resolved.phases},
+        default_phases=default_phases,
+        max_size=top,
+        metric=opts.metric or DEFAULT_METRIC,
+    )
+    timing = read_timing(opts.timing) if opts.timing is not None else None
+    # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
+    measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
+    tp = b.tp if b.tp is not None else resolved.tp
+    # SGLang's speculative size list where a phase is one of its speculative algorithms' (presets.toml)
+    spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
+    speculative = any(p.kind in spec_kinds for p in resolved.phases)
+
+    reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
+    cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
+    all_sizes = {
+        p.name: sorted(
+            {*p.sizes, top[p.name], *cands.get(p.name, ([], ""))[0]}
+            | {s for _, d in engine_defaults(p, top[p.name], speculative) for s in d}
+        )
+        for p in resolved.phases
+    }
+    memory = Memory(r, reference, all_sizes)
+    calibrated = memory.calibration is not None
+    budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
+    budget = None if budget_mib is None else budget_mib * MiB
+    measure = "device total" if calibrated else "pool and hoisted workspaces"
+    budget_text = "none" if budget_mib is None else f"{budget_mib:g} MiB of {measure}"
+
+    lists = {p.name: list(p.sizes) for p in resolved.phases}
+    by_name = {p.name: p for p in resolved.phases}
+    choices: list[PhaseChoice] = []
+    prices: dict[str, Pricing] = {}
+    for name in [n for n in reference if n in traffic.phases]:
+        phase = by_name[name]
+        price = Pricing(
+            phase=name,
+            traffic=traffic.phases[name],
+            time=phase_step_time(opts, resolved, phase, tp, timing, r.backend),
+            memory=memory,
+            others=dict(lists),
+            captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
+        )
+        count = upto or max(DEFAULT_UPTO, len(phase.sizes), opts.max_graphs or 0)
+        price.best = best_lists(price.traffic, cands[name][0], price.time.cost, count)
+        kmax = max(price.best)
+        chosen_k, why = _choose(opts, b.spec, price, kmax, len(phase.sizes), budget, calibrated, budget_mib)
+        shown = (
+            range(1, kmax + 1)
+            if every
+            else sorted({*(k for k in _SHOWN if k <= kmax), kmax, chosen_k, min(len(phase.sizes), kmax)})
+        )
+        prices[name] = price
+        choices.append(
+            PhaseChoice(
+                phase=name,
+                top=top[name],
+                steps=sum(price.traffic.values()),
+                candidates=cands[name][1],
+                time_source=price.time.source,
+                front=[price.at(k) for k in shown],
+                defaults=[price.row(*d) for d in engine_defaults(phase, top[name], speculative)],
+                chosen=price.at(chosen_k),
+                why=why,
+                current=price.row(*covering("the spec's", lists[name], top[name])),
+            )
+        )
+        lists[name] = list(price.best[chosen_k].sizes)
+    if worth:
+        pool, hoisted, total = memory.of(lists)
+        choices = [
+            dataclasses.replace(
+                c, worth=_worth(prices[c.phase], lists), worth_pool_bytes=pool + hoisted, worth_device_bytes=total
+            )
+            for c in choices
+        ]
+    return Choice(
+        phases=choices,
+        traffic=traffic,
+        lists=lists,
+        schedule=reference,
+        budget=budget_text,
+        budget_mib=budget_mib,
+        calibrated=calibrated,
+        opts=opts,
+        build=b,
+    )
+
+
+def check_budget(choice: Choice, plan: Plan) -> None:
+    """Refuse the plan of ``choice``'s lists (the chosen lists of all phases together) over the
+    budget: the device total when calibrated, else the pool and hoisted workspaces."""
+    opts, b, budget_mib, calibrated = choice.opts, choice.build, choice.budget_mib, choice.calibrated
+    budget = None if budget_mib is None else budget_mib * MiB
+    device = plan.predicted.device
+    device_total = device.total_bytes if device is not None else None
+    if budget is not None:
+        total = device_total if calibrated else plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
+        if total is not None and total > budget:
+            err = ConstraintError(
+                f"the chosen lists together take {total / MiB:,.1f} MiB, over the budget of {budget_mib:g} MiB",
+                where="--budget-mib" if opts.budget_mib is not None else f"{b.spec}: $.budget_mib",
+                fix="raise the budget, or allow fewer graphs with --max-graphs",
+            )
+            if opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
+                err.retry = {"budget_mib": float(-(-total // MiB))}
+            raise err
+
+
+def _choose(
+    opts: SizeChoiceOptions,
+    spec: Path | None,
+    price: Pricing,
+    kmax: int,
+    spec_count: int,
+    budget: float | None,
+    calibrated: bool,
+    budget_mib: float | None,
+) -> tuple[int, str]:
+    """The count of sizes chosen for ``price.phase`` and why."""
+    phase, at = price.phase, price.at
+    limit = opts.max_graphs if opts.max_graphs is not None else (kmax if opts.max_padding is not None else spec_count)
+    limit = min(limit, kmax)
+    limit_text = f"--max-graphs {opts.max_graphs}" if opts.max_graphs is not None else f"{limit} sizes"
+
+    def fits(k: int) -> bool:
+        if budget is None:
+            return True
+        used = budget_of(at(k), calibrated)
+        return used is not None and used <= budget
+
+    def padding(k: int) -> float:
+        return price.padding(price.best[k].seconds)
+
+    if opts.max_padding is not None:
+        for k in range(1, limit + 1):
+            if padding(k) <= opts.max_padding and fits(k):
+                return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
+                    f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
+                )
+        least = padding(limit)
+        err = ConstraintError(
+            f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
+            + (" within the budget" if budget is not None else "")
+            + f"; the least padding there is {least:.2f}% ({limit} sizes)",
+            where=f"--max-padding {opts.max_padding:g}",
+            fix="allow more sizes with --max-graphs, or more padding",
+        )
+        if fits(limit):  # the least padding there, allowed: a list that exists
+            err.retry = {"max_padding": math.ceil(least * 100) / 100}
+        raise err
+    for k in range(limit, 0, -1):  # padding falls as k grows: the largest count that fits
+        if fits(k):
+            why = f"the least padding within {limit_text}"
+            return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "")
+    one = at(1)
+    used = budget_of(one, calibrated)
+    shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
+    err = ConstraintError(
+        f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
+        where="--budget-mib"
+        if opts.budget_mib is not None
+        else f"{spec}: $.budget_mib"
+        if spec is not None
+        else "the spec's budget_mib",
+        fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
+        if used is not None
+        else "calibrate with --calibration REPORT, or give a budget of the pool with no --calibration",
+    )
+    if used is not None and opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
+        err.retry = {"budget_mib": float(-(-used // MiB))}
+    raise err
+
+
+def _worth(price: Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
+    """Why each size of ``price.phase``'s chosen list is in: the steps that run its graph, the
+    padding the list would add without it (the steps then run the next larger size's graph),
+    and the graph memory it adds (the lists simulated with and without it; the other phases
+    at their chosen lists). The largest size is always captured: no padding figure."""
+    name, sizes = price.phase, sorted(lists[price.phase])
+    padding = price.padding(expected(price.traffic, sizes, price.time.cost))
+    out, low = [], 0
+    for s in sizes:
+        rest = [x for x in sizes if x != s]
+        p2, h2, _ = price.memory.of({**lists, name: rest})
+        saved = None
+        if s != sizes[-1]:
+            # at least 0: a list without the size runs its steps on a larger graph, never faster
+            # (floating point may say -0.0 where the two take the same time)
+            saved = max(0.0, round(price.padding(expected(price.traffic, rest, price.time.cost)) - padding, 6))
+        steps = sum(w for n, w in price.traffic.items() if low < n <= s)
+        out.append(SizeWorth(size=s, steps=round(steps, 6), padding_saved=saved, pool_bytes_without=p2 + h2))
+        low = s
+    return out
