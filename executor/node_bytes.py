@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["STEP", "MIN_READINGS", "NodeBytes"]
 
-#: the driver's step when it takes graph-exec memory (measured on an H200: planner/device.py)
+#: the driver's step when it takes graph-exec memory (measured on an H200: planner/memory/device.py)
 STEP = 2 * 2**20
 #: readings that took memory before the figure may count as settled: one reading cannot
 #: show the figure stable (a copy that happened to end on a step boundary looks exact)
