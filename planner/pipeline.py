@@ -607,7 +607,9 @@ def _phase_plan_keys(r: _Resolved, name: str) -> dict:
         out["warmup_keeps"] = p.warmup_keeps
     if resources.phase_kinds()[p.kind].piecewise:  # the kind's property its consumer reads (revision 6)
         out["piecewise"] = True
-    return out
+    from .exec_reuse import reuse_fields
+
+    return out | reuse_fields(p)
 
 
 def _with_key_order(st: Strategy, keys: tuple | None) -> Strategy:
