@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from capture_plan.executor.exec_reuse import (
     GraphDesc,
@@ -90,9 +89,7 @@ def test_a_launch_attribute_alone_refuses_sharing_and_says_which():
     """The planted mismatch: two graphs alike but one kernel's cluster dimension, which an
     executable update keeps without reading it back."""
     plain = canonical([kernel(1), kernel(2)], [(0, 1)])
-    cluster = canonical(
-        [kernel(1), kernel(2, attrs=(("cluster_dimension", (2, 1, 1)),) + NO_CLUSTER[1:])], [(0, 1)]
-    )
+    cluster = canonical([kernel(1), kernel(2, attrs=(("cluster_dimension", (2, 1, 1)),) + NO_CLUSTER[1:])], [(0, 1)])
     why = difference(plain, cluster)
     assert why == "node 1's launch attribute cluster_dimension differs ((0, 0, 0) vs (2, 1, 1))"
     groups = ReuseGroups()

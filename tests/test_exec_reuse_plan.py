@@ -16,16 +16,16 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import KINDS_REVISION, REUSE_REVISION
 from capture_plan.schemas.report import CaptureReport, ExecReuse, ReuseGroup, ReuseRefusal, StepMeasurement
 
-MODEL = "[model]\nlayers = 2\nhidden = 1024\nheads = 8\nkv_heads = 2\nhead_dim = 128\nintermediate = 2048\nvocab = 32000\n"
+MODEL = (
+    "[model]\nlayers = 2\nhidden = 1024\nheads = 8\nkv_heads = 2\nhead_dim = 128\nintermediate = 2048\nvocab = 32000\n"
+)
 
 
 def _plan(tmp_path: Path, reuse: str | None, kind: str = "decode"):
     line = f'reuse = "{reuse}"\n' if reuse else ""
     extra = "pieces = 3\n" if kind == "piecewise" else ""
     spec = tmp_path / "spec.toml"
-    spec.write_text(
-        MODEL + f'\n[[phases]]\nname = "decode"\nkind = "{kind}"\nsizes = [1, 2, 4, 8]\n{extra}{line}'
-    )
+    spec.write_text(MODEL + f'\n[[phases]]\nname = "decode"\nkind = "{kind}"\nsizes = [1, 2, 4, 8]\n{extra}{line}')
     return build_plan(BuildOptions(backend="fa3", ci=True, spec=spec))
 
 
