@@ -203,6 +203,12 @@ class SharedGraph:
     def reset(self) -> None:
         self.graph.reset()
 
+    def __getattr__(self, name: str):
+        # the rest of torch.cuda.CUDAGraph's surface (an engine's pool(), debug calls) is the graph's
+        if name == "graph":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.graph, name)
+
 
 @dataclass(eq=False)
 class SharedExecs:
@@ -215,6 +221,8 @@ class SharedExecs:
     #: an update and the launch after it are one step: a background capture's validation
     #: update must not land between a serving thread's switch and its launch
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: every graph served through a shared executable
+    _graphs: list[SharedGraph] = field(default_factory=list)
 
     def _update(self, ex: _Exec, raw: int) -> str | None:
         """Update ``ex`` to ``raw``; None when the driver did, else why not (the
@@ -270,7 +278,9 @@ class SharedExecs:
                 groups.refusals.append((name, why))
                 groups.alone.append(name)
                 return None
-        return SharedGraph(graph, raw, self, ex)
+        shared = SharedGraph(graph, raw, self, ex)
+        self._graphs.append(shared)
+        return shared
 
     def launch(self, g: SharedGraph) -> None:
         """Replay ``g`` on the current stream, its group's executable updated to it first
@@ -289,6 +299,25 @@ class SharedExecs:
                     )
             _check(d["cuGraphLaunch"](ex.handle, stream), "cuGraphLaunch")
 
+    def launch_own(self, g: SharedGraph) -> None:
+        """Replay ``g`` through an executable of its own, instantiated for this replay and
+        destroyed after it (verify's reference for the shared one; the driver keeps the
+        memory it took for later graphs). Synchronizes the current stream."""
+        d = _driver()
+        assert not isinstance(d, str)
+        out = ctypes.c_void_p()
+        _check(d["cuGraphInstantiateWithFlags"](ctypes.byref(out), ctypes.c_void_p(g.raw), 0), "cuGraphInstantiate")
+        try:
+            stream = torch.cuda.current_stream()
+            _check(d["cuGraphLaunch"](out, ctypes.c_void_p(stream.cuda_stream)), "cuGraphLaunch")
+            stream.synchronize()
+        finally:
+            d["cuGraphExecDestroy"](out)
+
+    def members(self, g: SharedGraph) -> int:
+        """How many graphs share ``g``'s executable."""
+        return sum(1 for m in self._graphs if m.exec is g.exec)
+
     @property
     def instantiations(self) -> int:
         return len(self._made)
@@ -301,3 +330,4 @@ class SharedExecs:
             if not isinstance(d, str):
                 d["cuGraphExecDestroy"](ex.handle)
         self._execs.clear()
+        self._graphs.clear()

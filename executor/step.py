@@ -132,6 +132,9 @@ class LoopStep:
         self.held_pieces = 0
         #: the plan has the phase's whole graphs share executables (pieces never do)
         self.shares = self.pieces is None and loop.gs.reuses(step.phase)
+        #: what replays the step's graph once held: the graph, or (``shares``) the graph
+        #: through its group's executable; an engine that replays its own object swaps this in
+        self.served: object | None = None
 
     @property
     def where(self) -> str:
@@ -329,6 +332,7 @@ class LoopStep:
         # a phase that shares executables: the graph joins a group's (or is instantiated now,
         # on this step, where it shares none)
         graph = gs.share(self.phase, f"{name}/{self.bs}", self.recorded) if self.shares else self.recorded
+        self.served = graph
         gs.add(
             Captured(
                 phase=name,
