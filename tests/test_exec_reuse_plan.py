@@ -97,3 +97,22 @@ def test_a_report_of_the_plan_gives_executables_and_driver_memory(tmp_path):
     (row,) = forecast(plan, rep, per_node=None)
     assert row.instantiations == 2 and row.driver_with is None
     assert reuse_lines(_plan(tmp_path, None), rep) == []
+
+
+def test_the_benchs_reuse_plans_are_valid_plans_of_revision_7(tmp_path):
+    """bench.device_bench's "reuse" mode sets every phase of a checked-in plan to reuse: the
+    result loads (digest, schema) and differs from the plan only there."""
+    from bench_modules import ROOT, bench_module
+    from capture_plan.executor import load_plan
+    from capture_plan.schemas.codec import canonical_bytes
+
+    with_reuse = bench_module("device_bench").with_reuse
+    for name in ("fa3-ci.json", "fa3-eagle-ci.json"):
+        plan = load_plan(ROOT / "plans" / name, check_env=False)
+        on = with_reuse(plan)
+        path = tmp_path / name
+        path.write_bytes(canonical_bytes(on))
+        back = load_plan(path, check_env=False)
+        assert back.revision == REUSE_REVISION and {p.reuse for p in back.phases} == {"exec-update"}
+        assert back.steps == plan.steps and back.predicted == plan.predicted
+        assert "executable reuse" in explain(back)
