@@ -607,9 +607,11 @@ def _phase_plan_keys(r: _Resolved, name: str) -> dict:
         out["warmup_keeps"] = p.warmup_keeps
     if resources.phase_kinds()[p.kind].piecewise:  # the kind's property its consumer reads (revision 6)
         out["piecewise"] = True
-    from .exec_reuse import reuse_fields
+    if p.reuse is not msgspec.UNSET:  # executable reuse (revision 7); its module loads only then
+        from .exec_reuse import reuse_fields
 
-    return out | reuse_fields(p)
+        out |= reuse_fields(p)
+    return out
 
 
 def _with_key_order(st: Strategy, keys: tuple | None) -> Strategy:
