@@ -203,6 +203,9 @@ class SharedGraph:
     def reset(self) -> None:
         self.graph.reset()
 
+    def raw_cuda_graph(self) -> int:
+        return self.raw
+
     def __getattr__(self, name: str):
         # the rest of torch.cuda.CUDAGraph's surface (an engine's pool(), debug calls) is the graph's
         if name == "graph":  # not set yet (copying, unpickling): no recursion

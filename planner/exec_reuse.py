@@ -110,13 +110,14 @@ def forecast(plan: Plan, report: CaptureReport | None = None, per_node: float | 
         first = [g[0] for g in groups] + alone
         every = [m for g in groups for m in g] + alone
         known = per_node is not None and all(m in nodes for m in every)
+        cost = per_node or 0.0
         out.append(
             PhaseReuse(
                 phase=p.name,
                 graphs=n,
                 instantiations=execs,
-                driver_without=whole_chunks(sum(nodes[m] for m in every) * per_node) if known else None,  # pyright: ignore[reportOptionalOperand]
-                driver_with=whole_chunks(sum(nodes[m] for m in first) * per_node) if known else None,  # pyright: ignore[reportOptionalOperand]
+                driver_without=whole_chunks(sum(nodes[m] for m in every) * cost) if known else None,
+                driver_with=whole_chunks(sum(nodes[m] for m in first) * cost) if known else None,
                 source="measured: the report's reuse groups and graph nodes"
                 + ("" if known else " (nodes or the per-node figure unknown: driver memory not given)"),
             )
