@@ -260,7 +260,12 @@ class SharedExecs:
             groups.refusals.append((name, "recorded without keep_graph=True: its graph cannot be read"))
             groups.alone.append(name)
             return None
-        desc = describe(raw)
+        try:
+            desc = describe(raw)
+        except ExecutorError as err:  # a node the driver does not describe: shared with nothing, not fatal
+            groups.refusals.append((name, f"its nodes could not be read: {err.what}"))
+            groups.alone.append(name)
+            return None
         before = len(groups.groups)
         i = groups.place(name, desc)
         if i is None:

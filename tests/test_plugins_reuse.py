@@ -195,3 +195,21 @@ def test_ctypes_byref_exposes_its_object():
     out = ctypes.c_void_p()
     ctypes.byref(out)._obj.value = 7
     assert out.value == 7
+
+
+def test_a_graph_whose_nodes_cannot_be_read_shares_nothing_and_the_capture_goes_on(fake, driver, monkeypatch):
+    """The driver refusing to describe a graph (an edge with data, a node type it does not
+    list) is a refusal with the reason, not a failed capture."""
+    from capture_plan.executor import exec_update
+    from capture_plan.executor.errors import ExecutorError
+
+    def refuse(raw):
+        raise ExecutorError("cuGraphGetEdges failed (CUresult 1)", where="executable reuse")
+
+    monkeypatch.setattr(exec_update, "describe", refuse)
+    shared = exec_update.SharedExecs()
+    g = torch.cuda.CUDAGraph(keep_graph=True)
+    assert shared.adopt("decode", "decode/8", g) is None
+    ((name, why),) = shared.groups["decode"].refusals
+    assert name == "decode/8" and why == "its nodes could not be read: cuGraphGetEdges failed (CUresult 1)"
+    assert shared.instantiations == 0 and shared.groups["decode"].instantiations == 1
