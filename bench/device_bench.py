@@ -52,6 +52,13 @@ and for each, in that fresh process (``--modes``):
               drop) and vLLM 0.34.0's estimator (0 with its extensible KV cache,
               the default on CUDA: the capture is measured instead; else the 2-sample
               ``profile_cudagraph_memory``, unchanged from 0.33.0)
+  reuse, reuse-off
+              ``capture(plan, target)`` with every phase of the plan set to ``reuse =
+              "exec-update"`` (executables shared between graphs alike in structure), and the
+              plan as it is: the free-memory drop, the driver memory outside the allocator
+              (graph-exec), the pool, capture time, executables instantiated (the report's
+              ``reuse``), then ``verify`` (interleave, scribble, and for shared graphs reuse):
+              its faults are the wrong replays
   sglang      SGLang 0.5.23's reserve (``reserve_for_graph_mb``), arithmetic only
   timing      ``capture(plan, target)`` then ``executor.timing.time_replays``: the median
               replay time of every graph (20 timed replays after 3 untimed), the step-time
@@ -92,7 +99,18 @@ from bench.harness import (
 )
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
-MODES = ("executor", "loop", "startup", "startup-cached", "vllm", "vllm-0.34", "sglang", "timing")
+MODES = (
+    "executor",
+    "loop",
+    "startup",
+    "startup-cached",
+    "vllm",
+    "vllm-0.34",
+    "sglang",
+    "timing",
+    "reuse",
+    "reuse-off",
+)
 
 
 def _phase_order(plan) -> list[tuple[str, list[int]]]:
@@ -147,6 +165,50 @@ def mode_executor(target, plan) -> dict:
         "new_ordinary_segments": new,
         "report": json.loads(__import__("msgspec").json.encode(rep)),
     }
+
+
+def with_reuse(plan):
+    """``plan`` with every phase but piecewise ones set to ``reuse = "exec-update"`` (revision 7), sealed."""
+    import msgspec
+
+    from capture_plan.schemas.codec import seal
+    from capture_plan.schemas.plan import REUSE_REVISION
+
+    phases = [p if p.piecewise is True else msgspec.structs.replace(p, reuse="exec-update") for p in plan.phases]
+    return seal(msgspec.structs.replace(plan, phases=phases, revision=max(plan.revision, REUSE_REVISION)))
+
+
+def mode_reuse(target, plan, on: bool) -> dict:
+    """One capture with executable reuse on (every phase) or off, its device figures and verify."""
+    import msgspec
+
+    from capture_plan.executor import capture, verify
+
+    plan = with_reuse(plan) if on else plan
+    gs = capture(plan, target, progress=False)
+    rep = gs.report
+    view = rep.device_view
+    captures = sum(s.op == "capture" for s in plan.steps)
+    reuse = rep.reuse if rep.reuse is not msgspec.UNSET else None
+    res = verify(gs, checks=("interleave", "scribble"))
+    out = {
+        "reuse": on,
+        "graphs": captures,
+        "instantiations": reuse.instantiations if reuse is not None else captures,
+        "groups": [len(g.graphs) for g in reuse.groups] if reuse is not None else [],
+        "refusals": [f"{r.graph}: {r.reason}" for r in reuse.refusals][:40] if reuse is not None else [],
+        "capture_s": rep.capture_seconds,
+        "pool_mib": rep.pool_bytes / MiB,
+        "drop_mib": view.drop / MiB,
+        "graph_exec_mib": view.item("outside-allocator") / MiB,
+        "verify_ok": res.ok,
+        "verify_checks": list(res.checks),
+        "verify_replays": res.replays,
+        "wrong_replays": len(res.faults),
+        "faults": [str(f) for f in res.faults[:10]],
+    }
+    gs.release()
+    return out
 
 
 def mode_timing(target, plan) -> dict:
@@ -514,6 +576,8 @@ def child(
             out[mode] = mode_sglang(case, plan)
         elif mode == "timing":
             out[mode] = mode_timing(target, plan)
+        elif mode in ("reuse", "reuse-off"):
+            out[mode] = mode_reuse(target, plan, on=mode == "reuse")
         elif mode in ("startup", "startup-cached"):
             # with a cache: "startup" records and writes the calibration, "startup-cached" (a
             # later process) reads it
@@ -599,6 +663,14 @@ def main() -> None:
         added = startup_added(row)
         if added is not None:
             bits.append(f"startup adds {added['added_s']:+.2f}s of capture alone {added['capture_alone_s']:.2f}s")
+        on, off = row.get("reuse", {}), row.get("reuse-off", {})
+        for name, r in (("reuse", on), ("reuse-off", off)):
+            if "graph_exec_mib" in r:
+                bits.append(
+                    f"{name} execs {r['instantiations']}/{r['graphs']} graph-exec {r['graph_exec_mib']:.0f} MiB "
+                    f"drop {r['drop_mib']:.0f} capture {r['capture_s']:.2f}s wrong {r['wrong_replays']} "
+                    f"verify {'ok' if r['verify_ok'] else 'FAULTS'}"
+                )
         tm = row.get("timing", {}).get("replay_ms")
         if tm:
             bits.append(f"replays {len(tm)} graphs {min(tm.values()):.3f}-{max(tm.values()):.3f} ms")

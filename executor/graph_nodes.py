@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -50,14 +50,16 @@ def _get_nodes():
     return fn
 
 
-def _raw(graph: torch.cuda.CUDAGraph) -> int | None:
+def _raw(graph: object) -> int | None:
+    """The ``cudaGraph_t`` of a torch graph (or of a graph served through a shared
+    executable: ``capture_plan.executor.exec_update.SharedGraph``); None where unreadable."""
     try:
-        return graph.raw_cuda_graph()
+        return graph.raw_cuda_graph()  # pyright: ignore[reportAttributeAccessIssue]  # duck-typed: see above
     except (RuntimeError, AttributeError):  # recorded without keep_graph=True, or a torch without it
         return None
 
 
-def node_count(graph: torch.cuda.CUDAGraph) -> int | None:
+def node_count(graph: object) -> int | None:
     """Nodes of ``graph`` (kernels, memsets, copies); None where it cannot be read."""
     raw, fn = _raw(graph), _get_nodes()
     if raw is None or fn is None:
@@ -107,9 +109,7 @@ class ExecCopies:
     def __init__(self) -> None:
         self._made: list[ctypes.c_void_p] = []
 
-    def add(
-        self, graphs: list[torch.cuda.CUDAGraph], n: int, done: Callable[[int, int], bool] | None = None
-    ) -> tuple[int, int]:
+    def add(self, graphs: Sequence[object], n: int, done: Callable[[int, int], bool] | None = None) -> tuple[int, int]:
         """Instantiate the kept ``graphs`` ``n`` times in turn; returns (copies made, their
         nodes). Stops at the first copy the driver refuses (out of memory), or once
         ``done(copies made, their nodes)``, asked after each copy, says so (a start-up

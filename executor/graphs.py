@@ -32,6 +32,7 @@ from capture_plan.schemas.report import CaptureReport
 
 from .dispatch import PadTable, dispatch_name
 from .errors import ExecutorError, StaleOutputError
+from .exec_update import SharedExecs, SharedGraph
 from .heap import collect_young
 from .logs import log, rank_tag
 from .pool import Window, pool_reserved, pool_segments
@@ -76,7 +77,8 @@ class Captured:
     phase: str
     bs: int
     pool: str
-    graph: torch.cuda.CUDAGraph
+    #: the recorded graph, or (a phase that shares executables) the graph replayed through its group's
+    graph: torch.cuda.CUDAGraph | SharedGraph
     outputs: tuple[torch.Tensor, ...]
     held: str  # "keep" | "view"
     #: rows of the first output per request (1 for a graph without outputs)
@@ -214,6 +216,11 @@ class GraphSet:
         self._bg: BackgroundJob | None = None
         #: why the tables are empty (released, or the capture failed)
         self._closed = ""
+        #: the executables shared by phases the plan has reuse them (None until one does)
+        self.shared: SharedExecs | None = None
+        self._reuse = (
+            frozenset(p.name for p in plan.phases if p.reuse == "exec-update") if plan is not None else frozenset()
+        )
 
     # -- hot path ------------------------------------------------------------
     def replay(self, phase: str, n: int) -> tuple[torch.Tensor, ...]:
@@ -372,6 +379,51 @@ class GraphSet:
             raise ExecutorError(f"no report: {why}", where="GraphSet")
         write_atomic(Path(path), canonical_bytes(self.report))
 
+    # -- executable reuse ----------------------------------------------------
+    def reuses(self, phase: str) -> bool:
+        """Whether the plan has ``phase``'s graphs share executables (``reuse = "exec-update"``)."""
+        return phase in self._reuse
+
+    def share(self, phase: str, name: str, graph: torch.cuda.CUDAGraph) -> torch.cuda.CUDAGraph | SharedGraph:
+        """A just-recorded graph of a reuse phase (recorded without its instantiation): the
+        graph replayed through its group's executable, or ``graph`` itself, instantiated now,
+        where it shares none (the reason goes in the report)."""
+        if self.shared is None:
+            self.shared = SharedExecs()
+        got = self.shared.adopt(phase, name, graph)
+        if got is not None:
+            return got
+        try:
+            graph.instantiate()
+        except RuntimeError:  # an engine's own graph, recorded without keep_graph: torch instantiated it
+            pass
+        return graph
+
+    def reuse_report(self):
+        """What executable reuse did (``CaptureReport.reuse``); UNSET for a plan without it."""
+        import msgspec
+
+        from capture_plan.schemas.report import ExecReuse, ReuseGroup, ReuseRefusal
+
+        if not self._reuse:
+            return msgspec.UNSET
+        shared = self.shared or SharedExecs()
+        graphs = sum(sum(len(m) for _, m in g.groups) + len(g.alone) for g in shared.groups.values())
+        return ExecReuse(
+            graphs=graphs,
+            instantiations=sum(g.instantiations for g in shared.groups.values()),
+            groups=[
+                ReuseGroup(phase=phase, graphs=list(members))
+                for phase, g in sorted(shared.groups.items())
+                for _, members in g.groups
+            ],
+            refusals=[
+                ReuseRefusal(graph=name, reason=why)
+                for _, g in sorted(shared.groups.items())
+                for name, why in g.refusals
+            ],
+        )
+
     # -- bookkeeping -------------------------------------------------------
     def add(self, cap: Captured) -> None:
         """Make a captured graph servable. Order matters for a concurrent
@@ -419,6 +471,9 @@ class GraphSet:
         self.workspaces.clear()
         self.pools.clear()
         torch.cuda.synchronize()
+        if self.shared is not None:  # the device is done with them
+            self.shared.close()
+            self.shared = None
         torch.cuda.empty_cache()
         if pools and pool_segments(pools):
             found = collect_young()

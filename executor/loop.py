@@ -341,11 +341,20 @@ class CaptureLoop:
             self.gs.workspaces[step.phase] = torch.zeros(max(step.bytes, 1), dtype=torch.uint8, device=self.device)
         self.figures.step(step, t0)
 
-    def recording(self, g: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
+    def recording(self, g: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream, *, instantiate: bool = True):
         """Record ``g`` into ``pool`` on ``stream`` while the block runs
         (:func:`capture_plan.executor.recording.record`: the pool's growth and the
         graph's node count measured; a block that raises leaves no partial graph)."""
-        return record(g, pool, stream, pools=self.pools, mode=self.mode, recorder=self.recorder, outside=self.outside)
+        return record(
+            g,
+            pool,
+            stream,
+            pools=self.pools,
+            mode=self.mode,
+            recorder=self.recorder,
+            outside=self.outside,
+            instantiate=instantiate,
+        )
 
     def landed(self, cap: Captured) -> None:
         """A graph became servable: tell the serving side and the log."""

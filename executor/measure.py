@@ -168,6 +168,7 @@ class Measurements:
             model=msgspec.UNSET
             if isinstance(plan.inputs.model, msgspec.UnsetType)
             else ReportModel(dimensions=dict(plan.inputs.model.dimensions), phases=dict(plan.inputs.model.phases)),
+            reuse=gs.reuse_report(),
         )
         if self.show:
             pred = plan.predicted.pool_bytes

@@ -43,7 +43,7 @@ from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan, Step
 
 from .errors import ExecutorError
-from .graph_nodes import instantiate_kept
+from .graph_nodes import instantiate_kept, node_count
 from .pool import AllocationRecorder, one_pool_reserved, pool_key
 
 __all__ = ["Pools", "OutsideGraphs", "Recording", "record", "new_graph", "plan_streams", "stream_of"]
@@ -213,9 +213,11 @@ def record(
     mode: str,
     recorder: AllocationRecorder | None = None,
     outside: OutsideGraphs | None = None,
+    instantiate: bool = True,
 ):
     """Record ``g`` into ``pool`` on ``stream`` while the block runs, in CUDA's capture
-    error ``mode``.
+    error ``mode``. ``instantiate=False`` (a phase that shares executables) counts a kept
+    graph's nodes and leaves its instantiation to the caller (``GraphSet.share``).
 
     Yields a :class:`Recording` that holds the bytes the pool grew by and the graph's
     node count once the block has ended. A block that raises leaves no partial graph
@@ -246,7 +248,7 @@ def record(
         g.capture_end()
         # a graph the loop made (keep_graph=True) is counted and instantiated here, so its
         # driver memory lands on this step; an engine's own graph was instantiated by torch
-        rec.nodes = instantiate_kept(g)
+        rec.nodes = instantiate_kept(g) if instantiate else node_count(g)
         rec.grown = one_pool_reserved(pool) - reserved_before
         if recorder is not None:
             recorder.end()

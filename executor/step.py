@@ -75,7 +75,7 @@ class StepHost(Protocol):
     def before_step(self, step: Step) -> None: ...
 
     def recording(
-        self, g: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream
+        self, g: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream, *, instantiate: bool = True
     ) -> contextlib.AbstractContextManager[Recording]: ...
 
     def landed(self, cap: Captured) -> None: ...
@@ -130,6 +130,11 @@ class LoopStep:
         self.landed = False
         #: pieces held so far (a piecewise step)
         self.held_pieces = 0
+        #: the plan has the phase's whole graphs share executables (pieces never do)
+        self.shares = self.pieces is None and loop.gs.reuses(step.phase)
+        #: what replays the step's graph once held: the graph, or (``shares``) the graph
+        #: through its group's executable; an engine that replays its own object swaps this in
+        self.served: object | None = None
 
     @property
     def where(self) -> str:
@@ -249,7 +254,7 @@ class LoopStep:
             self._loop.before_step(self.plan_step)
         # keep_graph: the loop counts the graph's nodes before it instantiates it (graph_nodes)
         g = cuda_graph if cuda_graph is not None else new_graph()
-        with self._loop.recording(g, self.pool, self.stream) as rec:
+        with self._loop.recording(g, self.pool, self.stream, instantiate=not self.shares) as rec:
             yield g
         self.recorded = g
         self._grown += rec.grown
@@ -323,12 +328,17 @@ class LoopStep:
         held = "view" if piece is not None else self.outputs
         kept = tuple(weak_view(t) for t in outs) if held == "view" else outs
         del outs
+        name = dispatch_name(self.phase, self.key.labels, piece)
+        # a phase that shares executables: the graph joins a group's (or is instantiated now,
+        # on this step, where it shares none)
+        graph = gs.share(self.phase, f"{name}/{self.bs}", self.recorded) if self.shares else self.recorded
+        self.served = graph
         gs.add(
             Captured(
-                phase=dispatch_name(self.phase, self.key.labels, piece),
+                phase=name,
                 bs=self.bs,
                 pool=self.pool_name,
-                graph=self.recorded,
+                graph=graph,
                 outputs=kept,
                 held=held,
                 rows_per_request=rows[0] if rows and rows[0] else 1,

@@ -14,6 +14,15 @@ Three checks, each fault naming the graph, the address range and the bytes:
   report every canary byte that changed: an out-of-bounds write, with the
   graphs whose blocks it lands in.
 
+For graphs that share an executable (a phase planned with ``reuse = "exec-update"``,
+``capture_plan.executor.exec_update``) the interleaved orders switch the shared
+executable between them at every replay, and one more check runs:
+
+* **reuse** -- for every graph of a group of two or more, another member is replayed
+  first (the executable is switched away), then the graph through the shared executable,
+  then through an executable of its own, then eagerly, on the same inputs: the three must
+  be equal.
+
 Around every replay it also runs two guards:
 
 * **read-only** -- tensors the target declares read-only (a
@@ -49,6 +58,7 @@ from typing import Any, TypeVar
 import torch
 
 from .errors import VerificationFailed
+from .exec_update import SharedGraph
 from .graphs import Captured, GraphSet, slice_outputs
 from .pool import pool_segments, raw_bytes
 
@@ -253,10 +263,15 @@ def _verify(gs: GraphSet, checks: tuple[str, ...], seed: int, rounds: int, read_
     gen = torch.Generator(device=gs.device)
     gen.manual_seed(seed)
     guard = _Guard(gs.target) if read_only else None
-    res = VerifyResult(checks=checks + (("read-only",) if guard is not None and guard.tensors else ()))
     caps = list(gs.graphs.values())
+    shared = [c for c in caps if isinstance(c.graph, SharedGraph) and c.graph.owner.members(c.graph) > 1]
+    if shared and "interleave" in checks and "reuse" not in checks:  # shared executables: checked with interleave
+        checks = checks + ("reuse",)
+    res = VerifyResult(checks=checks + (("read-only",) if guard is not None and guard.tensors else ()))
     if "interleave" in checks:
         _interleave(gs, caps, rng, gen, res, rounds, guard)
+    if "reuse" in checks:
+        _reuse(gs, shared, rng, gen, res, guard)
     if "scribble" in checks:
         for cap in caps:
             scribble = functools.partial(_fill, pool_segments([gs.pools[cap.pool]]), SCRIBBLE, gs.device)
@@ -315,6 +330,39 @@ def _interleave(gs, caps, rng, gen, res, rounds, guard) -> None:
                         )
                     )
                     del kept[(p, b)]
+
+
+def _reuse(gs: GraphSet, shared: list[Captured], rng, gen, res: VerifyResult, guard) -> None:
+    """Each shared graph: switched away from, replayed through the shared executable, through
+    its own, and eagerly, on one draw of inputs; all three equal."""
+    for cap in shared:
+        g = cap.graph
+        assert isinstance(g, SharedGraph)
+        other = next(c for c in shared if c is not cap and getattr(c.graph, "exec", None) is g.exec)
+        why = _shared_vs_own(gs, cap, g, other, _sizes_for(gs, cap, rng), gen, guard, res)
+        if why:
+            res.faults.append(Fault("reuse", f"{cap.phase}/{cap.bs}", why))
+
+
+def _shared_vs_own(gs: GraphSet, cap: Captured, g: SharedGraph, other: Captured, n: int, gen, guard, res):
+    """What differs between ``cap`` replayed through the shared executable (switched from
+    ``other``), through its own, and eagerly; None when nothing does."""
+    _synchronized("prepare for graph", cap, n, functools.partial(gs.target.prepare, cap.phase, n, cap.bs, gen))
+    _replay(gs, other, other.bs, guard, res)  # the shared executable now holds the other graph
+    via_shared = tuple(t.clone() for t in _replay(gs, cap, n, guard, res))
+    _synchronized("own executable of graph", cap, n, functools.partial(g.owner.launch_own, g))
+    res.replays += 1
+    gs.note_replay(cap)
+    own = tuple(t.clone() for t in cap.sliced[n])
+    ref = _synchronized("eager run of graph", cap, n, lambda: tuple(t.clone() for t in gs.eager(cap.phase, n)))
+    why = _compare(via_shared, own)
+    if why:
+        return (
+            f"replayed through the executable shared with {other.phase}/{other.bs}: "
+            f"differs from its own executable's replay: {why}"
+        )
+    why = _compare(via_shared, ref)
+    return f"shared and own executables agree but differ from eager: {why}" if why else None
 
 
 def _outside(segs, keep) -> list[tuple[int, int]]:

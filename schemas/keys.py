@@ -33,6 +33,7 @@ from .plan import (
     KEYS_REVISION,
     KINDS_REVISION,
     PIECEWISE_BEFORE_KINDS_REVISION,
+    REUSE_REVISION,
     DeviceCost,
     KeyPrediction,
     PhasePlan,
@@ -242,7 +243,10 @@ def uses_graph_keys(plan: Plan) -> bool:
 def needed_revision(plan: Plan, base: int = 2) -> int:
     """The lowest revision ``plan`` can be written as: :data:`KEYS_REVISION` when it uses
     graph keys, else ``base`` (the revision before them), so plans without graph keys
-    keep their bytes; :data:`KINDS_REVISION` when it records a kind's property."""
+    keep their bytes; :data:`KINDS_REVISION` when it records a kind's property;
+    :data:`REUSE_REVISION` when a phase decides executable reuse."""
+    if any(p.reuse is not msgspec.UNSET for p in plan.phases):
+        return max(base, REUSE_REVISION)
     if any(p.piecewise is not msgspec.UNSET for p in plan.phases):
         return max(base, KINDS_REVISION)
     return max(base, KEYS_REVISION) if uses_graph_keys(plan) else base

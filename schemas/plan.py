@@ -57,6 +57,8 @@ __all__ = [
     "INPUTS_REVISION",
     "SIZES_REVISION",
     "KINDS_REVISION",
+    "REUSE_REVISION",
+    "Reuse",
     "PIECEWISE_BEFORE_KINDS_REVISION",
     "SizeWorth",
     "ListCost",
@@ -85,7 +87,9 @@ PLAN_VERSION = 1
 #: 6: ``PhasePlan.piecewise``: the property of a phase's kind its consumer reads (the kinds are
 #: the planner's data, planner/data/phase_kinds.toml, which the executor does not read). Left
 #: out where false: only a plan with a piecewise phase is revision 6.
-PLAN_REVISION = 6
+#: 7: ``PhasePlan.reuse``: the phase's graphs share instantiated executables where their
+#: structure matches (``"exec-update"``). Left out where unset: only a plan that decides reuse is 7.
+PLAN_REVISION = 7
 #: the revision graph keys need (see PLAN_REVISION)
 KEYS_REVISION = 3
 #: the revision the model and rules records need (see PLAN_REVISION)
@@ -94,6 +98,11 @@ INPUTS_REVISION = 4
 SIZES_REVISION = 5
 #: the revision that records a phase kind's properties (see PLAN_REVISION)
 KINDS_REVISION = 6
+#: the revision that records executable reuse (see PLAN_REVISION)
+REUSE_REVISION = 7
+#: how a phase's graphs may share executables: "exec-update" (one instantiation per group of
+#: structurally identical graphs, switched with cuGraphExecUpdate; capture_plan.executor.exec_update)
+Reuse = Literal["exec-update"]
 #: the piecewise kinds of the plans before :data:`KINDS_REVISION`, which did not record the
 #: property: history, frozen (a kind added since records it in the plan)
 PIECEWISE_BEFORE_KINDS_REVISION = frozenset({"piecewise"})
@@ -164,6 +173,9 @@ class PhasePlan(PlanStruct, frozen=True, kw_only=True):
     #: the phase's graphs are pieces between eagerly run attention ops (vLLM's PIECEWISE):
     #: ``capture()`` refuses it, and a capture records ``pieces`` piece graphs
     piecewise: bool | msgspec.UnsetType = msgspec.UNSET
+    #: executable reuse (revision 7): graphs of the phase whose structure matches share one
+    #: instantiated executable; UNSET (left out of the file): every graph its own
+    reuse: Reuse | msgspec.UnsetType = msgspec.UNSET
 
 
 class Step(PlanStruct, frozen=True, kw_only=True):

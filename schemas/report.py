@@ -15,6 +15,9 @@ __all__ = [
     "DeviceItem",
     "DeviceView",
     "ReportModel",
+    "ReuseGroup",
+    "ReuseRefusal",
+    "ExecReuse",
     "CaptureReport",
     "DEVICE_ITEMS",
 ]
@@ -99,6 +102,31 @@ class DeviceView(ReportStruct, frozen=True, kw_only=True):
         raise KeyError(f"the device view has no item {name!r}; it has {[i.name for i in self.items]}")
 
 
+class ReuseGroup(ReportStruct, frozen=True, kw_only=True):
+    """Graphs of one phase that replayed through one instantiated executable."""
+
+    phase: str
+    #: the graphs (``phase/bs``), the first the one instantiated
+    graphs: list[str]
+
+
+class ReuseRefusal(ReportStruct, frozen=True, kw_only=True):
+    """A graph of a reuse phase that shares no executable with an earlier group, and why."""
+
+    graph: str
+    reason: str
+
+
+class ExecReuse(ReportStruct, frozen=True, kw_only=True):
+    """What executable reuse did in a capture (phases planned with ``reuse``)."""
+
+    #: graphs recorded in the reuse phases, and the executables instantiated for them
+    graphs: NonNegative
+    instantiations: NonNegative
+    groups: list[ReuseGroup] = []
+    refusals: list[ReuseRefusal] = []
+
+
 class ReportModel(ReportStruct, frozen=True, kw_only=True):
     """The model a capture ran: the plan's model dimensions (``Plan.inputs.model``), which its
     device figures (graph nodes, warm-up scratch) depend on."""
@@ -141,3 +169,5 @@ class CaptureReport(ReportStruct, frozen=True, kw_only=True):
     #: refuses it for another backend or model); UNSET in reports written before they said
     backend: str | msgspec.UnsetType = msgspec.UNSET
     model: ReportModel | msgspec.UnsetType = msgspec.UNSET
+    #: executable reuse, for a plan with a phase that decides it; UNSET elsewhere
+    reuse: ExecReuse | msgspec.UnsetType = msgspec.UNSET

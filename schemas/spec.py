@@ -209,6 +209,9 @@ class Phase(SpecStruct, frozen=True, kw_only=True):
     #: (vLLM's ``_maybe_ubatch_twin``, captured after its FULL descriptor); its sizes are
     #: some of that phase's. UNSET unless given, so specs without it keep their bytes
     twin_of: Name | msgspec.UnsetType = msgspec.UNSET
+    #: executable reuse (plan revision 7): the phase's graphs alike in structure share one
+    #: instantiated executable, switched with cuGraphExecUpdate; UNSET (off) unless given
+    reuse: Literal["exec-update"] | msgspec.UnsetType = msgspec.UNSET
 
 
 class When(SpecStruct, frozen=True, kw_only=True):

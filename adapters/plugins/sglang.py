@@ -243,6 +243,23 @@ def capture_drop(loop) -> int | None:
     return None if view is None else int(view.drop)
 
 
+#: SGLang's own executable reuse (``cudaGraphExecUpdate`` between structurally identical graphs
+#: of its breakable backend: runner_backend/cuda_graph_dedup_mixin.py, off by default, on by
+#: default for Muse Spark models unless the environment says): off while the plan decides
+ENGINE_REUSE_ENV = "SGLANG_ENABLE_CUDA_GRAPH_DEDUP"
+
+
+def engine_reuse_off(environ=os.environ) -> str | None:
+    """Switch SGLang's own executable reuse off (the plan decides reuse: one mechanism per
+    process); the line to log where it was on, else None. Written into the environment,
+    where SGLang reads it at each capture and where its model defaults leave a set value."""
+    was = environ.get(ENGINE_REUSE_ENV, "").strip().lower()
+    environ[ENGINE_REUSE_ENV] = "false"
+    if was in ("1", "true", "yes", "on"):
+        return f"capture-plan: {ENGINE_REUSE_ENV} switched off: the plan decides executable reuse"
+    return None
+
+
 #: extra ``capture_loop`` keywords (the CPU tests pass ``device``)
 LOOP_OPTIONS: dict[str, Any] = {}
 
@@ -258,7 +275,9 @@ class _GraphThroughStep:
 
     def graph(self, cuda_graph=None, pool=None, stream=None, **kw):
         self.used = True
-        return self._step.graph(cuda_graph, pool=pool, stream=stream)
+        # a phase that shares executables records into the loop's own graph (keep_graph=True,
+        # its nodes read); the backend's is swapped for what the step serves (capture_one_routed)
+        return self._step.graph(None if self._step.shares else cuda_graph, pool=pool, stream=stream)
 
 
 def install(s: core.Settings, version: str) -> core.Adoption:
@@ -273,6 +292,9 @@ def install(s: core.Settings, version: str) -> core.Adoption:
         return adoption
     ADOPTION = adoption
     where = f"{core.ENV_PLAN}={s.plan}"
+    said = engine_reuse_off()
+    if said is not None:
+        core.log.warning(said)
     initialize = model_runner_cls.initialize
     #: whether the sizes were checked before the weights (once a process: a draft worker's runner too)
     early: list[bool] = []
@@ -378,6 +400,8 @@ def install(s: core.Settings, version: str) -> core.Adoption:
             self._device_module = module
         out = self._outputs[shape_key]
         self._outputs[shape_key] = step.hold(out) if via.used else step.hold(out, graph=self._graphs[shape_key])
+        if via.used and step.shares:  # the backend replays what the step serves (its own graph was never used)
+            self._graphs[shape_key] = step.served
         adoption.current = None
 
     model_runner_cls.initialize = initialize_checked

@@ -205,7 +205,9 @@ def explain(plan: Plan, head: str | None = None) -> str:
                 out.append(f"      {mark}{mib(a.pool_bytes, unit=False):>10}  {a.strategy.label()}{extra}")
     out += ["", "ordering edges (step -> step: rule):"]
     out += [f"- {e.src} -> {e.dst}: {e.rule}" for e in plan.edges]
-    return "\n".join(out)
+    from ..memory.exec_reuse import reuse_lines
+
+    return "\n".join(out + reuse_lines(plan))
 
 
 def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
@@ -371,7 +373,9 @@ def report_table(report: CaptureReport, plan: Plan | None = None) -> str:
         _table(["#", "step", "predicted MiB", "measured MiB", "delta", "ms"], rows),
         f"pool: predicted {mib(tot, unit=False)} MiB, measured {mib(report.pool_bytes, unit=False)} MiB ({err:+.1%})",
     ]
-    return "\n".join(lines + device_comparison(report, plan))
+    from ..memory.exec_reuse import report_reuse_lines
+
+    return "\n".join(lines + device_comparison(report, plan) + report_reuse_lines(report, plan))
 
 
 def device_comparison(report: CaptureReport, plan: Plan | None) -> list[str]:

@@ -300,6 +300,10 @@ def _phase_plan_keys(r: Resolved, name: str) -> dict:
         out["warmup_keeps"] = p.warmup_keeps
     if resources.phase_kinds()[p.kind].piecewise:  # the kind's property its consumer reads (revision 6)
         out["piecewise"] = True
+    if p.reuse is not msgspec.UNSET:  # executable reuse (revision 7); its module loads only then
+        from ..memory.exec_reuse import reuse_fields
+
+        out |= reuse_fields(p)
     return out
 
 

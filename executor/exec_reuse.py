@@ -1,0 +1,199 @@
+"""Which recorded graphs may share one instantiated executable: a pure function over
+torch-free node descriptions.
+
+Executable reuse (a plan phase's ``reuse = "exec-update"``) instantiates one
+``CUgraphExec`` for a group of graphs and, before replaying a member, updates it with
+that member's graph (``cuGraphExecUpdate``): kernel arguments, grid dimensions and
+copy/memset parameters change, the structure must not. The driver's own check covers
+what the update changes and refuses the rest; what it does NOT cover is launch
+attributes it keeps without reading back (SGLang 0.5.23 found that cluster
+dimensions survive an update silently: a deterministic hang on one GPU family), so
+those are part of the signature here and a graph whose cluster attributes cannot be
+read is never shared.
+
+A graph is described (:class:`GraphDesc`) by its nodes in a canonical topological
+order (ties broken by the driver's node order) and its edges between those positions.
+Two graphs share an executable only when :func:`difference` finds nothing: the same
+node count, per node the same type and, for kernels, the same function handles
+(``CUfunction`` and ``CUkernel``), block dimensions, dynamic shared memory and launch
+attributes, and the same edges. Grid dimensions and kernel arguments may differ (the
+update sets them). Node types other than kernels, copies, memsets and empty nodes
+(host callbacks, events, child graphs, conditionals) are refused: their update rules
+differ and nothing here checks them.
+
+What it does not do: call CUDA (``capture_plan.executor.exec_update`` reads the nodes
+and updates executables), or decide which phases try (the plan does).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "KernelDesc",
+    "NodeDesc",
+    "GraphDesc",
+    "SHAREABLE_TYPES",
+    "canonical",
+    "difference",
+    "unshareable",
+    "ReuseGroups",
+]
+
+#: node types an executable update is trusted with here (cuda.h CUgraphNodeType names)
+SHAREABLE_TYPES = frozenset({"kernel", "memcpy", "memset", "empty"})
+
+
+@dataclass(frozen=True)
+class KernelDesc:
+    """What a kernel node must keep for an update to be exact (its grid and arguments may change)."""
+
+    #: (CUfunction, CUkernel) handles: the same code in the same context
+    function: tuple[int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    #: (launch attribute name, value) for every attribute read; the update keeps them
+    attributes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: an attribute that matters (a cluster's) could not be read: never shared
+    opaque: bool = False
+
+
+@dataclass(frozen=True)
+class NodeDesc:
+    #: "kernel", "memcpy", "memset", "empty", or another CUgraphNodeType name (refused)
+    type: str
+    kernel: KernelDesc | None = None
+
+
+@dataclass(frozen=True)
+class GraphDesc:
+    """A graph's nodes in canonical order (:func:`canonical`) and its edges between positions."""
+
+    nodes: tuple[NodeDesc, ...]
+    edges: tuple[tuple[int, int], ...] = ()
+
+    def signature(self) -> tuple:
+        """A hashable key: equal for graphs :func:`difference` finds no difference between."""
+        return (self.nodes, self.edges)
+
+
+def canonical(nodes: Sequence[NodeDesc], edges: Sequence[tuple[int, int]]) -> GraphDesc:
+    """``nodes`` (in the driver's order) and ``edges`` (pairs of their indices) as a
+    :class:`GraphDesc`: nodes in topological order, the lowest driver index first among
+    the ready ones, edges renumbered and sorted. ValueError for a cycle or an edge past the nodes."""
+    n = len(nodes)
+    children: list[list[int]] = [[] for _ in range(n)]
+    indegree = [0] * n
+    for a, b in edges:
+        if not (0 <= a < n and 0 <= b < n):
+            raise ValueError(f"edge ({a}, {b}) names a node past the graph's {n}")
+        children[a].append(b)
+        indegree[b] += 1
+    ready = [i for i in range(n) if indegree[i] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for c in sorted(children[i]):
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                heapq.heappush(ready, c)
+    if len(order) != n:
+        raise ValueError("the graph's edges form a cycle")
+    pos = {old: new for new, old in enumerate(order)}
+    return GraphDesc(nodes=tuple(nodes[i] for i in order), edges=tuple(sorted((pos[a], pos[b]) for a, b in edges)))
+
+
+def unshareable(g: GraphDesc) -> str | None:
+    """Why ``g`` may share no executable (a node type the update is not trusted with, a
+    kernel whose cluster attributes could not be read), or None."""
+    for i, node in enumerate(g.nodes):
+        if node.type not in SHAREABLE_TYPES:
+            return f"node {i} is a {node.type} node (only {', '.join(sorted(SHAREABLE_TYPES))} nodes are updated)"
+        if node.kernel is not None and node.kernel.opaque:
+            return f"node {i}'s kernel has a cluster whose attributes the driver does not read back"
+    return None
+
+
+def _kernel_difference(i: int, a: KernelDesc, b: KernelDesc) -> str | None:
+    if a.function != b.function:
+        return f"node {i} runs another kernel function"
+    if a.block != b.block:
+        return f"node {i}'s block dimensions differ ({a.block} vs {b.block})"
+    if a.shared_bytes != b.shared_bytes:
+        return f"node {i}'s dynamic shared memory differs ({a.shared_bytes} vs {b.shared_bytes} B)"
+    if a.attributes != b.attributes:
+        da, db = dict(a.attributes), dict(b.attributes)
+        names = sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k))
+        return f"node {i}'s launch attribute {names[0]} differs ({da.get(names[0])} vs {db.get(names[0])})"
+    return None
+
+
+def difference(a: GraphDesc, b: GraphDesc) -> str | None:
+    """The first structural difference between ``a`` and ``b`` in words, or None when an
+    executable of one may be updated to the other exactly. Either graph being
+    :func:`unshareable` is a difference too."""
+    for g in (a, b):
+        why = unshareable(g)
+        if why is not None:
+            return why
+    if len(a.nodes) != len(b.nodes):
+        return f"{len(a.nodes)} nodes vs {len(b.nodes)}"
+    for i, (na, nb) in enumerate(zip(a.nodes, b.nodes)):
+        if na.type != nb.type:
+            return f"node {i} is a {na.type} node vs a {nb.type} node"
+        if na.kernel is not None and nb.kernel is not None:
+            why = _kernel_difference(i, na.kernel, nb.kernel)
+            if why is not None:
+                return why
+        elif (na.kernel is None) != (nb.kernel is None):
+            return f"node {i}'s kernel was read in one graph only"
+    if a.edges != b.edges:
+        first = next((e for e in sorted(set(a.edges) ^ set(b.edges))), None)
+        return f"the dependencies differ (edge {first} in one graph only)"
+    return None
+
+
+@dataclass
+class ReuseGroups:
+    """Graphs of one phase sorted into groups that share an executable.
+
+    :meth:`place` puts a graph in the first group whose structure it matches, or starts
+    a group; a graph :func:`unshareable` is left alone. ``refusals`` says, per graph
+    not placed in an earlier group, why (the difference from the group it came
+    closest to: the same node count, else the first)."""
+
+    #: per group: its signature and the names of its members, the first the one instantiated
+    groups: list[tuple[GraphDesc, list[str]]] = field(default_factory=list)
+    #: (graph name, reason) for every graph that started a group of its own or was left alone
+    refusals: list[tuple[str, str]] = field(default_factory=list)
+    #: graphs that may share nothing (instantiated alone)
+    alone: list[str] = field(default_factory=list)
+
+    def place(self, name: str, g: GraphDesc) -> int | None:
+        """The index of the group ``name`` joins (a new one when none matches); None when
+        ``g`` may share nothing."""
+        why = unshareable(g)
+        if why is not None:
+            self.refusals.append((name, why))
+            self.alone.append(name)
+            return None
+        sig = g.signature()
+        for i, (desc, members) in enumerate(self.groups):
+            if desc.signature() == sig:
+                members.append(name)
+                return i
+        if self.groups:
+            near = next((d for d, _ in self.groups if len(d.nodes) == len(g.nodes)), self.groups[0][0])
+            first = next(m for d, m in self.groups if d is near)[0]
+            self.refusals.append((name, f"not the structure of {first}: {difference(near, g)}"))
+        self.groups.append((g, [name]))
+        return len(self.groups) - 1
+
+    @property
+    def instantiations(self) -> int:
+        """Executables instantiated: one per group, one per graph left alone."""
+        return len(self.groups) + len(self.alone)

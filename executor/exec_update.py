@@ -1,0 +1,341 @@
+"""Executables shared between graphs of one phase, switched with ``cuGraphExecUpdate``.
+
+A phase planned with ``reuse = "exec-update"`` records its graphs with
+``keep_graph=True`` as always; instead of instantiating each, :class:`SharedExecs`
+describes its nodes through the driver API (:func:`describe`, a torch-free
+:class:`~capture_plan.executor.exec_reuse.GraphDesc`), places it in a group of
+structurally identical graphs (:class:`~capture_plan.executor.exec_reuse.ReuseGroups`)
+and instantiates only a group's first graph. A member joins only once an update of the
+group's executable to it succeeds (the driver's own check, on top of the structure
+check); before a member replays, the executable is updated to its graph when another
+member replayed last, and the update's result is checked (an :class:`ExecutorError`,
+never a launch of a half-updated executable).
+
+Constraints: replays go through ``cuGraphLaunch`` on the current stream, not torch's
+``CUDAGraph.replay``, so a graph that draws random numbers from torch's CUDA generator
+would replay its capture's offsets every time (torch advances them in its replay): a
+phase that samples must not be planned with reuse. Switching costs one update when the
+member replayed differs from the last (a launch's worth of host time, measured by the
+bench, not assumed). Where ``libcuda.so.1`` or a symbol is missing, nothing is shared
+(every graph instantiated as without reuse) and the report says why.
+
+SGLang 0.5.23 has the same mechanism behind ``SGLANG_ENABLE_CUDA_GRAPH_DEDUP`` (its
+breakable prefill backend only): it keys on the same node payloads and also reads the
+cluster attributes; it does not check a replay against the graph's own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import ExecutorError
+from .exec_reuse import GraphDesc, KernelDesc, NodeDesc, ReuseGroups, canonical
+
+__all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable"]
+
+#: CUgraphNodeType (cuda.h) -> the name exec_reuse compares
+NODE_TYPES = {
+    0: "kernel",
+    1: "memcpy",
+    2: "memset",
+    3: "host",
+    4: "graph",
+    5: "empty",
+    6: "wait_event",
+    7: "event_record",
+    8: "ext_semas_signal",
+    9: "ext_semas_wait",
+    10: "mem_alloc",
+    11: "mem_free",
+    12: "batch_mem_op",
+    13: "conditional",
+}
+
+#: CUlaunchAttributeID (cuda.h) of the launch attributes an update keeps: each is read
+#: and compared (SGLang 0.5.23's list); the cluster ones decide "opaque"
+ATTRIBUTES = {
+    "cooperative": 2,
+    "cluster_dimension": 4,
+    "cluster_scheduling_policy": 5,
+    "preferred_cluster_dimension": 11,
+    "preferred_shared_memory_carveout": 14,
+}
+
+
+class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("kernelParams", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+        ("kern", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+    ]
+
+
+class _UpdateResult(ctypes.Structure):  # CUgraphExecUpdateResultInfo
+    _fields_ = [("result", ctypes.c_int), ("errorNode", ctypes.c_void_p), ("errorFromNode", ctypes.c_void_p)]
+
+
+@functools.cache
+def _driver():
+    """The driver calls, or a string saying why they are not there."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as err:
+        return f"libcuda.so.1 cannot be loaded ({err})"
+    sig = {
+        "cuGraphGetNodes": [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)],
+        # (graph, from, to, edgeData, numEdges): edgeData may be null
+        "cuGraphGetEdges_v2": [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_size_t),
+        ],
+        "cuGraphNodeGetType": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)],
+        "cuGraphKernelNodeGetParams_v2": [ctypes.c_void_p, ctypes.POINTER(_KernelParams)],
+        "cuGraphKernelNodeGetAttribute": [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
+        "cuGraphInstantiateWithFlags": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong],
+        "cuGraphExecUpdate_v2": [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_UpdateResult)],
+        "cuGraphLaunch": [ctypes.c_void_p, ctypes.c_void_p],
+        "cuGraphExecDestroy": [ctypes.c_void_p],
+    }
+    calls = {}
+    for name, args in sig.items():
+        fn = getattr(lib, name, None)
+        if fn is None:
+            return f"libcuda.so.1 has no {name}"
+        fn.argtypes, fn.restype = args, ctypes.c_int
+        calls[name] = fn
+    return calls
+
+
+def reuse_unavailable() -> str | None:
+    """Why executables cannot be shared in this process (no driver, a missing symbol), or None."""
+    d = _driver()
+    return d if isinstance(d, str) else None
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise ExecutorError(f"{what} failed (CUresult {rc})", where="executable reuse")
+
+
+def _kernel(d, node: ctypes.c_void_p) -> KernelDesc:
+    p = _KernelParams()
+    _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
+    attrs = []
+    for name, aid in ATTRIBUTES.items():
+        buf = (ctypes.c_uint * 16)()  # CUlaunchAttributeValue: a 64-byte union; dims are 3 uints
+        if d["cuGraphKernelNodeGetAttribute"](node, aid, ctypes.cast(buf, ctypes.c_void_p)) == 0:
+            attrs.append((name, (buf[0], buf[1], buf[2])))
+    got = dict(attrs)
+    clustered = any(got.get("cluster_dimension", (0, 0, 0)))
+    return KernelDesc(
+        function=(p.func or 0, p.kern or 0),
+        block=(p.blockDimX, p.blockDimY, p.blockDimZ),
+        shared_bytes=p.sharedMemBytes,
+        attributes=tuple(attrs),
+        # a cluster whose preferred dimension the driver cannot read: it would survive an update unseen
+        opaque=clustered and "preferred_cluster_dimension" not in got,
+    )
+
+
+def describe(raw_graph: int) -> GraphDesc:
+    """The nodes and edges of the ``cudaGraph_t`` ``raw_graph`` (``CUDAGraph.raw_cuda_graph()``)."""
+    d = _driver()
+    if isinstance(d, str):
+        raise ExecutorError(d, where="executable reuse")
+    g = ctypes.c_void_p(raw_graph)
+    n = ctypes.c_size_t(0)
+    _check(d["cuGraphGetNodes"](g, None, ctypes.byref(n)), "cuGraphGetNodes")
+    nodes = (ctypes.c_void_p * n.value)()
+    _check(d["cuGraphGetNodes"](g, ctypes.cast(nodes, ctypes.c_void_p), ctypes.byref(n)), "cuGraphGetNodes")
+    index = {nodes[i]: i for i in range(n.value)}
+    e = ctypes.c_size_t(0)
+    _check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), "cuGraphGetEdges")
+    src, dst = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)()
+    ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p)
+    _check(d["cuGraphGetEdges_v2"](g, *ends, None, ctypes.byref(e)), "cuGraphGetEdges")
+    descs = []
+    for i in range(n.value):
+        t = ctypes.c_int(-1)
+        node = ctypes.c_void_p(nodes[i])
+        _check(d["cuGraphNodeGetType"](node, ctypes.byref(t)), "cuGraphNodeGetType")
+        kind = NODE_TYPES.get(t.value, f"type-{t.value}")
+        descs.append(NodeDesc(type=kind, kernel=_kernel(d, node) if kind == "kernel" else None))
+    return canonical(descs, [(index[src[i]], index[dst[i]]) for i in range(e.value)])
+
+
+@dataclass(eq=False)
+class _Exec:
+    handle: ctypes.c_void_p
+    #: the raw graph the executable holds now
+    current: int
+
+
+@dataclass(eq=False)
+class SharedGraph:
+    """A recorded graph replayed through its group's executable; stands where a
+    ``torch.cuda.CUDAGraph`` stands in a ``Captured`` (``replay``, ``reset``)."""
+
+    graph: torch.cuda.CUDAGraph
+    raw: int
+    owner: SharedExecs
+    exec: _Exec
+
+    def replay(self) -> None:
+        self.owner.launch(self)
+
+    def reset(self) -> None:
+        self.graph.reset()
+
+    def raw_cuda_graph(self) -> int:
+        return self.raw
+
+    def __getattr__(self, name: str):
+        # the rest of torch.cuda.CUDAGraph's surface (an engine's pool(), debug calls) is the graph's
+        if name == "graph":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.graph, name)
+
+
+@dataclass(eq=False)
+class SharedExecs:
+    """The shared executables of one capture, per phase (``ReuseGroups`` each)."""
+
+    groups: dict[str, ReuseGroups] = field(default_factory=dict)
+    _execs: dict[tuple[str, int], _Exec] = field(default_factory=dict)
+    #: every executable this object instantiated (destroyed by :meth:`close`)
+    _made: list[_Exec] = field(default_factory=list)
+    #: an update and the launch after it are one step: a background capture's validation
+    #: update must not land between a serving thread's switch and its launch
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: every graph served through a shared executable
+    _graphs: list[SharedGraph] = field(default_factory=list)
+
+    def _update(self, ex: _Exec, raw: int) -> str | None:
+        """Update ``ex`` to ``raw``; None when the driver did, else why not (the
+        executable is left unchanged by a refused update)."""
+        d = _driver()
+        assert not isinstance(d, str)
+        info = _UpdateResult()
+        rc = d["cuGraphExecUpdate_v2"](ex.handle, ctypes.c_void_p(raw), ctypes.byref(info))
+        if rc != 0 or info.result != 0:
+            return f"cuGraphExecUpdate refused it (CUresult {rc}, CUgraphExecUpdateResult {info.result})"
+        ex.current = raw
+        return None
+
+    def adopt(self, phase: str, name: str, graph: torch.cuda.CUDAGraph) -> SharedGraph | None:
+        """Place a just-recorded ``graph`` (``keep_graph=True``, not instantiated) of
+        ``phase``: a :class:`SharedGraph` replaying through its group's executable, or
+        None where it shares nothing (the caller instantiates it as usual; the reason is
+        in ``groups[phase].refusals``)."""
+        with self._lock:
+            return self._adopt(phase, name, graph)
+
+    def _adopt(self, phase: str, name: str, graph: torch.cuda.CUDAGraph) -> SharedGraph | None:
+        groups = self.groups.setdefault(phase, ReuseGroups())
+        why = reuse_unavailable()
+        if why is not None:
+            groups.refusals.append((name, why))
+            groups.alone.append(name)
+            return None
+        try:
+            raw = graph.raw_cuda_graph()
+        except (RuntimeError, AttributeError):  # an engine's own graph, recorded without keep_graph
+            groups.refusals.append((name, "recorded without keep_graph=True: its graph cannot be read"))
+            groups.alone.append(name)
+            return None
+        try:
+            desc = describe(raw)
+        except ExecutorError as err:  # a node the driver does not describe: shared with nothing, not fatal
+            groups.refusals.append((name, f"its nodes could not be read: {err.what}"))
+            groups.alone.append(name)
+            return None
+        before = len(groups.groups)
+        i = groups.place(name, desc)
+        if i is None:
+            return None
+        if i == before:  # a new group: its first graph is instantiated
+            d = _driver()
+            assert not isinstance(d, str)
+            out = ctypes.c_void_p()
+            _check(d["cuGraphInstantiateWithFlags"](ctypes.byref(out), ctypes.c_void_p(raw), 0), "cuGraphInstantiate")
+            ex = _Exec(out, raw)
+            self._made.append(ex)
+            self._execs[(phase, i)] = ex
+        else:
+            ex = self._execs[(phase, i)]
+            why = self._update(ex, raw)  # the driver's check, before the graph is ever served
+            if why is not None:
+                groups.groups[i][1].remove(name)
+                groups.refusals.append((name, why))
+                groups.alone.append(name)
+                return None
+        shared = SharedGraph(graph, raw, self, ex)
+        self._graphs.append(shared)
+        return shared
+
+    def launch(self, g: SharedGraph) -> None:
+        """Replay ``g`` on the current stream, its group's executable updated to it first
+        where another member replayed last."""
+        ex = g.exec
+        d = _driver()
+        assert not isinstance(d, str)
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        with self._lock:
+            if ex.current != g.raw:
+                why = self._update(ex, g.raw)
+                if why is not None:
+                    raise ExecutorError(
+                        f"a shared executable could not be switched to a graph of its group: {why}",
+                        where="executable reuse",
+                    )
+            _check(d["cuGraphLaunch"](ex.handle, stream), "cuGraphLaunch")
+
+    def launch_own(self, g: SharedGraph) -> None:
+        """Replay ``g`` through an executable of its own, instantiated for this replay and
+        destroyed after it (verify's reference for the shared one; the driver keeps the
+        memory it took for later graphs). Synchronizes the current stream."""
+        d = _driver()
+        assert not isinstance(d, str)
+        out = ctypes.c_void_p()
+        _check(d["cuGraphInstantiateWithFlags"](ctypes.byref(out), ctypes.c_void_p(g.raw), 0), "cuGraphInstantiate")
+        try:
+            stream = torch.cuda.current_stream()
+            _check(d["cuGraphLaunch"](out, ctypes.c_void_p(stream.cuda_stream)), "cuGraphLaunch")
+            stream.synchronize()
+        finally:
+            d["cuGraphExecDestroy"](out)
+
+    def members(self, g: SharedGraph) -> int:
+        """How many graphs share ``g``'s executable."""
+        return sum(1 for m in self._graphs if m.exec is g.exec)
+
+    @property
+    def instantiations(self) -> int:
+        return len(self._made)
+
+    def close(self) -> None:
+        """Destroy every shared executable (after the device finished with them)."""
+        d = _driver()
+        while self._made:
+            ex = self._made.pop()
+            if not isinstance(d, str):
+                d["cuGraphExecDestroy"](ex.handle)
+        self._execs.clear()
+        self._graphs.clear()
