@@ -29,8 +29,8 @@ from capture_plan.schemas.keys import parse_step_id
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.units import mib
 
-from .device import whole_chunks
 from ..inputs.resources import phase_kinds
+from .device import whole_chunks
 
 if TYPE_CHECKING:
     from capture_plan.schemas.report import CaptureReport
