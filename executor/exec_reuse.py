@@ -72,21 +72,24 @@ class GraphDesc:
     """A graph's nodes in canonical order (:func:`canonical`) and its edges between positions."""
 
     nodes: tuple[NodeDesc, ...]
-    edges: tuple[tuple[int, int], ...] = ()
+    #: (from, to) positions, then the edge's data where the driver reports any: (from port,
+    #: to port, dependency type), e.g. a programmatic (PDL) dependency
+    edges: tuple[tuple[int, ...], ...] = ()
 
     def signature(self) -> tuple:
         """A hashable key: equal for graphs :func:`difference` finds no difference between."""
         return (self.nodes, self.edges)
 
 
-def canonical(nodes: Sequence[NodeDesc], edges: Sequence[tuple[int, int]]) -> GraphDesc:
-    """``nodes`` (in the driver's order) and ``edges`` (pairs of their indices) as a
+def canonical(nodes: Sequence[NodeDesc], edges: Sequence[tuple[int, ...]]) -> GraphDesc:
+    """``nodes`` (in the driver's order) and ``edges`` (pairs of their indices, each followed
+    by the edge's data, if any, which is kept and compared) as a
     :class:`GraphDesc`: nodes in topological order, the lowest driver index first among
     the ready ones, edges renumbered and sorted. ValueError for a cycle or an edge past the nodes."""
     n = len(nodes)
     children: list[list[int]] = [[] for _ in range(n)]
     indegree = [0] * n
-    for a, b in edges:
+    for a, b, *_ in edges:
         if not (0 <= a < n and 0 <= b < n):
             raise ValueError(f"edge ({a}, {b}) names a node past the graph's {n}")
         children[a].append(b)
@@ -104,7 +107,9 @@ def canonical(nodes: Sequence[NodeDesc], edges: Sequence[tuple[int, int]]) -> Gr
     if len(order) != n:
         raise ValueError("the graph's edges form a cycle")
     pos = {old: new for new, old in enumerate(order)}
-    return GraphDesc(nodes=tuple(nodes[i] for i in order), edges=tuple(sorted((pos[a], pos[b]) for a, b in edges)))
+    return GraphDesc(
+        nodes=tuple(nodes[i] for i in order), edges=tuple(sorted((pos[a], pos[b], *data) for a, b, *data in edges))
+    )
 
 
 def unshareable(g: GraphDesc) -> str | None:

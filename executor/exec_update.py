@@ -84,6 +84,15 @@ class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     ]
 
 
+class _EdgeData(ctypes.Structure):  # CUgraphEdgeData
+    _fields_ = [
+        ("from_port", ctypes.c_ubyte),
+        ("to_port", ctypes.c_ubyte),
+        ("type", ctypes.c_ubyte),
+        ("reserved", ctypes.c_ubyte * 5),
+    ]
+
+
 class _UpdateResult(ctypes.Structure):  # CUgraphExecUpdateResultInfo
     _fields_ = [("result", ctypes.c_int), ("errorNode", ctypes.c_void_p), ("errorFromNode", ctypes.c_void_p)]
 
@@ -168,8 +177,11 @@ def describe(raw_graph: int) -> GraphDesc:
     e = ctypes.c_size_t(0)
     _check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), "cuGraphGetEdges")
     src, dst = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)()
+    data = (_EdgeData * e.value)()
     ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p)
-    _check(d["cuGraphGetEdges_v2"](g, *ends, None, ctypes.byref(e)), "cuGraphGetEdges")
+    # with the edges' data: a graph with programmatic (PDL) edges, as FA3's and cuBLAS's kernels
+    # record on an H200, refuses a query without it (CUDA_ERROR_LOSSY_QUERY, 402: measured)
+    _check(d["cuGraphGetEdges_v2"](g, *ends, ctypes.cast(data, ctypes.c_void_p), ctypes.byref(e)), "cuGraphGetEdges")
     descs = []
     for i in range(n.value):
         t = ctypes.c_int(-1)
@@ -177,7 +189,12 @@ def describe(raw_graph: int) -> GraphDesc:
         _check(d["cuGraphNodeGetType"](node, ctypes.byref(t)), "cuGraphNodeGetType")
         kind = NODE_TYPES.get(t.value, f"type-{t.value}")
         descs.append(NodeDesc(type=kind, kernel=_kernel(d, node) if kind == "kernel" else None))
-    return canonical(descs, [(index[src[i]], index[dst[i]]) for i in range(e.value)])
+    edges = []
+    for i in range(e.value):
+        x = data[i]
+        extra = (x.from_port, x.to_port, x.type) if (x.from_port, x.to_port, x.type) != (0, 0, 0) else ()
+        edges.append((index[src[i]], index[dst[i]], *extra))
+    return canonical(descs, edges)
 
 
 @dataclass(eq=False)

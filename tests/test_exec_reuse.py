@@ -139,3 +139,16 @@ def test_canonical_order_is_topological():
     assert [n.kernel.function[0] for n in g.nodes if n.kernel] == [1, 2, 3]
     assert g.edges == ((0, 1), (1, 2))
     assert isinstance(g, GraphDesc)
+
+
+def test_an_edge_of_another_dependency_type_is_a_difference():
+    """An edge's data (ports, dependency type: a programmatic launch dependency) is part of
+    the structure: two graphs alike but for one edge's type share no executable."""
+    from capture_plan.executor.exec_reuse import canonical, difference
+
+    k = NodeDesc(type="kernel", kernel=KernelDesc(function=(1, 1), block=(128, 1, 1), shared_bytes=0))
+    plain = canonical([k, k], [(0, 1)])
+    programmatic = canonical([k, k], [(0, 1, 0, 0, 1)])
+    assert programmatic.edges == ((0, 1, 0, 0, 1),)
+    assert difference(plain, programmatic) is not None
+    assert difference(programmatic, canonical([k, k], [(0, 1, 0, 0, 1)])) is None
