@@ -74,10 +74,14 @@ def test_the_reference_model_with_reuse_verifies_clean_and_instantiates_fewer(tm
     try:
         reuse = gs.report.reuse
         assert reuse.graphs == len(sizes) and 1 <= reuse.instantiations <= len(sizes)
-        # every graph is either in a group or refused one, with a reason
+        # every graph is either in a group or refused one, with a reason (on the H200 FA3's
+        # clustered kernel, whose preferred cluster dimension the driver does not read back,
+        # refuses every graph: bench/results/device-2026-12-04-reuse-edges.json)
         grouped = [g for grp in reuse.groups for g in grp.graphs]
-        assert sorted(grouped) == sorted(f"decode/{b}" for b in sizes)
+        refused = [r.graph for r in reuse.refusals]
+        assert sorted(grouped + refused) == sorted(f"decode/{b}" for b in sizes)
         assert all(r.reason for r in reuse.refusals)
+        assert reuse.instantiations == len(refused) + len(reuse.groups)
         nodes_on = [m.graph_nodes for m in gs.report.steps if m.id.startswith("capture/")]
         assert nodes_on == nodes_off  # reuse changes no graph, only how many executables run them
         res = verify(gs, rounds=2)
