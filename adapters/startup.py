@@ -101,8 +101,8 @@ from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import Recording, record
 from capture_plan.executor.streams import capture_stream, prime_stream
 from capture_plan.planner import BuildOptions, build_plan
-from capture_plan.planner.allocator import core
 from capture_plan.planner.build import build_spec
+from capture_plan.planner.memory.core import core
 from capture_plan.planner.memory.device import (
     Calibration,
     calibration_from_report,
