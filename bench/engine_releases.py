@@ -10,9 +10,9 @@ prints a compatibility table: per wheel (engine and release) and per known relea
 engine whose rows it was checked against, the rows held and the first broken ones. Exit 1
 where the newest wheel of an engine holds no known release's rows whole: a release the
 plugin would meet with a warning and the engine's own capture (``core.live_release``), to
-follow within a day (a new row set in ``hooks.py``: ``follow(...)``). ``--write`` keeps the
-result in ``bench/results/engine-releases-DATE.json``, which docs/adoption.md's table
-renders (``docs/generate.py``'s ``releases``). docs/ci/engine-releases.yml runs it daily.
+follow within a day (a new row set, ``adapters/plugins/hooks_<engine>_<release>.py``:
+``follow(...)``). ``--write`` keeps the result in ``bench/results/engine-releases-DATE.json``,
+which docs/adoption.md's table renders (``docs/generate.py``'s ``releases``). docs/ci/engine-releases.yml runs it daily.
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     late = unfollowed(result)
     for name in late:
         print(
-            f"engine_releases: {name} holds no known release's hook points whole; follow it in hooks.py",
+            f"engine_releases: {name} holds no known release's hook points whole; "
+            "follow it in adapters/plugins/hooks_<engine>_<release>.py",
             file=sys.stderr,
         )
     return 1 if late else 0

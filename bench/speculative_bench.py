@@ -55,7 +55,8 @@ from bench.harness import (
 from capture_plan.executor import capture, load_plan, profile, verify, write_trace
 from capture_plan.executor.pool import pool_reserved
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes
-from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel, planted_run, spec_toml
+from capture_plan.references.planted import planted_run, spec_toml
+from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
 from capture_plan.schemas.spec import Model
 
 MULTI_TOKEN = ("target_verify", "draft_extend")

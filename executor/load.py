@@ -4,7 +4,7 @@ Torch-free on purpose (the environment is passed in or probed lazily), so that
 plan validation runs in CPU-only CI. Checks, in order: the file reads and
 decodes (a regular file under the plan size limit); version (newer is
 refused with the fix); digest (tampering, truncation); consistency
-(``capture_plan.schemas.codec.validate_plan``: steps, edges, timeline, tp); environment
+(``capture_plan.schemas.plan_check.validate_plan``: steps, edges, timeline, tp); environment
 fingerprint: compute capability, torch version, backend kernels importable. A mismatch is an error
 for plans built with ``--ci`` (CI must run exactly what was reviewed) and a
 warning otherwise. The tensor-parallel size is checked against the actual

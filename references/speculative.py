@@ -28,9 +28,11 @@ no paged-KV kernel, so attention runs over a contiguous cache through
 locations into a page table of its own. Padded batch rows carry the engine's
 sentinel slot -1 and are mapped to a spare cache row that no request uses.
 
-The metadata kernels exist twice: Triton kernels (on CUDA; the engine's way,
-and the only place bugs can be planted) and plain torch (the specification,
-used on the CPU; a GPU test checks that both agree).
+The metadata kernels exist twice (:mod:`capture_plan.references.speculative_kernels`):
+Triton kernels (on CUDA; the engine's way, and the only place bugs can be planted) and
+plain torch (the specification, used on the CPU; a GPU test checks that both agree).
+The small reference of the planted-bug tests and a planted-bug run in a process of its
+own are :mod:`capture_plan.references.planted`'s.
 
 **Planted bugs** (``bugs=...``; off by default), each written the way the
 real ones were -- an unmasked Triton store with flat index arithmetic:
@@ -61,11 +63,7 @@ the concatenated embedding and hidden state (a sum here).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -75,18 +73,13 @@ import torch.nn.functional as F
 from capture_plan.schemas.spec import Model
 
 from .decode import CacheRows, ReferenceConfig, ReferenceModel
+from .speculative_kernels import _torch_kv_rows, _torch_page_scatter, _triton_kernels
 
 __all__ = [
     "SpeculativeConfig",
     "SpeculativeModel",
     "BUGS",
     "PHASES",
-    "SMALL",
-    "spec_toml",
-    "small_model",
-    "PlantedRun",
-    "planted_run",
-    "planted_verify",
 ]
 
 #: the phases of an EAGLE plan, by kind
@@ -398,235 +391,3 @@ class SpeculativeModel:
         wild = "wild" in self.bugs
         slots = self.req_pool_indices[:bs] if wild else self._slots(bs)
         self.kernels.record_accept(slots, self.accept_lens[:bs], self.slot_accept, wild)
-
-
-# -- torch specification of the metadata kernels ------------------------------
-def _torch_kv_rows(req_to_token, slots, lens, step, kv, topk, width):
-    rows = slots.numel() * topk
-    table = kv[: rows * width].view(rows, width)
-    pos = lens.long().repeat_interleave(topk)[:, None] + torch.arange(step + 1, device=kv.device)[None, :]
-    table[:, : step + 1] = req_to_token[slots.long().repeat_interleave(topk)[:, None], pos]
-    return (table[:, 0] // req_to_token.shape[1]).to(torch.int32)
-
-
-def _torch_page_scatter(locs, table, stride, page):
-    rows, steps = locs.shape
-    t = table.view(rows, stride)
-    t[:, :steps] = (locs // page).to(torch.int32)
-    return t[:, :steps]
-
-
-# -- Triton: the engine's kernels, where the planted bugs live ----------------
-def _triton_kernels():
-    # triton comes with CUDA builds of torch; where it is missing (a CPU torch) pyright cannot
-    # resolve it, nor see that @triton.jit makes the kernels below subscriptable (kernel[grid])
-    try:
-        import triton  # pyright: ignore[reportMissingImports]
-        import triton.language as tl  # pyright: ignore[reportMissingImports]
-    except ImportError:
-        return None
-
-    @triton.jit
-    def kv_indices_kernel(req_to_token, slots, lens, kv, topk, step, width, ctx, BLOCK: tl.constexpr):
-        r = tl.program_id(0)
-        req = r // topk
-        slot = tl.load(slots + req).to(tl.int64)
-        j = tl.arange(0, BLOCK)
-        m = j <= step  # masked by the branch's length, never by the buffer's size
-        v = tl.load(req_to_token + slot * ctx + tl.load(lens + req) + j, mask=m)
-        tl.store(kv + r.to(tl.int64) * width + j, v, mask=m)
-
-    @triton.jit
-    def row_of_kernel(kv, out, width, ctx):
-        r = tl.program_id(0)
-        first = tl.load(kv + r.to(tl.int64) * width)
-        tl.store(out + r, first // ctx)
-
-    @triton.jit
-    def page_scatter_kernel(locs, table, steps, stride, page, BLOCK: tl.constexpr):
-        r = tl.program_id(0)
-        s = tl.arange(0, BLOCK)
-        m = s < steps
-        loc = tl.load(locs + r * steps + s, mask=m)
-        # flat index: row r's step s at r * stride + s
-        tl.store(table + r * stride + s, (loc // page).to(tl.int32), mask=m)
-
-    @triton.jit
-    def page_read_kernel(table, out, steps, cols, BLOCK: tl.constexpr):
-        r = tl.program_id(0)
-        s = tl.arange(0, BLOCK)
-        m = s < steps
-        tl.store(out + r * steps + s, tl.load(table + r * cols + s, mask=m), mask=m)
-
-    @triton.jit
-    def record_accept_kernel(slots, accept, table, stride, UNSIGNED: tl.constexpr):
-        r = tl.program_id(0)
-        slot = tl.load(slots + r)
-        if UNSIGNED:
-            slot = slot.to(tl.uint32, bitcast=True)
-        tl.store(table + slot.to(tl.int64) * stride, tl.load(accept + r))
-
-    class Kernels:
-        @staticmethod
-        def kv_rows(req_to_token, slots, lens, step, kv, topk, width, ctx):
-            rows = slots.numel() * topk
-            out = torch.empty(rows, dtype=torch.int32, device=kv.device)
-            kv_indices_kernel[(rows,)](  # pyright: ignore[reportIndexIssue]
-                req_to_token, slots, lens, kv, topk, step, width, ctx, BLOCK=triton.next_power_of_2(step + 1)
-            )
-            row_of_kernel[(rows,)](kv, out, width, ctx)  # pyright: ignore[reportIndexIssue]
-            return out
-
-        @staticmethod
-        def page_scatter(locs, table, stride, page):
-            rows, steps = locs.shape
-            block = triton.next_power_of_2(steps)
-            locs = locs.contiguous()
-            # flat indices with the full row stride, whatever size ``table`` was given
-            page_scatter_kernel[(rows,)](locs, table, steps, stride, page, BLOCK=block)  # pyright: ignore[reportIndexIssue]
-            pages = torch.empty(rows, steps, dtype=torch.int32, device=locs.device)
-            page_read_kernel[(rows,)](table, pages, steps, stride, BLOCK=block)  # pyright: ignore[reportIndexIssue]
-            return pages
-
-        @staticmethod
-        def record_accept(slots, accept, table, wild):
-            record_accept_kernel[(slots.numel(),)](slots, accept, table, table.stride(0), UNSIGNED=wild)  # pyright: ignore[reportIndexIssue]
-
-    return Kernels()
-
-
-# -- the small reference of the planted-bug tests and benchmark --------------
-#: 2 layers: captures in seconds, and the bugs behave as in the full model
-SMALL = Model(layers=2, hidden=1024, heads=8, kv_heads=2, head_dim=128, intermediate=2048, vocab=32000)
-
-
-def spec_toml(sizes, *, steps: int = 3, topk: int = 4, num_draft_tokens: int = 4, model: Model = SMALL) -> str:
-    """A planner spec (TOML text) with the four EAGLE phases of ``model`` at
-    ``sizes``, each phase named after its kind (what :class:`SpeculativeModel`
-    expects); target_verify's outputs live across phases, as the engines'
-    draft phases read them."""
-    # JSON scalars are TOML scalars (the model's fields are numbers and plain names)
-    text = "[model]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in msgspec.to_builtins(model).items())
-    phases = [
-        ("decode", 1, ""),
-        ("target_verify", num_draft_tokens, 'output_lifetime = "across-phases"\n'),
-        ("draft_decode", 1, f"layers = 1\nsteps = {steps}\ntopk = {topk}\n"),
-        ("draft_extend", steps + 1, f"layers = 1\ntopk = {topk}\n"),
-    ]
-    for name, tpr, extra in phases:
-        text += (
-            f'\n[[phases]]\nname = "{name}"\nkind = "{name}"\nsizes = {sorted(set(sizes))}\n'
-            f"tokens_per_request = {tpr}\n{extra}"
-        )
-    return text
-
-
-def small_model(
-    bugs=(), *, topk: int = 4, page_size: int = 4, steps: int = 3, max_bs: int = 32, max_seqlen: int = 256
-) -> SpeculativeModel:
-    """The :data:`SMALL` reference on CUDA with ``bugs`` planted."""
-    return SpeculativeModel(
-        SpeculativeConfig(
-            model=SMALL,
-            max_bs=max_bs,
-            max_seqlen=max_seqlen,
-            topk=topk,
-            num_steps=steps,
-            page_size=page_size,
-            bugs=frozenset(bugs),
-        )
-    )
-
-
-# -- a planted-bug run in a process of its own ------------------------------------
-@dataclass(frozen=True)
-class PlantedRun:
-    """What :func:`planted_run`'s child process reported.
-
-    ``exit``: its exit code (0: verify returned; 3: verify raised
-    :class:`~capture_plan.executor.errors.VerificationFailed`, a device fault). ``captured``:
-    the graphs captured, None where capture did not finish. ``failed``: the
-    ``FAILED <error>`` line of a device fault, else None. ``result``: verify's
-    ``{"ok", "summary", "faults": [{"check", "graph", "detail", "addr",
-    "nbytes"}]}``, None where verify did not return. ``output``: the tail of
-    the child's stdout and stderr, for messages.
-    """
-
-    exit: int
-    captured: int | None
-    failed: str | None
-    result: dict | None
-    output: str
-
-
-def planted_run(
-    plan_path: str | Path,
-    bugs,
-    *,
-    checks: tuple[str, ...] = ("interleave", "footprint"),
-    record: bool = True,
-    timeout: float = 600,
-    **model,
-) -> PlantedRun:
-    """Capture the plan at ``plan_path`` with :func:`small_model` (``bugs``
-    planted, ``max_bs`` the plan's largest size, ``model`` its other keyword
-    arguments) and ``verify`` it with ``checks``, in a fresh Python process.
-
-    In a process of its own because a planted write can end the CUDA context
-    (the ``wild`` bug always does; an overflow that lands on a live tensor
-    during an eager run can), and that must not take the caller's with it.
-    The plan comes already built (the executor never imports the planner); the
-    child loads it without the environment check, as the small reference picks
-    its attention kernels itself. The child's command line is what
-    ``sanitizer_command`` puts in a device fault's message: it re-runs as long
-    as the plan file exists. Raises ``subprocess.TimeoutExpired`` after
-    ``timeout`` seconds; does not interpret the faults.
-    """
-    root = str(Path(__file__).resolve().parent.parent)  # the folder holding the executor package
-    program = (
-        f"import sys; sys.path.insert(0, {root!r})\n"
-        "from capture_plan.references.speculative import _planted_child\n"
-        f"_planted_child({str(plan_path)!r}, {tuple(bugs)!r}, {tuple(checks)!r}, {bool(record)!r}, {model!r})\n"
-    )
-    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout)
-    captured = failed = result = None
-    for line in r.stdout.splitlines():
-        word, _, rest = line.partition(" ")
-        if word == "CAPTURED":
-            captured = int(rest)
-        elif word == "FAILED" and failed is None:
-            failed = line
-        elif word == "RESULT":
-            result = json.loads(rest)
-    return PlantedRun(
-        exit=r.returncode, captured=captured, failed=failed, result=result, output=(r.stdout + r.stderr)[-3000:]
-    )
-
-
-def _planted_child(plan_path: str, bugs: tuple[str, ...], checks: tuple[str, ...], record: bool, model: dict) -> None:
-    """The child of :func:`planted_run`: prints ``CAPTURED n``, then ``RESULT
-    <json>``, or ``FAILED <error>`` and exits 3."""
-    from capture_plan.executor import capture
-    from capture_plan.executor.load import load_plan
-
-    plan = load_plan(plan_path, check_env=False)
-    target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases), **model)
-    planted_verify(capture(plan, target, progress=False, record=record), checks)
-
-
-def planted_verify(gs, checks: tuple[str, ...]) -> None:
-    """What a planted-bug child prints for its captured ``gs``: ``CAPTURED n``,
-    then ``verify``'s ``RESULT <json>``, or ``FAILED <error>`` and exit 3
-    (the lines :func:`planted_run` reads)."""
-    from capture_plan.executor.errors import VerificationFailed
-    from capture_plan.executor.verification import verify
-
-    print("CAPTURED", len(gs.graphs), flush=True)
-    try:
-        res = verify(gs, checks=checks)
-    except VerificationFailed as err:
-        print("FAILED", err, flush=True)
-        raise SystemExit(3) from None
-    faults = [dict(check=f.check, graph=f.graph, detail=f.detail, addr=f.addr, nbytes=f.nbytes) for f in res.faults]
-    result = dict(ok=res.ok, summary=res.summary(), faults=faults, replays=res.replays, checks=list(res.checks))
-    print("RESULT", json.dumps(result), flush=True)

@@ -9,13 +9,13 @@ reported instead of overflowing somewhere deep in the simulator.
 The bounds of single fields are msgspec constraints on the schema types
 (:func:`dimension`, :data:`BatchSize` and the ``Annotated`` fields of
 spec.py, plan.py, trace.py, report.py), built from the numbers here: msgspec
-locates a violation, the codec words it (``schemas/codec.py``), and
+locates a violation, ``schemas/conversion.py`` words it, and
 ``planner schema`` publishes the same bounds as ``minimum``/``maximum``/
 ``maxItems``. Rules over several fields (sizes unique, ``MAX_CAPTURES`` over
 all phases, ``heads`` a multiple of ``kv_heads``) are checked by hand in
 ``capture_plan.planner.inputs.validate``; the range of every number
-(:data:`MAX_INT`, finite) and :data:`MAX_DEPTH` by the codec's walk over a
-decoded document.
+(:data:`MAX_INT`, finite) and :data:`MAX_DEPTH` by ``schemas/documents.py``'s walk
+over a decoded document.
 
 What these do NOT bound: the run time of a build inside the limits (a spec at
 every limit at once is slow, minutes, but finishes), or anything the executor

@@ -7,7 +7,7 @@ refuses a newer version. Sizes are integers (bytes) so that a plan's bytes are
 identical on every machine. Every number is bounded below (a count, a byte
 count or a size: >= 0; capture sizes 1..``MAX_BS``; tp >= 1) by its type, which
 ``planner schema plan`` publishes; how steps, phases and edges fit together is
-checked by :func:`capture_plan.schemas.codec.validate_plan`.
+checked by :func:`capture_plan.schemas.plan_check.validate_plan`.
 """
 
 from __future__ import annotations
@@ -470,7 +470,7 @@ BUILD_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
 def record_command(rec: BuildRecord) -> list[str]:
     """The ``planner build`` command a build record is the text of: what a plan's
     ``command`` must be when it records ``inputs.build`` (``capture_plan.planner.inputs.build_options``
-    writes both from this; ``capture_plan.schemas.codec.validate_plan`` refuses a plan
+    writes both from this; ``capture_plan.schemas.plan_check.validate_plan`` refuses a plan
     whose two disagree, since ``show``/``diff`` read the command and ``check`` rebuilds
     from the record). Flags in :data:`BUILD_FLAGS`' order."""
     cmd = ["planner", "build", "--backend", rec.backend]

@@ -136,14 +136,14 @@ def plain_loop(target, phases: dict[str, list[int]], warmups: int = 1):
 
 
 def planted_child(plan_path: str, bugs: tuple[str, ...], mode: str, checks: tuple[str, ...]) -> None:
-    """Capture the plan's phases of ``capture_plan.references.speculative.small_model(bugs)``
+    """Capture the plan's phases of ``capture_plan.references.planted.small_model(bugs)``
     through the engine-shaped runner (``mode="loop"``: ``capture_loop`` with
     the allocation history) or the plain loop (``mode="plain"``: adopted,
     recorded by ``record_graphs``), then verify and print as
-    ``capture_plan.references.speculative.planted_verify`` does."""
+    ``capture_plan.references.planted.planted_verify`` does."""
     from capture_plan.executor import adopt, record_graphs
     from capture_plan.executor.load import load_plan
-    from capture_plan.references.speculative import planted_verify, small_model
+    from capture_plan.references.planted import planted_verify, small_model
 
     plan = load_plan(plan_path, check_env=False)
     target = small_model(bugs, max_bs=max(max(p.sizes) for p in plan.phases))

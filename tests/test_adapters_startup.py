@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from capture_plan.adapters.startup import _driver  # noqa: E402
+from capture_plan.adapters.startup_figures import _driver  # noqa: E402
 from capture_plan.executor.profiling import Recording  # noqa: E402
 from capture_plan.planner import BuildOptions, build_plan  # noqa: E402
 from capture_plan.planner.memory.device import DRIVER_CHUNK, calibration_from_report, pools_after  # noqa: E402
@@ -164,7 +164,7 @@ def test_a_phase_recorded_whole_needs_no_copies_and_keeps_its_measured_figure(tm
 def test_a_warmup_before_the_first_capture_does_not_carry_the_rng_segment(plan):
     """The RNG state's segment comes with the first capture: the peak of a warm-up before
     it is its scratch alone (it was counted there too, 2 MiB high on the H200)."""
-    from capture_plan.adapters.startup import _peak, _timeline
+    from capture_plan.adapters.startup_figures import _peak, _timeline
     from capture_plan.planner.memory.device import pools_after
 
     after = pools_after(plan.steps, plan.predicted.timeline)
@@ -180,7 +180,7 @@ def test_in_a_process_that_recorded_nothing_the_workspace_comes_with_the_first_w
     """A start-up from a cached calibration has not made the capture stream's workspace:
     the first warm-up's first GEMM makes it (32 MiB on the H200, there while the warm-up's
     temporaries are), so it is in that step and in the warm-up's peak."""
-    from capture_plan.adapters.startup import _peak, _timeline
+    from capture_plan.adapters.startup_figures import _peak, _timeline
     from capture_plan.planner.memory.device import pools_after
 
     after = pools_after(plan.steps, plan.predicted.timeline)
@@ -560,7 +560,7 @@ def test_the_workspace_is_taken_from_the_first_step_even_a_provision():
     """The executor makes the capture stream's workspace when the capture opens, before a
     provision step allocates a hoisted workspace (EAGLE's plan starts with one): predicted
     0 there, it measured 32 MiB on an H200."""
-    from capture_plan.adapters.startup import _timeline
+    from capture_plan.adapters.startup_figures import _timeline
 
     eagle = build_plan(BuildOptions(backend="fa3", ci=True, speculative="eagle"))
     assert eagle.steps[0].op == "provision"
@@ -823,6 +823,7 @@ def test_the_prediction_names_its_shortcuts_and_passes_the_copy_budget(monkeypat
     import torch
 
     from capture_plan.adapters import startup
+    from capture_plan.adapters.startup_figures import COPY_ERROR
 
     rep = _recording(plan)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
@@ -839,8 +840,8 @@ def test_the_prediction_names_its_shortcuts_and_passes_the_copy_budget(monkeypat
     monkeypatch.setattr(startup, "record", record)
     monkeypatch.setattr(startup, "build_plan", lambda opts: plan)
     opts = BuildOptions(backend="fa3", ci=True)
-    pred = startup.predict_startup(object(), opts, schedule=plan, copy_error=startup.COPY_ERROR)
-    assert seen == [startup.COPY_ERROR]  # one phase: the whole budget
+    pred = startup.predict_startup(object(), opts, schedule=plan, copy_error=COPY_ERROR)
+    assert seen == [COPY_ERROR]  # one phase: the whole budget
     assert pred.shortcuts == {"copies:decode": "20 of 33 copies: stable"}
     assert "write" in pred.timings
     assert pred.allocator_core.split()[0] in ("compiled", "python")  # what the build ran on
@@ -867,7 +868,7 @@ def test_the_recording_times_its_steps_from_the_report(plan):
 
 
 def test_the_copy_budget_applies_to_one_phase_needing_copies_and_is_refused_for_more():
-    from capture_plan.adapters.startup import COPY_ERROR, copy_budget
+    from capture_plan.adapters.startup_figures import COPY_ERROR, copy_budget
 
     one = {"decode": 51}
     assert copy_budget(one, {"decode": [1, 120, 256]}, COPY_ERROR) == (COPY_ERROR, "")
@@ -878,3 +879,15 @@ def test_the_copy_budget_applies_to_one_phase_needing_copies_and_is_refused_for_
     # phases recorded whole need no copies: the one left may stop early
     whole = {p: list(range(57)) for p in eagle if p != "decode"} | {"decode": [1, 60, 256]}
     assert copy_budget(eagle, whole, COPY_ERROR) == (COPY_ERROR, "")
+
+
+def test_the_public_face_is_the_startup_module():
+    """Engines import the prediction and its check from adapters.startup (docs/executor.md):
+    the same objects as their homes'."""
+    from capture_plan.adapters import startup, startup_check, startup_figures
+
+    assert startup.confirm_startup is startup_check.confirm_startup
+    assert startup.measured_peak is startup_check.measured_peak
+    assert startup.StartupCheck is startup_check.StartupCheck
+    assert startup.StartupPrediction is startup_figures.StartupPrediction
+    assert set(startup.__all__) <= set(vars(startup))

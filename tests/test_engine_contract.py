@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from capture_plan.adapters.plugins import contract
-from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN, HookPoint, hook, requirements
+from capture_plan.adapters.plugins.hook_point import HookPoint
+from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN, hook, requirements
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / "engine-wheels")
@@ -57,12 +58,14 @@ def test_a_release_is_the_one_before_it_as_its_change_table_moves_it():
     renamed; a change naming a row the release before lacks is refused."""
     from dataclasses import replace
 
-    from capture_plan.adapters.plugins import hooks
+    from capture_plan.adapters.plugins.hook_point import GONE, follow
+    from capture_plan.adapters.plugins.hooks_vllm_0_33_0 import _VLLM_0_33_0
+    from capture_plan.adapters.plugins.hooks_vllm_0_34_0 import _VLLM_0_34_0_CHANGES
 
     old = {h.name: h for h in HOOKS if (h.engine, h.version) == ("vllm", "0.33.0")}
     new = {h.name: h for h in HOOKS if (h.engine, h.version) == ("vllm", "0.34.0")}
     for name, h in old.items():
-        if name not in hooks._VLLM_0_34_0_CHANGES:
+        if name not in _VLLM_0_34_0_CHANGES:
             assert new[name] == replace(h, version="0.34.0")
     moved = hook("vllm", "0.34.0", "SpeculatorCudaGraphManager.capture")
     assert moved.file == "vllm/v1/worker/gpu/spec_decode/autoregressive/cudagraph_utils.py"
@@ -70,8 +73,8 @@ def test_a_release_is_the_one_before_it_as_its_change_table_moves_it():
     assert "TargetDependentARSpeculator.capture" not in new and "AutoRegressiveSpeculator.capture" in new
     assert "has_lora" not in hook("vllm", "0.34.0", "ModelCudaGraphManager.capture").signature
     with pytest.raises(ValueError, match=r"changes name rows the release before lacks: \['capture_graph'\]"):
-        hooks.follow(hooks._VLLM_0_33_0, "0.34.0", {"capture_graph": None})
-    gone = hooks.follow(hooks._VLLM_0_33_0, "9.9", {"_MIN_PER_GRAPH_BYTES": hooks.GONE})
+        follow(_VLLM_0_33_0, "0.34.0", {"capture_graph": None})
+    gone = follow(_VLLM_0_33_0, "9.9", {"_MIN_PER_GRAPH_BYTES": GONE})
     assert "_MIN_PER_GRAPH_BYTES" not in {h.name for h in gone} and len(gone) == len(old) - 1
 
 

@@ -79,7 +79,7 @@ def test_the_sglang_runner_captures_every_graph_key_through_one_loop(tmp_path, f
 
 
 def _spec():
-    from capture_plan.references.speculative import spec_toml
+    from capture_plan.references.planted import spec_toml
 
     return spec_toml(SIZES)
 

@@ -26,7 +26,7 @@ DECODE = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8]\n'
 
 def _plan(tmp_path: Path, backend: str, *strategies: str, ci: bool = False, eagle: bool = False):
     from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.references.speculative import spec_toml
+    from capture_plan.references.planted import spec_toml
 
     spec = tmp_path / "spec.toml"
     spec.write_text(spec_toml([1, 2, 4, 8]) if eagle else DECODE)

@@ -146,7 +146,7 @@ def test_planted_bugs_give_the_same_faults_through_the_loop_and_in_a_plain_loop(
     """Through the loop: the very faults of ``capture()`` (the same pools and
     layout). In a plain torch.cuda.graph loop, adopted: caught too, every fault
     blaming a draft_decode graph (its layout differs, so do the faults)."""
-    from capture_plan.references.speculative import planted_run
+    from capture_plan.references.planted import planted_run
     from engine_shaped import planted
 
     path = _plan_file(tmp_path)

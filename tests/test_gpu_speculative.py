@@ -16,7 +16,7 @@ SIZES = [1, 2, 4, 8, 16, 32]
 
 def plan_for(tmp_path: Path, strategies=(), ci=True, **kw):
     from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.references.speculative import spec_toml
+    from capture_plan.references.planted import spec_toml
 
     path = tmp_path / "spec.toml"
     path.write_text(spec_toml(kw.pop("sizes", SIZES), **kw))
@@ -24,7 +24,7 @@ def plan_for(tmp_path: Path, strategies=(), ci=True, **kw):
 
 
 def make(bugs=(), **kw):
-    from capture_plan.references.speculative import small_model
+    from capture_plan.references.planted import small_model
 
     return small_model(bugs, max_bs=max(SIZES), **kw)
 
@@ -59,7 +59,7 @@ def test_metadata_kernels_write_the_same_buffers_as_their_specification(clean):
     included; entries neither writes keep their fill."""
     import torch
 
-    from capture_plan.references.speculative import _torch_kv_rows, _torch_page_scatter
+    from capture_plan.references.speculative_kernels import _torch_kv_rows, _torch_page_scatter
 
     m, cfg = clean, clean.cfg
     k, width, stride = cfg.topk, cfg.draft_kv_width or cfg.num_steps, cfg.draft_page_cols
@@ -107,11 +107,11 @@ def test_every_phase_captures_as_planned_and_verifies_clean(tmp_path, clean, pla
 
 
 def _planted(tmp_path, bug, strategies=(), **kw):
-    """The planted-bug run of :func:`capture_plan.references.speculative.planted_run` (a fresh
+    """The planted-bug run of :func:`capture_plan.references.planted.planted_run` (a fresh
     process: a planted write can end the CUDA context, and it must not take the
     other tests with it) on the plan of :func:`plan_for`."""
     from capture_plan.planner import plan_bytes
-    from capture_plan.references.speculative import planted_run
+    from capture_plan.references.planted import planted_run
 
     path = tmp_path / "plan.json"
     path.write_bytes(plan_bytes(plan_for(tmp_path, strategies)))

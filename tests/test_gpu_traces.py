@@ -105,7 +105,7 @@ def test_speculative_phases_from_three_sizes_equal_every_size(tmp_path):
 
     from capture_plan.executor import capture, profile, write_trace
     from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.references.speculative import small_model, spec_toml
+    from capture_plan.references.planted import small_model, spec_toml
     from capture_plan.schemas.trace import default_samples
 
     sizes = [1, 2, 4, 8, 12, 16, 24, 32]

@@ -1113,7 +1113,7 @@ def test_an_unknown_sglang_whose_hook_points_are_the_known_releases_is_captured_
 
 
 def test_the_live_check_reads_names_kinds_and_literal_defaults():
-    from capture_plan.adapters.plugins.hooks import HookPoint
+    from capture_plan.adapters.plugins.hook_point import HookPoint
 
     def row(signature):
         return HookPoint("vllm", "0.0", "vllm/x.py", "f", signature, "")

@@ -204,7 +204,7 @@ def test_spec_toml_gives_the_four_phases_the_model_expects(tmp_path):
     """The small reference's spec (tests and bench share it): every phase named
     after its kind, at the sizes asked for, with the draft settings."""
     from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.references.speculative import spec_toml
+    from capture_plan.references.planted import spec_toml
 
     path = tmp_path / "spec.toml"
     path.write_text(spec_toml([4, 1, 2, 2], steps=2, topk=3))

@@ -27,7 +27,8 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from capture_plan.adapters.plugins.hooks import HOOKS, HookPoint
+from capture_plan.adapters.plugins.hook_point import HookPoint
+from capture_plan.adapters.plugins.hooks import HOOKS
 
 _Def = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 

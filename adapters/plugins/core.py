@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN, HookPoint
+from capture_plan.adapters.plugins.hook_point import HookPoint
+from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN
 from capture_plan.schemas.errors import CapturePlanError
 
 if TYPE_CHECKING:

@@ -83,7 +83,7 @@ def data(name: str) -> dict[str, Any]:
     parsed = parsed_at_install(name, raw)
     if parsed is not None:
         return parsed
-    from capture_plan.schemas.codec import toml_parser
+    from capture_plan.schemas.documents import toml_parser
 
     tomllib = toml_parser()
     try:
@@ -123,7 +123,7 @@ def parsed_at_install(name: str, raw: bytes) -> dict[str, Any] | None:
 @functools.cache
 def builtin_rules() -> tuple:
     """The rules of ``rules.toml`` as :class:`capture_plan.schemas.spec.Rule`."""
-    from capture_plan.schemas.codec import convert
+    from capture_plan.schemas.conversion import convert
     from capture_plan.schemas.spec import Rule
 
     from .validate import check_phase_kind
@@ -139,7 +139,7 @@ def builtin_rules() -> tuple:
 def baseline():
     """The engines' hard-coded schedule (a :class:`capture_plan.schemas.spec.Choice`), the yardstick
     every plan reports against."""
-    from capture_plan.schemas.codec import convert
+    from capture_plan.schemas.conversion import convert
     from capture_plan.schemas.spec import Choice
 
     raw = {k: v for k, v in data("rules.toml")["baseline"].items() if k != "why"}
@@ -179,7 +179,7 @@ class BackendsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 @functools.cache
 def backends() -> dict[str, Backend]:
-    from capture_plan.schemas.codec import convert
+    from capture_plan.schemas.conversion import convert
 
     return {
         name: convert(table, Backend, f"planner/data/backends.toml: $.backends.{name}")
@@ -238,7 +238,7 @@ class PhaseKindsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def phase_kinds() -> dict[str, PhaseKind]:
     """The phase kinds of ``phase_kinds.toml``, in file order. A key the
     struct does not know is an :class:`InputError` naming file and key."""
-    from capture_plan.schemas.codec import convert
+    from capture_plan.schemas.conversion import convert
 
     return {
         name: convert(table, PhaseKind, f"planner/data/phase_kinds.toml: $.kinds.{name}")
@@ -250,7 +250,7 @@ def phase_kinds() -> dict[str, PhaseKind]:
 def variant_axes() -> dict[str, VariantAxisKind]:
     """The variant axes of ``phase_kinds.toml`` (``[axes.NAME]``), in file order; a kind
     naming an axis with no table is an :class:`InputError` naming file and key."""
-    from capture_plan.schemas.codec import convert
+    from capture_plan.schemas.conversion import convert
 
     raw = data("phase_kinds.toml").get("axes", {})
     axes = {

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from capture_plan.schemas.codec import convert
+from capture_plan.schemas.conversion import convert
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.limits import MAX_BS

@@ -3,7 +3,7 @@
 The bounds of single fields (sizes 1..``MAX_BS``, at most ``MAX_PHASES`` phases,
 each model dimension within ``MODEL_MAX``) are msgspec constraints on the spec
 types (``capture_plan.schemas.spec``), located and worded by
-:func:`capture_plan.schemas.codec.convert`, and published by ``planner schema
+:func:`capture_plan.schemas.conversion.convert`, and published by ``planner schema
 spec``. What is checked here: the version, unique phase names, sizes and rule
 ids, ``MAX_CAPTURES`` over all phases, known ``after`` targets, micro-batch twins
 (``twin_of``: :func:`_check_twins`), phase kinds and
@@ -20,7 +20,8 @@ from collections.abc import Collection, Mapping
 
 import msgspec
 
-from capture_plan.schemas.codec import convert, read_document, short_int
+from capture_plan.schemas.conversion import convert, short_int
+from capture_plan.schemas.documents import read_document
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.limits import MAX_CAPTURES, MAX_KEYS_PER_PHASE
 from capture_plan.schemas.plan import DimensionSource

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import msgspec
 
-from capture_plan.schemas.codec import canonical_bytes, sniff_kind
+from capture_plan.schemas.codec import canonical_bytes
+from capture_plan.schemas.documents import sniff_kind
 from capture_plan.schemas.errors import DriftError, InputError
 from capture_plan.schemas.files import existing_output, read_input, write_atomic
 from capture_plan.schemas.plan import PLAN_REVISION, Plan

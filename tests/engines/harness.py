@@ -29,7 +29,7 @@ def sglang_plan(tmp_path, sizes, *, keeps=None, strategies=()):
     (FullCudaGraphBackend's reused output: the toy's bytes, set by
     :func:`engines.plans.keyed` on a plan built without variants);
     ``strategies``: more build strategies (``order=smallest-first``)."""
-    from capture_plan.references.speculative import spec_toml
+    from capture_plan.references.planted import spec_toml
 
     spec = spec_toml(sizes)
     if keeps is not None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import msgspec
 
-from capture_plan.schemas.codec import validate_plan
 from capture_plan.schemas.keys import expand_labels, step_id
 from capture_plan.schemas.plan import Plan, VariantAxis
+from capture_plan.schemas.plan_check import validate_plan
 
 
 def keyed(
