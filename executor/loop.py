@@ -345,15 +345,9 @@ class CaptureLoop:
         """Record ``g`` into ``pool`` on ``stream`` while the block runs
         (:func:`capture_plan.executor.recording.record`: the pool's growth and the
         graph's node count measured; a block that raises leaves no partial graph)."""
+        pools, mode, recorder, outside = self.pools, self.mode, self.recorder, self.outside
         return record(
-            g,
-            pool,
-            stream,
-            pools=self.pools,
-            mode=self.mode,
-            recorder=self.recorder,
-            outside=self.outside,
-            instantiate=instantiate,
+            g, pool, stream, pools=pools, mode=mode, recorder=recorder, outside=outside, instantiate=instantiate
         )
 
     def landed(self, cap: Captured) -> None:
