@@ -497,6 +497,79 @@ def engines_034() -> list[str]:
     return [*_table(header, rows), _source(ENGINES_034, d)]
 
 
+#: issue 41's start-up floor: the prediction's time against the capture after it and the capture
+#: alone (each mode in a fresh process), and where the prediction's time went
+STARTUP_FLOOR = "device-2026-12-04-startup-floor.json"
+
+
+def startup_floor() -> list[str]:
+    """Per case: steps within 1% or 2 MiB, the prediction's seconds and its parts, the capture
+    after it, the capture alone (the "executor" mode, another fresh process), and what the
+    prediction added to the start-up (bench/device_bench.py's ``startup_added``)."""
+    d = _load(STARTUP_FLOOR)
+    rows = []
+    for case, label in _STARTUP.items():
+        row = d["cases"].get(case)
+        if row is None:
+            continue
+        st, ex = row["startup"], row["executor"]
+        parts = st["predict_parts_s"]
+        added = st["predict_s"] + st["capture_s"] - ex["capture_s"]
+        rows.append(
+            [
+                label,
+                st["steps_within_1pct_or_2mib"],
+                f"{st['predict_s']:.2f}",
+                f"{parts['record.capture']:.2f} / {parts['record.copies']:.2f} / {parts['build']:.2f}",
+                f"{st['capture_s']:.2f}",
+                f"{st['predict_s'] / st['capture_s']:.2f}x",
+                f"{ex['capture_s']:.2f}",
+                f"{added:+.2f} ({added / ex['capture_s']:+.2f}x)",
+            ]
+        )
+    header = [
+        "model",
+        "steps within 1% or 2 MiB",
+        "prediction s",
+        "of it: recording / graph copies / build s",
+        "capture after it s",
+        "prediction / capture after it",
+        "capture alone s",
+        "prediction + capture - capture alone s",
+    ]
+    return [*_table(header, rows), _source(STARTUP_FLOOR, d)]
+
+
+#: executable reuse on the H200: every phase set to reuse, before and after the edges' data fix
+REUSE_RUNS = ("device-2026-12-04-reuse.json", "device-2026-12-04-reuse-edges.json")
+
+
+def reuse() -> list[str]:
+    """Per run and case: graphs, executables, graph-exec memory, verify and wrong replays with
+    reuse asked for, and the first refusal's reason (every graph was refused in both runs)."""
+    rows, sources = [], []
+    for name in REUSE_RUNS:
+        d = _load(name)
+        sources.append(_source(name, d).strip())
+        for case, label in _STARTUP.items():
+            r = d["cases"].get(case, {}).get("reuse")
+            if r is None:
+                continue
+            why = r["refusals"][0].split(": ", 1)[1] if r["refusals"] else "none"
+            rows.append(
+                [
+                    f"{label} (`{d['git_commit'][:7]}`)",
+                    f"{r['instantiations']} / {r['graphs']}",
+                    _mib(r["graph_exec_mib"]),
+                    f"{'clean' if r['verify_ok'] else 'faults'}, {r['wrong_replays']} wrong",
+                    # the bench keeps the first 40 reasons: the count is the graphs in no group
+                    f"{r['graphs'] - sum(r['groups'])}: {why}",
+                ]
+            )
+    header = ["model (commit)", "executables / graphs", "graph-exec MiB", "verify", "refused: first reason"]
+    return [*_table(header, rows), "", *sources]
+
+
 #: replay time per graph (median of 20 after 3 untimed) for three cases, and the timed reports
 #: that run wrote beside it (report-CASE-timed-2026-12-02.json)
 TIMING = "device-2026-12-02-timing.json"
@@ -924,6 +997,8 @@ TABLES = {
     "sglang-reserve": sglang_reserve,
     "engines": engines,
     "engines-034": engines_034,
+    "startup-floor": startup_floor,
+    "reuse": reuse,
     "replay-times": replay_times,
     "hooks": hooks,
     "releases": releases,
