@@ -253,37 +253,13 @@ def _logits(ev: _Ops, s: _Shape, rows: int, kind: EventKind) -> tuple[int, int]:
     return out, x
 
 
-def _target_program(s: _Shape, phase: Phase, bs: int) -> Program:
-    """decode / target_verify: the target over ``tokens_per_request`` tokens,
-    logits of every token returned (target_verify also returns the last
-    hidden state, which the draft reads)."""
-    ev = _Ops()
-    m, tpr = s.model, phase.tokens_per_request
-    tokens = bs * tpr
-    embedding = ev.alloc(tokens * m.hidden * m.dtype_bytes)
-    prologue = ev.take()
-    new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr)
-    body = ev.take()
-    _, x = _logits(ev, s, tokens, "output")
-    ev.free(x)
-    returns_hidden = PHASE_KINDS[phase.kind].returns_hidden
-    if not returns_hidden:
-        ev.free(CARRY)
-    return Program(
-        prologue=prologue,
-        body=body,
-        repeats=phase.layers or m.layers,
-        epilogue=ev.take(),
-        carry_in=embedding,
-        carry_out=new_hidden,
-        carry_kind="output" if returns_hidden else None,
-    )
-
-
-def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool = True) -> Program:
-    """vLLM's graphs: the model's forward over ``bs * tokens_per_request`` tokens,
-    up to the final norm, whose result is the output (vLLM computes the logits
-    outside every graph, so no lm_head and no logits here)."""
+def _forward(
+    s: _Shape, phase: Phase, bs: int, head: Callable[[_Ops, int], EventKind | None], attention_in_graph: bool = True
+) -> Program:
+    """The model's forward over ``bs * tokens_per_request`` tokens: the embedding (the
+    prologue), ``phase.layers`` decoder layers (the body), then ``head(ops, tokens)``, the
+    epilogue, which returns the kind of output the last hidden state becomes (None: it is
+    freed). With ``attention_in_graph`` False each attention call ends a piece (``splits``)."""
     ev = _Ops()
     m, tpr = s.model, phase.tokens_per_request
     tokens = bs * tpr
@@ -292,18 +268,45 @@ def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool =
     splits: list[int] = []
     new_hidden = _decoder_layer(ev, s, CARRY, bs, tpr, attention_in_graph, splits)
     body = ev.take()
-    _rmsnorm(ev, tokens, m.hidden, m.dtype_bytes, "output")
-    ev.free(CARRY)
+    carry_kind = head(ev, tokens)
+    if carry_kind is None:
+        ev.free(CARRY)
     return Program(
         prologue=prologue,
         body=body,
-        repeats=phase.layers or m.layers,
+        repeats=phase.layers or s.model.layers,
         epilogue=ev.take(),
         carry_in=embedding,
         carry_out=new_hidden,
+        carry_kind=carry_kind,
         # a piecewise capture's pieces end at each eager attention call
         splits=() if attention_in_graph else tuple(splits),
     )
+
+
+def _target_program(s: _Shape, phase: Phase, bs: int) -> Program:
+    """decode / target_verify: the target over ``tokens_per_request`` tokens,
+    logits of every token returned (target_verify also returns the last
+    hidden state, which the draft reads)."""
+
+    def head(ev: _Ops, tokens: int) -> EventKind | None:
+        _, x = _logits(ev, s, tokens, "output")
+        ev.free(x)
+        return "output" if PHASE_KINDS[phase.kind].returns_hidden else None
+
+    return _forward(s, phase, bs, head)
+
+
+def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool = True) -> Program:
+    """vLLM's graphs: the model's forward over ``bs * tokens_per_request`` tokens,
+    up to the final norm, whose result is the output (vLLM computes the logits
+    outside every graph, so no lm_head and no logits here)."""
+
+    def head(ev: _Ops, tokens: int) -> EventKind | None:
+        _rmsnorm(ev, tokens, s.model.hidden, s.model.dtype_bytes, "output")
+        return None
+
+    return _forward(s, phase, bs, head, attention_in_graph)
 
 
 def _piecewise_program(s: _Shape, phase: Phase, bs: int) -> Program:
