@@ -143,7 +143,7 @@ def capture(
     (rank 0 of ``group`` only; the summary at INFO, per-quarter progress at
     DEBUG, at INFO in the background); ``progress`` adds a tqdm bar on stderr
     in the foreground, on rank 0. Warnings come from every rank, naming it.
-    Plans with a piecewise phase are refused (:func:`~capture_plan.executor.loop.refuse_piecewise`).
+    Plans with a piecewise phase are refused (:func:`refuse_piecewise`).
     """
     t_start = time.perf_counter()
     distributed = is_distributed()

@@ -84,6 +84,10 @@ class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     ]
 
 
+#: CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: the update was not performed, the executable unchanged
+UPDATE_FAILURE = 910
+
+
 class _EdgeData(ctypes.Structure):  # CUgraphEdgeData
     _fields_ = [
         ("from_port", ctypes.c_ubyte),
@@ -252,6 +256,10 @@ class SharedExecs:
         info = _UpdateResult()
         rc = d["cuGraphExecUpdate_v2"](ex.handle, ctypes.c_void_p(raw), ctypes.byref(info))
         if rc != 0 or info.result != 0:
+            if rc not in (0, UPDATE_FAILURE):
+                # only a refusal the driver documents leaves the executable as it was: after
+                # any other error it holds no known graph, so the next replay updates it again
+                ex.current = 0
             return f"cuGraphExecUpdate refused it (CUresult {rc}, CUgraphExecUpdateResult {info.result})"
         ex.current = raw
         return None

@@ -26,10 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from capture_plan.schemas.units import DRIVER_CHUNK
+
 __all__ = ["STEP", "MIN_READINGS", "NodeBytes"]
 
-#: the driver's step when it takes graph-exec memory (measured on an H200: planner/memory/device.py)
-STEP = 2 * 2**20
+#: the driver's step when it takes graph-exec memory (schemas.units, shared with the planner)
+STEP = DRIVER_CHUNK
 #: readings that took memory before the figure may count as settled: one reading cannot
 #: show the figure stable (a copy that happened to end on a step boundary looks exact)
 MIN_READINGS = 3

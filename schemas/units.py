@@ -8,10 +8,13 @@ MiB floats to JSON, not this text).
 
 from __future__ import annotations
 
-__all__ = ["KiB", "MiB", "mib"]
+__all__ = ["KiB", "MiB", "DRIVER_CHUNK", "mib"]
 
 KiB = 1024
 MiB = 1024 * KiB
+#: the driver takes a graph's executable memory (graph-exec) in steps of this many bytes
+#: (measured on an H200, driver 580: bench/results/graph-exec-2026-12-01.json)
+DRIVER_CHUNK = 2 * MiB
 
 
 def mib(n: int, unit: bool = True) -> str:

@@ -10,9 +10,10 @@ pytest.importorskip("torch")
 from capture_plan.adapters.startup_figures import _driver  # noqa: E402
 from capture_plan.executor.profiling import Recording  # noqa: E402
 from capture_plan.planner import BuildOptions, build_plan  # noqa: E402
-from capture_plan.planner.memory.device import DRIVER_CHUNK, calibration_from_report, pools_after  # noqa: E402
+from capture_plan.planner.memory.device import calibration_from_report, pools_after  # noqa: E402
 from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement  # noqa: E402
 from capture_plan.schemas.trace import CaptureTrace, Trace  # noqa: E402
+from capture_plan.schemas.units import DRIVER_CHUNK  # noqa: E402
 
 MiB = 2**20
 

@@ -36,12 +36,13 @@ from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 from capture_plan.planner.cli import main
 from capture_plan.planner.inputs.resources import builtin_rules
 from capture_plan.planner.inputs.rules import Context, phase_rules, violated
-from capture_plan.planner.memory.device import DRIVER_CHUNK, calibration_from_report, driver_after, nodes_at, peak
+from capture_plan.planner.memory.device import calibration_from_report, driver_after, nodes_at, peak
 from capture_plan.planner.schedule.graph import Digraph, check_acyclic
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.plan import Step
 from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, ReportModel, StepMeasurement
 from capture_plan.schemas.strategy import AXIS_VALUES
+from capture_plan.schemas.units import DRIVER_CHUNK
 
 
 def _edges_respected(plan):

@@ -90,7 +90,7 @@ def driver(fake, monkeypatch):
 
 
 def _reuse_plan(tmp_path):
-    from capture_plan.references.speculative import spec_toml
+    from capture_plan.references.planted import spec_toml
 
     spec = spec_toml(SIZES)
     head = f'name = "decode"\nkind = "decode"\nsizes = {sorted(SIZES)}\n'
@@ -213,3 +213,18 @@ def test_a_graph_whose_nodes_cannot_be_read_shares_nothing_and_the_capture_goes_
     ((name, why),) = shared.groups["decode"].refusals
     assert name == "decode/8" and why == "its nodes could not be read: cuGraphGetEdges failed (CUresult 1)"
     assert shared.instantiations == 0 and shared.groups["decode"].instantiations == 1
+
+
+def test_an_update_error_the_driver_does_not_document_leaves_the_executable_untrusted(monkeypatch):
+    """Only CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE leaves an executable as it was; after any
+    other error the shared executable holds no known graph, so the next replay of any member
+    updates it again instead of launching what it held."""
+    from capture_plan.executor import exec_update
+
+    rcs = iter([exec_update.UPDATE_FAILURE, 1])
+    calls = {"cuGraphExecUpdate_v2": lambda handle, raw, info: next(rcs)}
+    monkeypatch.setattr(exec_update, "_driver", lambda: calls)
+    shared = exec_update.SharedExecs()
+    ex = exec_update._Exec(handle=None, current=111)
+    assert shared._update(ex, 222) is not None and ex.current == 111  # refused as documented: unchanged
+    assert shared._update(ex, 222) is not None and ex.current == 0  # any other error: untrusted

@@ -49,6 +49,7 @@ from capture_plan.schemas.files import read_input
 from capture_plan.schemas.keys import parse_step_id
 from capture_plan.schemas.limits import MAX_INT
 from capture_plan.schemas.plan import DeviceCost, DevicePrediction, ModelUsed, Step, StepMemory
+from capture_plan.schemas.units import DRIVER_CHUNK
 
 from ..inputs.resources import data
 
@@ -70,12 +71,8 @@ __all__ = [
     "node_figure",
     "driver_after",
     "nodes_at",
-    "DRIVER_CHUNK",
     "whole_chunks",
 ]
-
-#: the driver takes graph-exec memory in steps of this many bytes (measured, H200)
-DRIVER_CHUNK = 2 << 20
 
 
 class Calibration(msgspec.Struct, frozen=True):

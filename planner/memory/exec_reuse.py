@@ -6,7 +6,7 @@ it with ``cuGraphExecUpdate`` before each replay
 (``capture_plan.executor.exec_update``). Off by default: a plan without it has no
 ``reuse`` field and keeps its bytes; a plan with it is revision 7.
 
-What it saves is the graphs' driver memory (graph-exec, ``planner/device.py``: taken at
+What it saves is the graphs' driver memory (graph-exec, ``planner/memory/device.py``: taken at
 instantiation, about 3 KB a node) and instantiation time. Which graphs of a phase share
 a structure is not known before a capture: a size whose GEMM or attention kernel
 differs starts a group of its own. So a build states the bounds (one executable per
@@ -81,7 +81,7 @@ def _nodes(report: CaptureReport) -> dict[str, int]:
 
 def forecast(plan: Plan, report: CaptureReport | None = None, per_node: float | None = None) -> list[PhaseReuse]:
     """Per phase the plan has reuse: graphs and executables, and with ``report`` (a capture
-    of the plan with reuse) and ``per_node`` (driver bytes a node: ``planner/device.py``'s
+    of the plan with reuse) and ``per_node`` (driver bytes a node: ``planner/memory/device.py``'s
     figure) the driver memory without and with reuse, in whole 2 MiB steps."""
     reuse = [p for p in plan.phases if p.reuse is not msgspec.UNSET]
     captures: dict[str, int] = {}
