@@ -58,6 +58,8 @@ class KernelDesc:
     attributes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     #: an attribute that matters (a cluster's) could not be read: never shared
     opaque: bool = False
+    #: why it could not be read (the driver's answer), for the refusal's reason; not compared
+    unread: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ def unshareable(g: GraphDesc) -> str | None:
         if node.type not in SHAREABLE_TYPES:
             return f"node {i} is a {node.type} node (only {', '.join(sorted(SHAREABLE_TYPES))} nodes are updated)"
         if node.kernel is not None and node.kernel.opaque:
-            return f"node {i}'s kernel has a cluster whose attributes the driver does not read back"
+            why = f" ({node.kernel.unread})" if node.kernel.unread else ""
+            return f"node {i}'s kernel has a cluster whose attributes the driver does not read back{why}"
     return None
 
 

@@ -150,11 +150,14 @@ def _check(rc: int, what: str) -> None:
 def _kernel(d, node: ctypes.c_void_p) -> KernelDesc:
     p = _KernelParams()
     _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
-    attrs = []
+    attrs, unread = [], {}
     for name, aid in ATTRIBUTES.items():
         buf = (ctypes.c_uint * 16)()  # CUlaunchAttributeValue: a 64-byte union; dims are 3 uints
-        if d["cuGraphKernelNodeGetAttribute"](node, aid, ctypes.cast(buf, ctypes.c_void_p)) == 0:
+        rc = d["cuGraphKernelNodeGetAttribute"](node, aid, ctypes.cast(buf, ctypes.c_void_p))
+        if rc == 0:
             attrs.append((name, (buf[0], buf[1], buf[2])))
+        else:
+            unread[name] = rc
     got = dict(attrs)
     clustered = any(got.get("cluster_dimension", (0, 0, 0)))
     return KernelDesc(
@@ -164,6 +167,7 @@ def _kernel(d, node: ctypes.c_void_p) -> KernelDesc:
         attributes=tuple(attrs),
         # a cluster whose preferred dimension the driver cannot read: it would survive an update unseen
         opaque=clustered and "preferred_cluster_dimension" not in got,
+        unread=", ".join(f"{n}: CUresult {rc}" for n, rc in unread.items()),
     )
 
 

@@ -119,6 +119,10 @@ def test_edges_and_node_counts_are_compared():
 def test_opaque_clusters_and_unknown_node_types_share_nothing():
     opaque = canonical([kernel(1, attrs=(("cluster_dimension", (2, 1, 1)),), opaque=True)], [])
     assert "cluster" in unshareable(opaque)
+    # the driver's answer for the attribute it did not read is in the reason, and is not structure
+    told = KernelDesc((1, 1001), (128, 1, 1), 0, (("cluster_dimension", (2, 1, 1)),), True, "x: CUresult 1")
+    assert "(x: CUresult 1)" in unshareable(canonical([NodeDesc("kernel", told)], []))
+    assert told == KernelDesc((1, 1001), (128, 1, 1), 0, (("cluster_dimension", (2, 1, 1)),), True)
     host = canonical([kernel(1), NodeDesc("host")], [(0, 1)])
     assert "host node" in unshareable(host)
     groups = ReuseGroups()
