@@ -69,7 +69,10 @@ def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
 
     Provision steps stay; a warm-up stays when its size is captured or when
     the phase warms up once for all sizes. The digest is the original plan's
-    (the subset is never written or loaded as a plan).
+    (the subset is never written or loaded as a plan). Executable reuse is taken out:
+    the recording instantiates each graph on its own, which is what its driver memory
+    per node is measured from, so a start-up prediction of a plan with reuse counts an
+    executable per graph (an upper bound where the capture then shares).
     """
     chosen = _chosen(plan, sizes)
     once = {p.name for p in plan.phases if p.strategy.warmup != "every-size"}
@@ -83,7 +86,10 @@ def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
     return msgspec.structs.replace(
         plan,
         steps=[msgspec.structs.replace(s, index=i) for i, s in enumerate(steps)],
-        phases=[msgspec.structs.replace(p, sizes=[b for b in p.sizes if b in chosen[p.name]]) for p in plan.phases],
+        phases=[
+            msgspec.structs.replace(p, sizes=[b for b in p.sizes if b in chosen[p.name]], reuse=msgspec.UNSET)
+            for p in plan.phases
+        ],
         predicted=msgspec.structs.replace(plan.predicted, timeline=timeline),
     )
 

@@ -116,3 +116,17 @@ def test_the_benchs_reuse_plans_are_valid_plans_of_revision_7(tmp_path):
         assert back.revision == REUSE_REVISION and {p.reuse for p in back.phases} == {"exec-update"}
         assert back.steps == plan.steps and back.predicted == plan.predicted
         assert "executable reuse" in explain(back)
+
+
+def test_a_start_up_recording_of_a_reuse_plan_instantiates_every_graph_on_its_own(tmp_path):
+    """The start-up prediction records a subset of the plan and measures the driver memory
+    per node from each graph's own executable: the subset takes reuse out (otherwise shared
+    executables would skew the per-node figure while copies assumed one per graph)."""
+    pytest.importorskip("torch")  # executor.profiling records through torch
+    from capture_plan.executor.profiling import subset_plan
+
+    plan = _plan(tmp_path, "exec-update")
+    assert any(p.reuse is not msgspec.UNSET for p in plan.phases)
+    sub = subset_plan(plan)
+    assert all(p.reuse is msgspec.UNSET for p in sub.phases)
+    assert [p.name for p in sub.phases] == [p.name for p in plan.phases]
