@@ -96,6 +96,7 @@ from bench.harness import (
     release,
     result_file,
     run_module,
+    startup_added,
 )
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
@@ -507,30 +508,6 @@ def mode_startup(
         # every step: id, the drop predicted and measured, the pools' reserved bytes measured and
         # predicted, the whole allocator's reserved bytes (MiB): a miss's cause is read from these
         "steps": [[i, *(None if v is None else round(v / MiB, 2) for v in rest)] for i, *rest in steps],
-    }
-
-
-def startup_added(row: dict) -> dict | None:
-    """What a first prediction adds to a start-up, for a case whose run has both the
-    "executor" mode (the capture alone, in a fresh process) and the "startup" mode (the
-    prediction, then the capture, in another fresh process): ``added_s`` = prediction +
-    capture after it - capture alone. A prediction pays the process's first-use costs (the
-    capture stream's cuBLAS handle and workspace, kernels loaded on their first launch, the
-    first graph's driver set-up) that the capture after it then does not: its own time
-    over the capture after it (``predict_of_capture``) counts them twice. Two processes,
-    so the figure carries their noise (it can come out below 0). None without both modes."""
-    ex, st = row.get("executor", {}), row.get("startup", {})
-    if not isinstance(ex.get("capture_s"), float) or not isinstance(st.get("predict_s"), float):
-        return None
-    if not isinstance(st.get("capture_s"), float):
-        return None
-    added = st["predict_s"] + st["capture_s"] - ex["capture_s"]
-    return {
-        "predict_s": st["predict_s"],
-        "capture_after_s": st["capture_s"],
-        "capture_alone_s": ex["capture_s"],
-        "added_s": added,
-        "added_of_capture": added / ex["capture_s"] if ex["capture_s"] else None,
     }
 
 

@@ -505,8 +505,9 @@ STARTUP_FLOOR = "device-2026-12-04-startup-floor.json"
 def startup_floor() -> list[str]:
     """Per case: steps within 1% or 2 MiB, the prediction's seconds and its parts, the capture
     after it, the capture alone (the "executor" mode, another fresh process), and what the
-    prediction added to the start-up (bench/device_bench.py's ``startup_added``)."""
+    prediction added to the start-up (bench/harness.py's ``startup_added``)."""
     d = _load(STARTUP_FLOOR)
+    startup_added = _bench("harness").startup_added
     rows = []
     for case, label in _STARTUP.items():
         row = d["cases"].get(case)
@@ -514,7 +515,7 @@ def startup_floor() -> list[str]:
             continue
         st, ex = row["startup"], row["executor"]
         parts = st["predict_parts_s"]
-        added = st["predict_s"] + st["capture_s"] - ex["capture_s"]
+        added = startup_added(row)
         rows.append(
             [
                 label,
@@ -524,7 +525,7 @@ def startup_floor() -> list[str]:
                 f"{st['capture_s']:.2f}",
                 f"{st['predict_s'] / st['capture_s']:.2f}x",
                 f"{ex['capture_s']:.2f}",
-                f"{added:+.2f} ({added / ex['capture_s']:+.2f}x)",
+                f"{added['added_s']:+.2f} ({added['added_of_capture']:+.2f}x)",
             ]
         )
     header = [

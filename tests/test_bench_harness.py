@@ -674,8 +674,7 @@ def test_startup_added_is_the_prediction_plus_the_capture_after_it_less_the_capt
     """device_bench's start-up cost of a first prediction: what the start-up takes beyond the
     capture alone (each in a fresh process), not the prediction over the capture after it,
     which pays the process's first-use costs the capture then skips; None without both modes."""
-    pytest.importorskip("torch")  # device_bench imports the executor
-    d = bench_module("device_bench")
+    d = bench_module("harness")
     row = {"executor": {"capture_s": 1.5}, "startup": {"predict_s": 0.5, "capture_s": 1.2}}
     got = d.startup_added(row)
     assert got["added_s"] == pytest.approx(0.2) and got["added_of_capture"] == pytest.approx(0.2 / 1.5)
