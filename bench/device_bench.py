@@ -198,6 +198,7 @@ def mode_reuse(target, plan, on: bool) -> dict:
         "instantiations": reuse.instantiations if reuse is not None else captures,
         "groups": [len(g.graphs) for g in reuse.groups] if reuse is not None else [],
         "refusals": [f"{r.graph}: {r.reason}" for r in reuse.refusals][:40] if reuse is not None else [],
+        "clusters": reuse.clusters if reuse is not None else "",
         "capture_s": rep.capture_seconds,
         "pool_mib": rep.pool_bytes / MiB,
         "drop_mib": view.drop / MiB,

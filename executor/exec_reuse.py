@@ -8,8 +8,10 @@ copy/memset parameters change, the structure must not. The driver's own check co
 what the update changes and refuses the rest; what it does NOT cover is launch
 attributes it keeps without reading back (SGLang 0.5.23 found that cluster
 dimensions survive an update silently: a deterministic hang on one GPU family), so
-those are part of the signature here and a graph whose cluster attributes cannot be
-read is never shared.
+those are part of the signature here. A clustered kernel whose preferred cluster
+dimension the driver does not read back is shared only where a probe of this device
+(:class:`ClusterProbe`) proves such a one unset: measured on an H200 (driver
+580.159.04), every sm90 cuBLAS and FA3 kernel is clustered and none reads it back.
 
 A graph is described (:class:`GraphDesc`) by its nodes in a canonical topological
 order (ties broken by the driver's node order) and its edges between those positions.
@@ -40,6 +42,8 @@ __all__ = [
     "difference",
     "unshareable",
     "ReuseGroups",
+    "ClusterProbe",
+    "judge_cluster_probe",
 ]
 
 #: node types an executable update is trusted with here (cuda.h CUgraphNodeType names)
@@ -112,6 +116,58 @@ def canonical(nodes: Sequence[NodeDesc], edges: Sequence[tuple[int, ...]]) -> Gr
     return GraphDesc(
         nodes=tuple(nodes[i] for i in order), edges=tuple(sorted((pos[a], pos[b], *data) for a, b, *data in edges))
     )
+
+
+@dataclass(frozen=True)
+class ClusterProbe:
+    """What this process's driver showed about the preferred cluster dimension, the one
+    cluster attribute a driver may hold without reading it back (SGLang 0.5.23's B300
+    finding). Made once per device by ``capture_plan.executor.exec_update`` from a launch
+    of a recorded clustered kernel, captured into a throwaway graph (never run) with the
+    attribute set (:func:`judge_cluster_probe`)."""
+
+    #: True: on this device an unreadable preferred cluster dimension is proven unset
+    proves_unset: bool
+    #: what the probe did and saw, in words (the report's ``clusters``)
+    found: str
+
+
+def judge_cluster_probe(
+    plain_rc: int, tries: Sequence[tuple[tuple[int, int, int], int, int, tuple[int, int, int] | None]]
+) -> ClusterProbe:
+    """The probe's verdict. ``plain_rc``: the captured launch of the kernel with only its
+    own cluster dimension (the control: anything but 0 and the probe learnt nothing).
+    ``tries``: per preferred value tried (each a valid one: a multiple of the cluster
+    dimension that divides the grid), (value, the launch's CUresult, the read-back's
+    CUresult, the value read back), in order; a refused launch moves on to the next value.
+
+    Proven unset when the driver reads back the value a captured launch set (so a node
+    it cannot read holds none), or when it refuses every valid value on this device (so
+    no launch can have set one). Not proven when a launch that set one reads back
+    anything else: that driver may hold one unseen, as SGLang found on B300."""
+    if plain_rc != 0:
+        failed = f"a captured launch of a clustered kernel failed (CUresult {plain_rc})"
+        return ClusterProbe(False, f"{failed}: nothing learnt")
+    for value, launch_rc, read_rc, read in tries:
+        if launch_rc != 0:
+            continue
+        if read_rc == 0 and read == value:
+            return ClusterProbe(
+                True,
+                f"the driver reads back a preferred cluster dimension a captured launch sets ({value}): "
+                "an unreadable one is unset",
+            )
+        got = f"CUresult {read_rc}" if read_rc != 0 else f"{read}"
+        return ClusterProbe(
+            False,
+            f"a captured launch that sets a preferred cluster dimension ({value}) reads back {got}: "
+            "the driver holds one it does not read back",
+        )
+    if not tries:
+        return ClusterProbe(False, "no preferred cluster dimension could be tried: nothing learnt")
+    rcs = ", ".join(f"{v}: CUresult {rc}" for v, rc, _, _ in tries)
+    refused = f"the driver refuses every launch that sets a preferred cluster dimension on this device ({rcs})"
+    return ClusterProbe(True, f"{refused}: none is set")
 
 
 def unshareable(g: GraphDesc) -> str | None:

@@ -21,7 +21,13 @@ bench, not assumed). Where ``libcuda.so.1`` or a symbol is missing, nothing is s
 
 SGLang 0.5.23 has the same mechanism behind ``SGLANG_ENABLE_CUDA_GRAPH_DEDUP`` (its
 breakable prefill backend only): it keys on the same node payloads and also reads the
-cluster attributes; it does not check a replay against the graph's own.
+cluster attributes; it does not check a replay against the graph's own. Where the driver
+does not read a clustered kernel's preferred cluster dimension back, SGLang never shares
+the graph; here a probe decides, once per device (:func:`_probe`): a launch of that
+kernel, captured into a throwaway graph that never runs, with the attribute set to a
+valid value. A driver that reads the value back, or refuses every valid value on this
+device, proves an unreadable one unset; one that takes it and does not read it back
+(SGLang's B300 finding) leaves the graph unshared, as SGLang does.
 """
 
 from __future__ import annotations
@@ -29,14 +35,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .errors import ExecutorError
-from .exec_reuse import GraphDesc, KernelDesc, NodeDesc, ReuseGroups, canonical
+from .exec_reuse import ClusterProbe, GraphDesc, KernelDesc, NodeDesc, ReuseGroups, canonical, judge_cluster_probe
 
-__all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable"]
+__all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable", "cluster_probe"]
 
 #: CUgraphNodeType (cuda.h) -> the name exec_reuse compares
 NODE_TYPES = {
@@ -136,6 +142,134 @@ def _driver():
     return calls
 
 
+class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttr)),
+        ("numAttrs", ctypes.c_uint),
+    ]
+
+
+#: CU_STREAM_CAPTURE_MODE_RELAXED: the probe's capture leaves other threads' captures alone
+_RELAXED = 2
+
+
+@functools.cache
+def _probe_calls():
+    """The calls the cluster probe needs beyond :func:`_driver`'s, or None (no probe: a
+    clustered kernel with an unreadable preferred dimension stays unshared)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    sig = {
+        "cuStreamCreate": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint],
+        "cuStreamBeginCapture_v2": [ctypes.c_void_p, ctypes.c_int],
+        "cuLaunchKernelEx": [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p],
+        "cuStreamEndCapture": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)],
+        "cuGraphDestroy": [ctypes.c_void_p],
+        "cuStreamDestroy_v2": [ctypes.c_void_p],
+    }
+    calls = {}
+    for name, args in sig.items():
+        fn = getattr(lib, name, None)
+        if fn is None:
+            return None
+        fn.argtypes, fn.restype = args, ctypes.c_int
+        calls[name] = fn
+    return calls
+
+
+#: per CUDA device: what its cluster probe found (one probe per device and process)
+_PROBES: dict[int, ClusterProbe] = {}
+
+
+def cluster_probe() -> ClusterProbe | None:
+    """What the current device's cluster probe found, or None where none ran yet."""
+    return _PROBES.get(torch.cuda.current_device())
+
+
+def _captured_launch(d, p: _KernelParams, cluster, preferred) -> tuple[int, int, tuple[int, int, int] | None]:
+    """Launch the kernel of ``p`` with cluster dimension ``cluster`` (and ``preferred``, if
+    any) into a throwaway graph on a stream of its own, in relaxed stream capture: nothing
+    runs. Returns (the launch's CUresult, the read-back's CUresult, the preferred value
+    read back from the captured node; (-1, None) where there was nothing to read)."""
+    c = _probe_calls()
+    assert c is not None
+    stream, graph = ctypes.c_void_p(), ctypes.c_void_p()
+    rc = c["cuStreamCreate"](ctypes.byref(stream), 1)  # CU_STREAM_NON_BLOCKING
+    if rc != 0:
+        return rc, -1, None
+    try:
+        rc = c["cuStreamBeginCapture_v2"](stream, _RELAXED)
+        if rc != 0:
+            return rc, -1, None
+        attrs = (_LaunchAttr * 2)()
+        attrs[0].id = ATTRIBUTES["cluster_dimension"]
+        attrs[0].value[0:3] = list(cluster)
+        if preferred is not None:
+            attrs[1].id = ATTRIBUTES["preferred_cluster_dimension"]
+            attrs[1].value[0:3] = list(preferred)
+        cfg = _LaunchConfig(
+            p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ, p.sharedMemBytes, stream
+        )
+        cfg.attrs = ctypes.cast(attrs, ctypes.POINTER(_LaunchAttr))
+        cfg.numAttrs = 1 if preferred is None else 2
+        launch = c["cuLaunchKernelEx"](ctypes.byref(cfg), ctypes.c_void_p(p.func or p.kern), p.kernelParams, p.extra)
+        end = c["cuStreamEndCapture"](stream, ctypes.byref(graph))  # ends the capture even after a refused launch
+        if launch != 0 or end != 0 or not graph:
+            return launch or end or -1, -1, None
+        try:
+            n = ctypes.c_size_t(1)
+            node = (ctypes.c_void_p * 1)()
+            d["cuGraphGetNodes"](graph, ctypes.cast(node, ctypes.c_void_p), ctypes.byref(n))
+            buf = (ctypes.c_uint * 16)()
+            aid = ATTRIBUTES["preferred_cluster_dimension"]
+            read = d["cuGraphKernelNodeGetAttribute"](ctypes.c_void_p(node[0]), aid, ctypes.cast(buf, ctypes.c_void_p))
+            return 0, read, (buf[0], buf[1], buf[2]) if read == 0 else None
+        finally:
+            c["cuGraphDestroy"](graph)
+    finally:
+        c["cuStreamDestroy_v2"](stream)
+
+
+def _probe(d, node: ctypes.c_void_p, cluster: tuple[int, int, int]) -> ClusterProbe:
+    """Probe, once per device, whether the driver reads back a preferred cluster dimension
+    (:func:`~capture_plan.executor.exec_reuse.judge_cluster_probe`), with the clustered
+    kernel of ``node``: the values tried are valid for it (a multiple of its cluster
+    dimension that divides its grid: twice it where the grid allows, then itself)."""
+    dev = torch.cuda.current_device()
+    if dev in _PROBES:
+        return _PROBES[dev]
+    if _probe_calls() is None:
+        found = ClusterProbe(False, "libcuda.so.1 lacks a call the probe needs: nothing learnt")
+    else:
+        p = _KernelParams()
+        _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
+        plain, _, _ = _captured_launch(d, p, cluster, None)
+        values = [(2 * cluster[0], cluster[1], cluster[2])] if p.gridDimX % (2 * cluster[0]) == 0 else []
+        tries = []
+        for value in [*values, cluster]:
+            launch, read_rc, read = _captured_launch(d, p, cluster, value) if plain == 0 else (plain, -1, None)
+            tries.append((value, launch, read_rc, read))
+            if launch == 0:
+                break
+        found = judge_cluster_probe(plain, tries)
+    _PROBES[dev] = found
+    return found
+
+
 def reuse_unavailable() -> str | None:
     """Why executables cannot be shared in this process (no driver, a missing symbol), or None."""
     d = _driver()
@@ -196,7 +330,16 @@ def describe(raw_graph: int) -> GraphDesc:
         node = ctypes.c_void_p(nodes[i])
         _check(d["cuGraphNodeGetType"](node, ctypes.byref(t)), "cuGraphNodeGetType")
         kind = NODE_TYPES.get(t.value, f"type-{t.value}")
-        descs.append(NodeDesc(type=kind, kernel=_kernel(d, node) if kind == "kernel" else None))
+        k = _kernel(d, node) if kind == "kernel" else None
+        if k is not None and k.opaque:
+            # a cluster whose preferred dimension the driver does not read: shared only where
+            # this device's probe proves an unreadable one unset
+            probe = _probe(d, node, dict(k.attributes)["cluster_dimension"])
+            if not probe.proves_unset:  # refused (exec_reuse.unshareable): the rest need not be read
+                descs.append(NodeDesc(type=kind, kernel=replace(k, unread=f"{k.unread}; {probe.found}")))
+                return canonical(descs, [])
+            k = replace(k, opaque=False, unread="")
+        descs.append(NodeDesc(type=kind, kernel=k))
     edges = []
     for i in range(e.value):
         x = data[i]

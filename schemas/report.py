@@ -125,6 +125,10 @@ class ExecReuse(ReportStruct, frozen=True, kw_only=True):
     instantiations: NonNegative
     groups: list[ReuseGroup] = []
     refusals: list[ReuseRefusal] = []
+    #: what the device's cluster probe found (``capture_plan.executor.exec_reuse.ClusterProbe``):
+    #: whether a clustered kernel whose preferred cluster dimension the driver does not read
+    #: back may be shared; "" where no such kernel was recorded
+    clusters: str = ""
 
 
 class ReportModel(ReportStruct, frozen=True, kw_only=True):

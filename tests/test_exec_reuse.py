@@ -15,6 +15,7 @@ from capture_plan.executor.exec_reuse import (
     ReuseGroups,
     canonical,
     difference,
+    judge_cluster_probe,
     unshareable,
 )
 
@@ -156,3 +157,35 @@ def test_an_edge_of_another_dependency_type_is_a_difference():
     assert programmatic.edges == ((0, 1, 0, 0, 1),)
     assert difference(plain, programmatic) is not None
     assert difference(programmatic, canonical([k, k], [(0, 1, 0, 0, 1)])) is None
+
+
+# -- the cluster probe's verdict (exec_update runs the launches; the verdict is pure) --------
+
+
+def test_a_driver_that_reads_back_what_a_launch_set_proves_an_unreadable_one_unset():
+    v = judge_cluster_probe(0, [((8, 1, 1), 0, 0, (8, 1, 1))])
+    assert v.proves_unset and "reads back" in v.found
+
+
+def test_a_driver_that_holds_one_it_does_not_read_back_proves_nothing():
+    # SGLang 0.5.23's B300 finding: the launch takes the attribute, the node does not return it
+    for read_rc, read in [(1, None), (0, (4, 1, 1)), (0, (0, 0, 0))]:
+        v = judge_cluster_probe(0, [((8, 1, 1), 0, read_rc, read)])
+        assert not v.proves_unset, (read_rc, read)
+        assert "does not read back" in v.found
+
+
+def test_a_device_that_refuses_every_valid_value_proves_none_is_set():
+    v = judge_cluster_probe(0, [((8, 1, 1), 1, -1, None), ((4, 1, 1), 1, -1, None)])
+    assert v.proves_unset and "refuses every launch" in v.found and "CUresult 1" in v.found
+
+
+def test_the_first_value_a_launch_takes_decides():
+    # refused at twice the cluster, taken at the cluster itself and not read back: not proven
+    v = judge_cluster_probe(0, [((8, 1, 1), 1, -1, None), ((4, 1, 1), 0, 1, None)])
+    assert not v.proves_unset
+
+
+def test_a_failed_control_launch_or_no_value_tried_proves_nothing():
+    assert not judge_cluster_probe(700, [((8, 1, 1), 1, -1, None)]).proves_unset
+    assert not judge_cluster_probe(0, []).proves_unset
