@@ -541,13 +541,20 @@ def startup_floor() -> list[str]:
     return [*_table(header, rows), _source(STARTUP_FLOOR, d)]
 
 
-#: executable reuse on the H200: every phase set to reuse, before and after the edges' data fix
-REUSE_RUNS = ("device-2026-12-04-reuse.json", "device-2026-12-04-reuse-edges.json")
+#: executable reuse on the H200: every phase set to reuse, before and after the edges' data fix,
+#: on transformers models, and with the cluster probe (executor/exec_update.py)
+REUSE_RUNS = (
+    "device-2026-12-04-reuse.json",
+    "device-2026-12-04-reuse-edges.json",
+    "device-2026-12-04-reuse-hf.json",
+    "device-2026-12-04-reuse-probe.json",
+)
 
 
 def reuse() -> list[str]:
     """Per run and case: graphs, executables, graph-exec memory, verify and wrong replays with
-    reuse asked for, and the first refusal's reason (every graph was refused in both runs)."""
+    reuse asked for, the first refusal's reason (every graph was refused in every run) and the
+    device's cluster probe verdict."""
     rows, sources = [], []
     for name in REUSE_RUNS:
         d = _load(name)
@@ -557,6 +564,8 @@ def reuse() -> list[str]:
             if r is None:
                 continue
             why = r["refusals"][0].split(": ", 1)[1] if r["refusals"] else "none"
+            if r.get("clusters"):  # the probe's verdict has a column of its own
+                why = why.replace(f"; {r['clusters']}", "")
             rows.append(
                 [
                     f"{label} (`{d['git_commit'][:7]}`)",
@@ -565,9 +574,18 @@ def reuse() -> list[str]:
                     f"{'clean' if r['verify_ok'] else 'faults'}, {r['wrong_replays']} wrong",
                     # the bench keeps the first 40 reasons: the count is the graphs in no group
                     f"{r['graphs'] - sum(r['groups'])}: {why}",
+                    # runs before the probe existed have no verdict
+                    r.get("clusters") or "(no probe)",
                 ]
             )
-    header = ["model (commit)", "executables / graphs", "graph-exec MiB", "verify", "refused: first reason"]
+    header = [
+        "model (commit)",
+        "executables / graphs",
+        "graph-exec MiB",
+        "verify",
+        "refused: first reason",
+        "cluster probe",
+    ]
     return [*_table(header, rows), "", *sources]
 
 

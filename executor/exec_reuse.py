@@ -161,7 +161,7 @@ def judge_cluster_probe(
         return ClusterProbe(
             False,
             f"a captured launch that sets a preferred cluster dimension ({value}) reads back {got}: "
-            "the driver holds one it does not read back",
+            "the driver may hold one it does not read back",
         )
     if not tries:
         return ClusterProbe(False, "no preferred cluster dimension could be tried: nothing learnt")
