@@ -19,6 +19,8 @@ import torch
 
 from capture_plan.schemas.report import DeviceItem, DeviceView
 
+from . import libcuda
+
 __all__ = ["Probe", "probe", "device_view", "driver_version"]
 
 
@@ -115,10 +117,7 @@ def driver_version() -> str:
                 return word
     except OSError:
         pass
-    try:
-        v = ctypes.c_int()
-        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v)) == 0:
-            return f"{v.value // 1000}.{v.value % 1000 // 10}"
-    except (OSError, AttributeError):
-        pass
+    get, v = libcuda.call("cuDriverGetVersion"), ctypes.c_int()
+    if get is not None and get(ctypes.byref(v)) == 0:
+        return f"{v.value // 1000}.{v.value % 1000 // 10}"
     return ""

@@ -39,8 +39,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from . import libcuda
 from .errors import ExecutorError
 from .exec_reuse import ClusterProbe, GraphDesc, KernelDesc, NodeDesc, ReuseGroups, canonical, judge_cluster_probe
+from .libcuda import EdgeData, KernelParams, LaunchAttr, LaunchConfig, UpdateResult
 
 __all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable", "cluster_probe"]
 
@@ -73,122 +75,41 @@ ATTRIBUTES = {
 }
 
 
-class _KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
-    _fields_ = [
-        ("func", ctypes.c_void_p),
-        ("gridDimX", ctypes.c_uint),
-        ("gridDimY", ctypes.c_uint),
-        ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint),
-        ("blockDimY", ctypes.c_uint),
-        ("blockDimZ", ctypes.c_uint),
-        ("sharedMemBytes", ctypes.c_uint),
-        ("kernelParams", ctypes.c_void_p),
-        ("extra", ctypes.c_void_p),
-        ("kern", ctypes.c_void_p),
-        ("ctx", ctypes.c_void_p),
-    ]
-
-
 #: CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: the update was not performed, the executable unchanged
 UPDATE_FAILURE = 910
 
 
-class _EdgeData(ctypes.Structure):  # CUgraphEdgeData
-    _fields_ = [
-        ("from_port", ctypes.c_ubyte),
-        ("to_port", ctypes.c_ubyte),
-        ("type", ctypes.c_ubyte),
-        ("reserved", ctypes.c_ubyte * 5),
-    ]
-
-
-class _UpdateResult(ctypes.Structure):  # CUgraphExecUpdateResultInfo
-    _fields_ = [("result", ctypes.c_int), ("errorNode", ctypes.c_void_p), ("errorFromNode", ctypes.c_void_p)]
+#: every call reuse makes besides the probe's (a missing one: nothing is shared)
+_CALLS = (
+    "cuGraphGetNodes",
+    "cuGraphGetEdges_v2",
+    "cuGraphNodeGetType",
+    "cuGraphKernelNodeGetParams_v2",
+    "cuGraphKernelNodeGetAttribute",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphExecUpdate_v2",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+)
+#: the cluster probe's calls (a missing one: the probe learns nothing)
+_PROBE_CALLS = (
+    "cuStreamCreate",
+    "cuStreamBeginCapture_v2",
+    "cuLaunchKernelEx",
+    "cuStreamEndCapture",
+    "cuGraphDestroy",
+    "cuStreamDestroy_v2",
+)
 
 
 @functools.cache
 def _driver():
-    """The driver calls, or a string saying why they are not there."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as err:
-        return f"libcuda.so.1 cannot be loaded ({err})"
-    sig = {
-        "cuGraphGetNodes": [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)],
-        # (graph, from, to, edgeData, numEdges): edgeData may be null
-        "cuGraphGetEdges_v2": [
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_size_t),
-        ],
-        "cuGraphNodeGetType": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)],
-        "cuGraphKernelNodeGetParams_v2": [ctypes.c_void_p, ctypes.POINTER(_KernelParams)],
-        "cuGraphKernelNodeGetAttribute": [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p],
-        "cuGraphInstantiateWithFlags": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong],
-        "cuGraphExecUpdate_v2": [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_UpdateResult)],
-        "cuGraphLaunch": [ctypes.c_void_p, ctypes.c_void_p],
-        "cuGraphExecDestroy": [ctypes.c_void_p],
-    }
-    calls = {}
-    for name, args in sig.items():
-        fn = getattr(lib, name, None)
-        if fn is None:
-            return f"libcuda.so.1 has no {name}"
-        fn.argtypes, fn.restype = args, ctypes.c_int
-        calls[name] = fn
-    return calls
-
-
-class _LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [
-        ("gridDimX", ctypes.c_uint),
-        ("gridDimY", ctypes.c_uint),
-        ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint),
-        ("blockDimY", ctypes.c_uint),
-        ("blockDimZ", ctypes.c_uint),
-        ("sharedMemBytes", ctypes.c_uint),
-        ("hStream", ctypes.c_void_p),
-        ("attrs", ctypes.POINTER(_LaunchAttr)),
-        ("numAttrs", ctypes.c_uint),
-    ]
+    """The driver calls reuse makes, or a string saying why they are not there."""
+    return libcuda.calls(*_CALLS)
 
 
 #: CU_STREAM_CAPTURE_MODE_RELAXED: the probe's capture leaves other threads' captures alone
 _RELAXED = 2
-
-
-@functools.cache
-def _probe_calls():
-    """The calls the cluster probe needs beyond :func:`_driver`'s, or None (no probe: a
-    clustered kernel with an unreadable preferred dimension stays unshared)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    sig = {
-        "cuStreamCreate": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint],
-        "cuStreamBeginCapture_v2": [ctypes.c_void_p, ctypes.c_int],
-        "cuLaunchKernelEx": [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p],
-        "cuStreamEndCapture": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)],
-        "cuGraphDestroy": [ctypes.c_void_p],
-        "cuStreamDestroy_v2": [ctypes.c_void_p],
-    }
-    calls = {}
-    for name, args in sig.items():
-        fn = getattr(lib, name, None)
-        if fn is None:
-            return None
-        fn.argtypes, fn.restype = args, ctypes.c_int
-        calls[name] = fn
-    return calls
 
 
 #: per CUDA device: what its cluster probe found (one probe per device and process)
@@ -200,13 +121,13 @@ def cluster_probe() -> ClusterProbe | None:
     return _PROBES.get(torch.cuda.current_device())
 
 
-def _captured_launch(d, p: _KernelParams, cluster, preferred) -> tuple[int, int, tuple[int, int, int] | None]:
+def _captured_launch(d, p: KernelParams, cluster, preferred) -> tuple[int, int, tuple[int, int, int] | None]:
     """Launch the kernel of ``p`` with cluster dimension ``cluster`` (and ``preferred``, if
     any) into a throwaway graph on a stream of its own, in relaxed stream capture: nothing
     runs. Returns (the launch's CUresult, the read-back's CUresult, the preferred value
     read back from the captured node; (-1, None) where there was nothing to read)."""
-    c = _probe_calls()
-    assert c is not None
+    c = libcuda.calls(*_PROBE_CALLS)
+    assert not isinstance(c, str)
     stream, graph = ctypes.c_void_p(), ctypes.c_void_p()
     rc = c["cuStreamCreate"](ctypes.byref(stream), 1)  # CU_STREAM_NON_BLOCKING
     if rc != 0:
@@ -215,16 +136,16 @@ def _captured_launch(d, p: _KernelParams, cluster, preferred) -> tuple[int, int,
         rc = c["cuStreamBeginCapture_v2"](stream, _RELAXED)
         if rc != 0:
             return rc, -1, None
-        attrs = (_LaunchAttr * 2)()
+        attrs = (LaunchAttr * 2)()
         attrs[0].id = ATTRIBUTES["cluster_dimension"]
         attrs[0].value[0:3] = list(cluster)
         if preferred is not None:
             attrs[1].id = ATTRIBUTES["preferred_cluster_dimension"]
             attrs[1].value[0:3] = list(preferred)
-        cfg = _LaunchConfig(
+        cfg = LaunchConfig(
             p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ, p.sharedMemBytes, stream
         )
-        cfg.attrs = ctypes.cast(attrs, ctypes.POINTER(_LaunchAttr))
+        cfg.attrs = ctypes.cast(attrs, ctypes.POINTER(LaunchAttr))
         cfg.numAttrs = 1 if preferred is None else 2
         launch = c["cuLaunchKernelEx"](ctypes.byref(cfg), ctypes.c_void_p(p.func or p.kern), p.kernelParams, p.extra)
         end = c["cuStreamEndCapture"](stream, ctypes.byref(graph))  # ends the capture even after a refused launch
@@ -252,10 +173,11 @@ def _probe(d, node: ctypes.c_void_p, cluster: tuple[int, int, int]) -> ClusterPr
     dev = torch.cuda.current_device()
     if dev in _PROBES:
         return _PROBES[dev]
-    if _probe_calls() is None:
-        found = ClusterProbe(False, "libcuda.so.1 lacks a call the probe needs: nothing learnt")
+    missing = libcuda.calls(*_PROBE_CALLS)
+    if isinstance(missing, str):
+        found = ClusterProbe(False, f"{missing}: nothing learnt")
     else:
-        p = _KernelParams()
+        p = KernelParams()
         _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
         plain, _, _ = _captured_launch(d, p, cluster, None)
         values = [(2 * cluster[0], cluster[1], cluster[2])] if p.gridDimX % (2 * cluster[0]) == 0 else []
@@ -282,7 +204,7 @@ def _check(rc: int, what: str) -> None:
 
 
 def _kernel(d, node: ctypes.c_void_p) -> KernelDesc:
-    p = _KernelParams()
+    p = KernelParams()
     _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
     attrs, unread = [], {}
     for name, aid in ATTRIBUTES.items():
@@ -319,7 +241,7 @@ def describe(raw_graph: int) -> GraphDesc:
     e = ctypes.c_size_t(0)
     _check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), "cuGraphGetEdges")
     src, dst = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)()
-    data = (_EdgeData * e.value)()
+    data = (EdgeData * e.value)()
     ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p)
     # with the edges' data: a graph with programmatic (PDL) edges, as FA3's and cuBLAS's kernels
     # record on an H200, refuses a query without it (CUDA_ERROR_LOSSY_QUERY, 402: measured)
@@ -334,7 +256,8 @@ def describe(raw_graph: int) -> GraphDesc:
         if k is not None and k.opaque:
             # a cluster whose preferred dimension the driver does not read: shared only where
             # this device's probe proves an unreadable one unset
-            probe = _probe(d, node, dict(k.attributes)["cluster_dimension"])
+            x, y, z = dict(k.attributes)["cluster_dimension"]
+            probe = _probe(d, node, (x, y, z))
             if not probe.proves_unset:  # refused (exec_reuse.unshareable): the rest need not be read
                 descs.append(NodeDesc(type=kind, kernel=replace(k, unread=f"{k.unread}; {probe.found}")))
                 return canonical(descs, [])
@@ -400,7 +323,7 @@ class SharedExecs:
         executable is left unchanged by a refused update)."""
         d = _driver()
         assert not isinstance(d, str)
-        info = _UpdateResult()
+        info = UpdateResult()
         rc = d["cuGraphExecUpdate_v2"](ex.handle, ctypes.c_void_p(raw), ctypes.byref(info))
         if rc != 0 or info.result != 0:
             if rc not in (0, UPDATE_FAILURE):

@@ -23,31 +23,17 @@ What it does not do: count the nodes of a graph recorded without
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable, Sequence
 
 import torch
 
+from . import libcuda
+
 __all__ = ["node_count", "instantiate_kept", "ExecCopies"]
 
 
-@functools.cache
-def _libcuda():
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-
-
-@functools.cache
 def _get_nodes():
-    lib = _libcuda()
-    if lib is None:
-        return None
-    fn = lib.cuGraphGetNodes  # CUresult cuGraphGetNodes(CUgraph, CUgraphNode *nodes, size_t *numNodes)
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
-    fn.restype = ctypes.c_int
-    return fn
+    return libcuda.call("cuGraphGetNodes")
 
 
 def _raw(graph: object) -> int | None:
@@ -81,18 +67,10 @@ def instantiate_kept(graph: torch.cuda.CUDAGraph) -> int | None:
     return n
 
 
-@functools.cache
 def _exec_calls():
-    lib = _libcuda()
-    if lib is None:
-        return None
-    inst = lib.cuGraphInstantiateWithFlags  # (CUgraphExec *out, CUgraph, unsigned long long flags)
-    inst.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_ulonglong]
-    inst.restype = ctypes.c_int
-    destroy = lib.cuGraphExecDestroy
-    destroy.argtypes = [ctypes.c_void_p]
-    destroy.restype = ctypes.c_int
-    return inst, destroy
+    """(instantiate, destroy), or None without the driver."""
+    got = libcuda.calls("cuGraphInstantiateWithFlags", "cuGraphExecDestroy")
+    return None if isinstance(got, str) else (got["cuGraphInstantiateWithFlags"], got["cuGraphExecDestroy"])
 
 
 class ExecCopies:
