@@ -237,15 +237,6 @@ def describe(raw_graph: int) -> GraphDesc:
     _check(d["cuGraphGetNodes"](g, None, ctypes.byref(n)), "cuGraphGetNodes")
     nodes = (ctypes.c_void_p * n.value)()
     _check(d["cuGraphGetNodes"](g, ctypes.cast(nodes, ctypes.c_void_p), ctypes.byref(n)), "cuGraphGetNodes")
-    index = {nodes[i]: i for i in range(n.value)}
-    e = ctypes.c_size_t(0)
-    _check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), "cuGraphGetEdges")
-    src, dst = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)()
-    data = (EdgeData * e.value)()
-    ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p)
-    # with the edges' data: a graph with programmatic (PDL) edges, as FA3's and cuBLAS's kernels
-    # record on an H200, refuses a query without it (CUDA_ERROR_LOSSY_QUERY, 402: measured)
-    _check(d["cuGraphGetEdges_v2"](g, *ends, ctypes.cast(data, ctypes.c_void_p), ctypes.byref(e)), "cuGraphGetEdges")
     descs = []
     for i in range(n.value):
         t = ctypes.c_int(-1)
@@ -256,13 +247,22 @@ def describe(raw_graph: int) -> GraphDesc:
         if k is not None and k.opaque:
             # a cluster whose preferred dimension the driver does not read: shared only where
             # this device's probe proves an unreadable one unset
-            x, y, z = dict(k.attributes)["cluster_dimension"]
-            probe = _probe(d, node, (x, y, z))
+            cx, cy, cz = dict(k.attributes)["cluster_dimension"]
+            probe = _probe(d, node, (cx, cy, cz))
             if not probe.proves_unset:  # refused (exec_reuse.unshareable): the rest need not be read
                 descs.append(NodeDesc(type=kind, kernel=replace(k, unread=f"{k.unread}; {probe.found}")))
                 return canonical(descs, [])
             k = replace(k, opaque=False, unread="")
         descs.append(NodeDesc(type=kind, kernel=k))
+    index = {nodes[i]: i for i in range(n.value)}
+    e = ctypes.c_size_t(0)
+    _check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), "cuGraphGetEdges")
+    src, dst = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)()
+    data = (EdgeData * e.value)()
+    ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p)
+    # with the edges' data: a graph with programmatic (PDL) edges, as FA3's and cuBLAS's kernels
+    # record on an H200, refuses a query without it (CUDA_ERROR_LOSSY_QUERY, 402: measured)
+    _check(d["cuGraphGetEdges_v2"](g, *ends, ctypes.cast(data, ctypes.c_void_p), ctypes.byref(e)), "cuGraphGetEdges")
     edges = []
     for i in range(e.value):
         x = data[i]
