@@ -32,14 +32,17 @@ for the graphs instantiated later, so that memory is taken now and the capture
 reuses it. The bytes per node of each phase come from it, and each planned
 graph's node count from the recorded ones (``planner/memory/device.py``: linear
 between recorded sizes).
-Every copy is made by default. A phase's copies can be stopped early (``copy_error``,
-off by default: None) once every reading so far bounds its bytes per node so that the
-copies not made would be predicted within that budget (``capture_plan.executor.node_bytes``);
-``shortcuts`` says why. Off because it does not hold on the device: on an H200 the
-reference's copies stopped after 15 of 33 at a 1 MiB budget and 7 of the capture's 37
-steps then fell outside 1% or 2 MiB (bench/results/device-2026-12-04-startup-split.json):
-a graph's driver memory lands in 2 MiB steps at its own instantiation, so the copies not
-made shift every later step, not only the total.
+The copies are made on a thread of their own while the plan is built from the recorded
+trace (CPU work: the instantiations run in the driver with the GIL released), and awaited
+before anything reads the device again. Every copy is made by default. A phase's copies
+can be stopped early (``copy_error``, off by default: None) once every reading so far
+bounds its bytes per node so that the copies not made would be predicted within that
+budget (``capture_plan.executor.node_bytes``); ``shortcuts`` says why. Off because it does
+not hold on the device: on an H200 the reference's copies stopped after 15 of 33 at a 1
+MiB budget and 7 of the capture's 37 steps then fell outside 1% or 2 MiB
+(bench/results/device-2026-12-04-startup-split.json): a graph's driver memory lands in 2
+MiB steps at its own instantiation, so the copies not made shift every later step, not
+only the total.
 
 ``total_bytes`` is what the whole capture takes from free memory in a process
 that has captured nothing yet; ``pending_bytes`` what it will still take from
@@ -285,6 +288,7 @@ def _record_and_build(
     rounds: list = []
     counts = {p.name: len(p.sizes) for p in schedule.phases}
     copies, kept, last, refused, budget = None, 0, None, "", None
+    plan: Plan | None = None
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or default_samples(p.sizes) for p in schedule.phases}
         if not rounds:
@@ -293,21 +297,21 @@ def _record_and_build(
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
         t = time.perf_counter()
-        reserved = _reserved_emptied(device) if not rounds else 0
+        first = not rounds
+        reserved = _reserved_emptied(device) if first else 0
+        # The first round's copies are made on a thread of their own while the plan is built
+        # from its trace (CPU only): the instantiations run in the driver, the build in Python
         rec = record(
             schedule,
             target,
             sizes=chosen,
             progress=progress,
-            instantiate=None if rounds else counts,
+            instantiate=counts if first else None,
             device=device,
-            copy_error=budget if not rounds else None,
+            copy_error=budget if first else None,
+            background=first,
         )
-        if not rounds:  # what the first recording left reserved once it released its graphs (and emptied the cache)
-            kept = _reserved_emptied(device) - reserved
         timings["record"] += time.perf_counter() - t
-        for part, spent in rec.seconds.items():
-            timings[f"record.{part}"] += spent
         trace, report = rec.trace, rec.report
         # The first round's report measures what a fresh process pays: later rounds find the
         # capture stream's workspace made and the driver holding the earlier graphs' memory.
@@ -316,24 +320,38 @@ def _record_and_build(
         if copies is None:
             copies = rec
         trace_path = folder / "trace.json"
-        t = time.perf_counter()
-        write_trace(trace, trace_path)
-        timings["write"] += time.perf_counter() - t
+        more: RecordMoreError | None = None
         t = time.perf_counter()
         try:
-            plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
-            break
-        except RecordMoreError as err:  # the fitter names the sizes to record
+            write_trace(trace, trace_path)
+            timings["write"] += time.perf_counter() - t
+            t = time.perf_counter()
+            try:
+                plan = build_plan(msgspec.structs.replace(options, trace=trace_path))
+            except RecordMoreError as err:
+                more = err
             timings["build"] += time.perf_counter() - t
-            last, name = err, err.phase
-            if name not in chosen:  # a phase the schedule does not have: not the build's schedule
-                raise
-            grown = sorted(set(chosen[name]) | set(err.sizes))
-            if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
-                grown = sorted(PlanIndex.of(schedule).phase(name).sizes)
-                if grown == chosen[name]:
-                    raise
-            want[name] = grown
+        finally:
+            if first:  # the copies done and the recorded graphs released before anything else uses the device
+                t_wait = time.perf_counter()
+                rec.wait()
+                timings["record.copies.waited"] += time.perf_counter() - t_wait
+                # what the first recording left reserved once it released its graphs (and emptied the cache)
+                kept = _reserved_emptied(device) - reserved
+            for part, spent in rec.seconds.items():
+                timings[f"record.{part}"] += spent
+        if more is None:
+            break
+        # the fitter names the sizes to record
+        last, name = more, more.phase
+        if name not in chosen:  # a phase the schedule does not have: not the build's schedule
+            raise more
+        grown = sorted(set(chosen[name]) | set(more.sizes))
+        if grown == chosen[name]:  # the fitter asks for what was recorded: record the whole phase
+            grown = sorted(PlanIndex.of(schedule).phase(name).sizes)
+            if grown == chosen[name]:
+                raise more
+        want[name] = grown
     else:
         phase = last.phase if last is not None else "?"
         raise InputError(
@@ -342,7 +360,7 @@ def _record_and_build(
             where="predict_startup",
             fix=f"pass sizes={{{phase!r}: [...]}} with every planned size of that phase, or more max_rounds",
         ) from last
-    timings["build"] += time.perf_counter() - t
+    assert plan is not None  # the loop breaks only once a plan is built
     return plan, rounds, chosen, copies, kept, refused
 
 

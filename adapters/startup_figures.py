@@ -59,11 +59,13 @@ class StartupPrediction:
     #: how the graph-exec item was made
     graph_exec: str = ""
     #: where ``seconds`` went: "schedule" (the analytic build that picks the sizes to record),
-    #: "cache" (looking the calibration up, reading it), "record" (every recording round;
-    #: "record.capture" (itself split into "record.capture.warmup", ".graphs" and ".other"),
-    #: "record.trace", "record.copies" and "record.release" split it), "write" (writing the
-    #: trace), "build" (the builds from the recorded traces: the planner's optimizer on the
-    #: allocator core ``allocator_core`` names), "predict" (the rest)
+    #: "cache" (looking the calibration up, reading it), "record" (every recording round's
+    #: captures: "record.capture", itself split into "record.capture.warmup", ".graphs" and
+    #: ".other", and "record.trace"), "write" (writing the trace), "build" (the builds from the
+    #: recorded traces: the planner's optimizer on the allocator core ``allocator_core`` names),
+    #: "record.copies.waited" (the wait for the first round's copies once its build was done),
+    #: "predict" (the rest). "record.copies" and "record.release" are the copies' thread's own
+    #: time: it runs beside "write" and "build", so it is not a part of ``seconds`` on its own.
     timings: dict[str, float] = field(default_factory=dict)
     #: "recorded" (this start-up recorded the model) or "cache" (a calibration an earlier
     #: start-up measured, read from ``cache_path``)

@@ -18,6 +18,8 @@ graphs are released afterwards.
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -97,7 +99,11 @@ def subset_plan(plan: Plan, sizes: Sizes = "default") -> Plan:
 @dataclass(frozen=True)
 class Recording:
     """What :func:`record` measured: the trace, the capture report of the recorded
-    captures, and the driver memory the recorded graphs' copies took (``instantiate``)."""
+    captures, and the driver memory the recorded graphs' copies took (``instantiate``).
+
+    A recording made with ``background=True`` returns before its copies are made:
+    ``copies``, ``settled`` and the "copies" and "release" ``seconds`` are filled in by
+    then, and the recorded graphs released, only once :meth:`wait` returns."""
 
     trace: Trace
     report: CaptureReport | None
@@ -113,6 +119,49 @@ class Recording:
     #: per phase whose copies stopped before ``instantiate`` asked (``copy_error``): why
     #: (the per-node figure's bounds and the error they leave on the copies not made)
     settled: dict[str, str] = field(default_factory=dict)
+    #: the copies still being made (``background``): joined by :meth:`wait`
+    _pending: _Background | None = field(default=None, compare=False, repr=False)
+
+    def wait(self) -> Recording:
+        """Block until the copies are made and the recorded graphs released (at once for a
+        recording made in the foreground); re-raises what the copies raised. Returns self."""
+        if self._pending is not None:
+            self._pending.join()
+        return self
+
+
+class _Background:
+    """The copies made on a thread of their own while the caller goes on (the start-up
+    prediction builds its plan from the trace meanwhile: CPU work, no CUDA).
+
+    The instantiations run in the driver with the GIL released (ctypes), so they overlap
+    the caller's Python; the interpreter's switch interval is lowered meanwhile (and put
+    back by :meth:`join`) so that the copying thread, back from each instantiation, gets
+    the GIL within half a millisecond rather than the default 5."""
+
+    #: the switch interval (s) while the copies run: a copy takes milliseconds in the driver
+    SWITCH_INTERVAL = 0.0005
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._interval, self.SWITCH_INTERVAL))
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as err:  # re-raised by join(), on the caller's thread
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name="capture-plan-copies", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+        sys.setswitchinterval(self._interval)
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
 
 
 def record(
@@ -124,6 +173,7 @@ def record(
     instantiate: Mapping[str, int] | None = None,
     device: torch.device | None = None,
     copy_error: float | None = None,
+    background: bool = False,
 ) -> Recording:
     """Capture the chosen sizes of ``plan`` with the allocation history on (``sizes`` as
     :func:`profile`'s) and return their trace and report.
@@ -136,6 +186,12 @@ def record(
     measure the driver memory of a capture of that many graphs, taken now. ``device``: as
     ``capture``'s (None: the current CUDA device).
 
+    ``background``: make the copies (and release the recorded graphs) on a thread of
+    their own and return as soon as the trace is read: call :meth:`Recording.wait`
+    before reading ``copies`` or using the device again (the copies' free-memory figures
+    would count anything the caller allocates meanwhile). The copies' figures are the
+    same as in the foreground: the thread is the only one using the device.
+
     ``copy_error``: stop a phase's copies early once its bytes per node are known well
     enough that the copies not made, predicted from the figure so far, would be off by at
     most this many bytes (``capture_plan.executor.node_bytes.NodeBytes.settled``: the
@@ -145,7 +201,6 @@ def record(
     t0 = time.perf_counter()
     gs = capture(subset_plan(plan, sizes), target, progress=progress, record=True, device=device)
     seconds = {"capture": time.perf_counter() - t0, **_step_seconds(gs.report)}
-    t_release = None
     try:
         t0 = time.perf_counter()
         caps = [_capture_trace(cap) for cap in gs.graphs.values()]
@@ -161,36 +216,56 @@ def record(
             captures=caps,
         )
         seconds["trace"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        copies, held, settled = {}, ExecCopies(), {}
-        # the driver API and the free-memory figures act on the current device: make it the capture's
-        cuda = device is not None and torch.device(device).type == "cuda"
-        on_device = torch.cuda.device(device) if cuda else contextlib.nullcontext()
-        with on_device:
-            try:  # every phase's copies alive together: a destroyed copy would lend its memory to the next
-                for phase, want in sorted((instantiate or {}).items()):
-                    mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
-                    torch.cuda.synchronize()
-                    free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
-
-                    def taken_now(free0=free0, res0=res0) -> int:
-                        torch.cuda.synchronize()
-                        return (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
-
-                    done = None
-                    if copy_error is not None:
-                        done = _settles(phase, want - len(mine), _largest(mine), copy_error, taken_now, settled)
-                    made, nodes = held.add(mine, want - len(mine), done)
-                    copies[phase] = (made, nodes, max(0, taken_now()))
-            finally:
-                held.close()
-        seconds["copies"] = time.perf_counter() - t0
-        t_release = time.perf_counter()
-        return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds, settled=settled)
-    finally:
+    except BaseException:
         gs.release()
-        if t_release is not None:  # the dict the Recording holds: its release is timed too
-            seconds["release"] = time.perf_counter() - t_release
+        raise
+    copies: dict[str, tuple[int, int, int]] = {}
+    settled: dict[str, str] = {}
+
+    def finish() -> None:
+        t_release = None
+        try:
+            t0 = time.perf_counter()
+            _copy(gs, instantiate or {}, copy_error, copies, settled)
+            seconds["copies"] = time.perf_counter() - t0
+            t_release = time.perf_counter()
+        finally:
+            gs.release()
+            if t_release is not None:  # the dict the Recording holds: its release is timed too
+                seconds["release"] = time.perf_counter() - t_release
+
+    pending = _Background(finish) if background else None
+    if pending is None:
+        finish()
+    return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds, settled=settled, _pending=pending)
+
+
+def _copy(gs, instantiate: Mapping[str, int], copy_error, copies: dict, settled: dict) -> None:
+    """Make ``instantiate``'s copies of ``gs``'s recorded graphs (:func:`record`), every
+    phase's alive together, then destroy them; fills ``copies`` and ``settled``."""
+    held = ExecCopies()
+    # the driver API and the free-memory figures act on the current device, which a thread
+    # of its own does not share with its caller: make it the capture's
+    cuda = gs.device.type == "cuda"
+    on_device = torch.cuda.device(gs.device) if cuda else contextlib.nullcontext()
+    with on_device:
+        try:  # every phase's copies alive together: a destroyed copy would lend its memory to the next
+            for phase, want in sorted(instantiate.items()):
+                mine = [cap.graph for cap in gs.graphs.values() if cap.phase == phase]
+                torch.cuda.synchronize()
+                free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+
+                def taken_now(free0=free0, res0=res0) -> int:
+                    torch.cuda.synchronize()
+                    return (free0 - torch.cuda.mem_get_info()[0]) - (torch.cuda.memory_reserved() - res0)
+
+                done = None
+                if copy_error is not None:
+                    done = _settles(phase, want - len(mine), _largest(mine), copy_error, taken_now, settled)
+                made, nodes = held.add(mine, want - len(mine), done)
+                copies[phase] = (made, nodes, max(0, taken_now()))
+        finally:
+            held.close()
 
 
 def _step_seconds(report: CaptureReport | None) -> dict[str, float]:

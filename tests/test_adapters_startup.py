@@ -892,3 +892,60 @@ def test_the_public_face_is_the_startup_module():
     assert startup.StartupCheck is startup_check.StartupCheck
     assert startup.StartupPrediction is startup_figures.StartupPrediction
     assert set(startup.__all__) <= set(vars(startup))
+
+
+def test_the_first_rounds_copies_run_beside_the_build_and_are_awaited_before_the_device_is_read(plan, monkeypatch):
+    """predict_startup asks the first recording for its copies in the background, builds
+    the plan from the trace meanwhile, and waits for them (and the graphs' release) before
+    it reads the allocator again or records another round."""
+    from capture_plan.adapters import startup
+
+    rep = _recording(plan)
+    order: list[str] = []
+
+    class Pending:
+        def join(self):
+            order.append("copies done")
+
+    def record(*a, background=False, **kw):
+        order.append(f"record background={background}")
+        return Recording(
+            trace=_trace(rep), report=rep, copies={"decode": (33, 33 * 900, 33 * 900 * 3000)}, _pending=Pending()
+        )
+
+    def build(opts):
+        order.append("build")
+        return plan
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "build_plan", build)
+    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: order.append("allocator read") or 0)
+    pred = startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
+    assert order == ["allocator read", "record background=True", "build", "copies done", "allocator read"]
+    assert "record.copies.waited" in pred.timings
+
+
+def test_background_copies_run_on_their_own_thread_and_their_error_reaches_the_caller():
+    """executor.profiling._Background: the work runs on another thread while the caller goes
+    on; join() re-raises what it raised and puts the switch interval back."""
+    import sys
+    import threading
+
+    from capture_plan.executor.profiling import _Background
+
+    before = sys.getswitchinterval()
+    seen: list = []
+    go = threading.Event()
+    bg = _Background(lambda: (go.wait(5), seen.append(threading.current_thread().name)))
+    assert sys.getswitchinterval() <= _Background.SWITCH_INTERVAL  # the copier gets the GIL back quickly
+    go.set()  # the caller went on: the work waited for it
+    bg.join()
+    assert seen == ["capture-plan-copies"] and sys.getswitchinterval() == before
+
+    def fail():
+        raise RuntimeError("cuGraphInstantiate refused")
+
+    bg = _Background(fail)
+    with pytest.raises(RuntimeError, match="refused"):
+        bg.join()
+    assert sys.getswitchinterval() == before
