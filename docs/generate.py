@@ -499,46 +499,53 @@ def engines_034() -> list[str]:
 
 #: issue 41's start-up floor: the prediction's time against the capture after it and the capture
 #: alone (each mode in a fresh process), and where the prediction's time went
-STARTUP_FLOOR = "device-2026-12-04-startup-floor.json"
+#: the first prediction's cost, before and after its graph copies ran beside the build
+STARTUP_FLOOR_RUNS = ("device-2026-12-04-startup-floor.json", "device-2026-12-04-startup-overlap.json")
 
 
 def startup_floor() -> list[str]:
-    """Per case: steps within 1% or 2 MiB, the prediction's seconds and its parts, the capture
-    after it, the capture alone (the "executor" mode, another fresh process), and what the
-    prediction added to the start-up (bench/harness.py's ``startup_added``)."""
-    d = _load(STARTUP_FLOOR)
+    """Per run and case: steps within 1% or 2 MiB, the prediction's seconds and its parts, the
+    capture after it, the capture alone (the "executor" mode, another fresh process), and what
+    the prediction added to the start-up (bench/harness.py's ``startup_added``). The copies'
+    time is their own thread's where they ran beside the build, with the wait for them after
+    it in brackets."""
     startup_added = _bench("harness").startup_added
-    rows = []
-    for case, label in _STARTUP.items():
-        row = d["cases"].get(case)
-        if row is None:
-            continue
-        st, ex = row["startup"], row["executor"]
-        parts = st["predict_parts_s"]
-        added = startup_added(row)
-        rows.append(
-            [
-                label,
-                st["steps_within_1pct_or_2mib"],
-                f"{st['predict_s']:.2f}",
-                f"{parts['record.capture']:.2f} / {parts['record.copies']:.2f} / {parts['build']:.2f}",
-                f"{st['capture_s']:.2f}",
-                f"{st['predict_s'] / st['capture_s']:.2f}x",
-                f"{ex['capture_s']:.2f}",
-                f"{added['added_s']:+.2f} ({added['added_of_capture']:+.2f}x)",
-            ]
-        )
+    rows, sources = [], []
+    for name in STARTUP_FLOOR_RUNS:
+        d = _load(name)
+        sources.append(_source(name, d).strip())
+        for case, label in _STARTUP.items():
+            row = d["cases"].get(case)
+            if row is None:
+                continue
+            st, ex = row["startup"], row["executor"]
+            parts = st["predict_parts_s"]
+            added = startup_added(row)
+            waited = parts.get("record.copies.waited")
+            copies = f"{parts['record.copies']:.2f}" + (f" ({waited:.2f})" if waited is not None else "")
+            rows.append(
+                [
+                    f"{label} (`{d['git_commit'][:7]}`)",
+                    st["steps_within_1pct_or_2mib"],
+                    f"{st['predict_s']:.2f}",
+                    f"{parts['record.capture']:.2f} / {copies} / {parts['build']:.2f}",
+                    f"{st['capture_s']:.2f}",
+                    f"{st['predict_s'] / st['capture_s']:.2f}x",
+                    f"{ex['capture_s']:.2f}",
+                    f"{added['added_s']:+.2f} ({added['added_of_capture']:+.2f}x)",
+                ]
+            )
     header = [
-        "model",
+        "model (commit)",
         "steps within 1% or 2 MiB",
         "prediction s",
-        "of it: recording / graph copies / build s",
+        "of it: recording / graph copies (waited for) / build s",
         "capture after it s",
         "prediction / capture after it",
         "capture alone s",
         "prediction + capture - capture alone s",
     ]
-    return [*_table(header, rows), _source(STARTUP_FLOOR, d)]
+    return [*_table(header, rows), "", *sources]
 
 
 #: executable reuse on the H200: every phase set to reuse, before and after the edges' data fix,
