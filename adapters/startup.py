@@ -56,14 +56,12 @@ allocated) minus ``pending_bytes`` minus the engine's own margin.
 Accuracy, measured on an H200 for seven models (bench/device_bench.py,
 docs/measurements.md): the peak, the figure after capture and the
 whole-capture figure within 2 MiB of what the capture then took.
-Time of a start-up that records, on the same H200 (docs/measurements.md), with
-the engine's checked-in plan as ``schedule``: 44% to 67% of the capture after it for the one-phase decode
-plans, 0.8 times it for EAGLE's four phases (3.3 s; every phase from three
-recorded sizes, ``torch.topk``'s scratch being a basis of the fitter:
-``planner/memory/scratch_shapes.py``). About a fifth to a third of the capture is
-the floor of exactness: three recorded captures and one instantiation of every
-planned graph's worth of nodes (the driver memory measured whole); the build
-from the trace is the rest. ``timings`` says where each prediction's went.
+Time of a start-up that records, on the same H200, with the engine's checked-in plan as
+``schedule``: docs/measurements.md, "The first prediction's cost" (generated from the
+bench's JSON). Its floor is three recorded captures per phase (``torch.topk``'s scratch is
+a basis of the fitter: ``planner/memory/scratch_shapes.py``) and one instantiation of every
+planned graph's worth of nodes (the driver memory measured whole, on its own thread beside
+the build from the trace). ``timings`` says where each prediction's went.
 
 With ``cache`` (a folder) and ``model_key``, what a start-up measured is kept
 (``capture_plan.adapters.calibration_cache``: keyed by the model, device, driver,
