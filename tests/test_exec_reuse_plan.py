@@ -130,3 +130,14 @@ def test_a_start_up_recording_of_a_reuse_plan_instantiates_every_graph_on_its_ow
     sub = subset_plan(plan)
     assert all(p.reuse is msgspec.UNSET for p in sub.phases)
     assert [p.name for p in sub.phases] == [p.name for p in plan.phases]
+
+
+def test_planner_report_says_what_the_devices_cluster_probe_found(tmp_path):
+    """A capture whose clustered kernels were refused for an unreadable preferred cluster
+    dimension: `planner report` gives the probe's verdict beside the refusals."""
+    plan = _plan(tmp_path, "exec-update")
+    rep = _report(plan, {8: 1000, 4: 1000, 2: 1000, 1: 1000}, groups=[], alone=[8, 4, 2, 1])
+    assert not any("cluster probe" in ln for ln in report_reuse_lines(rep, plan))  # no probe ran: no line
+    verdict = "a captured launch that sets a preferred cluster dimension ((2, 1, 1)) reads back CUresult 1"
+    rep = msgspec.structs.replace(rep, reuse=msgspec.structs.replace(rep.reuse, clusters=verdict))
+    assert f"  cluster probe: {verdict}" in report_reuse_lines(rep, plan)

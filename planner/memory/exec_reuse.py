@@ -160,6 +160,8 @@ def report_reuse_lines(report: CaptureReport, plan: Plan | None) -> list[str]:
         f"executable reuse: {got.instantiations} executables for {got.graphs} graphs "
         f"({len(got.groups)} shared groups, {len(got.refusals)} graphs refused a group)",
     ]
+    if got.clusters:  # the device's cluster probe: why clustered kernels were (not) shared
+        out.append(f"  cluster probe: {got.clusters}")
     out += [f"  refused {r.graph}: {r.reason}" for r in got.refusals[:20]]
     if len(got.refusals) > 20:
         out.append(f"  ... (+{len(got.refusals) - 20} more)")
