@@ -90,13 +90,7 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         from ..inputs.hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
-        source, sources = decode_spec_sources(
-            raw,
-            str(opts.spec),
-            phase_kinds=resources.phase_kind_settings(),
-            phase_axes=resources.phase_kind_axes(),
-            presets=model_presets(),
-        )
+        source, sources = decode_spec_sources(raw, str(opts.spec), presets=model_presets())
         if base is None:
             base = output_path(opts).parent
         model, config, config_raw, config_keys = read_model_config(source.model, opts.spec, str(opts.spec))
