@@ -51,7 +51,12 @@ Run: python -m bench.build_bench [--repeat 5] [--tag NAME] [--no-exact] [--no-co
      python -m bench.build_bench --python OTHER/bin/python --tag installed   (commands only, that installation)
      python -m bench.build_bench --python B/bin/python --against A/bin/python --tag ab
          (A/B: the commands alternate between the two installations run by run, so that drift in the
-         machine's load hits both alike; wall and child CPU medians of each, and B/A ratios)
+         machine's load hits both alike; wall and child CPU medians of each, and B/A ratios. Each side
+         is run as `PYTHON -m capture_plan.planner ...` and nothing checks what it imports, so without
+         network an installation can be `pip install --no-deps --no-build-isolation --no-index
+         --target SITE CHECKOUT` with this interpreter's build tools, and PYTHON a two-line script
+         `exec env PYTHONPATH=SITE /path/to/python "$@"`; the JSON names the two interpreters, not
+         their commits: say those where the result is quoted)
 """
 
 from __future__ import annotations

@@ -289,8 +289,6 @@ def adopt(
             graph=graph,
             outputs=tensors,
             held=held,
-            rows_per_request=rows[0] if rows and rows[0] else 1,
-            order=len(gs.graphs),
             rows=rows,
             key_phase=phase,
             labels=labels,

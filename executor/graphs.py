@@ -81,9 +81,7 @@ class Captured:
     graph: torch.cuda.CUDAGraph | SharedGraph
     outputs: tuple[torch.Tensor, ...]
     held: str  # "keep" | "view"
-    #: rows of the first output per request (1 for a graph without outputs)
-    rows_per_request: int
-    #: position in capture order
+    #: position in capture order (set by :meth:`GraphSet.add`)
     order: int = 0
     #: per n in 1..bs: outputs sliced to n requests (built once: dispatch stays O(1))
     sliced: list = field(default_factory=list)
@@ -94,6 +92,17 @@ class Captured:
     key_phase: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     piece: int | None = None
+
+    @property
+    def rows_per_request(self) -> int:
+        """Rows of the first output per request (1 for a graph without outputs, or whose first
+        output is held whole)."""
+        return self.rows[0] if self.rows and self.rows[0] else 1
+
+    @property
+    def output_rows(self) -> tuple[int, ...]:
+        """Rows per request of each output (``rows``, else every output as the first)."""
+        return self.rows or (self.rows_per_request,) * len(self.outputs)
 
 
 class GuardedOutputs:
@@ -431,7 +440,8 @@ class GraphSet:
     def add(self, cap: Captured) -> None:
         """Make a captured graph servable. Order matters for a concurrent
         ``replay``: everything it reads is in place before the table points at it."""
-        rows = cap.rows or (cap.rows_per_request,) * len(cap.outputs)
+        cap.order = len(self.graphs)
+        rows = cap.output_rows
         cap.sliced = [None] + [slice_outputs(cap.outputs, rows, n) for n in range(1, cap.bs + 1)]
         self.graphs[(cap.phase, cap.bs)] = cap
         self._epoch.setdefault(cap.pool, 0)

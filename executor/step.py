@@ -341,8 +341,6 @@ class LoopStep:
                 graph=graph,
                 outputs=kept,
                 held=held,
-                rows_per_request=rows[0] if rows and rows[0] else 1,
-                order=len(gs.graphs),
                 rows=rows,
                 key_phase=self.phase,
                 labels=self.key.labels,

@@ -316,8 +316,7 @@ def _interleave(gs, caps, rng, gen, res, rounds, guard) -> None:
                 if other.pool == cap.pool and other.order > cap.order:
                     del kept[(p, b)]
                     continue
-                rows = other.rows or (other.rows_per_request,) * len(other.outputs)
-                why = _compare(slice_outputs(other.outputs, rows, on), oref)
+                why = _compare(slice_outputs(other.outputs, other.output_rows, on), oref)
                 if why:
                     t = other.outputs[0]
                     res.faults.append(

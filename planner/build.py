@@ -46,7 +46,7 @@ def build_plan(opts: BuildOptions) -> Plan:
 
     r = resolve(opts)
     choice = _choose(r, worth=True)
-    plan = pipeline.plan(r.with_sizes(choice.lists), size_record(choice, opts))
+    plan = pipeline.plan(r.with_sizes(choice.lists), size_record(choice, r))
     with _choice_errors(opts):
         check_budget(choice, plan)
     return plan

@@ -297,9 +297,9 @@ def test_building_twice_gives_identical_bytes(built):
 
 
 def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_path, built):
-    from capture_plan.planner.inputs.resources import backend, phase_kind_settings
+    from capture_plan.planner.inputs.resources import backend
     from capture_plan.planner.inputs.specs import model_presets
-    from capture_plan.planner.inputs.validate import decode_spec
+    from capture_plan.planner.inputs.validate import decode_spec_sources
     from capture_plan.planner.memory.simulate import simulate
     from capture_plan.planner.memory.workload import Workload
     from capture_plan.planner.schedule.optimize import screened
@@ -312,7 +312,7 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
     plan = build_plan(BuildOptions(backend="fa3", spec=path))
     opt = next(d for d in plan.decisions if d.rule == "optimizer")
     assert opt.sizes_compared == 24 and "compared on 24 of 200 sizes" in opt.why
-    spec = decode_spec(path.read_bytes(), "spec.toml", phase_kinds=phase_kind_settings(), presets=model_presets())
+    spec = decode_spec_sources(path.read_bytes(), "spec.toml", presets=model_presets())[0]
     wl = Workload.analytic(spec.model, spec.phases, backend("fa3"))
     st = {"decode": plan.phases[0].strategy}
     exact = simulate([("decode", s.bs) for s in plan.steps if s.op == "capture"], st, wl).pool_bytes

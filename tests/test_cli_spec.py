@@ -22,9 +22,8 @@ from cli_inputs import LLAMA, SPEC, one_line_error
 def test_the_toml_decodes_to_the_embedded_spec(cli, args):
     import msgspec
 
-    from capture_plan.planner.inputs import resources
     from capture_plan.planner.inputs.specs import default_spec, model_presets
-    from capture_plan.planner.inputs.validate import decode_spec
+    from capture_plan.planner.inputs.validate import decode_spec_sources
 
     code, out, err = cli("spec", "show", *args)
     assert (code, err) == (0, "")
@@ -33,10 +32,7 @@ def test_the_toml_decodes_to_the_embedded_spec(cli, args):
     want = default_spec(opts.get("--speculative"), int(opts.get("--max-bs", 256)))
     if "--tp" in opts:
         want = msgspec.structs.replace(want, tp=int(opts["--tp"]))
-    assert (
-        decode_spec(out.encode(), "shown.toml", phase_kinds=resources.phase_kind_settings(), presets=model_presets())
-        == want
-    )
+    assert decode_spec_sources(out.encode(), "shown.toml", presets=model_presets())[0] == want
 
 
 def test_a_saved_spec_builds_the_same_prediction(cli, tmp_path):

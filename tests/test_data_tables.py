@@ -22,7 +22,7 @@ from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 from capture_plan.planner.inputs import resources
 from capture_plan.planner.inputs.resources import backend
 from capture_plan.planner.inputs.specs import default_spec, engine_preset, engine_rules, model_presets
-from capture_plan.planner.inputs.validate import decode_spec
+from capture_plan.planner.inputs.validate import decode_spec_sources
 from capture_plan.planner.memory.analytic import analytic_program
 from capture_plan.schemas.codec import canonical_bytes
 from capture_plan.schemas.errors import InputError
@@ -338,9 +338,7 @@ def test_the_keyed_vllm_spec_follows_the_capture_facts():
     the whole capture, which the checked-in plan records on its very first warm-up step."""
     facts = engine_preset("vllm").capture
     path = ROOT / "plans/specs/vllm-keys.toml"
-    spec = decode_spec(
-        path.read_bytes(), str(path), phase_kinds=resources.phase_kind_settings(), presets=model_presets()
-    )
+    spec = decode_spec_sources(path.read_bytes(), str(path), presets=model_presets())[0]
     preset = default_spec(preset="vllm")
     assert [(p.name, p.kind, p.after, p.sizes) for p in spec.phases] == [
         (p.name, p.kind, p.after, p.sizes) for p in preset.phases
@@ -364,9 +362,7 @@ def test_vllm_plans_warm_up_once_before_every_graph_as_vllm_does():
     assert default_spec(preset="vllm").rules == rules
     assert [r.require for r in rules] == [[Choice(warmup="every-size")]]
     path = ROOT / "plans/specs/vllm-keys.toml"
-    spec = decode_spec(
-        path.read_bytes(), str(path), phase_kinds=resources.phase_kind_settings(), presets=model_presets()
-    )
+    spec = decode_spec_sources(path.read_bytes(), str(path), presets=model_presets())[0]
     assert spec.rules == rules
     for name in ("fa3-vllm.json", "fa3-vllm-keys.json"):
         steps = json.loads((ROOT / "plans" / name).read_bytes())["steps"]
@@ -484,12 +480,11 @@ def test_a_phase_with_its_own_dimensions_predicts_as_a_model_of_them(tmp_path):
 
 
 def test_the_eagle3_example_spec_builds(tmp_path):
-    spec = decode_spec(
+    spec = decode_spec_sources(
         (DATA / "eagle3.toml").read_bytes(),
         "eagle3.toml",
-        phase_kinds=resources.phase_kind_settings(),
         presets=model_presets(),
-    )
+    )[0]
     drafts = [p for p in spec.phases if p.kind.startswith("draft")]
     assert drafts and all(p.model is not msgspec.UNSET and p.model.vocab == 32000 for p in drafts)
     plan = build_plan(BuildOptions(backend="fa3", spec=DATA / "eagle3.toml", output=tmp_path / "p.json"))

@@ -190,14 +190,13 @@ def test_recorder_finds_its_markers_by_address_and_size_in_order():
 
 @pytest.mark.parametrize("kind,field", [("decode", "steps"), ("target_verify", "topk"), ("draft_extend", "steps")])
 def test_draft_settings_on_other_phases_are_refused(kind, field):
-    from capture_plan.planner.inputs.resources import phase_kind_settings
     from capture_plan.planner.inputs.validate import validate_spec
     from capture_plan.schemas.errors import InputError
     from capture_plan.schemas.spec import Spec
 
     spec = Spec(phases=[Phase(name="p", kind=kind, sizes=[1], **{field: 3})])
     with pytest.raises(InputError, match=rf"{field} = 3 has no meaning for a {kind} phase"):
-        validate_spec(spec, "s.toml", phase_kinds=phase_kind_settings())
+        validate_spec(spec, "s.toml")
 
 
 def test_spec_toml_gives_the_four_phases_the_model_expects(tmp_path):

@@ -18,10 +18,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from capture_plan.planner.inputs.resources import phase_kind_settings
 from capture_plan.planner.inputs.schema import json_schema
 from capture_plan.planner.inputs.specs import model_presets
-from capture_plan.planner.inputs.validate import decode_spec, validate_spec
+from capture_plan.planner.inputs.validate import decode_spec_sources, validate_spec
 from capture_plan.schemas.codec import canonical_bytes, decode_plan, decode_report, decode_trace, plan_digest
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.limits import (
@@ -49,7 +48,7 @@ def _schema(which: str) -> dict:
 
 
 def _decode(doc: dict):
-    return decode_spec(json.dumps(doc).encode(), "s.json", phase_kinds=phase_kind_settings(), presets=model_presets())
+    return decode_spec_sources(json.dumps(doc).encode(), "s.json", presets=model_presets())[0]
 
 
 def _upper_bounds() -> list[tuple[str, str, str, object]]:
@@ -151,7 +150,7 @@ def test_a_spec_built_in_code_is_held_to_the_types_bounds():
     validate_spec (the embedded specs) checks them all the same."""
     spec = Spec(phases=[Phase(name="d", kind="decode", sizes=[1, MAX_BS + 1], tokens_per_request=0)])
     with pytest.raises(InputError) as err:
-        validate_spec(spec, "embedded", phase_kinds=phase_kind_settings())
+        validate_spec(spec, "embedded")
     assert str(err.value).startswith("embedded: $.phases[0].sizes[1]: capture size")
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from capture_plan.planner.build import BuildOptions
 from capture_plan.planner.sizes.size_front import best_lists, candidates, expected
-from capture_plan.planner.sizes.traffic import parse_traffic
+from capture_plan.planner.sizes.traffic import read_traffic
 from capture_plan.schemas.codec import canonical_bytes, decode_report
 from capture_plan.schemas.report import CaptureReport, StepMeasurement
 from cli_inputs import one_line_error
@@ -32,9 +32,9 @@ SMALL_SPEC = (
 
 def _parse(text: str, *, phases=None, default=None, top=None, source="t.csv"):
     phases = phases or {"decode": 1}
-    return parse_traffic(
-        text.encode(),
-        source,
+    return read_traffic(
+        Path(source),
+        raw=text.encode(),
         phases=phases,
         default_phases=default or list(phases),
         max_size=top or {p: 256 for p in phases},
@@ -72,9 +72,8 @@ def test_traffic_without_phase_names_goes_to_the_phases_asked():
 
 
 def test_a_histogram_spreads_each_bucket_over_its_sizes_and_says_so():
-    tr = parse_traffic(
-        SCRAPE.read_bytes(),
-        str(SCRAPE),
+    tr = read_traffic(
+        SCRAPE,
         phases={"piecewise": 1},
         default_phases=["piecewise"],
         max_size={"piecewise": 512},

@@ -126,12 +126,10 @@ def builtin_rules() -> tuple:
     from capture_plan.schemas.conversion import convert
     from capture_plan.schemas.spec import Rule
 
-    from .validate import check_phase_kind
-
     rules = tuple(convert(data("rules.toml")["rules"], list[Rule], "planner/data/rules.toml"))
     for i, rule in enumerate(rules):  # the shared Rule type takes any kind name: these are the planner's
         for j, kind in enumerate(rule.when.phase_kind or ()):
-            check_phase_kind(kind, phase_kinds(), f"planner/data/rules.toml: $.rules[{i}].when.phase_kind[{j}]")
+            check_phase_kind(kind, f"planner/data/rules.toml: $.rules[{i}].when.phase_kind[{j}]")
     return rules
 
 
@@ -268,7 +266,7 @@ def variant_axes() -> dict[str, VariantAxisKind]:
 
 
 def phase_kind_axes() -> dict[str, frozenset[str]]:
-    """Each kind's variant axes, the form :func:`capture_plan.planner.inputs.validate.validate_spec` takes."""
+    """Each kind's variant axes (what :mod:`capture_plan.planner.inputs.validate` checks a spec against)."""
     variant_axes()  # every axis a kind names has its table
     return {name: frozenset(k.axes) for name, k in phase_kinds().items()}
 
@@ -279,8 +277,15 @@ def phase_kind_names() -> list[str]:
 
 
 def phase_kind_settings() -> dict[str, frozenset[str]]:
-    """Each kind's accepted settings, the form :func:`capture_plan.planner.inputs.validate.validate_spec` takes."""
+    """Each kind's accepted settings (what :mod:`capture_plan.planner.inputs.validate` checks a spec against)."""
     return {name: frozenset(k.settings) for name, k in phase_kinds().items()}
+
+
+def check_phase_kind(kind: str, where: str) -> None:
+    """Refuse a phase kind that is not one of :func:`phase_kinds`, located at ``where``."""
+    kinds = phase_kinds()
+    if kind not in kinds:
+        raise InputError(f"unknown phase kind {kind!r}", where=where, fix=f"use one of {', '.join(sorted(kinds))}")
 
 
 def backend(name: str) -> Backend:

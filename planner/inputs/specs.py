@@ -16,7 +16,7 @@ from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.spec import Choice, Model, Name, Phase, Pieces, Positive, Rule, Spec, WarmupKeeps
 from capture_plan.schemas.strategy import PhaseKind
 
-from .resources import data, phase_kind_settings
+from .resources import data
 from .validate import validate_spec
 
 __all__ = [
@@ -268,7 +268,6 @@ def _preset_spec(name: str, max_bs: int | None, model: Model) -> Spec:
     return validate_spec(
         Spec(name=f"default-{name}", model=model, phases=phases, rules=engine_rules(name)),
         f"embedded {name} spec (--max-bs {max_bs})",
-        phase_kinds=phase_kind_settings(),
     )
 
 
@@ -300,7 +299,6 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
         return validate_spec(
             Spec(name="default", model=model, phases=phases),
             f"embedded default spec (--max-bs {max_bs})",
-            phase_kinds=phase_kind_settings(),
         )
     if speculative not in speculative_names():
         raise InputError(
@@ -320,10 +318,9 @@ def default_spec(speculative: str | None = None, max_bs: int | None = None, pres
     return validate_spec(
         Spec(name=f"default-{speculative}", model=model, phases=phases),
         f"embedded default spec (--max-bs {max_bs})",
-        phase_kinds=phase_kind_settings(),
     )
 
 
 def read_spec_file(path: Path) -> bytes:
-    """The spec file's bytes (decoded by :func:`capture_plan.planner.inputs.validate.decode_spec`)."""
+    """The spec file's bytes (decoded by :func:`capture_plan.planner.inputs.validate.decode_spec_sources`)."""
     return read_input(path, "spec", fix="check the path given to --spec")

@@ -28,9 +28,10 @@ from capture_plan.schemas.plan import DimensionSource
 from capture_plan.schemas.spec import SPEC_VERSION, Model, Phase, Spec, phase_model
 from capture_plan.schemas.strategy import PHASE_SETTINGS
 
+from . import resources
 from .dimensions import resolve_model
 
-__all__ = ["decode_spec", "decode_spec_sources", "validate_spec", "check_phase_kind"]
+__all__ = ["decode_spec_sources", "validate_spec"]
 
 #: a phase setting left at this value is unset (no kind needs to accept it): Phase's
 #: defaults, read from the class as msgspec.structs.fields reads them (the trailing fields
@@ -45,28 +46,11 @@ _UNSET_SETTING = {
 }
 
 
-def decode_spec(
-    data: bytes,
-    source: str,
-    *,
-    phase_kinds: Mapping[str, Collection[str]],
-    phase_axes: Mapping[str, Collection[str]] = {},
-    presets: Mapping[str, Model],
-) -> Spec:
-    """Parse a TOML (by ``.toml`` suffix) or JSON spec; every error is located. Its
-    ``[model]`` is completed from its preset (:func:`decode_spec_sources`)."""
-    return decode_spec_sources(data, source, phase_kinds=phase_kinds, phase_axes=phase_axes, presets=presets)[0]
-
-
 def decode_spec_sources(
-    data: bytes,
-    source: str,
-    *,
-    phase_kinds: Mapping[str, Collection[str]],
-    phase_axes: Mapping[str, Collection[str]] = {},
-    presets: Mapping[str, Model],
+    data: bytes, source: str, *, presets: Mapping[str, Model]
 ) -> tuple[Spec, dict[str, DimensionSource]]:
-    """:func:`decode_spec`, and where each model dimension comes from: a ``[model]``
+    """Parse a TOML (by ``.toml`` suffix) or JSON spec, every error located, and where each
+    model dimension comes from: its ``[model]`` is completed from its preset; a ``[model]``
     that leaves dimensions out must name a config or one of ``presets`` (the model
     presets: ``capture_plan.planner.inputs.specs.model_presets()``) for them
     (:func:`capture_plan.planner.inputs.dimensions.resolve_model`)."""
@@ -76,36 +60,24 @@ def decode_spec_sources(
     named = doc.get("name") if isinstance(doc, dict) else None  # the spec's own name, where it gives one
     model, sources = resolve_model(table, spec.model, source, presets, named if isinstance(named, str) else None)
     spec = msgspec.structs.replace(spec, model=model)
-    return _check_rules(spec, source, phase_kinds, phase_axes), sources
+    return _check_rules(spec, source), sources
 
 
-def validate_spec(
-    spec: Spec,
-    source: str,
-    *,
-    phase_kinds: Mapping[str, Collection[str]],
-    phase_axes: Mapping[str, Collection[str]] = {},
-) -> Spec:
+def validate_spec(spec: Spec, source: str) -> Spec:
     """Check a spec built in code (the embedded ones): the bounds of its types, as
     a decoded spec's are (a struct built in code is not checked by msgspec), then
-    the rules of :func:`decode_spec`. ``phase_kinds`` maps each kind a spec may
-    name to the settings (:data:`capture_plan.schemas.strategy.PHASE_SETTINGS`) it
-    accepts: planner/data/phase_kinds.toml's. A setting a phase's kind does not
-    accept is refused rather than silently ignored. ``phase_axes`` maps each kind to
-    the variant axes it may declare (phase_kinds.toml's ``axes``:
-    :func:`capture_plan.planner.inputs.resources.phase_kind_axes`); a kind it does not list
-    may declare none."""
+    the rules of :func:`decode_spec_sources`."""
     convert(msgspec.to_builtins(spec), Spec, source, kind="spec")
-    return _check_rules(spec, source, phase_kinds, phase_axes)
+    return _check_rules(spec, source)
 
 
-def _check_rules(
-    spec: Spec,
-    source: str,
-    phase_kinds: Mapping[str, Collection[str]],
-    phase_axes: Mapping[str, Collection[str]] = {},
-) -> Spec:
-    """The rules over several fields (module docstring), each located by JSON path."""
+def _check_rules(spec: Spec, source: str) -> Spec:
+    """The rules over several fields (module docstring), each located by JSON path. The
+    kinds are planner/data/phase_kinds.toml's (:mod:`.resources`): the settings
+    (:data:`capture_plan.schemas.strategy.PHASE_SETTINGS`) each accepts, a setting a phase's
+    kind does not accept refused rather than silently ignored, and the variant axes each may
+    declare (its ``axes``; a kind that lists none may declare none)."""
+    phase_kinds, phase_axes = resources.phase_kind_settings(), resources.phase_kind_axes()
     if spec.version != SPEC_VERSION:
         newer = spec.version > SPEC_VERSION
         raise InputError(
@@ -123,7 +95,7 @@ def _check_rules(
                 fix="give every phase a unique name",
             )
         names[phase.name] = i
-        check_phase_kind(phase.kind, phase_kinds, f"{source}: $.phases[{i}].kind")
+        resources.check_phase_kind(phase.kind, f"{source}: $.phases[{i}].kind")
         keys = _check_variants(phase, f"{source}: $.phases[{i}]", phase_axes)
         captures += keys
         if captures > MAX_CAPTURES:
@@ -180,7 +152,7 @@ def _check_rules(
             )
         rule_ids.add(rule.id)
         for j, kind in enumerate(rule.when.phase_kind or ()):
-            check_phase_kind(kind, phase_kinds, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
+            resources.check_phase_kind(kind, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
     if spec.model.heads % spec.model.kv_heads:
         raise InputError(
             "heads must be a multiple of kv_heads",
@@ -310,12 +282,4 @@ def _check_phase_model(model: Model, phase: Phase, where: str) -> None:
             "own, else [model]'s)",
             where=f"{where}.{field}",
             fix="give the draft's heads and kv_heads",
-        )
-
-
-def check_phase_kind(kind: str, phase_kinds: Mapping[str, object], where: str) -> None:
-    """Refuse a phase kind that is not a key of ``phase_kinds`` (see :func:`validate_spec`)."""
-    if kind not in phase_kinds:
-        raise InputError(
-            f"unknown phase kind {kind!r}", where=where, fix=f"use one of {', '.join(sorted(phase_kinds))}"
         )

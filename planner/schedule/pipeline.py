@@ -42,7 +42,7 @@ from capture_plan.schemas.strategy import AXES
 from capture_plan.schemas.units import MiB, mib
 
 from ..inputs import resources
-from ..inputs.build_options import build_record, normalized_command, output_path, relative
+from ..inputs.build_options import build_record, normalized_command, relative
 from ..inputs.dimensions import model_used
 from ..inputs.rules import rule_text, satisfies
 from ..memory.analytic import workspace_bytes
@@ -348,7 +348,7 @@ def _assemble(r: Resolved, sol, ordered: _Ordered, pred: _Predicted, chosen: Siz
             n: msgspec.structs.replace(st, key_order=r.keys[n][1]) if n in r.keys else st
             for n, st in strategies.items()
         }
-    output = output_path(opts)
+    output = r.output
     timeline = _timeline(steps, pred.sim.after_capture)
     fid, describes, caveat = fidelity(
         r.workload.source,

@@ -66,8 +66,9 @@ class SpecRead(msgspec.Struct, frozen=True, kw_only=True):
     config_keys: dict[str, str]
 
 
-def read_spec(opts: BuildOptions) -> SpecRead:
-    """The spec of ``opts``, parsed and validated (every error located)."""
+def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
+    """The spec of ``opts``, parsed and validated (every error located); ``base``: the plan's
+    folder its paths are recorded relative to (default: that of ``opts``' output)."""
     if opts.spec is not None:
         # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
         # file lists its own, and merging the two would leave no one place that says what is
@@ -89,14 +90,9 @@ def read_spec(opts: BuildOptions) -> SpecRead:
         from ..inputs.hf_config import read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
-        source, sources = decode_spec_sources(
-            raw,
-            str(opts.spec),
-            phase_kinds=resources.phase_kind_settings(),
-            phase_axes=resources.phase_kind_axes(),
-            presets=model_presets(),
-        )
-        base = output_path(opts).parent
+        source, sources = decode_spec_sources(raw, str(opts.spec), presets=model_presets())
+        if base is None:
+            base = output_path(opts).parent
         model, config, config_raw, config_keys = read_model_config(source.model, opts.spec, str(opts.spec))
         used = None
         if config is not None:
@@ -192,9 +188,10 @@ def _read_trace(opts: BuildOptions, spec: Spec) -> tuple[Trace, Path, str] | Non
     return trace, path, sha256(raw)
 
 
-def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUsed):
+def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUsed, base: Path):
     """The calibration report's measured device items, and how the plan records it.
 
+    ``base``: the plan's folder, which the plan records the report's path relative to.
     Refused when the trace the prediction comes from was recorded on another
     device: the items would describe another machine than the pool; and when the
     report measured another backend or model than ``model`` (device.check_applies)."""
@@ -202,7 +199,7 @@ def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUse
         return None, None
     from ..memory.device import read_calibration
 
-    shown, recorded = str(opts.calibration), relative(opts.calibration, output_path(opts).parent)
+    shown, recorded = str(opts.calibration), relative(opts.calibration, base)
     without = command_for_cwd(msgspec.structs.replace(opts, calibration=None))
     cal, raw = read_calibration(
         opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded, applies=(opts.backend, model, without)
@@ -243,6 +240,9 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     and what the capture sizes decide (:meth:`with_sizes` derives it again for others)."""
 
     opts: BuildOptions
+    #: the plan's path (``-o``, else the default name: build_options.output_path), read once;
+    #: the paths a plan records are relative to its folder
+    output: Path
     backend: resources.Backend
     #: the spec planned, capturing the sizes this resolution is of
     spec: Spec
@@ -251,6 +251,11 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     spec_source: str
     tp: int
     allocator: AllocatorMode
+    #: whether the pool grows by expandable segments (``allocator == "expandable"``)
+    expandable: bool
+    #: the phases whose outputs live across phases (``output_lifetime = "across-phases"``):
+    #: a capture's size never changes them
+    protect: frozenset[str]
     #: the built-in rules and the spec's
     all_rules: list[Rule]
     pins: dict[str | None, dict[str, str]]
@@ -273,14 +278,6 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     forced: dict[str, list[tuple[str, str]]]
     #: per phase with variant axes: (label combinations, key order, its rule) (planner/schedule/keys.py)
     keys: dict[str, tuple] = {}
-
-    @property
-    def expandable(self) -> bool:
-        return self.allocator == "expandable"
-
-    @property
-    def protect(self) -> frozenset[str]:
-        return frozenset(p.name for p in self.spec.phases if p.output_lifetime == "across-phases")
 
     def with_sizes(self, lists: Mapping[str, Sequence[int]]) -> Resolved:
         """These inputs capturing ``lists`` (phase -> sizes; a phase it does not name keeps its
@@ -311,10 +308,9 @@ def _sized(read: dict, spec: Spec) -> Resolved:
         workload = Workload.analytic(spec.model, spec.phases, read["backend"], read["tp"])
     else:
         workload = Workload.from_trace(trace, spec.phases, str(read["trace_path"]), spec.model)
-    expandable = read["allocator"] == "expandable"
     alone = {
         p.name: simulate(
-            [(p.name, max(p.sizes))], {p.name: Strategy()}, workload, expandable, library_bytes=read["library"]
+            [(p.name, max(p.sizes))], {p.name: Strategy()}, workload, read["expandable"], library_bytes=read["library"]
         ).pool_bytes
         for p in spec.phases
     }
@@ -335,14 +331,15 @@ def resolve(opts: BuildOptions) -> Resolved:
     """Read spec, trace and data once; check the output's name, tp, allocator, the spec's rules
     and the pins; then what the spec's sizes decide (:func:`_sized`)."""
     check_paths_encode(opts)
+    output = output_path(opts)
     backend = resources.backend(opts.backend)
-    spec_read = read_spec(opts)
+    spec_read = read_spec(opts, output.parent)
     spec = spec_read.spec
     spec_source = str(opts.spec) if opts.spec is not None else spec_read.name
     tp = opts.tp if opts.tp is not None else spec.tp
     check_tp(spec, tp, "--tp" if opts.tp is not None else f"{spec_source}: $.tp")
-    if not output_path(opts).name:
-        raise InputError(f"{str(output_path(opts))!r} names no file", where="-o", fix="give a plan file name")
+    if not output.name:
+        raise InputError(f"{str(output)!r} names no file", where="-o", fix="give a plan file name")
     allocator = spec.allocator if opts.allocator is None else opts.allocator
     if allocator not in allocator_modes():
         raise InputError(
@@ -356,15 +353,18 @@ def resolve(opts: BuildOptions) -> Resolved:
     traced = _read_trace(opts, spec)
     traced_on = traced[0].device if traced is not None else ""
     calibration, calibration_record = _calibration(
-        opts, spec, traced_on, model_used(spec, spec_read.sources, spec_read.config_keys)
+        opts, spec, traced_on, model_used(spec, spec_read.sources, spec_read.config_keys), output.parent
     )
     read = dict(
         opts=opts,
+        output=output,
         backend=backend,
         spec_read=spec_read,
         spec_source=spec_source,
         tp=tp,
         allocator=allocator,
+        expandable=allocator == "expandable",
+        protect=frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases"),
         all_rules=list(resources.builtin_rules()) + list(spec.rules),
         pins=pins,
         trace=traced[0] if traced is not None else None,

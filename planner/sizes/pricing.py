@@ -58,11 +58,12 @@ class Row:
 class Memory:
     """Pool bytes (and the device total) of a set of lists under the plan's schedule, memoized."""
 
-    def __init__(self, r: Resolved, strategies: dict[str, Strategy], all_sizes: dict[str, list[int]]) -> None:
+    def __init__(self, r: Resolved, strategies: dict[str, Strategy], workload: Workload) -> None:
+        """``workload``: of every size any list may hold (a trace fitted to them all: the
+        workload of ``r.with_sizes`` of every such size)."""
         self.backend = r.backend
         self.phases = {p.name: p for p in r.spec.phases}
-        # one workload for every size any list may hold (a trace fitted to them all)
-        self.workload: Workload = r.with_sizes(all_sizes).workload
+        self.workload = workload
         self.strategies = strategies
         self.sequence = list(strategies)
         self.expandable = r.expandable

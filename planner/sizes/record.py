@@ -15,21 +15,23 @@ from pathlib import Path
 from capture_plan.schemas.plan import Decision, ListCost, SizeChoice
 from capture_plan.schemas.units import mib
 
-from ..inputs.build_options import BuildOptions, output_path, relative
+from ..inputs.build_options import BuildOptions, relative
 from ..schedule.pipeline import SizeRecord
+from ..schedule.resolve import Resolved
 from .size_front import size_runs
 from .sizes import Choice
 
 __all__ = ["size_record"]
 
 
-def size_record(choice: Choice, opts: BuildOptions) -> SizeRecord:
-    """``choice`` as the plan of ``opts`` records it (paths relative to the plan's folder)."""
+def size_record(choice: Choice, r: Resolved) -> SizeRecord:
+    """``choice`` as the plan of the build ``r`` records it (paths relative to the plan's folder)."""
+    opts, folder = r.opts, r.output.parent
     assert opts.sizes is not None  # a build that chose its sizes
     return SizeRecord(
-        decisions=_size_decisions(opts, choice),
-        sizes=_size_choices(opts, choice),
-        traffic=relative(opts.sizes.traffic, output_path(opts).parent),
+        decisions=_size_decisions(opts, choice, folder),
+        sizes=_size_choices(opts, choice, folder),
+        traffic=relative(opts.sizes.traffic, folder),
         traffic_digest=choice.traffic.digest,
     )
 
@@ -41,9 +43,9 @@ def _step_time_source(opts: BuildOptions, text: str, plan_folder: Path) -> str:
     return f"measured replay times in {relative(timing, plan_folder)}" if timing is not None else text
 
 
-def _size_choices(opts: BuildOptions, chosen: Choice) -> list[SizeChoice]:
-    """The sizes chosen per phase and their figures, as the plan records them (``predicted.sizes``)."""
-    folder = output_path(opts).parent
+def _size_choices(opts: BuildOptions, chosen: Choice, folder: Path) -> list[SizeChoice]:
+    """The sizes chosen per phase and their figures, as the plan in ``folder`` records them
+    (``predicted.sizes``)."""
     return [
         SizeChoice(
             phase=c.phase,
@@ -81,12 +83,11 @@ def _graph_memory(pool: int, device: int | None) -> str:
     return f"graph memory {mib(pool)}" + (f", device total {mib(device)}" if device is not None else "")
 
 
-def _size_decisions(opts: BuildOptions, chosen: Choice) -> list[Decision]:
+def _size_decisions(opts: BuildOptions, chosen: Choice, folder: Path) -> list[Decision]:
     """Per phase whose sizes were chosen: the choice against the spec's list and the engines'
     defaults, then one decision per size saying why it is in (``planner explain``; ``planner diff``
     shows the sizes that came and went, each with its why)."""
     out = []
-    folder = output_path(opts).parent
     traffic = relative(opts.sizes.traffic, folder) if opts.sizes is not None else ""
     for c in chosen.phases:
         row = c.chosen

@@ -280,7 +280,8 @@ def choose(
         )
         for p in resolved.phases
     }
-    memory = Memory(r, reference, all_sizes)
+    # one workload for every size any list may hold (a trace fitted to them all)
+    memory = Memory(r, reference, r.with_sizes(all_sizes).workload)
     calibrated = memory.calibration is not None
     budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
     budget = None if budget_mib is None else budget_mib * MiB

@@ -44,7 +44,7 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.limits import MAX_INT
 
-__all__ = ["Traffic", "read_traffic", "parse_traffic", "DEFAULT_METRIC"]
+__all__ = ["Traffic", "read_traffic", "DEFAULT_METRIC"]
 
 #: vLLM's histogram of the tokens each engine step ran
 DEFAULT_METRIC = "vllm:iteration_tokens_total"
@@ -77,25 +77,16 @@ def read_traffic(
     default_phases: list[str],
     max_size: dict[str, int],
     metric: str = DEFAULT_METRIC,
+    raw: bytes | None = None,
 ) -> Traffic:
     """The traffic file at ``path`` (see the module's docstring). ``phases``: the
     spec's phases and their ``tokens_per_request``; ``default_phases``: the phases
     traffic that names none applies to; ``max_size``: per phase, the largest size
-    the engine schedules."""
-    raw = read_input(path, "traffic", fix="give the file of batch sizes the engine ran")
-    return parse_traffic(raw, str(path), phases=phases, default_phases=default_phases, max_size=max_size, metric=metric)
-
-
-def parse_traffic(
-    raw: bytes,
-    source: str,
-    *,
-    phases: dict[str, int],
-    default_phases: list[str],
-    max_size: dict[str, int],
-    metric: str = DEFAULT_METRIC,
-) -> Traffic:
-    """:func:`read_traffic` of bytes already read."""
+    the engine schedules; ``raw``: the file's bytes where they are already read (else
+    read from ``path``). Every error names ``path``."""
+    if raw is None:
+        raw = read_input(path, "traffic", fix="give the file of batch sizes the engine ran")
+    source = str(path)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:

@@ -1,0 +1,38 @@
+"""Issue 39's target: following a build's options from ``build_plan`` returns to a module it
+already left at most 8 times (bench/opts_walk.py says precisely what is followed and counted).
+
+Structural, not a timing: the count is the same on any machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench_modules import bench_module
+
+opts_walk = bench_module("opts_walk")
+
+
+def test_reentries_count_returns_to_a_module_left():
+    assert opts_walk.reentries(["a", "b", "a", "c", "b"]) == 2
+    assert opts_walk.reentries(["a", "a", "b", "b", "a"]) == 1  # consecutive calls in one module are one link
+    assert opts_walk.reentries(["a", "b", "c"]) == 0
+
+
+@pytest.fixture(scope="module")
+def walks():
+    return opts_walk.entries()
+
+
+def test_walks_follow_the_options_into_the_pipeline(walks):
+    """The walk is not empty by accident: it reaches the modules a build runs through."""
+    for name in ("quickstart", "sizes_auto"):
+        modules = {m for m, _ in walks[name].chain}
+        assert {"planner/build.py", "planner/schedule/resolve.py", "planner/schedule/pipeline.py"} <= modules
+    assert "planner/sizes/sizes.py" in {m for m, _ in walks["sizes_auto"].chain}
+    assert walks["choose_sizes"].chain[0][0] == "planner/sizes/sizes.py"
+
+
+@pytest.mark.parametrize("entry", ["quickstart", "sizes_auto", "choose_sizes"])
+def test_options_return_to_a_module_at_most_8_times(walks, entry):
+    w = walks[entry]
+    assert w.reentries <= opts_walk.TARGET, opts_walk.show(w)
