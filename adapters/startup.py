@@ -309,18 +309,19 @@ def _record_and_build(
             copy_error=budget if first else None,
             background=first,
         )
-        timings["record"] += time.perf_counter() - t
-        trace, report = rec.trace, rec.report
-        # The first round's report measures what a fresh process pays: later rounds find the
-        # capture stream's workspace made and the driver holding the earlier graphs' memory.
-        assert report is not None  # a foreground capture has its report once capture() returns
-        rounds.append(report)
-        if copies is None:
-            copies = rec
-        trace_path = folder / "trace.json"
         more: RecordMoreError | None = None
-        t = time.perf_counter()
-        try:
+        done = False
+        try:  # from here on the copies are awaited whatever happens
+            timings["record"] += time.perf_counter() - t
+            trace, report = rec.trace, rec.report
+            # The first round's report measures what a fresh process pays: later rounds find the
+            # capture stream's workspace made and the driver holding the earlier graphs' memory.
+            assert report is not None  # a foreground capture has its report once capture() returns
+            rounds.append(report)
+            if copies is None:
+                copies = rec
+            trace_path = folder / "trace.json"
+            t = time.perf_counter()
             write_trace(trace, trace_path)
             timings["write"] += time.perf_counter() - t
             t = time.perf_counter()
@@ -329,10 +330,17 @@ def _record_and_build(
             except RecordMoreError as err:
                 more = err
             timings["build"] += time.perf_counter() - t
+            done = True
         finally:
             if first:  # the copies done and the recorded graphs released before anything else uses the device
                 t_wait = time.perf_counter()
-                rec.wait()
+                try:
+                    rec.wait()
+                except Exception:
+                    if done:
+                        raise
+                    # the build's own error is the one to see; the copies' is logged with it
+                    log.exception("start-up prediction: the graph copies failed too")
                 timings["record.copies.waited"] += time.perf_counter() - t_wait
                 # what the first recording left reserved once it released its graphs (and emptied the cache)
                 kept = _reserved_emptied(device) - reserved

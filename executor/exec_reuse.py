@@ -44,6 +44,7 @@ __all__ = [
     "ReuseGroups",
     "ClusterProbe",
     "judge_cluster_probe",
+    "DEVICE_REFUSALS",
 ]
 
 #: node types an executable update is trusted with here (cuda.h CUgraphNodeType names)
@@ -132,19 +133,32 @@ class ClusterProbe:
     found: str
 
 
+#: CUresults by which a driver refuses an attribute value on a device (cuda.h: CUDA_ERROR_INVALID_VALUE,
+#: CUDA_ERROR_NOT_SUPPORTED); any other refusal (out of memory, a capture error) says nothing of it
+DEVICE_REFUSALS = frozenset({1, 801})
+
+
 def judge_cluster_probe(
-    plain_rc: int, tries: Sequence[tuple[tuple[int, int, int], int, int, tuple[int, int, int] | None]]
+    plain: tuple[int, int],
+    tries: Sequence[tuple[tuple[int, int, int], int, int, tuple[int, int, int] | None]],
+    node_rc: int,
 ) -> ClusterProbe:
-    """The probe's verdict. ``plain_rc``: the captured launch of the kernel with only its
-    own cluster dimension (the control: anything but 0 and the probe learnt nothing).
+    """The probe's verdict. ``plain``: the captured launch of the kernel with only its own
+    cluster dimension (the control), as (the launch's CUresult, the CUresult of reading its
+    preferred cluster dimension back); a failed control launch and the probe learnt nothing.
     ``tries``: per preferred value tried (each a valid one: a multiple of the cluster
     dimension that divides the grid), (value, the launch's CUresult, the read-back's
     CUresult, the value read back), in order; a refused launch moves on to the next value.
+    ``node_rc``: what reading the recorded node's preferred cluster dimension returned.
 
-    Proven unset when the driver reads back the value a captured launch set (so a node
-    it cannot read holds none), or when it refuses every valid value on this device (so
-    no launch can have set one). Not proven when a launch that set one reads back
-    anything else: that driver may hold one unseen, as SGLang found on B300."""
+    Proven unset when the driver reads back the value a captured launch set and reads the
+    control's (unset) as it read the recorded node's (the same CUresult), or when it
+    refuses every valid value on this device with a CUresult that refuses a value
+    (:data:`DEVICE_REFUSALS`), so no launch can have set one. Not proven when a launch
+    that set one reads back anything else (that driver may hold one unseen, as SGLang
+    found on B300), when the control reads otherwise than the recorded node, or when a
+    refusal has another cause."""
+    plain_rc, control_rc = plain
     if plain_rc != 0:
         failed = f"a captured launch of a clustered kernel failed (CUresult {plain_rc})"
         return ClusterProbe(False, f"{failed}: nothing learnt")
@@ -152,10 +166,17 @@ def judge_cluster_probe(
         if launch_rc != 0:
             continue
         if read_rc == 0 and read == value:
+            if control_rc != node_rc:
+                return ClusterProbe(
+                    False,
+                    f"the driver reads back a preferred cluster dimension a captured launch sets ({value}), but an "
+                    f"unset one reads CUresult {control_rc} and the recorded kernel's CUresult {node_rc}: "
+                    "the recorded one may be set",
+                )
             return ClusterProbe(
                 True,
-                f"the driver reads back a preferred cluster dimension a captured launch sets ({value}): "
-                "an unreadable one is unset",
+                f"the driver reads back a preferred cluster dimension a captured launch sets ({value}) and an "
+                f"unset one reads CUresult {control_rc}, as the recorded kernel's does: that one is unset",
             )
         got = f"CUresult {read_rc}" if read_rc != 0 else f"{read}"
         return ClusterProbe(
@@ -166,6 +187,10 @@ def judge_cluster_probe(
     if not tries:
         return ClusterProbe(False, "no preferred cluster dimension could be tried: nothing learnt")
     rcs = ", ".join(f"{v}: CUresult {rc}" for v, rc, _, _ in tries)
+    if any(rc not in DEVICE_REFUSALS for _, rc, _, _ in tries):
+        return ClusterProbe(
+            False, f"a captured launch with a preferred cluster dimension failed ({rcs}): nothing learnt"
+        )
     refused = f"the driver refuses every launch that sets a preferred cluster dimension on this device ({rcs})"
     return ClusterProbe(True, f"{refused}: none is set")
 

@@ -23,11 +23,13 @@ SGLang 0.5.23 has the same mechanism behind ``SGLANG_ENABLE_CUDA_GRAPH_DEDUP`` (
 breakable prefill backend only): it keys on the same node payloads and also reads the
 cluster attributes; it does not check a replay against the graph's own. Where the driver
 does not read a clustered kernel's preferred cluster dimension back, SGLang never shares
-the graph; here a probe decides, once per device (:func:`_probe`): a launch of that
-kernel, captured into a throwaway graph that never runs, with the attribute set to a
-valid value. A driver that reads the value back, or refuses every valid value on this
-device, proves an unreadable one unset; one that takes it and does not read it back
-(SGLang's B300 finding) leaves the graph unshared, as SGLang does.
+the graph; here a probe decides, once per device (:func:`_probe`): launches of that
+kernel, captured into throwaway graphs that never run, without the attribute (the
+control) and with it set to a valid value. A driver that reads the value back and reads
+the control's as it read the recorded kernel's, or that refuses every valid value on
+this device, proves the recorded one unset; one that takes it and does not read it back
+(SGLang's B300 finding) leaves the graph unshared, as SGLang does
+(:func:`~capture_plan.executor.exec_reuse.judge_cluster_probe`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from .errors import ExecutorError
 from .exec_reuse import ClusterProbe, GraphDesc, KernelDesc, NodeDesc, ReuseGroups, canonical, judge_cluster_probe
 from .libcuda import EdgeData, KernelParams, LaunchAttr, LaunchConfig, UpdateResult
 
-__all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable", "cluster_probe"]
+__all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable"]
 
 #: CUgraphNodeType (cuda.h) -> the name exec_reuse compares
 NODE_TYPES = {
@@ -116,11 +118,6 @@ _RELAXED = 2
 _PROBES: dict[int, ClusterProbe] = {}
 
 
-def cluster_probe() -> ClusterProbe | None:
-    """What the current device's cluster probe found, or None where none ran yet."""
-    return _PROBES.get(torch.cuda.current_device())
-
-
 def _captured_launch(d, p: KernelParams, cluster, preferred) -> tuple[int, int, tuple[int, int, int] | None]:
     """Launch the kernel of ``p`` with cluster dimension ``cluster`` (and ``preferred``, if
     any) into a throwaway graph on a stream of its own, in relaxed stream capture: nothing
@@ -149,9 +146,9 @@ def _captured_launch(d, p: KernelParams, cluster, preferred) -> tuple[int, int, 
         cfg.numAttrs = 1 if preferred is None else 2
         launch = c["cuLaunchKernelEx"](ctypes.byref(cfg), ctypes.c_void_p(p.func or p.kern), p.kernelParams, p.extra)
         end = c["cuStreamEndCapture"](stream, ctypes.byref(graph))  # ends the capture even after a refused launch
-        if launch != 0 or end != 0 or not graph:
-            return launch or end or -1, -1, None
         try:
+            if launch != 0 or end != 0 or not graph:
+                return launch or end or -1, -1, None
             n = ctypes.c_size_t(1)
             node = (ctypes.c_void_p * 1)()
             d["cuGraphGetNodes"](graph, ctypes.cast(node, ctypes.c_void_p), ctypes.byref(n))
@@ -160,16 +157,19 @@ def _captured_launch(d, p: KernelParams, cluster, preferred) -> tuple[int, int, 
             read = d["cuGraphKernelNodeGetAttribute"](ctypes.c_void_p(node[0]), aid, ctypes.cast(buf, ctypes.c_void_p))
             return 0, read, (buf[0], buf[1], buf[2]) if read == 0 else None
         finally:
-            c["cuGraphDestroy"](graph)
+            if graph:  # a refused launch may still leave a graph
+                c["cuGraphDestroy"](graph)
     finally:
         c["cuStreamDestroy_v2"](stream)
 
 
-def _probe(d, node: ctypes.c_void_p, cluster: tuple[int, int, int]) -> ClusterProbe:
+def _probe(d, node: ctypes.c_void_p, cluster: tuple[int, int, int], node_rc: int) -> ClusterProbe:
     """Probe, once per device, whether the driver reads back a preferred cluster dimension
     (:func:`~capture_plan.executor.exec_reuse.judge_cluster_probe`), with the clustered
-    kernel of ``node``: the values tried are valid for it (a multiple of its cluster
-    dimension that divides its grid: twice it where the grid allows, then itself)."""
+    kernel of ``node``, whose own read returned ``node_rc``: the values tried are valid for
+    it (a multiple of its cluster dimension that divides its grid: twice it where the grid
+    allows, then itself). A verdict that proves nothing is kept too (the probe would learn
+    no more the next time)."""
     dev = torch.cuda.current_device()
     if dev in _PROBES:
         return _PROBES[dev]
@@ -179,15 +179,15 @@ def _probe(d, node: ctypes.c_void_p, cluster: tuple[int, int, int]) -> ClusterPr
     else:
         p = KernelParams()
         _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
-        plain, _, _ = _captured_launch(d, p, cluster, None)
+        plain, control_rc, _ = _captured_launch(d, p, cluster, None)
         values = [(2 * cluster[0], cluster[1], cluster[2])] if p.gridDimX % (2 * cluster[0]) == 0 else []
         tries = []
-        for value in [*values, cluster]:
-            launch, read_rc, read = _captured_launch(d, p, cluster, value) if plain == 0 else (plain, -1, None)
+        for value in [*values, cluster] if plain == 0 else []:
+            launch, read_rc, read = _captured_launch(d, p, cluster, value)
             tries.append((value, launch, read_rc, read))
             if launch == 0:
                 break
-        found = judge_cluster_probe(plain, tries)
+        found = judge_cluster_probe((plain, control_rc), tries, node_rc)
     _PROBES[dev] = found
     return found
 
@@ -203,7 +203,8 @@ def _check(rc: int, what: str) -> None:
         raise ExecutorError(f"{what} failed (CUresult {rc})", where="executable reuse")
 
 
-def _kernel(d, node: ctypes.c_void_p) -> KernelDesc:
+def _kernel(d, node: ctypes.c_void_p) -> tuple[KernelDesc, dict[str, int]]:
+    """The kernel node's description, and the CUresult of every attribute it could not read."""
     p = KernelParams()
     _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
     attrs, unread = [], {}
@@ -224,11 +225,13 @@ def _kernel(d, node: ctypes.c_void_p) -> KernelDesc:
         # a cluster whose preferred dimension the driver cannot read: it would survive an update unseen
         opaque=clustered and "preferred_cluster_dimension" not in got,
         unread=", ".join(f"{n}: CUresult {rc}" for n, rc in unread.items()),
-    )
+    ), unread
 
 
-def describe(raw_graph: int) -> GraphDesc:
-    """The nodes and edges of the ``cudaGraph_t`` ``raw_graph`` (``CUDAGraph.raw_cuda_graph()``)."""
+def describe(raw_graph: int, probes: list[ClusterProbe] | None = None) -> GraphDesc:
+    """The nodes and edges of the ``cudaGraph_t`` ``raw_graph`` (``CUDAGraph.raw_cuda_graph()``).
+    ``probes``: where given, the cluster probe's verdict is appended to it when a kernel of
+    this graph needed one."""
     d = _driver()
     if isinstance(d, str):
         raise ExecutorError(d, where="executable reuse")
@@ -243,12 +246,14 @@ def describe(raw_graph: int) -> GraphDesc:
         node = ctypes.c_void_p(nodes[i])
         _check(d["cuGraphNodeGetType"](node, ctypes.byref(t)), "cuGraphNodeGetType")
         kind = NODE_TYPES.get(t.value, f"type-{t.value}")
-        k = _kernel(d, node) if kind == "kernel" else None
+        k, unread = _kernel(d, node) if kind == "kernel" else (None, {})
         if k is not None and k.opaque:
             # a cluster whose preferred dimension the driver does not read: shared only where
             # this device's probe proves an unreadable one unset
             cx, cy, cz = dict(k.attributes)["cluster_dimension"]
-            probe = _probe(d, node, (cx, cy, cz))
+            probe = _probe(d, node, (cx, cy, cz), unread["preferred_cluster_dimension"])
+            if probes is not None:
+                probes.append(probe)
             if not probe.proves_unset:  # refused (exec_reuse.unshareable): the rest need not be read
                 descs.append(NodeDesc(type=kind, kernel=replace(k, unread=f"{k.unread}; {probe.found}")))
                 return canonical(descs, [])
@@ -317,6 +322,8 @@ class SharedExecs:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     #: every graph served through a shared executable
     _graphs: list[SharedGraph] = field(default_factory=list)
+    #: what the device's cluster probe found, where a graph of this capture needed it ("" else)
+    clusters: str = ""
 
     def _update(self, ex: _Exec, raw: int) -> str | None:
         """Update ``ex`` to ``raw``; None when the driver did, else why not (the
@@ -355,12 +362,15 @@ class SharedExecs:
             groups.refusals.append((name, "recorded without keep_graph=True: its graph cannot be read"))
             groups.alone.append(name)
             return None
+        probes: list[ClusterProbe] = []
         try:
-            desc = describe(raw)
+            desc = describe(raw, probes)
         except ExecutorError as err:  # a node the driver does not describe: shared with nothing, not fatal
             groups.refusals.append((name, f"its nodes could not be read: {err.what}"))
             groups.alone.append(name)
             return None
+        if probes:
+            self.clusters = probes[0].found
         before = len(groups.groups)
         i = groups.place(name, desc)
         if i is None:

@@ -414,8 +414,6 @@ class GraphSet:
 
         from capture_plan.schemas.report import ExecReuse, ReuseGroup, ReuseRefusal
 
-        from .exec_update import cluster_probe
-
         if not self._reuse:
             return msgspec.UNSET
         shared = self.shared or SharedExecs()
@@ -433,7 +431,7 @@ class GraphSet:
                 for _, g in sorted(shared.groups.items())
                 for name, why in g.refusals
             ],
-            clusters=probe.found if self.shared is not None and (probe := cluster_probe()) is not None else "",
+            clusters=shared.clusters,
         )
 
     # -- bookkeeping -------------------------------------------------------

@@ -135,17 +135,20 @@ class _Background:
     prediction builds its plan from the trace meanwhile: CPU work, no CUDA).
 
     The instantiations run in the driver with the GIL released (ctypes), so they overlap
-    the caller's Python; the interpreter's switch interval is lowered meanwhile (and put
-    back by :meth:`join`) so that the copying thread, back from each instantiation, gets
-    the GIL within half a millisecond rather than the default 5."""
+    the caller's Python; the interpreter's switch interval is lowered while any copies run
+    (and put back when the last of them is joined) so that the copying thread, back from
+    each instantiation, gets the GIL within half a millisecond rather than the default 5."""
 
     #: the switch interval (s) while the copies run: a copy takes milliseconds in the driver
     SWITCH_INTERVAL = 0.0005
+    _lock = threading.Lock()
+    #: backgrounds started and not joined yet, and the interval the first of them found
+    _running = 0
+    _saved = 0.0
 
     def __init__(self, work: Callable[[], None]) -> None:
         self._error: BaseException | None = None
-        self._interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._interval, self.SWITCH_INTERVAL))
+        self._joined = False
 
         def run() -> None:
             try:
@@ -154,14 +157,38 @@ class _Background:
                 self._error = err
 
         self._thread = threading.Thread(target=run, name="capture-plan-copies", daemon=True)
-        self._thread.start()
+        self._enter()
+        try:
+            self._thread.start()
+        except BaseException:
+            self._leave()
+            raise
+
+    @classmethod
+    def _enter(cls) -> None:
+        with cls._lock:
+            if cls._running == 0:
+                cls._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(cls._saved, cls.SWITCH_INTERVAL))
+            cls._running += 1
+
+    @classmethod
+    def _leave(cls) -> None:
+        with cls._lock:
+            cls._running -= 1
+            if cls._running == 0:
+                sys.setswitchinterval(cls._saved)
 
     def join(self) -> None:
-        self._thread.join()
-        sys.setswitchinterval(self._interval)
+        """Wait for the work; re-raises what it raised (every time it is asked)."""
+        try:
+            self._thread.join()
+        finally:
+            if not self._joined and not self._thread.is_alive():
+                self._joined = True
+                self._leave()
         if self._error is not None:
-            err, self._error = self._error, None
-            raise err
+            raise self._error
 
 
 def record(
@@ -234,9 +261,15 @@ def record(
             if t_release is not None:  # the dict the Recording holds: its release is timed too
                 seconds["release"] = time.perf_counter() - t_release
 
-    pending = _Background(finish) if background else None
-    if pending is None:
+    if not background:
         finish()
+        pending = None
+    else:
+        try:
+            pending = _Background(finish)
+        except BaseException:  # no thread: nothing else will release the graphs
+            gs.release()
+            raise
     return Recording(trace=trace, report=gs.report, copies=copies, seconds=seconds, settled=settled, _pending=pending)
 
 

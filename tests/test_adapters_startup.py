@@ -949,3 +949,57 @@ def test_background_copies_run_on_their_own_thread_and_their_error_reaches_the_c
     with pytest.raises(RuntimeError, match="refused"):
         bg.join()
     assert sys.getswitchinterval() == before
+
+
+def test_overlapping_background_copies_put_the_switch_interval_back_once_the_last_is_joined():
+    """Two recordings' copies in flight at once (review finding: the first join put back the
+    lowered interval the second had saved); a failed one re-raises at every join."""
+    import sys
+    import threading
+
+    from capture_plan.executor.profiling import _Background
+
+    before = sys.getswitchinterval()
+    go = threading.Event()
+    first, second = _Background(lambda: go.wait(5)), _Background(lambda: go.wait(5))
+    go.set()
+    first.join()
+    assert sys.getswitchinterval() <= _Background.SWITCH_INTERVAL  # the second still copies
+    second.join()
+    assert sys.getswitchinterval() == before
+
+    def fail():
+        raise RuntimeError("cuGraphInstantiate refused")
+
+    bg = _Background(fail)
+    for _ in range(2):  # a second wait() does not pass over the failure
+        with pytest.raises(RuntimeError, match="refused"):
+            bg.join()
+    assert sys.getswitchinterval() == before
+
+
+def test_a_failed_build_is_the_error_seen_when_the_copies_fail_too(plan, monkeypatch, caplog):
+    """predict_startup: the build raised and the background copies failed as well: the
+    build's error propagates (the copies' is logged), and the copies were awaited."""
+    from capture_plan.adapters import startup
+
+    rep = _recording(plan)
+    waited: list[bool] = []
+
+    class Pending:
+        def join(self):
+            waited.append(True)
+            raise RuntimeError("copies failed")
+
+    monkeypatch.setattr(
+        startup, "record", lambda *a, **kw: Recording(trace=_trace(rep), report=rep, _pending=Pending())
+    )
+
+    def build(opts):
+        raise ValueError("the build failed")
+
+    monkeypatch.setattr(startup, "build_plan", build)
+    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)
+    with pytest.raises(ValueError, match="the build failed"):
+        startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
+    assert waited == [True] and "copies failed too" in caplog.text

@@ -160,32 +160,49 @@ def test_an_edge_of_another_dependency_type_is_a_difference():
 
 
 # -- the cluster probe's verdict (exec_update runs the launches; the verdict is pure) --------
+# plain: the control launch (only the kernel's own cluster) and its read-back; node_rc: the
+# recorded node's read of its preferred cluster dimension (CUresult 1 on the H200)
 
 
 def test_a_driver_that_reads_back_what_a_launch_set_proves_an_unreadable_one_unset():
-    v = judge_cluster_probe(0, [((8, 1, 1), 0, 0, (8, 1, 1))])
+    v = judge_cluster_probe((0, 1), [((8, 1, 1), 0, 0, (8, 1, 1))], node_rc=1)
     assert v.proves_unset and "reads back" in v.found
 
 
+def test_an_unset_control_that_reads_otherwise_than_the_recorded_node_proves_nothing():
+    # the driver reads a set value back, but an unset one reads 0 where the recorded node read 1:
+    # the recorded node's failure is not "unset"
+    v = judge_cluster_probe((0, 0), [((8, 1, 1), 0, 0, (8, 1, 1))], node_rc=1)
+    assert not v.proves_unset and "may be set" in v.found
+
+
 def test_a_driver_that_holds_one_it_does_not_read_back_proves_nothing():
-    # SGLang 0.5.23's B300 finding: the launch takes the attribute, the node does not return it
+    # SGLang 0.5.23's B300 finding, and the H200's driver 580 (measured): the launch takes the
+    # attribute, the node does not return it
     for read_rc, read in [(1, None), (0, (4, 1, 1)), (0, (0, 0, 0))]:
-        v = judge_cluster_probe(0, [((8, 1, 1), 0, read_rc, read)])
+        v = judge_cluster_probe((0, 1), [((8, 1, 1), 0, read_rc, read)], node_rc=1)
         assert not v.proves_unset, (read_rc, read)
         assert "does not read back" in v.found
 
 
 def test_a_device_that_refuses_every_valid_value_proves_none_is_set():
-    v = judge_cluster_probe(0, [((8, 1, 1), 1, -1, None), ((4, 1, 1), 1, -1, None)])
-    assert v.proves_unset and "refuses every launch" in v.found and "CUresult 1" in v.found
+    v = judge_cluster_probe((0, 1), [((8, 1, 1), 1, -1, None), ((4, 1, 1), 801, -1, None)], node_rc=1)
+    assert v.proves_unset and "refuses every launch" in v.found and "CUresult 801" in v.found
+
+
+def test_a_refusal_for_another_cause_proves_nothing():
+    # out of memory (2) or an invalidated capture (901) says nothing of the attribute
+    for rc in (2, 901):
+        v = judge_cluster_probe((0, 1), [((8, 1, 1), 1, -1, None), ((4, 1, 1), rc, -1, None)], node_rc=1)
+        assert not v.proves_unset and "nothing learnt" in v.found, rc
 
 
 def test_the_first_value_a_launch_takes_decides():
     # refused at twice the cluster, taken at the cluster itself and not read back: not proven
-    v = judge_cluster_probe(0, [((8, 1, 1), 1, -1, None), ((4, 1, 1), 0, 1, None)])
+    v = judge_cluster_probe((0, 1), [((8, 1, 1), 1, -1, None), ((4, 1, 1), 0, 1, None)], node_rc=1)
     assert not v.proves_unset
 
 
 def test_a_failed_control_launch_or_no_value_tried_proves_nothing():
-    assert not judge_cluster_probe(700, [((8, 1, 1), 1, -1, None)]).proves_unset
-    assert not judge_cluster_probe(0, []).proves_unset
+    assert not judge_cluster_probe((700, -1), [((8, 1, 1), 1, -1, None)], node_rc=1).proves_unset
+    assert not judge_cluster_probe((0, 1), [], node_rc=1).proves_unset

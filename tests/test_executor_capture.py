@@ -484,3 +484,42 @@ def test_no_per_pool_snapshot(monkeypatch):
     assert pool_mod.one_pool_reserved((0, 7)) == 2 << 20
     assert pool_mod.one_pool_reserved([0, 8]) == 4 << 20
     assert asked == [None, None]
+
+
+def _fake_probe_driver(monkeypatch, launch_rc: int, calls: list):
+    """libcuda.calls answering the cluster probe's calls with fakes that log themselves."""
+    from capture_plan.executor import libcuda
+
+    def fn(name, rc=0, effect=None):
+        def call(*args):
+            calls.append(name)
+            if effect is not None:
+                effect(*args)
+            return rc
+
+        return call
+
+    def made(handle):  # an out-parameter (ctypes.byref) set to a non-null handle
+        return lambda out, *rest: setattr(out._obj, "value", handle)
+
+    fake = {
+        "cuStreamCreate": fn("stream create", effect=made(0x10)),
+        "cuStreamBeginCapture_v2": fn("begin capture"),
+        "cuLaunchKernelEx": fn("launch", rc=launch_rc),
+        "cuStreamEndCapture": fn("end capture", effect=lambda stream, out: setattr(out._obj, "value", 0x20)),
+        "cuGraphDestroy": fn("graph destroy"),
+        "cuStreamDestroy_v2": fn("stream destroy"),
+    }
+    monkeypatch.setattr(libcuda, "calls", lambda *names: {n: fake[n] for n in names})
+
+
+def test_the_cluster_probe_destroys_the_graph_a_refused_launch_leaves(monkeypatch):
+    """exec_update._captured_launch: a refused launch may still end its capture with a graph;
+    it is destroyed with the stream (review finding: it leaked)."""
+    from capture_plan.executor import exec_update, libcuda
+
+    calls: list[str] = []
+    _fake_probe_driver(monkeypatch, launch_rc=1, calls=calls)
+    got = exec_update._captured_launch({}, libcuda.KernelParams(), (4, 1, 1), (8, 1, 1))
+    assert got == (1, -1, None)
+    assert calls == ["stream create", "begin capture", "launch", "end capture", "graph destroy", "stream destroy"]
