@@ -179,7 +179,10 @@ def walk(entry: str, fn: Callable[[Any], Any], opts: Any) -> Walk:
 
     def profile(frame, event, _arg):
         if event == "return":
-            active.pop(id(frame), None)
+            # a generator "returns" at each yield and goes on when resumed: its frame stays in
+            # the walk (held, so its id is not reused), or calls it makes after a yield are lost
+            if not frame.f_code.co_flags & _RESUMABLE:
+                active.pop(id(frame), None)
             return
         if event != "call":
             return

@@ -36,3 +36,26 @@ def test_walks_follow_the_options_into_the_pipeline(walks):
 def test_options_return_to_a_module_at_most_8_times(walks, entry):
     w = walks[entry]
     assert w.reentries <= opts_walk.TARGET, opts_walk.show(w)
+
+
+def _helper(opts):
+    return opts
+
+
+def _gen(opts):
+    yield 1
+    _helper(opts)  # after the yield: still part of the walk
+    yield 2
+
+
+def _entry(opts):
+    return list(_gen(opts))
+
+
+def test_calls_a_generator_makes_after_a_yield_are_followed():
+    """A generator "returns" at each yield (review finding: the walk dropped it there and lost
+    the calls it made once resumed)."""
+    from capture_plan.planner import BuildOptions
+
+    w = opts_walk.walk("gen", _entry, BuildOptions(backend="fa3", ci=True))
+    assert [name for _, name, _ in w.calls] == ["_entry", "_gen", "_helper"]
