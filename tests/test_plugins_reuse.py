@@ -76,7 +76,7 @@ def driver(fake, monkeypatch):
         d.graphs[id(graph)] = graph
         return id(graph)
 
-    def describe(raw_graph):
+    def describe(raw_graph, probes=None):
         # a chain of one kernel node per recorded call: graphs of as many calls share
         n = len(d.graphs[raw_graph].calls)
         nodes = [NodeDesc("kernel", KernelDesc((1, 1), (128, 1, 1), 0)) for _ in range(n)]
@@ -203,7 +203,7 @@ def test_a_graph_whose_nodes_cannot_be_read_shares_nothing_and_the_capture_goes_
     from capture_plan.executor import exec_update
     from capture_plan.executor.errors import ExecutorError
 
-    def refuse(raw):
+    def refuse(raw, probes=None):
         raise ExecutorError("cuGraphGetEdges failed (CUresult 1)", where="executable reuse")
 
     monkeypatch.setattr(exec_update, "describe", refuse)
