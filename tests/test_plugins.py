@@ -71,20 +71,6 @@ def _sgl_model(plan, fake):
     return ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
 
 
-def _sgl_start(module, plan, model, sizes=SIZES):
-    """SGLang's start-up, the release's code: its runners made one after another (the
-    plan's phase order: the engine's), each capturing (capture_session, its own loop)."""
-    module.reset_globals()
-    runners = harness.sglang_runners(module, model, sizes)
-    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-    runners.sort(key=lambda r: phases.index(r.phase))
-    engine = harness.SGLangEngine()
-    for runner in runners:
-        engine.runners.append(runner)
-        runner.capture()
-    return engine
-
-
 def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch, tmp_path):
     module = sglang_release(monkeypatch, tmp_path)
     plan = harness.sglang_plan(tmp_path, SIZES)
@@ -93,7 +79,7 @@ def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch, tmp_path)
     monkeypatch.delenv(core.ENV_PLAN, raising=False)
     sgl_plugin.register()
     assert [dict(vars(c)) for c in classes] == before
-    engine = _sgl_start(module, plan, _sgl_model(plan, cuda))
+    engine = harness.plugged_sglang_start(module, plan, _sgl_model(plan, cuda), SIZES)
     # SGLang's own order: per runner, sizes largest first, per LoRA variant, per attention variant
     decode = next(r for r in engine.runners if r.phase == "decode")
     assert list(decode.backend._graphs)[:4] == [(8, lv, av) for lv in ("lora", "nolora") for av in ("a", "b")]
@@ -109,7 +95,7 @@ def test_sglang_captures_every_graph_key_through_the_plan(cuda, monkeypatch, tmp
     sgl_plugin.register()
     adoption = module.FullCudaGraphBackend.__capture_plan__
     model = _sgl_model(plan, cuda)
-    engine = _sgl_start(module, plan, model)
+    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
     gs = adoption.loop.graphs  # the loop closed with the plan's last capture (the last runner's)
     assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
     # the engine's own loops, in the plan's order: each runner's graphs in its backend, in that order
@@ -272,7 +258,7 @@ def test_sglang_leaves_to_the_capture_what_the_request_pool_decides(cuda, monkey
     model = _sgl_model(plan, cuda)
     runner = module.ModelRunner(model, max_running_requests=6)
     assert runner.weights_loaded and runner.capture_bs() == [1, 2, 4, 6]
-    engine = _sgl_start(module, plan, model, sizes=runner.capture_bs())
+    engine = harness.plugged_sglang_start(module, plan, model, runner.capture_bs())
     assert len(engine.graphs) == sum(s.op == "capture" for s in plan.steps)
     engine.cleanup()
     # a larger pool: the runners capture 8 too, which only the capture's check sees (as it
@@ -1252,7 +1238,7 @@ def test_sglang_checks_the_plans_figure_against_the_capture_where_it_sizes_its_k
     monkeypatch.setattr(sgl_plugin, "capture_drop", lambda loop: 3 * predicted)  # the fake device measures none
     sgl_plugin.register()
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
-        engine = _sgl_start(module, plan, _sgl_model(plan, cuda))
+        engine = harness.plugged_sglang_start(module, plan, _sgl_model(plan, cuda), SIZES)
     lines = [r.message for r in caplog.records]
     if post_capture:
         (line,) = lines

@@ -100,19 +100,6 @@ def _reuse_plan(tmp_path):
     return build(tmp_path, text, "warmup=every-size")
 
 
-def _start(module, plan, model):
-    """SGLang's start-up: its runners made one after another in the plan's phase order, each capturing."""
-    module.reset_globals()
-    runners = harness.sglang_runners(module, model, SIZES)
-    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-    runners.sort(key=lambda r: phases.index(r.phase))
-    engine = harness.SGLangEngine()
-    for runner in runners:
-        engine.runners.append(runner)
-        runner.capture()
-    return engine
-
-
 def test_sglang_replays_the_plans_shared_executables_and_its_own_reuse_is_off(fake, driver, monkeypatch, tmp_path):
     module = sglang_release(monkeypatch, tmp_path)
     plan = _reuse_plan(tmp_path)
@@ -126,7 +113,7 @@ def test_sglang_replays_the_plans_shared_executables_and_its_own_reuse_is_off(fa
     adoption = module.FullCudaGraphBackend.__capture_plan__
     tokens = {p.name: p.tokens_per_request for p in plan.phases}
     model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
-    engine = _start(module, plan, model)
+    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
     gs = adoption.loop.graphs
     from capture_plan.executor.exec_update import SharedGraph
 
@@ -171,7 +158,7 @@ def test_without_a_driver_nothing_is_shared_and_the_report_says_why(fake, monkey
     adoption = module.FullCudaGraphBackend.__capture_plan__
     tokens = {p.name: p.tokens_per_request for p in plan.phases}
     model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
-    engine = _start(module, plan, model)
+    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
     gs = adoption.loop.graphs
     reuse = gs.report.reuse
     assert reuse.instantiations == reuse.graphs == 4 * len(SIZES)

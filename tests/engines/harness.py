@@ -96,6 +96,21 @@ def start_sglang(plan, model, sizes, *, reuse=False, configure=None, **kw):
     return loop, engine, runners
 
 
+def plugged_sglang_start(module, plan, model, sizes):
+    """SGLang's start-up with the plugin installed, the release's code (``module``): its runners
+    made one after another in the plan's phase order (the engine's), each capturing in its own
+    loop (the plugin's capture_session)."""
+    module.reset_globals()
+    runners = sglang_runners(module, model, sizes)
+    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
+    runners.sort(key=lambda r: phases.index(r.phase))
+    engine = SGLangEngine()
+    for runner in runners:
+        engine.runners.append(runner)
+        runner.capture()
+    return engine
+
+
 class SGLangTarget:
     """verify's view of the SGLang engine: a key's forward run eagerly (the
     dispatch name parsed back to phase and labels), fresh inputs."""
