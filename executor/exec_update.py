@@ -118,13 +118,12 @@ _RELAXED = 2
 _PROBES: dict[int, ClusterProbe] = {}
 
 
-def _captured_launch(d, p: KernelParams, cluster, preferred) -> tuple[int, int, tuple[int, int, int] | None]:
+def _captured_launch(d, c, p: KernelParams, cluster, preferred) -> tuple[int, int, tuple[int, int, int] | None]:
     """Launch the kernel of ``p`` with cluster dimension ``cluster`` (and ``preferred``, if
     any) into a throwaway graph on a stream of its own, in relaxed stream capture: nothing
-    runs. Returns (the launch's CUresult, the read-back's CUresult, the preferred value
-    read back from the captured node; (-1, None) where there was nothing to read)."""
-    c = libcuda.calls(*_PROBE_CALLS)
-    assert not isinstance(c, str)
+    runs. ``c``: the probe's driver calls (:data:`_PROBE_CALLS`). Returns (the launch's
+    CUresult, the read-back's CUresult, the preferred value read back from the captured
+    node; (-1, None) where there was nothing to read)."""
     stream, graph = ctypes.c_void_p(), ctypes.c_void_p()
     rc = c["cuStreamCreate"](ctypes.byref(stream), 1)  # CU_STREAM_NON_BLOCKING
     if rc != 0:
@@ -173,17 +172,17 @@ def _probe(d, node: ctypes.c_void_p, cluster: tuple[int, int, int], node_rc: int
     dev = torch.cuda.current_device()
     if dev in _PROBES:
         return _PROBES[dev]
-    missing = libcuda.calls(*_PROBE_CALLS)
-    if isinstance(missing, str):
-        found = ClusterProbe(False, f"{missing}: nothing learnt")
+    c = libcuda.calls(*_PROBE_CALLS)
+    if isinstance(c, str):
+        found = ClusterProbe(False, f"{c}: nothing learnt")
     else:
         p = KernelParams()
         _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams")
-        plain, control_rc, _ = _captured_launch(d, p, cluster, None)
+        plain, control_rc, _ = _captured_launch(d, c, p, cluster, None)
         values = [(2 * cluster[0], cluster[1], cluster[2])] if p.gridDimX % (2 * cluster[0]) == 0 else []
         tries = []
         for value in [*values, cluster] if plain == 0 else []:
-            launch, read_rc, read = _captured_launch(d, p, cluster, value)
+            launch, read_rc, read = _captured_launch(d, c, p, cluster, value)
             tries.append((value, launch, read_rc, read))
             if launch == 0:
                 break

@@ -486,9 +486,8 @@ def test_no_per_pool_snapshot(monkeypatch):
     assert asked == [None, None]
 
 
-def _fake_probe_driver(monkeypatch, launch_rc: int, calls: list):
-    """libcuda.calls answering the cluster probe's calls with fakes that log themselves."""
-    from capture_plan.executor import libcuda
+def _fake_probe_driver(launch_rc: int, calls: list) -> dict:
+    """The cluster probe's driver calls, as fakes that log themselves."""
 
     def fn(name, rc=0, effect=None):
         def call(*args):
@@ -510,16 +509,16 @@ def _fake_probe_driver(monkeypatch, launch_rc: int, calls: list):
         "cuGraphDestroy": fn("graph destroy"),
         "cuStreamDestroy_v2": fn("stream destroy"),
     }
-    monkeypatch.setattr(libcuda, "calls", lambda *names: {n: fake[n] for n in names})
+    return fake
 
 
-def test_the_cluster_probe_destroys_the_graph_a_refused_launch_leaves(monkeypatch):
+def test_the_cluster_probe_destroys_the_graph_a_refused_launch_leaves():
     """exec_update._captured_launch: a refused launch may still end its capture with a graph;
     it is destroyed with the stream (review finding: it leaked)."""
     from capture_plan.executor import exec_update, libcuda
 
     calls: list[str] = []
-    _fake_probe_driver(monkeypatch, launch_rc=1, calls=calls)
-    got = exec_update._captured_launch({}, libcuda.KernelParams(), (4, 1, 1), (8, 1, 1))
+    fake = _fake_probe_driver(launch_rc=1, calls=calls)
+    got = exec_update._captured_launch({}, fake, libcuda.KernelParams(), (4, 1, 1), (8, 1, 1))
     assert got == (1, -1, None)
     assert calls == ["stream create", "begin capture", "launch", "end capture", "graph destroy", "stream destroy"]
