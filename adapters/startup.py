@@ -289,13 +289,13 @@ def _record_and_build(
     plan: Plan | None = None
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or default_samples(p.sizes) for p in schedule.phases}
-        if not rounds:
+        first = not rounds
+        if first:
             budget, refused = copy_budget(counts, chosen, copy_error)
         # The first round instantiates its graphs again until each phase has as many as the
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).
         t = time.perf_counter()
-        first = not rounds
         reserved = _reserved_emptied(device) if first else 0
         # The first round's copies are made on a thread of their own while the plan is built
         # from its trace (CPU only): the instantiations run in the driver, the build in Python
@@ -318,7 +318,7 @@ def _record_and_build(
             # capture stream's workspace made and the driver holding the earlier graphs' memory.
             assert report is not None  # a foreground capture has its report once capture() returns
             rounds.append(report)
-            if copies is None:
+            if first:
                 copies = rec
             trace_path = folder / "trace.json"
             t = time.perf_counter()
