@@ -499,8 +499,13 @@ def engines_034() -> list[str]:
 
 #: issue 41's start-up floor: the prediction's time against the capture after it and the capture
 #: alone (each mode in a fresh process), and where the prediction's time went
-#: the first prediction's cost, before and after its graph copies ran beside the build
-STARTUP_FLOOR_RUNS = ("device-2026-12-04-startup-floor.json", "device-2026-12-04-startup-overlap.json")
+#: the first prediction's cost, before and after its graph copies ran beside the build, and
+#: again after the review's fixes to those copies (another fresh machine: run-to-run spread)
+STARTUP_FLOOR_RUNS = (
+    "device-2026-12-04-startup-floor.json",
+    "device-2026-12-04-startup-overlap.json",
+    "device-2026-12-04-after-review.json",
+)
 
 
 def startup_floor() -> list[str]:
@@ -555,6 +560,7 @@ REUSE_RUNS = (
     "device-2026-12-04-reuse-edges.json",
     "device-2026-12-04-reuse-hf.json",
     "device-2026-12-04-reuse-probe.json",
+    "device-2026-12-04-after-review.json",
 )
 
 
