@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -36,7 +35,6 @@ from .documents import (
 from .errors import InputError, WrongKindError
 from .limits import MAX_DEPTH
 from .plan import PLAN_VERSION, Plan
-from .plan_check import validate_plan
 from .trace import TRACE_VERSION, Trace
 
 if TYPE_CHECKING:  # a report is decoded by decode_report only: its types load there
@@ -87,6 +85,8 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
     if check_digest:
         expected = plan_digest(raw)
         if raw.get("digest") != expected:
+            import shlex  # only for this message: not loaded by every build and load
+
             found = raw.get("digest") if isinstance(raw.get("digest"), str) else None
             raise InputError(
                 f"digest mismatch: file says {found or '(none)'}, content is {expected}",
@@ -94,6 +94,8 @@ def decode_plan(data: bytes, source: str, *, check_digest: bool = True) -> Plan:
                 fix="the file was edited by hand or corrupted; rebuild it from its record: "
                 f"`planner check --fix {shlex.quote(source)}`",
             )
+    from .plan_check import validate_plan  # a build writes plans without reading one: loaded here
+
     return validate_plan(convert(raw, Plan, source, kind="plan"), source)
 
 
