@@ -121,6 +121,13 @@ def test_single_size_buckets_are_exact_and_a_histogram_counts_tokens():
         ("size,count\n1,\uff15\n", ["t.csv:2", "count '\uff15' is not a number in ASCII digits"]),
         ("size,count\n\uff11,5\n", ["t.csv:2", "size '\uff11' is not a number in ASCII digits"]),
         ("size,count\n1,1_000\n", ["t.csv:2", "not a number in ASCII digits"]),
+        # what int() and float() refuse (planner/sizes/traffic.py's _parsed)
+        ("size,count\n1.5,2\n", ["t.csv:2", "size '1.5' is not a whole number; fix: give batch sizes as 1, 2"]),
+        ("size,count\n1,x\n", ["t.csv:2", "count 'x' is not a number; fix: give the number of steps"]),
+        (
+            'vllm:iteration_tokens_total_bucket{le="abc"} 5\n',
+            ["t.csv:1", "bucket bound le='abc' is not a number; fix: give the whole scrape"],
+        ),
         ('{"decode": {"\uff11": 1}}', ["not a number in ASCII digits"]),
         ("size,count\n300,1\n", ["reaches size 300", "above the engine's largest size 256", "--max-size 300"]),
         ("phase,size,count\nverify,1,1\n", ["phase 'verify' is not in the spec"]),

@@ -17,6 +17,7 @@ plans (``capture_plan.schemas.codec``).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import TypeVar
 
 import msgspec
 
@@ -88,13 +89,15 @@ def _check_rules(spec: Spec, source: str) -> Spec:
     captures = 0
     names: dict[str, int] = {}
     for i, phase in enumerate(spec.phases):
-        if phase.name in names:
-            raise InputError(
-                f"duplicate phase name {phase.name!r} (also $.phases[{names[phase.name]}])",
-                where=f"{source}: $.phases[{i}].name",
-                fix="give every phase a unique name",
-            )
-        names[phase.name] = i
+        _note_first(
+            names,
+            phase.name,
+            i,
+            "phase name",
+            f"{source}: $.phases[{i}].name",
+            "give every phase a unique name",
+            "$.phases",
+        )
         resources.check_phase_kind(phase.kind, f"{source}: $.phases[{i}].kind")
         keys = _check_variants(phase, f"{source}: $.phases[{i}]", phase_axes)
         captures += keys
@@ -120,37 +123,29 @@ def _check_rules(spec: Spec, source: str) -> Spec:
             _check_phase_model(spec.model, phase, f"{source}: $.phases[{i}].model")
         seen: dict[int, int] = {}
         for j, bs in enumerate(phase.sizes):
-            if bs in seen:
-                raise InputError(
-                    f"duplicate capture size {bs} (also $.phases[{i}].sizes[{seen[bs]}])",
-                    where=f"{source}: $.phases[{i}].sizes[{j}]",
-                    fix="list each size once",
-                )
-            seen[bs] = j
+            _note_first(
+                seen,
+                bs,
+                j,
+                "capture size",
+                f"{source}: $.phases[{i}].sizes[{j}]",
+                "list each size once",
+                f"$.phases[{i}].sizes",
+            )
     for i, phase in enumerate(spec.phases):
         for j, dep in enumerate(phase.after):
-            if dep not in names:
-                raise InputError(
-                    f"unknown phase {dep!r}; phases are {sorted(names)}",
-                    where=f"{source}: $.phases[{i}].after[{j}]",
-                    fix="name a phase of this spec in after, or drop the name",
-                )
-            if dep == phase.name:
-                raise InputError(
-                    "a phase cannot come after itself",
-                    where=f"{source}: $.phases[{i}].after[{j}]",
-                    fix="drop the phase's own name from its after list",
-                )
-    _check_twins(spec, source, names)
-    rule_ids: set[str] = set()
-    for i, rule in enumerate(spec.rules):
-        if rule.id in rule_ids:
-            raise InputError(
-                f"duplicate rule id {rule.id!r}",
-                where=f"{source}: $.rules[{i}].id",
-                fix="give each rule an id of its own",
+            _check_phase_ref(
+                dep,
+                phase.name,
+                names,
+                f"{source}: $.phases[{i}].after[{j}]",
+                "name a phase of this spec in after, or drop the name",
+                ("a phase cannot come after itself", "drop the phase's own name from its after list"),
             )
-        rule_ids.add(rule.id)
+    _check_twins(spec, source, names)
+    rule_ids: dict[str, int] = {}
+    for i, rule in enumerate(spec.rules):
+        _note_first(rule_ids, rule.id, i, "rule id", f"{source}: $.rules[{i}].id", "give each rule an id of its own")
         for j, kind in enumerate(rule.when.phase_kind or ()):
             resources.check_phase_kind(kind, f"{source}: $.rules[{i}].when.phase_kind[{j}]")
     if spec.model.heads % spec.model.kv_heads:
@@ -164,6 +159,34 @@ def _check_rules(spec: Spec, source: str) -> Spec:
     return spec
 
 
+_K = TypeVar("_K")
+
+
+def _note_first(
+    seen: dict[_K, int], value: _K, index: int, what: str, where: str, fix: str, first: str | None = None
+) -> None:
+    """Note in ``seen`` that ``value`` first stands at ``index``. A value noted already is
+    a repeat: an InputError ``duplicate {what} {value!r}`` at ``where``, which names the
+    first place (``{first}[k]``, a path of the spec) where ``first`` is given. Called per
+    item, so a repeat is found in the order the other checks of each item run."""
+    if value in seen:
+        also = f" (also {first}[{seen[value]}])" if first is not None else ""
+        raise InputError(f"duplicate {what} {value!r}{also}", where=where, fix=fix)
+    seen[value] = index
+
+
+def _check_phase_ref(
+    ref: str, phase: str, names: Collection[str], where: str, fix: str, itself: tuple[str, str]
+) -> None:
+    """A phase's reference to a phase of the spec (``after``, ``twin_of``), located at
+    ``where``: a name no phase has is an InputError (``fix`` says what to name), and so
+    is the phase's own name (``itself``: that error's message and fix)."""
+    if ref not in names:
+        raise InputError(f"unknown phase {ref!r}; phases are {sorted(names)}", where=where, fix=fix)
+    if ref == phase:
+        raise InputError(itself[0], where=where, fix=itself[1])
+
+
 def _check_twins(spec: Spec, source: str, names: Mapping[str, int]) -> None:
     """Micro-batch twins (``twin_of``): each names another phase that is no twin
     itself and has no other twin, runs as many tokens per request and has the same
@@ -175,14 +198,14 @@ def _check_twins(spec: Spec, source: str, names: Mapping[str, int]) -> None:
             continue
         where = f"{source}: $.phases[{i}]"
         parent_name = phase.twin_of
-        if parent_name not in names:
-            raise InputError(
-                f"unknown phase {parent_name!r}; phases are {sorted(names)}",
-                where=f"{where}.twin_of",
-                fix="name the phase whose graphs this one is the micro-batch twin of",
-            )
-        if parent_name == phase.name:
-            raise InputError("a phase cannot be its own twin", where=f"{where}.twin_of", fix="leave twin_of out")
+        _check_phase_ref(
+            parent_name,
+            phase.name,
+            names,
+            f"{where}.twin_of",
+            "name the phase whose graphs this one is the micro-batch twin of",
+            ("a phase cannot be its own twin", "leave twin_of out"),
+        )
         parent = spec.phases[names[parent_name]]
         if parent.twin_of is not msgspec.UNSET:
             raise InputError(
@@ -245,13 +268,9 @@ def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collectio
             )
         seen: dict[str, int] = {}
         for j, label in enumerate(labels):
-            if label in seen:
-                raise InputError(
-                    f"duplicate label {label!r} (also $.variants.{axis}[{seen[label]}])",
-                    where=f"{where}.variants.{axis}[{j}]",
-                    fix="list each label once",
-                )
-            seen[label] = j
+            _note_first(
+                seen, label, j, "label", f"{where}.variants.{axis}[{j}]", "list each label once", f"$.variants.{axis}"
+            )
         keys *= len(labels)
     if keys > MAX_KEYS_PER_PHASE:
         shape = " x ".join([f"{len(phase.sizes)} sizes", *(f"{len(v)} {a}" for a, v in phase.variants.items())])

@@ -109,6 +109,20 @@ def _between(planned: list[int], lo: int, hi: int) -> list[int]:
     return [s for s in planned if lo < s < hi]
 
 
+@dataclass(frozen=True)
+class _Fitted:
+    """The phase whose sizes are being fitted and where its trace is: what a refusal names."""
+
+    phase: str
+    where: str
+
+    def record_more(self, what: str, sizes: list[int], fix: str) -> RecordMoreError:
+        """The refusal ``phase {phase!r}: {what}``, asking for ``sizes`` to be recorded."""
+        return RecordMoreError(
+            f"phase {self.phase!r}: {what}", phase=self.phase, sizes=sizes, where=self.where, fix=fix
+        )
+
+
 class _Run:
     """Aligned samples (sorted by batch size) and their fitted size functions."""
 
@@ -119,7 +133,7 @@ class _Run:
     def _shapes(self) -> str:
         return f"a*round_up(bs, k) + b (k in {list(ROUNDINGS)})" + "".join(f", a*{b.label} + b" for b in self.extra)
 
-    def fit(self, targets: list[int], phase: str, where: str) -> dict[int, list[int]]:
+    def fit(self, targets: list[int], fitted: _Fitted) -> dict[int, list[int]]:
         """Sizes of every allocation at each target batch size."""
         xs = self.samples
         columns: list[list[int]] = []  # per allocation: its size at each target
@@ -133,11 +147,11 @@ class _Run:
             ys = tuple(self.sizes[x][j] for x in xs)
             col = seen.get(ys)
             if col is None:
-                col = seen[ys] = self._one(ys, j, kinds[j], at, targets, phase, where)
+                col = seen[ys] = self._one(ys, j, kinds[j], at, targets, fitted)
             columns.append(col)
         return {t: [c[i] for c in columns] for i, t in enumerate(targets)}
 
-    def _one(self, ys: tuple[int, ...], j: int, kind: str, at: list, targets: list[int], phase: str, where: str):
+    def _one(self, ys: tuple[int, ...], j: int, kind: str, at: list, targets: list[int], fitted: _Fitted):
         """One allocation's size at each target, from its sizes ``ys`` at the samples."""
         xs = self.samples
         if len(set(ys)) == 1:  # constant: every candidate agrees
@@ -153,13 +167,10 @@ class _Run:
             if all(a * f + b == y for f, y in zip(fx, ys)):
                 fits.append((basis, a, b, ft))
         if not fits:
-            raise RecordMoreError(
-                f"phase {phase!r}: allocation #{j} ({kind}) has sizes "
-                f"{dict(zip(xs, ys))} that no exact function {self._shapes()} fits",
-                phase=phase,
-                sizes=targets,
-                where=where,
-                fix=f"record every planned size between {xs[0]} and {xs[-1]} "
+            raise fitted.record_more(
+                f"allocation #{j} ({kind}) has sizes {dict(zip(xs, ys))} that no exact function {self._shapes()} fits",
+                targets,
+                f"record every planned size between {xs[0]} and {xs[-1]} "
                 f"(capture_plan.executor.profile(plan, target, sizes='all'))",
             )
         # A size is elements * (per request * padded batch + fixed): the
@@ -173,23 +184,15 @@ class _Run:
             preds = {a * ft[i] + b for _, a, b, ft in fits}
             if len(preds) > 1:
                 names = " and ".join(f"{a}*{basis.label} + {b}" for basis, a, b, _ in fits)
-                raise RecordMoreError(
-                    f"phase {phase!r}: allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both "
-                    f"{names}, which differ at bs {t}",
-                    phase=phase,
-                    sizes=[t],
-                    where=where,
-                    fix=f"record size {t} as well",
+                raise fitted.record_more(
+                    f"allocation #{j} ({kind}) with sizes {dict(zip(xs, ys))} fits both {names}, "
+                    f"which differ at bs {t}",
+                    [t],
+                    f"record size {t} as well",
                 )
             (v,) = preds
             if v < 0:
-                raise RecordMoreError(
-                    f"phase {phase!r}: allocation #{j} fits a size of {v} B at bs {t}",
-                    phase=phase,
-                    sizes=[t],
-                    where=where,
-                    fix=f"record size {t}",
-                )
+                raise fitted.record_more(f"allocation #{j} fits a size of {v} B at bs {t}", [t], f"record size {t}")
             col.append(v)
         return col
 
@@ -217,15 +220,14 @@ def fit_phase(
             where=where,
             fix="record it with capture_plan.executor.profile for this spec",
         )
+    fitted = _Fitted(phase, where)
     outside = [s for s in missing if s < recorded[0] or s > recorded[-1]]
     if outside:
-        raise RecordMoreError(
-            f"phase {phase!r}: planned sizes {_fmt(outside)} lie outside the recorded sizes "
+        raise fitted.record_more(
+            f"planned sizes {_fmt(outside)} lie outside the recorded sizes "
             f"{recorded[0]}..{recorded[-1]}; sizes are never extrapolated",
-            phase=phase,
-            sizes=[min(outside), max(outside)],
-            where=where,
-            fix=f"record sizes {min(outside)} and {max(outside)} as well"
+            [min(outside), max(outside)],
+            f"record sizes {min(outside)} and {max(outside)} as well"
             if min(outside) != max(outside)
             else f"record size {min(outside)} as well",
         )
@@ -240,15 +242,13 @@ def fit_phase(
     for a, b in zip(runs, runs[1:]):
         gap = _between(missing, a[-1], b[0])
         if gap:
-            raise RecordMoreError(
-                f"phase {phase!r}: the captures at sizes {a} and {b} do not line up "
+            raise fitted.record_more(
+                f"the captures at sizes {a} and {b} do not line up "
                 f"({len(skel[a[-1]][0])} vs {len(skel[b[0]][0])} events, first difference at event "
                 f"{_first_difference(skel[a[-1]][0], skel[b[0]][0])}): a kernel changes its allocations "
                 f"between {a[-1]} and {b[0]}, so sizes {_fmt(gap)} cannot be derived",
-                phase=phase,
-                sizes=gap,
-                where=where,
-                fix=f"record the sizes between {a[-1]} and {b[0]} ({_fmt(gap)}), or enough of them that "
+                gap,
+                f"record the sizes between {a[-1]} and {b[0]} ({_fmt(gap)}), or enough of them that "
                 f"each side has 3 aligned samples",
             )
     derived: list[int] = []
@@ -259,16 +259,13 @@ def fit_phase(
             continue
         if len(run) < 3:
             mid = targets[len(targets) // 2]
-            raise RecordMoreError(
-                f"phase {phase!r}: sizes {_fmt(targets)} would be derived from the 2 samples {run} with none "
-                f"left to check the fit",
-                phase=phase,
-                sizes=[mid],
-                where=where,
-                fix=f"record one more size between {run[0]} and {run[-1]}, e.g. {mid}",
+            raise fitted.record_more(
+                f"sizes {_fmt(targets)} would be derived from the 2 samples {run} with none left to check the fit",
+                [mid],
+                f"record one more size between {run[0]} and {run[-1]}, e.g. {mid}",
             )
         r = _Run(run, skel[run[0]][0], {s: skel[s][1] for s in run}, bases)
-        for t, sizes in r.fit(targets, phase, where).items():
+        for t, sizes in r.fit(targets, fitted).items():
             shapes[t] = (r.shape, sizes)
             derived.append(t)
     return PhaseFit(

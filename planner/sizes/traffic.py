@@ -36,6 +36,7 @@ import csv
 import math
 import re
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -140,13 +141,25 @@ def _ascii_number(value: str, what: str, where: str, fix: str) -> None:
         raise InputError(f"{what} {value!r} is not a number in ASCII digits", where=where, fix=fix)
 
 
+#: what a number read by each parser is, for the error of a value it refuses
+_NUMBER_KIND = {int: "a whole number", float: "a number"}
+_N = TypeVar("_N", int, float)
+
+
+def _parsed(parse: type[_N], value: str, what: str, where: str, fix: str) -> _N:
+    """``parse(value)`` (``int`` or ``float``); a value it refuses is an InputError
+    ``{what} is not a whole number`` (int) or ``... not a number`` (float), ``what``
+    naming the value (``count '1x'``)."""
+    try:
+        return parse(value)
+    except ValueError:
+        raise InputError(f"{what} is not {_NUMBER_KIND[parse]}", where=where, fix=fix) from None
+
+
 def _count(value: str, where: str) -> int:
     """A whole, non-negative step count (``12``, ``12.0``, ``1.2e3``: Prometheus writes floats)."""
     _ascii_number(value, "count", where, "give the number of steps in the digits 0-9")
-    try:
-        x = float(value)
-    except ValueError:
-        raise InputError(f"count {value!r} is not a number", where=where, fix="give the number of steps") from None
+    x = _parsed(float, value, f"count {value!r}", where, "give the number of steps")
     if not math.isfinite(x) or x < 0 or x != int(x) or x > MAX_INT:
         raise InputError(
             f"count {value!r} is not a whole number of steps from 0 to 2**53",
@@ -158,12 +171,7 @@ def _count(value: str, where: str) -> int:
 
 def _size(value: str, where: str) -> int:
     _ascii_number(value, "size", where, "give batch sizes as 1, 2, ... in the digits 0-9")
-    try:
-        n = int(value)
-    except ValueError:
-        raise InputError(
-            f"size {value!r} is not a whole number", where=where, fix="give batch sizes as 1, 2, ..."
-        ) from None
+    n = _parsed(int, value, f"size {value!r}", where, "give batch sizes as 1, 2, ...")
     if n < 1 or n > MAX_INT:
         raise InputError(f"size {n} is out of range", where=where, fix="batch sizes are 1 or more")
     return n
@@ -307,12 +315,7 @@ def _prometheus(
         le = labels.pop("le", None)
         if le is None:
             raise InputError(f"a bucket of {metric} without its le label", where=where, fix="give the whole scrape")
-        try:
-            bound = float(le)
-        except ValueError:
-            raise InputError(
-                f"bucket bound le={le!r} is not a number", where=where, fix="give the whole scrape"
-            ) from None
+        bound = _parsed(float, le, f"bucket bound le={le!r}", where, "give the whole scrape")
         key = tuple(sorted(labels.items()))
         buckets = series.setdefault(key, {})
         if bound in buckets:
