@@ -260,9 +260,7 @@ def _no_key_fields() -> KeyFields:
 
 
 def key_fields_of(engine: str, native: object) -> KeyFields:
-    """The graph-key fields of one of ``engine``'s graphs, read from ``native`` (the
-    object that names it: vLLM's descriptor) as schemas/key_fields.py says each engine
-    gives them (vLLM's ``num_ubatches`` is ``micro_batches``)."""
+    """The key fields of ``engine``'s graph ``native`` (vLLM's descriptor), as schemas/key_fields.py reads them."""
     from capture_plan.schemas.key_fields import engine_fields
 
     return engine_fields(engine, native)
@@ -279,8 +277,7 @@ class EngineKey:
     tokens: int
     #: (axis, label) pairs, any order
     labels: tuple[tuple[str, str], ...] = ()
-    #: the graph-key fields (micro-batches, ...; :func:`key_fields_of`), each UNSET where it
-    #: has the value of a graph without it
+    #: the graph-key fields (micro-batches, ...: :func:`key_fields_of`), UNSET at their unset value
     fields: KeyFields = field(default_factory=_no_key_fields)
     #: where the engine's loop puts it: a plan whose order decreases the rank cannot be followed
     rank: tuple[int, ...] = ()
@@ -292,7 +289,7 @@ class EngineKey:
 
     def text(self) -> str:
         labels = ",".join(f"{a}={v}" for a, v in sorted(self.labels) if (a, v) not in self.defaults)
-        from capture_plan.schemas.key_fields import shown
+        from capture_plan.schemas.key_fields import shown  # loaded with the key's fields
 
         return f"{self.phase}/{self.tokens} tokens{'/' + labels if labels else ''}{shown(self.fields)}"
 
@@ -326,9 +323,9 @@ def _few(items: list[str], n: int = 3) -> str:
 
 def match_keys(plan: Plan, facts: EngineFacts) -> tuple[dict[EngineKey, GraphKey], list[str]]:
     """The plan's graph key of each of ``facts.keys`` (matched by phase, tokens, labels and
-    the graph-key fields: micro-batches, ...), and the problems: graphs the engine captures that the plan does not
-    hold, keys of the plan it does not capture, and the first pair the plan orders against
-    the engine's loop (``rank``). Engine-neutral; the engine layer makes the keys."""
+    key fields: micro-batches, ...), and the problems: graphs the engine captures that the
+    plan does not hold, keys of the plan it does not capture, and the first pair the plan
+    orders against the engine's loop (``rank``). Engine-neutral; the engine layer makes the keys."""
     from capture_plan.schemas.keys import phase_axes, step_key
 
     plan_keys = [step_key(plan, s) for s in plan.steps if s.op == "capture"]
