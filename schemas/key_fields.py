@@ -85,7 +85,9 @@ class KeyField(msgspec.Struct, frozen=True, kw_only=True):
 class KeyFields(msgspec.Struct, frozen=True, kw_only=True):
     """The graph-key fields, each ``Annotated[int, Meta(bounds), KeyField(...)] |
     UnsetType = UNSET`` with its ``#:`` doc: a new key field is one more such
-    declaration here (and its tests). Bases of the spec's phase and the plan's."""
+    declaration here (and its tests). The base of the spec's phase and of the plan's, so
+    its fields come first in theirs: plans and ``planner schema`` sort their keys, so no
+    bytes change (a spec written back as TOML lists a phase's key fields first)."""
 
     #: micro-batches one graph runs (vLLM's num_ubatches); 1 when left out
     micro_batches: (
