@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from .key_fields import KEY_FIELDS, KeyFields, key_fields, set_key_fields
 from .plan import (
     KEYS_REVISION,
     KINDS_REVISION,
@@ -68,8 +69,10 @@ class GraphKey(NamedTuple):
     labels: tuple[tuple[str, str], ...] = ()
     #: tokens the graph runs: bs * the phase's tokens_per_request (vLLM's num_tokens)
     tokens: int = 0
-    #: micro-batches (vLLM's num_ubatches)
-    micro_batches: int = 1
+    #: the phase's graph-key fields (``micro_batches``: vLLM's num_ubatches, ...), each
+    #: UNSET where it has the value a phase without it has
+    #: (:func:`~capture_plan.schemas.key_fields.key_fields`)
+    fields: KeyFields = KeyFields()
 
     @property
     def id(self) -> str:
@@ -127,7 +130,7 @@ def _key(phase: PhasePlan, step: Step) -> GraphKey:
         bs=step.bs,
         labels=step_labels(phase, step),
         tokens=step.bs * phase.tokens_per_request,
-        micro_batches=1 if phase.micro_batches is msgspec.UNSET else phase.micro_batches,
+        fields=key_fields(phase),
     )
 
 
@@ -232,7 +235,7 @@ def uses_graph_keys(plan: Plan) -> bool:
     phased = any(
         p.variants is not unset
         or p.pieces is not unset
-        or p.micro_batches is not unset
+        or set_key_fields(p)
         or p.warmup_keeps is not unset
         or p.strategy.key_order is not unset
         for p in plan.phases
@@ -244,12 +247,16 @@ def needed_revision(plan: Plan, base: int = 2) -> int:
     """The lowest revision ``plan`` can be written as: :data:`KEYS_REVISION` when it uses
     graph keys, else ``base`` (the revision before them), so plans without graph keys
     keep their bytes; :data:`KINDS_REVISION` when it records a kind's property;
-    :data:`REUSE_REVISION` when a phase decides executable reuse."""
+    :data:`REUSE_REVISION` when a phase decides executable reuse; the ``revision`` of
+    each key field a phase sets (:data:`~capture_plan.schemas.key_fields.KEY_FIELDS`)."""
+    need = [base, *(KEY_FIELDS[n].revision for p in plan.phases for n in set_key_fields(p))]
     if any(p.reuse is not msgspec.UNSET for p in plan.phases):
-        return max(base, REUSE_REVISION)
+        need.append(REUSE_REVISION)
     if any(p.piecewise is not msgspec.UNSET for p in plan.phases):
-        return max(base, KINDS_REVISION)
-    return max(base, KEYS_REVISION) if uses_graph_keys(plan) else base
+        need.append(KINDS_REVISION)
+    if uses_graph_keys(plan):
+        need.append(KEYS_REVISION)
+    return max(need)
 
 
 class CaptureMemory(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,8 @@ from typing import Annotated, Literal
 import msgspec
 
 from .build_flags import BUILD_OPTIONS
-from .limits import MAX_MICRO_BATCHES, MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
+from .key_fields import KeyFields
+from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
     AllocatorMode,
     KeyOrder,
@@ -148,7 +149,9 @@ class VariantAxis(PlanStruct, frozen=True, kw_only=True):
     labels: Annotated[list[Label], msgspec.Meta(min_length=1)]
 
 
-class PhasePlan(PlanStruct, frozen=True, kw_only=True):
+# The graph-key fields (micro_batches, ...) are KeyFields' (schemas/key_fields.py), copied
+# from the spec's phase where it sets them (UNSET, left out of the file, elsewhere).
+class PhasePlan(PlanStruct, KeyFields, frozen=True, kw_only=True):
     name: str
     kind: PhaseKind
     sizes: Annotated[list[BatchSize], msgspec.Meta(min_length=1)]
@@ -165,8 +168,6 @@ class PhasePlan(PlanStruct, frozen=True, kw_only=True):
     variants: list[VariantAxis] | msgspec.UnsetType = msgspec.UNSET
     #: piece graphs per capture (piecewise phases whose spec says so)
     pieces: Annotated[int, msgspec.Meta(ge=1, le=MAX_PIECES)] | msgspec.UnsetType = msgspec.UNSET
-    #: micro-batches one graph runs (vLLM's num_ubatches); 1 when left out
-    micro_batches: Annotated[int, msgspec.Meta(ge=1, le=MAX_MICRO_BATCHES)] | msgspec.UnsetType = msgspec.UNSET
     #: what the phase's warm-ups allocate that the engine keeps (their steps' ``keeps``)
     warmup_keeps: WarmupKeeps | msgspec.UnsetType = msgspec.UNSET
     # The kind's properties a plan's consumer reads (revision 6; left out where false).

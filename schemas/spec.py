@@ -18,11 +18,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .key_fields import KeyFields
 from .limits import (
     MAX_KEYS_PER_PHASE,
     MAX_LABELS_PER_AXIS,
     MAX_MIB,
-    MAX_MICRO_BATCHES,
     MAX_PHASES,
     MAX_PIECES,
     MAX_RULES,
@@ -170,7 +170,9 @@ class PhaseModel(SpecStruct, frozen=True, kw_only=True):
     logits_dtype_bytes: LogitsDtypeBytes | msgspec.UnsetType = msgspec.UNSET
 
 
-class Phase(SpecStruct, frozen=True, kw_only=True):
+# The graph-key fields (micro_batches, ...) are KeyFields' (schemas/key_fields.py). Not in
+# the docstring: msgspec publishes it in the JSON Schema.
+class Phase(SpecStruct, KeyFields, frozen=True, kw_only=True):
     """One family of graphs, one per capture size."""
 
     name: Name
@@ -196,8 +198,6 @@ class Phase(SpecStruct, frozen=True, kw_only=True):
     variants: Variants | msgspec.UnsetType = msgspec.UNSET
     #: piecewise kinds: the piece graphs each capture records (predicted per piece)
     pieces: Pieces | msgspec.UnsetType = msgspec.UNSET
-    #: micro-batches one graph runs (vLLM's num_ubatches); 1 when left out
-    micro_batches: Annotated[int, msgspec.Meta(ge=1, le=MAX_MICRO_BATCHES)] | msgspec.UnsetType = msgspec.UNSET
     #: the stream the phase's graphs record on when it is not the capture stream
     #: (vLLM's micro-batch twin); the engine owns it and hands it to the executor
     stream: StreamName | msgspec.UnsetType = msgspec.UNSET

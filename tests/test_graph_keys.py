@@ -544,7 +544,7 @@ def test_show_says_a_micro_batch_twin_is_one_and_how_its_memory_is_predicted(tmp
     assert code == 0 and "does not model" not in out
     assert (
         "  graph keys: 3 of 13 approximate (e.g. capture/full_ubatch/64): full_ubatch holds the micro-batch "
-        "twins of full's graphs (vLLM's DBO twin: the same batch as 2 micro-batches, captured right after "
+        "twins of full's graphs (vLLM's DBO twin: its graphs run the batch as 2 micro-batches, captured right after "
         "full's graph of its size), each predicted as full's graph of that size: the reference runs the "
         "batch whole, not split\n"
     ) in out

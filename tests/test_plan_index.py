@@ -8,8 +8,10 @@ import ast
 from pathlib import Path
 
 import pytest
+from msgspec import UNSET
 
 from capture_plan.executor.load import load_plan
+from capture_plan.schemas.key_fields import KEY_FIELDS, KeyFields
 from capture_plan.schemas.keys import GraphKey, PlanIndex, step_key, step_labels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,13 +24,10 @@ def test_the_index_answers_every_step_s_key(name):
     assert index is PlanIndex.of(plan)  # built once: load_plan built it
     for s in plan.steps:
         phase = next(p for p in plan.phases if p.name == s.phase)  # the search the index replaces
-        want = GraphKey(
-            s.phase,
-            s.bs,
-            step_labels(phase, s),
-            s.bs * phase.tokens_per_request,
-            phase.micro_batches if isinstance(phase.micro_batches, int) else 1,
-        )
+        # each key field the phase sets, but for the value a phase without it has
+        fields = {f: getattr(phase, f) for f in KEY_FIELDS}
+        fields = {f: v for f, v in fields.items() if v not in (UNSET, KEY_FIELDS[f].unset_means)}
+        want = GraphKey(s.phase, s.bs, step_labels(phase, s), s.bs * phase.tokens_per_request, KeyFields(**fields))
         assert index.key(s) == step_key(plan, s) == want
         assert index.steps[s.id] is s and index.phase(s.phase) is phase and index.kinds[s.phase] == phase.kind
     assert index.pools == {s.pool for s in plan.steps if s.op == "capture"}

@@ -60,6 +60,7 @@ QUICKSTART_MODULES = {
     "capture_plan.schemas.documents",
     "capture_plan.schemas.errors",
     "capture_plan.schemas.files",
+    "capture_plan.schemas.key_fields",
     "capture_plan.schemas.keys",
     "capture_plan.schemas.limits",
     "capture_plan.schemas.plan",

@@ -50,6 +50,7 @@ from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN
 from capture_plan.schemas.errors import CapturePlanError
 
 if TYPE_CHECKING:
+    from capture_plan.schemas.key_fields import KeyFields
     from capture_plan.schemas.keys import GraphKey
     from capture_plan.schemas.plan import Plan
 
@@ -252,18 +253,32 @@ class EngineFacts:
     order: str = ""
 
 
+def _no_key_fields() -> KeyFields:
+    from capture_plan.schemas.key_fields import KeyFields  # msgspec loads with the first key
+
+    return KeyFields()
+
+
+def key_fields_of(engine: str, native: object) -> KeyFields:
+    """The key fields of ``engine``'s graph ``native`` (vLLM's descriptor), as schemas/key_fields.py reads them."""
+    from capture_plan.schemas.key_fields import engine_fields
+
+    return engine_fields(engine, native)
+
+
 @dataclass(frozen=True)
 class EngineKey:
     """One graph the engine will capture, in the plan's terms: the engine layer names
     the phase and labels (its own key, ``native``, kept for it), the plan's key is
-    found by (phase, tokens, labels, micro-batches) (:func:`match_keys`)."""
+    found by (phase, tokens, labels, key fields) (:func:`match_keys`)."""
 
     phase: str
     #: tokens the graph runs (the plan's bs x the phase's tokens per request)
     tokens: int
     #: (axis, label) pairs, any order
     labels: tuple[tuple[str, str], ...] = ()
-    micro_batches: int = 1
+    #: the graph-key fields (micro-batches, ...: :func:`key_fields_of`), UNSET at their unset value
+    fields: KeyFields = field(default_factory=_no_key_fields)
     #: where the engine's loop puts it: a plan whose order decreases the rank cannot be followed
     rank: tuple[int, ...] = ()
     #: labels that mean "no variant" (vLLM's ``lora=0``): left out where the plan's phase
@@ -274,8 +289,9 @@ class EngineKey:
 
     def text(self) -> str:
         labels = ",".join(f"{a}={v}" for a, v in sorted(self.labels) if (a, v) not in self.defaults)
-        ub = f" x{self.micro_batches} micro-batches" if self.micro_batches != 1 else ""
-        return f"{self.phase}/{self.tokens} tokens{'/' + labels if labels else ''}{ub}"
+        from capture_plan.schemas.key_fields import shown  # loaded with the key's fields
+
+        return f"{self.phase}/{self.tokens} tokens{'/' + labels if labels else ''}{shown(self.fields)}"
 
 
 def load(s: Settings) -> Plan:
@@ -307,19 +323,19 @@ def _few(items: list[str], n: int = 3) -> str:
 
 def match_keys(plan: Plan, facts: EngineFacts) -> tuple[dict[EngineKey, GraphKey], list[str]]:
     """The plan's graph key of each of ``facts.keys`` (matched by phase, tokens, labels and
-    micro-batches), and the problems: graphs the engine captures that the plan does not
-    hold, keys of the plan it does not capture, and the first pair the plan orders against
-    the engine's loop (``rank``). Engine-neutral; the engine layer makes the keys."""
+    key fields: micro-batches, ...), and the problems: graphs the engine captures that the
+    plan does not hold, keys of the plan it does not capture, and the first pair the plan
+    orders against the engine's loop (``rank``). Engine-neutral; the engine layer makes the keys."""
     from capture_plan.schemas.keys import phase_axes, step_key
 
     plan_keys = [step_key(plan, s) for s in plan.steps if s.op == "capture"]
-    index = {(k.phase, k.tokens, frozenset(k.labels), k.micro_batches): k for k in plan_keys}
+    index = {(k.phase, k.tokens, frozenset(k.labels), k.fields): k for k in plan_keys}
     axes = {p.name: set(phase_axes(p)) for p in plan.phases}
     matched: dict[EngineKey, GraphKey] = {}
     extra, taken = [], set()
     for e in facts.keys:
         labels = frozenset(lv for lv in e.labels if lv[0] in axes.get(e.phase, ()) or lv not in e.defaults)
-        k = index.get((e.phase, e.tokens, labels, e.micro_batches))
+        k = index.get((e.phase, e.tokens, labels, e.fields))
         if k is None or k in taken:
             extra.append(e.text())
             continue

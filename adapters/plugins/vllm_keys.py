@@ -94,7 +94,7 @@ def engine_keys(runner, manager_cls) -> tuple[core.EngineKey, ...]:
                         phase_of(desc, prefix, parents.get(desc)),
                         desc.num_tokens,
                         labels_of(desc),
-                        desc.num_ubatches,
+                        core.key_fields_of(ENGINE, desc),
                         rank,
                         defaults=(("loras", "0"),),
                         native=(manager, desc),

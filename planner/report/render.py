@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from capture_plan.schemas.key_fields import KEY_FIELDS, approximate_fields
 from capture_plan.schemas.keys import label_suffix, parse_step_id
 from capture_plan.schemas.plan import Plan, Step
 from capture_plan.schemas.units import mib
@@ -116,17 +117,17 @@ def device_lines(plan: Plan) -> list[str]:
 
 def _approximate_keys(plan: Plan) -> list[str]:
     """Why a plan's approximate graph keys are: a label the reference does not model
-    (LoRA layers), or a micro-batched graph, such as vLLM's DBO twin of a FULL graph
-    (``twin_of``: named from the plan's ``twin_of:<twin>`` edges), predicted as one batch."""
+    (LoRA layers), or a key field the prediction does not model (schemas/key_fields.py's
+    ``KEY_FIELDS``, their words): a micro-batched graph, such as vLLM's DBO twin of a FULL
+    graph (``twin_of``: named from the plan's ``twin_of:<twin>`` edges), predicted as one batch."""
     keys = plan.predicted.keys
-    micro = {
-        ph.name: ph.micro_batches for ph in plan.phases if isinstance(ph.micro_batches, int) and ph.micro_batches > 1
-    }
-    rough: dict[str, list[str]] = {}  # "" (labels) or a micro-batched phase -> its approximate keys
+    fields = {ph.name: [(KEY_FIELDS[n], v) for n, v in approximate_fields(ph).items()] for ph in plan.phases}
+    fields = {name: facts for name, facts in fields.items() if facts}
+    rough: dict[str, list[str]] = {}  # "" (labels) or a phase with such a key field -> its approximate keys
     for k in keys:
         if k.fidelity == "approximate":
             phase = parse_step_id(k.step)[1]
-            rough.setdefault(phase if phase in micro else "", []).append(k.step)
+            rough.setdefault(phase if phase in fields else "", []).append(k.step)
     twin_of: dict[str, str] = {}  # twin -> the phase whose graphs it is the twin of
     for e in plan.edges:
         twin = e.rule.removeprefix("twin_of:")
@@ -142,19 +143,21 @@ def _approximate_keys(plan: Plan) -> list[str]:
                 "(planner/data/phase_kinds.toml [axes])"
             )
             continue
-        n, parent = micro[phase], twin_of.get(phase)
+        facts, parent = fields[phase], twin_of.get(phase)
+        runs = " and ".join(f.graphs.format(v) for f, v in facts)
         what = (
-            f"{phase} holds the micro-batch twins of {parent}'s graphs (vLLM's DBO twin: the same batch as {n} "
-            f"micro-batches, captured right after {parent}'s graph of its size)"
+            f"{phase} holds the micro-batch twins of {parent}'s graphs (vLLM's DBO twin: its graphs {runs}, "
+            f"captured right after {parent}'s graph of its size)"
             if parent
-            else f"{phase}'s graphs run the batch as {n} micro-batches"
+            else f"{phase}'s graphs {runs}"
         )
         if plan.predicted.source != "analytic":
-            how = f"from the trace's {phase} captures, approximate: the planner does not model the split"
+            unmodelled = " and ".join(f.unmodelled for f, _ in facts)
+            how = f"from the trace's {phase} captures, approximate: the planner does not model {unmodelled}"
         elif parent:
             how = f"as {parent}'s graph of that size: the reference runs the batch whole, not split"
         else:
-            how = "as the whole batch of its size: the reference runs the batch whole, not split"
+            how = " and ".join(f.approximate for f, _ in facts)
         out.append(f"{head}{what}, each predicted {how}")
     return out
 

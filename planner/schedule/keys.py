@@ -16,8 +16,9 @@ helpers: :mod:`capture_plan.schemas.keys`). What this module decides:
   trace's, or the analytic one). A label the reference step does not model
   (``lora=lora``: the reference has no LoRA layers; planner/data/phase_kinds.toml
   ``[axes.*].reference``) is then flagged approximate (:func:`key_fidelity`).
-  Micro-batched graphs (``micro_batches`` > 1) are flagged approximate too: the
-  program runs the whole batch at once.
+  A key field whose facts say its prediction is approximate
+  (:data:`capture_plan.schemas.key_fields.KEY_FIELDS`; ``micro_batches`` > 1: the
+  program runs the whole batch at once) flags its phase's graphs approximate too.
 * **Pieces**: a piecewise capture split at every attention op has layers + 1 pieces;
   :func:`piece_bytes` runs the capture's program alone and splits the pool's growth
   at the attention calls (the analytic piecewise program marks them). A recorded
@@ -47,6 +48,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from capture_plan.schemas.errors import ConstraintError
+from capture_plan.schemas.key_fields import KEY_FIELDS, approximate_fields
 from capture_plan.schemas.keys import expand_labels, parse_step_id
 from capture_plan.schemas.plan import Fidelity, KeyPrediction, Step, StepMemory, Strategy
 from capture_plan.schemas.spec import Model, Phase, Rule
@@ -204,12 +206,13 @@ def output_bytes(prog: Program) -> int:
 
 
 def key_fidelity(
-    base: Fidelity | None, labels: Labels, reference: Mapping[str, Sequence[str]], micro_batches: int = 1
+    base: Fidelity | None, labels: Labels, reference: Mapping[str, Sequence[str]], approximate: bool = False
 ) -> Fidelity:
     """A key's fidelity: the plan's (``base``), unless a label is one the reference
-    step does not model (``reference``: axis -> labels it models) or the graph runs
-    micro-batches (then ``approximate``)."""
-    if micro_batches > 1 or any(label not in reference.get(axis, ()) for axis, label in labels):
+    step does not model (``reference``: axis -> labels it models) or a key field makes
+    it ``approximate`` (:func:`~capture_plan.schemas.key_fields.approximate_fields`: a
+    graph that runs micro-batches), then ``approximate``."""
+    if approximate or any(label not in reference.get(axis, ()) for axis, label in labels):
         return "approximate"
     return base or "reference"
 
@@ -223,9 +226,7 @@ def resolve_keys(phases: Sequence[Phase], rules: dict[str, list[Rule]]) -> dict[
 def uses_keys(phase: Phase) -> bool:
     """Whether ``phase`` sets a graph-key field (its plan then records per-key predictions)."""
     unset = msgspec.UNSET
-    return any(
-        getattr(phase, f) is not unset for f in ("variants", "pieces", "micro_batches", "stream", "warmup_keeps")
-    )
+    return any(getattr(phase, f) is not unset for f in ("variants", "pieces", "stream", "warmup_keeps", *KEY_FIELDS))
 
 
 def keyed_steps(
@@ -295,7 +296,7 @@ def key_predictions(
             )
             alone[key] = (graph, piece_bytes(prog, n, expandable) if n else [])
         graph, pieces = alone[key]
-        micro = 1 if p.micro_batches is msgspec.UNSET else p.micro_batches
+        rough = bool(approximate_fields(p))  # a key field the program does not model (micro-batches)
         out.append(
             KeyPrediction(
                 step=s.id,
@@ -303,7 +304,7 @@ def key_predictions(
                 added_bytes=max(0, mem.reserved - before),
                 pieces=pieces,
                 kept_bytes=int(keeps.get(s.id.partition("/")[2], 0)),
-                fidelity="recorded" if recorded and micro == 1 else key_fidelity(base, labels, reference, micro),
+                fidelity="recorded" if recorded and not rough else key_fidelity(base, labels, reference, rough),
             )
         )
         before = mem.reserved

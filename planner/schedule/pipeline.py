@@ -20,6 +20,7 @@ import msgspec
 
 from capture_plan.schemas.codec import seal, sha256
 from capture_plan.schemas.errors import ConstraintError
+from capture_plan.schemas.key_fields import set_key_fields
 from capture_plan.schemas.keys import needed_revision, parse_step_id
 from capture_plan.schemas.plan import (
     INPUTS_REVISION,
@@ -294,8 +295,7 @@ def _phase_plan_keys(r: Resolved, name: str) -> dict:
     n = piece_count(p, r.spec.model)
     if n is not None:
         out["pieces"] = n
-    if p.micro_batches is not msgspec.UNSET:
-        out["micro_batches"] = p.micro_batches
+    out |= set_key_fields(p)  # the graph-key fields (schemas/key_fields.py), as the spec sets them
     if p.warmup_keeps is not msgspec.UNSET:
         out["warmup_keeps"] = p.warmup_keeps
     if resources.phase_kinds()[p.kind].piecewise:  # the kind's property its consumer reads (revision 6)
