@@ -64,7 +64,6 @@ QUICKSTART_MODULES = {
     "capture_plan.schemas.keys",
     "capture_plan.schemas.limits",
     "capture_plan.schemas.plan",
-    "capture_plan.schemas.plan_check",
     "capture_plan.schemas.spec",
     "capture_plan.schemas.strategy",
     "capture_plan.schemas.trace",
