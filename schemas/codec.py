@@ -14,7 +14,6 @@ be checked for tampering or truncation without knowing how it was built.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from .documents import (
     sniff_kind,
 )
 from .errors import InputError, WrongKindError
+from .hashing import sha256_hex
 from .limits import MAX_DEPTH
 from .plan import PLAN_VERSION, Plan
 from .trace import TRACE_VERSION, Trace
@@ -57,7 +57,7 @@ def canonical_bytes(obj: Any) -> bytes:
 
 
 def sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return "sha256:" + sha256_hex(data)
 
 
 def plan_digest(plan: Plan | dict) -> str:

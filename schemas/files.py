@@ -19,12 +19,12 @@ last rename wins).
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 from pathlib import Path
 
 from .errors import InputError
+from .hashing import sha1_hex
 from .limits import FILE_LIMITS
 
 __all__ = ["write_atomic", "read_input", "existing_output"]
@@ -131,7 +131,7 @@ def _target(path: Path) -> Path:
 
 
 def _tmp_prefix(path: Path) -> str:
-    return ".cp-" + hashlib.sha1(path.name.encode("utf-8", "surrogateescape")).hexdigest()[:12] + "-"
+    return ".cp-" + sha1_hex(path.name.encode("utf-8", "surrogateescape"))[:12] + "-"
 
 
 def _sweep(path: Path) -> None:

@@ -58,6 +58,7 @@ QUICKSTART_MODULES = {
     "capture_plan.schemas.codec",
     "capture_plan.schemas.conversion",
     "capture_plan.schemas.documents",
+    "capture_plan.schemas.hashing",
     "capture_plan.schemas.errors",
     "capture_plan.schemas.files",
     "capture_plan.schemas.key_fields",
@@ -80,6 +81,9 @@ NOT_IMPORTED = (
     "logging",
     "dataclasses",
     "difflib",
+    # OpenSSL: 11 million instructions to load, for digests of a few kilobytes
+    # (schemas/hashing.py)
+    "hashlib",
     "json",
     "importlib.metadata",
     "importlib.resources",

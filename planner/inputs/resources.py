@@ -30,6 +30,7 @@ from typing import Any, Literal
 import msgspec
 
 from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.hashing import sha256_hex
 from capture_plan.schemas.strategy import PhaseSetting
 
 __all__ = [
@@ -112,9 +113,7 @@ def parsed_at_install(name: str, raw: bytes) -> dict[str, Any] | None:
         doc = msgspec.json.decode((_DATA / (name + PARSED_SUFFIX)).read_bytes())
     except (OSError, msgspec.DecodeError):
         return None
-    import hashlib  # a plan's digest loads it in any build
-
-    if not isinstance(doc, dict) or doc.get("sha256") != hashlib.sha256(raw).hexdigest():
+    if not isinstance(doc, dict) or doc.get("sha256") != sha256_hex(raw):
         return None
     parsed = doc.get("data")
     return parsed if isinstance(parsed, dict) else None
