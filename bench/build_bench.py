@@ -259,7 +259,8 @@ def _check_installed(planner: str) -> None:
         sys.exit(f"build_bench: {planner}: its python cannot import capture_plan: {where.stderr.strip()[-300:]}")
     package = Path(where.stdout.strip())
     for source in (
-        sorted(REPO.glob("*.py"))
+        # setup.py is the build's script, not the package's code (setuptools 80 leaves it out)
+        sorted(f for f in REPO.glob("*.py") if f.name != "setup.py")
         + sorted(
             f
             for pkg in ("planner", "schemas", "executor", "adapters", "references")
