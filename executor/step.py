@@ -86,7 +86,8 @@ class LoopStep:
 
     Attributes: ``phase``, ``bs``, ``labels`` (axis -> label, empty without
     variants), ``key`` (the :class:`~capture_plan.schemas.keys.GraphKey`, with
-    ``tokens`` and the graph-key ``fields``: micro-batches, ...), ``index`` and ``id`` (the plan step),
+    ``tokens`` and the graph-key ``fields``: ``key.value("micro_batches")``, ...), ``index`` and
+    ``id`` (the plan step),
     ``pool`` (the pool's handle) and ``pool_name``, ``stream`` (record on it;
     ``graph()`` does: the step's stream as the plan names it, a micro-batch
     twin's included), ``warmups`` (eager runs the plan wants before this

@@ -64,8 +64,9 @@ class KeyField(msgspec.Struct, frozen=True, kw_only=True):
     in :class:`KeyFields`)."""
 
     #: the plan revision that introduced it: a plan that sets it is written as that
-    #: revision at least (a new field of a new meaning is a new revision, so that an older
-    #: executor refuses the plan instead of ignoring the field)
+    #: revision at least, which an older planner's ``planner check`` refuses. An older
+    #: executor still loads the plan and ignores the field (readers ignore unknown fields:
+    #: schemas/plan.py): a field no executor may ignore needs a new ``PLAN_VERSION``
     revision: int
     #: the value a phase that leaves the field out has (and an engine's graph without it)
     unset_means: int = 1
@@ -145,9 +146,11 @@ def key_fields(source: KeyFields) -> KeyFields:
 
 
 def key_value(fields: KeyFields, name: str) -> int:
-    """The value of key field ``name`` in ``fields`` (its ``unset_means`` where unset)."""
+    """The value of key field ``name`` in ``fields`` (its ``unset_means`` where unset);
+    KeyError for a name that is no key field."""
+    facts = KEY_FIELDS[name]
     v = getattr(fields, name)
-    return KEY_FIELDS[name].unset_means if v is msgspec.UNSET else v
+    return facts.unset_means if v is msgspec.UNSET else v
 
 
 def approximate_fields(source: KeyFields) -> dict[str, int]:

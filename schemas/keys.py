@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from .key_fields import KEY_FIELDS, KeyFields, key_fields, set_key_fields
+from .key_fields import KEY_FIELDS, KeyFields, key_fields, key_value, set_key_fields
 from .plan import (
     KEYS_REVISION,
     KINDS_REVISION,
@@ -78,6 +78,12 @@ class GraphKey(NamedTuple):
     def id(self) -> str:
         """The capture step's id of this key."""
         return step_id("capture", self.phase, self.bs, self.labels)
+
+    def value(self, name: str) -> int:
+        """Key field ``name``'s value (schemas/key_fields.py), where the key leaves it unset
+        the value a phase without it has: ``key.value("micro_batches")`` is 1 for a graph
+        run as one batch. KeyError for a name that is no key field."""
+        return key_value(self.fields, name)
 
 
 def label_suffix(labels: Iterable[tuple[str, str]]) -> str:

@@ -23,7 +23,7 @@ from typing import Annotated
 import msgspec
 import pytest
 
-from capture_plan.adapters.plugins import core
+from capture_plan.adapters.plugins import core, vllm_keys
 from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN
 from capture_plan.planner.report import render
 from capture_plan.planner.schedule import keys as schedule_keys, pipeline
@@ -62,6 +62,41 @@ def test_a_key_spells_a_field_at_its_unset_value_as_unset():
     assert shown(KeyFields(micro_batches=2)) == " x2 micro-batches" and shown(KeyFields()) == ""
 
 
+def test_a_key_answers_each_field_by_name_at_its_unset_value_too():
+    """What engine code reads from a LoopStep's key (``step.key.value("micro_batches")``)."""
+    assert schema_keys.GraphKey("f", 8).value("micro_batches") == 1
+    assert schema_keys.GraphKey("f", 8, fields=KeyFields(micro_batches=2)).value("micro_batches") == 2
+    with pytest.raises(KeyError):
+        schema_keys.GraphKey("f", 8).value("num_ubatches")
+
+
+def test_an_engine_key_matches_however_it_spells_a_field_at_its_unset_value(tmp_path):
+    """A plugin that hands ``micro_batches=1`` (not UNSET) still matches the plan's keys,
+    as before the key fields were a struct (its refusal would name keys that look equal)."""
+    from capture_plan.planner.build import BuildOptions, build_plan
+
+    (tmp_path / "s.toml").write_text('[[phases]]\nname = "f"\nkind = "full"\nsizes = [8, 16]\n')
+    plan = build_plan(BuildOptions(backend="fa3", spec=tmp_path / "s.toml", output=tmp_path / "p.json"))
+    for spelled in (KeyFields(), KeyFields(micro_batches=1)):
+        keys = tuple(core.EngineKey("f", bs, (), spelled) for bs in (8, 16))
+        matched, problems = core.match_keys(plan, core.EngineFacts("vllm", keys=keys))
+        assert len(matched) == 2 and problems == [], (spelled, problems)
+
+
+def test_a_kind_refuses_settings_in_the_settings_order_whichever_class_declares_them(tmp_path):
+    """``steps`` and ``micro_batches`` on a decode phase: the error names ``steps``, first in
+    PHASE_SETTINGS, as before KeyFields (a base class, whose fields come first) declared
+    ``micro_batches``."""
+    from capture_plan.planner.build import BuildOptions, build_plan
+    from capture_plan.schemas.errors import InputError
+
+    phase = '[[phases]]\nname = "d"\nkind = "decode"\nsizes = [1, 2]\nsteps = 2\nmicro_batches = 2\n'
+    (tmp_path / "s.toml").write_text(phase)
+    with pytest.raises(InputError, match=r"steps = 2 has no meaning for a decode phase") as err:
+        build_plan(BuildOptions(backend="fa3", spec=tmp_path / "s.toml", output=tmp_path / "p.json"))
+    assert err.value.where.endswith("$.phases[0].steps")
+
+
 def test_each_engine_attribute_of_a_key_field_is_a_hook_row_of_every_release():
     """The plugin reads the attribute as the facts name it: each release's hook table
     (checked against the wheel by tests/test_engine_contract.py) must hold it."""
@@ -83,6 +118,7 @@ GENERIC = [
     schema_keys.needed_revision,
     core.match_keys,
     core.EngineKey,
+    vllm_keys.engine_keys,
     render._approximate_keys,
 ]
 

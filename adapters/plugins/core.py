@@ -322,10 +322,10 @@ def _few(items: list[str], n: int = 3) -> str:
 
 
 def match_keys(plan: Plan, facts: EngineFacts) -> tuple[dict[EngineKey, GraphKey], list[str]]:
-    """The plan's graph key of each of ``facts.keys`` (matched by phase, tokens, labels and
-    key fields: micro-batches, ...), and the problems: graphs the engine captures that the
-    plan does not hold, keys of the plan it does not capture, and the first pair the plan
-    orders against the engine's loop (``rank``). Engine-neutral; the engine layer makes the keys."""
+    """The plan's graph key of each of ``facts.keys`` (by phase, tokens, labels and key fields, however the
+    engine layer spells them), and the problems: engine graphs the plan does not hold, plan keys the engine
+    does not capture, the first pair the plan orders against the engine's loop (``rank``). Engine-neutral."""
+    from capture_plan.schemas.key_fields import key_fields
     from capture_plan.schemas.keys import phase_axes, step_key
 
     plan_keys = [step_key(plan, s) for s in plan.steps if s.op == "capture"]
@@ -335,7 +335,7 @@ def match_keys(plan: Plan, facts: EngineFacts) -> tuple[dict[EngineKey, GraphKey
     extra, taken = [], set()
     for e in facts.keys:
         labels = frozenset(lv for lv in e.labels if lv[0] in axes.get(e.phase, ()) or lv not in e.defaults)
-        k = index.get((e.phase, e.tokens, labels, e.fields))
+        k = index.get((e.phase, e.tokens, labels, key_fields(e.fields)))
         if k is None or k in taken:
             extra.append(e.text())
             continue

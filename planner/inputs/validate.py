@@ -35,16 +35,17 @@ from .dimensions import resolve_model
 __all__ = ["decode_spec_sources", "validate_spec"]
 
 #: a phase setting left at this value is unset (no kind needs to accept it): Phase's
-#: defaults, read from the class as msgspec.structs.fields reads them (the trailing fields
-#: have them), not through fields(), which resolves every annotation of Phase at import
-_UNSET_SETTING = {
-    name: default
-    for name, default in zip(
+#: defaults, read from the class as msgspec.structs.fields reads them (not through fields(),
+#: which resolves every annotation of Phase at import), in PHASE_SETTINGS' order
+#: (schemas/strategy.py), not the fields' order: the first setting a kind refuses is the one
+#: reported, whichever base class (schemas/key_fields.py's KeyFields) declares it
+_DEFAULTS = dict(
+    zip(
         Phase.__struct_fields__[len(Phase.__struct_fields__) - len(Phase.__struct_defaults__) :],
         Phase.__struct_defaults__,
     )
-    if name in PHASE_SETTINGS
-}
+)
+_UNSET_SETTING = {name: _DEFAULTS[name] for name in PHASE_SETTINGS}
 
 
 def decode_spec_sources(
