@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -221,7 +222,11 @@ def test_one_declaration_is_a_new_key_field_end_to_end(tmp_path):
         [sys.executable, "-c", SCRIPT, str(tmp_path)],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(tmp_path / "pkg"), "PATH": "/usr/bin:/bin"},
+        # the copy first: packages found only through PYTHONPATH (msgspec on the device) stay found
+        env={
+            "PYTHONPATH": os.pathsep.join([str(tmp_path / "pkg"), os.environ.get("PYTHONPATH", "")]),
+            "PATH": "/usr/bin:/bin",
+        },
         cwd=tmp_path,
         timeout=300,
     )
