@@ -246,7 +246,7 @@ def test_a_piece_count_the_model_does_not_give_is_predicted_whole(tmp_path):
         (
             'kind = "decode"\nvariants = { lora = ["lora", "lora"] }',
             "$.phases[0].variants.lora[1]",
-            "duplicate label 'lora' (also $.variants.lora[0])",
+            "duplicate label 'lora' (also $.phases[0].variants.lora[0])",
             "list each label once",
         ),
         (

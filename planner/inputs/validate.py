@@ -100,7 +100,7 @@ def _check_rules(spec: Spec, source: str) -> Spec:
             "$.phases",
         )
         resources.check_phase_kind(phase.kind, f"{source}: $.phases[{i}].kind")
-        keys = _check_variants(phase, f"{source}: $.phases[{i}]", phase_axes)
+        keys = _check_variants(phase, source, f"$.phases[{i}]", phase_axes)
         captures += keys
         if captures > MAX_CAPTURES:
             what = "capture sizes" if phase.variants is msgspec.UNSET else "graph keys"
@@ -250,10 +250,11 @@ def _check_twins(spec: Spec, source: str, names: Mapping[str, int]) -> None:
                 )
 
 
-def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collection[str]]) -> int:
-    """A phase's variant axes: each one its kind may have, labels unique, at most
-    ``MAX_KEYS_PER_PHASE`` keys; returns the phase's number of graph keys. Call after
-    the kind is checked."""
+def _check_variants(phase: Phase, source: str, path: str, phase_axes: Mapping[str, Collection[str]]) -> int:
+    """A phase's variant axes (the phase at ``path`` of ``source``): each one its kind may
+    have, labels unique, at most ``MAX_KEYS_PER_PHASE`` keys; returns the phase's number of
+    graph keys. Call after the kind is checked."""
+    where = f"{source}: {path}"
     if phase.variants is msgspec.UNSET:
         return len(phase.sizes)
     allowed = phase_axes.get(phase.kind, ())
@@ -270,7 +271,13 @@ def _check_variants(phase: Phase, where: str, phase_axes: Mapping[str, Collectio
         seen: dict[str, int] = {}
         for j, label in enumerate(labels):
             _note_first(
-                seen, label, j, "label", f"{where}.variants.{axis}[{j}]", "list each label once", f"$.variants.{axis}"
+                seen,
+                label,
+                j,
+                "label",
+                f"{where}.variants.{axis}[{j}]",
+                "list each label once",
+                f"{path}.variants.{axis}",
             )
         keys *= len(labels)
     if keys > MAX_KEYS_PER_PHASE:
