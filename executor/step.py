@@ -206,6 +206,10 @@ class LoopStep:
         if steps and outside:  # run outside warmup(): exchanged now (distributed)
             for w in steps:
                 loop.before_step(w)
+        if not steps:
+            # nothing to record: the capture's own time, which graph() and hold() ask this
+            # too, runs on from its warm-ups (resetting it here left only hold()'s in it)
+            return
         for k, w in enumerate(steps):
             loop.figures.step(w, self._t0, scratch=scratch if k == 0 else None)
         self._warmups.done(steps)

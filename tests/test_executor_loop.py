@@ -654,3 +654,61 @@ def test_a_profiling_pass_captures_its_declared_subset_and_leaves_nothing(tmp_pa
     assert fake.snapshot() == []
     with pytest.raises(ExecutorError, match=r"capture_loop\(profiling=\): the profiling pass names phase 'full'"):
         capture_loop(plan, device=CPU, profiling={"full": 2})
+
+
+class _Clock:
+    """A ``time`` stand-in whose ``perf_counter`` moves only when the model says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("driver", ["capture", "engine-loop"])
+def test_a_capture_step_s_seconds_count_its_recording(tmp_path, fake, monkeypatch, driver):
+    """A report's per-step seconds are what an operator (and a start-up prediction's
+    ``timings``: capture.graphs against capture.other) reads for where capture time
+    goes: a capture step counts its graph's recording, a warm-up step its eager runs.
+    The model's forward takes 1 s recording and 0.25 s eagerly on a fake clock."""
+    import capture_plan.executor.driver as driver_mod
+    import capture_plan.executor.loop as loop_mod
+    import capture_plan.executor.measure as measure_mod
+    import capture_plan.executor.step as step_mod
+    from capture_plan.executor import capture, capture_loop
+
+    clock = _Clock()
+    for mod in (driver_mod, loop_mod, measure_mod, step_mod):
+        monkeypatch.setattr(mod, "time", clock)
+    plan = _plan(tmp_path, "triton", ci=False)  # a warm-up before every capture
+    model = Model(fake, {p.name: p.tokens_per_request for p in plan.phases})
+    forward = model.forward
+
+    def timed(phase, bs, ws):
+        clock.now += 1.0 if fake.recording is not None else 0.25
+        return forward(phase, bs, ws)
+
+    model.forward = timed
+    if driver == "capture":
+        gs = capture(plan, AsTarget(model), progress=False, device=CPU)
+    else:
+        with capture_loop(plan, device=CPU) as loop:
+            for step in loop.steps("decode"):
+                for w in step.planned:
+                    with step.warmup(of=w):
+                        for _ in range(max(w.runs, 1)):
+                            model.forward("decode", w.bs, None)
+                with step.graph():
+                    out = model.forward("decode", step.bs, None)
+                step.hold(out)
+                del out
+        gs = loop.graphs
+    try:
+        runs = {s.id: max(s.runs, 1) for s in plan.steps if s.op == "warmup"}
+        assert runs, "the plan warms up: the test needs both kinds of step"
+        seconds = {m.id: m.seconds for m in gs.report.steps}
+        assert seconds == {s.id: 1.0 if s.op == "capture" else 0.25 * runs[s.id] for s in plan.steps}
+        assert gs.report.capture_seconds == sum(seconds.values())  # nothing else moved the clock
+    finally:
+        gs.release()
