@@ -23,6 +23,7 @@ What it does not do: count the nodes of a graph recorded without
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -73,6 +74,20 @@ def _exec_calls():
     return None if isinstance(got, str) else (got["cuGraphInstantiateWithFlags"], got["cuGraphExecDestroy"])
 
 
+def _context_binder() -> Callable[[], None]:
+    """A call that makes the calling thread's current CUDA context current in the thread
+    that runs it (a new thread has none, and the driver refuses its calls: CUresult
+    201); a no-op where the driver or a current context is missing."""
+    got = libcuda.calls("cuCtxGetCurrent", "cuCtxSetCurrent")
+    if isinstance(got, str):
+        return lambda: None
+    ctx = ctypes.c_void_p()
+    if got["cuCtxGetCurrent"](ctypes.byref(ctx)) != 0 or not ctx.value:
+        return lambda: None
+    set_current = got["cuCtxSetCurrent"]
+    return lambda: set_current(ctx) and None
+
+
 class ExecCopies:
     """Extra instantiations of kept graphs, every one alive until :meth:`close` destroys them.
 
@@ -82,20 +97,30 @@ class ExecCopies:
     copy destroyed before the next is made would lend it its memory), and so measures
     the driver memory the whole capture will need, and takes it now
     (``capture_plan.adapters.startup``). Makes nothing where the graphs were not kept
-    or ``libcuda.so.1`` cannot be loaded."""
+    or ``libcuda.so.1`` cannot be loaded.
+
+    Copies of several graphs are made on one thread per graph: an instantiation runs in
+    the driver with the GIL released, and the driver instantiates different graphs
+    side by side, taking the same memory as in turn (docs/measurements.md, "The first
+    prediction's cost"). One graph is never instantiated from two threads at once (the
+    driver does not synchronize access to a graph). Where ``done`` is asked after each copy the
+    copies are made in turn: its answer depends on their order."""
 
     def __init__(self) -> None:
         self._made: list[ctypes.c_void_p] = []
 
     def add(self, graphs: Sequence[object], n: int, done: Callable[[int, int], bool] | None = None) -> tuple[int, int]:
-        """Instantiate the kept ``graphs`` ``n`` times in turn; returns (copies made, their
-        nodes). Stops at the first copy the driver refuses (out of memory), or once
-        ``done(copies made, their nodes)``, asked after each copy, says so (a start-up
-        that has measured enough: ``capture_plan.executor.node_bytes``)."""
+        """Instantiate the kept ``graphs`` ``n`` times in turn (graph ``i`` gets copy
+        ``i``, ``i + len``, ...); returns (copies made, their nodes). Stops at the first
+        copy the driver refuses (out of memory), or once ``done(copies made, their
+        nodes)``, asked after each copy, says so (a start-up that has measured enough:
+        ``capture_plan.executor.node_bytes``)."""
         calls = _exec_calls()
         kept = [(raw, node_count(g) or 0) for g in graphs if (raw := _raw(g)) is not None]
         if calls is None or not kept or n <= 0:
             return 0, 0
+        if done is None and len(kept) > 1:
+            return self._side_by_side(calls[0], kept, n)
         inst, _ = calls
         made = nodes = 0
         for i in range(n):
@@ -107,6 +132,40 @@ class ExecCopies:
             made, nodes = made + 1, nodes + count
             if done is not None and done(made, nodes):
                 break
+        return made, nodes
+
+    def _side_by_side(self, inst, kept: list[tuple[int, int]], n: int) -> tuple[int, int]:
+        """:meth:`add`'s copies on one thread per graph, each making the copies it would
+        make in turn; every thread stops once one copy is refused."""
+        shares = [n // len(kept) + (1 if i < n % len(kept) else 0) for i in range(len(kept))]
+        per_graph: list[list[ctypes.c_void_p]] = [[] for _ in kept]
+        refused = threading.Event()
+        bind = _context_binder()
+
+        def copy(k: int) -> None:
+            bind()
+            raw = ctypes.c_void_p(kept[k][0])
+            for _ in range(shares[k]):
+                if refused.is_set():
+                    return
+                out = ctypes.c_void_p()
+                if inst(ctypes.byref(out), raw, 0) != 0:
+                    refused.set()
+                    return
+                per_graph[k].append(out)
+
+        threads = [threading.Thread(target=copy, args=(k,), name=f"capture-plan-copy-{k}") for k in range(len(kept))]
+        try:
+            for t in threads:
+                t.start()
+        finally:  # every copy made is the caller's to destroy (close), whatever happened
+            for t in threads:
+                if t.ident is not None:  # started
+                    t.join()
+            for mine in per_graph:
+                self._made.extend(mine)
+        made = sum(len(mine) for mine in per_graph)
+        nodes = sum(len(mine) * count for mine, (_, count) in zip(per_graph, kept))
         return made, nodes
 
     def close(self) -> None:

@@ -85,6 +85,9 @@ _p, _size = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
 #: every driver call the executor makes: name -> argument types (cuda.h)
 SIGNATURES: dict[str, list] = {
     "cuDriverGetVersion": [ctypes.POINTER(ctypes.c_int)],
+    # the calling thread's context: a thread of the executor's own binds its caller's
+    "cuCtxGetCurrent": [ctypes.POINTER(_p)],
+    "cuCtxSetCurrent": [_p],
     # (graph, nodes or null for the count alone, count)
     "cuGraphGetNodes": [_p, _p, _size],
     # (graph, from, to, edgeData, numEdges): every array may be null for the count alone

@@ -14,7 +14,9 @@ describes, silently."""
 
 from __future__ import annotations
 
+import ctypes
 import re
+import threading
 from pathlib import Path
 from typing import get_args
 
@@ -405,6 +407,93 @@ def test_graph_copies_of_every_phase_stay_alive_until_closed(monkeypatch):
     copies.close()
     assert not alive
     assert copies.add([_Kept(None)], 4) == (0, 0)  # an engine's own graph has nothing to copy
+
+
+def test_copies_of_a_phase_s_graphs_are_made_side_by_side_one_thread_per_graph(monkeypatch):
+    """A start-up prediction waits for its graph copies: each graph's are made on a thread
+    of its own (the driver instantiates different graphs at once), the same copies as in
+    turn, never one graph from two threads at once, each thread bound to the caller's
+    CUDA context (a new thread has none: the driver refuses it)."""
+    from capture_plan.executor import graph_nodes
+
+    graphs = [_Kept(0x1), _Kept(0x2), _Kept(0x3)]
+    meet = threading.Barrier(3, timeout=30)  # only copies made side by side get past it
+    lock, busy, made, bound = threading.Lock(), set(), [], set()
+
+    def inst(out, raw, flags):
+        with lock:
+            assert raw.value not in busy, "one graph instantiated from two threads at once"
+            busy.add(raw.value)
+            made.append(raw.value)
+            out._obj.value = 1000 + len(made)
+        if made.count(raw.value) == 1:
+            meet.wait()
+        with lock:
+            busy.discard(raw.value)
+        return 0
+
+    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, lambda ex: 0))
+    monkeypatch.setattr(graph_nodes, "node_count", lambda g: {0x1: 10, 0x2: 20, 0x3: 30}[g.raw])
+    monkeypatch.setattr(graph_nodes, "_context_binder", lambda: lambda: bound.add(threading.get_ident()))
+    copies = graph_nodes.ExecCopies()
+    assert copies.add(graphs, 8) == (8, 3 * 10 + 3 * 20 + 2 * 30)  # in turn: 1, 2, 3, 1, 2, 3, 1, 2
+    assert sorted(made) == [1, 1, 1, 2, 2, 2, 3, 3]
+    assert len(bound) == 3 and threading.get_ident() not in bound
+    copies.close()
+    assert copies._made == []
+
+
+def test_a_refused_copy_stops_every_thread_and_what_was_made_is_destroyed(monkeypatch):
+    from capture_plan.executor import graph_nodes
+
+    alive, lock = set(), threading.Lock()
+
+    def inst(out, raw, flags):
+        with lock:
+            if raw.value == 0x2 and any(v // 100 == 2 for v in alive):
+                return 2  # CUDA_ERROR_OUT_OF_MEMORY, at graph 2's second copy
+            out._obj.value = raw.value * 100 + len(alive)
+            alive.add(out._obj.value)
+        return 0
+
+    def destroy(ex):
+        alive.remove(ex.value)
+        return 0
+
+    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, destroy))
+    monkeypatch.setattr(graph_nodes, "node_count", lambda g: 5)
+    copies = graph_nodes.ExecCopies()
+    made, nodes = copies.add([_Kept(0x1), _Kept(0x2)], 40)
+    assert 1 <= made < 40 and nodes == 5 * made == 5 * len(alive)
+    copies.close()
+    assert not alive
+
+
+def test_the_context_binder_makes_the_caller_s_context_current(monkeypatch):
+    from capture_plan.executor import graph_nodes, libcuda
+
+    current, set_to = ctypes.c_void_p(0xC0), []
+
+    def get(out):
+        out._obj.value = current.value
+        return 0
+
+    def put(ctx):
+        set_to.append(ctx.value)
+        return 0
+
+    monkeypatch.setattr(libcuda, "calls", lambda *names: {"cuCtxGetCurrent": get, "cuCtxSetCurrent": put})
+    bind = graph_nodes._context_binder()
+    current.value = 0xD0  # the caller's context is the one it had when the binder was made
+    t = threading.Thread(target=bind)
+    t.start()
+    t.join()
+    assert set_to == [0xC0]
+    current.value = None  # no current context: nothing to bind
+    graph_nodes._context_binder()()
+    assert set_to == [0xC0]
+    monkeypatch.setattr(libcuda, "calls", lambda *names: "libcuda.so.1 cannot be loaded")
+    assert graph_nodes._context_binder()() is None
 
 
 def test_record_on_a_named_device_returns_the_trace_and_every_phases_copies(tmp_path, fake, monkeypatch):
