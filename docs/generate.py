@@ -499,12 +499,14 @@ def engines_034() -> list[str]:
 
 #: issue 41's start-up floor: the prediction's time against the capture after it and the capture
 #: alone (each mode in a fresh process), and where the prediction's time went
-#: the first prediction's cost, before and after its graph copies ran beside the build, and
-#: again after the review's fixes to those copies (another fresh machine: run-to-run spread)
+#: the first prediction's cost, before and after its graph copies ran beside the build, again
+#: after the review's fixes to those copies (another fresh machine: run-to-run spread), and with
+#: a phase's copies made side by side, one thread per recorded graph (executor/graph_nodes.py)
 STARTUP_FLOOR_RUNS = (
     "device-2026-12-04-startup-floor.json",
     "device-2026-12-04-startup-overlap.json",
     "device-2026-12-04-after-review.json",
+    "device-2026-12-04-side-by-side-copies.json",
 )
 
 

@@ -680,3 +680,26 @@ def test_startup_added_is_the_prediction_plus_the_capture_after_it_less_the_capt
     assert got["added_s"] == pytest.approx(0.2) and got["added_of_capture"] == pytest.approx(0.2 / 1.5)
     assert d.startup_added({"startup": row["startup"]}) is None
     assert d.startup_added({"executor": row["executor"], "startup": {"error": "OOM"}}) is None
+
+
+def test_the_copies_bench_summary_compares_medians_and_says_when_driver_memory_differs():
+    """bench/copies_bench.py's summary line is what the issue note quotes: the median of
+    each way, their ratio, and whether both ways took the prediction's driver memory."""
+    summary = bench_module("copies_bench").summary
+
+    def run(seconds, took):
+        return {"seconds": seconds, "phases": {"decode": {"took_bytes": took}}}
+
+    same = {
+        "in-turn": [run(0.2, 4), run(0.3, 4), run(0.4, 4)],
+        "side-by-side": [run(0.1, 4), run(0.5, 4), run(0.15, 4)],
+    }
+    assert summary("reference", same) == (
+        "reference: copies in turn 0.300 s, side by side 0.150 s (0.50x, medians of 3 and 3), "
+        "the same driver memory per phase in every process"
+    )
+    differs = {"in-turn": [run(0.2, 4)], "side-by-side": [run(0.1, 6), {"error": "boom"}]}
+    assert summary("eagle", differs).endswith("(0.50x, medians of 1 and 1), driver memory differs")
+    assert summary("eagle", {"in-turn": [{"error": "boom"}], "side-by-side": [run(0.1, 4)]}) == (
+        "eagle: a way failed in every process"
+    )
