@@ -33,8 +33,10 @@ reuses it. The bytes per node of each phase come from it, and each planned
 graph's node count from the recorded ones (``planner/memory/device.py``: linear
 between recorded sizes).
 The copies are made on a thread of their own while the plan is built from the recorded
-trace (CPU work: the instantiations run in the driver with the GIL released), and awaited
-before anything reads the device again. Every copy is made by default. A phase's copies
+trace (CPU work: the instantiations run in the driver with the GIL released), a phase's
+copies on one thread per recorded graph (``ExecCopies``: the driver instantiates different
+graphs side by side), and awaited before anything reads the device again. Every copy is
+made by default. A phase's copies
 can be stopped early (``copy_error``, off by default: None) once every reading so far
 bounds its bytes per node so that the copies not made would be predicted within that
 budget (``capture_plan.executor.node_bytes``); ``shortcuts`` says why. Off because it does
