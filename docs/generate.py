@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -507,6 +508,7 @@ STARTUP_FLOOR_RUNS = (
     "device-2026-12-04-startup-overlap.json",
     "device-2026-12-04-after-review.json",
     "device-2026-12-04-side-by-side-copies.json",
+    "device-2026-12-04-side-by-side-copies-2.json",
 )
 
 
@@ -553,6 +555,35 @@ def startup_floor() -> list[str]:
         "prediction + capture - capture alone s",
     ]
     return [*_table(header, rows), "", *sources]
+
+
+#: a start-up prediction's graph copies in turn against side by side (bench/copies_bench.py)
+COPIES_RUN = "copies-2026-12-04.json"
+
+
+def copies() -> list[str]:
+    """Per case and way: the copies' seconds in each fresh process, their median, and the
+    driver memory per phase they took (the same in every process, or each process's)."""
+    d = _load(COPIES_RUN)
+    rows = []
+    for case, label in _STARTUP.items():
+        runs = d["cases"].get(case)
+        if runs is None:
+            continue
+        for way, rs in runs.items():
+            ok = [r for r in rs if "phases" in r]
+            took = {", ".join(f"{n} {_mib(ph['took_bytes'] / 2**20)}" for n, ph in r["phases"].items()) for r in ok}
+            rows.append(
+                [
+                    label,
+                    way,
+                    " / ".join(f"{r['seconds']:.3f}" for r in ok),
+                    f"{statistics.median(r['seconds'] for r in ok):.3f}" if ok else "failed",
+                    " | ".join(sorted(took)),
+                ]
+            )
+    header = ["model", "copies", "seconds per process", "median s", "driver memory per phase MiB"]
+    return [*_table(header, rows), _source(COPIES_RUN, d)]
 
 
 #: executable reuse on the H200: every phase set to reuse, before and after the edges' data fix,
@@ -1032,6 +1063,7 @@ TABLES = {
     "engines": engines,
     "engines-034": engines_034,
     "startup-floor": startup_floor,
+    "copies": copies,
     "reuse": reuse,
     "replay-times": replay_times,
     "hooks": hooks,
