@@ -510,6 +510,9 @@ STARTUP_FLOOR_RUNS = (
     "device-2026-12-04-side-by-side-copies.json",
     "device-2026-12-04-side-by-side-copies-2.json",
 )
+#: the runs whose recording is split right into its graphs, warm-ups and the rest: before
+#: 8b0d8aa a capture step's seconds left its recording out (executor/step.py)
+STARTUP_FLOOR_SPLIT = {"device-2026-12-04-side-by-side-copies.json", "device-2026-12-04-side-by-side-copies-2.json"}
 
 
 def startup_floor() -> list[str]:
@@ -532,12 +535,19 @@ def startup_floor() -> list[str]:
             added = startup_added(row)
             waited = parts.get("record.copies.waited")
             copies = f"{parts['record.copies']:.2f}" + (f" ({waited:.2f})" if waited is not None else "")
+            split = (
+                f"{parts['record.capture.graphs']:.2f} / {parts['record.capture.warmup']:.2f} / "
+                f"{parts['record.capture.other']:.2f}"
+                if name in STARTUP_FLOOR_SPLIT
+                else "(not split right)"
+            )
             rows.append(
                 [
                     f"{label} (`{d['git_commit'][:7]}`)",
                     st["steps_within_1pct_or_2mib"],
                     f"{st['predict_s']:.2f}",
                     f"{parts['record.capture']:.2f} / {copies} / {parts['build']:.2f}",
+                    split,
                     f"{st['capture_s']:.2f}",
                     f"{st['predict_s'] / st['capture_s']:.2f}x",
                     f"{ex['capture_s']:.2f}",
@@ -549,6 +559,7 @@ def startup_floor() -> list[str]:
         "steps within 1% or 2 MiB",
         "prediction s",
         "of it: recording / graph copies (waited for) / build s",
+        "of the recording: graphs / warm-ups / the rest s",
         "capture after it s",
         "prediction / capture after it",
         "capture alone s",
