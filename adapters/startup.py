@@ -24,7 +24,7 @@ the capture stream's cuBLAS workspace, other allocator memory (the RNG state's
 segment, made at the first capture), and the driver memory of the graphs.
 
 The driver memory is measured for the whole plan, not extrapolated: the
-recorded graphs are instantiated again, in turn, until each phase has as many
+recorded graphs are instantiated again until each phase has as many
 as the plan captures, every copy alive at once, then destroyed. Measured on an
 H200: the driver takes a graph's memory at instantiation (2,748 to 3,029 bytes
 a node, by model, in 2 MiB steps) and keeps it after the graph is destroyed,

@@ -280,10 +280,10 @@ class CaptureLoop:
         if cur is not None and not cur.landed:
             raise self._unheld(cur, f"the engine's loop moved on to {key_text(phase, bs, pairs)}")
         cursor.check(pp, bs, pairs)
-        t0 = time.perf_counter()
         provisions, warmups, s = cursor.upcoming()
         for p in provisions:  # the warm-ups: the engine runs them at the capture, measured when it has
             self.setup(p)
+        t0 = time.perf_counter()  # after the provisions, which setup() measured as steps of their own
         if s is None:
             raise ExecutorError(
                 f"the engine's loop asked for {key_text(phase, bs, pairs)}, but the plan's captures are all made",

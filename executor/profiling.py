@@ -206,8 +206,9 @@ def record(
     :func:`profile`'s) and return their trace and report.
 
     ``instantiate``: per phase, how many graphs should be instantiated in all: the
-    phase's recorded graphs are instantiated again, in turn, until the phase has that
-    many, every copy of every phase alive at once, then the copies are destroyed
+    phase's recorded graphs are instantiated again (side by side, one thread per graph; in
+    turn with ``copy_error``) until the phase has that many, every copy of every phase
+    alive at once, then the copies are destroyed
     (``capture_plan.executor.graph_nodes.ExecCopies``). The driver keeps their
     memory for the graphs the process instantiates later, so ``copies[phase]``'s bytes
     measure the driver memory of a capture of that many graphs, taken now. ``device``: as

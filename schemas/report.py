@@ -44,6 +44,12 @@ class StepMeasurement(ReportStruct, frozen=True, kw_only=True):
     #: measured reserved bytes of the plan's pools after the step
     reserved: NonNegative
     predicted_reserved: NonNegative
+    #: the step's wall time on the host: a warm-up step its eager runs; a capture step its
+    #: graph's recording and instantiation, from the end of its warm-ups (or from the step's
+    #: start) until its outputs were held, the engine's eager work between them included
+    #: (reports written before 8b0d8aa counted only the holding; where an engine runs its
+    #: warm-ups outside ``warmup()`` and records the graph itself, ``hold(graph=)``, the
+    #: warm-up steps hold the recording too); a provision its allocation
     seconds: NonNegativeFloat
     #: free device memory after the step (``torch.cuda.mem_get_info``); None where not measured
     free: NonNegative | None = None

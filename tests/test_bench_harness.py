@@ -235,7 +235,9 @@ def test_every_bench_module_runs_help_without_a_gpu():
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, f"{name}: {err[-2000:]}"
         assert out.startswith("usage: "), name
-    assert len(procs) == 14  # every bench module: adoption_bench, sizes_bench, engine_releases, opts_walk...
+    assert (
+        len(procs) == 15
+    )  # every bench module: adoption_bench, sizes_bench, engine_releases, opts_walk, copies_bench...
 
 
 def _sources():

@@ -444,15 +444,22 @@ def test_copies_of_a_phase_s_graphs_are_made_side_by_side_one_thread_per_graph(m
 
 
 def test_a_refused_copy_stops_every_thread_and_what_was_made_is_destroyed(monkeypatch):
+    """Out of memory on one graph's thread stops the others at their next copy: graph 1's
+    first copy returns only once graph 2's thread, refused at its first, has ended."""
     from capture_plan.executor import graph_nodes
 
-    alive, lock = set(), threading.Lock()
+    alive, lock, refusing = set(), threading.Lock(), []
+    refused = threading.Event()
 
     def inst(out, raw, flags):
+        if raw.value == 0x2:
+            refusing.append(threading.current_thread())
+            refused.set()
+            return 2  # CUDA_ERROR_OUT_OF_MEMORY
+        assert refused.wait(timeout=30), "graph 2's copy never ran beside graph 1's"
+        refusing[0].join(timeout=30)  # its thread has stopped the others by now
         with lock:
-            if raw.value == 0x2 and any(v // 100 == 2 for v in alive):
-                return 2  # CUDA_ERROR_OUT_OF_MEMORY, at graph 2's second copy
-            out._obj.value = raw.value * 100 + len(alive)
+            out._obj.value = 100 + len(alive)
             alive.add(out._obj.value)
         return 0
 
@@ -463,10 +470,47 @@ def test_a_refused_copy_stops_every_thread_and_what_was_made_is_destroyed(monkey
     monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, destroy))
     monkeypatch.setattr(graph_nodes, "node_count", lambda g: 5)
     copies = graph_nodes.ExecCopies()
-    made, nodes = copies.add([_Kept(0x1), _Kept(0x2)], 40)
-    assert 1 <= made < 40 and nodes == 5 * made == 5 * len(alive)
+    assert copies.add([_Kept(0x1), _Kept(0x2)], 40) == (1, 5)  # graph 1's first copy, then nothing
+    assert len(alive) == 1
     copies.close()
     assert not alive
+
+
+@pytest.mark.parametrize("side_by_side", [True, False])
+def test_a_copy_that_fails_otherwise_is_an_error_not_a_short_count(monkeypatch, side_by_side):
+    """Only out of memory ends the copies short: any other CUresult (an invalid context,
+    201, on a thread without one) would leave the prediction's driver memory short."""
+    from capture_plan.executor import ExecutorError, graph_nodes
+
+    alive = set()
+
+    def inst(out, raw, flags):
+        if raw.value == 0x2 or len(alive) >= 3:
+            return 201
+        out._obj.value = 100 + len(alive)
+        alive.add(out._obj.value)
+        return 0
+
+    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, lambda ex: alive.remove(ex.value) or 0))
+    monkeypatch.setattr(graph_nodes, "node_count", lambda g: 5)
+    copies = graph_nodes.ExecCopies()
+    graphs = [_Kept(0x1), _Kept(0x2)] if side_by_side else [_Kept(0x1)]
+    with pytest.raises(ExecutorError, match=r"instantiating a copy of graph 0x[12] failed with CUresult 201"):
+        copies.add(graphs, 8)
+    copies.close()  # what was made before the failure is still destroyed
+    assert not alive
+
+
+def test_a_context_the_thread_cannot_bind_is_an_error(monkeypatch):
+    from capture_plan.executor import ExecutorError, graph_nodes, libcuda
+
+    def get(out):
+        out._obj.value = 0xC0
+        return 0
+
+    monkeypatch.setattr(libcuda, "calls", lambda *names: {"cuCtxGetCurrent": get, "cuCtxSetCurrent": lambda c: 201})
+    with pytest.raises(ExecutorError, match=r"could not make the caller's CUDA context current \(CUresult 201\)"):
+        graph_nodes._context_binder()()
 
 
 def test_the_context_binder_makes_the_caller_s_context_current(monkeypatch):
