@@ -509,10 +509,15 @@ STARTUP_FLOOR_RUNS = (
     "device-2026-12-04-after-review.json",
     "device-2026-12-04-side-by-side-copies.json",
     "device-2026-12-04-side-by-side-copies-2.json",
+    "device-2026-12-04-side-by-side-models.json",
 )
 #: the runs whose recording is split right into its graphs, warm-ups and the rest: before
 #: 8b0d8aa a capture step's seconds left its recording out (executor/step.py)
-STARTUP_FLOOR_SPLIT = {"device-2026-12-04-side-by-side-copies.json", "device-2026-12-04-side-by-side-copies-2.json"}
+STARTUP_FLOOR_SPLIT = {
+    "device-2026-12-04-side-by-side-copies.json",
+    "device-2026-12-04-side-by-side-copies-2.json",
+    "device-2026-12-04-side-by-side-models.json",
+}
 
 
 def startup_floor() -> list[str]:
@@ -530,7 +535,7 @@ def startup_floor() -> list[str]:
             row = d["cases"].get(case)
             if row is None:
                 continue
-            st, ex = row["startup"], row["executor"]
+            st, ex = row["startup"], row.get("executor")  # a run of the startup mode alone has no capture alone
             parts = st["predict_parts_s"]
             added = startup_added(row)
             waited = parts.get("record.copies.waited")
@@ -550,8 +555,8 @@ def startup_floor() -> list[str]:
                     split,
                     f"{st['capture_s']:.2f}",
                     f"{st['predict_s'] / st['capture_s']:.2f}x",
-                    f"{ex['capture_s']:.2f}",
-                    f"{added['added_s']:+.2f} ({added['added_of_capture']:+.2f}x)",
+                    f"{ex['capture_s']:.2f}" if ex else "(not run)",
+                    f"{added['added_s']:+.2f} ({added['added_of_capture']:+.2f}x)" if added else "(not run)",
                 ]
             )
     header = [
