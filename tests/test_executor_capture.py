@@ -380,26 +380,38 @@ def test_every_capture_step_reports_its_graphs_nodes_and_no_warmup_does(tmp_path
     assert all(got[s.id] is None for s in plan.steps if s.op != "capture")
 
 
+def _fake_driver(monkeypatch, inst, nodes) -> set:
+    """The driver's instantiate and destroy for ExecCopies: ``inst(out, raw, flags)`` makes a
+    copy (it adds the handle it gives ``out`` to the set returned, the copies alive) and
+    ``nodes(graph)`` counts a graph's nodes; destroying a copy takes it out of the set."""
+    from capture_plan.executor import graph_nodes
+
+    alive: set = set()
+
+    def destroy(ex):
+        alive.remove(ex.value)
+        return 0
+
+    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (lambda out, raw, flags: inst(out, raw, alive), destroy))
+    monkeypatch.setattr(graph_nodes, "node_count", nodes)
+    return alive
+
+
 def test_graph_copies_of_every_phase_stay_alive_until_closed(monkeypatch):
     """The driver lends a destroyed copy's memory to the next: copies destroyed phase by
     phase measured EAGLE's later phases at a tenth of their driver memory on the H200.
     Every copy must be alive when the last one is made."""
     from capture_plan.executor import graph_nodes
 
-    alive, most = set(), [0]
+    most = [0]
 
-    def inst(out, raw, flags):
+    def inst(out, raw, alive):
         out._obj.value = 1000 + len(alive) + most[0] * 7
         alive.add(out._obj.value)
         most[0] = max(most[0], len(alive))
         return 0
 
-    def destroy(ex):
-        alive.remove(ex.value)
-        return 0
-
-    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, destroy))
-    monkeypatch.setattr(graph_nodes, "node_count", lambda g: 900)
+    alive = _fake_driver(monkeypatch, inst, lambda g: 900)
     copies = graph_nodes.ExecCopies()
     assert copies.add([_Kept(0x1), _Kept(0x2)], 5) == (5, 4500)  # a phase's two graphs, in turn
     assert copies.add([_Kept(0x3)], 3) == (3, 2700)  # the next phase's, the first's still alive
@@ -448,10 +460,10 @@ def test_a_refused_copy_stops_every_thread_and_what_was_made_is_destroyed(monkey
     first copy returns only once graph 2's thread, refused at its first, has ended."""
     from capture_plan.executor import graph_nodes
 
-    alive, lock, refusing = set(), threading.Lock(), []
+    lock, refusing = threading.Lock(), []
     refused = threading.Event()
 
-    def inst(out, raw, flags):
+    def inst(out, raw, alive):
         if raw.value == 0x2:
             refusing.append(threading.current_thread())
             refused.set()
@@ -463,12 +475,7 @@ def test_a_refused_copy_stops_every_thread_and_what_was_made_is_destroyed(monkey
             alive.add(out._obj.value)
         return 0
 
-    def destroy(ex):
-        alive.remove(ex.value)
-        return 0
-
-    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, destroy))
-    monkeypatch.setattr(graph_nodes, "node_count", lambda g: 5)
+    alive = _fake_driver(monkeypatch, inst, lambda g: 5)
     copies = graph_nodes.ExecCopies()
     assert copies.add([_Kept(0x1), _Kept(0x2)], 40) == (1, 5)  # graph 1's first copy, then nothing
     assert len(alive) == 1
@@ -482,17 +489,14 @@ def test_a_copy_that_fails_otherwise_is_an_error_not_a_short_count(monkeypatch, 
     201, on a thread without one) would leave the prediction's driver memory short."""
     from capture_plan.executor import ExecutorError, graph_nodes
 
-    alive = set()
-
-    def inst(out, raw, flags):
+    def inst(out, raw, alive):
         if raw.value == 0x2 or len(alive) >= 3:
             return 201
         out._obj.value = 100 + len(alive)
         alive.add(out._obj.value)
         return 0
 
-    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (inst, lambda ex: alive.remove(ex.value) or 0))
-    monkeypatch.setattr(graph_nodes, "node_count", lambda g: 5)
+    alive = _fake_driver(monkeypatch, inst, lambda g: 5)
     copies = graph_nodes.ExecCopies()
     graphs = [_Kept(0x1), _Kept(0x2)] if side_by_side else [_Kept(0x1)]
     with pytest.raises(ExecutorError, match=r"instantiating a copy of graph 0x[12] failed with CUresult 201"):
