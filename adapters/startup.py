@@ -36,15 +36,14 @@ The copies are made on a thread of their own while the plan is built from the re
 trace (CPU work: the instantiations run in the driver with the GIL released), a phase's
 copies on one thread per recorded graph (``ExecCopies``: the driver instantiates different
 graphs side by side), and awaited before anything reads the device again. Every copy is
-made by default. A phase's copies
-can be stopped early (``copy_error``, off by default: None) once every reading so far
-bounds its bytes per node so that the copies not made would be predicted within that
-budget (``capture_plan.executor.node_bytes``); ``shortcuts`` says why. Off because it does
-not hold on the device: on an H200 the reference's copies stopped after 15 of 33 at a 1
-MiB budget and 7 of the capture's 37 steps then fell outside 1% or 2 MiB
-(bench/results/device-2026-12-04-startup-split.json): a graph's driver memory lands in 2
-MiB steps at its own instantiation, so the copies not made shift every later step, not
-only the total.
+made by default. A phase's copies can be stopped early (``copy_error``, off by default:
+None) once every reading so far bounds its bytes per node so that the copies not made
+would be predicted within that budget (``capture_plan.executor.node_bytes``);
+``shortcuts`` says why. Off because it does not hold on the device: on an H200 the
+reference's copies stopped after 15 of 33 at a 1 MiB budget and 7 of the capture's 37
+steps then fell outside 1% or 2 MiB (bench/results/device-2026-12-04-startup-split.json):
+a graph's driver memory lands in 2 MiB steps at its own instantiation, so the copies not
+made shift every later step, not only the total.
 
 ``total_bytes`` is what the whole capture takes from free memory in a process
 that has captured nothing yet; ``pending_bytes`` what it will still take from
