@@ -125,12 +125,10 @@ def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> 
     )
 
 
-def copy_budget(
-    counts: dict[str, int], chosen: dict[str, list[int]], copy_error: float | None
-) -> tuple[float | None, str]:
+def copy_budget(counts: dict[str, int], recorded: dict[str, int], copy_error: float | None) -> tuple[float | None, str]:
     """The ``copy_error`` the recording may stop copies at, and why not (an empty reason
     where it may, or where none was asked). ``counts``: graphs the plan captures per
-    phase; ``chosen``: the sizes recorded per phase.
+    phase; ``recorded``: the graphs the recording captures per phase.
 
     One phase needing copies: its copies not made are off by at most the budget at every
     step (the capture reuses the held memory before it takes more, so a step within the
@@ -140,7 +138,7 @@ def copy_budget(
     its held nodes, whatever the budget: only every copy makes those steps exact."""
     if copy_error is None:
         return None, ""
-    need = sorted(n for n, c in counts.items() if c > len(chosen.get(n, [])))
+    need = sorted(n for n, c in counts.items() if c > recorded.get(n, 0))
     if len(need) > 1:
         return None, (
             f"every copy made: {len(need)} phases need copies ({', '.join(need)}), and a stop in one would leave "

@@ -192,6 +192,46 @@ def test_in_a_process_that_recorded_nothing_the_workspace_comes_with_the_first_w
     assert _peak(plan, {}, {}, line) is None  # a warm-up of unknown scratch: no peak, never a guess
 
 
+def test_the_copies_count_every_graph_key_the_plan_captures(monkeypatch, tmp_path):
+    """A phase with variant axes captures a graph per size and label combination: the
+    copies must bring the phase to that many graphs. Counted by its sizes (5 here) they
+    asked for none beyond the 12 graphs recorded, and 8 of the 20 the capture makes had
+    no driver memory held for them (the copies not made shift later steps: copy_error's
+    finding on the H200). With copy_error, a phase recorded whole needs no copies."""
+    from capture_plan.adapters import startup
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(
+        '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16]\n'
+        'variants = { lora = ["lora", "nolora"], attention = ["b", "a"] }\n'
+    )
+    opts = BuildOptions(backend="fa3", spec=spec)
+    keyed = build_plan(opts)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def record(*a, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)  # no GPU here
+    with pytest.raises(Stop):
+        startup.predict_startup(object(), opts, schedule=keyed)
+    assert seen["instantiate"] == {"decode": 5 * 2 * 2}
+    assert seen["instantiate"]["decode"] == sum(s.op == "capture" for s in keyed.steps)
+    # with copy_error: a keyed phase recorded whole (every size, 20 graphs) needs no copies,
+    # so the one other phase that does may stop its own early
+    spec.write_text(spec.read_text() + '[[phases]]\nname = "verify"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16]\n')
+    two = build_plan(opts)
+    seen.clear()
+    with pytest.raises(Stop):
+        startup.predict_startup(object(), opts, schedule=two, sizes={"decode": [1, 2, 4, 8, 16]}, copy_error=2**20)
+    assert seen["instantiate"] == {"decode": 20, "verify": 5} and seen["copy_error"] == 2**20
+
+
 def test_a_given_schedule_is_recorded_from_and_none_is_built(monkeypatch, plan):
     """An engine's checked-in plan is the schedule: the analytic build (1.7 s for EAGLE's
     four phases) is skipped and the recording follows that plan."""
@@ -872,13 +912,13 @@ def test_the_copy_budget_applies_to_one_phase_needing_copies_and_is_refused_for_
     from capture_plan.adapters.startup_figures import COPY_ERROR, copy_budget
 
     one = {"decode": 51}
-    assert copy_budget(one, {"decode": [1, 120, 256]}, COPY_ERROR) == (COPY_ERROR, "")
-    assert copy_budget(one, {"decode": [1, 120, 256]}, None) == (None, "")
+    assert copy_budget(one, {"decode": 3}, COPY_ERROR) == (COPY_ERROR, "")
+    assert copy_budget(one, {"decode": 3}, None) == (None, "")
     eagle = {p: 57 for p in ("decode", "draft_decode", "draft_extend", "target_verify")}
-    budget, why = copy_budget(eagle, {p: [1, 60, 256] for p in eagle}, COPY_ERROR)
+    budget, why = copy_budget(eagle, {p: 3 for p in eagle}, COPY_ERROR)
     assert budget is None and why.startswith("every copy made: 4 phases need copies")
     # phases recorded whole need no copies: the one left may stop early
-    whole = {p: list(range(57)) for p in eagle if p != "decode"} | {"decode": [1, 60, 256]}
+    whole = {p: 57 for p in eagle if p != "decode"} | {"decode": 3}
     assert copy_budget(eagle, whole, COPY_ERROR) == (COPY_ERROR, "")
 
 
