@@ -270,3 +270,40 @@ dist.destroy_process_group()
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "RESULT 4 True" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
+def test_a_primed_stream_s_gemms_of_every_dtype_take_no_memory_and_the_priming_runs_bf16_only():
+    """The capture stream is primed before the first capture so that no cuBLAS workspace
+    lands in a graph's pool: after ``prime_stream`` a GEMM of any dtype on that stream
+    allocates nothing. The priming itself runs bfloat16 GEMMs only: a float32 GEMM added
+    nothing to the workspace and made a model that runs none load cuBLAS's float32 kernels
+    at every start-up prediction (the reference's priming took several times longer)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from capture_plan.executor.streams import prime_stream
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    seen: list[tuple[str, torch.dtype]] = []
+
+    class Gemms(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__
+            if name.startswith(("addmm", "mm", "bmm", "matmul")):
+                seen.append((name, args[1].dtype))
+            return func(*args, **(kwargs or {}))
+
+    stream = torch.cuda.Stream(device=dev)  # a stream of this test's own: no GEMM has run on it
+    with Gemms():
+        prime_stream(dev, stream)
+    assert seen and {dt for _, dt in seen} == {torch.bfloat16}, seen
+    operands = {dt: torch.ones(64, 64, device=dev, dtype=dt) for dt in (torch.float32, torch.bfloat16, torch.float16)}
+    outs = {dt: torch.empty(64, 64, device=dev, dtype=dt) for dt in operands}
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved(dev)
+    with torch.cuda.stream(stream):
+        for dt, a in operands.items():
+            torch.addmm(a, a, a, out=outs[dt])
+            torch.matmul(a, a, out=outs[dt])
+        stream.synchronize()
+    assert torch.cuda.memory_reserved(dev) == before  # the workspace was there for every dtype
