@@ -134,10 +134,21 @@ def _code_identity() -> str:
 
     parts = []
     for pkg in (capture_plan.schemas, capture_plan.planner, capture_plan.executor, capture_plan.adapters):
-        root = Path(pkg.__file__).parent  # pyright: ignore[reportArgumentType]  # packages have a file
-        for path in sorted([*root.rglob("*.py"), *root.rglob("*.toml")]):
-            st = path.stat()
-            parts.append(f"{pkg.__name__}/{path.relative_to(root).as_posix()} {st.st_size} {st.st_mtime_ns}")
+        root = os.path.dirname(pkg.__file__)  # pyright: ignore[reportArgumentType]  # packages have a file
+        found = []
+        # one os.walk for both suffixes, bytecode folders pruned: this is on every recording
+        # start-up's path, and Path.rglob walked each package twice, __pycache__ included
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            rel = os.path.relpath(folder, root).replace(os.sep, "/")
+            found += [
+                (f if rel == "." else f"{rel}/{f}", os.path.join(folder, f))
+                for f in files
+                if f.endswith((".py", ".toml"))
+            ]
+        for rel, path in sorted(found):
+            st = os.stat(path)
+            parts.append(f"{pkg.__name__}/{rel} {st.st_size} {st.st_mtime_ns}")
     return sha256("\n".join(parts).encode())
 
 

@@ -582,6 +582,45 @@ def test_the_key_names_the_spec_by_content_not_by_path(plan, tmp_path):
     assert calibration_key("m", plan, BuildOptions(backend="fa3", ci=True), cpu)["options"] != a["options"]
 
 
+def test_the_code_part_of_the_key_changes_with_a_module_or_data_table_never_with_bytecode(monkeypatch, tmp_path):
+    """A changed planner under the same version records again: an edited module or a new
+    data table of the packages that make or read a calibration changes the key's code
+    part; Python writing bytecode next to them (every start-up may) does not."""
+    import os
+
+    import capture_plan.adapters
+    import capture_plan.executor
+    import capture_plan.planner
+    import capture_plan.schemas
+    from capture_plan.adapters import calibration_cache
+
+    for pkg in (capture_plan.schemas, capture_plan.planner, capture_plan.executor, capture_plan.adapters):
+        root = tmp_path / pkg.__name__.rsplit(".", 1)[1]
+        (root / "memory").mkdir(parents=True)
+        (root / "__init__.py").write_text("")
+        (root / "memory" / "fit.py").write_text("x = 1\n")
+        monkeypatch.setattr(pkg, "__file__", str(root / "__init__.py"))
+
+    def code() -> str:
+        calibration_cache._code_identity.cache_clear()
+        return calibration_cache._code_identity()
+
+    first = code()
+    assert code() == first
+    cache = tmp_path / "planner" / "memory" / "__pycache__"
+    cache.mkdir()
+    (cache / "fit.cpython-312.pyc").write_bytes(b"bytecode")
+    assert code() == first
+    (tmp_path / "planner" / "memory" / "table.toml").write_text("[a]\n")
+    with_table = code()
+    assert with_table != first
+    fit = tmp_path / "executor" / "memory" / "fit.py"
+    fit.write_text("x = 2\n")  # same size: the modification time tells
+    os.utime(fit, ns=(1, 1))
+    assert code() != with_table
+    calibration_cache._code_identity.cache_clear()  # the real packages' again for later tests
+
+
 def test_a_capture_that_took_less_in_between_but_the_same_in_the_end_holds(monkeypatch, plan, tmp_path):
     """In a process that recorded nothing, the driver takes the graphs' memory a 2 MiB step
     or two later than their nodes say, then catches up (measured on an H200): steps
