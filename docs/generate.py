@@ -502,7 +502,8 @@ def engines_034() -> list[str]:
 #: alone (each mode in a fresh process), and where the prediction's time went
 #: the first prediction's cost, before and after its graph copies ran beside the build, again
 #: after the review's fixes to those copies (another fresh machine: run-to-run spread), and with
-#: a phase's copies made side by side, one thread per recorded graph (executor/graph_nodes.py)
+#: a phase's copies made side by side, one thread per recorded graph (executor/graph_nodes.py),
+#: then with the capture stream primed in bfloat16 only and the copies destroyed side by side
 STARTUP_FLOOR_RUNS = (
     "device-2026-12-04-startup-floor.json",
     "device-2026-12-04-startup-overlap.json",
@@ -510,6 +511,7 @@ STARTUP_FLOOR_RUNS = (
     "device-2026-12-04-side-by-side-copies.json",
     "device-2026-12-04-side-by-side-copies-2.json",
     "device-2026-12-04-side-by-side-models.json",
+    "device-2026-12-04-bf16-priming.json",
 )
 #: the runs whose recording is split right into its graphs, warm-ups and the rest: before
 #: 8b0d8aa a capture step's seconds left its recording out (executor/step.py)
@@ -517,6 +519,7 @@ STARTUP_FLOOR_SPLIT = {
     "device-2026-12-04-side-by-side-copies.json",
     "device-2026-12-04-side-by-side-copies-2.json",
     "device-2026-12-04-side-by-side-models.json",
+    "device-2026-12-04-bf16-priming.json",
 }
 
 
