@@ -655,9 +655,10 @@ def reuse() -> list[str]:
 
 
 #: replay time per graph (median of 20 after 3 untimed) for three cases, and the timed reports
-#: that run wrote beside it (report-CASE-timed-2026-12-02.json)
-TIMING = "device-2026-12-02-timing.json"
-TIMED_REPORT = "report-reference-timed-2026-12-02.json"
+#: that run wrote beside it (report-CASE-timed-2026-12-04-timing.json: since 8b0d8aa a capture
+#: step's seconds count its recording; the 2026-12-02 reports' did not)
+TIMING = "device-2026-12-04-timing.json"
+TIMED_REPORT = "report-reference-timed-2026-12-04-timing.json"
 #: the sizes the replay-times table shows
 _TIMED_SIZES = (1, 8, 64, 256)
 #: ``planner sizes`` on the reference's measured replay times (the traffic of the README's front)
