@@ -143,7 +143,6 @@ class ExecCopies:
 
     def __init__(self) -> None:
         self._made: list[ctypes.c_void_p] = []
-        self._threads = 1  # the most threads add() made copies on: close() destroys on as many
 
     def add(self, graphs: Sequence[object], n: int, done: Callable[[int, int], bool] | None = None) -> tuple[int, int]:
         """Instantiate the kept ``graphs`` ``n`` times, graph ``i`` getting copies ``i``,
@@ -184,7 +183,6 @@ class ExecCopies:
             share[raw] = share.get(raw, 0) + 1
             count[raw] = nodes
         made: dict[int, list[ctypes.c_void_p]] = {raw: [] for raw in share}
-        self._threads = max(self._threads, len(share))
         stop = threading.Event()
         errors: list[BaseException] = []
         bind = _context_binder()
@@ -222,37 +220,9 @@ class ExecCopies:
         return sum(len(m) for m in made.values()), sum(len(m) * count[raw] for raw, m in made.items())
 
     def close(self) -> None:
-        """Destroy every copy (the driver keeps their memory for later graphs), side by side
-        on as many threads as :meth:`add` made them on (a destruction runs in the driver with
-        the GIL released; each copy is destroyed once, by one thread). What a thread could
-        not destroy (its context refused) is destroyed here, on the caller's thread."""
+        """Destroy every copy (the driver keeps their memory for later graphs)."""
         calls = _exec_calls()
-        made, self._made = self._made, []
-        if calls is None or not made:
-            return
-        destroy = calls[1]
-        parts = [made[i :: self._threads] for i in range(min(self._threads, len(made)))]
-        if len(parts) == 1:
-            for ex in parts[0]:
-                destroy(ex)
-            return
-        bind = _context_binder()
-        left: list[ctypes.c_void_p] = []
-
-        def run(part: list[ctypes.c_void_p]) -> None:
-            try:
-                bind()
-            except ExecutorError:
-                left.extend(part)
-                return
-            for ex in part:
-                destroy(ex)
-
-        threads = [threading.Thread(target=run, args=(part,), name="capture-plan-destroy") for part in parts[1:]]
-        for t in threads:
-            t.start()
-        run(parts[0])
-        for t in threads:
-            t.join()
-        for ex in left:
-            destroy(ex)
+        while self._made:
+            ex = self._made.pop()
+            if calls is not None:
+                calls[1](ex)

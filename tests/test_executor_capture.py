@@ -455,52 +455,6 @@ def test_copies_of_a_phase_s_graphs_are_made_side_by_side_one_thread_per_graph(m
     assert copies._made == []
 
 
-def test_copies_made_side_by_side_are_destroyed_side_by_side_each_once(monkeypatch):
-    """The start-up prediction waits for the copies' destruction too: close() destroys on
-    as many threads as the copies were made on (each bound to the caller's context),
-    every copy exactly once; a thread whose context the driver refuses leaves its copies
-    to the caller's thread, which destroys them, so none is left alive."""
-    from capture_plan.executor import graph_nodes
-
-    def inst(out, raw, alive):
-        out._obj.value = 1000 + len(alive)
-        alive.add(out._obj.value)
-        return 0
-
-    alive = _fake_driver(monkeypatch, inst, lambda g: 10)
-    destroyed_on: dict[int, int] = {}
-    calls = graph_nodes._exec_calls()
-    assert calls is not None
-
-    def destroy(ex):
-        assert ex.value not in destroyed_on, "a copy destroyed twice"
-        destroyed_on[ex.value] = threading.get_ident()
-        return calls[1](ex)
-
-    monkeypatch.setattr(graph_nodes, "_exec_calls", lambda: (calls[0], destroy))
-    meet = threading.Barrier(3, timeout=30)  # only three threads side by side get past it
-
-    def bind() -> None:
-        meet.wait()
-
-    def bind_refused() -> None:
-        raise graph_nodes.ExecutorError("refused", where="test", fix="none")
-
-    for refuse in (False, True):
-        destroyed_on.clear()
-        monkeypatch.setattr(graph_nodes, "_context_binder", lambda: bind)
-        copies = graph_nodes.ExecCopies()
-        assert copies.add([_Kept(0x1), _Kept(0x2), _Kept(0x3)], 9)[0] == 9  # on three threads
-        assert len(alive) == 9
-        meet.reset()
-        if refuse:
-            monkeypatch.setattr(graph_nodes, "_context_binder", lambda: bind_refused)
-        copies.close()
-        assert not alive and len(destroyed_on) == 9
-        threads = set(destroyed_on.values())
-        assert threads == {threading.get_ident()} if refuse else len(threads) == 3
-
-
 def test_a_refused_copy_stops_every_thread_and_what_was_made_is_destroyed(monkeypatch):
     """Out of memory on one graph's thread stops the others at their next copy: graph 1's
     first copy returns only once graph 2's thread, refused at its first, has ended."""
