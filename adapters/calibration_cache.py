@@ -64,13 +64,7 @@ def _module_identity(module: str) -> str | None:
     """``module`` and the file it loads from, with its size and modification time, and
     the compiled libraries it has loaded (:func:`_compiled`): an upgrade or a rebuild of
     the backend changes it (a distribution's version would need ``importlib.metadata``'s
-    scan of every installed package, 0.2 s); None when the module is not importable.
-    A module of a package the key names otherwise (torch, whose version is its own
-    part: a backend of torch's own, as the transformers models' SDPA) is its name alone:
-    its compiled libraries are not scanned, and the packages it imports by name (numpy,
-    sympy, ...) are not the backend's."""
-    if module.split(".")[0] in _KEYED_ELSEWHERE:
-        return module
+    scan of every installed package, 0.2 s); None when the module is not importable."""
     spec = importlib.util.find_spec(module.split(".")[0])
     if spec is None:
         return None

@@ -783,22 +783,6 @@ def test_a_backends_compiled_library_rebuilt_in_place_changes_the_key(monkeypatc
     assert {k for k in before if before[k] != after[k]} == {"backend"}
 
 
-def test_a_backend_of_torch_s_own_is_keyed_by_torch_s_version_alone(plan):
-    """The transformers models' attention is torch's own (SDPA: the plan requires the
-    module ``torch``). torch is keyed by its version; the packages torch imports by name
-    (numpy, sympy, ...) are not the backend's, and scanning their libraries was work on
-    every start-up's path: the backend part names the module, nothing more."""
-    import msgspec
-    import torch
-
-    from capture_plan.adapters.calibration_cache import calibration_key
-
-    schedule = msgspec.structs.replace(plan, requires=msgspec.structs.replace(plan.requires, modules=["torch"]))
-    key = calibration_key("m", schedule, BuildOptions(backend="fa3", ci=True), torch.device("cpu"))
-    assert key["backend"] == f"{plan.requires.backend}, torch"
-    assert key["torch"].startswith(torch.__version__)
-
-
 def test_a_figure_below_what_the_capture_took_holds_only_within_a_driver_step(monkeypatch, plan, tmp_path):
     """Below what the capture took is the unsafe side (the KV cache was sized from it):
     0.5% or one 2 MiB step. Above, 1% or 2 MiB."""
