@@ -109,6 +109,8 @@ def _compiled(module: str) -> list[tuple[str, str]]:
     tops = {module.split(".")[0]}
     tops.update(getattr(v, "__name__", "").split(".")[0] for v in vars(mod).values() if isinstance(v, types.ModuleType))
     tops -= _KEYED_ELSEWHERE
+    if not tops:  # torch itself (a backend of torch's own, SDPA): no package left to look for in sys.modules
+        return []
     found = []
     for name, m in list(sys.modules.items()):  # a copy: another thread may import meanwhile
         file = getattr(m, "__file__", None)
@@ -134,7 +136,8 @@ def _code_identity() -> str:
 
     parts = []
     for pkg in (capture_plan.schemas, capture_plan.planner, capture_plan.executor, capture_plan.adapters):
-        root = os.path.dirname(pkg.__file__)  # pyright: ignore[reportArgumentType]  # packages have a file
+        assert pkg.__file__ is not None  # a package imported from files has one
+        root = os.path.dirname(pkg.__file__)
         found = []
         # one os.walk for both suffixes, bytecode folders pruned: this is on every recording
         # start-up's path, and Path.rglob walked each package twice, __pycache__ included

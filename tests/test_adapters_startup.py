@@ -582,7 +582,9 @@ def test_the_key_names_the_spec_by_content_not_by_path(plan, tmp_path):
     assert calibration_key("m", plan, BuildOptions(backend="fa3", ci=True), cpu)["options"] != a["options"]
 
 
-def test_the_code_part_of_the_key_changes_with_a_module_or_data_table_never_with_bytecode(monkeypatch, tmp_path):
+def test_the_code_part_of_the_key_changes_with_a_module_or_data_table_never_with_bytecode(
+    monkeypatch, tmp_path, request
+):
     """A changed planner under the same version records again: an edited module or a new
     data table of the packages that make or read a calibration changes the key's code
     part; Python writing bytecode next to them (every start-up may) does not."""
@@ -594,6 +596,7 @@ def test_the_code_part_of_the_key_changes_with_a_module_or_data_table_never_with
     import capture_plan.schemas
     from capture_plan.adapters import calibration_cache
 
+    request.addfinalizer(calibration_cache._code_identity.cache_clear)  # the real packages' again for later tests
     for pkg in (capture_plan.schemas, capture_plan.planner, capture_plan.executor, capture_plan.adapters):
         root = tmp_path / pkg.__name__.rsplit(".", 1)[1]
         (root / "memory").mkdir(parents=True)
@@ -618,7 +621,6 @@ def test_the_code_part_of_the_key_changes_with_a_module_or_data_table_never_with
     fit.write_text("x = 2\n")  # same size: the modification time tells
     os.utime(fit, ns=(1, 1))
     assert code() != with_table
-    calibration_cache._code_identity.cache_clear()  # the real packages' again for later tests
 
 
 def test_a_capture_that_took_less_in_between_but_the_same_in_the_end_holds(monkeypatch, plan, tmp_path):
