@@ -1,8 +1,8 @@
 """The capture stream of each device, and the cuBLAS workspaces graphs bake in.
 
 Plain functions: :func:`capture_stream` (one per device and process),
-:func:`prime_stream` (its cuBLAS and cuBLASLt workspace, made outside every
-pool before the first capture) and :func:`init_cublas` (a serving thread's
+:func:`prime_stream` (its cuBLAS workspace, made outside every pool before the
+first capture) and :func:`init_cublas` (a serving thread's
 handles, before a background capture starts).
 """
 
@@ -35,8 +35,8 @@ def capture_stream(device) -> torch.cuda.Stream:
 
 
 def prime_stream(device, stream: torch.cuda.Stream | None = None) -> None:
-    """Create ``stream``'s (default: the capture stream's) cuBLAS and cuBLASLt workspace,
-    outside every pool.
+    """Create ``stream``'s (default: the capture stream's) cuBLAS workspace, outside
+    every pool.
 
     cuBLAS allocates a workspace per (handle, stream) at the stream's first
     GEMM and keeps it. The operands are allocated on the calling thread's
@@ -49,10 +49,18 @@ def prime_stream(device, stream: torch.cuda.Stream | None = None) -> None:
     66 MiB outside the caching allocator on an H200.
 
     One dtype (bfloat16) is enough: the workspace belongs to the handle and the stream,
-    and a GEMM of another dtype adds nothing to it (measured on an H200). A float32 GEMM
-    here made a process whose model runs none (the reference decode model) load
-    cuBLAS's float32 kernels, which took longer than the rest of the priming; a model
-    that runs one loads them in its own eager run or warm-up either way."""
+    and a GEMM of another dtype made on it after the priming takes no memory
+    (tests/test_gpu_executor.py). A float32 GEMM here made a process whose model runs
+    none (the reference decode model) load cuBLAS's float32 kernels: without it the
+    reference's start-up prediction spends a fifth of the time outside its recorded
+    steps (``timings``' ``record.capture.other``: docs/measurements.md, "The first
+    prediction's cost"). A model that runs one loads them in its own eager run or
+    warm-up either way.
+
+    Not made here: what a GEMM with a one-dimensional bias (cuBLASLt's epilogue) adds
+    at its first run on the stream. A model with such GEMMs makes it in its first
+    warm-up, and the recording of a start-up prediction measures it with the stream's
+    workspace (Qwen2 and Qwen2-MoE: 1 MiB more than the models without biases)."""
     stream = stream if stream is not None else capture_stream(device)
     a = torch.empty(16, 16, device=device, dtype=torch.bfloat16)
     out = torch.empty(16, 16, device=device, dtype=torch.bfloat16)
