@@ -298,6 +298,9 @@ STARTUP_RUN = "device-2026-12-02-startup.json"
 EXTRAPOLATION = "device-2026-12-01-startup-all.json"
 #: the same cases at the start of that session (EAGLE's draft phases recorded at every size)
 STARTUP_BEFORE = "device-2026-12-01-startup-timed.json"
+#: the start-up prediction's newest clean run of all seven cases (startup mode alone): the
+#: README's steps-within and first-prediction figures (the start-up floor table has every run)
+STARTUP_LATEST = "device-2026-12-04-bf16-priming.json"
 
 
 def startup_prediction() -> list[str]:
@@ -1574,6 +1577,11 @@ def _eagle_share(d: dict) -> str:
 # EAGLE's prediction over its capture, in the last run and at the session's start
 for _name, _file in (("startup-share-eagle", STARTUP_RUN), ("startup-share-eagle-before", STARTUP_BEFORE)):
     FIGURES[_name] = Figure((_file,), _eagle_share)
+# the same figures from the newest clean run, for the README
+FIGURES["latest-steps"] = Figure((STARTUP_LATEST,), _startup_steps)
+FIGURES["latest-share-decode"] = Figure((STARTUP_LATEST,), _startup_share_decode)
+# two decimals: EAGLE's target is 0.4x, which one decimal would round 0.43x to
+FIGURES["latest-share-eagle"] = Figure((STARTUP_LATEST,), lambda d: f"{_share(d, True)[0]:.2f}x")
 
 
 @figure("cached-predict-s", STARTUP_CACHED)
