@@ -11,7 +11,9 @@ then makes each phase's copies, as many as the plan captures less the recorded g
 * ``side-by-side``: ``add`` as a prediction calls it, one thread per recorded graph.
 
 Per phase it writes the copies' seconds and the free memory they took outside the caching
-allocator (both ways must take the same: the prediction's figure). The ways alternate,
+allocator (both ways must take the same: the prediction's figure); per process, the seconds
+``ExecCopies.close`` took to destroy every copy, in turn (``destroy_seconds``: a prediction
+waits for it too). The ways alternate,
 ``--repeat`` times each, so that a machine's drift falls on both.
 
 Writes bench/results/copies-<date>[-tag].json; prints one line per process and a summary line
@@ -80,9 +82,18 @@ def child(case: str, way: str) -> dict:
                 "took_bytes": took,
             }
     finally:
+        # the destruction, timed on its own: a prediction waits for it too (in turn: ExecCopies.close)
+        t0 = time.perf_counter()
         held.close()
+        destroy = time.perf_counter() - t0
         gs.release()
-    return {"case": case, "way": way, "seconds": sum(r["seconds"] for r in phases.values()), "phases": phases}
+    return {
+        "case": case,
+        "way": way,
+        "seconds": sum(r["seconds"] for r in phases.values()),
+        "destroy_seconds": destroy,
+        "phases": phases,
+    }
 
 
 def main() -> None:
@@ -113,7 +124,11 @@ def main() -> None:
                 r = json.loads(lines[-1][7:])
                 runs[way].append(r)
                 took = sum(ph["took_bytes"] for ph in r["phases"].values())
-                print(f"{case}/{way}: {r['seconds']:.3f} s, {took / MiB:.0f} MiB", flush=True)
+                print(
+                    f"{case}/{way}: {r['seconds']:.3f} s, {took / MiB:.0f} MiB, "
+                    f"destroyed in {r['destroy_seconds']:.3f} s",
+                    flush=True,
+                )
         res["cases"][case] = runs
         path.write(res)
     print(f"wrote {path.path}")
