@@ -506,7 +506,7 @@ def engines_034() -> list[str]:
 #: the first prediction's cost, before and after its graph copies ran beside the build, again
 #: after the review's fixes to those copies (another fresh machine: run-to-run spread), and with
 #: a phase's copies made side by side, one thread per recorded graph (executor/graph_nodes.py),
-#: then with the capture stream primed in bfloat16 only and the copies destroyed side by side
+#: then with the capture stream primed in bfloat16 only (and the copies destroyed side by side, since reverted)
 STARTUP_FLOOR_RUNS = (
     "device-2026-12-04-startup-floor.json",
     "device-2026-12-04-startup-overlap.json",
