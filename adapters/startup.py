@@ -92,7 +92,6 @@ import logging
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -100,7 +99,14 @@ import torch
 
 from capture_plan.adapters.calibration_cache import CalibrationCache, calibration_key
 from capture_plan.adapters.startup_check import StartupCheck, confirm_startup, measured_peak
-from capture_plan.adapters.startup_figures import StartupPrediction, _driver, _Figures, _figures, copy_budget
+from capture_plan.adapters.startup_figures import (
+    StartupPrediction,
+    _driver,
+    _Figures,
+    _figures,
+    captures_per_phase,
+    copy_budget,
+)
 from capture_plan.executor import write_trace
 from capture_plan.executor.profiling import record
 from capture_plan.executor.streams import capture_stream, prime_stream
@@ -276,17 +282,6 @@ def _result(
     )
 
 
-def _captures(plan: Plan, sizes: Mapping[str, list[int]] | None = None) -> dict[str, int]:
-    """The graphs ``plan`` captures per phase, one per capture step: a size per graph key
-    (every label combination of a phase with variant axes), not a size alone; with
-    ``sizes``, those of the phase's sizes it names only (what a recording of them makes)."""
-    out = {p.name: 0 for p in plan.phases}
-    for s in plan.steps:
-        if s.op == "capture" and (sizes is None or s.bs in sizes[s.phase]):
-            out[s.phase] += 1
-    return out
-
-
 def _record_and_build(
     target, options, schedule, sizes, device, progress, max_rounds, folder: Path, timings, copy_error=None
 ):
@@ -297,14 +292,14 @@ def _record_and_build(
     and keeps, a segment still in use)."""
     want = {p.name: sorted(set((sizes or {}).get(p.name, []))) for p in schedule.phases}
     rounds: list = []
-    counts = _captures(schedule)
+    counts = captures_per_phase(schedule)
     copies, kept, last, refused, budget = None, 0, None, "", None
     plan: Plan | None = None
     for _ in range(max_rounds):
         chosen = {p.name: want[p.name] or default_samples(p.sizes) for p in schedule.phases}
         first = not rounds
         if first:
-            budget, refused = copy_budget(counts, _captures(schedule, chosen), copy_error)
+            budget, refused = copy_budget(counts, captures_per_phase(schedule, chosen), copy_error)
         # The first round instantiates its graphs again until each phase has as many as the
         # plan captures: the driver memory the capture will need is measured, and taken now
         # (the driver keeps it for the graphs to come).

@@ -11,6 +11,7 @@ recording may stop its copies at (:func:`copy_budget`).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +126,17 @@ def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> 
     )
 
 
+def captures_per_phase(plan: Plan, sizes: Mapping[str, list[int]] | None = None) -> dict[str, int]:
+    """The graphs ``plan`` captures per phase, one per capture step: a size per graph key
+    (every label combination of a phase with variant axes), not a size alone; with
+    ``sizes``, those of the phase's sizes it names only (what a recording of them makes)."""
+    out = {p.name: 0 for p in plan.phases}
+    for s in plan.steps:
+        if s.op == "capture" and (sizes is None or s.bs in sizes[s.phase]):
+            out[s.phase] += 1
+    return out
+
+
 def copy_budget(counts: dict[str, int], recorded: dict[str, int], copy_error: float | None) -> tuple[float | None, str]:
     """The ``copy_error`` the recording may stop copies at, and why not (an empty reason
     where it may, or where none was asked). ``counts``: graphs the plan captures per
@@ -190,8 +202,7 @@ def _driver(plan: Plan, cals: list[Calibration], first: Recording) -> tuple[list
     if not all(nodes.get(p.name) for p in plan.phases):
         return None, 0, ""
     recorded = cals[0].graph_exec_counted  # per phase: driver bytes and nodes of the recorded graphs
-    captures = Counter(s.phase for s in plan.steps if s.op == "capture")
-    planned = {name: captures[name] for name in PlanIndex.of(plan).phases}
+    planned = captures_per_phase(plan)
     counted = Counter(c.phase for c in first.trace.captures)
     # every copy a phase needed was made (a phase recorded whole needs none): the figures are measured
     # or a phase's copies stopped where its bytes per node were bounded well enough (settled):

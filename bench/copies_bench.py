@@ -47,6 +47,7 @@ WAYS = ("in-turn", "side-by-side")
 def child(case: str, way: str) -> dict:
     import torch
 
+    from capture_plan.adapters.startup_figures import captures_per_phase
     from capture_plan.executor import capture
     from capture_plan.executor.graph_nodes import ExecCopies, node_count
     from capture_plan.executor.profiling import subset_plan
@@ -60,12 +61,13 @@ def child(case: str, way: str) -> dict:
         top = max(p.sizes)
         target.prepare(p.name, top, top, gen)
     gs = capture(subset_plan(plan), target, progress=False, record=True)
+    planned = captures_per_phase(plan)  # as a prediction asks its copies for (adapters/startup.py)
     held = ExecCopies()
     phases = {}
     try:
         for p in plan.phases:
             graphs = [c.graph for c in gs.graphs.values() if c.phase == p.name]
-            want = sum(1 for s in plan.steps if s.op == "capture" and s.phase == p.name) - len(graphs)
+            want = planned[p.name] - len(graphs)
             torch.cuda.synchronize()
             free0, res0 = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
             t0 = time.perf_counter()
