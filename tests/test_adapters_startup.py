@@ -125,6 +125,27 @@ def test_a_phase_the_recording_counted_no_nodes_of_has_no_node_figure(plan):
     assert _driver(plan, [cal], bare) == (None, 0, "")
 
 
+class _Stop(Exception):
+    """Raised by a recording stubbed out with :func:`_stop_at_recording`."""
+
+
+def _stop_at_recording(monkeypatch) -> dict:
+    """Stub predict_startup's recording out: it keeps the schedule it was asked to record
+    (``"schedule"``) and its keyword arguments in the dict returned, then raises _Stop;
+    no GPU is read (the allocator's reserve reads 0)."""
+    from capture_plan.adapters import startup
+
+    seen: dict = {}
+
+    def record(schedule, *a, **kw):
+        seen.update(kw, schedule=schedule)
+        raise _Stop
+
+    monkeypatch.setattr(startup, "record", record)
+    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)  # no GPU here
+    return seen
+
+
 def test_the_device_asked_for_is_the_one_recorded_on(monkeypatch, plan):
     """``predict_startup(device=...)`` was computed and then never used: the recording
     captured on the current device whatever the engine asked for."""
@@ -132,18 +153,8 @@ def test_the_device_asked_for_is_the_one_recorded_on(monkeypatch, plan):
 
     from capture_plan.adapters import startup
 
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def record(*a, **kw):
-        seen.update(kw)
-        raise Stop
-
-    monkeypatch.setattr(startup, "record", record)
-    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)  # no GPU here
-    with pytest.raises(Stop):
+    seen = _stop_at_recording(monkeypatch)
+    with pytest.raises(_Stop):
         startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), device="cuda:1")
     assert seen["device"] == torch.device("cuda:1")
 
@@ -207,18 +218,8 @@ def test_the_copies_count_every_graph_key_the_plan_captures(monkeypatch, tmp_pat
     )
     opts = BuildOptions(backend="fa3", spec=spec)
     keyed = build_plan(opts)
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def record(*a, **kw):
-        seen.update(kw)
-        raise Stop
-
-    monkeypatch.setattr(startup, "record", record)
-    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)  # no GPU here
-    with pytest.raises(Stop):
+    seen = _stop_at_recording(monkeypatch)
+    with pytest.raises(_Stop):
         startup.predict_startup(object(), opts, schedule=keyed)
     assert seen["instantiate"] == {"decode": 5 * 2 * 2}
     assert seen["instantiate"]["decode"] == sum(s.op == "capture" for s in keyed.steps)
@@ -227,7 +228,7 @@ def test_the_copies_count_every_graph_key_the_plan_captures(monkeypatch, tmp_pat
     spec.write_text(spec.read_text() + '[[phases]]\nname = "verify"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16]\n')
     two = build_plan(opts)
     seen.clear()
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         startup.predict_startup(object(), opts, schedule=two, sizes={"decode": [1, 2, 4, 8, 16]}, copy_error=2**20)
     assert seen["instantiate"] == {"decode": 20, "verify": 5} and seen["copy_error"] == 2**20
 
@@ -237,21 +238,13 @@ def test_a_given_schedule_is_recorded_from_and_none_is_built(monkeypatch, plan):
     four phases) is skipped and the recording follows that plan."""
     from capture_plan.adapters import startup
 
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    def record(schedule, *a, **kw):
-        seen["schedule"] = schedule
-        raise Stop
+    seen = _stop_at_recording(monkeypatch)
 
     def build(opts):
         raise AssertionError(f"built {opts}")
 
-    monkeypatch.setattr(startup, "record", record)
     monkeypatch.setattr(startup, "build_plan", build)
-    with pytest.raises(Stop):
+    with pytest.raises(_Stop):
         startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
     assert seen["schedule"] is plan
 
@@ -281,15 +274,8 @@ def test_a_schedule_of_another_build_is_refused_before_recording(monkeypatch, pl
 def test_a_schedule_of_the_same_build_is_accepted(monkeypatch, plan):
     from capture_plan.adapters import startup
 
-    class Stop(Exception):
-        pass
-
-    def record(*a, **kw):
-        raise Stop
-
-    monkeypatch.setattr(startup, "record", record)
-    monkeypatch.setattr(startup, "_reserved_emptied", lambda device: 0)
-    with pytest.raises(Stop):
+    _stop_at_recording(monkeypatch)
+    with pytest.raises(_Stop):
         startup.predict_startup(object(), BuildOptions(backend="fa3", ci=True), schedule=plan)
 
 
