@@ -1,6 +1,6 @@
 """The engines' own graph-memory methods, followed step for step, for the benches' comparisons.
 
-Read from the released wheels (``pip download --no-deps sglang==0.5.23 vllm==0.33.0``;
+Read from the released wheels (one ``pip download --no-deps PIN`` per release, as ``.ci/engine_wheels.py`` runs them;
 the files and names are rows of ``capture_plan.adapters.plugins.hooks.HOOKS``, which
 tests/test_engine_contract.py checks against those wheels):
 

@@ -329,3 +329,90 @@ def test_the_plot_fixes_install_the_dependency_they_lack(monkeypatch, tmp_path):
     with pytest.raises(InputError) as err:
         draw_front({"phases": []}, tmp_path / "f.png")
     assert err.value.fix == INSTALL_MATPLOTLIB == "pip install 'matplotlib>=3.7'"
+
+
+# CI's own steps (issue 49) ---------------------------------------------------------------------
+
+
+def _load_ci_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), ROOT / ".ci" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ci_downloads_each_engine_pin_in_a_pip_command_of_its_own(monkeypatch, tmp_path, capsys):
+    """pip refuses two versions of one distribution in one command, so the single command CI ran
+    downloaded nothing and the wheel contract skipped on every clean clone: each pin is its own
+    command now, and a pin pip cannot fetch fails the step, naming it."""
+    from capture_plan.adapters.plugins.hooks import requirements
+
+    wheels = _load_ci_script("engine_wheels.py")
+    assert wheels.pins(sys.executable) == requirements()
+    assert len({p.split("==")[0] for p in requirements()}) < len(requirements())  # two vllm pins: the case
+    calls: list[list[str]] = []
+
+    def fake_run(cmd, *a, **kw):
+        if cmd[1:3] == ["-m", "capture_plan.adapters.plugins.hooks"]:
+            return subprocess.CompletedProcess(cmd, 0, stdout=" ".join(requirements()) + "\n")
+        calls.append(cmd)
+        # pip's behaviour: two versions of one distribution in one command cannot be resolved
+        names = [a.split("==")[0] for a in cmd if "==" in a]
+        return subprocess.CompletedProcess(cmd, 1 if len(names) != len(set(names)) else 0)
+
+    monkeypatch.setattr(wheels.subprocess, "run", fake_run)
+    assert wheels.main([str(tmp_path)]) == 0
+    assert [c[-1] for c in calls] == requirements()
+    assert all(c[c.index("-d") + 1] == str(tmp_path) and "--no-deps" in c for c in calls)
+
+    def failing(cmd, *a, **kw):
+        if "vllm==0.34.0" in cmd:
+            return subprocess.CompletedProcess(cmd, 7)
+        return fake_run(cmd)
+
+    monkeypatch.setattr(wheels.subprocess, "run", failing)
+    assert wheels.main([str(tmp_path)]) == 7
+    assert "pip download of vllm==0.34.0 failed (exit 7)" in capsys.readouterr().err
+
+
+def test_ci_runs_the_contract_where_the_wheels_are_and_allows_only_gpu_skips():
+    """The wheels are downloaded into the contract's default folder before the full suite, which
+    runs strict: a wheel test that skips there fails CI instead of passing silently."""
+    from test_engine_contract import WHEELS
+
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    download = next(i for i, line in enumerate(lines) if "python .ci/engine_wheels.py" in line)
+    assert "ENGINE_WHEELS=.cache/engine-wheels" in lines and '"$ENGINE_WHEELS"' in lines[download]
+    assert "CAPTURE_PLAN_ENGINE_WHEELS" in os.environ or WHEELS == ROOT / ".cache" / "engine-wheels"
+    suite = lines.index("CAPTURE_PLAN_ONLY_GPU_SKIPS=1 .venv/bin/python -m pytest -q")
+    assert download < suite
+    # no install CI needs may fall through to a message: that turned whole suites into skips
+    run = "\n".join(lines)
+    assert "|| echo" not in run and "else\n  echo" not in run
+
+
+def test_a_strict_run_fails_on_a_skip_that_is_not_for_want_of_a_gpu(tmp_path):
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "def test_no_wheel():\n    pytest.skip('no vllm-0.34.0 wheel in .cache')\n"
+        "@pytest.mark.gpu\ndef test_gpu():\n    pass\n"
+        "def test_ok():\n    pass\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs CUDA\n")
+    env = {k: v for k, v in os.environ.items() if k != "CAPTURE_PLAN_ONLY_GPU_SKIPS"}
+
+    def pytest_run(strict: bool, *only: str):
+        e = {**env, "CAPTURE_PLAN_ONLY_GPU_SKIPS": "1"} if strict else env
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *only]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=e)
+
+    assert pytest_run(False).returncode == 0
+    strict = pytest_run(True)
+    assert strict.returncode == 1, strict.stdout
+    assert "test_x.py::test_no_wheel: Skipped: no vllm-0.34.0 wheel in .cache" in strict.stdout
+    assert "test_gpu" not in strict.stdout.split("skips that CI does not allow")[1]
+    # where the only skips are for want of a GPU (or none at all), a strict run passes
+    assert pytest_run(True, "test_x.py::test_gpu", "test_x.py::test_ok").returncode == 0

@@ -7,7 +7,7 @@ nothing of the engine imported.
 prints one line per hook point that the wheels in the folder break (exit 1), or
 one summary line (exit 0); a known release whose wheel is not in the folder is a
 line too. ``tests/test_engine_contract.py`` runs the same check on the wheels
-``.ci/run`` downloads (``pip download --no-deps sglang==0.5.23 vllm==0.33.0``).
+``.ci/run`` downloads (``.ci/engine_wheels.py``: one ``pip download --no-deps`` per release).
 
 What it checks (the ``signature`` field of :class:`~capture_plan.adapters.plugins.hooks.HookPoint`):
 that the file is in the wheel, that each part of the qualified name is a class,
