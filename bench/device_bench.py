@@ -81,6 +81,7 @@ import time
 from pathlib import Path
 
 from bench.harness import (
+    CaseDoesNotFit,
     MiB,
     add_layers,
     add_out_dir,
@@ -251,6 +252,13 @@ def mode_loop(target, plan) -> dict:
     return {"pool_mib": pool / MiB, "drop_mib": drop / MiB, "capture_s": secs}
 
 
+def cache_length(target) -> int | None:
+    """The KV cache length the case's target was built with (sized for the device:
+    bench.harness.case_target), None where the target does not say."""
+    cfg = getattr(target, "cfg", None)
+    return getattr(cfg, "max_seqlen", getattr(target, "max_seqlen", None))
+
+
 def vllm_setup(case: str, plan, layers: int):
     """vLLM 0.33.0's graphs for a case (bench/baselines.py): its default sizes on an H200
     for the case's decode query length, the uniform-decode FULL descriptors made of them
@@ -294,6 +302,7 @@ def mode_vllm(case: str, plan, layers: int) -> dict:
         vllm_release(run)
     return {
         "method": "vLLM 0.33.0 profile_cudagraph_memory (bench/baselines.py)",
+        "max_seqlen": cache_length(target),
         "capture_sizes": sizes,
         "full": {"phase": full[0], "requests": full[1]},
         "speculator": [p for p, _ in spec],
@@ -306,6 +315,24 @@ def mode_vllm(case: str, plan, layers: int) -> dict:
         "vllm_capture_drop_mib": measured / MiB,
         "error": (prof["estimate"] - measured) / measured if measured else None,
     }
+
+
+def spec_text(spec) -> str:
+    """``spec`` as TOML, its ``[model]`` the config alone where it names a config.json (as the
+    case's own spec gave it). ``build_spec`` returns the model with the dimensions read from
+    the config filled in; written out beside the config they are refused (``[model] names a
+    config and also lists layers, ...``), which stopped the vllm-0.34 mode of every
+    transformers case (issue 49, item 7)."""
+    import msgspec
+
+    from capture_plan.planner.inputs.spec_toml import spec_toml
+
+    text = spec_toml(spec)
+    if spec.model.config is msgspec.UNSET:
+        return text
+    head, _, rest = text.partition("\n[model]\n")
+    _, _, tail = rest.partition("\n\n")  # the model's table ends at the first blank line
+    return f"{head}\n[model]\nconfig = {json.dumps(spec.model.config)}\n\n{tail}"
 
 
 def vllm034_setup(case: str, plan, layers: int, folder: Path):
@@ -321,7 +348,6 @@ def vllm034_setup(case: str, plan, layers: int, folder: Path):
     from bench.baselines import vllm_034_sizes
     from capture_plan.planner import build_plan
     from capture_plan.planner.build import build_spec
-    from capture_plan.planner.inputs.spec_toml import spec_toml
 
     phases = [p.name for p in plan.phases]
     eagle = "target_verify" in phases
@@ -345,7 +371,7 @@ def vllm034_setup(case: str, plan, layers: int, folder: Path):
         if ph.name in want
     ]
     path = folder / f"{case}-vllm-0.34.toml"
-    path.write_text(spec_toml(msgspec.structs.replace(base, phases=kept)))
+    path.write_text(spec_text(msgspec.structs.replace(base, phases=kept)))
     vllm_plan = build_plan(msgspec.structs.replace(opts, spec=path, ci=False, speculative=None, max_bs=None))
     return (main, reqs), spec, sizes, vllm_plan
 
@@ -378,6 +404,7 @@ def mode_vllm034(case: str, plan, layers: int) -> dict:
     memory = capture_memory(vllm_plan)
     return {
         "method": "vLLM 0.34.0 capture_model at its default sizes (bench/baselines.py vllm_034_sizes)",
+        "max_seqlen": cache_length(target),
         "full": {"phase": full[0], "requests": full[1]},
         "speculator": {p: r for p, r in spec},
         "decode_shapes": sizes.decode,
@@ -515,7 +542,6 @@ def mode_startup(
 def child(
     case: str, modes: list[str], layers: int, margin_mib: int, cache: str | None = None, copy_error: str = "default"
 ) -> dict:
-    import torch
 
     from capture_plan.planner import build_plan
 
@@ -530,6 +556,15 @@ def child(
         "analytic_pool_mib": plan.predicted.pool_bytes / MiB,
         "fidelity": getattr(plan.predicted, "fidelity", None),
     }
+    try:
+        return _child_modes(case, modes, layers, margin_mib, cache, copy_error, opts, plan, out)
+    except CaseDoesNotFit as err:  # the case is skipped on this device, saying why
+        return {**out, **{mode: {"skipped": f"{case} does not fit this device: {err}"} for mode in modes}}
+
+
+def _child_modes(case, modes, layers, margin_mib, cache, copy_error, opts, plan, out) -> dict:
+    import torch
+
     # vLLM's mode builds a target of its own (sized for vLLM's sizes), SGLang's is arithmetic
     if not set(modes) <= {"vllm", "vllm-0.34", "sglang"}:
         target = case_target(case, plan, layers)
@@ -608,6 +643,9 @@ def main() -> None:
             got = json.loads(lines[-1][7:])
             row.update({k: v for k, v in got.items() if k not in MODES})
             row[mode] = got[mode]
+            if "skipped" in got[mode]:
+                print(f"{case}/{mode}: SKIPPED: {got[mode]['skipped']}", flush=True)
+                continue
             if mode == "timing":  # the report planner sizes --timing reads, beside the JSON
                 report = timed_report_path(path.path, case)
                 report.write_text(json.dumps(got[mode].pop("report"), indent=1, sort_keys=True) + "\n")

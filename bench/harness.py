@@ -16,6 +16,7 @@ lock the path, so two runs started at the same moment can still race.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gc
 import hashlib
@@ -783,25 +784,87 @@ def eagle_config(layers: int, max_bs: int):
     return SpeculativeConfig(model=Model(layers=layers), max_bs=max_bs, num_steps=3, topk=1)
 
 
+#: the share of the device's free memory (``torch.cuda.mem_get_info``, before the model is
+#: built) the reference cases' KV caches may take: the weights (about 16 GiB at 32 layers),
+#: the activations and the graphs a bench captures take the rest. The reference models keep
+#: a cache row per request slot, so EAGLE's 1025 slots at 512 tokens (69 GiB) fit an H200
+#: and not an H100 80GB (issue 49, item 7)
+KV_SHARE = 0.6
+#: the cache length of the reference cases where it fits (ReferenceConfig's default)
+REFERENCE_SEQLEN = 512
+
+
+class CaseDoesNotFit(CapturePlanError):
+    """A bench case that does not fit the device it runs on: the bench skips it, saying why."""
+
+
+def fit_seqlen(
+    *, budget: int, slots: int, layers: int, kv_heads: int, head_dim: int, longest: int, page_size: int = 1
+) -> int:
+    """The longest cache (tokens per request slot, a multiple of ``page_size``, at most
+    :data:`REFERENCE_SEQLEN`) whose bf16 K and V for ``slots`` slots over ``layers`` layers
+    fit ``budget`` bytes; refused (:class:`CaseDoesNotFit`) where not even ``longest`` new
+    tokens and one token of context fit."""
+    per_token = slots * layers * 2 * kv_heads * head_dim * 2  # K and V, bf16
+    seqlen = min(REFERENCE_SEQLEN, budget // per_token) // page_size * page_size
+    if seqlen <= longest:
+        need = (longest + page_size) // page_size * page_size * per_token
+        raise CaseDoesNotFit(
+            f"its KV cache ({slots} slots x {layers} layers) needs {need / MiB:.0f} MiB at the shortest "
+            f"cache ({longest + 1} tokens); {KV_SHARE:.0%} of the device's free memory is {budget / MiB:.0f} MiB",
+            where="bench.harness.case_target",
+            fix="run it on a device with more memory, or with fewer layers (--layers)",
+        )
+    return seqlen
+
+
+def kv_budget() -> int:
+    """:data:`KV_SHARE` of the free device memory now (torch.cuda.mem_get_info)."""
+    return int(free_bytes() * KV_SHARE)
+
+
 def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None, **config):
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
     decode step or the speculative reference (``layers`` layers), or the transformers
     model of :data:`HF_ARCHS` (``config`` on top, its attention implementation) in
-    ``HFTarget``; sized for ``max_bs`` requests (default: the plan's largest size)."""
+    ``HFTarget``; sized for ``max_bs`` requests (default: the plan's largest size). The
+    reference models' cache length is sized for the device (:func:`fit_seqlen` within
+    :func:`kv_budget`: :data:`REFERENCE_SEQLEN` where it fits, read back from the target's
+    ``cfg.max_seqlen``); a case that cannot fit raises :class:`CaseDoesNotFit`."""
     import torch
 
     from capture_plan.schemas.spec import Model
 
     if max_bs is None:
         max_bs = max(max(p.sizes) for p in plan.phases)
+    model = Model(layers=layers)
     if case == "reference":
         from capture_plan.references.decode import ReferenceConfig, ReferenceModel
 
-        return ReferenceModel(ReferenceConfig(model=Model(layers=layers), max_bs=max_bs))
+        cfg = ReferenceConfig(model=model, max_bs=max_bs)
+        seqlen = fit_seqlen(
+            budget=kv_budget(),
+            slots=max_bs,
+            layers=layers,
+            kv_heads=model.kv_heads,
+            head_dim=model.head_dim,
+            longest=max(cfg.tokens.values()),
+        )
+        return ReferenceModel(dataclasses.replace(cfg, max_seqlen=seqlen))
     if case == "eagle":
         from capture_plan.references.speculative import SpeculativeModel
 
-        return SpeculativeModel(eagle_config(layers, max_bs))
+        cfg = eagle_config(layers, max_bs)
+        seqlen = fit_seqlen(
+            budget=kv_budget(),
+            slots=max_bs + 1,  # SpeculativeModel's padding row
+            layers=layers + cfg.draft_layers,
+            kv_heads=model.kv_heads,
+            head_dim=model.head_dim,
+            longest=max(cfg.num_draft_tokens, cfg.num_steps + 1),
+            page_size=cfg.page_size,
+        )
+        return SpeculativeModel(dataclasses.replace(cfg, max_seqlen=seqlen))
     import transformers
 
     from capture_plan.adapters.hf import HFTarget

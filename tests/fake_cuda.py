@@ -214,6 +214,12 @@ def install(monkeypatch) -> Fake:
         "current_device": lambda: 0,
         "mem_get_info": lambda device=None: (0, 0),
         "memory_allocated": lambda d=None: f.allocated(),
+        # the allocator's statistics as the fake counts them (no peak beyond the current bytes)
+        "memory_stats": lambda d=None: {
+            "allocated_bytes.all.current": f.allocated(),
+            "allocated_bytes.all.peak": f.allocated(),
+        },
+        "reset_peak_memory_stats": lambda d=None: None,
         "MemPool": lambda: FakeMemPool(f),
         "use_mem_pool": use_mem_pool,
     }.items():

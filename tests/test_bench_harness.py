@@ -672,6 +672,59 @@ def test_the_vllm_034_mode_builds_the_plan_for_the_graphs_vllm_captures(tmp_path
             assert len(dict(spec)["draft_decode"]) == drafts and max(dict(spec)["draft_decode"]) == 1024
 
 
+@pytest.mark.parametrize("case", ["llama", "gemma2", "qwen2", "mixtral", "qwen2_moe"])
+def test_the_vllm_034_mode_sets_up_every_transformers_case(tmp_path, case):
+    """Issue 49, item 7: the vllm-0.34 mode of a transformers case stopped at its own spec
+    (``[model] names a config and also lists layers, ...``: the model read from the config
+    written back beside it). Failed before for all five; the plan of vLLM's graphs is now
+    built from the case's config alone, at vLLM 0.34.0's decode request counts."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from capture_plan.planner import build_plan
+
+    d = bench_module("device_bench")
+    full, spec, sizes, plan = d.vllm034_setup(case, build_plan(h.case_options(case, tmp_path)), 32, tmp_path)
+    assert full[0] == "decode" and not spec
+    assert {p.name: sorted(p.sizes, reverse=True) for p in plan.phases} == {"decode": full[1]}
+    assert plan.predicted.pool_bytes > 0
+    written = (tmp_path / f"{case}-vllm-0.34.toml").read_text()
+    assert 'config = "config.json"' in written and "layers" not in written
+
+
+def test_a_reference_case_sizes_its_kv_cache_for_the_device_it_runs_on():
+    """Issue 49, item 7: the EAGLE case's target kept 1025 cache rows of 512 tokens over 33
+    layers (about 69 GiB, sized for an H200) and ran out of memory on an H100 80GB. The cache
+    length now fits KV_SHARE of the free memory: 512 where it fits (an H200), shorter on an
+    H100, and a device where not even the longest phase fits is refused, saying why."""
+    gib = 1 << 30
+    eagle = dict(slots=1025, layers=33, kv_heads=8, head_dim=128, longest=4)
+    on_h200 = h.fit_seqlen(budget=int(139 * gib * h.KV_SHARE), **eagle)
+    on_h100 = h.fit_seqlen(budget=int(78 * gib * h.KV_SHARE), **eagle)
+    assert on_h200 == h.REFERENCE_SEQLEN and 4 < on_h100 < h.REFERENCE_SEQLEN
+    per_token = 1025 * 33 * 2 * 8 * 128 * 2
+    assert on_h100 * per_token <= 78 * gib * h.KV_SHARE < (on_h100 + 1) * per_token
+    assert h.fit_seqlen(budget=10 * per_token + 5, page_size=4, **{**eagle, "longest": 3}) == 8
+    with pytest.raises(h.CaseDoesNotFit, match=r"needs .* MiB at the shortest cache \(5 tokens\)"):
+        h.fit_seqlen(budget=3 * per_token, **eagle)
+
+
+def test_a_case_that_does_not_fit_the_device_is_skipped_with_its_reason(monkeypatch):
+    """A bench sizes itself for its device or skips the case saying why: the child process
+    reports the case's modes as skipped (the parent prints SKIPPED and the reason) instead
+    of ending in a traceback."""
+    pytest.importorskip("torch")
+    d = bench_module("device_bench")
+
+    def too_big(*a, **kw):
+        raise h.CaseDoesNotFit("its KV cache needs 9 MiB", where="here", fix="a larger device")
+
+    monkeypatch.setattr(d, "case_target", too_big)
+    monkeypatch.setattr(d, "free_bytes", lambda: 0)
+    got = d.child("reference", ["vllm-0.34"], 32, 256)
+    why = "reference does not fit this device: here: its KV cache needs 9 MiB; fix: a larger device"
+    assert got["vllm-0.34"]["skipped"] == why
+
+
 def test_startup_added_is_the_prediction_plus_the_capture_after_it_less_the_capture_alone():
     """device_bench's start-up cost of a first prediction: what the start-up takes beyond the
     capture alone (each in a fresh process), not the prediction over the capture after it,

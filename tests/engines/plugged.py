@@ -27,8 +27,9 @@ from . import adoption, sglang_runner, vllm_runner
 
 SGLANG = "sglang", "0.5.23"
 VLLM = "vllm", "0.33.0"
-#: release -> the file that changes the release before's runner into it (run over its namespace)
-LATER = {("vllm", "0.34.0"): Path(__file__).with_name("vllm_runner_034.py")}
+#: release -> the files that change the release before's runner into it (run over its namespace,
+#: in order): the runner, then the worker's start-up around it
+LATER = {("vllm", "0.34.0"): tuple(Path(__file__).with_name(f) for f in ("vllm_runner_034.py", "vllm_worker_034.py"))}
 #: the vLLM releases the plugin tests run on
 VLLM_RELEASES = ("0.33.0", "0.34.0")
 
@@ -57,10 +58,9 @@ def release(monkeypatch, tmp_path: Path, engine: str, *, version: str | None = N
         known = engine, version
     name = f"{engine}_release"
     module = adoption.before_module(Path(runners.__file__), tmp_path, name)
-    monkeypatch.delitem(sys.modules, name)
-    later = LATER.get(known)
-    if later is not None:  # the release's changes, over the release before's namespace
+    for later in LATER.get(known, ()):  # the release's changes, over the release before's namespace
         exec(compile(later.read_text(), str(later), "exec"), vars(module))
+    monkeypatch.delitem(sys.modules, name)  # after: a dataclass made above looks its module up
     _place(monkeypatch, module, known)
     if fits:
         monkeypatch.setattr(plugin, "_env_problems", lambda plan: [])

@@ -32,20 +32,33 @@ parameter names the release's where the plugin hooks them):
   ``spec_decode/autoregressive/speculator.py``: ``AutoRegressiveSpeculator.capture``
   (inherited by ``TargetDependentARSpeculator``) and ``init_cudagraph_manager`` (the draft
   decode manager, query length 1, its own request grid).
-* ``v1/worker/gpu/model_runner.py`` ``GPUModelRunner.profile_cudagraph_memory``: 0 where
-  ``cache_config.enable_extensible_kv_cache`` (on by default on CUDA), else the estimate.
-* ``v1/worker/gpu_worker.py``: ``determine_available_memory`` puts the estimate into
-  ``peak_activation_memory`` (and subtracts it from the KV budget);
-  ``initialize_from_config`` with the extensible KV cache sets
-  ``reserved_headroom_bytes = peak_activation_memory``; ``compile_or_warm_up_model``
-  captures, then ``measure_kv_cache_blocks`` sizes the cache from the memory free after
-  capture less that headroom (``extensible_kv_cache.py``).
+* ``v1/worker/gpu/model_runner.py``: ``GPUModelRunner.profile_cudagraph_memory`` (lines
+  1121-1129): 0 where ``cache_config.enable_extensible_kv_cache`` (on by default on CUDA),
+  else the estimate; ``capture_model`` (lines 1141-1215): the cache emptied and free memory
+  read, the encoder's graphs (``model_state.encoder_runner``: their own pool), the model
+  manager's, ``model_state.capture_inner_cudagraphs`` on its capture stream, the
+  speculator's, the cache emptied again, free memory read: the drop; ``profile_run`` (lines
+  1070-1107): ``_dummy_run(max_num_tokens)`` (lines 888-1036: the forward eagerly, the
+  speculator's propose) and ``_dummy_sampler_run`` (lines 1039-1066: a default pass and a
+  warm-up-parameter pass; the sampler here is a stand-in, :class:`Sampler`).
+* ``spec_decode/autoregressive/speculator.py`` ``init_cudagraph_manager`` (lines 36-52): the
+  draft decode manager FULL_DECODE_ONLY where the model's decode mode is FULL, else NONE;
+  ``capture`` (lines 124-164): ``specialize_spec_tokens`` where the fused decode and dynamic
+  speculative decoding are on (``cudagraph_utils.py`` lines 37-75: one graph per count).
+
+The worker (the profiling run measured, the estimate's switch, the KV cache sized after
+capture) is tests/engines/vllm_worker_034.py, run after this file.
+
+Not modelled here: LoRA dummy runs, the adaptive-verification profiling inside capture
+(off by default), pipeline and data parallelism, the multimodal encoder's profiling in
+``profile_run`` (no model of this folder has multimodal input unless a test gives one).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import gc
 import itertools
 import math
 from typing import TYPE_CHECKING
@@ -69,6 +82,9 @@ if TYPE_CHECKING:  # 0.33.0's, in whose namespace this file runs
     )
 
 RELEASE = "0.34.0"
+#: cudagraph_mode NONE: a manager that captures nothing (the draft decode manager where the
+#: model's decode mode is not FULL)
+NO_GRAPHS = (CUDAGraphMode.NONE, CUDAGraphMode.NONE)
 
 
 def _walk_grid(limit: int, step) -> list[int]:
@@ -184,6 +200,10 @@ class CudaGraphManager:
             return self.ubatch_runner.capture_stream
         return torch.cuda.current_stream()
 
+    def needs_capture(self) -> bool:
+        """cudagraph_utils.py line 445."""
+        return len(self._capture_descs) > 0
+
     def capture(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs", stream=None):
         stream = stream if stream is not None else torch.cuda.Stream()  # graph_capture(device, stream)
         self.capture_stream = stream
@@ -257,8 +277,27 @@ class ModelCudaGraphManager(CudaGraphManager):
         CUDAGraphWrapper.clear_all_graphs()
 
 
+@dataclasses.dataclass(frozen=True)
+class SpeculatorBatchDescriptor(BatchExecutionDescriptor):
+    """autoregressive/cudagraph_utils.py's: a draft decode graph per speculative-token count."""
+
+    num_speculative_tokens: int = 0
+
+
 class SpeculatorCudaGraphManager(CudaGraphManager):
-    """autoregressive/cudagraph_utils.py's: the draft's graphs, fresh inputs per build."""
+    """autoregressive/cudagraph_utils.py's: the draft's graphs, fresh inputs per build.
+    ``dynamic_schedule``: the speculative-token counts of dynamic speculative decoding
+    (``build_dynamic_sd_schedule_lookup``'s values), read where ``specialize_spec_tokens``."""
+
+    dynamic_schedule: tuple = ()
+
+    def specialize_spec_tokens(self, desc, num_speculative_tokens: int):
+        """cudagraph_utils.py ``specialize_spec_tokens`` (lines 37-47): a FULL descriptor not
+        captured as is becomes its per-count twin where that is captured, else eager."""
+        if desc.cg_mode != CUDAGraphMode.FULL or desc in self.graphs:
+            return desc
+        desc = SpeculatorBatchDescriptor(**vars(desc), num_speculative_tokens=num_speculative_tokens)
+        return desc if desc in self.graphs else dataclasses.replace(desc, cg_mode=CUDAGraphMode.NONE)
 
     def capture(
         self,
@@ -267,6 +306,13 @@ class SpeculatorCudaGraphManager(CudaGraphManager):
         specialize_spec_tokens=False,
         slot_mappings_buffer=None,
     ):
+        if specialize_spec_tokens:  # cudagraph_utils.py lines 61-75: one graph per count >= 2, largest first
+            counts = sorted(set(self.dynamic_schedule) - {0, 1}, reverse=True)
+            self._capture_descs = {
+                mode: [SpeculatorBatchDescriptor(**vars(d), num_speculative_tokens=k) for d in descs for k in counts]
+                for mode, descs in self._capture_descs.items()
+            }
+
         def create_forward_fn(desc, warmup):
             self.builds.append((desc, warmup))
             num_reqs = desc.num_reqs or min(desc.num_tokens, self.max_num_reqs)
@@ -279,7 +325,16 @@ class AutoRegressiveSpeculator:
     """autoregressive/speculator.py's: the draft decode manager (query length 1, its own
     request grid up to max_num_seqs with 2 or more speculative steps) and the capture."""
 
-    def __init__(self, draft, capture_sizes, num_speculative_steps: int = 2, max_num_seqs: int | None = None):
+    def __init__(
+        self,
+        draft,
+        capture_sizes,
+        num_speculative_steps: int = 2,
+        max_num_seqs: int | None = None,
+        *,
+        supports_decode_metadata_update: bool = False,
+        dynamic_schedule: tuple = (),
+    ):
         self.draft, self.num_speculative_steps = draft, num_speculative_steps
         self.max_num_seqs = max_num_seqs or max(capture_sizes)
         self.compiled = PiecewiseModel(draft)
@@ -287,16 +342,25 @@ class AutoRegressiveSpeculator:
         self.capture_sizes = capture_sizes
         self.prefill_cudagraph_manager = None
         self.decode_cudagraph_manager = None
+        #: the fused multi-step decode (speculator.py: ``supports_decode_metadata_update``) and
+        #: dynamic speculative decoding's counts (``uses_dynamic_speculative_decoding()``: non-empty)
+        self.supports_decode_metadata_update = supports_decode_metadata_update
+        self.dynamic_schedule = tuple(dynamic_schedule)
 
     def init_cudagraph_manager(self, cudagraph_mode):
+        """speculator.py lines 36-52: PIECEWISE graphs are not supported for draft decodes, so
+        the draft decode manager is FULL_DECODE_ONLY where the model's decode mode is FULL
+        and captures nothing otherwise (NONE); its request grid its own."""
+        decode_mode = FULL_DECODE_ONLY if cudagraph_mode[0] == CUDAGraphMode.FULL else NO_GRAPHS
         grid = decode_cudagraph_capture_grid(self.max_num_seqs) if self.num_speculative_steps >= 2 else []
         self.decode_cudagraph_manager = SpeculatorCudaGraphManager(
             [max(grid, default=1)],
-            FULL_DECODE_ONLY,
+            decode_mode,
             {1: self.max_num_seqs},
             max_num_reqs=self.max_num_seqs,
             decode_request_sizes=grid,
         )
+        self.decode_cudagraph_manager.dynamic_schedule = self.dynamic_schedule
 
     def _forward(self, num_reqs, num_tokens, cg_mode):
         x = self.draft.x[:num_tokens]
@@ -306,10 +370,21 @@ class AutoRegressiveSpeculator:
             self.draft.launch(lambda: self.draft_tokens[:num_tokens].copy_(out))
 
     def capture(self):
+        """speculator.py lines 124-164: the prefill manager, then (2 or more steps) the decode
+        manager, specialized per speculative-token count where the fused decode and dynamic
+        speculative decoding are both on."""
         self.prefill_cudagraph_manager.capture(self._forward, slot_mappings_buffer=None)
         if self.num_speculative_steps == 1:
             return
-        self.decode_cudagraph_manager.capture(self._forward)
+        self.decode_cudagraph_manager.capture(
+            self._forward,
+            specialize_spec_tokens=self.supports_decode_metadata_update and bool(self.dynamic_schedule),
+        )
+
+    def propose(self, num_reqs: int) -> None:
+        """The dummy run's ``speculator.propose`` (model_runner.py lines 985-1018): the draft's
+        forward at the requests' tokens, eagerly (the profiling run's draft transient)."""
+        self._forward(num_reqs, num_reqs, CUDAGraphMode.NONE)
 
     def release(self) -> None:
         for m in (self.prefill_cudagraph_manager, self.decode_cudagraph_manager):
@@ -329,10 +404,79 @@ class EagleSpeculator(AutoRegressiveSpeculator):
 
 
 class CacheConfig:
-    """What the runner reads of vLLM's cache config: the extensible KV cache."""
+    """What the runner reads of vLLM's cache config: the extensible KV cache, the utilization."""
 
-    def __init__(self, enable_extensible_kv_cache: bool = True):
+    def __init__(self, enable_extensible_kv_cache: bool = True, gpu_memory_utilization: float | None = None):
         self.enable_extensible_kv_cache = enable_extensible_kv_cache
+        self.gpu_memory_utilization = gpu_memory_utilization
+
+
+class EncoderRunner:
+    """gpu/mm/encoder_runner.py's, as far as capture: ``has_cudagraph`` (a manager made) and
+    ``capture`` (encoder_cudagraph.py lines 312-470: every token budget largest first, one
+    eager forward into a shared output buffer, then the graph, into a pool of its own:
+    ``current_platform.graph_pool_handle()``). ``forward(tokens)``: the encoder's forward;
+    ``budgets``: its token budgets (none: no manager)."""
+
+    def __init__(self, forward=None, budgets=()):
+        self.forward, self.budgets = forward, sorted(budgets, reverse=True)
+        self.graphs: dict = {}
+        self.output = None
+
+    def has_cudagraph(self) -> bool:
+        return bool(self.budgets)
+
+    def capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for budget in self.budgets:
+            out = self.forward(budget)
+            if self.output is None or out.shape[0] > self.output.shape[0]:
+                self.output = torch.empty_like(out)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.current_stream()):
+                self.output[: out.shape[0]].copy_(self.forward(budget))
+            self.graphs[budget] = graph
+
+    def clear(self) -> None:
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.output = None
+
+
+class ModelState:
+    """model_states/interface.py's, as far as capture: multimodal input (``encoder_runner``),
+    ``capture_inner_cudagraphs`` (graphs run inside the model's forward, on the model
+    graphs' capture stream: none by default, ``inner(stream)`` where given) and
+    ``dummy_sampler_run`` (False: the runner's own sampler pass)."""
+
+    def __init__(self, encoder_runner: EncoderRunner | None = None, inner=None):
+        self.encoder_runner = encoder_runner
+        self.supports_mm_inputs = encoder_runner is not None
+        self.inner = inner
+
+    def capture_inner_cudagraphs(self, stream=None) -> None:
+        if self.inner is not None:
+            self.inner(stream)
+
+    def dummy_sampler_run(self, sampler, hidden_states) -> bool:
+        return False
+
+
+class Sampler:
+    """The sampler's device work as the dummy sampler run exercises it: a stand-in, not
+    vLLM's sampler (its kernels are the release's; the toy's are these): the default pass
+    samples from softmax(logits) greedily, the warm-up-parameter pass pays for the fp32
+    logits pipeline (a float32 copy, log-softmax for logprobs, top-k)."""
+
+    def __init__(self):
+        self.warmup_params = False
+
+    def __call__(self, logits):
+        if not self.warmup_params:
+            return logits.softmax(-1).argmax(-1)
+        lp = logits.float().log_softmax(-1)
+        return lp.topk(min(20, lp.shape[-1]), dim=-1)
 
 
 class GPUModelRunner:
@@ -349,10 +493,21 @@ class GPUModelRunner:
         tp=1,
         cudagraph_mode=FULL_AND_PIECEWISE,
         extensible_kv_cache: bool = True,
+        model_state: ModelState | None = None,
+        max_num_tokens: int | None = None,
+        max_num_reqs: int | None = None,
+        speculator_options=None,
     ):
         self.vllm_config = Config(tp)
         self.cache_config = CacheConfig(extensible_kv_cache)
         self.extensible_kv_cache = None
+        self.model_state = model_state or ModelState()
+        #: max_num_batched_tokens and max_num_seqs (default: the model's rows, the largest size)
+        self.max_num_tokens = max_num_tokens or model.x.shape[0]
+        self.max_num_reqs = max_num_reqs or max(capture_sizes)
+        self.sampler = Sampler()
+        #: the weights' bytes (gpu_worker.py's model_memory_usage: what loading took)
+        self.model_memory_usage = 0
         self.ubatch_runner = UBatchRunner(ubatch_stream) if ubatch_stream is not None else None
         self.cudagraph_manager = ModelCudaGraphManager(
             model,
@@ -363,7 +518,7 @@ class GPUModelRunner:
         )
         self.speculator = None
         if draft is not None:
-            self.speculator = EagleSpeculator(draft, capture_sizes)
+            self.speculator = EagleSpeculator(draft, capture_sizes, **dict(speculator_options or {}))
             self.speculator.init_cudagraph_manager(cudagraph_mode)
 
     @property
@@ -371,11 +526,67 @@ class GPUModelRunner:
         return self.cudagraph_manager
 
     def capture_model(self, *, profile_only=False):
-        free_before = torch.cuda.mem_get_info()[0]
-        self.cudagraph_manager.capture(self.cudagraph_manager.model)
+        """model_runner.py lines 1141-1215: nothing to capture, 0; else the cache emptied, free
+        memory read, the encoder's graphs, the model manager's, the model state's inner graphs
+        (on the manager's capture stream) and the speculator's; the cache emptied again (the
+        warm-ups' activations cached on the capture streams), free memory read: the drop."""
+        capture_encoder = self.model_state.supports_mm_inputs and self.model_state.encoder_runner.has_cudagraph()
+        capture_decoder = self.cudagraph_manager.needs_capture()
+        if not capture_encoder and not capture_decoder:
+            return 0
+        torch.cuda.empty_cache()
+        start_free = torch.cuda.mem_get_info()[0]
+        if capture_encoder:
+            self.model_state.encoder_runner.capture()
+        if capture_decoder:
+            self.cudagraph_manager.capture(self.cudagraph_manager.model)
+            self.model_state.capture_inner_cudagraphs(self.cudagraph_manager.capture_stream)
+            if self.speculator is not None:
+                self.speculator.capture()
+        torch.cuda.empty_cache()
+        return start_free - torch.cuda.mem_get_info()[0]
+
+    def _dummy_run(self, num_tokens: int):
+        """model_runner.py lines 888-1036, as the profiling run takes it: ``min(num_tokens,
+        max_num_reqs)`` requests sharing the tokens, the model's forward eagerly, the
+        speculator's propose, the hidden states and those of each request's last token."""
+        num_reqs = min(num_tokens, self.max_num_reqs)
+        per_req = [num_tokens // num_reqs + (i >= num_reqs - num_tokens % num_reqs) for i in range(num_reqs)]
+        model = self.cudagraph_manager.model
+        with set_forward_context(num_tokens, CUDAGraphMode.NONE, BatchDescriptor(num_tokens)):
+            hidden_states = self.cudagraph_manager.compiled(model.x[:num_tokens])
         if self.speculator is not None:
-            self.speculator.capture()
-        return free_before - torch.cuda.mem_get_info()[0]
+            self.speculator.propose(num_reqs)
+        logits_indices = torch.tensor(list(itertools.accumulate(per_req)), device=hidden_states.device) - 1
+        return hidden_states, hidden_states[logits_indices]
+
+    def compute_logits(self, hidden_states):
+        """The model's ``compute_logits`` where it has one; the toy's head is its ``w``."""
+        model = self.cudagraph_manager.model
+        head = getattr(model, "compute_logits", None)
+        return head(hidden_states) if head is not None else hidden_states @ model.w
+
+    def _dummy_sampler_run(self, hidden_states) -> None:
+        """model_runner.py lines 1039-1066: the default pass, then the warm-up-parameter pass
+        (the fp32 logits pipeline the profiled peak must pay for)."""
+        if self.model_state.dummy_sampler_run(self.sampler, hidden_states):
+            return
+        logits = self.compute_logits(hidden_states)
+        self.sampler.warmup_params = False
+        self.sampler(logits)
+        self.sampler.warmup_params = True
+        self.sampler(logits)
+        self.sampler.warmup_params = False
+
+    def profile_run(self) -> None:
+        """model_runner.py lines 1070-1107: a dummy run at max_num_batched_tokens (attention
+        skipped: the toy's eager attention runs, a stand-in's), the dummy sampler run on its
+        last tokens, a synchronize, the tensors dropped, a collection."""
+        hidden_states, sample_hidden_states = self._dummy_run(self.max_num_tokens)
+        self._dummy_sampler_run(sample_hidden_states)
+        torch.cuda.synchronize()
+        del hidden_states, sample_hidden_states
+        gc.collect()
 
     def profile_cudagraph_memory(self):
         if self.cache_config.enable_extensible_kv_cache:
@@ -386,58 +597,5 @@ class GPUModelRunner:
         self.cudagraph_manager.release()
         if self.speculator is not None:
             self.speculator.release()
-
-
-class ExtensibleKVCache:
-    """extensible_kv_cache.py's: address space reserved, blocks backed after capture."""
-
-    def __init__(self, block_bytes: int):
-        self.block_bytes = block_bytes
-        #: kept free when the cache is sized: the profiled peak plus the graph estimate
-        self.reserved_headroom_bytes = 0
-        self.num_committed_blocks = 0
-
-
-def measure_kv_cache_blocks(kv_cache, vllm_config, device, *, init_free_memory, requested_memory):
-    """The blocks the memory free after capture holds, less the headroom, within the request."""
-    free_memory = torch.cuda.mem_get_info()[0]
-    used_since_start = init_free_memory - free_memory
-    available = min(free_memory, requested_memory - used_since_start) - kv_cache.reserved_headroom_bytes
-    kv_cache.num_committed_blocks = max(available, 0) // kv_cache.block_bytes
-    return kv_cache.num_committed_blocks
-
-
-class Worker:
-    """gpu_worker.py's start-up, as far as the KV cache's size: the estimate, the cache
-    made, the capture, and (extensible) the cache sized from what capture left free."""
-
-    def __init__(self, runner, *, block_bytes: int, requested_memory: int):
-        self.model_runner, self.block_bytes, self.requested_memory = runner, block_bytes, requested_memory
-
-    def determine_available_memory(self) -> int:
-        self.init_free_memory = torch.cuda.mem_get_info()[0]
-        estimate = self.model_runner.profile_cudagraph_memory()
-        self.peak_activation_memory = 0 + estimate  # the profiled transient peak (none here) + the estimate
-        self.available_kv_cache_memory_bytes = self.requested_memory - estimate
-        return self.available_kv_cache_memory_bytes
-
-    def initialize_from_config(self) -> None:
-        if self.model_runner.cache_config.enable_extensible_kv_cache:
-            kv = self.model_runner.extensible_kv_cache = ExtensibleKVCache(self.block_bytes)
-            kv.reserved_headroom_bytes = self.peak_activation_memory
-        else:
-            self.num_blocks = self.available_kv_cache_memory_bytes // self.block_bytes
-
-    def compile_or_warm_up_model(self) -> int:
-        """Captures; returns the KV cache's blocks."""
-        self.model_runner.capture_model()
-        kv = self.model_runner.extensible_kv_cache
-        if kv is None:
-            return self.num_blocks
-        return measure_kv_cache_blocks(
-            kv,
-            self.model_runner.vllm_config,
-            None,
-            init_free_memory=self.init_free_memory,
-            requested_memory=self.requested_memory,
-        )
+        if self.model_state.encoder_runner is not None:
+            self.model_state.encoder_runner.clear()
