@@ -46,6 +46,12 @@ SGLANG_FLAGS = (
 _MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "NONE")
 
 
+def _known(item: FitItem) -> int:
+    """An item's bytes where it is never unknown (weights, non-torch, activations)."""
+    assert item.bytes is not None, item.name
+    return item.bytes
+
+
 def kind_bytes(kinds: list[KvLayerType]) -> int:
     return kinds[0].dtype_bytes if kinds else 0
 
@@ -160,7 +166,7 @@ def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_la
     nt = estimate.non_torch(tp)
     act = estimate.activation_peak(model, tp, batched, seqs)
     ctx = estimate.context()
-    init_free = total - ctx.bytes
+    init_free = total - _known(ctx)
 
     def graphs_of(ss: list[int]) -> int:
         full = (
@@ -178,8 +184,10 @@ def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_la
 
     def kv(graph: int) -> int:
         if after:
-            return sizing.vllm_after_capture(rule, requested, init_free, weights.bytes, nt.bytes, act.bytes, graph)
-        return sizing.vllm_before_capture(requested, weights.bytes, nt.bytes, act.bytes, graph)
+            return sizing.vllm_after_capture(
+                rule, requested, init_free, _known(weights), _known(nt), _known(act), graph
+            )
+        return sizing.vllm_before_capture(requested, _known(weights), _known(nt), _known(act), graph)
 
     in_flight = batched * 2  # async scheduling (on by default): two batches in flight
     graph = graph_item(sizes)
@@ -221,12 +229,12 @@ def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_la
         overflow = (
             f"KV cache {max(kv_bytes, 0) / GiB:.2f} GiB holds {kv_tokens} tokens, fewer than one request of "
             f"max-model-len {mml} ({need / GiB:.2f} GiB); "
-            f"the largest item is {biggest.name} ({biggest.bytes / GiB:.2f} GiB)"
+            f"the largest item is {biggest.name} ({_known(biggest) / GiB:.2f} GiB)"
         )
         fixes = _fixes(
             model,
             total,
-            weights.bytes,
+            _known(weights),
             mml,
             kv_tokens,
             kind_bytes(kinds),
@@ -316,7 +324,7 @@ def _sglang(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_
         "cuda-graph-bs": ",".join(map(str, decode)),
     }
     ctx = estimate.context()
-    pre = dev.torch_total - ctx.bytes
+    pre = dev.torch_total - _known(ctx)
     nt = estimate.non_torch(tp)
     act = estimate.activation_peak(model, tp, chunk, max_bs)
     graph = estimate.graph_memory(model, tp, dev.sm, len(decode) + len(prefill), max(decode))
@@ -328,7 +336,7 @@ def _sglang(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_
         f"free at start x mem-fraction-static {frac} (kv_cache_configurator._profile_available_bytes)",
     )
     items += [ctx, budget, weights, nt, act, graph]
-    kv_bytes = sizing.sglang_kv_bytes(pre, weights.bytes, nt.bytes, frac)
+    kv_bytes = sizing.sglang_kv_bytes(pre, _known(weights), _known(nt), frac)
     cell = per_layer * model.layers
     tokens = max(kv_bytes, 0) // cell // page * page
     items.append(
@@ -343,12 +351,12 @@ def _sglang(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_
     fits, overflow, fixes = True, "", []
     if kv_bytes <= 0:
         fits = False
-        overflow = f"weights {weights.bytes / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}"
-        fixes = _fixes(model, pre, weights.bytes, ctx_len, 0, 0, ("context-length", ""), tp)
-    elif graph.bytes is not None and graph.bytes + act.bytes + nt.bytes > slack:
+        overflow = f"weights {_known(weights) / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}"
+        fixes = _fixes(model, pre, _known(weights), ctx_len, 0, 0, ("context-length", ""), tp)
+    elif graph.bytes is not None and graph.bytes + _known(act) + _known(nt) > slack:
         fits = False
         overflow = (
-            f"graph memory {graph.bytes / GiB:.2f} GiB + activations {act.bytes / GiB:.2f} GiB exceed the "
+            f"graph memory {graph.bytes / GiB:.2f} GiB + activations {_known(act) / GiB:.2f} GiB exceed the "
             f"{slack / GiB:.2f} GiB mem-fraction-static {frac} leaves"
         )
         fixes = [f"--mem-fraction-static {round(frac - 0.05, 2)}", f"--cuda-graph-max-bs {max(1, max_bs // 2)}"]
@@ -358,7 +366,7 @@ def _sglang(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_
         fixes = _fixes(
             model,
             pre,
-            weights.bytes,
+            _known(weights),
             ctx_len,
             tokens,
             kind_bytes(kinds),

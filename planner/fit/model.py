@@ -131,7 +131,8 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
     """A transformers ``config.json`` (already parsed) as fit's model."""
     m = model_from_config(cfg, where)
     assert isinstance(cfg, dict)
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    inner = cfg.get("text_config")
+    text: dict = inner if isinstance(inner, dict) else cfg
     model_type = str(text.get("model_type", cfg.get("model_type")))
     sliding, window = _sliding(text, model_type, m.layers, where)
     method, bits, group = _quant(cfg, where)
