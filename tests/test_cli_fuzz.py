@@ -1062,3 +1062,79 @@ def test_diff_of_plans_that_differ_only_in_a_decisions_alternatives_says_they_di
     )
     code, out, err = planner("diff", str(ROOT / "plans/fa3-ci.json"), str(ROOT / "plans/fa3-ci.json"), "--exit-code")
     assert code == 0 and "no differences" in out
+
+
+#: `planner fit`'s seeds: a real config.json (Qwen3-30B-A3B, MoE) and an MLA one
+FIT_CONFIGS = [
+    json.loads((Path(__file__).parent.parent / "planner/data/configs" / n).read_text())
+    for n in ("qwen3-30b-a3b.json", "deepseek-v2-lite.json", "gemma-2-9b.json")
+]
+
+
+@FUZZ
+@given(
+    data=st.one_of(
+        *(structured(c) for c in FIT_CONFIGS),
+        raw_bytes(json.dumps(FIT_CONFIGS[0]).encode()).map(lambda b: b.decode("latin-1")),
+    ),
+    engine=st.sampled_from(["vllm==0.34.0", "vllm==0.33.0", "sglang==0.5.23"]),
+)
+def test_fuzz_fit_config(work, data, engine):
+    """fit's model input: every mutated config.json ends in a table or one located error."""
+    cfg = work / "fit-config.json"
+    cfg.write_bytes(data.encode("utf-8", "surrogatepass"))
+    expect_clean(planner("fit", "--model", str(cfg), "--device", "H100", "--engine", engine))
+
+
+_FIT_FLAGS = {
+    "vllm==0.34.0": [
+        "--gpu-memory-utilization",
+        "--max-model-len",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--block-size",
+        "--max-cudagraph-capture-size",
+        "--cudagraph-capture-sizes",
+        "--cudagraph-mode",
+        "--kv-cache-dtype",
+        "--tp",
+    ],
+    "sglang==0.5.23": [
+        "--mem-fraction-static",
+        "--context-length",
+        "--max-running-requests",
+        "--chunked-prefill-size",
+        "--cuda-graph-max-bs",
+        "--page-size",
+        "--kv-cache-dtype",
+        "--tp",
+    ],
+}
+
+
+@FUZZ
+@given(
+    engine=st.sampled_from(sorted(_FIT_FLAGS) + ["vllm==0.2", "sglang==x", "tgi==1.0", "vllm"]),
+    device=st.sampled_from(["H100", "H200", "NVIDIA A100-SXM4-40GB", "RTX 4090", "A100", "", "B300"]),
+    flags=st.lists(
+        st.tuples(
+            st.sampled_from(sorted({f for fs in _FIT_FLAGS.values() for f in fs})),
+            st.one_of(
+                st.integers(-5, 1 << 40).map(str),
+                st.floats(allow_nan=True, allow_infinity=True).map(str),
+                st.sampled_from(["auto", "fp8", "NONE", "PIECEWISE", "1,2,x", "0", "", "1,2,4"]),
+            ),
+        ),
+        max_size=4,
+    ),
+)
+def test_fuzz_fit_flags(work, engine, device, flags):
+    """fit's flags: any engine, device and values end in exit 0 or one located error line."""
+    args = ["fit", "--model", "llama-3-8b", "--device", device, "--engine", engine]
+    for k, v in flags:
+        args += [k, v]
+    code, out, err = planner(*args)
+    if code == 2:  # click's usage error for a value of the wrong type: its own message
+        assert "Usage:" in err, err
+        return
+    expect_clean((code, out, err))

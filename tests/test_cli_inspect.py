@@ -105,7 +105,7 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
     assert code == 0 and "peak reserved" in out and (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     code, out, _ = cli("schema")
     schemas = json.loads(out)
-    assert set(schemas) == {"spec", "plan", "trace", "report", "backends", "phase-kinds"}
+    assert set(schemas) == {"spec", "plan", "trace", "report", "backends", "phase-kinds", "fit"}
     from capture_plan.planner.inputs.schema import SCHEMAS
 
     assert set(schemas) == set(SCHEMAS)

@@ -52,6 +52,7 @@ COMMANDS = {
         "report",
         "schema",
         "spec",
+        "fit",
     )
 }
 

@@ -10,12 +10,14 @@ from ._common import Command, argument
 @click.command("schema", cls=Command)
 @argument(
     "which",
-    "spec, plan, trace, report, backends, phase-kinds or all.",
+    "spec, plan, trace, report, backends, phase-kinds, fit or all.",
     "str",
     required=False,
     default="all",
     shell_complete=lambda ctx, param, incomplete: [
-        n for n in ("all", "spec", "plan", "trace", "report", "backends", "phase-kinds") if n.startswith(incomplete)
+        n
+        for n in ("all", "spec", "plan", "trace", "report", "backends", "phase-kinds", "fit")
+        if n.startswith(incomplete)
     ],
 )
 def command(which) -> None:

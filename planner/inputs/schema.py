@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.fit import FitResult
 from capture_plan.schemas.plan import Plan
 from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.spec import Spec
@@ -23,6 +24,7 @@ _TYPES = {
     "report": CaptureReport,
     "backends": BackendsFile,
     "phase-kinds": PhaseKindsFile,
+    "fit": FitResult,
 }
 #: what ``planner schema`` prints
 SCHEMAS = tuple(_TYPES)

@@ -1,0 +1,304 @@
+"""A model as `planner fit` sizes it: dimensions, layer types, KV bytes per token, weight bytes.
+
+The dimensions come from :mod:`capture_plan.planner.inputs.hf_config` (one reader of
+transformers configs: aliases, MoE fields, multimodal wrappers, every error located);
+this module reads only the keys fit needs beyond them, each named where it is read:
+
+* layer types: ``layer_types`` where the config lists them; Gemma-2's alternation
+  (transformers' ``Gemma2DecoderLayer``: even layers slide), Gemma-3's
+  ``sliding_window_pattern``, a ``sliding_window`` on every layer of Mistral-style
+  configs (``use_sliding_window`` false switches it off, as Qwen2's config does);
+* MLA (DeepSeek-V2/V3): ``kv_lora_rank`` and ``qk_rope_head_dim`` (the cached latent),
+  ``q_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim`` (the projections' weights);
+* MoE: ``first_k_dense_replace`` (DeepSeek's dense first layers), shared experts;
+* ``quantization_config``: fp8 (1 byte per linear weight, per-tensor or block scales),
+  AWQ/GPTQ (``bits`` per weight, a 16-bit scale and a ``bits`` zero per ``group_size``);
+* ``tie_word_embeddings``, ``max_position_embeddings`` (the rotary cache vLLM keeps).
+
+Weight bytes are counted from these dimensions (embeddings, attention, MLP or experts,
+norms, the untied head, the rotary cos/sin cache) unless a safetensors index gives the
+checkpoint's exact ``metadata.total_size``. Tensor parallelism divides the sharded
+weights by ``tp`` (norms are replicated; embeddings are vocab-parallel) and KV heads by
+``tp`` (at least one per rank: vLLM and SGLang replicate a head when ``tp`` exceeds the
+KV heads). Biases other than Qwen2's q/k/v are not counted (a few MiB at most).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from capture_plan.planner.inputs.hf_config import model_from_config
+from capture_plan.planner.inputs.specs import model_presets
+from capture_plan.schemas.errors import InputError
+
+__all__ = ["FitModel", "load_model", "kv_bytes_per_token", "weight_bytes", "KV_DTYPES"]
+
+#: ``--kv-cache-dtype`` values and their element size (auto: the model's dtype)
+KV_DTYPES = {"auto": 0, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+class FitModel(msgspec.Struct, frozen=True):
+    """The dimensions fit reads, per the whole model (before tensor parallelism)."""
+
+    name: str
+    model_type: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    intermediate: int
+    vocab: int
+    dtype_bytes: int
+    tie_embeddings: bool = False
+    sliding_layers: int = 0
+    sliding_window: int = 0
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_expert_intermediate: int = 0
+    dense_layers: int = 0  # MoE models' dense first layers (first_k_dense_replace)
+    kv_lora_rank: int = 0  # MLA: the cached latent's width, 0 for ordinary attention
+    qk_rope_head_dim: int = 0
+    q_lora_rank: int = 0
+    qkv_bias: bool = False
+    max_positions: int = 0
+    rotary_dim: int = 0
+    quant_method: str = ""  # "", "fp8", "awq", "gptq"
+    quant_bits: int = 16
+    quant_group: int = 128
+    exact_weight_bytes: int = 0  # a safetensors index's total_size, 0 when none
+    source: str = ""
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def full_layers(self) -> int:
+        return self.layers - self.sliding_layers
+
+
+def _int(cfg: dict, key: str, where: str, default: int = 0) -> int:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InputError(
+            f"{key} must be a non-negative integer, got {v!r:.40}",
+            where=f"{where}: $.{key}",
+            fix="use the model's own config.json",
+        )
+    return v
+
+
+def _sliding(cfg: dict, model_type: str, layers: int, where: str) -> tuple[int, int]:
+    """(sliding-window layers, window) as the model's attention layers use them."""
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
+        return 0, 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        return sum(1 for t in types if t == "sliding_attention"), window
+    if model_type == "gemma2":  # transformers Gemma2DecoderLayer: is_sliding = not layer_idx % 2
+        return (layers + 1) // 2, window
+    if model_type == "gemma3_text":
+        pattern = _int(cfg, "sliding_window_pattern", where, 6)
+        return sum(1 for i in range(layers) if (i + 1) % pattern), window
+    return layers, window  # Mistral-style: every layer slides
+
+
+def _quant(cfg: dict, where: str) -> tuple[str, int, int]:
+    q = cfg.get("quantization_config")
+    if not isinstance(q, dict):
+        return "", 16, 128
+    method = str(q.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8", 8, 128
+    if method in ("awq", "gptq"):
+        return method, _int(q, "bits", where + ": $.quantization_config", 4), _int(q, "group_size", where, 128) or 128
+    raise InputError(
+        f"quantization method {method!r} is not modelled",
+        where=f"{where}: $.quantization_config.quant_method",
+        fix="fit models fp8, awq and gptq checkpoints; give --weights-index for exact weight bytes",
+    )
+
+
+def from_config(cfg: object, where: str, name: str) -> FitModel:
+    """A transformers ``config.json`` (already parsed) as fit's model."""
+    m = model_from_config(cfg, where)
+    assert isinstance(cfg, dict)
+    inner = cfg.get("text_config")
+    text: dict = inner if isinstance(inner, dict) else cfg
+    model_type = str(text.get("model_type", cfg.get("model_type")))
+    sliding, window = _sliding(text, model_type, m.layers, where)
+    method, bits, group = _quant(cfg, where)
+    kv_lora = _int(text, "kv_lora_rank", where)
+    v_head = _int(text, "v_head_dim", where) if kv_lora else m.head_dim
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    partial = text.get("partial_rotary_factor") or (
+        rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    )
+    rot = _int(text, "qk_rope_head_dim", where) if kv_lora else int(m.head_dim * (partial or 1.0))
+
+    def moe(field: str) -> int:
+        v = getattr(m, field)
+        return 0 if v is msgspec.UNSET else int(v)
+
+    return FitModel(
+        name=name,
+        model_type=model_type,
+        layers=m.layers,
+        hidden=m.hidden,
+        heads=m.heads,
+        kv_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        v_head_dim=v_head,
+        intermediate=m.intermediate,
+        vocab=m.vocab,
+        dtype_bytes=m.dtype_bytes,
+        tie_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+        sliding_layers=sliding,
+        sliding_window=window,
+        experts=moe("experts"),
+        experts_per_token=moe("experts_per_token"),
+        expert_intermediate=moe("expert_intermediate"),
+        shared_expert_intermediate=moe("shared_expert_intermediate"),
+        dense_layers=_int(text, "first_k_dense_replace", where),
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=_int(text, "qk_rope_head_dim", where),
+        q_lora_rank=_int(text, "q_lora_rank", where),
+        qkv_bias=model_type in ("qwen2", "qwen2_moe"),
+        max_positions=_int(text, "max_position_embeddings", where),
+        rotary_dim=rot,
+        quant_method=method,
+        quant_bits=bits,
+        quant_group=group,
+        source=where,
+    )
+
+
+def load_model(model: str, weights_index: Path | None = None) -> FitModel:
+    """``model``: a preset name (planner/data/presets.toml) or a ``config.json`` path;
+    ``weights_index``: a ``model.safetensors.index.json`` whose ``metadata.total_size``
+    is the checkpoint's exact weight bytes."""
+    path = Path(model)
+    if path.suffix == ".json" or path.is_file():
+        from capture_plan.schemas.files import read_input
+
+        raw = read_input(path, "config", fix="give --model the model's config.json")
+        cfg = _decode(raw, path, "give --model the model's config.json")
+        fit = from_config(cfg, str(path), path.parent.name if path.stem == "config" else path.stem)
+    else:
+        presets = model_presets()
+        if model not in presets:
+            raise InputError(
+                f"unknown model {model!r}",
+                where="--model",
+                fix=f"give a config.json path or a preset: {', '.join(sorted(presets))}",
+            )
+        m = presets[model]
+        fit = FitModel(
+            name=model,
+            model_type="preset",
+            layers=m.layers,
+            hidden=m.hidden,
+            heads=m.heads,
+            kv_heads=m.kv_heads,
+            head_dim=m.head_dim,
+            v_head_dim=m.head_dim,
+            intermediate=m.intermediate,
+            vocab=m.vocab,
+            dtype_bytes=m.dtype_bytes,
+            source=f"preset {model} (planner/data/presets.toml)",
+        )
+    if weights_index is not None:
+        fit = msgspec.structs.replace(fit, exact_weight_bytes=_index_total(weights_index))
+    return fit
+
+
+def _decode(raw: bytes, path: Path, fix: str) -> object:
+    """JSON through msgspec, as every input is read (its depth limit a located error)."""
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as err:
+        raise InputError(f"not valid JSON: {err}", where=str(path), fix=fix) from None
+    except RecursionError:
+        raise InputError("nested too deeply to read", where=str(path), fix=fix) from None
+
+
+def _index_total(path: Path) -> int:
+    from capture_plan.schemas.files import read_input
+
+    doc = _decode(read_input(path, "config"), path, "give the checkpoint's model.safetensors.index.json")
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    total = meta.get("total_size") if isinstance(meta, dict) else None
+    if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+        raise InputError(
+            "no metadata.total_size in the safetensors index",
+            where=str(path),
+            fix="give the checkpoint's model.safetensors.index.json, or leave --weights-index out",
+        )
+    return total
+
+
+def kv_heads_per_rank(m: FitModel, tp: int) -> int:
+    """KV heads one rank holds (a head is replicated where tp exceeds the KV heads)."""
+    return max(1, m.kv_heads // tp)
+
+
+def kv_bytes_per_token(m: FitModel, tp: int, kv_dtype_bytes: int) -> int:
+    """KV bytes one token takes in one layer on one rank: K and V per KV head, or
+    MLA's latent (kv_lora_rank + qk_rope_head_dim, one copy on every rank)."""
+    if m.mla:
+        return (m.kv_lora_rank + m.qk_rope_head_dim) * kv_dtype_bytes
+    return kv_heads_per_rank(m, tp) * (m.head_dim + m.v_head_dim) * kv_dtype_bytes
+
+
+def _linear(rows: int, cols: int, m: FitModel) -> float:
+    """Bytes of one linear layer's weight as the checkpoint stores it."""
+    n = rows * cols
+    if m.quant_method == "fp8":
+        return n * 1.0
+    if m.quant_method in ("awq", "gptq"):
+        groups = n / m.quant_group
+        return n * m.quant_bits / 8 + groups * (2 + m.quant_bits / 8)  # scales, packed zeros
+    return n * m.dtype_bytes
+
+
+def weight_bytes(m: FitModel, tp: int) -> int:
+    """One rank's weight bytes, counted from the dimensions (see the module's docstring)."""
+    if m.exact_weight_bytes:
+        return m.exact_weight_bytes // tp
+    h, d = m.hidden, m.dtype_bytes
+    emb = m.vocab * h * d * (1 if m.tie_embeddings else 2)
+    if m.mla:
+        nope = m.head_dim - m.qk_rope_head_dim
+        q = (
+            _linear(h, m.q_lora_rank, m) + _linear(m.q_lora_rank, m.heads * m.head_dim, m) + m.q_lora_rank * d
+            if m.q_lora_rank
+            else _linear(h, m.heads * m.head_dim, m)
+        )
+        attn = (
+            q
+            + _linear(h, m.kv_lora_rank + m.qk_rope_head_dim, m)
+            + m.kv_lora_rank * d
+            + _linear(m.kv_lora_rank, m.heads * (nope + m.v_head_dim), m)
+            + _linear(m.heads * m.v_head_dim, h, m)
+        )
+    else:
+        qkv = (m.heads + 2 * m.kv_heads) * m.head_dim
+        attn = _linear(h, qkv, m) + _linear(m.heads * m.head_dim, h, m) + (qkv * d if m.qkv_bias else 0)
+    dense = 3 * _linear(h, m.intermediate, m)
+    if m.experts:
+        moe = m.experts * 3 * _linear(h, m.expert_intermediate, m) + h * m.experts * d
+        moe += 3 * _linear(h, m.shared_expert_intermediate, m) if m.shared_expert_intermediate else 0
+        mlp = m.dense_layers * dense + (m.layers - m.dense_layers) * moe
+    else:
+        mlp = m.layers * dense
+    norms = (2 * m.layers + 1) * h * d
+    rotary = m.max_positions * m.rotary_dim * d  # vLLM's cos_sin_cache, in the model's dtype
+    return int((emb + m.layers * attn + mlp) / tp + norms + rotary)

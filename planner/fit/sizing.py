@@ -1,0 +1,139 @@
+"""Each modelled release's KV-cache sizing, step by step as planner/data/fit_rules.toml lists it.
+
+Engine-specific arithmetic only; the items it consumes (weights, activations, graph
+memory) come from :mod:`.model` and :mod:`.estimate`. Every function returns the KV
+bytes the release gives the cache, or a negative figure where it would refuse to start.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .model import FitModel
+from .tables import GiB, Rule
+
+__all__ = [
+    "vllm_requested",
+    "vllm_before_capture",
+    "vllm_after_capture",
+    "vllm_blocks",
+    "vllm_default_sizes",
+    "vllm_batch_defaults",
+    "sglang_defaults",
+    "sglang_kv_bytes",
+    "sglang_decode_sizes",
+    "sglang_prefill_sizes",
+]
+
+
+def vllm_batch_defaults(total: int, device: str) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) for the OpenAI API server
+    (vllm/engine/arg_utils.py: EngineArgs.get_batch_defaults, on the torch total)."""
+    if total >= 160 * GiB:
+        return 1024, 16384
+    if total >= 70 * GiB and "a100" not in device.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
+def vllm_default_sizes(max_num_seqs: int, max_num_batched_tokens: int, max_size: int | None = None) -> list[int]:
+    """vLLM's default capture sizes (vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes):
+    [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(max_num_seqs * 2, 512,
+    max_num_batched_tokens) unless --max-cudagraph-capture-size gives it."""
+    top = max_size if max_size is not None else min(max_num_seqs * 2, 512, max_num_batched_tokens)
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    return [s for s in sizes if s <= top]
+
+
+def vllm_requested(total: int, utilization: float) -> int:
+    """vllm/v1/worker/utils.py: request_memory."""
+    return math.ceil(total * utilization)
+
+
+def vllm_before_capture(requested: int, weights: int, non_torch: int, activation: int, graph: int) -> int:
+    """0.33.0's determine_available_memory: the requested budget less what the profile
+    consumed (weights, non-torch), its transient peak and profile_cudagraph_memory's estimate."""
+    return requested - (weights + non_torch + activation) - graph
+
+
+def vllm_after_capture(
+    rule: Rule, requested: int, init_free: int, weights: int, non_torch: int, activation: int, graph: int
+) -> int:
+    """0.34.0's measure_kv_cache_bytes after warm-up and capture (nothing committed yet;
+    torch's reserve growth taken as 0: the transient peak bounds it on a fresh start)."""
+    free = init_free - weights - non_torch - graph
+    non_kv_used = init_free - free
+    margin = max(rule.margin_floor_bytes, int(activation * rule.margin_fraction))
+    return min(requested - non_kv_used, free - margin) - activation
+
+
+def vllm_blocks(
+    m: FitModel, per_token_layer: int, block_size: int, available: int, max_model_len: int, in_flight: int
+) -> tuple[int, float, int]:
+    """(blocks, max concurrency, tokens) as vLLM's KV-cache manager counts them: layers
+    grouped by type in groups of the smallest type's layer count
+    (kv_cache_planning._get_kv_cache_groups_uniform_page_size), a block being one page of
+    every layer of a group (get_kv_cache_config_from_groups: available // bytes_per_block);
+    a request at max_model_len takes cdiv(max_model_len, block_size) blocks per full group
+    and cdiv(min(window - 1 + in_flight, max_model_len), block_size) + 1 per sliding group
+    (kv_cache_interface.SlidingWindowSpec); tokens = int(blocks / per_request * max_model_len)
+    (kv_cache_utils.get_kv_cache_capacity)."""
+    full, sliding = m.full_layers, m.sliding_layers
+    group = min(n for n in (full, sliding) if n > 0)
+    page = block_size * per_token_layer
+    blocks = max(available, 0) // (group * page)
+    per_request = math.ceil(full / group) * math.ceil(max_model_len / block_size) if full else 0
+    if sliding:
+        window = min(m.sliding_window - 1 + in_flight, max_model_len)
+        per_request += math.ceil(sliding / group) * (math.ceil(window / block_size) + 1)
+    concurrency = blocks / per_request
+    return blocks, concurrency, int(concurrency * max_model_len)
+
+
+# SGLang 0.5.23: sglang/srt/arg_groups/memory_hook.py handle_gpu_memory_settings (MiB tiers)
+_SGL_TIERS = ((20 * 1024, 2048, 8, 8), (35 * 1024, 4096, 48, 160), (60 * 1024, 4096, 32, 160))
+
+
+def sglang_defaults(gpu_mem_mib: int, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode cuda_graph max_bs) for nvidia-smi's total."""
+    for top, chunk, bs, bs_tp4 in _SGL_TIERS:
+        if gpu_mem_mib < top:
+            return chunk, bs if tp < 4 else bs_tp4
+    if gpu_mem_mib < 160 * 1024:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def sglang_decode_sizes(max_bs: int) -> list[int]:
+    """cuda_graph_hook.generate_decode_cuda_graph_batch_sizes (no speculative decoding)."""
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    sizes = [s for s in sizes if s <= max_bs]
+    return sizes if max_bs in sizes else sizes + [max_bs]
+
+
+def sglang_prefill_sizes(max_bs: int) -> list[int]:
+    """cuda_graph_hook.generate_prefill_cuda_graph_batch_sizes (breakable prefill graphs)."""
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_bs + 1, 512))
+    )
+    return [s for s in sizes if s <= max_bs]
+
+
+def sglang_mem_fraction(gpu_mem_mib: int, tp: int, chunked: int, max_bs: int, prefill_graphs: int, mla: bool) -> float:
+    """memory_hook.handle_gpu_memory_settings' mem_fraction_static without post-capture sizing."""
+    reserved = 512 + max(chunked, 2048) * 1.5 + tp / 8 * 1024
+    reserved += max_bs * 2 + (1.5 * 1024 if mla else prefill_graphs * 8)  # reserve_for_graph_mb
+    if gpu_mem_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+
+
+def sglang_kv_bytes(pre_load_free: int, weights: int, non_torch: int, fraction: float) -> int:
+    """kv_cache_configurator._profile_available_bytes: free after loading less the slack
+    pre_model_load_memory * (1 - mem_fraction_static)."""
+    return int((pre_load_free - weights - non_torch) - pre_load_free * (1 - fraction))

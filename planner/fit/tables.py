@@ -1,0 +1,143 @@
+"""fit's data tables, typed: devices, release rules, estimates (planner/data/fit_*.toml).
+
+A malformed table is a broken package (RuntimeError); a name not in a table is the
+user's input (InputError listing what is known).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+
+import msgspec
+from packaging.version import InvalidVersion, Version
+
+from capture_plan.planner.inputs.resources import data
+from capture_plan.schemas.errors import InputError
+
+__all__ = ["Device", "Rule", "device", "rule_for", "estimates", "wheels", "rules", "devices"]
+
+GiB = 1 << 30
+MiB = 1 << 20
+#: nvidia-smi's total less torch's on the H100 (planner/data/fit_devices.toml)
+_SMI_OVER_TORCH = 550 * MiB
+_SMI_OVER_TORCH_ERROR = 300 * MiB
+
+
+class Device(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    sm: str
+    smi_total_mib: int
+    smi_source: str
+    torch_total_gib: float | None = None
+    torch_source: str | None = None
+
+    @property
+    def torch_total(self) -> int:
+        """torch's total in bytes (derived from nvidia-smi's where no source gives it)."""
+        if self.torch_total_gib is not None:
+            return int(round(self.torch_total_gib * GiB))
+        return self.smi_total_mib * MiB - _SMI_OVER_TORCH
+
+    @property
+    def torch_total_error(self) -> int:
+        # a figure printed to two decimals of a GiB is within 5.12 MiB
+        return int(0.005 * GiB) if self.torch_total_gib is not None else _SMI_OVER_TORCH_ERROR
+
+
+class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    engine: str
+    releases: list[str]
+    kind: str
+    steps: list[str]
+    default_utilization: float = 0.0
+    margin_floor_bytes: int = 0
+    margin_fraction: float = 0.0
+    non_torch_reserve_bytes: int = 0
+
+
+class Wheel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    file: str
+    sha256: str
+
+
+class _Devices(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    devices: dict[str, Device]
+
+
+class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    wheels: dict[str, Wheel]
+    rules: dict[str, Rule]
+
+
+def _typed(name: str, typ):
+    try:
+        return msgspec.convert(data(name), typ)
+    except msgspec.ValidationError as err:
+        raise RuntimeError(f"planner/data/{name}: {err}") from None
+
+
+@functools.cache
+def devices() -> dict[str, Device]:
+    return _typed("fit_devices.toml", _Devices).devices
+
+
+@functools.cache
+def _rules() -> _Rules:
+    return _typed("fit_rules.toml", _Rules)
+
+
+def rules() -> dict[str, Rule]:
+    return _rules().rules
+
+
+def wheels() -> dict[str, Wheel]:
+    return _rules().wheels
+
+
+@functools.cache
+def estimates() -> dict:
+    return data("fit_estimates.toml")
+
+
+def device(name: str) -> tuple[str, Device]:
+    """The device named ``name`` (exactly, or uniquely by a case-insensitive part: ``H100``)."""
+    table = devices()
+    if name in table:
+        return name, table[name]
+    parts = [k for k in table if name.lower() in k.lower()]
+    if len(parts) == 1:
+        return parts[0], table[parts[0]]
+    raise InputError(
+        f"unknown device {name!r}" + (f" (matches {', '.join(parts)})" if parts else ""),
+        where="--device",
+        fix=f"use one of: {'; '.join(table)} (planner/data/fit_devices.toml)",
+    )
+
+
+def rule_for(engine: str) -> tuple[str, str, str, Rule]:
+    """``ENGINE==VERSION`` -> (engine, version, rule name, rule). A version no rule covers is
+    refused naming the nearest modelled release of that engine."""
+    name, sep, version = engine.partition("==")
+    name = name.strip().lower()
+    known = {n: r for n, r in rules().items() if r.engine == name}
+    if not sep or not known:
+        engines = sorted({r.engine for r in rules().values()})
+        raise InputError(
+            f"unknown engine {engine!r}",
+            where="--engine",
+            fix=f"give ENGINE==VERSION with ENGINE one of {', '.join(engines)}, e.g. --engine vllm==0.34.0",
+        )
+    for rname, r in known.items():
+        if version in r.releases:
+            return name, version, rname, r
+    modelled = sorted((v for r in known.values() for v in r.releases), key=Version)
+    try:
+        want = Version(version)
+        nearest = min(modelled, key=lambda v: (abs(Version(v).major - want.major), abs(Version(v).minor - want.minor)))
+    except InvalidVersion:
+        nearest = (difflib.get_close_matches(version, modelled, n=1, cutoff=0) or modelled)[-1]
+    raise InputError(
+        f"{name} {version} has no modelled sizing rule (modelled: {', '.join(modelled)})",
+        where="--engine",
+        fix=f"the nearest modelled release is {name}=={nearest}: --engine {name}=={nearest}",
+    )

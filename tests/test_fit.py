@@ -1,0 +1,223 @@
+"""`planner fit`: the KV geometry per layer type, each release's rule, refusals, and real start-up logs.
+
+The logs are tests/data/engine_logs/*.toml (one per published log, the format shared with
+the log harvest): every fixture there is picked up. For a release fit models, its KV tokens
+must be within 1% and its graph memory within 10% of what the engine logged; a release it
+does not model must be refused, naming the nearest modelled release.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from capture_plan.planner.cli import main
+from capture_plan.planner.fit import sizing
+from capture_plan.planner.fit.fit import fit
+from capture_plan.planner.fit.model import kv_bytes_per_token, load_model, weight_bytes
+from capture_plan.planner.fit.tables import GiB, estimates, rule_for, rules
+from capture_plan.planner.inputs.specs import engine_preset
+from capture_plan.schemas.errors import InputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "planner/data/configs"
+LOGS = ROOT / "tests/data/engine_logs"
+
+
+def cfg(name: str):
+    return load_model(str(CONFIGS / f"{name}.json"))
+
+
+def run(*args: str, capsys) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_kv_bytes_per_token_per_layer_type():
+    # Llama-3.1-8B: 8 KV heads x (128 + 128) x 2 bytes; tp 2 halves the heads, fp8 the element
+    llama = cfg("llama-3.1-8b")
+    assert kv_bytes_per_token(llama, 1, 2) == 4096
+    assert kv_bytes_per_token(llama, 2, 2) == 2048 and kv_bytes_per_token(llama, 1, 1) == 2048
+    assert kv_bytes_per_token(llama, 16, 2) == 512  # one head per rank, replicated past 8
+    # DeepSeek-V2-Lite caches MLA's latent: (512 + 64) x 2, the same on every rank
+    ds = cfg("deepseek-v2-lite")
+    assert ds.mla and kv_bytes_per_token(ds, 1, 2) == 1152 == kv_bytes_per_token(ds, 4, 2)
+    # Gemma-2: every other layer slides (transformers Gemma2DecoderLayer), window 4096
+    gemma = cfg("gemma-2-9b")
+    assert (gemma.sliding_layers, gemma.full_layers, gemma.sliding_window) == (21, 21, 4096)
+    # Qwen2.5 names a window but switches it off
+    assert cfg("qwen2.5-7b").sliding_layers == 0
+
+
+def test_weights_match_the_published_loading_figures():
+    # vLLM logs "Model loading took 14.99 GiB" for Llama-3.1-8B on one GPU (bf16)
+    assert round(weight_bytes(cfg("llama-3.1-8b"), 1) / GiB, 2) == 14.99
+    # an MoE's experts and an fp8 checkpoint count as the config says
+    assert 56 < weight_bytes(cfg("qwen3-30b-a3b"), 1) / GiB < 58
+
+
+def test_vllm_034_sizing_follows_measure_kv_cache_bytes():
+    rule = rules()["vllm-extensible"]
+    # 10 GiB free after warm-up and capture, nothing committed, a 2 GiB transient peak:
+    # margin max(1 GiB, 1.5 GiB); min(budget - used, free - margin) - peak
+    init_free, weights, other, graph, peak = 80 * GiB, 60 * GiB, 9 * GiB, 1 * GiB, 2 * GiB
+    got = sizing.vllm_after_capture(rule, 80 * GiB, init_free, weights, other, peak, graph)
+    assert got == 10 * GiB - int(1.5 * GiB) - peak
+    # an explicit utilization caps it instead
+    got = sizing.vllm_after_capture(rule, 75 * GiB, init_free, weights, other, peak, graph)
+    assert got == 75 * GiB - 70 * GiB - peak
+
+
+def test_vllm_blocks_count_sliding_groups_as_the_manager_does():
+    gemma = cfg("gemma-2-9b")
+    page = 16 * 8192
+    blocks, conc, tokens = sizing.vllm_blocks(gemma, 8192, 16, 1000 * 21 * page, 8192, 16384)
+    # one full group (512 blocks a request) and one sliding group (min(4095 + 16384, 8192) / 16 + 1)
+    assert blocks == 1000 and conc == pytest.approx(1000 / (512 + 513)) and tokens == int(conc * 8192)
+
+
+def test_each_release_follows_its_rule_and_the_presets_sizing_fact():
+    """One owner: presets_vllm.toml's kv_cache fact picks before- or after-capture sizing."""
+    for version, facts in engine_preset("vllm").releases.items():
+        _, _, name, rule = rule_for(f"vllm=={version}")
+        assert (
+            rule.kind
+            == {"before-capture": "vllm-before-capture", "after-capture": "vllm-after-capture"}[facts.kv_cache]
+        )
+    llama = cfg("llama-3.1-8b")
+    r33 = fit(llama, "H100", "vllm==0.33.0", 1, {"max-model-len": 8192})
+    r34 = fit(llama, "H100", "vllm==0.34.0", 1, {"max-model-len": 8192})
+    assert r33.settings["gpu-memory-utilization"] == 0.92 and r34.settings["gpu-memory-utilization"] == 1.0
+    # 0.34 sizes after capture from the whole device: more tokens than 0.33's 92%
+    assert r34.kv_tokens > r33.kv_tokens > 0
+    assert r33.kv_tokens == r33.kv_blocks * 16  # 8192 is a multiple of the block
+
+
+def test_sglang_defaults_follow_the_memory_hook():
+    # H100 (81559 MiB): 512 + 8192 * 1.5 + 128 + 256 * 2 + 58 prefill graphs * 8 = 13904 MiB
+    assert sizing.sglang_mem_fraction(81559, 1, 8192, 256, 58, False) == round((81559 - 13904) / 81559, 3)
+    assert len(sizing.sglang_prefill_sizes(8192)) == 58
+    assert sizing.sglang_defaults(81559, 1) == (8192, 256) and sizing.sglang_defaults(81559, 4) == (8192, 512)
+    r = fit(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192})
+    assert r.settings["mem-fraction-static"] == 0.83 and r.kv_tokens == r.kv_blocks
+
+
+def test_graph_memory_is_unknown_where_nothing_measured_is_near():
+    r = fit(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192})
+    graph = next(i for i in r.items if i.name == "graph memory")
+    assert graph.bytes is None and graph.status == "unknown" and "sm89" in graph.source
+    eager = fit(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192, "enforce-eager": True})
+    assert next(i for i in eager.items if i.name == "graph memory").bytes == 0
+
+
+def test_graph_node_counts_are_the_committed_bench():
+    bench = json.loads((ROOT / estimates()["graph"]["bench"]).read_text())["cases"]
+    assert estimates()["graph"]["nodes"] == {
+        n: c["first"][0]["nodes"] for n, c in bench.items() if n in estimates()["graph"]["nodes"]
+    }
+
+
+def test_sizes_cost_tokens_under_vllm():
+    r = fit(cfg("llama-3.1-8b"), "H100", "vllm==0.33.0", 1, {"max-model-len": 8192})
+    cost = {c.name: c for c in r.size_costs}
+    assert len(cost["engine default"].sizes) == 51
+    assert cost["engine default"].tokens_cost > cost["fewer"].tokens_cost > 0 == cost["none"].tokens_cost
+
+
+def test_an_unmodelled_release_names_the_nearest(capsys):
+    code, _, err = run("fit", "--model", "llama-3-8b", "--device", "H100", "--engine", "vllm==0.31.0", capsys=capsys)
+    assert code == 1 and "vllm==0.33.0" in err and err.count("\n") == 1
+    code, _, err = run("fit", "--model", "llama-3-8b", "--device", "TPU", "--engine", "vllm==0.34.0", capsys=capsys)
+    assert code == 1 and "NVIDIA H100 80GB HBM3" in err
+
+
+def test_does_not_fit_names_the_item_and_fixes_that_work(capsys):
+    args = ["fit", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--device", "RTX 4090", "--engine", "vllm==0.34.0"]
+    code, out, err = run(*args, capsys=capsys)
+    assert code == 1 and "weights" in err and "fix: --tp 4" in err
+    code, out, _ = run(*args, "--tp", "4", capsys=capsys)
+    assert code == 0, out
+    code, _, err = run(
+        "fit",
+        "--model",
+        str(CONFIGS / "llama-3.1-8b.json"),
+        "--device",
+        "RTX 4090",
+        "--engine",
+        "vllm==0.34.0",
+        "--max-model-len",
+        "60000",
+        capsys=capsys,
+    )
+    fix = err.split("fix: ")[1].split(" or ")[0]
+    assert code == 1 and fix.startswith("--max-model-len ")
+    code, _, _ = run(
+        "fit",
+        "--model",
+        str(CONFIGS / "llama-3.1-8b.json"),
+        "--device",
+        "RTX 4090",
+        "--engine",
+        "vllm==0.34.0",
+        *fix.split(),
+        capsys=capsys,
+    )
+    assert code == 0
+
+
+def test_json_is_the_versioned_schema(capsys):
+    from capture_plan.schemas.fit import FitResult
+
+    code, out, _ = run(
+        "fit",
+        "--model",
+        "llama-3-8b",
+        "--device",
+        "H200",
+        "--engine",
+        "sglang==0.5.23",
+        "--context-length",
+        "8192",
+        "--json",
+        capsys=capsys,
+    )
+    assert code == 0 and msgspec.json.decode(out, type=FitResult).schema_version == 1
+    code, out, _ = run("schema", "fit", capsys=capsys)
+    assert code == 0 and "FitResult" in out
+
+
+def _fixtures():
+    return sorted(LOGS.glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.stem)
+def test_published_startup_logs(path):
+    log = tomllib.loads(path.read_text())
+    engine = f"{log['engine']}=={log['version']}"
+    try:
+        rule_for(engine)
+    except InputError as err:  # not modelled: refused, naming the nearest modelled release
+        assert f"--engine {log['engine']}==" in err.fix
+        return
+    model = load_model(str(LOGS / log["config"]))
+    r = fit(model, log["device"], engine, log.get("tp", 1), dict(log.get("settings", {})))
+    logged = log["logged"]
+    if "kv_tokens" in logged:
+        assert r.kv_tokens == pytest.approx(logged["kv_tokens"], rel=0.01)
+    if "graph_gib" in logged:
+        graph = next(i for i in r.items if i.name == "graph memory")
+        assert graph.bytes is not None and graph.bytes / GiB == pytest.approx(logged["graph_gib"], rel=0.10)
+
+
+def test_every_fixture_is_read():
+    assert _fixtures(), "tests/data/engine_logs holds at least one published log"
