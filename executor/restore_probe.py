@@ -60,12 +60,11 @@ class TorchSegment:
 
 def torch_segments(snapshot: Iterable[dict]) -> list[TorchSegment]:
     """The segments of ``torch.cuda.memory_snapshot()``, sorted by address."""
-    return sorted(
-        TorchSegment(
-            int(s["address"]), int(s["total_size"]), tuple(int(x) for x in (s.get("segment_pool_id") or (0, 0)))
-        )  # pyright: ignore[reportArgumentType]
-        for s in snapshot
-    )
+    out = []
+    for s in snapshot:
+        a, b = s.get("segment_pool_id") or (0, 0)
+        out.append(TorchSegment(int(s["address"]), int(s["total_size"]), (int(a), int(b))))
+    return sorted(out)
 
 
 def segment_of(addr: int, segments: list[TorchSegment]) -> TorchSegment | None:

@@ -77,7 +77,7 @@ class _Struct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     pass
 
 
-class Library(_Struct, kw_only=True):
+class Library(_Struct, frozen=True, kw_only=True):
     """A shared object with kernels (a ``.nv_fatbin`` section) mapped by the saving process."""
 
     #: its file name (``libcublasLt.so.13``), the key a restore compares by
@@ -87,7 +87,7 @@ class Library(_Struct, kw_only=True):
     size: int
 
 
-class ValidFor(_Struct, kw_only=True):
+class ValidFor(_Struct, frozen=True, kw_only=True):
     """What a restore must find to use the file (``check_valid`` compares each)."""
 
     plan_digest: str
@@ -101,7 +101,7 @@ class ValidFor(_Struct, kw_only=True):
     libraries: list[Library] = []
 
 
-class Segment(_Struct, kw_only=True):
+class Segment(_Struct, frozen=True, kw_only=True):
     """A piece of memory the graphs' addresses point into, named by its owner."""
 
     name: str
@@ -114,7 +114,7 @@ class Segment(_Struct, kw_only=True):
     index: int = 0
 
 
-class Module(_Struct, kw_only=True):
+class Module(_Struct, frozen=True, kw_only=True):
     """A loaded module (cubin) kernels come from, identified across processes by its
     functions: ``digest`` is "sha256:<hex>" of their sorted names, one a line."""
 
@@ -122,7 +122,7 @@ class Module(_Struct, kw_only=True):
     functions: int
 
 
-class Relocation(_Struct, array_like=True):
+class Relocation(_Struct, frozen=True, array_like=True):
     """An address in argument bytes: 8 bytes at ``position``, ``offset`` into segment ``segment``."""
 
     position: int
@@ -130,7 +130,7 @@ class Relocation(_Struct, array_like=True):
     offset: int
 
 
-class Kernel(_Struct, kw_only=True):
+class Kernel(_Struct, frozen=True, kw_only=True):
     name: str
     #: index into :attr:`GraphFile.modules`
     module: int
@@ -148,14 +148,14 @@ class Kernel(_Struct, kw_only=True):
     tensor_maps: list[int] = []
 
 
-class Operand(_Struct, array_like=True):
+class Operand(_Struct, frozen=True, array_like=True):
     """A memset's or copy's address as (segment index, offset)."""
 
     segment: int
     offset: int
 
 
-class Memset(_Struct, kw_only=True):
+class Memset(_Struct, frozen=True, kw_only=True):
     dst: Operand
     pitch: int
     value: int
@@ -164,7 +164,7 @@ class Memset(_Struct, kw_only=True):
     height: int
 
 
-class Copy(_Struct, kw_only=True):
+class Copy(_Struct, frozen=True, kw_only=True):
     """A 1D/2D/3D copy between addresses (arrays are refused at save time)."""
 
     src: Operand
@@ -178,7 +178,7 @@ class Copy(_Struct, kw_only=True):
     depth: int
 
 
-class Node(_Struct, kw_only=True):
+class Node(_Struct, frozen=True, kw_only=True):
     #: the driver's node type ("kernel", "memset", "memcpy", "empty", ...)
     type: str
     kernel: Kernel | None = None
@@ -186,7 +186,7 @@ class Node(_Struct, kw_only=True):
     copy: Copy | None = None
 
 
-class Graph(_Struct, kw_only=True):
+class Graph(_Struct, frozen=True, kw_only=True):
     #: the GraphSet's key: dispatch name and size
     phase: str
     bs: int
@@ -195,7 +195,7 @@ class Graph(_Struct, kw_only=True):
     edges: list[tuple[int, ...]] = []
 
 
-class GraphFile(_Struct, kw_only=True):
+class GraphFile(_Struct, frozen=True, kw_only=True):
     kind: Literal["capture-plan graph file"] = GRAPH_FILE_KIND
     version: int = GRAPH_FILE_VERSION
     valid_for: ValidFor
