@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -104,7 +105,8 @@ def named_tensors(obj: object, prefix: str = "", depth: int = 4) -> dict[str, ob
             if x.is_cuda and x.untyped_storage().nbytes() and name not in found:
                 found[name] = x
             return
-        if left <= 0 or isinstance(x, (str, bytes, int, float, bool, type(None))):
+        # a Python module (a target's kernel library handle) is not the target's state
+        if left <= 0 or isinstance(x, (str, bytes, int, float, bool, type(None), types.ModuleType)):
             return
         if isinstance(x, torch.nn.Module):
             for n, t in [*x.named_parameters(), *x.named_buffers()]:
