@@ -539,6 +539,22 @@ def mode_startup(
     }
 
 
+def ready_target(case: str, plan, layers: int):
+    """The case's target (``case_target``) as an engine has it before capture: valid inputs
+    in every phase, the engine's eager profiling run done, the allocator's cache emptied."""
+    import torch
+
+    target = case_target(case, plan, layers)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    for p in plan.phases:  # valid inputs everywhere, and the engine's eager profiling run before capture
+        target.prepare(p.name, max(p.sizes), max(p.sizes), gen)
+        target.run(p.name, max(p.sizes), None)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the engine's cache starts empty, so that the loop's emptying frees nothing of it
+    return target
+
+
 def child(
     case: str, modes: list[str], layers: int, margin_mib: int, cache: str | None = None, copy_error: str = "default"
 ) -> dict:
@@ -567,14 +583,7 @@ def _child_modes(case, modes, layers, margin_mib, cache, copy_error, opts, plan,
 
     # vLLM's mode builds a target of its own (sized for vLLM's sizes), SGLang's is arithmetic
     if not set(modes) <= {"vllm", "vllm-0.34", "sglang"}:
-        target = case_target(case, plan, layers)
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(0)
-        for p in plan.phases:  # valid inputs everywhere, and the engine's eager profiling run before capture
-            target.prepare(p.name, max(p.sizes), max(p.sizes), gen)
-            target.run(p.name, max(p.sizes), None)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()  # the engine's cache starts empty, so that the loop's emptying frees nothing of it
+        target = ready_target(case, plan, layers)
     out["free_after_model_mib"] = free_bytes() / MiB
     for mode in modes:
         if mode == "executor":

@@ -1066,6 +1066,52 @@ def sglang_reserve() -> list[str]:
     ]
 
 
+#: the restore floor runs docs/restore.md quotes (bench/restore_floor.py), oldest first: the lead
+#: appends a run's file name once it is committed
+RESTORE_FLOOR_RUNS: list[str] = []
+
+
+def restore_floor() -> list[str]:
+    """Per run and case of bench/restore_floor.py: graphs, nodes, kernel nodes resolved, device
+    addresses in kernel arguments per class, TMA-shaped parameters, the clone floor against
+    the capture, the graph file's size."""
+    if not RESTORE_FLOOR_RUNS:
+        return ["Not measured yet: `python -m bench.restore_floor` writes the JSON this table reads."]
+    rows, sources = [], []
+    for name in RESTORE_FLOOR_RUNS:
+        d = _load(name)
+        sources.append(_source(name, d).strip())
+        for case, row in d["cases"].items():
+            if "probe" not in row:
+                rows.append([case, "failed", *[""] * 6])
+                continue
+            p, a = row["probe"], row["probe"]["addresses"]
+            size = row.get("save", {}).get("bytes")
+            rows.append(
+                [
+                    case,
+                    f"{p['graphs']} / {p['nodes']:,}",
+                    f"{p['names']:,}/{p['kernel_nodes']:,}",
+                    f"{a['pool']:,} / {a['torch']:,} / {a['outside']:,}",
+                    f"{p['tensor_map_params']:,}",
+                    f"{row['floor_s']:.3f} / {row['capture_s']:.3f}",
+                    f"{row['floor_of_capture']:.2f}x",
+                    "" if size is None else f"{size / MiB:,.1f}",
+                ]
+            )
+    header = [
+        "case",
+        "graphs / nodes",
+        "kernels described",
+        "addresses pool / other torch / outside",
+        "TMA-shaped params",
+        "clone floor / capture s",
+        "floor of capture",
+        "file MiB",
+    ]
+    return [*_table(header, rows), "", *sources]
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -1091,6 +1137,7 @@ TABLES = {
     "replay-times": replay_times,
     "hooks": hooks,
     "releases": releases,
+    "restore-floor": restore_floor,
 }
 
 

@@ -28,6 +28,8 @@ __all__ = [
     "UpdateResult",
     "LaunchAttr",
     "LaunchConfig",
+    "MemsetParams",
+    "Memcpy3D",
 ]
 
 
@@ -80,7 +82,45 @@ class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     ]
 
 
+class MemsetParams(ctypes.Structure):  # CUDA_MEMSET_NODE_PARAMS
+    _fields_ = [
+        ("dst", ctypes.c_ulonglong),
+        ("pitch", ctypes.c_size_t),
+        ("value", ctypes.c_uint),
+        ("elementSize", ctypes.c_uint),
+        ("width", ctypes.c_size_t),
+        ("height", ctypes.c_size_t),
+    ]
+
+
+def _copy_side(side: str, host: str) -> list:
+    return [
+        (f"{side}XInBytes", ctypes.c_size_t),
+        (f"{side}Y", ctypes.c_size_t),
+        (f"{side}Z", ctypes.c_size_t),
+        (f"{side}LOD", ctypes.c_size_t),
+        (f"{side}MemoryType", ctypes.c_int),  # CUmemorytype; ctypes pads it to the pointer after it
+        (f"{side}Host", ctypes.c_void_p),
+        (f"{side}Device", ctypes.c_ulonglong),
+        (f"{side}Array", ctypes.c_void_p),
+        (host, ctypes.c_void_p),
+        (f"{side}Pitch", ctypes.c_size_t),
+        (f"{side}Height", ctypes.c_size_t),
+    ]
+
+
+class Memcpy3D(ctypes.Structure):  # CUDA_MEMCPY3D (v2)
+    _fields_ = [
+        *_copy_side("src", "reserved0"),
+        *_copy_side("dst", "reserved1"),
+        ("WidthInBytes", ctypes.c_size_t),
+        ("Height", ctypes.c_size_t),
+        ("Depth", ctypes.c_size_t),
+    ]
+
+
 _p, _size = ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)
+_devptr = ctypes.c_ulonglong  # CUdeviceptr
 
 #: every driver call the executor makes: name -> argument types (cuda.h)
 SIGNATURES: dict[str, list] = {
@@ -105,8 +145,32 @@ SIGNATURES: dict[str, list] = {
     "cuStreamBeginCapture_v2": [_p, ctypes.c_int],
     "cuStreamEndCapture": [_p, ctypes.POINTER(_p)],
     "cuStreamDestroy_v2": [_p],
+    "cuStreamSynchronize": [_p],
     # (config, CUfunction or CUkernel, kernelParams, extra)
     "cuLaunchKernelEx": [ctypes.POINTER(LaunchConfig), _p, _p, _p],
+    # the restore probe and the graph file (capture_plan.executor.graph_walk)
+    # (clone out, original)
+    "cuGraphClone": [ctypes.POINTER(_p), _p],
+    # (CUgraphExec, CUstream)
+    "cuGraphUpload": [_p, _p],
+    # (const char** name out, CUfunction)
+    "cuFuncGetName": [ctypes.POINTER(ctypes.c_char_p), _p],
+    # (CUfunction, size_t paramIndex, size_t* paramOffset, size_t* paramSize): CUDA_ERROR_INVALID_VALUE past the last
+    "cuFuncGetParamInfo": [_p, ctypes.c_size_t, _size, _size],
+    # (CUmodule* out, CUfunction)
+    "cuFuncGetModule": [ctypes.POINTER(_p), _p],
+    # (CUfunction* out, CUkernel): a node recorded from a library's kernel has kern set, func null
+    "cuKernelGetFunction": [ctypes.POINTER(_p), _p],
+    # (unsigned int* count, CUmodule)
+    "cuModuleGetFunctionCount": [ctypes.POINTER(ctypes.c_uint), _p],
+    # (CUfunction* functions, unsigned int numFunctions, CUmodule): lazily loaded functions stay partly loaded
+    "cuModuleEnumerateFunctions": [_p, ctypes.c_uint, _p],
+    # (CUdeviceptr* base, size_t* size, CUdeviceptr): fails for a value that is no device allocation's address
+    "cuMemGetAddressRange_v2": [ctypes.POINTER(_devptr), _size, _devptr],
+    # (node, CUDA_MEMSET_NODE_PARAMS* out)
+    "cuGraphMemsetNodeGetParams": [_p, ctypes.POINTER(MemsetParams)],
+    # (node, CUDA_MEMCPY3D* out)
+    "cuGraphMemcpyNodeGetParams": [_p, ctypes.POINTER(Memcpy3D)],
 }
 
 

@@ -100,6 +100,8 @@ FILE_LIMITS: dict[str, int] = {
     "config": 4 << 20,
     # the batch sizes an engine ran (`planner sizes --traffic`): a CSV, JSON or a Prometheus scrape
     "traffic": 64 << 20,
+    # a graph file (schemas/graph_file.py): every node's argument bytes, hundreds of graphs of ~1,000 nodes
+    "graph file": 2 << 30,
 }
 #: nesting depth of any input document (real ones need 6)
 MAX_DEPTH = 64

@@ -1,0 +1,181 @@
+"""Restore floor and probe on one GPU: what a graph restore cannot beat, and what it must relocate.
+
+Every case runs in a fresh process (``--cases``; the models of bench/device_bench.py: the
+reference decode step on plans/fa3-ci.json's build, the EAGLE reference on
+plans/fa3-eagle-ci.json's, transformers models such as ``llama``), the target made ready as
+an engine has it before capture (``device_bench.ready_target``), then:
+
+  capture   ``capture(plan, target)``: its wall time and the report's ``capture_seconds``
+            (the first warm-up's kernel loading included: a fresh process)
+  floor     every captured graph ``cuGraphClone`` + ``cuGraphInstantiateWithFlags`` +
+            ``cuGraphUpload`` on the current stream, timed together to a synchronize
+            (``capture_plan.executor.restore_probe.clone_floor``): no file, no kernel
+            loading, no relocation, so the floor a restore cannot beat, against the
+            capture's own seconds
+  probe     every node of every graph through the driver (``restore_probe.probe_graphs``):
+            kernel, memset, copy and other nodes; whether each kernel's name, module and
+            parameter layout resolve; every device address in kernel arguments inside a
+            segment of the plan's pools, another segment of torch's caching allocator
+            (weights, KV cache, workspaces) or outside every segment; the parameters shaped
+            like a TMA descriptor (128 bytes, 64-byte aligned)
+  save      the graph file (``capture_plan.executor.graph_file.save_graphs``): its size, the
+            seconds to write it, what ``check_valid`` refuses in the saving process itself
+
+Writes JSON (the harness's header) to --out and prints one line per case, then a
+one-line summary last.
+Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--tag T] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from bench.harness import (
+    add_layers,
+    add_out_dir,
+    add_overwrite,
+    case_options,
+    header,
+    main_exit,
+    result_file,
+    run_module,
+)
+
+CASES = ("reference", "llama", "eagle")
+
+
+def child(case: str, layers: int, save: bool) -> dict:
+    """One case in this (fresh) process: capture, floor, probe, save (module docstring)."""
+    import torch
+
+    from bench.device_bench import ready_target
+    from capture_plan.executor import capture
+    from capture_plan.executor.restore_probe import clone_floor, probe_graphs, raw_graphs, summary_line
+    from capture_plan.planner import build_plan
+
+    folder = Path(tempfile.mkdtemp())
+    plan = build_plan(case_options(case, folder))
+    target = ready_target(case, plan, layers)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    gs = capture(plan, target, progress=False)
+    wall = time.perf_counter() - t0
+    out: dict = {
+        "case": case,
+        "plan_digest": plan.digest,
+        "graphs": len(gs.graphs),
+        "capture_wall_s": wall,
+        "capture_s": gs.report.capture_seconds,
+    }
+    raws = [raw for _, _, raw in raw_graphs(gs)]
+    out["floor_s"], made = clone_floor(raws, torch.cuda.current_stream().cuda_stream)
+    out["floor_of_capture"] = out["floor_s"] / out["capture_s"] if out["capture_s"] else None
+    if made != len(raws):
+        raise RuntimeError(f"the clone floor made {made} executables of {len(raws)} graphs")
+    t0 = time.perf_counter()
+    counts = probe_graphs(gs, torch.cuda.memory_snapshot())
+    out["probe_s"] = time.perf_counter() - t0
+    out["probe"] = counts.as_dict()
+    out["summary"] = summary_line(case, counts, out["floor_s"], out["capture_s"])
+    print(out["summary"], flush=True)
+    if save:
+        out["save"] = _save(gs, plan, target, folder)
+    gs.release()
+    return out
+
+
+def _save(gs, plan, target, folder: Path) -> dict:
+    """The graph file of ``gs``: size, seconds, the refusals of the saving process itself.
+    A failure is recorded (and printed whole), not raised: the floor and the probe stand."""
+    from capture_plan.executor.graph_file import current_environment, graph_tensors, save_graphs
+    from capture_plan.executor.graph_validity import check_valid
+
+    path = folder / "graphs.cpgraphs"
+    try:
+        t0 = time.perf_counter()
+        file = save_graphs(gs, plan, target, path)
+        seconds = time.perf_counter() - t0
+        refusals = check_valid(file, current_environment(plan.digest, graph_tensors(gs, target), gs.pools))
+    except Exception:
+        text = traceback.format_exc()
+        print(f"save FAILED:\n{text}", flush=True)
+        return {"error": text[-1500:]}
+    relocs = sum(len(n.kernel.relocations) for g in file.graphs for n in g.nodes if n.kernel is not None)
+    return {
+        "bytes": path.stat().st_size,
+        "seconds": seconds,
+        "modules": len(file.modules),
+        "libraries": [lib.name for lib in file.valid_for.libraries],
+        "segments": {k: sum(s.kind == k for s in file.segments) for k in {s.kind for s in file.segments}},
+        "relocations": relocs,
+        "refusals_here": refusals[:10],
+        "refusals_here_count": len(refusals),
+    }
+
+
+def summary(res: dict) -> str:
+    parts = []
+    for case, row in res["cases"].items():
+        if "error" in row:
+            parts.append(f"{case} FAILED")
+            continue
+        a = row["probe"]["addresses"]
+        s = row.get("save", {})
+        saved = (
+            f" file {s['bytes'] / 2**20:.1f} MiB in {s['seconds']:.2f} s, {s['refusals_here_count']} refusals here"
+            if "bytes" in s
+            else (" save FAILED" if s else "")
+        )
+        parts.append(
+            f"{case} {row['graphs']} graphs floor {row['floor_s']:.3f} s / capture {row['capture_s']:.3f} s "
+            f"({row['floor_of_capture']:.2f}x), addresses {a['pool']}/{a['torch']}/{a['outside']}, "
+            f"tma {row['probe']['tensor_map_params']}{saved}"
+        )
+    return "SUMMARY restore floor (pool/other-torch/outside): " + "; ".join(parts)
+
+
+def main() -> int | None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES), help=f"cases, comma-separated (default {','.join(CASES)})")
+    add_layers(ap, help="layers of the reference models")
+    ap.add_argument("--no-save", action="store_true", help="skip writing each case's graph file")
+    ap.add_argument("--tag", default="")
+    add_out_dir(ap)
+    add_overwrite(ap)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.layers, not args.no_save)), flush=True)
+        return
+    res: dict = header(device=True)
+    path = result_file(args, "restore-floor", res["date"], args.tag)
+    res.update(layers=args.layers, cases={})
+    for case in [c for c in args.cases.split(",") if c]:
+        cmd = ["--child", case, "--layers", str(args.layers)] + (["--no-save"] if args.no_save else [])
+        p = run_module(
+            "restore_floor", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode or not lines:
+            res["cases"][case] = {"error": (p.stderr or p.stdout)[-3000:]}
+            print(f"{case}: FAILED (exit {p.returncode})\n{res['cases'][case]['error']}", flush=True)
+        else:
+            res["cases"][case] = json.loads(lines[-1][7:])
+            print(res["cases"][case]["summary"], flush=True)
+            if "error" in res["cases"][case].get("save", {}):
+                print(f"{case}: save FAILED\n{res['cases'][case]['save']['error']}", flush=True)
+        path.write(res)  # after every case: a time limit keeps them
+    print(f"wrote {path.path}")
+    print(summary(res))
+    failed = [c for c, r in res["cases"].items() if "error" in r]
+    return 1 if failed else None
+
+
+if __name__ == "__main__":
+    main_exit(main)

@@ -1,0 +1,212 @@
+"""A graph file: a plan's captured CUDA graphs, written so that a fresh process could rebuild them.
+
+Written after a capture (``capture_plan.executor.graph_file.save_graphs``), read by
+``python -m capture_plan.executor.graph_file inspect FILE`` and, later, by a restore (issue
+51; docs/restore.md). Torch-free: a reader needs msgspec alone.
+
+What it holds, per graph (keyed as the GraphSet keys it: dispatch name and size): its nodes
+in the driver's order and its edges (with their port and type bytes where not all 0: PDL
+edges); per kernel node its kernel (function name and the module it comes from, a
+:class:`Module` identified by a digest of its functions' names), grid, block, dynamic shared
+memory, the launch attributes the driver read back, the parameter layout
+(``cuFuncGetParamInfo``: offset and size of each parameter) and the argument bytes with every
+device address zeroed and named instead by a :class:`Relocation` (its byte position, the
+segment it lies in, its offset there); memset and copy nodes likewise (their operands as
+segment and offset). Segments are named by owner: ``pool:NAME/K`` the K-th segment (in
+address order) of the plan's pool NAME, ``tensor:NAME`` the storage of a named tensor of the
+target (its weights, KV cache, static buffers), ``torch:K`` a caching-allocator segment no
+named tensor covers (a workspace the saver could not name), ``outside:K`` a device
+allocation outside torch's allocator, ``host:K`` host memory a copy reads or writes. A
+restore can relocate into the first two kinds only; the others are recorded so that the
+refusal names them (``check_valid``).
+
+What it is valid for (:class:`ValidFor`): the plan's digest, the device's name and compute
+capability, the driver, torch and its CUDA, and the digests of the shared objects holding
+kernels that the saving process had mapped. A kernel's code is not in the file: see
+``capture_plan.executor.graph_file``'s docstring for how a restore gets it.
+
+Constraints: an 8-byte word of an argument is taken for an address when the driver
+resolves it (``cuMemGetAddressRange``); an integer that happens to equal a live device
+address is relocated too (a false relocation is caught by a restore's replay check, not
+here). A TMA descriptor (``CUtensorMap``) encodes its address: the parameters that look like
+one (128 bytes, 64-byte aligned) are listed (``Kernel.tensor_maps``), not relocated.
+
+Strict (unknown fields refused) and versioned: a file of another :data:`GRAPH_FILE_VERSION`
+is refused, never read loosely.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "GRAPH_FILE_KIND",
+    "GRAPH_FILE_VERSION",
+    "SEGMENT_KINDS",
+    "RELOCATABLE",
+    "Library",
+    "ValidFor",
+    "Segment",
+    "Module",
+    "Relocation",
+    "Kernel",
+    "Memset",
+    "Operand",
+    "Copy",
+    "Node",
+    "Graph",
+    "GraphFile",
+    "FileHead",
+]
+
+GRAPH_FILE_KIND = "capture-plan graph file"
+#: bump when a field's meaning changes: a file of another version is refused
+GRAPH_FILE_VERSION = 1
+
+#: the owners a segment may have (module docstring)
+SEGMENT_KINDS = ("pool", "tensor", "torch", "outside", "host")
+#: the kinds a restore can lay out again and relocate into
+RELOCATABLE = ("pool", "tensor")
+
+SegmentKind = Literal["pool", "tensor", "torch", "outside", "host"]
+
+
+class _Struct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    pass
+
+
+class Library(_Struct, frozen=True, kw_only=True):
+    """A shared object with kernels (a ``.nv_fatbin`` section) mapped by the saving process."""
+
+    #: its file name (``libcublasLt.so.13``), the key a restore compares by
+    name: str
+    #: "sha256:<hex>" of its bytes
+    digest: str
+    size: int
+
+
+class ValidFor(_Struct, frozen=True, kw_only=True):
+    """What a restore must find to use the file (``check_valid`` compares each)."""
+
+    plan_digest: str
+    device: str
+    #: compute capability, "9.0"
+    capability: str
+    driver: str
+    torch: str
+    #: the CUDA torch was built with
+    cuda: str
+    libraries: list[Library] = []
+
+
+class Segment(_Struct, frozen=True, kw_only=True):
+    """A piece of memory the graphs' addresses point into, named by its owner."""
+
+    name: str
+    kind: SegmentKind
+    #: its bytes: a pool segment's, a tensor's storage, the driver's range of an outside allocation
+    size: int
+    #: the pool's or tensor's name ("" for torch, outside and host segments)
+    owner: str = ""
+    #: the segment's place among its pool's segments, in address order (pool segments)
+    index: int = 0
+
+
+class Module(_Struct, frozen=True, kw_only=True):
+    """A loaded module (cubin) kernels come from, identified across processes by its
+    functions: ``digest`` is "sha256:<hex>" of their sorted names, one a line."""
+
+    digest: str
+    functions: int
+
+
+class Relocation(_Struct, frozen=True, array_like=True):
+    """An address in argument bytes: 8 bytes at ``position``, ``offset`` into segment ``segment``."""
+
+    position: int
+    segment: int
+    offset: int
+
+
+class Kernel(_Struct, frozen=True, kw_only=True):
+    name: str
+    #: index into :attr:`GraphFile.modules`
+    module: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    #: launch attributes the driver read back: name -> its three values
+    attributes: dict[str, tuple[int, int, int]] = {}
+    #: (offset, size) of each parameter, in order
+    params: list[tuple[int, int]] = []
+    #: the parameters' bytes at their offsets, every address zeroed
+    args: bytes = b""
+    relocations: list[Relocation] = []
+    #: indexes of parameters shaped like a CUtensorMap (128 bytes, 64-byte aligned)
+    tensor_maps: list[int] = []
+
+
+class Operand(_Struct, frozen=True, array_like=True):
+    """A memset's or copy's address as (segment index, offset)."""
+
+    segment: int
+    offset: int
+
+
+class Memset(_Struct, frozen=True, kw_only=True):
+    dst: Operand
+    pitch: int
+    value: int
+    element_size: int
+    width: int
+    height: int
+
+
+class Copy(_Struct, frozen=True, kw_only=True):
+    """A 1D/2D/3D copy between addresses (arrays are refused at save time)."""
+
+    src: Operand
+    dst: Operand
+    src_pitch: int
+    src_height: int
+    dst_pitch: int
+    dst_height: int
+    width: int
+    height: int
+    depth: int
+
+
+class Node(_Struct, frozen=True, kw_only=True):
+    #: the driver's node type ("kernel", "memset", "memcpy", "empty", ...)
+    type: str
+    kernel: Kernel | None = None
+    memset: Memset | None = None
+    copy: Copy | None = None
+
+
+class Graph(_Struct, frozen=True, kw_only=True):
+    #: the GraphSet's key: dispatch name and size
+    phase: str
+    bs: int
+    nodes: list[Node]
+    #: (from, to) or (from, to, from_port, to_port, type): node indexes
+    edges: list[tuple[int, ...]] = []
+
+
+class GraphFile(_Struct, frozen=True, kw_only=True):
+    kind: Literal["capture-plan graph file"] = GRAPH_FILE_KIND
+    version: int = GRAPH_FILE_VERSION
+    valid_for: ValidFor
+    segments: list[Segment] = []
+    modules: list[Module] = []
+    graphs: list[Graph] = []
+
+
+class FileHead(msgspec.Struct, kw_only=True):
+    """The two fields read before the rest: what the file is and its version (loose:
+    every other field is skipped)."""
+
+    kind: str = ""
+    version: int = -1
