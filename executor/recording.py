@@ -182,7 +182,7 @@ def graph_pools(graph) -> list:
     """Every pool a graph that ended its capture holds: ``pools()`` (torch 2.14 on: its own
     and those a ``use_mem_pool`` inside the capture added), else its one ``pool()``."""
     pools = getattr(graph, "pools", None)
-    return list(pools()) if callable(pools) else [graph.pool()]
+    return [*pools()] if callable(pools) else [graph.pool()]  # pyright: ignore[reportGeneralTypeIssues]
 
 
 class OutsideGraphs:
