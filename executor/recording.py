@@ -13,12 +13,19 @@ driver memory lands on the step that recorded it.
 
 :class:`OutsideGraphs` counts graphs an engine records into its own pools outside the
 loop while the loop is open (vLLM's encoder or speculator graphs, its piecewise
-wrappers). torch offers no hook on a graph's capture (not in torch 2.11, the H200's,
-nor in 2.13, the CPU tests': ``torch.cuda.CUDAGraph.capture_begin`` calls the C++
-graph directly and no callback is registered anywhere on the way), so the observer
-wraps ``capture_begin`` on the class for the loop's open time and restores it after;
-where the loop records itself it says so (:meth:`OutsideGraphs.own`), and that capture
-is not counted. A torch that adds such a hook is a change in this class alone.
+wrappers). Where torch has global capture hooks (``torch.cuda.graphs.
+register_graph_capture_start_hook`` and ``register_graph_capture_end_hook``, torch 2.14
+on: feature-detected, never by version) the observer registers both for the loop's open
+time and removes them after (their ``RemovableHandle``): a graph whose capture began
+outside the loop's own recording is counted when its capture ends, if a pool it holds
+(``CUDAGraph.pools()``: one graph may hold several since torch 2.14, a ``use_mem_pool``
+inside its capture) is one of the engine's. The pool is read at the end because torch
+answers ``pool()`` only after a successful capture; a capture that fails is not counted.
+torch 2.11 (the H200's) and 2.13 (the CPU tests') have no such hook
+(``capture_begin`` calls the C++ graph directly and no callback is registered on the way):
+there the observer wraps ``capture_begin`` on the class for the loop's open time and
+restores it after, counting at the capture's start. Either way, where the loop records
+itself it says so (:meth:`OutsideGraphs.own`), and that capture is not counted.
 
 Unlike ``torch.cuda.graph(...)``, a recording does not synchronize and empty the cache
 at every capture (vLLM turns that off too): that per-capture overhead is most
@@ -46,7 +53,17 @@ from .errors import ExecutorError
 from .graph_nodes import instantiate_kept, node_count
 from .pool import AllocationRecorder, one_pool_reserved, pool_key
 
-__all__ = ["Pools", "OutsideGraphs", "Recording", "record", "new_graph", "plan_streams", "stream_of"]
+__all__ = [
+    "Pools",
+    "OutsideGraphs",
+    "capture_hooks",
+    "graph_pools",
+    "Recording",
+    "record",
+    "new_graph",
+    "plan_streams",
+    "stream_of",
+]
 
 
 def new_graph() -> torch.cuda.CUDAGraph:
@@ -153,9 +170,25 @@ def stream_of(streams: Mapping[str, torch.cuda.Stream], step: Step) -> torch.cud
     return stream
 
 
+def capture_hooks():
+    """torch's global (start, end) capture-hook registrations, or None on a torch without them
+    (before 2.14). Each takes ``fn(graph)`` and returns a handle whose ``remove()`` undoes it."""
+    start = getattr(torch.cuda.graphs, "register_graph_capture_start_hook", None)
+    end = getattr(torch.cuda.graphs, "register_graph_capture_end_hook", None)
+    return (start, end) if callable(start) and callable(end) else None
+
+
+def graph_pools(graph) -> list:
+    """Every pool a graph that ended its capture holds: ``pools()`` (torch 2.14 on: its own
+    and those a ``use_mem_pool`` inside the capture added), else its one ``pool()``."""
+    pools = getattr(graph, "pools", None)
+    return [*pools()] if callable(pools) else [graph.pool()]  # pyright: ignore[reportGeneralTypeIssues]
+
+
 class OutsideGraphs:
     """Counts graphs recorded into ``pools`` (pool keys) outside the loop while it
-    observes (see the module docstring: a wrapper of ``capture_begin`` on the class)."""
+    observes (see the module docstring: torch's capture hooks where it has them, else a
+    wrapper of ``capture_begin`` on the class)."""
 
     def __init__(self, pools: frozenset):
         self.pools = pools
@@ -163,6 +196,8 @@ class OutsideGraphs:
         self.count = 0
         self._own = False
         self._undo: Callable[[], None] | None = None
+        #: graphs whose capture began outside the loop's own recording and has not ended yet
+        self._begun: dict[int, object] = {}
 
     @contextlib.contextmanager
     def own(self):
@@ -175,8 +210,14 @@ class OutsideGraphs:
 
     def start(self) -> None:
         """Observe from now (only where the engine gave the loop its pools; once)."""
+        if not self.pools or self._undo is not None:
+            return
+        hooks = capture_hooks()
+        if hooks is not None:
+            self._start_hooks(*hooks)
+            return
         cls = torch.cuda.CUDAGraph
-        if not self.pools or not isinstance(cls, type) or self._undo is not None:
+        if not isinstance(cls, type):
             return
         begin = cls.capture_begin
 
@@ -189,8 +230,29 @@ class OutsideGraphs:
         setattr(cls, "capture_begin", capture_begin)  # noqa: B010  # a wrapper of the method, not its signature
         self._undo = lambda: setattr(cls, "capture_begin", begin)  # noqa: B010
 
+    def _start_hooks(self, on_start, on_end) -> None:
+        def began(graph) -> None:
+            # capture is live here: no CUDA work, and torch answers no pool() yet
+            if not self._own:
+                self._begun[id(graph)] = graph
+
+        def ended(graph) -> None:
+            if self._begun.pop(id(graph), None) is None:
+                return
+            if any(pool_key(p) in self.pools for p in graph_pools(graph)):
+                self.count += 1
+
+        handles = [on_start(began), on_end(ended)]
+
+        def undo() -> None:
+            for handle in handles:
+                handle.remove()
+            self._begun.clear()
+
+        self._undo = undo
+
     def stop(self) -> None:
-        """Stop observing (the class's own method back)."""
+        """Stop observing (the hooks removed, or the class's own method back)."""
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()
