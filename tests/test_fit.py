@@ -315,3 +315,16 @@ def test_published_startup_logs(path):
 
 def test_every_fixture_is_read():
     assert _fixtures(), "tests/data/engine_logs holds at least one published log"
+
+
+def test_the_fit_page_is_generated_and_current():
+    """docs/fit.md's tables (the rules, the worked examples, one whole answer) are what
+    docs/generate.py renders from fit_rules.toml and fit itself."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs/generate.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    page = ROOT / "docs/fit.md"
+    assert page.read_text() == gen.render_tables(page.read_text(), "docs/fit.md"), "fix: python docs/generate.py"
