@@ -1112,6 +1112,104 @@ def restore_floor() -> list[str]:
     return [*_table(header, rows), "", *sources]
 
 
+# -- planner fit (docs/fit.md) ----------------------------------------------------------------
+
+#: the worked examples' models (planner/data/configs) and the two devices
+FIT_MODELS = ("llama-3.1-8b", "qwen2.5-7b", "qwen3-30b-a3b", "deepseek-v2-lite", "gemma-2-9b")
+FIT_DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+
+
+def fit_rules() -> list[str]:
+    """Which release follows which rule: planner/data/fit_rules.toml."""
+    from capture_plan.planner.fit.tables import rules, wheels
+
+    rows = []
+    for name, r in rules().items():
+        if r.engine != "vllm":
+            rows.append([f"`{name}`", f"{r.engine} {', '.join(r.releases)}", "static fraction", "-", "-", "-", "-"])
+            continue
+        when = "after capture (measured)" if r.kind == "vllm-after-capture" else f"estimate {r.graph_estimate}"
+        util = f"{r.default_utilization:g}" if r.kind != "vllm-after-capture" else "1.0 (extensible)"
+        rows.append(
+            [
+                f"`{name}`",
+                "vllm " + ", ".join(r.releases),
+                when,
+                util,
+                "blocks // groups x block" if r.kv_tokens == "blocks" else "concurrency x max-model-len",
+                f"{r.in_flight_batches} x max-num-batched-tokens",
+                ", ".join(r.capture_appends) or "none",
+            ]
+        )
+    header = [
+        "rule",
+        "releases",
+        "graph memory",
+        "default utilization",
+        "tokens logged",
+        "sliding window holds",
+        "sizes appended",
+    ]
+    shas = [f"`{k}` {w.sha256[:12]}" for k, w in wheels().items()]
+    return _table(header, rows) + ["", "Wheels read (sha256, first 12 digits): " + "; ".join(shas) + "."]
+
+
+def fit_examples() -> list[str]:
+    """fit's figures for the worked examples: each model on H100 and H200, one release of each rule."""
+    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.model import load_model
+    from capture_plan.planner.fit.tables import GiB, rules
+    from capture_plan.schemas.errors import InputError
+
+    engines = [f"{r.engine}=={r.releases[0]}" for r in rules().values()]
+    rows = []
+    for name in FIT_MODELS:
+        model = load_model(str(ROOT / "planner/data/configs" / f"{name}.json"))
+        for dev in FIT_DEVICES:
+            for eng in engines:
+                flags = {"context-length" if eng.startswith("sglang") else "max-model-len": 8192}
+                short = dev.removeprefix("NVIDIA ").split(" ")[0]
+                try:
+                    r = fit(model, dev, eng, 1, flags)
+                except InputError as err:
+                    rows.append([name, short, eng, "refused: " + str(err).split(": ", 1)[-1].split(";")[0]] + [""] * 5)
+                    continue
+                items = {i.name: i.bytes for i in r.items}
+                graph = items.get("graph memory")
+                rows.append(
+                    [
+                        name,
+                        short,
+                        eng,
+                        f"{r.settings.get('gpu-memory-utilization', r.settings.get('mem-fraction-static'))}",
+                        f"{items['weights'] / GiB:.2f}",
+                        "unknown" if graph is None else f"{graph / GiB:.2f}",
+                        f"{r.kv_bytes / GiB:.2f}",
+                        f"{r.kv_tokens:,}",
+                        f"{r.max_concurrency:.1f}x",
+                    ]
+                )
+    header = [
+        "model",
+        "device",
+        "engine",
+        "utilization / fraction",
+        "weights GiB",
+        "graph GiB",
+        "KV GiB",
+        "KV tokens",
+        "at 8192",
+    ]
+    return _table(header, rows)
+
+
+def fit_example() -> list[str]:
+    """One whole `planner fit` table, as a user runs it."""
+    args = ("fit", "--model", "planner/data/configs/llama-3.1-8b.json", "--device", "H100", "--engine", "vllm==0.34.0")
+    out = planner_output(*args, "--max-model-len", "8192")
+    return ["```console", f"$ planner {' '.join(args)} --max-model-len 8192", *out.rstrip().splitlines(), "```"]
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -1138,6 +1236,9 @@ TABLES = {
     "hooks": hooks,
     "releases": releases,
     "restore-floor": restore_floor,
+    "fit-rules": fit_rules,
+    "fit-examples": fit_examples,
+    "fit-example": fit_example,
 }
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-from capture_plan.planner.inputs.specs import engine_preset
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, KvLayerType, SizeCost
 
@@ -60,7 +59,12 @@ def _refuse(flag: str, msg: str, fix: str) -> InputError:
     return InputError(msg, where=f"--{flag}", fix=fix)
 
 
-def fit(model: FitModel, device_name: str, engine: str, tp: int, flags: dict) -> FitResult:
+def fit(
+    model: FitModel, device_name: str, engine: str, tp: int, flags: dict, measured_graph: FitItem | None = None
+) -> FitResult:
+    """``measured_graph``: a vLLM graph figure measured on the device (a calibration, or the
+    engine's own logged ``Estimated CUDA graph memory``) in place of fit's estimate of the
+    engine's default sizes; status ``given``, its source named."""
     eng, version, rule_name, rule = rule_for(engine)
     dev_name, dev = device(device_name)
     if tp < 1 or tp > 64:
@@ -103,7 +107,7 @@ def fit(model: FitModel, device_name: str, engine: str, tp: int, flags: dict) ->
         kinds.append(KvLayerType("sliding window", model.sliding_layers, per_layer, kv_dtype))
     wheel = wheels()[f"{eng}=={version}"].sha256
     args = (model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_layer, kinds, items, weights, wheel)
-    return _vllm(*args) if eng == "vllm" else _sglang(*args)
+    return _vllm(*args, measured_graph) if eng == "vllm" else _sglang(*args)
 
 
 def _int_flag(flags: dict, name: str, default: int, lo: int = 1, hi: int = 1 << 24) -> int:
@@ -119,9 +123,11 @@ def _int_flag(flags: dict, name: str, default: int, lo: int = 1, hi: int = 1 << 
     return v
 
 
-def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_layer, kinds, items, weights, wheel):
+def _vllm(
+    model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_layer, kinds, items, weights, wheel, measured
+):
     total = dev.torch_total
-    after = engine_preset("vllm").releases[version].kv_cache == "after-capture"
+    after = rule.kind == "vllm-after-capture"
     util = flags.get("gpu-memory-utilization")
     if util is None:
         util = rule.default_utilization
@@ -129,7 +135,7 @@ def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_la
         raise _refuse(
             "gpu-memory-utilization", f"must be in (0, 1], got {util!r:.30}", "e.g. --gpu-memory-utilization 0.9"
         )
-    seqs0, tokens0 = sizing.vllm_batch_defaults(total, dev_name)
+    seqs0, tokens0 = sizing.vllm_batch_defaults(total, dev_name, rule.batch_tier_160)
     mml = _int_flag(flags, "max-model-len", model.max_positions or 0)
     if mml < 1:
         raise _refuse("max-model-len", "the config gives no max_position_embeddings", "give --max-model-len")
@@ -146,7 +152,10 @@ def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_la
         sorted(set(given))
         if given
         else sizing.vllm_default_sizes(
-            seqs, batched, _int_flag(flags, "max-cudagraph-capture-size", 512) if top else None
+            seqs,
+            batched,
+            _int_flag(flags, "max-cudagraph-capture-size", 512) if top else None,
+            rule.capture_appends,
         )
     )
     if eager or mode == "NONE":
@@ -187,10 +196,11 @@ def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_la
             return sizing.vllm_after_capture(
                 rule, requested, init_free, _known(weights), _known(nt), _known(act), graph
             )
-        return sizing.vllm_before_capture(requested, _known(weights), _known(nt), _known(act), graph)
+        deducted = graph if rule.graph_estimate == "deducted" else 0
+        return sizing.vllm_before_capture(requested, _known(weights), _known(nt), _known(act), deducted)
 
-    in_flight = batched * 2  # async scheduling (on by default): two batches in flight
-    graph = graph_item(sizes)
+    in_flight = batched * rule.in_flight_batches  # async scheduling (on by default): two batches in flight
+    graph = measured if measured is not None and sizes else graph_item(sizes)
     budget = FitItem(
         "engine budget",
         requested,
@@ -203,15 +213,21 @@ def _vllm(model, dev_name, dev, eng, version, rule_name, rule, tp, flags, per_la
         items.insert(1, ctx)
     notes = []
     gbytes = graph.bytes
-    if gbytes is None:
+    if not after and rule.graph_estimate == "logged":
+        notes.append(
+            f"vllm {version} profiles and logs its graph estimate but does not take it from the KV budget "
+            "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off by default): graphs are captured into what "
+            "gpu-memory-utilization leaves"
+        )
+    elif gbytes is None:
         notes.append("graph memory unknown: KV figures exclude it (an upper bound)")
-        gbytes = 0
+    gbytes = gbytes or 0
     kv_bytes = kv(gbytes)
     err = sum(i.error_bytes or 0 for i in items[2:])
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", "; ".join(rule.steps[-3:-1])))
 
     def tokens(avail: int) -> tuple[int, float, int]:
-        return sizing.vllm_blocks(model, per_layer, block, avail, mml, in_flight)
+        return sizing.vllm_blocks(model, per_layer, block, avail, mml, in_flight, rule.kv_tokens)
 
     blocks, conc, kv_tokens = tokens(kv_bytes)
     costs = []

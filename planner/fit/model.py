@@ -127,8 +127,32 @@ def _quant(cfg: dict, where: str) -> tuple[str, int, int]:
     )
 
 
+#: model types whose weights or attention fit does not count, and what it lacks
+_UNMODELLED = {
+    "gpt_oss": "its mxfp4 expert weights (vLLM pads and repacks them per kernel backend) and its attention sinks",
+}
+
+
+def _refuse_unmodelled(cfg: object, where: str) -> None:
+    """Refuse, before reading dimensions, a model whose weights or KV fit would get wrong."""
+    if not isinstance(cfg, dict):
+        return
+    model_type = str(cfg.get("model_type", ""))
+    q = cfg.get("quantization_config")
+    method = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
+    if model_type in _UNMODELLED:
+        raise InputError(
+            f"model type {model_type!r} is not modelled: {_UNMODELLED[model_type]}",
+            where=f"{where}: $.model_type",
+            fix="fit models dense and MoE models of bf16/fp16, fp8, AWQ and GPTQ weights",
+        )
+    if method and method not in ("fp8", "awq", "gptq"):
+        _quant(cfg, where)
+
+
 def from_config(cfg: object, where: str, name: str) -> FitModel:
     """A transformers ``config.json`` (already parsed) as fit's model."""
+    _refuse_unmodelled(cfg, where)
     m = model_from_config(cfg, where)
     assert isinstance(cfg, dict)
     inner = cfg.get("text_config")

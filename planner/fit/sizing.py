@@ -26,23 +26,36 @@ __all__ = [
 ]
 
 
-def vllm_batch_defaults(total: int, device: str) -> tuple[int, int]:
+def vllm_batch_defaults(total: int, device: str, tier_160: bool = True) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) for the OpenAI API server
-    (vllm/engine/arg_utils.py: EngineArgs.get_batch_defaults, on the torch total)."""
-    if total >= 160 * GiB:
+    (vllm/engine/arg_utils.py: EngineArgs.get_batch_defaults, on the torch total); the
+    >= 160 GiB tier only in the releases that have it (the rule's ``batch_tier_160``)."""
+    if tier_160 and total >= 160 * GiB:
         return 1024, 16384
     if total >= 70 * GiB and "a100" not in device.lower():
         return 1024, 8192
     return 256, 2048
 
 
-def vllm_default_sizes(max_num_seqs: int, max_num_batched_tokens: int, max_size: int | None = None) -> list[int]:
+def vllm_default_sizes(
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_size: int | None = None,
+    appends: tuple[str, ...] | list[str] = (),
+) -> list[int]:
     """vLLM's default capture sizes (vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes):
     [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(max_num_seqs * 2, 512,
-    max_num_batched_tokens) unless --max-cudagraph-capture-size gives it."""
+    max_num_batched_tokens) unless --max-cudagraph-capture-size gives it; where the release
+    appends them (the rule's ``capture_appends``), max_num_batched_tokens and the uniform
+    decode size max_num_seqs when they are within max."""
     top = max_size if max_size is not None else min(max_num_seqs * 2, 512, max_num_batched_tokens)
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
-    return [s for s in sizes if s <= top]
+    sizes = [s for s in sizes if s <= top]
+    if "max-num-batched-tokens" in appends and max_num_batched_tokens <= top:
+        sizes.append(max_num_batched_tokens)
+    if "max-num-seqs" in appends and max_size is None and max_num_seqs <= min(max_num_seqs * 2, 512):
+        sizes += [max_num_seqs] if max_num_seqs <= max_num_batched_tokens else []
+    return sorted(set(sizes))
 
 
 def vllm_requested(total: int, utilization: float) -> int:
@@ -68,16 +81,24 @@ def vllm_after_capture(
 
 
 def vllm_blocks(
-    m: FitModel, per_token_layer: int, block_size: int, available: int, max_model_len: int, in_flight: int
+    m: FitModel,
+    per_token_layer: int,
+    block_size: int,
+    available: int,
+    max_model_len: int,
+    in_flight: int,
+    count: str = "concurrency",
 ) -> tuple[int, float, int]:
     """(blocks, max concurrency, tokens) as vLLM's KV-cache manager counts them: layers
     grouped by type in groups of the smallest type's layer count
-    (kv_cache_planning._get_kv_cache_groups_uniform_page_size), a block being one page of
+    (kv_cache_utils._get_kv_cache_groups_uniform_page_size), a block being one page of
     every layer of a group (get_kv_cache_config_from_groups: available // bytes_per_block);
     a request at max_model_len takes cdiv(max_model_len, block_size) blocks per full group
     and cdiv(min(window - 1 + in_flight, max_model_len), block_size) + 1 per sliding group
-    (kv_cache_interface.SlidingWindowSpec); tokens = int(blocks / per_request * max_model_len)
-    (kv_cache_utils.get_kv_cache_capacity)."""
+    (kv_cache_interface.SlidingWindowSpec.max_memory_usage_bytes). The tokens logged:
+    ``count`` "concurrency": int(blocks / per_request * max_model_len)
+    (get_kv_cache_capacity, _report_kv_cache_config from 0.20's successor); "blocks":
+    num_blocks // groups * block_size (0.19.0 and 0.20.0's _report_kv_cache_config)."""
     full, sliding = m.full_layers, m.sliding_layers
     group = min(n for n in (full, sliding) if n > 0)
     page = block_size * per_token_layer
@@ -87,6 +108,9 @@ def vllm_blocks(
         window = min(m.sliding_window - 1 + in_flight, max_model_len)
         per_request += math.ceil(sliding / group) * (math.ceil(window / block_size) + 1)
     concurrency = blocks / per_request
+    if count == "blocks":
+        groups = (math.ceil(full / group) if full else 0) + (math.ceil(sliding / group) if sliding else 0)
+        return blocks, concurrency, blocks // groups * block_size
     return blocks, concurrency, int(concurrency * max_model_len)
 
 

@@ -53,6 +53,21 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     margin_floor_bytes: int = 0
     margin_fraction: float = 0.0
     non_torch_reserve_bytes: int = 0
+    #: vLLM before capture: "deducted" (the graph estimate is taken from the budget) or
+    #: "logged" (profiled and logged, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off by default)
+    graph_estimate: str = "deducted"
+    #: how the logged KV tokens are counted: "concurrency" (int(max concurrency x
+    #: max_model_len)) or "blocks" (num_blocks // groups x block size)
+    kv_tokens: str = "concurrency"
+    #: what _set_cudagraph_sizes appends to the default grid when it fits under the largest
+    #: size: "max-num-batched-tokens", "max-num-seqs" (the uniform decode size)
+    capture_appends: list[str] = []
+    #: get_batch_defaults has the >= 160 GiB tier (16384 batched tokens for the API server)
+    batch_tier_160: bool = True
+    #: batches a sliding-window request's blocks must hold beyond its window: 1 (the
+    #: releases that count max_num_batched_tokens) or 2 (VllmConfig.max_in_flight_tokens
+    #: under async scheduling)
+    in_flight_batches: int = 2
 
 
 class Wheel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
