@@ -579,8 +579,6 @@ def child(
 
 
 def _child_modes(case, modes, layers, margin_mib, cache, copy_error, opts, plan, out) -> dict:
-    import torch
-
     # vLLM's mode builds a target of its own (sized for vLLM's sizes), SGLang's is arithmetic
     if not set(modes) <= {"vllm", "vllm-0.34", "sglang"}:
         target = ready_target(case, plan, layers)
