@@ -1021,8 +1021,10 @@ def releases() -> list[str]:
     return [
         *_table(["wheel", "against the hook rows of", "held", "broken rows"], rows),
         "",
-        "Read with zipfile + ast from the wheels (`python -m bench.engine_releases`; "
-        "docs/ci/engine-releases.yml runs it daily against the newest).",
+        "Read with zipfile + ast from the wheels (`python -m bench.engine_releases`). "
+        "docs/ci/engine-releases.yml is an example workflow to copy into a repository's "
+        ".github/workflows/, where it runs that daily against the newest wheels; "
+        "nothing in this repository runs it.",
         _source(name, d),
     ]
 
