@@ -34,7 +34,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
+from capture_plan.adapters.plugins import core, live, sglang as sgl_plugin, vllm as vllm_plugin
 from capture_plan.adapters.plugins.hooks import hook
 
 # before the engines' runners, which import torch: a machine without it skips, naming it
@@ -1039,8 +1039,9 @@ def test_an_unknown_vllm_whose_hook_points_are_a_known_releases_is_captured_by_t
     (record,) = caplog.records
     assert record.levelno == logging.INFO
     assert record.message == (
-        "capture-plan: vllm 0.35.0 is not a release capture-plan knows; its hook points are vllm 0.34.0's: "
-        "captured by the plan"
+        f"capture-plan: vllm 0.35.0 is not a release capture-plan knows; its {len(vllm_plugin.LIVE)} hook points "
+        f"checked live are vllm 0.34.0's ({', '.join(vllm_plugin.LIVE)}): captured by the plan "
+        f"{plan_file(tmp_path, plan)}"
     )
     runner = _vllm_runner(module, _vllm_model(cuda))
     runner.capture_model()
@@ -1086,16 +1087,44 @@ def test_an_unknown_vllm_with_a_method_renamed_starts_capturing_as_it_does_with_
 def test_an_unknown_sglang_whose_hook_points_are_the_known_releases_is_captured_by_the_plan(
     cuda, monkeypatch, tmp_path, caplog
 ):
+    """SGLang 0.5.24 (not known) with 0.5.23's objects: one INFO line, then SGLang's start-up
+    captures every graph key through the plan (the runners' own loops, the plan's report)."""
     module = sglang_release(monkeypatch, tmp_path)
     monkeypatch.setattr(core, "installed", lambda dist: "0.5.24" if dist == "sglang" else "(not installed)")
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.sglang_plan(tmp_path, SIZES))))
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    path = plan_file(tmp_path, plan)
+    monkeypatch.setenv(core.ENV_PLAN, str(path))
     with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
         sgl_plugin.register()
     assert [r.message for r in caplog.records] == [
-        "capture-plan: sglang 0.5.24 is not a release capture-plan knows; its hook points are sglang 0.5.23's: "
-        "captured by the plan"
+        f"capture-plan: sglang 0.5.24 is not a release capture-plan knows; its {len(sgl_plugin.LIVE)} hook points "
+        f"checked live are sglang 0.5.23's ({', '.join(sgl_plugin.LIVE)}): captured by the plan {path}"
     ]
-    assert module.FullCudaGraphBackend.__capture_plan__ is sgl_plugin.ADOPTION
+    adoption = module.FullCudaGraphBackend.__capture_plan__
+    assert adoption is sgl_plugin.ADOPTION
+    engine = harness.plugged_sglang_start(module, plan, _sgl_model(plan, cuda), SIZES)
+    gs = adoption.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    assert len(engine.graphs) == len(gs.graphs) == sum(s.op == "capture" for s in plan.steps)
+    engine.cleanup()
+    gs.release()
+
+
+def test_a_known_release_registers_with_one_info_line(vllm, cuda, monkeypatch, tmp_path, caplog):
+    """Issue 49, item 11: a known release's registration said nothing; now one INFO line names
+    the release, the rows checked live and the plan that routes capture (fails before: no record)."""
+    vllm_release(monkeypatch, tmp_path, version=vllm)
+    path = plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES))
+    monkeypatch.setenv(core.ENV_PLAN, str(path))
+    with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
+        vllm_plugin.register()
+    assert [(r.levelno, r.message) for r in caplog.records] == [
+        (
+            logging.INFO,
+            f"capture-plan: vllm {vllm}: its {len(vllm_plugin.LIVE)} hook points checked live hold "
+            f"({', '.join(vllm_plugin.LIVE)}): captured by the plan {path}",
+        )
+    ]
 
 
 def test_the_live_check_reads_names_kinds_and_literal_defaults():
@@ -1107,7 +1136,7 @@ def test_the_live_check_reads_names_kinds_and_literal_defaults():
     def f(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs", *, stream=None, limit=1 << 20):
         pass
 
-    assert core._params_of_table(row("(self, a=1 << 20, *, b=None)").signature) == [
+    assert live.params_of_table(row("(self, a=1 << 20, *, b=None)").signature) == [
         ("self", "POSITIONAL_OR_KEYWORD", None),
         ("a", "POSITIONAL_OR_KEYWORD", "1 << 20"),
         ("b", "KEYWORD_ONLY", "None"),
@@ -1115,15 +1144,15 @@ def test_the_live_check_reads_names_kinds_and_literal_defaults():
     import inspect
 
     params = list(inspect.signature(f).parameters.values())
-    want = core._params_of_table(
+    want = live.params_of_table(
         "(self, create_forward_fn, progress_bar_desc='Capturing CUDA graphs', *, stream=None, limit=1 << 20)"
     )
     assert all(
-        p.name == n and p.kind.name == k and core._same_default(d, p.default) for p, (n, k, d) in zip(params, want)
+        p.name == n and p.kind.name == k and live.same_default(d, p.default) for p, (n, k, d) in zip(params, want)
     )
-    assert not core._same_default("'Capturing'", "Capturing CUDA graphs")  # another literal
-    assert not core._same_default(None, None)  # a default where the release has none
-    assert core._same_default("1 << 20", 1 << 20)  # an expression: presence only
+    assert not live.same_default("'Capturing'", "Capturing CUDA graphs")  # another literal
+    assert not live.same_default(None, None)  # a default where the release has none
+    assert live.same_default("1 << 20", 1 << 20)  # an expression: presence only
 
 
 # -- vLLM sizing its KV cache after capture (0.34.0's extensible KV cache) ----------------------
