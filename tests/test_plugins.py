@@ -1127,6 +1127,28 @@ def test_a_known_release_registers_with_one_info_line(vllm, cuda, monkeypatch, t
     ]
 
 
+def test_the_contract_checks_the_installed_vllms_hook_points_without_a_gpu(vllm, cuda, monkeypatch, tmp_path, capsys):
+    """``python -m capture_plan.adapters.plugins.contract --installed``: the check registration
+    runs, on the installed (here: engine-faithful) vLLM, no plan: its rows hold (exit 0); with a
+    method renamed, the moved row is named (exit 1). Issue 49, item 12: there was no such mode."""
+    from capture_plan.adapters.plugins.contract import main as contract
+
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
+    monkeypatch.delenv(core.ENV_PLAN, raising=False)
+    assert contract(["--installed", "vllm"]) == 0
+    assert capsys.readouterr().out == (
+        f"vllm {vllm}: its {len(vllm_plugin.LIVE)} hook points checked live hold ({', '.join(vllm_plugin.LIVE)}): "
+        "the plugin captures through a plan\n"
+    )
+    runner_cls = module.GPUModelRunner
+    runner_cls.estimate_cudagraph_memory = runner_cls.profile_cudagraph_memory
+    del runner_cls.profile_cudagraph_memory
+    assert contract(["--installed", "vllm"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"the installed vllm: vllm {vllm}: the hook points moved (vllm {vllm} row ")
+    assert "GPUModelRunner.profile_cudagraph_memory: not in the installed vllm (AttributeError" in err
+
+
 def test_the_live_check_reads_names_kinds_and_literal_defaults():
     from capture_plan.adapters.plugins.hook_point import HookPoint
 

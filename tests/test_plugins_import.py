@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from capture_plan.adapters.plugins import core, live, sglang as sgl_plugin, vllm as vllm_plugin
+from capture_plan.adapters.plugins.contract import main as contract
 
 PLUGINS = {"vllm": vllm_plugin, "sglang": sgl_plugin}
 NEWEST = {"vllm": "0.34.0", "sglang": "0.5.23"}
@@ -112,3 +113,27 @@ def test_a_wrong_plan_is_reported_whatever_the_engines_state(absent, monkeypatch
         f"capture-plan: CAPTURE_PLAN_PLAN={tmp_path / 'typo.json'}: the plan file is not there; fix: build it "
         f"(planner build ... -o {tmp_path / 'typo.json'}), or unset CAPTURE_PLAN_PLAN"
     )
+
+
+def test_the_contract_checks_the_installed_engine_as_registration_does(absent, monkeypatch, tmp_path, capsys):
+    """``contract --installed`` without a GPU: an engine not installed, then one whose import fails,
+    each one line and exit 1 (the rows matching and moving: tests/test_plugins.py)."""
+    assert contract(["--installed", "vllm"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("the installed vllm: vllm is not installed") and "\n" not in err
+    assert contract(["--installed"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "the installed engines: neither sglang nor vllm is installed; fix: pip install sglang==0.5.23 "
+        "(or vllm==0.34.0), then python -m capture_plan.adapters.plugins.contract --installed"
+    )
+    assert contract(["--installed", "trtllm"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "--installed trtllm: no plugin for engine 'trtllm'; "
+        "fix: name one of sglang, vllm, or none for every one installed"
+    )
+    monkeypatch.delitem(sys.modules, "vllm")
+    fake_engine(monkeypatch, tmp_path, "vllm", "0.34.0", requires=None)
+    monkeypatch.setattr(core, "installed", lambda dist: "0.34.0" if dist == "vllm" else live.NOT_INSTALLED)
+    assert contract(["--installed"]) == 1
+    assert "vllm 0.34.0 is installed but its import fails" in capsys.readouterr().err
