@@ -1277,7 +1277,10 @@ def test_sglang_checks_the_plans_figure_against_the_capture_where_it_sizes_its_k
 ):
     """With SGLANG_ENABLE_POST_CAPTURE_KV_SIZING SGLang sizes its KV cache from what the
     capture left free: the plan's figure is checked against the loop's measure of the capture
-    (one WARNING naming the gap); without it SGLang's reserve stands and nothing is checked."""
+    (its report's free-memory drop; the fake device's free memory falls by a fixed share per
+    graph recorded), one WARNING naming the gap; without it SGLang's reserve stands and
+    nothing is checked."""
+    import fake_cuda
     from engines.plans import calibrated
 
     module = sglang_release(monkeypatch, tmp_path)
@@ -1286,14 +1289,29 @@ def test_sglang_checks_the_plans_figure_against_the_capture_where_it_sizes_its_k
     if post_capture:
         monkeypatch.setenv(sgl_plugin.POST_CAPTURE_ENV, "1")
     predicted = vllm_plugin.plan_total(plan)
-    monkeypatch.setattr(sgl_plugin, "capture_drop", lambda loop: 3 * predicted)  # the fake device measures none
+    graphs = sum(s.op == "capture" for s in plan.steps)
+    per_graph = 3 * predicted // graphs  # about three times the prediction, once every graph is recorded
+    recorded = []
+    end = fake_cuda.FakeGraph.capture_end
+
+    def capture_end(graph):
+        recorded.append(graph)
+        end(graph)
+
+    monkeypatch.setattr(fake_cuda.FakeGraph, "capture_end", capture_end)
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda device=None: (CAPACITY - per_graph * len(recorded), CAPACITY)
+    )
     sgl_plugin.register()
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
         engine = harness.plugged_sglang_start(module, plan, _sgl_model(plan, cuda), SIZES)
+    assert len(recorded) == graphs
+    took = per_graph * graphs
+    assert module.FullCudaGraphBackend.__capture_plan__.loop.graphs.report.device_view.drop == took
     lines = [r.message for r in caplog.records]
     if post_capture:
         (line,) = lines
-        assert f"SGLang's capture took {3 * predicted} B, the plan predicted {predicted} B (more by" in line
+        assert f"SGLang's capture took {took} B, the plan predicted {predicted} B (more by {took - predicted} B" in line
         assert "SGLang sizes its KV cache after capture (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING)" in line
     else:
         assert lines == []
