@@ -48,6 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from capture_plan.adapters.plugins.hook_point import HookPoint
+from capture_plan.adapters.plugins.live import HooksMoved, checked, live_release
+from capture_plan.adapters.plugins.refusal import ENV_PLAN, PluginRefused
 from capture_plan.schemas.errors import CapturePlanError
 
 if TYPE_CHECKING:
@@ -55,17 +57,11 @@ if TYPE_CHECKING:
     from capture_plan.schemas.keys import GraphKey
     from capture_plan.schemas.plan import Plan
 
-#: the setting that enables the plugins: the plan file
-ENV_PLAN = "CAPTURE_PLAN_PLAN"
 #: "refuse" (default) or "engine": what a refusal does
 ENV_FALLBACK = "CAPTURE_PLAN_FALLBACK"
 #: "1": an engine whose hook points moved stops the start-up instead of capturing as it does
 ENV_STRICT = "CAPTURE_PLAN_STRICT"
 log = logging.getLogger("capture_plan.plugins")
-
-
-class PluginRefused(CapturePlanError):
-    """The plugin cannot route this engine's capture through the plan."""
 
 
 @dataclass(frozen=True)
@@ -403,8 +399,6 @@ def register(engine: str, install: Callable[[Settings, str], object], live: tupl
     Hook points that moved never stop the engine unless the operator asked for it
     (``CAPTURE_PLAN_STRICT=1``): one WARNING naming the first mismatched row, and the
     engine captures as it does."""
-    from capture_plan.adapters.plugins.live import HooksMoved, checked, live_release
-
     try:
         s = settings()
     except PluginRefused as err:

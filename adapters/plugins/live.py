@@ -25,20 +25,22 @@ import inspect
 import re
 from typing import Any
 
-from capture_plan.adapters.plugins.core import ENV_PLAN, PluginRefused
 from capture_plan.adapters.plugins.hook_point import HookPoint
 from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN
+from capture_plan.adapters.plugins.refusal import ENV_PLAN, EngineUnavailable, HooksMoved
+
+__all__ = [
+    "NOT_INSTALLED",
+    "EngineUnavailable",
+    "HooksMoved",
+    "live_problem",
+    "live_release",
+    "import_problem",
+    "checked",
+]
 
 #: what ``core.installed`` says of a distribution that is not installed
 NOT_INSTALLED = "(not installed)"
-
-
-class HooksMoved(PluginRefused):
-    """The installed engine's objects are not those of any release the plugin knows."""
-
-
-class EngineUnavailable(PluginRefused):
-    """The engine, or a module of it the plugin uses, cannot be imported."""
 
 
 def _resolve_static(h: HookPoint) -> Any:
