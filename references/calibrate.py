@@ -106,7 +106,7 @@ def check_machine(plan, plan_path: str, report: str, environment=None) -> None:
         raise EnvironmentMismatch(
             "capturing a calibration report needs torch and a CUDA device; this Python has no torch",
             where=plan_path,
-            fix=rerun + " (pip install 'capture-plan[executor]' there)",
+            fix=rerun + " (the executor's dependencies there: pip install torch numpy tqdm)",
         )
     env = environment if environment is not None else current_environment(tuple(plan.requires.modules))
     if env.capability == (0, 0):
