@@ -9,10 +9,12 @@ test reads them (``capture_plan.adapters.plugins.contract``).
 prints a compatibility table: per wheel (engine and release) and per known release of that
 engine whose rows it was checked against, the rows held and the first broken ones. Exit 1
 where the newest wheel of an engine holds no known release's rows whole: a release the
-plugin would meet with a warning and the engine's own capture (``core.live_release``), to
+plugin would meet with a warning and the engine's own capture (``live.live_release``), to
 follow within a day (a new row set, ``adapters/plugins/hooks_<engine>_<release>.py``:
 ``follow(...)``). ``--write`` keeps the result in ``bench/results/engine-releases-DATE.json``,
-which docs/adoption.md's table renders (``docs/generate.py``'s ``releases``). docs/ci/engine-releases.yml runs it daily.
+which docs/adoption.md's table renders (``docs/generate.py``'s ``releases``).
+docs/ci/engine-releases.yml is an example workflow that runs it daily once copied into a
+repository's .github/workflows/ (nothing here runs it).
 """
 
 from __future__ import annotations

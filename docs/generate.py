@@ -487,7 +487,9 @@ def engines_034() -> list[str]:
                 f"{_mib(v['vllm_pool_mib'])} / {_mib(v['vllm_capture_drop_mib'])}",
                 f"{_mib(v['plan_pool_mib'])} ({_pct(v['plan_pool_error'], 1)})",
                 f"{_mib(v['plan_capture_mib'])}{lower}",
-                f"{_mib(v['estimate_extensible_mib'])}; {_mib(v['estimate_mib'])} ({_pct(v['estimate_error'], 0)})",
+                # estimate_extensible_mib is the bench's constant for vLLM's coded answer (0), not a reading
+                f"{_mib(v['estimate_extensible_mib'])} (coded, not measured); "
+                f"{_mib(v['estimate_mib'])} ({_pct(v['estimate_error'], 0)})",
             ]
         )
     header = [
@@ -496,7 +498,8 @@ def engines_034() -> list[str]:
         "vLLM-0.34-style capture: pool / drop MiB",
         "plan's pool MiB (error against the capture's pool)",
         "plan's whole capture MiB",
-        "vLLM 0.34 estimator MiB: extensible KV cache; off (error against the drop)",
+        "vLLM 0.34 estimator MiB: extensible KV cache on (vLLM's code returns 0: not measured); "
+        "off (error against the drop)",
     ]
     return [*_table(header, rows), _source(ENGINES_034, d)]
 
@@ -1018,8 +1021,10 @@ def releases() -> list[str]:
     return [
         *_table(["wheel", "against the hook rows of", "held", "broken rows"], rows),
         "",
-        "Read with zipfile + ast from the wheels (`python -m bench.engine_releases`; "
-        "docs/ci/engine-releases.yml runs it daily against the newest).",
+        "Read with zipfile + ast from the wheels (`python -m bench.engine_releases`). "
+        "docs/ci/engine-releases.yml is an example workflow to copy into a repository's "
+        ".github/workflows/, where it runs that daily against the newest wheels; "
+        "nothing in this repository runs it.",
         _source(name, d),
     ]
 

@@ -113,15 +113,33 @@ def test_report_against_a_plan_whose_calibration_measured_another_model_exits_1(
     assert code == 0, err
 
 
-def test_the_executor_writes_the_backend_and_model_a_calibration_binds_to():
-    """The report's new fields are what check_applies reads (the field names match)."""
-    from capture_plan.schemas.report import CaptureReport, ReportModel
+def test_the_executor_writes_the_backend_and_model_a_calibration_binds_to(cli, fake, tmp_path):
+    """A capture report the executor wrote (capture on the CPU, CUDA faked: tests/fake_cuda.py)
+    names the plan's backend and model, and the build binds it by them: a build of the same
+    spec takes it, one of another model is refused naming the dimension. (Before: this test
+    searched executor/measure.py's source for the field names.)"""
+    import torch
 
-    fields = CaptureReport.__struct_fields__
-    assert "backend" in fields and "model" in fields
-    assert ReportModel(dimensions=DIMS).phases == {}
-    source = (ROOT / "executor/measure.py").read_text()
-    assert "backend=plan.requires.backend" in source and "ReportModel(dimensions=" in source
+    from capture_plan.executor import capture
+    from capture_plan.planner import BuildOptions, build_plan
+    from fake_cuda import Target
+
+    (tmp_path / "s.toml").write_text(_spec(32))
+    plan = build_plan(BuildOptions(backend="fa3", spec=tmp_path / "s.toml", strategies=("outputs=keep",)))
+    gs = capture(plan, Target(fake), progress=False, device=torch.device("cpu"))
+    try:
+        gs.write_report(tmp_path / "r.json")
+    finally:
+        gs.release()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["backend"] == "fa3" and report["model"]["dimensions"] == DIMS
+    (tmp_path / "s80.toml").write_text(_spec(80))
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "s80.toml", "--calibration", "r.json", "-o", "q.json"),
+        "r.json: $.model: the calibration measured another model than this build's (layers 32 -> 80)",
+    )
+    code, out, err = cli("build", "-b", "fa3", "--spec", "s.toml", "--calibration", "r.json", "-o", "p.json")
+    assert code == 0, err
 
 
 @pytest.mark.gpu

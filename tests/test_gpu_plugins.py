@@ -144,23 +144,45 @@ def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_
         gs.release()
 
 
+def _far_figure(plan, item_bytes: int):
+    """``plan`` with each device item it does not know set to ``item_bytes``, labelled as what it
+    is: a figure this test sets, not a measurement (``engines.plans.calibrated`` labels its own
+    ``measured``); its whole-capture figure is then complete."""
+    import msgspec
+
+    from capture_plan.schemas.codec import seal
+
+    items = [
+        i
+        if i.bytes is not None
+        else msgspec.structs.replace(
+            i, bytes=item_bytes, provenance="unknown", source="set by tests/test_gpu_plugins.py, not measured"
+        )
+        for i in plan.predicted.device.items
+    ]
+    assert len(items) > sum(i.bytes is not None for i in plan.predicted.device.items)  # one item set at least
+    device = msgspec.structs.replace(plan.predicted.device, items=items, total_bytes=sum(i.bytes for i in items))
+    return seal(msgspec.structs.replace(plan, predicted=msgspec.structs.replace(plan.predicted, device=device)))
+
+
 def test_vllm_034_plugin_checks_the_prediction_against_the_capture_on_the_gpu(monkeypatch, tmp_path, caplog):
     """vLLM 0.34.0 with its extensible KV cache, on the GPU: the estimate answered as vLLM does
     (0), the capture through the plan, then vLLM's own measure of the capture (capture_model's
-    free-memory drop, the device's) in the capture report beside the plan's figure, and one
-    WARNING naming the gap exactly where it is wider than the plugin's tolerance. The KV cache
+    free-memory drop, the device's) in the capture report beside the plan's figure. The plan's
+    unknown device items are set to 1 GiB each (far above what the toy model's capture takes),
+    so the one outcome is the WARNING naming the gap against the device's measure. The KV cache
     is sized from what capture left (the worker's measure_kv_cache_blocks), the headroom the
-    profiling run's measured peak (no graph estimate in it)."""
+    profiling run's measured peak (no graph estimate in it). (Before: the figures were
+    ``engines.plans.calibrated``'s, labelled measured, and the test accepted a warning or none.)"""
     import logging
 
     from engines import harness
-    from engines.plans import calibrated
     from engines.plugged import plan_file, vllm_release
     from engines.toy import ToyModel
 
     module = vllm_release(monkeypatch, tmp_path, version="0.34.0", fits=False)
     hidden_bytes = max(SIZES) * HIDDEN * 4
-    plan = calibrated(harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes), item_bytes=1 << 20)
+    plan = _far_figure(harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes), item_bytes=1 << 30)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     vllm_plugin.register()
     model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES), hidden=HIDDEN, device=_device())
@@ -178,14 +200,14 @@ def test_vllm_034_plugin_checks_the_prediction_against_the_capture_on_the_gpu(mo
         peak = worker.profile_result.transient_peak_headroom
         assert runner.extensible_kv_cache.reserved_headroom_bytes >= peak and blocks > 0
         measured, predicted = gs.report.engine_capture_bytes, vllm_plugin.plan_total(plan)
-        assert isinstance(measured, int) and measured > 0 and predicted is not None
-        gap = measured - predicted
+        assert isinstance(measured, int) and 0 < measured < predicted - (1 << 30) // 2, (measured, predicted)
         warned = [r.message for r in caplog.records if r.levelno == logging.WARNING]
-        wide = abs(gap) > max(vllm_plugin.GAP_FLOOR, int(vllm_plugin.GAP_SHARE * predicted))
-        assert len(warned) == int(wide), warned
-        if wide:
-            assert f"vLLM's capture took {measured} B, the plan predicted {predicted} B" in warned[0]
-        print(f"vLLM 0.34.0-shaped capture on the GPU: measured {measured} B, plan {predicted} B, gap {gap} B")
+        (line,) = warned
+        assert (
+            f"vLLM's capture took {measured} B, the plan predicted {predicted} B (less by {predicted - measured} B"
+            in line
+        )
+        print(f"vLLM 0.34.0-shaped capture on the GPU: measured {measured} B against the test's {predicted} B")
     finally:
         runner.release()
         gs.release()

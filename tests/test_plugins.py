@@ -34,7 +34,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
+from capture_plan.adapters.plugins import core, live, sglang as sgl_plugin, vllm as vllm_plugin
 from capture_plan.adapters.plugins.hooks import hook
 
 # before the engines' runners, which import torch: a machine without it skips, naming it
@@ -1039,8 +1039,9 @@ def test_an_unknown_vllm_whose_hook_points_are_a_known_releases_is_captured_by_t
     (record,) = caplog.records
     assert record.levelno == logging.INFO
     assert record.message == (
-        "capture-plan: vllm 0.35.0 is not a release capture-plan knows; its hook points are vllm 0.34.0's: "
-        "captured by the plan"
+        f"capture-plan: vllm 0.35.0 is not a release capture-plan knows; its {len(vllm_plugin.LIVE)} hook points "
+        f"checked live are vllm 0.34.0's ({', '.join(vllm_plugin.LIVE)}): captured by the plan "
+        f"{plan_file(tmp_path, plan)}"
     )
     runner = _vllm_runner(module, _vllm_model(cuda))
     runner.capture_model()
@@ -1086,16 +1087,66 @@ def test_an_unknown_vllm_with_a_method_renamed_starts_capturing_as_it_does_with_
 def test_an_unknown_sglang_whose_hook_points_are_the_known_releases_is_captured_by_the_plan(
     cuda, monkeypatch, tmp_path, caplog
 ):
+    """SGLang 0.5.24 (not known) with 0.5.23's objects: one INFO line, then SGLang's start-up
+    captures every graph key through the plan (the runners' own loops, the plan's report)."""
     module = sglang_release(monkeypatch, tmp_path)
     monkeypatch.setattr(core, "installed", lambda dist: "0.5.24" if dist == "sglang" else "(not installed)")
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, harness.sglang_plan(tmp_path, SIZES))))
+    plan = harness.sglang_plan(tmp_path, SIZES)
+    path = plan_file(tmp_path, plan)
+    monkeypatch.setenv(core.ENV_PLAN, str(path))
     with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
         sgl_plugin.register()
     assert [r.message for r in caplog.records] == [
-        "capture-plan: sglang 0.5.24 is not a release capture-plan knows; its hook points are sglang 0.5.23's: "
-        "captured by the plan"
+        f"capture-plan: sglang 0.5.24 is not a release capture-plan knows; its {len(sgl_plugin.LIVE)} hook points "
+        f"checked live are sglang 0.5.23's ({', '.join(sgl_plugin.LIVE)}): captured by the plan {path}"
     ]
-    assert module.FullCudaGraphBackend.__capture_plan__ is sgl_plugin.ADOPTION
+    adoption = module.FullCudaGraphBackend.__capture_plan__
+    assert adoption is sgl_plugin.ADOPTION
+    engine = harness.plugged_sglang_start(module, plan, _sgl_model(plan, cuda), SIZES)
+    gs = adoption.loop.graphs
+    assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
+    assert len(engine.graphs) == len(gs.graphs) == sum(s.op == "capture" for s in plan.steps)
+    engine.cleanup()
+    gs.release()
+
+
+def test_a_known_release_registers_with_one_info_line(vllm, cuda, monkeypatch, tmp_path, caplog):
+    """Issue 49, item 11: a known release's registration said nothing; now one INFO line names
+    the release, the rows checked live and the plan that routes capture (fails before: no record)."""
+    vllm_release(monkeypatch, tmp_path, version=vllm)
+    path = plan_file(tmp_path, harness.vllm_plan(tmp_path, SIZES))
+    monkeypatch.setenv(core.ENV_PLAN, str(path))
+    with caplog.at_level(logging.INFO, logger="capture_plan.plugins"):
+        vllm_plugin.register()
+    assert [(r.levelno, r.message) for r in caplog.records] == [
+        (
+            logging.INFO,
+            f"capture-plan: vllm {vllm}: its {len(vllm_plugin.LIVE)} hook points checked live hold "
+            f"({', '.join(vllm_plugin.LIVE)}): captured by the plan {path}",
+        )
+    ]
+
+
+def test_the_contract_checks_the_installed_vllms_hook_points_without_a_gpu(vllm, cuda, monkeypatch, tmp_path, capsys):
+    """``python -m capture_plan.adapters.plugins.contract --installed``: the check registration
+    runs, on the installed (here: engine-faithful) vLLM, no plan: its rows hold (exit 0); with a
+    method renamed, the moved row is named (exit 1). Issue 49, item 12: there was no such mode."""
+    from capture_plan.adapters.plugins.contract import main as contract
+
+    module = vllm_release(monkeypatch, tmp_path, version=vllm)
+    monkeypatch.delenv(core.ENV_PLAN, raising=False)
+    assert contract(["--installed", "vllm"]) == 0
+    assert capsys.readouterr().out == (
+        f"vllm {vllm}: its {len(vllm_plugin.LIVE)} hook points checked live hold ({', '.join(vllm_plugin.LIVE)}): "
+        "the plugin captures through a plan\n"
+    )
+    runner_cls = module.GPUModelRunner
+    runner_cls.estimate_cudagraph_memory = runner_cls.profile_cudagraph_memory
+    del runner_cls.profile_cudagraph_memory
+    assert contract(["--installed", "vllm"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"the installed vllm: vllm {vllm}: the hook points moved (vllm {vllm} row ")
+    assert "GPUModelRunner.profile_cudagraph_memory: not in the installed vllm (AttributeError" in err
 
 
 def test_the_live_check_reads_names_kinds_and_literal_defaults():
@@ -1107,7 +1158,7 @@ def test_the_live_check_reads_names_kinds_and_literal_defaults():
     def f(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs", *, stream=None, limit=1 << 20):
         pass
 
-    assert core._params_of_table(row("(self, a=1 << 20, *, b=None)").signature) == [
+    assert live.params_of_table(row("(self, a=1 << 20, *, b=None)").signature) == [
         ("self", "POSITIONAL_OR_KEYWORD", None),
         ("a", "POSITIONAL_OR_KEYWORD", "1 << 20"),
         ("b", "KEYWORD_ONLY", "None"),
@@ -1115,15 +1166,15 @@ def test_the_live_check_reads_names_kinds_and_literal_defaults():
     import inspect
 
     params = list(inspect.signature(f).parameters.values())
-    want = core._params_of_table(
+    want = live.params_of_table(
         "(self, create_forward_fn, progress_bar_desc='Capturing CUDA graphs', *, stream=None, limit=1 << 20)"
     )
     assert all(
-        p.name == n and p.kind.name == k and core._same_default(d, p.default) for p, (n, k, d) in zip(params, want)
+        p.name == n and p.kind.name == k and live.same_default(d, p.default) for p, (n, k, d) in zip(params, want)
     )
-    assert not core._same_default("'Capturing'", "Capturing CUDA graphs")  # another literal
-    assert not core._same_default(None, None)  # a default where the release has none
-    assert core._same_default("1 << 20", 1 << 20)  # an expression: presence only
+    assert not live.same_default("'Capturing'", "Capturing CUDA graphs")  # another literal
+    assert not live.same_default(None, None)  # a default where the release has none
+    assert live.same_default("1 << 20", 1 << 20)  # an expression: presence only
 
 
 # -- vLLM sizing its KV cache after capture (0.34.0's extensible KV cache) ----------------------
@@ -1227,7 +1278,10 @@ def test_sglang_checks_the_plans_figure_against_the_capture_where_it_sizes_its_k
 ):
     """With SGLANG_ENABLE_POST_CAPTURE_KV_SIZING SGLang sizes its KV cache from what the
     capture left free: the plan's figure is checked against the loop's measure of the capture
-    (one WARNING naming the gap); without it SGLang's reserve stands and nothing is checked."""
+    (its report's free-memory drop; the fake device's free memory falls by a fixed share per
+    graph recorded), one WARNING naming the gap; without it SGLang's reserve stands and
+    nothing is checked."""
+    import fake_cuda
     from engines.plans import calibrated
 
     module = sglang_release(monkeypatch, tmp_path)
@@ -1236,14 +1290,29 @@ def test_sglang_checks_the_plans_figure_against_the_capture_where_it_sizes_its_k
     if post_capture:
         monkeypatch.setenv(sgl_plugin.POST_CAPTURE_ENV, "1")
     predicted = vllm_plugin.plan_total(plan)
-    monkeypatch.setattr(sgl_plugin, "capture_drop", lambda loop: 3 * predicted)  # the fake device measures none
+    graphs = sum(s.op == "capture" for s in plan.steps)
+    per_graph = 3 * predicted // graphs  # about three times the prediction, once every graph is recorded
+    recorded = []
+    end = fake_cuda.FakeGraph.capture_end
+
+    def capture_end(graph):
+        recorded.append(graph)
+        end(graph)
+
+    monkeypatch.setattr(fake_cuda.FakeGraph, "capture_end", capture_end)
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda device=None: (CAPACITY - per_graph * len(recorded), CAPACITY)
+    )
     sgl_plugin.register()
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
         engine = harness.plugged_sglang_start(module, plan, _sgl_model(plan, cuda), SIZES)
+    assert len(recorded) == graphs
+    took = per_graph * graphs
+    assert module.FullCudaGraphBackend.__capture_plan__.loop.graphs.report.device_view.drop == took
     lines = [r.message for r in caplog.records]
     if post_capture:
         (line,) = lines
-        assert f"SGLang's capture took {3 * predicted} B, the plan predicted {predicted} B (more by" in line
+        assert f"SGLang's capture took {took} B, the plan predicted {predicted} B (more by {took - predicted} B" in line
         assert "SGLang sizes its KV cache after capture (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING)" in line
     else:
         assert lines == []

@@ -9,7 +9,15 @@ one summary line (exit 0); a known release whose wheel is not in the folder is a
 line too. ``tests/test_engine_contract.py`` runs the same check on the wheels
 ``.ci/run`` downloads (``.ci/engine_wheels.py``: one ``pip download --no-deps`` per release).
 
-What it checks (the ``signature`` field of :class:`~capture_plan.adapters.plugins.hooks.HookPoint`):
+    python -m capture_plan.adapters.plugins.contract --installed [ENGINE ...]
+
+checks the engine installed in this Python instead (each named, or every one installed) as
+the plugin's registration does (:func:`check_installed`: its modules imported, the rows the
+plugin uses checked live by signature; no GPU, no plan): one line per engine, exit 1 where
+one is not installed, does not import (a dependency missing: named) or has hook points that
+moved (the first row named).
+
+What the wheel check checks (the ``signature`` field of :class:`~capture_plan.adapters.plugins.hooks.HookPoint`):
 that the file is in the wheel, that each part of the qualified name is a class,
 function or assignment defined at that level (not inherited, not imported), and
 that a function's parameters (:func:`signature_of`), or an assignment's value as
@@ -173,9 +181,63 @@ def check_folder(folder: str | Path, hooks: Iterable[HookPoint] = HOOKS) -> tupl
     return problems, missing
 
 
+def check_installed(engine: str) -> str:
+    """What the installed ``engine`` gives the plugin's registration (``core.register``'s check,
+    ``live.live_release`` on the plugin's ``LIVE`` rows): one line naming the release and the rows
+    checked; ``live.EngineUnavailable`` or ``live.HooksMoved`` (one line) where it fails."""
+    import importlib
+
+    from capture_plan.adapters.plugins import core, live
+
+    rows = importlib.import_module(f"capture_plan.adapters.plugins.{engine}").LIVE
+    version = core.installed(engine)
+    release = live.live_release(engine, version, rows)
+    return f"{live.checked(engine, version, release, rows)}: the plugin captures through a plan"
+
+
+def installed_main(names: list[str]) -> int:
+    """``--installed [ENGINE ...]``: :func:`check_installed` for each engine named, or for every
+    engine of the plugins that is installed."""
+    from capture_plan.adapters.plugins import core
+    from capture_plan.adapters.plugins.hooks import KNOWN
+    from capture_plan.schemas.errors import CapturePlanError
+
+    engines = sorted(KNOWN)
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown:
+        print(
+            f"--installed {' '.join(unknown)}: no plugin for engine {unknown[0]!r}; "
+            f"fix: name one of {', '.join(engines)}, or none for every one installed",
+            file=sys.stderr,
+        )
+        return 1
+    chosen = names or [e for e in engines if core.installed(e) != "(not installed)"]
+    if not chosen:
+        pins = [f"{e}=={KNOWN[e][-1]}" for e in engines]
+        print(
+            f"the installed engines: neither {' nor '.join(engines)} is installed; fix: pip install {pins[0]} "
+            f"(or {', '.join(pins[1:])}), then python -m capture_plan.adapters.plugins.contract --installed",
+            file=sys.stderr,
+        )
+        return 1
+    failed = False
+    for engine in chosen:
+        try:
+            print(check_installed(engine))
+        except CapturePlanError as err:
+            print(err, file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m capture_plan.adapters.plugins.contract WHEEL_FOLDER", file=sys.stderr)
+    if argv[:1] == ["--installed"]:
+        return installed_main(argv[1:])
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(
+            "usage: python -m capture_plan.adapters.plugins.contract WHEEL_FOLDER | --installed [ENGINE ...]",
+            file=sys.stderr,
+        )
         return 2
     problems, missing = check_folder(argv[0])
     for name in missing:

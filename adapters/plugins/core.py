@@ -5,9 +5,10 @@ to fall back).
 
 Enabled by one setting: ``CAPTURE_PLAN_PLAN=plans/my-model.json`` (the plan file).
 Unset, the plugins return at once and change nothing. ``CAPTURE_PLAN_FALLBACK=engine``
-makes a refusal (an unknown release, a missing, invalid or mismatched plan) a logged
-warning after which the engine captures as it always does; the default, ``refuse``,
-stops the engine with the one line. Never a half-adopted capture: the decision is made
+makes a refusal (a missing, invalid or mismatched plan, an engine that does not import) a
+logged warning after which the engine captures as it always does; the default, ``refuse``,
+stops the engine with the one line. An engine whose hook points moved is not a refusal: see
+below. Never a half-adopted capture: the decision is made
 before the first graph, and an error inside the loop releases everything it captured
 (``CaptureLoop.part``).
 
@@ -20,24 +21,25 @@ checks them against the plan's graph keys one for one, and that the plan's order
 the engine can follow (:attr:`EngineKey.rank`); otherwise the engine layer compares sizes
 at the first capture of each phase (SGLang's runners).
 
-Which release's hook points: at registration the installed engine's objects are checked
-live (:func:`live_release`: the rows the plugin resolves, replaces or calls, by signature
-introspection of the imported engine), not only its version string. A known release
-whose objects match is captured by the plan; an unknown release whose objects match a
-known one's rows is captured by the plan with one INFO line; where none match, the
-engine captures as it does, with one WARNING naming the first mismatched row
-(``CAPTURE_PLAN_STRICT=1``: the start-up stops with that line instead).
+Which release's hook points: at registration, after the plan is read (a wrong plan is
+reported whatever the engine's state), the installed engine's objects are checked live
+(:func:`capture_plan.adapters.plugins.live.live_release`: the rows the plugin resolves,
+replaces or calls, by signature introspection of the imported engine), not only its version
+string. A release whose objects match a known release's rows (its own, or for an unknown
+release the newest that matches) is captured by the plan, with one INFO line naming the
+release, the rows checked and the plan; where none match, the engine captures as it does,
+with one WARNING naming the first mismatched row (``CAPTURE_PLAN_STRICT=1``: the start-up
+stops with that line instead). An engine that is not installed, or whose modules fail to
+import (a dependency missing), is a refusal naming what to install.
 
 Importing this module imports neither torch nor an engine.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import importlib
 import importlib.metadata
-import inspect
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -46,7 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from capture_plan.adapters.plugins.hook_point import HookPoint
-from capture_plan.adapters.plugins.hooks import HOOKS, KNOWN
+from capture_plan.adapters.plugins.live import HooksMoved, checked, live_release
+from capture_plan.adapters.plugins.refusal import ENV_PLAN, PluginRefused
 from capture_plan.schemas.errors import CapturePlanError
 
 if TYPE_CHECKING:
@@ -54,21 +57,11 @@ if TYPE_CHECKING:
     from capture_plan.schemas.keys import GraphKey
     from capture_plan.schemas.plan import Plan
 
-#: the setting that enables the plugins: the plan file
-ENV_PLAN = "CAPTURE_PLAN_PLAN"
 #: "refuse" (default) or "engine": what a refusal does
 ENV_FALLBACK = "CAPTURE_PLAN_FALLBACK"
 #: "1": an engine whose hook points moved stops the start-up instead of capturing as it does
 ENV_STRICT = "CAPTURE_PLAN_STRICT"
 log = logging.getLogger("capture_plan.plugins")
-
-
-class PluginRefused(CapturePlanError):
-    """The plugin cannot route this engine's capture through the plan."""
-
-
-class HooksMoved(PluginRefused):
-    """The installed engine's objects are not those of any release the plugin knows."""
 
 
 @dataclass(frozen=True)
@@ -108,132 +101,6 @@ def resolve(h: HookPoint) -> Any:
     for part in h.name.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def _resolve_static(h: HookPoint) -> Any:
-    """The object a hook point names, as its class holds it (a classmethod as the
-    classmethod: its signature has ``cls``); inherited members count (a release may move a
-    method to a base class). ImportError or AttributeError where it is not there."""
-    obj: Any = importlib.import_module(h.module)
-    for part in h.name.split("."):
-        obj = inspect.getattr_static(obj, part) if isinstance(obj, type) else getattr(obj, part)
-    return obj
-
-
-def _params_of_table(signature: str) -> list[tuple[str, str, str | None]]:
-    """(name, kind, default as written) of a table's ``(params)`` spelling."""
-    fn = ast.parse(f"def f{signature}: pass").body[0]
-    assert isinstance(fn, ast.FunctionDef)
-    a = fn.args
-    positional = [*a.posonlyargs, *a.args]
-    defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    out = [
-        (p.arg, "POSITIONAL_ONLY" if i < len(a.posonlyargs) else "POSITIONAL_OR_KEYWORD", d)
-        for i, (p, d) in enumerate(zip(positional, defaults))
-    ]
-    if a.vararg:
-        out.append((a.vararg.arg, "VAR_POSITIONAL", None))
-    out += [(p.arg, "KEYWORD_ONLY", d) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
-    if a.kwarg:
-        out.append((a.kwarg.arg, "VAR_KEYWORD", None))
-    return [(name, kind, None if d is None else ast.unparse(d)) for name, kind, d in out]
-
-
-def _same_default(written: str | None, value: Any) -> bool:
-    """Whether a default as the table writes it is the live one: presence always, the
-    value where the table's is a literal (``1 << 20`` is an expression: presence only)."""
-    if written is None or value is inspect.Parameter.empty:
-        return (written is None) == (value is inspect.Parameter.empty)
-    try:
-        want = ast.literal_eval(written)
-    except ValueError:
-        return True
-    return type(want) is type(value) and want == value
-
-
-def live_problem(h: HookPoint) -> str | None:
-    """What the imported engine breaks of row ``h`` (one line), or None: the object is
-    there, a class where the row says ``class``, a callable whose parameters are the
-    row's (names, kinds, defaults: :func:`_same_default`) where the row is a signature.
-    Other rows (assignments, instance attributes) are the wheel contract's alone."""
-    where = f"{h.engine} {h.version} row {h.qualified}"
-    try:
-        obj = _resolve_static(h)
-    except (ImportError, AttributeError) as err:
-        return f"{where}: not in the installed {h.engine} ({type(err).__name__}: {err})"
-    if h.signature == "class":
-        return None if isinstance(obj, type) else f"{where}: is not a class"
-    if not h.signature.startswith("("):
-        return None
-    fn = obj.__func__ if isinstance(obj, classmethod | staticmethod) else obj
-    try:
-        got = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return f"{where}: is not a function"
-    want = _params_of_table(h.signature)
-    params = list(got.parameters.values())
-    same = len(params) == len(want) and all(
-        p.name == name and p.kind.name == kind and _same_default(d, p.default)
-        for p, (name, kind, d) in zip(params, want)
-    )
-    return None if same else f"{where}: is {got}, the release's is {h.signature}"
-
-
-def live_release(engine: str, version: str, names: tuple[str, ...]) -> str:
-    """The known release whose rows ``names`` the imported engine matches (:func:`live_problem`):
-    the installed ``version`` where it is known and matches; for an unknown release, the
-    newest known one that matches (one INFO line). :class:`HooksMoved` naming the first
-    mismatched row where none matches (the installed release's rows, else the newest's)."""
-    known = KNOWN.get(engine, ())
-    candidates = [version] if version in known else list(reversed(known))
-    first: str | None = None
-    for release in candidates:
-        rows = [h for h in HOOKS if (h.engine, h.version) == (engine, release) and h.name in names]
-        problem = next((p for p in map(live_problem, rows) if p is not None), None)
-        if problem is None:
-            if release != version:
-                log.info(
-                    "capture-plan: %s %s is not a release capture-plan knows; its hook points are %s %s's: "
-                    "captured by the plan",
-                    engine,
-                    version,
-                    engine,
-                    release,
-                )
-            return release
-        first = first or problem
-    raise HooksMoved(
-        f"{engine} {version}: the hook points moved ({first or 'no release known'})",
-        where=f"the installed {engine}",
-        fix=(
-            f"pip install --force-reinstall {engine}=={version} (its objects are not the release's)"
-            if version in known
-            else f"pip install {engine}=={known[-1]}, or a capture-plan that knows {engine} {version}"
-        )
-        if known
-        else f"unset {ENV_PLAN}",
-    )
-
-
-def check_version(engine: str, version: str) -> str:
-    """``version`` where :data:`~capture_plan.adapters.plugins.hooks.KNOWN` has the
-    hook points of ``engine`` ``version``; else :class:`PluginRefused` naming the
-    releases it knows."""
-    known = KNOWN.get(engine, ())
-    if version in known:
-        return version
-    return _refuse_version(engine, version, known)
-
-
-def _refuse_version(engine: str, version: str, known: tuple[str, ...]) -> str:
-    raise PluginRefused(
-        f"{engine} {version}: the capture-plan plugin knows the hook points of {engine} "
-        f"{', '.join(known) or '(no release)'} only",
-        where=f"the {ENV_PLAN} setting",
-        fix=f"pip install {engine}=={known[-1]}, or unset {ENV_PLAN} to capture as {engine} does"
-        if known
-        else f"unset {ENV_PLAN}",
-    )
 
 
 @dataclass(frozen=True)
@@ -521,12 +388,13 @@ def strict(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(ENV_STRICT, "").strip() == "1"
 
 
-def register(engine: str, install: Callable[[Settings, str], object], live: tuple[str, ...] = ()) -> None:
+def register(engine: str, install: Callable[[Settings, str], object], live: tuple[str, ...]) -> None:
     """An engine plugin's entry point: nothing unless ``CAPTURE_PLAN_PLAN`` is set; then the
-    release check (``live``: the rows checked on the imported engine, :func:`live_release`;
-    empty: the version string alone), the plan loaded once (a missing or invalid plan stops
-    start-up here, or falls back where the operator chose so), and ``install(settings,
-    release)``, ``release`` the known release whose hook points the engine has.
+    plan loaded once (a missing or invalid plan stops start-up here, or falls back where the
+    operator chose so, whatever the engine's state), the release check (``live``: the rows
+    checked on the imported engine, ``live.live_release``: an engine that does not import is
+    refused the same way), one INFO line, and ``install(settings, release)``, ``release`` the
+    known release whose hook points the engine has.
 
     Hook points that moved never stop the engine unless the operator asked for it
     (``CAPTURE_PLAN_STRICT=1``): one WARNING naming the first mismatched row, and the
@@ -538,9 +406,9 @@ def register(engine: str, install: Callable[[Settings, str], object], live: tupl
     if s is None:
         return
     try:
-        version = installed(engine)
-        release = live_release(engine, version, live) if live else check_version(engine, version)
         load(s)
+        version = installed(engine)
+        release = live_release(engine, version, live)
     except HooksMoved as err:
         if strict():
             raise refuse_once(err) from err
@@ -549,6 +417,7 @@ def register(engine: str, install: Callable[[Settings, str], object], live: tupl
     except PluginRefused as err:
         fallback_or_exit(s, err, engine)
         return
+    log.info("capture-plan: %s: captured by the plan %s", checked(engine, version, release, live), s.plan)
     install(s, release)
 
 

@@ -3,7 +3,7 @@ the graph runners' capture through a capture plan.
 
 Enabled by ``CAPTURE_PLAN_PLAN`` (:mod:`.core`); unset, :func:`register` returns without
 touching SGLang. Its hook points are rows of :mod:`.hooks` for the SGLang release
-installed (0.5.23), checked live on the imported engine at registration (``core.live_release``:
+installed (0.5.23), checked live on the imported engine at registration (``live.live_release``:
 a release whose hook points moved is captured as SGLang does, with one warning). What it wraps,
 all on the classes, so that the EAGLE draft runners (subclasses of the decode runner,
 the same backend) are covered too:

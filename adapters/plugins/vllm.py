@@ -6,7 +6,7 @@ Enabled by ``CAPTURE_PLAN_PLAN`` (:mod:`.core`); unset, :func:`register` returns
 touching vLLM. vLLM calls general plugins in every process and lets their exceptions
 stop it: a refusal is :class:`SystemExit` with the one line. Its hook points are rows of
 :mod:`.hooks` per release (0.33.0 and 0.34.0, one plan file format for both), checked live
-on the imported vLLM at registration (:data:`LIVE`, ``core.live_release``): an unknown
+on the imported vLLM at registration (:data:`LIVE`, ``live.live_release``): an unknown
 release whose objects are a known release's is captured by the plan with that release's
 shape (:func:`shape_of`), one whose objects moved captures as vLLM does after one warning
 (``CAPTURE_PLAN_STRICT=1``: stopped). What it wraps, on the classes:
