@@ -328,3 +328,48 @@ def test_the_fit_page_is_generated_and_current():
     spec.loader.exec_module(gen)
     page = ROOT / "docs/fit.md"
     assert page.read_text() == gen.render_tables(page.read_text(), "docs/fit.md"), "fix: python docs/generate.py"
+
+
+def test_engine_flags_are_one_table_the_cli_and_checks_derive_from(capsys):
+    """Each row of fit_flags.toml is a CLI option of its type, and its bounds are checked
+    for both engines from the row (no bounds at call sites)."""
+    from capture_plan.planner.cli.fit import command
+    from capture_plan.planner.fit.flags import engine_flags
+    from capture_plan.planner.fit.model import KV_DTYPES
+
+    options = {p.name.replace("_", "-") for p in command.params}
+    assert set(engine_flags()) <= options
+    assert engine_flags()["kv-cache-dtype"].choices == list(KV_DTYPES)
+    for engine, flag in (("vllm==0.34.0", "--block-size"), ("sglang==0.5.23", "--page-size")):
+        code, _, err = run(
+            "fit",
+            "--model",
+            str(CONFIGS / "llama-3.1-8b.json"),
+            "--device",
+            "H100",
+            "--engine",
+            engine,
+            flag,
+            "0",
+            capsys=capsys,
+        )
+        assert code == 1 and f"{flag}: {flag} must be an integer from 1 to" in err and err.count("\n") == 1
+    code, _, err = run(
+        "fit",
+        "--model",
+        str(CONFIGS / "llama-3.1-8b.json"),
+        "--device",
+        "H100",
+        "--engine",
+        "sglang==0.5.23",
+        "--block-size",
+        "32",
+        capsys=capsys,
+    )
+    assert code == 1 and "sglang has no flag --block-size" in err
+
+
+def test_engine_help_names_every_modelled_release(capsys):
+    code, out, _ = run("fit", "--help", capsys=capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "vllm==0.19.0 to vllm==0.34.0 or sglang==0.5.23" in text
