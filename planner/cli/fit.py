@@ -51,9 +51,24 @@ def _engines() -> str:
     metavar="path",
     help="model.safetensors.index.json: exact weight bytes.",
 )
+@option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path),
+    metavar="path",
+    help="A plan file: its capture sizes and phases replace the engine default's, its predicted pool is the "
+    "graph figure's pool.",
+)
+@option(
+    "--calibration",
+    type=click.Path(path_type=Path),
+    metavar="path",
+    help="A capture report measured on --device (as build --calibration takes it): the graph memory is its "
+    "measured pool + graph-exec + workspaces.",
+)
 @option("--json", "as_json", is_flag=True, help="Print the result as JSON (planner schema fit).")
 @_engine_flags
-def command(model, device, engine, tp, weights_index, as_json, **flags) -> None:
+def command(model, device, engine, tp, weights_index, plan_path, calibration, as_json, **flags) -> None:
     """Where the device's memory goes: weights, non-torch, activation peak, graph memory, KV tokens.
 
     Exit 1 with one line when it does not fit, naming the item that overflows and the fixes."""
@@ -64,7 +79,20 @@ def command(model, device, engine, tp, weights_index, as_json, **flags) -> None:
     from capture_plan.schemas.errors import InputError
 
     given = {k.replace("_", "-"): v for k, v in flags.items()}
-    res = fit(load_model(model, weights_index), device, engine, tp, given)
+    fit_model = load_model(model, weights_index)
+    plan = graphs = measured = None
+    if plan_path is not None:
+        from capture_plan.planner.fit.measured import plan_graphs
+
+        from ._common import read_plan
+
+        plan = read_plan(plan_path)
+        graphs = plan_graphs(plan, str(plan_path), fit_model)
+    if calibration is not None:
+        from capture_plan.planner.fit.measured import calibration_graph
+
+        measured = calibration_graph(calibration, device, plan, str(plan_path))
+    res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
     if as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(res), indent=2).decode())
     else:
