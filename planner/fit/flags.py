@@ -47,6 +47,10 @@ class EngineFlag(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         choices = f", one of {', '.join(self.choices)}" if self.choices else ""
         return f"{what}{choices} [default: {self.default}]."
 
+    def within(self, v: float) -> bool:
+        """``v`` inside the float bounds (NaN is not)."""
+        return (self.lo < v if self.lo_open else self.lo <= v) and (v < self.hi if self.hi_open else v <= self.hi)
+
     def bounds(self) -> str:
         if self.type == "float":
             return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
@@ -94,8 +98,7 @@ def _value(name: str, f: EngineFlag, v: object) -> object:
                 f"give --{name} a value in that range",
             )
     elif f.type == "float":
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-        if not ok or not (f.lo < v if f.lo_open else f.lo <= v) or not (v < f.hi if f.hi_open else v <= f.hi):  # type: ignore[operator]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not f.within(v):
             raise _refuse(name, f"must be in {f.bounds()}, got {v!r:.30}", f"e.g. --{name} {f.example}")
     elif f.type == "choice":
         v = str(v).upper() if f.upper else v
