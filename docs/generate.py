@@ -1215,6 +1215,14 @@ def fit_example() -> list[str]:
     return ["```console", f"$ planner {' '.join(args)} --max-model-len 8192", *out.rstrip().splitlines(), "```"]
 
 
+def fit_calibrated() -> list[str]:
+    """`planner fit` with a plan and its calibration: the plan's sizes and pool, the measured graph memory."""
+    args = ("fit", "--model", "llama-3-8b", "--device", "H200", "--engine", "vllm==0.34.0", "--max-model-len", "8192")
+    files = ("--plan", "plans/fa3-ci-h200.json", "--calibration", "plans/calibration/h200-fa3-ci.json")
+    out = planner_output(*args, *files)
+    return ["```console", f"$ planner {' '.join(args + files)}", *out.rstrip().splitlines(), "```"]
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -1244,6 +1252,7 @@ TABLES = {
     "fit-rules": fit_rules,
     "fit-examples": fit_examples,
     "fit-example": fit_example,
+    "fit-calibrated": fit_calibrated,
 }
 
 

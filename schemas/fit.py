@@ -4,7 +4,8 @@ Versioned (``schema_version``); printed by ``planner schema fit``. Every figure 
 :class:`FitItem` naming its source and error bar; ``status`` says how it was obtained:
 ``exact`` (the model's config and the release's rule alone), ``rule`` (the release's own
 arithmetic over other items), ``estimated`` (from the nearest measured item, with a wider
-error bar), ``given`` (a flag or a calibration) or ``unknown`` (nothing measured is near:
+error bar), ``given`` (a flag, or a figure the engine logged), ``measured`` (a calibration report
+measured on the device, with its narrow error bar) or ``unknown`` (nothing measured is near:
 ``bytes`` is null, never zero).
 """
 
@@ -18,7 +19,7 @@ __all__ = ["FitItem", "KvLayerType", "SizeCost", "FitResult", "FIT_SCHEMA_VERSIO
 
 FIT_SCHEMA_VERSION = 1
 
-Status = Literal["exact", "rule", "estimated", "given", "unknown"]
+Status = Literal["exact", "rule", "estimated", "given", "measured", "unknown"]
 
 
 class FitItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

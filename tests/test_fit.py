@@ -22,7 +22,7 @@ from capture_plan.planner.fit.model import kv_bytes_per_token, load_model, weigh
 from capture_plan.planner.fit.tables import GiB, estimates, rule_for, rules, wheels
 from capture_plan.planner.inputs.specs import engine_preset
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.fit import FitItem
+from capture_plan.schemas.fit import FitItem, FitResult
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -328,3 +328,115 @@ def test_the_fit_page_is_generated_and_current():
     spec.loader.exec_module(gen)
     page = ROOT / "docs/fit.md"
     assert page.read_text() == gen.render_tables(page.read_text(), "docs/fit.md"), "fix: python docs/generate.py"
+
+
+def test_engine_flags_are_one_table_the_cli_and_checks_derive_from(capsys):
+    """Each row of fit_flags.toml is a CLI option of its type, and its bounds are checked
+    for both engines from the row (no bounds at call sites)."""
+    from capture_plan.planner.cli.fit import command
+    from capture_plan.planner.fit.flags import engine_flags
+    from capture_plan.planner.fit.model import KV_DTYPES
+
+    options = {p.name.replace("_", "-") for p in command.params}
+    assert set(engine_flags()) <= options
+    assert engine_flags()["kv-cache-dtype"].choices == list(KV_DTYPES)
+    for engine, flag in (("vllm==0.34.0", "--block-size"), ("sglang==0.5.23", "--page-size")):
+        code, _, err = run(
+            "fit",
+            "--model",
+            str(CONFIGS / "llama-3.1-8b.json"),
+            "--device",
+            "H100",
+            "--engine",
+            engine,
+            flag,
+            "0",
+            capsys=capsys,
+        )
+        assert code == 1 and f"{flag}: {flag} must be an integer from 1 to" in err and err.count("\n") == 1
+    code, _, err = run(
+        "fit",
+        "--model",
+        str(CONFIGS / "llama-3.1-8b.json"),
+        "--device",
+        "H100",
+        "--engine",
+        "sglang==0.5.23",
+        "--block-size",
+        "32",
+        capsys=capsys,
+    )
+    assert code == 1 and "sglang has no flag --block-size" in err
+
+
+def test_engine_help_names_every_modelled_release(capsys):
+    code, out, _ = run("fit", "--help", capsys=capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "vllm==0.19.0 to vllm==0.34.0 or sglang==0.5.23" in text
+
+
+PLAN = ROOT / "plans/fa3-ci-h200.json"
+CALIBRATION = ROOT / "plans/calibration/h200-fa3-ci.json"
+_PLANNED = ("fit", "--model", "llama-3-8b", "--engine", "vllm==0.34.0", "--max-model-len", "8192", "--json")
+
+
+def _fit_json(capsys, *args: str):
+    code, out, err = run(*_PLANNED, *args, capsys=capsys)
+    assert code == 0, err
+    return msgspec.json.decode(out, type=FitResult)
+
+
+def test_a_plans_sizes_and_pool_replace_the_engine_defaults(capsys):
+    from capture_plan.schemas.codec import decode_plan
+
+    plan = decode_plan(PLAN.read_bytes(), str(PLAN))
+    bare = _fit_json(capsys, "--device", "H200")
+    r = _fit_json(capsys, "--device", "H200", "--plan", str(PLAN))
+    sizes = sorted({s for p in plan.phases for s in p.sizes})
+    assert r.settings["cudagraph-capture-sizes"] == ",".join(map(str, sizes))
+    graph = _item(r, "graph memory")
+    # the plan's predicted pool is the figure's pool; graph-exec and the workspace are estimated
+    assert graph.status == "estimated" and "plan fa3-ci-h200's predicted pool" in graph.source
+    assert graph.bytes is not None and graph.bytes > plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
+    costs = {c.name: c for c in r.size_costs}
+    assert list(costs) == ["engine default", "plan", "fewer", "none"]
+    assert costs["plan"].sizes == sizes and costs["plan"].graph_bytes == graph.bytes
+    assert costs["plan"].tokens_cost == costs["none"].kv_tokens - r.kv_tokens > 0
+    # the engine default's sizes are still priced as without the plan
+    assert costs["engine default"] == {c.name: c for c in bare.size_costs}["engine default"]
+    # a plan of another model is refused, one line naming the plan's model
+    code, _, err = run(
+        *_PLANNED[:2],
+        str(CONFIGS / "qwen2.5-7b.json"),
+        *_PLANNED[3:],
+        "--device",
+        "H200",
+        "--plan",
+        str(PLAN),
+        capsys=capsys,
+    )
+    assert code == 1 and "--model the plan's model (llama-3-8b)" in err and err.count("\n") == 1
+
+
+def test_a_calibration_gives_the_measured_graph_memory(capsys):
+    rep = json.loads(CALIBRATION.read_text())
+    drop = rep["device_view"]["drop"]
+    for args in ((), ("--plan", str(PLAN))):
+        r = _fit_json(capsys, "--device", "H200", "--calibration", str(CALIBRATION), *args)
+        graph = _item(r, "graph memory")
+        # pool + hoisted + graph-exec + workspaces: every item of the report's device view
+        assert graph.status == "measured" and graph.bytes == drop
+        assert graph.error_bytes == max(2 << 20, drop // 100) and str(CALIBRATION) in graph.source
+    assert {c.name: c for c in r.size_costs}["plan"].graph_bytes == drop
+
+
+def test_a_calibration_of_another_device_is_refused_with_a_fix_that_works(capsys):
+    code, _, err = run(*_PLANNED, "--device", "H100", "--calibration", str(CALIBRATION), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "measured on 'NVIDIA H200" in err
+    fix = err.split("fix: fit for the device it measured: ")[1].split(" (or")[0]
+    assert fix == "--device 'NVIDIA H200'"
+    _fit_json(capsys, "--device", "NVIDIA H200", "--calibration", str(CALIBRATION))
+    # a calibration captured from another plan than --plan's is refused too
+    other = ROOT / "plans/calibration/h200-fa3-eagle-ci.json"
+    code, _, err = run(*_PLANNED, "--device", "H200", "--plan", str(PLAN), "--calibration", str(other), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "not from" in err

@@ -8,46 +8,42 @@ import click
 
 from ._common import Command, option
 
-_FLOAT = ("gpu-memory-utilization", "mem-fraction-static")
-_STR = ("kv-cache-dtype", "cudagraph-mode")
+_CLICK_TYPES = {"int": int, "float": float, "choice": str, "sizes": str}
 
 
-def _engine_flags():
-    from capture_plan.planner.fit.fit import SGLANG_FLAGS, VLLM_FLAGS
+def _engine_flags(fn):
+    """One option per row of planner/data/fit_flags.toml (its type and help from the row)."""
+    from capture_plan.planner.fit.flags import engine_flags
 
-    out = []
-    for name in dict.fromkeys(VLLM_FLAGS + SGLANG_FLAGS):
-        if name == "enforce-eager":
-            out.append(option(f"--{name}", is_flag=True, default=None, help="vLLM: no CUDA graphs."))
-        elif name == "cudagraph-capture-sizes":
-            out.append(option(f"--{name}", metavar="list", help="vLLM: capture sizes, comma-separated."))
+    for name, f in reversed(engine_flags().items()):
+        if f.type == "bool":
+            fn = option(f"--{name}", is_flag=True, default=None, help=f.describe())(fn)
         else:
-            kind = float if name in _FLOAT else str if name in _STR else int
-            owner = (
-                "vLLM"
-                if name in VLLM_FLAGS and name not in SGLANG_FLAGS
-                else "SGLang"
-                if name not in VLLM_FLAGS
-                else "both"
-            )
-            out.append(
-                option(
-                    f"--{name}", type=kind, metavar=kind.__name__, help=f"{owner}'s own flag [the release's default]."
-                )
-            )
-    return out
-
-
-def _apply(fn):
-    for dec in reversed(_engine_flags()):
-        fn = dec(fn)
+            metavar = "list" if f.type == "sizes" else _CLICK_TYPES[f.type].__name__
+            fn = option(f"--{name}", type=_CLICK_TYPES[f.type], metavar=metavar, help=f.describe())(fn)
     return fn
+
+
+def _engines() -> str:
+    """The modelled releases (planner/data/fit_rules.toml), a run of one engine's as its ends."""
+    from capture_plan.planner.fit.tables import releases
+
+    by: dict[str, list[str]] = {}
+    for r in releases():
+        by.setdefault(r.split("==")[0], []).append(r)
+    runs = [vs[0] if len(vs) == 1 else f"{vs[-1]} to {vs[0]}" if len(vs) > 2 else " or ".join(vs) for vs in by.values()]
+    return ", ".join(runs[:-1]) + f" or {runs[-1]}" if len(runs) > 1 else runs[0]
 
 
 @click.command("fit", cls=Command)
 @option("--model", required=True, metavar="config", help="A transformers config.json or a preset name.")
 @option("--device", required=True, metavar="name", help="The device as torch names it (planner/data/fit_devices.toml).")
-@option("--engine", required=True, metavar="engine==version", help="vllm==0.34.0, vllm==0.33.0 or sglang==0.5.23.")
+@option(
+    "--engine",
+    required=True,
+    metavar="engine==version",
+    help=f"A modelled release: {_engines()} (planner/data/fit_rules.toml).",
+)
 @option("--tp", type=int, default=1, metavar="int", help="Tensor-parallel size [1].")
 @option(
     "--weights-index",
@@ -55,9 +51,24 @@ def _apply(fn):
     metavar="path",
     help="model.safetensors.index.json: exact weight bytes.",
 )
+@option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path),
+    metavar="path",
+    help="A plan file: its capture sizes and phases replace the engine default's, its predicted pool is the "
+    "graph figure's pool.",
+)
+@option(
+    "--calibration",
+    type=click.Path(path_type=Path),
+    metavar="path",
+    help="A capture report measured on --device (as build --calibration takes it): the graph memory is its "
+    "measured pool + graph-exec + workspaces.",
+)
 @option("--json", "as_json", is_flag=True, help="Print the result as JSON (planner schema fit).")
-@_apply
-def command(model, device, engine, tp, weights_index, as_json, **flags) -> None:
+@_engine_flags
+def command(model, device, engine, tp, weights_index, plan_path, calibration, as_json, **flags) -> None:
     """Where the device's memory goes: weights, non-torch, activation peak, graph memory, KV tokens.
 
     Exit 1 with one line when it does not fit, naming the item that overflows and the fixes."""
@@ -67,20 +78,21 @@ def command(model, device, engine, tp, weights_index, as_json, **flags) -> None:
     from capture_plan.planner.fit.model import load_model
     from capture_plan.schemas.errors import InputError
 
-    given = {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
-    sizes = given.get("cudagraph-capture-sizes")
-    if sizes is not None:
-        try:
-            given["cudagraph-capture-sizes"] = [int(s) for s in str(sizes).split(",") if s.strip()]
-        except ValueError:
-            raise InputError(
-                f"capture sizes must be integers, got {sizes!r:.40}",
-                where="--cudagraph-capture-sizes",
-                fix="e.g. 1,2,4,8",
-            ) from None
-        if not given["cudagraph-capture-sizes"] or min(given["cudagraph-capture-sizes"]) < 1:
-            raise InputError("capture sizes must be positive", where="--cudagraph-capture-sizes", fix="e.g. 1,2,4,8")
-    res = fit(load_model(model, weights_index), device, engine, tp, given)
+    given = {k.replace("_", "-"): v for k, v in flags.items()}
+    fit_model = load_model(model, weights_index)
+    plan = graphs = measured = None
+    if plan_path is not None:
+        from capture_plan.planner.fit.measured import plan_graphs
+
+        from ._common import read_plan
+
+        plan = read_plan(plan_path)
+        graphs = plan_graphs(plan, str(plan_path), fit_model)
+    if calibration is not None:
+        from capture_plan.planner.fit.measured import calibration_graph
+
+        measured = calibration_graph(calibration, device, plan, str(plan_path))
+    res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
     if as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(res), indent=2).decode())
     else:

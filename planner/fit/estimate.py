@@ -61,11 +61,14 @@ def nodes_per_layer(m: FitModel) -> float | None:
     return None if nodes is None else nodes / g["bench_layers"]
 
 
-def graph_memory(m: FitModel, tp: int, sm: str, graphs: int, largest: int) -> FitItem:
+def graph_memory(
+    m: FitModel, tp: int, sm: str, graphs: int, largest: int, pool: tuple[int, str] | None = None
+) -> FitItem:
     """Graph memory as one figure: graph-exec (nodes x the device's per-node figure) + the
-    pool (the largest size's activations, which every smaller graph reuses) + the capture
-    stream's cuBLAS workspace. ``graphs``: whole-model graphs captured (a piecewise size's
-    pieces count as one: their nodes add up to about one graph's)."""
+    pool (the largest size's activations, which every smaller graph reuses; or ``pool``'s
+    bytes, a plan's predicted pool, and where they come from) + the capture stream's cuBLAS
+    workspace. ``graphs``: whole-model graphs captured (a piecewise size's pieces count as
+    one: their nodes add up to about one graph's)."""
     if graphs == 0:
         return FitItem("graph memory", 0, 0, "exact", "no CUDA graphs captured")
     devs = data("devices.toml")
@@ -81,6 +84,11 @@ def graph_memory(m: FitModel, tp: int, sm: str, graphs: int, largest: int) -> Fi
         )
         return FitItem("graph memory", None, None, "unknown", missing)
     exec_bytes = int(graphs * per_layer * m.layers * per_node)
-    pool = largest * activation_per_token(m, tp)
-    b = exec_bytes + pool + int(workspace)
-    return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", g["source"])
+    if pool is None:
+        b = exec_bytes + largest * activation_per_token(m, tp) + int(workspace)
+        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", g["source"])
+    # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
+    # is graph-exec's and the workspace's
+    b = exec_bytes + pool[0] + int(workspace)
+    err = int((exec_bytes + int(workspace)) * g["error_fraction"])
+    return FitItem("graph memory", b, err, "estimated", f"the pool: {pool[1]}; graph-exec: {g['exec_source']}")

@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from capture_plan.planner.inputs.resources import data
 from capture_plan.schemas.errors import InputError
 
-__all__ = ["Device", "Rule", "device", "rule_for", "estimates", "wheels", "rules", "devices"]
+__all__ = ["Device", "Rule", "device", "rule_for", "estimates", "wheels", "rules", "devices", "releases", "typed"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -84,7 +84,8 @@ class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rules: dict[str, Rule]
 
 
-def _typed(name: str, typ):
+def typed(name: str, typ):
+    """planner/data/NAME as ``typ`` (a malformed table is a broken package)."""
     try:
         return msgspec.convert(data(name), typ)
     except msgspec.ValidationError as err:
@@ -93,12 +94,12 @@ def _typed(name: str, typ):
 
 @functools.cache
 def devices() -> dict[str, Device]:
-    return _typed("fit_devices.toml", _Devices).devices
+    return typed("fit_devices.toml", _Devices).devices
 
 
 @functools.cache
 def _rules() -> _Rules:
-    return _typed("fit_rules.toml", _Rules)
+    return typed("fit_rules.toml", _Rules)
 
 
 def rules() -> dict[str, Rule]:
@@ -112,6 +113,12 @@ def wheels() -> dict[str, Wheel]:
 @functools.cache
 def estimates() -> dict:
     return data("fit_estimates.toml")
+
+
+def releases() -> list[str]:
+    """Every modelled release as ``ENGINE==VERSION``, each engine's newest first."""
+    out = [(r.engine, Version(v)) for r in rules().values() for v in r.releases]
+    return [f"{e}=={v}" for e, v in sorted(out, key=lambda x: (x[0] != "vllm", x[0], [-p for p in x[1].release]))]
 
 
 def device(name: str) -> tuple[str, Device]:

@@ -1,0 +1,129 @@
+"""The engines' own flags fit reads, as typed rows (planner/data/fit_flags.toml).
+
+One declaration per flag: the CLI's options and their help (planner/cli/fit.py) and
+:func:`check`, which refuses a value out of its type or bounds, are derived from the row.
+A flag not given (None) takes the release's default, which the engine's layer resolves
+(:mod:`.vllm`, :mod:`.sglang`); the row's ``default`` says where it comes from.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import msgspec
+
+from capture_plan.schemas.errors import InputError
+
+from .tables import typed
+
+__all__ = ["EngineFlag", "engine_flags", "flags_of", "check"]
+
+
+class EngineFlag(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    #: the engines that have this flag ("vllm", "sglang")
+    engines: list[str]
+    type: Literal["int", "float", "choice", "bool", "sizes"]
+    #: where the release's default comes from when the flag is not given
+    default: str
+    #: bounds of an int (inclusive) or a float (an end open where ``*_open``)
+    lo: float = 1
+    hi: float = 1 << 24
+    lo_open: bool = False
+    hi_open: bool = False
+    #: a value the fix of a refused float suggests
+    example: str = ""
+    choices: list[str] = []
+    #: a choice compared upper-cased (vLLM parses --cudagraph-mode so)
+    upper: bool = False
+    #: what the flag does, where its name does not say
+    help: str = ""
+
+    def describe(self) -> str:
+        """The CLI option's help: whose flag, what it does, where the default comes from."""
+        names = {"vllm": "vLLM", "sglang": "SGLang"}
+        owner = " and ".join(names[e] for e in self.engines)
+        what = f"{owner}: {self.help}" if self.help else f"{owner}'s own flag"
+        choices = f", one of {', '.join(self.choices)}" if self.choices else ""
+        return f"{what}{choices} [default: {self.default}]."
+
+    def within(self, v: float) -> bool:
+        """``v`` inside the float bounds (NaN is not)."""
+        return (self.lo < v if self.lo_open else self.lo <= v) and (v < self.hi if self.hi_open else v <= self.hi)
+
+    def bounds(self) -> str:
+        if self.type == "float":
+            return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        return f"{int(self.lo)} to {int(self.hi)}"
+
+
+class _Flags(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    flags: dict[str, EngineFlag]
+
+
+@functools.cache
+def engine_flags() -> dict[str, EngineFlag]:
+    """Every flag fit reads, in the table's order."""
+    return typed("fit_flags.toml", _Flags).flags
+
+
+def flags_of(engine: str) -> list[str]:
+    return [n for n, f in engine_flags().items() if engine in f.engines]
+
+
+def _refuse(name: str, msg: str, fix: str) -> InputError:
+    return InputError(msg, where=f"--{name}", fix=fix)
+
+
+def _sizes(name: str, v: object) -> list[int]:
+    """A list of capture sizes, or the CLI's comma-separated string of them."""
+    if isinstance(v, str):
+        try:
+            v = [int(s) for s in v.split(",") if s.strip()]
+        except ValueError:
+            raise _refuse(name, f"capture sizes must be integers, got {v!r:.40}", "e.g. 1,2,4,8") from None
+    if not isinstance(v, (list, tuple)) or any(isinstance(s, bool) or not isinstance(s, int) for s in v):
+        raise _refuse(name, f"capture sizes must be integers, got {v!r:.40}", "e.g. 1,2,4,8")
+    if not v or min(v) < 1:
+        raise _refuse(name, "capture sizes must be positive", "e.g. 1,2,4,8")
+    return list(v)
+
+
+def _value(name: str, f: EngineFlag, v: object) -> object:
+    if f.type == "int":
+        if not isinstance(v, int) or isinstance(v, bool) or not f.lo <= v <= f.hi:
+            raise _refuse(
+                name,
+                f"--{name} must be an integer from {f.bounds()}, got {v!r:.30}",
+                f"give --{name} a value in that range",
+            )
+    elif f.type == "float":
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not f.within(v):
+            raise _refuse(name, f"must be in {f.bounds()}, got {v!r:.30}", f"e.g. --{name} {f.example}")
+    elif f.type == "choice":
+        v = str(v).upper() if f.upper else v
+        if v not in f.choices:
+            raise _refuse(name, f"unknown --{name} value {v!r:.30}", f"use one of {', '.join(f.choices)}")
+    elif f.type == "bool":
+        v = bool(v)
+    else:
+        v = _sizes(name, v)
+    return v
+
+
+def check(engine: str, flags: dict) -> dict:
+    """``flags`` (None: not given) checked against ``engine``'s rows: a flag the engine does
+    not have, or a value out of its type or bounds, is refused naming the flag. Returns the
+    given values normalized (sizes as a list, a mode upper-cased)."""
+    rows = engine_flags()
+    allowed = flags_of(engine)
+    out = {}
+    for name, v in flags.items():
+        if v is None:
+            continue
+        if name not in allowed:
+            raise _refuse(
+                name, f"{engine} has no flag --{name}", f"{engine}'s flags fit reads: --{', --'.join(allowed)}"
+            )
+        out[name] = _value(name, rows[name], v)
+    return out

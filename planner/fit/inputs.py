@@ -1,0 +1,109 @@
+"""fit's inputs resolved once: the model, the device row, the release's rule and wheel,
+tp, the checked flags, the KV layer types and their bytes per token, and the optional
+plan and measured graph figure. Every engine layer reads this one frozen value.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.fit import FitItem, KvLayerType
+
+from . import flags as engine_flags
+from .model import KV_DTYPES, FitModel, kv_bytes_per_token
+from .tables import Device, Rule, device, rule_for, wheels
+
+__all__ = ["PlanGraphs", "FitInputs", "resolve"]
+
+
+class PlanGraphs(msgspec.Struct, frozen=True):
+    """A capture-plan plan's graphs as fit prices them (:func:`.measured.plan_graphs`)."""
+
+    name: str
+    #: every phase's capture sizes, sorted, deduplicated
+    sizes: list[int]
+    #: graphs the plan captures (its capture steps: one per size, phase and variant)
+    graphs: int
+    #: the plan's predicted pool and hoisted workspaces: the pool part of the graph figure
+    pool_bytes: int
+    source: str
+
+
+class FitInputs(msgspec.Struct, frozen=True):
+    """What fit sizes, resolved once by :func:`resolve`."""
+
+    model: FitModel
+    device_name: str
+    device: Device
+    engine: str
+    version: str
+    rule_name: str
+    rule: Rule
+    wheel_sha256: str
+    tp: int
+    #: the engine's flags as given, checked (:func:`.flags.check`); absent: the release's default
+    flags: dict
+    #: KV bytes one token takes in one layer on one rank, in the KV cache dtype
+    per_layer: int
+    kv_layers: list[KvLayerType]
+    #: a plan whose sizes and phases replace the engine default's
+    plan: PlanGraphs | None = None
+    #: a graph figure measured on the device (a calibration, or the engine's own logged
+    #: estimate) in place of fit's estimate of the graphs captured
+    measured_graph: FitItem | None = None
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        return self.kv_layers[0].dtype_bytes if self.kv_layers else 0
+
+    def flag(self, name: str, default):
+        """The flag's value as given, else ``default`` (the release's)."""
+        v = self.flags.get(name)
+        return default if v is None else v
+
+
+def resolve(
+    model: FitModel,
+    device_name: str,
+    engine: str,
+    tp: int,
+    flags: dict,
+    *,
+    plan: PlanGraphs | None = None,
+    measured_graph: FitItem | None = None,
+) -> FitInputs:
+    """The user's request (raw: a device's name, ``ENGINE==VERSION``, flags as given)
+    resolved: an unknown device, release or flag, or a value out of its bounds, is refused."""
+    eng, version, rule_name, rule = rule_for(engine)
+    dev_name, dev = device(device_name)
+    if tp < 1 or tp > 64:
+        raise InputError(
+            f"--tp must be 1 to 64, got {tp}", where="--tp", fix="give the GPUs one model instance spans, e.g. --tp 2"
+        )
+    checked = engine_flags.check(eng, flags)
+    kv_dtype = KV_DTYPES[checked.get("kv-cache-dtype", "auto")] or model.dtype_bytes
+    per_layer = kv_bytes_per_token(model, tp, kv_dtype)
+    kinds = []
+    if model.full_layers:
+        kinds.append(
+            KvLayerType("MLA latent" if model.mla else "full attention", model.full_layers, per_layer, kv_dtype)
+        )
+    if model.sliding_layers:
+        kinds.append(KvLayerType("sliding window", model.sliding_layers, per_layer, kv_dtype))
+    return FitInputs(
+        model=model,
+        device_name=dev_name,
+        device=dev,
+        engine=eng,
+        version=version,
+        rule_name=rule_name,
+        rule=rule,
+        wheel_sha256=wheels()[f"{eng}=={version}"].sha256,
+        tp=tp,
+        flags=checked,
+        per_layer=per_layer,
+        kv_layers=kinds,
+        plan=plan,
+        measured_graph=measured_graph,
+    )

@@ -1,0 +1,139 @@
+"""Engine-neutral pieces of fit's answer: the items every release has (device total,
+weights), graph memory for a set of sizes, the does-not-fit fixes and the result's
+assembly. The engines' layers (:mod:`.vllm`, :mod:`.sglang`) resolve their settings and
+size the KV cache by their release's rule over these.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, SizeCost
+
+from . import estimate
+from .inputs import FitInputs
+from .model import weight_bytes
+
+__all__ = ["Kv", "Verdict", "FITS", "known", "device_total", "weights", "graph_memory", "fixes", "result"]
+
+
+class Kv(msgspec.Struct, frozen=True):
+    """The KV cache as the release sizes and counts it."""
+
+    bytes: int
+    #: vLLM's blocks or SGLang's pages, ``block_tokens`` tokens each
+    blocks: int
+    block_tokens: int
+    tokens: int
+    #: requests at ``max_model_len`` the cache holds at once
+    concurrency: float
+    max_model_len: int
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    fits: bool
+    #: one line: the item that overflows (empty when it fits)
+    overflow: str = ""
+    fixes: list[str] = []
+
+
+FITS = Verdict(True)
+
+
+def known(item: FitItem) -> int:
+    """An item's bytes where it is never unknown (weights, non-torch, activations)."""
+    assert item.bytes is not None, item.name
+    return item.bytes
+
+
+def device_total(inp: FitInputs) -> FitItem:
+    dev = inp.device
+    return FitItem(
+        "device total",
+        dev.torch_total,
+        dev.torch_total_error,
+        "given" if dev.torch_total_gib else "estimated",
+        dev.torch_source or f"nvidia-smi's {dev.smi_total_mib} MiB less the H100's difference ({dev.smi_source})",
+    )
+
+
+def weights(inp: FitInputs) -> FitItem:
+    m = inp.model
+    b = weight_bytes(m, inp.tp)
+    src = "the checkpoint's safetensors index" if m.exact_weight_bytes else f"counted from {m.source}"
+    return FitItem("weights", b, 0 if m.exact_weight_bytes else int(0.005 * b), "exact", src)
+
+
+def graph_memory(inp: FitInputs, graphs: int, largest: int, *, plan: bool = False) -> FitItem:
+    """Graph memory of ``graphs`` graphs up to ``largest`` (:func:`.estimate.graph_memory`);
+    ``plan``: they are the plan's, whose predicted pool is the figure's pool."""
+    p = inp.plan if plan else None
+    pool = None if p is None else (p.pool_bytes, f"plan {p.name}'s predicted pool ({p.source})")
+    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool)
+
+
+def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:
+    """The plan's sizes priced (``tokens_of(graph bytes)``: the KV tokens they leave), where a
+    plan is given: its measured figure where a calibration gives one."""
+    p = inp.plan
+    if p is None:
+        return []
+    gi = inp.measured_graph or graph_memory(inp, p.graphs, max(p.sizes), plan=True)
+    t = None if gi.bytes is None else tokens_of(gi.bytes)
+    return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]
+
+
+def fixes(inp: FitInputs, total: int, tokens: int, max_model_len: int, *, len_flag: str, fp8: str) -> list[str]:
+    """Fixes that work: where the weights alone leave no room, the smallest --tp whose
+    shard leaves a quarter of ``total``; else a ``len_flag`` the cache holds (``tokens``),
+    ``fp8`` KV where halving a 2-byte element doubles the tokens past one request, and
+    more GPUs."""
+    tp, w = inp.tp, weight_bytes(inp.model, inp.tp)
+    n = tp
+    while w * tp / n > 0.75 * total and n < 64:
+        n *= 2
+    if n > tp:
+        return [f"--tp {n}"]
+    out = []
+    if tokens >= 16:
+        out.append(f"--{len_flag} {tokens // 16 * 16}")
+    if inp.kv_dtype_bytes == 2 and tokens * 2 >= max_model_len:
+        out.append(fp8)
+    out.append(f"--tp {tp * 2}")
+    return out
+
+
+def result(
+    inp: FitInputs,
+    *,
+    settings: dict,
+    items: list[FitItem],
+    kv: Kv,
+    costs: list[SizeCost],
+    verdict: Verdict,
+    notes: list[str],
+) -> FitResult:
+    return FitResult(
+        schema_version=FIT_SCHEMA_VERSION,
+        engine=inp.engine,
+        version=inp.version,
+        rule=inp.rule_name,
+        wheel_sha256=inp.wheel_sha256,
+        device=inp.device_name,
+        model=inp.model.name,
+        tp=inp.tp,
+        settings=settings,
+        items=items,
+        kv_layers=inp.kv_layers,
+        kv_bytes=kv.bytes,
+        kv_blocks=kv.blocks,
+        block_tokens=kv.block_tokens,
+        kv_tokens=kv.tokens,
+        max_concurrency=round(kv.concurrency, 2),
+        max_model_len=kv.max_model_len,
+        size_costs=costs,
+        fits=verdict.fits,
+        overflow=verdict.overflow,
+        fixes=verdict.fixes,
+        notes=notes,
+    )

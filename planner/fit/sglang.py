@@ -1,0 +1,111 @@
+"""SGLang's layer of fit: 0.5.23's defaults per device and tp (memory_hook), its decode and
+prefill graph sizes, and its static-fraction KV sizing, over the engine-neutral
+:mod:`.result`. The arithmetic of each step is :mod:`.sizing`'s.
+"""
+
+from __future__ import annotations
+
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
+
+from . import estimate, result, sizing
+from .inputs import FitInputs
+from .result import Kv, Verdict, known
+from .tables import GiB
+
+__all__ = ["fit_sglang"]
+
+
+def fit_sglang(inp: FitInputs) -> FitResult:
+    m = inp.model
+    if m.sliding_layers:
+        raise InputError(
+            f"SGLang's hybrid sliding-window pool split (swa_full_tokens_ratio) is not modelled; {m.name} has "
+            f"{m.sliding_layers} sliding-window layers",
+            where="--engine",
+            fix="fit it with --engine vllm==0.34.0, or a model with full attention only",
+        )
+    gpu_mem = inp.device.smi_total_mib
+    chunk0, bs0 = sizing.sglang_defaults(gpu_mem, inp.tp)
+    chunk = inp.flag("chunked-prefill-size", chunk0)
+    max_bs = inp.flag("cuda-graph-max-bs", bs0)
+    if "cuda-graph-max-bs" not in inp.flags and "max-running-requests" in inp.flags:
+        max_bs = min(max_bs, inp.flags["max-running-requests"])
+    page = inp.flag("page-size", 1)
+    ctx_len = inp.flag("context-length", m.max_positions or 0)
+    if ctx_len < 1:
+        raise InputError(
+            "the config gives no max_position_embeddings", where="--context-length", fix="give --context-length"
+        )
+    prefill = sizing.sglang_prefill_sizes(chunk)
+    frac = inp.flag("mem-fraction-static", None)
+    if frac is None:
+        frac = sizing.sglang_mem_fraction(gpu_mem, inp.tp, chunk, max_bs, len(prefill), m.mla)
+        if not 0 < frac < 1:
+            raise InputError(
+                f"must be in (0, 1), got {frac!r:.30}",
+                where="--mem-fraction-static",
+                fix="e.g. --mem-fraction-static 0.85",
+            )
+    decode = sizing.sglang_decode_sizes(max_bs)
+    plan = inp.plan
+    settings = {
+        "mem-fraction-static": frac,
+        "context-length": ctx_len,
+        "chunked-prefill-size": chunk,
+        "cuda-graph-max-bs": max_bs,
+        "page-size": page,
+        "kv-cache-dtype": inp.flag("kv-cache-dtype", "auto"),
+        "cuda-graph-bs": ",".join(map(str, decode if plan is None else plan.sizes)),
+    }
+    ctx = estimate.context()
+    pre = inp.device.torch_total - known(ctx)
+    weights = result.weights(inp)
+    nt = estimate.non_torch(inp.tp)
+    act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
+    default_graph = result.graph_memory(inp, len(decode) + len(prefill), max(decode))
+    if plan is not None:
+        graph = inp.measured_graph or result.graph_memory(inp, plan.graphs, max(plan.sizes), plan=True)
+    else:
+        graph = inp.measured_graph or default_graph
+    budget = FitItem(
+        "engine budget",
+        int(pre * frac),
+        inp.device.torch_total_error,
+        "rule",
+        f"free at start x mem-fraction-static {frac} (kv_cache_configurator._profile_available_bytes)",
+    )
+    items = [result.device_total(inp), ctx, budget, weights, nt, act, graph]
+    kv_bytes = sizing.sglang_kv_bytes(pre, known(weights), known(nt), frac)
+    cell = inp.per_layer * m.layers
+    tokens = max(kv_bytes, 0) // cell // page * page
+    items.append(
+        FitItem("KV cache", max(kv_bytes, 0), sum(i.error_bytes or 0 for i in items[1:]), "rule", inp.rule.steps[3])
+    )
+    slack = int(pre * (1 - frac))
+    notes = ["SGLang sizes its pool from a static fraction: capture sizes cost no tokens, they must fit in the slack"]
+    costs = [SizeCost("engine default", decode, default_graph.bytes, tokens, 0)]
+    costs += result.plan_cost(inp, lambda _graph: tokens, tokens)
+    costs.append(SizeCost("none", [], 0, tokens, 0))
+    verdict = result.FITS
+    if kv_bytes <= 0:
+        verdict = Verdict(
+            False,
+            f"weights {known(weights) / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}",
+            result.fixes(inp, pre, 0, ctx_len, len_flag="context-length", fp8=""),
+        )
+    elif graph.bytes is not None and graph.bytes + known(act) + known(nt) > slack:
+        verdict = Verdict(
+            False,
+            f"graph memory {graph.bytes / GiB:.2f} GiB + activations {known(act) / GiB:.2f} GiB exceed the "
+            f"{slack / GiB:.2f} GiB mem-fraction-static {frac} leaves",
+            [f"--mem-fraction-static {round(frac - 0.05, 2)}", f"--cuda-graph-max-bs {max(1, max_bs // 2)}"],
+        )
+    elif tokens < ctx_len:
+        verdict = Verdict(
+            False,
+            f"KV cache holds {tokens} tokens, fewer than one request of context-length {ctx_len}",
+            result.fixes(inp, pre, tokens, ctx_len, len_flag="context-length", fp8="--kv-cache-dtype fp8_e4m3"),
+        )
+    kv = Kv(max(kv_bytes, 0), tokens // page, page, tokens, tokens / ctx_len, ctx_len)
+    return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)

@@ -1,0 +1,142 @@
+"""vLLM's layer of fit: the release's defaults and capture sizes, its graphs per cudagraph
+mode, and its KV sizing (before capture, deducting or only logging the graph estimate; or
+after capture, 0.34.0's extensible KV cache), over the engine-neutral :mod:`.result`.
+The arithmetic of each step is :mod:`.sizing`'s, each function naming the release's code.
+"""
+
+from __future__ import annotations
+
+import math
+
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
+
+from . import estimate, result, sizing
+from .inputs import FitInputs
+from .result import Kv, Verdict, known
+from .tables import GiB
+
+__all__ = ["fit_vllm"]
+
+#: the modes whose FULL graphs cover the decode sizes only (size <= max_num_seqs)
+_FULL_DECODE = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+_PIECEWISE = ("FULL_AND_PIECEWISE", "PIECEWISE")
+
+
+def _graphs(mode: str, sizes: list[int], seqs: int) -> int:
+    """Whole-model graphs a mode captures for ``sizes`` (a size's piecewise graph counts as one)."""
+    full = [s for s in sizes if s <= seqs] if mode in _FULL_DECODE else sizes if mode == "FULL" else []
+    return len(full) + (len(sizes) if mode in _PIECEWISE else 0)
+
+
+def fit_vllm(inp: FitInputs) -> FitResult:
+    m, rule, dev = inp.model, inp.rule, inp.device
+    total = dev.torch_total
+    after = rule.kind == "vllm-after-capture"
+    util = inp.flag("gpu-memory-utilization", rule.default_utilization)
+    seqs0, tokens0 = sizing.vllm_batch_defaults(total, inp.device_name, rule.batch_tier_160)
+    mml = inp.flag("max-model-len", m.max_positions or 0)
+    if mml < 1:
+        raise InputError(
+            "the config gives no max_position_embeddings", where="--max-model-len", fix="give --max-model-len"
+        )
+    seqs = inp.flag("max-num-seqs", seqs0)
+    batched = inp.flag("max-num-batched-tokens", tokens0)
+    block = inp.flag("block-size", 64 if m.mla else 16)
+    mode = inp.flag("cudagraph-mode", "FULL_AND_PIECEWISE")
+    eager = inp.flag("enforce-eager", False)
+    given = inp.flags.get("cudagraph-capture-sizes")
+    top = inp.flags.get("max-cudagraph-capture-size")
+    sizes = sorted(set(given)) if given else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends)
+    if eager or mode == "NONE":
+        if inp.plan is not None:
+            raise InputError(
+                "a plan's graphs are not captured without CUDA graphs",
+                where="--plan",
+                fix="leave out --enforce-eager and --cudagraph-mode NONE, or --plan",
+            )
+        sizes = []
+    captured = inp.plan.sizes if inp.plan is not None else sizes
+    settings = {
+        "gpu-memory-utilization": util,
+        "max-model-len": mml,
+        "max-num-seqs": seqs,
+        "max-num-batched-tokens": batched,
+        "kv-cache-dtype": inp.flag("kv-cache-dtype", "auto"),
+        "block-size": block,
+        "enforce-eager": eager,
+        "cudagraph-mode": mode,
+        "cudagraph-capture-sizes": ",".join(map(str, captured)) or "none",
+    }
+    requested = sizing.vllm_requested(total, util)
+    nt = estimate.non_torch(inp.tp)
+    act = estimate.activation_peak(m, inp.tp, batched, seqs)
+    ctx = estimate.context()
+    weights = result.weights(inp)
+    init_free = total - known(ctx)
+
+    def graph_of(ss: list[int]) -> FitItem:
+        return result.graph_memory(inp, _graphs(mode, ss, seqs), max(ss, default=0))
+
+    def kv_of(graph: int) -> int:
+        if after:
+            return sizing.vllm_after_capture(rule, requested, init_free, known(weights), known(nt), known(act), graph)
+        deducted = graph if rule.graph_estimate == "deducted" else 0
+        return sizing.vllm_before_capture(requested, known(weights), known(nt), known(act), deducted)
+
+    in_flight = batched * rule.in_flight_batches  # async scheduling (on by default): two batches in flight
+
+    def count(avail: int) -> tuple[int, float, int]:
+        return sizing.vllm_blocks(m, inp.per_layer, block, avail, mml, in_flight, rule.kv_tokens)
+
+    if inp.plan is not None:
+        graph = inp.measured_graph or result.graph_memory(inp, inp.plan.graphs, max(inp.plan.sizes), plan=True)
+    else:
+        graph = inp.measured_graph if inp.measured_graph is not None and sizes else graph_of(sizes)
+    budget = FitItem(
+        "engine budget",
+        requested,
+        dev.torch_total_error,
+        "rule",
+        f"ceil(total x gpu-memory-utilization {util}) (vllm/v1/worker/utils.py: request_memory)",
+    )
+    items = [result.device_total(inp), budget, weights, nt, act, graph]
+    if after:
+        items.insert(1, ctx)
+    notes = []
+    if not after and rule.graph_estimate == "logged":
+        notes.append(
+            f"vllm {inp.version} profiles and logs its graph estimate but does not take it from the KV budget "
+            "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off by default): graphs are captured into what "
+            "gpu-memory-utilization leaves"
+        )
+    elif graph.bytes is None:
+        notes.append("graph memory unknown: KV figures exclude it (an upper bound)")
+    kv_bytes = kv_of(graph.bytes or 0)
+    err = sum(i.error_bytes or 0 for i in items[2:])
+    items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", "; ".join(rule.steps[-3:-1])))
+    blocks, conc, kv_tokens = count(kv_bytes)
+
+    def tokens_of(graph_bytes: int) -> int:
+        return count(kv_of(graph_bytes))[2]
+
+    none_tokens = tokens_of(0)
+    costs = []
+    for name, ss in (("engine default", sizes), ("fewer", [s for s in sizes if s <= 64]), ("none", [])):
+        gi = graph_of(ss)
+        t = None if gi.bytes is None else tokens_of(gi.bytes)
+        costs.append(SizeCost(name, ss, gi.bytes, t, None if t is None else none_tokens - t))
+    costs[1:1] = result.plan_cost(inp, tokens_of, none_tokens)
+    verdict = result.FITS
+    if kv_bytes <= 0 or conc < 1:
+        need = math.ceil(mml / block) * block * inp.per_layer * m.layers
+        biggest = max((i for i in (weights, nt, act, graph) if i.bytes), key=lambda i: i.bytes or 0)
+        verdict = Verdict(
+            False,
+            f"KV cache {max(kv_bytes, 0) / GiB:.2f} GiB holds {kv_tokens} tokens, fewer than one request of "
+            f"max-model-len {mml} ({need / GiB:.2f} GiB); "
+            f"the largest item is {biggest.name} ({known(biggest) / GiB:.2f} GiB)",
+            result.fixes(inp, total, kv_tokens, mml, len_flag="max-model-len", fp8="--kv-cache-dtype fp8"),
+        )
+    kv = Kv(max(kv_bytes, 0), blocks, block, kv_tokens, conc, mml)
+    return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)
