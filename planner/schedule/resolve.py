@@ -40,9 +40,10 @@ from ..inputs.validate import decode_spec_sources
 from ..memory.device import Calibration
 from ..memory.simulate import simulate
 from ..memory.workload import Workload
-from .graph import StepGraph, capture_order, check_acyclic, phase_sequence
+from .graph import StepGraph, check_acyclic, phase_sequence
 from .keys import resolve_keys
 from .optimize import parse_pins
+from .sequence import capture_order
 
 __all__ = ["Resolved", "SpecRead", "resolve", "read_spec", "check_tp"]
 

@@ -13,9 +13,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-import msgspec
-
-from capture_plan.schemas.keys import step_id
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
 from capture_plan.schemas.spec import Phase, Spec
@@ -26,9 +23,8 @@ from ..memory.analytic import workspace_bytes
 from ..memory.device import Calibration, device_prediction
 from ..memory.simulate import simulate
 from ..memory.workload import Workload
-from ..schedule.graph import capture_order
-from ..schedule.keys import capture_key, key_sequence, phase_combos
 from ..schedule.resolve import Resolved
+from ..schedule.sequence import capture_sequence
 from .size_front import Best, expected
 from .step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, Measured, StepTime, device_roofline, measured_times, roofline
 
@@ -77,18 +73,10 @@ class Memory:
         key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
         if key in self._seen:
             return self._seen[key]
-        # every graph key of a phase with variants, in the key order the spec's build chose (planner/schedule/keys.py)
-        keys = [
-            (n, bs, labels)
-            for n in self.sequence
-            for bs, labels in key_sequence(
-                capture_order(lists[n], self.strategies[n].order),
-                phase_combos(self.phases[n]),
-                "size-major" if self.strategies[n].key_order is msgspec.UNSET else str(self.strategies[n].key_order),
-            )
-        ]
-        captures = [capture_key(n, bs, labels) for n, bs, labels in keys]
-        sim = simulate(captures, self.strategies, self.workload, self.expandable, self.protect, self.library)
+        # every graph key of a phase with variants, in the key order the spec's build chose
+        # (planner/schedule/sequence.py); each phase's captures after the one before it
+        seq = capture_sequence([self.phases[n] for n in self.sequence], self.strategies, sizes=lists, twins=False)
+        sim = simulate(seq.keys, self.strategies, self.workload, self.expandable, self.protect, self.library)
         hoisted = sum(
             workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
             for n in self.sequence
@@ -96,10 +84,7 @@ class Memory:
         )
         total = None
         if self.calibration is not None:
-            steps = [
-                Step(index=i, id=step_id("capture", n, bs, labels), op="capture", phase=n, bs=bs)
-                for i, (n, bs, labels) in enumerate(keys)
-            ]
+            steps = [Step(index=i, id=c.id, op="capture", phase=c.phase, bs=c.bs) for i, c in enumerate(seq)]
             kinds = {n: p.kind for n, p in self.phases.items()}
             total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
         out = self._seen[key] = (sim.pool_bytes, hoisted, total)
