@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .build_flags import msgspec_bounds
 from .key_fields import KeyFields
 from .limits import (
     MAX_KEYS_PER_PHASE,
@@ -68,7 +69,7 @@ SPEC_VERSION = 1
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 #: tokens per request, draft steps, top-k: 1..MAX_TOKENS_PER_REQUEST
 PerRequest = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS_PER_REQUEST)]
-#: budget_mib, library_mib: at most MAX_MIB (1 PiB)
+#: library_mib: at most MAX_MIB (1 PiB)
 MiBAmount = Annotated[float, msgspec.Meta(le=MAX_MIB)]
 # each model dimension, 1..its MODEL_MAX bound
 Layers = Annotated[int, dimension("layers")]
@@ -258,7 +259,8 @@ class Spec(SpecStruct, frozen=True, kw_only=True):
     phases: Annotated[list[Phase], msgspec.Meta(min_length=1, max_length=MAX_PHASES)]
     tp: Positive = 1
     allocator: AllocatorMode = "native"
-    budget_mib: Annotated[MiBAmount, msgspec.Meta(gt=0)] | None = None
+    #: the bounds of ``--budget-mib``'s row (schemas/build_flags.py): one bound for both
+    budget_mib: Annotated[float, msgspec.Meta(**msgspec_bounds("budget_mib"))] | None = None
     #: allocation trace (relative to the spec file) for exact predictions
     trace: str | None = None
     #: persistent library workspaces the first capture creates in the pool when
