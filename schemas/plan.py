@@ -20,16 +20,14 @@ from .build_flags import BUILD_OPTIONS, msgspec_bounds
 from .key_fields import KeyFields
 from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
+    AXES,
     AllocatorMode,
     KeyOrder,
-    Order,
     OutputLifetime,
     Outputs,
     PhaseKind,
-    PoolMode,
-    Warmup,
+    StrategyAxes,
     WarmupKeeps,
-    Workspace,
 )
 
 __all__ = [
@@ -120,24 +118,16 @@ class PlanStruct(msgspec.Struct, frozen=True, kw_only=True):
     fields (forward compatibility across revisions)."""
 
 
-class Strategy(PlanStruct, frozen=True, kw_only=True):
-    """The choice on every strategy axis for one phase."""
+class Strategy(PlanStruct, StrategyAxes, frozen=True, kw_only=True):
+    """The choice on every strategy axis for one phase (the axes: schemas/strategy.py)."""
 
-    order: Order = "largest-first"
-    outputs: Outputs = "keep"
-    workspace: Workspace = "pool"
-    pool: PoolMode = "shared"
-    warmup: Warmup = "every-size"
     #: the order of graph keys of a phase with variants (revision 3); UNSET elsewhere
     #: (and read as "size-major")
     key_order: KeyOrder | msgspec.UnsetType = msgspec.UNSET
 
     def label(self) -> str:
         keys = "" if self.key_order is msgspec.UNSET else f" key_order={self.key_order}"
-        return (
-            f"order={self.order} outputs={self.outputs} workspace={self.workspace} "
-            f"pool={self.pool} warmup={self.warmup}{keys}"
-        )
+        return " ".join(f"{ax}={getattr(self, ax)}" for ax in AXES) + keys
 
 
 class VariantAxis(PlanStruct, frozen=True, kw_only=True):

@@ -38,15 +38,11 @@ from .limits import (
 )
 from .strategy import (
     AllocatorMode,
+    ChoiceAxes,
     KeyOrder,
-    Order,
     OutputLifetime,
-    Outputs,
     PhaseKind,
-    PoolMode,
-    Warmup,
     WarmupKeeps,
-    Workspace,
 )
 
 __all__ = [
@@ -226,14 +222,10 @@ class When(SpecStruct, frozen=True, kw_only=True):
     output_lifetime: OutputLifetime | None = None
 
 
-class Choice(SpecStruct, frozen=True, kw_only=True):
-    """A partial strategy: the axes it sets must hold, the others are free."""
+class Choice(SpecStruct, ChoiceAxes, frozen=True, kw_only=True):
+    """A partial strategy: the axes it sets must hold, the others are free (the axes:
+    schemas/strategy.py)."""
 
-    order: Order | None = None
-    outputs: Outputs | None = None
-    workspace: Workspace | None = None
-    pool: PoolMode | None = None
-    warmup: Warmup | None = None
     #: the order of graph keys in a phase with variants; UNSET (not None) so that
     #: specs without it keep their bytes
     key_order: KeyOrder | msgspec.UnsetType = msgspec.UNSET

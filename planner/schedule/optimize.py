@@ -26,7 +26,7 @@ from capture_plan.schemas.capture_sequence import CaptureSequence
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.plan import Alternative, Decision, Strategy
 from capture_plan.schemas.spec import Choice, Phase, Rule
-from capture_plan.schemas.strategy import AXES, AXIS_VALUES
+from capture_plan.schemas.strategy import AXES, AXIS_VALUES, MEMORY_AXES
 from capture_plan.schemas.units import mib
 
 from ..inputs.resources import Backend
@@ -39,7 +39,6 @@ from .sequence import capture_sequence
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize"]
 
-MEMORY_AXES = ("order", "outputs", "workspace", "pool")
 #: Every preset (36 decode sizes, 51 speculative) is compared exactly; a phase
 #: with more sizes is compared on SCREEN_SIZES of them, which keeps a
 #: 1024-size x 4-phase build near 2 s (bench/build_bench.py). `--exact` opts out.
@@ -95,7 +94,7 @@ class Problem(msgspec.Struct, frozen=True):
     workload: Workload
     pins: dict[str | None, dict[str, str]]
     #: the engines' loop: where the search starts when no rule prefers otherwise
-    baseline: Choice = Choice(order="largest-first", outputs="keep", workspace="pool", pool="shared")
+    baseline: Choice = Choice(**{ax: getattr(Strategy(), ax) for ax in MEMORY_AXES})
     expandable: bool = False
     library_bytes: int = 0
     #: phases with more sizes than SCREEN_ABOVE compare strategies on this many

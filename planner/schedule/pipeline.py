@@ -39,7 +39,7 @@ from capture_plan.schemas.plan import (
     VariantAxis,
 )
 from capture_plan.schemas.spec import Spec
-from capture_plan.schemas.strategy import AXES
+from capture_plan.schemas.strategy import AXES, MEMORY_AXES
 from capture_plan.schemas.units import MiB, mib
 
 from ..inputs import resources
@@ -52,7 +52,7 @@ from ..memory.fidelity import fidelity
 from ..memory.simulate import SimResult, pool_id, simulate
 from .graph import StepGraph, build_steps, fixed_by_spec
 from .keys import key_predictions, keyed_steps, piece_count, uses_keys
-from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize
+from .optimize import SCREEN_SIZES, Problem, optimize
 from .resolve import Resolved
 from .sequence import Build, capture_sequence, with_key_orders
 
@@ -276,7 +276,9 @@ def _predict(b: Build, sol, steps: list[Step]) -> _Predicted:
             fix="report this as a bug (`planner --debug` shows where); pin another order with -s meanwhile",
         )
     baseline = resources.baseline()
-    base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in r.sequence}
+    # rules.toml's baseline sets every axis it has a value for; another keeps Strategy's default
+    set_axes = {ax: getattr(baseline, ax) for ax in AXES if getattr(baseline, ax) is not None}
+    base_st = dict.fromkeys(r.sequence, Strategy(**set_axes))
     # the engines' loop captures every graph key too: per size, every variant; a twin after its phase
     base_seq = capture_sequence([r.by_name[n] for n in r.sequence], base_st, twins=False).keys
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
