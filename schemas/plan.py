@@ -16,9 +16,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .build_flags import BUILD_OPTIONS, msgspec_bounds
+from .build_flags import BUILD_OPTIONS
 from .key_fields import KeyFields
-from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
+from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat, option_meta
 from .strategy import (
     AXES,
     AllocatorMode,
@@ -414,13 +414,13 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     traffic: str | None = None
     traffic_phases: list[str] = []
     metric: str | None = None
-    max_size: Annotated[int, msgspec.Meta(**msgspec_bounds("max_size"))] | None = None
+    max_size: Annotated[int, option_meta("max_size")] | None = None
     timing: str | None = None
     device: str | None = None
-    context: Annotated[int, msgspec.Meta(**msgspec_bounds("context"))] | None = None
-    budget_mib: Annotated[float, msgspec.Meta(**msgspec_bounds("budget_mib"))] | None = None
-    max_graphs: Annotated[int, msgspec.Meta(**msgspec_bounds("max_graphs"))] | None = None
-    max_padding: Annotated[float, msgspec.Meta(**msgspec_bounds("max_padding"))] | None = None
+    context: Annotated[int, option_meta("context")] | None = None
+    budget_mib: Annotated[float, option_meta("budget_mib")] | None = None
+    max_graphs: Annotated[int, option_meta("max_graphs")] | None = None
+    max_padding: Annotated[float, option_meta("max_padding")] | None = None
     output: str | None = None
 
 

@@ -12,6 +12,8 @@ import textwrap
 from pathlib import Path
 from typing import get_args, get_origin
 
+import pytest
+
 import capture_plan
 from capture_plan.schemas.plan import Strategy
 from capture_plan.schemas.spec import Choice
@@ -75,6 +77,7 @@ BUILD = """
 import sys
 from pathlib import Path
 import capture_plan
+import pytest
 assert capture_plan.__file__.startswith(sys.argv[1]), capture_plan.__file__
 from capture_plan.planner.build import BuildOptions, build_plan
 from capture_plan.schemas.strategy import MEMORY_AXES
@@ -123,3 +126,27 @@ def test_a_new_axis_is_one_file_changed(tmp_path):
     assert (int(alternatives), int(feasible)) == (8, 4)
     assert label.endswith("warmup=once-per-phase fuse=fused")
     assert capture_plan.__file__.startswith(str(ROOT))
+
+
+def test_the_model_dimensions_are_written_out_once():
+    """PhaseModel is made of Model's fields (each optional), not a second list of them."""
+    import msgspec
+
+    from capture_plan.schemas.spec import PHASE_DIMENSIONS, Model, PhaseModel
+
+    assert PhaseModel.__struct_fields__ == PHASE_DIMENSIONS
+    for f in PHASE_DIMENSIONS:
+        assert set(get_args(PhaseModel.__annotations__[f])) == {Model.__annotations__[f], msgspec.UnsetType}
+    tree = ast.parse((ROOT / "schemas" / "spec.py").read_text())
+    declared = [
+        node.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in PHASE_DIMENSIONS
+    ]
+    assert sorted(declared) == sorted(PHASE_DIMENSIONS)  # once each: Model's
+    # bounds and strictness are Model's
+    with pytest.raises(msgspec.ValidationError, match=r"\$.hidden"):
+        msgspec.convert({"hidden": 0}, PhaseModel)
+    with pytest.raises(msgspec.ValidationError, match="unknown field `layers`"):
+        msgspec.convert({"layers": 2}, PhaseModel)
+    assert msgspec.convert({"vocab": 32000}, PhaseModel).vocab == 32000
