@@ -8,7 +8,7 @@ phase's sizes and graph keys); the optimizer simulates it, the step graph orders
 by it, the prediction and the per-key predictions read it, and size choice prices lists
 with it. It is what a consumer that needs per-phase, per-size capture lists with their
 graph keys reads (pricing graph memory per capture size; a graph file keyed by the same
-steps): :meth:`CaptureSequence.phase`, :meth:`CaptureSequence.sizes`,
+steps): :meth:`CaptureSequence.phase`, :attr:`CaptureSequence.sizes`,
 :attr:`Capture.id`.
 
 Not part of the plan file: a plan records its steps (whose capture steps are this sequence's
@@ -64,12 +64,17 @@ class CaptureSequence(msgspec.Struct, frozen=True):
     """Every capture of a build (or of one pool's phases), in capture order."""
 
     captures: tuple[Capture, ...]
+    #: each phase's capture sizes in capture order, each once (a size with several graph keys
+    #: at its first): what a plan records as the phase's sizes
+    sizes: dict[str, tuple[int, ...]]
 
-    def __iter__(self):
-        return iter(self.captures)
-
-    def __len__(self) -> int:
-        return len(self.captures)
+    @classmethod
+    def of(cls, captures: tuple[Capture, ...]) -> CaptureSequence:
+        """The sequence of ``captures`` (in capture order)."""
+        sizes: dict[str, dict[int, None]] = {}
+        for c in captures:
+            sizes.setdefault(c.phase, {})[c.bs] = None
+        return cls(captures, {name: tuple(seen) for name, seen in sizes.items()})
 
     @property
     def keys(self) -> tuple[tuple, ...]:
@@ -84,8 +89,3 @@ class CaptureSequence(msgspec.Struct, frozen=True):
     def phase(self, name: str) -> tuple[Capture, ...]:
         """``name``'s captures, in capture order."""
         return tuple(c for c in self.captures if c.phase == name)
-
-    def sizes(self, name: str) -> list[int]:
-        """``name``'s capture sizes in capture order, each once (a size with several graph
-        keys is listed at its first)."""
-        return list(dict.fromkeys(c.bs for c in self.captures if c.phase == name))

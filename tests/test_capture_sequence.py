@@ -83,41 +83,41 @@ def test_the_plan_captures_its_sequence_built_once(tmp_path, monkeypatch, spec, 
     else:
         opts = _build(tmp_path, spec, **kw)
     built: list[CaptureSequence] = []
-    made = sequence.Build.of.__func__  # pyright: ignore[reportFunctionMemberAccess]
+    made = pipeline._build
 
-    def counting(cls, r, strategies):
-        b = made(cls, r, strategies)
+    def counting(r, strategies):
+        b = made(r, strategies)
         built.append(b.sequence)
         return b
 
-    monkeypatch.setattr(sequence.Build, "of", classmethod(counting))
+    monkeypatch.setattr(pipeline, "_build", counting)
     plan = build_plan(opts)
     assert len(built) == 1
     (seq,) = built
     assert [s.id for s in plan.steps if s.op == "capture"] == list(seq.ids)
     for p in plan.phases:
-        assert p.sizes == seq.sizes(p.name)
+        assert p.sizes == list(seq.sizes[p.name])
         assert {c.pool for c in seq.phase(p.name)} == {p.pool}
     if plan.predicted.keys:
         assert [k.step for k in plan.predicted.keys] == list(seq.ids)
     # each warm-up runs right before a capture the sequence says has one, at its size
     steps = plan.steps
-    warmed = [c for c in seq if c.warmup is not None]
+    warmed = [c for c in seq.captures if c.warmup is not None]
     runs = [s for s in steps if s.op == "warmup"]
     assert [s.bs for s in runs] == [c.warmup for c in warmed]
 
 
 def test_a_twin_and_its_stream_are_in_the_sequence(tmp_path):
     r = resolve(_build(tmp_path, TWIN_SPEC))
-    b = sequence.Build.of(r, pipeline.schedule(r))
+    b = pipeline._build(r, pipeline.schedule(r))
     twin = b.sequence.phase("full_ubatch")
     assert {c.stream for c in twin} == {"ubatch"}
     assert all(c.stream is None for c in b.sequence.phase("full"))
-    keys = [(c.phase, c.bs) for c in b.sequence if c.phase != "piecewise"]
+    keys = [(c.phase, c.bs) for c in b.sequence.captures if c.phase != "piecewise"]
     assert keys[:4] == [("full", 64), ("full_ubatch", 64), ("full", 48), ("full_ubatch", 48)]
     # the engines' loop: the twin after its phase
     loop = sequence.capture_sequence([r.by_name[n] for n in r.sequence], b.strategies, twins=False)
-    assert [c.phase for c in loop if c.phase != "piecewise"][-3:] == ["full_ubatch"] * 3
+    assert [c.phase for c in loop.captures if c.phase != "piecewise"][-3:] == ["full_ubatch"] * 3
 
 
 def test_the_sequence_orders_sizes_keys_and_warmups():
@@ -125,7 +125,7 @@ def test_the_sequence_orders_sizes_keys_and_warmups():
     seq = sequence.capture_sequence(
         [phase], {"d": Strategy(order="smallest-first", warmup="once-per-phase")}, {"d": "variant-major"}
     )
-    assert [(c.bs, c.labels) for c in seq] == [
+    assert [(c.bs, c.labels) for c in seq.captures] == [
         (1, (("lora", "a"),)),
         (2, (("lora", "a"),)),
         (4, (("lora", "a"),)),
@@ -134,8 +134,8 @@ def test_the_sequence_orders_sizes_keys_and_warmups():
         (4, (("lora", "b"),)),
     ]
     # once per phase: one warm-up, at the largest size, before the first capture
-    assert [c.warmup for c in seq] == [4, None, None, None, None, None]
-    assert seq.sizes("d") == [1, 2, 4]
+    assert [c.warmup for c in seq.captures] == [4, None, None, None, None, None]
+    assert seq.sizes == {"d": (1, 2, 4)}
     assert seq.captures[0].id == "capture/d/1/lora=a"
     assert seq.captures[0].key == ("d", 1, (("lora", "a"),))
     # a value: frozen, comparable, and the same built twice

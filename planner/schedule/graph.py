@@ -267,7 +267,7 @@ def build_steps(
     own: dict[str, list[tuple[int, tuple]]] = {name: [] for name in sequence}
     #: each phase that is no twin: its captures with its twin's interleaved
     captured: dict[str, list[Capture]] = {name: [] for name in sequence}
-    for c in b.sequence:
+    for c in b.sequence.captures:
         own[c.phase].append((c.bs, c.labels))
         captured[twins.get(c.phase, c.phase)].append(c)
 

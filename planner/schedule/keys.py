@@ -267,11 +267,11 @@ def key_predictions(
     # what each warm-up keeps, by the key it runs (the warm-ups run in the sequence's order,
     # each right before a capture that has one)
     warmups = [s for s in steps if s.op == "warmup"]
-    warmed = [c for c in b.sequence if c.warmup is not None]
+    warmed = [c for c in b.sequence.captures if c.warmup is not None]
     keeps = {(c.phase, c.warmup, c.labels): s.keeps for s, c in zip(warmups, warmed) if s.keeps is not msgspec.UNSET}
     out: list[KeyPrediction] = []
     before = 0
-    captures = iter(b.sequence)
+    captures = iter(b.sequence.captures)
     for s, mem in zip(steps, timeline):
         if s.op != "capture":
             continue

@@ -311,7 +311,7 @@ def optimize(pb: Problem) -> Solution:
                 break
             starts.append((key, run.mark()))
             strats = dict(units[k])
-            for c in unit_sequence(units[k]):
+            for c in unit_sequence(units[k]).captures:
                 run.capture(c.phase, c.bs, strats[c.phase], c.labels)
             if k + 1 < len(units):
                 prefixes[(units[: k + 1], guarded)] = run.copy()

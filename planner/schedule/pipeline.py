@@ -54,7 +54,7 @@ from .graph import StepGraph, build_steps, fixed_by_spec
 from .keys import key_predictions, keyed_steps, piece_count, uses_keys
 from .optimize import SCREEN_SIZES, Problem, optimize
 from .resolve import Resolved
-from .sequence import Build, capture_sequence, with_key_orders
+from .sequence import Build, capture_sequence
 
 __all__ = ["SizeRecord", "plan", "schedule"]
 
@@ -131,7 +131,7 @@ def _check_budget(r: Resolved, sol, pred: _Predicted) -> None:
     if r.pins:
         free = r.without_pins()
         free_sol = _optimize(free)
-        free_build = Build.of(free, free_sol.strategies)
+        free_build = _build(free, free_sol.strategies)
         free_pred = _predict(free_build, free_sol, _order(free_build).steps)
         cheapest, strategies = free_pred.sim.pool_bytes + free_pred.hoisted, free_sol.strategies
         named = "; ".join(f"{n}: {strategies[n].label()}" for n in r.sequence)
@@ -213,6 +213,22 @@ class _Predicted(msgspec.Struct, frozen=True):
     hoisted: int
 
 
+def _with_key_orders(r: Resolved, strategies: dict[str, Strategy]) -> dict[str, Strategy]:
+    """``strategies`` in ``r``'s phase order, each phase with variant axes given the key
+    order its rules set (``r.keys``): each phase's strategy as a plan of ``r`` records it."""
+    return {
+        n: msgspec.structs.replace(strategies[n], key_order=r.keys[n][1]) if n in r.keys else strategies[n]
+        for n in r.sequence
+    }
+
+
+def _build(r: Resolved, strategies: dict[str, Strategy]) -> Build:
+    """``r`` under ``strategies`` (their key orders set), with the sequence they capture:
+    made once per plan, what the later steps read."""
+    chosen = _with_key_orders(r, strategies)
+    return Build(r, chosen, capture_sequence([r.by_name[n] for n in r.sequence], chosen))
+
+
 def _optimize(r: Resolved):
     """Step 2: each phase's strategy (optimize.py)."""
     return optimize(
@@ -256,13 +272,13 @@ def _predict(b: Build, sol, steps: list[Step]) -> _Predicted:
     """Step 4: the build's capture sequence simulated, at every size (the optimizer's
     simulation when it ran the same captures), and the engines' loop."""
     r, strategies = b.resolved, sol.strategies
-    if [s.id for s in steps if s.op == "capture"] != list(b.sequence.ids):
+    if [s.id for s in steps if s.op == "capture"] != [c.id for c in b.sequence.captures]:
         raise ConstraintError(  # the rules' edges only ever confirm the sequence's order
             "the ordered steps capture in another order than the build's capture sequence",
             where="planned step order",
             fix="report this as a bug (`planner --debug` shows where); pin another order with -s meanwhile",
         )
-    captures = b.sequence.keys
+    captures = tuple(c.key for c in b.sequence.captures)
     seen = sol.sims.get(tuple((n, strategies[n]) for n in r.sequence))
     sim = (
         seen[1]
@@ -280,7 +296,8 @@ def _predict(b: Build, sol, steps: list[Step]) -> _Predicted:
     set_axes = {ax: getattr(baseline, ax) for ax in AXES if getattr(baseline, ax) is not None}
     base_st = dict.fromkeys(r.sequence, Strategy(**set_axes))
     # the engines' loop captures every graph key too: per size, every variant; a twin after its phase
-    base_seq = capture_sequence([r.by_name[n] for n in r.sequence], base_st, twins=False).keys
+    loop = capture_sequence([r.by_name[n] for n in r.sequence], base_st, twins=False)
+    base_seq = tuple(c.key for c in loop.captures)
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
     if baseline_bytes is None:
         baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
@@ -392,7 +409,7 @@ def _assemble(b: Build, sol, ordered: _Ordered, pred: _Predicted, chosen: SizeRe
             PhasePlan(
                 name=n,
                 kind=by_name[n].kind,
-                sizes=b.sequence.sizes(n),
+                sizes=list(b.sequence.sizes[n]),
                 tokens_per_request=by_name[n].tokens_per_request,
                 output_lifetime=by_name[n].output_lifetime,
                 strategy=strategies[n],
@@ -445,7 +462,7 @@ def _assemble(b: Build, sol, ordered: _Ordered, pred: _Predicted, chosen: SizeRe
 def schedule(r: Resolved) -> dict[str, Strategy]:
     """Each phase's strategy as a plan of ``r`` would capture it (its key order set), in the
     plan's phase order: what a size choice prices other lists under (planner/sizes/)."""
-    return with_key_orders(r, _optimize(r).strategies)
+    return _with_key_orders(r, _optimize(r).strategies)
 
 
 def plan(r: Resolved, chosen: SizeRecord | None = None) -> Plan:
@@ -455,7 +472,7 @@ def plan(r: Resolved, chosen: SizeRecord | None = None) -> Plan:
     after the schedule is priced: the floor is no budget that fits, and the fix names one that
     does) -> assemble the sealed plan."""
     sol = _optimize(r)
-    b = Build.of(r, sol.strategies)
+    b = _build(r, sol.strategies)
     ordered = _order(b)
     predicted = _predict(b, sol, ordered.steps)
     _check_budget(r, sol, predicted)

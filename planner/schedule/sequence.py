@@ -9,7 +9,8 @@ built: the optimizer (one per pool of a candidate schedule), the step graph, the
 the per-key predictions and size pricing. Nothing parses a step id back into its key.
 
 :class:`Build` is a resolved build with its chosen strategies and their sequence: the one
-value the pipeline's later steps (order, predict, assemble) take.
+value the pipeline's later steps (order, predict, assemble) take; the pipeline makes it once
+per plan.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .keys import key_sequence, phase_combos, twin_phases
 if TYPE_CHECKING:  # resolve.py orders forced sizes with capture_order: imported only for the type
     from .resolve import Resolved
 
-__all__ = ["capture_order", "capture_sequence", "with_key_orders", "Build"]
+__all__ = ["capture_order", "capture_sequence", "Build"]
 
 
 def capture_order(sizes: Sequence[int], order: str) -> list[int]:
@@ -96,30 +97,16 @@ def capture_sequence(
             out.append(c)
             if (c.bs, c.labels) in theirs:
                 out.append(theirs[(c.bs, c.labels)])
-    return CaptureSequence(tuple(out))
+    return CaptureSequence.of(tuple(out))
 
 
 @dataclass(frozen=True)
 class Build:
     """A resolved build with its chosen strategies (key orders set) and the sequence they
-    capture: what ordering, prediction and the plan read, built once per plan."""
+    capture: what ordering, prediction and the plan read, built once per plan
+    (planner/schedule/pipeline.py)."""
 
     resolved: Resolved
     #: each phase's strategy, in the plan's phase order
     strategies: dict[str, Strategy]
     sequence: CaptureSequence
-
-    @classmethod
-    def of(cls, r: Resolved, strategies: Mapping[str, Strategy]) -> Build:
-        """``r`` under ``strategies`` (their key orders set from ``r.keys``), with its sequence."""
-        chosen = with_key_orders(r, strategies)
-        return cls(r, chosen, capture_sequence([r.by_name[n] for n in r.sequence], chosen))
-
-
-def with_key_orders(r: Resolved, strategies: Mapping[str, Strategy]) -> dict[str, Strategy]:
-    """``strategies`` in ``r``'s phase order, each phase with variant axes given the key
-    order its rules set (``r.keys``): each phase's strategy as a plan of ``r`` records it."""
-    return {
-        n: msgspec.structs.replace(strategies[n], key_order=r.keys[n][1]) if n in r.keys else strategies[n]
-        for n in r.sequence
-    }

@@ -84,7 +84,7 @@ class Memory:
         )
         total = None
         if self.calibration is not None:
-            steps = [Step(index=i, id=c.id, op="capture", phase=c.phase, bs=c.bs) for i, c in enumerate(seq)]
+            steps = [Step(index=i, id=c.id, op="capture", phase=c.phase, bs=c.bs) for i, c in enumerate(seq.captures)]
             kinds = {n: p.kind for n, p in self.phases.items()}
             total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
         out = self._seen[key] = (sim.pool_bytes, hoisted, total)
