@@ -19,9 +19,19 @@ options from it. A new build option is a row here, a field of ``BuildOptions`` a
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
-__all__ = ["Bounds", "BuildFlag", "BUILD_OPTIONS", "BUILD_FLAG", "SIZE_CHOICE", "BUILD_INPUTS", "out_of_bounds"]
+__all__ = [
+    "Bounds",
+    "BuildFlag",
+    "BUILD_OPTIONS",
+    "BUILD_FLAG",
+    "SIZE_CHOICE",
+    "BUILD_INPUTS",
+    "out_of_bounds",
+    "msgspec_bounds",
+    "option_meta",
+]
 
 
 class Bounds(NamedTuple):
@@ -237,6 +247,16 @@ def msgspec_bounds(field: str) -> dict[str, float]:
     if hi is not None:
         out["lt" if bounds.hi_open else "le"] = hi
     return out
+
+
+def option_meta(field: str) -> Any:
+    """Option ``field``'s bounds as one ``msgspec.Meta``: what the plan's record of the option
+    and a spec's field of the same name declare (msgspec imported here only: the struct
+    modules that call this import it anyway)."""
+    import msgspec
+
+    # Meta's overloads take one lower and one upper keyword, as msgspec_bounds gives
+    return cast(Any, msgspec.Meta)(**msgspec_bounds(field))
 
 
 #: the options that say what a build plans (``planner build`` and ``planner sizes`` take them)

@@ -24,7 +24,7 @@ does on a GPU.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, cast
+from typing import Annotated
 
 import msgspec
 
@@ -145,13 +145,3 @@ def dimension(field: str) -> msgspec.Meta:
     reads ``Annotated[int, ...]`` written out as the type int, a returned type as a
     value it cannot use in an annotation."""
     return msgspec.Meta(ge=1, le=MODEL_MAX.get(field, MODEL_MAX_DEFAULT))
-
-
-def option_meta(field: str) -> msgspec.Meta:
-    """The bounds of ``planner build``'s option ``field`` (its row in
-    :mod:`capture_plan.schemas.build_flags`) as a field constraint: what the plan's record of
-    the option and a spec's field of the same name declare."""
-    from .build_flags import msgspec_bounds
-
-    # Meta's overloads take one lower and one upper keyword, as msgspec_bounds gives
-    return cast(Any, msgspec.Meta)(**msgspec_bounds(field))

@@ -16,9 +16,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .build_flags import BUILD_OPTIONS
+from .build_flags import BUILD_OPTIONS, option_meta
 from .key_fields import KeyFields
-from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat, option_meta
+from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
     AXES,
     AllocatorMode,

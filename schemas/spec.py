@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
+from .build_flags import option_meta
 from .key_fields import KeyFields
 from .limits import (
     MAX_KEYS_PER_PHASE,
@@ -35,7 +36,6 @@ from .limits import (
     Label,
     StreamName,
     dimension,
-    option_meta,
 )
 from .strategy import (
     AllocatorMode,

@@ -58,7 +58,7 @@ from capture_plan.schemas.spec import Model, Phase, Rule
 from ..inputs.resources import variant_axes
 from ..memory.allocator import PoolSim
 from ..memory.program import CARRY, Alloc, Program
-from ..memory.simulate import simulate
+from ..memory.simulate import PoolSetup, simulate
 
 if TYPE_CHECKING:
     from .sequence import Build
@@ -281,7 +281,7 @@ def key_predictions(
         recorded = (c.phase, c.bs, labels) in r.workload.programs if labels else False
         key = capture_key(c.phase, c.bs, labels if recorded else ())
         if key not in alone:
-            graph = simulate([key], {c.phase: st}, r.workload, r.expandable).pool_bytes
+            graph = simulate([key], {c.phase: st}, r.workload, PoolSetup(r.expandable)).pool_bytes
             n = piece_count(p, r.spec.model)
             prog = r.workload.program(
                 c.phase, c.bs, hoisted=st.workspace == "hoisted", labels=labels if recorded else ()

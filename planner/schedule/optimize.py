@@ -32,7 +32,7 @@ from capture_plan.schemas.units import mib
 from ..inputs.resources import Backend
 from ..inputs.rules import choice_label, satisfies, violated
 from ..memory.analytic import workspace_bytes
-from ..memory.simulate import Simulation, Tail, pool_id
+from ..memory.simulate import PoolSetup, Simulation, Tail, pool_id
 from ..memory.workload import Workload
 from .keys import twin_phases
 from .sequence import capture_sequence
@@ -299,7 +299,7 @@ def optimize(pb: Problem) -> Solution:
             run = prefixes[(units[:j], guarded)].copy()
         else:
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
-            run = Simulation(pb.workload, pb.expandable, guarded, pb.library_bytes if first else 0)
+            run = Simulation(pb.workload, PoolSetup(pb.expandable, guarded, pb.library_bytes if first else 0))
         # Different strategies for a phase often leave its pool in the same
         # state (outputs freed, the same segments): the phases after it then
         # do exactly what they did before, so they are taken as recorded.

@@ -280,11 +280,7 @@ def _predict(b: Build, sol, steps: list[Step]) -> _Predicted:
         )
     captures = tuple(c.key for c in b.sequence.captures)
     seen = sol.sims.get(tuple((n, strategies[n]) for n in r.sequence))
-    sim = (
-        seen[1]
-        if seen is not None and seen[0] == captures
-        else simulate(captures, strategies, r.workload, r.expandable, r.protect, r.library)
-    )
+    sim = seen[1] if seen is not None and seen[0] == captures else simulate(captures, strategies, r.workload, r.pools)
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
         raise ConstraintError(
             sim.hazards[0],
@@ -300,7 +296,9 @@ def _predict(b: Build, sol, steps: list[Step]) -> _Predicted:
     base_seq = tuple(c.key for c in loop.captures)
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
     if baseline_bytes is None:
-        baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
+        # the engines' loop guards no outputs
+        loop_pools = r.pools._replace(protect=frozenset())
+        baseline_bytes = simulate(base_seq, base_st, r.workload, loop_pools).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 

@@ -38,7 +38,7 @@ from ..inputs.rules import Context, check_spec_rules, phase_rules
 from ..inputs.specs import default_spec, model_presets, read_spec_file
 from ..inputs.validate import decode_spec_sources
 from ..memory.device import Calibration
-from ..memory.simulate import simulate
+from ..memory.simulate import PoolSetup, simulate
 from ..memory.workload import Workload
 from .graph import StepGraph, check_acyclic, phase_sequence
 from .keys import resolve_keys
@@ -266,6 +266,8 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     #: the device the trace was recorded on ("" for the analytic model)
     traced_on: str
     library: int
+    #: how its pools are simulated: ``expandable``, ``protect`` and ``library`` together
+    pools: PoolSetup
     calibration: Calibration | None
     #: (path relative to the plan, digest) of the calibration report
     calibration_record: tuple[str, str] | None
@@ -311,7 +313,10 @@ def _sized(read: dict, spec: Spec) -> Resolved:
         workload = Workload.from_trace(trace, spec.phases, str(read["trace_path"]), spec.model)
     alone = {
         p.name: simulate(
-            [(p.name, max(p.sizes))], {p.name: Strategy()}, workload, read["expandable"], library_bytes=read["library"]
+            [(p.name, max(p.sizes))],
+            {p.name: Strategy()},
+            workload,
+            PoolSetup(read["expandable"], library_bytes=read["library"]),
         ).pool_bytes
         for p in spec.phases
     }
@@ -356,6 +361,9 @@ def resolve(opts: BuildOptions) -> Resolved:
     calibration, calibration_record = _calibration(
         opts, spec, traced_on, model_used(spec, spec_read.sources, spec_read.config_keys), output.parent
     )
+    expandable = allocator == "expandable"
+    protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
+    library = int(spec.library_mib * MiB)
     read = dict(
         opts=opts,
         output=output,
@@ -364,15 +372,16 @@ def resolve(opts: BuildOptions) -> Resolved:
         spec_source=spec_source,
         tp=tp,
         allocator=allocator,
-        expandable=allocator == "expandable",
-        protect=frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases"),
+        expandable=expandable,
+        protect=protect,
         all_rules=list(resources.builtin_rules()) + list(spec.rules),
         pins=pins,
         trace=traced[0] if traced is not None else None,
         trace_path=traced[1] if traced is not None else None,
         trace_digest=traced[2] if traced is not None else None,
         traced_on=traced_on,
-        library=int(spec.library_mib * MiB),
+        library=library,
+        pools=PoolSetup(expandable, protect, library),
         calibration=calibration,
         calibration_record=calibration_record,
     )

@@ -62,9 +62,7 @@ class Memory:
         self.workload = workload
         self.strategies = strategies
         self.sequence = list(strategies)
-        self.expandable = r.expandable
-        self.library = r.library
-        self.protect = r.protect
+        self.pools = r.pools
         self.calibration: Calibration | None = r.calibration
         self._seen: dict[tuple, tuple[int, int, int | None]] = {}
 
@@ -76,7 +74,7 @@ class Memory:
         # every graph key of a phase with variants, in the key order the spec's build chose
         # (planner/schedule/sequence.py); each phase's captures after the one before it
         seq = capture_sequence([self.phases[n] for n in self.sequence], self.strategies, sizes=lists, twins=False)
-        sim = simulate(seq.keys, self.strategies, self.workload, self.expandable, self.protect, self.library)
+        sim = simulate(seq.keys, self.strategies, self.workload, self.pools)
         hoisted = sum(
             workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
             for n in self.sequence
