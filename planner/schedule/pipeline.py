@@ -47,7 +47,7 @@ from ..inputs.build_options import build_record, normalized_command, relative
 from ..inputs.dimensions import model_used
 from ..inputs.rules import rule_text, satisfies
 from ..memory.analytic import workspace_bytes
-from ..memory.device import device_prediction, pools_after
+from ..memory.device import CaptureFigures, device_prediction, pools_after
 from ..memory.fidelity import fidelity
 from ..memory.simulate import SimResult, pool_id, simulate
 from .graph import StepGraph, build_steps, fixed_by_spec
@@ -363,8 +363,7 @@ def _assemble(b: Build, sol, ordered: _Ordered, pred: _Predicted, chosen: SizeRe
     fid, describes, caveat = fidelity(
         r.workload.source,
         spec.model,
-        r.spec_read.model_config is not None,
-        r.spec_read.model_config[2] if r.spec_read.model_config else None,
+        r.spec_read.model_config,
         f"{relative(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "",
     )
     plan = Plan(
@@ -434,15 +433,17 @@ def _assemble(b: Build, sol, ordered: _Ordered, pred: _Predicted, chosen: SizeRe
                 n: TraceSamples(measured=list(m), derived=list(d)) for n, (m, d) in sorted(r.workload.samples.items())
             },
             device=device_prediction(
-                pred.sim.pool_bytes,
-                pred.hoisted,
-                steps,
+                CaptureFigures(
+                    pool=pred.sim.pool_bytes,
+                    hoisted=pred.hoisted,
+                    steps=steps,
+                    pool_after=pools_after(steps, timeline),
+                    kept=sum(s.keeps for s in steps if s.keeps is not msgspec.UNSET)  # pyright: ignore[reportArgumentType]
+                    if any(s.keeps is not msgspec.UNSET for s in steps)
+                    else None,
+                ),
                 {p.name: p.kind for p in spec.phases},
                 r.calibration,
-                pools_after(steps, timeline),
-                kept=sum(s.keeps for s in steps if s.keeps is not msgspec.UNSET)  # pyright: ignore[reportArgumentType]
-                if any(s.keeps is not msgspec.UNSET for s in steps)
-                else None,
             ),
             fidelity=fid,
             describes=describes,

@@ -189,29 +189,34 @@ def _read_trace(opts: BuildOptions, spec: Spec) -> tuple[Trace, Path, str] | Non
     return trace, path, sha256(raw)
 
 
-def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUsed, base: Path):
+def _calibration(opts: BuildOptions, spec: Spec, model: ModelUsed, base: Path):
     """The calibration report's measured device items, and how the plan records it.
 
     ``base``: the plan's folder, which the plan records the report's path relative to.
-    Refused when the trace the prediction comes from was recorded on another
-    device: the items would describe another machine than the pool; and when the
-    report measured another backend or model than ``model`` (device.check_applies)."""
+    Refused when the report measured another backend or model than ``model``
+    (device.check_applies); and by :func:`_check_traced_on` when the trace the prediction
+    comes from was recorded on another device."""
     if opts.calibration is None:
         return None, None
-    from ..memory.device import read_calibration
+    from ..memory.device import Applies, read_calibration
 
-    shown, recorded = str(opts.calibration), relative(opts.calibration, base)
+    recorded = relative(opts.calibration, base)
     without = command_for_cwd(msgspec.structs.replace(opts, calibration=None))
     cal, raw = read_calibration(
-        opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded, applies=(opts.backend, model, without)
+        opts.calibration, {p.name: p.kind for p in spec.phases}, recorded, Applies(opts.backend, model, without)
     )
-    if traced_on and cal.device.split(" sm")[0] not in traced_on:
+    return cal, (recorded, sha256(raw))
+
+
+def _check_traced_on(calibration: Calibration | None, traced_on: str, shown: str) -> None:
+    """Refuse a calibration measured on another device than the trace (``traced_on``) was
+    recorded on: its items would describe another machine than the pool."""
+    if calibration is not None and traced_on and calibration.device.split(" sm")[0] not in traced_on:
         raise InputError(
-            f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
+            f"calibration was measured on {calibration.device!r}, the trace recorded on {traced_on!r}",
             where=f"--calibration {shown}",
             fix="calibrate with a report from the device the trace was recorded on",
         )
-    return cal, (recorded, sha256(raw))
 
 
 def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:
@@ -359,8 +364,9 @@ def resolve(opts: BuildOptions) -> Resolved:
     traced = _read_trace(opts, spec)
     traced_on = traced[0].device if traced is not None else ""
     calibration, calibration_record = _calibration(
-        opts, spec, traced_on, model_used(spec, spec_read.sources, spec_read.config_keys), output.parent
+        opts, spec, model_used(spec, spec_read.sources, spec_read.config_keys), output.parent
     )
+    _check_traced_on(calibration, traced_on, str(opts.calibration))
     expandable = allocator == "expandable"
     protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
     library = int(spec.library_mib * MiB)

@@ -20,7 +20,7 @@ from capture_plan.schemas.spec import Phase, Spec
 from ..inputs.build_options import SizeChoiceOptions
 from ..inputs.specs import _expand, engine_preset, sgl_sizes
 from ..memory.analytic import workspace_bytes
-from ..memory.device import Calibration, device_prediction
+from ..memory.device import Calibration, CaptureFigures, device_prediction
 from ..memory.simulate import simulate
 from ..memory.workload import Workload
 from ..schedule.resolve import Resolved
@@ -84,7 +84,8 @@ class Memory:
         if self.calibration is not None:
             steps = [Step(index=i, id=c.id, op="capture", phase=c.phase, bs=c.bs) for i, c in enumerate(seq.captures)]
             kinds = {n: p.kind for n, p in self.phases.items()}
-            total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
+            figures = CaptureFigures(pool=sim.pool_bytes, hoisted=hoisted, steps=steps)
+            total = device_prediction(figures, kinds, self.calibration).total_bytes
         out = self._seen[key] = (sim.pool_bytes, hoisted, total)
         return out
 
