@@ -85,8 +85,8 @@ def test_the_plan_captures_its_sequence_built_once(tmp_path, monkeypatch, spec, 
     built: list[CaptureSequence] = []
     made = pipeline._build
 
-    def counting(r, strategies):
-        b = made(r, strategies)
+    def counting(r, sol):
+        b = made(r, sol)
         built.append(b.sequence)
         return b
 
@@ -109,7 +109,7 @@ def test_the_plan_captures_its_sequence_built_once(tmp_path, monkeypatch, spec, 
 
 def test_a_twin_and_its_stream_are_in_the_sequence(tmp_path):
     r = resolve(_build(tmp_path, TWIN_SPEC))
-    b = pipeline._build(r, pipeline.schedule(r))
+    b = pipeline._build(r, pipeline._optimize(r))
     twin = b.sequence.phase("full_ubatch")
     assert {c.stream for c in twin} == {"ubatch"}
     assert all(c.stream is None for c in b.sequence.phase("full"))
@@ -123,7 +123,7 @@ def test_a_twin_and_its_stream_are_in_the_sequence(tmp_path):
 def test_the_sequence_orders_sizes_keys_and_warmups():
     phase = Phase(name="d", kind="decode", sizes=[1, 4, 2], variants={"lora": ["a", "b"]})
     seq = sequence.capture_sequence(
-        [phase], {"d": Strategy(order="smallest-first", warmup="once-per-phase")}, {"d": "variant-major"}
+        [phase], {"d": Strategy(order="smallest-first", warmup="once-per-phase", key_order="variant-major")}
     )
     assert [(c.bs, c.labels) for c in seq.captures] == [
         (1, (("lora", "a"),)),
@@ -140,7 +140,7 @@ def test_the_sequence_orders_sizes_keys_and_warmups():
     assert seq.captures[0].key == ("d", 1, (("lora", "a"),))
     # a value: frozen, comparable, and the same built twice
     assert seq == sequence.capture_sequence(
-        [phase], {"d": Strategy(order="smallest-first", warmup="once-per-phase")}, {"d": "variant-major"}
+        [phase], {"d": Strategy(order="smallest-first", warmup="once-per-phase", key_order="variant-major")}
     )
     with pytest.raises(AttributeError):
         seq.captures[0].bs = 3  # pyright: ignore[reportAttributeAccessIssue]

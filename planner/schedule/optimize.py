@@ -254,7 +254,8 @@ def optimize(pb: Problem) -> Solution:
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
-    key_orders = {n: str(k[1]) for n, k in pb.keys.items()}
+    # a phase with variant axes captures its keys in the order its rules set (its strategy's here)
+    key_orders = {n: k[1] for n, k in pb.keys.items()}
 
     def units_of(members: tuple[tuple[str, Strategy], ...]) -> tuple[tuple[tuple[str, Strategy], ...], ...]:
         # what one pool captures as units: a phase, or a phase and its twin when both are in it
@@ -273,8 +274,10 @@ def optimize(pb: Problem) -> Solution:
         # what one unit captures, in order: its sizes compared (screened), each once per graph key
         seq = unit_sequences.get(unit)
         if seq is None:
-            strats = dict(unit)
-            seq = capture_sequence([by_name[n] for n in strats], strats, key_orders, sizes=captures_for)
+            strats = {
+                n: msgspec.structs.replace(st, key_order=key_orders[n]) if n in key_orders else st for n, st in unit
+            }
+            seq = capture_sequence([by_name[n] for n in strats], strats, sizes=captures_for)
             unit_sequences[unit] = seq
         return seq
 

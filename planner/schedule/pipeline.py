@@ -52,7 +52,7 @@ from ..memory.fidelity import fidelity
 from ..memory.simulate import SimResult, pool_id, simulate
 from .graph import StepGraph, build_steps, fixed_by_spec
 from .keys import key_predictions, keyed_steps, piece_count, uses_keys
-from .optimize import SCREEN_SIZES, Problem, optimize
+from .optimize import SCREEN_SIZES, Problem, Solution, optimize
 from .resolve import Resolved
 from .sequence import Build, capture_sequence
 
@@ -115,12 +115,13 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
     return timeline
 
 
-def _check_budget(r: Resolved, sol, pred: _Predicted) -> None:
+def _check_budget(b: Build, pred: _Predicted) -> None:
     """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
     the rules allow, per phase, at its real total. With ``--strategy`` pins that
     is the build without them (the alternatives a pinned build records are
     each priced with the other phases still pinned: their minimum named a
     schedule no build would make); without pins it is this plan."""
+    r, sol = b.resolved, b.solution
     spec = r.spec
     total = pred.sim.pool_bytes + pred.hoisted
     if spec.budget_mib is None or total <= spec.budget_mib * MiB:
@@ -131,8 +132,8 @@ def _check_budget(r: Resolved, sol, pred: _Predicted) -> None:
     if r.pins:
         free = r.without_pins()
         free_sol = _optimize(free)
-        free_build = _build(free, free_sol.strategies)
-        free_pred = _predict(free_build, free_sol, _order(free_build).steps)
+        free_build = _build(free, free_sol)
+        free_pred = _predict(free_build, _order(free_build).steps)
         cheapest, strategies = free_pred.sim.pool_bytes + free_pred.hoisted, free_sol.strategies
         named = "; ".join(f"{n}: {strategies[n].label()}" for n in r.sequence)
         found = (
@@ -222,14 +223,14 @@ def _with_key_orders(r: Resolved, strategies: dict[str, Strategy]) -> dict[str, 
     }
 
 
-def _build(r: Resolved, strategies: dict[str, Strategy]) -> Build:
-    """``r`` under ``strategies`` (their key orders set), with the sequence they capture:
-    made once per plan, what the later steps read."""
-    chosen = _with_key_orders(r, strategies)
-    return Build(r, chosen, capture_sequence([r.by_name[n] for n in r.sequence], chosen))
+def _build(r: Resolved, sol: Solution) -> Build:
+    """``r`` under the optimizer's strategies (their key orders set), with the sequence they
+    capture: made once per plan, what the later steps read."""
+    chosen = _with_key_orders(r, sol.strategies)
+    return Build(r, chosen, capture_sequence([r.by_name[n] for n in r.sequence], chosen), sol)
 
 
-def _optimize(r: Resolved):
+def _optimize(r: Resolved) -> Solution:
     """Step 2: each phase's strategy (optimize.py)."""
     return optimize(
         Problem(
@@ -268,10 +269,11 @@ def _order(b: Build) -> _Ordered:
     return _Ordered(graph=sg, order=order, steps=steps)
 
 
-def _predict(b: Build, sol, steps: list[Step]) -> _Predicted:
+def _predict(b: Build, steps: list[Step]) -> _Predicted:
     """Step 4: the build's capture sequence simulated, at every size (the optimizer's
     simulation when it ran the same captures), and the engines' loop."""
-    r, strategies = b.resolved, sol.strategies
+    r, sol = b.resolved, b.solution
+    strategies = sol.strategies
     if [s.id for s in steps if s.op == "capture"] != [c.id for c in b.sequence.captures]:
         raise ConstraintError(  # the rules' edges only ever confirm the sequence's order
             "the ordered steps capture in another order than the build's capture sequence",
@@ -349,11 +351,12 @@ def _key_order_decisions(r: Resolved) -> list[Decision]:
     return out
 
 
-def _assemble(b: Build, sol, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord | None) -> Plan:
+def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord | None) -> Plan:
     """Step 5: the Plan, sealed with its digest."""
     r, strategies = b.resolved, b.strategies
     opts, steps, spec, by_name = r.opts, ordered.steps, r.spec, r.by_name
-    decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
+    decisions = [_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []
+    decisions += b.solution.decisions
     if chosen is not None:
         decisions += chosen.decisions
     if r.keys:
@@ -470,9 +473,8 @@ def plan(r: Resolved, chosen: SizeRecord | None = None) -> Plan:
     predict memory -> the budget (a budget below the largest graph alone is refused here too,
     after the schedule is priced: the floor is no budget that fits, and the fix names one that
     does) -> assemble the sealed plan."""
-    sol = _optimize(r)
-    b = _build(r, sol.strategies)
+    b = _build(r, _optimize(r))
     ordered = _order(b)
-    predicted = _predict(b, sol, ordered.steps)
-    _check_budget(r, sol, predicted)
-    return _assemble(b, sol, ordered, predicted, chosen)
+    predicted = _predict(b, ordered.steps)
+    _check_budget(b, predicted)
+    return _assemble(b, ordered, predicted, chosen)

@@ -28,6 +28,7 @@ from ..memory.simulate import pool_id
 from .keys import key_sequence, phase_combos, twin_phases
 
 if TYPE_CHECKING:  # resolve.py orders forced sizes with capture_order: imported only for the type
+    from .optimize import Solution
     from .resolve import Resolved
 
 __all__ = ["capture_order", "capture_sequence", "Build"]
@@ -38,27 +39,19 @@ def capture_order(sizes: Sequence[int], order: str) -> list[int]:
     return sorted(sizes, reverse=order == "largest-first")
 
 
-def _key_order(st: Strategy, given: Mapping[str, str], name: str) -> str:
-    if name in given:
-        return given[name]
-    return "size-major" if st.key_order is msgspec.UNSET else str(st.key_order)
-
-
 def capture_sequence(
     phases: Sequence[Phase],
     strategies: Mapping[str, Strategy],
-    key_orders: Mapping[str, str] | None = None,
     *,
     sizes: Mapping[str, Sequence[int]] | None = None,
     twins: bool = True,
 ) -> CaptureSequence:
     """What ``phases`` (in capture order: a build's phase sequence, or one pool's phases)
-    capture under ``strategies``. ``key_orders``: a phase's key order where its strategy
-    does not set one (else size-major); ``sizes``: a phase's sizes where not its spec's (a
-    screened list, a list a size choice prices). A twin (``twin_of``) whose phase is among
-    ``phases`` is captured interleaved with it, each key right after its phase's key of the
-    same size and labels (``twins=False``: after its phase, as the engines' loop does)."""
-    key_orders = key_orders or {}
+    capture under ``strategies`` (a phase with variant axes in its strategy's key order;
+    unset: size-major). ``sizes``: a phase's sizes where not its spec's (a screened list, a
+    list a size choice prices). A twin (``twin_of``) whose phase is among ``phases`` is
+    captured interleaved with it, each key right after its phase's key of the same size and
+    labels (``twins=False``: after its phase, as the engines' loop does)."""
     by = {p.name: p for p in phases}
     twin_of = {t: parent for t, parent in twin_phases(phases).items() if parent in by} if twins else {}
     of_parent = {parent: t for t, parent in twin_of.items()}
@@ -66,7 +59,8 @@ def capture_sequence(
     def own(p: Phase) -> list[Capture]:
         st = strategies[p.name]
         listed = sizes[p.name] if sizes is not None and p.name in sizes else p.sizes
-        keys = key_sequence(capture_order(listed, st.order), phase_combos(p), _key_order(st, key_orders, p.name))
+        key_order = "size-major" if st.key_order is msgspec.UNSET else str(st.key_order)
+        keys = key_sequence(capture_order(listed, st.order), phase_combos(p), key_order)
         pool = pool_id(p.name, st)
         stream = None if p.stream is msgspec.UNSET else p.stream
         every, top = st.warmup == "every-size", max(listed, default=0)
@@ -102,11 +96,13 @@ def capture_sequence(
 # a msgspec struct, not a dataclass: the Quickstart build imports no dataclasses (its import
 # is ~1% of the build's instructions)
 class Build(msgspec.Struct, frozen=True):
-    """A resolved build with its chosen strategies (key orders set) and the sequence they
-    capture: what ordering, prediction and the plan read, built once per plan
-    (planner/schedule/pipeline.py)."""
+    """A resolved build with its chosen strategies (key orders set), the sequence they
+    capture and the optimizer's solution: what ordering, prediction and the plan read,
+    built once per plan (planner/schedule/pipeline.py)."""
 
     resolved: Resolved
-    #: each phase's strategy, in the plan's phase order
+    #: each phase's strategy (its key order set), in the plan's phase order
     strategies: dict[str, Strategy]
     sequence: CaptureSequence
+    #: the optimizer's solution the strategies are (its decisions, the simulations it ran)
+    solution: Solution

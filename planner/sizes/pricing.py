@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
-from capture_plan.schemas.spec import Phase, Spec
+from capture_plan.schemas.spec import Phase
 
 from ..inputs.build_options import SizeChoiceOptions
 from ..inputs.specs import _expand, engine_preset, sgl_sizes
@@ -90,13 +90,15 @@ class Memory:
         return out
 
 
-def phase_step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend) -> StepTime:
+def phase_step_time(opts: SizeChoiceOptions, r: Resolved, phase: Phase, timing) -> StepTime:
+    """``phase``'s step time per size: measured (``timing``: a report with replay times and
+    how to name it), else the roofline of ``r``'s model on ``opts``' device and context."""
     if timing is not None:
         rep, shown = timing
         return measured_times(rep, shown, phase.name)
     device = device_roofline(opts.device or DEFAULT_DEVICE)
     context = DEFAULT_CONTEXT if opts.context is None else opts.context
-    return roofline(spec.model, phase, tp, device, context, backend)
+    return roofline(r.spec.model, phase, r.tp, device, context, r.backend)
 
 
 def engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:

@@ -250,7 +250,6 @@ def choose(
     timing = read_timing(opts.timing) if opts.timing is not None else None
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
     measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
-    tp = b.tp if b.tp is not None else resolved.tp
     # SGLang's speculative size list where a phase is one of its speculative algorithms' (presets.toml)
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
@@ -281,7 +280,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(opts, resolved, phase, tp, timing, r.backend),
+            time=phase_step_time(opts, r, phase, timing),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
