@@ -110,7 +110,11 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "Another engine's conventions for the embedded spec: vllm (planner/data/presets_vllm.toml); default SGLang's.",
     ),
     BuildFlag(
-        "max_bs", "--max-bs", "int", "Largest capture size of the embedded spec [256; --preset vllm: 512 tokens]."
+        "max_bs",
+        "--max-bs",
+        "int",
+        "Largest capture size of the embedded spec [256; --preset vllm: 512 tokens].",
+        bounds=Bounds(1, "MAX_BS", below="must be {lo:g}..{hi:g}, got {v}"),
     ),
     BuildFlag("tp", "--tp", "int", "Tensor-parallel size (per-rank memory and step time)."),
     BuildFlag("allocator", "--allocator", "text", "native or expandable segments."),

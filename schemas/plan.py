@@ -401,7 +401,7 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     ci: bool = False
     speculative: str | None = None
     preset: str | None = None
-    max_bs: BatchSize | None = None
+    max_bs: Annotated[int, option_meta("max_bs")] | None = None
     spec: str | None = None
     strategies: list[str] = []
     trace: str | None = None
@@ -488,7 +488,7 @@ class Inputs(PlanStruct, frozen=True, kw_only=True):
     backend: str
     ci: bool
     speculative: str | None = None
-    max_bs: BatchSize | None = None
+    max_bs: Annotated[int, option_meta("max_bs")] | None = None
     tp: Positive = 1
     strategies: list[str] = []
     trace: str | None = None

@@ -34,7 +34,7 @@ def _constraints(struct, field: str) -> dict:
 
 
 def test_every_row_declares_its_type_and_default_and_the_record_has_them():
-    assert {"max_size", "context", "budget_mib", "max_graphs", "max_padding"} <= set(BOUNDED)
+    assert {"max_bs", "max_size", "context", "budget_mib", "max_graphs", "max_padding"} <= set(BOUNDED)
     record = BuildRecord(backend="fa3")
     for row in BUILD_OPTIONS:
         assert row.type in (bool, int, float, str)
@@ -59,6 +59,7 @@ def test_a_value_is_refused_on_the_side_it_breaks():
     assert out_of_bounds("budget_mib", float("nan")) == "must be a finite number of MiB, got nan"
     assert out_of_bounds("max_padding", float("nan")) == "must be a percentage from 0 to below 1e6, got nan"
     assert out_of_bounds("max_size", 65537) == "must be 1..65536, got 65537"
+    assert out_of_bounds("max_bs", 0) == "must be 1..65536, got 0"
     assert out_of_bounds("max_graphs", 1) is None and out_of_bounds("max_graphs", None) is None
 
 
