@@ -146,3 +146,19 @@ def test_the_sequence_orders_sizes_keys_and_warmups():
         seq.captures[0].bs = 3  # pyright: ignore[reportAttributeAccessIssue]
     assert msgspec.json.decode(msgspec.json.encode(seq), type=CaptureSequence) == seq
     assert Capture(phase="d", bs=2).key == ("d", 2)
+
+
+def test_a_forced_order_other_than_the_chosen_one_is_the_same_keys_reordered():
+    """The step graph chains a forced order that is not the chosen one (a cycle, reported as
+    the rules in conflict) from the phase's captures, as the sequence would order them."""
+    from capture_plan.planner.schedule.graph import _reordered
+
+    phase = Phase(name="d", kind="decode", sizes=[1, 4, 2], variants={"lora": ["a", "b"]})
+    for key_order in ("size-major", "variant-major"):
+
+        def keys(order: str, key_order: str = key_order) -> list:
+            st = Strategy(order=order, key_order=key_order)  # pyright: ignore[reportArgumentType]
+            return [(c.bs, c.labels) for c in sequence.capture_sequence([phase], {"d": st}).captures]
+
+        assert _reordered(keys("largest-first"), "smallest-first", key_order) == keys("smallest-first")
+        assert _reordered(keys("smallest-first"), "largest-first", key_order) == keys("largest-first")
