@@ -12,14 +12,17 @@ anything (the count is structural: the same on any machine), for three entries:
 
 What is counted, precisely:
 
-- **Tracked objects**: every object of the options' types and of the build resolved from
-  them: ``BuildOptions`` and ``SizeChoiceOptions`` (planner/inputs/build_options.py),
-  ``SizesOptions`` (planner/sizes/sizes.py) and ``Resolved`` (planner/schedule/resolve.py).
+- **Tracked objects**: every object of the options' types, of the build resolved from
+  them and of its capture sequence: ``BuildOptions`` and ``SizeChoiceOptions``
+  (planner/inputs/build_options.py), ``SizesOptions`` (planner/sizes/sizes.py), ``Resolved``
+  (planner/schedule/resolve.py), ``Build`` (planner/schedule/sequence.py: the resolved build
+  with its strategies and their sequence) and ``CaptureSequence``
+  (schemas/capture_sequence.py: what a build captures, in order; issue 50).
   Within one call of an entry every such object is the entry's options or made from them:
   the options it holds as fields (a ``SizesOptions``' ``build`` and ``choice``, a
   ``BuildOptions``' ``sizes``), a copy of them (``msgspec.structs.replace(opts, ...)``: a
   command without one option), the build resolved from them and its ``with_sizes`` and
-  ``without_pins`` copies.
+  ``without_pins`` copies, the Build made of it and each capture sequence built for it.
 - A frame **receives** a tracked object when one of its arguments is that object: a
   parameter by name (``self`` included), an element of its ``*args`` or a value of its
   ``**kwargs``. An object reached inside another argument (``resolve``'s ``read`` dict, a
@@ -154,13 +157,15 @@ def _arguments(frame) -> list[Any]:
 
 
 def _tracked_types() -> tuple[type, ...]:
-    """The types of the objects a walk follows: the build's options, a size choice's, and the
-    build resolved from them."""
+    """The types of the objects a walk follows: the build's options, a size choice's, the
+    build resolved from them and its capture sequence."""
     from capture_plan.planner.inputs.build_options import BuildOptions, SizeChoiceOptions
     from capture_plan.planner.schedule.resolve import Resolved
+    from capture_plan.planner.schedule.sequence import Build
     from capture_plan.planner.sizes.sizes import SizesOptions
+    from capture_plan.schemas.capture_sequence import CaptureSequence
 
-    return (BuildOptions, SizeChoiceOptions, SizesOptions, Resolved)
+    return (BuildOptions, SizeChoiceOptions, SizesOptions, Resolved, Build, CaptureSequence)
 
 
 def walk(entry: str, fn: Callable[[Any], Any], opts: Any) -> Walk:

@@ -18,9 +18,52 @@ options from it. A new build option is a row here, a field of ``BuildOptions`` a
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Any, NamedTuple, cast
 
-__all__ = ["BuildFlag", "BUILD_OPTIONS", "SIZE_CHOICE", "BUILD_INPUTS"]
+__all__ = [
+    "Bounds",
+    "BuildFlag",
+    "BUILD_OPTIONS",
+    "BUILD_FLAG",
+    "SIZE_CHOICE",
+    "BUILD_INPUTS",
+    "out_of_bounds",
+    "msgspec_bounds",
+    "option_meta",
+]
+
+
+class Bounds(NamedTuple):
+    """The values an option accepts: from ``lo`` to ``hi`` (None: unbounded on that side;
+    ``*_open``: the bound itself excluded), and what a value outside them is told. A bound
+    may name a constant of :mod:`capture_plan.schemas.limits` ("MAX_BS"), read when used, so
+    that this table stays plain Python. The one bound of its option: the commands' checks,
+    :class:`~capture_plan.schemas.plan.BuildRecord`'s field and the spec's field of the same
+    name read it (:func:`out_of_bounds`, :func:`msgspec_bounds`)."""
+
+    lo: float | str | None
+    hi: float | str | None
+    lo_open: bool = False
+    hi_open: bool = False
+    #: what a value below ``lo`` (or not a number) is told; ``{v}`` the value, ``{lo}``, ``{hi}``
+    below: str = ""
+    #: what a value above ``hi`` is told (default: ``below``'s text)
+    above: str = ""
+    #: what an infinite or NaN value is told (default: as any other value out of range)
+    nonfinite: str = ""
+
+    def limits(self) -> tuple[float | None, float | None]:
+        """(lo, hi) with named constants read from :mod:`capture_plan.schemas.limits`."""
+        return _value(self.lo), _value(self.hi)
+
+
+def _value(bound: float | str | None) -> float | None:
+    if not isinstance(bound, str):
+        return bound
+    from . import limits  # only when a named bound is used: `planner --help` imports no msgspec
+
+    return getattr(limits, bound)
 
 
 class BuildFlag(NamedTuple):
@@ -35,6 +78,22 @@ class BuildFlag(NamedTuple):
     help: str
     #: the flag's other spelling, if any (``-b``; ``--output`` beside ``-o``)
     other: str = ""
+    #: the values it accepts (None: any its type holds)
+    bounds: Bounds | None = None
+
+    @property
+    def type(self) -> type:
+        """The Python type of one value (a repeat's items; a path's as the record spells it)."""
+        return _TYPES[self.kind]
+
+    @property
+    def default(self) -> object:
+        """Its value when not given: False for a switch, none for a repeat, else None (the
+        spec's, the preset's or the command's own default: each row's help says which)."""
+        return {"switch": False, "repeat": ()}.get(self.kind)
+
+
+_TYPES: dict[str, type] = {"switch": bool, "repeat": str, "path": str, "int": int, "float": float, "text": str}
 
 
 #: every option of ``planner build``, in the order a recorded command lists them (``backend``
@@ -51,7 +110,11 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "Another engine's conventions for the embedded spec: vllm (planner/data/presets_vllm.toml); default SGLang's.",
     ),
     BuildFlag(
-        "max_bs", "--max-bs", "int", "Largest capture size of the embedded spec [256; --preset vllm: 512 tokens]."
+        "max_bs",
+        "--max-bs",
+        "int",
+        "Largest capture size of the embedded spec [256; --preset vllm: 512 tokens].",
+        bounds=Bounds(1, "MAX_BS", below="must be {lo:g}..{hi:g}, got {v}"),
     ),
     BuildFlag("tp", "--tp", "int", "Tensor-parallel size (per-rank memory and step time)."),
     BuildFlag("allocator", "--allocator", "text", "native or expandable segments."),
@@ -104,6 +167,7 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "--max-size",
         "int",
         "The largest batch the engine schedules, always captured [the spec's largest size].",
+        bounds=Bounds(1, "MAX_BS", below="must be {lo:g}..{hi:g}, got {v}"),
     ),
     BuildFlag(
         "timing",
@@ -113,22 +177,91 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "per size [a roofline].",
     ),
     BuildFlag("device", "--device", "text", "Device of the roofline (planner/data/devices.toml) [NVIDIA H200]."),
-    BuildFlag("context", "--context", "int", "Tokens of KV cache each request reads, for the roofline [1024]."),
+    BuildFlag(
+        "context",
+        "--context",
+        "int",
+        "Tokens of KV cache each request reads, for the roofline [1024].",
+        bounds=Bounds(1, None, below="must be {lo:g} or more, got {v}"),
+    ),
     BuildFlag(
         "budget_mib",
         "--budget-mib",
         "float",
         "Graph memory allowed: the device total with --calibration, else pool and hoisted [the spec's budget_mib].",
+        bounds=Bounds(
+            0,
+            "MAX_MIB",
+            lo_open=True,
+            hi_open=True,
+            below="must be more than 0 MiB, got {v:g}",
+            above="must be below 2**30 MiB (1 PiB, more than any device holds), got {v:g}",
+            nonfinite="must be a finite number of MiB, got {v:g}",
+        ),
     ),
-    BuildFlag("max_graphs", "--max-graphs", "int", "At most this many sizes per phase [as many as the spec has]."),
+    BuildFlag(
+        "max_graphs",
+        "--max-graphs",
+        "int",
+        "At most this many sizes per phase [as many as the spec has].",
+        bounds=Bounds(1, None, below="must be {lo:g} or more, got {v}"),
+    ),
     BuildFlag(
         "max_padding",
         "--max-padding",
         "float",
         "Choose the fewest sizes that pad at most this much of the step time (e.g. 1%).",
+        bounds=Bounds(0, 1e6, hi_open=True, below="must be a percentage from 0 to below 1e6, got {v:g}"),
     ),
     BuildFlag("output", "-o", "path", "Plan path [plans/<backend>[-...][-ci].json].", "--output"),
 )
+
+#: each option's row, by its field
+BUILD_FLAG: dict[str, BuildFlag] = {row.field: row for row in BUILD_OPTIONS}
+
+
+def out_of_bounds(field: str, value: float | None) -> str | None:
+    """What ``value`` of option ``field`` is told when its row's bounds refuse it (None: the
+    value is accepted, or not given)."""
+    bounds = BUILD_FLAG[field].bounds
+    if bounds is None or value is None:
+        return None
+    lo, hi = bounds.limits()
+    text = {"v": value, "lo": lo, "hi": hi}
+    if bounds.nonfinite and not math.isfinite(value):
+        return bounds.nonfinite.format(**text)
+    # written so that NaN is outside: every comparison with it is false
+    if lo is not None and not (lo < value if bounds.lo_open else lo <= value):
+        return bounds.below.format(**text)
+    if hi is not None and not (value < hi if bounds.hi_open else value <= hi):
+        return (bounds.above or bounds.below).format(**text)
+    return None
+
+
+def msgspec_bounds(field: str) -> dict[str, float]:
+    """Option ``field``'s bounds as ``msgspec.Meta`` keywords (``gt``, ``ge``, ``lt``, ``le``):
+    what a record's or a spec's field of that option declares."""
+    bounds = BUILD_FLAG[field].bounds
+    if bounds is None:
+        return {}
+    lo, hi = bounds.limits()
+    out: dict[str, float] = {}
+    if lo is not None:
+        out["gt" if bounds.lo_open else "ge"] = lo
+    if hi is not None:
+        out["lt" if bounds.hi_open else "le"] = hi
+    return out
+
+
+def option_meta(field: str) -> Any:
+    """Option ``field``'s bounds as one ``msgspec.Meta``: what the plan's record of the option
+    and a spec's field of the same name declare (msgspec imported here only: the struct
+    modules that call this import it anyway)."""
+    import msgspec
+
+    # Meta's overloads take one lower and one upper keyword, as msgspec_bounds gives
+    return cast(Any, msgspec.Meta)(**msgspec_bounds(field))
+
 
 #: the options that say what a build plans (``planner build`` and ``planner sizes`` take them)
 BUILD_INPUTS = ("backend", "ci", "spec", "speculative", "preset", "max_bs", "tp", "allocator", "trace", "calibration")

@@ -16,20 +16,18 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .build_flags import BUILD_OPTIONS
+from .build_flags import BUILD_OPTIONS, option_meta
 from .key_fields import KeyFields
 from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
+    AXES,
     AllocatorMode,
     KeyOrder,
-    Order,
     OutputLifetime,
     Outputs,
     PhaseKind,
-    PoolMode,
-    Warmup,
+    StrategyAxes,
     WarmupKeeps,
-    Workspace,
 )
 
 __all__ = [
@@ -120,24 +118,16 @@ class PlanStruct(msgspec.Struct, frozen=True, kw_only=True):
     fields (forward compatibility across revisions)."""
 
 
-class Strategy(PlanStruct, frozen=True, kw_only=True):
-    """The choice on every strategy axis for one phase."""
+class Strategy(PlanStruct, StrategyAxes, frozen=True, kw_only=True):
+    """The choice on every strategy axis for one phase (the axes: schemas/strategy.py)."""
 
-    order: Order = "largest-first"
-    outputs: Outputs = "keep"
-    workspace: Workspace = "pool"
-    pool: PoolMode = "shared"
-    warmup: Warmup = "every-size"
     #: the order of graph keys of a phase with variants (revision 3); UNSET elsewhere
     #: (and read as "size-major")
     key_order: KeyOrder | msgspec.UnsetType = msgspec.UNSET
 
     def label(self) -> str:
         keys = "" if self.key_order is msgspec.UNSET else f" key_order={self.key_order}"
-        return (
-            f"order={self.order} outputs={self.outputs} workspace={self.workspace} "
-            f"pool={self.pool} warmup={self.warmup}{keys}"
-        )
+        return " ".join(f"{ax}={getattr(self, ax)}" for ax in AXES) + keys
 
 
 class VariantAxis(PlanStruct, frozen=True, kw_only=True):
@@ -411,7 +401,7 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     ci: bool = False
     speculative: str | None = None
     preset: str | None = None
-    max_bs: BatchSize | None = None
+    max_bs: Annotated[int, option_meta("max_bs")] | None = None
     spec: str | None = None
     strategies: list[str] = []
     trace: str | None = None
@@ -424,13 +414,13 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     traffic: str | None = None
     traffic_phases: list[str] = []
     metric: str | None = None
-    max_size: BatchSize | None = None
+    max_size: Annotated[int, option_meta("max_size")] | None = None
     timing: str | None = None
     device: str | None = None
-    context: Positive | None = None
-    budget_mib: NonNegativeFloat | None = None
-    max_graphs: Positive | None = None
-    max_padding: NonNegativeFloat | None = None
+    context: Annotated[int, option_meta("context")] | None = None
+    budget_mib: Annotated[float, option_meta("budget_mib")] | None = None
+    max_graphs: Annotated[int, option_meta("max_graphs")] | None = None
+    max_padding: Annotated[float, option_meta("max_padding")] | None = None
     output: str | None = None
 
 
@@ -498,7 +488,7 @@ class Inputs(PlanStruct, frozen=True, kw_only=True):
     backend: str
     ci: bool
     speculative: str | None = None
-    max_bs: BatchSize | None = None
+    max_bs: Annotated[int, option_meta("max_bs")] | None = None
     tp: Positive = 1
     strategies: list[str] = []
     trace: str | None = None

@@ -14,10 +14,12 @@ each accepts) live in :func:`capture_plan.planner.inputs.validate.validate_spec`
 # and an eval() there, for every spec type (the Quickstart build converts its embedded spec);
 # evaluated with the class, they cost no more than that eval.
 
-from typing import Annotated, Literal
+import inspect
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
+from .build_flags import option_meta
 from .key_fields import KeyFields
 from .limits import (
     MAX_KEYS_PER_PHASE,
@@ -37,21 +39,18 @@ from .limits import (
 )
 from .strategy import (
     AllocatorMode,
+    ChoiceAxes,
     KeyOrder,
-    Order,
     OutputLifetime,
-    Outputs,
     PhaseKind,
-    PoolMode,
-    Warmup,
     WarmupKeeps,
-    Workspace,
 )
 
 __all__ = [
     "SpecStruct",
     "Model",
     "PhaseModel",
+    "PHASE_DIMENSIONS",
     "Phase",
     "When",
     "Choice",
@@ -68,7 +67,7 @@ SPEC_VERSION = 1
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 #: tokens per request, draft steps, top-k: 1..MAX_TOKENS_PER_REQUEST
 PerRequest = Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKENS_PER_REQUEST)]
-#: budget_mib, library_mib: at most MAX_MIB (1 PiB)
+#: library_mib: at most MAX_MIB (1 PiB)
 MiBAmount = Annotated[float, msgspec.Meta(le=MAX_MIB)]
 # each model dimension, 1..its MODEL_MAX bound
 Layers = Annotated[int, dimension("layers")]
@@ -151,8 +150,20 @@ class Model(SpecStruct, frozen=True, kw_only=True):
     shared_expert_intermediate: SharedExpertIntermediate | msgspec.UnsetType = msgspec.UNSET
 
 
-class PhaseModel(SpecStruct, frozen=True, kw_only=True):
-    """Dimensions in which a phase's model differs from the spec's ``[model]``:
+#: the dimensions a phase's own model may set (:class:`PhaseModel`): :class:`Model`'s, but
+#: ``layers`` (the phase's own setting), its name, where it is read from and the MoE fields
+PHASE_DIMENSIONS = (
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "intermediate",
+    "vocab",
+    "dtype_bytes",
+    "logits_dtype_bytes",
+)
+
+_PHASE_MODEL_DOC = """Dimensions in which a phase's model differs from the spec's ``[model]``:
     a draft with its own hidden size or a smaller vocabulary (EAGLE-3 drafts
     have both). A field left out is the spec's. Layers are the phase's own
     ``layers`` setting, not repeated here. The analytic programs use these
@@ -160,14 +171,23 @@ class PhaseModel(SpecStruct, frozen=True, kw_only=True):
     to a draft architecture (EAGLE-3's projection of three target hidden states
     into the draft, or a draft-to-target token map after the draft's top-k)."""
 
-    hidden: Hidden | msgspec.UnsetType = msgspec.UNSET
-    heads: Heads | msgspec.UnsetType = msgspec.UNSET
-    kv_heads: KvHeads | msgspec.UnsetType = msgspec.UNSET
-    head_dim: HeadDim | msgspec.UnsetType = msgspec.UNSET
-    intermediate: Intermediate | msgspec.UnsetType = msgspec.UNSET
-    vocab: Vocab | msgspec.UnsetType = msgspec.UNSET
-    dtype_bytes: DtypeBytes | msgspec.UnsetType = msgspec.UNSET
-    logits_dtype_bytes: LogitsDtypeBytes | msgspec.UnsetType = msgspec.UNSET
+if TYPE_CHECKING:  # what type checkers see of the struct made below: any dimension, optional
+
+    class PhaseModel(SpecStruct, frozen=True, kw_only=True):
+        def __getattr__(self, name: str) -> int | msgspec.UnsetType: ...
+
+else:
+    # Model's fields, each optional (UNSET: the spec's): the dimensions are written out once,
+    # in Model, with their types and bounds
+    PhaseModel = msgspec.defstruct(
+        "PhaseModel",
+        [(f, Model.__annotations__[f] | msgspec.UnsetType, msgspec.UNSET) for f in PHASE_DIMENSIONS],
+        bases=(SpecStruct,),
+        module=__name__,
+        frozen=True,
+        kw_only=True,
+    )
+    PhaseModel.__doc__ = inspect.cleandoc(_PHASE_MODEL_DOC)
 
 
 # The graph-key fields (micro_batches, ...) are KeyFields' (schemas/key_fields.py). Not in
@@ -225,14 +245,10 @@ class When(SpecStruct, frozen=True, kw_only=True):
     output_lifetime: OutputLifetime | None = None
 
 
-class Choice(SpecStruct, frozen=True, kw_only=True):
-    """A partial strategy: the axes it sets must hold, the others are free."""
+class Choice(SpecStruct, ChoiceAxes, frozen=True, kw_only=True):
+    """A partial strategy: the axes it sets must hold, the others are free (the axes:
+    schemas/strategy.py)."""
 
-    order: Order | None = None
-    outputs: Outputs | None = None
-    workspace: Workspace | None = None
-    pool: PoolMode | None = None
-    warmup: Warmup | None = None
     #: the order of graph keys in a phase with variants; UNSET (not None) so that
     #: specs without it keep their bytes
     key_order: KeyOrder | msgspec.UnsetType = msgspec.UNSET
@@ -258,7 +274,8 @@ class Spec(SpecStruct, frozen=True, kw_only=True):
     phases: Annotated[list[Phase], msgspec.Meta(min_length=1, max_length=MAX_PHASES)]
     tp: Positive = 1
     allocator: AllocatorMode = "native"
-    budget_mib: Annotated[MiBAmount, msgspec.Meta(gt=0)] | None = None
+    #: the bounds of ``--budget-mib``'s row (schemas/build_flags.py): one bound for both
+    budget_mib: Annotated[float, option_meta("budget_mib")] | None = None
     #: allocation trace (relative to the spec file) for exact predictions
     trace: str | None = None
     #: persistent library workspaces the first capture creates in the pool when

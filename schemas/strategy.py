@@ -1,11 +1,20 @@
-"""Strategy vocabulary shared by spec, rules and plan.
+"""Strategy vocabulary shared by spec, rules and plan, and the one declaration of the strategy axes.
 
 Each strategy axis is a closed set of strings so that plans stay readable and
 diffable; adding a value is a new plan revision.
+
+The axes are the fields of :class:`StrategyAxes` (each with the value a plan's strategy has
+where nothing chose another) and, all optional, of :class:`ChoiceAxes` (what a rule requires
+or prefers): a plan's :class:`~capture_plan.schemas.plan.Strategy` and a spec's
+:class:`~capture_plan.schemas.spec.Choice` are made of them, and :data:`AXES`,
+:data:`AXIS_VALUES` (``--strategy`` pins and their completion) and :data:`MEMORY_AXES` (what
+the optimizer searches) are read from them. A new axis is a field of both here (tests prove
+it reaches the rules, the pins, the optimizer and the plan); what it does to memory is the
+simulator's.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the axes' values are read from the classes'
+# annotations (AXIS_VALUES), and msgspec would compile string annotations again.
 from typing import Annotated, Literal, get_args
 
 import msgspec
@@ -25,6 +34,10 @@ __all__ = [
     "AllocatorMode",
     "AXES",
     "AXIS_VALUES",
+    "MEMORY_AXES",
+    "RULE_ONLY_AXES",
+    "StrategyAxes",
+    "ChoiceAxes",
     "allocator_modes",
 ]
 
@@ -68,12 +81,38 @@ PHASE_SETTINGS: tuple[str, ...] = get_args(PhaseSetting)
 OutputLifetime = Literal["next-replay", "across-phases"]
 AllocatorMode = Literal["native", "expandable"]
 
-AXES = ("order", "outputs", "workspace", "pool", "warmup")
+
+class StrategyAxes(msgspec.Struct, frozen=True, kw_only=True):
+    """Every strategy axis, each at the value a strategy has where nothing chose another."""
+
+    order: Order = "largest-first"
+    outputs: Outputs = "keep"
+    workspace: Workspace = "pool"
+    pool: PoolMode = "shared"
+    warmup: Warmup = "every-size"
+
+
+class ChoiceAxes(msgspec.Struct, frozen=True, kw_only=True):
+    """Every strategy axis, optional: the axes a partial strategy (a rule's ``require`` or
+    ``prefer``) sets must hold, the others (None) are free. The fields of
+    :class:`StrategyAxes` (tests/test_strategy_axes.py checks it)."""
+
+    order: Order | None = None
+    outputs: Outputs | None = None
+    workspace: Workspace | None = None
+    pool: PoolMode | None = None
+    warmup: Warmup | None = None
+
+
+AXES: tuple[str, ...] = StrategyAxes.__struct_fields__
 #: each axis's values, read from its type above (one source for the plan
 #: schema, the optimizer's candidates, --strategy checks and shell completion)
-AXIS_VALUES: dict[str, tuple[str, ...]] = {
-    axis: get_args(values) for axis, values in zip(AXES, (Order, Outputs, Workspace, PoolMode, Warmup))
-}
+AXIS_VALUES: dict[str, tuple[str, ...]] = {axis: get_args(StrategyAxes.__annotations__[axis]) for axis in AXES}
+#: the axes chosen by the rules alone, never searched: warm-ups cost no pool memory (the
+#: fewest the rules allow; planner/schedule/optimize.py)
+RULE_ONLY_AXES = ("warmup",)
+#: the axes that change which blocks a graph takes: the optimizer searches them
+MEMORY_AXES: tuple[str, ...] = tuple(axis for axis in AXES if axis not in RULE_ONLY_AXES)
 
 
 def allocator_modes() -> tuple[str, ...]:

@@ -327,7 +327,7 @@ def test_many_sizes_are_screened_but_the_prediction_simulates_every_size(tmp_pat
 def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
     from capture_plan.planner.inputs.resources import backend
     from capture_plan.planner.inputs.specs import default_spec
-    from capture_plan.planner.memory.simulate import Simulation, simulate
+    from capture_plan.planner.memory.simulate import PoolSetup, Simulation, simulate
     from capture_plan.planner.memory.workload import Workload
     from capture_plan.schemas.plan import Strategy
 
@@ -339,8 +339,8 @@ def test_a_simulation_resumed_from_a_copy_equals_one_run_straight_through():
     }
     caps = [(p.name, bs) for p in spec.phases for bs in sorted(p.sizes, reverse=True)[:6]]
     protect = frozenset({spec.phases[0].name})
-    whole = simulate(caps, strategies, wl, protect=protect, library_bytes=32 << 20)
-    run = Simulation(wl, protect=protect, library_bytes=32 << 20)
+    whole = simulate(caps, strategies, wl, PoolSetup(protect=protect, library_bytes=32 << 20))
+    run = Simulation(wl, PoolSetup(protect=protect, library_bytes=32 << 20))
     for phase, bs in caps[:9]:
         run.capture(phase, bs, strategies[phase])
     twin = run.copy()
@@ -377,7 +377,7 @@ def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
     """Simulation.since/result_with: what the optimizer reuses when a phase leaves its pool as before."""
     from capture_plan.planner.inputs.resources import backend
     from capture_plan.planner.inputs.specs import default_spec
-    from capture_plan.planner.memory.simulate import Simulation, simulate
+    from capture_plan.planner.memory.simulate import PoolSetup, Simulation, simulate
     from capture_plan.planner.memory.workload import Workload
     from capture_plan.schemas.plan import Strategy
 
@@ -390,7 +390,7 @@ def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
     protect = frozenset({rest[0]})
     runs = []
     for head in ([256, 248], [256, 4, 2]):  # different captures of the first phase, the same segments left
-        run = Simulation(wl, protect=protect)
+        run = Simulation(wl, PoolSetup(protect=protect))
         for bs in head:
             run.capture(first, bs, view)
         runs.append(run)
@@ -399,7 +399,7 @@ def test_a_tail_recorded_from_an_equal_state_continues_a_run_exactly():
     mark = a.mark()
     for phase, bs in later:
         a.capture(phase, bs, strategies[phase])
-    whole = simulate([(first, 256), (first, 4), (first, 2)] + later, strategies, wl, protect=protect)
+    whole = simulate([(first, 256), (first, 4), (first, 2)] + later, strategies, wl, PoolSetup(protect=protect))
     assert b.result_with(a.since(mark)) == whole
     assert a.result().hazards == whole.hazards
 
@@ -426,7 +426,7 @@ def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwr
 
     from capture_plan.planner.inputs.resources import backend
     from capture_plan.planner.inputs.specs import default_spec
-    from capture_plan.planner.memory.simulate import Simulation, simulate
+    from capture_plan.planner.memory.simulate import PoolSetup, Simulation, simulate
     from capture_plan.planner.memory.workload import Workload
     from capture_plan.schemas.plan import Strategy
 
@@ -445,14 +445,14 @@ def test_blocks_are_recorded_only_where_a_protected_phases_outputs_can_be_overwr
             )
             for n in names
         }
-        fast = simulate(caps, strategies, wl, protect=protect)
-        every = Simulation(wl, protect=protect)  # no `where`: every capture records its blocks
+        fast = simulate(caps, strategies, wl, PoolSetup(protect=protect))
+        every = Simulation(wl, PoolSetup(protect=protect))  # no `where`: every capture records its blocks
         for phase, bs in caps:
             every.capture(phase, bs, strategies[phase])
         assert fast == every.result(), (outputs, pools)
         hazards.append(bool(fast.hazards))
         if pools[0] == "own":  # alone in its pool: nothing anywhere needs recording
-            run = Simulation(wl, protect=protect, where={protected: f"phase:{protected}"})
+            run = Simulation(wl, PoolSetup(protect=protect), where={protected: f"phase:{protected}"})
             for phase, bs in caps:
                 run.capture(phase, bs, strategies[phase])
             assert run.touched == {}
@@ -469,7 +469,7 @@ def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_rec
 
     import capture_plan.planner.schedule.optimize as optimize
     from capture_plan.planner.inputs.specs import default_spec
-    from capture_plan.planner.memory.simulate import Simulation
+    from capture_plan.planner.memory.simulate import PoolSetup, Simulation
 
     spec = default_spec("eagle", 16)
     late = {"target_verify", "draft_decode"}
@@ -486,8 +486,8 @@ def test_the_optimizer_guarding_only_pools_with_protected_phases_builds_what_rec
     guarded = plan_bytes(build_plan(opts))
 
     class EveryBlock(Simulation):  # before: every run guarded every protected phase's outputs
-        def __init__(self, workload, expandable=False, protect=frozenset(), library_bytes=0, where=None):
-            super().__init__(workload, expandable, frozenset(late), library_bytes)
+        def __init__(self, workload, setup=None, where=None):
+            super().__init__(workload, (setup or PoolSetup())._replace(protect=frozenset(late)))
 
     monkeypatch.setattr(optimize, "Simulation", EveryBlock)
     assert plan_bytes(build_plan(opts)) == guarded

@@ -59,3 +59,16 @@ def test_calls_a_generator_makes_after_a_yield_are_followed():
 
     w = opts_walk.walk("gen", _entry, BuildOptions(backend="fa3", ci=True))
     assert [name for _, name, _ in w.calls] == ["_entry", "_gen", "_helper"]
+
+
+def test_the_walk_follows_the_capture_sequence(walks):
+    """Issue 50: the build made of the resolved one (strategies and capture sequence) and the
+    sequence itself are followed too; the Quickstart's walk returns to a module it left at
+    most 4 times even so."""
+    from capture_plan.planner.schedule.sequence import Build
+    from capture_plan.schemas.capture_sequence import CaptureSequence
+
+    assert {Build, CaptureSequence} <= set(opts_walk._tracked_types())
+    functions = {f for _, fs in walks["quickstart"].chain for f in fs}
+    assert {"_build", "build_steps"} <= functions  # build_steps receives the Build
+    assert walks["quickstart"].reentries <= 4, opts_walk.show(walks["quickstart"])

@@ -7,7 +7,7 @@ import pytest
 
 from capture_plan.planner.inputs.resources import backend
 from capture_plan.planner.memory.analytic import analytic_capture
-from capture_plan.planner.memory.simulate import simulate
+from capture_plan.planner.memory.simulate import PoolSetup, simulate
 from capture_plan.planner.memory.workload import Workload
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import Strategy
@@ -23,7 +23,10 @@ def _pool(wl, sizes, order, outputs, library=0):
     seq = sorted(sizes, reverse=order == "largest-first")
     return (
         simulate(
-            [("decode", b) for b in seq], {"decode": Strategy(order=order, outputs=outputs)}, wl, library_bytes=library
+            [("decode", b) for b in seq],
+            {"decode": Strategy(order=order, outputs=outputs)},
+            wl,
+            PoolSetup(library_bytes=library),
         ).pool_bytes
         / MiB
     )
@@ -88,7 +91,7 @@ def test_skipping_repeated_layers_is_exact(model, sizes, kind, tpr, expandable):
         for outputs in ("keep", "view"):
             seq = [("decode", x) for x in sorted(sizes, reverse=order == "largest-first")]
             st = {"decode": Strategy(order=order, outputs=outputs)}
-            a, f = simulate(seq, st, looped, expandable), simulate(seq, st, flat, expandable)
+            a, f = simulate(seq, st, looped, PoolSetup(expandable)), simulate(seq, st, flat, PoolSetup(expandable))
             assert (a.pool_bytes, a.after_capture) == (f.pool_bytes, f.after_capture)
 
 

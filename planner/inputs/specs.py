@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from capture_plan.schemas.build_flags import out_of_bounds
 from capture_plan.schemas.conversion import convert
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
-from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.spec import Choice, Model, Name, Phase, Pieces, Positive, Rule, Spec, WarmupKeeps
 from capture_plan.schemas.strategy import PhaseKind
 
@@ -193,10 +193,9 @@ def preset_max_bs(preset: str | None) -> int:
 
 
 def _check_max_bs(max_bs: int) -> None:
-    if not 1 <= max_bs <= MAX_BS:
-        raise InputError(
-            f"must be 1..{MAX_BS}, got {max_bs}", where="--max-bs", fix="give the largest batch size to capture"
-        )
+    bad = out_of_bounds("max_bs", max_bs)  # the option's row (schemas/build_flags.py)
+    if bad is not None:
+        raise InputError(bad, where="--max-bs", fix="give the largest batch size to capture")
 
 
 def _expand(table: SizeList, max_bs: int) -> list[int]:

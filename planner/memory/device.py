@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
@@ -57,6 +57,8 @@ if TYPE_CHECKING:  # reports are read only with --calibration (read_calibration)
     from capture_plan.schemas.report import CaptureReport
 
 __all__ = [
+    "Applies",
+    "CaptureFigures",
     "Calibration",
     "read_calibration",
     "check_applies",
@@ -223,9 +225,17 @@ def _model_changes(measured: dict, built: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def check_applies(
-    rep: CaptureReport, digest: str, source: str, backend: str, model: ModelUsed, build: str | None = None
-) -> None:
+class Applies(NamedTuple):
+    """What a calibration report must have measured to apply to a build: the build's backend
+    and model; ``build``: the command that builds the plan without the calibration (the
+    fix's first step), where known."""
+
+    backend: str
+    model: ModelUsed
+    build: str | None = None
+
+
+def check_applies(rep: CaptureReport, digest: str, source: str, applies: Applies) -> None:
     """Refuse a calibration report that measured another backend or model than the build's.
 
     Its driver memory follows its graphs' nodes and its warm-ups' scratch the model's
@@ -234,6 +244,7 @@ def check_applies(
     by the executor), else from ``planner/data/calibrations.toml`` (reports written before,
     by their SHA-256 ``digest``); a report that says neither is refused too. ``build``: the
     command that builds the plan without the calibration (the fix's first step), where known."""
+    backend, model, build = applies
     fix = CALIBRATE.format(build=f" (`{build}`)" if build else "")
     known = data("calibrations.toml").get("reports", {}).get(digest, {})
     measured_backend = _backend_of(rep, known)
@@ -273,22 +284,17 @@ def check_applies(
 
 
 def read_calibration(
-    path: Path,
-    shown: str,
-    phases: dict[str, str],
-    recorded: str,
-    *,
-    applies: tuple[str, ModelUsed, str | None] | None = None,
+    path: Path, phases: dict[str, str], recorded: str, applies: Applies | None = None
 ) -> tuple[Calibration, bytes]:
-    """``shown``: the path as the user gave it (errors); ``recorded``: as the plan records it;
-    ``applies``: the build's backend and model, which the report must have measured, and the
-    command that builds without it (:func:`check_applies`)."""
+    """``path`` as the user gave it (errors name it so); ``recorded``: as the plan records it;
+    ``applies``: what the report must have measured (:func:`check_applies`)."""
+    shown = str(path)
     raw = read_input(path, "report", fix="give a capture report written by GraphSet.write_report")
     rep = decode_report(raw, shown)
     if applies is not None:
         from capture_plan.schemas.codec import sha256
 
-        check_applies(rep, sha256(raw), shown, *applies)
+        check_applies(rep, sha256(raw), shown, applies)
     cal = calibration_from_report(rep, shown, phases)
     return Calibration(
         device=cal.device,
@@ -410,22 +416,32 @@ def graph_exec(steps: list[Step], per_graph: dict[str, float], kinds: dict[str, 
     return total
 
 
+class CaptureFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What the simulation predicts of a capture, that the device items are built on."""
+
+    #: the pools' peak and the hoisted workspaces' bytes
+    pool: int
+    hoisted: int
+    #: the steps captured, in order
+    steps: list[Step]
+    #: the pools' bytes after each step (:func:`pools_after`; None: not known, no peak)
+    pool_after: list[int] | None = None
+    #: bytes the warm-ups allocate that the engine keeps, outside every pool (the
+    #: ``warmup-kept`` item; None: the plan declares none, and has no such item)
+    kept: int | None = None
+
+
 def device_prediction(
-    pool: int,
-    hoisted: int,
-    steps: list[Step],
-    kinds: dict[str, str],
-    calibration: Calibration | None,
-    pool_after: list[int] | None = None,
-    kept: int | None = None,
+    figures: CaptureFigures, kinds: dict[str, str], calibration: Calibration | None
 ) -> DevicePrediction:
-    """The plan's device items and their total (None while one is unknown).
-    ``kept``: bytes the warm-ups allocate that the engine keeps, outside every pool
-    (the ``warmup-kept`` item; None: the plan declares none, and has no such item).
+    """The plan's device items and their total (None while one is unknown), from the
+    simulation's ``figures`` and the device's ``calibration``.
 
     ``kinds`` maps the plan's phases to their kinds: a calibration measured on
     a plan with other phase names still gives the graph-exec figure of a phase
     of the same kind."""
+    pool, hoisted, steps = figures.pool, figures.hoisted, figures.steps
+    pool_after, kept = figures.pool_after, figures.kept
     how = "build with --calibration REPORT (a capture report of this plan measured on the device)"
     items = [
         DeviceCost(name="pool", bytes=pool, provenance="simulated", source="allocator simulation"),

@@ -48,11 +48,13 @@ def _nearest(model_type: str | None, moe: bool) -> tuple[str, dict]:
 
 
 def fidelity(
-    source: str, model: Model, from_config: bool, model_type: str | None, describes_trace: str = ""
+    source: str, model: Model, config: tuple[str, str, str | None] | None, describes_trace: str = ""
 ) -> tuple[Fidelity, str, str]:
     """(fidelity, describes, caveat) of a plan predicted from ``source`` ("analytic" or "trace").
 
-    ``from_config``: the dimensions came from a ``config.json`` (``model_type`` is its)."""
+    ``config``: the ``config.json`` the dimensions came from, as the build read it (its path,
+    digest and ``model_type``), None where they did not."""
+    from_config, model_type = config is not None, config[2] if config is not None else None
     if source == "trace":
         return "recorded", f"the recorded trace {describes_trace}".rstrip(), ""
     moe = not isinstance(model.experts, msgspec.UnsetType)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -20,7 +21,7 @@ from capture_plan.schemas.plan import Strategy
 from .core import Pool, new_pool
 from .workload import Workload
 
-__all__ = ["SimResult", "Simulation", "Tail", "simulate", "pool_id"]
+__all__ = ["PoolSetup", "SimResult", "Simulation", "Tail", "simulate", "pool_id"]
 
 
 def pool_id(phase: str, strategy: Strategy) -> str:
@@ -38,26 +39,32 @@ class SimResult(msgspec.Struct, frozen=True):
     hazards: Sequence[str] = ()
 
 
+class PoolSetup(NamedTuple):
+    """How a build's pools start and what they guard: the resolved build's (``Resolved.pools``).
+
+    ``expandable``: the pools grow by expandable segments. ``protect``: phases whose outputs
+    must survive replays of the other phases; their output blocks are checked against every
+    block the other phases' graphs allocate (and so write on replay) in the same pool.
+    ``library_bytes``: persistent library workspace the first capture creates in its pool
+    (the capture stream is cold: nothing ran on it before)."""
+
+    expandable: bool = False
+    protect: frozenset[str] = frozenset()
+    library_bytes: int = 0
+
+
+#: native pools guarding nothing, no library workspace: a simulation's default
+PLAIN = PoolSetup()
+
+
 def simulate(
-    captures: Iterable[tuple],
-    strategies: dict[str, Strategy],
-    workload: Workload,
-    expandable: bool = False,
-    protect: frozenset[str] = frozenset(),
-    library_bytes: int = 0,
+    captures: Iterable[tuple], strategies: dict[str, Strategy], workload: Workload, setup: PoolSetup = PLAIN
 ) -> SimResult:
     """Simulate ``captures`` in order: ``(phase, size)``, or ``(phase, size, labels)`` for a
-    graph key with labels (its program where a trace recorded that key: Workload.program).
-
-    ``library_bytes``: persistent library workspace the first capture creates
-    in its pool (the capture stream is cold: nothing ran on it before).
-
-    ``protect``: phases whose outputs must survive replays of the other
-    phases. Their output blocks are checked against every block the other
-    phases' graphs allocate (and so write on replay) in the same pool.
-    """
-    where = {q: pool_id(q, strategies[q]) for q in protect if q in strategies}
-    run = Simulation(workload, expandable, protect, library_bytes, where)
+    graph key with labels (its program where a trace recorded that key: Workload.program),
+    in pools set up as ``setup`` says."""
+    where = {q: pool_id(q, strategies[q]) for q in setup.protect if q in strategies}
+    run = Simulation(workload, setup, where)
     for cap in captures:
         run.capture(cap[0], cap[1], strategies[cap[0]], *cap[2:])
     return run.result()
@@ -84,21 +91,14 @@ class Simulation:
         "timeline",
     )
 
-    def __init__(
-        self,
-        workload: Workload,
-        expandable: bool = False,
-        protect: frozenset[str] = frozenset(),
-        library_bytes: int = 0,
-        where: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, workload: Workload, setup: PoolSetup = PLAIN, where: dict[str, str] | None = None) -> None:
         """``where``: the pool each protected phase captures into, where known. A
         capture records the blocks it touches only when a protected phase other
         than its own shares its pool (or may: one ``where`` does not name) --
         only those blocks can overwrite protected outputs, and recording every
         block is a third of a speculative build's time."""
-        self.workload, self.expandable, self.protect = workload, expandable, protect
-        self.library_bytes = library_bytes
+        self.workload = workload
+        self.expandable, self.protect, self.library_bytes = setup
         self.where = where or {}
         self.pools: dict[str, Pool] = {}
         # (pool, phase) -> {(start, end)}: a set, as layers and captures reuse the same blocks
@@ -107,7 +107,7 @@ class Simulation:
         self.timeline: list[tuple[int, int]] = []
 
     def copy(self) -> Simulation:
-        twin = Simulation(self.workload, self.expandable, self.protect, self.library_bytes, self.where)
+        twin = Simulation(self.workload, PoolSetup(self.expandable, self.protect, self.library_bytes), self.where)
         twin.pools = {k: p.copy() for k, p in self.pools.items()}
         twin.touched = {k: set(v) for k, v in self.touched.items()}
         twin.outputs = list(self.outputs)

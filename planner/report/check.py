@@ -218,10 +218,10 @@ def check_report_plan(report, plan, report_source: str, plan_source: str, report
     items were added, the same steps."""
     own = bool(report_digest) and report_digest == getattr(plan.inputs, "calibration_digest", None)
     if own and report.plan_digest != plan.digest and not isinstance(plan.inputs.model, msgspec.UnsetType):
-        from ..memory.device import check_applies
+        from ..memory.device import Applies, check_applies
 
         # a plan built from a calibration of another model (before builds refused one) is no match either
-        check_applies(report, report_digest, report_source, plan.requires.backend, plan.inputs.model)
+        check_applies(report, report_digest, report_source, Applies(plan.requires.backend, plan.inputs.model))
     if report.plan_digest != plan.digest and not own:
         raise InputError(
             f"report was captured from plan {report.plan!r} ({report.plan_digest}), not from "

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
+from capture_plan.schemas.capture_sequence import Capture
 from capture_plan.schemas.errors import ConstraintError
 from capture_plan.schemas.keys import step_id as _key_step_id
-from capture_plan.schemas.plan import Edge, Strategy
+from capture_plan.schemas.plan import Edge
 from capture_plan.schemas.spec import Phase
 
-from .keys import key_sequence, twin_phases, with_twin
+from .keys import twin_phases
 
-__all__ = ["step_id", "phase_sequence", "fixed_by_spec", "StepGraph", "Digraph", "check_acyclic", "capture_order"]
+if TYPE_CHECKING:
+    from .sequence import Build
+
+__all__ = ["step_id", "phase_sequence", "fixed_by_spec", "StepGraph", "Digraph", "check_acyclic"]
 
 
 #: a node: any hashable (the planner's are step ids and phase names)
@@ -104,10 +108,6 @@ def step_id(op: str, phase: str, bs: int, labels: tuple[tuple[str, str], ...] = 
     """``<op>/<phase>/<bs>``, with ``/<axis>=<label>,...`` for a graph key with labels
     (:func:`capture_plan.schemas.keys.step_id`)."""
     return _key_step_id(op, phase, bs, labels)
-
-
-def capture_order(sizes: list[int], order: str) -> list[int]:
-    return sorted(sizes, reverse=order == "largest-first")
 
 
 def check_acyclic(g: Digraph, what: str = "steps") -> None:
@@ -232,46 +232,44 @@ class StepGraph:
         return sorted(out, key=lambda e: (index[e.dst], index[e.src], e.rule))
 
 
+def _reordered(keys: list[tuple[int, tuple]], order: str, key_order: str) -> list[tuple[int, tuple]]:
+    """``keys`` (one phase's, in capture order) in another size ``order``, each size's
+    labels (size-major) or each combination's sizes (variant-major) kept together."""
+    sign = -1 if order == "largest-first" else 1
+    pos = {c: i for i, c in enumerate(dict.fromkeys(labels for _, labels in keys))}
+    if key_order == "variant-major":
+        return sorted(keys, key=lambda k: (pos[k[1]], sign * k[0]))
+    return sorted(keys, key=lambda k: (sign * k[0], pos[k[1]]))
+
+
 def build_steps(
-    phases: dict[str, Phase],
-    sequence: list[str],
-    strategies: dict[str, Strategy],
-    order_rule: dict[str, str],
-    warmup_rule: dict[str, str],
-    hoist_rule: dict[str, str],
-    forced: dict[str, list[tuple[str, str]]],
-    keys: dict[str, tuple[list[tuple], str, str]] | None = None,
+    b: Build, order_rule: dict[str, str], warmup_rule: dict[str, str], hoist_rule: dict[str, str]
 ) -> StepGraph:
-    """The full step graph for chosen strategies.
+    """The full step graph of a build's chosen strategies, its steps placed by its capture
+    sequence (``b.sequence``: planner/schedule/sequence.py).
 
-    ``forced`` holds, per phase, (order, rule) pairs that rules or pins demand
-    outright; they are added as edges too, so two that disagree form a cycle.
-    ``keys``: per phase with variant axes, (label combinations, key order, the rule
-    that set it) (planner/schedule/keys.py): each size is captured once per combination, in
-    that order; a once-per-phase warm-up runs the first combination.
+    The resolved build's ``forced`` orders, per phase (order, rule) pairs that rules or
+    pins demand outright, are added as edges too, so two that disagree form a cycle.
+    A phase with variant axes (``keys``: label combinations, key order, the rule that set
+    it; planner/schedule/keys.py) captures each size once per combination, in that order;
+    a once-per-phase warm-up runs the first combination.
 
-    A micro-batch twin (``twin_of``; ``sequence`` has it right after its phase) is
+    A micro-batch twin (``twin_of``; the phase sequence has it right after its phase) is
     interleaved with its phase: each twin key right after the phase's key of the same
     size and labels (its warm-ups and provision just before it), by edges labelled
     ``twin_of:<twin>``; the twin's own size order must be its phase's (the optimizer
     gives it that), another is a cycle reported as the rules in conflict.
     """
-    keys = keys or {}
+    r = b.resolved
+    phases, sequence, strategies, keys = r.by_name, r.sequence, b.strategies, r.keys
     twins = twin_phases(list(phases.values()))
-
-    def seq(name: str, order: str) -> list[tuple[int, tuple]]:
-        combos, key_order, _ = keys.get(name, ([()], "size-major", ""))
-        return key_sequence(capture_order(phases[name].sizes, order), combos, key_order)
-
-    def captured(name: str) -> list[tuple[str, int, tuple]]:
-        """``name``'s captures in order, with its twin's interleaved (a twin: none of its own)."""
-        if name in twins:
-            return []
-        own = seq(name, strategies[name].order)
-        twin = next((t for t, parent in twins.items() if parent == name), None)
-        if twin is None:
-            return [(name, bs, labels) for bs, labels in own]
-        return with_twin(name, own, twin, seq(twin, strategies[twin].order))
+    #: each phase's keys (size, labels) in capture order
+    own: dict[str, list[tuple[int, tuple]]] = {name: [] for name in sequence}
+    #: each phase that is no twin: its captures with its twin's interleaved
+    captured: dict[str, list[Capture]] = {name: [] for name in sequence}
+    for c in b.sequence.captures:
+        own[c.phase].append((c.bs, c.labels))
+        captured[twins.get(c.phase, c.phase)].append(c)
 
     sg = StepGraph.empty()
     #: a phase's rank in the sequence (a twin: its phase's)
@@ -280,12 +278,13 @@ def build_steps(
     place: dict[tuple[str, int, tuple], int] = {}
     for rank, name in enumerate(sequence):
         rank_of[name] = rank_of[twins[name]] if name in twins else rank
-        for pos, key in enumerate(captured(name)):
-            place[key] = pos
+        if name not in twins:
+            for pos, c in enumerate(captured[name]):
+                place[(c.phase, c.bs, c.labels)] = pos
     for name in sequence:
-        p, st = phases[name], strategies[name]
-        sizes = capture_order(p.sizes, st.order)
-        ordered = seq(name, st.order)
+        st = strategies[name]
+        ordered = own[name]
+        top = max(bs for bs, _ in ordered)
         rank = rank_of[name]
         for bs, labels in ordered:
             pos = place[(name, bs, labels)]
@@ -299,17 +298,19 @@ def build_steps(
         # a twin's once-per-phase warm-up and provision come right before its first capture
         head = place[(name, *ordered[0])] if name in twins else -1
         if st.warmup == "once-per-phase":
-            w = sg.add_step("warmup", name, max(sizes), rank, head, ordered[0][1])
+            w = sg.add_step("warmup", name, top, rank, head, ordered[0][1])
             sg.add_edge(w, first, warmup_rule[name])
         if st.workspace == "hoisted":
-            prov = sg.add_step("provision", name, max(sizes), rank, head if name in twins else -2)
+            prov = sg.add_step("provision", name, top, rank, head if name in twins else -2)
             sg.add_edge(prov, first, hoist_rule[name])
-        for order, rule in forced.get(name, []):
-            sg.chain(name, seq(name, order), rule)
+        key_order = keys[name][1] if name in keys else "size-major"
+        for order, rule in r.forced.get(name, []):
+            sg.chain(name, ordered if order == st.order else _reordered(ordered, order, key_order), rule)
         if name in keys:
             # the key order's own rule labels the edges between keys of one size (size-major)
             # or of one combination (variant-major); the size order's the rest
             combos, key_order, key_rule = keys[name]
+            sizes = list(dict.fromkeys(bs for bs, _ in ordered))
             inner = [[(bs, c) for c in combos] for bs in sizes] if key_order == "size-major" else []
             inner += [[(bs, c) for bs in sizes] for c in combos] if key_order == "variant-major" else []
             for group in inner:
@@ -318,7 +319,7 @@ def build_steps(
     for twin, parent in twins.items():
         # each twin capture between its phase's capture of the same key and the next one;
         # its warm-ups and provision (at its capture's position) after the capture before it
-        ids = [step_id("capture", *key) for key in captured(parent)]
+        ids = [c.id for c in captured[parent]]
         for i in range(1, len(ids)):
             if twin in (sg.g.nodes[ids[i - 1]]["phase"], sg.g.nodes[ids[i]]["phase"]):
                 sg.add_edge(ids[i - 1], ids[i], f"twin_of:{twin}")
@@ -328,12 +329,12 @@ def build_steps(
     # phases in sequence; a twin goes with its phase, and the next phase after both
     groups = [name for name in sequence if name not in twins]
     for prev, nxt in zip(groups, groups[1:]):
-        last = step_id("capture", *captured(prev)[-1])
+        last = captured[prev][-1].id
         after = {twins.get(d, d) for d in phases[nxt].after}
         rule = f"after:{nxt}" if prev in after else "phase-order"
         for n in [n for n, d in sg.g.nodes.items() if d["phase"] == nxt and d["op"] != "capture"]:
             sg.add_edge(last, n, rule)  # the next phase's warm-ups and provisions too
-        first = step_id("capture", nxt, *seq(nxt, strategies[nxt].order)[0])
+        first = step_id("capture", nxt, *own[nxt][0])
         sg.add_edge(last, first, rule)
     # `after` constraints between non-adjacent phases still hold by transitivity
     # through the phase-order chain, which phase_sequence derived from them.

@@ -44,20 +44,24 @@ phase's slot count.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from capture_plan.schemas.capture_sequence import capture_key
 from capture_plan.schemas.errors import ConstraintError
 from capture_plan.schemas.key_fields import KEY_FIELDS, approximate_fields
-from capture_plan.schemas.keys import expand_labels, parse_step_id
-from capture_plan.schemas.plan import Fidelity, KeyPrediction, Step, StepMemory, Strategy
+from capture_plan.schemas.keys import expand_labels
+from capture_plan.schemas.plan import Fidelity, KeyPrediction, Step, StepMemory
 from capture_plan.schemas.spec import Model, Phase, Rule
 
 from ..inputs.resources import variant_axes
 from ..memory.allocator import PoolSim
 from ..memory.program import CARRY, Alloc, Program
-from ..memory.simulate import simulate
-from ..memory.workload import Workload
+from ..memory.simulate import PoolSetup, simulate
+
+if TYPE_CHECKING:
+    from .sequence import Build
 
 __all__ = [
     "Labels",
@@ -68,7 +72,6 @@ __all__ = [
     "piece_bytes",
     "output_bytes",
     "key_fidelity",
-    "capture_key",
     "resolve_keys",
     "uses_keys",
     "keyed_steps",
@@ -138,12 +141,6 @@ def with_twin(
         if (bs, labels) in theirs:
             out.append((twin, bs, labels))
     return out
-
-
-def capture_key(phase: str, bs: int, labels: Labels = ()) -> tuple:
-    """A capture as the simulator takes it: ``(phase, size)``, with the labels of a graph
-    key that has them (so captures without labels are what they were before graph keys)."""
-    return (phase, bs, labels) if labels else (phase, bs)
 
 
 def piece_count(phase: Phase, model: Model) -> int | None:
@@ -229,19 +226,14 @@ def uses_keys(phase: Phase) -> bool:
     return any(getattr(phase, f) is not unset for f in ("variants", "pieces", "stream", "warmup_keeps", *KEY_FIELDS))
 
 
-def keyed_steps(
-    steps: list[Step],
-    labels: dict[str, Labels],
-    phases: dict[str, Phase],
-    model: Model,
-    workload: Workload,
-) -> list[Step]:
+def keyed_steps(b: Build, steps: list[Step], labels: dict[str, Labels]) -> list[Step]:
     """``steps`` with their graph-key fields: each capture and warm-up step's labels
     (``labels``: step id -> its labels, from the step graph), a capture's piece
     count, the stream a phase's graphs record on (its warm-ups run there too), and
     the bytes the first warm-up of a phase with ``warmup_keeps`` keeps: the outputs of
     the phase's largest graph (an engine sizes the buffers it keeps for the largest
     key and reuses them for the rest)."""
+    phases, model, workload = b.resolved.by_name, b.resolved.spec.model, b.resolved.workload
     out: list[Step] = []
     kept: set[str] = set()
     for s in steps:
@@ -263,38 +255,38 @@ def keyed_steps(
 
 
 def key_predictions(
-    steps: list[Step],
-    timeline: list[StepMemory],
-    phases: dict[str, Phase],
-    strategies: dict[str, Strategy],
-    model: Model,
-    workload: Workload,
-    expandable: bool,
-    base: Fidelity | None,
+    b: Build, steps: list[Step], timeline: list[StepMemory], base: Fidelity | None
 ) -> list[KeyPrediction]:
-    """One :class:`KeyPrediction` per capture step, in step order: the key's graph
-    alone (its pieces too), the pool's growth where the plan captures it, what its
-    warm-up keeps, and its fidelity (:func:`key_fidelity`)."""
+    """One :class:`KeyPrediction` per capture of ``b``'s sequence (the plan's capture steps,
+    in step order, with ``timeline``, the pool after each step): the key's graph alone (its
+    pieces too), the pool's growth where the plan captures it, what its warm-up keeps, and
+    its fidelity (:func:`key_fidelity`)."""
+    r = b.resolved
     reference = {name: axis.reference for name, axis in variant_axes().items()}
     alone: dict[tuple, tuple[int, list[int]]] = {}
-    keeps = {s.id.partition("/")[2]: s.keeps for s in steps if s.op == "warmup" and s.keeps is not msgspec.UNSET}
+    # what each warm-up keeps, by the key it runs (the warm-ups run in the sequence's order,
+    # each right before a capture that has one)
+    warmups = [s for s in steps if s.op == "warmup"]
+    warmed = [c for c in b.sequence.captures if c.warmup is not None]
+    keeps = {(c.phase, c.warmup, c.labels): s.keeps for s, c in zip(warmups, warmed) if s.keeps is not msgspec.UNSET}
     out: list[KeyPrediction] = []
     before = 0
+    captures = iter(b.sequence.captures)
     for s, mem in zip(steps, timeline):
         if s.op != "capture":
             continue
-        p, st = phases[s.phase], strategies[s.phase]
-        labels = parse_step_id(s.id)[3]
+        c = next(captures)
+        p, st, labels = r.by_name[c.phase], b.strategies[c.phase], c.labels
         # keys of one size share its program unless a trace recorded the key itself
-        recorded = (s.phase, s.bs, labels) in workload.programs if labels else False
-        key = capture_key(s.phase, s.bs, labels if recorded else ())
+        recorded = (c.phase, c.bs, labels) in r.workload.programs if labels else False
+        key = capture_key(c.phase, c.bs, labels if recorded else ())
         if key not in alone:
-            graph = simulate([key], {s.phase: st}, workload, expandable).pool_bytes
-            n = piece_count(p, model)
-            prog = workload.program(
-                s.phase, s.bs, hoisted=st.workspace == "hoisted", labels=key[2:][0] if recorded else ()
+            graph = simulate([key], {c.phase: st}, r.workload, PoolSetup(r.expandable)).pool_bytes
+            n = piece_count(p, r.spec.model)
+            prog = r.workload.program(
+                c.phase, c.bs, hoisted=st.workspace == "hoisted", labels=labels if recorded else ()
             )
-            alone[key] = (graph, piece_bytes(prog, n, expandable) if n else [])
+            alone[key] = (graph, piece_bytes(prog, n, r.expandable) if n else [])
         graph, pieces = alone[key]
         rough = bool(approximate_fields(p))  # a key field the program does not model (micro-batches)
         out.append(
@@ -303,7 +295,7 @@ def key_predictions(
                 graph_bytes=graph,
                 added_bytes=max(0, mem.reserved - before),
                 pieces=pieces,
-                kept_bytes=int(keeps.get(s.id.partition("/")[2], 0)),
+                kept_bytes=int(keeps.get((c.phase, c.bs, labels), 0)),  # pyright: ignore[reportArgumentType]
                 fidelity="recorded" if recorded and not rough else key_fidelity(base, labels, reference, rough),
             )
         )

@@ -22,22 +22,23 @@ import itertools
 
 import msgspec
 
+from capture_plan.schemas.capture_sequence import CaptureSequence
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.plan import Alternative, Decision, Strategy
 from capture_plan.schemas.spec import Choice, Phase, Rule
-from capture_plan.schemas.strategy import AXES, AXIS_VALUES
+from capture_plan.schemas.strategy import AXES, AXIS_VALUES, MEMORY_AXES
 from capture_plan.schemas.units import mib
 
 from ..inputs.resources import Backend
 from ..inputs.rules import choice_label, satisfies, violated
 from ..memory.analytic import workspace_bytes
-from ..memory.simulate import Simulation, Tail, pool_id
+from ..memory.simulate import PoolSetup, Simulation, Tail, pool_id
 from ..memory.workload import Workload
-from .keys import capture_key, key_sequence, twin_phases, with_twin
+from .keys import twin_phases
+from .sequence import capture_sequence
 
 __all__ = ["Problem", "Solution", "parse_pins", "optimize"]
 
-MEMORY_AXES = ("order", "outputs", "workspace", "pool")
 #: Every preset (36 decode sizes, 51 speculative) is compared exactly; a phase
 #: with more sizes is compared on SCREEN_SIZES of them, which keeps a
 #: 1024-size x 4-phase build near 2 s (bench/build_bench.py). `--exact` opts out.
@@ -93,7 +94,7 @@ class Problem(msgspec.Struct, frozen=True):
     workload: Workload
     pins: dict[str | None, dict[str, str]]
     #: the engines' loop: where the search starts when no rule prefers otherwise
-    baseline: Choice = Choice(order="largest-first", outputs="keep", workspace="pool", pool="shared")
+    baseline: Choice = Choice(**{ax: getattr(Strategy(), ax) for ax in MEMORY_AXES})
     expandable: bool = False
     library_bytes: int = 0
     #: phases with more sizes than SCREEN_ABOVE compare strategies on this many
@@ -253,13 +254,8 @@ def optimize(pb: Problem) -> Solution:
     protect = frozenset(p.name for p in pb.phases if p.output_lifetime == "across-phases")
     captures_for = {name: screened(by_name[name].sizes, pb.screen) for name in pb.sequence}
 
-    def ordered(n: str, st: Strategy) -> list[tuple[int, tuple]]:
-        # the sizes one phase captures in order, each once per graph key (planner/schedule/keys.py)
-        sizes = sorted(captures_for[n], reverse=st.order == "largest-first")
-        if n not in pb.keys:
-            return [(bs, ()) for bs in sizes]
-        combos, key_order, _ = pb.keys[n]
-        return key_sequence(sizes, combos, key_order)
+    # a phase with variant axes captures its keys in the order its rules set (its strategy's here)
+    key_orders = {n: k[1] for n, k in pb.keys.items()}
 
     def units_of(members: tuple[tuple[str, Strategy], ...]) -> tuple[tuple[tuple[str, Strategy], ...], ...]:
         # what one pool captures as units: a phase, or a phase and its twin when both are in it
@@ -272,14 +268,18 @@ def optimize(pb: Problem) -> Solution:
             units.append((m, twin) if twin is not None else (m,))
         return tuple(units)
 
-    def unit_captures(unit: tuple[tuple[str, Strategy], ...]) -> list[tuple[str, Strategy, int, tuple]]:
-        (n, st), *rest = unit
-        own = ordered(n, st)
-        if not rest:
-            return [(n, st, bs, labels) for bs, labels in own]
-        ((t, tst),) = rest
-        of = {n: st, t: tst}
-        return [(x, of[x], bs, labels) for x, bs, labels in with_twin(n, own, t, ordered(t, tst))]
+    unit_sequences: dict[tuple, CaptureSequence] = {}
+
+    def unit_sequence(unit: tuple[tuple[str, Strategy], ...]) -> CaptureSequence:
+        # what one unit captures, in order: its sizes compared (screened), each once per graph key
+        seq = unit_sequences.get(unit)
+        if seq is None:
+            strats = {
+                n: msgspec.structs.replace(st, key_order=key_orders[n]) if n in key_orders else st for n, st in unit
+            }
+            seq = capture_sequence([by_name[n] for n in strats], strats, sizes=captures_for)
+            unit_sequences[unit] = seq
+        return seq
 
     prefixes: dict[tuple, Simulation] = {}
     tails: dict[tuple, Tail] = {}
@@ -302,7 +302,7 @@ def optimize(pb: Problem) -> Solution:
             run = prefixes[(units[:j], guarded)].copy()
         else:
             first = members[0][0] == pb.sequence[0]  # the library lands in the first capture's pool
-            run = Simulation(pb.workload, pb.expandable, guarded, pb.library_bytes if first else 0)
+            run = Simulation(pb.workload, PoolSetup(pb.expandable, guarded, pb.library_bytes if first else 0))
         # Different strategies for a phase often leave its pool in the same
         # state (outputs freed, the same segments): the phases after it then
         # do exactly what they did before, so they are taken as recorded.
@@ -313,8 +313,9 @@ def optimize(pb: Problem) -> Solution:
             if hit is not None:
                 break
             starts.append((key, run.mark()))
-            for n, st, bs, labels in unit_captures(units[k]):
-                run.capture(n, bs, st, labels)
+            strats = dict(units[k])
+            for c in unit_sequence(units[k]).captures:
+                run.capture(c.phase, c.bs, strats[c.phase], c.labels)
             if k + 1 < len(units):
                 prefixes[(units[: k + 1], guarded)] = run.copy()
         for key, mark in starts:
@@ -327,13 +328,14 @@ def optimize(pb: Problem) -> Solution:
         # trying a strategy for a phase with its own pool never re-simulates
         # the shared one.
         if members not in memo:
-            seq = [capture_key(n, bs, labels) for u in units_of(members) for n, _, bs, labels in unit_captures(u)]
             sim = simulate_pool(members)
             memo[members] = (sim.pool_bytes, len(sim.hazards))
             if len(members) == len(pb.sequence) and all(
                 len(captures_for[n]) == len(by_name[n].sizes) for n, _ in members
             ):
-                sims[members] = (tuple(seq), sim)  # every phase, every size: a whole plan's simulation
+                # every phase, every size: a whole plan's simulation, by the captures it ran
+                keys = tuple(k for u in units_of(members) for k in unit_sequence(u).keys)
+                sims[members] = (keys, sim)
         return memo[members]
 
     def cost(strats: dict[str, Strategy]) -> tuple:

@@ -21,7 +21,7 @@ import msgspec
 from capture_plan.schemas.codec import seal, sha256
 from capture_plan.schemas.errors import ConstraintError
 from capture_plan.schemas.key_fields import set_key_fields
-from capture_plan.schemas.keys import needed_revision, parse_step_id
+from capture_plan.schemas.keys import needed_revision
 from capture_plan.schemas.plan import (
     INPUTS_REVISION,
     SIZES_REVISION,
@@ -39,7 +39,7 @@ from capture_plan.schemas.plan import (
     VariantAxis,
 )
 from capture_plan.schemas.spec import Spec
-from capture_plan.schemas.strategy import AXES
+from capture_plan.schemas.strategy import AXES, MEMORY_AXES
 from capture_plan.schemas.units import MiB, mib
 
 from ..inputs import resources
@@ -47,13 +47,14 @@ from ..inputs.build_options import build_record, normalized_command, relative
 from ..inputs.dimensions import model_used
 from ..inputs.rules import rule_text, satisfies
 from ..memory.analytic import workspace_bytes
-from ..memory.device import device_prediction, pools_after
+from ..memory.device import CaptureFigures, device_prediction, pools_after
 from ..memory.fidelity import fidelity
 from ..memory.simulate import SimResult, pool_id, simulate
-from .graph import StepGraph, build_steps, capture_order, fixed_by_spec
-from .keys import capture_key, key_predictions, key_sequence, keyed_steps, piece_count, uses_keys
-from .optimize import MEMORY_AXES, SCREEN_SIZES, Problem, optimize
+from .graph import StepGraph, build_steps, fixed_by_spec
+from .keys import key_predictions, keyed_steps, piece_count, uses_keys
+from .optimize import SCREEN_SIZES, Problem, Solution, optimize
 from .resolve import Resolved
+from .sequence import Build, capture_sequence
 
 __all__ = ["SizeRecord", "plan", "schedule"]
 
@@ -80,9 +81,8 @@ def _order_rule(rules, st: Strategy, pins: dict) -> str:
     return (meeting or preferring or ["optimizer"])[0]
 
 
-def _steps(
-    sg: StepGraph, order: list[str], strategies: dict[str, Strategy], phases: dict, backend: resources.Backend
-) -> list[Step]:
+def _steps(b: Build, sg: StepGraph, order: list[str]) -> list[Step]:
+    strategies, phases, backend = b.strategies, b.resolved.by_name, b.resolved.backend
     steps = []
     for i, sid in enumerate(order):
         node = sg.g.nodes[sid]
@@ -115,12 +115,13 @@ def _timeline(steps: list[Step], after_capture: list[tuple[int, int]]) -> list[S
     return timeline
 
 
-def _check_budget(r: Resolved, sol, pred: _Predicted) -> None:
+def _check_budget(b: Build, pred: _Predicted) -> None:
     """Refuse a plan over the spec's ``budget_mib``, naming the cheapest schedule
     the rules allow, per phase, at its real total. With ``--strategy`` pins that
     is the build without them (the alternatives a pinned build records are
     each priced with the other phases still pinned: their minimum named a
     schedule no build would make); without pins it is this plan."""
+    r, sol = b.resolved, b.solution
     spec = r.spec
     total = pred.sim.pool_bytes + pred.hoisted
     if spec.budget_mib is None or total <= spec.budget_mib * MiB:
@@ -131,7 +132,8 @@ def _check_budget(r: Resolved, sol, pred: _Predicted) -> None:
     if r.pins:
         free = r.without_pins()
         free_sol = _optimize(free)
-        free_pred = _predict(free, free_sol, _order(free, free_sol.strategies).steps)
+        free_build = _build(free, free_sol)
+        free_pred = _predict(free_build, _order(free_build).steps)
         cheapest, strategies = free_pred.sim.pool_bytes + free_pred.hoisted, free_sol.strategies
         named = "; ".join(f"{n}: {strategies[n].label()}" for n in r.sequence)
         found = (
@@ -182,13 +184,12 @@ def _phase_order_decision(spec: Spec, sequence: list[str], alone: dict[str, int]
     )
 
 
-def _reused_bytes(sims: dict, strategies: dict[str, Strategy], captures: list[tuple[str, int]]) -> int | None:
+def _reused_bytes(sims: dict, strategies: dict[str, Strategy], captures: tuple[tuple, ...]) -> int | None:
     """Pool bytes of ``captures`` under ``strategies`` if the optimizer already
     simulated exactly that (same captures in the same order, same memory axes;
     warm-ups and hazard tracking do not change the bytes); else None."""
-    key = tuple(captures)
     for members, (seq, sim) in sims.items():
-        if seq == key and all(_memory(st) == _memory(strategies[n]) for n, st in members):
+        if seq == captures and all(_memory(st) == _memory(strategies[n]) for n, st in members):
             return sim.pool_bytes
     return None
 
@@ -213,7 +214,23 @@ class _Predicted(msgspec.Struct, frozen=True):
     hoisted: int
 
 
-def _optimize(r: Resolved):
+def _with_key_orders(r: Resolved, strategies: dict[str, Strategy]) -> dict[str, Strategy]:
+    """``strategies`` in ``r``'s phase order, each phase with variant axes given the key
+    order its rules set (``r.keys``): each phase's strategy as a plan of ``r`` records it."""
+    return {
+        n: msgspec.structs.replace(strategies[n], key_order=r.keys[n][1]) if n in r.keys else strategies[n]
+        for n in r.sequence
+    }
+
+
+def _build(r: Resolved, sol: Solution) -> Build:
+    """``r`` under the optimizer's strategies (their key orders set), with the sequence they
+    capture: made once per plan, what the later steps read."""
+    chosen = _with_key_orders(r, sol.strategies)
+    return Build(r, chosen, capture_sequence([r.by_name[n] for n in r.sequence], chosen), sol)
+
+
+def _optimize(r: Resolved) -> Solution:
     """Step 2: each phase's strategy (optimize.py)."""
     return optimize(
         Problem(
@@ -232,7 +249,9 @@ def _optimize(r: Resolved):
     )
 
 
-def _order(r: Resolved, strategies: dict[str, Strategy]) -> _Ordered:
+def _order(b: Build) -> _Ordered:
+    """Step 3: the steps of the build's capture sequence, ordered by the rules' edges."""
+    r, strategies = b.resolved, b.strategies
     names = [p.name for p in r.spec.phases]
     pins = r.pins
     order_rule = {n: _order_rule(r.rules[n], strategies[n], {**pins.get(None, {}), **pins.get(n, {})}) for n in names}
@@ -241,26 +260,29 @@ def _order(r: Resolved, strategies: dict[str, Strategy]) -> _Ordered:
         n: next((x.id for x in r.rules[n] if any(c.workspace == "hoisted" for c in x.require)), "optimizer")
         for n in names
     }
-    sg = build_steps(r.by_name, r.sequence, strategies, order_rule, warm_rule, hoist_rule, r.forced, r.keys)
+    sg = build_steps(b, order_rule, warm_rule, hoist_rule)
     order = sg.order()
-    steps = _steps(sg, order, strategies, r.by_name, r.backend)
+    steps = _steps(b, sg, order)
     if any(uses_keys(p) for p in r.spec.phases):
         labels = {sid: sg.g.nodes[sid]["labels"] for sid in order}
-        steps = keyed_steps(steps, labels, r.by_name, r.spec.model, r.workload)
+        steps = keyed_steps(b, steps, labels)
     return _Ordered(graph=sg, order=order, steps=steps)
 
 
-def _predict(r: Resolved, sol, steps: list[Step]) -> _Predicted:
-    """The steps simulated exactly as ordered, at every size (the optimizer's
+def _predict(b: Build, steps: list[Step]) -> _Predicted:
+    """Step 4: the build's capture sequence simulated, at every size (the optimizer's
     simulation when it ran the same captures), and the engines' loop."""
+    r, sol = b.resolved, b.solution
     strategies = sol.strategies
-    captures = tuple(capture_key(s.phase, s.bs, parse_step_id(s.id)[3]) for s in steps if s.op == "capture")
+    if [s.id for s in steps if s.op == "capture"] != [c.id for c in b.sequence.captures]:
+        raise ConstraintError(  # the rules' edges only ever confirm the sequence's order
+            "the ordered steps capture in another order than the build's capture sequence",
+            where="planned step order",
+            fix="report this as a bug (`planner --debug` shows where); pin another order with -s meanwhile",
+        )
+    captures = tuple(c.key for c in b.sequence.captures)
     seen = sol.sims.get(tuple((n, strategies[n]) for n in r.sequence))
-    sim = (
-        seen[1]
-        if seen is not None and seen[0] == captures
-        else simulate(captures, strategies, r.workload, r.expandable, r.protect, r.library)
-    )
+    sim = seen[1] if seen is not None and seen[0] == captures else simulate(captures, strategies, r.workload, r.pools)
     if sim.hazards:  # the optimizer never picks such a schedule; this guards the step order
         raise ConstraintError(
             sim.hazards[0],
@@ -268,20 +290,17 @@ def _predict(r: Resolved, sol, steps: list[Step]) -> _Predicted:
             fix="report this as a bug (`planner --debug` shows where); pin another order with -s meanwhile",
         )
     baseline = resources.baseline()
-    base_st = {n: Strategy(**{ax: getattr(baseline, ax) for ax in AXES}) for n in r.sequence}
-    order = baseline.order
-    assert order is not None  # rules.toml's baseline sets every axis
-    # the engines' loop captures every graph key too: per size, every variant
-    base_seq = [
-        capture_key(n, bs, labels)
-        for n in r.sequence
-        for bs, labels in key_sequence(
-            capture_order(r.by_name[n].sizes, order), r.keys.get(n, ([()],))[0], "size-major"
-        )
-    ]
+    # rules.toml's baseline sets every axis it has a value for; another keeps Strategy's default
+    set_axes = {ax: getattr(baseline, ax) for ax in AXES if getattr(baseline, ax) is not None}
+    base_st = dict.fromkeys(r.sequence, Strategy(**set_axes))
+    # the engines' loop captures every graph key too: per size, every variant; a twin after its phase
+    loop = capture_sequence([r.by_name[n] for n in r.sequence], base_st, twins=False)
+    base_seq = tuple(c.key for c in loop.captures)
     baseline_bytes = _reused_bytes(sol.sims, base_st, base_seq)
     if baseline_bytes is None:
-        baseline_bytes = simulate(base_seq, base_st, r.workload, r.expandable, library_bytes=r.library).pool_bytes
+        # the engines' loop guards no outputs
+        loop_pools = r.pools._replace(protect=frozenset())
+        baseline_bytes = simulate(base_seq, base_st, r.workload, loop_pools).pool_bytes
     hoisted = sum(s.bytes for s in steps if s.op == "provision")
     return _Predicted(sim=sim, baseline_bytes=baseline_bytes, hoisted=hoisted)
 
@@ -305,10 +324,6 @@ def _phase_plan_keys(r: Resolved, name: str) -> dict:
 
         out |= reuse_fields(p)
     return out
-
-
-def _with_key_order(st: Strategy, keys: tuple | None) -> Strategy:
-    return st if keys is None else msgspec.structs.replace(st, key_order=keys[1])
 
 
 def _key_order_decisions(r: Resolved) -> list[Decision]:
@@ -336,25 +351,22 @@ def _key_order_decisions(r: Resolved) -> list[Decision]:
     return out
 
 
-def _assemble(r: Resolved, sol, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord | None) -> Plan:
+def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord | None) -> Plan:
     """Step 5: the Plan, sealed with its digest."""
-    opts, strategies, steps, spec, by_name = r.opts, sol.strategies, ordered.steps, r.spec, r.by_name
-    decisions = ([_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []) + sol.decisions
+    r, strategies = b.resolved, b.strategies
+    opts, steps, spec, by_name = r.opts, ordered.steps, r.spec, r.by_name
+    decisions = [_phase_order_decision(spec, r.sequence, r.alone)] if len(r.sequence) > 1 else []
+    decisions += b.solution.decisions
     if chosen is not None:
         decisions += chosen.decisions
     if r.keys:
         decisions += _key_order_decisions(r)
-        strategies = {
-            n: msgspec.structs.replace(st, key_order=r.keys[n][1]) if n in r.keys else st
-            for n, st in strategies.items()
-        }
     output = r.output
     timeline = _timeline(steps, pred.sim.after_capture)
     fid, describes, caveat = fidelity(
         r.workload.source,
         spec.model,
-        r.spec_read.model_config is not None,
-        r.spec_read.model_config[2] if r.spec_read.model_config else None,
+        r.spec_read.model_config,
         f"{relative(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "",
     )
     plan = Plan(
@@ -397,7 +409,7 @@ def _assemble(r: Resolved, sol, ordered: _Ordered, pred: _Predicted, chosen: Siz
             PhasePlan(
                 name=n,
                 kind=by_name[n].kind,
-                sizes=capture_order(by_name[n].sizes, strategies[n].order),
+                sizes=list(b.sequence.sizes[n]),
                 tokens_per_request=by_name[n].tokens_per_request,
                 output_lifetime=by_name[n].output_lifetime,
                 strategy=strategies[n],
@@ -424,22 +436,22 @@ def _assemble(r: Resolved, sol, ordered: _Ordered, pred: _Predicted, chosen: Siz
                 n: TraceSamples(measured=list(m), derived=list(d)) for n, (m, d) in sorted(r.workload.samples.items())
             },
             device=device_prediction(
-                pred.sim.pool_bytes,
-                pred.hoisted,
-                steps,
+                CaptureFigures(
+                    pool=pred.sim.pool_bytes,
+                    hoisted=pred.hoisted,
+                    steps=steps,
+                    pool_after=pools_after(steps, timeline),
+                    kept=sum(s.keeps for s in steps if s.keeps is not msgspec.UNSET)  # pyright: ignore[reportArgumentType]
+                    if any(s.keeps is not msgspec.UNSET for s in steps)
+                    else None,
+                ),
                 {p.name: p.kind for p in spec.phases},
                 r.calibration,
-                pools_after(steps, timeline),
-                kept=sum(s.keeps for s in steps if s.keeps is not msgspec.UNSET)  # pyright: ignore[reportArgumentType]
-                if any(s.keeps is not msgspec.UNSET for s in steps)
-                else None,
             ),
             fidelity=fid,
             describes=describes,
             caveat=caveat,
-            keys=key_predictions(steps, timeline, by_name, strategies, spec.model, r.workload, r.expandable, fid)
-            if any(uses_keys(p) for p in spec.phases)
-            else [],
+            keys=key_predictions(b, steps, timeline, fid) if any(uses_keys(p) for p in spec.phases) else [],
             sizes=chosen.sizes if chosen is not None else [],
         ),
     )
@@ -452,8 +464,7 @@ def _assemble(r: Resolved, sol, ordered: _Ordered, pred: _Predicted, chosen: Siz
 def schedule(r: Resolved) -> dict[str, Strategy]:
     """Each phase's strategy as a plan of ``r`` would capture it (its key order set), in the
     plan's phase order: what a size choice prices other lists under (planner/sizes/)."""
-    strategies = _optimize(r).strategies
-    return {n: _with_key_order(strategies[n], r.keys.get(n)) for n in r.sequence}
+    return _with_key_orders(r, _optimize(r).strategies)
 
 
 def plan(r: Resolved, chosen: SizeRecord | None = None) -> Plan:
@@ -462,8 +473,8 @@ def plan(r: Resolved, chosen: SizeRecord | None = None) -> Plan:
     predict memory -> the budget (a budget below the largest graph alone is refused here too,
     after the schedule is priced: the floor is no budget that fits, and the fix names one that
     does) -> assemble the sealed plan."""
-    sol = _optimize(r)
-    ordered = _order(r, sol.strategies)
-    predicted = _predict(r, sol, ordered.steps)
-    _check_budget(r, sol, predicted)
-    return _assemble(r, sol, ordered, predicted, chosen)
+    b = _build(r, _optimize(r))
+    ordered = _order(b)
+    predicted = _predict(b, ordered.steps)
+    _check_budget(b, predicted)
+    return _assemble(b, ordered, predicted, chosen)

@@ -38,11 +38,12 @@ from ..inputs.rules import Context, check_spec_rules, phase_rules
 from ..inputs.specs import default_spec, model_presets, read_spec_file
 from ..inputs.validate import decode_spec_sources
 from ..memory.device import Calibration
-from ..memory.simulate import simulate
+from ..memory.simulate import PoolSetup, simulate
 from ..memory.workload import Workload
-from .graph import StepGraph, capture_order, check_acyclic, phase_sequence
+from .graph import StepGraph, check_acyclic, phase_sequence
 from .keys import resolve_keys
 from .optimize import parse_pins
+from .sequence import capture_order
 
 __all__ = ["Resolved", "SpecRead", "resolve", "read_spec", "check_tp"]
 
@@ -188,29 +189,34 @@ def _read_trace(opts: BuildOptions, spec: Spec) -> tuple[Trace, Path, str] | Non
     return trace, path, sha256(raw)
 
 
-def _calibration(opts: BuildOptions, spec: Spec, traced_on: str, model: ModelUsed, base: Path):
+def _calibration(opts: BuildOptions, spec: Spec, model: ModelUsed, base: Path):
     """The calibration report's measured device items, and how the plan records it.
 
     ``base``: the plan's folder, which the plan records the report's path relative to.
-    Refused when the trace the prediction comes from was recorded on another
-    device: the items would describe another machine than the pool; and when the
-    report measured another backend or model than ``model`` (device.check_applies)."""
+    Refused when the report measured another backend or model than ``model``
+    (device.check_applies); and by :func:`_check_traced_on` when the trace the prediction
+    comes from was recorded on another device."""
     if opts.calibration is None:
         return None, None
-    from ..memory.device import read_calibration
+    from ..memory.device import Applies, read_calibration
 
-    shown, recorded = str(opts.calibration), relative(opts.calibration, base)
+    recorded = relative(opts.calibration, base)
     without = command_for_cwd(msgspec.structs.replace(opts, calibration=None))
     cal, raw = read_calibration(
-        opts.calibration, shown, {p.name: p.kind for p in spec.phases}, recorded, applies=(opts.backend, model, without)
+        opts.calibration, {p.name: p.kind for p in spec.phases}, recorded, Applies(opts.backend, model, without)
     )
-    if traced_on and cal.device.split(" sm")[0] not in traced_on:
+    return cal, (recorded, sha256(raw))
+
+
+def _check_traced_on(calibration: Calibration | None, traced_on: str, shown: str) -> None:
+    """Refuse a calibration measured on another device than the trace (``traced_on``) was
+    recorded on: its items would describe another machine than the pool."""
+    if calibration is not None and traced_on and calibration.device.split(" sm")[0] not in traced_on:
         raise InputError(
-            f"calibration was measured on {cal.device!r}, the trace recorded on {traced_on!r}",
+            f"calibration was measured on {calibration.device!r}, the trace recorded on {traced_on!r}",
             where=f"--calibration {shown}",
             fix="calibrate with a report from the device the trace was recorded on",
         )
-    return cal, (recorded, sha256(raw))
 
 
 def _forced_orders(spec: Spec, rules: dict, pins: dict) -> dict[str, list[tuple[str, str]]]:
@@ -265,6 +271,8 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     #: the device the trace was recorded on ("" for the analytic model)
     traced_on: str
     library: int
+    #: how its pools are simulated: ``expandable``, ``protect`` and ``library`` together
+    pools: PoolSetup
     calibration: Calibration | None
     #: (path relative to the plan, digest) of the calibration report
     calibration_record: tuple[str, str] | None
@@ -310,7 +318,10 @@ def _sized(read: dict, spec: Spec) -> Resolved:
         workload = Workload.from_trace(trace, spec.phases, str(read["trace_path"]), spec.model)
     alone = {
         p.name: simulate(
-            [(p.name, max(p.sizes))], {p.name: Strategy()}, workload, read["expandable"], library_bytes=read["library"]
+            [(p.name, max(p.sizes))],
+            {p.name: Strategy()},
+            workload,
+            PoolSetup(read["expandable"], library_bytes=read["library"]),
         ).pool_bytes
         for p in spec.phases
     }
@@ -353,8 +364,12 @@ def resolve(opts: BuildOptions) -> Resolved:
     traced = _read_trace(opts, spec)
     traced_on = traced[0].device if traced is not None else ""
     calibration, calibration_record = _calibration(
-        opts, spec, traced_on, model_used(spec, spec_read.sources, spec_read.config_keys), output.parent
+        opts, spec, model_used(spec, spec_read.sources, spec_read.config_keys), output.parent
     )
+    _check_traced_on(calibration, traced_on, str(opts.calibration))
+    expandable = allocator == "expandable"
+    protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
+    library = int(spec.library_mib * MiB)
     read = dict(
         opts=opts,
         output=output,
@@ -363,15 +378,16 @@ def resolve(opts: BuildOptions) -> Resolved:
         spec_source=spec_source,
         tp=tp,
         allocator=allocator,
-        expandable=allocator == "expandable",
-        protect=frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases"),
+        expandable=expandable,
+        protect=protect,
         all_rules=list(resources.builtin_rules()) + list(spec.rules),
         pins=pins,
         trace=traced[0] if traced is not None else None,
         trace_path=traced[1] if traced is not None else None,
         trace_digest=traced[2] if traced is not None else None,
         traced_on=traced_on,
-        library=int(spec.library_mib * MiB),
+        library=library,
+        pools=PoolSetup(expandable, protect, library),
         calibration=calibration,
         calibration_record=calibration_record,
     )

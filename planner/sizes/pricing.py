@@ -13,22 +13,18 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-import msgspec
-
-from capture_plan.schemas.keys import step_id
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
-from capture_plan.schemas.spec import Phase, Spec
+from capture_plan.schemas.spec import Phase
 
 from ..inputs.build_options import SizeChoiceOptions
 from ..inputs.specs import _expand, engine_preset, sgl_sizes
 from ..memory.analytic import workspace_bytes
-from ..memory.device import Calibration, device_prediction
+from ..memory.device import Calibration, CaptureFigures, device_prediction
 from ..memory.simulate import simulate
 from ..memory.workload import Workload
-from ..schedule.graph import capture_order
-from ..schedule.keys import capture_key, key_sequence, phase_combos
 from ..schedule.resolve import Resolved
+from ..schedule.sequence import capture_sequence
 from .size_front import Best, expected
 from .step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, Measured, StepTime, device_roofline, measured_times, roofline
 
@@ -66,9 +62,7 @@ class Memory:
         self.workload = workload
         self.strategies = strategies
         self.sequence = list(strategies)
-        self.expandable = r.expandable
-        self.library = r.library
-        self.protect = r.protect
+        self.pools = r.pools
         self.calibration: Calibration | None = r.calibration
         self._seen: dict[tuple, tuple[int, int, int | None]] = {}
 
@@ -77,18 +71,10 @@ class Memory:
         key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
         if key in self._seen:
             return self._seen[key]
-        # every graph key of a phase with variants, in the key order the spec's build chose (planner/schedule/keys.py)
-        keys = [
-            (n, bs, labels)
-            for n in self.sequence
-            for bs, labels in key_sequence(
-                capture_order(lists[n], self.strategies[n].order),
-                phase_combos(self.phases[n]),
-                "size-major" if self.strategies[n].key_order is msgspec.UNSET else str(self.strategies[n].key_order),
-            )
-        ]
-        captures = [capture_key(n, bs, labels) for n, bs, labels in keys]
-        sim = simulate(captures, self.strategies, self.workload, self.expandable, self.protect, self.library)
+        # every graph key of a phase with variants, in the key order the spec's build chose
+        # (planner/schedule/sequence.py); each phase's captures after the one before it
+        seq = capture_sequence([self.phases[n] for n in self.sequence], self.strategies, sizes=lists, twins=False)
+        sim = simulate(seq.keys, self.strategies, self.workload, self.pools)
         hoisted = sum(
             workspace_bytes(self.backend, max(lists[n]), self.phases[n].tokens_per_request)
             for n in self.sequence
@@ -96,23 +82,23 @@ class Memory:
         )
         total = None
         if self.calibration is not None:
-            steps = [
-                Step(index=i, id=step_id("capture", n, bs, labels), op="capture", phase=n, bs=bs)
-                for i, (n, bs, labels) in enumerate(keys)
-            ]
+            steps = [Step(index=i, id=c.id, op="capture", phase=c.phase, bs=c.bs) for i, c in enumerate(seq.captures)]
             kinds = {n: p.kind for n, p in self.phases.items()}
-            total = device_prediction(sim.pool_bytes, hoisted, steps, kinds, self.calibration).total_bytes
+            figures = CaptureFigures(pool=sim.pool_bytes, hoisted=hoisted, steps=steps)
+            total = device_prediction(figures, kinds, self.calibration).total_bytes
         out = self._seen[key] = (sim.pool_bytes, hoisted, total)
         return out
 
 
-def phase_step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend) -> StepTime:
+def phase_step_time(opts: SizeChoiceOptions, r: Resolved, phase: Phase, timing) -> StepTime:
+    """``phase``'s step time per size: measured (``timing``: a report with replay times and
+    how to name it), else the roofline of ``r``'s model on ``opts``' device and context."""
     if timing is not None:
         rep, shown = timing
         return measured_times(rep, shown, phase.name)
     device = device_roofline(opts.device or DEFAULT_DEVICE)
     context = DEFAULT_CONTEXT if opts.context is None else opts.context
-    return roofline(spec.model, phase, tp, device, context, backend)
+    return roofline(r.spec.model, phase, r.tp, device, context, r.backend)
 
 
 def engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:

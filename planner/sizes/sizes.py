@@ -51,8 +51,8 @@ from pathlib import Path
 
 import msgspec
 
+from capture_plan.schemas.build_flags import BUILD_FLAG, out_of_bounds
 from capture_plan.schemas.errors import ConstraintError, InputError
-from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Plan, SizeWorth, Strategy
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.units import MiB
@@ -225,36 +225,20 @@ def choose(
                 fix="name one of them with --phase, or leave --phase out for every phase",
             )
     default_phases = list(opts.traffic_phases) or names
-    if opts.max_size is not None and not 1 <= opts.max_size <= MAX_BS:
-        raise InputError(
-            f"must be 1..{MAX_BS}, got {opts.max_size}",
-            where="--max-size",
-            fix="give the largest batch the engine schedules",
-        )
-    for flag, name, v in (
-        ("--max-graphs", "max_graphs", opts.max_graphs),
-        ("--upto", "upto", upto),
-        ("--context", "context", opts.context),
-    ):
-        if v is not None and v < 1:
-            raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, name)
-    if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
-        raise _bad_option(
-            f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
-            "--max-padding",
-            "--max-padding",
-            "max_padding",
-        )
-    if opts.budget_mib is not None and not 0 < opts.budget_mib < 2**30:
-        b = opts.budget_mib
-        what = (
-            f"must be a finite number of MiB, got {b:g}"
-            if not math.isfinite(b)
-            else f"must be more than 0 MiB, got {b:g}"
-            if b <= 0
-            else f"must be below 2**30 MiB (1 PiB, more than any device holds), got {b:g}"
-        )
-        raise _bad_option(what, "--budget-mib", "--budget-mib", "budget_mib")
+    # each option's bounds are its row's (schemas/build_flags.py)
+    bad = out_of_bounds("max_size", opts.max_size)
+    if bad is not None:
+        raise InputError(bad, where="--max-size", fix="give the largest batch the engine schedules")
+    for name in ("max_graphs", "upto", "context", "max_padding", "budget_mib"):
+        if name == "upto":  # planner sizes' own option, no build option
+            if upto is not None and upto < 1:
+                raise _bad_option(f"must be 1 or more, got {upto}", f"--upto {upto}", "--upto", "upto")
+            continue
+        value = getattr(opts, name)
+        bad = out_of_bounds(name, value)
+        if bad is not None:
+            flag = BUILD_FLAG[name].flag
+            raise _bad_option(bad, f"{flag} {value}" if BUILD_FLAG[name].kind == "int" else flag, flag, name)
     top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
     traffic = read_traffic(
         opts.traffic,
@@ -266,7 +250,6 @@ def choose(
     timing = read_timing(opts.timing) if opts.timing is not None else None
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
     measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
-    tp = b.tp if b.tp is not None else resolved.tp
     # SGLang's speculative size list where a phase is one of its speculative algorithms' (presets.toml)
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
@@ -297,7 +280,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(opts, resolved, phase, tp, timing, r.backend),
+            time=phase_step_time(opts, r, phase, timing),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
