@@ -65,7 +65,7 @@ def calibration_graph(path: Path, device_name: str, plan: Plan | None, plan_sour
 
     shown = str(path)
     phases = {} if plan is None else {p.name: p.kind for p in plan.phases}
-    cal, raw = read_calibration(path, shown, phases, shown)
+    cal, raw = read_calibration(path, phases, shown)
     dev_name, _ = device(device_name)
     measured_on = cal.device.split(" sm")[0]
     if measured_on != dev_name:
