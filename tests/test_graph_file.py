@@ -11,6 +11,8 @@ import struct
 import msgspec
 import pytest
 
+pytest.importorskip("torch")  # the executor imports torch (its graph walk shares exec_update's tables)
+
 from capture_plan.executor import ExecutorError, graph_file as gf
 from capture_plan.executor.graph_validity import GraphEnvironment, check_valid
 from capture_plan.executor.graph_walk import device_addresses, tensor_map_params, walk_graph
