@@ -154,7 +154,7 @@ class _Graph:
 
 @pytest.fixture
 def hooked(monkeypatch):
-    import torch
+    torch = pytest.importorskip("torch")
 
     hooks = _HookedTorch()
     monkeypatch.setattr(
@@ -231,6 +231,7 @@ def test_without_capture_hooks_the_observer_wraps_capture_begin_and_restores_it(
 
 
 def test_graph_pools_asks_pools_where_torch_has_it_else_pool():
+    pytest.importorskip("torch")
     from capture_plan.executor.recording import graph_pools
 
     class Old:
