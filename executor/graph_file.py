@@ -202,7 +202,7 @@ def current_environment(
         device=torch.cuda.get_device_name(),
         capability=f"{major}.{minor}",
         driver=driver_version(),
-        torch=torch.__version__,
+        torch=str(torch.__version__),  # a TorchVersion, which msgpack does not encode
         cuda=str(torch.version.cuda),
         libraries={lib.name: lib.digest for lib in kernel_libraries()},
         tensors={n: t.untyped_storage().nbytes() for n, t in tensors.items()},  # pyright: ignore[reportAttributeAccessIssue]
