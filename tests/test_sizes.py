@@ -458,3 +458,37 @@ def test_graph_keys_are_priced_as_the_plan_captures_them():
     assert res.plan.predicted.pool_bytes == ph.chosen.pool_bytes
     sglang = next(r for r in ph.defaults if r.label == "SGLang default")
     assert sglang.pool_bytes > ph.chosen.pool_bytes  # 72 kept graphs against 12
+
+
+# -- issue 49 ------------------------------------------------------------------------------------
+
+
+def test_context_is_bounded_by_the_models_window_else_the_planners(cli, tmp_path):
+    """Issue 49, item 4: ``--context 1000000000000`` priced steps of ~1.8e9 ms (failed before)."""
+    from capture_plan.schemas.limits import MAX_CONTEXT
+    from cli_inputs import LLAMA
+
+    traffic = tmp_path / "t.csv"
+    traffic.write_text("size,count\n1,5\n2,3\n")
+    sized = ["sizes", "-b", "fa3", "--traffic", str(traffic)]
+    one_line_error(
+        cli(*sized, "--context", str(10**12)), "--context 1000000000000", f"must be 1..{MAX_CONTEXT:,}", "fix:"
+    )
+    one_line_error(cli(*sized, "--context", "0"), "--context 0", "must be 1..")
+    assert cli(*sized, "--context", str(MAX_CONTEXT))[0] == 0
+    # a model whose config names its window: that is the bound, and the error says where it is from
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": 2048}))
+    (tmp_path / "m.toml").write_text(
+        'budget_mib = 4096\n[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\n'
+        "sizes = [1, 2]\n"
+    )
+    own = [*sized, "--spec", str(tmp_path / "m.toml")]
+    one_line_error(
+        cli(*own, "--context", "2049"),
+        "--context 2049",
+        "must be 1..2,048, the model's max_position_embeddings",
+        "config.json: $.max_position_embeddings",
+    )
+    code, out, err = cli(*own, "--context", "2048")
+    assert code == 0, err
+    assert "context 2048 tokens" in out

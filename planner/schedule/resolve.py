@@ -64,6 +64,9 @@ class SpecRead(msgspec.Struct, frozen=True, kw_only=True):
     sources: dict[str, DimensionSource]
     #: the config.json key each dimension from a config was read from
     config_keys: dict[str, str]
+    #: the model's longest context and where its config says so (``max_position_embeddings``;
+    #: hf_config.context_window), None where no config names one
+    context_window: tuple[int, str] | None = None
 
 
 def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
@@ -87,7 +90,7 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
                 fix=f"start a spec from `{show} > my.toml` and build with --spec my.toml, "
                 "or write the phases and sizes into your spec",
             )
-        from ..inputs.hf_config import read_model_config  # only specs from files name a model config
+        from ..inputs.hf_config import context_window, read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
         source, sources = decode_spec_sources(raw, str(opts.spec), presets=model_presets())
@@ -106,6 +109,7 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
             model_config=used,
             sources=sources,
             config_keys=config_keys,
+            context_window=context_window(config_raw, config) if config is not None else None,
         )
     spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
     return SpecRead(

@@ -52,7 +52,7 @@ from pathlib import Path
 import msgspec
 
 from capture_plan.schemas.errors import ConstraintError, InputError
-from capture_plan.schemas.limits import MAX_BS
+from capture_plan.schemas.limits import MAX_BS, MAX_CONTEXT
 from capture_plan.schemas.plan import Plan, SizeWorth, Strategy
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.units import MiB
@@ -208,6 +208,19 @@ def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
     return err
 
 
+def _check_context(context: int | None, window: tuple[int, str] | None) -> None:
+    """``--context`` (tokens of KV cache a request reads) is 1 to the model's context window
+    (its config's ``max_position_embeddings``: ``window``), else to limits.MAX_CONTEXT: a
+    request longer than the model attends over prices no step the engine runs."""
+    if context is None:
+        return
+    top, why = window if window is not None else (MAX_CONTEXT, "the planner's bound (no model config names one)")
+    if window is not None:
+        why = f"the model's max_position_embeddings ({why})"
+    if not 1 <= context <= top:
+        raise _bad_option(f"must be 1..{top:,}, {why}, got {context:,}", f"--context {context}", "--context", "context")
+
+
 def choose(
     r: Resolved, opts: SizeChoiceOptions, *, upto: int | None = None, every: bool = False, worth: bool = False
 ) -> Choice:
@@ -234,10 +247,10 @@ def choose(
     for flag, name, v in (
         ("--max-graphs", "max_graphs", opts.max_graphs),
         ("--upto", "upto", upto),
-        ("--context", "context", opts.context),
     ):
         if v is not None and v < 1:
             raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, name)
+    _check_context(opts.context, r.spec_read.context_window)
     if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
         raise _bad_option(
             f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
