@@ -492,3 +492,34 @@ def test_context_is_bounded_by_the_models_window_else_the_planners(cli, tmp_path
     code, out, err = cli(*own, "--context", "2048")
     assert code == 0, err
     assert "context 2048 tokens" in out
+
+
+def test_a_calibration_is_priced_with_its_own_devices_roofline(cli, tmp_path):
+    """Issue 49, item 5: an H200 calibration with ``--device "NVIDIA H100 80GB HBM3"`` priced the
+    H200's device total beside the H100's step times, unsaid (failed before: it was accepted)."""
+    root = Path(__file__).parent.parent
+    cal = root / "plans/calibration/h200-fa3-ci.json"
+    sized = ["sizes", "-b", "fa3", "--ci", "--traffic", str(SKEWED), "--calibration", str(cal)]
+    one_line_error(
+        cli(*sized, "--device", "NVIDIA H100 80GB HBM3"),
+        "--device NVIDIA H100 80GB HBM3 with --calibration",
+        "measured on 'NVIDIA H200'",
+        "fix: leave --device out",
+    )
+    code, out, err = cli(*sized)  # the fix works
+    assert code == 0, err
+    assert "roofline of NVIDIA H200" in out
+    assert cli(*sized, "--device", "NVIDIA H200")[0] == 0  # the calibration's own device, named
+    # a calibration measured on an H100: its roofline is the H100's, not the default H200's
+    h100 = tmp_path / "h100.json"
+    dims = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "intermediate": 14336}
+    dims |= {"vocab": 128256, "dtype_bytes": 2, "logits_dtype_bytes": 4}  # the embedded model's (calibrations.toml)
+    raw = {**json.loads(cal.read_text()), "backend": "fa3", "model": {"dimensions": dims}}
+    h100.write_text(json.dumps({**raw, "device": raw["device"].replace("NVIDIA H200", "NVIDIA H100 80GB HBM3")}))
+    code, out, err = cli(*sized[:-1], str(h100))
+    assert code == 0, err
+    assert "roofline of NVIDIA H100 80GB HBM3" in out
+    # one measured on a device the roofline table lacks: refused, naming the calibration
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**raw, "device": raw["device"].replace("NVIDIA H200", "NVIDIA Z9")}))
+    one_line_error(cli(*sized[:-1], str(other)), "--calibration", "no roofline figures for 'NVIDIA Z9'", "--timing")

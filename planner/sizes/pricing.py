@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.keys import step_id
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
@@ -30,9 +31,18 @@ from ..schedule.graph import capture_order
 from ..schedule.keys import capture_key, key_sequence, phase_combos
 from ..schedule.resolve import Resolved
 from .size_front import Best, expected
-from .step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, Measured, StepTime, device_roofline, measured_times, roofline
+from .step_time import (
+    DEFAULT_CONTEXT,
+    DEFAULT_DEVICE,
+    Measured,
+    StepTime,
+    device_names,
+    device_roofline,
+    measured_times,
+    roofline,
+)
 
-__all__ = ["Row", "Memory", "Pricing", "phase_step_time", "engine_defaults", "covering", "budget_of"]
+__all__ = ["Row", "Memory", "Pricing", "phase_step_time", "roofline_device", "engine_defaults", "covering", "budget_of"]
 
 
 @dataclass(frozen=True)
@@ -106,11 +116,43 @@ class Memory:
         return out
 
 
-def phase_step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend) -> StepTime:
+def roofline_device(opts: SizeChoiceOptions, calibration: Calibration | None, calibration_path: object) -> str:
+    """The device whose roofline prices a step: ``--device``, else the calibration's (a list's
+    device total is that device's: its step times are then of the same one), else
+    :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration was
+    measured on is refused: the figures of two devices would sit in one row, unsaid."""
+    if calibration is None:
+        return opts.device or DEFAULT_DEVICE
+    measured = calibration.device.split(" sm")[0].strip()
+    if opts.device is None:
+        if measured not in device_names():
+            raise InputError(
+                f"no roofline figures for {measured!r}, the device the calibration was measured on",
+                where=f"--calibration {calibration_path}",
+                fix="measure step times on it with --timing REPORT, or add it to planner/data/devices.toml [roofline]",
+            )
+        return measured
+    named = device_roofline(opts.device).name
+    if named != measured:
+        err = InputError(
+            f"the calibration was measured on {measured!r}, the roofline is of {named!r}: a list's device "
+            "total and its step time would be of two devices",
+            where=f"--device {opts.device} with --calibration {calibration_path}",
+            fix=f"leave --device out (the roofline is then the {measured}'s), or give a calibration "
+            f"(a capture report) measured on the {named}",
+        )
+        err.retry = {"device": None}
+        raise err
+    return named
+
+
+def phase_step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend, device_name: str):
+    """A step time per size of ``phase``: the timing report's, else the roofline of ``device_name``
+    (:func:`roofline_device`)."""
     if timing is not None:
         rep, shown = timing
         return measured_times(rep, shown, phase.name)
-    device = device_roofline(opts.device or DEFAULT_DEVICE)
+    device = device_roofline(device_name)
     context = DEFAULT_CONTEXT if opts.context is None else opts.context
     return roofline(spec.model, phase, tp, device, context, backend)
 

@@ -61,7 +61,7 @@ from ..inputs import resources
 from ..inputs.build_options import BuildOptions, SizeChoiceOptions
 from ..schedule import pipeline
 from ..schedule.resolve import Resolved, resolve
-from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time
+from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time, roofline_device
 from .size_front import best_lists, candidates, expected, size_runs
 from .step_time import (
     capture_seconds,
@@ -284,6 +284,7 @@ def choose(
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
+    device = roofline_device(opts, r.calibration, b.calibration) if timing is None else ""
     reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
     all_sizes = {
@@ -310,7 +311,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(opts, resolved, phase, tp, timing, r.backend),
+            time=phase_step_time(opts, resolved, phase, tp, timing, r.backend, device),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
