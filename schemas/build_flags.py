@@ -87,7 +87,8 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "traffic",
         "--traffic",
         "path",
-        "Batch sizes the engine ran: size,count CSV (or phase,size,count), JSON {PHASE: {SIZE: COUNT}}, "
+        "Batch sizes the engine ran: size,count CSV (or phase,size,count; columns named in a header in any "
+        "order; one size a line, each a step; , ; or tab), JSON {PHASE: {SIZE: COUNT}}, "
         "or a Prometheus scrape holding vllm:iteration_tokens_total.",
     ),
     BuildFlag(

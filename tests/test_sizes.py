@@ -66,6 +66,28 @@ def test_the_traffic_forms_read_alike():
         assert not tr.notes
 
 
+def test_a_serving_logs_export_reads_as_its_counts():
+    """Issue 49, item 9: a size on several lines, a one-column per-step log, a ``count,size``
+    header and ``;`` separators were refused (each fails before)."""
+    want = {"decode": {1: 5.0, 3: 2.0, 9: 7.0}}
+    forms = [
+        "size,count\n1,2\n3,2\n9,7\n1,3\n",  # a size listed twice: its steps added
+        "1\n9\n3\n1\n9\n1\n9\n9\n1\n9\n3\n9\n1\n9\n",  # one size a line: each line a step
+        "size\n" + "1\n" * 5 + "3\n" * 2 + "9\n" * 7,  # the same with its header
+        "count,size\n5,1\n2,3\n7,9\n",  # the columns named, in the other order
+        "Count;Size\n5;1\n2;3\n7;9\n",
+        "size;count\n1;5\n3;2\n9;7\n",  # ;-separated (a comma-decimal locale's spreadsheet)
+        "1;5\n3;2\n9;7\n",
+        "# phase first or last\nsize;count;phase\n1;5;decode\n3;2;decode\n9;4;decode\n9;3;decode\n",
+        "phase,size\ndecode,1\ndecode,1\ndecode,1\ndecode,1\ndecode,1\ndecode,3\ndecode,3\n"
+        + "decode,9\n" * 7,  # a per-step log of a named phase
+    ]
+    for text in forms:
+        tr = _parse(text)
+        assert tr.phases == want, text
+        assert tr.form == "csv" and not tr.notes
+
+
 def test_traffic_without_phase_names_goes_to_the_phases_asked():
     tr = _parse("1,4\n2,1\n", phases={"target_verify": 4, "draft_decode": 1}, default=["draft_decode"])
     assert tr.phases == {"draft_decode": {1: 4.0, 2: 1.0}}
@@ -113,7 +135,10 @@ def test_single_size_buckets_are_exact_and_a_histogram_counts_tokens():
         ("size,count\n1,2.5\n", ["t.csv:2", "not a whole number of steps"]),
         ("size,count\n0,2\n", ["t.csv:2", "out of range"]),
         ("sizes,counts\n1,2\n", ["t.csv:1", "expected a header"]),
-        ("size,count\n1,2\n1,3\n", ["t.csv:3", "listed twice"]),
+        ("count,size\n2\n", ["t.csv:2", "expected 2 columns, got 1", "write count,size on every line"]),
+        ("size,size\n1,2\n", ["t.csv:1", "expected a header naming size"]),
+        ("count\n1\n", ["t.csv:1", "expected a header naming size"]),
+        ("1,2,3,4\n", ["t.csv:1", "expected 1 to 3 columns, got 4"]),
         ("size,count\n1,0\n2,0\n", ["has no steps"]),
         ("", ["t.csv: the traffic lists no batch sizes (the file is empty"]),  # issue 40: was "every count is 0"
         ("size,count\n# none yet\n", ["the traffic lists no batch sizes"]),
@@ -388,7 +413,8 @@ def test_cli_reads_a_prometheus_scrape_for_vllms_phases(cli):
 
 
 _PIECES = st.sampled_from(
-    ["size,count", "phase,size,count", "decode,", "1", "9", "-3", "2.5", "1e3", ",", "\n", " ", "#", "{", "}", '"',
+    ["size,count", "phase,size,count", "count;size", "size", ";",
+     "decode,", "1", "9", "-3", "2.5", "1e3", ",", "\n", " ", "#", "{", "}", '"',
      ":", "[", "]", "le=", 'x_bucket{le="4.0"} 3', "vllm:iteration_tokens_total_bucket", '{le="+Inf"}', "nan", "\xff"]
 )  # fmt: skip
 
