@@ -549,3 +549,18 @@ def test_a_calibration_is_priced_with_its_own_devices_roofline(cli, tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**raw, "device": raw["device"].replace("NVIDIA H200", "NVIDIA Z9")}))
     one_line_error(cli(*sized[:-1], str(other)), "--calibration", "no roofline figures for 'NVIDIA Z9'", "--timing")
+
+
+def test_the_written_spec_of_a_config_model_builds(cli, tmp_path):
+    """Its [model] listed the default dimensions beside the config, which a build refuses
+    ("[model] names a config and also lists layers, ..."; failed before)."""
+    from cli_inputs import LLAMA, SPEC
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    (tmp_path / "m.toml").write_text('[model]\nconfig = "config.json"\n' + SPEC)
+    (tmp_path / "t.csv").write_text("size,count\n1,5\n2,3\n")
+    args = ("sizes", "-b", "fa3", "--spec", "m.toml", "--traffic", "t.csv", "--write-spec", "w.toml")
+    assert cli(*args)[0] == 0
+    code, out, err = cli("build", "-b", "fa3", "--spec", "w.toml", "--dry-run")
+    assert code == 0, err
+    assert "config.json); logits" in out

@@ -76,9 +76,14 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
         # file lists its own, and merging the two would leave no one place that says what is
         # captured (--tp and --allocator do apply: they override the file's tp and allocator)
+        # --preset (and --max-bs with it) is the one exception: the preset's phases, sizes and rules
+        # for the spec's model (_on_preset), the spec's phases replaced as the docs say
         pairs = [
             (flag, str(v))
-            for flag, v in (("--speculative", opts.speculative), ("--preset", opts.preset), ("--max-bs", opts.max_bs))
+            for flag, v in (
+                ("--speculative", opts.speculative),
+                ("--max-bs", opts.max_bs if opts.preset is None else None),
+            )
             if v is not None
         ]
         if pairs:
@@ -101,6 +106,8 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         if config is not None:
             used = (relative(Path(config), base), sha256(config_raw), _model_type(config_raw))
         sources.update({f: "config" for f in MOE if f in config_keys})  # the MoE fields a config gives are its
+        if opts.preset is not None:
+            source = _on_preset(source, opts)
         return SpecRead(
             spec=msgspec.structs.replace(source, model=model),
             source=source,
@@ -121,6 +128,17 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         sources=preset_sources(spec.model),
         config_keys={},
     )
+
+
+def _on_preset(source: Spec, opts: BuildOptions) -> Spec:
+    """``--preset NAME --spec FILE``: the preset's phases at its sizes (up to ``--max-bs``) and its
+    rules, for the spec's model (its ``[model]`` as written: a config is read after), name, tp,
+    allocator, budget, library workspaces and trace; the spec's own phases and rules are replaced
+    (the preset's are the engine's). What ``planner sizes --write-spec`` writes of it is a spec of
+    its own (the preset's phases in it) that builds without ``--preset``."""
+    assert opts.preset is not None
+    preset = default_spec(None, opts.max_bs, opts.preset)
+    return msgspec.structs.replace(source, phases=preset.phases, rules=preset.rules)
 
 
 def _model_type(config_raw: bytes) -> str | None:
