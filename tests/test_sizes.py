@@ -518,6 +518,11 @@ def test_context_is_bounded_by_the_models_window_else_the_planners(cli, tmp_path
     code, out, err = cli(*own, "--context", "2048")
     assert code == 0, err
     assert "context 2048 tokens" in out
+    # a window shorter than the default context: the default is the window
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": 512}))
+    code, out, err = cli(*own)
+    assert code == 0, err
+    assert "context 512 tokens" in out
 
 
 def test_a_calibration_is_priced_with_its_own_devices_roofline(cli, tmp_path):

@@ -32,7 +32,6 @@ from ..schedule.keys import capture_key, key_sequence, phase_combos
 from ..schedule.resolve import Resolved
 from .size_front import Best, expected
 from .step_time import (
-    DEFAULT_CONTEXT,
     DEFAULT_DEVICE,
     Measured,
     StepTime,
@@ -146,14 +145,13 @@ def roofline_device(opts: SizeChoiceOptions, calibration: Calibration | None, ca
     return named
 
 
-def phase_step_time(opts: SizeChoiceOptions, spec: Spec, phase: Phase, tp: int, timing, backend, device_name: str):
+def phase_step_time(spec: Spec, phase: Phase, tp: int, timing, backend, device_name: str, context: int) -> StepTime:
     """A step time per size of ``phase``: the timing report's, else the roofline of ``device_name``
-    (:func:`roofline_device`)."""
+    (:func:`roofline_device`) with requests reading ``context`` tokens of KV cache."""
     if timing is not None:
         rep, shown = timing
         return measured_times(rep, shown, phase.name)
     device = device_roofline(device_name)
-    context = DEFAULT_CONTEXT if opts.context is None else opts.context
     return roofline(spec.model, phase, tp, device, context, backend)
 
 

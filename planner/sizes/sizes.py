@@ -64,6 +64,7 @@ from ..schedule.resolve import Resolved, resolve
 from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time, roofline_device
 from .size_front import best_lists, candidates, expected, size_runs
 from .step_time import (
+    DEFAULT_CONTEXT,
     capture_seconds,
     read_timing,
 )
@@ -208,17 +209,19 @@ def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
     return err
 
 
-def _check_context(context: int | None, window: tuple[int, str] | None) -> None:
-    """``--context`` (tokens of KV cache a request reads) is 1 to the model's context window
-    (its config's ``max_position_embeddings``: ``window``), else to limits.MAX_CONTEXT: a
-    request longer than the model attends over prices no step the engine runs."""
+def _context(context: int | None, window: tuple[int, str] | None) -> int:
+    """The tokens of KV cache a request reads, for the roofline: ``--context``, 1 to the model's
+    context window (its config's ``max_position_embeddings``: ``window``), else to
+    limits.MAX_CONTEXT (a request longer than the model attends over prices no step the engine
+    runs); not given, step_time.DEFAULT_CONTEXT, or the window where that is shorter."""
     if context is None:
-        return
+        return DEFAULT_CONTEXT if window is None else min(DEFAULT_CONTEXT, window[0])
     top, why = window if window is not None else (MAX_CONTEXT, "the planner's bound (no model config names one)")
     if window is not None:
         why = f"the model's max_position_embeddings ({why})"
     if not 1 <= context <= top:
         raise _bad_option(f"must be 1..{top:,}, {why}, got {context:,}", f"--context {context}", "--context", "context")
+    return context
 
 
 def choose(
@@ -250,7 +253,7 @@ def choose(
     ):
         if v is not None and v < 1:
             raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, name)
-    _check_context(opts.context, r.spec_read.context_window)
+    context = _context(opts.context, r.spec_read.context_window)
     if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
         raise _bad_option(
             f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
@@ -311,7 +314,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(opts, resolved, phase, tp, timing, r.backend, device),
+            time=phase_step_time(resolved, phase, tp, timing, r.backend, device, context),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
