@@ -190,7 +190,7 @@ def _add(counts: dict[str, dict[int, float]], phase: str, size: int, n: float) -
 #: a header, one column is a size per line (each line one step), two ``size,count``, three
 #: ``phase,size,count``
 _COLUMNS = ("phase", "size", "count")
-_HEADERLESS = {1: ("size",), 2: ("size", "count"), 3: ("phase", "size", "count")}
+_HEADERLESS: dict[int, tuple[str, ...]] = {1: ("size",), 2: ("size", "count"), 3: ("phase", "size", "count")}
 
 
 def _delimiter(text: str) -> str:
@@ -242,7 +242,7 @@ def _csv(text: str, source: str, default_phases: list[str]) -> dict[str, dict[in
                 where=where,
                 fix=f"write {','.join(columns)} on every line",
             )
-        row_of = dict(zip(columns, cells, strict=True))
+        row_of: dict[str, str] = {name: cell for name, cell in zip(columns, cells, strict=True)}
         s = _size(row_of["size"], where)
         c = _count(row_of["count"], where) if "count" in row_of else 1
         for phase in [row_of["phase"]] if "phase" in row_of else default_phases:
