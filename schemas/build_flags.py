@@ -48,7 +48,8 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "preset",
         "--preset",
         "text",
-        "Another engine's conventions for the embedded spec: vllm (planner/data/presets_vllm.toml); default SGLang's.",
+        "Another engine's conventions: vllm (planner/data/presets_vllm.toml): its phases and sizes for the embedded "
+        "spec's model, or for --spec's; default SGLang's.",
     ),
     BuildFlag(
         "max_bs", "--max-bs", "int", "Largest capture size of the embedded spec [256; --preset vllm: 512 tokens]."
