@@ -120,8 +120,8 @@ def roofline_device(opts: SizeChoiceOptions, calibration: Calibration | None, ca
     device total is that device's: its step times are then of the same one), else
     :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration was
     measured on is refused: the figures of two devices would sit in one row, unsaid."""
-    if calibration is None:
-        return opts.device or DEFAULT_DEVICE
+    if calibration is None:  # not `or`: --device '' is a device no table has, refused (it priced the H200)
+        return DEFAULT_DEVICE if opts.device is None else opts.device
     measured = calibration.device.split(" sm")[0].strip()
     if opts.device is None:
         if measured not in device_names():
