@@ -392,6 +392,7 @@ def test_cli_writes_a_spec_that_builds_the_chosen_plan_from_anywhere(cli, tmp_pa
         (["--device", "NVIDIA Z9"], ["--device", "no roofline figures", "'NVIDIA H200'"]),
         # found by the issue 49 fuzz run: an empty --device priced the default H200
         (["--device", ""], ["--device", "no roofline figures for device ''"]),
+        (["--metric", ""], ["--metric ''", "names no histogram"]),
         (["--phase", "verify"], ["--phase verify", "unknown phase 'verify'"]),
         (["--max-size", "0"], ["--max-size", "must be 1.."]),
         (["--max-graphs", "0"], ["--max-graphs 0", "must be 1 or more"]),

@@ -254,6 +254,14 @@ def choose(
         if v is not None and v < 1:
             raise _bad_option(f"must be 1 or more, got {v}", f"{flag} {v}", flag, name)
     context = _context(opts.context, r.spec_read.context_window)
+    if opts.metric is not None and not opts.metric.strip():  # read as the default one before
+        err = InputError(
+            "names no histogram",
+            where="--metric ''",
+            fix=f"name the histogram that counts tokens per step ({DEFAULT_METRIC}), or leave --metric out",
+        )
+        err.retry = {"metric": None}
+        raise err
     if opts.max_padding is not None and not 0 <= opts.max_padding < 1e6:
         raise _bad_option(
             f"must be a percentage from 0 to below 1e6, got {opts.max_padding:g}",
@@ -277,7 +285,7 @@ def choose(
         phases={p.name: p.tokens_per_request for p in resolved.phases},
         default_phases=default_phases,
         max_size=top,
-        metric=opts.metric or DEFAULT_METRIC,
+        metric=DEFAULT_METRIC if opts.metric is None else opts.metric,
     )
     timing = read_timing(opts.timing) if opts.timing is not None else None
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
