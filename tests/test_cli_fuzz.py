@@ -905,6 +905,8 @@ def _sizes_accepted_validly(flags: dict[str, str], config: bool, calibrated: boo
         assert 0 <= number("--max-padding") < 1e6, f"accepted --max-padding {flags['--max-padding']!r}"
     if "--phase" in flags:
         assert flags["--phase"] == "decode", f"accepted --phase {flags['--phase']!r}"
+    if "--metric" in flags:
+        assert flags["--metric"].strip(), f"accepted --metric {flags['--metric']!r}"
 
 
 @FUZZ
