@@ -107,7 +107,8 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "preset",
         "--preset",
         "text",
-        "Another engine's conventions for the embedded spec: vllm (planner/data/presets_vllm.toml); default SGLang's.",
+        "Another engine's conventions: vllm (planner/data/presets_vllm.toml): its phases and sizes for the embedded "
+        "spec's model, or for --spec's; default SGLang's.",
     ),
     BuildFlag(
         "max_bs",
@@ -150,7 +151,8 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "traffic",
         "--traffic",
         "path",
-        "Batch sizes the engine ran: size,count CSV (or phase,size,count), JSON {PHASE: {SIZE: COUNT}}, "
+        "Batch sizes the engine ran: size,count CSV (or phase,size,count; columns named in a header in any "
+        "order; one size a line, each a step; , ; or tab), JSON {PHASE: {SIZE: COUNT}}, "
         "or a Prometheus scrape holding vllm:iteration_tokens_total.",
     ),
     BuildFlag(
@@ -182,7 +184,8 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "--context",
         "int",
         "Tokens of KV cache each request reads, for the roofline [1024].",
-        bounds=Bounds(1, None, below="must be {lo:g} or more, got {v}"),
+        # the planner's bound; planner sizes also bounds it by the model config's window
+        bounds=Bounds(1, "MAX_CONTEXT", below="must be 1..{hi:,.0f}, the planner's bound, got {v}"),
     ),
     BuildFlag(
         "budget_mib",

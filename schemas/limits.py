@@ -38,6 +38,7 @@ __all__ = [
     "MAX_MIB",
     "MODEL_MAX",
     "MAX_TOKENS_PER_REQUEST",
+    "MAX_CONTEXT",
     "MAX_EVENT_BYTES",
     "FILE_LIMITS",
     "MAX_DEPTH",
@@ -68,6 +69,9 @@ MAX_PHASES = 32
 MAX_RULES = 256
 #: tokens per request of a multi-token phase
 MAX_TOKENS_PER_REQUEST = 4096
+#: tokens of KV cache one request reads (``--context``) where the model's config names no
+#: ``max_position_embeddings``: 16M, above every released model's context window (10M)
+MAX_CONTEXT = 1 << 24
 #: any integer in any input file: 2**53, exact in every JSON reader
 MAX_INT = 2**53
 #: ``budget_mib`` and ``library_mib``: 2**30 MiB is 1 PiB

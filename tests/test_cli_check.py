@@ -221,10 +221,10 @@ def test_each_plan_is_checked_once(cli, tmp_path):
         ("t.json", None, "t.json: this is a trace file, not a plan"),
     ],
 )
-def test_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli, tmp_path, name, content, needle):
-    # before: {"a": 1} gave "$.version: missing or non-integer `version`; fix: rebuild the plan
-    # with the `planner build` command it records" (it has no command), and a trace in the folder
-    # said "pass a plan file" (the user passed a folder)
+def test_non_plan_json_in_a_checked_folder_is_skipped_and_refused_when_named(cli, tmp_path, name, content, needle):
+    # issue 49, item 8: `planner check .` failed on a config.json beside the plans (a folder is
+    # checked for plan files, not every JSON in it); named as a file, it is still refused.
+    # before that: {"a": 1} gave "$.version: missing or non-integer `version`" (it has no command)
     from pathlib import Path
 
     assert cli("build", "-b", "fa3")[0] == 0
@@ -233,8 +233,22 @@ def test_non_plan_json_in_a_checked_folder_says_what_it_is_and_how_to_fix(cli, t
         path.write_bytes((Path(__file__).parents[1] / "plans/traces/fa3-ci.json").read_bytes())
     else:
         path.write_text(content)
-    one_line_error(cli("check", "plans"), needle, "fix: move it out of plans")
+    code, out, err = cli("check", "plans")
+    assert code == 0, err
+    assert out == f"plans/{name}: skipped, not a plan file\nplans/fa3.json: up to date\n"
+    one_line_error(cli("check", f"plans/{name}"), needle, "fix: pass a plan file")
     one_line_error(cli("show", f"plans/{name}"), needle, "fix: pass a plan file")
+    assert cli("check", "--require-exact", "plans")[0] == 0  # reads the same plan files
+
+
+def test_a_folder_of_no_plans_and_a_broken_plan_are_still_errors(cli, tmp_path):
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans/config.json").write_text('{"model_type": "llama"}')
+    one_line_error(cli("check", "plans"), "no plan files found (1 other JSON file(s) skipped)")
+    assert cli("build", "-b", "fa3")[0] == 0
+    # a plan cut short is not JSON: reported, never skipped as "not a plan"
+    (tmp_path / "plans/cut.json").write_bytes((tmp_path / "plans/fa3.json").read_bytes()[:100])
+    one_line_error(cli("check", "plans"), "plans/cut.json: not valid JSON", "fix: rebuild the plan")
 
 
 @pytest.mark.parametrize(

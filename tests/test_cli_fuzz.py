@@ -39,7 +39,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from capture_plan.schemas.codec import canonical_bytes, plan_digest
-from cli_inputs import reseal
+from cli_inputs import LLAMA, reseal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -747,6 +747,9 @@ TRAFFIC_TOP = 64
 _BUCKET = 'vllm:iteration_tokens_total_bucket{{engine="0",le="{le}"}} {n}'
 TRAFFIC_SEEDS = [
     "size,count\n1,50\n3,20\n9,5\n17,3\n64,1\n",
+    "1\n3\n1\n9\n64\n",  # a per-step log (issue 49, item 9)
+    "count;size\n50;1\n20;3\n5;9\n",
+    "size,phase\n1,decode\n9,decode\n",
     "size\tcount\n1\t50\n3\t20\n9\t5\n",
     "# steps per size\nPhase,Size,Count\ndecode,1,50\ndecode,9,5\n",
     json.dumps({"decode": {"1": 50, "9": 5, "64": 1}}),
@@ -760,7 +763,8 @@ TRAFFIC_LINES = [
     "1,\uff15", "\uff11,5", "Size,Count", "SIZE\tCOUNT", "1,-1", "1,1e3", "1,1.5", "0,1", "65,1", "64,1",
     "1,nan", "1,inf", "decode,1,1", "verify,1,1", "1\t2", "1\t2\t3", "1,2,3", "#", "", " ", "1, 2", "1,1_0",
     "2,0", '"1",2', "1;2", "\x00", "\r", "1,99999999999999999999", _BUCKET.format(le="2.0", n=1),
-    _BUCKET.format(le="x", n=1), "# HELP x y",
+    _BUCKET.format(le="x", n=1), "# HELP x y", "count,size", "size", "count", "size;size", "7", "1;2;3;4",
+    "5;decode", "decode;5", "phase;size", "1,1", "Count\tSize",
 ]  # fmt: skip
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.ASCII | re.IGNORECASE)
 
@@ -785,8 +789,9 @@ def _whole(text: str) -> int:
 
 
 def _traffic_is_valid(data: bytes) -> None:
-    """What an accepted traffic file must be: CSV (tabs or commas), JSON or a scrape, every size
-    1..64 in ASCII digits, every count whole and >= 0, no size twice, and some step at all."""
+    """What an accepted traffic file must be: CSV (commas, tabs or semicolons; a header naming size
+    and any of phase and count; headerless size, size,count or phase,size,count), JSON or a scrape,
+    every size 1..64 in ASCII digits, every count whole and >= 0, and some step at all."""
     import csv
 
     text = data.decode("utf-8-sig")
@@ -818,20 +823,28 @@ def _traffic_is_valid(data: bytes) -> None:
         assert any(counts[-1] for counts in ([n for _, n in sorted(b)] for b in series.values())), "no steps"
         return
     first = next((line for line in lines if line.strip() and not line.lstrip().startswith("#")), "")
-    delimiter = "\t" if "\t" in first and "," not in first else ","
+    # commas, else tabs, else semicolons (issue 49, item 9)
+    delimiter = "," if "," in first else "\t" if "\t" in first else ";" if ";" in first else ","
     rows = [[c.strip() for c in row] for row in csv.reader(lines, delimiter=delimiter)]
     rows = [r for r in rows if r and any(r) and not r[0].startswith("#")]
-    if rows and [c.lower() for c in rows[0]] in (["size", "count"], ["phase", "size", "count"]):
-        rows = rows[1:]
-    seen, steps = set(), 0
+    headerless = {1: ["size"], 2: ["size", "count"], 3: ["phase", "size", "count"]}
+    names = [c.lower() for c in rows[0]] if rows else []
+    if rows and not re.fullmatch(r"[0-9]+", rows[0][0], re.ASCII):
+        # a header: size and any of phase and count, each once, in any order
+        assert "size" in names and len(set(names)) == len(names) <= 3, f"accepted header {rows[0]!r}"
+        assert set(names) <= {"phase", "size", "count"}, f"accepted header {rows[0]!r}"
+        columns, rows = names, rows[1:]
+    else:
+        assert not rows or len(rows[0]) in headerless, f"accepted row {rows[0]!r}"
+        columns = headerless[len(rows[0])] if rows else []
+    steps = 0
     for row in rows:
-        assert len(row) == len(rows[0]) and len(row) in (2, 3), f"accepted row {row!r}"
-        phase, size, n = row if len(row) == 3 else ("decode", *row)
-        assert phase == "decode", f"accepted phase {phase!r}"
+        assert len(row) == len(columns), f"accepted row {row!r} under columns {columns}"
+        cell = dict(zip(columns, row))
+        assert cell.get("phase", "decode") == "decode", f"accepted phase {cell['phase']!r}"
+        size = cell["size"]
         assert re.fullmatch(r"[0-9]+", size, re.ASCII) and 1 <= int(size) <= TRAFFIC_TOP, f"accepted size {size!r}"
-        assert size.lstrip("0") not in seen, f"accepted size {size} twice"
-        seen.add(size.lstrip("0"))
-        steps += _whole(n)
+        steps += _whole(cell["count"]) if "count" in cell else 1  # a size twice: its steps added
     assert steps > 0, "accepted traffic of no steps"
 
 
@@ -847,6 +860,131 @@ def test_fuzz_traffic(work, data):
     args = ("sizes", "-b", "fa3", "--spec", str(work / "traffic-spec.toml"), "--traffic", str(path), "--upto", "4")
     if expect_clean(planner(*args)):
         _traffic_is_valid(data)
+
+
+#: the numbers and words a user types into planner sizes' options (issue 49: --context had no bound)
+SIZES_VALUES = st.one_of(
+    st.sampled_from(
+        ["0", "-1", "1", "2", "4", "63", "64", "65", "1024", "2048", "2049", "16777216", "16777217", "1000000000000",
+         "1e3", "0.5", "1%", "nan", "inf", "-0", "", "decode", "verify", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
+         "NVIDIA Z9", "vllm:iteration_tokens_total", "x"]
+    ),
+    st.text(max_size=8),
+)  # fmt: skip
+SIZES_FLAGS = ["--context", "--device", "--max-size", "--budget-mib", "--max-graphs", "--max-padding", "--phase",
+               "--upto", "--metric"]  # fmt: skip
+#: the context window of the config.json spec below
+WINDOW = 2048
+#: the traffic of the sizes-options fuzz, each with its largest size (--max-size is at least that)
+SIZES_TRAFFIC = {TRAFFIC_SEEDS[0]: 64, "1\n3\n1\n9\n64\n": 64, "count;size\n50;1\n20;3\n5;9\n": 9}
+
+
+def _sizes_accepted_validly(flags: dict[str, str], config: bool, calibrated: bool, reach: int) -> None:
+    """An accepted ``planner sizes`` had every option in range, judged apart from the planner: the
+    last value of each flag (click keeps it)."""
+    from capture_plan.schemas.limits import MAX_BS, MAX_CONTEXT
+
+    def number(flag: str) -> float:
+        v = flags[flag].strip().removesuffix("%") if flag == "--max-padding" else flags[flag]
+        x = float(v)
+        assert math.isfinite(x), f"accepted {flag} {flags[flag]!r}"
+        return x
+
+    if "--context" in flags:
+        top = WINDOW if config else MAX_CONTEXT
+        assert 1 <= int(flags["--context"]) <= top, f"accepted --context {flags['--context']!r} (bound {top})"
+    if "--device" in flags:
+        assert flags["--device"] in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"), f"accepted --device {flags['--device']!r}"
+        assert not calibrated or flags["--device"] == "NVIDIA H200", "accepted an H100 roofline for an H200 calibration"
+    if "--max-size" in flags:
+        assert reach <= int(flags["--max-size"]) <= MAX_BS, f"accepted --max-size {flags['--max-size']!r}"
+    for flag in ("--max-graphs", "--upto"):
+        if flag in flags:
+            assert int(flags[flag]) >= 1, f"accepted {flag} {flags[flag]!r}"
+    if "--budget-mib" in flags:
+        assert 0 < number("--budget-mib") < 2**30, f"accepted --budget-mib {flags['--budget-mib']!r}"
+    if "--max-padding" in flags:
+        assert 0 <= number("--max-padding") < 1e6, f"accepted --max-padding {flags['--max-padding']!r}"
+    if "--phase" in flags:
+        assert flags["--phase"] == "decode", f"accepted --phase {flags['--phase']!r}"
+    if "--metric" in flags:
+        assert flags["--metric"].strip(), f"accepted --metric {flags['--metric']!r}"
+
+
+@FUZZ
+@given(
+    pairs=st.lists(st.tuples(st.sampled_from(SIZES_FLAGS), SIZES_VALUES), max_size=4),
+    model=st.sampled_from(["dimensions", "config", "calibrated"]),
+    traffic=st.sampled_from(sorted(SIZES_TRAFFIC)),
+)
+def test_fuzz_sizes_options(work, pairs, model, traffic):
+    """What a user types into ``planner sizes`` (issue 49: --context, --device with a calibration,
+    the new traffic forms): exit 0 only when every option is in range, 1 with one located line,
+    or 2 (the framework's usage error: a word where a number goes)."""
+    (work / "traffic-spec.toml").write_text(TRAFFIC_SPEC)
+    (work / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": WINDOW}))
+    (work / "config-spec.toml").write_text(
+        '[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 64]\n'
+    )
+    (work / "sizes-traffic.csv").write_text(traffic)
+    args = ["sizes", "-b", "fa3", "--traffic", str(work / "sizes-traffic.csv")]
+    if model == "calibrated":  # the embedded spec's model, the H200 calibration measured of it
+        args += ["--ci", "--calibration", str(ROOT / "plans/calibration/h200-fa3-ci.json")]
+    else:
+        args += ["--spec", str(work / ("config-spec.toml" if model == "config" else "traffic-spec.toml"))]
+    flags: dict[str, str] = {}
+    for flag, value in pairs:
+        value = value.replace("\x00", "")
+        args += [flag, value]
+        flags[flag] = value
+    if "--upto" not in flags:
+        args += ["--upto", "4"]
+    code, out, err = planner(*args)
+    if code == 2:
+        assert "Usage: planner sizes" in err and "Traceback" not in err, err
+    elif expect_clean((code, out, err)):
+        _sizes_accepted_validly(flags, model == "config", model == "calibrated", SIZES_TRAFFIC[traffic])
+
+
+@pytest.fixture(scope="module")
+def check_dir(work) -> Path:
+    """A folder holding one up-to-date plan (fz.json) and the spec it records."""
+    folder = work / "check"
+    folder.mkdir()
+    (folder / "seed.toml").write_text(SPEC_TOML)
+    code, _, err = planner("build", "-b", "fa3", "--spec", str(folder / "seed.toml"), "-o", str(folder / "fz.json"))
+    assert code == 0, err
+    return folder
+
+
+@FUZZ
+@given(files=st.lists(st.tuples(st.sampled_from(["a", "b", "config", "t"]), st.sampled_from(["plan", "config",
+       "trace", "array", "cut", "text"])), max_size=4))  # fmt: skip
+def test_fuzz_check_folder(check_dir, files):
+    """``planner check DIR`` over a plan beside other files (issue 49, item 8): a JSON that is not
+    a plan is skipped (exit 0 where nothing else is wrong), a file that is not JSON is an error, and
+    a copy of the plan under another name is stale."""
+    for old in check_dir.glob("*.json"):
+        if old.name != "fz.json":
+            old.unlink()
+    plan = (check_dir / "fz.json").read_bytes()
+    bodies = {
+        "plan": plan,
+        "config": json.dumps(LLAMA).encode(),
+        "trace": json.dumps(TRACE).encode(),
+        "array": b"[1, 2]",
+        "cut": plan[: len(plan) // 2],
+        "text": b"size,count\n1,2\n",
+    }
+    for name, kind in files:
+        (check_dir / f"{name}.json").write_bytes(bodies[kind])
+    written = {f"{n}.json": k for n, k in files}  # the last write of each name
+    code, out, err = planner("check", str(check_dir))
+    assert code in (0, 1) and "Traceback" not in err, (code, err[-2000:])
+    # several stale plans: one line each, then the summary (docs/ci.md)
+    assert code == 0 or (err and all(line.startswith("planner: error: ") for line in err.splitlines())), err
+    assert (code == 0) == (not {"cut", "text", "plan"} & set(written.values())), (written, err)
+    assert all(f"{n}: skipped, not a plan file" in out for n, k in written.items() if k != "plan" and code == 0)
 
 
 SPECIAL = ["dir", "fifo", "/dev/zero", "/dev/urandom", "/dev/null", "missing", "loop", "dangling", "empty", "nul"]

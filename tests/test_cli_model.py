@@ -7,6 +7,7 @@ real spec without its ``vocab`` line gave exactly the default plan."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -184,3 +185,27 @@ def test_a_model_of_every_dimension_and_no_name_is_not_called_the_preset(cli, tm
     line = next(line for line in out.splitlines() if line.lstrip().startswith("model "))
     assert line.strip().startswith(shown) and "llama" not in line, line
     assert json.loads((tmp_path / "p.json").read_text())["inputs"]["model"]["name"] == shown[6:-2]
+
+
+def test_the_approximate_paragraph_is_said_once_per_command(cli, tmp_path):
+    """Issue 49, item 13: a config-derived model's "approximate: ..." paragraph (five lines on a
+    terminal) is said once by each command that prints the plan's figures, never per phase or twice."""
+    from capture_plan.planner.memory.fidelity import TRACE_COMMANDS
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    eagle = (Path(__file__).parent / "data/eagle3.toml").read_text()  # four phases, drafts with models of their own
+    (tmp_path / "s.toml").write_text('[model]\nconfig = "config.json"\n' + eagle.replace('name = "eagle3-example"', ""))
+    (tmp_path / "t.csv").write_text("phase,size,count\ndecode,1,3\ntarget_verify,2,4\ndraft_decode,1,5\n")
+    spec = ("-b", "fa3", "--spec", "s.toml")
+    for args in (
+        ("build", *spec, "-o", "s.json"),
+        ("show", "s.json"),
+        ("sizes", *spec, "--traffic", "t.csv", "--write-spec", "w.toml"),
+        ("build", *spec, "--sizes", "auto", "--traffic", "t.csv", "-o", "auto.json"),
+        ("build", "-b", "fa3", "--spec", "w.toml", "--dry-run"),
+    ):
+        code, out, err = cli(*args)
+        assert code == 0, (args, err)
+        assert (out + err).count(TRACE_COMMANDS) == 1 and (out + err).count("approximate: the figures") == 1, args
+    code, out, err = cli("check", "--require-exact", "s.json")
+    assert code == 1 and err.count(TRACE_COMMANDS) == 1 and err.count("the prediction is approximate:") == 1

@@ -401,3 +401,38 @@ def test_spec_values_once_silently_accepted_are_refused(cli, tmp_path, name, tex
 def test_limits_are_refused_up_front(cli, tmp_path, spec, needle):
     (tmp_path / "s.toml").write_text(spec)
     one_line_error(cli("build", "-b", "fa3", "--spec", "s.toml"), needle)
+
+
+def test_a_preset_over_a_spec_plans_the_specs_model_at_the_presets_sizes(cli, tmp_path):
+    """Issue 49, item 10: ``--preset vllm --spec mine.toml`` was refused (your own model at vLLM's
+    sizes needed ``spec show --preset vllm`` and a hand edit; fails before)."""
+    from capture_plan.planner.inputs.specs import default_spec
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    (tmp_path / "mine.toml").write_text(
+        'name = "mine"\ntp = 2\n[model]\nconfig = "config.json"\n'
+        '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n'
+    )
+    code, out, err = cli("build", "-b", "fa3", "--spec", "mine.toml", "--preset", "vllm", "--max-bs", "64")
+    assert code == 0, err
+    assert out.startswith("plans/fa3-mine-vllm.json: ")  # not the spec's own plan's name
+    plan = json.loads((tmp_path / "plans/fa3-mine-vllm.json").read_text())
+    vllm = default_spec(None, 64, "vllm")
+    assert [(p["name"], sorted(p["sizes"])) for p in plan["phases"]] == [(p.name, p.sizes) for p in vllm.phases]
+    assert plan["inputs"]["tp"] == 2 and plan["inputs"]["model"]["dimensions"]["hidden"] == 2048  # the spec's
+    assert cli("check", "plans")[1] == "plans/fa3-mine-vllm.json: up to date\n"  # rebuilt from its record
+    # planner sizes writes a spec of its own: the preset's phases and the spec's model, built without --preset
+    (tmp_path / "t.csv").write_text("size,count\n1,5\n8,3\n")
+    code, out, err = cli(
+        "sizes", "-b", "fa3", "--spec", "mine.toml", "--preset", "vllm", "--max-bs", "64", "--traffic", "t.csv",
+        "--write-spec", "sized.toml",
+    )  # fmt: skip
+    assert code == 0, err
+    code, out, err = cli("build", "-b", "fa3", "--spec", "sized.toml", "--dry-run")
+    assert code == 0, err
+    assert "piecewise" in out and "full_decode" in out and "config.json); logits" in out
+    # --speculative still shapes only the embedded spec
+    one_line_error(
+        cli("build", "-b", "fa3", "--spec", "mine.toml", "--preset", "vllm", "--speculative", "eagle"),
+        "--speculative eagle choose",
+    )

@@ -413,7 +413,11 @@ def test_preset_options(cli):
         (["--preset", "sglang"], "--preset: unknown preset 'sglang'; fix: use one of vllm"),
         (["--preset", ""], "--preset: unknown preset ''"),
         (["--preset", "vllm", "--speculative", "eagle"], "--speculative: --speculative shapes SGLang's embedded spec"),
-        (["--preset", "vllm", "--spec", "s.toml"], "--preset vllm choose the embedded spec's phases and sizes"),
+        # --preset over --spec builds (issue 49, item 10: test_cli_spec.py); --speculative with it does not
+        (
+            ["--preset", "vllm", "--spec", "s.toml", "--speculative", "eagle"],
+            "--speculative eagle choose the embedded spec's phases and sizes",
+        ),
         (["--preset", "vllm", "--max-bs", "0"], "--max-bs: must be 1..65536"),
     ],
 )

@@ -173,9 +173,10 @@ CASES = {
     "missing --check": Case(_plans, "planner build -b fa3 --ci -o {plans}/fa3-ci.json --check"),
     "not a plan --check": Case(_not_a_plan, "planner build -b fa3 -o {plans}/fa3.json --check"),
     # --spec with the embedded spec's options: start from `planner spec show ...`
-    "--spec and --preset": Case(
+    # (--spec with --preset builds since issue 49, item 10: the preset's sizes for the spec's model)
+    "--spec and --max-bs": Case(
         _spec_file,
-        "planner build -b fa3 --spec {spec} --preset vllm --dry-run",
+        "planner build -b fa3 --spec {spec} --max-bs 16 --dry-run",
         "planner build -b fa3 --spec my.toml --dry-run",
     ),
     "--spec and --speculative": Case(

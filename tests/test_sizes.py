@@ -66,6 +66,28 @@ def test_the_traffic_forms_read_alike():
         assert not tr.notes
 
 
+def test_a_serving_logs_export_reads_as_its_counts():
+    """Issue 49, item 9: a size on several lines, a one-column per-step log, a ``count,size``
+    header and ``;`` separators were refused (each fails before)."""
+    want = {"decode": {1: 5.0, 3: 2.0, 9: 7.0}}
+    forms = [
+        "size,count\n1,2\n3,2\n9,7\n1,3\n",  # a size listed twice: its steps added
+        "1\n9\n3\n1\n9\n1\n9\n9\n1\n9\n3\n9\n1\n9\n",  # one size a line: each line a step
+        "size\n" + "1\n" * 5 + "3\n" * 2 + "9\n" * 7,  # the same with its header
+        "count,size\n5,1\n2,3\n7,9\n",  # the columns named, in the other order
+        "Count;Size\n5;1\n2;3\n7;9\n",
+        "size;count\n1;5\n3;2\n9;7\n",  # ;-separated (a comma-decimal locale's spreadsheet)
+        "1;5\n3;2\n9;7\n",
+        "# phase first or last\nsize;count;phase\n1;5;decode\n3;2;decode\n9;4;decode\n9;3;decode\n",
+        "phase,size\ndecode,1\ndecode,1\ndecode,1\ndecode,1\ndecode,1\ndecode,3\ndecode,3\n"
+        + "decode,9\n" * 7,  # a per-step log of a named phase
+    ]
+    for text in forms:
+        tr = _parse(text)
+        assert tr.phases == want, text
+        assert tr.form == "csv" and not tr.notes
+
+
 def test_traffic_without_phase_names_goes_to_the_phases_asked():
     tr = _parse("1,4\n2,1\n", phases={"target_verify": 4, "draft_decode": 1}, default=["draft_decode"])
     assert tr.phases == {"draft_decode": {1: 4.0, 2: 1.0}}
@@ -113,7 +135,10 @@ def test_single_size_buckets_are_exact_and_a_histogram_counts_tokens():
         ("size,count\n1,2.5\n", ["t.csv:2", "not a whole number of steps"]),
         ("size,count\n0,2\n", ["t.csv:2", "out of range"]),
         ("sizes,counts\n1,2\n", ["t.csv:1", "expected a header"]),
-        ("size,count\n1,2\n1,3\n", ["t.csv:3", "listed twice"]),
+        ("count,size\n2\n", ["t.csv:2", "expected 2 columns, got 1", "write count,size on every line"]),
+        ("size,size\n1,2\n", ["t.csv:1", "expected a header naming size"]),
+        ("count\n1\n", ["t.csv:1", "expected a header naming size"]),
+        ("1,2,3,4\n", ["t.csv:1", "expected 1 to 3 columns, got 4"]),
         ("size,count\n1,0\n2,0\n", ["has no steps"]),
         ("", ["t.csv: the traffic lists no batch sizes (the file is empty"]),  # issue 40: was "every count is 0"
         ("size,count\n# none yet\n", ["the traffic lists no batch sizes"]),
@@ -365,6 +390,9 @@ def test_cli_writes_a_spec_that_builds_the_chosen_plan_from_anywhere(cli, tmp_pa
         (["--max-padding", "0.001%", "--max-graphs", "4"], ["--max-padding 0.001", "no list of at most 4 sizes"]),
         (["--max-padding", "lots"], ["--max-padding", "not a percentage"]),
         (["--device", "NVIDIA Z9"], ["--device", "no roofline figures", "'NVIDIA H200'"]),
+        # found by the issue 49 fuzz run: an empty --device priced the default H200
+        (["--device", ""], ["--device", "no roofline figures for device ''"]),
+        (["--metric", ""], ["--metric ''", "names no histogram"]),
         (["--phase", "verify"], ["--phase verify", "unknown phase 'verify'"]),
         (["--max-size", "0"], ["--max-size", "must be 1.."]),
         (["--max-graphs", "0"], ["--max-graphs 0", "must be 1 or more"]),
@@ -388,7 +416,8 @@ def test_cli_reads_a_prometheus_scrape_for_vllms_phases(cli):
 
 
 _PIECES = st.sampled_from(
-    ["size,count", "phase,size,count", "decode,", "1", "9", "-3", "2.5", "1e3", ",", "\n", " ", "#", "{", "}", '"',
+    ["size,count", "phase,size,count", "count;size", "size", ";",
+     "decode,", "1", "9", "-3", "2.5", "1e3", ",", "\n", " ", "#", "{", "}", '"',
      ":", "[", "]", "le=", 'x_bucket{le="4.0"} 3', "vllm:iteration_tokens_total_bucket", '{le="+Inf"}', "nan", "\xff"]
 )  # fmt: skip
 
@@ -458,3 +487,88 @@ def test_graph_keys_are_priced_as_the_plan_captures_them():
     assert res.plan.predicted.pool_bytes == ph.chosen.pool_bytes
     sglang = next(r for r in ph.defaults if r.label == "SGLang default")
     assert sglang.pool_bytes > ph.chosen.pool_bytes  # 72 kept graphs against 12
+
+
+# -- issue 49 ------------------------------------------------------------------------------------
+
+
+def test_context_is_bounded_by_the_models_window_else_the_planners(cli, tmp_path):
+    """Issue 49, item 4: ``--context 1000000000000`` priced steps of ~1.8e9 ms (failed before)."""
+    from capture_plan.schemas.limits import MAX_CONTEXT
+    from cli_inputs import LLAMA
+
+    traffic = tmp_path / "t.csv"
+    traffic.write_text("size,count\n1,5\n2,3\n")
+    sized = ["sizes", "-b", "fa3", "--traffic", str(traffic)]
+    one_line_error(
+        cli(*sized, "--context", str(10**12)), "--context 1000000000000", f"must be 1..{MAX_CONTEXT:,}", "fix:"
+    )
+    one_line_error(cli(*sized, "--context", "0"), "--context 0", "must be 1..")
+    assert cli(*sized, "--context", str(MAX_CONTEXT))[0] == 0
+    # a model whose config names its window: that is the bound, and the error says where it is from
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": 2048}))
+    (tmp_path / "m.toml").write_text(
+        'budget_mib = 4096\n[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\n'
+        "sizes = [1, 2]\n"
+    )
+    own = [*sized, "--spec", str(tmp_path / "m.toml")]
+    one_line_error(
+        cli(*own, "--context", "2049"),
+        "--context 2049",
+        "must be 1..2,048, the model's max_position_embeddings",
+        "config.json: $.max_position_embeddings",
+    )
+    code, out, err = cli(*own, "--context", "2048")
+    assert code == 0, err
+    assert "context 2048 tokens" in out
+    # a window shorter than the default context: the default is the window
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": 512}))
+    code, out, err = cli(*own)
+    assert code == 0, err
+    assert "context 512 tokens" in out
+
+
+def test_a_calibration_is_priced_with_its_own_devices_roofline(cli, tmp_path):
+    """Issue 49, item 5: an H200 calibration with ``--device "NVIDIA H100 80GB HBM3"`` priced the
+    H200's device total beside the H100's step times, unsaid (failed before: it was accepted)."""
+    root = Path(__file__).parent.parent
+    cal = root / "plans/calibration/h200-fa3-ci.json"
+    sized = ["sizes", "-b", "fa3", "--ci", "--traffic", str(SKEWED), "--calibration", str(cal)]
+    one_line_error(
+        cli(*sized, "--device", "NVIDIA H100 80GB HBM3"),
+        "--device NVIDIA H100 80GB HBM3 with --calibration",
+        "measured on 'NVIDIA H200'",
+        "fix: leave --device out",
+    )
+    code, out, err = cli(*sized)  # the fix works
+    assert code == 0, err
+    assert "roofline of NVIDIA H200" in out
+    assert cli(*sized, "--device", "NVIDIA H200")[0] == 0  # the calibration's own device, named
+    # a calibration measured on an H100: its roofline is the H100's, not the default H200's
+    h100 = tmp_path / "h100.json"
+    dims = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "intermediate": 14336}
+    dims |= {"vocab": 128256, "dtype_bytes": 2, "logits_dtype_bytes": 4}  # the embedded model's (calibrations.toml)
+    raw = {**json.loads(cal.read_text()), "backend": "fa3", "model": {"dimensions": dims}}
+    h100.write_text(json.dumps({**raw, "device": raw["device"].replace("NVIDIA H200", "NVIDIA H100 80GB HBM3")}))
+    code, out, err = cli(*sized[:-1], str(h100))
+    assert code == 0, err
+    assert "roofline of NVIDIA H100 80GB HBM3" in out
+    # one measured on a device the roofline table lacks: refused, naming the calibration
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**raw, "device": raw["device"].replace("NVIDIA H200", "NVIDIA Z9")}))
+    one_line_error(cli(*sized[:-1], str(other)), "--calibration", "no roofline figures for 'NVIDIA Z9'", "--timing")
+
+
+def test_the_written_spec_of_a_config_model_builds(cli, tmp_path):
+    """Its [model] listed the default dimensions beside the config, which a build refuses
+    ("[model] names a config and also lists layers, ..."; failed before)."""
+    from cli_inputs import LLAMA, SPEC
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    (tmp_path / "m.toml").write_text('[model]\nconfig = "config.json"\n' + SPEC)
+    (tmp_path / "t.csv").write_text("size,count\n1,5\n2,3\n")
+    args = ("sizes", "-b", "fa3", "--spec", "m.toml", "--traffic", "t.csv", "--write-spec", "w.toml")
+    assert cli(*args)[0] == 0
+    code, out, err = cli("build", "-b", "fa3", "--spec", "w.toml", "--dry-run")
+    assert code == 0, err
+    assert "config.json); logits" in out

@@ -277,7 +277,10 @@ def test_a_spec_budget_no_list_meets_is_located_in_the_spec(cli, tmp_path):
         (("--budget-mib", "0"), "--budget-mib: must be more than 0 MiB, got 0"),
         (("--max-graphs", "0"), "--max-graphs 0: must be 1 or more, got 0"),
         (("--max-padding", "-1"), "--max-padding: must be a percentage from 0 to below 1e6, got -1"),
-        (("--context", "0"), "--context 0: must be 1 or more, got 0"),
+        (
+            ("--context", "0"),
+            "--context 0: must be 1..16,777,216, the planner's bound (no model config names one), got 0",
+        ),
         # issue 40, item 3: the limit broken is the upper one (or the number is none)
         (("--budget-mib", "1e30"), "must be below 2**30 MiB (1 PiB, more than any device holds), got 1e+30"),
         (("--budget-mib", "1e15"), "must be below 2**30 MiB"),

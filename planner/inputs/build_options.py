@@ -139,6 +139,8 @@ def default_output(opts: BuildOptions) -> Path:
     parts = [opts.backend]
     if opts.spec is not None:
         parts.append(opts.spec.stem)
+        if opts.preset:  # the spec's model at the preset's sizes: not the spec's own plan's name
+            parts.append(opts.preset)
     elif opts.speculative:
         parts.append(opts.speculative)
     elif opts.preset:

@@ -45,6 +45,7 @@ from .resources import data
 __all__ = [
     "model_from_config",
     "read_model_config",
+    "context_window",
     "architectures",
     "ArchitecturesFile",
     "ModelType",
@@ -381,3 +382,15 @@ def read_model_config(
         raise InputError("nested too deeply to read", where=str(path), fix="use the model's own config.json") from None
     resolved, read = _read_config(cfg, str(path), model)
     return resolved, str(path), raw, read
+
+
+def context_window(raw: bytes, where: str) -> tuple[int, str] | None:
+    """The longest context the model of a config.json (``raw``, one :func:`read_model_config`
+    accepted) attends over: its decoder's ``max_position_embeddings`` and where it was read
+    (``config.json: $.text_config.max_position_embeddings``); None where the config names no
+    positive whole number there (the bound is then the planner's own: limits.MAX_CONTEXT)."""
+    cfg, _mt, prefix = _text_config(msgspec.json.decode(raw), architectures(), where)
+    n = cfg.get("max_position_embeddings")
+    if type(n) is not int or n < 1:
+        return None
+    return n, f"{where}: $.{prefix}max_position_embeddings"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from capture_plan.schemas.spec import Spec
+from capture_plan.schemas.spec import Model, Spec
 
 __all__ = ["spec_toml"]
 
@@ -51,6 +51,9 @@ def spec_toml(spec: Spec, header: Sequence[str] = ()) -> str:
     table per phase, one ``[[rules]]`` table per rule; ``header`` lines first, as comments."""
     raw = msgspec.to_builtins(spec)
     model, phases, rules = raw.pop("model"), raw.pop("phases"), raw.pop("rules", [])
+    if "config" in model:  # the config gives the dimensions: listing the defaults beside it is refused
+        defaults = msgspec.to_builtins(Model())
+        model = {k: v for k, v in model.items() if k not in defaults or defaults[k] != v}
     out = [f"# {line}" for line in header]
     out += _table(raw) + ["", "[model]"] + _table(model)
     for ph in phases:

@@ -81,10 +81,28 @@ def _link_target(path: Path) -> Path:
     return path
 
 
-def _plan_files(paths: Iterable[Path]) -> list[tuple[Path, Path | None]]:
+def _is_plan_file(path: Path) -> bool:
+    """Whether a ``*.json`` a folder holds is a plan file: a JSON object with a plan's
+    ``command`` and ``steps`` (schemas/documents.py's sniff_kind, what ``decode_plan`` asks of
+    a plan). A file that cannot be read or is not JSON at all counts as one: a plan cut short
+    or left with merge markers is reported, never skipped; a model's config.json, a trace or a
+    report beside the plans is not one."""
+    from capture_plan.schemas.documents import sniff_kind
+    from capture_plan.schemas.files import read_input
+
+    try:
+        raw = msgspec.json.decode(read_input(path, "plan"))
+    except (CapturePlanError, msgspec.DecodeError, RecursionError):
+        return True
+    return sniff_kind(raw) == "plan"
+
+
+def _plan_files(paths: Iterable[Path], skipped: list[str] | None = None) -> list[tuple[Path, Path | None]]:
     """The plan files named or held (``*.json``) by ``paths``, links followed,
     each file once (a folder and a file in it, or a link beside its target),
-    with the folder that held it (None: named as a file)."""
+    with the folder that held it (None: named as a file). A JSON a folder holds that
+    is not a plan (:func:`_is_plan_file`) is left out, one line for it in ``skipped``;
+    one named as a file is kept, and refused as not a plan."""
     files: list[tuple[Path, Path | None]] = []
     seen: set[str] = set()
     for p in paths:
@@ -98,9 +116,14 @@ def _plan_files(paths: Iterable[Path]) -> list[tuple[Path, Path | None]]:
                 key = os.path.realpath(f)
             except (OSError, ValueError):
                 key = str(f)
-            if key not in seen:
-                seen.add(key)
-                files.append((f, p if is_dir else None))
+            if key in seen:
+                continue
+            seen.add(key)
+            if is_dir and not _is_plan_file(f):
+                if skipped is not None:
+                    skipped.append(f"{f}: skipped, not a plan file")
+                continue
+            files.append((f, p if is_dir else None))
     return files
 
 
@@ -121,12 +144,15 @@ def check_paths(paths: Iterable[Path], fix: bool = False) -> list[str]:
     from .plan_files import check_plan, newer_revision, plan_bytes
 
     paths = list(paths)
-    files = _plan_files(paths)
+    skipped: list[str] = []
+    files = _plan_files(paths, skipped)
     if not files:
         raise InputError(
-            "no plan files found", where=", ".join(map(str, paths)), fix="name plan files or folders that hold them"
+            "no plan files found" + (f" ({len(skipped)} other JSON file(s) skipped)" if skipped else ""),
+            where=", ".join(map(str, paths)),
+            fix="name plan files or folders that hold them",
         )
-    ok, stale, failed = [], [], []
+    ok, stale, failed = list(skipped), [], []
     for f, folder in files:
         data = read_input(f, "plan")
         try:  # digest first: a plan that passes is read as written by the planner

@@ -65,6 +65,9 @@ class SpecRead(msgspec.Struct, frozen=True, kw_only=True):
     sources: dict[str, DimensionSource]
     #: the config.json key each dimension from a config was read from
     config_keys: dict[str, str]
+    #: the model's longest context and where its config says so (``max_position_embeddings``;
+    #: hf_config.context_window), None where no config names one
+    context_window: tuple[int, str] | None = None
 
 
 def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
@@ -74,9 +77,14 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         # --speculative, --preset and --max-bs choose the embedded spec's phases and sizes; a spec
         # file lists its own, and merging the two would leave no one place that says what is
         # captured (--tp and --allocator do apply: they override the file's tp and allocator)
+        # --preset (and --max-bs with it) is the one exception: the preset's phases, sizes and rules
+        # for the spec's model (_on_preset), the spec's phases replaced as the docs say
         pairs = [
             (flag, str(v))
-            for flag, v in (("--speculative", opts.speculative), ("--preset", opts.preset), ("--max-bs", opts.max_bs))
+            for flag, v in (
+                ("--speculative", opts.speculative),
+                ("--max-bs", opts.max_bs if opts.preset is None else None),
+            )
             if v is not None
         ]
         if pairs:
@@ -88,7 +96,7 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
                 fix=f"start a spec from `{show} > my.toml` and build with --spec my.toml, "
                 "or write the phases and sizes into your spec",
             )
-        from ..inputs.hf_config import read_model_config  # only specs from files name a model config
+        from ..inputs.hf_config import context_window, read_model_config  # only specs from files name a model config
 
         raw = read_spec_file(opts.spec)
         source, sources = decode_spec_sources(raw, str(opts.spec), presets=model_presets())
@@ -99,6 +107,8 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         if config is not None:
             used = (relative(Path(config), base), sha256(config_raw), _model_type(config_raw))
         sources.update({f: "config" for f in MOE if f in config_keys})  # the MoE fields a config gives are its
+        if opts.preset is not None:
+            source = _on_preset(source, opts)
         return SpecRead(
             spec=msgspec.structs.replace(source, model=model),
             source=source,
@@ -107,6 +117,7 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
             model_config=used,
             sources=sources,
             config_keys=config_keys,
+            context_window=context_window(config_raw, config) if config is not None else None,
         )
     spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
     return SpecRead(
@@ -118,6 +129,17 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         sources=preset_sources(spec.model),
         config_keys={},
     )
+
+
+def _on_preset(source: Spec, opts: BuildOptions) -> Spec:
+    """``--preset NAME --spec FILE``: the preset's phases at its sizes (up to ``--max-bs``) and its
+    rules, for the spec's model (its ``[model]`` as written: a config is read after), name, tp,
+    allocator, budget, library workspaces and trace; the spec's own phases and rules are replaced
+    (the preset's are the engine's). What ``planner sizes --write-spec`` writes of it is a spec of
+    its own (the preset's phases in it) that builds without ``--preset``."""
+    assert opts.preset is not None
+    preset = default_spec(None, opts.max_bs, opts.preset)
+    return msgspec.structs.replace(source, phases=preset.phases, rules=preset.rules)
 
 
 def _model_type(config_raw: bytes) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
 from capture_plan.schemas.spec import Phase
@@ -26,9 +27,17 @@ from ..memory.workload import Workload
 from ..schedule.resolve import Resolved
 from ..schedule.sequence import capture_sequence
 from .size_front import Best, expected
-from .step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, Measured, StepTime, device_roofline, measured_times, roofline
+from .step_time import (
+    DEFAULT_DEVICE,
+    Measured,
+    StepTime,
+    device_names,
+    device_roofline,
+    measured_times,
+    roofline,
+)
 
-__all__ = ["Row", "Memory", "Pricing", "phase_step_time", "engine_defaults", "covering", "budget_of"]
+__all__ = ["Row", "Memory", "Pricing", "phase_step_time", "roofline_device", "engine_defaults", "covering", "budget_of"]
 
 
 @dataclass(frozen=True)
@@ -90,15 +99,46 @@ class Memory:
         return out
 
 
+def roofline_device(opts: SizeChoiceOptions, calibration: Calibration | None, calibration_path: object) -> str:
+    """The device whose roofline prices a step: ``--device``, else the calibration's (a list's
+    device total is that device's: its step times are then of the same one), else
+    :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration was
+    measured on is refused: the figures of two devices would sit in one row, unsaid."""
+    if calibration is None:  # not `or`: --device '' is a device no table has, refused (it priced the H200)
+        return DEFAULT_DEVICE if opts.device is None else opts.device
+    measured = calibration.device.split(" sm")[0].strip()
+    if opts.device is None:
+        if measured not in device_names():
+            raise InputError(
+                f"no roofline figures for {measured!r}, the device the calibration was measured on",
+                where=f"--calibration {calibration_path}",
+                fix="measure step times on it with --timing REPORT, or add it to planner/data/devices.toml [roofline]",
+            )
+        return measured
+    named = device_roofline(opts.device).name
+    if named != measured:
+        err = InputError(
+            f"the calibration was measured on {measured!r}, the roofline is of {named!r}: a list's device "
+            "total and its step time would be of two devices",
+            where=f"--device {opts.device} with --calibration {calibration_path}",
+            fix=f"leave --device out (the roofline is then the {measured}'s), or give a calibration "
+            f"(a capture report) measured on the {named}",
+        )
+        err.retry = {"device": None}
+        raise err
+    return named
+
+
 def phase_step_time(opts: SizeChoiceOptions, r: Resolved, phase: Phase, timing) -> StepTime:
     """``phase``'s step time per size: measured (``timing``: a report with replay times and
-    how to name it), else the roofline of ``r``'s model on ``opts``' device and context."""
+    how to name it), else the roofline of ``r``'s model on ``opts``' device and context:
+    ``opts`` as :func:`capture_plan.planner.sizes.sizes.choose` resolved them (the device
+    :func:`roofline_device` names, the context bounded by the model's window)."""
     if timing is not None:
         rep, shown = timing
         return measured_times(rep, shown, phase.name)
-    device = device_roofline(opts.device or DEFAULT_DEVICE)
-    context = DEFAULT_CONTEXT if opts.context is None else opts.context
-    return roofline(r.spec.model, phase, r.tp, device, context, r.backend)
+    assert opts.device is not None and opts.context is not None, "choose() resolves both"
+    return roofline(r.spec.model, phase, r.tp, device_roofline(opts.device), opts.context, r.backend)
 
 
 def engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:

@@ -61,9 +61,10 @@ from ..inputs import resources
 from ..inputs.build_options import BuildOptions, SizeChoiceOptions
 from ..schedule import pipeline
 from ..schedule.resolve import Resolved, resolve
-from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time
+from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time, roofline_device
 from .size_front import best_lists, candidates, expected, size_runs
 from .step_time import (
+    DEFAULT_CONTEXT,
     capture_seconds,
     read_timing,
 )
@@ -208,6 +209,22 @@ def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
     return err
 
 
+def _context(context: int | None, window: tuple[int, str] | None) -> int:
+    """The tokens of KV cache a request reads, for the roofline: ``--context``, 1 to the model's
+    context window (its config's ``max_position_embeddings``: ``window``), else to
+    limits.MAX_CONTEXT (a request longer than the model attends over prices no step the engine
+    runs); not given, step_time.DEFAULT_CONTEXT, or the window where that is shorter."""
+    if context is None:
+        return DEFAULT_CONTEXT if window is None else min(DEFAULT_CONTEXT, window[0])
+    hi = BUILD_FLAG["context"].bounds.limits()[1]  # pyright: ignore[reportOptionalMemberAccess]  # the row has bounds
+    top, why = window if window is not None else (int(hi), "the planner's bound (no model config names one)")
+    if window is not None:
+        why = f"the model's max_position_embeddings ({why})"
+    if not 1 <= context <= top:
+        raise _bad_option(f"must be 1..{top:,}, {why}, got {context:,}", f"--context {context}", "--context", "context")
+    return context
+
+
 def choose(
     r: Resolved, opts: SizeChoiceOptions, *, upto: int | None = None, every: bool = False, worth: bool = False
 ) -> Choice:
@@ -229,7 +246,7 @@ def choose(
     bad = out_of_bounds("max_size", opts.max_size)
     if bad is not None:
         raise InputError(bad, where="--max-size", fix="give the largest batch the engine schedules")
-    for name in ("max_graphs", "upto", "context", "max_padding", "budget_mib"):
+    for name in ("max_graphs", "upto", "max_padding", "budget_mib"):
         if name == "upto":  # planner sizes' own option, no build option
             if upto is not None and upto < 1:
                 raise _bad_option(f"must be 1 or more, got {upto}", f"--upto {upto}", "--upto", "upto")
@@ -239,13 +256,22 @@ def choose(
         if bad is not None:
             flag = BUILD_FLAG[name].flag
             raise _bad_option(bad, f"{flag} {value}" if BUILD_FLAG[name].kind == "int" else flag, flag, name)
+    context = _context(opts.context, r.spec_read.context_window)
+    if opts.metric is not None and not opts.metric.strip():  # read as the default one before
+        err = InputError(
+            "names no histogram",
+            where="--metric ''",
+            fix=f"name the histogram that counts tokens per step ({DEFAULT_METRIC}), or leave --metric out",
+        )
+        err.retry = {"metric": None}
+        raise err
     top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
     traffic = read_traffic(
         opts.traffic,
         phases={p.name: p.tokens_per_request for p in resolved.phases},
         default_phases=default_phases,
         max_size=top,
-        metric=opts.metric or DEFAULT_METRIC,
+        metric=DEFAULT_METRIC if opts.metric is None else opts.metric,
     )
     timing = read_timing(opts.timing) if opts.timing is not None else None
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
@@ -254,6 +280,9 @@ def choose(
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
+    device = roofline_device(opts, r.calibration, b.calibration) if timing is None else ""
+    # the size-choice options as priced: the roofline's device and the bounded context resolved
+    priced = msgspec.structs.replace(opts, device=device, context=context)
     reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
     all_sizes = {
@@ -280,7 +309,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(opts, r, phase, timing),
+            time=phase_step_time(priced, r, phase, timing),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},

@@ -2,10 +2,12 @@
 
 Three forms, told apart by their content:
 
-* **CSV**: ``size,count`` lines, or ``phase,size,count`` to name the phase;
-  an optional header of those names (in any case), ``#`` comments and blank lines;
-  tab-separated alike (told by the first line that is no comment). Numbers in the
-  ASCII digits only.
+* **CSV**: ``size,count`` lines, ``phase,size,count`` to name the phase, or one
+  ``size`` a line (a per-step log: each line one step); an optional header naming
+  ``size`` and any of ``phase`` and ``count`` in any order and case (``count,size``);
+  ``#`` comments and blank lines; tab- or ``;``-separated alike (told by the first line
+  that is no comment). Numbers in the ASCII digits only. A size listed on several
+  lines counts the steps of all of them (logs concatenated).
 * **JSON**: ``{"PHASE": {"SIZE": COUNT, ...}, ...}``.
 * **Prometheus text** (a scrape of the engine's ``/metrics``): the
   histogram ``vllm:iteration_tokens_total`` (tokens per engine step; another
@@ -177,54 +179,74 @@ def _size(value: str, where: str) -> int:
     return n
 
 
-def _add(counts: dict[str, dict[int, float]], phase: str, size: int, n: float, where: str) -> None:
+def _add(counts: dict[str, dict[int, float]], phase: str, size: int, n: float) -> None:
+    """Add ``n`` steps at ``size``: a size listed twice (a log of several engines, or of several
+    exports, concatenated) counts the steps of both lines."""
     sizes = counts.setdefault(phase, {})
-    if size in sizes:
-        raise InputError(f"size {size} of phase {phase!r} is listed twice", where=where, fix="list each size once")
-    sizes[size] = n
+    sizes[size] = sizes.get(size, 0) + n
+
+
+#: the columns a CSV line may name in its header, in any order and case; ``size`` is required. Without
+#: a header, one column is a size per line (each line one step), two ``size,count``, three
+#: ``phase,size,count``
+_COLUMNS = ("phase", "size", "count")
+_HEADERLESS: dict[int, tuple[str, ...]] = {1: ("size",), 2: ("size", "count"), 3: ("phase", "size", "count")}
 
 
 def _delimiter(text: str) -> str:
-    """``\t`` for tab-separated values (a spreadsheet's export), else ``,``: told by the
+    """``\t`` for tab-separated values (a spreadsheet's export), ``;`` for a semicolon-separated
+    one (a spreadsheet in a locale whose decimal mark is the comma), else ``,``: told by the
     first line that is no comment."""
     first = next((line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
-    return "\t" if "\t" in first and "," not in first else ","
+    if "," in first:
+        return ","
+    return "\t" if "\t" in first else ";" if ";" in first else ","
+
+
+def _header(cells: list[str], where: str) -> tuple[str, ...]:
+    """The columns a header names (``size`` and any of ``phase`` and ``count``, each once, in any
+    order and case)."""
+    names = tuple(c.lower() for c in cells)
+    if "size" not in names or len(set(names)) != len(names) or not set(names) <= set(_COLUMNS):
+        raise InputError(
+            f"expected a header naming size and any of phase and count (each once, in any order), or numbers; "
+            f"got {','.join(cells)!r}",
+            where=where,
+            fix=_FIX,
+        )
+    return names
 
 
 def _csv(text: str, source: str, default_phases: list[str]) -> dict[str, dict[int, float]]:
     counts: dict[str, dict[int, float]] = {}
-    columns: int | None = None
+    columns: tuple[str, ...] | None = None
     for lineno, row in enumerate(csv.reader(text.splitlines(), delimiter=_delimiter(text)), 1):
         where = f"{source}:{lineno}"
         cells = [c.strip() for c in row]
         if not cells or all(not c for c in cells) or cells[0].startswith("#"):
             continue
         if columns is None and not cells[0].isdigit():
-            # a header in any case (a spreadsheet's Size,Count)
-            if [c.lower() for c in cells] not in (["size", "count"], ["phase", "size", "count"]):
-                raise InputError(
-                    f"expected a header size,count or phase,size,count, or numbers; got {','.join(cells)!r}",
-                    where=where,
-                    fix=_FIX,
-                )
-            columns = len(cells)
+            columns = _header(cells, where)  # a header in any case (a spreadsheet's Size,Count)
             continue
         if columns is None:
-            columns = len(cells)
-        if len(cells) != columns or columns not in (2, 3):
+            if len(cells) not in _HEADERLESS:
+                raise InputError(
+                    f"expected 1 to 3 columns, got {len(cells)}",
+                    where=where,
+                    fix="write size (one step a line), size,count or phase,size,count on every line",
+                )
+            columns = _HEADERLESS[len(cells)]
+        if len(cells) != len(columns):
             raise InputError(
-                f"expected {columns if columns in (2, 3) else '2 or 3'} columns, got {len(cells)}",
+                f"expected {len(columns)} columns, got {len(cells)}",
                 where=where,
-                fix="write size,count (or phase,size,count) on every line",
+                fix=f"write {','.join(columns)} on every line",
             )
-        if columns == 3:
-            phase, size, n = cells
-            targets = [phase]
-        else:
-            (size, n), targets = cells, default_phases
-        s, c = _size(size, where), _count(n, where)
-        for phase in targets:
-            _add(counts, phase, s, c, where)
+        row_of: dict[str, str] = {name: cell for name, cell in zip(columns, cells, strict=True)}
+        s = _size(row_of["size"], where)
+        c = _count(row_of["count"], where) if "count" in row_of else 1
+        for phase in [row_of["phase"]] if "phase" in row_of else default_phases:
+            _add(counts, phase, s, c)
     return counts
 
 
@@ -243,7 +265,7 @@ def _json(raw: bytes, source: str, default_phases: list[str]) -> dict[str, dict[
             where = f"{source}: $.{phase}[{size!r}]"
             if isinstance(n, bool) or not isinstance(n, (int, float)):
                 raise InputError(f"count {n!r} is not a number", where=where, fix="give the number of steps")
-            _add(counts, phase, _size(size, where), _count(repr(n), where), where)
+            _add(counts, phase, _size(size, where), _count(repr(n), where))
     return counts
 
 
