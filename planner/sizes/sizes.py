@@ -280,9 +280,6 @@ def choose(
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
-    device = roofline_device(opts, r.calibration, b.calibration) if timing is None else ""
-    # the size-choice options as priced: the roofline's device and the bounded context resolved
-    priced = msgspec.structs.replace(opts, device=device, context=context)
     reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
     all_sizes = {
@@ -294,6 +291,11 @@ def choose(
     }
     # one workload for every size any list may hold (a trace fitted to them all)
     memory = Memory(r, reference, r.with_sizes(all_sizes).workload)
+    # after the schedule and the memory, so that the size choice enters pricing.py once for
+    # Memory, the device and the step times (tests/test_opts_walk.py counts the returns)
+    device = roofline_device(opts, r.calibration, b.calibration) if timing is None else ""
+    # the size-choice options as priced: the roofline's device and the bounded context resolved
+    priced = msgspec.structs.replace(opts, device=device, context=context)
     calibrated = memory.calibration is not None
     budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
     budget = None if budget_mib is None else budget_mib * MiB
