@@ -216,7 +216,10 @@ def _context(context: int | None, window: tuple[int, str] | None) -> int:
     runs); not given, step_time.DEFAULT_CONTEXT, or the window where that is shorter."""
     if context is None:
         return DEFAULT_CONTEXT if window is None else min(DEFAULT_CONTEXT, window[0])
-    hi = BUILD_FLAG["context"].bounds.limits()[1]  # pyright: ignore[reportOptionalMemberAccess]  # the row has bounds
+    bounds = BUILD_FLAG["context"].bounds
+    assert bounds is not None, "the context row declares its bounds"
+    hi = bounds.limits()[1]
+    assert hi is not None, "the context row declares an upper bound"
     top, why = window if window is not None else (int(hi), "the planner's bound (no model config names one)")
     if window is not None:
         why = f"the model's max_position_embeddings ({why})"
