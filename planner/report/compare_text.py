@@ -215,13 +215,23 @@ def limit_text(threshold: tuple[str, float]) -> str:
 def gated_on(a: Plan, b: Plan) -> tuple[str, int, int]:
     """What ``planner diff --fail-above`` compares: ``(label, old, new)``. The device total
     (every item of the free memory capture takes, graph-exec included) where both plans know
-    theirs (built with --calibration or --device), else the pools and hoisted workspaces, the
-    one figure every plan has (the label says which, and why)."""
+    theirs (built with --calibration), else the device items both know where graph-exec is
+    among them (built with --device: allocator-other unknown, graph-exec estimated), else the
+    pools and hoisted workspaces, the one figure every plan has (the label says which, and why)."""
     da, db = a.predicted.device, b.predicted.device
     ta = da.total_bytes if da is not None else None
     tb = db.total_bytes if db is not None else None
     if ta is not None and tb is not None:
         return "device total (graph-exec included)", ta, tb
+    # built with --device (no calibration): allocator-other is unknown, graph-exec estimated;
+    # the items both plans know, graph-exec among them, still see what a size costs
+    ka = {i.name: i.bytes for i in da.items if i.bytes is not None} if da is not None else {}
+    kb = {i.name: i.bytes for i in db.items if i.bytes is not None} if db is not None else {}
+    both = [n for n in ka if n in kb]
+    if "graph-exec" in both:
+        unknown = sorted({i.name for d in (da, db) if d is not None for i in d.items} - set(both))
+        label = f"device items known in both plans ({' + '.join(both)}; unknown: {', '.join(unknown) or 'none'})"
+        return label, sum(ka[n] for n in both), sum(kb[n] for n in both)
     missing = "either plan" if ta is None and tb is None else "the old plan" if ta is None else "the new plan"
     return f"predicted total (pools + hoisted; no device total in {missing})", total(a), total(b)
 

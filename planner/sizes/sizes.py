@@ -280,9 +280,9 @@ def choose(
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
-    device = roofline_device(opts, r.calibration, b.calibration) if timing is None else ""
-    # the size-choice options as priced: the roofline's device and the bounded context resolved
-    priced = msgspec.structs.replace(opts, device=device, context=context)
+    device = roofline_device(b.device, r.calibration, b.calibration) if timing is None else ""
+    # the size-choice options as priced: the bounded context resolved
+    priced = msgspec.structs.replace(opts, context=context)
     reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
     all_sizes = {
@@ -309,7 +309,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(priced, r, phase, timing),
+            time=phase_step_time(priced, device, r, phase, timing),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
