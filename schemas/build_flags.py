@@ -178,7 +178,14 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "Capture report with replay times (capture_plan.executor.timing.time_replays): measured step time "
         "per size [a roofline].",
     ),
-    BuildFlag("device", "--device", "text", "Device of the roofline (planner/data/devices.toml) [NVIDIA H200]."),
+    BuildFlag(
+        "device",
+        "--device",
+        "text",
+        "The target device (torch's name, planner/data/fit_devices.toml): the plan's device items estimated for it "
+        "(graph-exec from the bench's nodes per layer; without --calibration), and the roofline of --sizes auto "
+        "[no device items; roofline NVIDIA H200].",
+    ),
     BuildFlag(
         "context",
         "--context",
@@ -267,7 +274,19 @@ def option_meta(field: str) -> Any:
 
 
 #: the options that say what a build plans (``planner build`` and ``planner sizes`` take them)
-BUILD_INPUTS = ("backend", "ci", "spec", "speculative", "preset", "max_bs", "tp", "allocator", "trace", "calibration")
+BUILD_INPUTS = (
+    "backend",
+    "ci",
+    "spec",
+    "speculative",
+    "preset",
+    "max_bs",
+    "tp",
+    "allocator",
+    "trace",
+    "calibration",
+    "device",
+)
 #: the options that choose sizes for a traffic (``planner sizes``, ``planner build --sizes auto``):
 #: ``sizes`` ("auto"), then the fields of ``SizeChoiceOptions``
 SIZE_CHOICE = (
@@ -277,7 +296,6 @@ SIZE_CHOICE = (
     "metric",
     "max_size",
     "timing",
-    "device",
     "context",
     "budget_mib",
     "max_graphs",

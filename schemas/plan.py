@@ -247,8 +247,10 @@ class TraceSamples(PlanStruct, frozen=True, kw_only=True):
 
 
 #: where a device item's figure comes from: the allocator simulation, the planner's
-#: data (planner/data/devices.toml), a report measured on a named device, or nowhere yet
-Provenance = Literal["simulated", "data", "measured", "unknown"]
+#: data (planner/data/devices.toml), a report measured on a named device, an estimate for a
+#: device named without a report (``planner build --device``: graph-exec from node counts per
+#: layer of the committed bench, planner/memory/graph_nodes.py), or nowhere yet
+Provenance = Literal["simulated", "data", "measured", "unknown", "estimated"]
 #: which model code the prediction describes: "recorded" (a trace of the model that is
 #: captured: exact for it), "reference" (capture-plan's reference decode step and its
 #: speculative phases, capture_plan.references.decode / capture_plan.references.speculative: exact for those), or

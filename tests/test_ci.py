@@ -146,12 +146,16 @@ def test_the_workflow_checks_plans_and_posts_the_diff(tmp_path):
     assert step["env"]["BASE"] == "origin/${{ github.base_ref }}"
     diff = _run_step(step, repo, {"BASE": "main", "FAIL_ABOVE": step["env"]["FAIL_ABOVE"], "GITHUB_OUTPUT": str(out)})
     assert diff.returncode == 1, diff.stderr  # fa3.json grew more than 5%
-    assert "plans/fa3.json: predicted total grew 258.0 MiB -> 2,078.0 MiB" in diff.stderr
+    assert (
+        "plans/fa3.json: predicted total (pools + hoisted; no device total in either plan) grew "
+        "258.0 MiB -> 2,078.0 MiB" in diff.stderr
+    )
     body = (repo / "plan-diff.md").read_text()
     assert "### Capture plan `plans/fa3-ci.json` removed" in body, _git(repo, "diff", "--name-status", "main...HEAD")
     assert "### Capture plan `plans/fa3.json` vs `.plan-base/plans/fa3.json`" in body
     assert (
-        "**Over the limit**: predicted total grew 258.0 MiB -> 2,078.0 MiB (+1,820.0 MiB, +705.4%), above "
+        "**Over the limit**: predicted total (pools + hoisted; no device total in either plan) grew "
+        "258.0 MiB -> 2,078.0 MiB (+1,820.0 MiB, +705.4%), above "
         "--fail-above 5%" in body
     )
     assert (

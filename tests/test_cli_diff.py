@@ -105,12 +105,59 @@ def test_fail_above_is_the_ci_threshold(cli, plans, limit, code, shown):
     assert got == code and out.startswith("plans/fa3.json -> plans/fa3-eagle.json\n")
     if code:
         assert err == (
-            "planner: error: plans/fa3-eagle.json: predicted total grew 258.0 MiB -> 1,520.0 MiB "
+            "planner: error: plans/fa3-eagle.json: predicted total (pools + hoisted; no device total in either "
+            "plan) grew 258.0 MiB -> 1,520.0 MiB "
             f"(+1,262.0 MiB, +489.1%), above --fail-above {shown}; fix: make the plan cheaper, or "
             "raise --fail-above if the growth is intended\n"
         )
     else:
         assert err == ""
+
+
+@pytest.fixture
+def nine_sizes(cli, plans):
+    """The reference at 9 sizes chosen for the skewed traffic, with the H200 calibration
+    (plans/fa3-ci-h200.json is the same build at the spec's 36 sizes)."""
+    traffic = PLANS.parent / "tests" / "data" / "traffic-skewed.csv"
+    args = ["--calibration", "plans/calibration/h200-fa3-ci.json", "--sizes", "auto", "--traffic", str(traffic)]
+    code, _, err = cli("build", "-b", "fa3", "--ci", *args, "--max-graphs", "9", "-o", "plans/nine.json")
+    assert (code, err) == (0, "")
+    return "plans/nine.json"
+
+
+def test_fail_above_gates_on_the_device_total_with_graph_exec(cli, plans, nine_sizes):
+    # issue 52: 9 -> 36 sizes leaves pools + hoisted at 258.0 MiB (+0.0%), but graph-exec grows
+    # 23.5 -> 94.0 MiB, the device total +22.2%; the gate compared pools + hoisted and exited 0
+    code, out, err = cli("diff", nine_sizes, "plans/fa3-ci-h200.json", "--fail-above", "5%")
+    assert code == 1 and "device: taken after capture: 317.5 MiB -> 388.0 MiB (+70.5 MiB, +22.2%)" in out
+    assert err == (
+        "planner: error: plans/fa3-ci-h200.json: device total (graph-exec included) grew 317.5 MiB -> 388.0 MiB "
+        "(+70.5 MiB, +22.2%), above --fail-above 5%; fix: make the plan cheaper, or raise --fail-above if the "
+        "growth is intended\n"
+    )
+    code, out, err = cli("diff", nine_sizes, "plans/fa3-ci-h200.json", "--fail-above", "70MiB")
+    assert code == 1
+    code, out, err = cli("diff", nine_sizes, "plans/fa3-ci-h200.json", "--fail-above", "25%")
+    assert (code, err) == (0, "")
+    # within the limit, the text says which total it gated on
+    assert out.splitlines()[-1] == (
+        "gate: within --fail-above 25%: device total (graph-exec included) 317.5 MiB -> 388.0 MiB (+70.5 MiB, +22.2%)"
+    )
+
+
+def test_fail_above_gates_on_pools_and_hoisted_where_a_plan_has_no_device_total(cli, plans):
+    # fa3-ci has no calibration: its device total is unknown, so the gate reads pools + hoisted, and says so
+    code, out, err = cli("diff", "plans/fa3-ci.json", "plans/fa3-ci-h200.json", "--fail-above", "0")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == (
+        "gate: within --fail-above 0%: predicted total (pools + hoisted; no device total in the old plan) "
+        "258.0 MiB -> 258.0 MiB"
+    )
+    code, out, _ = cli("diff", "plans/fa3-ci-h200.json", "plans/fa3-ci.json", "-f", "markdown", "--fail-above", "0")
+    assert code == 0 and out.splitlines()[2] == (
+        "Within the limit: --fail-above 0%: predicted total (pools + hoisted; no device total in the new plan) "
+        "258.0 MiB -> 258.0 MiB."
+    )
 
 
 def test_fail_above_never_fails_a_plan_that_shrinks(cli, plans):
@@ -138,7 +185,8 @@ def test_markdown_for_a_pr_comment(cli, plans):
     assert lines[:6] == [
         "### Capture plan `plans/fa3-eagle.json` vs `plans/fa3-eagle-ci.json`",
         "",
-        "Within the limit: the predicted total grows by no more than 5%.",
+        "Within the limit: --fail-above 5%: predicted total (pools + hoisted; no device total in either plan) "
+        "1,520.0 MiB -> 1,520.0 MiB (-8,200 B, -0.00051%).",
         "",
         "| figure | old | new | change |",
         "| --- | ---: | ---: | ---: |",
@@ -163,7 +211,8 @@ def test_markdown_says_when_the_threshold_is_crossed(cli, plans):
     code, out, err = cli("diff", "plans/fa3.json", "plans/fa3-eagle.json", "-f", "markdown", "--fail-above", "5")
     assert code == 1 and err.count("\n") == 1
     assert out.splitlines()[2] == (
-        "**Over the limit**: predicted total grew 258.0 MiB -> 1,520.0 MiB "
+        "**Over the limit**: predicted total (pools + hoisted; no device total in either plan) grew "
+        "258.0 MiB -> 1,520.0 MiB "
         "(+1,262.0 MiB, +489.1%), above --fail-above 5%"
     )
 

@@ -174,13 +174,13 @@ def test_the_record_and_the_command_read_back_alike(tmp_path):
 
     opts = BuildOptions(
         backend="fa3",
+        device="NVIDIA H200",  # a build input since issue 52 (build --device without --sizes auto)
         sizes=SizeChoiceOptions(
             traffic=tmp_path / "t.csv",
             traffic_phases=("decode",),
             metric="m",
             max_size=300,
             timing=tmp_path / "r.json",
-            device="NVIDIA H200",
             context=2048,
             budget_mib=300.5,
             max_graphs=12,

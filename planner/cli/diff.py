@@ -47,15 +47,16 @@ class Threshold(click.ParamType):
     "--fail-above",
     type=Threshold(),
     metavar="pct|amount",
-    help="Exit 1 when the predicted total (pools + hoisted) grows by more than this: a percentage of the "
-    "old total (5, 5%) or an amount (64MiB, 8200B). Shrinking never fails.",
+    help="Exit 1 when the device total (graph-exec included; plans built with --calibration or --device) "
+    "grows by more than this, else the predicted total (pools + hoisted): a percentage of the old total "
+    "(5, 5%) or an amount (64MiB, 8200B). Shrinking never fails; the output says which total it gated on.",
 )
 @option("--exit-code", is_flag=True, help="Exit 1 when the plans differ at all (like git diff).")
 @option("--steps", is_flag=True, help="Also print the step-by-step diff.")
 def command(old, new, fmt, fail_above, exit_code, steps) -> None:
     """Compare predicted memory (total, per pool, per phase, baseline, hoisted), inputs, decisions and steps."""
     from capture_plan.planner.report.compare import compare
-    from capture_plan.planner.report.compare_text import gate, render_markdown, render_text
+    from capture_plan.planner.report.compare_text import gate, gate_verdict, render_markdown, render_text
 
     from ._common import read_plan
 
@@ -75,18 +76,14 @@ def command(old, new, fmt, fail_above, exit_code, steps) -> None:
             verdict = (
                 f"**Over the limit**: {failure.what}"
                 if failure
-                else f"Within the limit: the predicted total grows by no more than {_limit(fail_above)}."
+                else f"Within the limit: {gate_verdict(a, b, fail_above).removeprefix('within ')}."
             )
         click.echo(render_markdown(d, steps=steps, verdict=verdict))
     else:
         click.echo(render_text(d, steps=steps))
+        if fail_above is not None and failure is None and d.differs:  # identical plans: one line says so
+            click.echo(f"gate: {gate_verdict(a, b, fail_above)}")
     if failure is not None:
         raise failure
     if exit_code and d.differs:
         raise click.exceptions.Exit(1)
-
-
-def _limit(threshold) -> str:
-    from capture_plan.planner.report.compare_text import limit_text
-
-    return limit_text(threshold)

@@ -55,10 +55,9 @@ def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int) -> FitItem:
 
 def nodes_per_layer(m: FitModel) -> float | None:
     """Graph nodes per layer of one graph of this model's family (None: no family measured)."""
-    g = estimates()["graph"]
-    fam = g["families"].get(m.model_type)
-    nodes = g["nodes"].get(fam) if fam else None
-    return None if nodes is None else nodes / g["bench_layers"]
+    from capture_plan.planner.memory.graph_nodes import nodes_per_layer as per_layer
+
+    return per_layer(m.model_type)
 
 
 def graph_memory(

@@ -64,8 +64,6 @@ class SizeChoiceOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_size: int | None = None
     #: a capture report with replay times; else step times from a roofline
     timing: Path | None = None
-    #: the roofline's device (default: step_time.DEFAULT_DEVICE)
-    device: str | None = None
     #: KV tokens per request, for the roofline (default: step_time.DEFAULT_CONTEXT)
     context: int | None = None
     budget_mib: float | None = None
@@ -96,6 +94,10 @@ class BuildOptions(msgspec.Struct, frozen=True):
     #: capture the sizes chosen for a traffic (``--sizes auto`` and the options with it:
     #: planner/sizes/) instead of the spec's; None: the spec's
     sizes: SizeChoiceOptions | None = None
+    #: the target device (torch's name): the plan's device items estimated for it without a
+    #: calibration (planner/memory/graph_nodes.py), and the roofline of a size choice
+    #: (default: step_time.DEFAULT_DEVICE)
+    device: str | None = None
 
 
 #: the fields of SizeChoiceOptions as the table names them (SIZE_CHOICE after ``sizes``), each

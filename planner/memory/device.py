@@ -99,6 +99,9 @@ class Calibration(msgspec.Struct, frozen=True):
     #: per phase name: (driver bytes, nodes) of the report's captures that counted their
     #: nodes; empty when it counted none
     graph_exec_counted: dict[str, tuple[int, int]] = {}
+    #: measured nothing: ``planner build --device``'s estimate (planner/memory/graph_nodes.py),
+    #: its graph-exec "estimated" and its allocator-other unknown
+    estimated: bool = False
 
     @property
     def graph_exec_per_node(self) -> float | None:
@@ -476,6 +479,8 @@ def device_prediction(
             provenance="measured" if calibration.allocator_other is not None else "unknown",
             source=f"{calibration.source} ({calibration.device})"
             if calibration.allocator_other is not None
+            else f"not estimated: {how}"
+            if calibration.estimated
             else "the calibration's device has no workspace figure to tell it apart",
         )
     )
@@ -487,10 +492,13 @@ def device_prediction(
             DeviceCost(
                 name="graph-exec",
                 bytes=driver[-1] if driver else 0,
-                provenance="measured",
+                provenance="estimated" if calibration.estimated else "measured",
                 source=f"{calibration.source} ({calibration.device}): {node_source}",
             )
         )
+    elif calibration.estimated:  # no nodes per layer for the model, or no per-node figure for the device
+        why = "no node count for its model" if not calibration.graph_nodes else "no per-node figure for the device"
+        items.append(DeviceCost(name="graph-exec", provenance="unknown", source=f"{calibration.source}: {why}: {how}"))
     elif total is None:
         missing = sorted({s.phase for s in steps if s.op == "capture" and _lookup(per_graph, s.phase, kinds) is None})
         items.append(
@@ -560,4 +568,5 @@ def _from_nodes(steps: list[Step], calibration: Calibration) -> tuple[list[int] 
     driver = driver_after(steps, calibration.graph_nodes, per_node)
     if driver is None:
         return None, ""
-    return driver, f"the graphs' nodes as counted there, {where}, in 2 MiB steps"
+    counted = "estimated per graph" if calibration.estimated else "as counted there"
+    return driver, f"the graphs' nodes {counted}, {where}, in 2 MiB steps"

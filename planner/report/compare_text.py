@@ -21,6 +21,8 @@ __all__ = [
     "render_markdown",
     "limit_text",
     "gate",
+    "gated_on",
+    "gate_verdict",
     "stale_reason",
 ]
 
@@ -210,23 +212,54 @@ def limit_text(threshold: tuple[str, float]) -> str:
     return f"{amount:g}%" if kind == "percent" else bytes_text(int(amount), amount < MiB)
 
 
+def gated_on(a: Plan, b: Plan) -> tuple[str, int, int]:
+    """What ``planner diff --fail-above`` compares: ``(label, old, new)``. The device total
+    (every item of the free memory capture takes, graph-exec included) where both plans know
+    theirs (built with --calibration), else the device items both know where graph-exec is
+    among them (built with --device: allocator-other unknown, graph-exec estimated), else the
+    pools and hoisted workspaces, the one figure every plan has (the label says which, and why)."""
+    da, db = a.predicted.device, b.predicted.device
+    ta = da.total_bytes if da is not None else None
+    tb = db.total_bytes if db is not None else None
+    if ta is not None and tb is not None:
+        return "device total (graph-exec included)", ta, tb
+    # built with --device (no calibration): allocator-other is unknown, graph-exec estimated;
+    # the items both plans know, graph-exec among them, still see what a size costs
+    ka = {i.name: i.bytes for i in da.items if i.bytes is not None} if da is not None else {}
+    kb = {i.name: i.bytes for i in db.items if i.bytes is not None} if db is not None else {}
+    both = [n for n in ka if n in kb]
+    if "graph-exec" in both:
+        unknown = sorted({i.name for d in (da, db) if d is not None for i in d.items} - set(both))
+        label = f"device items known in both plans ({' + '.join(both)}; unknown: {', '.join(unknown) or 'none'})"
+        return label, sum(ka[n] for n in both), sum(kb[n] for n in both)
+    missing = "either plan" if ta is None and tb is None else "the old plan" if ta is None else "the new plan"
+    return f"predicted total (pools + hoisted; no device total in {missing})", total(a), total(b)
+
+
 def gate(a: Plan, b: Plan, threshold: tuple[str, float], where: str):
-    """The DriftError to raise when ``b``'s total grew from ``a``'s by more than
-    ``threshold`` (``("percent", 5.0)`` or ``("bytes", n)``); None when within.
+    """The DriftError to raise when ``b``'s figure grew from ``a``'s by more than
+    ``threshold`` (``("percent", 5.0)`` or ``("bytes", n)``); None when within. The figure
+    is :func:`gated_on`'s: the device total where both plans have one, else pools + hoisted.
     Growth from a total of 0 is over any percentage."""
     from capture_plan.schemas.errors import DriftError
 
-    old, new = total(a), total(b)
+    label, old, new = gated_on(a, b)
     grown = new - old
     kind, amount = threshold
     over = grown > amount if kind == "bytes" else grown > 0 and (old == 0 or grown * 100 > amount * old)
     if not over:
         return None
     return DriftError(
-        f"predicted total grew {change_text(old, new)}, above --fail-above {limit_text(threshold)}",
+        f"{label} grew {change_text(old, new)}, above --fail-above {limit_text(threshold)}",
         where=where,
         fix="make the plan cheaper, or raise --fail-above if the growth is intended",
     )
+
+
+def gate_verdict(a: Plan, b: Plan, threshold: tuple[str, float]) -> str:
+    """The gate's result within the limit, in one line: the figure it gated on and its change."""
+    label, old, new = gated_on(a, b)
+    return f"within --fail-above {limit_text(threshold)}: {label} {change_text(old, new)}"
 
 
 def stale_reason(old: Plan, new: Plan) -> str:

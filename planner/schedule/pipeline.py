@@ -446,7 +446,7 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
                     else None,
                 ),
                 {p.name: p.kind for p in spec.phases},
-                r.calibration,
+                r.calibration or r.device_estimate,
             ),
             fidelity=fid,
             describes=describes,

@@ -230,6 +230,29 @@ def _calibration(opts: BuildOptions, spec: Spec, model: ModelUsed, base: Path):
     return cal, (recorded, sha256(raw))
 
 
+def _device_estimate(
+    opts: BuildOptions, model: ModelUsed, phases: list[str], calibration: Calibration | None, traced: bool
+) -> Calibration | None:
+    """``--device NAME`` without a calibration: its device items estimated for the reference
+    decode step's graphs (a trace's model has no node count: graph-exec unknown then). With a
+    calibration the device is the one it measured: another ``--device`` is refused."""
+    if opts.device is None:
+        return None
+    if calibration is not None:
+        measured = calibration.device.split(" sm")[0].strip()
+        if opts.device.split(" sm")[0].strip() != measured:
+            raise InputError(
+                f"the calibration was measured on {measured!r}, not {opts.device!r}",
+                where=f"--device {opts.device} with --calibration {opts.calibration}",
+                fix=f"leave --device out (the plan is then the {measured}'s), or give a calibration measured on it",
+            )
+        return None
+    from ..memory.graph_nodes import REFERENCE, device_estimate
+
+    layers = {p: model.phases.get(p, {}).get("layers", model.dimensions["layers"]) for p in phases}
+    return device_estimate(opts.device, layers, "a trace's model" if traced else REFERENCE)
+
+
 def _check_traced_on(calibration: Calibration | None, traced_on: str, shown: str) -> None:
     """Refuse a calibration measured on another device than the trace (``traced_on``) was
     recorded on: its items would describe another machine than the pool."""
@@ -298,6 +321,8 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     calibration: Calibration | None
     #: (path relative to the plan, digest) of the calibration report
     calibration_record: tuple[str, str] | None
+    #: ``--device`` without a calibration: the device items estimated for it (graph_nodes.py)
+    device_estimate: Calibration | None
     # what the sizes decide (derived by _sized)
     rules: dict[str, list]
     by_name: dict[str, Phase]
@@ -385,10 +410,10 @@ def resolve(opts: BuildOptions) -> Resolved:
     pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
     traced = _read_trace(opts, spec)
     traced_on = traced[0].device if traced is not None else ""
-    calibration, calibration_record = _calibration(
-        opts, spec, model_used(spec, spec_read.sources, spec_read.config_keys), output.parent
-    )
+    used = model_used(spec, spec_read.sources, spec_read.config_keys)
+    calibration, calibration_record = _calibration(opts, spec, used, output.parent)
     _check_traced_on(calibration, traced_on, str(opts.calibration))
+    estimate = _device_estimate(opts, used, [p.name for p in spec.phases], calibration, traced is not None)
     expandable = allocator == "expandable"
     protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
     library = int(spec.library_mib * MiB)
@@ -412,5 +437,6 @@ def resolve(opts: BuildOptions) -> Resolved:
         pools=PoolSetup(expandable, protect, library),
         calibration=calibration,
         calibration_record=calibration_record,
+        device_estimate=estimate,
     )
     return _sized(read, spec)

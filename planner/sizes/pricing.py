@@ -99,15 +99,15 @@ class Memory:
         return out
 
 
-def roofline_device(opts: SizeChoiceOptions, calibration: Calibration | None, calibration_path: object) -> str:
+def roofline_device(device: str | None, calibration: Calibration | None, calibration_path: object) -> str:
     """The device whose roofline prices a step: ``--device``, else the calibration's (a list's
     device total is that device's: its step times are then of the same one), else
     :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration was
     measured on is refused: the figures of two devices would sit in one row, unsaid."""
     if calibration is None:  # not `or`: --device '' is a device no table has, refused (it priced the H200)
-        return DEFAULT_DEVICE if opts.device is None else opts.device
+        return DEFAULT_DEVICE if device is None else device
     measured = calibration.device.split(" sm")[0].strip()
-    if opts.device is None:
+    if device is None:
         if measured not in device_names():
             raise InputError(
                 f"no roofline figures for {measured!r}, the device the calibration was measured on",
@@ -115,12 +115,12 @@ def roofline_device(opts: SizeChoiceOptions, calibration: Calibration | None, ca
                 fix="measure step times on it with --timing REPORT, or add it to planner/data/devices.toml [roofline]",
             )
         return measured
-    named = device_roofline(opts.device).name
+    named = device_roofline(device).name
     if named != measured:
         err = InputError(
             f"the calibration was measured on {measured!r}, the roofline is of {named!r}: a list's device "
             "total and its step time would be of two devices",
-            where=f"--device {opts.device} with --calibration {calibration_path}",
+            where=f"--device {device} with --calibration {calibration_path}",
             fix=f"leave --device out (the roofline is then the {measured}'s), or give a calibration "
             f"(a capture report) measured on the {named}",
         )
@@ -129,16 +129,16 @@ def roofline_device(opts: SizeChoiceOptions, calibration: Calibration | None, ca
     return named
 
 
-def phase_step_time(opts: SizeChoiceOptions, r: Resolved, phase: Phase, timing) -> StepTime:
+def phase_step_time(opts: SizeChoiceOptions, device: str, r: Resolved, phase: Phase, timing) -> StepTime:
     """``phase``'s step time per size: measured (``timing``: a report with replay times and
-    how to name it), else the roofline of ``r``'s model on ``opts``' device and context:
-    ``opts`` as :func:`capture_plan.planner.sizes.sizes.choose` resolved them (the device
-    :func:`roofline_device` names, the context bounded by the model's window)."""
+    how to name it), else the roofline of ``r``'s model on ``device`` (:func:`roofline_device`'s)
+    and ``opts``' context, as :func:`capture_plan.planner.sizes.sizes.choose` resolved it
+    (bounded by the model's window)."""
     if timing is not None:
         rep, shown = timing
         return measured_times(rep, shown, phase.name)
-    assert opts.device is not None and opts.context is not None, "choose() resolves both"
-    return roofline(r.spec.model, phase, r.tp, device_roofline(opts.device), opts.context, r.backend)
+    assert opts.context is not None, "choose() resolves it"
+    return roofline(r.spec.model, phase, r.tp, device_roofline(device), opts.context, r.backend)
 
 
 def engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:

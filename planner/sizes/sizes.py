@@ -296,9 +296,9 @@ def choose(
     memory = Memory(r, reference, r.with_sizes(all_sizes).workload)
     # after the schedule and the memory, so that the size choice enters pricing.py once for
     # Memory, the device and the step times (tests/test_opts_walk.py counts the returns)
-    device = roofline_device(opts, r.calibration, b.calibration) if timing is None else ""
-    # the size-choice options as priced: the roofline's device and the bounded context resolved
-    priced = msgspec.structs.replace(opts, device=device, context=context)
+    device = roofline_device(b.device, r.calibration, b.calibration) if timing is None else ""
+    # the size-choice options as priced: the bounded context resolved
+    priced = msgspec.structs.replace(opts, context=context)
     calibrated = memory.calibration is not None
     budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
     budget = None if budget_mib is None else budget_mib * MiB
@@ -314,7 +314,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(priced, r, phase, timing),
+            time=phase_step_time(priced, device, r, phase, timing),
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
