@@ -34,9 +34,19 @@ _GPU_SKIP = "needs a CUDA GPU"
 _OTHER_SKIPS: list[str] = []
 
 
-def pytest_runtest_logreport(report):
+def _note_skip(report) -> None:
     if report.skipped and isinstance(report.longrepr, tuple) and _GPU_SKIP not in str(report.longrepr[2]):
         _OTHER_SKIPS.append(f"{report.nodeid}: {report.longrepr[2]}")
+
+
+def pytest_runtest_logreport(report):
+    _note_skip(report)
+
+
+def pytest_collectreport(report):
+    # a module that skips as a whole (pytest.importorskip at its top) is a skip of collection,
+    # which no test's report carries
+    _note_skip(report)
 
 
 def pytest_sessionfinish(session, exitstatus):

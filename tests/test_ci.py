@@ -420,3 +420,8 @@ def test_a_strict_run_fails_on_a_skip_that_is_not_for_want_of_a_gpu(tmp_path):
     assert "test_gpu" not in strict.stdout.split("skips that CI does not allow")[1]
     # where the only skips are for want of a GPU (or none at all), a strict run passes
     assert pytest_run(True, "test_x.py::test_gpu", "test_x.py::test_ok").returncode == 0
+    # a module that skips whole at collection (its package missing) fails a strict run too
+    (tmp_path / "test_y.py").write_text("import pytest\npytest.importorskip('no_such_package_here')\n")
+    whole = pytest_run(True, "test_y.py", "test_x.py::test_ok")
+    assert whole.returncode == 1, whole.stdout
+    assert re.search(r"test_y\.py: .*could not import 'no_such_package_here'", whole.stdout), whole.stdout
