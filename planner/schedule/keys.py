@@ -33,7 +33,8 @@ helpers: :mod:`capture_plan.schemas.keys`). What this module decides:
   captured right after its phase's key of the same size and labels, in its phase's
   order (vLLM: ``CudaGraphManager._init_candidates`` appends ``_maybe_ubatch_twin(desc)``
   right after ``desc``; planner/data/presets_vllm.toml ``[capture]``), not in a phase of
-  its own after it (:func:`twin_phases`, :func:`with_twin`).
+  its own after it (:func:`twin_phases`; the order itself is
+  :func:`capture_plan.planner.schedule.sequence.capture_sequence`'s).
 
 What it does not do: model LoRA's or an attention variant's own allocations
 analytically (a trace of the engine's model records them), fit a labelled key's sizes
@@ -77,7 +78,6 @@ __all__ = [
     "keyed_steps",
     "key_predictions",
     "twin_phases",
-    "with_twin",
 ]
 
 #: a key's ``(axis, label)`` pairs in the phase's axis order
@@ -126,21 +126,6 @@ def key_sequence(sizes: Sequence[int], combos: Sequence[Labels], order: str) -> 
 def twin_phases(phases: Sequence[Phase]) -> dict[str, str]:
     """Each micro-batch twin phase's name -> the phase it is the twin of (``twin_of``)."""
     return {p.name: p.twin_of for p in phases if p.twin_of is not msgspec.UNSET}
-
-
-def with_twin(
-    phase: str, keys: Sequence[tuple[int, Labels]], twin: str, twin_keys: Sequence[tuple[int, Labels]]
-) -> list[tuple[str, int, Labels]]:
-    """``phase``'s keys in capture order as ``(phase, size, labels)``, each followed by
-    ``twin``'s key of the same size and labels where the twin has one: the order in which
-    an engine captures a phase and its micro-batch twin. ``twin_keys`` in any order."""
-    theirs = set(twin_keys)
-    out: list[tuple[str, int, Labels]] = []
-    for bs, labels in keys:
-        out.append((phase, bs, labels))
-        if (bs, labels) in theirs:
-            out.append((twin, bs, labels))
-    return out
 
 
 def piece_count(phase: Phase, model: Model) -> int | None:
