@@ -202,12 +202,20 @@ def current_environment(
         device=torch.cuda.get_device_name(),
         capability=f"{major}.{minor}",
         driver=driver_version(),
-        torch=str(torch.__version__),  # a TorchVersion, which msgpack does not encode
-        cuda=str(torch.version.cuda),
+        torch=torch_versions()[0],
+        cuda=torch_versions()[1],
         libraries={lib.name: lib.digest for lib in kernel_libraries()},
         tensors={n: t.untyped_storage().nbytes() for n, t in tensors.items()},  # pyright: ignore[reportAttributeAccessIssue]
         pools={n: [size for _, size in pool_segments([p])] for n, p in pools.items()},
     )
+
+
+def torch_versions() -> tuple[str, str]:
+    """(torch's version, its CUDA's) as plain strings: ``torch.__version__`` is a
+    ``TorchVersion``, which msgpack does not encode (every save failed on the GPU)."""
+    import torch
+
+    return str(torch.__version__), str(torch.version.cuda)
 
 
 class Segments:
@@ -354,6 +362,8 @@ def build_file(
                     raise ExecutorError(
                         f"a copy between {c.src_type} and {c.dst_type} memory cannot be saved", where=where
                     )
+                if c.offset_beyond_x:  # its operands would be relocated from the wrong base
+                    raise ExecutorError("a copy with a Y, Z or LOD offset cannot be saved", where=where)
                 src, dst = segments.operand(c.src, c.src_type == "host"), segments.operand(c.dst, c.dst_type == "host")
                 copy = Copy(
                     src=src,

@@ -137,6 +137,8 @@ class CopyNode:
     width: int
     height: int
     depth: int
+    #: a Y, Z or LOD offset on either side: the operand's address is not base + X alone
+    offset_beyond_x: bool = False
 
 
 @dataclass
@@ -255,6 +257,7 @@ def _copy(d, node: ctypes.c_void_p, where: str) -> CopyNode:
         c.WidthInBytes,
         c.Height,
         c.Depth,
+        any((c.srcY, c.srcZ, c.srcLOD, c.dstY, c.dstZ, c.dstLOD)),
     )
 
 

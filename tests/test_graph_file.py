@@ -322,6 +322,30 @@ def test_a_kernel_the_driver_does_not_describe_is_not_saved():
         _file(FakeDriver(rc={"cuFuncGetParamInfo": 801}))
 
 
+def test_a_copy_with_an_offset_beyond_x_is_not_saved():
+    """Its operand is base + X + Y * pitch (+ Z ...): relocated as base + X it would point elsewhere."""
+
+    class Offset(FakeDriver):
+        def cuGraphMemcpyNodeGetParams(self, node, c):
+            super().cuGraphMemcpyNodeGetParams(node, c)
+            c._obj.srcY = 1
+
+    with pytest.raises(ExecutorError, match=r"a copy with a Y, Z or LOD offset cannot be saved"):
+        _file(Offset())
+
+
+def test_the_file_records_torchs_version_as_a_string_msgpack_encodes():
+    """torch.__version__ is a TorchVersion, which msgpack refuses: every save failed on the GPU."""
+    torch = pytest.importorskip("torch")
+    f = msgspec.structs.replace(_file(), valid_for=msgspec.structs.replace(_file().valid_for, torch="x"))
+    assert gf.encode(f)
+    with pytest.raises(TypeError, match="TorchVersion"):
+        gf.encode(msgspec.structs.replace(f, valid_for=msgspec.structs.replace(f.valid_for, torch=torch.__version__)))
+    versions = gf.torch_versions()
+    assert all(type(v) is str for v in versions) and versions[0] == torch.__version__
+    assert gf.encode(msgspec.structs.replace(f, valid_for=msgspec.structs.replace(f.valid_for, torch=versions[0])))
+
+
 def test_the_file_round_trips_and_inspect_says_what_it_holds(tmp_path, capsys):
     path = tmp_path / "g.cpgraphs"
     path.write_bytes(gf.encode(_file()))
