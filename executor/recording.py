@@ -198,6 +198,8 @@ class OutsideGraphs:
         self._undo: Callable[[], None] | None = None
         #: graphs whose capture began outside the loop's own recording and has not ended yet
         self._begun: dict[int, object] = {}
+        #: the first error the capture-end hook met (torch swallows a hook's errors)
+        self._error: Exception | None = None
 
     @contextlib.contextmanager
     def own(self):
@@ -239,8 +241,15 @@ class OutsideGraphs:
         def ended(graph) -> None:
             if self._begun.pop(id(graph), None) is None:
                 return
-            if any(pool_key(p) in self.pools for p in graph_pools(graph)):
-                self.count += 1
+            # torch runs global hooks under `except Exception: pass` (torch/cuda/graphs.py:
+            # _run_global_hooks, 2.14): an error here would leave the count short unsaid, so it
+            # is kept and raised by stop()
+            try:
+                if any(pool_key(p) in self.pools for p in graph_pools(graph)):
+                    self.count += 1
+            except Exception as err:  # noqa: BLE001  # any: torch would swallow it
+                if self._error is None:
+                    self._error = err
 
         handles = [on_start(began), on_end(ended)]
 
@@ -252,10 +261,18 @@ class OutsideGraphs:
         self._undo = undo
 
     def stop(self) -> None:
-        """Stop observing (the hooks removed, or the class's own method back)."""
+        """Stop observing (the hooks removed, or the class's own method back). Raises
+        ExecutorError where the capture-end hook could not read a graph's pools: the count
+        would be short."""
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()
+        err, self._error = self._error, None
+        if err is not None:
+            raise ExecutorError(
+                f"a graph recorded outside the loop could not be counted: its pools did not read ({err!r}); "
+                "the capture-gap check would be short"
+            ) from err
 
 
 class Recording:
