@@ -421,21 +421,25 @@ def test_a_plans_sizes_and_pool_replace_the_engine_defaults(capsys):
 def test_a_calibration_gives_the_measured_graph_memory(capsys):
     rep = json.loads(CALIBRATION.read_text())
     drop = rep["device_view"]["drop"]
-    for args in ((), ("--plan", str(PLAN))):
-        r = _fit_json(capsys, "--device", "H200", "--calibration", str(CALIBRATION), *args)
-        graph = _item(r, "graph memory")
-        # pool + hoisted + graph-exec + workspaces: every item of the report's device view
-        assert graph.status == "measured" and graph.bytes == drop
-        assert graph.error_bytes == max(2 << 20, drop // 100) and str(CALIBRATION) in graph.source
+    r = _fit_json(capsys, "--device", "H200", "--calibration", str(CALIBRATION), "--plan", str(PLAN))
+    graph = _item(r, "graph memory")
+    # pool + hoisted + graph-exec + workspaces: every item of the report's device view
+    assert graph.status == "measured" and graph.bytes == drop
+    assert graph.error_bytes == max(2 << 20, drop // 100) and str(CALIBRATION) in graph.source
     assert {c.name: c for c in r.size_costs}["plan"].graph_bytes == drop
+    # without --plan the report's graphs (its plan's 36) would stand for the engine default's 51: refused
+    code, _, err = run(*_PLANNED, "--device", "H200", "--calibration", str(CALIBRATION), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert "fix: give --plan PLAN, the plan the report was captured from" in err
 
 
 def test_a_calibration_of_another_device_is_refused_with_a_fix_that_works(capsys):
-    code, _, err = run(*_PLANNED, "--device", "H100", "--calibration", str(CALIBRATION), capsys=capsys)
+    planned = ("--plan", str(PLAN), "--calibration", str(CALIBRATION))
+    code, _, err = run(*_PLANNED, "--device", "H100", *planned, capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "measured on 'NVIDIA H200" in err
     fix = err.split("fix: fit for the device it measured: ")[1].split(" (or")[0]
     assert fix == "--device 'NVIDIA H200'"
-    _fit_json(capsys, "--device", "NVIDIA H200", "--calibration", str(CALIBRATION))
+    _fit_json(capsys, "--device", "NVIDIA H200", *planned)
     # a calibration captured from another plan than --plan's is refused too
     other = ROOT / "plans/calibration/h200-fa3-eagle-ci.json"
     code, _, err = run(*_PLANNED, "--device", "H200", "--plan", str(PLAN), "--calibration", str(other), capsys=capsys)
