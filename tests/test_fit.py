@@ -178,6 +178,35 @@ def test_does_not_fit_names_the_item_and_fixes_that_work(capsys):
     assert code == 0
 
 
+#: configurations whose budget flag starves the cache (the flag named is the user's)
+STARVED = (
+    ("llama-3.1-8b", "H100", "vllm==0.34.0", "--gpu-memory-utilization", "0.1"),
+    ("llama-3.1-8b", "H100", "vllm==0.33.0", "--gpu-memory-utilization", "0.1"),
+    ("llama-3.1-8b", "H100", "vllm==0.19.0", "--gpu-memory-utilization", "0.2"),
+    ("qwen2.5-7b", "H200", "vllm==0.34.0", "--gpu-memory-utilization", "0.1"),
+    ("llama-3.1-8b", "H100", "sglang==0.5.23", "--mem-fraction-static", "0.01"),
+    ("llama-3.1-8b", "H100", "sglang==0.5.23", "--mem-fraction-static", "0.2"),
+    ("qwen2.5-7b", "H200", "sglang==0.5.23", "--mem-fraction-static", "0.1"),
+)
+
+
+@pytest.mark.parametrize("case", STARVED, ids=lambda c: f"{c[0]}-{c[2]}-{c[4]}")
+def test_every_fix_for_a_starved_budget_fits(case, capsys):
+    """Each suggested fix, applied to the command, fits (rc 0); the user's budget flag is
+    suggested at the value that fits."""
+    model, device, engine, flag, value = case
+    args = ("fit", "--model", str(CONFIGS / f"{model}.json"), "--device", device, "--engine", engine)
+    code, _, err = run(*args, flag, value, capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    fixes = err.split("fix: ")[1].strip().split(" or ")
+    assert fixes[0].startswith(flag + " ")
+    for fix in fixes:
+        words = fix.split()
+        given = (flag, value) if words[0] != flag else ()
+        code, _, err = run(*args, *given, *words, capsys=capsys)
+        assert code == 0, (fix, err)
+
+
 def test_json_is_the_versioned_schema(capsys):
     from capture_plan.schemas.fit import FitResult
 

@@ -88,11 +88,15 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     costs += result.plan_cost(inp, lambda _graph: tokens, tokens)
     costs.append(SizeCost("none", [], 0, tokens, 0))
     verdict = result.FITS
+    budget_fix = ""
+    if "mem-fraction-static" in inp.flags:  # the user's fraction starves the pool: the one that holds a request
+        need = known(weights) + known(nt) + -(-ctx_len // page) * page * cell
+        budget_fix = result.budget_fix("mem-fraction-static", need, pre)
     if kv_bytes <= 0:
         verdict = Verdict(
             False,
             f"weights {known(weights) / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}",
-            result.fixes(inp, pre, 0, ctx_len, len_flag="context-length", fp8=""),
+            result.fixes(inp, pre, 0, ctx_len, len_flag="context-length", fp8="", budget=budget_fix),
         )
     elif graph.bytes is not None and graph.bytes + known(act) + known(nt) > slack:
         verdict = Verdict(
@@ -105,7 +109,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         verdict = Verdict(
             False,
             f"KV cache holds {tokens} tokens, fewer than one request of context-length {ctx_len}",
-            result.fixes(inp, pre, tokens, ctx_len, len_flag="context-length", fp8="--kv-cache-dtype fp8_e4m3"),
+            result.fixes(
+                inp, pre, tokens, ctx_len, len_flag="context-length", fp8="--kv-cache-dtype fp8_e4m3", budget=budget_fix
+            ),
         )
     kv = Kv(max(kv_bytes, 0), tokens // page, page, tokens, tokens / ctx_len, ctx_len)
     return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)

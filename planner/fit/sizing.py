@@ -17,6 +17,7 @@ __all__ = [
     "vllm_before_capture",
     "vllm_after_capture",
     "vllm_blocks",
+    "vllm_request_bytes",
     "vllm_default_sizes",
     "vllm_batch_defaults",
     "sglang_defaults",
@@ -80,6 +81,23 @@ def vllm_after_capture(
     return min(requested - non_kv_used, free - margin) - activation
 
 
+def _vllm_request(m: FitModel, block_size: int, max_model_len: int, in_flight: int) -> tuple[int, int]:
+    """(layers per KV group, blocks one request at max_model_len takes): see :func:`vllm_blocks`."""
+    full, sliding = m.full_layers, m.sliding_layers
+    group = min(n for n in (full, sliding) if n > 0)
+    per_request = math.ceil(full / group) * math.ceil(max_model_len / block_size) if full else 0
+    if sliding:
+        window = min(m.sliding_window - 1 + in_flight, max_model_len)
+        per_request += math.ceil(sliding / group) * (math.ceil(window / block_size) + 1)
+    return group, per_request
+
+
+def vllm_request_bytes(m: FitModel, per_token_layer: int, block_size: int, max_model_len: int, in_flight: int) -> int:
+    """The KV bytes one request at max_model_len takes (the cache's least for max concurrency 1)."""
+    group, per_request = _vllm_request(m, block_size, max_model_len, in_flight)
+    return per_request * group * block_size * per_token_layer
+
+
 def vllm_blocks(
     m: FitModel,
     per_token_layer: int,
@@ -100,13 +118,9 @@ def vllm_blocks(
     (get_kv_cache_capacity, _report_kv_cache_config from 0.20's successor); "blocks":
     num_blocks // groups * block_size (0.19.0 and 0.20.0's _report_kv_cache_config)."""
     full, sliding = m.full_layers, m.sliding_layers
-    group = min(n for n in (full, sliding) if n > 0)
+    group, per_request = _vllm_request(m, block_size, max_model_len, in_flight)
     page = block_size * per_token_layer
     blocks = max(available, 0) // (group * page)
-    per_request = math.ceil(full / group) * math.ceil(max_model_len / block_size) if full else 0
-    if sliding:
-        window = min(m.sliding_window - 1 + in_flight, max_model_len)
-        per_request += math.ceil(sliding / group) * (math.ceil(window / block_size) + 1)
     concurrency = blocks / per_request
     if count == "blocks":
         groups = (math.ceil(full / group) if full else 0) + (math.ceil(sliding / group) if sliding else 0)
