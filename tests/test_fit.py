@@ -283,6 +283,12 @@ def test_vllm_default_capture_sizes_follow_each_release():
     # max_num_batched_tokens 300 < 512 caps the grid; 0.21.0 on appends it
     assert "300" not in sizes("vllm==0.20.0", **{"max-num-batched-tokens": 300})
     assert sizes("vllm==0.21.0", **{"max-num-batched-tokens": 300})[-1] == "300"
+    # max_num_batched_tokens caps a given --max-cudagraph-capture-size and drops given sizes above it
+    # (0.33.0, 0.34.0: _set_cudagraph_sizes' min(max_num_tokens, max_cudagraph_capture_size))
+    capped = sizes("vllm==0.34.0", **{"max-num-batched-tokens": 300, "max-cudagraph-capture-size": 512})
+    assert capped[-1] == "300" and "512" not in capped
+    given = {"max-num-batched-tokens": 600, "cudagraph-capture-sizes": [1, 2, 4, 512, 1024]}
+    assert sizes("vllm==0.33.0", **given) == ["1", "2", "4", "512"]
     # the uniform decode size max_num_seqs: appended from 0.31.0
     assert "100" not in sizes("vllm==0.30.0", **{"max-num-seqs": 100})
     assert "100" in sizes("vllm==0.31.0", **{"max-num-seqs": 100})

@@ -19,6 +19,7 @@ __all__ = [
     "vllm_blocks",
     "vllm_request_bytes",
     "vllm_default_sizes",
+    "vllm_given_sizes",
     "vllm_batch_defaults",
     "sglang_defaults",
     "sglang_kv_bytes",
@@ -45,11 +46,12 @@ def vllm_default_sizes(
     appends: tuple[str, ...] | list[str] = (),
 ) -> list[int]:
     """vLLM's default capture sizes (vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes):
-    [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(max_num_seqs * 2, 512,
-    max_num_batched_tokens) unless --max-cudagraph-capture-size gives it; where the release
-    appends them (the rule's ``capture_appends``), max_num_batched_tokens and the uniform
-    decode size max_num_seqs when they are within max."""
-    top = max_size if max_size is not None else min(max_num_seqs * 2, 512, max_num_batched_tokens)
+    [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(max_num_batched_tokens,
+    --max-cudagraph-capture-size or min(max_num_seqs * 2, 512)) (0.33.0 and 0.34.0:
+    ``max_cudagraph_capture_size = min(max_num_tokens, max_cudagraph_capture_size)``); where
+    the release appends them (the rule's ``capture_appends``), max_num_batched_tokens and the
+    uniform decode size max_num_seqs when they are within max."""
+    top = min(max_num_batched_tokens, max_size if max_size is not None else min(max_num_seqs * 2, 512))
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
     sizes = [s for s in sizes if s <= top]
     if "max-num-batched-tokens" in appends and max_num_batched_tokens <= top:
@@ -57,6 +59,12 @@ def vllm_default_sizes(
     if "max-num-seqs" in appends and max_size is None and max_num_seqs <= min(max_num_seqs * 2, 512):
         sizes += [max_num_seqs] if max_num_seqs <= max_num_batched_tokens else []
     return sorted(set(sizes))
+
+
+def vllm_given_sizes(sizes: list[int], max_num_batched_tokens: int) -> list[int]:
+    """--cudagraph-capture-sizes as vLLM keeps them (VllmConfig._set_cudagraph_sizes): de-duplicated,
+    sorted, those above max_num_batched_tokens dropped."""
+    return sorted({s for s in sizes if s <= max_num_batched_tokens})
 
 
 def vllm_requested(total: int, utilization: float) -> int:

@@ -47,7 +47,11 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     eager = inp.flag("enforce-eager", False)
     given = inp.flags.get("cudagraph-capture-sizes")
     top = inp.flags.get("max-cudagraph-capture-size")
-    sizes = sorted(set(given)) if given else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends)
+    sizes = (
+        sizing.vllm_given_sizes(given, batched)
+        if given
+        else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends)
+    )
     if eager or mode == "NONE":
         if inp.plan is not None:
             raise InputError(
