@@ -85,6 +85,15 @@ def test_vllm_blocks_count_sliding_groups_as_the_manager_does():
     blocks, conc, tokens = sizing.vllm_blocks(gemma, 8192, 16, 1000 * 21 * page, 8192, 16384)
     # one full group (512 blocks a request) and one sliding group (min(4095 + 16384, 8192) / 16 + 1)
     assert blocks == 1000 and conc == pytest.approx(1000 / (512 + 513)) and tokens == int(conc * 8192)
+    # 13 full + 12 sliding: 13 < 1.5 x 12, so groups of 13 (the sliding group padded to 13), one of each
+    # type (vllm/v1/core/kv_cache_planning.py: max_num_layers < min_num_layers * 1.5)
+    odd = msgspec.structs.replace(gemma, layers=25, sliding_layers=12)
+    blocks, conc, _ = sizing.vllm_blocks(odd, 8192, 16, 1000 * 13 * page, 8192, 16384)
+    assert blocks == 1000 and conc == pytest.approx(1000 / (512 + 513))
+    # 21 + 21 and 12 sliding + 24 full (24 >= 18) keep the smallest count
+    wide = msgspec.structs.replace(gemma, layers=36, sliding_layers=12)
+    blocks, conc, _ = sizing.vllm_blocks(wide, 8192, 16, 1000 * 12 * page, 8192, 16384)
+    assert blocks == 1000 and conc == pytest.approx(1000 / (2 * 512 + 513))
 
 
 def test_each_release_follows_its_rule_and_the_presets_sizing_fact():

@@ -92,7 +92,10 @@ def vllm_after_capture(
 def _vllm_request(m: FitModel, block_size: int, max_model_len: int, in_flight: int) -> tuple[int, int]:
     """(layers per KV group, blocks one request at max_model_len takes): see :func:`vllm_blocks`."""
     full, sliding = m.full_layers, m.sliding_layers
-    group = min(n for n in (full, sliding) if n > 0)
+    counts = [n for n in (full, sliding) if n > 0]
+    # kv_cache_planning: the smallest type's count, or the largest's where it is under 1.5x the smallest
+    # (fewer padding layers: 12 sliding + 13 full pad to 13 + 13, not 24 + 13)
+    group = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
     per_request = math.ceil(full / group) * math.ceil(max_model_len / block_size) if full else 0
     if sliding:
         window = min(m.sliding_window - 1 + in_flight, max_model_len)
@@ -116,8 +119,10 @@ def vllm_blocks(
     count: str = "concurrency",
 ) -> tuple[int, float, int]:
     """(blocks, max concurrency, tokens) as vLLM's KV-cache manager counts them: layers
-    grouped by type in groups of the smallest type's layer count
-    (kv_cache_utils._get_kv_cache_groups_uniform_page_size), a block being one page of
+    grouped by type in groups of the smallest type's layer count, or of the largest type's
+    where it is under 1.5 x the smallest (the last group of a type padded)
+    (vllm/v1/core/kv_cache_planning.py: _get_kv_cache_groups_uniform_page_size, 0.33.0 and
+    0.34.0; kv_cache_utils before), a block being one page of
     every layer of a group (get_kv_cache_config_from_groups: available // bytes_per_block);
     a request at max_model_len takes cdiv(max_model_len, block_size) blocks per full group
     and cdiv(min(window - 1 + in_flight, max_model_len), block_size) + 1 per sliding group
