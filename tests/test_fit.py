@@ -122,6 +122,23 @@ def test_sglang_defaults_follow_the_memory_hook():
     assert r.settings["mem-fraction-static"] == 0.83 and r.kv_tokens == r.kv_blocks
 
 
+def test_sglang_graphs_and_activations_must_fit_the_slack_alone():
+    """The pool takes pre-load free x mem-fraction-static less the weights and non-torch
+    (kv_cache_configurator._profile_available_bytes measures free memory after both), so the
+    graphs and the activation peak fit in pre-load free x (1 - fraction): non-torch is not
+    taken from that slack again."""
+    llama = cfg("llama-3.1-8b")
+    flags = {"context-length": 8192, "mem-fraction-static": 0.9}
+    r = fit(llama, "H100", "sglang==0.5.23", 1, flags)
+    pre = _item(r, "device total").bytes - _item(r, "CUDA context").bytes
+    slack = int(pre * (1 - 0.9))
+    room = slack - _item(r, "activation peak").bytes
+    assert _item(r, "non-torch memory").bytes > 0
+    for graph, fits in ((room, True), (room + 1, False)):
+        given = FitItem("graph memory", graph, 0, "given", "test")
+        assert fit(llama, "H100", "sglang==0.5.23", 1, flags, given).fits is fits
+
+
 def test_graph_memory_is_unknown_where_nothing_measured_is_near():
     r = fit(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192})
     graph = next(i for i in r.items if i.name == "graph memory")
