@@ -139,6 +139,28 @@ def test_sglang_graphs_and_activations_must_fit_the_slack_alone():
         assert fit(llama, "H100", "sglang==0.5.23", 1, flags, given).fits is fits
 
 
+def test_the_kv_error_bar_sums_the_items_the_rule_takes_it_from():
+    """The KV item's error bar is the sum of the error bars of the named items its rule
+    subtracts: before capture the budget, weights, non-torch, the peak (and the graphs where
+    deducted); after capture the same with the graphs, the budget side or, where the free
+    side binds, the device total and the CUDA context; SGLang: its pool's."""
+
+    def bar(r, *names):
+        return sum(_item(r, n).error_bytes or 0 for n in names)
+
+    taken = ("weights", "non-torch memory", "activation peak")
+    r = _llama("vllm==0.33.0")  # before capture, graphs deducted
+    assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken, "graph memory")
+    r = _llama("vllm==0.19.0")  # before capture, graphs logged only
+    assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken)
+    r = _llama("vllm==0.34.0")  # after capture, utilization 1.0: the free side binds
+    assert _item(r, "KV cache").error_bytes == bar(r, "device total", "CUDA context", *taken, "graph memory")
+    r = _llama("vllm==0.34.0", **{"gpu-memory-utilization": 0.9})  # the budget side binds
+    assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken, "graph memory")
+    r = fit(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192})
+    assert _item(r, "KV cache").error_bytes == bar(r, "CUDA context", "engine budget", "weights", "non-torch memory")
+
+
 def test_graph_memory_is_unknown_where_nothing_measured_is_near():
     r = fit(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192})
     graph = next(i for i in r.items if i.name == "graph memory")

@@ -79,9 +79,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     kv_bytes = sizing.sglang_kv_bytes(pre, known(weights), known(nt), frac)
     cell = inp.per_layer * m.layers
     tokens = max(kv_bytes, 0) // cell // page * page
-    items.append(
-        FitItem("KV cache", max(kv_bytes, 0), sum(i.error_bytes or 0 for i in items[1:]), "rule", inp.rule.steps[3])
-    )
+    # the error bar: the items the pool is taken from (free at start: the context's) and those it subtracts
+    err = sum(i.error_bytes or 0 for i in (ctx, budget, weights, nt))
+    items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", inp.rule.steps[3]))
     slack = int(pre * (1 - frac))
     notes = ["SGLang sizes its pool from a static fraction: capture sizes cost no tokens, they must fit in the slack"]
     costs = [SizeCost("engine default", decode, default_graph.bytes, tokens, 0)]

@@ -16,6 +16,7 @@ __all__ = [
     "vllm_requested",
     "vllm_before_capture",
     "vllm_after_capture",
+    "vllm_after_capture_by_budget",
     "vllm_blocks",
     "vllm_request_bytes",
     "vllm_default_sizes",
@@ -85,8 +86,19 @@ def vllm_after_capture(
     torch's reserve growth taken as 0: the transient peak bounds it on a fresh start)."""
     free = init_free - weights - non_torch - graph
     non_kv_used = init_free - free
-    margin = max(rule.margin_floor_bytes, int(activation * rule.margin_fraction))
-    return min(requested - non_kv_used, free - margin) - activation
+    return min(requested - non_kv_used, free - vllm_margin(rule, activation)) - activation
+
+
+def vllm_margin(rule: Rule, activation: int) -> int:
+    """0.34.0's measure_kv_cache_bytes headroom on the free side: max(floor, peak x fraction)."""
+    return max(rule.margin_floor_bytes, int(activation * rule.margin_fraction))
+
+
+def vllm_after_capture_by_budget(rule: Rule, requested: int, init_free: int, activation: int) -> bool:
+    """Whether :func:`vllm_after_capture`'s budget side (requested - used) is the smaller one,
+    not the free side (free - margin): both take the same used memory, so the budget binds
+    when requested <= init_free - margin."""
+    return requested <= init_free - vllm_margin(rule, activation)
 
 
 def _vllm_request(m: FitModel, block_size: int, max_model_len: int, in_flight: int) -> tuple[int, int]:

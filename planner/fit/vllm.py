@@ -118,7 +118,14 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         notes.append("graph memory unknown: KV figures exclude it (an upper bound)")
     kv_bytes = kv_of(graph.bytes or 0)
     deducted_graph = (graph.bytes or 0) if rule.graph_estimate == "deducted" else 0
-    err = sum(i.error_bytes or 0 for i in items[2:])
+    # the error bar: the items this rule takes the KV cache from (and those it subtracts)
+    if after:
+        by_budget = sizing.vllm_after_capture_by_budget(rule, requested, init_free, known(act))
+        taken = [budget] if by_budget else [items[0], ctx]
+        taken += [weights, nt, graph, act]
+    else:
+        taken = [budget, weights, nt, act] + ([graph] if rule.graph_estimate == "deducted" else [])
+    err = sum(i.error_bytes or 0 for i in taken)
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", "; ".join(rule.steps[-3:-1])))
     blocks, conc, kv_tokens = count(kv_bytes)
 
