@@ -67,6 +67,25 @@ def test_weights_match_the_published_loading_figures():
     assert 56 < weight_bytes(cfg("qwen3-30b-a3b"), 1) / GiB < 58
 
 
+def test_weights_are_exact_only_from_an_index_on_one_rank(tmp_path):
+    """Counted from the config: estimated, +-0.5%. From a safetensors index: exact at tp 1;
+    split over tp with the replicated norms whole on each rank, estimated, their bytes the bar."""
+    from capture_plan.planner.fit.model import replicated_bytes
+
+    flags = {"max-model-len": 8192}
+    counted = _item(fit(cfg("llama-3.1-8b"), "H100", "vllm==0.34.0", 1, flags), "weights")
+    assert counted.status == "estimated" and counted.error_bytes == int(0.005 * counted.bytes)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}))
+    llama = load_model(str(CONFIGS / "llama-3.1-8b.json"), index)
+    one = _item(fit(llama, "H100", "vllm==0.34.0", 1, flags), "weights")
+    assert (one.status, one.bytes, one.error_bytes) == ("exact", 16_060_522_496, 0)
+    two = _item(fit(llama, "H100", "vllm==0.34.0", 2, flags), "weights")
+    rep = replicated_bytes(llama)
+    assert rep == (2 * 32 + 1) * 4096 * 2  # 64 layer norms and the final one, bf16
+    assert (two.status, two.bytes, two.error_bytes) == ("estimated", (16_060_522_496 - rep) // 2 + rep, rep)
+
+
 def test_vllm_034_sizing_follows_measure_kv_cache_bytes():
     rule = rules()["vllm-extensible"]
     # 10 GiB free after warm-up and capture, nothing committed, a 2 GiB transient peak:

@@ -49,7 +49,7 @@ def _engines() -> str:
     "--weights-index",
     type=click.Path(path_type=Path),
     metavar="path",
-    help="model.safetensors.index.json: exact weight bytes.",
+    help="model.safetensors.index.json: exact weight bytes (at --tp 1; over --tp, the replicated norms estimated).",
 )
 @option(
     "--plan",

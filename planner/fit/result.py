@@ -12,7 +12,7 @@ from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, Siz
 
 from . import estimate
 from .inputs import FitInputs
-from .model import weight_bytes
+from .model import replicated_bytes, weight_bytes
 
 __all__ = ["Kv", "Verdict", "FITS", "known", "device_total", "weights", "graph_memory", "fixes", "budget_fix", "result"]
 
@@ -60,8 +60,14 @@ def device_total(inp: FitInputs) -> FitItem:
 def weights(inp: FitInputs) -> FitItem:
     m = inp.model
     b = weight_bytes(m, inp.tp)
-    src = "the checkpoint's safetensors index" if m.exact_weight_bytes else f"counted from {m.source}"
-    return FitItem("weights", b, 0 if m.exact_weight_bytes else int(0.005 * b), "exact", src)
+    if not m.exact_weight_bytes:  # counted from the dimensions: within 0.5% of the loaded figure
+        return FitItem("weights", b, int(0.005 * b), "estimated", f"counted from {m.source}")
+    if inp.tp == 1:
+        return FitItem("weights", b, 0, "exact", "the checkpoint's safetensors index")
+    # the index gives the total only: which parameters each rank holds whole is counted
+    rep = replicated_bytes(m)
+    src = f"the checkpoint's safetensors index over tp {inp.tp}, the norms and router ({rep} bytes) whole on each rank"
+    return FitItem("weights", b, rep, "estimated", src)
 
 
 def graph_memory(inp: FitInputs, graphs: int, largest: int, *, plan: bool = False) -> FitItem:
