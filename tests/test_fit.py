@@ -295,6 +295,14 @@ def test_json_is_the_versioned_schema(capsys):
     assert code == 0 and "FitResult" in out
 
 
+def test_every_rule_field_is_read():
+    """A rule's field no code reads is dead data: each is read as ``.field`` by fit's modules."""
+    from capture_plan.planner.fit.tables import Rule
+
+    code = "".join(p.read_text() for p in (ROOT / "planner/fit").glob("*.py"))
+    assert [f for f in msgspec.structs.fields(Rule) if f".{f.name}" not in code] == []
+
+
 def test_every_modelled_release_names_its_wheel():
     """Each release a rule covers was read from a wheel whose sha256 is committed."""
     for name, rule in rules().items():

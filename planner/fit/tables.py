@@ -52,7 +52,6 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     default_utilization: float = 0.0
     margin_floor_bytes: int = 0
     margin_fraction: float = 0.0
-    non_torch_reserve_bytes: int = 0
     #: vLLM before capture: "deducted" (the graph estimate is taken from the budget) or
     #: "logged" (profiled and logged, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off by default)
     graph_estimate: str = "deducted"
