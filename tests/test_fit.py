@@ -274,6 +274,20 @@ def test_every_fix_for_a_starved_budget_fits(case, capsys):
         assert code == 0, (fix, err)
 
 
+def test_a_tp_the_engines_refuse_is_refused_naming_those_that_work(capsys):
+    """vLLM (verify_with_parallel_config) and SGLang refuse attention heads that --tp does not
+    divide: Qwen3-30B-A3B's 32 heads at --tp 64 or 3 are refused naming the divisors; the
+    largest of them, 32, is not refused."""
+    args = ("fit", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--device", "H200")
+    for engine in ("vllm==0.34.0", "sglang==0.5.23"):
+        for tp in ("64", "3"):
+            code, _, err = run(*args, "--engine", engine, "--tp", tp, capsys=capsys)
+            assert code == 1 and err.count("\n") == 1
+            assert f"--tp {tp} does not divide" in err and "fix: give --tp one of 1, 2, 4, 8, 16, 32" in err
+        code, _, err = run(*args, "--engine", engine, "--tp", "32", capsys=capsys)
+        assert "does not divide" not in err
+
+
 def test_json_is_the_versioned_schema(capsys):
     from capture_plan.schemas.fit import FitResult
 
