@@ -207,6 +207,9 @@ def test_an_unmodelled_release_names_the_nearest(capsys):
     assert code == 1 and "--engine vllm==0.19.0" in err and err.count("\n") == 1
     code, _, err = run("fit", "--model", "llama-3-8b", "--device", "H100", "--engine", "vllm==0.20.1", capsys=capsys)
     assert code == 1 and "--engine vllm==0.20.0" in err and err.count("\n") == 1
+    # spaces around the name or the version are not part of it (a release is never refused naming itself)
+    for engine in ("vllm==0.34.0 ", " vllm == 0.34.0", "sglang==0.5.23\t"):
+        assert rule_for(engine)[:2] == tuple(engine.strip().replace(" ", "").split("=="))
     code, _, err = run("fit", "--model", "llama-3-8b", "--device", "TPU", "--engine", "vllm==0.34.0", capsys=capsys)
     assert code == 1 and "NVIDIA H100 80GB HBM3" in err
 

@@ -138,7 +138,7 @@ def device(name: str) -> tuple[str, Device]:
 def rule_for(engine: str) -> tuple[str, str, str, Rule]:
     """``ENGINE==VERSION`` -> (engine, version, rule name, rule). A version no rule covers is
     refused naming the nearest modelled release of that engine."""
-    name, sep, version = engine.partition("==")
+    name, sep, version = (p.strip() for p in engine.partition("=="))
     name = name.strip().lower()
     known = {n: r for n, r in rules().items() if r.engine == name}
     if not sep or not known:
