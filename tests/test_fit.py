@@ -67,6 +67,25 @@ def test_weights_match_the_published_loading_figures():
     assert 56 < weight_bytes(cfg("qwen3-30b-a3b"), 1) / GiB < 58
 
 
+def test_weights_are_exact_only_from_an_index_on_one_rank(tmp_path):
+    """Counted from the config: estimated, +-0.5%. From a safetensors index: exact at tp 1;
+    split over tp with the replicated norms whole on each rank, estimated, their bytes the bar."""
+    from capture_plan.planner.fit.model import replicated_bytes
+
+    flags = {"max-model-len": 8192}
+    counted = _item(fit(cfg("llama-3.1-8b"), "H100", "vllm==0.34.0", 1, flags), "weights")
+    assert counted.status == "estimated" and counted.error_bytes == int(0.005 * counted.bytes)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}))
+    llama = load_model(str(CONFIGS / "llama-3.1-8b.json"), index)
+    one = _item(fit(llama, "H100", "vllm==0.34.0", 1, flags), "weights")
+    assert (one.status, one.bytes, one.error_bytes) == ("exact", 16_060_522_496, 0)
+    two = _item(fit(llama, "H100", "vllm==0.34.0", 2, flags), "weights")
+    rep = replicated_bytes(llama)
+    assert rep == (2 * 32 + 1) * 4096 * 2  # 64 layer norms and the final one, bf16
+    assert (two.status, two.bytes, two.error_bytes) == ("estimated", (16_060_522_496 - rep) // 2 + rep, rep)
+
+
 def test_vllm_034_sizing_follows_measure_kv_cache_bytes():
     rule = rules()["vllm-extensible"]
     # 10 GiB free after warm-up and capture, nothing committed, a 2 GiB transient peak:
@@ -85,6 +104,15 @@ def test_vllm_blocks_count_sliding_groups_as_the_manager_does():
     blocks, conc, tokens = sizing.vllm_blocks(gemma, 8192, 16, 1000 * 21 * page, 8192, 16384)
     # one full group (512 blocks a request) and one sliding group (min(4095 + 16384, 8192) / 16 + 1)
     assert blocks == 1000 and conc == pytest.approx(1000 / (512 + 513)) and tokens == int(conc * 8192)
+    # 13 full + 12 sliding: 13 < 1.5 x 12, so groups of 13 (the sliding group padded to 13), one of each
+    # type (vllm/v1/core/kv_cache_planning.py: max_num_layers < min_num_layers * 1.5)
+    odd = msgspec.structs.replace(gemma, layers=25, sliding_layers=12)
+    blocks, conc, _ = sizing.vllm_blocks(odd, 8192, 16, 1000 * 13 * page, 8192, 16384)
+    assert blocks == 1000 and conc == pytest.approx(1000 / (512 + 513))
+    # 21 + 21 and 12 sliding + 24 full (24 >= 18) keep the smallest count
+    wide = msgspec.structs.replace(gemma, layers=36, sliding_layers=12)
+    blocks, conc, _ = sizing.vllm_blocks(wide, 8192, 16, 1000 * 12 * page, 8192, 16384)
+    assert blocks == 1000 and conc == pytest.approx(1000 / (2 * 512 + 513))
 
 
 def test_each_release_follows_its_rule_and_the_presets_sizing_fact():
@@ -111,6 +139,45 @@ def test_sglang_defaults_follow_the_memory_hook():
     assert sizing.sglang_defaults(81559, 1) == (8192, 256) and sizing.sglang_defaults(81559, 4) == (8192, 512)
     r = fit(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192})
     assert r.settings["mem-fraction-static"] == 0.83 and r.kv_tokens == r.kv_blocks
+
+
+def test_sglang_graphs_and_activations_must_fit_the_slack_alone():
+    """The pool takes pre-load free x mem-fraction-static less the weights and non-torch
+    (kv_cache_configurator._profile_available_bytes measures free memory after both), so the
+    graphs and the activation peak fit in pre-load free x (1 - fraction): non-torch is not
+    taken from that slack again."""
+    llama = cfg("llama-3.1-8b")
+    flags = {"context-length": 8192, "mem-fraction-static": 0.9}
+    r = fit(llama, "H100", "sglang==0.5.23", 1, flags)
+    pre = _item(r, "device total").bytes - _item(r, "CUDA context").bytes
+    slack = int(pre * (1 - 0.9))
+    room = slack - _item(r, "activation peak").bytes
+    assert _item(r, "non-torch memory").bytes > 0
+    for graph, fits in ((room, True), (room + 1, False)):
+        given = FitItem("graph memory", graph, 0, "given", "test")
+        assert fit(llama, "H100", "sglang==0.5.23", 1, flags, given).fits is fits
+
+
+def test_the_kv_error_bar_sums_the_items_the_rule_takes_it_from():
+    """The KV item's error bar is the sum of the error bars of the named items its rule
+    subtracts: before capture the budget, weights, non-torch, the peak (and the graphs where
+    deducted); after capture the same with the graphs, the budget side or, where the free
+    side binds, the device total and the CUDA context; SGLang: its pool's."""
+
+    def bar(r, *names):
+        return sum(_item(r, n).error_bytes or 0 for n in names)
+
+    taken = ("weights", "non-torch memory", "activation peak")
+    r = _llama("vllm==0.33.0")  # before capture, graphs deducted
+    assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken, "graph memory")
+    r = _llama("vllm==0.19.0")  # before capture, graphs logged only
+    assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken)
+    r = _llama("vllm==0.34.0")  # after capture, utilization 1.0: the free side binds
+    assert _item(r, "KV cache").error_bytes == bar(r, "device total", "CUDA context", *taken, "graph memory")
+    r = _llama("vllm==0.34.0", **{"gpu-memory-utilization": 0.9})  # the budget side binds
+    assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken, "graph memory")
+    r = fit(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192})
+    assert _item(r, "KV cache").error_bytes == bar(r, "CUDA context", "engine budget", "weights", "non-torch memory")
 
 
 def test_graph_memory_is_unknown_where_nothing_measured_is_near():
@@ -140,6 +207,9 @@ def test_an_unmodelled_release_names_the_nearest(capsys):
     assert code == 1 and "--engine vllm==0.19.0" in err and err.count("\n") == 1
     code, _, err = run("fit", "--model", "llama-3-8b", "--device", "H100", "--engine", "vllm==0.20.1", capsys=capsys)
     assert code == 1 and "--engine vllm==0.20.0" in err and err.count("\n") == 1
+    # spaces around the name or the version are not part of it (a release is never refused naming itself)
+    for engine in ("vllm==0.34.0 ", " vllm == 0.34.0", "sglang==0.5.23\t"):
+        assert rule_for(engine)[:2] == tuple(engine.strip().replace(" ", "").split("=="))
     code, _, err = run("fit", "--model", "llama-3-8b", "--device", "TPU", "--engine", "vllm==0.34.0", capsys=capsys)
     assert code == 1 and "NVIDIA H100 80GB HBM3" in err
 
@@ -178,6 +248,49 @@ def test_does_not_fit_names_the_item_and_fixes_that_work(capsys):
     assert code == 0
 
 
+#: configurations whose budget flag starves the cache (the flag named is the user's)
+STARVED = (
+    ("llama-3.1-8b", "H100", "vllm==0.34.0", "--gpu-memory-utilization", "0.1"),
+    ("llama-3.1-8b", "H100", "vllm==0.33.0", "--gpu-memory-utilization", "0.1"),
+    ("llama-3.1-8b", "H100", "vllm==0.19.0", "--gpu-memory-utilization", "0.2"),
+    ("qwen2.5-7b", "H200", "vllm==0.34.0", "--gpu-memory-utilization", "0.1"),
+    ("llama-3.1-8b", "H100", "sglang==0.5.23", "--mem-fraction-static", "0.01"),
+    ("llama-3.1-8b", "H100", "sglang==0.5.23", "--mem-fraction-static", "0.2"),
+    ("qwen2.5-7b", "H200", "sglang==0.5.23", "--mem-fraction-static", "0.1"),
+)
+
+
+@pytest.mark.parametrize("case", STARVED, ids=lambda c: f"{c[0]}-{c[2]}-{c[4]}")
+def test_every_fix_for_a_starved_budget_fits(case, capsys):
+    """Each suggested fix, applied to the command, fits (rc 0); the user's budget flag is
+    suggested at the value that fits."""
+    model, device, engine, flag, value = case
+    args = ("fit", "--model", str(CONFIGS / f"{model}.json"), "--device", device, "--engine", engine)
+    code, _, err = run(*args, flag, value, capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    fixes = err.split("fix: ")[1].strip().split(" or ")
+    assert fixes[0].startswith(flag + " ")
+    for fix in fixes:
+        words = fix.split()
+        given = (flag, value) if words[0] != flag else ()
+        code, _, err = run(*args, *given, *words, capsys=capsys)
+        assert code == 0, (fix, err)
+
+
+def test_a_tp_the_engines_refuse_is_refused_naming_those_that_work(capsys):
+    """vLLM (verify_with_parallel_config) and SGLang refuse attention heads that --tp does not
+    divide: Qwen3-30B-A3B's 32 heads at --tp 64 or 3 are refused naming the divisors; the
+    largest of them, 32, is not refused."""
+    args = ("fit", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--device", "H200")
+    for engine in ("vllm==0.34.0", "sglang==0.5.23"):
+        for tp in ("64", "3"):
+            code, _, err = run(*args, "--engine", engine, "--tp", tp, capsys=capsys)
+            assert code == 1 and err.count("\n") == 1
+            assert f"--tp {tp} does not divide" in err and "fix: give --tp one of 1, 2, 4, 8, 16, 32" in err
+        code, _, err = run(*args, "--engine", engine, "--tp", "32", capsys=capsys)
+        assert "does not divide" not in err
+
+
 def test_json_is_the_versioned_schema(capsys):
     from capture_plan.schemas.fit import FitResult
 
@@ -197,6 +310,14 @@ def test_json_is_the_versioned_schema(capsys):
     assert code == 0 and msgspec.json.decode(out, type=FitResult).schema_version == 1
     code, out, _ = run("schema", "fit", capsys=capsys)
     assert code == 0 and "FitResult" in out
+
+
+def test_every_rule_field_is_read():
+    """A rule's field no code reads is dead data: each is read as ``.field`` by fit's modules."""
+    from capture_plan.planner.fit.tables import Rule
+
+    code = "".join(p.read_text() for p in (ROOT / "planner/fit").glob("*.py"))
+    assert [f for f in msgspec.structs.fields(Rule) if f".{f.name}" not in code] == []
 
 
 def test_every_modelled_release_names_its_wheel():
@@ -254,6 +375,12 @@ def test_vllm_default_capture_sizes_follow_each_release():
     # max_num_batched_tokens 300 < 512 caps the grid; 0.21.0 on appends it
     assert "300" not in sizes("vllm==0.20.0", **{"max-num-batched-tokens": 300})
     assert sizes("vllm==0.21.0", **{"max-num-batched-tokens": 300})[-1] == "300"
+    # max_num_batched_tokens caps a given --max-cudagraph-capture-size and drops given sizes above it
+    # (0.33.0, 0.34.0: _set_cudagraph_sizes' min(max_num_tokens, max_cudagraph_capture_size))
+    capped = sizes("vllm==0.34.0", **{"max-num-batched-tokens": 300, "max-cudagraph-capture-size": 512})
+    assert capped[-1] == "300" and "512" not in capped
+    given = {"max-num-batched-tokens": 600, "cudagraph-capture-sizes": [1, 2, 4, 512, 1024]}
+    assert sizes("vllm==0.33.0", **given) == ["1", "2", "4", "512"]
     # the uniform decode size max_num_seqs: appended from 0.31.0
     assert "100" not in sizes("vllm==0.30.0", **{"max-num-seqs": 100})
     assert "100" in sizes("vllm==0.31.0", **{"max-num-seqs": 100})
@@ -421,21 +548,25 @@ def test_a_plans_sizes_and_pool_replace_the_engine_defaults(capsys):
 def test_a_calibration_gives_the_measured_graph_memory(capsys):
     rep = json.loads(CALIBRATION.read_text())
     drop = rep["device_view"]["drop"]
-    for args in ((), ("--plan", str(PLAN))):
-        r = _fit_json(capsys, "--device", "H200", "--calibration", str(CALIBRATION), *args)
-        graph = _item(r, "graph memory")
-        # pool + hoisted + graph-exec + workspaces: every item of the report's device view
-        assert graph.status == "measured" and graph.bytes == drop
-        assert graph.error_bytes == max(2 << 20, drop // 100) and str(CALIBRATION) in graph.source
+    r = _fit_json(capsys, "--device", "H200", "--calibration", str(CALIBRATION), "--plan", str(PLAN))
+    graph = _item(r, "graph memory")
+    # pool + hoisted + graph-exec + workspaces: every item of the report's device view
+    assert graph.status == "measured" and graph.bytes == drop
+    assert graph.error_bytes == max(2 << 20, drop // 100) and str(CALIBRATION) in graph.source
     assert {c.name: c for c in r.size_costs}["plan"].graph_bytes == drop
+    # without --plan the report's graphs (its plan's 36) would stand for the engine default's 51: refused
+    code, _, err = run(*_PLANNED, "--device", "H200", "--calibration", str(CALIBRATION), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert "fix: give --plan PLAN, the plan the report was captured from" in err
 
 
 def test_a_calibration_of_another_device_is_refused_with_a_fix_that_works(capsys):
-    code, _, err = run(*_PLANNED, "--device", "H100", "--calibration", str(CALIBRATION), capsys=capsys)
+    planned = ("--plan", str(PLAN), "--calibration", str(CALIBRATION))
+    code, _, err = run(*_PLANNED, "--device", "H100", *planned, capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "measured on 'NVIDIA H200" in err
     fix = err.split("fix: fit for the device it measured: ")[1].split(" (or")[0]
     assert fix == "--device 'NVIDIA H200'"
-    _fit_json(capsys, "--device", "NVIDIA H200", "--calibration", str(CALIBRATION))
+    _fit_json(capsys, "--device", "NVIDIA H200", *planned)
     # a calibration captured from another plan than --plan's is refused too
     other = ROOT / "plans/calibration/h200-fa3-eagle-ci.json"
     code, _, err = run(*_PLANNED, "--device", "H200", "--plan", str(PLAN), "--calibration", str(other), capsys=capsys)

@@ -49,7 +49,7 @@ def _engines() -> str:
     "--weights-index",
     type=click.Path(path_type=Path),
     metavar="path",
-    help="model.safetensors.index.json: exact weight bytes.",
+    help="model.safetensors.index.json: exact weight bytes (at --tp 1; over --tp, the replicated norms estimated).",
 )
 @option(
     "--plan",
@@ -63,8 +63,8 @@ def _engines() -> str:
     "--calibration",
     type=click.Path(path_type=Path),
     metavar="path",
-    help="A capture report measured on --device (as build --calibration takes it): the graph memory is its "
-    "measured pool + graph-exec + workspaces.",
+    help="A capture report measured on --device from --plan's plan (as build --calibration takes it; needs "
+    "--plan): the graph memory is its measured pool + graph-exec + workspaces.",
 )
 @option("--json", "as_json", is_flag=True, help="Print the result as JSON (planner schema fit).")
 @_engine_flags
@@ -90,6 +90,13 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
         graphs = plan_graphs(plan, str(plan_path), fit_model)
     if calibration is not None:
         from capture_plan.planner.fit.measured import calibration_graph
+
+        if plan is None:  # the report measured its own plan's graphs, not the engine default's
+            raise InputError(
+                "a calibration measures the graphs of the plan it was captured from, not the engine default's",
+                where=f"--calibration {calibration}",
+                fix="give --plan PLAN, the plan the report was captured from",
+            )
 
         measured = calibration_graph(calibration, device, plan, str(plan_path))
     res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)

@@ -35,7 +35,8 @@ def activation_per_token(m: FitModel, tp: int) -> int:
     """Bytes of the live tensors one token holds at a layer's peak on one rank."""
     e = estimates()["activation"]
     d = m.dtype_bytes
-    qkv = (m.heads + 2 * m.kv_heads) * (m.head_dim if not m.mla else m.head_dim) // tp
+    # MLA too: its prefill up-projects q, k and v to heads x head_dim (nope + rope), kv_heads = heads
+    qkv = (m.heads + 2 * m.kv_heads) * m.head_dim // tp
     if m.experts:
         mlp = m.experts_per_token * (3 * m.expert_intermediate + m.hidden) // max(1, tp)
     else:

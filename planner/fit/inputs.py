@@ -81,6 +81,14 @@ def resolve(
         raise InputError(
             f"--tp must be 1 to 64, got {tp}", where="--tp", fix="give the GPUs one model instance spans, e.g. --tp 2"
         )
+    if model.heads % tp:  # both engines refuse it (vllm/config/model.py: ModelConfig.verify_with_parallel_config;
+        # sglang's models assert total_num_heads % tp_size == 0)
+        works = ", ".join(str(n) for n in range(1, min(model.heads, 64) + 1) if model.heads % n == 0)
+        raise InputError(
+            f"--tp {tp} does not divide {model.name}'s {model.heads} attention heads",
+            where="--tp",
+            fix=f"give --tp one of {works}",
+        )
     checked = engine_flags.check(eng, flags)
     kv_dtype = KV_DTYPES[checked.get("kv-cache-dtype", "auto")] or model.dtype_bytes
     per_layer = kv_bytes_per_token(model, tp, kv_dtype)

@@ -33,7 +33,7 @@ from capture_plan.planner.inputs.hf_config import model_from_config
 from capture_plan.planner.inputs.specs import model_presets
 from capture_plan.schemas.errors import InputError
 
-__all__ = ["FitModel", "load_model", "kv_bytes_per_token", "weight_bytes", "KV_DTYPES"]
+__all__ = ["replicated_bytes", "FitModel", "load_model", "kv_bytes_per_token", "weight_bytes", "KV_DTYPES"]
 
 #: ``--kv-cache-dtype`` values and their element size (auto: the model's dtype)
 KV_DTYPES = {"auto": 0, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -293,10 +293,23 @@ def _linear(rows: int, cols: int, m: FitModel) -> float:
     return n * m.dtype_bytes
 
 
+def replicated_bytes(m: FitModel) -> int:
+    """Bytes every rank holds whole under tensor parallelism: the RMS norms (two a layer and
+    the final one; MLA's latent norms), and an MoE's router (vLLM's ReplicatedLinear gate)."""
+    d = m.dtype_bytes
+    norms = (2 * m.layers + 1) * m.hidden * d + m.layers * (m.kv_lora_rank + m.q_lora_rank) * d
+    router = (m.layers - m.dense_layers) * m.hidden * m.experts * d if m.experts else 0
+    return norms + router
+
+
 def weight_bytes(m: FitModel, tp: int) -> int:
-    """One rank's weight bytes, counted from the dimensions (see the module's docstring)."""
+    """One rank's weight bytes, counted from the dimensions (see the module's docstring);
+    with a safetensors index, its total split over ``tp`` but for :func:`replicated_bytes`."""
     if m.exact_weight_bytes:
-        return m.exact_weight_bytes // tp
+        if tp == 1:
+            return m.exact_weight_bytes
+        rep = min(replicated_bytes(m), m.exact_weight_bytes)
+        return (m.exact_weight_bytes - rep) // tp + rep
     h, d = m.hidden, m.dtype_bytes
     emb = m.vocab * h * d * (1 if m.tie_embeddings else 2)
     if m.mla:

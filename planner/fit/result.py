@@ -12,9 +12,9 @@ from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, Siz
 
 from . import estimate
 from .inputs import FitInputs
-from .model import weight_bytes
+from .model import replicated_bytes, weight_bytes
 
-__all__ = ["Kv", "Verdict", "FITS", "known", "device_total", "weights", "graph_memory", "fixes", "result"]
+__all__ = ["Kv", "Verdict", "FITS", "known", "device_total", "weights", "graph_memory", "fixes", "budget_fix", "result"]
 
 
 class Kv(msgspec.Struct, frozen=True):
@@ -60,8 +60,14 @@ def device_total(inp: FitInputs) -> FitItem:
 def weights(inp: FitInputs) -> FitItem:
     m = inp.model
     b = weight_bytes(m, inp.tp)
-    src = "the checkpoint's safetensors index" if m.exact_weight_bytes else f"counted from {m.source}"
-    return FitItem("weights", b, 0 if m.exact_weight_bytes else int(0.005 * b), "exact", src)
+    if not m.exact_weight_bytes:  # counted from the dimensions: within 0.5% of the loaded figure
+        return FitItem("weights", b, int(0.005 * b), "estimated", f"counted from {m.source}")
+    if inp.tp == 1:
+        return FitItem("weights", b, 0, "exact", "the checkpoint's safetensors index")
+    # the index gives the total only: which parameters each rank holds whole is counted
+    rep = replicated_bytes(m)
+    src = f"the checkpoint's safetensors index over tp {inp.tp}, the norms and router ({rep} bytes) whole on each rank"
+    return FitItem("weights", b, rep, "estimated", src)
 
 
 def graph_memory(inp: FitInputs, graphs: int, largest: int, *, plan: bool = False) -> FitItem:
@@ -83,24 +89,43 @@ def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:
     return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]
 
 
-def fixes(inp: FitInputs, total: int, tokens: int, max_model_len: int, *, len_flag: str, fp8: str) -> list[str]:
-    """Fixes that work: where the weights alone leave no room, the smallest --tp whose
+def fixes(
+    inp: FitInputs,
+    total: int,
+    tokens: int,
+    max_model_len: int,
+    *,
+    len_flag: str,
+    fp8: str,
+    budget: str = "",
+) -> list[str]:
+    """Candidate fixes, each checked by :func:`.fit.fit` before it is shown (one that does
+    not fit is dropped): ``budget``, the engine's budget flag at the value that fits, where
+    the user set that flag; where the weights alone leave no room, the smallest --tp whose
     shard leaves a quarter of ``total``; else a ``len_flag`` the cache holds (``tokens``),
-    ``fp8`` KV where halving a 2-byte element doubles the tokens past one request, and
-    more GPUs."""
+    ``fp8`` KV where halving a 2-byte element doubles the tokens past one request; then more
+    GPUs (every doubling of --tp up to 64: the first that fits is kept)."""
     tp, w = inp.tp, weight_bytes(inp.model, inp.tp)
+    out = [budget] if budget else []
     n = tp
     while w * tp / n > 0.75 * total and n < 64:
         n *= 2
-    if n > tp:
-        return [f"--tp {n}"]
-    out = []
-    if tokens >= 16:
-        out.append(f"--{len_flag} {tokens // 16 * 16}")
-    if inp.kv_dtype_bytes == 2 and tokens * 2 >= max_model_len:
-        out.append(fp8)
-    out.append(f"--tp {tp * 2}")
+    if n == tp:
+        if tokens >= 16:
+            out.append(f"--{len_flag} {tokens // 16 * 16}")
+        if fp8 and inp.kv_dtype_bytes == 2 and tokens * 2 >= max_model_len:
+            out.append(fp8)
+        n = tp * 2
+    while n <= 64:
+        out.append(f"--tp {n}")
+        n *= 2
     return out
+
+
+def budget_fix(flag: str, need: int, of: int) -> str:
+    """``--flag F``: the smallest fraction F (rounded up to 0.01) with F x ``of`` >= ``need``
+    (the items the rule takes from the budget, and one request's KV)."""
+    return f"--{flag} {-(-need * 100 // of) / 100}"
 
 
 def result(

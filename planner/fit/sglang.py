@@ -79,22 +79,28 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     kv_bytes = sizing.sglang_kv_bytes(pre, known(weights), known(nt), frac)
     cell = inp.per_layer * m.layers
     tokens = max(kv_bytes, 0) // cell // page * page
-    items.append(
-        FitItem("KV cache", max(kv_bytes, 0), sum(i.error_bytes or 0 for i in items[1:]), "rule", inp.rule.steps[3])
-    )
+    # the error bar: the items the pool is taken from (free at start: the context's) and those it subtracts
+    err = sum(i.error_bytes or 0 for i in (ctx, budget, weights, nt))
+    items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", inp.rule.steps[3]))
     slack = int(pre * (1 - frac))
     notes = ["SGLang sizes its pool from a static fraction: capture sizes cost no tokens, they must fit in the slack"]
     costs = [SizeCost("engine default", decode, default_graph.bytes, tokens, 0)]
     costs += result.plan_cost(inp, lambda _graph: tokens, tokens)
     costs.append(SizeCost("none", [], 0, tokens, 0))
     verdict = result.FITS
+    budget_fix = ""
+    if "mem-fraction-static" in inp.flags:  # the user's fraction starves the pool: the one that holds a request
+        need = known(weights) + known(nt) + -(-ctx_len // page) * page * cell
+        budget_fix = result.budget_fix("mem-fraction-static", need, pre)
     if kv_bytes <= 0:
         verdict = Verdict(
             False,
             f"weights {known(weights) / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}",
-            result.fixes(inp, pre, 0, ctx_len, len_flag="context-length", fp8=""),
+            result.fixes(inp, pre, 0, ctx_len, len_flag="context-length", fp8="", budget=budget_fix),
         )
-    elif graph.bytes is not None and graph.bytes + known(act) + known(nt) > slack:
+    # the pool is sized from the free memory after the weights and the non-torch memory, so what the
+    # capture and the forward passes may take is the slack alone (non-torch already left it)
+    elif graph.bytes is not None and graph.bytes + known(act) > slack:
         verdict = Verdict(
             False,
             f"graph memory {graph.bytes / GiB:.2f} GiB + activations {known(act) / GiB:.2f} GiB exceed the "
@@ -105,7 +111,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         verdict = Verdict(
             False,
             f"KV cache holds {tokens} tokens, fewer than one request of context-length {ctx_len}",
-            result.fixes(inp, pre, tokens, ctx_len, len_flag="context-length", fp8="--kv-cache-dtype fp8_e4m3"),
+            result.fixes(
+                inp, pre, tokens, ctx_len, len_flag="context-length", fp8="--kv-cache-dtype fp8_e4m3", budget=budget_fix
+            ),
         )
     kv = Kv(max(kv_bytes, 0), tokens // page, page, tokens, tokens / ctx_len, ctx_len)
     return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)

@@ -16,8 +16,11 @@ __all__ = [
     "vllm_requested",
     "vllm_before_capture",
     "vllm_after_capture",
+    "vllm_after_capture_by_budget",
     "vllm_blocks",
+    "vllm_request_bytes",
     "vllm_default_sizes",
+    "vllm_given_sizes",
     "vllm_batch_defaults",
     "sglang_defaults",
     "sglang_kv_bytes",
@@ -44,11 +47,12 @@ def vllm_default_sizes(
     appends: tuple[str, ...] | list[str] = (),
 ) -> list[int]:
     """vLLM's default capture sizes (vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes):
-    [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(max_num_seqs * 2, 512,
-    max_num_batched_tokens) unless --max-cudagraph-capture-size gives it; where the release
-    appends them (the rule's ``capture_appends``), max_num_batched_tokens and the uniform
-    decode size max_num_seqs when they are within max."""
-    top = max_size if max_size is not None else min(max_num_seqs * 2, 512, max_num_batched_tokens)
+    [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(max_num_batched_tokens,
+    --max-cudagraph-capture-size or min(max_num_seqs * 2, 512)) (0.33.0 and 0.34.0:
+    ``max_cudagraph_capture_size = min(max_num_tokens, max_cudagraph_capture_size)``); where
+    the release appends them (the rule's ``capture_appends``), max_num_batched_tokens and the
+    uniform decode size max_num_seqs when they are within max."""
+    top = min(max_num_batched_tokens, max_size if max_size is not None else min(max_num_seqs * 2, 512))
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
     sizes = [s for s in sizes if s <= top]
     if "max-num-batched-tokens" in appends and max_num_batched_tokens <= top:
@@ -56,6 +60,12 @@ def vllm_default_sizes(
     if "max-num-seqs" in appends and max_size is None and max_num_seqs <= min(max_num_seqs * 2, 512):
         sizes += [max_num_seqs] if max_num_seqs <= max_num_batched_tokens else []
     return sorted(set(sizes))
+
+
+def vllm_given_sizes(sizes: list[int], max_num_batched_tokens: int) -> list[int]:
+    """--cudagraph-capture-sizes as vLLM keeps them (VllmConfig._set_cudagraph_sizes): de-duplicated,
+    sorted, those above max_num_batched_tokens dropped."""
+    return sorted({s for s in sizes if s <= max_num_batched_tokens})
 
 
 def vllm_requested(total: int, utilization: float) -> int:
@@ -76,8 +86,39 @@ def vllm_after_capture(
     torch's reserve growth taken as 0: the transient peak bounds it on a fresh start)."""
     free = init_free - weights - non_torch - graph
     non_kv_used = init_free - free
-    margin = max(rule.margin_floor_bytes, int(activation * rule.margin_fraction))
-    return min(requested - non_kv_used, free - margin) - activation
+    return min(requested - non_kv_used, free - vllm_margin(rule, activation)) - activation
+
+
+def vllm_margin(rule: Rule, activation: int) -> int:
+    """0.34.0's measure_kv_cache_bytes headroom on the free side: max(floor, peak x fraction)."""
+    return max(rule.margin_floor_bytes, int(activation * rule.margin_fraction))
+
+
+def vllm_after_capture_by_budget(rule: Rule, requested: int, init_free: int, activation: int) -> bool:
+    """Whether :func:`vllm_after_capture`'s budget side (requested - used) is the smaller one,
+    not the free side (free - margin): both take the same used memory, so the budget binds
+    when requested <= init_free - margin."""
+    return requested <= init_free - vllm_margin(rule, activation)
+
+
+def _vllm_request(m: FitModel, block_size: int, max_model_len: int, in_flight: int) -> tuple[int, int]:
+    """(layers per KV group, blocks one request at max_model_len takes): see :func:`vllm_blocks`."""
+    full, sliding = m.full_layers, m.sliding_layers
+    counts = [n for n in (full, sliding) if n > 0]
+    # kv_cache_planning: the smallest type's count, or the largest's where it is under 1.5x the smallest
+    # (fewer padding layers: 12 sliding + 13 full pad to 13 + 13, not 24 + 13)
+    group = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+    per_request = math.ceil(full / group) * math.ceil(max_model_len / block_size) if full else 0
+    if sliding:
+        window = min(m.sliding_window - 1 + in_flight, max_model_len)
+        per_request += math.ceil(sliding / group) * (math.ceil(window / block_size) + 1)
+    return group, per_request
+
+
+def vllm_request_bytes(m: FitModel, per_token_layer: int, block_size: int, max_model_len: int, in_flight: int) -> int:
+    """The KV bytes one request at max_model_len takes (the cache's least for max concurrency 1)."""
+    group, per_request = _vllm_request(m, block_size, max_model_len, in_flight)
+    return per_request * group * block_size * per_token_layer
 
 
 def vllm_blocks(
@@ -90,8 +131,10 @@ def vllm_blocks(
     count: str = "concurrency",
 ) -> tuple[int, float, int]:
     """(blocks, max concurrency, tokens) as vLLM's KV-cache manager counts them: layers
-    grouped by type in groups of the smallest type's layer count
-    (kv_cache_utils._get_kv_cache_groups_uniform_page_size), a block being one page of
+    grouped by type in groups of the smallest type's layer count, or of the largest type's
+    where it is under 1.5 x the smallest (the last group of a type padded)
+    (vllm/v1/core/kv_cache_planning.py: _get_kv_cache_groups_uniform_page_size, 0.33.0 and
+    0.34.0; kv_cache_utils before), a block being one page of
     every layer of a group (get_kv_cache_config_from_groups: available // bytes_per_block);
     a request at max_model_len takes cdiv(max_model_len, block_size) blocks per full group
     and cdiv(min(window - 1 + in_flight, max_model_len), block_size) + 1 per sliding group
@@ -100,13 +143,9 @@ def vllm_blocks(
     (get_kv_cache_capacity, _report_kv_cache_config from 0.20's successor); "blocks":
     num_blocks // groups * block_size (0.19.0 and 0.20.0's _report_kv_cache_config)."""
     full, sliding = m.full_layers, m.sliding_layers
-    group = min(n for n in (full, sliding) if n > 0)
+    group, per_request = _vllm_request(m, block_size, max_model_len, in_flight)
     page = block_size * per_token_layer
     blocks = max(available, 0) // (group * page)
-    per_request = math.ceil(full / group) * math.ceil(max_model_len / block_size) if full else 0
-    if sliding:
-        window = min(m.sliding_window - 1 + in_flight, max_model_len)
-        per_request += math.ceil(sliding / group) * (math.ceil(window / block_size) + 1)
     concurrency = blocks / per_request
     if count == "blocks":
         groups = (math.ceil(full / group) if full else 0) + (math.ceil(sliding / group) if sliding else 0)

@@ -52,7 +52,6 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     default_utilization: float = 0.0
     margin_floor_bytes: int = 0
     margin_fraction: float = 0.0
-    non_torch_reserve_bytes: int = 0
     #: vLLM before capture: "deducted" (the graph estimate is taken from the budget) or
     #: "logged" (profiled and logged, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off by default)
     graph_estimate: str = "deducted"
@@ -139,7 +138,7 @@ def device(name: str) -> tuple[str, Device]:
 def rule_for(engine: str) -> tuple[str, str, str, Rule]:
     """``ENGINE==VERSION`` -> (engine, version, rule name, rule). A version no rule covers is
     refused naming the nearest modelled release of that engine."""
-    name, sep, version = engine.partition("==")
+    name, sep, version = (p.strip() for p in engine.partition("=="))
     name = name.strip().lower()
     known = {n: r for n, r in rules().items() if r.engine == name}
     if not sep or not known:

@@ -47,7 +47,11 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     eager = inp.flag("enforce-eager", False)
     given = inp.flags.get("cudagraph-capture-sizes")
     top = inp.flags.get("max-cudagraph-capture-size")
-    sizes = sorted(set(given)) if given else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends)
+    sizes = (
+        sizing.vllm_given_sizes(given, batched)
+        if given
+        else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends)
+    )
     if eager or mode == "NONE":
         if inp.plan is not None:
             raise InputError(
@@ -113,7 +117,15 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     elif graph.bytes is None:
         notes.append("graph memory unknown: KV figures exclude it (an upper bound)")
     kv_bytes = kv_of(graph.bytes or 0)
-    err = sum(i.error_bytes or 0 for i in items[2:])
+    deducted_graph = (graph.bytes or 0) if rule.graph_estimate == "deducted" else 0
+    # the error bar: the items this rule takes the KV cache from (and those it subtracts)
+    if after:
+        by_budget = sizing.vllm_after_capture_by_budget(rule, requested, init_free, known(act))
+        taken = [budget] if by_budget else [items[0], ctx]
+        taken += [weights, nt, graph, act]
+    else:
+        taken = [budget, weights, nt, act] + ([graph] if rule.graph_estimate == "deducted" else [])
+    err = sum(i.error_bytes or 0 for i in taken)
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", "; ".join(rule.steps[-3:-1])))
     blocks, conc, kv_tokens = count(kv_bytes)
 
@@ -130,13 +142,21 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     verdict = result.FITS
     if kv_bytes <= 0 or conc < 1:
         need = math.ceil(mml / block) * block * inp.per_layer * m.layers
+        budget_fix = ""
+        if "gpu-memory-utilization" in inp.flags:  # the user's budget starves the cache: the one that fits
+            # both rules take weights, non-torch, the peak and the deducted graphs from the budget
+            taken = known(weights) + known(nt) + known(act) + ((graph.bytes or 0) if after else deducted_graph)
+            one = sizing.vllm_request_bytes(m, inp.per_layer, block, mml, in_flight)
+            budget_fix = result.budget_fix("gpu-memory-utilization", taken + one, total)
         biggest = max((i for i in (weights, nt, act, graph) if i.bytes), key=lambda i: i.bytes or 0)
         verdict = Verdict(
             False,
             f"KV cache {max(kv_bytes, 0) / GiB:.2f} GiB holds {kv_tokens} tokens, fewer than one request of "
             f"max-model-len {mml} ({need / GiB:.2f} GiB); "
             f"the largest item is {biggest.name} ({known(biggest) / GiB:.2f} GiB)",
-            result.fixes(inp, total, kv_tokens, mml, len_flag="max-model-len", fp8="--kv-cache-dtype fp8"),
+            result.fixes(
+                inp, total, kv_tokens, mml, len_flag="max-model-len", fp8="--kv-cache-dtype fp8", budget=budget_fix
+            ),
         )
     kv = Kv(max(kv_bytes, 0), blocks, block, kv_tokens, conc, mml)
     return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)
