@@ -16,6 +16,7 @@ from capture_plan.schemas.files import read_input
 from capture_plan.schemas.spec import Choice, Model, Name, Phase, Pieces, Positive, Rule, Spec, WarmupKeeps
 from capture_plan.schemas.strategy import PhaseKind
 
+from .releases import ReleaseFacts, releases
 from .resources import data
 from .validate import validate_spec
 
@@ -98,30 +99,6 @@ class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"sources of no fact: {', '.join(unknown)}")
 
 
-class ReleaseFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What one engine release does that the plugin and the baselines follow (a preset's
-    ``[releases."VERSION"]`` table), each fact with its source in the release's wheel."""
-
-    #: who sizes the persistent buffer a warm-up keeps: ``first-warmup`` (its own
-    #: descriptor's size) or ``widest`` (the widest descriptor's, up front)
-    persistent_buffer: Literal["first-warmup", "widest"]
-    #: uniform-decode graphs keyed by ``tokens`` (the shared sizes rounded up) or by
-    #: ``requests`` (request counts per query length)
-    decode_keys: Literal["tokens", "requests"]
-    #: the draft decode graphs' sizes: the ``capture-sizes`` or a ``request-grid`` to max_num_seqs
-    draft_decode_sizes: Literal["capture-sizes", "request-grid"]
-    #: when the KV cache is sized by default on CUDA: ``before-capture`` (from the graph
-    #: estimate) or ``after-capture`` (from what capture left free)
-    kv_cache: Literal["before-capture", "after-capture"]
-    #: fact name -> "file: function" it comes from
-    sources: dict[str, str]
-
-    def __post_init__(self) -> None:
-        facts = {f.name for f in msgspec.structs.fields(self)} - {"sources"}
-        if set(self.sources) != facts:
-            raise ValueError(f"sources must name exactly the facts {sorted(facts)}, not {sorted(self.sources)}")
-
-
 class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An engine's conventions (planner/data/presets_NAME.toml), strict."""
 
@@ -135,7 +112,8 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the engine's capture order (:class:`CaptureFacts`)
     capture: CaptureFacts
     phases: list[PresetPhase]
-    #: release -> what it does differently (:class:`ReleaseFacts`), every release the plugin knows
+    #: release -> what it does differently (:class:`ReleaseFacts`): every release file of the
+    #: preset's engine that has facts (planner/inputs/releases.py), filled in by :func:`engine_preset`
     releases: dict[str, ReleaseFacts] = {}
 
 
@@ -161,7 +139,9 @@ def engine_preset(name: str) -> EnginePreset:
             fix=f"use one of {', '.join(preset_names())} (leave it out for SGLang's conventions)",
         )
     file = _PRESET_FILES[name]
-    return convert(data(file), EnginePreset, f"planner/data/{file}")
+    preset = convert(data(file), EnginePreset, f"planner/data/{file}")
+    facts = {r.version: r.facts for r in releases() if r.engine == name and r.facts is not None}
+    return msgspec.structs.replace(preset, releases=facts) if facts else preset
 
 
 def mode_ranks(facts: CaptureFacts, kinds: list[str], where: str) -> list[int]:
