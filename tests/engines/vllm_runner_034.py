@@ -81,7 +81,6 @@ if TYPE_CHECKING:  # 0.33.0's, in whose namespace this file runs
         set_forward_context,
     )
 
-RELEASE = "0.34.0"
 #: cudagraph_mode NONE: a manager that captures nothing (the draft decode manager where the
 #: model's decode mode is not FULL)
 NO_GRAPHS = (CUDAGraphMode.NONE, CUDAGraphMode.NONE)
