@@ -20,13 +20,13 @@ No torch, no engine import: the plugins' entry points read this first.
 
 import functools
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from capture_plan.planner.inputs.resources import data
 
-__all__ = ["Hook", "Change", "Wheel", "ReleaseFacts", "Release", "releases", "release", "DIRS"]
+__all__ = ["Hook", "Change", "Wheel", "ReleaseFacts", "check_sources", "Release", "releases", "release", "DIRS"]
 
 #: the folders whose ``*.toml`` files are releases (a test appends a temporary one)
 DIRS: list[Path] = [Path(__file__).resolve().parent.parent / "data" / "releases"]
@@ -73,9 +73,20 @@ class ReleaseFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sources: dict[str, str]
 
     def __post_init__(self) -> None:
-        facts = {f.name for f in msgspec.structs.fields(self)} - {"sources"}
-        if set(self.sources) != facts:
-            raise ValueError(f"sources must name exactly the facts {sorted(facts)}, not {sorted(self.sources)}")
+        check_sources(self, "[facts.sources]")
+
+
+def check_sources(facts: Any, table: str) -> None:
+    """A ValueError (msgspec locates it) where ``facts.sources`` does not name exactly the
+    struct's other fields: every fact has its source (file: function), no source is of no fact."""
+    names = {f.name for f in msgspec.structs.fields(facts)} - {"sources"}
+    sources = facts.sources
+    missing = sorted(names - set(sources))
+    if missing:
+        raise ValueError(f"facts without a source: {', '.join(missing)}; add them to {table}")
+    unknown = sorted(set(sources) - names)
+    if unknown:
+        raise ValueError(f"sources of no fact: {', '.join(unknown)}")
 
 
 class Release(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

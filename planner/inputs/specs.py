@@ -16,7 +16,7 @@ from capture_plan.schemas.files import read_input
 from capture_plan.schemas.spec import Choice, Model, Name, Phase, Pieces, Positive, Rule, Spec, WarmupKeeps
 from capture_plan.schemas.strategy import PhaseKind
 
-from .releases import ReleaseFacts, releases
+from .releases import ReleaseFacts, check_sources, releases
 from .resources import data
 from .validate import validate_spec
 
@@ -90,13 +90,7 @@ class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sources: dict[str, str]
 
     def __post_init__(self) -> None:
-        facts = {f.name for f in msgspec.structs.fields(self)} - {"sources"}
-        missing = sorted(facts - set(self.sources))
-        if missing:
-            raise ValueError(f"facts without a source: {', '.join(missing)}; add them to [capture.sources]")
-        unknown = sorted(set(self.sources) - facts)
-        if unknown:
-            raise ValueError(f"sources of no fact: {', '.join(unknown)}")
+        check_sources(self, "[capture.sources]")
 
 
 class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
