@@ -152,3 +152,23 @@ def test_the_vllm_plugin_tests_run_on_a_release_added_by_its_file_alone(tmp_path
     summary = run.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "deselected" in summary, summary
     assert int(summary.split(" passed")[0].split()[-1]) >= 20, summary
+
+
+def test_the_preset_refuses_a_capture_release_whose_buffer_it_does_not_model(monkeypatch):
+    """presets_vllm.toml's [capture] no longer restates the persistent buffer: the release it was
+    read from says it (its file's persistent_buffer), and the preset, which models the first
+    warm-up's buffer, refuses a release file that says otherwise (a broken package)."""
+    import msgspec
+
+    from capture_plan.planner.inputs import releases, specs
+
+    def widest(r):
+        if (r.engine, r.version) != ("vllm", "0.33.0"):
+            return r
+        return msgspec.structs.replace(r, facts=msgspec.structs.replace(r.facts, persistent_buffer="widest"))
+
+    assert specs.engine_preset("vllm").releases["0.33.0"].persistent_buffer == "first-warmup"
+    edited = tuple(map(widest, releases.releases()))
+    monkeypatch.setattr(specs, "releases", lambda: edited)
+    with pytest.raises(RuntimeError, match=r"capture.release 0.33.0's release file has persistent_buffer = 'widest'"):
+        specs.engine_preset("vllm")

@@ -74,9 +74,6 @@ class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     release: str
     #: phase kinds in the order the engine captures them (its modes)
     mode_order: list[PhaseKind]
-    #: which warm-up allocates the buffer the engine keeps across graphs:
-    #: ``first-warmup``, the first of the whole capture, whatever its phase
-    persistent_buffer: Literal["first-warmup"]
     #: where a micro-batch twin is captured: ``after-its-graph``, right after the
     #: graph of the same size it is the twin of (a spec's ``twin_of``)
     micro_batch_twin: Literal["after-its-graph"]
@@ -135,7 +132,18 @@ def engine_preset(name: str) -> EnginePreset:
     file = _PRESET_FILES[name]
     preset = convert(data(file), EnginePreset, f"planner/data/{file}")
     facts = {r.version: r.facts for r in releases() if r.engine == name and r.facts is not None}
-    return msgspec.structs.replace(preset, releases=facts) if facts else preset
+    if not facts:
+        return preset
+    # the planner models the buffer a warm-up keeps as the first warm-up's (warmup_keeps): the
+    # release [capture] was read from must say so (its persistent_buffer fact, one owner)
+    read_from = facts.get(preset.capture.release)
+    if read_from is None or read_from.persistent_buffer != "first-warmup":
+        said = "no facts" if read_from is None else f"persistent_buffer = {read_from.persistent_buffer!r}"
+        raise RuntimeError(
+            f"planner/data/{file}: capture.release {preset.capture.release}'s release file has {said}; "
+            "the preset's phases model the first warm-up's buffer"
+        )
+    return msgspec.structs.replace(preset, releases=facts)
 
 
 def mode_ranks(facts: CaptureFacts, kinds: list[str], where: str) -> list[int]:
