@@ -169,6 +169,6 @@ def test_the_preset_refuses_a_capture_release_whose_buffer_it_does_not_model(mon
 
     assert specs.engine_preset("vllm").releases["0.33.0"].persistent_buffer == "first-warmup"
     edited = tuple(map(widest, releases.releases()))
-    monkeypatch.setattr(specs, "releases", lambda: edited)
+    monkeypatch.setattr(releases, "releases", lambda: edited)
     with pytest.raises(RuntimeError, match=r"capture.release 0.33.0's release file has persistent_buffer = 'widest'"):
         specs.engine_preset("vllm")

@@ -16,7 +16,6 @@ from capture_plan.schemas.files import read_input
 from capture_plan.schemas.spec import Choice, Model, Name, Phase, Pieces, Positive, Rule, Spec, WarmupKeeps
 from capture_plan.schemas.strategy import PhaseKind
 
-from .releases import ReleaseFacts, check_sources, releases
 from .resources import data
 from .validate import validate_spec
 
@@ -87,6 +86,8 @@ class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sources: dict[str, str]
 
     def __post_init__(self) -> None:
+        from .releases import check_sources  # only --preset vllm reads these facts: not at import
+
         check_sources(self, "[capture.sources]")
 
 
@@ -103,9 +104,9 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the engine's capture order (:class:`CaptureFacts`)
     capture: CaptureFacts
     phases: list[PresetPhase]
-    #: release -> what it does differently (:class:`ReleaseFacts`): every release file of the
+    #: release -> what it does differently (a ``releases.ReleaseFacts``): every release file of the
     #: preset's engine that has facts (planner/inputs/releases.py), filled in by :func:`engine_preset`
-    releases: dict[str, ReleaseFacts] = {}
+    releases: dict[str, Any] = {}
 
 
 @functools.cache
@@ -129,6 +130,8 @@ def engine_preset(name: str) -> EnginePreset:
             where="--preset",
             fix=f"use one of {', '.join(preset_names())} (leave it out for SGLang's conventions)",
         )
+    from .releases import releases  # not at import: the Quickstart build reads no release
+
     file = _PRESET_FILES[name]
     preset = convert(data(file), EnginePreset, f"planner/data/{file}")
     facts = {r.version: r.facts for r in releases() if r.engine == name and r.facts is not None}
