@@ -67,7 +67,7 @@ else:
 
 
 def parse_data(folder: Path) -> None:
-    """Beside each ``NAME.toml`` in ``folder``, ``NAME.toml`` + PARSED_SUFFIX: the document
+    """Beside each ``NAME.toml`` in ``folder`` and its ``releases/``, ``NAME.toml`` + PARSED_SUFFIX: the document
     tomllib parses from it and the SHA-256 of its bytes, as JSON (planner/inputs/resources.py's
     ``parsed_at_install`` reads it where the digest is the file's). None on Python 3.10
     (no tomllib, and tomli is no build dependency) or for a document JSON cannot hold
@@ -76,13 +76,13 @@ def parse_data(folder: Path) -> None:
         import tomllib
     except ImportError:
         return
-    for toml in sorted(folder.glob("*.toml")):
+    for toml in sorted([*folder.glob("*.toml"), *folder.glob("releases/*.toml")]):
         raw = toml.read_bytes()
         try:
             text = json.dumps({"sha256": hashlib.sha256(raw).hexdigest(), "data": tomllib.loads(raw.decode())})
         except (TypeError, ValueError):
             continue
-        (folder / (toml.name + PARSED_SUFFIX)).write_text(text, encoding="utf-8")
+        toml.with_name(toml.name + PARSED_SUFFIX).write_text(text, encoding="utf-8")
 
 
 class BuildPy(build_py):

@@ -220,11 +220,22 @@ def vllm_034_sizes(
     return Vllm034Sizes(prefill, vllm_decode_shapes(requests, query_lens, min(recorded, decode_max)), draft)
 
 
+def _first_warmup(release: str) -> bool:
+    """Whether vLLM ``release``'s first warm-up sizes the persistent buffers (its release
+    file's ``persistent_buffer`` fact), not the widest descriptor."""
+    from capture_plan.planner.inputs.releases import release as release_file
+
+    facts = release_file("vllm", release).facts
+    assert facts is not None, f"vllm {release}: its release file has no [facts]"
+    return facts.persistent_buffer == "first-warmup"
+
+
 def vllm_persistent_rows(release: str, first_warmup_tokens: int, widest_tokens: int) -> int:
-    """Rows of the persistent hidden states a model manager keeps: vLLM 0.33.0's first warm-up
-    makes them the size of its own descriptor (the largest PIECEWISE one's, by default),
-    0.34.0's ``persistent_like`` the widest descriptor's."""
-    return first_warmup_tokens if release == "0.33.0" else max(first_warmup_tokens, widest_tokens)
+    """Rows of the persistent hidden states a model manager keeps, as the release's
+    ``persistent_buffer`` fact says: vLLM 0.33.0's first warm-up makes them the size of its own
+    descriptor (the largest PIECEWISE one's, by default), 0.34.0's ``persistent_like`` the
+    widest descriptor's."""
+    return first_warmup_tokens if _first_warmup(release) else max(first_warmup_tokens, widest_tokens)
 
 
 def vllm_extrapolate(samples: list[int], total_graphs: int) -> int:
@@ -310,7 +321,7 @@ def vllm_capture_model(
     with torch.cuda.stream(stream):
         for kind, (name, sizes) in [("full", (phase, descs)), *(("spec", s) for s in speculator)]:
             order = sorted(sizes, reverse=True) if kind == "spec" else sizes
-            widest = max(sizes, default=0) if release != "0.33.0" else 0
+            widest = 0 if _first_warmup(release) else max(sizes, default=0)
             for n in order:
                 _store(run, name, n, target.run(name, n, None), widest)  # the warm-up (forward_fn(NONE))
                 graph = torch.cuda.CUDAGraph()

@@ -276,8 +276,9 @@ def test_vllms_capture_order_is_typed_data_with_its_sources():
     assert facts.release == "0.33.0"
     # cudagraph_utils.py CudaGraphManager.capture: `for mode in [PIECEWISE, FULL]`
     assert facts.mode_order == ["piecewise", "full"]
-    # store_capture_output allocates on first use; every warm-up (PIECEWISE ones first) stores
-    assert facts.persistent_buffer == "first-warmup"
+    # store_capture_output allocates on first use; every warm-up (PIECEWISE ones first) stores:
+    # the release file's fact, which the preset reads (one owner)
+    assert engine_preset("vllm").releases[facts.release].persistent_buffer == "first-warmup"
     # _init_candidates appends each FULL descriptor's twin right after it
     assert facts.micro_batch_twin == "after-its-graph"
     assert (facts.warmups_per_graph, facts.default_micro_batch_twins, facts.twin_min_tokens) == (1, False, 32)
@@ -345,7 +346,7 @@ def test_the_keyed_vllm_spec_follows_the_capture_facts():
     ]
     ranks = [facts.mode_order.index(p.kind) for p in spec.phases]
     assert ranks == sorted(ranks)
-    assert facts.persistent_buffer == "first-warmup"
+    assert engine_preset("vllm").releases[facts.release].persistent_buffer == "first-warmup"
     assert [p.name for p in spec.phases if p.warmup_keeps is not msgspec.UNSET] == [spec.phases[0].name]
     raw = json.loads((ROOT / "plans/fa3-vllm-keys.json").read_bytes())
     warmups = [s for s in raw["steps"] if s["op"] == "warmup"]

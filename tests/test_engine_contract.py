@@ -44,7 +44,9 @@ def test_the_table_is_one_row_per_name_and_knows_both_engines():
     keys = [(h.engine, h.version, h.name) for h in HOOKS]
     assert len(keys) == len(set(keys))
     assert set(KNOWN) == {"sglang", "vllm"}
-    assert requirements() == ["sglang==0.5.23", "vllm==0.33.0", "vllm==0.34.0"]
+    files = sorted((ROOT / "planner/data/releases").glob("*.toml"))
+    assert requirements() == [f.stem.replace("-", "==", 1) for f in files]  # one file a release, no list
+    assert {"sglang==0.5.23", "vllm==0.33.0", "vllm==0.34.0"} <= set(requirements())
     for h in HOOKS:
         assert h.file.startswith(f"{h.engine}/") and h.file.endswith(".py")
         assert h.signature in ("class", "attribute") or h.signature.startswith(("(", "= ", ": ")), h
@@ -61,13 +63,14 @@ def test_a_release_is_the_one_before_it_as_its_change_table_moves_it():
     from dataclasses import replace
 
     from capture_plan.adapters.plugins.hook_point import GONE, follow
-    from capture_plan.adapters.plugins.hooks_vllm_0_33_0 import _VLLM_0_33_0
-    from capture_plan.adapters.plugins.hooks_vllm_0_34_0 import _VLLM_0_34_0_CHANGES
+    from capture_plan.planner.inputs.releases import release
 
+    changes = release("vllm", "0.34.0").changes
+    assert release("vllm", "0.34.0").follows == "0.33.0"
     old = {h.name: h for h in HOOKS if (h.engine, h.version) == ("vllm", "0.33.0")}
     new = {h.name: h for h in HOOKS if (h.engine, h.version) == ("vllm", "0.34.0")}
     for name, h in old.items():
-        if name not in _VLLM_0_34_0_CHANGES:
+        if name not in changes:
             assert new[name] == replace(h, version="0.34.0")
     moved = hook("vllm", "0.34.0", "SpeculatorCudaGraphManager.capture")
     assert moved.file == "vllm/v1/worker/gpu/spec_decode/autoregressive/cudagraph_utils.py"
@@ -75,8 +78,8 @@ def test_a_release_is_the_one_before_it_as_its_change_table_moves_it():
     assert "TargetDependentARSpeculator.capture" not in new and "AutoRegressiveSpeculator.capture" in new
     assert "has_lora" not in hook("vllm", "0.34.0", "ModelCudaGraphManager.capture").signature
     with pytest.raises(ValueError, match=r"changes name rows the release before lacks: \['capture_graph'\]"):
-        follow(_VLLM_0_33_0, "0.34.0", {"capture_graph": None})
-    gone = follow(_VLLM_0_33_0, "9.9", {"_MIN_PER_GRAPH_BYTES": GONE})
+        follow(tuple(old.values()), "0.34.0", {"capture_graph": None})
+    gone = follow(tuple(old.values()), "9.9", {"_MIN_PER_GRAPH_BYTES": GONE})
     assert "_MIN_PER_GRAPH_BYTES" not in {h.name for h in gone} and len(gone) == len(old) - 1
 
 
@@ -307,17 +310,20 @@ def test_the_baselines_size_rules_are_vllm_034s():
 
 
 def test_every_known_vllm_release_has_its_facts_in_the_preset():
-    """The plugin shapes its capture by the preset's [releases."VERSION"] (one table of these
-    facts): every release the hook rows know has one, and 0.33.0's persistent buffer is the
-    one [capture] (the facts the --preset vllm spec follows) states."""
+    """The plugin shapes its capture by the release file's [facts] (one table of these facts,
+    which the preset reads): every release the hook rows know has one, 0.33.0's persistent
+    buffer is the one [capture] (the facts the --preset vllm spec follows) states, and whether
+    the KV cache is sized after capture is the fit rule's kind (its one owner)."""
     from capture_plan.adapters.plugins import vllm as vllm_plugin
+    from capture_plan.planner.fit.tables import rule_for
     from capture_plan.planner.inputs.specs import engine_preset
 
     preset = engine_preset("vllm")
     assert sorted(preset.releases) == sorted(KNOWN["vllm"])
-    assert preset.releases[preset.capture.release].persistent_buffer == preset.capture.persistent_buffer
+    assert preset.releases[preset.capture.release].persistent_buffer == "first-warmup"  # what the preset models
     assert vllm_plugin.shape_of("0.34.0").persistent_buffer == "widest"
-    assert vllm_plugin.shape_of("0.34.0").kv_cache == "after-capture"
+    assert rule_for("vllm==0.34.0")[3].kind == "vllm-after-capture"
+    assert rule_for("vllm==0.33.0")[3].kind == "vllm-before-capture"
 
 
 def test_the_committed_release_table_is_what_the_wheels_give_now():

@@ -20,7 +20,6 @@ from capture_plan.planner.fit import sizing
 from capture_plan.planner.fit.fit import fit
 from capture_plan.planner.fit.model import kv_bytes_per_token, load_model, weight_bytes
 from capture_plan.planner.fit.tables import GiB, estimates, rule_for, rules, wheels
-from capture_plan.planner.inputs.specs import engine_preset
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, FitResult
 
@@ -115,14 +114,12 @@ def test_vllm_blocks_count_sliding_groups_as_the_manager_does():
     assert blocks == 1000 and conc == pytest.approx(1000 / (2 * 512 + 513))
 
 
-def test_each_release_follows_its_rule_and_the_presets_sizing_fact():
-    """The rule's kind agrees with presets_vllm.toml's kv_cache fact where both list the release."""
-    for version, facts in engine_preset("vllm").releases.items():
-        _, _, name, rule = rule_for(f"vllm=={version}")
-        assert (
-            rule.kind
-            == {"before-capture": "vllm-before-capture", "after-capture": "vllm-after-capture"}[facts.kv_cache]
-        )
+def test_each_release_follows_its_rule_and_sizes_as_its_kind_says():
+    """Each release file's fit rule is the one fit takes for it (planner/data/releases/)."""
+    from capture_plan.planner.inputs.releases import releases
+
+    for f in releases():
+        assert rule_for(f"{f.engine}=={f.version}")[2] == f.fit_rule
     llama = cfg("llama-3.1-8b")
     r33 = fit(llama, "H100", "vllm==0.33.0", 1, {"max-model-len": 8192})
     r34 = fit(llama, "H100", "vllm==0.34.0", 1, {"max-model-len": 8192})

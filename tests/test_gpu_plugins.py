@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
+from capture_plan.adapters.plugins.hooks import KNOWN
 
 pytestmark = pytest.mark.gpu
 #: the vLLM releases whose engine-faithful runners the vLLM tests run (tests/engines/plugged.py)
-VLLM_RELEASES = ("0.33.0", "0.34.0")
+VLLM_RELEASES = KNOWN["vllm"]  # every release file's (planner/data/releases/)
 SIZES = [1, 2, 4, 8, 16, 32]
 HIDDEN = 256
 

@@ -80,6 +80,11 @@ def test_the_wheel_installs_one_top_level_package(tmp_path, monkeypatch):
     assert tomls and sorted(p.name for p in data.glob("*" + resources.PARSED_SUFFIX)) == [
         p.name + resources.PARSED_SUFFIX for p in tomls
     ]
+    # and each engine release's file (planner/data/releases/), every one the checkout has
+    releases = sorted(data.glob("releases/*.toml"))
+    assert [p.name for p in releases] == sorted(p.name for p in (ROOT / "planner/data/releases").glob("*.toml"))
+    assert all(p.with_name(p.name + resources.PARSED_SUFFIX).is_file() for p in releases)
     monkeypatch.setattr(resources, "_DATA", data)
-    for toml in tomls:
-        assert resources.parsed_at_install(toml.name, toml.read_bytes()) == tomllib.loads(toml.read_text()), toml.name
+    for toml in tomls + releases:
+        name = str(toml.relative_to(data))
+        assert resources.parsed_at_install(name, toml.read_bytes()) == tomllib.loads(toml.read_text()), name

@@ -9,10 +9,10 @@ adoption guide's table is generated from here (``docs/generate.py``), and
 row, where a release no longer has a name or its signature changed
 (:mod:`capture_plan.adapters.plugins.contract`).
 
-The rows are one module per release (``hooks_sglang_0_5_23``, ``hooks_vllm_0_33_0``,
-``hooks_vllm_0_34_0``: a later release follows the one before through a change table);
-their type and its ``signature`` spelling are
-:mod:`capture_plan.adapters.plugins.hook_point`'s.
+The rows are each release's data file's (``planner/data/releases/ENGINE-VERSION.toml``,
+read by :mod:`capture_plan.planner.inputs.releases`: a later release follows the one
+before through a change table); their type and its ``signature`` spelling are
+:mod:`capture_plan.adapters.plugins.hook_point`'s. A release is added by its file alone.
 
 What this table does not know: behaviour. A release that keeps every name and
 signature but reorders what ``capture_one`` does passes the contract; the
@@ -24,13 +24,32 @@ No torch, no engine import: the plugins' entry points import this first.
 
 from __future__ import annotations
 
-from capture_plan.adapters.plugins.hook_point import HookPoint
-from capture_plan.adapters.plugins.hooks_sglang_0_5_23 import _SGLANG_0_5_23
-from capture_plan.adapters.plugins.hooks_vllm_0_33_0 import _VLLM_0_33_0
-from capture_plan.adapters.plugins.hooks_vllm_0_34_0 import _VLLM_0_34_0
+from capture_plan.adapters.plugins.hook_point import HookPoint, Moved, follow
+from capture_plan.planner.inputs.releases import Release, releases
+
+
+def rows_of(release: Release, before: tuple[HookPoint, ...] = ()) -> tuple[HookPoint, ...]:
+    """``release``'s hook points: its own rows, or (``follows``) the rows ``before`` of the
+    release it follows as its ``changes`` move them, then its own."""
+    own = tuple((h.file, h.name, h.signature, h.role) for h in release.hooks)
+    if release.follows is None:
+        return tuple(HookPoint(release.engine, release.version, *row) for row in own)
+    changes = {
+        name: None if c.gone else Moved(file=c.file, name=c.name, signature=c.signature, role=c.role)
+        for name, c in release.changes.items()
+    }
+    return follow(before, release.version, changes, own)
+
+
+def _gather() -> tuple[HookPoint, ...]:
+    by_release: dict[tuple[str, str], tuple[HookPoint, ...]] = {}
+    for r in releases():  # oldest first: the release a file follows is gathered before it
+        by_release[r.engine, r.version] = rows_of(r, by_release.get((r.engine, r.follows or ""), ()))
+    return tuple(h for rows in by_release.values() for h in rows)
+
 
 #: every hook point, engine by engine, release by release
-HOOKS: tuple[HookPoint, ...] = (*_SGLANG_0_5_23, *_VLLM_0_33_0, *_VLLM_0_34_0)
+HOOKS: tuple[HookPoint, ...] = _gather()
 
 #: engine -> the releases whose hook points :data:`HOOKS` holds, oldest first
 KNOWN: dict[str, tuple[str, ...]] = {}

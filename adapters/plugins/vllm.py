@@ -92,7 +92,7 @@ from capture_plan.adapters.plugins.vllm_keys import (
 )
 
 if TYPE_CHECKING:
-    from capture_plan.planner.inputs.specs import ReleaseFacts
+    from capture_plan.planner.inputs.releases import ReleaseFacts
 
 __all__ = [
     "ENGINE",
@@ -130,12 +130,15 @@ _env_problems = core.env_problems
 
 
 def shape_of(release: str) -> ReleaseFacts:
-    """What vLLM ``release`` does differently (``planner/data/presets_vllm.toml``'s
-    ``[releases."VERSION"]``, the one table of these facts: the plugin reads
-    ``persistent_buffer``); a release of ``hooks.KNOWN["vllm"]`` each (tested)."""
-    from capture_plan.planner.inputs.specs import engine_preset
+    """What vLLM ``release`` does differently: its release file's ``[facts]``
+    (``planner/data/releases/vllm-VERSION.toml``, the one table of these facts: the plugin
+    reads ``persistent_buffer``); a release of ``hooks.KNOWN["vllm"]`` each (tested)."""
+    from capture_plan.planner.inputs.releases import release as release_file
 
-    return engine_preset(ENGINE).releases[release]
+    facts = release_file(ENGINE, release).facts
+    if facts is None:
+        raise KeyError(f"{ENGINE} {release}: its release file has no [facts]")
+    return facts
 
 
 #: the rows checked live at registration: every object :func:`install` resolves, replaces or calls

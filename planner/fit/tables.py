@@ -101,12 +101,31 @@ def _rules() -> _Rules:
     return typed("fit_rules.toml", _Rules)
 
 
+@functools.cache
 def rules() -> dict[str, Rule]:
-    return _rules().rules
+    """fit_rules.toml's rules, each rule's ``releases`` with every release file that names it
+    (``fit_rule``, planner/data/releases/): a release file is found by fit with no other edit."""
+    from capture_plan.planner.inputs.releases import releases as release_files
+
+    out = dict(_rules().rules)
+    for f in release_files():
+        if f.fit_rule not in out:
+            raise RuntimeError(f"planner/data/releases/{f.engine}-{f.version}.toml: no fit rule {f.fit_rule!r}")
+        r = out[f.fit_rule]
+        if f.version not in r.releases:
+            out[f.fit_rule] = msgspec.structs.replace(r, releases=[*r.releases, f.version])
+    return out
 
 
+@functools.cache
 def wheels() -> dict[str, Wheel]:
-    return _rules().wheels
+    """Every modelled release's wheel (fit_rules.toml's and the release files'), rule by rule."""
+    from capture_plan.planner.inputs.releases import releases as release_files
+
+    known = dict(_rules().wheels)
+    known.update({f"{f.engine}=={f.version}": Wheel(f.wheel.file, f.wheel.sha256) for f in release_files()})
+    order = [f"{r.engine}=={v}" for r in rules().values() for v in r.releases]
+    return {k: known[k] for k in order + sorted(set(known) - set(order)) if k in known}
 
 
 @functools.cache

@@ -73,9 +73,6 @@ class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     release: str
     #: phase kinds in the order the engine captures them (its modes)
     mode_order: list[PhaseKind]
-    #: which warm-up allocates the buffer the engine keeps across graphs:
-    #: ``first-warmup``, the first of the whole capture, whatever its phase
-    persistent_buffer: Literal["first-warmup"]
     #: where a micro-batch twin is captured: ``after-its-graph``, right after the
     #: graph of the same size it is the twin of (a spec's ``twin_of``)
     micro_batch_twin: Literal["after-its-graph"]
@@ -89,37 +86,9 @@ class CaptureFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sources: dict[str, str]
 
     def __post_init__(self) -> None:
-        facts = {f.name for f in msgspec.structs.fields(self)} - {"sources"}
-        missing = sorted(facts - set(self.sources))
-        if missing:
-            raise ValueError(f"facts without a source: {', '.join(missing)}; add them to [capture.sources]")
-        unknown = sorted(set(self.sources) - facts)
-        if unknown:
-            raise ValueError(f"sources of no fact: {', '.join(unknown)}")
+        from .releases import check_sources  # only --preset vllm reads these facts: not at import
 
-
-class ReleaseFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What one engine release does that the plugin and the baselines follow (a preset's
-    ``[releases."VERSION"]`` table), each fact with its source in the release's wheel."""
-
-    #: who sizes the persistent buffer a warm-up keeps: ``first-warmup`` (its own
-    #: descriptor's size) or ``widest`` (the widest descriptor's, up front)
-    persistent_buffer: Literal["first-warmup", "widest"]
-    #: uniform-decode graphs keyed by ``tokens`` (the shared sizes rounded up) or by
-    #: ``requests`` (request counts per query length)
-    decode_keys: Literal["tokens", "requests"]
-    #: the draft decode graphs' sizes: the ``capture-sizes`` or a ``request-grid`` to max_num_seqs
-    draft_decode_sizes: Literal["capture-sizes", "request-grid"]
-    #: when the KV cache is sized by default on CUDA: ``before-capture`` (from the graph
-    #: estimate) or ``after-capture`` (from what capture left free)
-    kv_cache: Literal["before-capture", "after-capture"]
-    #: fact name -> "file: function" it comes from
-    sources: dict[str, str]
-
-    def __post_init__(self) -> None:
-        facts = {f.name for f in msgspec.structs.fields(self)} - {"sources"}
-        if set(self.sources) != facts:
-            raise ValueError(f"sources must name exactly the facts {sorted(facts)}, not {sorted(self.sources)}")
+        check_sources(self, "[capture.sources]")
 
 
 class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -135,8 +104,9 @@ class EnginePreset(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the engine's capture order (:class:`CaptureFacts`)
     capture: CaptureFacts
     phases: list[PresetPhase]
-    #: release -> what it does differently (:class:`ReleaseFacts`), every release the plugin knows
-    releases: dict[str, ReleaseFacts] = {}
+    #: release -> what it does differently (a ``releases.ReleaseFacts``): every release file of the
+    #: preset's engine that has facts (planner/inputs/releases.py), filled in by :func:`engine_preset`
+    releases: dict[str, Any] = {}
 
 
 @functools.cache
@@ -160,8 +130,23 @@ def engine_preset(name: str) -> EnginePreset:
             where="--preset",
             fix=f"use one of {', '.join(preset_names())} (leave it out for SGLang's conventions)",
         )
+    from .releases import releases  # not at import: the Quickstart build reads no release
+
     file = _PRESET_FILES[name]
-    return convert(data(file), EnginePreset, f"planner/data/{file}")
+    preset = convert(data(file), EnginePreset, f"planner/data/{file}")
+    facts = {r.version: r.facts for r in releases() if r.engine == name and r.facts is not None}
+    if not facts:
+        return preset
+    # the planner models the buffer a warm-up keeps as the first warm-up's (warmup_keeps): the
+    # release [capture] was read from must say so (its persistent_buffer fact, one owner)
+    read_from = facts.get(preset.capture.release)
+    if read_from is None or read_from.persistent_buffer != "first-warmup":
+        said = "no facts" if read_from is None else f"persistent_buffer = {read_from.persistent_buffer!r}"
+        raise RuntimeError(
+            f"planner/data/{file}: capture.release {preset.capture.release}'s release file has {said}; "
+            "the preset's phases model the first warm-up's buffer"
+        )
+    return msgspec.structs.replace(preset, releases=facts)
 
 
 def mode_ranks(facts: CaptureFacts, kinds: list[str], where: str) -> list[int]:

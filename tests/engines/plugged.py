@@ -20,24 +20,46 @@ import functools
 import sys
 from pathlib import Path
 
-from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
-from capture_plan.adapters.plugins.hooks import HOOKS
+from capture_plan.adapters.plugins import core, hooks, sglang as sgl_plugin, vllm as vllm_plugin
 
 from . import adoption, sglang_runner, vllm_runner
 
 SGLANG = "sglang", "0.5.23"
 VLLM = "vllm", "0.33.0"
-#: release -> the files that change the release before's runner into it (run over its namespace,
-#: in order): the runner, then the worker's start-up around it
-LATER = {("vllm", "0.34.0"): tuple(Path(__file__).with_name(f) for f in ("vllm_runner_034.py", "vllm_worker_034.py"))}
-#: the vLLM releases the plugin tests run on
-VLLM_RELEASES = ("0.33.0", "0.34.0")
+#: what a vLLM release does (its release file's ``[facts]``: persistent_buffer, decode_keys,
+#: draft_decode_sizes) -> the files that change 0.33.0's runner into one that does it (run over
+#: its namespace, in order: the runner, then the worker's start-up around it). Keyed by the facts,
+#: never a version: a release file with facts a runner already follows gets it with no edit here
+LATER = {
+    ("widest", "requests", "request-grid"): tuple(
+        Path(__file__).with_name(f) for f in ("vllm_runner_034.py", "vllm_worker_034.py")
+    ),
+}
+#: the vLLM releases the plugin tests run on: every release file's (planner/data/releases/)
+VLLM_RELEASES = hooks.KNOWN["vllm"]
+
+
+def later(engine: str, version: str) -> tuple[Path, ...]:
+    """The files that make the runner of ``engine`` ``version`` out of the first release's, as
+    its release file's facts say; a release whose facts no runner follows is a KeyError naming them."""
+    from capture_plan.planner.inputs.releases import release as release_file
+
+    def shape(facts) -> tuple[str, ...]:
+        return (facts.persistent_buffer, facts.decode_keys, facts.draft_decode_sizes)
+
+    facts = release_file(engine, version).facts
+    if facts is None or shape(facts) == shape(release_file(*VLLM).facts):  # the first release's runner as it is
+        return ()
+    key = shape(facts)
+    if key not in LATER:
+        raise KeyError(f"{engine} {version}: no runner of tests/engines follows the facts {key} (LATER)")
+    return LATER[key]
 
 
 def _place(monkeypatch, module, release: tuple[str, str]) -> None:
     """``module`` under the path of every hook point of ``release`` that it defines."""
     engine, version = release
-    for h in HOOKS:
+    for h in hooks.HOOKS:
         if (h.engine, h.version) == release and hasattr(module, h.name.split(".")[0]):
             monkeypatch.setitem(sys.modules, h.module, module)
     monkeypatch.setattr(core, "installed", lambda dist: version if dist == engine else "(not installed)")
@@ -50,7 +72,8 @@ ENGINES = {"sglang": (sglang_runner, SGLANG, sgl_plugin), "vllm": (vllm_runner, 
 def release(monkeypatch, tmp_path: Path, engine: str, *, version: str | None = None, fits: bool = True):
     """``engine``'s runners as the release ships them (the version before the adoption:
     SGLang 0.5.23's runners and backend, vLLM 0.33.0's runner, managers and piece
-    wrappers; ``version="0.34.0"``: 0.33.0's changed by tests/engines/vllm_runner_034.py)
+    wrappers; ``version="0.34.0"``, or any release with its facts: 0.33.0's changed by
+    :func:`later`'s files)
     under their module paths, reported as installed; returns the module (a fresh copy:
     a test may change it)."""
     runners, known, plugin = ENGINES[engine]
@@ -58,8 +81,8 @@ def release(monkeypatch, tmp_path: Path, engine: str, *, version: str | None = N
         known = engine, version
     name = f"{engine}_release"
     module = adoption.before_module(Path(runners.__file__), tmp_path, name)
-    for later in LATER.get(known, ()):  # the release's changes, over the release before's namespace
-        exec(compile(later.read_text(), str(later), "exec"), vars(module))
+    for path in later(*known):  # the release's changes, over the first release's namespace
+        exec(compile(path.read_text(), str(path), "exec"), vars(module))
     monkeypatch.delitem(sys.modules, name)  # after: a dataclass made above looks its module up
     _place(monkeypatch, module, known)
     if fits:

@@ -72,8 +72,10 @@ if TYPE_CHECKING:  # 0.33.0's, in whose namespace this file runs
         BatchDescriptor,
         BatchExecutionDescriptor,
         Config,
+        CudaGraphManager,
         CUDAGraphMode,
-        CUDAGraphWrapper,
+        GPUModelRunner,
+        ModelCudaGraphManager,
         PiecewiseModel,
         UBatchRunner,
         get_global_graph_pool,
@@ -81,7 +83,6 @@ if TYPE_CHECKING:  # 0.33.0's, in whose namespace this file runs
         set_forward_context,
     )
 
-RELEASE = "0.34.0"
 #: cudagraph_mode NONE: a manager that captures nothing (the draft decode manager where the
 #: model's decode mode is not FULL)
 NO_GRAPHS = (CUDAGraphMode.NONE, CUDAGraphMode.NONE)
@@ -156,13 +157,10 @@ class CudaGraphManager:
         self.builds: list = []
         self._init_candidates()
 
-    def _maybe_ubatch_twin(self, desc):
-        if self.ubatch_runner is None or desc.cg_mode != CUDAGraphMode.FULL or desc.num_reqs is None:
-            return None
-        uniform, rem = divmod(desc.num_tokens, desc.num_reqs)
-        if rem or desc.uniform_token_count not in (None, uniform) or desc.num_tokens < 2:
-            return None
-        return dataclasses.replace(desc, num_ubatches=2, uniform_token_count=uniform)
+    # 0.33.0's, which 0.34.0 kept (the class body reads the namespace's class: 0.33.0's)
+    _maybe_ubatch_twin = CudaGraphManager._maybe_ubatch_twin
+    _capture_stream = CudaGraphManager._capture_stream
+    release_graphs = CudaGraphManager.release_graphs
 
     def _init_candidates(self):
         decode_mode, mixed_mode = self.cudagraph_mode
@@ -195,11 +193,6 @@ class CudaGraphManager:
             descs.sort(key=lambda d: d.num_tokens, reverse=True)
             self._capture_descs[mode] = descs
 
-    def _capture_stream(self, desc):
-        if desc.num_ubatches > 1:
-            return self.ubatch_runner.capture_stream
-        return torch.cuda.current_stream()
-
     def needs_capture(self) -> bool:
         """cudagraph_utils.py line 445."""
         return len(self._capture_descs) > 0
@@ -229,11 +222,6 @@ class CudaGraphManager:
                     if self._capture_mem_samples is not None:
                         self._capture_mem_samples.append(free_before - torch.cuda.mem_get_info()[0])
                     self.graphs[desc] = graph
-
-    def release_graphs(self) -> None:
-        for graph in self.graphs.values():
-            graph.reset()
-        self.graphs.clear()
 
 
 class ModelCudaGraphManager(CudaGraphManager):
@@ -272,9 +260,7 @@ class ModelCudaGraphManager(CudaGraphManager):
 
         super().capture(create_forward_fn)
 
-    def release(self) -> None:
-        self.release_graphs()
-        CUDAGraphWrapper.clear_all_graphs()
+    release = ModelCudaGraphManager.release  # 0.33.0's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -521,9 +507,7 @@ class GPUModelRunner:
             self.speculator = EagleSpeculator(draft, capture_sizes, **dict(speculator_options or {}))
             self.speculator.init_cudagraph_manager(cudagraph_mode)
 
-    @property
-    def manager(self) -> ModelCudaGraphManager:
-        return self.cudagraph_manager
+    manager = GPUModelRunner.manager  # 0.33.0's
 
     def capture_model(self, *, profile_only=False):
         """model_runner.py lines 1141-1215: nothing to capture, 0; else the cache emptied, free
