@@ -24,7 +24,8 @@ def validate_plan(plan: Plan, source: str) -> Plan:
     warm-up step of a phase with variants has one label per axis, each the axis's,
     and no other step has labels; a capture step's ``pieces`` is its phase's; only
     warm-up steps keep bytes; ``predicted.keys``, when present, one per capture step
-    in step order. The bounds of single fields (sizes 1..``MAX_BS``, tp >= 1, counts
+    in step order; a device prediction has items, and its total is their sum where every one is
+    known, else none. The bounds of single fields (sizes 1..``MAX_BS``, tp >= 1, counts
     >= 0) are the plan types' own, checked when the plan is converted."""
 
     def bad(what: str, path: str) -> InputError:
@@ -95,6 +96,20 @@ def validate_plan(plan: Plan, source: str) -> Plan:
     for i, m in enumerate(timeline):
         if m.step != i:
             raise bad(f"timeline entry for step {m.step} at position {i}", f"$.predicted.timeline[{i}].step")
+    dev = plan.predicted.device
+    if dev is not None:
+        # render and the gates read the total as the items' sum, and an unknown total by the item
+        # that is unknown: a sealed plan whose parts disagree crashed `planner show` (the fuzz)
+        known = [c.bytes for c in dev.items if c.bytes is not None]
+        if not dev.items:
+            raise bad("a device prediction with no items", "$.predicted.device.items")
+        if dev.total_bytes is None and len(known) == len(dev.items):
+            raise bad("no device total although every item is known", "$.predicted.device.total_bytes")
+        if dev.total_bytes is not None and (len(known) < len(dev.items) or dev.total_bytes != sum(known)):
+            raise bad(
+                f"device total {dev.total_bytes} is not the sum of its items, every one known",
+                "$.predicted.device.total_bytes",
+            )
     keys = plan.predicted.keys
     if keys:
         capture_ids = [s.id for s in plan.steps if s.op == "capture"]

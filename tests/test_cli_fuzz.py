@@ -1276,3 +1276,27 @@ def test_fuzz_fit_flags(work, engine, device, flags):
         assert "Usage:" in err, err
         return
     expect_clean((code, out, err))
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "says"),
+    [
+        (lambda d: d.clear(), "$.predicted.device.items", "a device prediction with no items"),
+        (lambda d: d.update(total_bytes=1), "$.predicted.device.total_bytes", "not the sum of its items"),
+    ],
+)
+def test_a_resealed_plan_whose_device_prediction_disagrees_with_itself_is_refused(tmp_path, edit, field, says):
+    """Found by the fuzz at seed 49 (7,000 examples a test): a resealed plan whose device
+    prediction was `{}` ended `planner show` in an internal error (IndexError in render)."""
+    from capture_plan.executor.load import load_plan
+    from capture_plan.schemas.errors import InputError
+
+    raw = json.loads((ROOT / "plans/fa3-ci.json").read_text())
+    edit(raw["predicted"]["device"])
+    path = tmp_path / "fa3-ci.json"
+    path.write_bytes(reseal(raw))
+    for cmd in ("show", "explain", "simulate", "graph"):
+        code, out, err = planner(cmd, str(path))
+        assert code == 1 and err.count("\n") == 1 and f"{field}: " in err and says in err, (cmd, err)
+    with pytest.raises(InputError, match=re.escape(field)):
+        load_plan(path, check_env=False)
