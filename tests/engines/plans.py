@@ -107,15 +107,16 @@ def build(tmp_path, spec: str, *strategies: str, backend: str = "fa3") -> Plan:
 
 
 def calibrated(plan, item_bytes: int = 10 * 2**20):
-    """``plan`` with every device item it does not know set to ``item_bytes``, measured
-    (what a calibration from a capture report gives it): its whole-capture figure is
-    then complete, so vLLM's estimate can be answered and the capture checked against it."""
+    """``plan`` with every device item it does not know set to ``item_bytes``, labelled
+    ``estimated``: a figure the test sets, not one measured (a calibration from a capture
+    report would give measured ones). Its whole-capture figure is then complete, so vLLM's
+    estimate can be answered and the capture checked against it."""
     import msgspec
 
     from capture_plan.schemas.codec import seal
 
     items = [
-        i if i.bytes is not None else msgspec.structs.replace(i, bytes=item_bytes, provenance="measured")
+        i if i.bytes is not None else msgspec.structs.replace(i, bytes=item_bytes, provenance="estimated")
         for i in plan.predicted.device.items
     ]
     device = msgspec.structs.replace(plan.predicted.device, items=items, total_bytes=sum(i.bytes for i in items))
