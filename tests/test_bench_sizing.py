@@ -208,3 +208,41 @@ def test_a_skipped_bench_prints_a_summary_line_with_its_reason():
         "SUMMARY bs 64 max_seqlen 512: pool warm stream 10.0 MiB, cold stream 42.0 MiB (+32.0); blocks alive "
         "beyond the output: warm 0 (0.0 MiB), cold 1 (32.0 MiB)"
     )
+
+
+# -- the benches that run each case in a child process (their model is case_target's) ------------
+
+
+CHILDREN = {
+    "graph_exec_bench": lambda m: m.child("reference"),
+    "adoption_bench": lambda m: m.child("reference"),
+    "copies_bench": lambda m: m.child("reference", "in-turn"),
+    "restore_floor": lambda m: m.child("reference", 32, False),
+}
+
+
+@pytest.mark.parametrize("bench", sorted(CHILDREN))
+def test_a_case_that_does_not_fit_is_skipped_by_its_child_with_the_reason(device, bench):
+    """graph_exec_bench, adoption_bench, copies_bench and restore_floor sized their models
+    through case_target, but a case that did not fit ended its child process with exit 1:
+    the parent printed it as FAILED (restore_floor then exited 1), as if the bench were
+    broken. The child now returns the case as skipped, with the reason."""
+    device(0)
+    got = CHILDREN[bench](bench_module(bench))
+    assert got["skipped"].startswith("reference does not fit this device: bench.harness.case_target: its KV cache")
+    assert "60% of the device's free memory is 0 MiB" in got["skipped"]
+
+
+def test_the_child_benches_summaries_name_a_skipped_case_and_why():
+    """Each parent's SUMMARY line names a skipped case and its reason; restore_floor counts
+    it as skipped, not failed (its exit status stays 0)."""
+    pytest.importorskip("torch")
+    why = "eagle does not fit this device: here: its KV cache needs 9 MiB; fix: a larger device"
+    ge = bench_module("graph_exec_bench").summary({"cases": {"eagle": {"case": "eagle", "skipped": why}}})
+    assert ge == f"SUMMARY no case counted nodes; eagle SKIPPED: {why}"
+    rows = bench_module("adoption_bench").case_rows({"eagle": {"skipped": why}})
+    assert rows == [f"eagle: SKIPPED: {why}"]
+    cb = bench_module("copies_bench").summary("eagle", {"in-turn": [{"skipped": why}], "side-by-side": []})
+    assert cb == f"eagle: SKIPPED: {why}"
+    rf = bench_module("restore_floor").summary({"cases": {"eagle": {"case": "eagle", "skipped": why}}})
+    assert rf == f"SUMMARY restore floor (pool/other-torch/outside): eagle SKIPPED: {why}"
