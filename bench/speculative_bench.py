@@ -25,9 +25,9 @@ every check. Then the planted bugs: each caught
 order; the wild write in subprocesses (it kills the CUDA context).
 
 The target is the harness's "eagle" case (``bench.harness.case_target``): its KV cache
-length is sized for the device's free memory (512 tokens where it fits, as on an H200;
-shorter on an H100 80GB, recorded as ``max_seqlen``); on a device where not even the
-shortest cache fits, the parts that need the target are skipped, saying why
+length is sized for the device's free memory (512 tokens where it fits, as on an H200 or
+an H100 80GB at 32 layers; shorter on a smaller card; recorded as ``max_seqlen``); where
+not even the shortest cache fits, the parts that need the target are skipped, saying why
 (``skipped``), and the planted bugs (a small model of their own) still run.
 
 Writes JSON (date, device) to --out; prints SUMMARY last (what ran, where parts were skipped).
