@@ -809,12 +809,13 @@ def fit_seqlen(
     page_size: int = 1,
     most: int = REFERENCE_SEQLEN,
     value_dim: int | None = None,
+    fix: str = "run it on a device with more memory, or with fewer layers (--layers)",
 ) -> int:
     """The longest cache (tokens per request slot, a multiple of ``page_size``, at most
     ``most``) whose bf16 K and V for ``slots`` slots over ``layers`` layers fit ``budget``
     bytes (``value_dim``: V's head dim where it is not K's, as in MLA); refused
-    (:class:`CaseDoesNotFit`) where not even ``longest`` new tokens and one token of
-    context fit."""
+    (:class:`CaseDoesNotFit`, with ``fix``) where not even ``longest`` new tokens and one
+    token of context fit."""
     per_token = slots * layers * kv_heads * (head_dim + (value_dim or head_dim)) * 2  # K and V, bf16
     seqlen = min(most, budget // per_token) // page_size * page_size
     if seqlen <= longest:
@@ -823,7 +824,7 @@ def fit_seqlen(
             f"its KV cache ({slots} slots x {layers} layers) needs {need / MiB:.0f} MiB at the shortest "
             f"cache ({longest + 1} tokens); {KV_SHARE:.0%} of the device's free memory is {budget / MiB:.0f} MiB",
             where="bench.harness.case_target",
-            fix="run it on a device with more memory, or with fewer layers (--layers)",
+            fix=fix,
         )
     return seqlen
 
@@ -912,7 +913,14 @@ def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None,
     from capture_plan.adapters.hf import HFTarget
 
     cfg = hf_config(case, **config)
-    seqlen = fit_seqlen(budget=budget, slots=max_bs, longest=1, most=HF_MAX_SEQLEN, **hf_kv_shape(cfg))
+    seqlen = fit_seqlen(
+        budget=budget,
+        slots=max_bs,
+        longest=1,
+        most=HF_MAX_SEQLEN,
+        fix="run it on a device with more memory",  # the transformers cases' layers are their config's
+        **hf_kv_shape(cfg),
+    )
     cfg._attn_implementation = HF_ARCHS[case][2]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()

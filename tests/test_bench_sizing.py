@@ -153,6 +153,7 @@ def test_the_models_bench_sizes_each_architecture_from_the_free_memory(hf_device
     hf_device(16 * 2**20)
     target, why = mb.build_target("llama", 256)
     assert target is None and why.startswith("llama does not fit this device: ")
+    assert why.endswith("; fix: run it on a device with more memory")  # models_bench has no --layers
 
 
 def test_a_skipped_architecture_is_a_row_of_the_table_with_its_reason():
