@@ -19,6 +19,9 @@ Cases (random weights, no download):
   mixtral      a transformers Mixtral (MoE, top-2 of 8 experts)
   deepseek_v3  a transformers DeepSeek-V3 (MLA attention, routed and shared experts)
 
+A case's model is sized for the device (``bench.harness.case_target``); a case that does
+not fit is skipped, saying why (``skipped``, on the summary line).
+
 Run: python -m bench.adoption_bench [--cases reference,eagle,...] [--out DIR] [--overwrite]
 Writes bench/results/adoption-<date>.json (the harness's header, per case) and
 prints a one-line summary last.
@@ -36,7 +39,7 @@ from bench.harness import (
     add_out_dir,
     add_overwrite,
     case_options,
-    case_target,
+    fitted_target,
     header,
     main_exit,
     result_file,
@@ -162,7 +165,9 @@ def child(case: str) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         plan = build_plan(case_options(case, Path(tmp), **HF_CONFIG))
-    target = case_target(case, plan, **HF_CONFIG)
+    target, why = fitted_target(case, plan, **HF_CONFIG)
+    if why:
+        return dict(skipped=why)
     device = torch.device("cuda", torch.cuda.current_device())
     for p in plan.phases:  # the engine ran its model eagerly before capture (module loading, cuBLAS)
         target.run(p.name, min(p.sizes), None)
@@ -214,10 +219,20 @@ def main() -> None:
             json.loads(line[7:]) if line else dict(error=f"exit {r.returncode}", output=(r.stdout + r.stderr)[-3000:])
         )
         path = out.write(res)  # after every case: a later crash loses nothing
+    rows = case_rows(res["cases"])
+    print("\n".join(rows))
+    print(f"SUMMARY {path.name}: " + "; ".join(rows))
+
+
+def case_rows(cases: dict) -> list[str]:
+    """One line per case: its figures, its error, or why it was skipped on this device."""
     rows = []
-    for case, c in res["cases"].items():
+    for case, c in cases.items():
         if "error" in c:
             rows.append(f"{case}: {c['error']}")
+            continue
+        if "skipped" in c:
+            rows.append(f"{case}: SKIPPED: {c['skipped']}")
             continue
         eq = all(c["equal"].values())
         rows.append(
@@ -226,8 +241,7 @@ def main() -> None:
             f"{c['capture_again']['seconds']:.2f}/{c['engine_loop']['seconds']:.2f} s, verify "
             f"{c['capture']['verify_faults']}/{c['engine_loop']['verify_faults']} faults"
         )
-    print("\n".join(rows))
-    print(f"SUMMARY {path.name}: " + "; ".join(rows))
+    return rows
 
 
 if __name__ == "__main__":

@@ -13,7 +13,12 @@ replay compared with the eager run; for the executor also the analytic and
 trace-driven predictions and verify(); and the host overhead of
 GraphSet.replay over a bare CUDAGraph.replay on a tiny graph.
 
-Writes JSON (with date and device) to --out (default bench/results/).
+The model is the harness's "reference" case (``bench.harness.case_target``) for the plan's
+largest size: its KV cache length is sized for the device's free memory (recorded as
+``max_seqlen``); where not even the shortest cache fits, the run records and prints why
+(``skipped``) and measures nothing.
+
+Writes JSON (with date and device) to --out (default bench/results/) and prints SUMMARY last.
 Run: python -m bench.capture_bench [--layers 32] [--plan plans/fa3-ci.json]
 """
 
@@ -35,6 +40,7 @@ from bench.harness import (
     add_overwrite,
     check_loop,
     engine_loop,
+    fitted_target,
     header,
     largest_first,
     main_exit,
@@ -43,8 +49,13 @@ from bench.harness import (
 )
 from capture_plan.executor import capture, load_plan, profile, verify, write_trace
 from capture_plan.executor.pool import pool_reserved
-from capture_plan.references.decode import ReferenceConfig, ReferenceModel
-from capture_plan.schemas.spec import Model
+
+
+def build_target(plan, layers: int):
+    """The bench's model: the harness's "reference" case at the largest size of ``plan``'s
+    first phase, sized for this device (``bench.harness.fitted_target``): ``(model, None)``,
+    or ``(None, why)`` where it does not fit."""
+    return fitted_target("reference", plan, layers, max_bs=max(plan.phases[0].sizes))
 
 
 class Tiny:
@@ -111,17 +122,16 @@ def main() -> None:
     out = result_file(args, "capture", res["date"], f"{args.layers}l")
     plan = load_plan(args.plan)
     sizes = plan.phases[0].sizes
-    cfg = ReferenceConfig(model=Model(layers=args.layers), max_bs=max(sizes))
-    model = ReferenceModel(cfg)
+    res.update(layers=args.layers, sizes=len(sizes), plan=Path(args.plan).name, plan_digest=plan.digest)
+    model, why = build_target(plan, args.layers)
+    if why:  # nothing here runs without the model: the run says why and records it
+        res["skipped"] = why
+        out.write(res)
+        print(f"SUMMARY SKIPPED: {why}")
+        return
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
-    res.update(
-        attention=model.backend,
-        layers=args.layers,
-        sizes=len(sizes),
-        plan=Path(args.plan).name,
-        plan_digest=plan.digest,
-    )
+    res.update(attention=model.backend, max_seqlen=model.cfg.max_seqlen)
 
     # warm every kernel once so the first variant does not pay lazy initialisation
     model.run("decode", max(sizes), None)
@@ -187,7 +197,8 @@ def main() -> None:
     out.write(res)
     print(json.dumps(res, indent=2, sort_keys=True))
     print(
-        f"SUMMARY pool MiB: sglang {base['pool_mib']:.0f}, ascending {res['ascending']['pool_mib']:.0f}, "
+        f"SUMMARY max_seqlen {res['max_seqlen']}; pool MiB: sglang {base['pool_mib']:.0f}, "
+        f"ascending {res['ascending']['pool_mib']:.0f}, "
         f"executor {res['executor']['pool_mib']:.0f} (alone {res['alone']['pool_mib']:.0f}); capture s: "
         f"sglang {base['capture_s']:.2f}, executor {res['executor']['capture_s']:.2f}; "
         f"pred err analytic {res['executor']['analytic_error']:+.1%} trace {res['executor']['trace_error']:+.1%}; "

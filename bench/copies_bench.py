@@ -16,6 +16,9 @@ allocator (both ways must take the same: the prediction's figure); per process, 
 waits for it too). The ways alternate,
 ``--repeat`` times each, so that a machine's drift falls on both.
 
+A case's model is sized for the device (``bench.harness.case_target``); a case that does not
+fit is skipped, saying why (``skipped``, on the summary line).
+
 Writes bench/results/copies-<date>[-tag].json; prints one line per process and a summary line
 last. Run: python -m bench.copies_bench [--cases reference,eagle] [--repeat 3]
 """
@@ -34,7 +37,7 @@ from bench.harness import (
     add_out_dir,
     add_overwrite,
     case_options,
-    case_target,
+    fitted_target,
     header,
     main_exit,
     result_file,
@@ -54,7 +57,9 @@ def child(case: str, way: str) -> dict:
     from capture_plan.planner import build_plan
 
     plan = build_plan(case_options(case, Path(tempfile.mkdtemp())))
-    target = case_target(case, plan)
+    target, why = fitted_target(case, plan)
+    if why:
+        return {"case": case, "way": way, "skipped": why}
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     for p in plan.phases:
@@ -125,12 +130,17 @@ def main() -> None:
                     continue
                 r = json.loads(lines[-1][7:])
                 runs[way].append(r)
+                if "skipped" in r:
+                    print(f"{case}/{way}: SKIPPED: {r['skipped']}", flush=True)
+                    continue
                 took = sum(ph["took_bytes"] for ph in r["phases"].values())
                 print(
                     f"{case}/{way}: {r['seconds']:.3f} s, {took / MiB:.0f} MiB, "
                     f"destroyed in {r['destroy_seconds']:.3f} s",
                     flush=True,
                 )
+            if any("skipped" in r for rs in runs.values() for r in rs):
+                break  # the case does not fit this device: another process would not either
         res["cases"][case] = runs
         path.write(res)
     print(f"wrote {path.path}")
@@ -139,7 +149,10 @@ def main() -> None:
 
 def summary(case: str, runs: dict[str, list]) -> str:
     """The median seconds of each way, their ratio, and whether every process of either way
-    took the same driver memory per phase."""
+    took the same driver memory per phase; or why the case was skipped on this device."""
+    skipped = next((r["skipped"] for rs in runs.values() for r in rs if "skipped" in r), None)
+    if skipped:
+        return f"{case}: SKIPPED: {skipped}"
     ok = {w: [r for r in rs if "phases" in r] for w, rs in runs.items()}
     if not all(ok.values()):
         return f"{case}: a way failed in every process"

@@ -14,6 +14,9 @@ every size is captured again (what the second round takes). The per-node
 figure, the instantiations' driver bytes over their nodes, is what
 ``planner/data/devices.toml [graph_exec_per_node]`` lists.
 
+A case's model is sized for the device (``bench.harness.case_target``); a case that does
+not fit is skipped, saying why (``skipped``, on its line and the summary's).
+
 Writes bench/results/graph-exec-<date>.json; prints one line per case and a
 summary line last.
 Run: python -m bench.graph_exec_bench [--cases reference,llama,...]
@@ -31,8 +34,8 @@ from bench.harness import (
     add_out_dir,
     add_overwrite,
     case_options,
-    case_target,
     engine_loop,
+    fitted_target,
     free_bytes,
     header,
     main_exit,
@@ -50,7 +53,9 @@ def child(case: str) -> dict:
     from capture_plan.planner import build_plan
 
     plan = build_plan(case_options(case, Path(tempfile.mkdtemp())))
-    target = case_target(case, plan)
+    target, why = fitted_target(case, plan)
+    if why:
+        return {"case": case, "skipped": why}
     phase = plan.phases[0]
     sizes = sorted(phase.sizes, reverse=True)
     gen = torch.Generator(device="cuda")
@@ -102,6 +107,10 @@ def main() -> None:
             print(f"{case}: FAILED\n{res['cases'][case]['error']}", flush=True)
             continue
         r = res["cases"][case] = json.loads(lines[-1][7:])
+        path.write(res)
+        if "skipped" in r:
+            print(f"{case}: SKIPPED: {r['skipped']}", flush=True)
+            continue
         print(
             f"{case}: {r['graphs']} graphs {r['nodes']} nodes: instantiations {r['instantiate_bytes'] / MiB:.0f} MiB "
             f"({r['bytes_per_node']:.0f} B/node), recordings {r['record_bytes'] / MiB:.0f} MiB, "
@@ -109,16 +118,23 @@ def main() -> None:
             f"second round {r['second_round_bytes'] / MiB:.0f} MiB",
             flush=True,
         )
-        path.write(res)
+    print(f"wrote {path.path}")
+    print(summary(res))
+
+
+def summary(res: dict) -> str:
+    """The SUMMARY line: bytes per node over the cases that counted nodes, and each case
+    skipped on this device with its reason."""
     ok = [r for r in res["cases"].values() if r.get("nodes")]
     total_b, total_n = sum(r["instantiate_bytes"] for r in ok), sum(r["nodes"] for r in ok)
-    print(f"wrote {path.path}")
     each = ", ".join(f"{r['case']} {r['bytes_per_node']:.0f}" for r in ok)
-    print(
+    skipped = "".join(f"; {c} SKIPPED: {r['skipped']}" for c, r in res["cases"].items() if "skipped" in r)
+    counted = (
         f"SUMMARY {len(ok)} cases: {total_b / total_n:.0f} B per node over {total_n} nodes (per case {each})"
         if total_n
         else "SUMMARY no case counted nodes"
     )
+    return counted + skipped
 
 
 if __name__ == "__main__":

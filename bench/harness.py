@@ -785,10 +785,10 @@ def eagle_config(layers: int, max_bs: int):
 
 
 #: the share of the device's free memory (``torch.cuda.mem_get_info``, before the model is
-#: built) the reference cases' KV caches may take: the weights (about 16 GiB at 32 layers),
-#: the activations and the graphs a bench captures take the rest. The reference models keep
-#: a cache row per request slot, so EAGLE's 1025 slots at 512 tokens (69 GiB) fit an H200
-#: and not an H100 80GB (issue 49, item 7)
+#: built) a bench case's KV cache may take (every case of :func:`case_target`): the weights
+#: (about 16 GiB at 32 layers), the activations and the graphs a bench captures take the
+#: rest. The reference models keep a cache row per request slot, so EAGLE's 1025 slots at
+#: 512 tokens (69 GiB) fit an H200 and not an H100 80GB (issue 49, item 7)
 KV_SHARE = 0.6
 #: the cache length of the reference cases where it fits (ReferenceConfig's default)
 REFERENCE_SEQLEN = 512
@@ -799,23 +799,63 @@ class CaseDoesNotFit(CapturePlanError):
 
 
 def fit_seqlen(
-    *, budget: int, slots: int, layers: int, kv_heads: int, head_dim: int, longest: int, page_size: int = 1
+    *,
+    budget: int,
+    slots: int,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    longest: int,
+    page_size: int = 1,
+    most: int = REFERENCE_SEQLEN,
+    value_dim: int | None = None,
+    fix: str = "run it on a device with more memory, or with fewer layers (--layers)",
 ) -> int:
     """The longest cache (tokens per request slot, a multiple of ``page_size``, at most
-    :data:`REFERENCE_SEQLEN`) whose bf16 K and V for ``slots`` slots over ``layers`` layers
-    fit ``budget`` bytes; refused (:class:`CaseDoesNotFit`) where not even ``longest`` new
-    tokens and one token of context fit."""
-    per_token = slots * layers * 2 * kv_heads * head_dim * 2  # K and V, bf16
-    seqlen = min(REFERENCE_SEQLEN, budget // per_token) // page_size * page_size
+    ``most``) whose bf16 K and V for ``slots`` slots over ``layers`` layers fit ``budget``
+    bytes (``value_dim``: V's head dim where it is not K's, as in MLA); refused
+    (:class:`CaseDoesNotFit`, with ``fix``) where not even ``longest`` new tokens and one
+    token of context fit."""
+    per_token = slots * layers * kv_heads * (head_dim + (value_dim or head_dim)) * 2  # K and V, bf16
+    seqlen = min(most, budget // per_token) // page_size * page_size
     if seqlen <= longest:
         need = (longest + page_size) // page_size * page_size * per_token
         raise CaseDoesNotFit(
             f"its KV cache ({slots} slots x {layers} layers) needs {need / MiB:.0f} MiB at the shortest "
             f"cache ({longest + 1} tokens); {KV_SHARE:.0%} of the device's free memory is {budget / MiB:.0f} MiB",
             where="bench.harness.case_target",
-            fix="run it on a device with more memory, or with fewer layers (--layers)",
+            fix=fix,
         )
     return seqlen
+
+
+def hf_kv_shape(cfg) -> dict[str, int]:
+    """The KV cache shape of a transformers config as ``HFTarget``'s static cache holds it,
+    for :func:`fit_seqlen`: layers, K/V heads, K's head dim and V's. MLA (``kv_lora_rank``)
+    caches its compressed latent as one head, ``kv_lora_rank`` wide in the keys and
+    ``qk_rope_head_dim`` in the values (``HFTarget._allocate_cache``); tests/test_bench_sizing.py
+    checks the shape against the cache ``HFTarget`` allocates for every :data:`HF_ARCHS` case."""
+    cfg = cfg.get_text_config(decoder=True)
+    if getattr(cfg, "kv_lora_rank", None):
+        return {
+            "layers": cfg.num_hidden_layers,
+            "kv_heads": 1,
+            "head_dim": cfg.kv_lora_rank,
+            "value_dim": cfg.qk_rope_head_dim,
+        }
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return {
+        "layers": cfg.num_hidden_layers,
+        "kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
+        "value_dim": head_dim,
+    }
+
+
+def does_not_fit(case: str, err: CaseDoesNotFit) -> str:
+    """The line a bench prints and records for a case it skips on this device."""
+    return f"{case} does not fit this device: {err}"
 
 
 def kv_budget() -> int:
@@ -827,23 +867,26 @@ def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None,
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
     decode step or the speculative reference (``layers`` layers), or the transformers
     model of :data:`HF_ARCHS` (``config`` on top, its attention implementation) in
-    ``HFTarget``; sized for ``max_bs`` requests (default: the plan's largest size). The
-    reference models' cache length is sized for the device (:func:`fit_seqlen` within
-    :func:`kv_budget`: :data:`REFERENCE_SEQLEN` where it fits, read back from the target's
-    ``cfg.max_seqlen``); a case that cannot fit raises :class:`CaseDoesNotFit`."""
+    ``HFTarget``; sized for ``max_bs`` requests (default: the plan's largest size). Every
+    case's cache length is sized for the device by :func:`fit_seqlen` within
+    :func:`kv_budget`, read before the model is built: :data:`REFERENCE_SEQLEN` (the
+    reference models) or :data:`HF_MAX_SEQLEN` (transformers) where it fits, shorter where
+    not, read back from the target (``cfg.max_seqlen``, ``max_seqlen``); a case that cannot
+    fit raises :class:`CaseDoesNotFit` before anything is allocated."""
     import torch
 
     from capture_plan.schemas.spec import Model
 
     if max_bs is None:
         max_bs = max(max(p.sizes) for p in plan.phases)
+    budget = kv_budget()
     model = Model(layers=layers)
     if case == "reference":
         from capture_plan.references.decode import ReferenceConfig, ReferenceModel
 
         cfg = ReferenceConfig(model=model, max_bs=max_bs)
         seqlen = fit_seqlen(
-            budget=kv_budget(),
+            budget=budget,
             slots=max_bs,
             layers=layers,
             kv_heads=model.kv_heads,
@@ -856,7 +899,7 @@ def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None,
 
         cfg = eagle_config(layers, max_bs)
         seqlen = fit_seqlen(
-            budget=kv_budget(),
+            budget=budget,
             slots=max_bs + 1,  # SpeculativeModel's padding row
             layers=layers + cfg.draft_layers,
             kv_heads=model.kv_heads,
@@ -870,10 +913,28 @@ def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None,
     from capture_plan.adapters.hf import HFTarget
 
     cfg = hf_config(case, **config)
+    seqlen = fit_seqlen(
+        budget=budget,
+        slots=max_bs,
+        longest=1,
+        most=HF_MAX_SEQLEN,
+        fix="run it on a device with more memory",  # the transformers cases' layers are their config's
+        **hf_kv_shape(cfg),
+    )
     cfg._attn_implementation = HF_ARCHS[case][2]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
-    return HFTarget(model, max_bs=max_bs, max_seqlen=HF_MAX_SEQLEN)
+    return HFTarget(model, max_bs=max_bs, max_seqlen=seqlen)
+
+
+def fitted_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None, **config):
+    """:func:`case_target`, or ``(None, why)`` where the case does not fit this device
+    (:func:`does_not_fit`'s line): ``(target, None)`` otherwise. For a bench that skips
+    the parts needing the model, saying why, and runs the rest."""
+    try:
+        return case_target(case, plan, layers, max_bs=max_bs, **config), None
+    except CaseDoesNotFit as err:
+        return None, does_not_fit(case, err)
 
 
 def _claim_main() -> None:

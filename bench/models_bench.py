@@ -29,6 +29,11 @@ starts, so it needs its own process), planned with ``allocator =
 plus the large-pool need of batch 256 (see README, "Measured"), which
 expandable segments do not split into 2 and 20 MiB segments.
 
+Each model is the harness's case of its name (``bench.harness.case_target``): its static
+KV cache length is sized for the device's free memory (``bench.harness.HF_MAX_SEQLEN``
+where it fits, recorded per architecture as ``max_seqlen``); an architecture whose
+shortest cache does not fit is skipped, saying why (``skipped``).
+
 Writes JSON (date, device, versions, per architecture) to --out and prints a
 markdown table and a one-line summary last.
 Run: python -m bench.models_bench --out bench/results/models-DATE.json
@@ -49,14 +54,15 @@ from torch.nn.attention import SDPBackend
 
 from bench.harness import (
     HF_ARCHS,
+    HF_MAX_SEQLEN,
     RESULTS,
     MiB,
     ResultFile,
     add_overwrite,
     check_loop,
     engine_loop,
+    fitted_target,
     header,
-    hf_config,
     largest_first,
     main_exit,
     refuse_dirty,
@@ -65,27 +71,20 @@ from bench.harness import (
     result_path,
     run_module,
 )
-from capture_plan.adapters.hf import HFTarget
 from capture_plan.executor import capture, profile, verify, write_trace
 from capture_plan.executor.pool import pool_reserved
 from capture_plan.planner import BuildOptions, build_plan
 from capture_plan.planner.inputs.specs import sgl_sizes
 
-MAX_SEQLEN = 256
-
 #: the architectures benchmarked (bench.harness.HF_ARCHS: config, attention implementation)
 ARCHS = ("llama", "mixtral", "qwen2_moe", "gemma2")
 
 
-def build_model(name: str):
-    import transformers
-
-    cfg = hf_config(name, max_position_embeddings=4096)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        cfg, dtype=torch.bfloat16, attn_implementation=HF_ARCHS[name][2]
-    )
-    return model.to("cuda").eval(), cfg
+def build_target(name: str, max_bs: int):
+    """The ``HFTarget`` of architecture ``name`` for ``max_bs`` requests, the harness's case
+    (4096 positions), sized for this device (``bench.harness.fitted_target``):
+    ``(target, None)``, or ``(None, why)`` where it does not fit."""
+    return fitted_target(name, None, max_bs=max_bs, max_position_embeddings=4096)
 
 
 def write_spec(d: Path, cfg, sizes, allocator: str = "native") -> Path:
@@ -185,13 +184,17 @@ def step_errors(plan, report) -> dict:
 
 
 def bench_arch(name: str, sizes, tmp: Path, allocator: str = "native", attention: bool = True) -> dict:
-    model, cfg = build_model(name)
-    target = HFTarget(model, max_bs=max(sizes), max_seqlen=MAX_SEQLEN)
+    target, why = build_target(name, max(sizes))
+    if why:
+        return {"skipped": why}
+    model = target.model
+    cfg = model.config
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     res: dict = {
         "config": dict(HF_ARCHS[name][1]),
         "attention": HF_ARCHS[name][2],
+        "max_seqlen": target.max_seqlen,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
     t_arch = time.perf_counter()
@@ -294,6 +297,9 @@ def table(archs: dict) -> str:
         if "error" in r:
             rows.append(f"| {name} | failed: {r['error'][:60]} | | | | | |")
             continue
+        if "skipped" in r:
+            rows.append(f"| {name} | skipped: {r['skipped']} | | | | | |")
+            continue
         e, lp = r["executor"], r["loop"]
         att = r.get("attention_check")
         sdpa = (
@@ -350,7 +356,7 @@ def main() -> None:
         cudnn=torch.backends.cudnn.version(),
         allocator=args.allocator,
         sizes=sizes,
-        max_seqlen=MAX_SEQLEN,
+        max_seqlen=HF_MAX_SEQLEN,  # the most: each architecture's own is its "max_seqlen"
         archs={},
     )
     for name in args.archs.split(","):
@@ -367,7 +373,8 @@ def main() -> None:
         for name in [n for n in args.expandable_archs.split(",") if n in args.archs.split(",")]:
             res["archs"][f"{name}@expandable"] = expandable_child(name)
     res["seconds"] = time.perf_counter() - t0
-    ok = {n: r for n, r in res["archs"].items() if "error" not in r}
+    ok = {n: r for n, r in res["archs"].items() if "error" not in r and "skipped" not in r}
+    skipped = {n: r["skipped"] for n, r in res["archs"].items() if "skipped" in r}
     res["targets"] = {
         "few_size_within_2pct_every_step": all(r["executor"]["max_abs_error"] <= 0.02 for r in ok.values()),
         "executor_within_1.05x_alone": all(r["ratios"]["executor_vs_alone"] <= 1.05 for r in ok.values()),
@@ -396,7 +403,9 @@ def main() -> None:
         f"{ee['pinned']} eager != eager (of {sum(a['pinned']['replays'] for a in att)} each)"
     )
     print(
-        f"SUMMARY {len(ok)}/{len(res['archs'])} architectures in {res['seconds']:.0f} s; few-size prediction worst "
+        f"SUMMARY {len(ok)}/{len(res['archs'])} architectures in {res['seconds']:.0f} s"
+        + "".join(f"; {n} SKIPPED: {why}" for n, why in skipped.items())
+        + f"; few-size prediction worst "
         f"step error {worst:.2%}; executor pool <= {alone:.3f}x largest graph alone; verify faults "
         f"{sum(r['verify']['faults'] for r in ok.values())}; targets {res['targets']}; wrote {out}"
     )

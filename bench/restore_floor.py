@@ -21,6 +21,9 @@ an engine has it before capture (``device_bench.ready_target``), then:
   save      the graph file (``capture_plan.executor.graph_file.save_graphs``): its size, the
             seconds to write it, what ``check_valid`` refuses in the saving process itself
 
+A case's model is sized for the device (``bench.harness.case_target``); a case that does
+not fit is skipped, saying why (``skipped``, on its line and the summary's).
+
 Writes JSON (the harness's header) to --out and prints one line per case, then a
 one-line summary last.
 Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--tag T] [--out DIR]
@@ -37,10 +40,12 @@ import traceback
 from pathlib import Path
 
 from bench.harness import (
+    CaseDoesNotFit,
     add_layers,
     add_out_dir,
     add_overwrite,
     case_options,
+    does_not_fit,
     header,
     main_exit,
     result_file,
@@ -61,7 +66,12 @@ def child(case: str, layers: int, save: bool) -> dict:
 
     folder = Path(tempfile.mkdtemp())
     plan = build_plan(case_options(case, folder))
-    target = ready_target(case, plan, layers)
+    try:
+        target = ready_target(case, plan, layers)
+    except CaseDoesNotFit as err:
+        out = {"case": case, "skipped": does_not_fit(case, err)}
+        out["summary"] = f"{case}: SKIPPED: {out['skipped']}"
+        return out
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     gs = capture(plan, target, progress=False)
@@ -124,6 +134,9 @@ def summary(res: dict) -> str:
     for case, row in res["cases"].items():
         if "error" in row:
             parts.append(f"{case} FAILED")
+            continue
+        if "skipped" in row:
+            parts.append(f"{case} SKIPPED: {row['skipped']}")
             continue
         a = row["probe"]["addresses"]
         s = row.get("save", {})

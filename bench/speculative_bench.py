@@ -24,8 +24,14 @@ every check. Then the planted bugs: each caught
 (graph, address range, bytes) at several sizes, also under smallest-first
 order; the wild write in subprocesses (it kills the CUDA context).
 
-Writes JSON (date, device) to --out; prints SUMMARY last.
-Run: python -m bench.speculative_bench [--layers 32] [--out bench/results]
+The target is the harness's "eagle" case (``bench.harness.case_target``): its KV cache
+length is sized for the device's free memory (512 tokens where it fits, as on an H200 or
+an H100 80GB at 32 layers; shorter on a smaller card; recorded as ``max_seqlen``); where
+not even the shortest cache fits, the parts that need the target are skipped, saying why
+(``skipped``), and the planted bugs (a small model of their own) still run.
+
+Writes JSON (date, device) to --out; prints SUMMARY last (what ran, where parts were skipped).
+Run: python -m bench.speculative_bench [--layers 32] [--skip PARTS] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ from bench.harness import (
     add_out_dir,
     add_overwrite,
     check_loop,
+    eagle_config,
     engine_loop,
+    fitted_target,
     header,
     main_exit,
     release,
@@ -56,11 +64,18 @@ from capture_plan.executor import capture, load_plan, profile, verify, write_tra
 from capture_plan.executor.pool import pool_reserved
 from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 from capture_plan.references.planted import planted_run, spec_toml
-from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
-from capture_plan.schemas.spec import Model
 
 MULTI_TOKEN = ("target_verify", "draft_extend")
 PARTS = ("loop", "gate", "executor", "timing", "bugs", "wild")
+#: the parts that run the target model (the others build a small model of their own)
+MODEL_PARTS = frozenset({"loop", "gate", "executor", "timing"})
+
+
+def build_target(plan, layers: int):
+    """The bench's target: the harness's "eagle" case for ``plan`` (its largest size),
+    sized for this device (``bench.harness.fitted_target``): ``(model, None)``, or
+    ``(None, why)`` where it does not fit."""
+    return fitted_target("eagle", plan, layers)
 
 
 def _order(sizes: dict, phases: list[str], ascending: dict) -> list[tuple[str, list[int]]]:
@@ -257,27 +272,24 @@ def main() -> None:
     ref = load_plan(ci_path)
     sizes = {p.name: sorted(p.sizes) for p in ref.phases}
     draft = next(p for p in ref.phases if p.kind == "draft_decode")
-    steps_topk = (3, 1)
-    shape = Model(layers=args.layers)
-    need_model = not {"loop", "gate", "executor", "timing"} <= skip
-    model = (
-        SpeculativeModel(
-            SpeculativeConfig(
-                model=shape, max_bs=max(max(s) for s in sizes.values()), num_steps=steps_topk[0], topk=steps_topk[1]
-            )
-        )
-        if need_model
-        else None
-    )
+    cfg = eagle_config(args.layers, max(max(s) for s in sizes.values()))
+    need_model = not MODEL_PARTS <= skip
+    model, why = build_target(ref, args.layers) if need_model else (None, None)
+    if why:  # the parts that need the target are skipped on this device, saying why
+        res["skipped"] = why
+        skip |= MODEL_PARTS
+        need_model = False
+        print(f"SKIPPED {', '.join(p for p in PARTS if p in MODEL_PARTS)}: {why}", flush=True)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     res.update(
         attention=model.backend if model else None,
         layers=args.layers,
-        draft_layers=1,
-        num_steps=steps_topk[0],
-        topk=steps_topk[1],
-        page_size=1,
+        draft_layers=cfg.draft_layers,
+        num_steps=cfg.num_steps,
+        topk=cfg.topk,
+        page_size=cfg.page_size,
+        max_seqlen=model.cfg.max_seqlen if model else None,
         sizes_per_phase={k: len(v) for k, v in sizes.items()},
         draft_phase=draft.name,
     )
@@ -335,6 +347,20 @@ def main() -> None:
 
     save()
     print(json.dumps(res, indent=2, sort_keys=True)[:6000])
+    tm = res.get("timing")
+    if tm:
+        print(
+            "TIMING median capture s "
+            + ", ".join(f"{k} {v:.2f} ({tm['ratio_to_loop'][k]:.2f}x)" for k, v in tm["median_s"].items())
+            + f" over {tm['repeats']} rounds"
+        )
+    print(summary(res))
+
+
+def summary(res: dict) -> str:
+    """The SUMMARY line: the loop against the executor where both ran, else what each part
+    that ran measured; the target's cache length, and the reason where its parts were
+    skipped on this device."""
     ex = res.get("fa3-eagle-ci.json", {})
     loop = res.get("loop", {})
     fl = sum(res.get("floors_mib", {}).values())
@@ -344,24 +370,36 @@ def main() -> None:
         for v in res.get("wild", {}).values()
         if v["exit"] == 3 and "context is lost" in v["line"] and "compute-sanitizer" in v["line"]
     )
-    tm = res.get("timing")
-    if tm:
-        print(
-            "TIMING median capture s "
-            + ", ".join(f"{k} {v:.2f} ({tm['ratio_to_loop'][k]:.2f}x)" for k, v in tm["median_s"].items())
-            + f" over {tm['repeats']} rounds"
-        )
+    target = f"SKIPPED ({res['skipped']})" if "skipped" in res else f"max_seqlen {res.get('max_seqlen')}"
+    bugs = f"bugs: faults by check {caught}; wild named {wild_ok}/{len(res.get('wild', {}))}"
     if ex and loop:
-        print(
-            f"SUMMARY pool MiB: loop {loop['pool_mib']:.0f} (oom at {loop['oom_at']}), gate "
+        return (
+            f"SUMMARY target {target}; pool MiB: loop {loop['pool_mib']:.0f} (oom at {loop['oom_at']}), gate "
             f"{res.get('gate', {}).get('pool_mib', float('nan')):.0f}, executor(ci) {ex['pool_mib']:.0f} "
             f"(floors {fl:.0f}: {ex['pool_mib'] / fl:.3f}x; {ex['pool_mib'] / loop['pool_mib']:.3f}x of loop); "
             f"capture s: loop {loop['capture_s']:.2f}, executor {ex['capture_s']:.2f} "
             f"({ex['capture_s'] / loop['capture_s']:.2f}x); pred err analytic {ex['analytic_error']:+.2%} "
             f"trace {ex['trace']['error']:+.2%}; replays bad: loop {loop['replays_not_equal_eager']}, "
-            f"executor {ex['replays_not_equal_eager']}/{ex['replays']}; verify faults {ex['verify_faults']}; "
-            f"bugs: faults by check {caught}; wild named {wild_ok}/{len(res.get('wild', {}))}"
+            f"executor {ex['replays_not_equal_eager']}/{ex['replays']}; verify faults {ex['verify_faults']}; {bugs}"
         )
+    ran = [f"target {target}"]
+    if fl:
+        ran.append(f"floors {fl:.0f} MiB")
+    for name in ("loop", "gate"):
+        if name in res:
+            r = res[name]
+            ran.append(
+                f"{name} pool {r['pool_mib']:.0f} MiB (oom at {r['oom_at']}), {r['graphs']} graphs in "
+                f"{r['capture_s']:.2f} s, replays bad {r['replays_not_equal_eager']}"
+            )
+    if ex:
+        ran.append(
+            f"executor(ci) pool {ex['pool_mib']:.0f} MiB in {ex['capture_s']:.2f} s, pred err analytic "
+            f"{ex['analytic_error']:+.2%}, verify faults {ex['verify_faults']}"
+        )
+    if "bugs" in res or "wild" in res:
+        ran.append(bugs)
+    return "SUMMARY " + "; ".join(ran)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ speculative size list up to 256 (51 sizes, one decode phase):
               full ``gc.collect()`` is timed there too: what capture and
               release each paid before).
 
+The model is the harness's "reference" case (``bench.harness.case_target``) for 256
+requests: its KV cache length is sized for the device's free memory (recorded as
+``max_seqlen``); where not even the shortest cache fits, the run records and prints why
+(``skipped``) and measures nothing.
+
 Writes JSON (with date and device) to --out (a directory; default
 bench/results/) and prints a one-line summary last.
 Run: python -m bench.startup_bench [--layers 32] [--objects 10000000] [--out DIR]
@@ -44,6 +49,7 @@ from bench.harness import (
     add_out_dir,
     add_overwrite,
     engine_loop,
+    fitted_target,
     header,
     largest_first,
     main_exit,
@@ -51,11 +57,18 @@ from bench.harness import (
     result_file,
 )
 from capture_plan.executor import capture, load_plan, verify
-from capture_plan.references.decode import ReferenceConfig, ReferenceModel
-from capture_plan.schemas.spec import Model
 
 #: SGLang's capture sizes with speculative decoding, up to 256
 SPECULATIVE = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8)]
+#: the requests the model is sized for: the largest size of both plans
+MAX_BS = 256
+
+
+def build_target(layers: int):
+    """The bench's model: the harness's "reference" case for :data:`MAX_BS` requests,
+    sized for this device (``bench.harness.fitted_target``): ``(model, None)``, or
+    ``(None, why)`` where it does not fit."""
+    return fitted_target("reference", None, layers, max_bs=MAX_BS)
 
 
 def speculative_plan(layers: int):
@@ -175,15 +188,20 @@ def main() -> None:
     out = result_file(args, "startup", res["date"], f"{args.layers}l")
 
     plans = {"fa3-ci": load_plan(args.plan), "speculative-51": speculative_plan(args.layers)}
-    model = ReferenceModel(ReferenceConfig(model=Model(layers=args.layers), max_bs=256))
     res.update(
         python=sys.version.split()[0],
-        attention=model.backend,
         layers=args.layers,
         objects=args.objects,
         plans={k: {"sizes": len(p.phases[0].sizes), "digest": p.digest} for k, p in plans.items()},
     )
-    model.run("decode", 256, None)  # every kernel once: no variant pays lazy initialisation
+    model, why = build_target(args.layers)
+    if why:  # nothing here runs without the model: the run says why and records it
+        res["skipped"] = why
+        out.write(res)
+        print(f"SUMMARY SKIPPED: {why}")
+        return
+    res.update(attention=model.backend, max_seqlen=model.cfg.max_seqlen)
+    model.run("decode", MAX_BS, None)  # every kernel once: no variant pays lazy initialisation
     serve = torch.cuda.Stream()
     with torch.cuda.stream(serve):
         model.run("decode", 4, None)  # cuBLAS on the serving stream before any capture
@@ -252,7 +270,10 @@ def main() -> None:
             f"{b['checked']['not_equal_eager']}/{b['checked']['checked']} != eager, pool "
             f"{t['pool_mib']:.0f}/{b['foreground']['pool_mib']:.0f} MiB, {b['checked']['verify_faults']} fault(s)"
         )
-    print(f"SUMMARY objects {args.objects:,} (full gc {res['full_gc_s']:.2f} s); " + " | ".join(parts))
+    print(
+        f"SUMMARY max_seqlen {res['max_seqlen']}, objects {args.objects:,} (full gc {res['full_gc_s']:.2f} s); "
+        + " | ".join(parts)
+    )
 
 
 if __name__ == "__main__":
