@@ -568,3 +568,17 @@ def test_a_calibration_of_another_device_is_refused_with_a_fix_that_works(capsys
     other = ROOT / "plans/calibration/h200-fa3-eagle-ci.json"
     code, _, err = run(*_PLANNED, "--device", "H200", "--plan", str(PLAN), "--calibration", str(other), capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "not from" in err
+
+
+def test_a_model_no_single_change_fits_is_refused_with_a_fix_still(capsys, tmp_path):
+    """Found by the fuzz (seed 49, 5,000 examples, test_fuzz_fit_config): Qwen3-30B-A3B with a
+    mutated moe_intermediate_size of 26,962 holds ~1.9 TB of weights; no --tp its 32 heads
+    allow fits an H100, fit kept no fix, and the error line ended without one ("; fix: ")."""
+    config = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())
+    config["moe_intermediate_size"] = 26962
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, out, err = run("fit", "--model", str(path), "--device", "H100", "--engine", "vllm==0.34.0", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "the largest item is weights" in err
+    assert "; fix: none of fit's single changes fits" in err and "--device" in err
+    assert "fixes: none of fit's single changes fits" in out

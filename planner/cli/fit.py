@@ -107,4 +107,6 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
 
         click.echo(render(res), nl=False)
     if not res.fits:
-        raise InputError(f"does not fit: {res.overflow}", where=f"{res.device} x{res.tp}", fix=" or ".join(res.fixes))
+        from capture_plan.planner.fit.result import fix_text
+
+        raise InputError(f"does not fit: {res.overflow}", where=f"{res.device} x{res.tp}", fix=fix_text(res.fixes))

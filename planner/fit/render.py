@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from capture_plan.schemas.fit import FitResult
 
+from .result import NO_FIX
 from .tables import GiB
 
 __all__ = ["render"]
@@ -36,5 +37,5 @@ def render(r: FitResult) -> str:
         lines.append(f"sizes {c.name} ({len(c.sizes)}): graph {_gib(c.graph_bytes)}, costs {cost} KV tokens")
     lines += [f"note: {n}" for n in r.notes]
     if not r.fits:
-        lines.append(f"does not fit: {r.overflow}; fixes: {' | '.join(r.fixes)}")
+        lines.append(f"does not fit: {r.overflow}; fixes: {' | '.join(r.fixes) or NO_FIX}")
     return "\n".join(lines) + "\n"

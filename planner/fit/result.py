@@ -14,7 +14,27 @@ from . import estimate
 from .inputs import FitInputs
 from .model import replicated_bytes, weight_bytes
 
-__all__ = ["Kv", "Verdict", "FITS", "known", "device_total", "weights", "graph_memory", "fixes", "budget_fix", "result"]
+__all__ = [
+    "Kv",
+    "Verdict",
+    "FITS",
+    "NO_FIX",
+    "known",
+    "device_total",
+    "weights",
+    "graph_memory",
+    "fixes",
+    "fix_text",
+    "budget_fix",
+    "result",
+]
+
+#: what a does-not-fit says when none of the single changes :func:`fixes` proposes fits once
+#: applied (weights that no --tp the heads allow brings under the device)
+NO_FIX = (
+    "none of fit's single changes fits (a shorter max length, fp8 KV, --tp up to 64 where it divides the "
+    "heads): give a larger --device (planner/data/fit_devices.toml lists them) or a smaller model"
+)
 
 
 class Kv(msgspec.Struct, frozen=True):
@@ -120,6 +140,11 @@ def fixes(
         out.append(f"--tp {n}")
         n *= 2
     return out
+
+
+def fix_text(kept: list[str]) -> str:
+    """The fixes that fit (each a set of flags), joined for one error line; :data:`NO_FIX` when none does."""
+    return " or ".join(kept) or NO_FIX
 
 
 def budget_fix(flag: str, need: int, of: int) -> str:
