@@ -1,0 +1,190 @@
+"""A plan's graph memory in KV tokens (issue 52 item 3): ``planner build``/``planner sizes``
+``--engine ENGINE==VERSION`` (with ``--engine-flag NAME=VALUE``) price a plan built for a device
+by planner fit's rule for that release (planner/fit/kv_price.py), record it (``predicted.kv``),
+show what each chosen size costs in ``explain`` (graph-exec included, in KV tokens), choose sizes
+under a KV-token floor (``--min-kv-tokens``), and ``diff --fail-above-kv-tokens`` gates on it.
+
+Before: ``explain`` said each size "adds 0.0 MiB" (the pool's reuse), the size choice knew no
+token floor, and ``diff`` gated on bytes only."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from cli_inputs import one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAFFIC = ROOT / "tests" / "data" / "traffic-skewed.csv"
+H100 = "NVIDIA H100 80GB HBM3"
+ENGINE = ("--device", H100, "--engine", "vllm==0.34.0", "--engine-flag", "max-model-len=8192")
+AUTO = ("--sizes", "auto", "--traffic", str(TRAFFIC))
+
+
+def _plan(tmp_path: Path, name: str) -> dict:
+    return json.loads((tmp_path / name).read_text())
+
+
+def _fix_command(err: str) -> list[str]:
+    """The command a one-line error's fix names (between backticks), as argv after `planner`."""
+    cmd = err.split("`")[1]
+    argv = shlex.split(cmd)
+    assert argv[0] == "planner"
+    return argv[1:]
+
+
+def test_the_pricer_is_planner_fits_rule(tmp_path):
+    """The KV tokens a build records are planner fit's: with fit's own graph estimate of the
+    engine's default sizes as the graph figure, the pricer gives fit's tokens for that set."""
+    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.kv_price import KvPricer
+    from capture_plan.planner.fit.model import load_model
+
+    model = load_model("llama-3-8b")
+    flags = {"max-model-len": 8192}
+    for engine in ("vllm==0.34.0", "vllm==0.33.0", "vllm==0.25.0"):
+        res = fit(model, H100, engine, 1, flags)
+        pricer = KvPricer(model, H100, engine, 1, flags)
+        default = next(c for c in res.size_costs if c.name == "engine default")
+        none = next(c for c in res.size_costs if c.name == "none")
+        assert default.graph_bytes and pricer.tokens(default.graph_bytes) == default.kv_tokens, engine
+        assert pricer.none_tokens == none.kv_tokens
+    # 0.34 takes the graphs from free memory after capture: more graph memory, fewer tokens
+    after = KvPricer(model, H100, "vllm==0.34.0", 1, flags)
+    assert after.tokens(1 << 30) < after.tokens(0)
+
+
+def test_a_build_for_a_device_records_its_graphs_in_kv_tokens(cli, tmp_path):
+    code, out, err = cli("build", "-b", "fa3", *ENGINE, "-o", "kv.json")
+    assert (code, err) == (0, ""), err
+    kv = _plan(tmp_path, "kv.json")["predicted"]["kv"]
+    assert kv["engine"] == f"vllm==0.34.0 on {H100} (max-model-len=8192)"
+    assert "graph-exec included" in kv["graph"] and kv["graph_bytes"] > 0
+    assert 0 < kv["kv_tokens"] < kv["kv_tokens_without_graphs"]
+    code, out, err = cli("check", "kv.json")
+    assert code == 0 and "up to date" in out
+    # a build without --engine records none: every checked-in plan keeps its bytes
+    assert "kv" not in json.loads((ROOT / "plans" / "fa3.json").read_text())["predicted"]
+
+
+def test_explain_says_what_each_size_costs_on_the_device_and_in_tokens(cli, tmp_path):
+    code, out, err = cli("build", "-b", "fa3", *ENGINE, *AUTO, "--max-graphs", "9", "-o", "s.json")
+    assert code == 0, err
+    code, out, err = cli("explain", "s.json")
+    lines = [ln for ln in out.splitlines() if "it adds" in ln]
+    assert len(lines) == 9
+    for ln in lines:
+        # each graph's executable costs device memory the pool's reuse does not make nothing
+        assert "on the device (graph-exec included)" in ln and "KV tokens under vllm==0.34.0" in ln
+        device = float(ln.split("hoisted), ")[1].split(" MiB")[0])
+        assert device > 0
+    plan = _plan(tmp_path, "s.json")
+    choice = plan["predicted"]["sizes"][0]
+    assert choice["kv_tokens"] == plan["predicted"]["kv"]["kv_tokens"]
+    assert all(w["kv_tokens_without"] >= choice["kv_tokens"] for w in choice["sizes"])
+
+
+def test_the_checked_in_calibrated_plan_counts_graph_exec_per_size():
+    """plans/fa3-sizes-traffic-skewed-ci.json (calibrated on an H200, no engine): each size's
+    reason names its device cost, graph-exec included, where it said only "adds 0.0 MiB"."""
+    plan = json.loads((ROOT / "plans" / "fa3-sizes-traffic-skewed-ci.json").read_text())
+    whys = [d["why"] for d in plan["decisions"] if d["rule"].startswith("sizes-auto ")]
+    assert whys and all("on the device (graph-exec included)" in w for w in whys)
+    assert "KV tokens" not in " ".join(whys)  # no --engine: no tokens
+
+
+def _tokens(tmp_path: Path, name: str) -> int:
+    return _plan(tmp_path, name)["predicted"]["kv"]["kv_tokens"]
+
+
+def test_a_floor_chooses_fewer_sizes_and_one_no_list_meets_is_refused(cli, tmp_path):
+    assert cli("build", "-b", "fa3", *ENGINE, *AUTO, "-o", "all.json")[0] == 0
+    assert cli("build", "-b", "fa3", *ENGINE, *AUTO, "--max-graphs", "4", "-o", "four.json")[0] == 0
+    many, few = _tokens(tmp_path, "all.json"), _tokens(tmp_path, "four.json")
+    assert few > many
+    floor = many + (few - many) // 2
+    code, out, err = cli("build", "-b", "fa3", *ENGINE, *AUTO, "--min-kv-tokens", str(floor), "-o", "f.json")
+    assert code == 0, err
+    plan = _plan(tmp_path, "f.json")
+    assert plan["predicted"]["kv"]["kv_tokens"] >= floor
+    assert len(plan["phases"][0]["sizes"]) < len(_plan(tmp_path, "all.json")["phases"][0]["sizes"])
+    assert f"--min-kv-tokens {floor}" in plan["predicted"]["sizes"][0]["why"]
+    code, out, err = cli("check", "f.json")
+    assert code == 0, err
+    # no list leaves this many: one line naming the floor, what the best leaves and a command that passes
+    code, out, err = cli("build", "-b", "fa3", *ENGINE, *AUTO, "--min-kv-tokens", "10000000", "-o", "g.json")
+    line = one_line_error((code, out, err), "--min-kv-tokens 10000000", "below --min-kv-tokens 10,000,000")
+    assert "one size leaves" in line
+    assert cli(*_fix_command(line))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("--min-kv-tokens", "1000", *AUTO), ("--engine names none", "--min-kv-tokens 1000")),
+        (("--engine", "vllm==0.34.0"), ("names none", "--device")),
+        (("--engine-flag", "max-model-len=8192"), ("--engine names none",)),
+        (("--device", H100, "--engine", "vllm==0.34.0"), ("context length is not known", "max-model-len=8192")),
+    ],
+)
+def test_missing_kv_inputs_are_one_line_with_a_command_that_works(cli, args, needles):
+    code, out, err = cli("build", "-b", "fa3", *args, "-o", "m.json")
+    line = one_line_error((code, out, err), *needles)
+    assert cli(*_fix_command(line))[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--engine", "vllm==9.9.9"), "no modelled sizing rule"),
+        (("--engine-flag", "max-model-len"), "is not NAME=VALUE"),
+        (("--engine-flag", "no-such=1"), "has no flag 'no-such'"),
+        (("--engine-flag", "max-model-len=long"), "takes an integer"),
+        (("--engine-flag", "gpu-memory-utilization=1.5"), "must be in (0, 1]"),
+        (("--engine-flag", "cudagraph-capture-sizes=1,2"), "the plan's sizes say it here"),
+        (("--min-kv-tokens", "0", *AUTO), "must be 1.."),
+    ],
+)
+def test_bad_kv_options_are_one_line(cli, args, needle):
+    base = ["--device", H100, "--engine-flag", "max-model-len=8192"]
+    if args[0] != "--engine":
+        base += ["--engine", "vllm==0.34.0"]
+    one_line_error(cli("build", "-b", "fa3", *base, *args, "-o", "b.json"), needle)
+
+
+def test_planner_sizes_takes_the_floor(cli, tmp_path):
+    code, out, err = cli("sizes", "-b", "fa3", *ENGINE, "--traffic", str(TRAFFIC), "--min-kv-tokens", "10000000")
+    one_line_error((code, out, err), "below --min-kv-tokens 10,000,000")
+    code, out, err = cli("sizes", "-b", "fa3", *ENGINE, "--traffic", str(TRAFFIC), "--min-kv-tokens", "1000")
+    assert code == 0, err
+
+
+def test_diff_gates_on_kv_tokens(cli, tmp_path):
+    assert cli("build", "-b", "fa3", *ENGINE, *AUTO, "--max-graphs", "9", "-o", "d9.json")[0] == 0
+    assert cli("build", "-b", "fa3", *ENGINE, "-o", "d36.json")[0] == 0
+    cost = _tokens(tmp_path, "d9.json") - _tokens(tmp_path, "d36.json")
+    assert cost > 0
+    code, out, err = cli("diff", "d9.json", "d36.json", "--fail-above-kv-tokens", str(cost - 1))
+    line = one_line_error((code, out, err), "KV tokens under vllm==0.34.0", f"--fail-above-kv-tokens {cost - 1:,}")
+    assert f"({-cost:+,})" in line
+    code, out, err = cli("diff", "d9.json", "d36.json", "--fail-above-kv-tokens", str(cost))
+    assert code == 0 and f"gate: within --fail-above-kv-tokens {cost:,}: KV tokens under vllm==0.34.0" in out
+    # fewer sizes: more tokens, never a failure
+    assert cli("diff", "d36.json", "d9.json", "--fail-above-kv-tokens", "0")[0] == 0
+    code, out, err = cli("diff", "d9.json", "d36.json", "--fail-above-kv-tokens", "0", "-f", "markdown")
+    assert code == 1 and "**Over the limit**: KV tokens" in out
+
+
+def test_diff_kv_gate_bad_input_is_one_line(cli, tmp_path):
+    assert cli("build", "-b", "fa3", *ENGINE, "-o", "k.json")[0] == 0
+    one_line_error(cli("diff", "k.json", "k.json", "--fail-above-kv-tokens", "-5"), "is not a count of KV tokens")
+    one_line_error(cli("diff", "k.json", "k.json", "--fail-above-kv-tokens", "1.5"), "is not a count of KV tokens")
+    # a plan built without --engine: one line whose command builds one with it
+    assert cli("build", "-b", "fa3", "-o", "plain.json")[0] == 0
+    code, out, err = cli("diff", "plain.json", "k.json", "--fail-above-kv-tokens", "10")
+    line = one_line_error((code, out, err), "records no KV tokens", "--engine vllm==0.34.0")
+    assert cli(*_fix_command(line))[0] == 0
+    assert "kv" in _plan(tmp_path, "plain-kv.json")["predicted"]
