@@ -188,3 +188,49 @@ def test_diff_kv_gate_bad_input_is_one_line(cli, tmp_path):
     line = one_line_error((code, out, err), "records no KV tokens", "--engine vllm==0.34.0")
     assert cli(*_fix_command(line))[0] == 0
     assert "kv" in _plan(tmp_path, "plain-kv.json")["predicted"]
+
+
+def test_the_summary_says_what_the_graphs_cost_in_tokens(cli):
+    code, out, err = cli("build", "-b", "fa3", *ENGINE, "--dry-run")
+    assert code == 0, err
+    line = next(ln for ln in out.splitlines() if "KV tokens under" in ln)
+    assert "with these graphs" in line and "with none: the graphs cost" in line
+
+
+def test_sglang_prices_sizes_in_its_slack_not_in_tokens(cli, tmp_path):
+    """SGLang 0.5.23 sizes its pool from a static fraction: sizes cost no tokens (fit's rule), so
+    every size's KV cost is 0 while its device cost is not."""
+    engine = ("--device", H100, "--engine", "sglang==0.5.23", "--engine-flag", "context-length=8192")
+    code, out, err = cli("build", "-b", "fa3", *engine, *AUTO, "--max-graphs", "4", "-o", "g.json")
+    assert code == 0, err
+    kv = _plan(tmp_path, "g.json")["predicted"]["kv"]
+    assert kv["kv_tokens"] == kv["kv_tokens_without_graphs"] > 0
+    code, out, err = cli("explain", "g.json")
+    assert all(", 0 KV tokens under sglang==0.5.23" in ln for ln in out.splitlines() if "it adds" in ln)
+
+
+def test_a_floor_on_a_device_whose_graph_memory_is_unknown_is_refused(cli):
+    """The A100 (sm80) has a roofline but no per-node graph-exec figure: no list's tokens can be priced."""
+    engine = ("--device", "NVIDIA A100-SXM4-80GB", "--engine", "vllm==0.34.0", "--engine-flag", "max-model-len=8192")
+    code, out, err = cli("build", "-b", "fa3", *engine, *AUTO, "--min-kv-tokens", "1000", "-o", "a.json")
+    one_line_error((code, out, err), "graph memory on the device is unknown", "--calibration REPORT")
+    # without a floor the plan is built, its KV tokens unknown and said so
+    code, out, err = cli("build", "-b", "fa3", *engine, "--dry-run")
+    assert code == 0 and "KV tokens under vllm==0.34.0 on NVIDIA A100-SXM4-80GB (max-model-len=8192): unknown" in out
+
+
+def test_a_spec_with_a_config_gives_the_context_length(cli, tmp_path):
+    """A spec naming a config.json: fit reads its max_position_embeddings, no --engine-flag needed,
+    and planner check rebuilds the plan (the config found relative to the plan's folder)."""
+    from cli_inputs import LLAMA, SPEC
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": 8192}))
+    (tmp_path / "m" / "s.toml").write_text('[model]\nconfig = "config.json"\n' + SPEC)
+    args = ("build", "-b", "fa3", "--spec", "m/s.toml", "--device", H100, "--engine", "vllm==0.34.0")
+    code, out, err = cli(*args, "-o", "plans/c.json")
+    assert code == 0, err
+    kv = _plan(tmp_path, "plans/c.json")["predicted"]["kv"]
+    assert kv["engine"] == f"vllm==0.34.0 on {H100}" and kv["kv_tokens"] > 0
+    code, out, err = cli("check", "plans/c.json")
+    assert code == 0 and "up to date" in out, err
