@@ -234,3 +234,17 @@ def test_a_spec_with_a_config_gives_the_context_length(cli, tmp_path):
     assert kv["engine"] == f"vllm==0.34.0 on {H100}" and kv["kv_tokens"] > 0
     code, out, err = cli("check", "plans/c.json")
     assert code == 0 and "up to date" in out, err
+
+
+def test_planner_sizes_shows_each_lists_tokens_and_chooses_under_the_floor(cli):
+    args = ("sizes", "-b", "fa3", *ENGINE, "--traffic", str(TRAFFIC))
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert "KV tokens: left under vllm==0.34.0" in out and "KV tokens left" in out.splitlines()[-1]
+    rows = {ln.split()[0]: int(ln.split()[-2].replace(",", "")) for ln in out.splitlines() if ln[2:4].strip().isdigit()}
+    assert rows["1"] > rows["36"] > rows["64"]  # more sizes, more graph memory, fewer tokens
+    floor = rows["36"] + 1
+    code, out, err = cli(*args, "--min-kv-tokens", str(floor))
+    assert code == 0, err
+    chosen = next(ln for ln in out.splitlines() if ln.startswith("  chosen: "))
+    assert f"--min-kv-tokens {floor}" in chosen and int(chosen.split()[1]) < 36
