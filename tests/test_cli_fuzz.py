@@ -617,8 +617,14 @@ def _record_text(rec: dict) -> list[str]:
     cmd += ["--traffic", rec["traffic"]] if rec.get("traffic") is not None else []
     for p in rec.get("traffic_phases", []):
         cmd += ["--phase", p]
-    for key in ("metric", "max_size", "timing", "device", "context", "budget_mib", "max_graphs", "max_padding"):
+    keys = ("metric", "max_size", "timing", "device", "engine", "engine_flags", "context", "budget_mib", "max_graphs",
+            "max_padding", "min_kv_tokens")  # fmt: skip
+    for key in keys:
         value = rec.get(key)
+        if key == "engine_flags":  # one --engine-flag per item
+            for item in value or []:
+                cmd += ["--engine-flag", item]
+            continue
         if isinstance(value, float):  # a whole number of MiB or percent without its ".0"
             value = f"{value:.0f}" if value.is_integer() else repr(value)
         if value is not None:
