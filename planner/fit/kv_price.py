@@ -95,6 +95,11 @@ def spec_model(name: str, dimensions: dict[str, int], config: Path | None) -> Fi
         intermediate=d["intermediate"],
         vocab=d["vocab"],
         dtype_bytes=d.get("dtype_bytes", 2),
+        # a spec's MoE fields (schemas/spec.py Model), where it gives them
+        experts=d.get("experts", 0),
+        experts_per_token=d.get("experts_per_token", 0),
+        expert_intermediate=d.get("expert_intermediate", 0),
+        shared_expert_intermediate=d.get("shared_expert_intermediate", 0),
         source=f"the spec's model {name} (its dimensions)",
     )
 
