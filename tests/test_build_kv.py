@@ -248,3 +248,21 @@ def test_planner_sizes_shows_each_lists_tokens_and_chooses_under_the_floor(cli):
     assert code == 0, err
     chosen = next(ln for ln in out.splitlines() if ln.startswith("  chosen: "))
     assert f"--min-kv-tokens {floor}" in chosen and int(chosen.split()[1]) < 36
+
+
+def test_a_spec_of_an_moe_model_is_priced_with_its_experts():
+    """A spec's MoE fields reach fit's model (weights counted per expert, not as one dense MLP)."""
+    from capture_plan.planner.fit.kv_price import spec_model
+    from capture_plan.planner.fit.model import weight_bytes
+
+    dense = dict(layers=24, hidden=2048, heads=16, kv_heads=16, head_dim=128, intermediate=5632, vocab=151936)
+    moe = {
+        **dense,
+        "experts": 60,
+        "experts_per_token": 4,
+        "expert_intermediate": 1408,
+        "shared_expert_intermediate": 5632,
+    }
+    m = spec_model("qwen2-moe", moe, None)
+    assert (m.experts, m.experts_per_token, m.expert_intermediate) == (60, 4, 1408)
+    assert weight_bytes(m, 1) > 3 * weight_bytes(spec_model("dense", dense, None), 1)
