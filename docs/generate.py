@@ -1922,6 +1922,45 @@ def _graph_exec_second(d: dict) -> str:
     return f"{_mib(most / MiB)} MiB more"
 
 
+#: the published start-up log docs/fit.md compares fit with in prose (tests/test_fit.py checks it too)
+FIT_LOG = "vllm-0.21.0_rtx-a5000_qwen3-8b.toml"
+
+
+@figure("fit-log-a5000")
+def _fit_log_a5000() -> str:
+    """fit against the A5000 Qwen3-8B log: its bare answer (graph memory unknown off sm90: an
+    upper bound), then with the engine's own logged graph estimate in the graph item's place."""
+    import tomllib
+
+    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.model import load_model
+    from capture_plan.planner.fit.tables import GiB, device
+    from capture_plan.schemas.fit import FitItem
+
+    logs = ROOT / "tests/data/engine_logs"
+    log = tomllib.loads((logs / FIT_LOG).read_text())
+    logged = log["logged"]
+    # prefix caching reuses blocks, it adds none: the one setting fit does not read
+    settings = {k: v for k, v in log["settings"].items() if k != "enable-prefix-caching"}
+    args = (load_model(str(logs / log["config"])), log["device"], f"{log['engine']}=={log['version']}", 1, settings)
+    bare = fit(*args)
+    assert next(i for i in bare.items if i.name == "graph memory").bytes is None, "the prose says it is unknown"
+    given = FitItem("graph memory", int(logged["graph_estimate_gib"] * GiB), int(0.005 * GiB), "given", FIT_LOG)
+    r = fit(*args, measured_graph=given)
+    name, dev = device(log["device"])
+    assert r.kv_bytes is not None and r.kv_tokens is not None and bare.kv_tokens is not None
+    error = dev.torch_total_error
+    inside = "inside" if abs(r.kv_bytes - logged["kv_cache_gib"] * GiB) <= error else "outside"
+    return (
+        f"the {name.split()[-1]} ({dev.sm}) has no measured graph-exec figure, so fit's graph memory is unknown "
+        f"and its {bare.kv_tokens:,} tokens are an upper bound of the {logged['kv_tokens']:,} logged; with the "
+        f"engine's own logged {logged['graph_estimate_gib']:.2f} GiB graph estimate in its place, fit gives "
+        f"{r.kv_bytes / GiB:.2f} GiB and {r.kv_tokens:,} tokens against {logged['kv_cache_gib']:.2f} GiB and "
+        f"{logged['kv_tokens']:,} ({100 * (r.kv_tokens / logged['kv_tokens'] - 1):+.1f}%, {inside} the derived "
+        f"device total's +-{error / GiB:.2f} GiB)"
+    )
+
+
 def render_figures(text: str, where: str) -> str:
     """``text`` with every figure region's body rendered again; an unknown name is an error."""
 

@@ -187,6 +187,21 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "[no device items; roofline NVIDIA H200].",
     ),
     BuildFlag(
+        "engine",
+        "--engine",
+        "text",
+        "The engine release the plan is deployed with (ENGINE==VERSION, as planner fit takes it): the plan's graph "
+        "memory priced in KV tokens on --device (or the calibration's) by that release's sizing rule, recorded for "
+        "explain, diff --fail-above-kv-tokens and --min-kv-tokens [none].",
+    ),
+    BuildFlag(
+        "engine_flags",
+        "--engine-flag",
+        "repeat",
+        "One of --engine's own settings as NAME=VALUE, under the engine's flag name as planner fit takes it (e.g. "
+        "gpu-memory-utilization=0.9, max-model-len=8192; repeatable) [the release's defaults].",
+    ),
+    BuildFlag(
         "context",
         "--context",
         "int",
@@ -222,6 +237,14 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "float",
         "Choose the fewest sizes that pad at most this much of the step time (e.g. 1%).",
         bounds=Bounds(0, 1e6, hi_open=True, below="must be a percentage from 0 to below 1e6, got {v:g}"),
+    ),
+    BuildFlag(
+        "min_kv_tokens",
+        "--min-kv-tokens",
+        "int",
+        "The fewest KV tokens the chosen sizes may leave on the device under --engine (planner fit's rule with the "
+        "lists' graph memory), beside the memory budget [no floor].",
+        bounds=Bounds(1, "MAX_INT", below="must be 1..{hi:.0f} tokens, got {v}"),
     ),
     BuildFlag("output", "-o", "path", "Plan path [plans/<backend>[-...][-ci].json].", "--output"),
 )
@@ -286,6 +309,8 @@ BUILD_INPUTS = (
     "trace",
     "calibration",
     "device",
+    "engine",
+    "engine_flags",
 )
 #: the options that choose sizes for a traffic (``planner sizes``, ``planner build --sizes auto``):
 #: ``sizes`` ("auto"), then the fields of ``SizeChoiceOptions``
@@ -300,4 +325,5 @@ SIZE_CHOICE = (
     "budget_mib",
     "max_graphs",
     "max_padding",
+    "min_kv_tokens",
 )

@@ -42,6 +42,7 @@ __all__ = [
     "StepMemory",
     "TraceSamples",
     "Prediction",
+    "KvCost",
     "Inputs",
     "Requires",
     "Plan",
@@ -318,6 +319,11 @@ class SizeWorth(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     #: at their chosen lists: the size adds the choice's ``pool_bytes`` less this (the allocator's
     #: reuse can make that 0, or below 0)
     pool_bytes_without: NonNegative = 0
+    #: the graph memory a plan built for a device prices (its device total, or the device items
+    #: known, graph-exec included) without this size; None where the build names no device
+    device_bytes_without: NonNegative | None = None
+    #: the KV tokens ``--engine`` is left without this size (None: no engine named)
+    kv_tokens_without: NonNegative | None = None
 
 
 class ListCost(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
@@ -331,6 +337,8 @@ class ListCost(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     pool_bytes: NonNegative
     #: the device total, when the build is calibrated
     device_bytes: NonNegative | None = None
+    #: the KV tokens ``--engine`` is left with this list (None: no engine named)
+    kv_tokens: NonNegative | None = None
 
 
 class SizeChoice(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
@@ -352,12 +360,32 @@ class SizeChoice(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     pool_bytes: NonNegative
     #: the device total with every phase at its chosen list, when the build is calibrated
     device_bytes: NonNegative | None = None
+    #: what each size's ``device_bytes_without`` is against (the device total, or the device items
+    #: known, graph-exec included), and the KV tokens ``--engine`` is left (each None: not named)
+    graph_bytes: NonNegative | None = None
+    kv_tokens: NonNegative | None = None
     #: every chosen size, ascending, and why it is in
     sizes: list[SizeWorth] = []
     #: other lists priced alike: the spec's, SGLang's and vLLM's defaults
     against: list[ListCost] = []
     #: how the traffic was read, where that is not exact (a histogram's buckets spread within themselves)
     notes: list[str] = []
+
+
+class KvCost(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
+    """The plan's graph memory in KV tokens under one engine release on one device
+    (``planner build --engine``: planner fit's rule, planner/fit/kv_price.py)."""
+
+    #: the release, device and settings priced: "vllm==0.34.0 on NVIDIA H100 80GB HBM3 (max-model-len=8192)"
+    engine: str
+    #: the graph figure priced (None: unknown), and what it is
+    graph_bytes: NonNegative | None
+    graph: str
+    #: KV tokens the engine is left with the plan's graphs (None: unknown), and with none
+    kv_tokens: NonNegative | None
+    kv_tokens_without_graphs: NonNegative
+    #: fit's one line where the engine would not start with the plan's graphs
+    overflow: str = ""
 
 
 class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
@@ -391,6 +419,8 @@ class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     keys: list[KeyPrediction] = []
     #: per phase whose sizes were chosen for a traffic, the choice and its figures (revision 5)
     sizes: list[SizeChoice] = []
+    #: the graph memory in KV tokens, where the build names an engine (``--engine``)
+    kv: KvCost | None = None
 
 
 class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
@@ -423,6 +453,9 @@ class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     budget_mib: Annotated[float, option_meta("budget_mib")] | None = None
     max_graphs: Annotated[int, option_meta("max_graphs")] | None = None
     max_padding: Annotated[float, option_meta("max_padding")] | None = None
+    engine: str | None = None
+    engine_flags: list[str] = []
+    min_kv_tokens: Annotated[int, option_meta("min_kv_tokens")] | None = None
     output: str | None = None
 
 

@@ -617,8 +617,14 @@ def _record_text(rec: dict) -> list[str]:
     cmd += ["--traffic", rec["traffic"]] if rec.get("traffic") is not None else []
     for p in rec.get("traffic_phases", []):
         cmd += ["--phase", p]
-    for key in ("metric", "max_size", "timing", "device", "context", "budget_mib", "max_graphs", "max_padding"):
+    keys = ("metric", "max_size", "timing", "device", "engine", "engine_flags", "context", "budget_mib", "max_graphs",
+            "max_padding", "min_kv_tokens")  # fmt: skip
+    for key in keys:
         value = rec.get(key)
+        if key == "engine_flags":  # one --engine-flag per item
+            for item in value or []:
+                cmd += ["--engine-flag", item]
+            continue
         if isinstance(value, float):  # a whole number of MiB or percent without its ".0"
             value = f"{value:.0f}" if value.is_integer() else repr(value)
         if value is not None:
@@ -869,10 +875,18 @@ SIZES_VALUES = st.one_of(
          "1e3", "0.5", "1%", "nan", "inf", "-0", "", "decode", "verify", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
          "NVIDIA Z9", "vllm:iteration_tokens_total", "x"]
     ),
+    # --engine, --engine-flag and --min-kv-tokens (issue 52 item 3)
+    st.sampled_from(
+        ["vllm==0.34.0", "vllm==0.33.0", "sglang==0.5.23", "vllm==0.35.9", "vllm", "max-model-len=2048",
+         "max-model-len=0", "gpu-memory-utilization=0.9", "gpu-memory-utilization=nan", "context-length=2048",
+         "enforce-eager=true", "kv-cache-dtype=fp8", "no-such=1", "max-model-len", "=", "400000", "9007199254740993"]
+    ),
     st.text(max_size=8),
 )  # fmt: skip
 SIZES_FLAGS = ["--context", "--device", "--max-size", "--budget-mib", "--max-graphs", "--max-padding", "--phase",
-               "--upto", "--metric"]  # fmt: skip
+               "--upto", "--metric", "--engine", "--engine-flag", "--min-kv-tokens"]  # fmt: skip
+#: the releases planner fit models (planner/data/fit_rules.toml): what an accepted --engine names
+MODELLED = ("vllm==0.34.0", "vllm==0.33.0", "sglang==0.5.23")
 #: the context window of the config.json spec below
 WINDOW = 2048
 #: the traffic of the sizes-options fuzz, each with its largest size (--max-size is at least that)
@@ -909,6 +923,14 @@ def _sizes_accepted_validly(flags: dict[str, str], config: bool, calibrated: boo
         assert flags["--phase"] == "decode", f"accepted --phase {flags['--phase']!r}"
     if "--metric" in flags:
         assert flags["--metric"].strip(), f"accepted --metric {flags['--metric']!r}"
+    if "--min-kv-tokens" in flags:
+        assert 1 <= int(flags["--min-kv-tokens"]) <= 2**53, f"accepted --min-kv-tokens {flags['--min-kv-tokens']!r}"
+        assert "--engine" in flags, "accepted --min-kv-tokens without --engine"
+    if "--engine-flag" in flags:
+        assert "--engine" in flags, "accepted --engine-flag without --engine"
+    if "--engine" in flags:
+        assert flags["--engine"] in MODELLED, f"accepted --engine {flags['--engine']!r}"
+        assert "--device" in flags or calibrated, "accepted --engine without a device"
 
 
 @FUZZ
@@ -1065,9 +1087,37 @@ OPTION_VALUES = st.one_of(
     pairs=st.lists(
         st.tuples(
             st.sampled_from(
-                ["--backend", "--speculative", "--max-bs", "--tp", "--allocator", "-s", "--ci", "--exact", "-o"]
+                [
+                    "--backend",
+                    "--speculative",
+                    "--max-bs",
+                    "--tp",
+                    "--allocator",
+                    "-s",
+                    "--ci",
+                    "--exact",
+                    "-o",
+                    "--device",
+                    "--engine",
+                    "--engine-flag",
+                ]
             ),
-            OPTION_VALUES,
+            st.one_of(
+                OPTION_VALUES,
+                st.sampled_from(
+                    [
+                        "NVIDIA H100 80GB HBM3",
+                        "vllm==0.34.0",
+                        "sglang==0.5.23",
+                        "vllm==0.1",
+                        "max-model-len=4096",
+                        "context-length=4096",
+                        "block-size=0",
+                        "max-num-seqs=x",
+                        "kv-cache-dtype=fp8",
+                    ]
+                ),
+            ),
         ),
         max_size=5,
     )
@@ -1084,6 +1134,42 @@ def test_fuzz_build_options(work, pairs):
         assert "Usage: planner build" in err and "Traceback" not in err, err
     else:
         expect_clean((code, out, err))
+
+
+@pytest.fixture(scope="module")
+def kv_pair(work) -> tuple[Path, Path, Path]:
+    """Two plans that record KV tokens (``--engine``: 9 and 36 sizes) and one that does not."""
+    engine = ("--device", "NVIDIA H100 80GB HBM3", "--engine", "vllm==0.34.0", "--engine-flag", "max-model-len=8192")
+    traffic = ROOT / "tests" / "data" / "traffic-skewed.csv"
+    paths = (work / "kv9.json", work / "kv36.json", work / "plain.json")
+    auto = ("--sizes", "auto", "--traffic", str(traffic), "--max-graphs", "9")
+    for args in ((*engine, *auto, "-o", str(paths[0])), (*engine, "-o", str(paths[1])), ("-o", str(paths[2]))):
+        code, _, err = planner("build", "-b", "fa3", *args)
+        assert code == 0, err
+    return paths
+
+
+@FUZZ
+@given(
+    value=st.one_of(
+        st.integers(-(1 << 70), 1 << 70).map(str),
+        st.sampled_from(["", "0", "1,000", "1_000", "5%", "64MiB", "nan", "1e3", "-0", "٣", "²"]),
+        st.text(max_size=10),
+    ),
+    pair=st.sampled_from([(0, 1), (1, 0), (0, 2), (2, 1)]),
+    fmt=st.sampled_from(["text", "markdown"]),
+)
+def test_fuzz_diff_kv_gate(kv_pair, value, pair, fmt):
+    """``diff --fail-above-kv-tokens`` (issue 52 item 3): any value ends in exit 0 or one located
+    line; it passes only a whole count at least the tokens the new plan costs."""
+    old, new = (kv_pair[i] for i in pair)
+    code, out, err = planner("diff", str(old), str(new), "--fail-above-kv-tokens", value.replace("\x00", ""), "-f", fmt)
+    if code == 2:
+        assert "Usage: planner diff" in err and "Traceback" not in err, err
+    elif expect_clean((code, out, err)):
+        tokens = int(value.strip().replace(",", "").replace("_", ""))
+        kv = [json.loads(p.read_text())["predicted"]["kv"]["kv_tokens"] for p in (old, new)]
+        assert 2 not in pair and kv[0] - kv[1] <= tokens, (value, kv)
 
 
 # -- what the fuzz runs found (issue 29), one regression test per class ----------------------------

@@ -43,6 +43,16 @@ def run(*args: str, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def model_arg(name: str) -> str:
+    """``--model``'s value: a preset as it is, a worked example's name as its config.json."""
+    return name if name == "llama-3-8b" else str(CONFIGS / f"{name}.json")
+
+
+def fit_cli(model: str, device: str, engine: str, *more: str, capsys) -> tuple[int, str, str]:
+    """``planner fit --model MODEL --device DEVICE --engine ENGINE MORE...`` (:func:`model_arg`)."""
+    return run("fit", "--model", model_arg(model), "--device", device, "--engine", engine, *more, capsys=capsys)
+
+
 def test_kv_bytes_per_token_per_layer_type():
     # Llama-3.1-8B: 8 KV heads x (128 + 128) x 2 bytes; tp 2 halves the heads, fp8 the element
     llama = cfg("llama-3.1-8b")
@@ -90,10 +100,14 @@ def test_vllm_034_sizing_follows_measure_kv_cache_bytes():
     # 10 GiB free after warm-up and capture, nothing committed, a 2 GiB transient peak:
     # margin max(1 GiB, 1.5 GiB); min(budget - used, free - margin) - peak
     init_free, weights, other, graph, peak = 80 * GiB, 60 * GiB, 9 * GiB, 1 * GiB, 2 * GiB
-    got = sizing.vllm_after_capture(rule, 80 * GiB, init_free, weights, other, peak, graph)
+    got = sizing.vllm_after_capture(
+        rule, 80 * GiB, init_free, weights=weights, non_torch=other, activation=peak, graph=graph
+    )
     assert got == 10 * GiB - int(1.5 * GiB) - peak
     # an explicit utilization caps it instead
-    got = sizing.vllm_after_capture(rule, 75 * GiB, init_free, weights, other, peak, graph)
+    got = sizing.vllm_after_capture(
+        rule, 75 * GiB, init_free, weights=weights, non_torch=other, activation=peak, graph=graph
+    )
     assert got == 75 * GiB - 70 * GiB - peak
 
 
@@ -200,48 +214,27 @@ def test_sizes_cost_tokens_under_vllm():
 
 
 def test_an_unmodelled_release_names_the_nearest(capsys):
-    code, _, err = run("fit", "--model", "llama-3-8b", "--device", "H100", "--engine", "vllm==0.18.0", capsys=capsys)
+    code, _, err = fit_cli("llama-3-8b", "H100", "vllm==0.18.0", capsys=capsys)
     assert code == 1 and "--engine vllm==0.19.0" in err and err.count("\n") == 1
-    code, _, err = run("fit", "--model", "llama-3-8b", "--device", "H100", "--engine", "vllm==0.20.1", capsys=capsys)
+    code, _, err = fit_cli("llama-3-8b", "H100", "vllm==0.20.1", capsys=capsys)
     assert code == 1 and "--engine vllm==0.20.0" in err and err.count("\n") == 1
     # spaces around the name or the version are not part of it (a release is never refused naming itself)
     for engine in ("vllm==0.34.0 ", " vllm == 0.34.0", "sglang==0.5.23\t"):
         assert rule_for(engine)[:2] == tuple(engine.strip().replace(" ", "").split("=="))
-    code, _, err = run("fit", "--model", "llama-3-8b", "--device", "TPU", "--engine", "vllm==0.34.0", capsys=capsys)
+    code, _, err = fit_cli("llama-3-8b", "TPU", "vllm==0.34.0", capsys=capsys)
     assert code == 1 and "NVIDIA H100 80GB HBM3" in err
 
 
 def test_does_not_fit_names_the_item_and_fixes_that_work(capsys):
-    args = ["fit", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--device", "RTX 4090", "--engine", "vllm==0.34.0"]
-    code, out, err = run(*args, capsys=capsys)
+    args = ("qwen3-30b-a3b", "RTX 4090", "vllm==0.34.0")
+    code, out, err = fit_cli(*args, capsys=capsys)
     assert code == 1 and "weights" in err and "fix: --tp 4" in err
-    code, out, _ = run(*args, "--tp", "4", capsys=capsys)
+    code, out, _ = fit_cli(*args, "--tp", "4", capsys=capsys)
     assert code == 0, out
-    code, _, err = run(
-        "fit",
-        "--model",
-        str(CONFIGS / "llama-3.1-8b.json"),
-        "--device",
-        "RTX 4090",
-        "--engine",
-        "vllm==0.34.0",
-        "--max-model-len",
-        "60000",
-        capsys=capsys,
-    )
+    code, _, err = fit_cli("llama-3.1-8b", "RTX 4090", "vllm==0.34.0", "--max-model-len", "60000", capsys=capsys)
     fix = err.split("fix: ")[1].split(" or ")[0]
     assert code == 1 and fix.startswith("--max-model-len ")
-    code, _, _ = run(
-        "fit",
-        "--model",
-        str(CONFIGS / "llama-3.1-8b.json"),
-        "--device",
-        "RTX 4090",
-        "--engine",
-        "vllm==0.34.0",
-        *fix.split(),
-        capsys=capsys,
-    )
+    code, _, _ = fit_cli("llama-3.1-8b", "RTX 4090", "vllm==0.34.0", *fix.split(), capsys=capsys)
     assert code == 0
 
 
@@ -262,15 +255,15 @@ def test_every_fix_for_a_starved_budget_fits(case, capsys):
     """Each suggested fix, applied to the command, fits (rc 0); the user's budget flag is
     suggested at the value that fits."""
     model, device, engine, flag, value = case
-    args = ("fit", "--model", str(CONFIGS / f"{model}.json"), "--device", device, "--engine", engine)
-    code, _, err = run(*args, flag, value, capsys=capsys)
+    args = (model, device, engine)
+    code, _, err = fit_cli(*args, flag, value, capsys=capsys)
     assert code == 1 and err.count("\n") == 1
     fixes = err.split("fix: ")[1].strip().split(" or ")
     assert fixes[0].startswith(flag + " ")
     for fix in fixes:
         words = fix.split()
         given = (flag, value) if words[0] != flag else ()
-        code, _, err = run(*args, *given, *words, capsys=capsys)
+        code, _, err = fit_cli(*args, *given, *words, capsys=capsys)
         assert code == 0, (fix, err)
 
 
@@ -278,32 +271,19 @@ def test_a_tp_the_engines_refuse_is_refused_naming_those_that_work(capsys):
     """vLLM (verify_with_parallel_config) and SGLang refuse attention heads that --tp does not
     divide: Qwen3-30B-A3B's 32 heads at --tp 64 or 3 are refused naming the divisors; the
     largest of them, 32, is not refused."""
-    args = ("fit", "--model", str(CONFIGS / "qwen3-30b-a3b.json"), "--device", "H200")
     for engine in ("vllm==0.34.0", "sglang==0.5.23"):
         for tp in ("64", "3"):
-            code, _, err = run(*args, "--engine", engine, "--tp", tp, capsys=capsys)
+            code, _, err = fit_cli("qwen3-30b-a3b", "H200", engine, "--tp", tp, capsys=capsys)
             assert code == 1 and err.count("\n") == 1
             assert f"--tp {tp} does not divide" in err and "fix: give --tp one of 1, 2, 4, 8, 16, 32" in err
-        code, _, err = run(*args, "--engine", engine, "--tp", "32", capsys=capsys)
+        code, _, err = fit_cli("qwen3-30b-a3b", "H200", engine, "--tp", "32", capsys=capsys)
         assert "does not divide" not in err
 
 
 def test_json_is_the_versioned_schema(capsys):
     from capture_plan.schemas.fit import FitResult
 
-    code, out, _ = run(
-        "fit",
-        "--model",
-        "llama-3-8b",
-        "--device",
-        "H200",
-        "--engine",
-        "sglang==0.5.23",
-        "--context-length",
-        "8192",
-        "--json",
-        capsys=capsys,
-    )
+    code, out, _ = fit_cli("llama-3-8b", "H200", "sglang==0.5.23", "--context-length", "8192", "--json", capsys=capsys)
     assert code == 0 and msgspec.json.decode(out, type=FitResult).schema_version == 1
     code, out, _ = run("schema", "fit", capsys=capsys)
     assert code == 0 and "FitResult" in out
@@ -465,31 +445,9 @@ def test_engine_flags_are_one_table_the_cli_and_checks_derive_from(capsys):
     assert set(engine_flags()) <= options
     assert engine_flags()["kv-cache-dtype"].choices == list(KV_DTYPES)
     for engine, flag in (("vllm==0.34.0", "--block-size"), ("sglang==0.5.23", "--page-size")):
-        code, _, err = run(
-            "fit",
-            "--model",
-            str(CONFIGS / "llama-3.1-8b.json"),
-            "--device",
-            "H100",
-            "--engine",
-            engine,
-            flag,
-            "0",
-            capsys=capsys,
-        )
+        code, _, err = fit_cli("llama-3.1-8b", "H100", engine, flag, "0", capsys=capsys)
         assert code == 1 and f"{flag}: {flag} must be an integer from 1 to" in err and err.count("\n") == 1
-    code, _, err = run(
-        "fit",
-        "--model",
-        str(CONFIGS / "llama-3.1-8b.json"),
-        "--device",
-        "H100",
-        "--engine",
-        "sglang==0.5.23",
-        "--block-size",
-        "32",
-        capsys=capsys,
-    )
+    code, _, err = fit_cli("llama-3.1-8b", "H100", "sglang==0.5.23", "--block-size", "32", capsys=capsys)
     assert code == 1 and "sglang has no flag --block-size" in err
 
 

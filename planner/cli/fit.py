@@ -98,7 +98,9 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
                 fix="give --plan PLAN, the plan the report was captured from",
             )
 
-        measured = calibration_graph(calibration, device, plan, str(plan_path))
+        from capture_plan.planner.report.check import check_report_plan
+
+        measured = calibration_graph(calibration, device, plan, str(plan_path), check_report_plan)
     res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
     if as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(res), indent=2).decode())

@@ -10,6 +10,7 @@ device than fit's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -52,13 +53,17 @@ def plan_graphs(plan: Plan, source: str, model: FitModel) -> PlanGraphs:
     return PlanGraphs(name=plan.name, sizes=sizes, graphs=graphs, pool_bytes=pool, source=source)
 
 
-def calibration_graph(path: Path, device_name: str, plan: Plan | None, plan_source: str) -> FitItem:
+def calibration_graph(
+    path: Path, device_name: str, plan: Plan | None, plan_source: str, check_plan: Callable[..., None]
+) -> FitItem:
     """Graph memory as the calibration report measured it on the device: the pool, the
     hoisted workspaces, graph-exec (the driver's memory outside the allocator) and the
     other allocator memory the capture held (the stream's workspaces): status
     ``measured``, its error bar the driver's 2 MiB granularity or 1%. Refused when the
     report was measured on another device than ``device_name``, or, with ``plan``, was
-    not captured from that plan."""
+    not captured from that plan (``check_plan``: planner/report/check.py's check_report_plan,
+    handed down by the caller: the report layer sits above fit, which sizes and builds price
+    KV tokens with)."""
     from capture_plan.planner.memory.device import read_calibration
     from capture_plan.schemas.codec import decode_report, sha256
     from capture_plan.schemas.report import DEVICE_ITEMS
@@ -80,9 +85,7 @@ def calibration_graph(path: Path, device_name: str, plan: Plan | None, plan_sour
         )
     rep = decode_report(raw, shown)
     if plan is not None:
-        from capture_plan.planner.report.check import check_report_plan
-
-        check_report_plan(rep, plan, shown, plan_source, sha256(raw))
+        check_plan(rep, plan, shown, plan_source, sha256(raw))
     view = rep.device_view
     assert view is not None  # read_calibration refuses a report without one
     parts = {name: view.item(name) for name in DEVICE_ITEMS}

@@ -76,7 +76,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         f"free at start x mem-fraction-static {frac} (kv_cache_configurator._profile_available_bytes)",
     )
     items = [result.device_total(inp), ctx, budget, weights, nt, act, graph]
-    kv_bytes = sizing.sglang_kv_bytes(pre, known(weights), known(nt), frac)
+    kv_bytes = sizing.sglang_kv_bytes(pre, weights=known(weights), non_torch=known(nt), fraction=frac)
     cell = inp.per_layer * m.layers
     tokens = max(kv_bytes, 0) // cell // page * page
     # the error bar: the items the pool is taken from (free at start: the context's) and those it subtracts

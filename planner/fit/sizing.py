@@ -73,17 +73,19 @@ def vllm_requested(total: int, utilization: float) -> int:
     return math.ceil(total * utilization)
 
 
-def vllm_before_capture(requested: int, weights: int, non_torch: int, activation: int, graph: int) -> int:
+def vllm_before_capture(requested: int, *, weights: int, non_torch: int, activation: int, graph: int) -> int:
     """0.33.0's determine_available_memory: the requested budget less what the profile
-    consumed (weights, non-torch), its transient peak and profile_cudagraph_memory's estimate."""
+    consumed (weights, non-torch), its transient peak and profile_cudagraph_memory's estimate.
+    The byte counts by name: four ints in a row are too easy to swap."""
     return requested - (weights + non_torch + activation) - graph
 
 
 def vllm_after_capture(
-    rule: Rule, requested: int, init_free: int, weights: int, non_torch: int, activation: int, graph: int
+    rule: Rule, requested: int, init_free: int, *, weights: int, non_torch: int, activation: int, graph: int
 ) -> int:
     """0.34.0's measure_kv_cache_bytes after warm-up and capture (nothing committed yet;
-    torch's reserve growth taken as 0: the transient peak bounds it on a fresh start)."""
+    torch's reserve growth taken as 0: the transient peak bounds it on a fresh start). The
+    item byte counts by name (as :func:`vllm_before_capture`'s)."""
     free = init_free - weights - non_torch - graph
     non_kv_used = init_free - free
     return min(requested - non_kv_used, free - vllm_margin(rule, activation)) - activation
@@ -196,7 +198,7 @@ def sglang_mem_fraction(gpu_mem_mib: int, tp: int, chunked: int, max_bs: int, pr
     return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
 
 
-def sglang_kv_bytes(pre_load_free: int, weights: int, non_torch: int, fraction: float) -> int:
+def sglang_kv_bytes(pre_load_free: int, *, weights: int, non_torch: int, fraction: float) -> int:
     """kv_cache_configurator._profile_available_bytes: free after loading less the slack
-    pre_model_load_memory * (1 - mem_fraction_static)."""
+    pre_model_load_memory * (1 - mem_fraction_static). The byte counts by name."""
     return int((pre_load_free - weights - non_torch) - pre_load_free * (1 - fraction))

@@ -84,9 +84,19 @@ def fit_vllm(inp: FitInputs) -> FitResult:
 
     def kv_of(graph: int) -> int:
         if after:
-            return sizing.vllm_after_capture(rule, requested, init_free, known(weights), known(nt), known(act), graph)
+            return sizing.vllm_after_capture(
+                rule,
+                requested,
+                init_free,
+                weights=known(weights),
+                non_torch=known(nt),
+                activation=known(act),
+                graph=graph,
+            )
         deducted = graph if rule.graph_estimate == "deducted" else 0
-        return sizing.vllm_before_capture(requested, known(weights), known(nt), known(act), deducted)
+        return sizing.vllm_before_capture(
+            requested, weights=known(weights), non_torch=known(nt), activation=known(act), graph=deducted
+        )
 
     in_flight = batched * rule.in_flight_batches  # async scheduling (on by default): two batches in flight
 

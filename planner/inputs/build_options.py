@@ -70,6 +70,8 @@ class SizeChoiceOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_graphs: int | None = None
     #: percent of step time
     max_padding: float | None = None
+    #: the fewest KV tokens the chosen lists may leave under ``BuildOptions.engine`` (no floor: None)
+    min_kv_tokens: int | None = None
 
 
 class BuildOptions(msgspec.Struct, frozen=True):
@@ -98,6 +100,10 @@ class BuildOptions(msgspec.Struct, frozen=True):
     #: calibration (planner/memory/graph_nodes.py), and the roofline of a size choice
     #: (default: step_time.DEFAULT_DEVICE)
     device: str | None = None
+    #: the engine release (``ENGINE==VERSION``) whose KV tokens the plan's graph memory is priced in
+    #: (planner/fit/kv_price.py), and its own settings as ``NAME=VALUE``
+    engine: str | None = None
+    engine_flags: tuple[str, ...] = ()
 
 
 #: the fields of SizeChoiceOptions as the table names them (SIZE_CHOICE after ``sizes``), each

@@ -264,3 +264,30 @@ def check_report_plan(report, plan, report_source: str, plan_source: str, report
             fix=f"compare a report from that device and driver, or rebuild {plan_source} with "
             f"--calibration {report_source}",
         )
+
+
+def check_kv_recorded(plan, path: str) -> None:
+    """Refuse a plan that records no KV tokens (``planner diff --fail-above-kv-tokens``): built
+    without ``--engine``, or its graph memory unknown on its device. The fix builds one that
+    does, beside it (``-kv.json``): the plan's own options with an engine and a device."""
+    kv = plan.predicted.kv
+    if kv is not None and kv.kv_tokens is not None:
+        return
+    why = "records no KV tokens (built without --engine)" if kv is None else f"has no KV tokens: {kv.graph}"
+    try:
+        opts = recorded_options(plan, Path(path)) if path != "-" else None
+    except CapturePlanError:
+        opts = None
+    if opts is None:
+        fix = "build both plans with --engine ENGINE==VERSION and --device NAME (planner build --help)"
+    elif kv is None:
+        from ..inputs.build_options import command_for_cwd
+
+        device = opts.device if opts.device is not None or opts.calibration is not None else "NVIDIA H100 80GB HBM3"
+        out = Path(path).with_name(Path(path).stem + "-kv.json")
+        flags = opts.engine_flags or ("max-model-len=8192",)
+        opts = msgspec.structs.replace(opts, engine="vllm==0.34.0", device=device, engine_flags=flags, output=out)
+        fix = f"build it with an engine: `{command_for_cwd(opts)}`, the other plan alike, and diff those"
+    else:
+        fix = "build it with --calibration REPORT, a capture report measured on the device"
+    raise InputError(f"plan {plan.name!r} {why}", where=f"--fail-above-kv-tokens ({path})", fix=fix)

@@ -273,3 +273,38 @@ def stale_reason(old: Plan, new: Plan) -> str:
     else:
         why = "no recorded input changed (this planner's code or data tables predict differently)"
     return f"{why}; {moved(old, new)}"
+
+
+def kv_gated_on(a: Plan, b: Plan, paths: tuple[str, str]) -> tuple[str, int, int]:
+    """What ``planner diff --fail-above-kv-tokens`` compares: ``(label, old tokens, new tokens)``,
+    the KV tokens each plan's build recorded under its ``--engine`` on its device (planner
+    fit's rule over the plan's graph memory). Both plans must record them: the caller refuses a
+    plan that does not first (planner/report/check.py's ``check_kv_recorded``, whose fix names
+    the build that records them; check.py imports this module)."""
+    old, new = a.predicted.kv, b.predicted.kv
+    if old is None or new is None or old.kv_tokens is None or new.kv_tokens is None:
+        raise ValueError(f"both plans must record KV tokens ({paths[0]}, {paths[1]}): check_kv_recorded first")
+    label = f"KV tokens under {new.engine}" + (f" (the old plan's: {old.engine})" if old.engine != new.engine else "")
+    return label, old.kv_tokens, new.kv_tokens
+
+
+def kv_gate(a: Plan, b: Plan, tokens: int, paths: tuple[str, str]):
+    """The DriftError to raise when ``b`` leaves more than ``tokens`` fewer KV tokens than ``a``
+    (:func:`kv_gated_on`); None when within. More tokens never fails."""
+    from capture_plan.schemas.errors import DriftError
+
+    label, old, new = kv_gated_on(a, b, paths)
+    if old - new <= tokens:
+        return None
+    return DriftError(
+        f"{label}: {old:,} -> {new:,} ({new - old:+,}), the new plan's graphs cost more than "
+        f"--fail-above-kv-tokens {tokens:,}",
+        where=paths[1],
+        fix="capture fewer sizes (planner build --sizes auto --min-kv-tokens N), or raise --fail-above-kv-tokens "
+        "if the cost is intended",
+    )
+
+
+def kv_gate_verdict(a: Plan, b: Plan, tokens: int, paths: tuple[str, str]) -> str:
+    label, old, new = kv_gated_on(a, b, paths)
+    return f"within --fail-above-kv-tokens {tokens:,}: {label}: {old:,} -> {new:,} ({new - old:+,})"

@@ -104,6 +104,17 @@ def device_lines(plan: Plan) -> list[str]:
         else:
             unknown = [i for i in dev.items if i.bytes is None]
             out.append(f"  reserve for capture: unknown ({parts} MiB); {unknown[0].name}: {unknown[0].source}")
+    kv = p.kv
+    if kv is not None:  # built with --engine: the graph memory in that release's KV tokens
+        if kv.kv_tokens is None or kv.graph_bytes is None:
+            out.append(f"  KV tokens under {kv.engine}: unknown ({kv.graph})")
+        else:
+            cost = kv.kv_tokens_without_graphs - kv.kv_tokens
+            out.append(
+                f"  KV tokens under {kv.engine}: {kv.kv_tokens:,} with these graphs ({mib(kv.graph_bytes)}, "
+                f"{kv.graph}), {kv.kv_tokens_without_graphs:,} with none: the graphs cost {cost:,}"
+                + (f"; the engine would not start: {kv.overflow}" if kv.overflow else "")
+            )
     if p.fidelity == "approximate":
         out.append(f"  {p.caveat}")
     elif p.fidelity == "reference":

@@ -369,6 +369,19 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
         r.spec_read.model_config,
         f"{relative(r.trace_path, output.parent)} ({r.traced_on})" if r.trace_path else "",
     )
+    device = device_prediction(
+        CaptureFigures(
+            pool=pred.sim.pool_bytes,
+            hoisted=pred.hoisted,
+            steps=steps,
+            pool_after=pools_after(steps, timeline),
+            kept=sum(s.keeps for s in steps if s.keeps is not msgspec.UNSET)  # pyright: ignore[reportArgumentType]
+            if any(s.keeps is not msgspec.UNSET for s in steps)
+            else None,
+        ),
+        {p.name: p.kind for p in spec.phases},
+        r.calibration or r.device_estimate,
+    )
     plan = Plan(
         name=output.stem,
         command=normalized_command(opts),
@@ -435,19 +448,8 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
             samples={
                 n: TraceSamples(measured=list(m), derived=list(d)) for n, (m, d) in sorted(r.workload.samples.items())
             },
-            device=device_prediction(
-                CaptureFigures(
-                    pool=pred.sim.pool_bytes,
-                    hoisted=pred.hoisted,
-                    steps=steps,
-                    pool_after=pools_after(steps, timeline),
-                    kept=sum(s.keeps for s in steps if s.keeps is not msgspec.UNSET)  # pyright: ignore[reportArgumentType]
-                    if any(s.keeps is not msgspec.UNSET for s in steps)
-                    else None,
-                ),
-                {p.name: p.kind for p in spec.phases},
-                r.calibration or r.device_estimate,
-            ),
+            device=device,
+            kv=None if r.kv is None else _kv_cost(r.kv, device),
             fidelity=fid,
             describes=describes,
             caveat=caveat,
@@ -459,6 +461,13 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
     # every plan built now records its model and rules (revision 4), graph keys or not
     base = SIZES_REVISION if chosen is not None else INPUTS_REVISION
     return seal(msgspec.structs.replace(plan, revision=needed_revision(plan, base=base)))
+
+
+def _kv_cost(pricer, device):
+    """The plan's graph memory in KV tokens, for a build that names an engine (schedule/kv.py)."""
+    from .kv import kv_cost  # a build that names an engine only
+
+    return kv_cost(pricer, device)
 
 
 def schedule(r: Resolved) -> dict[str, Strategy]:

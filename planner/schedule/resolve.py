@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -44,6 +44,9 @@ from .graph import StepGraph, check_acyclic, phase_sequence
 from .keys import resolve_keys
 from .optimize import parse_pins
 from .sequence import capture_order
+
+if TYPE_CHECKING:  # a build that names an engine imports fit (schedule/kv.py)
+    from ..fit.kv_price import KvPricer
 
 __all__ = ["Resolved", "SpecRead", "resolve", "read_spec", "check_tp"]
 
@@ -323,6 +326,8 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     calibration_record: tuple[str, str] | None
     #: ``--device`` without a calibration: the device items estimated for it (graph_nodes.py)
     device_estimate: Calibration | None
+    #: ``--engine``: graph memory priced in the release's KV tokens on the device (schedule/kv.py)
+    kv: KvPricer | None
     # what the sizes decide (derived by _sized)
     rules: dict[str, list]
     by_name: dict[str, Phase]
@@ -414,6 +419,12 @@ def resolve(opts: BuildOptions) -> Resolved:
     calibration, calibration_record = _calibration(opts, spec, used, output.parent)
     _check_traced_on(calibration, traced_on, str(opts.calibration))
     estimate = _device_estimate(opts, used, [p.name for p in spec.phases], calibration, traced is not None)
+    kv, floor = None, opts.sizes.min_kv_tokens if opts.sizes is not None else None
+    if opts.engine is not None or opts.engine_flags or floor is not None:
+        from .kv import kv_pricer  # fit's tables and rules: read only for a build that names an engine
+
+        config = spec_read.model_config[0] if spec_read.model_config is not None else None
+        kv = kv_pricer(opts, used, config, calibration, tp, output.parent)
     expandable = allocator == "expandable"
     protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
     library = int(spec.library_mib * MiB)
@@ -438,5 +449,6 @@ def resolve(opts: BuildOptions) -> Resolved:
         calibration=calibration,
         calibration_record=calibration_record,
         device_estimate=estimate,
+        kv=kv,
     )
     return _sized(read, spec)

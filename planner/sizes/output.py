@@ -44,12 +44,13 @@ def _mib(x: int | None) -> str:
     return "-" if x is None else f"{x / MiB:,.1f}"
 
 
-def _line(r: Row, width: int) -> str:
+def _line(r: Row, width: int, kv: bool) -> str:
     mark = "~" if r.approximate else " "
     cap = "-" if r.capture_seconds is None else ("~" if r.capture_approximate else " ") + f"{r.capture_seconds:.2f}"
+    tokens = ("-" if r.kv_tokens is None else f"{r.kv_tokens:,}").rjust(10) + " " if kv else ""
     return (
         f"  {r.label:<{width}} {len(r.sizes):>6} {mark}{r.padding:>8.2f} {mark}{r.step_seconds * 1e3:>8.3f} "
-        f"{_mib(r.pool_bytes):>9} {_mib(r.device_bytes):>10} {cap:>9}  {size_runs(r.sizes)}"
+        f"{_mib(r.pool_bytes):>9} {_mib(r.device_bytes):>10} {cap:>9} {tokens} {size_runs(r.sizes)}"
     )
 
 
@@ -67,6 +68,9 @@ def render(res: SizesResult) -> str:
         f"budget: {res.budget}",
         "~: approximate (a roofline, or step times interpolated between measured sizes)",
     ]
+    kv = res.plan.predicted.kv
+    if kv is not None:  # --engine: each list's graph memory in that release's KV tokens
+        out.append(f"KV tokens: left under {kv.engine} (planner fit's rule over each list's graph memory)")
     for ph in res.phases:
         width = max(12, *(len(r.label) for r in ph.defaults))
         out += [
@@ -74,10 +78,10 @@ def render(res: SizesResult) -> str:
             f"{ph.phase}: {ph.steps:,.0f} steps, largest size {ph.top}; candidates: {ph.candidates}",
             f"  step time: {ph.time_source}",
             f"  {'list':<{width}} {'graphs':>6} {'padding %':>9} {'step ms':>9} {'pool MiB':>9} {'device MiB':>10} "
-            f"{'capture s':>9}  sizes",
+            f"{'capture s':>9} {'KV tokens ' if kv is not None else ''} sizes",
         ]
-        out += [_line(r, width) for r in ph.front]
-        out += [_line(r, width) for r in [ph.current, *ph.defaults]]
+        out += [_line(r, width, kv is not None) for r in ph.front]
+        out += [_line(r, width, kv is not None) for r in [ph.current, *ph.defaults]]
         c = ph.chosen
         out.append(f"  chosen: {len(c.sizes)} sizes ({ph.why}): {size_runs(c.sizes)}")
         for d in ph.defaults:
@@ -103,7 +107,8 @@ def render(res: SizesResult) -> str:
     out += [
         "",
         f"plan of the chosen sizes: {sum(s.op == 'capture' for s in res.plan.steps)} captures, "
-        f"pool {p.pool_bytes / MiB:,.1f} MiB (simulated), device total {total}",
+        f"pool {p.pool_bytes / MiB:,.1f} MiB (simulated), device total {total}"
+        + ("" if kv is None else f", {'unknown' if kv.kv_tokens is None else f'{kv.kv_tokens:,}'} KV tokens left"),
     ]
     return "\n".join(out) + "\n"
 

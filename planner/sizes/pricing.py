@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.limits import MAX_BS
@@ -24,6 +25,7 @@ from ..memory.analytic import workspace_bytes
 from ..memory.device import Calibration, CaptureFigures, device_prediction
 from ..memory.simulate import simulate
 from ..memory.workload import Workload
+from ..schedule.kv import graph_figure
 from ..schedule.resolve import Resolved
 from ..schedule.sequence import capture_sequence
 from .size_front import Best, expected
@@ -37,7 +39,20 @@ from .step_time import (
     roofline,
 )
 
-__all__ = ["Row", "Memory", "Pricing", "phase_step_time", "roofline_device", "engine_defaults", "covering", "budget_of"]
+if TYPE_CHECKING:
+    from ..fit.kv_price import KvPricer
+
+__all__ = [
+    "Priced",
+    "Row",
+    "Memory",
+    "Pricing",
+    "phase_step_time",
+    "roofline_device",
+    "engine_defaults",
+    "covering",
+    "budget_of",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,21 @@ class Row:
     #: whether padding and step time are approximate (roofline, interpolated)
     approximate: bool
     capture_approximate: bool = False
+    #: the graph memory a build for a device prices (:func:`..schedule.kv.graph_figure`: the device
+    #: total, or the device items known), and the KV tokens ``--engine`` is left (None: not named)
+    graph_bytes: int | None = None
+    kv_tokens: int | None = None
+
+
+class Priced(NamedTuple):
+    """What :meth:`Memory.of` gives for a set of lists."""
+
+    pool: int
+    hoisted: int
+    #: the device total (None: unknown without a calibration)
+    total: int | None
+    #: the graph figure a build for a device prices (None: no device named, or graph-exec unknown)
+    graph: int | None
 
 
 class Memory:
@@ -73,10 +103,12 @@ class Memory:
         self.sequence = list(strategies)
         self.pools = r.pools
         self.calibration: Calibration | None = r.calibration
-        self._seen: dict[tuple, tuple[int, int, int | None]] = {}
+        #: the device items a build for a device counts: measured, else estimated (``--device``)
+        self.device: Calibration | None = r.calibration or r.device_estimate
+        self._seen: dict[tuple, Priced] = {}
 
-    def of(self, lists: dict[str, list[int]]) -> tuple[int, int, int | None]:
-        """(pool bytes, hoisted bytes, device total or None) of capturing ``lists``."""
+    def of(self, lists: dict[str, list[int]]) -> Priced:
+        """Pool bytes, hoisted bytes, device total and graph figure of capturing ``lists``."""
         key = tuple((n, tuple(sorted(lists[n]))) for n in self.sequence)
         if key in self._seen:
             return self._seen[key]
@@ -89,13 +121,15 @@ class Memory:
             for n in self.sequence
             if self.strategies[n].workspace == "hoisted" and lists[n]
         )
-        total = None
-        if self.calibration is not None:
+        total = graph = None
+        if self.device is not None:
             steps = [Step(index=i, id=c.id, op="capture", phase=c.phase, bs=c.bs) for i, c in enumerate(seq.captures)]
             kinds = {n: p.kind for n, p in self.phases.items()}
             figures = CaptureFigures(pool=sim.pool_bytes, hoisted=hoisted, steps=steps)
-            total = device_prediction(figures, kinds, self.calibration).total_bytes
-        out = self._seen[key] = (sim.pool_bytes, hoisted, total)
+            device = device_prediction(figures, kinds, self.device)
+            total = device.total_bytes if self.calibration is not None else None
+            graph = graph_figure(device)[0]
+        out = self._seen[key] = Priced(sim.pool_bytes, hoisted, total, graph)
         return out
 
 
@@ -169,6 +203,8 @@ class Pricing:
     memory: Memory
     others: dict[str, list[int]]
     captured: dict[int, float]
+    #: ``--engine``'s pricer (planner/fit/kv_price.py), None where the build names no engine
+    kv: KvPricer | None = None
     best: dict[int, Best] = field(default_factory=dict)
     _rows: dict[int, Row] = field(default_factory=dict)
 
@@ -192,7 +228,7 @@ class Pricing:
     def row(self, label: str, sizes: list[int] | tuple[int, ...], seconds: float | None = None) -> Row:
         sizes = tuple(sorted(sizes))
         step = expected(self.traffic, sizes, self.time.cost) if seconds is None else seconds
-        pool, hoisted, total = self.memory.of({**self.others, self.phase: list(sizes)})
+        pool, hoisted, total, graph = self.memory.of({**self.others, self.phase: list(sizes)})
         cap, cap_approx = None, False
         if len(self.captured) >= 2:
             cap = sum(Measured(times=self.captured, source="").at(s) for s in sizes)
@@ -208,6 +244,8 @@ class Pricing:
             capture_seconds=cap,
             approximate=not exact,
             capture_approximate=cap_approx,
+            graph_bytes=graph,
+            kv_tokens=None if self.kv is None or graph is None else self.kv.tokens(graph),
         )
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capture_plan.schemas.plan import Decision, ListCost, SizeChoice
+from capture_plan.schemas.plan import Decision, ListCost, SizeChoice, SizeWorth
 from capture_plan.schemas.units import mib
 
 from ..inputs.build_options import BuildOptions, relative
 from ..schedule.pipeline import SizeRecord
 from ..schedule.resolve import Resolved
 from .size_front import size_runs
-from .sizes import Choice
+from .sizes import Choice, PhaseChoice
 
 __all__ = ["size_record"]
 
@@ -56,6 +56,8 @@ def _size_choices(opts: BuildOptions, chosen: Choice, folder: Path) -> list[Size
             why=c.why,
             pool_bytes=c.worth_pool_bytes,
             device_bytes=c.worth_device_bytes,
+            graph_bytes=c.worth_graph_bytes,
+            kv_tokens=c.worth_kv_tokens,
             sizes=c.worth,
             against=[
                 ListCost(
@@ -64,6 +66,7 @@ def _size_choices(opts: BuildOptions, chosen: Choice, folder: Path) -> list[Size
                     padding=round(row.padding, 6),
                     pool_bytes=row.pool_bytes,
                     device_bytes=row.device_bytes,
+                    kv_tokens=row.kv_tokens,
                 )
                 for row in [c.current, *c.defaults]
             ],
@@ -79,8 +82,25 @@ def _added(n: int) -> str:
     return f"it adds {mib(n)}" if n >= 0 else f"it saves {mib(-n)} (the allocator reuses its blocks)"
 
 
-def _graph_memory(pool: int, device: int | None) -> str:
-    return f"graph memory {mib(pool)}" + (f", device total {mib(device)}" if device is not None else "")
+def _graph_memory(pool: int, device: int | None, kv: int | None = None) -> str:
+    return (
+        f"graph memory {mib(pool)}"
+        + (f", device total {mib(device)}" if device is not None else "")
+        + (f", {kv:,} KV tokens left" if kv is not None else "")
+    )
+
+
+def _size_cost(c: PhaseChoice, w: SizeWorth, engine: str) -> str:
+    """What one size costs, in words: its pool and hoisted bytes; on a plan built for a device,
+    the device memory it adds (graph-exec included: each graph's executable, which the pool's
+    reuse does not make nothing); under ``--engine``, the KV tokens it takes."""
+    text = _added(c.worth_pool_bytes - w.pool_bytes_without) + " of graph memory"
+    if c.worth_graph_bytes is not None and w.device_bytes_without is not None:
+        device = mib(c.worth_graph_bytes - w.device_bytes_without)
+        text += f" (pool and hoisted), {device} on the device (graph-exec included)"
+    if c.worth_kv_tokens is not None and w.kv_tokens_without is not None:
+        text += f", {w.kv_tokens_without - c.worth_kv_tokens:,} KV tokens under {engine}"
+    return text
 
 
 def _size_decisions(opts: BuildOptions, chosen: Choice, folder: Path) -> list[Decision]:
@@ -94,7 +114,7 @@ def _size_decisions(opts: BuildOptions, chosen: Choice, folder: Path) -> list[De
         mark = "~" if row.approximate else ""
         against = "; ".join(
             f"{d.label} ({len(d.sizes)} sizes): padding {mark}{d.padding:.2f}%, "
-            + _graph_memory(d.pool_bytes, d.device_bytes)
+            + _graph_memory(d.pool_bytes, d.device_bytes, d.kv_tokens)
             for d in [c.current, *c.defaults]
         )
         notes = "".join(f"; {n}" for n in chosen.traffic.notes)
@@ -107,7 +127,7 @@ def _size_decisions(opts: BuildOptions, chosen: Choice, folder: Path) -> list[De
                 choice=f"{len(row.sizes)} sizes: {size_runs(row.sizes)}",
                 why=f"{c.why}: padding {mark}{row.padding:.2f}% of step time "
                 f"({_step_time_source(opts, c.time_source, folder)}), "
-                f"{_graph_memory(c.worth_pool_bytes, c.worth_device_bytes)}; "
+                f"{_graph_memory(c.worth_pool_bytes, c.worth_device_bytes, c.worth_kv_tokens)}; "
                 f"against {against}",
             )
         )
@@ -128,7 +148,7 @@ def _size_decisions(opts: BuildOptions, chosen: Choice, folder: Path) -> list[De
                     rule=f"sizes-auto {w.size}",
                     constraint=f"{runs} run its graph",
                     choice=f"capture {w.size}",
-                    why=f"{why}; {_added(c.worth_pool_bytes - w.pool_bytes_without)} of graph memory",
+                    why=f"{why}; {_size_cost(c, w, chosen.kv)}",
                 )
             )
     return out

@@ -122,6 +122,10 @@ class PhaseChoice:
     worth: list[SizeWorth] = field(default_factory=list)
     worth_pool_bytes: int = 0
     worth_device_bytes: int | None = None
+    #: the graph figure a build for a device prices, and the KV tokens ``--engine`` is left, with
+    #: every phase at its chosen list (None: no device, no engine)
+    worth_graph_bytes: int | None = None
+    worth_kv_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,8 @@ class Choice:
     #: and of which build
     opts: SizeChoiceOptions
     build: BuildOptions
+    #: the engine, device and settings KV tokens are priced under ("": the build names no engine)
+    kv: str = ""
 
 
 @dataclass(frozen=True)
@@ -249,7 +255,7 @@ def choose(
     bad = out_of_bounds("max_size", opts.max_size)
     if bad is not None:
         raise InputError(bad, where="--max-size", fix="give the largest batch the engine schedules")
-    for name in ("max_graphs", "upto", "max_padding", "budget_mib"):
+    for name in ("max_graphs", "upto", "max_padding", "budget_mib", "min_kv_tokens"):
         if name == "upto":  # planner sizes' own option, no build option
             if upto is not None and upto < 1:
                 raise _bad_option(f"must be 1 or more, got {upto}", f"--upto {upto}", "--upto", "upto")
@@ -318,10 +324,13 @@ def choose(
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
+            kv=r.kv,
         )
         count = upto or max(DEFAULT_UPTO, len(phase.sizes), opts.max_graphs or 0)
         price.best = best_lists(price.traffic, cands[name][0], price.time.cost, count)
         kmax = max(price.best)
+        if opts.min_kv_tokens is not None:
+            _check_kv_priced(price, r.kv.label if r.kv is not None else "", b.calibration)
         chosen_k, why = _choose(opts, b.spec, price, kmax, len(phase.sizes), budget, calibrated, budget_mib)
         shown = (
             range(1, kmax + 1)
@@ -345,10 +354,16 @@ def choose(
         )
         lists[name] = list(price.best[chosen_k].sizes)
     if worth:
-        pool, hoisted, total = memory.of(lists)
+        pool, hoisted, total, graph = memory.of(lists)
+        kv_tokens = r.kv.tokens(graph) if r.kv is not None and graph is not None else None
         choices = [
             dataclasses.replace(
-                c, worth=_worth(prices[c.phase], lists), worth_pool_bytes=pool + hoisted, worth_device_bytes=total
+                c,
+                worth=_worth(prices[c.phase], lists),
+                worth_pool_bytes=pool + hoisted,
+                worth_device_bytes=total,
+                worth_graph_bytes=graph,
+                worth_kv_tokens=kv_tokens,
             )
             for c in choices
         ]
@@ -362,7 +377,23 @@ def choose(
         calibrated=calibrated,
         opts=opts,
         build=b,
+        kv=r.kv.label if r.kv is not None else "",
     )
+
+
+def _check_kv_priced(price: Pricing, engine: str, calibration: Path | None) -> None:
+    """``--min-kv-tokens`` needs each list's graph memory on the device: refused, naming why,
+    where it is unknown (a device with no per-node graph-exec figure, and no calibration)."""
+    one = price.at(1)
+    if one.kv_tokens is None:
+        raise InputError(
+            f"graph memory on the device is unknown (no graph-exec figure for it), so the KV tokens {engine} is "
+            "left cannot be priced",
+            where="--min-kv-tokens",
+            fix="build with --calibration REPORT (a capture report measured on the device)"
+            if calibration is None
+            else "give a calibration whose report counted graph nodes",
+        )
 
 
 def check_budget(choice: Choice, plan: Plan) -> None:
@@ -383,6 +414,9 @@ def check_budget(choice: Choice, plan: Plan) -> None:
             if opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
                 err.retry = {"budget_mib": float(-(-total // MiB))}
             raise err
+    kv = plan.predicted.kv
+    if opts.min_kv_tokens is not None and kv is not None and (kv.kv_tokens or 0) < opts.min_kv_tokens:
+        raise _floor_error(opts.min_kv_tokens, kv.kv_tokens or 0, kv.engine, "the chosen lists together", kv.overflow)
 
 
 def _choose(
@@ -402,10 +436,14 @@ def _choose(
     limit_text = f"--max-graphs {opts.max_graphs}" if opts.max_graphs is not None else f"{limit} sizes"
 
     def fits(k: int) -> bool:
+        if opts.min_kv_tokens is not None and (at(k).kv_tokens or 0) < opts.min_kv_tokens:
+            return False
         if budget is None:
             return True
         used = budget_of(at(k), calibrated)
         return used is not None and used <= budget
+
+    floor = f" and --min-kv-tokens {opts.min_kv_tokens}" if opts.min_kv_tokens is not None else ""
 
     def padding(k: int) -> float:
         return price.padding(price.best[k].seconds)
@@ -415,7 +453,7 @@ def _choose(
             if padding(k) <= opts.max_padding and fits(k):
                 return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
                     f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
-                )
+                ) + floor
         least = padding(limit)
         err = ConstraintError(
             f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
@@ -430,8 +468,13 @@ def _choose(
     for k in range(limit, 0, -1):  # padding falls as k grows: the largest count that fits
         if fits(k):
             why = f"the least padding within {limit_text}"
-            return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "")
+            return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "") + floor
     one = at(1)
+    if opts.min_kv_tokens is not None and (one.kv_tokens or 0) < opts.min_kv_tokens:
+        # one size leaves the most tokens a list leaves: no list meets the floor
+        assert price.kv is not None, "a floor is priced under an engine"
+        why = price.kv.why_not(one.graph_bytes) if one.graph_bytes is not None else ""
+        raise _floor_error(opts.min_kv_tokens, one.kv_tokens or 0, price.kv.label, f"phase {phase!r}: one size", why)
     used = budget_of(one, calibrated)
     shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
     err = ConstraintError(
@@ -450,6 +493,22 @@ def _choose(
     raise err
 
 
+def _floor_error(floor: int, left: int, engine: str, what: str, overflow: str) -> ConstraintError:
+    """No list leaves ``floor`` KV tokens: ``what`` (the best there is) leaves ``left``. The fix
+    that works: the floor it leaves, or, where the engine would not start at all, fit's reason."""
+    err = ConstraintError(
+        f"{what} leaves {left:,} KV tokens under {engine}, below --min-kv-tokens {floor:,}"
+        + (f" (the engine would not start: {overflow})" if overflow else ""),
+        where=f"--min-kv-tokens {floor}",
+        fix=f"lower the floor to {left:,} tokens"
+        if left > 0
+        else "leave more memory to the engine (planner fit says how)",
+    )
+    if left > 0:
+        err.retry = {"min_kv_tokens": left}
+    return err
+
+
 def _worth(price: Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
     """Why each size of ``price.phase``'s chosen list is in: the steps that run its graph, the
     padding the list would add without it (the steps then run the next larger size's graph),
@@ -460,13 +519,23 @@ def _worth(price: Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
     out, low = [], 0
     for s in sizes:
         rest = [x for x in sizes if x != s]
-        p2, h2, _ = price.memory.of({**lists, name: rest})
+        p2, h2, _, g2 = price.memory.of({**lists, name: rest})
+        kv2 = price.kv.tokens(g2) if price.kv is not None and g2 is not None else None
         saved = None
         if s != sizes[-1]:
             # at least 0: a list without the size runs its steps on a larger graph, never faster
             # (floating point may say -0.0 where the two take the same time)
             saved = max(0.0, round(price.padding(expected(price.traffic, rest, price.time.cost)) - padding, 6))
         steps = sum(w for n, w in price.traffic.items() if low < n <= s)
-        out.append(SizeWorth(size=s, steps=round(steps, 6), padding_saved=saved, pool_bytes_without=p2 + h2))
+        out.append(
+            SizeWorth(
+                size=s,
+                steps=round(steps, 6),
+                padding_saved=saved,
+                pool_bytes_without=p2 + h2,
+                device_bytes_without=g2,
+                kv_tokens_without=kv2,
+            )
+        )
         low = s
     return out
