@@ -1223,6 +1223,67 @@ def fit_calibrated() -> list[str]:
     return ["```console", f"$ planner {' '.join(args + files)}", *out.rstrip().splitlines(), "```"]
 
 
+def fit_logs() -> list[str]:
+    """fit against each published start-up log (tests/data/engine_logs; tests/test_fit_logs.py
+    holds each figure to its target or to its recorded gap): the figures the log shows, fit's
+    from the log's config, device and settings, and fit's error."""
+    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.model import load_model
+    from capture_plan.planner.fit.tables import GiB, rule_for
+    from capture_plan.schemas.documents import toml_parser
+    from capture_plan.schemas.errors import InputError
+    from capture_plan.schemas.fit import FitItem
+
+    rows = []
+    for path in sorted((ROOT / "tests/data/engine_logs").glob("*.toml")):
+        log = toml_parser().loads(path.read_text(encoding="utf-8"))
+        head = [
+            f"[{path.stem}]({log['url']})",
+            log["version"],
+            log["device"].removeprefix("NVIDIA "),
+            log["model"],
+            str(log["tp"]),
+        ]
+        logged = log["logged"]
+        try:
+            rule_for(f"{log['engine']}=={log['version']}")
+            model = load_model(str(path.parent / log["config"]))
+        except InputError as err:
+            rows.append(head + ["refused: " + str(err).split(": ", 1)[-1].split(";")[0].split(" (modelled")[0], "", ""])
+            continue
+        settings = {k: v for k, v in log["settings"].items() if k != "enable-prefix-caching"}
+        args = (model, log["device"], f"{log['engine']}=={log['version']}", log["tp"], settings)
+        r = fit(*args)
+        graph = next(i for i in r.items if i.name == "graph memory")
+        shown = logged.get("graph_gib", logged.get("graph_estimate_gib"))
+        if graph.bytes is None:  # unknown on this device: the engine's own estimate in its place
+            est = int(logged["graph_estimate_gib"] * GiB)
+            r = fit(*args, measured_graph=FitItem("graph memory", est, int(0.005 * GiB), "given", path.name))
+            graph_cell = f"unknown ({shown} logged, given)"
+        else:
+            graph_cell = f"{graph.bytes / GiB:.2f} / {shown} ({graph.bytes / GiB / shown - 1:+.0%})"
+        tokens = logged["kv_tokens"]
+        rows.append(
+            head
+            + [
+                f"{r.kv_tokens:,} / {tokens:,} ({r.kv_tokens / tokens - 1:+.2%})",
+                graph_cell,
+                f"{r.kv_bytes / GiB:.2f} / {logged['kv_cache_gib']}",
+            ]
+        )
+    header = [
+        "log",
+        "release",
+        "device",
+        "model",
+        "tp",
+        "KV tokens: fit / logged",
+        "graph GiB: fit / logged",
+        "KV GiB: fit / logged",
+    ]
+    return _table(header, rows)
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -1253,6 +1314,7 @@ TABLES = {
     "fit-examples": fit_examples,
     "fit-example": fit_example,
     "fit-calibrated": fit_calibrated,
+    "fit-logs": fit_logs,
 }
 
 
