@@ -1262,11 +1262,13 @@ def fit_logs() -> list[str]:
             graph_cell = f"unknown ({shown} logged, given)"
         else:
             graph_cell = f"{graph.bytes / GiB:.2f} / {shown} ({graph.bytes / GiB / shown - 1:+.0%})"
-        tokens = logged["kv_tokens"]
+        tokens = logged.get("kv_tokens")
         rows.append(
             head
             + [
-                f"{r.kv_tokens:,} / {tokens:,} ({r.kv_tokens / tokens - 1:+.2%})",
+                f"{r.kv_tokens:,} / {tokens:,} ({r.kv_tokens / tokens - 1:+.2%})"
+                if tokens
+                else f"{r.kv_tokens:,} / not compared",
                 graph_cell,
                 f"{r.kv_bytes / GiB:.2f} / {logged['kv_cache_gib']}",
             ]

@@ -66,10 +66,17 @@ NON_TORCH_TP = (
 )
 GRAPH_PIECEWISE = (
     "graph memory: fit counts graph-exec as nodes x the per-node figure the project measured on its own "
-    "graphs (devices.toml) plus the largest size's activations as the pool; vLLM 0.19.0's capture "
-    "(FULL_AND_PIECEWISE: 51 FULL graphs and 51 sizes x (layers + 1) piecewise graphs) took 0.64-1.57 GiB. "
+    "graphs (devices.toml) plus the largest size's activations as the pool; vLLM's capture "
+    "(FULL_AND_PIECEWISE: FULL graphs and sizes x (layers + 1) piecewise graphs) took 0.64-1.57 GiB in the "
+    "0.19.0 logs, 0.96 GiB in the 0.20.0 one. "
     "The project's own H100 bench shows the same gap in the pool (bench/results/"
     "device-2026-12-06-h100-vllm034.json, llama: pool 1054 MiB captured against 68 predicted)"
+)
+DEDUCTED_TP4 = (
+    "KV GiB under vLLM 0.20.0 (which takes its graph estimate from the budget) at tp 4: the engine deducted "
+    "its 1.10 GiB estimate where fit deducts its own 0.20 (0.90 GiB), non-torch memory at tp 4 as in the "
+    "0.19.0 logs (about 1.4 GiB more than fit's estimate), and about 0.4 GiB more of the fp8 MoE path's "
+    "workspaces than fit's activation peak counts: 2.7 GiB of a 12.15 GiB cache"
 )
 MLA_WEIGHTS = (
     "weights: vLLM's MLA keeps per-layer W_UK_T / W_UV copies of kv_b_proj made after loading and a YaRN "
@@ -97,6 +104,8 @@ GAPS: dict[tuple[str, str], Gap] = {
     ("vllm-0.19.0_h100_gemma-2-9b-it", "graph"): Gap(-0.742, 0.9, GRAPH_PIECEWISE),
     ("vllm-0.19.0_h100_deepseek-v2-lite-chat", "graph"): Gap(-0.878, 0.95, GRAPH_PIECEWISE),
     ("vllm-0.19.0_h100_mixtral-8x7b-instruct_tp2", "graph"): Gap(-0.797, 0.9, GRAPH_PIECEWISE),
+    ("vllm-0.20.0_4xh100_qwen3-235b-a22b-instruct-2507-fp8", "kv_cache_gib"): Gap(0.220, 0.3, DEDUCTED_TP4),
+    ("vllm-0.20.0_4xh100_qwen3-235b-a22b-instruct-2507-fp8", "graph"): Gap(-0.789, 0.9, GRAPH_PIECEWISE),
 }
 
 
@@ -170,7 +179,7 @@ def test_fit_meets_the_published_log(path):
         # nothing measured is near this device's graphs: fit leaves them unknown, never zero,
         # and its tokens are an upper bound; the release's other items are then checked with
         # the engine's own logged estimate (printed to 0.01 GiB) in the graph item's place
-        assert graph.status == "unknown" and r.kv_tokens >= logged["kv_tokens"]
+        assert graph.status == "unknown" and r.kv_bytes / GiB >= logged["kv_cache_gib"]
         given = FitItem("graph memory", int(logged["graph_estimate_gib"] * GiB), int(0.005 * GiB), "given", path.name)
         r = fit(*args, measured_graph=given)
         items = {i.name: i for i in r.items}
@@ -188,7 +197,8 @@ def test_fit_meets_the_published_log(path):
         got = items["activation peak"].bytes / GiB
         _check(path.stem, "activation_peak_gib", got, logged["activation_peak_gib"], TARGETS["activation_peak_gib"])
     _check(path.stem, "kv_cache_gib", r.kv_bytes / GiB, logged["kv_cache_gib"], TARGETS["kv_cache_gib"])
-    _check(path.stem, "kv_tokens", r.kv_tokens, logged["kv_tokens"], TARGETS["kv_tokens"])
+    if "kv_tokens" in logged:  # not where a block override set the count (the log's notes say)
+        _check(path.stem, "kv_tokens", r.kv_tokens, logged["kv_tokens"], TARGETS["kv_tokens"])
 
 
 def test_every_gap_names_a_compared_log_and_a_checked_figure():
