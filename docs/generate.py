@@ -1223,6 +1223,69 @@ def fit_calibrated() -> list[str]:
     return ["```console", f"$ planner {' '.join(args + files)}", *out.rstrip().splitlines(), "```"]
 
 
+def fit_logs() -> list[str]:
+    """fit against each published start-up log (tests/data/engine_logs; tests/test_fit_logs.py
+    holds each figure to its target or to its recorded gap): the figures the log shows, fit's
+    from the log's config, device and settings, and fit's error."""
+    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.model import load_model
+    from capture_plan.planner.fit.tables import GiB, rule_for
+    from capture_plan.schemas.documents import toml_parser
+    from capture_plan.schemas.errors import InputError
+    from capture_plan.schemas.fit import FitItem
+
+    rows = []
+    for path in sorted((ROOT / "tests/data/engine_logs").glob("*.toml")):
+        log = toml_parser().loads(path.read_text(encoding="utf-8"))
+        head = [
+            f"[{path.stem}]({log['url']})",
+            log["version"],
+            log["device"].removeprefix("NVIDIA "),
+            log["model"],
+            str(log["tp"]),
+        ]
+        logged = log["logged"]
+        try:
+            rule_for(f"{log['engine']}=={log['version']}")
+            model = load_model(str(path.parent / log["config"]))
+        except InputError as err:
+            rows.append(head + ["refused: " + str(err).split(": ", 1)[-1].split(";")[0].split(" (modelled")[0], "", ""])
+            continue
+        settings = {k: v for k, v in log["settings"].items() if k != "enable-prefix-caching"}
+        args = (model, log["device"], f"{log['engine']}=={log['version']}", log["tp"], settings)
+        r = fit(*args)
+        graph = next(i for i in r.items if i.name == "graph memory")
+        shown = logged.get("graph_gib", logged.get("graph_estimate_gib"))
+        if graph.bytes is None:  # unknown on this device: the engine's own estimate in its place
+            est = int(logged["graph_estimate_gib"] * GiB)
+            r = fit(*args, measured_graph=FitItem("graph memory", est, int(0.005 * GiB), "given", path.name))
+            graph_cell = f"unknown ({shown} logged, given)"
+        else:
+            graph_cell = f"{graph.bytes / GiB:.2f} / {shown} ({graph.bytes / GiB / shown - 1:+.0%})"
+        tokens = logged.get("kv_tokens")
+        rows.append(
+            head
+            + [
+                f"{r.kv_tokens:,} / {tokens:,} ({r.kv_tokens / tokens - 1:+.2%})"
+                if tokens
+                else f"{r.kv_tokens:,} / not compared",
+                graph_cell,
+                f"{r.kv_bytes / GiB:.2f} / {logged['kv_cache_gib']}",
+            ]
+        )
+    header = [
+        "log",
+        "release",
+        "device",
+        "model",
+        "tp",
+        "KV tokens: fit / logged",
+        "graph GiB: fit / logged",
+        "KV GiB: fit / logged",
+    ]
+    return _table(header, rows)
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -1253,6 +1316,7 @@ TABLES = {
     "fit-examples": fit_examples,
     "fit-example": fit_example,
     "fit-calibrated": fit_calibrated,
+    "fit-logs": fit_logs,
 }
 
 
@@ -1920,45 +1984,6 @@ def _graph_exec_step(d: dict) -> str:
 def _graph_exec_second(d: dict) -> str:
     most = max(c["second_round_bytes"] for c in d["cases"].values())
     return f"{_mib(most / MiB)} MiB more"
-
-
-#: the published start-up log docs/fit.md compares fit with in prose (tests/test_fit.py checks it too)
-FIT_LOG = "vllm-0.21.0_rtx-a5000_qwen3-8b.toml"
-
-
-@figure("fit-log-a5000")
-def _fit_log_a5000() -> str:
-    """fit against the A5000 Qwen3-8B log: its bare answer (graph memory unknown off sm90: an
-    upper bound), then with the engine's own logged graph estimate in the graph item's place."""
-    import tomllib
-
-    from capture_plan.planner.fit.fit import fit
-    from capture_plan.planner.fit.model import load_model
-    from capture_plan.planner.fit.tables import GiB, device
-    from capture_plan.schemas.fit import FitItem
-
-    logs = ROOT / "tests/data/engine_logs"
-    log = tomllib.loads((logs / FIT_LOG).read_text())
-    logged = log["logged"]
-    # prefix caching reuses blocks, it adds none: the one setting fit does not read
-    settings = {k: v for k, v in log["settings"].items() if k != "enable-prefix-caching"}
-    args = (load_model(str(logs / log["config"])), log["device"], f"{log['engine']}=={log['version']}", 1, settings)
-    bare = fit(*args)
-    assert next(i for i in bare.items if i.name == "graph memory").bytes is None, "the prose says it is unknown"
-    given = FitItem("graph memory", int(logged["graph_estimate_gib"] * GiB), int(0.005 * GiB), "given", FIT_LOG)
-    r = fit(*args, measured_graph=given)
-    name, dev = device(log["device"])
-    assert r.kv_bytes is not None and r.kv_tokens is not None and bare.kv_tokens is not None
-    error = dev.torch_total_error
-    inside = "inside" if abs(r.kv_bytes - logged["kv_cache_gib"] * GiB) <= error else "outside"
-    return (
-        f"the {name.split()[-1]} ({dev.sm}) has no measured graph-exec figure, so fit's graph memory is unknown "
-        f"and its {bare.kv_tokens:,} tokens are an upper bound of the {logged['kv_tokens']:,} logged; with the "
-        f"engine's own logged {logged['graph_estimate_gib']:.2f} GiB graph estimate in its place, fit gives "
-        f"{r.kv_bytes / GiB:.2f} GiB and {r.kv_tokens:,} tokens against {logged['kv_cache_gib']:.2f} GiB and "
-        f"{logged['kv_tokens']:,} ({100 * (r.kv_tokens / logged['kv_tokens'] - 1):+.1f}%, {inside} the derived "
-        f"device total's +-{error / GiB:.2f} GiB)"
-    )
 
 
 def render_figures(text: str, where: str) -> str:

@@ -15,7 +15,15 @@ from capture_plan.schemas.fit import FitItem
 from .model import FitModel
 from .tables import estimates
 
-__all__ = ["context", "non_torch", "activation_peak", "activation_per_token", "graph_memory", "nodes_per_layer"]
+__all__ = [
+    "context",
+    "non_torch",
+    "activation_peak",
+    "activation_per_token",
+    "moe_workspace",
+    "graph_memory",
+    "nodes_per_layer",
+]
 
 
 def context() -> FitItem:
@@ -44,13 +52,47 @@ def activation_per_token(m: FitModel, tp: int) -> int:
     return d * (e["hidden_copies"] * m.hidden + qkv + mlp)
 
 
+def moe_workspace(m: FitModel, tp: int, tokens: int) -> int:
+    """The fused-MoE layer's workspace for ``tokens``: kept by the engine after the profiling
+    run's forward, so it adds to the sampler's peak (0 for a dense model).
+
+    vLLM 0.19.0 vllm/model_executor/layers/fused_moe/modular_kernel.py: _allocate_buffers
+    takes workspace13 (sized for the output too) and workspace2 from the persistent
+    current_workspace_manager() (vllm/v1/worker/workspace.py), unchunked (M_full); their
+    shapes are TritonExperts.workspace_shapes (fused_moe.py): (M, topk, max(N / 2, K)) and
+    (M, topk, max(N, K)), output (M, K), N = w1's rows (2 x the rank's expert
+    intermediate), K = hidden, in the activation dtype."""
+    if not m.experts:
+        return 0
+    n = 2 * m.expert_intermediate // tp
+    ws13 = max(tokens * m.experts_per_token * max(n // 2, m.hidden), tokens * m.hidden)
+    ws2 = tokens * m.experts_per_token * max(n, m.hidden)
+    return m.dtype_bytes * (ws13 + ws2)
+
+
 def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int) -> FitItem:
-    """The profiling run's transient torch peak: ``tokens`` through the layers, then the
-    dummy sampler's float32 logits over ``seqs`` requests (vLLM's profile_run)."""
+    """The profiling run's transient torch peak (vLLM's profile_run): ``tokens`` through the
+    layers, then the dummy sampler over ``seqs`` requests while the forward's hidden states
+    are still held, each on top of the MoE workspace the forward leaves allocated.
+
+    The sampler phase follows vLLM 0.19.0's vllm/v1/worker/gpu_model_runner.py
+    (profile_run, _dummy_sampler_run) and vllm/v1/sample: profile_run holds the dummy run's
+    hidden states (tokens x hidden) and the sampled rows (seqs x hidden), the sampler run a
+    random copy of them and the model-dtype logits over the whole vocabulary on every rank
+    (LogitsProcessor all-gathers: Platform.use_all_gather() is True for CUDA); the sampler
+    then holds a float32 copy (Sampler.forward), the float32 probabilities
+    (TopKTopPSampler.forward_native; top-k/top-p are applied in place) and random_sample's
+    exponential draw of the same shape."""
     e = estimates()["activation"]
-    layer = tokens * activation_per_token(m, tp)
-    sampler = min(seqs, tokens) * (m.vocab // tp if tp > 1 else m.vocab) * 4 * e["sampler_copies"]
-    b = max(layer, sampler)
+    d = m.dtype_bytes
+    workspace = moe_workspace(m, tp, tokens)
+    dense_token = activation_per_token(m, tp)
+    if m.experts:  # the MoE part of a token's peak is the workspace, counted once
+        dense_token = d * (e["hidden_copies"] * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim // tp)
+    layer = tokens * dense_token
+    rows = min(seqs, tokens)
+    sampler = tokens * m.hidden * d + 2 * rows * m.hidden * d + rows * m.vocab * (d + 4 * e["sampler_copies"])
+    b = workspace + max(layer, sampler)
     return FitItem("activation peak", b, int(b * e["error_fraction"]), "estimated", e["source"])
 
 
