@@ -62,8 +62,9 @@ def main() -> None:
     from capture_plan.planner.inputs import resources
     from capture_plan.planner.inputs.build_options import SizeChoiceOptions
     from capture_plan.planner.memory.simulate import Simulation
+    from capture_plan.planner.sizes.command import choose_sizes
     from capture_plan.planner.sizes.size_front import best_lists, candidates
-    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions
     from capture_plan.planner.sizes.step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, device_roofline, roofline
     from capture_plan.planner.sizes.traffic import read_traffic
 

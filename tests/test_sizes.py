@@ -219,7 +219,8 @@ def test_the_program_finds_the_cheapest_list_of_every_count(weights, extra, shap
 
 def _choose(**kw):
     from capture_plan.planner.inputs.build_options import SizeChoiceOptions
-    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.command import choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions
 
     build = kw.pop("build", BuildOptions(backend="fa3", ci=True))
     shown = {k: kw.pop(k) for k in ("upto", "every") if k in kw}

@@ -368,7 +368,8 @@ def test_a_size_choice_parses_the_spec_once_and_runs_the_pipeline_once(tmp_path,
     assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
     assert len(plan.phases[0].sizes) == 6 and plan.predicted.sizes
     # `planner sizes` likewise: one parse, one plan (of the chosen lists)
-    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.command import choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions
 
     counts.update({k: 0 for k in counts})
     choice = SizeChoiceOptions(traffic=SKEWED, max_graphs=6)

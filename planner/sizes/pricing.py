@@ -5,18 +5,23 @@ expected step time and padding from the traffic and a step time per size (planne
 its graph memory from the plan's own schedule simulated with the list (:class:`Memory`: the
 other phases at their lists, every graph key; with a calibration, the device total), and its
 capture seconds where a report measured them. Also the engines' default lists a choice is
-weighed against.
+weighed against, and the count of sizes a phase's priced front gives under the limits asked
+(:meth:`Pricing.choose`: the padding, the count of graphs, the budget), where the prices are:
+planner/sizes/sizes.py composes the phases' choices.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
 from capture_plan.schemas.spec import Phase
+from capture_plan.schemas.units import MiB
 
 from ..inputs.build_options import SizeChoiceOptions
 from ..inputs.specs import _expand, engine_preset, sgl_sizes
@@ -161,7 +166,8 @@ def covering(label: str, sizes: list[int], top: int) -> tuple[str, list[int]]:
 @dataclass
 class Pricing:
     """What every list of one phase is priced with: its traffic, step time and memory (the
-    other phases at ``others``' lists), and the best list of each count once found."""
+    other phases at ``others``' lists), the best list of each count once found, and the count
+    chosen from them (:meth:`choose`)."""
 
     phase: str
     traffic: dict[int, float]
@@ -209,6 +215,69 @@ class Pricing:
             approximate=not exact,
             capture_approximate=cap_approx,
         )
+
+    def choose(
+        self, opts: SizeChoiceOptions, spec_count: int, budget_mib: float | None, spec: Path | None
+    ) -> tuple[int, str]:
+        """The count of sizes chosen for the phase (of :attr:`best`) and why: under ``opts``'
+        limits (``--max-graphs``, else the spec's ``spec_count`` sizes; ``--max-padding``) and
+        the budget (``budget_mib``: ``--budget-mib``, else the spec's, whose file ``spec`` is;
+        of the device total where :attr:`memory` is calibrated)."""
+        phase, at = self.phase, self.at
+        kmax = max(self.best)
+        calibrated = self.memory.calibration is not None
+        budget = None if budget_mib is None else budget_mib * MiB
+        unpadded = kmax if opts.max_padding is not None else spec_count
+        limit = min(opts.max_graphs if opts.max_graphs is not None else unpadded, kmax)
+        limit_text = f"--max-graphs {opts.max_graphs}" if opts.max_graphs is not None else f"{limit} sizes"
+
+        def fits(k: int) -> bool:
+            if budget is None:
+                return True
+            used = budget_of(at(k), calibrated)
+            return used is not None and used <= budget
+
+        def padding(k: int) -> float:
+            return self.padding(self.best[k].seconds)
+
+        if opts.max_padding is not None:
+            for k in range(1, limit + 1):
+                if padding(k) <= opts.max_padding and fits(k):
+                    return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
+                        f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
+                    )
+            least = padding(limit)
+            err = ConstraintError(
+                f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
+                + (" within the budget" if budget is not None else "")
+                + f"; the least padding there is {least:.2f}% ({limit} sizes)",
+                where=f"--max-padding {opts.max_padding:g}",
+                fix="allow more sizes with --max-graphs, or more padding",
+            )
+            if fits(limit):  # the least padding there, allowed: a list that exists
+                err.retry = {"max_padding": math.ceil(least * 100) / 100}
+            raise err
+        for k in range(limit, 0, -1):  # padding falls as k grows: the largest count that fits
+            if fits(k):
+                why = f"the least padding within {limit_text}"
+                return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "")
+        one = at(1)
+        used = budget_of(one, calibrated)
+        shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
+        err = ConstraintError(
+            f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
+            where="--budget-mib"
+            if opts.budget_mib is not None
+            else f"{spec}: $.budget_mib"
+            if spec is not None
+            else "the spec's budget_mib",
+            fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
+            if used is not None
+            else "calibrate with --calibration REPORT, or give a budget of the pool with no --calibration",
+        )
+        if used is not None and opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
+            err.retry = {"budget_mib": float(-(-used // MiB))}
+        raise err
 
 
 def budget_of(row: Row, calibrated: bool) -> int | None:
