@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capture_plan.schemas.errors import ConstraintError, InputError
+from capture_plan.schemas.errors import ConstraintError
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
 from capture_plan.schemas.spec import Phase
@@ -32,17 +32,9 @@ from ..memory.workload import Workload
 from ..schedule.resolve import Resolved
 from ..schedule.sequence import capture_sequence
 from .size_front import Best, expected
-from .step_time import (
-    DEFAULT_DEVICE,
-    Measured,
-    StepTime,
-    device_names,
-    device_roofline,
-    measured_times,
-    roofline,
-)
+from .step_time import Measured, StepTime
 
-__all__ = ["Row", "Memory", "Pricing", "phase_step_time", "roofline_device", "engine_defaults", "covering", "budget_of"]
+__all__ = ["Row", "Memory", "Pricing", "engine_defaults", "covering", "budget_of"]
 
 
 @dataclass(frozen=True)
@@ -102,48 +94,6 @@ class Memory:
             total = device_prediction(figures, kinds, self.calibration).total_bytes
         out = self._seen[key] = (sim.pool_bytes, hoisted, total)
         return out
-
-
-def roofline_device(device: str | None, calibration: Calibration | None, calibration_path: object) -> str:
-    """The device whose roofline prices a step: ``--device``, else the calibration's (a list's
-    device total is that device's: its step times are then of the same one), else
-    :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration was
-    measured on is refused: the figures of two devices would sit in one row, unsaid."""
-    if calibration is None:  # not `or`: --device '' is a device no table has, refused (it priced the H200)
-        return DEFAULT_DEVICE if device is None else device
-    measured = calibration.device.split(" sm")[0].strip()
-    if device is None:
-        if measured not in device_names():
-            raise InputError(
-                f"no roofline figures for {measured!r}, the device the calibration was measured on",
-                where=f"--calibration {calibration_path}",
-                fix="measure step times on it with --timing REPORT, or add it to planner/data/devices.toml [roofline]",
-            )
-        return measured
-    named = device_roofline(device).name
-    if named != measured:
-        err = InputError(
-            f"the calibration was measured on {measured!r}, the roofline is of {named!r}: a list's device "
-            "total and its step time would be of two devices",
-            where=f"--device {device} with --calibration {calibration_path}",
-            fix=f"leave --device out (the roofline is then the {measured}'s), or give a calibration "
-            f"(a capture report) measured on the {named}",
-        )
-        err.retry = {"device": None}
-        raise err
-    return named
-
-
-def phase_step_time(opts: SizeChoiceOptions, device: str, r: Resolved, phase: Phase, timing) -> StepTime:
-    """``phase``'s step time per size: measured (``timing``: a report with replay times and
-    how to name it), else the roofline of ``r``'s model on ``device`` (:func:`roofline_device`'s)
-    and ``opts``' context, as :func:`capture_plan.planner.sizes.sizes.choose` resolved it
-    (bounded by the model's window)."""
-    if timing is not None:
-        rep, shown = timing
-        return measured_times(rep, shown, phase.name)
-    assert opts.context is not None, "choose() resolves it"
-    return roofline(r.spec.model, phase, r.tp, device_roofline(device), opts.context, r.backend)
 
 
 def engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:

@@ -59,13 +59,9 @@ from ..inputs import resources
 from ..inputs.build_options import BuildOptions, SizeChoiceOptions
 from ..schedule import pipeline
 from ..schedule.resolve import Resolved
-from .pricing import Memory, Pricing, Row, covering, engine_defaults, phase_step_time, roofline_device
+from .pricing import Memory, Pricing, Row, covering, engine_defaults
 from .size_front import best_lists, candidates, expected, size_runs
-from .step_time import (
-    DEFAULT_CONTEXT,
-    capture_seconds,
-    read_timing,
-)
+from .step_time import DEFAULT_CONTEXT, capture_seconds, read_timing, step_times
 from .traffic import DEFAULT_METRIC, Traffic, read_traffic
 
 __all__ = [
@@ -246,6 +242,11 @@ def choose(
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
+    # the size-choice options as priced: the bounded context resolved
+    priced = msgspec.structs.replace(opts, context=context)
+    # each traffic phase's step times, before the schedule: the size choice enters step_time.py
+    # once, for the roofline's device and every phase's times (tests/test_opts_walk.py counts it)
+    times = step_times(r, priced, timing, [n for n in r.sequence if n in traffic.phases])
     reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
     all_sizes = {
@@ -257,11 +258,6 @@ def choose(
     }
     # one workload for every size any list may hold (a trace fitted to them all)
     memory = Memory(r, reference, r.with_sizes(all_sizes).workload)
-    # after the schedule and the memory, so that the size choice enters pricing.py once for
-    # Memory, the device and the step times (tests/test_opts_walk.py counts the returns)
-    device = roofline_device(b.device, r.calibration, b.calibration) if timing is None else ""
-    # the size-choice options as priced: the bounded context resolved
-    priced = msgspec.structs.replace(opts, context=context)
     calibrated = memory.calibration is not None
     budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
     measure = "device total" if calibrated else "pool and hoisted workspaces"
@@ -276,7 +272,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(priced, device, r, phase, timing),
+            time=times[name],
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
