@@ -181,20 +181,19 @@ def test_report_against_another_plan_exits_1(cli, tmp_path):
     # before: exit 0 with a "warning:" line in the table on stdout, which CI never sees
     import msgspec
 
-    from capture_plan.schemas.report import CaptureReport
+    from reports import capture_report
 
     assert cli("build", "-b", "fa3")[0] == 0
     assert cli("build", "-b", "fa3", "--ci")[0] == 0
     plan = json.loads((tmp_path / "plans/fa3.json").read_bytes())
-    rep = CaptureReport(
+    rep = capture_report(
+        None,
         plan="fa3",
         plan_digest=plan["digest"],
         device="d",
-        torch="2.11",
         backend_module="fa3",
         pool_bytes=1,
         predicted_pool_bytes=1,
-        capture_seconds=1.0,
     )
     (tmp_path / "r.json").write_bytes(msgspec.json.encode(rep))
     assert cli("report", "r.json", "--plan", "plans/fa3.json")[0] == 0

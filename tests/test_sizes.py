@@ -18,6 +18,7 @@ from capture_plan.planner.sizes.traffic import read_traffic
 from capture_plan.schemas.codec import canonical_bytes, decode_report
 from capture_plan.schemas.report import CaptureReport, StepMeasurement
 from cli_inputs import one_line_error
+from reports import capture_report
 
 DATA = Path(__file__).parent / "data"
 SKEWED = DATA / "traffic-skewed.csv"
@@ -305,17 +306,7 @@ def _report(times: dict[int, float], phase="decode") -> CaptureReport:
         )
         for i, (bs, t) in enumerate(sorted(times.items(), reverse=True))
     ]
-    return CaptureReport(
-        plan="p",
-        plan_digest="d",
-        device="NVIDIA H200 sm90",
-        torch="2.13",
-        backend_module="m",
-        pool_bytes=0,
-        predicted_pool_bytes=0,
-        capture_seconds=1.0,
-        steps=steps,
-    )
+    return capture_report(None, steps, torch="2.13", backend_module="m")
 
 
 def test_measured_replay_times_choose_the_sizes_before_each_jump(tmp_path):
