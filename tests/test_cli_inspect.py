@@ -123,23 +123,14 @@ def test_show_explain_graph_simulate_schema(cli, tmp_path, built):
 def test_report_side_by_side(cli, tmp_path):
     import msgspec
 
-    from capture_plan.schemas.report import CaptureReport, StepMeasurement
+    from capture_plan.schemas.report import StepMeasurement
+    from reports import capture_report
 
-    rep = CaptureReport(
-        plan="fa3",
-        plan_digest="sha256:x",
-        device="NVIDIA H200 sm90",
-        torch="2.11",
-        backend_module="fa3",
-        pool_bytes=260 * 2**20,
-        predicted_pool_bytes=258 * 2**20,
-        capture_seconds=1.0,
-        steps=[
-            StepMeasurement(
-                step=1, id="capture/decode/256", reserved=252 * 2**20, predicted_reserved=252 * 2**20, seconds=0.05
-            )
-        ],
+    step = StepMeasurement(
+        step=1, id="capture/decode/256", reserved=252 * 2**20, predicted_reserved=252 * 2**20, seconds=0.05
     )
+    rep = capture_report(None, [step], plan="fa3", plan_digest="sha256:x", backend_module="fa3", pool_bytes=260 * 2**20)
+    rep = msgspec.structs.replace(rep, predicted_pool_bytes=258 * 2**20)
     (tmp_path / "r.json").write_bytes(msgspec.json.encode(rep))
     code, out, _ = cli("report", "r.json")
     assert code == 0 and "capture/decode/256" in out and "pool: predicted 258.0 MiB, measured 260.0 MiB (+0.8%)" in out

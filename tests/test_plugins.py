@@ -43,6 +43,7 @@ torch = pytest.importorskip("torch")
 from engines import harness  # noqa: E402
 from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
+from keyed_replay import check_every_key  # noqa: E402
 
 CPU = torch.device("cpu")
 SIZES = [1, 2, 4, 8]
@@ -110,13 +111,7 @@ def test_sglang_captures_every_graph_key_through_the_plan(cuda, monkeypatch, tmp
     assert all(g.pool() == pool for g in engine.graphs.values())
     assert all(g.stream == module._global_stream for g in engine.graphs.values())
     # every key dispatched by its labels replays what the engine's graph computes
-    model.x.normal_()
-    for lora in ("lora", "nolora"):
-        for att in ("a", "b"):
-            labels = {"lora": lora, "attention": att}
-            for n in (1, 3, 8):
-                (out,) = gs.replay(gs.variant("decode", **labels), n)
-                assert torch.equal(out, model.expected("decode", n, labels)), (labels, n)
+    check_every_key(gs, model, (1, 3, 8))
     (out,) = gs.replay("draft_extend", 3)
     assert torch.equal(out, model.expected("draft_extend", 12))
     engine.cleanup()
