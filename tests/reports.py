@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from capture_plan.schemas.report import CaptureReport, StepMeasurement
 
 
@@ -25,3 +27,10 @@ def capture_report(planned: Any = None, steps: Sequence[StepMeasurement] = (), *
         "steps": list(steps),
     }
     return CaptureReport(**{**base, **fields})
+
+
+def report_json(steps: Sequence[StepMeasurement] = (), **fields: Any) -> dict[str, Any]:
+    """:func:`capture_report` of no plan as its JSON file holds it, for the tests that change a
+    field to a value the report's type refuses and decode it: one byte of pool, predicted
+    and measured, unless ``fields`` say otherwise."""
+    return msgspec.to_builtins(capture_report(None, steps, **{"pool_bytes": 1, "predicted_pool_bytes": 1, **fields}))

@@ -15,7 +15,9 @@ import pytest
 
 from capture_plan.schemas.codec import decode_plan
 from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.report import StepMeasurement
 from cli_inputs import SPEC, one_line_error, reseal
+from reports import report_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,17 +164,7 @@ def test_trace_values_once_silently_accepted_are_refused(cli, tmp_path, trace, n
 
 @pytest.mark.parametrize("field,value", [("pool_bytes", -1), ("capture_seconds", -0.5), ("seconds", -1.0)])
 def test_reports_with_negative_numbers_are_refused(cli, tmp_path, field, value):
-    rep = {
-        "plan": "fa3",
-        "plan_digest": "sha256:x",
-        "device": "d",
-        "torch": "2",
-        "backend_module": "fa3",
-        "pool_bytes": 1,
-        "predicted_pool_bytes": 1,
-        "capture_seconds": 1.0,
-        "steps": [{"step": 0, "id": "capture/decode/1", "reserved": 1, "predicted_reserved": 1, "seconds": 0.1}],
-    }
+    rep = report_json([StepMeasurement(step=0, id="capture/decode/1", reserved=1, predicted_reserved=1, seconds=0.1)])
     if field == "seconds":
         rep["steps"][0]["seconds"] = value
     else:
