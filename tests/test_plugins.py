@@ -72,6 +72,19 @@ def _sgl_model(plan, fake):
     return ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
 
 
+def _plugged_sglang(monkeypatch, tmp_path, sizes=SIZES, *, fallback: str | None = None, **plan_options):
+    """SGLang's release with the plugin registered for a plan of ``sizes`` (``plan_options``:
+    harness.sglang_plan's), written where ``CAPTURE_PLAN_PLAN`` names it (and
+    ``CAPTURE_PLAN_FALLBACK`` set to ``fallback`` where given): the release's module and the plan."""
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, sizes, **plan_options)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    if fallback is not None:
+        monkeypatch.setenv(core.ENV_FALLBACK, fallback)
+    sgl_plugin.register()
+    return module, plan
+
+
 def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch, tmp_path):
     module = sglang_release(monkeypatch, tmp_path)
     plan = harness.sglang_plan(tmp_path, SIZES)
@@ -90,10 +103,7 @@ def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("order", ["largest-first", "smallest-first"])
 def test_sglang_captures_every_graph_key_through_the_plan(cuda, monkeypatch, tmp_path, order):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES, strategies=(f"order={order}",))
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, strategies=(f"order={order}",))
     adoption = module.FullCudaGraphBackend.__capture_plan__
     model = _sgl_model(plan, cuda)
     engine = harness.plugged_sglang_start(module, plan, model, SIZES)
@@ -136,11 +146,7 @@ def test_sglang_a_plan_for_another_tp_size_refuses_the_first_capture_in_one_line
 
 
 def test_sglang_falls_back_to_its_own_capture_with_a_warning_where_chosen(cuda, monkeypatch, tmp_path, caplog):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, fallback="engine")
     runner = module.DecodeCudaGraphRunner(_sgl_model(plan, cuda), SIZES)
     runner.model_runner = type("ModelRunner", (), {"tp_size": 2, "model_config": None})()
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
@@ -151,10 +157,7 @@ def test_sglang_falls_back_to_its_own_capture_with_a_warning_where_chosen(cuda, 
 
 
 def test_sglang_a_runner_whose_sizes_are_not_the_plans_is_refused(cuda, monkeypatch, tmp_path):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     runner = module.DecodeCudaGraphRunner(_sgl_model(plan, cuda), [*SIZES, 16])
     with pytest.raises(core.PluginRefused, match=r"the decode runner captures sizes \[1, 2, 4, 8, 16\], the plan"):
         runner.capture()
@@ -245,10 +248,8 @@ def test_sglang_leaves_to_the_capture_what_the_request_pool_decides(cuda, monkey
     """Before the KV cache, a plan of the configured sizes up to one of them may be SGLang's
     (a request pool of that size clamps its list there): it passes the early check, and the
     capture's check compares the runners' final list."""
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, [1, 2, 4, 6])  # SGLang's [1, 2, 4, 8, 16] clamped to a pool of 6
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    # SGLang's [1, 2, 4, 8, 16] clamped to a pool of 6
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, [1, 2, 4, 6])
     module.publish([1, 2, 4, 8, 16])
     model = _sgl_model(plan, cuda)
     runner = module.ModelRunner(model, max_running_requests=6)
@@ -270,10 +271,7 @@ def test_sglang_a_list_its_request_pool_clamped_is_not_fixed_by_the_sizes_sglang
     """SGLang started with the plan's sizes, its request pool (6) below the largest: the runners
     capture [1, 2, 4, 6]. The capture's refusal must not tell the user to start SGLang with the
     plan's sizes (it was: the pool clamps them again); the rebuild it names makes them agree."""
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     module.publish(SIZES)  # --cuda-graph-bs-decode 1 2 4 8: the plan's, and the early check passes
     model = _sgl_model(plan, cuda)
     sizes = module.ModelRunner(model, max_running_requests=6).capture_bs()
@@ -301,21 +299,14 @@ def test_sglang_checks_sizes_early_only_for_full_decode_graphs_aligned_by_1(
     """An alignment above 1 (two-batch overlap, attention TP gathers) makes a runner's
     width enter its list: left to the capture's check; breakable or disabled decode graphs
     are not the plugin's to route."""
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     module.publish([1, 3, 5], alignment=alignment, backend=backend)
     with pytest.raises(core.PluginRefused) if refused else contextlib.nullcontext():
         assert module.ModelRunner(_sgl_model(plan, cuda), max_running_requests=64).weights_loaded
 
 
 def test_sglang_a_plan_for_other_sizes_falls_back_before_the_weights_where_chosen(cuda, monkeypatch, tmp_path, caplog):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, fallback="engine")
     module.publish([1, 2, 3, 4, 8])
     model = _sgl_model(plan, cuda)
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
@@ -332,10 +323,7 @@ def test_sglang_a_plan_for_other_sizes_falls_back_before_the_weights_where_chose
 def test_sglang_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monkeypatch, tmp_path):
     from capture_plan.executor import CaptureFailed
 
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     model = _sgl_model(plan, cuda)
     forward = model.forward
 
