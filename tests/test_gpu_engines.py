@@ -41,8 +41,8 @@ def test_the_sglang_runner_s_graph_keys_replay_right_and_verify_clean(tmp_path):
 
     from capture_plan.executor import verify
     from capture_plan.executor.pool import pool_reserved
+    from engine_checks import check_every_key
     from engines import sglang_runner
-    from keyed_replay import check_every_key
 
     plan, model, loop, engine, runners = _sglang(tmp_path, record=True)
     gs = loop.graphs

@@ -29,10 +29,10 @@ def _device():
 def test_sglang_plugin_on_the_gpu(monkeypatch, tmp_path):
     import torch
 
+    from engine_checks import check_every_key
     from engines import harness
     from engines.plugged import plan_file, sglang_release
     from engines.toy import ToyModel
-    from keyed_replay import check_every_key
 
     module = sglang_release(monkeypatch, tmp_path, fits=False)
     plan = harness.sglang_plan(tmp_path, SIZES, strategies=("order=smallest-first",))

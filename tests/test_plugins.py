@@ -40,10 +40,10 @@ from capture_plan.adapters.plugins.hooks import hook
 # before the engines' runners, which import torch: a machine without it skips, naming it
 torch = pytest.importorskip("torch")
 
+from engine_checks import check_every_key  # noqa: E402
 from engines import harness  # noqa: E402
 from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
-from keyed_replay import check_every_key  # noqa: E402
 
 CPU = torch.device("cpu")
 SIZES = [1, 2, 4, 8]
@@ -424,6 +424,17 @@ def _vllm_runner(module, model, *, loras=None, draft=False):
     return harness.vllm_runner_of(module, model, SIZES, loras=loras, draft=model if draft else None)
 
 
+def _vllm_refused(module, plan, cuda, monkeypatch, tmp_path):
+    """vLLM (``module``) with the plugin registered for ``plan``, whose capture the plugin
+    refuses: the runner, and the refusal's one line."""
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    with pytest.raises(core.PluginRefused) as err:
+        runner.capture_model()
+    return runner, str(err.value)
+
+
 def _classes(module):
     return [module.CudaGraphManager, module.GPUModelRunner, module.CUDAGraphWrapper]
 
@@ -745,12 +756,7 @@ def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(vllm, cuda, monkeypatc
     plan = build(tmp_path, '[[phases]]\nname = "full_decode"' + rest + first, "warmup=every-size", "outputs=view")
     plan = keyed(keyed(plan, "piecewise", pieces=3), "full_decode_ubatch", stream="ubatch", micro_batches=2)
     assert [s.phase for s in plan.steps][0] == "full_decode"  # the planner keeps the spec's order
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
-    with pytest.raises(core.PluginRefused) as err:
-        runner.capture_model()
-    line = str(err.value)
+    runner, line = _vllm_refused(module, plan, cuda, monkeypatch, tmp_path)
     assert "\n" not in line and re.search(r"the plan captures capture/full_decode/\d+ before capture/piecewise/8", line)
     assert f"which vllm cannot follow ({vllm_plugin.ORDER})" in line and "then FULL" in vllm_plugin.ORDER
     assert runner.cudagraph_manager.graphs == {}
@@ -767,12 +773,7 @@ def test_vllm_refuses_a_plan_whose_phase_is_not_as_piecewise_as_vllms_mode(vllm,
     plan = msgspec.structs.replace(
         plan, phases=[msgspec.structs.replace(p, piecewise=flip) if p.name == phase else p for p in plan.phases]
     )
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
-    with pytest.raises(core.PluginRefused) as err:
-        runner.capture_model()
-    line = str(err.value)
+    runner, line = _vllm_refused(module, plan, cuda, monkeypatch, tmp_path)
     said = "PIECEWISE pieces" if phase == "piecewise" else "one FULL graph"
     assert "\n" not in line and f"vLLM records capture/{phase}/" in line and said in line
     assert f"the plan's phase {phase!r} (kind " in line and ("is not piecewise" in line) == (phase == "piecewise")
