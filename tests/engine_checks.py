@@ -27,12 +27,14 @@ def check_every_key(gs, model, sizes: Iterable[int], *, exact: bool = True) -> N
                     torch.testing.assert_close(out, want)
 
 
-def adoption_counted(adoption, runner: Path) -> tuple[int, int]:
-    """The lines the adoption of ``runner`` (a fake runner's file) adds and removes, as
-    ``adoption.counted`` (tests/engines/adoption.py) counts them, checked against its markers
-    read from the source (``# +`` lines added, ``# -`` lines removed)."""
+def check_adoption(adoption, runner: Path, most: tuple[int, int]) -> None:
+    """The adoption of ``runner`` (a fake runner's file) adds and removes some lines and at most
+    ``most`` (added, removed), as ``adoption.counted`` (tests/engines/adoption.py) counts them,
+    checked against its markers read from the source (``# +`` lines added, ``# -`` removed);
+    printed, for the test's log."""
     added, removed = adoption.counted(runner)
     source = runner.read_text()
     assert added == sum(1 for line in source.splitlines() if adoption.ADDED.search(line))
     assert removed == sum(1 for line in source.splitlines() if adoption.REMOVED.match(line))
-    return added, removed
+    assert 0 < added <= most[0] and 0 < removed <= most[1], (added, removed)
+    print(f"{runner.stem} adoption: +{added} -{removed}")
