@@ -72,7 +72,7 @@ def main() -> None:
     build = BuildOptions(backend="fa3", ci=True)
     spec = build_spec(build)
     phase = spec.phases[0]
-    traffic = read_traffic(TRAFFIC, phases={"decode": 1}, default_phases=["decode"], max_size={"decode": 256})
+    traffic = read_traffic(SizeChoiceOptions(traffic=TRAFFIC), {"decode": 1}, {"decode": 256})
     cands, _ = candidates(traffic.phases["decode"], 256)
     model = roofline(resolve(build), phase, device_roofline(DEFAULT_DEVICE), DEFAULT_CONTEXT)
     res["candidates"] = len(cands)

@@ -203,7 +203,6 @@ def choose(
                 where=f"--phase {p}",
                 fix="name one of them with --phase, or leave --phase out for every phase",
             )
-    default_phases = list(opts.traffic_phases) or names
     # each option's bounds are its row's (schemas/build_flags.py)
     bad = out_of_bounds("max_size", opts.max_size)
     if bad is not None:
@@ -228,13 +227,7 @@ def choose(
         err.retry = {"metric": None}
         raise err
     top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
-    traffic = read_traffic(
-        opts.traffic,
-        phases={p.name: p.tokens_per_request for p in resolved.phases},
-        default_phases=default_phases,
-        max_size=top,
-        metric=DEFAULT_METRIC if opts.metric is None else opts.metric,
-    )
+    traffic = read_traffic(opts, {p.name: p.tokens_per_request for p in resolved.phases}, top)
     timing = read_timing(opts.timing) if opts.timing is not None else None
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
     measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
