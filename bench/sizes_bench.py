@@ -59,11 +59,12 @@ def main() -> None:
         compileall.compile_dir(str(REPO / pkg), quiet=1)
 
     from capture_plan.planner.build import BuildOptions, build_spec
-    from capture_plan.planner.inputs import resources
     from capture_plan.planner.inputs.build_options import SizeChoiceOptions
     from capture_plan.planner.memory.simulate import Simulation
+    from capture_plan.planner.schedule.resolve import resolve
+    from capture_plan.planner.sizes.command import choose_sizes
     from capture_plan.planner.sizes.size_front import best_lists, candidates
-    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions
     from capture_plan.planner.sizes.step_time import DEFAULT_CONTEXT, DEFAULT_DEVICE, device_roofline, roofline
     from capture_plan.planner.sizes.traffic import read_traffic
 
@@ -71,9 +72,9 @@ def main() -> None:
     build = BuildOptions(backend="fa3", ci=True)
     spec = build_spec(build)
     phase = spec.phases[0]
-    traffic = read_traffic(TRAFFIC, phases={"decode": 1}, default_phases=["decode"], max_size={"decode": 256})
+    traffic = read_traffic(SizeChoiceOptions(traffic=TRAFFIC), {"decode": 1}, {"decode": 256})
     cands, _ = candidates(traffic.phases["decode"], 256)
-    model = roofline(spec.model, phase, 1, device_roofline(DEFAULT_DEVICE), DEFAULT_CONTEXT, resources.backend("fa3"))
+    model = roofline(resolve(build), phase, device_roofline(DEFAULT_DEVICE), DEFAULT_CONTEXT)
     res["candidates"] = len(cands)
     res["front_s"] = median_time(lambda: best_lists(traffic.phases["decode"], cands, model.cost, 64), args.repeat)
     opts = SizesOptions(build=build, choice=SizeChoiceOptions(traffic=TRAFFIC))

@@ -40,6 +40,7 @@ import sys
 import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -323,6 +324,17 @@ def _kernel(k, segments: Segments, modules: dict[int, int], module_ids: list[Mod
     )
 
 
+#: a graph file's record of a node's parameters (Memset, Copy)
+_R = TypeVar("_R", Memset, Copy)
+
+
+def _relocated(node, record: type[_R], **operands: Operand) -> _R:
+    """The file's ``record`` (Memset, Copy) of a walked ``node``: every field read from the
+    node by its name, but the address ``operands``, given named by segment and offset."""
+    fields: dict[str, object] = {f: getattr(node, f) for f in record.__struct_fields__}
+    return record(**{**fields, **operands})  # pyright: ignore[reportArgumentType]  (read by name: the walk's types)
+
+
 def build_file(
     walked: Iterable[tuple[str, int, WalkedGraph]], segments: Segments, valid_for: ValidFor, calls=None
 ) -> GraphFile:
@@ -337,21 +349,8 @@ def build_file(
             if n.kernel is not None:
                 nodes.append(Node(type=n.type, kernel=_kernel(n.kernel, segments, modules, module_ids, calls, where)))
             elif n.memset is not None:
-                m = n.memset
-                dst = segments.operand(m.dst)
-                nodes.append(
-                    Node(
-                        type=n.type,
-                        memset=Memset(
-                            dst=dst,
-                            pitch=m.pitch,
-                            value=m.value,
-                            element_size=m.element_size,
-                            width=m.width,
-                            height=m.height,
-                        ),
-                    )
-                )
+                memset = _relocated(n.memset, Memset, dst=segments.operand(n.memset.dst))
+                nodes.append(Node(type=n.type, memset=memset))
             elif n.copy is not None:
                 c = n.copy
                 if (
@@ -365,17 +364,7 @@ def build_file(
                 if c.offset_beyond_x:  # its operands would be relocated from the wrong base
                     raise ExecutorError("a copy with a Y, Z or LOD offset cannot be saved", where=where)
                 src, dst = segments.operand(c.src, c.src_type == "host"), segments.operand(c.dst, c.dst_type == "host")
-                copy = Copy(
-                    src=src,
-                    dst=dst,
-                    src_pitch=c.src_pitch,
-                    src_height=c.src_height,
-                    dst_pitch=c.dst_pitch,
-                    dst_height=c.dst_height,
-                    width=c.width,
-                    height=c.height,
-                    depth=c.depth,
-                )
+                copy = _relocated(c, Copy, src=src, dst=dst)
                 nodes.append(Node(type=n.type, copy=copy))
             elif n.type in _PLAIN:
                 nodes.append(Node(type=n.type))

@@ -33,16 +33,23 @@ __all__ = [
 ]
 
 
+#: a launch's grid, block and dynamic shared memory, in the order both a kernel node's
+#: parameters and a launch configuration lay them out (cuda.h)
+_LAUNCH = [
+    ("gridDimX", ctypes.c_uint),
+    ("gridDimY", ctypes.c_uint),
+    ("gridDimZ", ctypes.c_uint),
+    ("blockDimX", ctypes.c_uint),
+    ("blockDimY", ctypes.c_uint),
+    ("blockDimZ", ctypes.c_uint),
+    ("sharedMemBytes", ctypes.c_uint),
+]
+
+
 class KernelParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
     _fields_ = [
         ("func", ctypes.c_void_p),
-        ("gridDimX", ctypes.c_uint),
-        ("gridDimY", ctypes.c_uint),
-        ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint),
-        ("blockDimY", ctypes.c_uint),
-        ("blockDimZ", ctypes.c_uint),
-        ("sharedMemBytes", ctypes.c_uint),
+        *_LAUNCH,
         ("kernelParams", ctypes.c_void_p),
         ("extra", ctypes.c_void_p),
         ("kern", ctypes.c_void_p),
@@ -69,13 +76,7 @@ class LaunchAttr(ctypes.Structure):  # CUlaunchAttribute: the id, padding to 8 b
 
 class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     _fields_ = [
-        ("gridDimX", ctypes.c_uint),
-        ("gridDimY", ctypes.c_uint),
-        ("gridDimZ", ctypes.c_uint),
-        ("blockDimX", ctypes.c_uint),
-        ("blockDimY", ctypes.c_uint),
-        ("blockDimZ", ctypes.c_uint),
-        ("sharedMemBytes", ctypes.c_uint),
+        *_LAUNCH,
         ("hStream", ctypes.c_void_p),
         ("attrs", ctypes.POINTER(LaunchAttr)),
         ("numAttrs", ctypes.c_uint),

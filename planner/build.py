@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -28,10 +27,8 @@ from .inputs.build_options import (
     without_size_choice,
 )
 from .schedule import pipeline
-from .schedule.resolve import Resolved, check_tp, read_spec, resolve
-
-if TYPE_CHECKING:
-    from .sizes.sizes import Choice
+from .schedule.read import read_spec
+from .schedule.resolve import check_tp, resolve
 
 __all__ = ["BuildOptions", "build_plan", "build_spec", "check_tp"]
 
@@ -42,10 +39,11 @@ def build_plan(opts: BuildOptions) -> Plan:
     if opts.sizes is None:
         return pipeline.plan(resolve(opts))
     from .sizes.record import size_record  # only --sizes auto reads traffic
-    from .sizes.sizes import check_budget
+    from .sizes.sizes import check_budget, for_build
 
     r = resolve(opts)
-    choice = _choose(r, worth=True)
+    with _choice_errors(opts):
+        choice = for_build(r, worth=True)
     plan = pipeline.plan(r.with_sizes(choice.lists), size_record(choice, r))
     with _choice_errors(opts):
         check_budget(choice, plan)
@@ -58,16 +56,12 @@ def build_spec(opts: BuildOptions) -> Spec:
     checked against (capture_plan.adapters.startup)."""
     if opts.sizes is None:
         return read_spec(opts).spec
-    r = resolve(opts)
-    return r.with_sizes(_choose(r, worth=False).lists).spec
-
-
-def _choose(r: Resolved, *, worth: bool) -> Choice:
-    """The sizes chosen for ``r.opts.traffic`` (planner/sizes/sizes.py) on the resolved build."""
     from .sizes.sizes import for_build  # only --sizes auto reads traffic
 
-    with _choice_errors(r.opts):
-        return for_build(r, worth=worth)
+    r = resolve(opts)
+    with _choice_errors(opts):  # the sizes chosen for the traffic on the resolved build
+        choice = for_build(r, worth=False)
+    return r.with_sizes(choice.lists).spec
 
 
 @contextlib.contextmanager

@@ -1,8 +1,11 @@
 """What the CLI tests share: a minimal spec, a Llama config.json, the one-line error check,
-and resealing a plan."""
+resealing a plan, and a size choice with every option set."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from capture_plan.planner.inputs.build_options import SizeChoiceOptions
 from capture_plan.schemas.codec import canonical_bytes, plan_digest
 
 # a Llama-3.2-1B-shaped config.json (2 layers), for specs whose [model] names a config
@@ -33,3 +36,19 @@ def reseal(raw: dict) -> bytes:
     raw = {**raw, "digest": ""}
     raw["digest"] = plan_digest(raw)
     return canonical_bytes(raw)
+
+
+def every_size_choice(folder: Path) -> SizeChoiceOptions:
+    """``--sizes auto``'s options, every one set (paths in ``folder``, none of them read): what a
+    test of the options' round trips (flat, record, command) gives."""
+    return SizeChoiceOptions(
+        traffic=folder / "t.csv",
+        traffic_phases=("decode",),
+        metric="m",
+        max_size=300,
+        timing=folder / "r.json",
+        context=2048,
+        budget_mib=300.5,
+        max_graphs=12,
+        max_padding=0.25,
+    )

@@ -14,6 +14,7 @@ from capture_plan.planner.memory.device import calibration_from_report, pools_af
 from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, StepMeasurement  # noqa: E402
 from capture_plan.schemas.trace import CaptureTrace, Trace  # noqa: E402
 from capture_plan.schemas.units import DRIVER_CHUNK  # noqa: E402
+from reports import capture_report  # noqa: E402
 
 MiB = 2**20
 
@@ -67,18 +68,8 @@ def _recording(
 
 def _report(plan, steps: list[StepMeasurement], view: DeviceView) -> CaptureReport:
     """A capture report of ``plan`` on an H200 with these steps and device view."""
-    return CaptureReport(
-        plan=plan.name,
-        plan_digest=plan.digest,
-        device="NVIDIA H200 sm90, torch 2.11",
-        torch="2.11",
-        backend_module="",
-        pool_bytes=0,
-        predicted_pool_bytes=0,
-        capture_seconds=0.0,
-        steps=steps,
-        driver="580.1",
-        device_view=view,
+    return capture_report(
+        plan, steps, device="NVIDIA H200 sm90, torch 2.11", capture_seconds=0.0, driver="580.1", device_view=view
     )
 
 

@@ -274,12 +274,7 @@ def test_a_copy_continues_exactly_as_the_original_and_independently(first, then,
     before = (a.layout(), a.free_state())
     twin = a.copy()
     # the copy's handles for the live blocks: same positions in its segments
-    by_addr = {}
-    for head in twin._heads:
-        blk = head
-        while blk is not None:
-            by_addr[blk.addr] = blk
-            blk = blk.next
+    by_addr = {blk.addr: blk for blk in twin.blocks()}
     live_t = [by_addr[x.addr] for x in live_a]
     assert play(twin, then, live_t) == play(b, then, live_b)
     assert (a.layout(), a.free_state()) == before  # the original is untouched

@@ -94,12 +94,7 @@ def _compare_states(seed: int, where: str, py, c) -> None:
 def _py_copy(pool: PoolSim, live: dict) -> tuple[PoolSim, dict]:
     """A copy and the copy's handles for ``live`` (same addresses)."""
     twin = pool.copy()
-    by_addr = {}
-    for head in twin._heads:
-        b = head
-        while b is not None:
-            by_addr[b.addr] = b
-            b = b.next
+    by_addr = {b.addr: b for b in twin.blocks()}
     return twin, {k: by_addr[b.addr] for k, b in live.items()}
 
 

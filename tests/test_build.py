@@ -149,6 +149,12 @@ def _spec(tmp_path: Path, text: str) -> Path:
 PHASE = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4, 8, 16, 32]\n'
 
 
+def _verify_after(phase: str) -> str:
+    """A spec's target_verify phase "verify" (4 tokens per request, sizes 1 to 4) captured after ``phase``."""
+    verify = '\n[[phases]]\nname = "verify"\nkind = "target_verify"\ntokens_per_request = 4\nsizes = [1, 2, 4]\n'
+    return verify + f'after = ["{phase}"]\n'
+
+
 def test_conflicting_order_rules_are_reported_as_the_rules_in_conflict(tmp_path):
     spec = _spec(
         tmp_path,
@@ -208,18 +214,7 @@ def test_budget_below_the_floor(tmp_path):
 
 
 def test_phase_after_constraint_orders_phases(tmp_path):
-    spec = _spec(
-        tmp_path,
-        PHASE
-        + """
-[[phases]]
-name = "verify"
-kind = "target_verify"
-tokens_per_request = 4
-sizes = [1, 2, 4]
-after = ["decode"]
-""",
-    )
+    spec = _spec(tmp_path, PHASE + _verify_after("decode"))
     plan = build_plan(BuildOptions(backend="fa3", spec=spec))
     assert [p.name for p in plan.phases] == ["decode", "verify"]  # though verify's graphs are larger
     assert any(e.rule == "after:verify" for e in plan.edges)
@@ -229,23 +224,8 @@ after = ["decode"]
 
 
 def test_phase_order_says_which_pairs_the_spec_fixes_and_which_the_weights_chose(tmp_path):
-    spec = _spec(
-        tmp_path,
-        PHASE
-        + """
-[[phases]]
-name = "verify"
-kind = "target_verify"
-tokens_per_request = 4
-sizes = [1, 2, 4]
-after = ["small"]
-
-[[phases]]
-name = "small"
-kind = "decode"
-sizes = [1, 2]
-""",
-    )
+    small = '\n[[phases]]\nname = "small"\nkind = "decode"\nsizes = [1, 2]\n'
+    spec = _spec(tmp_path, PHASE + _verify_after("small") + small)
     plan = build_plan(BuildOptions(backend="fa3", spec=spec))
     (order,) = [d for d in plan.decisions if d.rule == "phase-order"]
     assert order.choice == "decode -> small -> verify"

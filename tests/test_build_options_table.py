@@ -24,6 +24,7 @@ from capture_plan.planner.inputs.build_options import (
 from capture_plan.planner.sizes.sizes import SizesOptions
 from capture_plan.schemas.build_flags import BUILD_INPUTS, BUILD_OPTIONS, SIZE_CHOICE
 from capture_plan.schemas.plan import BUILD_FLAGS, BuildRecord
+from cli_inputs import every_size_choice
 
 ROWS = {row.field: row for row in BUILD_OPTIONS}
 #: the msgspec types a kind's value may have in BuildOptions (paths as given) and in the record
@@ -110,17 +111,7 @@ def test_options_given_flat_read_back_alike(tmp_path):
         exact=True,
         calibration=tmp_path / "c.json",
         device="NVIDIA H200",
-        sizes=SizeChoiceOptions(
-            traffic=tmp_path / "t.csv",
-            traffic_phases=("decode",),
-            metric="m",
-            max_size=300,
-            timing=tmp_path / "r.json",
-            context=2048,
-            budget_mib=300.5,
-            max_graphs=12,
-            max_padding=0.25,
-        ),
+        sizes=every_size_choice(tmp_path),
         output=tmp_path / "plans/p.json",
     )
     assert set(flat(opts)) == set(ROWS)

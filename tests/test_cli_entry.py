@@ -125,27 +125,34 @@ def test_ctrl_c_exits_130_and_leaves_the_plan_whole(cli, tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "plans") == ["fa3.json"]  # no temp file left
 
 
-def test_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
-    # before: click's EPIPE handling, exit 1: the code for bad input or drift, so a CI script
-    # with `set -o pipefail` told the user to rebuild plans
+def _into_closed_pipe(cwd, *args: str):
+    """``planner ARGS`` run with its stdout a pipe whose reader is gone before the first line is
+    written (``planner show PLAN | head -0`` under ``set -o pipefail``)."""
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    plan = Path(__file__).resolve().parent.parent / "plans" / "fa3-ci.json"
     read, write = os.pipe()
-    os.close(read)  # the reader is gone before the first line is written
+    os.close(read)
     try:
-        r = subprocess.run(
-            [sys.executable, "-m", "capture_plan.planner", "show", str(plan)],
+        return subprocess.run(
+            [sys.executable, "-m", "capture_plan.planner", *args],
             stdout=write,
             stderr=subprocess.PIPE,
-            cwd=tmp_path,
+            cwd=cwd,
             timeout=60,
         )
     finally:
         os.close(write)
+
+
+def test_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
+    # before: click's EPIPE handling, exit 1: the code for bad input or drift, so a CI script
+    # with `set -o pipefail` told the user to rebuild plans
+    from pathlib import Path
+
+    plan = Path(__file__).resolve().parent.parent / "plans" / "fa3-ci.json"
+    r = _into_closed_pipe(tmp_path, "show", str(plan))
     assert r.returncode == 141, (r.returncode, r.stderr)
     assert r.stderr == b"", r.stderr
 
@@ -154,20 +161,5 @@ def test_a_closed_stdout_pipe_exits_141_quietly_not_1(tmp_path):
 def test_help_and_version_into_a_closed_pipe_exit_141_too(tmp_path, args):
     # before: the top-level --help and --version print while click parses the group's
     # options, before the command runs, so click's EPIPE handling gave exit 1 there
-    import os
-    import subprocess
-    import sys
-
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "capture_plan.planner", *args],
-            stdout=write,
-            stderr=subprocess.PIPE,
-            cwd=tmp_path,
-            timeout=60,
-        )
-    finally:
-        os.close(write)
+    r = _into_closed_pipe(tmp_path, *args)
     assert (r.returncode, r.stderr) == (141, b"")

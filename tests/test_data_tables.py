@@ -9,6 +9,7 @@ dimensions for drafts (``[phases.model]``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import subprocess
@@ -232,43 +233,30 @@ def test_preset_sizes_are_vllms(max_bs):
 
 
 def test_uniform_decode_sizes_are_bounded_by_max_num_seqs(monkeypatch):
-    real = resources.data_bytes
-    monkeypatch.setattr(
-        resources, "data_bytes", lambda n: real(n).replace(b"max_num_seqs = 1024", b"max_num_seqs = 256")
-    )
-    resources.data.cache_clear()
-    try:
+    with _preset_edited(monkeypatch, lambda b: b.replace(b"max_num_seqs = 1024", b"max_num_seqs = 256")):
         spec = default_spec(preset="vllm")
-    finally:
-        monkeypatch.undo()
-        resources.data.cache_clear()
     assert sorted(spec.phases[0].sizes) == vllm_default_sizes(512)
     assert sorted(spec.phases[1].sizes) == vllm_default_sizes(256)  # <= max_num_seqs * 1 token
 
 
 def test_the_preset_file_is_strict(monkeypatch):
-    real = resources.data_bytes
-    monkeypatch.setattr(
-        resources,
-        "data_bytes",
-        lambda n: (
-            real(n) + (b'\n[[phases]]\nname = "x"\nkind = "full"\ncudagraph = 1\n' if n == "presets_vllm.toml" else b"")
-        ),
-    )
-    resources.data.cache_clear()
-    try:
+    with _preset_edited(monkeypatch, lambda b: b + b'\n[[phases]]\nname = "x"\nkind = "full"\ncudagraph = 1\n'):
         with pytest.raises(InputError, match=r"planner/data/presets_vllm.toml: \$\.phases\[2\].*cudagraph"):
             default_spec(preset="vllm")
-    finally:
-        monkeypatch.undo()
-        resources.data.cache_clear()
 
 
+@contextlib.contextmanager
 def _preset_edited(monkeypatch, edit):
-    """presets_vllm.toml as ``edit(bytes)`` returns it, every data cache cleared (undone by the caller)."""
+    """presets_vllm.toml as ``edit(bytes)`` returns it, every data cache cleared; both undone
+    on leaving (the edit is never seen by another test)."""
     real = resources.data_bytes
     monkeypatch.setattr(resources, "data_bytes", lambda n: edit(real(n)) if n == "presets_vllm.toml" else real(n))
     resources.data.cache_clear()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        resources.data.cache_clear()
 
 
 def test_vllms_capture_order_is_typed_data_with_its_sources():
@@ -289,15 +277,11 @@ def test_vllms_capture_order_is_typed_data_with_its_sources():
 
 
 def test_a_capture_fact_without_its_source_is_refused(monkeypatch):
-    _preset_edited(monkeypatch, lambda b: b.replace(b'\ntwin_min_tokens = """', b'\nnot_a_fact = """'))
-    try:
+    with _preset_edited(monkeypatch, lambda b: b.replace(b'\ntwin_min_tokens = """', b'\nnot_a_fact = """')):
         with pytest.raises(
             InputError, match=r"presets_vllm.toml: \$\.capture.*facts without a source: twin_min_tokens"
         ):
             engine_preset("vllm")
-    finally:
-        monkeypatch.undo()
-        resources.data.cache_clear()
 
 
 def test_the_preset_chains_its_phases_in_vllms_mode_order():
@@ -315,22 +299,13 @@ def test_preset_phases_out_of_the_mode_order_are_refused(monkeypatch):
     swap = b'name = "piecewise"\nkind = "piecewise"'
     # a full phase has no pieces: the piecewise phase's go with its kind
     full = b'name = "piecewise"\nkind = "full"'
-    _preset_edited(monkeypatch, lambda b: b.replace(swap, full, 1).replace(b'pieces = "attention"\n', b""))
-    try:
+    with _preset_edited(monkeypatch, lambda b: b.replace(swap, full, 1).replace(b'pieces = "attention"\n', b"")):
         # full, then full: in order; a piecewise kind after a full one is not
         assert [p.after for p in default_spec(preset="vllm").phases] == [[], []]
-    finally:
-        monkeypatch.undo()
-        resources.data.cache_clear()
-    _preset_edited(
-        monkeypatch, lambda b: b.replace(b'mode_order = ["piecewise", "full"]', b'mode_order = ["full", "piecewise"]')
-    )
-    try:
+    reordered = b'mode_order = ["full", "piecewise"]'
+    with _preset_edited(monkeypatch, lambda b: b.replace(b'mode_order = ["piecewise", "full"]', reordered)):
         with pytest.raises(InputError, match=r"presets_vllm.toml: \$\.phases\[1\]: a full phase after a piecewise"):
             default_spec(preset="vllm")
-    finally:
-        monkeypatch.undo()
-        resources.data.cache_clear()
 
 
 def test_the_keyed_vllm_spec_follows_the_capture_facts():

@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from engine_checks import check_adoption  # noqa: E402
 from engines import adoption, sglang_runner  # noqa: E402
 from engines.harness import LORA, SGLangEngine, sglang_plan, sglang_runners, start_sglang  # noqa: E402
 from engines.plans import build, keyed  # noqa: E402
@@ -125,12 +126,7 @@ def test_the_version_before_the_adoption_captures_the_same_shapes_and_the_diff_i
         labels = {k: v for k, v in (("lora", lora), ("attention", att)) if v}
         rows = bs * model.tokens[phase]
         assert torch.equal(plain.outputs[(phase, bs, lora, att)], model.expected(phase, rows, labels))
-    added, removed = adoption.counted(RUNNER)
-    source = RUNNER.read_text()
-    assert added == sum(1 for line in source.splitlines() if adoption.ADDED.search(line))
-    assert removed == sum(1 for line in source.splitlines() if adoption.REMOVED.match(line))
-    assert 0 < added <= 16 and 0 < removed <= 12, (added, removed)
-    print(f"sglang runner adoption: +{added} -{removed}")
+    check_adoption(adoption, RUNNER, most=(16, 12))
     adopted.cleanup()
     plain.cleanup()
     loop.graphs.release()

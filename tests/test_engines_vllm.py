@@ -21,6 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from engine_checks import check_adoption  # noqa: E402
 from engines import (  # noqa: E402
     adoption,
     harness,  # noqa: E402
@@ -184,13 +185,8 @@ def test_the_version_before_the_adoption_captures_the_same_descriptors_and_the_d
         graph.replay()
         got = runner.manager.hidden_states[: desc.num_tokens]
         assert torch.allclose(got, model.expected_pieces(desc.num_tokens), atol=1e-6), desc
-    added, removed = adoption.counted(RUNNER)
-    source = RUNNER.read_text()
-    assert added == sum(1 for line in source.splitlines() if adoption.ADDED.search(line))
-    assert removed == sum(1 for line in source.splitlines() if adoption.REMOVED.match(line))
     # the model manager, the piece wrappers and the speculator's managers (EAGLE's draft prefill and decode)
-    assert 0 < added <= 33 and 0 < removed <= 25, (added, removed)
-    print(f"vllm runner adoption: +{added} -{removed}")
+    check_adoption(adoption, RUNNER, most=(33, 25))
     runner.release()
     adopted.release()
     loop.graphs.release()

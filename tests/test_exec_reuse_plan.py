@@ -15,6 +15,7 @@ from capture_plan.planner.report.render import explain
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import KINDS_REVISION, REUSE_REVISION
 from capture_plan.schemas.report import CaptureReport, ExecReuse, ReuseGroup, ReuseRefusal, StepMeasurement
+from reports import capture_report
 
 MODEL = (
     "[model]\nlayers = 2\nhidden = 1024\nheads = 8\nkv_heads = 2\nhead_dim = 128\nintermediate = 2048\nvocab = 32000\n"
@@ -60,16 +61,12 @@ def _report(plan, nodes: dict[int, int], groups: list[list[int]], alone: list[in
         )
         for i, s in enumerate(plan.steps)
     ]  # fmt: skip
-    return CaptureReport(
-        plan=plan.name,
-        plan_digest=plan.digest,
+    return capture_report(
+        plan,
+        steps,
         device="NVIDIA H200 sm90, torch 2.11.0",
         torch="2.11.0",
-        backend_module="",
-        pool_bytes=0,
-        predicted_pool_bytes=0,
         capture_seconds=0.0,
-        steps=steps,
         reuse=ExecReuse(
             graphs=len(nodes),
             instantiations=len(groups) + len(alone),

@@ -5,6 +5,7 @@ the GPU tests do that (tests/test_gpu_background.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -90,30 +91,36 @@ def test_eager_fallback_before_the_first_graph_and_default_stream_refused(tmp_pa
     gs.release()
 
 
-def test_raise_and_wait_fallbacks(tmp_path, fake):
-    from capture_plan.executor import ExecutorError
-
+@contextlib.contextmanager
+def _held_at_16(tmp_path, fake, fallback: str):
+    """The background capture of sizes 4, 8 and 16 (largest first) with ``fallback``, held
+    while it captures 16 (nothing captured yet): the GraphSet and the target that holds it; on
+    leaving, let go, waited for and released."""
     plan = _plan(tmp_path, [4, 8, 16])
     target = Target(fake, gate_at=16)
     with torch.cuda.stream(FakeStream(3)):
-        gs = _capture(plan, target, fallback="raise")
+        gs = _capture(plan, target, fallback=fallback)
         assert target.reached.wait(30)
-        with pytest.raises(ExecutorError, match="batch 3 has no captured graph yet"):
-            gs.replay("decode", 3)
+        yield gs, target
         target.gate.set()
         gs.wait(30)
         gs.release()
 
-    target = Target(fake, gate_at=16)
+
+def test_raise_and_wait_fallbacks(tmp_path, fake):
+    from capture_plan.executor import ExecutorError
+
+    with _held_at_16(tmp_path, fake, "raise") as (gs, _):
+        with pytest.raises(ExecutorError, match="batch 3 has no captured graph yet"):
+            gs.replay("decode", 3)
+
     got = []
 
     def waiter(gs):
         with torch.cuda.stream(FakeStream(4)):
             got.append(gs.replay("decode", 3))
 
-    with torch.cuda.stream(FakeStream(3)):
-        gs = _capture(plan, target, fallback="wait")
-        assert target.reached.wait(30)
+    with _held_at_16(tmp_path, fake, "wait") as (gs, target):
         t = threading.Thread(target=waiter, args=(gs,))
         t.start()
         t.join(0.3)
@@ -121,8 +128,6 @@ def test_raise_and_wait_fallbacks(tmp_path, fake):
         target.gate.set()
         t.join(30)
         assert got and got[0][0]._base is not None
-        gs.wait(30)
-        gs.release()
 
 
 def test_error_reaches_the_next_replay_then_wait_with_the_step(tmp_path, fake):
@@ -179,19 +184,12 @@ def test_background_refuses_record_and_unknown_fallback(tmp_path, fake):
 def test_blocking_calls_inside_exclusive_are_refused_not_deadlocked(tmp_path, fake):
     from capture_plan.executor import ExecutorError
 
-    plan = _plan(tmp_path, [4, 8, 16])
-    target = Target(fake, gate_at=16)
-    with torch.cuda.stream(FakeStream(3)):
-        gs = _capture(plan, target, fallback="wait")
-        assert target.reached.wait(30)
+    with _held_at_16(tmp_path, fake, "wait") as (gs, _):
         with gs.exclusive():
             with pytest.raises(ExecutorError, match="fallback='wait' inside exclusive"):
                 gs.replay("decode", 3)
             with pytest.raises(ExecutorError, match=r"release\(\) inside exclusive"):
                 gs.release()
-        target.gate.set()
-        gs.wait(30)
-        gs.release()
 
 
 def test_capture_and_release_never_run_a_full_collection(tmp_path, fake, monkeypatch):

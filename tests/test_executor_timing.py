@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 from capture_plan.executor.errors import ExecutorError  # noqa: E402
 from capture_plan.executor.timing import replay_times, time_replays, with_replay_times  # noqa: E402
 from capture_plan.schemas.report import CaptureReport, StepMeasurement  # noqa: E402
+from reports import capture_report  # noqa: E402
 
 
 def _report() -> CaptureReport:
@@ -20,17 +21,7 @@ def _report() -> CaptureReport:
     steps = [
         StepMeasurement(step=i, id=sid, reserved=0, predicted_reserved=0, seconds=0.1) for i, sid in enumerate(ids)
     ]
-    return CaptureReport(
-        plan="p",
-        plan_digest="d",
-        device="dev",
-        torch="t",
-        backend_module="m",
-        pool_bytes=0,
-        predicted_pool_bytes=0,
-        capture_seconds=1.0,
-        steps=steps,
-    )
+    return capture_report(None, steps, device="dev", torch="t", backend_module="m")
 
 
 def test_replay_times_go_to_the_capture_steps_of_their_graphs():

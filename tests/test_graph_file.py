@@ -276,14 +276,11 @@ def _file(driver: FakeDriver | None = None) -> GraphFile:
 
 
 def _env(**changes) -> GraphEnvironment:
+    # what the file asks for (VALID), offered as it asks, with ``changes`` in place
+    same = {f: getattr(VALID, f) for f in ("plan_digest", "device", "capability", "driver", "torch", "cuda")}
     env = GraphEnvironment(
-        plan_digest="sha256:plan",
-        device="NVIDIA H100 80GB HBM3",
-        capability="9.0",
-        driver="580.95.05",
-        torch="2.11.0",
-        cuda="13.0",
-        libraries={"libcublasLt.so.13": "sha256:lt"},
+        **same,
+        libraries={lib.name: lib.digest for lib in VALID.libraries},
         tensors={"model.w": 4096},
         pools={"shared": [2 << 20]},
     )

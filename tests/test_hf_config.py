@@ -73,7 +73,7 @@ def _write(tmp_path, cfg, model_extra=""):
 
 
 def _model(tmp_path, cfg, **kw):
-    from capture_plan.planner.schedule.resolve import read_spec
+    from capture_plan.planner.schedule.read import read_spec
 
     return read_spec(BuildOptions(backend="torch", spec=_write(tmp_path, cfg, **kw))).spec.model
 

@@ -27,6 +27,7 @@ import ast
 import pathlib
 
 import networkx as nx
+import pytest
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -163,10 +164,7 @@ def test_a_lazy_import_of_a_moved_module_is_found(tmp_path):
     root = _write(
         tmp_path,
         {
-            "pkg/__init__.py": "",
-            "pkg/inputs/__init__.py": "",
             "pkg/inputs/resources.py": "",
-            "pkg/memory/__init__.py": "",
             "pkg/memory/_core.pyx": "",
             "pkg/memory/device.py": "from . import _core\n"
             "from ..inputs.resources import x\n\ndef f():\n    from .resources import backends\n",
@@ -207,19 +205,6 @@ def test_the_executor_has_no_circle_even_among_type_only_imports():
     executor = g.subgraph(n for n in g if n.startswith("capture_plan.executor."))  # the package's lazy edges aside
     found = cycles(nx.DiGraph(executor))
     assert not found, "executor import circles, TYPE_CHECKING included:\n" + "\n".join(_describe(g, c) for c in found)
-
-
-def test_type_checking_imports_are_edges_when_asked(tmp_path):
-    root = _write(
-        tmp_path,
-        {
-            "pkg/__init__.py": "",
-            "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
-            "pkg/b.py": "from . import a\n",
-        },
-    )
-    g = import_graph(root, {"pkg": "pkg"}, type_checking=True)
-    assert cycles(g) == [["pkg.a", "pkg.b"]]
 
 
 def layer_violations(g: nx.DiGraph, may_import=MAY_IMPORT) -> list[str]:
@@ -269,10 +254,7 @@ def test_an_import_up_the_planners_layers_is_a_violation(tmp_path):
     root = _write(
         tmp_path,
         {
-            "planner/__init__.py": "",
-            "planner/schedule/__init__.py": "",
             "planner/schedule/pipeline.py": "def f():\n    from ..sizes.sizes import SizesResult\n",
-            "planner/sizes/__init__.py": "",
             "planner/sizes/sizes.py": "from ..schedule import pipeline\n",
         },
     )
@@ -314,10 +296,17 @@ def test_the_executor_imports_no_reference_model():
 
 
 def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    """``files`` (path -> text) under ``root``, every folder of them a package (an empty
+    ``__init__.py`` where ``files`` gives none), as the project's are."""
     for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    for name in files:
+        for folder in pathlib.PurePosixPath(name).parents[:-1]:  # each folder of it below root
+            init = root / folder / "__init__.py"
+            if not init.exists():
+                init.write_text("")
     return root
 
 
@@ -327,7 +316,6 @@ def test_a_circle_closed_by_a_lazy_import_is_found(tmp_path):
     root = _write(
         tmp_path,
         {
-            "pkg/__init__.py": "",
             "pkg/background.py": "from .session import CaptureSession\n",
             "pkg/session.py": "def start():\n    from .background import Background\n",
         },
@@ -337,17 +325,18 @@ def test_a_circle_closed_by_a_lazy_import_is_found(tmp_path):
     assert _describe(g, cycles(g)[0]) == "pkg.background (line 1) -> pkg.session (line 2) -> pkg.background"
 
 
-def test_type_checking_imports_are_not_edges(tmp_path):
+@pytest.mark.parametrize("type_checking", [False, True])
+def test_type_checking_imports_are_edges_only_when_asked(tmp_path, type_checking):
     root = _write(
         tmp_path,
         {
-            "pkg/__init__.py": "",
             "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
             "pkg/b.py": "from . import a\n",
         },
     )
-    g = import_graph(root, {"pkg": "pkg"})
-    assert cycles(g) == [] and g.has_edge("pkg.b", "pkg.a") and not g.has_edge("pkg.a", "pkg.b")
+    g = import_graph(root, {"pkg": "pkg"}, type_checking=type_checking)
+    assert g.has_edge("pkg.b", "pkg.a") and g.has_edge("pkg.a", "pkg.b") == type_checking
+    assert cycles(g) == ([["pkg.a", "pkg.b"]] if type_checking else [])
 
 
 def test_a_submodule_importing_its_lazy_package_is_a_circle(tmp_path):
@@ -368,9 +357,7 @@ def test_a_lazy_import_across_the_layers_is_a_violation(tmp_path):
     root = _write(
         tmp_path,
         {
-            "schemas/__init__.py": "",
             "schemas/plan.py": "def f():\n    from capture_plan.planner.build import build_plan\n",
-            "planner/__init__.py": "",
             "planner/build.py": "from capture_plan.schemas.plan import f\n",
         },
     )

@@ -13,7 +13,8 @@ import pytest
 
 from capture_plan.planner.build import BuildOptions
 from capture_plan.planner.inputs.build_options import SizeChoiceOptions
-from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+from capture_plan.planner.sizes.command import choose_sizes
+from capture_plan.planner.sizes.sizes import SizesOptions
 from capture_plan.schemas import build_flags
 from capture_plan.schemas.build_flags import BUILD_FLAG, BUILD_OPTIONS, Bounds, msgspec_bounds, out_of_bounds
 from capture_plan.schemas.errors import InputError

@@ -15,7 +15,9 @@ import pytest
 
 from capture_plan.schemas.codec import decode_plan
 from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.report import StepMeasurement
 from cli_inputs import SPEC, one_line_error, reseal
+from reports import report_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,17 +164,7 @@ def test_trace_values_once_silently_accepted_are_refused(cli, tmp_path, trace, n
 
 @pytest.mark.parametrize("field,value", [("pool_bytes", -1), ("capture_seconds", -0.5), ("seconds", -1.0)])
 def test_reports_with_negative_numbers_are_refused(cli, tmp_path, field, value):
-    rep = {
-        "plan": "fa3",
-        "plan_digest": "sha256:x",
-        "device": "d",
-        "torch": "2",
-        "backend_module": "fa3",
-        "pool_bytes": 1,
-        "predicted_pool_bytes": 1,
-        "capture_seconds": 1.0,
-        "steps": [{"step": 0, "id": "capture/decode/1", "reserved": 1, "predicted_reserved": 1, "seconds": 0.1}],
-    }
+    rep = report_json([StepMeasurement(step=0, id="capture/decode/1", reserved=1, predicted_reserved=1, seconds=0.1)])
     if field == "seconds":
         rep["steps"][0]["seconds"] = value
     else:
@@ -213,21 +205,26 @@ def test_checked_in_plans_decode_and_validate():
         assert decode_plan(path.read_bytes(), str(path)).name == path.stem
 
 
-def test_trace_decoding_memory_is_near_the_file_size():
-    """Issue 18, fault 3: a trace cost ~23x its size (263 MiB: 5.9 GiB; a second full
-    copy built by the standard json module for the duplicate-key check, a third by
-    the conversion): 6.4x under tracemalloc here. Now about the typed events: 1.6x."""
+def _decoded_trace(data: bytes, name: str):
+    """The trace ``data`` decodes to, and the most memory decoding it held (tracemalloc's peak)."""
     import tracemalloc
 
     from capture_plan.schemas.codec import decode_trace
 
-    data = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
     tracemalloc.start()
     try:
-        trace = decode_trace(data, "fa3-ci.json")
-        peak = tracemalloc.get_traced_memory()[1]
+        trace = decode_trace(data, name)
+        return trace, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def test_trace_decoding_memory_is_near_the_file_size():
+    """Issue 18, fault 3: a trace cost ~23x its size (263 MiB: 5.9 GiB; a second full
+    copy built by the standard json module for the duplicate-key check, a third by
+    the conversion): 6.4x under tracemalloc here. Now about the typed events: 1.6x."""
+    data = (ROOT / "plans/traces/fa3-ci.json").read_bytes()
+    trace, peak = _decoded_trace(data, "fa3-ci.json")
     assert sum(len(c.events) for c in trace.captures) > 50_000
     assert peak < 2.5 * len(data), f"decoding took {peak / len(data):.1f}x the file's size"
 
@@ -237,18 +234,9 @@ def test_a_compact_trace_decodes_in_about_four_times_its_size():
     whole run) kept ~800 B of matcher state per event: 53x a compact trace's size here
     (a 263 MiB trace peaked at 7.8 GiB). Now the typed events themselves: ~4.2x (a struct
     and two ints an event), the rewrite 0.06x."""
-    import tracemalloc
-
-    from capture_plan.schemas.codec import decode_trace
-
     events = ",".join(f'["alloc",{i},{4096 + i},"temp"]' for i in range(100_000))
     data = ('{"version":1,"backend":"fa3","captures":[{"phase":"decode","bs":1,"events":[' + events + "]}]}").encode()
-    tracemalloc.start()
-    try:
-        trace = decode_trace(data, "t.json")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    trace, peak = _decoded_trace(data, "t.json")
     assert len(trace.captures[0].events) == 100_000
     assert peak < 4.5 * len(data), f"decoding took {peak / len(data):.1f}x the file's size"
 

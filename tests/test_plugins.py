@@ -40,6 +40,7 @@ from capture_plan.adapters.plugins.hooks import hook
 # before the engines' runners, which import torch: a machine without it skips, naming it
 torch = pytest.importorskip("torch")
 
+from engine_checks import check_every_key  # noqa: E402
 from engines import harness  # noqa: E402
 from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
@@ -71,6 +72,19 @@ def _sgl_model(plan, fake):
     return ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
 
 
+def _plugged_sglang(monkeypatch, tmp_path, sizes=SIZES, *, fallback: str | None = None, **plan_options):
+    """SGLang's release with the plugin registered for a plan of ``sizes`` (``plan_options``:
+    harness.sglang_plan's), written where ``CAPTURE_PLAN_PLAN`` names it (and
+    ``CAPTURE_PLAN_FALLBACK`` set to ``fallback`` where given): the release's module and the plan."""
+    module = sglang_release(monkeypatch, tmp_path)
+    plan = harness.sglang_plan(tmp_path, sizes, **plan_options)
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    if fallback is not None:
+        monkeypatch.setenv(core.ENV_FALLBACK, fallback)
+    sgl_plugin.register()
+    return module, plan
+
+
 def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch, tmp_path):
     module = sglang_release(monkeypatch, tmp_path)
     plan = harness.sglang_plan(tmp_path, SIZES)
@@ -89,10 +103,7 @@ def test_disabled_the_sglang_plugin_changes_nothing(cuda, monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("order", ["largest-first", "smallest-first"])
 def test_sglang_captures_every_graph_key_through_the_plan(cuda, monkeypatch, tmp_path, order):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES, strategies=(f"order={order}",))
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, strategies=(f"order={order}",))
     adoption = module.FullCudaGraphBackend.__capture_plan__
     model = _sgl_model(plan, cuda)
     engine = harness.plugged_sglang_start(module, plan, model, SIZES)
@@ -110,13 +121,7 @@ def test_sglang_captures_every_graph_key_through_the_plan(cuda, monkeypatch, tmp
     assert all(g.pool() == pool for g in engine.graphs.values())
     assert all(g.stream == module._global_stream for g in engine.graphs.values())
     # every key dispatched by its labels replays what the engine's graph computes
-    model.x.normal_()
-    for lora in ("lora", "nolora"):
-        for att in ("a", "b"):
-            labels = {"lora": lora, "attention": att}
-            for n in (1, 3, 8):
-                (out,) = gs.replay(gs.variant("decode", **labels), n)
-                assert torch.equal(out, model.expected("decode", n, labels)), (labels, n)
+    check_every_key(gs, model, (1, 3, 8))
     (out,) = gs.replay("draft_extend", 3)
     assert torch.equal(out, model.expected("draft_extend", 12))
     engine.cleanup()
@@ -141,11 +146,7 @@ def test_sglang_a_plan_for_another_tp_size_refuses_the_first_capture_in_one_line
 
 
 def test_sglang_falls_back_to_its_own_capture_with_a_warning_where_chosen(cuda, monkeypatch, tmp_path, caplog):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, fallback="engine")
     runner = module.DecodeCudaGraphRunner(_sgl_model(plan, cuda), SIZES)
     runner.model_runner = type("ModelRunner", (), {"tp_size": 2, "model_config": None})()
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
@@ -156,10 +157,7 @@ def test_sglang_falls_back_to_its_own_capture_with_a_warning_where_chosen(cuda, 
 
 
 def test_sglang_a_runner_whose_sizes_are_not_the_plans_is_refused(cuda, monkeypatch, tmp_path):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     runner = module.DecodeCudaGraphRunner(_sgl_model(plan, cuda), [*SIZES, 16])
     with pytest.raises(core.PluginRefused, match=r"the decode runner captures sizes \[1, 2, 4, 8, 16\], the plan"):
         runner.capture()
@@ -250,10 +248,8 @@ def test_sglang_leaves_to_the_capture_what_the_request_pool_decides(cuda, monkey
     """Before the KV cache, a plan of the configured sizes up to one of them may be SGLang's
     (a request pool of that size clamps its list there): it passes the early check, and the
     capture's check compares the runners' final list."""
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, [1, 2, 4, 6])  # SGLang's [1, 2, 4, 8, 16] clamped to a pool of 6
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    # SGLang's [1, 2, 4, 8, 16] clamped to a pool of 6
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, [1, 2, 4, 6])
     module.publish([1, 2, 4, 8, 16])
     model = _sgl_model(plan, cuda)
     runner = module.ModelRunner(model, max_running_requests=6)
@@ -275,10 +271,7 @@ def test_sglang_a_list_its_request_pool_clamped_is_not_fixed_by_the_sizes_sglang
     """SGLang started with the plan's sizes, its request pool (6) below the largest: the runners
     capture [1, 2, 4, 6]. The capture's refusal must not tell the user to start SGLang with the
     plan's sizes (it was: the pool clamps them again); the rebuild it names makes them agree."""
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     module.publish(SIZES)  # --cuda-graph-bs-decode 1 2 4 8: the plan's, and the early check passes
     model = _sgl_model(plan, cuda)
     sizes = module.ModelRunner(model, max_running_requests=6).capture_bs()
@@ -306,21 +299,14 @@ def test_sglang_checks_sizes_early_only_for_full_decode_graphs_aligned_by_1(
     """An alignment above 1 (two-batch overlap, attention TP gathers) makes a runner's
     width enter its list: left to the capture's check; breakable or disabled decode graphs
     are not the plugin's to route."""
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     module.publish([1, 3, 5], alignment=alignment, backend=backend)
     with pytest.raises(core.PluginRefused) if refused else contextlib.nullcontext():
         assert module.ModelRunner(_sgl_model(plan, cuda), max_running_requests=64).weights_loaded
 
 
 def test_sglang_a_plan_for_other_sizes_falls_back_before_the_weights_where_chosen(cuda, monkeypatch, tmp_path, caplog):
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    monkeypatch.setenv(core.ENV_FALLBACK, "engine")
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path, fallback="engine")
     module.publish([1, 2, 3, 4, 8])
     model = _sgl_model(plan, cuda)
     with caplog.at_level(logging.WARNING, logger="capture_plan.plugins"):
@@ -337,10 +323,7 @@ def test_sglang_a_plan_for_other_sizes_falls_back_before_the_weights_where_chose
 def test_sglang_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monkeypatch, tmp_path):
     from capture_plan.executor import CaptureFailed
 
-    module = sglang_release(monkeypatch, tmp_path)
-    plan = harness.sglang_plan(tmp_path, SIZES)
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    sgl_plugin.register()
+    module, plan = _plugged_sglang(monkeypatch, tmp_path)
     model = _sgl_model(plan, cuda)
     forward = model.forward
 
@@ -439,6 +422,17 @@ def _vllm_model(fake):
 
 def _vllm_runner(module, model, *, loras=None, draft=False):
     return harness.vllm_runner_of(module, model, SIZES, loras=loras, draft=model if draft else None)
+
+
+def _vllm_refused(module, plan, cuda, monkeypatch, tmp_path):
+    """vLLM (``module``) with the plugin registered for ``plan``, whose capture the plugin
+    refuses: the runner, and the refusal's one line."""
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    runner = _vllm_runner(module, _vllm_model(cuda))
+    with pytest.raises(core.PluginRefused) as err:
+        runner.capture_model()
+    return runner, str(err.value)
 
 
 def _classes(module):
@@ -762,12 +756,7 @@ def test_vllm_refuses_a_plan_whose_order_it_cannot_follow(vllm, cuda, monkeypatc
     plan = build(tmp_path, '[[phases]]\nname = "full_decode"' + rest + first, "warmup=every-size", "outputs=view")
     plan = keyed(keyed(plan, "piecewise", pieces=3), "full_decode_ubatch", stream="ubatch", micro_batches=2)
     assert [s.phase for s in plan.steps][0] == "full_decode"  # the planner keeps the spec's order
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
-    with pytest.raises(core.PluginRefused) as err:
-        runner.capture_model()
-    line = str(err.value)
+    runner, line = _vllm_refused(module, plan, cuda, monkeypatch, tmp_path)
     assert "\n" not in line and re.search(r"the plan captures capture/full_decode/\d+ before capture/piecewise/8", line)
     assert f"which vllm cannot follow ({vllm_plugin.ORDER})" in line and "then FULL" in vllm_plugin.ORDER
     assert runner.cudagraph_manager.graphs == {}
@@ -784,12 +773,7 @@ def test_vllm_refuses_a_plan_whose_phase_is_not_as_piecewise_as_vllms_mode(vllm,
     plan = msgspec.structs.replace(
         plan, phases=[msgspec.structs.replace(p, piecewise=flip) if p.name == phase else p for p in plan.phases]
     )
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
-    runner = _vllm_runner(module, _vllm_model(cuda))
-    with pytest.raises(core.PluginRefused) as err:
-        runner.capture_model()
-    line = str(err.value)
+    runner, line = _vllm_refused(module, plan, cuda, monkeypatch, tmp_path)
     said = "PIECEWISE pieces" if phase == "piecewise" else "one FULL graph"
     assert "\n" not in line and f"vLLM records capture/{phase}/" in line and said in line
     assert f"the plan's phase {phase!r} (kind " in line and ("is not piecewise" in line) == (phase == "piecewise")

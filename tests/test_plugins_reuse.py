@@ -100,6 +100,16 @@ def _reuse_plan(tmp_path):
     return build(tmp_path, text, "warmup=every-size")
 
 
+def _started(module, plan, fake):
+    """SGLang (``module``, the plugin registered) started on the toy model with ``plan``'s
+    phases: the model, the engine, and the plan's graphs as the plugin's loop captured them."""
+    adoption = module.FullCudaGraphBackend.__capture_plan__
+    tokens = {p.name: p.tokens_per_request for p in plan.phases}
+    model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
+    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
+    return model, engine, adoption.loop.graphs
+
+
 def test_sglang_replays_the_plans_shared_executables_and_its_own_reuse_is_off(fake, driver, monkeypatch, tmp_path):
     module = sglang_release(monkeypatch, tmp_path)
     plan = _reuse_plan(tmp_path)
@@ -110,11 +120,7 @@ def test_sglang_replays_the_plans_shared_executables_and_its_own_reuse_is_off(fa
     import os
 
     assert os.environ[sgl_plugin.ENGINE_REUSE_ENV] == "false"
-    adoption = module.FullCudaGraphBackend.__capture_plan__
-    tokens = {p.name: p.tokens_per_request for p in plan.phases}
-    model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
-    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
-    gs = adoption.loop.graphs
+    model, engine, gs = _started(module, plan, fake)
     from capture_plan.executor.exec_update import SharedGraph
 
     reuse = gs.report.reuse
@@ -155,11 +161,7 @@ def test_without_a_driver_nothing_is_shared_and_the_report_says_why(fake, monkey
     plan = _reuse_plan(tmp_path)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
     sgl_plugin.register()
-    adoption = module.FullCudaGraphBackend.__capture_plan__
-    tokens = {p.name: p.tokens_per_request for p in plan.phases}
-    model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), fake=fake)
-    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
-    gs = adoption.loop.graphs
+    model, engine, gs = _started(module, plan, fake)
     reuse = gs.report.reuse
     assert reuse.instantiations == reuse.graphs == 4 * len(SIZES)
     assert {r.reason for r in reuse.refusals} == {"libcuda.so.1 cannot be loaded (test)"}

@@ -16,12 +16,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _quickstart():
-    """.ci/quickstart.py, the script CI runs the README's Quickstart with (not shipped)."""
-    spec = importlib.util.spec_from_file_location("ci_quickstart", ROOT / ".ci/quickstart.py")
+def _script(name: str, path: str):
+    """The checkout's script at ``path`` (not shipped: not of the installed package), imported
+    from its file as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _quickstart():
+    """.ci/quickstart.py, the script CI runs the README's Quickstart with (not shipped)."""
+    return _script("ci_quickstart", ".ci/quickstart.py")
 
 
 def test_quickstart_is_two_commands_and_ci_runs_them_as_written():
@@ -79,10 +85,7 @@ def test_the_quickstart_build_rewrites_the_checked_in_plan_it_names(tmp_path, ca
 
 def _generator():
     """docs/generate.py, a script of the checkout (not of the installed package)."""
-    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs/generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script("docs_generate", "docs/generate.py")
 
 
 def test_readme_is_short_and_its_links_resolve():

@@ -33,6 +33,7 @@ from capture_plan.schemas.limits import (
     MODEL_MAX,
 )
 from capture_plan.schemas.spec import Phase, Spec
+from reports import report_json
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"phases": [{"name": "decode", "kind": "decode", "sizes": [1, 2]}]}
@@ -207,16 +208,7 @@ def test_trace_bounds_are_located_to_the_event_field():
         decode_trace(bs, "t.json")
 
 
-_REPORT = {
-    "plan": "fa3",
-    "plan_digest": "sha256:x",
-    "device": "d",
-    "torch": "2",
-    "backend_module": "fa3",
-    "pool_bytes": 1,
-    "predicted_pool_bytes": 1,
-    "capture_seconds": 1.0,
-}
+_REPORT = report_json()
 
 
 def test_report_seconds_are_bounded_by_the_type():

@@ -13,11 +13,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from capture_plan.planner.build import BuildOptions
+from capture_plan.planner.inputs.build_options import SizeChoiceOptions
 from capture_plan.planner.sizes.size_front import best_lists, candidates, expected
 from capture_plan.planner.sizes.traffic import read_traffic
 from capture_plan.schemas.codec import canonical_bytes, decode_report
 from capture_plan.schemas.report import CaptureReport, StepMeasurement
 from cli_inputs import one_line_error
+from reports import capture_report
 
 DATA = Path(__file__).parent / "data"
 SKEWED = DATA / "traffic-skewed.csv"
@@ -32,13 +34,8 @@ SMALL_SPEC = (
 
 def _parse(text: str, *, phases=None, default=None, top=None, source="t.csv"):
     phases = phases or {"decode": 1}
-    return read_traffic(
-        Path(source),
-        raw=text.encode(),
-        phases=phases,
-        default_phases=default or list(phases),
-        max_size=top or {p: 256 for p in phases},
-    )
+    choice = SizeChoiceOptions(traffic=Path(source), traffic_phases=tuple(default or ()))
+    return read_traffic(choice, phases, top or {p: 256 for p in phases}, text.encode())
 
 
 # -- traffic in -----------------------------------------------------------------------------------
@@ -95,10 +92,7 @@ def test_traffic_without_phase_names_goes_to_the_phases_asked():
 
 def test_a_histogram_spreads_each_bucket_over_its_sizes_and_says_so():
     tr = read_traffic(
-        SCRAPE,
-        phases={"piecewise": 1},
-        default_phases=["piecewise"],
-        max_size={"piecewise": 512},
+        SizeChoiceOptions(traffic=SCRAPE, traffic_phases=("piecewise",)), {"piecewise": 1}, {"piecewise": 512}
     )
     sizes = tr.phases["piecewise"]
     assert tr.form == "prometheus"
@@ -218,8 +212,8 @@ def test_the_program_finds_the_cheapest_list_of_every_count(weights, extra, shap
 
 
 def _choose(**kw):
-    from capture_plan.planner.inputs.build_options import SizeChoiceOptions
-    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.command import choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions
 
     build = kw.pop("build", BuildOptions(backend="fa3", ci=True))
     shown = {k: kw.pop(k) for k in ("upto", "every") if k in kw}
@@ -304,17 +298,7 @@ def _report(times: dict[int, float], phase="decode") -> CaptureReport:
         )
         for i, (bs, t) in enumerate(sorted(times.items(), reverse=True))
     ]
-    return CaptureReport(
-        plan="p",
-        plan_digest="d",
-        device="NVIDIA H200 sm90",
-        torch="2.13",
-        backend_module="m",
-        pool_bytes=0,
-        predicted_pool_bytes=0,
-        capture_seconds=1.0,
-        steps=steps,
-    )
+    return capture_report(None, steps, torch="2.13", backend_module="m")
 
 
 def test_measured_replay_times_choose_the_sizes_before_each_jump(tmp_path):

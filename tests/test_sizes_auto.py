@@ -20,7 +20,7 @@ from capture_plan.planner.inputs.build_options import (
     options_from_record,
 )
 from capture_plan.schemas.codec import decode_plan
-from cli_inputs import one_line_error
+from cli_inputs import every_size_choice, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -175,17 +175,7 @@ def test_the_record_and_the_command_read_back_alike(tmp_path):
     opts = BuildOptions(
         backend="fa3",
         device="NVIDIA H200",  # a build input since issue 52 (build --device without --sizes auto)
-        sizes=SizeChoiceOptions(
-            traffic=tmp_path / "t.csv",
-            traffic_phases=("decode",),
-            metric="m",
-            max_size=300,
-            timing=tmp_path / "r.json",
-            context=2048,
-            budget_mib=300.5,
-            max_graphs=12,
-            max_padding=0.25,
-        ),
+        sizes=every_size_choice(tmp_path),
         output=tmp_path / "plans/p.json",
     )
     plan_path = tmp_path / "plans/p.json"
@@ -368,7 +358,8 @@ def test_a_size_choice_parses_the_spec_once_and_runs_the_pipeline_once(tmp_path,
     assert counts == {"spec parsed": 1, "pipeline runs": 1, "plans assembled": 1}
     assert len(plan.phases[0].sizes) == 6 and plan.predicted.sizes
     # `planner sizes` likewise: one parse, one plan (of the chosen lists)
-    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.command import choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions
 
     counts.update({k: 0 for k in counts})
     choice = SizeChoiceOptions(traffic=SKEWED, max_graphs=6)

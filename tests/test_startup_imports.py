@@ -43,6 +43,7 @@ QUICKSTART_MODULES = {
     "capture_plan.planner.schedule.keys",
     "capture_plan.planner.schedule.optimize",
     "capture_plan.planner.schedule.pipeline",
+    "capture_plan.planner.schedule.read",
     "capture_plan.planner.schedule.resolve",
     "capture_plan.planner.schedule.sequence",
     "capture_plan.planner.report.plan_files",

@@ -29,8 +29,9 @@ def command(given, upto, every, write_spec, plot) -> None:
     padding in % of step time against graph memory and capture count), the spec's list and SGLang's
     and vLLM's defaults priced alike, and the chosen list; --write-spec writes a spec with it."""
     from capture_plan.planner.inputs.build_options import from_flat, without_size_choice
+    from capture_plan.planner.sizes.command import choose_sizes
     from capture_plan.planner.sizes.output import render, write_spec as write
-    from capture_plan.planner.sizes.sizes import SizesOptions, choose_sizes
+    from capture_plan.planner.sizes.sizes import SizesOptions
 
     build = from_flat({**given, "sizes": "auto"})
     assert build.sizes is not None  # --traffic is required

@@ -524,6 +524,18 @@ class PoolSim:
         """(small, bytes) of every segment, in creation order (reserved = their sum)."""
         return list(zip(self._seg_small, self._seg_bytes))
 
+    def blocks(self) -> Iterator[Block]:
+        """Every block, free or not, segment by segment in creation order, each segment's by
+        address: where a copy's handles are found (the block at a handle's address).
+
+        O(blocks): for tests and the GPU differential benchmark, not for the planner's inner loop.
+        """
+        for head in self._heads:
+            b = head
+            while b is not None:
+                yield b
+                b = b.next
+
     def layout(self) -> list[tuple[bool, int, tuple[tuple[int, bool], ...]]]:
         """Every segment as (small, bytes, ((block size, allocated), ...)), blocks by address.
 

@@ -144,9 +144,12 @@ def _preference(rules: list[Rule], base: Choice) -> dict[str, str]:
     return pref
 
 
-def _check_pins(
-    phase: Phase, pins: dict[str, str], cands: list[Strategy], rules: list[Rule], pb: Problem, options: list[Strategy]
-) -> None:
+def _check_pins(phase: Phase, pb: Problem, cands: list[Strategy], options: list[Strategy]) -> None:
+    """Refuse ``phase``'s ``--strategy`` pins of memory axes (``pb.pins``) where they leave no
+    strategy of ``options`` (``cands``: those that keep the pins), or only strategies that
+    break one of its rules (``pb.rules``)."""
+    rules = pb.rules[phase.name]
+    pins = {ax: v for ax, v in _pinned(phase.name, pb.pins).items() if ax in MEMORY_AXES}
     where = "--strategy " + " ".join(f"{k}={v}" for k, v in sorted(pins.items()))
     if pins.get("workspace") == "hoisted" and pb.backend.workspace is None:
         raise ConstraintError(
@@ -218,7 +221,7 @@ def optimize(pb: Problem) -> Solution:
         warm = _warmup(p, rules, pins)
         allc = [Strategy(**{**{ax: getattr(s, ax) for ax in MEMORY_AXES}, "warmup": warm}) for s in _candidates(p, pb)]
         pinned = [s for s in allc if all(getattr(s, ax) == v for ax, v in pins.items() if ax in MEMORY_AXES)]
-        _check_pins(p, {k: v for k, v in pins.items() if k in MEMORY_AXES}, pinned, rules, pb, allc)
+        _check_pins(p, pb, pinned, allc)
         ok = [s for s in pinned if not violated(s, rules)]
         if not ok:
             broken = sorted({rid for s in allc for rid in violated(s, rules)})
@@ -394,7 +397,7 @@ def optimize(pb: Problem) -> Solution:
     decisions: list[Decision] = []
     for n in pb.sequence:
         mine = [s for s in cands[n] if n not in twins or s.order == current[n].order]
-        decisions.extend(_explain_phase(by_name[n], current, mine, pb, cost, len(captures_for[n])))
+        decisions.extend(_explain_phase(by_name[n], current, mine, pb, cost))
         if n in twins:
             decisions.append(
                 Decision(
@@ -411,9 +414,13 @@ def optimize(pb: Problem) -> Solution:
 
 
 def _explain_phase(
-    phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost, compared: int
+    phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost
 ) -> list[Decision]:
+    """Why ``phase`` has its strategy in ``current``: each of ``cands`` priced by ``cost`` with
+    the other phases as they are, each rule met, and its warm-ups (``pb``: its rules, pins and
+    the sizes it compared strategies on)."""
     rules = pb.rules[phase.name]
+    compared = len(screened(phase.sizes, pb.screen))
     pins = _pinned(phase.name, pb.pins)
     chosen = current[phase.name]
     alts = []

@@ -37,13 +37,14 @@ from capture_plan.schemas.plan import (
     Strategy,
     TraceSamples,
     VariantAxis,
+    record_command,
 )
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.strategy import AXES, MEMORY_AXES
 from capture_plan.schemas.units import MiB, mib
 
 from ..inputs import resources
-from ..inputs.build_options import build_record, normalized_command, relative
+from ..inputs.build_options import relative
 from ..inputs.dimensions import model_used
 from ..inputs.rules import rule_text, satisfies
 from ..memory.analytic import workspace_bytes
@@ -384,7 +385,7 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
     )
     plan = Plan(
         name=output.stem,
-        command=normalized_command(opts),
+        command=record_command(r.record),
         inputs=Inputs(
             spec=r.spec_read.name,
             spec_digest=sha256(r.spec_read.raw),
@@ -408,7 +409,7 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
                 else {}
             ),
             **({"traffic": chosen.traffic, "traffic_digest": chosen.traffic_digest} if chosen is not None else {}),
-            build=build_record(opts),
+            build=r.record,
             model=model_used(spec, r.spec_read.sources, r.spec_read.config_keys),
             rules={rule.id: rule_text(rule) for rule in list(resources.builtin_rules()) + list(spec.rules)},
         ),

@@ -5,19 +5,24 @@ expected step time and padding from the traffic and a step time per size (planne
 its graph memory from the plan's own schedule simulated with the list (:class:`Memory`: the
 other phases at their lists, every graph key; with a calibration, the device total), and its
 capture seconds where a report measured them. Also the engines' default lists a choice is
-weighed against.
+weighed against, and the count of sizes a phase's priced front gives under the limits asked
+(:meth:`Pricing.choose`: the padding, the count of graphs, the budget), where the prices are:
+planner/sizes/sizes.py composes the phases' choices.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.errors import ConstraintError
 from capture_plan.schemas.limits import MAX_BS
 from capture_plan.schemas.plan import Step, Strategy
 from capture_plan.schemas.spec import Phase
+from capture_plan.schemas.units import MiB
 
 from ..inputs.build_options import SizeChoiceOptions
 from ..inputs.specs import _expand, engine_preset, sgl_sizes
@@ -29,30 +34,12 @@ from ..schedule.kv import graph_figure
 from ..schedule.resolve import Resolved
 from ..schedule.sequence import capture_sequence
 from .size_front import Best, expected
-from .step_time import (
-    DEFAULT_DEVICE,
-    Measured,
-    StepTime,
-    device_names,
-    device_roofline,
-    measured_times,
-    roofline,
-)
+from .step_time import Measured, StepTime
 
 if TYPE_CHECKING:
     from ..fit.kv_price import KvPricer
 
-__all__ = [
-    "Priced",
-    "Row",
-    "Memory",
-    "Pricing",
-    "phase_step_time",
-    "roofline_device",
-    "engine_defaults",
-    "covering",
-    "budget_of",
-]
+__all__ = ["Priced", "Row", "Memory", "Pricing", "engine_defaults", "covering", "budget_of", "floor_error"]
 
 
 @dataclass(frozen=True)
@@ -133,48 +120,6 @@ class Memory:
         return out
 
 
-def roofline_device(device: str | None, calibration: Calibration | None, calibration_path: object) -> str:
-    """The device whose roofline prices a step: ``--device``, else the calibration's (a list's
-    device total is that device's: its step times are then of the same one), else
-    :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration was
-    measured on is refused: the figures of two devices would sit in one row, unsaid."""
-    if calibration is None:  # not `or`: --device '' is a device no table has, refused (it priced the H200)
-        return DEFAULT_DEVICE if device is None else device
-    measured = calibration.device.split(" sm")[0].strip()
-    if device is None:
-        if measured not in device_names():
-            raise InputError(
-                f"no roofline figures for {measured!r}, the device the calibration was measured on",
-                where=f"--calibration {calibration_path}",
-                fix="measure step times on it with --timing REPORT, or add it to planner/data/devices.toml [roofline]",
-            )
-        return measured
-    named = device_roofline(device).name
-    if named != measured:
-        err = InputError(
-            f"the calibration was measured on {measured!r}, the roofline is of {named!r}: a list's device "
-            "total and its step time would be of two devices",
-            where=f"--device {device} with --calibration {calibration_path}",
-            fix=f"leave --device out (the roofline is then the {measured}'s), or give a calibration "
-            f"(a capture report) measured on the {named}",
-        )
-        err.retry = {"device": None}
-        raise err
-    return named
-
-
-def phase_step_time(opts: SizeChoiceOptions, device: str, r: Resolved, phase: Phase, timing) -> StepTime:
-    """``phase``'s step time per size: measured (``timing``: a report with replay times and
-    how to name it), else the roofline of ``r``'s model on ``device`` (:func:`roofline_device`'s)
-    and ``opts``' context, as :func:`capture_plan.planner.sizes.sizes.choose` resolved it
-    (bounded by the model's window)."""
-    if timing is not None:
-        rep, shown = timing
-        return measured_times(rep, shown, phase.name)
-    assert opts.context is not None, "choose() resolves it"
-    return roofline(r.spec.model, phase, r.tp, device_roofline(device), opts.context, r.backend)
-
-
 def engine_defaults(phase: Phase, top: int, speculative: bool) -> list[tuple[str, list[int]]]:
     """SGLang's and vLLM's default lists up to ``top`` (the largest added where a list stops below it)."""
     sgl = sgl_sizes("speculative" if speculative else "decode", min(top, MAX_BS))
@@ -195,7 +140,8 @@ def covering(label: str, sizes: list[int], top: int) -> tuple[str, list[int]]:
 @dataclass
 class Pricing:
     """What every list of one phase is priced with: its traffic, step time and memory (the
-    other phases at ``others``' lists), and the best list of each count once found."""
+    other phases at ``others``' lists), the best list of each count once found, and the count
+    chosen from them (:meth:`choose`)."""
 
     phase: str
     traffic: dict[int, float]
@@ -247,6 +193,94 @@ class Pricing:
             graph_bytes=graph,
             kv_tokens=None if self.kv is None or graph is None else self.kv.tokens(graph),
         )
+
+    def choose(
+        self, opts: SizeChoiceOptions, spec_count: int, budget_mib: float | None, spec: Path | None
+    ) -> tuple[int, str]:
+        """The count of sizes chosen for the phase (of :attr:`best`) and why: under ``opts``'
+        limits (``--max-graphs``, else the spec's ``spec_count`` sizes; ``--max-padding``) and
+        the budget (``budget_mib``: ``--budget-mib``, else the spec's, whose file ``spec`` is;
+        of the device total where :attr:`memory` is calibrated)."""
+        phase, at = self.phase, self.at
+        kmax = max(self.best)
+        calibrated = self.memory.calibration is not None
+        budget = None if budget_mib is None else budget_mib * MiB
+        unpadded = kmax if opts.max_padding is not None else spec_count
+        limit = min(opts.max_graphs if opts.max_graphs is not None else unpadded, kmax)
+        limit_text = f"--max-graphs {opts.max_graphs}" if opts.max_graphs is not None else f"{limit} sizes"
+
+        def fits(k: int) -> bool:
+            if opts.min_kv_tokens is not None and (at(k).kv_tokens or 0) < opts.min_kv_tokens:
+                return False
+            if budget is None:
+                return True
+            used = budget_of(at(k), calibrated)
+            return used is not None and used <= budget
+
+        floor = f" and --min-kv-tokens {opts.min_kv_tokens}" if opts.min_kv_tokens is not None else ""
+
+        def padding(k: int) -> float:
+            return self.padding(self.best[k].seconds)
+
+        if opts.max_padding is not None:
+            for k in range(1, limit + 1):
+                if padding(k) <= opts.max_padding and fits(k):
+                    return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
+                        f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
+                    ) + floor
+            least = padding(limit)
+            err = ConstraintError(
+                f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
+                + (" within the budget" if budget is not None else "")
+                + f"; the least padding there is {least:.2f}% ({limit} sizes)",
+                where=f"--max-padding {opts.max_padding:g}",
+                fix="allow more sizes with --max-graphs, or more padding",
+            )
+            if fits(limit):  # the least padding there, allowed: a list that exists
+                err.retry = {"max_padding": math.ceil(least * 100) / 100}
+            raise err
+        for k in range(limit, 0, -1):  # padding falls as k grows: the largest count that fits
+            if fits(k):
+                why = f"the least padding within {limit_text}"
+                return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "") + floor
+        one = at(1)
+        if opts.min_kv_tokens is not None and (one.kv_tokens or 0) < opts.min_kv_tokens:
+            # one size leaves the most tokens a list leaves: no list meets the floor
+            assert self.kv is not None, "a floor is priced under an engine"
+            why = self.kv.why_not(one.graph_bytes) if one.graph_bytes is not None else ""
+            raise floor_error(opts.min_kv_tokens, one.kv_tokens or 0, self.kv.label, f"phase {phase!r}: one size", why)
+        used = budget_of(one, calibrated)
+        shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
+        err = ConstraintError(
+            f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
+            where="--budget-mib"
+            if opts.budget_mib is not None
+            else f"{spec}: $.budget_mib"
+            if spec is not None
+            else "the spec's budget_mib",
+            fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
+            if used is not None
+            else "calibrate with --calibration REPORT, or give a budget of the pool with no --calibration",
+        )
+        if used is not None and opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
+            err.retry = {"budget_mib": float(-(-used // MiB))}
+        raise err
+
+
+def floor_error(floor: int, left: int, engine: str, what: str, overflow: str) -> ConstraintError:
+    """No list leaves ``floor`` KV tokens: ``what`` (the best there is) leaves ``left``. The fix
+    that works: the floor it leaves, or, where the engine would not start at all, fit's reason."""
+    err = ConstraintError(
+        f"{what} leaves {left:,} KV tokens under {engine}, below --min-kv-tokens {floor:,}"
+        + (f" (the engine would not start: {overflow})" if overflow else ""),
+        where=f"--min-kv-tokens {floor}",
+        fix=f"lower the floor to {left:,} tokens"
+        if left > 0
+        else "leave more memory to the engine (planner fit says how)",
+    )
+    if left > 0:
+        err.retry = {"min_kv_tokens": left}
+    return err
 
 
 def budget_of(row: Row, calibrated: bool) -> int | None:

@@ -32,8 +32,8 @@ the lists already chosen for the phases before it.
 Every list is priced on the build resolved once (planner/schedule/resolve.py: the spec
 parsed, the trace and reports read), in memory: ``Resolved.with_sizes`` is the same build
 capturing other sizes. :func:`choose` decides, each list priced alike
-(planner/sizes/pricing.py); :func:`choose_sizes` (``planner sizes``; its table and the spec it
-writes: planner/sizes/output.py) and ``planner build --sizes auto`` (planner/build.py) each
+(planner/sizes/pricing.py); ``choose_sizes`` (``planner sizes``: planner/sizes/command.py; its
+table and the spec it writes: planner/sizes/output.py) and ``planner build --sizes auto`` (planner/build.py) each
 build one plan of the chosen lists, the latter with the choice's decisions (planner/sizes/record.py).
 
 What this does not do: choose sizes for phases the traffic does not name
@@ -45,7 +45,6 @@ measure anything: every figure says where it comes from.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,14 +59,10 @@ from capture_plan.schemas.units import MiB
 from ..inputs import resources
 from ..inputs.build_options import BuildOptions, SizeChoiceOptions
 from ..schedule import pipeline
-from ..schedule.resolve import Resolved, resolve
-from .pricing import Memory, Pricing, Row, budget_of, covering, engine_defaults, phase_step_time, roofline_device
+from ..schedule.resolve import Resolved
+from .pricing import Memory, Pricing, Row, covering, engine_defaults, floor_error
 from .size_front import best_lists, candidates, expected, size_runs
-from .step_time import (
-    DEFAULT_CONTEXT,
-    capture_seconds,
-    read_timing,
-)
+from .step_time import DEFAULT_CONTEXT, capture_seconds, read_timing, step_times
 from .traffic import DEFAULT_METRIC, Traffic, read_traffic
 
 __all__ = [
@@ -76,7 +71,6 @@ __all__ = [
     "Choice",
     "SizesResult",
     "choose",
-    "choose_sizes",
     "check_budget",
     "for_build",
     "size_runs",
@@ -165,45 +159,11 @@ class SizesResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _with_sizes(spec: Spec, lists: dict[str, list[int]]) -> Spec:
-    return msgspec.structs.replace(
-        spec, phases=[msgspec.structs.replace(p, sizes=sorted(lists.get(p.name, p.sizes))) for p in spec.phases]
-    )
-
-
 def for_build(r: Resolved, *, worth: bool = True) -> Choice:
     """The sizes ``planner build --sizes auto`` captures: :func:`choose` with the build's own
     size-choice options (``r.opts.sizes``); with ``worth``, each chosen size with why it is in."""
     assert r.opts.sizes is not None  # a build that chooses its sizes
     return choose(r, r.opts.sizes, worth=worth)
-
-
-def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
-    """Everything ``planner sizes`` computes: each traffic phase's front, the engines'
-    defaults priced alike, the chosen lists (:func:`choose`), and the plan built with them.
-    With ``worth``, also why each chosen size is in (:func:`_worth`: one more simulation per size)."""
-    r = resolve(opts.build)
-    choice = choose(r, opts.choice, upto=opts.upto, every=opts.every, worth=worth)
-    plan = pipeline.plan(r.with_sizes(choice.lists))
-    check_budget(choice, plan)
-    device = plan.predicted.device
-    calibrated = r.calibration is not None
-    fid = plan.predicted
-    return SizesResult(
-        phases=choice.phases,
-        traffic=choice.traffic,
-        spec=_with_sizes(r.spec_read.source, choice.lists),
-        plan=plan,
-        memory_source=f"simulated ({fid.source} model, {fid.allocator} allocator) under the spec's schedule: "
-        + "; ".join(f"{n} {st.label()}" for n, st in choice.schedule.items()),
-        device_source=(
-            f"device total: {device.device} ({'; '.join(f'{i.name} {i.provenance}' for i in device.items)})"
-            if calibrated and device is not None
-            else "device total: unknown (build with --calibration REPORT, a capture report measured on the device)"
-        ),
-        budget=choice.budget,
-        notes=list(choice.traffic.notes) + ([fid.caveat] if fid.caveat else []),
-    )
 
 
 def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
@@ -250,7 +210,6 @@ def choose(
                 where=f"--phase {p}",
                 fix="name one of them with --phase, or leave --phase out for every phase",
             )
-    default_phases = list(opts.traffic_phases) or names
     # each option's bounds are its row's (schemas/build_flags.py)
     bad = out_of_bounds("max_size", opts.max_size)
     if bad is not None:
@@ -275,13 +234,7 @@ def choose(
         err.retry = {"metric": None}
         raise err
     top = {p.name: opts.max_size or max(p.sizes) for p in resolved.phases}
-    traffic = read_traffic(
-        opts.traffic,
-        phases={p.name: p.tokens_per_request for p in resolved.phases},
-        default_phases=default_phases,
-        max_size=top,
-        metric=DEFAULT_METRIC if opts.metric is None else opts.metric,
-    )
+    traffic = read_traffic(opts, {p.name: p.tokens_per_request for p in resolved.phases}, top)
     timing = read_timing(opts.timing) if opts.timing is not None else None
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
     measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
@@ -289,6 +242,11 @@ def choose(
     spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
     speculative = any(p.kind in spec_kinds for p in resolved.phases)
 
+    # the size-choice options as priced: the bounded context resolved
+    priced = msgspec.structs.replace(opts, context=context)
+    # each traffic phase's step times, before the schedule: the size choice enters step_time.py
+    # once, for the roofline's device and every phase's times (tests/test_opts_walk.py counts it)
+    times = step_times(r, priced, timing, [n for n in r.sequence if n in traffic.phases])
     reference = pipeline.schedule(r)  # the schedule every list is priced under: the spec's build's
     cands: dict[str, tuple[list[int], str]] = {n: candidates(traffic.phases[n], top[n]) for n in traffic.phases}
     all_sizes = {
@@ -300,14 +258,8 @@ def choose(
     }
     # one workload for every size any list may hold (a trace fitted to them all)
     memory = Memory(r, reference, r.with_sizes(all_sizes).workload)
-    # after the schedule and the memory, so that the size choice enters pricing.py once for
-    # Memory, the device and the step times (tests/test_opts_walk.py counts the returns)
-    device = roofline_device(b.device, r.calibration, b.calibration) if timing is None else ""
-    # the size-choice options as priced: the bounded context resolved
-    priced = msgspec.structs.replace(opts, context=context)
     calibrated = memory.calibration is not None
     budget_mib = opts.budget_mib if opts.budget_mib is not None else resolved.budget_mib
-    budget = None if budget_mib is None else budget_mib * MiB
     measure = "device total" if calibrated else "pool and hoisted workspaces"
     budget_text = "none" if budget_mib is None else f"{budget_mib:g} MiB of {measure}"
 
@@ -320,7 +272,7 @@ def choose(
         price = Pricing(
             phase=name,
             traffic=traffic.phases[name],
-            time=phase_step_time(priced, device, r, phase, timing),
+            time=times[name],
             memory=memory,
             others=dict(lists),
             captured=capture_seconds(measured_in[0], name) if measured_in is not None else {},
@@ -331,7 +283,7 @@ def choose(
         kmax = max(price.best)
         if opts.min_kv_tokens is not None:
             _check_kv_priced(price, r.kv.label if r.kv is not None else "", b.calibration)
-        chosen_k, why = _choose(opts, b.spec, price, kmax, len(phase.sizes), budget, calibrated, budget_mib)
+        chosen_k, why = price.choose(opts, len(phase.sizes), budget_mib, b.spec)
         shown = (
             range(1, kmax + 1)
             if every
@@ -416,97 +368,7 @@ def check_budget(choice: Choice, plan: Plan) -> None:
             raise err
     kv = plan.predicted.kv
     if opts.min_kv_tokens is not None and kv is not None and (kv.kv_tokens or 0) < opts.min_kv_tokens:
-        raise _floor_error(opts.min_kv_tokens, kv.kv_tokens or 0, kv.engine, "the chosen lists together", kv.overflow)
-
-
-def _choose(
-    opts: SizeChoiceOptions,
-    spec: Path | None,
-    price: Pricing,
-    kmax: int,
-    spec_count: int,
-    budget: float | None,
-    calibrated: bool,
-    budget_mib: float | None,
-) -> tuple[int, str]:
-    """The count of sizes chosen for ``price.phase`` and why."""
-    phase, at = price.phase, price.at
-    limit = opts.max_graphs if opts.max_graphs is not None else (kmax if opts.max_padding is not None else spec_count)
-    limit = min(limit, kmax)
-    limit_text = f"--max-graphs {opts.max_graphs}" if opts.max_graphs is not None else f"{limit} sizes"
-
-    def fits(k: int) -> bool:
-        if opts.min_kv_tokens is not None and (at(k).kv_tokens or 0) < opts.min_kv_tokens:
-            return False
-        if budget is None:
-            return True
-        used = budget_of(at(k), calibrated)
-        return used is not None and used <= budget
-
-    floor = f" and --min-kv-tokens {opts.min_kv_tokens}" if opts.min_kv_tokens is not None else ""
-
-    def padding(k: int) -> float:
-        return price.padding(price.best[k].seconds)
-
-    if opts.max_padding is not None:
-        for k in range(1, limit + 1):
-            if padding(k) <= opts.max_padding and fits(k):
-                return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
-                    f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
-                ) + floor
-        least = padding(limit)
-        err = ConstraintError(
-            f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
-            + (" within the budget" if budget is not None else "")
-            + f"; the least padding there is {least:.2f}% ({limit} sizes)",
-            where=f"--max-padding {opts.max_padding:g}",
-            fix="allow more sizes with --max-graphs, or more padding",
-        )
-        if fits(limit):  # the least padding there, allowed: a list that exists
-            err.retry = {"max_padding": math.ceil(least * 100) / 100}
-        raise err
-    for k in range(limit, 0, -1):  # padding falls as k grows: the largest count that fits
-        if fits(k):
-            why = f"the least padding within {limit_text}"
-            return k, why + (f" and the budget ({budget_mib:g} MiB)" if budget is not None else "") + floor
-    one = at(1)
-    if opts.min_kv_tokens is not None and (one.kv_tokens or 0) < opts.min_kv_tokens:
-        # one size leaves the most tokens a list leaves: no list meets the floor
-        assert price.kv is not None, "a floor is priced under an engine"
-        why = price.kv.why_not(one.graph_bytes) if one.graph_bytes is not None else ""
-        raise _floor_error(opts.min_kv_tokens, one.kv_tokens or 0, price.kv.label, f"phase {phase!r}: one size", why)
-    used = budget_of(one, calibrated)
-    shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
-    err = ConstraintError(
-        f"phase {phase!r}: no list fits the budget of {budget_mib:g} MiB; one size alone takes {shown}",
-        where="--budget-mib"
-        if opts.budget_mib is not None
-        else f"{spec}: $.budget_mib"
-        if spec is not None
-        else "the spec's budget_mib",
-        fix=f"raise the budget to at least {-(-(used or 0) // MiB)} MiB"
-        if used is not None
-        else "calibrate with --calibration REPORT, or give a budget of the pool with no --calibration",
-    )
-    if used is not None and opts.budget_mib is not None:  # the spec's budget_mib is the spec's to raise
-        err.retry = {"budget_mib": float(-(-used // MiB))}
-    raise err
-
-
-def _floor_error(floor: int, left: int, engine: str, what: str, overflow: str) -> ConstraintError:
-    """No list leaves ``floor`` KV tokens: ``what`` (the best there is) leaves ``left``. The fix
-    that works: the floor it leaves, or, where the engine would not start at all, fit's reason."""
-    err = ConstraintError(
-        f"{what} leaves {left:,} KV tokens under {engine}, below --min-kv-tokens {floor:,}"
-        + (f" (the engine would not start: {overflow})" if overflow else ""),
-        where=f"--min-kv-tokens {floor}",
-        fix=f"lower the floor to {left:,} tokens"
-        if left > 0
-        else "leave more memory to the engine (planner fit says how)",
-    )
-    if left > 0:
-        err.retry = {"min_kv_tokens": left}
-    return err
+        raise floor_error(opts.min_kv_tokens, kv.kv_tokens or 0, kv.engine, "the chosen lists together", kv.overflow)
 
 
 def _worth(price: Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:

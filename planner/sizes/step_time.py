@@ -47,11 +47,13 @@ from capture_plan.schemas.codec import decode_report
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.report import CaptureReport
-from capture_plan.schemas.spec import Model, Phase, phase_model
+from capture_plan.schemas.spec import Phase, phase_model
 
-from ..inputs.resources import Backend, data, phase_kinds
+from ..inputs.build_options import SizeChoiceOptions
+from ..inputs.resources import data, phase_kinds
 from ..memory.analytic import analytic_program
 from ..memory.program import Alloc, Program
+from ..schedule.resolve import Resolved
 
 __all__ = [
     "StepTime",
@@ -59,6 +61,8 @@ __all__ = [
     "Roofline",
     "DeviceRoofline",
     "read_timing",
+    "step_times",
+    "roofline_device",
     "measured_times",
     "capture_seconds",
     "roofline",
@@ -234,6 +238,52 @@ class Roofline(StepTime):
         return self.repeats * (gemm + attention) + 2.0 * self.activation_bytes(s) / bw
 
 
+def step_times(
+    r: Resolved, opts: SizeChoiceOptions, timing: tuple[CaptureReport, str] | None, names: list[str]
+) -> dict[str, StepTime]:
+    """The step time per size of each phase of ``r`` that ``names`` names: measured
+    (``timing``: a report with replay times and how to name it, :func:`read_timing`), else the
+    roofline of ``r``'s model on :func:`roofline_device`'s device and ``opts``' context
+    (bounded by the model's window: ``opts`` as the size choice resolved them)."""
+    if timing is not None:
+        rep, shown = timing
+        return {n: measured_times(rep, shown, n) for n in names}
+    assert opts.context is not None, "the size choice resolves it"
+    device = device_roofline(roofline_device(r))
+    return {n: roofline(r, r.by_name[n], device, opts.context) for n in names}
+
+
+def roofline_device(r: Resolved) -> str:
+    """The device whose roofline prices a step of the build ``r``: ``--device``, else its
+    calibration's (a list's device total is that device's: its step times are then of the same
+    one), else :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration
+    was measured on is refused: the figures of two devices would sit in one row, unsaid."""
+    device, calibration, calibration_path = r.opts.device, r.calibration, r.opts.calibration
+    if calibration is None:  # not `or`: --device '' is a device no table has, refused (it priced the H200)
+        return DEFAULT_DEVICE if device is None else device
+    measured = calibration.device.split(" sm")[0].strip()
+    if device is None:
+        if measured not in device_names():
+            raise InputError(
+                f"no roofline figures for {measured!r}, the device the calibration was measured on",
+                where=f"--calibration {calibration_path}",
+                fix="measure step times on it with --timing REPORT, or add it to planner/data/devices.toml [roofline]",
+            )
+        return measured
+    named = device_roofline(device).name
+    if named != measured:
+        err = InputError(
+            f"the calibration was measured on {measured!r}, the roofline is of {named!r}: a list's device "
+            "total and its step time would be of two devices",
+            where=f"--device {device} with --calibration {calibration_path}",
+            fix=f"leave --device out (the roofline is then the {measured}'s), or give a calibration "
+            f"(a capture report) measured on the {named}",
+        )
+        err.retry = {"device": None}
+        raise err
+    return named
+
+
 def _allocated(program: Program) -> int:
     """Bytes a program allocates in all: what the step writes."""
 
@@ -243,10 +293,12 @@ def _allocated(program: Program) -> int:
     return total(program.prologue) + program.repeats * total(program.body) + total(program.epilogue)
 
 
-def roofline(model: Model, phase: Phase, tp: int, device: DeviceRoofline, context: int, backend: Backend) -> Roofline:
-    """The roofline of ``phase`` (its own dimensions where it has them) on ``device``,
-    per rank of ``tp``, each real request attending over ``context`` tokens; its
-    activations are those of the analytic program with ``backend``'s attention."""
+def roofline(r: Resolved, phase: Phase, device: DeviceRoofline, context: int) -> Roofline:
+    """The roofline of ``phase`` of the build ``r`` (its model, or the phase's own dimensions
+    where it has them) on ``device``, per rank of ``r``'s tp, each real request attending over
+    ``context`` tokens; its activations are those of the analytic program with ``r``'s
+    backend's attention."""
+    model, tp, backend = r.spec.model, r.tp, r.backend
     m = phase_model(model, phase)
     kind = phase_kinds()[phase.kind]  # its properties: planner/data/phase_kinds.toml
     heads, kv = max(1, m.heads // tp), max(1, m.kv_heads // tp)

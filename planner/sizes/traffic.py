@@ -37,7 +37,6 @@ from __future__ import annotations
 import csv
 import math
 import re
-from pathlib import Path
 from typing import TypeVar
 
 import msgspec
@@ -46,6 +45,8 @@ from capture_plan.schemas.codec import sha256
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.limits import MAX_INT
+
+from ..inputs.build_options import SizeChoiceOptions
 
 __all__ = ["Traffic", "read_traffic", "DEFAULT_METRIC"]
 
@@ -74,22 +75,22 @@ class Traffic(msgspec.Struct, frozen=True):
 
 
 def read_traffic(
-    path: Path,
-    *,
-    phases: dict[str, int],
-    default_phases: list[str],
-    max_size: dict[str, int],
-    metric: str = DEFAULT_METRIC,
-    raw: bytes | None = None,
+    choice: SizeChoiceOptions, phases: dict[str, int], max_size: dict[str, int], raw: bytes | None = None
 ) -> Traffic:
-    """The traffic file at ``path`` (see the module's docstring). ``phases``: the
-    spec's phases and their ``tokens_per_request``; ``default_phases``: the phases
-    traffic that names none applies to; ``max_size``: per phase, the largest size
-    the engine schedules; ``raw``: the file's bytes where they are already read (else
-    read from ``path``). Every error names ``path``."""
+    """The traffic file ``choice.traffic`` (see the module's docstring), read as the size-choice
+    options say: ``choice.traffic_phases``, the phases traffic that names none applies to (none
+    given: every phase), and ``choice.metric``, the histogram a scrape is read for (none given:
+    :data:`DEFAULT_METRIC`). ``phases``: the spec's phases and their ``tokens_per_request``;
+    ``max_size``: per phase, the largest size the engine schedules; ``raw``: the file's bytes
+    where they are already read (else read from the path). Every error names the path."""
+    path = choice.traffic
     if raw is None:
         raw = read_input(path, "traffic", fix="give the file of batch sizes the engine ran")
     source = str(path)
+    default_phases = list(choice.traffic_phases) or list(phases)
+    metric = DEFAULT_METRIC if choice.metric is None else choice.metric
+    # the options as read: every default resolved (what the scrape's reader takes)
+    choice = msgspec.structs.replace(choice, traffic_phases=tuple(default_phases), metric=metric)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -100,7 +101,7 @@ def read_traffic(
         form, counts = "json", _json(raw, source, default_phases)
     elif _is_prometheus(text, metric):
         form = "prometheus"
-        counts, notes = _prometheus(text, source, metric, phases, default_phases, max_size)
+        counts, notes = _prometheus(text, choice, phases, max_size)
     else:
         form, counts = "csv", _csv(text, source, default_phases)
     for phase in counts:
@@ -307,14 +308,13 @@ def _labels(body: str, where: str) -> dict[str, str]:
 
 
 def _prometheus(
-    text: str,
-    source: str,
-    metric: str,
-    phases: dict[str, int],
-    default_phases: list[str],
-    max_size: dict[str, int],
+    text: str, choice: SizeChoiceOptions, phases: dict[str, int], max_size: dict[str, int]
 ) -> tuple[dict[str, dict[int, float]], tuple[str, ...]]:
-    """The histogram ``metric``'s buckets, added over its series and spread within each bucket."""
+    """The histogram ``choice.metric``'s buckets, added over its series and spread within each
+    bucket over ``choice.traffic_phases`` (``choice``: as :func:`read_traffic` resolved it)."""
+    source, default_phases = str(choice.traffic), list(choice.traffic_phases)
+    assert choice.metric is not None, "read_traffic resolves it"
+    metric = choice.metric
     name = metric + "_bucket"
     series: dict[tuple, dict[float, tuple[int, str]]] = {}
     histograms: set[str] = set()
