@@ -53,6 +53,12 @@ def test_the_wheel_installs_one_top_level_package(tmp_path, monkeypatch):
         "references",
         "schemas",
     ]
+    # every subpackage of the checkout is installed (capture_plan.planner.fit was missing from
+    # pyproject.toml's packages: `planner fit` ended in ModuleNotFoundError in an installed copy)
+    for top in ("schemas", "planner", "executor", "adapters", "references"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT)
+            assert (pkg / rel / "__init__.py").exists(), f"{rel} is not in pyproject.toml's [tool.setuptools] packages"
     # the executor package ships the executor only: the reference models live beside it
     assert not list((pkg / "executor").glob("reference*.py")) and not (pkg / "executor" / "speculative.py").exists()
     assert (pkg / "planner" / "data" / "rules.toml").exists() and (pkg / "py.typed").exists()
