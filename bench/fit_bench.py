@@ -400,6 +400,8 @@ def start_up(module, target, s: Settings, snapshot) -> dict:
     """The runner's start-up on ``target`` (built after ``snapshot``, init_device's):
     profile, warm-up, capture, the extensible KV cache sized; returns the runner's record
     (tests/engines/sizing.py ``RunnerSizing``) and what else it measured."""
+    import torch
+
     from bench.baselines import hidden_state_outputs
     from capture_plan.tests.engines.sizing import vllm_034
 
@@ -409,7 +411,9 @@ def start_up(module, target, s: Settings, snapshot) -> dict:
     head = hf.lm_head if hf is not None else target.compute_logits  # taken before the swap below
     model = CaseModel(target, head, s.max_num_batched_tokens)
     module.reset_globals()
-    with hidden_state_outputs(target):
+    # no autograd anywhere (vLLM runs its steps under inference mode): a head whose weight
+    # requires grad would otherwise keep the sampler's intermediates alive at its peak
+    with torch.no_grad(), hidden_state_outputs(target):
         runner = module.GPUModelRunner(
             model,
             list(s.capture_sizes),
@@ -457,16 +461,19 @@ def child(case: str, layers: int) -> dict:
     """The runner's start-up for ``case`` in this (fresh) process (module docstring)."""
     import torch
 
-    from bench.harness import case_target
+    from bench.harness import DEVICE_FIELDS, case_target
+    from capture_plan.executor.device import driver_version
 
     device_name = torch.cuda.get_device_name()
+    # header(device=True)'s fields, read here: the parent never touches the GPU
+    device = dict(zip(DEVICE_FIELDS, (device_name, driver_version(), torch.__version__, torch.version.cuda)))
     s = settings_for(device_name)
     module = runner_034(Path(tempfile.mkdtemp()))
     torch.cuda.empty_cache()
     snapshot = module.MemorySnapshot().measure()  # init_device's, before the model is built
     target = case_target(case, None, layers, max_bs=max(s.capture_sizes))
     torch.cuda.synchronize()
-    return {"device": device_name, "settings": asdict(s), "runner": start_up(module, target, s, snapshot)}
+    return {"device": device, "settings": asdict(s), "runner": start_up(module, target, s, snapshot)}
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -483,7 +490,7 @@ def run_case(case: str, layers: int, folder: Path) -> dict:
         return {"error": (p.stderr or p.stdout)[-3000:]}
     got = json.loads(lines[-1][7:])
     s = Settings(**{**got["settings"], "capture_sizes": tuple(got["settings"]["capture_sizes"])})
-    fitted = fit_side(case, folder / case, layers, got["device"], s)
+    fitted = fit_side(case, folder / case, layers, got["device"]["device"], s)
     return {"device": got["device"], "settings": asdict(s), **case_row(got["runner"], fitted)}
 
 
@@ -499,8 +506,10 @@ def main() -> int | None:
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.layers)), flush=True)
         return None
-    res: dict = header(device=True)
-    path = result_file(args, "fit", res["date"], args.tag)
+    # the device's fields come from the first case's process: this one holds no CUDA context,
+    # which would take the children's free memory, and so their KV caches
+    res: dict = header(device=False)
+    path = result_file(args, "fit-bench", res["date"], args.tag)
     res.update(
         release=RELEASE,
         layers=args.layers,
@@ -513,6 +522,7 @@ def main() -> int | None:
         (folder / case).mkdir(parents=True, exist_ok=True)
         row = run_case(case, args.layers, folder)
         res["cases"][case] = row
+        res.update(row.get("device", {}))
         if "error" in row:
             print(f"{case}: FAILED\n{row['error']}", flush=True)
         path.write(res)  # after every case: a time limit keeps them

@@ -9,6 +9,7 @@ tests/test_gpu_fit_bench.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -248,3 +249,69 @@ def test_the_profiling_forward_attends_to_nothing():
         same = {"rtol": 1e-5, "atol": 1e-5}
         assert torch.allclose(a[2], b[2], **same) and torch.allclose(a[0], b[3], **same), type(t).__name__
         assert not torch.allclose(a[0], a[1], **same)
+
+
+def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(monkeypatch, tmp_path, capsys):
+    """``python -m bench.fit_bench`` with its case processes stubbed: the runner's record and
+    settings come back from the child, fit runs for the device the child named with those
+    settings, the JSON has the header, the device's fields (from the child: the parent holds
+    no CUDA context), the targets, what differs from vLLM, and per case the runner, fit (with
+    and without the plan) and the comparisons; a case not run is listed with its reason."""
+    pytest.importorskip("transformers")
+    import subprocess
+
+    s = fb.settings_for(H100)
+    runner = {
+        "weights_bytes": 970 * MIB,
+        "activation_peak_bytes": 600 * MIB,
+        "graph_bytes": 90 * MIB,
+        "transient_peak_bytes": 700 * MIB,
+        "torch_reserve_growth_bytes": 0,
+        "blocks": 150_000,
+        "block_bytes": 8 * 16 * 2048,
+        "kv_tokens": 150_000 * 16,
+        "measured": {
+            "requested_bytes": 80 * GIB,
+            "init_free_bytes": 79 * GIB,
+            "free_after_capture_bytes": 70 * GIB,
+            "committed_bytes": 4 * GIB,
+        },
+    }
+    device = {"device": H100, "driver": "580", "torch": "2.11.0", "cuda": "13.0"}
+    child = {"device": device, "settings": fb.asdict(s), "runner": runner}
+    calls = []
+
+    def run_module(name, args, **kw):
+        calls.append([name, *args])
+        return subprocess.CompletedProcess(args, 0, stdout="log\nRESULT " + json.dumps(child) + "\n", stderr="")
+
+    monkeypatch.setattr(fb, "run_module", run_module)
+    monkeypatch.setattr("sys.argv", ["fit_bench", "--cases", "llama,eagle", "--out", str(tmp_path), "--tag", "t"])
+    assert fb.main() is None
+    assert calls == [["fit_bench", "--child", "llama", "--layers", "32"]]
+    (path,) = tmp_path.glob("fit-bench-*-t.json")
+    res = json.loads(path.read_text())
+    assert {"date", "git_commit", "git_dirty", *device} <= set(res) and res["device"] == H100
+    assert res["release"] == "vllm==0.34.0" and res["differs"] == fb.DIFFERS and set(res["targets"]) == set(fb.TARGETS)
+    row = res["cases"]["llama"]
+    assert row["settings"]["capture_sizes"] == list(s.capture_sizes) and row["runner"] == runner
+    assert set(row["compare"]) == set(row["compare_plan"]) == set(fb.TARGETS)
+    assert row["compare"]["weights"]["runner"] == 970 * MIB and row["fit"]["default"]["items"]["weights"]["bytes"]
+    assert res["cases"]["eagle"] == {"skipped": fb.NOT_RUN["eagle"]}
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("SUMMARY llama weights ") and out[-1].startswith("SUMMARY eagle skipped: ")
+    # docs/measurements.md's table reads the file: the runner's figure against fit's, per case
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "docs_generate_fit", Path(__file__).resolve().parent.parent / "docs" / "generate.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    monkeypatch.setattr(gen, "RESULTS", tmp_path)
+    table = gen.fit_bench()
+    (llama,) = [line for line in table if line.startswith("| llama ")]
+    assert llama.startswith("| llama | 970 / ") and "| eagle | skipped |" in "\n".join(table)
+    assert table[-1].startswith(f"Source: `bench/results/{path.name}` (NVIDIA H100 80GB HBM3, torch 2.11.0, ")
+    monkeypatch.setattr(gen, "RESULTS", tmp_path / "none")
+    assert gen.fit_bench() == ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
