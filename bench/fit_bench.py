@@ -25,9 +25,11 @@ same reading of the wheel: their agreement proves consistency, not correctness. 
 runner's model is not vLLM's is listed in the JSON (:data:`DIFFERS`). Only the
 settings are the device's: fit reads the device's total from its own table.
 
-Not run here: the 0.33.0-shaped estimator path (extensible KV cache off), SGLang's runner,
-a calibration of the runner's capture, and the ``eagle`` case (:data:`NOT_RUN`).
-Run: python -m bench.fit_bench [--cases reference,llama,...] [--layers 32] [--tag T] [--out DIR]
+``--releases vllm==0.34.0,vllm==0.33.0`` adds the 0.33.0-shaped path (:data:`RELEASES`: the
+same runner with the extensible KV cache off, its graph estimate deducted before capture).
+Not run here: SGLang's runner, a calibration of the runner's capture, and the ``eagle`` case
+(:data:`NOT_RUN`).
+Run: python -m bench.fit_bench [--cases reference,llama,...] [--releases R,...] [--layers 32] [--tag T]
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ from bench.harness import (
 
 CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
 RELEASE = "vllm==0.34.0"
+#: the releases a run may size (``--releases``), and how the runner follows each
+RELEASES = {
+    RELEASE: "the extensible KV cache (0.34.0's default on CUDA): sized after capture",
+    "vllm==0.33.0": "0.33.0-shaped: the 0.34.0 runner with the extensible KV cache off, so 0.33.0's graph "
+    "estimate (profile_cudagraph_memory) is taken from the budget before capture; fit's vllm==0.33.0 rule",
+}
 #: the context length both sides are given (every case's KV is counted for it; the runner's
 #: sizing does not read it: its tokens are blocks x block size)
 MAX_MODEL_LEN = 4096
@@ -163,14 +171,14 @@ def case_spec(case: str, folder: Path, layers: int) -> Path:
     return path
 
 
-def fit_side(case: str, folder: Path, layers: int, device_name: str, s: Settings) -> dict:
+def fit_side(case: str, folder: Path, layers: int, device_name: str, s: Settings, release: str = RELEASE) -> dict:
     """fit's figures for the case, without and with the plan of the runner's graphs."""
     from capture_plan.planner.fit.fit import fit
     from capture_plan.planner.fit.model import load_model
 
     model = load_model(str(case_spec(case, folder, layers)))
     out = {"model": model.name, "model_type": model.model_type, "source": model.source}
-    out["default"] = fit_figures(fit(model, device_name, RELEASE, 1, fit_flags(s)))
+    out["default"] = fit_figures(fit(model, device_name, release, 1, fit_flags(s)))
     try:
         graphs = case_plan(case, folder, layers, model)
     except Exception as err:  # a plan that cannot be built is a result: the row says why
@@ -179,7 +187,8 @@ def fit_side(case: str, folder: Path, layers: int, device_name: str, s: Settings
     if sorted(graphs.sizes) != sorted(s.capture_sizes):
         out["plan"] = {"skipped": f"the plan's sizes {graphs.sizes} are not the runner's"}
         return out
-    out["plan"] = {"plan": graphs.name, **fit_figures(fit(model, device_name, RELEASE, 1, fit_flags(s), plan=graphs))}
+    planned = fit(model, device_name, release, 1, fit_flags(s), plan=graphs)
+    out["plan"] = {"plan": graphs.name, **fit_figures(planned)}
     return out
 
 
@@ -247,28 +256,33 @@ def compare(runner: dict, fitted: dict) -> dict:
 
 
 def rule_check(runner: dict, release: str = RELEASE) -> dict:
-    """fit's after-capture rule (planner/fit/sizing.py ``vllm_after_capture``) fed the
-    runner's own measured items (weights, the other memory its free memory lost, the
-    transient peak it kept, the capture's drop; the committed decode cache is KV): its
-    blocks against the runner's. It isolates the rule from fit's estimates: a miss here
-    is the rule's arithmetic, not an estimate's. fit takes torch's reserve growth as 0."""
+    """fit's sizing rule for ``release`` (planner/fit/sizing.py ``vllm_after_capture`` or
+    ``vllm_before_capture``) fed the runner's own measured items (weights, the other memory
+    its free memory lost, the transient peak, the capture's drop or the graph estimate; the
+    committed decode cache is KV): its blocks against the runner's. It isolates the rule
+    from fit's estimates: a miss here is the rule's arithmetic, not an estimate's. After
+    capture, fit takes torch's reserve growth as 0."""
     from capture_plan.planner.fit import sizing
     from capture_plan.planner.fit.tables import rule_for
 
     _, _, _, rule = rule_for(release)
-    m = runner["measured"]
+    m, weights = runner["measured"], runner["weights_bytes"]
     committed = m["committed_bytes"]
-    other = m["init_free_bytes"] - m["free_after_capture_bytes"] - committed - runner["weights_bytes"]
-    other -= runner["graph_bytes"]
-    kv = sizing.vllm_after_capture(
-        rule,
-        m["requested_bytes"],
-        m["init_free_bytes"],
-        runner["weights_bytes"],
-        other,
-        runner["transient_peak_bytes"],
-        runner["graph_bytes"],
-    )
+    if rule.kind == "vllm-after-capture":
+        other = m["init_free_bytes"] - m["free_after_capture_bytes"] - committed - weights - runner["graph_bytes"]
+        kv = sizing.vllm_after_capture(
+            rule,
+            m["requested_bytes"],
+            m["init_free_bytes"],
+            weights,
+            other,
+            runner["transient_peak_bytes"],
+            runner["graph_bytes"],
+        )
+    else:  # before capture: what the profile consumed, its peak, the estimate if the rule deducts it
+        other = m["total_consumed_bytes"] - committed - weights
+        graph = runner["graph_estimate_bytes"] if rule.graph_estimate == "deducted" else 0
+        kv = sizing.vllm_before_capture(m["requested_bytes"], weights, other, runner["activation_peak_bytes"], graph)
     blocks = max(kv, 0) // runner["block_bytes"]
     return {
         "blocks": blocks,
@@ -278,15 +292,15 @@ def rule_check(runner: dict, release: str = RELEASE) -> dict:
     }
 
 
-def case_row(runner: dict, fitted: dict) -> dict:
-    """The runner's record, fit's figures and their comparisons for one case."""
+def case_row(runner: dict, fitted: dict, release: str = RELEASE) -> dict:
+    """The runner's record, fit's figures and their comparisons for one case and release."""
     plan = fitted.get("plan", {})
     return {
         "runner": runner,
         "fit": fitted,
         "compare": compare(runner, fitted["default"]),
         "compare_plan": compare(runner, plan) if "items" in plan else None,
-        "rule_check": rule_check(runner),
+        "rule_check": rule_check(runner, release),
     }
 
 
@@ -297,8 +311,9 @@ def _pct(c: dict) -> str:
     return f"{err} {'ok' if c['ok'] else 'FAIL'}"
 
 
-def summary_line(case: str, row: dict) -> str:
-    """``SUMMARY case weights ...; activation ...; graph ... (plan ...); kv tokens ...; rule ...``."""
+def summary_line(case: str, row: dict, release: str = RELEASE) -> str:
+    """``SUMMARY case release weights ...; activation ...; graph ... (plan ...); kv tokens ...; rule ...``."""
+    case = f"{case} {release}"
     if "compare" not in row:
         return f"SUMMARY {case} {'skipped' if 'skipped' in row else 'FAILED'}: {row.get('skipped') or 'see error'}"
     c, p = row["compare"], row["compare_plan"]
@@ -396,10 +411,13 @@ def decode_cache(target) -> tuple[int, int, int, int]:
     return sum(t.nbytes for t in caches), 2 * k[0, 0].nbytes, len(target.layers), 0
 
 
-def start_up(module, target, s: Settings, snapshot) -> dict:
+def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> dict:
     """The runner's start-up on ``target`` (built after ``snapshot``, init_device's):
-    profile, warm-up, capture, the extensible KV cache sized; returns the runner's record
-    (tests/engines/sizing.py ``RunnerSizing``) and what else it measured."""
+    profile, warm-up, capture, the KV cache sized (``extensible``: after capture, as 0.34.0;
+    else before it, the graph estimate deducted, as 0.33.0); returns the runner's record
+    (tests/engines/sizing.py ``RunnerSizing``) and what else it measured. The model's own
+    decode cache is KV: committed blocks after capture, or, before it, added back to the
+    budget (the release allocates its cache after profiling)."""
     import torch
 
     from bench.baselines import hidden_state_outputs
@@ -418,7 +436,7 @@ def start_up(module, target, s: Settings, snapshot) -> dict:
             model,
             list(s.capture_sizes),
             cudagraph_mode=module.FULL_DECODE_ONLY,
-            extensible_kv_cache=True,
+            extensible_kv_cache=extensible,
             max_num_tokens=s.max_num_batched_tokens,
             max_num_reqs=s.max_num_seqs,
         )
@@ -437,8 +455,12 @@ def start_up(module, target, s: Settings, snapshot) -> dict:
         requested = math.ceil(snapshot.total_memory * s.gpu_memory_utilization)  # request_memory
         worker = module.Worker(runner, block_bytes=block_bytes, requested_memory=requested, init_snapshot=snapshot)
         worker.determine_available_memory()
+        if not extensible:
+            worker.available_kv_cache_memory_bytes += committed
         worker.initialize_from_config()
-        runner.extensible_kv_cache.committed_bytes = committed
+        kv = runner.extensible_kv_cache
+        if kv is not None:
+            kv.committed_bytes = committed
         blocks = worker.compile_or_warm_up_model()
         sizing = vllm_034(worker, blocks, block_size=s.block_size, weights_bytes=weights)
         after = worker.profile_result.after_profile
@@ -447,7 +469,8 @@ def start_up(module, target, s: Settings, snapshot) -> dict:
             "init_free_bytes": snapshot.free_memory,
             "context_bytes": snapshot.total_memory - snapshot.free_memory,
             "non_torch_growth_bytes": after.non_torch_memory - snapshot.non_torch_memory,
-            "free_after_capture_bytes": runner.extensible_kv_cache.free_memory_measured,
+            "total_consumed_bytes": worker.total_consumed,
+            "free_after_capture_bytes": kv.free_memory_measured if kv is not None else None,
             "committed_bytes": committed,
             "kv_bytes_per_token_layer": per_token,
             "layers": {"full": full, "sliding": sliding},
@@ -457,7 +480,7 @@ def start_up(module, target, s: Settings, snapshot) -> dict:
     return {**json.loads(sizing.to_json()), "measured": measured}
 
 
-def child(case: str, layers: int) -> dict:
+def child(case: str, layers: int, release: str = RELEASE) -> dict:
     """The runner's start-up for ``case`` in this (fresh) process (module docstring)."""
     import torch
 
@@ -467,51 +490,61 @@ def child(case: str, layers: int) -> dict:
     device_name = torch.cuda.get_device_name()
     # header(device=True)'s fields, read here: the parent never touches the GPU
     device = dict(zip(DEVICE_FIELDS, (device_name, driver_version(), torch.__version__, torch.version.cuda)))
-    s = settings_for(device_name)
+    s = settings_for(device_name, release)
     module = runner_034(Path(tempfile.mkdtemp()))
     torch.cuda.empty_cache()
     snapshot = module.MemorySnapshot().measure()  # init_device's, before the model is built
     target = case_target(case, None, layers, max_bs=max(s.capture_sizes))
     torch.cuda.synchronize()
-    return {"device": device, "settings": asdict(s), "runner": start_up(module, target, s, snapshot)}
+    runner = start_up(module, target, s, snapshot, extensible=release == RELEASE)
+    return {"device": device, "settings": asdict(s), "runner": runner}
 
 
 # -- the command --------------------------------------------------------------------------------
 
 
-def run_case(case: str, layers: int, folder: Path) -> dict:
-    """One case: the runner in a fresh process, then fit for the device it ran on."""
+def run_case(case: str, layers: int, folder: Path, release: str = RELEASE) -> dict:
+    """One case and release: the runner in a fresh process, then fit for the device it ran on."""
     if case in NOT_RUN:
         return {"skipped": NOT_RUN[case]}
-    cmd = ["--child", case, "--layers", str(layers)]
+    cmd = ["--child", case, "--layers", str(layers), "--releases", release]
     p = run_module("fit_bench", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode or not lines:
         return {"error": (p.stderr or p.stdout)[-3000:]}
     got = json.loads(lines[-1][7:])
     s = Settings(**{**got["settings"], "capture_sizes": tuple(got["settings"]["capture_sizes"])})
-    fitted = fit_side(case, folder / case, layers, got["device"]["device"], s)
-    return {"device": got["device"], "settings": asdict(s), **case_row(got["runner"], fitted)}
+    fitted = fit_side(case, folder / case, layers, got["device"]["device"], s, release)
+    return {"device": got["device"], "settings": asdict(s), **case_row(got["runner"], fitted, release)}
 
 
 def main() -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"cases, comma-separated (default {','.join(CASES)})")
     add_layers(ap, help="layers of the reference model")
+    ap.add_argument(
+        "--releases",
+        default=RELEASE,
+        help=f"releases the runner follows, comma-separated: {', '.join(RELEASES)} (default {RELEASE})",
+    )
     ap.add_argument("--tag", default="")
     add_out_dir(ap)
     add_overwrite(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    releases = [r for r in args.releases.split(",") if r]
+    unknown = [r for r in releases if r not in RELEASES]
+    if unknown or not releases:
+        ap.error(f"--releases {args.releases}: each one of {', '.join(RELEASES)}")
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.layers)), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.layers, releases[0])), flush=True)
         return None
     # the device's fields come from the first case's process: this one holds no CUDA context,
     # which would take the children's free memory, and so their KV caches
     res: dict = header(device=False)
     path = result_file(args, "fit-bench", res["date"], args.tag)
     res.update(
-        release=RELEASE,
+        releases={r: RELEASES[r] for r in releases},
         layers=args.layers,
         targets={k: asdict(t) for k, t in TARGETS.items()},
         differs=DIFFERS,
@@ -520,16 +553,19 @@ def main() -> int | None:
     folder = Path(tempfile.mkdtemp(prefix="fit-bench-"))
     for case in [c for c in args.cases.split(",") if c]:
         (folder / case).mkdir(parents=True, exist_ok=True)
-        row = run_case(case, args.layers, folder)
-        res["cases"][case] = row
-        res.update(row.get("device", {}))
-        if "error" in row:
-            print(f"{case}: FAILED\n{row['error']}", flush=True)
-        path.write(res)  # after every case: a time limit keeps them
+        res["cases"][case] = {}
+        for release in releases:
+            row = run_case(case, args.layers, folder, release)
+            res["cases"][case][release] = row
+            res.update(row.get("device", {}))
+            if "error" in row:
+                print(f"{case} {release}: FAILED\n{row['error']}", flush=True)
+            path.write(res)  # after every case: a time limit keeps them
     print(f"wrote {path.path}")
-    for case, row in res["cases"].items():
-        print(summary_line(case, row))
-    return 1 if any("error" in r for r in res["cases"].values()) else None
+    for case, rows in res["cases"].items():
+        for release, row in rows.items():
+            print(summary_line(case, row, release))
+    return 1 if any("error" in r for rows in res["cases"].values() for r in rows.values()) else None
 
 
 if __name__ == "__main__":

@@ -1243,14 +1243,16 @@ def fit_bench() -> list[str]:
     for name in runs:
         d = _load(name)
         sources.append(_source(name, d).strip())
-        for case, row in d["cases"].items():
+        for case, row, release in ((c, row, r) for c, runs in d["cases"].items() for r, row in runs.items()):
+            label = release.replace("==", " ")
             if "compare" not in row:
-                rows.append([case, "skipped" if "skipped" in row else "failed", *[""] * 5])
+                rows.append([case, label, "skipped" if "skipped" in row else "failed", *[""] * 5])
                 continue
             c, p, r = row["compare"], row["compare_plan"], row["rule_check"]
             rows.append(
                 [
                     case,
+                    label,
                     _fit_cell(c["weights"]),
                     _fit_cell(c["activation peak"]),
                     _fit_cell(c["graph memory"]),
@@ -1261,6 +1263,7 @@ def fit_bench() -> list[str]:
             )
     header = [
         "case",
+        "release",
         "weights MiB: runner / fit",
         "activation peak MiB",
         "graph memory MiB",

@@ -9,6 +9,7 @@ tests/test_gpu_fit_bench.py)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,18 @@ H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
 
 @pytest.mark.parametrize("device", [H100, H200])
-def test_the_settings_are_the_releases_defaults_for_the_device_and_fit_runs_with_them(device, tmp_path):
-    """vLLM 0.34.0 on an H100 or H200: utilization 1.0 (the extensible KV cache's), 1024
-    sequences, 8192 batched tokens, its 51 default sizes up to 512; fit's result echoes every
-    setting the runner was given, under vLLM's flag names."""
+@pytest.mark.parametrize("release, utilization", [("vllm==0.34.0", 1.0), ("vllm==0.33.0", 0.92)])
+def test_the_settings_are_the_releases_defaults_for_the_device_and_fit_runs_with_them(
+    device, release, utilization, tmp_path
+):
+    """vLLM 0.34.0 on an H100 or H200: utilization 1.0 (the extensible KV cache's; 0.33.0's
+    0.92), 1024 sequences, 8192 batched tokens, its 51 default sizes up to 512; fit's result
+    echoes every setting the runner was given, under vLLM's flag names."""
     pytest.importorskip("transformers")
-    s = fb.settings_for(device)
-    assert (s.gpu_memory_utilization, s.max_num_seqs, s.max_num_batched_tokens) == (1.0, 1024, 8192)
+    s = fb.settings_for(device, release)
+    assert (s.gpu_memory_utilization, s.max_num_seqs, s.max_num_batched_tokens) == (utilization, 1024, 8192)
     assert s.capture_sizes == (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
-    got = fb.fit_side("llama", tmp_path, 32, device, s)["default"]["settings"]
+    got = fb.fit_side("llama", tmp_path, 32, device, s, release)["default"]["settings"]
     flags = fb.fit_flags(s)
     assert got["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
     for name in ("gpu-memory-utilization", "max-model-len", "max-num-seqs", "max-num-batched-tokens", "block-size"):
@@ -141,13 +145,17 @@ class Memory:
         self.cached = max(self.cached, nbytes)
 
 
-@pytest.mark.parametrize("case", ["reference", "llama"])
-def test_the_runners_start_up_on_a_case_model(case, fake, monkeypatch, tmp_path):
-    """The 0.34.0 runner on a (tiny) case model, CUDA faked: its dummy runs (profile_run's and
-    the sizing warm-up's) go through the model's profiling forward at max_num_batched_tokens,
-    every decode size is captured as a FULL graph of the model's decode step, the weights are
-    the model's tensors, its decode cache is counted as committed KV, and fit's rule fed the
-    runner's measured items gives the runner's blocks; the row is JSON and has its SUMMARY."""
+@pytest.mark.parametrize(
+    "case, release", [("reference", "vllm==0.34.0"), ("llama", "vllm==0.34.0"), ("reference", "vllm==0.33.0")]
+)
+def test_the_runners_start_up_on_a_case_model(case, release, fake, monkeypatch, tmp_path):
+    """The 0.34.0 runner on a (tiny) case model, CUDA faked: its dummy runs (profile_run's and,
+    with the extensible KV cache, the sizing warm-up's) go through the model's profiling
+    forward at max_num_batched_tokens, every decode size is captured as a FULL graph of the
+    model's decode step, the weights are the model's tensors, its decode cache is counted as
+    KV (committed blocks after capture; before it, 0.33.0-shaped, given back to the budget the
+    graph estimate is taken from), and fit's rule fed the runner's measured items gives the
+    runner's blocks; the row is JSON and has its SUMMARY."""
     import torch
 
     mem = Memory(monkeypatch, total=80 * GIB, used=GIB)
@@ -178,7 +186,8 @@ def test_the_runners_start_up_on_a_case_model(case, fake, monkeypatch, tmp_path)
         weights = sum(p.nbytes for p in hf.parameters()) + sum(b.nbytes for b in hf.buffers())
         committed = sum(layer.keys.nbytes + layer.values.nbytes for layer in target.cache.layers)
         per_token = 2 * 2 * 16 * 4  # K and V, 2 KV heads of 16, float32
-    s = fb.Settings(1.0, 64, max_num_seqs=8, max_num_batched_tokens=32, block_size=16, capture_sizes=(1, 2, 4, 8))
+    util = 1.0 if release == "vllm==0.34.0" else 0.92
+    s = fb.Settings(util, 64, max_num_seqs=8, max_num_batched_tokens=32, block_size=16, capture_sizes=(1, 2, 4, 8))
     module = fb.runner_034(tmp_path)
     snapshot = module.MemorySnapshot().measure()
     mem.outside += committed + weights  # the model built after the snapshot
@@ -191,30 +200,35 @@ def test_the_runners_start_up_on_a_case_model(case, fake, monkeypatch, tmp_path)
         return real(ids)
 
     monkeypatch.setattr(target, "profile_hidden", profile_hidden)
-    record = fb.start_up(module, target, s, snapshot)
-    assert forwards == [32, 32]  # profile_run's dummy run, then the sizing warm-up's
+    extensible = release == "vllm==0.34.0"
+    record = fb.start_up(module, target, s, snapshot, extensible=extensible)
+    assert forwards == [32, 32][: 1 + extensible]  # profile_run's dummy run, then the sizing warm-up's
     assert record["weights_bytes"] == weights and record["measured"]["committed_bytes"] == committed
     assert record["measured"]["graphs"] == 4 and record["measured"]["kv_bytes_per_token_layer"] == per_token
     assert record["activation_peak_bytes"] == 300 * MIB
     assert record["block_bytes"] == 2 * 16 * per_token  # both layers' pages: one block
-    check = fb.rule_check(record)
+    check = fb.rule_check(record, release)
     assert check["blocks"] == record["blocks"] > 0 and check["error"] == 0
-    # the decode cache counts as the cache's: the free side gets it back
-    margin = max(GIB, int(300 * MIB * 0.75))
-    free = 80 * GIB - GIB - committed - weights
-    assert record["blocks"] == (free + committed - margin - 300 * MIB) // record["block_bytes"]
+    if extensible:  # the decode cache counts as the cache's: the free side gets it back
+        margin = max(GIB, int(300 * MIB * 0.75))
+        free = 80 * GIB - GIB - committed - weights
+        assert record["blocks"] == (free + committed - margin - 300 * MIB) // record["block_bytes"]
+    else:  # the budget less what the profile consumed but the decode cache, its peak, the estimate
+        assert record["graph_estimate_bytes"] == 3 * MIB  # 4 graphs: 3 at vLLM's 1 MiB floor (no drop here)
+        budget = math.ceil(80 * GIB * 0.92) - weights - 300 * MIB - 3 * MIB
+        assert record["blocks"] == budget // record["block_bytes"]
     fitted = {"default": {"items": {}, "kv_blocks": record["blocks"], "block_tokens": 16}, "plan": {"skipped": "x"}}
-    row = fb.case_row(record, fitted)
+    row = fb.case_row(record, fitted, release)
     json.dumps(row)
-    line = fb.summary_line(case, row)
-    assert line.startswith(f"SUMMARY {case} weights unknown FAIL; activation unknown FAIL; graph unknown FAIL;")
+    line = fb.summary_line(case, row, release)
+    assert line.startswith(f"SUMMARY {case} {release} weights unknown FAIL; activation unknown FAIL; graph unknown")
     assert "kv tokens +0.0% ok" in line and "rule on measured items +0.00%" in line
     assert torch.equal(target.profile_hidden(torch.zeros(3, dtype=torch.long)), real(torch.zeros(3, dtype=torch.long)))
 
 
 def test_a_skipped_or_failed_case_has_its_summary_line():
-    assert fb.summary_line("eagle", {"skipped": fb.NOT_RUN["eagle"]}).startswith("SUMMARY eagle skipped: ")
-    assert fb.summary_line("llama", {"error": "Traceback"}) == "SUMMARY llama FAILED: see error"
+    assert fb.summary_line("eagle", {"skipped": fb.NOT_RUN["eagle"]}).startswith("SUMMARY eagle vllm==0.34.0 skipped: ")
+    assert fb.summary_line("llama", {"error": "Tb"}, "vllm==0.33.0") == "SUMMARY llama vllm==0.33.0 FAILED: see error"
 
 
 def test_the_profiling_forward_attends_to_nothing():
@@ -288,18 +302,20 @@ def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(mon
     monkeypatch.setattr(fb, "run_module", run_module)
     monkeypatch.setattr("sys.argv", ["fit_bench", "--cases", "llama,eagle", "--out", str(tmp_path), "--tag", "t"])
     assert fb.main() is None
-    assert calls == [["fit_bench", "--child", "llama", "--layers", "32"]]
+    assert calls == [["fit_bench", "--child", "llama", "--layers", "32", "--releases", "vllm==0.34.0"]]
     (path,) = tmp_path.glob("fit-bench-*-t.json")
     res = json.loads(path.read_text())
     assert {"date", "git_commit", "git_dirty", *device} <= set(res) and res["device"] == H100
-    assert res["release"] == "vllm==0.34.0" and res["differs"] == fb.DIFFERS and set(res["targets"]) == set(fb.TARGETS)
-    row = res["cases"]["llama"]
+    assert res["releases"] == {"vllm==0.34.0": fb.RELEASES["vllm==0.34.0"]}
+    assert res["differs"] == fb.DIFFERS and set(res["targets"]) == set(fb.TARGETS)
+    row = res["cases"]["llama"]["vllm==0.34.0"]
     assert row["settings"]["capture_sizes"] == list(s.capture_sizes) and row["runner"] == runner
     assert set(row["compare"]) == set(row["compare_plan"]) == set(fb.TARGETS)
     assert row["compare"]["weights"]["runner"] == 970 * MIB and row["fit"]["default"]["items"]["weights"]["bytes"]
-    assert res["cases"]["eagle"] == {"skipped": fb.NOT_RUN["eagle"]}
+    assert res["cases"]["eagle"] == {"vllm==0.34.0": {"skipped": fb.NOT_RUN["eagle"]}}
     out = capsys.readouterr().out.splitlines()
-    assert out[-2].startswith("SUMMARY llama weights ") and out[-1].startswith("SUMMARY eagle skipped: ")
+    assert out[-2].startswith("SUMMARY llama vllm==0.34.0 weights ")
+    assert out[-1].startswith("SUMMARY eagle vllm==0.34.0 skipped: ")
     # docs/measurements.md's table reads the file: the runner's figure against fit's, per case
     import importlib.util
 
@@ -311,7 +327,9 @@ def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(mon
     monkeypatch.setattr(gen, "RESULTS", tmp_path)
     table = gen.fit_bench()
     (llama,) = [line for line in table if line.startswith("| llama ")]
-    assert llama.startswith("| llama | 970 / ") and "| eagle | skipped |" in "\n".join(table)
+    assert llama.startswith("| llama | vllm 0.34.0 | 970 / ") and "| eagle | vllm 0.34.0 | skipped |" in "\n".join(
+        table
+    )
     assert table[-1].startswith(f"Source: `bench/results/{path.name}` (NVIDIA H100 80GB HBM3, torch 2.11.0, ")
     monkeypatch.setattr(gen, "RESULTS", tmp_path / "none")
     assert gen.fit_bench() == ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
