@@ -27,8 +27,8 @@ settings are the device's: fit reads the device's total from its own table.
 
 ``--releases vllm==0.34.0,vllm==0.33.0`` adds the 0.33.0-shaped path (:data:`RELEASES`: the
 same runner with the extensible KV cache off, its graph estimate deducted before capture).
-Not run here: SGLang's runner, a calibration of the runner's capture, and the ``eagle`` case
-(:data:`NOT_RUN`).
+A case whose model does not fit the device is skipped, saying why. Not run here: SGLang's
+runner, a calibration of the runner's capture.
 Run: python -m bench.fit_bench [--cases reference,llama,...] [--releases R,...] [--layers 32] [--tag T]
 """
 
@@ -65,15 +65,18 @@ RELEASES = {
 #: the context length both sides are given (every case's KV is counted for it; the runner's
 #: sizing does not read it: its tokens are blocks x block size)
 MAX_MODEL_LEN = 4096
-#: the cases the runner does not run yet, and why
-NOT_RUN = {
-    "eagle": "the runner's EAGLE speculator is not wired to the speculative reference's phases yet, "
-    "and fit does not model speculative decoding (the draft's weights, KV and graphs)",
+#: speculative tokens a step of the EAGLE case (bench.harness eagle_config: 3 draft steps, 4 tokens verified)
+EAGLE_TOKENS = 3
+#: what fit leaves out of a case, written into its row
+FIT_LACKS = {
+    "eagle": "fit does not model speculative decoding: the draft's weights, KV layers and graphs are the "
+    "runner's alone (fit is given the target model and the same capture sizes)",
 }
 #: where the runner's model differs from vLLM's: agreement proves consistency with the wheel
 #: reading, not the engine's figures
 DIFFERS = [
-    "the case's own model code and kernels (bench.harness case_target), not vLLM's model and kernels",
+    "the case's own model code and kernels (bench.harness case_target), not vLLM's model and kernels; "
+    "EAGLE's draft runs the speculative reference's draft phases (draft_extend, draft_decode)",
     "cudagraph_mode FULL_DECODE_ONLY (vLLM's default is FULL_AND_PIECEWISE): the case models have no "
     "piecewise split; fit is given the same mode",
     "the dummy runs (profile_run's and the sizing warm-up's) run the model's profile_hidden: attention "
@@ -116,19 +119,29 @@ class Settings:
     capture_sizes: tuple[int, ...]
     cudagraph_mode: str = "FULL_DECODE_ONLY"
     kv_cache_dtype: str = "auto"
+    #: EAGLE's speculative tokens a step (the runner's alone: fit does not model them)
+    num_speculative_tokens: int = 0
 
 
-def settings_for(device_name: str, release: str = RELEASE) -> Settings:
+def settings_for(device_name: str, release: str = RELEASE, case: str = "") -> Settings:
     """The release's defaults for the device, as fit resolves them (planner/fit/sizing.py:
-    its batch defaults by the device's total, its default capture sizes, its utilization)."""
+    its batch defaults by the device's total, its default capture sizes, its utilization);
+    for the EAGLE case, the shared sizes with its uniform decode sizes (bench/baselines.py
+    ``vllm_capture_sizes`` at query length 4), given to fit as explicit sizes."""
+    from bench.baselines import vllm_capture_sizes
     from capture_plan.planner.fit import sizing
     from capture_plan.planner.fit.tables import device, rule_for
 
     _, _, _, rule = rule_for(release)
     name, dev = device(device_name)
     seqs, batched = sizing.vllm_batch_defaults(dev.torch_total, name, rule.batch_tier_160)
-    sizes = sizing.vllm_default_sizes(seqs, batched, None, rule.capture_appends)
-    return Settings(rule.default_utilization, MAX_MODEL_LEN, seqs, batched, 16, tuple(sizes))
+    k = EAGLE_TOKENS if case == "eagle" else 0
+    sizes = (
+        vllm_capture_sizes(max_num_seqs=seqs, max_num_batched_tokens=batched, decode_query_len=1 + k)
+        if k
+        else sizing.vllm_default_sizes(seqs, batched, None, rule.capture_appends)
+    )
+    return Settings(rule.default_utilization, MAX_MODEL_LEN, seqs, batched, 16, tuple(sizes), num_speculative_tokens=k)
 
 
 def fit_flags(s: Settings) -> dict:
@@ -171,8 +184,11 @@ def case_spec(case: str, folder: Path, layers: int) -> Path:
     return path
 
 
-def fit_side(case: str, folder: Path, layers: int, device_name: str, s: Settings, release: str = RELEASE) -> dict:
-    """fit's figures for the case, without and with the plan of the runner's graphs."""
+def fit_side(
+    case: str, folder: Path, layers: int, device_name: str, s: Settings, release: str = RELEASE, graphs: int = 0
+) -> dict:
+    """fit's figures for the case, without and with the plan of the runner's graphs (where
+    that plan captures the runner's ``graphs`` graphs: 0, any)."""
     from capture_plan.planner.fit.fit import fit
     from capture_plan.planner.fit.model import load_model
 
@@ -180,15 +196,15 @@ def fit_side(case: str, folder: Path, layers: int, device_name: str, s: Settings
     out = {"model": model.name, "model_type": model.model_type, "source": model.source}
     out["default"] = fit_figures(fit(model, device_name, release, 1, fit_flags(s)))
     try:
-        graphs = case_plan(case, folder, layers, model)
+        plan = case_plan(case, folder, layers, model)
     except Exception as err:  # a plan that cannot be built is a result: the row says why
         out["plan"] = {"skipped": f"{type(err).__name__}: {err}"[:300]}
         return out
-    if sorted(graphs.sizes) != sorted(s.capture_sizes):
-        out["plan"] = {"skipped": f"the plan's sizes {graphs.sizes} are not the runner's"}
+    if graphs and plan.graphs != graphs:
+        out["plan"] = {"skipped": f"the plan captures {plan.graphs} graphs, the runner {graphs}"}
         return out
-    planned = fit(model, device_name, release, 1, fit_flags(s), plan=graphs)
-    out["plan"] = {"plan": graphs.name, **fit_figures(planned)}
+    planned = fit(model, device_name, release, 1, fit_flags(s), plan=plan)
+    out["plan"] = {"plan": plan.name, **fit_figures(planned)}
     return out
 
 
@@ -329,45 +345,6 @@ def summary_line(case: str, row: dict, release: str = RELEASE) -> str:
 # -- the runner side (the GPU, in a fresh process) ----------------------------------------------
 
 
-class CaseModel:
-    """A bench case's model as the runner drives it (tests/engines/toy.py's interface): one
-    piece, the whole forward (the case models have no piecewise split); ``x`` the token ids
-    the dummy runs read (vLLM's input buffer, zeros); a decode graph of ``n`` requests runs
-    the case's ``decode`` phase at ``n`` (hidden states out: ``hidden_state_outputs``), a
-    dummy run (:attr:`dummy`, set around the runner's ``_dummy_run``) ``profile_hidden``;
-    ``head``: the LM head over hidden states."""
-
-    def __init__(self, target, head, max_tokens: int):
-        import torch
-
-        self.target, self.head = target, head
-        self.device = target.device
-        self.x = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
-        self.wp = [None]
-        self.dummy = False
-        hf = getattr(target, "model", None)
-        text = hf.config.get_text_config(decoder=True) if hf is not None else None
-        self.softcap = getattr(text, "final_logit_softcapping", None)
-
-    def piece(self, k: int, x):
-        if self.dummy:
-            return self.target.profile_hidden(x)
-        return self.target.run("decode", x.shape[0], None)
-
-    def launch(self, fn) -> None:
-        fn()
-
-    def new(self, rows: int):
-        raise AssertionError("one piece: no buffer between pieces")
-
-    def compute_logits(self, hidden):
-        """The model's head (Gemma2's final soft-capping included)."""
-        import torch
-
-        logits = self.head(hidden)
-        return logits if not self.softcap else torch.tanh(logits / self.softcap) * self.softcap
-
-
 def runner_034(folder: Path):
     """vLLM 0.34.0's runner and worker as tests/engines/plugged.py ``release`` makes them (no
     plugin, no monkeypatch): 0.33.0's runner before the adoption, 0.34.0's files over it."""
@@ -377,38 +354,6 @@ def runner_034(folder: Path):
     for path in plugged.later("vllm", "0.34.0"):
         exec(compile(path.read_text(), str(path), "exec"), vars(module))
     return module
-
-
-def measured_weights(target) -> int:
-    """Bytes of the model's parameters and buffers (one count per storage), its KV cache not
-    included: the reference's tensors but its caches, a transformers model's own."""
-    import torch
-
-    model = getattr(target, "model", None)
-    if isinstance(model, torch.nn.Module):
-        tensors = [*model.parameters(), *model.buffers()]
-    else:
-        tensors = [target.embed, target.lm_head, target.final_norm]
-        tensors += [t for layer in target.layers for k, t in layer.items() if not k.endswith("_cache")]
-    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(seen.values())
-
-
-def decode_cache(target) -> tuple[int, int, int, int]:
-    """(bytes, KV bytes one token takes in one layer, full layers, sliding layers) of the
-    case model's own decode cache."""
-    model = getattr(target, "model", None)
-    if model is not None:
-        layers = target.cache.layers
-        total = sum(layer.keys.nbytes + layer.values.nbytes for layer in layers)
-        k, v = layers[0].keys, layers[0].values
-        per_token = k[0, :, 0].nbytes + v[0, :, 0].nbytes
-        types = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
-        sliding = sum(t == "sliding_attention" for t in types)
-        return total, per_token, len(layers) - sliding, sliding
-    caches = [t for layer in target.layers for k, t in layer.items() if k.endswith("_cache")]
-    k = target.layers[0]["k_cache"]
-    return sum(t.nbytes for t in caches), 2 * k[0, 0].nbytes, len(target.layers), 0
 
 
 def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> dict:
@@ -421,13 +366,22 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
     import torch
 
     from bench.baselines import hidden_state_outputs
+    from capture_plan.tests.engines.case_model import (
+        CaseModel,
+        DraftModel,
+        decode_cache,
+        measured_weights,
+        route_draft,
+        route_dummy_runs,
+    )
     from capture_plan.tests.engines.sizing import vllm_034
 
     weights = measured_weights(target)
     committed, per_token, full, sliding = decode_cache(target)
-    hf = getattr(target, "model", None)
-    head = hf.lm_head if hf is not None else target.compute_logits  # taken before the swap below
-    model = CaseModel(target, head, s.max_num_batched_tokens)
+    k = s.num_speculative_tokens
+    model = CaseModel(target, s.max_num_batched_tokens, "target_verify" if k else "decode", 1 + k)
+    draft = DraftModel(target, max(s.max_num_seqs, *s.capture_sizes)) if k else None
+    spec = {"num_speculative_steps": k, "max_num_seqs": s.max_num_seqs} if k else None
     module.reset_globals()
     # no autograd anywhere (vLLM runs its steps under inference mode): a head whose weight
     # requires grad would otherwise keep the sampler's intermediates alive at its peak
@@ -439,18 +393,14 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             extensible_kv_cache=extensible,
             max_num_tokens=s.max_num_batched_tokens,
             max_num_reqs=s.max_num_seqs,
+            draft=draft,
+            speculator_options=spec,
+            decode_query_lens={1 + k: s.max_num_seqs},
         )
         runner.model_memory_usage = weights
-        dummy_run = runner._dummy_run
-
-        def dummy(num_tokens):  # the dummy runs go through the model's profiling forward
-            model.dummy = True
-            try:
-                return dummy_run(num_tokens)
-            finally:
-                model.dummy = False
-
-        runner._dummy_run = dummy
+        route_dummy_runs(runner, model)
+        if runner.speculator is not None:
+            route_draft(runner.speculator, target)
         block_bytes = page_group(full, sliding) * s.block_size * per_token
         requested = math.ceil(snapshot.total_memory * s.gpu_memory_utilization)  # request_memory
         worker = module.Worker(runner, block_bytes=block_bytes, requested_memory=requested, init_snapshot=snapshot)
@@ -474,27 +424,39 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             "committed_bytes": committed,
             "kv_bytes_per_token_layer": per_token,
             "layers": {"full": full, "sliding": sliding},
-            "graphs": len(runner.cudagraph_manager.graphs),
+            "graphs": len(runner.cudagraph_manager.graphs) + sum(len(m.graphs) for m in managers(runner.speculator)),
         }
         runner.release()
     return {**json.loads(sizing.to_json()), "measured": measured}
+
+
+def managers(speculator) -> list:
+    """The speculator's graph managers (none without one)."""
+    if speculator is None:
+        return []
+    return [speculator.prefill_cudagraph_manager, speculator.decode_cudagraph_manager]
 
 
 def child(case: str, layers: int, release: str = RELEASE) -> dict:
     """The runner's start-up for ``case`` in this (fresh) process (module docstring)."""
     import torch
 
-    from bench.harness import DEVICE_FIELDS, case_target
+    from bench.harness import DEVICE_FIELDS, CaseDoesNotFit, case_target
     from capture_plan.executor.device import driver_version
 
     device_name = torch.cuda.get_device_name()
     # header(device=True)'s fields, read here: the parent never touches the GPU
     device = dict(zip(DEVICE_FIELDS, (device_name, driver_version(), torch.__version__, torch.version.cuda)))
-    s = settings_for(device_name, release)
+    s = settings_for(device_name, release, case)
     module = runner_034(Path(tempfile.mkdtemp()))
     torch.cuda.empty_cache()
     snapshot = module.MemorySnapshot().measure()  # init_device's, before the model is built
-    target = case_target(case, None, layers, max_bs=max(s.capture_sizes))
+    # every decode graph's requests (EAGLE's draft decode grid: up to max_num_seqs)
+    max_bs = s.max_num_seqs if s.num_speculative_tokens else max(s.capture_sizes)
+    try:
+        target = case_target(case, None, layers, max_bs=max_bs)
+    except CaseDoesNotFit as err:  # a result: the case is skipped on this device, saying why
+        return {"skipped": f"{case} does not fit this device: {err}"}
     torch.cuda.synchronize()
     runner = start_up(module, target, s, snapshot, extensible=release == RELEASE)
     return {"device": device, "settings": asdict(s), "runner": runner}
@@ -505,17 +467,19 @@ def child(case: str, layers: int, release: str = RELEASE) -> dict:
 
 def run_case(case: str, layers: int, folder: Path, release: str = RELEASE) -> dict:
     """One case and release: the runner in a fresh process, then fit for the device it ran on."""
-    if case in NOT_RUN:
-        return {"skipped": NOT_RUN[case]}
     cmd = ["--child", case, "--layers", str(layers), "--releases", release]
     p = run_module("fit_bench", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode or not lines:
         return {"error": (p.stderr or p.stdout)[-3000:]}
     got = json.loads(lines[-1][7:])
+    if "skipped" in got:
+        return got
     s = Settings(**{**got["settings"], "capture_sizes": tuple(got["settings"]["capture_sizes"])})
-    fitted = fit_side(case, folder / case, layers, got["device"]["device"], s, release)
-    return {"device": got["device"], "settings": asdict(s), **case_row(got["runner"], fitted, release)}
+    graphs = got["runner"]["measured"]["graphs"]
+    fitted = fit_side(case, folder / case, layers, got["device"]["device"], s, release, graphs)
+    row = {"device": got["device"], "settings": asdict(s), **case_row(got["runner"], fitted, release)}
+    return {**row, "fit_lacks": FIT_LACKS[case]} if case in FIT_LACKS else row
 
 
 def main() -> int | None:

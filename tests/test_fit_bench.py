@@ -41,21 +41,28 @@ def test_the_settings_are_the_releases_defaults_for_the_device_and_fit_runs_with
     assert got["cudagraph-mode"] == "FULL_DECODE_ONLY" and got["kv-cache-dtype"] == "auto"
 
 
-@pytest.mark.parametrize("case", [c for c in fb.CASES if c not in fb.NOT_RUN])
+@pytest.mark.parametrize("case", fb.CASES)
 def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_plan(case, tmp_path):
-    """Each case's model reaches fit through its spec (the reference's dimensions: model type
-    reference; a transformers case's config.json: its own type), every family has measured
-    node counts (graph memory known), and the plan of the runner's graphs has the runner's
-    sizes (the ``--plan`` figure exists)."""
-    if case != "reference":
+    """Each case's model reaches fit through its spec (the reference's dimensions, EAGLE's
+    target's: model type reference; a transformers case's config.json: its own type), every
+    family has measured node counts (graph memory known), and the plan of the runner's graphs
+    gives the ``--plan`` figure. EAGLE's sizes are the shared sizes with its uniform decode
+    sizes at query length 4 (bench/baselines.py; on an H100 all already in the grid), given to
+    fit explicitly."""
+    if case not in ("reference", "eagle"):
         pytest.importorskip("transformers")
-    s = fb.settings_for(H100)
+    s = fb.settings_for(H100, case=case)
+    if case == "eagle":
+        from bench.baselines import vllm_capture_sizes
+
+        assert s.num_speculative_tokens == 3 and list(s.capture_sizes) == vllm_capture_sizes(decode_query_len=4)
     got = fb.fit_side(case, tmp_path, 32, H100, s)
-    assert got["model_type"] == ("reference" if case == "reference" else case)
+    assert got["model_type"] == ("reference" if case in ("reference", "eagle") else case)
     graph = got["default"]["items"]["graph memory"]
     assert graph["bytes"] and graph["status"] == "estimated"
     assert "items" in got["plan"], got["plan"]
-    assert got["plan"]["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
+    if case != "eagle":  # EAGLE's plan lists its phases' request counts, the draft decode grid's too
+        assert got["plan"]["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
     assert got["plan"]["items"]["graph memory"]["bytes"] != graph["bytes"]  # the plan's pool, not the estimate's
 
 
@@ -146,28 +153,47 @@ class Memory:
 
 
 @pytest.mark.parametrize(
-    "case, release", [("reference", "vllm==0.34.0"), ("llama", "vllm==0.34.0"), ("reference", "vllm==0.33.0")]
+    "case, release",
+    [
+        ("reference", "vllm==0.34.0"),
+        ("llama", "vllm==0.34.0"),
+        ("eagle", "vllm==0.34.0"),
+        ("reference", "vllm==0.33.0"),
+    ],
 )
-def test_the_runners_start_up_on_a_case_model(case, release, fake, monkeypatch, tmp_path):
+def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_path):
     """The 0.34.0 runner on a (tiny) case model, CUDA faked: its dummy runs (profile_run's and,
     with the extensible KV cache, the sizing warm-up's) go through the model's profiling
     forward at max_num_batched_tokens, every decode size is captured as a FULL graph of the
     model's decode step, the weights are the model's tensors, its decode cache is counted as
     KV (committed blocks after capture; before it, 0.33.0-shaped, given back to the budget the
     graph estimate is taken from), and fit's rule fed the runner's measured items gives the
-    runner's blocks; the row is JSON and has its SUMMARY."""
-    import torch
+    runner's blocks; the row is JSON and has its SUMMARY. EAGLE: the target's decode graphs at
+    query length 4 (its verify phase), the speculator's draft prefill graphs (draft_extend) and
+    draft decode grid (draft_decode), the dummy run's propose a draft decode, the draft's
+    weights and cache layers counted with the target's."""
+    from fake_cuda import install
 
-    mem = Memory(monkeypatch, total=80 * GIB, used=GIB)
-    if case == "reference":
+    layers = 2
+    if case in ("reference", "eagle"):
         from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+        from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
         from capture_plan.schemas.spec import Model
 
         model = Model(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=100)
-        target = ReferenceModel(ReferenceConfig(model=model, max_bs=8, max_seqlen=16), backend="torch", device="cpu")
-        weights = sum(t.nbytes for t in [target.embed, target.lm_head, target.final_norm])
-        weights += sum(t.nbytes for layer in target.layers for k, t in layer.items() if not k.endswith("_cache"))
-        committed = sum(layer[k].nbytes for layer in target.layers for k in ("k_cache", "v_cache"))
+        if case == "eagle":
+            target = SpeculativeModel(
+                SpeculativeConfig(model=model, max_bs=8, max_seqlen=16), backend="torch", device="cpu"
+            )
+            models, layers = [target.target, target.draft], 3
+        else:
+            target = ReferenceModel(
+                ReferenceConfig(model=model, max_bs=8, max_seqlen=16), backend="torch", device="cpu"
+            )
+            models = [target]
+        weights = sum(t.nbytes for t in [models[0].embed] + [t for m in models for t in (m.lm_head, m.final_norm)])
+        weights += sum(t.nbytes for m in models for layer in m.layers for k, t in layer.items() if "cache" not in k)
+        committed = sum(layer[k].nbytes for m in models for layer in m.layers for k in ("k_cache", "v_cache"))
         per_token = 2 * 2 * 16 * 2  # K and V, 2 KV heads of 16, bf16
     else:
         transformers = pytest.importorskip("transformers")
@@ -186,27 +212,44 @@ def test_the_runners_start_up_on_a_case_model(case, release, fake, monkeypatch, 
         weights = sum(p.nbytes for p in hf.parameters()) + sum(b.nbytes for b in hf.buffers())
         committed = sum(layer.keys.nbytes + layer.values.nbytes for layer in target.cache.layers)
         per_token = 2 * 2 * 16 * 4  # K and V, 2 KV heads of 16, float32
+    # CUDA faked once the model is built (transformers' lazy imports read torch.cuda's types)
+    install(monkeypatch)
+    mem = Memory(monkeypatch, total=80 * GIB, used=GIB)
     util = 1.0 if release == "vllm==0.34.0" else 0.92
-    s = fb.Settings(util, 64, max_num_seqs=8, max_num_batched_tokens=32, block_size=16, capture_sizes=(1, 2, 4, 8))
+    k = 3 if case == "eagle" else 0
+    sizes = (1, 2, 4, 8, 16, 32) if k else (1, 2, 4, 8)
+    s = fb.Settings(
+        util, 64, 8, max_num_batched_tokens=32, block_size=16, capture_sizes=sizes, num_speculative_tokens=k
+    )
     module = fb.runner_034(tmp_path)
     snapshot = module.MemorySnapshot().measure()
     mem.outside += committed + weights  # the model built after the snapshot
-    forwards = []
-    real = target.profile_hidden
+    forwards, runs = [], []
+    main = getattr(target, "target", target)
+    real, run = main.profile_hidden, target.run
 
     def profile_hidden(ids):
         forwards.append(ids.shape[0])
         mem.transient(300 * MIB)
         return real(ids)
 
-    monkeypatch.setattr(target, "profile_hidden", profile_hidden)
+    monkeypatch.setattr(main, "profile_hidden", profile_hidden)
+    monkeypatch.setattr(target, "run", lambda phase, bs, ws: (runs.append((phase, bs)), run(phase, bs, ws))[1])
     extensible = release == "vllm==0.34.0"
     record = fb.start_up(module, target, s, snapshot, extensible=extensible)
     assert forwards == [32, 32][: 1 + extensible]  # profile_run's dummy run, then the sizing warm-up's
     assert record["weights_bytes"] == weights and record["measured"]["committed_bytes"] == committed
-    assert record["measured"]["graphs"] == 4 and record["measured"]["kv_bytes_per_token_layer"] == per_token
+    assert record["measured"]["kv_bytes_per_token_layer"] == per_token
     assert record["activation_peak_bytes"] == 300 * MIB
-    assert record["block_bytes"] == 2 * 16 * per_token  # both layers' pages: one block
+    assert record["block_bytes"] == layers * 16 * per_token  # every layer's page: one block
+    captured = {p: sorted({n for q, n in runs if q == p}) for p, _ in runs}
+    if k:  # requests of the decode graphs at query length 4: the shared sizes' (tokens / 4), to 32 tokens
+        grid = module.decode_cudagraph_capture_grid(8)
+        assert captured == {"target_verify": [1, 2, 4, 8], "draft_extend": [1, 2, 4, 8], "draft_decode": grid}
+        assert ("draft_decode", 8) in runs[:2]  # the dummy runs' propose: max_num_seqs requests' draft
+        assert record["measured"]["graphs"] == 4 + 4 + len(grid)
+    else:
+        assert captured == {"decode": [1, 2, 4, 8]} and record["measured"]["graphs"] == 4
     check = fb.rule_check(record, release)
     assert check["blocks"] == record["blocks"] > 0 and check["error"] == 0
     if extensible:  # the decode cache counts as the cache's: the free side gets it back
@@ -223,11 +266,11 @@ def test_the_runners_start_up_on_a_case_model(case, release, fake, monkeypatch, 
     line = fb.summary_line(case, row, release)
     assert line.startswith(f"SUMMARY {case} {release} weights unknown FAIL; activation unknown FAIL; graph unknown")
     assert "kv tokens +0.0% ok" in line and "rule on measured items +0.00%" in line
-    assert torch.equal(target.profile_hidden(torch.zeros(3, dtype=torch.long)), real(torch.zeros(3, dtype=torch.long)))
 
 
 def test_a_skipped_or_failed_case_has_its_summary_line():
-    assert fb.summary_line("eagle", {"skipped": fb.NOT_RUN["eagle"]}).startswith("SUMMARY eagle vllm==0.34.0 skipped: ")
+    skipped = {"skipped": "eagle does not fit this device: ..."}
+    assert fb.summary_line("eagle", skipped) == "SUMMARY eagle vllm==0.34.0 skipped: " + skipped["skipped"]
     assert fb.summary_line("llama", {"error": "Tb"}, "vllm==0.33.0") == "SUMMARY llama vllm==0.33.0 FAILED: see error"
 
 
@@ -270,7 +313,8 @@ def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(mon
     settings come back from the child, fit runs for the device the child named with those
     settings, the JSON has the header, the device's fields (from the child: the parent holds
     no CUDA context), the targets, what differs from vLLM, and per case the runner, fit (with
-    and without the plan) and the comparisons; a case not run is listed with its reason."""
+    and without the plan) and the comparisons; a case whose model does not fit the device is
+    listed with its reason."""
     pytest.importorskip("transformers")
     import subprocess
 
@@ -289,20 +333,26 @@ def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(mon
             "init_free_bytes": 79 * GIB,
             "free_after_capture_bytes": 70 * GIB,
             "committed_bytes": 4 * GIB,
+            "graphs": 51,
         },
     }
     device = {"device": H100, "driver": "580", "torch": "2.11.0", "cuda": "13.0"}
     child = {"device": device, "settings": fb.asdict(s), "runner": runner}
     calls = []
 
+    skipped = {"skipped": "gemma2 does not fit this device: its KV cache ..."}
+
     def run_module(name, args, **kw):
         calls.append([name, *args])
-        return subprocess.CompletedProcess(args, 0, stdout="log\nRESULT " + json.dumps(child) + "\n", stderr="")
+        got = child if args[1] == "llama" else skipped
+        return subprocess.CompletedProcess(args, 0, stdout="log\nRESULT " + json.dumps(got) + "\n", stderr="")
 
     monkeypatch.setattr(fb, "run_module", run_module)
-    monkeypatch.setattr("sys.argv", ["fit_bench", "--cases", "llama,eagle", "--out", str(tmp_path), "--tag", "t"])
+    monkeypatch.setattr("sys.argv", ["fit_bench", "--cases", "llama,gemma2", "--out", str(tmp_path), "--tag", "t"])
     assert fb.main() is None
-    assert calls == [["fit_bench", "--child", "llama", "--layers", "32", "--releases", "vllm==0.34.0"]]
+    assert calls == [
+        ["fit_bench", "--child", case, "--layers", "32", "--releases", "vllm==0.34.0"] for case in ("llama", "gemma2")
+    ]
     (path,) = tmp_path.glob("fit-bench-*-t.json")
     res = json.loads(path.read_text())
     assert {"date", "git_commit", "git_dirty", *device} <= set(res) and res["device"] == H100
@@ -312,10 +362,10 @@ def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(mon
     assert row["settings"]["capture_sizes"] == list(s.capture_sizes) and row["runner"] == runner
     assert set(row["compare"]) == set(row["compare_plan"]) == set(fb.TARGETS)
     assert row["compare"]["weights"]["runner"] == 970 * MIB and row["fit"]["default"]["items"]["weights"]["bytes"]
-    assert res["cases"]["eagle"] == {"vllm==0.34.0": {"skipped": fb.NOT_RUN["eagle"]}}
+    assert res["cases"]["gemma2"] == {"vllm==0.34.0": skipped}
     out = capsys.readouterr().out.splitlines()
     assert out[-2].startswith("SUMMARY llama vllm==0.34.0 weights ")
-    assert out[-1].startswith("SUMMARY eagle vllm==0.34.0 skipped: ")
+    assert out[-1] == "SUMMARY gemma2 vllm==0.34.0 skipped: " + skipped["skipped"]
     # docs/measurements.md's table reads the file: the runner's figure against fit's, per case
     import importlib.util
 
@@ -327,9 +377,8 @@ def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(mon
     monkeypatch.setattr(gen, "RESULTS", tmp_path)
     table = gen.fit_bench()
     (llama,) = [line for line in table if line.startswith("| llama ")]
-    assert llama.startswith("| llama | vllm 0.34.0 | 970 / ") and "| eagle | vllm 0.34.0 | skipped |" in "\n".join(
-        table
-    )
+    assert llama.startswith("| llama | vllm 0.34.0 | 970 / ")
+    assert "| gemma2 | vllm 0.34.0 | skipped |" in "\n".join(table)
     assert table[-1].startswith(f"Source: `bench/results/{path.name}` (NVIDIA H100 80GB HBM3, torch 2.11.0, ")
     monkeypatch.setattr(gen, "RESULTS", tmp_path / "none")
     assert gen.fit_bench() == ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
