@@ -15,8 +15,20 @@ from bench_modules import bench_module
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture
+def emptied():
+    """The model and its cache given back to the device after the test (the next test's free memory)."""
+    import gc
+
+    import torch
+
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("release", ["vllm==0.34.0", "vllm==0.33.0"])
-def test_the_runner_sizes_a_case_models_kv_cache_on_the_device(release):
+def test_the_runner_sizes_a_case_models_kv_cache_on_the_device(release, emptied):
     fb = bench_module("fit_bench")
     got = fb.child("qwen2_moe", 32, release)
     print(json.dumps(got, indent=1))
