@@ -82,6 +82,13 @@ def test_a_spec_without_a_config_is_the_reference_decode_step(tmp_path, cli):
     assert json.loads(out)["model"] == "llama-3-8b"
 
 
+def test_a_spec_fit_cannot_read_is_one_line_naming_the_flag(tmp_path, cli):
+    """Fails before: the fix named --spec, a flag fit does not have."""
+    code, out, err = cli("fit", "--model", str(tmp_path / "nope.toml"), "--device", "H100", "--engine", "vllm==0.34.0")
+    assert code == 1 and err.count("\n") == 1
+    assert "cannot read spec" in err and "check the path given to --model" in err
+
+
 def test_the_comparison_follows_the_issues_targets():
     runner = {"weights_bytes": 1000 * MIB, "activation_peak_bytes": GIB, "graph_bytes": 200 * MIB, "kv_tokens": 100_000}
     fitted = {

@@ -212,10 +212,11 @@ def from_spec(path: Path) -> FitModel:
     model type ``reference``, the family a plan's analytic figures describe (its graph
     nodes, planner/data/fit_estimates.toml [graph]), an untied head, no biases and no
     rotary cache (the reference has no rotary embeddings: ``max_positions`` 0)."""
-    from capture_plan.planner.inputs.specs import read_spec_file
     from capture_plan.planner.inputs.validate import decode_spec_sources
+    from capture_plan.schemas.files import read_input
 
-    spec, _ = decode_spec_sources(read_spec_file(path), str(path), presets=model_presets())
+    raw = read_input(path, "spec", fix="check the path given to --model")
+    spec, _ = decode_spec_sources(raw, str(path), presets=model_presets())
     m = spec.model
     if m.config is not msgspec.UNSET:
         return load_model(str(path.parent / m.config))
