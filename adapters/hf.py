@@ -81,8 +81,9 @@ and with 5.17 on an H200 for Llama, Mixtral, Qwen2-MoE and Gemma2 with
 windows at least ``max_seqlen`` (tests/test_gpu_adapters.py also has the
 other architectures and narrow windows; they had not run on a GPU when this
 was written).
-What it does not do: paged KV, sampling, tensor parallelism, prefill, a
-cache of only ``window`` slots for sliding layers.
+What it does not do: paged KV, sampling, tensor parallelism, prefill with attention
+(``profile_hidden`` is the profiling run's forward: attention skipped), a cache of only
+``window`` slots for sliding layers.
 """
 
 from __future__ import annotations
@@ -281,6 +282,35 @@ class HFTarget:
     def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
         """Nothing to hoist: transformers' attention has no per-call workspace."""
 
+    # -- an engine's profiling forward ---------------------------------------------
+    def profile_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """The forward an engine's profiling run makes over ``ids`` (any number of new
+        tokens, one sequence, positions from 0): the model's own layers with attention
+        skipped, its output zeros (vLLM's profile_run: ``_dummy_run(..., skip_attn=True)``,
+        whose attention backends, given no metadata, return ``output.fill_(0)``). The
+        attention function is swapped for :func:`_skipped_attention` while it runs (a
+        registered ``AttentionInterface``), and a one-element 4-D mask is passed, which
+        transformers' mask code returns as it is: no ``n x n`` mask is built. No cache is
+        read or written (``use_cache=False``). Returns the final-normed hidden states
+        ``(n, hidden)``; the LM head is not applied."""
+        from transformers import AttentionInterface  # pyright: ignore[reportMissingImports]
+
+        AttentionInterface.register(SKIPPED_ATTENTION, _skipped_attention)
+        config = self.model.config
+        saved = config._attn_implementation
+        n = ids.shape[0]
+        positions = torch.arange(n, device=ids.device)[None]
+        mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
+        config._attn_implementation = SKIPPED_ATTENTION
+        try:
+            with torch.no_grad():
+                out = self.model.base_model(
+                    input_ids=ids[None], position_ids=positions, attention_mask=mask, use_cache=False
+                )
+        finally:
+            config._attn_implementation = saved
+        return out.last_hidden_state[0]
+
     # -- pieces --------------------------------------------------------------
     def _allocate_cache(self, max_bs: int, layer_types: list | None) -> None:
         """Allocate every layer of the static cache now, outside any graph pool,
@@ -385,6 +415,17 @@ class HFTarget:
                 view.layers.append(lv)
             self._views[bs] = view
         return view
+
+
+#: the attention implementation :meth:`HFTarget.profile_hidden` registers: attention skipped
+SKIPPED_ATTENTION = "capture_plan_skipped"
+
+
+def _skipped_attention(module, query, key, value, attention_mask, **kwargs):
+    """An attention function that attends to nothing: zeros shaped as transformers' attention
+    functions return them (``(batch, tokens, heads, head_dim)``), no weights."""
+    b, h, s, _ = query.shape
+    return query.new_zeros(b, s, h, value.shape[-1]), None
 
 
 def _check_experts(model) -> None:

@@ -1286,6 +1286,57 @@ def fit_logs() -> list[str]:
     return _table(header, rows)
 
 
+def _fit_cell(c: dict, tokens: bool = False) -> str:
+    """One item of bench/fit_bench.py: the runner's figure / fit's (fit's error; the target met or not)."""
+    shown = (lambda v: f"{v:,}") if tokens else (lambda v: _mib(v / MiB))
+    if c["fit"] is None:
+        return f"{shown(c['runner'])} / unknown (miss)"
+    err = "n/a" if c["error"] is None else _pct(c["error"])
+    return f"{shown(c['runner'])} / {shown(c['fit'])} ({err}, {'met' if c['ok'] else 'miss'})"
+
+
+def fit_bench() -> list[str]:
+    """Per run (bench/results/fit-bench-*.json, oldest first) and case of bench/fit_bench.py:
+    each item the vLLM 0.34.0-shaped runner measured against `planner fit`'s figure for the
+    same model, device and settings, and fit's rule fed the runner's measured items."""
+    runs = sorted(p.name for p in RESULTS.glob("fit-bench-*.json"))
+    if not runs:
+        return ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
+    rows, sources = [], []
+    for name in runs:
+        d = _load(name)
+        sources.append(_source(name, d).strip())
+        for case, row, release in ((c, row, r) for c, runs in d["cases"].items() for r, row in runs.items()):
+            label = release.replace("==", " ")
+            if "compare" not in row:
+                rows.append([case, label, "skipped" if "skipped" in row else "failed", *[""] * 5])
+                continue
+            c, p, r = row["compare"], row["compare_plan"], row["rule_check"]
+            rows.append(
+                [
+                    case,
+                    label,
+                    _fit_cell(c["weights"]),
+                    _fit_cell(c["activation peak"]),
+                    _fit_cell(c["graph memory"]),
+                    "no plan" if p is None else _fit_cell(p["graph memory"]),
+                    _fit_cell(c["kv tokens"], tokens=True),
+                    "n/a" if r["error"] is None else _pct(r["error"], 2),
+                ]
+            )
+    header = [
+        "case",
+        "release",
+        "weights MiB: runner / fit",
+        "activation peak MiB",
+        "graph memory MiB",
+        "graph memory, fit --plan",
+        "KV tokens",
+        "fit's rule on the runner's items: blocks error",
+    ]
+    return [*_table(header, rows), "", *sources]
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -1317,6 +1368,7 @@ TABLES = {
     "fit-example": fit_example,
     "fit-calibrated": fit_calibrated,
     "fit-logs": fit_logs,
+    "fit-bench": fit_bench,
 }
 
 

@@ -13,7 +13,8 @@ graph by ``refresh`` into the hoisted buffer (it depends on the sequence
 lengths, so it runs before every replay) and passed to the kernel; otherwise
 FA3 allocates it inside the graph, in the pool.
 
-Not modelled: rotary embeddings, paged KV, sampling. With ``tp_group`` set,
+Not modelled: rotary embeddings, paged KV, sampling. ``profile_hidden`` is the one forward
+over any number of new tokens (an engine's profiling run: attention skipped). With ``tp_group`` set,
 attention heads and the MLP are split over ranks (column/row parallel) with an
 all-reduce after the O and down projections, inside the graph.
 """
@@ -185,17 +186,41 @@ class ReferenceModel:
             h = self._layer(layer, h, bs, tpr, md)
         return self._logits(h)
 
+    # -- an engine's profiling forward ------------------------------------------
+    def profile_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """The forward an engine's profiling run makes over ``ids`` (any number of new
+        tokens, one row each): every layer's norms, projections and MLP over the rows,
+        attention skipped, its output zeros (vLLM's profile_run: ``_dummy_run(...,
+        skip_attn=True)``, whose attention backends, given no metadata, return
+        ``output.fill_(0)``: v1/attention/backends/flash_attn.py); returns the final-normed
+        hidden states (the logits are computed apart, on the sampled rows:
+        :meth:`compute_logits`). The KV cache is neither read nor written."""
+        h = F.embedding(ids, self.embed)
+        for layer in self.layers:
+            h = self._layer(layer, h, 1, ids.shape[0], None, skip_attention=True)
+        return _rmsnorm(h, self.final_norm)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final-normed hidden states, in the model's dtype (vLLM's
+        ``compute_logits``; the sampler makes its own float32 copy)."""
+        return hidden @ self.lm_head.t()
+
     # -- pieces --------------------------------------------------------------
     # Each piece is a function so that its temporaries die when it returns:
     # the allocation pattern is then the one planner/memory/analytic.py models.
-    def _layer(self, layer, h: torch.Tensor, bs: int, tpr: int, md, rows: CacheRows | None = None) -> torch.Tensor:
+    def _layer(
+        self, layer, h: torch.Tensor, bs: int, tpr: int, md, rows: CacheRows | None = None, skip_attention=False
+    ) -> torch.Tensor:
         hd, H, KV = self.head_dim, self.heads, self.kv_heads
         x = _rmsnorm(h, layer["norm1"])
         qkv = x @ layer["wqkv"].t()
         q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
-        attn = self._attention(
-            layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd), v.view(bs, tpr, KV, hd), bs, md, rows
-        )
+        if skip_attention:  # profile_hidden: the attention output allocated and zeroed, as vLLM's
+            attn = torch.zeros(bs, tpr, H, hd, dtype=q.dtype, device=q.device)
+        else:
+            attn = self._attention(
+                layer, q.view(bs, tpr, H, hd), k.view(bs, tpr, KV, hd), v.view(bs, tpr, KV, hd), bs, md, rows
+            )
         o = attn.reshape(bs * tpr, H * hd) @ layer["wo"].t()
         self._all_reduce(o)
         res = h + o

@@ -235,7 +235,7 @@ def test_every_bench_module_runs_help_without_a_gpu():
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, f"{name}: {err[-2000:]}"
         assert out.startswith("usage: "), name
-    assert len(procs) == 17  # every bench module: ... opts_walk, copies_bench, restore_floor, torch_entry_points
+    assert len(procs) == 18  # every bench module: ... copies_bench, restore_floor, torch_entry_points, fit_bench
 
 
 def _sources():

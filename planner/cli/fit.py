@@ -36,7 +36,7 @@ def _engines() -> str:
 
 
 @click.command("fit", cls=Command)
-@option("--model", required=True, metavar="config", help="A transformers config.json or a preset name.")
+@option("--model", required=True, metavar="config", help="A transformers config.json, a spec TOML or a preset name.")
 @option("--device", required=True, metavar="name", help="The device as torch names it (planner/data/fit_devices.toml).")
 @option(
     "--engine",

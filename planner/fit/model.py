@@ -33,7 +33,7 @@ from capture_plan.planner.inputs.hf_config import model_from_config
 from capture_plan.planner.inputs.specs import model_presets
 from capture_plan.schemas.errors import InputError
 
-__all__ = ["replicated_bytes", "FitModel", "load_model", "kv_bytes_per_token", "weight_bytes", "KV_DTYPES"]
+__all__ = ["replicated_bytes", "FitModel", "load_model", "from_spec", "kv_bytes_per_token", "weight_bytes", "KV_DTYPES"]
 
 #: ``--kv-cache-dtype`` values and their element size (auto: the model's dtype)
 KV_DTYPES = {"auto": 0, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -205,12 +205,45 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
     )
 
 
+def from_spec(path: Path) -> FitModel:
+    """A spec TOML's ``[model]`` (read as ``planner build --spec`` reads it): the config.json
+    it names, read as ``--model CONFIG`` reads it; else its dimensions (listed, or its
+    preset's) as capture-plan's reference decode step has them (references/decode.py):
+    model type ``reference``, the family a plan's analytic figures describe (its graph
+    nodes, planner/data/fit_estimates.toml [graph]), an untied head, no biases and no
+    rotary cache (the reference has no rotary embeddings: ``max_positions`` 0)."""
+    from capture_plan.planner.inputs.validate import decode_spec_sources
+    from capture_plan.schemas.files import read_input
+
+    raw = read_input(path, "spec", fix="check the path given to --model")
+    spec, _ = decode_spec_sources(raw, str(path), presets=model_presets())
+    m = spec.model
+    if m.config is not msgspec.UNSET:
+        return load_model(str(path.parent / m.config))
+    return FitModel(
+        name=m.name,
+        model_type="reference",
+        layers=m.layers,
+        hidden=m.hidden,
+        heads=m.heads,
+        kv_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        v_head_dim=m.head_dim,
+        intermediate=m.intermediate,
+        vocab=m.vocab,
+        dtype_bytes=m.dtype_bytes,
+        source=f"spec {path} (capture-plan's reference decode step)",
+    )
+
+
 def load_model(model: str, weights_index: Path | None = None) -> FitModel:
-    """``model``: a preset name (planner/data/presets.toml) or a ``config.json`` path;
-    ``weights_index``: a ``model.safetensors.index.json`` whose ``metadata.total_size``
-    is the checkpoint's exact weight bytes."""
+    """``model``: a preset name (planner/data/presets.toml), a ``config.json`` path or a
+    spec TOML (:func:`from_spec`); ``weights_index``: a ``model.safetensors.index.json``
+    whose ``metadata.total_size`` is the checkpoint's exact weight bytes."""
     path = Path(model)
-    if path.suffix == ".json" or path.is_file():
+    if path.suffix == ".toml":
+        fit = from_spec(path)
+    elif path.suffix == ".json" or path.is_file():
         from capture_plan.schemas.files import read_input
 
         raw = read_input(path, "config", fix="give --model the model's config.json")
@@ -222,7 +255,7 @@ def load_model(model: str, weights_index: Path | None = None) -> FitModel:
             raise InputError(
                 f"unknown model {model!r}",
                 where="--model",
-                fix=f"give a config.json path or a preset: {', '.join(sorted(presets))}",
+                fix=f"give a config.json path, a spec TOML or a preset: {', '.join(sorted(presets))}",
             )
         m = presets[model]
         fit = FitModel(

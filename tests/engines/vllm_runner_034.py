@@ -483,6 +483,7 @@ class GPUModelRunner:
         max_num_tokens: int | None = None,
         max_num_reqs: int | None = None,
         speculator_options=None,
+        decode_query_lens=None,
     ):
         self.vllm_config = Config(tp)
         self.cache_config = CacheConfig(extensible_kv_cache)
@@ -495,12 +496,15 @@ class GPUModelRunner:
         #: the weights' bytes (gpu_worker.py's model_memory_usage: what loading took)
         self.model_memory_usage = 0
         self.ubatch_runner = UBatchRunner(ubatch_stream) if ubatch_stream is not None else None
+        # model_runner.py lines 801-808: decode graphs at the decode query length (1 + the
+        # speculative tokens: get_decode_cudagraph_query_lens), {1: ...} where None
         self.cudagraph_manager = ModelCudaGraphManager(
             model,
             capture_sizes,
             cudagraph_mode=cudagraph_mode,
             ubatch_runner=self.ubatch_runner,
             lora_capture_cases=lora_capture_cases,
+            decode_query_lens=decode_query_lens,
         )
         self.speculator = None
         if draft is not None:

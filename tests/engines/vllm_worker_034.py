@@ -34,7 +34,8 @@ this code is our own, its names the release's; each step names the lines it foll
 
 Not modelled (stated where it matters): the cache's granule rounding (``blocks_within`` is
 a division here: the physical mapping's granule is the driver's), the blocks warm-up commits
-(shrunk back to ``min_committed_blocks`` before capture in the release: 0 here), the torch
+(shrunk back to ``min_committed_blocks`` before capture in the release: 0 here unless the
+caller sets ``committed_bytes``), the torch
 memory limit (computed and kept on the cache, not applied to the allocator), multimodal IPC
 memory (``reserve_mm_ipc_gpu_memory``: none without multimodal input), the JIT kernel warm-up.
 """
@@ -134,11 +135,17 @@ class ExtensibleKVCache:
         self.num_committed_blocks = 0
         #: the bytes torch's allocator may reserve once the cache is sized (not applied here)
         self.torch_memory_limit: int | None = None
+        #: bytes committed to the cache when it is measured: the release shrinks warm-up's
+        #: commits back to ``min_committed_blocks`` before capture (0 here); a caller whose
+        #: model keeps a decode cache of its own through capture (bench/fit_bench.py's case
+        #: models) sets its bytes, which measure_kv_cache_bytes counts as the cache's, not as
+        #: other memory used
+        self.committed_bytes = 0
 
     @property
     def physical_bytes(self) -> int:
-        """The committed blocks' bytes (warm-up's commits shrunk back before capture: 0)."""
-        return 0
+        """The committed blocks' bytes (:attr:`committed_bytes`)."""
+        return self.committed_bytes
 
     def physical_bytes_for(self, num_blocks: int) -> int:
         return num_blocks * self.bytes_per_block

@@ -1,0 +1,543 @@
+"""`planner fit` against the engine-faithful runner on one GPU (issue 52, item 6).
+
+For each bench model (bench/device_bench.py's CASES, random weights: bench.harness
+``case_target``), in a fresh process on the device:
+
+  runner    vLLM 0.34.0's start-up as tests/engines has it (vllm_runner_034.py over
+            0.33.0's runner, vllm_worker_034.py; loaded as tests/engines/plugged.py loads
+            them), on the case's own model: the init snapshot before the model is built;
+            the weights' bytes measured (its parameters and buffers); ``profile_run`` (the
+            dummy run at max_num_batched_tokens, attention skipped as vLLM's profiling run
+            skips it: the model's ``profile_hidden``; then the dummy sampler run) with its
+            activation peak measured; the sizing warm-up; the capture at the release's
+            default sizes for the device; the extensible KV cache (0.34.0's default) sized
+            after capture; recorded as tests/engines/sizing.py ``RunnerSizing``
+  fit       ``planner fit`` (the library, ``capture_plan.planner.fit.fit.fit``) for the same
+            model (the case's spec: its config.json, or the reference's dimensions),
+            device, release and settings (:func:`fit_flags`: the runner's settings under
+            vLLM's flag names), and again with ``--plan``: the case's plan of those
+            graphs (bench.device_bench ``vllm034_setup``, built analytically)
+
+and per case each item from both sides (weights, activation peak, graph memory, KV blocks
+and tokens) with its error against the issue's targets (:data:`TARGETS`), one JSON (the
+harness's header) and a last ``SUMMARY`` line per case. The runner and fit come from the
+same reading of the wheel: their agreement proves consistency, not correctness. Where the
+runner's model is not vLLM's is listed in the JSON (:data:`DIFFERS`). Only the
+settings are the device's: fit reads the device's total from its own table.
+
+``--releases vllm==0.34.0,vllm==0.33.0`` adds the 0.33.0-shaped path (:data:`RELEASES`: the
+same runner with the extensible KV cache off, its graph estimate deducted before capture).
+A case whose model does not fit the device is skipped, saying why. Not run here: SGLang's
+runner, a calibration of the runner's capture.
+Run: python -m bench.fit_bench [--cases reference,llama,...] [--releases R,...] [--layers 32] [--tag T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.harness import (
+    MiB,
+    add_layers,
+    add_out_dir,
+    add_overwrite,
+    case_options,
+    header,
+    main_exit,
+    result_file,
+    run_module,
+)
+
+CASES = ("reference", "eagle", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe")
+RELEASE = "vllm==0.34.0"
+#: the releases a run may size (``--releases``), and how the runner follows each
+RELEASES = {
+    RELEASE: "the extensible KV cache (0.34.0's default on CUDA): sized after capture",
+    "vllm==0.33.0": "0.33.0-shaped: the 0.34.0 runner with the extensible KV cache off, so 0.33.0's graph "
+    "estimate (profile_cudagraph_memory) is taken from the budget before capture; fit's vllm==0.33.0 rule",
+}
+#: the context length both sides are given (every case's KV is counted for it; the runner's
+#: sizing does not read it: its tokens are blocks x block size)
+MAX_MODEL_LEN = 4096
+#: speculative tokens a step of the EAGLE case (bench.harness eagle_config: 3 draft steps, 4 tokens verified)
+EAGLE_TOKENS = 3
+#: what fit leaves out of a case, written into its row
+FIT_LACKS = {
+    "eagle": "fit does not model speculative decoding: the draft's weights, KV layers and graphs are the "
+    "runner's alone (fit is given the target model and the same capture sizes)",
+}
+#: where the runner's model differs from vLLM's: agreement proves consistency with the wheel
+#: reading, not the engine's figures
+DIFFERS = [
+    "the case's own model code and kernels (bench.harness case_target), not vLLM's model and kernels; "
+    "EAGLE's draft runs the speculative reference's draft phases (draft_extend, draft_decode)",
+    "cudagraph_mode FULL_DECODE_ONLY (vLLM's default is FULL_AND_PIECEWISE): the case models have no "
+    "piecewise split; fit is given the same mode",
+    "the dummy runs (profile_run's and the sizing warm-up's) run the model's profile_hidden: attention "
+    "skipped (0.34.0's sizing warm-up runs a mixed prefill-decode step with attention)",
+    "the sampler is tests/engines' stand-in (softmax/argmax, then a float32 log-softmax and top-k)",
+    "the model's decode cache (its own static KV, read by the captured graphs) stays allocated through "
+    "capture and counts as KV: committed blocks after capture (the release keeps min_committed_blocks), "
+    "or, 0.33.0-shaped, given back to the budget (the release allocates its cache after profiling)",
+    "the weights are the model's parameters and buffers as built (transformers keeps no rotary "
+    "cos/sin cache, vLLM does; fit counts vLLM's)",
+]
+
+
+@dataclass(frozen=True)
+class Target:
+    """An item's target: ``|fit - runner| <= max(rel x runner, abs_bytes)``."""
+
+    rel: float
+    abs_bytes: int = 0
+    text: str = ""
+
+
+#: the issue's targets (GPU, runners, seven models); graph memory without a calibration
+TARGETS = {
+    "weights": Target(0.0, 0, "exact"),
+    "activation peak": Target(0.02, 32 * MiB, "within 2% or 32 MiB"),
+    "graph memory": Target(0.10, 0, "within 10% (no calibration)"),
+    "kv tokens": Target(0.005, 0, "within 0.5%"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What both sides are given (vLLM's own settings)."""
+
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    capture_sizes: tuple[int, ...]
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    kv_cache_dtype: str = "auto"
+    #: EAGLE's speculative tokens a step (the runner's alone: fit does not model them)
+    num_speculative_tokens: int = 0
+
+
+def settings_for(device_name: str, release: str = RELEASE, case: str = "") -> Settings:
+    """The release's defaults for the device, as fit resolves them (planner/fit/sizing.py:
+    its batch defaults by the device's total, its default capture sizes, its utilization);
+    for the EAGLE case, the shared sizes with its uniform decode sizes (bench/baselines.py
+    ``vllm_capture_sizes`` at query length 4), given to fit as explicit sizes."""
+    from bench.baselines import vllm_capture_sizes
+    from capture_plan.planner.fit import sizing
+    from capture_plan.planner.fit.tables import device, rule_for
+
+    _, _, _, rule = rule_for(release)
+    name, dev = device(device_name)
+    seqs, batched = sizing.vllm_batch_defaults(dev.torch_total, name, rule.batch_tier_160)
+    k = EAGLE_TOKENS if case == "eagle" else 0
+    sizes = (
+        vllm_capture_sizes(max_num_seqs=seqs, max_num_batched_tokens=batched, decode_query_len=1 + k)
+        if k
+        else sizing.vllm_default_sizes(seqs, batched, None, rule.capture_appends)
+    )
+    return Settings(rule.default_utilization, MAX_MODEL_LEN, seqs, batched, 16, tuple(sizes), num_speculative_tokens=k)
+
+
+def fit_flags(s: Settings) -> dict:
+    """``s`` under vLLM's flag names, as ``planner fit`` takes them."""
+    return {
+        "gpu-memory-utilization": s.gpu_memory_utilization,
+        "max-model-len": s.max_model_len,
+        "max-num-seqs": s.max_num_seqs,
+        "max-num-batched-tokens": s.max_num_batched_tokens,
+        "block-size": s.block_size,
+        "cudagraph-capture-sizes": list(s.capture_sizes),
+        "cudagraph-mode": s.cudagraph_mode,
+        "kv-cache-dtype": s.kv_cache_dtype,
+    }
+
+
+def page_group(full: int, sliding: int) -> int:
+    """Layers a KV block spans, as vLLM 0.34.0 groups them (v1/core/kv_cache_planning.py
+    ``_get_kv_cache_groups_uniform_page_size``): one layer type, all its layers; two, the
+    smaller count, or the larger where it is under 1.5x the smaller."""
+    counts = [n for n in (full, sliding) if n > 0]
+    return max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+
+
+# -- the fit side (no torch) -----------------------------------------------------------------
+
+
+def case_spec(case: str, folder: Path, layers: int) -> Path:
+    """The spec TOML fit reads the case's model from: the transformers cases' own spec (its
+    config.json beside it, bench.harness case_options), or the reference's model at
+    ``layers`` layers."""
+    opts = case_options(case, folder)
+    if opts.spec is not None:
+        return Path(opts.spec)
+    path = folder / f"{case}.toml"
+    path.write_text(
+        f'[model]\npreset = "llama-3-8b"\nlayers = {layers}\n\n[[phases]]\nname = "decode"\nkind = "decode"\n'
+        "sizes = [1]\n"
+    )
+    return path
+
+
+def fit_side(
+    case: str, folder: Path, layers: int, device_name: str, s: Settings, release: str = RELEASE, graphs: int = 0
+) -> dict:
+    """fit's figures for the case, without and with the plan of the runner's graphs (where
+    that plan captures the runner's ``graphs`` graphs: 0, any)."""
+    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.model import load_model
+
+    model = load_model(str(case_spec(case, folder, layers)))
+    out = {"model": model.name, "model_type": model.model_type, "source": model.source}
+    out["default"] = fit_figures(fit(model, device_name, release, 1, fit_flags(s)))
+    try:
+        plan = case_plan(case, folder, layers, model)
+    except Exception as err:  # a plan that cannot be built is a result: the row says why
+        out["plan"] = {"skipped": f"{type(err).__name__}: {err}"[:300]}
+        return out
+    if graphs and plan.graphs != graphs:
+        out["plan"] = {"skipped": f"the plan captures {plan.graphs} graphs, the runner {graphs}"}
+        return out
+    planned = fit(model, device_name, release, 1, fit_flags(s), plan=plan)
+    out["plan"] = {"plan": plan.name, **fit_figures(planned)}
+    return out
+
+
+def case_plan(case: str, folder: Path, layers: int, model):
+    """The case's plan of vLLM 0.34.0's default graphs (bench.device_bench ``vllm034_setup``,
+    the reference's at 32 layers), as ``planner fit --plan`` reads it (``plan_graphs``)."""
+    from bench.device_bench import vllm034_setup
+    from capture_plan.planner import build_plan
+    from capture_plan.planner.fit.measured import plan_graphs
+
+    if case == "reference" and layers != 32:
+        raise ValueError(f"the reference's plan is built at 32 layers, not {layers}")
+    *_, plan = vllm034_setup(case, build_plan(case_options(case, folder)), layers, folder)
+    return plan_graphs(plan, f"{case} at vLLM 0.34.0's default graphs (bench.device_bench vllm034_setup)", model)
+
+
+def fit_figures(res) -> dict:
+    """What the comparison reads of a ``FitResult``: each item's bytes, error bar and status."""
+    items = {i.name: {"bytes": i.bytes, "error_bytes": i.error_bytes, "status": i.status} for i in res.items}
+    return {
+        "items": items,
+        "kv_blocks": res.kv_blocks,
+        "block_tokens": res.block_tokens,
+        "kv_tokens": res.kv_tokens,
+        "kv_bytes": res.kv_bytes,
+        "settings": res.settings,
+        "fits": res.fits,
+    }
+
+
+# -- the comparison (no torch) ----------------------------------------------------------------
+
+
+def compare_item(runner: int, fitted: int | None, target: Target) -> dict:
+    """One item: both figures, fit's error against the runner's (relative and in bytes), and
+    whether it meets ``target`` (an unknown figure never does)."""
+    if fitted is None:
+        return {"runner": runner, "fit": None, "error": None, "error_bytes": None, "ok": False, "target": target.text}
+    diff = fitted - runner
+    return {
+        "runner": runner,
+        "fit": fitted,
+        "error": diff / runner if runner else None,
+        "error_bytes": diff,
+        "ok": abs(diff) <= max(target.rel * abs(runner), target.abs_bytes),
+        "target": target.text,
+    }
+
+
+def compare(runner: dict, fitted: dict) -> dict:
+    """Each item the issue targets, the runner's against fit's (``fit_figures``): KV tokens
+    as both count them here, blocks x block size."""
+    items = fitted["items"]
+
+    def of(name: str) -> int | None:
+        return items.get(name, {}).get("bytes")
+
+    pairs = {
+        "weights": (runner["weights_bytes"], of("weights")),
+        "activation peak": (runner["activation_peak_bytes"], of("activation peak")),
+        "graph memory": (runner["graph_bytes"], of("graph memory")),
+        "kv tokens": (runner["kv_tokens"], fitted["kv_blocks"] * fitted["block_tokens"]),
+    }
+    return {name: compare_item(r, f, TARGETS[name]) for name, (r, f) in pairs.items()}
+
+
+def rule_check(runner: dict, release: str = RELEASE) -> dict:
+    """fit's sizing rule for ``release`` (planner/fit/sizing.py ``vllm_after_capture`` or
+    ``vllm_before_capture``) fed the runner's own measured items (weights, the other memory
+    its free memory lost, the transient peak, the capture's drop or the graph estimate; the
+    committed decode cache is KV): its blocks against the runner's. It isolates the rule
+    from fit's estimates: a miss here is the rule's arithmetic, not an estimate's. After
+    capture, fit takes torch's reserve growth as 0."""
+    from capture_plan.planner.fit import sizing
+    from capture_plan.planner.fit.tables import rule_for
+
+    _, _, _, rule = rule_for(release)
+    m, weights = runner["measured"], runner["weights_bytes"]
+    committed = m["committed_bytes"]
+    if rule.kind == "vllm-after-capture":
+        other = m["init_free_bytes"] - m["free_after_capture_bytes"] - committed - weights - runner["graph_bytes"]
+        kv = sizing.vllm_after_capture(
+            rule,
+            m["requested_bytes"],
+            m["init_free_bytes"],
+            weights=weights,
+            non_torch=other,
+            activation=runner["transient_peak_bytes"],
+            graph=runner["graph_bytes"],
+        )
+    else:  # before capture: what the profile consumed, its peak, the estimate if the rule deducts it
+        other = m["total_consumed_bytes"] - committed - weights
+        graph = runner["graph_estimate_bytes"] if rule.graph_estimate == "deducted" else 0
+        kv = sizing.vllm_before_capture(
+            m["requested_bytes"],
+            weights=weights,
+            non_torch=other,
+            activation=runner["activation_peak_bytes"],
+            graph=graph,
+        )
+    blocks = max(kv, 0) // runner["block_bytes"]
+    return {
+        "blocks": blocks,
+        "runner_blocks": runner["blocks"],
+        "error": (blocks - runner["blocks"]) / runner["blocks"] if runner["blocks"] else None,
+        "torch_reserve_growth_bytes": runner["torch_reserve_growth_bytes"],
+    }
+
+
+def case_row(runner: dict, fitted: dict, release: str = RELEASE) -> dict:
+    """The runner's record, fit's figures and their comparisons for one case and release."""
+    plan = fitted.get("plan", {})
+    return {
+        "runner": runner,
+        "fit": fitted,
+        "compare": compare(runner, fitted["default"]),
+        "compare_plan": compare(runner, plan) if "items" in plan else None,
+        "rule_check": rule_check(runner, release),
+    }
+
+
+def _pct(c: dict) -> str:
+    if c["fit"] is None:
+        return "unknown FAIL"
+    err = "n/a" if c["error"] is None else f"{c['error']:+.1%}"
+    return f"{err} {'ok' if c['ok'] else 'FAIL'}"
+
+
+def summary_line(case: str, row: dict, release: str = RELEASE) -> str:
+    """``SUMMARY case release weights ...; activation ...; graph ... (plan ...); kv tokens ...; rule ...``."""
+    case = f"{case} {release}"
+    if "compare" not in row:
+        return f"SUMMARY {case} {'skipped' if 'skipped' in row else 'FAILED'}: {row.get('skipped') or 'see error'}"
+    c, p = row["compare"], row["compare_plan"]
+    graph = _pct(c["graph memory"]) + (f" (plan {_pct(p['graph memory'])})" if p else "")
+    r = row["rule_check"]
+    rule = "n/a" if r["error"] is None else f"{r['error']:+.2%}"
+    return (
+        f"SUMMARY {case} weights {_pct(c['weights'])}; activation {_pct(c['activation peak'])}; graph {graph}; "
+        f"kv tokens {_pct(c['kv tokens'])} ({c['kv tokens']['runner']:,} runner); rule on measured items {rule}"
+    )
+
+
+# -- the runner side (the GPU, in a fresh process) ----------------------------------------------
+
+
+def runner_034(folder: Path):
+    """vLLM 0.34.0's runner and worker as tests/engines/plugged.py ``release`` makes them (no
+    plugin, no monkeypatch): 0.33.0's runner before the adoption, 0.34.0's files over it."""
+    from capture_plan.tests.engines import adoption, plugged, vllm_runner
+
+    module = adoption.before_module(Path(vllm_runner.__file__), folder, "vllm_034_fit_bench")
+    for path in plugged.later("vllm", "0.34.0"):
+        exec(compile(path.read_text(), str(path), "exec"), vars(module))
+    return module
+
+
+def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> dict:
+    """The runner's start-up on ``target`` (built after ``snapshot``, init_device's):
+    profile, warm-up, capture, the KV cache sized (``extensible``: after capture, as 0.34.0;
+    else before it, the graph estimate deducted, as 0.33.0); returns the runner's record
+    (tests/engines/sizing.py ``RunnerSizing``) and what else it measured. The model's own
+    decode cache is KV: committed blocks after capture, or, before it, added back to the
+    budget (the release allocates its cache after profiling)."""
+    import torch
+
+    from bench.baselines import hidden_state_outputs
+    from capture_plan.tests.engines.case_model import (
+        CaseModel,
+        DraftModel,
+        decode_cache,
+        measured_weights,
+        route_draft,
+        route_dummy_runs,
+    )
+    from capture_plan.tests.engines.sizing import vllm_034
+
+    weights = measured_weights(target)
+    committed, per_token, full, sliding = decode_cache(target)
+    k = s.num_speculative_tokens
+    model = CaseModel(target, s.max_num_batched_tokens, "target_verify" if k else "decode", 1 + k)
+    draft = DraftModel(target, max(s.max_num_seqs, *s.capture_sizes)) if k else None
+    spec = {"num_speculative_steps": k, "max_num_seqs": s.max_num_seqs} if k else None
+    module.reset_globals()
+    # no autograd anywhere (vLLM runs its steps under inference mode): a head whose weight
+    # requires grad would otherwise keep the sampler's intermediates alive at its peak
+    with torch.no_grad(), hidden_state_outputs(target):
+        runner = module.GPUModelRunner(
+            model,
+            list(s.capture_sizes),
+            cudagraph_mode=module.FULL_DECODE_ONLY,
+            extensible_kv_cache=extensible,
+            max_num_tokens=s.max_num_batched_tokens,
+            max_num_reqs=s.max_num_seqs,
+            draft=draft,
+            speculator_options=spec,
+            decode_query_lens={1 + k: s.max_num_seqs},
+        )
+        runner.model_memory_usage = weights
+        route_dummy_runs(runner, model)
+        if runner.speculator is not None:
+            route_draft(runner.speculator, target)
+        block_bytes = page_group(full, sliding) * s.block_size * per_token
+        requested = math.ceil(snapshot.total_memory * s.gpu_memory_utilization)  # request_memory
+        worker = module.Worker(runner, block_bytes=block_bytes, requested_memory=requested, init_snapshot=snapshot)
+        worker.determine_available_memory()
+        if not extensible:
+            worker.available_kv_cache_memory_bytes += committed
+        worker.initialize_from_config()
+        kv = runner.extensible_kv_cache
+        if kv is not None:
+            kv.committed_bytes = committed
+        blocks = worker.compile_or_warm_up_model()
+        sizing = vllm_034(worker, blocks, block_size=s.block_size, weights_bytes=weights)
+        after = worker.profile_result.after_profile
+        measured = {
+            "requested_bytes": requested,
+            "init_free_bytes": snapshot.free_memory,
+            "context_bytes": snapshot.total_memory - snapshot.free_memory,
+            "non_torch_growth_bytes": after.non_torch_memory - snapshot.non_torch_memory,
+            "total_consumed_bytes": worker.total_consumed,
+            "free_after_capture_bytes": kv.free_memory_measured if kv is not None else None,
+            "committed_bytes": committed,
+            "kv_bytes_per_token_layer": per_token,
+            "layers": {"full": full, "sliding": sliding},
+            "graphs": len(runner.cudagraph_manager.graphs) + sum(len(m.graphs) for m in managers(runner.speculator)),
+        }
+        runner.release()
+    return {**json.loads(sizing.to_json()), "measured": measured}
+
+
+def managers(speculator) -> list:
+    """The speculator's graph managers (none without one)."""
+    if speculator is None:
+        return []
+    return [speculator.prefill_cudagraph_manager, speculator.decode_cudagraph_manager]
+
+
+def child(case: str, layers: int, release: str = RELEASE) -> dict:
+    """The runner's start-up for ``case`` in this (fresh) process (module docstring)."""
+    import torch
+
+    from bench.harness import DEVICE_FIELDS, CaseDoesNotFit, case_target
+    from capture_plan.executor.device import driver_version
+
+    device_name = torch.cuda.get_device_name()
+    # header(device=True)'s fields, read here: the parent never touches the GPU
+    device = dict(zip(DEVICE_FIELDS, (device_name, driver_version(), torch.__version__, torch.version.cuda)))
+    s = settings_for(device_name, release, case)
+    module = runner_034(Path(tempfile.mkdtemp()))
+    torch.cuda.empty_cache()
+    snapshot = module.MemorySnapshot().measure()  # init_device's, before the model is built
+    # every decode graph's requests (EAGLE's draft decode grid: up to max_num_seqs)
+    max_bs = s.max_num_seqs if s.num_speculative_tokens else max(s.capture_sizes)
+    try:
+        target = case_target(case, None, layers, max_bs=max_bs)
+    except CaseDoesNotFit as err:  # a result: the case is skipped on this device, saying why
+        return {"skipped": f"{case} does not fit this device: {err}"}
+    torch.cuda.synchronize()
+    runner = start_up(module, target, s, snapshot, extensible=release == RELEASE)
+    return {"device": device, "settings": asdict(s), "runner": runner}
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def run_case(case: str, layers: int, folder: Path, release: str = RELEASE) -> dict:
+    """One case and release: the runner in a fresh process, then fit for the device it ran on."""
+    cmd = ["--child", case, "--layers", str(layers), "--releases", release]
+    p = run_module("fit_bench", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not lines:
+        return {"error": (p.stderr or p.stdout)[-3000:]}
+    got = json.loads(lines[-1][7:])
+    if "skipped" in got:
+        return got
+    s = Settings(**{**got["settings"], "capture_sizes": tuple(got["settings"]["capture_sizes"])})
+    graphs = got["runner"]["measured"]["graphs"]
+    fitted = fit_side(case, folder / case, layers, got["device"]["device"], s, release, graphs)
+    row = {"device": got["device"], "settings": asdict(s), **case_row(got["runner"], fitted, release)}
+    return {**row, "fit_lacks": FIT_LACKS[case]} if case in FIT_LACKS else row
+
+
+def main() -> int | None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES), help=f"cases, comma-separated (default {','.join(CASES)})")
+    add_layers(ap, help="layers of the reference model")
+    ap.add_argument(
+        "--releases",
+        default=RELEASE,
+        help=f"releases the runner follows, comma-separated: {', '.join(RELEASES)} (default {RELEASE})",
+    )
+    ap.add_argument("--tag", default="")
+    add_out_dir(ap)
+    add_overwrite(ap)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    releases = [r for r in args.releases.split(",") if r]
+    unknown = [r for r in releases if r not in RELEASES]
+    if unknown or not releases:
+        ap.error(f"--releases {args.releases}: each one of {', '.join(RELEASES)}")
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.layers, releases[0])), flush=True)
+        return None
+    # the device's fields come from the first case's process: this one holds no CUDA context,
+    # which would take the children's free memory, and so their KV caches
+    res: dict = header(device=False)
+    path = result_file(args, "fit-bench", res["date"], args.tag)
+    res.update(
+        releases={r: RELEASES[r] for r in releases},
+        layers=args.layers,
+        targets={k: asdict(t) for k, t in TARGETS.items()},
+        differs=DIFFERS,
+        cases={},
+    )
+    folder = Path(tempfile.mkdtemp(prefix="fit-bench-"))
+    for case in [c for c in args.cases.split(",") if c]:
+        (folder / case).mkdir(parents=True, exist_ok=True)
+        res["cases"][case] = {}
+        for release in releases:
+            row = run_case(case, args.layers, folder, release)
+            res["cases"][case][release] = row
+            res.update(row.get("device", {}))
+            if "error" in row:
+                print(f"{case} {release}: FAILED\n{row['error']}", flush=True)
+            path.write(res)  # after every case: a time limit keeps them
+    print(f"wrote {path.path}")
+    for case, rows in res["cases"].items():
+        for release, row in rows.items():
+            print(summary_line(case, row, release))
+    return 1 if any("error" in r for rows in res["cases"].values() for r in rows.values()) else None
+
+
+if __name__ == "__main__":
+    main_exit(main)

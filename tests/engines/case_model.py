@@ -1,0 +1,138 @@
+"""A bench case's model as the vLLM runners of this folder drive it (bench/fit_bench.py): the
+reference decode step, the speculative reference (EAGLE) or a transformers model in
+``HFTarget`` (bench.harness ``case_target``), in tests/engines/toy.py's interface.
+
+The case models have no piecewise split: :class:`CaseModel` is one piece, the whole forward.
+A decode graph of ``n`` requests runs the case's own decode phase (``decode``, or EAGLE's
+``target_verify`` at its query length), hidden states out (bench/baselines.py
+``hidden_state_outputs``); a dummy run (the runner's ``_dummy_run``, wrapped by
+:func:`route_dummy_runs`) runs the model's ``profile_hidden`` (attention skipped, as vLLM's
+profiling run skips it). The EAGLE draft runs the speculative reference's draft phases
+(:func:`route_draft`). Also what the bench measures of the model: its weights' bytes and its
+own decode cache (:func:`measured_weights`, :func:`decode_cache`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _main(target):
+    """The model whose forward is the target's: the speculative reference's target model, else the target."""
+    return getattr(target, "target", target)
+
+
+class CaseModel:
+    """The runner's model: ``x`` the token ids the dummy runs read (vLLM's input buffer, zeros),
+    one piece, :attr:`dummy` set while the runner's dummy run runs; ``phase`` at ``q`` tokens
+    per request for the decode graphs."""
+
+    def __init__(self, target, max_tokens: int, phase: str = "decode", q: int = 1):
+        self.target, self.phase, self.q = target, phase, q
+        main = _main(target)
+        hf = getattr(target, "model", None)
+        #: the LM head over hidden states, taken before hidden_state_outputs swaps it
+        self.head = hf.lm_head if isinstance(hf, torch.nn.Module) else main.compute_logits
+        text = hf.config.get_text_config(decoder=True) if isinstance(hf, torch.nn.Module) else None
+        self.softcap = getattr(text, "final_logit_softcapping", None)
+        self.device = target.device
+        self.x = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
+        self.wp = [None]
+        self.dummy = False
+
+    def piece(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        if self.dummy:
+            return _main(self.target).profile_hidden(x)
+        out = self.target.run(self.phase, x.shape[0] // self.q, None)
+        return out[0] if isinstance(out, tuple) else out  # EAGLE's verify: (hidden states, last layer's)
+
+    def launch(self, fn) -> None:
+        fn()
+
+    def new(self, rows: int):
+        raise AssertionError("one piece: no buffer between pieces")
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's head (Gemma2's final soft-capping included)."""
+        logits = self.head(hidden)
+        return logits if not self.softcap else torch.tanh(logits / self.softcap) * self.softcap
+
+
+def route_dummy_runs(runner, model: CaseModel) -> None:
+    """The runner's dummy runs (profile_run's, the sizing warm-up's) through ``model.dummy``."""
+    dummy_run = runner._dummy_run
+
+    def routed(num_tokens):
+        model.dummy = True
+        try:
+            return dummy_run(num_tokens)
+        finally:
+            model.dummy = False
+
+    runner._dummy_run = routed
+
+
+class DraftModel:
+    """What the runner's EAGLE speculator reads of its draft before :func:`route_draft`
+    replaces its forward: token rows, one piece, the device."""
+
+    def __init__(self, target, max_tokens: int):
+        self.device = target.device
+        self.x = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
+        self.wp = [None]
+
+    def piece(self, k: int, x: torch.Tensor):
+        raise AssertionError("the speculator's forward is routed to the draft phases (route_draft)")
+
+    def launch(self, fn) -> None:
+        fn()
+
+
+def route_draft(speculator, target) -> None:
+    """The speculator's forward (``_forward(num_reqs, num_tokens, cg_mode)``) as the speculative
+    reference's draft phases: ``draft_extend`` where a request has several tokens (the draft
+    prefill manager's graphs, query length ``num_speculative_steps + 1``), ``draft_decode``
+    where it has one (the draft decode manager's, and the dummy run's propose); each writes
+    its outputs into buffers of its own (the reference's), not the speculator's."""
+
+    def forward(num_reqs, num_tokens, cg_mode):
+        target.run("draft_decode" if num_tokens == num_reqs else "draft_extend", num_reqs, None)
+
+    speculator._forward = forward
+
+
+def _reference_models(target) -> list:
+    return [target.target, target.draft] if hasattr(target, "draft") else [target]
+
+
+def measured_weights(target) -> int:
+    """Bytes of the model's parameters and buffers (one count per storage: EAGLE's draft shares
+    the target's embedding), its KV caches not included."""
+    model = getattr(target, "model", None)
+    if isinstance(model, torch.nn.Module):
+        tensors = [*model.parameters(), *model.buffers()]
+    else:
+        tensors = []
+        for m in _reference_models(target):
+            tensors += [m.embed, m.lm_head, m.final_norm]
+            tensors += [t for layer in m.layers for k, t in layer.items() if not k.endswith("_cache")]
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(seen.values())
+
+
+def decode_cache(target) -> tuple[int, int, int, int]:
+    """(bytes, KV bytes one token takes in one layer, full layers, sliding layers) of the
+    model's own decode cache (EAGLE's: the target's and the draft's layers)."""
+    model = getattr(target, "model", None)
+    if isinstance(model, torch.nn.Module):
+        layers = target.cache.layers
+        total = sum(layer.keys.nbytes + layer.values.nbytes for layer in layers)
+        k, v = layers[0].keys, layers[0].values
+        per_token = k[0, :, 0].nbytes + v[0, :, 0].nbytes
+        types = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
+        sliding = sum(t == "sliding_attention" for t in types)
+        return total, per_token, len(layers) - sliding, sliding
+    layers = [layer for m in _reference_models(target) for layer in m.layers]
+    total = sum(layer[k].nbytes for layer in layers for k in ("k_cache", "v_cache"))
+    k = layers[0]["k_cache"]
+    return total, 2 * k[0, 0].nbytes, len(layers), 0

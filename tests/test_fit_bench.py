@@ -1,0 +1,391 @@
+"""bench/fit_bench.py's parts on the CPU (issue 52, item 6): the settings both sides are
+given, fit's side for every case's model (the spec reading and the model families), the
+comparison against the issue's targets, the runner's start-up on a case model with CUDA
+faked (the dummy runs through the model's profiling forward, the decode graphs captured,
+the decode cache counted as committed KV), the rule on the runner's measured items, the
+row's JSON and its SUMMARY line. The GPU run is ``python -m bench.fit_bench`` (and
+tests/test_gpu_fit_bench.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench_modules import bench_module
+
+fb = bench_module("fit_bench")
+MIB, GIB = 1 << 20, 1 << 30
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+@pytest.mark.parametrize("device", [H100, H200])
+@pytest.mark.parametrize("release, utilization", [("vllm==0.34.0", 1.0), ("vllm==0.33.0", 0.92)])
+def test_the_settings_are_the_releases_defaults_for_the_device_and_fit_runs_with_them(
+    device, release, utilization, tmp_path
+):
+    """vLLM 0.34.0 on an H100 or H200: utilization 1.0 (the extensible KV cache's; 0.33.0's
+    0.92), 1024 sequences, 8192 batched tokens, its 51 default sizes up to 512; fit's result
+    echoes every setting the runner was given, under vLLM's flag names."""
+    pytest.importorskip("transformers")
+    s = fb.settings_for(device, release)
+    assert (s.gpu_memory_utilization, s.max_num_seqs, s.max_num_batched_tokens) == (utilization, 1024, 8192)
+    assert s.capture_sizes == (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
+    got = fb.fit_side("llama", tmp_path, 32, device, s, release)["default"]["settings"]
+    flags = fb.fit_flags(s)
+    assert got["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
+    for name in ("gpu-memory-utilization", "max-model-len", "max-num-seqs", "max-num-batched-tokens", "block-size"):
+        assert got[name] == flags[name], name
+    assert got["cudagraph-mode"] == "FULL_DECODE_ONLY" and got["kv-cache-dtype"] == "auto"
+
+
+@pytest.mark.parametrize("case", fb.CASES)
+def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_plan(case, tmp_path):
+    """Each case's model reaches fit through its spec (the reference's dimensions, EAGLE's
+    target's: model type reference; a transformers case's config.json: its own type), every
+    family has measured node counts (graph memory known), and the plan of the runner's graphs
+    gives the ``--plan`` figure. EAGLE's sizes are the shared sizes with its uniform decode
+    sizes at query length 4 (bench/baselines.py; on an H100 all already in the grid), given to
+    fit explicitly."""
+    if case not in ("reference", "eagle"):
+        pytest.importorskip("transformers")
+    s = fb.settings_for(H100, case=case)
+    if case == "eagle":
+        from bench.baselines import vllm_capture_sizes
+
+        assert s.num_speculative_tokens == 3 and list(s.capture_sizes) == vllm_capture_sizes(decode_query_len=4)
+    got = fb.fit_side(case, tmp_path, 32, H100, s)
+    assert got["model_type"] == ("reference" if case in ("reference", "eagle") else case)
+    graph = got["default"]["items"]["graph memory"]
+    assert graph["bytes"] and graph["status"] == "estimated"
+    assert "items" in got["plan"], got["plan"]
+    if case != "eagle":  # EAGLE's plan lists its phases' request counts, the draft decode grid's too
+        assert got["plan"]["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
+    assert got["plan"]["items"]["graph memory"]["bytes"] != graph["bytes"]  # the plan's pool, not the estimate's
+
+
+def test_a_spec_without_a_config_is_the_reference_decode_step(tmp_path, cli):
+    """`planner fit --model SPEC.toml`: the reference's dimensions, its family's node counts, its
+    weights as references/decode.py allocates them (an untied head, no rotary cache, no bias)."""
+    from capture_plan.planner.fit.model import load_model, weight_bytes
+
+    spec = fb.case_spec("reference", tmp_path, 32)
+    m = load_model(str(spec))
+    assert (m.model_type, m.layers, m.hidden, m.max_positions, m.tie_embeddings) == ("reference", 32, 4096, 0, False)
+    per_layer = 2 * 4096 + (32 + 16) * 128 * 4096 + 32 * 128 * 4096 + 3 * 14336 * 4096
+    assert weight_bytes(m, 1) == 2 * (2 * 128256 * 4096 + 32 * per_layer + 4096)
+    args = ("--device", "H100", "--engine", "vllm==0.34.0", "--max-model-len", "4096", "--json")
+    code, out, err = cli("fit", "--model", str(spec), *args)
+    assert code == 0, err
+    assert json.loads(out)["model"] == "llama-3-8b"
+
+
+def test_a_spec_fit_cannot_read_is_one_line_naming_the_flag(tmp_path, cli):
+    """Fails before: the fix named --spec, a flag fit does not have."""
+    code, out, err = cli("fit", "--model", str(tmp_path / "nope.toml"), "--device", "H100", "--engine", "vllm==0.34.0")
+    assert code == 1 and err.count("\n") == 1
+    assert "cannot read spec" in err and "check the path given to --model" in err
+
+
+def test_the_comparison_follows_the_issues_targets():
+    runner = {"weights_bytes": 1000 * MIB, "activation_peak_bytes": GIB, "graph_bytes": 200 * MIB, "kv_tokens": 100_000}
+    fitted = {
+        "items": {
+            "weights": {"bytes": 1000 * MIB + 1},
+            "activation peak": {"bytes": GIB + 32 * MIB},  # 3.1%, but within 32 MiB
+            "graph memory": {"bytes": None},  # unknown: never within
+        },
+        "kv_blocks": 6253,
+        "block_tokens": 16,  # 100,048 tokens: +0.048%
+    }
+    got = fb.compare(runner, fitted)
+    assert not got["weights"]["ok"] and got["weights"]["error_bytes"] == 1
+    assert got["activation peak"]["ok"] and got["activation peak"]["error"] == pytest.approx(1 / 32)
+    assert not got["graph memory"]["ok"] and got["graph memory"]["fit"] is None
+    assert got["kv tokens"]["ok"] and got["kv tokens"]["fit"] == 100_048
+    fitted["items"]["graph memory"]["bytes"] = 221 * MIB  # +10.5%
+    fitted["kv_blocks"] = 6220  # -0.48%
+    fitted["items"]["activation peak"]["bytes"] = 2 * GIB  # +100%
+    got = fb.compare(runner, fitted)
+    assert not got["graph memory"]["ok"] and got["kv tokens"]["ok"] and not got["activation peak"]["ok"]
+    fitted["items"]["graph memory"]["bytes"] = 219 * MIB  # +9.5%
+    assert fb.compare(runner, fitted)["graph memory"]["ok"]
+
+
+def test_vllms_kv_blocks_span_a_group_of_layers():
+    """kv_cache_planning: one type, all layers; 3 + 3 (Gemma2's 6), 3; 12 + 13, 13; 4 + 24, 4."""
+    assert fb.page_group(8, 0) == 8 and fb.page_group(0, 6) == 6
+    assert fb.page_group(3, 3) == 3 and fb.page_group(13, 12) == 13 and fb.page_group(4, 24) == 4
+
+
+class Memory:
+    """The fake device's memory as the worker reads it: a script of what each step allocates
+    (torch's current and peak), caches and keeps outside torch."""
+
+    def __init__(self, monkeypatch, total: int, used: int):
+        import torch
+
+        self.total, self.outside, self.allocated, self.peak, self.cached = total, used, 0, 0, 0
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "mem_get_info", lambda d=None: (self.free(), total))
+        monkeypatch.setattr(cuda, "memory_stats", self.stats)
+        monkeypatch.setattr(cuda, "memory_reserved", lambda d=None: self.allocated + self.cached)
+        monkeypatch.setattr(cuda, "empty_cache", self.empty)
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", self.reset)
+        monkeypatch.setattr(cuda, "get_device_name", lambda d=None: H100, raising=False)
+
+    def free(self) -> int:
+        return self.total - self.outside - self.allocated - self.cached
+
+    def stats(self, d=None) -> dict:
+        reserved = self.allocated + self.cached
+        return {
+            "allocated_bytes.all.current": self.allocated,
+            "allocated_bytes.all.peak": self.peak,
+            "reserved_bytes.all.current": reserved,
+            "reserved_bytes.all.peak": reserved,
+        }
+
+    def empty(self) -> None:
+        self.cached = 0
+
+    def reset(self, d=None) -> None:
+        self.peak = self.allocated
+
+    def transient(self, nbytes: int) -> None:
+        self.peak = max(self.peak, self.allocated + nbytes)
+        self.cached = max(self.cached, nbytes)
+
+
+@pytest.mark.parametrize(
+    "case, release",
+    [
+        ("reference", "vllm==0.34.0"),
+        ("llama", "vllm==0.34.0"),
+        ("eagle", "vllm==0.34.0"),
+        ("reference", "vllm==0.33.0"),
+    ],
+)
+def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_path):
+    """The 0.34.0 runner on a (tiny) case model, CUDA faked: its dummy runs (profile_run's and,
+    with the extensible KV cache, the sizing warm-up's) go through the model's profiling
+    forward at max_num_batched_tokens, every decode size is captured as a FULL graph of the
+    model's decode step, the weights are the model's tensors, its decode cache is counted as
+    KV (committed blocks after capture; before it, 0.33.0-shaped, given back to the budget the
+    graph estimate is taken from), and fit's rule fed the runner's measured items gives the
+    runner's blocks; the row is JSON and has its SUMMARY. EAGLE: the target's decode graphs at
+    query length 4 (its verify phase), the speculator's draft prefill graphs (draft_extend) and
+    draft decode grid (draft_decode), the dummy run's propose a draft decode, the draft's
+    weights and cache layers counted with the target's."""
+    from fake_cuda import install
+
+    layers = 2
+    if case in ("reference", "eagle"):
+        from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+        from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
+        from capture_plan.schemas.spec import Model
+
+        model = Model(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=100)
+        if case == "eagle":
+            target = SpeculativeModel(
+                SpeculativeConfig(model=model, max_bs=8, max_seqlen=16), backend="torch", device="cpu"
+            )
+            models, layers = [target.target, target.draft], 3
+        else:
+            target = ReferenceModel(
+                ReferenceConfig(model=model, max_bs=8, max_seqlen=16), backend="torch", device="cpu"
+            )
+            models = [target]
+        weights = sum(t.nbytes for t in [models[0].embed] + [t for m in models for t in (m.lm_head, m.final_norm)])
+        weights += sum(t.nbytes for m in models for layer in m.layers for k, t in layer.items() if "cache" not in k)
+        committed = sum(layer[k].nbytes for m in models for layer in m.layers for k in ("k_cache", "v_cache"))
+        per_token = 2 * 2 * 16 * 2  # K and V, 2 KV heads of 16, bf16
+    else:
+        transformers = pytest.importorskip("transformers")
+        from capture_plan.adapters.hf import HFTarget
+
+        cfg = transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            vocab_size=100,
+        )
+        hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        target = HFTarget(hf, max_bs=8, max_seqlen=16, sdpa_backends=None)
+        weights = sum(p.nbytes for p in hf.parameters()) + sum(b.nbytes for b in hf.buffers())
+        committed = sum(layer.keys.nbytes + layer.values.nbytes for layer in target.cache.layers)
+        per_token = 2 * 2 * 16 * 4  # K and V, 2 KV heads of 16, float32
+    # CUDA faked once the model is built (transformers' lazy imports read torch.cuda's types)
+    install(monkeypatch)
+    mem = Memory(monkeypatch, total=80 * GIB, used=GIB)
+    util = 1.0 if release == "vllm==0.34.0" else 0.92
+    k = 3 if case == "eagle" else 0
+    sizes = (1, 2, 4, 8, 16, 32) if k else (1, 2, 4, 8)
+    s = fb.Settings(
+        util, 64, 8, max_num_batched_tokens=32, block_size=16, capture_sizes=sizes, num_speculative_tokens=k
+    )
+    module = fb.runner_034(tmp_path)
+    snapshot = module.MemorySnapshot().measure()
+    mem.outside += committed + weights  # the model built after the snapshot
+    forwards, runs = [], []
+    main = getattr(target, "target", target)
+    real, run = main.profile_hidden, target.run
+
+    def profile_hidden(ids):
+        forwards.append(ids.shape[0])
+        mem.transient(300 * MIB)
+        return real(ids)
+
+    monkeypatch.setattr(main, "profile_hidden", profile_hidden)
+    monkeypatch.setattr(target, "run", lambda phase, bs, ws: (runs.append((phase, bs)), run(phase, bs, ws))[1])
+    extensible = release == "vllm==0.34.0"
+    record = fb.start_up(module, target, s, snapshot, extensible=extensible)
+    assert forwards == [32, 32][: 1 + extensible]  # profile_run's dummy run, then the sizing warm-up's
+    assert record["weights_bytes"] == weights and record["measured"]["committed_bytes"] == committed
+    assert record["measured"]["kv_bytes_per_token_layer"] == per_token
+    assert record["activation_peak_bytes"] == 300 * MIB
+    assert record["block_bytes"] == layers * 16 * per_token  # every layer's page: one block
+    captured = {p: sorted({n for q, n in runs if q == p}) for p, _ in runs}
+    if k:  # requests of the decode graphs at query length 4: the shared sizes' (tokens / 4), to 32 tokens
+        grid = module.decode_cudagraph_capture_grid(8)
+        assert captured == {"target_verify": [1, 2, 4, 8], "draft_extend": [1, 2, 4, 8], "draft_decode": grid}
+        assert ("draft_decode", 8) in runs[:2]  # the dummy runs' propose: max_num_seqs requests' draft
+        assert record["measured"]["graphs"] == 4 + 4 + len(grid)
+    else:
+        assert captured == {"decode": [1, 2, 4, 8]} and record["measured"]["graphs"] == 4
+    check = fb.rule_check(record, release)
+    assert check["blocks"] == record["blocks"] > 0 and check["error"] == 0
+    if extensible:  # the decode cache counts as the cache's: the free side gets it back
+        margin = max(GIB, int(300 * MIB * 0.75))
+        free = 80 * GIB - GIB - committed - weights
+        assert record["blocks"] == (free + committed - margin - 300 * MIB) // record["block_bytes"]
+    else:  # the budget less what the profile consumed but the decode cache, its peak, the estimate
+        assert record["graph_estimate_bytes"] == 3 * MIB  # 4 graphs: 3 at vLLM's 1 MiB floor (no drop here)
+        budget = math.ceil(80 * GIB * 0.92) - weights - 300 * MIB - 3 * MIB
+        assert record["blocks"] == budget // record["block_bytes"]
+    fitted = {"default": {"items": {}, "kv_blocks": record["blocks"], "block_tokens": 16}, "plan": {"skipped": "x"}}
+    row = fb.case_row(record, fitted, release)
+    json.dumps(row)
+    line = fb.summary_line(case, row, release)
+    assert line.startswith(f"SUMMARY {case} {release} weights unknown FAIL; activation unknown FAIL; graph unknown")
+    assert "kv tokens +0.0% ok" in line and "rule on measured items +0.00%" in line
+
+
+def test_a_skipped_or_failed_case_has_its_summary_line():
+    skipped = {"skipped": "eagle does not fit this device: ..."}
+    assert fb.summary_line("eagle", skipped) == "SUMMARY eagle vllm==0.34.0 skipped: " + skipped["skipped"]
+    assert fb.summary_line("llama", {"error": "Tb"}, "vllm==0.33.0") == "SUMMARY llama vllm==0.33.0 FAILED: see error"
+
+
+def test_the_profiling_forward_attends_to_nothing():
+    """A case model's ``profile_hidden`` (the profiling run's forward): every row depends on its
+    own token alone (attention skipped), whatever its neighbours and position (the rotary
+    embedding turns q and k only, which nothing reads)."""
+    import torch
+
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
+
+    model = Model(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=100)
+    ref = ReferenceModel(ReferenceConfig(model=model, max_bs=2, max_seqlen=8), backend="torch", device="cpu")
+    targets = [ref]
+    transformers = pytest.importorskip("transformers")
+    from capture_plan.adapters.hf import HFTarget
+
+    for name in ("llama", "gemma2", "qwen2_moe"):
+        cfg = bench_module("harness").hf_config(name, num_hidden_layers=2, hidden_size=64, intermediate_size=128)
+        if name == "qwen2_moe":
+            cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size = 32, 64
+        cfg.head_dim = 16
+        cfg._attn_implementation = bench_module("harness").HF_ARCHS[name][2]
+        torch.manual_seed(0)
+        hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        targets.append(HFTarget(hf, max_bs=2, max_seqlen=8, sdpa_backends=None))
+    for t in targets:
+        a = t.profile_hidden(torch.tensor([5, 7, 9, 11]))
+        b = t.profile_hidden(torch.tensor([11, 3, 9, 5]))
+        assert a.shape[0] == 4
+        # equal up to the kernels' reduction order over a different batch
+        same = {"rtol": 1e-5, "atol": 1e-5}
+        assert torch.allclose(a[2], b[2], **same) and torch.allclose(a[0], b[3], **same), type(t).__name__
+        assert not torch.allclose(a[0], a[1], **same)
+
+
+def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(monkeypatch, tmp_path, capsys):
+    """``python -m bench.fit_bench`` with its case processes stubbed: the runner's record and
+    settings come back from the child, fit runs for the device the child named with those
+    settings, the JSON has the header, the device's fields (from the child: the parent holds
+    no CUDA context), the targets, what differs from vLLM, and per case the runner, fit (with
+    and without the plan) and the comparisons; a case whose model does not fit the device is
+    listed with its reason."""
+    pytest.importorskip("transformers")
+    import subprocess
+
+    s = fb.settings_for(H100)
+    runner = {
+        "weights_bytes": 970 * MIB,
+        "activation_peak_bytes": 600 * MIB,
+        "graph_bytes": 90 * MIB,
+        "transient_peak_bytes": 700 * MIB,
+        "torch_reserve_growth_bytes": 0,
+        "blocks": 150_000,
+        "block_bytes": 8 * 16 * 2048,
+        "kv_tokens": 150_000 * 16,
+        "measured": {
+            "requested_bytes": 80 * GIB,
+            "init_free_bytes": 79 * GIB,
+            "free_after_capture_bytes": 70 * GIB,
+            "committed_bytes": 4 * GIB,
+            "graphs": 51,
+        },
+    }
+    device = {"device": H100, "driver": "580", "torch": "2.11.0", "cuda": "13.0"}
+    child = {"device": device, "settings": fb.asdict(s), "runner": runner}
+    calls = []
+
+    skipped = {"skipped": "gemma2 does not fit this device: its KV cache ..."}
+
+    def run_module(name, args, **kw):
+        calls.append([name, *args])
+        got = child if args[1] == "llama" else skipped
+        return subprocess.CompletedProcess(args, 0, stdout="log\nRESULT " + json.dumps(got) + "\n", stderr="")
+
+    monkeypatch.setattr(fb, "run_module", run_module)
+    monkeypatch.setattr("sys.argv", ["fit_bench", "--cases", "llama,gemma2", "--out", str(tmp_path), "--tag", "t"])
+    assert fb.main() is None
+    assert calls == [
+        ["fit_bench", "--child", case, "--layers", "32", "--releases", "vllm==0.34.0"] for case in ("llama", "gemma2")
+    ]
+    (path,) = tmp_path.glob("fit-bench-*-t.json")
+    res = json.loads(path.read_text())
+    assert {"date", "git_commit", "git_dirty", *device} <= set(res) and res["device"] == H100
+    assert res["releases"] == {"vllm==0.34.0": fb.RELEASES["vllm==0.34.0"]}
+    assert res["differs"] == fb.DIFFERS and set(res["targets"]) == set(fb.TARGETS)
+    row = res["cases"]["llama"]["vllm==0.34.0"]
+    assert row["settings"]["capture_sizes"] == list(s.capture_sizes) and row["runner"] == runner
+    assert set(row["compare"]) == set(row["compare_plan"]) == set(fb.TARGETS)
+    assert row["compare"]["weights"]["runner"] == 970 * MIB and row["fit"]["default"]["items"]["weights"]["bytes"]
+    assert res["cases"]["gemma2"] == {"vllm==0.34.0": skipped}
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("SUMMARY llama vllm==0.34.0 weights ")
+    assert out[-1] == "SUMMARY gemma2 vllm==0.34.0 skipped: " + skipped["skipped"]
+    # docs/measurements.md's table reads the file: the runner's figure against fit's, per case
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "docs_generate_fit", Path(__file__).resolve().parent.parent / "docs" / "generate.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    monkeypatch.setattr(gen, "RESULTS", tmp_path)
+    table = gen.fit_bench()
+    (llama,) = [line for line in table if line.startswith("| llama ")]
+    assert llama.startswith("| llama | vllm 0.34.0 | 970 / ")
+    assert "| gemma2 | vllm 0.34.0 | skipped |" in "\n".join(table)
+    assert table[-1].startswith(f"Source: `bench/results/{path.name}` (NVIDIA H100 80GB HBM3, torch 2.11.0, ")
+    monkeypatch.setattr(gen, "RESULTS", tmp_path / "none")
+    assert gen.fit_bench() == ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]

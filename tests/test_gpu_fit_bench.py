@@ -1,0 +1,48 @@
+"""bench/fit_bench.py's runner side on the device (issue 52, item 6): the vLLM 0.34.0-shaped
+runner sizes a case model's KV cache (0.34.0: after capture; 0.33.0-shaped: the estimate
+deducted before it), every figure measured, and fit's rule fed those figures gives its blocks.
+Run on the device: ``python -m pytest -m gpu -q -s tests/test_gpu_fit_bench.py``; the whole
+comparison is ``python -m bench.fit_bench``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench_modules import bench_module
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def emptied():
+    """The model and its cache given back to the device after the test (the next test's free memory)."""
+    import gc
+
+    import torch
+
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("release", ["vllm==0.34.0", "vllm==0.33.0"])
+def test_the_runner_sizes_a_case_models_kv_cache_on_the_device(release, emptied):
+    fb = bench_module("fit_bench")
+    got = fb.child("qwen2_moe", 32, release)
+    print(json.dumps(got, indent=1))
+    r, s = got["runner"], got["settings"]
+    m = r["measured"]
+    assert m["graphs"] == len(s["capture_sizes"]) == 51  # one FULL decode graph per default size
+    assert r["weights_bytes"] > 0 and m["committed_bytes"] > 0
+    assert r["activation_peak_bytes"] > 0  # profile_run's peak: measured
+    assert r["graph_bytes"] > 0 and r["graph_pool_bytes"] > 0
+    assert r["blocks"] > 0 and r["kv_tokens"] == r["blocks"] * s["block_size"]
+    if release == "vllm==0.34.0":
+        assert r["graph_estimate_bytes"] == 0 and r["transient_peak_bytes"] >= r["activation_peak_bytes"]
+    else:
+        assert r["graph_estimate_bytes"] > 0
+    check = fb.rule_check(r, release)
+    grew = r["torch_reserve_growth_bytes"] > r["transient_peak_bytes"]  # fit takes it as 0
+    assert check["blocks"] == r["blocks"] or grew, check
