@@ -18,12 +18,20 @@ an engine has it before capture (``device_bench.ready_target``), then:
             segment of the plan's pools, another segment of torch's caching allocator
             (weights, KV cache, workspaces) or outside every segment; the parameters shaped
             like a TMA descriptor (128 bytes, 64-byte aligned)
-  save      the graph file (``capture_plan.executor.graph_file.save_graphs``): its size, the
-            seconds to write it, what ``check_valid`` refuses in the saving process itself
+  save      the graph file (``capture_plan.executor.graph_file.save_graphs``) from the probe's
+            walk (one walk: ``restore_probe.walk_graphs``): its size, the seconds a start-up
+            would pay to write it (the walk, hashing the kernel libraries, building and
+            writing the file: ``save.seconds``, each part in ``save.parts``), what
+            ``check_valid`` refuses in the saving process itself
+  rebuild   (``--rebuild``) every graph rebuilt from the file read back, in the same process
+            (``capture_plan.executor.graph_rebuild``: each kernel found by its module's
+            identity and its name, every node added through the driver, instantiated and
+            uploaded: ``rebuild.seconds`` against the capture's), then each rebuilt graph
+            launched and its outputs compared bit for bit with the captured graph's replay
 
 Writes JSON (the harness's header) to --out and prints one line per case, then a
 one-line summary last.
-Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--tag T] [--out DIR]
+Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--rebuild] [--tag T] [--out DIR]
 """
 
 from __future__ import annotations
@@ -50,13 +58,13 @@ from bench.harness import (
 CASES = ("reference", "llama", "eagle")
 
 
-def child(case: str, layers: int, save: bool) -> dict:
-    """One case in this (fresh) process: capture, floor, probe, save (module docstring)."""
+def child(case: str, layers: int, save: bool, rebuild: bool = False) -> dict:
+    """One case in this (fresh) process: capture, floor, probe, save, rebuild (module docstring)."""
     import torch
 
     from bench.device_bench import ready_target
     from capture_plan.executor import capture
-    from capture_plan.executor.restore_probe import clone_floor, probe_graphs, raw_graphs, summary_line
+    from capture_plan.executor.restore_probe import clone_floor, probe_graphs, raw_graphs, summary_line, walk_graphs
     from capture_plan.planner import build_plan
 
     folder = Path(tempfile.mkdtemp())
@@ -79,28 +87,68 @@ def child(case: str, layers: int, save: bool) -> dict:
     if made != len(raws):
         raise RuntimeError(f"the clone floor made {made} executables of {len(raws)} graphs")
     t0 = time.perf_counter()
-    counts = probe_graphs(gs, torch.cuda.memory_snapshot())
+    walked = walk_graphs(gs)
+    out["walk_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    counts = probe_graphs(gs, torch.cuda.memory_snapshot(), walked=walked)
     out["probe_s"] = time.perf_counter() - t0
     out["probe"] = counts.as_dict()
     out["summary"] = summary_line(case, counts, out["floor_s"], out["capture_s"])
     print(out["summary"], flush=True)
-    if save:
-        out["save"] = _save(gs, plan, target, folder)
+    if save or rebuild:
+        out["save"] = _save(gs, plan, target, folder, walked, out["walk_s"])
+        if rebuild and "bytes" in out["save"]:
+            out["rebuild"] = _rebuild(gs, target, folder / "graphs.cpgraphs", walked, out["capture_s"])
     gs.release()
     return out
 
 
-def _save(gs, plan, target, folder: Path) -> dict:
-    """The graph file of ``gs``: size, seconds, the refusals of the saving process itself.
-    A failure is recorded (and printed whole), not raised: the floor and the probe stand."""
+def _rebuild(gs, target, path: Path, walked, capture_s: float) -> dict:
+    """Every graph rebuilt from the file at ``path`` and checked against its captured replay
+    (``graph_rebuild.rebuild_from_file``, ``compare_replays``). A failure or refusal is
+    recorded (and printed whole), not raised."""
+    from capture_plan.executor.graph_rebuild import compare_replays, rebuild_from_file
+
+    try:
+        rebuilt = rebuild_from_file(path, gs, target, walked)
+    except Exception:
+        text = traceback.format_exc()
+        print(f"rebuild FAILED:\n{text}", flush=True)
+        return {"error": text[-1500:]}
+    try:
+        check = compare_replays(gs, rebuilt)
+    finally:
+        rebuilt.destroy()
+    out = {
+        "seconds": rebuilt.seconds,
+        "parts": rebuilt.parts,
+        "of_capture": rebuilt.seconds / capture_s if capture_s else None,
+        "graphs": len(rebuilt.execs),
+        "nodes": rebuilt.nodes,
+        **check,
+    }
+    print(
+        f"rebuild {out['graphs']} graphs, {out['nodes']} nodes in {out['seconds']:.3f} s; bit-equal "
+        f"{len(check['equal'])}, differ {check['differ']}, not repeatable {check['not_repeatable']}",
+        flush=True,
+    )
+    return out
+
+
+def _save(gs, plan, target, folder: Path, walked, walk_s: float) -> dict:
+    """The graph file of ``gs`` from the probe's walk: size, seconds (the walk's included:
+    what a start-up that saves pays), the refusals of the saving process itself. A failure is
+    recorded (and printed whole), not raised: the floor and the probe stand."""
     from capture_plan.executor.graph_file import current_environment, graph_tensors, save_graphs
     from capture_plan.executor.graph_validity import check_valid
 
     path = folder / "graphs.cpgraphs"
+    parts: dict = {}
     try:
         t0 = time.perf_counter()
-        file = save_graphs(gs, plan, target, path)
-        seconds = time.perf_counter() - t0
+        file = save_graphs(gs, plan, target, path, walked=walked, timings=parts)
+        seconds = time.perf_counter() - t0 + walk_s
+        parts["walk"] = walk_s
         refusals = check_valid(file, current_environment(plan.digest, graph_tensors(gs, target), gs.pools))
     except Exception:
         text = traceback.format_exc()
@@ -110,6 +158,7 @@ def _save(gs, plan, target, folder: Path) -> dict:
     return {
         "bytes": path.stat().st_size,
         "seconds": seconds,
+        "parts": parts,
         "modules": len(file.modules),
         "libraries": [lib.name for lib in file.valid_for.libraries],
         "segments": {k: sum(s.kind == k for s in file.segments) for k in {s.kind for s in file.segments}},
@@ -132,6 +181,14 @@ def summary(res: dict) -> str:
             if "bytes" in s
             else (" save FAILED" if s else "")
         )
+        r = row.get("rebuild", {})
+        if "seconds" in r:
+            saved += (
+                f", rebuild {r['seconds']:.3f} s ({r['of_capture']:.2f}x of capture), bit-equal "
+                f"{len(r['equal'])}/{r['graphs']}, differ {len(r['differ'])}, not repeatable {len(r['not_repeatable'])}"
+            )
+        elif r:
+            saved += " rebuild FAILED"
         parts.append(
             f"{case} {row['graphs']} graphs floor {row['floor_s']:.3f} s / capture {row['capture_s']:.3f} s "
             f"({row['floor_of_capture']:.2f}x), addresses {a['pool']}/{a['torch']}/{a['outside']}, "
@@ -145,19 +202,25 @@ def main() -> int | None:
     ap.add_argument("--cases", default=",".join(CASES), help=f"cases, comma-separated (default {','.join(CASES)})")
     add_layers(ap, help="layers of the reference models")
     ap.add_argument("--no-save", action="store_true", help="skip writing each case's graph file")
+    ap.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild every graph from its file in the same process and compare its replay bit for bit",
+    )
     ap.add_argument("--tag", default="")
     add_out_dir(ap)
     add_overwrite(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.layers, not args.no_save)), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.layers, not args.no_save, args.rebuild)), flush=True)
         return
     res: dict = header(device=True)
     path = result_file(args, "restore-floor", res["date"], args.tag)
-    res.update(layers=args.layers, cases={})
+    res.update(layers=args.layers, rebuild=args.rebuild, cases={})
     for case in [c for c in args.cases.split(",") if c]:
         cmd = ["--child", case, "--layers", str(args.layers)] + (["--no-save"] if args.no_save else [])
+        cmd += ["--rebuild"] if args.rebuild else []
         p = run_module(
             "restore_floor", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
@@ -173,7 +236,9 @@ def main() -> int | None:
         path.write(res)  # after every case: a time limit keeps them
     print(f"wrote {path.path}")
     print(summary(res))
-    failed = [c for c, r in res["cases"].items() if "error" in r]
+    # a rebuild that failed or replays differently fails the run: the proof did not hold
+    failed = [c for c, r in res["cases"].items() if "error" in r or "error" in r.get("rebuild", {})]
+    failed += [c for c, r in res["cases"].items() if r.get("rebuild", {}).get("differ")]
     return 1 if failed else None
 
 
