@@ -28,10 +28,16 @@ an engine has it before capture (``device_bench.ready_target``), then:
             identity and its name, every node added through the driver, instantiated and
             uploaded: ``rebuild.seconds`` against the capture's), then each rebuilt graph
             launched and its outputs compared bit for bit with the captured graph's replay
+  moved     (``--moved``) every graph rebuilt onto copies of every segment its addresses point
+            into, the originals filled with 0xFF while it runs, its outputs read from the
+            copies and compared bit for bit (``rebuild_proof.compare_moved``: the relocation
+            proof; twice the memory of those segments, the model's weights and KV cache
+            included)
 
 Writes JSON (the harness's header) to --out and prints one line per case, then a
 one-line summary last.
-Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--rebuild] [--tag T] [--out DIR]
+Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--rebuild] [--moved] [--tag T]
+[--out DIR]
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from bench.harness import (
 CASES = ("reference", "llama", "eagle")
 
 
-def child(case: str, layers: int, save: bool, rebuild: bool = False) -> dict:
+def child(case: str, layers: int, save: bool, rebuild: bool = False, moved: bool = False) -> dict:
     """One case in this (fresh) process: capture, floor, probe, save, rebuild (module docstring)."""
     import torch
 
@@ -95,19 +101,22 @@ def child(case: str, layers: int, save: bool, rebuild: bool = False) -> dict:
     out["probe"] = counts.as_dict()
     out["summary"] = summary_line(case, counts, out["floor_s"], out["capture_s"])
     print(out["summary"], flush=True)
-    if save or rebuild:
+    if save or rebuild or moved:
         out["save"] = _save(gs, plan, target, folder, walked, out["walk_s"])
         if rebuild and "bytes" in out["save"]:
             out["rebuild"] = _rebuild(gs, target, folder / "graphs.cpgraphs", walked, out["capture_s"])
+        if moved and "bytes" in out["save"]:
+            out["moved"] = _moved(gs, target, folder / "graphs.cpgraphs", walked)
     gs.release()
     return out
 
 
 def _rebuild(gs, target, path: Path, walked, capture_s: float) -> dict:
     """Every graph rebuilt from the file at ``path`` and checked against its captured replay
-    (``graph_rebuild.rebuild_from_file``, ``compare_replays``). A failure or refusal is
+    (``graph_rebuild.rebuild_from_file``, ``rebuild_proof.compare_replays``). A failure or refusal is
     recorded (and printed whole), not raised."""
-    from capture_plan.executor.graph_rebuild import compare_replays, rebuild_from_file
+    from capture_plan.executor.graph_rebuild import rebuild_from_file
+    from capture_plan.executor.rebuild_proof import compare_replays
 
     try:
         rebuilt = rebuild_from_file(path, gs, target, walked)
@@ -133,6 +142,27 @@ def _rebuild(gs, target, path: Path, walked, capture_s: float) -> dict:
         flush=True,
     )
     return out
+
+
+def _moved(gs, target, path: Path, walked) -> dict:
+    """The relocation proof (``rebuild_proof.compare_moved``); a failure recorded, not raised."""
+    from capture_plan.executor.rebuild_proof import compare_moved
+
+    try:
+        t0 = time.perf_counter()
+        check = compare_moved(gs, path, target, walked)
+        check["seconds"] = time.perf_counter() - t0
+    except Exception:
+        text = traceback.format_exc()
+        print(f"moved rebuild FAILED:\n{text}", flush=True)
+        return {"error": text[-1500:]}
+    print(
+        f"moved rebuild onto copies of {check['segments']} segments ({check['bytes_copied'] / 2**20:.1f} MiB): "
+        f"bit-equal {len(check['equal'])}, differ {check['differ']}, not repeatable {check['not_repeatable']}, "
+        f"unreadable {check['unreadable']}",
+        flush=True,
+    )
+    return check
 
 
 def _save(gs, plan, target, folder: Path, walked, walk_s: float) -> dict:
@@ -189,6 +219,11 @@ def summary(res: dict) -> str:
             )
         elif r:
             saved += " rebuild FAILED"
+        m = row.get("moved", {})
+        if "equal" in m:
+            saved += f", moved bit-equal {len(m['equal'])}/{row['graphs']}, differ {len(m['differ'])}"
+        elif m:
+            saved += " moved FAILED"
         parts.append(
             f"{case} {row['graphs']} graphs floor {row['floor_s']:.3f} s / capture {row['capture_s']:.3f} s "
             f"({row['floor_of_capture']:.2f}x), addresses {a['pool']}/{a['torch']}/{a['outside']}, "
@@ -210,17 +245,23 @@ def main() -> int | None:
     ap.add_argument("--tag", default="")
     add_out_dir(ap)
     add_overwrite(ap)
+    ap.add_argument(
+        "--moved",
+        action="store_true",
+        help="rebuild every graph onto copies of its segments (twice their memory) and compare bit for bit",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.layers, not args.no_save, args.rebuild)), flush=True)
+        result = child(args.child, args.layers, not args.no_save, args.rebuild, args.moved)
+        print("RESULT " + json.dumps(result), flush=True)
         return
     res: dict = header(device=True)
     path = result_file(args, "restore-floor", res["date"], args.tag)
-    res.update(layers=args.layers, rebuild=args.rebuild, cases={})
+    res.update(layers=args.layers, rebuild=args.rebuild, moved=args.moved, cases={})
     for case in [c for c in args.cases.split(",") if c]:
         cmd = ["--child", case, "--layers", str(args.layers)] + (["--no-save"] if args.no_save else [])
-        cmd += ["--rebuild"] if args.rebuild else []
+        cmd += (["--rebuild"] if args.rebuild else []) + (["--moved"] if args.moved else [])
         p = run_module(
             "restore_floor", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
@@ -237,8 +278,9 @@ def main() -> int | None:
     print(f"wrote {path.path}")
     print(summary(res))
     # a rebuild that failed or replays differently fails the run: the proof did not hold
-    failed = [c for c, r in res["cases"].items() if "error" in r or "error" in r.get("rebuild", {})]
-    failed += [c for c, r in res["cases"].items() if r.get("rebuild", {}).get("differ")]
+    failed = [c for c, r in res["cases"].items() if "error" in r]
+    for proof in ("rebuild", "moved"):
+        failed += [c for c, r in res["cases"].items() if "error" in r.get(proof, {}) or r.get(proof, {}).get("differ")]
     return 1 if failed else None
 
 

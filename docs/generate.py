@@ -1081,7 +1081,8 @@ def restore_floor() -> list[str]:
     addresses in kernel arguments per class, TMA-shaped parameters, the clone floor against
     the capture, the graph file's size and the seconds its save took, and (``--rebuild``
     runs) the same-process rebuild's seconds, against the capture's, and the graphs whose
-    rebuilt replay was bit-equal to the captured one."""
+    rebuilt replay was bit-equal to the captured one (``--moved`` runs: also rebuilt onto
+    copies of their segments)."""
     if not RESTORE_FLOOR_RUNS:
         return ["Not measured yet: `python -m bench.restore_floor` writes the JSON this table reads."]
     rows, sources = [], []
@@ -1103,6 +1104,10 @@ def restore_floor() -> list[str]:
                 if "seconds" in rb
                 else ("failed" if rb else "")
             )
+            mv = row.get("moved", {})
+            if mv:  # the relocation proof (--moved)
+                moved = f"{len(mv['equal'])}/{row['graphs']}" if "equal" in mv else "failed"
+                rebuilt += ("; " if rebuilt else "") + f"onto copies {moved}"
             rows.append(
                 [
                     case,

@@ -11,15 +11,17 @@ this process has loaded, then ``cuModuleGetFunction`` by the kernel's name), and
 node through the driver (:func:`rebuild_graphs`: ``cuGraphAddKernelNode`` with the argument
 bytes patched from the file's relocations, memset, copy and empty nodes, the edges with
 their data, the launch attributes the file recorded, each read back), then instantiates
-and uploads each graph. :func:`compare_replays` launches every rebuilt graph and compares
-its outputs bit for bit with the captured graph's replay on the same inputs.
+and uploads each graph. ``capture_plan.executor.rebuild_proof`` launches every rebuilt
+graph and compares its outputs bit for bit with the captured graph's replay on the same
+inputs, at the saving process's addresses and at copies of every segment.
 
-What this proves and what not: the file holds everything a graph needs (its nodes, their
-parameters, its edges, its kernels by name), and the rebuild is exact where the addresses are
-the saving process's own. It does not prove relocation (every segment lies where it lay:
-a patched argument equals the captured one), a fresh process's kernel loading (the modules
-are the saving process's), TMA re-encoding, or a preferred cluster dimension the driver
-did not read back at save time (driver 580: ``exec_reuse``).
+What a rebuild at the saving process's addresses proves: the file holds everything a
+graph needs (its nodes, their parameters, its edges, its kernels by name) and adding them
+through the driver is exact. A rebuild onto copies (``segment_bases`` replaced by the
+copies' addresses) proves the relocation of what the file relocates. Neither proves a fresh
+process's kernel loading (the modules are the saving process's), TMA re-encoding, or a
+preferred cluster dimension the driver did not read back at save time (driver 580:
+``exec_reuse``).
 
 Constraints: a node of a type other than kernel, memset, copy or empty, a kernel with a
 parameter shaped like a ``CUtensorMap`` (its address is encoded, not plain: a relocation
@@ -56,8 +58,9 @@ __all__ = [
     "module_handles",
     "Rebuilt",
     "rebuild_graphs",
+    "Prepared",
+    "prepare_rebuild",
     "rebuild_from_file",
-    "compare_replays",
 ]
 
 #: every driver call a rebuild makes
@@ -400,15 +403,22 @@ def rebuild_graphs(
     return out
 
 
-def rebuild_from_file(path: str | Path, gs, target: object = None, walked=None, tensors=None) -> Rebuilt:
-    """The graphs of the graph file at ``path`` rebuilt in the process that captured ``gs``
-    for ``target`` and saved the file (module docstring): read, checked (``check_valid``:
-    refused in one line per difference), every segment's address and every kernel's module
-    found here (the modules of ``walked``, the graphs' walk: ``restore_probe.walk_graphs``),
-    rebuilt, instantiated and uploaded on the current stream. ``seconds`` counts all of it;
-    ``parts`` by step."""
-    import torch
+@dataclass
+class Prepared:
+    """What a rebuild needs of a graph file in the process that saved it: the file, each
+    segment's address and each module's handle here, the seconds each step took."""
 
+    file: GraphFile
+    bases: list[int | None]
+    modules: list[int | None]
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def prepare_rebuild(path: str | Path, gs, target: object = None, walked=None, tensors=None) -> Prepared:
+    """The graph file at ``path`` read, checked against the process that captured ``gs`` for
+    ``target`` (``check_valid``: an ExecutorError with its first line and the count), every
+    segment's address (:func:`segment_bases`) and every module's handle (the modules of
+    ``walked``, the graphs' walk: ``restore_probe.walk_graphs``) found here."""
     from .graph_file import current_environment, graph_tensors, library_workspaces, read_graph_file
     from .graph_validity import check_valid
     from .pool import pool_segments
@@ -439,55 +449,17 @@ def rebuild_from_file(path: str | Path, gs, target: object = None, walked=None, 
     loaded = [n.kernel.module for _, _, w in graphs for n in w.nodes if n.kernel is not None and n.kernel.module]
     modules = module_handles(file, loaded)
     t3 = time.perf_counter()
-    out = rebuild_graphs(file, bases, modules, torch.cuda.current_stream().cuda_stream)
-    out.parts.update(read=t1 - t0, check=t2 - t1, modules=t3 - t2)
-    out.seconds += t3 - t0
+    return Prepared(file, bases, modules, {"read": t1 - t0, "check": t2 - t1, "modules": t3 - t2})
+
+
+def rebuild_from_file(path: str | Path, gs, target: object = None, walked=None, tensors=None) -> Rebuilt:
+    """The graphs of the graph file at ``path`` rebuilt in the process that captured ``gs``
+    for ``target`` and saved the file (module docstring; :func:`prepare_rebuild`), on the
+    current stream. ``seconds`` counts all of it, the file's read included; ``parts`` by step."""
+    import torch
+
+    prep = prepare_rebuild(path, gs, target, walked, tensors)
+    out = rebuild_graphs(prep.file, prep.bases, prep.modules, torch.cuda.current_stream().cuda_stream)
+    out.parts.update(prep.parts)
+    out.seconds += sum(prep.parts.values())
     return out
-
-
-def _as_bytes(t):
-    import torch
-
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def _canary(t) -> None:
-    """Fill a graph's output with 0xFF bytes (NaN in a float, -1 in a signed integer): what its
-    graph is unlikely to leave there."""
-    import torch
-
-    if t.numel() and t.is_contiguous():
-        t.view(-1).view(torch.uint8).fill_(255)
-    elif t.numel():
-        t.fill_(float("nan") if t.is_floating_point() else 1)
-
-
-def compare_replays(gs, rebuilt: Rebuilt) -> dict:
-    """Per rebuilt graph: the captured graph replayed twice (where the two differ the graph is
-    ``not_repeatable``: state it updates, or kernels whose results vary, and nothing is
-    compared), its outputs filled with a canary, the rebuilt graph launched on the same
-    inputs (its hoisted workspace refreshed as ``replay`` does), and every output compared
-    byte for byte: ``equal`` or ``differ`` (graph names), and the bytes compared."""
-    import torch
-
-    stream = torch.cuda.current_stream()
-    equal, differ, not_repeatable, compared = [], [], [], 0
-    for (phase, bs), _ in sorted(rebuilt.execs.items(), key=lambda kv: gs.graphs[kv[0]].order):
-        cap, name = gs.graphs[(phase, bs)], f"{phase}/{bs}"
-        gs.replay(phase, bs)
-        torch.cuda.synchronize()
-        ref = [_as_bytes(t).clone() for t in cap.outputs]
-        gs.replay(phase, bs)
-        torch.cuda.synchronize()
-        if not all(torch.equal(a, _as_bytes(t)) for a, t in zip(ref, cap.outputs)):
-            not_repeatable.append(name)
-            continue
-        for t in cap.outputs:
-            _canary(t)
-        gs.refresh_workspace(phase, bs, bs)
-        rebuilt.launch((phase, bs), stream.cuda_stream)
-        torch.cuda.synchronize()
-        same = all(torch.equal(a, _as_bytes(t)) for a, t in zip(ref, cap.outputs))
-        (equal if same else differ).append(name)
-        compared += sum(a.numel() for a in ref)
-    return {"equal": equal, "differ": differ, "not_repeatable": not_repeatable, "bytes_compared": compared}

@@ -189,6 +189,9 @@ SIGNATURES: dict[str, list] = {
     # (int* out, CUfunction_attribute, CUfunction) and (CUfunction, CUfunction_attribute, int)
     "cuFuncGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, _p],
     "cuFuncSetAttribute": [_p, ctypes.c_int, ctypes.c_int],
+    # (dst, src, bytes) and (dst, byte, count): the rebuild's proof copies and scribbles segments
+    "cuMemcpyDtoD_v2": [_devptr, _devptr, ctypes.c_size_t],
+    "cuMemsetD8_v2": [_devptr, ctypes.c_ubyte, ctypes.c_size_t],
 }
 
 

@@ -124,7 +124,8 @@ def test_every_graph_rebuilt_from_the_file_replays_bit_for_bit_as_captured(captu
     equal to the captured graph's replay. Addresses are the saving process's own: this does
     not prove relocation."""
     from capture_plan.executor.graph_file import save_graphs
-    from capture_plan.executor.graph_rebuild import compare_replays, rebuild_from_file
+    from capture_plan.executor.graph_rebuild import rebuild_from_file
+    from capture_plan.executor.rebuild_proof import compare_replays
 
     plan, model, gs, folder = captured
     path = folder / "rebuild.cpgraphs"
@@ -138,3 +139,61 @@ def test_every_graph_rebuilt_from_the_file_replays_bit_for_bit_as_captured(captu
     print(f"rebuild {rebuilt.seconds:.3f} s {rebuilt.parts}; {check}")
     assert check["differ"] == [] and check["not_repeatable"] == [], check
     assert sorted(check["equal"]) == sorted(f"{p}/{b}" for p, b in gs.graphs) and check["bytes_compared"] > 0
+
+
+def test_every_graph_rebuilt_onto_copies_of_its_segments_replays_bit_for_bit(captured):
+    """The relocation proof: every segment the file's addresses point into copied to another
+    address, the originals filled with 0xFF while the rebuilt graphs run on the copies (an
+    address the file did not relocate reads garbage), outputs read from the copies."""
+    from capture_plan.executor.graph_file import save_graphs
+    from capture_plan.executor.rebuild_proof import compare_moved
+
+    plan, model, gs, folder = captured
+    path = folder / "moved.cpgraphs"
+    save_graphs(gs, plan, model, path)
+    check = compare_moved(gs, path, model)
+    print(check)
+    assert check["segments"] > 0 and check["bytes_copied"] > 0
+    assert check["differ"] == [] and check["not_repeatable"] == [] and check["unreadable"] == [], check
+    assert sorted(check["equal"]) == sorted(f"{p}/{b}" for p, b in gs.graphs) and check["bytes_compared"] > 0
+    # the captured graphs are intact after the proof: their memory was copied back
+    again = compare_moved(gs, path, model)
+    assert again["equal"] == check["equal"]
+
+
+def test_a_planted_stale_address_is_caught_by_the_relocation_proof(captured):
+    """The proof can fail: in a file whose first graph keeps its floating-point tensors'
+    addresses as plain numbers (every relocation into one undone, the saving process's address
+    written in), that graph reads the 0xFF-filled (NaN) originals while it runs on the copies
+    and differs; the others stay equal. (Integer tensors keep their relocations: a kernel
+    indexing with a 0xFF-filled index would fault instead of differ.)"""
+    import msgspec
+
+    from capture_plan.executor.graph_file import encode, graph_tensors, save_graphs
+    from capture_plan.executor.graph_rebuild import prepare_rebuild
+    from capture_plan.executor.rebuild_proof import compare_moved
+
+    plan, model, gs, folder = captured
+    path = folder / "planted.cpgraphs"
+    save_graphs(gs, plan, model, path)
+    prep = prepare_rebuild(path, gs, model)
+    f, bases = prep.file, prep.bases
+    floats = {n for n, t in graph_tensors(gs, model).items() if t.is_floating_point()}  # pyright: ignore[reportAttributeAccessIssue]
+
+    def stale(k):
+        args, keep = bytearray(k.args), []
+        for r in k.relocations:
+            if f.segments[r.segment].kind == "tensor" and f.segments[r.segment].owner in floats:
+                args[r.position : r.position + 8] = (bases[r.segment] + r.offset).to_bytes(8, "little")  # pyright: ignore[reportOptionalOperand]
+            else:
+                keep.append(r)
+        return msgspec.structs.replace(k, args=bytes(args), relocations=keep)
+
+    first = f.graphs[0]
+    nodes = [msgspec.structs.replace(n, kernel=stale(n.kernel)) if n.kernel is not None else n for n in first.nodes]
+    planted = msgspec.structs.replace(f, graphs=[msgspec.structs.replace(first, nodes=nodes), *f.graphs[1:]])
+    path.write_bytes(encode(planted))
+    check = compare_moved(gs, path, model)
+    print(check)
+    assert check["differ"] == [f"{first.phase}/{first.bs}"], check
+    assert len(check["equal"]) == len(gs.graphs) - 1

@@ -206,3 +206,24 @@ def test_modules_are_matched_by_identity():
     f = _plain_file()
     assert module_handles(f, [MODULE, MODULE], d) == [MODULE]
     assert module_handles(f, [], d) == [None]
+
+
+def test_an_output_is_read_where_the_copies_hold_it():
+    """compare_moved reads each output from its segment's copy: same offset, shape and strides."""
+    import torch
+
+    from capture_plan.executor.rebuild_proof import _Copies
+
+    original = torch.arange(64, dtype=torch.float32)
+    out = original[8:40].view(4, 8)[:, ::2]  # not contiguous
+    copies = object.__new__(_Copies)
+    copy = torch.zeros(64 * 4 + 8192, dtype=torch.uint8)
+    new = (copy.data_ptr() + 4095) // 4096 * 4096
+    copies.spans, copies.buffers = {0: (original.data_ptr(), new, 64 * 4)}, [copy]
+    assert copies.bases(2) == [new, None]
+    at = new - copy.data_ptr()
+    copy[at : at + 256] = original.view(torch.uint8)
+    moved = copies.moved(out)
+    assert moved is not None and moved.data_ptr() == new + 8 * 4 and moved.stride() == out.stride()
+    assert torch.equal(moved, out)
+    assert copies.moved(torch.zeros(4)) is None  # in no copied segment
