@@ -164,12 +164,20 @@ def patched_args(kernel: Kernel, bases: list[int | None], where: str = "kernel")
 
 def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None) -> list[int | None]:
     """Per module of ``file`` the handle of a module among ``loaded`` (this process's
-    ``CUmodule`` handles: the walked graphs' kernels' modules) with the same identity
-    (``graph_walk.module_identity``), or None."""
-    by_identity: dict[str, int] = {}
+    ``CUmodule`` handles, in the order the graphs' walk met them) with the same identity
+    (``graph_walk.module_identity``), or None. Modules that share an identity (the same
+    function names) are matched in the order met: the order the file numbered them in."""
+    by_identity: dict[str, list[int]] = {}
     for handle in dict.fromkeys(loaded):
-        by_identity.setdefault(module_identity(handle, calls, where="rebuild")[0], handle)
-    return [by_identity.get(m.digest) for m in file.modules]
+        by_identity.setdefault(module_identity(handle, calls, where="rebuild")[0], []).append(handle)
+    out: list[int | None] = []
+    taken: dict[str, int] = {}
+    for m in file.modules:
+        handles = by_identity.get(m.digest, [])
+        k = taken.get(m.digest, 0)
+        taken[m.digest] = k + 1
+        out.append(handles[min(k, len(handles) - 1)] if handles else None)
+    return out
 
 
 @dataclass

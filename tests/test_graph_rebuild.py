@@ -201,11 +201,13 @@ def test_what_a_rebuild_cannot_make_exactly_is_refused_by_node_before_any_driver
     assert rebuild_refusals(_plain_file()) == []
 
 
-def test_modules_are_matched_by_identity():
+def test_modules_are_matched_by_identity_in_the_order_met():
     d = RebuildDriver()
     f = _plain_file()
     assert module_handles(f, [MODULE, MODULE], d) == [MODULE]
     assert module_handles(f, [], d) == [None]
+    twice = msgspec.structs.replace(f, modules=[f.modules[0], f.modules[0]])  # two modules, the same names
+    assert module_handles(twice, [MODULE, MODULE + 1], d) == [MODULE, MODULE + 1]
 
 
 def test_an_output_is_read_where_the_copies_hold_it():
