@@ -120,14 +120,14 @@ def _rebuild(gs, target, path: Path, walked, capture_s: float) -> dict:
 
     try:
         rebuilt = rebuild_from_file(path, gs, target, walked)
+        try:
+            check = compare_replays(gs, rebuilt)
+        finally:
+            rebuilt.destroy()
     except Exception:
         text = traceback.format_exc()
         print(f"rebuild FAILED:\n{text}", flush=True)
         return {"error": text[-1500:]}
-    try:
-        check = compare_replays(gs, rebuilt)
-    finally:
-        rebuilt.destroy()
     out = {
         "seconds": rebuilt.seconds,
         "parts": rebuilt.parts,
