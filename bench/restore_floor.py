@@ -23,6 +23,11 @@ an engine has it before capture (``device_bench.ready_target``), then:
             would pay to write it (the walk, hashing the kernel libraries, building and
             writing the file: ``save.seconds``, each part in ``save.parts``), what
             ``check_valid`` refuses in the saving process itself
+  tma       where this driver's TMA descriptor keeps its global address
+            (``capture_plan.executor.tensor_map_probe``: the words two encodings of one
+            tile at two addresses differ in; ``plain`` where the only one holds the address
+            as it is, so that the file's relocation covers descriptors inside parameter
+            structs)
   rebuild   (``--rebuild``) every graph rebuilt from the file read back, in the same process
             (``capture_plan.executor.graph_rebuild``: each kernel found by its module's
             identity and its name, every node added through the driver, instantiated and
@@ -101,6 +106,7 @@ def child(case: str, layers: int, save: bool, rebuild: bool = False, moved: bool
     out["probe"] = counts.as_dict()
     out["summary"] = summary_line(case, counts, out["floor_s"], out["capture_s"])
     print(out["summary"], flush=True)
+    out["tensor_map"] = _tensor_map()
     if save or rebuild or moved:
         out["save"] = _save(gs, plan, target, folder, walked, out["walk_s"])
         if rebuild and "bytes" in out["save"]:
@@ -109,6 +115,17 @@ def child(case: str, layers: int, save: bool, rebuild: bool = False, moved: bool
             out["moved"] = _moved(gs, target, folder / "graphs.cpgraphs", walked)
     gs.release()
     return out
+
+
+def _tensor_map() -> dict:
+    """Where this driver's TMA descriptors keep their address (``tensor_map_probe``): whether
+    the file's plain-word relocation covers the sm90 kernels' descriptors. Recorded, not raised."""
+    from capture_plan.executor.tensor_map_probe import probe_tensor_map
+
+    try:
+        return probe_tensor_map().as_dict()
+    except Exception as err:
+        return {"error": str(err)}
 
 
 def _rebuild(gs, target, path: Path, walked, capture_s: float) -> dict:
@@ -219,6 +236,9 @@ def summary(res: dict) -> str:
             )
         elif r:
             saved += " rebuild FAILED"
+        tm = row.get("tensor_map", {})
+        if "address_words" in tm:
+            saved += f", tensor-map address words {tm['address_words']}{' (plain)' if tm['plain'] else ''}"
         m = row.get("moved", {})
         if "equal" in m:
             saved += f", moved bit-equal {len(m['equal'])}/{row['graphs']}, differ {len(m['differ'])}"

@@ -192,6 +192,22 @@ SIGNATURES: dict[str, list] = {
     # (dst, src, bytes) and (dst, byte, count): the rebuild's proof copies and scribbles segments
     "cuMemcpyDtoD_v2": [_devptr, _devptr, ctypes.c_size_t],
     "cuMemsetD8_v2": [_devptr, ctypes.c_ubyte, ctypes.c_size_t],
+    # (CUtensorMap* out, dataType, rank, globalAddress, globalDim, globalStrides, boxDim, elementStrides,
+    #  interleave, swizzle, l2Promotion, oobFill): a host-side encoding (capture_plan.executor.tensor_map_probe)
+    "cuTensorMapEncodeTiled": [
+        _p,
+        ctypes.c_int,
+        ctypes.c_uint,
+        _p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint),
+        ctypes.POINTER(ctypes.c_uint),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ],
 }
 
 

@@ -198,3 +198,13 @@ def test_a_planted_stale_address_is_caught_by_the_relocation_proof(captured):
     print(check)
     assert check["differ"] == [f"{first.phase}/{first.bs}"], check
     assert len(check["equal"]) == len(gs.graphs) - 1
+
+
+def test_the_drivers_tensor_maps_say_where_they_keep_their_address():
+    """What a relocation of sm90 kernels' descriptors needs (executor/tensor_map_probe.py):
+    printed for the run's record; the address changes at least one word."""
+    from capture_plan.executor.tensor_map_probe import probe_tensor_map
+
+    layout = probe_tensor_map()
+    print("tensor map layout:", layout.as_dict())
+    assert layout.address_words

@@ -229,3 +229,41 @@ def test_an_output_is_read_where_the_copies_hold_it():
     assert moved is not None and moved.data_ptr() == new + 8 * 4 and moved.stride() == out.stride()
     assert torch.equal(moved, out)
     assert copies.moved(torch.zeros(4)) is None  # in no copied segment
+
+
+# -- where a TMA descriptor keeps its address -----------------------------------------------
+
+
+def _encoder(layout):
+    """A fake cuTensorMapEncodeTiled writing ``layout(address)`` (16 words)."""
+
+    def encode(desc, dtype, rank, address, dims, strides, box, steps, *modes):
+        out = ctypes.cast(desc, ctypes.POINTER(ctypes.c_uint64))
+        for i, w in enumerate(layout(address.value)):
+            out[i] = w
+        return 0
+
+    return {"cuTensorMapEncodeTiled": encode}
+
+
+@pytest.mark.parametrize(
+    "layout, words, plain",
+    [
+        (lambda a: [a, *[7] * 15], [0], True),  # the address as word 0, nothing else depends on it
+        (lambda a: [a, a >> 4, *[7] * 14], [0, 1], False),  # and again, shifted: a relocation must re-encode
+        (lambda a: [a >> 4, *[7] * 15], [0], False),  # only encoded
+    ],
+)
+def test_the_tensor_map_probe_says_which_words_hold_the_address(layout, words, plain):
+    from capture_plan.executor.tensor_map_probe import probe_tensor_map
+
+    got = probe_tensor_map(_encoder(layout))
+    assert got.address_words == words and got.plain is plain
+    assert got.as_dict()["plain"] is plain and set(got.values) == set(words)
+
+
+def test_a_refused_encoding_is_an_error():
+    from capture_plan.executor.tensor_map_probe import probe_tensor_map
+
+    with pytest.raises(ExecutorError, match=r"cuTensorMapEncodeTiled failed \(CUresult 1\)"):
+        probe_tensor_map({"cuTensorMapEncodeTiled": lambda *a: 1})
