@@ -58,7 +58,10 @@ def address_words(first: list[int], second: list[int], addresses: tuple[int, int
 
 
 def _encode(calls: dict, address: int) -> list[int]:
-    desc = (ctypes.c_uint64 * _WORDS)()
+    # a CUtensorMap is 64-byte aligned (cuda.h: alignas(64)); ctypes aligns an array to its element
+    raw = (ctypes.c_uint64 * (_WORDS + 8))()
+    at = (ctypes.addressof(raw) + 63) // 64 * 64
+    desc = (ctypes.c_uint64 * _WORDS).from_address(at)
     dims = (ctypes.c_uint64 * 2)(256, 64)
     strides = (ctypes.c_uint64 * 1)(256)  # bytes between rows: a multiple of 16
     box, steps = (ctypes.c_uint * 2)(64, 16), (ctypes.c_uint * 2)(1, 1)
@@ -67,7 +70,7 @@ def _encode(calls: dict, address: int) -> list[int]:
     )
     if rc != 0:
         raise ExecutorError(f"cuTensorMapEncodeTiled failed (CUresult {rc})", where="tensor map probe")
-    return list(desc)
+    return list(desc)  # read while raw, which holds it, is alive
 
 
 def probe_tensor_map(calls: dict | None = None) -> TensorMapLayout:
