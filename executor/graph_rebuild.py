@@ -272,8 +272,11 @@ class _Builder:
 
     def kernel(self, graph: ctypes.c_void_p, k: Kernel, where: str) -> ctypes.c_void_p:
         args = patched_args(k, self.bases, where)
-        buf = ctypes.create_string_buffer(args, max(len(args), 1))
-        ptrs = (ctypes.c_void_p * max(len(k.params), 1))(*[ctypes.addressof(buf) + off for off, _ in k.params])
+        # 64-byte aligned, as the launch's own parameter buffer is (a CUtensorMap parameter is alignas(64))
+        buf = ctypes.create_string_buffer(len(args) + 64)
+        at = (ctypes.addressof(buf) + 63) // 64 * 64
+        ctypes.memmove(at, args, len(args))
+        ptrs = (ctypes.c_void_p * max(len(k.params), 1))(*[at + off for off, _ in k.params])
         p = KernelParams()
         p.func = self.function(k, where).value
         p.gridDimX, p.gridDimY, p.gridDimZ = k.grid
