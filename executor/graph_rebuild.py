@@ -216,6 +216,8 @@ class _Builder:
         self.file, self.bases, self.modules, self.d = file, bases, modules, d
         self.functions: dict[tuple[int, str], ctypes.c_void_p] = {}
         self.by_module: dict[int, dict[str, int]] = {}
+        #: (function, attribute) -> what a new node of it reads back: (CUresult, value)
+        self.defaults: dict[tuple[int, int], tuple[int, tuple[int, int, int]]] = {}
         ctx = ctypes.c_void_p()
         _check(d["cuCtxGetCurrent"](ctypes.byref(ctx)), "cuCtxGetCurrent")
         self.ctx = ctx
@@ -290,12 +292,13 @@ class _Builder:
             where,
         )
         for name, value in sorted(k.attributes.items()):
-            self.attribute(node, name, value, f"{where} (kernel {k.name})")
+            self.attribute(node, p.func, name, value, f"{where} (kernel {k.name})")
         return node
 
-    def attribute(self, node: ctypes.c_void_p, name: str, value: tuple[int, int, int], where: str) -> None:
+    def attribute(self, node: ctypes.c_void_p, func, name: str, value: tuple[int, int, int], where: str) -> None:
         """Set launch attribute ``name`` where the new node does not read back ``value`` already,
-        then check that it does."""
+        then check that it does. What a new node of ``func`` reads before anything is set is
+        read once per function and attribute: a node whose saved value is that costs no call."""
         aid = ATTRIBUTES[name]
 
         def read() -> tuple[int, tuple[int, int, int]]:
@@ -303,7 +306,10 @@ class _Builder:
             rc = self.d["cuGraphKernelNodeGetAttribute"](node, aid, ctypes.cast(buf, ctypes.c_void_p))
             return rc, (buf[0], buf[1], buf[2])
 
-        rc, got = read()
+        default = self.defaults.get((func, aid))
+        if default is None:
+            default = self.defaults[(func, aid)] = read()
+        rc, got = default
         if rc == 0 and got == tuple(value):
             return
         val = (ctypes.c_uint * 16)()

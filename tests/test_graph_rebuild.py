@@ -267,3 +267,20 @@ def test_a_refused_encoding_is_an_error():
 
     with pytest.raises(ExecutorError, match=r"cuTensorMapEncodeTiled failed \(CUresult 1\)"):
         probe_tensor_map({"cuTensorMapEncodeTiled": lambda *a: 1})
+
+
+def test_a_functions_default_attributes_are_read_once():
+    """A saved value a new node of the function reads back already costs no call after the first."""
+    f = _plain_file()
+    g = f.graphs[0]
+    k = g.nodes[0].kernel
+    assert k is not None
+    plain = msgspec.structs.replace(k, attributes={"cluster_dimension": (0, 0, 0)})
+    g = msgspec.structs.replace(g, nodes=[msgspec.structs.replace(g.nodes[0], kernel=plain), *g.nodes[1:]])
+    two = msgspec.structs.replace(f, graphs=[g, msgspec.structs.replace(g, bs=16)])
+    d, reads = RebuildDriver(), []
+    get = d["cuGraphKernelNodeGetAttribute"]
+    d["cuGraphKernelNodeGetAttribute"] = lambda node, aid, buf: reads.append(node.value) or get(node, aid, buf)
+    out = rebuild_graphs(two, BASES, [MODULE], 0x5, d)
+    assert len(out.execs) == 2 and len(reads) == 1
+    assert [n["attrs"] for n in d.nodes.values() if n["type"] == "kernel"] == [{}, {}]  # nothing set
