@@ -1079,19 +1079,35 @@ RESTORE_FLOOR_RUNS: list[str] = ["restore-floor-2026-12-06-phase1.json", "restor
 def restore_floor() -> list[str]:
     """Per run and case of bench/restore_floor.py: graphs, nodes, kernel nodes resolved, device
     addresses in kernel arguments per class, TMA-shaped parameters, the clone floor against
-    the capture, the graph file's size."""
+    the capture, the graph file's size and the seconds its save took, and (``--rebuild``
+    runs) the same-process rebuild's seconds, against the capture's, and the graphs whose
+    rebuilt replay was bit-equal to the captured one (``--moved`` runs: also rebuilt onto
+    copies of their segments)."""
     if not RESTORE_FLOOR_RUNS:
         return ["Not measured yet: `python -m bench.restore_floor` writes the JSON this table reads."]
     rows, sources = [], []
     for name in RESTORE_FLOOR_RUNS:
         d = _load(name)
         sources.append(_source(name, d).strip())
-        for case, row in d["cases"].items():
+        run = name.removeprefix("restore-floor-").removesuffix(".json")  # a case measured in several runs
+        for case_name, row in d["cases"].items():
+            case = f"{case_name} ({run})"
             if "probe" not in row:
-                rows.append([case, "failed", *[""] * 6])
+                rows.append([case, "failed", *[""] * 8])
                 continue
             p, a = row["probe"], row["probe"]["addresses"]
             size = row.get("save", {}).get("bytes")
+            save_s = row.get("save", {}).get("seconds")
+            rb = row.get("rebuild", {})
+            rebuilt = (
+                f"{rb['seconds']:.3f} ({rb['of_capture']:.2f}x), {len(rb['equal'])}/{rb['graphs']}"
+                if "seconds" in rb
+                else ("failed" if rb else "")
+            )
+            mv = row.get("moved", {})
+            if mv:  # the relocation proof (--moved)
+                moved = f"{len(mv['equal'])}/{row['graphs']}" if "equal" in mv else "failed"
+                rebuilt += ("; " if rebuilt else "") + f"onto copies {moved}"
             rows.append(
                 [
                     case,
@@ -1102,6 +1118,8 @@ def restore_floor() -> list[str]:
                     f"{row['floor_s']:.3f} / {row['capture_s']:.3f}",
                     f"{row['floor_of_capture']:.2f}x",
                     "" if size is None else f"{size / MiB:,.1f}",
+                    "" if save_s is None else f"{save_s:.2f}",
+                    rebuilt,
                 ]
             )
     header = [
@@ -1113,6 +1131,8 @@ def restore_floor() -> list[str]:
         "clone floor / capture s",
         "floor of capture",
         "file MiB",
+        "save s",
+        "rebuild s (of capture), bit-equal graphs",
     ]
     return [*_table(header, rows), "", *sources]
 

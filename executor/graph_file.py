@@ -37,8 +37,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 import types
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -67,13 +70,14 @@ from capture_plan.schemas.graph_file import (
 
 from .errors import ExecutorError
 from .graph_validity import GraphEnvironment, segment_uses
-from .graph_walk import AddressResolver, WalkedGraph, device_addresses, module_identity, tensor_map_params, walk_graph
-from .restore_probe import TorchSegment, raw_graphs, segment_of, torch_segments
+from .graph_walk import AddressResolver, WalkedGraph, device_addresses, module_identity, tensor_map_params
+from .restore_probe import TorchSegment, segment_of, stream_workspaces, torch_segments, walk_graphs
 
 __all__ = [
     "named_tensors",
     "kernel_libraries",
     "current_environment",
+    "library_workspaces",
     "graph_tensors",
     "Segments",
     "build_file",
@@ -168,7 +172,7 @@ def _file_digest(path: str) -> str:
 
 def kernel_libraries(maps: str = "/proc/self/maps") -> list[Library]:
     """The shared objects with CUDA kernels this process has mapped, by file name, with
-    their digests (each file hashed once per process)."""
+    their digests (each file hashed once per process, several at a time)."""
     paths = set()
     try:
         text = Path(maps).read_text()
@@ -178,24 +182,45 @@ def kernel_libraries(maps: str = "/proc/self/maps") -> list[Library]:
         parts = line.split(maxsplit=5)
         if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
             paths.add(parts[5].strip())
-    libs = [
-        Library(name=Path(p).name, digest=_file_digest(p), size=os.path.getsize(p))
-        for p in sorted(paths)
-        if _has_kernels(p)
-    ]
+    with_kernels = [p for p in sorted(paths) if _has_kernels(p)]
+    # hashlib lets go of the GIL while it hashes: the libraries (GBs: torch's, cuBLAS's) in parallel
+    with ThreadPoolExecutor(max_workers=min(8, len(with_kernels) or 1)) as pool:
+        digests = list(pool.map(_file_digest, with_kernels))
+    libs = [Library(name=Path(p).name, digest=d, size=os.path.getsize(p)) for p, d in zip(with_kernels, digests)]
     return sorted(libs, key=lambda lib: lib.name)
 
 
+def library_workspaces(
+    pools: Mapping[str, object], snapshot: Iterable[dict] | None = None
+) -> dict[str, tuple[int, int]]:
+    """The library workspaces the executor's primed streams hold outside the ``pools``
+    (name -> pool handle): ``restore_probe.stream_workspaces`` over ``snapshot`` (default:
+    torch's now), name -> (address, bytes)."""
+    import torch
+
+    from .pool import pool_key
+    from .streams import primed_streams
+
+    snap = torch.cuda.memory_snapshot() if snapshot is None else snapshot
+    return stream_workspaces(snap, primed_streams(), {pool_key(p) for p in pools.values()})
+
+
 def current_environment(
-    plan_digest: str, tensors: Mapping[str, object], pools: Mapping[str, object]
+    plan_digest: str,
+    tensors: Mapping[str, object],
+    pools: Mapping[str, object],
+    workspaces: Mapping[str, tuple[int, int]] | None = None,
 ) -> GraphEnvironment:
     """This process's :class:`GraphEnvironment`: the device, driver, torch, the kernel libraries,
     ``tensors`` (name -> tensor) by storage size, ``pools`` (name -> pool handle) by
-    their segments' sizes in address order."""
+    their segments' sizes in address order, ``workspaces`` (name -> (address, bytes);
+    default :func:`library_workspaces`) by size."""
     import torch
 
     from .device import driver_version
     from .pool import pool_segments
+
+    spans = library_workspaces(pools) if workspaces is None else workspaces
 
     major, minor = torch.cuda.get_device_capability()
     return GraphEnvironment(
@@ -208,6 +233,7 @@ def current_environment(
         libraries={lib.name: lib.digest for lib in kernel_libraries()},
         tensors={n: t.untyped_storage().nbytes() for n, t in tensors.items()},  # pyright: ignore[reportAttributeAccessIssue]
         pools={n: [size for _, size in pool_segments([p])] for n, p in pools.items()},
+        workspaces={n: size for n, (_, size) in spans.items()},
     )
 
 
@@ -221,8 +247,9 @@ def torch_versions() -> tuple[str, str]:
 
 class Segments:
     """The file's segments, named as addresses are found (module docstring): pools first,
-    every segment of each (the layout a restore must match), then tensors, torch, outside
-    and host segments as the graphs point into them."""
+    every segment of each (the layout a restore must match), then tensors, workspaces,
+    torch, outside and host segments as the graphs point into them. Every lookup is a
+    bisection (a save looks up every address of every kernel argument)."""
 
     def __init__(
         self,
@@ -230,11 +257,13 @@ class Segments:
         pools: Mapping[str, tuple[int, int]],
         tensors: Mapping[str, tuple[int, int]],
         resolve,
+        workspaces: Mapping[str, tuple[int, int]] | None = None,
     ):
         self.list: list[Segment] = []
         self._base: list[int] = []
         self._index: dict[tuple[str, int], int] = {}
         self.torch = torch_segs
+        self._starts = [s.address for s in torch_segs]
         self.resolve = resolve
         by_pool = {tuple(v): k for k, v in pools.items()}
         counts: dict[str, int] = {}
@@ -248,10 +277,15 @@ class Segments:
                     Segment(name=f"pool:{name}/{k}", kind="pool", size=s.size, owner=name, index=k),
                     s.address,
                 )
-        # one storage under the first name; sorted by address for the lookup
-        self.tensors = sorted(
-            {ptr: (ptr, size, name) for name, (ptr, size) in sorted(tensors.items(), reverse=True)}.values()
-        )
+        # one storage under the first name, then the workspaces no tensor covers; sorted by address
+        spans = {ptr: (ptr, size, "tensor", name) for name, (ptr, size) in sorted(tensors.items(), reverse=True)}
+        for name, (ptr, size) in sorted((workspaces or {}).items()):
+            spans.setdefault(ptr, (ptr, size, "workspace", name))
+        self.spans = sorted(spans.values())
+        self._span_starts = [s[0] for s in self.spans]
+        # storages and blocks are disjoint allocations; where two overlap (a caller's own
+        # spans), the lookup falls back to the first match in address order
+        self._disjoint = all(a[0] + a[1] <= b[0] for a, b in zip(self.spans, self.spans[1:]))
 
     def _add(self, key: tuple[str, int], seg: Segment, base: int) -> int:
         if key not in self._index:
@@ -263,21 +297,28 @@ class Segments:
     def _count(self, kind: str) -> int:
         return sum(s.kind == kind for s in self.list)
 
+    def _span(self, addr: int) -> tuple[int, int, str, str] | None:
+        if self._disjoint:
+            i = bisect_right(self._span_starts, addr) - 1
+            if i >= 0 and addr < self.spans[i][0] + self.spans[i][1]:
+                return self.spans[i]
+            return None
+        return next((s for s in self.spans if s[0] <= addr < s[0] + s[1]), None)
+
     def operand(self, addr: int, host: bool = False) -> Operand:
         """(segment index, offset) of ``addr``, naming its segment on first use."""
         if host:
             i = self._add(("host", addr), Segment(name=f"host:{self._count('host')}", kind="host", size=0), addr)
             return Operand(segment=i, offset=0)
-        seg = segment_of(addr, self.torch)
+        seg = segment_of(addr, self.torch, self._starts)
         if seg is not None and ("pool", seg.address) in self._index:
             i = self._index[("pool", seg.address)]
             return Operand(segment=i, offset=addr - seg.address)
-        for ptr, size, name in self.tensors:
-            if ptr <= addr < ptr + size:
-                i = self._add(
-                    ("tensor", ptr), Segment(name=f"tensor:{name}", kind="tensor", size=size, owner=name), ptr
-                )
-                return Operand(segment=i, offset=addr - ptr)
+        span = self._span(addr)
+        if span is not None:
+            ptr, size, kind, name = span
+            i = self._add((kind, ptr), Segment(name=f"{kind}:{name}", kind=kind, size=size, owner=name), ptr)  # pyright: ignore[reportArgumentType]
+            return Operand(segment=i, offset=addr - ptr)
         if seg is not None:
             i = self._add(
                 ("torch", seg.address),
@@ -384,16 +425,35 @@ def graph_tensors(gs, target: object = None, tensors: Mapping | None = None) -> 
 
 
 def save_graphs(
-    gs, plan, target: object = None, path: str | Path | None = None, tensors: Mapping | None = None, calls=None
+    gs,
+    plan,
+    target: object = None,
+    path: str | Path | None = None,
+    tensors: Mapping | None = None,
+    calls=None,
+    *,
+    walked: list | None = None,
+    timings: dict | None = None,
 ) -> GraphFile:
     """The graph file of the GraphSet ``gs`` captured for ``plan``, written to ``path`` when
     given. Tensors are named from ``target`` (:func:`named_tensors`) and ``tensors``
-    (name -> tensor, on top). Call it with the graphs, pools and tensors alive."""
+    (name -> tensor, on top); the library workspaces of the executor's streams by
+    :func:`library_workspaces`. ``walked``: the graphs' walk where the caller made it
+    already (``restore_probe.walk_graphs``: the probe's); ``timings``: filled with the
+    seconds of each part (``libraries``, ``walk``, ``build``, ``write``). Call it with the
+    graphs, pools and tensors alive."""
     import torch
 
-    named = graph_tensors(gs, target, tensors)
-    env = current_environment(plan.digest, named, gs.pools)
+    from .pool import pool_key
+
+    t = timings if timings is not None else {}
+    t0 = time.perf_counter()
     libs = kernel_libraries()
+    t.update(libraries=time.perf_counter() - t0)
+    named = graph_tensors(gs, target, tensors)
+    snapshot = torch.cuda.memory_snapshot()
+    workspaces = library_workspaces(gs.pools, snapshot)
+    env = current_environment(plan.digest, named, gs.pools, workspaces)
     valid = ValidFor(
         plan_digest=env.plan_digest,
         device=env.device,
@@ -403,17 +463,20 @@ def save_graphs(
         cuda=env.cuda,
         libraries=libs,
     )
-    from .pool import pool_key
-
-    resolve = AddressResolver(calls)
-    spans = {n: (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for n, t in named.items()}  # pyright: ignore[reportAttributeAccessIssue]
-    segs = Segments(
-        torch_segments(torch.cuda.memory_snapshot()), {n: pool_key(p) for n, p in gs.pools.items()}, spans, resolve
-    )
-    walked = ((phase, bs, walk_graph(raw, calls, where=f"graph {phase}/{bs}")) for phase, bs, raw in raw_graphs(gs))
-    file = build_file(walked, segs, valid, calls)
+    segments = torch_segments(snapshot)
+    resolve = AddressResolver(calls, known=segments)
+    spans = {n: (t_.untyped_storage().data_ptr(), t_.untyped_storage().nbytes()) for n, t_ in named.items()}  # pyright: ignore[reportAttributeAccessIssue]
+    segs = Segments(segments, {n: pool_key(p) for n, p in gs.pools.items()}, spans, resolve, workspaces)
+    t0 = time.perf_counter()
+    graphs = walked if walked is not None else walk_graphs(gs, calls)
+    t.update(walk=time.perf_counter() - t0 if walked is None else 0.0)
+    t0 = time.perf_counter()
+    file = build_file(graphs, segs, valid, calls)
+    t.update(build=time.perf_counter() - t0)
+    t0 = time.perf_counter()
     if path is not None:
         write_atomic(path, encode(file))
+    t.update(write=time.perf_counter() - t0)
     return file
 
 

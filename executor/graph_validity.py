@@ -3,7 +3,7 @@
 A restore (issue 51) rebuilds a file's graphs only where everything they were saved against
 is the same: the plan (its digest), the device (name and compute capability), the driver,
 torch and its CUDA, every kernel library the saving process had mapped (by digest), every
-named tensor an argument points into (present, the same storage size), every pool an
+named tensor and library workspace an argument points into (present, the same size), every pool an
 argument points into (laid out as at save time: the same segments, the same sizes, in
 address order), and no argument pointing where a restore cannot relocate (a torch segment
 no named tensor covered, a device allocation outside torch's allocator, host memory).
@@ -36,6 +36,8 @@ class GraphEnvironment:
     tensors: dict[str, int] = field(default_factory=dict)
     #: pool name -> its segments' bytes, in address order (the planned layout)
     pools: dict[str, list[int]] = field(default_factory=dict)
+    #: library workspace ("capture/0": ``graph_file.library_workspaces``) -> its bytes
+    workspaces: dict[str, int] = field(default_factory=dict)
 
 
 def segment_uses(file: GraphFile) -> dict[int, tuple[int, str]]:
@@ -102,15 +104,16 @@ def check_valid(file: GraphFile, env: GraphEnvironment) -> list[str]:
                 f"{n} address(es) point into {seg.name} ({seg.size} B, first at {first}): {_WHY[seg.kind]} at save "
                 "time, which a restore cannot relocate"
             )
-        elif seg.kind == "tensor":
-            size = env.tensors.get(seg.owner)
+        elif seg.kind in ("tensor", "workspace"):
+            size = (env.tensors if seg.kind == "tensor" else env.workspaces).get(seg.owner)
+            what = "tensor" if seg.kind == "tensor" else "library workspace"
             if size is None:
                 out.append(
-                    f"tensor {seg.owner} is missing in this process ({n} address(es) point into it, first at {first})"
+                    f"{what} {seg.owner} is missing in this process ({n} address(es) point into it, first at {first})"
                 )
             elif size != seg.size:
                 out.append(
-                    f"tensor {seg.owner} is resized: the file was saved with {seg.size} B, this process has {size} B"
+                    f"{what} {seg.owner} is resized: the file was saved with {seg.size} B, this process has {size} B"
                 )
     for pool, segs in sorted(pools.items()):
         saved = [size for _, size in sorted(segs)]
@@ -124,7 +127,7 @@ def check_valid(file: GraphFile, env: GraphEnvironment) -> list[str]:
 
 #: what a segment of a kind a restore cannot relocate was at save time
 _WHY = {
-    "torch": "a caching-allocator segment no named tensor covered",
+    "torch": "a caching-allocator segment no named tensor or library workspace covered",
     "outside": "a device allocation outside every caching-allocator segment",
     "host": "host memory",
 }

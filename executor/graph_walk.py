@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ __all__ = [
     "CopyNode",
     "WalkedNode",
     "WalkedGraph",
+    "FunctionCache",
     "walk_graph",
     "device_addresses",
     "tensor_map_params",
@@ -199,7 +201,27 @@ def _arg_bytes(p: KernelParams, layout: list[tuple[int, int]], where: str) -> by
     return ctypes.string_at(data, end)
 
 
-def _kernel(d, node: ctypes.c_void_p, where: str) -> KernelNode:
+class FunctionCache(dict):
+    """Per function handle what the walk reads of it (name, module, parameter layout and
+    their CUresults): the same kernel runs in many nodes of many graphs (every layer, every
+    size), so a walk shared across graphs asks the driver once per function."""
+
+
+def _function(d, func: ctypes.c_void_p, cache: FunctionCache) -> tuple:
+    key = func.value or 0
+    got = cache.get(key)
+    if got is None:
+        name = ctypes.c_char_p()
+        name_rc = d["cuFuncGetName"](ctypes.byref(name), func)
+        text = (name.value or b"").decode(errors="replace") if name_rc == 0 else ""
+        mod = ctypes.c_void_p()
+        module_rc = d["cuFuncGetModule"](ctypes.byref(mod), func)
+        params, params_rc = _param_layout(d, func)
+        got = cache[key] = (text, name_rc, (mod.value or 0) if module_rc == 0 else 0, module_rc, params, params_rc)
+    return got
+
+
+def _kernel(d, node: ctypes.c_void_p, where: str, cache: FunctionCache) -> KernelNode:
     p = KernelParams()
     _check(d["cuGraphKernelNodeGetParams_v2"](node, ctypes.byref(p)), "cuGraphKernelNodeGetParams_v2", where)
     func = ctypes.c_void_p(p.func)
@@ -213,13 +235,8 @@ def _kernel(d, node: ctypes.c_void_p, where: str) -> KernelNode:
         block=(p.blockDimX, p.blockDimY, p.blockDimZ),
         shared_bytes=p.sharedMemBytes,
     )
-    name = ctypes.c_char_p()
-    k.name_rc = d["cuFuncGetName"](ctypes.byref(name), func)
-    k.name = (name.value or b"").decode(errors="replace") if k.name_rc == 0 else ""
-    mod = ctypes.c_void_p()
-    k.module_rc = d["cuFuncGetModule"](ctypes.byref(mod), func)
-    k.module = (mod.value or 0) if k.module_rc == 0 else 0
-    k.params, k.params_rc = _param_layout(d, func)
+    k.name, k.name_rc, k.module, k.module_rc, params, k.params_rc = _function(d, func, cache)
+    k.params = list(params)
     if k.params_rc == 0:
         k.args = _arg_bytes(p, k.params, where)
     for attr, aid in ATTRIBUTES.items():
@@ -261,10 +278,14 @@ def _copy(d, node: ctypes.c_void_p, where: str) -> CopyNode:
     )
 
 
-def walk_graph(raw_graph: int, calls: dict | None = None, where: str = "graph") -> WalkedGraph:
+def walk_graph(
+    raw_graph: int, calls: dict | None = None, where: str = "graph", cache: FunctionCache | None = None
+) -> WalkedGraph:
     """Every node and edge of the ``cudaGraph_t`` ``raw_graph`` (module docstring). ``calls``:
-    the driver calls (default :func:`driver_calls`); ``where`` names the graph in errors."""
+    the driver calls (default :func:`driver_calls`); ``where`` names the graph in errors;
+    ``cache``: what was read of each function, shared by the walks of one process's graphs."""
     d = driver_calls() if calls is None else calls
+    cache = FunctionCache() if cache is None else cache
     g = ctypes.c_void_p(raw_graph)
     n = ctypes.c_size_t(0)
     _check(d["cuGraphGetNodes"](g, None, ctypes.byref(n)), "cuGraphGetNodes", where)
@@ -278,7 +299,7 @@ def walk_graph(raw_graph: int, calls: dict | None = None, where: str = "graph") 
         kind = NODE_TYPES.get(t.value, f"type-{t.value}")
         w = WalkedNode(kind)
         if kind == "kernel":
-            w.kernel = _kernel(d, node, here)
+            w.kernel = _kernel(d, node, here, cache)
         elif kind == "memset":
             w.memset = _memset(d, node, here)
         elif kind == "memcpy":
@@ -301,15 +322,23 @@ def walk_graph(raw_graph: int, calls: dict | None = None, where: str = "graph") 
 
 class AddressResolver:
     """Whether a value is a device address (``cuMemGetAddressRange_v2`` succeeds), and the
-    allocation's (base, size) where it is; answers cached per value."""
+    allocation's (base, size) where it is; answers cached per value. ``known``: segments
+    (sorted, with ``address`` and ``size``: the caching allocator's) answered without the
+    driver: a value inside one is an address of that segment (an allocation of its own)."""
 
-    def __init__(self, calls: dict | None = None):
+    def __init__(self, calls: dict | None = None, known: list | None = None):
         self._range = (driver_calls() if calls is None else calls)["cuMemGetAddressRange_v2"]
         self._seen: dict[int, tuple[int, int] | None] = {}
+        self._known = known or []
+        self._starts = [s.address for s in self._known]
 
     def __call__(self, value: int) -> tuple[int, int] | None:
         if value in self._seen:
             return self._seen[value]
+        i = bisect_right(self._starts, value) - 1
+        if i >= 0 and value < self._starts[i] + self._known[i].size:
+            got = self._seen[value] = (self._starts[i], self._known[i].size)
+            return got
         base, size = ctypes.c_ulonglong(0), ctypes.c_size_t(0)
         rc = self._range(ctypes.byref(base), ctypes.byref(size), ctypes.c_ulonglong(value))
         got = (base.value, size.value) if rc == 0 else None
@@ -323,13 +352,12 @@ def device_addresses(
     """(byte position, value) of every 8-byte word of ``args`` inside one parameter, at an
     8-byte aligned position, that ``resolve`` takes for a device address (truthy), in order."""
     found = []
+    words = memoryview(args[: len(args) // 8 * 8]).cast("Q")  # the 8-byte aligned words, little-endian (x86, arm64)
     for off, size in params:
-        pos = (off + 7) // 8 * 8
-        while pos + 8 <= off + size:
-            v = int.from_bytes(args[pos : pos + 8], "little")
+        for i in range((off + 7) // 8, (off + size) // 8):
+            v = words[i]
             if v >= MIN_ADDRESS and resolve(v):
-                found.append((pos, v))
-            pos += 8
+                found.append((i * 8, v))
     return found
 
 

@@ -313,6 +313,14 @@ class GraphSet:
                 raise ExecutorError(str(err), where="GraphSet.variant", fix="pass the phase's labels") from None
         return dispatch_name(phase, pairs, piece)
 
+    def refresh_workspace(self, phase: str, n: int, bs: int) -> None:
+        """What ``replay`` does before it launches graph ``phase``/``bs`` for ``n`` requests: the
+        target's refresh of the phase's hoisted workspace (nothing without one). For a launch
+        of the same graph made otherwise (a rebuilt executable: ``graph_rebuild``)."""
+        refresh = self._refresh.get(phase)
+        if refresh is not None:
+            refresh[0](phase, n, bs, refresh[1])
+
     def replay_graph(self, phase: str, n: int, bs: int, cap: Captured) -> tuple[torch.Tensor, ...]:
         """What ``replay`` does once its lookup found ``(bs, cap)`` for ``n``:
         refresh a hoisted workspace, replay, outputs sliced to ``n``. For a

@@ -172,6 +172,43 @@ SIGNATURES: dict[str, list] = {
     "cuGraphMemsetNodeGetParams": [_p, ctypes.POINTER(MemsetParams)],
     # (node, CUDA_MEMCPY3D* out)
     "cuGraphMemcpyNodeGetParams": [_p, ctypes.POINTER(Memcpy3D)],
+    # a graph rebuilt from a graph file (capture_plan.executor.graph_rebuild)
+    # (CUgraph* out, flags 0)
+    "cuGraphCreate": [ctypes.POINTER(_p), ctypes.c_uint],
+    # (node out, graph, dependencies, count, params): the driver copies the parameters' values
+    "cuGraphAddKernelNode_v2": [ctypes.POINTER(_p), _p, _p, ctypes.c_size_t, ctypes.POINTER(KernelParams)],
+    # (node out, graph, dependencies, count, params, CUcontext)
+    "cuGraphAddMemsetNode": [ctypes.POINTER(_p), _p, _p, ctypes.c_size_t, ctypes.POINTER(MemsetParams), _p],
+    "cuGraphAddMemcpyNode": [ctypes.POINTER(_p), _p, _p, ctypes.c_size_t, ctypes.POINTER(Memcpy3D), _p],
+    "cuGraphAddEmptyNode": [ctypes.POINTER(_p), _p, _p, ctypes.c_size_t],
+    # (graph, from, to, CUgraphEdgeData*, count)
+    "cuGraphAddDependencies_v2": [_p, _p, _p, _p, ctypes.c_size_t],
+    # (node, CUlaunchAttributeID, const CUlaunchAttributeValue*: a 64-byte union)
+    "cuGraphKernelNodeSetAttribute": [_p, ctypes.c_int, _p],
+    # (CUfunction* out, CUmodule, name): a kernel looked up by its (mangled) name
+    "cuModuleGetFunction": [ctypes.POINTER(_p), _p, ctypes.c_char_p],
+    # (int* out, CUfunction_attribute, CUfunction) and (CUfunction, CUfunction_attribute, int)
+    "cuFuncGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, _p],
+    "cuFuncSetAttribute": [_p, ctypes.c_int, ctypes.c_int],
+    # (dst, src, bytes) and (dst, byte, count): the rebuild's proof copies and scribbles segments
+    "cuMemcpyDtoD_v2": [_devptr, _devptr, ctypes.c_size_t],
+    "cuMemsetD8_v2": [_devptr, ctypes.c_ubyte, ctypes.c_size_t],
+    # (CUtensorMap* out, dataType, rank, globalAddress, globalDim, globalStrides, boxDim, elementStrides,
+    #  interleave, swizzle, l2Promotion, oobFill): a host-side encoding (capture_plan.executor.tensor_map_probe)
+    "cuTensorMapEncodeTiled": [
+        _p,
+        ctypes.c_int,
+        ctypes.c_uint,
+        _p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint),
+        ctypes.POINTER(ctypes.c_uint),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ],
 }
 
 

@@ -106,7 +106,7 @@ from .measure import Measurements
 from .pool import AllocationRecorder
 from .recording import OutsideGraphs, Pools, plan_streams, record
 from .step import LoopStep
-from .streams import capture_stream, prime_stream
+from .streams import capture_stream, prime_streams
 from .target import Unattached
 
 __all__ = ["capture_loop", "CaptureLoop", "LoopStep", "Unattached"]
@@ -373,8 +373,7 @@ class CaptureLoop:
         self._heap = Frozen().__enter__()
         try:
             self.pools.count_engine_pools()  # the engine's own pools, made before the loop
-            for stream in dict.fromkeys(self.streams.values()):  # each one's cuBLAS workspace, outside every pool
-                prime_stream(self.device, stream)
+            prime_streams(self.device, self.streams)  # each one's cuBLAS workspace, outside every pool
             self.outside.start()
         except BaseException:
             self._thaw()
@@ -506,8 +505,7 @@ class CaptureLoop:
     def _background(self, body) -> bool:
         """The capture thread: the engine's loop, then what ``close`` checks;
         True once every step ran (the thread writes the report), False if stopped."""
-        for stream in dict.fromkeys(self.streams.values()):
-            prime_stream(self.device, stream)
+        prime_streams(self.device, self.streams)  # as open() does, on the capture thread
         self.outside.start()
         try:
             body(self)

@@ -28,6 +28,7 @@ from . import libcuda
 from .errors import ExecutorError
 from .graph_walk import (
     AddressResolver,
+    FunctionCache,
     WalkedGraph,
     device_addresses,
     tensor_map_params,
@@ -37,10 +38,13 @@ from .graph_walk import (
 __all__ = [
     "TorchSegment",
     "torch_segments",
+    "segment_of",
+    "stream_workspaces",
     "classify",
     "ProbeCounts",
     "count_graphs",
     "raw_graphs",
+    "walk_graphs",
     "probe_graphs",
     "clone_floor",
     "summary_line",
@@ -67,17 +71,48 @@ def torch_segments(snapshot: Iterable[dict]) -> list[TorchSegment]:
     return sorted(out)
 
 
-def segment_of(addr: int, segments: list[TorchSegment]) -> TorchSegment | None:
-    """The segment of ``segments`` (sorted) holding ``addr``, or None."""
-    i = bisect_right([s.address for s in segments], addr) - 1
+def segment_of(addr: int, segments: list[TorchSegment], starts: list[int] | None = None) -> TorchSegment | None:
+    """The segment of ``segments`` (sorted) holding ``addr``, or None. ``starts``: the
+    segments' addresses, passed by a caller that looks up many addresses (a save looks up
+    every address of every kernel argument: building the list per call made it quadratic)."""
+    i = bisect_right(starts if starts is not None else [s.address for s in segments], addr) - 1
     if i >= 0 and addr < segments[i].address + segments[i].size:
         return segments[i]
     return None
 
 
-def classify(addr: int, segments: list[TorchSegment], pools: set[tuple[int, int]]) -> str:
+def stream_workspaces(
+    snapshot: Iterable[dict], streams: dict[int, str], pools: set[tuple[int, int]]
+) -> dict[str, tuple[int, int]]:
+    """The library workspaces the ``streams`` (``cudaStream_t`` -> name:
+    ``capture_plan.executor.streams.primed_streams``) hold: every allocated block of a
+    caching-allocator segment made for one of them outside every pool of ``pools``, named
+    ``NAME/K`` (its K-th such block, in address order) -> (address, bytes).
+
+    What this names: cuBLAS's workspace (one per handle and stream, made by ``prime_stream``
+    and kept for the life of the process: 32 MiB on sm90) and cuBLASLt's where a GEMM with a
+    bias made one. The executor's streams are its own, so eager work on them outside the
+    pools is the priming and the warm-ups, whose tensors are freed; a tensor the target
+    allocated on such a stream in a warm-up and kept is named here too unless a name of the
+    target covers it first (the file looks tensors up before workspaces), and a restore that
+    lays the workspace out anew then differs from the capture: its replay check says so."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for seg in snapshot:
+        name = streams.get(int(seg.get("stream") or 0))
+        pool = tuple(int(x) for x in (seg.get("segment_pool_id") or (0, 0)))
+        if name is None or pool in pools:
+            continue
+        for b in seg.get("blocks", ()):
+            if b.get("state") == "active_allocated":
+                found.setdefault(name, []).append((int(b["address"]), int(b["size"])))
+    return {f"{name}/{k}": span for name, spans in found.items() for k, span in enumerate(sorted(spans))}
+
+
+def classify(
+    addr: int, segments: list[TorchSegment], pools: set[tuple[int, int]], starts: list[int] | None = None
+) -> str:
     """ "pool" (a segment of one of ``pools``), "torch" (another segment) or "outside"."""
-    seg = segment_of(addr, segments)
+    seg = segment_of(addr, segments, starts)
     if seg is None:
         return "outside"
     return "pool" if seg.pool in pools else "torch"
@@ -127,6 +162,7 @@ def count_graphs(
     device address (:class:`~capture_plan.executor.graph_walk.AddressResolver`)."""
     c = ProbeCounts()
     modules: set[int] = set()
+    starts = [s.address for s in segments]
     for g in walked:
         c.graphs += 1
         c.nodes += len(g.nodes)
@@ -142,7 +178,7 @@ def count_graphs(
                     modules.add(k.module)
                 outside = False
                 for _, v in device_addresses(k.args, k.params, resolve):
-                    cls = classify(v, segments, pools)
+                    cls = classify(v, segments, pools, starts)
                     c.addresses[cls] += 1
                     outside |= cls == "outside"
                 if outside and len(c.outside_names) < examples and k.name not in c.outside_names:
@@ -154,14 +190,14 @@ def count_graphs(
                     c.tensor_map_names.append(k.name)
             elif n.memset is not None:
                 c.memset_nodes += 1
-                c.operands[classify(n.memset.dst, segments, pools)] += 1
+                c.operands[classify(n.memset.dst, segments, pools, starts)] += 1
             elif n.copy is not None:
                 c.copy_nodes += 1
                 for kind, addr in ((n.copy.src_type, n.copy.src), (n.copy.dst_type, n.copy.dst)):
                     if kind == "host":
                         c.host_operands += 1
                     else:
-                        c.operands[classify(addr, segments, pools)] += 1
+                        c.operands[classify(addr, segments, pools, starts)] += 1
             else:
                 c.other_nodes += 1
     c.distinct_modules = len(modules)
@@ -185,16 +221,30 @@ def raw_graphs(gs) -> list[tuple[str, int, int]]:
     return out
 
 
-def probe_graphs(gs, snapshot: Iterable[dict], calls: dict | None = None) -> ProbeCounts:
+def walk_graphs(gs, calls: dict | None = None) -> list[tuple[str, int, WalkedGraph]]:
+    """(phase, bs, walk) of every graph of the GraphSet ``gs``, in capture order: one walk
+    that the probe and the graph file share (``graph_file.save_graphs(walked=...)``), the
+    kernels' names, modules and layouts read once per function."""
+    cache = FunctionCache()
+    return [
+        (phase, bs, walk_graph(raw, calls, where=f"graph {phase}/{bs}", cache=cache))
+        for phase, bs, raw in raw_graphs(gs)
+    ]
+
+
+def probe_graphs(
+    gs, snapshot: Iterable[dict], calls: dict | None = None, walked: list[tuple[str, int, WalkedGraph]] | None = None
+) -> ProbeCounts:
     """The probe's counts for every graph of the GraphSet ``gs``, against ``snapshot``
-    (``torch.cuda.memory_snapshot()`` taken with the graphs alive)."""
+    (``torch.cuda.memory_snapshot()`` taken with the graphs alive); ``walked``: the graphs'
+    walk (:func:`walk_graphs`) where the caller has it already."""
     from .pool import pool_key
 
     segments = torch_segments(snapshot)
     pools = {pool_key(p) for p in gs.pools.values()}
-    resolve = AddressResolver(calls)
-    walked = (walk_graph(raw, calls, where=f"graph {phase}/{bs}") for phase, bs, raw in raw_graphs(gs))
-    return count_graphs(walked, resolve, segments, pools)
+    resolve = AddressResolver(calls, known=segments)
+    graphs = walked if walked is not None else walk_graphs(gs, calls)
+    return count_graphs((w for _, _, w in graphs), resolve, segments, pools)
 
 
 def clone_floor(raws: list[int], stream: int, calls: dict | None = None) -> tuple[float, int]:

@@ -2,20 +2,25 @@
 
 Plain functions: :func:`capture_stream` (one per device and process),
 :func:`prime_stream` (its cuBLAS workspace, made outside every pool before the
-first capture) and :func:`init_cublas` (a serving thread's
-handles, before a background capture starts).
+first capture), :func:`primed_streams` (the streams primed so far, by name: a graph
+file names the workspaces they hold, ``capture_plan.executor.graph_file``) and
+:func:`init_cublas` (a serving thread's handles, before a background capture starts).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["capture_stream", "prime_stream", "init_cublas"]
+__all__ = ["capture_stream", "prime_stream", "prime_streams", "primed_streams", "init_cublas"]
 
 #: the executor's capture stream of each device, made once per process: cuBLAS keeps a
 #: workspace per (handle, stream) for the life of the process, so a new stream per
 #: capture() would leave one more workspace behind every time
 _streams: dict = {}
+#: every stream prime_stream primed in this process: its ``cudaStream_t`` -> its name (the plan's
+#: name of the stream, "capture" for the capture stream; else "capture" for the executor's
+#: capture stream and "streamK" for the K-th other stream primed), the first name it was primed under
+_primed: dict[int, str] = {}
 
 
 def capture_stream(device) -> torch.cuda.Stream:
@@ -34,9 +39,9 @@ def capture_stream(device) -> torch.cuda.Stream:
     return stream
 
 
-def prime_stream(device, stream: torch.cuda.Stream | None = None) -> None:
+def prime_stream(device, stream: torch.cuda.Stream | None = None, name: str | None = None) -> None:
     """Create ``stream``'s (default: the capture stream's) cuBLAS workspace, outside
-    every pool.
+    every pool, and remember the stream as ``name`` (:func:`primed_streams`).
 
     cuBLAS allocates a workspace per (handle, stream) at the stream's first
     GEMM and keeps it. The operands are allocated on the calling thread's
@@ -62,6 +67,10 @@ def prime_stream(device, stream: torch.cuda.Stream | None = None) -> None:
     warm-up, and the recording of a start-up prediction measures it with the stream's
     workspace (Qwen2 and Qwen2-MoE: 1 MiB more than the models without biases)."""
     stream = stream if stream is not None else capture_stream(device)
+    if stream.cuda_stream not in _primed:
+        _primed[stream.cuda_stream] = name or (
+            "capture" if stream is capture_stream(device) else f"stream{len(_primed)}"
+        )
     a = torch.empty(16, 16, device=device, dtype=torch.bfloat16)
     out = torch.empty(16, 16, device=device, dtype=torch.bfloat16)
     with torch.cuda.stream(stream):
@@ -70,6 +79,24 @@ def prime_stream(device, stream: torch.cuda.Stream | None = None) -> None:
         torch.matmul(a, a, out=out)
         stream.synchronize()  # the operands are idle before they go back to their stream
     del a, out
+
+
+def prime_streams(device, streams: dict[str, torch.cuda.Stream]) -> None:
+    """:func:`prime_stream` each of ``streams`` (name -> stream: a plan's), a stream under two
+    names once, under the first."""
+    primed = set()
+    for name, stream in streams.items():
+        if stream not in primed:
+            primed.add(stream)
+            prime_stream(device, stream, name)
+
+
+def primed_streams() -> dict[int, str]:
+    """The streams :func:`prime_stream` primed in this process: ``cudaStream_t`` -> name.
+    What the caching allocator holds on them outside every pool, no tensor of the target
+    covering it, is the libraries' per-stream workspaces (cuBLAS's, cuBLASLt's), which the
+    graphs captured on them bake in."""
+    return dict(_primed)
 
 
 def init_cublas(device) -> None:

@@ -14,11 +14,12 @@ device address zeroed and named instead by a :class:`Relocation` (its byte posit
 segment it lies in, its offset there); memset and copy nodes likewise (their operands as
 segment and offset). Segments are named by owner: ``pool:NAME/K`` the K-th segment (in
 address order) of the plan's pool NAME, ``tensor:NAME`` the storage of a named tensor of the
-target (its weights, KV cache, static buffers), ``torch:K`` a caching-allocator segment no
-named tensor covers (a workspace the saver could not name), ``outside:K`` a device
-allocation outside torch's allocator, ``host:K`` host memory a copy reads or writes. A
-restore can relocate into the first two kinds only; the others are recorded so that the
-refusal names them (``check_valid``).
+target (its weights, KV cache, static buffers), ``workspace:STREAM/K`` the K-th block a
+library keeps on one of the executor's streams outside every pool (cuBLAS's workspace on the
+capture stream: ``workspace:capture/0``), ``torch:K`` a caching-allocator segment none of
+these covers, ``outside:K`` a device allocation outside torch's allocator, ``host:K`` host
+memory a copy reads or writes. A restore can relocate into the first three kinds only; the
+others are recorded so that the refusal names them (``check_valid``).
 
 What it is valid for (:class:`ValidFor`): the plan's digest, the device's name and compute
 capability, the driver, torch and its CUDA, and the digests of the shared objects holding
@@ -63,14 +64,14 @@ __all__ = [
 
 GRAPH_FILE_KIND = "capture-plan graph file"
 #: bump when a field's meaning changes: a file of another version is refused
-GRAPH_FILE_VERSION = 1
+GRAPH_FILE_VERSION = 2
 
 #: the owners a segment may have (module docstring)
-SEGMENT_KINDS = ("pool", "tensor", "torch", "outside", "host")
+SEGMENT_KINDS = ("pool", "tensor", "workspace", "torch", "outside", "host")
 #: the kinds a restore can lay out again and relocate into
-RELOCATABLE = ("pool", "tensor")
+RELOCATABLE = ("pool", "tensor", "workspace")
 
-SegmentKind = Literal["pool", "tensor", "torch", "outside", "host"]
+SegmentKind = Literal["pool", "tensor", "workspace", "torch", "outside", "host"]
 
 
 class _Struct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -106,9 +107,10 @@ class Segment(_Struct, frozen=True, kw_only=True):
 
     name: str
     kind: SegmentKind
-    #: its bytes: a pool segment's, a tensor's storage, the driver's range of an outside allocation
+    #: its bytes: a pool segment's, a tensor's storage, a workspace block's, the driver's range of an
+    #: outside allocation
     size: int
-    #: the pool's or tensor's name ("" for torch, outside and host segments)
+    #: the pool's, tensor's or workspace's name ("" for torch, outside and host segments)
     owner: str = ""
     #: the segment's place among its pool's segments, in address order (pool segments)
     index: int = 0

@@ -195,6 +195,20 @@ def test_the_walk_reads_every_node_and_edge(by_kernel):
     assert w.edges == [(0, 1), (1, 2), (3, 2, 1, 0, 1)]  # the PDL edge keeps its data
 
 
+def test_walks_sharing_a_cache_ask_the_driver_once_per_function():
+    """The save walked every node's function through the driver again (8.7 s for the reference)."""
+    from capture_plan.executor.graph_walk import FunctionCache
+
+    d, asked = FakeDriver(), []
+    name = d["cuFuncGetName"]
+    d["cuFuncGetName"] = lambda *a: asked.append(1) or name(*a)
+    cache = FunctionCache()
+    first, second = walk_graph(0x1, d, cache=cache), walk_graph(0x2, d, cache=cache)
+    assert len(asked) == 1 and first == second
+    walk_graph(0x1, d)  # a walk of its own asks again
+    assert len(asked) == 2
+
+
 def test_the_walk_fails_loudly_on_a_structural_call_and_records_the_rest():
     with pytest.raises(ExecutorError, match=r"cuGraphGetNodes failed \(CUresult 999\)"):
         walk_graph(0x1, FakeDriver(rc={"cuGraphGetNodes": 999}), where="graph decode/8")
@@ -418,11 +432,82 @@ def test_an_address_outside_every_known_segment_is_refused():
     f = _file()
     torchseg = msgspec.structs.replace(f.segments[1], kind="torch", name="torch:0", owner="")
     host = msgspec.structs.replace(f.segments[1], kind="host", name="host:0", owner="")
-    for seg, said in ((torchseg, "no named tensor covered"), (host, "host memory")):
+    for seg, said in ((torchseg, "no named tensor or library workspace covered"), (host, "host memory")):
         got = check_valid(msgspec.structs.replace(f, segments=[f.segments[0], seg, f.segments[2]]), _env())
         assert any(said in line for line in got), got
     damaged = msgspec.structs.replace(f, segments=f.segments[:1])
     assert any("the file is damaged" in line for line in check_valid(damaged, _env()))
+
+
+# -- library workspaces: cuBLAS's on the capture stream -----------------------------------
+
+CAPTURE_STREAM, OTHER_STREAM = 0x5A, 0x5B
+WORKSPACE = 0x7400_0000_0000
+
+
+def _ws_snapshot() -> list[dict]:
+    """The capture stream's 32 MiB cuBLAS workspace, a freed warm-up block beside a kept one on
+    it, a pool segment recorded on it, and a segment of another stream."""
+    block = lambda a, n, state="active_allocated": {"address": a, "size": n, "state": state}  # noqa: E731
+    return [
+        {"address": WORKSPACE, "total_size": 32 << 20, "stream": CAPTURE_STREAM, "segment_pool_id": (0, 0),
+         "blocks": [block(WORKSPACE, 32 << 20)]},
+        {"address": WORKSPACE + (64 << 20), "total_size": 2 << 20, "stream": CAPTURE_STREAM,
+         "segment_pool_id": (0, 0),
+         "blocks": [block(WORKSPACE + (64 << 20), 1 << 20), block(WORKSPACE + (65 << 20), 1 << 20, "inactive")]},
+        {"address": POOL, "total_size": 2 << 20, "stream": CAPTURE_STREAM, "segment_pool_id": (1, 2),
+         "blocks": [block(POOL, 2 << 20)]},
+        {"address": OTHER, "total_size": 20 << 20, "stream": OTHER_STREAM, "segment_pool_id": (0, 0),
+         "blocks": [block(OTHER, 20 << 20)]},
+    ]  # fmt: skip
+
+
+def test_the_library_workspaces_are_the_primed_streams_blocks_outside_every_pool():
+    from capture_plan.executor.restore_probe import stream_workspaces
+
+    got = stream_workspaces(_ws_snapshot(), {CAPTURE_STREAM: "capture"}, {(1, 2)})
+    assert got == {"capture/0": (WORKSPACE, 32 << 20), "capture/1": (WORKSPACE + (64 << 20), 1 << 20)}
+    assert stream_workspaces(_ws_snapshot(), {}, {(1, 2)}) == {}  # a stream the executor did not prime
+
+
+def _ws_file(workspace: int = WORKSPACE, driver: FakeDriver | None = None) -> GraphFile:
+    """The fake graph with its struct's outside address in cuBLAS's workspace instead."""
+    d = driver or FakeDriver()
+    d.buffers[2] = ctypes.create_string_buffer(struct.pack("<QQQ", TENSOR + 8, 7, workspace + 0x80), 24)
+    d.ptrs[2] = ctypes.addressof(d.buffers[2])
+    from capture_plan.executor.graph_walk import AddressResolver
+
+    snap = torch_segments([*SNAPSHOT, {"address": workspace, "total_size": 32 << 20, "segment_pool_id": (0, 0)}])
+    segs = gf.Segments(
+        snap,
+        {"shared": (1, 2)},
+        {"model.w": (TENSOR, 4096)},
+        AddressResolver(d, known=snap),  # the fake driver knows no workspace: the allocator's segments answer
+        {"capture/0": (workspace, 32 << 20)},
+    )
+    return gf.build_file([("decode", 8, walk_graph(0x1, d))], segs, VALID, d)
+
+
+def test_cublass_workspace_is_a_named_segment_the_saving_process_accepts():
+    """Before, the workspace was a torch:K segment and every file was refused in its own process."""
+    f = _ws_file()
+    assert [(s.name, s.kind, s.size) for s in f.segments][-1] == ("workspace:capture/0", "workspace", 32 << 20)
+    k = f.graphs[0].nodes[0].kernel
+    assert k is not None and (f.segments[k.relocations[-1].segment].name, k.relocations[-1].offset) == (
+        "workspace:capture/0",
+        0x80,
+    )
+    assert check_valid(f, _env(workspaces={"capture/0": 32 << 20})) == []
+    assert gf.encode(f) == gf.encode(_ws_file(WORKSPACE + (1 << 30)))  # where it lay does not matter
+    for ws, said in (({}, "library workspace capture/0 is missing"), ({"capture/0": 8 << 20}, "is resized")):
+        got = check_valid(f, _env(workspaces=ws))
+        assert len(got) == 1 and said in got[0], got
+
+
+def test_a_tensor_covering_a_workspace_block_keeps_its_tensor_name():
+    segs = gf.Segments([], {}, {"kept": (WORKSPACE, 4096)}, lambda v: None, {"capture/0": (WORKSPACE, 32 << 20)})
+    assert segs.list == [] and segs.operand(WORKSPACE + 8) == gf.Operand(segment=0, offset=8)
+    assert segs.list[0].name == "tensor:kept"
 
 
 # -- the kernel libraries -------------------------------------------------------------------

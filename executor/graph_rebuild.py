@@ -1,0 +1,482 @@
+"""Rebuilding a graph file's graphs through the driver: the restore's last step, proven in the saving process.
+
+A restore (issue 51, docs/restore.md) rebuilds every graph of a graph file
+(``capture_plan.schemas.graph_file``) node by node. This module does that where the saved
+addresses still hold, in the process that saved the file (phase 2): :func:`rebuild_from_file`
+reads the file back, refuses it where ``check_valid`` or :func:`rebuild_refusals` says no,
+finds every segment's address here (:func:`segment_bases`: the plan's pools' segments in
+address order, the named tensors, the library workspaces), every kernel as a ``CUfunction``
+(its module found by the module's identity, ``graph_walk.module_identity``, among the modules
+this process has loaded, then ``cuModuleGetFunction`` by the kernel's name), and adds every
+node through the driver (:func:`rebuild_graphs`: ``cuGraphAddKernelNode`` with the argument
+bytes patched from the file's relocations, memset, copy and empty nodes, the edges with
+their data, the launch attributes the file recorded, each read back), then instantiates
+and uploads each graph. ``capture_plan.executor.rebuild_proof`` launches every rebuilt
+graph and compares its outputs bit for bit with the captured graph's replay on the same
+inputs, at the saving process's addresses and at copies of every segment.
+
+What a rebuild at the saving process's addresses proves: the file holds everything a
+graph needs (its nodes, their parameters, its edges, its kernels by name) and adding them
+through the driver is exact. A rebuild onto copies (``segment_bases`` replaced by the
+copies' addresses) proves the relocation of what the file relocates. Neither proves a fresh
+process's kernel loading (the modules are the saving process's), TMA re-encoding, or a
+preferred cluster dimension the driver did not read back at save time (driver 580:
+``exec_reuse``).
+
+Constraints: a node of a type other than kernel, memset, copy or empty, a kernel with a
+parameter shaped like a ``CUtensorMap`` (its address is encoded, not plain: a relocation
+would leave it stale), a launch attribute the file names but this module does not know, an
+operand in a segment with no address here: each refuses the whole rebuild with one line
+naming the graph and the node (:func:`rebuild_refusals`), before any driver call. A driver
+call that fails, or a launch attribute that does not read back as saved, raises an
+:class:`ExecutorError` naming the call, its CUresult, the graph and the node; what was made
+is destroyed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile, Kernel, Operand
+
+from . import libcuda
+from .errors import ExecutorError
+from .exec_update import ATTRIBUTES
+from .graph_walk import module_identity
+from .libcuda import EdgeData, KernelParams, Memcpy3D, MemsetParams
+
+__all__ = [
+    "REBUILD_CALLS",
+    "REBUILDABLE",
+    "rebuild_refusals",
+    "segment_bases",
+    "patched_args",
+    "module_handles",
+    "Rebuilt",
+    "rebuild_graphs",
+    "Prepared",
+    "prepare_rebuild",
+    "rebuild_from_file",
+]
+
+#: every driver call a rebuild makes
+REBUILD_CALLS = (
+    "cuCtxGetCurrent",
+    "cuGraphCreate",
+    "cuGraphAddKernelNode_v2",
+    "cuGraphAddMemsetNode",
+    "cuGraphAddMemcpyNode",
+    "cuGraphAddEmptyNode",
+    "cuGraphAddDependencies_v2",
+    "cuGraphKernelNodeGetAttribute",
+    "cuGraphKernelNodeSetAttribute",
+    "cuModuleGetFunction",
+    "cuModuleGetFunctionCount",
+    "cuModuleEnumerateFunctions",
+    "cuFuncGetName",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphUpload",
+    "cuGraphLaunch",
+    "cuStreamSynchronize",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
+)
+#: the node types a rebuild adds
+REBUILDABLE = ("kernel", "memset", "memcpy", "empty")
+#: CU_MEMORYTYPE_DEVICE: every copy operand a rebuild sets (host operands are refused)
+_DEVICE = 2
+#: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, and the dynamic shared memory a kernel gets without it
+_MAX_DYNAMIC_SHARED, _DEFAULT_SHARED = 8, 48 << 10
+
+
+def rebuild_refusals(file: GraphFile) -> list[str]:
+    """One line per node a rebuild cannot make exactly (module docstring), naming the graph
+    and the node; [] where every node can be rebuilt. Where segments are refused is
+    ``check_valid``'s."""
+    out = []
+    for g in file.graphs:
+        for i, n in enumerate(g.nodes):
+            where = f"graph {g.phase}/{g.bs} node {i}"
+            params = {"kernel": n.kernel, "memset": n.memset, "memcpy": n.copy}
+            if n.type not in REBUILDABLE:
+                out.append(f"{where}: a {n.type} node cannot be rebuilt (kinds rebuilt: {', '.join(REBUILDABLE)})")
+            elif n.type in params and params[n.type] is None:
+                out.append(f"{where}: a {n.type} node without its parameters: the file is damaged")
+            elif n.kernel is not None:
+                k = n.kernel
+                if k.tensor_maps:
+                    out.append(
+                        f"{where} (kernel {k.name}): parameter(s) {k.tensor_maps} are shaped like a CUtensorMap, "
+                        "whose encoded address a rebuild does not re-encode"
+                    )
+                unknown = sorted(set(k.attributes) - set(ATTRIBUTES))
+                if unknown:
+                    out.append(f"{where} (kernel {k.name}): launch attribute(s) {unknown} this rebuild does not set")
+    return out
+
+
+def segment_bases(
+    file: GraphFile,
+    pools: Mapping[str, list[int]],
+    tensors: Mapping[str, int],
+    workspaces: Mapping[str, int],
+) -> list[int | None]:
+    """Per segment of ``file`` its address in this process: ``pools`` (pool name -> its
+    segments' addresses in address order), ``tensors`` (name -> storage address),
+    ``workspaces`` (name -> address); None for a segment a restore cannot relocate into or
+    that this process lacks (``check_valid`` names both)."""
+    out: list[int | None] = []
+    for seg in file.segments:
+        base = None
+        if seg.kind == "pool":
+            here = pools.get(seg.owner, [])
+            base = here[seg.index] if seg.index < len(here) else None
+        elif seg.kind == "tensor":
+            base = tensors.get(seg.owner)
+        elif seg.kind == "workspace":
+            base = workspaces.get(seg.owner)
+        out.append(base if seg.kind in RELOCATABLE else None)
+    return out
+
+
+def _address(op: Operand, bases: list[int | None], where: str) -> int:
+    base = bases[op.segment] if op.segment < len(bases) else None
+    if base is None:
+        raise ExecutorError(f"an operand in segment {op.segment}, which has no address here", where=where)
+    return base + op.offset
+
+
+def patched_args(kernel: Kernel, bases: list[int | None], where: str = "kernel") -> bytes:
+    """The kernel's argument bytes with every relocated address written back: its segment's
+    address here plus its offset, 8 bytes little-endian at its position."""
+    args = bytearray(kernel.args)
+    for r in kernel.relocations:
+        pos = r.position
+        args[pos : pos + 8] = _address(Operand(segment=r.segment, offset=r.offset), bases, where).to_bytes(8, "little")
+    return bytes(args)
+
+
+def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None) -> list[int | None]:
+    """Per module of ``file`` the handle of a module among ``loaded`` (this process's
+    ``CUmodule`` handles, in the order the graphs' walk met them) with the same identity
+    (``graph_walk.module_identity``), or None. Modules that share an identity (the same
+    function names) are matched in the order met: the order the file numbered them in."""
+    by_identity: dict[str, list[int]] = {}
+    for handle in dict.fromkeys(loaded):
+        by_identity.setdefault(module_identity(handle, calls, where="rebuild")[0], []).append(handle)
+    out: list[int | None] = []
+    taken: dict[str, int] = {}
+    for m in file.modules:
+        handles = by_identity.get(m.digest, [])
+        k = taken.get(m.digest, 0)
+        taken[m.digest] = k + 1
+        out.append(handles[min(k, len(handles) - 1)] if handles else None)
+    return out
+
+
+@dataclass
+class Rebuilt:
+    """The graphs rebuilt from a file: per (phase, bs) its ``CUgraphExec``, instantiated and
+    uploaded; the seconds it took, by part. :meth:`destroy` frees them."""
+
+    calls: dict
+    graphs: dict[tuple[str, int], int] = field(default_factory=dict)
+    execs: dict[tuple[str, int], int] = field(default_factory=dict)
+    nodes: int = 0
+    seconds: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def launch(self, key: tuple[str, int], stream: int) -> None:
+        _check(self.calls["cuGraphLaunch"](ctypes.c_void_p(self.execs[key]), ctypes.c_void_p(stream)), "cuGraphLaunch")
+
+    def destroy(self) -> None:
+        for e in self.execs.values():
+            self.calls["cuGraphExecDestroy"](ctypes.c_void_p(e))
+        for g in self.graphs.values():
+            self.calls["cuGraphDestroy"](ctypes.c_void_p(g))
+        self.execs.clear()
+        self.graphs.clear()
+
+
+def _check(rc: int, call: str, where: str = "rebuild") -> None:
+    if rc != 0:
+        raise ExecutorError(f"{call} failed (CUresult {rc})", where=where)
+
+
+class _Builder:
+    """Adds one file's nodes to graphs: kernels looked up once per (module, name)."""
+
+    def __init__(self, file: GraphFile, bases: list[int | None], modules: list[int | None], d: dict):
+        self.file, self.bases, self.modules, self.d = file, bases, modules, d
+        self.functions: dict[tuple[int, str], ctypes.c_void_p] = {}
+        self.by_module: dict[int, dict[str, int]] = {}
+        #: (function, attribute) -> what a new node of it reads back: (CUresult, value)
+        self.defaults: dict[tuple[int, int], tuple[int, tuple[int, int, int]]] = {}
+        ctx = ctypes.c_void_p()
+        _check(d["cuCtxGetCurrent"](ctypes.byref(ctx)), "cuCtxGetCurrent")
+        self.ctx = ctx
+
+    def function(self, k: Kernel, where: str) -> ctypes.c_void_p:
+        key = (k.module, k.name)
+        f = self.functions.get(key)
+        if f is None:
+            mod = self.modules[k.module] if k.module < len(self.modules) else None
+            if mod is None:
+                ident = self.file.modules[k.module].digest if k.module < len(self.file.modules) else "?"
+                raise ExecutorError(
+                    f"kernel {k.name}: no module with its module's identity ({ident}) is loaded in this process",
+                    where=where,
+                )
+            f = ctypes.c_void_p()
+            rc = self.d["cuModuleGetFunction"](ctypes.byref(f), ctypes.c_void_p(mod), k.name.encode())
+            if rc != 0:  # a name the lookup does not take: the module's functions by the name the walk read
+                f.value = self.enumerated(mod, where).get(k.name)
+                if not f.value:
+                    raise ExecutorError(
+                        f"kernel {k.name} is not in its module (cuModuleGetFunction: CUresult {rc}; not among "
+                        "the module's functions either)",
+                        where=where,
+                    )
+            if k.shared_bytes > _DEFAULT_SHARED:  # what the library set for it once; a fresh load has 48 KiB
+                have = ctypes.c_int(0)
+                _check(
+                    self.d["cuFuncGetAttribute"](ctypes.byref(have), _MAX_DYNAMIC_SHARED, f),
+                    "cuFuncGetAttribute",
+                    where,
+                )
+                if have.value < k.shared_bytes:
+                    rc = self.d["cuFuncSetAttribute"](f, _MAX_DYNAMIC_SHARED, k.shared_bytes)
+                    _check(rc, "cuFuncSetAttribute", where)
+            self.functions[key] = f
+        return f
+
+    def enumerated(self, mod: int, where: str) -> dict[str, int]:
+        """Name -> function of every function of module ``mod`` (``cuFuncGetName``: the names the walk read)."""
+        got = self.by_module.get(mod)
+        if got is None:
+            count, m = ctypes.c_uint(0), ctypes.c_void_p(mod)
+            _check(self.d["cuModuleGetFunctionCount"](ctypes.byref(count), m), "cuModuleGetFunctionCount", where)
+            funcs = (ctypes.c_void_p * count.value)()
+            rc = self.d["cuModuleEnumerateFunctions"](ctypes.cast(funcs, ctypes.c_void_p), count.value, m)
+            _check(rc, "cuModuleEnumerateFunctions", where)
+            got = self.by_module[mod] = {}
+            for f in funcs:
+                name = ctypes.c_char_p()
+                if self.d["cuFuncGetName"](ctypes.byref(name), ctypes.c_void_p(f)) == 0 and name.value:
+                    got.setdefault(name.value.decode(errors="replace"), f)
+        return got
+
+    def kernel(self, graph: ctypes.c_void_p, k: Kernel, where: str) -> ctypes.c_void_p:
+        args = patched_args(k, self.bases, where)
+        # 64-byte aligned, as the launch's own parameter buffer is (a CUtensorMap parameter is alignas(64))
+        buf = ctypes.create_string_buffer(len(args) + 64)
+        at = (ctypes.addressof(buf) + 63) // 64 * 64
+        ctypes.memmove(at, args, len(args))
+        ptrs = (ctypes.c_void_p * max(len(k.params), 1))(*[at + off for off, _ in k.params])
+        p = KernelParams()
+        p.func = self.function(k, where).value
+        p.gridDimX, p.gridDimY, p.gridDimZ = k.grid
+        p.blockDimX, p.blockDimY, p.blockDimZ = k.block
+        p.sharedMemBytes = k.shared_bytes
+        p.kernelParams = ctypes.addressof(ptrs) if k.params else None
+        node = ctypes.c_void_p()
+        _check(
+            self.d["cuGraphAddKernelNode_v2"](ctypes.byref(node), graph, None, 0, ctypes.byref(p)),
+            "cuGraphAddKernelNode_v2",
+            where,
+        )
+        for name, value in sorted(k.attributes.items()):
+            self.attribute(node, p.func, name, value, f"{where} (kernel {k.name})")
+        return node
+
+    def attribute(self, node: ctypes.c_void_p, func, name: str, value: tuple[int, int, int], where: str) -> None:
+        """Set launch attribute ``name`` where the new node does not read back ``value`` already,
+        then check that it does. What a new node of ``func`` reads before anything is set is
+        read once per function and attribute: a node whose saved value is that costs no call."""
+        aid = ATTRIBUTES[name]
+
+        def read() -> tuple[int, tuple[int, int, int]]:
+            buf = (ctypes.c_uint * 16)()
+            rc = self.d["cuGraphKernelNodeGetAttribute"](node, aid, ctypes.cast(buf, ctypes.c_void_p))
+            return rc, (buf[0], buf[1], buf[2])
+
+        default = self.defaults.get((func, aid))
+        if default is None:
+            default = self.defaults[(func, aid)] = read()
+        rc, got = default
+        if rc == 0 and got == tuple(value):
+            return
+        val = (ctypes.c_uint * 16)()
+        val[0], val[1], val[2] = value
+        set_rc = self.d["cuGraphKernelNodeSetAttribute"](node, aid, ctypes.cast(val, ctypes.c_void_p))
+        rc, got = read()
+        if set_rc != 0 or rc != 0 or got != tuple(value):
+            raise ExecutorError(
+                f"launch attribute {name} saved as {tuple(value)} reads back {got} (set: CUresult {set_rc}, read: "
+                f"CUresult {rc})",
+                where=where,
+            )
+
+    def graph(self, g) -> tuple[ctypes.c_void_p, int]:
+        d, graph = self.d, ctypes.c_void_p()
+        _check(d["cuGraphCreate"](ctypes.byref(graph), 0), "cuGraphCreate", f"graph {g.phase}/{g.bs}")
+        try:
+            nodes = []
+            for i, n in enumerate(g.nodes):
+                where = f"graph {g.phase}/{g.bs} node {i}"
+                node = ctypes.c_void_p()
+                if n.kernel is not None:
+                    node = self.kernel(graph, n.kernel, where)
+                elif n.memset is not None:
+                    m = n.memset
+                    p = MemsetParams(
+                        _address(m.dst, self.bases, where), m.pitch, m.value, m.element_size, m.width, m.height
+                    )
+                    rc = d["cuGraphAddMemsetNode"](ctypes.byref(node), graph, None, 0, ctypes.byref(p), self.ctx)
+                    _check(rc, "cuGraphAddMemsetNode", where)
+                elif n.copy is not None:
+                    c, p3 = n.copy, Memcpy3D()
+                    p3.srcMemoryType = p3.dstMemoryType = _DEVICE
+                    p3.srcDevice, p3.dstDevice = _address(c.src, self.bases, where), _address(c.dst, self.bases, where)
+                    p3.srcPitch, p3.srcHeight, p3.dstPitch, p3.dstHeight = (
+                        c.src_pitch,
+                        c.src_height,
+                        c.dst_pitch,
+                        c.dst_height,
+                    )
+                    p3.WidthInBytes, p3.Height, p3.Depth = c.width, c.height, c.depth
+                    rc = d["cuGraphAddMemcpyNode"](ctypes.byref(node), graph, None, 0, ctypes.byref(p3), self.ctx)
+                    _check(rc, "cuGraphAddMemcpyNode", where)
+                else:
+                    _check(d["cuGraphAddEmptyNode"](ctypes.byref(node), graph, None, 0), "cuGraphAddEmptyNode", where)
+                nodes.append(node.value)
+            if g.edges:
+                n_e = len(g.edges)
+                src, dst, data = (ctypes.c_void_p * n_e)(), (ctypes.c_void_p * n_e)(), (EdgeData * n_e)()
+                for j, e in enumerate(g.edges):
+                    src[j], dst[j] = nodes[e[0]], nodes[e[1]]
+                    if len(e) == 5:
+                        data[j].from_port, data[j].to_port, data[j].type = e[2], e[3], e[4]
+                ends = (ctypes.cast(a, ctypes.c_void_p) for a in (src, dst, data))
+                rc = d["cuGraphAddDependencies_v2"](graph, *ends, n_e)
+                _check(rc, "cuGraphAddDependencies_v2", f"graph {g.phase}/{g.bs}")
+        except BaseException:
+            d["cuGraphDestroy"](graph)
+            raise
+        return graph, len(nodes)
+
+
+def rebuild_graphs(
+    file: GraphFile, bases: list[int | None], modules: list[int | None], stream: int, calls: dict | None = None
+) -> Rebuilt:
+    """Every graph of ``file`` rebuilt (module docstring): ``bases`` per segment
+    (:func:`segment_bases`), ``modules`` per module (:func:`module_handles`), instantiated
+    and uploaded on ``stream`` (a ``CUstream``), synchronized. Refused before any driver
+    call where :func:`rebuild_refusals` names a node."""
+    refused = rebuild_refusals(file)
+    if refused:
+        raise ExecutorError(
+            f"the graph file cannot be rebuilt: {refused[0]}"
+            + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""),
+            where="rebuild",
+            fix="capture instead (python -m capture_plan.executor.graph_file inspect FILE says what the file holds)",
+        )
+    d = calls if calls is not None else libcuda.calls(*REBUILD_CALLS)
+    if isinstance(d, str):
+        raise ExecutorError(f"the rebuild cannot run: {d}", where="rebuild")
+    out = Rebuilt(calls=d)
+    s = ctypes.c_void_p(stream)
+    try:
+        t0 = time.perf_counter()
+        b = _Builder(file, bases, modules, d)
+        for g in file.graphs:
+            graph, n = b.graph(g)
+            out.graphs[(g.phase, g.bs)] = graph.value or 0
+            out.nodes += n
+        t1 = time.perf_counter()
+        for key, graph in out.graphs.items():
+            e = ctypes.c_void_p()
+            where = f"graph {key[0]}/{key[1]}"
+            _check(
+                d["cuGraphInstantiateWithFlags"](ctypes.byref(e), ctypes.c_void_p(graph), 0),
+                "cuGraphInstantiateWithFlags",
+                where,
+            )
+            out.execs[key] = e.value or 0
+            _check(d["cuGraphUpload"](e, s), "cuGraphUpload", where)
+        _check(d["cuStreamSynchronize"](s), "cuStreamSynchronize")
+        t2 = time.perf_counter()
+    except BaseException:
+        out.destroy()
+        raise
+    out.parts.update(nodes=t1 - t0, instantiate=t2 - t1)
+    out.seconds = t2 - t0
+    return out
+
+
+@dataclass
+class Prepared:
+    """What a rebuild needs of a graph file in the process that saved it: the file, each
+    segment's address and each module's handle here, the seconds each step took."""
+
+    file: GraphFile
+    bases: list[int | None]
+    modules: list[int | None]
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def prepare_rebuild(path: str | Path, gs, target: object = None, walked=None, tensors=None) -> Prepared:
+    """The graph file at ``path`` read, checked against the process that captured ``gs`` for
+    ``target`` (``check_valid``: an ExecutorError with its first line and the count), every
+    segment's address (:func:`segment_bases`) and every module's handle (the modules of
+    ``walked``, the graphs' walk: ``restore_probe.walk_graphs``) found here."""
+    from .graph_file import current_environment, graph_tensors, library_workspaces, read_graph_file
+    from .graph_validity import check_valid
+    from .pool import pool_segments
+    from .restore_probe import walk_graphs
+
+    t0 = time.perf_counter()
+    file = read_graph_file(path)
+    t1 = time.perf_counter()
+    named = graph_tensors(gs, target, tensors)
+    workspaces = library_workspaces(gs.pools)
+    digest = gs.plan.digest if gs.plan is not None else ""
+    refused = check_valid(file, current_environment(digest, named, gs.pools, workspaces))
+    if refused:
+        raise ExecutorError(
+            f"the graph file is not valid here: {refused[0]}"
+            + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""),
+            where=str(path),
+            fix="capture instead, and save the graphs again",
+        )
+    bases = segment_bases(
+        file,
+        {n: [a for a, _ in pool_segments([p])] for n, p in gs.pools.items()},
+        {n: t.untyped_storage().data_ptr() for n, t in named.items()},  # pyright: ignore[reportAttributeAccessIssue]
+        {n: a for n, (a, _) in workspaces.items()},
+    )
+    t2 = time.perf_counter()
+    graphs = walked if walked is not None else walk_graphs(gs)
+    loaded = [n.kernel.module for _, _, w in graphs for n in w.nodes if n.kernel is not None and n.kernel.module]
+    modules = module_handles(file, loaded)
+    t3 = time.perf_counter()
+    return Prepared(file, bases, modules, {"read": t1 - t0, "check": t2 - t1, "modules": t3 - t2})
+
+
+def rebuild_from_file(path: str | Path, gs, target: object = None, walked=None, tensors=None) -> Rebuilt:
+    """The graphs of the graph file at ``path`` rebuilt in the process that captured ``gs``
+    for ``target`` and saved the file (module docstring; :func:`prepare_rebuild`), on the
+    current stream. ``seconds`` counts all of it, the file's read included; ``parts`` by step."""
+    import torch
+
+    prep = prepare_rebuild(path, gs, target, walked, tensors)
+    out = rebuild_graphs(prep.file, prep.bases, prep.modules, torch.cuda.current_stream().cuda_stream)
+    out.parts.update(prep.parts)
+    out.seconds += sum(prep.parts.values())
+    return out
