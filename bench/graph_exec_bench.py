@@ -20,6 +20,11 @@ not fit is skipped, saying why (``skipped``, on its line and the summary's).
 Writes bench/results/graph-exec-<date>.json; prints one line per case and a
 summary line last.
 Run: python -m bench.graph_exec_bench [--cases reference,llama,...]
+
+``--overhead``: what one graph exec takes apart from its nodes, from graphs of 1 to 256
+in-place kernels and a piecewise-shaped case (``bench.graph_exec_overhead``); writes
+bench/results/graph-exec-overhead-<date>.json (one command, about a minute on an H100):
+python -m bench.graph_exec_bench --overhead
 """
 
 from __future__ import annotations
@@ -91,12 +96,31 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     add_out_dir(ap)
     add_overwrite(ap)
+    ap.add_argument(
+        "--overhead",
+        action="store_true",
+        help="measure the per-graph cost of a graph exec apart from its nodes (bench.graph_exec_overhead)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-overhead", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child)), flush=True)
         return
+    if args.child_overhead:
+        from bench import graph_exec_overhead
+
+        print("RESULT " + json.dumps(graph_exec_overhead.child(args.child_overhead)), flush=True)
+        return
     res: dict = header(device=True)
+    if args.overhead:
+        from bench import graph_exec_overhead
+
+        path = result_file(args, "graph-exec-overhead", res["date"])
+        line = graph_exec_overhead.run(path, res, run_module)
+        print(f"wrote {path.path}")
+        print(line)
+        return
     path = result_file(args, "graph-exec", res["date"])
     res["cases"] = {}
     for case in args.cases.split(","):

@@ -12,21 +12,12 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
+from .graph_count import vllm_graphs
 from .inputs import FitInputs
 from .result import Kv, Verdict, known
 from .tables import GiB
 
 __all__ = ["fit_vllm"]
-
-#: the modes whose FULL graphs cover the decode sizes only (size <= max_num_seqs)
-_FULL_DECODE = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
-_PIECEWISE = ("FULL_AND_PIECEWISE", "PIECEWISE")
-
-
-def _graphs(mode: str, sizes: list[int], seqs: int) -> int:
-    """Whole-model graphs a mode captures for ``sizes`` (a size's piecewise graph counts as one)."""
-    full = [s for s in sizes if s <= seqs] if mode in _FULL_DECODE else sizes if mode == "FULL" else []
-    return len(full) + (len(sizes) if mode in _PIECEWISE else 0)
 
 
 def fit_vllm(inp: FitInputs) -> FitResult:
@@ -80,7 +71,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     init_free = total - known(ctx)
 
     def graph_of(ss: list[int]) -> FitItem:
-        return result.graph_memory(inp, _graphs(mode, ss, seqs), max(ss, default=0))
+        return result.graph_memory(inp, vllm_graphs(mode, ss, seqs, m.layers), max(ss, default=0))
 
     def kv_of(graph: int) -> int:
         if after:
@@ -104,7 +95,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         return sizing.vllm_blocks(m, inp.per_layer, block, avail, mml, in_flight, rule.kv_tokens)
 
     if inp.plan is not None:
-        graph = inp.measured_graph or result.graph_memory(inp, inp.plan.graphs, max(inp.plan.sizes), plan=True)
+        graph = inp.measured_graph or result.graph_memory(inp, None, max(inp.plan.sizes), plan=True)
     else:
         graph = inp.measured_graph if inp.measured_graph is not None and sizes else graph_of(sizes)
     budget = FitItem(
