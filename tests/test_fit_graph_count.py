@@ -17,7 +17,8 @@ from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.inputs.resources import data
 
 ROOT = Path(__file__).resolve().parent.parent
-LLAMA = ROOT / "tests" / "data" / "engine_logs" / "configs" / "llama-3.1-8b-instruct.json"
+LLAMA_CFG = "tests/data/engine_logs/configs/llama-3.1-8b-instruct.json"
+LLAMA = ROOT / LLAMA_CFG
 H100 = "NVIDIA H100 80GB HBM3"
 #: vLLM's 51 default capture sizes (max_num_seqs 1024 on an H100: up to 512)
 SIZES = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
@@ -102,3 +103,27 @@ def test_the_overhead_bench_fit_recovers_per_graph_and_per_node_bytes():
     assert f["per_graph_bytes"] == pytest.approx(300_000)
     assert f["per_node_bytes"] == pytest.approx(2_500)
     assert f["max_abs_residual_bytes"] < 1
+
+
+def _split_kv(config: str, tp: int, sm: str, full: list[int]):
+    from types import SimpleNamespace
+
+    from capture_plan.planner.fit.vllm import split_kv_accum
+
+    m = load_model(str(ROOT / config))
+    return split_kv_accum(SimpleNamespace(model=m, tp=tp, device=SimpleNamespace(sm=sm)), full)
+
+
+def test_vllm_full_graphs_on_fa3_hold_one_layers_split_kv_accumulators_in_the_pool():
+    # vLLM 0.19.0 flash_attn.py: 32 splits for FULL-graph batches; FA3's float32 out_accum
+    # [splits, heads, tokens, head_dim_v] and softmax_lse_accum [splits, heads, tokens]
+    b, why = _split_kv(LLAMA_CFG, 1, "sm90", SIZES)
+    assert b == 4 * 32 * 32 * 512 * (128 + 1) and "at 512 tokens" in why
+    assert _split_kv(LLAMA_CFG, 4, "sm90", SIZES)[0] == b // 4  # heads per rank
+    assert _split_kv(LLAMA_CFG, 1, "sm90", []) is None  # PIECEWISE only: no FULL graph
+    assert _split_kv(LLAMA_CFG, 1, "sm80", SIZES) is None  # FA2: no num_splits in graphs
+    assert _split_kv("planner/data/configs/deepseek-v2-lite.json", 1, "sm90", SIZES) is None  # MLA: its own backend
+    # and fit's graph memory holds it where vLLM captures FULL graphs
+    both, piecewise = _graph(), _graph(**{"cudagraph-mode": "PIECEWISE"})
+    assert "split-KV accumulators" in both.source and "split-KV" not in piecewise.source
+    assert both.bytes - piecewise.bytes > b

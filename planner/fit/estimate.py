@@ -121,13 +121,21 @@ def per_graph(sm: str) -> tuple[int | None, float | None]:
 
 
 def graph_memory(
-    m: FitModel, tp: int, sm: str, graphs: GraphCount, largest: int, pool: tuple[int, str] | None = None
+    m: FitModel,
+    tp: int,
+    sm: str,
+    graphs: GraphCount,
+    largest: int,
+    pool: tuple[int, str] | None = None,
+    transient: tuple[int, str] | None = None,
 ) -> FitItem:
     """Graph memory as one figure: graph-exec (``graphs.whole`` graphs' nodes x the device's
     per-node figure, + ``graphs.execs`` x its per-graph figure where one is measured) + the
     pool (the largest size's activations, which every smaller graph reuses; or ``pool``'s
     bytes, a plan's predicted pool, and where they come from) + the capture stream's cuBLAS
-    workspace. Without a per-graph figure the execs are priced by their nodes only and the
+    workspace; ``transient``: bytes an engine's kernels allocate in the pool at the peak
+    besides the activations (the engine's layer counts them), and what they are. Without a
+    per-graph figure the execs are priced by their nodes only and the
     source says so: an engine's thousands of piecewise graphs may then cost more."""
     if graphs.execs == 0:
         return FitItem("graph memory", 0, 0, "exact", "no CUDA graphs captured")
@@ -153,8 +161,10 @@ def graph_memory(
         exec_bytes += graphs.execs * exec_graph
         execs = f"{graphs.how} x {exec_graph} B per graph (planner/data/devices.toml [graph_exec_per_graph])"
     if pool is None:
-        b = exec_bytes + largest * activation_per_token(m, tp) + int(workspace)
-        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", f"{g['source']}; {execs}")
+        extra, why = transient if transient else (0, "")
+        b = exec_bytes + largest * activation_per_token(m, tp) + extra + int(workspace)
+        src = f"{g['source']}{f' + {why}' if extra else ''}; {execs}"
+        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", src)
     # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
     # is graph-exec's and the workspace's
     b = exec_bytes + pool[0] + int(workspace)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["GraphCount", "whole_graphs", "vllm_graphs", "sglang_graphs"]
+__all__ = ["GraphCount", "whole_graphs", "full_graph_sizes", "vllm_graphs", "sglang_graphs"]
 
 #: vLLM's modes whose FULL graphs cover the decode sizes only (size <= max_num_seqs)
 FULL_DECODE = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
@@ -57,10 +57,15 @@ def whole_graphs(n: int, what: str = "whole graphs") -> GraphCount:
     return GraphCount(n, n, f"{n} {what}")
 
 
+def full_graph_sizes(mode: str, sizes: list[int], seqs: int) -> list[int]:
+    """The sizes vLLM's ``mode`` captures FULL graphs of, ``max_num_seqs`` ``seqs``."""
+    return [s for s in sizes if s <= seqs] if mode in FULL_DECODE else sizes if mode == "FULL" else []
+
+
 def vllm_graphs(mode: str, sizes: list[int], seqs: int, layers: int) -> GraphCount:
     """The graphs vLLM's ``mode`` captures for ``sizes`` of a model of ``layers`` attention
     layers (each a split point) with ``max_num_seqs`` ``seqs``."""
-    full = [s for s in sizes if s <= seqs] if mode in FULL_DECODE else sizes if mode == "FULL" else []
+    full = full_graph_sizes(mode, sizes, seqs)
     piecewise = len(sizes) if mode in PIECEWISE else 0
     parts = []
     if piecewise:

@@ -91,17 +91,25 @@ def weights(inp: FitInputs) -> FitItem:
     return FitItem("weights", b, rep, "estimated", src)
 
 
-def graph_memory(inp: FitInputs, graphs: GraphCount | None, largest: int, *, plan: bool = False) -> FitItem:
+def graph_memory(
+    inp: FitInputs,
+    graphs: GraphCount | None,
+    largest: int,
+    *,
+    plan: bool = False,
+    transient: tuple[int, str] | None = None,
+) -> FitItem:
     """Graph memory of ``graphs`` up to ``largest`` (:func:`.estimate.graph_memory`);
     ``plan``: they are the plan's (``graphs`` None: its graphs, each captured whole), whose
-    predicted pool is the figure's pool."""
+    predicted pool is the figure's pool; ``transient``: the engine's kernels' pool bytes at
+    the peak besides the activations (:func:`.estimate.graph_memory`)."""
     p = inp.plan if plan else None
     pool = None if p is None else (p.pool_bytes, f"plan {p.name}'s predicted pool ({p.source})")
     if graphs is None:
         if p is None:
             raise ValueError("graphs None is a plan's")
         graphs = whole_graphs(p.graphs, "plan graphs captured whole")
-    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool)
+    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool, transient)
 
 
 def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:

@@ -12,12 +12,27 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
-from .graph_count import vllm_graphs
+from .graph_count import full_graph_sizes, vllm_graphs
 from .inputs import FitInputs
 from .result import Kv, Verdict, known
-from .tables import GiB
+from .tables import GiB, estimates
 
 __all__ = ["fit_vllm"]
+
+
+def split_kv_accum(inp: FitInputs, full_sizes: list[int]) -> tuple[int, str] | None:
+    """The FA3 split-KV accumulators vLLM's FULL graphs allocate in the pool at one layer of
+    the largest of ``full_sizes`` (planner/data/fit_estimates.toml [graph.vllm_split_kv]):
+    float32 out_accum [splits, heads / tp, tokens, head_dim_v] and softmax_lse_accum
+    [splits, heads / tp, tokens]; None where FA3 is not vLLM's backend (an MLA model, a
+    device of another compute capability) or no FULL graph is captured."""
+    m = inp.model
+    e = estimates()["graph"]["vllm_split_kv"]
+    if not full_sizes or m.mla or inp.device.sm not in e["capabilities"]:
+        return None
+    tokens, heads = max(full_sizes), m.heads // inp.tp
+    b = 4 * e["splits"] * heads * tokens * (m.v_head_dim + 1)
+    return b, f"{e['source']} at {tokens} tokens"
 
 
 def fit_vllm(inp: FitInputs) -> FitResult:
@@ -71,7 +86,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     init_free = total - known(ctx)
 
     def graph_of(ss: list[int]) -> FitItem:
-        return result.graph_memory(inp, vllm_graphs(mode, ss, seqs, m.layers), max(ss, default=0))
+        count = vllm_graphs(mode, ss, seqs, m.layers)
+        transient = split_kv_accum(inp, full_graph_sizes(mode, ss, seqs))
+        return result.graph_memory(inp, count, max(ss, default=0), transient=transient)
 
     def kv_of(graph: int) -> int:
         if after:
