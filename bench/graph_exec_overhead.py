@@ -133,9 +133,8 @@ def piecewise(pieces: bool, alloc: bool) -> dict:
     for size in sorted(SIZES, reverse=True):
         h = x[:size]
         if pieces:
-            # piece 0 is the first layer's pre-attention part; piece i (1..LAYERS) holds the
-            # rest of layer i-1 and the next layer's pre-attention part: LAYERS layers' nodes
-            # over LAYERS + 1 graphs, the nodes of one whole graph in all
+            # LAYERS pieces of one layer's nodes each and a last one-node piece (vLLM's
+            # layers + 1 graphs a size): the nodes of one whole graph and one more
             for i in range(LAYERS + 1):
                 last = i == LAYERS
                 g, h = _capture(torch, pool, stream, lambda h=h, last=last: _last(h, alloc) if last else layer(h))

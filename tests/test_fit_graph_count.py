@@ -51,9 +51,10 @@ def _graph(monkeypatch=None, devices: dict | None = None, **settings):
     return next(i for i in r.items if i.name == "graph memory")
 
 
-def test_without_a_per_graph_figure_the_execs_are_priced_by_their_nodes_and_fit_says_so():
-    assert "sm90" not in data("devices.toml").get("graph_exec_per_graph", {})  # not measured yet
-    g = _graph()
+def test_without_a_per_graph_figure_the_execs_are_priced_by_their_nodes_and_fit_says_so(monkeypatch):
+    devs = copy.deepcopy(data("devices.toml"))
+    devs["graph_exec_per_graph"].pop("sm90", None)  # a capability nobody measured
+    g = _graph(monkeypatch, devs)
     assert g.bytes and g.status == "estimated"
     assert "1734 graph execs (51 sizes x 33 PIECEWISE pieces + 51 FULL)" in g.source
     assert "per-graph cost is not measured for sm90" in g.source
@@ -64,6 +65,7 @@ def test_a_measured_per_graph_figure_prices_every_exec_and_leaves_the_per_node_f
     per_graph, monkeypatch
 ):
     devs = copy.deepcopy(data("devices.toml"))
+    devs["graph_exec_per_graph"].pop("sm90", None)
     base = _graph(monkeypatch, devs)
     devs["graph_exec_per_graph"]["sm90"] = per_graph
     got = _graph(monkeypatch, devs)
