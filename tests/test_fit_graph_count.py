@@ -99,7 +99,7 @@ def test_the_per_node_basis_is_the_committed_bench_and_each_per_graph_figure_has
 
 
 def test_the_overhead_bench_fit_recovers_per_graph_and_per_node_bytes():
-    fit_ = bench_module("graph_exec_overhead").fit
+    fit_ = bench_module("graph_exec_bench").overhead_fit
     pts = [{"k": k, "n": n, "exec": n * 300_000 + n * k * 2_500} for k in (1, 4, 16, 64, 256) for n in (64, 256, 1024)]
     f = fit_(pts)
     assert f["per_graph_bytes"] == pytest.approx(300_000)
