@@ -12,6 +12,7 @@ from __future__ import annotations
 from capture_plan.planner.inputs.resources import data
 from capture_plan.schemas.fit import FitItem
 
+from .graph_count import GraphCount
 from .model import FitModel
 from .tables import estimates
 
@@ -22,6 +23,7 @@ __all__ = [
     "activation_per_token",
     "moe_workspace",
     "graph_memory",
+    "per_graph",
     "nodes_per_layer",
 ]
 
@@ -103,18 +105,42 @@ def nodes_per_layer(m: FitModel) -> float | None:
     return per_layer(m.model_type)
 
 
+def per_graph(sm: str) -> tuple[int | None, float | None]:
+    """The driver bytes one graph exec takes apart from its nodes on ``sm``
+    (planner/data/devices.toml ``[graph_exec_per_graph]``; None: not measured), and the
+    per-node figure to go with it: ``[graph_exec_per_node]`` less the per-graph bytes it
+    absorbed, since it was the instantiations' bytes over their nodes on the graphs
+    ``[graph_exec_per_node_basis]`` names (None: no per-node figure)."""
+    devs = data("devices.toml")
+    node = devs.get("graph_exec_per_node", {}).get(sm)
+    graph = devs.get("graph_exec_per_graph", {}).get(sm)
+    if node is None or graph is None:
+        return graph, node
+    basis = devs["graph_exec_per_node_basis"][sm]
+    return int(graph), node - graph * basis["graphs"] / basis["nodes"]
+
+
 def graph_memory(
-    m: FitModel, tp: int, sm: str, graphs: int, largest: int, pool: tuple[int, str] | None = None
+    m: FitModel,
+    tp: int,
+    sm: str,
+    graphs: GraphCount,
+    largest: int,
+    pool: tuple[int, str] | None = None,
+    transient: tuple[int, str] | None = None,
 ) -> FitItem:
-    """Graph memory as one figure: graph-exec (nodes x the device's per-node figure) + the
+    """Graph memory as one figure: graph-exec (``graphs.whole`` graphs' nodes x the device's
+    per-node figure, + ``graphs.execs`` x its per-graph figure where one is measured) + the
     pool (the largest size's activations, which every smaller graph reuses; or ``pool``'s
     bytes, a plan's predicted pool, and where they come from) + the capture stream's cuBLAS
-    workspace. ``graphs``: whole-model graphs captured (a piecewise size's pieces count as
-    one: their nodes add up to about one graph's)."""
-    if graphs == 0:
+    workspace; ``transient``: bytes an engine's kernels allocate in the pool at the peak
+    besides the activations (the engine's layer counts them), and what they are. Without a
+    per-graph figure the execs are priced by their nodes only and the
+    source says so: an engine's thousands of piecewise graphs may then cost more."""
+    if graphs.execs == 0:
         return FitItem("graph memory", 0, 0, "exact", "no CUDA graphs captured")
     devs = data("devices.toml")
-    per_node = devs.get("graph_exec_per_node", {}).get(sm)
+    exec_graph, per_node = per_graph(sm)
     workspace = devs.get("stream_workspace", {}).get(sm)
     per_layer = nodes_per_layer(m)
     g = estimates()["graph"]
@@ -125,12 +151,22 @@ def graph_memory(
             else f"no measured node count for model type {m.model_type}"
         )
         return FitItem("graph memory", None, None, "unknown", missing)
-    exec_bytes = int(graphs * per_layer * m.layers * per_node)
+    exec_bytes = int(graphs.whole * per_layer * m.layers * per_node)
+    if exec_graph is None:
+        execs = (
+            f"{graphs.how}, priced by their nodes only: the per-graph cost is not measured for {sm} "
+            "(planner/data/devices.toml [graph_exec_per_graph]; bench/graph_exec_bench.py --overhead)"
+        )
+    else:
+        exec_bytes += graphs.execs * exec_graph
+        execs = f"{graphs.how} x {exec_graph} B per graph (planner/data/devices.toml [graph_exec_per_graph])"
     if pool is None:
-        b = exec_bytes + largest * activation_per_token(m, tp) + int(workspace)
-        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", g["source"])
+        extra, why = transient if transient else (0, "")
+        b = exec_bytes + largest * activation_per_token(m, tp) + extra + int(workspace)
+        src = f"{g['source']}{f' + {why}' if extra else ''}; {execs}"
+        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", src)
     # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
     # is graph-exec's and the workspace's
     b = exec_bytes + pool[0] + int(workspace)
     err = int((exec_bytes + int(workspace)) * g["error_fraction"])
-    return FitItem("graph memory", b, err, "estimated", f"the pool: {pool[1]}; graph-exec: {g['exec_source']}")
+    return FitItem("graph memory", b, err, "estimated", f"the pool: {pool[1]}; graph-exec: {g['exec_source']}; {execs}")

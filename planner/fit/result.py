@@ -11,6 +11,7 @@ import msgspec
 from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, SizeCost
 
 from . import estimate
+from .graph_count import GraphCount, whole_graphs
 from .inputs import FitInputs
 from .model import replicated_bytes, weight_bytes
 
@@ -90,12 +91,25 @@ def weights(inp: FitInputs) -> FitItem:
     return FitItem("weights", b, rep, "estimated", src)
 
 
-def graph_memory(inp: FitInputs, graphs: int, largest: int, *, plan: bool = False) -> FitItem:
-    """Graph memory of ``graphs`` graphs up to ``largest`` (:func:`.estimate.graph_memory`);
-    ``plan``: they are the plan's, whose predicted pool is the figure's pool."""
+def graph_memory(
+    inp: FitInputs,
+    graphs: GraphCount | None,
+    largest: int,
+    *,
+    plan: bool = False,
+    transient: tuple[int, str] | None = None,
+) -> FitItem:
+    """Graph memory of ``graphs`` up to ``largest`` (:func:`.estimate.graph_memory`);
+    ``plan``: they are the plan's (``graphs`` None: its graphs, each captured whole), whose
+    predicted pool is the figure's pool; ``transient``: the engine's kernels' pool bytes at
+    the peak besides the activations (:func:`.estimate.graph_memory`)."""
     p = inp.plan if plan else None
     pool = None if p is None else (p.pool_bytes, f"plan {p.name}'s predicted pool ({p.source})")
-    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool)
+    if graphs is None:
+        if p is None:
+            raise ValueError("graphs None is a plan's")
+        graphs = whole_graphs(p.graphs, "plan graphs captured whole")
+    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool, transient)
 
 
 def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:
@@ -104,7 +118,7 @@ def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:
     p = inp.plan
     if p is None:
         return []
-    gi = inp.measured_graph or graph_memory(inp, p.graphs, max(p.sizes), plan=True)
+    gi = inp.measured_graph or graph_memory(inp, None, max(p.sizes), plan=True)
     t = None if gi.bytes is None else tokens_of(gi.bytes)
     return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]
 

@@ -9,6 +9,7 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
+from .graph_count import sglang_graphs
 from .inputs import FitInputs
 from .result import Kv, Verdict, known
 from .tables import GiB
@@ -63,9 +64,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     weights = result.weights(inp)
     nt = estimate.non_torch(inp.tp)
     act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
-    default_graph = result.graph_memory(inp, len(decode) + len(prefill), max(decode))
+    default_graph = result.graph_memory(inp, sglang_graphs(len(decode), len(prefill), m.layers), max(decode))
     if plan is not None:
-        graph = inp.measured_graph or result.graph_memory(inp, plan.graphs, max(plan.sizes), plan=True)
+        graph = inp.measured_graph or result.graph_memory(inp, None, max(plan.sizes), plan=True)
     else:
         graph = inp.measured_graph or default_graph
     budget = FitItem(

@@ -12,21 +12,27 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
+from .graph_count import full_graph_sizes, vllm_graphs
 from .inputs import FitInputs
 from .result import Kv, Verdict, known
-from .tables import GiB
+from .tables import GiB, estimates
 
 __all__ = ["fit_vllm"]
 
-#: the modes whose FULL graphs cover the decode sizes only (size <= max_num_seqs)
-_FULL_DECODE = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
-_PIECEWISE = ("FULL_AND_PIECEWISE", "PIECEWISE")
 
-
-def _graphs(mode: str, sizes: list[int], seqs: int) -> int:
-    """Whole-model graphs a mode captures for ``sizes`` (a size's piecewise graph counts as one)."""
-    full = [s for s in sizes if s <= seqs] if mode in _FULL_DECODE else sizes if mode == "FULL" else []
-    return len(full) + (len(sizes) if mode in _PIECEWISE else 0)
+def split_kv_accum(inp: FitInputs, full_sizes: list[int]) -> tuple[int, str] | None:
+    """The FA3 split-KV accumulators vLLM's FULL graphs allocate in the pool at one layer of
+    the largest of ``full_sizes`` (planner/data/fit_estimates.toml [graph.vllm_split_kv]):
+    float32 out_accum [splits, heads / tp, tokens, head_dim_v] and softmax_lse_accum
+    [splits, heads / tp, tokens]; None where FA3 is not vLLM's backend (an MLA model, a
+    device of another compute capability) or no FULL graph is captured."""
+    m = inp.model
+    e = estimates()["graph"]["vllm_split_kv"]
+    if not full_sizes or m.mla or inp.device.sm not in e["capabilities"]:
+        return None
+    tokens, heads = max(full_sizes), m.heads // inp.tp
+    b = 4 * e["splits"] * heads * tokens * (m.v_head_dim + 1)
+    return b, f"{e['source']} at {tokens} tokens"
 
 
 def fit_vllm(inp: FitInputs) -> FitResult:
@@ -80,7 +86,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     init_free = total - known(ctx)
 
     def graph_of(ss: list[int]) -> FitItem:
-        return result.graph_memory(inp, _graphs(mode, ss, seqs), max(ss, default=0))
+        count = vllm_graphs(mode, ss, seqs, m.layers)
+        transient = split_kv_accum(inp, full_graph_sizes(mode, ss, seqs))
+        return result.graph_memory(inp, count, max(ss, default=0), transient=transient)
 
     def kv_of(graph: int) -> int:
         if after:
@@ -104,7 +112,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         return sizing.vllm_blocks(m, inp.per_layer, block, avail, mml, in_flight, rule.kv_tokens)
 
     if inp.plan is not None:
-        graph = inp.measured_graph or result.graph_memory(inp, inp.plan.graphs, max(inp.plan.sizes), plan=True)
+        graph = inp.measured_graph or result.graph_memory(inp, None, max(inp.plan.sizes), plan=True)
     else:
         graph = inp.measured_graph if inp.measured_graph is not None and sizes else graph_of(sizes)
     budget = FitItem(

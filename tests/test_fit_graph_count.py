@@ -1,0 +1,131 @@
+"""fit counts graph execs as the engines capture them (planner/fit/graph_count.py) and prices
+them with devices.toml's per-graph figure where one is measured (planner/fit/estimate.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from bench_modules import bench_module
+from capture_plan.planner.fit import estimate
+from capture_plan.planner.fit.fit import fit
+from capture_plan.planner.fit.graph_count import sglang_graphs, vllm_graphs
+from capture_plan.planner.fit.model import load_model
+from capture_plan.planner.inputs.resources import data
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_CFG = "tests/data/engine_logs/configs/llama-3.1-8b-instruct.json"
+LLAMA = ROOT / LLAMA_CFG
+H100 = "NVIDIA H100 80GB HBM3"
+#: vLLM's 51 default capture sizes (max_num_seqs 1024 on an H100: up to 512)
+SIZES = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
+
+
+def test_vllm_captures_layers_plus_one_pieces_per_piecewise_size():
+    assert len(SIZES) == 51
+    both = vllm_graphs("FULL_AND_PIECEWISE", SIZES, 1024, 32)
+    assert (both.whole, both.execs) == (102, 51 + 51 * 33)
+    assert "51 sizes x 33 PIECEWISE pieces + 51 FULL" in both.how
+    assert vllm_graphs("PIECEWISE", SIZES, 1024, 32)[:2] == (51, 51 * 33)
+    assert vllm_graphs("FULL", SIZES, 8, 32)[:2] == (51, 51)
+    # FULL decode graphs only for the sizes up to max_num_seqs
+    decode = [s for s in SIZES if s <= 256]
+    assert vllm_graphs("FULL_DECODE_ONLY", SIZES, 256, 32)[:2] == (len(decode), len(decode))
+    assert vllm_graphs("FULL_AND_PIECEWISE", SIZES, 256, 32)[:2] == (51 + len(decode), 51 * 33 + len(decode))
+
+
+def test_sglang_breakable_prefill_graphs_have_a_segment_per_attention_layer_and_one():
+    assert sglang_graphs(36, 10, 28)[:2] == (46, 36 + 10 * 29)
+    assert sglang_graphs(36, 0, 28)[:2] == (36, 36)
+
+
+def _graph(monkeypatch=None, devices: dict | None = None, **settings):
+    """fit's graph item for Llama-3.1-8B on an H100 under vLLM 0.19.0, with ``devices`` in
+    place of planner/data/devices.toml where given."""
+    if devices is not None:
+        monkeypatch.setattr(estimate, "data", lambda name: devices if name == "devices.toml" else data(name))
+    r = fit(load_model(str(LLAMA)), H100, "vllm==0.19.0", 1, {"max-model-len": 8192, **settings})
+    return next(i for i in r.items if i.name == "graph memory")
+
+
+def test_without_a_per_graph_figure_the_execs_are_priced_by_their_nodes_and_fit_says_so(monkeypatch):
+    devs = copy.deepcopy(data("devices.toml"))
+    devs["graph_exec_per_graph"].pop("sm90", None)  # a capability nobody measured
+    g = _graph(monkeypatch, devs)
+    assert g.bytes and g.status == "estimated"
+    assert "1734 graph execs (51 sizes x 33 PIECEWISE pieces + 51 FULL)" in g.source
+    assert "per-graph cost is not measured for sm90" in g.source
+
+
+@pytest.mark.parametrize("per_graph", [128 << 10, 512 << 10])
+def test_a_measured_per_graph_figure_prices_every_exec_and_leaves_the_per_node_figure_without_it(
+    per_graph, monkeypatch
+):
+    devs = copy.deepcopy(data("devices.toml"))
+    devs["graph_exec_per_graph"].pop("sm90", None)
+    base = _graph(monkeypatch, devs)
+    devs["graph_exec_per_graph"]["sm90"] = per_graph
+    got = _graph(monkeypatch, devs)
+    basis = devs["graph_exec_per_node_basis"]["sm90"]
+    nodes = 102 * round(estimate.nodes_per_layer(load_model(str(LLAMA))) * 32)  # 381 a graph
+    # 1,734 execs at the per-graph figure; the per-node figure less what it held of it
+    want = 1734 * per_graph - nodes * per_graph * basis["graphs"] / basis["nodes"]
+    assert got.bytes - base.bytes == pytest.approx(want, abs=2)
+    assert f"x {per_graph} B per graph" in got.source
+    # piecewise pieces cost per graph: the same sizes captured whole cost less
+    full = _graph(monkeypatch, devs, **{"cudagraph-mode": "FULL"})
+    assert got.bytes - full.bytes > 51 * 33 * per_graph * 0.9
+
+
+def test_the_per_node_basis_is_the_committed_bench_and_each_per_graph_figure_has_one():
+    devs = data("devices.toml")
+    for sm in devs["graph_exec_per_node_basis"]:
+        assert sm in devs["graph_exec_per_node"]
+    bench = json.loads((ROOT / "bench" / "results" / "graph-exec-2026-12-01.json").read_text())
+    ok = [c for c in bench["cases"].values() if c.get("nodes")]
+    assert devs["graph_exec_per_node_basis"]["sm90"] == {
+        "graphs": sum(c["graphs"] for c in ok),
+        "nodes": sum(c["nodes"] for c in ok),
+    }
+    assert (
+        round(sum(c["instantiate_bytes"] for c in ok) / sum(c["nodes"] for c in ok))
+        == devs["graph_exec_per_node"]["sm90"]
+    )
+    for sm in devs.get("graph_exec_per_graph", {}):
+        assert sm in devs["graph_exec_per_node_basis"], f"[graph_exec_per_graph] {sm} needs its per-node basis"
+
+
+def test_the_overhead_bench_fit_recovers_per_graph_and_per_node_bytes():
+    fit_ = bench_module("graph_exec_bench").overhead_fit
+    pts = [{"k": k, "n": n, "exec": n * 300_000 + n * k * 2_500} for k in (1, 4, 16, 64, 256) for n in (64, 256, 1024)]
+    f = fit_(pts)
+    assert f["per_graph_bytes"] == pytest.approx(300_000)
+    assert f["per_node_bytes"] == pytest.approx(2_500)
+    assert f["max_abs_residual_bytes"] < 1
+
+
+def _split_kv(config: str, tp: int, sm: str, full: list[int]):
+    from types import SimpleNamespace
+
+    from capture_plan.planner.fit.vllm import split_kv_accum
+
+    m = load_model(str(ROOT / config))
+    return split_kv_accum(SimpleNamespace(model=m, tp=tp, device=SimpleNamespace(sm=sm)), full)
+
+
+def test_vllm_full_graphs_on_fa3_hold_one_layers_split_kv_accumulators_in_the_pool():
+    # vLLM 0.19.0 flash_attn.py: 32 splits for FULL-graph batches; FA3's float32 out_accum
+    # [splits, heads, tokens, head_dim_v] and softmax_lse_accum [splits, heads, tokens]
+    b, why = _split_kv(LLAMA_CFG, 1, "sm90", SIZES)
+    assert b == 4 * 32 * 32 * 512 * (128 + 1) and "at 512 tokens" in why
+    assert _split_kv(LLAMA_CFG, 4, "sm90", SIZES)[0] == b // 4  # heads per rank
+    assert _split_kv(LLAMA_CFG, 1, "sm90", []) is None  # PIECEWISE only: no FULL graph
+    assert _split_kv(LLAMA_CFG, 1, "sm80", SIZES) is None  # FA2: no num_splits in graphs
+    assert _split_kv("planner/data/configs/deepseek-v2-lite.json", 1, "sm90", SIZES) is None  # MLA: its own backend
+    # and fit's graph memory holds it where vLLM captures FULL graphs
+    both, piecewise = _graph(), _graph(**{"cudagraph-mode": "PIECEWISE"})
+    assert "split-KV accumulators" in both.source and "split-KV" not in piecewise.source
+    assert both.bytes - piecewise.bytes > b
