@@ -1073,7 +1073,12 @@ def sglang_reserve() -> list[str]:
 
 #: the restore floor runs docs/restore.md quotes (bench/restore_floor.py), oldest first: the lead
 #: appends a run's file name once it is committed
-RESTORE_FLOOR_RUNS: list[str] = ["restore-floor-2026-12-06-phase1.json", "restore-floor-2026-12-06-phase1-eagle.json"]
+RESTORE_FLOOR_RUNS: list[str] = [
+    "restore-floor-2026-12-06-phase1.json",
+    "restore-floor-2026-12-06-phase1-eagle.json",
+    "restore-floor-2026-12-06-phase2.json",
+    "restore-floor-2026-12-06-phase2-moved.json",
+]
 
 
 def restore_floor() -> list[str]:
