@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.harness import (
+    DEVICE_FIELDS,
     MiB,
     add_layers,
     add_out_dir,
@@ -489,6 +490,34 @@ def run_case(case: str, layers: int, folder: Path, release: str = RELEASE) -> di
     return {**row, "fit_lacks": FIT_LACKS[case]} if case in FIT_LACKS else row
 
 
+def refit(source: dict, source_name: str, folder: Path) -> dict:
+    """fit's side of a measured run again, at this commit and on the CPU: ``source`` (a
+    fit-bench result, ``source_name`` its file) keeps its runner records as measured; fit's
+    figures, their comparisons and the rule check are recomputed with the planner as it is
+    now. The device fields are the source's (the runner's device); ``refit_of`` names the
+    source's file, commit and date, and this result's header names the commit fit ran at.
+    A case the source skipped or failed is kept as it was."""
+    res: dict = header(device=False)
+    res.update({k: source[k] for k in DEVICE_FIELDS if k in source})
+    res["refit_of"] = {k: source.get(k) for k in ("git_commit", "git_tree", "git_dirty", "date")} | {
+        "file": source_name
+    }
+    res.update({k: source[k] for k in ("releases", "layers", "targets", "differs") if k in source}, cases={})
+    for case, rows in source["cases"].items():
+        res["cases"][case] = {}
+        for release, row in rows.items():
+            if "runner" not in row:
+                res["cases"][case][release] = row
+                continue
+            s = Settings(**{**row["settings"], "capture_sizes": tuple(row["settings"]["capture_sizes"])})
+            (folder / case).mkdir(parents=True, exist_ok=True)
+            graphs = row["runner"]["measured"]["graphs"]
+            fitted = fit_side(case, folder / case, source["layers"], row["device"]["device"], s, release, graphs)
+            new = {"device": row["device"], "settings": row["settings"], **case_row(row["runner"], fitted, release)}
+            res["cases"][case][release] = {**new, "fit_lacks": FIT_LACKS[case]} if case in FIT_LACKS else new
+    return res
+
+
 def main() -> int | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"cases, comma-separated (default {','.join(CASES)})")
@@ -501,8 +530,24 @@ def main() -> int | None:
     ap.add_argument("--tag", default="")
     add_out_dir(ap)
     add_overwrite(ap)
+    ap.add_argument(
+        "--refit",
+        default=None,
+        metavar="RESULT",
+        help="no GPU: recompute fit's side of a committed fit-bench result at this commit (the runner's "
+        "records kept as measured); writes fit-bench-DATE-TAG.json beside it (TAG default: refit)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.refit:
+        source = Path(args.refit)
+        res = refit(json.loads(source.read_text()), source.name, Path(tempfile.mkdtemp(prefix="fit-refit-")))
+        path = result_file(args, "fit-bench", res["date"], args.tag or "refit")
+        print(f"wrote {path.write(res)}")
+        for case, rows in res["cases"].items():
+            for release, row in rows.items():
+                print(summary_line(case, row, release))
+        return None
     releases = [r for r in args.releases.split(",") if r]
     unknown = [r for r in releases if r not in RELEASES]
     if unknown or not releases:

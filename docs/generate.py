@@ -1327,10 +1327,21 @@ def fit_bench() -> list[str]:
     runs = sorted(p.name for p in RESULTS.glob("fit-bench-*.json"))
     if not runs:
         return ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
+    # a refit (`--refit`) is fit re-run over a measured file's runner records: it replaces that file
+    refitted = {_load(n)["refit_of"]["file"] for n in runs if "refit_of" in _load(n)}
     rows, sources = [], []
-    for name in runs:
+    for name in (n for n in runs if n not in refitted):
         d = _load(name)
-        sources.append(_source(name, d).strip())
+        source = _source(name, d).strip()
+        if "refit_of" in d:
+            of = d["refit_of"]
+            known = provenance(of)
+            source += (
+                f" fit re-run at `{(d.get('git_commit') or '?')[:7]}` over the runner's records of "
+                f"`bench/results/{of['file']}` (measured at `{(of.get('git_commit') or '?')[:7]}`"
+                f"{'; ' + known if known else ''})."
+            )
+        sources.append(source)
         for case, row, release in ((c, row, r) for c, runs in d["cases"].items() for r, row in runs.items()):
             label = release.replace("==", " ")
             if "compare" not in row:

@@ -389,3 +389,47 @@ def test_the_command_writes_one_json_with_every_case_and_a_summary_line_each(mon
     assert table[-1].startswith(f"Source: `bench/results/{path.name}` (NVIDIA H100 80GB HBM3, torch 2.11.0, ")
     monkeypatch.setattr(gen, "RESULTS", tmp_path / "none")
     assert gen.fit_bench() == ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
+
+
+MEASURED = Path(__file__).resolve().parent.parent / "bench/results/fit-bench-2026-12-06-h100.json"
+
+
+def test_a_refit_keeps_the_runners_records_and_recomputes_fits_side(monkeypatch, tmp_path):
+    """`--refit`: fit's figures of a measured run again at this commit, on the CPU. Fed the
+    figures fit gave at the run, every comparison and rule check comes out as the run wrote
+    it (the plumbing loses nothing); the runner's records, settings and device are the run's
+    as measured, and the result names the run it refits."""
+    source = json.loads(MEASURED.read_text())
+    rows = {(c, r): row for c, runs in source["cases"].items() for r, row in runs.items()}
+    seen = []
+
+    def fit_side(case, folder, layers, device_name, s, release, graphs):
+        row = rows[(case, release)]
+        assert (device_name, graphs, layers) == (
+            row["device"]["device"],
+            row["runner"]["measured"]["graphs"],
+            source["layers"],
+        )
+        assert s == fb.Settings(**{**row["settings"], "capture_sizes": tuple(row["settings"]["capture_sizes"])})
+        seen.append(case)
+        return row["fit"]
+
+    monkeypatch.setattr(fb, "fit_side", fit_side)
+    res = fb.refit(source, MEASURED.name, tmp_path)
+    assert sorted(seen) == sorted(source["cases"]) and res["device"] == source["device"]
+    assert res["refit_of"]["file"] == MEASURED.name and res["refit_of"]["git_commit"] == source["git_commit"]
+    for (case, release), row in rows.items():
+        assert res["cases"][case][release] == row, case
+
+
+def test_a_refit_runs_the_planner_as_it_is_now(tmp_path):
+    """The real fit over one measured case (qwen2_moe): its runner record untouched, fit's
+    figures fresh, each item compared against the same runner figure."""
+    pytest.importorskip("transformers")
+    source = json.loads(MEASURED.read_text())
+    source["cases"] = {"qwen2_moe": source["cases"]["qwen2_moe"]}
+    res = fb.refit(source, MEASURED.name, tmp_path)
+    old, new = source["cases"]["qwen2_moe"]["vllm==0.34.0"], res["cases"]["qwen2_moe"]["vllm==0.34.0"]
+    assert new["runner"] == old["runner"] and set(new["compare"]) == set(old["compare"])
+    for item, c in new["compare"].items():
+        assert c["runner"] == old["compare"][item]["runner"] and c["fit"] is not None, item
