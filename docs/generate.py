@@ -1330,6 +1330,7 @@ def fit_bench() -> list[str]:
     # a refit (`--refit`) is fit re-run over a measured file's runner records: it replaces that file
     refitted = {_load(n)["refit_of"]["file"] for n in runs if "refit_of" in _load(n)}
     rows, sources = [], []
+    verdict: dict[str, dict[str, list[dict]]] = {}  # release -> item -> its comparisons
     for name in (n for n in runs if n not in refitted):
         d = _load(name)
         source = _source(name, d).strip()
@@ -1348,6 +1349,9 @@ def fit_bench() -> list[str]:
                 rows.append([case, label, "skipped" if "skipped" in row else "failed", *[""] * 5])
                 continue
             c, p, r = row["compare"], row["compare_plan"], row["rule_check"]
+            for item in ("weights", "activation peak", "graph memory", "kv tokens"):
+                verdict.setdefault(label, {}).setdefault(item, []).append(c[item])
+            verdict[label].setdefault("rule", []).append(r)
             rows.append(
                 [
                     case,
@@ -1370,7 +1374,19 @@ def fit_bench() -> list[str]:
         "KV tokens",
         "fit's rule on the runner's items: blocks error",
     ]
-    return [*_table(header, rows), "", *sources]
+    lines = []
+    for label, items in verdict.items():
+        parts = []
+        for item, cs in items.items():
+            errs = [x["error"] for x in cs if x.get("error") is not None]
+            digits = 2 if item == "rule" else 1
+            span = f"{_pct(min(errs), digits)} to {_pct(max(errs), digits)}" if errs else "n/a"
+            if item == "rule":
+                parts.append(f"fit's rule on the runner's items {span}")
+            else:
+                parts.append(f"{item} met in {sum(x['ok'] for x in cs)} of {len(cs)} (fit {span})")
+        lines.append(f"- {label}: " + "; ".join(parts) + ".")
+    return [*_table(header, rows), "", *lines, "", *sources]
 
 
 TABLES = {
