@@ -121,6 +121,19 @@ def test_a_floor_chooses_fewer_sizes_and_one_no_list_meets_is_refused(cli, tmp_p
     assert cli(*_fix_command(line))[0] == 0
 
 
+def test_a_floor_no_padding_list_meets_names_the_floor_not_the_padding(cli, tmp_path):
+    """--max-padding with a floor that no list padding that little meets: the one line names the
+    floor (what the best such list leaves), not a padding the lists do meet, and its fix works.
+    Before: "no list ... pads at most 1%; the least padding there is 0.02%", fix "allow more
+    sizes" (more sizes leave fewer tokens)."""
+    assert cli("build", "-b", "fa3", *ENGINE, "-o", "kv.json")[0] == 0
+    unmet = _plan(tmp_path, "kv.json")["predicted"]["kv"]["kv_tokens_without_graphs"] + 1
+    args = ("build", "-b", "fa3", *ENGINE, *AUTO, "--max-padding", "1", "--min-kv-tokens", str(unmet))
+    line = one_line_error(cli(*args, "-o", "p.json"), f"--min-kv-tokens {unmet}", f"below --min-kv-tokens {unmet:,}")
+    assert "pads at most 1%" in line and "least padding" not in line
+    assert cli(*_fix_command(line))[0] == 0
+
+
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
