@@ -279,3 +279,24 @@ def test_a_spec_of_an_moe_model_is_priced_with_its_experts():
     m = spec_model("qwen2-moe", moe, None)
     assert (m.experts, m.experts_per_token, m.expert_intermediate) == (60, 4, 1408)
     assert weight_bytes(m, 1) > 3 * weight_bytes(spec_model("dense", dense, None), 1)
+
+
+@pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])
+def test_an_unknown_engine_flag_suggests_one_the_engine_takes(engine):
+    """The example in the fix of a flag the engine lacks is itself accepted. Before: SGLang's
+    suggested ``--engine-flag kv-cache-dtype=1``, which is refused (no such dtype)."""
+    import re
+
+    from capture_plan.planner.fit.kv_price import parse_engine_flags
+    from capture_plan.schemas.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        parse_engine_flags(engine, ["no-such-flag=1"])
+    example = re.search(r"e\.g\. --engine-flag (\S+)", err.value.fix)
+    assert example is not None, err.value.fix
+    from capture_plan.planner.fit.kv_price import KvPricer
+    from capture_plan.planner.fit.model import load_model
+
+    flags = {("context-length" if engine.startswith("sglang") else "max-model-len"): 8192}
+    flags.update(parse_engine_flags(engine, [example[1]]))
+    assert KvPricer(load_model("llama-3-8b"), H100, engine, 1, flags).none_tokens > 0

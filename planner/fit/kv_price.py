@@ -40,6 +40,8 @@ def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
     refused naming the item."""
     eng = rule_for(engine)[0]
     rows, allowed = engine_flags(), flags_of(eng)
+    # the fix's example: a flag the engine takes here, with a value its row gives as an example
+    shown = next((a for a in allowed if a not in CAPTURE_FLAGS and rows[a].example), allowed[0])
     out: dict = {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -49,8 +51,8 @@ def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
             raise InputError(
                 f"{eng} has no flag {name!r}" if sep else "is not NAME=VALUE",
                 where=where,
-                fix=f"give one of {eng}'s flags as NAME=VALUE, e.g. --engine-flag {allowed[0]}="
-                f"{rows[allowed[0]].example or 1} (one of: {', '.join(a for a in allowed if a not in CAPTURE_FLAGS)})",
+                fix=f"give one of {eng}'s flags as NAME=VALUE, e.g. --engine-flag {shown}="
+                f"{rows[shown].example or 1} (one of: {', '.join(a for a in allowed if a not in CAPTURE_FLAGS)})",
             )
         if name in CAPTURE_FLAGS:
             raise InputError(
