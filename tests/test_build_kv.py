@@ -300,3 +300,9 @@ def test_an_unknown_engine_flag_suggests_one_the_engine_takes(engine):
     flags = {("context-length" if engine.startswith("sglang") else "max-model-len"): 8192}
     flags.update(parse_engine_flags(engine, [example[1]]))
     assert KvPricer(load_model("llama-3-8b"), H100, engine, 1, flags).none_tokens > 0
+
+
+def test_an_engine_flag_given_twice_is_one_line(cli):
+    """Before: the last of two values was priced and the first silently dropped."""
+    args = ("build", "-b", "fa3", *ENGINE, "--engine-flag", "max-model-len=4096", "--dry-run")
+    one_line_error(cli(*args), "--engine-flag max-model-len=4096", "given twice")

@@ -36,8 +36,8 @@ _BOOLS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off"
 def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
     """``--engine-flag NAME=VALUE`` items as fit's flags (NAME the engine's own flag, its value
     read by the row's type; the row's bounds are checked by fit). An item not ``NAME=VALUE``, a
-    flag the engine lacks, one of :data:`CAPTURE_FLAGS`, or a value not of the row's type is
-    refused naming the item."""
+    flag the engine lacks or given twice, one of :data:`CAPTURE_FLAGS`, or a value not of the
+    row's type is refused naming the item."""
     eng = rule_for(engine)[0]
     rows, allowed = engine_flags(), flags_of(eng)
     # the fix's example: a flag the engine takes here, with a value its row gives as an example
@@ -73,6 +73,12 @@ def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
             if text.lower() not in _BOOLS:
                 raise InputError(f"{name} takes true or false, got {text!r:.30}", where=where, fix=f"{name}=true")
             value = _BOOLS[text.lower()]
+        if name in out:
+            raise InputError(
+                f"{name} is given twice",
+                where=where,
+                fix=f"keep one of --engine-flag {name}={out[name]} and --engine-flag {name}={value}",
+            )
         out[name] = value
     return out
 
