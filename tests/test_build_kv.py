@@ -306,3 +306,14 @@ def test_an_engine_flag_given_twice_is_one_line(cli):
     """Before: the last of two values was priced and the first silently dropped."""
     args = ("build", "-b", "fa3", *ENGINE, "--engine-flag", "max-model-len=4096", "--dry-run")
     one_line_error(cli(*args), "--engine-flag max-model-len=4096", "given twice")
+
+
+def test_planner_sizes_floor_without_an_engine_names_the_engine(cli):
+    """``planner sizes --min-kv-tokens`` without ``--engine``: one line saying the engine is
+    missing, whose flags, added, work. Before: "graph memory on the device is unknown ..., so
+    the KV tokens  is left cannot be priced; fix: build with --calibration REPORT", which an
+    added calibration does not fix (no engine prices tokens)."""
+    args = ("sizes", "-b", "fa3", "--traffic", str(TRAFFIC), "--min-kv-tokens", "1000")
+    line = one_line_error(cli(*args), "--min-kv-tokens 1000", "--engine names none")
+    added = shlex.split(line.split("`")[1])
+    assert cli(*args, *added)[0] == 0
