@@ -121,6 +121,19 @@ def test_a_floor_chooses_fewer_sizes_and_one_no_list_meets_is_refused(cli, tmp_p
     assert cli(*_fix_command(line))[0] == 0
 
 
+def test_a_floor_no_padding_list_meets_names_the_floor_not_the_padding(cli, tmp_path):
+    """--max-padding with a floor that no list padding that little meets: the one line names the
+    floor (what the best such list leaves), not a padding the lists do meet, and its fix works.
+    Before: "no list ... pads at most 1%; the least padding there is 0.02%", fix "allow more
+    sizes" (more sizes leave fewer tokens)."""
+    assert cli("build", "-b", "fa3", *ENGINE, "-o", "kv.json")[0] == 0
+    unmet = _plan(tmp_path, "kv.json")["predicted"]["kv"]["kv_tokens_without_graphs"] + 1
+    args = ("build", "-b", "fa3", *ENGINE, *AUTO, "--max-padding", "1", "--min-kv-tokens", str(unmet))
+    line = one_line_error(cli(*args, "-o", "p.json"), f"--min-kv-tokens {unmet}", f"below --min-kv-tokens {unmet:,}")
+    assert "pads at most 1%" in line and "least padding" not in line
+    assert cli(*_fix_command(line))[0] == 0
+
+
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
@@ -266,3 +279,41 @@ def test_a_spec_of_an_moe_model_is_priced_with_its_experts():
     m = spec_model("qwen2-moe", moe, None)
     assert (m.experts, m.experts_per_token, m.expert_intermediate) == (60, 4, 1408)
     assert weight_bytes(m, 1) > 3 * weight_bytes(spec_model("dense", dense, None), 1)
+
+
+@pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])
+def test_an_unknown_engine_flag_suggests_one_the_engine_takes(engine):
+    """The example in the fix of a flag the engine lacks is itself accepted. Before: SGLang's
+    suggested ``--engine-flag kv-cache-dtype=1``, which is refused (no such dtype)."""
+    import re
+
+    from capture_plan.planner.fit.kv_price import parse_engine_flags
+    from capture_plan.schemas.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        parse_engine_flags(engine, ["no-such-flag=1"])
+    example = re.search(r"e\.g\. --engine-flag (\S+)", err.value.fix)
+    assert example is not None, err.value.fix
+    from capture_plan.planner.fit.kv_price import KvPricer
+    from capture_plan.planner.fit.model import load_model
+
+    flags = {("context-length" if engine.startswith("sglang") else "max-model-len"): 8192}
+    flags.update(parse_engine_flags(engine, [example[1]]))
+    assert KvPricer(load_model("llama-3-8b"), H100, engine, 1, flags).none_tokens > 0
+
+
+def test_an_engine_flag_given_twice_is_one_line(cli):
+    """Before: the last of two values was priced and the first silently dropped."""
+    args = ("build", "-b", "fa3", *ENGINE, "--engine-flag", "max-model-len=4096", "--dry-run")
+    one_line_error(cli(*args), "--engine-flag max-model-len=4096", "given twice")
+
+
+def test_planner_sizes_floor_without_an_engine_names_the_engine(cli):
+    """``planner sizes --min-kv-tokens`` without ``--engine``: one line saying the engine is
+    missing, whose flags, added, work. Before: "graph memory on the device is unknown ..., so
+    the KV tokens  is left cannot be priced; fix: build with --calibration REPORT", which an
+    added calibration does not fix (no engine prices tokens)."""
+    args = ("sizes", "-b", "fa3", "--traffic", str(TRAFFIC), "--min-kv-tokens", "1000")
+    line = one_line_error(cli(*args), "--min-kv-tokens 1000", "--engine names none")
+    added = shlex.split(line.split("`")[1])
+    assert cli(*args, *added)[0] == 0

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: pages whose every quoted figure, in a paragraph naming a result, is generated
-STRICT = ["README.md", "docs/executor.md", "docs/measurements.md"]
+STRICT = ["README.md", "docs/executor.md", "docs/measurements.md", "docs/fit.md"]
 #: a number with a unit: MiB, %, seconds, "x" ratios, bytes
 _FIGURE = re.compile(r"(?<![\w.`/-])[-+~]?\d[\d,]*(?:\.\d+)?(?:-\d[\d,.]*)?\s?(?:MiB|GiB|MB|GB|%|ms|s|x|bytes)(?![\w])")
 

@@ -77,7 +77,7 @@ GRAPH_PIECEWISE = (
 )
 DEDUCTED_TP4 = (
     "KV GiB under vLLM 0.20.0 (which takes its graph estimate from the budget) at tp 4: the engine deducted "
-    "its 1.10 GiB estimate where fit deducts its own 0.20 (0.90 GiB), non-torch memory at tp 4 as in the "
+    "its 1.10 GiB estimate where fit deducts its own 0.23 (0.87 GiB), non-torch memory at tp 4 as in the "
     "0.19.0 logs (about 1.4 GiB more than fit's estimate), and about 0.4 GiB more of the fp8 MoE path's "
     "workspaces than fit's activation peak counts: 2.7 GiB of a 12.15 GiB cache"
 )

@@ -36,10 +36,12 @@ _BOOLS = {"true": True, "1": True, "on": True, "false": False, "0": False, "off"
 def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
     """``--engine-flag NAME=VALUE`` items as fit's flags (NAME the engine's own flag, its value
     read by the row's type; the row's bounds are checked by fit). An item not ``NAME=VALUE``, a
-    flag the engine lacks, one of :data:`CAPTURE_FLAGS`, or a value not of the row's type is
-    refused naming the item."""
+    flag the engine lacks or given twice, one of :data:`CAPTURE_FLAGS`, or a value not of the
+    row's type is refused naming the item."""
     eng = rule_for(engine)[0]
     rows, allowed = engine_flags(), flags_of(eng)
+    # the fix's example: a flag the engine takes here, with a value its row gives as an example
+    shown = next((a for a in allowed if a not in CAPTURE_FLAGS and rows[a].example), allowed[0])
     out: dict = {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -49,8 +51,8 @@ def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
             raise InputError(
                 f"{eng} has no flag {name!r}" if sep else "is not NAME=VALUE",
                 where=where,
-                fix=f"give one of {eng}'s flags as NAME=VALUE, e.g. --engine-flag {allowed[0]}="
-                f"{rows[allowed[0]].example or 1} (one of: {', '.join(a for a in allowed if a not in CAPTURE_FLAGS)})",
+                fix=f"give one of {eng}'s flags as NAME=VALUE, e.g. --engine-flag {shown}="
+                f"{rows[shown].example or 1} (one of: {', '.join(a for a in allowed if a not in CAPTURE_FLAGS)})",
             )
         if name in CAPTURE_FLAGS:
             raise InputError(
@@ -71,6 +73,12 @@ def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
             if text.lower() not in _BOOLS:
                 raise InputError(f"{name} takes true or false, got {text!r:.30}", where=where, fix=f"{name}=true")
             value = _BOOLS[text.lower()]
+        if name in out:
+            raise InputError(
+                f"{name} is given twice",
+                where=where,
+                fix=f"keep one of --engine-flag {name}={out[name]} and --engine-flag {name}={value}",
+            )
         out[name] = value
     return out
 

@@ -228,6 +228,18 @@ class Pricing:
                     return k, f"the fewest sizes that pad at most {opts.max_padding:g}% within {limit_text}" + (
                         f" and the budget ({budget_mib:g} MiB)" if budget is not None else ""
                     ) + floor
+            # lists that pad little enough exist, and the floor is what none of them meets:
+            # say so (more sizes would leave fewer tokens, not more)
+            padded = [k for k in range(1, limit + 1) if padding(k) <= opts.max_padding]
+            if padded and opts.min_kv_tokens is not None:
+                best = max(padded, key=lambda k: at(k).kv_tokens or 0)
+                left = at(best).kv_tokens or 0
+                if left < opts.min_kv_tokens:
+                    assert self.kv is not None, "a floor is priced under an engine"
+                    graph = at(best).graph_bytes
+                    why = self.kv.why_not(graph) if graph is not None else ""
+                    what = f"phase {phase!r}: the best list that pads at most {opts.max_padding:g}% ({best} sizes)"
+                    raise floor_error(opts.min_kv_tokens, left, self.kv.label, what, why)
             least = padding(limit)
             err = ConstraintError(
                 f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"

@@ -45,6 +45,7 @@ measure anything: every figure says where it comes from.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,6 +225,8 @@ def choose(
         if bad is not None:
             flag = BUILD_FLAG[name].flag
             raise _bad_option(bad, f"{flag} {value}" if BUILD_FLAG[name].kind == "int" else flag, flag, name)
+    if opts.min_kv_tokens is not None and r.kv is None:
+        raise _floor_without_engine(r, opts.min_kv_tokens)
     context = _context(opts.context, r.spec_read.context_window)
     if opts.metric is not None and not opts.metric.strip():  # read as the default one before
         err = InputError(
@@ -330,6 +333,24 @@ def choose(
         opts=opts,
         build=b,
         kv=r.kv.label if r.kv is not None else "",
+    )
+
+
+def _floor_without_engine(r: Resolved, floor: int) -> InputError:
+    """``planner sizes --min-kv-tokens`` with no ``--engine`` (a build's floor is refused by
+    schedule/kv.py's kv_pricer, which reads the build's own size options): the flags to add."""
+    from ..schedule.kv import EXAMPLE_DEVICE, EXAMPLE_ENGINE
+
+    b = r.opts
+    add = ["--engine", EXAMPLE_ENGINE]
+    if b.device is None and b.calibration is None:
+        add += ["--device", EXAMPLE_DEVICE]
+    if r.spec_read.model_config is None:  # no config.json gives the context length
+        add += ["--engine-flag", "max-model-len=8192"]
+    return InputError(
+        "--min-kv-tokens prices KV tokens under an engine release, and --engine names none",
+        where=f"--min-kv-tokens {floor}",
+        fix=f"name the release: add `{shlex.join(add)}`",
     )
 
 
