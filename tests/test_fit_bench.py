@@ -51,6 +51,8 @@ def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_pla
     fit explicitly."""
     if case not in ("reference", "eagle"):
         pytest.importorskip("transformers")
+    if case == "eagle":  # its plan is built from the speculative reference's config (torch)
+        pytest.importorskip("torch")
     s = fb.settings_for(H100, case=case)
     if case == "eagle":
         from bench.baselines import vllm_capture_sizes
@@ -179,6 +181,7 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     query length 4 (its verify phase), the speculator's draft prefill graphs (draft_extend) and
     draft decode grid (draft_decode), the dummy run's propose a draft decode, the draft's
     weights and cache layers counted with the target's."""
+    pytest.importorskip("torch")
     from fake_cuda import install
 
     layers = 2
@@ -285,6 +288,7 @@ def test_the_profiling_forward_attends_to_nothing():
     """A case model's ``profile_hidden`` (the profiling run's forward): every row depends on its
     own token alone (attention skipped), whatever its neighbours and position (the rotary
     embedding turns q and k only, which nothing reads)."""
+    pytest.importorskip("torch")
     import torch
 
     from capture_plan.references.decode import ReferenceConfig, ReferenceModel
