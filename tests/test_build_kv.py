@@ -317,3 +317,23 @@ def test_planner_sizes_floor_without_an_engine_names_the_engine(cli):
     line = one_line_error(cli(*args), "--min-kv-tokens 1000", "--engine names none")
     added = shlex.split(line.split("`")[1])
     assert cli(*args, *added)[0] == 0
+
+
+def test_planner_fit_of_an_moe_spec_counts_its_experts_as_build_engine_does(tmp_path):
+    """One reading of a spec's model for fit: `planner fit --model SPEC` and `build --engine`
+    count the same weights for an MoE spec. Before, ``from_spec`` dropped the expert fields
+    (a dense MLP: ~3x fewer weight bytes than the build's pricer counted)."""
+    from capture_plan.planner.fit.kv_price import spec_model
+    from capture_plan.planner.fit.model import from_spec, weight_bytes
+
+    dims = dict(layers=24, hidden=2048, heads=16, kv_heads=16, head_dim=128, intermediate=5632, vocab=151936)
+    moe = {**dims, "experts": 60, "experts_per_token": 4, "expert_intermediate": 1408}
+    spec = tmp_path / "moe.toml"
+    spec.write_text(
+        'name = "moe"\n\n[model]\nname = "qwen2-moe"\n'
+        + "".join(f"{k} = {v}\n" for k, v in moe.items())
+        + '\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2, 4]\n'
+    )
+    m = from_spec(spec)
+    assert (m.experts, m.experts_per_token, m.expert_intermediate) == (60, 4, 1408)
+    assert weight_bytes(m, 1) == weight_bytes(spec_model("qwen2-moe", moe, None), 1)

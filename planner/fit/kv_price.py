@@ -22,7 +22,7 @@ from capture_plan.schemas.fit import FitItem, FitResult
 
 from .fit import fit
 from .flags import engine_flags, flags_of
-from .model import FitModel, load_model
+from .model import FitModel, from_dimensions, load_model
 from .tables import rule_for
 
 __all__ = ["KvPricer", "parse_engine_flags", "spec_model", "CAPTURE_FLAGS"]
@@ -90,26 +90,7 @@ def spec_model(name: str, dimensions: dict[str, int], config: Path | None) -> Fi
     must then be given)."""
     if config is not None:
         return load_model(str(config))
-    d = dimensions
-    return FitModel(
-        name=name,
-        model_type="preset",
-        layers=d["layers"],
-        hidden=d["hidden"],
-        heads=d["heads"],
-        kv_heads=d["kv_heads"],
-        head_dim=d["head_dim"],
-        v_head_dim=d["head_dim"],
-        intermediate=d["intermediate"],
-        vocab=d["vocab"],
-        dtype_bytes=d.get("dtype_bytes", 2),
-        # a spec's MoE fields (schemas/spec.py Model), where it gives them
-        experts=d.get("experts", 0),
-        experts_per_token=d.get("experts_per_token", 0),
-        expert_intermediate=d.get("expert_intermediate", 0),
-        shared_expert_intermediate=d.get("shared_expert_intermediate", 0),
-        source=f"the spec's model {name} (its dimensions)",
-    )
+    return from_dimensions(name, dimensions, "preset", f"the spec's model {name} (its dimensions)")
 
 
 class KvPricer:

@@ -33,7 +33,16 @@ from capture_plan.planner.inputs.hf_config import model_from_config
 from capture_plan.planner.inputs.specs import model_presets
 from capture_plan.schemas.errors import InputError
 
-__all__ = ["replicated_bytes", "FitModel", "load_model", "from_spec", "kv_bytes_per_token", "weight_bytes", "KV_DTYPES"]
+__all__ = [
+    "replicated_bytes",
+    "FitModel",
+    "load_model",
+    "from_spec",
+    "from_dimensions",
+    "kv_bytes_per_token",
+    "weight_bytes",
+    "KV_DTYPES",
+]
 
 #: ``--kv-cache-dtype`` values and their element size (auto: the model's dtype)
 KV_DTYPES = {"auto": 0, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -220,19 +229,31 @@ def from_spec(path: Path) -> FitModel:
     m = spec.model
     if m.config is not msgspec.UNSET:
         return load_model(str(path.parent / m.config))
+    dims = {k: v for k, v in msgspec.structs.asdict(m).items() if isinstance(v, int) and not isinstance(v, bool)}
+    return from_dimensions(m.name, dims, "reference", f"spec {path} (capture-plan's reference decode step)")
+
+
+def from_dimensions(name: str, d: dict[str, int], model_type: str, source: str) -> FitModel:
+    """A model from a spec's dimensions (schemas/spec.py ``Model``'s integer fields by name;
+    the MoE ones where given): full attention, V heads as wide as K's, no rotary cache. The
+    one reading of a spec's model for fit (``--model SPEC`` and ``build --engine``)."""
     return FitModel(
-        name=m.name,
-        model_type="reference",
-        layers=m.layers,
-        hidden=m.hidden,
-        heads=m.heads,
-        kv_heads=m.kv_heads,
-        head_dim=m.head_dim,
-        v_head_dim=m.head_dim,
-        intermediate=m.intermediate,
-        vocab=m.vocab,
-        dtype_bytes=m.dtype_bytes,
-        source=f"spec {path} (capture-plan's reference decode step)",
+        name=name,
+        model_type=model_type,
+        layers=d["layers"],
+        hidden=d["hidden"],
+        heads=d["heads"],
+        kv_heads=d["kv_heads"],
+        head_dim=d["head_dim"],
+        v_head_dim=d["head_dim"],
+        intermediate=d["intermediate"],
+        vocab=d["vocab"],
+        dtype_bytes=d.get("dtype_bytes", 2),
+        experts=d.get("experts", 0),
+        experts_per_token=d.get("experts_per_token", 0),
+        expert_intermediate=d.get("expert_intermediate", 0),
+        shared_expert_intermediate=d.get("shared_expert_intermediate", 0),
+        source=source,
     )
 
 
