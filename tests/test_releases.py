@@ -15,6 +15,7 @@ tests/test_plugins.py, every one that runs per release, on 0.35.0.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -74,7 +75,12 @@ from capture_plan.planner.fit.tables import rule_for, wheels
 from capture_plan.planner.inputs.specs import engine_preset
 sys.path[:0] = ["docs", "tests"]
 import generate
-from engines import plugged
+try:  # the fake runners are torch code: without torch (the Quickstart's run) the data alone is checked
+    import torch  # noqa: F401
+except ModuleNotFoundError:
+    plugged = None
+else:
+    from engines import plugged
 rows = [h for h in hooks.HOOKS if (h.engine, h.version) == ("vllm", "0.35.0")]
 print(json.dumps({
     "known": hooks.KNOWN["vllm"],
@@ -89,8 +95,8 @@ print(json.dumps({
     "fit_wheel": wheels()["vllm==0.35.0"].sha256,
     "docs_hooks": [line for line in generate.hooks() if "vllm 0.35.0" in line and sys.argv[4] in line],
     "docs_fit": [line for line in generate.fit_rules() if "0.35.0" in line],
-    "runner": [p.name for p in plugged.later("vllm", "0.35.0")],
-    "runner_releases": plugged.VLLM_RELEASES,
+    "runner": plugged and [p.name for p in plugged.later("vllm", "0.35.0")],
+    "runner_releases": plugged and plugged.VLLM_RELEASES,
 }))
 """
 
@@ -121,8 +127,9 @@ def test_a_release_added_by_its_file_alone_is_seen_everywhere(tmp_path):
     assert got["facts"] == "widest"
     assert got["fit_rule"] == "vllm-extensible" and got["fit_wheel"] == sha
     assert len(got["docs_hooks"]) == 1 and got["docs_fit"]
-    assert got["runner"] == ["vllm_runner_034.py", "vllm_worker_034.py"]  # by its facts, 0.34.0's
-    assert got["runner_releases"][-1] == "0.35.0"
+    if importlib.util.find_spec("torch") is not None:
+        assert got["runner"] == ["vllm_runner_034.py", "vllm_worker_034.py"]  # by its facts, 0.34.0's
+        assert got["runner_releases"][-1] == "0.35.0"
 
 
 def test_the_vllm_plugin_tests_run_on_a_release_added_by_its_file_alone(tmp_path):
