@@ -337,3 +337,16 @@ def test_planner_fit_of_an_moe_spec_counts_its_experts_as_build_engine_does(tmp_
     m = from_spec(spec)
     assert (m.experts, m.experts_per_token, m.expert_intermediate) == (60, 4, 1408)
     assert weight_bytes(m, 1) == weight_bytes(spec_model("qwen2-moe", moe, None), 1)
+
+
+def test_the_kv_gate_refuses_plans_priced_under_different_settings(cli):
+    """`diff --fail-above-kv-tokens` compares one engine's tokens: two plans priced under other
+    settings (here max-model-len) are one line naming both, not a cost blamed on the new
+    plan's graphs. Before, the gate compared them and said 'capture fewer sizes'."""
+    other = ("--device", H100, "--engine", "vllm==0.34.0", "--engine-flag", "max-model-len=4096")
+    assert cli("build", "-b", "fa3", *ENGINE, "-o", "a.json")[0] == 0
+    assert cli("build", "-b", "fa3", *other, "-o", "b.json")[0] == 0
+    line = one_line_error(
+        cli("diff", "a.json", "b.json", "--fail-above-kv-tokens", "0"), "different engines, devices or settings"
+    )
+    assert "max-model-len=8192" in line and "max-model-len=4096" in line and "planner show b.json" in line

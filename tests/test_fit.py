@@ -207,6 +207,10 @@ def test_an_unmodelled_release_names_the_nearest(capsys):
     assert code == 1 and "--engine vllm==0.19.0" in err and err.count("\n") == 1
     code, _, err = fit_cli("llama-3-8b", "H100", "vllm==0.20.1", capsys=capsys)
     assert code == 1 and "--engine vllm==0.20.0" in err and err.count("\n") == 1
+    # a later major: the newest modelled release, not the one whose minor number is closest
+    # (before: vllm==9.9 named 0.19.0)
+    code, _, err = fit_cli("llama-3-8b", "H100", "vllm==9.9", capsys=capsys)
+    assert code == 1 and "--engine vllm==0.34.0" in err and err.count("\n") == 1
     # spaces around the name or the version are not part of it (a release is never refused naming itself)
     for engine in ("vllm==0.34.0 ", " vllm == 0.34.0", "sglang==0.5.23\t"):
         assert rule_for(engine)[:2] == tuple(engine.strip().replace(" ", "").split("=="))
@@ -476,3 +480,15 @@ def test_a_model_no_single_change_fits_is_refused_with_a_fix_still(capsys, tmp_p
     assert code == 1 and err.count("\n") == 1 and "the largest item is weights" in err
     assert "; fix: none of fit's single changes fits" in err and "--device" in err
     assert "fixes: none of fit's single changes fits" in out
+
+
+@pytest.mark.parametrize(
+    ("engine", "flag"), [("vllm==0.34.0", "--max-model-len"), ("sglang==0.5.23", "--context-length")]
+)
+def test_a_model_with_no_context_length_names_the_model_and_a_flag_that_works(capsys, engine, flag):
+    """A preset (or a spec's dimensions) has no max_position_embeddings: the line names the
+    model, not "the config", and its fix, added, fits."""
+    code, _, err = fit_cli("llama-3-8b", "H100", engine, capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "llama-3-8b gives no context length" in err
+    fix = err.split("e.g. ")[1].split()
+    assert fix[0] == flag and fit_cli("llama-3-8b", "H100", engine, *fix, capsys=capsys)[0] == 0

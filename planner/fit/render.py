@@ -28,8 +28,9 @@ def render(r: FitResult) -> str:
             f"KV per token, {k.kind}: {k.bytes_per_token} B a layer ({k.layers} layers, {k.dtype_bytes}-byte elements)"
         )
     tok = "unknown" if r.kv_tokens is None else f"{r.kv_tokens:,}"
+    blocks = "unknown" if r.kv_blocks is None else f"{r.kv_blocks:,}"
     lines.append(
-        f"KV tokens {tok} in {r.kv_blocks} blocks of {r.block_tokens}; max concurrency at {r.max_model_len} tokens: "
+        f"KV tokens {tok} in {blocks} blocks of {r.block_tokens}; max concurrency at {r.max_model_len} tokens: "
         f"{r.max_concurrency}x"
     )
     for c in r.size_costs:

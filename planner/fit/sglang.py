@@ -36,7 +36,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     ctx_len = inp.flag("context-length", m.max_positions or 0)
     if ctx_len < 1:
         raise InputError(
-            "the config gives no max_position_embeddings", where="--context-length", fix="give --context-length"
+            f"{m.name} gives no context length ({m.source}: no max_position_embeddings)",
+            where="--context-length",
+            fix="add the engine's context length, e.g. --context-length 8192",
         )
     prefill = sizing.sglang_prefill_sizes(chunk)
     frac = inp.flag("mem-fraction-static", None)

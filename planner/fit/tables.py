@@ -174,7 +174,10 @@ def rule_for(engine: str) -> tuple[str, str, str, Rule]:
     modelled = sorted((v for r in known.values() for v in r.releases), key=Version)
     try:
         want = Version(version)
-        nearest = min(modelled, key=lambda v: (abs(Version(v).major - want.major), abs(Version(v).minor - want.minor)))
+        # the newest modelled release at or below the one asked (its rule is the latest that can
+        # have carried over), else the oldest: vllm==9.9 -> 0.34.0, vllm==0.18.0 -> 0.19.0
+        below = [v for v in modelled if Version(v) <= want]
+        nearest = below[-1] if below else modelled[0]
     except InvalidVersion:
         nearest = (difflib.get_close_matches(version, modelled, n=1, cutoff=0) or modelled)[-1]
     raise InputError(

@@ -44,7 +44,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     mml = inp.flag("max-model-len", m.max_positions or 0)
     if mml < 1:
         raise InputError(
-            "the config gives no max_position_embeddings", where="--max-model-len", fix="give --max-model-len"
+            f"{m.name} gives no context length ({m.source}: no max_position_embeddings)",
+            where="--max-model-len",
+            fix="add the engine's context length, e.g. --max-model-len 8192",
         )
     seqs = inp.flag("max-num-seqs", seqs0)
     batched = inp.flag("max-num-batched-tokens", tokens0)

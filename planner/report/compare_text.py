@@ -284,8 +284,17 @@ def kv_gated_on(a: Plan, b: Plan, paths: tuple[str, str]) -> tuple[str, int, int
     old, new = a.predicted.kv, b.predicted.kv
     if old is None or new is None or old.kv_tokens is None or new.kv_tokens is None:
         raise ValueError(f"both plans must record KV tokens ({paths[0]}, {paths[1]}): check_kv_recorded first")
-    label = f"KV tokens under {new.engine}" + (f" (the old plan's: {old.engine})" if old.engine != new.engine else "")
-    return label, old.kv_tokens, new.kv_tokens
+    if old.engine != new.engine:  # tokens of two engines, devices or settings: no like-for-like cost
+        from capture_plan.schemas.errors import InputError
+
+        raise InputError(
+            f"the plans price KV tokens under different engines, devices or settings: {old.engine} "
+            f"({paths[0]}) and {new.engine} ({paths[1]})",
+            where="--fail-above-kv-tokens",
+            fix=f"rebuild {paths[0]} with the --engine, --device and --engine-flag options "
+            f"`planner show {paths[1]}` records, then diff again",
+        )
+    return f"KV tokens under {new.engine}", old.kv_tokens, new.kv_tokens
 
 
 def kv_gate(a: Plan, b: Plan, tokens: int, paths: tuple[str, str]):
