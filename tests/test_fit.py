@@ -390,6 +390,23 @@ def test_engine_flags_are_one_table_the_cli_and_checks_derive_from(capsys):
     assert code == 1 and "sglang has no flag --block-size" in err
 
 
+@pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])
+def test_an_integer_flag_out_of_its_bounds_suggests_a_value_that_works(capsys, engine):
+    """Every integer flag of the engine, given 0: one line whose fix is a value (the row's
+    example), and fit with that value answers. Before: "give --max-num-seqs a value in that
+    range", no value to give."""
+    from capture_plan.planner.fit.flags import engine_flags
+
+    ints = [n for n, f in engine_flags().items() if f.type == "int" and engine.split("==")[0] in f.engines]
+    assert len(ints) >= 4
+    for name in ints:
+        code, _, err = fit_cli("llama-3.1-8b", "H100", engine, f"--{name}", "0", capsys=capsys)
+        assert code == 1 and err.count("\n") == 1 and "; fix: e.g. " in err, err
+        fix = err.split("; fix: e.g. ")[1].split()
+        assert fix == [f"--{name}", engine_flags()[name].example], err
+        assert fit_cli("llama-3.1-8b", "H100", engine, *fix, capsys=capsys)[0] == 0, (name, fix)
+
+
 def test_engine_help_names_every_modelled_release(capsys):
     code, out, _ = run("fit", "--help", capsys=capsys)
     text = " ".join(out.split())

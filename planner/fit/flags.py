@@ -95,7 +95,7 @@ def _value(name: str, f: EngineFlag, v: object) -> object:
             raise _refuse(
                 name,
                 f"--{name} must be an integer from {f.bounds()}, got {v!r:.30}",
-                f"give --{name} a value in that range",
+                f"e.g. --{name} {f.example if f.example not in (None, '') else f.lo}",
             )
     elif f.type == "float":
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not f.within(v):
