@@ -350,3 +350,21 @@ def test_the_kv_gate_refuses_plans_priced_under_different_settings(cli):
         cli("diff", "a.json", "b.json", "--fail-above-kv-tokens", "0"), "different engines, devices or settings"
     )
     assert "max-model-len=8192" in line and "max-model-len=4096" in line and "planner show b.json" in line
+
+
+def test_the_kv_gates_fix_for_a_plan_with_a_config_adds_no_context_length(cli, tmp_path):
+    """`diff --fail-above-kv-tokens` on a plan built without an engine: its fix is the build
+    with the KV inputs filled in by the one filler (schedule/kv.py fixed_command), so a spec whose
+    config.json gives the context length gets no made-up max-model-len, and the command works.
+    Before, the fix always added max-model-len=8192 (check.py's own copy of the filler)."""
+    from cli_inputs import LLAMA, SPEC
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": 4096}))
+    (tmp_path / "m" / "s.toml").write_text('[model]\nconfig = "config.json"\n' + SPEC)
+    assert cli("build", "-b", "fa3", "--spec", "m/s.toml", "-o", "p.json")[0] == 0
+    assert cli("build", "-b", "fa3", "--spec", "m/s.toml", *ENGINE[:4], "-o", "q.json")[0] == 0
+    line = one_line_error(cli("diff", "p.json", "q.json", "--fail-above-kv-tokens", "10"), "records no KV tokens")
+    fix = _fix_command(line)
+    assert "--engine" in fix and not any("max-model-len" in a for a in fix), fix
+    assert cli(*fix)[0] == 0 and "kv" in _plan(tmp_path, "p-kv.json")["predicted"]

@@ -281,13 +281,12 @@ def check_kv_recorded(plan, path: str) -> None:
     if opts is None:
         fix = "build both plans with --engine ENGINE==VERSION and --device NAME (planner build --help)"
     elif kv is None:
-        from ..inputs.build_options import command_for_cwd
+        from ..schedule.kv import fixed_command  # the one filler of a build's KV inputs
 
-        device = opts.device if opts.device is not None or opts.calibration is not None else "NVIDIA H100 80GB HBM3"
         out = Path(path).with_name(Path(path).stem + "-kv.json")
-        flags = opts.engine_flags or ("max-model-len=8192",)
-        opts = msgspec.structs.replace(opts, engine="vllm==0.34.0", device=device, engine_flags=flags, output=out)
-        fix = f"build it with an engine: `{command_for_cwd(opts)}`, the other plan alike, and diff those"
+        has_config = plan.inputs.model_config is not msgspec.UNSET
+        command = fixed_command(msgspec.structs.replace(opts, output=out), has_config)
+        fix = f"build it with an engine: `{command}`, the other plan alike, and diff those"
     else:
         fix = "build it with --calibration REPORT, a capture report measured on the device"
     raise InputError(f"plan {plan.name!r} {why}", where=f"--fail-above-kv-tokens ({path})", fix=fix)

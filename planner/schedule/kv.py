@@ -26,14 +26,14 @@ if TYPE_CHECKING:  # fit is imported only by a build that names an engine (kv_pr
     from ..fit.kv_price import KvPricer
     from ..memory.device import Calibration
 
-__all__ = ["kv_pricer", "kv_cost", "graph_figure", "EXAMPLE_ENGINE", "EXAMPLE_DEVICE"]
+__all__ = ["kv_pricer", "kv_cost", "graph_figure", "fixed_command", "EXAMPLE_ENGINE", "EXAMPLE_DEVICE"]
 
 #: what a refusal's fix suggests where nothing is given
 EXAMPLE_ENGINE = "vllm==0.34.0"
 EXAMPLE_DEVICE = "NVIDIA H100 80GB HBM3"
 
 
-def _fixed(opts: BuildOptions, has_config: bool) -> str:
+def fixed_command(opts: BuildOptions, has_config: bool) -> str:
     """The command with the KV inputs a refusal names filled in: an engine, a device, and the
     engine's context length where the spec's model has no config to give it."""
     engine = opts.engine or EXAMPLE_ENGINE
@@ -59,7 +59,7 @@ def kv_pricer(
             raise InputError(
                 f"{given} prices KV tokens under an engine release, and --engine names none",
                 where=f"{given} {opts.engine_flags[0] if opts.engine_flags else floor}",
-                fix=f"name the release: `{_fixed(opts, has_config)}`",
+                fix=f"name the release: `{fixed_command(opts, has_config)}`",
             )
         return None
     device = opts.device
@@ -69,7 +69,7 @@ def kv_pricer(
         raise InputError(
             "--engine prices KV tokens on a device, and the build names none",
             where=f"--engine {opts.engine}",
-            fix=f"name the device: `{_fixed(opts, has_config)}`",
+            fix=f"name the device: `{fixed_command(opts, has_config)}`",
         )
     flags = parse_engine_flags(opts.engine, opts.engine_flags)
     path = Path(os.path.normpath(base / config)) if config is not None else None
@@ -81,7 +81,7 @@ def kv_pricer(
             raise InputError(
                 "the spec's model names no config.json, so the engine's context length is not known",
                 where=f"--engine {opts.engine}",
-                fix=f"give it: `{_fixed(opts, has_config)}`",
+                fix=f"give it: `{fixed_command(opts, has_config)}`",
             ) from None
         raise
 
