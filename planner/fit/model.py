@@ -26,12 +26,16 @@ KV heads). Biases other than Qwen2's q/k/v are not counted (a few MiB at most).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from capture_plan.planner.inputs.hf_config import model_from_config
 from capture_plan.planner.inputs.specs import model_presets
 from capture_plan.schemas.errors import InputError
+
+if TYPE_CHECKING:
+    from capture_plan.schemas.spec import Model
 
 __all__ = [
     "replicated_bytes",
@@ -177,29 +181,13 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
     )
     rot = _int(text, "qk_rope_head_dim", where) if kv_lora else int(m.head_dim * (partial or 1.0))
 
-    def moe(field: str) -> int:
-        v = getattr(m, field)
-        return 0 if v is msgspec.UNSET else int(v)
-
-    return FitModel(
-        name=name,
-        model_type=model_type,
-        layers=m.layers,
-        hidden=m.hidden,
-        heads=m.heads,
-        kv_heads=m.kv_heads,
-        head_dim=m.head_dim,
+    base = from_dimensions(name, dimensions(m), model_type, where)
+    return msgspec.structs.replace(
+        base,
         v_head_dim=v_head,
-        intermediate=m.intermediate,
-        vocab=m.vocab,
-        dtype_bytes=m.dtype_bytes,
         tie_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
         sliding_layers=sliding,
         sliding_window=window,
-        experts=moe("experts"),
-        experts_per_token=moe("experts_per_token"),
-        expert_intermediate=moe("expert_intermediate"),
-        shared_expert_intermediate=moe("shared_expert_intermediate"),
         dense_layers=_int(text, "first_k_dense_replace", where),
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=_int(text, "qk_rope_head_dim", where),
@@ -210,7 +198,6 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         quant_method=method,
         quant_bits=bits,
         quant_group=group,
-        source=where,
     )
 
 
@@ -229,8 +216,13 @@ def from_spec(path: Path) -> FitModel:
     m = spec.model
     if m.config is not msgspec.UNSET:
         return load_model(str(path.parent / m.config))
-    dims = {k: v for k, v in msgspec.structs.asdict(m).items() if isinstance(v, int) and not isinstance(v, bool)}
-    return from_dimensions(m.name, dims, "reference", f"spec {path} (capture-plan's reference decode step)")
+    return from_dimensions(m.name, dimensions(m), "reference", f"spec {path} (capture-plan's reference decode step)")
+
+
+def dimensions(m: Model) -> dict[str, int]:
+    """A spec's model (schemas/spec.py ``Model``) as its integer fields by name: the MoE ones
+    only where given (:func:`from_dimensions` reads an absent one as 0, a dense MLP)."""
+    return {k: v for k, v in msgspec.structs.asdict(m).items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def from_dimensions(name: str, d: dict[str, int], model_type: str, source: str) -> FitModel:
