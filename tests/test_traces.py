@@ -8,7 +8,7 @@ The snapshots here are written in torch.cuda.memory._snapshot()'s format by
 replaying a recorded H200 trace through the allocator simulator (addresses
 and segments as the caching allocator would give them), with eager warm-up
 allocations outside the pool between captures, as engines' loops do. The GPU
-test (tests/test_gpu_snapshot.py) checks a real dump.
+test (tests/test_gpu_traces.py) checks a real dump.
 
 The EAGLE plans against the H200: traces recorded there predict what was measured there.
 

@@ -11,7 +11,8 @@ steps (graph.py) -> predict memory (the ordered steps simulated, and the engines
 loop) -> the budget (and its floor) -> assemble the sealed plan.
 
 Everything recorded in the plan is relative and sorted: the same inputs give
-the same bytes on any machine (tests/test_determinism.py).
+the same bytes on any machine (tests/test_build.py: test_building_twice_gives_identical_bytes,
+test_an_accepted_build_checks_clean_from_anywhere_and_rebuilds_byte_identical).
 """
 
 from __future__ import annotations
