@@ -19,10 +19,11 @@ from capture_plan.executor.profiling import Recording
 from capture_plan.planner.memory.device import (
     Calibration,
     driver_after,
-    graph_exec,
+    graphs_after,
     node_figure,
     peak,
     pools_after,
+    taken_after,
     whole_chunks,
 )
 from capture_plan.schemas.keys import PlanIndex
@@ -111,8 +112,13 @@ def _figures(entry: StartupCalibration, *, held: int, early: int, late: int) -> 
         "graph-exec": 0,
     }
     if entry.driver is None:
-        items["graph-exec"] = int(round(graph_exec(plan.steps, entry.graph_exec_per_graph, kinds) or 0))
-        top = peak(plan.steps, after, kinds, entry.graph_exec_per_graph, entry.warmup_scratch, early + late)
+        graphs = graphs_after(plan.steps, entry.graph_exec_per_graph, kinds)
+        items["graph-exec"] = int(round(graphs[-1] if graphs else 0))
+        top = (
+            None
+            if graphs is None
+            else peak(plan.steps, taken_after(after, early + late, graphs), entry.warmup_scratch, kinds)
+        )
         final = items["pool"] + items["hoisted"] + early + late + items["graph-exec"]
         timeline: list[int] = []
     else:

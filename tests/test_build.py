@@ -36,7 +36,14 @@ from capture_plan.planner import BuildOptions, build_plan, plan_bytes
 from capture_plan.planner.cli import main
 from capture_plan.planner.inputs.resources import builtin_rules
 from capture_plan.planner.inputs.rules import Context, phase_rules, violated
-from capture_plan.planner.memory.device import calibration_from_report, driver_after, nodes_at, peak
+from capture_plan.planner.memory.device import (
+    calibration_from_report,
+    driver_after,
+    graphs_after,
+    nodes_at,
+    peak,
+    taken_after,
+)
 from capture_plan.planner.schedule.graph import Digraph, check_acyclic
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.plan import Step
@@ -619,9 +626,12 @@ def test_the_peak_is_a_warmup_on_top_of_the_pools_captured_before_it():
         Step(index=3, id="capture/b/8", op="capture", phase="b", bs=8),
     ]
     after = [0, 300, 300, 320]
-    got = peak(steps, after, {}, {"a": 2.0, "b": 1.0}, {"a": 50, "b": 100}, fixed=10)
+    graphs = graphs_after(steps, {"a": 2.0, "b": 1.0}, {})
+    assert graphs == [0.0, 2.0, 2.0, 3.0]
+    got = peak(steps, taken_after(after, 10, graphs), {"a": 50, "b": 100}, {})
     assert got == 300 + 100 + 10 + 2  # during b's warm-up: a's pool, b's scratch, fixed, a's driver memory
-    assert peak(steps, after, {}, {"a": 2.0}, {"a": 50, "b": 100}, fixed=10) is None  # b's graphs: unknown
+    assert graphs_after(steps, {"a": 2.0}, {}) is None  # b's graphs: unknown
+    assert peak(steps, taken_after(after, 10, graphs), {"a": 50}, {}) is None  # b's scratch: unknown
 
 
 def test_driver_memory_follows_the_nodes_in_whole_chunks_less_what_the_driver_holds():

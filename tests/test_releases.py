@@ -7,9 +7,10 @@ The added release is vLLM 0.35.0, following 0.34.0 with one hook renamed
 ``releases.DIRS`` in a fresh interpreter (the consumers read the files at import, so the
 folder is added before anything imports them): the hook table (HOOKS, KNOWN,
 requirements), the contract check (against a wheel made of 0.34.0's files with the rename),
-the preset's facts, the docs' hook and fit tables, fit's rule lookup and wheel, the fake
-runner (tests/engines/plugged.py, by the release's facts) and the vLLM plugin tests of
-tests/test_plugins.py, every one that runs per release, on 0.35.0.
+the preset's facts, the docs' hook and fit tables, fit's rule lookup and wheel, the benches'
+baselines (bench/baselines.py) and the fake runner (tests/engines/plugged.py), both by the
+release's facts, and the vLLM plugin tests of tests/test_plugins.py, every one that runs per
+release, on 0.35.0.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from capture_plan.planner.fit.tables import rule_for, wheels
 from capture_plan.planner.inputs.specs import engine_preset
 sys.path[:0] = ["docs", "tests"]
 import generate
+from bench import baselines
 try:  # the fake runners are torch code: without torch (the Quickstart's run) the data alone is checked
     import torch  # noqa: F401
 except ModuleNotFoundError:
@@ -95,6 +97,7 @@ print(json.dumps({
     "fit_wheel": wheels()["vllm==0.35.0"].sha256,
     "docs_hooks": [line for line in generate.hooks() if "vllm 0.35.0" in line and sys.argv[4] in line],
     "docs_fit": [line for line in generate.fit_rules() if "0.35.0" in line],
+    "baselines_rows": baselines.vllm_persistent_rows("0.35.0", 1, 5),
     "runner": plugged and [p.name for p in plugged.later("vllm", "0.35.0")],
     "runner_releases": plugged and plugged.VLLM_RELEASES,
 }))
@@ -127,6 +130,7 @@ def test_a_release_added_by_its_file_alone_is_seen_everywhere(tmp_path):
     assert got["facts"] == "widest"
     assert got["fit_rule"] == "vllm-extensible" and got["fit_wheel"] == sha
     assert len(got["docs_hooks"]) == 1 and got["docs_fit"]
+    assert got["baselines_rows"] == 5  # bench/baselines.py: by its facts, 0.34.0's (the widest descriptor's rows)
     if importlib.util.find_spec("torch") is not None:
         assert got["runner"] == ["vllm_runner_034.py", "vllm_worker_034.py"]  # by its facts, 0.34.0's
         assert got["runner_releases"][-1] == "0.35.0"

@@ -177,13 +177,12 @@ def _rmsnorm(ev: _Ops, tokens: int, hidden: int, d: int, kind: EventKind = "temp
     return out
 
 
-def _attention(
-    ev: _Ops, backend: Backend, bs: int, tpr: int, heads: int, hd: int, d: int, in_graph: bool = True
-) -> int:
-    """The backend call: its output, float32 log-sum-exp, per-call workspace, partials.
-    ``in_graph=False`` (a piecewise capture): the call runs eagerly between two
-    captured pieces, so only its output buffer, which the piece before it
+def _attention(ev: _Ops, s: _Shape, bs: int, tpr: int, in_graph: bool = True) -> int:
+    """The backend call over ``s``'s heads: its output, float32 log-sum-exp, per-call
+    workspace, partials. ``in_graph=False`` (a piecewise capture): the call runs eagerly
+    between two captured pieces, so only its output buffer, which the piece before it
     allocates, is in the pool."""
+    backend, heads, hd, d = s.backend, s.heads, s.model.head_dim, s.model.dtype_bytes
     tokens = bs * tpr
     out = ev.alloc(tokens * heads * hd * d)
     if not in_graph:
@@ -225,7 +224,7 @@ def _decoder_layer(
     tokens = bs * tpr
     x = _rmsnorm(ev, tokens, h, d)
     qkv = ev.alloc(tokens * (s.heads + 2 * s.kv_heads) * hd * d)
-    attn = _attention(ev, s.backend, bs, tpr, s.heads, hd, d, attention_in_graph)
+    attn = _attention(ev, s, bs, tpr, attention_in_graph)
     if splits is not None:
         splits.append(attn)
     o = ev.alloc(tokens * h * d)  # O projection; a TP all-reduce runs in place

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -68,6 +69,8 @@ __all__ = [
     "capability_of",
     "peak",
     "pools_after",
+    "taken_after",
+    "graphs_after",
     "graph_exec",
     "per_node_figure",
     "node_figure",
@@ -325,38 +328,26 @@ def pools_after(steps: list[Step], timeline: list[StepMemory]) -> list[int]:
     return out
 
 
-def peak(
-    steps: list[Step],
-    pool_after: list[int],
-    kinds: dict[str, str],
-    per_graph: dict[str, float],
-    scratch: dict[str, int],
-    fixed: int,
-    driver: list[int] | None = None,
-) -> int | None:
-    """The most free memory the capture takes at any moment: after each step
-    (the pools so far, ``fixed`` bytes, the driver memory of the graphs so
-    far), and during each warm-up (the pools before it plus its scratch). None
-    when a warm-up's or a graph's figure is unknown. ``pool_after``: the pools'
-    bytes after each step (:func:`pools_after`); ``driver``: the graphs' driver
-    memory after each step (:func:`driver_after`), instead of ``per_graph``."""
-    top, graphs, before = 0.0, 0.0, 0
-    for i, (s, after) in enumerate(zip(steps, pool_after)):
+def peak(steps: list[Step], taken: list[float], scratch: dict[str, int], kinds: dict[str, str]) -> int | None:
+    """The most free memory the capture takes at any moment: after each step, and during
+    each warm-up (what was taken before it plus its ``scratch``). ``taken``: the free memory
+    taken before the first step, then after each step (:func:`taken_after`). None when a
+    warm-up's scratch is unknown."""
+    top = max([0.0, *taken[1:]])
+    for s, before in zip(steps, taken):
         if s.op == "warmup":
             sc = _lookup(scratch, s.phase, kinds)
             if sc is None:
                 return None
-            top = max(top, before + sc + fixed + graphs)
-        if driver is not None:
-            graphs = driver[i]
-        elif s.op == "capture":
-            g = _lookup(per_graph, s.phase, kinds)
-            if g is None:
-                return None
-            graphs += g
-        top = max(top, after + fixed + graphs)
-        before = after
+            top = max(top, before + sc)
     return int(round(top))
+
+
+def taken_after(pool_after: list[int], fixed: int, graphs: Sequence[float]) -> list[float]:
+    """The free memory a capture has taken before its first step (``fixed`` bytes), then after
+    each: the pools' bytes (:func:`pools_after`), ``fixed`` and the graphs' driver memory so
+    far (:func:`graphs_after`, or :func:`driver_after`): what :func:`peak` reads."""
+    return [fixed] + [after + fixed + g for after, g in zip(pool_after, graphs)]
 
 
 def whole_chunks(nbytes: float) -> int:
@@ -407,16 +398,25 @@ def driver_after(
     return out
 
 
-def graph_exec(steps: list[Step], per_graph: dict[str, float], kinds: dict[str, str]) -> float | None:
-    """The driver memory of every graph the steps capture; None when a phase's figure is unknown."""
-    total = 0.0
+def graphs_after(steps: list[Step], per_graph: dict[str, float], kinds: dict[str, str]) -> list[float] | None:
+    """The driver memory of the graphs captured so far, after each step, at ``per_graph``
+    bytes a graph (per phase, or per ``kind:NAME``); None when a captured phase's figure is
+    unknown."""
+    out, total = [], 0.0
     for s in steps:
         if s.op == "capture":
             g = _lookup(per_graph, s.phase, kinds)
             if g is None:
                 return None
             total += g
-    return total
+        out.append(total)
+    return out
+
+
+def graph_exec(steps: list[Step], per_graph: dict[str, float], kinds: dict[str, str]) -> float | None:
+    """The driver memory of every graph the steps capture; None when a phase's figure is unknown."""
+    after = graphs_after(steps, per_graph, kinds)
+    return None if after is None else after[-1] if after else 0.0
 
 
 class CaptureFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -525,7 +525,9 @@ def device_prediction(
         # (a known total: every item's bytes are known, graph-exec's too)
         graph_bytes = next(i.bytes for i in items if i.name == "graph-exec")
         fixed = total - pool - hoisted - graph_bytes  # warmup-kept counted from the start: an upper bound  # pyright: ignore[reportOperatorIssue]
-        top = peak(steps, pool_after, kinds, per_graph, calibration.warmup_scratch, fixed, driver)
+        graphs = driver if driver is not None else graphs_after(steps, per_graph, kinds)
+        if graphs is not None:
+            top = peak(steps, taken_after(pool_after, fixed, graphs), calibration.warmup_scratch, kinds)
     largest = max([i.bytes or 0 for i in items] + [total or 0, top or 0])
     if largest > MAX_INT:  # a plan holds no number past 2**53 (schemas/codec.py): it would not read back
         raise InputError(

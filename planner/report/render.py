@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from capture_plan.schemas.key_fields import KEY_FIELDS, approximate_fields
-from capture_plan.schemas.keys import label_suffix, parse_step_id
+from capture_plan.schemas.keys import PlanIndex, label_suffix
 from capture_plan.schemas.plan import Plan, Step
 from capture_plan.schemas.units import mib
 
@@ -131,19 +131,19 @@ def _approximate_keys(plan: Plan) -> list[str]:
     (LoRA layers), or a key field the prediction does not model (schemas/key_fields.py's
     ``KEY_FIELDS``, their words): a micro-batched graph, such as vLLM's DBO twin of a FULL
     graph (``twin_of``: named from the plan's ``twin_of:<twin>`` edges), predicted as one batch."""
-    keys = plan.predicted.keys
+    keys, index = plan.predicted.keys, PlanIndex.of(plan)
     fields = {ph.name: [(KEY_FIELDS[n], v) for n, v in approximate_fields(ph).items()] for ph in plan.phases}
     fields = {name: facts for name, facts in fields.items() if facts}
     rough: dict[str, list[str]] = {}  # "" (labels) or a phase with such a key field -> its approximate keys
     for k in keys:
         if k.fidelity == "approximate":
-            phase = parse_step_id(k.step)[1]
+            phase = index.steps[k.step].phase
             rough.setdefault(phase if phase in fields else "", []).append(k.step)
     twin_of: dict[str, str] = {}  # twin -> the phase whose graphs it is the twin of
     for e in plan.edges:
         twin = e.rule.removeprefix("twin_of:")
         if twin != e.rule:
-            ends = {parse_step_id(e.src)[1], parse_step_id(e.dst)[1]} - {twin}
+            ends = {index.steps[e.src].phase, index.steps[e.dst].phase} - {twin}
             twin_of.update((twin, end) for end in ends)
     out = []
     for phase, steps in rough.items():
@@ -173,24 +173,35 @@ def _approximate_keys(plan: Plan) -> list[str]:
     return out
 
 
-def _key(s: Step) -> str:
-    """A step's labels (as its id spells them) and pieces for a table ("" for a step without them)."""
-    labels = label_suffix(parse_step_id(s.id)[3])
+def _key(index: PlanIndex, s: Step) -> str:
+    """A step's labels (as its id spells them) and pieces for a table ("" for a step without them);
+    ``index``: its plan's."""
+    labels = label_suffix(index.labels(s))
     parts = [labels] if labels else []
     parts += [] if s.pieces is msgspec.UNSET else [f"{s.pieces} pieces"]
     return " ".join(parts)
 
 
+def _step_lines(plan: Plan) -> list[str]:
+    """Each step of ``plan`` on one line, as a diff of two plans' steps compares them."""
+    index = PlanIndex.of(plan)
+    return [
+        f"{s.op} {s.phase} {s.bs}{' ' + k if (k := _key(index, s)) else ''} {s.pool} {s.outputs or '-'}"
+        for s in plan.steps
+    ]
+
+
 def steps_table(plan: Plan) -> str:
     tl = {m.step: m for m in plan.predicted.timeline}
-    keyed = any(_key(s) for s in plan.steps)  # the key column only where a step has labels or pieces
+    index = PlanIndex.of(plan)
+    keyed = any(_key(index, s) for s in plan.steps)  # the key column only where a step has labels or pieces
     rows = [
         [
             str(s.index),
             s.op,
             s.phase,
             str(s.bs),
-            *([_key(s) or "-"] if keyed else []),
+            *([_key(index, s) or "-"] if keyed else []),
             s.pool or "-",
             s.outputs or "-",
             mib(tl[s.index].reserved, unit=False),
@@ -253,8 +264,7 @@ def diff(a: Plan, b: Plan, name_a: str, name_b: str) -> tuple[str, bool]:
         for ln in difflib.unified_diff(da, db, f"{name_a} decisions", f"{name_b} decisions", lineterm="", n=0)
         if not ln.startswith("@@")
     ]
-    ta = [f"{s.op} {s.phase} {s.bs}{' ' + _key(s) if _key(s) else ''} {s.pool} {s.outputs or '-'}" for s in a.steps]
-    tb = [f"{s.op} {s.phase} {s.bs}{' ' + _key(s) if _key(s) else ''} {s.pool} {s.outputs or '-'}" for s in b.steps]
+    ta, tb = _step_lines(a), _step_lines(b)
     out += [ln for ln in difflib.unified_diff(ta, tb, f"{name_a} steps", f"{name_b} steps", lineterm="", n=1)]
     if not out:
         return f"{name_a} and {name_b}: no differences in steps, decisions or predictions", False

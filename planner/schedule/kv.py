@@ -11,20 +11,19 @@ them (``--device`` without a calibration: allocator-other unknown, not counted).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.plan import DevicePrediction, KvCost, ModelUsed
+from capture_plan.schemas.plan import DevicePrediction, KvCost
 
 from ..inputs.build_options import BuildOptions, command_for_cwd
 
 if TYPE_CHECKING:  # fit is imported only by a build that names an engine (kv_pricer)
     from ..fit.kv_price import KvPricer
     from ..memory.device import Calibration
+    from .read import SpecRead
 
 __all__ = ["kv_pricer", "kv_cost", "graph_figure", "fixed_command", "EXAMPLE_ENGINE", "EXAMPLE_DEVICE"]
 
@@ -44,15 +43,13 @@ def fixed_command(opts: BuildOptions, has_config: bool) -> str:
     return command_for_cwd(msgspec.structs.replace(opts, engine=engine, engine_flags=flags, device=device))
 
 
-def kv_pricer(
-    opts: BuildOptions, used: ModelUsed, config: str | None, calibration: Calibration | None, tp: int, base: Path
-) -> KvPricer | None:
-    """The build's pricer (None: no ``--engine``). ``used``: the model the plan records;
-    ``config``: its config.json relative to the plan's folder ``base`` (None: dimensions only)."""
+def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | None, tp: int) -> KvPricer | None:
+    """The build's pricer (None: no ``--engine``) for ``read``'s model: its config.json where
+    it names one (``read.config_path``), else the dimensions the plan records."""
     from ..fit.kv_price import KvPricer, parse_engine_flags, spec_model
 
     floor = opts.sizes.min_kv_tokens if opts.sizes is not None else None
-    has_config = config is not None
+    has_config = read.config_path is not None
     if opts.engine is None:
         if opts.engine_flags or floor is not None:
             given = "--engine-flag" if opts.engine_flags else "--min-kv-tokens"
@@ -72,8 +69,7 @@ def kv_pricer(
             fix=f"name the device: `{fixed_command(opts, has_config)}`",
         )
     flags = parse_engine_flags(opts.engine, opts.engine_flags)
-    path = Path(os.path.normpath(base / config)) if config is not None else None
-    model = spec_model(used.name, dict(used.dimensions), path)
+    model = spec_model(read.model.name, dict(read.model.dimensions), read.config_path)
     try:
         return KvPricer(model, device, opts.engine, tp, flags)
     except InputError as err:

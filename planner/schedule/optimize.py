@@ -397,7 +397,9 @@ def optimize(pb: Problem) -> Solution:
     decisions: list[Decision] = []
     for n in pb.sequence:
         mine = [s for s in cands[n] if n not in twins or s.order == current[n].order]
-        decisions.extend(_explain_phase(by_name[n], current, mine, pb, cost))
+        # each candidate with the other phases as they are: (hazard, total)
+        priced = [(s, *cost({**current, n: s})[:2]) for s in mine]
+        decisions.extend(_explain_phase(by_name[n], current[n], priced, pb))
         if n in twins:
             decisions.append(
                 Decision(
@@ -414,28 +416,27 @@ def optimize(pb: Problem) -> Solution:
 
 
 def _explain_phase(
-    phase: Phase, current: dict[str, Strategy], cands: list[Strategy], pb: Problem, cost
+    phase: Phase, chosen: Strategy, priced: list[tuple[Strategy, int, int]], pb: Problem
 ) -> list[Decision]:
-    """Why ``phase`` has its strategy in ``current``: each of ``cands`` priced by ``cost`` with
-    the other phases as they are, each rule met, and its warm-ups (``pb``: its rules, pins and
-    the sizes it compared strategies on)."""
+    """Why ``phase`` has the strategy ``chosen``: each candidate, priced with the other phases
+    as they are (``priced``: strategy, protected outputs it overwrites, pool and hoisted bytes;
+    ``chosen`` among them), each rule met, and its warm-ups (``pb``: its rules, pins and the
+    sizes it compared strategies on)."""
     rules = pb.rules[phase.name]
     compared = len(screened(phase.sizes, pb.screen))
     pins = _pinned(phase.name, pb.pins)
-    chosen = current[phase.name]
     alts = []
-    for s in cands:
+    for s, hazard, total in priced:
         v = violated(s, rules)
         pin_broken = [
             f"--strategy {ax}={val}" for ax, val in pins.items() if ax in MEMORY_AXES and getattr(s, ax) != val
         ]
-        hazard, total = cost({**current, phase.name: s})[:2]
         v = v + (["output-overlap"] if hazard else [])
         alts.append(
             Alternative(strategy=s, pool_bytes=total, feasible=not v and not pin_broken, violates=v + pin_broken)
         )
     alts.sort(key=lambda a: (not a.feasible, a.pool_bytes, a.strategy.label()))
-    chosen_bytes = cost(current)[1]
+    chosen_bytes = next(total for s, _, total in priced if s == chosen)
     runner = next((a for a in alts if a.feasible and a.strategy != chosen), None)
     why = f"lowest predicted total of {len([a for a in alts if a.feasible])} feasible strategies: {mib(chosen_bytes)}"
     if runner is not None:

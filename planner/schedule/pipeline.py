@@ -46,7 +46,6 @@ from capture_plan.schemas.units import MiB, mib
 
 from ..inputs import resources
 from ..inputs.build_options import relative
-from ..inputs.dimensions import model_used
 from ..inputs.rules import rule_text, satisfies
 from ..memory.analytic import workspace_bytes
 from ..memory.device import CaptureFigures, device_prediction, pools_after
@@ -411,7 +410,7 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
             ),
             **({"traffic": chosen.traffic, "traffic_digest": chosen.traffic_digest} if chosen is not None else {}),
             build=r.record,
-            model=model_used(spec, r.spec_read.sources, r.spec_read.config_keys),
+            model=r.spec_read.model,
             rules={rule.id: rule_text(rule) for rule in list(resources.builtin_rules()) + list(spec.rules)},
         ),
         requires=Requires(

@@ -9,6 +9,7 @@ depends on the capture sizes, so a size choice prices its lists without reading 
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -17,12 +18,12 @@ import msgspec
 from capture_plan.schemas.codec import canonical_bytes, decode_trace, sha256
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
-from capture_plan.schemas.plan import DimensionSource, ModelUsed
+from capture_plan.schemas.plan import ModelUsed
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.trace import Trace
 
 from ..inputs.build_options import BuildOptions, command_for_cwd, output_path, relative
-from ..inputs.dimensions import MOE, preset_sources
+from ..inputs.dimensions import MOE, model_used, preset_sources
 from ..inputs.specs import default_spec, model_presets, read_spec_file
 from ..inputs.validate import decode_spec_sources
 from ..memory.device import Calibration
@@ -43,10 +44,12 @@ class SpecRead(msgspec.Struct, frozen=True, kw_only=True):
     raw: bytes
     #: (path relative to the plan, digest, model_type) of the model config
     model_config: tuple[str, str, str | None] | None
-    #: where each model dimension came from (capture_plan.planner.inputs.dimensions)
-    sources: dict[str, DimensionSource]
-    #: the config.json key each dimension from a config was read from
-    config_keys: dict[str, str]
+    #: the model config's path as the build reads it (relative to the cwd, normalized), None
+    #: without one: where ``--engine``'s pricing reads the config again (schedule/kv.py)
+    config_path: Path | None
+    #: the model the prediction uses as the plan records it: every dimension with its source
+    #: (capture_plan.planner.inputs.dimensions.model_used), made once here
+    model: ModelUsed
     #: the model's longest context and where its config says so (``max_position_embeddings``;
     #: hf_config.context_window), None where no config names one
     context_window: tuple[int, str] | None = None
@@ -85,20 +88,22 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         if base is None:
             base = output_path(opts).parent
         model, config, config_raw, config_keys = read_model_config(source.model, opts.spec, str(opts.spec))
-        used = None
+        used, path = None, None
         if config is not None:
             used = (relative(Path(config), base), sha256(config_raw), _model_type(config_raw))
+            path = Path(os.path.normpath(base / used[0]))
         sources.update({f: "config" for f in MOE if f in config_keys})  # the MoE fields a config gives are its
         if opts.preset is not None:
             source = _on_preset(source, opts)
+        spec = msgspec.structs.replace(source, model=model)
         return SpecRead(
-            spec=msgspec.structs.replace(source, model=model),
+            spec=spec,
             source=source,
             name=relative(opts.spec, base),
             raw=raw,
             model_config=used,
-            sources=sources,
-            config_keys=config_keys,
+            config_path=path,
+            model=model_used(spec, sources, config_keys),
             context_window=context_window(config_raw, config) if config is not None else None,
         )
     spec = default_spec(opts.speculative, opts.max_bs, opts.preset)
@@ -108,8 +113,8 @@ def read_spec(opts: BuildOptions, base: Path | None = None) -> SpecRead:
         name="embedded:" + spec.name,
         raw=canonical_bytes(spec),
         model_config=None,
-        sources=preset_sources(spec.model),
-        config_keys={},
+        config_path=None,
+        model=model_used(spec, preset_sources(spec.model), {}),
     )
 
 
@@ -166,11 +171,11 @@ def read_trace(opts: BuildOptions, spec: Spec) -> tuple[Trace, Path, str] | None
     return trace, path, sha256(raw)
 
 
-def read_calibration_of(opts: BuildOptions, spec: Spec, model: ModelUsed, base: Path):
+def read_calibration_of(opts: BuildOptions, read: SpecRead, base: Path):
     """The calibration report's measured device items, and how the plan records it.
 
     ``base``: the plan's folder, which the plan records the report's path relative to.
-    Refused when the report measured another backend or model than ``model``
+    Refused when the report measured another backend or model than ``read``'s
     (device.check_applies); and by :func:`check_traced_on` when the trace the prediction
     comes from was recorded on another device."""
     if opts.calibration is None:
@@ -180,17 +185,21 @@ def read_calibration_of(opts: BuildOptions, spec: Spec, model: ModelUsed, base: 
     recorded = relative(opts.calibration, base)
     without = command_for_cwd(msgspec.structs.replace(opts, calibration=None))
     cal, raw = read_calibration(
-        opts.calibration, {p.name: p.kind for p in spec.phases}, recorded, Applies(opts.backend, model, without)
+        opts.calibration,
+        {p.name: p.kind for p in read.spec.phases},
+        recorded,
+        Applies(opts.backend, read.model, without),
     )
     return cal, (recorded, sha256(raw))
 
 
 def device_estimate(
-    opts: BuildOptions, model: ModelUsed, phases: list[str], calibration: Calibration | None, traced: bool
+    opts: BuildOptions, read: SpecRead, calibration: Calibration | None, traced: bool
 ) -> Calibration | None:
     """``--device NAME`` without a calibration: its device items estimated for the reference
-    decode step's graphs (a trace's model has no node count: graph-exec unknown then). With a
-    calibration the device is the one it measured: another ``--device`` is refused."""
+    decode step's graphs of ``read``'s model (a trace's model has no node count: graph-exec
+    unknown then). With a calibration the device is the one it measured: another ``--device``
+    is refused."""
     if opts.device is None:
         return None
     if calibration is not None:
@@ -204,7 +213,8 @@ def device_estimate(
         return None
     from ..memory.graph_nodes import REFERENCE, device_estimate
 
-    layers = {p: model.phases.get(p, {}).get("layers", model.dimensions["layers"]) for p in phases}
+    model = read.model
+    layers = {p.name: model.phases.get(p.name, {}).get("layers", model.dimensions["layers"]) for p in read.spec.phases}
     return device_estimate(opts.device, layers, "a trace's model" if traced else REFERENCE)
 
 

@@ -31,7 +31,6 @@ from capture_plan.schemas.units import MiB
 
 from ..inputs import resources
 from ..inputs.build_options import BuildOptions, build_record, check_paths_encode, output_path
-from ..inputs.dimensions import model_used
 from ..inputs.rules import Context, check_spec_rules, phase_rules
 from ..memory.device import Calibration
 from ..memory.simulate import PoolSetup, simulate
@@ -227,16 +226,14 @@ def resolve(opts: BuildOptions) -> Resolved:
     pins = parse_pins(sorted(set(opts.strategies)), [p.name for p in spec.phases])
     traced = read_trace(opts, spec)
     traced_on = traced[0].device if traced is not None else ""
-    used = model_used(spec, spec_read.sources, spec_read.config_keys)
-    calibration, calibration_record = read_calibration_of(opts, spec, used, output.parent)
+    calibration, calibration_record = read_calibration_of(opts, spec_read, output.parent)
     check_traced_on(calibration, traced_on, str(opts.calibration))
-    estimate = device_estimate(opts, used, [p.name for p in spec.phases], calibration, traced is not None)
+    estimate = device_estimate(opts, spec_read, calibration, traced is not None)
     kv, floor = None, opts.sizes.min_kv_tokens if opts.sizes is not None else None
     if opts.engine is not None or opts.engine_flags or floor is not None:
         from .kv import kv_pricer  # fit's tables and rules: read only for a build that names an engine
 
-        config = spec_read.model_config[0] if spec_read.model_config is not None else None
-        kv = kv_pricer(opts, used, config, calibration, tp, output.parent)
+        kv = kv_pricer(opts, spec_read, calibration, tp)
     expandable = allocator == "expandable"
     protect = frozenset(p.name for p in spec.phases if p.output_lifetime == "across-phases")
     library = int(spec.library_mib * MiB)

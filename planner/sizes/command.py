@@ -32,7 +32,7 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     and the plan built with them. With ``worth``, also why each chosen size is in (one more
     simulation per size)."""
     r = resolve(opts.build)
-    choice = choose(r, opts.choice, upto=opts.upto, every=opts.every, worth=worth)
+    choice = choose(r, opts, worth=worth)
     plan = pipeline.plan(r.with_sizes(choice.lists))
     check_budget(choice, plan)
     device = plan.predicted.device

@@ -84,9 +84,10 @@ DEFAULT_UPTO = 64
 
 
 class SizesOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """What ``planner sizes`` was asked. Paths as given (relative to the cwd)."""
+    """What ``planner sizes`` was asked (``planner build --sizes auto``: its build and the
+    build's own size-choice options). Paths as given (relative to the cwd)."""
 
-    #: the build whose spec's sizes are chosen (its own sizes: ``build.sizes`` is None)
+    #: the build whose spec's sizes are chosen
     build: BuildOptions
     #: the options that choose the sizes, as ``planner build --sizes auto`` takes them
     choice: SizeChoiceOptions
@@ -164,7 +165,7 @@ def for_build(r: Resolved, *, worth: bool = True) -> Choice:
     """The sizes ``planner build --sizes auto`` captures: :func:`choose` with the build's own
     size-choice options (``r.opts.sizes``); with ``worth``, each chosen size with why it is in."""
     assert r.opts.sizes is not None  # a build that chooses its sizes
-    return choose(r, r.opts.sizes, worth=worth)
+    return choose(r, SizesOptions(build=r.opts, choice=r.opts.sizes), worth=worth)
 
 
 def _bad_option(what: str, where: str, flag: str, field: str) -> InputError:
@@ -195,13 +196,12 @@ def _context(context: int | None, window: tuple[int, str] | None) -> int:
     return context
 
 
-def choose(
-    r: Resolved, opts: SizeChoiceOptions, *, upto: int | None = None, every: bool = False, worth: bool = False
-) -> Choice:
-    """Each traffic phase's front (up to ``upto`` sizes; with ``every``, each count on it), the
-    engines' defaults priced alike, and the chosen lists, priced on ``r`` (the build resolved
-    once) in memory. With ``worth``, also why each chosen size is in (:func:`_worth`)."""
-    b = r.opts
+def choose(r: Resolved, ask: SizesOptions, *, worth: bool = False) -> Choice:
+    """Each traffic phase's front (up to ``ask.upto`` sizes; with ``ask.every``, each count on
+    it), the engines' defaults priced alike, and the lists ``ask.choice`` chooses, priced on
+    ``r`` (the build resolved once) in memory. With ``worth``, also why each chosen size is in
+    (:func:`_worth`)."""
+    b, opts, upto, every = r.opts, ask.choice, ask.upto, ask.every
     resolved = r.spec
     names = [p.name for p in resolved.phases]
     for p in opts.traffic_phases:
