@@ -99,6 +99,42 @@ class FakeMemPool:
         self.fake.mempools_freed += 1
 
 
+def _run_capture_hooks(which: str, graph) -> None:
+    """Run torch's global capture hooks (``register_graph_capture_{start,end}_hook``,
+    torch 2.14 on) as torch.cuda.CUDAGraph.capture_begin/capture_end do, errors swallowed
+    as theirs are (torch/cuda/graphs.py ``_run_global_hooks``); nothing on a torch without
+    them unless :func:`emulate_capture_hooks` put them in."""
+    registry = getattr(torch.cuda.graphs, f"_global_capture_{which}_hooks", None)
+    for fn in list(registry.values()) if registry else ():
+        try:
+            fn(graph)
+        except Exception:  # noqa: S110  # as torch's fan-out: a hook cannot break a capture
+            pass
+
+
+def emulate_capture_hooks(monkeypatch) -> None:
+    """Give a torch without them (before 2.14) the global capture-hook registrations of
+    torch 2.14's torch/cuda/graphs.py (an OrderedDict per kind, a removable handle each),
+    so the executor's hook path is tested under any torch; a torch that has them keeps its own."""
+    from collections import OrderedDict
+
+    from torch.utils.hooks import RemovableHandle
+
+    graphs = torch.cuda.graphs
+    if callable(getattr(graphs, "register_graph_capture_start_hook", None)):
+        return
+    for which in ("start", "end"):
+        registry: OrderedDict = OrderedDict()
+
+        def register(fn, registry=registry):
+            handle = RemovableHandle(registry)
+            registry[handle.id] = fn
+            return handle
+
+        monkeypatch.setattr(graphs, f"_global_capture_{which}_hooks", registry, raising=False)
+        monkeypatch.setattr(graphs, f"register_graph_capture_{which}_hook", register, raising=False)
+
+
 class FakeGraph:
     def __init__(self, fake, keep_graph=False):
         self.fake, self.calls, self.keep_graph = fake, [], keep_graph
@@ -119,8 +155,11 @@ class FakeGraph:
         self.stream = getattr(self.fake.local, "stream", self.fake.default)
         self._pool = pool
         self.fake.recording = self
+        _run_capture_hooks("start", self)
 
     def capture_end(self):
+        # torch 2.14 runs the end hooks with the capture still live, before instantiating
+        _run_capture_hooks("end", self)
         self.fake.recording = None
 
     def pool(self):

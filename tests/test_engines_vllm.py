@@ -84,9 +84,20 @@ def test_the_vllm_manager_captures_pieces_then_full_graphs_through_one_loop(tmp_
     gs.release()
 
 
-def test_a_graph_made_outside_the_loop_into_the_global_pool_is_counted_apart(tmp_path, fake):
+@pytest.mark.parametrize("observed_by", ["capture hooks", "capture_begin wrapper"])
+def test_a_graph_made_outside_the_loop_into_the_global_pool_is_counted_apart(tmp_path, fake, monkeypatch, observed_by):
     """vLLM's speculator and encoder graphs record into the same global pool
-    outside the manager's loop: the report counts them, not as the loop's."""
+    outside the manager's loop: the report counts them, not as the loop's. Both ways the
+    loop observes them: torch 2.14's global capture hooks (the engines' torch; emulated on
+    an older one) and, on a torch without them, a wrapper of ``capture_begin``. The fake
+    ran no capture hooks once, so under torch 2.14 this test failed (outside_graphs unset)."""
+    from capture_plan.executor import recording
+    from fake_cuda import emulate_capture_hooks
+
+    if observed_by == "capture hooks":
+        emulate_capture_hooks(monkeypatch)
+    else:
+        monkeypatch.setattr(recording, "capture_hooks", lambda: None)
     plan = vllm_plan(tmp_path)
     model = _model(fake)
     outside = []
