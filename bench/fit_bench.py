@@ -26,9 +26,12 @@ runner's model is not vLLM's is listed in the JSON (:data:`DIFFERS`). Only the
 settings are the device's: fit reads the device's total from its own table.
 
 ``--releases vllm==0.34.0,vllm==0.33.0`` adds the 0.33.0-shaped path (:data:`RELEASES`: the
-same runner with the extensible KV cache off, its graph estimate deducted before capture).
-A case whose model does not fit the device is skipped, saying why. Not run here: SGLang's
-runner, a calibration of the runner's capture.
+same runner with the extensible KV cache off, its graph estimate deducted before capture);
+``sglang==0.5.23`` SGLang's static pool (bench/fit_bench_sglang.py: its runner, settings,
+fit side and rule check; the rows have the same comparisons, no ``--plan`` figure, and a
+``settings_check`` of the memory settings both sides resolved for the device).
+A case whose model does not fit the device is skipped, saying why. Not run here: a
+calibration of the runner's capture.
 Run: python -m bench.fit_bench [--cases reference,llama,...] [--releases R,...] [--layers 32] [--tag T]
 """
 
@@ -42,6 +45,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import fit_bench_sglang as sgl
 from bench.harness import (
     DEVICE_FIELDS,
     MiB,
@@ -62,6 +66,7 @@ RELEASES = {
     RELEASE: "the extensible KV cache (0.34.0's default on CUDA): sized after capture",
     "vllm==0.33.0": "0.33.0-shaped: the 0.34.0 runner with the extensible KV cache off, so 0.33.0's graph "
     "estimate (profile_cudagraph_memory) is taken from the budget before capture; fit's vllm==0.33.0 rule",
+    sgl.RELEASE: sgl.DESCRIPTION,
 }
 #: the context length both sides are given (every case's KV is counted for it; the runner's
 #: sizing does not read it: its tokens are blocks x block size)
@@ -345,12 +350,18 @@ def summary_line(case: str, row: dict, release: str = RELEASE) -> str:
     if "compare" not in row:
         return f"SUMMARY {case} {'skipped' if 'skipped' in row else 'FAILED'}: {row.get('skipped') or 'see error'}"
     c, p = row["compare"], row["compare_plan"]
+    if c is None:  # fit refused the model (SGLang's rule): the runner's figures stand alone
+        kv = row["runner"]["kv_tokens"]
+        return f"SUMMARY {case} fit refused ({row['fit']['refused']}); kv tokens {kv:,} runner"
     graph = _pct(c["graph memory"]) + (f" (plan {_pct(p['graph memory'])})" if p else "")
     r = row["rule_check"]
     rule = "n/a" if r["error"] is None else f"{r['error']:+.2%}"
+    bad = [name for name, v in (row.get("settings_check") or {}).items() if not v["ok"]]
+    settings = "" if "settings_check" not in row else f"; settings {'ok' if not bad else 'differ: ' + ','.join(bad)}"
     return (
         f"SUMMARY {case} weights {_pct(c['weights'])}; activation {_pct(c['activation peak'])}; graph {graph}; "
         f"kv tokens {_pct(c['kv tokens'])} ({c['kv tokens']['runner']:,} runner); rule on measured items {rule}"
+        f"{settings}"
     )
 
 
@@ -451,6 +462,8 @@ def managers(speculator) -> list:
 
 def child(case: str, layers: int, release: str = RELEASE) -> dict:
     """The runner's start-up for ``case`` in this (fresh) process (module docstring)."""
+    if release == sgl.RELEASE:
+        return sgl.child(case, layers, MAX_MODEL_LEN)
     import torch
 
     from bench.harness import DEVICE_FIELDS, CaseDoesNotFit, case_target
@@ -487,10 +500,21 @@ def run_case(case: str, layers: int, folder: Path, release: str = RELEASE) -> di
     got = json.loads(lines[-1][7:])
     if "skipped" in got:
         return got
+    return measured_row(case, folder / case, layers, got, release)
+
+
+def measured_row(case: str, folder: Path, layers: int, got: dict, release: str) -> dict:
+    """One case's row from the runner's measurement ``got`` (its device, settings and record):
+    fit's side for the device it ran on, the comparisons and the rule check."""
+    device = got["device"]["device"]
+    if release == sgl.RELEASE:
+        s = sgl.Settings.of(got["settings"])
+        fitted = sgl.fit_side(case, folder, layers, device, s)
+        return {"device": got["device"], "settings": got["settings"], **sgl.case_row(got["runner"], fitted, s)}
     s = Settings(**{**got["settings"], "capture_sizes": tuple(got["settings"]["capture_sizes"])})
     graphs = got["runner"]["measured"]["graphs"]
-    fitted = fit_side(case, folder / case, layers, got["device"]["device"], s, release, graphs)
-    row = {"device": got["device"], "settings": asdict(s), **case_row(got["runner"], fitted, release)}
+    fitted = fit_side(case, folder, layers, device, s, release, graphs)
+    row = {"device": got["device"], "settings": got["settings"], **case_row(got["runner"], fitted, release)}
     return {**row, "fit_lacks": FIT_LACKS[case]} if case in FIT_LACKS else row
 
 
@@ -508,18 +532,16 @@ def refit(source: dict, source_name: str, folder: Path) -> dict:
     }
     # the differences as this commit knows them (fit's side may have gained one), the run's settings
     res.update({k: source[k] for k in ("releases", "layers", "targets") if k in source}, differs=DIFFERS, cases={})
+    if sgl.RELEASE in source.get("releases", {}):
+        res["differs_sglang"] = sgl.DIFFERS
     for case, rows in source["cases"].items():
         res["cases"][case] = {}
         for release, row in rows.items():
             if "runner" not in row:
                 res["cases"][case][release] = row
                 continue
-            s = Settings(**{**row["settings"], "capture_sizes": tuple(row["settings"]["capture_sizes"])})
             (folder / case).mkdir(parents=True, exist_ok=True)
-            graphs = row["runner"]["measured"]["graphs"]
-            fitted = fit_side(case, folder / case, source["layers"], row["device"]["device"], s, release, graphs)
-            new = {"device": row["device"], "settings": row["settings"], **case_row(row["runner"], fitted, release)}
-            res["cases"][case][release] = {**new, "fit_lacks": FIT_LACKS[case]} if case in FIT_LACKS else new
+            res["cases"][case][release] = measured_row(case, folder / case, source["layers"], row, release)
     return res
 
 
@@ -571,6 +593,8 @@ def main() -> int | None:
         differs=DIFFERS,
         cases={},
     )
+    if sgl.RELEASE in releases:
+        res["differs_sglang"] = sgl.DIFFERS
     folder = Path(tempfile.mkdtemp(prefix="fit-bench-"))
     for case in [c for c in args.cases.split(",") if c]:
         (folder / case).mkdir(parents=True, exist_ok=True)

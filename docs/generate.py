@@ -1322,8 +1322,9 @@ def _fit_cell(c: dict, tokens: bool = False) -> str:
 
 def fit_bench() -> list[str]:
     """Per run (bench/results/fit-bench-*.json, oldest first) and case of bench/fit_bench.py:
-    each item the vLLM 0.34.0-shaped runner measured against `planner fit`'s figure for the
-    same model, device and settings, and fit's rule fed the runner's measured items."""
+    each item the engine-faithful runner (vLLM 0.34.0- or 0.33.0-shaped, SGLang 0.5.23-shaped)
+    measured against `planner fit`'s figure for the same model, device and settings, and fit's
+    rule fed the runner's measured items (a model fit refuses: the runner's figures alone)."""
     runs = sorted(p.name for p in RESULTS.glob("fit-bench-*.json"))
     if not runs:
         return ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
@@ -1349,6 +1350,11 @@ def fit_bench() -> list[str]:
                 rows.append([case, label, "skipped" if "skipped" in row else "failed", *[""] * 5])
                 continue
             c, p, r = row["compare"], row["compare_plan"], row["rule_check"]
+            if c is None:  # fit refused the model: the runner's KV tokens, fit's rule on its items
+                kv = f"{row['runner']['kv_tokens']:,} / refused"
+                rule = "n/a" if r["error"] is None else _pct(r["error"], 2)
+                rows.append([case, label, "fit refused", "", "", "", kv, rule])
+                continue
             for item in ("weights", "activation peak", "graph memory", "kv tokens"):
                 verdict.setdefault(label, {}).setdefault(item, []).append(c[item])
             verdict[label].setdefault("rule", []).append(r)

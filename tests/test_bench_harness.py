@@ -25,7 +25,10 @@ BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
 h = bench_module("harness")
 #: every script of bench/ (the package's modules less the shared ones and __init__)
-SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in ("__init__", "harness", "baselines"))
+#: the bench's scripts: every module but the shared ones (fit_bench_sglang: fit_bench's SGLang side)
+SCRIPTS = sorted(
+    p.stem for p in BENCH.glob("*.py") if p.stem not in ("__init__", "harness", "baselines", "fit_bench_sglang")
+)
 
 
 # -- header and writer ----------------------------------------------------------------------

@@ -141,6 +141,22 @@ def test_sglang_defaults_follow_the_memory_hook():
     assert r.settings["mem-fraction-static"] == 0.83 and r.kv_tokens == r.kv_blocks
 
 
+def test_sglang_without_prefill_graphs_reserves_none_for_them():
+    """--disable-prefill-cuda-graph (SGLang's flag): reserve_for_graph_mb loses its prefill term, 58
+    sizes x 8 MiB on an H100 (13440 MiB reserved: 0.835), and for an MLA model its 1536 MiB
+    (DeepSeek-V2-Lite: 512 + 12288 + 128 + 512 = 13440 as well, against 14976 with them: 0.816);
+    no prefill graph is priced. Fails before: fit had no such flag."""
+    for name, before in (("llama-3.1-8b", 0.83), ("deepseek-v2-lite", 0.816)):
+        flags = {"context-length": 8192}
+        with_graphs = fit(cfg(name), "H100", "sglang==0.5.23", 1, flags)
+        without = fit(cfg(name), "H100", "sglang==0.5.23", 1, {**flags, "disable-prefill-cuda-graph": True})
+        assert with_graphs.settings["mem-fraction-static"] == before, name
+        assert without.settings["mem-fraction-static"] == 0.835 and without.settings["disable-prefill-cuda-graph"]
+        assert without.kv_tokens > with_graphs.kv_tokens
+        graph = {r.name: r for r in without.items}["graph memory"]
+        assert "prefill" not in graph.source, graph.source
+
+
 def test_sglang_graphs_and_activations_must_fit_the_slack_alone():
     """The pool takes pre-load free x mem-fraction-static less the weights and non-torch
     (kv_cache_configurator._profile_available_bytes measures free memory after both), so the

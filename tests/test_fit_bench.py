@@ -437,3 +437,195 @@ def test_a_refit_runs_the_planner_as_it_is_now(tmp_path):
     assert new["runner"] == old["runner"] and set(new["compare"]) == set(old["compare"])
     for item, c in new["compare"].items():
         assert c["runner"] == old["compare"][item]["runner"] and c["fit"] is not None, item
+
+
+# -- SGLang 0.5.23 (bench/fit_bench_sglang.py) ---------------------------------------------------
+
+sgl = bench_module("fit_bench_sglang")
+
+
+def test_the_sglang_runners_start_up_on_a_case_model(monkeypatch, tmp_path):
+    """The SGLang 0.5.23-shaped start-up on a tiny reference model, CUDA faked: the free memory
+    read before the model is built, the pool sized from the free memory after it (the model's
+    own decode cache counted as the pool's) less the static slack, as SGLang's
+    _profile_available_bytes and calculate_pool_sizes give it by hand; the release's decode
+    runner captures every configured size, largest first, two warm-ups and a recording each,
+    between two readings of the free memory (the shared logits buffer made inside them); the
+    prefill chunk's peak measured; fit's rule fed the runner's items gives its tokens."""
+    pytest.importorskip("torch")
+    import sys
+
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
+    from capture_plan.tests.engines import adoption, sglang_memory as sm, sglang_runner
+    from fake_cuda import install
+
+    model = Model(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=100)
+    target = ReferenceModel(ReferenceConfig(model=model, max_bs=8, max_seqlen=16), backend="torch", device="cpu")
+    weights = sum(t.nbytes for t in (target.embed, target.lm_head, target.final_norm))
+    weights += sum(t.nbytes for layer in target.layers for k, t in layer.items() if "cache" not in k)
+    committed = sum(layer[k].nbytes for layer in target.layers for k in ("k_cache", "v_cache"))
+    install(monkeypatch)
+    mem = Memory(monkeypatch, total=64 * MIB, used=8 * MIB)
+    ms = sm.handle_gpu_memory_settings(
+        81559,
+        context_len=64,
+        chunked_prefill_size=32,
+        decode_bs=[1, 2, 4, 8],
+        mem_fraction_static=0.5,
+        prefill_backend=sm.DISABLED,
+    )
+    module = adoption.before_module(Path(sglang_runner.__file__), tmp_path, "sglang_fit_bench_test")
+    monkeypatch.delitem(sys.modules, "sglang_fit_bench_test")
+    startup = sm.StartUp(module, ms)
+    assert startup.pre_model_load_memory == 56 / 1024  # GiB, as get_available_gpu_memory returns it
+    mem.outside += weights + committed  # the model built after the reading
+    runs, peaks = [], []
+    real_run, real_hidden = target.run, target.profile_hidden
+
+    def profile_hidden(ids):
+        peaks.append(ids.shape[0])
+        mem.transient(5 * MIB)
+        return real_hidden(ids)
+
+    monkeypatch.setattr(target, "run", lambda phase, bs, ws: (runs.append((phase, bs)), real_run(phase, bs, ws))[1])
+    monkeypatch.setattr(target, "profile_hidden", profile_hidden)
+    create = sgl_case_model().create_logits_buffer
+
+    def create_logits_buffer(self, rows):  # the fake device sees the buffer the runner makes
+        buf = create(self, rows)
+        mem.outside += buf.nbytes
+        return buf
+
+    monkeypatch.setattr(sgl_case_model(), "create_logits_buffer", create_logits_buffer)
+    record = sgl.start_up(startup, target)
+    m = record["measured"]
+    cell = 2 * (2 * 2 * 16 * 2)  # 2 layers of K and V, 2 KV heads of 16, bf16
+    assert m["kv_cell_bytes"] == cell and m["committed_bytes"] == committed and record["weights_bytes"] == weights
+    # _profile_available_bytes: (free after loading + the model's cache) - 56 MiB x (1 - 0.5), in GiB
+    rest = int(((56 * MIB - weights) / GIB - 56 / 1024 * 0.5) * GIB)
+    assert m["rest_bytes"] == rest and record["kv_tokens"] == rest // cell == record["blocks"]
+    assert record["kv_bytes"] == record["kv_tokens"] * cell and m["pool_allocated_bytes"] == (rest // cell + 1) * cell
+    assert record["settings"]["max_running_requests"] == min(4096, rest // cell // 2)
+    assert [bs for _, bs in runs[:3]] == [8, 8, 8] and sorted({bs for _, bs in runs}) == [1, 2, 4, 8]
+    assert len(runs) == 4 * 3 and {p for p, _ in runs} == {"decode"} and m["graphs"] == 4
+    assert record["graph_bytes"] == 8 * 100 * 4  # the shared float32 logits buffer: 8 rows of the vocabulary
+    assert peaks == [32] and record["activation_peak_bytes"] == 5 * MIB
+    assert record["graph_estimate_bytes"] == 8 * 2 * MIB  # reserve_for_graph_mb: max_bs x 2, no prefill graphs
+    check = sgl.rule_check(record)
+    assert check["blocks"] == record["blocks"] and check["error"] == 0
+    row = sgl.case_row(record, {"refused": "x"}, None)
+    json.dumps(row)
+    assert row["compare"] is None and row["rule_check"]["blocks"] == record["blocks"]
+    line = fb.summary_line("reference", row, sgl.RELEASE)
+    assert line == f"SUMMARY reference sglang==0.5.23 fit refused (x); kv tokens {record['kv_tokens']:,} runner"
+
+
+def sgl_case_model():
+    from capture_plan.tests.engines.case_model import SGLangCaseModel
+
+    return SGLangCaseModel
+
+
+def test_a_refit_of_an_sglang_run_recomputes_fits_side(tmp_path):
+    """`--refit` over an SGLang result: the runner's records kept, fit's figures for the
+    runner's settings (the same memory settings resolved on both sides, prefill graphs off),
+    the rule check on the runner's items worked by hand, a model fit refuses (Gemma2: SGLang
+    0.5.23 sizes it with the default pool, which fit does not follow) kept with the runner's
+    figures and its summary, a skipped case kept; ``differs_sglang`` listed."""
+    pytest.importorskip("transformers")
+    _, s = sgl.resolve(81559, fb.MAX_MODEL_LEN)
+    pre, available, weights, cell = 79 * GIB, 78 * GIB, 1_017_188_608, 8 * 4096  # llama: 8 layers, 4096 a layer
+    tokens = int(((available) / GIB - (pre / GIB) * (1 - 0.835)) * GIB) // cell
+    runner = {
+        "weights_bytes": weights,
+        "activation_peak_bytes": 400 * MIB,
+        "graph_bytes": 150 * MIB,
+        "kv_tokens": tokens,
+        "blocks": tokens,
+        "block_size": 1,
+        "block_bytes": cell,
+        "settings": {"mem_fraction_static": 0.835},
+        "measured": {"pre_model_load_bytes": pre, "available_bytes": available, "kv_cell_bytes": cell, "graphs": 36},
+    }
+    device = {"device": H100, "driver": "580", "torch": "2.11.0", "cuda": "13.0"}
+    row = {"device": device, "settings": fb.asdict(s), "runner": runner}
+    source = {
+        "device": H100,
+        "git_commit": "abc",
+        "date": "2026-12-06",
+        "layers": 32,
+        "releases": {sgl.RELEASE: sgl.DESCRIPTION},
+        "cases": {
+            "llama": {sgl.RELEASE: row},
+            "gemma2": {sgl.RELEASE: row},
+            "eagle": {sgl.RELEASE: {"skipped": "eagle: " + sgl.SKIP["eagle"]}},
+        },
+    }
+    res = fb.refit(source, "fit-bench-x.json", tmp_path)
+    assert res["differs_sglang"] == sgl.DIFFERS and res["cases"]["eagle"] == source["cases"]["eagle"]
+    got = res["cases"]["llama"][sgl.RELEASE]
+    assert got["runner"] == runner and got["settings"] == row["settings"]
+    assert got["fit"]["default"]["settings"]["disable-prefill-cuda-graph"] is True
+    assert all(v["ok"] for v in got["settings_check"].values()), got["settings_check"]
+    assert got["rule_check"]["blocks"] == tokens and got["rule_check"]["error"] == 0
+    assert got["compare"]["kv tokens"]["fit"] == got["fit"]["default"]["kv_tokens"]
+    assert got["compare_plan"] is None and "skipped" in got["fit"]["plan"]
+    assert fb.summary_line("llama", got, sgl.RELEASE).endswith("rule on measured items +0.00%; settings ok")
+    refused = res["cases"]["gemma2"][sgl.RELEASE]
+    assert refused["compare"] is None and "sliding-window" in refused["fit"]["refused"]
+    assert fb.summary_line("gemma2", refused, sgl.RELEASE).startswith("SUMMARY gemma2 sglang==0.5.23 fit refused (")
+
+
+def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch, tmp_path, capsys):
+    """``--releases sglang==0.5.23``: each case's child runs that release, the rows have the
+    comparisons and the settings check, a model fit refuses keeps the runner's figures, and
+    docs/measurements.md's table reads them (the refusal as such)."""
+    pytest.importorskip("transformers")
+    import importlib.util
+    import subprocess
+
+    _, s = sgl.resolve(81559, fb.MAX_MODEL_LEN)
+    runner = {
+        "weights_bytes": 1_017_188_608,
+        "activation_peak_bytes": 400 * MIB,
+        "graph_bytes": 150 * MIB,
+        "kv_tokens": 2_000_000,
+        "blocks": 2_000_000,
+        "block_size": 1,
+        "block_bytes": 32768,
+        "settings": {"mem_fraction_static": 0.835},
+        "measured": {"pre_model_load_bytes": 79 * GIB, "available_bytes": 78 * GIB, "kv_cell_bytes": 32768},
+    }
+    device = {"device": H100, "driver": "580", "torch": "2.11.0", "cuda": "13.0"}
+    got = {"device": device, "settings": fb.asdict(s), "runner": runner}
+    calls = []
+
+    def run_module(name, args, **kw):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout="RESULT " + json.dumps(got) + "\n", stderr="")
+
+    monkeypatch.setattr(fb, "run_module", run_module)
+    argv = ["fit_bench", "--cases", "llama,gemma2", "--releases", sgl.RELEASE, "--out", str(tmp_path), "--tag", "s"]
+    monkeypatch.setattr("sys.argv", argv)
+    assert fb.main() is None
+    assert [a[-1] for a in calls] == [sgl.RELEASE, sgl.RELEASE]
+    (path,) = tmp_path.glob("fit-bench-*-s.json")
+    res = json.loads(path.read_text())
+    assert res["releases"] == {sgl.RELEASE: sgl.DESCRIPTION} and res["differs_sglang"] == sgl.DIFFERS
+    llama, gemma2 = res["cases"]["llama"][sgl.RELEASE], res["cases"]["gemma2"][sgl.RELEASE]
+    assert set(llama["compare"]) == set(fb.TARGETS) and llama["settings_check"]["mem-fraction-static"]["ok"]
+    assert gemma2["compare"] is None and gemma2["runner"] == runner
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("SUMMARY llama sglang==0.5.23 weights ") and out[-1].startswith(
+        "SUMMARY gemma2 sglang==0.5.23 fit refused ("
+    )
+    spec = importlib.util.spec_from_file_location(
+        "docs_generate_fit_sglang", Path(__file__).resolve().parent.parent / "docs" / "generate.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    monkeypatch.setattr(gen, "RESULTS", tmp_path)
+    table = "\n".join(gen.fit_bench())
+    assert "| llama | sglang 0.5.23 | 970 / " in table
+    assert "| gemma2 | sglang 0.5.23 | fit refused |  |  |  | 2,000,000 / refused |" in table

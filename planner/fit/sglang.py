@@ -40,10 +40,11 @@ def fit_sglang(inp: FitInputs) -> FitResult:
             where="--context-length",
             fix="add the engine's context length, e.g. --context-length 8192",
         )
-    prefill = sizing.sglang_prefill_sizes(chunk)
+    no_prefill = bool(inp.flag("disable-prefill-cuda-graph", False))
+    prefill = [] if no_prefill else sizing.sglang_prefill_sizes(chunk)
     frac = inp.flag("mem-fraction-static", None)
-    if frac is None:
-        frac = sizing.sglang_mem_fraction(gpu_mem, inp.tp, chunk, max_bs, len(prefill), m.mla)
+    if frac is None:  # without prefill graphs reserve_for_graph_mb has no prefill term, MLA's neither
+        frac = sizing.sglang_mem_fraction(gpu_mem, inp.tp, chunk, max_bs, len(prefill), m.mla and not no_prefill)
         if not 0 < frac < 1:
             raise InputError(
                 f"must be in (0, 1), got {frac!r:.30}",
@@ -59,6 +60,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         "cuda-graph-max-bs": max_bs,
         "page-size": page,
         "kv-cache-dtype": inp.flag("kv-cache-dtype", "auto"),
+        "disable-prefill-cuda-graph": no_prefill,
         "cuda-graph-bs": ",".join(map(str, decode if plan is None else plan.sizes)),
     }
     ctx = estimate.context()

@@ -9,7 +9,8 @@ A decode graph of ``n`` requests runs the case's own decode phase (``decode``, o
 :func:`route_dummy_runs`) runs the model's ``profile_hidden`` (attention skipped, as vLLM's
 profiling run skips it). The EAGLE draft runs the speculative reference's draft phases
 (:func:`route_draft`). Also what the bench measures of the model: its weights' bytes and its
-own decode cache (:func:`measured_weights`, :func:`decode_cache`).
+own decode cache (:func:`measured_weights`, :func:`decode_cache`). SGLang's decode runner
+(tests/engines/sglang_runner.py, bench/fit_bench_sglang.py) drives :class:`SGLangCaseModel`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,52 @@ class CaseModel:
         """The model's head (Gemma2's final soft-capping included)."""
         logits = self.head(hidden)
         return logits if not self.softcap else torch.tanh(logits / self.softcap) * self.softcap
+
+
+class SGLangCaseModel(CaseModel):
+    """The case model as SGLang's decode runner calls it (``forward(phase, n, labels)``): its
+    decode step (hidden states out), then the LogitsProcessor's tail: logits in the model's
+    dtype, copied into the rows of the process's shared float32 logits buffer, which the
+    graph returns a view of (sglang/srt/model_executor/graph_shared_output.py
+    ``GraphSharedOutput.get_logits_buffer``: ``torch.zeros((max_rows, vocab), float)``, made
+    before the decode runner's capture; layers/logits_processor.py ``_copy_logits_to_buffer``).
+    :meth:`prefill_peak` is the runner's eager prefill chunk (module docstring of
+    tests/engines/sglang_memory.py)."""
+
+    def __init__(self, target, max_tokens: int, phase: str = "decode"):
+        super().__init__(target, max_tokens, phase)
+        main = _main(target)
+        self.vocab = getattr(main, "vocab", None) or main.cfg.model.vocab
+        self.logits_buffer: torch.Tensor | None = None
+
+    def create_logits_buffer(self, rows: int) -> torch.Tensor:
+        self.logits_buffer = torch.zeros((rows, self.vocab), dtype=torch.float, device=self.device)
+        return self.logits_buffer
+
+    def forward(self, phase: str, n: int, labels) -> torch.Tensor:
+        assert self.logits_buffer is not None, "create_logits_buffer before the decode runner captures"
+        out = self.logits_buffer[:n]
+        out.copy_(self.compute_logits(self.piece(0, self.x[:n])))
+        return out
+
+    def prefill_peak(self, tokens: int, rows: int) -> int:
+        """Torch's allocated peak over what stays allocated, for one eager prefill chunk of
+        ``tokens`` (the model's ``profile_hidden``: attention skipped) and its sampling over
+        ``rows`` requests' last tokens (the logits as float32, their softmax, the argmax)."""
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        self.dummy = True
+        try:
+            hidden = self.piece(0, self.x[:tokens])
+        finally:
+            self.dummy = False
+        last = torch.arange(tokens - rows, tokens, device=self.device)
+        logits = self.compute_logits(hidden[last]).float()
+        logits.softmax(-1).argmax(-1)
+        del hidden, logits
+        torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats()
+        return stats.get("allocated_bytes.all.peak", 0) - stats.get("allocated_bytes.all.current", 0)
 
 
 def route_dummy_runs(runner, model: CaseModel) -> None:

@@ -7,7 +7,8 @@ peak less what stays), graph memory as the capture's free-memory drop
 (``torch.cuda.mem_get_info``: pool, graph-exec and workspaces together) with the graphs'
 pool segments beside it, and the KV cache's blocks, bytes and tokens as the release rounds
 them. :func:`vllm_034` reads a worker of tests/engines/vllm_worker_034.py after its
-``compile_or_warm_up_model``."""
+``compile_or_warm_up_model``; :func:`sglang_0523` a start-up of tests/engines/sglang_memory.py
+after its decode graphs."""
 
 from __future__ import annotations
 
@@ -88,6 +89,47 @@ def vllm_034(worker, blocks: int, *, block_size: int, weights_bytes: int, settin
             "requested_memory": worker.requested_memory,
             "max_num_batched_tokens": runner.max_num_tokens,
             "max_num_seqs": runner.max_num_reqs,
+            **(settings or {}),
+        },
+    )
+
+
+def sglang_0523(
+    startup, *, weights_bytes: int, graph_bytes: int, activation_peak_bytes: int, settings=None
+) -> RunnerSizing:
+    """The record of an SGLang 0.5.23-shaped start-up (tests/engines/sglang_memory.py
+    ``StartUp``) whose pool is sized and decode graphs captured (``graph_bytes``: the drop
+    ``capture_decode_graph`` measures). Its graph estimate is the reserve
+    ``mem_fraction_static`` leaves for graphs (``reserve_for_graph_mb``); a block is a page."""
+    import torch
+
+    s, pool = startup.settings, startup.pool
+    tokens, page = pool.max_total_num_tokens, s.page_size
+    return RunnerSizing(
+        engine="sglang",
+        release="0.5.23",
+        rule="sglang/srt/mem_cache/kv_cache_configurator.py KVCacheConfigurator._profile_available_bytes, "
+        "model_executor/pool_configurator.py DefaultPoolConfigurator.calculate_pool_sizes",
+        device=torch.cuda.get_device_name(),
+        device_total_bytes=int(torch.cuda.mem_get_info()[1]),
+        weights_bytes=weights_bytes,
+        activation_peak_bytes=activation_peak_bytes,
+        graph_estimate_bytes=int(s.reserve_for_graph_mb * (1 << 20)),
+        graph_bytes=graph_bytes,
+        graph_pool_bytes=pool_bytes(startup.module.get_or_create_global_graph_memory_pool()),
+        transient_peak_bytes=0,
+        torch_reserve_growth_bytes=0,
+        blocks=tokens // page,
+        block_size=page,
+        block_bytes=pool.cell_size * page,
+        kv_bytes=tokens * pool.cell_size,
+        kv_tokens=tokens,
+        settings={
+            "mem_fraction_static": s.mem_fraction_static,
+            "chunked_prefill_size": s.chunked_prefill_size,
+            "cuda_graph_max_bs": s.decode_max_bs,
+            "max_running_requests": pool.max_running_requests,
+            "context_length": s.context_len,
             **(settings or {}),
         },
     )
