@@ -1184,6 +1184,40 @@ def fit_rules() -> list[str]:
     return _table(header, rows) + ["", "Wheels read (sha256, first 12 digits): " + "; ".join(shas) + "."]
 
 
+def fit_context() -> list[str]:
+    """The longest context each release takes: planner/data/fit_rules.toml [context.NAME]."""
+    from capture_plan.planner.fit.tables import context_rules
+
+    rows = []
+    for name, r in context_rules().items():
+        rows.append(
+            [
+                f"`{name}`",
+                f"{r.engine} " + ", ".join(r.releases),
+                f"`--{r.flag}`",
+                ("the smallest of " if r.pick == "smallest" else "the first of ")
+                + ", ".join(r.keys)
+                + (f"; {r.override_key} where given" if r.override_key else ""),
+                ", ".join(r.unscaled_rope_types)
+                + ("; a row holding original_max_position_embeddings" if r.original_unscaled else "")
+                + ("; model types " + ", ".join(r.unscaled_model_types) if r.unscaled_model_types else "")
+                + ("; rows nested by layer type" if r.nested_unscaled else ""),
+                "yes" if r.yarn_from_original else "no",
+                " or ".join(f"`{e}`" for e in r.allow_env),
+            ]
+        )
+    header = [
+        "rule",
+        "releases",
+        "flag",
+        "length from the config",
+        "factor not applied for",
+        "yarn: original x factor",
+        "a longer one allowed by",
+    ]
+    return _table(header, rows)
+
+
 def fit_examples() -> list[str]:
     """fit's figures for the worked examples: each model on H100 and H200, one release of each rule."""
     from capture_plan.planner.fit.fit import fit
@@ -1416,6 +1450,7 @@ TABLES = {
     "releases": releases,
     "restore-floor": restore_floor,
     "fit-rules": fit_rules,
+    "fit-context": fit_context,
     "fit-examples": fit_examples,
     "fit-example": fit_example,
     "fit-calibrated": fit_calibrated,

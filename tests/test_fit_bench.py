@@ -21,6 +21,16 @@ MIB, GIB = 1 << 20, 1 << 30
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
 
+@pytest.fixture(autouse=True)
+def _long_context(monkeypatch):
+    """bench/fit_bench.py gives every case max-model-len 4096 (MAX_MODEL_LEN), past the llama
+    case's max_position_embeddings 2048 (its config.json, bench.harness): vLLM 0.34.0 refuses
+    that at start unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vllm/config/model.py
+    _get_and_verify_max_len), and so does fit (planner/fit/context.py). The runner reads no
+    context length; these tests run both sides as vLLM would run under the variable."""
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+
+
 @pytest.mark.parametrize("device", [H100, H200])
 @pytest.mark.parametrize("release, utilization", [("vllm==0.34.0", 1.0), ("vllm==0.33.0", 0.92)])
 def test_the_settings_are_the_releases_defaults_for_the_device_and_fit_runs_with_them(

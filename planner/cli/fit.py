@@ -35,6 +35,27 @@ def _engines() -> str:
     return ", ".join(runs[:-1]) + f" or {runs[-1]}" if len(runs) > 1 else runs[0]
 
 
+def fit_command(
+    model: str, device: str, engine: str, tp: int, files: list, as_json: bool, given: dict, changes: dict
+) -> str:
+    """The ``planner fit`` command of these options (``files``: (flag, path or None) pairs; ``given``:
+    the engine flags as given, None where not) with a refusal's ``changes`` applied."""
+    import shlex
+
+    from capture_plan.planner.fit.flags import apply
+
+    engine, tp, device, flags = apply(changes, engine, tp, device, {k: v for k, v in given.items() if v is not None})
+    argv = ["planner", "fit", "--model", model, "--device", device, "--engine", engine]
+    argv += ["--tp", str(tp)] if tp != 1 else []
+    argv += [str(x) for flag, path in files if path is not None for x in (flag, path)]
+    for name, v in flags.items():
+        if v is True:
+            argv.append(f"--{name}")
+        elif v is not False:
+            argv += [f"--{name}", ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
+    return shlex.join(argv + (["--json"] if as_json else []))
+
+
 @click.command("fit", cls=Command)
 @option("--model", required=True, metavar="config", help="A transformers config.json, a spec TOML or a preset name.")
 @option("--device", required=True, metavar="name", help="The device as torch names it (planner/data/fit_devices.toml).")
@@ -101,7 +122,14 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
         from capture_plan.planner.report.check import check_report_plan
 
         measured = calibration_graph(calibration, device, plan, str(plan_path), check_report_plan)
-    res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
+    from capture_plan.planner.fit.refusal import Refusal
+
+    try:
+        res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
+    except Refusal as err:  # its fix as this command, changed
+        files = [("--weights-index", weights_index), ("--plan", plan_path), ("--calibration", calibration)]
+        err.fix = f"{err.hint}: `{fit_command(model, device, engine, tp, files, as_json, given, err.changes)}`"
+        raise
     if as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(res), indent=2).decode())
     else:
