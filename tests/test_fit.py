@@ -520,3 +520,23 @@ def test_a_model_with_no_context_length_names_the_model_and_a_flag_that_works(ca
     code, _, err = fit_cli("llama-3-8b", "H100", engine, capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "llama-3-8b gives no context length" in err
     assert f"{flag} 8192`" in err and run_fix(err, capsys)[0] == 0, err
+
+
+def test_the_help_examples_run(capsys):
+    """Each example ``planner fit --help`` shows runs, as a shell runs it from a checkout's root,
+    and answers (exit 0); the one under VLLM_ALLOW_LONG_MAX_MODEL_LEN says the engine warns."""
+    import os
+    import subprocess
+    import sys
+
+    code, out, _ = run("fit", "--help", capsys=capsys)
+    text = out.split("Examples")[1].split("Options:")[0].replace("\\\n", " ")
+    examples = [ln.strip() for ln in text.splitlines() if "planner fit " in ln]
+    assert code == 0 and len(examples) >= 4, out
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("VLLM_ALLOW_LONG_MAX_MODEL_LEN", None)
+    for example in examples:
+        done = subprocess.run(["bash", "-c", example], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert done.returncode == 0 and done.stdout, (example, done.stderr)
+        if example.startswith("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+            assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN is set: the engine takes 65,536 tokens" in done.stdout

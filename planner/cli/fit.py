@@ -92,7 +92,16 @@ def fit_command(
 def command(model, device, engine, tp, weights_index, plan_path, calibration, as_json, **flags) -> None:
     """Where the device's memory goes: weights, non-torch, activation peak, graph memory, KV tokens.
 
-    Exit 1 with one line when it does not fit, naming the item that overflows and the fixes."""
+    Exit 1 with one line when it does not fit, naming the item that overflows and the fixes.
+
+    \b
+    Examples (run from a checkout's root; tests/test_fit.py runs each):
+      planner fit --model planner/data/configs/llama-3.1-8b.json --device H100 --engine vllm==0.34.0
+      planner fit --model planner/data/configs/qwen2.5-7b.json --device H200 --engine sglang==0.5.23 --json
+      planner fit --model llama-3-8b --device H200 --engine vllm==0.34.0 --max-model-len 8192 \\
+        --plan plans/fa3-ci-h200.json --calibration plans/calibration/h200-fa3-ci.json
+      VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 planner fit --model planner/data/configs/qwen2.5-7b.json \\
+        --device H100 --engine vllm==0.34.0 --max-model-len 65536"""
     import msgspec
 
     from capture_plan.planner.fit.fit import fit

@@ -68,6 +68,13 @@ class Length(NamedTuple):
     how: str
     allowed_by: str
 
+    @property
+    def shown(self) -> str:
+        """The limit as a message shows it (vLLM's may be fractional: a rope factor of 2.5)."""
+        if self.limit is None:
+            return "unknown"
+        return f"{self.limit:,.0f}" if self.limit == int(self.limit) else f"{self.limit:,.2f}"
+
 
 def _keys() -> list[str]:
     return sorted({k for r in context_rules().values() for k in r.keys})
@@ -264,7 +271,7 @@ def context_length(
     allowed = _allowed(r, os.environ if environ is None else environ)
     if allowed:
         return Length(given, limit, how, allowed)
-    shown = f"{limit:,.0f}" if limit == int(limit) else f"{limit:,.2f}"
+    shown = Length(given, limit, how, "").shown
     raise Refusal(
         f"{given:,} tokens are more than the {shown} {name} derives from {model.name}'s config ({how}); "
         f"it refuses a longer --{r.flag} unless {r.allow_env[0]}=1",

@@ -63,7 +63,7 @@ class FitInputs(msgspec.Struct, frozen=True):
         if not c.allowed_by or c.limit is None:
             return []
         return [
-            f"{c.allowed_by} is set: the engine takes {c.value:,} tokens, past the {c.limit:,.0f} it derives "
+            f"{c.allowed_by} is set: the engine takes {c.value:,} tokens, past the {c.shown} it derives "
             f"({c.how}), and warns that positions past it give NaN or out-of-bounds reads"
         ]
 
