@@ -234,10 +234,20 @@ def test_does_not_fit_names_the_item_and_fixes_that_work(capsys):
     code, out, _ = fit_cli(*args, "--tp", "4", capsys=capsys)
     assert code == 0, out
     code, _, err = fit_cli("llama-3.1-8b", "RTX 4090", "vllm==0.34.0", "--max-model-len", "60000", capsys=capsys)
-    fix = err.split("fix: ")[1].split(" or ")[0]
+    fix = fixes_of(err)[0]
     assert code == 1 and fix.startswith("--max-model-len ")
     code, _, _ = fit_cli("llama-3.1-8b", "RTX 4090", "vllm==0.34.0", *fix.split(), capsys=capsys)
     assert code == 0
+    # the first fix is also given as the whole command, which runs (before: only its flags)
+    assert f"{fix}: `planner fit " in err and run_fix(err, capsys)[0] == 0, err
+
+
+def fixes_of(err: str) -> list[str]:
+    """The fixes a does-not-fit line names: the first (with its command), then the others."""
+    text = err.split("; fix: ", 1)[1].strip()
+    first, _, rest = text.partition(": `")
+    more = rest.split("` (or ", 1)[1].removesuffix(")").split(" or ") if "` (or " in rest else []
+    return [first, *more]
 
 
 #: configurations whose budget flag starves the cache (the flag named is the user's)
@@ -260,7 +270,7 @@ def test_every_fix_for_a_starved_budget_fits(case, capsys):
     args = (model, device, engine)
     code, _, err = fit_cli(*args, flag, value, capsys=capsys)
     assert code == 1 and err.count("\n") == 1
-    fixes = err.split("fix: ")[1].strip().split(" or ")
+    fixes = fixes_of(err)
     assert fixes[0].startswith(flag + " ")
     for fix in fixes:
         words = fix.split()

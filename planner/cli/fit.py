@@ -133,10 +133,10 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
         measured = calibration_graph(calibration, device, plan, str(plan_path), check_report_plan)
     from capture_plan.planner.fit.refusal import Refusal
 
+    files = [("--weights-index", weights_index), ("--plan", plan_path), ("--calibration", calibration)]
     try:
         res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
     except Refusal as err:  # its fix as this command, changed
-        files = [("--weights-index", weights_index), ("--plan", plan_path), ("--calibration", calibration)]
         err.fix = f"{err.hint}: `{fit_command(model, device, engine, tp, files, as_json, given, err.changes)}`"
         raise
     if as_json:
@@ -146,6 +146,12 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
 
         click.echo(render(res), nl=False)
     if not res.fits:
+        from capture_plan.planner.fit.refusal import changes_of
         from capture_plan.planner.fit.result import fix_text
 
-        raise InputError(f"does not fit: {res.overflow}", where=f"{res.device} x{res.tp}", fix=fix_text(res.fixes))
+        fix = fix_text(res.fixes)
+        if res.fixes:  # each checked by fit to fit; the first as this command with it
+            first, *more = res.fixes
+            cmd = fit_command(model, device, engine, tp, files, as_json, given, changes_of(first))
+            fix = f"{first}: `{cmd}`" + (f" (or {' or '.join(more)})" if more else "")
+        raise InputError(f"does not fit: {res.overflow}", where=f"{res.device} x{res.tp}", fix=fix)
