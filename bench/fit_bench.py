@@ -38,6 +38,7 @@ Run: python -m bench.fit_bench [--cases reference,llama,...] [--releases R,...] 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -71,6 +72,28 @@ RELEASES = {
 #: the context length both sides are given (every case's KV is counted for it; the runner's
 #: sizing does not read it: its tokens are blocks x block size)
 MAX_MODEL_LEN = 4096
+#: the engines' variables under which a context past the model's own length starts (the llama
+#: case's config.json says 2048, MAX_MODEL_LEN is 4096: vLLM's _get_and_verify_max_len and
+#: SGLang's ModelConfig refuse it without them, and so does fit, planner/fit/context.py);
+#: fit runs under them, as the engine would (:func:`long_context`)
+LONG_CONTEXT_ENV = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+
+
+@contextlib.contextmanager
+def long_context():
+    """:data:`LONG_CONTEXT_ENV` set in this process for the block (restored after)."""
+    saved = {k: os.environ.get(k) for k in LONG_CONTEXT_ENV}
+    os.environ.update(LONG_CONTEXT_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 #: speculative tokens a step of the EAGLE case (bench.harness eagle_config: 3 draft steps, 4 tokens verified)
 EAGLE_TOKENS = 3
 #: what fit leaves out of a case, written into its row
@@ -205,7 +228,8 @@ def fit_side(
 
     model = load_model(str(case_spec(case, folder, layers)))
     out = {"model": model.name, "model_type": model.model_type, "source": model.source}
-    out["default"] = fit_figures(fit(model, device_name, release, 1, fit_flags(s)))
+    with long_context():
+        out["default"] = fit_figures(fit(model, device_name, release, 1, fit_flags(s)))
     try:
         plan = case_plan(case, folder, layers, model)
     except Exception as err:  # a plan that cannot be built is a result: the row says why
@@ -214,7 +238,8 @@ def fit_side(
     if graphs and plan.graphs != graphs:
         out["plan"] = {"skipped": f"the plan captures {plan.graphs} graphs, the runner {graphs}"}
         return out
-    planned = fit(model, device_name, release, 1, fit_flags(s), plan=plan)
+    with long_context():
+        planned = fit(model, device_name, release, 1, fit_flags(s), plan=plan)
     out["plan"] = {"plan": plan.name, **fit_figures(planned)}
     return out
 

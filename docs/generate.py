@@ -1184,6 +1184,40 @@ def fit_rules() -> list[str]:
     return _table(header, rows) + ["", "Wheels read (sha256, first 12 digits): " + "; ".join(shas) + "."]
 
 
+def fit_context() -> list[str]:
+    """The longest context each release takes: planner/data/fit_rules.toml [context.NAME]."""
+    from capture_plan.planner.fit.tables import context_rules
+
+    rows = []
+    for name, r in context_rules().items():
+        rows.append(
+            [
+                f"`{name}`",
+                f"{r.engine} " + ", ".join(r.releases),
+                f"`--{r.flag}`",
+                ("the smallest of " if r.pick == "smallest" else "the first of ")
+                + ", ".join(r.keys)
+                + (f"; {r.override_key} where given" if r.override_key else ""),
+                ", ".join(r.unscaled_rope_types)
+                + ("; a row holding original_max_position_embeddings" if r.original_unscaled else "")
+                + ("; model types " + ", ".join(r.unscaled_model_types) if r.unscaled_model_types else "")
+                + ("; rows nested by layer type" if r.nested_unscaled else ""),
+                "yes" if r.yarn_from_original else "no",
+                " or ".join(f"`{e}`" for e in r.allow_env),
+            ]
+        )
+    header = [
+        "rule",
+        "releases",
+        "flag",
+        "length from the config",
+        "factor not applied for",
+        "yarn: original x factor",
+        "a longer one allowed by",
+    ]
+    return _table(header, rows)
+
+
 def fit_examples() -> list[str]:
     """fit's figures for the worked examples: each model on H100 and H200, one release of each rule."""
     from capture_plan.planner.fit.fit import fit
@@ -1248,20 +1282,32 @@ def fit_calibrated() -> list[str]:
     return ["```console", f"$ planner {' '.join(args + files)}", *out.rstrip().splitlines(), "```"]
 
 
+def _published_logs():
+    """tests/published_logs.py, the one owner of fit's run against the published logs and of what
+    it is held to (tests/data/fit_logs.toml), imported by location (tests/ is not a package)."""
+    import importlib.util
+
+    if "published_logs" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("published_logs", ROOT / "tests" / "published_logs.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["published_logs"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["published_logs"]
+
+
 def fit_logs() -> list[str]:
-    """fit against each published start-up log (tests/data/engine_logs; tests/test_fit_logs.py
-    holds each figure to its target or to its recorded gap): the figures the log shows, fit's
-    from the log's config, device and settings, and fit's error."""
-    from capture_plan.planner.fit.fit import fit
+    """fit against each published start-up log (tests/published_logs.py ``compare``, as
+    tests/test_fit_logs.py runs it): the figures the log shows, fit's from the log's config,
+    device and settings, and fit's error."""
     from capture_plan.planner.fit.model import load_model
     from capture_plan.planner.fit.tables import GiB, rule_for
-    from capture_plan.schemas.documents import toml_parser
     from capture_plan.schemas.errors import InputError
-    from capture_plan.schemas.fit import FitItem
 
+    pl = _published_logs()
     rows = []
-    for path in sorted((ROOT / "tests/data/engine_logs").glob("*.toml")):
-        log = toml_parser().loads(path.read_text(encoding="utf-8"))
+    for path in pl.fixtures():
+        log = pl.read(path)
         head = [
             f"[{path.stem}]({log['url']})",
             log["version"],
@@ -1270,23 +1316,21 @@ def fit_logs() -> list[str]:
             str(log["tp"]),
         ]
         logged = log["logged"]
-        try:
-            rule_for(f"{log['engine']}=={log['version']}")
-            model = load_model(str(path.parent / log["config"]))
-        except InputError as err:
-            rows.append(head + ["refused: " + str(err).split(": ", 1)[-1].split(";")[0].split(" (modelled")[0], "", ""])
-            continue
-        settings = {k: v for k, v in log["settings"].items() if k != "enable-prefix-caching"}
-        args = (model, log["device"], f"{log['engine']}=={log['version']}", log["tp"], settings)
-        r = fit(*args)
-        graph = next(i for i in r.items if i.name == "graph memory")
-        shown = logged.get("graph_gib", logged.get("graph_estimate_gib"))
-        if graph.bytes is None:  # unknown on this device: the engine's own estimate in its place
-            est = int(logged["graph_estimate_gib"] * GiB)
-            r = fit(*args, measured_graph=FitItem("graph memory", est, int(0.005 * GiB), "given", path.name))
+        kind = pl.kind(path)
+        if kind != "compared":
+            try:  # the refusal's own line: the release's, or the model's
+                rule_for(f"{log['engine']}=={log['version']}")
+                load_model(str(path.parent / log["config"]))
+            except InputError as err:
+                what = str(err).split(": ", 1)[-1].split(";")[0].split(" (modelled")[0]
+                rows.append(head + ["refused: " + what, "", ""])
+                continue
+        c = pl.compare(path)
+        r, shown = c.result, c.logged_graph
+        if c.graph is None:  # unknown on this device: the engine's own estimate in its place
             graph_cell = f"unknown ({shown} logged, given)"
         else:
-            graph_cell = f"{graph.bytes / GiB:.2f} / {shown} ({graph.bytes / GiB / shown - 1:+.0%})"
+            graph_cell = f"{c.graph / GiB:.2f} / {shown} ({c.graph / GiB / shown - 1:+.0%})"
         tokens = logged.get("kv_tokens")
         rows.append(
             head
@@ -1309,6 +1353,42 @@ def fit_logs() -> list[str]:
         "KV GiB: fit / logged",
     ]
     return _table(header, rows)
+
+
+_FIGURES = {
+    "kv_tokens": "KV tokens",
+    "kv_cache_gib": "KV GiB",
+    "graph": "graph memory",
+    "weights": "weights",
+    "activation_peak_gib": "activation peak",
+}
+
+
+def fit_log_gaps() -> list[str]:
+    """The gaps tests/test_fit_logs.py holds fit to (tests/data/fit_logs.toml), one bullet per
+    theme: its figures, logs, recorded errors and bounds, and why; then the refused logs."""
+    pl = _published_logs()
+    lines = []
+    for name, theme in pl.THEMES.items():
+        gaps = {key: g for key, g in pl.GAPS.items() if g.theme == name}
+        if not gaps:
+            continue
+        figures = ", ".join(dict.fromkeys(_FIGURES[f] for _, f in gaps))
+        errors = sorted(g.error for g in gaps.values())
+        span = f"{errors[0]:+.1%}" + (f" to {errors[-1]:+.1%}" if errors[-1] != errors[0] else "")
+        bounds = sorted({g.bound for g in gaps.values()})
+        logs = len({stem for stem, _ in gaps})
+        said = f"{figures} of {logs} log{'s' if logs > 1 else ''}: {span} recorded, held within " + " or ".join(
+            f"{b:.1%}" for b in bounds
+        )
+        lines.append(f"- **{theme['title']}** ({said}): {' '.join(theme['text'].split())}")
+    releases = [p.stem for p in pl.fixtures() if pl.kind(p) == "refused-release"]
+    models = [f"{stem} (its line names: {'; '.join(names)})" for stem, names in pl.REFUSED.items()]
+    lines.append(
+        f"- Refused, in one line: {len(releases)} logs of releases fit does not model ({', '.join(releases)}), "
+        f"each naming the nearest modelled release; and the models fit does not model: {', '.join(models)}."
+    )
+    return lines
 
 
 def _fit_cell(c: dict, tokens: bool = False) -> str:
@@ -1422,10 +1502,12 @@ TABLES = {
     "releases": releases,
     "restore-floor": restore_floor,
     "fit-rules": fit_rules,
+    "fit-context": fit_context,
     "fit-examples": fit_examples,
     "fit-example": fit_example,
     "fit-calibrated": fit_calibrated,
     "fit-logs": fit_logs,
+    "fit-log-gaps": fit_log_gaps,
     "fit-bench": fit_bench,
 }
 

@@ -37,7 +37,11 @@ def build_plan(opts: BuildOptions) -> Plan:
     """Everything ``planner build`` does except writing the file: the build resolved once, the
     sizes chosen for the traffic when ``opts`` asks (``--sizes auto``), then the pipeline."""
     if opts.sizes is None:
-        return pipeline.plan(resolve(opts))
+        r = resolve(opts)
+        plan = pipeline.plan(r)
+        if r.kv is not None:  # --engine: a plan whose graphs leave the engine unable to start is refused
+            r.kv.check_plan(plan.predicted.kv)
+        return plan
     from .sizes.record import size_record  # only --sizes auto reads traffic
     from .sizes.sizes import check_budget, for_build
 
@@ -45,6 +49,8 @@ def build_plan(opts: BuildOptions) -> Plan:
     with _choice_errors(opts):
         choice = for_build(r, worth=True)
     plan = pipeline.plan(r.with_sizes(choice.lists), size_record(choice, r))
+    if r.kv is not None:
+        r.kv.check_plan(plan.predicted.kv)
     with _choice_errors(opts):
         check_budget(choice, plan)
     return plan

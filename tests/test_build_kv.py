@@ -281,25 +281,37 @@ def test_a_spec_of_an_moe_model_is_priced_with_its_experts():
     assert weight_bytes(m, 1) > 3 * weight_bytes(spec_model("dense", dense, None), 1)
 
 
-@pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])
-def test_an_unknown_engine_flag_suggests_one_the_engine_takes(engine):
-    """The example in the fix of a flag the engine lacks is itself accepted. Before: SGLang's
-    suggested ``--engine-flag kv-cache-dtype=1``, which is refused (no such dtype)."""
-    import re
-
-    from capture_plan.planner.fit.kv_price import parse_engine_flags
-    from capture_plan.schemas.errors import InputError
-
-    with pytest.raises(InputError) as err:
-        parse_engine_flags(engine, ["no-such-flag=1"])
-    example = re.search(r"e\.g\. --engine-flag (\S+)", err.value.fix)
-    assert example is not None, err.value.fix
-    from capture_plan.planner.fit.kv_price import KvPricer
-    from capture_plan.planner.fit.model import load_model
-
-    flags = {("context-length" if engine.startswith("sglang") else "max-model-len"): 8192}
-    flags.update(parse_engine_flags(engine, [example[1]]))
-    assert KvPricer(load_model("llama-3-8b"), H100, engine, 1, flags).none_tokens > 0
+@pytest.mark.parametrize(
+    ("engine", "flags", "needle"),
+    [
+        ("vllm==0.34.0", ["no-such-flag=1"], "has no flag 'no-such-flag'"),
+        ("sglang==0.5.23", ["no-such-flag=1"], "has no flag 'no-such-flag'"),
+        ("vllm==0.34.0", ["max-num-seqs"], "is not NAME=VALUE"),
+        ("vllm==0.34.0", ["max-num-seqs=many"], "takes an integer"),
+        ("vllm==0.34.0", ["max-num-seqs=0"], "must be an integer from 1"),
+        ("vllm==0.34.0", ["gpu-memory-utilization=1.5"], "must be in (0, 1]"),
+        ("sglang==0.5.23", ["kv-cache-dtype=1"], "unknown --kv-cache-dtype value '1'"),
+        ("sglang==0.5.23", ["mem-fraction-static=2"], "must be in (0, 1)"),
+        ("vllm==0.34.0", ["cudagraph-mode=FULL"], "the plan's sizes say it here"),
+        ("vllm==9.9", [], "no modelled sizing rule"),
+        ("vllm", [], "unknown engine 'vllm'"),
+        ("sglang==0.5.23", ["block-size=16"], "sglang has no flag 'block-size'"),
+    ],
+)
+def test_a_refused_engine_setting_names_a_build_command_that_works(cli, engine, flags, needle):
+    """Every refusal of ``--engine``/``--engine-flag`` (parse_engine_flags', fit's own bounds and
+    choices) names, between backticks, the build command with the change that works, and that
+    command builds. Before: fragments (``e.g. --engine-flag kv-cache-dtype=1``, refused itself),
+    and fit's flag named alone as the placeholder ``--engine-flag NAME=VALUE``."""
+    length = "context-length=8192" if engine.startswith("sglang") else "max-model-len=8192"
+    args = ["build", "-b", "fa3", "--device", H100, "--engine", engine, "--engine-flag", length]
+    for flag in flags:
+        args += ["--engine-flag", flag]
+    line = one_line_error(cli(*args, "--dry-run"), needle)
+    assert "--engine-flag NAME=VALUE" not in line and "`planner build " in line, line
+    assert "VALUE" not in line.split("`")[1], line
+    code, out, err = cli(*_fix_command(line))
+    assert code == 0, (line, err)
 
 
 def test_an_engine_flag_given_twice_is_one_line(cli):
@@ -368,3 +380,50 @@ def test_the_kv_gates_fix_for_a_plan_with_a_config_adds_no_context_length(cli, t
     fix = _fix_command(line)
     assert "--engine" in fix and not any("max-model-len" in a for a in fix), fix
     assert cli(*fix)[0] == 0 and "kv" in _plan(tmp_path, "p-kv.json")["predicted"]
+
+
+@pytest.mark.parametrize(
+    ("command", "utilization", "needle"),
+    [
+        (("build", "--dry-run"), "0.05", "would not start with the plan's graphs (378.0 MiB"),
+        (("sizes", "--traffic", str(TRAFFIC)), "0.05", "would not start with the plan's graphs (378.0 MiB"),
+        (("build", *AUTO, "--dry-run"), "0.05", "would not start with the plan's graphs (378.0 MiB"),
+        # enough for one request without graphs, not with the plan's 378 MiB of them (vLLM 0.34.0
+        # sizes its KV cache after capture): the plan's own graphs are what the engine fails on
+        (("build", "--dry-run"), "0.23", "would not start with the plan's graphs (378.0 MiB"),
+        (("sizes", "--traffic", str(TRAFFIC)), "0.23", "would not start with the plan's graphs"),
+        (("sizes", "--traffic", str(TRAFFIC), "--min-kv-tokens", "1000"), "0.23", "with one size's graphs"),
+    ],
+)
+def test_a_build_whose_engine_would_not_start_is_refused_with_a_command_that_works(cli, command, utilization, needle):
+    """Issue 52 review: a build or ``planner sizes`` under an engine that would not start (its KV
+    cache holds less than one request) exited 0 and said the graphs "cost 0" tokens. It is one
+    line naming why, its fix the build's command with fit's first fix (each checked by fit)."""
+    args = (command[0], "-b", "fa3", *ENGINE, "--engine-flag", f"gpu-memory-utilization={utilization}", *command[1:])
+    line = one_line_error(cli(*args), needle, "fewer than one request of max-model-len 8192", "`planner build ")
+    assert "the graphs cost 0" not in line
+    code, out, err = cli(*_fix_command(line))
+    assert code == 0 and "KV tokens under vllm==0.34.0" in out, (line, err)
+
+
+def test_a_context_length_past_the_models_is_refused_in_a_build_unless_vllms_variable(cli, tmp_path, monkeypatch):
+    """A build's --engine-flag max-model-len past its config's max_position_embeddings: refused as
+    vLLM refuses it (vllm/config/model.py _get_and_verify_max_len), its fix the longest it takes;
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it through, and the plan's engine label says so."""
+    from cli_inputs import LLAMA, SPEC
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**LLAMA, "max_position_embeddings": 4096}))
+    (tmp_path / "m" / "spec.toml").write_text('[model]\nconfig = "config.json"\n' + SPEC)
+    args = ("build", "--spec", "m/spec.toml", "-b", "fa3", "--device", H100, "--engine", "vllm==0.34.0")
+    line = one_line_error(
+        cli(*args, "--engine-flag", "max-model-len=8192", "--dry-run"),
+        "--engine-flag max-model-len=8192: 8,192 tokens are more than the 4,096 vLLM 0.34.0 derives",
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+        "the longest vLLM 0.34.0 takes: `planner build ",
+    )
+    assert "max-model-len=4096" in line.split("`")[1]
+    assert cli(*_fix_command(line))[0] == 0
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "true")
+    code, out, err = cli(*args, "--engine-flag", "max-model-len=8192", "--dry-run")
+    assert code == 0 and "(max-model-len=8192) under VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in out, err

@@ -1310,58 +1310,118 @@ def test_fuzz_fit_config(work, data, engine):
     expect_clean(planner("fit", "--model", str(cfg), "--device", "H100", "--engine", engine))
 
 
-_FIT_FLAGS = {
-    "vllm==0.34.0": [
-        "--gpu-memory-utilization",
-        "--max-model-len",
-        "--max-num-seqs",
-        "--max-num-batched-tokens",
-        "--block-size",
-        "--max-cudagraph-capture-size",
-        "--cudagraph-capture-sizes",
-        "--cudagraph-mode",
-        "--kv-cache-dtype",
-        "--tp",
-    ],
-    "sglang==0.5.23": [
-        "--mem-fraction-static",
-        "--context-length",
-        "--max-running-requests",
-        "--chunked-prefill-size",
-        "--cuda-graph-max-bs",
-        "--page-size",
-        "--kv-cache-dtype",
-        "--tp",
-    ],
+def _fit_options() -> dict[str, str]:
+    """Every option of ``planner fit`` (planner/cli/fit.py: the engine flags of
+    planner/data/fit_flags.toml and fit's own), with how the fuzz gives it a value: "value" (a
+    number, word or list), "switch" (a flag alone), "path" (a file), "fixed" (always given)."""
+    from capture_plan.planner.cli.fit import command
+
+    kinds = {"--model": "fixed", "--device": "fixed", "--engine": "fixed"}
+    for p in command.params:
+        name = max(p.opts, key=len)
+        if name in kinds:
+            continue
+        if getattr(p, "is_flag", False):
+            kinds[name] = "switch"
+        elif name in ("--weights-index", "--plan", "--calibration"):
+            kinds[name] = "path"
+        else:
+            kinds[name] = "value"
+    return kinds
+
+
+FIT_OPTIONS = _fit_options()
+#: the models the flags fuzz runs: a preset (no context length) and configs with one (vLLM and
+#: SGLang both derive it from max_position_embeddings here: llama3 and yarn rows are not scaled)
+FIT_MODELS = {
+    "llama-3-8b": None,
+    str(ROOT / "planner/data/configs/llama-3.1-8b.json"): 131072,
+    str(ROOT / "planner/data/configs/qwen2.5-7b.json"): 32768,
+    str(ROOT / "planner/data/configs/deepseek-v2-lite.json"): 163840,
 }
+#: the files --weights-index, --plan and --calibration are given (real, missing, not JSON)
+FIT_PATHS = [
+    str(ROOT / "plans/fa3-ci-h200.json"),
+    str(ROOT / "plans/calibration/h200-fa3-ci.json"),
+    str(ROOT / "tests/data/traffic-skewed.csv"),
+    "missing.json",
+]
+#: the variables that let a longer context through, as each engine reads them
+ALLOW = {"vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"}
+
+
+def _allowed(engine: str, env: tuple[str, str] | None) -> bool:
+    """Whether ``env`` lets ``engine`` take a longer context, judged apart from fit: vLLM's
+    envs.py (stripped, lower-cased, 1 or true), SGLang's EnvBool (lower-cased: true, 1, yes, y)."""
+    if env is None or env[0] != ALLOW[engine]:
+        return False
+    value = env[1].strip().lower() if engine == "vllm" else env[1].lower()
+    return value in (("1", "true") if engine == "vllm" else ("true", "1", "yes", "y"))
+
+
+def test_the_fit_fuzz_gives_every_option_of_planner_fit():
+    """A new option of ``planner fit`` joins the fuzz without an edit; each engine flag is one."""
+    from capture_plan.planner.fit.flags import engine_flags
+
+    assert {f"--{n}" for n in engine_flags()} <= set(FIT_OPTIONS)
+    assert {"--tp", "--weights-index", "--plan", "--calibration", "--json", "--enforce-eager"} <= set(FIT_OPTIONS)
 
 
 @FUZZ
 @given(
-    engine=st.sampled_from(sorted(_FIT_FLAGS) + ["vllm==0.2", "sglang==x", "tgi==1.0", "vllm"]),
+    engine=st.sampled_from(["vllm==0.34.0", "vllm==0.29.0", "sglang==0.5.23", "vllm==0.2", "sglang==x", "tgi==1.0"]),
     device=st.sampled_from(["H100", "H200", "NVIDIA A100-SXM4-40GB", "RTX 4090", "A100", "", "B300"]),
+    model=st.sampled_from(sorted(FIT_MODELS)),
+    env=st.one_of(
+        st.none(),
+        st.tuples(st.sampled_from(sorted(ALLOW.values())), st.sampled_from(["1", "true", " TRUE ", "yes", "0", ""])),
+    ),
     flags=st.lists(
         st.tuples(
-            st.sampled_from(sorted({f for fs in _FIT_FLAGS.values() for f in fs})),
+            st.sampled_from(sorted(n for n, k in FIT_OPTIONS.items() if k != "fixed")),
             st.one_of(
                 st.integers(-5, 1 << 40).map(str),
                 st.floats(allow_nan=True, allow_infinity=True).map(str),
                 st.sampled_from(["auto", "fp8", "NONE", "PIECEWISE", "1,2,x", "0", "", "1,2,4"]),
+                st.sampled_from(["2048", "8192", "32768", "32769", "131072", "131073", "163840", "163841"]),
             ),
+            st.sampled_from(FIT_PATHS),
         ),
         max_size=4,
     ),
 )
-def test_fuzz_fit_flags(work, engine, device, flags):
-    """fit's flags: any engine, device and values end in exit 0 or one located error line."""
-    args = ["fit", "--model", "llama-3-8b", "--device", device, "--engine", engine]
-    for k, v in flags:
-        args += [k, v]
-    code, out, err = planner(*args)
+def test_fuzz_fit_flags(work, engine, device, model, env, flags):
+    """fit's options (every one of them: FIT_OPTIONS), models with and without a context length,
+    and the engines' variables that allow a longer one: exit 0 or one located error line. An
+    accepted context length is at most the model's unless the engine's variable allows it, judged
+    apart from fit; a refused one names the model's as its fix."""
+    args = ["fit", "--model", model, "--device", device, "--engine", engine]
+    given: dict[str, str] = {}
+    for name, value, path in flags:
+        kind = FIT_OPTIONS[name]
+        args += [name] if kind == "switch" else [name, path if kind == "path" else value]
+        given[name] = path if kind == "path" else value
+    saved = {name: os.environ.pop(name, None) for name in ALLOW.values()}
+    try:
+        if env is not None:
+            os.environ[env[0]] = env[1]
+        code, out, err = planner(*args)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
     if code == 2:  # click's usage error for a value of the wrong type: its own message
         assert "Usage:" in err, err
         return
-    expect_clean((code, out, err))
+    accepted = expect_clean((code, out, err))
+    limit, name = FIT_MODELS[model], engine.split("==")[0]
+    flag = "--context-length" if name == "sglang" else "--max-model-len"
+    if accepted and limit is not None and flag in given:
+        value = int(given[flag])
+        assert value <= limit or _allowed(name, env), f"accepted {flag} {value} past {limit} ({env})"
+    if not accepted and "tokens are more than the" in err:
+        assert f"{flag} {limit}`" in err and not _allowed(name, env), err
 
 
 @pytest.mark.parametrize(

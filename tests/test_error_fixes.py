@@ -278,7 +278,8 @@ def _error_calls():
     for path, tree in sorted(trees.items()):
         for n in ast.walk(tree):
             if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) in classes:
-                fix = next((k.value for k in n.keywords if k.arg == "fix"), None)
+                # planner/fit/refusal.py's Refusal makes its fix of its hint and its change
+                fix = next((k.value for k in n.keywords if k.arg in ("fix", "hint")), None)
                 given = fix is not None and not (isinstance(fix, ast.Constant) and fix.value is None)
                 yield f"{path.relative_to(ROOT)}:{n.lineno}", given or n.func.__dict__.get("id") == "StalePlans"
 

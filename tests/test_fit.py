@@ -32,6 +32,15 @@ def run(*args: str, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def run_fix(err: str, capsys) -> tuple[int, str, str]:
+    """The command a one-line refusal's fix names (between backticks), run."""
+    import shlex
+
+    argv = shlex.split(err.split("`")[1])
+    assert argv[:2] == ["planner", "fit"], err
+    return run(*argv[1:], capsys=capsys)
+
+
 def model_arg(name: str) -> str:
     """``--model``'s value: a preset as it is, a worked example's name as its config.json."""
     return name if name == "llama-3-8b" else str(CONFIGS / f"{name}.json")
@@ -241,10 +250,20 @@ def test_does_not_fit_names_the_item_and_fixes_that_work(capsys):
     code, out, _ = fit_cli(*args, "--tp", "4", capsys=capsys)
     assert code == 0, out
     code, _, err = fit_cli("llama-3.1-8b", "RTX 4090", "vllm==0.34.0", "--max-model-len", "60000", capsys=capsys)
-    fix = err.split("fix: ")[1].split(" or ")[0]
+    fix = fixes_of(err)[0]
     assert code == 1 and fix.startswith("--max-model-len ")
     code, _, _ = fit_cli("llama-3.1-8b", "RTX 4090", "vllm==0.34.0", *fix.split(), capsys=capsys)
     assert code == 0
+    # the first fix is also given as the whole command, which runs (before: only its flags)
+    assert f"{fix}: `planner fit " in err and run_fix(err, capsys)[0] == 0, err
+
+
+def fixes_of(err: str) -> list[str]:
+    """The fixes a does-not-fit line names: the first (with its command), then the others."""
+    text = err.split("; fix: ", 1)[1].strip()
+    first, _, rest = text.partition(": `")
+    more = rest.split("` (or ", 1)[1].removesuffix(")").split(" or ") if "` (or " in rest else []
+    return [first, *more]
 
 
 #: configurations whose budget flag starves the cache (the flag named is the user's)
@@ -267,7 +286,7 @@ def test_every_fix_for_a_starved_budget_fits(case, capsys):
     args = (model, device, engine)
     code, _, err = fit_cli(*args, flag, value, capsys=capsys)
     assert code == 1 and err.count("\n") == 1
-    fixes = err.split("fix: ")[1].strip().split(" or ")
+    fixes = fixes_of(err)
     assert fixes[0].startswith(flag + " ")
     for fix in fixes:
         words = fix.split()
@@ -284,7 +303,9 @@ def test_a_tp_the_engines_refuse_is_refused_naming_those_that_work(capsys):
         for tp in ("64", "3"):
             code, _, err = fit_cli("qwen3-30b-a3b", "H200", engine, "--tp", tp, capsys=capsys)
             assert code == 1 and err.count("\n") == 1
-            assert f"--tp {tp} does not divide" in err and "fix: give --tp one of 1, 2, 4, 8, 16, 32" in err
+            assert f"--tp {tp} does not divide" in err and "fix: one of 1, 2, 4, 8, 16, 32: `planner fit" in err
+            code, _, fixed = run_fix(err, capsys)  # the largest divisor below the --tp given
+            assert code == 0 and f"--tp {32 if tp == '64' else 2}`" in err, fixed
         code, _, err = fit_cli("qwen3-30b-a3b", "H200", engine, "--tp", "32", capsys=capsys)
         assert "does not divide" not in err
 
@@ -335,7 +356,7 @@ def test_vllm_019_logs_the_graph_estimate_and_020_deducts_it():
     assert any("not take it from the KV budget" in n for n in r19.notes)
 
 
-def test_vllm_tokens_are_counted_as_each_release_logs_them():
+def test_vllm_tokens_are_counted_as_each_release_logs_them(monkeypatch):
     # Gemma-2: two KV groups (21 full, 21 sliding). 0.20.0 logs num_blocks // 2 groups x 16;
     # 0.21.0 int(concurrency x max_model_len), which counts the window's smaller share
     gemma = cfg("gemma-2-9b")
@@ -344,7 +365,9 @@ def test_vllm_tokens_are_counted_as_each_release_logs_them():
     r21 = fit(gemma, "H100", "vllm==0.21.0", 1, flags)
     assert r20.kv_blocks == r21.kv_blocks and r20.kv_tokens == r20.kv_blocks // 2 * 16
     assert r21.kv_tokens == int(r21.kv_blocks / (512 + 513) * 8192)  # window 4095 + 8192 in flight > 8192
-    # 0.25.0 holds max_num_batched_tokens beyond the window, 0.26.0 two batches (async scheduling)
+    # 0.25.0 holds max_num_batched_tokens beyond the window, 0.26.0 two batches (async scheduling);
+    # 32768 is past Gemma-2's 8192: vLLM takes it only under VLLM_ALLOW_LONG_MAX_MODEL_LEN, and so does fit
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     small = {"max-model-len": 32768, "gpu-memory-utilization": 0.92}
     r25 = fit(gemma, "H100", "vllm==0.25.0", 1, small)
     r26 = fit(gemma, "H100", "vllm==0.26.0", 1, small)
@@ -417,10 +440,9 @@ def test_an_integer_flag_out_of_its_bounds_suggests_a_value_that_works(capsys, e
     assert len(ints) >= 4
     for name in ints:
         code, _, err = fit_cli("llama-3.1-8b", "H100", engine, f"--{name}", "0", capsys=capsys)
-        assert code == 1 and err.count("\n") == 1 and "; fix: e.g. " in err, err
-        fix = err.split("; fix: e.g. ")[1].split()
-        assert fix == [f"--{name}", engine_flags()[name].example], err
-        assert fit_cli("llama-3.1-8b", "H100", engine, *fix, capsys=capsys)[0] == 0, (name, fix)
+        assert code == 1 and err.count("\n") == 1 and "; fix: a value in bounds: `planner fit " in err, err
+        assert f" --{name} {engine_flags()[name].example}`" in err, err
+        assert run_fix(err, capsys)[0] == 0, (name, err)
 
 
 def test_engine_help_names_every_modelled_release(capsys):
@@ -523,5 +545,24 @@ def test_a_model_with_no_context_length_names_the_model_and_a_flag_that_works(ca
     model, not "the config", and its fix, added, fits."""
     code, _, err = fit_cli("llama-3-8b", "H100", engine, capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "llama-3-8b gives no context length" in err
-    fix = err.split("e.g. ")[1].split()
-    assert fix[0] == flag and fit_cli("llama-3-8b", "H100", engine, *fix, capsys=capsys)[0] == 0
+    assert f"{flag} 8192`" in err and run_fix(err, capsys)[0] == 0, err
+
+
+def test_the_help_examples_run(capsys):
+    """Each example ``planner fit --help`` shows runs, as a shell runs it from a checkout's root,
+    and answers (exit 0); the one under VLLM_ALLOW_LONG_MAX_MODEL_LEN says the engine warns."""
+    import os
+    import subprocess
+    import sys
+
+    code, out, _ = run("fit", "--help", capsys=capsys)
+    text = out.split("Examples")[1].split("Options:")[0].replace("\\\n", " ")
+    examples = [ln.strip() for ln in text.splitlines() if "planner fit " in ln]
+    assert code == 0 and len(examples) >= 4, out
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("VLLM_ALLOW_LONG_MAX_MODEL_LEN", None)
+    for example in examples:
+        done = subprocess.run(["bash", "-c", example], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert done.returncode == 0 and done.stdout, (example, done.stderr)
+        if example.startswith("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+            assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN is set: the engine takes 65,536 tokens" in done.stdout

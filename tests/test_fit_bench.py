@@ -21,6 +21,19 @@ MIB, GIB = 1 << 20, 1 << 30
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
 
+def test_the_llama_case_runs_past_its_context_as_the_engines_do_under_their_variables(tmp_path):
+    """bench/fit_bench.py gives every case max-model-len 4096 (MAX_MODEL_LEN), past the llama
+    case's max_position_embeddings 2048: vLLM and SGLang refuse that at start unless their
+    variables allow it, and so does fit (planner/fit/context.py). The bench runs fit under them
+    (long_context), as the engines would run, and leaves the process's environment as it was."""
+    import os
+
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in os.environ
+    with fb.long_context():
+        assert os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in os.environ
+
+
 @pytest.mark.parametrize("device", [H100, H200])
 @pytest.mark.parametrize("release, utilization", [("vllm==0.34.0", 1.0), ("vllm==0.33.0", 0.92)])
 def test_the_settings_are_the_releases_defaults_for_the_device_and_fit_runs_with_them(

@@ -35,6 +35,27 @@ def _engines() -> str:
     return ", ".join(runs[:-1]) + f" or {runs[-1]}" if len(runs) > 1 else runs[0]
 
 
+def fit_command(
+    model: str, device: str, engine: str, tp: int, files: list, as_json: bool, given: dict, changes: dict
+) -> str:
+    """The ``planner fit`` command of these options (``files``: (flag, path or None) pairs; ``given``:
+    the engine flags as given, None where not) with a refusal's ``changes`` applied."""
+    import shlex
+
+    from capture_plan.planner.fit.flags import apply
+
+    engine, tp, device, flags = apply(changes, engine, tp, device, {k: v for k, v in given.items() if v is not None})
+    argv = ["planner", "fit", "--model", model, "--device", device, "--engine", engine]
+    argv += ["--tp", str(tp)] if tp != 1 else []
+    argv += [str(x) for flag, path in files if path is not None for x in (flag, path)]
+    for name, v in flags.items():
+        if v is True:
+            argv.append(f"--{name}")
+        elif v is not False:
+            argv += [f"--{name}", ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
+    return shlex.join(argv + (["--json"] if as_json else []))
+
+
 @click.command("fit", cls=Command)
 @option("--model", required=True, metavar="config", help="A transformers config.json, a spec TOML or a preset name.")
 @option("--device", required=True, metavar="name", help="The device as torch names it (planner/data/fit_devices.toml).")
@@ -71,7 +92,16 @@ def _engines() -> str:
 def command(model, device, engine, tp, weights_index, plan_path, calibration, as_json, **flags) -> None:
     """Where the device's memory goes: weights, non-torch, activation peak, graph memory, KV tokens.
 
-    Exit 1 with one line when it does not fit, naming the item that overflows and the fixes."""
+    Exit 1 with one line when it does not fit, naming the item that overflows and the fixes.
+
+    \b
+    Examples (run from a checkout's root; tests/test_fit.py runs each):
+      planner fit --model planner/data/configs/llama-3.1-8b.json --device H100 --engine vllm==0.34.0
+      planner fit --model planner/data/configs/qwen2.5-7b.json --device H200 --engine sglang==0.5.23 --json
+      planner fit --model llama-3-8b --device H200 --engine vllm==0.34.0 --max-model-len 8192 \\
+        --plan plans/fa3-ci-h200.json --calibration plans/calibration/h200-fa3-ci.json
+      VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 planner fit --model planner/data/configs/qwen2.5-7b.json \\
+        --device H100 --engine vllm==0.34.0 --max-model-len 65536"""
     import msgspec
 
     from capture_plan.planner.fit.fit import fit
@@ -101,7 +131,14 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
         from capture_plan.planner.report.check import check_report_plan
 
         measured = calibration_graph(calibration, device, plan, str(plan_path), check_report_plan)
-    res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
+    from capture_plan.planner.fit.refusal import Refusal
+
+    files = [("--weights-index", weights_index), ("--plan", plan_path), ("--calibration", calibration)]
+    try:
+        res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
+    except Refusal as err:  # its fix as this command, changed
+        err.fix = f"{err.hint}: `{fit_command(model, device, engine, tp, files, as_json, given, err.changes)}`"
+        raise
     if as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(res), indent=2).decode())
     else:
@@ -109,6 +146,12 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
 
         click.echo(render(res), nl=False)
     if not res.fits:
+        from capture_plan.planner.fit.refusal import changes_of
         from capture_plan.planner.fit.result import fix_text
 
-        raise InputError(f"does not fit: {res.overflow}", where=f"{res.device} x{res.tp}", fix=fix_text(res.fixes))
+        fix = fix_text(res.fixes)
+        if res.fixes:  # each checked by fit to fit; the first as this command with it
+            first, *more = res.fixes
+            cmd = fit_command(model, device, engine, tp, files, as_json, given, changes_of(first))
+            fix = f"{first}: `{cmd}`" + (f" (or {' or '.join(more)})" if more else "")
+        raise InputError(f"does not fit: {res.overflow}", where=f"{res.device} x{res.tp}", fix=fix)

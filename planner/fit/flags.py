@@ -13,11 +13,10 @@ from typing import Literal
 
 import msgspec
 
-from capture_plan.schemas.errors import InputError
-
+from .refusal import INPUTS, Refusal
 from .tables import typed
 
-__all__ = ["EngineFlag", "engine_flags", "flags_of", "check"]
+__all__ = ["EngineFlag", "engine_flags", "flags_of", "check", "apply"]
 
 
 class EngineFlag(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -31,7 +30,7 @@ class EngineFlag(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     hi: float = 1 << 24
     lo_open: bool = False
     hi_open: bool = False
-    #: a value the fix of a refused float suggests
+    #: a value the fix of a refused value suggests (every int and float row has one: tests/test_fit.py)
     example: str = ""
     choices: list[str] = []
     #: a choice compared upper-cased (vLLM parses --cudagraph-mode so)
@@ -71,8 +70,8 @@ def flags_of(engine: str) -> list[str]:
     return [n for n, f in engine_flags().items() if engine in f.engines]
 
 
-def _refuse(name: str, msg: str, fix: str) -> InputError:
-    return InputError(msg, where=f"--{name}", fix=fix)
+def _refuse(name: str, msg: str, hint: str, value: object) -> Refusal:
+    return Refusal(msg, where=f"--{name}", hint=hint, changes={name: value})
 
 
 def _sizes(name: str, v: object) -> list[int]:
@@ -81,29 +80,31 @@ def _sizes(name: str, v: object) -> list[int]:
         try:
             v = [int(s) for s in v.split(",") if s.strip()]
         except ValueError:
-            raise _refuse(name, f"capture sizes must be integers, got {v!r:.40}", "e.g. 1,2,4,8") from None
+            raise _refuse(name, f"capture sizes must be integers, got {v!r:.40}", _SIZES, "1,2,4,8") from None
     if not isinstance(v, (list, tuple)) or any(isinstance(s, bool) or not isinstance(s, int) for s in v):
-        raise _refuse(name, f"capture sizes must be integers, got {v!r:.40}", "e.g. 1,2,4,8")
+        raise _refuse(name, f"capture sizes must be integers, got {v!r:.40}", _SIZES, "1,2,4,8")
     if not v or min(v) < 1:
-        raise _refuse(name, "capture sizes must be positive", "e.g. 1,2,4,8")
+        raise _refuse(name, "capture sizes must be positive", _SIZES, "1,2,4,8")
     return list(v)
+
+
+_SIZES = "positive integers, comma-separated"
 
 
 def _value(name: str, f: EngineFlag, v: object) -> object:
     if f.type == "int":
         if not isinstance(v, int) or isinstance(v, bool) or not f.lo <= v <= f.hi:
+            example = int(f.example) if f.example not in (None, "") else int(f.lo)
             raise _refuse(
-                name,
-                f"--{name} must be an integer from {f.bounds()}, got {v!r:.30}",
-                f"e.g. --{name} {f.example if f.example not in (None, '') else f.lo}",
+                name, f"--{name} must be an integer from {f.bounds()}, got {v!r:.30}", "a value in bounds", example
             )
     elif f.type == "float":
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not f.within(v):
-            raise _refuse(name, f"must be in {f.bounds()}, got {v!r:.30}", f"e.g. --{name} {f.example}")
+            raise _refuse(name, f"must be in {f.bounds()}, got {v!r:.30}", "a value in bounds", float(f.example))
     elif f.type == "choice":
         v = str(v).upper() if f.upper else v
         if v not in f.choices:
-            raise _refuse(name, f"unknown --{name} value {v!r:.30}", f"use one of {', '.join(f.choices)}")
+            raise _refuse(name, f"unknown --{name} value {v!r:.30}", f"one of {', '.join(f.choices)}", f.choices[0])
     elif f.type == "bool":
         v = bool(v)
     else:
@@ -123,7 +124,27 @@ def check(engine: str, flags: dict) -> dict:
             continue
         if name not in allowed:
             raise _refuse(
-                name, f"{engine} has no flag --{name}", f"{engine}'s flags fit reads: --{', --'.join(allowed)}"
+                name,
+                f"{engine} has no flag --{name}",
+                f"leave it out ({engine}'s flags fit reads: --{', --'.join(allowed)})",
+                None,
             )
         out[name] = _value(name, rows[name], v)
     return out
+
+
+def apply(changes: dict[str, object], engine: str, tp: int, device: str, flags: dict) -> tuple[str, int, str, dict]:
+    """fit's inputs (``engine`` as ``ENGINE==VERSION``, ``flags`` by fit's name) with ``changes``
+    applied. A new engine keeps only the flags it has (SGLang's are no vLLM flags)."""
+    out = dict(flags)
+    for name, value in changes.items():
+        if name not in INPUTS:
+            out.pop(name, None)
+            if value is not None:
+                out[name] = value
+    engine = str(changes.get("engine", engine))
+    if "engine" in changes:
+        have = set(flags_of(engine.split("==")[0].strip().lower()))
+        out = {k: v for k, v in out.items() if k in have}
+    tp = int(str(changes["tp"])) if "tp" in changes else tp
+    return engine, tp, str(changes.get("device", device)), out

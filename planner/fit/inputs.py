@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import msgspec
 
-from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, KvLayerType
 
 from . import flags as engine_flags
+from .context import Length, context_length
 from .model import KV_DTYPES, FitModel, kv_bytes_per_token
-from .tables import Device, Rule, device, rule_for, wheels
+from .refusal import Refusal
+from .tables import Device, Rule, context_rule, device, rule_for, wheels
 
 __all__ = ["PlanGraphs", "FitInputs", "resolve"]
 
@@ -47,11 +48,24 @@ class FitInputs(msgspec.Struct, frozen=True):
     #: KV bytes one token takes in one layer on one rank, in the KV cache dtype
     per_layer: int
     kv_layers: list[KvLayerType]
+    #: the engine's context length (max-model-len, context-length): given or the release's
+    #: default, checked against what the release takes (:func:`.context.context_length`)
+    context: Length
     #: a plan whose sizes and phases replace the engine default's
     plan: PlanGraphs | None = None
     #: a graph figure measured on the device (a calibration, or the engine's own logged
     #: estimate) in place of fit's estimate of the graphs captured
     measured_graph: FitItem | None = None
+
+    def context_notes(self) -> list[str]:
+        """What fit says of a context length past the model's that the engine's variable let through."""
+        c = self.context
+        if not c.allowed_by or c.limit is None:
+            return []
+        return [
+            f"{c.allowed_by} is set: the engine takes {c.value:,} tokens, past the {c.shown} it derives "
+            f"({c.how}), and warns that positions past it give NaN or out-of-bounds reads"
+        ]
 
     @property
     def kv_dtype_bytes(self) -> int:
@@ -78,18 +92,24 @@ def resolve(
     eng, version, rule_name, rule = rule_for(engine)
     dev_name, dev = device(device_name)
     if tp < 1 or tp > 64:
-        raise InputError(
-            f"--tp must be 1 to 64, got {tp}", where="--tp", fix="give the GPUs one model instance spans, e.g. --tp 2"
+        raise Refusal(
+            f"--tp must be 1 to 64, got {tp}",
+            where="--tp",
+            hint="the GPUs one model instance spans",
+            changes={"tp": 1 if tp < 1 else max(n for n in range(1, 65) if model.heads % n == 0)},
         )
     if model.heads % tp:  # both engines refuse it (vllm/config/model.py: ModelConfig.verify_with_parallel_config;
         # sglang's models assert total_num_heads % tp_size == 0)
-        works = ", ".join(str(n) for n in range(1, min(model.heads, 64) + 1) if model.heads % n == 0)
-        raise InputError(
+        works = [n for n in range(1, min(model.heads, 64) + 1) if model.heads % n == 0]
+        raise Refusal(
             f"--tp {tp} does not divide {model.name}'s {model.heads} attention heads",
             where="--tp",
-            fix=f"give --tp one of {works}",
+            hint=f"one of {', '.join(map(str, works))}",
+            changes={"tp": max(n for n in works if n <= tp)},
         )
     checked = engine_flags.check(eng, flags)
+    flag = context_rule(eng, version)[1].flag
+    length = context_length(model, eng, version, checked.get(flag))
     kv_dtype = KV_DTYPES[checked.get("kv-cache-dtype", "auto")] or model.dtype_bytes
     per_layer = kv_bytes_per_token(model, tp, kv_dtype)
     kinds = []
@@ -114,4 +134,5 @@ def resolve(
         kv_layers=kinds,
         plan=plan,
         measured_graph=measured_graph,
+        context=length,
     )

@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
-from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.fit import FitItem, FitResult
+from capture_plan.schemas.plan import KvCost
 
+from .context import context_length
 from .fit import fit
-from .flags import engine_flags, flags_of
+from .flags import EngineFlag, engine_flags, flags_of
 from .model import FitModel, from_dimensions, load_model
-from .tables import rule_for
+from .refusal import INPUTS, Refusal, changes_of
+from .result import NO_FIX
+from .tables import context_rule, rule_for
 
-__all__ = ["KvPricer", "parse_engine_flags", "spec_model", "CAPTURE_FLAGS"]
+__all__ = ["KvPricer", "parse_engine_flags", "spec_model", "changed_flags", "CAPTURE_FLAGS"]
 
 #: the engine flags that say what is captured: a plan's sizes say it instead
 CAPTURE_FLAGS = ("cudagraph-capture-sizes", "max-cudagraph-capture-size", "enforce-eager", "cudagraph-mode")
@@ -37,50 +42,63 @@ def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
     """``--engine-flag NAME=VALUE`` items as fit's flags (NAME the engine's own flag, its value
     read by the row's type; the row's bounds are checked by fit). An item not ``NAME=VALUE``, a
     flag the engine lacks or given twice, one of :data:`CAPTURE_FLAGS`, or a value not of the
-    row's type is refused naming the item."""
+    row's type is a :class:`.refusal.Refusal` naming the item, its change the item that works
+    (or none: left out)."""
     eng = rule_for(engine)[0]
     rows, allowed = engine_flags(), flags_of(eng)
-    # the fix's example: a flag the engine takes here, with a value its row gives as an example
-    shown = next((a for a in allowed if a not in CAPTURE_FLAGS and rows[a].example), allowed[0])
     out: dict = {}
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip().removeprefix("--")
         where = f"--engine-flag {item}"
         if not sep or name not in allowed:
-            raise InputError(
+            takes = ", ".join(a for a in allowed if a not in CAPTURE_FLAGS)
+            raise Refusal(
                 f"{eng} has no flag {name!r}" if sep else "is not NAME=VALUE",
                 where=where,
-                fix=f"give one of {eng}'s flags as NAME=VALUE, e.g. --engine-flag {shown}="
-                f"{rows[shown].example or 1} (one of: {', '.join(a for a in allowed if a not in CAPTURE_FLAGS)})",
+                hint=f"{eng}'s flags as NAME=VALUE (one of: {takes})",
+                # a flag named without its value: the row's example; else the item left out
+                changes={name: _example(rows[name]) if name in allowed and name not in CAPTURE_FLAGS else None},
             )
         if name in CAPTURE_FLAGS:
-            raise InputError(
+            raise Refusal(
                 f"{name} says what the engine captures, and the plan's sizes say it here",
                 where=where,
-                fix="leave it out: the plan's capture sizes are priced",
+                hint="leave it out: the plan's capture sizes are priced",
+                changes={name: None},
             )
         row, text = rows[name], text.strip()
         try:
             value: object = {"int": int, "float": float}[row.type](text) if row.type in ("int", "float") else text
         except ValueError:
-            raise InputError(
+            raise Refusal(
                 f"{name} takes {'an integer' if row.type == 'int' else 'a number'}, got {text!r:.30}",
                 where=where,
-                fix=f"e.g. --engine-flag {name}={row.example or 1}",
+                hint="a value it takes",
+                changes={name: _example(row)},
             ) from None
         if row.type == "bool":
             if text.lower() not in _BOOLS:
-                raise InputError(f"{name} takes true or false, got {text!r:.30}", where=where, fix=f"{name}=true")
+                raise Refusal(
+                    f"{name} takes true or false, got {text!r:.30}", where=where, hint="true", changes={name: True}
+                )
             value = _BOOLS[text.lower()]
         if name in out:
-            raise InputError(
-                f"{name} is given twice",
+            raise Refusal(
+                f"{name} is given twice (--engine-flag {name}={out[name]} and --engine-flag {name}={value})",
                 where=where,
-                fix=f"keep one of --engine-flag {name}={out[name]} and --engine-flag {name}={value}",
+                hint="keep the last",
+                changes={name: value},
             )
         out[name] = value
     return out
+
+
+def _example(row: EngineFlag) -> object:
+    """A value of ``row``'s type it takes: its example, else its first choice, else its lower bound."""
+    if row.type == "bool":
+        return True
+    return row.example or (row.choices[0] if row.choices else int(row.lo))
 
 
 def spec_model(name: str, dimensions: dict[str, int], config: Path | None) -> FitModel:
@@ -96,15 +114,31 @@ def spec_model(name: str, dimensions: dict[str, int], config: Path | None) -> Fi
 class KvPricer:
     """KV tokens one engine release leaves on one device for a graph figure (bytes), by
     :func:`.fit.fit` with that figure as the measured graph memory, memoized. The settings are
-    checked once, when it is made: a refusal names the build option to change."""
+    checked once, when it is made: a refusal names the build option to change, its fix the
+    build's command with the change (``command``: a fit refusal's changes -> that command line,
+    planner/schedule/kv.py's). A plan whose engine would not start is refused by
+    :meth:`check_plan`, with the plan's graphs (fit's fixes then leave room for them)."""
 
-    def __init__(self, model: FitModel, device: str, engine: str, tp: int, flags: dict) -> None:
+    def __init__(
+        self,
+        model: FitModel,
+        device: str,
+        engine: str,
+        tp: int,
+        flags: dict,
+        command: Callable[[dict[str, object]], str] | None = None,
+    ) -> None:
         self.model, self.device, self.engine, self.tp, self.flags = model, device, engine, tp, flags
+        self.command = command
         none = self.result(0)  # capturing nothing: refuses a setting fit refuses
+        # a context length past the model's, let through by the engine's variable: the label says so
+        flag = context_rule(none.engine, none.version)[1].flag
+        allowed = context_length(model, none.engine, none.version, flags.get(flag)).allowed_by
         self.label = (
             f"{none.engine}=={none.version} on {none.device}"
             + (f" x{tp}" if tp > 1 else "")
             + (f" ({', '.join(f'{k}={v}' for k, v in sorted(flags.items()))})" if flags else "")
+            + (f" under {allowed}=1" if allowed else "")
         )
         self.none_tokens = none.kv_tokens or 0
 
@@ -114,7 +148,7 @@ class KvPricer:
         try:
             return fit(self.model, self.device, self.engine, self.tp, dict(self.flags), item)
         except InputError as err:
-            raise _as_build_error(err, self.flags) from None
+            raise _as_build_error(err, self.flags, self.command) from None
 
     def tokens(self, graph_bytes: int) -> int:
         """The KV tokens left with ``graph_bytes`` of graph memory; 0 where the engine would not
@@ -126,23 +160,77 @@ class KvPricer:
         """fit's one line where ``graph_bytes`` does not fit ("" where it does)."""
         return self.result(graph_bytes).overflow
 
+    def not_starting(self, res: FitResult, what: str) -> ConstraintError:
+        """The build refused where the engine would not start (``res``, fit's verdict), ``what``
+        saying with which graphs: its fix is fit's first fix (each one checked by fit to fit
+        with those graphs) as the build's command, the others named besides."""
+        if what and not self.result(0).fits:
+            what += " (nor without graphs)"
+        err = ConstraintError(
+            f"{self.label} would not start {what}: {res.overflow}", where=f"--engine {self.engine}", fix=NO_FIX
+        )
+        if res.fixes:
+            first, *more = (_spelled(f) or f for f in res.fixes)
+            shown = f"`{self.command(changes_of(res.fixes[0]))}`" if self.command is not None else first
+            err.fix = f"{first}: {shown}" + (f" (or {' or '.join(more)})" if more else "")
+        return err
 
-def _as_build_error(err: InputError, flags: dict) -> InputError:
+    def check_plan(self, kv: KvCost | None) -> None:
+        """Refuse (:meth:`not_starting`) a plan whose graphs (``kv``: what its build recorded of
+        them, planner/schedule/kv.py ``kv_cost``) leave the engine unable to start, or, where
+        its graph memory is unknown, one whose engine would not start even without graphs."""
+        if kv is None:
+            return
+        if kv.graph_bytes is None:
+            if not (none := self.result(0)).fits:
+                raise self.not_starting(none, "even without graphs")
+        elif kv.overflow:
+            graphs = f"with the plan's graphs ({kv.graph_bytes / (1 << 20):,.1f} MiB, {kv.graph})"
+            raise self.not_starting(self.result(kv.graph_bytes), graphs)
+
+
+def _names() -> str:
+    return "|".join(re.escape(n) for n in sorted(engine_flags(), key=len, reverse=True))
+
+
+def _spelled(text: str | None) -> str | None:
+    """fit's ``--flag value`` as a build's ``--engine-flag flag=value``; a flag named alone as its name."""
+    if text is None:
+        return None
+    names = _names()
+    text = re.sub(rf"--({names}) ([^\s,;`]+)", r"--engine-flag \1=\2", text)
+    return re.sub(rf"--({names})(?![\w=-])", r"\1", text)
+
+
+def _as_build_error(err: InputError, flags: dict, command: Callable[[dict[str, object]], str] | None) -> InputError:
     """fit's refusal as a build option's: ``--max-model-len 8192`` is ``--engine-flag
-    max-model-len=8192`` in a build (a flag named alone: its value given, else an example)."""
-    rows = engine_flags()
-    names = "|".join(re.escape(n) for n in sorted(rows, key=len, reverse=True))
+    max-model-len=8192`` in a build (a flag named alone, where it was given: with its value);
+    a :class:`.refusal.Refusal`'s fix is the build's command with its change."""
+    name = (err.where or "").removeprefix("--")
+    if name in flags and name in engine_flags():
+        where = f"--engine-flag {name}={flags[name]}"
+    else:
+        where = "the spec's model" if err.where == "--model" else _spelled(err.where)
+    if isinstance(err, Refusal) and command is not None:
+        return InputError(err.what, where=where, fix=f"{_spelled(err.hint)}: `{command(err.changes)}`")
+    return InputError(err.what, where=where, fix=_spelled(err.fix))
 
-    def alone(m: re.Match) -> str:
-        name = m.group(1)
-        value = flags.get(name, rows[name].example or ("8192" if rows[name].type == "int" else "VALUE"))
-        return f"--engine-flag {name}={value}"
 
-    def spelled(text: str | None) -> str | None:
-        if text is None:
-            return None
-        text = re.sub(rf"--({names}) ([^\s,;]+)", r"--engine-flag \1=\2", text)
-        return re.sub(rf"--({names})(?![\w=-])", alone, text)
+def changed_flags(items: tuple[str, ...], engine: str, changes: dict[str, object]) -> tuple[str, tuple[str, ...]]:
+    """A build's ``--engine`` and ``--engine-flag NAME=VALUE`` items with a fit refusal's
+    ``changes`` applied: a flag it names replaced (None: left out), a new engine keeping only
+    the flags it has."""
 
-    where = "the spec's model" if err.where == "--model" else spelled(err.where)
-    return InputError(err.what, where=where, fix=spelled(err.fix))
+    def name(item: str) -> str:
+        return item.partition("=")[0].strip().removeprefix("--")
+
+    def text(v: object) -> str:
+        return "true" if v is True else ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+    out = [i for i in items if name(i) not in changes]
+    out += [f"{k}={text(v)}" for k, v in changes.items() if k not in INPUTS and v is not None]
+    engine = str(changes.get("engine", engine))
+    if "engine" in changes:
+        have = set(flags_of(engine.split("==")[0].strip().lower()))
+        out = [i for i in out if name(i) in have]
+    return engine, tuple(out)

@@ -13,7 +13,8 @@ this module reads only the keys fit needs beyond them, each named where it is re
 * MoE: ``first_k_dense_replace`` (DeepSeek's dense first layers), shared experts;
 * ``quantization_config``: fp8 (1 byte per linear weight, per-tensor or block scales),
   AWQ/GPTQ (``bits`` per weight, a 16-bit scale and a ``bits`` zero per ``group_size``);
-* ``tie_word_embeddings``, ``max_position_embeddings`` (the rotary cache vLLM keeps).
+* ``tie_word_embeddings``, ``max_position_embeddings`` (the rotary cache vLLM keeps);
+* the context length's keys and rope rows, as the engines read them (:mod:`.context`).
 
 Weight bytes are counted from these dimensions (embeddings, attention, MLP or experts,
 norms, the untied head, the rotary cos/sin cache) unless a safetensors index gives the
@@ -33,6 +34,8 @@ import msgspec
 from capture_plan.planner.inputs.hf_config import model_from_config
 from capture_plan.planner.inputs.specs import model_presets
 from capture_plan.schemas.errors import InputError
+
+from .context import ContextConfig, read_config
 
 if TYPE_CHECKING:
     from capture_plan.schemas.spec import Model
@@ -85,6 +88,8 @@ class FitModel(msgspec.Struct, frozen=True):
     quant_group: int = 128
     exact_weight_bytes: int = 0  # a safetensors index's total_size, 0 when none
     source: str = ""
+    #: what its config.json says of its context length (planner/fit/context.py); None: no config
+    context: ContextConfig | None = None
 
     @property
     def mla(self) -> bool:
@@ -198,6 +203,7 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         quant_method=method,
         quant_bits=bits,
         quant_group=group,
+        context=read_config(text, where, model_type),
     )
 
 

@@ -5,14 +5,14 @@ prefill graph sizes, and its static-fraction KV sizing, over the engine-neutral
 
 from __future__ import annotations
 
-from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
 from .graph_count import sglang_graphs
 from .inputs import FitInputs
+from .refusal import Refusal
 from .result import Kv, Verdict, known
-from .tables import GiB
+from .tables import GiB, releases
 
 __all__ = ["fit_sglang"]
 
@@ -20,11 +20,13 @@ __all__ = ["fit_sglang"]
 def fit_sglang(inp: FitInputs) -> FitResult:
     m = inp.model
     if m.sliding_layers:
-        raise InputError(
+        vllm = next(r for r in releases() if r.startswith("vllm=="))
+        raise Refusal(
             f"SGLang's hybrid sliding-window pool split (swa_full_tokens_ratio) is not modelled; {m.name} has "
             f"{m.sliding_layers} sliding-window layers",
             where="--engine",
-            fix="fit it with --engine vllm==0.34.0, or a model with full attention only",
+            hint=f"fit it under {vllm} (or a model with full attention only)",
+            changes={"engine": vllm},
         )
     gpu_mem = inp.device.smi_total_mib
     chunk0, bs0 = sizing.sglang_defaults(gpu_mem, inp.tp)
@@ -33,23 +35,18 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     if "cuda-graph-max-bs" not in inp.flags and "max-running-requests" in inp.flags:
         max_bs = min(max_bs, inp.flags["max-running-requests"])
     page = inp.flag("page-size", 1)
-    ctx_len = inp.flag("context-length", m.max_positions or 0)
-    if ctx_len < 1:
-        raise InputError(
-            f"{m.name} gives no context length ({m.source}: no max_position_embeddings)",
-            where="--context-length",
-            fix="add the engine's context length, e.g. --context-length 8192",
-        )
+    ctx_len = inp.context.value  # given, else the release's default (planner/fit/context.py)
     no_prefill = bool(inp.flag("disable-prefill-cuda-graph", False))
     prefill = [] if no_prefill else sizing.sglang_prefill_sizes(chunk)
     frac = inp.flag("mem-fraction-static", None)
     if frac is None:  # without prefill graphs reserve_for_graph_mb has no prefill term, MLA's neither
         frac = sizing.sglang_mem_fraction(gpu_mem, inp.tp, chunk, max_bs, len(prefill), m.mla and not no_prefill)
         if not 0 < frac < 1:
-            raise InputError(
-                f"must be in (0, 1), got {frac!r:.30}",
+            raise Refusal(
+                f"memory_hook's default is {frac!r:.30}, outside (0, 1), for this device and settings",
                 where="--mem-fraction-static",
-                fix="e.g. --mem-fraction-static 0.85",
+                hint="a fraction in (0, 1)",
+                changes={"mem-fraction-static": 0.85},
             )
     decode = sizing.sglang_decode_sizes(max_bs)
     plan = inp.plan
@@ -88,7 +85,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     err = sum(i.error_bytes or 0 for i in (ctx, budget, weights, nt))
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", inp.rule.steps[3]))
     slack = int(pre * (1 - frac))
-    notes = ["SGLang sizes its pool from a static fraction: capture sizes cost no tokens, they must fit in the slack"]
+    notes = inp.context_notes() + [
+        "SGLang sizes its pool from a static fraction: capture sizes cost no tokens, they must fit in the slack"
+    ]
     costs = [SizeCost("engine default", decode, default_graph.bytes, tokens, 0)]
     costs += result.plan_cost(inp, lambda _graph: tokens, tokens)
     costs.append(SizeCost("none", [], 0, tokens, 0))

@@ -1,21 +1,37 @@
 """fit's data tables, typed: devices, release rules, estimates (planner/data/fit_*.toml).
 
 A malformed table is a broken package (RuntimeError); a name not in a table is the
-user's input (InputError listing what is known).
+user's input (a :class:`.refusal.Refusal` listing what is known, its change the nearest).
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+from typing import Literal
 
 import msgspec
 from packaging.version import InvalidVersion, Version
 
 from capture_plan.planner.inputs.resources import data
-from capture_plan.schemas.errors import InputError
 
-__all__ = ["Device", "Rule", "device", "rule_for", "estimates", "wheels", "rules", "devices", "releases", "typed"]
+from .refusal import Refusal
+
+__all__ = [
+    "Device",
+    "Rule",
+    "ContextRule",
+    "context_rule",
+    "context_rules",
+    "device",
+    "rule_for",
+    "estimates",
+    "wheels",
+    "rules",
+    "devices",
+    "releases",
+    "typed",
+]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -70,6 +86,50 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     in_flight_batches: int = 2
 
 
+class ContextRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How releases derive the longest context a model takes and refuse a longer one
+    (fit_rules.toml [context.NAME]; followed by planner/fit/context.py, each field's source in
+    ``sources``)."""
+
+    engine: str
+    releases: list[str]
+    #: the engine's flag of the context length (max-model-len, context-length)
+    flag: str
+    #: the config keys that give the length, in the engine's order
+    keys: list[str]
+    #: "smallest" (vLLM: the smallest key given) or "first" (SGLang: the first key given)
+    pick: Literal["smallest", "first"]
+    allow_env: list[str]
+    #: the values of an ``allow_env`` variable that mean true (lower-cased; ``env_strip``: stripped)
+    env_true: list[str]
+    env_strip: bool
+    sources: list[str]
+    #: a key whose value replaces the pick where given (vLLM: Command-R's model_max_length)
+    override_key: str = ""
+    #: the releases whose transformers pin is 4 (rope_scaling alone; the others read it as 5 does)
+    transformers_4: list[str] = []
+    #: rope types whose factor does not scale the length
+    unscaled_rope_types: list[str] = []
+    #: a yarn row sets the length to its original_max_position_embeddings (before the factor)
+    yarn_from_original: bool = False
+    #: a row holding original_max_position_embeddings is not scaled (SGLang)
+    original_unscaled: bool = False
+    #: rope rows nested by layer type scale nothing (SGLang reads the top-level dict's factor)
+    nested_unscaled: bool = False
+    #: a null factor ends the engine's start (SGLang: int(None * length)); else it is 1.0
+    null_factor_fails: bool = False
+    #: model types (a part of the text config's) whose length is not scaled
+    unscaled_model_types: list[str] = []
+    #: legacy rope type names the release renames
+    legacy_rope_types: dict[str, str] = {}
+    #: no flag given under longrope: the config's original_max_position_embeddings
+    longrope_default_original: bool = False
+    #: a value above the length is taken up to the config's model_max_length (vLLM)
+    model_max_length_allows: bool = False
+    #: the length is int(factor x length) (SGLang); else the product, compared as it is (vLLM)
+    int_length: bool = False
+
+
 class Wheel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     file: str
     sha256: str
@@ -82,6 +142,7 @@ class _Devices(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     wheels: dict[str, Wheel]
     rules: dict[str, Rule]
+    context: dict[str, ContextRule]
 
 
 def typed(name: str, typ):
@@ -118,6 +179,18 @@ def rules() -> dict[str, Rule]:
     return out
 
 
+def context_rules() -> dict[str, ContextRule]:
+    return _rules().context
+
+
+def context_rule(engine: str, version: str) -> tuple[str, ContextRule]:
+    """The context-length rule of a modelled release (every one has one: tests/test_fit_context.py)."""
+    for name, r in context_rules().items():
+        if r.engine == engine and version in r.releases:
+            return name, r
+    raise RuntimeError(f"planner/data/fit_rules.toml: no [context] rule for {engine}=={version}")
+
+
 @functools.cache
 def wheels() -> dict[str, Wheel]:
     """Every modelled release's wheel (fit_rules.toml's and the release files'), rule by rule."""
@@ -148,10 +221,12 @@ def device(name: str) -> tuple[str, Device]:
     parts = [k for k in table if name.lower() in k.lower()]
     if len(parts) == 1:
         return parts[0], table[parts[0]]
-    raise InputError(
+    near = parts or difflib.get_close_matches(name, list(table), n=1, cutoff=0) or list(table)
+    raise Refusal(
         f"unknown device {name!r}" + (f" (matches {', '.join(parts)})" if parts else ""),
         where="--device",
-        fix=f"use one of: {'; '.join(table)} (planner/data/fit_devices.toml)",
+        hint=f"one of: {'; '.join(table)} (planner/data/fit_devices.toml)",
+        changes={"device": near[0]},
     )
 
 
@@ -163,10 +238,13 @@ def rule_for(engine: str) -> tuple[str, str, str, Rule]:
     known = {n: r for n, r in rules().items() if r.engine == name}
     if not sep or not known:
         engines = sorted({r.engine for r in rules().values()})
-        raise InputError(
+        # a known engine without its version: its newest modelled release; else the newest of all
+        own = [r for r in releases() if r.startswith(f"{name}==")]
+        raise Refusal(
             f"unknown engine {engine!r}",
             where="--engine",
-            fix=f"give ENGINE==VERSION with ENGINE one of {', '.join(engines)}, e.g. --engine vllm==0.34.0",
+            hint=f"ENGINE==VERSION with ENGINE one of {', '.join(engines)}",
+            changes={"engine": (own or releases())[0]},
         )
     for rname, r in known.items():
         if version in r.releases:
@@ -180,8 +258,9 @@ def rule_for(engine: str) -> tuple[str, str, str, Rule]:
         nearest = below[-1] if below else modelled[0]
     except InvalidVersion:
         nearest = (difflib.get_close_matches(version, modelled, n=1, cutoff=0) or modelled)[-1]
-    raise InputError(
+    raise Refusal(
         f"{name} {version} has no modelled sizing rule (modelled: {', '.join(modelled)})",
         where="--engine",
-        fix=f"the nearest modelled release is {name}=={nearest}: --engine {name}=={nearest}",
+        hint=f"the nearest modelled release is {name}=={nearest}",
+        changes={"engine": f"{name}=={nearest}"},
     )

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 
-from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
 from .graph_count import full_graph_sizes, vllm_graphs
 from .inputs import FitInputs
+from .refusal import Refusal
 from .result import Kv, Verdict, known
 from .tables import GiB, estimates
 
@@ -41,13 +41,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     after = rule.kind == "vllm-after-capture"
     util = inp.flag("gpu-memory-utilization", rule.default_utilization)
     seqs0, tokens0 = sizing.vllm_batch_defaults(total, inp.device_name, rule.batch_tier_160)
-    mml = inp.flag("max-model-len", m.max_positions or 0)
-    if mml < 1:
-        raise InputError(
-            f"{m.name} gives no context length ({m.source}: no max_position_embeddings)",
-            where="--max-model-len",
-            fix="add the engine's context length, e.g. --max-model-len 8192",
-        )
+    mml = inp.context.value  # given, else the release's default (planner/fit/context.py)
     seqs = inp.flag("max-num-seqs", seqs0)
     batched = inp.flag("max-num-batched-tokens", tokens0)
     block = inp.flag("block-size", 64 if m.mla else 16)
@@ -62,10 +56,11 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     )
     if eager or mode == "NONE":
         if inp.plan is not None:
-            raise InputError(
+            raise Refusal(
                 "a plan's graphs are not captured without CUDA graphs",
                 where="--plan",
-                fix="leave out --enforce-eager and --cudagraph-mode NONE, or --plan",
+                hint="capture them (or leave out --plan)",
+                changes={"enforce-eager": None, "cudagraph-mode": None},
             )
         sizes = []
     captured = inp.plan.sizes if inp.plan is not None else sizes
@@ -127,7 +122,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     items = [result.device_total(inp), budget, weights, nt, act, graph]
     if after:
         items.insert(1, ctx)
-    notes = []
+    notes = inp.context_notes()
     if not after and rule.graph_estimate == "logged":
         notes.append(
             f"vllm {inp.version} profiles and logs its graph estimate but does not take it from the KV budget "

@@ -11,6 +11,7 @@ them (``--device`` without a calibration: allocator-other unknown, not counted).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -25,7 +26,15 @@ if TYPE_CHECKING:  # fit is imported only by a build that names an engine (kv_pr
     from ..memory.device import Calibration
     from .read import SpecRead
 
-__all__ = ["kv_pricer", "kv_cost", "graph_figure", "fixed_command", "EXAMPLE_ENGINE", "EXAMPLE_DEVICE"]
+__all__ = [
+    "kv_pricer",
+    "kv_cost",
+    "graph_figure",
+    "fixed_command",
+    "changed_command",
+    "EXAMPLE_ENGINE",
+    "EXAMPLE_DEVICE",
+]
 
 #: what a refusal's fix suggests where nothing is given
 EXAMPLE_ENGINE = "vllm==0.34.0"
@@ -43,10 +52,31 @@ def fixed_command(opts: BuildOptions, has_config: bool) -> str:
     return command_for_cwd(msgspec.structs.replace(opts, engine=engine, engine_flags=flags, device=device))
 
 
+def changed_command(opts: BuildOptions, changes: dict[str, object]) -> str:
+    """The build command with a fit refusal's ``changes`` (planner/fit/refusal.py): an engine
+    flag as ``--engine-flag NAME=VALUE`` (None: left out), ``tp``, ``engine`` and ``device`` as
+    the build's own options."""
+    from ..fit.kv_price import changed_flags
+
+    engine, flags = changed_flags(opts.engine_flags, opts.engine or EXAMPLE_ENGINE, changes)
+    tp = changes.get("tp", opts.tp)
+    device = changes.get("device", opts.device)
+    return command_for_cwd(
+        msgspec.structs.replace(
+            opts,
+            engine=engine,
+            engine_flags=flags,
+            tp=None if tp is None else int(str(tp)),
+            device=None if device is None else str(device),
+        )
+    )
+
+
 def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | None, tp: int) -> KvPricer | None:
     """The build's pricer (None: no ``--engine``) for ``read``'s model: its config.json where
     it names one (``read.config_path``), else the dimensions the plan records."""
     from ..fit.kv_price import KvPricer, parse_engine_flags, spec_model
+    from ..fit.refusal import Refusal
 
     floor = opts.sizes.min_kv_tokens if opts.sizes is not None else None
     has_config = read.config_path is not None
@@ -68,12 +98,15 @@ def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | Non
             where=f"--engine {opts.engine}",
             fix=f"name the device: `{fixed_command(opts, has_config)}`",
         )
-    flags = parse_engine_flags(opts.engine, opts.engine_flags)
+    try:
+        flags = parse_engine_flags(opts.engine, opts.engine_flags)
+    except Refusal as err:  # its fix: this build with the change
+        raise InputError(err.what, where=err.where, fix=f"{err.hint}: `{changed_command(opts, err.changes)}`") from None
     model = spec_model(read.model.name, dict(read.model.dimensions), read.config_path)
     try:
-        return KvPricer(model, device, opts.engine, tp, flags)
+        return KvPricer(model, device, opts.engine, tp, flags, functools.partial(changed_command, opts))
     except InputError as err:
-        if "max_position_embeddings" in err.what and not has_config:
+        if "gives no context length" in err.what and not has_config:
             raise InputError(
                 "the spec's model names no config.json, so the engine's context length is not known",
                 where=f"--engine {opts.engine}",

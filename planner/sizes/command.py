@@ -34,6 +34,8 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     r = resolve(opts.build)
     choice = choose(r, opts, worth=worth)
     plan = pipeline.plan(r.with_sizes(choice.lists))
+    if r.kv is not None:  # --engine: the chosen lists' graphs leave the engine unable to start
+        r.kv.check_plan(plan.predicted.kv)
     check_budget(choice, plan)
     device = plan.predicted.device
     calibrated = r.calibration is not None

@@ -239,7 +239,10 @@ class Pricing:
                     graph = at(best).graph_bytes
                     why = self.kv.why_not(graph) if graph is not None else ""
                     what = f"phase {phase!r}: the best list that pads at most {opts.max_padding:g}% ({best} sizes)"
-                    raise floor_error(opts.min_kv_tokens, left, self.kv.label, what, why)
+                    if why and graph is not None:  # not a floor to lower: the engine would not start
+                        best_list = f"the best list of phase {phase!r} that pads at most {opts.max_padding:g}%"
+                        raise self.kv.not_starting(self.kv.result(graph), f"with the graphs of {best_list}")
+                    raise floor_error(opts.min_kv_tokens, left, self.kv.label, what)
             least = padding(limit)
             err = ConstraintError(
                 f"phase {phase!r}: no list of at most {limit} sizes pads at most {opts.max_padding:g}%"
@@ -260,7 +263,11 @@ class Pricing:
             # one size leaves the most tokens a list leaves: no list meets the floor
             assert self.kv is not None, "a floor is priced under an engine"
             why = self.kv.why_not(one.graph_bytes) if one.graph_bytes is not None else ""
-            raise floor_error(opts.min_kv_tokens, one.kv_tokens or 0, self.kv.label, f"phase {phase!r}: one size", why)
+            if why and one.graph_bytes is not None:  # not a floor to lower: the engine would not start
+                raise self.kv.not_starting(
+                    self.kv.result(one.graph_bytes), f"with one size's graphs in phase {phase!r}"
+                )
+            raise floor_error(opts.min_kv_tokens, one.kv_tokens or 0, self.kv.label, f"phase {phase!r}: one size")
         used = budget_of(one, calibrated)
         shown = "unknown" if used is None else f"{used / MiB:,.1f} MiB"
         err = ConstraintError(
@@ -279,19 +286,16 @@ class Pricing:
         raise err
 
 
-def floor_error(floor: int, left: int, engine: str, what: str, overflow: str) -> ConstraintError:
-    """No list leaves ``floor`` KV tokens: ``what`` (the best there is) leaves ``left``. The fix
-    that works: the floor it leaves, or, where the engine would not start at all, fit's reason."""
+def floor_error(floor: int, left: int, engine: str, what: str) -> ConstraintError:
+    """No list leaves ``floor`` KV tokens: ``what`` (the best there is) leaves ``left``, more than
+    0 (where the engine would not start at all, :meth:`KvPricer.not_starting` refuses instead).
+    The fix that works: the floor it leaves."""
     err = ConstraintError(
-        f"{what} leaves {left:,} KV tokens under {engine}, below --min-kv-tokens {floor:,}"
-        + (f" (the engine would not start: {overflow})" if overflow else ""),
+        f"{what} leaves {left:,} KV tokens under {engine}, below --min-kv-tokens {floor:,}",
         where=f"--min-kv-tokens {floor}",
-        fix=f"lower the floor to {left:,} tokens"
-        if left > 0
-        else "leave more memory to the engine (planner fit says how)",
+        fix=f"lower the floor to {left:,} tokens",
     )
-    if left > 0:
-        err.retry = {"min_kv_tokens": left}
+    err.retry = {"min_kv_tokens": left}
     return err
 
 

@@ -389,7 +389,8 @@ def check_budget(choice: Choice, plan: Plan) -> None:
             raise err
     kv = plan.predicted.kv
     if opts.min_kv_tokens is not None and kv is not None and (kv.kv_tokens or 0) < opts.min_kv_tokens:
-        raise floor_error(opts.min_kv_tokens, kv.kv_tokens or 0, kv.engine, "the chosen lists together", kv.overflow)
+        # the plan's graphs leave the engine able to start (KvPricer.check_plan refused it before)
+        raise floor_error(opts.min_kv_tokens, kv.kv_tokens or 0, kv.engine, "the chosen lists together")
 
 
 def _worth(price: Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:

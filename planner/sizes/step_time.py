@@ -257,7 +257,9 @@ def roofline_device(r: Resolved) -> str:
     """The device whose roofline prices a step of the build ``r``: ``--device``, else its
     calibration's (a list's device total is that device's: its step times are then of the same
     one), else :data:`DEFAULT_DEVICE`. ``--device`` naming another device than the calibration
-    was measured on is refused: the figures of two devices would sit in one row, unsaid."""
+    was measured on never reaches here: resolving the build refused it
+    (planner/schedule/read.py ``device_estimate``; tests/test_sizes.py
+    ``test_a_calibration_is_priced_with_its_own_devices_roofline``)."""
     device, calibration, calibration_path = r.opts.device, r.calibration, r.opts.calibration
     if calibration is None:  # not `or`: --device '' is a device no table has, refused (it priced the H200)
         return DEFAULT_DEVICE if device is None else device
@@ -271,16 +273,7 @@ def roofline_device(r: Resolved) -> str:
             )
         return measured
     named = device_roofline(device).name
-    if named != measured:
-        err = InputError(
-            f"the calibration was measured on {measured!r}, the roofline is of {named!r}: a list's device "
-            "total and its step time would be of two devices",
-            where=f"--device {device} with --calibration {calibration_path}",
-            fix=f"leave --device out (the roofline is then the {measured}'s), or give a calibration "
-            f"(a capture report) measured on the {named}",
-        )
-        err.retry = {"device": None}
-        raise err
+    assert named == measured, "read.device_estimate refuses a --device other than the calibration's"
     return named
 
 
