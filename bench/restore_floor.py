@@ -51,7 +51,7 @@ the graphs ready, synchronized:
             (``save.seconds``, by part) and every captured graph replayed against the eager
             run at its size (``captured_equal``: the control)
   restore   in the next process, the plan read back and the same model built:
-            ``restore(plan, target, file)`` (``capture_plan.executor.restore``: checks, the
+            ``restore(plan, target, file)`` (``capture_plan.executor.graph_restore``: checks, the
             loading runs, the pools laid out, every graph rebuilt; its parts), then every
             restored graph against the eager run at its size, bit for bit; a refusal is
             recorded with its reasons, not raised
@@ -252,7 +252,7 @@ def fresh_child(case: str, layers: int, side: str, folder: Path | None = None) -
 
     from capture_plan.executor import RestoreRefused, capture, load_plan
     from capture_plan.executor.graph_file import save_graphs
-    from capture_plan.executor.restore import restore
+    from capture_plan.executor.graph_restore import restore
     from capture_plan.planner import build_plan
     from capture_plan.schemas.codec import canonical_bytes
 

@@ -11,7 +11,7 @@ An engine that keeps its own capture loop iterates the plan's steps inside
 it (``capture_loop``, :mod:`capture_plan.executor.loop`); graphs it captured without a
 plan are checked through ``adopt`` (:mod:`capture_plan.executor.engine`) and ``verify``.
 A start-up with a graph file an earlier one saved restores the graphs instead of capturing
-them (``restore_or_capture``: :mod:`capture_plan.executor.restore`).
+them (``restore_or_capture``: :mod:`capture_plan.executor.graph_restore`).
 ``weak_view(t)`` is the non-owning output view the "view" policy holds, for
 an engine's own capture code.
 
@@ -40,11 +40,11 @@ if TYPE_CHECKING:  # the lazy attributes (_LAZY), as type checkers and editors s
     from .distributed import check_plan_agreement
     from .driver import capture
     from .engine import EngineFunctions, adopt, record_graphs
+    from .graph_restore import restore, restore_or_capture
     from .graphs import GraphSet
     from .loop import CaptureLoop, LoopStep, capture_loop
     from .pool import weak_view
     from .profiling import profile, write_trace
-    from .restore import restore, restore_or_capture
     from .target import CaptureTarget
     from .verification import verify
 
@@ -80,8 +80,8 @@ __all__ = [
 
 _LAZY = {
     "capture": ".driver",
-    "restore": ".restore",
-    "restore_or_capture": ".restore",
+    "restore": ".graph_restore",
+    "restore_or_capture": ".graph_restore",
     "GraphSet": ".graphs",
     "CaptureTarget": ".target",
     "verify": ".verification",

@@ -45,7 +45,7 @@ class VerificationFailed(ExecutorError):
 
 
 class RestoreRefused(ExecutorError):
-    """A graph file cannot be restored here (``capture_plan.executor.restore``): the message is
+    """A graph file cannot be restored here (``capture_plan.executor.graph_restore``): the message is
     the first reason, ``reasons`` all of them; nothing of the restore is left behind, so a
     start-up captures instead. ``made``: the restore had allocated device memory before it
     refused (returned to torch's cache as the error goes)."""

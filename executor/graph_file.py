@@ -15,7 +15,7 @@ refuse in it from the file alone (and against the plan): no GPU.
 Kernel binaries are not in the file. Each kernel is named by its function name and its
 module's identity (a digest of the module's function names:
 ``graph_walk.module_identity``), and the file carries the digests of the libraries the
-saving process had mapped. A restore (``capture_plan.executor.restore``) gets every kernel
+saving process had mapped. A restore (``capture_plan.executor.graph_restore``) gets every kernel
 back from the restoring process itself: the target's own eager runs load the modules, and
 each kernel is found by module identity and name (``capture_plan.executor.kernel_loading``).
 Binaries extracted at save time (CUPTI's module-load callback) or listed from a library

@@ -3,7 +3,7 @@
 A graph file (``capture_plan.schemas.graph_file``) names each kernel by its function name and
 its module's identity (``graph_walk.module_identity``). A fresh process has loaded none of
 those modules (lazily loaded: a module is loaded at its first launch), and the driver lists
-no process's modules, so a restore (``capture_plan.executor.restore``) gets them from the
+no process's modules, so a restore (``capture_plan.executor.graph_restore``) gets them from the
 target itself: it runs the target eagerly at a few of the file's graph keys
 (:func:`loading_keys`: each phase's largest size, as a capture's warm-up, then, greedily,
 the key that launches the most kernels not launched yet, until every kernel of the file has

@@ -1,6 +1,6 @@
 """What a restore refuses before it runs anything: pure checks of a graph file against a plan and a process.
 
-``capture_plan.executor.restore`` measures the process (:class:`Here`, made by its
+``capture_plan.executor.graph_restore`` measures the process (:class:`Here`, made by its
 ``process_environment``) and asks :func:`restore_refusals` for every reason it cannot go on
 before any kernel runs: what the file is valid for against the process
 (``graph_validity.check_valid``: the plan's digest, the device, driver, torch, every kernel

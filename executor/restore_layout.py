@@ -2,7 +2,7 @@
 
 A graph file (``capture_plan.schemas.graph_file``) names every pool segment the saving
 process's capture made (``pool:NAME/K``, its size) and where each graph's outputs lay in
-them. A restore (``capture_plan.executor.restore``) makes each plan pool a
+them. A restore (``capture_plan.executor.graph_restore``) makes each plan pool a
 ``torch.cuda.MemPool`` of its own and cuts in it, in the file's order, one caching-allocator
 segment of each saved size (:func:`segment_requests`: the tensors whose allocation makes
 exactly that segment and takes all of it), and keeps those tensors: the allocator then

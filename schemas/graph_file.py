@@ -2,7 +2,7 @@
 
 Written after a capture (``capture_plan.executor.graph_file.save_graphs``: :func:`encode`),
 read back by :func:`read_graph_file` for ``python -m capture_plan.executor.graph_file inspect
-FILE`` and a restore (``capture_plan.executor.restore``; issue 51, docs/restore.md).
+FILE`` and a restore (``capture_plan.executor.graph_restore``; issue 51, docs/restore.md).
 Torch-free: a reader needs msgspec alone.
 
 What it holds, per graph (keyed as the GraphSet keys it: dispatch name and size): its nodes

@@ -76,7 +76,7 @@ def restore(folder: Path, pad_mib: int) -> dict:
 
     from capture_plan.executor import load_plan, restore_or_capture, verify
     from capture_plan.executor.graph_file import encode, read_graph_file
-    from capture_plan.executor.restore import restore as restore_graphs
+    from capture_plan.executor.graph_restore import restore as restore_graphs
 
     pad = torch.empty(pad_mib << 20, dtype=torch.uint8, device="cuda")  # everything after lands elsewhere
     plan = load_plan(folder / "plan.json", check_env=False)

@@ -19,7 +19,7 @@ pytest.importorskip("torch")  # the executor imports torch
 
 import torch
 
-from capture_plan.executor import ExecutorError, RestoreRefused, graph_file as gf, restore as rs
+from capture_plan.executor import ExecutorError, RestoreRefused, graph_file as gf, graph_restore as rs
 from capture_plan.executor.graph_validity import GraphEnvironment, check_valid, stale_addresses
 from capture_plan.executor.graph_walk import AddressResolver, walk_graph
 from capture_plan.executor.kernel_loading import loading_keys, unlaunched_kernels
@@ -606,3 +606,11 @@ def test_a_rebuild_that_fails_lets_go_of_everything_it_made(faked, plan):
         _restored(faked, plan, _saved(plan))
     live = [r() for refs in faked.made.values() for r in refs if r() is not None]
     assert live == [], "the restored pool's memory is still held"
+
+
+def test_the_executor_exports_restore_as_a_function():
+    """With the module named restore.py, ``from capture_plan.executor import restore`` gave the
+    module (a submodule of the name wins over the lazy attribute)."""
+    import capture_plan.executor as ex
+
+    assert ex.restore is rs.restore and callable(ex.restore) and ex.restore_or_capture is rs.restore_or_capture
