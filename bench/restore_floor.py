@@ -42,10 +42,26 @@ an engine has it before capture (``device_bench.ready_target``), then:
 A case's model is sized for the device (``bench.harness.case_target``); a case that does
 not fit is skipped, saying why (``skipped``, on its line and the summary's).
 
+``--fresh`` measures instead a start-up's restore against its capture, each in a fresh
+process of its own and timed the same way: from the weights loaded (the model built, valid
+inputs written, no eager run before: the first warm-up's kernel loading is inside both) to
+the graphs ready, synchronized:
+
+  capture   ``capture(plan, target)`` (the plan built here), then the graph file written
+            (``save.seconds``, by part) and every captured graph replayed against the eager
+            run at its size (``captured_equal``: the control)
+  restore   in the next process, the plan read back and the same model built:
+            ``restore(plan, target, file)`` (``capture_plan.executor.graph_restore``: checks, the
+            loading runs, the pools laid out, every graph rebuilt; its parts), then every
+            restored graph against the eager run at its size, bit for bit; a refusal is
+            recorded with its reasons, not raised
+
+It writes ``restore-fresh-DATE[-TAG].json``; a run fails where a restored graph differs.
+
 Writes JSON (the harness's header) to --out and prints one line per case, then a
 one-line summary last.
-Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--rebuild] [--moved] [--tag T]
-[--out DIR]
+Run: python -m bench.restore_floor [--cases reference,llama,eagle] [--layers 32] [--rebuild] [--moved] [--fresh]
+[--tag T] [--out DIR]
 """
 
 from __future__ import annotations
@@ -64,6 +80,7 @@ from bench.harness import (
     add_out_dir,
     add_overwrite,
     case_options,
+    case_target,
     does_not_fit,
     header,
     main_exit,
@@ -147,6 +164,7 @@ def _rebuild(gs, target, path: Path, walked, capture_s: float) -> dict:
 
     try:
         rebuilt = rebuild_from_file(path, gs, target, walked)
+        graphs = len(rebuilt.execs)  # before destroy() empties them (the phase 2 JSON says 0)
         try:
             check = compare_replays(gs, rebuilt)
         finally:
@@ -159,7 +177,7 @@ def _rebuild(gs, target, path: Path, walked, capture_s: float) -> dict:
         "seconds": rebuilt.seconds,
         "parts": rebuilt.parts,
         "of_capture": rebuilt.seconds / capture_s if capture_s else None,
-        "graphs": len(rebuilt.execs),
+        "graphs": graphs,
         "nodes": rebuilt.nodes,
         **check,
     }
@@ -196,7 +214,8 @@ def _save(gs, plan, target, folder: Path, walked, walk_s: float) -> dict:
     """The graph file of ``gs`` from the probe's walk: size, seconds (the walk's included:
     what a start-up that saves pays), the refusals of the saving process itself. A failure is
     recorded (and printed whole), not raised: the floor and the probe stand."""
-    from capture_plan.executor.graph_file import current_environment, graph_tensors, save_graphs
+    from capture_plan.executor.graph_env import current_environment, graph_tensors
+    from capture_plan.executor.graph_file import save_graphs
     from capture_plan.executor.graph_validity import check_valid
 
     path = folder / "graphs.cpgraphs"
@@ -223,6 +242,133 @@ def _save(gs, plan, target, folder: Path, walked, walk_s: float) -> dict:
         "refusals_here": refusals[:10],
         "refusals_here_count": len(refusals),
     }
+
+
+def fresh_child(case: str, layers: int, side: str, folder: Path | None = None) -> dict:
+    """One side of ``--fresh`` in this fresh process (module docstring): ``capture`` (the
+    plan built and written to ``folder``, captured, saved, the control) or ``restore`` (the
+    plan read back, the file restored, every graph against the eager run)."""
+    import torch
+
+    from capture_plan.executor import RestoreRefused, capture, load_plan
+    from capture_plan.executor.graph_file import save_graphs
+    from capture_plan.executor.graph_restore import restore
+    from capture_plan.planner import build_plan
+    from capture_plan.schemas.codec import canonical_bytes
+
+    folder = folder if folder is not None else Path(tempfile.mkdtemp())
+    if side == "capture":
+        plan = build_plan(case_options(case, folder))
+        (folder / "plan.json").write_bytes(canonical_bytes(plan))
+    else:
+        plan = load_plan(folder / "plan.json", check_env=False)
+    try:
+        target = case_target(case, plan, layers)
+    except CaseDoesNotFit as err:
+        return {"case": case, "skipped": does_not_fit(case, err)}
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    for p in plan.phases:  # valid inputs everywhere; no eager run: its kernel loading is inside the timing
+        target.prepare(p.name, max(p.sizes), max(p.sizes), gen)
+    torch.cuda.synchronize()
+    path = folder / "graphs.cpgraphs"
+    t0 = time.perf_counter()
+    if side == "capture":
+        gs = capture(plan, target, progress=False)
+        torch.cuda.synchronize()
+        out: dict = {"case": case, "seconds": time.perf_counter() - t0, "capture_s": gs.report.capture_seconds}
+        parts: dict = {}
+        t1 = time.perf_counter()
+        save_graphs(gs, plan, target, path, timings=parts)
+        out["save"] = {"seconds": time.perf_counter() - t1, "parts": parts, "bytes": path.stat().st_size}
+        out["graphs"], out["captured_equal"] = len(gs.graphs), _against_eager(gs, target)["equal"]
+        gs.release()
+        return out
+    try:
+        gs = restore(plan, target, path)
+    except RestoreRefused as err:
+        return {"case": case, "refused": str(err), "reasons": err.reasons[:10]}
+    torch.cuda.synchronize()
+    out = {"case": case, "seconds": time.perf_counter() - t0}
+    r = gs.restored
+    out.update({k: getattr(r, k) for k in ("parts", "keys", "graphs", "nodes", "segments", "moved")})
+    out.update(_against_eager(gs, target))
+    gs.release()
+    return out
+
+
+def _against_eager(gs, target) -> dict:
+    """Every graph of ``gs`` replayed on fresh inputs against the target's eager run at its
+    size, bit for bit: ``equal`` and ``differ`` (graph names, in capture order)."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    out: dict = {"equal": [], "differ": []}
+    for phase, bs in sorted(gs.graphs, key=lambda key: gs.graphs[key].order):
+        target.prepare(phase, bs, bs, gen)
+        got = [t.clone() for t in gs.replay(phase, bs)]
+        ref = [t.clone() for t in gs.eager(phase, bs)]
+        torch.cuda.synchronize()
+        same = len(got) == len(ref) and all(torch.equal(a, b) for a, b in zip(got, ref))
+        out["equal" if same else "differ"].append(f"{phase}/{bs}")
+    return out
+
+
+def fresh_summary(res: dict) -> str:
+    """The ``--fresh`` run's one line: per case the restore's seconds against the capture's."""
+    parts = []
+    for case, row in res["cases"].items():
+        c, r = row.get("capture", {}), row.get("restore", {})
+        if "skipped" in c or "skipped" in r:
+            parts.append(f"{case} SKIPPED: {c.get('skipped') or r.get('skipped')}")
+        elif "seconds" not in c:
+            parts.append(f"{case} capture FAILED")
+        elif "refused" in r:
+            parts.append(f"{case} REFUSED: {r['reasons'][0]}")
+        elif "seconds" not in r:
+            parts.append(f"{case} restore FAILED")
+        else:
+            load = r["parts"].get("load", 0.0)
+            parts.append(
+                f"{case} capture {c['seconds']:.3f} s, restore {r['seconds']:.3f} s "
+                f"({r['seconds'] / c['seconds']:.2f}x; loading runs {load:.3f} s at {len(r['keys'])} keys, rebuild "
+                f"{r['parts'].get('rebuild', 0.0):.3f} s), bit-equal {len(r['equal'])}/{r['graphs']} (captured "
+                f"{len(c['captured_equal'])}/{c['graphs']}), moved {r['moved']}/{r['segments']} segments, file "
+                f"{c['save']['bytes'] / 2**20:.1f} MiB"
+            )
+    return "SUMMARY restore fresh (from weights loaded to graphs ready): " + "; ".join(parts)
+
+
+def _fresh_side(case: str, side: str, folder: Path, layers: int) -> dict:
+    cmd = ["--fresh-child", side, "--case", case, "--folder", str(folder), "--layers", str(layers)]
+    p = run_module("restore_floor", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not lines:
+        err = (p.stderr or p.stdout)[-3000:]
+        print(f"{case} {side}: FAILED (exit {p.returncode})\n{err}", flush=True)
+        return {"error": err}
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def fresh_main(args) -> int | None:
+    """``--fresh``: per case a capture process, then a restore process (module docstring)."""
+    res: dict = header(device=True)
+    path = result_file(args, "restore-fresh", res["date"], args.tag)
+    res.update(layers=args.layers, cases={})
+    for case in [c for c in args.cases.split(",") if c]:
+        folder = Path(tempfile.mkdtemp())
+        row: dict = {"capture": _fresh_side(case, "capture", folder, args.layers)}
+        if "seconds" in row["capture"]:
+            row["restore"] = _fresh_side(case, "restore", folder, args.layers)
+        res["cases"][case] = row
+        print(fresh_summary({"cases": {case: row}}), flush=True)
+        path.write(res)
+    print(f"wrote {path.path}")
+    print(fresh_summary(res))
+    bad = [c for c, row in res["cases"].items() if "error" in row["capture"] or "error" in row.get("restore", {})]
+    bad += [c for c, row in res["cases"].items() if row.get("restore", {}).get("differ")]
+    return 1 if bad else None
 
 
 def summary(res: dict) -> str:
@@ -283,8 +429,22 @@ def main() -> int | None:
         action="store_true",
         help="rebuild every graph onto copies of its segments (twice their memory) and compare bit for bit",
     )
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="time a restore in a fresh process against a capture in one (from weights loaded to graphs ready)",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--fresh-child", choices=("capture", "restore"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--folder", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.fresh_child:
+        result = fresh_child(args.case, args.layers, args.fresh_child, Path(args.folder))
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    if args.fresh:
+        return fresh_main(args)
     if args.child:
         result = child(args.child, args.layers, not args.no_save, args.rebuild, args.moved)
         print("RESULT " + json.dumps(result), flush=True)

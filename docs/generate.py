@@ -1105,7 +1105,7 @@ def restore_floor() -> list[str]:
             save_s = row.get("save", {}).get("seconds")
             rb = row.get("rebuild", {})
             rebuilt = (
-                f"{rb['seconds']:.3f} ({rb['of_capture']:.2f}x), {len(rb['equal'])}/{rb['graphs']}"
+                f"{rb['seconds']:.3f} ({rb['of_capture']:.2f}x), {len(rb['equal'])}/{row['graphs']}"
                 if "seconds" in rb
                 else ("failed" if rb else "")
             )
@@ -1138,6 +1138,59 @@ def restore_floor() -> list[str]:
         "file MiB",
         "save s",
         "rebuild s (of capture), bit-equal graphs",
+    ]
+    return [*_table(header, rows), "", *sources]
+
+
+#: the fresh-process restore runs docs/restore.md quotes (``bench/restore_floor.py --fresh``),
+#: oldest first: the lead appends a run's file name once it is committed
+RESTORE_FRESH_RUNS: list[str] = []
+
+
+def restore_fresh() -> list[str]:
+    """Per run and case of ``bench/restore_floor.py --fresh``: the capture and the restore, each
+    in a fresh process from the weights loaded to the graphs ready, the restore's parts (its
+    loading runs and keys, the rebuild), the restored graphs bit-equal to the eager run, the
+    segments relocated, the file's size; a refusal with its first reason."""
+    if not RESTORE_FRESH_RUNS:
+        return ["Not measured yet: `python -m bench.restore_floor --fresh` writes the JSON this table reads."]
+    rows, sources = [], []
+    for name in RESTORE_FRESH_RUNS:
+        d = _load(name)
+        sources.append(_source(name, d).strip())
+        run = name.removeprefix("restore-fresh-").removesuffix(".json")
+        for case_name, row in d["cases"].items():
+            c, r = row.get("capture", {}), row.get("restore", {})
+            case = f"{case_name} ({run})"
+            if "seconds" not in c:
+                rows.append([case, c.get("skipped", "capture failed"), *[""] * 6])
+                continue
+            saved = f"{c['save']['bytes'] / MiB:,.1f}"
+            if "seconds" not in r:
+                why = f"refused: {r['reasons'][0]}" if "refused" in r else r.get("skipped", "restore failed")
+                rows.append([case, f"{c['seconds']:.3f}", why, "", "", "", "", saved])
+                continue
+            rows.append(
+                [
+                    case,
+                    f"{c['seconds']:.3f}",
+                    f"{r['seconds']:.3f}",
+                    f"{r['seconds'] / c['seconds']:.2f}x",
+                    f"{r['parts'].get('load', 0.0):.3f} ({len(r['keys'])} keys) / {r['parts'].get('rebuild', 0.0):.3f}",
+                    f"{len(r['equal'])}/{r['graphs']} (captured {len(c['captured_equal'])}/{c['graphs']})",
+                    f"{r['moved']}/{r['segments']}",
+                    saved,
+                ]
+            )
+    header = [
+        "case",
+        "capture s",
+        "restore s",
+        "of capture",
+        "loading runs / rebuild s",
+        "bit-equal to eager",
+        "segments moved",
+        "file MiB",
     ]
     return [*_table(header, rows), "", *sources]
 
@@ -1501,6 +1554,7 @@ TABLES = {
     "hooks": hooks,
     "releases": releases,
     "restore-floor": restore_floor,
+    "restore-fresh": restore_fresh,
     "fit-rules": fit_rules,
     "fit-context": fit_context,
     "fit-examples": fit_examples,

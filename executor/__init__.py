@@ -10,6 +10,8 @@ Engine start-up::
 An engine that keeps its own capture loop iterates the plan's steps inside
 it (``capture_loop``, :mod:`capture_plan.executor.loop`); graphs it captured without a
 plan are checked through ``adopt`` (:mod:`capture_plan.executor.engine`) and ``verify``.
+A start-up with a graph file an earlier one saved restores the graphs instead of capturing
+them (``restore_or_capture``: :mod:`capture_plan.executor.graph_restore`).
 ``weak_view(t)`` is the non-owning output view the "view" policy holds, for
 an engine's own capture code.
 
@@ -24,13 +26,21 @@ from typing import TYPE_CHECKING
 from capture_plan.schemas import __version__
 
 from .dispatch import PadTable
-from .errors import CaptureFailed, EnvironmentMismatch, ExecutorError, StaleOutputError, VerificationFailed
+from .errors import (
+    CaptureFailed,
+    EnvironmentMismatch,
+    ExecutorError,
+    RestoreRefused,
+    StaleOutputError,
+    VerificationFailed,
+)
 from .load import Environment, check_environment, load_plan
 
 if TYPE_CHECKING:  # the lazy attributes (_LAZY), as type checkers and editors see them (never run)
     from .distributed import check_plan_agreement
     from .driver import capture
     from .engine import EngineFunctions, adopt, record_graphs
+    from .graph_restore import restore, restore_or_capture
     from .graphs import GraphSet
     from .loop import CaptureLoop, LoopStep, capture_loop
     from .pool import weak_view
@@ -45,6 +55,8 @@ __all__ = [
     "check_environment",
     "PadTable",
     "capture",
+    "restore",
+    "restore_or_capture",
     "GraphSet",
     "CaptureTarget",
     "verify",
@@ -63,10 +75,13 @@ __all__ = [
     "CaptureFailed",
     "StaleOutputError",
     "VerificationFailed",
+    "RestoreRefused",
 ]
 
 _LAZY = {
     "capture": ".driver",
+    "restore": ".graph_restore",
+    "restore_or_capture": ".graph_restore",
     "GraphSet": ".graphs",
     "CaptureTarget": ".target",
     "verify": ".verification",

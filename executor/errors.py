@@ -19,6 +19,7 @@ __all__ = [
     "CaptureFailed",
     "StaleOutputError",
     "VerificationFailed",
+    "RestoreRefused",
     "capture_failed",
 ]
 
@@ -41,6 +42,19 @@ class StaleOutputError(ExecutorError):
 
 class VerificationFailed(ExecutorError):
     """verify() found a graph that corrupts another or reads what it must not."""
+
+
+class RestoreRefused(ExecutorError):
+    """A graph file cannot be restored here (``capture_plan.executor.graph_restore``): the message is
+    the first reason, ``reasons`` all of them; nothing of the restore is left behind, so a
+    start-up captures instead. ``made``: the restore had allocated device memory before it
+    refused (returned to torch's cache as the error goes)."""
+
+    def __init__(self, reasons: list[str], *, where: str | None = None, fix: str | None = None, made: bool = False):
+        self.reasons = list(reasons)
+        self.made = made
+        more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        super().__init__(f"not restored: {reasons[0]}{more}", where=where, fix=fix)
 
 
 def capture_failed(failure: BaseException, step: Step | None, plan: Plan, device) -> BaseException:

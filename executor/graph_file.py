@@ -5,25 +5,21 @@
 pools and the target's tensors are alive, and writes the file: every device address in a
 kernel's arguments and in a memset's or copy's operands rewritten as (segment, offset),
 segments named by owner (the plan's pools by the plan's pool names and the segment's place
-in address order, the target's tensors by name: :func:`named_tensors`), and what the file is
-valid for (:func:`current_environment`; the kernel libraries: :func:`kernel_libraries`).
-``python -m capture_plan.executor.graph_file inspect FILE`` prints what a file holds and
-what it is valid for (no planner, no GPU).
+in address order, the target's tensors by name: ``graph_env.named_tensors``), what a
+GraphSet serves each graph with (its pool, key, outputs held: ``Graph.outputs``), and what
+the file is valid for (``graph_env.current_environment``; the kernel libraries:
+``graph_env.kernel_libraries``). ``python -m capture_plan.executor.graph_file inspect FILE
+[--plan PLAN]`` prints what a file holds, what it is valid for and what a restore would
+refuse in it from the file alone (and against the plan): no GPU.
 
 Kernel binaries are not in the file. Each kernel is named by its function name and its
 module's identity (a digest of the module's function names:
 ``graph_walk.module_identity``), and the file carries the digests of the libraries the
-saving process had mapped. A restore must get each kernel back as a ``CUfunction`` of a
-loaded module with the same identity; the options (issue 51), none built yet: (1) the
-target's own eager run before the restore (the process loads the same libraries' modules
-as the saving one did; the restore then finds each kernel by module identity and name with
-``cuModuleEnumerateFunctions``), cheap where the engine runs eagerly anyway, and
-incomplete for kernels only a captured path launches; (2) the cubins extracted at save
-time (CUPTI's module-load callback gives each module's image) and written beside the file,
-loaded with ``cuModuleLoadData``: complete, but code in a file, so loaded only from a path
-the operator names, its digest checked; (3) a library's cubins listed by ``cuobjdump``
-from the library file whose digest the file records. Which costs least is measured, not
-assumed (docs/restore.md).
+saving process had mapped. A restore (``capture_plan.executor.graph_restore``) gets every kernel
+back from the restoring process itself: the target's own eager runs load the modules, and
+each kernel is found by module identity and name (``capture_plan.executor.kernel_loading``).
+Binaries extracted at save time (CUPTI's module-load callback) or listed from a library
+(``cuobjdump``) are not loaded: a kernel is code, and no restore loads code from a file.
 
 Constraints: a kernel whose name, module or parameter layout the driver does not give, an
 array operand of a copy, or a node of a type other than kernel, memset, copy or empty
@@ -34,51 +30,43 @@ not be restored is never written). Addresses outside every restorable segment ar
 
 from __future__ import annotations
 
-import hashlib
-import os
 import sys
 import time
-import types
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 import msgspec
 
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.files import read_input, write_atomic
+from capture_plan.schemas.files import write_atomic
 from capture_plan.schemas.graph_file import (
-    GRAPH_FILE_KIND,
     GRAPH_FILE_VERSION,
     RELOCATABLE,
     Copy,
-    FileHead,
     Graph,
     GraphFile,
     Kernel,
-    Library,
     Memset,
     Module,
     Node,
     Operand,
+    Output,
     Relocation,
     Segment,
     ValidFor,
+    encode,
+    read_graph_file,
 )
 
 from .errors import ExecutorError
-from .graph_validity import GraphEnvironment, segment_uses
+from .graph_env import current_environment, graph_tensors, kernel_libraries, library_workspaces
+from .graph_validity import segment_uses
 from .graph_walk import AddressResolver, WalkedGraph, device_addresses, module_identity, tensor_map_params
-from .restore_probe import TorchSegment, segment_of, stream_workspaces, torch_segments, walk_graphs
+from .restore_probe import TorchSegment, segment_of, torch_segments, walk_graphs
 
 __all__ = [
-    "named_tensors",
-    "kernel_libraries",
-    "current_environment",
-    "library_workspaces",
-    "graph_tensors",
     "Segments",
     "build_file",
     "save_graphs",
@@ -90,159 +78,6 @@ __all__ = [
 
 #: node types saved without parameters (their presence and edges are the graph's structure)
 _PLAIN = ("empty",)
-
-
-def named_tensors(obj: object, prefix: str = "", depth: int = 4) -> dict[str, object]:
-    """The CUDA tensors reachable from ``obj`` by name: a module's parameters and buffers
-    (``named_parameters`` and ``named_buffers``), then attributes, dict items, list and
-    tuple items ``depth`` levels down (``layers.3.k_cache``). The first name found wins
-    (a tensor reachable twice is named once)."""
-    import torch
-
-    found: dict[str, object] = {}
-    seen: set[int] = set()
-
-    def walk(x: object, name: str, left: int) -> None:
-        if id(x) in seen:
-            return
-        seen.add(id(x))
-        if isinstance(x, torch.Tensor):
-            if x.is_cuda and x.untyped_storage().nbytes() and name not in found:
-                found[name] = x
-            return
-        # a Python module (a target's kernel library handle) is not the target's state
-        if left <= 0 or isinstance(x, (str, bytes, int, float, bool, type(None), types.ModuleType)):
-            return
-        if isinstance(x, torch.nn.Module):
-            for n, t in [*x.named_parameters(), *x.named_buffers()]:
-                walk(t, f"{name}.{n}" if name else n, 0)
-        items: Iterable = ()
-        if isinstance(x, Mapping):
-            items = ((str(k), v) for k, v in x.items())
-        elif isinstance(x, (list, tuple)):
-            items = ((str(i), v) for i, v in enumerate(x))
-        elif hasattr(x, "__dict__") and not isinstance(x, type):
-            items = ((k, v) for k, v in vars(x).items() if not isinstance(x, torch.nn.Module) or k != "_modules")
-        for k, v in items:
-            walk(v, f"{name}.{k}" if name else k, left - 1)
-
-    walk(obj, prefix, depth)
-    return found
-
-
-def _has_kernels(path: str) -> bool:
-    """Whether the ELF file at ``path`` has a ``.nv_fatbin`` section (CUDA kernels)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-            if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
-                return False
-            shoff = int.from_bytes(head[0x28:0x30], "little")
-            shentsize = int.from_bytes(head[0x3A:0x3C], "little")
-            shnum = int.from_bytes(head[0x3C:0x3E], "little")
-            shstrndx = int.from_bytes(head[0x3E:0x40], "little")
-            f.seek(shoff)
-            table = f.read(shentsize * shnum)
-            sh = table[shstrndx * shentsize : (shstrndx + 1) * shentsize]
-            f.seek(int.from_bytes(sh[0x18:0x20], "little"))
-            names = f.read(int.from_bytes(sh[0x20:0x28], "little"))
-    except (OSError, IndexError):
-        return False
-    for i in range(shnum):
-        off = int.from_bytes(table[i * shentsize : i * shentsize + 4], "little")
-        if names[off : names.find(b"\0", off)] == b".nv_fatbin":
-            return True
-    return False
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-
-
-def _file_digest(path: str) -> str:
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 23):
-                h.update(chunk)
-        _DIGESTS[key] = "sha256:" + h.hexdigest()
-    return _DIGESTS[key]
-
-
-def kernel_libraries(maps: str = "/proc/self/maps") -> list[Library]:
-    """The shared objects with CUDA kernels this process has mapped, by file name, with
-    their digests (each file hashed once per process, several at a time)."""
-    paths = set()
-    try:
-        text = Path(maps).read_text()
-    except OSError:
-        return []
-    for line in text.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
-            paths.add(parts[5].strip())
-    with_kernels = [p for p in sorted(paths) if _has_kernels(p)]
-    # hashlib lets go of the GIL while it hashes: the libraries (GBs: torch's, cuBLAS's) in parallel
-    with ThreadPoolExecutor(max_workers=min(8, len(with_kernels) or 1)) as pool:
-        digests = list(pool.map(_file_digest, with_kernels))
-    libs = [Library(name=Path(p).name, digest=d, size=os.path.getsize(p)) for p, d in zip(with_kernels, digests)]
-    return sorted(libs, key=lambda lib: lib.name)
-
-
-def library_workspaces(
-    pools: Mapping[str, object], snapshot: Iterable[dict] | None = None
-) -> dict[str, tuple[int, int]]:
-    """The library workspaces the executor's primed streams hold outside the ``pools``
-    (name -> pool handle): ``restore_probe.stream_workspaces`` over ``snapshot`` (default:
-    torch's now), name -> (address, bytes)."""
-    import torch
-
-    from .pool import pool_key
-    from .streams import primed_streams
-
-    snap = torch.cuda.memory_snapshot() if snapshot is None else snapshot
-    return stream_workspaces(snap, primed_streams(), {pool_key(p) for p in pools.values()})
-
-
-def current_environment(
-    plan_digest: str,
-    tensors: Mapping[str, object],
-    pools: Mapping[str, object],
-    workspaces: Mapping[str, tuple[int, int]] | None = None,
-) -> GraphEnvironment:
-    """This process's :class:`GraphEnvironment`: the device, driver, torch, the kernel libraries,
-    ``tensors`` (name -> tensor) by storage size, ``pools`` (name -> pool handle) by
-    their segments' sizes in address order, ``workspaces`` (name -> (address, bytes);
-    default :func:`library_workspaces`) by size."""
-    import torch
-
-    from .device import driver_version
-    from .pool import pool_segments
-
-    spans = library_workspaces(pools) if workspaces is None else workspaces
-
-    major, minor = torch.cuda.get_device_capability()
-    return GraphEnvironment(
-        plan_digest=plan_digest,
-        device=torch.cuda.get_device_name(),
-        capability=f"{major}.{minor}",
-        driver=driver_version(),
-        torch=torch_versions()[0],
-        cuda=torch_versions()[1],
-        libraries={lib.name: lib.digest for lib in kernel_libraries()},
-        tensors={n: t.untyped_storage().nbytes() for n, t in tensors.items()},  # pyright: ignore[reportAttributeAccessIssue]
-        pools={n: [size for _, size in pool_segments([p])] for n, p in pools.items()},
-        workspaces={n: size for n, (_, size) in spans.items()},
-    )
-
-
-def torch_versions() -> tuple[str, str]:
-    """(torch's version, its CUDA's) as plain strings: ``torch.__version__`` is a
-    ``TorchVersion``, which msgpack does not encode (every save failed on the GPU)."""
-    import torch
-
-    return str(torch.__version__), str(torch.version.cuda)
 
 
 class Segments:
@@ -290,7 +125,7 @@ class Segments:
     def _add(self, key: tuple[str, int], seg: Segment, base: int) -> int:
         if key not in self._index:
             self._index[key] = len(self.list)
-            self.list.append(seg)
+            self.list.append(msgspec.structs.replace(seg, address=base))  # for the stale-word check alone
             self._base.append(base)
         return self._index[key]
 
@@ -376,10 +211,34 @@ def _relocated(node, record: type[_R], **operands: Operand) -> _R:
     return record(**{**fields, **operands})  # pyright: ignore[reportArgumentType]  (read by name: the walk's types)
 
 
+def _served(cap, segments: Segments) -> dict:
+    """What a GraphSet serves graph ``cap`` (a ``Captured``) with, as a :class:`Graph`'s fields:
+    its pool, how its outputs are held and their rows, its key, each output where it lies."""
+    outputs = [
+        Output(
+            at=segments.operand(t.data_ptr()) if t.numel() else None,
+            dtype=str(t.dtype).removeprefix("torch."),
+            shape=list(t.shape),
+            stride=list(t.stride()),
+        )
+        for t in cap.outputs
+    ]
+    rows = list(cap.rows) if cap.rows is not None else None
+    labels = [tuple(pair) for pair in cap.labels]
+    return dict(pool=cap.pool, held=cap.held, rows=rows, key_phase=cap.key_phase, labels=labels, piece=cap.piece,
+                outputs=outputs)  # fmt: skip
+
+
 def build_file(
-    walked: Iterable[tuple[str, int, WalkedGraph]], segments: Segments, valid_for: ValidFor, calls=None
+    walked: Iterable[tuple[str, int, WalkedGraph]],
+    segments: Segments,
+    valid_for: ValidFor,
+    calls=None,
+    served: Mapping | None = None,
 ) -> GraphFile:
-    """The graph file of ``walked`` graphs ((phase, bs, walk)), addresses named by ``segments``."""
+    """The graph file of ``walked`` graphs ((phase, bs, walk)), addresses named by ``segments``;
+    ``served``: the GraphSet's graphs ((phase, bs) -> ``Captured``), whose pools, keys and
+    outputs the file records (a graph not in it is recorded without them)."""
     modules: dict[int, int] = {}
     module_ids: list[Module] = []
     graphs = []
@@ -411,17 +270,10 @@ def build_file(
                 nodes.append(Node(type=n.type))
             else:
                 raise ExecutorError(f"a {n.type} node cannot be saved in a graph file", where=where)
-        graphs.append(Graph(phase=phase, bs=bs, nodes=nodes, edges=list(w.edges)))
+        cap = (served or {}).get((phase, bs))
+        extra = _served(cap, segments) if cap is not None else {}
+        graphs.append(Graph(phase=phase, bs=bs, nodes=nodes, edges=list(w.edges), **extra))
     return GraphFile(valid_for=valid_for, segments=segments.list, modules=module_ids, graphs=graphs)
-
-
-def graph_tensors(gs, target: object = None, tensors: Mapping | None = None) -> dict[str, object]:
-    """The tensors a graph file names: the target's (:func:`named_tensors`), the GraphSet's
-    hoisted workspaces (``workspace.PHASE``), then ``tensors`` (name -> tensor) on top."""
-    named = named_tensors(target) if target is not None else {}
-    named.update({f"workspace.{phase}": t for phase, t in sorted(gs.workspaces.items())})
-    named.update(dict(tensors or {}))
-    return named
 
 
 def save_graphs(
@@ -436,9 +288,9 @@ def save_graphs(
     timings: dict | None = None,
 ) -> GraphFile:
     """The graph file of the GraphSet ``gs`` captured for ``plan``, written to ``path`` when
-    given. Tensors are named from ``target`` (:func:`named_tensors`) and ``tensors``
+    given. Tensors are named from ``target`` (``graph_env.named_tensors``) and ``tensors``
     (name -> tensor, on top); the library workspaces of the executor's streams by
-    :func:`library_workspaces`. ``walked``: the graphs' walk where the caller made it
+    ``graph_env.library_workspaces``. ``walked``: the graphs' walk where the caller made it
     already (``restore_probe.walk_graphs``: the probe's); ``timings``: filled with the
     seconds of each part (``libraries``, ``walk``, ``build``, ``write``). Call it with the
     graphs, pools and tensors alive."""
@@ -471,40 +323,13 @@ def save_graphs(
     graphs = walked if walked is not None else walk_graphs(gs, calls)
     t.update(walk=time.perf_counter() - t0 if walked is None else 0.0)
     t0 = time.perf_counter()
-    file = build_file(graphs, segs, valid, calls)
+    file = build_file(graphs, segs, valid, calls, gs.graphs)
     t.update(build=time.perf_counter() - t0)
     t0 = time.perf_counter()
     if path is not None:
         write_atomic(path, encode(file))
     t.update(write=time.perf_counter() - t0)
     return file
-
-
-def encode(file: GraphFile) -> bytes:
-    """The file's bytes: msgpack (argument bytes stay binary)."""
-    return msgspec.msgpack.encode(file)
-
-
-def read_graph_file(path: str | Path) -> GraphFile:
-    """A graph file, refused in one line where it is not one, of another version, or damaged."""
-    data = read_input(path, "graph file")
-    where = str(path)
-    try:
-        head = msgspec.msgpack.decode(data, type=FileHead)
-    except msgspec.DecodeError as err:
-        raise InputError(f"not a graph file ({err})", where=where, fix="pass a file save_graphs wrote") from None
-    if head.kind != GRAPH_FILE_KIND:
-        raise InputError(f"not a graph file (kind {head.kind!r})", where=where, fix="pass a file save_graphs wrote")
-    if head.version != GRAPH_FILE_VERSION:
-        raise InputError(
-            f"graph file version {head.version}, this capture-plan reads version {GRAPH_FILE_VERSION}",
-            where=where,
-            fix="save the graphs again with this capture-plan",
-        )
-    try:
-        return msgspec.msgpack.decode(data, type=GraphFile)
-    except msgspec.DecodeError as err:
-        raise InputError(f"a damaged graph file ({err})", where=where, fix="save the graphs again") from None
 
 
 def describe(file: GraphFile, size: int | None = None) -> list[str]:
@@ -515,6 +340,7 @@ def describe(file: GraphFile, size: int | None = None) -> list[str]:
     for n in nodes:
         kinds[n.type] = kinds.get(n.type, 0) + 1
     relocs = sum(len(n.kernel.relocations) for n in nodes if n.kernel is not None)
+    outputs = sum(len(g.outputs) for g in file.graphs)
     tmaps = sum(len(n.kernel.tensor_maps) for n in nodes if n.kernel is not None)
     seg_kinds: dict[str, int] = {}
     for s in file.segments:
@@ -532,7 +358,8 @@ def describe(file: GraphFile, size: int | None = None) -> list[str]:
         *(f"  library {lib.name} {lib.digest} ({lib.size:,} B)" for lib in v.libraries),
         f"holds: {len(file.graphs)} graphs, {len(nodes)} nodes ("
         + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
-        + f"), {len(file.modules)} modules, {relocs} relocated argument addresses, {tmaps} TMA-shaped parameters",
+        + f"), {len(file.modules)} modules, {relocs} relocated argument addresses, {tmaps} TMA-shaped parameters, "
+        f"{outputs} outputs",
         "segments: " + ", ".join(f"{k} {n}" for k, n in sorted(seg_kinds.items())),
         "not relocatable: " + (", ".join(stuck) if stuck else "none"),
     ]
@@ -540,25 +367,41 @@ def describe(file: GraphFile, size: int | None = None) -> list[str]:
 
 
 #: the commands of ``python -m capture_plan.executor.graph_file``
-_COMMANDS = frozenset({"inspect"})
+_COMMANDS, _PLAN_FLAG = frozenset({"inspect"}), frozenset({"--plan"})
+_USAGE = "usage: python -m capture_plan.executor.graph_file inspect FILE [--plan PLAN]"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m capture_plan.executor.graph_file inspect FILE``."""
+    """``python -m capture_plan.executor.graph_file inspect FILE [--plan PLAN]``: what the file
+    holds, what it is valid for, and every reason a restore refuses it that needs no process
+    (``restore.inspect_refusals``: the file alone, and against PLAN where given). Exit 0, or
+    1 where the file or the plan cannot be read, or PLAN is given and a restore refuses."""
     args = sys.argv[1:] if argv is None else argv
-    # a match, not `args[0] == "inspect"`: bench/torch_entry_points.py reads a constant this module
+    # matches, not `args[0] == "inspect"`: bench/torch_entry_points.py reads a constant this module
     # compares with as a memory-snapshot key, since the module takes a snapshot
-    if len(args) != 2 or args[0] not in _COMMANDS:
-        print("usage: python -m capture_plan.executor.graph_file inspect FILE", file=sys.stderr)
+    plan_path = args[3] if len(args) == 4 and args[2] in _PLAN_FLAG else None
+    if len(args) not in (2, 4) or args[0] not in _COMMANDS or (len(args) == 4 and plan_path is None):
+        print(_USAGE, file=sys.stderr)
         return 2
+    from .load import load_plan
+    from .restore_checks import inspect_refusals
+
     try:
         file = read_graph_file(args[1])
+        plan = load_plan(plan_path, check_env=False) if plan_path is not None else None
     except InputError as err:
         print(f"graph_file: {err}", file=sys.stderr)
         return err.exit_code
     for line in describe(file, Path(args[1]).stat().st_size):
         print(line)
-    return 0
+    refused = inspect_refusals(file, plan)
+    against = f" and the plan {plan_path}" if plan_path is not None else ""
+    print(f"a restore refuses (from the file alone{against}): {f'{len(refused)} reason(s)' if refused else 'nothing'}")
+    for line in refused[:20]:
+        print(f"  {line}")
+    if len(refused) > 20:
+        print(f"  ... {len(refused) - 20} more")
+    return 1 if refused and plan is not None else 0
 
 
 if __name__ == "__main__":

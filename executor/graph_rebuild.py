@@ -436,7 +436,9 @@ def prepare_rebuild(path: str | Path, gs, target: object = None, walked=None, te
     ``target`` (``check_valid``: an ExecutorError with its first line and the count), every
     segment's address (:func:`segment_bases`) and every module's handle (the modules of
     ``walked``, the graphs' walk: ``restore_probe.walk_graphs``) found here."""
-    from .graph_file import current_environment, graph_tensors, library_workspaces, read_graph_file
+    from capture_plan.schemas.graph_file import read_graph_file
+
+    from .graph_env import current_environment, graph_tensors, library_workspaces
     from .graph_validity import check_valid
     from .pool import pool_segments
     from .restore_probe import walk_graphs

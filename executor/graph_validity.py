@@ -8,16 +8,23 @@ argument points into (laid out as at save time: the same segments, the same size
 address order), and no argument pointing where a restore cannot relocate (a torch segment
 no named tensor covered, a device allocation outside torch's allocator, host memory).
 Each difference is one line; an empty list means valid. Torch-free: the caller measures the
-:class:`GraphEnvironment` (``capture_plan.executor.graph_file.current_environment``).
+:class:`GraphEnvironment` (``capture_plan.executor.graph_env.current_environment``).
+
+:func:`stale_addresses` reads the file alone: an argument word that still lies inside a
+segment as the saving process had it was not relocated (the save relocates every word its
+scan takes for an address, and every word inside a segment is one), so a rebuild at other
+addresses would point it at the saving process's memory.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile
 
-__all__ = ["GraphEnvironment", "check_valid", "segment_uses"]
+__all__ = ["GraphEnvironment", "check_valid", "segment_uses", "stale_addresses"]
 
 
 @dataclass
@@ -36,7 +43,7 @@ class GraphEnvironment:
     tensors: dict[str, int] = field(default_factory=dict)
     #: pool name -> its segments' bytes, in address order (the planned layout)
     pools: dict[str, list[int]] = field(default_factory=dict)
-    #: library workspace ("capture/0": ``graph_file.library_workspaces``) -> its bytes
+    #: library workspace ("capture/0": ``graph_env.library_workspaces``) -> its bytes
     workspaces: dict[str, int] = field(default_factory=dict)
 
 
@@ -60,6 +67,9 @@ def segment_uses(file: GraphFile) -> dict[int, tuple[int, str]]:
             if node.copy is not None:
                 add(node.copy.src.segment, where)
                 add(node.copy.dst.segment, where)
+        for i, out in enumerate(g.outputs):
+            if out.at is not None:
+                add(out.at.segment, f"graph {g.phase}/{g.bs} output {i}")
     return uses
 
 
@@ -67,8 +77,12 @@ def _same(what: str, saved: str, here: str) -> list[str]:
     return [] if saved == here else [f"{what} differs: the file was saved with {saved!r}, this process has {here!r}"]
 
 
-def check_valid(file: GraphFile, env: GraphEnvironment) -> list[str]:
-    """One line per reason ``file`` cannot be restored in ``env`` (module docstring); [] if it can."""
+def check_valid(file: GraphFile, env: GraphEnvironment, *, later: Collection[str] = ()) -> list[str]:
+    """One line per reason ``file`` cannot be restored in ``env`` (module docstring); [] if it
+    can. ``later``: what the caller checks itself later: segment kinds ("workspace": a restore's
+    library workspaces exist once its eager runs made them; "pool": it lays the pools out;
+    "tensor"), "library" (a kernel library not mapped yet: its first use may map it; one
+    mapped with another digest is refused still)."""
     v = file.valid_for
     out = _same("plan digest", v.plan_digest, env.plan_digest)
     out += _same(
@@ -81,7 +95,10 @@ def check_valid(file: GraphFile, env: GraphEnvironment) -> list[str]:
     for lib in v.libraries:
         here = env.libraries.get(lib.name)
         if here is None:
-            out.append(f"kernel library {lib.name} is not loaded in this process (the file's kernels may come from it)")
+            if "library" not in later:
+                out.append(
+                    f"kernel library {lib.name} is not loaded in this process (the file's kernels may come from it)"
+                )
         elif here != lib.digest:
             out.append(
                 f"kernel library {lib.name} differs: the file was saved with {lib.digest}, this process has {here}"
@@ -104,6 +121,8 @@ def check_valid(file: GraphFile, env: GraphEnvironment) -> list[str]:
                 f"{n} address(es) point into {seg.name} ({seg.size} B, first at {first}): {_WHY[seg.kind]} at save "
                 "time, which a restore cannot relocate"
             )
+        elif seg.kind in later:
+            continue
         elif seg.kind in ("tensor", "workspace"):
             size = (env.tensors if seg.kind == "tensor" else env.workspaces).get(seg.owner)
             what = "tensor" if seg.kind == "tensor" else "library workspace"
@@ -115,7 +134,7 @@ def check_valid(file: GraphFile, env: GraphEnvironment) -> list[str]:
                 out.append(
                     f"{what} {seg.owner} is resized: the file was saved with {seg.size} B, this process has {size} B"
                 )
-    for pool, segs in sorted(pools.items()):
+    for pool, segs in sorted(pools.items()) if "pool" not in later else ():
         saved = [size for _, size in sorted(segs)]
         here = env.pools.get(pool)
         if here is None:
@@ -131,3 +150,46 @@ _WHY = {
     "outside": "a device allocation outside every caching-allocator segment",
     "host": "host memory",
 }
+
+
+def stale_addresses(file: GraphFile, limit: int = 10) -> list[str]:
+    """One line per kernel argument word (8 bytes, 8-byte aligned, inside one parameter, as
+    the save scans them) that lies inside a segment as the saving process had it
+    (``Segment.address``) and was not relocated: at most ``limit`` lines, and one more
+    counting the rest. Each distinct argument block is read once (the same kernel with the
+    same arguments repeats across layers and sizes)."""
+    spans = sorted((s.address, s.address + s.size, s.name) for s in file.segments if s.address and s.size)
+    if not spans:
+        return []
+    starts = [a for a, _, _ in spans]
+    lo, hi = spans[0][0], max(b for _, b, _ in spans)
+    seen: dict[tuple[bytes, tuple], list[tuple[int, int, str]]] = {}
+    out: list[str] = []
+    count = 0
+    for g in file.graphs:
+        for i, node in enumerate(g.nodes):
+            k = node.kernel
+            if k is None:
+                continue
+            key = (k.args, tuple(map(tuple, k.params)))
+            found = seen.get(key)
+            if found is None:
+                found = seen[key] = []
+                words = memoryview(k.args[: len(k.args) // 8 * 8]).cast("Q")
+                for off, size in k.params:
+                    for w in range((off + 7) // 8, (off + size) // 8):
+                        v = words[w]
+                        if lo <= v < hi:
+                            j = bisect_right(starts, v) - 1
+                            if j >= 0 and v < spans[j][1]:
+                                found.append((w * 8, v, spans[j][2]))
+            for pos, v, name in found:
+                count += 1
+                if len(out) < limit:
+                    out.append(
+                        f"graph {g.phase}/{g.bs} node {i} (kernel {k.name}): the argument word at byte {pos} holds "
+                        f"{v:#x}, inside {name} as saved, and is not relocated: a stale address"
+                    )
+    if count > limit:
+        out.append(f"{count - limit} more stale argument word(s)")
+    return out

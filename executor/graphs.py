@@ -215,6 +215,9 @@ class GraphSet:
         self.timeline: list[tuple[float, str, int]] = []
         #: the background capture (None for a foreground one); kept after it ends for its numbers
         self.background: BackgroundJob | None = None
+        #: what ``restore`` did where it made this set from a graph file
+        #: (``capture_plan.executor.graph_restore.RestoreReport``); None for captured graphs
+        self.restored: object | None = None
         self._planned = _planned_sizes(plan) if plan is not None else {p: sorted(v) for p, v in (sizes or {}).items()}
         self._tables: dict[str, PadTable] = {p: PadTable(p, {}, limit=v[-1]) for p, v in self._planned.items()}
         #: per dispatch name: the target's refresh and its phase's hoisted workspace (None: no workspace)

@@ -81,13 +81,18 @@ def segment_of(addr: int, segments: list[TorchSegment], starts: list[int] | None
     return None
 
 
+#: the least bytes of a block taken for a library's workspace: cuBLAS's and cuBLASLt's are MiBs
+WORKSPACE_LEAST = 64 << 10
+
+
 def stream_workspaces(
     snapshot: Iterable[dict], streams: dict[int, str], pools: set[tuple[int, int]]
 ) -> dict[str, tuple[int, int]]:
     """The library workspaces the ``streams`` (``cudaStream_t`` -> name:
-    ``capture_plan.executor.streams.primed_streams``) hold: every allocated block of a
-    caching-allocator segment made for one of them outside every pool of ``pools``, named
-    ``NAME/K`` (its K-th such block, in address order) -> (address, bytes).
+    ``capture_plan.executor.streams.primed_streams``) hold: every allocated block of at least
+    :data:`WORKSPACE_LEAST` bytes of a caching-allocator segment made for one of them outside
+    every pool of ``pools``, named ``NAME/K`` (its K-th such block, the largest first, then in
+    address order) -> (address, bytes).
 
     What this names: cuBLAS's workspace (one per handle and stream, made by ``prime_stream``
     and kept for the life of the process: 32 MiB on sm90) and cuBLASLt's where a GEMM with a
@@ -95,7 +100,14 @@ def stream_workspaces(
     pools is the priming and the warm-ups, whose tensors are freed; a tensor the target
     allocated on such a stream in a warm-up and kept is named here too unless a name of the
     target covers it first (the file looks tensors up before workspaces), and a restore that
-    lays the workspace out anew then differs from the capture: its replay check says so."""
+    lays the workspace out anew then differs from the capture: its replay check says so.
+
+    What it leaves unnamed: torch's graph-safe RNG state, two 8-byte tensors torch allocates
+    on the capture stream at a first capture, which graphs that sample read and torch
+    advances at every replay. Named, a restore would relocate such a graph onto another
+    process's state (or refuse it only where none is alive); unnamed, it is a ``torch:K``
+    segment, which every restore refuses. Largest first: the workspace keeps its name
+    wherever the small blocks lie."""
     found: dict[str, list[tuple[int, int]]] = {}
     for seg in snapshot:
         name = streams.get(int(seg.get("stream") or 0))
@@ -103,9 +115,13 @@ def stream_workspaces(
         if name is None or pool in pools:
             continue
         for b in seg.get("blocks", ()):
-            if b.get("state") == "active_allocated":
+            if b.get("state") == "active_allocated" and int(b["size"]) >= WORKSPACE_LEAST:
                 found.setdefault(name, []).append((int(b["address"]), int(b["size"])))
-    return {f"{name}/{k}": span for name, spans in found.items() for k, span in enumerate(sorted(spans))}
+    return {
+        f"{name}/{k}": span
+        for name, spans in found.items()
+        for k, span in enumerate(sorted(spans, key=lambda s: (-s[1], s[0])))
+    }
 
 
 def classify(

@@ -1,8 +1,9 @@
 """A graph file: a plan's captured CUDA graphs, written so that a fresh process could rebuild them.
 
-Written after a capture (``capture_plan.executor.graph_file.save_graphs``), read by
-``python -m capture_plan.executor.graph_file inspect FILE`` and, later, by a restore (issue
-51; docs/restore.md). Torch-free: a reader needs msgspec alone.
+Written after a capture (``capture_plan.executor.graph_file.save_graphs``: :func:`encode`),
+read back by :func:`read_graph_file` for ``python -m capture_plan.executor.graph_file inspect
+FILE`` and a restore (``capture_plan.executor.graph_restore``; issue 51, docs/restore.md).
+Torch-free: a reader needs msgspec alone.
 
 What it holds, per graph (keyed as the GraphSet keys it: dispatch name and size): its nodes
 in the driver's order and its edges (with their port and type bytes where not all 0: PDL
@@ -19,7 +20,16 @@ library keeps on one of the executor's streams outside every pool (cuBLAS's work
 capture stream: ``workspace:capture/0``), ``torch:K`` a caching-allocator segment none of
 these covers, ``outside:K`` a device allocation outside torch's allocator, ``host:K`` host
 memory a copy reads or writes. A restore can relocate into the first three kinds only; the
-others are recorded so that the refusal names them (``check_valid``).
+others are recorded so that the refusal names them (``check_valid``). Each segment keeps its
+address in the saving process (:attr:`Segment.address`) for one purpose: an argument word
+that still lies inside a segment as saved was not relocated, and a restore refuses it
+(``graph_validity.stale_addresses``); nothing is rebuilt at those addresses.
+
+Per graph also what a GraphSet serves it with (``capture_plan.executor.graphs.Captured``):
+its pool, how its outputs are held, their rows per request, the plan's phase, labels and
+piece, and each output tensor (:class:`Output`: where its first element lies as segment and
+offset, its dtype, shape and strides), so that a restore re-creates the outputs over the
+memory it lays out.
 
 What it is valid for (:class:`ValidFor`): the plan's digest, the device's name and compute
 capability, the driver, torch and its CUDA, and the digests of the shared objects holding
@@ -38,9 +48,13 @@ is refused, never read loosely.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import msgspec
+
+from .errors import InputError
+from .files import read_input
 
 __all__ = [
     "GRAPH_FILE_KIND",
@@ -57,14 +71,17 @@ __all__ = [
     "Operand",
     "Copy",
     "Node",
+    "Output",
     "Graph",
     "GraphFile",
     "FileHead",
+    "encode",
+    "read_graph_file",
 ]
 
 GRAPH_FILE_KIND = "capture-plan graph file"
 #: bump when a field's meaning changes: a file of another version is refused
-GRAPH_FILE_VERSION = 2
+GRAPH_FILE_VERSION = 3
 
 #: the owners a segment may have (module docstring)
 SEGMENT_KINDS = ("pool", "tensor", "workspace", "torch", "outside", "host")
@@ -114,6 +131,9 @@ class Segment(_Struct, frozen=True, kw_only=True):
     owner: str = ""
     #: the segment's place among its pool's segments, in address order (pool segments)
     index: int = 0
+    #: where it lay in the saving process: only to find argument words left unrelocated (a
+    #: restore never uses it as an address)
+    address: int = 0
 
 
 class Module(_Struct, frozen=True, kw_only=True):
@@ -188,6 +208,17 @@ class Node(_Struct, frozen=True, kw_only=True):
     copy: Copy | None = None
 
 
+class Output(_Struct, frozen=True, kw_only=True):
+    """One output tensor of a graph: where its first element lies (None for a tensor of no
+    elements, which has no memory), its dtype (torch's name: "bfloat16") and its layout in
+    elements."""
+
+    at: Operand | None = None
+    dtype: str
+    shape: list[int]
+    stride: list[int]
+
+
 class Graph(_Struct, frozen=True, kw_only=True):
     #: the GraphSet's key: dispatch name and size
     phase: str
@@ -195,6 +226,17 @@ class Graph(_Struct, frozen=True, kw_only=True):
     nodes: list[Node]
     #: (from, to) or (from, to, from_port, to_port, type): node indexes
     edges: list[tuple[int, ...]] = []
+    #: the plan's pool it was captured into
+    pool: str = ""
+    #: how its outputs are held: "keep" (owning) or "view" (valid until its pool's next replay)
+    held: str = "keep"
+    #: rows per request of each output (0: held whole); None: every output as the first
+    rows: list[int] | None = None
+    #: the plan's phase ("": ``phase`` itself), the key's (axis, label) pairs, the piece number
+    key_phase: str = ""
+    labels: list[tuple[str, str]] = []
+    piece: int | None = None
+    outputs: list[Output] = []
 
 
 class GraphFile(_Struct, frozen=True, kw_only=True):
@@ -212,3 +254,30 @@ class FileHead(msgspec.Struct, kw_only=True):
 
     kind: str = ""
     version: int = -1
+
+
+def encode(file: GraphFile) -> bytes:
+    """The file's bytes: msgpack (argument bytes stay binary)."""
+    return msgspec.msgpack.encode(file)
+
+
+def read_graph_file(path: str | Path) -> GraphFile:
+    """A graph file, refused in one line where it is not one, of another version, or damaged."""
+    data = read_input(path, "graph file")
+    where = str(path)
+    try:
+        head = msgspec.msgpack.decode(data, type=FileHead)
+    except msgspec.DecodeError as err:
+        raise InputError(f"not a graph file ({err})", where=where, fix="pass a file save_graphs wrote") from None
+    if head.kind != GRAPH_FILE_KIND:
+        raise InputError(f"not a graph file (kind {head.kind!r})", where=where, fix="pass a file save_graphs wrote")
+    if head.version != GRAPH_FILE_VERSION:
+        raise InputError(
+            f"graph file version {head.version}, this capture-plan reads version {GRAPH_FILE_VERSION}",
+            where=where,
+            fix="save the graphs again with this capture-plan",
+        )
+    try:
+        return msgspec.msgpack.decode(data, type=GraphFile)
+    except msgspec.DecodeError as err:
+        raise InputError(f"a damaged graph file ({err})", where=where, fix="save the graphs again") from None

@@ -234,6 +234,33 @@ def test_a_case_that_does_not_fit_is_skipped_by_its_child_with_the_reason(device
     assert "60% of the device's free memory is 0 MiB" in got["skipped"]
 
 
+def test_restore_floors_fresh_processes_skip_a_case_that_does_not_fit(device, tmp_path):
+    """``restore_floor --fresh``: the capture side builds the plan, then skips the case saying
+    why; the summary names it, not a failure."""
+    device(0)
+    rf = bench_module("restore_floor")
+    got = rf.fresh_child("reference", 32, "capture", tmp_path)
+    assert got["skipped"].startswith("reference does not fit this device: bench.harness.case_target: its KV cache")
+    assert (tmp_path / "plan.json").exists()
+    line = rf.fresh_summary({"cases": {"reference": {"capture": got}}})
+    assert line == f"SUMMARY restore fresh (from weights loaded to graphs ready): reference SKIPPED: {got['skipped']}"
+
+
+def test_restore_floors_fresh_summary_puts_the_restore_against_the_capture():
+    rf = bench_module("restore_floor")
+    capture = {"seconds": 4.0, "graphs": 36, "captured_equal": ["decode/1"] * 36, "save": {"bytes": 32 * 2**20}}
+    restore = dict(seconds=3.0, parts={"load": 1.5, "rebuild": 1.25}, keys=["decode/256", "decode/1"], graphs=36)
+    restore.update(equal=["decode/1"] * 35, differ=["decode/8"], segments=130, moved=130)
+    refused = {"refused": "x", "reasons": ["driver differs: ..."]}
+    cases = {"reference": {"capture": capture, "restore": restore}, "eagle": {"capture": capture, "restore": refused}}
+    line = rf.fresh_summary({"cases": cases})
+    assert line == (
+        "SUMMARY restore fresh (from weights loaded to graphs ready): reference capture 4.000 s, restore 3.000 s "
+        "(0.75x; loading runs 1.500 s at 2 keys, rebuild 1.250 s), bit-equal 35/36 (captured 36/36), moved 130/130 "
+        "segments, file 32.0 MiB; eagle REFUSED: driver differs: ..."
+    )
+
+
 def test_the_child_benches_summaries_name_a_skipped_case_and_why():
     """Each parent's SUMMARY line names a skipped case and its reason; restore_floor counts
     it as skipped, not failed (its exit status stays 0)."""
@@ -247,3 +274,32 @@ def test_the_child_benches_summaries_name_a_skipped_case_and_why():
     assert cb == f"eagle: SKIPPED: {why}"
     rf = bench_module("restore_floor").summary({"cases": {"eagle": {"case": "eagle", "skipped": why}}})
     assert rf == f"SUMMARY restore floor (pool/other-torch/outside): eagle SKIPPED: {why}"
+
+
+def test_docs_restore_fresh_table_reads_what_the_fresh_bench_writes(tmp_path, monkeypatch):
+    """docs/generate.py's restore-fresh table over a run as ``restore_floor --fresh`` writes it:
+    a restored case, a refused one, one skipped (no committed run yet to render from)."""
+    import json
+
+    from test_doc_figures import gen
+
+    capture = {"seconds": 4.0, "graphs": 36, "captured_equal": ["d/1"] * 36, "save": {"bytes": 32 * 2**20}}
+    restore = dict(seconds=3.0, parts={"load": 1.5, "rebuild": 1.25}, keys=["d/256", "d/1"], graphs=36)
+    restore.update(equal=["d/1"] * 36, differ=[], segments=130, moved=130)
+    run = {"date": "2026-12-07T00:00:00", "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "commit": "abc"}
+    run["cases"] = {
+        "reference": {"capture": capture, "restore": restore},
+        "eagle": {"capture": capture, "restore": {"refused": "x", "reasons": ["driver differs"]}},
+        "llama": {"capture": {"case": "llama", "skipped": "llama does not fit this device"}},
+    }
+    (tmp_path / "restore-fresh-2026-12-07-t.json").write_text(json.dumps(run))
+    monkeypatch.setattr(gen, "RESULTS", tmp_path)
+    monkeypatch.setattr(gen, "RESTORE_FRESH_RUNS", ["restore-fresh-2026-12-07-t.json"])
+    lines = gen.restore_fresh()
+    assert lines[2] == (
+        "| reference (2026-12-07-t) | 4.000 | 3.000 | 0.75x | 1.500 (2 keys) / 1.250 | 36/36 (captured 36/36) "
+        "| 130/130 | 32.0 |"
+    )
+    assert lines[3] == "| eagle (2026-12-07-t) | 4.000 | refused: driver differs |  |  |  |  | 32.0 |"
+    assert lines[4] == "| llama (2026-12-07-t) | llama does not fit this device |  |  |  |  |  |  |"
+    assert lines[-1].startswith("Source: `bench/results/restore-fresh-2026-12-07-t.json` (NVIDIA H100")

@@ -1,16 +1,19 @@
 """The restore probe and the graph file on a real GPU (marked ``gpu``; skipped where CUDA is
 absent): a small plan captured with the executor, every graph walked through the driver,
 its kernels described and its addresses classified, the floor's clones made, the graph
-file saved, read back, inspected and accepted in its own process (issue 51, phase 1), and
+file saved, read back, inspected and accepted in its own process (issue 51, phase 1),
 every graph rebuilt from the file through the driver and replayed bit for bit as the
-captured one (phase 2). The same logic on fakes: tests/test_graph_file.py,
-tests/test_graph_rebuild.py.
+captured one (phase 2), and ``restore`` in a fresh process at other addresses than the
+saving one's, every restored graph against the eager run and through ``verify``, a refused
+file falling back to capture (tests/restore_fresh.py runs both processes). The same logic on
+fakes: tests/test_graph_file.py, tests/test_graph_rebuild.py, tests/test_restore.py.
 
 Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_restore.py``.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -77,13 +80,8 @@ def test_the_clone_floor_instantiates_every_graph(captured):
 
 
 def test_a_saved_file_reads_back_inspects_and_is_valid_here(captured):
-    from capture_plan.executor.graph_file import (
-        current_environment,
-        describe,
-        graph_tensors,
-        read_graph_file,
-        save_graphs,
-    )
+    from capture_plan.executor.graph_env import current_environment, graph_tensors
+    from capture_plan.executor.graph_file import describe, read_graph_file, save_graphs
     from capture_plan.executor.graph_validity import check_valid
 
     plan, model, gs, folder = captured
@@ -170,7 +168,8 @@ def test_a_planted_stale_address_is_caught_by_the_relocation_proof(captured):
     indexing with a 0xFF-filled index would fault instead of differ.)"""
     import msgspec
 
-    from capture_plan.executor.graph_file import encode, graph_tensors, save_graphs
+    from capture_plan.executor.graph_env import graph_tensors
+    from capture_plan.executor.graph_file import encode, save_graphs
     from capture_plan.executor.graph_rebuild import prepare_rebuild
     from capture_plan.executor.rebuild_proof import compare_moved
 
@@ -208,3 +207,37 @@ def test_the_drivers_tensor_maps_say_where_they_keep_their_address():
     layout = probe_tensor_map()
     print("tensor map layout:", layout.as_dict())
     assert layout.address_words
+
+
+def _fresh(*args: str) -> dict:
+    """tests/restore_fresh.py in a fresh interpreter: its RESULT line."""
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "restore_fresh.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def test_a_fresh_process_restores_every_graph_at_other_addresses_bit_for_bit(tmp_path):
+    """Saved by one process, restored by another that allocated 1 GiB first (so that its model,
+    workspaces and pools lie elsewhere: a fresh process often gets the saving one's addresses,
+    which would hide a broken relocation): every restored graph replays bit for bit as the
+    eager run at its size, ``verify``'s interleave and scribble checks find nothing, and a
+    file saved with another driver is refused and captured instead, with one WARNING."""
+    saved = _fresh("save", str(tmp_path))
+    got = _fresh("restore", str(tmp_path), "1030")
+    r = got["report"]
+    print(f"saved {saved}; restored in {r['seconds']:.3f} s {r['parts']}; loading runs at {r['keys']}")
+    assert got["restored"] and got["graphs"] == saved["graphs"] == 4 and r["nodes"] == saved["nodes"] > 0
+    # every segment the graphs point into lies elsewhere than in the saving process
+    assert r["segments"] > 0 and r["moved"] == r["segments"], r
+    assert got["differ"] == [] and len(got["equal"]) == 4, got
+    assert got["verify"]["ok"] and got["verify"]["replays"] > 0, got["verify"]["summary"]
+    fell = got["fallback"]
+    assert not fell["restored"] and fell["graphs"] == 4
+    assert len(fell["warnings"]) == 1, fell["warnings"]
+    assert "driver differs" in fell["warnings"][0] and fell["warnings"][0].endswith("capturing instead")

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")  # the executor imports torch (its graph walk shares exec_update's tables)
 
 from capture_plan.executor import ExecutorError, graph_file as gf
+from capture_plan.executor.graph_env import kernel_libraries, torch_versions
 from capture_plan.executor.graph_validity import GraphEnvironment, check_valid
 from capture_plan.executor.graph_walk import device_addresses, tensor_map_params, walk_graph
 from capture_plan.executor.libcuda import EdgeData
@@ -324,8 +325,10 @@ def test_the_file_names_every_address_by_segment_and_offset():
     assert m is not None and (m.dst.segment, m.dst.offset) == (0, 0x100)
     assert c is not None and (c.src.segment, c.src.offset, c.dst.offset) == (1, 16, 0x200)
     assert f.graphs[0].edges == [(0, 1), (1, 2), (3, 2, 1, 0, 1)]
-    # the same graph at other addresses makes the same file: nothing of the saving process's addresses
+    # the same graph makes the same file; of the saving process's addresses it keeps each segment's
+    # alone (for the stale-word check: test_restore.py), and nothing is rebuilt at them
     assert gf.encode(f) == gf.encode(_file())
+    assert [s.address for s in f.segments] == [POOL, TENSOR, OUTSIDE]
 
 
 def test_a_kernel_the_driver_does_not_describe_is_not_saved():
@@ -352,7 +355,7 @@ def test_the_file_records_torchs_version_as_a_string_msgpack_encodes():
     assert gf.encode(f)
     with pytest.raises(TypeError, match="TorchVersion"):
         gf.encode(msgspec.structs.replace(f, valid_for=msgspec.structs.replace(f.valid_for, torch=torch.__version__)))
-    versions = gf.torch_versions()
+    versions = torch_versions()
     assert all(type(v) is str for v in versions) and versions[0] == torch.__version__
     assert gf.encode(msgspec.structs.replace(f, valid_for=msgspec.structs.replace(f.valid_for, torch=versions[0])))
 
@@ -468,6 +471,16 @@ def test_the_library_workspaces_are_the_primed_streams_blocks_outside_every_pool
     got = stream_workspaces(_ws_snapshot(), {CAPTURE_STREAM: "capture"}, {(1, 2)})
     assert got == {"capture/0": (WORKSPACE, 32 << 20), "capture/1": (WORKSPACE + (64 << 20), 1 << 20)}
     assert stream_workspaces(_ws_snapshot(), {}, {(1, 2)}) == {}  # a stream the executor did not prime
+    # torch's graph-safe RNG state (512-byte blocks on the capture stream, below cuBLAS's workspace
+    # here) is no library's workspace: unnamed (a graph reading it is refused), and no rename
+    low = {"address": WORKSPACE - (2 << 20), "total_size": 2 << 20, "stream": CAPTURE_STREAM,
+           "segment_pool_id": (0, 0), "blocks": [{"address": WORKSPACE - (2 << 20), "size": 512,
+                                                  "state": "active_allocated"}]}  # fmt: skip
+    assert stream_workspaces([low, *_ws_snapshot()], {CAPTURE_STREAM: "capture"}, {(1, 2)}) == got
+    # the largest first: a smaller workspace lying below cuBLAS's does not rename it
+    low["blocks"][0]["size"] = 2 << 20
+    again = stream_workspaces([low, *_ws_snapshot()], {CAPTURE_STREAM: "capture"}, {(1, 2)})
+    assert again["capture/0"] == (WORKSPACE, 32 << 20) and again["capture/1"] == (WORKSPACE - (2 << 20), 2 << 20)
 
 
 def _ws_file(workspace: int = WORKSPACE, driver: FakeDriver | None = None) -> GraphFile:
@@ -488,6 +501,11 @@ def _ws_file(workspace: int = WORKSPACE, driver: FakeDriver | None = None) -> Gr
     return gf.build_file([("decode", 8, walk_graph(0x1, d))], segs, VALID, d)
 
 
+def _unplaced(f: GraphFile) -> GraphFile:
+    """``f`` with its segments' saved addresses left out."""
+    return msgspec.structs.replace(f, segments=[msgspec.structs.replace(s, address=0) for s in f.segments])
+
+
 def test_cublass_workspace_is_a_named_segment_the_saving_process_accepts():
     """Before, the workspace was a torch:K segment and every file was refused in its own process."""
     f = _ws_file()
@@ -498,7 +516,8 @@ def test_cublass_workspace_is_a_named_segment_the_saving_process_accepts():
         0x80,
     )
     assert check_valid(f, _env(workspaces={"capture/0": 32 << 20})) == []
-    assert gf.encode(f) == gf.encode(_ws_file(WORKSPACE + (1 << 30)))  # where it lay does not matter
+    # where it lay is recorded (the stale-word check), and nothing else of it
+    assert gf.encode(_unplaced(f)) == gf.encode(_unplaced(_ws_file(WORKSPACE + (1 << 30))))
     for ws, said in (({}, "library workspace capture/0 is missing"), ({"capture/0": 8 << 20}, "is resized")):
         got = check_valid(f, _env(workspaces=ws))
         assert len(got) == 1 and said in got[0], got
@@ -546,9 +565,9 @@ def test_kernel_libraries_are_the_mapped_objects_with_a_fatbin(tmp_path):
         f"7f00-7f10 r-xp 00000000 08:01 1 {lib}\n7f10-7f20 r--p 00000000 08:01 1 {lib}\n"
         f"7f20-7f30 r-xp 00000000 08:01 2 {plain}\n7f30-7f40 rw-p 00000000 00:00 0 \n"
     )
-    got = gf.kernel_libraries(str(maps))
+    got = kernel_libraries(str(maps))
     assert [(x.name, x.size) for x in got] == [("libkernels.so.1", lib.stat().st_size)]
     import hashlib
 
     assert got[0].digest == "sha256:" + hashlib.sha256(lib.read_bytes()).hexdigest()
-    assert gf.kernel_libraries(str(tmp_path / "absent")) == []
+    assert kernel_libraries(str(tmp_path / "absent")) == []
