@@ -49,7 +49,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
                 changes={"mem-fraction-static": 0.85},
             )
     decode = sizing.sglang_decode_sizes(max_bs)
-    plan = inp.plan
+    plan = inp.request.plan
     settings = {
         "mem-fraction-static": frac,
         "context-length": ctx_len,
@@ -67,9 +67,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
     default_graph = result.graph_memory(inp, sglang_graphs(len(decode), len(prefill), m.layers), max(decode))
     if plan is not None:
-        graph = inp.measured_graph or result.graph_memory(inp, None, max(plan.sizes), plan=True)
+        graph = inp.request.measured_graph or result.graph_memory(inp, None, max(plan.sizes), plan=True)
     else:
-        graph = inp.measured_graph or default_graph
+        graph = inp.request.measured_graph or default_graph
     budget = FitItem(
         "engine budget",
         int(pre * frac),
