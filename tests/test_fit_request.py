@@ -27,6 +27,14 @@ def test_a_fix_reads_back_as_typed_changes():
     }
     assert changes_of("--kv-cache-dtype fp8") == {"kv-cache-dtype": "fp8"}
     assert changes_of("--enforce-eager --max-num-seqs 128") == {"enforce-eager": True, "max-num-seqs": 128}
+    assert changes_of("--swa-full-tokens-ratio 0.9 --disable-hybrid-swa-memory") == {
+        "swa-full-tokens-ratio": 0.9,
+        "disable-hybrid-swa-memory": True,
+    }
+    assert changes_of("--disable-hybrid-swa-memory --page-size 16") == {
+        "disable-hybrid-swa-memory": True,
+        "page-size": 16,
+    }
 
 
 def test_a_change_applies_to_the_request():

@@ -188,15 +188,20 @@ class KvPricer:
             raise self.not_starting(self.result(kv.graph_bytes), graphs)
 
 
-def _names() -> str:
-    return "|".join(re.escape(n) for n in sorted(engine_flags(), key=len, reverse=True))
+def _names(switches: bool) -> str:
+    """The engine flags' names as a pattern: the switches (bool rows) or the flags with a value."""
+    rows = engine_flags()
+    names = (n for n in rows if (rows[n].type == "bool") is switches)
+    return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
 
 
 def _spelled(text: str | None) -> str | None:
-    """fit's ``--flag value`` as a build's ``--engine-flag flag=value``; a flag named alone as its name."""
+    """fit's ``--flag value`` as a build's ``--engine-flag flag=value`` (a switch:
+    ``--engine-flag flag=true``); a flag with a value named alone as its name."""
     if text is None:
         return None
-    names = _names()
+    text = re.sub(rf"--({_names(True)})(?![\w=-])", r"--engine-flag \1=true", text)
+    names = _names(False)
     text = re.sub(rf"--({names}) ([^\s,;`]+)", r"--engine-flag \1=\2", text)
     return re.sub(rf"--({names})(?![\w=-])", r"\1", text)
 
