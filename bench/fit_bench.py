@@ -223,13 +223,13 @@ def fit_side(
 ) -> dict:
     """fit's figures for the case, without and with the plan of the runner's graphs (where
     that plan captures the runner's ``graphs`` graphs: 0, any)."""
-    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.fit import FitRequest, fit
     from capture_plan.planner.fit.model import load_model
 
     model = load_model(str(case_spec(case, folder, layers)))
     out = {"model": model.name, "model_type": model.model_type, "source": model.source}
     with long_context():
-        out["default"] = fit_figures(fit(model, device_name, release, 1, fit_flags(s)))
+        out["default"] = fit_figures(fit(FitRequest(model, device_name, release, 1, fit_flags(s))))
     try:
         plan = case_plan(case, folder, layers, model)
     except Exception as err:  # a plan that cannot be built is a result: the row says why
@@ -239,7 +239,7 @@ def fit_side(
         out["plan"] = {"skipped": f"the plan captures {plan.graphs} graphs, the runner {graphs}"}
         return out
     with long_context():
-        planned = fit(model, device_name, release, 1, fit_flags(s), plan=plan)
+        planned = fit(FitRequest(model, device_name, release, 1, fit_flags(s), plan=plan))
     out["plan"] = {"plan": plan.name, **fit_figures(planned)}
     return out
 

@@ -113,7 +113,7 @@ def fit_flags(s: Settings) -> dict:
 def fit_side(case: str, folder: Path, layers: int, device_name: str, s: Settings) -> dict:
     """fit's figures for the case (``refused``: fit's one line where it refuses the model)."""
     from bench.fit_bench import case_spec, fit_figures, long_context
-    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.fit import FitRequest, fit
     from capture_plan.planner.fit.model import load_model
     from capture_plan.schemas.errors import InputError
 
@@ -121,7 +121,7 @@ def fit_side(case: str, folder: Path, layers: int, device_name: str, s: Settings
     out: dict = {"model": model.name, "model_type": model.model_type, "source": model.source}
     try:
         with long_context():
-            res = fit(model, device_name, RELEASE, 1, fit_flags(s))
+            res = fit(FitRequest(model, device_name, RELEASE, 1, fit_flags(s)))
     except InputError as err:
         out["refused"] = str(err).splitlines()[0]
         return out

@@ -1273,7 +1273,7 @@ def fit_context() -> list[str]:
 
 def fit_examples() -> list[str]:
     """fit's figures for the worked examples: each model on H100 and H200, one release of each rule."""
-    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.fit import FitRequest, fit
     from capture_plan.planner.fit.model import load_model
     from capture_plan.planner.fit.tables import GiB, rules
     from capture_plan.schemas.errors import InputError
@@ -1287,7 +1287,7 @@ def fit_examples() -> list[str]:
                 flags = {"context-length" if eng.startswith("sglang") else "max-model-len": 8192}
                 short = dev.removeprefix("NVIDIA ").split(" ")[0]
                 try:
-                    r = fit(model, dev, eng, 1, flags)
+                    r = fit(FitRequest(model, dev, eng, 1, flags))
                 except InputError as err:
                     rows.append([name, short, eng, "refused: " + str(err).split(": ", 1)[-1].split(";")[0]] + [""] * 5)
                     continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from capture_plan.planner.fit.fit import fit
+from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.fit.tables import GiB, rule_for
 from capture_plan.schemas.documents import toml_parser
@@ -80,12 +80,12 @@ def compare(path: Path) -> Compared:
     model = load_model(str(LOGS / log["config"]))
     settings = {k: v for k, v in log["settings"].items() if k not in EXPECTED["not_sizing"]}
     args = (model, log["device"], f"{log['engine']}=={log['version']}", log["tp"], settings)
-    first = fit(*args)
+    first = fit(FitRequest(*args))
     graph = next(i for i in first.items if i.name == "graph memory").bytes
     logged = log["logged"]
     shown = logged.get("graph_gib", logged.get("graph_estimate_gib"))
     result = first
     if graph is None:
         given = FitItem("graph memory", int(logged["graph_estimate_gib"] * GiB), int(0.005 * GiB), "given", path.name)
-        result = fit(*args, measured_graph=given)
+        result = fit(FitRequest(*args, measured_graph=given))
     return Compared(result, graph, shown, first)

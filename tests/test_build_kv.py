@@ -39,21 +39,21 @@ def _fix_command(err: str) -> list[str]:
 def test_the_pricer_is_planner_fits_rule(tmp_path):
     """The KV tokens a build records are planner fit's: with fit's own graph estimate of the
     engine's default sizes as the graph figure, the pricer gives fit's tokens for that set."""
-    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.fit import FitRequest, fit
     from capture_plan.planner.fit.kv_price import KvPricer
     from capture_plan.planner.fit.model import load_model
 
     model = load_model("llama-3-8b")
     flags = {"max-model-len": 8192}
     for engine in ("vllm==0.34.0", "vllm==0.33.0", "vllm==0.25.0"):
-        res = fit(model, H100, engine, 1, flags)
-        pricer = KvPricer(model, H100, engine, 1, flags)
+        res = fit(FitRequest(model, H100, engine, 1, flags))
+        pricer = KvPricer(FitRequest(model, H100, engine, 1, flags))
         default = next(c for c in res.size_costs if c.name == "engine default")
         none = next(c for c in res.size_costs if c.name == "none")
         assert default.graph_bytes and pricer.tokens(default.graph_bytes) == default.kv_tokens, engine
         assert pricer.none_tokens == none.kv_tokens
     # 0.34 takes the graphs from free memory after capture: more graph memory, fewer tokens
-    after = KvPricer(model, H100, "vllm==0.34.0", 1, flags)
+    after = KvPricer(FitRequest(model, H100, "vllm==0.34.0", 1, flags))
     assert after.tokens(1 << 30) < after.tokens(0)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from capture_plan.planner.cli import main
 from capture_plan.planner.fit import sizing
-from capture_plan.planner.fit.fit import fit
+from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.model import kv_bytes_per_token, load_model, weight_bytes
 from capture_plan.planner.fit.tables import GiB, estimates, rule_for, rules, wheels
 from capture_plan.schemas.fit import FitItem, FitResult
@@ -80,14 +80,14 @@ def test_weights_are_exact_only_from_an_index_on_one_rank(tmp_path):
     from capture_plan.planner.fit.model import replicated_bytes
 
     flags = {"max-model-len": 8192}
-    counted = _item(fit(cfg("llama-3.1-8b"), "H100", "vllm==0.34.0", 1, flags), "weights")
+    counted = _item(fit(FitRequest(cfg("llama-3.1-8b"), "H100", "vllm==0.34.0", 1, flags)), "weights")
     assert counted.status == "estimated" and counted.error_bytes == int(0.005 * counted.bytes)
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}))
     llama = load_model(str(CONFIGS / "llama-3.1-8b.json"), index)
-    one = _item(fit(llama, "H100", "vllm==0.34.0", 1, flags), "weights")
+    one = _item(fit(FitRequest(llama, "H100", "vllm==0.34.0", 1, flags)), "weights")
     assert (one.status, one.bytes, one.error_bytes) == ("exact", 16_060_522_496, 0)
-    two = _item(fit(llama, "H100", "vllm==0.34.0", 2, flags), "weights")
+    two = _item(fit(FitRequest(llama, "H100", "vllm==0.34.0", 2, flags)), "weights")
     rep = replicated_bytes(llama)
     assert rep == (2 * 32 + 1) * 4096 * 2  # 64 layer norms and the final one, bf16
     assert (two.status, two.bytes, two.error_bytes) == ("estimated", (16_060_522_496 - rep) // 2 + rep, rep)
@@ -133,8 +133,8 @@ def test_each_release_follows_its_rule_and_sizes_as_its_kind_says():
     for f in releases():
         assert rule_for(f"{f.engine}=={f.version}")[2] == f.fit_rule
     llama = cfg("llama-3.1-8b")
-    r33 = fit(llama, "H100", "vllm==0.33.0", 1, {"max-model-len": 8192})
-    r34 = fit(llama, "H100", "vllm==0.34.0", 1, {"max-model-len": 8192})
+    r33 = fit(FitRequest(llama, "H100", "vllm==0.33.0", 1, {"max-model-len": 8192}))
+    r34 = fit(FitRequest(llama, "H100", "vllm==0.34.0", 1, {"max-model-len": 8192}))
     assert r33.settings["gpu-memory-utilization"] == 0.92 and r34.settings["gpu-memory-utilization"] == 1.0
     # 0.34 sizes after capture from the whole device: more tokens than 0.33's 92%
     assert r34.kv_tokens > r33.kv_tokens > 0
@@ -146,7 +146,7 @@ def test_sglang_defaults_follow_the_memory_hook():
     assert sizing.sglang_mem_fraction(81559, 1, 8192, 256, 58, False) == round((81559 - 13904) / 81559, 3)
     assert len(sizing.sglang_prefill_sizes(8192)) == 58
     assert sizing.sglang_defaults(81559, 1) == (8192, 256) and sizing.sglang_defaults(81559, 4) == (8192, 512)
-    r = fit(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192})
+    r = fit(FitRequest(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192}))
     assert r.settings["mem-fraction-static"] == 0.83 and r.kv_tokens == r.kv_blocks
 
 
@@ -157,8 +157,8 @@ def test_sglang_without_prefill_graphs_reserves_none_for_them():
     no prefill graph is priced. Fails before: fit had no such flag."""
     for name, before in (("llama-3.1-8b", 0.83), ("deepseek-v2-lite", 0.816)):
         flags = {"context-length": 8192}
-        with_graphs = fit(cfg(name), "H100", "sglang==0.5.23", 1, flags)
-        without = fit(cfg(name), "H100", "sglang==0.5.23", 1, {**flags, "disable-prefill-cuda-graph": True})
+        with_graphs = fit(FitRequest(cfg(name), "H100", "sglang==0.5.23", 1, flags))
+        without = fit(FitRequest(cfg(name), "H100", "sglang==0.5.23", 1, {**flags, "disable-prefill-cuda-graph": True}))
         assert with_graphs.settings["mem-fraction-static"] == before, name
         assert without.settings["mem-fraction-static"] == 0.835 and without.settings["disable-prefill-cuda-graph"]
         assert without.kv_tokens > with_graphs.kv_tokens
@@ -173,14 +173,14 @@ def test_sglang_graphs_and_activations_must_fit_the_slack_alone():
     taken from that slack again."""
     llama = cfg("llama-3.1-8b")
     flags = {"context-length": 8192, "mem-fraction-static": 0.9}
-    r = fit(llama, "H100", "sglang==0.5.23", 1, flags)
+    r = fit(FitRequest(llama, "H100", "sglang==0.5.23", 1, flags))
     pre = _item(r, "device total").bytes - _item(r, "CUDA context").bytes
     slack = int(pre * (1 - 0.9))
     room = slack - _item(r, "activation peak").bytes
     assert _item(r, "non-torch memory").bytes > 0
     for graph, fits in ((room, True), (room + 1, False)):
         given = FitItem("graph memory", graph, 0, "given", "test")
-        assert fit(llama, "H100", "sglang==0.5.23", 1, flags, given).fits is fits
+        assert fit(FitRequest(llama, "H100", "sglang==0.5.23", 1, flags, given)).fits is fits
 
 
 def test_the_kv_error_bar_sums_the_items_the_rule_takes_it_from():
@@ -201,15 +201,17 @@ def test_the_kv_error_bar_sums_the_items_the_rule_takes_it_from():
     assert _item(r, "KV cache").error_bytes == bar(r, "device total", "CUDA context", *taken, "graph memory")
     r = _llama("vllm==0.34.0", **{"gpu-memory-utilization": 0.9})  # the budget side binds
     assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken, "graph memory")
-    r = fit(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192})
+    r = fit(FitRequest(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192}))
     assert _item(r, "KV cache").error_bytes == bar(r, "CUDA context", "engine budget", "weights", "non-torch memory")
 
 
 def test_graph_memory_is_unknown_where_nothing_measured_is_near():
-    r = fit(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192})
+    r = fit(FitRequest(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192}))
     graph = next(i for i in r.items if i.name == "graph memory")
     assert graph.bytes is None and graph.status == "unknown" and "sm89" in graph.source
-    eager = fit(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192, "enforce-eager": True})
+    eager = fit(
+        FitRequest(cfg("llama-3.1-8b"), "L40S", "vllm==0.34.0", 1, {"max-model-len": 8192, "enforce-eager": True})
+    )
     assert next(i for i in eager.items if i.name == "graph memory").bytes == 0
 
 
@@ -221,7 +223,7 @@ def test_graph_node_counts_are_the_committed_bench():
 
 
 def test_sizes_cost_tokens_under_vllm():
-    r = fit(cfg("llama-3.1-8b"), "H100", "vllm==0.33.0", 1, {"max-model-len": 8192})
+    r = fit(FitRequest(cfg("llama-3.1-8b"), "H100", "vllm==0.33.0", 1, {"max-model-len": 8192}))
     cost = {c.name: c for c in r.size_costs}
     assert len(cost["engine default"].sizes) == 51
     assert cost["engine default"].tokens_cost > cost["fewer"].tokens_cost > 0 == cost["none"].tokens_cost
@@ -338,7 +340,7 @@ def test_every_modelled_release_names_its_wheel():
 
 
 def _llama(engine: str, **flags):
-    return fit(cfg("llama-3.1-8b"), "H100", engine, 1, {"max-model-len": 8192, **flags})
+    return fit(FitRequest(cfg("llama-3.1-8b"), "H100", engine, 1, {"max-model-len": 8192, **flags}))
 
 
 def _item(r, name: str):
@@ -361,16 +363,16 @@ def test_vllm_tokens_are_counted_as_each_release_logs_them(monkeypatch):
     # 0.21.0 int(concurrency x max_model_len), which counts the window's smaller share
     gemma = cfg("gemma-2-9b")
     flags = {"max-model-len": 8192, "gpu-memory-utilization": 0.92}
-    r20 = fit(gemma, "H100", "vllm==0.20.0", 1, flags)
-    r21 = fit(gemma, "H100", "vllm==0.21.0", 1, flags)
+    r20 = fit(FitRequest(gemma, "H100", "vllm==0.20.0", 1, flags))
+    r21 = fit(FitRequest(gemma, "H100", "vllm==0.21.0", 1, flags))
     assert r20.kv_blocks == r21.kv_blocks and r20.kv_tokens == r20.kv_blocks // 2 * 16
     assert r21.kv_tokens == int(r21.kv_blocks / (512 + 513) * 8192)  # window 4095 + 8192 in flight > 8192
     # 0.25.0 holds max_num_batched_tokens beyond the window, 0.26.0 two batches (async scheduling);
     # 32768 is past Gemma-2's 8192: vLLM takes it only under VLLM_ALLOW_LONG_MAX_MODEL_LEN, and so does fit
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     small = {"max-model-len": 32768, "gpu-memory-utilization": 0.92}
-    r25 = fit(gemma, "H100", "vllm==0.25.0", 1, small)
-    r26 = fit(gemma, "H100", "vllm==0.26.0", 1, small)
+    r25 = fit(FitRequest(gemma, "H100", "vllm==0.25.0", 1, small))
+    r26 = fit(FitRequest(gemma, "H100", "vllm==0.26.0", 1, small))
     per25 = 2048 + (-(-(4095 + 8192) // 16) + 1)
     per26 = 2048 + (-(-(4095 + 16384) // 16) + 1)
     assert r25.max_concurrency == round(r25.kv_blocks / per25, 2)

@@ -543,9 +543,9 @@ def sgl_case_model():
 def test_a_refit_of_an_sglang_run_recomputes_fits_side(tmp_path):
     """`--refit` over an SGLang result: the runner's records kept, fit's figures for the
     runner's settings (the same memory settings resolved on both sides, prefill graphs off),
-    the rule check on the runner's items worked by hand, a model fit refuses (Gemma2: SGLang
-    0.5.23 sizes it with the default pool, which fit does not follow) kept with the runner's
-    figures and its summary, a skipped case kept; ``differs_sglang`` listed."""
+    the rule check on the runner's items worked by hand, a sliding-window model (Gemma2) priced
+    as SGLang 0.5.23 sizes it, with one pool over every layer (fit refused it before), a skipped
+    case kept; ``differs_sglang`` listed."""
     pytest.importorskip("transformers")
     _, s = sgl.resolve(81559, fb.MAX_MODEL_LEN)
     pre, available, weights, cell = 79 * GIB, 78 * GIB, 1_017_188_608, 8 * 4096  # llama: 8 layers, 4096 a layer
@@ -575,6 +575,8 @@ def test_a_refit_of_an_sglang_run_recomputes_fits_side(tmp_path):
             "eagle": {sgl.RELEASE: {"skipped": "eagle: " + sgl.SKIP["eagle"]}},
         },
     }
+    from capture_plan.planner.fit.model import kv_bytes_per_token, load_model
+
     res = fb.refit(source, "fit-bench-x.json", tmp_path)
     assert res["differs_sglang"] == sgl.DIFFERS and res["cases"]["eagle"] == source["cases"]["eagle"]
     got = res["cases"]["llama"][sgl.RELEASE]
@@ -585,14 +587,19 @@ def test_a_refit_of_an_sglang_run_recomputes_fits_side(tmp_path):
     assert got["compare"]["kv tokens"]["fit"] == got["fit"]["default"]["kv_tokens"]
     assert got["compare_plan"] is None and "skipped" in got["fit"]["plan"]
     assert fb.summary_line("llama", got, sgl.RELEASE).endswith("rule on measured items +0.00%; settings ok")
-    refused = res["cases"]["gemma2"][sgl.RELEASE]
-    assert refused["compare"] is None and "sliding-window" in refused["fit"]["refused"]
-    assert fb.summary_line("gemma2", refused, sgl.RELEASE).startswith("SUMMARY gemma2 sglang==0.5.23 fit refused (")
+    gemma2 = res["cases"]["gemma2"][sgl.RELEASE]
+    fitted = gemma2["fit"]["default"]
+    model = load_model(str(fb.case_spec("gemma2", tmp_path, 32)))
+    cell = kv_bytes_per_token(model, 1, model.dtype_bytes) * model.layers  # every layer, the sliding ones too
+    assert model.sliding_layers > 0 and fitted["kv_tokens"] == fitted["kv_bytes"] // cell > 0
+    assert gemma2["compare"]["kv tokens"]["fit"] == fitted["kv_tokens"]
+    assert fb.summary_line("gemma2", gemma2, sgl.RELEASE).startswith("SUMMARY gemma2 sglang==0.5.23 weights ")
 
 
 def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch, tmp_path, capsys):
     """``--releases sglang==0.5.23``: each case's child runs that release, the rows have the
-    comparisons and the settings check, a model fit refuses keeps the runner's figures, and
+    comparisons and the settings check (Gemma2's too: one pool over every layer), a model fit
+    refuses (here qwen2, by a stand-in refusal) keeps the runner's figures, and
     docs/measurements.md's table reads them (the refusal as such)."""
     pytest.importorskip("transformers")
     import importlib.util
@@ -618,21 +625,29 @@ def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch
         calls.append(args)
         return subprocess.CompletedProcess(args, 0, stdout="RESULT " + json.dumps(got) + "\n", stderr="")
 
+    real_fit_side = sgl.fit_side
+
+    def fit_side(case, *args):
+        return {"refused": "a stand-in refusal"} if case == "qwen2" else real_fit_side(case, *args)
+
     monkeypatch.setattr(fb, "run_module", run_module)
-    argv = ["fit_bench", "--cases", "llama,gemma2", "--releases", sgl.RELEASE, "--out", str(tmp_path), "--tag", "s"]
+    monkeypatch.setattr(sgl, "fit_side", fit_side)
+    cases = "llama,gemma2,qwen2"
+    argv = ["fit_bench", "--cases", cases, "--releases", sgl.RELEASE, "--out", str(tmp_path), "--tag", "s"]
     monkeypatch.setattr("sys.argv", argv)
     assert fb.main() is None
-    assert [a[-1] for a in calls] == [sgl.RELEASE, sgl.RELEASE]
+    assert [a[-1] for a in calls] == [sgl.RELEASE] * 3
     (path,) = tmp_path.glob("fit-bench-*-s.json")
     res = json.loads(path.read_text())
     assert res["releases"] == {sgl.RELEASE: sgl.DESCRIPTION} and res["differs_sglang"] == sgl.DIFFERS
-    llama, gemma2 = res["cases"]["llama"][sgl.RELEASE], res["cases"]["gemma2"][sgl.RELEASE]
-    assert set(llama["compare"]) == set(fb.TARGETS) and llama["settings_check"]["mem-fraction-static"]["ok"]
-    assert gemma2["compare"] is None and gemma2["runner"] == runner
+    llama, gemma2, qwen2 = (res["cases"][c][sgl.RELEASE] for c in cases.split(","))
+    for row in (llama, gemma2):
+        assert set(row["compare"]) == set(fb.TARGETS) and row["settings_check"]["mem-fraction-static"]["ok"]
+    assert qwen2["compare"] is None and qwen2["runner"] == runner
     out = capsys.readouterr().out.splitlines()
-    assert out[-2].startswith("SUMMARY llama sglang==0.5.23 weights ") and out[-1].startswith(
-        "SUMMARY gemma2 sglang==0.5.23 fit refused ("
-    )
+    assert out[-3].startswith("SUMMARY llama sglang==0.5.23 weights ")
+    assert out[-2].startswith("SUMMARY gemma2 sglang==0.5.23 weights ")
+    assert out[-1] == "SUMMARY qwen2 sglang==0.5.23 fit refused (a stand-in refusal); kv tokens 2,000,000 runner"
     spec = importlib.util.spec_from_file_location(
         "docs_generate_fit_sglang", Path(__file__).resolve().parent.parent / "docs" / "generate.py"
     )
@@ -641,4 +656,5 @@ def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch
     monkeypatch.setattr(gen, "RESULTS", tmp_path)
     table = "\n".join(gen.fit_bench())
     assert "| llama | sglang 0.5.23 | 970 / " in table
-    assert "| gemma2 | sglang 0.5.23 | fit refused |  |  |  | 2,000,000 / refused |" in table
+    assert "| gemma2 | sglang 0.5.23 | 970 / " in table
+    assert "| qwen2 | sglang 0.5.23 | fit refused |  |  |  | 2,000,000 / refused |" in table

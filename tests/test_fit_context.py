@@ -18,7 +18,7 @@ import pytest
 
 from capture_plan.planner.cli import main
 from capture_plan.planner.fit.context import derived
-from capture_plan.planner.fit.fit import fit
+from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.fit.refusal import Refusal
 from capture_plan.planner.fit.tables import context_rules, releases
@@ -155,7 +155,7 @@ def test_each_release_derives_the_length_as_its_code_does(tmp_path, case):
 def test_a_config_without_a_length_key_is_not_checked_and_needs_the_flag(tmp_path, capsys):
     model = _model(tmp_path)
     assert _length(model, V34) == (None, None)
-    assert fit(model, "H100", V34, 1, {"max-model-len": 1 << 20}).settings["max-model-len"] == 1 << 20
+    assert fit(FitRequest(model, "H100", V34, 1, {"max-model-len": 1 << 20})).settings["max-model-len"] == 1 << 20
     args = ("fit", "--model", str(tmp_path / "config.json"), "--device", "H100", "--engine", V34)
     code, _, err = run(*args, capsys=capsys)
     assert code == 1 and "gives no context length" in err and "--max-model-len 8192`" in err
@@ -201,10 +201,10 @@ def test_the_engines_variable_lets_a_longer_context_through_as_the_engine_reads_
     monkeypatch.setenv(env, value)
     if not allowed:
         with pytest.raises(Refusal) as err:
-            fit(model, "H200", engine, 1, {flag: 40000})
+            fit(FitRequest(model, "H200", engine, 1, {flag: 40000}))
         assert err.value.changes == {flag: 32768}
         return
-    res = fit(model, "H200", engine, 1, {flag: 40000})
+    res = fit(FitRequest(model, "H200", engine, 1, {flag: 40000}))
     assert res.settings[flag] == 40000 and res.kv_tokens
     assert any(n.startswith(f"{env} is set: the engine takes 40,000 tokens, past the 32,768") for n in res.notes)
 
@@ -217,10 +217,10 @@ def test_the_default_is_the_releases_own(tmp_path):
         original_max_position_embeddings=4096,
         rope_scaling={"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]},
     )
-    assert fit(phi, "H200", V34, 1, {}).settings["max-model-len"] == 4096
-    assert fit(phi, "H200", SGL, 1, {}).settings["context-length"] == 131072
+    assert fit(FitRequest(phi, "H200", V34, 1, {})).settings["max-model-len"] == 4096
+    assert fit(FitRequest(phi, "H200", SGL, 1, {})).settings["context-length"] == 131072
     # vLLM still takes up to the length the config derives
-    assert fit(phi, "H200", V34, 1, {"max-model-len": 131072}).settings["max-model-len"] == 131072
+    assert fit(FitRequest(phi, "H200", V34, 1, {"max-model-len": 131072})).settings["max-model-len"] == 131072
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 
 from bench_modules import bench_module
 from capture_plan.planner.fit import estimate
-from capture_plan.planner.fit.fit import fit
+from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.graph_count import sglang_graphs, vllm_graphs
 from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.inputs.resources import data
@@ -47,7 +47,7 @@ def _graph(monkeypatch=None, devices: dict | None = None, **settings):
     place of planner/data/devices.toml where given."""
     if devices is not None:
         monkeypatch.setattr(estimate, "data", lambda name: devices if name == "devices.toml" else data(name))
-    r = fit(load_model(str(LLAMA)), H100, "vllm==0.19.0", 1, {"max-model-len": 8192, **settings})
+    r = fit(FitRequest(load_model(str(LLAMA)), H100, "vllm==0.19.0", 1, {"max-model-len": 8192, **settings}))
     return next(i for i in r.items if i.name == "graph memory")
 
 

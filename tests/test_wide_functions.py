@@ -60,7 +60,6 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/report/compare.py:compare": "two plans and their names",
     "planner/report/plot.py:plot_plans": "plans and the plot's options",
     "planner/schedule/graph.py:StepGraph.add_step": "one step's coordinates (op, phase, size, labels) and its sort key",
-    "planner/sizes/pricing.py:floor_error": "an error's figures: floor, tokens left, engine, what, fit's reason",
     "planner/sizes/traffic.py:_parsed": "one parsed value and its error's location",
 }
 
@@ -69,12 +68,6 @@ BUILD_IN_PIECES: dict[str, str] = {
     "planner/memory/analytic.py:analytic_program": "model, backend and tp are the build's (its spec's model, "
     "backend, tp); its caller outside memory/ is planner/sizes/step_time.py's roofline",
     "planner/memory/analytic.py:analytic_capture": "as analytic_program (tests call it)",
-    # the same five travel fit's route: one struct of them would carry them
-    "planner/fit/kv_price.py:KvPricer.__init__": "model, device, engine, tp, flags: made from the build "
-    "(schedule/kv.py kv_pricer) and handed on to fit() in the same pieces",
-    "planner/fit/fit.py:fit": "the same five as KvPricer (and a measured graph, a plan)",
-    "planner/fit/fit.py:_works": "the same five as KvPricer",
-    "planner/fit/inputs.py:resolve": "the same five as KvPricer",
 }
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ._common import Command, option
+
+if TYPE_CHECKING:
+    from capture_plan.planner.fit.inputs import FitRequest
 
 _CLICK_TYPES = {"int": int, "float": float, "choice": str, "sizes": str}
 
@@ -35,25 +39,21 @@ def _engines() -> str:
     return ", ".join(runs[:-1]) + f" or {runs[-1]}" if len(runs) > 1 else runs[0]
 
 
-def fit_command(
-    model: str, device: str, engine: str, tp: int, files: list, as_json: bool, given: dict, changes: dict
-) -> str:
-    """The ``planner fit`` command of these options (``files``: (flag, path or None) pairs; ``given``:
-    the engine flags as given, None where not) with a refusal's ``changes`` applied."""
+def fit_command(req: FitRequest, model: str, tail: list[str], changes: dict) -> str:
+    """The ``planner fit`` command of request ``req`` (``model``: its ``--model`` as given;
+    ``tail``: the other options as given, files and ``--json``) with a refusal's ``changes``
+    applied."""
     import shlex
 
-    from capture_plan.planner.fit.flags import apply
-
-    engine, tp, device, flags = apply(changes, engine, tp, device, {k: v for k, v in given.items() if v is not None})
-    argv = ["planner", "fit", "--model", model, "--device", device, "--engine", engine]
-    argv += ["--tp", str(tp)] if tp != 1 else []
-    argv += [str(x) for flag, path in files if path is not None for x in (flag, path)]
-    for name, v in flags.items():
+    req = req.changed(changes)
+    argv = ["planner", "fit", "--model", model, "--device", req.device, "--engine", req.engine]
+    argv += ["--tp", str(req.tp)] if req.tp != 1 else []
+    for name, v in req.flags.items():
         if v is True:
             argv.append(f"--{name}")
         elif v is not False:
             argv += [f"--{name}", ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
-    return shlex.join(argv + (["--json"] if as_json else []))
+    return shlex.join(argv + tail)
 
 
 @click.command("fit", cls=Command)
@@ -104,7 +104,7 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
         --device H100 --engine vllm==0.34.0 --max-model-len 65536"""
     import msgspec
 
-    from capture_plan.planner.fit.fit import fit
+    from capture_plan.planner.fit.fit import FitRequest, fit
     from capture_plan.planner.fit.model import load_model
     from capture_plan.schemas.errors import InputError
 
@@ -134,10 +134,12 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
     from capture_plan.planner.fit.refusal import Refusal
 
     files = [("--weights-index", weights_index), ("--plan", plan_path), ("--calibration", calibration)]
+    tail = [str(x) for flag, path in files if path is not None for x in (flag, path)] + (["--json"] if as_json else [])
+    req = FitRequest(fit_model, device, engine, tp, {k: v for k, v in given.items() if v is not None}, measured, graphs)
     try:
-        res = fit(fit_model, device, engine, tp, given, measured, plan=graphs)
+        res = fit(req)
     except Refusal as err:  # its fix as this command, changed
-        err.fix = f"{err.hint}: `{fit_command(model, device, engine, tp, files, as_json, given, err.changes)}`"
+        err.fix = f"{err.hint}: `{fit_command(req, model, tail, err.changes)}`"
         raise
     if as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(res), indent=2).decode())
@@ -146,12 +148,12 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
 
         click.echo(render(res), nl=False)
     if not res.fits:
-        from capture_plan.planner.fit.refusal import changes_of
+        from capture_plan.planner.fit.flags import changes_of
         from capture_plan.planner.fit.result import fix_text
 
         fix = fix_text(res.fixes)
         if res.fixes:  # each checked by fit to fit; the first as this command with it
             first, *more = res.fixes
-            cmd = fit_command(model, device, engine, tp, files, as_json, given, changes_of(first))
+            cmd = fit_command(req, model, tail, changes_of(first))
             fix = f"{first}: `{cmd}`" + (f" (or {' or '.join(more)})" if more else "")
         raise InputError(f"does not fit: {res.overflow}", where=f"{res.device} x{res.tp}", fix=fix)

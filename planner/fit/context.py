@@ -34,7 +34,7 @@ from .tables import ContextRule, context_rule, context_rules
 if TYPE_CHECKING:
     from .model import FitModel
 
-__all__ = ["ContextConfig", "Length", "read_config", "context_length", "derived"]
+__all__ = ["ContextConfig", "Length", "NoContextLength", "read_config", "context_length", "derived"]
 
 _ORIGINAL = "original_max_position_embeddings"
 #: the rope types transformers 5 gives the config's original_max_position_embeddings
@@ -236,12 +236,16 @@ def _allowed(r: ContextRule, environ: Mapping[str, str]) -> str:
     return ""
 
 
-def context_length(
-    model: FitModel, engine: str, version: str, given: int | None, environ: Mapping[str, str] | None = None
-) -> Length:
+class NoContextLength(Refusal):
+    """A model that gives no context length (no config.json, or none of the release's keys),
+    and none given: the one refusal of it, which a build names in its own words
+    (planner/schedule/kv.py)."""
+
+
+def context_length(model: FitModel, engine: str, version: str, given: int | None) -> Length:
     """The context length ``engine==version`` runs ``model`` at: ``given`` (the flag), else
     the release's default. ``given`` above what the release takes is a :class:`Refusal` whose
-    change is the longest it takes, unless ``environ`` (the process's) allows it as the engine
+    change is the longest it takes, unless the process's environment allows it as the engine
     reads its variable."""
     _, r = context_rule(engine, version)
     limit, default, how = derived(model, engine, version)
@@ -254,7 +258,7 @@ def context_length(
         )
     if given is None:
         if default is None or default < 1:
-            raise Refusal(
+            raise NoContextLength(
                 f"{model.name} gives no context length ({how})",
                 where=f"--{r.flag}",
                 hint="add the engine's context length",
@@ -268,7 +272,7 @@ def context_length(
         top = max(top, model.context.lengths.get("model_max_length", 0))
     if given <= top:
         return Length(given, limit, how, "")
-    allowed = _allowed(r, os.environ if environ is None else environ)
+    allowed = _allowed(r, os.environ)
     if allowed:
         return Length(given, limit, how, allowed)
     shown = Length(given, limit, how, "").shown

@@ -14,64 +14,44 @@ from __future__ import annotations
 import msgspec
 
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.fit import FitItem, FitResult
+from capture_plan.schemas.fit import FitResult
 
-from .flags import engine_flags
-from .inputs import PlanGraphs, resolve
-from .model import FitModel
+from .flags import changes_of
+from .inputs import FitRequest, resolve
 from .sglang import fit_sglang
 from .vllm import fit_vllm
 
-__all__ = ["fit"]
+__all__ = ["fit", "FitRequest"]
 
 #: each engine's layer
 _ENGINES = {"vllm": fit_vllm, "sglang": fit_sglang}
 
 
-def fit(
-    model: FitModel,
-    device_name: str,
-    engine: str,
-    tp: int,
-    flags: dict,
-    measured_graph: FitItem | None = None,
-    *,
-    plan: PlanGraphs | None = None,
-) -> FitResult:
-    """``flags``: the engine's own flags by name (None or absent: the release's default);
-    ``measured_graph``: a graph figure measured on the device (a calibration, or the
-    engine's own logged ``Estimated CUDA graph memory``) in place of fit's estimate of the
-    graphs captured; ``plan``: a plan whose sizes and phases replace the engine default's
-    (:func:`.measured.plan_graphs`). Where it does not fit, only the fixes that fit when
-    applied are kept (of the ``--tp`` ones, the smallest)."""
-    inp = resolve(model, device_name, engine, tp, flags, plan=plan, measured_graph=measured_graph)
+def fit(req: FitRequest) -> FitResult:
+    """``req``'s answer: its flags are the engine's own by name (None or absent: the
+    release's default); its measured graph, a graph figure measured on the device (a
+    calibration, or the engine's own logged ``Estimated CUDA graph memory``) in place of
+    fit's estimate of the graphs captured; its plan, one whose sizes and phases replace the
+    engine default's (:func:`.measured.plan_graphs`). Where it does not fit, only the fixes
+    that fit when applied are kept (of the ``--tp`` ones, the smallest)."""
+    inp = resolve(req)
     res = _ENGINES[inp.engine](inp)
     if res.fits:
         return res
+    checked = msgspec.structs.replace(req, flags=inp.flags)
     kept: list[str] = []
     for fix in res.fixes:
         if fix.startswith("--tp ") and any(k.startswith("--tp ") for k in kept):
             continue
-        if _works(fix, model, device_name, engine, tp, inp.flags, measured_graph, plan):
+        if _works(checked.changed(changes_of(fix))):
             kept.append(fix)
     return msgspec.structs.replace(res, fixes=kept)
 
 
-_TYPES = {"int": int, "float": float}
-
-
-def _works(fix, model, device_name, engine, tp, flags, measured_graph, plan) -> bool:
-    """Whether the configuration with ``fix`` (``--flag value`` pairs) applied fits."""
-    words = fix.split()
-    changed = dict(flags)
-    for name, value in zip(words[::2], words[1::2]):
-        name = name.removeprefix("--")
-        if name == "tp":
-            tp = int(value)
-        else:
-            changed[name] = _TYPES.get(engine_flags()[name].type, str)(value)
+def _works(req: FitRequest) -> bool:
+    """Whether ``req`` (a fix applied) fits."""
     try:
-        inp = resolve(model, device_name, engine, tp, changed, plan=plan, measured_graph=measured_graph)
+        inp = resolve(req)
     except InputError:
         return False
     return _ENGINES[inp.engine](inp).fits

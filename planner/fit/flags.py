@@ -13,10 +13,10 @@ from typing import Literal
 
 import msgspec
 
-from .refusal import INPUTS, Refusal
+from .refusal import Refusal
 from .tables import typed
 
-__all__ = ["EngineFlag", "engine_flags", "flags_of", "check", "apply"]
+__all__ = ["EngineFlag", "engine_flags", "flags_of", "check", "changes_of"]
 
 
 class EngineFlag(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -133,18 +133,18 @@ def check(engine: str, flags: dict) -> dict:
     return out
 
 
-def apply(changes: dict[str, object], engine: str, tp: int, device: str, flags: dict) -> tuple[str, int, str, dict]:
-    """fit's inputs (``engine`` as ``ENGINE==VERSION``, ``flags`` by fit's name) with ``changes``
-    applied. A new engine keeps only the flags it has (SGLang's are no vLLM flags)."""
-    out = dict(flags)
-    for name, value in changes.items():
-        if name not in INPUTS:
-            out.pop(name, None)
-            if value is not None:
-                out[name] = value
-    engine = str(changes.get("engine", engine))
-    if "engine" in changes:
-        have = set(flags_of(engine.split("==")[0].strip().lower()))
-        out = {k: v for k, v in out.items() if k in have}
-    tp = int(str(changes["tp"])) if "tp" in changes else tp
-    return engine, tp, str(changes.get("device", device)), out
+def changes_of(fix: str) -> dict[str, object]:
+    """One of fit's verified fixes (``--max-model-len 4096``, ``--kv-cache-dtype fp8``, ``--tp 2``,
+    ``--disable-hybrid-swa-memory``: each flag with its value, a switch alone) as changes, each
+    value of its flag's type (planner/data/fit_flags.toml; ``tp`` an integer)."""
+    rows, words, out = engine_flags(), fix.split(), {}
+    while words:
+        name = words.pop(0).removeprefix("--")
+        row = rows.get(name)
+        if row is not None and row.type == "bool":
+            out[name] = True
+            continue
+        text = words.pop(0)
+        kind = "int" if name == "tp" else row.type if row is not None else "str"
+        out[name] = int(text) if kind == "int" else float(text) if kind == "float" else text
+    return out

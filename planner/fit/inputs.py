@@ -1,6 +1,9 @@
-"""fit's inputs resolved once: the model, the device row, the release's rule and wheel,
-tp, the checked flags, the KV layer types and their bytes per token, and the optional
-plan and measured graph figure. Every engine layer reads this one frozen value.
+"""fit's request and its inputs resolved once. A :class:`FitRequest` is what a caller asks
+(the model, the device as named, ``ENGINE==VERSION``, tp, the engine's flags, the optional
+plan and measured graph figure), made once by the CLI, a build's pricer or a bench and
+passed whole; :func:`resolve` turns it into :class:`FitInputs`: the device row, the
+release's rule and wheel, the checked flags, the context length, the KV layer types and
+their bytes per token. Every engine layer reads this one frozen value.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from capture_plan.schemas.fit import FitItem, KvLayerType
 from . import flags as engine_flags
 from .context import Length, context_length
 from .model import KV_DTYPES, FitModel, kv_bytes_per_token
-from .refusal import Refusal
+from .refusal import INPUTS, Refusal
 from .tables import Device, Rule, context_rule, device, rule_for, wheels
 
-__all__ = ["PlanGraphs", "FitInputs", "resolve"]
+__all__ = ["PlanGraphs", "FitRequest", "FitInputs", "resolve"]
 
 
 class PlanGraphs(msgspec.Struct, frozen=True):
@@ -31,10 +34,53 @@ class PlanGraphs(msgspec.Struct, frozen=True):
     source: str
 
 
-class FitInputs(msgspec.Struct, frozen=True):
-    """What fit sizes, resolved once by :func:`resolve`."""
+class FitRequest(msgspec.Struct, frozen=True):
+    """One fit request as given, made once by its caller and passed whole (:func:`.fit.fit`,
+    :func:`resolve`, planner/fit/kv_price.py ``KvPricer``): nothing in it is checked until it
+    is resolved."""
 
     model: FitModel
+    #: the device as named (exactly, or uniquely by a part: ``H100``)
+    device: str
+    #: ``ENGINE==VERSION``
+    engine: str
+    tp: int = 1
+    #: the engine's flags by fit's name (planner/data/fit_flags.toml); None or absent: the
+    #: release's default
+    flags: dict = {}
+    #: a graph figure measured on the device (a calibration, or the engine's own logged
+    #: estimate) in place of fit's estimate of the graphs captured
+    measured_graph: FitItem | None = None
+    #: a plan whose sizes and phases replace the engine default's
+    plan: PlanGraphs | None = None
+
+    def changed(self, changes: dict[str, object]) -> FitRequest:
+        """This request with a refusal's or a fix's ``changes`` (planner/fit/refusal.py: an
+        engine flag by fit's name, None: left out; ``tp``, ``engine``, ``device``) applied. A
+        new engine keeps only the flags it has (SGLang's are no vLLM flags)."""
+        flags = {k: v for k, v in self.flags.items() if v is not None}
+        for name, value in changes.items():
+            if name not in INPUTS:
+                flags.pop(name, None)
+                if value is not None:
+                    flags[name] = value
+        engine = str(changes.get("engine", self.engine))
+        if "engine" in changes:
+            have = set(engine_flags.flags_of(engine.split("==")[0].strip().lower()))
+            flags = {k: v for k, v in flags.items() if k in have}
+        return msgspec.structs.replace(
+            self,
+            device=str(changes.get("device", self.device)),
+            engine=engine,
+            tp=int(str(changes["tp"])) if "tp" in changes else self.tp,
+            flags=flags,
+        )
+
+
+class FitInputs(msgspec.Struct, frozen=True):
+    """What fit sizes, resolved once by :func:`resolve` from ``request``."""
+
+    request: FitRequest
     device_name: str
     device: Device
     engine: str
@@ -42,6 +88,7 @@ class FitInputs(msgspec.Struct, frozen=True):
     rule_name: str
     rule: Rule
     wheel_sha256: str
+    #: the request's tp, checked (1 to 64, dividing the attention heads)
     tp: int
     #: the engine's flags as given, checked (:func:`.flags.check`); absent: the release's default
     flags: dict
@@ -51,11 +98,11 @@ class FitInputs(msgspec.Struct, frozen=True):
     #: the engine's context length (max-model-len, context-length): given or the release's
     #: default, checked against what the release takes (:func:`.context.context_length`)
     context: Length
-    #: a plan whose sizes and phases replace the engine default's
-    plan: PlanGraphs | None = None
-    #: a graph figure measured on the device (a calibration, or the engine's own logged
-    #: estimate) in place of fit's estimate of the graphs captured
-    measured_graph: FitItem | None = None
+
+    @property
+    def model(self) -> FitModel:
+        """The request's model (every engine layer reads it)."""
+        return self.request.model
 
     def context_notes(self) -> list[str]:
         """What fit says of a context length past the model's that the engine's variable let through."""
@@ -77,20 +124,11 @@ class FitInputs(msgspec.Struct, frozen=True):
         return default if v is None else v
 
 
-def resolve(
-    model: FitModel,
-    device_name: str,
-    engine: str,
-    tp: int,
-    flags: dict,
-    *,
-    plan: PlanGraphs | None = None,
-    measured_graph: FitItem | None = None,
-) -> FitInputs:
-    """The user's request (raw: a device's name, ``ENGINE==VERSION``, flags as given)
-    resolved: an unknown device, release or flag, or a value out of its bounds, is refused."""
-    eng, version, rule_name, rule = rule_for(engine)
-    dev_name, dev = device(device_name)
+def resolve(req: FitRequest) -> FitInputs:
+    """``req`` resolved: an unknown device, release or flag, or a value out of its bounds, is refused."""
+    model, tp = req.model, req.tp
+    eng, version, rule_name, rule = rule_for(req.engine)
+    dev_name, dev = device(req.device)
     if tp < 1 or tp > 64:
         raise Refusal(
             f"--tp must be 1 to 64, got {tp}",
@@ -107,7 +145,7 @@ def resolve(
             hint=f"one of {', '.join(map(str, works))}",
             changes={"tp": max(n for n in works if n <= tp)},
         )
-    checked = engine_flags.check(eng, flags)
+    checked = engine_flags.check(eng, req.flags)
     flag = context_rule(eng, version)[1].flag
     length = context_length(model, eng, version, checked.get(flag))
     kv_dtype = KV_DTYPES[checked.get("kv-cache-dtype", "auto")] or model.dtype_bytes
@@ -120,7 +158,7 @@ def resolve(
     if model.sliding_layers:
         kinds.append(KvLayerType("sliding window", model.sliding_layers, per_layer, kv_dtype))
     return FitInputs(
-        model=model,
+        request=req,
         device_name=dev_name,
         device=dev,
         engine=eng,
@@ -132,7 +170,5 @@ def resolve(
         flags=checked,
         per_layer=per_layer,
         kv_layers=kinds,
-        plan=plan,
-        measured_graph=measured_graph,
         context=length,
     )

@@ -18,17 +18,19 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
 from capture_plan.schemas.errors import ConstraintError, InputError
 from capture_plan.schemas.fit import FitItem, FitResult
 from capture_plan.schemas.plan import KvCost
 
-from .context import context_length
 from .fit import fit
-from .flags import EngineFlag, engine_flags, flags_of
+from .flags import EngineFlag, changes_of, engine_flags, flags_of
+from .inputs import FitRequest, resolve
 from .model import FitModel, from_dimensions, load_model
-from .refusal import INPUTS, Refusal, changes_of
+from .refusal import INPUTS, Refusal
 from .result import NO_FIX
-from .tables import context_rule, rule_for
+from .tables import rule_for
 
 __all__ = ["KvPricer", "parse_engine_flags", "spec_model", "changed_flags", "CAPTURE_FLAGS"]
 
@@ -113,27 +115,19 @@ def spec_model(name: str, dimensions: dict[str, int], config: Path | None) -> Fi
 
 class KvPricer:
     """KV tokens one engine release leaves on one device for a graph figure (bytes), by
-    :func:`.fit.fit` with that figure as the measured graph memory, memoized. The settings are
+    :func:`.fit.fit` of ``request`` (the build's, made once by planner/schedule/kv.py) with
+    that figure as the measured graph memory, memoized. The settings are
     checked once, when it is made: a refusal names the build option to change, its fix the
     build's command with the change (``command``: a fit refusal's changes -> that command line,
     planner/schedule/kv.py's). A plan whose engine would not start is refused by
     :meth:`check_plan`, with the plan's graphs (fit's fixes then leave room for them)."""
 
-    def __init__(
-        self,
-        model: FitModel,
-        device: str,
-        engine: str,
-        tp: int,
-        flags: dict,
-        command: Callable[[dict[str, object]], str] | None = None,
-    ) -> None:
-        self.model, self.device, self.engine, self.tp, self.flags = model, device, engine, tp, flags
-        self.command = command
+    def __init__(self, request: FitRequest, command: Callable[[dict[str, object]], str] | None = None) -> None:
+        self.request, self.command = request, command
         none = self.result(0)  # capturing nothing: refuses a setting fit refuses
         # a context length past the model's, let through by the engine's variable: the label says so
-        flag = context_rule(none.engine, none.version)[1].flag
-        allowed = context_length(model, none.engine, none.version, flags.get(flag)).allowed_by
+        allowed = resolve(request).context.allowed_by
+        flags, tp = request.flags, request.tp
         self.label = (
             f"{none.engine}=={none.version} on {none.device}"
             + (f" x{tp}" if tp > 1 else "")
@@ -142,13 +136,18 @@ class KvPricer:
         )
         self.none_tokens = none.kv_tokens or 0
 
+    @property
+    def engine(self) -> str:
+        """The release as the build names it (``ENGINE==VERSION``)."""
+        return self.request.engine
+
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one pricer per build: its cache lives as long)
     def result(self, graph_bytes: int) -> FitResult:
         item = FitItem("graph memory", graph_bytes, 0, "measured", "the plan's graph memory")
         try:
-            return fit(self.model, self.device, self.engine, self.tp, dict(self.flags), item)
+            return fit(msgspec.structs.replace(self.request, measured_graph=item))
         except InputError as err:
-            raise _as_build_error(err, self.flags, self.command) from None
+            raise _as_build_error(err, self.request.flags, self.command) from err  # its cause: fit's refusal
 
     def tokens(self, graph_bytes: int) -> int:
         """The KV tokens left with ``graph_bytes`` of graph memory; 0 where the engine would not
@@ -189,15 +188,20 @@ class KvPricer:
             raise self.not_starting(self.result(kv.graph_bytes), graphs)
 
 
-def _names() -> str:
-    return "|".join(re.escape(n) for n in sorted(engine_flags(), key=len, reverse=True))
+def _names(switches: bool) -> str:
+    """The engine flags' names as a pattern: the switches (bool rows) or the flags with a value."""
+    rows = engine_flags()
+    names = (n for n in rows if (rows[n].type == "bool") is switches)
+    return "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
 
 
 def _spelled(text: str | None) -> str | None:
-    """fit's ``--flag value`` as a build's ``--engine-flag flag=value``; a flag named alone as its name."""
+    """fit's ``--flag value`` as a build's ``--engine-flag flag=value`` (a switch:
+    ``--engine-flag flag=true``); a flag with a value named alone as its name."""
     if text is None:
         return None
-    names = _names()
+    text = re.sub(rf"--({_names(True)})(?![\w=-])", r"--engine-flag \1=true", text)
+    names = _names(False)
     text = re.sub(rf"--({names}) ([^\s,;`]+)", r"--engine-flag \1=\2", text)
     return re.sub(rf"--({names})(?![\w=-])", r"\1", text)
 

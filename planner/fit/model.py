@@ -14,6 +14,8 @@ this module reads only the keys fit needs beyond them, each named where it is re
 * ``quantization_config``: fp8 (1 byte per linear weight, per-tensor or block scales),
   AWQ/GPTQ (``bits`` per weight, a 16-bit scale and a ``bits`` zero per ``group_size``);
 * ``tie_word_embeddings``, ``max_position_embeddings`` (the rotary cache vLLM keeps);
+* ``architectures`` and the text config's keys given (what an engine keys its KV pool on:
+  SGLang's hybrid sliding-window pool, :mod:`.swa`);
 * the context length's keys and rope rows, as the engines read them (:mod:`.context`).
 
 Weight bytes are counted from these dimensions (embeddings, attention, MLP or experts,
@@ -90,6 +92,10 @@ class FitModel(msgspec.Struct, frozen=True):
     source: str = ""
     #: what its config.json says of its context length (planner/fit/context.py); None: no config
     context: ContextConfig | None = None
+    #: its config.json's ``architectures`` (none: no config)
+    architectures: tuple[str, ...] = ()
+    #: its text config's keys given a value other than null or false, sorted
+    config_keys: tuple[str, ...] = ()
 
     @property
     def mla(self) -> bool:
@@ -204,7 +210,15 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         quant_bits=bits,
         quant_group=group,
         context=read_config(text, where, model_type),
+        architectures=_architectures(cfg),
+        config_keys=tuple(sorted(k for k, v in text.items() if v is not None and v is not False)),
     )
+
+
+def _architectures(cfg: dict) -> tuple[str, ...]:
+    """The config's ``architectures`` (the strings of a list; anything else: none)."""
+    a = cfg.get("architectures")
+    return tuple(x for x in a if isinstance(x, str)) if isinstance(a, list) else ()
 
 
 def from_spec(path: Path) -> FitModel:

@@ -3,16 +3,17 @@
 A :class:`Refusal` is an :class:`InputError` that knows its fix as data: ``changes`` maps an
 engine flag (fit's name, planner/data/fit_flags.toml), ``tp``, ``engine`` or ``device`` to its
 new value (None: leave the flag out). Each command renders the change as a whole command line
-of its own: ``planner fit`` its own command (planner/cli/fit.py), a build ``planner build``'s
-with ``--engine-flag NAME=VALUE`` (:mod:`.kv_price`), through :func:`.flags.apply`. Used as a library,
-the fix reads as the change's flags.
+of its own: ``planner fit`` its own command (planner/cli/fit.py, through
+:meth:`.inputs.FitRequest.changed`), a build ``planner build``'s with ``--engine-flag NAME=VALUE``
+(:mod:`.kv_price`). Used as a library, the fix reads as the change's flags (a verified fix back
+as changes: :func:`.flags.changes_of`).
 """
 
 from __future__ import annotations
 
 from capture_plan.schemas.errors import InputError
 
-__all__ = ["Refusal", "INPUTS", "as_flags", "changes_of"]
+__all__ = ["Refusal", "INPUTS", "as_flags"]
 
 #: the inputs a change may name besides the engine's flags
 INPUTS = ("tp", "engine", "device")
@@ -32,10 +33,3 @@ class Refusal(InputError):
         self.hint = hint
         self.changes = dict(changes)
         super().__init__(what, where=where, fix=f"{hint}: {as_flags(changes)}")
-
-
-def changes_of(fix: str) -> dict[str, object]:
-    """One of fit's verified fixes (``--max-model-len 4096``, ``--kv-cache-dtype fp8``, ``--tp 2``:
-    flag and value pairs) as changes."""
-    words = fix.split()
-    return {name.removeprefix("--"): value for name, value in zip(words[::2], words[1::2])}

@@ -103,7 +103,7 @@ def graph_memory(
     ``plan``: they are the plan's (``graphs`` None: its graphs, each captured whole), whose
     predicted pool is the figure's pool; ``transient``: the engine's kernels' pool bytes at
     the peak besides the activations (:func:`.estimate.graph_memory`)."""
-    p = inp.plan if plan else None
+    p = inp.request.plan if plan else None
     pool = None if p is None else (p.pool_bytes, f"plan {p.name}'s predicted pool ({p.source})")
     if graphs is None:
         if p is None:
@@ -115,10 +115,10 @@ def graph_memory(
 def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:
     """The plan's sizes priced (``tokens_of(graph bytes)``: the KV tokens they leave), where a
     plan is given: its measured figure where a calibration gives one."""
-    p = inp.plan
+    p = inp.request.plan
     if p is None:
         return []
-    gi = inp.measured_graph or graph_memory(inp, None, max(p.sizes), plan=True)
+    gi = inp.request.measured_graph or graph_memory(inp, None, max(p.sizes), plan=True)
     t = None if gi.bytes is None else tokens_of(gi.bytes)
     return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]
 

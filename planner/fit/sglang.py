@@ -5,6 +5,8 @@ prefill graph sizes, and its static-fraction KV sizing, over the engine-neutral
 
 from __future__ import annotations
 
+import math
+
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
@@ -12,22 +14,15 @@ from .graph_count import sglang_graphs
 from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
-from .tables import GiB, releases
+from .swa import DISABLE_FLAG, RATIO_FLAG, sglang_pool
+from .tables import GiB
 
 __all__ = ["fit_sglang"]
 
 
 def fit_sglang(inp: FitInputs) -> FitResult:
     m = inp.model
-    if m.sliding_layers:
-        vllm = next(r for r in releases() if r.startswith("vllm=="))
-        raise Refusal(
-            f"SGLang's hybrid sliding-window pool split (swa_full_tokens_ratio) is not modelled; {m.name} has "
-            f"{m.sliding_layers} sliding-window layers",
-            where="--engine",
-            hint=f"fit it under {vllm} (or a model with full attention only)",
-            changes={"engine": vllm},
-        )
+    pool = sglang_pool(inp)  # one pool over every layer, or the hybrid sliding-window split
     gpu_mem = inp.device.smi_total_mib
     chunk0, bs0 = sizing.sglang_defaults(gpu_mem, inp.tp)
     chunk = inp.flag("chunked-prefill-size", chunk0)
@@ -49,7 +44,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
                 changes={"mem-fraction-static": 0.85},
             )
     decode = sizing.sglang_decode_sizes(max_bs)
-    plan = inp.plan
+    plan = inp.request.plan
     settings = {
         "mem-fraction-static": frac,
         "context-length": ctx_len,
@@ -60,6 +55,10 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         "disable-prefill-cuda-graph": no_prefill,
         "cuda-graph-bs": ",".join(map(str, decode if plan is None else plan.sizes)),
     }
+    if pool.ratio is not None:
+        settings[RATIO_FLAG] = pool.ratio
+    if inp.flags.get(DISABLE_FLAG):
+        settings[DISABLE_FLAG] = True
     ctx = estimate.context()
     pre = inp.device.torch_total - known(ctx)
     weights = result.weights(inp)
@@ -67,9 +66,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
     default_graph = result.graph_memory(inp, sglang_graphs(len(decode), len(prefill), m.layers), max(decode))
     if plan is not None:
-        graph = inp.measured_graph or result.graph_memory(inp, None, max(plan.sizes), plan=True)
+        graph = inp.request.measured_graph or result.graph_memory(inp, None, max(plan.sizes), plan=True)
     else:
-        graph = inp.measured_graph or default_graph
+        graph = inp.request.measured_graph or default_graph
     budget = FitItem(
         "engine budget",
         int(pre * frac),
@@ -79,8 +78,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     )
     items = [result.device_total(inp), ctx, budget, weights, nt, act, graph]
     kv_bytes = sizing.sglang_kv_bytes(pre, weights=known(weights), non_torch=known(nt), fraction=frac)
-    cell = inp.per_layer * m.layers
-    tokens = max(kv_bytes, 0) // cell // page * page
+    tokens, swa_tokens = pool.tokens(kv_bytes, page)
     # the error bar: the items the pool is taken from (free at start: the context's) and those it subtracts
     err = sum(i.error_bytes or 0 for i in (ctx, budget, weights, nt))
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", inp.rule.steps[3]))
@@ -88,19 +86,28 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     notes = inp.context_notes() + [
         "SGLang sizes its pool from a static fraction: capture sizes cost no tokens, they must fit in the slack"
     ]
+    if pool.note:
+        notes.append(pool.note + (f" ({swa_tokens:,} sliding-window tokens)" if pool.ratio is not None else ""))
     costs = [SizeCost("engine default", decode, default_graph.bytes, tokens, 0)]
     costs += result.plan_cost(inp, lambda _graph: tokens, tokens)
     costs.append(SizeCost("none", [], 0, tokens, 0))
     verdict = result.FITS
     budget_fix = ""
     if "mem-fraction-static" in inp.flags:  # the user's fraction starves the pool: the one that holds a request
-        need = known(weights) + known(nt) + -(-ctx_len // page) * page * cell
+        need = known(weights) + known(nt) + math.ceil(-(-ctx_len // page) * page * pool.cell)
         budget_fix = result.budget_fix("mem-fraction-static", need, pre)
     if kv_bytes <= 0:
         verdict = Verdict(
             False,
             f"weights {known(weights) / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}",
             result.fixes(inp, pre, 0, ctx_len, len_flag="context-length", fp8="", budget=budget_fix),
+        )
+    elif not pool.holds_window(kv_bytes, page):  # raised while the pool is sized, before any capture
+        verdict = Verdict(
+            False,
+            f"the sliding-window pool holds {swa_tokens:,} tokens, no more than its {pool.window:,}-token window "
+            f"and a page: SGLang admits no request (pool_configurator.validate_swa_pool_size raises)",
+            pool.window_fixes(kv_bytes, page),
         )
     # the pool is sized from the free memory after the weights and the non-torch memory, so what the
     # capture and the forward passes may take is the slack alone (non-torch already left it)

@@ -21,7 +21,9 @@ __all__ = [
     "Device",
     "Rule",
     "ContextRule",
+    "SwaRule",
     "context_rule",
+    "swa_rule",
     "context_rules",
     "device",
     "rule_for",
@@ -130,6 +132,31 @@ class ContextRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     int_length: bool = False
 
 
+class SwaRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Which models a release keeps in a hybrid sliding-window KV pool and how it splits the
+    pool (fit_rules.toml [swa.NAME]; followed by planner/fit/swa.py, each field's source in
+    ``sources``)."""
+
+    engine: str
+    releases: list[str]
+    #: a config naming one of these architectures is hybrid
+    architectures: list[str]
+    #: of ``architectures``, those hybrid only where the model has sliding-window layers
+    needs_sliding_layers: list[str]
+    #: a text config key that makes any model hybrid where it is set
+    opt_in_key: str
+    #: first architectures an override keeps in one pool, each with the config key that must be
+    #: given for it ("": always)
+    disabled_for: dict[str, str]
+    #: architectures whose layer split the release reads from the config's layer_types
+    layer_types_architectures: list[str]
+    #: text config keys that give the sliding-window layers their own geometry
+    geometry_keys: list[str]
+    #: the default sliding-window tokens per full-side token
+    ratio: float
+    sources: list[str]
+
+
 class Wheel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     file: str
     sha256: str
@@ -143,6 +170,7 @@ class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     wheels: dict[str, Wheel]
     rules: dict[str, Rule]
     context: dict[str, ContextRule]
+    swa: dict[str, SwaRule]
 
 
 def typed(name: str, typ):
@@ -189,6 +217,11 @@ def context_rule(engine: str, version: str) -> tuple[str, ContextRule]:
         if r.engine == engine and version in r.releases:
             return name, r
     raise RuntimeError(f"planner/data/fit_rules.toml: no [context] rule for {engine}=={version}")
+
+
+def swa_rule(engine: str, version: str) -> SwaRule | None:
+    """The hybrid sliding-window pool rule of a release (None: the engine has none, vLLM)."""
+    return next((r for r in _rules().swa.values() if r.engine == engine and version in r.releases), None)
 
 
 @functools.cache

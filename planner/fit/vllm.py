@@ -55,7 +55,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends)
     )
     if eager or mode == "NONE":
-        if inp.plan is not None:
+        if inp.request.plan is not None:
             raise Refusal(
                 "a plan's graphs are not captured without CUDA graphs",
                 where="--plan",
@@ -63,7 +63,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
                 changes={"enforce-eager": None, "cudagraph-mode": None},
             )
         sizes = []
-    captured = inp.plan.sizes if inp.plan is not None else sizes
+    captured = inp.request.plan.sizes if inp.request.plan is not None else sizes
     settings = {
         "gpu-memory-utilization": util,
         "max-model-len": mml,
@@ -108,10 +108,10 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     def count(avail: int) -> tuple[int, float, int]:
         return sizing.vllm_blocks(m, inp.per_layer, block, avail, mml, in_flight, rule.kv_tokens)
 
-    if inp.plan is not None:
-        graph = inp.measured_graph or result.graph_memory(inp, None, max(inp.plan.sizes), plan=True)
+    if inp.request.plan is not None:
+        graph = inp.request.measured_graph or result.graph_memory(inp, None, max(inp.request.plan.sizes), plan=True)
     else:
-        graph = inp.measured_graph if inp.measured_graph is not None and sizes else graph_of(sizes)
+        graph = inp.request.measured_graph if inp.request.measured_graph is not None and sizes else graph_of(sizes)
     budget = FitItem(
         "engine budget",
         requested,

@@ -75,6 +75,8 @@ def changed_command(opts: BuildOptions, changes: dict[str, object]) -> str:
 def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | None, tp: int) -> KvPricer | None:
     """The build's pricer (None: no ``--engine``) for ``read``'s model: its config.json where
     it names one (``read.config_path``), else the dimensions the plan records."""
+    from ..fit.context import NoContextLength
+    from ..fit.inputs import FitRequest
     from ..fit.kv_price import KvPricer, parse_engine_flags, spec_model
     from ..fit.refusal import Refusal
 
@@ -104,9 +106,9 @@ def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | Non
         raise InputError(err.what, where=err.where, fix=f"{err.hint}: `{changed_command(opts, err.changes)}`") from None
     model = spec_model(read.model.name, dict(read.model.dimensions), read.config_path)
     try:
-        return KvPricer(model, device, opts.engine, tp, flags, functools.partial(changed_command, opts))
+        return KvPricer(FitRequest(model, device, opts.engine, tp, flags), functools.partial(changed_command, opts))
     except InputError as err:
-        if "gives no context length" in err.what and not has_config:
+        if isinstance(err.__cause__, NoContextLength) and not has_config:
             raise InputError(
                 "the spec's model names no config.json, so the engine's context length is not known",
                 where=f"--engine {opts.engine}",
