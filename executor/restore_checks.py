@@ -38,13 +38,15 @@ __all__ = ["Here", "plan_keys", "planned_workspaces", "file_refusals", "restore_
 class Here:
     """What this process offers a restore before any kernel runs: the device, its environment
     (pools and library workspaces still to come), its named tensors (the target's and the
-    caller's), why this driver's TMA descriptors cannot be relocated ("": they can), its ranks."""
+    caller's), why this driver's TMA descriptors cannot be relocated ("": they can), its ranks,
+    the engine's ranges (name -> (address, bytes) here: memory it owns outside torch's allocator)."""
 
     device: object
     env: GraphEnvironment
     tensors: dict[str, object] = field(default_factory=dict)
     tensor_map: str = ""
     ranks: int = 1
+    engine: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def plan_keys(plan: Plan) -> dict[tuple[str, int], str]:
@@ -117,4 +119,4 @@ def inspect_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
         **{f: getattr(v, f) for f in ("device", "capability", "driver", "torch", "cuda")},
         libraries={lib.name: lib.digest for lib in v.libraries},
     )
-    return check_valid(file, own, later=("tensor", "workspace", "pool")) + file_refusals(file, plan)
+    return check_valid(file, own, later=("tensor", "workspace", "engine", "pool")) + file_refusals(file, plan)
