@@ -31,7 +31,15 @@ from .graph_rebuild import rebuild_refusals
 from .graph_validity import GraphEnvironment, check_valid, stale_addresses
 from .restore_layout import layout_refusals
 
-__all__ = ["Here", "plan_keys", "planned_workspaces", "file_refusals", "restore_refusals", "inspect_refusals"]
+__all__ = [
+    "Here",
+    "plan_keys",
+    "planned_workspaces",
+    "plan_refusals",
+    "file_refusals",
+    "restore_refusals",
+    "inspect_refusals",
+]
 
 
 @dataclass
@@ -65,19 +73,24 @@ def planned_workspaces(plan: Plan) -> dict[str, int]:
     return {f"workspace.{s.phase}": max(s.bytes, 1) for s in plan.steps if s.op == "provision"}
 
 
+def plan_refusals(plan: Plan) -> list[str]:
+    """One line per reason a restore refuses any file of ``plan``: its piecewise phases."""
+    index = PlanIndex.of(plan)
+    return [
+        f"phase {p.name!r} records pieces between eager attention ops: a restore makes whole graphs, as capture() does"
+        for p in plan.phases
+        if index.piecewise(p.name)
+    ]
+
+
 def file_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
     """One line per reason a restore refuses ``file`` that the file alone shows (its pools'
     segment sizes, its nodes, stale argument words) and, with ``plan``, the plan against it
-    (its graph keys and pools, piecewise phases)."""
+    (its graph keys and pools, piecewise phases: :func:`plan_refusals`)."""
     out: list[str] = []
     if plan is not None:
         index = PlanIndex.of(plan)
-        out += [
-            f"phase {p.name!r} records pieces between eager attention ops: a restore makes whole graphs, as capture() "
-            "does"
-            for p in plan.phases
-            if index.piecewise(p.name)
-        ]
+        out += plan_refusals(plan)
         planned, saved = plan_keys(plan), {(g.phase, g.bs): g.pool for g in file.graphs}
         out += [f"the file lacks graph {p}/{b}, which the plan captures" for p, b in planned if (p, b) not in saved]
         for (p, b), pool in saved.items():
