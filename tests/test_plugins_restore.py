@@ -137,6 +137,8 @@ def test_sglang_writes_its_graph_file_then_restores_every_graph_from_it(dev, mon
     assert start.restored and start.outcome.graphs == keys and _warnings(caplog) == []
     assert f"SGLang restored {keys} graphs from {path} in " in caplog.text
     assert sum(r.backend.warmup_runs for r in engine.runners) == 0  # no warm-up of the engine's ran
+    # the restore's eager run of each loading key is followed by SGLang's post-warm-up hook, its recording not
+    assert getattr(model2, "after_warmup", 0) == len(start.outcome.report.keys) > 0
     assert not adoption.loop.complete  # the plan's loop never opened: nothing captured
     report = start.outcome.report
     assert report.segments == report.moved == len(saved.segments)  # every segment lies elsewhere

@@ -281,7 +281,8 @@ class _FromFile:
     """What the start-up from a graph file keeps of SGLang's runners: each backend, its runner
     and the arguments of its ``_capture_one_stream`` (a refused restore captures every runner
     that collected its keys, in the order they came), the key ``capture_one_shape`` is
-    collecting, the runs of a restore in progress (each a box for the forward's output)."""
+    collecting, the runs of a restore in progress (each a box: whether it is the key's eager
+    run, then the forward's output)."""
 
     def __init__(self):
         self.order: list[tuple] = []  # (backend, runner)
@@ -406,16 +407,19 @@ def install(s: core.Settings, version: str) -> core.Adoption:
                 adoption.step(phase_of(self), given["size"], labels)
         return one_shape(self, *args, **kw)
 
-    def run_key(runner, args, kw):
+    def run_key(runner, args, kw, runs: list[int]):
         """A restore's run of one key: the runner's own path to it (its preparation in
-        capture_one_shape, then the backend's forward, once: capture_one_routed)."""
-        box: list = []
+        capture_one_shape, then the backend's forward, once: capture_one_routed). A restore runs
+        each of its loading keys eagerly, then records it (``kernel_loading``): after the first,
+        the eager one, SGLang's post-warm-up hook runs, as after each of its warm-ups."""
+        box: list = [runs[0] == 0]
+        runs[0] += 1
         ff.running.append(box)
         try:
             one_shape(runner, *args, **kw)
         finally:
             ff.running.pop()
-        return box[0] if box else None
+        return box[1] if len(box) > 1 else None
 
     def tensors(device) -> dict:
         """The runners' tensors, each runner's under its phase (:func:`restoring.engine_tensors`)."""
@@ -500,17 +504,15 @@ def install(s: core.Settings, version: str) -> core.Adoption:
 
     def capture_one_routed(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
         if ff.running:  # a restore's run of a key: the engine's forward once, eager or recorded as the restore runs it
-            import torch
-
-            out = forward_fn()
-            if post_warmup_hook is not None and not torch.cuda.is_current_stream_capturing():
-                post_warmup_hook()  # as after the engine's own warm-up
-            ff.running[-1].append(out)
+            box = ff.running[-1]
+            box.append(forward_fn())
+            if post_warmup_hook is not None and box[0]:  # the eager run: as after the engine's own warm-up
+                post_warmup_hook()
             return
         start = adoption.graphs
         if adoption.loop is not None and start is not None and start.collecting:
             key, runner, args, kw = ff.take_key()
-            start.collect(key, (self, shape_key), functools.partial(run_key, runner, args, kw))
+            start.collect(key, (self, shape_key), functools.partial(run_key, runner, args, kw, [0]))
             return
         step = adoption.current
         if adoption.loop is None or step is None:
