@@ -388,6 +388,18 @@ def test_vllm_does_not_write_a_file_no_restore_can_take(vllm, dev, monkeypatch, 
     adoption.loop.graphs.release()
 
 
+def test_a_tensor_parallel_plans_graphs_are_never_written(tmp_path):
+    """Every rank would write the one file, and every restore refuses several ranks."""
+    plan = build(tmp_path, f'[[phases]]\nname = "decode"\nkind = "decode"\nsizes = {SIZES}\n', backend="torch")
+    tp2 = msgspec.structs.replace(plan, requires=msgspec.structs.replace(plan.requires, tp=2))
+    for p, unsavable in ((plan, []), (tp2, ["the plan is for TP 2: a restore of tensor-parallel graphs is not built"])):
+        settings = core.Settings(tmp_path / "plan.json", graphs=tmp_path / "graphs.cpgraphs")
+        adoption = core.Adoption(settings, "vllm", make_loop=lambda *a, **kw: None, plan=p)
+        start = restoring.start(adoption)
+        assert start is not None and not start.restore and start.keys == {("decode", n): "shared" for n in SIZES}
+        assert [line.split(" (")[0] for line in start.unsavable] == unsavable and start.saving == (p is plan)
+
+
 def test_the_outcome_says_what_happened_in_one_line():
     assert restoring.Outcome("restored", "g", graphs=3, seconds=0.25, took=1024).line() == (
         "restored 3 graphs from g in 0.250 s, 1024 B of free memory, instead of capturing"

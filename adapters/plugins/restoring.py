@@ -107,7 +107,8 @@ class GraphStart:
     """One process's start-up from the graph file at ``path``: ``restore`` (it was there at
     the first capture), the plan's graph keys (``keys``: key -> its pool), what the engine
     layer collected (per key its run and its own key), why the plan can never be restored
-    (``unsavable``: its piecewise phases), the restored set and the outcome."""
+    (``unsavable``: its piecewise phases, its tensor-parallel size), the restored set and the
+    outcome."""
 
     path: Path
     restore: bool
@@ -176,7 +177,13 @@ def start(adoption: Adoption) -> GraphStart | None:
         from capture_plan.executor.restore_checks import plan_keys, plan_refusals
 
         plan, path = adoption.plan, adoption.settings.graphs
-        s = adoption.graphs = GraphStart(path, path.is_file(), plan_keys(plan), plan_refusals(plan))
+        unsavable = plan_refusals(plan)
+        if plan.requires.tp > 1:  # every rank would write the one file; each refuses it (restore_refusals)
+            unsavable.append(
+                f"the plan is for TP {plan.requires.tp}: a restore of tensor-parallel graphs is not built (each "
+                "rank's communicator memory lies outside torch's allocator)"
+            )
+        s = adoption.graphs = GraphStart(path, path.is_file(), plan_keys(plan), unsavable)
     return s
 
 
