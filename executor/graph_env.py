@@ -37,11 +37,12 @@ __all__ = [
 ]
 
 
-def named_tensors(obj: object, prefix: str = "", depth: int = 4) -> dict[str, object]:
+def named_tensors(obj: object, prefix: str = "", depth: int = 4, device_type: str = "cuda") -> dict[str, object]:
     """The CUDA tensors reachable from ``obj`` by name: a module's parameters and buffers
     (``named_parameters`` and ``named_buffers``), then attributes, dict items, list and
     tuple items ``depth`` levels down (``layers.3.k_cache``). The first name found wins
-    (a tensor reachable twice is named once)."""
+    (a tensor reachable twice is named once). ``device_type``: the tensors of that device
+    type instead (the CPU tests' fake CUDA keeps its tensors on the CPU)."""
     import torch
 
     found: dict[str, object] = {}
@@ -52,7 +53,7 @@ def named_tensors(obj: object, prefix: str = "", depth: int = 4) -> dict[str, ob
             return
         seen.add(id(x))
         if isinstance(x, torch.Tensor):
-            if x.is_cuda and x.untyped_storage().nbytes() and name not in found:
+            if x.device.type == device_type and x.untyped_storage().nbytes() and name not in found:
                 found[name] = x
             return
         # a Python module (a target's kernel library handle) is not the target's state

@@ -82,9 +82,15 @@ _PLAIN = ("empty",)
 
 class Segments:
     """The file's segments, named as addresses are found (module docstring): pools first,
-    every segment of each (the layout a restore must match), then tensors, workspaces,
-    torch, outside and host segments as the graphs point into them. Every lookup is a
-    bisection (a save looks up every address of every kernel argument)."""
+    every segment of each (the layout a restore must match), then the engine's ranges,
+    tensors, workspaces, torch, outside and host segments as the graphs point into them.
+    Every lookup is a bisection (a save looks up every address of every kernel argument).
+
+    ``engine``: ranges of memory the engine owns outside torch's allocator, name ->
+    (address, bytes) (vLLM's cuMem-backed KV cache). Every argument word inside one is an
+    address of it, whether the driver resolves it or not (a reserved range is mapped only in
+    part while graphs are captured: a word into its unmapped part is an address all the
+    same); a tensor inside one is named by the range (vLLM's KV views over the reservation)."""
 
     def __init__(
         self,
@@ -93,13 +99,16 @@ class Segments:
         tensors: Mapping[str, tuple[int, int]],
         resolve,
         workspaces: Mapping[str, tuple[int, int]] | None = None,
+        engine: Mapping[str, tuple[int, int]] | None = None,
     ):
         self.list: list[Segment] = []
         self._base: list[int] = []
         self._index: dict[tuple[str, int], int] = {}
         self.torch = torch_segs
         self._starts = [s.address for s in torch_segs]
-        self.resolve = resolve
+        self.engine = sorted((ptr, size, name) for name, (ptr, size) in (engine or {}).items() if size > 0)
+        self._engine_starts = [e[0] for e in self.engine]
+        self.resolve = _EngineFirst(resolve, self._in_engine) if self.engine else resolve
         by_pool = {tuple(v): k for k, v in pools.items()}
         counts: dict[str, int] = {}
         for s in torch_segs:
@@ -140,6 +149,12 @@ class Segments:
             return None
         return next((s for s in self.spans if s[0] <= addr < s[0] + s[1]), None)
 
+    def _in_engine(self, addr: int) -> tuple[int, int, str] | None:
+        i = bisect_right(self._engine_starts, addr) - 1
+        if i >= 0 and addr < self.engine[i][0] + self.engine[i][1]:
+            return self.engine[i]
+        return None
+
     def operand(self, addr: int, host: bool = False) -> Operand:
         """(segment index, offset) of ``addr``, naming its segment on first use."""
         if host:
@@ -149,6 +164,11 @@ class Segments:
         if seg is not None and ("pool", seg.address) in self._index:
             i = self._index[("pool", seg.address)]
             return Operand(segment=i, offset=addr - seg.address)
+        rng = self._in_engine(addr) if self.engine else None
+        if rng is not None:
+            ptr, size, name = rng
+            i = self._add(("engine", ptr), Segment(name=f"engine:{name}", kind="engine", size=size, owner=name), ptr)
+            return Operand(segment=i, offset=addr - ptr)
         span = self._span(addr)
         if span is not None:
             ptr, size, kind, name = span
@@ -166,6 +186,18 @@ class Segments:
             ("outside", base), Segment(name=f"outside:{self._count('outside')}", kind="outside", size=size), base
         )
         return Operand(segment=i, offset=addr - base)
+
+
+class _EngineFirst:
+    """A resolver that takes every word inside one of the engine's ranges for an address (its
+    range: (base, bytes)) before asking ``resolve`` (the driver, through the known segments)."""
+
+    def __init__(self, resolve, in_engine):
+        self._resolve, self._in_engine = resolve, in_engine
+
+    def __call__(self, value: int) -> tuple[int, int] | None:
+        rng = self._in_engine(value)
+        return (rng[0], rng[1]) if rng is not None else self._resolve(value)
 
 
 def _kernel(k, segments: Segments, modules: dict[int, int], module_ids: list[Module], calls, where: str) -> Kernel:
@@ -286,14 +318,17 @@ def save_graphs(
     *,
     walked: list | None = None,
     timings: dict | None = None,
+    engine: Mapping[str, tuple[int, int]] | None = None,
 ) -> GraphFile:
     """The graph file of the GraphSet ``gs`` captured for ``plan``, written to ``path`` when
     given. Tensors are named from ``target`` (``graph_env.named_tensors``) and ``tensors``
     (name -> tensor, on top); the library workspaces of the executor's streams by
-    ``graph_env.library_workspaces``. ``walked``: the graphs' walk where the caller made it
-    already (``restore_probe.walk_graphs``: the probe's); ``timings``: filled with the
-    seconds of each part (``libraries``, ``walk``, ``build``, ``write``). Call it with the
-    graphs, pools and tensors alive."""
+    ``graph_env.library_workspaces``; ``engine``: the engine's ranges of memory outside
+    torch's allocator, name -> (address, bytes) (:class:`Segments`: ``engine:NAME``
+    segments, which a restore relocates to the range its caller names alike). ``walked``: the
+    graphs' walk where the caller made it already (``restore_probe.walk_graphs``: the probe's);
+    ``timings``: filled with the seconds of each part (``libraries``, ``walk``, ``build``,
+    ``write``). Call it with the graphs, pools and tensors alive."""
     import torch
 
     from .pool import pool_key
@@ -318,7 +353,7 @@ def save_graphs(
     segments = torch_segments(snapshot)
     resolve = AddressResolver(calls, known=segments)
     spans = {n: (t_.untyped_storage().data_ptr(), t_.untyped_storage().nbytes()) for n, t_ in named.items()}  # pyright: ignore[reportAttributeAccessIssue]
-    segs = Segments(segments, {n: pool_key(p) for n, p in gs.pools.items()}, spans, resolve, workspaces)
+    segs = Segments(segments, {n: pool_key(p) for n, p in gs.pools.items()}, spans, resolve, workspaces, engine)
     t0 = time.perf_counter()
     graphs = walked if walked is not None else walk_graphs(gs, calls)
     t.update(walk=time.perf_counter() - t0 if walked is None else 0.0)

@@ -126,11 +126,13 @@ def segment_bases(
     pools: Mapping[str, list[int]],
     tensors: Mapping[str, int],
     workspaces: Mapping[str, int],
+    engine: Mapping[str, int] | None = None,
 ) -> list[int | None]:
     """Per segment of ``file`` its address in this process: ``pools`` (pool name -> its
     segments' addresses in address order), ``tensors`` (name -> storage address),
-    ``workspaces`` (name -> address); None for a segment a restore cannot relocate into or
-    that this process lacks (``check_valid`` names both)."""
+    ``workspaces`` (name -> address), ``engine`` (name -> address of the engine's range here);
+    None for a segment a restore cannot relocate into or that this process lacks
+    (``check_valid`` names both)."""
     out: list[int | None] = []
     for seg in file.segments:
         base = None
@@ -141,6 +143,8 @@ def segment_bases(
             base = tensors.get(seg.owner)
         elif seg.kind == "workspace":
             base = workspaces.get(seg.owner)
+        elif seg.kind == "engine":
+            base = (engine or {}).get(seg.owner)
         out.append(base if seg.kind in RELOCATABLE else None)
     return out
 

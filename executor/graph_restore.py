@@ -91,12 +91,14 @@ class RestoreReport:
     moved: int = 0
 
 
-def process_environment(plan: Plan, target, file: GraphFile, device=None, tensors: Mapping | None = None) -> Here:
+def process_environment(
+    plan: Plan, target, file: GraphFile, device=None, tensors: Mapping | None = None, engine: Mapping | None = None
+) -> Here:
     """This process as a restore of ``file`` for ``plan`` and ``target`` on ``device`` (default:
     the current one) finds it (:class:`Here`), the capture stream primed first (its cuBLAS
     workspace, outside every pool, as a capture makes it): the kernel libraries the file
     names hashed, the planned hoisted workspaces counted at the sizes a capture allocates,
-    the tensor-map probe."""
+    the engine's ranges (``engine``: name -> (address, bytes)) by size, the tensor-map probe."""
     import torch
 
     from .distributed import is_distributed
@@ -112,6 +114,7 @@ def process_environment(plan: Plan, target, file: GraphFile, device=None, tensor
         libraries = {lib.name for lib in file.valid_for.libraries}
         env = current_environment(plan.digest, named, {}, {}, libraries=libraries)
     env.tensors.update(planned_workspaces(plan))
+    env.engine = {n: size for n, (_, size) in (engine or {}).items()}
     why = ""
     try:
         layout = probe_tensor_map()
@@ -127,7 +130,7 @@ def process_environment(plan: Plan, target, file: GraphFile, device=None, tensor
         import torch.distributed as dist
 
         ranks = dist.get_world_size()
-    return Here(device=dev, env=env, tensors=named, tensor_map=why, ranks=ranks)
+    return Here(device=dev, env=env, tensors=named, tensor_map=why, ranks=ranks, engine=dict(engine or {}))
 
 
 class _Owner:
@@ -188,18 +191,23 @@ def _refuse(lines: list[str], path, made: bool = False) -> RestoreRefused:
     return RestoreRefused(lines, where=f"graph file {path}", fix=_FIX, made=made)
 
 
-def restore(plan: Plan, target, path: str | Path, *, device=None, tensors: Mapping | None = None):
+def restore(
+    plan: Plan, target, path: str | Path, *, device=None, tensors: Mapping | None = None, engine: Mapping | None = None
+):
     """The GraphSet of ``plan``'s graphs of ``target`` restored from the graph file at ``path``
     on ``device`` (default: the current one; module docstring); ``tensors``: tensors the file
-    names besides the target's (as given to ``save_graphs``). A :class:`RestoreRefused`
-    naming the first reason it cannot, with nothing of it left behind."""
+    names besides the target's (as given to ``save_graphs``); ``engine``: the engine's ranges
+    of memory outside torch's allocator here, name -> (address, bytes), as ``save_graphs``
+    was given them in the saving process (each ``engine:NAME`` segment relocated to its range
+    here). A :class:`RestoreRefused` naming the first reason it cannot, with nothing of it left
+    behind."""
     t0 = time.perf_counter()
     try:
         file = read_graph_file(path)
     except CapturePlanError as err:
         raise _refuse([err.what], path) from None
     t1 = time.perf_counter()
-    here = process_environment(plan, target, file, device, tensors)
+    here = process_environment(plan, target, file, device, tensors, engine)
     t2 = time.perf_counter()
     lines = restore_refusals(plan, file, here)
     parts = {"read": t1 - t0, "environment": t2 - t1, "check": time.perf_counter() - t2}
@@ -257,7 +265,8 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
         except ExecutorError as err:
             raise _refuse([err.what], path, made=True) from None
         addresses = {n: t_.untyped_storage().data_ptr() for n, t_ in named.items()}  # pyright: ignore[reportAttributeAccessIssue]
-        bases = segment_bases(file, pools.bases, addresses, {n: a for n, (a, _) in spans.items()})
+        engine = {n: a for n, (a, _) in here.engine.items()}
+        bases = segment_bases(file, pools.bases, addresses, {n: a for n, (a, _) in spans.items()}, engine)
         placed = [(seg, b) for seg, b in zip(file.segments, bases) if b is not None]
         report.segments, report.moved = len(placed), sum(b != seg.address for seg, b in placed)
         t = _lap(parts, "layout", t)
@@ -318,10 +327,13 @@ def _output(o, file: GraphFile, bases: list[int | None], pools, named: Mapping[s
         return output_tensor(o, None, None, dev)
     seg, base = file.segments[o.at.segment], bases[o.at.segment]
     nbytes = output_bytes(o)
-    if base is None or o.at.offset + nbytes > seg.size or seg.kind not in ("pool", "tensor"):
+    if base is None or o.at.offset + nbytes > seg.size or seg.kind not in ("pool", "tensor", "engine"):
         raise ExecutorError(f"an output of {nbytes} B at {o.at.offset} in {seg.name} is not made", where="restore")
     address = base + o.at.offset
-    owner = named.get(seg.owner) if seg.kind == "tensor" else pools.owner(address, nbytes)
+    if seg.kind == "engine":  # the engine's memory: the output views it without holding it
+        owner = None
+    else:
+        owner = named.get(seg.owner) if seg.kind == "tensor" else pools.owner(address, nbytes)
     return output_tensor(o, address, owner, dev)
 
 
@@ -333,14 +345,16 @@ def restore_or_capture(
     device=None,
     tensors: Mapping | None = None,
     save: bool = False,
+    engine: Mapping | None = None,
     **capture_options,
 ):
     """The plan's graphs restored from the graph file at ``path`` (:func:`restore`), or, where
     the restore refuses or fails (any ExecutorError: nothing of it is left), captured
     (``capture(plan, target, device=device, **capture_options)``) after one WARNING on the
     ``capture_plan.executor`` logger naming why. ``save``: a captured set's graphs written to
-    ``path`` for the next start-up (a foreground capture only). The set's ``restored`` says
-    which happened (None: captured)."""
+    ``path`` for the next start-up (a foreground capture only); ``tensors`` and ``engine`` as
+    :func:`restore` takes them, for the save too. The set's ``restored`` says which happened
+    (None: captured)."""
     from .driver import capture
     from .logs import log, rank_tag
 
@@ -351,7 +365,7 @@ def restore_or_capture(
             fix="leave save out, and call graph_file.save_graphs once gs.wait() returns",
         )
     try:
-        return restore(plan, target, path, device=device, tensors=tensors)
+        return restore(plan, target, path, device=device, tensors=tensors, engine=engine)
     except ExecutorError as err:
         why = str(err) if isinstance(err, RestoreRefused) else f"graph file {path}: not restored: {err}"
         log.warning("capture-plan%s: %s; capturing instead", rank_tag(), why)
@@ -364,5 +378,5 @@ def restore_or_capture(
     if save:
         from .graph_file import save_graphs
 
-        save_graphs(gs, plan, target, path, tensors)
+        save_graphs(gs, plan, target, path, tensors, engine=engine)
     return gs

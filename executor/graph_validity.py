@@ -3,7 +3,9 @@
 A restore (issue 51) rebuilds a file's graphs only where everything they were saved against
 is the same: the plan (its digest), the device (name and compute capability), the driver,
 torch and its CUDA, every kernel library the saving process had mapped (by digest), every
-named tensor and library workspace an argument points into (present, the same size), every pool an
+named tensor, library workspace and engine range an argument points into (present, the same
+size: a range the engine owns, such as vLLM's KV cache, whose size follows the free memory,
+must be sized alike in both processes), every pool an
 argument points into (laid out as at save time: the same segments, the same sizes, in
 address order), and no argument pointing where a restore cannot relocate (a torch segment
 no named tensor covered, a device allocation outside torch's allocator, host memory).
@@ -45,6 +47,8 @@ class GraphEnvironment:
     pools: dict[str, list[int]] = field(default_factory=dict)
     #: library workspace ("capture/0": ``graph_env.library_workspaces``) -> its bytes
     workspaces: dict[str, int] = field(default_factory=dict)
+    #: engine range (memory the engine owns outside torch's allocator, named by the caller) -> its bytes
+    engine: dict[str, int] = field(default_factory=dict)
 
 
 def segment_uses(file: GraphFile) -> dict[int, tuple[int, str]]:
@@ -123,12 +127,13 @@ def check_valid(file: GraphFile, env: GraphEnvironment, *, later: Collection[str
             )
         elif seg.kind in later:
             continue
-        elif seg.kind in ("tensor", "workspace"):
-            size = (env.tensors if seg.kind == "tensor" else env.workspaces).get(seg.owner)
-            what = "tensor" if seg.kind == "tensor" else "library workspace"
+        elif seg.kind in _NAMED:
+            size = getattr(env, _NAMED[seg.kind][0]).get(seg.owner)
+            what = _NAMED[seg.kind][1]
             if size is None:
                 out.append(
                     f"{what} {seg.owner} is missing in this process ({n} address(es) point into it, first at {first})"
+                    + (": the caller names it with its address (restore(engine=))" if seg.kind == "engine" else "")
                 )
             elif size != seg.size:
                 out.append(
@@ -143,6 +148,13 @@ def check_valid(file: GraphFile, env: GraphEnvironment, *, later: Collection[str
             out.append(f"pool {pool} is laid out differently: the file has segments {saved} B, this process {here} B")
     return out
 
+
+#: the kinds a restore finds by name: the environment's field that sizes them, what the refusal calls them
+_NAMED = {
+    "tensor": ("tensors", "tensor"),
+    "workspace": ("workspaces", "library workspace"),
+    "engine": ("engine", "engine memory"),
+}
 
 #: what a segment of a kind a restore cannot relocate was at save time
 _WHY = {

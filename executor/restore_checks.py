@@ -31,20 +31,30 @@ from .graph_rebuild import rebuild_refusals
 from .graph_validity import GraphEnvironment, check_valid, stale_addresses
 from .restore_layout import layout_refusals
 
-__all__ = ["Here", "plan_keys", "planned_workspaces", "file_refusals", "restore_refusals", "inspect_refusals"]
+__all__ = [
+    "Here",
+    "plan_keys",
+    "planned_workspaces",
+    "plan_refusals",
+    "file_refusals",
+    "restore_refusals",
+    "inspect_refusals",
+]
 
 
 @dataclass
 class Here:
     """What this process offers a restore before any kernel runs: the device, its environment
     (pools and library workspaces still to come), its named tensors (the target's and the
-    caller's), why this driver's TMA descriptors cannot be relocated ("": they can), its ranks."""
+    caller's), why this driver's TMA descriptors cannot be relocated ("": they can), its ranks,
+    the engine's ranges (name -> (address, bytes) here: memory it owns outside torch's allocator)."""
 
     device: object
     env: GraphEnvironment
     tensors: dict[str, object] = field(default_factory=dict)
     tensor_map: str = ""
     ranks: int = 1
+    engine: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def plan_keys(plan: Plan) -> dict[tuple[str, int], str]:
@@ -63,19 +73,24 @@ def planned_workspaces(plan: Plan) -> dict[str, int]:
     return {f"workspace.{s.phase}": max(s.bytes, 1) for s in plan.steps if s.op == "provision"}
 
 
+def plan_refusals(plan: Plan) -> list[str]:
+    """One line per reason a restore refuses any file of ``plan``: its piecewise phases."""
+    index = PlanIndex.of(plan)
+    return [
+        f"phase {p.name!r} records pieces between eager attention ops: a restore makes whole graphs, as capture() does"
+        for p in plan.phases
+        if index.piecewise(p.name)
+    ]
+
+
 def file_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
     """One line per reason a restore refuses ``file`` that the file alone shows (its pools'
     segment sizes, its nodes, stale argument words) and, with ``plan``, the plan against it
-    (its graph keys and pools, piecewise phases)."""
+    (its graph keys and pools, piecewise phases: :func:`plan_refusals`)."""
     out: list[str] = []
     if plan is not None:
         index = PlanIndex.of(plan)
-        out += [
-            f"phase {p.name!r} records pieces between eager attention ops: a restore makes whole graphs, as capture() "
-            "does"
-            for p in plan.phases
-            if index.piecewise(p.name)
-        ]
+        out += plan_refusals(plan)
         planned, saved = plan_keys(plan), {(g.phase, g.bs): g.pool for g in file.graphs}
         out += [f"the file lacks graph {p}/{b}, which the plan captures" for p, b in planned if (p, b) not in saved]
         for (p, b), pool in saved.items():
@@ -117,4 +132,4 @@ def inspect_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
         **{f: getattr(v, f) for f in ("device", "capability", "driver", "torch", "cuda")},
         libraries={lib.name: lib.digest for lib in v.libraries},
     )
-    return check_valid(file, own, later=("tensor", "workspace", "pool")) + file_refusals(file, plan)
+    return check_valid(file, own, later=("tensor", "workspace", "engine", "pool")) + file_refusals(file, plan)

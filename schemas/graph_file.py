@@ -17,10 +17,13 @@ segment and offset). Segments are named by owner: ``pool:NAME/K`` the K-th segme
 address order) of the plan's pool NAME, ``tensor:NAME`` the storage of a named tensor of the
 target (its weights, KV cache, static buffers), ``workspace:STREAM/K`` the K-th block a
 library keeps on one of the executor's streams outside every pool (cuBLAS's workspace on the
-capture stream: ``workspace:capture/0``), ``torch:K`` a caching-allocator segment none of
-these covers, ``outside:K`` a device allocation outside torch's allocator, ``host:K`` host
-memory a copy reads or writes. A restore can relocate into the first three kinds only; the
-others are recorded so that the refusal names them (``check_valid``). Each segment keeps its
+capture stream: ``workspace:capture/0``), ``engine:NAME`` a range of memory the engine owns
+outside torch's allocator that the caller named with its address and size (vLLM's cuMem-backed
+KV cache: ``graph_file.save_graphs(engine=)``; the restoring process names it again with its
+address there), ``torch:K`` a caching-allocator segment none of these covers, ``outside:K`` a
+device allocation outside torch's allocator, ``host:K`` host memory a copy reads or writes. A
+restore can relocate into the first four kinds only; the others are recorded so that the
+refusal names them (``check_valid``). Each segment keeps its
 address in the saving process (:attr:`Segment.address`) for one purpose: an argument word
 that still lies inside a segment as saved was not relocated, and a restore refuses it
 (``graph_validity.stale_addresses``); nothing is rebuilt at those addresses.
@@ -80,15 +83,16 @@ __all__ = [
 ]
 
 GRAPH_FILE_KIND = "capture-plan graph file"
-#: bump when a field's meaning changes: a file of another version is refused
-GRAPH_FILE_VERSION = 3
+#: bump when a field's meaning changes: a file of another version is refused (4: the ``engine`` segment
+#: kind, which a reader of version 3 would take for a damaged file)
+GRAPH_FILE_VERSION = 4
 
 #: the owners a segment may have (module docstring)
-SEGMENT_KINDS = ("pool", "tensor", "workspace", "torch", "outside", "host")
-#: the kinds a restore can lay out again and relocate into
-RELOCATABLE = ("pool", "tensor", "workspace")
+SEGMENT_KINDS = ("pool", "tensor", "workspace", "engine", "torch", "outside", "host")
+#: the kinds a restore can lay out again (pools) or find again by name (the others) and relocate into
+RELOCATABLE = ("pool", "tensor", "workspace", "engine")
 
-SegmentKind = Literal["pool", "tensor", "workspace", "torch", "outside", "host"]
+SegmentKind = Literal["pool", "tensor", "workspace", "engine", "torch", "outside", "host"]
 
 
 class _Struct(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -124,10 +128,10 @@ class Segment(_Struct, frozen=True, kw_only=True):
 
     name: str
     kind: SegmentKind
-    #: its bytes: a pool segment's, a tensor's storage, a workspace block's, the driver's range of an
-    #: outside allocation
+    #: its bytes: a pool segment's, a tensor's storage, a workspace block's, an engine range's as
+    #: the engine named it, the driver's range of an outside allocation
     size: int
-    #: the pool's, tensor's or workspace's name ("" for torch, outside and host segments)
+    #: the pool's, tensor's, workspace's or engine range's name ("" for torch, outside and host segments)
     owner: str = ""
     #: the segment's place among its pool's segments, in address order (pool segments)
     index: int = 0

@@ -120,7 +120,7 @@ def restoring(monkeypatch, tmp_path):
     and the GPU part records that it was reached instead of running."""
     state = SimpleNamespace(here=None, reached=[], asked=[], path=tmp_path / "g.cpgraphs")
 
-    def environment(plan, target, file, device=None, tensors=None):
+    def environment(plan, target, file, device=None, tensors=None, engine=None):
         state.asked.append(file)
         return state.here
 

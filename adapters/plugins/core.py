@@ -61,6 +61,9 @@ if TYPE_CHECKING:
 ENV_FALLBACK = "CAPTURE_PLAN_FALLBACK"
 #: "1": an engine whose hook points moved stops the start-up instead of capturing as it does
 ENV_STRICT = "CAPTURE_PLAN_STRICT"
+#: a graph file: the plan's graphs restored from it where it is there, written to it after the
+#: capture where it is not (:mod:`.restoring`)
+ENV_GRAPHS = "CAPTURE_PLAN_GRAPHS"
 log = logging.getLogger("capture_plan.plugins")
 
 
@@ -70,12 +73,22 @@ class Settings:
 
     plan: Path
     fallback: Literal["refuse", "engine"] = "refuse"
+    #: the graph file (``CAPTURE_PLAN_GRAPHS``), None where unset
+    graphs: Path | None = None
 
 
 def settings(environ: Mapping[str, str] = os.environ) -> Settings | None:
-    """The setting, or None where ``CAPTURE_PLAN_PLAN`` is unset or empty (disabled)."""
+    """The setting, or None where ``CAPTURE_PLAN_PLAN`` is unset or empty (disabled; a graph
+    file named without a plan is refused: it holds a plan's graphs)."""
     path = environ.get(ENV_PLAN, "").strip()
+    graphs = environ.get(ENV_GRAPHS, "").strip()
     if not path:
+        if graphs:
+            raise PluginRefused(
+                f"{ENV_GRAPHS}={graphs} is set without {ENV_PLAN}: a graph file holds the graphs of a plan",
+                where="the environment",
+                fix=f"export {ENV_PLAN}=plans/my-model.json (the plan the file was saved for), or unset {ENV_GRAPHS}",
+            )
         return None
     fallback = environ.get(ENV_FALLBACK, "refuse").strip() or "refuse"
     if fallback not in ("refuse", "engine"):
@@ -84,7 +97,7 @@ def settings(environ: Mapping[str, str] = os.environ) -> Settings | None:
             where="the environment",
             fix=f"export {ENV_FALLBACK}=refuse (stop the engine) or {ENV_FALLBACK}=engine (capture as the engine does)",
         )
-    return Settings(Path(path), fallback)  # type: ignore[arg-type]
+    return Settings(Path(path), fallback, Path(graphs) if graphs else None)  # type: ignore[arg-type]
 
 
 def installed(dist: str) -> str:
@@ -275,6 +288,8 @@ class Adoption:
     holders: list = field(default_factory=list)
     #: the facts the loop was made for (their keys matched to the plan's by the engine layer)
     facts: EngineFacts | None = None
+    #: the start-up from the graph file (``restoring.GraphStart``), made at the first capture
+    graphs: Any = None
 
     def begin(
         self,
@@ -307,6 +322,14 @@ class Adoption:
     def _dropped(self) -> None:
         for holder in self.holders:
             holder.cleanup()
+
+    def captured(self):
+        """The loop's GraphSet once its capture closed; None before (and for a start-up
+        restored from a graph file, whose loop never opens)."""
+        try:
+            return self.loop.graphs if self.loop is not None else None
+        except CapturePlanError:  # the loop has not finished (an ExecutorError): it holds no set yet
+            return None
 
     def step(self, phase: str, bs: int, labels: Mapping[str, str | None]):
         """Begin the plan's step for ``phase`` at ``bs`` (with variant ``labels``, where
@@ -350,7 +373,7 @@ def check_capture(adoption: Adoption, measured: Any, who: str, sized: str, *, re
     if not memory.complete:
         return None
     predicted = int(memory.bytes)
-    gs = adoption.loop.graphs if adoption.loop is not None else None
+    gs = adoption.captured()
     if record and gs is not None and gs.report is not None:
         gs.report = msgspec.structs.replace(gs.report, engine_capture_bytes=measured)
     gap = measured - predicted

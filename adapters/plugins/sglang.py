@@ -25,6 +25,18 @@ the same backend) are covered too:
   (``get_exec().graph.cuda_graph_config.decode.bs``), so that a plan for other sizes stops
   the start-up in seconds, not after minutes of loading (:func:`size_problems`).
 
+With ``CAPTURE_PLAN_GRAPHS=FILE`` (:mod:`.restoring`), where FILE is there, each runner's
+capture collects instead of capturing: ``capture_one_shape`` names the plan's key, the backend's
+``capture_one`` keeps the run of it (the runner's ``capture_one_shape`` again, its forward once)
+and warms up and records nothing. The runner holding the plan's last key restores every graph
+at the end of its session (SGLang makes its runners one after another: the EAGLE draft runners'
+keys come last) and hands each to its backend (``_graphs`` and ``_outputs`` by shape key); the
+runners before it have no graphs until then, which SGLang replays none of before serving.
+Refused, one WARNING, and every collected runner captures through the plan there, in the
+order they came (its ``_capture_one_stream`` again, in its backend's session). Where FILE is
+not there, the graphs are recorded into the loop's own graphs (``keep_graph=True``, swapped
+into the backend as a shared phase's are) and FILE written once the loop closes.
+
 The runner's phase: ``draft_extend`` and ``draft_decode`` for the EAGLE draft runners,
 else its capture forward mode (``decode``, ``target_verify``). Not routed: the prefill
 runners (breakable and piecewise graphs are recorded by other backends).
@@ -49,6 +61,7 @@ compares the runner's final list.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import shlex
@@ -56,7 +69,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from capture_plan.adapters.plugins import core
+from capture_plan.adapters.plugins import core, restoring
 from capture_plan.adapters.plugins.hooks import hook
 
 ENGINE = "sglang"
@@ -264,20 +277,52 @@ def engine_reuse_off(environ=os.environ) -> str | None:
 LOOP_OPTIONS: dict[str, Any] = {}
 
 
+class _FromFile:
+    """What the start-up from a graph file keeps of SGLang's runners: each backend, its runner
+    and the arguments of its ``_capture_one_stream`` (a refused restore captures every runner
+    that collected its keys, in the order they came), the key ``capture_one_shape`` is
+    collecting, the runs of a restore in progress (each a box: whether it is the key's eager
+    run, then the forward's output)."""
+
+    def __init__(self):
+        self.order: list[tuple] = []  # (backend, runner)
+        self.args: dict[int, tuple] = {}
+        self.key: tuple | None = None
+        self.running: list[list] = []
+
+    def came(self, backend, runner) -> None:
+        if all(r is not runner for _, r in self.order):
+            self.order.append((backend, runner))
+
+    def ran(self, runner, args, kw) -> None:
+        self.args[id(runner)] = (args, kw)
+
+    def take_key(self) -> tuple:
+        key, self.key = self.key, None
+        if key is None:
+            raise core.PluginRefused(
+                "SGLang's backend captured a graph its runner's capture_one_shape did not name",
+                where=core.ENV_GRAPHS,
+                fix=f"unset {core.ENV_GRAPHS} to capture through the plan",
+            )
+        return key
+
+
 class _GraphThroughStep:
     """The backend's device module with ``graph`` recording through the plan's step."""
 
-    def __init__(self, module, step):
-        self._module, self._step, self.used = module, step, False
+    def __init__(self, module, step, keep: bool = False):
+        self._module, self._step, self.keep, self.used = module, step, keep, False
 
     def __getattr__(self, name: str):
         return getattr(self._module, name)
 
     def graph(self, cuda_graph=None, pool=None, stream=None, **kw):
         self.used = True
-        # a phase that shares executables records into the loop's own graph (keep_graph=True,
-        # its nodes read); the backend's is swapped for what the step serves (capture_one_routed)
-        return self._step.graph(None if self._step.shares else cuda_graph, pool=pool, stream=stream)
+        # a phase that shares executables, and a capture a graph file is written from, record
+        # into the loop's own graph (keep_graph=True, its nodes read); the backend's is swapped
+        # for what the step serves (capture_one_routed)
+        return self._step.graph(None if self._step.shares or self.keep else cuda_graph, pool=pool, stream=stream)
 
 
 def install(s: core.Settings, version: str) -> core.Adoption:
@@ -333,11 +378,13 @@ def install(s: core.Settings, version: str) -> core.Adoption:
 
     one_stream, one_shape = runner_cls._capture_one_stream, runner_cls.capture_one_shape
     session, capture_one = backend_cls.capture_session, backend_cls.capture_one
+    ff = _FromFile()
 
     def _capture_one_stream(self, *args, **kw):
         loop = adoption.loop
         if loop is None:
             return one_stream(self, *args, **kw)
+        ff.ran(self, args, kw)  # run again where a restore refuses after this runner collected its keys
         order = loop.sizes(phase_of(self))  # checked against capture_bs in capture_session
         saved = self.capture_bs
         self.capture_bs = list(reversed(order))  # the runner iterates reversed(capture_bs)
@@ -349,12 +396,76 @@ def install(s: core.Settings, version: str) -> core.Adoption:
     shape_params = inspect.signature(one_shape)
 
     def capture_one_shape(self, *args, **kw):
-        if adoption.loop is not None:
+        if adoption.loop is not None and not ff.running:  # a restore's run of a key is neither collected nor a step
             # by name, as the release's signature has them (a hook point of the contract)
             given = shape_params.bind(self, *args, **kw).arguments
             labels = {"lora": given.get("variant_label"), "attention": given.get("attention_variant")}
-            adoption.step(phase_of(self), given["size"], labels)
+            start = adoption.graphs
+            if start is not None and start.collecting:  # the key's run, collected at the backend's capture_one
+                ff.key = (restoring.plan_key(adoption.loop, phase_of(self), given["size"], labels), self, args, kw)
+            else:
+                adoption.step(phase_of(self), given["size"], labels)
         return one_shape(self, *args, **kw)
+
+    def run_key(runner, args, kw, runs: list[int]):
+        """A restore's run of one key: the runner's own path to it (its preparation in
+        capture_one_shape, then the backend's forward, once: capture_one_routed). A restore runs
+        each of its loading keys eagerly, then records it (``kernel_loading``): after the first,
+        the eager one, SGLang's post-warm-up hook runs, as after each of its warm-ups."""
+        box: list = [runs[0] == 0]
+        runs[0] += 1
+        ff.running.append(box)
+        try:
+            one_shape(runner, *args, **kw)
+        finally:
+            ff.running.pop()
+        return box[1] if len(box) > 1 else None
+
+    def tensors(device) -> dict:
+        """The runners' tensors, each runner's under its phase (:func:`restoring.engine_tensors`)."""
+        return restoring.engine_tensors([(phase_of(r), r) for _, r in ff.order], device)
+
+    @contextlib.contextmanager
+    def through_plan(backend, runner, stream, loop, *, opened: bool = False):
+        """A runner's capture as one part of the plan's loop (``opened``: its session is open already)."""
+        backend._pool = loop.pool(_pool_of(adoption.plan, phase_of(runner)))
+        if backend not in adoption.holders:
+            adoption.holders.append(backend)
+        with loop.part(), contextlib.nullcontext() if opened else session(backend, stream):
+            yield
+        if not loop.complete:  # a later runner's part closes the loop
+            return
+        if sizes_kv_cache_after_capture():
+            core.check_capture(adoption, capture_drop(loop), "SGLang", POST_CAPTURE_SIZED, record=False)
+        start = adoption.graphs
+        if start is not None and not start.restore and start.outcome is None:
+            restoring.save(start, adoption.plan, loop.graphs, tensors=tensors(loop.device), engine={}, who="SGLang")
+
+    def restore_or_capture(backend, stream, loop, start) -> None:
+        """Every runner's keys collected (this runner's session open): the graphs restored and
+        handed to each runner's backend, or, refused, every collected runner captured through
+        the plan in the order they came."""
+        gs = restoring.restore_collected(
+            start, adoption.plan, tensors=tensors(loop.device), engine={}, device=loop.device
+        )
+        if gs is not None:
+            try:
+                for key, (owner, shape_key) in start.native.items():
+                    owner._graphs[shape_key] = gs.graphs[key].graph
+                    owner._outputs[shape_key] = restoring.outputs(start, key)
+            except Exception as err:  # noqa: BLE001  # nothing of the restored set is kept: captured instead
+                for owner, _ in ff.order:
+                    owner.cleanup()
+                restoring.drop(start, err)
+            else:
+                restoring.restored(start, "SGLang")
+                if sizes_kv_cache_after_capture():
+                    core.check_capture(adoption, start.outcome.took, "SGLang", POST_CAPTURE_SIZED, record=False)
+                return
+        for owner, runner in list(ff.order):
+            args, kw = ff.args[id(runner)]
+            with through_plan(owner, runner, stream, loop, opened=owner is backend):
+                runner._capture_one_stream(*args, **kw)
 
     @contextlib.contextmanager
     def capture_session(self, stream):
@@ -380,27 +491,44 @@ def install(s: core.Settings, version: str) -> core.Adoption:
                     engine_can_take=max(order) <= max(runner.capture_bs, default=0),
                 ),
             )
-        self._pool = loop.pool(_pool_of(adoption.plan, phase))
-        if self not in adoption.holders:
-            adoption.holders.append(self)
-        with loop.part(), session(self, stream):
-            yield
-        if loop.complete and sizes_kv_cache_after_capture():  # the last runner's part closed the loop
-            core.check_capture(adoption, capture_drop(loop), "SGLang", POST_CAPTURE_SIZED, record=False)
+        ff.came(self, runner)
+        start = restoring.start(adoption)
+        if start is None or not start.collecting:
+            with through_plan(self, runner, stream, loop):
+                yield
+            return
+        with session(self, stream):
+            yield  # the runner's loop, each key collected (capture_one_shape, capture_one_routed), nothing recorded
+            if start.complete:  # the runner holding the plan's last key: every runner's keys are in
+                restore_or_capture(self, stream, loop, start)
 
     def capture_one_routed(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+        if ff.running:  # a restore's run of a key: the engine's forward once, eager or recorded as the restore runs it
+            box = ff.running[-1]
+            box.append(forward_fn())
+            if post_warmup_hook is not None and box[0]:  # the eager run: as after the engine's own warm-up
+                post_warmup_hook()
+            return
+        start = adoption.graphs
+        if adoption.loop is not None and start is not None and start.collecting:
+            key, runner, args, kw = ff.take_key()
+            start.collect(key, (self, shape_key), functools.partial(run_key, runner, args, kw, [0]))
+            return
         step = adoption.current
         if adoption.loop is None or step is None:
             return capture_one(self, shape_key, forward_fn, capture_inputs, post_warmup_hook)
+        keep = start is not None and start.saving  # the graph file reads the graph: kept (keep_graph=True)
         module = self._device_module
-        via = self._device_module = _GraphThroughStep(module, step)
+        via = self._device_module = _GraphThroughStep(module, step, keep)
         try:
             capture_one(self, shape_key, forward_fn, capture_inputs, post_warmup_hook)
         finally:
             self._device_module = module
         out = self._outputs[shape_key]
         self._outputs[shape_key] = step.hold(out) if via.used else step.hold(out, graph=self._graphs[shape_key])
-        if via.used and step.shares:  # the backend replays what the step serves (its own graph was never used)
+        if via.used and (
+            step.shares or keep
+        ):  # the backend replays what the step serves (its own graph was never used)
             self._graphs[shape_key] = step.served
         adoption.current = None
 

@@ -48,6 +48,14 @@ shape (:func:`shape_of`), one whose objects moved captures as vLLM does after on
   would be counted twice (it lands in ``reserved_headroom_bytes``). Either way the plan's
   figure is checked against what ``capture_model`` measured (:func:`check_capture`).
 
+With ``CAPTURE_PLAN_GRAPHS=FILE`` (:mod:`.restoring`, :mod:`.vllm_restore`): where FILE is
+there, ``capture_model`` restores the plan's graphs from it instead of capturing (each
+manager's keys collected, the graphs restored in the last manager's capture and handed to
+their managers; refused, one WARNING and every manager's capture through the plan); where it
+is not, the capture keeps vLLM's graphs readable and FILE is written once the loop closes.
+The restored start-up's prediction is checked as a capture's (:func:`check_capture`, against
+what ``capture_model`` measured).
+
 The plan's phases for vLLM's descriptors (:func:`phase_of`): ``piecewise``,
 ``full_decode`` (uniform-decode or varlen-decode FULL graphs: ``tokens_per_request`` is
 the manager's query length), ``full_mixed``, each with ``_ubatch`` for a micro-batch twin
@@ -76,7 +84,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from capture_plan.adapters.plugins import core
+from capture_plan.adapters.plugins import core, restoring, vllm_restore
 from capture_plan.adapters.plugins.hooks import hook
 from capture_plan.adapters.plugins.vllm_keys import (
     ENGINE,
@@ -185,6 +193,8 @@ class _Hooks:
     answered: int | None = None
     #: vLLM sizes its KV cache after capture (the extensible KV cache): the estimate was its own 0
     deferred: bool = False
+    #: while vLLM's managers collect their keys for a restore (``vllm_restore.Collecting``)
+    collecting: Any = None
 
     @property
     def where(self) -> str:
@@ -256,7 +266,7 @@ def capture_model_routed(h: _Hooks, runner, *, profile_only=False):
     adoption = h.adoption
     if profile_only:  # vLLM's own estimate (the operator chose it): its throwaway capture
         return h.capture_model(runner, profile_only=profile_only)
-    if adoption.loop is not None and adoption.loop.complete:
+    if adoption.loop is not None and (adoption.loop.complete or (adoption.graphs and adoption.graphs.restored)):
         core.log.warning("capture-plan: vLLM captures again after the plan's capture; its own capture records it")
         return h.capture_model(runner, profile_only=profile_only)
     why = _unroutable(runner, h.manager_cls)
@@ -284,14 +294,22 @@ def capture_model_routed(h: _Hooks, runner, *, profile_only=False):
     holder = _Holder(runner, h.manager_cls, h.wrapper_cls)
     if holder not in adoption.holders:
         adoption.holders.append(holder)
+    start = restoring.start(adoption)
     try:
-        with loop.part():
-            out = h.capture_model(runner, profile_only=profile_only)
-        if not loop.complete:
+        if start is not None and start.collecting:  # the graph file is there: restored, else captured in it
+            out = vllm_restore.capture_model(h, runner, loop, start, capture_routed)
+        else:
+            with loop.part():
+                out = h.capture_model(runner, profile_only=profile_only)
+        if not loop.complete and not (start is not None and start.restored):
             loop.close()  # names the plan's first step vLLM did not capture, everything released
     finally:
         h.routes.clear()
     check_capture(h, out)
+    if start is not None and not start.restore and start.outcome is None:  # the file was not there: written now
+        tensors = restoring.engine_tensors([("runner", runner)], loop.device)
+        engine = vllm_restore.engine_memory(runner)
+        restoring.save(start, adoption.plan, loop.graphs, tensors=tensors, engine=engine, who="vLLM")
     return out
 
 
@@ -344,12 +362,17 @@ def capture_routed(h: _Hooks, manager, create_forward_fn, *args, **kwargs):
             f"unset {core.ENV_PLAN} to capture as vLLM {h.version} does with these settings "
             "(the plugin does not know what adds them)",
         )
+    if h.collecting is not None:  # the graph file is there: this manager's keys collected, nothing captured
+        return vllm_restore.collect(h, manager, route, create_forward_fn, args, kwargs)
     saved = {mode: list(descs) for mode, descs in manager._capture_descs.items()}, manager.pool
     for descs in manager._capture_descs.values():
         descs.sort(key=order.__getitem__)
-    routed = _Routed(h, manager, route, order, create_forward_fn)
+    start = h.adoption.graphs
+    keep = start is not None and start.saving  # the graph file is written from these graphs: readable
+    routed = _Routed(h, manager, route, order, create_forward_fn, keep)
     try:
-        h.capture(manager, routed.create, *args, **kwargs)
+        with vllm_restore.kept_graphs() if keep else contextlib.nullcontext():
+            h.capture(manager, routed.create, *args, **kwargs)
         routed.hold_pending()
     except BaseException:
         routed.abandon()
@@ -372,8 +395,10 @@ class _Routed:
     inside the first step's warm-up block, so what it keeps is measured against what the
     plan declares. vLLM 0.34.0 sizes them up front for the widest: no extra warm-up."""
 
-    def __init__(self, h: _Hooks, manager, route: dict, order: dict, create_forward_fn):
+    def __init__(self, h: _Hooks, manager, route: dict, order: dict, create_forward_fn, keep: bool = False):
         self.h, self.manager, self.route, self.create_forward_fn = h, manager, route, create_forward_fn
+        #: graphs made with keep_graph=True (``vllm_restore.kept_graphs``): instantiated once recorded
+        self.keep = keep
         self.model = isinstance(manager, h.model_manager_cls)
         self.pending: list = []
         #: the first step's warm-up block, opened before the pre-warm, closed after its own warm-up
@@ -389,7 +414,10 @@ class _Routed:
         if self.pending:
             desc, step = self.pending.pop()
             out = self.manager.hidden_states[: desc.num_tokens] if self.model else None
-            step.hold(out, graph=self.manager.graphs[desc])
+            graph = self.manager.graphs[desc]
+            if self.keep:
+                graph.instantiate()  # as torch does at the end of a capture without keep_graph
+            step.hold(out, graph=graph)
 
     @staticmethod
     def block(step):
