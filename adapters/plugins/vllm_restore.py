@@ -54,9 +54,12 @@ def engine_memory(runner) -> dict[str, tuple[int, int]]:
     (address, bytes): the extensible KV cache's reservation (vLLM 0.34, on by default on CUDA:
     a cuMem address range mapped in part while graphs are captured, at other addresses in
     another process), read as ``runner.extensible_kv_cache.buffer._buffer``'s ``base_ptr``
-    and ``reserved_size`` (vllm/utils/extensible_tensor.py ``_VirtualBuffer``; not a hook row
-    of the release files: an engine without them declares nothing, and an argument into the
-    range is then an ``outside`` segment that every restore refuses)."""
+    and ``reserved_size`` (read in the 0.34.0 wheel: vllm/v1/worker/gpu/model_runner.py sets
+    ``extensible_kv_cache``, vllm/v1/worker/extensible_kv_cache.py ``ExtensibleKVCache.buffer``
+    is an ``ExtensibleTensor``, vllm/utils/extensible_tensor.py its ``_buffer`` a
+    ``_VirtualBuffer`` with both; not a hook row of the release files: an engine without them
+    declares nothing, and an argument into the range is then an ``outside`` segment that
+    every restore refuses)."""
     kv = getattr(runner, "extensible_kv_cache", None)
     buf = getattr(getattr(kv, "buffer", None), "_buffer", None)
     base, size = getattr(buf, "base_ptr", 0), getattr(buf, "reserved_size", 0)
