@@ -23,6 +23,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile
 
@@ -174,7 +175,10 @@ def stale_addresses(file: GraphFile, limit: int = 10) -> list[str]:
     if not spans:
         return []
     starts = [a for a, _, _ in spans]
-    lo, hi = spans[0][0], max(b for _, b, _ in spans)
+    # segments nest (a named tensor's storage inside a caching-allocator segment saved whole as
+    # torch:K): reach[j], the furthest end of the spans up to j, says whether one before j may hold a word
+    reach = list(accumulate((b for _, b, _ in spans), max))
+    lo, hi = spans[0][0], reach[-1]
     seen: dict[tuple[bytes, tuple], list[tuple[int, int, str]]] = {}
     out: list[str] = []
     count = 0
@@ -193,6 +197,8 @@ def stale_addresses(file: GraphFile, limit: int = 10) -> list[str]:
                         v = words[w]
                         if lo <= v < hi:
                             j = bisect_right(starts, v) - 1
+                            while j >= 0 and v < reach[j] and v >= spans[j][1]:
+                                j -= 1  # the span starting last before v ends before it: an outer one may hold it
                             if j >= 0 and v < spans[j][1]:
                                 found.append((w * 8, v, spans[j][2]))
             for pos, v, name in found:

@@ -409,3 +409,44 @@ def test_the_outcome_says_what_happened_in_one_line():
     assert restoring.Outcome("captured", "g", why="g was not there yet", saved=True, graphs=3).line() == (
         "captured (g was not there yet); wrote g for the next start-up (3 graphs)"
     )
+
+
+def test_a_refused_restore_returns_its_memory_before_the_plans_capture(fake, monkeypatch, tmp_path, caplog):
+    """A restore that refuses after it allocated (its pools laid out, its loading runs) leaves
+    what it made in the frames of its error (a layout refusal's segment tensors, its MemPool):
+    torch's cache can return them only once the error is gone, as restore_or_capture does. Before:
+    ``empty_cache`` ran inside the ``except`` block, the error still being handled, so the engine
+    captured through the plan with the refused restore's memory still held."""
+    import weakref
+
+    from capture_plan.executor import graph_restore
+    from capture_plan.executor.errors import ExecutorError, RestoreRefused
+
+    class Block:  # what a refused restore made (a pool segment's tensor)
+        pass
+
+    made: list = []
+
+    def lay_out():
+        block = Block()
+        made.append(weakref.ref(block))
+        raise ExecutorError("pool shared: segment 0 came out 4 MiB, the file's is 2 MiB", where="restore")
+
+    def refusing(*args, **kwargs):
+        try:
+            lay_out()
+        except ExecutorError as err:
+            raise RestoreRefused([err.what], where="graph file g", made=True) from None
+
+    alive: list[bool] = []
+    monkeypatch.setattr(graph_restore, "restore", refusing)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: alive.append(made[0]() is not None))
+    start = restoring.GraphStart(tmp_path / "g", True, {("decode", 1): "shared"})
+    with caplog.at_level(logging.WARNING):
+        assert restoring.restore_collected(start, None, tensors={}, engine={}, device="cuda") is None
+    assert alive == [False], "empty_cache ran while the refused restore's memory was still held"
+    assert start.outcome is not None and start.outcome.what == "captured"
+    assert _warnings(caplog) == [
+        f"capture-plan: graph file g: not restored: pool shared: segment 0 came out 4 MiB, the file's is 2 MiB; "
+        f"capturing through the plan instead ({start.path} is kept: delete it for the next start-up to write it again)"
+    ]

@@ -31,7 +31,7 @@ from capture_plan.executor.restore_layout import (
     segment_requests,
 )
 from capture_plan.executor.restore_probe import torch_segments
-from capture_plan.schemas.graph_file import Graph, GraphFile, Kernel, Node, Operand, Output, ValidFor
+from capture_plan.schemas.graph_file import Graph, GraphFile, Kernel, Node, Operand, Output, Segment, ValidFor
 from test_graph_file import OUTSIDE, POOL, SNAPSHOT, TENSOR, VALID, WORKSPACE, FakeDriver
 from test_graph_rebuild import RebuildDriver
 
@@ -371,6 +371,28 @@ def test_the_stale_scan_reads_each_argument_block_once_and_caps_its_lines(plan):
     lines = stale_addresses(msgspec.structs.replace(f, graphs=many))
     assert len(lines) == 11 and lines[-1] == "2 more stale argument word(s)"
     assert "graph decode/1 node 0 (kernel gemm_kernel): the argument word at byte 24 holds" in lines[0]
+
+
+def test_the_stale_scan_finds_a_word_in_a_segment_that_holds_a_named_tensor_before_it(plan):
+    """A caching-allocator segment saved whole (``torch:K``: an address of it no name covered)
+    can hold a named tensor's storage too (``tensor:model.w`` lies in OTHER's segment). A word
+    left at the saving process's address past that tensor, inside the segment, is stale all the
+    same. Before: the scan looked in the span starting last at or before the word alone (the
+    tensor's), which does not hold it, and said nothing."""
+    f = _saved(plan)
+    assert any(s.name == "tensor:model.w" and s.address == TENSOR for s in f.segments)
+    whole = Segment(name=f"torch:{len(f.segments)}", kind="torch", size=20 * MiB, address=TENSOR - 0x1000)
+    k = f.graphs[0].nodes[0].kernel
+    assert k is not None
+    args = bytearray(k.args)
+    args[24:32] = (TENSOR + MiB).to_bytes(8, "little")  # the struct's 7: past the tensor, inside its segment
+    node = msgspec.structs.replace(f.graphs[0].nodes[0], kernel=msgspec.structs.replace(k, args=bytes(args)))
+    g = msgspec.structs.replace(f.graphs[0], nodes=[node, *f.graphs[0].nodes[1:]])
+    lines = stale_addresses(msgspec.structs.replace(f, segments=[*f.segments, whole], graphs=[g]))
+    assert lines == [
+        f"graph decode/8 node 0 (kernel gemm_kernel): the argument word at byte 24 holds {TENSOR + MiB:#x}, "
+        f"inside {whole.name} as saved, and is not relocated: a stale address"
+    ]
 
 
 # -- the pools' segments, the outputs over them -----------------------------------------------

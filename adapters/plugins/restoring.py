@@ -276,6 +276,7 @@ def restore_collected(
     target = EngineRuns(start.runs, start.shapes, device)
     free = _free(device)
     t0 = time.perf_counter()
+    gs, why = None, ""
     try:
         gs = restore(plan, target, start.path, device=device, tensors=tensors, engine=engine)
     except Exception as err:  # noqa: BLE001  # the restore let go of what it made: the plan's capture follows
@@ -284,8 +285,10 @@ def restore_collected(
         else:
             text = str(err) if isinstance(err, CapturePlanError) else f"{type(err).__name__}: {err}"
             why = f"graph file {start.path}: not restored: {text}"
-        del err
-        torch.cuda.empty_cache()  # what the restore made, returned
+    if gs is None:
+        # after the except block: the error being handled, its frames held the last of what the
+        # restore made (a refused layout's segment tensors, its MemPool); gone with it, returned now
+        torch.cuda.empty_cache()
         not_restored(start, why)
         return None
     seconds = time.perf_counter() - t0
