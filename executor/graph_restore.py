@@ -244,6 +244,9 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
         for s in plan.steps:  # outside every pool, as a capture's provision steps allocate them
             if s.op == "provision":
                 gs.workspaces[s.phase] = torch.zeros(max(s.bytes, 1), dtype=torch.uint8, device=dev)
+        # the loading runs go on the capture stream: after the weights' and inputs' writes and
+        # the workspaces' zeroing queued on this one (as CaptureLoop.open synchronizes first)
+        stream.wait_stream(torch.cuda.current_stream(dev))
         loaded = load_kernels(file, target, gs.workspaces, stream, dev)
         parts.update({f"load.{k}": v for k, v in loaded.parts.items()})
         report.keys = loaded.keys

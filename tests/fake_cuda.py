@@ -20,6 +20,8 @@ class FakeStream:
     def __init__(self, sid=1, device=None):
         self.cuda_stream = sid
         self.waited = []
+        #: the streams it was made to wait on (``wait_stream``), in order
+        self.waited_streams = []
 
     def __eq__(self, other):
         return isinstance(other, FakeStream) and other.cuda_stream == self.cuda_stream
@@ -28,6 +30,9 @@ class FakeStream:
 
     def wait_event(self, ev):
         self.waited.append(ev)
+
+    def wait_stream(self, other):
+        self.waited_streams.append(other)
 
     def synchronize(self):
         pass

@@ -610,6 +610,26 @@ def test_a_restore_past_its_checks_relocates_every_address_to_this_processs_memo
     assert faked.fake.mempools_freed == faked.fake.mempools == 3  # the loading run's two pools and the restored one
 
 
+def test_the_loading_runs_wait_for_the_work_queued_before_the_restore(faked, plan):
+    """The loading runs go on the capture stream: it waits on the current stream first (the
+    weights' and inputs' writes, the hoisted workspaces' zeroing), as CaptureLoop.open
+    synchronizes before a capture. Without the wait the runs raced them (the review's finding)."""
+    from capture_plan.executor import streams
+
+    target = WalkedTarget()
+    stream = streams.capture_stream(torch.device("cpu"))
+    waited_at_runs, run = [], target.run
+
+    def watched(*a, **kw):
+        waited_at_runs.append(list(stream.waited_streams))
+        return run(*a, **kw)
+
+    target.run = watched
+    gs = _restored(faked, plan, _saved(plan), target)
+    assert waited_at_runs and torch.cuda.current_stream() in waited_at_runs[0]
+    gs.release()
+
+
 def test_a_kernel_the_loading_runs_did_not_launch_refuses_after_them(faked, plan, monkeypatch):
     f = _saved(plan)
     k = f.graphs[0].nodes[0].kernel
