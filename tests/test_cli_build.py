@@ -209,6 +209,17 @@ def test_what_if_builds_need_force(cli, tmp_path):
     assert (tmp_path / "notes.json").read_text() == "my notes"
 
 
+def test_the_plan_a_what_if_build_would_replace_is_named_by_a_command_that_pastes(cli, tmp_path):
+    """The refusal quotes the recorded command as a shell would need it: a device name
+    with spaces printed bare could not be pasted (the review's finding)."""
+    assert cli("build", "-b", "fa3", "--ci", "--device", "NVIDIA H100 80GB HBM3")[0] == 0
+    one_line_error(
+        cli("build", "-b", "fa3", "--ci"),
+        "holds a plan built by `planner build --backend fa3 --ci --device 'NVIDIA H100 80GB HBM3'`",
+        "--force",
+    )
+
+
 def test_output_equal_to_the_spec_is_refused(cli, tmp_path):
     (tmp_path / "s.json").write_text(json.dumps({"phases": [{"name": "decode", "kind": "decode", "sizes": [1]}]}))
     before = (tmp_path / "s.json").read_bytes()

@@ -183,7 +183,7 @@ def write_plan(opts: BuildOptions, plan: Plan, *, force: bool = False) -> Path:
             newer_revision(recorded.get("revision"), f"{path}: $.revision", force_hint=True)
         if command != plan.command:
             what = (
-                f"holds a plan built by `{' '.join(map(str, command))}`"
+                f"holds a plan built by `{shlex.join(map(str, command))}`"
                 if isinstance(command, list)
                 else "exists and is not a plan"
             )
