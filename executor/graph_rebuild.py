@@ -129,7 +129,8 @@ def segment_bases(
     engine: Mapping[str, int] | None = None,
 ) -> list[int | None]:
     """Per segment of ``file`` its address in this process: ``pools`` (pool name -> its
-    segments' addresses in address order), ``tensors`` (name -> storage address),
+    segments' addresses, item ``i`` for the file's segment of ``index`` ``i`` in that pool, as
+    ``restore_layout.lay_out_pools`` lists them), ``tensors`` (name -> storage address),
     ``workspaces`` (name -> address), ``engine`` (name -> address of the engine's range here);
     None for a segment a restore cannot relocate into or that this process lacks
     (``check_valid`` names both)."""
