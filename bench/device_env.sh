@@ -4,7 +4,7 @@
 # numpy, networkx, transformers, pytest and hypothesis but not these) into /tmp/site and makes
 # this checkout importable as capture_plan without an install (the package maps capture_plan to
 # the repository's root: pyproject's package-dir), so `python -m pytest` and `python -m bench.X`
-# run from here. Fetch the wheels here first (README of bench/, "On the GPU").
+# run from here. Fetch the wheels here first (docs/development.md, "Running the benchmarks").
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/capture_plan
 export PYTHONPATH=/tmp/site:/tmp/pkg${PYTHONPATH:+:$PYTHONPATH}
