@@ -108,6 +108,22 @@ def install(fake, monkeypatch) -> SimpleNamespace:
         monkeypatch.setattr(module, "kernel_libraries", lambda maps="/proc/self/maps", only=None: [])
     monkeypatch.setattr(restore_layout, "segment_requests", lambda size: [size])  # the fake's segments: one tensor each
     monkeypatch.setattr(streams, "_primed", {})
+    made = track_pool_tensors(fake, monkeypatch)
+    segments = pool.pool_segments
+
+    def pool_segments(pools):
+        keys = {tuple(p) for p in pools}
+        live = [r() for k, refs in made.items() if k in keys for r in refs]
+        mine = [(t.data_ptr(), t.untyped_storage().nbytes()) for t in live if t is not None]
+        return sorted(mine + segments([p for p in pools if tuple(p) not in made]))
+
+    monkeypatch.setattr(pool, "pool_segments", pool_segments)
+    return SimpleNamespace(driver=driver, made=made, fake=fake)
+
+
+def track_pool_tensors(fake, monkeypatch) -> dict[tuple, list]:
+    """Every tensor ``torch.empty`` makes inside the fake's ``use_mem_pool`` block, by the
+    pool's id (weak references): what the fake's pools hold, read as their segments."""
     made: dict[tuple, list] = {}
     empty = torch.empty
 
@@ -119,16 +135,7 @@ def install(fake, monkeypatch) -> SimpleNamespace:
         return t
 
     monkeypatch.setattr(torch, "empty", tracked)
-    segments = pool.pool_segments
-
-    def pool_segments(pools):
-        keys = {tuple(p) for p in pools}
-        live = [r() for k, refs in made.items() if k in keys for r in refs]
-        mine = [(t.data_ptr(), t.untyped_storage().nbytes()) for t in live if t is not None]
-        return sorted(mine + segments([p for p in pools if tuple(p) not in made]))
-
-    monkeypatch.setattr(pool, "pool_segments", pool_segments)
-    return SimpleNamespace(driver=driver, made=made, fake=fake)
+    return made
 
 
 def workspace(fake, stream, address: int) -> dict:

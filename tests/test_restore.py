@@ -32,6 +32,7 @@ from capture_plan.executor.restore_layout import (
 )
 from capture_plan.executor.restore_probe import torch_segments
 from capture_plan.schemas.graph_file import Graph, GraphFile, Kernel, Node, Operand, Output, Segment, ValidFor
+from restore_device import track_pool_tensors
 from test_graph_file import OUTSIDE, POOL, SNAPSHOT, TENSOR, VALID, WORKSPACE, FakeDriver
 from test_graph_rebuild import RebuildDriver
 
@@ -530,7 +531,6 @@ def faked(fake, monkeypatch, plan):
     primed with a 32 MiB cuBLAS workspace, every tensor made in a MemPool a segment of its
     own (as the allocator cuts them: one request per segment here), the model's tensor."""
     import contextlib
-    import weakref
 
     from capture_plan.executor import graph_env, graph_rebuild, graph_walk, pool, restore_layout, streams
     from fake_cuda import FakeGraph
@@ -542,17 +542,7 @@ def faked(fake, monkeypatch, plan):
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(graph_env, "kernel_libraries", lambda maps="/proc/self/maps", only=None: VALID.libraries)
     monkeypatch.setattr(restore_layout, "segment_requests", lambda size: [size])
-    made: dict[tuple, list] = {}
-    empty = torch.empty
-
-    def tracked(*a, **kw):
-        t = empty(*a, **kw)
-        mp = getattr(fake.local, "mempool", None)
-        if mp is not None:
-            made.setdefault(tuple(mp.id), []).append(weakref.ref(t))
-        return t
-
-    monkeypatch.setattr(torch, "empty", tracked)
+    made = track_pool_tensors(fake, monkeypatch)
 
     def segments(pools):
         keys = {tuple(p) for p in pools}
