@@ -44,7 +44,7 @@ import torch
 from . import libcuda
 from .errors import ExecutorError
 from .exec_reuse import ClusterProbe, GraphDesc, KernelDesc, NodeDesc, ReuseGroups, canonical, judge_cluster_probe
-from .libcuda import EdgeData, KernelParams, LaunchAttr, LaunchConfig, UpdateResult
+from .libcuda import KernelParams, LaunchAttr, LaunchConfig, UpdateResult
 
 __all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable"]
 
@@ -258,21 +258,10 @@ def describe(raw_graph: int, probes: list[ClusterProbe] | None = None) -> GraphD
                 return canonical(descs, [])
             k = replace(k, opaque=False, unread="")
         descs.append(NodeDesc(type=kind, kernel=k))
+    from .graph_walk import graph_edges  # graph_walk reads this module's node tables
+
     index = {nodes[i]: i for i in range(n.value)}
-    e = ctypes.c_size_t(0)
-    _check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), "cuGraphGetEdges")
-    src, dst = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)()
-    data = (EdgeData * e.value)()
-    ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p)
-    # with the edges' data: a graph with programmatic (PDL) edges, as FA3's and cuBLAS's kernels
-    # record on an H200, refuses a query without it (CUDA_ERROR_LOSSY_QUERY, 402: measured)
-    _check(d["cuGraphGetEdges_v2"](g, *ends, ctypes.cast(data, ctypes.c_void_p), ctypes.byref(e)), "cuGraphGetEdges")
-    edges = []
-    for i in range(e.value):
-        x = data[i]
-        extra = (x.from_port, x.to_port, x.type) if (x.from_port, x.to_port, x.type) != (0, 0, 0) else ()
-        edges.append((index[src[i]], index[dst[i]], *extra))
-    return canonical(descs, edges)
+    return canonical(descs, graph_edges(d, g, index, "executable reuse"))
 
 
 @dataclass(eq=False)

@@ -103,7 +103,7 @@ def process_environment(
 
     from .distributed import is_distributed
     from .graph_env import current_environment, named_tensors
-    from .streams import prime_stream
+    from .streams import prime_stream, workspace_streams
     from .tensor_map_probe import probe_tensor_map
 
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -111,6 +111,8 @@ def process_environment(
     named.update(dict(tensors or {}))
     with torch.cuda.device(dev):
         prime_stream(dev)
+        # the file's other streams' workspaces (an engine's own capture stream), on streams of ours
+        workspace_streams(dev, {seg.owner.rpartition("/")[0] for seg in file.segments if seg.kind == "workspace"})
         libraries = {lib.name for lib in file.valid_for.libraries}
         env = current_environment(plan.digest, named, {}, {}, libraries=libraries)
     env.tensors.update(planned_workspaces(plan))

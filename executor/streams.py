@@ -9,9 +9,19 @@ file names the workspaces they hold, ``capture_plan.executor.graph_file``) and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
-__all__ = ["capture_stream", "prime_stream", "prime_streams", "primed_streams", "init_cublas"]
+__all__ = [
+    "capture_stream",
+    "prime_stream",
+    "prime_streams",
+    "name_stream",
+    "workspace_streams",
+    "primed_streams",
+    "init_cublas",
+]
 
 #: the executor's capture stream of each device, made once per process: cuBLAS keeps a
 #: workspace per (handle, stream) for the life of the process, so a new stream per
@@ -21,6 +31,9 @@ _streams: dict = {}
 #: name of the stream, "capture" for the capture stream; else "capture" for the executor's
 #: capture stream and "streamK" for the K-th other stream primed), the first name it was primed under
 _primed: dict[int, str] = {}
+#: streams the executor made to hold a workspace under a name a graph file gives it, per
+#: (device, name): :func:`workspace_streams`
+_named: dict[tuple[str, str], torch.cuda.Stream] = {}
 
 
 def capture_stream(device) -> torch.cuda.Stream:
@@ -89,6 +102,30 @@ def prime_streams(device, streams: dict[str, torch.cuda.Stream]) -> None:
         if stream not in primed:
             primed.add(stream)
             prime_stream(device, stream, name)
+
+
+def name_stream(stream: torch.cuda.Stream, name: str) -> None:
+    """Remember ``stream`` as ``name`` (:func:`primed_streams`) without priming it: a stream
+    an engine records its own graphs on (vLLM 0.34's manager makes one per capture), whose
+    warm-ups made its cuBLAS workspace before the recording. A graph file then names that
+    workspace ``NAME/K`` instead of leaving an unnamed segment no restore relocates. A stream
+    keeps the first name it was given."""
+    _primed.setdefault(stream.cuda_stream, name)
+
+
+def workspace_streams(device, names: Iterable[str]) -> None:
+    """For each of ``names`` (a graph file's workspace streams: ``engine`` of ``engine/0``)
+    that no primed stream of this process has, a stream of the executor's primed under it
+    (made once per device and name, kept for the process as cuBLAS keeps its workspace): a
+    restore's graphs then have the workspace their saved graphs had, on a stream nothing
+    else runs on, at the cost the engine's own stream had in the saving process."""
+    have = set(_primed.values())
+    for name in sorted(set(names) - have):
+        key = (str(torch.device(device)), name)
+        stream = _named.get(key)
+        if stream is None:
+            stream = _named[key] = torch.cuda.Stream(device=device)
+        prime_stream(device, stream, name)
 
 
 def primed_streams() -> dict[int, str]:

@@ -196,6 +196,20 @@ def test_the_walk_reads_every_node_and_edge(by_kernel):
     assert w.edges == [(0, 1), (1, 2), (3, 2, 1, 0, 1)]  # the PDL edge keeps its data
 
 
+def test_a_graph_without_edges_is_not_asked_for_them():
+    """An H200's driver refused a query for 0 edges with arrays (CUresult 1): the save of an
+    SGLang-shaped target_verify graph failed there. This fake refuses as that driver did."""
+
+    class NoEdges(FakeDriver):
+        def cuGraphGetEdges_v2(self, g, src, dst, data, n):
+            if src is not None and n._obj.value == 0:
+                return 1
+            n._obj.value = 0
+
+    w = walk_graph(0x1, NoEdges())
+    assert len(w.nodes) == 4 and w.edges == []
+
+
 def test_walks_sharing_a_cache_ask_the_driver_once_per_function():
     """The save walked every node's function through the driver again (8.7 s for the reference)."""
     from capture_plan.executor.graph_walk import FunctionCache

@@ -297,6 +297,73 @@ def test_vllm_writes_its_graph_file_then_restores_every_graph_from_it(vllm, dev,
     first[1].release()
 
 
+def test_vllm_graphs_using_the_workspace_of_vllms_own_stream_are_saved_and_restored(
+    vllm, dev, monkeypatch, tmp_path, caplog
+):
+    """vLLM records on a stream of its own (0.34 makes one per capture), whose cuBLAS
+    workspace its warm-ups made: on an H200 the vLLM 0.34-shaped start-up's graphs pointed
+    into it, an unnamed segment, and the file was never written ("24 address(es) point into
+    torch:0 (33554432 B ...)"). Here cuBLAS is emulated: a stream's first GEMM (the priming)
+    makes its 32 MiB workspace, and the graph's word points into the workspace of the stream
+    vLLM's manager recorded on. The save names it ``engine/0``; the restore makes that
+    workspace on a stream of its own and relocates the word into it."""
+    from capture_plan.executor import streams
+    from capture_plan.schemas.graph_file import read_graph_file
+    from fake_cuda import FakeGraph
+
+    addresses = iter(range(0x7C00_0000_0000, 0x7D00_0000_0000, 0x1000_0000))
+    prime = streams.prime_stream
+
+    def cublas(device, stream=None, name=None):  # a stream's first GEMM makes its workspace
+        prime(device, stream, name)
+        s = stream if stream is not None else streams.capture_stream(device)
+        if not any(seg.get("stream") == s.cuda_stream for seg in dev.fake.segments):
+            restore_device.workspace(dev.fake, s, next(addresses))
+
+    monkeypatch.setattr(streams, "prime_stream", cublas)
+
+    def workspace_of(stream) -> int:
+        found = [seg for seg in dev.fake.segments if seg.get("stream") == stream.cuda_stream]
+        return found[0]["address"] if found else restore_device.workspace(dev.fake, stream, next(addresses))["address"]
+
+    begin = FakeGraph.capture_begin
+
+    def warmed(graph, *a, **kw):  # the warm-ups before a recording ran GEMMs on its stream
+        begin(graph, *a, **kw)
+        workspace_of(graph.stream)
+
+    monkeypatch.setattr(FakeGraph, "capture_begin", warmed)
+    path = tmp_path / "graphs.cpgraphs"
+    _full_plan(tmp_path, monkeypatch, path)
+    caplog.set_level(logging.INFO, logger="capture_plan.plugins")
+    module, model, runner = _vllm_start(dev, monkeypatch, tmp_path, vllm, KV, WS)
+    place = dev.driver.place
+    dev.driver.place = lambda: {**place(), "word": workspace_of(runner.cudagraph_manager.capture_stream) + 0x80}
+    runner.capture_model()
+    start = module.CudaGraphManager.__capture_plan__.graphs
+    assert start.outcome.saved and _warnings(caplog) == [], start.outcome.line()
+    names = {s.name for s in read_graph_file(path).segments}
+    assert "workspace:engine/0" in names and not any(n.startswith("torch:") for n in names), sorted(names)[-6:]
+    first = runner, module.CudaGraphManager.__capture_plan__.loop.graphs
+    # the next start-up: vLLM's stream is not made (nothing is captured), the restore's own holds the workspace
+    caplog.clear()
+    dev.driver.nodes.clear()
+    dev.fake.segments[:] = []
+    monkeypatch.setattr(streams, "_primed", {})  # a fresh process: no stream primed or named yet
+    module, model2, runner = _vllm_start(dev, monkeypatch, tmp_path, vllm, NEW_KV, NEW_WS)
+    runner.capture_model()
+    start = module.CudaGraphManager.__capture_plan__.graphs
+    assert start.restored and _warnings(caplog) == [], caplog.text
+    engine = next(st for sid, st in streams._named.items() if sid[1] == restoring.ENGINE_STREAM)
+    assert streams.primed_streams()[engine.cuda_stream] == restoring.ENGINE_STREAM
+    words = {word for *_, word in dev.driver.kernels()}
+    assert words == {workspace_of(engine) + 0x80}, words
+    runner.release()
+    start.gs.release()
+    first[0].release()
+    first[1].release()
+
+
 def test_vllm_a_refused_file_is_one_warning_then_every_managers_capture_through_the_plan(
     vllm, dev, monkeypatch, tmp_path, caplog
 ):

@@ -66,10 +66,15 @@ __all__ = [
     "restored",
     "drop",
     "save",
+    "ENGINE_STREAM",
+    "name_recording_stream",
 ]
 
 #: a graph key as the plan and a GraphSet name it: (dispatch name, size)
 Key = tuple[str, int]
+#: what a graph file calls the stream an engine records its own graphs on, where that is not
+#: the plan's loop's stream (vLLM 0.34 makes one per capture): its cuBLAS workspace is ``engine/0``
+ENGINE_STREAM = "engine"
 
 
 @dataclass
@@ -343,6 +348,20 @@ def drop(start: GraphStart, err: BaseException) -> None:
     if gs is not None:
         gs.release(reason="the engine could not take the restored graphs")
     not_restored(start, f"graph file {start.path}: the engine could not take the restored graphs: {err}")
+
+
+def name_recording_stream() -> None:
+    """The current stream, on which the engine is about to record a graph the start-up saves,
+    named :data:`ENGINE_STREAM` (``streams.name_stream``): the file names its cuBLAS
+    workspace, which a restore makes again on a stream of its own
+    (``streams.workspace_streams``). Without it the graphs point into an unnamed segment, and
+    the save is refused (a restore could not relocate it: measured on an H200 with the
+    vLLM 0.34-shaped runner)."""
+    import torch
+
+    from capture_plan.executor.streams import name_stream
+
+    name_stream(torch.cuda.current_stream(), ENGINE_STREAM)
 
 
 def save(

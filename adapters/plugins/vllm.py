@@ -429,6 +429,8 @@ class _Routed:
         if not warmup:  # the recording's build: into the step's pool
             step = adoption.current
             self.manager.pool = step.pool
+            if self.keep:  # vLLM records on a stream of its own (current here): the file names its workspace
+                restoring.name_recording_stream()
             if _name(desc.cg_mode) == "FULL":
                 self.pending.append((desc, step))
             return self.create_forward_fn(desc, warmup)
