@@ -1144,7 +1144,7 @@ def restore_floor() -> list[str]:
 
 #: the fresh-process restore runs docs/restore.md quotes (``bench/restore_floor.py --fresh``),
 #: oldest first: the lead appends a run's file name once it is committed
-RESTORE_FRESH_RUNS: list[str] = []
+RESTORE_FRESH_RUNS: list[str] = ["restore-fresh-2026-12-07-phase3-fresh.json"]
 
 
 def restore_fresh() -> list[str]:
