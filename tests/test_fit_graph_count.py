@@ -98,6 +98,20 @@ def test_the_per_node_basis_is_the_committed_bench_and_each_per_graph_figure_has
         assert sm in devs["graph_exec_per_node_basis"], f"[graph_exec_per_graph] {sm} needs its per-node basis"
 
 
+def test_the_sm90_per_graph_figure_is_the_committed_overhead_bench_fit():
+    """devices.toml's [graph_exec_per_graph] sm90 is the H200 overhead run's fit, rounded: the
+    figure its comment names, not a typed copy that could drift from it."""
+    devs = data("devices.toml")
+    bench = json.loads((ROOT / "bench" / "results" / "graph-exec-overhead-2026-12-06.json").read_text())
+    assert bench["mode"] == "overhead" and bench["device"] == "NVIDIA H200"
+    assert devs["graph_exec_per_graph"]["sm90"] == round(bench["fit"]["per_graph_bytes"])
+    # the per-node figure fit then uses stays the model graphs' one, less what the per-graph absorbed
+    graph, node = estimate.per_graph("sm90")
+    basis = devs["graph_exec_per_node_basis"]["sm90"]
+    assert graph == devs["graph_exec_per_graph"]["sm90"]
+    assert node == pytest.approx(devs["graph_exec_per_node"]["sm90"] - graph * basis["graphs"] / basis["nodes"])
+
+
 def test_the_overhead_bench_fit_recovers_per_graph_and_per_node_bytes():
     fit_ = bench_module("graph_exec_bench").overhead_fit
     pts = [{"k": k, "n": n, "exec": n * 300_000 + n * k * 2_500} for k in (1, 4, 16, 64, 256) for n in (64, 256, 1024)]
