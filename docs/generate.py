@@ -1461,8 +1461,10 @@ def fit_bench() -> list[str]:
     runs = sorted(p.name for p in RESULTS.glob("fit-bench-*.json"))
     if not runs:
         return ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
-    # a refit (`--refit`) is fit re-run over a measured file's runner records: it replaces that file
-    refitted = {_load(n)["refit_of"]["file"] for n in runs if "refit_of" in _load(n)}
+    # a refit (`--refit`) is fit re-run over a measured file's runner records: it replaces that
+    # file, and a later refit of the same file replaces the earlier one (runs are sorted by date)
+    latest = {_load(n)["refit_of"]["file"]: n for n in runs if "refit_of" in _load(n)}
+    refitted = set(latest) | {n for n in runs if "refit_of" in _load(n) and n not in latest.values()}
     rows, sources = [], []
     verdict: dict[str, dict[str, list[dict]]] = {}  # release -> item -> its comparisons
     for name in (n for n in runs if n not in refitted):
