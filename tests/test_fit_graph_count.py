@@ -143,3 +143,25 @@ def test_vllm_full_graphs_on_fa3_hold_one_layers_split_kv_accumulators_in_the_po
     both, piecewise = _graph(), _graph(**{"cudagraph-mode": "PIECEWISE"})
     assert "split-KV accumulators" in both.source and "split-KV" not in piecewise.source
     assert both.bytes - piecewise.bytes > b
+
+
+def test_sglangs_graph_memory_holds_the_shared_float32_logits_buffer(monkeypatch):
+    """SGLang 0.5.23's capture drop holds GraphSharedOutput's (largest decode size x vocabulary)
+    float32 logits buffer: fit adds it to the estimate, not to a measured graph figure."""
+    from capture_plan.planner.fit import sglang
+    from capture_plan.schemas.fit import FitItem
+
+    def graph(**flags):
+        r = fit(FitRequest(load_model(str(LLAMA)), H100, "sglang==0.5.23", 1, {"context-length": 8192, **flags}))
+        return next(i for i in r.items if i.name == "graph memory")
+
+    with_buffer = graph()
+    assert "shared float32 logits buffer, 256 x 128256" in with_buffer.source
+    with monkeypatch.context() as m:
+        m.setattr(sglang, "_with_logits_buffer", lambda item, rows, vocab: item)
+        assert with_buffer.bytes - graph().bytes == 256 * 128256 * 4
+    given = FitItem("graph memory", 1 << 30, 0, "given", "a calibration")
+    r = fit(
+        FitRequest(load_model(str(LLAMA)), H100, "sglang==0.5.23", 1, {"context-length": 8192}, measured_graph=given)
+    )
+    assert next(i for i in r.items if i.name == "graph memory").bytes == 1 << 30
