@@ -7,7 +7,8 @@ For each bench model, in a fresh process on the device:
             code the plugin routes, no plugin here): the memory settings resolved for the
             device (``handle_gpu_memory_settings``: nvidia-smi's total, its chunked-prefill
             size, decode sizes and ``mem_fraction_static``); ``pre_model_load_memory``; the
-            case's model loaded (bench.harness ``case_target``); the pool sized from the
+            case's model loaded (bench.harness ``case_target``) and SGLang's float32 rope
+            cache made beside it (``rope_cache``, counted with the weights); the pool sized from the
             free memory (``_profile_available_bytes``, ``calculate_pool_sizes``,
             ``resolve_max_num_reqs``) and allocated; the decode graphs captured, their free
             memory drop measured (``capture_decode_graph``); then, not a release step, one
@@ -51,8 +52,12 @@ DIFFERS = [
     "the pool is allocated beside it)",
     "no attention backend buffers and no eager runner input registry; the decode graphs' outputs go "
     "to the shared float32 logits buffer as the release's do (tests/engines/case_model.py SGLangCaseModel)",
-    "the weights are the case model's parameters and buffers: it keeps no rotary cos/sin cache, SGLang's "
-    "RotaryEmbedding does (layers/rotary_embedding/base.py cos_sin_cache), and fit counts it",
+    "the case model (transformers') keeps no rotary cos/sin cache: the runner makes SGLang's after it is "
+    "built, before the pool is sized (tests/engines/sglang_memory.py rope_cache: max_position_embeddings x "
+    "rotary_dim in float32, as layers/rotary_embedding/base.py keeps it on CUDA), and its weights are the "
+    "case model's parameters and buffers with that cache in place of the case model's rotary inv_freq "
+    "buffers (SGLang keeps none; they stay in the memory the load took). Runs before this change counted "
+    "the inv_freq buffers and no cache",
     "the activation peak is not SGLang's: the release runs no profiling forward (its slack is a "
     "heuristic); the runner measures one eager prefill chunk (chunked_prefill_size tokens, attention "
     "skipped) and its sampling over cuda_graph_max_bs rows, after the pool and the graphs",
@@ -191,13 +196,17 @@ def start_up(startup, target) -> dict:
 
     from bench.baselines import hidden_state_outputs
     from capture_plan.tests.engines.case_model import SGLangCaseModel, decode_cache, measured_weights
+    from capture_plan.tests.engines.sglang_memory import rope_cache
     from capture_plan.tests.engines.sizing import sglang_0523
 
     s = startup.settings
-    weights = measured_weights(target)
     committed, per_token, full, sliding = decode_cache(target)
     cell = per_token * (full + sliding)  # DefaultPoolConfigurator: every layer (none is hybrid SWA in SGLang)
     model = SGLangCaseModel(target, s.chunked_prefill_size)  # its LM head taken before the swap below
+    # SGLang's model holds its rope's cos/sin cache from its load on: made before the pool is sized
+    rope = rope_cache(getattr(getattr(target, "model", None), "config", None), model.device)
+    rope_bytes = rope.nbytes if rope is not None else 0
+    weights = measured_weights(target, rotary=False) + rope_bytes
     with torch.no_grad(), hidden_state_outputs(target):
         pool = startup.alloc_memory_pool(model, cell=cell, committed_bytes=committed)
         runner, graph_bytes = startup.init_cuda_graphs(model)
@@ -214,6 +223,8 @@ def start_up(startup, target) -> dict:
             "rest_bytes": pool.rest_bytes,
             "slack_bytes": int(pre * (1 - s.mem_fraction_static)),
             "committed_bytes": committed,
+            "rope_cache_bytes": rope_bytes,
+            "case_rotary_bytes": measured_weights(target) - measured_weights(target, rotary=False),
             "kv_cell_bytes": cell,
             "kv_bytes_per_token_layer": per_token,
             "layers": {"full": full, "sliding": sliding},
@@ -225,6 +236,7 @@ def start_up(startup, target) -> dict:
         }
         runner.backend.cleanup()
         pool.tensors.clear()
+        del rope
     return {**json.loads(record.to_json()), "measured": measured}
 
 

@@ -1461,8 +1461,10 @@ def fit_bench() -> list[str]:
     runs = sorted(p.name for p in RESULTS.glob("fit-bench-*.json"))
     if not runs:
         return ["Not measured yet: `python -m bench.fit_bench` writes the JSON this table reads."]
-    # a refit (`--refit`) is fit re-run over a measured file's runner records: it replaces that file
-    refitted = {_load(n)["refit_of"]["file"] for n in runs if "refit_of" in _load(n)}
+    # a refit (`--refit`) is fit re-run over a measured file's runner records: it replaces that
+    # file, and a later refit of the same file replaces the earlier one (runs are sorted by date)
+    latest = {_load(n)["refit_of"]["file"]: n for n in runs if "refit_of" in _load(n)}
+    refitted = set(latest) | {n for n in runs if "refit_of" in _load(n) and n not in latest.values()}
     rows, sources = [], []
     verdict: dict[str, dict[str, list[dict]]] = {}  # release -> item -> its comparisons
     for name in (n for n in runs if n not in refitted):
@@ -1528,6 +1530,70 @@ def fit_bench() -> list[str]:
     return [*_table(header, rows), "", *lines, "", *sources]
 
 
+def fit_sglang_bench() -> list[str]:
+    """The SGLang 0.5.23 rows of bench/fit_bench.py's latest run (its latest refit where one
+    exists), item by item: what the runner's figures hold that SGLang's do not. The runner's
+    graph figure is the capture's free-memory drop: the pool, the shared float32 logits buffer
+    and the rest (the decode graphs' execs, the capture stream's workspaces, the allocator's
+    reserve); of the pool, the transformers attention's K and V expanded from the KV heads to
+    the query heads (SDPA's and eager's ``repeat_kv`` over the case's static decode cache at
+    the largest decode size), which SGLang's attention backends do not allocate: counted from
+    the case's config and the runner's recorded cache, not measured."""
+    from capture_plan.bench.harness import HF_ARCHS
+
+    runs = [
+        n
+        for n in sorted(p.name for p in RESULTS.glob("fit-bench-*.json"))
+        if "sglang==0.5.23" in _load(n).get("releases", {})
+    ]
+    if not runs:
+        return [
+            "Not measured yet: `python -m bench.fit_bench --releases sglang==0.5.23` writes the JSON this table reads."
+        ]
+    measured = max((n for n in runs if "refit_of" not in _load(n)), key=lambda n: _load(n)["date"], default=None)
+    refits = [n for n in runs if _load(n).get("refit_of", {}).get("file") == measured]
+    name = max(refits or [measured or runs[-1]], key=lambda n: _load(n)["date"])
+    d = _load(name)
+    rows = []
+    for case, by in d["cases"].items():
+        row = by.get("sglang==0.5.23", {})
+        if not row.get("compare") or case not in HF_ARCHS:
+            continue
+        r, c, m = row["runner"], row["compare"], row["runner"]["measured"]
+        kw = HF_ARCHS[case][1]
+        heads, kv = kw["num_attention_heads"], kw["num_key_value_heads"]
+        per_token, layers = m["kv_bytes_per_token_layer"], m["layers"]["full"] + m["layers"]["sliding"]
+        tokens = m["committed_bytes"] // (per_token * layers)  # requests x cache length
+        expanded = heads // kv * per_token * tokens if heads != kv else 0
+        rest = r["graph_bytes"] - r["graph_pool_bytes"] - m["logits_buffer_bytes"]
+        rows.append(
+            [
+                case,
+                _fit_cell(c["weights"]),
+                _fit_cell(c["activation peak"]),
+                f"{_mib(r['graph_bytes'] / MiB)} = {_mib(r['graph_pool_bytes'] / MiB)} + "
+                f"{_mib(m['logits_buffer_bytes'] / MiB)} + {_mib(rest / MiB)}",
+                _mib(expanded / MiB),
+                f"{_mib(c['graph memory']['fit'] / MiB)} ({_pct(c['graph memory']['error'])})",
+            ]
+        )
+    header = [
+        "case",
+        "weights MiB: runner / fit",
+        "activation peak MiB: runner / fit",
+        "runner's graph MiB = pool + logits buffer + rest",
+        "of the pool: transformers' K/V expansion MiB",
+        "fit's graph MiB",
+    ]
+    of = d.get("refit_of")
+    refit = (
+        f" fit re-run at `{(d.get('git_commit') or '?')[:7]}` over the runner's records of `{of['file']}`."
+        if of
+        else ""
+    )
+    return [*_table(header, rows), _source(name, d) + refit]
+
+
 TABLES = {
     "capture": capture,
     "speculative": speculative,
@@ -1563,6 +1629,7 @@ TABLES = {
     "fit-logs": fit_logs,
     "fit-log-gaps": fit_log_gaps,
     "fit-bench": fit_bench,
+    "fit-sglang-bench": fit_sglang_bench,
 }
 
 

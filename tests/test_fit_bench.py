@@ -658,3 +658,35 @@ def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch
     assert "| llama | sglang 0.5.23 | 970 / " in table
     assert "| gemma2 | sglang 0.5.23 | 970 / " in table
     assert "| qwen2 | sglang 0.5.23 | fit refused |  |  |  | 2,000,000 / refused |" in table
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma2", "qwen2", "mixtral", "qwen2_moe"])
+def test_fits_sglang_weights_are_the_case_models_with_sglangs_rope_cache(case, tmp_path):
+    """What the SGLang runner counts as weights (the case model's parameters and buffers, its
+    transformers rotary buffers replaced by SGLang's float32 cos/sin cache, start_up) is fit's
+    weights for sglang==0.5.23 to the byte, on each bench architecture made small: gemma2's four
+    norms a layer and its normalizer, qwen2_moe's shared-expert gate, the float32 rope cache."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bench.harness import hf_config
+    from capture_plan.planner.fit.model import load_model, weight_bytes
+    from capture_plan.planner.fit.tables import rule_for
+    from capture_plan.tests.engines.case_model import measured_weights
+    from capture_plan.tests.engines.sglang_memory import rope_cache
+
+    small = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
+    small |= dict(num_hidden_layers=2, vocab_size=128, max_position_embeddings=96)
+    small |= {"gemma2": dict(head_dim=16), "mixtral": dict(num_local_experts=4)}.get(case, {})
+    if case == "qwen2_moe":
+        small |= dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+    cfg = hf_config(case, **small, dtype="bfloat16")
+    (tmp_path / "config.json").write_text(cfg.to_json_string())
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    target = type("Target", (), {"model": model})()
+    rope = rope_cache(cfg, "cpu")
+    assert rope.dtype == torch.float32 and rope.shape == (96, 16)
+    runner = measured_weights(target, rotary=False) + rope.nbytes
+    assert measured_weights(target) > measured_weights(target, rotary=False)  # inv_freq left out
+    rule = rule_for("sglang==0.5.23")[3]
+    assert weight_bytes(load_model(str(tmp_path / "config.json")), 1, rule.rotary_cache_bytes) == runner

@@ -98,6 +98,20 @@ def test_the_per_node_basis_is_the_committed_bench_and_each_per_graph_figure_has
         assert sm in devs["graph_exec_per_node_basis"], f"[graph_exec_per_graph] {sm} needs its per-node basis"
 
 
+def test_the_sm90_per_graph_figure_is_the_committed_overhead_bench_fit():
+    """devices.toml's [graph_exec_per_graph] sm90 is the H200 overhead run's fit, rounded: the
+    figure its comment names, not a typed copy that could drift from it."""
+    devs = data("devices.toml")
+    bench = json.loads((ROOT / "bench" / "results" / "graph-exec-overhead-2026-12-06.json").read_text())
+    assert bench["mode"] == "overhead" and bench["device"] == "NVIDIA H200"
+    assert devs["graph_exec_per_graph"]["sm90"] == round(bench["fit"]["per_graph_bytes"])
+    # the per-node figure fit then uses stays the model graphs' one, less what the per-graph absorbed
+    graph, node = estimate.per_graph("sm90")
+    basis = devs["graph_exec_per_node_basis"]["sm90"]
+    assert graph == devs["graph_exec_per_graph"]["sm90"]
+    assert node == pytest.approx(devs["graph_exec_per_node"]["sm90"] - graph * basis["graphs"] / basis["nodes"])
+
+
 def test_the_overhead_bench_fit_recovers_per_graph_and_per_node_bytes():
     fit_ = bench_module("graph_exec_bench").overhead_fit
     pts = [{"k": k, "n": n, "exec": n * 300_000 + n * k * 2_500} for k in (1, 4, 16, 64, 256) for n in (64, 256, 1024)]
@@ -129,3 +143,25 @@ def test_vllm_full_graphs_on_fa3_hold_one_layers_split_kv_accumulators_in_the_po
     both, piecewise = _graph(), _graph(**{"cudagraph-mode": "PIECEWISE"})
     assert "split-KV accumulators" in both.source and "split-KV" not in piecewise.source
     assert both.bytes - piecewise.bytes > b
+
+
+def test_sglangs_graph_memory_holds_the_shared_float32_logits_buffer(monkeypatch):
+    """SGLang 0.5.23's capture drop holds GraphSharedOutput's (largest decode size x vocabulary)
+    float32 logits buffer: fit adds it to the estimate, not to a measured graph figure."""
+    from capture_plan.planner.fit import sglang
+    from capture_plan.schemas.fit import FitItem
+
+    def graph(**flags):
+        r = fit(FitRequest(load_model(str(LLAMA)), H100, "sglang==0.5.23", 1, {"context-length": 8192, **flags}))
+        return next(i for i in r.items if i.name == "graph memory")
+
+    with_buffer = graph()
+    assert "shared float32 logits buffer, 256 x 128256" in with_buffer.source
+    with monkeypatch.context() as m:
+        m.setattr(sglang, "_with_logits_buffer", lambda item, rows, vocab: item)
+        assert with_buffer.bytes - graph().bytes == 256 * 128256 * 4
+    given = FitItem("graph memory", 1 << 30, 0, "given", "a calibration")
+    r = fit(
+        FitRequest(load_model(str(LLAMA)), H100, "sglang==0.5.23", 1, {"context-length": 8192}, measured_graph=given)
+    )
+    assert next(i for i in r.items if i.name == "graph memory").bytes == 1 << 30

@@ -359,18 +359,48 @@ def _linear(rows: int, cols: int, m: FitModel) -> float:
     return n * m.dtype_bytes
 
 
+#: model types whose decoder layer has four RMS norms, not two: before and after attention and
+#: before and after the MLP (input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
+#: post_feedforward_layernorm: SGLang 0.5.23's models/gemma2.py and gemma3_causal.py, as
+#: transformers' Gemma2DecoderLayer)
+FOUR_NORMS = ("gemma2", "gemma3_text")
+#: model types that keep the embedding's scale sqrt(hidden) as a one-element buffer in the
+#: model's dtype (SGLang 0.5.23 models/gemma2.py Gemma2Model: register_buffer("normalizer"))
+NORMALIZER = ("gemma2",)
+#: model types whose MoE layers gate their shared expert by a Linear(hidden, 1), replicated
+#: under tp (SGLang 0.5.23 models/qwen2_moe.py Qwen2MoeSparseMoeBlock.shared_expert_gate:
+#: torch.nn.Linear(hidden_size, 1, bias=False))
+SHARED_EXPERT_GATE = ("qwen2_moe",)
+
+
+def _norms(m: FitModel) -> int:
+    """Bytes of the hidden-sized RMS norms (two or :data:`FOUR_NORMS` a layer, the final one)
+    and :data:`NORMALIZER`'s scalar (MLA's latent norms are its attention's)."""
+    d, per_layer = m.dtype_bytes, 4 if m.model_type in FOUR_NORMS else 2
+    return (per_layer * m.layers + 1) * m.hidden * d + (d if m.model_type in NORMALIZER else 0)
+
+
 def replicated_bytes(m: FitModel) -> int:
-    """Bytes every rank holds whole under tensor parallelism: the RMS norms (two a layer and
-    the final one; MLA's latent norms), and an MoE's router (vLLM's ReplicatedLinear gate)."""
+    """Bytes every rank holds whole under tensor parallelism: the RMS norms (:func:`_norms`),
+    an MoE's router (vLLM's ReplicatedLinear gate) and :data:`SHARED_EXPERT_GATE`'s gate."""
     d = m.dtype_bytes
-    norms = (2 * m.layers + 1) * m.hidden * d + m.layers * (m.kv_lora_rank + m.q_lora_rank) * d
-    router = (m.layers - m.dense_layers) * m.hidden * m.experts * d if m.experts else 0
-    return norms + router
+    latent = m.layers * (m.kv_lora_rank + m.q_lora_rank) * d
+    moe_layers = m.layers - m.dense_layers if m.experts else 0
+    return _norms(m) + latent + moe_layers * m.hidden * m.experts * d + _shared_gate(m)
 
 
-def weight_bytes(m: FitModel, tp: int) -> int:
+def _shared_gate(m: FitModel) -> int:
+    """Bytes of :data:`SHARED_EXPERT_GATE`'s gates (0 for another model)."""
+    if m.model_type not in SHARED_EXPERT_GATE or not m.experts or not m.shared_expert_intermediate:
+        return 0
+    return (m.layers - m.dense_layers) * m.hidden * m.dtype_bytes
+
+
+def weight_bytes(m: FitModel, tp: int, rotary_bytes: int = 0) -> int:
     """One rank's weight bytes, counted from the dimensions (see the module's docstring);
-    with a safetensors index, its total split over ``tp`` but for :func:`replicated_bytes`."""
+    with a safetensors index, its total split over ``tp`` but for :func:`replicated_bytes`.
+    ``rotary_bytes``: the element size of the engine's rotary cos/sin cache (0: the model's
+    dtype, as vLLM keeps it; SGLang keeps it in float32 on CUDA)."""
     if m.exact_weight_bytes:
         if tp == 1:
             return m.exact_weight_bytes
@@ -402,6 +432,6 @@ def weight_bytes(m: FitModel, tp: int) -> int:
         mlp = m.dense_layers * dense + (m.layers - m.dense_layers) * moe
     else:
         mlp = m.layers * dense
-    norms = (2 * m.layers + 1) * h * d
-    rotary = m.max_positions * m.rotary_dim * d  # vLLM's cos_sin_cache, in the model's dtype
-    return int((emb + m.layers * attn + mlp) / tp + norms + rotary)
+    # the engine's cos_sin_cache, one for the model (the engines share a rope by its settings)
+    rotary = m.max_positions * m.rotary_dim * (rotary_bytes or d)
+    return int((emb + m.layers * attn + mlp) / tp + _norms(m) + _shared_gate(m) + rotary)

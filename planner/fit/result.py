@@ -80,7 +80,7 @@ def device_total(inp: FitInputs) -> FitItem:
 
 def weights(inp: FitInputs) -> FitItem:
     m = inp.model
-    b = weight_bytes(m, inp.tp)
+    b = weight_bytes(m, inp.tp, inp.rule.rotary_cache_bytes)
     if not m.exact_weight_bytes:  # counted from the dimensions: within 0.5% of the loaded figure
         return FitItem("weights", b, int(0.005 * b), "estimated", f"counted from {m.source}")
     if inp.tp == 1:

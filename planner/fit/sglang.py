@@ -65,8 +65,10 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     nt = estimate.non_torch(inp.tp)
     act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
     default_graph = result.graph_memory(inp, sglang_graphs(len(decode), len(prefill), m.layers), max(decode))
+    default_graph = _with_logits_buffer(default_graph, max(decode), m.vocab)
     if plan is not None:
-        graph = inp.request.measured_graph or result.graph_memory(inp, None, max(plan.sizes), plan=True)
+        planned = result.graph_memory(inp, None, max(plan.sizes), plan=True)
+        graph = inp.request.measured_graph or _with_logits_buffer(planned, max(plan.sizes), m.vocab)
     else:
         graph = inp.request.measured_graph or default_graph
     budget = FitItem(
@@ -128,3 +130,18 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         )
     kv = Kv(max(kv_bytes, 0), tokens // page, page, tokens, tokens / ctx_len, ctx_len)
     return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)
+
+
+def _with_logits_buffer(graph: FitItem, rows: int, vocab: int) -> FitItem:
+    """``graph`` with the decode graphs' shared logits buffer, which the capture's measured
+    drop holds (model_executor/model_runner_components/cuda_graph_setup.py capture_decode_graph
+    reads the free memory before the decode runner is made): graph_shared_output.py
+    ``GraphSharedOutput.get_logits_buffer``, ``torch.zeros((max_rows, vocab_size), float)``, made
+    by the decode runner's init, ``max_rows`` the largest decode size (model_runner.py
+    max_decode_logits_rows: one token a request without speculative decoding); the whole
+    vocabulary on every rank (the logits are gathered)."""
+    if graph.bytes is None or graph.bytes == 0:
+        return graph
+    b = rows * vocab * 4
+    src = f"{graph.source}; + the shared float32 logits buffer, {rows} x {vocab} (graph_shared_output.py)"
+    return FitItem(graph.name, graph.bytes + b, graph.error_bytes, graph.status, src)

@@ -86,6 +86,9 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: releases that count max_num_batched_tokens) or 2 (VllmConfig.max_in_flight_tokens
     #: under async scheduling)
     in_flight_batches: int = 2
+    #: the element size the release keeps the rotary cos/sin cache in, counted with the weights
+    #: (0: the model's dtype, as vLLM keeps it)
+    rotary_cache_bytes: int = 0
 
 
 class ContextRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

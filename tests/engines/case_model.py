@@ -152,12 +152,14 @@ def _reference_models(target) -> list:
     return [target.target, target.draft] if hasattr(target, "draft") else [target]
 
 
-def measured_weights(target) -> int:
+def measured_weights(target, rotary: bool = True) -> int:
     """Bytes of the model's parameters and buffers (one count per storage: EAGLE's draft shares
-    the target's embedding), its KV caches not included."""
+    the target's embedding), its KV caches not included; without ``rotary``, a transformers
+    model's rotary buffers (``rotary_emb.inv_freq``, ``original_inv_freq``) left out."""
     model = getattr(target, "model", None)
     if isinstance(model, torch.nn.Module):
-        tensors = [*model.parameters(), *model.buffers()]
+        buffers = [b for n, b in model.named_buffers() if rotary or "rotary_emb." not in f".{n}"]
+        tensors = [*model.parameters(), *buffers]
     else:
         tensors = []
         for m in _reference_models(target):
