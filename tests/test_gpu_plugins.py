@@ -40,13 +40,7 @@ def test_sglang_plugin_on_the_gpu(monkeypatch, tmp_path):
     sgl_plugin.register()
     tokens = {p.name: p.tokens_per_request for p in plan.phases}
     model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), hidden=HIDDEN, device=_device())
-    module.reset_globals()
-    runners = harness.sglang_runners(module, model, SIZES)
-    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-    engine = harness.SGLangEngine()
-    for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
-        engine.runners.append(runner)
-        runner.capture()
+    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
     gs = module.FullCudaGraphBackend.__capture_plan__.loop.graphs
     try:
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]

@@ -336,11 +336,7 @@ def test_sglang_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monke
     engine = harness.SGLangEngine()
     with pytest.raises(CaptureFailed, match=r"capture/decode/4/lora=lora,attention=a") as err:
         module.reset_globals()
-        runners = harness.sglang_runners(module, model, SIZES)
-        phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-        for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
-            engine.runners.append(runner)
-            runner.capture()
+        harness.capture_in_plan_order(engine, harness.sglang_runners(module, model, SIZES), plan)
     assert "boom" in str(err.value)
     assert engine.graphs == {} and engine.outputs == {}  # every backend's cleanup ran
     gc.collect()

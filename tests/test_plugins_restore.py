@@ -89,12 +89,8 @@ def _sglang_start(dev, monkeypatch, tmp_path, plan, ws: int):
 
     dev.driver.place = place
     dev.driver.ranges = [(model.w.data_ptr(), model.w.untyped_storage().nbytes())]
-    runners = harness.sglang_runners(module, model, SIZES)
-    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
     engine = harness.SGLangEngine()
-    for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
-        engine.runners.append(runner)
-        runner.capture()
+    harness.capture_in_plan_order(engine, harness.sglang_runners(module, model, SIZES), plan)
     return module, model, engine
 
 
