@@ -59,12 +59,26 @@ def _draft_decode(module):
     return grid(max(SIZES)) if grid is not None else None
 
 
+def _vllm_captured(monkeypatch, tmp_path, module, plan, model, **runner):
+    """vLLM's start-up with the plugin registered for ``plan``: the release's (``module``)
+    runner of ``model`` made (``runner``: :func:`engines.harness.vllm_runner_of`'s options) and
+    captured. Returns it and the plugin's GraphSet."""
+    from engines import harness
+    from engines.plugged import plan_file
+
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    made = harness.vllm_runner_of(module, model, SIZES, **runner)
+    made.capture_model()
+    return made, module.CudaGraphManager.__capture_plan__.loop.graphs
+
+
 @pytest.mark.parametrize("vllm", VLLM_RELEASES)
 def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
     import torch
 
     from engines import harness
-    from engines.plugged import plan_file, vllm_release
+    from engines.plugged import vllm_release
     from engines.toy import ToyModel
 
     module = vllm_release(monkeypatch, tmp_path, version=vllm, fits=False)
@@ -72,12 +86,8 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
     plan = harness.vllm_plan(
         tmp_path, SIZES, keeps=hidden_bytes, loras=["0", "1"], draft=True, draft_decode=_draft_decode(module)
     )
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
     model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES) * harness.DRAFT_QUERY, hidden=HIDDEN, device=_device())
-    runner = harness.vllm_runner_of(module, model, SIZES, loras=[0, 1], draft=model)
-    runner.capture_model()
-    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    runner, gs = _vllm_captured(monkeypatch, tmp_path, module, plan, model, loras=[0, 1], draft=model)
     manager = runner.cudagraph_manager
     try:
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
@@ -110,18 +120,14 @@ def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_
     import torch
 
     from engines import harness
-    from engines.plugged import plan_file, vllm_release
+    from engines.plugged import vllm_release
     from engines.toy import ToyModel
 
     module = vllm_release(monkeypatch, tmp_path, version=vllm, fits=False)
     hidden_bytes = max(SIZES) * HIDDEN * 4
     plan = harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes, order=("order=smallest-first",))
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
     model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES), hidden=HIDDEN, device=_device())
-    runner = harness.vllm_runner_of(module, model, SIZES)
-    runner.capture_model()
-    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    runner, gs = _vllm_captured(monkeypatch, tmp_path, module, plan, model)
     manager = runner.cudagraph_manager
     try:
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]

@@ -42,10 +42,9 @@ torch = pytest.importorskip("torch")
 
 from engine_checks import check_every_key  # noqa: E402
 from engines import harness  # noqa: E402
-from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.plugged import VLLM_RELEASES, loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
-CPU = torch.device("cpu")
 SIZES = [1, 2, 4, 8]
 HIDDEN_BYTES = 8 * 8 * 4  # vLLM's persistent hidden_states: 8 tokens of 8 float32
 
@@ -59,8 +58,7 @@ def vllm(request) -> str:
 @pytest.fixture
 def cuda(fake, monkeypatch):
     """The fake CUDA, the plugins' loops on the CPU."""
-    monkeypatch.setattr(sgl_plugin, "LOOP_OPTIONS", {"device": CPU})
-    monkeypatch.setattr(vllm_plugin, "LOOP_OPTIONS", {"device": CPU})
+    loops_on_cpu(monkeypatch)
     return fake
 
 

@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")  # before the engines' runners, which impor
 import restore_device  # noqa: E402
 from engines import harness  # noqa: E402
 from engines.plans import build  # noqa: E402
-from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.plugged import VLLM_RELEASES, loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -49,8 +49,7 @@ def vllm(request) -> str:
 @pytest.fixture
 def dev(fake, monkeypatch):
     """The fake CUDA and driver (tests/restore_device.py), the plugins' loops on the CPU."""
-    monkeypatch.setattr(sgl_plugin, "LOOP_OPTIONS", {"device": CPU})
-    monkeypatch.setattr(vllm_plugin, "LOOP_OPTIONS", {"device": CPU})
+    loops_on_cpu(monkeypatch)
     return restore_device.install(fake, monkeypatch)
 
 
