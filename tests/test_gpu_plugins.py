@@ -11,11 +11,8 @@ from __future__ import annotations
 import pytest
 
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
-from capture_plan.adapters.plugins.hooks import KNOWN
 
 pytestmark = pytest.mark.gpu
-#: the vLLM releases whose engine-faithful runners the vLLM tests run (tests/engines/plugged.py)
-VLLM_RELEASES = KNOWN["vllm"]  # every release file's (planner/data/releases/)
 SIZES = [1, 2, 4, 8, 16, 32]
 HIDDEN = 256
 
@@ -73,7 +70,6 @@ def _vllm_captured(monkeypatch, tmp_path, module, plan, model, **runner):
     return made, module.CudaGraphManager.__capture_plan__.loop.graphs
 
 
-@pytest.mark.parametrize("vllm", VLLM_RELEASES)
 def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
     import torch
 
@@ -112,7 +108,6 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
         gs.release()
 
 
-@pytest.mark.parametrize("vllm", VLLM_RELEASES)
 def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_gpu(monkeypatch, tmp_path, vllm):
     """vLLM 0.33.0 sizes its persistent hidden states from its first warm-up: a plan that starts
     at the smallest size gets one warm-up at the largest first, inside the first step's warm-up

@@ -42,17 +42,11 @@ torch = pytest.importorskip("torch")
 
 from engine_checks import check_every_key  # noqa: E402
 from engines import harness  # noqa: E402
-from engines.plugged import VLLM_RELEASES, loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.plugged import loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
 SIZES = [1, 2, 4, 8]
 HIDDEN_BYTES = 8 * 8 * 4  # vLLM's persistent hidden_states: 8 tokens of 8 float32
-
-
-@pytest.fixture(params=VLLM_RELEASES)
-def vllm(request) -> str:
-    """The vLLM release a vLLM test runs on (its engine-faithful runner: tests/engines/plugged.py)."""
-    return request.param
 
 
 @pytest.fixture

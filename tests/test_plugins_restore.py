@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")  # before the engines' runners, which impor
 import restore_device  # noqa: E402
 from engines import harness  # noqa: E402
 from engines.plans import build  # noqa: E402
-from engines.plugged import VLLM_RELEASES, loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.plugged import loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -39,11 +39,6 @@ MiB = 1 << 20
 WS, NEW_WS = 0x7700_0000_0000, 0x7800_0000_0000
 #: vLLM's extensible KV cache reservation in each start-up (memory the engine owns outside torch's allocator)
 KV, NEW_KV = 0x7A00_0000_0000, 0x7B00_0000_0000
-
-
-@pytest.fixture(params=VLLM_RELEASES)
-def vllm(request) -> str:
-    return request.param
 
 
 @pytest.fixture
