@@ -25,15 +25,9 @@ from typing import TYPE_CHECKING
 
 from capture_plan.schemas import __version__
 
+from . import errors
 from .dispatch import PadTable
-from .errors import (
-    CaptureFailed,
-    EnvironmentMismatch,
-    ExecutorError,
-    RestoreRefused,
-    StaleOutputError,
-    VerificationFailed,
-)
+from .errors import *  # noqa: F403 (the errors: errors.__all__, exported below)
 from .load import Environment, check_environment, load_plan
 
 if TYPE_CHECKING:  # the lazy attributes (_LAZY), as type checkers and editors see them (never run)
@@ -70,13 +64,8 @@ __all__ = [
     "EngineFunctions",
     "record_graphs",
     "weak_view",
-    "ExecutorError",
-    "EnvironmentMismatch",
-    "CaptureFailed",
-    "StaleOutputError",
-    "VerificationFailed",
-    "RestoreRefused",
 ]
+__all__ += errors.__all__  # the executor's errors
 
 _LAZY = {
     "capture": ".driver",

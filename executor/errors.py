@@ -13,6 +13,8 @@ from capture_plan.schemas.errors import CapturePlanError
 if TYPE_CHECKING:
     from capture_plan.schemas.plan import Plan, Step
 
+#: the errors, which the package exports as they are (``capture_failed``, the capture drivers'
+#: helper, is theirs alone)
 __all__ = [
     "ExecutorError",
     "EnvironmentMismatch",
@@ -20,7 +22,6 @@ __all__ = [
     "StaleOutputError",
     "VerificationFailed",
     "RestoreRefused",
-    "capture_failed",
 ]
 
 

@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from capture_plan.schemas.graph_file import Library
+from capture_plan.schemas.graph_file import Library, Runtime
 
 from .graph_validity import GraphEnvironment
 from .restore_probe import stream_workspaces
@@ -175,12 +175,14 @@ def current_environment(
 
     major, minor = torch.cuda.get_device_capability()
     return GraphEnvironment(
-        plan_digest=plan_digest,
-        device=torch.cuda.get_device_name(),
-        capability=f"{major}.{minor}",
-        driver=driver_version(),
-        torch=torch_versions()[0],
-        cuda=torch_versions()[1],
+        runtime=Runtime(
+            plan_digest=plan_digest,
+            device=torch.cuda.get_device_name(),
+            capability=f"{major}.{minor}",
+            driver=driver_version(),
+            torch=torch_versions()[0],
+            cuda=torch_versions()[1],
+        ),
         libraries={lib.name: lib.digest for lib in kernel_libraries(only=libraries)},
         tensors={n: t.untyped_storage().nbytes() for n, t in tensors.items()},  # pyright: ignore[reportAttributeAccessIssue]
         pools={n: [size for _, size in pool_segments([p])] for n, p in pools.items()},

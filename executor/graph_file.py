@@ -341,15 +341,7 @@ def save_graphs(
     snapshot = torch.cuda.memory_snapshot()
     workspaces = library_workspaces(gs.pools, snapshot)
     env = current_environment(plan.digest, named, gs.pools, workspaces)
-    valid = ValidFor(
-        plan_digest=env.plan_digest,
-        device=env.device,
-        capability=env.capability,
-        driver=env.driver,
-        torch=env.torch,
-        cuda=env.cuda,
-        libraries=libs,
-    )
+    valid = ValidFor(**msgspec.structs.asdict(env.runtime), libraries=libs)
     segments = torch_segments(snapshot)
     resolve = AddressResolver(calls, known=segments)
     spans = {n: (t_.untyped_storage().data_ptr(), t_.untyped_storage().nbytes()) for n, t_ in named.items()}  # pyright: ignore[reportAttributeAccessIssue]

@@ -25,7 +25,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile
+from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile, Runtime
 
 __all__ = ["GraphEnvironment", "check_valid", "segment_uses", "stale_addresses"]
 
@@ -34,12 +34,8 @@ __all__ = ["GraphEnvironment", "check_valid", "segment_uses", "stale_addresses"]
 class GraphEnvironment:
     """What this process offers a restore."""
 
-    plan_digest: str
-    device: str
-    capability: str
-    driver: str
-    torch: str
-    cuda: str
+    #: the plan, device, driver, torch and CUDA, as a file's ``valid_for`` records them
+    runtime: Runtime
     #: kernel library file name -> "sha256:<hex>"
     libraries: dict[str, str] = field(default_factory=dict)
     #: named tensor -> its storage's bytes
@@ -88,15 +84,15 @@ def check_valid(file: GraphFile, env: GraphEnvironment, *, later: Collection[str
     library workspaces exist once its eager runs made them; "pool": it lays the pools out;
     "tensor"), "library" (a kernel library not mapped yet: its first use may map it; one
     mapped with another digest is refused still)."""
-    v = file.valid_for
-    out = _same("plan digest", v.plan_digest, env.plan_digest)
+    v, ours = file.valid_for, env.runtime
+    out = _same("plan digest", v.plan_digest, ours.plan_digest)
     out += _same(
         "device",
         f"{v.device} (compute capability {v.capability})",
-        f"{env.device} (compute capability {env.capability})",
+        f"{ours.device} (compute capability {ours.capability})",
     )
-    out += _same("driver", v.driver, env.driver)
-    out += _same("torch", f"{v.torch} (CUDA {v.cuda})", f"{env.torch} (CUDA {env.cuda})")
+    out += _same("driver", v.driver, ours.driver)
+    out += _same("torch", f"{v.torch} (CUDA {v.cuda})", f"{ours.torch} (CUDA {ours.cuda})")
     for lib in v.libraries:
         here = env.libraries.get(lib.name)
         if here is None:

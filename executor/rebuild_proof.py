@@ -25,6 +25,8 @@ in a fresh process.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from capture_plan.schemas.graph_file import GraphFile
@@ -65,8 +67,16 @@ def _reference(gs, phase: str, bs: int) -> list[torch.Tensor] | None:
     return ref if all(torch.equal(a, _as_bytes(t)) for a, t in zip(ref, cap.outputs)) else None
 
 
-def _in_order(gs, rebuilt: Rebuilt) -> list[tuple[str, int]]:
-    return sorted(rebuilt.execs, key=lambda key: gs.graphs[key].order)
+def _repeatable(gs, rebuilt: Rebuilt, out: dict) -> Iterator[tuple[str, int, str, list[torch.Tensor]]]:
+    """Each rebuilt graph in capture order as (phase, bs, its name, its captured graph's
+    outputs: :func:`_reference`); a graph whose replays differ is named in
+    ``out["not_repeatable"]`` instead."""
+    for phase, bs in sorted(rebuilt.execs, key=lambda key: gs.graphs[key].order):
+        ref = _reference(gs, phase, bs)
+        if ref is None:
+            out["not_repeatable"].append(f"{phase}/{bs}")
+        else:
+            yield phase, bs, f"{phase}/{bs}", ref
 
 
 def compare_replays(gs, rebuilt: Rebuilt) -> dict:
@@ -75,12 +85,8 @@ def compare_replays(gs, rebuilt: Rebuilt) -> dict:
     bytes compared."""
     stream = torch.cuda.current_stream()
     out: dict = {"equal": [], "differ": [], "not_repeatable": [], "bytes_compared": 0}
-    for phase, bs in _in_order(gs, rebuilt):
-        cap, name = gs.graphs[(phase, bs)], f"{phase}/{bs}"
-        ref = _reference(gs, phase, bs)
-        if ref is None:
-            out["not_repeatable"].append(name)
-            continue
+    for phase, bs, name, ref in _repeatable(gs, rebuilt, out):
+        cap = gs.graphs[(phase, bs)]
         for t in cap.outputs:
             _canary(t)
         gs.refresh_workspace(phase, bs, bs)
@@ -159,13 +165,8 @@ def compare_moved(gs, path, target: object = None, walked=None, tensors=None) ->
     out: dict = {"equal": [], "differ": [], "not_repeatable": [], "unreadable": [], "bytes_compared": 0}
     out.update(segments=len(copies.spans), bytes_copied=sum(size for _, _, size in copies.spans.values()))
     try:
-        for phase, bs in _in_order(gs, moved):
-            cap, name = gs.graphs[(phase, bs)], f"{phase}/{bs}"
-            ref = _reference(gs, phase, bs)
-            if ref is None:
-                out["not_repeatable"].append(name)
-                continue
-            views = [copies.moved(t) for t in cap.outputs]
+        for phase, bs, name, ref in _repeatable(gs, moved, out):
+            views = [copies.moved(t) for t in gs.graphs[(phase, bs)].outputs]
             if any(v is None for v in views):
                 out["unreadable"].append(name)
                 continue

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+import msgspec
+
 from capture_plan.schemas.graph_file import GraphFile
 from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
@@ -128,8 +130,7 @@ def inspect_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
     plan's digest, every address in a segment no restore relocates into."""
     v = file.valid_for
     own = GraphEnvironment(
-        plan_digest=plan.digest if plan is not None else v.plan_digest,
-        **{f: getattr(v, f) for f in ("device", "capability", "driver", "torch", "cuda")},
+        runtime=msgspec.structs.replace(v.runtime, plan_digest=plan.digest) if plan is not None else v.runtime,
         libraries={lib.name: lib.digest for lib in v.libraries},
     )
     return check_valid(file, own, later=("tensor", "workspace", "engine", "pool")) + file_refusals(file, plan)

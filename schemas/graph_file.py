@@ -65,6 +65,7 @@ __all__ = [
     "SEGMENT_KINDS",
     "RELOCATABLE",
     "Library",
+    "Runtime",
     "ValidFor",
     "Segment",
     "Module",
@@ -109,8 +110,9 @@ class Library(_Struct, frozen=True, kw_only=True):
     size: int
 
 
-class ValidFor(_Struct, frozen=True, kw_only=True):
-    """What a restore must find to use the file (``check_valid`` compares each)."""
+class Runtime(_Struct, frozen=True, kw_only=True):
+    """The plan and the process a file's graphs were captured with: what a restore's process
+    must match, beside the kernel libraries (``check_valid`` compares each)."""
 
     plan_digest: str
     device: str
@@ -120,7 +122,18 @@ class ValidFor(_Struct, frozen=True, kw_only=True):
     torch: str
     #: the CUDA torch was built with
     cuda: str
+
+
+class ValidFor(Runtime, frozen=True, kw_only=True):
+    """What a restore must find to use the file (``check_valid`` compares each): the
+    :class:`Runtime` and the kernel libraries."""
+
     libraries: list[Library] = []
+
+    @property
+    def runtime(self) -> Runtime:
+        """The :class:`Runtime` alone, less the libraries."""
+        return Runtime(**{f: getattr(self, f) for f in Runtime.__struct_fields__})
 
 
 class Segment(_Struct, frozen=True, kw_only=True):

@@ -1,4 +1,4 @@
-"""What the CLI tests share: a minimal spec, a Llama config.json, the one-line error check,
+"""What the CLI tests share: a minimal spec, two rules in conflict, a Llama config.json, the one-line error check,
 resealing a plan, and a size choice with every option set."""
 
 from __future__ import annotations
@@ -20,6 +20,17 @@ LLAMA = {
     "torch_dtype": "bfloat16",
 }
 SPEC = '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 2]\n'
+#: a spec's two rules that require opposite capture orders (team-a, team-b)
+CONFLICTING_RULES = """
+[[rules]]
+id = "team-a"
+why = "x"
+require = [{ order = "largest-first" }]
+[[rules]]
+id = "team-b"
+why = "y"
+require = [{ order = "smallest-first" }]
+"""
 
 
 def one_line_error(result, *needles: str) -> str:

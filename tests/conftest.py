@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from capture_plan.adapters.plugins.hooks import KNOWN
+
 
 def _cuda() -> bool:
     if importlib.util.find_spec("torch") is None:
@@ -72,6 +74,13 @@ def fake(monkeypatch):
     from fake_cuda import install
 
     return install(monkeypatch)
+
+
+@pytest.fixture(params=KNOWN["vllm"])
+def vllm(request) -> str:
+    """The vLLM release a vLLM test runs on: each release file's (planner/data/releases/), on
+    its engine-faithful runner (tests/engines/plugged.py)."""
+    return request.param
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ from capture_plan.schemas.plan import Step
 from capture_plan.schemas.report import CaptureReport, DeviceItem, DeviceView, ReportModel, StepMeasurement
 from capture_plan.schemas.strategy import AXIS_VALUES
 from capture_plan.schemas.units import DRIVER_CHUNK
+from cli_inputs import CONFLICTING_RULES
 
 
 def _edges_respected(plan):
@@ -163,20 +164,7 @@ def _verify_after(phase: str) -> str:
 
 
 def test_conflicting_order_rules_are_reported_as_the_rules_in_conflict(tmp_path):
-    spec = _spec(
-        tmp_path,
-        PHASE
-        + """
-[[rules]]
-id = "team-a"
-why = "x"
-require = [{ order = "largest-first" }]
-[[rules]]
-id = "team-b"
-why = "y"
-require = [{ order = "smallest-first" }]
-""",
-    )
+    spec = _spec(tmp_path, PHASE + CONFLICTING_RULES)
     with pytest.raises(ConstraintError, match=r"rules in conflict: team-a, team-b"):
         build_plan(BuildOptions(backend="fa3", spec=spec))
 

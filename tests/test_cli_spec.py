@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from cli_inputs import LLAMA, SPEC, one_line_error
+from cli_inputs import CONFLICTING_RULES, LLAMA, SPEC, one_line_error
 
 
 @pytest.mark.parametrize(
@@ -144,21 +144,9 @@ def test_json_spec_errors_are_located_too(cli, tmp_path):
 
 
 def test_conflicting_rules_exit_1_naming_them(cli, tmp_path):
-    (tmp_path / "s.toml").write_text("""[[phases]]
-name = "decode"
-kind = "decode"
-sizes = [1, 2]
-[[rules]]
-id = "a"
-why = "a"
-require = [{ order = "largest-first" }]
-[[rules]]
-id = "b"
-why = "b"
-require = [{ order = "smallest-first" }]
-""")
+    (tmp_path / "s.toml").write_text(SPEC + CONFLICTING_RULES)
     code, _, err = cli("build", "-b", "fa3", "--spec", "s.toml")
-    assert code == 1 and "rules in conflict: a, b" in err
+    assert code == 1 and "rules in conflict: team-a, team-b" in err
 
 
 @pytest.mark.parametrize(

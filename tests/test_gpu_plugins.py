@@ -11,11 +11,8 @@ from __future__ import annotations
 import pytest
 
 from capture_plan.adapters.plugins import core, sglang as sgl_plugin, vllm as vllm_plugin
-from capture_plan.adapters.plugins.hooks import KNOWN
 
 pytestmark = pytest.mark.gpu
-#: the vLLM releases whose engine-faithful runners the vLLM tests run (tests/engines/plugged.py)
-VLLM_RELEASES = KNOWN["vllm"]  # every release file's (planner/data/releases/)
 SIZES = [1, 2, 4, 8, 16, 32]
 HIDDEN = 256
 
@@ -40,13 +37,7 @@ def test_sglang_plugin_on_the_gpu(monkeypatch, tmp_path):
     sgl_plugin.register()
     tokens = {p.name: p.tokens_per_request for p in plan.phases}
     model = ToyModel(tokens, max_tokens=max(SIZES) * max(tokens.values()), hidden=HIDDEN, device=_device())
-    module.reset_globals()
-    runners = harness.sglang_runners(module, model, SIZES)
-    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-    engine = harness.SGLangEngine()
-    for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
-        engine.runners.append(runner)
-        runner.capture()
+    engine = harness.plugged_sglang_start(module, plan, model, SIZES)
     gs = module.FullCudaGraphBackend.__capture_plan__.loop.graphs
     try:
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
@@ -65,12 +56,25 @@ def _draft_decode(module):
     return grid(max(SIZES)) if grid is not None else None
 
 
-@pytest.mark.parametrize("vllm", VLLM_RELEASES)
+def _vllm_captured(monkeypatch, tmp_path, module, plan, model, **runner):
+    """vLLM's start-up with the plugin registered for ``plan``: the release's (``module``)
+    runner of ``model`` made (``runner``: :func:`engines.harness.vllm_runner_of`'s options) and
+    captured. Returns it and the plugin's GraphSet."""
+    from engines import harness
+    from engines.plugged import plan_file
+
+    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
+    vllm_plugin.register()
+    made = harness.vllm_runner_of(module, model, SIZES, **runner)
+    made.capture_model()
+    return made, module.CudaGraphManager.__capture_plan__.loop.graphs
+
+
 def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
     import torch
 
     from engines import harness
-    from engines.plugged import plan_file, vllm_release
+    from engines.plugged import vllm_release
     from engines.toy import ToyModel
 
     module = vllm_release(monkeypatch, tmp_path, version=vllm, fits=False)
@@ -78,12 +82,8 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
     plan = harness.vllm_plan(
         tmp_path, SIZES, keeps=hidden_bytes, loras=["0", "1"], draft=True, draft_decode=_draft_decode(module)
     )
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
     model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES) * harness.DRAFT_QUERY, hidden=HIDDEN, device=_device())
-    runner = harness.vllm_runner_of(module, model, SIZES, loras=[0, 1], draft=model)
-    runner.capture_model()
-    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    runner, gs = _vllm_captured(monkeypatch, tmp_path, module, plan, model, loras=[0, 1], draft=model)
     manager = runner.cudagraph_manager
     try:
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]
@@ -108,7 +108,6 @@ def test_vllm_plugin_on_the_gpu(monkeypatch, tmp_path, vllm):
         gs.release()
 
 
-@pytest.mark.parametrize("vllm", VLLM_RELEASES)
 def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_gpu(monkeypatch, tmp_path, vllm):
     """vLLM 0.33.0 sizes its persistent hidden states from its first warm-up: a plan that starts
     at the smallest size gets one warm-up at the largest first, inside the first step's warm-up
@@ -116,18 +115,14 @@ def test_vllm_plugin_measures_the_hidden_states_of_a_smallest_first_plan_on_the_
     import torch
 
     from engines import harness
-    from engines.plugged import plan_file, vllm_release
+    from engines.plugged import vllm_release
     from engines.toy import ToyModel
 
     module = vllm_release(monkeypatch, tmp_path, version=vllm, fits=False)
     hidden_bytes = max(SIZES) * HIDDEN * 4
     plan = harness.vllm_plan(tmp_path, SIZES, keeps=hidden_bytes, order=("order=smallest-first",))
-    monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))
-    vllm_plugin.register()
     model = ToyModel({"piecewise": 1}, max_tokens=max(SIZES), hidden=HIDDEN, device=_device())
-    runner = harness.vllm_runner_of(module, model, SIZES)
-    runner.capture_model()
-    gs = module.CudaGraphManager.__capture_plan__.loop.graphs
+    runner, gs = _vllm_captured(monkeypatch, tmp_path, module, plan, model)
     manager = runner.cudagraph_manager
     try:
         assert [m.id for m in gs.report.steps] == [s.id for s in plan.steps]

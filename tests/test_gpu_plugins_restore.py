@@ -12,27 +12,15 @@ Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_plugins_restore.p
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from fresh_process import fresh_result
 
 pytestmark = pytest.mark.gpu
 
 
 def _fresh(*args: str) -> dict:
-    """tests/plugins_fresh.py in a fresh interpreter: its RESULT line."""
-    p = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "plugins_fresh.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT ") :])
+    return fresh_result("plugins_fresh.py", *args, timeout=240)
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])

@@ -13,12 +13,13 @@ Run on the device: ``python -m pytest -m gpu -q tests/test_gpu_restore.py``.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from fresh_process import fresh_result
 
 pytestmark = pytest.mark.gpu
 
@@ -210,16 +211,7 @@ def test_the_drivers_tensor_maps_say_where_they_keep_their_address():
 
 
 def _fresh(*args: str) -> dict:
-    """tests/restore_fresh.py in a fresh interpreter: its RESULT line."""
-    p = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "restore_fresh.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT ") :])
+    return fresh_result("restore_fresh.py", *args, timeout=300)
 
 
 def test_a_fresh_process_restores_every_graph_at_other_addresses_bit_for_bit(tmp_path):

@@ -27,7 +27,7 @@ from capture_plan.executor.restore_probe import (
     torch_segments,
 )
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.graph_file import GRAPH_FILE_VERSION, GraphFile, Library, ValidFor
+from capture_plan.schemas.graph_file import GRAPH_FILE_VERSION, GraphFile, Library, Runtime, ValidFor
 
 POOL, OTHER, OUTSIDE, NOT_AN_ADDRESS = 0x7000_0000_0000, 0x7100_0000_0000, 0x7200_0000_0000, 0x7300_0000_0000
 TENSOR = OTHER + 0x1000
@@ -304,18 +304,22 @@ def _file(driver: FakeDriver | None = None) -> GraphFile:
     return gf.build_file([("decode", 8, walk_graph(0x1, d))], segs, VALID, d)
 
 
-def _env(**changes) -> GraphEnvironment:
-    # what the file asks for (VALID), offered as it asks, with ``changes`` in place
-    same = {f: getattr(VALID, f) for f in ("plan_digest", "device", "capability", "driver", "torch", "cuda")}
+def offered(**changes) -> GraphEnvironment:
+    """What the file asks for (VALID) offered as it asks, its tensor model.w included, with
+    ``changes`` in place (a :class:`Runtime` field's among them)."""
+    runtime = {k: changes.pop(k) for k in Runtime.__struct_fields__ if k in changes}
     env = GraphEnvironment(
-        **same,
+        runtime=msgspec.structs.replace(VALID.runtime, **runtime),
         libraries={lib.name: lib.digest for lib in VALID.libraries},
         tensors={"model.w": 4096},
-        pools={"shared": [2 << 20]},
     )
     for k, v in changes.items():
         setattr(env, k, v)
     return env
+
+
+def _env(**changes) -> GraphEnvironment:
+    return offered(**{"pools": {"shared": [2 << 20]}, **changes})
 
 
 def test_the_file_names_every_address_by_segment_and_offset():

@@ -42,25 +42,17 @@ torch = pytest.importorskip("torch")
 
 from engine_checks import check_every_key  # noqa: E402
 from engines import harness  # noqa: E402
-from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.plugged import loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
-CPU = torch.device("cpu")
 SIZES = [1, 2, 4, 8]
 HIDDEN_BYTES = 8 * 8 * 4  # vLLM's persistent hidden_states: 8 tokens of 8 float32
-
-
-@pytest.fixture(params=VLLM_RELEASES)
-def vllm(request) -> str:
-    """The vLLM release a vLLM test runs on (its engine-faithful runner: tests/engines/plugged.py)."""
-    return request.param
 
 
 @pytest.fixture
 def cuda(fake, monkeypatch):
     """The fake CUDA, the plugins' loops on the CPU."""
-    monkeypatch.setattr(sgl_plugin, "LOOP_OPTIONS", {"device": CPU})
-    monkeypatch.setattr(vllm_plugin, "LOOP_OPTIONS", {"device": CPU})
+    loops_on_cpu(monkeypatch)
     return fake
 
 
@@ -336,11 +328,7 @@ def test_sglang_a_failure_inside_the_engines_capture_leaves_no_graph(cuda, monke
     engine = harness.SGLangEngine()
     with pytest.raises(CaptureFailed, match=r"capture/decode/4/lora=lora,attention=a") as err:
         module.reset_globals()
-        runners = harness.sglang_runners(module, model, SIZES)
-        phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-        for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
-            engine.runners.append(runner)
-            runner.capture()
+        harness.capture_in_plan_order(engine, harness.sglang_runners(module, model, SIZES), plan)
     assert "boom" in str(err.value)
     assert engine.graphs == {} and engine.outputs == {}  # every backend's cleanup ran
     gc.collect()

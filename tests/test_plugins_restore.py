@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")  # before the engines' runners, which impor
 import restore_device  # noqa: E402
 from engines import harness  # noqa: E402
 from engines.plans import build  # noqa: E402
-from engines.plugged import VLLM_RELEASES, plan_file, sglang_release, vllm_release  # noqa: E402
+from engines.plugged import loops_on_cpu, plan_file, sglang_release, vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -41,16 +41,10 @@ WS, NEW_WS = 0x7700_0000_0000, 0x7800_0000_0000
 KV, NEW_KV = 0x7A00_0000_0000, 0x7B00_0000_0000
 
 
-@pytest.fixture(params=VLLM_RELEASES)
-def vllm(request) -> str:
-    return request.param
-
-
 @pytest.fixture
 def dev(fake, monkeypatch):
     """The fake CUDA and driver (tests/restore_device.py), the plugins' loops on the CPU."""
-    monkeypatch.setattr(sgl_plugin, "LOOP_OPTIONS", {"device": CPU})
-    monkeypatch.setattr(vllm_plugin, "LOOP_OPTIONS", {"device": CPU})
+    loops_on_cpu(monkeypatch)
     return restore_device.install(fake, monkeypatch)
 
 
@@ -89,12 +83,8 @@ def _sglang_start(dev, monkeypatch, tmp_path, plan, ws: int):
 
     dev.driver.place = place
     dev.driver.ranges = [(model.w.data_ptr(), model.w.untyped_storage().nbytes())]
-    runners = harness.sglang_runners(module, model, SIZES)
-    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
     engine = harness.SGLangEngine()
-    for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
-        engine.runners.append(runner)
-        runner.capture()
+    harness.capture_in_plan_order(engine, harness.sglang_runners(module, model, SIZES), plan)
     return module, model, engine
 
 

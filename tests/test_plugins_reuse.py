@@ -20,11 +20,10 @@ torch = pytest.importorskip("torch")
 
 from engines import harness  # noqa: E402
 from engines.plans import build  # noqa: E402
-from engines.plugged import plan_file, sglang_release  # noqa: E402
+from engines.plugged import loops_on_cpu, plan_file, sglang_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 from fake_cuda import FakeGraph  # noqa: E402
 
-CPU = torch.device("cpu")
 SIZES = [1, 2, 4, 8]
 
 
@@ -85,7 +84,7 @@ def driver(fake, monkeypatch):
     monkeypatch.setattr(FakeGraph, "raw_cuda_graph", raw)
     monkeypatch.setattr(exec_update, "_driver", lambda: calls)
     monkeypatch.setattr(exec_update, "describe", describe)
-    monkeypatch.setattr(sgl_plugin, "LOOP_OPTIONS", {"device": CPU})
+    loops_on_cpu(monkeypatch)
     return d
 
 
@@ -156,7 +155,7 @@ def test_without_a_driver_nothing_is_shared_and_the_report_says_why(fake, monkey
 
     monkeypatch.setattr(exec_update, "_driver", lambda: "libcuda.so.1 cannot be loaded (test)")
     monkeypatch.setattr(FakeGraph, "raw_cuda_graph", lambda g: id(g))
-    monkeypatch.setattr(sgl_plugin, "LOOP_OPTIONS", {"device": CPU})
+    loops_on_cpu(monkeypatch)
     module = sglang_release(monkeypatch, tmp_path)
     plan = _reuse_plan(tmp_path)
     monkeypatch.setenv(core.ENV_PLAN, str(plan_file(tmp_path, plan)))

@@ -33,7 +33,7 @@ from capture_plan.executor.restore_layout import (
 from capture_plan.executor.restore_probe import torch_segments
 from capture_plan.schemas.graph_file import Graph, GraphFile, Kernel, Node, Operand, Output, Segment, ValidFor
 from restore_device import track_pool_tensors
-from test_graph_file import OUTSIDE, POOL, SNAPSHOT, TENSOR, VALID, WORKSPACE, FakeDriver
+from test_graph_file import OUTSIDE, POOL, SNAPSHOT, TENSOR, VALID, WORKSPACE, FakeDriver, offered
 from test_graph_rebuild import RebuildDriver
 
 MiB = 1 << 20
@@ -103,16 +103,7 @@ def _saved(plan, driver: FakeDriver | None = None, word: int = WORKSPACE + 0x80,
 def _env(plan, **changes) -> GraphEnvironment:
     """This process as the file asks for it, with ``changes``: no pools or library workspaces
     yet (a restore makes them after its checks)."""
-    same = {f: getattr(VALID, f) for f in ("device", "capability", "driver", "torch", "cuda")}
-    env = GraphEnvironment(
-        plan_digest=plan.digest,
-        **same,
-        libraries={lib.name: lib.digest for lib in VALID.libraries},
-        tensors={"model.w": 4096},
-    )
-    for k, v in changes.items():
-        setattr(env, k, v)
-    return env
+    return offered(plan_digest=plan.digest, **changes)
 
 
 @pytest.fixture

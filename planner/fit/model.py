@@ -290,20 +290,8 @@ def load_model(model: str, weights_index: Path | None = None) -> FitModel:
                 where="--model",
                 fix=f"give a config.json path, a spec TOML or a preset: {', '.join(sorted(presets))}",
             )
-        m = presets[model]
-        fit = FitModel(
-            name=model,
-            model_type="preset",
-            layers=m.layers,
-            hidden=m.hidden,
-            heads=m.heads,
-            kv_heads=m.kv_heads,
-            head_dim=m.head_dim,
-            v_head_dim=m.head_dim,
-            intermediate=m.intermediate,
-            vocab=m.vocab,
-            dtype_bytes=m.dtype_bytes,
-            source=f"preset {model} (planner/data/presets.toml)",
+        fit = from_dimensions(
+            model, dimensions(presets[model]), "preset", f"preset {model} (planner/data/presets.toml)"
         )
     if weights_index is not None:
         fit = msgspec.structs.replace(fit, exact_weight_bytes=_index_total(weights_index))

@@ -101,14 +101,18 @@ def plugged_sglang_start(module, plan, model, sizes):
     made one after another in the plan's phase order (the engine's), each capturing in its own
     loop (the plugin's capture_session)."""
     module.reset_globals()
-    runners = sglang_runners(module, model, sizes)
-    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
-    runners.sort(key=lambda r: phases.index(r.phase))
     engine = SGLangEngine()
-    for runner in runners:
+    capture_in_plan_order(engine, sglang_runners(module, model, sizes), plan)
+    return engine
+
+
+def capture_in_plan_order(engine: SGLangEngine, runners, plan) -> None:
+    """SGLang's ``runners`` made one after another in ``plan``'s phase order (the engine's),
+    each held by ``engine`` and capturing (the plugin's capture_session)."""
+    phases = list(dict.fromkeys(s.phase for s in plan.steps if s.op == "capture"))
+    for runner in sorted(runners, key=lambda r: phases.index(r.phase)):
         engine.runners.append(runner)
         runner.capture()
-    return engine
 
 
 class SGLangTarget:

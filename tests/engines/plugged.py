@@ -103,3 +103,11 @@ def plan_file(tmp_path: Path, plan, name: str = "plan.json") -> Path:
     path = tmp_path / name
     path.write_bytes(canonical_bytes(seal(plan)))
     return path
+
+
+def loops_on_cpu(monkeypatch) -> None:
+    """Every plugin's capture loop on the CPU (the fake CUDA: tests/fake_cuda.py)."""
+    import torch
+
+    for plugin in (sgl_plugin, vllm_plugin):
+        monkeypatch.setattr(plugin, "LOOP_OPTIONS", {"device": torch.device("cpu")})
