@@ -8,7 +8,8 @@ library by digest, every named tensor by name and size, no address in a segment 
 cannot relocate), and what :func:`file_refusals` reads from the file and the plan alone: the
 plan's graph keys and pools against the file's, no piecewise phase, every pool segment a size
 torch's allocator cuts (``restore_layout.layout_refusals``), every node one the rebuild makes
-exactly (``graph_rebuild.rebuild_refusals``), no stale argument word
+exactly (``graph_rebuild.rebuild_refusals``), every function attribute the file records one
+the restore sets (``kernel_loading.function_refusals``), no stale argument word
 (``graph_validity.stale_addresses``); and this driver's TMA encoding, one process.
 :func:`inspect_refusals` is what ``python -m capture_plan.executor.graph_file inspect FILE
 --plan PLAN`` prints: every refusal that needs no process. Each refusal is one line.
@@ -29,6 +30,7 @@ from capture_plan.schemas.plan import Plan
 from .dispatch import dispatch_name
 from .graph_rebuild import rebuild_refusals
 from .graph_validity import GraphEnvironment, check_valid, stale_addresses
+from .kernel_loading import function_refusals
 from .restore_layout import layout_refusals
 
 __all__ = [
@@ -55,6 +57,8 @@ class Here:
     tensor_map: str = ""
     ranks: int = 1
     engine: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the seconds measuring it took, by part (``graph_restore.process_environment``)
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def plan_keys(plan: Plan) -> dict[tuple[str, int], str]:
@@ -103,6 +107,7 @@ def file_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
         pools = {s.owner for s in file.segments if s.kind == "pool"}
     out += layout_refusals(file, dict.fromkeys(pools))
     out += rebuild_refusals(file)
+    out += function_refusals(file)
     out += stale_addresses(file)
     return out
 
