@@ -221,9 +221,11 @@ def restore(
     t1 = time.perf_counter()
     here = process_environment(plan, target, file, device, tensors, engine)
     t2 = time.perf_counter()
-    lines = restore_refusals(plan, file, here)
+    checks: dict[str, float] = {}
+    lines = restore_refusals(plan, file, here, checks)
     parts = {"read": t1 - t0, "environment": t2 - t1, "check": time.perf_counter() - t2}
     parts.update({f"environment.{k}": v for k, v in here.parts.items()})
+    parts.update({f"check.{k}": v for k, v in checks.items()})
     if lines:
         raise _refuse(lines, path)
     return _restore(plan, target, file, here, RestoreReport(str(path), parts=parts), t0, tensors)
@@ -261,6 +263,7 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
         # the workspaces' zeroing queued on this one (as CaptureLoop.open synchronizes first)
         stream.wait_stream(torch.cuda.current_stream(dev))
         loaded = load_kernels(file, target, gs.workspaces, stream, dev)
+        ran = time.perf_counter()
         parts.update({f"load.{k}": v for k, v in loaded.parts.items()})
         report.keys, report.attributes = loaded.keys, loaded.fetched.set
         report.functions = len(loaded.fetched.functions)
@@ -275,6 +278,7 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
         lines += check_valid(file, env, later=("pool",))
         if lines:
             raise _refuse(lines, path, made=True)
+        parts["load.check"] = time.perf_counter() - ran  # the libraries, workspaces and tensors read again
         t = _lap(parts, "load", t)
         names = {g.pool for g in file.graphs}
         try:

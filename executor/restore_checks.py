@@ -20,6 +20,7 @@ Torch-free where the caller passes the process in: tests make every refusal on t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -87,10 +88,14 @@ def plan_refusals(plan: Plan) -> list[str]:
     ]
 
 
-def file_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
+def file_refusals(file: GraphFile, plan: Plan | None = None, parts: dict[str, float] | None = None) -> list[str]:
     """One line per reason a restore refuses ``file`` that the file alone shows (its pools'
-    segment sizes, its nodes, stale argument words) and, with ``plan``, the plan against it
-    (its graph keys and pools, piecewise phases: :func:`plan_refusals`)."""
+    segment sizes, its nodes, its function records, stale argument words) and, with ``plan``,
+    the plan against it (its graph keys and pools, piecewise phases: :func:`plan_refusals`).
+    ``parts``: filled with the seconds of each (``plan``, ``layout``, ``nodes``, ``functions``,
+    ``stale``)."""
+    t = time.perf_counter()
+    lap = _Lap(parts)
     out: list[str] = []
     if plan is not None:
         index = PlanIndex.of(plan)
@@ -105,18 +110,41 @@ def file_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
         pools: Collection[str] = index.pools
     else:
         pools = {s.owner for s in file.segments if s.kind == "pool"}
+    t = lap("plan", t)
     out += layout_refusals(file, dict.fromkeys(pools))
+    t = lap("layout", t)
     out += rebuild_refusals(file)
+    t = lap("nodes", t)
     out += function_refusals(file)
+    t = lap("functions", t)
     out += stale_addresses(file)
+    lap("stale", t)
     return out
 
 
-def restore_refusals(plan: Plan, file: GraphFile, here: Here) -> list[str]:
+class _Lap:
+    """``lap(name, since)``: the seconds since ``since`` into ``parts`` (where given) under
+    ``name``; now."""
+
+    def __init__(self, parts: dict[str, float] | None):
+        self.parts = parts
+
+    def __call__(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        if self.parts is not None:
+            self.parts[name] = now - since
+        return now
+
+
+def restore_refusals(plan: Plan, file: GraphFile, here: Here, parts: dict[str, float] | None = None) -> list[str]:
     """One line per reason a restore of ``file`` for ``plan`` in the process ``here`` describes
-    refuses before any kernel runs (module docstring, step 1); [] where it may go on."""
+    refuses before any kernel runs (module docstring, step 1); [] where it may go on.
+    ``parts``: filled with the seconds of each check (``valid``: ``check_valid``; the others
+    :func:`file_refusals`'s)."""
+    t = time.perf_counter()
     out = check_valid(file, here.env, later=("library", "workspace", "pool"))
-    out += file_refusals(file, plan)
+    _Lap(parts)("valid", t)
+    out += file_refusals(file, plan, parts)
     if here.tensor_map:
         out.append(here.tensor_map)
     if here.ranks > 1:

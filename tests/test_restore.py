@@ -385,6 +385,22 @@ def test_the_stale_scan_reads_each_argument_block_once_and_caps_its_lines(plan):
     assert "graph decode/1 node 0 (kernel gemm_kernel): the argument word at byte 24 holds" in lines[0]
 
 
+def test_the_stale_scan_reads_the_same_bytes_again_under_another_parameter_layout(plan):
+    """Blocks are read once per (bytes, layout): the same bytes with the word outside every
+    parameter (not scanned) and then inside one (a stale address) give one line, the second's."""
+    f = _saved(plan)
+    k = f.graphs[0].nodes[0].kernel
+    assert k is not None
+    args = bytearray(k.args)
+    args[24:32] = (POOL + 8).to_bytes(8, "little")
+    narrow = msgspec.structs.replace(k, args=bytes(args), params=[(o, sz) for o, sz in k.params if o + sz <= 24])
+    wide = msgspec.structs.replace(k, args=bytes(args))
+    nodes = [msgspec.structs.replace(f.graphs[0].nodes[0], kernel=x) for x in (narrow, wide)]
+    lines = stale_addresses(msgspec.structs.replace(f, graphs=[msgspec.structs.replace(f.graphs[0], nodes=nodes)]))
+    assert len(lines) == 1
+    assert lines[0].startswith("graph decode/8 node 1 (kernel gemm_kernel): the argument word at byte 24")
+
+
 def test_the_stale_scan_finds_a_word_in_a_segment_that_holds_a_named_tensor_before_it(plan):
     """A caching-allocator segment saved whole (``torch:K``: an address of it no name covered)
     can hold a named tensor's storage too (``tensor:model.w`` lies in OTHER's segment). A word
@@ -733,6 +749,8 @@ def test_the_environments_parts_are_in_the_restores_report(restoring, plan):
     rs.restore(plan, None, restoring.path)
     report = restoring.reached[0][4]
     assert report.parts["environment.prime"] == 0.25 and report.parts["environment.libraries"] == 0.5
+    checks = {k for k in report.parts if k.startswith("check.")}
+    assert checks == {f"check.{k}" for k in ("valid", "plan", "layout", "nodes", "functions", "stale")}
 
 
 def test_a_rebuild_that_fails_lets_go_of_everything_it_made(faked, plan):
