@@ -49,6 +49,7 @@ from . import libcuda
 
 __all__ = [
     "FUNCTION_ATTRIBUTES",
+    "AT_LEAST",
     "FETCH_CALLS",
     "file_modules",
     "file_functions",
@@ -75,6 +76,10 @@ FUNCTION_ATTRIBUTES = {
     "non_portable_cluster_size_allowed": 14,
     "cluster_scheduling_policy_preference": 15,
 }
+#: the attributes a function may have higher than saved and launch as saved: a library that sets the
+#: dynamic shared memory limit to each launch's need leaves the last one's at save time, and a
+#: restore's own runs may have raised it further (the rebuild raises it to each node's need too)
+AT_LEAST = frozenset({"max_dynamic_shared_size_bytes"})
 #: the driver calls :func:`fetch_functions` makes
 FETCH_CALLS = (
     "cuModuleGetFunction",
@@ -182,7 +187,8 @@ def fetch_functions(file: GraphFile, modules: list[int | None], calls=None) -> F
     (``modules``: per module of the file its handle, None where not met) by name
     (``cuModuleGetFunction``; where the lookup does not take the name, among the module's
     functions by the name the walk read), its saved attributes set where it reads otherwise
-    (``cuFuncSetAttribute``) and read back. What could not be fetched or set is in ``missing``."""
+    (``cuFuncSetAttribute``; :data:`AT_LEAST`'s where it reads less) and read back. What could
+    not be fetched or set is in ``missing``."""
     d = calls if calls is not None else libcuda.calls(*FETCH_CALLS)
     if isinstance(d, str):
         from .errors import ExecutorError
@@ -207,8 +213,9 @@ def fetch_functions(file: GraphFile, modules: list[int | None], calls=None) -> F
             aid = FUNCTION_ATTRIBUTES.get(name)
             if aid is None:  # function_refusals names it before any run
                 continue
+            least = name in AT_LEAST
             get_rc = d["cuFuncGetAttribute"](ctypes.byref(value), aid, f)
-            if get_rc == 0 and value.value == want:
+            if get_rc == 0 and (value.value >= want if least else value.value == want):
                 continue
             set_rc = d["cuFuncSetAttribute"](f, aid, want)
             get_rc = d["cuFuncGetAttribute"](ctypes.byref(value), aid, f)

@@ -727,6 +727,15 @@ def test_the_recorded_function_attributes_are_set_before_any_node_is_added(faked
     gs.release()
 
 
+def test_a_dynamic_shared_memory_limit_raised_further_here_is_not_lowered(faked, plan):
+    """The restore's own run raised gemm_kernel's limit past the saved one: kept, not lowered."""
+    func = 0x100
+    faked.driver.func_attrs[(func, 8)] = 200 << 10
+    gs = _restored(faked, plan, _prepared(_saved(plan), max_dynamic_shared_size_bytes=100 << 10))
+    assert [e for e in faked.driver.log if e[0] == "set"] == [] and faked.driver.func_attrs[(func, 8)] == 200 << 10
+    gs.release()
+
+
 def test_a_function_attribute_the_driver_does_not_take_refuses_before_any_node(faked, plan):
     faked.driver.ignore_func_set = True
     with pytest.raises(RestoreRefused) as got:
