@@ -206,10 +206,10 @@ class _EngineFirst:
 
 
 def _attribute_calls(calls) -> dict:
-    """``cuFuncGetAttribute`` from ``calls`` (a walk's driver calls, or None: the driver's)."""
+    """``cuFuncGetAttribute`` from ``calls`` (driver calls given to the save), else the driver's."""
     from . import libcuda
 
-    got = calls if calls is not None else libcuda.calls("cuFuncGetAttribute")
+    got = calls if calls is not None and "cuFuncGetAttribute" in calls else libcuda.calls("cuFuncGetAttribute")
     if isinstance(got, str):
         raise ExecutorError(f"the kernels' attributes cannot be read: {got}", where="save_graphs")
     return got

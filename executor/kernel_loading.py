@@ -268,26 +268,46 @@ class LoadedKernels:
 
 def load_kernels(file: GraphFile, target, workspaces: Mapping[str, object], stream, device) -> LoadedKernels:
     """The target run eagerly and recorded at every key of :func:`loading_keys` (module
-    docstring) on ``stream`` (the capture stream) of ``device``, then every kernel of the
-    file fetched by name with its attributes set (:func:`fetch_functions`); ``workspaces``:
-    the plan's hoisted workspaces by plan phase."""
+    docstring) on ``stream`` (the capture stream) of ``device``, then, where a module of the
+    file was not met, at each other key whose saved graph holds one not met yet (the most
+    first) until none is left or none holds one, then every kernel of the file fetched by
+    name with its attributes set (:func:`fetch_functions`); ``workspaces``: the plan's hoisted
+    workspaces by plan phase."""
     from .graph_rebuild import module_handles
     from .graph_walk import FunctionCache, driver_calls
 
     calls, cache = driver_calls(), FunctionCache()
     out = LoadedKernels(parts=dict.fromkeys(("eager", "record", "walk", "modules", "functions"), 0.0))
     loaded: list[int] = []
-    for i in loading_keys(file):
+    per_graph, ran = file_modules(file), set()
+
+    def run(i: int) -> None:
         g = file.graphs[i]
         ws = workspaces.get(g.key_phase or g.phase)
         out.keys.append(f"{g.phase}/{g.bs}")
+        ran.add(i)
         walked = _run_and_record(target, g.phase, g.bs, ws, stream, device, calls, cache, out.parts)
-        loaded += [n.kernel.module for n in walked.nodes if n.kernel is not None and n.kernel.module]
+        loaded.extend(n.kernel.module for n in walked.nodes if n.kernel is not None and n.kernel.module)
+
+    def match() -> list[int | None]:
+        t0 = time.perf_counter()
+        modules = module_handles(file, loaded, calls)
+        out.parts["modules"] += time.perf_counter() - t0
+        return modules
+
+    for i in loading_keys(file):
+        run(i)
+    out.modules = match()
+    while True:  # a module the cover's runs did not reach: the keys whose saved graphs hold it, until one does
+        missing = {m for m, h in enumerate(out.modules) if h is None}
+        left = [i for i in range(len(file.graphs)) if i not in ran and per_graph[i] & missing]
+        if not left:
+            break
+        run(max(left, key=lambda i: (len(per_graph[i] & missing), -i)))
+        out.modules = match()
     t0 = time.perf_counter()
-    out.modules = module_handles(file, loaded, calls)
-    t1 = time.perf_counter()
     out.fetched = fetch_functions(file, out.modules)
-    out.parts["modules"], out.parts["functions"] = t1 - t0, time.perf_counter() - t1
+    out.parts["functions"] = time.perf_counter() - t0
     return out
 
 

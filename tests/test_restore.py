@@ -494,6 +494,41 @@ def test_keys_whose_kernels_share_one_module_load_with_one_run():
     assert loading_keys(f) == [0]
 
 
+def test_a_module_the_covers_runs_missed_is_sought_at_the_other_keys_holding_it(monkeypatch):
+    """decode/4's run (the cover: modules 0 and 1) reaches module 0 alone here (a library chose
+    otherwise): the other keys whose saved graphs hold module 1 are run in turn, decode/1 (which
+    reaches nothing here) then decode/2 (which reaches it); where none does, it stays missing
+    (and its kernels are refused)."""
+    from types import SimpleNamespace as NS
+
+    from capture_plan.executor import graph_rebuild, graph_walk, kernel_loading as kl
+
+    graphs = [
+        _graph("decode", 4, [(0, "a"), (1, "b")]),
+        _graph("decode", 1, [(1, "b")]),
+        _graph("decode", 2, [(1, "c")]),
+    ]
+    f = GraphFile(valid_for=VALID, modules=[Module(digest=f"sha256:{m}", functions=1) for m in range(2)], graphs=graphs)
+    assert loading_keys(f) == [0]
+    reached = {4: [0x10], 1: [], 2: [0x11]}  # by size: the module handles each run's recording holds
+
+    def recorded(target, name, bs, ws, stream, device, calls, cache, parts):
+        return NS(nodes=[NS(kernel=NS(module=h)) for h in reached[bs]])
+
+    def matched(file, loaded, calls):
+        return [0x10 if 0x10 in loaded else None, 0x11 if 0x11 in loaded else None]
+
+    monkeypatch.setattr(kl, "_run_and_record", recorded)
+    monkeypatch.setattr(graph_walk, "driver_calls", lambda: {})
+    monkeypatch.setattr(graph_rebuild, "module_handles", matched)
+    monkeypatch.setattr(kl, "fetch_functions", lambda file, modules: kl.Fetched())
+    got = kl.load_kernels(f, None, {}, None, None)
+    assert got.keys == ["decode/4", "decode/1", "decode/2"] and got.modules == [0x10, 0x11]
+    reached[2] = []
+    got = kl.load_kernels(f, None, {}, None, None)
+    assert got.keys == ["decode/4", "decode/1", "decode/2"] and got.modules == [0x10, None]
+
+
 def test_a_kernel_the_restore_does_not_have_is_named_once_at_its_first_node():
     f = GraphFile(valid_for=VALID, graphs=[_graph("decode", 8, [(0, "a"), (1, "b"), (0, "a"), (1, "b")])])
     assert unloaded_kernels(f, {}, "decode/8") == []
