@@ -253,8 +253,8 @@ def unloaded_kernels(file: GraphFile, missing: Mapping[tuple[int, str], str], ra
 class LoadedKernels:
     """What the loading runs found: per module of the file its handle here (None: not met),
     the kernels fetched by name (:class:`Fetched`), the keys run ("phase/bs"), the seconds by
-    part (``eager``, ``record``, ``walk``: the runs; ``modules``: the modules matched;
-    ``functions``: the kernels fetched and their attributes set)."""
+    part (``eager``, ``record``, ``walk``: the runs, ``eager.first`` the first eager run alone;
+    ``modules``: the modules matched; ``functions``: the kernels fetched and their attributes set)."""
 
     modules: list[int | None] = field(default_factory=list)
     fetched: Fetched = field(default_factory=Fetched)
@@ -286,7 +286,9 @@ def load_kernels(file: GraphFile, target, workspaces: Mapping[str, object], stre
         ws = workspaces.get(g.key_phase or g.phase)
         out.keys.append(f"{g.phase}/{g.bs}")
         ran.add(i)
+        eager = out.parts["eager"]
         walked = _run_and_record(target, g.phase, g.bs, ws, stream, device, calls, cache, out.parts)
+        out.parts.setdefault("eager.first", out.parts["eager"] - eager)  # the process's first use of its libraries
         loaded.extend(n.kernel.module for n in walked.nodes if n.kernel is not None and n.kernel.module)
 
     def match() -> list[int | None]:

@@ -726,6 +726,8 @@ def test_a_kernel_no_loading_run_launched_is_fetched_from_its_module_by_name(fak
     kernel = next(n for n in faked.driver.nodes.values() if n["type"] == "kernel")
     assert kernel["func"] == 0x101  # the module's other function (FakeDriver.cuModuleEnumerateFunctions)
     assert gs.restored.functions == 1
+    loading = {"load.eager", "load.eager.first", "load.record", "load.walk", "load.modules", "load.functions"}
+    assert loading | {"load.check"} <= set(gs.restored.parts)
     gs.release()
 
 
