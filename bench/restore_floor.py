@@ -52,7 +52,9 @@ the graphs ready, synchronized:
             run at its size (``captured_equal``: the control)
   restore   in the next process, the plan read back and the same model built:
             ``restore(plan, target, file)`` (``capture_plan.executor.graph_restore``: checks, the
-            loading runs, the pools laid out, every graph rebuilt; its parts), then every
+            loading runs at the keys reaching every module of the file and every kernel fetched
+            by name, the pools laid out, every graph rebuilt; its parts: ``environment.*``,
+            ``check.*``, ``load.*`` split them), then every
             restored graph against the eager run at its size, bit for bit; a refusal is
             recorded with its reasons, not raised
 
@@ -279,8 +281,10 @@ def fresh_child(case: str, layers: int, side: str, folder: Path | None = None) -
         out: dict = {"case": case, "seconds": time.perf_counter() - t0, "capture_s": gs.report.capture_seconds}
         parts: dict = {}
         t1 = time.perf_counter()
-        save_graphs(gs, plan, target, path, timings=parts)
+        file = save_graphs(gs, plan, target, path, timings=parts)
         out["save"] = {"seconds": time.perf_counter() - t1, "parts": parts, "bytes": path.stat().st_size}
+        # what a restore loads: the modules its runs must reach, the kernel functions it fetches by name
+        out["save"].update(modules=len(file.modules), functions=len(file.functions))
         out["graphs"], out["captured_equal"] = len(gs.graphs), _against_eager(gs, target)["equal"]
         gs.release()
         return out
@@ -291,7 +295,8 @@ def fresh_child(case: str, layers: int, side: str, folder: Path | None = None) -
     torch.cuda.synchronize()
     out = {"case": case, "seconds": time.perf_counter() - t0}
     r = gs.restored
-    out.update({k: getattr(r, k) for k in ("parts", "keys", "graphs", "nodes", "segments", "moved")})
+    fields = ("parts", "keys", "graphs", "nodes", "segments", "moved", "functions", "attributes")
+    out.update({k: getattr(r, k) for k in fields})
     out.update(_against_eager(gs, target))
     gs.release()
     return out
@@ -332,7 +337,11 @@ def fresh_summary(res: dict) -> str:
             load = r["parts"].get("load", 0.0)
             parts.append(
                 f"{case} capture {c['seconds']:.3f} s, restore {r['seconds']:.3f} s "
-                f"({r['seconds'] / c['seconds']:.2f}x; loading runs {load:.3f} s at {len(r['keys'])} keys, rebuild "
+                f"({r['seconds'] / c['seconds']:.2f}x; loading {load:.3f} s: runs at {len(r['keys'])} keys for "
+                f"{c['save'].get('modules', '?')} modules, {r.get('functions', '?')} kernels fetched by name "
+                f"({r['parts'].get('load.functions', 0.0):.3f} s, {r.get('attributes', '?')} attributes set); "
+                f"environment {r['parts'].get('environment', 0.0):.3f} s, check "
+                f"{r['parts'].get('check', 0.0):.3f} s; rebuild "
                 f"{r['parts'].get('rebuild', 0.0):.3f} s), bit-equal {len(r['equal'])}/{r['graphs']} (captured "
                 f"{len(c['captured_equal'])}/{c['graphs']}), moved {r['moved']}/{r['segments']} segments, file "
                 f"{c['save']['bytes'] / 2**20:.1f} MiB"

@@ -10,7 +10,9 @@ executor's primed streams keep outside every pool: cuBLAS's workspace), and
 ``check_valid`` compares a file with.
 
 Constraints: the libraries are read from ``/proc/self/maps`` (Linux); each is hashed once per
-process (a file's digest is kept by path, size and modification time).
+process (a file's digest is kept by its identity: path, device, inode, size, modification and
+status change times), and not at all by a restore that finds it as its graph file recorded it
+(:func:`trust_saved_digests`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ __all__ = [
     "named_tensors",
     "graph_tensors",
     "kernel_libraries",
+    "file_identity",
+    "trust_saved_digests",
     "library_workspaces",
     "current_environment",
     "torch_versions",
@@ -101,12 +105,21 @@ def _has_kernels(path: str) -> bool:
     return False
 
 
-_DIGESTS: dict[tuple[str, int, int], str] = {}
+#: file identity (:func:`file_identity`) -> "sha256:<hex>": each library hashed once per process, and
+#: not at all where a graph file carries its digest for the same identity (:func:`trust_saved_digests`)
+_DIGESTS: dict[tuple[str, int, int, int, int, int], str] = {}
+
+
+def file_identity(path: str) -> tuple[str, int, int, int, int, int]:
+    """(path, device, inode, size, modification ns, status change ns) of the file at ``path``:
+    what a replaced, rewritten or touched file changes (the status change time cannot be set
+    back by its owner)."""
+    st = os.stat(path)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _file_digest(path: str) -> str:
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
+    key = file_identity(path)
     if key not in _DIGESTS:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -116,11 +129,31 @@ def _file_digest(path: str) -> str:
     return _DIGESTS[key]
 
 
+def trust_saved_digests(libraries: Iterable[Library]) -> int:
+    """Take each of ``libraries`` (a graph file's) at its saved digest where the file at its
+    saved path has the identity it had when it was hashed (``Library.stat``; :func:`file_identity`)
+    instead of hashing it again: a restore on the machine that saved the file hashes nothing
+    (half a second of a start-up for torch's and cuBLAS's libraries). A library found
+    elsewhere, or changed in any way, is hashed as before. How many were taken."""
+    n = 0
+    for lib in libraries:
+        if not lib.path or len(lib.stat) != 5:
+            continue
+        try:
+            key = file_identity(lib.path)
+        except OSError:
+            continue
+        if list(key[1:]) == list(lib.stat):
+            _DIGESTS[key] = lib.digest
+            n += 1
+    return n
+
+
 def kernel_libraries(maps: str = "/proc/self/maps", only: Collection[str] | None = None) -> list[Library]:
     """The shared objects with CUDA kernels this process has mapped, by file name, with
-    their digests (each file hashed once per process, several at a time); ``only``: those
-    of these file names alone (a restore hashes the libraries its file names, not every one
-    mapped)."""
+    their digests (each file hashed once per process, several at a time) and their file
+    identity (:func:`file_identity`); ``only``: those of these file names alone (a restore
+    hashes the libraries its file names, not every one mapped)."""
     paths = set()
     try:
         text = Path(maps).read_text()
@@ -136,7 +169,10 @@ def kernel_libraries(maps: str = "/proc/self/maps", only: Collection[str] | None
     # hashlib lets go of the GIL while it hashes: the libraries (GBs: torch's, cuBLAS's) in parallel
     with ThreadPoolExecutor(max_workers=min(8, len(with_kernels) or 1)) as pool:
         digests = list(pool.map(_file_digest, with_kernels))
-    libs = [Library(name=Path(p).name, digest=d, size=os.path.getsize(p)) for p, d in zip(with_kernels, digests)]
+    libs = []
+    for p, d in zip(with_kernels, digests):
+        key = file_identity(p)
+        libs.append(Library(name=Path(p).name, digest=d, size=key[3], path=p, stat=list(key[1:])))
     return sorted(libs, key=lambda lib: lib.name)
 
 

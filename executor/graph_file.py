@@ -15,9 +15,12 @@ refuse in it from the file alone (and against the plan): no GPU.
 Kernel binaries are not in the file. Each kernel is named by its function name and its
 module's identity (a digest of the module's function names:
 ``graph_walk.module_identity``), and the file carries the digests of the libraries the
-saving process had mapped. A restore (``capture_plan.executor.graph_restore``) gets every kernel
+saving process had mapped (with each file's identity, so that a restore on the same machine
+need not hash them again). A restore (``capture_plan.executor.graph_restore``) gets every kernel
 back from the restoring process itself: the target's own eager runs load the modules, and
-each kernel is found by module identity and name (``capture_plan.executor.kernel_loading``).
+each kernel is fetched by module identity and name (``capture_plan.executor.kernel_loading``),
+the function attributes its library set before a first launch (recorded per function here,
+``GraphFile.functions``) set on it again.
 Binaries extracted at save time (CUPTI's module-load callback) or listed from a library
 (``cuobjdump``) are not loaded: a kernel is code, and no restore loads code from a file.
 
@@ -45,6 +48,7 @@ from capture_plan.schemas.graph_file import (
     GRAPH_FILE_VERSION,
     RELOCATABLE,
     Copy,
+    Function,
     Graph,
     GraphFile,
     Kernel,
@@ -64,6 +68,7 @@ from .errors import ExecutorError
 from .graph_env import current_environment, graph_tensors, kernel_libraries, library_workspaces
 from .graph_validity import segment_uses
 from .graph_walk import AddressResolver, WalkedGraph, device_addresses, module_identity, tensor_map_params
+from .kernel_loading import function_attributes
 from .restore_probe import TorchSegment, segment_of, torch_segments, walk_graphs
 
 __all__ = [
@@ -200,7 +205,25 @@ class _EngineFirst:
         return (rng[0], rng[1]) if rng is not None else self._resolve(value)
 
 
-def _kernel(k, segments: Segments, modules: dict[int, int], module_ids: list[Module], calls, where: str) -> Kernel:
+def _attribute_calls(calls) -> dict:
+    """``cuFuncGetAttribute`` from ``calls`` (driver calls given to the save), else the driver's."""
+    from . import libcuda
+
+    got = calls if calls is not None and "cuFuncGetAttribute" in calls else libcuda.calls("cuFuncGetAttribute")
+    if isinstance(got, str):
+        raise ExecutorError(f"the kernels' attributes cannot be read: {got}", where="save_graphs")
+    return got
+
+
+def _kernel(
+    k,
+    segments: Segments,
+    modules: dict[int, int],
+    module_ids: list[Module],
+    calls,
+    where: str,
+    functions: dict[tuple[int, str], Function] | None = None,
+) -> Kernel:
     if k.name_rc or not k.name or k.module_rc or not k.module or k.params_rc:
         raise ExecutorError(
             f"kernel {k.name or hex(k.function)} cannot be saved: name CUresult {k.name_rc}, module CUresult "
@@ -212,6 +235,10 @@ def _kernel(k, segments: Segments, modules: dict[int, int], module_ids: list[Mod
         digest, count = module_identity(k.module, calls, where=where)
         modules[k.module] = len(module_ids)
         module_ids.append(Module(digest=digest, functions=count))
+    if functions is not None and (modules[k.module], k.name) not in functions:
+        # what a restore that fetches the kernel by name must set on it (kernel_loading.FUNCTION_ATTRIBUTES)
+        attributes = function_attributes(k.function, _attribute_calls(calls))
+        functions[(modules[k.module], k.name)] = Function(module=modules[k.module], name=k.name, attributes=attributes)
     args = bytearray(k.args)
     relocs = []
     for pos, value in device_addresses(k.args, k.params, segments.resolve):
@@ -273,13 +300,15 @@ def build_file(
     outputs the file records (a graph not in it is recorded without them)."""
     modules: dict[int, int] = {}
     module_ids: list[Module] = []
+    functions: dict[tuple[int, str], Function] = {}
     graphs = []
     for phase, bs, w in walked:
         nodes = []
         for i, n in enumerate(w.nodes):
             where = f"graph {phase}/{bs} node {i}"
             if n.kernel is not None:
-                nodes.append(Node(type=n.type, kernel=_kernel(n.kernel, segments, modules, module_ids, calls, where)))
+                kernel = _kernel(n.kernel, segments, modules, module_ids, calls, where, functions)
+                nodes.append(Node(type=n.type, kernel=kernel))
             elif n.memset is not None:
                 memset = _relocated(n.memset, Memset, dst=segments.operand(n.memset.dst))
                 nodes.append(Node(type=n.type, memset=memset))
@@ -305,7 +334,13 @@ def build_file(
         cap = (served or {}).get((phase, bs))
         extra = _served(cap, segments) if cap is not None else {}
         graphs.append(Graph(phase=phase, bs=bs, nodes=nodes, edges=list(w.edges), **extra))
-    return GraphFile(valid_for=valid_for, segments=segments.list, modules=module_ids, graphs=graphs)
+    return GraphFile(
+        valid_for=valid_for,
+        segments=segments.list,
+        modules=module_ids,
+        functions=list(functions.values()),
+        graphs=graphs,
+    )
 
 
 def save_graphs(
@@ -385,7 +420,8 @@ def describe(file: GraphFile, size: int | None = None) -> list[str]:
         *(f"  library {lib.name} {lib.digest} ({lib.size:,} B)" for lib in v.libraries),
         f"holds: {len(file.graphs)} graphs, {len(nodes)} nodes ("
         + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
-        + f"), {len(file.modules)} modules, {relocs} relocated argument addresses, {tmaps} TMA-shaped parameters, "
+        + f"), {len(file.modules)} modules, {len(file.functions)} kernel functions, {relocs} relocated argument "
+        f"addresses, {tmaps} TMA-shaped parameters, "
         f"{outputs} outputs",
         "segments: " + ", ".join(f"{k} {n}" for k, n in sorted(seg_kinds.items())),
         "not relocatable: " + (", ".join(stuck) if stuck else "none"),

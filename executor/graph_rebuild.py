@@ -100,16 +100,21 @@ def rebuild_refusals(file: GraphFile) -> list[str]:
     and the node; [] where every node can be rebuilt. Where segments are refused is
     ``check_valid``'s."""
     out = []
+    known = ATTRIBUTES.keys()
     for g in file.graphs:
         for i, n in enumerate(g.nodes):
-            where = f"graph {g.phase}/{g.bs} node {i}"
-            params = {"kernel": n.kernel, "memset": n.memset, "memcpy": n.copy}
-            if n.type not in REBUILDABLE:
-                out.append(f"{where}: a {n.type} node cannot be rebuilt (kinds rebuilt: {', '.join(REBUILDABLE)})")
-            elif n.type in params and params[n.type] is None:
-                out.append(f"{where}: a {n.type} node without its parameters: the file is damaged")
-            elif n.kernel is not None:
-                k = n.kernel
+            t, k = n.type, n.kernel
+            if t not in REBUILDABLE:
+                out.append(f"graph {g.phase}/{g.bs} node {i}: a {t} node cannot be rebuilt (kinds rebuilt: "
+                           f"{', '.join(REBUILDABLE)})")  # fmt: skip
+            elif (
+                (t == "kernel" and k is None)
+                or (t == "memset" and n.memset is None)
+                or (t == "memcpy" and n.copy is None)
+            ):
+                out.append(f"graph {g.phase}/{g.bs} node {i}: a {t} node without its parameters: the file is damaged")
+            elif k is not None and (k.tensor_maps or not k.attributes.keys() <= known):
+                where = f"graph {g.phase}/{g.bs} node {i}"
                 if k.tensor_maps:
                     out.append(
                         f"{where} (kernel {k.name}): parameter(s) {k.tensor_maps} are shaped like a CUtensorMap, "

@@ -24,8 +24,10 @@ saving process's was before its capture, and returns the ``GraphSet`` ``capture`
    descriptor inside a parameter struct would go unrelocated), one process (no
    ``torch.distributed`` group of several).
 2. **Kernels**: the plan's hoisted workspaces allocated, the target run eagerly and
-   recorded at a few graph keys (``kernel_loading``); then checked: every kernel of the file
-   launched by those runs, every kernel library the file names mapped by then with its
+   recorded at a few graph keys, until every module of the file is loaded, then every kernel
+   fetched from its module by name with the function attributes the file recorded set on it
+   (``kernel_loading``); then checked: every kernel of the file fetched and its attributes
+   set, every kernel library the file names mapped by then with its
    digest, every library workspace the file names made (cuBLAS's on the capture stream: the
    priming), every named tensor read again and as saved.
 3. **Memory**: every plan pool a ``torch.cuda.MemPool`` holding the file's segments, each
@@ -77,8 +79,8 @@ __all__ = [
 @dataclass
 class RestoreReport:
     """What a restore did: the file, the seconds in all (read to graphs ready) and by part,
-    the graphs and nodes rebuilt, the keys the target ran at to load the kernels, the
-    segments its addresses were relocated into."""
+    the graphs and nodes rebuilt, the keys the target ran at to load the kernels' modules, the
+    kernels fetched by name, the segments its addresses were relocated into."""
 
     path: str
     seconds: float = 0.0
@@ -89,6 +91,9 @@ class RestoreReport:
     #: segments laid out or found here, and how many of them lie elsewhere than in the saving process
     segments: int = 0
     moved: int = 0
+    #: kernel functions fetched by name, and function attributes set on them (kernel_loading)
+    functions: int = 0
+    attributes: int = 0
 
 
 def process_environment(
@@ -102,19 +107,25 @@ def process_environment(
     import torch
 
     from .distributed import is_distributed
-    from .graph_env import current_environment, named_tensors
+    from .graph_env import current_environment, named_tensors, trust_saved_digests
     from .streams import prime_stream, workspace_streams
     from .tensor_map_probe import probe_tensor_map
 
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    parts: dict[str, float] = {}
+    t = time.perf_counter()
     named = named_tensors(target)
     named.update(dict(tensors or {}))
+    t = _lap(parts, "tensors", t)
     with torch.cuda.device(dev):
         prime_stream(dev)
         # the file's other streams' workspaces (an engine's own capture stream), on streams of ours
         workspace_streams(dev, {seg.owner.rpartition("/")[0] for seg in file.segments if seg.kind == "workspace"})
+        t = _lap(parts, "prime", t)
         libraries = {lib.name for lib in file.valid_for.libraries}
+        trust_saved_digests(file.valid_for.libraries)  # the same files as saved: their digests unhashed
         env = current_environment(plan.digest, named, {}, {}, libraries=libraries)
+        t = _lap(parts, "libraries", t)
     env.tensors.update(planned_workspaces(plan))
     env.engine = {n: size for n, (_, size) in (engine or {}).items()}
     why = ""
@@ -127,12 +138,13 @@ def process_environment(
             )
     except ExecutorError:  # a driver that encodes no descriptor: no graph of it holds one
         pass
+    t = _lap(parts, "tensor_map", t)
     ranks = 1
     if is_distributed():
         import torch.distributed as dist
 
         ranks = dist.get_world_size()
-    return Here(device=dev, env=env, tensors=named, tensor_map=why, ranks=ranks, engine=dict(engine or {}))
+    return Here(device=dev, env=env, tensors=named, tensor_map=why, ranks=ranks, engine=dict(engine or {}), parts=parts)
 
 
 class _Owner:
@@ -211,8 +223,11 @@ def restore(
     t1 = time.perf_counter()
     here = process_environment(plan, target, file, device, tensors, engine)
     t2 = time.perf_counter()
-    lines = restore_refusals(plan, file, here)
+    checks: dict[str, float] = {}
+    lines = restore_refusals(plan, file, here, checks)
     parts = {"read": t1 - t0, "environment": t2 - t1, "check": time.perf_counter() - t2}
+    parts.update({f"environment.{k}": v for k, v in here.parts.items()})
+    parts.update({f"check.{k}": v for k, v in checks.items()})
     if lines:
         raise _refuse(lines, path)
     return _restore(plan, target, file, here, RestoreReport(str(path), parts=parts), t0, tensors)
@@ -232,7 +247,7 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
     from .graph_env import graph_tensors, kernel_libraries, library_workspaces
     from .graph_rebuild import rebuild_graphs, segment_bases
     from .graphs import Captured, GraphSet
-    from .kernel_loading import load_kernels, unlaunched_kernels
+    from .kernel_loading import load_kernels
     from .restore_layout import lay_out_pools
     from .streams import capture_stream
 
@@ -250,9 +265,11 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
         # the workspaces' zeroing queued on this one (as CaptureLoop.open synchronizes first)
         stream.wait_stream(torch.cuda.current_stream(dev))
         loaded = load_kernels(file, target, gs.workspaces, stream, dev)
+        ran = time.perf_counter()
         parts.update({f"load.{k}": v for k, v in loaded.parts.items()})
-        report.keys = loaded.keys
-        lines = unlaunched_kernels(file, loaded.modules, loaded.met, ", ".join(loaded.keys))
+        report.keys, report.attributes = loaded.keys, loaded.fetched.set
+        report.functions = len(loaded.fetched.functions)
+        lines = loaded.refusals(file)
         # read again: the runs may have mapped libraries and made or replaced tensors
         named = graph_tensors(gs, target, tensors)
         spans = library_workspaces({})
@@ -263,6 +280,7 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
         lines += check_valid(file, env, later=("pool",))
         if lines:
             raise _refuse(lines, path, made=True)
+        parts["load.check"] = time.perf_counter() - ran  # the libraries, workspaces and tensors read again
         t = _lap(parts, "load", t)
         names = {g.pool for g in file.graphs}
         try:

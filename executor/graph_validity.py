@@ -20,7 +20,7 @@ addresses would point it at the saving process's memory.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -51,27 +51,35 @@ class GraphEnvironment:
 def segment_uses(file: GraphFile) -> dict[int, tuple[int, str]]:
     """Per segment index the graphs use: (how many addresses point into it, where the first
     one is: ``graph PHASE/BS node I``)."""
-    uses: dict[int, tuple[int, str]] = {}
-
-    def add(seg: int, where: str) -> None:
-        n, first = uses.get(seg, (0, where))
-        uses[seg] = (n + 1, first)
-
-    for g in file.graphs:
+    counts: dict[int, int] = {}
+    #: segment -> (graph index, node index, "node" or "output") of its first use
+    first: dict[int, tuple[int, int, str]] = {}
+    for gi, g in enumerate(file.graphs):
         for i, node in enumerate(g.nodes):
-            where = f"graph {g.phase}/{g.bs} node {i}"
-            if node.kernel is not None:
-                for r in node.kernel.relocations:
-                    add(r.segment, where)
+            segs = [r.segment for r in node.kernel.relocations] if node.kernel is not None else []
             if node.memset is not None:
-                add(node.memset.dst.segment, where)
+                segs.append(node.memset.dst.segment)
             if node.copy is not None:
-                add(node.copy.src.segment, where)
-                add(node.copy.dst.segment, where)
+                segs += (node.copy.src.segment, node.copy.dst.segment)
+            for seg in segs:
+                n = counts.get(seg)
+                if n is None:
+                    counts[seg], first[seg] = 1, (gi, i, "node")
+                else:
+                    counts[seg] = n + 1
         for i, out in enumerate(g.outputs):
             if out.at is not None:
-                add(out.at.segment, f"graph {g.phase}/{g.bs} output {i}")
-    return uses
+                seg = out.at.segment
+                n = counts.get(seg)
+                if n is None:
+                    counts[seg], first[seg] = 1, (gi, i, "output")
+                else:
+                    counts[seg] = n + 1
+    graphs = file.graphs
+    return {
+        seg: (n, f"graph {graphs[first[seg][0]].phase}/{graphs[first[seg][0]].bs} {first[seg][2]} {first[seg][1]}")
+        for seg, n in counts.items()
+    }
 
 
 def _same(what: str, saved: str, here: str) -> list[str]:
@@ -175,7 +183,8 @@ def stale_addresses(file: GraphFile, limit: int = 10) -> list[str]:
     # torch:K): reach[j], the furthest end of the spans up to j, says whether one before j may hold a word
     reach = list(accumulate((b for _, b, _ in spans), max))
     lo, hi = spans[0][0], reach[-1]
-    seen: dict[tuple[bytes, tuple], list[tuple[int, int, str]]] = {}
+    # argument blocks by their bytes: (parameter layout, the words found in it) per layout seen
+    seen: dict[bytes, list[tuple[list, list[tuple[int, int, str]]]]] = {}
     out: list[str] = []
     count = 0
     for g in file.graphs:
@@ -183,20 +192,27 @@ def stale_addresses(file: GraphFile, limit: int = 10) -> list[str]:
             k = node.kernel
             if k is None:
                 continue
-            key = (k.args, tuple(map(tuple, k.params)))
-            found = seen.get(key)
+            found = None
+            same_bytes = seen.get(k.args)
+            for params, got in same_bytes or ():
+                if params == k.params:
+                    found = got
+                    break
             if found is None:
-                found = seen[key] = []
+                found = []
                 words = memoryview(k.args[: len(k.args) // 8 * 8]).cast("Q")
-                for off, size in k.params:
-                    for w in range((off + 7) // 8, (off + size) // 8):
-                        v = words[w]
-                        if lo <= v < hi:
-                            j = bisect_right(starts, v) - 1
-                            while j >= 0 and v < reach[j] and v >= spans[j][1]:
-                                j -= 1  # the span starting last before v ends before it: an outer one may hold it
-                            if j >= 0 and v < spans[j][1]:
-                                found.append((w * 8, v, spans[j][2]))
+                ordered = sorted(words.tolist())
+                if bisect_left(ordered, lo) < bisect_left(ordered, hi):  # some word of the block in a span's range
+                    for off, size in k.params:
+                        for w in range((off + 7) // 8, (off + size) // 8):
+                            v = words[w]
+                            if lo <= v < hi:
+                                j = bisect_right(starts, v) - 1
+                                while j >= 0 and v < reach[j] and v >= spans[j][1]:
+                                    j -= 1  # the span starting last before v ends before it: an outer one may hold it
+                                if j >= 0 and v < spans[j][1]:
+                                    found.append((w * 8, v, spans[j][2]))
+                seen.setdefault(k.args, []).append((k.params, found))
             for pos, v, name in found:
                 count += 1
                 if len(out) < limit:

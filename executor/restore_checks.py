@@ -8,7 +8,8 @@ library by digest, every named tensor by name and size, no address in a segment 
 cannot relocate), and what :func:`file_refusals` reads from the file and the plan alone: the
 plan's graph keys and pools against the file's, no piecewise phase, every pool segment a size
 torch's allocator cuts (``restore_layout.layout_refusals``), every node one the rebuild makes
-exactly (``graph_rebuild.rebuild_refusals``), no stale argument word
+exactly (``graph_rebuild.rebuild_refusals``), every function attribute the file records one
+the restore sets (``kernel_loading.function_refusals``), no stale argument word
 (``graph_validity.stale_addresses``); and this driver's TMA encoding, one process.
 :func:`inspect_refusals` is what ``python -m capture_plan.executor.graph_file inspect FILE
 --plan PLAN`` prints: every refusal that needs no process. Each refusal is one line.
@@ -19,6 +20,7 @@ Torch-free where the caller passes the process in: tests make every refusal on t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -31,6 +33,7 @@ from capture_plan.schemas.plan import Plan
 from .dispatch import dispatch_name
 from .graph_rebuild import rebuild_refusals
 from .graph_validity import GraphEnvironment, check_valid, stale_addresses
+from .kernel_loading import function_refusals
 from .restore_layout import layout_refusals
 
 __all__ = [
@@ -57,6 +60,8 @@ class Here:
     tensor_map: str = ""
     ranks: int = 1
     engine: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the seconds measuring it took, by part (``graph_restore.process_environment``)
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def plan_keys(plan: Plan) -> dict[tuple[str, int], str]:
@@ -85,10 +90,14 @@ def plan_refusals(plan: Plan) -> list[str]:
     ]
 
 
-def file_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
+def file_refusals(file: GraphFile, plan: Plan | None = None, parts: dict[str, float] | None = None) -> list[str]:
     """One line per reason a restore refuses ``file`` that the file alone shows (its pools'
-    segment sizes, its nodes, stale argument words) and, with ``plan``, the plan against it
-    (its graph keys and pools, piecewise phases: :func:`plan_refusals`)."""
+    segment sizes, its nodes, its function records, stale argument words) and, with ``plan``,
+    the plan against it (its graph keys and pools, piecewise phases: :func:`plan_refusals`).
+    ``parts``: filled with the seconds of each (``plan``, ``layout``, ``nodes``, ``functions``,
+    ``stale``)."""
+    t = time.perf_counter()
+    lap = _Lap(parts)
     out: list[str] = []
     if plan is not None:
         index = PlanIndex.of(plan)
@@ -103,17 +112,41 @@ def file_refusals(file: GraphFile, plan: Plan | None = None) -> list[str]:
         pools: Collection[str] = index.pools
     else:
         pools = {s.owner for s in file.segments if s.kind == "pool"}
+    t = lap("plan", t)
     out += layout_refusals(file, dict.fromkeys(pools))
+    t = lap("layout", t)
     out += rebuild_refusals(file)
+    t = lap("nodes", t)
+    out += function_refusals(file)
+    t = lap("functions", t)
     out += stale_addresses(file)
+    lap("stale", t)
     return out
 
 
-def restore_refusals(plan: Plan, file: GraphFile, here: Here) -> list[str]:
+class _Lap:
+    """``lap(name, since)``: the seconds since ``since`` into ``parts`` (where given) under
+    ``name``; now."""
+
+    def __init__(self, parts: dict[str, float] | None):
+        self.parts = parts
+
+    def __call__(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        if self.parts is not None:
+            self.parts[name] = now - since
+        return now
+
+
+def restore_refusals(plan: Plan, file: GraphFile, here: Here, parts: dict[str, float] | None = None) -> list[str]:
     """One line per reason a restore of ``file`` for ``plan`` in the process ``here`` describes
-    refuses before any kernel runs (module docstring, step 1); [] where it may go on."""
+    refuses before any kernel runs (module docstring, step 1); [] where it may go on.
+    ``parts``: filled with the seconds of each check (``valid``: ``check_valid``; the others
+    :func:`file_refusals`'s)."""
+    t = time.perf_counter()
     out = check_valid(file, here.env, later=("library", "workspace", "pool"))
-    out += file_refusals(file, plan)
+    _Lap(parts)("valid", t)
+    out += file_refusals(file, plan, parts)
     if here.tensor_map:
         out.append(here.tensor_map)
     if here.ranks > 1:

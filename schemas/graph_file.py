@@ -34,10 +34,15 @@ piece, and each output tensor (:class:`Output`: where its first element lies as 
 offset, its dtype, shape and strides), so that a restore re-creates the outputs over the
 memory it lays out.
 
+Per kernel function, once (:class:`Function`): the function attributes a launch depends on
+as the saving process had them (what its library set before the first launch), which a
+restore that fetches the kernel by name sets again.
+
 What it is valid for (:class:`ValidFor`): the plan's digest, the device's name and compute
 capability, the driver, torch and its CUDA, and the digests of the shared objects holding
-kernels that the saving process had mapped. A kernel's code is not in the file: see
-``capture_plan.executor.graph_file``'s docstring for how a restore gets it.
+kernels that the saving process had mapped (with each file's path and identity then). A
+kernel's code is not in the file: see ``capture_plan.executor.graph_file``'s docstring for how a
+restore gets it.
 
 Constraints: an 8-byte word of an argument is taken for an address when the driver
 resolves it (``cuMemGetAddressRange``); an integer that happens to equal a live device
@@ -69,6 +74,7 @@ __all__ = [
     "ValidFor",
     "Segment",
     "Module",
+    "Function",
     "Relocation",
     "Kernel",
     "Memset",
@@ -85,8 +91,9 @@ __all__ = [
 
 GRAPH_FILE_KIND = "capture-plan graph file"
 #: bump when a field's meaning changes: a file of another version is refused (4: the ``engine`` segment
-#: kind, which a reader of version 3 would take for a damaged file)
-GRAPH_FILE_VERSION = 4
+#: kind, which a reader of version 3 would take for a damaged file; 5: each kernel function's attributes
+#: (:class:`Function`), which a restore that loads kernels by name sets, and each library's file identity)
+GRAPH_FILE_VERSION = 5
 
 #: the owners a segment may have (module docstring)
 SEGMENT_KINDS = ("pool", "tensor", "workspace", "engine", "torch", "outside", "host")
@@ -108,6 +115,11 @@ class Library(_Struct, frozen=True, kw_only=True):
     #: "sha256:<hex>" of its bytes
     digest: str
     size: int
+    #: where the saving process had it mapped, and that file's identity then: (device, inode, size,
+    #: modification ns, status change ns). A restore that finds the same path with the same identity
+    #: takes ``digest`` for it unhashed (a replaced, rewritten or touched file changes the identity)
+    path: str = ""
+    stat: list[int] = []
 
 
 class Runtime(_Struct, frozen=True, kw_only=True):
@@ -159,6 +171,20 @@ class Module(_Struct, frozen=True, kw_only=True):
 
     digest: str
     functions: int
+
+
+class Function(_Struct, frozen=True, kw_only=True):
+    """A kernel function as the saving process had it prepared: the attributes a launch depends
+    on that a library sets before its first launch (``cuFuncGetAttribute``, by the names of
+    ``capture_plan.executor.kernel_loading.FUNCTION_ATTRIBUTES``: the dynamic shared memory
+    limit, the carveout, the cluster attributes). A restore that fetches a kernel by name
+    (rather than by a run of its library) sets them before it adds a node of it."""
+
+    #: index into :attr:`GraphFile.modules`
+    module: int
+    name: str
+    #: attribute name -> its value as read back at save time (an attribute the driver did not read is absent)
+    attributes: dict[str, int] = {}
 
 
 class Relocation(_Struct, frozen=True, array_like=True):
@@ -262,6 +288,8 @@ class GraphFile(_Struct, frozen=True, kw_only=True):
     valid_for: ValidFor
     segments: list[Segment] = []
     modules: list[Module] = []
+    #: every kernel function of the graphs, once, with its attributes (version 5)
+    functions: list[Function] = []
     graphs: list[Graph] = []
 
 

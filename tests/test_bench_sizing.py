@@ -248,15 +248,18 @@ def test_restore_floors_fresh_processes_skip_a_case_that_does_not_fit(device, tm
 
 def test_restore_floors_fresh_summary_puts_the_restore_against_the_capture():
     rf = bench_module("restore_floor")
-    capture = {"seconds": 4.0, "graphs": 36, "captured_equal": ["decode/1"] * 36, "save": {"bytes": 32 * 2**20}}
-    restore = dict(seconds=3.0, parts={"load": 1.5, "rebuild": 1.25}, keys=["decode/256", "decode/1"], graphs=36)
+    save = {"bytes": 32 * 2**20, "modules": 12, "functions": 150}
+    capture = {"seconds": 4.0, "graphs": 36, "captured_equal": ["decode/1"] * 36, "save": save}
+    parts = {"load": 1.5, "load.functions": 0.125, "rebuild": 1.25, "environment": 0.25, "check": 0.5}
+    restore = dict(seconds=3.0, parts=parts, keys=["decode/256", "decode/1"], graphs=36, functions=150, attributes=3)
     restore.update(equal=["decode/1"] * 35, differ=["decode/8"], segments=130, moved=130)
     refused = {"refused": "x", "reasons": ["driver differs: ..."]}
     cases = {"reference": {"capture": capture, "restore": restore}, "eagle": {"capture": capture, "restore": refused}}
     line = rf.fresh_summary({"cases": cases})
     assert line == (
         "SUMMARY restore fresh (from weights loaded to graphs ready): reference capture 4.000 s, restore 3.000 s "
-        "(0.75x; loading runs 1.500 s at 2 keys, rebuild 1.250 s), bit-equal 35/36 (captured 36/36), moved 130/130 "
+        "(0.75x; loading 1.500 s: runs at 2 keys for 12 modules, 150 kernels fetched by name (0.125 s, 3 attributes "
+        "set); environment 0.250 s, check 0.500 s; rebuild 1.250 s), bit-equal 35/36 (captured 36/36), moved 130/130 "
         "segments, file 32.0 MiB; eagle REFUSED: driver differs: ..."
     )
 

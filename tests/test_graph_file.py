@@ -118,6 +118,15 @@ class FakeDriver(dict):
     def cuModuleGetFunctionCount(self, count, mod):
         count._obj.value = 2
 
+    #: what cuFuncGetAttribute reads: the library raised the dynamic shared memory limit, allowed
+    #: non-portable clusters; the scheduling policy (15) does not read (an older driver)
+    FUNC_ATTRIBUTES = {8: 100 << 10, 9: 50, 11: 0, 12: 0, 13: 0, 14: 1}
+
+    def cuFuncGetAttribute(self, out, attr, func):
+        if attr not in self.FUNC_ATTRIBUTES:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        out._obj.value = self.FUNC_ATTRIBUTES[attr]
+
     def cuModuleEnumerateFunctions(self, funcs, n, mod):
         out = ctypes.cast(funcs, ctypes.POINTER(ctypes.c_void_p))
         out[0], out[1] = 0x101, FUNC
@@ -572,6 +581,52 @@ def _elf(sections: list[bytes]) -> bytes:
     strtab[0x18:0x20] = data_at.to_bytes(8, "little")
     strtab[0x20:0x28] = len(names).to_bytes(8, "little")
     return bytes(head) + names + table + bytes(strtab)
+
+
+def test_the_file_records_each_kernel_functions_attributes_once_those_the_driver_reads():
+    """What a library set on a kernel before its first launch (its dynamic shared memory limit,
+    non-portable clusters) is in the file, once per function: a restore that fetches the kernel
+    by name, not by a run, sets it again (kernel_loading). Version 4 recorded none."""
+    from capture_plan.schemas.graph_file import Function
+
+    d = FakeDriver()
+    segs = gf.Segments(torch_segments(SNAPSHOT), {"shared": (1, 2)}, {"model.w": (TENSOR, 4096)}, _resolve(d))
+    f = gf.build_file([("decode", 8, walk_graph(0x1, d)), ("decode", 4, walk_graph(0x1, d))], segs, VALID, d)
+    want = {"max_dynamic_shared_size_bytes": 100 << 10, "preferred_shared_memory_carveout": 50,
+            "required_cluster_width": 0, "required_cluster_height": 0, "required_cluster_depth": 0,
+            "non_portable_cluster_size_allowed": 1}  # fmt: skip
+    assert f.functions == [Function(module=0, name="gemm_kernel", attributes=want)]
+    back = msgspec.msgpack.decode(gf.encode(f), type=GraphFile)
+    assert back.functions == f.functions
+
+
+def test_a_library_as_saved_is_taken_at_its_saved_digest_and_hashed_once_changed(tmp_path):
+    """A restore on the machine that saved the file hashes no library whose file is as the file
+    recorded it (path and identity); a touched or rewritten one is hashed again, so that a
+    changed library is still refused."""
+    import hashlib
+    import os
+
+    from capture_plan.executor import graph_env
+
+    lib = tmp_path / "libkernels.so.1"
+    lib.write_bytes(_elf([b".text", b".nv_fatbin"]))
+    maps = tmp_path / "maps"
+    maps.write_text(f"7f00-7f10 r-xp 00000000 08:01 1 {lib}\n")
+    (saved,) = kernel_libraries(str(maps))
+    assert saved.path == str(lib) and saved.stat[2] == lib.stat().st_size
+    graph_env._DIGESTS.clear()
+    claimed = msgspec.structs.replace(saved, digest="sha256:as-saved")  # what only the trust can give
+    assert graph_env.trust_saved_digests([claimed]) == 1
+    assert [x.digest for x in kernel_libraries(str(maps))] == ["sha256:as-saved"]
+    st = lib.stat()
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched: its identity changes
+    graph_env._DIGESTS.clear()
+    assert graph_env.trust_saved_digests([claimed]) == 0
+    real = "sha256:" + hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert [x.digest for x in kernel_libraries(str(maps))] == [real]
+    elsewhere = msgspec.structs.replace(claimed, path=str(tmp_path / "absent.so"))
+    assert graph_env.trust_saved_digests([elsewhere, msgspec.structs.replace(claimed, stat=[])]) == 0
 
 
 def test_kernel_libraries_are_the_mapped_objects_with_a_fatbin(tmp_path):

@@ -61,7 +61,7 @@ class RebuildDriver(FakeDriver):
         out._obj.value = FUNC
 
     def cuFuncGetAttribute(self, out, attr, func):
-        out._obj.value = 48 << 10
+        out._obj.value = 48 << 10 if attr == 8 else 0  # a fresh load's dynamic shared memory limit
 
     def cuGraphAddKernelNode_v2(self, out, graph, deps, n, p):
         p = p._obj

@@ -22,7 +22,7 @@ import torch
 from capture_plan.executor import ExecutorError, RestoreRefused, graph_file as gf, graph_restore as rs
 from capture_plan.executor.graph_validity import GraphEnvironment, check_valid, stale_addresses
 from capture_plan.executor.graph_walk import AddressResolver, walk_graph
-from capture_plan.executor.kernel_loading import loading_keys, unlaunched_kernels
+from capture_plan.executor.kernel_loading import loading_keys, unloaded_kernels
 from capture_plan.executor.restore_checks import Here, restore_refusals
 from capture_plan.executor.restore_layout import (
     RestoredPools,
@@ -31,7 +31,18 @@ from capture_plan.executor.restore_layout import (
     segment_requests,
 )
 from capture_plan.executor.restore_probe import torch_segments
-from capture_plan.schemas.graph_file import Graph, GraphFile, Kernel, Node, Operand, Output, Segment, ValidFor
+from capture_plan.schemas.graph_file import (
+    Function,
+    Graph,
+    GraphFile,
+    Kernel,
+    Module,
+    Node,
+    Operand,
+    Output,
+    Segment,
+    ValidFor,
+)
 from restore_device import track_pool_tensors
 from test_graph_file import OUTSIDE, POOL, SNAPSHOT, TENSOR, VALID, WORKSPACE, FakeDriver, offered
 from test_graph_rebuild import RebuildDriver
@@ -365,6 +376,22 @@ def test_the_stale_scan_reads_each_argument_block_once_and_caps_its_lines(plan):
     assert "graph decode/1 node 0 (kernel gemm_kernel): the argument word at byte 24 holds" in lines[0]
 
 
+def test_the_stale_scan_reads_the_same_bytes_again_under_another_parameter_layout(plan):
+    """Blocks are read once per (bytes, layout): the same bytes with the word outside every
+    parameter (not scanned) and then inside one (a stale address) give one line, the second's."""
+    f = _saved(plan)
+    k = f.graphs[0].nodes[0].kernel
+    assert k is not None
+    args = bytearray(k.args)
+    args[24:32] = (POOL + 8).to_bytes(8, "little")
+    narrow = msgspec.structs.replace(k, args=bytes(args), params=[(o, sz) for o, sz in k.params if o + sz <= 24])
+    wide = msgspec.structs.replace(k, args=bytes(args))
+    nodes = [msgspec.structs.replace(f.graphs[0].nodes[0], kernel=x) for x in (narrow, wide)]
+    lines = stale_addresses(msgspec.structs.replace(f, graphs=[msgspec.structs.replace(f.graphs[0], nodes=nodes)]))
+    assert len(lines) == 1
+    assert lines[0].startswith("graph decode/8 node 1 (kernel gemm_kernel): the argument word at byte 24")
+
+
 def test_the_stale_scan_finds_a_word_in_a_segment_that_holds_a_named_tensor_before_it(plan):
     """A caching-allocator segment saved whole (``torch:K``: an address of it no name covered)
     can hold a named tensor's storage too (``tensor:model.w`` lies in OTHER's segment). A word
@@ -436,28 +463,70 @@ def _graph(phase: str, bs: int, kernels: list[tuple[int, str]]) -> Graph:
     return Graph(phase=phase, bs=bs, nodes=[Node(type="kernel", kernel=x) for x in k])
 
 
-def test_the_loading_runs_are_each_phases_largest_then_the_keys_adding_most_kernels():
+def test_the_loading_runs_are_each_phases_largest_then_the_keys_adding_most_modules():
     graphs = [
         _graph("decode", 256, [(0, "gemm_big"), (1, "norm")]),
         _graph("decode", 8, [(0, "gemm_small"), (1, "norm")]),
-        _graph("decode", 1, [(0, "gemv"), (0, "gemm_small"), (1, "norm")]),
+        _graph("decode", 1, [(0, "gemv"), (3, "split_k")]),
         _graph("verify", 64, [(0, "gemm_big"), (2, "attn")]),
-        _graph("verify", 4, [(2, "attn")]),
+        _graph("verify", 4, [(2, "attn"), (3, "split_k")]),
     ]
     f = GraphFile(valid_for=VALID, graphs=graphs)
-    assert loading_keys(f) == [0, 3, 2]  # decode/256, verify/64, then decode/1 (gemv and gemm_small)
+    # decode/256, verify/64, then decode/1 for module 3 (verify/4 ties, later in the file); decode/8's
+    # gemm_small comes from module 0, reached already: fetched by name, not run for
+    assert loading_keys(f) == [0, 3, 2]
     assert loading_keys(GraphFile(valid_for=VALID)) == []
 
 
-def test_a_kernel_the_loading_runs_did_not_launch_is_named_once():
-    f = GraphFile(valid_for=VALID, graphs=[_graph("decode", 8, [(0, "a"), (1, "b"), (0, "a")])])
-    assert unlaunched_kernels(f, [0x10, 0x20], {(0x10, "a"), (0x20, "b")}, "decode/8") == []
-    got = unlaunched_kernels(f, [0x10, None], {(0x10, "z")}, "decode/8")
+def test_keys_whose_kernels_share_one_module_load_with_one_run():
+    """cuBLAS picks another kernel per size from the same module: one run loads the module,
+    and the others are fetched from it by name (a cover of kernels ran at every key)."""
+    f = GraphFile(valid_for=VALID, graphs=[_graph("decode", b, [(0, f"gemm_{b}"), (1, "norm")]) for b in (4, 2, 1)])
+    assert loading_keys(f) == [0]
+
+
+def test_a_module_the_covers_runs_missed_is_sought_at_the_other_keys_holding_it(monkeypatch):
+    """decode/4's run (the cover: modules 0 and 1) reaches module 0 alone here (a library chose
+    otherwise): the other keys whose saved graphs hold module 1 are run in turn, decode/1 (which
+    reaches nothing here) then decode/2 (which reaches it); where none does, it stays missing
+    (and its kernels are refused)."""
+    from types import SimpleNamespace as NS
+
+    from capture_plan.executor import graph_rebuild, graph_walk, kernel_loading as kl
+
+    graphs = [
+        _graph("decode", 4, [(0, "a"), (1, "b")]),
+        _graph("decode", 1, [(1, "b")]),
+        _graph("decode", 2, [(1, "c")]),
+    ]
+    f = GraphFile(valid_for=VALID, modules=[Module(digest=f"sha256:{m}", functions=1) for m in range(2)], graphs=graphs)
+    assert loading_keys(f) == [0]
+    reached = {4: [0x10], 1: [], 2: [0x11]}  # by size: the module handles each run's recording holds
+
+    def recorded(target, name, bs, ws, stream, device, calls, cache, parts):
+        return NS(nodes=[NS(kernel=NS(module=h)) for h in reached[bs]])
+
+    def matched(file, loaded, calls):
+        return [0x10 if 0x10 in loaded else None, 0x11 if 0x11 in loaded else None]
+
+    monkeypatch.setattr(kl, "_run_and_record", recorded)
+    monkeypatch.setattr(graph_walk, "driver_calls", lambda: {})
+    monkeypatch.setattr(graph_rebuild, "module_handles", matched)
+    monkeypatch.setattr(kl, "fetch_functions", lambda file, modules: kl.Fetched())
+    got = kl.load_kernels(f, None, {}, None, None)
+    assert got.keys == ["decode/4", "decode/1", "decode/2"] and got.modules == [0x10, 0x11]
+    reached[2] = []
+    got = kl.load_kernels(f, None, {}, None, None)
+    assert got.keys == ["decode/4", "decode/1", "decode/2"] and got.modules == [0x10, None]
+
+
+def test_a_kernel_the_restore_does_not_have_is_named_once_at_its_first_node():
+    f = GraphFile(valid_for=VALID, graphs=[_graph("decode", 8, [(0, "a"), (1, "b"), (0, "a"), (1, "b")])])
+    assert unloaded_kernels(f, {}, "decode/8") == []
+    got = unloaded_kernels(f, {(1, "b"): "its module was not loaded"}, "decode/8")
     assert got == [
-        "graph decode/8 node 0 (kernel a): it was not launched by the target's eager runs at decode/8, so this "
-        "process has it from no run of its library",
-        "graph decode/8 node 1 (kernel b): its module was not loaded by the target's eager runs at decode/8, so "
-        "this process has it from no run of its library",
+        "graph decode/8 node 1 (kernel b): its module was not loaded after the target's eager runs at decode/8, so "
+        "this process has it from no run of its library"
     ]
 
 
@@ -488,14 +557,33 @@ def test_inspect_lists_what_a_restore_refuses_from_the_file_and_against_the_plan
 
 
 class LaunchDriver(RebuildDriver):
-    """The rebuild's fake driver, also launching and destroying executables."""
+    """The rebuild's fake driver, also launching and destroying executables, keeping the
+    function attributes set (``ignore_func_set``: a driver that takes none) and logging each
+    attribute set and kernel node added, in order."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
         self.launched: list[tuple[int, int]] = []
+        self.func_attrs: dict[tuple[int, int], int] = {}
+        self.ignore_func_set = False
+        self.log: list[tuple] = []
 
     def cuGraphLaunch(self, e, s):
         self.launched.append((e.value, s.value or 0))
+
+    def cuFuncGetAttribute(self, out, attr, func):
+        if (func.value, attr) not in self.func_attrs:
+            return super().cuFuncGetAttribute(out, attr, func)
+        out._obj.value = self.func_attrs[(func.value, attr)]
+
+    def cuFuncSetAttribute(self, func, attr, value):
+        self.log.append(("set", func.value, attr, value))
+        if not self.ignore_func_set:
+            self.func_attrs[(func.value, attr)] = value
+
+    def cuGraphAddKernelNode_v2(self, out, graph, deps, n, p):
+        self.log.append(("node", p._obj.func))
+        return super().cuGraphAddKernelNode_v2(out, graph, deps, n, p)
 
 
 class WalkedTarget:
@@ -611,16 +699,95 @@ def test_the_loading_runs_wait_for_the_work_queued_before_the_restore(faked, pla
     gs.release()
 
 
-def test_a_kernel_the_loading_runs_did_not_launch_refuses_after_them(faked, plan, monkeypatch):
+def _with_kernel(f: GraphFile, **changes) -> GraphFile:
+    """``f`` with its first node's kernel changed."""
+    node = f.graphs[0].nodes[0]
+    assert node.kernel is not None
+    node = msgspec.structs.replace(node, kernel=msgspec.structs.replace(node.kernel, **changes))
+    graph = msgspec.structs.replace(f.graphs[0], nodes=[node, *f.graphs[0].nodes[1:]])
+    return msgspec.structs.replace(f, graphs=[graph])
+
+
+def test_a_kernel_no_loading_run_launched_is_fetched_from_its_module_by_name(faked, plan):
+    """The target's run launches gemm_kernel alone; other_kernel, of the same module, is fetched
+    by name (a kernel cover refused it: the runs had not launched it)."""
+    target = WalkedTarget()
+    gs = _restored(faked, plan, _with_kernel(_saved(plan), name="other_kernel"), target)
+    assert target.runs == [("decode", 8, False), ("decode", 8, True)]
+    kernel = next(n for n in faked.driver.nodes.values() if n["type"] == "kernel")
+    assert kernel["func"] == 0x101  # the module's other function (FakeDriver.cuModuleEnumerateFunctions)
+    assert gs.restored.functions == 1
+    loading = {"load.eager", "load.eager.first", "load.record", "load.walk", "load.modules", "load.functions"}
+    assert loading | {"load.check"} <= set(gs.restored.parts)
+    gs.release()
+
+
+def test_a_kernel_whose_module_no_loading_run_reaches_refuses_in_one_line(faked, plan):
     f = _saved(plan)
-    k = f.graphs[0].nodes[0].kernel
-    assert k is not None
-    other = msgspec.structs.replace(k, name="other_kernel")  # in the module, never launched by the target
-    node = msgspec.structs.replace(f.graphs[0].nodes[0], kernel=other)
-    f = msgspec.structs.replace(f, graphs=[msgspec.structs.replace(f.graphs[0], nodes=[node, *f.graphs[0].nodes[1:]])])
-    with pytest.raises(RestoreRefused, match=r"kernel other_kernel\): it was not launched") as got:
+    f = msgspec.structs.replace(f, modules=[*f.modules, Module(digest="sha256:elsewhere", functions=1)])
+    f = _with_kernel(f, module=1, name="lonely_kernel")
+    with pytest.raises(RestoreRefused) as got:
         _restored(faked, plan, f)
+    assert got.value.reasons == [
+        "graph decode/8 node 0 (kernel lonely_kernel): its module was not loaded after the target's eager runs at "
+        "decode/8, so this process has it from no run of its library"
+    ]
     assert got.value.made and faked.driver.nodes == {}  # refused before any node was added
+
+
+def _prepared(f: GraphFile, **attributes: int) -> GraphFile:
+    """``f`` with its kernel function's recorded attributes replaced by ``attributes``."""
+    return msgspec.structs.replace(f, functions=[Function(module=0, name="gemm_kernel", attributes=attributes)])
+
+
+def test_the_recorded_function_attributes_are_set_before_any_node_is_added(faked, plan):
+    """What the library set before the saving process's first launch (a 100 KiB dynamic shared
+    memory limit, non-portable clusters) is set on the kernel fetched by name, then read back."""
+    f = _prepared(_saved(plan), max_dynamic_shared_size_bytes=100 << 10, non_portable_cluster_size_allowed=1,
+                  preferred_shared_memory_carveout=0)  # fmt: skip
+    gs = _restored(faked, plan, f)
+    func = 0x100  # test_graph_file's FUNC: gemm_kernel
+    sets = [e for e in faked.driver.log if e[0] == "set"]
+    assert sets == [("set", func, 8, 100 << 10), ("set", func, 14, 1)]  # the carveout read as saved: not set
+    first_node = faked.driver.log.index(("node", func))
+    assert all(faked.driver.log.index(e) < first_node for e in sets)
+    assert gs.restored.attributes == 2
+    gs.release()
+
+
+def test_a_dynamic_shared_memory_limit_raised_further_here_is_not_lowered(faked, plan):
+    """The restore's own run raised gemm_kernel's limit past the saved one: kept, not lowered."""
+    func = 0x100
+    faked.driver.func_attrs[(func, 8)] = 200 << 10
+    gs = _restored(faked, plan, _prepared(_saved(plan), max_dynamic_shared_size_bytes=100 << 10))
+    assert [e for e in faked.driver.log if e[0] == "set"] == [] and faked.driver.func_attrs[(func, 8)] == 200 << 10
+    gs.release()
+
+
+def test_a_function_attribute_the_driver_does_not_take_refuses_before_any_node(faked, plan):
+    faked.driver.ignore_func_set = True
+    with pytest.raises(RestoreRefused) as got:
+        _restored(faked, plan, _prepared(_saved(plan), max_dynamic_shared_size_bytes=100 << 10))
+    (line,) = got.value.reasons
+    assert "(kernel gemm_kernel): its function attribute max_dynamic_shared_size_bytes saved as 102400 reads " in line
+    assert "49152 here (set: CUresult 0, read: CUresult 0)" in line
+    assert faked.driver.nodes == {}
+
+
+def test_a_function_attribute_this_restore_does_not_know_is_refused_from_the_file(restoring, plan):
+    f = msgspec.structs.replace(_saved(plan), functions=[Function(module=0, name="gemm_kernel", attributes={"x": 1})])
+    err = _refused(restoring, plan, f)
+    assert err.reasons == ["kernel gemm_kernel: function attribute(s) ['x'] this restore does not set"]
+
+
+def test_the_environments_parts_are_in_the_restores_report(restoring, plan):
+    restoring.path.write_bytes(gf.encode(_saved(plan)))
+    restoring.here = Here(device="cuda:0", env=_env(plan), parts={"prime": 0.25, "libraries": 0.5})
+    rs.restore(plan, None, restoring.path)
+    report = restoring.reached[0][4]
+    assert report.parts["environment.prime"] == 0.25 and report.parts["environment.libraries"] == 0.5
+    checks = {k for k in report.parts if k.startswith("check.")}
+    assert checks == {f"check.{k}" for k in ("valid", "plan", "layout", "nodes", "functions", "stale")}
 
 
 def test_a_rebuild_that_fails_lets_go_of_everything_it_made(faked, plan):
