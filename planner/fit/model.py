@@ -96,6 +96,8 @@ class FitModel(msgspec.Struct, frozen=True):
     architectures: tuple[str, ...] = ()
     #: its text config's keys given a value other than null or false, sorted
     config_keys: tuple[str, ...] = ()
+    #: its text config's attention_chunk_size (Llama 4's chunked attention; 0: none given)
+    attention_chunk: int = 0
 
     @property
     def mla(self) -> bool:
@@ -199,6 +201,7 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         tie_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
         sliding_layers=sliding,
         sliding_window=window,
+        attention_chunk=_int(text, "attention_chunk_size", where),
         dense_layers=_int(text, "first_k_dense_replace", where),
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=_int(text, "qk_rope_head_dim", where),

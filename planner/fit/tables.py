@@ -152,6 +152,13 @@ class SwaRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     layer_types_architectures: list[str]
     #: text config keys that give the sliding-window layers their own geometry
     geometry_keys: list[str]
+    #: architectures whose split is by position: layer i full where (i + 1) % N == 0, else
+    #: sliding (chunked attention, the window its attention_chunk_size)
+    full_every: dict[str, int]
+    #: architectures whose model class checks the window as the config's sliding_window - 1
+    exclusive_window: list[str]
+    #: architectures whose model class checks a window of its own
+    fixed_window: dict[str, int]
     #: the default sliding-window tokens per full-side token
     ratio: float
     sources: list[str]
