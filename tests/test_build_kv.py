@@ -85,6 +85,9 @@ def test_explain_says_what_each_size_costs_on_the_device_and_in_tokens(cli, tmp_
     choice = plan["predicted"]["sizes"][0]
     assert choice["kv_tokens"] == plan["predicted"]["kv"]["kv_tokens"]
     assert all(w["kv_tokens_without"] >= choice["kv_tokens"] for w in choice["sizes"])
+    # what a size takes from the KV cache is said as a cost (it read "it adds ..., 16 KV tokens")
+    costs = sorted(f"{w['kv_tokens_without'] - choice['kv_tokens']:,}" for w in choice["sizes"])
+    assert sorted(ln.split("; it costs ")[1].split(" KV tokens under")[0] for ln in lines) == costs
 
 
 def test_the_checked_in_calibrated_plan_counts_graph_exec_per_size():
@@ -219,7 +222,7 @@ def test_sglang_prices_sizes_in_its_slack_not_in_tokens(cli, tmp_path):
     kv = _plan(tmp_path, "g.json")["predicted"]["kv"]
     assert kv["kv_tokens"] == kv["kv_tokens_without_graphs"] > 0
     code, out, err = cli("explain", "g.json")
-    assert all(", 0 KV tokens under sglang==0.5.23" in ln for ln in out.splitlines() if "it adds" in ln)
+    assert all("; it costs 0 KV tokens under sglang==0.5.23" in ln for ln in out.splitlines() if "it adds" in ln)
 
 
 def test_a_floor_on_a_device_whose_graph_memory_is_unknown_is_refused(cli):
