@@ -593,3 +593,22 @@ def test_an_unknown_device_lists_the_known_ones_and_its_fix_is_the_nearest(capsy
     assert code == 1 and err.count("\n") == 1 and "NVIDIA L40S; NVIDIA GeForce RTX 4090" in err, err
     assert f"--device '{near}'" in err, err
     assert run_fix(err, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("engine", "given", "own"),
+    [
+        ("vllm==0.34.0", "--context-length", "--max-model-len"),
+        ("sglang==0.5.23", "--max-model-len", "--context-length"),
+    ],
+)
+def test_the_other_engines_context_flag_is_refused_naming_this_engines(capsys, engine, given, own):
+    """``--context-length 4096`` to vLLM (SGLang's name for its max-model-len): one line whose fix
+    is the engine's own flag with the same value, and that command runs. Before: "leave it out",
+    whose command priced the release's default length instead of the one asked."""
+    code, _out, err = fit_cli("qwen2.5-7b", "H100", engine, given, "4096", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and f"flag for it is {own}" in err, err
+    argv = err.split("`")[1].split()
+    assert f"{own} 4096" in " ".join(argv) and given not in argv, err
+    code, out, err = run_fix(err, capsys)
+    assert code == 0 and f"{own} 4096" in out, err

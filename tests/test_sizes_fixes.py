@@ -36,6 +36,10 @@ CASES = {
     "a padding no list meets": (("--max-padding", "0.0001", "--max-graphs", "2"), "--max-padding"),
     "a traffic over the largest size": (("--max-size", "3"), "--max-size"),
     "an option out of its range": (("--context", "0", "--upto", "3"), "--upto 3"),
+    "the other engine's context flag": (
+        ("--engine", "sglang==0.5.23", "--device", H100, "--engine-flag", "max-model-len=4096"),
+        "--engine-flag context-length=4096",
+    ),
 }
 
 
