@@ -137,6 +137,13 @@ def _sliding(cfg: dict, model_type: str, layers: int, where: str) -> tuple[int, 
     return layers, window  # Mistral-style: every layer slides
 
 
+def _chunk(cfg: dict) -> int:
+    """The text config's attention_chunk_size (Llama 4), 0 where it gives none or no positive
+    integer: read only for SGLang's hybrid pool (planner/fit/swa.py), which refuses a 0."""
+    v = cfg.get("attention_chunk_size")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
 def _quant(cfg: dict, where: str) -> tuple[str, int, int]:
     q = cfg.get("quantization_config")
     if not isinstance(q, dict):
@@ -201,7 +208,7 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         tie_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
         sliding_layers=sliding,
         sliding_window=window,
-        attention_chunk=_int(text, "attention_chunk_size", where),
+        attention_chunk=_chunk(text),
         dense_layers=_int(text, "first_k_dense_replace", where),
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=_int(text, "qk_rope_head_dim", where),

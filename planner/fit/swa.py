@@ -134,7 +134,10 @@ def _unmodelled(inp: FitInputs, arch: str, split: _Split) -> str:
     if not by_position and not any(a in rule.layer_types_architectures for a in m.architectures):
         return f"{arch}'s layer split is not read from its layer_types (configs/model_config.py get_hybrid_layer_ids)"
     if by_position and not m.attention_chunk:
-        return "its config gives no attention_chunk_size, the window SGLang checks (transformers' default is not read)"
+        return (
+            "its config gives no attention_chunk_size (a positive integer), the window SGLang checks "
+            "(transformers' default is not read)"
+        )
     if not split.sliding:
         return "fit reads no sliding-window layers from its config"
     if not split.full:
