@@ -10,6 +10,7 @@ config.json named a command refused in turn for its context length.
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -36,6 +37,10 @@ CASES = {
     "a padding no list meets": (("--max-padding", "0.0001", "--max-graphs", "2"), "--max-padding"),
     "a traffic over the largest size": (("--max-size", "3"), "--max-size"),
     "an option out of its range": (("--context", "0", "--upto", "3"), "--upto 3"),
+    "a calibration of another backend": (
+        ("--calibration", str(ROOT / "plans/calibration/h200-fa3-ci.json"), "--upto", "3"),
+        "--upto 3",
+    ),
     "the other engine's context flag": (
         ("--engine", "sglang==0.5.23", "--device", H100, "--engine-flag", "max-model-len=4096"),
         "--engine-flag context-length=4096",
@@ -46,11 +51,12 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_refusal_of_planner_sizes_names_a_planner_sizes_command_that_runs(cli, tmp_path, case):
     args, kept = CASES[case]
+    backend = "triton" if "--calibration" in args else "fa3"  # the calibration measured fa3
     shutil.copy(ROOT / "tests/data/traffic-skewed.csv", tmp_path / "t.csv")
-    err = one_line_error(cli("sizes", "-b", "fa3", "--traffic", "t.csv", *args), "; fix: ", "`planner sizes ")
-    fix = err.partition("; fix: ")[2]
-    assert "planner build" not in fix and fix.count("`") == 2, fix
-    argv = shlex.split(fix.split("`")[1])
+    err = one_line_error(cli("sizes", "-b", backend, "--traffic", "t.csv", *args), "; fix: ", "`planner sizes ")
+    commands = re.findall(r"`(planner [^`]*)`", err.partition("; fix: ")[2])
+    assert len(commands) == 1 and "planner build" not in err, err
+    argv = shlex.split(commands[0])
     assert argv[:2] == ["planner", "sizes"] and "--traffic" in argv and kept in shlex.join(argv), argv
     code, out, err = cli(*argv[1:])
     assert code == 0 and "chosen:" in out, err
