@@ -612,3 +612,29 @@ def test_the_other_engines_context_flag_is_refused_naming_this_engines(capsys, e
     assert f"{own} 4096" in " ".join(argv) and given not in argv, err
     code, out, err = run_fix(err, capsys)
     assert code == 0 and f"{own} 4096" in out, err
+
+
+def test_where_the_default_graphs_do_not_leave_one_request_fewer_sizes_are_a_fix(capsys):
+    """vLLM 0.34.0 sizes its KV cache after capture: at the utilization where the engine
+    default's graphs leave less than one 131072-token request of Llama-3.1-8B and the "fewer"
+    sizes (up to 64) leave one, --max-cudagraph-capture-size 64 and --enforce-eager are fixes,
+    each command runs. Before, fit named only the budget, the length, fp8 and more GPUs."""
+    m = cfg("llama-3.1-8b")
+
+    def at(u: float) -> FitResult:
+        return fit(FitRequest(m, "H100", "vllm==0.34.0", 1, {"max-model-len": 131072, "gpu-memory-utilization": u}))
+
+    lo, hi = 0.2, 0.9  # a utilization that does not fit, within 1e-3 of one that does
+    while hi - lo > 1e-3:
+        mid = round((lo + hi) / 2, 4)
+        lo, hi = (lo, mid) if at(mid).fits else (mid, hi)
+    u, res = lo, at(lo)
+    costs = {c.name: c.kv_tokens for c in res.size_costs}
+    assert not res.fits and costs["engine default"] < 131072 <= costs["fewer"], costs
+    assert "--max-cudagraph-capture-size 64" in res.fixes and "--enforce-eager" in res.fixes, res.fixes
+    base = ("--model", str(CONFIGS / "llama-3.1-8b.json"), "--device", "H100", "--engine", "vllm==0.34.0")
+    base += ("--max-model-len", "131072", "--gpu-memory-utilization", str(u))
+    assert run("fit", *base, capsys=capsys)[0] == 1
+    for fix in ("--max-cudagraph-capture-size 64", "--enforce-eager"):
+        code, out, err = run("fit", *base, *fix.split(), capsys=capsys)
+        assert code == 0, err
