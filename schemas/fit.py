@@ -31,7 +31,7 @@ class FitItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class KvLayerType(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    #: "full attention", "sliding window" or "MLA latent"
+    #: "full attention", "sliding window", "chunked attention" (Llama 4 under SGLang) or "MLA latent"
     kind: str
     layers: int
     #: KV bytes one token takes in one layer on one rank, in the KV cache dtype

@@ -85,6 +85,9 @@ def test_explain_says_what_each_size_costs_on_the_device_and_in_tokens(cli, tmp_
     choice = plan["predicted"]["sizes"][0]
     assert choice["kv_tokens"] == plan["predicted"]["kv"]["kv_tokens"]
     assert all(w["kv_tokens_without"] >= choice["kv_tokens"] for w in choice["sizes"])
+    # what a size takes from the KV cache is said as a cost (it read "it adds ..., 16 KV tokens")
+    costs = sorted(f"{w['kv_tokens_without'] - choice['kv_tokens']:,}" for w in choice["sizes"])
+    assert sorted(ln.split("; it costs ")[1].split(" KV tokens under")[0] for ln in lines) == costs
 
 
 def test_the_checked_in_calibrated_plan_counts_graph_exec_per_size():
@@ -219,7 +222,7 @@ def test_sglang_prices_sizes_in_its_slack_not_in_tokens(cli, tmp_path):
     kv = _plan(tmp_path, "g.json")["predicted"]["kv"]
     assert kv["kv_tokens"] == kv["kv_tokens_without_graphs"] > 0
     code, out, err = cli("explain", "g.json")
-    assert all(", 0 KV tokens under sglang==0.5.23" in ln for ln in out.splitlines() if "it adds" in ln)
+    assert all("; it costs 0 KV tokens under sglang==0.5.23" in ln for ln in out.splitlines() if "it adds" in ln)
 
 
 def test_a_floor_on_a_device_whose_graph_memory_is_unknown_is_refused(cli):
@@ -322,13 +325,15 @@ def test_an_engine_flag_given_twice_is_one_line(cli):
 
 def test_planner_sizes_floor_without_an_engine_names_the_engine(cli):
     """``planner sizes --min-kv-tokens`` without ``--engine``: one line saying the engine is
-    missing, whose flags, added, work. Before: "graph memory on the device is unknown ..., so
-    the KV tokens  is left cannot be priced; fix: build with --calibration REPORT", which an
-    added calibration does not fix (no engine prices tokens)."""
+    missing, whose command (this ``planner sizes`` with an engine, a device and a context
+    length) works. Before: "graph memory on the device is unknown ..., so the KV tokens  is
+    left cannot be priced; fix: build with --calibration REPORT", which an added calibration
+    does not fix (no engine prices tokens); then the flags to add, not a command."""
     args = ("sizes", "-b", "fa3", "--traffic", str(TRAFFIC), "--min-kv-tokens", "1000")
     line = one_line_error(cli(*args), "--min-kv-tokens 1000", "--engine names none")
-    added = shlex.split(line.split("`")[1])
-    assert cli(*args, *added)[0] == 0
+    argv = shlex.split(line.split("`")[1])
+    assert argv[:2] == ["planner", "sizes"] and "--min-kv-tokens" in argv, argv
+    assert cli(*argv[1:])[0] == 0
 
 
 def test_planner_fit_of_an_moe_spec_counts_its_experts_as_build_engine_does(tmp_path):
@@ -398,12 +403,15 @@ def test_the_kv_gates_fix_for_a_plan_with_a_config_adds_no_context_length(cli, t
 def test_a_build_whose_engine_would_not_start_is_refused_with_a_command_that_works(cli, command, utilization, needle):
     """Issue 52 review: a build or ``planner sizes`` under an engine that would not start (its KV
     cache holds less than one request) exited 0 and said the graphs "cost 0" tokens. It is one
-    line naming why, its fix the build's command with fit's first fix (each checked by fit)."""
+    line naming why, its fix the command run (``planner sizes`` its own, not a build) with fit's
+    first fix (each checked by fit)."""
     args = (command[0], "-b", "fa3", *ENGINE, "--engine-flag", f"gpu-memory-utilization={utilization}", *command[1:])
-    line = one_line_error(cli(*args), needle, "fewer than one request of max-model-len 8192", "`planner build ")
+    line = one_line_error(cli(*args), needle, "fewer than one request of max-model-len 8192", f"`planner {command[0]} ")
     assert "the graphs cost 0" not in line
+    assert "enforce-eager" not in line and "cudagraph" not in line  # a build's sizes are its plan's
     code, out, err = cli(*_fix_command(line))
-    assert code == 0 and "KV tokens under vllm==0.34.0" in out, (line, err)
+    priced = "KV tokens under vllm==0.34.0" if command[0] == "build" else "KV tokens left"
+    assert code == 0 and priced in out, (line, err)
 
 
 def test_a_context_length_past_the_models_is_refused_in_a_build_unless_vllms_variable(cli, tmp_path, monkeypatch):

@@ -568,3 +568,73 @@ def test_the_help_examples_run(capsys):
         assert done.returncode == 0 and done.stdout, (example, done.stderr)
         if example.startswith("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
             assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN is set: the engine takes 65,536 tokens" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "device"),
+    [
+        ("h100-80gb", "NVIDIA H100 80GB HBM3"),
+        ("a100 40gb", "NVIDIA A100-SXM4-40GB"),
+        ("rtx-4090", "NVIDIA GeForce RTX 4090"),
+    ],
+)
+def test_a_device_named_by_its_words_is_that_device(capsys, given, device):
+    """``--device h100-80gb`` (each word a part of one device's name) is that device. Before:
+    refused as unknown, its fix naming the A100-SXM4-80GB (difflib's closest spelling)."""
+    code, out, err = fit_cli("qwen2.5-7b", given, "vllm==0.34.0", "--max-model-len", "8192", capsys=capsys)
+    assert code == 0 and out.startswith(f"qwen2.5-7b on {device} x1"), err
+
+
+@pytest.mark.parametrize(("given", "near"), [("A100", "NVIDIA A100-SXM4-80GB"), ("h200-141gb", "NVIDIA H200")])
+def test_an_unknown_device_lists_the_known_ones_and_its_fix_is_the_nearest(capsys, given, near):
+    """Two devices match ``A100``; none has every word of ``h200-141gb``: one line listing the
+    known devices, the fix the device matching most of its words, and that command runs."""
+    code, _out, err = fit_cli("qwen2.5-7b", given, "vllm==0.34.0", "--max-model-len", "8192", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "NVIDIA L40S; NVIDIA GeForce RTX 4090" in err, err
+    assert f"--device '{near}'" in err, err
+    assert run_fix(err, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("engine", "given", "own"),
+    [
+        ("vllm==0.34.0", "--context-length", "--max-model-len"),
+        ("sglang==0.5.23", "--max-model-len", "--context-length"),
+    ],
+)
+def test_the_other_engines_context_flag_is_refused_naming_this_engines(capsys, engine, given, own):
+    """``--context-length 4096`` to vLLM (SGLang's name for its max-model-len): one line whose fix
+    is the engine's own flag with the same value, and that command runs. Before: "leave it out",
+    whose command priced the release's default length instead of the one asked."""
+    code, _out, err = fit_cli("qwen2.5-7b", "H100", engine, given, "4096", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and f"flag for it is {own}" in err, err
+    argv = err.split("`")[1].split()
+    assert f"{own} 4096" in " ".join(argv) and given not in argv, err
+    code, out, err = run_fix(err, capsys)
+    assert code == 0 and f"{own} 4096" in out, err
+
+
+def test_where_the_default_graphs_do_not_leave_one_request_fewer_sizes_are_a_fix(capsys):
+    """vLLM 0.34.0 sizes its KV cache after capture: at the utilization where the engine
+    default's graphs leave less than one 131072-token request of Llama-3.1-8B and the "fewer"
+    sizes (up to 64) leave one, --max-cudagraph-capture-size 64 and --enforce-eager are fixes,
+    each command runs. Before, fit named only the budget, the length, fp8 and more GPUs."""
+    m = cfg("llama-3.1-8b")
+
+    def at(u: float) -> FitResult:
+        return fit(FitRequest(m, "H100", "vllm==0.34.0", 1, {"max-model-len": 131072, "gpu-memory-utilization": u}))
+
+    lo, hi = 0.2, 0.9  # a utilization that does not fit, within 1e-3 of one that does
+    while hi - lo > 1e-3:
+        mid = round((lo + hi) / 2, 4)
+        lo, hi = (lo, mid) if at(mid).fits else (mid, hi)
+    u, res = lo, at(lo)
+    costs = {c.name: c.kv_tokens for c in res.size_costs}
+    assert not res.fits and costs["engine default"] < 131072 <= costs["fewer"], costs
+    assert "--max-cudagraph-capture-size 64" in res.fixes and "--enforce-eager" in res.fixes, res.fixes
+    base = ("--model", str(CONFIGS / "llama-3.1-8b.json"), "--device", "H100", "--engine", "vllm==0.34.0")
+    base += ("--max-model-len", "131072", "--gpu-memory-utilization", str(u))
+    assert run("fit", *base, capsys=capsys)[0] == 1
+    for fix in ("--max-cudagraph-capture-size 64", "--enforce-eager"):
+        code, out, err = run("fit", *base, *fix.split(), capsys=capsys)
+        assert code == 0, err

@@ -178,3 +178,99 @@ def test_a_build_refused_for_the_split_names_the_switch_as_its_engine_flag(cli, 
     assert "disable-hybrid-swa-memory=true" in argv
     code, out, err = cli(*argv[1:])
     assert code == 0, err
+
+
+def llama4(tmp_path: Path, **text) -> Path:
+    """A small Llama-4-shaped config.json (Llama4ForConditionalGeneration over a llama4_text
+    text config of 8 layers, a 1024-token attention chunk), ``text`` over its text config."""
+    inner = {
+        "model_type": "llama4_text",
+        "hidden_size": 2048,
+        "intermediate_size": 4096,
+        "intermediate_size_mlp": 8192,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "attention_chunk_size": 1024,
+        "torch_dtype": "bfloat16",
+        **text,
+    }
+    cfg = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": inner}
+    path = tmp_path / "llama4.json"
+    path.write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return path
+
+
+def test_llama4_is_priced_with_the_split_sglang_gives_its_chunked_attention_layers(tmp_path):
+    """SGLang 0.5.23 lists Llama4ForConditionalGeneration as hybrid SWA and splits it by position
+    (get_hybrid_layer_ids: layer i full where (i + 1) % 4 == 0): of 8 layers 2 full, 6 chunked,
+    the cell 2 full layers' bytes and 0.8 x the 6 chunked ones'. It was refused before."""
+    m = load_model(str(llama4(tmp_path)))
+    assert m.attention_chunk == 1024 and m.sliding_layers == 0  # no sliding_window: model.py reads none
+    per = kv_bytes_per_token(m, 1, 2)
+    res = fit(FitRequest(m, "H100", SGL, 1, {"context-length": 8192}))
+    full = int(kv_bytes(res) // (per * 2 + 0.8 * (per * 6)))
+    assert res.fits and res.kv_tokens == full and res.settings["swa-full-tokens-ratio"] == 0.8
+    assert [(k.kind, k.layers) for k in res.kv_layers] == [("full attention", 2), ("chunked attention", 6)]
+    assert any("attention_chunk_size 1,024" in n and f"({int(full * 0.8):,} sliding" in n for n in res.notes)
+    one = fit(FitRequest(m, "H100", SGL, 1, {"context-length": 8192, "disable-hybrid-swa-memory": True}))
+    assert one.kv_tokens == kv_bytes(one) // (per * 8) < full
+    assert [(k.kind, k.layers) for k in one.kv_layers] == [("full attention", 8)]
+
+
+def test_llama4_without_an_attention_chunk_is_refused_with_a_fix_that_works(tmp_path, capsys):
+    """A Llama 4 config that gives no attention_chunk_size (transformers' default is not read):
+    the window SGLang checks is unknown to fit, so one line naming --disable-hybrid-swa-memory,
+    and the command it names runs."""
+    path = llama4(tmp_path, attention_chunk_size=None)
+    code = main(["fit", "--model", str(path), "--device", "H100", "--engine", SGL, "--context-length", "8192"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "gives no attention_chunk_size" in err, err
+    argv = shlex.split(err.split("`")[1])
+    assert "--disable-hybrid-swa-memory" in argv and main(argv[1:]) == 0, capsys.readouterr().err
+
+
+def _sliding_tokens(res) -> int:
+    """The sliding-window tokens a split pool holds, as fit's note says them (fitting or not)."""
+    found = [re.search(r"\(([\d,]+) sliding-window tokens\)", n) for n in res.notes]
+    (count,) = [int(f[1].replace(",", "")) for f in found if f]
+    return count
+
+
+def _at_sliding_tokens(m, want: int):
+    """fit of ``m`` under the mem-fraction-static whose pool holds ``want`` sliding-window tokens
+    (bisected: the tokens rise with the fraction, by at most one a step of a full-side token)."""
+    lo, hi = 1e-4, 0.5
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        res = fit(FitRequest(m, "H100", SGL, 1, {"context-length": 512, "mem-fraction-static": mid}))
+        lo, hi = (mid, hi) if _sliding_tokens(res) < want else (lo, mid)
+    res = fit(FitRequest(m, "H100", SGL, 1, {"context-length": 512, "mem-fraction-static": hi}))
+    assert _sliding_tokens(res) == want
+    return res
+
+
+@pytest.mark.parametrize(
+    ("arch", "window"),
+    [
+        ("MellumForCausalLM", 1023),  # mellum.py get_attention_sliding_window_size: sliding_window - 1
+        ("GraniteSWAForCausalLM", 1024),  # no method: the config's sliding_window
+        ("EmbeddingGemma2Model", 512),  # embedding_gemma2.py: 512 whatever the config says
+        ("Llama4ForConditionalGeneration", 1024),  # the config's attention_chunk_size
+    ],
+)
+def test_the_sliding_pool_is_refused_exactly_where_sglang_refuses_it(tmp_path, arch, window):
+    """validate_swa_pool_size raises where sliding_window_size + page_size >= the sliding tokens,
+    the window resolve_sliding_window_size gives (the model class's, else the config's, else
+    the attention chunk): with a page of 1, window + 1 sliding tokens are refused and window + 2
+    start. Fit checked the config's window, one token stricter for Mellum (it refused 1025)."""
+    path = llama4(tmp_path) if arch.startswith("Llama4") else config(tmp_path, architectures=[arch])
+    m = load_model(str(path))
+    below, at = _at_sliding_tokens(m, window + 1), _at_sliding_tokens(m, window + 2)
+    assert not below.fits and f"its {window:,}-token window" in below.overflow, below.overflow
+    assert at.fits, at.overflow

@@ -28,10 +28,13 @@ def command(given, upto, every, write_spec, plot) -> None:
     Prints, per phase the traffic names, the best list of each count of sizes (the front: expected
     padding in % of step time against graph memory and capture count), the spec's list and SGLang's
     and vLLM's defaults priced alike, and the chosen list; --write-spec writes a spec with it."""
-    from capture_plan.planner.inputs.build_options import from_flat, without_size_choice
+    import msgspec
+
+    from capture_plan.planner.inputs.build_options import command_for_cwd, from_flat, sizes_run, without_size_choice
     from capture_plan.planner.sizes.command import choose_sizes
     from capture_plan.planner.sizes.output import render, write_spec as write
     from capture_plan.planner.sizes.sizes import SizesOptions
+    from capture_plan.schemas.errors import CapturePlanError
 
     build = from_flat({**given, "sizes": "auto"})
     assert build.sizes is not None  # --traffic is required
@@ -40,7 +43,17 @@ def command(given, upto, every, write_spec, plot) -> None:
         from capture_plan.planner.report.plot import check_plot_path
 
         check_plot_path(plot)
-    res = choose_sizes(opts)
+    own = [*(("--upto", str(upto)) if upto is not None else ()), *(("--all",) if every else ())]
+    own += [w for flag, path in (("--write-spec", write_spec), ("--plot", plot)) if path for w in (flag, str(path))]
+    with sizes_run(build.sizes, own):  # a refusal's command is this planner sizes command, changed
+        try:
+            res = choose_sizes(opts)
+        except CapturePlanError as err:
+            if err.retry is not None:  # a size-choice option that would pass: the command with it
+                retry = msgspec.structs.replace(build, sizes=msgspec.structs.replace(build.sizes, **err.retry))
+                shown = f"`{command_for_cwd(retry)}`"
+                err.fix = f"{err.fix}: {shown}" if err.fix else f"run {shown}"
+            raise
     text = render(res)
     if plot is not None:
         from capture_plan.planner.report.size_plot import plot_front

@@ -35,6 +35,9 @@ class EngineFlag(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     choices: list[str] = []
     #: a choice compared upper-cased (vLLM parses --cudagraph-mode so)
     upper: bool = False
+    #: the other engine's flag of the same meaning (vLLM's max-model-len is SGLang's
+    #: context-length): a flag given to the engine without it is refused naming this one
+    same_as: str = ""
     #: what the flag does, where its name does not say
     help: str = ""
 
@@ -123,6 +126,10 @@ def check(engine: str, flags: dict) -> dict:
         if v is None:
             continue
         if name not in allowed:
+            same = rows[name].same_as if name in rows else ""
+            if same in allowed:  # the other engine's flag of the same meaning: this engine's, same value
+                what, hint = f"{engine} has no flag --{name}", f"{engine}'s flag for it is --{same}"
+                raise Refusal(what, where=f"--{name}", hint=hint, changes={name: None, same: v})
             raise _refuse(
                 name,
                 f"{engine} has no flag --{name}",

@@ -53,6 +53,10 @@ def parse_engine_flags(engine: str, items: tuple[str, ...] | list[str]) -> dict:
         name, sep, text = item.partition("=")
         name = name.strip().removeprefix("--")
         where = f"--engine-flag {item}"
+        same = rows[name].same_as if name in rows else ""
+        if sep and name not in allowed and same in allowed:  # the other engine's flag of the same meaning
+            hint = f"{eng}'s flag for it is {same}"
+            raise Refusal(f"{eng} has no flag {name!r}", where=where, hint=hint, changes={name: None, same: text})
         if not sep or name not in allowed:
             takes = ", ".join(a for a in allowed if a not in CAPTURE_FLAGS)
             raise Refusal(

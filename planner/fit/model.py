@@ -96,6 +96,8 @@ class FitModel(msgspec.Struct, frozen=True):
     architectures: tuple[str, ...] = ()
     #: its text config's keys given a value other than null or false, sorted
     config_keys: tuple[str, ...] = ()
+    #: its text config's attention_chunk_size (Llama 4's chunked attention; 0: none given)
+    attention_chunk: int = 0
 
     @property
     def mla(self) -> bool:
@@ -133,6 +135,13 @@ def _sliding(cfg: dict, model_type: str, layers: int, where: str) -> tuple[int, 
         pattern = _int(cfg, "sliding_window_pattern", where, 6)
         return sum(1 for i in range(layers) if (i + 1) % pattern), window
     return layers, window  # Mistral-style: every layer slides
+
+
+def _chunk(cfg: dict) -> int:
+    """The text config's attention_chunk_size (Llama 4), 0 where it gives none or no positive
+    integer: read only for SGLang's hybrid pool (planner/fit/swa.py), which refuses a 0."""
+    v = cfg.get("attention_chunk_size")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 def _quant(cfg: dict, where: str) -> tuple[str, int, int]:
@@ -199,6 +208,7 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         tie_embeddings=bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
         sliding_layers=sliding,
         sliding_window=window,
+        attention_chunk=_chunk(text),
         dense_layers=_int(text, "first_k_dense_replace", where),
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=_int(text, "qk_rope_head_dim", where),

@@ -132,13 +132,15 @@ def fixes(
     len_flag: str,
     fp8: str,
     budget: str = "",
+    graphs: tuple[str, ...] = (),
 ) -> list[str]:
     """Candidate fixes, each checked by :func:`.fit.fit` before it is shown (one that does
     not fit is dropped): ``budget``, the engine's budget flag at the value that fits, where
     the user set that flag; where the weights alone leave no room, the smallest --tp whose
     shard leaves a quarter of ``total``; else a ``len_flag`` the cache holds (``tokens``),
-    ``fp8`` KV where halving a 2-byte element doubles the tokens past one request; then more
-    GPUs (every doubling of --tp up to 64: the first that fits is kept)."""
+    ``fp8`` KV where halving a 2-byte element doubles the tokens past one request, and
+    ``graphs`` (fewer capture sizes, none); then more GPUs (every doubling of --tp up to 64:
+    the first that fits is kept)."""
     tp, w = inp.tp, weight_bytes(inp.model, inp.tp)
     out = [budget] if budget else []
     n = tp
@@ -149,6 +151,7 @@ def fixes(
             out.append(f"--{len_flag} {tokens // 16 * 16}")
         if fp8 and inp.kv_dtype_bytes == 2 and tokens * 2 >= max_model_len:
             out.append(fp8)
+        out += graphs
         n = tp * 2
     while n <= 64:
         out.append(f"--tp {n}")

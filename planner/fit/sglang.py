@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
@@ -23,6 +25,8 @@ __all__ = ["fit_sglang"]
 def fit_sglang(inp: FitInputs) -> FitResult:
     m = inp.model
     pool = sglang_pool(inp)  # one pool over every layer, or the hybrid sliding-window split
+    if pool.kv_layers is not None:  # the split's layer types (Llama 4: its chunked-attention layers)
+        inp = msgspec.structs.replace(inp, kv_layers=pool.kv_layers)
     gpu_mem = inp.device.smi_total_mib
     chunk0, bs0 = sizing.sglang_defaults(gpu_mem, inp.tp)
     chunk = inp.flag("chunked-prefill-size", chunk0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from typing import Literal
 
 import msgspec
@@ -155,6 +156,13 @@ class SwaRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     layer_types_architectures: list[str]
     #: text config keys that give the sliding-window layers their own geometry
     geometry_keys: list[str]
+    #: architectures whose split is by position: layer i full where (i + 1) % N == 0, else
+    #: sliding (chunked attention, the window its attention_chunk_size)
+    full_every: dict[str, int]
+    #: architectures whose model class checks the window as the config's sliding_window - 1
+    exclusive_window: list[str]
+    #: architectures whose model class checks a window of its own
+    fixed_window: dict[str, int]
     #: the default sliding-window tokens per full-side token
     ratio: float
     sources: list[str]
@@ -250,14 +258,23 @@ def releases() -> list[str]:
 
 
 def device(name: str) -> tuple[str, Device]:
-    """The device named ``name`` (exactly, or uniquely by a case-insensitive part: ``H100``)."""
+    """The device named ``name``: exactly, or uniquely by its case-insensitive words, each a part
+    of the name (``H100``, ``h100-80gb``, ``a100 40gb``). Another is refused listing the
+    devices, its change the device matching most of its words (ties: the closest spelling)."""
     table = devices()
     if name in table:
         return name, table[name]
-    parts = [k for k in table if name.lower() in k.lower()]
+    words = re.findall(r"[a-z0-9]+", name.lower())
+
+    def matched(key: str) -> int:
+        return sum(w in key.lower() for w in words)
+
+    parts = [k for k in table if words and matched(k) == len(words)]
     if len(parts) == 1:
         return parts[0], table[parts[0]]
-    near = parts or difflib.get_close_matches(name, list(table), n=1, cutoff=0) or list(table)
+    most = max((matched(k) for k in table), default=0)
+    near = parts or [k for k in table if most and matched(k) == most] or list(table)
+    near = difflib.get_close_matches(name, near, n=1, cutoff=0) or near
     raise Refusal(
         f"unknown device {name!r}" + (f" (matches {', '.join(parts)})" if parts else ""),
         where="--device",

@@ -149,7 +149,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
 
     none_tokens = tokens_of(0)
     costs = []
-    for name, ss in (("engine default", sizes), ("fewer", [s for s in sizes if s <= 64]), ("none", [])):
+    for name, ss in (("engine default", sizes), ("fewer", [s for s in sizes if s <= FEWER_MAX]), ("none", [])):
         gi = graph_of(ss)
         t = None if gi.bytes is None else tokens_of(gi.bytes)
         costs.append(SizeCost(name, ss, gi.bytes, t, None if t is None else none_tokens - t))
@@ -170,8 +170,32 @@ def fit_vllm(inp: FitInputs) -> FitResult:
             f"max-model-len {mml} ({need / GiB:.2f} GiB); "
             f"the largest item is {biggest.name} ({known(biggest) / GiB:.2f} GiB)",
             result.fixes(
-                inp, total, kv_tokens, mml, len_flag="max-model-len", fp8="--kv-cache-dtype fp8", budget=budget_fix
+                inp,
+                total,
+                kv_tokens,
+                mml,
+                len_flag="max-model-len",
+                fp8="--kv-cache-dtype fp8",
+                budget=budget_fix,
+                graphs=_fewer_graphs(inp, sizes),
             ),
         )
     kv = Kv(max(kv_bytes, 0), blocks, block, kv_tokens, conc, mml)
     return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)
+
+
+#: the largest capture size of the "fewer" set (size_costs): vLLM's sizes up to it
+FEWER_MAX = 64
+
+
+def _fewer_graphs(inp: FitInputs, sizes: list[int]) -> tuple[str, ...]:
+    """The capture fixes (fewer sizes: --max-cudagraph-capture-size 64, the "fewer" set; none:
+    --enforce-eager) where fit prices the engine default's graphs from its sizes: not with a
+    plan or a measured graph (a build's: its plan's sizes are the build's to change, and its
+    capture flags are refused) nor where the user chose the sizes."""
+    req = inp.request
+    chosen = ("cudagraph-capture-sizes", "max-cudagraph-capture-size", "enforce-eager")
+    if req.plan is not None or req.measured_graph is not None or not sizes or any(f in inp.flags for f in chosen):
+        return ()
+    fewer = (f"--max-cudagraph-capture-size {FEWER_MAX}",) if max(sizes) > FEWER_MAX else ()
+    return (*fewer, "--enforce-eager")

@@ -17,9 +17,11 @@ records the same bytes from any directory of any clone.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ __all__ = [
     "options_from_command",
     "normalized_command",
     "command_for_cwd",
+    "sizes_run",
     "check_paths_encode",
     "SIZE_CHOICE",
     "without_size_choice",
@@ -262,9 +265,40 @@ def normalized_command(opts: BuildOptions) -> list[str]:
     return record_command(build_record(opts))
 
 
+#: while ``planner sizes`` runs (:func:`sizes_run`): its size choice and its own options' words
+_SIZES: contextvars.ContextVar[tuple[SizeChoiceOptions, tuple[str, ...]] | None] = contextvars.ContextVar(
+    "planner_sizes_run", default=None
+)
+
+
+@contextlib.contextmanager
+def sizes_run(choice: SizeChoiceOptions, own: Sequence[str]) -> Iterator[None]:
+    """While ``planner sizes`` runs with ``choice`` and ``own`` (its options no build takes, as
+    words: ``--upto 4``), the command a refusal names (:func:`command_for_cwd`) is that
+    ``planner sizes`` command with the refusal's change, not a ``planner build`` one."""
+    token = _SIZES.set((choice, tuple(own)))
+    try:
+        yield
+    finally:
+        _SIZES.reset(token)
+
+
+def _sizes_command(opts: BuildOptions, choice: SizeChoiceOptions, own: tuple[str, ...]) -> str:
+    """``planner sizes`` with the build options of ``opts`` (its size choice where it has one,
+    else ``choice``) and ``own``: the build's command words less ``--sizes auto`` and ``-o``."""
+    chosen = msgspec.structs.replace(opts, sizes=opts.sizes or choice, output=None)
+    words = record_command(_record(chosen, Path.cwd(), None))
+    at = words.index("--sizes")
+    return shlex.join(["planner", "sizes", *words[2:at], *words[at + 2 :], *own])
+
+
 def command_for_cwd(opts: BuildOptions) -> str:
     """The ``planner build`` command that rebuilds the plan when run from the
-    current directory: what error messages tell the user to run."""
+    current directory: what error messages tell the user to run. While ``planner sizes``
+    runs (:func:`sizes_run`), the ``planner sizes`` command of the same options."""
+    run = _SIZES.get()
+    if run is not None:
+        return _sizes_command(opts, *run)
     cwd = Path.cwd()
     out = relative(output_path(opts), cwd)
     return shlex.join(record_command(_record(opts, cwd, out if out != default_output(opts).as_posix() else None)))

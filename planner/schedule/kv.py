@@ -52,24 +52,29 @@ def fixed_command(opts: BuildOptions, has_config: bool) -> str:
     return command_for_cwd(msgspec.structs.replace(opts, engine=engine, engine_flags=flags, device=device))
 
 
-def changed_command(opts: BuildOptions, changes: dict[str, object]) -> str:
-    """The build command with a fit refusal's ``changes`` (planner/fit/refusal.py): an engine
-    flag as ``--engine-flag NAME=VALUE`` (None: left out), ``tp``, ``engine`` and ``device`` as
-    the build's own options."""
+def _changed(opts: BuildOptions, changes: dict[str, object]) -> BuildOptions:
+    """``opts`` with a fit refusal's ``changes`` (planner/fit/refusal.py): an engine flag as
+    ``--engine-flag NAME=VALUE`` (None: left out), ``tp``, ``engine`` and ``device`` as the
+    build's own options."""
     from ..fit.kv_price import changed_flags
 
     engine, flags = changed_flags(opts.engine_flags, opts.engine or EXAMPLE_ENGINE, changes)
     tp = changes.get("tp", opts.tp)
     device = changes.get("device", opts.device)
-    return command_for_cwd(
-        msgspec.structs.replace(
-            opts,
-            engine=engine,
-            engine_flags=flags,
-            tp=None if tp is None else int(str(tp)),
-            device=None if device is None else str(device),
-        )
+    return msgspec.structs.replace(
+        opts,
+        engine=engine,
+        engine_flags=flags,
+        tp=None if tp is None else int(str(tp)),
+        device=None if device is None else str(device),
     )
+
+
+def changed_command(opts: BuildOptions, changes: dict[str, object], has_config: bool = True) -> str:
+    """The build command with a fit refusal's ``changes`` (:func:`_changed`), and the engine's
+    context length where the spec's model has no config to give it (a change that drops the
+    flag: ``--engine-flag bogus=1`` refused, the fix leaves it out; :func:`fixed_command`)."""
+    return fixed_command(_changed(opts, changes), has_config)
 
 
 def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | None, tp: int) -> KvPricer | None:
@@ -103,10 +108,12 @@ def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | Non
     try:
         flags = parse_engine_flags(opts.engine, opts.engine_flags)
     except Refusal as err:  # its fix: this build with the change
-        raise InputError(err.what, where=err.where, fix=f"{err.hint}: `{changed_command(opts, err.changes)}`") from None
+        fixed = changed_command(opts, err.changes, has_config)
+        raise InputError(err.what, where=err.where, fix=f"{err.hint}: `{fixed}`") from None
     model = spec_model(read.model.name, dict(read.model.dimensions), read.config_path)
     try:
-        return KvPricer(FitRequest(model, device, opts.engine, tp, flags), functools.partial(changed_command, opts))
+        command = functools.partial(changed_command, opts, has_config=has_config)
+        return KvPricer(FitRequest(model, device, opts.engine, tp, flags), command)
     except InputError as err:
         if isinstance(err.__cause__, NoContextLength) and not has_config:
             raise InputError(

@@ -98,8 +98,9 @@ def _size_cost(c: PhaseChoice, w: SizeWorth, engine: str) -> str:
     if c.worth_graph_bytes is not None and w.device_bytes_without is not None:
         device = mib(c.worth_graph_bytes - w.device_bytes_without)
         text += f" (pool and hoisted), {device} on the device (graph-exec included)"
-    if c.worth_kv_tokens is not None and w.kv_tokens_without is not None:
-        text += f", {w.kv_tokens_without - c.worth_kv_tokens:,} KV tokens under {engine}"
+    if c.worth_kv_tokens is not None and w.kv_tokens_without is not None:  # it read "adds ..., 16 KV tokens"
+        cost = w.kv_tokens_without - c.worth_kv_tokens
+        text += f"; it {f'costs {cost:,}' if cost >= 0 else f'leaves {-cost:,} more'} KV tokens under {engine}"
     return text
 
 

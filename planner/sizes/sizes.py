@@ -45,7 +45,6 @@ measure anything: every figure says where it comes from.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -338,19 +337,15 @@ def choose(r: Resolved, ask: SizesOptions, *, worth: bool = False) -> Choice:
 
 def _floor_without_engine(r: Resolved, floor: int) -> InputError:
     """``planner sizes --min-kv-tokens`` with no ``--engine`` (a build's floor is refused by
-    schedule/kv.py's kv_pricer, which reads the build's own size options): the flags to add."""
-    from ..schedule.kv import EXAMPLE_DEVICE, EXAMPLE_ENGINE
+    schedule/kv.py's kv_pricer, which reads the build's own size options): the command with
+    an engine, a device and a context length filled in (a ``planner sizes`` command while
+    one runs: planner/inputs/build_options.py sizes_run)."""
+    from ..schedule.kv import fixed_command
 
-    b = r.opts
-    add = ["--engine", EXAMPLE_ENGINE]
-    if b.device is None and b.calibration is None:
-        add += ["--device", EXAMPLE_DEVICE]
-    if r.spec_read.model_config is None:  # no config.json gives the context length
-        add += ["--engine-flag", "max-model-len=8192"]
     return InputError(
         "--min-kv-tokens prices KV tokens under an engine release, and --engine names none",
         where=f"--min-kv-tokens {floor}",
-        fix=f"name the release: add `{shlex.join(add)}`",
+        fix=f"name the release: `{fixed_command(r.opts, r.spec_read.model_config is not None)}`",
     )
 
 
