@@ -80,22 +80,28 @@ def _keys() -> list[str]:
     return sorted({k for r in context_rules().values() for k in r.keys})
 
 
+def config_int(d: dict, key: str, where: str, path: str | None = None) -> int | None:
+    """``d[key]`` of a model's config (``where``: the file): None where it is absent or null;
+    refused at its JSON path (``path``; default ``$.KEY``) unless a non-negative integer."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InputError(
+            f"{key} must be a non-negative integer, got {v!r:.40}",
+            where=f"{where}: {path or '$.' + key}",
+            fix="use the model's own config.json",
+        )
+    return v
+
+
 def read_config(text: dict, where: str, model_type: str) -> ContextConfig:
     """The length keys, rope rows and original_max_position_embeddings of a text config; a
     length that is not a non-negative integer, or a rope factor that is not a positive number
     (or null), is refused at its JSON path."""
 
     def integer(d: dict, key: str, path: str) -> int | None:
-        v = d.get(key)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InputError(
-                f"{key} must be a non-negative integer, got {v!r:.40}",
-                where=f"{where}: {path}",
-                fix="use the model's own config.json",
-            )
-        return v
+        return config_int(d, key, where, path)
 
     lengths = {k: v for k in _keys() if (v := integer(text, k, f"$.{k}")) is not None}
     ropes: dict[str, dict[str, Any] | None] = {}

@@ -37,7 +37,7 @@ from capture_plan.planner.inputs.hf_config import model_from_config
 from capture_plan.planner.inputs.specs import model_presets
 from capture_plan.schemas.errors import InputError
 
-from .context import ContextConfig, read_config
+from .context import ContextConfig, config_int, read_config
 
 if TYPE_CHECKING:
     from capture_plan.schemas.spec import Model
@@ -109,16 +109,8 @@ class FitModel(msgspec.Struct, frozen=True):
 
 
 def _int(cfg: dict, key: str, where: str, default: int = 0) -> int:
-    v = cfg.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise InputError(
-            f"{key} must be a non-negative integer, got {v!r:.40}",
-            where=f"{where}: $.{key}",
-            fix="use the model's own config.json",
-        )
-    return v
+    v = config_int(cfg, key, where)
+    return default if v is None else v
 
 
 def _sliding(cfg: dict, model_type: str, layers: int, where: str) -> tuple[int, int]:
