@@ -44,7 +44,7 @@ import torch
 from . import libcuda
 from .errors import ExecutorError
 from .exec_reuse import ClusterProbe, GraphDesc, KernelDesc, NodeDesc, ReuseGroups, canonical, judge_cluster_probe
-from .libcuda import KernelParams, LaunchAttr, LaunchConfig, UpdateResult
+from .libcuda import EdgeData, KernelParams, LaunchAttr, LaunchConfig, UpdateResult
 
 __all__ = ["describe", "SharedExecs", "SharedGraph", "reuse_unavailable"]
 
@@ -227,6 +227,35 @@ def _kernel(d, node: ctypes.c_void_p) -> tuple[KernelDesc, dict[str, int]]:
     ), unread
 
 
+def graph_edges(d: dict, g: ctypes.c_void_p, index: dict, where: str = "graph") -> list[tuple[int, ...]]:
+    """The edges of graph ``g`` as (from, to) node indexes (``index``: node handle -> its
+    index), with (from port, to port, type) appended where not all 0 (a programmatic edge).
+
+    Read with the edges' data: a graph with programmatic (PDL) edges, as FA3's and cuBLAS's
+    kernels record on an H200, refuses a query without it (CUDA_ERROR_LOSSY_QUERY, 402:
+    measured). A graph without edges (its nodes independent, or one node) is not asked for
+    them: the driver refuses arrays with a count of 0 (CUDA_ERROR_INVALID_VALUE, 1: an
+    SGLang-shaped target_verify graph's save on an H200)."""
+    e = ctypes.c_size_t(0)
+    _edges_check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), where)
+    if not e.value:
+        return []
+    src, dst, data = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)(), (EdgeData * e.value)()
+    ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p), ctypes.cast(data, ctypes.c_void_p)
+    _edges_check(d["cuGraphGetEdges_v2"](g, *ends, ctypes.byref(e)), where)
+    edges: list[tuple[int, ...]] = []
+    for i in range(e.value):
+        x = data[i]
+        extra = (x.from_port, x.to_port, x.type) if (x.from_port, x.to_port, x.type) != (0, 0, 0) else ()
+        edges.append((index[src[i]], index[dst[i]], *extra))
+    return edges
+
+
+def _edges_check(rc: int, where: str) -> None:
+    if rc != 0:
+        raise ExecutorError(f"cuGraphGetEdges_v2 failed (CUresult {rc})", where=where)
+
+
 def describe(raw_graph: int, probes: list[ClusterProbe] | None = None) -> GraphDesc:
     """The nodes and edges of the ``cudaGraph_t`` ``raw_graph`` (``CUDAGraph.raw_cuda_graph()``).
     ``probes``: where given, the cluster probe's verdict is appended to it when a kernel of
@@ -258,8 +287,6 @@ def describe(raw_graph: int, probes: list[ClusterProbe] | None = None) -> GraphD
                 return canonical(descs, [])
             k = replace(k, opaque=False, unread="")
         descs.append(NodeDesc(type=kind, kernel=k))
-    from .graph_walk import graph_edges  # graph_walk reads this module's node tables
-
     index = {nodes[i]: i for i in range(n.value)}
     return canonical(descs, graph_edges(d, g, index, "executable reuse"))
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 from . import libcuda
 from .errors import ExecutorError
-from .exec_update import ATTRIBUTES, NODE_TYPES
-from .libcuda import EdgeData, KernelParams, Memcpy3D, MemsetParams
+from .exec_update import ATTRIBUTES, NODE_TYPES, graph_edges
+from .libcuda import KernelParams, Memcpy3D, MemsetParams
 
 __all__ = [
     "WALK_CALLS",
@@ -306,30 +306,6 @@ def walk_graph(
             w.copy = _copy(d, node, here)
         nodes.append(w)
     return WalkedGraph(nodes, graph_edges(d, g, {handles[i]: i for i in range(n.value)}, where))
-
-
-def graph_edges(d: dict, g: ctypes.c_void_p, index: dict, where: str = "graph") -> list[tuple[int, ...]]:
-    """The edges of graph ``g`` as (from, to) node indexes (``index``: node handle -> its
-    index), with (from port, to port, type) appended where not all 0 (a programmatic edge).
-
-    Read with the edges' data: a graph with programmatic (PDL) edges, as FA3's and cuBLAS's
-    kernels record on an H200, refuses a query without it (CUDA_ERROR_LOSSY_QUERY, 402:
-    measured). A graph without edges (its nodes independent, or one node) is not asked for
-    them: the driver refuses arrays with a count of 0 (CUDA_ERROR_INVALID_VALUE, 1: an
-    SGLang-shaped target_verify graph's save on an H200)."""
-    e = ctypes.c_size_t(0)
-    _check(d["cuGraphGetEdges_v2"](g, None, None, None, ctypes.byref(e)), "cuGraphGetEdges_v2", where)
-    if not e.value:
-        return []
-    src, dst, data = (ctypes.c_void_p * e.value)(), (ctypes.c_void_p * e.value)(), (EdgeData * e.value)()
-    ends = ctypes.cast(src, ctypes.c_void_p), ctypes.cast(dst, ctypes.c_void_p), ctypes.cast(data, ctypes.c_void_p)
-    _check(d["cuGraphGetEdges_v2"](g, *ends, ctypes.byref(e)), "cuGraphGetEdges_v2", where)
-    edges: list[tuple[int, ...]] = []
-    for i in range(e.value):
-        x = data[i]
-        extra = (x.from_port, x.to_port, x.type) if (x.from_port, x.to_port, x.type) != (0, 0, 0) else ()
-        edges.append((index[src[i]], index[dst[i]], *extra))
-    return edges
 
 
 class AddressResolver:
