@@ -1,6 +1,6 @@
 """The compiled graph builder's surface (executor/_graph_build.pyx)."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 CALLS: tuple[str, ...]
 KINDS: dict[str, int]
@@ -8,6 +8,14 @@ WIDTHS: dict[str, int]
 MAX_ATTRIBUTE: int
 
 def layouts() -> dict[str, tuple[int, dict[str, int]]]: ...
+def flatten(
+    g: object,
+    bases: list[int | None],
+    function: Callable[[object, str], object],
+    functions: dict,
+    index: dict[int, int],
+    attribute_ids: Mapping[str, int],
+) -> tuple: ...
 
 class Builder:
     def __init__(self, addresses: Mapping[str, int], ctx: int) -> None: ...

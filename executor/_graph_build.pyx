@@ -16,6 +16,7 @@ An optional extension (setup.py): where it is not built, the ctypes path runs
 (``graph_flat.graph_builder`` says which and why).
 """
 
+cimport cython
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
@@ -171,6 +172,98 @@ def layouts():
             "reserved": <char*>&e.reserved - eb,
         }),
     }
+
+
+_PAD = bytes(64)
+#: the largest address a record holds (int64); a larger one is written by ``patched_args``
+_MAX = (1 << 63) - 1
+
+
+@cython.boundscheck(True)
+@cython.wraparound(True)
+def flatten(g, list bases, function, dict functions, dict index, attribute_ids):
+    """Graph ``g`` of a graph file as the records :meth:`Builder.add` takes (graph_flat's
+    docstring lays them out), a tuple: kinds, kernels, blob, params, relocs, attrs, memsets,
+    copies, edges (int64 arrays but kinds and blob), and per attribute record its name. Every
+    address at ``bases`` (``graph_rebuild.segment_bases``); every kernel's function from
+    ``functions`` (keyed by (module, name)) or ``function(kernel, where)``
+    (``graph_rebuild._Builder.function``, which raises naming the node), numbered by ``index``
+    (function -> its number, shared by a builder's graphs); launch attribute ids by
+    ``attribute_ids``. An operand in a segment with no address here raises graph_rebuild's
+    error naming the node (its own ``patched_args`` and ``_address`` do: the values here are
+    the file's Python ints, compared as Python compares them, so what they accept is the same)."""
+    from array import array
+
+    from capture_plan.executor.graph_rebuild import _address, patched_args
+
+    label = f"graph {g.phase}/{g.bs}"
+    cdef list nodes = g.nodes
+    cdef Py_ssize_t n = len(nodes), i, nb = len(bases), size = 0, start, mark, first
+    cdef bytearray node_kinds = bytearray(n)
+    cdef list kernels = [], params = [], relocs = [], attrs = [], memsets = [], copies = [], edges = []
+    cdef list names = [], parts = []
+    cdef bytes args
+    for i in range(n):
+        node = nodes[i]
+        k = node.kernel
+        if k is not None:
+            node_kinds[i] = KIND_KERNEL
+            args = k.args
+            start = (size + 63) & ~63
+            if start > size:
+                parts.append(_PAD[: start - size])
+            parts.append(args)
+            mark, end = len(relocs), len(args) - 8
+            for r in k.relocations:  # graph_rebuild.patched_args, with the write left to the builder
+                pos, seg = r.position, r.segment
+                base = bases[seg] if seg < nb else None
+                address = None if base is None else base + r.offset
+                if base is None or not (0 <= pos <= end and 0 <= address <= _MAX):
+                    del relocs[mark:]  # patched_args raises, or writes what it writes
+                    parts[len(parts) - 1] = args = patched_args(k, bases, f"{label} node {i}")
+                    break
+                relocs.append(start + pos)
+                relocs.append(address)
+            size = start + len(args)
+            f = functions.get((k.module, k.name))
+            if f is None:
+                f = function(k, f"{label} node {i}")
+            fv = f.value or 0
+            fi = index.get(fv)
+            if fi is None:
+                fi = index[fv] = len(index)
+            first = len(names)
+            if k.attributes:
+                for name, value in sorted(k.attributes.items()):
+                    attrs.append(attribute_ids[name])
+                    attrs.extend(value)
+                    names.append(name)
+            grid, block = k.grid, k.block
+            kernels.extend((fv, grid[0], grid[1], grid[2], block[0], block[1], block[2], k.shared_bytes, start,
+                            len(params), len(k.params), fi, first, len(names) - first, mark // 2,
+                            (len(relocs) - mark) // 2))
+            for p in k.params:
+                params.append(p[0])
+        elif node.memset is not None:
+            node_kinds[i] = KIND_MEMSET
+            m = node.memset
+            memsets.extend((_address(m.dst, bases, f"{label} node {i}"), m.pitch, m.value, m.element_size, m.width,
+                            m.height))
+        elif node.copy is not None:
+            node_kinds[i] = KIND_MEMCPY
+            c, where = node.copy, f"{label} node {i}"
+            copies.extend((_address(c.src, bases, where), _address(c.dst, bases, where), c.src_pitch, c.src_height,
+                           c.dst_pitch, c.dst_height, c.width, c.height, c.depth))
+        else:
+            node_kinds[i] = KIND_EMPTY
+    at = range(n)  # an index as the ctypes path's list takes it: negative from the end, else IndexError
+    for e in g.edges:
+        if len(e) == 5:
+            edges.extend((at[e[0]], at[e[1]], e[2], e[3], e[4]))
+        else:
+            edges.extend((at[e[0]], at[e[1]], 0, 0, 0))
+    return (bytes(node_kinds), array("q", kernels), b"".join(parts), array("q", params), array("q", relocs),
+            array("q", attrs), array("q", memsets), array("q", copies), array("q", edges), names)
 
 
 cdef int _check(

@@ -12,7 +12,7 @@ node through the driver (:func:`rebuild_graphs`: ``cuGraphAddKernelNode`` with t
 bytes patched from the file's relocations, memset, copy and empty nodes, the edges with
 their data, the launch attributes the file recorded, each read back), then instantiates
 and uploads each graph. The nodes are added from C by the compiled graph builder
-(executor/_graph_build.pyx over ``graph_flat.flatten``'s arrays) where it is built and the
+(executor/_graph_build.pyx, over flat records it prepares per graph) where it is built and the
 driver's calls are C functions, else one ctypes call at a time; ``graph_flat.graph_builder``
 says which and why, and :class:`Rebuilt` names the one that ran.
 ``capture_plan.executor.rebuild_proof`` launches every rebuilt graph and compares its
@@ -50,7 +50,7 @@ from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile, Kernel, Oper
 from . import libcuda
 from .errors import ExecutorError
 from .exec_update import ATTRIBUTES
-from .graph_flat import BUILDER_ENV, GraphBuilder, entry_points, flatten, graph_builder
+from .graph_flat import BUILDER_ENV, GraphBuilder, entry_points, graph_builder
 from .graph_walk import module_identity
 from .libcuda import EdgeData, KernelParams, Memcpy3D, MemsetParams
 
@@ -246,13 +246,13 @@ class _Builder:
         ctx = ctypes.c_void_p()
         _check(d["cuCtxGetCurrent"](ctypes.byref(ctx)), "cuCtxGetCurrent")
         self.ctx = ctx
-        self.compiled, self.kinds = None, {}
+        self.compiled = None
         #: function -> its number in the compiled builder's cache of launch attributes' defaults
         self.index: dict[int, int] = {}
         if addresses is not None:
             from . import _graph_build  # built by setup.py (an optional extension)
 
-            self.compiled, self.kinds = _graph_build.Builder(addresses, ctx.value or 0), _graph_build.KINDS
+            self.compiled = _graph_build.Builder(addresses, ctx.value or 0)
 
     def function(self, k: Kernel, where: str) -> ctypes.c_void_p:
         key = (k.module, k.name)
@@ -358,18 +358,19 @@ class _Builder:
     def flat(self, graph: ctypes.c_void_p, g) -> int:
         """Graph ``g``'s nodes and edges added by the compiled builder; its errors raised as the
         ctypes path raises them."""
-        f = flatten(g, self.bases, self.function, self.functions, self.index, ATTRIBUTES, self.kinds)
-        failed = self.compiled.add(  # pyright: ignore[reportOptionalMemberAccess]
-            graph.value or 0, f.kinds, f.kernels, f.blob, f.params, f.relocs, f.attrs, f.memsets, f.copies, f.edges,
-            len(self.index),
-        )  # fmt: skip
+        from . import _graph_build
+
+        b = self.compiled
+        assert b is not None
+        flat = _graph_build.flatten(g, self.bases, self.function, self.functions, self.index, ATTRIBUTES)
+        failed = b.add(graph.value or 0, *flat[:-1], len(self.index))
         label = f"graph {g.phase}/{g.bs}"
         if failed is not None and failed[0] == "call":
             _, call, i, rc = failed
             _check(rc, call, f"{label} node {i}" if i >= 0 else label)
         elif failed is not None:
             _, i, a, set_rc, rc, got = failed
-            k, name = g.nodes[i].kernel, f.attribute_names[a]
+            k, name = g.nodes[i].kernel, flat[-1][a]
             raise ExecutorError(
                 f"launch attribute {name} saved as {tuple(k.attributes[name])} reads back {got} (set: CUresult "
                 f"{set_rc}, read: CUresult {rc})",

@@ -410,15 +410,14 @@ def test_records_pointing_outside_their_arrays_are_refused_before_any_call(monke
     from array import array
 
     assert _graph_build is not None
-    f = graph_flat.flatten(
-        _random_file(0).graphs[0], BASES, lambda k, w: ctypes.c_void_p(KERNELS[k.name][0]),
-        {}, {}, ATTRIBUTES, _graph_build.KINDS,
-    )  # fmt: skip
+    g = _random_file(0).graphs[0]
+    fields = _graph_build.flatten(g, BASES, lambda k, w: ctypes.c_void_p(KERNELS[k.name][0]), {}, {}, ATTRIBUTES)[:-1]
     d = CDriver()
     b = _graph_build.Builder({n: ctypes.cast(d[n], ctypes.c_void_p).value for n in _graph_build.CALLS}, 0xC7)
-    fields = (f.kinds, f.kernels, f.blob, f.params, f.relocs, f.attrs, f.memsets, f.copies, f.edges)
     assert b.add(0x1, *fields, 8) is None  # as flattened
-    for i, bad in [(1, array("q", [*f.kernels[:-1], 10**6])), (2, f.blob[:8]), (8, array("q", [0, 10**6, 0, 0, 0]))]:
+    kernels, blob = fields[1], fields[2]
+    # the last kernel's relocation count past the relocations, the blob cut short, an edge to node 10**6
+    for i, bad in [(1, array("q", [*kernels[:-1], 10**6])), (2, blob[:8]), (8, array("q", [0, 10**6, 0, 0, 0]))]:
         d.log.clear()
         wrong = list(fields)
         wrong[i] = bad
