@@ -225,6 +225,10 @@ def test_a_fresh_process_restores_every_graph_at_other_addresses_bit_for_bit(tmp
     r = got["report"]
     print(f"saved {saved}; restored in {r['seconds']:.3f} s {r['parts']}; loading runs at {r['keys']}")
     assert got["restored"] and got["graphs"] == saved["graphs"] == 4 and r["nodes"] == saved["nodes"] > 0
+    # the nodes added from C where the compiled graph builder is built (setup.py build_ext), else through ctypes
+    from capture_plan.executor.graph_flat import graph_builder
+
+    assert r["builder"] == graph_builder().describe(), r["builder"]
     # every segment the graphs point into lies elsewhere than in the saving process
     assert r["segments"] > 0 and r["moved"] == r["segments"], r
     assert got["differ"] == [] and len(got["equal"]) == 4, got
