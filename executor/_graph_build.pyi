@@ -11,7 +11,7 @@ def layouts() -> dict[str, tuple[int, dict[str, int]]]: ...
 def flatten(
     g: object,
     bases: list[int | None],
-    function: Callable[[object, str], object],
+    function: Callable[..., object],
     functions: dict,
     index: dict[int, int],
     attribute_ids: Mapping[str, int],

@@ -363,14 +363,17 @@ class _Builder:
         b = self.compiled
         assert b is not None
         flat = _graph_build.flatten(g, self.bases, self.function, self.functions, self.index, ATTRIBUTES)
-        failed = b.add(graph.value or 0, *flat[:-1], len(self.index))
+        kinds, kernels, blob, params, relocs, attrs, memsets, copies, edges, names = flat
+        failed = b.add(
+            graph.value or 0, kinds, kernels, blob, params, relocs, attrs, memsets, copies, edges, len(self.index)
+        )
         label = f"graph {g.phase}/{g.bs}"
         if failed is not None and failed[0] == "call":
             _, call, i, rc = failed
             _check(rc, call, f"{label} node {i}" if i >= 0 else label)
         elif failed is not None:
             _, i, a, set_rc, rc, got = failed
-            k, name = g.nodes[i].kernel, flat[-1][a]
+            k, name = g.nodes[i].kernel, names[a]
             raise ExecutorError(
                 f"launch attribute {name} saved as {tuple(k.attributes[name])} reads back {got} (set: CUresult "
                 f"{set_rc}, read: CUresult {rc})",
