@@ -174,7 +174,8 @@ def layouts():
     }
 
 
-_PAD = bytes(64)
+#: zero bytes, by count: the padding that aligns each kernel's arguments to 64 bytes
+_PADS = tuple(bytes(i) for i in range(64))
 #: the largest address a record holds (int64); a larger one is written by ``patched_args``
 _MAX = (1 << 63) - 1
 
@@ -203,6 +204,8 @@ def flatten(g, list bases, function, dict functions, dict index, attribute_ids):
     cdef list kernels = [], params = [], relocs = [], attrs = [], memsets = [], copies = [], edges = []
     cdef list names = [], parts = []
     cdef bytes args
+    cdef dict looked = {}  # (module, name) -> (function, its number): this graph's kernels
+    cdef object big = _MAX, pads = _PADS
     for i in range(n):
         node = nodes[i]
         k = node.kernel
@@ -211,27 +214,32 @@ def flatten(g, list bases, function, dict functions, dict index, attribute_ids):
             args = k.args
             start = (size + 63) & ~63
             if start > size:
-                parts.append(_PAD[: start - size])
+                parts.append(pads[start - size])
             parts.append(args)
             mark, end = len(relocs), len(args) - 8
             for r in k.relocations:  # graph_rebuild.patched_args, with the write left to the builder
                 pos, seg = r.position, r.segment
                 base = bases[seg] if seg < nb else None
                 address = None if base is None else base + r.offset
-                if base is None or not (0 <= pos <= end and 0 <= address <= _MAX):
+                if base is None or not (0 <= pos <= end and 0 <= address <= big):
                     del relocs[mark:]  # patched_args raises, or writes what it writes
                     parts[len(parts) - 1] = args = patched_args(k, bases, f"{label} node {i}")
                     break
                 relocs.append(start + pos)
                 relocs.append(address)
             size = start + len(args)
-            f = functions.get((k.module, k.name))
-            if f is None:
-                f = function(k, f"{label} node {i}")
-            fv = f.value or 0
-            fi = index.get(fv)
-            if fi is None:
-                fi = index[fv] = len(index)
+            key = (k.module, k.name)
+            got = looked.get(key)
+            if got is None:
+                f = functions.get(key)
+                if f is None:
+                    f = function(k, f"{label} node {i}")
+                fv = f.value or 0
+                fi = index.get(fv)
+                if fi is None:
+                    fi = index[fv] = len(index)
+                got = looked[key] = (fv, fi)
+            fv, fi = got
             first = len(names)
             if k.attributes:
                 for name, value in sorted(k.attributes.items()):

@@ -125,7 +125,7 @@ def rebuild_refusals(file: GraphFile) -> list[str]:
                         f"{where} (kernel {k.name}): parameter(s) {k.tensor_maps} are shaped like a CUtensorMap, "
                         "whose encoded address a rebuild does not re-encode"
                     )
-                unknown = sorted(set(k.attributes) - set(ATTRIBUTES))
+                unknown = sorted(set(k.attributes) - known)
                 if unknown:
                     out.append(f"{where} (kernel {k.name}): launch attribute(s) {unknown} this rebuild does not set")
     return out
