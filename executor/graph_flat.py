@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from .errors import ExecutorError
 
-__all__ = ["BUILDER_ENV", "GraphBuilder", "graph_builder", "entry_points"]
+__all__ = ["BUILDER_ENV", "GraphBuilder", "graph_builder", "compiled", "entry_points"]
 
 #: ``ctypes`` runs the ctypes path even where the compiled builder is built; ``compiled``
 #: requires it (an error where it did not load); unset or ``auto``: compiled where it loads
@@ -51,6 +51,12 @@ class GraphBuilder(NamedTuple):
         return f"{self.name} ({self.why})" if self.why else self.name
 
 
+def compiled():
+    """The compiled graph builder's module (an ImportError where it is not built). By name: the
+    extension is no module of the source tree."""
+    return importlib.import_module(f"{__package__}._graph_build")
+
+
 def graph_builder() -> GraphBuilder:
     """The compiled graph builder where it loads, unless :data:`BUILDER_ENV` says ``ctypes``;
     an ExecutorError where it says ``compiled`` and it did not load, or names no builder."""
@@ -64,7 +70,7 @@ def graph_builder() -> GraphBuilder:
     if want == "ctypes":
         return GraphBuilder("ctypes", f"{BUILDER_ENV}=ctypes")
     try:
-        importlib.import_module(f"{__package__}._graph_build")
+        compiled()
     except ImportError as e:  # not built here (no C compiler at install time), or built for another Python
         why = f"the compiled graph builder did not load: {e}"
         if want == "compiled":

@@ -50,7 +50,7 @@ from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile, Kernel, Oper
 from . import libcuda
 from .errors import ExecutorError
 from .exec_update import ATTRIBUTES
-from .graph_flat import BUILDER_ENV, GraphBuilder, entry_points, graph_builder
+from .graph_flat import BUILDER_ENV, GraphBuilder, compiled, entry_points, graph_builder
 from .graph_walk import module_identity
 from .libcuda import EdgeData, KernelParams, Memcpy3D, MemsetParams
 
@@ -250,9 +250,7 @@ class _Builder:
         #: function -> its number in the compiled builder's cache of launch attributes' defaults
         self.index: dict[int, int] = {}
         if addresses is not None:
-            from . import _graph_build  # built by setup.py (an optional extension)
-
-            self.compiled = _graph_build.Builder(addresses, ctx.value or 0)
+            self.compiled = compiled().Builder(addresses, ctx.value or 0)
 
     def function(self, k: Kernel, where: str) -> ctypes.c_void_p:
         key = (k.module, k.name)
@@ -358,11 +356,9 @@ class _Builder:
     def flat(self, graph: ctypes.c_void_p, g) -> int:
         """Graph ``g``'s nodes and edges added by the compiled builder; its errors raised as the
         ctypes path raises them."""
-        from . import _graph_build
-
         b = self.compiled
         assert b is not None
-        flat = _graph_build.flatten(g, self.bases, self.function, self.functions, self.index, ATTRIBUTES)
+        flat = compiled().flatten(g, self.bases, self.function, self.functions, self.index, ATTRIBUTES)
         kinds, kernels, blob, params, relocs, attrs, memsets, copies, edges, names = flat
         failed = b.add(
             graph.value or 0, kinds, kernels, blob, params, relocs, attrs, memsets, copies, edges, len(self.index)
@@ -489,9 +485,7 @@ def _builder(d: dict) -> tuple[GraphBuilder, dict[str, int] | None]:
     chosen = graph_builder()
     if chosen.name != "compiled":
         return chosen, None
-    from . import _graph_build  # built by setup.py (an optional extension)
-
-    got = entry_points(d, _graph_build.CALLS)
+    got = entry_points(d, compiled().CALLS)
     if isinstance(got, str):
         if os.environ.get(BUILDER_ENV, "").strip().lower() == "compiled":
             raise ExecutorError(f"{BUILDER_ENV}=compiled, but {got}", where="rebuild")
