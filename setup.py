@@ -1,6 +1,6 @@
-"""Two optional extensions: the compiled allocator core and graph builder.
+"""Two optional extensions: planner/memory/_core.pyx and executor/_graph_build.pyx.
 
-planner/memory/_core.pyx and executor/_graph_build.pyx.
+The compiled allocator core and the compiled graph builder.
 
 Everything else about the package is in pyproject.toml. Cython is a build
 dependency ([build-system] requires), so a wheel and an editable install

@@ -4,8 +4,8 @@ A rebuild (``graph_rebuild.rebuild_graphs``) adds every node of a graph file thr
 driver. Its ctypes path makes one Python-to-C call per node and per edge list; the compiled
 graph builder (executor/_graph_build.pyx, an optional extension: setup.py) makes the same
 calls from C over flat records that its ``flatten`` prepares once per graph (compiled too:
-in Python, preparing them cost a third of what the ctypes calls cost), through the driver's
-entry points found by ctypes (:func:`entry_points`). :func:`graph_builder` says which
+the same code in Python took about 2.6x as long on a CPU), through the driver's entry points
+found by ctypes (:func:`entry_points`). :func:`graph_builder` says which
 runs here and why (the restore's report and the graph file's ``inspect`` name it);
 :data:`BUILDER_ENV` forces one. Both make the same node-adding calls with the same bytes
 (tests/test_graph_build.py records both through C-callable fakes), so the choice changes speed
