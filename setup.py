@@ -1,12 +1,17 @@
-"""The compiled allocator core (planner/memory/_core.pyx), an optional extension.
+"""Two optional extensions: planner/memory/_core.pyx and executor/_graph_build.pyx.
+
+The compiled allocator core and the compiled graph builder.
 
 Everything else about the package is in pyproject.toml. Cython is a build
 dependency ([build-system] requires), so a wheel and an editable install
-compile the core wherever a C compiler and Python's headers exist. Where
+compile both wherever a C compiler and Python's headers exist. Where
 either is missing (or Cython is: a build without isolation), the build goes
-on without it, saying why in one warning, and the planner runs its
+on without them, saying why in one warning each, and the planner runs its
 pure-Python PoolSim instead (planner/memory/core.py's ``core()``; `planner
---version` says which).
+--version` says which), a restore its ctypes graph builder
+(executor/graph_flat.py's ``graph_builder()``; the restore's report says which).
+Neither needs CUDA to build: the graph builder calls the driver through
+addresses it is handed at run time.
 
 The build also parses each data file once (planner/data/*.toml; ``parse_data``): an
 installed planner reads the parsed copy instead of importing tomllib and parsing.
@@ -26,11 +31,17 @@ from setuptools.command.build_py import build_py
 PARSED_SUFFIX = ".parsed.json"
 
 
-def _skip(why: object) -> None:
-    print(
-        f"warning: capture-plan: the compiled allocator core was not built ({why}); the Python core runs",
-        file=sys.stderr,
-    )
+#: per extension: what is not built, and what runs instead
+_WITHOUT = {
+    "capture_plan.planner.memory._core": ("the compiled allocator core", "the Python core runs"),
+    "capture_plan.executor._graph_build": ("the compiled graph builder", "a restore adds nodes through ctypes"),
+}
+
+
+def _skip(why: object, name: str | None = None) -> None:
+    for ext, (what, instead) in _WITHOUT.items():
+        if name in (None, ext):
+            print(f"warning: capture-plan: {what} was not built ({why}); {instead}", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -48,7 +59,7 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as e:
-            _skip(e)
+            _skip(e, ext.name)
 
 
 try:
@@ -60,7 +71,10 @@ else:
     from setuptools import Extension
 
     extensions = cythonize(
-        [Extension("capture_plan.planner.memory._core", ["planner/memory/_core.pyx"])],
+        [
+            Extension("capture_plan.planner.memory._core", ["planner/memory/_core.pyx"]),
+            Extension("capture_plan.executor._graph_build", ["executor/_graph_build.pyx"]),
+        ],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )

@@ -295,7 +295,7 @@ def fresh_child(case: str, layers: int, side: str, folder: Path | None = None) -
     torch.cuda.synchronize()
     out = {"case": case, "seconds": time.perf_counter() - t0}
     r = gs.restored
-    fields = ("parts", "keys", "graphs", "nodes", "segments", "moved", "functions", "attributes")
+    fields = ("parts", "keys", "graphs", "nodes", "segments", "moved", "functions", "attributes", "builder")
     out.update({k: getattr(r, k) for k in fields})
     out.update(_against_eager(gs, target))
     gs.release()
@@ -335,6 +335,7 @@ def fresh_summary(res: dict) -> str:
             parts.append(f"{case} restore FAILED")
         else:
             load = r["parts"].get("load", 0.0)
+            by = f" by the {r['builder']} graph builder" if r.get("builder") else ""  # not in runs before it
             parts.append(
                 f"{case} capture {c['seconds']:.3f} s, restore {r['seconds']:.3f} s "
                 f"({r['seconds'] / c['seconds']:.2f}x; loading {load:.3f} s: runs at {len(r['keys'])} keys for "
@@ -342,7 +343,7 @@ def fresh_summary(res: dict) -> str:
                 f"({r['parts'].get('load.functions', 0.0):.3f} s, {r.get('attributes', '?')} attributes set); "
                 f"environment {r['parts'].get('environment', 0.0):.3f} s, check "
                 f"{r['parts'].get('check', 0.0):.3f} s; rebuild "
-                f"{r['parts'].get('rebuild', 0.0):.3f} s), bit-equal {len(r['equal'])}/{r['graphs']} (captured "
+                f"{r['parts'].get('rebuild', 0.0):.3f} s{by}), bit-equal {len(r['equal'])}/{r['graphs']} (captured "
                 f"{len(c['captured_equal'])}/{c['graphs']}), moved {r['moved']}/{r['segments']} segments, file "
                 f"{c['save']['bytes'] / 2**20:.1f} MiB"
             )

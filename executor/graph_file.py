@@ -464,7 +464,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {line}")
     if len(refused) > 20:
         print(f"  ... {len(refused) - 20} more")
+    print(f"graph builder here: {_builder_here()}")
     return 1 if refused and plan is not None else 0
+
+
+def _builder_here() -> str:
+    """The graph builder a restore here would add the nodes with (``graph_flat.graph_builder``)."""
+    from .graph_flat import graph_builder
+
+    try:
+        return graph_builder().describe()
+    except ExecutorError as err:
+        return f"none ({err.what})"
 
 
 if __name__ == "__main__":

@@ -11,9 +11,13 @@ this process has loaded, then ``cuModuleGetFunction`` by the kernel's name), and
 node through the driver (:func:`rebuild_graphs`: ``cuGraphAddKernelNode`` with the argument
 bytes patched from the file's relocations, memset, copy and empty nodes, the edges with
 their data, the launch attributes the file recorded, each read back), then instantiates
-and uploads each graph. ``capture_plan.executor.rebuild_proof`` launches every rebuilt
-graph and compares its outputs bit for bit with the captured graph's replay on the same
-inputs, at the saving process's addresses and at copies of every segment.
+and uploads each graph. The nodes are added from C by the compiled graph builder
+(executor/_graph_build.pyx, over flat records it prepares per graph) where it is built and the
+driver's calls are C functions, else one ctypes call at a time; ``graph_flat.graph_builder``
+says which and why, and :class:`Rebuilt` names the one that ran.
+``capture_plan.executor.rebuild_proof`` launches every rebuilt graph and compares its
+outputs bit for bit with the captured graph's replay on the same inputs, at the saving
+process's addresses and at copies of every segment.
 
 What a rebuild at the saving process's addresses proves: the file holds everything a
 graph needs (its nodes, their parameters, its edges, its kernels by name) and adding them
@@ -46,6 +50,7 @@ from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile, Kernel, Oper
 from . import libcuda
 from .errors import ExecutorError
 from .exec_update import ATTRIBUTES
+from .graph_flat import BUILDER_ENV, GraphBuilder, compiled, entry_points, graph_builder
 from .graph_walk import module_identity
 from .libcuda import EdgeData, KernelParams, Memcpy3D, MemsetParams
 
@@ -120,7 +125,7 @@ def rebuild_refusals(file: GraphFile) -> list[str]:
                         f"{where} (kernel {k.name}): parameter(s) {k.tensor_maps} are shaped like a CUtensorMap, "
                         "whose encoded address a rebuild does not re-encode"
                     )
-                unknown = sorted(set(k.attributes) - set(ATTRIBUTES))
+                unknown = sorted(set(k.attributes) - known)
                 if unknown:
                     out.append(f"{where} (kernel {k.name}): launch attribute(s) {unknown} this rebuild does not set")
     return out
@@ -193,9 +198,11 @@ def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None
 @dataclass
 class Rebuilt:
     """The graphs rebuilt from a file: per (phase, bs) its ``CUgraphExec``, instantiated and
-    uploaded; the seconds it took, by part. :meth:`destroy` frees them."""
+    uploaded; the seconds it took, by part; the graph builder that added the nodes
+    (``graph_flat.GraphBuilder.describe``). :meth:`destroy` frees them."""
 
     calls: dict
+    builder: str = ""
     graphs: dict[tuple[str, int], int] = field(default_factory=dict)
     execs: dict[tuple[str, int], int] = field(default_factory=dict)
     nodes: int = 0
@@ -220,9 +227,17 @@ def _check(rc: int, call: str, where: str = "rebuild") -> None:
 
 
 class _Builder:
-    """Adds one file's nodes to graphs: kernels looked up once per (module, name)."""
+    """Adds one file's nodes to graphs: kernels looked up once per (module, name); from C
+    where ``addresses`` (the compiled builder's driver entry points) are given."""
 
-    def __init__(self, file: GraphFile, bases: list[int | None], modules: list[int | None], d: dict):
+    def __init__(
+        self,
+        file: GraphFile,
+        bases: list[int | None],
+        modules: list[int | None],
+        d: dict,
+        addresses: dict[str, int] | None = None,
+    ):
         self.file, self.bases, self.modules, self.d = file, bases, modules, d
         self.functions: dict[tuple[int, str], ctypes.c_void_p] = {}
         self.by_module: dict[int, dict[str, int]] = {}
@@ -231,6 +246,11 @@ class _Builder:
         ctx = ctypes.c_void_p()
         _check(d["cuCtxGetCurrent"](ctypes.byref(ctx)), "cuCtxGetCurrent")
         self.ctx = ctx
+        self.compiled = None
+        #: function -> its number in the compiled builder's cache of launch attributes' defaults
+        self.index: dict[int, int] = {}
+        if addresses is not None:
+            self.compiled = compiled().Builder(addresses, ctx.value or 0)
 
     def function(self, k: Kernel, where: str) -> ctypes.c_void_p:
         key = (k.module, k.name)
@@ -333,10 +353,36 @@ class _Builder:
                 where=where,
             )
 
+    def flat(self, graph: ctypes.c_void_p, g) -> int:
+        """Graph ``g``'s nodes and edges added by the compiled builder; its errors raised as the
+        ctypes path raises them."""
+        b = self.compiled
+        assert b is not None
+        flat = compiled().flatten(g, self.bases, self.function, self.functions, self.index, ATTRIBUTES)
+        kinds, kernels, blob, params, relocs, attrs, memsets, copies, edges, names = flat
+        failed = b.add(
+            graph.value or 0, kinds, kernels, blob, params, relocs, attrs, memsets, copies, edges, len(self.index)
+        )
+        label = f"graph {g.phase}/{g.bs}"
+        if failed is not None and failed[0] == "call":
+            _, call, i, rc = failed
+            _check(rc, call, f"{label} node {i}" if i >= 0 else label)
+        elif failed is not None:
+            _, i, a, set_rc, rc, got = failed
+            k, name = g.nodes[i].kernel, names[a]
+            raise ExecutorError(
+                f"launch attribute {name} saved as {tuple(k.attributes[name])} reads back {got} (set: CUresult "
+                f"{set_rc}, read: CUresult {rc})",
+                where=f"{label} node {i} (kernel {k.name})",
+            )
+        return len(g.nodes)
+
     def graph(self, g) -> tuple[ctypes.c_void_p, int]:
         d, graph = self.d, ctypes.c_void_p()
         _check(d["cuGraphCreate"](ctypes.byref(graph), 0), "cuGraphCreate", f"graph {g.phase}/{g.bs}")
         try:
+            if self.compiled is not None:
+                return graph, self.flat(graph, g)
             nodes = []
             for i, n in enumerate(g.nodes):
                 where = f"graph {g.phase}/{g.bs} node {i}"
@@ -400,11 +446,12 @@ def rebuild_graphs(
     d = calls if calls is not None else libcuda.calls(*REBUILD_CALLS)
     if isinstance(d, str):
         raise ExecutorError(f"the rebuild cannot run: {d}", where="rebuild")
-    out = Rebuilt(calls=d)
+    chosen, addresses = _builder(d)
+    out = Rebuilt(calls=d, builder=chosen.describe())
     s = ctypes.c_void_p(stream)
     try:
         t0 = time.perf_counter()
-        b = _Builder(file, bases, modules, d)
+        b = _Builder(file, bases, modules, d, addresses)
         for g in file.graphs:
             graph, n = b.graph(g)
             out.graphs[(g.phase, g.bs)] = graph.value or 0
@@ -428,6 +475,22 @@ def rebuild_graphs(
     out.parts.update(nodes=t1 - t0, instantiate=t2 - t1)
     out.seconds = t2 - t0
     return out
+
+
+def _builder(d: dict) -> tuple[GraphBuilder, dict[str, int] | None]:
+    """The graph builder this rebuild runs (``graph_flat.graph_builder``) and, for the compiled
+    one, the driver's entry points; ctypes where a call of ``d`` is no C function (a fake)."""
+    import os
+
+    chosen = graph_builder()
+    if chosen.name != "compiled":
+        return chosen, None
+    got = entry_points(d, compiled().CALLS)
+    if isinstance(got, str):
+        if os.environ.get(BUILDER_ENV, "").strip().lower() == "compiled":
+            raise ExecutorError(f"{BUILDER_ENV}=compiled, but {got}", where="rebuild")
+        return GraphBuilder("ctypes", got), None
+    return chosen, got
 
 
 @dataclass

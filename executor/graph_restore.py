@@ -94,6 +94,8 @@ class RestoreReport:
     #: kernel functions fetched by name, and function attributes set on them (kernel_loading)
     functions: int = 0
     attributes: int = 0
+    #: the graph builder that added the nodes: compiled, or ctypes and why (``graph_flat.graph_builder``)
+    builder: str = ""
 
 
 def process_environment(
@@ -294,7 +296,7 @@ def _rebuild_set(plan: Plan, target, file: GraphFile, here: Here, dev, report: R
         report.segments, report.moved = len(placed), sum(b != seg.address for seg, b in placed)
         t = _lap(parts, "layout", t)
         rebuilt = rebuild_graphs(file, bases, loaded.modules, stream.cuda_stream)
-        report.nodes = rebuilt.nodes
+        report.nodes, report.builder = rebuilt.nodes, rebuilt.builder
         parts.update({f"rebuild.{k}": v for k, v in rebuilt.parts.items()})
         t = _lap(parts, "rebuild", t)
         owner = _Owner(rebuilt.calls, pools)

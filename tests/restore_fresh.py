@@ -87,7 +87,10 @@ def restore(folder: Path, pad_mib: int) -> dict:
         "pad": pad.data_ptr(),
         "restored": report is not None,
         "graphs": len(gs.graphs),
-        "report": {k: getattr(report, k) for k in ("seconds", "parts", "graphs", "nodes", "keys", "segments", "moved")},
+        "report": {
+            k: getattr(report, k)
+            for k in ("seconds", "parts", "graphs", "nodes", "keys", "segments", "moved", "builder")
+        },
     }
     # every graph against the eager run at its size, bit for bit, on fresh inputs
     gen = torch.Generator(device="cuda")

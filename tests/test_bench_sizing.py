@@ -262,6 +262,8 @@ def test_restore_floors_fresh_summary_puts_the_restore_against_the_capture():
         "set); environment 0.250 s, check 0.500 s; rebuild 1.250 s), bit-equal 35/36 (captured 36/36), moved 130/130 "
         "segments, file 32.0 MiB; eagle REFUSED: driver differs: ..."
     )
+    restore["builder"] = "compiled"  # runs from the compiled graph builder on name it
+    assert "rebuild 1.250 s by the compiled graph builder), bit-equal" in rf.fresh_summary({"cases": cases})
 
 
 def test_the_child_benches_summaries_name_a_skipped_case_and_why():

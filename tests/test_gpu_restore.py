@@ -117,26 +117,36 @@ def test_a_saved_file_reads_back_inspects_and_is_valid_here(captured):
     assert f"{len(saved.graphs)} graphs" in p.stdout and plan.digest in p.stdout
 
 
-def test_every_graph_rebuilt_from_the_file_replays_bit_for_bit_as_captured(captured):
+@pytest.mark.parametrize("builder", ["ctypes", "compiled"])
+def test_every_graph_rebuilt_from_the_file_replays_bit_for_bit_as_captured(captured, builder, monkeypatch):
     """Phase 2's exactness proof in its first form: the file read back, every node added
     through the driver (kernels found by module identity and name, arguments from the file's
     relocations), instantiated, launched on the captured graph's inputs, every output byte
     equal to the captured graph's replay. Addresses are the saving process's own: this does
-    not prove relocation."""
+    not prove relocation. Both graph builders: the ctypes path and the compiled one
+    (executor/_graph_build.pyx: `python setup.py build_ext --inplace` first)."""
     from capture_plan.executor.graph_file import save_graphs
+    from capture_plan.executor.graph_flat import BUILDER_ENV, compiled
     from capture_plan.executor.graph_rebuild import rebuild_from_file
     from capture_plan.executor.rebuild_proof import compare_replays
 
+    if builder == "compiled":
+        try:
+            compiled()
+        except ImportError as e:
+            pytest.skip(f"the compiled graph builder is not built here ({e}): python setup.py build_ext --inplace")
+    monkeypatch.setenv(BUILDER_ENV, builder)
     plan, model, gs, folder = captured
     path = folder / "rebuild.cpgraphs"
     saved = save_graphs(gs, plan, model, path)
     rebuilt = rebuild_from_file(path, gs, model)
     try:
+        assert rebuilt.builder.split(" ")[0] == builder, rebuilt.builder
         assert sorted(rebuilt.execs) == sorted(gs.graphs) and rebuilt.nodes == sum(len(g.nodes) for g in saved.graphs)
         check = compare_replays(gs, rebuilt)
     finally:
         rebuilt.destroy()
-    print(f"rebuild {rebuilt.seconds:.3f} s {rebuilt.parts}; {check}")
+    print(f"rebuild ({rebuilt.builder}) {rebuilt.seconds:.3f} s {rebuilt.parts}; {check}")
     assert check["differ"] == [] and check["not_repeatable"] == [], check
     assert sorted(check["equal"]) == sorted(f"{p}/{b}" for p, b in gs.graphs) and check["bytes_compared"] > 0
 
@@ -225,6 +235,10 @@ def test_a_fresh_process_restores_every_graph_at_other_addresses_bit_for_bit(tmp
     r = got["report"]
     print(f"saved {saved}; restored in {r['seconds']:.3f} s {r['parts']}; loading runs at {r['keys']}")
     assert got["restored"] and got["graphs"] == saved["graphs"] == 4 and r["nodes"] == saved["nodes"] > 0
+    # the nodes added from C where the compiled graph builder is built (setup.py build_ext), else through ctypes
+    from capture_plan.executor.graph_flat import graph_builder
+
+    assert r["builder"] == graph_builder().describe(), r["builder"]
     # every segment the graphs point into lies elsewhere than in the saving process
     assert r["segments"] > 0 and r["moved"] == r["segments"], r
     assert got["differ"] == [] and len(got["equal"]) == 4, got

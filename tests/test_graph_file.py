@@ -396,6 +396,9 @@ def test_the_file_round_trips_and_inspect_says_what_it_holds(tmp_path, capsys):
     assert f"graph file version {GRAPH_FILE_VERSION}" in out and "device NVIDIA H100 80GB HBM3" in out
     assert "1 graphs, 4 nodes (empty 1, kernel 1, memcpy 1, memset 1)" in out and "3 relocated" in out
     assert "not relocatable: outside:0" in out and "library libcublasLt.so.13 sha256:lt" in out
+    from capture_plan.executor.graph_flat import graph_builder
+
+    assert out.splitlines()[-1] == f"graph builder here: {graph_builder().describe()}"
 
 
 @pytest.mark.parametrize(

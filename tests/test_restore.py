@@ -655,6 +655,9 @@ def test_a_restore_past_its_checks_relocates_every_address_to_this_processs_memo
     r = gs.restored
     assert isinstance(r, rs.RestoreReport) and (r.graphs, r.nodes, r.keys) == (1, 4, ["decode/8"])
     assert r.segments == r.moved == 3  # the pool's segment, the tensor, cuBLAS's workspace: none where saved
+    # the fake driver is Python: the ctypes path ran, and the report says why (a built compiled
+    # builder, or why it did not load; tests/test_graph_build.py runs both through C-callable fakes)
+    assert r.builder.startswith("ctypes (") and r.builder != "ctypes ()"
     assert list(gs.pools) == ["shared"]
     (base,) = [t().data_ptr() for refs in faked.made.values() for t in refs if t() is not None]  # the pool's segment
     nodes = list(faked.driver.nodes.values())
