@@ -56,6 +56,7 @@ from .libcuda import EdgeData, KernelParams, Memcpy3D, MemsetParams
 
 __all__ = [
     "REBUILD_CALLS",
+    "FETCH_CALLS",
     "REBUILDABLE",
     "rebuild_refusals",
     "segment_bases",
@@ -68,6 +69,16 @@ __all__ = [
     "rebuild_from_file",
 ]
 
+#: the driver calls ``kernel_loading.fetch_functions`` makes (a rebuild looks its kernels up by
+#: name in their modules too)
+FETCH_CALLS = (
+    "cuModuleGetFunction",
+    "cuModuleGetFunctionCount",
+    "cuModuleEnumerateFunctions",
+    "cuFuncGetName",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+)
 #: every driver call a rebuild makes
 REBUILD_CALLS = (
     "cuCtxGetCurrent",
@@ -79,12 +90,7 @@ REBUILD_CALLS = (
     "cuGraphAddDependencies_v2",
     "cuGraphKernelNodeGetAttribute",
     "cuGraphKernelNodeSetAttribute",
-    "cuModuleGetFunction",
-    "cuModuleGetFunctionCount",
-    "cuModuleEnumerateFunctions",
-    "cuFuncGetName",
-    "cuFuncGetAttribute",
-    "cuFuncSetAttribute",
+    *FETCH_CALLS,
     "cuGraphInstantiateWithFlags",
     "cuGraphUpload",
     "cuGraphLaunch",

@@ -50,7 +50,6 @@ from . import libcuda
 __all__ = [
     "FUNCTION_ATTRIBUTES",
     "AT_LEAST",
-    "FETCH_CALLS",
     "file_modules",
     "file_functions",
     "loading_keys",
@@ -80,15 +79,6 @@ FUNCTION_ATTRIBUTES = {
 #: dynamic shared memory limit to each launch's need leaves the last one's at save time, and a
 #: restore's own runs may have raised it further (the rebuild raises it to each node's need too)
 AT_LEAST = frozenset({"max_dynamic_shared_size_bytes"})
-#: the driver calls :func:`fetch_functions` makes
-FETCH_CALLS = (
-    "cuModuleGetFunction",
-    "cuModuleGetFunctionCount",
-    "cuModuleEnumerateFunctions",
-    "cuFuncGetName",
-    "cuFuncGetAttribute",
-    "cuFuncSetAttribute",
-)
 
 
 def file_modules(file: GraphFile) -> list[set[int]]:
@@ -189,6 +179,8 @@ def fetch_functions(file: GraphFile, modules: list[int | None], calls=None) -> F
     functions by the name the walk read), its saved attributes set where it reads otherwise
     (``cuFuncSetAttribute``; :data:`AT_LEAST`'s where it reads less) and read back. What could
     not be fetched or set is in ``missing``."""
+    from .graph_rebuild import FETCH_CALLS
+
     d = calls if calls is not None else libcuda.calls(*FETCH_CALLS)
     if isinstance(d, str):
         from .errors import ExecutorError
