@@ -12,7 +12,7 @@ from ._common import Command, option
 if TYPE_CHECKING:
     from capture_plan.planner.fit.inputs import FitRequest
 
-_CLICK_TYPES = {"int": int, "float": float, "choice": str, "sizes": str}
+_CLICK_TYPES = {"int": int, "float": float, "choice": str, "sizes": str, "json": str, "str": str}
 
 
 def _engine_flags(fn):
@@ -23,7 +23,7 @@ def _engine_flags(fn):
         if f.type == "bool":
             fn = option(f"--{name}", is_flag=True, default=None, help=f.describe())(fn)
         else:
-            metavar = "list" if f.type == "sizes" else _CLICK_TYPES[f.type].__name__
+            metavar = {"sizes": "list", "json": "json"}.get(f.type, _CLICK_TYPES[f.type].__name__)
             fn = option(f"--{name}", type=_CLICK_TYPES[f.type], metavar=metavar, help=f.describe())(fn)
     return fn
 
