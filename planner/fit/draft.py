@@ -130,7 +130,8 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     for k in raw:
         if k not in _VLLM_KEYS and not (k.startswith("prompt_lookup_") and raw.get("method") == "ngram"):
             rest = msgspec.json.encode({a: b for a, b in raw.items() if a != k}).decode()
-            raise _refuse(flag, f"--{flag} key {k!r:.40} is not one fit reads", f"fit reads {', '.join(_VLLM_KEYS)}", rest)
+            reads = f"fit reads {', '.join(_VLLM_KEYS)}"
+            raise _refuse(flag, f"--{flag} key {k!r:.40} is not one fit reads", reads, rest)
     method, model = raw.get("method"), raw.get("model")
     if method is None and model in ("ngram", "[ngram]") or method == "[ngram]":  # SpeculativeConfig.__post_init__
         method = "ngram"
@@ -228,7 +229,7 @@ def _weights(inp: FitInputs, rule: SpecRule, d: FitModel, counted: str, tp: int)
         b += dv * h * dt // tp + (dv * 8 if dv != inp.model.vocab else 0)  # own lm_head; draft-to-target map
         shared = d.vocab * h * dt // tp
         what = f"its layers (qkv of 2 x hidden), fc (3 x hidden), its lm_head of {dv} rows; the embedding shared"
-    src = f"EAGLE head counted from {d.source}: {what}; the error bar: the shared copy, kept where the draft's own differs"
+    src = f"EAGLE head counted from {d.source}: {what}; error bar: the shared copy (a draft's own differing one stays)"
     return FitItem("draft weights", b, shared + int(0.005 * b), "estimated", src)
 
 

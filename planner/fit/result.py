@@ -223,7 +223,8 @@ def draft_graphs(method: str, draft: bool = True) -> FitItem:
 
 def draft_note(method: str, graph_unknown: bool) -> str:
     """The line a result under speculative decoding carries."""
-    tail = "; graph memory unknown (no capture report measures a draft's graphs): KV figures exclude it" if graph_unknown else ""
+    tail = "; graph memory unknown (no capture report measures a draft's graphs): KV figures exclude it"
+    tail = tail if graph_unknown else ""
     return (
         f"speculative decoding ({method}): the draft's weights load beside the target's and its KV layers share "
         f"the cache (speculative.kv_tokens_without: the tokens without it){tail}"

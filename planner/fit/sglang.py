@@ -88,7 +88,10 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     if d is not None:
         default_graph = result.draft_graphs(d.method, d.counted != "none")
     if plan is not None:
-        planned = result.draft_graphs(d.method, d.counted != "none") if d else result.graph_memory(inp, None, max(plan.sizes), plan=True)
+        if d is not None:
+            planned = result.draft_graphs(d.method, d.counted != "none")
+        else:
+            planned = result.graph_memory(inp, None, max(plan.sizes), plan=True)
         graph = inp.request.measured_graph or _with_logits_buffer(planned, max(plan.sizes), m.vocab)
     else:
         graph = inp.request.measured_graph or default_graph
@@ -153,7 +156,8 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     spec = None
     if d is not None:  # the same settings without the draft's weights and its share of the cell
         alone = msgspec.structs.replace(pool, full_bytes=pool.full_bytes - d.kv_per_token)
-        tokens0 = alone.tokens(sizing.sglang_kv_bytes(pre, weights=known(weights), non_torch=known(nt), fraction=frac), page)[0]
+        bytes0 = sizing.sglang_kv_bytes(pre, weights=known(weights), non_torch=known(nt), fraction=frac)
+        tokens0 = alone.tokens(bytes0, page)[0]
         spec = speculative(d, tokens0, tokens0 / ctx_len)
         notes.append(result.draft_note(d.method, graph.bytes is None))
     return result.result(

@@ -119,8 +119,10 @@ def fit_vllm(inp: FitInputs) -> FitResult:
 
     if inp.request.plan is not None:
         planned = result.draft_graphs(d.method) if d is not None and d.counted != "none" else None
-        graph = inp.request.measured_graph or planned or result.graph_memory(
-            inp, None, max(inp.request.plan.sizes), plan=True
+        graph = (
+            inp.request.measured_graph
+            or planned
+            or result.graph_memory(inp, None, max(inp.request.plan.sizes), plan=True)
         )
     else:
         graph = inp.request.measured_graph if inp.request.measured_graph is not None and sizes else graph_of(sizes)
