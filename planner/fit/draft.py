@@ -93,15 +93,7 @@ def draft_of(inp: FitInputs) -> Draft | None:
             return None
         found = _rule(inp, "speculative-config")
         return _vllm(inp, *found)
-    if "speculative-algorithm" not in inp.flags:
-        given = [f for f in SGLANG_FLAGS if f in inp.flags]
-        if given:  # SGLang reads them only for a speculative algorithm
-            raise Refusal(
-                f"--{given[0]} is given without --speculative-algorithm",
-                where=f"--{given[0]}",
-                hint="leave it out (or give --speculative-algorithm)",
-                changes={f: None for f in given},
-            )
+    if "speculative-algorithm" not in inp.flags:  # speculative_hook reads the others only for one
         return None
     return _sglang(inp, *_rule(inp, "speculative-algorithm"))
 
@@ -161,7 +153,7 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     _check_attention(flag, d, "the draft")
     per = kv_bytes_per_token(d, draft_tp, inp.kv_dtype_bytes)
-    w = _weights(inp, rule, d, counted, draft_tp)
+    w = _weights(inp, d, counted, draft_tp)
     return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per * d.layers, w, _src(rule_name))
 
 
@@ -208,8 +200,10 @@ def _check_attention(flag: str, d: FitModel, who: str) -> None:
         )
 
 
-def _weights(inp: FitInputs, rule: SpecRule, d: FitModel, counted: str, tp: int) -> FitItem:
+def _weights(inp: FitInputs, d: FitModel, counted: str, tp: int) -> FitItem:
     """The draft's weight bytes on one rank by the method (the module's docstring)."""
+    found = spec_rule(inp.engine, inp.version)
+    fc_bias = found is not None and found[1].eagle_fc_bias
     rot = inp.rule.rotary_cache_bytes
     b = weight_bytes(d, tp, rot)
     if counted == "whole":
@@ -219,7 +213,7 @@ def _weights(inp: FitInputs, rule: SpecRule, d: FitModel, counted: str, tp: int)
     b = weight_bytes(heads, tp, rot)
     shared = d.vocab * h * dt * (1 if d.tie_embeddings else 2) // tp
     if counted == "eagle":
-        b += 2 * h * h * dt + (h * dt if rule.eagle_fc_bias else 0)  # fc, replicated
+        b += 2 * h * h * dt + (h * dt if fc_bias else 0)  # fc, replicated
         what = "its layers and fc (2 x hidden), the target's embedding and lm_head shared"
     else:
         dv = _draft_vocab(inp, d)
@@ -287,5 +281,5 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     d = _draft_model("speculative-draft-model-path", path, ngram)
     cell = inp.per_layer * inp.model.layers  # the target's cell (every layer: DefaultPoolConfigurator)
     per = int(cell * d.layers / inp.model.layers)
-    w = _weights(inp, rule, d, counted, inp.tp)
+    w = _weights(inp, d, counted, inp.tp)
     return Draft(rule_name, alg, counted, ntok, settings, path, d.layers, per, w, _src(rule_name))
