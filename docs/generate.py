@@ -33,10 +33,10 @@ the committed files are what it writes.
 
 from __future__ import annotations
 
-import shlex
 import json
 import math
 import re
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -1344,7 +1344,7 @@ def fit_speculative() -> list[str]:
 
     target = ("--model", "planner/data/configs/llama-3.1-8b.json", "--device", "H100")
     draft = "planner/data/configs/eagle-llama-3.1-8b.json"
-    vllm_spec = '{"method":"eagle","model":"%s","num_speculative_tokens":3}' % draft
+    vllm_spec = json.dumps({"method": "eagle", "model": draft, "num_speculative_tokens": 3}, separators=(",", ":"))
     runs = [
         ("fit", *target, "--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", vllm_spec),
         ("fit", *target, "--engine", "sglang==0.5.23", "--context-length", "8192", "--speculative-algorithm", "EAGLE")

@@ -245,7 +245,8 @@ def _draft_vocab(inp: FitInputs, d: FitModel) -> int:
 
 def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     flag = rule.flag
-    alg = rule.aliases.get(inp.flags[flag], inp.flags[flag])
+    given = str(inp.flags[flag])
+    alg = rule.aliases.get(given, given)
     _unmodelled(rule, alg)
     counted = rule.methods[alg]
     settings: dict = {"max-running-requests": inp.flag("max-running-requests", 48)}
