@@ -1355,6 +1355,8 @@ def fit_speculative() -> list[str]:
         out.append(
             f"| {name} | {r.engine} {', '.join(r.releases)} | {', '.join(r.methods)} | {', '.join(r.unmodelled)} |"
         )
+    for name, r in spec_rules().items():
+        out += ["", f"{name}, as read from the wheels:", ""] + [f"- {step}" for step in r.sources]
     for args in runs:
         text = planner_output(*args)
         out += ["", "```console", f"$ planner {shlex.join(args)}", *text.rstrip().splitlines(), "```"]

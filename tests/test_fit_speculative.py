@@ -221,3 +221,12 @@ def test_a_draft_of_another_vocabulary_is_refused_for_draft_model(tmp_path, caps
     ]
     res = _refused(args, "is not the target's (128256)", capsys)
     assert res["speculative"]["method"] == "ngram"
+
+
+def test_every_speculative_rule_field_is_read():
+    """A [speculative] row's field no code reads is dead data: each is read as ``.field`` by fit's modules."""
+    from capture_plan.planner.fit.tables import SpecRule
+
+    code = "".join(p.read_text() for p in (ROOT / "planner/fit").glob("*.py"))
+    code += (ROOT / "docs/generate.py").read_text()  # the sources and methods the docs' table prints
+    assert [f.name for f in msgspec.structs.fields(SpecRule) if f".{f.name}" not in code] == []

@@ -152,9 +152,9 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
             flag, f"the draft's vocabulary ({d.vocab}) is not the target's ({inp.model.vocab})", "n-gram", _NGRAM
         )
     _check_attention(flag, d, "the draft")
-    per = kv_bytes_per_token(d, draft_tp, inp.kv_dtype_bytes)
     w = _weights(inp, d, counted, draft_tp)
-    return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per * d.layers, w, _src(rule_name))
+    per = _kv_per_token(inp, rule, d, draft_tp)
+    return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per, w, _src(rule_name))
 
 
 def _none(rule_name: str, method: str, n: int, settings: dict) -> Draft:
@@ -198,6 +198,17 @@ def _check_attention(flag: str, d: FitModel, who: str) -> None:
             "leave speculative decoding out",
             None,
         )
+
+
+def _kv_per_token(inp: FitInputs, rule: SpecRule, d: FitModel, tp: int) -> int:
+    """The draft's KV bytes a token on one rank, all its layers, by the rule's ``kv``: "layers"
+    (vLLM: each draft layer at its own bytes per token, in the KV cache dtype), "target-share"
+    (SGLang's DefaultPoolConfigurator: int(cell x draft layers / target layers), the cell the
+    target's every layer)."""
+    if rule.kv == "layers":
+        return kv_bytes_per_token(d, tp, inp.kv_dtype_bytes) * d.layers
+    cell = inp.per_layer * inp.model.layers
+    return int(cell * d.layers / inp.model.layers)
 
 
 def _weights(inp: FitInputs, d: FitModel, counted: str, tp: int) -> FitItem:
@@ -280,7 +291,6 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     ngram = {flag: "NGRAM", **{f: None for f in SGLANG_FLAGS}}
     d = _draft_model("speculative-draft-model-path", path, ngram)
-    cell = inp.per_layer * inp.model.layers  # the target's cell (every layer: DefaultPoolConfigurator)
-    per = int(cell * d.layers / inp.model.layers)
+    per = _kv_per_token(inp, rule, d, inp.tp)
     w = _weights(inp, d, counted, inp.tp)
     return Draft(rule_name, alg, counted, ntok, settings, path, d.layers, per, w, _src(rule_name))
