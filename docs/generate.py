@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -1335,6 +1336,33 @@ def fit_calibrated() -> list[str]:
     return ["```console", f"$ planner {' '.join(args + files)}", *out.rstrip().splitlines(), "```"]
 
 
+def fit_speculative() -> list[str]:
+    """`planner fit` under speculative decoding: Llama-3.1-8B and its EAGLE head on the H100,
+    vLLM 0.34.0 and SGLang 0.5.23 (planner/data/fit_rules.toml [speculative]), and which
+    releases each speculative rule covers."""
+    from capture_plan.planner.fit.tables import spec_rules
+
+    target = ("--model", "planner/data/configs/llama-3.1-8b.json", "--device", "H100")
+    draft = "planner/data/configs/eagle-llama-3.1-8b.json"
+    vllm_spec = json.dumps({"method": "eagle", "model": draft, "num_speculative_tokens": 3}, separators=(",", ":"))
+    runs = [
+        ("fit", *target, "--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", vllm_spec),
+        ("fit", *target, "--engine", "sglang==0.5.23", "--context-length", "8192", "--speculative-algorithm", "EAGLE")
+        + ("--speculative-draft-model-path", draft),
+    ]
+    out = ["| rule | releases | methods priced | methods refused |", "|---|---|---|---|"]
+    for name, r in spec_rules().items():
+        out.append(
+            f"| {name} | {r.engine} {', '.join(r.releases)} | {', '.join(r.methods)} | {', '.join(r.unmodelled)} |"
+        )
+    for name, r in spec_rules().items():
+        out += ["", f"{name}, as read from the wheels:", ""] + [f"- {step}" for step in r.sources]
+    for args in runs:
+        text = planner_output(*args)
+        out += ["", "```console", f"$ planner {shlex.join(args)}", *text.rstrip().splitlines(), "```"]
+    return out
+
+
 def _published_logs():
     """tests/published_logs.py, the one owner of fit's run against the published logs and of what
     it is held to (tests/data/fit_logs.toml), imported by location (tests/ is not a package)."""
@@ -1626,6 +1654,7 @@ TABLES = {
     "fit-examples": fit_examples,
     "fit-example": fit_example,
     "fit-calibrated": fit_calibrated,
+    "fit-speculative": fit_speculative,
     "fit-logs": fit_logs,
     "fit-log-gaps": fit_log_gaps,
     "fit-bench": fit_bench,

@@ -15,9 +15,10 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["FitItem", "KvLayerType", "SizeCost", "FitResult", "FIT_SCHEMA_VERSION"]
+__all__ = ["FitItem", "KvLayerType", "SizeCost", "Speculative", "FitResult", "FIT_SCHEMA_VERSION"]
 
-FIT_SCHEMA_VERSION = 1
+#: 2: ``speculative`` (the draft's method, weights and KV, and the KV tokens without it)
+FIT_SCHEMA_VERSION = 2
 
 Status = Literal["exact", "rule", "estimated", "given", "measured", "unknown"]
 
@@ -49,6 +50,29 @@ class SizeCost(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tokens_cost: int | None
 
 
+class Speculative(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Speculative decoding's draft as the release loads and sizes it (the ``draft weights``
+    item holds its bytes)."""
+
+    #: the engine's method (vLLM's ngram, draft_model, eagle, eagle3; SGLang's NGRAM,
+    #: STANDALONE, EAGLE, EAGLE3)
+    method: str
+    #: the draft model as given ("" where the method has none)
+    draft: str
+    #: tokens one step proposes (vLLM num_speculative_tokens, SGLang num_draft_tokens)
+    tokens: int
+    #: the draft's attention layers in the KV cache (0: it keeps no KV)
+    draft_layers: int
+    #: the draft's KV bytes one token takes on one rank, all its layers
+    draft_kv_bytes_per_token: int
+    #: KV tokens and max concurrency the same settings give without speculative decoding (at
+    #: the same graph figure): what the draft costs
+    kv_tokens_without: int | None
+    max_concurrency_without: float | None
+    #: the fit_rules.toml [speculative] row followed
+    source: str
+
+
 class FitResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema_version: int
     engine: str
@@ -77,3 +101,5 @@ class FitResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     overflow: str = ""
     fixes: list[str] = []
     notes: list[str] = []
+    #: speculative decoding's draft (None: none)
+    speculative: Speculative | None = None

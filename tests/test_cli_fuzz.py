@@ -1323,7 +1323,7 @@ def _fit_options() -> dict[str, str]:
             continue
         if getattr(p, "is_flag", False):
             kinds[name] = "switch"
-        elif name in ("--weights-index", "--plan", "--calibration"):
+        elif name in ("--weights-index", "--plan", "--calibration", "--speculative-draft-model-path"):
             kinds[name] = "path"
         else:
             kinds[name] = "value"
@@ -1341,10 +1341,30 @@ FIT_MODELS = {
 }
 #: the files --weights-index, --plan and --calibration are given (real, missing, not JSON)
 FIT_PATHS = [
+    str(ROOT / "planner/data/configs/eagle-llama-3.1-8b.json"),
     str(ROOT / "plans/fa3-ci-h200.json"),
     str(ROOT / "plans/calibration/h200-fa3-ci.json"),
     str(ROOT / "tests/data/traffic-skewed.csv"),
     "missing.json",
+]
+#: values of the speculative-decoding flags (vLLM's --speculative-config JSON, SGLang's algorithm)
+SPEC_VALUES = [
+    '{"method": "eagle", "model": "%s", "num_speculative_tokens": 3}'
+    % (ROOT / "planner/data/configs/eagle-llama-3.1-8b.json"),
+    '{"method": "eagle3", "model": "llama-3-8b", "num_speculative_tokens": 2}',
+    '{"method": "draft_model", "model": "llama-3-8b", "num_speculative_tokens": 4}',
+    '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}',
+    '{"method": "mtp", "num_speculative_tokens": 1}',
+    '{"method": "eagle", "model": null, "num_speculative_tokens": true}',
+    '{"model": "ngram"}',
+    "{",
+    "[]",
+    '{"method": "eagle", "model": {"a": 1}, "num_speculative_tokens": 1e300}',
+    "EAGLE",
+    "EAGLE3",
+    "NEXTN",
+    "NGRAM",
+    "STANDALONE",
 ]
 #: the variables that let a longer context through, as each engine reads them
 ALLOW = {"vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"}
@@ -1384,6 +1404,7 @@ def test_the_fit_fuzz_gives_every_option_of_planner_fit():
                 st.floats(allow_nan=True, allow_infinity=True).map(str),
                 st.sampled_from(["auto", "fp8", "NONE", "PIECEWISE", "1,2,x", "0", "", "1,2,4"]),
                 st.sampled_from(["2048", "8192", "32768", "32769", "131072", "131073", "163840", "163841"]),
+                st.sampled_from(SPEC_VALUES),
             ),
             st.sampled_from(FIT_PATHS),
         ),

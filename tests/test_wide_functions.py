@@ -42,6 +42,7 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/fit/sizing.py:vllm_after_capture": _FIT,
     "planner/fit/sizing.py:vllm_request_bytes": _FIT,
     "planner/fit/sizing.py:vllm_blocks": _FIT,
+    "planner/fit/sizing.py:vllm_default_sizes": _FIT,
     "planner/fit/sizing.py:sglang_mem_fraction": _FIT,
     "planner/inputs/dimensions.py:resolve_model": "the spec's [model] table read, before any build is resolved",
     "planner/inputs/validate.py:_note_first": "a spec document's validation: a value and its error's location",

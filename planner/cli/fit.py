@@ -12,7 +12,7 @@ from ._common import Command, option
 if TYPE_CHECKING:
     from capture_plan.planner.fit.inputs import FitRequest
 
-_CLICK_TYPES = {"int": int, "float": float, "choice": str, "sizes": str}
+_CLICK_TYPES = {"int": int, "float": float, "choice": str, "sizes": str, "json": str, "str": str}
 
 
 def _engine_flags(fn):
@@ -23,7 +23,7 @@ def _engine_flags(fn):
         if f.type == "bool":
             fn = option(f"--{name}", is_flag=True, default=None, help=f.describe())(fn)
         else:
-            metavar = "list" if f.type == "sizes" else _CLICK_TYPES[f.type].__name__
+            metavar = {"sizes": "list", "json": "json"}.get(f.type, _CLICK_TYPES[f.type].__name__)
             fn = option(f"--{name}", type=_CLICK_TYPES[f.type], metavar=metavar, help=f.describe())(fn)
     return fn
 
@@ -100,6 +100,8 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
       planner fit --model planner/data/configs/qwen2.5-7b.json --device H200 --engine sglang==0.5.23 --json
       planner fit --model llama-3-8b --device H200 --engine vllm==0.34.0 --max-model-len 8192 \\
         --plan plans/fa3-ci-h200.json --calibration plans/calibration/h200-fa3-ci.json
+      planner fit --model planner/data/configs/llama-3.1-8b.json --device H100 --engine sglang==0.5.23 \\
+        --speculative-algorithm EAGLE --speculative-draft-model-path planner/data/configs/eagle-llama-3.1-8b.json
       VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 planner fit --model planner/data/configs/qwen2.5-7b.json \\
         --device H100 --engine vllm==0.34.0 --max-model-len 65536"""
     import msgspec

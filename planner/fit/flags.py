@@ -22,7 +22,7 @@ __all__ = ["EngineFlag", "engine_flags", "flags_of", "check", "changes_of"]
 class EngineFlag(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the engines that have this flag ("vllm", "sglang")
     engines: list[str]
-    type: Literal["int", "float", "choice", "bool", "sizes"]
+    type: Literal["int", "float", "choice", "bool", "sizes", "json", "str"]
     #: where the release's default comes from when the flag is not given
     default: str
     #: bounds of an int (inclusive) or a float (an end open where ``*_open``)
@@ -94,6 +94,21 @@ def _sizes(name: str, v: object) -> list[int]:
 _SIZES = "positive integers, comma-separated"
 
 
+def _json(name: str, v: object) -> str:
+    """A JSON object (the CLI's string, or a dict) as compact JSON, keys in the order given."""
+    if isinstance(v, str):
+        try:
+            v = msgspec.json.decode(v)
+        except (msgspec.DecodeError, RecursionError):
+            raise _refuse(name, f"--{name} is not a JSON object: {v!r:.40}", "leave it out", None) from None
+    if not isinstance(v, dict):
+        raise _refuse(name, f"--{name} must be a JSON object, got {v!r:.40}", "leave it out", None)
+    try:
+        return msgspec.json.encode(v).decode()
+    except (TypeError, RecursionError):
+        raise _refuse(name, f"--{name} must be a JSON object, got {v!r:.40}", "leave it out", None) from None
+
+
 def _value(name: str, f: EngineFlag, v: object) -> object:
     if f.type == "int":
         if not isinstance(v, int) or isinstance(v, bool) or not f.lo <= v <= f.hi:
@@ -110,6 +125,11 @@ def _value(name: str, f: EngineFlag, v: object) -> object:
             raise _refuse(name, f"unknown --{name} value {v!r:.30}", f"one of {', '.join(f.choices)}", f.choices[0])
     elif f.type == "bool":
         v = bool(v)
+    elif f.type == "json":
+        v = _json(name, v)
+    elif f.type == "str":
+        if not isinstance(v, str) or not v.strip():
+            raise _refuse(name, f"--{name} must be a non-empty path or name, got {v!r:.40}", "a value", None)
     else:
         v = _sizes(name, v)
     return v

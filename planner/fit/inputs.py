@@ -14,6 +14,7 @@ from capture_plan.schemas.fit import FitItem, KvLayerType
 
 from . import flags as engine_flags
 from .context import Length, context_length
+from .draft import Draft, draft_of
 from .model import KV_DTYPES, FitModel, kv_bytes_per_token
 from .refusal import INPUTS, Refusal
 from .tables import Device, Rule, context_rule, device, rule_for, wheels
@@ -98,6 +99,8 @@ class FitInputs(msgspec.Struct, frozen=True):
     #: the engine's context length (max-model-len, context-length): given or the release's
     #: default, checked against what the release takes (:func:`.context.context_length`)
     context: Length
+    #: speculative decoding's draft (None: none), resolved once by :func:`.draft.draft_of`
+    draft: Draft | None = None
 
     @property
     def model(self) -> FitModel:
@@ -157,7 +160,7 @@ def resolve(req: FitRequest) -> FitInputs:
         )
     if model.sliding_layers:
         kinds.append(KvLayerType("sliding window", model.sliding_layers, per_layer, kv_dtype))
-    return FitInputs(
+    inp = FitInputs(
         request=req,
         device_name=dev_name,
         device=dev,
@@ -172,3 +175,4 @@ def resolve(req: FitRequest) -> FitInputs:
         kv_layers=kinds,
         context=length,
     )
+    return msgspec.structs.replace(inp, draft=draft_of(inp))

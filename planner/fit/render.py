@@ -33,6 +33,14 @@ def render(r: FitResult) -> str:
         f"KV tokens {tok} in {blocks} blocks of {r.block_tokens}; max concurrency at {r.max_model_len} tokens: "
         f"{r.max_concurrency}x"
     )
+    if r.speculative is not None:
+        sp = r.speculative
+        without = "unknown" if sp.kv_tokens_without is None else f"{sp.kv_tokens_without:,}"
+        lines.append(
+            f"speculative {sp.method} ({sp.tokens} tokens a step, draft {sp.draft or 'none'}): draft KV "
+            f"{sp.draft_kv_bytes_per_token} B a token ({sp.draft_layers} layers); without it {without} KV tokens, "
+            f"{sp.max_concurrency_without}x ({sp.source})"
+        )
     for c in r.size_costs:
         cost = "unknown" if c.tokens_cost is None else f"{c.tokens_cost:,}"
         lines.append(f"sizes {c.name} ({len(c.sizes)}): graph {_gib(c.graph_bytes)}, costs {cost} KV tokens")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, SizeCost
+from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, SizeCost, Speculative
 
 from . import estimate
 from .graph_count import GraphCount, whole_graphs
@@ -28,6 +28,8 @@ __all__ = [
     "fix_text",
     "budget_fix",
     "result",
+    "draft_graphs",
+    "draft_note",
 ]
 
 #: what a does-not-fit says when none of the single changes :func:`fixes` proposes fits once
@@ -179,6 +181,7 @@ def result(
     costs: list[SizeCost],
     verdict: Verdict,
     notes: list[str],
+    speculative: Speculative | None = None,
 ) -> FitResult:
     return FitResult(
         schema_version=FIT_SCHEMA_VERSION,
@@ -203,4 +206,26 @@ def result(
         overflow=verdict.overflow,
         fixes=verdict.fixes,
         notes=notes,
+        speculative=speculative,
+    )
+
+
+def draft_graphs(method: str, draft: bool = True) -> FitItem:
+    """Graph memory under speculative decoding: unknown, never zero (no capture report measures
+    a draft's graphs or the target's verify widths); ``draft``: the method has a draft model."""
+    whose = "and the draft's own decode graphs are" if draft else "are"
+    why = (
+        f"speculative decoding ({method}): the target's graphs at its verify widths {whose} in no committed "
+        "capture report, so no measured figure is near"
+    )
+    return FitItem("graph memory", None, None, "unknown", why)
+
+
+def draft_note(method: str, graph_unknown: bool) -> str:
+    """The line a result under speculative decoding carries."""
+    tail = "; graph memory unknown (no capture report measures a draft's graphs): KV figures exclude it"
+    tail = tail if graph_unknown else ""
+    return (
+        f"speculative decoding ({method}): the draft's weights load beside the target's and its KV layers share "
+        f"the cache (speculative.kv_tokens_without: the tokens without it){tail}"
     )

@@ -12,6 +12,7 @@ import msgspec
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
+from .draft import speculative
 from .graph_count import sglang_graphs
 from .inputs import FitInputs
 from .refusal import Refusal
@@ -23,8 +24,17 @@ __all__ = ["fit_sglang"]
 
 
 def fit_sglang(inp: FitInputs) -> FitResult:
-    m = inp.model
+    m, d = inp.model, inp.draft
     pool = sglang_pool(inp)  # one pool over every layer, or the hybrid sliding-window split
+    if d is not None and d.layers:  # DefaultPoolConfigurator: the target's cell grows by the draft's share
+        if pool.ratio is not None:
+            raise Refusal(
+                "a speculative draft's KV in SGLang's hybrid sliding-window pool is not modelled",
+                where="--speculative-algorithm",
+                hint="price the one pool SGLang keeps over every layer",
+                changes={DISABLE_FLAG: True},
+            )
+        pool = msgspec.structs.replace(pool, full_bytes=pool.full_bytes + d.kv_per_token)
     if pool.kv_layers is not None:  # the split's layer types (Llama 4: its chunked-attention layers)
         inp = msgspec.structs.replace(inp, kv_layers=pool.kv_layers)
     gpu_mem = inp.device.smi_total_mib
@@ -47,7 +57,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
                 hint="a fraction in (0, 1)",
                 changes={"mem-fraction-static": 0.85},
             )
-    decode = sizing.sglang_decode_sizes(max_bs)
+    decode = sizing.sglang_decode_sizes(max_bs, d is not None)
     plan = inp.request.plan
     settings = {
         "mem-fraction-static": frac,
@@ -61,17 +71,27 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     }
     if pool.ratio is not None:
         settings[RATIO_FLAG] = pool.ratio
+    if d is not None:
+        settings["speculative-algorithm"] = d.method
+        settings.update(d.settings)
     if inp.flags.get(DISABLE_FLAG):
         settings[DISABLE_FLAG] = True
     ctx = estimate.context()
     pre = inp.device.torch_total - known(ctx)
     weights = result.weights(inp)
+    dw = d.weights if d is not None else None
+    loaded = known(weights) + (known(dw) if dw is not None else 0)  # both load before the pool (init_model_worker)
     nt = estimate.non_torch(inp.tp)
     act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
     default_graph = result.graph_memory(inp, sglang_graphs(len(decode), len(prefill), m.layers), max(decode))
     default_graph = _with_logits_buffer(default_graph, max(decode), m.vocab)
+    if d is not None:
+        default_graph = result.draft_graphs(d.method, d.counted != "none")
     if plan is not None:
-        planned = result.graph_memory(inp, None, max(plan.sizes), plan=True)
+        if d is not None:
+            planned = result.draft_graphs(d.method, d.counted != "none")
+        else:
+            planned = result.graph_memory(inp, None, max(plan.sizes), plan=True)
         graph = inp.request.measured_graph or _with_logits_buffer(planned, max(plan.sizes), m.vocab)
     else:
         graph = inp.request.measured_graph or default_graph
@@ -82,11 +102,11 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         "rule",
         f"free at start x mem-fraction-static {frac} (kv_cache_configurator._profile_available_bytes)",
     )
-    items = [result.device_total(inp), ctx, budget, weights, nt, act, graph]
-    kv_bytes = sizing.sglang_kv_bytes(pre, weights=known(weights), non_torch=known(nt), fraction=frac)
+    items = [result.device_total(inp), ctx, budget, weights, *([dw] if dw else []), nt, act, graph]
+    kv_bytes = sizing.sglang_kv_bytes(pre, weights=loaded, non_torch=known(nt), fraction=frac)
     tokens, swa_tokens = pool.tokens(kv_bytes, page)
     # the error bar: the items the pool is taken from (free at start: the context's) and those it subtracts
-    err = sum(i.error_bytes or 0 for i in (ctx, budget, weights, nt))
+    err = sum(i.error_bytes or 0 for i in (ctx, budget, weights, nt, *([dw] if dw else [])))
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", inp.rule.steps[3]))
     slack = int(pre * (1 - frac))
     notes = inp.context_notes() + [
@@ -100,12 +120,12 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     verdict = result.FITS
     budget_fix = ""
     if "mem-fraction-static" in inp.flags:  # the user's fraction starves the pool: the one that holds a request
-        need = known(weights) + known(nt) + math.ceil(-(-ctx_len // page) * page * pool.cell)
+        need = loaded + known(nt) + math.ceil(-(-ctx_len // page) * page * pool.cell)
         budget_fix = result.budget_fix("mem-fraction-static", need, pre)
     if kv_bytes <= 0:
         verdict = Verdict(
             False,
-            f"weights {known(weights) / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}",
+            f"weights {loaded / GiB:.2f} GiB leave no KV cache under mem-fraction-static {frac}",
             result.fixes(inp, pre, 0, ctx_len, len_flag="context-length", fp8="", budget=budget_fix),
         )
     elif not pool.holds_window(kv_bytes, page):  # raised while the pool is sized, before any capture
@@ -133,7 +153,16 @@ def fit_sglang(inp: FitInputs) -> FitResult:
             ),
         )
     kv = Kv(max(kv_bytes, 0), tokens // page, page, tokens, tokens / ctx_len, ctx_len)
-    return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)
+    spec = None
+    if d is not None:  # the same settings without the draft's weights and its share of the cell
+        alone = msgspec.structs.replace(pool, full_bytes=pool.full_bytes - d.kv_per_token)
+        bytes0 = sizing.sglang_kv_bytes(pre, weights=known(weights), non_torch=known(nt), fraction=frac)
+        tokens0 = alone.tokens(bytes0, page)[0]
+        spec = speculative(d, tokens0, tokens0 / ctx_len)
+        notes.append(result.draft_note(d.method, graph.bytes is None))
+    return result.result(
+        inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes, speculative=spec
+    )
 
 
 def _with_logits_buffer(graph: FitItem, rows: int, vocab: int) -> FitItem:

@@ -45,19 +45,29 @@ def vllm_default_sizes(
     max_num_batched_tokens: int,
     max_size: int | None = None,
     appends: tuple[str, ...] | list[str] = (),
+    query_len: int = 1,
 ) -> list[int]:
     """vLLM's default capture sizes (vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes):
     [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(max_num_batched_tokens,
-    --max-cudagraph-capture-size or min(max_num_seqs * 2, 512)) (0.33.0 and 0.34.0:
+    --max-cudagraph-capture-size or min(max_num_seqs * query_len * 2, 512)) (0.33.0 and 0.34.0:
     ``max_cudagraph_capture_size = min(max_num_tokens, max_cudagraph_capture_size)``); where
     the release appends them (the rule's ``capture_appends``), max_num_batched_tokens and the
-    uniform decode size max_num_seqs when they are within max."""
-    top = min(max_num_batched_tokens, max_size if max_size is not None else min(max_num_seqs * 2, 512))
+    uniform decode sizes when they are within max: max_num_seqs, or under speculative decoding
+    (``query_len`` = 1 + num_speculative_tokens, 0.33.0 and 0.34.0) n x query_len for the
+    request counts n (1, 2, 4, 8 to 248 by 8, 256 to max_num_seqs by 16, and max_num_seqs) within
+    the uncapped max, appended where <= max_num_batched_tokens."""
+    uncapped = max_size if max_size is not None else min(max_num_seqs * query_len * 2, 512)
+    top = min(max_num_batched_tokens, uncapped)
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
     sizes = [s for s in sizes if s <= top]
     if "max-num-batched-tokens" in appends and max_num_batched_tokens <= top:
         sizes.append(max_num_batched_tokens)
-    if "max-num-seqs" in appends and max_size is None and max_num_seqs <= min(max_num_seqs * 2, 512):
+    if "max-num-seqs" in appends and max_size is None and query_len > 1:
+        reqs = min(max_num_seqs, 512)
+        counts = [n for n in (1, 2, 4) if n <= reqs] + list(range(8, min(reqs + 1, 256), 8))
+        counts = sorted(set(counts + list(range(256, reqs + 1, 16)) + [reqs]))
+        sizes += [n * query_len for n in counts if n * query_len <= min(uncapped, max_num_batched_tokens)]
+    elif "max-num-seqs" in appends and max_size is None and max_num_seqs <= min(max_num_seqs * 2, 512):
         sizes += [max_num_seqs] if max_num_seqs <= max_num_batched_tokens else []
     return sorted(set(sizes))
 
@@ -117,10 +127,13 @@ def _vllm_request(m: FitModel, block_size: int, max_model_len: int, in_flight: i
     return group, per_request
 
 
-def vllm_request_bytes(m: FitModel, per_token_layer: int, block_size: int, max_model_len: int, in_flight: int) -> int:
-    """The KV bytes one request at max_model_len takes (the cache's least for max concurrency 1)."""
+def vllm_request_bytes(
+    m: FitModel, per_token_layer: int, block_size: int, max_model_len: int, in_flight: int, draft: int = 0
+) -> int:
+    """The KV bytes one request at max_model_len takes (the cache's least for max concurrency 1);
+    ``draft``: a speculative draft's KV bytes per token, its layers in the one group."""
     group, per_request = _vllm_request(m, block_size, max_model_len, in_flight)
-    return per_request * group * block_size * per_token_layer
+    return per_request * (group * per_token_layer + draft) * block_size
 
 
 def vllm_blocks(
@@ -131,6 +144,7 @@ def vllm_blocks(
     max_model_len: int,
     in_flight: int,
     count: str = "concurrency",
+    draft: int = 0,
 ) -> tuple[int, float, int]:
     """(blocks, max concurrency, tokens) as vLLM's KV-cache manager counts them: layers
     grouped by type in groups of the smallest type's layer count, or of the largest type's
@@ -143,11 +157,14 @@ def vllm_blocks(
     (kv_cache_interface.SlidingWindowSpec.max_memory_usage_bytes). The tokens logged:
     ``count`` "concurrency": int(blocks / per_request * max_model_len)
     (get_kv_cache_capacity, _report_kv_cache_config from 0.20's successor); "blocks":
-    num_blocks // groups * block_size (0.19.0 and 0.20.0's _report_kv_cache_config)."""
+    num_blocks // groups * block_size (0.19.0 and 0.20.0's _report_kv_cache_config). ``draft``:
+    a speculative draft's KV bytes per token on one rank, its attention layers in the target's
+    one full-attention group at their own page sizes (UniformTypeKVCacheSpecs: a block is one
+    page of every layer, fit_rules.toml [speculative]); 0 without one."""
     full, sliding = m.full_layers, m.sliding_layers
     group, per_request = _vllm_request(m, block_size, max_model_len, in_flight)
     page = block_size * per_token_layer
-    blocks = max(available, 0) // (group * page)
+    blocks = max(available, 0) // (group * page + draft * block_size)
     concurrency = blocks / per_request
     if count == "blocks":
         groups = (math.ceil(full / group) if full else 0) + (math.ceil(sliding / group) if sliding else 0)
@@ -169,9 +186,15 @@ def sglang_defaults(gpu_mem_mib: int, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
-def sglang_decode_sizes(max_bs: int) -> list[int]:
-    """cuda_graph_hook.generate_decode_cuda_graph_batch_sizes (no speculative decoding)."""
-    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+def sglang_decode_sizes(max_bs: int, speculative: bool = False) -> list[int]:
+    """cuda_graph_hook.generate_decode_cuda_graph_batch_sizes: the normal list, or under
+    speculative decoding its own (less padding at small batch sizes)."""
+    if speculative:
+        sizes = list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+        sizes += list(range(272, max_bs + 1, 16))
+    else:
+        sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+        sizes += list(range(512, max_bs + 1, 32))
     sizes = [s for s in sizes if s <= max_bs]
     return sizes if max_bs in sizes else sizes + [max_bs]
 

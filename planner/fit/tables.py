@@ -23,6 +23,9 @@ __all__ = [
     "Rule",
     "ContextRule",
     "SwaRule",
+    "SpecRule",
+    "spec_rule",
+    "spec_rules",
     "context_rule",
     "swa_rule",
     "context_rules",
@@ -177,11 +180,33 @@ class _Devices(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     devices: dict[str, Device]
 
 
+class SpecRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How releases load a speculative draft and size its KV (fit_rules.toml [speculative.NAME];
+    followed by planner/fit/draft.py, each step's source in ``sources``)."""
+
+    engine: str
+    releases: list[str]
+    #: the engine's flag that names the method
+    flag: str
+    #: "layers" (vLLM: the draft's layers join the KV group) or "target-share" (SGLang)
+    kv: Literal["layers", "target-share"]
+    #: each priced method and how its draft's weights are counted
+    methods: dict[str, Literal["none", "whole", "eagle", "eagle3"]]
+    #: methods the engine has that fit does not price, and why
+    unmodelled: dict[str, str]
+    sources: list[str]
+    #: a method's other names (SGLang's NEXTN is EAGLE)
+    aliases: dict[str, str] = {}
+    #: an EAGLE head's fc has a bias (SGLang's torch.nn.Linear)
+    eagle_fc_bias: bool = False
+
+
 class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     wheels: dict[str, Wheel]
     rules: dict[str, Rule]
     context: dict[str, ContextRule]
     swa: dict[str, SwaRule]
+    speculative: dict[str, SpecRule] = {}
 
 
 def typed(name: str, typ):
@@ -228,6 +253,15 @@ def context_rule(engine: str, version: str) -> tuple[str, ContextRule]:
         if r.engine == engine and version in r.releases:
             return name, r
     raise RuntimeError(f"planner/data/fit_rules.toml: no [context] rule for {engine}=={version}")
+
+
+def spec_rule(engine: str, version: str) -> tuple[str, SpecRule] | None:
+    """The speculative-decoding rule of a release (None: the release was not read for it)."""
+    return next(((n, r) for n, r in _rules().speculative.items() if r.engine == engine and version in r.releases), None)
+
+
+def spec_rules() -> dict[str, SpecRule]:
+    return dict(_rules().speculative)
 
 
 def swa_rule(engine: str, version: str) -> SwaRule | None:

@@ -11,6 +11,7 @@ import math
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
+from .draft import speculative
 from .graph_count import full_graph_sizes, vllm_graphs
 from .inputs import FitInputs
 from .refusal import Refusal
@@ -36,7 +37,7 @@ def split_kv_accum(inp: FitInputs, full_sizes: list[int]) -> tuple[int, str] | N
 
 
 def fit_vllm(inp: FitInputs) -> FitResult:
-    m, rule, dev = inp.model, inp.rule, inp.device
+    m, rule, dev, d = inp.model, inp.rule, inp.device, inp.draft
     total = dev.torch_total
     after = rule.kind == "vllm-after-capture"
     util = inp.flag("gpu-memory-utilization", rule.default_utilization)
@@ -52,7 +53,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     sizes = (
         sizing.vllm_given_sizes(given, batched)
         if given
-        else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends)
+        else sizing.vllm_default_sizes(seqs, batched, top, rule.capture_appends, 1 + (d.tokens if d else 0))
     )
     if eager or mode == "NONE":
         if inp.request.plan is not None:
@@ -75,41 +76,54 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         "cudagraph-mode": mode,
         "cudagraph-capture-sizes": ",".join(map(str, captured)) or "none",
     }
+    if d is not None:
+        settings["speculative-config"] = inp.flags["speculative-config"]
     requested = sizing.vllm_requested(total, util)
     nt = estimate.non_torch(inp.tp)
     act = estimate.activation_peak(m, inp.tp, batched, seqs)
     ctx = estimate.context()
     weights = result.weights(inp)
+    dw = d.weights if d is not None else None
+    loaded = known(weights) + (known(dw) if dw is not None else 0)  # the draft loads beside the target
     init_free = total - known(ctx)
 
     def graph_of(ss: list[int]) -> FitItem:
+        if d is not None and d.counted != "none" and ss:  # ngram: the target's graphs alone, at its sizes
+            return result.draft_graphs(d.method)
         count = vllm_graphs(mode, ss, seqs, m.layers)
         transient = split_kv_accum(inp, full_graph_sizes(mode, ss, seqs))
         return result.graph_memory(inp, count, max(ss, default=0), transient=transient)
 
-    def kv_of(graph: int) -> int:
+    def kv_of(graph: int, weights_bytes: int = loaded) -> int:
         if after:
             return sizing.vllm_after_capture(
                 rule,
                 requested,
                 init_free,
-                weights=known(weights),
+                weights=weights_bytes,
                 non_torch=known(nt),
                 activation=known(act),
                 graph=graph,
             )
         deducted = graph if rule.graph_estimate == "deducted" else 0
         return sizing.vllm_before_capture(
-            requested, weights=known(weights), non_torch=known(nt), activation=known(act), graph=deducted
+            requested, weights=weights_bytes, non_torch=known(nt), activation=known(act), graph=deducted
         )
 
     in_flight = batched * rule.in_flight_batches  # async scheduling (on by default): two batches in flight
 
-    def count(avail: int) -> tuple[int, float, int]:
-        return sizing.vllm_blocks(m, inp.per_layer, block, avail, mml, in_flight, rule.kv_tokens)
+    draft_kv = d.kv_per_token if d is not None else 0
+
+    def count(avail: int, draft: int = draft_kv) -> tuple[int, float, int]:
+        return sizing.vllm_blocks(m, inp.per_layer, block, avail, mml, in_flight, rule.kv_tokens, draft)
 
     if inp.request.plan is not None:
-        graph = inp.request.measured_graph or result.graph_memory(inp, None, max(inp.request.plan.sizes), plan=True)
+        planned = result.draft_graphs(d.method) if d is not None and d.counted != "none" else None
+        graph = (
+            inp.request.measured_graph
+            or planned
+            or result.graph_memory(inp, None, max(inp.request.plan.sizes), plan=True)
+        )
     else:
         graph = inp.request.measured_graph if inp.request.measured_graph is not None and sizes else graph_of(sizes)
     budget = FitItem(
@@ -119,7 +133,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         "rule",
         f"ceil(total x gpu-memory-utilization {util}) (vllm/v1/worker/utils.py: request_memory)",
     )
-    items = [result.device_total(inp), budget, weights, nt, act, graph]
+    items = [result.device_total(inp), budget, weights, *([dw] if dw else []), nt, act, graph]
     if after:
         items.insert(1, ctx)
     notes = inp.context_notes()
@@ -140,7 +154,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         taken += [weights, nt, graph, act]
     else:
         taken = [budget, weights, nt, act] + ([graph] if rule.graph_estimate == "deducted" else [])
-    err = sum(i.error_bytes or 0 for i in taken)
+    err = sum(i.error_bytes or 0 for i in taken + ([dw] if dw else []))
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", "; ".join(rule.steps[-3:-1])))
     blocks, conc, kv_tokens = count(kv_bytes)
 
@@ -156,12 +170,12 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     costs[1:1] = result.plan_cost(inp, tokens_of, none_tokens)
     verdict = result.FITS
     if kv_bytes <= 0 or conc < 1:
-        need = math.ceil(mml / block) * block * inp.per_layer * m.layers
+        need = math.ceil(mml / block) * block * (inp.per_layer * m.layers + draft_kv)
         budget_fix = ""
         if "gpu-memory-utilization" in inp.flags:  # the user's budget starves the cache: the one that fits
             # both rules take weights, non-torch, the peak and the deducted graphs from the budget
-            taken = known(weights) + known(nt) + known(act) + ((graph.bytes or 0) if after else deducted_graph)
-            one = sizing.vllm_request_bytes(m, inp.per_layer, block, mml, in_flight)
+            taken = loaded + known(nt) + known(act) + ((graph.bytes or 0) if after else deducted_graph)
+            one = sizing.vllm_request_bytes(m, inp.per_layer, block, mml, in_flight, draft_kv)
             budget_fix = result.budget_fix("gpu-memory-utilization", taken + one, total)
         biggest = max((i for i in (weights, nt, act, graph) if i.bytes), key=lambda i: i.bytes or 0)
         verdict = Verdict(
@@ -181,7 +195,14 @@ def fit_vllm(inp: FitInputs) -> FitResult:
             ),
         )
     kv = Kv(max(kv_bytes, 0), blocks, block, kv_tokens, conc, mml)
-    return result.result(inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes)
+    spec = None
+    if d is not None:  # the same settings and graph figure without the draft's weights and KV
+        _, conc0, tokens0 = count(kv_of(graph.bytes or 0, known(weights)), 0)
+        spec = speculative(d, tokens0, conc0)
+        notes.append(result.draft_note(d.method, graph.bytes is None))
+    return result.result(
+        inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes, speculative=spec
+    )
 
 
 #: the largest capture size of the "fewer" set (size_costs): vLLM's sizes up to it

@@ -1,0 +1,296 @@
+"""Speculative decoding as fit prices it: the draft model's weights and its KV, as each release
+loads and sizes them (planner/data/fit_rules.toml [speculative.NAME], each step's file and
+function named there).
+
+:func:`draft_of` reads the engine's own flags (vLLM's ``--speculative-config`` JSON; SGLang's
+``--speculative-algorithm``, ``--speculative-draft-model-path`` and the step counts), loads the
+draft's config as ``--model`` loads one (:func:`.model.load_model`: a config.json, a spec TOML
+or a preset) and counts:
+
+* its weights by the method (the rule's ``methods``): none (n-gram), the whole draft model, or
+  an EAGLE head (its decoder layers, its fc, the target's embedding and lm_head shared: the
+  shared copy is the error bar, as a draft checkpoint with its own differing copy keeps it);
+* its KV bytes per token on one rank by the rule's ``kv``: vLLM's draft layers at their own
+  bytes per token in the target's one full-attention group, SGLang's target cell grown by
+  ``int(cell x draft layers / target layers)``.
+
+Graph memory of the draft (its decode and extend graphs, the target's verify widths) is no
+measured family: the engine layers leave it unknown, never zero.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.fit import FitItem, Speculative
+
+from .model import FitModel, kv_bytes_per_token, load_model, weight_bytes
+from .refusal import Refusal
+from .tables import SpecRule, spec_rule, spec_rules
+
+if TYPE_CHECKING:
+    from .inputs import FitInputs
+
+__all__ = ["Draft", "draft_of", "speculative", "SGLANG_FLAGS"]
+
+#: SGLang's flags of speculative decoding besides the algorithm
+SGLANG_FLAGS = (
+    "speculative-draft-model-path",
+    "speculative-num-steps",
+    "speculative-eagle-topk",
+    "speculative-num-draft-tokens",
+)
+#: the keys of vLLM's --speculative-config fit reads
+_VLLM_KEYS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size")
+#: an n-gram config that works, for the fixes of a refused draft
+_NGRAM = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":5}'
+
+
+class Draft(msgspec.Struct, frozen=True):
+    """A speculative draft resolved: its method, weights and KV on one rank."""
+
+    rule_name: str
+    #: the engine's method, resolved (SGLang's NEXTN is EAGLE)
+    method: str
+    #: how its weights are counted: "none", "whole", "eagle", "eagle3"
+    counted: str
+    #: tokens a step proposes (vLLM num_speculative_tokens, SGLang num_draft_tokens)
+    tokens: int
+    #: the engine's settings the method resolves, by the engine's flag names
+    settings: dict
+    #: the draft model as given ("" for none)
+    given: str
+    #: the draft's attention layers in the KV cache (0: none)
+    layers: int
+    #: the draft's KV bytes per token on one rank, all its layers (0: none)
+    kv_per_token: int
+    weights: FitItem
+    source: str
+
+
+def speculative(d: Draft, tokens_without: int, concurrency_without: float) -> Speculative:
+    """The result's record of ``d``, with the KV tokens and concurrency the same settings give without it."""
+    return Speculative(
+        method=d.method,
+        draft=d.given,
+        tokens=d.tokens,
+        draft_layers=d.layers,
+        draft_kv_bytes_per_token=d.kv_per_token,
+        kv_tokens_without=tokens_without,
+        max_concurrency_without=round(concurrency_without, 2),
+        source=d.source,
+    )
+
+
+def draft_of(inp: FitInputs) -> Draft | None:
+    """The request's draft (None: no speculative decoding), or a refusal naming the flag."""
+    if inp.engine == "vllm":
+        if "speculative-config" not in inp.flags:
+            return None
+        found = _rule(inp, "speculative-config")
+        return _vllm(inp, *found)
+    if "speculative-algorithm" not in inp.flags:  # speculative_hook reads the others only for one
+        return None
+    return _sglang(inp, *_rule(inp, "speculative-algorithm"))
+
+
+def _rule(inp: FitInputs, flag: str) -> tuple[str, SpecRule]:
+    found = spec_rule(inp.engine, inp.version)
+    if found is not None:
+        return found
+    read = [f"{r.engine}=={v}" for r in spec_rules().values() if r.engine == inp.engine for v in r.releases]
+    raise Refusal(
+        f"{inp.engine} {inp.version}'s speculative decoding was not read from its wheel "
+        f"(fit_rules.toml [speculative] covers {', '.join(read)})",
+        where=f"--{flag}",
+        hint=f"the nearest release read for it, {read[0]} (or leave --{flag} out)",
+        changes={"engine": read[0]},
+    )
+
+
+def _refuse(flag: str, what: str, hint: str, value: object) -> Refusal:
+    return Refusal(what, where=f"--{flag}", hint=hint, changes={flag: value})
+
+
+def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
+    flag = rule.flag
+    raw: dict = msgspec.json.decode(inp.flags[flag])
+    for k in raw:
+        if k not in _VLLM_KEYS and not (k.startswith("prompt_lookup_") and raw.get("method") == "ngram"):
+            rest = msgspec.json.encode({a: b for a, b in raw.items() if a != k}).decode()
+            reads = f"fit reads {', '.join(_VLLM_KEYS)}"
+            raise _refuse(flag, f"--{flag} key {k!r:.40} is not one fit reads", reads, rest)
+    method, model = raw.get("method"), raw.get("model")
+    if method is None and model in ("ngram", "[ngram]") or method == "[ngram]":  # SpeculativeConfig.__post_init__
+        method = "ngram"
+    if not isinstance(method, str):
+        fixed = msgspec.json.encode({"method": "draft_model", **raw}).decode()
+        raise _refuse(flag, f"--{flag} gives no method", f"name it ({', '.join(rule.methods)})", fixed)
+    if method.endswith("_mtp"):  # __post_init__: the MTP model types are "mtp"
+        method = "mtp"
+    _unmodelled(rule, method)
+    counted = rule.methods[method]
+    _check_attention(flag, inp.model, "the target")
+    n = raw.get("num_speculative_tokens")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        fixed = msgspec.json.encode({**raw, "num_speculative_tokens": 3}).decode()
+        raise _refuse(flag, f"num_speculative_tokens must be an integer from 1 to 64, got {n!r:.30}", "3", fixed)
+    draft_tp = raw.get("draft_tensor_parallel_size", inp.tp)
+    if draft_tp not in (1, inp.tp) or isinstance(draft_tp, bool):  # _verify_and_get_draft_tp
+        fixed = msgspec.json.encode({**raw, "draft_tensor_parallel_size": inp.tp}).decode()
+        raise _refuse(flag, f"draft_tensor_parallel_size must be 1 or --tp {inp.tp}, got {draft_tp!r:.30}", "", fixed)
+    settings = {"speculative method": method, "num_speculative_tokens": n}
+    if counted == "none":
+        return _none(rule_name, method, n, settings)
+    d = _draft_model(flag, model, {flag: _NGRAM})
+    if counted == "whole" and d.vocab != inp.model.vocab:  # verify_equal_vocab_size_if_draft_model
+        raise _refuse(
+            flag, f"the draft's vocabulary ({d.vocab}) is not the target's ({inp.model.vocab})", "n-gram", _NGRAM
+        )
+    _check_attention(flag, d, "the draft")
+    w = _weights(inp, d, counted, draft_tp)
+    per = _kv_per_token(inp, rule, d, draft_tp)
+    return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per, w, _src(rule_name))
+
+
+def _none(rule_name: str, method: str, n: int, settings: dict) -> Draft:
+    src = _src(rule_name)
+    item = FitItem("draft weights", 0, 0, "exact", f"{method}: no draft model, no draft KV ({src})")
+    return Draft(rule_name, method, "none", n, settings, "", 0, 0, item, src)
+
+
+def _src(rule_name: str) -> str:
+    return f"fit_rules.toml [speculative.{rule_name}]"
+
+
+def _unmodelled(rule: SpecRule, method: str) -> None:
+    """Refuse a method fit does not price."""
+    if method in rule.methods:
+        return
+    what = rule.unmodelled.get(method, "not one of the engine's methods fit knows")
+    fixed = _NGRAM if rule.engine == "vllm" else "NGRAM"
+    raise _refuse(rule.flag, f"speculative method {method!r:.30} is not modelled: {what}", "n-gram", fixed)
+
+
+def _draft_model(flag: str, model: object, ngram: dict[str, object]) -> FitModel:
+    """The draft's config loaded as --model loads one, its errors located at ``flag``; the
+    fix: ``ngram``'s changes (n-gram, which needs no draft model)."""
+    hint = "a config.json, a spec TOML or a preset for the draft; or n-gram, which needs none"
+    if not isinstance(model, str) or not model.strip():
+        raise Refusal("the draft model is not given", where=f"--{flag}", hint=hint, changes=ngram)
+    try:
+        return load_model(model)
+    except InputError as err:
+        raise Refusal(f"draft model {model!r:.60}: {err.what}", where=f"--{flag}", hint=hint, changes=ngram) from None
+
+
+def _check_attention(flag: str, d: FitModel, who: str) -> None:
+    """fit prices a draft of full attention that is not MLA (vLLM's one full-attention group)."""
+    if d.sliding_layers or d.mla:
+        kind = "sliding-window" if d.sliding_layers else "MLA"
+        raise _refuse(
+            flag,
+            f"{who}'s {kind} attention with speculative decoding is not modelled (fit prices full-attention drafts)",
+            "leave speculative decoding out",
+            None,
+        )
+
+
+def _kv_per_token(inp: FitInputs, rule: SpecRule, d: FitModel, tp: int) -> int:
+    """The draft's KV bytes a token on one rank, all its layers, by the rule's ``kv``: "layers"
+    (vLLM: each draft layer at its own bytes per token, in the KV cache dtype), "target-share"
+    (SGLang's DefaultPoolConfigurator: int(cell x draft layers / target layers), the cell the
+    target's every layer)."""
+    if rule.kv == "layers":
+        return kv_bytes_per_token(d, tp, inp.kv_dtype_bytes) * d.layers
+    cell = inp.per_layer * inp.model.layers
+    return int(cell * d.layers / inp.model.layers)
+
+
+def _weights(inp: FitInputs, d: FitModel, counted: str, tp: int) -> FitItem:
+    """The draft's weight bytes on one rank by the method (the module's docstring)."""
+    found = spec_rule(inp.engine, inp.version)
+    fc_bias = found is not None and found[1].eagle_fc_bias
+    rot = inp.rule.rotary_cache_bytes
+    b = weight_bytes(d, tp, rot)
+    if counted == "whole":
+        return FitItem("draft weights", b, int(0.005 * b), "estimated", f"the whole draft, counted from {d.source}")
+    h, dt = d.hidden, d.dtype_bytes
+    heads = msgspec.structs.replace(d, vocab=0)  # no embedding, no lm_head: the target's are shared
+    b = weight_bytes(heads, tp, rot)
+    shared = d.vocab * h * dt * (1 if d.tie_embeddings else 2) // tp
+    if counted == "eagle":
+        b += 2 * h * h * dt + (h * dt if fc_bias else 0)  # fc, replicated
+        what = "its layers and fc (2 x hidden), the target's embedding and lm_head shared"
+    else:
+        dv = _draft_vocab(inp, d)
+        qkv = (d.heads + 2 * d.kv_heads) * d.head_dim
+        b += d.layers * h * qkv * dt // tp  # qkv takes 2 x hidden
+        b += 3 * inp.model.hidden * h * dt  # fc of the target's three aux hidden states, replicated
+        b += dv * h * dt // tp + (dv * 8 if dv != inp.model.vocab else 0)  # own lm_head; draft-to-target map
+        shared = d.vocab * h * dt // tp
+        what = f"its layers (qkv of 2 x hidden), fc (3 x hidden), its lm_head of {dv} rows; the embedding shared"
+    src = f"EAGLE head counted from {d.source}: {what}; error bar: the shared copy (a draft's own differing one stays)"
+    return FitItem("draft weights", b, shared + int(0.005 * b), "estimated", src)
+
+
+def _draft_vocab(inp: FitInputs, d: FitModel) -> int:
+    """An EAGLE3 head's draft_vocab_size (its config.json's; else its vocabulary)."""
+    for flag in ("speculative-config", "speculative-draft-model-path"):
+        if flag in inp.flags:
+            given = inp.flags[flag] if flag.endswith("path") else msgspec.json.decode(inp.flags[flag]).get("model")
+            path = Path(str(given))
+            if path.suffix == ".json" and path.is_file():
+                try:
+                    cfg = msgspec.json.decode(path.read_bytes())
+                except (msgspec.DecodeError, RecursionError):
+                    return d.vocab
+                v = cfg.get("draft_vocab_size") if isinstance(cfg, dict) else None
+                return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else d.vocab
+    return d.vocab
+
+
+def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
+    flag = rule.flag
+    given = str(inp.flags[flag])
+    alg = rule.aliases.get(given, given)
+    _unmodelled(rule, alg)
+    counted = rule.methods[alg]
+    settings: dict = {"max-running-requests": inp.flag("max-running-requests", 48)}
+    steps, topk, ntok = (inp.flags.get(f"speculative-{k}") for k in ("num-steps", "eagle-topk", "num-draft-tokens"))
+    if counted == "none":
+        settings["speculative-num-draft-tokens"] = ntok or 12  # _handle_ngram
+        return _none(rule_name, alg, settings["speculative-num-draft-tokens"], settings)
+    if steps is None and (topk is not None or ntok is not None):  # _handle_eagle_family asserts
+        raise Refusal(
+            "--speculative-eagle-topk and --speculative-num-draft-tokens need --speculative-num-steps",
+            where="--speculative-num-steps",
+            hint="leave them out (SGLang chooses all three)",
+            changes={"speculative-eagle-topk": None, "speculative-num-draft-tokens": None},
+        )
+    if steps is not None and topk is None:  # SGLang compares the topk with 1
+        raise _refuse("speculative-eagle-topk", "--speculative-num-steps needs --speculative-eagle-topk", "1", 1)
+    if steps is None:  # _auto_choose_speculative_params
+        llama = alg != "STANDALONE" and inp.model.architectures[:1] == ("LlamaForCausalLM",)
+        steps, topk, ntok = (5, 4, 8) if llama else (3, 1, 4)
+    if topk == 1 or ntok is None:
+        ntok = steps + 1
+    settings.update({"speculative-num-steps": steps, "speculative-eagle-topk": topk})
+    settings["speculative-num-draft-tokens"] = ntok
+    path = inp.flags.get("speculative-draft-model-path")
+    if path is None:
+        raise Refusal(
+            f"{alg} needs --speculative-draft-model-path (fit does not read the MTP layers of a target's checkpoint)",
+            where="--speculative-draft-model-path",
+            hint="leave speculative decoding out",
+            changes={flag: None, **{f: None for f in SGLANG_FLAGS}},
+        )
+    ngram = {flag: "NGRAM", **{f: None for f in SGLANG_FLAGS}}
+    d = _draft_model("speculative-draft-model-path", path, ngram)
+    per = _kv_per_token(inp, rule, d, inp.tp)
+    w = _weights(inp, d, counted, inp.tp)
+    return Draft(rule_name, alg, counted, ntok, settings, path, d.layers, per, w, _src(rule_name))

@@ -1,0 +1,232 @@
+"""`planner fit` under speculative decoding (issue 52 Deliver 1: the draft model's weights and KV).
+
+The expected figures are computed here by hand from the configs (planner/data/configs) and the
+rules as planner/data/fit_rules.toml [speculative] reads them from the wheels, not by fit's own
+functions: an EAGLE head's weights (its layer, its fc, its rotary cache; the target's embedding
+and lm_head shared), the KV cache less exactly the draft's bytes, and the tokens it holds with
+the draft's layer in every block (vLLM) or in every cell (SGLang).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from capture_plan.planner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "planner/data/configs"
+TARGET = str(CONFIGS / "llama-3.1-8b.json")
+EAGLE = str(CONFIGS / "eagle-llama-3.1-8b.json")
+H = 4096  # both configs' hidden_size
+PATH = ("--speculative-draft-model-path", EAGLE)
+
+
+def run(*args: str, capsys) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def fit_json(engine: str, *more: str, capsys) -> dict:
+    code, out, err = run(
+        "fit", "--model", TARGET, "--device", "H100", "--engine", engine, *more, "--json", capsys=capsys
+    )
+    assert code == 0, err
+    return json.loads(out)
+
+
+def item(res: dict, name: str) -> dict:
+    return next(i for i in res["items"] if i["name"] == name)
+
+
+def eagle_head_bytes(rotary_element: int, fc_bias: bool) -> int:
+    """eagle-llama-3.1-8b.json by hand: one Llama layer (q, k, v, o; gate, up, down; two RMS
+    norms), the final norm, fc (2 x hidden -> hidden), the rotary cos/sin cache of its own
+    8192 positions x head_dim 128; float16. No embedding, no lm_head (the target's, shared)."""
+    attn = H * (32 + 2 * 8) * 128 * 2 + 32 * 128 * H * 2
+    mlp = 3 * H * 14336 * 2
+    norms = 3 * H * 2
+    fc = 2 * H * H * 2 + (H * 2 if fc_bias else 0)
+    return attn + mlp + norms + fc + 8192 * 128 * rotary_element
+
+
+def spec(method: str, model: str | None = EAGLE, n: int = 3) -> str:
+    d = {"method": method, "num_speculative_tokens": n}
+    if model is not None:
+        d["model"] = model
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("engine", ["vllm==0.34.0", "vllm==0.33.0"])
+def test_vllm_eagle_head_weights_and_its_layer_in_every_block(engine, capsys):
+    """Llama-3.1-8B + its EAGLE head on an H100, no graphs (enforce-eager: the graph figure is 0
+    either way, so the comparison is exact): the cache is smaller by the head's bytes, and a
+    block is one 16-token page of the 32 target layers and the head's one layer (4096 B a token
+    each: 8 KV heads x (128 + 128) x 2)."""
+    base = ("--max-model-len", "8192", "--enforce-eager")
+    alone = fit_json(engine, *base, capsys=capsys)
+    res = fit_json(engine, *base, "--speculative-config", spec("eagle"), capsys=capsys)
+    head = eagle_head_bytes(2, fc_bias=False)  # vLLM keeps the rotary cache in the model's dtype
+    assert item(res, "draft weights")["bytes"] == head
+    assert item(res, "weights")["bytes"] == item(alone, "weights")["bytes"]
+    assert res["kv_bytes"] == alone["kv_bytes"] - head
+    block = 16 * (32 * 4096 + 1 * 4096)
+    blocks = res["kv_bytes"] // block
+    assert res["kv_blocks"] == blocks
+    assert res["kv_tokens"] == int(blocks / math.ceil(8192 / 16) * 8192)
+    sp = res["speculative"]
+    assert sp["draft_layers"] == 1 and sp["draft_kv_bytes_per_token"] == 4096 and sp["tokens"] == 3
+    assert sp["kv_tokens_without"] == alone["kv_tokens"] > res["kv_tokens"]
+    assert sp["max_concurrency_without"] == alone["max_concurrency"]
+
+
+def test_vllm_draft_graphs_are_unknown_never_zero(capsys):
+    res = fit_json("vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle"), capsys=capsys)
+    g = item(res, "graph memory")
+    assert g["bytes"] is None and g["status"] == "unknown" and "draft" in g["source"]
+    assert any("graph memory unknown" in n for n in res["notes"])
+
+
+def test_vllm_ngram_has_no_draft_weights_nor_kv(capsys):
+    base = ("--max-model-len", "8192", "--enforce-eager")
+    alone = fit_json("vllm==0.34.0", *base, capsys=capsys)
+    res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("ngram", None), capsys=capsys)
+    d = item(res, "draft weights")
+    assert d["bytes"] == 0 and d["status"] == "exact" and "[speculative.vllm-0-33]" in d["source"]
+    assert res["kv_tokens"] == alone["kv_tokens"] == res["speculative"]["kv_tokens_without"]
+
+
+def test_vllm_capture_sizes_add_the_uniform_decode_widths(capsys):
+    """_set_cudagraph_sizes with 2 speculative tokens (query length 3) and max-num-seqs 10: the
+    largest size min(10 x 3 x 2, 512) = 60; the grid [1, 2, 4] + 8..56; the uniform decode
+    sizes n x 3 for n in 1, 2, 4, 8, 10: 3, 6, 12, 24, 30."""
+    res = fit_json(
+        "vllm==0.34.0", "--max-num-seqs", "10", "--speculative-config", spec("ngram", None, 2), capsys=capsys
+    )
+    grid = {1, 2, 4, *range(8, 57, 8)}
+    assert res["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, sorted(grid | {3, 6, 12, 24, 30})))
+
+
+def test_sglang_eagle_head_grows_the_cell_by_its_share(capsys):
+    """SGLang 0.5.23: both workers load before the pool is sized, so the pool is smaller by the
+    head's bytes (its rotary cache float32, its fc with a bias); the target's cell of 32 x 4096
+    B grows by int(cell x 1 / 32); mem-fraction-static is the one without speculative decoding;
+    a LlamaForCausalLM target gets steps 5, topk 4, 8 draft tokens and 48 running requests."""
+    base = ("--context-length", "8192")
+    alone = fit_json("sglang==0.5.23", *base, capsys=capsys)
+    more = ("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", EAGLE)
+    res = fit_json("sglang==0.5.23", *base, *more, capsys=capsys)
+    head = eagle_head_bytes(4, fc_bias=True)
+    assert item(res, "draft weights")["bytes"] == head
+    assert res["kv_bytes"] == alone["kv_bytes"] - head
+    cell = 32 * 4096
+    assert res["kv_tokens"] == res["kv_bytes"] // (cell + cell * 1 // 32)
+    assert res["speculative"]["kv_tokens_without"] == alone["kv_tokens"]
+    s = res["settings"]
+    assert s["mem-fraction-static"] == alone["settings"]["mem-fraction-static"]
+    assert (s["speculative-num-steps"], s["speculative-eagle-topk"], s["speculative-num-draft-tokens"]) == (5, 4, 8)
+    assert s["max-running-requests"] == 48
+    assert s["cuda-graph-bs"].startswith("1,2,3,4,5,6,7,8,10,12,")  # the speculative list
+
+
+def test_sglang_nextn_is_eagle_and_topk_one_sets_the_draft_tokens(capsys):
+    more = ("--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", EAGLE)
+    steps = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "9")
+    res = fit_json("sglang==0.5.23", "--context-length", "8192", *more, *steps, capsys=capsys)
+    assert res["speculative"]["method"] == "EAGLE" and res["settings"]["speculative-num-draft-tokens"] == 4
+
+
+def _refused(args: list[str], says: str, capsys) -> dict:
+    """A one-line refusal naming ``says`` whose fix (its command between backticks) runs clean."""
+    code, _, err = run("fit", "--model", TARGET, "--device", "H100", *args, capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and says in err, err
+    argv = shlex.split(err.split("`")[1])
+    code, out, fixed = run(*argv[1:], "--json", capsys=capsys)
+    assert code == 0, fixed
+    return msgspec.json.decode(out)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["--engine", "vllm==0.34.0", "--speculative-config", "{"],
+            "--speculative-config: --speculative-config is not",
+        ),
+        (["--engine", "vllm==0.34.0", "--speculative-config", "[1]"], "must be a JSON object"),
+        (["--engine", "vllm==0.34.0", "--speculative-config", spec("mtp", None)], "'mtp' is not modelled"),
+        (["--engine", "vllm==0.34.0", "--speculative-config", spec("deepseek_mtp", None)], "'mtp' is not modelled"),
+        (["--engine", "vllm==0.34.0", "--speculative-config", spec("eagle", None)], "the draft model is not given"),
+        (["--engine", "vllm==0.34.0", "--speculative-config", spec("eagle", "missing.json")], "draft model 'missing"),
+        (["--engine", "vllm==0.34.0", "--speculative-config", spec("eagle", EAGLE, 0)], "num_speculative_tokens"),
+        (
+            [
+                "--engine",
+                "vllm==0.34.0",
+                "--speculative-config",
+                json.dumps({"model": EAGLE, "num_speculative_tokens": 2}),
+            ],
+            "gives no method",
+        ),
+        (
+            [
+                "--engine",
+                "vllm==0.34.0",
+                "--speculative-config",
+                '{"method": "ngram", "num_speculative_tokens": 2, "foo": 1}',
+            ],
+            "key 'foo'",
+        ),
+        (["--engine", "vllm==0.32.0", "--speculative-config", spec("eagle")], "was not read from its wheel"),
+        (["--engine", "sglang==0.5.23", "--speculative-algorithm", "EAGLE"], "needs --speculative-draft-model-path"),
+        (
+            ["--engine", "sglang==0.5.23", "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "no"],
+            "draft model 'no'",
+        ),
+        (["--engine", "sglang==0.5.23", "--speculative-algorithm", "DFLASH"], "unknown --speculative-algorithm"),
+        (
+            ["--engine", "sglang==0.5.23", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", *PATH],
+            "needs --speculative-eagle-topk",
+        ),
+        (
+            ["--engine", "sglang==0.5.23", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "2", *PATH],
+            "need --speculative-num-steps",
+        ),
+        (["--engine", "sglang==0.5.23", "--speculative-config", spec("ngram", None)], "sglang has no flag"),
+    ],
+)
+def test_bad_speculative_input_is_one_located_line_whose_fix_runs(args, says, capsys):
+    _refused(args + ["--max-model-len" if args[1].startswith("vllm") else "--context-length", "8192"], says, capsys)
+
+
+def test_a_draft_of_another_vocabulary_is_refused_for_draft_model(tmp_path, capsys):
+    """vLLM's verify_equal_vocab_size_if_draft_model: a draft_model draft shares the target's vocabulary."""
+    cfg = json.loads(Path(EAGLE).read_text())
+    cfg["vocab_size"] = 32000
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    args = [
+        "--engine",
+        "vllm==0.34.0",
+        "--max-model-len",
+        "8192",
+        "--speculative-config",
+        spec("draft_model", str(path)),
+    ]
+    res = _refused(args, "is not the target's (128256)", capsys)
+    assert res["speculative"]["method"] == "ngram"
+
+
+def test_every_speculative_rule_field_is_read():
+    """A [speculative] row's field no code reads is dead data: each is read as ``.field`` by fit's modules."""
+    from capture_plan.planner.fit.tables import SpecRule
+
+    code = "".join(p.read_text() for p in (ROOT / "planner/fit").glob("*.py"))
+    code += (ROOT / "docs/generate.py").read_text()  # the sources and methods the docs' table prints
+    assert [f.name for f in msgspec.structs.fields(SpecRule) if f".{f.name}" not in code] == []
