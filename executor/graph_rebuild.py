@@ -173,8 +173,19 @@ def patched_args(kernel: Kernel, bases: list[int | None], where: str = "kernel")
     args = bytearray(kernel.args)
     for r in kernel.relocations:
         pos = r.position
+        if not 0 <= pos <= len(args) - 8:  # a slice there would grow the bytes, or write from their end
+            raise outside_args(kernel, f"a relocated address at byte {pos}", where)
         args[pos : pos + 8] = _address(Operand(segment=r.segment, offset=r.offset), bases, where).to_bytes(8, "little")
     return bytes(args)
+
+
+def outside_args(kernel: Kernel, what: str, where: str) -> ExecutorError:
+    """The error for ``what`` (a parameter, a relocated address) lying outside ``kernel``'s
+    argument bytes: the driver would read past them (a damaged file)."""
+    return ExecutorError(
+        f"kernel {kernel.name}: {what} lies outside its {len(kernel.args)} argument bytes: the file is damaged",
+        where=where,
+    )
 
 
 def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None) -> list[int | None]:
@@ -308,6 +319,9 @@ class _Builder:
         buf = ctypes.create_string_buffer(len(args) + 64)
         at = (ctypes.addressof(buf) + 63) // 64 * 64
         ctypes.memmove(at, args, len(args))
+        for j, (off, size) in enumerate(k.params):
+            if off < 0 or size < 0 or off + size > len(args):
+                raise outside_args(k, f"parameter {j} ({off}, {size})", where)
         ptrs = (ctypes.c_void_p * max(len(k.params), 1))(*[at + off for off, _ in k.params])
         p = KernelParams()
         p.func = self.function(k, where).value
