@@ -188,6 +188,20 @@ def outside_args(kernel: Kernel, what: str, where: str) -> ExecutorError:
     )
 
 
+def _an_edge(e: tuple[int, ...], n: int) -> bool:
+    """Whether ``e`` is (from, to) or (from, to, from port, to port, type) of ``n`` nodes."""
+    return (len(e) == 2 or (len(e) == 5 and 0 <= min(e[2:]) and max(e[2:]) < 256)) and 0 <= e[0] < n and 0 <= e[1] < n
+
+
+def bad_edge(g, j: int, e: tuple[int, ...]) -> ExecutorError:
+    """The error for edge ``j`` of graph ``g``, ``e``, which is no edge of its nodes (a damaged
+    file: an index past the nodes, or negative, which a list would take from the end)."""
+    return ExecutorError(
+        f"edge {j} {tuple(e)} is no edge of the graph's {len(g.nodes)} nodes: the file is damaged",
+        where=f"graph {g.phase}/{g.bs}",
+    )
+
+
 def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None) -> list[int | None]:
     """Per module of ``file`` the handle of a module among ``loaded`` (this process's
     ``CUmodule`` handles, in the order the graphs' walk met them) with the same identity
@@ -430,6 +444,8 @@ class _Builder:
                 n_e = len(g.edges)
                 src, dst, data = (ctypes.c_void_p * n_e)(), (ctypes.c_void_p * n_e)(), (EdgeData * n_e)()
                 for j, e in enumerate(g.edges):
+                    if not _an_edge(e, len(nodes)):
+                        raise bad_edge(g, j, e)
                     src[j], dst[j] = nodes[e[0]], nodes[e[1]]
                     if len(e) == 5:
                         data[j].from_port, data[j].to_port, data[j].type = e[2], e[3], e[4]

@@ -428,6 +428,24 @@ def test_argument_bytes_a_damaged_file_points_past_are_refused_alike_before_the_
         assert msg == _failure("ctypes", f, monkeypatch)[0]
 
 
+@pytest.mark.parametrize("edge", [(-1, 0), (0, 10_000), (0, 1, 0), (0, 1, 256, 0, 0), (0, 1, 0, -1, 0)])
+@pytest.mark.parametrize("builder", ["ctypes", "compiled"])
+def test_an_edge_a_damaged_file_gives_outside_its_graph_is_refused_alike(builder, edge, monkeypatch):
+    """An edge of a damaged file: a negative node index (which a list takes from the end: an
+    edge to the last node), one past the nodes, a length neither 2 nor 5 (its data dropped), a
+    port or type a byte does not hold (truncated). Refused alike, the graph begun destroyed."""
+    if builder == "compiled" and _graph_build is None:
+        pytest.skip("the compiled graph builder is not built here")
+    f = _random_file(5)
+    g = f.graphs[-1]
+    f = msgspec.structs.replace(f, graphs=[*f.graphs[:-1], msgspec.structs.replace(g, edges=[*g.edges, edge])])
+    msg, made = _failure(builder, f, monkeypatch)
+    assert msg.endswith(f"is no edge of the graph's {len(g.nodes)} nodes: the file is damaged"), msg
+    assert made[-1][0] == "destroy"
+    if builder == "compiled":
+        assert msg == _failure("ctypes", f, monkeypatch)[0]
+
+
 # -- the extension's structures and its records -------------------------------------------------
 
 
