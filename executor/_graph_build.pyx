@@ -195,7 +195,7 @@ def flatten(g, list bases, function, dict functions, dict index, attribute_ids):
     the file's Python ints, compared as Python compares them, so what they accept is the same)."""
     from array import array
 
-    from capture_plan.executor.graph_rebuild import _address, patched_args
+    from capture_plan.executor.graph_rebuild import _address, _an_edge, bad_edge, outside_args, patched_args
 
     label = f"graph {g.phase}/{g.bs}"
     cdef list nodes = g.nodes
@@ -222,11 +222,16 @@ def flatten(g, list bases, function, dict functions, dict index, attribute_ids):
                 base = bases[seg] if seg < nb else None
                 address = None if base is None else base + r.offset
                 if base is None or not (0 <= pos <= end and 0 <= address <= big):
-                    del relocs[mark:]  # patched_args raises, or writes what it writes
+                    del relocs[mark:]  # patched_args raises (outside the bytes, no address here), or writes it
                     parts[len(parts) - 1] = args = patched_args(k, bases, f"{label} node {i}")
                     break
                 relocs.append(start + pos)
                 relocs.append(address)
+            j = 0
+            for p in k.params:  # refused as the ctypes path refuses them: the driver would read past the bytes
+                if p[0] < 0 or p[1] < 0 or p[0] + p[1] > len(args):
+                    raise outside_args(k, f"parameter {j} ({p[0]}, {p[1]})", f"{label} node {i}")
+                j += 1
             size = start + len(args)
             key = (k.module, k.name)
             got = looked.get(key)
@@ -264,12 +269,13 @@ def flatten(g, list bases, function, dict functions, dict index, attribute_ids):
                            c.dst_pitch, c.dst_height, c.width, c.height, c.depth))
         else:
             node_kinds[i] = KIND_EMPTY
-    at = range(n)  # an index as the ctypes path's list takes it: negative from the end, else IndexError
-    for e in g.edges:
+    for j, e in enumerate(g.edges):  # refused as the ctypes path refuses them
+        if not _an_edge(e, n):
+            raise bad_edge(g, j, e)
         if len(e) == 5:
-            edges.extend((at[e[0]], at[e[1]], e[2], e[3], e[4]))
+            edges.extend((e[0], e[1], e[2], e[3], e[4]))
         else:
-            edges.extend((at[e[0]], at[e[1]], 0, 0, 0))
+            edges.extend((e[0], e[1], 0, 0, 0))
     return (bytes(node_kinds), array("q", kernels), b"".join(parts), array("q", params), array("q", relocs),
             array("q", attrs), array("q", memsets), array("q", copies), array("q", edges), names)
 

@@ -118,7 +118,10 @@ def file_identity(path: str) -> tuple[str, int, int, int, int, int]:
     return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _file_digest(path: str) -> str:
+def _file_digest(path: str) -> tuple[tuple[str, int, int, int, int, int], str]:
+    """The identity of the file at ``path`` (:func:`file_identity`) and the digest kept for it:
+    a save records that identity, the one taken before the bytes were read (a file rewritten
+    after its hashing must not be recorded with the new identity and the old digest)."""
     key = file_identity(path)
     if key not in _DIGESTS:
         h = hashlib.sha256()
@@ -126,7 +129,7 @@ def _file_digest(path: str) -> str:
             while chunk := f.read(1 << 23):
                 h.update(chunk)
         _DIGESTS[key] = "sha256:" + h.hexdigest()
-    return _DIGESTS[key]
+    return key, _DIGESTS[key]
 
 
 def trust_saved_digests(libraries: Iterable[Library]) -> int:
@@ -170,8 +173,7 @@ def kernel_libraries(maps: str = "/proc/self/maps", only: Collection[str] | None
     with ThreadPoolExecutor(max_workers=min(8, len(with_kernels) or 1)) as pool:
         digests = list(pool.map(_file_digest, with_kernels))
     libs = []
-    for p, d in zip(with_kernels, digests):
-        key = file_identity(p)
+    for p, (key, d) in zip(with_kernels, digests):
         libs.append(Library(name=Path(p).name, digest=d, size=key[3], path=p, stat=list(key[1:])))
     return sorted(libs, key=lambda lib: lib.name)
 

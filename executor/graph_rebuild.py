@@ -179,8 +179,33 @@ def patched_args(kernel: Kernel, bases: list[int | None], where: str = "kernel")
     args = bytearray(kernel.args)
     for r in kernel.relocations:
         pos = r.position
+        if not 0 <= pos <= len(args) - 8:  # a slice there would grow the bytes, or write from their end
+            raise outside_args(kernel, f"a relocated address at byte {pos}", where)
         args[pos : pos + 8] = _address(Operand(segment=r.segment, offset=r.offset), bases, where).to_bytes(8, "little")
     return bytes(args)
+
+
+def outside_args(kernel: Kernel, what: str, where: str) -> ExecutorError:
+    """The error for ``what`` (a parameter, a relocated address) lying outside ``kernel``'s
+    argument bytes: the driver would read past them (a damaged file)."""
+    return ExecutorError(
+        f"kernel {kernel.name}: {what} lies outside its {len(kernel.args)} argument bytes: the file is damaged",
+        where=where,
+    )
+
+
+def _an_edge(e: tuple[int, ...], n: int) -> bool:
+    """Whether ``e`` is (from, to) or (from, to, from port, to port, type) of ``n`` nodes."""
+    return (len(e) == 2 or (len(e) == 5 and 0 <= min(e[2:]) and max(e[2:]) < 256)) and 0 <= e[0] < n and 0 <= e[1] < n
+
+
+def bad_edge(g, j: int, e: tuple[int, ...]) -> ExecutorError:
+    """The error for edge ``j`` of graph ``g``, ``e``, which is no edge of its nodes (a damaged
+    file: an index past the nodes, or negative, which a list would take from the end)."""
+    return ExecutorError(
+        f"edge {j} {tuple(e)} is no edge of the graph's {len(g.nodes)} nodes: the file is damaged",
+        where=f"graph {g.phase}/{g.bs}",
+    )
 
 
 def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None) -> list[int | None]:
@@ -314,6 +339,9 @@ class _Builder:
         buf = ctypes.create_string_buffer(len(args) + 64)
         at = (ctypes.addressof(buf) + 63) // 64 * 64
         ctypes.memmove(at, args, len(args))
+        for j, (off, size) in enumerate(k.params):
+            if off < 0 or size < 0 or off + size > len(args):
+                raise outside_args(k, f"parameter {j} ({off}, {size})", where)
         ptrs = (ctypes.c_void_p * max(len(k.params), 1))(*[at + off for off, _ in k.params])
         p = KernelParams()
         p.func = self.function(k, where).value
@@ -422,6 +450,8 @@ class _Builder:
                 n_e = len(g.edges)
                 src, dst, data = (ctypes.c_void_p * n_e)(), (ctypes.c_void_p * n_e)(), (EdgeData * n_e)()
                 for j, e in enumerate(g.edges):
+                    if not _an_edge(e, len(nodes)):
+                        raise bad_edge(g, j, e)
                     src[j], dst[j] = nodes[e[0]], nodes[e[1]]
                     if len(e) == 5:
                         data[j].from_port, data[j].to_port, data[j].type = e[2], e[3], e[4]

@@ -392,6 +392,60 @@ def test_a_module_not_loaded_here_is_named_alike(monkeypatch):
     assert got[0] == got[1]
 
 
+def _damaged(f: GraphFile, change) -> GraphFile:
+    """``f`` with its last graph's first kernel of parameters or relocations changed by ``change``."""
+    g = f.graphs[-1]
+    i = next(i for i, n in enumerate(g.nodes) if n.kernel is not None and n.kernel.params and n.kernel.relocations)
+    nodes = list(g.nodes)
+    nodes[i] = msgspec.structs.replace(nodes[i], kernel=change(nodes[i].kernel))
+    return msgspec.structs.replace(f, graphs=[*f.graphs[:-1], msgspec.structs.replace(g, nodes=nodes)])
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        # a parameter past the argument bytes: the driver reads its size from the pointer handed it
+        (lambda k: msgspec.structs.replace(k, params=[*k.params[:-1], (len(k.args) - 4, 8)]), r"parameter \d+ \("),
+        (lambda k: msgspec.structs.replace(k, params=[(-8, 8), *k.params[1:]]), r"parameter 0 \(-8, 8\)"),
+        # a relocation past the end grew the bytes (a bytearray slice), a negative one wrote from their end
+        (lambda k: msgspec.structs.replace(k, relocations=[Relocation(len(k.args) - 4, 0, 0)]), r"relocated address"),
+        (lambda k: msgspec.structs.replace(k, relocations=[Relocation(-8, 0, 0)]), r"relocated address at byte -8"),
+    ],
+)
+@pytest.mark.parametrize("builder", ["ctypes", "compiled"])
+def test_argument_bytes_a_damaged_file_points_past_are_refused_alike_before_the_node(
+    builder, change, said, monkeypatch
+):
+    """A damaged file's kernel whose parameter or relocation lies outside its argument bytes:
+    neither builder hands the driver a pointer past them or patches bytes it does not have."""
+    if builder == "compiled" and _graph_build is None:
+        pytest.skip("the compiled graph builder is not built here")
+    f = _damaged(_random_file(5), change)
+    msg, made = _failure(builder, f, monkeypatch)
+    assert re.search(said, msg) and msg.endswith("the file is damaged"), msg
+    assert made[-1][0] == "destroy"
+    if builder == "compiled":
+        assert msg == _failure("ctypes", f, monkeypatch)[0]
+
+
+@pytest.mark.parametrize("edge", [(-1, 0), (0, 10_000), (0, 1, 0), (0, 1, 256, 0, 0), (0, 1, 0, -1, 0)])
+@pytest.mark.parametrize("builder", ["ctypes", "compiled"])
+def test_an_edge_a_damaged_file_gives_outside_its_graph_is_refused_alike(builder, edge, monkeypatch):
+    """An edge of a damaged file: a negative node index (which a list takes from the end: an
+    edge to the last node), one past the nodes, a length neither 2 nor 5 (its data dropped), a
+    port or type a byte does not hold (truncated). Refused alike, the graph begun destroyed."""
+    if builder == "compiled" and _graph_build is None:
+        pytest.skip("the compiled graph builder is not built here")
+    f = _random_file(5)
+    g = f.graphs[-1]
+    f = msgspec.structs.replace(f, graphs=[*f.graphs[:-1], msgspec.structs.replace(g, edges=[*g.edges, edge])])
+    msg, made = _failure(builder, f, monkeypatch)
+    assert msg.endswith(f"is no edge of the graph's {len(g.nodes)} nodes: the file is damaged"), msg
+    assert made[-1][0] == "destroy"
+    if builder == "compiled":
+        assert msg == _failure("ctypes", f, monkeypatch)[0]
+
+
 # -- the extension's structures and its records -------------------------------------------------
 
 

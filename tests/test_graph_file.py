@@ -647,3 +647,40 @@ def test_kernel_libraries_are_the_mapped_objects_with_a_fatbin(tmp_path):
 
     assert got[0].digest == "sha256:" + hashlib.sha256(lib.read_bytes()).hexdigest()
     assert kernel_libraries(str(tmp_path / "absent")) == []
+
+
+def test_a_library_rewritten_after_its_hashing_is_recorded_with_the_identity_it_was_hashed_at(tmp_path, monkeypatch):
+    """The save records each library's identity beside its digest, and a restore that finds that
+    identity takes the digest unhashed: the identity must be the one the bytes hashed had. A
+    library rewritten between its hashing and the record would otherwise be recorded with its
+    new identity and its old digest, and a restore would trust the old digest for the new bytes."""
+    import hashlib
+    import os
+
+    from capture_plan.executor import graph_env
+
+    lib = tmp_path / "libkernels.so.1"
+    lib.write_bytes(_elf([b".text", b".nv_fatbin"]))
+    maps = tmp_path / "maps"
+    maps.write_text(f"7f00-7f10 r-xp 00000000 08:01 1 {lib}\n")
+    hashed = "sha256:" + hashlib.sha256(lib.read_bytes()).hexdigest()
+    identity, calls = graph_env.file_identity, []
+
+    def rewritten_after_the_first_look(path):  # a package upgrade writing the file while the save runs
+        calls.append(path)
+        if len(calls) == 2:
+            data = bytearray(lib.read_bytes())
+            data[-1] ^= 0xFF
+            lib.write_bytes(bytes(data))
+            st = lib.stat()
+            os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        return identity(path)
+
+    graph_env._DIGESTS.clear()
+    monkeypatch.setattr(graph_env, "file_identity", rewritten_after_the_first_look)
+    (saved,) = kernel_libraries(str(maps))
+    monkeypatch.setattr(graph_env, "file_identity", identity)
+    assert saved.digest == hashed
+    graph_env._DIGESTS.clear()
+    graph_env.trust_saved_digests([saved])  # a restore: trusted only at the identity the digest was taken at
+    assert [x.digest for x in kernel_libraries(str(maps))] == ["sha256:" + hashlib.sha256(lib.read_bytes()).hexdigest()]
