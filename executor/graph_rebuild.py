@@ -212,7 +212,10 @@ def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None
     """Per module of ``file`` the handle of a module among ``loaded`` (this process's
     ``CUmodule`` handles, in the order the graphs' walk met them) with the same identity
     (``graph_walk.module_identity``), or None. Modules that share an identity (the same
-    function names) are matched in the order met: the order the file numbered them in."""
+    function names) are matched in the order met: the order the file numbered them in. Where
+    fewer of them are loaded here than the file has, those left over are None, never a copy of
+    another (two builds of one Triton kernel share their names: a reused copy would run the
+    other build's binary), so that the loading seeks them at other keys or refuses them."""
     by_identity: dict[str, list[int]] = {}
     for handle in dict.fromkeys(loaded):
         by_identity.setdefault(module_identity(handle, calls, where="rebuild")[0], []).append(handle)
@@ -222,7 +225,7 @@ def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None
         handles = by_identity.get(m.digest, [])
         k = taken.get(m.digest, 0)
         taken[m.digest] = k + 1
-        out.append(handles[min(k, len(handles) - 1)] if handles else None)
+        out.append(handles[k] if k < len(handles) else None)
     return out
 
 

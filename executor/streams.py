@@ -32,7 +32,7 @@ _streams: dict = {}
 #: capture stream and "streamK" for the K-th other stream primed), the first name it was primed under
 _primed: dict[int, str] = {}
 #: streams the executor made to hold a workspace under a name a graph file gives it, per
-#: (device, name): :func:`workspace_streams`
+#: (device, "NAME/K"): :func:`workspace_streams`
 _named: dict[tuple[str, str], torch.cuda.Stream] = {}
 
 
@@ -114,18 +114,24 @@ def name_stream(stream: torch.cuda.Stream, name: str) -> None:
 
 
 def workspace_streams(device, names: Iterable[str]) -> None:
-    """For each of ``names`` (a graph file's workspace streams: ``engine`` of ``engine/0``)
-    that no primed stream of this process has, a stream of the executor's primed under it
-    (made once per device and name, kept for the process as cuBLAS keeps its workspace): a
-    restore's graphs then have the workspace their saved graphs had, on a stream nothing
-    else runs on, at the cost the engine's own stream had in the saving process."""
-    have = set(_primed.values())
-    for name in sorted(set(names) - have):
-        key = (str(torch.device(device)), name)
-        stream = _named.get(key)
-        if stream is None:
-            stream = _named[key] = torch.cuda.Stream(device=device)
-        prime_stream(device, stream, name)
+    """For each workspace stream name of a graph file (``names``: one entry per workspace it
+    names, ``engine`` for ``engine/0``) as many streams primed under it as the file names
+    workspaces of it, made where this process has fewer: streams of the executor's, made
+    once per device, name and index and kept for the process as cuBLAS keeps its
+    workspace. A restore's graphs then have the workspaces their saved graphs had, at the
+    cost the engine's own streams had in the saving process (vLLM 0.34 makes a stream per
+    manager's capture: a speculator's graphs use another workspace than the model's)."""
+    want: dict[str, int] = {}
+    for name in names:
+        want[name] = want.get(name, 0) + 1
+    for name, count in sorted(want.items()):
+        have = sum(1 for n in _primed.values() if n == name)
+        for k in range(have, count):
+            key = (str(torch.device(device)), f"{name}/{k}")
+            stream = _named.get(key)
+            if stream is None:
+                stream = _named[key] = torch.cuda.Stream(device=device)
+            prime_stream(device, stream, name)
 
 
 def primed_streams() -> dict[int, str]:

@@ -208,6 +208,8 @@ def test_modules_are_matched_by_identity_in_the_order_met():
     assert module_handles(f, [], d) == [None]
     twice = msgspec.structs.replace(f, modules=[f.modules[0], f.modules[0]])  # two modules, the same names
     assert module_handles(twice, [MODULE, MODULE + 1], d) == [MODULE, MODULE + 1]
+    # one of them loaded here: the other is not matched to it (review: it ran the other build's binary)
+    assert module_handles(twice, [MODULE], d) == [MODULE, None]
 
 
 def test_an_output_is_read_where_the_copies_hold_it():

@@ -344,7 +344,7 @@ def test_vllm_graphs_using_the_workspace_of_vllms_own_stream_are_saved_and_resto
     runner.capture_model()
     start = module.CudaGraphManager.__capture_plan__.graphs
     assert start.restored and _warnings(caplog) == [], caplog.text
-    engine = next(st for sid, st in streams._named.items() if sid[1] == restoring.ENGINE_STREAM)
+    engine = next(st for sid, st in streams._named.items() if sid[1] == f"{restoring.ENGINE_STREAM}/0")
     assert streams.primed_streams()[engine.cuda_stream] == restoring.ENGINE_STREAM
     words = {word for *_, word in dev.driver.kernels()}
     assert words == {workspace_of(engine) + 0x80}, words
@@ -352,6 +352,25 @@ def test_vllm_graphs_using_the_workspace_of_vllms_own_stream_are_saved_and_resto
     start.gs.release()
     first[0].release()
     first[1].release()
+
+
+def test_a_restore_makes_as_many_workspace_streams_as_the_file_names(dev, monkeypatch):
+    """vLLM 0.34 makes a stream per manager's capture: a speculator's graphs saved with
+    workspaces engine/0 and engine/1 (review). One stream made for the name left engine/1
+    missing, so such a file was always refused."""
+    from capture_plan.executor import streams
+
+    monkeypatch.setattr(streams, "_named", {})
+    primed: list[str] = []
+    monkeypatch.setattr(
+        streams, "prime_stream", lambda device, s, name: primed.append(name) or streams.name_stream(s, name)
+    )
+    streams.name_stream(streams.capture_stream(CPU), "capture")
+    streams.workspace_streams(CPU, ["capture", "engine", "engine"])
+    assert primed == ["engine", "engine"]
+    assert sorted(streams.primed_streams().values()) == ["capture", "engine", "engine"]
+    streams.workspace_streams(CPU, ["engine", "engine"])  # made once per process
+    assert primed == ["engine", "engine"]
 
 
 def test_vllm_a_refused_file_is_one_warning_then_every_managers_capture_through_the_plan(
