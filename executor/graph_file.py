@@ -68,7 +68,7 @@ from .errors import ExecutorError
 from .graph_env import current_environment, graph_tensors, kernel_libraries, library_workspaces
 from .graph_validity import segment_uses
 from .graph_walk import AddressResolver, WalkedGraph, device_addresses, module_identity, tensor_map_params
-from .kernel_loading import function_attributes
+from .kernel_loading import FIXED_ATTRIBUTES, function_attributes
 from .restore_probe import TorchSegment, segment_of, torch_segments, walk_graphs
 
 __all__ = [
@@ -237,8 +237,12 @@ def _kernel(
         module_ids.append(Module(digest=digest, functions=count))
     if functions is not None and (modules[k.module], k.name) not in functions:
         # what a restore that fetches the kernel by name must set on it (kernel_loading.FUNCTION_ATTRIBUTES)
-        attributes = function_attributes(k.function, _attribute_calls(calls))
-        functions[(modules[k.module], k.name)] = Function(module=modules[k.module], name=k.name, attributes=attributes)
+        got = _attribute_calls(calls)
+        attributes = function_attributes(k.function, got)
+        fixed = function_attributes(k.function, got, FIXED_ATTRIBUTES)  # twins told apart by them
+        functions[(modules[k.module], k.name)] = Function(
+            module=modules[k.module], name=k.name, attributes=attributes, fixed=fixed
+        )
     args = bytearray(k.args)
     relocs = []
     for pos, value in device_addresses(k.args, k.params, segments.resolve):

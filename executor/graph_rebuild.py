@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,24 +208,32 @@ def bad_edge(g, j: int, e: tuple[int, ...]) -> ExecutorError:
     )
 
 
-def module_handles(file: GraphFile, loaded: list[int], calls: dict | None = None) -> list[int | None]:
+def module_handles(
+    file: GraphFile, loaded: list[int], calls: dict | None = None, twin: Callable[[int, int], bool] | None = None
+) -> list[int | None]:
     """Per module of ``file`` the handle of a module among ``loaded`` (this process's
     ``CUmodule`` handles, in the order the graphs' walk met them) with the same identity
-    (``graph_walk.module_identity``), or None. Modules that share an identity (the same
-    function names) are matched in the order met: the order the file numbered them in. Where
-    fewer of them are loaded here than the file has, those left over are None, never a copy of
-    another (two builds of one Triton kernel share their names: a reused copy would run the
-    other build's binary), so that the loading seeks them at other keys or refuses them."""
+    (``graph_walk.module_identity``), or None. Where the identity is not one module's alone
+    here or in the file (twins: two builds of one Triton kernel share their function names),
+    ``twin(m, handle)`` (``kernel_loading.twin_check``: the functions' fixed attributes) says
+    which handle is the file's module ``m``; among those it accepts (all of them, without
+    ``twin``), in the order met: the order the file numbered them in. A handle is never
+    given to two of the file's modules: one left without is None, so that the loading seeks
+    it at other keys or refuses it (a reused copy would run the other build's binary)."""
     by_identity: dict[str, list[int]] = {}
     for handle in dict.fromkeys(loaded):
         by_identity.setdefault(module_identity(handle, calls, where="rebuild")[0], []).append(handle)
-    out: list[int | None] = []
-    taken: dict[str, int] = {}
+    in_file: dict[str, int] = {}
     for m in file.modules:
-        handles = by_identity.get(m.digest, [])
-        k = taken.get(m.digest, 0)
-        taken[m.digest] = k + 1
-        out.append(handles[k] if k < len(handles) else None)
+        in_file[m.digest] = in_file.get(m.digest, 0) + 1
+    out: list[int | None] = []
+    taken: set[int] = set()
+    for i, m in enumerate(file.modules):
+        handles = [h for h in by_identity.get(m.digest, []) if h not in taken]
+        if twin is not None and (in_file[m.digest] > 1 or len(by_identity.get(m.digest, [])) > 1):
+            handles = [h for h in handles if twin(i, h)]
+        out.append(handles[0] if handles else None)
+        taken.update(handles[:1])
     return out
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from capture_plan.schemas.graph_file import Function, GraphFile
@@ -54,6 +54,8 @@ __all__ = [
     "file_functions",
     "loading_keys",
     "function_attributes",
+    "FIXED_ATTRIBUTES",
+    "twin_check",
     "function_refusals",
     "Fetched",
     "fetch_functions",
@@ -74,6 +76,17 @@ FUNCTION_ATTRIBUTES = {
     "required_cluster_depth": 13,
     "non_portable_cluster_size_allowed": 14,
     "cluster_scheduling_policy_preference": 15,
+}
+#: the attributes a function's build fixes (compiled in; never set): name in a graph file ->
+#: ``CU_FUNC_ATTRIBUTE_*``. Two modules with the same function names (a Triton kernel built at two
+#: block sizes) differ in them: a restore matches such twins by them (:func:`twin_check`)
+FIXED_ATTRIBUTES = {
+    "max_threads_per_block": 0,
+    "shared_size_bytes": 1,
+    "const_size_bytes": 2,
+    "local_size_bytes": 3,
+    "num_regs": 4,
+    "binary_version": 6,
 }
 #: the attributes a function may have higher than saved and launch as saved: a library that sets the
 #: dynamic shared memory limit to each launch's need leaves the last one's at save time, and a
@@ -120,12 +133,13 @@ def loading_keys(file: GraphFile) -> list[int]:
         covered |= modules[best]
 
 
-def function_attributes(function: int, calls) -> dict[str, int]:
-    """:data:`FUNCTION_ATTRIBUTES` of ``function`` (a ``CUfunction``) as the driver reads them
-    (``cuFuncGetAttribute``; one it does not read is left out): what the save records."""
+def function_attributes(function: int, calls, table: Mapping[str, int] = FUNCTION_ATTRIBUTES) -> dict[str, int]:
+    """``table``'s attributes (default :data:`FUNCTION_ATTRIBUTES`; :data:`FIXED_ATTRIBUTES`) of
+    ``function`` (a ``CUfunction``) as the driver reads them (``cuFuncGetAttribute``; one it
+    does not read is left out): what the save records."""
     out, value = {}, ctypes.c_int(0)
     f = ctypes.c_void_p(function)
-    for name, aid in FUNCTION_ATTRIBUTES.items():
+    for name, aid in table.items():
         if calls["cuFuncGetAttribute"](ctypes.byref(value), aid, f) == 0:
             out[name] = value.value
     return out
@@ -170,6 +184,29 @@ def _by_name(mod: int, calls, cache: dict[int, dict[str, int]]) -> dict[str, int
             if calls["cuFuncGetName"](ctypes.byref(name), ctypes.c_void_p(f)) == 0 and name.value:
                 got.setdefault(name.value.decode(errors="replace"), f)
     return got
+
+
+def twin_check(file: GraphFile, calls) -> Callable[[int, int], bool]:
+    """Whether module ``handle`` here is the file's module ``m`` as far as the file can tell:
+    each function of ``m`` the file records :data:`FIXED_ATTRIBUTES` of is in ``handle`` by name
+    and reads the same. For ``graph_rebuild.module_handles``, which asks it of modules that
+    share their function names only (twins); a file without the record answers True."""
+    fixed: dict[int, list[Function]] = {}
+    for f in file.functions:
+        if f.fixed:
+            fixed.setdefault(f.module, []).append(f)
+    cache: dict[int, dict[str, int]] = {}
+
+    def check(m: int, handle: int) -> bool:
+        for fn in fixed.get(m, ()):
+            f = ctypes.c_void_p()
+            rc = calls["cuModuleGetFunction"](ctypes.byref(f), ctypes.c_void_p(handle), fn.name.encode())
+            func = f.value if rc == 0 and f.value else _by_name(handle, calls, cache).get(fn.name)
+            if not func or function_attributes(func, calls, FIXED_ATTRIBUTES) != fn.fixed:
+                return False
+        return True
+
+    return check
 
 
 def fetch_functions(file: GraphFile, modules: list[int | None], calls=None) -> Fetched:
@@ -285,7 +322,7 @@ def load_kernels(file: GraphFile, target, workspaces: Mapping[str, object], stre
 
     def match() -> list[int | None]:
         t0 = time.perf_counter()
-        modules = module_handles(file, loaded, calls)
+        modules = module_handles(file, loaded, calls, twin_check(file, calls))
         out.parts["modules"] += time.perf_counter() - t0
         return modules
 

@@ -185,6 +185,10 @@ class Function(_Struct, frozen=True, kw_only=True):
     name: str
     #: attribute name -> its value as read back at save time (an attribute the driver did not read is absent)
     attributes: dict[str, int] = {}
+    #: what the function's build fixes (``kernel_loading.FIXED_ATTRIBUTES``: registers, static,
+    #: constant and local memory, its binary's version): two modules with the same function names
+    #: (two builds of one Triton kernel) are told apart by them at a restore
+    fixed: dict[str, int] = {}
 
 
 class Relocation(_Struct, frozen=True, array_like=True):

@@ -119,8 +119,9 @@ class FakeDriver(dict):
         count._obj.value = 2
 
     #: what cuFuncGetAttribute reads: the library raised the dynamic shared memory limit, allowed
-    #: non-portable clusters; the scheduling policy (15) does not read (an older driver)
-    FUNC_ATTRIBUTES = {8: 100 << 10, 9: 50, 11: 0, 12: 0, 13: 0, 14: 1}
+    #: non-portable clusters; the scheduling policy (15) does not read (an older driver); its build
+    #: fixed 96 registers and binary version 90 (the other fixed attributes do not read here)
+    FUNC_ATTRIBUTES = {8: 100 << 10, 9: 50, 11: 0, 12: 0, 13: 0, 14: 1, 4: 96, 6: 90}
 
     def cuFuncGetAttribute(self, out, attr, func):
         if attr not in self.FUNC_ATTRIBUTES:
@@ -598,7 +599,8 @@ def test_the_file_records_each_kernel_functions_attributes_once_those_the_driver
     want = {"max_dynamic_shared_size_bytes": 100 << 10, "preferred_shared_memory_carveout": 50,
             "required_cluster_width": 0, "required_cluster_height": 0, "required_cluster_depth": 0,
             "non_portable_cluster_size_allowed": 1}  # fmt: skip
-    assert f.functions == [Function(module=0, name="gemm_kernel", attributes=want)]
+    fixed = {"num_regs": 96, "binary_version": 90}  # what tells twins apart (kernel_loading.twin_check)
+    assert f.functions == [Function(module=0, name="gemm_kernel", attributes=want, fixed=fixed)]
     back = msgspec.msgpack.decode(gf.encode(f), type=GraphFile)
     assert back.functions == f.functions
 

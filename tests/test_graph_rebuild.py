@@ -212,6 +212,53 @@ def test_modules_are_matched_by_identity_in_the_order_met():
     assert module_handles(twice, [MODULE], d) == [MODULE, None]
 
 
+def test_twins_are_matched_by_their_functions_fixed_attributes_not_by_the_order_met():
+    """Two builds of one kernel share their function names, so their modules share an identity;
+    a restore's runs may meet them in another order than the save's walk did (review: the
+    order alone would run the other build's binary)."""
+    d = RebuildDriver()
+    f = _plain_file()
+    twice = msgspec.structs.replace(f, modules=[f.modules[0], f.modules[0]])
+    met = [MODULE + 1, MODULE]  # the restore met the file's second module first
+    assert module_handles(twice, met, d) == [MODULE + 1, MODULE]  # by order: swapped
+    which = {0: MODULE, 1: MODULE + 1}
+    assert module_handles(twice, met, d, lambda m, h: which[m] == h) == [MODULE, MODULE + 1]
+    # a module whose twin check fails everywhere is not matched: its kernels are sought or refused
+    assert module_handles(twice, met, d, lambda m, h: m == 0 and h == MODULE) == [MODULE, None]
+
+
+def test_the_twin_check_compares_a_modules_functions_fixed_attributes():
+
+    from capture_plan.executor.kernel_loading import FIXED_ATTRIBUTES, twin_check
+    from capture_plan.schemas.graph_file import Function
+
+    regs = {0x61: 32, 0x62: 64}  # per function here: its registers
+    by_module = {0xA: 0x61, 0xB: 0x62}
+
+    def get_function(out, mod, name):
+        if name != b"k" or mod.value not in by_module:
+            return 500
+        out._obj.value = by_module[mod.value]
+        return 0
+
+    def get_attribute(out, attr, func):
+        out._obj.value = regs[func.value] if attr == FIXED_ATTRIBUTES["num_regs"] else 0
+        return 0
+
+    calls = {"cuModuleGetFunction": get_function, "cuFuncGetAttribute": get_attribute}
+    fixed = dict.fromkeys(FIXED_ATTRIBUTES, 0)
+    f = msgspec.structs.replace(
+        _plain_file(),
+        functions=[
+            Function(module=0, name="k", fixed={**fixed, "num_regs": 64}),
+            Function(module=1, name="k", fixed={**fixed, "num_regs": 32}),
+        ],
+    )
+    check = twin_check(f, calls)
+    assert (check(0, 0xB), check(0, 0xA), check(1, 0xA), check(1, 0xB)) == (True, False, True, False)
+    assert twin_check(msgspec.structs.replace(f, functions=[]), calls)(0, 0xA)  # no record: no objection
+
+
 def test_an_output_is_read_where_the_copies_hold_it():
     """compare_moved reads each output from its segment's copy: same offset, shape and strides."""
     import torch

@@ -506,7 +506,7 @@ def test_a_module_the_covers_runs_missed_is_sought_at_the_other_keys_holding_it(
     def recorded(target, name, bs, ws, stream, device, calls, cache, parts):
         return NS(nodes=[NS(kernel=NS(module=h)) for h in reached[bs]])
 
-    def matched(file, loaded, calls):
+    def matched(file, loaded, calls, twin=None):
         return [0x10 if 0x10 in loaded else None, 0x11 if 0x11 in loaded else None]
 
     monkeypatch.setattr(kl, "_run_and_record", recorded)
