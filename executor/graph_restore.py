@@ -122,7 +122,9 @@ def process_environment(
     with torch.cuda.device(dev):
         prime_stream(dev)
         # the file's other streams' workspaces (an engine's own capture stream), on streams of ours
-        workspace_streams(dev, [seg.owner.rpartition("/")[0] for seg in file.segments if seg.kind == "workspace"])
+        workspace_streams(
+            dev, [(seg.owner.rpartition("/")[0], seg.size) for seg in file.segments if seg.kind == "workspace"]
+        )
         t = _lap(parts, "prime", t)
         libraries = {lib.name for lib in file.valid_for.libraries}
         trust_saved_digests(file.valid_for.libraries)  # the same files as saved: their digests unhashed

@@ -113,18 +113,22 @@ def name_stream(stream: torch.cuda.Stream, name: str) -> None:
     _primed.setdefault(stream.cuda_stream, name)
 
 
-def workspace_streams(device, names: Iterable[str]) -> None:
-    """For each workspace stream name of a graph file (``names``: one entry per workspace it
-    names, ``engine`` for ``engine/0``) as many streams primed under it as the file names
-    workspaces of it, made where this process has fewer: streams of the executor's, made
-    once per device, name and index and kept for the process as cuBLAS keeps its
-    workspace. A restore's graphs then have the workspaces their saved graphs had, at the
-    cost the engine's own streams had in the saving process (vLLM 0.34 makes a stream per
-    manager's capture: a speculator's graphs use another workspace than the model's)."""
-    want: dict[str, int] = {}
-    for name in names:
-        want[name] = want.get(name, 0) + 1
-    for name, count in sorted(want.items()):
+def workspace_streams(device, workspaces: Iterable[tuple[str, int]]) -> None:
+    """For each workspace stream name of a graph file (``workspaces``: per workspace it names,
+    its stream's name and its bytes: ``("engine", 32 MiB)`` for ``engine/0``) as many streams
+    primed under it as the file names workspaces of the name's largest size, made where this
+    process has fewer: streams of the executor's, made once per device, name and index and
+    kept for the process as cuBLAS keeps its workspace. cuBLAS makes one workspace of that
+    size per stream (vLLM 0.34 makes a stream per manager's capture: a speculator's graphs
+    use another workspace than the model's); the smaller ones (cuBLASLt's, where a GEMM has a
+    bias) come with a stream's first such GEMM, in the restore's loading runs. A restore's
+    graphs then have the workspaces their saved graphs had, at the cost the engine's own
+    streams had in the saving process."""
+    sizes: dict[str, list[int]] = {}
+    for name, size in workspaces:
+        sizes.setdefault(name, []).append(size)
+    for name, got in sorted(sizes.items()):
+        count = got.count(max(got))
         have = sum(1 for n in _primed.values() if n == name)
         for k in range(have, count):
             key = (str(torch.device(device)), f"{name}/{k}")

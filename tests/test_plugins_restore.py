@@ -366,10 +366,13 @@ def test_a_restore_makes_as_many_workspace_streams_as_the_file_names(dev, monkey
         streams, "prime_stream", lambda device, s, name: primed.append(name) or streams.name_stream(s, name)
     )
     streams.name_stream(streams.capture_stream(CPU), "capture")
-    streams.workspace_streams(CPU, ["capture", "engine", "engine"])
+    # the capture stream's cuBLASLt workspace (a GEMM with a bias) is no second stream's
+    streams.workspace_streams(
+        CPU, [("capture", 32 * MiB), ("capture", MiB), ("engine", 32 * MiB), ("engine", 32 * MiB)]
+    )
     assert primed == ["engine", "engine"]
     assert sorted(streams.primed_streams().values()) == ["capture", "engine", "engine"]
-    streams.workspace_streams(CPU, ["engine", "engine"])  # made once per process
+    streams.workspace_streams(CPU, [("engine", 32 * MiB), ("engine", 32 * MiB)])  # made once per process
     assert primed == ["engine", "engine"]
 
 
