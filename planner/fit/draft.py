@@ -291,6 +291,9 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     ngram = {flag: "NGRAM", **{f: None for f in SGLANG_FLAGS}}
     d = _draft_model("speculative-draft-model-path", path, ngram)
+    if d.nextn_layers:  # _resolve_eagle_aux_hidden_state: the draft's layers are these (a NextN
+        # checkpoint keeps the target's num_hidden_layers; its MTP layers sit past the dense ones)
+        d = msgspec.structs.replace(d, layers=d.nextn_layers, dense_layers=0)
     per = _kv_per_token(inp, rule, d, inp.tp)
     w = _weights(inp, d, counted, inp.tp)
     return Draft(rule_name, alg, counted, ntok, settings, path, d.layers, per, w, _src(rule_name))
