@@ -247,3 +247,13 @@ def test_sglang_draft_layers_are_its_num_nextn_predict_layers(tmp_path, capsys):
     assert res["speculative"]["draft_kv_bytes_per_token"] == 32 * 4096 // 32
     assert item(res, "draft weights")["bytes"] == item(one, "draft weights")["bytes"]
     assert res["kv_tokens"] == one["kv_tokens"]
+
+
+def test_a_draft_tp_of_neither_is_refused_with_a_fix_that_says_what(capsys):
+    """_verify_and_get_draft_tp: the draft's tp is 1 or the target's; the fix names it (it read
+    "fix: : `...`", an empty hint)."""
+    d = {"method": "eagle", "model": EAGLE, "num_speculative_tokens": 3, "draft_tensor_parallel_size": 3}
+    args = ["--engine", "vllm==0.34.0", "--tp", "2", "--max-model-len", "8192", "--speculative-config", json.dumps(d)]
+    code, _, err = run("fit", "--model", TARGET, "--device", "H100", *args, capsys=capsys)
+    assert code == 1 and "draft_tensor_parallel_size" in err and "fix: :" not in err, err
+    assert "fix: --tp 2" in err, err

@@ -142,7 +142,12 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     draft_tp = raw.get("draft_tensor_parallel_size", inp.tp)
     if draft_tp not in (1, inp.tp) or isinstance(draft_tp, bool):  # _verify_and_get_draft_tp
         fixed = msgspec.json.encode({**raw, "draft_tensor_parallel_size": inp.tp}).decode()
-        raise _refuse(flag, f"draft_tensor_parallel_size must be 1 or --tp {inp.tp}, got {draft_tp!r:.30}", "", fixed)
+        raise _refuse(
+            flag,
+            f"draft_tensor_parallel_size must be 1 or --tp {inp.tp}, got {draft_tp!r:.30}",
+            f"--tp {inp.tp}",
+            fixed,
+        )
     settings = {"speculative method": method, "num_speculative_tokens": n}
     if counted == "none":
         return _none(rule_name, method, n, settings)
