@@ -230,3 +230,30 @@ def test_every_speculative_rule_field_is_read():
     code = "".join(p.read_text() for p in (ROOT / "planner/fit").glob("*.py"))
     code += (ROOT / "docs/generate.py").read_text()  # the sources and methods the docs' table prints
     assert [f.name for f in msgspec.structs.fields(SpecRule) if f".{f.name}" not in code] == []
+
+
+def test_sglang_draft_layers_are_its_num_nextn_predict_layers(tmp_path, capsys):
+    """spec_aux_hidden_state.py _resolve_eagle_aux_hidden_state: a draft config that gives
+    num_nextn_predict_layers (a NextN checkpoint keeps the target's num_hidden_layers) has that
+    many layers in the cell's share, not its num_hidden_layers; its weights are those layers'."""
+    cfg = json.loads(Path(EAGLE).read_text())
+    cfg.update(num_hidden_layers=32, num_nextn_predict_layers=1)
+    nextn = tmp_path / "nextn.json"
+    nextn.write_text(json.dumps(cfg))
+    base = ("--context-length", "8192", "--speculative-algorithm", "EAGLE")
+    one = fit_json("sglang==0.5.23", *base, *PATH, capsys=capsys)
+    res = fit_json("sglang==0.5.23", *base, "--speculative-draft-model-path", str(nextn), capsys=capsys)
+    assert res["speculative"]["draft_layers"] == 1
+    assert res["speculative"]["draft_kv_bytes_per_token"] == 32 * 4096 // 32
+    assert item(res, "draft weights")["bytes"] == item(one, "draft weights")["bytes"]
+    assert res["kv_tokens"] == one["kv_tokens"]
+
+
+def test_a_draft_tp_of_neither_is_refused_with_a_fix_that_says_what(capsys):
+    """_verify_and_get_draft_tp: the draft's tp is 1 or the target's; the fix names it (it read
+    "fix: : `...`", an empty hint)."""
+    d = {"method": "eagle", "model": EAGLE, "num_speculative_tokens": 3, "draft_tensor_parallel_size": 3}
+    args = ["--engine", "vllm==0.34.0", "--tp", "2", "--max-model-len", "8192", "--speculative-config", json.dumps(d)]
+    code, _, err = run("fit", "--model", TARGET, "--device", "H100", *args, capsys=capsys)
+    assert code == 1 and "draft_tensor_parallel_size" in err and "fix: :" not in err, err
+    assert "fix: --tp 2" in err, err

@@ -142,7 +142,12 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     draft_tp = raw.get("draft_tensor_parallel_size", inp.tp)
     if draft_tp not in (1, inp.tp) or isinstance(draft_tp, bool):  # _verify_and_get_draft_tp
         fixed = msgspec.json.encode({**raw, "draft_tensor_parallel_size": inp.tp}).decode()
-        raise _refuse(flag, f"draft_tensor_parallel_size must be 1 or --tp {inp.tp}, got {draft_tp!r:.30}", "", fixed)
+        raise _refuse(
+            flag,
+            f"draft_tensor_parallel_size must be 1 or --tp {inp.tp}, got {draft_tp!r:.30}",
+            f"--tp {inp.tp}",
+            fixed,
+        )
     settings = {"speculative method": method, "num_speculative_tokens": n}
     if counted == "none":
         return _none(rule_name, method, n, settings)
@@ -291,6 +296,9 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     ngram = {flag: "NGRAM", **{f: None for f in SGLANG_FLAGS}}
     d = _draft_model("speculative-draft-model-path", path, ngram)
+    if d.nextn_layers:  # _resolve_eagle_aux_hidden_state: the draft's layers are these (a NextN
+        # checkpoint keeps the target's num_hidden_layers; its MTP layers sit past the dense ones)
+        d = msgspec.structs.replace(d, layers=d.nextn_layers, dense_layers=0)
     per = _kv_per_token(inp, rule, d, inp.tp)
     w = _weights(inp, d, counted, inp.tp)
     return Draft(rule_name, alg, counted, ntok, settings, path, d.layers, per, w, _src(rule_name))

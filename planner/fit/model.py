@@ -98,6 +98,9 @@ class FitModel(msgspec.Struct, frozen=True):
     config_keys: tuple[str, ...] = ()
     #: its text config's attention_chunk_size (Llama 4's chunked attention; 0: none given)
     attention_chunk: int = 0
+    #: its text config's num_nextn_predict_layers (a NextN/MTP draft checkpoint's own layers,
+    #: where num_hidden_layers is the target's; 0: none given)
+    nextn_layers: int = 0
 
     @property
     def mla(self) -> bool:
@@ -201,6 +204,7 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         sliding_layers=sliding,
         sliding_window=window,
         attention_chunk=_chunk(text),
+        nextn_layers=_int(text, "num_nextn_predict_layers", where),
         dense_layers=_int(text, "first_k_dense_replace", where),
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=_int(text, "qk_rope_head_dim", where),
