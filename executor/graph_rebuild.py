@@ -211,15 +211,11 @@ def bad_edge(g, j: int, e: tuple[int, ...]) -> ExecutorError:
 def module_handles(
     file: GraphFile, loaded: list[int], calls: dict | None = None, twin: Callable[[int, int], bool] | None = None
 ) -> list[int | None]:
-    """Per module of ``file`` the handle of a module among ``loaded`` (this process's
-    ``CUmodule`` handles, in the order the graphs' walk met them) with the same identity
-    (``graph_walk.module_identity``), or None. Where the identity is not one module's alone
-    here or in the file (twins: two builds of one Triton kernel share their function names),
-    ``twin(m, handle)`` (``kernel_loading.twin_check``: the functions' fixed attributes) says
-    which handle is the file's module ``m``; among those it accepts (all of them, without
-    ``twin``), in the order met: the order the file numbered them in. A handle is never
-    given to two of the file's modules: one left without is None, so that the loading seeks
-    it at other keys or refuses it (a reused copy would run the other build's binary)."""
+    """Per module of ``file`` the handle among ``loaded`` (this process's ``CUmodule``s, in the
+    order the walk met them) of the same identity (``graph_walk.module_identity``), or None.
+    Twins (an identity not one module's alone: two builds of one Triton kernel) are told apart
+    by ``twin(m, handle)`` (``kernel_loading.twin_check``), then taken in the order met. A handle
+    is never given twice: a module left without is None (the loading seeks or refuses it)."""
     by_identity: dict[str, list[int]] = {}
     for handle in dict.fromkeys(loaded):
         by_identity.setdefault(module_identity(handle, calls, where="rebuild")[0], []).append(handle)
