@@ -102,6 +102,18 @@ def test_vllm_ngram_has_no_draft_weights_nor_kv(capsys):
     assert res["kv_tokens"] == alone["kv_tokens"] == res["speculative"]["kv_tokens_without"]
 
 
+def test_vllm_ngram_takes_a_sliding_window_target(capsys):
+    """n-gram keeps no draft KV, so the target's sliding window is priced as without it (it was
+    refused: the draft-layer check ran on the target before the method was known to have none)."""
+    gemma = str(Path(TARGET).parent / "gemma-2-9b.json")
+    base = ("--model", gemma, "--device", "H100", "--engine", "vllm==0.34.0", "--max-model-len", "4096", "--json")
+    code, out, err = run("fit", *base, "--speculative-config", spec("ngram", None), capsys=capsys)
+    assert code == 0, err
+    code, alone, err = run("fit", *base, capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["speculative"]["kv_tokens_without"] == json.loads(alone)["kv_tokens"]
+
+
 def test_vllm_capture_sizes_add_the_uniform_decode_widths(capsys):
     """_set_cudagraph_sizes with 2 speculative tokens (query length 3) and max-num-seqs 10: the
     largest size min(10 x 3 x 2, 512) = 60; the grid [1, 2, 4] + 8..56; the uniform decode

@@ -134,7 +134,6 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         method = "mtp"
     _unmodelled(rule, method)
     counted = rule.methods[method]
-    _check_attention(flag, inp.model, "the target")
     n = raw.get("num_speculative_tokens")
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
         fixed = msgspec.json.encode({**raw, "num_speculative_tokens": 3}).decode()
@@ -149,8 +148,9 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
             fixed,
         )
     settings = {"speculative method": method, "num_speculative_tokens": n}
-    if counted == "none":
+    if counted == "none":  # no draft KV beside the target's: its attention is priced as without
         return _none(rule_name, method, n, settings)
+    _check_attention(flag, inp.model, "the target")
     d = _draft_model(flag, model, {flag: _NGRAM})
     if counted == "whole" and d.vocab != inp.model.vocab:  # verify_equal_vocab_size_if_draft_model
         raise _refuse(
