@@ -515,15 +515,22 @@ def child(case: str, layers: int, release: str = RELEASE) -> dict:
 # -- the command --------------------------------------------------------------------------------
 
 
-def run_case(case: str, layers: int, folder: Path, release: str = RELEASE) -> dict:
-    """One case and release: the runner in a fresh process, then fit for the device it ran on."""
+def fresh_child(case: str, layers: int, release: str = RELEASE) -> dict:
+    """``child`` in a fresh process (a start-up has no other graphs, garbage or library
+    workspaces beside it: a process that captured before, say a test session's, measures a
+    smaller drop), or ``{"error": its output's tail}``."""
     cmd = ["--child", case, "--layers", str(layers), "--releases", release]
     p = run_module("fit_bench", cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode or not lines:
         return {"error": (p.stderr or p.stdout)[-3000:]}
-    got = json.loads(lines[-1][7:])
-    if "skipped" in got:
+    return json.loads(lines[-1][7:])
+
+
+def run_case(case: str, layers: int, folder: Path, release: str = RELEASE) -> dict:
+    """One case and release: the runner in a fresh process, then fit for the device it ran on."""
+    got = fresh_child(case, layers, release)
+    if "skipped" in got or "error" in got:
         return got
     return measured_row(case, folder / case, layers, got, release)
 

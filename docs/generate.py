@@ -1145,7 +1145,11 @@ def restore_floor() -> list[str]:
 
 #: the fresh-process restore runs docs/restore.md quotes (``bench/restore_floor.py --fresh``),
 #: oldest first: the lead appends a run's file name once it is committed
-RESTORE_FRESH_RUNS: list[str] = ["restore-fresh-2026-12-07-phase3-fresh.json"]
+RESTORE_FRESH_RUNS: list[str] = [
+    "restore-fresh-2026-12-07-phase3-fresh.json",
+    "restore-fresh-2026-12-07-ctypes.json",
+    "restore-fresh-2026-12-07-compiled.json",
+]
 
 
 def restore_fresh() -> list[str]:

@@ -30,7 +30,9 @@ from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile, Runtime
 __all__ = ["GraphEnvironment", "check_valid", "segment_uses", "stale_addresses"]
 
 
-@dataclass
+# slots: a misspelt or moved field (``env.driver`` for ``env.runtime.driver``) raises instead
+# of adding an attribute no check reads
+@dataclass(slots=True)
 class GraphEnvironment:
     """What this process offers a restore."""
 

@@ -16,22 +16,11 @@ from bench_modules import bench_module
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def emptied():
-    """The model and its cache given back to the device after the test (the next test's free memory)."""
-    import gc
-
-    import torch
-
-    yield
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 @pytest.mark.parametrize("release", ["vllm==0.34.0", "vllm==0.33.0"])
-def test_the_runner_sizes_a_case_models_kv_cache_on_the_device(release, emptied):
+def test_the_runner_sizes_a_case_models_kv_cache_on_the_device(release):
     fb = bench_module("fit_bench")
-    got = fb.child("qwen2_moe", 32, release)
+    got = fb.fresh_child("qwen2_moe", 32, release)  # a start-up's own process, as the bench runs it
+    assert "error" not in got, got["error"]
     print(json.dumps(got, indent=1))
     r, s = got["runner"], got["settings"]
     m = r["measured"]
@@ -49,13 +38,16 @@ def test_the_runner_sizes_a_case_models_kv_cache_on_the_device(release, emptied)
     assert check["blocks"] == r["blocks"] or grew, check
 
 
-def test_the_sglang_runner_sizes_a_case_models_pool_on_the_device(emptied):
+def test_the_sglang_runner_sizes_a_case_models_pool_on_the_device():
     """SGLang 0.5.23's defaults for the device (H100/H200: 36 decode sizes up to 256), the pool
     sized from the free memory after loading less the static slack, every decode size captured,
     the graphs' drop holding the shared logits buffer, and fit's rule on the measured items
     giving the runner's tokens."""
     fb, sgl = bench_module("fit_bench"), bench_module("fit_bench_sglang")
-    got = fb.child("qwen2_moe", 32, sgl.RELEASE)
+    # a fresh process: in a test session's, earlier tests' garbage freed during the capture and
+    # their capture stream's cuBLAS workspace made the drop smaller than the logits buffer (H100)
+    got = fb.fresh_child("qwen2_moe", 32, sgl.RELEASE)
+    assert "error" not in got, got["error"]
     print(json.dumps(got, indent=1))
     r, s = got["runner"], got["settings"]
     m = r["measured"]

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from fresh_process import fresh_result
@@ -105,7 +106,7 @@ def test_a_saved_file_reads_back_inspects_and_is_valid_here(captured):
     print("workspace segments:", sorted(n for n in names if n.startswith("workspace:")))
     assert not [s.name for s in saved.segments if s.kind == "torch"], sorted(names)
     assert refusals == [], refusals
-    env.driver = "0.0"
+    env.runtime = msgspec.structs.replace(env.runtime, driver="0.0")
     assert any("driver differs" in r for r in check_valid(saved, env))
     p = subprocess.run(
         [sys.executable, "-m", "capture_plan.executor.graph_file", "inspect", str(path)],
