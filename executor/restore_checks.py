@@ -31,6 +31,8 @@ from capture_plan.schemas.keys import PlanIndex
 from capture_plan.schemas.plan import Plan
 
 from .dispatch import dispatch_name
+from .errors import ExecutorError
+from .graph_flat import graph_builder
 from .graph_rebuild import rebuild_refusals
 from .graph_validity import GraphEnvironment, check_valid, stale_addresses
 from .kernel_loading import function_refusals
@@ -146,6 +148,10 @@ def restore_refusals(plan: Plan, file: GraphFile, here: Here, parts: dict[str, f
     t = time.perf_counter()
     out = check_valid(file, here.env, later=("library", "workspace", "pool"))
     _Lap(parts)("valid", t)
+    try:  # the builder the rebuild will run, chosen now: a bad choice refuses before the loading runs
+        graph_builder()
+    except ExecutorError as err:
+        out.append(f"{err.what} (fix: {err.fix})")
     out += file_refusals(file, plan, parts)
     if here.tensor_map:
         out.append(here.tensor_map)

@@ -807,3 +807,21 @@ def test_the_executor_exports_restore_as_a_function():
     import capture_plan.executor as ex
 
     assert ex.restore is rs.restore and callable(ex.restore) and ex.restore_or_capture is rs.restore_or_capture
+
+
+def test_a_graph_builder_the_environment_cannot_give_is_refused_before_the_loading_runs(restoring, plan, monkeypatch):
+    """CAPTURE_PLAN_GRAPH_BUILDER names the rebuild's builder: a name of none (or ``compiled``
+    where it did not load) refused with the file's other checks, before any kernel runs, not
+    after the loading runs' seconds."""
+    from capture_plan.executor import graph_flat
+
+    monkeypatch.setenv(graph_flat.BUILDER_ENV, "fast")
+    err = _refused(restoring, plan, _saved(plan))
+    assert err.reasons == [
+        f"{graph_flat.BUILDER_ENV}='fast' names no graph builder (ctypes, compiled or auto) "
+        f"(fix: unset {graph_flat.BUILDER_ENV})"
+    ]
+    monkeypatch.setenv(graph_flat.BUILDER_ENV, "compiled")
+    monkeypatch.setattr(graph_flat, "compiled", lambda: (_ for _ in ()).throw(ImportError("not built")))
+    err = _refused(restoring, plan, _saved(plan))
+    assert err.reasons[0].startswith(f"{graph_flat.BUILDER_ENV}=compiled, but the compiled graph builder did not load")
