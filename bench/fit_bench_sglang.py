@@ -209,7 +209,12 @@ def start_up(startup, target) -> dict:
     weights = measured_weights(target, rotary=False) + rope_bytes
     with torch.no_grad(), hidden_state_outputs(target):
         pool = startup.alloc_memory_pool(model, cell=cell, committed_bytes=committed)
+        torch.cuda.empty_cache()  # as the capture's first reading does: what torch holds then
+        reserved = torch.cuda.memory_reserved()
         runner, graph_bytes = startup.init_cuda_graphs(model)
+        # the drop split: torch's growth (the pool, the logits buffer, the capture stream's
+        # workspaces; the capture's last reading emptied the cache) and the driver's (graph execs)
+        reserved_growth = torch.cuda.memory_reserved() - reserved
         free_after_capture = torch.cuda.mem_get_info()[0]
         peak = model.prefill_peak(s.chunked_prefill_size, min(s.decode_max_bs, s.chunked_prefill_size))
         record = sglang_0523(startup, weights_bytes=weights, graph_bytes=graph_bytes, activation_peak_bytes=peak)
@@ -232,6 +237,7 @@ def start_up(startup, target) -> dict:
             "req_to_token_bytes": pool.req_to_token_bytes,
             "logits_buffer_bytes": model.logits_buffer.nbytes if model.logits_buffer is not None else 0,
             "free_after_capture_bytes": free_after_capture,
+            "capture_reserved_growth_bytes": reserved_growth,
             "graphs": len(runner.backend._graphs),
         }
         runner.backend.cleanup()

@@ -615,7 +615,17 @@ def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch
         "block_size": 1,
         "block_bytes": 32768,
         "settings": {"mem_fraction_static": 0.835},
-        "measured": {"pre_model_load_bytes": 79 * GIB, "available_bytes": 78 * GIB, "kv_cell_bytes": 32768},
+        "graph_pool_bytes": 60 * MIB,
+        "measured": {
+            "pre_model_load_bytes": 79 * GIB,
+            "available_bytes": 78 * GIB,
+            "kv_cell_bytes": 32768,
+            "kv_bytes_per_token_layer": 4096,
+            "layers": {"full": 8, "sliding": 0},
+            "committed_bytes": 1 * GIB,
+            "logits_buffer_bytes": 31 * MIB,
+            "capture_reserved_growth_bytes": 123 * MIB,  # the pool, the buffer and 32 MiB of workspaces
+        },
     }
     device = {"device": H100, "driver": "580", "torch": "2.11.0", "cuda": "13.0"}
     got = {"device": device, "settings": fb.asdict(s), "runner": runner}
@@ -658,6 +668,10 @@ def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch
     assert "| llama | sglang 0.5.23 | 970 / " in table
     assert "| gemma2 | sglang 0.5.23 | 970 / " in table
     assert "| qwen2 | sglang 0.5.23 | fit refused |  |  |  | 2,000,000 / refused |" in table
+    # docs/fit.md's SGLang table: the drop = pool + logits buffer + the rest, the rest split into
+    # torch's reserve growth beyond the pool and the buffer and the driver's
+    sglang_table = "\n".join(gen.fit_sglang_bench())
+    assert "| llama | 970 / " in sglang_table and "| 150 = 60 + 31 + 59 (torch 32 + driver 27) |" in sglang_table
 
 
 @pytest.mark.parametrize("case", ["llama", "gemma2", "qwen2", "mixtral", "qwen2_moe"])
