@@ -35,7 +35,19 @@ from capture_plan.schemas.extension import Extension
 
 from .errors import ExecutorError
 
-__all__ = ["BUILDER_ENV", "GraphBuilder", "graph_builder", "compiled", "entry_points"]
+__all__ = ["BUILDER_ENV", "NODE_CALLS", "GraphBuilder", "graph_builder", "compiled", "entry_points"]
+
+#: the driver calls that add a rebuilt graph's nodes, launch attributes and edges (both paths
+#: make them), in the order the compiled ``Builder`` takes their addresses
+NODE_CALLS = (
+    "cuGraphAddKernelNode_v2",
+    "cuGraphAddMemsetNode",
+    "cuGraphAddMemcpyNode",
+    "cuGraphAddEmptyNode",
+    "cuGraphAddDependencies_v2",
+    "cuGraphKernelNodeGetAttribute",
+    "cuGraphKernelNodeSetAttribute",
+)
 
 #: ``ctypes`` runs the ctypes path even where the compiled builder is built; ``compiled``
 #: requires it (an error where it did not load); unset or ``auto``: compiled where it loads
