@@ -91,16 +91,9 @@ ctypedef int (*AddDeps)(void*, const void*, const void*, const EdgeData*, size_t
 ctypedef int (*GetAttr)(void*, int, void*) noexcept
 ctypedef int (*SetAttr)(void*, int, const void*) noexcept
 
-#: the driver calls, in the order :class:`Builder` takes their addresses
-CALLS = (
-    "cuGraphAddKernelNode_v2",
-    "cuGraphAddMemsetNode",
-    "cuGraphAddMemcpyNode",
-    "cuGraphAddEmptyNode",
-    "cuGraphAddDependencies_v2",
-    "cuGraphKernelNodeGetAttribute",
-    "cuGraphKernelNodeSetAttribute",
-)
+#: the driver calls, in the order :class:`Builder` takes their addresses (graph_flat owns the
+#: list: the ctypes path makes the same calls)
+from capture_plan.executor.graph_flat import NODE_CALLS as CALLS
 
 cdef enum:
     # node kinds

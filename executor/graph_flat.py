@@ -28,13 +28,26 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from capture_plan.schemas.extension import Extension
+
 from .errors import ExecutorError
 
-__all__ = ["BUILDER_ENV", "GraphBuilder", "graph_builder", "compiled", "entry_points"]
+__all__ = ["BUILDER_ENV", "NODE_CALLS", "GraphBuilder", "graph_builder", "compiled", "entry_points"]
+
+#: the driver calls that add a rebuilt graph's nodes, launch attributes and edges (both paths
+#: make them), in the order the compiled ``Builder`` takes their addresses
+NODE_CALLS = (
+    "cuGraphAddKernelNode_v2",
+    "cuGraphAddMemsetNode",
+    "cuGraphAddMemcpyNode",
+    "cuGraphAddEmptyNode",
+    "cuGraphAddDependencies_v2",
+    "cuGraphKernelNodeGetAttribute",
+    "cuGraphKernelNodeSetAttribute",
+)
 
 #: ``ctypes`` runs the ctypes path even where the compiled builder is built; ``compiled``
 #: requires it (an error where it did not load); unset or ``auto``: compiled where it loads
@@ -51,37 +64,27 @@ class GraphBuilder(NamedTuple):
         return f"{self.name} ({self.why})" if self.why else self.name
 
 
+#: the compiled graph builder, told by :data:`BUILDER_ENV`
+_EXTENSION = Extension(
+    f"{__package__}._graph_build",
+    "graph builder",
+    BUILDER_ENV,
+    "ctypes",
+    "the ctypes path rebuilds the same graphs",
+    ExecutorError,
+)
+
+
 def compiled():
-    """The compiled graph builder's module (an ImportError where it is not built). By name: the
-    extension is no module of the source tree."""
-    return importlib.import_module(f"{__package__}._graph_build")
+    """The compiled graph builder's module (an ImportError where it is not built)."""
+    return importlib.import_module(_EXTENSION.module)
 
 
 def graph_builder() -> GraphBuilder:
     """The compiled graph builder where it loads, unless :data:`BUILDER_ENV` says ``ctypes``;
     an ExecutorError where it says ``compiled`` and it did not load, or names no builder."""
-    want = os.environ.get(BUILDER_ENV, "").strip().lower()
-    if want not in ("", "auto", "ctypes", "compiled"):
-        raise ExecutorError(
-            f"{BUILDER_ENV}={os.environ[BUILDER_ENV]!r} names no graph builder (ctypes, compiled or auto)",
-            where=f"environment variable {BUILDER_ENV}",
-            fix=f"unset {BUILDER_ENV}",
-        )
-    if want == "ctypes":
-        return GraphBuilder("ctypes", f"{BUILDER_ENV}=ctypes")
-    try:
-        compiled()
-    except ImportError as e:  # not built here (no C compiler at install time), or built for another Python
-        why = f"the compiled graph builder did not load: {e}"
-        if want == "compiled":
-            raise ExecutorError(
-                f"{BUILDER_ENV}=compiled, but {why}",
-                where=f"environment variable {BUILDER_ENV}",
-                fix=f"unset {BUILDER_ENV} (the ctypes path rebuilds the same graphs), or reinstall with a C "
-                "compiler: pip install --force-reinstall --no-deps .",
-            ) from None
-        return GraphBuilder("ctypes", why)
-    return GraphBuilder("compiled")
+    module, why = _EXTENSION.load()
+    return GraphBuilder("ctypes", why) if module is None else GraphBuilder("compiled")
 
 
 def entry_points(calls: Mapping[str, object], names: tuple[str, ...]) -> dict[str, int] | str:

@@ -50,7 +50,7 @@ from capture_plan.schemas.graph_file import RELOCATABLE, GraphFile, Kernel, Oper
 from . import libcuda
 from .errors import ExecutorError
 from .exec_update import ATTRIBUTES
-from .graph_flat import BUILDER_ENV, GraphBuilder, compiled, entry_points, graph_builder
+from .graph_flat import BUILDER_ENV, NODE_CALLS, GraphBuilder, compiled, entry_points, graph_builder
 from .graph_walk import module_identity
 from .libcuda import EdgeData, KernelParams, Memcpy3D, MemsetParams
 
@@ -83,13 +83,7 @@ FETCH_CALLS = (
 REBUILD_CALLS = (
     "cuCtxGetCurrent",
     "cuGraphCreate",
-    "cuGraphAddKernelNode_v2",
-    "cuGraphAddMemsetNode",
-    "cuGraphAddMemcpyNode",
-    "cuGraphAddEmptyNode",
-    "cuGraphAddDependencies_v2",
-    "cuGraphKernelNodeGetAttribute",
-    "cuGraphKernelNodeSetAttribute",
+    *NODE_CALLS,
     *FETCH_CALLS,
     "cuGraphInstantiateWithFlags",
     "cuGraphUpload",
@@ -528,7 +522,7 @@ def _builder(d: dict) -> tuple[GraphBuilder, dict[str, int] | None]:
     chosen = graph_builder()
     if chosen.name != "compiled":
         return chosen, None
-    got = entry_points(d, compiled().CALLS)
+    got = entry_points(d, NODE_CALLS)
     if isinstance(got, str):
         if os.environ.get(BUILDER_ENV, "").strip().lower() == "compiled":
             raise ExecutorError(f"{BUILDER_ENV}=compiled, but {got}", where="rebuild")

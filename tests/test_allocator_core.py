@@ -329,16 +329,16 @@ def test_an_unknown_core_is_one_line_with_a_fix(fresh_core, cli):
 
 def test_a_core_that_does_not_load_falls_back_with_one_info_line(fresh_core, caplog):
     fresh_core.setitem(sys.modules, "capture_plan.planner.memory._core", None)  # import raises ImportError
-    with caplog.at_level(logging.INFO, logger="capture_plan.planner.memory.core"):
+    with caplog.at_level(logging.INFO, logger="capture_plan.schemas.extension"):
         got = core()
         core()
         assert type(new_pool()) is PoolSim
-    assert got.name == "python" and got.why.startswith("the compiled core did not load: ")
-    assert [r.getMessage() for r in caplog.records] == [f"allocator: using the Python core; {got.why}"]
+    assert got.name == "python" and got.why.startswith("the compiled allocator core did not load: ")
+    assert [r.getMessage() for r in caplog.records] == [f"allocator core: running python; {got.why}"]
     # required where it did not load: an error, not a silent fallback
     core.cache_clear()
     fresh_core.setenv(CORE_ENV, "compiled")
-    with pytest.raises(InputError, match=f"{CORE_ENV}=compiled, but the compiled core did not load"):
+    with pytest.raises(InputError, match=f"{CORE_ENV}=compiled, but the compiled allocator core did not load"):
         core()
 
 

@@ -62,6 +62,7 @@ QUICKSTART_MODULES = {
     "capture_plan.schemas.documents",
     "capture_plan.schemas.hashing",
     "capture_plan.schemas.errors",
+    "capture_plan.schemas.extension",
     "capture_plan.schemas.files",
     "capture_plan.schemas.capture_sequence",
     "capture_plan.schemas.key_fields",

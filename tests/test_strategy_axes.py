@@ -8,7 +8,6 @@ import ast
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import get_args, get_origin
 
@@ -49,29 +48,14 @@ def test_no_other_module_lists_the_axes():
                     assert len(written & names) < 3, f"{path.relative_to(ROOT)}:{node.lineno}"
 
 
-NEW_AXIS = textwrap.dedent(
-    """
-    Fuse = Literal["unfused", "fused"]
-
-
-    class StrategyAxes(msgspec.Struct, frozen=True, kw_only=True):
-        order: Order = "largest-first"
-        outputs: Outputs = "keep"
-        workspace: Workspace = "pool"
-        pool: PoolMode = "shared"
-        warmup: Warmup = "every-size"
-        fuse: Fuse = "unfused"
-
-
-    class ChoiceAxes(msgspec.Struct, frozen=True, kw_only=True):
-        order: Order | None = None
-        outputs: Outputs | None = None
-        workspace: Workspace | None = None
-        pool: PoolMode | None = None
-        warmup: Warmup | None = None
-        fuse: Fuse | None = None
-    """
+#: a sixth axis added to schemas/strategy.py as one would write it, (what stands there, what
+#: replaces it): its type before StrategyAxes, then its field in StrategyAxes and ChoiceAxes
+NEW_AXIS = (
+    ("\nclass StrategyAxes(", '\nFuse = Literal["unfused", "fused"]\n\n\nclass StrategyAxes('),
+    ('    warmup: Warmup = "every-size"\n', '    warmup: Warmup = "every-size"\n    fuse: Fuse = "unfused"\n'),
+    ("    warmup: Warmup | None = None\n", "    warmup: Warmup | None = None\n    fuse: Fuse | None = None\n"),
 )
+
 
 BUILD = """
 import sys
@@ -102,8 +86,10 @@ def test_a_new_axis_is_one_file_changed(tmp_path):
         shutil.copytree(ROOT / sub, package / sub, ignore=ignore)
     strategy = package / "schemas" / "strategy.py"
     text = strategy.read_text()
-    start, end = text.index("class StrategyAxes("), text.index("AXES: tuple[str, ...]")
-    strategy.write_text(text[:start] + NEW_AXIS.lstrip() + "\n\n" + text[end:])
+    for there, new in NEW_AXIS:
+        assert text.count(there) == 1, there
+        text = text.replace(there, new)
+    strategy.write_text(text)
     changed = [
         p.relative_to(package).as_posix()
         for p in package.rglob("*.py")

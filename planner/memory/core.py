@@ -9,12 +9,11 @@ forces one; ``planner --version`` says which runs and why.
 from __future__ import annotations
 
 import functools
-import importlib
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.extension import Extension
 
 from .allocator import PoolSim
 
@@ -49,40 +48,23 @@ class Core(NamedTuple):
         return f"{self.name} ({self.why})" if self.why else self.name
 
 
+#: the compiled core, told by :data:`CORE_ENV`
+_EXTENSION = Extension(
+    f"{__package__}._core", "allocator core", CORE_ENV, "python", "the Python core gives the same plans", InputError
+)
+
+
 @functools.cache
 def core() -> Core:
     """The core, chosen once per process: the compiled one (an optional
     extension, built at install time where a C compiler exists) unless
     :data:`CORE_ENV` says ``python`` or it did not load. Both simulate the
     same rules (tests/test_allocator_core.py compares them op by op), so the
-    choice changes speed only, never a plan. A fallback logs one INFO line.
+    choice changes speed only, never a plan. A fallback logs one INFO line
+    (:class:`~capture_plan.schemas.extension.Extension`).
     """
-    want = os.environ.get(CORE_ENV, "").strip().lower()
-    if want not in ("", "auto", "python", "compiled"):
-        raise InputError(
-            f"{CORE_ENV}={os.environ[CORE_ENV]!r} names no allocator core (python, compiled or auto)",
-            where=f"environment variable {CORE_ENV}",
-            fix=f"unset {CORE_ENV}",
-        )
-    if want == "python":
-        return Core("python", PoolSim, f"{CORE_ENV}=python")
-    try:
-        # by name: the extension is no module of the source tree (and imports none of it)
-        compiled = importlib.import_module(f"{__package__}._core").Pool
-    except ImportError as e:  # not built here (no C compiler at install time), or built for another Python
-        why = f"the compiled core did not load: {e}"
-        if want == "compiled":
-            raise InputError(
-                f"{CORE_ENV}=compiled, but {why}",
-                where=f"environment variable {CORE_ENV}",
-                fix=f"unset {CORE_ENV} (the Python core gives the same plans), or reinstall with a C compiler: "
-                "pip install --force-reinstall --no-deps .",
-            ) from None
-        import logging  # only here: importing it is a tenth of a quick build's start-up
-
-        logging.getLogger(__name__).info("allocator: using the Python core; %s", why)
-        return Core("python", PoolSim, why)
-    return Core("compiled", compiled)
+    compiled, why = _EXTENSION.load()
+    return Core("python", PoolSim, why) if compiled is None else Core("compiled", compiled.Pool)
 
 
 def new_pool(expandable: bool = False, addresses: Iterator[int] | None = None) -> Pool:
