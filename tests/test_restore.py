@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
+import sys
 from types import SimpleNamespace
 
 import msgspec
@@ -822,6 +823,6 @@ def test_a_graph_builder_the_environment_cannot_give_is_refused_before_the_loadi
         f"(fix: unset {graph_flat.BUILDER_ENV})"
     ]
     monkeypatch.setenv(graph_flat.BUILDER_ENV, "compiled")
-    monkeypatch.setattr(graph_flat, "compiled", lambda: (_ for _ in ()).throw(ImportError("not built")))
+    monkeypatch.setitem(sys.modules, "capture_plan.executor._graph_build", None)  # its import raises ImportError
     err = _refused(restoring, plan, _saved(plan))
     assert err.reasons[0].startswith(f"{graph_flat.BUILDER_ENV}=compiled, but the compiled graph builder did not load")
