@@ -19,8 +19,9 @@ this module reads only the keys fit needs beyond them, each named where it is re
 * the context length's keys and rope rows, as the engines read them (:mod:`.context`).
 
 Weight bytes are counted from these dimensions (embeddings, attention, MLP or experts,
-norms, the untied head, the rotary cos/sin cache) unless a safetensors index gives the
-checkpoint's exact ``metadata.total_size``. Tensor parallelism divides the sharded
+norms, the untied head) unless a safetensors index gives the checkpoint's exact
+``metadata.total_size``; the engine's rotary cos/sin cache (a buffer in no checkpoint) is
+counted beside either. Tensor parallelism divides the sharded
 weights by ``tp`` (norms are replicated; embeddings are vocab-parallel) and KV heads by
 ``tp`` (at least one per rank: vLLM and SGLang replicate a head when ``tp`` exceeds the
 KV heads). Biases other than Qwen2's q/k/v are not counted (a few MiB at most).
@@ -50,6 +51,7 @@ __all__ = [
     "from_dimensions",
     "kv_bytes_per_token",
     "weight_bytes",
+    "rotary_cache_bytes",
     "KV_DTYPES",
 ]
 
@@ -394,12 +396,14 @@ def weight_bytes(m: FitModel, tp: int, rotary_bytes: int = 0) -> int:
     """One rank's weight bytes, counted from the dimensions (see the module's docstring);
     with a safetensors index, its total split over ``tp`` but for :func:`replicated_bytes`.
     ``rotary_bytes``: the element size of the engine's rotary cos/sin cache (0: the model's
-    dtype, as vLLM keeps it; SGLang keeps it in float32 on CUDA)."""
+    dtype, as vLLM keeps it; SGLang keeps it in float32 on CUDA), counted on either path: the
+    cache is a buffer the engine computes at load, in no checkpoint's index."""
+    rotary = rotary_cache_bytes(m, rotary_bytes)
     if m.exact_weight_bytes:
         if tp == 1:
-            return m.exact_weight_bytes
+            return m.exact_weight_bytes + rotary
         rep = min(replicated_bytes(m), m.exact_weight_bytes)
-        return (m.exact_weight_bytes - rep) // tp + rep
+        return (m.exact_weight_bytes - rep) // tp + rep + rotary
     h, d = m.hidden, m.dtype_bytes
     emb = m.vocab * h * d * (1 if m.tie_embeddings else 2)
     if m.mla:
@@ -426,6 +430,11 @@ def weight_bytes(m: FitModel, tp: int, rotary_bytes: int = 0) -> int:
         mlp = m.dense_layers * dense + (m.layers - m.dense_layers) * moe
     else:
         mlp = m.layers * dense
-    # the engine's cos_sin_cache, one for the model (the engines share a rope by its settings)
-    rotary = m.max_positions * m.rotary_dim * (rotary_bytes or d)
     return int((emb + m.layers * attn + mlp) / tp + _norms(m) + _shared_gate(m) + rotary)
+
+
+def rotary_cache_bytes(m: FitModel, rotary_bytes: int = 0) -> int:
+    """The engine's rotary cos/sin cache of ``m`` on every rank: one for the model (the engines
+    share a rope by its settings), max_position_embeddings rows of rotary_dim elements of
+    ``rotary_bytes`` (0: the model's dtype)."""
+    return m.max_positions * m.rotary_dim * (rotary_bytes or m.dtype_bytes)
