@@ -269,3 +269,81 @@ def test_a_draft_tp_of_neither_is_refused_with_a_fix_that_says_what(capsys):
     code, _, err = run("fit", "--model", TARGET, "--device", "H100", *args, capsys=capsys)
     assert code == 1 and "draft_tensor_parallel_size" in err and "fix: :" not in err, err
     assert "fix: --tp 2" in err, err
+
+
+def _draft_config(tmp_path: Path, base: str, name: str, **changes) -> str:
+    """``base``'s config.json with ``changes`` (a key given None is dropped), written as ``name``."""
+    cfg = json.loads(Path(base).read_text())
+    cfg.update(changes)
+    path = tmp_path / name
+    path.write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return str(path)
+
+
+def test_vllm_raises_an_eagle_heads_rotary_rows_to_the_max_model_len(tmp_path, capsys):
+    """speculative.py _maybe_override_draft_max_position_embeddings: an EAGLE head of 2048
+    positions (yuhuili's publish 2048) under --max-model-len 8192 gets a cache of 8192 rows;
+    a draft_model draft keeps its own (standalone_ar: shares_target_positions = False), so two
+    whole drafts 2048 positions apart differ by 2048 rows; a yarn head is not raised."""
+    short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
+    base = ("--max-model-len", "8192", "--enforce-eager")
+    res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", short), capsys=capsys)
+    assert item(res, "draft weights")["bytes"] == eagle_head_bytes(2, fc_bias=False)  # 8192 rows
+    assert "raised from 2,048" in item(res, "draft weights")["source"]
+    longer = _draft_config(tmp_path, EAGLE, "long.json", max_position_embeddings=4096)
+    whole = [
+        item(
+            fit_json("vllm==0.34.0", *base, "--speculative-config", spec("draft_model", p), capsys=capsys),
+            "draft weights",
+        )
+        for p in (short, longer)
+    ]
+    assert whole[1]["bytes"] - whole[0]["bytes"] == 2048 * 128 * 2
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    y = _draft_config(tmp_path, EAGLE, "yarn.json", max_position_embeddings=2048, rope_scaling=yarn)
+    res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", y), capsys=capsys)
+    assert item(res, "draft weights")["bytes"] == eagle_head_bytes(2, fc_bias=False) - (8192 - 2048) * 128 * 2
+
+
+@pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])
+def test_a_draft_with_the_targets_rope_holds_no_rotary_cache_of_its_own(tmp_path, engine, capsys):
+    """get_rope keeps one cache per key, process-wide (vLLM's and SGLang's _ROPE_DICT): a
+    one-layer draft of the target's own config (its rope, 131072 positions, bf16) adds none;
+    SGLang keys it by the draft's own dtype too, so a float16 copy holds its own float32 one."""
+    same = _draft_config(tmp_path, TARGET, "same.json", num_hidden_layers=1)
+    if engine.startswith("vllm"):
+        flags = ("--max-model-len", "8192", "--speculative-config", spec("draft_model", same))
+    else:
+        flags = ("--context-length", "8192", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path")
+        flags += (same,)
+    d = item(fit_json(engine, *flags, capsys=capsys), "draft weights")
+    layer = 4096 * (32 + 2 * 8) * 128 * 2 + 32 * 128 * 4096 * 2 + 3 * 4096 * 14336 * 2
+    assert d["bytes"] == 2 * 128256 * 4096 * 2 + layer + 3 * 4096 * 2  # embedding, lm_head, a layer, norms
+    assert "rotary cache is the target's" in d["source"]
+    if engine.startswith("sglang"):
+        fp16 = _draft_config(tmp_path, same, "fp16.json", torch_dtype="float16")
+        d16 = item(fit_json(engine, *flags[:-1], fp16, capsys=capsys), "draft weights")
+        assert d16["bytes"] == d["bytes"] + 131072 * 128 * 4
+
+
+def test_sglang_refuses_a_draft_shorter_than_the_targets_context(tmp_path, monkeypatch, capsys):
+    """eagle_worker_v2.py: the draft worker runs at the target's context length; model_config.py
+    _derive_context_length refuses one past what the draft's config derives (2048) unless
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, which then sets the draft's
+    max_position_embeddings to it: its rotary cache of 8192 float32 rows."""
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    monkeypatch.delenv("SGLANG_IS_IN_CI", raising=False)
+    short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
+    args = ["--engine", "sglang==0.5.23", "--context-length", "8192", "--speculative-algorithm", "EAGLE"]
+    args += ["--speculative-draft-model-path", short]
+    fixed = _refused(args, "runs the draft at the target's context length", capsys)
+    assert fixed["settings"]["context-length"] == 2048
+    d = item(fixed, "draft weights")
+    assert d["bytes"] == eagle_head_bytes(4, fc_bias=True) - (8192 - 2048) * 128 * 4
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    res = fit_json("sglang==0.5.23", *args[2:], capsys=capsys)
+    d = item(res, "draft weights")
+    assert (
+        d["bytes"] == eagle_head_bytes(4, fc_bias=True)
+        and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN set" in d["source"]
+    )

@@ -103,6 +103,11 @@ class FitModel(msgspec.Struct, frozen=True):
     #: its text config's num_nextn_predict_layers (a NextN/MTP draft checkpoint's own layers,
     #: where num_hidden_layers is the target's; 0: none given)
     nextn_layers: int = 0
+    #: what both engines key a rotary cache on besides its sizes and dtype: the rope theta and
+    #: the other rope parameters, as text (:func:`_rope_of`; none: no config)
+    rope: tuple[tuple[str, str], ...] = ()
+    #: the dtype SGLang runs it at by default (--dtype auto: :func:`_auto_dtype`; "": no config)
+    dtype: str = ""
 
     @property
     def mla(self) -> bool:
@@ -132,6 +137,37 @@ def _sliding(cfg: dict, model_type: str, layers: int, where: str) -> tuple[int, 
         pattern = _int(cfg, "sliding_window_pattern", where, 6)
         return sum(1 for i in range(layers) if (i + 1) % pattern), window
     return layers, window  # Mistral-style: every layer slides
+
+
+def _rope_of(text: dict) -> tuple[tuple[str, str], ...]:
+    """The rope settings a rotary cache is keyed on besides its sizes and dtype (vLLM's
+    ``get_rope``: ``rope_parameters``; SGLang's: ``base`` and ``rope_scaling``): the rope theta
+    (10000 where the config gives none, both engines' default), the rope type ("default" where
+    none) and the rope's other parameters, each as text."""
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    params = dict(rope) if isinstance(rope, dict) else {}
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params["rope_theta"] = params.get("rope_theta", text.get("rope_theta", 10000))
+
+    def text_of(v: object) -> str:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return repr(float(v))
+        return repr(sorted(v.items())) if isinstance(v, dict) else repr(v)
+
+    return tuple(sorted((str(k), text_of(v)) for k, v in params.items()))
+
+
+def _auto_dtype(cfg: dict, text: dict, model_type: str) -> str:
+    """The dtype SGLang's ``--dtype auto`` runs the model at (sglang/srt/configs/model_config.py
+    ``_get_and_verify_dtype``: the config's ``dtype`` or ``torch_dtype``; float32 or none runs as
+    float16, a Gemma's as bfloat16)."""
+    given = next((d.get(k) for d in (text, cfg) for k in ("dtype", "torch_dtype") if d.get(k)), None)
+    name = str(given).removeprefix("torch.") if given is not None else "float32"
+    if name == "float32":
+        return "bfloat16" if model_type.startswith("gemma") else "float16"
+    return name
 
 
 def _chunk(cfg: dict) -> int:
@@ -220,6 +256,8 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         context=read_config(text, where, model_type),
         architectures=_architectures(cfg),
         config_keys=tuple(sorted(k for k, v in text.items() if v is not None and v is not False)),
+        rope=_rope_of(text),
+        dtype=_auto_dtype(cfg, text, model_type),
     )
 
 

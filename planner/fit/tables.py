@@ -199,6 +199,17 @@ class SpecRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     aliases: dict[str, str] = {}
     #: an EAGLE head's fc has a bias (SGLang's torch.nn.Linear)
     eagle_fc_bias: bool = False
+    #: the rows of a draft's rotary cache: "raise" (vLLM: a draft of ``raise_methods`` whose
+    #: rope types are all ``cache_only_rope_types`` takes the target's max-model-len where its
+    #: max_position_embeddings is smaller) or "context" (SGLang: the draft runs at the target's
+    #: context length, refused past what its config derives unless the environment allows it,
+    #: which then is its max_position_embeddings)
+    draft_positions: Literal["raise", "context"] = "raise"
+    raise_methods: list[str] = []
+    cache_only_rope_types: list[str] = []
+    #: the dtype a draft's rotary cache is keyed by: "target" (vLLM: the draft's ModelConfig
+    #: takes the target's) or "own" (SGLang: the draft config's, --dtype auto)
+    draft_dtype: Literal["target", "own"] = "target"
 
 
 class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
