@@ -27,6 +27,54 @@ H = 4096  # both configs' hidden_size
 PATH = ("--speculative-draft-model-path", EAGLE)
 
 
+#: the published config.json each EAGLE head's file copies, as read from the file its _source
+#: names (repository, path at a commit): what the test holds the committed copy to
+_LLAMA3_HEAD = {
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 2048,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 1,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.28.1",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+PUBLISHED = {
+    "eagle-llama-3.1-8b.json": (
+        "SafeAILab/EAGLE/blob/f872b7fe099672e48a6d4fb7fdabe7cea2bda767/eagle/train/EAGLE-LLaMA3-Instruct-8B.json",
+        {**_LLAMA3_HEAD, "rope_theta": 500000.0, "bias": False},
+    ),
+    "eagle3-llama-3.1-8b.json": (
+        "SafeAILab/EAGLE/blob/9666a8182d9bed8b5b637fd4a126c90d9b9c3db2/eagle/traineagle3/config.json",
+        {**_LLAMA3_HEAD, "draft_vocab_size": 32000},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_the_eagle_heads_configs_are_the_published_ones(name):
+    """Each head's config.json is the published one its _source names, no field changed or
+    added (eagle-llama-3.1-8b.json was written from memory: max_position_embeddings 8192 where
+    yuhuili's heads publish 2048), and the source says what it did not verify."""
+    cfg = json.loads((CONFIGS / name).read_text())
+    source = cfg.pop("_source")
+    where, published = PUBLISHED[name]
+    assert where in source and cfg == published
+    if name == "eagle-llama-3.1-8b.json":  # the Llama-3.1 head's own file was not found
+        assert "assumed, not verified" in source
+
+
 def run(*args: str, capsys) -> tuple[int, str, str]:
     code = main(list(args))
     out = capsys.readouterr()
@@ -47,8 +95,10 @@ def item(res: dict, name: str) -> dict:
 
 def eagle_head_bytes(rotary_element: int, fc_bias: bool) -> int:
     """eagle-llama-3.1-8b.json by hand: one Llama layer (q, k, v, o; gate, up, down; two RMS
-    norms), the final norm, fc (2 x hidden -> hidden), the rotary cos/sin cache of its own
-    8192 positions x head_dim 128; float16. No embedding, no lm_head (the target's, shared)."""
+    norms), the final norm, fc (2 x hidden -> hidden), the rotary cos/sin cache of 8192
+    positions (the target's 8192 tokens, past its own 2048: vLLM raises them, SGLang under
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN) x head_dim 128; float16. No embedding, no
+    lm_head (the target's, shared)."""
     attn = H * (32 + 2 * 8) * 128 * 2 + 32 * 128 * H * 2
     mlp = 3 * H * 14336 * 2
     norms = 3 * H * 2
@@ -125,7 +175,14 @@ def test_vllm_capture_sizes_add_the_uniform_decode_widths(capsys):
     assert res["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, sorted(grid | {3, 6, 12, 24, 30})))
 
 
-def test_sglang_eagle_head_grows_the_cell_by_its_share(capsys):
+@pytest.fixture
+def long_draft(monkeypatch):
+    """SGLang runs the EAGLE head (2048 positions) at the target's 8192 tokens only under
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, as a deployment of it at 8192 must set it."""
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+
+
+def test_sglang_eagle_head_grows_the_cell_by_its_share(long_draft, capsys):
     """SGLang 0.5.23: both workers load before the pool is sized, so the pool is smaller by the
     head's bytes (its rotary cache float32, its fc with a bias); the target's cell of 32 x 4096
     B grows by int(cell x 1 / 32); mem-fraction-static is the one without speculative decoding;
@@ -147,7 +204,7 @@ def test_sglang_eagle_head_grows_the_cell_by_its_share(capsys):
     assert s["cuda-graph-bs"].startswith("1,2,3,4,5,6,7,8,10,12,")  # the speculative list
 
 
-def test_sglang_nextn_is_eagle_and_topk_one_sets_the_draft_tokens(capsys):
+def test_sglang_nextn_is_eagle_and_topk_one_sets_the_draft_tokens(long_draft, capsys):
     more = ("--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", EAGLE)
     steps = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "9")
     res = fit_json("sglang==0.5.23", "--context-length", "8192", *more, *steps, capsys=capsys)
@@ -213,7 +270,7 @@ def _refused(args: list[str], says: str, capsys) -> dict:
         (["--engine", "sglang==0.5.23", "--speculative-config", spec("ngram", None)], "sglang has no flag"),
     ],
 )
-def test_bad_speculative_input_is_one_located_line_whose_fix_runs(args, says, capsys):
+def test_bad_speculative_input_is_one_located_line_whose_fix_runs(args, says, long_draft, capsys):
     _refused(args + ["--max-model-len" if args[1].startswith("vllm") else "--context-length", "8192"], says, capsys)
 
 
@@ -244,7 +301,7 @@ def test_every_speculative_rule_field_is_read():
     assert [f.name for f in msgspec.structs.fields(SpecRule) if f".{f.name}" not in code] == []
 
 
-def test_sglang_draft_layers_are_its_num_nextn_predict_layers(tmp_path, capsys):
+def test_sglang_draft_layers_are_its_num_nextn_predict_layers(tmp_path, long_draft, capsys):
     """spec_aux_hidden_state.py _resolve_eagle_aux_hidden_state: a draft config that gives
     num_nextn_predict_layers (a NextN checkpoint keeps the target's num_hidden_layers) has that
     many layers in the cell's share, not its num_hidden_layers; its weights are those layers'."""
