@@ -404,3 +404,27 @@ def test_sglang_refuses_a_draft_shorter_than_the_targets_context(tmp_path, monke
         d["bytes"] == eagle_head_bytes(4, fc_bias=True)
         and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN set" in d["source"]
     )
+
+
+@pytest.mark.parametrize(
+    ("architecture", "algorithm", "chosen"),
+    [
+        ("LlamaForCausalLM", "EAGLE", (5, 4, 8)),
+        ("Grok1ForCausalLM", "EAGLE", (5, 4, 8)),
+        ("Grok1VForCausalLM", "EAGLE", (5, 4, 8)),
+        ("MistralForCausalLM", "EAGLE", (3, 1, 4)),
+        ("LlamaForCausalLM", "STANDALONE", (3, 1, 4)),
+    ],
+)
+def test_sglang_chooses_the_steps_by_the_targets_first_architecture(
+    tmp_path, architecture, algorithm, chosen, long_draft, capsys
+):
+    """speculative_hook.py _auto_choose_speculative_params keys on the target's
+    hf_config.architectures[0] alone: Grok's two classes get Llama's (5, 4, 8) (fit gave them
+    (3, 1, 4)), another class (3, 1, 4), STANDALONE (3, 1, 4) whatever the target."""
+    target = _draft_config(tmp_path, TARGET, "config.json", architectures=[architecture])
+    args = ("fit", "--model", target, "--device", "H100", "--engine", "sglang==0.5.23", "--context-length", "8192")
+    code, out, err = run(*args, "--speculative-algorithm", algorithm, *PATH, "--json", capsys=capsys)
+    assert code == 0, err
+    s = json.loads(out)["settings"]
+    assert (s["speculative-num-steps"], s["speculative-eagle-topk"], s["speculative-num-draft-tokens"]) == chosen

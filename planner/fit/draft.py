@@ -322,9 +322,10 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     if steps is not None and topk is None:  # SGLang compares the topk with 1
         raise _refuse("speculative-eagle-topk", "--speculative-num-steps needs --speculative-eagle-topk", "1", 1)
-    if steps is None:  # _auto_choose_speculative_params
-        llama = alg != "STANDALONE" and inp.model.architectures[:1] == ("LlamaForCausalLM",)
-        steps, topk, ntok = (5, 4, 8) if llama else (3, 1, 4)
+    if steps is None:  # _auto_choose_speculative_params: by method, then the target's architectures[0]
+        arch = inp.model.architectures[0] if inp.model.architectures else ""
+        by_arch = rule.auto_steps_by_architecture.get(arch, rule.auto_steps)
+        steps, topk, ntok = rule.auto_steps_by_method.get(alg, by_arch)
     if topk == 1 or ntok is None:
         ntok = steps + 1
     settings.update({"speculative-num-steps": steps, "speculative-eagle-topk": topk})

@@ -210,6 +210,11 @@ class SpecRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the dtype a draft's rotary cache is keyed by: "target" (vLLM: the draft's ModelConfig
     #: takes the target's) or "own" (SGLang: the draft config's, --dtype auto)
     draft_dtype: Literal["target", "own"] = "target"
+    #: SGLang's (steps, topk, draft tokens) where none is given: by method first, then by the
+    #: target's architectures[0], else ``auto_steps``
+    auto_steps_by_method: dict[str, list[int]] = {}
+    auto_steps_by_architecture: dict[str, list[int]] = {}
+    auto_steps: list[int] = []
 
 
 class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
