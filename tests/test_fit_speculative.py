@@ -428,3 +428,61 @@ def test_sglang_chooses_the_steps_by_the_targets_first_architecture(
     assert code == 0, err
     s = json.loads(out)["settings"]
     assert (s["speculative-num-steps"], s["speculative-eagle-topk"], s["speculative-num-draft-tokens"]) == chosen
+
+
+EAGLE3 = str(CONFIGS / "eagle3-llama-3.1-8b.json")
+
+
+def test_an_eagle3_heads_draft_vocab_is_read_with_its_config_wherever_it_lies(tmp_path, capsys):
+    """draft_vocab_size is read as the config is loaded: a config.json whose name does not end
+    in .json (load_model takes any file) keeps its 32000 rows and their map (the second reading
+    by suffix took the 128256 of vocab_size, silently)."""
+    plain = tmp_path / "eagle3" / "config"
+    plain.parent.mkdir()
+    plain.write_text(Path(EAGLE3).read_text())
+    base = ("--max-model-len", "8192")
+    got = [
+        item(fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle3", p), capsys=capsys), "draft weights")
+        for p in (EAGLE3, str(plain))
+    ]
+    assert got[0]["bytes"] == got[1]["bytes"] and "its lm_head of 32000 rows" in got[1]["source"]
+
+
+@pytest.mark.parametrize("value", ['"32000"', "0", "true", "-1", "32000.5"])
+def test_a_malformed_draft_vocab_size_is_refused_where_it_is(tmp_path, value, capsys):
+    """Both engines build the head's lm_head of draft_vocab_size rows: a value that is not a
+    positive integer is one located line (it was taken as the vocab_size, silently)."""
+    text = Path(EAGLE3).read_text().replace('"draft_vocab_size": 32000', f'"draft_vocab_size": {value}')
+    bad = tmp_path / "config.json"
+    bad.write_text(text)
+    args = ["--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", str(bad))]
+    res = _refused(args, "$.draft_vocab_size", capsys)
+    assert res["speculative"]["method"] == "ngram"
+
+
+def test_an_eagle3_vocabulary_past_the_targets_is_refused(tmp_path, capsys):
+    """llama_eagle3.py compute_logits (SGLang's hot_token_id likewise) puts the draft's ids into
+    the target's logits: a draft vocabulary larger than the target's overruns them."""
+    big = _draft_config(tmp_path, EAGLE3, "big.json", draft_vocab_size=200_000)
+    args = ["--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", big)]
+    _refused(args, "larger than the target's (128256)", capsys)
+
+
+def test_sglang_eagle3_without_its_own_vocab_takes_the_targets_lm_head(tmp_path, long_draft, capsys):
+    """SGLang's llama_eagle3.py: no draft_vocab_size (or a tied head) loads the lm_head from the
+    target (set_embed_and_head): the head holds no lm_head nor map of its own; with 32000 rows
+    it holds both (32000 x 4096 x 2 B and 32000 int64)."""
+    base = ("--context-length", "8192", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path")
+    absent = _draft_config(tmp_path, EAGLE3, "absent.json", draft_vocab_size=None)
+    tied = _draft_config(tmp_path, EAGLE3, "tied.json", tie_word_embeddings=True)
+    w = {p: item(fit_json("sglang==0.5.23", *base, p, capsys=capsys), "draft weights") for p in (EAGLE3, absent, tied)}
+    assert w[EAGLE3]["bytes"] - w[absent]["bytes"] == 32000 * 4096 * 2 + 32000 * 8
+    assert w[tied]["bytes"] == w[absent]["bytes"] and "the lm_head the target's" in w[absent]["source"]
+    # vLLM builds its own of vocab_size rows where none is given (the checkpoint's lm_head)
+    one = item(
+        fit_json(
+            "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", absent), capsys=capsys
+        ),
+        "draft weights",
+    )
+    assert "its lm_head of 128256 rows" in one["source"]

@@ -24,7 +24,6 @@ measured family: the engine layers leave it unknown, never zero.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -161,6 +160,8 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         raise _refuse(
             flag, f"the draft's vocabulary ({d.vocab}) is not the target's ({inp.model.vocab})", "n-gram", _NGRAM
         )
+    if counted == "eagle3":
+        _check_draft_vocab(inp, d, {flag: _NGRAM})
     _check_attention(flag, d, "the draft")
     w = _weights(inp, d, method, draft_tp)
     per = _kv_per_token(inp, rule, d, draft_tp)
@@ -194,8 +195,27 @@ def _draft_model(flag: str, model: object, ngram: dict[str, object]) -> FitModel
         raise Refusal("the draft model is not given", where=f"--{flag}", hint=hint, changes=ngram)
     try:
         return load_model(model)
-    except InputError as err:
-        raise Refusal(f"draft model {model!r:.60}: {err.what}", where=f"--{flag}", hint=hint, changes=ngram) from None
+    except InputError as err:  # its JSON path kept (the file is the model named)
+        at = " $" + err.where.split(": $", 1)[1] if err.where and ": $" in err.where else ""
+        what = f"draft model {model!r:.60}{at}: {err.what}"
+        raise Refusal(what, where=f"--{flag}", hint=hint, changes=ngram) from None
+
+
+def _check_draft_vocab(inp: FitInputs, d: FitModel, ngram: dict[str, object]) -> None:
+    """An EAGLE3 head's vocabulary (draft_vocab_size, else vocab_size: llama_eagle3.py) no
+    larger than the target's: both engines scatter its ids into the target's logits
+    (draft_id_to_target_id, SGLang's hot_token_id), which a larger one overruns at its first
+    step."""
+    dv = d.draft_vocab or d.vocab
+    if dv > inp.model.vocab:
+        key = "draft_vocab_size" if d.draft_vocab else "vocab_size"
+        raise Refusal(
+            f"the EAGLE3 head's vocabulary ({dv}, its {key}) is larger than the target's ({inp.model.vocab}): "
+            "the engine maps its tokens into the target's",
+            where=f"{d.source}: $.{key}",
+            hint="the head trained for this target; or n-gram, which needs no draft",
+            changes=ngram,
+        )
 
 
 def _check_attention(flag: str, d: FitModel, who: str) -> None:
@@ -274,32 +294,19 @@ def _weights(inp: FitInputs, d: FitModel, method: str, tp: int) -> FitItem:
         b += 2 * h * h * dt + (h * dt if fc_bias else 0)  # fc, replicated
         what = "its layers and fc (2 x hidden), the target's embedding and lm_head shared"
     else:
-        dv = _draft_vocab(inp, d)
+        dv = d.draft_vocab or d.vocab  # llama_eagle3.py: its draft_vocab_size, else its vocab_size
         qkv = (d.heads + 2 * d.kv_heads) * d.head_dim
         b += d.layers * h * qkv * dt // tp  # qkv takes 2 x hidden
         b += 3 * inp.model.hidden * h * dt  # fc of the target's three aux hidden states, replicated
-        b += dv * h * dt // tp + (dv * 8 if dv != inp.model.vocab else 0)  # own lm_head; draft-to-target map
         shared = d.vocab * h * dt // tp
-        what = f"its layers (qkv of 2 x hidden), fc (3 x hidden), its lm_head of {dv} rows; the embedding shared"
+        if rule.eagle3_head_from_target and (d.tie_embeddings or not d.draft_vocab):
+            what = "its layers (qkv of 2 x hidden), fc (3 x hidden); the embedding and the lm_head the target's"
+        else:
+            b += dv * h * dt // tp + (dv * 8 if dv != inp.model.vocab else 0)  # own lm_head; draft-to-target map
+            what = f"its layers (qkv of 2 x hidden), fc (3 x hidden), its lm_head of {dv} rows; the embedding shared"
     bar = "error bar: the shared copy (a draft's own differing one stays)"
     src = f"EAGLE head counted from {d.source}: {what}; {rot_what}; {bar}"
     return FitItem("draft weights", b, shared + int(0.005 * b), "estimated", src)
-
-
-def _draft_vocab(inp: FitInputs, d: FitModel) -> int:
-    """An EAGLE3 head's draft_vocab_size (its config.json's; else its vocabulary)."""
-    for flag in ("speculative-config", "speculative-draft-model-path"):
-        if flag in inp.flags:
-            given = inp.flags[flag] if flag.endswith("path") else msgspec.json.decode(inp.flags[flag]).get("model")
-            path = Path(str(given))
-            if path.suffix == ".json" and path.is_file():
-                try:
-                    cfg = msgspec.json.decode(path.read_bytes())
-                except (msgspec.DecodeError, RecursionError):
-                    return d.vocab
-                v = cfg.get("draft_vocab_size") if isinstance(cfg, dict) else None
-                return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else d.vocab
-    return d.vocab
 
 
 def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
@@ -340,6 +347,8 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     ngram = {flag: "NGRAM", **{f: None for f in SGLANG_FLAGS}}
     d = _draft_model("speculative-draft-model-path", path, ngram)
+    if counted == "eagle3":
+        _check_draft_vocab(inp, d, ngram)
     if d.nextn_layers:  # _resolve_eagle_aux_hidden_state: the draft's layers are these (a NextN
         # checkpoint keeps the target's num_hidden_layers; its MTP layers sit past the dense ones)
         d = msgspec.structs.replace(d, layers=d.nextn_layers, dense_layers=0)

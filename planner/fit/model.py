@@ -108,6 +108,8 @@ class FitModel(msgspec.Struct, frozen=True):
     rope: tuple[tuple[str, str], ...] = ()
     #: the dtype SGLang runs it at by default (--dtype auto: :func:`_auto_dtype`; "": no config)
     dtype: str = ""
+    #: an EAGLE3 head's draft_vocab_size, its own lm_head's rows (0: not given)
+    draft_vocab: int = 0
 
     @property
     def mla(self) -> bool:
@@ -168,6 +170,22 @@ def _auto_dtype(cfg: dict, text: dict, model_type: str) -> str:
     if name == "float32":
         return "bfloat16" if model_type.startswith("gemma") else "float16"
     return name
+
+
+def _draft_vocab(text: dict, where: str) -> int:
+    """An EAGLE3 head's ``draft_vocab_size`` (0 where absent or null: both engines then take its
+    vocab_size), refused at its path unless a positive integer: vLLM's and SGLang's
+    llama_eagle3.py build its lm_head of that many rows."""
+    v = text.get("draft_vocab_size")
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise InputError(
+            f"draft_vocab_size must be a positive integer, got {v!r:.40}",
+            where=f"{where}: $.draft_vocab_size",
+            fix="use the draft's own config.json (or leave draft_vocab_size out: its vocab_size is taken)",
+        )
+    return v
 
 
 def _chunk(cfg: dict) -> int:
@@ -258,6 +276,7 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         config_keys=tuple(sorted(k for k, v in text.items() if v is not None and v is not False)),
         rope=_rope_of(text),
         dtype=_auto_dtype(cfg, text, model_type),
+        draft_vocab=_draft_vocab(text, where),
     )
 
 

@@ -199,6 +199,10 @@ class SpecRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     aliases: dict[str, str] = {}
     #: an EAGLE head's fc has a bias (SGLang's torch.nn.Linear)
     eagle_fc_bias: bool = False
+    #: an EAGLE3 head that gives no draft_vocab_size, or ties its embeddings, takes the
+    #: target's lm_head (SGLang: load_lm_head_from_target); else (vLLM) it builds its own of
+    #: its vocab_size rows
+    eagle3_head_from_target: bool = False
     #: the rows of a draft's rotary cache: "raise" (vLLM: a draft of ``raise_methods`` whose
     #: rope types are all ``cache_only_rope_types`` takes the target's max-model-len where its
     #: max_position_embeddings is smaller) or "context" (SGLang: the draft runs at the target's
