@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
 import statistics
@@ -681,13 +682,15 @@ SIZES_TIMED_ARGS = (
 )
 
 
-def planner_output(*args: str) -> str:
+def planner_output(*args: str, env: dict[str, str] | None = None) -> str:
     """What ``planner ARGS`` prints, run from the checkout's root in a fresh process (as a
-    user would); exit 1 naming the command where it fails."""
+    user would), with ``env`` set beside this process's environment; exit 1 naming the
+    command where it fails."""
     import subprocess
 
     cmd = [sys.executable, "-c", "import sys; from capture_plan.planner.cli import main; sys.exit(main())", *args]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    full = {**os.environ, **env} if env else None
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, env=full)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SystemExit(
@@ -1349,10 +1352,19 @@ def fit_speculative() -> list[str]:
     target = ("--model", "planner/data/configs/llama-3.1-8b.json", "--device", "H100")
     draft = "planner/data/configs/eagle-llama-3.1-8b.json"
     vllm_spec = json.dumps({"method": "eagle", "model": draft, "num_speculative_tokens": 3}, separators=(",", ":"))
+    # SGLang runs the draft at the target's 8192 tokens, past the 2048 the head's config gives,
+    # only under this variable (model_config.py _derive_context_length), as a deployment must
+    long_draft = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
     runs = [
-        ("fit", *target, "--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", vllm_spec),
-        ("fit", *target, "--engine", "sglang==0.5.23", "--context-length", "8192", "--speculative-algorithm", "EAGLE")
-        + ("--speculative-draft-model-path", draft),
+        (
+            {},
+            ("fit", *target, "--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", vllm_spec),
+        ),
+        (
+            long_draft,
+            ("fit", *target, "--engine", "sglang==0.5.23", "--context-length", "8192", "--speculative-algorithm")
+            + ("EAGLE", "--speculative-draft-model-path", draft),
+        ),
     ]
     out = ["| rule | releases | methods priced | methods refused |", "|---|---|---|---|"]
     for name, r in spec_rules().items():
@@ -1361,9 +1373,10 @@ def fit_speculative() -> list[str]:
         )
     for name, r in spec_rules().items():
         out += ["", f"{name}, as read from the wheels:", ""] + [f"- {step}" for step in r.sources]
-    for args in runs:
-        text = planner_output(*args)
-        out += ["", "```console", f"$ planner {shlex.join(args)}", *text.rstrip().splitlines(), "```"]
+    for env, args in runs:
+        text = planner_output(*args, env=env)
+        shown = "".join(f"{k}={v} " for k, v in env.items())
+        out += ["", "```console", f"$ {shown}planner {shlex.join(args)}", *text.rstrip().splitlines(), "```"]
     return out
 
 

@@ -86,11 +86,33 @@ def test_weights_are_exact_only_from_an_index_on_one_rank(tmp_path):
     index.write_text(json.dumps({"metadata": {"total_size": 16_060_522_496}, "weight_map": {}}))
     llama = load_model(str(CONFIGS / "llama-3.1-8b.json"), index)
     one = _item(fit(FitRequest(llama, "H100", "vllm==0.34.0", 1, flags)), "weights")
-    assert (one.status, one.bytes, one.error_bytes) == ("exact", 16_060_522_496, 0)
+    rope = 131072 * 128 * 2  # the rotary cache beside the checkpoint: max_position_embeddings x head_dim, bf16
+    assert (one.status, one.bytes, one.error_bytes) == ("exact", 16_060_522_496 + rope, 0)
+    # vLLM's "Model loading took 14.99 GiB" holds the cache: the index alone is 14.96 GiB
+    assert round(one.bytes / GiB, 2) == 14.99 != round(16_060_522_496 / GiB, 2)
     two = _item(fit(FitRequest(llama, "H100", "vllm==0.34.0", 2, flags)), "weights")
     rep = replicated_bytes(llama)
     assert rep == (2 * 32 + 1) * 4096 * 2  # 64 layer norms and the final one, bf16
-    assert (two.status, two.bytes, two.error_bytes) == ("estimated", (16_060_522_496 - rep) // 2 + rep, rep)
+    assert (two.status, two.bytes, two.error_bytes) == ("estimated", (16_060_522_496 - rep) // 2 + rep + rope, rep)
+
+
+@pytest.mark.parametrize(("engine", "element"), [("vllm==0.34.0", 2), ("sglang==0.5.23", 4)])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_index_and_the_config_count_the_same_rotary_cache(tmp_path, engine, element, tp):
+    """--weights-index gives the checkpoint's bytes; the engine's rotary cos/sin cache is in no
+    checkpoint, so both paths add it, in the engine's element (vLLM the model's dtype, SGLang
+    float32): an index whose total is the parameters fit counts gives the counted figure (the
+    index path dropped SGLang's float32 cache, and vLLM's)."""
+    flags = {"max-model-len" if engine.startswith("vllm") else "context-length": 8192}
+    llama = cfg("llama-3.1-8b")
+    params = weight_bytes(msgspec.structs.replace(llama, max_positions=0), 1)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": params}, "weight_map": {}}))
+    counted = _item(fit(FitRequest(llama, "H100", engine, tp, flags)), "weights")
+    indexed = load_model(str(CONFIGS / "llama-3.1-8b.json"), index)
+    exact = _item(fit(FitRequest(indexed, "H100", engine, tp, flags)), "weights")
+    assert exact.bytes == counted.bytes, (exact.source, counted.source)
+    assert f"({131072 * 128 * element} bytes)" in exact.source
 
 
 def test_vllm_034_sizing_follows_measure_kv_cache_bytes():
@@ -562,7 +584,8 @@ def test_the_help_examples_run(capsys):
     examples = [ln.strip() for ln in text.splitlines() if "planner fit " in ln]
     assert code == 0 and len(examples) >= 4, out
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("VLLM_ALLOW_LONG_MAX_MODEL_LEN", None)
+    for name in ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "SGLANG_IS_IN_CI"):
+        env.pop(name, None)  # an example that needs one sets it
     for example in examples:
         done = subprocess.run(["bash", "-c", example], cwd=ROOT, capture_output=True, text=True, env=env)
         assert done.returncode == 0 and done.stdout, (example, done.stderr)

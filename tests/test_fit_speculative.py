@@ -27,6 +27,54 @@ H = 4096  # both configs' hidden_size
 PATH = ("--speculative-draft-model-path", EAGLE)
 
 
+#: the published config.json each EAGLE head's file copies, as read from the file its _source
+#: names (repository, path at a commit): what the test holds the committed copy to
+_LLAMA3_HEAD = {
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 2048,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 1,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "transformers_version": "4.28.1",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+PUBLISHED = {
+    "eagle-llama-3.1-8b.json": (
+        "SafeAILab/EAGLE/blob/f872b7fe099672e48a6d4fb7fdabe7cea2bda767/eagle/train/EAGLE-LLaMA3-Instruct-8B.json",
+        {**_LLAMA3_HEAD, "rope_theta": 500000.0, "bias": False},
+    ),
+    "eagle3-llama-3.1-8b.json": (
+        "SafeAILab/EAGLE/blob/9666a8182d9bed8b5b637fd4a126c90d9b9c3db2/eagle/traineagle3/config.json",
+        {**_LLAMA3_HEAD, "draft_vocab_size": 32000},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_the_eagle_heads_configs_are_the_published_ones(name):
+    """Each head's config.json is the published one its _source names, no field changed or
+    added (eagle-llama-3.1-8b.json was written from memory: max_position_embeddings 8192 where
+    yuhuili's heads publish 2048), and the source says what it did not verify."""
+    cfg = json.loads((CONFIGS / name).read_text())
+    source = cfg.pop("_source")
+    where, published = PUBLISHED[name]
+    assert where in source and cfg == published
+    if name == "eagle-llama-3.1-8b.json":  # the Llama-3.1 head's own file was not found
+        assert "assumed, not verified" in source
+
+
 def run(*args: str, capsys) -> tuple[int, str, str]:
     code = main(list(args))
     out = capsys.readouterr()
@@ -47,8 +95,10 @@ def item(res: dict, name: str) -> dict:
 
 def eagle_head_bytes(rotary_element: int, fc_bias: bool) -> int:
     """eagle-llama-3.1-8b.json by hand: one Llama layer (q, k, v, o; gate, up, down; two RMS
-    norms), the final norm, fc (2 x hidden -> hidden), the rotary cos/sin cache of its own
-    8192 positions x head_dim 128; float16. No embedding, no lm_head (the target's, shared)."""
+    norms), the final norm, fc (2 x hidden -> hidden), the rotary cos/sin cache of 8192
+    positions (the target's 8192 tokens, past its own 2048: vLLM raises them, SGLang under
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN) x head_dim 128; float16. No embedding, no
+    lm_head (the target's, shared)."""
     attn = H * (32 + 2 * 8) * 128 * 2 + 32 * 128 * H * 2
     mlp = 3 * H * 14336 * 2
     norms = 3 * H * 2
@@ -125,7 +175,14 @@ def test_vllm_capture_sizes_add_the_uniform_decode_widths(capsys):
     assert res["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, sorted(grid | {3, 6, 12, 24, 30})))
 
 
-def test_sglang_eagle_head_grows_the_cell_by_its_share(capsys):
+@pytest.fixture
+def long_draft(monkeypatch):
+    """SGLang runs the EAGLE head (2048 positions) at the target's 8192 tokens only under
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, as a deployment of it at 8192 must set it."""
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+
+
+def test_sglang_eagle_head_grows_the_cell_by_its_share(long_draft, capsys):
     """SGLang 0.5.23: both workers load before the pool is sized, so the pool is smaller by the
     head's bytes (its rotary cache float32, its fc with a bias); the target's cell of 32 x 4096
     B grows by int(cell x 1 / 32); mem-fraction-static is the one without speculative decoding;
@@ -147,7 +204,7 @@ def test_sglang_eagle_head_grows_the_cell_by_its_share(capsys):
     assert s["cuda-graph-bs"].startswith("1,2,3,4,5,6,7,8,10,12,")  # the speculative list
 
 
-def test_sglang_nextn_is_eagle_and_topk_one_sets_the_draft_tokens(capsys):
+def test_sglang_nextn_is_eagle_and_topk_one_sets_the_draft_tokens(long_draft, capsys):
     more = ("--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", EAGLE)
     steps = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "9")
     res = fit_json("sglang==0.5.23", "--context-length", "8192", *more, *steps, capsys=capsys)
@@ -213,7 +270,7 @@ def _refused(args: list[str], says: str, capsys) -> dict:
         (["--engine", "sglang==0.5.23", "--speculative-config", spec("ngram", None)], "sglang has no flag"),
     ],
 )
-def test_bad_speculative_input_is_one_located_line_whose_fix_runs(args, says, capsys):
+def test_bad_speculative_input_is_one_located_line_whose_fix_runs(args, says, long_draft, capsys):
     _refused(args + ["--max-model-len" if args[1].startswith("vllm") else "--context-length", "8192"], says, capsys)
 
 
@@ -244,7 +301,7 @@ def test_every_speculative_rule_field_is_read():
     assert [f.name for f in msgspec.structs.fields(SpecRule) if f".{f.name}" not in code] == []
 
 
-def test_sglang_draft_layers_are_its_num_nextn_predict_layers(tmp_path, capsys):
+def test_sglang_draft_layers_are_its_num_nextn_predict_layers(tmp_path, long_draft, capsys):
     """spec_aux_hidden_state.py _resolve_eagle_aux_hidden_state: a draft config that gives
     num_nextn_predict_layers (a NextN checkpoint keeps the target's num_hidden_layers) has that
     many layers in the cell's share, not its num_hidden_layers; its weights are those layers'."""
@@ -269,3 +326,163 @@ def test_a_draft_tp_of_neither_is_refused_with_a_fix_that_says_what(capsys):
     code, _, err = run("fit", "--model", TARGET, "--device", "H100", *args, capsys=capsys)
     assert code == 1 and "draft_tensor_parallel_size" in err and "fix: :" not in err, err
     assert "fix: --tp 2" in err, err
+
+
+def _draft_config(tmp_path: Path, base: str, name: str, **changes) -> str:
+    """``base``'s config.json with ``changes`` (a key given None is dropped), written as ``name``."""
+    cfg = json.loads(Path(base).read_text())
+    cfg.update(changes)
+    path = tmp_path / name
+    path.write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return str(path)
+
+
+def test_vllm_raises_an_eagle_heads_rotary_rows_to_the_max_model_len(tmp_path, capsys):
+    """speculative.py _maybe_override_draft_max_position_embeddings: an EAGLE head of 2048
+    positions (yuhuili's publish 2048) under --max-model-len 8192 gets a cache of 8192 rows;
+    a draft_model draft keeps its own (standalone_ar: shares_target_positions = False), so two
+    whole drafts 2048 positions apart differ by 2048 rows; a yarn head is not raised."""
+    short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
+    base = ("--max-model-len", "8192", "--enforce-eager")
+    res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", short), capsys=capsys)
+    assert item(res, "draft weights")["bytes"] == eagle_head_bytes(2, fc_bias=False)  # 8192 rows
+    assert "raised from 2,048" in item(res, "draft weights")["source"]
+    longer = _draft_config(tmp_path, EAGLE, "long.json", max_position_embeddings=4096)
+    whole = [
+        item(
+            fit_json("vllm==0.34.0", *base, "--speculative-config", spec("draft_model", p), capsys=capsys),
+            "draft weights",
+        )
+        for p in (short, longer)
+    ]
+    assert whole[1]["bytes"] - whole[0]["bytes"] == 2048 * 128 * 2
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    y = _draft_config(tmp_path, EAGLE, "yarn.json", max_position_embeddings=2048, rope_scaling=yarn)
+    res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", y), capsys=capsys)
+    assert item(res, "draft weights")["bytes"] == eagle_head_bytes(2, fc_bias=False) - (8192 - 2048) * 128 * 2
+
+
+@pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])
+def test_a_draft_with_the_targets_rope_holds_no_rotary_cache_of_its_own(tmp_path, engine, capsys):
+    """get_rope keeps one cache per key, process-wide (vLLM's and SGLang's _ROPE_DICT): a
+    one-layer draft of the target's own config (its rope, 131072 positions, bf16) adds none;
+    SGLang keys it by the draft's own dtype too, so a float16 copy holds its own float32 one."""
+    same = _draft_config(tmp_path, TARGET, "same.json", num_hidden_layers=1)
+    if engine.startswith("vllm"):
+        flags = ("--max-model-len", "8192", "--speculative-config", spec("draft_model", same))
+    else:
+        flags = ("--context-length", "8192", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path")
+        flags += (same,)
+    d = item(fit_json(engine, *flags, capsys=capsys), "draft weights")
+    layer = 4096 * (32 + 2 * 8) * 128 * 2 + 32 * 128 * 4096 * 2 + 3 * 4096 * 14336 * 2
+    assert d["bytes"] == 2 * 128256 * 4096 * 2 + layer + 3 * 4096 * 2  # embedding, lm_head, a layer, norms
+    assert "rotary cache is the target's" in d["source"]
+    if engine.startswith("sglang"):
+        fp16 = _draft_config(tmp_path, same, "fp16.json", torch_dtype="float16")
+        d16 = item(fit_json(engine, *flags[:-1], fp16, capsys=capsys), "draft weights")
+        assert d16["bytes"] == d["bytes"] + 131072 * 128 * 4
+
+
+def test_sglang_refuses_a_draft_shorter_than_the_targets_context(tmp_path, monkeypatch, capsys):
+    """eagle_worker_v2.py: the draft worker runs at the target's context length; model_config.py
+    _derive_context_length refuses one past what the draft's config derives (2048) unless
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, which then sets the draft's
+    max_position_embeddings to it: its rotary cache of 8192 float32 rows."""
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    monkeypatch.delenv("SGLANG_IS_IN_CI", raising=False)
+    short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
+    args = ["--engine", "sglang==0.5.23", "--context-length", "8192", "--speculative-algorithm", "EAGLE"]
+    args += ["--speculative-draft-model-path", short]
+    fixed = _refused(args, "runs the draft at the target's context length", capsys)
+    assert fixed["settings"]["context-length"] == 2048
+    d = item(fixed, "draft weights")
+    assert d["bytes"] == eagle_head_bytes(4, fc_bias=True) - (8192 - 2048) * 128 * 4
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    res = fit_json("sglang==0.5.23", *args[2:], capsys=capsys)
+    d = item(res, "draft weights")
+    assert (
+        d["bytes"] == eagle_head_bytes(4, fc_bias=True)
+        and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN set" in d["source"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("architecture", "algorithm", "chosen"),
+    [
+        ("LlamaForCausalLM", "EAGLE", (5, 4, 8)),
+        ("Grok1ForCausalLM", "EAGLE", (5, 4, 8)),
+        ("Grok1VForCausalLM", "EAGLE", (5, 4, 8)),
+        ("MistralForCausalLM", "EAGLE", (3, 1, 4)),
+        ("LlamaForCausalLM", "STANDALONE", (3, 1, 4)),
+    ],
+)
+def test_sglang_chooses_the_steps_by_the_targets_first_architecture(
+    tmp_path, architecture, algorithm, chosen, long_draft, capsys
+):
+    """speculative_hook.py _auto_choose_speculative_params keys on the target's
+    hf_config.architectures[0] alone: Grok's two classes get Llama's (5, 4, 8) (fit gave them
+    (3, 1, 4)), another class (3, 1, 4), STANDALONE (3, 1, 4) whatever the target."""
+    target = _draft_config(tmp_path, TARGET, "config.json", architectures=[architecture])
+    args = ("fit", "--model", target, "--device", "H100", "--engine", "sglang==0.5.23", "--context-length", "8192")
+    code, out, err = run(*args, "--speculative-algorithm", algorithm, *PATH, "--json", capsys=capsys)
+    assert code == 0, err
+    s = json.loads(out)["settings"]
+    assert (s["speculative-num-steps"], s["speculative-eagle-topk"], s["speculative-num-draft-tokens"]) == chosen
+
+
+EAGLE3 = str(CONFIGS / "eagle3-llama-3.1-8b.json")
+
+
+def test_an_eagle3_heads_draft_vocab_is_read_with_its_config_wherever_it_lies(tmp_path, capsys):
+    """draft_vocab_size is read as the config is loaded: a config.json whose name does not end
+    in .json (load_model takes any file) keeps its 32000 rows and their map (the second reading
+    by suffix took the 128256 of vocab_size, silently)."""
+    plain = tmp_path / "eagle3" / "config"
+    plain.parent.mkdir()
+    plain.write_text(Path(EAGLE3).read_text())
+    base = ("--max-model-len", "8192")
+    got = [
+        item(fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle3", p), capsys=capsys), "draft weights")
+        for p in (EAGLE3, str(plain))
+    ]
+    assert got[0]["bytes"] == got[1]["bytes"] and "its lm_head of 32000 rows" in got[1]["source"]
+
+
+@pytest.mark.parametrize("value", ['"32000"', "0", "true", "-1", "32000.5"])
+def test_a_malformed_draft_vocab_size_is_refused_where_it_is(tmp_path, value, capsys):
+    """Both engines build the head's lm_head of draft_vocab_size rows: a value that is not a
+    positive integer is one located line (it was taken as the vocab_size, silently)."""
+    text = Path(EAGLE3).read_text().replace('"draft_vocab_size": 32000', f'"draft_vocab_size": {value}')
+    bad = tmp_path / "config.json"
+    bad.write_text(text)
+    args = ["--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", str(bad))]
+    res = _refused(args, "$.draft_vocab_size", capsys)
+    assert res["speculative"]["method"] == "ngram"
+
+
+def test_an_eagle3_vocabulary_past_the_targets_is_refused(tmp_path, capsys):
+    """llama_eagle3.py compute_logits (SGLang's hot_token_id likewise) puts the draft's ids into
+    the target's logits: a draft vocabulary larger than the target's overruns them."""
+    big = _draft_config(tmp_path, EAGLE3, "big.json", draft_vocab_size=200_000)
+    args = ["--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", big)]
+    _refused(args, "larger than the target's (128256)", capsys)
+
+
+def test_sglang_eagle3_without_its_own_vocab_takes_the_targets_lm_head(tmp_path, long_draft, capsys):
+    """SGLang's llama_eagle3.py: no draft_vocab_size (or a tied head) loads the lm_head from the
+    target (set_embed_and_head): the head holds no lm_head nor map of its own; with 32000 rows
+    it holds both (32000 x 4096 x 2 B and 32000 int64)."""
+    base = ("--context-length", "8192", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path")
+    absent = _draft_config(tmp_path, EAGLE3, "absent.json", draft_vocab_size=None)
+    tied = _draft_config(tmp_path, EAGLE3, "tied.json", tie_word_embeddings=True)
+    w = {p: item(fit_json("sglang==0.5.23", *base, p, capsys=capsys), "draft weights") for p in (EAGLE3, absent, tied)}
+    assert w[EAGLE3]["bytes"] - w[absent]["bytes"] == 32000 * 4096 * 2 + 32000 * 8
+    assert w[tied]["bytes"] == w[absent]["bytes"] and "the lm_head the target's" in w[absent]["source"]
+    # vLLM builds its own of vocab_size rows where none is given (the checkpoint's lm_head)
+    one = item(
+        fit_json(
+            "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", absent), capsys=capsys
+        ),
+        "draft weights",
+    )
+    assert "its lm_head of 128256 rows" in one["source"]

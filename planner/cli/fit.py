@@ -100,8 +100,9 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
       planner fit --model planner/data/configs/qwen2.5-7b.json --device H200 --engine sglang==0.5.23 --json
       planner fit --model llama-3-8b --device H200 --engine vllm==0.34.0 --max-model-len 8192 \\
         --plan plans/fa3-ci-h200.json --calibration plans/calibration/h200-fa3-ci.json
-      planner fit --model planner/data/configs/llama-3.1-8b.json --device H100 --engine sglang==0.5.23 \\
-        --speculative-algorithm EAGLE --speculative-draft-model-path planner/data/configs/eagle-llama-3.1-8b.json
+      SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 planner fit --model planner/data/configs/llama-3.1-8b.json \\
+        --device H100 --engine sglang==0.5.23 --context-length 8192 --speculative-algorithm EAGLE \\
+        --speculative-draft-model-path planner/data/configs/eagle-llama-3.1-8b.json
       VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 planner fit --model planner/data/configs/qwen2.5-7b.json \\
         --device H100 --engine vllm==0.34.0 --max-model-len 65536"""
     import msgspec

@@ -34,7 +34,7 @@ from .tables import ContextRule, context_rule, context_rules
 if TYPE_CHECKING:
     from .model import FitModel
 
-__all__ = ["ContextConfig", "Length", "NoContextLength", "read_config", "context_length", "derived"]
+__all__ = ["ContextConfig", "Length", "NoContextLength", "read_config", "context_length", "derived", "rope_types"]
 
 _ORIGINAL = "original_max_position_embeddings"
 #: the rope types transformers 5 gives the config's original_max_position_embeddings
@@ -159,6 +159,15 @@ def _rows_of(rope: dict, path: str) -> list[tuple[str, dict]]:
     if _nested(rope):
         return [(f"{path}.{k}", v) for k, v in rope.items() if isinstance(v, dict) and v]
     return [(path, rope)] if rope else []
+
+
+def rope_types(c: ContextConfig | None) -> list[str]:
+    """The rope type of each of the config's rope rows (its rope_parameters, else its
+    rope_scaling; a row per layer type where nested), "default" where a row names none or the
+    config gives no rope."""
+    rope = (c.rope_parameters or c.rope_scaling or {}) if c is not None else {}
+    rows = [row for _, row in _rows_of(rope, "$")]
+    return [str(row.get("rope_type", row.get("type", "default"))) for row in rows] or ["default"]
 
 
 def _rows(r: ContextRule, c: ContextConfig, version: str) -> tuple[list[dict], bool]:

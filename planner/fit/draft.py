@@ -12,7 +12,11 @@ or a preset) and counts:
   shared copy is the error bar, as a draft checkpoint with its own differing copy keeps it);
 * its KV bytes per token on one rank by the rule's ``kv``: vLLM's draft layers at their own
   bytes per token in the target's one full-attention group, SGLang's target cell grown by
-  ``int(cell x draft layers / target layers)``.
+  ``int(cell x draft layers / target layers)``;
+* its rotary cos/sin cache by the rule's ``draft_positions`` and ``draft_dtype``: its rows as
+  the release sizes them (vLLM raises an EAGLE head's max_position_embeddings to the target's
+  max-model-len; SGLang runs the draft at the target's context length), none where its rope
+  has the target's key (both engines keep one cache per key, process-wide).
 
 Graph memory of the draft (its decode and extend graphs, the target's verify widths) is no
 measured family: the engine layers leave it unknown, never zero.
@@ -20,7 +24,6 @@ measured family: the engine layers leave it unknown, never zero.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -28,6 +31,7 @@ import msgspec
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, Speculative
 
+from .context import context_length, rope_types
 from .model import FitModel, kv_bytes_per_token, load_model, weight_bytes
 from .refusal import Refusal
 from .tables import SpecRule, spec_rule, spec_rules
@@ -156,8 +160,10 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         raise _refuse(
             flag, f"the draft's vocabulary ({d.vocab}) is not the target's ({inp.model.vocab})", "n-gram", _NGRAM
         )
+    if counted == "eagle3":
+        _check_draft_vocab(inp, d, {flag: _NGRAM})
     _check_attention(flag, d, "the draft")
-    w = _weights(inp, d, counted, draft_tp)
+    w = _weights(inp, d, method, draft_tp)
     per = _kv_per_token(inp, rule, d, draft_tp)
     return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per, w, _src(rule_name))
 
@@ -189,8 +195,27 @@ def _draft_model(flag: str, model: object, ngram: dict[str, object]) -> FitModel
         raise Refusal("the draft model is not given", where=f"--{flag}", hint=hint, changes=ngram)
     try:
         return load_model(model)
-    except InputError as err:
-        raise Refusal(f"draft model {model!r:.60}: {err.what}", where=f"--{flag}", hint=hint, changes=ngram) from None
+    except InputError as err:  # its JSON path kept (the file is the model named)
+        at = " $" + err.where.split(": $", 1)[1] if err.where and ": $" in err.where else ""
+        what = f"draft model {model!r:.60}{at}: {err.what}"
+        raise Refusal(what, where=f"--{flag}", hint=hint, changes=ngram) from None
+
+
+def _check_draft_vocab(inp: FitInputs, d: FitModel, ngram: dict[str, object]) -> None:
+    """An EAGLE3 head's vocabulary (draft_vocab_size, else vocab_size: llama_eagle3.py) no
+    larger than the target's: both engines scatter its ids into the target's logits
+    (draft_id_to_target_id, SGLang's hot_token_id), which a larger one overruns at its first
+    step."""
+    dv = d.draft_vocab or d.vocab
+    if dv > inp.model.vocab:
+        key = "draft_vocab_size" if d.draft_vocab else "vocab_size"
+        raise Refusal(
+            f"the EAGLE3 head's vocabulary ({dv}, its {key}) is larger than the target's ({inp.model.vocab}): "
+            "the engine maps its tokens into the target's",
+            where=f"{d.source}: $.{key}",
+            hint="the head trained for this target; or n-gram, which needs no draft",
+            changes=ngram,
+        )
 
 
 def _check_attention(flag: str, d: FitModel, who: str) -> None:
@@ -216,47 +241,72 @@ def _kv_per_token(inp: FitInputs, rule: SpecRule, d: FitModel, tp: int) -> int:
     return int(cell * d.layers / inp.model.layers)
 
 
-def _weights(inp: FitInputs, d: FitModel, counted: str, tp: int) -> FitItem:
-    """The draft's weight bytes on one rank by the method (the module's docstring)."""
+def _rotary(inp: FitInputs, rule: SpecRule, d: FitModel, method: str) -> tuple[int, str]:
+    """The draft's own rotary cos/sin cache bytes on every rank, and what they are: its rows as
+    the release sizes them (the rule's ``draft_positions``), none where its cache has the
+    target's key (head size, rotary dim, rows, rope settings, dtype: one cache per key)."""
+    m, rows = inp.model, d.max_positions
+    if not rows:
+        return 0, "no rotary cache (its config gives no max_position_embeddings)"
+    how = f"its max_position_embeddings {rows:,}"
+    if rule.draft_positions == "raise":
+        cache_only = all(t in rule.cache_only_rope_types for t in rope_types(d.context))
+        if method in rule.raise_methods and cache_only and rows < inp.context.value:
+            rows, how = inp.context.value, f"raised from {rows:,} to the target's --max-model-len"
+    else:  # the draft runs at the target's context length (as the target's own is checked)
+        try:
+            length = context_length(d, inp.engine, inp.version, inp.context.value)
+        except Refusal as err:
+            raise Refusal(
+                f"SGLang {inp.version} runs the draft at the target's context length: {err.what}",
+                where=f"--{SGLANG_FLAGS[0]}",
+                hint=f"{err.hint}, which the draft takes",
+                changes=err.changes,
+            ) from None
+        if length.allowed_by:  # the engine sets the draft's max_position_embeddings to it
+            rows, how = length.value, f"{length.allowed_by} set: raised from {rows:,} to the target's context length"
+    dtype = m.dtype if rule.draft_dtype == "target" else d.dtype
+    key = (d.head_dim, d.rotary_dim, rows, d.rope, dtype)
+    if m.max_positions and key == (m.head_dim, m.rotary_dim, m.max_positions, m.rope, m.dtype):
+        return 0, f"its rotary cache is the target's ({rows:,} rows, the same rope settings and dtype: one cache)"
+    element = inp.rule.rotary_cache_bytes or (m.dtype_bytes if rule.draft_dtype == "target" else d.dtype_bytes)
+    b = rows * d.rotary_dim * element
+    return b, f"its own rotary cache of {rows:,} rows ({how}) x {d.rotary_dim} x {element} B"
+
+
+def _weights(inp: FitInputs, d: FitModel, method: str, tp: int) -> FitItem:
+    """The draft's weight bytes on one rank by the method (the module's docstring), with its
+    rotary cache (:func:`_rotary`)."""
     found = spec_rule(inp.engine, inp.version)
-    fc_bias = found is not None and found[1].eagle_fc_bias
-    rot = inp.rule.rotary_cache_bytes
-    b = weight_bytes(d, tp, rot)
+    assert found is not None  # draft_of resolved the rule
+    rule = found[1]
+    counted, fc_bias = rule.methods[method], rule.eagle_fc_bias
+    rot, rot_what = _rotary(inp, rule, d, method)
+    b = weight_bytes(msgspec.structs.replace(d, max_positions=0), tp) + rot
     if counted == "whole":
-        return FitItem("draft weights", b, int(0.005 * b), "estimated", f"the whole draft, counted from {d.source}")
+        src = f"the whole draft, counted from {d.source}; {rot_what}"
+        return FitItem("draft weights", b, int(0.005 * b), "estimated", src)
     h, dt = d.hidden, d.dtype_bytes
-    heads = msgspec.structs.replace(d, vocab=0)  # no embedding, no lm_head: the target's are shared
-    b = weight_bytes(heads, tp, rot)
+    heads = msgspec.structs.replace(d, vocab=0, max_positions=0)  # no embedding, no lm_head: the target's are shared
+    b = weight_bytes(heads, tp) + rot
     shared = d.vocab * h * dt * (1 if d.tie_embeddings else 2) // tp
     if counted == "eagle":
         b += 2 * h * h * dt + (h * dt if fc_bias else 0)  # fc, replicated
         what = "its layers and fc (2 x hidden), the target's embedding and lm_head shared"
     else:
-        dv = _draft_vocab(inp, d)
+        dv = d.draft_vocab or d.vocab  # llama_eagle3.py: its draft_vocab_size, else its vocab_size
         qkv = (d.heads + 2 * d.kv_heads) * d.head_dim
         b += d.layers * h * qkv * dt // tp  # qkv takes 2 x hidden
         b += 3 * inp.model.hidden * h * dt  # fc of the target's three aux hidden states, replicated
-        b += dv * h * dt // tp + (dv * 8 if dv != inp.model.vocab else 0)  # own lm_head; draft-to-target map
         shared = d.vocab * h * dt // tp
-        what = f"its layers (qkv of 2 x hidden), fc (3 x hidden), its lm_head of {dv} rows; the embedding shared"
-    src = f"EAGLE head counted from {d.source}: {what}; error bar: the shared copy (a draft's own differing one stays)"
+        if rule.eagle3_head_from_target and (d.tie_embeddings or not d.draft_vocab):
+            what = "its layers (qkv of 2 x hidden), fc (3 x hidden); the embedding and the lm_head the target's"
+        else:
+            b += dv * h * dt // tp + (dv * 8 if dv != inp.model.vocab else 0)  # own lm_head; draft-to-target map
+            what = f"its layers (qkv of 2 x hidden), fc (3 x hidden), its lm_head of {dv} rows; the embedding shared"
+    bar = "error bar: the shared copy (a draft's own differing one stays)"
+    src = f"EAGLE head counted from {d.source}: {what}; {rot_what}; {bar}"
     return FitItem("draft weights", b, shared + int(0.005 * b), "estimated", src)
-
-
-def _draft_vocab(inp: FitInputs, d: FitModel) -> int:
-    """An EAGLE3 head's draft_vocab_size (its config.json's; else its vocabulary)."""
-    for flag in ("speculative-config", "speculative-draft-model-path"):
-        if flag in inp.flags:
-            given = inp.flags[flag] if flag.endswith("path") else msgspec.json.decode(inp.flags[flag]).get("model")
-            path = Path(str(given))
-            if path.suffix == ".json" and path.is_file():
-                try:
-                    cfg = msgspec.json.decode(path.read_bytes())
-                except (msgspec.DecodeError, RecursionError):
-                    return d.vocab
-                v = cfg.get("draft_vocab_size") if isinstance(cfg, dict) else None
-                return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else d.vocab
-    return d.vocab
 
 
 def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
@@ -279,9 +329,10 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     if steps is not None and topk is None:  # SGLang compares the topk with 1
         raise _refuse("speculative-eagle-topk", "--speculative-num-steps needs --speculative-eagle-topk", "1", 1)
-    if steps is None:  # _auto_choose_speculative_params
-        llama = alg != "STANDALONE" and inp.model.architectures[:1] == ("LlamaForCausalLM",)
-        steps, topk, ntok = (5, 4, 8) if llama else (3, 1, 4)
+    if steps is None:  # _auto_choose_speculative_params: by method, then the target's architectures[0]
+        arch = inp.model.architectures[0] if inp.model.architectures else ""
+        by_arch = rule.auto_steps_by_architecture.get(arch, rule.auto_steps)
+        steps, topk, ntok = rule.auto_steps_by_method.get(alg, by_arch)
     if topk == 1 or ntok is None:
         ntok = steps + 1
     settings.update({"speculative-num-steps": steps, "speculative-eagle-topk": topk})
@@ -296,9 +347,11 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     ngram = {flag: "NGRAM", **{f: None for f in SGLANG_FLAGS}}
     d = _draft_model("speculative-draft-model-path", path, ngram)
+    if counted == "eagle3":
+        _check_draft_vocab(inp, d, ngram)
     if d.nextn_layers:  # _resolve_eagle_aux_hidden_state: the draft's layers are these (a NextN
         # checkpoint keeps the target's num_hidden_layers; its MTP layers sit past the dense ones)
         d = msgspec.structs.replace(d, layers=d.nextn_layers, dense_layers=0)
     per = _kv_per_token(inp, rule, d, inp.tp)
-    w = _weights(inp, d, counted, inp.tp)
+    w = _weights(inp, d, alg, inp.tp)
     return Draft(rule_name, alg, counted, ntok, settings, path, d.layers, per, w, _src(rule_name))

@@ -19,8 +19,9 @@ this module reads only the keys fit needs beyond them, each named where it is re
 * the context length's keys and rope rows, as the engines read them (:mod:`.context`).
 
 Weight bytes are counted from these dimensions (embeddings, attention, MLP or experts,
-norms, the untied head, the rotary cos/sin cache) unless a safetensors index gives the
-checkpoint's exact ``metadata.total_size``. Tensor parallelism divides the sharded
+norms, the untied head) unless a safetensors index gives the checkpoint's exact
+``metadata.total_size``; the engine's rotary cos/sin cache (a buffer in no checkpoint) is
+counted beside either. Tensor parallelism divides the sharded
 weights by ``tp`` (norms are replicated; embeddings are vocab-parallel) and KV heads by
 ``tp`` (at least one per rank: vLLM and SGLang replicate a head when ``tp`` exceeds the
 KV heads). Biases other than Qwen2's q/k/v are not counted (a few MiB at most).
@@ -50,6 +51,7 @@ __all__ = [
     "from_dimensions",
     "kv_bytes_per_token",
     "weight_bytes",
+    "rotary_cache_bytes",
     "KV_DTYPES",
 ]
 
@@ -101,6 +103,13 @@ class FitModel(msgspec.Struct, frozen=True):
     #: its text config's num_nextn_predict_layers (a NextN/MTP draft checkpoint's own layers,
     #: where num_hidden_layers is the target's; 0: none given)
     nextn_layers: int = 0
+    #: what both engines key a rotary cache on besides its sizes and dtype: the rope theta and
+    #: the other rope parameters, as text (:func:`_rope_of`; none: no config)
+    rope: tuple[tuple[str, str], ...] = ()
+    #: the dtype SGLang runs it at by default (--dtype auto: :func:`_auto_dtype`; "": no config)
+    dtype: str = ""
+    #: an EAGLE3 head's draft_vocab_size, its own lm_head's rows (0: not given)
+    draft_vocab: int = 0
 
     @property
     def mla(self) -> bool:
@@ -130,6 +139,53 @@ def _sliding(cfg: dict, model_type: str, layers: int, where: str) -> tuple[int, 
         pattern = _int(cfg, "sliding_window_pattern", where, 6)
         return sum(1 for i in range(layers) if (i + 1) % pattern), window
     return layers, window  # Mistral-style: every layer slides
+
+
+def _rope_of(text: dict) -> tuple[tuple[str, str], ...]:
+    """The rope settings a rotary cache is keyed on besides its sizes and dtype (vLLM's
+    ``get_rope``: ``rope_parameters``; SGLang's: ``base`` and ``rope_scaling``): the rope theta
+    (10000 where the config gives none, both engines' default), the rope type ("default" where
+    none) and the rope's other parameters, each as text."""
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    params = dict(rope) if isinstance(rope, dict) else {}
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params["rope_theta"] = params.get("rope_theta", text.get("rope_theta", 10000))
+
+    def text_of(v: object) -> str:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return repr(float(v))
+        return repr(sorted(v.items())) if isinstance(v, dict) else repr(v)
+
+    return tuple(sorted((str(k), text_of(v)) for k, v in params.items()))
+
+
+def _auto_dtype(cfg: dict, text: dict, model_type: str) -> str:
+    """The dtype SGLang's ``--dtype auto`` runs the model at (sglang/srt/configs/model_config.py
+    ``_get_and_verify_dtype``: the config's ``dtype`` or ``torch_dtype``; float32 or none runs as
+    float16, a Gemma's as bfloat16)."""
+    given = next((d.get(k) for d in (text, cfg) for k in ("dtype", "torch_dtype") if d.get(k)), None)
+    name = str(given).removeprefix("torch.") if given is not None else "float32"
+    if name == "float32":
+        return "bfloat16" if model_type.startswith("gemma") else "float16"
+    return name
+
+
+def _draft_vocab(text: dict, where: str) -> int:
+    """An EAGLE3 head's ``draft_vocab_size`` (0 where absent or null: both engines then take its
+    vocab_size), refused at its path unless a positive integer: vLLM's and SGLang's
+    llama_eagle3.py build its lm_head of that many rows."""
+    v = text.get("draft_vocab_size")
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise InputError(
+            f"draft_vocab_size must be a positive integer, got {v!r:.40}",
+            where=f"{where}: $.draft_vocab_size",
+            fix="use the draft's own config.json (or leave draft_vocab_size out: its vocab_size is taken)",
+        )
+    return v
 
 
 def _chunk(cfg: dict) -> int:
@@ -218,6 +274,9 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         context=read_config(text, where, model_type),
         architectures=_architectures(cfg),
         config_keys=tuple(sorted(k for k, v in text.items() if v is not None and v is not False)),
+        rope=_rope_of(text),
+        dtype=_auto_dtype(cfg, text, model_type),
+        draft_vocab=_draft_vocab(text, where),
     )
 
 
@@ -394,12 +453,14 @@ def weight_bytes(m: FitModel, tp: int, rotary_bytes: int = 0) -> int:
     """One rank's weight bytes, counted from the dimensions (see the module's docstring);
     with a safetensors index, its total split over ``tp`` but for :func:`replicated_bytes`.
     ``rotary_bytes``: the element size of the engine's rotary cos/sin cache (0: the model's
-    dtype, as vLLM keeps it; SGLang keeps it in float32 on CUDA)."""
+    dtype, as vLLM keeps it; SGLang keeps it in float32 on CUDA), counted on either path: the
+    cache is a buffer the engine computes at load, in no checkpoint's index."""
+    rotary = rotary_cache_bytes(m, rotary_bytes)
     if m.exact_weight_bytes:
         if tp == 1:
-            return m.exact_weight_bytes
+            return m.exact_weight_bytes + rotary
         rep = min(replicated_bytes(m), m.exact_weight_bytes)
-        return (m.exact_weight_bytes - rep) // tp + rep
+        return (m.exact_weight_bytes - rep) // tp + rep + rotary
     h, d = m.hidden, m.dtype_bytes
     emb = m.vocab * h * d * (1 if m.tie_embeddings else 2)
     if m.mla:
@@ -426,6 +487,11 @@ def weight_bytes(m: FitModel, tp: int, rotary_bytes: int = 0) -> int:
         mlp = m.dense_layers * dense + (m.layers - m.dense_layers) * moe
     else:
         mlp = m.layers * dense
-    # the engine's cos_sin_cache, one for the model (the engines share a rope by its settings)
-    rotary = m.max_positions * m.rotary_dim * (rotary_bytes or d)
     return int((emb + m.layers * attn + mlp) / tp + _norms(m) + _shared_gate(m) + rotary)
+
+
+def rotary_cache_bytes(m: FitModel, rotary_bytes: int = 0) -> int:
+    """The engine's rotary cos/sin cache of ``m`` on every rank: one for the model (the engines
+    share a rope by its settings), max_position_embeddings rows of rotary_dim elements of
+    ``rotary_bytes`` (0: the model's dtype)."""
+    return m.max_positions * m.rotary_dim * (rotary_bytes or m.dtype_bytes)

@@ -13,7 +13,7 @@ from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, Siz
 from . import estimate
 from .graph_count import GraphCount, whole_graphs
 from .inputs import FitInputs
-from .model import replicated_bytes, weight_bytes
+from .model import replicated_bytes, rotary_cache_bytes, weight_bytes
 
 __all__ = [
     "Kv",
@@ -85,12 +85,13 @@ def weights(inp: FitInputs) -> FitItem:
     b = weight_bytes(m, inp.tp, inp.rule.rotary_cache_bytes)
     if not m.exact_weight_bytes:  # counted from the dimensions: within 0.5% of the loaded figure
         return FitItem("weights", b, int(0.005 * b), "estimated", f"counted from {m.source}")
+    rope = f"; the engine's rotary cos/sin cache ({rotary_cache_bytes(m, inp.rule.rotary_cache_bytes)} bytes) beside it"
     if inp.tp == 1:
-        return FitItem("weights", b, 0, "exact", "the checkpoint's safetensors index")
+        return FitItem("weights", b, 0, "exact", f"the checkpoint's safetensors index{rope}")
     # the index gives the total only: which parameters each rank holds whole is counted
     rep = replicated_bytes(m)
     src = f"the checkpoint's safetensors index over tp {inp.tp}, the norms and router ({rep} bytes) whole on each rank"
-    return FitItem("weights", b, rep, "estimated", src)
+    return FitItem("weights", b, rep, "estimated", src + rope)
 
 
 def graph_memory(

@@ -199,6 +199,26 @@ class SpecRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     aliases: dict[str, str] = {}
     #: an EAGLE head's fc has a bias (SGLang's torch.nn.Linear)
     eagle_fc_bias: bool = False
+    #: an EAGLE3 head that gives no draft_vocab_size, or ties its embeddings, takes the
+    #: target's lm_head (SGLang: load_lm_head_from_target); else (vLLM) it builds its own of
+    #: its vocab_size rows
+    eagle3_head_from_target: bool = False
+    #: the rows of a draft's rotary cache: "raise" (vLLM: a draft of ``raise_methods`` whose
+    #: rope types are all ``cache_only_rope_types`` takes the target's max-model-len where its
+    #: max_position_embeddings is smaller) or "context" (SGLang: the draft runs at the target's
+    #: context length, refused past what its config derives unless the environment allows it,
+    #: which then is its max_position_embeddings)
+    draft_positions: Literal["raise", "context"] = "raise"
+    raise_methods: list[str] = []
+    cache_only_rope_types: list[str] = []
+    #: the dtype a draft's rotary cache is keyed by: "target" (vLLM: the draft's ModelConfig
+    #: takes the target's) or "own" (SGLang: the draft config's, --dtype auto)
+    draft_dtype: Literal["target", "own"] = "target"
+    #: SGLang's (steps, topk, draft tokens) where none is given: by method first, then by the
+    #: target's architectures[0], else ``auto_steps``
+    auto_steps_by_method: dict[str, list[int]] = {}
+    auto_steps_by_architecture: dict[str, list[int]] = {}
+    auto_steps: list[int] = []
 
 
 class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
