@@ -293,10 +293,14 @@ def releases() -> list[str]:
 def device(name: str) -> tuple[str, Device]:
     """The device ``name`` names, as every command reads ``--device``
     (:func:`capture_plan.planner.inputs.devices.device_name`: torch's name, or words of exactly
-    one), with its memory total: another is a :class:`.refusal.Refusal` naming the candidates."""
-    from capture_plan.planner.inputs.devices import device_name
+    one), with its memory total: another is a :class:`.refusal.Refusal` naming the candidates,
+    its change the nearest device with one."""
+    from capture_plan.planner.inputs.devices import DeviceRefused, device_name
 
-    key = device_name(name, ("memory",))
+    try:
+        key = device_name(name, ("memory",))
+    except DeviceRefused as err:
+        raise Refusal(err.what, where=err.where or "--device", hint=err.hint, changes={"device": err.near}) from None
     return key, devices()[key]
 
 

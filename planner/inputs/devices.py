@@ -10,11 +10,12 @@ table names it; this module is the one owner of those names.
 :func:`device_name` is how every command reads ``--device`` (``planner fit``, ``planner
 build``, ``planner sizes``), alike: torch's name exactly, or case-insensitive words each a part
 of exactly one known name (``H100``, ``h100 80gb``, ``a100-40gb``; torch's name in other case).
-A name no known device has every word of, or more than one has, is a
-:class:`~capture_plan.planner.fit.refusal.Refusal` naming the candidates, its change the device
-nearest to it, which each command renders as its own command line. A device known but lacking
-what the command needs (``needs``: a memory total, roofline figures) is refused alike, its
-change the nearest device that has it.
+A name no known device has every word of, or more than one has, is a :class:`DeviceRefused`
+naming the candidates and the device nearest to it, which each command renders as its own
+command line with that device (``planner fit`` through its
+:class:`~capture_plan.planner.fit.refusal.Refusal`, a build through :func:`refused`). A device
+known but lacking what the command needs (``needs``: a memory total, roofline figures) is
+refused alike, its device the nearest that has it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import msgspec
 
 from capture_plan.schemas.errors import InputError
 
-from ..fit.refusal import Refusal
 from .resources import data
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ __all__ = [
     "NEEDS",
     "known_devices",
     "device_name",
+    "DeviceRefused",
     "build_device",
     "refused",
     "capability",
@@ -55,6 +56,15 @@ NEEDS: dict[str, tuple[str, str]] = {
     "memory": ("planner/data/fit_devices.toml", "memory total"),
     "roofline": ("planner/data/devices.toml [roofline]", "roofline figures"),
 }
+
+
+class DeviceRefused(InputError):
+    """A ``--device`` refused (:func:`device_name`): ``near``, the device each command's fix
+    names (its own command line with it), and ``hint``, what that device is."""
+
+    def __init__(self, what: str, *, hint: str, near: str) -> None:
+        self.hint, self.near = hint, near
+        super().__init__(what, where="--device", fix=f"{hint}: --device {near!r}")
 
 
 def _memory() -> dict:
@@ -91,8 +101,8 @@ def _nearest(name: str, among: list[str]) -> str:
 
 def device_name(name: str, needs: Iterable[Need] = ()) -> str:
     """torch's name of the device ``name`` names (the module's docstring), one that has every
-    one of ``needs``; else a :class:`Refusal` at ``--device`` naming the candidates, its change
-    the nearest device that has ``needs``."""
+    one of ``needs``; else a :class:`DeviceRefused` naming the candidates, its ``near`` the
+    nearest device that has ``needs``."""
     table = known_devices()
     want = set(needs)
     usable = [n for n, has in table.items() if want <= has]
@@ -112,8 +122,7 @@ def device_name(name: str, needs: Iterable[Need] = ()) -> str:
         among = [n for n in found if n in usable] or usable
     else:
         what, hint, among = f"unknown device {name!r} (known: {'; '.join(table)})", "the nearest known device", usable
-    near = _nearest(found[0] if len(found) == 1 else name, among)
-    raise Refusal(what, where="--device", hint=hint, changes={"device": near})
+    raise DeviceRefused(what, hint=hint, near=_nearest(found[0] if len(found) == 1 else name, among))
 
 
 def capability(name: str) -> str | None:
@@ -146,15 +155,15 @@ def build_device(opts: BuildOptions) -> BuildOptions:
     needs += ["roofline"] if choice is not None and choice.timing is None else []
     try:
         name = device_name(opts.device, needs)
-    except Refusal as err:
+    except DeviceRefused as err:
         raise refused(err, opts) from None
     return msgspec.structs.replace(opts, device=name)
 
 
-def refused(err: Refusal, opts: BuildOptions) -> InputError:
-    """A build's refused ``--device`` (:func:`device_name`'s :class:`Refusal`) as one line whose
-    fix is the command (``planner build``, or ``planner sizes`` while it runs) with the device changed."""
+def refused(err: DeviceRefused, opts: BuildOptions) -> InputError:
+    """A build's refused ``--device`` as one line whose fix is the command (``planner build``, or
+    ``planner sizes`` while it runs) with the device ``err`` names."""
     from .build_options import command_for_cwd
 
-    fixed = msgspec.structs.replace(opts, device=str(err.changes["device"]))
+    fixed = msgspec.structs.replace(opts, device=err.near)
     return InputError(err.what, where=err.where, fix=f"{err.hint}: `{command_for_cwd(fixed)}`")

@@ -31,7 +31,6 @@ from capture_plan.schemas.units import MiB
 
 from ..inputs import resources
 from ..inputs.build_options import BuildOptions, build_record, check_paths_encode, output_path
-from ..inputs.devices import build_device
 from ..inputs.rules import Context, check_spec_rules, phase_rules
 from ..memory.device import Calibration
 from ..memory.simulate import PoolSetup, simulate
@@ -206,8 +205,11 @@ def resolve(opts: BuildOptions) -> Resolved:
     and the pins; then what the spec's sizes decide (:func:`_sized`). ``--device`` is read as
     every command reads it, and the build uses and records torch's name for it
     (planner/inputs/devices.py ``build_device``)."""
+    if opts.device is not None:  # the devices tables: read only for a build that names one
+        from ..inputs.devices import build_device
+
+        opts = build_device(opts)
     check_paths_encode(opts)
-    opts = build_device(opts)
     output = output_path(opts)
     record = build_record(opts)
     backend = resources.backend(opts.backend)

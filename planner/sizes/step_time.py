@@ -183,7 +183,7 @@ def device_names() -> list[str]:
 def device_roofline(name: str) -> DeviceRoofline:
     """The roofline figures of device ``name``, as ``--device`` names it
     (planner/inputs/devices.py ``device_name``: a name no table knows, or a device without
-    figures, is its :class:`~capture_plan.planner.fit.refusal.Refusal`)."""
+    figures, is its :class:`~capture_plan.planner.inputs.devices.DeviceRefused`)."""
     key = device_name(name, ("roofline",))
     row = roofline_row(key)
     assert row is not None, "device_name gives a device with roofline figures"
