@@ -151,8 +151,11 @@ def build_device(opts: BuildOptions) -> BuildOptions:
     if opts.device is None:
         return opts
     choice = size_choice(opts)
-    needs: list[Need] = ["memory"] if opts.engine is not None else []
-    needs += ["roofline"] if choice is not None and choice.timing is None else []
+    needs: list[Need] = []
+    if opts.engine is not None:
+        needs.append("memory")
+    if choice is not None and choice.timing is None:
+        needs.append("roofline")
     try:
         name = device_name(opts.device, needs)
     except DeviceRefused as err:
