@@ -139,10 +139,13 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
     try:
         if calibration is not None and plan is not None:  # its device is --device (refused: this command's fix)
             from capture_plan.planner.fit.measured import calibration_graph
+            from capture_plan.planner.inputs.specs import speculative_kinds
             from capture_plan.planner.report.check import check_report_plan
 
             measured = calibration_graph(calibration, device, plan, str(plan_path), check_report_plan)
-            req = msgspec.structs.replace(req, measured_graph=measured)
+            # a plan with speculative phases: the report measured its verify and draft graphs
+            spec = any(p.kind in speculative_kinds() for p in plan.phases)
+            req = msgspec.structs.replace(req, measured_graph=measured, measured_speculative=spec)
         res = fit(req)
     except Refusal as err:  # its fix as this command, changed
         err.fix = f"{err.hint}: `{fit_command(req, model, tail, err.changes)}`"
