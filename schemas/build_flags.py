@@ -182,7 +182,8 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "device",
         "--device",
         "text",
-        "The target device (torch's name, planner/data/fit_devices.toml): the plan's device items estimated for it "
+        "The target device (torch's name, or words of exactly one: H100; planner/data/fit_devices.toml, "
+        "devices.toml [roofline]): the plan's device items estimated for it "
         "(graph-exec from the bench's nodes per layer; without --calibration), and the roofline of --sizes auto "
         "[no device items; roofline NVIDIA H200].",
     ),

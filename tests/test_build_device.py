@@ -63,9 +63,10 @@ def test_a_device_without_a_per_node_figure_leaves_graph_exec_unknown(cli, plans
 
 
 def test_an_unknown_device_is_one_line(cli, plans):
-    code, out, err = cli("build", "-b", "fa3", "--device", "H100", "-o", "plans/x.json")
+    """``H100`` is the H100 (tests/test_device_names.py); ``H300`` is no device: one line."""
+    code, out, err = cli("build", "-b", "fa3", "--device", "H300", "-o", "plans/x.json")
     assert code == 1 and err.count("\n") == 1
-    assert "unknown device 'H100'" in err and "NVIDIA H100 80GB HBM3" in err
+    assert "unknown device 'H300'" in err and "NVIDIA H100 80GB HBM3" in err
     assert not (plans / "x.json").exists()
 
 

@@ -873,7 +873,7 @@ SIZES_VALUES = st.one_of(
     st.sampled_from(
         ["0", "-1", "1", "2", "4", "63", "64", "65", "1024", "2048", "2049", "16777216", "16777217", "1000000000000",
          "1e3", "0.5", "1%", "nan", "inf", "-0", "", "decode", "verify", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
-         "NVIDIA Z9", "vllm:iteration_tokens_total", "x"]
+         "NVIDIA Z9", "H100", "h200", "a100", "b200", "l40s", "h100 80gb", "vllm:iteration_tokens_total", "x"]
     ),
     # --engine, --engine-flag and --min-kv-tokens (issue 52 item 3)
     st.sampled_from(
@@ -885,6 +885,23 @@ SIZES_VALUES = st.one_of(
 )  # fmt: skip
 SIZES_FLAGS = ["--context", "--device", "--max-size", "--budget-mib", "--max-graphs", "--max-padding", "--phase",
                "--upto", "--metric", "--engine", "--engine-flag", "--min-kv-tokens"]  # fmt: skip
+#: the devices with roofline figures (planner/data/devices.toml [roofline]): a size choice
+#: without --timing prices step times on one of them
+ROOFLINE = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA B200")
+#: the devices with a memory total (planner/data/fit_devices.toml): an --engine prices KV tokens on one
+MEMORY = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S",
+          "NVIDIA GeForce RTX 4090", "NVIDIA RTX A5000")  # fmt: skip
+
+
+def _named(given: str) -> str | None:
+    """The device ``--device GIVEN`` names, by the rule docs/planner.md states: torch's name, or
+    words (letters and digits) each a part of exactly one known name, case aside; None: no one."""
+    known = sorted({*ROOFLINE, *MEMORY})
+    words = re.findall(r"[a-z0-9]+", given.lower())
+    found = [given] if given in known else [k for k in known if words and all(w in k.lower() for w in words)]
+    return found[0] if len(found) == 1 else None
+
+
 #: the releases planner fit models (planner/data/fit_rules.toml): what an accepted --engine names
 MODELLED = ("vllm==0.34.0", "vllm==0.33.0", "sglang==0.5.23")
 #: the context window of the config.json spec below
@@ -908,8 +925,10 @@ def _sizes_accepted_validly(flags: dict[str, str], config: bool, calibrated: boo
         top = WINDOW if config else MAX_CONTEXT
         assert 1 <= int(flags["--context"]) <= top, f"accepted --context {flags['--context']!r} (bound {top})"
     if "--device" in flags:
-        assert flags["--device"] in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"), f"accepted --device {flags['--device']!r}"
-        assert not calibrated or flags["--device"] == "NVIDIA H200", "accepted an H100 roofline for an H200 calibration"
+        named = _named(flags["--device"])
+        assert named in ROOFLINE, f"accepted --device {flags['--device']!r}"
+        assert "--engine" not in flags or named in MEMORY, f"accepted --engine on --device {flags['--device']!r}"
+        assert not calibrated or named == "NVIDIA H200", "accepted another device's roofline for an H200 calibration"
     if "--max-size" in flags:
         assert reach <= int(flags["--max-size"]) <= MAX_BS, f"accepted --max-size {flags['--max-size']!r}"
     for flag in ("--max-graphs", "--upto"):

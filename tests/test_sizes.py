@@ -373,7 +373,8 @@ def test_cli_writes_a_spec_that_builds_the_chosen_plan_from_anywhere(cli, tmp_pa
         (["--budget-mib", "100"], ["--budget-mib", "no list fits the budget of 100 MiB", "252.0 MiB"]),
         (["--max-padding", "0.001%", "--max-graphs", "4"], ["--max-padding 0.001", "no list of at most 4 sizes"]),
         (["--max-padding", "lots"], ["--max-padding", "not a percentage"]),
-        (["--device", "NVIDIA Z9"], ["--device", "no roofline figures", "NVIDIA H200"]),
+        (["--device", "NVIDIA Z9"], ["--device", "unknown device 'NVIDIA Z9'", "NVIDIA H200"]),
+        (["--device", "NVIDIA L40S"], ["--device", "'NVIDIA L40S' has no roofline figures", "NVIDIA H200"]),
         # found by the issue 49 fuzz run: an empty --device priced the default H200
         (["--device", ""], ["--device", "unknown device ''"]),
         (["--metric", ""], ["--metric ''", "names no histogram"]),

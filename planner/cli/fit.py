@@ -58,7 +58,12 @@ def fit_command(req: FitRequest, model: str, tail: list[str], changes: dict) -> 
 
 @click.command("fit", cls=Command)
 @option("--model", required=True, metavar="config", help="A transformers config.json, a spec TOML or a preset name.")
-@option("--device", required=True, metavar="name", help="The device as torch names it (planner/data/fit_devices.toml).")
+@option(
+    "--device",
+    required=True,
+    metavar="name",
+    help="The device: torch's name, or words of exactly one (H100, a100-40gb; planner/data/fit_devices.toml).",
+)
 @option(
     "--engine",
     required=True,
@@ -113,7 +118,7 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
 
     given = {k.replace("_", "-"): v for k, v in flags.items()}
     fit_model = load_model(model, weights_index)
-    plan = graphs = measured = None
+    plan = graphs = None
     if plan_path is not None:
         from capture_plan.planner.fit.measured import plan_graphs
 
@@ -121,25 +126,27 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
 
         plan = read_plan(plan_path)
         graphs = plan_graphs(plan, str(plan_path), fit_model)
-    if calibration is not None:
-        from capture_plan.planner.fit.measured import calibration_graph
-
-        if plan is None:  # the report measured its own plan's graphs, not the engine default's
-            raise InputError(
-                "a calibration measures the graphs of the plan it was captured from, not the engine default's",
-                where=f"--calibration {calibration}",
-                fix="give --plan PLAN, the plan the report was captured from",
-            )
-
-        from capture_plan.planner.report.check import check_report_plan
-
-        measured = calibration_graph(calibration, device, plan, str(plan_path), check_report_plan)
+    if calibration is not None and plan is None:  # the report measured its own plan's graphs
+        raise InputError(
+            "a calibration measures the graphs of the plan it was captured from, not the engine default's",
+            where=f"--calibration {calibration}",
+            fix="give --plan PLAN, the plan the report was captured from",
+        )
     from capture_plan.planner.fit.refusal import Refusal
 
     files = [("--weights-index", weights_index), ("--plan", plan_path), ("--calibration", calibration)]
     tail = [str(x) for flag, path in files if path is not None for x in (flag, path)] + (["--json"] if as_json else [])
-    req = FitRequest(fit_model, device, engine, tp, {k: v for k, v in given.items() if v is not None}, measured, graphs)
+    req = FitRequest(fit_model, device, engine, tp, {k: v for k, v in given.items() if v is not None}, None, graphs)
     try:
+        if calibration is not None and plan is not None:  # its device is --device (refused: this command's fix)
+            from capture_plan.planner.fit.measured import calibration_graph
+            from capture_plan.planner.inputs.specs import speculative_kinds
+            from capture_plan.planner.report.check import check_report_plan
+
+            measured = calibration_graph(calibration, device, plan, str(plan_path), check_report_plan)
+            # a plan with speculative phases: the report measured its verify and draft graphs
+            spec = any(p.kind in speculative_kinds() for p in plan.phases)
+            req = msgspec.structs.replace(req, measured_graph=measured, measured_speculative=spec)
         res = fit(req)
     except Refusal as err:  # its fix as this command, changed
         err.fix = f"{err.hint}: `{fit_command(req, model, tail, err.changes)}`"

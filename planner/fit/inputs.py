@@ -54,6 +54,10 @@ class FitRequest(msgspec.Struct, frozen=True):
     measured_graph: FitItem | None = None
     #: a plan whose sizes and phases replace the engine default's
     plan: PlanGraphs | None = None
+    #: ``measured_graph`` was measured of a plan with speculative phases (its verify and draft
+    #: graphs: planner/inputs/specs.py speculative_kinds); without it, under speculative
+    #: decoding the measured figure holds none of the draft's graphs (:attr:`FitInputs.graph_measured`)
+    measured_speculative: bool = False
 
     def changed(self, changes: dict[str, object]) -> FitRequest:
         """This request with a refusal's or a fix's ``changes`` (planner/fit/refusal.py: an
@@ -116,6 +120,30 @@ class FitInputs(msgspec.Struct, frozen=True):
             f"{c.allowed_by} is set: the engine takes {c.value:,} tokens, past the {c.shown} it derives "
             f"({c.how}), and warns that positions past it give NaN or out-of-bounds reads"
         ]
+
+    @property
+    def speculative_graphs(self) -> bool:
+        """Speculative decoding captures graphs fit has no measured figure near
+        (:func:`.result.draft_graphs`): a draft model's (vLLM; n-gram has none), or any method's
+        at the target's verify widths (SGLang)."""
+        d = self.draft
+        return d is not None and (d.counted != "none" or self.engine == "sglang")
+
+    @property
+    def graph_measured(self) -> FitItem | None:
+        """The request's measured graph figure where it holds every graph the engine captures:
+        under :attr:`speculative_graphs`, only one measured of a plan with speculative phases
+        (``measured_speculative``); else None, and the graph memory is unknown (never the
+        target's graphs alone, the draft's priced as 0)."""
+        req = self.request
+        return req.measured_graph if not self.speculative_graphs or req.measured_speculative else None
+
+    @property
+    def measured_without_drafts(self) -> FitItem | None:
+        """The request's measured graph figure where :attr:`graph_measured` does not take it (a
+        plan without speculative phases: it holds none of their graphs), for the unknown item to
+        say so; else None."""
+        return self.request.measured_graph if self.graph_measured is None else None
 
     @property
     def kv_dtype_bytes(self) -> int:

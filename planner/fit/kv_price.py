@@ -139,6 +139,12 @@ class KvPricer:
             + (f" under {allowed}=1" if allowed else "")
         )
         self.none_tokens = none.kv_tokens or 0
+        graph = next(i for i in none.items if i.name == "graph memory")
+        #: why fit leaves the graph memory unknown whatever the plan's figure ("": it takes the
+        #: figure): the engine captures graphs the plan's do not hold (a speculative draft's, which
+        #: only a calibration of a plan with speculative phases measured). The KV tokens are then
+        #: unknown (:meth:`tokens`), never those of the plan's graphs with the draft's as 0.
+        self.unpriced = graph.source if graph.bytes is None else ""
 
     @property
     def engine(self) -> str:
@@ -153,9 +159,12 @@ class KvPricer:
         except InputError as err:
             raise _as_build_error(err, self.request.flags, self.command) from err  # its cause: fit's refusal
 
-    def tokens(self, graph_bytes: int) -> int:
+    def tokens(self, graph_bytes: int) -> int | None:
         """The KV tokens left with ``graph_bytes`` of graph memory; 0 where the engine would not
-        start (fit's verdict: fewer than one request, or graphs over SGLang's slack)."""
+        start (fit's verdict: fewer than one request, or graphs over SGLang's slack); None where
+        the graph memory is unknown whatever the plan's (:attr:`unpriced`)."""
+        if self.unpriced:
+            return None
         res = self.result(graph_bytes)
         return (res.kv_tokens or 0) if res.fits else 0
 

@@ -86,15 +86,16 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     default_graph = result.graph_memory(inp, sglang_graphs(len(decode), len(prefill), m.layers), max(decode))
     default_graph = _with_logits_buffer(default_graph, max(decode), m.vocab)
     if d is not None:
-        default_graph = result.draft_graphs(d.method, d.counted != "none")
+        default_graph = result.draft_graphs(d.method, d.counted != "none", inp.measured_without_drafts)
+    measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
     if plan is not None:
         if d is not None:
-            planned = result.draft_graphs(d.method, d.counted != "none")
+            planned = default_graph
         else:
             planned = result.graph_memory(inp, None, max(plan.sizes), plan=True)
-        graph = inp.request.measured_graph or _with_logits_buffer(planned, max(plan.sizes), m.vocab)
+        graph = measured or _with_logits_buffer(planned, max(plan.sizes), m.vocab)
     else:
-        graph = inp.request.measured_graph or default_graph
+        graph = measured or default_graph
     budget = FitItem(
         "engine budget",
         int(pre * frac),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import re
 from typing import Literal
 
 import msgspec
@@ -312,29 +311,17 @@ def releases() -> list[str]:
 
 
 def device(name: str) -> tuple[str, Device]:
-    """The device named ``name``: exactly, or uniquely by its case-insensitive words, each a part
-    of the name (``H100``, ``h100-80gb``, ``a100 40gb``). Another is refused listing the
-    devices, its change the device matching most of its words (ties: the closest spelling)."""
-    table = devices()
-    if name in table:
-        return name, table[name]
-    words = re.findall(r"[a-z0-9]+", name.lower())
+    """The device ``name`` names, as every command reads ``--device``
+    (:func:`capture_plan.planner.inputs.devices.device_name`: torch's name, or words of exactly
+    one), with its memory total: another is a :class:`.refusal.Refusal` naming the candidates,
+    its change the nearest device with one."""
+    from capture_plan.planner.inputs.devices import DeviceRefused, device_name
 
-    def matched(key: str) -> int:
-        return sum(w in key.lower() for w in words)
-
-    parts = [k for k in table if words and matched(k) == len(words)]
-    if len(parts) == 1:
-        return parts[0], table[parts[0]]
-    most = max((matched(k) for k in table), default=0)
-    near = parts or [k for k in table if most and matched(k) == most] or list(table)
-    near = difflib.get_close_matches(name, near, n=1, cutoff=0) or near
-    raise Refusal(
-        f"unknown device {name!r}" + (f" (matches {', '.join(parts)})" if parts else ""),
-        where="--device",
-        hint=f"one of: {'; '.join(table)} (planner/data/fit_devices.toml)",
-        changes={"device": near[0]},
-    )
+    try:
+        key = device_name(name, ("memory",))
+    except DeviceRefused as err:
+        raise Refusal(err.what, where=err.where or "--device", hint=err.hint, changes={"device": err.near}) from None
+    return key, devices()[key]
 
 
 def rule_for(engine: str) -> tuple[str, str, str, Rule]:

@@ -46,6 +46,7 @@ __all__ = [
     "options_from_command",
     "normalized_command",
     "command_for_cwd",
+    "size_choice",
     "sizes_run",
     "check_paths_encode",
     "SIZE_CHOICE",
@@ -281,6 +282,13 @@ def sizes_run(choice: SizeChoiceOptions, own: Sequence[str]) -> Iterator[None]:
         yield
     finally:
         _SIZES.reset(token)
+
+
+def size_choice(opts: BuildOptions) -> SizeChoiceOptions | None:
+    """The size choice a build of ``opts`` makes: its own (``--sizes auto``), else, while
+    ``planner sizes`` runs (:func:`sizes_run`), that command's; None: the spec's sizes."""
+    run = _SIZES.get()
+    return opts.sizes if opts.sizes is not None or run is None else run[0]
 
 
 def _sizes_command(opts: BuildOptions, choice: SizeChoiceOptions, own: tuple[str, ...]) -> str:

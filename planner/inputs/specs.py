@@ -24,6 +24,7 @@ __all__ = [
     "default_spec",
     "read_spec_file",
     "speculative_names",
+    "speculative_kinds",
     "preset_names",
     "model_presets",
     "engine_preset",
@@ -193,6 +194,12 @@ def _expand(table: SizeList, max_bs: int) -> list[int]:
 def speculative_names() -> list[str]:
     """The ``--speculative`` algorithms: the ``[speculative.NAME]`` tables of presets.toml."""
     return sorted(data("presets.toml")["speculative"])
+
+
+def speculative_kinds() -> frozenset[str]:
+    """The phase kinds of speculative decoding: those the ``--speculative`` algorithms' phases
+    have (presets.toml: the target's verify graph, the draft's graphs)."""
+    return frozenset(ph["kind"] for alg in data("presets.toml")["speculative"].values() for ph in alg["phases"])
 
 
 def sgl_sizes(preset: str, max_bs: int) -> list[int]:

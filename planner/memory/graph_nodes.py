@@ -44,26 +44,15 @@ def device_estimate(device: str, layers: dict[str, int], model_type: str = REFER
     nodes are ``model_type``'s nodes per layer times each phase's ``layers`` (phase -> its
     layers), for the device's compute capability (planner/data/fit_devices.toml). It measures
     nothing: allocator-other stays unknown, and graph-exec is unknown where the capability has
-    no per-node figure (planner/data/devices.toml [graph_exec_per_node]). A device no table
-    names is an InputError listing the known ones."""
-    from capture_plan.schemas.errors import InputError
-
+    no per-node figure (planner/data/devices.toml [graph_exec_per_node]) or none is listed (a
+    device the roofline table alone names). ``device``: as ``--device`` names it
+    (:func:`capture_plan.planner.inputs.devices.device_name`, which refuses a name no table knows)."""
+    from ..inputs.devices import capability, device_name
     from .device import Calibration
 
-    table = data("fit_devices.toml")["devices"]
-    roofline = data("devices.toml").get("roofline", {})
-    key = device.split(" sm")[0].strip()
-    if key not in table and key not in roofline:
-        known = sorted({*table, *roofline})
-        raise InputError(
-            f"unknown device {device!r}: no roofline figures and no compute capability for it",
-            where="--device",
-            fix=f"use one of: {'; '.join(known)} (planner/data/fit_devices.toml, devices.toml [roofline]), "
-            "or build with --calibration REPORT",
-        )
+    key = device_name(device)
     per_layer = nodes_per_layer(model_type)
-    # a roofline-only device (no compute capability listed): its graph-exec stays unknown
-    sm = table[key]["sm"] if key in table else "its compute capability unlisted"
+    sm = capability(key) or "its compute capability unlisted"  # a roofline-only device: graph-exec unknown
     nodes = {} if per_layer is None else {p: {1: round(per_layer * n)} for p, n in layers.items()}
     return Calibration(
         device=f"{key} {sm} (estimated: no calibration)",

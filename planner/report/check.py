@@ -287,6 +287,11 @@ def check_kv_recorded(plan, path: str) -> None:
         has_config = plan.inputs.model_config is not msgspec.UNSET
         command = fixed_command(msgspec.structs.replace(opts, output=out), has_config)
         fix = f"build it with an engine: `{command}`, the other plan alike, and diff those"
+    elif kv.graph_bytes is not None:  # its graphs known, the engine's not: a speculative draft's (kv_price.py)
+        fix = (
+            "build it with the speculative phases (--speculative NAME) and --calibration REPORT, a capture "
+            "report of that plan measured on the device, which measures the verify and draft graphs"
+        )
     else:
         fix = "build it with --calibration REPORT, a capture report measured on the device"
     raise InputError(f"plan {plan.name!r} {why}", where=f"--fail-above-kv-tokens ({path})", fix=fix)

@@ -84,6 +84,7 @@ def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | Non
     from ..fit.inputs import FitRequest
     from ..fit.kv_price import KvPricer, parse_engine_flags, spec_model
     from ..fit.refusal import Refusal
+    from ..inputs.specs import speculative_kinds
 
     floor = opts.sizes.min_kv_tokens if opts.sizes is not None else None
     has_config = read.config_path is not None
@@ -111,9 +112,13 @@ def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | Non
         fixed = changed_command(opts, err.changes, has_config)
         raise InputError(err.what, where=err.where, fix=f"{err.hint}: `{fixed}`") from None
     model = spec_model(read.model.name, dict(read.model.dimensions), read.config_path)
+    # a calibration of a plan with speculative phases measured its verify and draft graphs
+    kinds = speculative_kinds()
+    spec = calibration is not None and any(p.kind in kinds for p in read.spec.phases)
     try:
         command = functools.partial(changed_command, opts, has_config=has_config)
-        return KvPricer(FitRequest(model, device, opts.engine, tp, flags), command)
+        request = FitRequest(model, device, opts.engine, tp, flags, measured_speculative=spec)
+        return KvPricer(request, command)
     except InputError as err:
         if isinstance(err.__cause__, NoContextLength) and not has_config:
             raise InputError(
@@ -143,11 +148,13 @@ def kv_cost(pricer: KvPricer | None, device: DevicePrediction | None) -> KvCost 
     if pricer is None:
         return None
     graph, what = graph_figure(device)
+    if graph is not None and pricer.unpriced:  # the engine captures graphs the plan's do not hold
+        what += f"; KV tokens unknown: {pricer.unpriced}"
     return KvCost(
         engine=pricer.label,
         graph_bytes=graph,
         graph=what,
         kv_tokens=None if graph is None else pricer.tokens(graph),
         kv_tokens_without_graphs=pricer.none_tokens,
-        overflow="" if graph is None else pricer.why_not(graph),
+        overflow="" if graph is None or pricer.unpriced else pricer.why_not(graph),
     )

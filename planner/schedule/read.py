@@ -202,9 +202,9 @@ def device_estimate(
     is refused."""
     if opts.device is None:
         return None
-    if calibration is not None:
+    if calibration is not None:  # opts.device: torch's name (planner/inputs/devices.py build_device)
         measured = calibration.device.split(" sm")[0].strip()
-        if opts.device.split(" sm")[0].strip() != measured:
+        if opts.device != measured:
             raise InputError(
                 f"the calibration was measured on {measured!r}, not {opts.device!r}",
                 where=f"--device {opts.device} with --calibration {opts.calibration}",

@@ -202,7 +202,13 @@ def _sized(read: dict, spec: Spec) -> Resolved:
 
 def resolve(opts: BuildOptions) -> Resolved:
     """Read spec, trace and data once; check the output's name, tp, allocator, the spec's rules
-    and the pins; then what the spec's sizes decide (:func:`_sized`)."""
+    and the pins; then what the spec's sizes decide (:func:`_sized`). ``--device`` is read as
+    every command reads it, and the build uses and records torch's name for it
+    (planner/inputs/devices.py ``build_device``)."""
+    if opts.device is not None:  # the devices tables: read only for a build that names one
+        from ..inputs.devices import build_device
+
+        opts = build_device(opts)
     check_paths_encode(opts)
     output = output_path(opts)
     record = build_record(opts)

@@ -69,7 +69,9 @@ def render(res: SizesResult) -> str:
         "~: approximate (a roofline, or step times interpolated between measured sizes)",
     ]
     kv = res.plan.predicted.kv
-    if kv is not None:  # --engine: each list's graph memory in that release's KV tokens
+    if kv is not None and kv.kv_tokens is None:  # --engine, and what a list leaves it is not known
+        out.append(f"KV tokens: left under {kv.engine}: unknown ({kv.graph})")
+    elif kv is not None:  # --engine: each list's graph memory in that release's KV tokens
         out.append(f"KV tokens: left under {kv.engine} (planner fit's rule over each list's graph memory)")
     for ph in res.phases:
         width = max(12, *(len(r.label) for r in ph.defaults))

@@ -56,8 +56,8 @@ from capture_plan.schemas.plan import Plan, SizeWorth, Strategy
 from capture_plan.schemas.spec import Spec
 from capture_plan.schemas.units import MiB
 
-from ..inputs import resources
 from ..inputs.build_options import BuildOptions, SizeChoiceOptions
+from ..inputs.specs import speculative_kinds
 from ..schedule import pipeline
 from ..schedule.resolve import Resolved
 from .pricing import Memory, Pricing, Row, covering, engine_defaults, floor_error
@@ -241,8 +241,7 @@ def choose(r: Resolved, ask: SizesOptions, *, worth: bool = False) -> Choice:
     # the capture seconds per size: the timing report's, else the calibration's (both are capture reports)
     measured_in = timing or (read_timing(b.calibration) if b.calibration is not None else None)
     # SGLang's speculative size list where a phase is one of its speculative algorithms' (presets.toml)
-    spec_kinds = {ph["kind"] for alg in resources.data("presets.toml")["speculative"].values() for ph in alg["phases"]}
-    speculative = any(p.kind in spec_kinds for p in resolved.phases)
+    speculative = any(p.kind in speculative_kinds() for p in resolved.phases)
 
     # the size-choice options as priced: the bounded context resolved
     priced = msgspec.structs.replace(opts, context=context)
@@ -353,6 +352,15 @@ def _check_kv_priced(price: Pricing, engine: str, calibration: Path | None) -> N
     """``--min-kv-tokens`` needs each list's graph memory on the device: refused, naming why,
     where it is unknown (a device with no per-node graph-exec figure, and no calibration)."""
     one = price.at(1)
+    unpriced = price.kv.unpriced if price.kv is not None else ""
+    if one.kv_tokens is None and unpriced:  # the engine captures graphs no list of the plan holds
+        err = InputError(
+            f"the graph memory under {engine} is unknown ({unpriced}), so the KV tokens it leaves cannot be priced",
+            where="--min-kv-tokens",
+            fix="choose the sizes without a KV-token floor",
+        )
+        err.retry = {"min_kv_tokens": None}
+        raise err
     if one.kv_tokens is None:
         raise InputError(
             f"graph memory on the device is unknown (no graph-exec figure for it), so the KV tokens {engine} is "

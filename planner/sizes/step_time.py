@@ -50,7 +50,8 @@ from capture_plan.schemas.report import CaptureReport
 from capture_plan.schemas.spec import Phase, phase_model
 
 from ..inputs.build_options import SizeChoiceOptions
-from ..inputs.resources import data, phase_kinds
+from ..inputs.devices import device_name, roofline_names, roofline_row
+from ..inputs.resources import phase_kinds
 from ..memory.analytic import analytic_program
 from ..memory.program import Alloc, Program
 from ..schedule.resolve import Resolved
@@ -175,21 +176,17 @@ class DeviceRoofline:
 
 
 def device_names() -> list[str]:
-    return sorted(data("devices.toml").get("roofline", {}))
+    """The devices with roofline figures (planner/inputs/devices.py ``roofline_names``)."""
+    return roofline_names()
 
 
 def device_roofline(name: str) -> DeviceRoofline:
-    table = data("devices.toml").get("roofline", {})
-    # a capture report's device string: "NVIDIA H200 sm90, torch 2.11" names "NVIDIA H200"
-    key = name.split(" sm")[0].strip()
-    if key not in table:
-        raise InputError(
-            f"no roofline figures for device {name!r}",
-            where="--device",
-            fix=f"use one of {', '.join(repr(n) for n in device_names())}, or add the device to "
-            "planner/data/devices.toml [roofline], or measure with --timing",
-        )
-    row = table[key]
+    """The roofline figures of device ``name``, as ``--device`` names it
+    (planner/inputs/devices.py ``device_name``: a name no table knows, or a device without
+    figures, is its :class:`~capture_plan.planner.inputs.devices.DeviceRefused`)."""
+    key = device_name(name, ("roofline",))
+    row = roofline_row(key)
+    assert row is not None, "device_name gives a device with roofline figures"
     return DeviceRoofline(
         name=key,
         memory_bandwidth=float(row["memory_bandwidth"]),
@@ -249,6 +246,7 @@ def step_times(
         rep, shown = timing
         return {n: measured_times(rep, shown, n) for n in names}
     assert opts.context is not None, "the size choice resolves it"
+    # a --device without roofline figures never reaches here: the build refused it (build_device)
     device = device_roofline(roofline_device(r))
     return {n: roofline(r, r.by_name[n], device, opts.context) for n in names}
 
