@@ -873,7 +873,7 @@ SIZES_VALUES = st.one_of(
     st.sampled_from(
         ["0", "-1", "1", "2", "4", "63", "64", "65", "1024", "2048", "2049", "16777216", "16777217", "1000000000000",
          "1e3", "0.5", "1%", "nan", "inf", "-0", "", "decode", "verify", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
-         "NVIDIA Z9", "H100", "h200", "a100", "b200", "l40s", "h100 80gb", "vllm:iteration_tokens_total", "x"]
+         "NVIDIA Z9", "H100", "h200", "a100", "b200", "l40s", "h100 80gb", "H20", "vllm:iteration_tokens_total", "x"]
     ),
     # --engine, --engine-flag and --min-kv-tokens (issue 52 item 3)
     st.sampled_from(
@@ -895,10 +895,14 @@ MEMORY = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVID
 
 def _named(given: str) -> str | None:
     """The device ``--device GIVEN`` names, by the rule docs/planner.md states: torch's name, or
-    words (letters and digits) each a part of exactly one known name, case aside; None: no one."""
+    words (letters and digits) each a whole word of exactly one known name, case aside; None: no one."""
     known = sorted({*ROOFLINE, *MEMORY})
     words = re.findall(r"[a-z0-9]+", given.lower())
-    found = [given] if given in known else [k for k in known if words and all(w in k.lower() for w in words)]
+    found = (
+        [given]
+        if given in known
+        else [k for k in known if words and set(words) <= set(re.findall(r"[a-z0-9]+", k.lower()))]
+    )
     return found[0] if len(found) == 1 else None
 
 

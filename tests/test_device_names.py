@@ -76,6 +76,7 @@ def test_every_command_takes_the_same_words_for_a_device(cli, given):
         ),
         ("nvidia", "device 'nvidia' names 8 devices: NVIDIA H100 80GB HBM3; NVIDIA H200;", None),
         ("H300", "unknown device 'H300' (known: NVIDIA H100 80GB HBM3; NVIDIA H200;", None),
+        ("H20", "unknown device 'H20' (known: NVIDIA H100 80GB HBM3; NVIDIA H200;", None),
         ("", "unknown device '' (known: NVIDIA H100 80GB HBM3;", None),
     ],
 )
@@ -93,6 +94,18 @@ def test_every_command_refuses_a_device_alike_and_its_fix_runs(cli, given, line,
         code, _, err = cli(*fixed[1:], *(["--force"] if args[0] == "build" else []))
         assert code == 0, (name, err)
     assert len(refused) == 1, refused  # the same line everywhere
+
+
+@pytest.mark.parametrize("given", ["H20", "L4", "A10", "L40", "h10", "A100 40G"])
+def test_a_word_is_a_whole_word_of_the_name_never_a_part(given):
+    """``H20`` (96 GB), ``L4`` (24 GB) and ``A10`` (24 GB) are devices of their own. Before, a
+    word matched any part of a name: ``--device H20`` was priced as the H200 (141 GB) and
+    ``L4`` as the L40S (48 GB), without a word said; ``A10`` was "names 2 devices" (the A100s)."""
+    from capture_plan.planner.inputs.devices import DeviceRefused, device_name
+
+    with pytest.raises(DeviceRefused) as err:
+        device_name(given)
+    assert err.value.what.startswith(f"unknown device {given!r} (known: "), err.value.what
 
 
 def test_a_device_without_what_the_command_needs_is_refused_naming_one_with_it(cli):

@@ -537,9 +537,12 @@ def test_a_calibration_of_another_device_is_refused_with_a_fix_that_works(capsys
     planned = ("--plan", str(PLAN), "--calibration", str(CALIBRATION))
     code, _, err = run(*_PLANNED, "--device", "H100", *planned, capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "measured on 'NVIDIA H200" in err
-    fix = err.split("fix: fit for the device it measured: ")[1].split(" (or")[0]
-    assert fix == "--device 'NVIDIA H200'"
-    _fit_json(capsys, "--device", "NVIDIA H200", *planned)
+    # the fix is this command on the device measured, and it runs (before: the bare flag
+    # "--device 'NVIDIA H200'", no command)
+    assert "fix: fit for the device it measured (or leave --calibration out" in err
+    assert "`planner fit --model llama-3-8b --device 'NVIDIA H200' " in err and "--calibration" in err
+    code, out, fix_err = run_fix(err, capsys)
+    assert code == 0 and msgspec.json.decode(out, type=FitResult).device == "NVIDIA H200", fix_err
     # a calibration captured from another plan than --plan's is refused too
     other = ROOT / "plans/calibration/h200-fa3-eagle-ci.json"
     code, _, err = run(*_PLANNED, "--device", "H200", "--plan", str(PLAN), "--calibration", str(other), capsys=capsys)

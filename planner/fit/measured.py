@@ -21,6 +21,7 @@ from capture_plan.schemas.plan import Plan
 
 from .inputs import PlanGraphs
 from .model import FitModel
+from .refusal import Refusal
 from .tables import MiB, device
 
 __all__ = ["plan_graphs", "calibration_graph"]
@@ -74,15 +75,17 @@ def calibration_graph(
     dev_name, _ = device(device_name)
     measured_on = cal.device.split(" sm")[0]
     if measured_on != dev_name:
-        try:
-            fix = f"fit for the device it measured: --device '{device(measured_on)[0]}'"
-        except InputError:
-            fix = f"capture on {dev_name} and give its report"
-        raise InputError(
+        what, where = (
             f"the calibration was measured on {cal.device!r}, not on --device {dev_name!r}",
-            where=f"--calibration {shown}",
-            fix=fix + " (or leave --calibration out: fit estimates the graph memory)",
+            f"--calibration {shown}",
         )
+        leave = " (or leave --calibration out: fit estimates the graph memory)"
+        try:
+            near = device(measured_on)[0]
+        except InputError:
+            raise InputError(what, where=where, fix=f"capture on {dev_name} and give its report{leave}") from None
+        # a Refusal: planner fit renders its change as this command on the device measured
+        raise Refusal(what, where=where, hint=f"fit for the device it measured{leave}", changes={"device": near})
     rep = decode_report(raw, shown)
     if plan is not None:
         check_plan(rep, plan, shown, plan_source, sha256(raw))

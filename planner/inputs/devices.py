@@ -8,8 +8,10 @@ and BF16 peak: a size choice's step time without ``--timing``). A device is know
 table names it; this module is the one owner of those names.
 
 :func:`device_name` is how every command reads ``--device`` (``planner fit``, ``planner
-build``, ``planner sizes``), alike: torch's name exactly, or case-insensitive words each a part
+build``, ``planner sizes``), alike: torch's name exactly, or case-insensitive words each a word
 of exactly one known name (``H100``, ``h100 80gb``, ``a100-40gb``; torch's name in other case).
+A word is a whole word of the name, never a part of one: ``H20``, ``L4`` and ``A10`` are devices
+of their own, not the H200, the L40S or the A100s.
 A name no known device has every word of, or more than one has, is a :class:`DeviceRefused`
 naming the candidates and the device nearest to it, which each command renders as its own
 command line with that device (``planner fit`` through its
@@ -107,7 +109,7 @@ def device_name(name: str, needs: Iterable[Need] = ()) -> str:
     want = set(needs)
     usable = [n for n, has in table.items() if want <= has]
     words = _words(name)
-    found = [name] if name in table else [k for k in table if words and all(w in k.lower() for w in words)]
+    found = [name] if name in table else [k for k in table if words and set(words) <= set(_words(k))]
     if len(found) == 1 and want <= table[found[0]]:
         return found[0]
     if len(found) == 1:  # known, without what the command needs
