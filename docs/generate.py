@@ -1343,6 +1343,16 @@ def fit_calibrated() -> list[str]:
     return ["```console", f"$ planner {' '.join(args + files)}", *out.rstrip().splitlines(), "```"]
 
 
+def fit_traffic() -> list[str]:
+    """`planner fit --traffic`: the traffic's front priced in KV tokens beside the engine default's
+    (the rows from the KV tokens on: the items above them are fit-example's)."""
+    args = ("fit", "--model", "planner/data/configs/llama-3.1-8b.json", "--device", "H100", "--engine", "vllm==0.34.0")
+    more = ("--max-model-len", "8192", "--traffic", "tests/data/traffic-skewed.csv")
+    lines = planner_output(*args, *more).rstrip().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("KV tokens "))
+    return ["```console", f"$ planner {' '.join(args + more)}", "...", *lines[start:], "```"]
+
+
 def fit_speculative() -> list[str]:
     """`planner fit` under speculative decoding: Llama-3.1-8B and its EAGLE head on the H100,
     vLLM 0.34.0 and SGLang 0.5.23 (planner/data/fit_rules.toml [speculative]), and which
@@ -1678,6 +1688,7 @@ TABLES = {
     "fit-examples": fit_examples,
     "fit-example": fit_example,
     "fit-calibrated": fit_calibrated,
+    "fit-traffic": fit_traffic,
     "fit-speculative": fit_speculative,
     "fit-logs": fit_logs,
     "fit-log-gaps": fit_log_gaps,

@@ -15,10 +15,12 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["FitItem", "KvLayerType", "SizeCost", "Speculative", "FitResult", "FIT_SCHEMA_VERSION"]
+__all__ = ["FitItem", "KvLayerType", "SizeCost", "FitTraffic", "Speculative", "FitResult", "FIT_SCHEMA_VERSION"]
 
-#: 2: ``speculative`` (the draft's method, weights and KV, and the KV tokens without it)
-FIT_SCHEMA_VERSION = 2
+#: 2: ``speculative`` (the draft's method, weights and KV, and the KV tokens without it);
+#: 3: ``traffic`` and each size cost's ``padding_pct`` (``planner fit --traffic``), the
+#: "traffic front K" rows
+FIT_SCHEMA_VERSION = 3
 
 Status = Literal["exact", "rule", "estimated", "given", "measured", "unknown"]
 
@@ -41,13 +43,39 @@ class KvLayerType(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class SizeCost(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    #: "engine default", "fewer", "none", "plan"
+    #: "engine default", "plan", "traffic front K" (the traffic's best list of K sizes), "fewer", "none"
     name: str
     sizes: list[int]
     graph_bytes: int | None
     kv_tokens: int | None
     #: tokens this set costs against capturing no graphs (None: unknown)
     tokens_cost: int | None
+    #: under ``--traffic``: the padded tokens a step runs with these sizes, % of the traffic's own
+    #: tokens (:attr:`FitTraffic.cost`); None: no traffic, or a step above the largest size (it
+    #: runs without a graph)
+    padding_pct: float | None = None
+
+
+class FitTraffic(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The traffic ``--traffic`` gave (planner/sizes/traffic.py's forms), and how its front's
+    lists (the size costs named "traffic front K") were chosen and shown."""
+
+    #: the file as named, and the sha256 of its bytes
+    source: str
+    sha256: str
+    #: "csv", "json" or "prometheus"
+    form: str
+    steps: float
+    #: the engine's largest capture size: every front list ends with it
+    largest: int
+    #: the sizes the front's lists are chosen from
+    candidates: str
+    #: the step cost the front is chosen by and the padding is of, in words (an estimate, not measured)
+    cost: str
+    #: which counts of sizes are shown
+    shown: str
+    #: how the counts were read, where that is not exact (a histogram's buckets spread)
+    notes: list[str] = []
 
 
 class Speculative(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -103,3 +131,5 @@ class FitResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     notes: list[str] = []
     #: speculative decoding's draft (None: none)
     speculative: Speculative | None = None
+    #: ``--traffic``: the traffic the size costs' padding is of (None: none given)
+    traffic: FitTraffic | None = None

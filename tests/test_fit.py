@@ -338,9 +338,9 @@ def test_json_is_the_versioned_schema(capsys):
     from capture_plan.schemas.fit import FitResult
 
     code, out, _ = fit_cli("llama-3-8b", "H200", "sglang==0.5.23", "--context-length", "8192", "--json", capsys=capsys)
-    assert code == 0 and msgspec.json.decode(out, type=FitResult).schema_version == 2
+    assert code == 0 and msgspec.json.decode(out, type=FitResult).schema_version == 3
     code, out, _ = run("schema", "fit", capsys=capsys)
-    assert code == 0 and "FitResult" in out
+    assert code == 0 and "FitResult" in out and "FitTraffic" in out and "padding_pct" in out
 
 
 def test_every_rule_field_is_read():

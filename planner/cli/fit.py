@@ -92,9 +92,17 @@ def fit_command(req: FitRequest, model: str, tail: list[str], changes: dict) -> 
     help="A capture report measured on --device from --plan's plan (as build --calibration takes it; needs "
     "--plan): the graph memory is its measured pool + graph-exec + workspaces.",
 )
+@option(
+    "--traffic",
+    type=click.Path(path_type=Path),
+    metavar="file",
+    help="Batch sizes the engine ran (planner sizes --traffic's forms: size,count CSV, JSON, a Prometheus "
+    "scrape): the traffic's best size lists priced in KV tokens beside the engine default's, each row's "
+    "expected padding.",
+)
 @option("--json", "as_json", is_flag=True, help="Print the result as JSON (planner schema fit).")
 @_engine_flags
-def command(model, device, engine, tp, weights_index, plan_path, calibration, as_json, **flags) -> None:
+def command(model, device, engine, tp, weights_index, plan_path, calibration, traffic, as_json, **flags) -> None:
     """Where the device's memory goes: weights, non-torch, activation peak, graph memory, KV tokens.
 
     Exit 1 with one line when it does not fit, naming the item that overflows and the fixes.
@@ -109,7 +117,9 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
         --device H100 --engine sglang==0.5.23 --context-length 8192 --speculative-algorithm EAGLE \\
         --speculative-draft-model-path planner/data/configs/eagle-llama-3.1-8b.json
       VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 planner fit --model planner/data/configs/qwen2.5-7b.json \\
-        --device H100 --engine vllm==0.34.0 --max-model-len 65536"""
+        --device H100 --engine vllm==0.34.0 --max-model-len 65536
+      planner fit --model planner/data/configs/llama-3.1-8b.json --device H100 --engine vllm==0.34.0 \\
+        --max-model-len 8192 --traffic tests/data/traffic-skewed.csv"""
     import msgspec
 
     from capture_plan.planner.fit.fit import FitRequest, fit
@@ -134,7 +144,12 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
         )
     from capture_plan.planner.fit.refusal import Refusal
 
-    files = [("--weights-index", weights_index), ("--plan", plan_path), ("--calibration", calibration)]
+    files = [
+        ("--weights-index", weights_index),
+        ("--plan", plan_path),
+        ("--calibration", calibration),
+        ("--traffic", traffic),
+    ]
     tail = [str(x) for flag, path in files if path is not None for x in (flag, path)] + (["--json"] if as_json else [])
     req = FitRequest(fit_model, device, engine, tp, {k: v for k, v in given.items() if v is not None}, None, graphs)
     try:
@@ -147,7 +162,12 @@ def command(model, device, engine, tp, weights_index, plan_path, calibration, as
             # a plan with speculative phases: the report measured its verify and draft graphs
             spec = any(p.kind in speculative_kinds() for p in plan.phases)
             req = msgspec.structs.replace(req, measured_graph=measured, measured_speculative=spec)
-        res = fit(req)
+        if traffic is not None:  # its front's lists priced beside the engine default's
+            from capture_plan.planner.sizes.fit_traffic import fit_traffic
+
+            res = fit_traffic(req, str(traffic))
+        else:
+            res = fit(req)
     except Refusal as err:  # its fix as this command, changed
         err.fix = f"{err.hint}: `{fit_command(req, model, tail, err.changes)}`"
         raise

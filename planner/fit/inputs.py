@@ -58,6 +58,9 @@ class FitRequest(msgspec.Struct, frozen=True):
     #: graphs: planner/inputs/specs.py speculative_kinds); without it, under speculative
     #: decoding the measured figure holds none of the draft's graphs (:attr:`FitInputs.graph_measured`)
     measured_speculative: bool = False
+    #: more capture-size lists to price as the engine default's is, by name (their rows follow the
+    #: engine default's and the plan's): a traffic's front (planner/sizes/fit_traffic.py)
+    lists: dict[str, list[int]] = {}
 
     def changed(self, changes: dict[str, object]) -> FitRequest:
         """This request with a refusal's or a fix's ``changes`` (planner/fit/refusal.py: an

@@ -41,9 +41,20 @@ def render(r: FitResult) -> str:
             f"{sp.draft_kv_bytes_per_token} B a token ({sp.draft_layers} layers); without it {without} KV tokens, "
             f"{sp.max_concurrency_without}x ({sp.source})"
         )
+    t = r.traffic
+    if t is not None:
+        lines.append(
+            f"traffic {t.source} ({t.form}, {t.steps:,.0f} steps, largest size {t.largest}); front rows: {t.shown}; "
+            f"pads: {t.cost}" + "".join(f"; {n}" for n in t.notes)
+        )
     for c in r.size_costs:
         cost = "unknown" if c.tokens_cost is None else f"{c.tokens_cost:,}"
-        lines.append(f"sizes {c.name} ({len(c.sizes)}): graph {_gib(c.graph_bytes)}, costs {cost} KV tokens")
+        runs = f" {','.join(map(str, c.sizes))}" if c.name.startswith("traffic front") else ""
+        line = f"sizes {c.name} ({len(c.sizes)}){runs}: graph {_gib(c.graph_bytes)}, costs {cost} KV tokens"
+        if t is not None:
+            no = "no graphs" if not c.sizes else f"steps above {max(c.sizes)} run without graphs"
+            line += f", pads {f'{c.padding_pct:.2f}%' if c.padding_pct is not None else f'n/a ({no})'}"
+        lines.append(line)
     lines += [f"note: {n}" for n in r.notes]
     if not r.fits:
         lines.append(f"does not fit: {r.overflow}; fixes: {' | '.join(r.fixes) or NO_FIX}")

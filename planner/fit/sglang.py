@@ -83,8 +83,12 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     loaded = known(weights) + (known(dw) if dw is not None else 0)  # both load before the pool (init_model_worker)
     nt = estimate.non_torch(inp.tp)
     act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
-    default_graph = result.graph_memory(inp, sglang_graphs(len(decode), len(prefill), m.layers), max(decode))
-    default_graph = _with_logits_buffer(default_graph, max(decode), m.vocab)
+
+    def graph_of(ss: list[int]) -> FitItem:
+        g = result.graph_memory(inp, sglang_graphs(len(ss), len(prefill), m.layers), max(ss))
+        return _with_logits_buffer(g, max(ss), m.vocab)
+
+    default_graph = graph_of(decode)
     if d is not None:
         default_graph = result.draft_graphs(d.method, d.counted != "none", inp.measured_without_drafts)
     measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
@@ -117,6 +121,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         notes.append(pool.note + (f" ({swa_tokens:,} sliding-window tokens)" if pool.ratio is not None else ""))
     costs = [SizeCost("engine default", decode, default_graph.bytes, tokens, 0)]
     costs += result.plan_cost(inp, lambda _graph: tokens, tokens)
+    # the pool is sized before capture: a list's graphs change no tokens
+    for name, ss in inp.request.lists.items():
+        costs.append(SizeCost(name, sorted(ss), graph_of(sorted(ss)).bytes if ss else 0, tokens, 0))
     costs.append(SizeCost("none", [], 0, tokens, 0))
     verdict = result.FITS
     budget_fix = ""

@@ -163,12 +163,15 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         return count(kv_of(graph_bytes))[2]
 
     none_tokens = tokens_of(0)
-    costs = []
-    for name, ss in (("engine default", sizes), ("fewer", [s for s in sizes if s <= FEWER_MAX]), ("none", [])):
+
+    def cost_of(name: str, ss: list[int]) -> SizeCost:
         gi = graph_of(ss)
         t = None if gi.bytes is None else tokens_of(gi.bytes)
-        costs.append(SizeCost(name, ss, gi.bytes, t, None if t is None else none_tokens - t))
-    costs[1:1] = result.plan_cost(inp, tokens_of, none_tokens)
+        return SizeCost(name, ss, gi.bytes, t, None if t is None else none_tokens - t)
+
+    costs = [cost_of("engine default", sizes), *result.plan_cost(inp, tokens_of, none_tokens)]
+    costs += [cost_of(name, sorted(ss)) for name, ss in inp.request.lists.items()]
+    costs += [cost_of("fewer", [s for s in sizes if s <= FEWER_MAX]), cost_of("none", [])]
     verdict = result.FITS
     if kv_bytes <= 0 or conc < 1:
         need = math.ceil(mml / block) * block * (inp.per_layer * m.layers + draft_kv)
