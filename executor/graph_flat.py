@@ -80,10 +80,12 @@ def compiled():
     return importlib.import_module(_EXTENSION.module)
 
 
-def graph_builder() -> GraphBuilder:
+def graph_builder(*, log: bool = True) -> GraphBuilder:
     """The compiled graph builder where it loads, unless :data:`BUILDER_ENV` says ``ctypes``;
-    an ExecutorError where it says ``compiled`` and it did not load, or names no builder."""
-    module, why = _EXTENSION.load()
+    an ExecutorError where it says ``compiled`` and it did not load, or names no builder.
+    ``log``: the INFO line of a fallback to ctypes (a restore checks ahead, quietly, and its
+    rebuild logs it once)."""
+    module, why = _EXTENSION.load(log=log)
     return GraphBuilder("ctypes", why) if module is None else GraphBuilder("compiled")
 
 

@@ -149,7 +149,7 @@ def restore_refusals(plan: Plan, file: GraphFile, here: Here, parts: dict[str, f
     out = check_valid(file, here.env, later=("library", "workspace", "pool"))
     _Lap(parts)("valid", t)
     try:  # the builder the rebuild will run, chosen now: a bad choice refuses before the loading runs
-        graph_builder()
+        graph_builder(log=False)
     except ExecutorError as err:
         out.append(f"{err.what} (fix: {err.fix})")
     out += file_refusals(file, plan, parts)

@@ -33,10 +33,11 @@ class Extension(NamedTuple):
     same: str
     error: type[CapturePlanError]
 
-    def load(self) -> tuple[ModuleType | None, str]:
+    def load(self, *, log: bool = True) -> tuple[ModuleType | None, str]:
         """The extension's module, or None where the twin runs and why (``ENV=python``, or why the
         module did not load); an :attr:`error` where ``env`` names neither or requires the
-        extension that did not load."""
+        extension that did not load. ``log``: the fallback's INFO line (off for a check ahead
+        of the run that logs it)."""
         env, what = self.env, self.what
         want = os.environ.get(env, "").strip().lower()
         if want not in ("", "auto", self.python, "compiled"):
@@ -59,6 +60,8 @@ class Extension(NamedTuple):
                 fix=f"unset {env} ({self.same}), or reinstall with a C compiler: "
                 "pip install --force-reinstall --no-deps .",
             )
+        if not log:
+            return None, why
         import logging  # only here: importing it is a tenth of a quick build's start-up
 
         logging.getLogger(__name__).info("%s: running %s; %s", what, self.python, why)

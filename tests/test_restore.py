@@ -826,3 +826,17 @@ def test_a_graph_builder_the_environment_cannot_give_is_refused_before_the_loadi
     monkeypatch.setitem(sys.modules, "capture_plan.executor._graph_build", None)  # its import raises ImportError
     err = _refused(restoring, plan, _saved(plan))
     assert err.reasons[0].startswith(f"{graph_flat.BUILDER_ENV}=compiled, but the compiled graph builder did not load")
+
+
+def test_the_restores_early_builder_check_logs_nothing_its_rebuild_logs_the_fallback_once(plan, monkeypatch, caplog):
+    """Where the compiled builder is not built, the checks ahead of a restore find the ctypes
+    fallback quietly: the rebuild's own choice logs its one INFO line (the checks logged it too)."""
+    from capture_plan.executor import graph_flat
+
+    monkeypatch.delenv(graph_flat.BUILDER_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "capture_plan.executor._graph_build", None)
+    caplog.set_level(logging.INFO)
+    assert restore_refusals(plan, _saved(plan), Here(device="cuda:0", env=_env(plan))) == []
+    assert not [r for r in caplog.records if "graph builder" in r.getMessage()]
+    assert graph_flat.graph_builder().name == "ctypes"
+    assert len([r for r in caplog.records if "graph builder: running ctypes" in r.getMessage()]) == 1
