@@ -71,7 +71,7 @@ def test_a_build_under_speculative_decoding_leaves_its_kv_tokens_unknown_as_fit_
     kv = _kv("s.json")
     assert kv["kv_tokens"] is None, kv  # was the target's graphs' tokens, the draft's graphs as 0
     assert kv["graph_bytes"] > 0  # the plan's own device memory stays known
-    assert kv["graph"].endswith(f"KV tokens unknown: {fitted['source']}; the measured graph figure (the plan's "
+    assert kv["graph"].endswith(f"KV tokens unknown: {fitted['source']}; the graph figure given (the plan's "
                                 "graph memory) is of a plan with no speculative phase")  # fmt: skip
     assert kv["kv_tokens_without_graphs"] > 0 and not kv.get("overflow")
     assert "KV tokens under" in out and ": unknown (" in out and "speculative decoding" in out

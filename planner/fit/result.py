@@ -225,7 +225,8 @@ def draft_graphs(method: str, draft: bool = True, measured: FitItem | None = Non
         "capture report, so no measured figure is near"
     )
     if measured is not None:
-        why += f"; the measured graph figure ({measured.source}) is of a plan with no speculative phase"
+        # the figure given (a plan's: predicted, or measured by its calibration), not the draft's
+        why += f"; the graph figure given ({measured.source}) is of a plan with no speculative phase"
     return FitItem("graph memory", None, None, "unknown", why)
 
 
