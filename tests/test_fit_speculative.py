@@ -486,3 +486,32 @@ def test_sglang_eagle3_without_its_own_vocab_takes_the_targets_lm_head(tmp_path,
         "draft weights",
     )
     assert "its lm_head of 128256 rows" in one["source"]
+
+
+@pytest.mark.parametrize(
+    ("method", "base", "changes", "key"),
+    [
+        ("eagle", EAGLE, {"hidden_size": 3584}, "$.hidden_size"),
+        ("eagle3", EAGLE3, {"hidden_size": 3584}, "$.hidden_size"),
+        ("eagle3", EAGLE3, {"target_hidden_size": 5120}, "$.target_hidden_size"),
+    ],
+)
+def test_an_eagle_head_made_for_another_targets_width_is_refused(tmp_path, method, base, changes, key, capsys):
+    """llama_eagle.py's fc takes the head's hidden_size x 2 (the target's state beside the
+    token's embedding), llama_eagle3.py's its target_hidden_size (else hidden_size) x 3, in vLLM
+    and SGLang alike: a head made for a target of another width (review3: Llama-3.1-8B's head
+    on Qwen2.5-7B, 4096 against 3584) cannot load; it was accepted."""
+    head = _draft_config(tmp_path, base, "head.json", **changes)
+    vllm = ["--engine", "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec(method, head)]
+    assert _refused(vllm, key, capsys)["speculative"]["method"] == "ngram"
+    sglang = ["--engine", "sglang==0.5.23", "--context-length", "2048", "--speculative-algorithm", method.upper()]
+    _refused([*sglang, "--speculative-draft-model-path", head], key, capsys)
+
+
+def test_an_eagle3_head_whose_target_hidden_size_is_the_targets_is_taken(tmp_path, capsys):
+    """target_hidden_size, where given, is the width the head reads: its own hidden_size may differ."""
+    head = _draft_config(tmp_path, EAGLE3, "head.json", hidden_size=2048, target_hidden_size=4096)
+    fitted = fit_json(
+        "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", head), capsys=capsys
+    )
+    assert fitted["speculative"]["method"] == "eagle3"

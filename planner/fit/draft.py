@@ -162,6 +162,7 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
         )
     if counted == "eagle3":
         _check_draft_vocab(inp, d, {flag: _NGRAM})
+    _check_head_width(inp, d, counted, {flag: _NGRAM})
     _check_attention(flag, d, "the draft")
     w = _weights(inp, d, method, draft_tp)
     per = _kv_per_token(inp, rule, d, draft_tp)
@@ -212,6 +213,25 @@ def _check_draft_vocab(inp: FitInputs, d: FitModel, ngram: dict[str, object]) ->
         raise Refusal(
             f"the EAGLE3 head's vocabulary ({dv}, its {key}) is larger than the target's ({inp.model.vocab}): "
             "the engine maps its tokens into the target's",
+            where=f"{d.source}: $.{key}",
+            hint="the head trained for this target; or n-gram, which needs no draft",
+            changes=ngram,
+        )
+
+
+def _check_head_width(inp: FitInputs, d: FitModel, counted: str, ngram: dict[str, object]) -> None:
+    """An EAGLE head reads the target's hidden states, so it is made for the target's width:
+    EAGLE's fc takes its hidden_size x 2 (the token's embedding beside the target's state:
+    llama_eagle.py), EAGLE3's its target_hidden_size (else hidden_size) x 3 (llama_eagle3.py),
+    in vLLM and SGLang alike. A head made for another target cannot load its fc."""
+    if counted not in ("eagle", "eagle3"):
+        return
+    own = counted == "eagle3" and d.target_hidden > 0
+    width, key = (d.target_hidden, "target_hidden_size") if own else (d.hidden, "hidden_size")
+    if width != inp.model.hidden:
+        raise Refusal(
+            f"the {counted.upper()} head reads hidden states {width} wide (its {key}); the target's are "
+            f"{inp.model.hidden}: it was made for another target",
             where=f"{d.source}: $.{key}",
             hint="the head trained for this target; or n-gram, which needs no draft",
             changes=ngram,
@@ -349,6 +369,7 @@ def _sglang(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     d = _draft_model("speculative-draft-model-path", path, ngram)
     if counted == "eagle3":
         _check_draft_vocab(inp, d, ngram)
+    _check_head_width(inp, d, counted, ngram)
     if d.nextn_layers:  # _resolve_eagle_aux_hidden_state: the draft's layers are these (a NextN
         # checkpoint keeps the target's num_hidden_layers; its MTP layers sit past the dense ones)
         d = msgspec.structs.replace(d, layers=d.nextn_layers, dense_layers=0)

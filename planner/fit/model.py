@@ -110,6 +110,8 @@ class FitModel(msgspec.Struct, frozen=True):
     dtype: str = ""
     #: an EAGLE3 head's draft_vocab_size, its own lm_head's rows (0: not given)
     draft_vocab: int = 0
+    #: an EAGLE3 head's target_hidden_size, the width of the target states it reads (0: not given)
+    target_hidden: int = 0
 
     @property
     def mla(self) -> bool:
@@ -176,14 +178,20 @@ def _draft_vocab(text: dict, where: str) -> int:
     """An EAGLE3 head's ``draft_vocab_size`` (0 where absent or null: both engines then take its
     vocab_size), refused at its path unless a positive integer: vLLM's and SGLang's
     llama_eagle3.py build its lm_head of that many rows."""
-    v = text.get("draft_vocab_size")
+    return _head_size(text, "draft_vocab_size", where, "its vocab_size is taken")
+
+
+def _head_size(text: dict, key: str, where: str, absent: str) -> int:
+    """An EAGLE3 head's optional size ``key``: 0 where absent or null (``absent`` says what the
+    engines take then), refused at its path unless a positive integer."""
+    v = text.get(key)
     if v is None:
         return 0
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise InputError(
-            f"draft_vocab_size must be a positive integer, got {v!r:.40}",
-            where=f"{where}: $.draft_vocab_size",
-            fix="use the draft's own config.json (or leave draft_vocab_size out: its vocab_size is taken)",
+            f"{key} must be a positive integer, got {v!r:.40}",
+            where=f"{where}: $.{key}",
+            fix=f"use the draft's own config.json (or leave {key} out: {absent})",
         )
     return v
 
@@ -277,6 +285,8 @@ def from_config(cfg: object, where: str, name: str) -> FitModel:
         rope=_rope_of(text),
         dtype=_auto_dtype(cfg, text, model_type),
         draft_vocab=_draft_vocab(text, where),
+        # llama_eagle3.py (vLLM and SGLang): fc reads target_hidden_size x 3, else hidden_size x 3
+        target_hidden=_head_size(text, "target_hidden_size", where, "its hidden_size is taken"),
     )
 
 
