@@ -1162,7 +1162,7 @@ def restore_fresh() -> list[str]:
     segments relocated, the file's size; a refusal with its first reason."""
     if not RESTORE_FRESH_RUNS:
         return ["Not measured yet: `python -m bench.restore_floor --fresh` writes the JSON this table reads."]
-    rows, sources = [], []
+    rows, sources, parts = [], [], []
     for name in RESTORE_FRESH_RUNS:
         d = _load(name)
         sources.append(_source(name, d).strip())
@@ -1178,6 +1178,14 @@ def restore_fresh() -> list[str]:
                 why = f"refused: {r['reasons'][0]}" if "refused" in r else r.get("skipped", "restore failed")
                 rows.append([case, f"{c['seconds']:.3f}", why, "", "", "", "", saved])
                 continue
+            p = r["parts"]
+            if "load.eager.first" in p:  # runs that time their parts so
+                parts.append(
+                    f"- {case}: the first eager run {p['load.eager.first']:.3f} s of {p.get('load', 0.0):.3f} s "
+                    f"loading; {c['save'].get('modules', '?')} modules reached at {len(r['keys'])} of "
+                    f"{c['graphs']} keys; nodes added in {p.get('rebuild.nodes', 0.0):.3f} s by the "
+                    f"{str(r.get('builder', '?')).split(' (')[0]} builder"
+                )
             rows.append(
                 [
                     case,
@@ -1200,7 +1208,7 @@ def restore_fresh() -> list[str]:
         "segments moved",
         "file MiB",
     ]
-    return [*_table(header, rows), "", *sources]
+    return [*_table(header, rows), "", *sources, *([""] + parts if parts else [])]
 
 
 # -- planner fit (docs/fit.md) ----------------------------------------------------------------
