@@ -21,9 +21,7 @@ from capture_plan.schemas.spec import Spec
 from .inputs.build_options import (
     SIZE_CHOICE,
     BuildOptions,
-    command_for_cwd,
-    normalized_command,
-    output_path,
+    fix_command,
     without_size_choice,
 )
 from .schedule import pipeline
@@ -86,24 +84,10 @@ def _choice_errors(opts: BuildOptions) -> Iterator[None]:
         # an error may carry no fix of its own (None): never written out as "None"
         if err.retry is not None:
             retry = msgspec.structs.replace(opts, sizes=msgspec.structs.replace(opts.sizes, **err.retry))
-            shown = f"`{command_for_cwd(retry)}`"
+            shown = f"`{fix_command(retry)}`"
             err.fix = f"{err.fix}: {shown}" if err.fix else f"run {shown}"
         else:
             plain = without_size_choice(opts)
-            spec_sizes = f"capture the spec's sizes: `{command_for_cwd(plain)}{_force(plain)}`"
+            spec_sizes = f"capture the spec's sizes: `{fix_command(plain)}`"
             err.fix = f"{err.fix}; or {spec_sizes}" if err.fix else spec_sizes
         raise
-
-
-def _force(opts: BuildOptions) -> str:
-    """`` --force`` where the build of ``opts`` would replace a file at its output that is not
-    its own plan (the plan of the traffic a fix suggests leaving out: ``planner check`` of a
-    sizes plan whose traffic is gone), which the build refuses without it; else ""."""
-    path = output_path(opts)
-    try:
-        if not path.is_file():
-            return ""
-        raw = msgspec.json.decode(path.read_bytes())
-    except (OSError, ValueError, msgspec.DecodeError):
-        return " --force"
-    return "" if isinstance(raw, dict) and raw.get("command") == normalized_command(opts) else " --force"

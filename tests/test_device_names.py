@@ -138,3 +138,21 @@ def test_fits_calibration_reads_the_device_as_fit_does(cli):
     assert fixed[:2] == ["planner", "fit"] and "--calibration" in fixed, err
     code, out, err = cli(*args, "--device", "h200")
     assert code == 0 and out.startswith("llama-3-8b on NVIDIA H200 x1"), err
+
+
+def test_a_builds_fix_replaces_the_file_the_user_forced_it_to(cli):
+    """``planner build ... --force`` over a file holding another build's plan, refused for its
+    --device: the fix is a command that runs, so it says --force too (the user's --force is no
+    build option, and the fix dropped it: running it was refused, 'holds a plan ...'; review3)."""
+    assert cli("build", "-b", "fa3", "-o", "b.json")[0] == 0
+    err = one_line_error(cli("build", "-b", "fa3", "--ci", "--device", "H20", "-o", "b.json", "--force"), "--device")
+    fixed = shlex.split(err.split("`")[1])
+    assert fixed[-1] == "--force", err
+    code, _, err = cli(*fixed[1:])
+    assert code == 0, err
+    command = json.loads(Path("b.json").read_text())["command"]
+    near = fixed[fixed.index("--device") + 1]
+    assert "--ci" in command and command[command.index("--device") + 1] == near, command
+    # a fix over the build's own plan (the same command) needs none
+    err = one_line_error(cli("build", "-b", "fa3", "--ci", "--device", "H20", "-o", "b.json"), "--device")
+    assert "--force" not in err, err

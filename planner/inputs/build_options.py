@@ -46,6 +46,7 @@ __all__ = [
     "options_from_command",
     "normalized_command",
     "command_for_cwd",
+    "fix_command",
     "size_choice",
     "sizes_run",
     "check_paths_encode",
@@ -310,6 +311,26 @@ def command_for_cwd(opts: BuildOptions) -> str:
     cwd = Path.cwd()
     out = relative(output_path(opts), cwd)
     return shlex.join(record_command(_record(opts, cwd, out if out != default_output(opts).as_posix() else None)))
+
+
+def fix_command(opts: BuildOptions) -> str:
+    """:func:`command_for_cwd`, with ``--force`` where the build of ``opts`` would replace a
+    file at its output that is not its own plan, which the build refuses without it: a fix a
+    refusal suggests runs as shown (the user's own ``--force`` is no build option, so the command
+    would drop it). Only for a fix: reading the file makes the text depend on it."""
+    if _SIZES.get() is not None:  # planner sizes writes no plan
+        return command_for_cwd(opts)
+    path = output_path(opts)
+    force = " --force"
+    try:
+        if not path.is_file():
+            force = ""
+        else:
+            raw = msgspec.json.decode(path.read_bytes())
+            force = "" if isinstance(raw, dict) and raw.get("command") == normalized_command(opts) else force
+    except (OSError, ValueError, msgspec.DecodeError):
+        pass
+    return command_for_cwd(opts) + force
 
 
 def check_paths_encode(opts: BuildOptions) -> None:

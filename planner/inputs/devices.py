@@ -168,7 +168,7 @@ def build_device(opts: BuildOptions) -> BuildOptions:
 def refused(err: DeviceRefused, opts: BuildOptions) -> InputError:
     """A build's refused ``--device`` as one line whose fix is the command (``planner build``, or
     ``planner sizes`` while it runs) with the device ``err`` names."""
-    from .build_options import command_for_cwd
+    from .build_options import fix_command
 
     fixed = msgspec.structs.replace(opts, device=err.near)
-    return InputError(err.what, where=err.where, fix=f"{err.hint}: `{command_for_cwd(fixed)}`")
+    return InputError(err.what, where=err.where, fix=f"{err.hint}: `{fix_command(fixed)}`")

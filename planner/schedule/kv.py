@@ -19,7 +19,7 @@ import msgspec
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.plan import DevicePrediction, KvCost
 
-from ..inputs.build_options import BuildOptions, command_for_cwd
+from ..inputs.build_options import BuildOptions, fix_command
 
 if TYPE_CHECKING:  # fit is imported only by a build that names an engine (kv_pricer)
     from ..fit.kv_price import KvPricer
@@ -49,7 +49,7 @@ def fixed_command(opts: BuildOptions, has_config: bool) -> str:
     if not has_config and not any(f.split("=")[0] in ("max-model-len", "context-length") for f in flags):
         flags = (*flags, ("context-length" if engine.startswith("sglang") else "max-model-len") + "=8192")
     device = opts.device if opts.device is not None or opts.calibration is not None else EXAMPLE_DEVICE
-    return command_for_cwd(msgspec.structs.replace(opts, engine=engine, engine_flags=flags, device=device))
+    return fix_command(msgspec.structs.replace(opts, engine=engine, engine_flags=flags, device=device))
 
 
 def _changed(opts: BuildOptions, changes: dict[str, object]) -> BuildOptions:
