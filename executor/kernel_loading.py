@@ -186,6 +186,15 @@ def _by_name(mod: int, calls, cache: dict[int, dict[str, int]]) -> dict[str, int
     return got
 
 
+def _function(mod: int, name: str, calls, cache: dict[int, dict[str, int]]) -> tuple[int | None, int]:
+    """Function ``name`` of module ``mod`` (``cuModuleGetFunction``; where the lookup does not
+    take the name, among the module's functions by the name the walk read: :func:`_by_name`),
+    None where it is in neither; and the lookup's CUresult."""
+    f = ctypes.c_void_p()
+    rc = calls["cuModuleGetFunction"](ctypes.byref(f), ctypes.c_void_p(mod), name.encode())
+    return (f.value if rc == 0 and f.value else _by_name(mod, calls, cache).get(name)), rc
+
+
 def twin_check(file: GraphFile, calls) -> Callable[[int, int], bool]:
     """Whether module ``handle`` here is the file's module ``m`` as far as the file can tell:
     each function of ``m`` the file records :data:`FIXED_ATTRIBUTES` of is in ``handle`` by name
@@ -199,9 +208,7 @@ def twin_check(file: GraphFile, calls) -> Callable[[int, int], bool]:
 
     def check(m: int, handle: int) -> bool:
         for fn in fixed.get(m, ()):
-            f = ctypes.c_void_p()
-            rc = calls["cuModuleGetFunction"](ctypes.byref(f), ctypes.c_void_p(handle), fn.name.encode())
-            func = f.value if rc == 0 and f.value else _by_name(handle, calls, cache).get(fn.name)
+            func, _ = _function(handle, fn.name, calls, cache)
             if not func or function_attributes(func, calls, FIXED_ATTRIBUTES) != fn.fixed:
                 return False
         return True
@@ -231,13 +238,11 @@ def fetch_functions(file: GraphFile, modules: list[int | None], calls=None) -> F
         if mod is None:
             out.missing[key] = "its module was not loaded"
             continue
-        f = ctypes.c_void_p()
-        rc = d["cuModuleGetFunction"](ctypes.byref(f), ctypes.c_void_p(mod), fn.name.encode())
-        if rc != 0 or not f.value:
-            f.value = _by_name(mod, d, enumerated).get(fn.name)
-            if not f.value:
-                out.missing[key] = f"it is not in its module (cuModuleGetFunction: CUresult {rc})"
-                continue
+        func, rc = _function(mod, fn.name, d, enumerated)
+        if not func:
+            out.missing[key] = f"it is not in its module (cuModuleGetFunction: CUresult {rc})"
+            continue
+        f = ctypes.c_void_p(func)
         for name, want in sorted(fn.attributes.items()):
             aid = FUNCTION_ATTRIBUTES.get(name)
             if aid is None:  # function_refusals names it before any run
@@ -256,7 +261,7 @@ def fetch_functions(file: GraphFile, modules: list[int | None], calls=None) -> F
                 break
             out.set += 1
         else:
-            out.functions[key] = f.value
+            out.functions[key] = func
     return out
 
 
