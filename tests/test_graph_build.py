@@ -367,29 +367,28 @@ def test_a_failure_is_named_alike_and_what_was_made_is_destroyed(kw, said, monke
     pytest.fail(f"no random file reached {said}")
 
 
+def _refused_alike(monkeypatch, f: GraphFile, bases: list, modules: list, said: str) -> None:
+    """Both builders refuse rebuilding ``f`` onto ``bases`` and ``modules`` with the same
+    error, which says ``said``."""
+    got = []
+    for builder in ("ctypes", "compiled"):
+        monkeypatch.setenv(graph_flat.BUILDER_ENV, builder)
+        with pytest.raises(ExecutorError, match=said) as e:
+            rebuild_graphs(f, bases, modules, 0x5, CDriver())
+        got.append(str(e.value))
+    assert got[0] == got[1]
+
+
 @needs_compiled
 def test_an_operand_in_a_segment_with_no_address_here_is_named_alike(monkeypatch):
     f = _random_file(3)
     for bases in ([BASES[0], BASES[1], None], [None, None, None]):
-        got = []
-        for builder in ("ctypes", "compiled"):
-            monkeypatch.setenv(graph_flat.BUILDER_ENV, builder)
-            with pytest.raises(ExecutorError, match=r"which has no address here") as e:
-                rebuild_graphs(f, bases, [MODULE], 0x5, CDriver())
-            got.append(str(e.value))
-        assert got[0] == got[1]
+        _refused_alike(monkeypatch, f, bases, [MODULE], r"which has no address here")
 
 
 @needs_compiled
 def test_a_module_not_loaded_here_is_named_alike(monkeypatch):
-    f = _random_file(1)
-    got = []
-    for builder in ("ctypes", "compiled"):
-        monkeypatch.setenv(graph_flat.BUILDER_ENV, builder)
-        with pytest.raises(ExecutorError, match=r"no module with its module's identity") as e:
-            rebuild_graphs(f, BASES, [None], 0x5, CDriver())
-        got.append(str(e.value))
-    assert got[0] == got[1]
+    _refused_alike(monkeypatch, _random_file(1), BASES, [None], r"no module with its module's identity")
 
 
 def _damaged(f: GraphFile, change) -> GraphFile:
