@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import msgspec
-
 from capture_plan.schemas.errors import CapturePlanError
 from capture_plan.schemas.plan import BUILD_FLAGS, Plan
 from capture_plan.schemas.spec import Spec
@@ -22,6 +20,7 @@ from .inputs.build_options import (
     SIZE_CHOICE,
     BuildOptions,
     fix_command,
+    retry_fix,
     without_size_choice,
 )
 from .schedule import pipeline
@@ -81,12 +80,7 @@ def _choice_errors(opts: BuildOptions) -> Iterator[None]:
     except CapturePlanError as err:
         if err.retry is None and not (err.where or "").startswith(tuple(ours)):
             raise
-        # an error may carry no fix of its own (None): never written out as "None"
-        if err.retry is not None:
-            retry = msgspec.structs.replace(opts, sizes=msgspec.structs.replace(opts.sizes, **err.retry))
-            shown = f"`{fix_command(retry)}`"
-            err.fix = f"{err.fix}: {shown}" if err.fix else f"run {shown}"
-        else:
+        if not retry_fix(err, opts):
             plain = without_size_choice(opts)
             spec_sizes = f"capture the spec's sizes: `{fix_command(plain)}`"
             err.fix = f"{err.fix}; or {spec_sizes}" if err.fix else spec_sizes

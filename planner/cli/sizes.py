@@ -28,9 +28,7 @@ def command(given, upto, every, write_spec, plot) -> None:
     Prints, per phase the traffic names, the best list of each count of sizes (the front: expected
     padding in % of step time against graph memory and capture count), the spec's list and SGLang's
     and vLLM's defaults priced alike, and the chosen list; --write-spec writes a spec with it."""
-    import msgspec
-
-    from capture_plan.planner.inputs.build_options import command_for_cwd, from_flat, sizes_run, without_size_choice
+    from capture_plan.planner.inputs.build_options import from_flat, retry_fix, sizes_run, without_size_choice
     from capture_plan.planner.sizes.command import choose_sizes
     from capture_plan.planner.sizes.output import render, write_spec as write
     from capture_plan.planner.sizes.sizes import SizesOptions
@@ -49,10 +47,7 @@ def command(given, upto, every, write_spec, plot) -> None:
         try:
             res = choose_sizes(opts)
         except CapturePlanError as err:
-            if err.retry is not None:  # a size-choice option that would pass: the command with it
-                retry = msgspec.structs.replace(build, sizes=msgspec.structs.replace(build.sizes, **err.retry))
-                shown = f"`{command_for_cwd(retry)}`"
-                err.fix = f"{err.fix}: {shown}" if err.fix else f"run {shown}"
+            retry_fix(err, build)  # a size-choice option that would pass: the command with it
             raise
     text = render(res)
     if plot is not None:

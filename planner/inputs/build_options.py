@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from capture_plan.schemas.build_flags import SIZE_CHOICE
-from capture_plan.schemas.errors import InputError
+from capture_plan.schemas.errors import CapturePlanError, InputError
 from capture_plan.schemas.plan import BUILD_FLAGS, BuildRecord, record_command
 
 from .specs import preset_max_bs
@@ -47,6 +47,7 @@ __all__ = [
     "normalized_command",
     "command_for_cwd",
     "fix_command",
+    "retry_fix",
     "size_choice",
     "sizes_run",
     "check_paths_encode",
@@ -331,6 +332,20 @@ def fix_command(opts: BuildOptions) -> str:
     except (OSError, ValueError, msgspec.DecodeError):
         pass
     return command_for_cwd(opts) + force
+
+
+def retry_fix(err: CapturePlanError, opts: BuildOptions) -> bool:
+    """Where ``err`` names size-choice options that would pass (``err.retry``: field -> value),
+    its fix becomes ``opts``' command with them (:func:`fix_command`: a ``planner sizes``
+    command while one runs); whether it names any. ``opts`` chooses its sizes."""
+    if err.retry is None:
+        return False
+    assert opts.sizes is not None
+    retry = msgspec.structs.replace(opts, sizes=msgspec.structs.replace(opts.sizes, **err.retry))
+    shown = f"`{fix_command(retry)}`"
+    # an error may carry no fix of its own (None): never written out as "None"
+    err.fix = f"{err.fix}: {shown}" if err.fix else f"run {shown}"
+    return True
 
 
 def check_paths_encode(opts: BuildOptions) -> None:
