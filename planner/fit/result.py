@@ -122,9 +122,7 @@ def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:
     if p is None:
         return []
     gi = inp.graph_measured or (
-        draft_graphs(inp.draft.method, inp.draft.counted != "none", inp.measured_without_drafts)
-        if inp.draft is not None and inp.speculative_graphs
-        else graph_memory(inp, None, max(p.sizes), plan=True)
+        draft_graphs(inp) if inp.speculative_graphs else graph_memory(inp, None, max(p.sizes), plan=True)
     )
     t = None if gi.bytes is None else tokens_of(gi.bytes)
     return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]
@@ -215,13 +213,15 @@ def result(
     )
 
 
-def draft_graphs(method: str, draft: bool = True, measured: FitItem | None = None) -> FitItem:
-    """Graph memory under speculative decoding: unknown, never zero (no capture report measures
-    a draft's graphs or the target's verify widths); ``draft``: the method has a draft model;
-    ``measured``: a measured figure of a plan without speculative phases (it holds none of them)."""
-    whose = "and the draft's own decode graphs are" if draft else "are"
+def draft_graphs(inp: FitInputs) -> FitItem:
+    """Graph memory under ``inp``'s speculative decoding: unknown, never zero (no capture report
+    measures a draft's graphs or the target's verify widths); where the request gives a measured
+    figure of a plan without speculative phases, it says it holds none of them."""
+    d, measured = inp.draft, inp.measured_without_drafts
+    assert d is not None, "speculative decoding's graph memory"
+    whose = "and the draft's own decode graphs are" if d.counted != "none" else "are"
     why = (
-        f"speculative decoding ({method}): the target's graphs at its verify widths {whose} in no committed "
+        f"speculative decoding ({d.method}): the target's graphs at its verify widths {whose} in no committed "
         "capture report, so no measured figure is near"
     )
     if measured is not None:

@@ -90,7 +90,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
 
     default_graph = graph_of(decode)
     if d is not None:
-        default_graph = result.draft_graphs(d.method, d.counted != "none", inp.measured_without_drafts)
+        default_graph = result.draft_graphs(inp)
     measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
     if plan is not None:
         if d is not None:

@@ -89,7 +89,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
 
     def graph_of(ss: list[int]) -> FitItem:
         if d is not None and d.counted != "none" and ss:  # ngram: the target's graphs alone, at its sizes
-            return result.draft_graphs(d.method, measured=inp.measured_without_drafts)
+            return result.draft_graphs(inp)
         count = vllm_graphs(mode, ss, seqs, m.layers)
         transient = split_kv_accum(inp, full_graph_sizes(mode, ss, seqs))
         return result.graph_memory(inp, count, max(ss, default=0), transient=transient)
@@ -119,11 +119,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
 
     measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
     if inp.request.plan is not None:
-        planned = (
-            result.draft_graphs(d.method, measured=inp.measured_without_drafts)
-            if d is not None and d.counted != "none"
-            else None
-        )
+        planned = result.draft_graphs(inp) if d is not None and d.counted != "none" else None
         graph = measured or planned or result.graph_memory(inp, None, max(inp.request.plan.sizes), plan=True)
     else:
         graph = measured if measured is not None and sizes else graph_of(sizes)
