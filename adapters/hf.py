@@ -81,6 +81,24 @@ and with 5.17 on an H200 for Llama, Mixtral, Qwen2-MoE and Gemma2 with
 windows at least ``max_seqlen`` (tests/test_gpu_adapters.py also has the
 other architectures and narrow windows; they had not run on a GPU when this
 was written).
+**Engine attention** (``attention="fa3"``): the model's attention modules call
+FlashAttention-3's ``flash_attn_with_kvcache`` over the static cache instead of
+transformers' attention, as vLLM's and SGLang's default backends do on sm90
+(vllm/v1/attention/backends/flash_attn.py, sglang/srt/layers/attention/
+flashattention_backend.py). It matters for graph memory: transformers' SDPA path with a
+mask expands grouped K/V heads to every query head (``repeat_kv``) over the whole cache
+inside the graph, ``2 x bs x heads x max_seqlen x head_dim`` per layer in the pool, which
+no engine's decode allocates; FA3 reads the cache as it is (the transposed views, no copy)
+and allocates only its output and, with ``fa3_splits`` above 1, its float32 split-KV
+accumulators (vLLM's FULL graphs pass ``max_num_splits``, 32; SGLang passes 0, FA3's own
+heuristic). Every row then attends to all slots before the write position and the new
+tokens causally (``prepare`` draws no shorter per-row histories: FA3 takes per-row lengths,
+not a gap before the new tokens); the masks are still written, so the model's own
+attention over the same inputs computes the same thing. Refused: MLA models (the cache
+holds a latent, not keys and values) and no importable FA3 (capture_plan.executor.fa3).
+A sliding window narrower than the cache is passed to FA3 (``window_size``), which the
+fa3-fwd wheel is built without.
+
 What it does not do: paged KV, sampling, tensor parallelism, prefill with attention
 (``profile_hidden`` is the profiling run's forward: attention skipped), a cache of only
 ``window`` slots for sliding layers.
@@ -96,11 +114,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["HFTarget", "DETERMINISTIC_SDPA"]
+__all__ = ["HFTarget", "DETERMINISTIC_SDPA", "ATTENTIONS"]
 
 #: ``torch.nn.attention.SDPBackend`` names the adapter allows by default: those
 #: PyTorch keeps in deterministic mode (all but cuDNN attention), in its order.
 DETERMINISTIC_SDPA = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+#: what ``HFTarget(attention=...)`` takes: the model's own attention (transformers', as its
+#: config names it) or FlashAttention-3 over the static cache, as the engines run it
+ATTENTIONS = ("model", "fa3")
 
 
 @dataclass
@@ -112,6 +134,8 @@ class _Buffers:
     mask: torch.Tensor  # (max_bs, 1, t, max_seqlen) model dtype, additive
     #: the same for sliding-window layers (also hides slots a window behind); None without such layers
     window_mask: torch.Tensor | None = None
+    #: per row, the slots its last new token sees (FA3's cache_seqlens, int32); None without FA3
+    seqlens: torch.Tensor | None = None
 
 
 class HFTarget:
@@ -121,7 +145,9 @@ class HFTarget:
     ``target_verify`` phase would be 4). ``max_bs`` and ``max_seqlen`` size
     the cache and the buffers. ``sdpa_backends``: the ``SDPBackend`` names
     ``run`` allows (default :data:`DETERMINISTIC_SDPA`), or ``None`` for
-    PyTorch's own dispatch.
+    PyTorch's own dispatch. ``attention``: one of :data:`ATTENTIONS` (module
+    docstring); ``fa3_splits``: FA3's ``num_splits`` (0: its heuristic), with
+    ``attention="fa3"`` only.
     """
 
     def __init__(
@@ -133,6 +159,8 @@ class HFTarget:
         tokens: dict | None = None,
         seed: int = 0,
         sdpa_backends: tuple[str, ...] | None = DETERMINISTIC_SDPA,
+        attention: str = "model",
+        fa3_splits: int = 0,
     ):
         # transformers is the hf extra: .ci/run type-checks with it installed, a checkout may lack it
         from torch.nn.attention import SDPBackend
@@ -145,6 +173,21 @@ class HFTarget:
                 f"torch.nn.attention.SDPBackend such as {DETERMINISTIC_SDPA}"
             )
         self.sdpa_backends = sdpa_backends
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: expected one of {ATTENTIONS}")
+        if fa3_splits < 0 or (fa3_splits and attention != "fa3"):
+            raise ValueError(f"fa3_splits {fa3_splits}: expected 0, or FA3's num_splits >= 1 with attention='fa3'")
+        self.attention, self.fa3_splits = attention, fa3_splits
+        self._fa3 = None
+        if attention == "fa3":
+            from capture_plan.executor import fa3 as fa3_modules
+
+            self._fa3 = fa3_modules.load_fa3()
+            if self._fa3 is None:
+                raise ImportError(
+                    f"attention='fa3' needs FlashAttention-3: none of {fa3_modules.FA3_MODULES} imports; "
+                    "install the fa3-fwd wheel (pip install fa3-fwd) or pass attention='model'"
+                )
 
         self.model = model.eval()
         self.tokens = dict(tokens or {"decode": 1})
@@ -164,6 +207,18 @@ class HFTarget:
         self.window: int | None = None
         self._mixed = False
         self._allocate_cache(max_bs, getattr(cfg, "layer_types", None))
+        if self._fa3 is not None:
+            k, v = self.cache.layers[0].keys, self.cache.layers[0].values  # pyright: ignore[reportAttributeAccessIssue]
+            if k.shape != v.shape:  # pyright: ignore[reportOptionalMemberAccess]
+                raise ValueError(
+                    f"attention='fa3' reads the cache as keys and values; {type(model).__name__} caches "
+                    f"{tuple(k.shape)} and {tuple(v.shape)} (MLA's latent): pass attention='model'"  # pyright: ignore[reportOptionalMemberAccess]
+                )
+            # after the cache's probe step, which runs the model's own attention on a dynamic cache
+            from transformers import AttentionInterface  # pyright: ignore[reportMissingImports]
+
+            AttentionInterface.register(FA3_ATTENTION, _fa3_attention)
+            model.config._attn_implementation = FA3_ATTENTION
         # Each layer's write position, reset from `position` at every run. The
         # counters are views of one tensor, so the reset is a single copy.
         self._counters = torch.zeros(len(self.cache.layers), dtype=torch.long, device=self.device)
@@ -180,6 +235,7 @@ class HFTarget:
                 window_mask=None
                 if self.window is None
                 else torch.zeros(max_bs, 1, t, max_seqlen, dtype=self.dtype, device=self.device),
+                seqlens=None if self._fa3 is None else torch.zeros(max_bs, dtype=torch.int32, device=self.device),
             )
             for t in set(self.tokens.values())
         }
@@ -217,6 +273,8 @@ class HFTarget:
             "tokens": self.tokens,
             "sdpa": list(self.sdpa_backends) if self.sdpa_backends is not None else None,
         }
+        if self._fa3 is not None:  # only then: the model's own attention keeps the keys it had
+            parts["fa3"] = {"module": self._fa3.__name__, "splits": self.fa3_splits}
         raw = json.dumps(parts, sort_keys=True, default=str).encode()
         return f"{type(self.model).__name__} {self.dtype} {hashlib.sha256(raw).hexdigest()[:16]}"
 
@@ -234,6 +292,10 @@ class HFTarget:
                 if self._mixed
                 else buf.window_mask[:bs]
             )
+        extra = {}
+        if buf.seqlens is not None:
+            # transformers hands a forward's extra keyword arguments down to the attention function
+            extra[FA3_ATTENTION] = (self._fa3, buf.seqlens[:bs], self.fa3_splits)
         with self._attention(), torch.no_grad():
             out = self.model(
                 input_ids=buf.ids[:bs],
@@ -241,6 +303,7 @@ class HFTarget:
                 attention_mask=mask,
                 use_cache=True,
                 **{self._cache_kwarg: self._view(bs)},
+                **extra,
             )
         return out.logits.reshape(bs * t, -1)
 
@@ -249,13 +312,17 @@ class HFTarget:
         shared by the batch (a static cache writes every row at the same
         slot), and per row a random history length below it, expressed by
         the mask (each new token sees that history and the new tokens up to
-        itself)."""
+        itself). With FA3 every row's history is the whole of it (module
+        docstring); the same draws are made, so the token ids are those of the
+        model's own attention."""
         t = self.tokens[phase]
         buf = self._buffers[t]
         dev = self.device
         pos = torch.randint(0, self.max_seqlen - t + 1, (), generator=generator, device=dev)
         buf.ids[:bs].random_(0, self.vocab, generator=generator)
         history = (torch.rand(bs, generator=generator, device=dev) * (pos + 1).float()).long()  # 0..pos
+        if buf.seqlens is not None:
+            history = pos.expand(bs)
         self._place(buf, bs, pos, history)
 
     def _place(self, buf: _Buffers, bs: int, pos: torch.Tensor, history: torch.Tensor) -> None:
@@ -263,9 +330,12 @@ class HFTarget:
         and the masks: row ``i``'s token ``j`` sees the slots below
         ``history[i]`` and the new tokens up to itself; in sliding-window
         layers only those less than a window behind it (position ``q`` sees
-        ``q - window < slot <= q``, as transformers' sliding masks)."""
+        ``q - window < slot <= q``, as transformers' sliding masks). With FA3,
+        each row's length: the slots before ``pos`` and the new tokens."""
         t, dev = buf.ids.shape[1], self.device
         self.position.copy_(pos)
+        if buf.seqlens is not None:
+            buf.seqlens[:bs].copy_((pos + t).expand(bs))
         steps = torch.arange(t, device=dev)
         buf.positions[:bs].copy_((pos + steps).expand(bs, t))
         slot = torch.arange(self.max_seqlen, device=dev)[None, None, :]
@@ -280,7 +350,8 @@ class HFTarget:
             buf.window_mask[:bs] = torch.where(allowed & near, 0.0, low).to(self.dtype)[:, None]
 
     def refresh(self, phase: str, n: int, bs: int, workspace: torch.Tensor) -> None:
-        """Nothing to hoist: transformers' attention has no per-call workspace."""
+        """Nothing to hoist: transformers' attention has no per-call workspace, and FA3's
+        scheduler metadata is computed inside the graph (in the pool) here."""
 
     # -- an engine's profiling forward ---------------------------------------------
     def profile_hidden(self, ids: torch.Tensor) -> torch.Tensor:
@@ -393,8 +464,8 @@ class HFTarget:
 
     def _attention(self) -> contextlib.AbstractContextManager:
         """The SDPA kernels allowed while the model runs (read at every call, so
-        the attribute can be changed between captures)."""
-        if self.sdpa_backends is None:
+        the attribute can be changed between captures); none pinned with FA3."""
+        if self.sdpa_backends is None or self._fa3 is not None:
             return contextlib.nullcontext()
         return _pinned(tuple(self.sdpa_backends))
 
@@ -426,6 +497,36 @@ def _skipped_attention(module, query, key, value, attention_mask, **kwargs):
     functions return them (``(batch, tokens, heads, head_dim)``), no weights."""
     b, h, s, _ = query.shape
     return query.new_zeros(b, s, h, value.shape[-1]), None
+
+
+#: the attention implementation ``HFTarget(attention="fa3")`` registers, and the keyword its
+#: ``run`` passes the FA3 module, the rows' lengths and the split count under
+FA3_ATTENTION = "capture_plan_fa3"
+
+
+def _fa3_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, sliding_window=None, **kw):
+    """transformers' attention call answered by FA3's ``flash_attn_with_kvcache`` over the
+    whole static cache (``key``/``value``: the layer's cache, ``(bs, kv_heads, max_seqlen,
+    head_dim)``, the new tokens already written at the write position), read through
+    transposed views, each row up to its length, causally over the new tokens; ``scaling``,
+    ``softcap`` (Gemma2's logit soft-capping) and a ``sliding_window`` narrower than the
+    cache are passed on (FA3's window ``(w - 1, 0)`` is transformers' ``q - w < slot <=
+    q``). Returns ``(bs, tokens, heads, head_dim)`` and no weights, as transformers'
+    attention functions do."""
+    fa3, seqlens, splits = kw[FA3_ATTENTION]
+    window = sliding_window if sliding_window and sliding_window < key.shape[2] else None
+    out = fa3.flash_attn_with_kvcache(
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        cache_seqlens=seqlens,
+        causal=True,
+        softmax_scale=scaling,
+        window_size=(-1, -1) if window is None else (window - 1, 0),
+        softcap=softcap or 0.0,
+        num_splits=splits,
+    )
+    return (out[0] if isinstance(out, tuple) else out), None
 
 
 def _check_experts(model) -> None:

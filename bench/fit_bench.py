@@ -104,7 +104,10 @@ FIT_LACKS = {
 #: where the runner's model differs from vLLM's: agreement proves consistency with the wheel
 #: reading, not the engine's figures
 DIFFERS = [
-    "the case's own model code and kernels (bench.harness case_target), not vLLM's model and kernels; "
+    "the case's own model code and kernels (bench.harness case_target), not vLLM's model and kernels, "
+    "but for attention: the transformers cases attend with FA3 over their cache, as vLLM's sm90 backend, "
+    "with its FULL graphs' 32 splits (adapters/hf.py attention='fa3'; runs before this change used "
+    "transformers' SDPA, whose grouped K/V heads are expanded over the whole cache in the graph pool); "
     "EAGLE's draft runs the speculative reference's draft phases (draft_extend, draft_decode)",
     "cudagraph_mode FULL_DECODE_ONLY (vLLM's default is FULL_AND_PIECEWISE): the case models have no "
     "piecewise split; fit is given the same mode",
@@ -116,10 +119,9 @@ DIFFERS = [
     "or, 0.33.0-shaped, given back to the budget (the release allocates its cache after profiling)",
     "the weights are the model's parameters and buffers as built (transformers keeps no rotary "
     "cos/sin cache, vLLM does; fit counts vLLM's)",
-    "fit prices vLLM's FlashAttention-3 backend, which on sm90 gives FULL graphs 32 split-KV "
-    "accumulators per layer (vllm/v1/attention/backends/flash_attn.py max_num_splits; planner/fit/vllm.py "
-    "split_kv_accum); the case models' own attention does not allocate them, so fit's graph figure "
-    "holds them and the runner's does not",
+    "the reference and EAGLE cases call FA3 with its own split heuristic and hoisted scheduler metadata, "
+    "not vLLM's 32 splits: fit's graph figure holds vLLM's split-KV accumulators (planner/fit/vllm.py "
+    "split_kv_accum), their runner's does not",
 ]
 
 
@@ -493,6 +495,7 @@ def child(case: str, layers: int, release: str = RELEASE) -> dict:
 
     from bench.harness import DEVICE_FIELDS, CaseDoesNotFit, case_target
     from capture_plan.executor.device import driver_version
+    from capture_plan.planner.fit.tables import estimates
 
     device_name = torch.cuda.get_device_name()
     # header(device=True)'s fields, read here: the parent never touches the GPU
@@ -504,7 +507,9 @@ def child(case: str, layers: int, release: str = RELEASE) -> dict:
     # every decode graph's requests (EAGLE's draft decode grid: up to max_num_seqs)
     max_bs = s.max_num_seqs if s.num_speculative_tokens else max(s.capture_sizes)
     try:
-        target = case_target(case, None, layers, max_bs=max_bs)
+        # vLLM's sm90 attention: FA3 with max_num_splits for its FULL graphs (fit's own reading)
+        splits = estimates()["graph"]["vllm_split_kv"]["splits"]
+        target = case_target(case, None, layers, max_bs=max_bs, attention="fa3", fa3_splits=splits)
     except CaseDoesNotFit as err:  # a result: the case is skipped on this device, saying why
         return {"skipped": f"{case} does not fit this device: {err}"}
     torch.cuda.synchronize()

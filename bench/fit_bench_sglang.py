@@ -58,6 +58,10 @@ DIFFERS = [
     "case model's parameters and buffers with that cache in place of the case model's rotary inv_freq "
     "buffers (SGLang keeps none; they stay in the memory the load took). Runs before this change counted "
     "the inv_freq buffers and no cache",
+    "attention: the transformers cases attend with FA3 over their own (unpaged) cache, num_splits 0, as "
+    "SGLang's sm90 default backend (adapters/hf.py attention='fa3'; runs before this change used "
+    "transformers' SDPA, whose grouped K/V heads are expanded over the whole cache in the graph pool); "
+    "the reference case calls FA3 itself",
     "the activation peak is not SGLang's: the release runs no profiling forward (its slack is a "
     "heuristic); the runner measures one eager prefill chunk (chunked_prefill_size tokens, attention "
     "skipped) and its sampling over cuda_graph_max_bs rows, after the pool and the graphs",
@@ -262,7 +266,9 @@ def child(case: str, layers: int, context_length: int) -> dict:
     module = adoption.before_module(Path(sglang_runner.__file__), Path(tempfile.mkdtemp()), "sglang_fit_bench")
     startup = sglang_memory.StartUp(module, ms)  # pre_model_load_memory: before the model is built
     try:
-        target = case_target(case, None, layers, max_bs=ms.decode_max_bs)
+        # SGLang's sm90 default: FA3, num_splits 0 (FA3's own split heuristic) unless deterministic
+        # (sglang/srt/layers/attention/flashattention_backend.py FlashAttentionBackend.__init__)
+        target = case_target(case, None, layers, max_bs=ms.decode_max_bs, attention="fa3")
     except CaseDoesNotFit as err:
         return {"skipped": f"{case} does not fit this device: {err}"}
     torch.cuda.synchronize()

@@ -863,11 +863,22 @@ def kv_budget() -> int:
     return int(free_bytes() * KV_SHARE)
 
 
-def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None, **config):
+def case_target(
+    case: str,
+    plan,
+    layers: int = 32,
+    *,
+    max_bs: int | None = None,
+    attention: str = "model",
+    fa3_splits: int = 0,
+    **config,
+):
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
-    decode step or the speculative reference (``layers`` layers), or the transformers
-    model of :data:`HF_ARCHS` (``config`` on top, its attention implementation) in
-    ``HFTarget``; sized for ``max_bs`` requests (default: the plan's largest size). Every
+    decode step or the speculative reference (``layers`` layers; they call FA3 themselves),
+    or the transformers model of :data:`HF_ARCHS` (``config`` on top) in ``HFTarget``, with
+    ``attention`` (``"model"``: the case's attention implementation; ``"fa3"``: FA3 over the
+    cache as the engines' sm90 backends, ``fa3_splits`` its split count: ``HFTarget``'s);
+    sized for ``max_bs`` requests (default: the plan's largest size). Every
     case's cache length is sized for the device by :func:`fit_seqlen` within
     :func:`kv_budget`, read before the model is built: :data:`REFERENCE_SEQLEN` (the
     reference models) or :data:`HF_MAX_SEQLEN` (transformers) where it fits, shorter where
@@ -924,7 +935,7 @@ def case_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None,
     cfg._attn_implementation = HF_ARCHS[case][2]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
-    return HFTarget(model, max_bs=max_bs, max_seqlen=seqlen)
+    return HFTarget(model, max_bs=max_bs, max_seqlen=seqlen, attention=attention, fa3_splits=fa3_splits)
 
 
 def fitted_target(case: str, plan, layers: int = 32, *, max_bs: int | None = None, **config):

@@ -21,25 +21,15 @@ all-reduce after the O and down projections, inside the graph.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from capture_plan.executor.fa3 import load_fa3
 from capture_plan.schemas.spec import Model
 
-__all__ = ["ReferenceConfig", "ReferenceModel", "CacheRows", "load_fa3"]
-
-
-def load_fa3():
-    """The FA3 module, or None: the official interface first, then the wheel's."""
-    for name in ("flash_attn_interface", "fa3_fwd_interface"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    return None
+__all__ = ["ReferenceConfig", "ReferenceModel", "CacheRows"]
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ def _model():
 
 def save(folder: Path) -> dict:
     from capture_plan.executor import capture
+    from capture_plan.executor.fa3 import load_fa3
     from capture_plan.executor.graph_file import save_graphs
     from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.references.decode import load_fa3
     from capture_plan.schemas.codec import canonical_bytes
 
     spec = folder / "spec.toml"

@@ -116,3 +116,38 @@ def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind, window):
         harness.release(run)
     bad = [(r.bs, r.max_abs_diff, r.eager_equal) for r in rows if not (r.equal and r.eager_equal)]
     assert not bad, f"(bs, max |replay - eager|, eager runs agree): {bad}"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2_moe", "gemma2", "mistral"])
+@pytest.mark.parametrize("splits", [0, 32])
+def test_fa3_attention_replays_equal_eager_runs_and_match_the_models_attention(kind, splits):
+    """``HFTarget(attention="fa3")`` with the device's FA3 (the engines' sm90 attention):
+    every replay of the engines' loop equals an eager run bit for bit, and its logits are
+    the model's own attention's on the same inputs within bf16 rounding (Gemma2: FA3's
+    soft-capping; ``splits`` 32: vLLM's FULL graphs' split count)."""
+    import torch
+
+    from capture_plan.adapters.hf import HFTarget
+    from capture_plan.executor.fa3 import load_fa3
+
+    if load_fa3() is None:
+        pytest.skip("no FA3 module importable (the fa3-fwd wheel: . bench/device_env.sh)")
+    harness = bench_module("harness")
+    sizes = [1, 8, 32, 64]
+    fast = HFTarget(_model(kind)[0], max_bs=max(sizes), max_seqlen=256, attention="fa3", fa3_splits=splits)
+    own = HFTarget(_model(kind)[0], max_bs=max(sizes), max_seqlen=256)
+    for target in (fast, own):
+        target.prepare("decode", 64, 64, torch.Generator(device="cuda").manual_seed(3))
+    pos = own.position.clone()
+    own._place(own._buffers[1], 64, pos, pos.expand(64))  # every row its whole history, as under FA3
+    a, b = fast.run("decode", 64, None).float(), own.run("decode", 64, None).float()
+    assert (a - b).abs().max().item() < 0.05 * b.abs().max().item(), kind
+    run = harness.engine_loop(fast, harness.largest_first([("decode", sizes)]), warmups=1)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    try:
+        rows = harness.replays_vs_eager(fast, run, gen, rounds=3, eager_twice=True)
+    finally:
+        harness.release(run)
+    bad = [(r.bs, r.max_abs_diff, r.eager_equal) for r in rows if not (r.equal and r.eager_equal)]
+    assert not bad, f"(bs, max |replay - eager|, eager runs agree): {bad}"

@@ -33,8 +33,9 @@ def captured(tmp_path_factory):
     import torch
 
     from capture_plan.executor import capture
+    from capture_plan.executor.fa3 import load_fa3
     from capture_plan.planner import BuildOptions, build_plan
-    from capture_plan.references.decode import ReferenceConfig, ReferenceModel, load_fa3
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
     from capture_plan.schemas.spec import Model
 
     folder = tmp_path_factory.mktemp("restore")
