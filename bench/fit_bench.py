@@ -5,7 +5,9 @@ For each bench model (bench/device_bench.py's CASES, random weights: bench.harne
 
   runner    vLLM 0.34.0's start-up as tests/engines has it (vllm_runner_034.py over
             0.33.0's runner, vllm_worker_034.py; loaded as tests/engines/plugged.py loads
-            them), on the case's own model: the init snapshot before the model is built;
+            them), on the case's own model (the transformers cases attending with FA3 over
+            their cache, 32 splits, as vLLM's sm90 backend: adapters/hf.py
+            ``attention="fa3"``): the init snapshot before the model is built;
             the weights' bytes measured (its parameters and buffers); ``profile_run`` (the
             dummy run at max_num_batched_tokens, attention skipped as vLLM's profiling run
             skips it: the model's ``profile_hidden``; then the dummy sampler run) with its
