@@ -64,17 +64,19 @@ def test_a_value_is_refused_on_the_side_it_breaks():
     assert out_of_bounds("max_graphs", 1) is None and out_of_bounds("max_graphs", None) is None
 
 
+def _rebound(monkeypatch, field: str, **bound) -> None:
+    """Option ``field``'s row with ``bound`` (``lo=3``) changed, for this test."""
+    row = BUILD_FLAG[field]
+    new = row._replace(bounds=row.bounds._replace(**bound))  # pyright: ignore[reportOptionalMemberAccess]
+    monkeypatch.setitem(build_flags.BUILD_FLAG, field, new)
+
+
 def test_changing_a_rows_bound_changes_the_commands_check(monkeypatch):
     """The size choice's check reads the row: a row that asks 3 or more refuses 2."""
     opts = SizesOptions(
         build=BuildOptions(backend="fa3", ci=True), choice=SizeChoiceOptions(traffic=SKEWED, max_graphs=2)
     )
-    row = BUILD_FLAG["max_graphs"]
-    monkeypatch.setitem(
-        build_flags.BUILD_FLAG,
-        "max_graphs",
-        row._replace(bounds=row.bounds._replace(lo=3)),  # pyright: ignore[reportOptionalMemberAccess]
-    )
+    _rebound(monkeypatch, "max_graphs", lo=3)
     with pytest.raises(InputError, match=r"must be 3 or more, got 2") as e:
         choose_sizes(opts)
     assert e.value.where == "--max-graphs 2"
@@ -86,12 +88,7 @@ def test_the_tp_check_reads_its_row(monkeypatch):
     spec = build_spec(BuildOptions(backend="fa3"))
     check_tp(spec, 8)
     assert out_of_bounds("tp", 0) == "must be 1..16384, got 0"
-    row = BUILD_FLAG["tp"]
-    monkeypatch.setitem(
-        build_flags.BUILD_FLAG,
-        "tp",
-        row._replace(bounds=row.bounds._replace(hi=4)),  # pyright: ignore[reportOptionalMemberAccess]
-    )
+    _rebound(monkeypatch, "tp", hi=4)
     with pytest.raises(InputError, match=r"must be 1\.\.4, got 8") as e:
         check_tp(spec, 8)
     assert e.value.where == "--tp"
