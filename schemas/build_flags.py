@@ -3,17 +3,18 @@
 A row names the option's field (in ``capture_plan.planner.inputs.build_options.BuildOptions``,
 a size-choice option in its nested ``SizeChoiceOptions``, and in
 :class:`capture_plan.schemas.plan.BuildRecord`), its flag (what a recorded command spells),
-its kind (how the command writes and reads its value) and its help text. From it are made:
-the click options of ``planner build`` and ``planner sizes`` (planner/cli/_build_inputs.py;
-the click details a kind does not say, such as shell completion, are that module's), the
-plan's record of a build and its command text (:data:`capture_plan.schemas.plan.BUILD_FLAGS`,
-``record_command``), and the options read back from either (planner/inputs/build_options.py).
-``tests/test_build_options_table.py`` checks the table against ``BuildOptions``,
-``BuildRecord`` and both commands.
+its kind (how the command writes and reads its value), its help text, its bounds and whether
+it is required. From it are made: the click options of ``planner build`` and ``planner sizes``
+(planner/cli/_build_inputs.py; the click details a kind does not say, such as shell
+completion, are that module's), the plan's record of a build (``BuildRecord``: one field per
+row, its type, bounds and default the row's) and its command text
+(:data:`capture_plan.schemas.plan.BUILD_FLAGS`, ``record_command``), and the options read back
+from either (planner/inputs/build_options.py). ``tests/test_build_options_table.py`` checks
+the table against ``BuildOptions``, the record and both commands.
 
 Plain Python (no msgspec): ``planner --help`` imports the command modules, which make their
-options from it. A new build option is a row here, a field of ``BuildOptions`` and of
-``BuildRecord``, and its meaning in the pipeline.
+options from it. A new build option is a row here, a field of ``BuildOptions``, and its
+meaning in the pipeline.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ class Bounds(NamedTuple):
     """The values an option accepts: from ``lo`` to ``hi`` (None: unbounded on that side;
     ``*_open``: the bound itself excluded), and what a value outside them is told. A bound
     may name a constant of :mod:`capture_plan.schemas.limits` ("MAX_BS"), read when used, so
-    that this table stays plain Python. The one bound of its option: the commands' checks,
-    :class:`~capture_plan.schemas.plan.BuildRecord`'s field and the spec's field of the same
-    name read it (:func:`out_of_bounds`, :func:`msgspec_bounds`)."""
+    that this table stays plain Python. The one bound of its option: the commands' checks
+    (``--tp``'s in ``check_tp``), :class:`~capture_plan.schemas.plan.BuildRecord`'s field and
+    the spec's field of the same name read it (:func:`out_of_bounds`, :func:`msgspec_bounds`)."""
 
     lo: float | str | None
     hi: float | str | None
@@ -80,6 +81,8 @@ class BuildFlag(NamedTuple):
     other: str = ""
     #: the values it accepts (None: any its type holds)
     bounds: Bounds | None = None
+    #: every command and record names it (``backend``); else it may be left out, as its default
+    required: bool = False
 
     @property
     def type(self) -> type:
@@ -99,7 +102,14 @@ _TYPES: dict[str, type] = {"switch": bool, "repeat": str, "path": str, "int": in
 #: every option of ``planner build``, in the order a recorded command lists them (``backend``
 #: first: the command always names it)
 BUILD_OPTIONS: tuple[BuildFlag, ...] = (
-    BuildFlag("backend", "--backend", "text", "Attention backend: {backends} (planner/data/backends.toml).", "-b"),
+    BuildFlag(
+        "backend",
+        "--backend",
+        "text",
+        "Attention backend: {backends} (planner/data/backends.toml).",
+        "-b",
+        required=True,
+    ),
     BuildFlag("ci", "--ci", "switch", "Apply the CI-only gates."),
     BuildFlag("spec", "--spec", "path", "Spec file (TOML or JSON); default: the embedded spec."),
     BuildFlag("speculative", "--speculative", "text", "Add speculative phases: eagle."),
@@ -117,7 +127,13 @@ BUILD_OPTIONS: tuple[BuildFlag, ...] = (
         "Largest capture size of the embedded spec [256; --preset vllm: 512 tokens].",
         bounds=Bounds(1, "MAX_BS", below="must be {lo:g}..{hi:g}, got {v}"),
     ),
-    BuildFlag("tp", "--tp", "int", "Tensor-parallel size (per-rank memory and step time)."),
+    BuildFlag(
+        "tp",
+        "--tp",
+        "int",
+        "Tensor-parallel size (per-rank memory and step time).",
+        bounds=Bounds(1, "MAX_TP", below="must be {lo:g}..{hi:g}, got {v}"),
+    ),
     BuildFlag("allocator", "--allocator", "text", "native or expandable segments."),
     BuildFlag(
         "trace",

@@ -37,6 +37,7 @@ __all__ = [
     "MAX_INT",
     "MAX_MIB",
     "MODEL_MAX",
+    "MAX_TP",
     "MAX_TOKENS_PER_REQUEST",
     "MAX_CONTEXT",
     "MAX_EVENT_BYTES",
@@ -88,6 +89,8 @@ MODEL_MAX: dict[str, int] = {
     "dtype_bytes": 16,
     "logits_dtype_bytes": 16,
 }
+#: the largest tensor-parallel size (``--tp``): no more ranks than the largest model has heads
+MAX_TP = MODEL_MAX["heads"]
 #: model dimensions not in MODEL_MAX (fields added later) get this bound
 MODEL_MAX_DEFAULT = 1 << 24
 #: one allocation of a recorded trace: 1 TiB

@@ -12,11 +12,12 @@ checked by :func:`capture_plan.schemas.plan_check.validate_plan`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import inspect
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from .build_flags import BUILD_OPTIONS, option_meta
+from .build_flags import BUILD_OPTIONS, BuildFlag, option_meta
 from .key_fields import KeyFields
 from .limits import MAX_PIECES, AxisName, BatchSize, Label, NonNegative, NonNegativeFloat
 from .strategy import (
@@ -423,40 +424,50 @@ class Prediction(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
     kv: KvCost | None = None
 
 
-class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
-    """The options ``planner build`` was given (``capture_plan.planner.inputs.build_options.BuildOptions``), as
-    ``planner check`` rebuilds the plan from them: paths relative to the plan's
-    own folder, ``output`` only the file name and only when it is not the
-    default one. The one record of a build (``command`` is its text)."""
+_BUILD_RECORD_DOC = """\
+The options ``planner build`` was given (``capture_plan.planner.inputs.build_options.BuildOptions``), as
+``planner check`` rebuilds the plan from them: paths relative to the plan's
+own folder, ``output`` only the file name and only when it is not the
+default one. The one record of a build (``command`` is its text)."""
 
-    backend: str
-    ci: bool = False
-    speculative: str | None = None
-    preset: str | None = None
-    max_bs: Annotated[int, option_meta("max_bs")] | None = None
-    spec: str | None = None
-    strategies: list[str] = []
-    trace: str | None = None
-    tp: Positive | None = None
-    allocator: str | None = None
-    exact: bool = False
-    calibration: str | None = None
-    #: "auto": the sizes chosen for ``traffic`` (planner/sizes/sizes.py), with the options below (revision 5)
-    sizes: str | None = None
-    traffic: str | None = None
-    traffic_phases: list[str] = []
-    metric: str | None = None
-    max_size: Annotated[int, option_meta("max_size")] | None = None
-    timing: str | None = None
-    device: str | None = None
-    context: Annotated[int, option_meta("context")] | None = None
-    budget_mib: Annotated[float, option_meta("budget_mib")] | None = None
-    max_graphs: Annotated[int, option_meta("max_graphs")] | None = None
-    max_padding: Annotated[float, option_meta("max_padding")] | None = None
-    engine: str | None = None
-    engine_flags: list[str] = []
-    min_kv_tokens: Annotated[int, option_meta("min_kv_tokens")] | None = None
-    output: str | None = None
+
+def _recorded(row: BuildFlag) -> tuple:
+    """``row``'s field of :class:`BuildRecord`, as its kind records it: a switch true or false,
+    a repeat's items as a list, a path as text (relative to the plan's folder), any other
+    value as given, each bounded by the row and left out where not given (its default)."""
+    if row.required:
+        return (row.field, row.type)
+    if row.kind == "switch":
+        return (row.field, bool, False)
+    if row.kind == "repeat":
+        return (row.field, list[row.type], [])
+    value: Any = row.type
+    if row.bounds is not None:
+        value = Annotated[value, option_meta(row.field)]
+    return (row.field, value | None, None)
+
+
+if TYPE_CHECKING:  # what type checkers see of the struct made below: the backend, and any option by name
+
+    class BuildRecord(PlanStruct, frozen=True, kw_only=True, omit_defaults=True):
+        backend: str
+
+        def __init__(self, **options: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    # one field per row of the table of build options (schemas/build_flags.py): its type, bounds
+    # and default are the row's, written once there
+    BuildRecord = msgspec.defstruct(
+        "BuildRecord",
+        [_recorded(row) for row in BUILD_OPTIONS],
+        bases=(PlanStruct,),
+        module=__name__,
+        frozen=True,
+        kw_only=True,
+        omit_defaults=True,
+    )
+    BuildRecord.__doc__ = inspect.cleandoc(_BUILD_RECORD_DOC)
 
 
 #: where a model dimension came from: the spec's ``[model]``, its config.json, the preset it

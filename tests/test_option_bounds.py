@@ -11,7 +11,7 @@ import msgspec
 import msgspec.inspect as mi
 import pytest
 
-from capture_plan.planner.build import BuildOptions
+from capture_plan.planner.build import BuildOptions, build_spec, check_tp
 from capture_plan.planner.inputs.build_options import SizeChoiceOptions
 from capture_plan.planner.sizes.command import choose_sizes
 from capture_plan.planner.sizes.sizes import SizesOptions
@@ -35,7 +35,7 @@ def _constraints(struct, field: str) -> dict:
 
 
 def test_every_row_declares_its_type_and_default_and_the_record_has_them():
-    assert {"max_bs", "max_size", "context", "budget_mib", "max_graphs", "max_padding"} <= set(BOUNDED)
+    assert {"max_bs", "tp", "max_size", "context", "budget_mib", "max_graphs", "max_padding"} <= set(BOUNDED)
     record = BuildRecord(backend="fa3")
     for row in BUILD_OPTIONS:
         assert row.type in (bool, int, float, str)
@@ -64,20 +64,34 @@ def test_a_value_is_refused_on_the_side_it_breaks():
     assert out_of_bounds("max_graphs", 1) is None and out_of_bounds("max_graphs", None) is None
 
 
+def _rebound(monkeypatch, field: str, **bound) -> None:
+    """Option ``field``'s row with ``bound`` (``lo=3``) changed, for this test."""
+    row = BUILD_FLAG[field]
+    new = row._replace(bounds=row.bounds._replace(**bound))  # pyright: ignore[reportOptionalMemberAccess]
+    monkeypatch.setitem(build_flags.BUILD_FLAG, field, new)
+
+
 def test_changing_a_rows_bound_changes_the_commands_check(monkeypatch):
     """The size choice's check reads the row: a row that asks 3 or more refuses 2."""
     opts = SizesOptions(
         build=BuildOptions(backend="fa3", ci=True), choice=SizeChoiceOptions(traffic=SKEWED, max_graphs=2)
     )
-    row = BUILD_FLAG["max_graphs"]
-    monkeypatch.setitem(
-        build_flags.BUILD_FLAG,
-        "max_graphs",
-        row._replace(bounds=row.bounds._replace(lo=3)),  # pyright: ignore[reportOptionalMemberAccess]
-    )
+    _rebound(monkeypatch, "max_graphs", lo=3)
     with pytest.raises(InputError, match=r"must be 3 or more, got 2") as e:
         choose_sizes(opts)
     assert e.value.where == "--max-graphs 2"
+
+
+def test_the_tp_check_reads_its_row(monkeypatch):
+    """--tp's check (check_tp) and the record's field read the row: a row that allows 1..4
+    refuses 8, which divides the embedded model's heads."""
+    spec = build_spec(BuildOptions(backend="fa3"))
+    check_tp(spec, 8)
+    assert out_of_bounds("tp", 0) == "must be 1..16384, got 0"
+    _rebound(monkeypatch, "tp", hi=4)
+    with pytest.raises(InputError, match=r"must be 1\.\.4, got 8") as e:
+        check_tp(spec, 8)
+    assert e.value.where == "--tp"
 
 
 def test_changing_a_rows_bound_changes_the_records_check():

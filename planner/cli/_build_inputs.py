@@ -103,11 +103,7 @@ KINDS: dict[str, dict[str, Any]] = {
 }
 #: what click needs of an option beyond its kind
 CLICK: dict[str, dict[str, Any]] = {
-    "backend": {
-        "cls": BackendOption,
-        "required": True,
-        "shell_complete": lambda ctx, param, incomplete: complete_backend(incomplete),
-    },
+    "backend": {"cls": BackendOption, "shell_complete": lambda ctx, param, incomplete: complete_backend(incomplete)},
     "speculative": {"shell_complete": lambda ctx, param, incomplete: complete("speculative", incomplete)},
     "preset": {"shell_complete": lambda ctx, param, incomplete: complete("preset", incomplete)},
     "allocator": {"shell_complete": lambda ctx, param, incomplete: complete("allocator", incomplete)},
@@ -124,7 +120,8 @@ def table_option(field: str, **kw) -> Callable:
     ``required``); its parameter is named as the field."""
     row = _ROWS[field]
     decls = [row.flag, *([row.other] if row.other else []), field]
-    return option(*decls, help=row.help, **{**KINDS[row.kind], **CLICK.get(field, {}), **kw})
+    given = {"required": True} if row.required else {}
+    return option(*decls, help=row.help, **{**KINDS[row.kind], **given, **CLICK.get(field, {}), **kw})
 
 
 def build_options(*entries: str | tuple[str, dict[str, Any]] | Callable) -> Callable:

@@ -1,10 +1,10 @@
 """What ``planner build`` was asked: its options, their record in the plan, and their command.
 
 A build option is a row of one table, :data:`capture_plan.schemas.build_flags.BUILD_OPTIONS`
-(field, flag, kind, help), and a field of :class:`BuildOptions` (what the library takes; the
-size-choice options one nested :class:`SizeChoiceOptions`) and of
+(field, flag, kind, help, bounds), and a field of :class:`BuildOptions` (what the library takes;
+the size-choice options one nested :class:`SizeChoiceOptions`) and of
 :class:`capture_plan.schemas.plan.BuildRecord` (what a plan records, what ``planner check``
-rebuilds from). The record, the command text (what a user reruns) and the click options of
+rebuilds from; made from the rows). The record, the command text (what a user reruns) and the click options of
 ``planner build`` and ``planner sizes`` (planner/cli/_build_inputs.py) are made from the table;
 options given flat (the CLI's, a record's, a command's) become a BuildOptions through
 :func:`from_flat`, which checks that the size-choice options come together. Its meaning is

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, cast
 
 import msgspec
 
+from capture_plan.schemas.build_flags import out_of_bounds
 from capture_plan.schemas.errors import InputError
-from capture_plan.schemas.limits import MODEL_MAX
 from capture_plan.schemas.plan import BuildRecord, Strategy
 from capture_plan.schemas.spec import Phase, Rule, Spec, phase_model
 from capture_plan.schemas.strategy import AllocatorMode, allocator_modes
@@ -51,9 +51,10 @@ def check_tp(spec: Spec, tp: int, where: str = "--tp") -> None:
     """``tp`` (from ``where``: --tp, or the spec's ``tp``) divides the model's heads
     and MLP, and those of every phase with its own model (a draft is split across
     the same ranks)."""
-    if tp < 1 or tp > MODEL_MAX["heads"]:
+    bad = out_of_bounds("tp", tp)  # the option's row (schemas/build_flags.py)
+    if bad is not None:
         raise InputError(
-            f"must be 1..{MODEL_MAX['heads']}, got {tp}",
+            bad,
             where=where,
             fix="give the tensor-parallel size (GPUs per model replica)",
         )
