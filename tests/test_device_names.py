@@ -21,6 +21,7 @@ from cli_inputs import one_line_error
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC = str(ROOT / "tests" / "data" / "traffic-skewed.csv")
 H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
 LEN = ("--max-model-len", "8192")
 
 
@@ -164,7 +165,7 @@ def test_a_builds_fix_replaces_the_file_the_user_forced_it_to(cli):
     [
         ("nvidia", (), "device 'nvidia' names 8 devices: NVIDIA H100 80GB HBM3; NVIDIA H200; ", H100),
         ("NVIDIA", ("memory",), "device 'NVIDIA' names 8 devices: ", H100),
-        ("a100", ("roofline",), "device 'a100' names 2 devices: NVIDIA A100-SXM4-80GB; NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB"),
+        ("a100", ("roofline",), "device 'a100' names 2 devices: NVIDIA A100-SXM4-80GB; NVIDIA A100-SXM4-40GB", A100),
         ("", (), "no device named (--device '' has no letters or digits; known: NVIDIA H100 80GB HBM3; ", H100),
         ("-", ("memory",), "no device named (--device '-' has no letters or digits; known: ", H100),
         ("rtx", ("roofline",), "device 'rtx' names 2 devices: NVIDIA GeForce RTX 4090; NVIDIA RTX A5000", H100),
