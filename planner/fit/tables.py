@@ -213,6 +213,10 @@ class SpecRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the dtype a draft's rotary cache is keyed by: "target" (vLLM: the draft's ModelConfig
     #: takes the target's) or "own" (SGLang: the draft config's, --dtype auto)
     draft_dtype: Literal["target", "own"] = "target"
+    #: the releases that lower max-model-len to the draft's own where the draft does not share
+    #: the target's positions (vLLM's VllmConfig._limit_max_model_len_to_draft), each with the
+    #: warning it logs then (a printf template: the draft's, the target's, the new length)
+    limit_to_draft: dict[str, str] = {}
     #: SGLang's (steps, topk, draft tokens) where none is given: by method first, then by the
     #: target's architectures[0], else ``auto_steps``
     auto_steps_by_method: dict[str, list[int]] = {}
