@@ -341,7 +341,9 @@ def test_vllm_raises_an_eagle_heads_rotary_rows_to_the_max_model_len(tmp_path, c
     """speculative.py _maybe_override_draft_max_position_embeddings: an EAGLE head of 2048
     positions (yuhuili's publish 2048) under --max-model-len 8192 gets a cache of 8192 rows;
     a draft_model draft keeps its own (standalone_ar: shares_target_positions = False), so two
-    whole drafts 2048 positions apart differ by 2048 rows; a yarn head is not raised."""
+    whole drafts 2048 positions apart differ by 2048 rows; a yarn head is not raised (its cache
+    is YaRN's, original_max_position_embeddings 2048 x factor 4 = 8192 rows all the same:
+    rotary_embedding/yarn_scaling_rope.py; fit counted 2048 before)."""
     short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
     base = ("--max-model-len", "8192", "--enforce-eager")
     res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", short), capsys=capsys)
@@ -359,7 +361,9 @@ def test_vllm_raises_an_eagle_heads_rotary_rows_to_the_max_model_len(tmp_path, c
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
     y = _draft_config(tmp_path, EAGLE, "yarn.json", max_position_embeddings=2048, rope_scaling=yarn)
     res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", y), capsys=capsys)
-    assert item(res, "draft weights")["bytes"] == eagle_head_bytes(2, fc_bias=False) - (8192 - 2048) * 128 * 2
+    d = item(res, "draft weights")
+    assert d["bytes"] == eagle_head_bytes(2, fc_bias=False) and "raised" not in d["source"], d["source"]
+    assert "yarn: 8,192 rows x 128 x 2 B" in d["source"], d["source"]
 
 
 @pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])

@@ -39,6 +39,7 @@ from capture_plan.schemas.fit import FitItem, Speculative
 from .context import context_length, derived, rope_types
 from .model import FitModel, kv_bytes_per_token, load_model, weight_bytes
 from .refusal import Refusal
+from .rope import rotary_cache
 from .tables import SpecRule, spec_rule, spec_rules
 
 if TYPE_CHECKING:
@@ -321,9 +322,9 @@ def _rotary(inp: FitInputs, rule: SpecRule, d: FitModel, method: str) -> tuple[i
     key = (d.head_dim, d.rotary_dim, rows, d.rope, dtype)
     if m.max_positions and key == (m.head_dim, m.rotary_dim, m.max_positions, m.rope, m.dtype):
         return 0, f"its rotary cache is the target's ({rows:,} rows, the same rope settings and dtype: one cache)"
-    element = inp.rule.rotary_cache_bytes or (m.dtype_bytes if rule.draft_dtype == "target" else d.dtype_bytes)
-    b = rows * d.rotary_dim * element
-    return b, f"its own rotary cache of {rows:,} rows ({how}) x {d.rotary_dim} x {element} B"
+    element = m.dtype_bytes if rule.draft_dtype == "target" else d.dtype_bytes
+    rot = rotary_cache(d, inp.engine, inp.version, max_position=rows, dtype_bytes=element)
+    return rot.bytes, f"its own rotary cache at {rows:,} positions ({how}): {rot.how}"
 
 
 def _weights(inp: FitInputs, d: FitModel, method: str, tp: int) -> FitItem:
