@@ -21,6 +21,7 @@ from cli_inputs import one_line_error
 ROOT = Path(__file__).resolve().parents[1]
 TRAFFIC = str(ROOT / "tests" / "data" / "traffic-skewed.csv")
 H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
 LEN = ("--max-model-len", "8192")
 
 
@@ -74,10 +75,11 @@ def test_every_command_takes_the_same_words_for_a_device(cli, given):
             "device 'A100' names 2 devices: NVIDIA A100-SXM4-80GB; NVIDIA A100-SXM4-40GB",
             "NVIDIA A100-SXM4-80GB",
         ),
-        ("nvidia", "device 'nvidia' names 8 devices: NVIDIA H100 80GB HBM3; NVIDIA H200;", None),
+        ("nvidia", "device 'nvidia' names 8 devices: NVIDIA H100 80GB HBM3; NVIDIA H200;", H100),
         ("H300", "unknown device 'H300' (known: NVIDIA H100 80GB HBM3; NVIDIA H200;", None),
         ("H20", "unknown device 'H20' (known: NVIDIA H100 80GB HBM3; NVIDIA H200;", None),
-        ("", "unknown device '' (known: NVIDIA H100 80GB HBM3;", None),
+        ("", "no device named (--device '' has no letters or digits; known: NVIDIA H100 80GB HBM3;", H100),
+        ("-", "no device named (--device '-' has no letters or digits; known: NVIDIA H100 80GB HBM3;", H100),
     ],
 )
 def test_every_command_refuses_a_device_alike_and_its_fix_runs(cli, given, line, near):
@@ -156,3 +158,41 @@ def test_a_builds_fix_replaces_the_file_the_user_forced_it_to(cli):
     # a fix over the build's own plan (the same command) needs none
     err = one_line_error(cli("build", "-b", "fa3", "--ci", "--device", "H20", "-o", "b.json"), "--device")
     assert "--force" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("given", "needs", "line", "near"),
+    [
+        ("nvidia", (), "device 'nvidia' names 8 devices: NVIDIA H100 80GB HBM3; NVIDIA H200; ", H100),
+        ("NVIDIA", ("memory",), "device 'NVIDIA' names 8 devices: ", H100),
+        ("a100", ("roofline",), "device 'a100' names 2 devices: NVIDIA A100-SXM4-80GB; NVIDIA A100-SXM4-40GB", A100),
+        ("", (), "no device named (--device '' has no letters or digits; known: NVIDIA H100 80GB HBM3; ", H100),
+        ("-", ("memory",), "no device named (--device '-' has no letters or digits; known: ", H100),
+        ("rtx", ("roofline",), "device 'rtx' names 2 devices: NVIDIA GeForce RTX 4090; NVIDIA RTX A5000", H100),
+    ],
+)  # fmt: skip
+def test_an_ambiguous_or_empty_name_fixes_with_the_first_listed_never_a_guess(given, needs, line, near):
+    """A name of several devices, or of none (no words), lists what it matches (every known
+    device for an empty one) and its fix names the first listed that the command can use
+    (fit_devices.toml's order: the H100 first), saying so. Before: ``nvidia`` and ``''`` were
+    fixed with the "nearest" device by spelling among equal matches, the RTX A5000, and ``''``
+    read "unknown device ''"; ``rtx`` under a size choice (no roofline figures for either RTX)
+    was fixed with the H200 and not told why."""
+    from capture_plan.planner.inputs.devices import DeviceRefused, device_name
+
+    with pytest.raises(DeviceRefused) as err:
+        device_name(given, needs)
+    assert err.value.what.startswith(line), err.value.what
+    assert err.value.near == near, err.value.near
+    assert "first listed" in err.value.hint, err.value.hint
+    if given == "rtx":  # neither candidate has roofline figures: the fix says what is missing
+        assert "roofline figures" in err.value.hint, err.value.hint
+
+
+@pytest.mark.parametrize("given", ["h100", "H200", "4090", "a5000", "l40s", "A100 40GB", "b200"])
+def test_a_unique_part_still_resolves(given):
+    """Words of exactly one known device name it, as before."""
+    from capture_plan.planner.inputs.devices import device_name, known_devices
+
+    name = device_name(given)
+    assert name in known_devices() and set(given.lower().split()) <= set(name.lower().replace("-", " ").split())

@@ -682,9 +682,11 @@ def test_fits_sglang_weights_are_the_case_models_with_sglangs_rope_cache(case, t
     norms a layer and its normalizer, qwen2_moe's shared-expert gate, the float32 rope cache."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    import msgspec
+
     from bench.harness import hf_config
     from capture_plan.planner.fit.model import load_model, weight_bytes
-    from capture_plan.planner.fit.tables import rule_for
+    from capture_plan.planner.fit.rope import rotary_cache
     from capture_plan.tests.engines.case_model import measured_weights
     from capture_plan.tests.engines.sglang_memory import rope_cache
 
@@ -702,5 +704,6 @@ def test_fits_sglang_weights_are_the_case_models_with_sglangs_rope_cache(case, t
     assert rope.dtype == torch.float32 and rope.shape == (96, 16)
     runner = measured_weights(target, rotary=False) + rope.nbytes
     assert measured_weights(target) > measured_weights(target, rotary=False)  # inv_freq left out
-    rule = rule_for("sglang==0.5.23")[3]
-    assert weight_bytes(load_model(str(tmp_path / "config.json")), 1, rule.rotary_cache_bytes) == runner
+    m = load_model(str(tmp_path / "config.json"))
+    rope = rotary_cache(m, "sglang", "0.5.23")  # fit_rules.toml [rope.sglang-0-5-23]: float32 rows
+    assert weight_bytes(msgspec.structs.replace(m, max_positions=0), 1) + rope.bytes == runner

@@ -341,7 +341,9 @@ def test_vllm_raises_an_eagle_heads_rotary_rows_to_the_max_model_len(tmp_path, c
     """speculative.py _maybe_override_draft_max_position_embeddings: an EAGLE head of 2048
     positions (yuhuili's publish 2048) under --max-model-len 8192 gets a cache of 8192 rows;
     a draft_model draft keeps its own (standalone_ar: shares_target_positions = False), so two
-    whole drafts 2048 positions apart differ by 2048 rows; a yarn head is not raised."""
+    whole drafts 2048 positions apart differ by 2048 rows; a yarn head is not raised (its cache
+    is YaRN's, original_max_position_embeddings 2048 x factor 4 = 8192 rows all the same:
+    rotary_embedding/yarn_scaling_rope.py; fit counted 2048 before)."""
     short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
     base = ("--max-model-len", "8192", "--enforce-eager")
     res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", short), capsys=capsys)
@@ -359,7 +361,9 @@ def test_vllm_raises_an_eagle_heads_rotary_rows_to_the_max_model_len(tmp_path, c
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
     y = _draft_config(tmp_path, EAGLE, "yarn.json", max_position_embeddings=2048, rope_scaling=yarn)
     res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("eagle", y), capsys=capsys)
-    assert item(res, "draft weights")["bytes"] == eagle_head_bytes(2, fc_bias=False) - (8192 - 2048) * 128 * 2
+    d = item(res, "draft weights")
+    assert d["bytes"] == eagle_head_bytes(2, fc_bias=False) and "raised" not in d["source"], d["source"]
+    assert "yarn: 8,192 rows x 128 x 2 B" in d["source"], d["source"]
 
 
 @pytest.mark.parametrize("engine", ["vllm==0.34.0", "sglang==0.5.23"])
@@ -515,3 +519,57 @@ def test_an_eagle3_head_whose_target_hidden_size_is_the_targets_is_taken(tmp_pat
         "vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle3", head), capsys=capsys
     )
     assert fitted["speculative"]["method"] == "eagle3"
+
+
+#: VllmConfig._limit_max_model_len_to_draft's warning in each release (vllm/config/vllm.py:
+#: 0.33.0:3044-3051, 0.34.0:3113-3120), as read from the wheels fit_rules.toml names
+_LIMIT_LOG = {
+    "0.33.0": "The draft model's max_model_len (2048) is smaller than the target model's (8192) and the V2 "
+    "model runner can't skip speculation for longer sequences; reducing max_model_len to 2048.",
+    "0.34.0": "The draft model's max_model_len (2048) is smaller than the target model's (8192) and the "
+    "model runner can't skip speculation for longer sequences; reducing max_model_len to 2048.",
+}
+
+
+@pytest.mark.parametrize("version", sorted(_LIMIT_LOG))
+def test_vllm_lowers_max_model_len_to_a_draft_that_does_not_share_its_positions(tmp_path, version, capsys):
+    """vllm/config/vllm.py VllmConfig._limit_max_model_len_to_draft: a draft_model draft of 2048
+    positions (standalone_ar: shares_target_positions False), or an EAGLE head whose rope is not
+    cache-only (yarn: its max_position_embeddings not raised), under --max-model-len 8192 runs the
+    target at 2048, logging the release's own warning; the KV tokens are those of 2048-token
+    requests (the same cache as a plain --max-model-len 2048 run with the draft). An EAGLE head of
+    default rope (raised), or a draft as long as the target, leaves 8192. Before: fit priced
+    8192-token requests vLLM never serves."""
+    engine = f"vllm=={version}"
+    short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    y = _draft_config(tmp_path, EAGLE, "yarn.json", max_position_embeddings=2048, rope_scaling=yarn)
+    base = ("--enforce-eager", "--speculative-config")
+    for method, draft in (("draft_model", short), ("eagle", y)):
+        res = fit_json(engine, "--max-model-len", "8192", *base, spec(method, draft), capsys=capsys)
+        assert res["settings"]["max-model-len"] == 2048 and res["max_model_len"] == 2048, method
+        notes = [n for n in res["notes"] if "_limit_max_model_len_to_draft" in n]
+        assert len(notes) == 1 and notes[0].endswith(_LIMIT_LOG[version]), notes
+        at_2048 = fit_json(engine, "--max-model-len", "2048", *base, spec(method, draft), capsys=capsys)
+        assert (res["kv_tokens"], res["max_concurrency"]) == (at_2048["kv_tokens"], at_2048["max_concurrency"])
+        assert not [n for n in at_2048["notes"] if "_limit_max_model_len_to_draft" in n]
+    for method, draft in (
+        ("eagle", short),
+        ("draft_model", _draft_config(tmp_path, EAGLE, "l.json", max_position_embeddings=8192)),
+    ):
+        res = fit_json(engine, "--max-model-len", "8192", *base, spec(method, draft), capsys=capsys)
+        assert res["settings"]["max-model-len"] == 8192, method
+        assert not [n for n in res["notes"] if "_limit_max_model_len_to_draft" in n]
+    # no --max-model-len: the target's default (131,072) is lowered alike
+    res = fit_json(engine, *base, spec("draft_model", short), capsys=capsys)
+    assert res["settings"]["max-model-len"] == 2048, res["settings"]
+
+
+def test_the_draft_limit_is_vllms_alone(tmp_path, monkeypatch, capsys):
+    """SGLang runs the draft at the target's context length (refused past its own unless the
+    environment allows it): no lowering of the target's."""
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    short = _draft_config(tmp_path, EAGLE, "short.json", max_position_embeddings=2048)
+    more = ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", short)
+    res = fit_json("sglang==0.5.23", "--context-length", "8192", *more, capsys=capsys)
+    assert res["settings"]["context-length"] == 8192

@@ -376,7 +376,7 @@ def test_cli_writes_a_spec_that_builds_the_chosen_plan_from_anywhere(cli, tmp_pa
         (["--device", "NVIDIA Z9"], ["--device", "unknown device 'NVIDIA Z9'", "NVIDIA H200"]),
         (["--device", "NVIDIA L40S"], ["--device", "'NVIDIA L40S' has no roofline figures", "NVIDIA H200"]),
         # found by the issue 49 fuzz run: an empty --device priced the default H200
-        (["--device", ""], ["--device", "unknown device ''"]),
+        (["--device", ""], ["--device", "no device named (--device '' has no letters", "NVIDIA H100 80GB HBM3"]),
         (["--metric", ""], ["--metric ''", "names no histogram"]),
         (["--phase", "verify"], ["--phase verify", "unknown phase 'verify'"]),
         (["--max-size", "0"], ["--max-size", "must be 1.."]),

@@ -36,6 +36,8 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/fit/estimate.py:graph_memory": _FIT,
     "planner/fit/measured.py:calibration_graph": "a report read for planner fit: its path, the plan it must match",
     "planner/fit/result.py:graph_memory": _FIT,
+    "planner/fit/rope.py:rotary_cache": "a model's rotary caches as one release keeps them: the model, the release "
+    "(engine, version) and, for a speculative draft, the positions and dtype the engine runs it at",
     "planner/fit/result.py:fixes": _FIT,
     "planner/fit/result.py:result": _FIT,
     "planner/fit/sizing.py:vllm_before_capture": _FIT,

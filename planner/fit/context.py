@@ -34,7 +34,16 @@ from .tables import ContextRule, context_rule, context_rules
 if TYPE_CHECKING:
     from .model import FitModel
 
-__all__ = ["ContextConfig", "Length", "NoContextLength", "read_config", "context_length", "derived", "rope_types"]
+__all__ = [
+    "ContextConfig",
+    "Length",
+    "NoContextLength",
+    "read_config",
+    "context_length",
+    "derived",
+    "rope_types",
+    "rope_rows",
+]
 
 _ORIGINAL = "original_max_position_embeddings"
 #: the rope types transformers 5 gives the config's original_max_position_embeddings
@@ -193,6 +202,15 @@ def _rows(r: ContextRule, c: ContextConfig, version: str) -> tuple[list[dict], b
                 row.setdefault(_ORIGINAL, c.lengths["max_position_embeddings"])
         rows.append(row)
     return rows, nested
+
+
+def rope_rows(c: ContextConfig | None, engine: str, version: str) -> list[dict]:
+    """The config's rope rows as ``engine==version`` reads them (:func:`_rows`: its transformers
+    pin's rope_scaling or rope_parameters, each row's rope_type renamed as the release renames
+    legacy names, original_max_position_embeddings put in); none where it gives no rope."""
+    if c is None:
+        return []
+    return _rows(context_rule(engine, version)[1], c, version)[0]
 
 
 def derived(model: FitModel, engine: str, version: str) -> tuple[float | None, int | None, str]:

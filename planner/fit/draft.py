@@ -16,7 +16,12 @@ or a preset) and counts:
 * its rotary cos/sin cache by the rule's ``draft_positions`` and ``draft_dtype``: its rows as
   the release sizes them (vLLM raises an EAGLE head's max_position_embeddings to the target's
   max-model-len; SGLang runs the draft at the target's context length), none where its rope
-  has the target's key (both engines keep one cache per key, process-wide).
+  has the target's key (both engines keep one cache per key, process-wide);
+* the max-model-len the release lowers the target's to (the rule's ``limit_to_draft``: vLLM's
+  ``VllmConfig._limit_max_model_len_to_draft``, vllm/config/vllm.py): a draft that does not
+  share the target's positions (a draft_model draft, or a rope type that is not cache-only)
+  whose own max_model_len is smaller caps the target's at it, with the warning the release
+  logs (:func:`.inputs.resolve` applies it, fit's notes quote it).
 
 Graph memory of the draft (its decode and extend graphs, the target's verify widths) is no
 measured family: the engine layers leave it unknown, never zero.
@@ -31,9 +36,10 @@ import msgspec
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem, Speculative
 
-from .context import context_length, rope_types
+from .context import context_length, derived, rope_types
 from .model import FitModel, kv_bytes_per_token, load_model, weight_bytes
 from .refusal import Refusal
+from .rope import rotary_cache
 from .tables import SpecRule, spec_rule, spec_rules
 
 if TYPE_CHECKING:
@@ -74,6 +80,10 @@ class Draft(msgspec.Struct, frozen=True):
     kv_per_token: int
     weights: FitItem
     source: str
+    #: the max-model-len the release lowers the target's to, the draft's own (0: none; vLLM's
+    #: VllmConfig._limit_max_model_len_to_draft: :func:`_limit`), and the warning it logs then
+    max_model_len: int = 0
+    limit_log: str = ""
 
 
 def speculative(d: Draft, tokens_without: int, concurrency_without: float) -> Speculative:
@@ -166,7 +176,31 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     _check_attention(flag, d, "the draft")
     w = _weights(inp, d, method, draft_tp)
     per = _kv_per_token(inp, rule, d, draft_tp)
-    return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per, w, _src(rule_name))
+    length, log = _limit(inp, rule, d, method)
+    return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per, w, _src(rule_name), length, log)
+
+
+def _shares_positions(rule: SpecRule, d: FitModel, method: str) -> bool:
+    """Whether the release raises the draft's max_position_embeddings to the target's
+    max-model-len (a method of ``raise_methods`` whose rope types are all
+    ``cache_only_rope_types``: vLLM's _maybe_override_draft_max_position_embeddings), so the
+    draft's length never limits the target's."""
+    return method in rule.raise_methods and all(t in rule.cache_only_rope_types for t in rope_types(d.context))
+
+
+def _limit(inp: FitInputs, rule: SpecRule, d: FitModel, method: str) -> tuple[int, str]:
+    """(the max-model-len the release lowers the target's to, the warning it logs), else (0, ""):
+    vLLM's VllmConfig._limit_max_model_len_to_draft (the rule's ``limit_to_draft``, by release)
+    where the draft does not share the target's positions (:func:`_shares_positions`) and its
+    own max_model_len, the default its config derives (none given: the target's), is smaller."""
+    log = rule.limit_to_draft.get(inp.version)
+    if log is None or _shares_positions(rule, d, method):
+        return 0, ""
+    own = derived(d, inp.engine, inp.version)[1]
+    target = inp.context.value
+    if own is None or own >= target:
+        return 0, ""
+    return own, log % (own, target, own)
 
 
 def _none(rule_name: str, method: str, n: int, settings: dict) -> Draft:
@@ -270,8 +304,7 @@ def _rotary(inp: FitInputs, rule: SpecRule, d: FitModel, method: str) -> tuple[i
         return 0, "no rotary cache (its config gives no max_position_embeddings)"
     how = f"its max_position_embeddings {rows:,}"
     if rule.draft_positions == "raise":
-        cache_only = all(t in rule.cache_only_rope_types for t in rope_types(d.context))
-        if method in rule.raise_methods and cache_only and rows < inp.context.value:
+        if _shares_positions(rule, d, method) and rows < inp.context.value:
             rows, how = inp.context.value, f"raised from {rows:,} to the target's --max-model-len"
     else:  # the draft runs at the target's context length (as the target's own is checked)
         try:
@@ -289,9 +322,9 @@ def _rotary(inp: FitInputs, rule: SpecRule, d: FitModel, method: str) -> tuple[i
     key = (d.head_dim, d.rotary_dim, rows, d.rope, dtype)
     if m.max_positions and key == (m.head_dim, m.rotary_dim, m.max_positions, m.rope, m.dtype):
         return 0, f"its rotary cache is the target's ({rows:,} rows, the same rope settings and dtype: one cache)"
-    element = inp.rule.rotary_cache_bytes or (m.dtype_bytes if rule.draft_dtype == "target" else d.dtype_bytes)
-    b = rows * d.rotary_dim * element
-    return b, f"its own rotary cache of {rows:,} rows ({how}) x {d.rotary_dim} x {element} B"
+    element = m.dtype_bytes if rule.draft_dtype == "target" else d.dtype_bytes
+    rot = rotary_cache(d, inp.engine, inp.version, max_position=rows, dtype_bytes=element)
+    return rot.bytes, f"its own rotary cache at {rows:,} positions ({how}): {rot.how}"
 
 
 def _weights(inp: FitInputs, d: FitModel, method: str, tp: int) -> FitItem:

@@ -115,14 +115,21 @@ class FitInputs(msgspec.Struct, frozen=True):
         return self.request.model
 
     def context_notes(self) -> list[str]:
-        """What fit says of a context length past the model's that the engine's variable let through."""
-        c = self.context
-        if not c.allowed_by or c.limit is None:
-            return []
-        return [
-            f"{c.allowed_by} is set: the engine takes {c.value:,} tokens, past the {c.shown} it derives "
-            f"({c.how}), and warns that positions past it give NaN or out-of-bounds reads"
-        ]
+        """What fit says of the context length: one past the model's that the engine's variable let
+        through; one the release lowered to the speculative draft's."""
+        c, d = self.context, self.draft
+        notes = []
+        if c.allowed_by and c.limit is not None:
+            notes.append(
+                f"{c.allowed_by} is set: the engine takes {c.value:,} tokens, past the {c.shown} it derives "
+                f"({c.how}), and warns that positions past it give NaN or out-of-bounds reads"
+            )
+        if d is not None and d.limit_log:
+            notes.append(
+                f"{self.engine} {self.version} lowers max-model-len to the draft's {d.max_model_len:,} "
+                f"(vllm/config/vllm.py: VllmConfig._limit_max_model_len_to_draft), logging: {d.limit_log}"
+            )
+        return notes
 
     @property
     def speculative_graphs(self) -> bool:
@@ -206,4 +213,7 @@ def resolve(req: FitRequest) -> FitInputs:
         kv_layers=kinds,
         context=length,
     )
-    return msgspec.structs.replace(inp, draft=draft_of(inp))
+    d = draft_of(inp)
+    if d is not None and d.max_model_len:  # the release lowers max-model-len to the draft's (.draft._limit)
+        length = length._replace(value=d.max_model_len)
+    return msgspec.structs.replace(inp, draft=d, context=length)

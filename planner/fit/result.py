@@ -13,7 +13,8 @@ from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, Siz
 from . import estimate
 from .graph_count import GraphCount, whole_graphs
 from .inputs import FitInputs
-from .model import replicated_bytes, rotary_cache_bytes, weight_bytes
+from .model import replicated_bytes, weight_bytes
+from .rope import rotary_cache
 
 __all__ = [
     "Kv",
@@ -81,17 +82,21 @@ def device_total(inp: FitInputs) -> FitItem:
 
 
 def weights(inp: FitInputs) -> FitItem:
+    """The target's weight bytes on one rank, with the engine's rotary cos/sin cache beside
+    them (:func:`.rope.rotary_cache`: its rows and element by rope type, as the release keeps it)."""
     m = inp.model
-    b = weight_bytes(m, inp.tp, inp.rule.rotary_cache_bytes)
+    rot = rotary_cache(m, inp.engine, inp.version)
+    b = weight_bytes(msgspec.structs.replace(m, max_positions=0), inp.tp) + rot.bytes
+    rope = f"; the engine's rotary cos/sin cache ({rot.bytes} bytes) beside it: {rot.how}" if rot.bytes else ""
     if not m.exact_weight_bytes:  # counted from the dimensions: within 0.5% of the loaded figure
-        return FitItem("weights", b, int(0.005 * b), "estimated", f"counted from {m.source}")
-    rope = f"; the engine's rotary cos/sin cache ({rotary_cache_bytes(m, inp.rule.rotary_cache_bytes)} bytes) beside it"
+        return FitItem("weights", b, int(0.005 * b) + rot.error, "estimated", f"counted from {m.source}{rope}")
     if inp.tp == 1:
-        return FitItem("weights", b, 0, "exact", f"the checkpoint's safetensors index{rope}")
+        exact = "estimated" if rot.error else "exact"
+        return FitItem("weights", b, rot.error, exact, f"the checkpoint's safetensors index{rope}")
     # the index gives the total only: which parameters each rank holds whole is counted
     rep = replicated_bytes(m)
     src = f"the checkpoint's safetensors index over tp {inp.tp}, the norms and router ({rep} bytes) whole on each rank"
-    return FitItem("weights", b, rep, "estimated", src + rope)
+    return FitItem("weights", b, rep + rot.error, "estimated", src + rope)
 
 
 def graph_memory(

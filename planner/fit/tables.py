@@ -89,9 +89,6 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: releases that count max_num_batched_tokens) or 2 (VllmConfig.max_in_flight_tokens
     #: under async scheduling)
     in_flight_batches: int = 2
-    #: the element size the release keeps the rotary cos/sin cache in, counted with the weights
-    #: (0: the model's dtype, as vLLM keeps it)
-    rotary_cache_bytes: int = 0
 
 
 class ContextRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -213,11 +210,46 @@ class SpecRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: the dtype a draft's rotary cache is keyed by: "target" (vLLM: the draft's ModelConfig
     #: takes the target's) or "own" (SGLang: the draft config's, --dtype auto)
     draft_dtype: Literal["target", "own"] = "target"
+    #: the releases that lower max-model-len to the draft's own where the draft does not share
+    #: the target's positions (vLLM's VllmConfig._limit_max_model_len_to_draft), each with the
+    #: warning it logs then (a printf template: the draft's, the target's, the new length)
+    limit_to_draft: dict[str, str] = {}
     #: SGLang's (steps, topk, draft tokens) where none is given: by method first, then by the
     #: target's architectures[0], else ``auto_steps``
     auto_steps_by_method: dict[str, list[int]] = {}
     auto_steps_by_architecture: dict[str, list[int]] = {}
     auto_steps: list[int] = []
+
+
+#: a rotary cache's rows, by the max_position the model passes get_rope (its
+#: max_position_embeddings), the rope's factor and its original_max_position_embeddings
+RopeRows = Literal["max", "max_x_factor", "original_x_factor", "original_plus_max", "twice_original_plus_max"]
+
+
+class RopeRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The rotary cos/sin cache releases keep for each rope type (fit_rules.toml [rope.NAME];
+    followed by planner/fit/rope.py, each class's file in ``sources``)."""
+
+    engine: str
+    #: the releases whose rotary_embedding code was read (others of the engine: the nearest
+    #: read, so named in the weights' source)
+    releases: list[str]
+    #: each modelled rope type's rows (another type is refused)
+    rows: dict[str, RopeRows]
+    #: each modelled rope type's element: the model's dtype, or float32
+    element: dict[str, Literal["model", "float32"]]
+    sources: list[str]
+    #: a rope factor the release takes where a row gives none (0: it reads the key: refused)
+    factor_default: float = 0.0
+    #: the release takes max_position for a missing original_max_position_embeddings (else refused)
+    original_default_max: bool = False
+    #: model types whose code passes any rope but the default as ``deepseek_type``
+    deepseek_model_types: list[str] = []
+    deepseek_type: str = "deepseek_yarn"
+    #: what the element of a rope type may be besides its ``element`` (the error bar), and why
+    element_bar: dict[str, str] = {}
+    #: rope keys whose class fit does not model (its rows are the model code's), and why
+    refused_keys: dict[str, str] = {}
 
 
 class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -226,6 +258,7 @@ class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     context: dict[str, ContextRule]
     swa: dict[str, SwaRule]
     speculative: dict[str, SpecRule] = {}
+    rope: dict[str, RopeRule] = {}
 
 
 def typed(name: str, typ):
@@ -272,6 +305,21 @@ def context_rule(engine: str, version: str) -> tuple[str, ContextRule]:
         if r.engine == engine and version in r.releases:
             return name, r
     raise RuntimeError(f"planner/data/fit_rules.toml: no [context] rule for {engine}=={version}")
+
+
+def rope_rule(engine: str, version: str) -> tuple[str, RopeRule, bool]:
+    """The rotary-cache rule of ``engine``'s release: (its name, the rule, whether the release
+    was read for it); a release not read takes the engine's nearest read (the newest at or
+    below it, else the oldest)."""
+    own = [(n, r) for n, r in _rules().rope.items() if r.engine == engine]
+    for n, r in own:
+        if version in r.releases:
+            return n, r, True
+    want = Version(version)
+    below = [(Version(v), n, r) for n, r in own for v in r.releases if Version(v) <= want]
+    everything = sorted(((Version(v), n, r) for n, r in own for v in r.releases), key=lambda x: x[0])
+    _, n, r = max(below, key=lambda x: x[0]) if below else everything[0]
+    return n, r, False
 
 
 def spec_rule(engine: str, version: str) -> tuple[str, SpecRule] | None:

@@ -12,9 +12,12 @@ build``, ``planner sizes``), alike: torch's name exactly, or case-insensitive wo
 of exactly one known name (``H100``, ``h100 80gb``, ``a100-40gb``; torch's name in other case).
 A word is a whole word of the name, never a part of one: ``H20``, ``L4`` and ``A10`` are devices
 of their own, not the H200, the L40S or the A100s.
-A name no known device has every word of, or more than one has, is a :class:`DeviceRefused`
-naming the candidates and the device nearest to it, which each command renders as its own
-command line with that device (``planner fit`` through its
+A name no known device has every word of is a :class:`DeviceRefused` naming the known
+devices and the device nearest to it; a name more than one has (``nvidia``, ``A100``), or one
+of no words at all (``''``), names the devices it matches (every known one) and, for its fix,
+the first of them listed (fit_devices.toml's order) that the command can use: never a
+"nearest" one, which among equal matches was an arbitrary pick (``nvidia`` was the RTX A5000).
+Each command renders the refusal as its own command line with that device (``planner fit`` through its
 :class:`~capture_plan.planner.fit.refusal.Refusal`, a build through :func:`refused`). A device
 known but lacking what the command needs (``needs``: a memory total, roofline figures) is
 refused alike, its device the nearest that has it.
@@ -119,9 +122,18 @@ def device_name(name: str, needs: Iterable[Need] = ()) -> str:
         if "roofline" in want:
             what += "; without --timing a step time is the device's roofline"
         hint, among = "a device listed there", others
-    elif found:
-        what, hint = f"device {name!r} names {len(found)} devices: {'; '.join(found)}", "name one of them"
+    elif found or not words:  # several, or none named: the first listed that the command can use
+        if found:
+            what = f"device {name!r} names {len(found)} devices: {'; '.join(found)}"
+        else:
+            what = f"no device named (--device {name!r} has no letters or digits; known: {'; '.join(table)})"
+        first = next((n for n in found if n in usable), None)
         among = [n for n in found if n in usable] or usable
+        hint = "name one of them, e.g. the first listed" if first else "name a known device, e.g. the first listed"
+        if found and first is None:  # none of them has what the command needs
+            where, needed = NEEDS[min(want)]
+            hint = f"none of them has the {needed} this command reads ({where}): e.g. the first listed there"
+        raise DeviceRefused(what, hint=hint, near=among[0])
     else:
         what, hint, among = f"unknown device {name!r} (known: {'; '.join(table)})", "the nearest known device", usable
     raise DeviceRefused(what, hint=hint, near=_nearest(found[0] if len(found) == 1 else name, among))
