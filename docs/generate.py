@@ -1152,6 +1152,9 @@ RESTORE_FRESH_RUNS: list[str] = [
     "restore-fresh-2026-12-07-phase3-fresh.json",
     "restore-fresh-2026-12-07-ctypes.json",
     "restore-fresh-2026-12-07-compiled.json",
+    # llama alone, twice, with the compiled builder (it was refused in the run above)
+    "restore-fresh-2026-12-07-compiled-llama-1.json",
+    "restore-fresh-2026-12-07-compiled-llama-2.json",
 ]
 
 
@@ -1617,6 +1620,8 @@ def fit_sglang_bench() -> list[str]:
     refits = [n for n in runs if _load(n).get("refit_of", {}).get("file") == measured]
     name = max(refits or [measured or runs[-1]], key=lambda n: _load(n)["date"])
     d = _load(name)
+    # runs whose runner attends with FA3 (its DIFFERS says so: bench/fit_bench_sglang.py) expand nothing
+    fa3 = any("attend with FA3" in x for x in d.get("differs_sglang", []))
     rows = []
     for case, by in d["cases"].items():
         row = by.get("sglang==0.5.23", {})
@@ -1627,7 +1632,7 @@ def fit_sglang_bench() -> list[str]:
         heads, kv = kw["num_attention_heads"], kw["num_key_value_heads"]
         per_token, layers = m["kv_bytes_per_token_layer"], m["layers"]["full"] + m["layers"]["sliding"]
         tokens = m["committed_bytes"] // (per_token * layers)  # requests x cache length
-        expanded = heads // kv * per_token * tokens if heads != kv else 0
+        expanded = heads // kv * per_token * tokens if heads != kv and not fa3 else 0
         rest = r["graph_bytes"] - r["graph_pool_bytes"] - m["logits_buffer_bytes"]
         grew = m.get("capture_reserved_growth_bytes")  # runs since the runner split the drop
         split = (
@@ -1652,7 +1657,7 @@ def fit_sglang_bench() -> list[str]:
         "weights MiB: runner / fit",
         "activation peak MiB: runner / fit",
         "runner's graph MiB = pool + logits buffer + rest",
-        "of the pool: transformers' K/V expansion MiB",
+        "of the pool: transformers' K/V expansion MiB (none under FA3)",
         "fit's graph MiB",
     ]
     of = d.get("refit_of")
