@@ -145,7 +145,12 @@ def test_the_models_bench_sizes_each_architecture_from_the_free_memory(hf_device
     mb = bench_module("models_bench")
     hf_device(H100_FREE)
     target, why = mb.build_target("llama", 256)
-    assert why is None and target.kw == {"max_bs": 256, "max_seqlen": h.HF_MAX_SEQLEN}
+    assert why is None and target.kw == {
+        "max_bs": 256,
+        "max_seqlen": h.HF_MAX_SEQLEN,
+        "attention": "model",
+        "fa3_splits": 0,
+    }
     hf_device(GIB)
     target, _ = mb.build_target("llama", 256)
     per_token = 2 * 256 * 8 * 8 * 128 * 2  # K and V, 8 layers, 8 KV heads of 128, bf16
