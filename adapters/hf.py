@@ -96,6 +96,8 @@ tokens causally (``prepare`` draws no shorter per-row histories: FA3 takes per-r
 not a gap before the new tokens); the masks are still written, so the model's own
 attention over the same inputs computes the same thing. Refused: MLA models (the cache
 holds a latent, not keys and values) and no importable FA3 (capture_plan.executor.fa3).
+The model's config names the registered FA3 implementation from then on (transformers looks
+the attention function up there at every call): a model serves one such target.
 A sliding window narrower than the cache is passed to FA3 (``window_size``), which the
 fa3-fwd wheel is built without.
 
