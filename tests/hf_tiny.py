@@ -65,3 +65,45 @@ def config(kind: str, common: dict, *, head_dim: int, expert: int, window: int):
     if kind == "gemma2":
         return transformers.Gemma2Config(**common, head_dim=head_dim, sliding_window=window)
     raise AssertionError(kind)
+
+
+#: the CPU adapter tests' dimensions (tests/test_adapters.py, tests/test_adapters_fa3.py)
+CPU_DIMS = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=101,
+    max_position_embeddings=256,
+)
+
+
+def cpu_model(kind: str, window: int = 64, **kw):
+    """``kind``'s model at :data:`CPU_DIMS` in float32, random weights seeded 0 (two calls give
+    the same weights), with transformers' attention (eager where :data:`EAGER_ATTENTION`)."""
+    import torch
+    import transformers
+
+    cfg = config(kind, CPU_DIMS, head_dim=16, expert=32, window=window)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(
+        cfg, attn_implementation="eager" if kind in EAGER_ATTENTION else "sdpa", **kw
+    ).to(torch.float32)
+
+
+def decode_last(target, model, n: int = 12, seed: int = 4):
+    """Two random sequences of ``n`` tokens decoded token by token through ``target`` (an
+    ``HFTarget`` of batch 2, every earlier token seen), and ``model``'s full-sequence forward
+    over them: ``(the target's last logits, the model's)``."""
+    import torch
+
+    ids = torch.randint(0, target.vocab, (2, n), generator=torch.Generator().manual_seed(seed))
+    buf = target._buffers[1]
+    for p in range(n):
+        buf.ids[:2, 0] = ids[:, p]
+        target._place(buf, 2, torch.tensor(p), torch.full((2,), p))
+        got = target.run("decode", 2, None)
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits[:, -1]
+    return got, want

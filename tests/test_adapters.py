@@ -10,23 +10,8 @@ transformers = pytest.importorskip("transformers")
 import hf_tiny  # noqa: E402
 from capture_plan.adapters.hf import DETERMINISTIC_SDPA, HFTarget  # noqa: E402
 
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=101,
-    max_position_embeddings=256,
-)
-
-
-def _model(kind: str, window: int = 64, **kw):
-    cfg = hf_tiny.config(kind, TINY, head_dim=16, expert=32, window=window)
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(
-        cfg, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa", **kw
-    ).to(torch.float32)
+TINY = hf_tiny.CPU_DIMS
+_model = hf_tiny.cpu_model
 
 
 KINDS = list(hf_tiny.KINDS)
@@ -88,15 +73,8 @@ def test_a_window_narrower_than_the_cache_attends_as_transformers_does(kind):
     model = _model(kind, window=window)
     target = HFTarget(model, max_bs=2, max_seqlen=16)
     assert target.window == window and all(layer.keys.shape[2] == 16 for layer in target.cache.layers)
-    ids = torch.randint(0, 101, (2, n), generator=torch.Generator().manual_seed(4))
-    buf = target._buffers[1]
-    for p in range(n):
-        buf.ids[:2, 0] = ids[:, p]
-        target._place(buf, 2, torch.tensor(p), torch.full((2,), p))
-        got = target.run("decode", 2, None)
-    with torch.no_grad():
-        want = model(input_ids=ids, use_cache=False).logits[:, -1]
-        unwindowed = _model(kind, window=64)(input_ids=ids, use_cache=False).logits[:, -1]  # same weights
+    got, want = hf_tiny.decode_last(target, model, n)
+    _, unwindowed = hf_tiny.decode_last(target, _model(kind, window=64), n)  # same weights, same ids
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(want, unwindowed, atol=1e-3)  # the window changes this sequence's result
 

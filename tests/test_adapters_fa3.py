@@ -22,23 +22,7 @@ import hf_tiny  # noqa: E402
 from capture_plan.adapters.hf import ATTENTIONS, HFTarget  # noqa: E402
 from capture_plan.executor import fa3 as fa3_modules  # noqa: E402
 
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=101,
-    max_position_embeddings=256,
-)
-
-
-def _model(kind: str, window: int = 64):
-    cfg = hf_tiny.config(kind, TINY, head_dim=16, expert=32, window=window)
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(
-        cfg, attn_implementation="eager" if kind in hf_tiny.EAGER_ATTENTION else "sdpa"
-    ).to(torch.float32)
+_model = hf_tiny.cpu_model
 
 
 def _fake_fa3(calls: list) -> types.ModuleType:
@@ -119,14 +103,7 @@ def test_a_window_narrower_than_the_cache_reaches_fa3_as_transformers_counts_it(
     window, n = 4, 12
     model = _model("mistral", window=window)
     target = HFTarget(_model("mistral", window=window), max_bs=2, max_seqlen=16, attention="fa3")
-    ids = torch.randint(0, 101, (2, n), generator=torch.Generator().manual_seed(4))
-    buf = target._buffers[1]
-    for p in range(n):
-        buf.ids[:2, 0] = ids[:, p]
-        target._place(buf, 2, torch.tensor(p), torch.full((2,), p))
-        got = target.run("decode", 2, None)
-    with torch.no_grad():
-        want = model(input_ids=ids, use_cache=False).logits[:, -1]
+    got, want = hf_tiny.decode_last(target, model, n)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
     assert {c["window"] for c in fa3} == {(window - 1, 0)} and {c["splits"] for c in fa3} == {0}
 

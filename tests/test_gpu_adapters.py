@@ -99,19 +99,25 @@ def test_sdpa_replays_equal_eager_runs_bit_for_bit(kind, window):
     of the engines' loop equals an eager run of the same inputs bit for bit,
     and two eager runs agree. Before the pin, PyTorch's dispatcher chose the
     kernel, and on the H200 6-18 of 36 replays per SDPA model differed."""
-    import torch
 
     from capture_plan.adapters.hf import HFTarget
 
-    harness = bench_module("harness")  # the engines' loop and its replay check, as the benchmarks run them
     sizes = [1, 8, 32, 64, 128, 256]
     model, _ = _model(kind, window)
-    target = HFTarget(model, max_bs=max(sizes), max_seqlen=256)
+    _assert_replays_equal_eager(HFTarget(model, max_bs=max(sizes), max_seqlen=256), sizes, rounds=4)
+
+
+def _assert_replays_equal_eager(target, sizes: list[int], rounds: int) -> None:
+    """The engines' loop and its replay check, as the benchmarks run them: every replay equals
+    an eager run of the same inputs bit for bit, and two eager runs agree."""
+    import torch
+
+    harness = bench_module("harness")
     run = harness.engine_loop(target, harness.largest_first([("decode", sizes)]), warmups=1)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     try:
-        rows = harness.replays_vs_eager(target, run, gen, rounds=4, eager_twice=True)
+        rows = harness.replays_vs_eager(target, run, gen, rounds=rounds, eager_twice=True)
     finally:
         harness.release(run)
     bad = [(r.bs, r.max_abs_diff, r.eager_equal) for r in rows if not (r.equal and r.eager_equal)]
@@ -132,7 +138,6 @@ def test_fa3_attention_replays_equal_eager_runs_and_match_the_models_attention(k
 
     if load_fa3() is None:
         pytest.skip("no FA3 module importable (the fa3-fwd wheel: . bench/device_env.sh)")
-    harness = bench_module("harness")
     sizes = [1, 8, 32, 64]
     fast = HFTarget(_model(kind)[0], max_bs=max(sizes), max_seqlen=256, attention="fa3", fa3_splits=splits)
     own = HFTarget(_model(kind)[0], max_bs=max(sizes), max_seqlen=256)
@@ -142,12 +147,4 @@ def test_fa3_attention_replays_equal_eager_runs_and_match_the_models_attention(k
     own._place(own._buffers[1], 64, pos, pos.expand(64))  # every row its whole history, as under FA3
     a, b = fast.run("decode", 64, None).float(), own.run("decode", 64, None).float()
     assert (a - b).abs().max().item() < 0.05 * b.abs().max().item(), kind
-    run = harness.engine_loop(fast, harness.largest_first([("decode", sizes)]), warmups=1)
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    try:
-        rows = harness.replays_vs_eager(fast, run, gen, rounds=3, eager_twice=True)
-    finally:
-        harness.release(run)
-    bad = [(r.bs, r.max_abs_diff, r.eager_equal) for r in rows if not (r.equal and r.eager_equal)]
-    assert not bad, f"(bs, max |replay - eager|, eager runs agree): {bad}"
+    _assert_replays_equal_eager(fast, sizes, rounds=3)
