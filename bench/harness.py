@@ -42,6 +42,10 @@ RESULTS = REPO / "bench" / "results"
 MiB = 2**20
 #: the fields :func:`header` adds for a GPU run
 DEVICE_FIELDS = ("device", "driver", "torch", "cuda")
+#: environment variables that change what a device run measures (module loading decides when
+#: kernel code takes device memory; the allocator's configuration, the pool's segments; cuBLAS's,
+#: its workspace): :func:`header` records those set as ``cuda_env``
+CUDA_ENV = ("CUDA_MODULE_LOADING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG")
 
 
 # -- the header every result carries ---------------------------------------------------
@@ -194,7 +198,8 @@ def header(*, device: bool) -> dict[str, Any]:
     clean; none with :data:`CLAIM_ENV` set, where ``git_tree`` is the git tree id of the
     files measured instead), then with ``device`` the GPU's
     ``device`` name, the NVIDIA ``driver``, ``torch`` and the ``cuda`` torch was built
-    with, else the CPU ``machine`` (:func:`machine`).
+    with, else the CPU ``machine`` (:func:`machine`); ``cuda_env``, the :data:`CUDA_ENV`
+    variables set, only where any is.
 
     ``device`` imports torch and needs CUDA (the device's name); without it nothing
     here imports torch."""
@@ -210,6 +215,9 @@ def header(*, device: bool) -> dict[str, Any]:
     res: dict[str, Any] = {"date": now(), "git_commit": commit, "git_dirty": dirty, "git_diff_sha256": digest}
     if claimed is not None:
         res["git_tree"] = claimed[2]
+    env = {k: os.environ[k] for k in CUDA_ENV if k in os.environ}
+    if env:
+        res["cuda_env"] = env
     if not device:
         res["machine"] = machine()
         return res

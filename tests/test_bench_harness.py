@@ -34,7 +34,9 @@ SCRIPTS = sorted(
 # -- header and writer ----------------------------------------------------------------------
 
 
-def test_the_cpu_header_names_date_machine_and_commit():
+def test_the_cpu_header_names_date_machine_and_commit(monkeypatch):
+    for k in h.CUDA_ENV:
+        monkeypatch.delenv(k, raising=False)
     head = h.header(device=False)
     assert set(head) == {"date", "git_commit", "git_dirty", "git_diff_sha256", "machine"}
     when = dt.datetime.fromisoformat(head["date"])
@@ -45,6 +47,19 @@ def test_the_cpu_header_names_date_machine_and_commit():
         assert head["git_commit"] == want.stdout.strip() and isinstance(head["git_dirty"], bool)
         # the digest of the uncommitted changes, where there are any
         assert (head["git_diff_sha256"] is None) == (not head["git_dirty"])
+
+
+def test_the_header_records_the_cuda_environment_a_run_was_measured_under(monkeypatch):
+    """A run under CUDA_MODULE_LOADING=EAGER (kernel code loaded at start, not inside a
+    capture) measures other memory than one without: its JSON says so."""
+    for k in h.CUDA_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "EAGER")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert h.header(device=False)["cuda_env"] == {
+        "CUDA_MODULE_LOADING": "EAGER",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
 
 
 def _repo(tmp_path):
