@@ -335,13 +335,13 @@ def _weights(inp: FitInputs, d: FitModel, method: str, tp: int) -> FitItem:
     rule = found[1]
     counted, fc_bias = rule.methods[method], rule.eagle_fc_bias
     rot, rot_what = _rotary(inp, rule, d, method)
-    b = weight_bytes(msgspec.structs.replace(d, max_positions=0), tp) + rot
+    b = weight_bytes(d, tp, rot)
     if counted == "whole":
         src = f"the whole draft, counted from {d.source}; {rot_what}"
         return FitItem("draft weights", b, int(0.005 * b), "estimated", src)
     h, dt = d.hidden, d.dtype_bytes
-    heads = msgspec.structs.replace(d, vocab=0, max_positions=0)  # no embedding, no lm_head: the target's are shared
-    b = weight_bytes(heads, tp) + rot
+    heads = msgspec.structs.replace(d, vocab=0)  # no embedding, no lm_head: the target's are shared
+    b = weight_bytes(heads, tp, rot)
     shared = d.vocab * h * dt * (1 if d.tie_embeddings else 2) // tp
     if counted == "eagle":
         b += 2 * h * h * dt + (h * dt if fc_bias else 0)  # fc, replicated

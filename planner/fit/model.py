@@ -459,13 +459,13 @@ def _shared_gate(m: FitModel) -> int:
     return (m.layers - m.dense_layers) * m.hidden * m.dtype_bytes
 
 
-def weight_bytes(m: FitModel, tp: int, rotary_bytes: int = 0) -> int:
+def weight_bytes(m: FitModel, tp: int, rotary: int | None = None) -> int:
     """One rank's weight bytes, counted from the dimensions (see the module's docstring);
     with a safetensors index, its total split over ``tp`` but for :func:`replicated_bytes`.
-    ``rotary_bytes``: the element size of the engine's rotary cos/sin cache (0: the model's
-    dtype, as vLLM keeps it; SGLang keeps it in float32 on CUDA), counted on either path: the
-    cache is a buffer the engine computes at load, in no checkpoint's index."""
-    rotary = rotary_cache_bytes(m, rotary_bytes)
+    ``rotary``: the bytes of the engine's rotary cos/sin caches (a release's:
+    ``planner/fit/rope.py rotary_cache``), counted on either path: the cache is a buffer the
+    engine computes at load, in no checkpoint's index; None: :func:`rotary_cache_bytes`."""
+    rotary = rotary_cache_bytes(m) if rotary is None else rotary
     if m.exact_weight_bytes:
         if tp == 1:
             return m.exact_weight_bytes + rotary
@@ -500,8 +500,8 @@ def weight_bytes(m: FitModel, tp: int, rotary_bytes: int = 0) -> int:
     return int((emb + m.layers * attn + mlp) / tp + _norms(m) + _shared_gate(m) + rotary)
 
 
-def rotary_cache_bytes(m: FitModel, rotary_bytes: int = 0) -> int:
-    """The engine's rotary cos/sin cache of ``m`` on every rank: one for the model (the engines
-    share a rope by its settings), max_position_embeddings rows of rotary_dim elements of
-    ``rotary_bytes`` (0: the model's dtype)."""
-    return m.max_positions * m.rotary_dim * (rotary_bytes or m.dtype_bytes)
+def rotary_cache_bytes(m: FitModel) -> int:
+    """A default rope's cos/sin cache of ``m`` on every rank: one for the model (the engines
+    share a rope by its settings), max_position_embeddings rows of rotary_dim elements of the
+    model's dtype."""
+    return m.max_positions * m.rotary_dim * m.dtype_bytes

@@ -86,7 +86,7 @@ def weights(inp: FitInputs) -> FitItem:
     them (:func:`.rope.rotary_cache`: its rows and element by rope type, as the release keeps it)."""
     m = inp.model
     rot = rotary_cache(m, inp.engine, inp.version)
-    b = weight_bytes(msgspec.structs.replace(m, max_positions=0), inp.tp) + rot.bytes
+    b = weight_bytes(m, inp.tp, rot.bytes)
     rope = f"; the engine's rotary cos/sin cache ({rot.bytes} bytes) beside it: {rot.how}" if rot.bytes else ""
     if not m.exact_weight_bytes:  # counted from the dimensions: within 0.5% of the loaded figure
         return FitItem("weights", b, int(0.005 * b) + rot.error, "estimated", f"counted from {m.source}{rope}")
