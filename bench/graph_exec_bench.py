@@ -52,13 +52,14 @@ from bench.harness import (
 CASES = ("reference", "llama", "gemma2", "qwen2", "mixtral", "qwen2_moe", "deepseek_v3")
 
 
-def child(case: str) -> dict:
+def child(case: str, attention: str = "model", splits: int = 0, warmups: int = 0) -> dict:
     import torch
 
     from capture_plan.planner import build_plan
 
     plan = build_plan(case_options(case, Path(tempfile.mkdtemp())))
-    target, why = fitted_target(case, plan)
+    kw = {"attention": attention, "fa3_splits": splits} if case not in ("reference", "eagle") else {}
+    target, why = fitted_target(case, plan, **kw)
     if why:
         return {"case": case, "skipped": why}
     phase = plan.phases[0]
@@ -66,13 +67,16 @@ def child(case: str) -> dict:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     target.prepare(phase.name, sizes[0], sizes[0], gen)
+    cold = free_bytes(), torch.cuda.memory_reserved()
     target.run(phase.name, sizes[0], None)  # the warm-up capture() runs
+    torch.cuda.synchronize()
+    first_run = (cold[0] - free_bytes()) - (torch.cuda.memory_reserved() - cold[1])
     torch.cuda.empty_cache()
-    first = engine_loop(target, [(phase.name, sizes)], warmups=0, driver_memory=True)
+    first = engine_loop(target, [(phase.name, sizes)], warmups=warmups, driver_memory=True)
     a = free_bytes()
     release(first)
     returned = free_bytes() - a
-    second = engine_loop(target, [(phase.name, sizes)], warmups=0, driver_memory=True)
+    second = engine_loop(target, [(phase.name, sizes)], warmups=warmups, driver_memory=True)
     release(second)
     first, second = first.driver, second.driver
     nodes = sum(r["nodes"] or 0 for r in first)
@@ -81,9 +85,15 @@ def child(case: str) -> dict:
         "case": case,
         "phase": phase.name,
         "graphs": len(sizes),
+        "attention": attention if kw else "model",
+        "splits": splits if kw else None,
+        "warmups": warmups,
         "nodes": nodes,
+        "first_run_bytes": first_run,
         "instantiate_bytes": inst,
         "record_bytes": sum(r["record_bytes"] for r in first),
+        "warmup_bytes": sum(r["warmup_bytes"] for r in first),
+        "replay_bytes": sum(r["replay_bytes"] for r in first),
         "bytes_per_node": inst / nodes if nodes else None,
         "returned_on_destroy_bytes": returned,
         "second_round_bytes": sum(r["instantiate_bytes"] + r["record_bytes"] for r in second),
@@ -94,6 +104,18 @@ def child(case: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument(
+        "--attention",
+        choices=("model", "fa3"),
+        default="model",
+        help="the transformers cases' attention: their own (default) or FA3 over the cache, as the engines' "
+        "sm90 backends (adapters/hf.py HFTarget); the reference cases call FA3 themselves",
+    )
+    ap.add_argument("--splits", type=int, default=0, help="FA3's num_splits with --attention fa3 (0: its heuristic)")
+    ap.add_argument(
+        "--warmups", type=int, default=0, help="eager runs before each capture, as the engines' loop (default 0)"
+    )
+    ap.add_argument("--tag", default=None, help="appended to the result's name")
     add_out_dir(ap)
     add_overwrite(ap)
     ap.add_argument(
@@ -105,7 +127,7 @@ def main() -> None:
     ap.add_argument("--child-overhead", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child)), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.attention, args.splits, args.warmups)), flush=True)
         return
     if args.child_overhead:
         print("RESULT " + json.dumps(overhead_child(args.child_overhead)), flush=True)
@@ -117,10 +139,12 @@ def main() -> None:
         print(f"wrote {path.path}")
         print(line)
         return
-    path = result_file(args, "graph-exec", res["date"])
+    path = result_file(args, "graph-exec", res["date"], args.tag or "")
+    res["options"] = {"attention": args.attention, "splits": args.splits, "warmups": args.warmups}
     res["cases"] = {}
+    opts = ["--attention", args.attention, "--splits", str(args.splits), "--warmups", str(args.warmups)]
     for case in args.cases.split(","):
-        p = run_module("graph_exec_bench", ["--child", case], capture_output=True, text=True)
+        p = run_module("graph_exec_bench", ["--child", case, *opts], capture_output=True, text=True)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         if p.returncode or not lines:
             res["cases"][case] = {"error": (p.stderr or p.stdout)[-1500:]}
@@ -134,6 +158,8 @@ def main() -> None:
         print(
             f"{case}: {r['graphs']} graphs {r['nodes']} nodes: instantiations {r['instantiate_bytes'] / MiB:.0f} MiB "
             f"({r['bytes_per_node']:.0f} B/node), recordings {r['record_bytes'] / MiB:.0f} MiB, "
+            f"first eager run {r['first_run_bytes'] / MiB:.0f} MiB, warm-ups {r['warmup_bytes'] / MiB:.0f} MiB, "
+            f"first replays {r['replay_bytes'] / MiB:.0f} MiB, "
             f"back on destroy {r['returned_on_destroy_bytes'] / MiB:.0f} MiB, "
             f"second round {r['second_round_bytes'] / MiB:.0f} MiB",
             flush=True,

@@ -452,8 +452,9 @@ class LoopRun:
     oom: str | None = None
     #: free device bytes after each capture (``free_after``)
     free_after: list = field(default_factory=list)
-    #: per capture with ``driver_memory``: ``{"bs", "nodes", "record_bytes", "instantiate_bytes"}``,
-    #: the free memory its recording and its instantiation took that the allocator did not reserve
+    #: per capture with ``driver_memory``: ``{"bs", "nodes", "warmup_bytes", "record_bytes",
+    #: "instantiate_bytes", "replay_bytes"}``, the free memory its warm-ups, its recording, its
+    #: instantiation and its first replay took that the allocator did not reserve
     driver: list = field(default_factory=list)
 
 
@@ -499,8 +500,10 @@ def engine_loop(
     which the timings then include). ``stop_at_oom``: an out-of-memory error
     ends the loop and is recorded in ``oom`` (a result, not a failure); else it raises.
     ``driver_memory``: record each graph with ``keep_graph=True`` and measure, apart, the
-    driver memory its recording and its instantiation take and its nodes (``driver``;
-    both synchronize). Releases nothing: :func:`release` does."""
+    driver memory its warm-ups, its recording, its instantiation and its first replay take
+    and its nodes (``driver``; each synchronizes, and the graph is replayed once, which the
+    engines' capture does not do: the driver may take memory at a graph's first launch, and
+    that launch is an engine's first decode step). Releases nothing: :func:`release` does."""
     import torch
 
     run = LoopRun(pool=torch.cuda.graph_pool_handle())
@@ -512,6 +515,7 @@ def engine_loop(
         try:
             for bs in sizes:
                 key = (phase, bs)
+                cold = _driver_state() if driver_memory else None
                 with torch.cuda.stream(stream):
                     for _ in range(warmups):
                         w = outputs(target.run(phase, bs, None))
@@ -535,12 +539,15 @@ def engine_loop(
                     recorded = _driver_state()
                     nodes = instantiate_kept(g)
                     done = _driver_state()
+                    g.replay()
                     run.driver.append(
                         {
                             "bs": bs,
                             "nodes": nodes,
+                            "warmup_bytes": _outside(cold, before),
                             "record_bytes": _outside(before, recorded),
                             "instantiate_bytes": _outside(recorded, done),
+                            "replay_bytes": _outside(done, _driver_state()),
                         }
                     )
                 run.graphs[key] = g
