@@ -213,6 +213,11 @@ def start_up(startup, target) -> dict:
     weights = measured_weights(target, rotary=False) + rope_bytes
     with torch.no_grad(), hidden_state_outputs(target):
         pool = startup.alloc_memory_pool(model, cell=cell, committed_bytes=committed)
+        torch.cuda.synchronize()
+        free = torch.cuda.mem_get_info()[0]
+        startup.init_attention_backends()  # cuBLAS initialized before the capture, as the release does
+        torch.cuda.synchronize()
+        cublas_init = free - torch.cuda.mem_get_info()[0]
         torch.cuda.empty_cache()  # as the capture's first reading does: what torch holds then
         reserved = torch.cuda.memory_reserved()
         runner, graph_bytes = startup.init_cuda_graphs(model)
@@ -242,6 +247,7 @@ def start_up(startup, target) -> dict:
             "logits_buffer_bytes": model.logits_buffer.nbytes if model.logits_buffer is not None else 0,
             "free_after_capture_bytes": free_after_capture,
             "capture_reserved_growth_bytes": reserved_growth,
+            "init_cublas_bytes": cublas_init,
             "graphs": len(runner.backend._graphs),
         }
         runner.backend.cleanup()

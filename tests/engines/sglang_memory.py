@@ -322,7 +322,8 @@ class StartUp:
     """scheduler.py ``init_model_worker`` over the release's runner (``module``: the version of
     tests/engines/sglang_runner.py before the adoption), as far as the pool and the decode
     graphs: the config published, ``pre_model_load_memory`` measured now (before the caller
-    loads the model), :meth:`alloc_memory_pool`, :meth:`init_cuda_graphs`."""
+    loads the model), :meth:`alloc_memory_pool`, :meth:`init_attention_backends`,
+    :meth:`init_cuda_graphs`."""
 
     def __init__(self, module, settings: MemorySettings):
         self.module, self.settings = module, settings
@@ -353,6 +354,21 @@ class StartUp:
         self.pool = Pool(available, rest, cell, tokens, reqs, kv_bytes, req_bytes, tensors)
         self.model_runner = self.module.ModelRunner(model, max_running_requests=reqs)
         return self.pool
+
+    def init_attention_backends(self) -> None:
+        """scheduler.py ``init_all_attention_backends``, between the pool and the graphs:
+        model_runner_components/attention_backend_setup.py ``build_attention_backends`` runs
+        utils/common.py ``init_cublas`` (a 16x16 float16 matmul) on CUDA before it builds a
+        backend. cuBLAS's first GEMM initializes the library (its handle, its kernels: tens
+        of MiB outside torch's allocator), so this memory leaves the slack the pool left,
+        not the graphs' drop. The runner builds no attention backend (its models call FA3
+        themselves)."""
+        import torch
+
+        a = torch.ones((16, 16), dtype=torch.float16, device="cuda")
+        b = torch.ones((16, 16), dtype=torch.float16, device="cuda")
+        c = a @ b
+        del a, b, c
 
     def init_cuda_graphs(self, model) -> tuple[object, int]:
         """cuda_graph_setup.py ``capture_decode_graph``: the decode runner made (the shared
