@@ -1,0 +1,99 @@
+"""What a process's first GEMM on a side stream takes from the device outside torch's allocator.
+
+Engines warm up and capture on a stream of their own (SGLang: runner_utils/pool.py's global
+capture stream; torch.cuda.graph's side stream). The SGLang fit bench's runner lost about
+70 MiB of free memory outside torch before its first graph, on every model, with kernel
+code loaded eagerly as well as lazily (fit-bench-2026-12-07-h100-sglang-fa3-{eager,lazy});
+an eager decode step on the default stream before the capture took nothing, a 1024x1024
+bf16 matmul on a new stream took it all and the capture's drop fell by as much (a probe at
+b50c148). This bench measures that cost alone, in fresh processes, so that fit can price it
+where an engine's capture stream is the process's first side stream to run a GEMM.
+
+Per run (a fresh process each, ``--runs``): cuBLAS initialized by a ``--dtype`` matmul on the
+default stream, then the same matmul on a new stream, then on a second new stream; after
+each, the free-memory drop (``torch.cuda.mem_get_info``) and the caching allocator's growth
+(``memory_reserved``); ``outside`` is the drop less the growth.
+
+Writes bench/results/side-stream-<date>.json; prints one line per run and SUMMARY last.
+Run: python -m bench.side_stream_bench [--runs 3] [--dtype bfloat16] [--n 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bench.harness import MiB, add_out_dir, add_overwrite, header, main_exit, result_file, run_module
+
+STEPS = ("default_stream", "first_side_stream", "second_side_stream")
+
+
+def child(dtype: str, n: int) -> dict:
+    import torch
+
+    def state() -> tuple[int, int]:
+        torch.cuda.synchronize()
+        return int(torch.cuda.mem_get_info()[0]), int(torch.cuda.memory_reserved())
+
+    torch.cuda.init()
+    w = torch.ones((n, n), dtype=getattr(torch, dtype), device="cuda")
+    out = {}
+    for step in STEPS:
+        stream = torch.cuda.current_stream() if step == "default_stream" else torch.cuda.Stream()
+        a = state()
+        with torch.cuda.stream(stream):
+            w @ w
+        b = state()
+        growth = b[1] - a[1]
+        out[step] = {"outside_bytes": (a[0] - b[0]) - growth, "reserved_growth_bytes": growth}
+    return out
+
+
+def summary(res: dict) -> str:
+    """The SUMMARY line: per step, the outside bytes over the runs (min..max MiB)."""
+    runs = [r for r in res["runs"] if "error" not in r]
+    if not runs:
+        return "SUMMARY no run finished"
+
+    def span(step: str, key: str) -> str:
+        v = [r[step][key] / MiB for r in runs]
+        return f"{min(v):.0f}" if min(v) == max(v) else f"{min(v):.0f}..{max(v):.0f}"
+
+    parts = [
+        f"{s.replace('_', ' ')} {span(s, 'outside_bytes')} MiB (torch +{span(s, 'reserved_growth_bytes')})"
+        for s in STEPS
+    ]
+    return f"SUMMARY {len(runs)} runs, {res['dtype']} {res['n']}x{res['n']} matmul, outside torch: " + "; ".join(parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--tag", default="")
+    add_out_dir(ap)
+    add_overwrite(ap)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.dtype, args.n)), flush=True)
+        return
+    res = header(device=True)
+    path = result_file(args, "side-stream", res["date"], args.tag)
+    res.update(dtype=args.dtype, n=args.n, runs=[])
+    for i in range(args.runs):
+        p = run_module(
+            "side_stream_bench", ["--child", "--dtype", args.dtype, "--n", str(args.n)], capture_output=True, text=True
+        )
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        r = json.loads(lines[-1][7:]) if lines and not p.returncode else {"error": (p.stderr or p.stdout)[-1500:]}
+        res["runs"].append(r)
+        print(f"run {i}: " + ("FAILED " + r["error"] if "error" in r else json.dumps(r)), flush=True)
+    path.write(res)
+    print(f"wrote {path.path}")
+    print(summary(res))
+
+
+if __name__ == "__main__":
+    main_exit(main)
