@@ -2376,6 +2376,37 @@ def _graph_exec_second(d: dict) -> str:
     return f"{_mib(most / MiB)} MiB more"
 
 
+GRAPH_EXEC_FA3 = "graph-exec-2026-12-07-fa3-w2.json"
+SIDE_STREAM = "side-stream-2026-12-07.json"
+
+
+@figure("graph-exec-fa3", GRAPH_EXEC_FA3)
+def _graph_exec_fa3(d: dict) -> str:
+    cases = [c for c in d["cases"].values() if c.get("nodes")]
+    inst = [c["instantiate_bytes"] / MiB for c in cases]
+    return (
+        f"{_span(inst, ',.0f')} MiB for {cases[0]['graphs']} FA3 decode graphs"
+        f" ({_span([c['bytes_per_node'] for c in cases], ',.0f')} bytes a node; {_word(len(cases))} models),"
+        f" their warm-ups {_span([c['warmup_bytes'] / MiB for c in cases], ',.0f')} MiB and first replays"
+        f" {_span([c['replay_bytes'] / MiB for c in cases], ',.0f')} MiB"
+    )
+
+
+@figure("side-stream-gemm", SIDE_STREAM)
+def _side_stream_gemm(d: dict) -> str:
+    runs = d["runs"]
+
+    def of(step: str, key: str) -> str:
+        return _span([r[step][key] / MiB for r in runs], ",.0f")
+
+    return (
+        f"a process's first GEMM takes {of('default_stream', 'outside_bytes')} MiB outside torch's allocator"
+        f" (and {of('default_stream', 'reserved_growth_bytes')} MiB of workspace in it); a new stream's first GEMM"
+        f" after it {of('first_side_stream', 'outside_bytes')} MiB outside"
+        f" ({of('first_side_stream', 'reserved_growth_bytes')} MiB in it), in {_word(len(runs))} fresh processes"
+    )
+
+
 def render_figures(text: str, where: str) -> str:
     """``text`` with every figure region's body rendered again; an unknown name is an error."""
 

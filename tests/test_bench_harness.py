@@ -253,7 +253,7 @@ def test_every_bench_module_runs_help_without_a_gpu():
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, f"{name}: {err[-2000:]}"
         assert out.startswith("usage: "), name
-    assert len(procs) == 18  # every bench module: ... copies_bench, restore_floor, torch_entry_points, fit_bench
+    assert len(procs) == 19  # every bench module: ... restore_floor, torch_entry_points, fit_bench, side_stream_bench
 
 
 def _sources():
@@ -774,3 +774,23 @@ def test_the_copies_bench_summary_compares_medians_and_says_when_driver_memory_d
     assert summary("eagle", {"in-turn": [{"error": "boom"}], "side-by-side": [run(0.1, 4)]}) == (
         "eagle: a way failed in every process"
     )
+
+
+def test_side_stream_summary_spans_the_runs_and_skips_failed_ones():
+    """side_stream_bench's SUMMARY: per step the outside and in-torch MiB over the runs that
+    finished (one figure where they agree, lo..hi where not); a run that failed is left out."""
+    from bench import side_stream_bench as ss
+
+    def run(first_out: int) -> dict:
+        return {
+            "default_stream": {"outside_bytes": first_out << 20, "reserved_growth_bytes": 32 << 20},
+            "first_side_stream": {"outside_bytes": 0, "reserved_growth_bytes": 52 << 20},
+            "second_side_stream": {"outside_bytes": 0, "reserved_growth_bytes": 52 << 20},
+        }
+
+    res = {"dtype": "bfloat16", "n": 1024, "runs": [run(66), run(68), {"error": "boom"}]}
+    assert ss.summary(res) == (
+        "SUMMARY 2 runs, bfloat16 1024x1024 matmul, outside torch: default stream 66..68 MiB (torch +32); "
+        "first side stream 0 MiB (torch +52); second side stream 0 MiB (torch +52)"
+    )
+    assert ss.summary({**res, "runs": [{"error": "boom"}]}) == "SUMMARY no run finished"
