@@ -504,6 +504,43 @@ def test_a_plans_sizes_and_pool_replace_the_engine_defaults(capsys):
     assert costs["plan"].tokens_cost == costs["none"].kv_tokens - r.kv_tokens > 0
     # the engine default's sizes are still priced as without the plan
     assert costs["engine default"] == {c.name: c for c in bare.size_costs}["engine default"]
+    # the plan's graphs are captured whole, so vLLM's FA3 split-KV accumulators at its largest
+    # size are in their pool; the plan's FA3 backend simulates none, so fit adds them (before:
+    # the plan's figure left them out, and the fit bench's plan column ran 46-61% under)
+    m = load_model("llama-3-8b")
+    accum = 4 * 32 * m.heads * max(sizes) * (m.v_head_dim + 1)  # fit_estimates.toml [graph.vllm_split_kv]
+    assert "split-KV accumulators" in graph.source
+    assert graph.bytes == _plan_graph_bytes(plan, r) + accum
+
+
+def _plan_graph_bytes(plan, r) -> int:
+    """A plan's graph figure without an engine's kernels' temporaries: its pool + hoisted,
+    graph-exec of its graphs (nodes x the per-node figure, + the per-graph figure), the
+    stream workspace: the parts :func:`capture_plan.planner.fit.estimate.graph_memory` adds."""
+    from capture_plan.planner.fit import estimate
+    from capture_plan.planner.fit.graph_count import whole_graphs
+    from capture_plan.planner.fit.measured import plan_graphs
+    from capture_plan.planner.fit.tables import device
+
+    m = load_model("llama-3-8b")
+    pg = plan_graphs(plan, "test", m)
+    sm = device(r.device)[1].sm
+    item = estimate.graph_memory(m, 1, sm, whole_graphs(pg.graphs, "plan"), max(pg.sizes), (pg.pool_bytes, "plan"))
+    return item.bytes
+
+
+def test_a_plan_whose_backend_simulates_split_temporaries_gets_no_second_copy(capsys, tmp_path):
+    """A plan built with a backend whose pool simulation holds split-KV temporaries
+    (backends.toml attention_temp_factor > 0: triton) is priced as it predicted: fit adds
+    no FA3 accumulators on top."""
+    from capture_plan.planner.fit.measured import plan_graphs
+    from capture_plan.schemas.codec import decode_plan
+
+    plan = decode_plan(PLAN.read_bytes(), str(PLAN))
+    m = load_model("llama-3-8b")
+    assert not plan_graphs(plan, "test", m).split_temporaries
+    triton = msgspec.structs.replace(plan, requires=msgspec.structs.replace(plan.requires, backend="triton"))
+    assert plan_graphs(triton, "test", m).split_temporaries
     # a plan of another model is refused, one line naming the plan's model
     code, _, err = run(
         *_PLANNED[:2],

@@ -134,7 +134,8 @@ def graph_memory(
     pool (the largest size's activations, which every smaller graph reuses; or ``pool``'s
     bytes, a plan's predicted pool, and where they come from) + the capture stream's cuBLAS
     workspace; ``transient``: bytes an engine's kernels allocate in the pool at the peak
-    besides the activations (the engine's layer counts them), and what they are. Without a
+    besides the activations (the engine's layer counts them), and what they are: added to
+    a plan's pool too, where the caller found that its backend did not simulate them. Without a
     per-graph figure the execs are priced by their nodes only and the
     source says so: an engine's thousands of piecewise graphs may then cost more."""
     if graphs.execs == 0:
@@ -166,7 +167,12 @@ def graph_memory(
         src = f"{g['source']}{f' + {why}' if extra else ''}; {execs}"
         return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", src)
     # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
-    # is graph-exec's and the workspace's
-    b = exec_bytes + pool[0] + int(workspace)
-    err = int((exec_bytes + int(workspace)) * g["error_fraction"])
-    return FitItem("graph memory", b, err, "estimated", f"the pool: {pool[1]}; graph-exec: {g['exec_source']}; {execs}")
+    # is graph-exec's, the workspace's and the engine's kernels' transient bytes (which the
+    # plan's backend did not simulate: the caller passes them only then)
+    extra, why = transient if transient else (0, "")
+    b = exec_bytes + pool[0] + extra + int(workspace)
+    err = int((exec_bytes + extra + int(workspace)) * g["error_fraction"])
+    plus = f" + {why}" if extra else ""
+    return FitItem(
+        "graph memory", b, err, "estimated", f"the pool: {pool[1]}{plus}; graph-exec: {g['exec_source']}; {execs}"
+    )

@@ -33,6 +33,9 @@ class PlanGraphs(msgspec.Struct, frozen=True):
     #: the plan's predicted pool and hoisted workspaces: the pool part of the graph figure
     pool_bytes: int
     source: str
+    #: the plan's attention backend simulates split-KV temporaries in its pool (backends.toml
+    #: ``attention_temp_factor`` > 0): an engine's own split accumulators are then not added to it
+    split_temporaries: bool = False
 
 
 class FitRequest(msgspec.Struct, frozen=True):

@@ -110,7 +110,8 @@ def graph_memory(
     """Graph memory of ``graphs`` up to ``largest`` (:func:`.estimate.graph_memory`);
     ``plan``: they are the plan's (``graphs`` None: its graphs, each captured whole), whose
     predicted pool is the figure's pool; ``transient``: the engine's kernels' pool bytes at
-    the peak besides the activations (:func:`.estimate.graph_memory`)."""
+    the peak besides the activations (:func:`.estimate.graph_memory`; with ``plan``, only
+    where the plan's backend did not simulate such temporaries: ``PlanGraphs.split_temporaries``)."""
     p = inp.request.plan if plan else None
     pool = None if p is None else (p.pool_bytes, f"plan {p.name}'s predicted pool ({p.source})")
     if graphs is None:
@@ -120,14 +121,17 @@ def graph_memory(
     return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool, transient)
 
 
-def plan_cost(inp: FitInputs, tokens_of, none_tokens: int) -> list[SizeCost]:
+def plan_cost(inp: FitInputs, tokens_of, none_tokens: int, transient: tuple[int, str] | None = None) -> list[SizeCost]:
     """The plan's sizes priced (``tokens_of(graph bytes)``: the KV tokens they leave), where a
-    plan is given: its measured figure where a calibration gives one."""
+    plan is given: its measured figure where a calibration gives one; ``transient`` as
+    :func:`graph_memory`'s."""
     p = inp.request.plan
     if p is None:
         return []
     gi = inp.graph_measured or (
-        draft_graphs(inp) if inp.speculative_graphs else graph_memory(inp, None, max(p.sizes), plan=True)
+        draft_graphs(inp)
+        if inp.speculative_graphs
+        else graph_memory(inp, None, max(p.sizes), plan=True, transient=transient)
     )
     t = None if gi.bytes is None else tokens_of(gi.bytes)
     return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]
@@ -151,7 +155,7 @@ def fixes(
     ``fp8`` KV where halving a 2-byte element doubles the tokens past one request, and
     ``graphs`` (fewer capture sizes, none); then more GPUs (every doubling of --tp up to 64:
     the first that fits is kept)."""
-    tp, w = inp.tp, weight_bytes(inp.model, inp.tp)
+    tp, w = inp.tp, known(weights(inp))  # the rank's shard as the weights item counts it (the release's rope cache)
     out = [budget] if budget else []
     n = tp
     while w * tp / n > 0.75 * total and n < 64:

@@ -118,9 +118,15 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         return sizing.vllm_blocks(m, inp.per_layer, block, avail, mml, in_flight, rule.kv_tokens, draft)
 
     measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
-    if inp.request.plan is not None:
+    plan = inp.request.plan
+    # a plan's graphs are captured whole (FULL): their FA3 split accumulators are in the pool,
+    # which the plan's simulation holds only where its backend models split temporaries
+    plan_transient = None if plan is None or plan.split_temporaries else split_kv_accum(inp, plan.sizes)
+    if plan is not None:
         planned = result.draft_graphs(inp) if d is not None and d.counted != "none" else None
-        graph = measured or planned or result.graph_memory(inp, None, max(inp.request.plan.sizes), plan=True)
+        graph = (
+            measured or planned or result.graph_memory(inp, None, max(plan.sizes), plan=True, transient=plan_transient)
+        )
     else:
         graph = measured if measured is not None and sizes else graph_of(sizes)
     budget = FitItem(
@@ -165,7 +171,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         t = None if gi.bytes is None else tokens_of(gi.bytes)
         return SizeCost(name, ss, gi.bytes, t, None if t is None else none_tokens - t)
 
-    costs = [cost_of("engine default", sizes), *result.plan_cost(inp, tokens_of, none_tokens)]
+    costs = [cost_of("engine default", sizes), *result.plan_cost(inp, tokens_of, none_tokens, plan_transient)]
     costs += [cost_of(name, sorted(ss)) for name, ss in inp.request.lists.items()]
     costs += [cost_of("fewer", [s for s in sizes if s <= FEWER_MAX]), cost_of("none", [])]
     verdict = result.FITS

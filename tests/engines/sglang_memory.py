@@ -355,18 +355,20 @@ class StartUp:
         self.model_runner = self.module.ModelRunner(model, max_running_requests=reqs)
         return self.pool
 
-    def init_attention_backends(self) -> None:
+    def init_attention_backends(self, model) -> None:
         """scheduler.py ``init_all_attention_backends``, between the pool and the graphs:
         model_runner_components/attention_backend_setup.py ``build_attention_backends`` runs
         utils/common.py ``init_cublas`` (a 16x16 float16 matmul) on CUDA before it builds a
         backend. cuBLAS's first GEMM initializes the library (its handle, its kernels: tens
         of MiB outside torch's allocator), so this memory leaves the slack the pool left,
         not the graphs' drop. The runner builds no attention backend (its models call FA3
-        themselves)."""
+        themselves). As the release, only on CUDA (``model.device``; the CPU tests' models skip it)."""
         import torch
 
-        a = torch.ones((16, 16), dtype=torch.float16, device="cuda")
-        b = torch.ones((16, 16), dtype=torch.float16, device="cuda")
+        if torch.device(model.device).type != "cuda":
+            return
+        a = torch.ones((16, 16), dtype=torch.float16, device=model.device)
+        b = torch.ones((16, 16), dtype=torch.float16, device=model.device)
         c = a @ b
         del a, b, c
 
