@@ -456,6 +456,7 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
         block_bytes = page_group(full, sliding) * s.block_size * per_token
         requested = math.ceil(snapshot.total_memory * s.gpu_memory_utilization)  # request_memory
         worker = module.Worker(runner, block_bytes=block_bytes, requested_memory=requested, init_snapshot=snapshot)
+        split = capture_split(runner)
         worker.determine_available_memory()
         if not extensible:
             worker.available_kv_cache_memory_bytes += committed
@@ -477,9 +478,32 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             "kv_bytes_per_token_layer": per_token,
             "layers": {"full": full, "sliding": sliding},
             "graphs": len(runner.cudagraph_manager.graphs) + sum(len(m.graphs) for m in managers(runner.speculator)),
+            **split,
         }
         runner.release()
     return {**json.loads(sizing.to_json()), "measured": measured}
+
+
+def capture_split(runner) -> dict:
+    """Records, into the dict returned, how the runner's ``capture_model`` drop splits:
+    ``capture_reserved_growth_bytes``, torch's reserve after it less before it (both read
+    where the release empties the cache: the pool, the capture streams' workspaces), the rest
+    of ``capture_drop_bytes`` being the driver's (graph execs, what a stream's first kernels
+    initialize). The release's call is wrapped, not changed."""
+    import torch
+
+    split: dict = {}
+    capture = runner.capture_model
+
+    def measured(**kw):
+        torch.cuda.empty_cache()  # as the release's first reading (model_runner.py capture_model)
+        before = torch.cuda.memory_reserved()
+        drop = capture(**kw)
+        split.update(capture_drop_bytes=drop, capture_reserved_growth_bytes=torch.cuda.memory_reserved() - before)
+        return drop
+
+    runner.capture_model = measured
+    return split
 
 
 def managers(speculator) -> list:

@@ -265,6 +265,9 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     assert record["measured"]["kv_bytes_per_token_layer"] == per_token
     assert record["activation_peak_bytes"] == 300 * MIB
     assert record["block_bytes"] == layers * 16 * per_token  # every layer's page: one block
+    # capture_model's drop is recorded with torch's share of it (the rest the driver's)
+    m = record["measured"]
+    assert m["capture_drop_bytes"] == record["graph_bytes"] and isinstance(m["capture_reserved_growth_bytes"], int)
     captured = {p: sorted({n for q, n in runs if q == p}) for p, _ in runs}
     if k:  # requests of the decode graphs at query length 4: the shared sizes' (tokens / 4), to 32 tokens
         grid = module.decode_cudagraph_capture_grid(8)
