@@ -17,7 +17,13 @@ figure, the instantiations' driver bytes over their nodes, is what
 A case's model is sized for the device (``bench.harness.case_target``); a case that does
 not fit is skipped, saying why (``skipped``, on its line and the summary's).
 
-Writes bench/results/graph-exec-<date>.json; prints one line per case and a
+``--attention fa3 [--splits N]``: the transformers cases attend with FA3 over their cache,
+as the engines' sm90 backends (``adapters/hf.py`` ``HFTarget``); ``--warmups N``: N eager
+runs before each capture, as the engines' loop. Each graph's record then holds what its
+warm-ups and its first replay took outside the allocator too, and each case what its first
+eager run took (a process's first kernels: library initialization).
+
+Writes bench/results/graph-exec-<date>[-<tag>].json; prints one line per case and a
 summary line last.
 Run: python -m bench.graph_exec_bench [--cases reference,llama,...]
 
