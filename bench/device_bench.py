@@ -335,14 +335,15 @@ def spec_text(spec) -> str:
     return f"{head}\n[model]\nconfig = {json.dumps(spec.model.config)}\n\n{tail}"
 
 
-def vllm034_setup(case: str, plan, layers: int, folder: Path):
+def vllm034_setup(case: str, plan, layers: int, folder: Path, backend: str | None = None):
     """vLLM 0.34.0's graphs for a case at its H200 defaults (bench/baselines.py
     ``vllm_034_sizes``; EAGLE: 3 speculative tokens, query length 4) and the plan for the same
     graphs: the case's spec with the main phase at vLLM's decode request counts (as the
     `full` kind: vLLM's forward returns hidden states), a
     ``draft_decode`` phase at its draft decode grid and the other draft phases at the
-    decode request counts, built analytically. Returns (full, speculator, sizes, plan);
-    no torch (the CPU tests run it)."""
+    decode request counts, built analytically (``backend``: the plan's attention backend,
+    the case's own where None). Returns (full, speculator, sizes, plan); no torch (the CPU
+    tests run it)."""
     import msgspec
 
     from bench.baselines import vllm_034_sizes
@@ -372,7 +373,11 @@ def vllm034_setup(case: str, plan, layers: int, folder: Path):
     ]
     path = folder / f"{case}-vllm-0.34.toml"
     path.write_text(spec_text(msgspec.structs.replace(base, phases=kept)))
-    vllm_plan = build_plan(msgspec.structs.replace(opts, spec=path, ci=False, speculative=None, max_bs=None))
+    vllm_plan = build_plan(
+        msgspec.structs.replace(
+            opts, spec=path, ci=False, speculative=None, max_bs=None, backend=backend or opts.backend
+        )
+    )
     return (main, reqs), spec, sizes, vllm_plan
 
 

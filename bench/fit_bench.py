@@ -250,14 +250,16 @@ def fit_side(
 
 def case_plan(case: str, folder: Path, layers: int, model):
     """The case's plan of vLLM 0.34.0's default graphs (bench.device_bench ``vllm034_setup``,
-    the reference's at 32 layers), as ``planner fit --plan`` reads it (``plan_graphs``)."""
+    the reference's at 32 layers), as ``planner fit --plan`` reads it (``plan_graphs``). The
+    transformers cases' plan attends with FA3, as their runner does (``case_target``'s
+    ``attention="fa3"``), not with the case's own attention."""
     from bench.device_bench import vllm034_setup
     from capture_plan.planner import build_plan
     from capture_plan.planner.fit.measured import plan_graphs
 
     if case == "reference" and layers != 32:
         raise ValueError(f"the reference's plan is built at 32 layers, not {layers}")
-    *_, plan = vllm034_setup(case, build_plan(case_options(case, folder)), layers, folder)
+    *_, plan = vllm034_setup(case, build_plan(case_options(case, folder)), layers, folder, backend="fa3")
     return plan_graphs(plan, f"{case} at vLLM 0.34.0's default graphs (bench.device_bench vllm034_setup)", model)
 
 
@@ -489,16 +491,17 @@ def capture_split(runner) -> dict:
     ``capture_reserved_growth_bytes``, torch's reserve after it less before it (both read
     where the release empties the cache: the pool, the capture streams' workspaces), the rest
     of ``capture_drop_bytes`` being the driver's (graph execs, what a stream's first kernels
-    initialize). The release's call is wrapped, not changed."""
+    initialize). The release's call is wrapped: the wrapper empties torch's cache before it
+    (the release's first step where it captures anything) and reads torch's reserve around it."""
     import torch
 
     split: dict = {}
     capture = runner.capture_model
 
-    def measured(**kw):
+    def measured(*a, **kw):
         torch.cuda.empty_cache()  # as the release's first reading (model_runner.py capture_model)
         before = torch.cuda.memory_reserved()
-        drop = capture(**kw)
+        drop = capture(*a, **kw)
         split.update(capture_drop_bytes=drop, capture_reserved_growth_bytes=torch.cuda.memory_reserved() - before)
         return drop
 

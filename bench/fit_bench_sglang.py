@@ -215,7 +215,9 @@ def start_up(startup, target) -> dict:
         pool = startup.alloc_memory_pool(model, cell=cell, committed_bytes=committed)
         torch.cuda.synchronize()
         free = torch.cuda.mem_get_info()[0]
-        startup.init_attention_backends(model)  # cuBLAS initialized before the capture, as the release does
+        # cuBLAS initialized before the capture, as the release does; init_cublas_bytes is the
+        # free-memory drop it took (torch's workspace included, where it made one)
+        startup.init_attention_backends(model)
         torch.cuda.synchronize()
         cublas_init = free - torch.cuda.mem_get_info()[0]
         torch.cuda.empty_cache()  # as the capture's first reading does: what torch holds then

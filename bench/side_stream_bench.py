@@ -3,11 +3,13 @@
 Engines warm up and capture on a stream of their own (SGLang: runner_utils/pool.py's global
 capture stream; torch.cuda.graph's side stream). The SGLang fit bench's runner lost about
 70 MiB of free memory outside torch before its first graph, on every model, with kernel
-code loaded eagerly as well as lazily (fit-bench-2026-12-07-h100-sglang-fa3-{eager,lazy});
-an eager decode step on the default stream before the capture took nothing, a 1024x1024
-bf16 matmul on a new stream took it all and the capture's drop fell by as much (a probe at
-b50c148). This bench measures that cost alone, in fresh processes, so that fit can price it
-where an engine's capture stream is the process's first side stream to run a GEMM.
+code loaded eagerly as well as lazily (fit-bench-2026-12-07-h100-sglang-fa3-{eager,lazy}),
+and a 1024x1024 bf16 matmul on a new stream in that process took as much (a probe at
+b50c148). This bench measures the parts alone, in fresh processes: what a process's first
+GEMM (cuBLAS's initialization) and a new stream's first GEMM take, outside torch and in it.
+Its first results (side-stream-2026-12-07.json) put the outside memory at the process's
+first GEMM (on the default stream here) and none at a later new stream's: the runner's 70 MiB is
+not explained by this alone.
 
 Per run (a fresh process each, ``--runs``): cuBLAS initialized by a ``--dtype`` matmul on the
 default stream, then the same matmul on a new stream, then on a second new stream; after

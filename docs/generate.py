@@ -2394,7 +2394,7 @@ def _graph_exec_fa3(d: dict) -> str:
 
 @figure("side-stream-gemm", SIDE_STREAM)
 def _side_stream_gemm(d: dict) -> str:
-    runs = d["runs"]
+    runs = [r for r in d["runs"] if "error" not in r]  # as the bench's summary: failed runs left out
 
     def of(step: str, key: str) -> str:
         return _span([r[step][key] / MiB for r in runs], ",.0f")

@@ -505,12 +505,24 @@ def test_a_plans_sizes_and_pool_replace_the_engine_defaults(capsys):
     # the engine default's sizes are still priced as without the plan
     assert costs["engine default"] == {c.name: c for c in bare.size_costs}["engine default"]
     # the plan's graphs are captured whole, so vLLM's FA3 split-KV accumulators at its largest
-    # size are in their pool; the plan's FA3 backend simulates none, so fit adds them (before:
+    # size are in their pool; the planner's FA3 backend simulates none, so fit adds them (before:
     # the plan's figure left them out, and the fit bench's plan column ran 46-61% under)
     m = load_model("llama-3-8b")
     accum = 4 * 32 * m.heads * max(sizes) * (m.v_head_dim + 1)  # fit_estimates.toml [graph.vllm_split_kv]
     assert "split-KV accumulators" in graph.source
     assert graph.bytes == _plan_graph_bytes(plan, r) + accum
+    # a plan of another model is refused, one line naming the plan's model
+    code, _, err = run(
+        *_PLANNED[:2],
+        str(CONFIGS / "qwen2.5-7b.json"),
+        *_PLANNED[3:],
+        "--device",
+        "H200",
+        "--plan",
+        str(PLAN),
+        capsys=capsys,
+    )
+    assert code == 1 and "--model the plan's model (llama-3-8b)" in err and err.count("\n") == 1
 
 
 def _plan_graph_bytes(plan, r) -> int:
@@ -529,30 +541,21 @@ def _plan_graph_bytes(plan, r) -> int:
     return item.bytes
 
 
-def test_a_plan_whose_backend_simulates_split_temporaries_gets_no_second_copy(capsys, tmp_path):
-    """A plan built with a backend whose pool simulation holds split-KV temporaries
-    (backends.toml attention_temp_factor > 0: triton) is priced as it predicted: fit adds
-    no FA3 accumulators on top."""
-    from capture_plan.planner.fit.measured import plan_graphs
+@pytest.mark.parametrize("backend", ["flashinfer", "triton"])
+def test_a_plan_of_another_backend_gets_no_fa3_accumulators(backend, capsys):
+    """A plan whose graphs attend with another backend than FA3 is priced as it predicted:
+    vLLM's FA3 split-KV accumulators are not FlashInfer's (none) nor triton's (its own
+    splits, which the planner's triton backend simulates)."""
     from capture_plan.schemas.codec import decode_plan
 
-    plan = decode_plan(PLAN.read_bytes(), str(PLAN))
-    m = load_model("llama-3-8b")
-    assert not plan_graphs(plan, "test", m).split_temporaries
-    triton = msgspec.structs.replace(plan, requires=msgspec.structs.replace(plan.requires, backend="triton"))
-    assert plan_graphs(triton, "test", m).split_temporaries
-    # a plan of another model is refused, one line naming the plan's model
-    code, _, err = run(
-        *_PLANNED[:2],
-        str(CONFIGS / "qwen2.5-7b.json"),
-        *_PLANNED[3:],
-        "--device",
-        "H200",
-        "--plan",
-        str(PLAN),
-        capsys=capsys,
-    )
-    assert code == 1 and "--model the plan's model (llama-3-8b)" in err and err.count("\n") == 1
+    path = ROOT / f"plans/{backend}.json"  # the checked-in plans of the same model, built with that backend
+    other = decode_plan(path.read_bytes(), str(path))
+    assert other.requires.backend == backend
+    r = _fit_json(capsys, "--device", "H200", "--plan", str(path))
+    graph = _item(r, "graph memory")
+    assert "split-KV accumulators" not in graph.source
+    assert graph.bytes == _plan_graph_bytes(other, r)
+    assert {c.name: c for c in r.size_costs}["plan"].graph_bytes == graph.bytes
 
 
 def test_a_calibration_gives_the_measured_graph_memory(capsys):

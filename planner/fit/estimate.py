@@ -135,7 +135,8 @@ def graph_memory(
     bytes, a plan's predicted pool, and where they come from) + the capture stream's cuBLAS
     workspace; ``transient``: bytes an engine's kernels allocate in the pool at the peak
     besides the activations (the engine's layer counts them), and what they are: added to
-    a plan's pool too, where the caller found that its backend did not simulate them. Without a
+    a plan's pool too, where the caller found the plan's backend to be the one whose kernels
+    allocate them (its simulation holds no such temporaries). Without a
     per-graph figure the execs are priced by their nodes only and the
     source says so: an engine's thousands of piecewise graphs may then cost more."""
     if graphs.execs == 0:
@@ -168,7 +169,7 @@ def graph_memory(
         return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", src)
     # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
     # is graph-exec's, the workspace's and the engine's kernels' transient bytes (which the
-    # plan's backend did not simulate: the caller passes them only then)
+    # plan's simulation does not hold: the caller passes them only for the plan's backend)
     extra, why = transient if transient else (0, "")
     b = exec_bytes + pool[0] + extra + int(workspace)
     err = int((exec_bytes + extra + int(workspace)) * g["error_fraction"])

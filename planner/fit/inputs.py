@@ -33,9 +33,10 @@ class PlanGraphs(msgspec.Struct, frozen=True):
     #: the plan's predicted pool and hoisted workspaces: the pool part of the graph figure
     pool_bytes: int
     source: str
-    #: the plan's attention backend simulates split-KV temporaries in its pool (backends.toml
-    #: ``attention_temp_factor`` > 0): an engine's own split accumulators are then not added to it
-    split_temporaries: bool = False
+    #: the plan's attention backend (planner/data/backends.toml): an engine's kernel temporaries
+    #: that the plan's simulation does not hold are added to its pool only for the backend whose
+    #: kernels allocate them (vLLM's FA3 split-KV accumulators: "fa3")
+    backend: str = ""
 
 
 class FitRequest(msgspec.Struct, frozen=True):

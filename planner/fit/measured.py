@@ -15,7 +15,6 @@ from pathlib import Path
 
 import msgspec
 
-from capture_plan.planner.inputs.resources import backends
 from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.fit import FitItem
 from capture_plan.schemas.plan import Plan
@@ -52,10 +51,8 @@ def plan_graphs(plan: Plan, source: str, model: FitModel) -> PlanGraphs:
     sizes = sorted({s for p in plan.phases for s in p.sizes})
     graphs = sum(1 for s in plan.steps if s.op == "capture")
     pool = plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
-    known = backends().get(plan.requires.backend)  # a backend this release no longer lists simulated none
-    temps = known is not None and known.attention_temp_factor > 0
     return PlanGraphs(
-        name=plan.name, sizes=sizes, graphs=graphs, pool_bytes=pool, source=source, split_temporaries=temps
+        name=plan.name, sizes=sizes, graphs=graphs, pool_bytes=pool, source=source, backend=plan.requires.backend
     )
 
 

@@ -111,7 +111,7 @@ def graph_memory(
     ``plan``: they are the plan's (``graphs`` None: its graphs, each captured whole), whose
     predicted pool is the figure's pool; ``transient``: the engine's kernels' pool bytes at
     the peak besides the activations (:func:`.estimate.graph_memory`; with ``plan``, only
-    where the plan's backend did not simulate such temporaries: ``PlanGraphs.split_temporaries``)."""
+    where the plan's backend is the one whose kernels allocate them: ``PlanGraphs.backend``)."""
     p = inp.request.plan if plan else None
     pool = None if p is None else (p.pool_bytes, f"plan {p.name}'s predicted pool ({p.source})")
     if graphs is None:

@@ -119,9 +119,10 @@ def fit_vllm(inp: FitInputs) -> FitResult:
 
     measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
     plan = inp.request.plan
-    # a plan's graphs are captured whole (FULL): their FA3 split accumulators are in the pool,
-    # which the plan's simulation holds only where its backend models split temporaries
-    plan_transient = None if plan is None or plan.split_temporaries else split_kv_accum(inp, plan.sizes)
+    # a plan's graphs are captured whole (FULL): with FA3 as the plan's backend, vLLM's split-KV
+    # accumulators are in their pool, which the plan's simulation does not hold (the planner's
+    # fa3 backend simulates no split temporaries: backends.toml attention_temp_factor 0)
+    plan_transient = split_kv_accum(inp, plan.sizes) if plan is not None and plan.backend == "fa3" else None
     if plan is not None:
         planned = result.draft_graphs(inp) if d is not None and d.counted != "none" else None
         graph = (

@@ -359,9 +359,9 @@ class StartUp:
         """scheduler.py ``init_all_attention_backends``, between the pool and the graphs:
         model_runner_components/attention_backend_setup.py ``build_attention_backends`` runs
         utils/common.py ``init_cublas`` (a 16x16 float16 matmul) on CUDA before it builds a
-        backend. cuBLAS's first GEMM initializes the library (its handle, its kernels: tens
-        of MiB outside torch's allocator), so this memory leaves the slack the pool left,
-        not the graphs' drop. The runner builds no attention backend (its models call FA3
+        backend. Where it is the process's first GEMM it initializes cuBLAS (tens of MiB
+        outside torch's allocator, bench/side_stream_bench.py), which then leaves the slack
+        the pool left, not the graphs' drop. The runner builds no attention backend (its models call FA3
         themselves). As the release, only on CUDA (``model.device``; the CPU tests' models skip it)."""
         import torch
 
