@@ -39,12 +39,17 @@ def child(dtype: str, n: int) -> dict:
 
     torch.cuda.init()
     w = torch.ones((n, n), dtype=getattr(torch, dtype), device="cuda")
+    # the product's buffer is made before any step: a 1-10 MiB allocation on a stream with no
+    # segment of its own would take a new 20 MiB segment (the caching allocator's large
+    # buffer), which is the bench's, not cuBLAS's (the first results, side-stream-2026-12-07,
+    # count it in the side streams' growth: 52 = 32 MiB workspace + that segment)
+    o = torch.empty_like(w)
     out = {}
     for step in STEPS:
         stream = torch.cuda.current_stream() if step == "default_stream" else torch.cuda.Stream()
         a = state()
         with torch.cuda.stream(stream):
-            w @ w
+            torch.matmul(w, w, out=o)
         b = state()
         growth = b[1] - a[1]
         out[step] = {"outside_bytes": (a[0] - b[0]) - growth, "reserved_growth_bytes": growth}

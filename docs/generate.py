@@ -2399,11 +2399,16 @@ def _side_stream_gemm(d: dict) -> str:
     def of(step: str, key: str) -> str:
         return _span([r[step][key] / MiB for r in runs], ",.0f")
 
+    growth = "reserved_growth_bytes"
+    extra = _span([(r["first_side_stream"][growth] - r["default_stream"][growth]) / MiB for r in runs], ",.0f")
+
     return (
         f"a process's first GEMM takes {of('default_stream', 'outside_bytes')} MiB outside torch's allocator"
         f" (and {of('default_stream', 'reserved_growth_bytes')} MiB of workspace in it); a new stream's first GEMM"
         f" after it {of('first_side_stream', 'outside_bytes')} MiB outside"
-        f" ({of('first_side_stream', 'reserved_growth_bytes')} MiB in it), in {_word(len(runs))} fresh processes"
+        f" ({of('first_side_stream', 'reserved_growth_bytes')} MiB in it: the same workspace and, for the"
+        f" {extra} MiB more, the product's own segment on a stream that had none), in {_word(len(runs))} fresh"
+        " processes"
     )
 
 
