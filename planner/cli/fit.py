@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from ._common import Command, option
+from ._common import PATH, Command, option
 
 if TYPE_CHECKING:
     from capture_plan.planner.fit.inputs import FitRequest
@@ -73,28 +72,28 @@ def fit_command(req: FitRequest, model: str, tail: list[str], changes: dict) -> 
 @option("--tp", type=int, default=1, metavar="int", help="Tensor-parallel size [1].")
 @option(
     "--weights-index",
-    type=click.Path(path_type=Path),
+    type=PATH,
     metavar="path",
     help="model.safetensors.index.json: exact weight bytes (at --tp 1; over --tp, the replicated norms estimated).",
 )
 @option(
     "--plan",
     "plan_path",
-    type=click.Path(path_type=Path),
+    type=PATH,
     metavar="path",
     help="A plan file: its capture sizes and phases replace the engine default's, its predicted pool is the "
     "graph figure's pool.",
 )
 @option(
     "--calibration",
-    type=click.Path(path_type=Path),
+    type=PATH,
     metavar="path",
     help="A capture report measured on --device from --plan's plan (as build --calibration takes it; needs "
     "--plan): the graph memory is its measured pool + graph-exec + workspaces.",
 )
 @option(
     "--traffic",
-    type=click.Path(path_type=Path),
+    type=PATH,
     metavar="file",
     help="Batch sizes the engine ran (planner sizes --traffic's forms: size,count CSV, JSON, a Prometheus "
     "scrape): the traffic's best size lists priced in KV tokens beside the engine default's, each row's "

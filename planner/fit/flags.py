@@ -13,8 +13,9 @@ from typing import Literal
 
 import msgspec
 
+from capture_plan.planner.inputs.resources import typed
+
 from .refusal import Refusal
-from .tables import typed
 
 __all__ = ["EngineFlag", "engine_flags", "flags_of", "check", "changes_of"]
 

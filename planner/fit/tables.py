@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 from packaging.version import InvalidVersion, Version
 
-from capture_plan.planner.inputs.resources import data
+from capture_plan.planner.inputs.resources import data, typed
 
 from .refusal import Refusal
 
@@ -259,14 +259,6 @@ class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     swa: dict[str, SwaRule]
     speculative: dict[str, SpecRule] = {}
     rope: dict[str, RopeRule] = {}
-
-
-def typed(name: str, typ):
-    """planner/data/NAME as ``typ`` (a malformed table is a broken package)."""
-    try:
-        return msgspec.convert(data(name), typ)
-    except msgspec.ValidationError as err:
-        raise RuntimeError(f"planner/data/{name}: {err}") from None
 
 
 @functools.cache

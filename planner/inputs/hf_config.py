@@ -40,7 +40,7 @@ from capture_plan.schemas.errors import InputError
 from capture_plan.schemas.files import read_input
 from capture_plan.schemas.spec import Model
 
-from .resources import data
+from .resources import typed
 
 __all__ = [
     "model_from_config",
@@ -113,10 +113,7 @@ class ArchitecturesFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 @functools.cache
 def architectures() -> ArchitecturesFile:
     """The table, typed (a malformed table is a broken package: RuntimeError)."""
-    try:
-        table = msgspec.convert(data("architectures.toml"), ArchitecturesFile)
-    except msgspec.ValidationError as err:
-        raise RuntimeError(f"planner/data/architectures.toml: {err}") from None
+    table = typed("architectures.toml", ArchitecturesFile)
     for name, mt in table.model_types.items():
         for f in DIMENSIONS + _MOE:
             k = getattr(mt, f)

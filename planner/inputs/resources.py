@@ -25,7 +25,7 @@ allocates differently needs a new program builder (code).
 
 import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -36,6 +36,7 @@ from capture_plan.schemas.strategy import PhaseSetting
 __all__ = [
     "data_bytes",
     "data",
+    "typed",
     "parsed_at_install",
     "PARSED_SUFFIX",
     "builtin_rules",
@@ -90,6 +91,19 @@ def data(name: str) -> dict[str, Any]:
     try:
         return tomllib.loads(raw.decode())
     except tomllib.TOMLDecodeError as err:  # a broken package, not user input
+        raise RuntimeError(f"planner/data/{name}: {err}") from None
+
+
+_T = TypeVar("_T")
+
+
+def typed(name: str, typ: type[_T]) -> _T:
+    """``planner/data/NAME`` (:func:`data`) converted to ``typ``, strictly: a table that does
+    not convert is a broken package, not user input (RuntimeError naming the file). What the
+    struct cannot say (a rule across fields) is the caller's to check."""
+    try:
+        return msgspec.convert(data(name), typ)
+    except msgspec.ValidationError as err:
         raise RuntimeError(f"planner/data/{name}: {err}") from None
 
 
