@@ -244,6 +244,23 @@ def test_graph_node_counts_are_the_committed_bench():
     }
 
 
+def test_nodes_per_layer_divide_by_the_bench_models_own_layers():
+    """The bench's transformers cases have their config's layers (4 to 8), the reference its
+    32: a family's nodes per layer divide its graph's nodes by those (before: every family by
+    32, which put llama's at 381 / 32 = 11.9 where its 8-layer graph holds about 48 a layer)."""
+    import inspect
+
+    from bench.harness import HF_ARCHS, fitted_target
+    from capture_plan.planner.memory.graph_nodes import nodes_per_layer
+
+    g = estimates()["graph"]
+    want = {n: kw["num_hidden_layers"] for n, (_, kw, _) in HF_ARCHS.items() if n in g["nodes"]}
+    reference = inspect.signature(fitted_target).parameters["layers"].default  # graph_exec_bench's
+    assert g["layers"] == {**want, "reference": reference}
+    assert nodes_per_layer("llama") == g["nodes"]["llama"] / 8
+    assert nodes_per_layer("mistral") == nodes_per_layer("llama")  # a model type maps to its family
+
+
 def test_sizes_cost_tokens_under_vllm():
     r = fit(FitRequest(cfg("llama-3.1-8b"), "H100", "vllm==0.33.0", 1, {"max-model-len": 8192}))
     cost = {c.name: c for c in r.size_costs}

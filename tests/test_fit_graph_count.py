@@ -70,7 +70,7 @@ def test_a_measured_per_graph_figure_prices_every_exec_and_leaves_the_per_node_f
     devs["graph_exec_per_graph"]["sm90"] = per_graph
     got = _graph(monkeypatch, devs)
     basis = devs["graph_exec_per_node_basis"]["sm90"]
-    nodes = 102 * round(estimate.nodes_per_layer(load_model(str(LLAMA))) * 32)  # 381 a graph
+    nodes = 102 * round(estimate.nodes_per_layer(load_model(str(LLAMA))) * 32)  # the llama family a layer x 32
     # 1,734 execs at the per-graph figure; the per-node figure less what it held of it
     want = 1734 * per_graph - nodes * per_graph * basis["graphs"] / basis["nodes"]
     assert got.bytes - base.bytes == pytest.approx(want, abs=2)

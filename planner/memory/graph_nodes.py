@@ -3,8 +3,10 @@ owner of that estimate (``planner fit``'s graph memory and a plan built with
 ``planner build --device NAME`` read it).
 
 The bench (bench/results/graph-exec-2026-12-01.json, named in planner/data/fit_estimates.toml
-``[graph]``) captured one decode graph of each 32-layer model family at bs 256 and counted its
-nodes; a model's nodes per graph are its family's per layer times its layers. The count hardly
+``[graph]``) captured one decode graph of each model family at bs 256 and counted its nodes;
+a family's nodes per layer are those over its bench model's layers (``[graph.layers]``: the
+reference's 32, the transformers cases' 4 to 8), and a model's nodes per graph are its
+family's per layer times its layers. The count hardly
 moves with the batch size (a kernel that changes with the size changes it by a few nodes), so
 one figure serves every size. A family the bench did not measure has no estimate (None):
 the caller says "unknown", never 0.
@@ -35,7 +37,7 @@ def nodes_per_layer(model_type: str) -> float | None:
     g = _graph()
     fam = g["families"].get(model_type)
     nodes = g["nodes"].get(fam) if fam else None
-    return None if nodes is None else nodes / g["bench_layers"]
+    return None if nodes is None else nodes / g["layers"][fam]
 
 
 def device_estimate(device: str, layers: dict[str, int], model_type: str = REFERENCE):
