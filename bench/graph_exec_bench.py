@@ -87,9 +87,12 @@ def child(case: str, attention: str = "model", splits: int = 0, warmups: int = 0
     first, second = first.driver, second.driver
     nodes = sum(r["nodes"] or 0 for r in first)
     inst = sum(r["instantiate_bytes"] for r in first)
+    cfg = getattr(getattr(target, "model", None), "config", None)  # a transformers case's
     return {
         "case": case,
         "phase": phase.name,
+        # what fit's nodes per layer divide by (planner/data/fit_estimates.toml [graph.layers])
+        "layers": cfg.num_hidden_layers if cfg is not None else target.cfg.model.layers,
         "graphs": len(sizes),
         "attention": attention if kw else "model",
         "splits": splits if kw else None,
@@ -230,9 +233,11 @@ def summary(res: dict) -> str:
 #: kernel nodes per graph and graph counts measured (cumulative within a series)
 KS = (1, 4, 16, 64, 256)
 NS = (64, 256, 1024)
-#: the piecewise-shaped case: Llama-3.1-8B's 32 layers, about its 12 nodes per layer
-#: (planner/data/fit_estimates.toml [graph.nodes] llama 381 over 32), vLLM's 51 default
-#: capture sizes (1, 2, 4, 8..512 step 8 up to 256, then step 16), hidden 4096 rows
+#: the piecewise-shaped case: Llama-3.1-8B's 32 layers, 12 nodes per layer (chosen when
+#: fit read [graph.nodes] llama 381 over 32 layers; the bench's llama has 8, so its
+#: transformers graph holds about 48 a layer: 12 stands for a fused layer, and the overhead's
+#: fit, per graph and per node, does not depend on it), vLLM's 51 default capture sizes
+#: (1, 2, 4, 8..512 step 8 up to 256, then step 16), hidden 4096 rows
 LAYERS, PER_LAYER, HIDDEN = 32, 12, 4096
 SIZES = (1, 2, 4, *range(8, 257, 8), *range(272, 513, 16))
 
