@@ -199,6 +199,7 @@ def start_up(startup, target) -> dict:
     import torch
 
     from bench.baselines import hidden_state_outputs
+    from bench.harness import free_bytes
     from capture_plan.tests.engines.case_model import SGLangCaseModel, decode_cache, measured_weights
     from capture_plan.tests.engines.sglang_memory import rope_cache
     from capture_plan.tests.engines.sizing import sglang_0523
@@ -213,13 +214,11 @@ def start_up(startup, target) -> dict:
     weights = measured_weights(target, rotary=False) + rope_bytes
     with torch.no_grad(), hidden_state_outputs(target):
         pool = startup.alloc_memory_pool(model, cell=cell, committed_bytes=committed)
-        torch.cuda.synchronize()
-        free = torch.cuda.mem_get_info()[0]
+        free = free_bytes()
         # cuBLAS initialized before the capture, as the release does; init_cublas_bytes is the
         # free-memory drop it took (torch's workspace included, where it made one)
         startup.init_attention_backends(model)
-        torch.cuda.synchronize()
-        cublas_init = free - torch.cuda.mem_get_info()[0]
+        cublas_init = free - free_bytes()
         torch.cuda.empty_cache()  # as the capture's first reading does: what torch holds then
         reserved = torch.cuda.memory_reserved()
         runner, graph_bytes = startup.init_cuda_graphs(model)

@@ -45,11 +45,13 @@ from bench.harness import (
     add_out_dir,
     add_overwrite,
     case_options,
+    driver_state,
     engine_loop,
     fitted_target,
     free_bytes,
     header,
     main_exit,
+    outside_bytes,
     release,
     result_file,
     run_module,
@@ -73,10 +75,9 @@ def child(case: str, attention: str = "model", splits: int = 0, warmups: int = 0
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     target.prepare(phase.name, sizes[0], sizes[0], gen)
-    cold = free_bytes(), torch.cuda.memory_reserved()
+    cold = driver_state()
     target.run(phase.name, sizes[0], None)  # the warm-up capture() runs
-    torch.cuda.synchronize()
-    first_run = (cold[0] - free_bytes()) - (torch.cuda.memory_reserved() - cold[1])
+    first_run = outside_bytes(cold, driver_state())
     torch.cuda.empty_cache()
     first = engine_loop(target, [(phase.name, sizes)], warmups=warmups, driver_memory=True)
     a = free_bytes()

@@ -466,14 +466,16 @@ def free_bytes() -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
-def _driver_state() -> tuple[int, int]:
+def driver_state() -> tuple[int, int]:
+    """(free device bytes, torch's reserved bytes) after a synchronize: two of them give
+    :func:`outside_bytes`."""
     import torch
 
     torch.cuda.synchronize()
     return int(torch.cuda.mem_get_info()[0]), int(torch.cuda.memory_reserved())
 
 
-def _outside(a: tuple[int, int], b: tuple[int, int]) -> int:
+def outside_bytes(a: tuple[int, int], b: tuple[int, int]) -> int:
     """Free memory taken between states ``a`` and ``b`` that the caching allocator did not reserve."""
     return (a[0] - b[0]) - (b[1] - a[1])
 
@@ -515,7 +517,7 @@ def engine_loop(
         try:
             for bs in sizes:
                 key = (phase, bs)
-                cold = _driver_state() if driver_memory else None
+                cold = driver_state() if driver_memory else None
                 with torch.cuda.stream(stream):
                     for _ in range(warmups):
                         w = outputs(target.run(phase, bs, None))
@@ -524,7 +526,7 @@ def engine_loop(
                         del w
                 stream.synchronize()
                 g = torch.cuda.CUDAGraph(keep_graph=driver_memory)
-                before = _driver_state() if driver_memory else None
+                before = driver_state() if driver_memory else None
                 with torch.cuda.graph(g, pool=run.pool, stream=stream):
                     got = outputs(target.run(phase, bs, None))
                     if keep_copy:
@@ -536,18 +538,18 @@ def engine_loop(
                 if before is not None:
                     from capture_plan.executor.graph_nodes import instantiate_kept
 
-                    recorded = _driver_state()
+                    recorded = driver_state()
                     nodes = instantiate_kept(g)
-                    done = _driver_state()
+                    done = driver_state()
                     g.replay()
                     run.driver.append(
                         {
                             "bs": bs,
                             "nodes": nodes,
-                            "warmup_bytes": _outside(cold, before),
-                            "record_bytes": _outside(before, recorded),
-                            "instantiate_bytes": _outside(recorded, done),
-                            "replay_bytes": _outside(done, _driver_state()),
+                            "warmup_bytes": outside_bytes(cold, before),
+                            "record_bytes": outside_bytes(before, recorded),
+                            "instantiate_bytes": outside_bytes(recorded, done),
+                            "replay_bytes": outside_bytes(done, driver_state()),
                         }
                     )
                 run.graphs[key] = g

@@ -25,17 +25,23 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench.harness import MiB, add_out_dir, add_overwrite, header, main_exit, result_file, run_module
+from bench.harness import (
+    MiB,
+    add_out_dir,
+    add_overwrite,
+    driver_state,
+    header,
+    main_exit,
+    outside_bytes,
+    result_file,
+    run_module,
+)
 
 STEPS = ("default_stream", "first_side_stream", "second_side_stream")
 
 
 def child(dtype: str, n: int) -> dict:
     import torch
-
-    def state() -> tuple[int, int]:
-        torch.cuda.synchronize()
-        return int(torch.cuda.mem_get_info()[0]), int(torch.cuda.memory_reserved())
 
     torch.cuda.init()
     w = torch.ones((n, n), dtype=getattr(torch, dtype), device="cuda")
@@ -47,12 +53,11 @@ def child(dtype: str, n: int) -> dict:
     out = {}
     for step in STEPS:
         stream = torch.cuda.current_stream() if step == "default_stream" else torch.cuda.Stream()
-        a = state()
+        a = driver_state()
         with torch.cuda.stream(stream):
             torch.matmul(w, w, out=o)
-        b = state()
-        growth = b[1] - a[1]
-        out[step] = {"outside_bytes": (a[0] - b[0]) - growth, "reserved_growth_bytes": growth}
+        b = driver_state()
+        out[step] = {"outside_bytes": outside_bytes(a, b), "reserved_growth_bytes": b[1] - a[1]}
     return out
 
 

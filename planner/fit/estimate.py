@@ -162,18 +162,16 @@ def graph_memory(
     else:
         exec_bytes += graphs.execs * exec_graph
         execs = f"{graphs.how} x {exec_graph} B per graph (planner/data/devices.toml [graph_exec_per_graph])"
+    extra, why = transient if transient else (0, "")
+    plus = f" + {why}" if extra else ""
     if pool is None:
-        extra, why = transient if transient else (0, "")
         b = exec_bytes + largest * activation_per_token(m, tp) + extra + int(workspace)
-        src = f"{g['source']}{f' + {why}' if extra else ''}; {execs}"
-        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", src)
+        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", f"{g['source']}{plus}; {execs}")
     # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
     # is graph-exec's, the workspace's and the engine's kernels' transient bytes (which the
     # plan's simulation does not hold: the caller passes them only for the plan's backend)
-    extra, why = transient if transient else (0, "")
     b = exec_bytes + pool[0] + extra + int(workspace)
     err = int((exec_bytes + extra + int(workspace)) * g["error_fraction"])
-    plus = f" + {why}" if extra else ""
     return FitItem(
         "graph memory", b, err, "estimated", f"the pool: {pool[1]}{plus}; graph-exec: {g['exec_source']}; {execs}"
     )
