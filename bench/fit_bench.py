@@ -119,8 +119,11 @@ DIFFERS = [
     "the model's decode cache (its own static KV, read by the captured graphs) stays allocated through "
     "capture and counts as KV: committed blocks after capture (the release keeps min_committed_blocks), "
     "or, 0.33.0-shaped, given back to the budget (the release allocates its cache after profiling)",
-    "the weights are the model's parameters and buffers as built (transformers keeps no rotary "
-    "cos/sin cache, vLLM does; fit counts vLLM's)",
+    "the case model (transformers') keeps no rotary cos/sin cache: the runner makes vLLM's before the "
+    "profile (tests/engines/case_model.py rotary_cache: max_position_embeddings x rotary_dim in the "
+    "model's dtype, as rotary_embedding/base.py casts it), and its weights are the case model's "
+    "parameters and buffers with that cache in place of the case model's rotary inv_freq buffers (vLLM "
+    "keeps none). Runs before this change counted the inv_freq buffers and no cache",
     "the reference and EAGLE cases call FA3 with its own split heuristic and hoisted scheduler metadata, "
     "not vLLM's 32 splits: fit's graph figure holds vLLM's split-KV accumulators (planner/fit/vllm.py "
     "split_kv_accum), their runner's does not",
@@ -424,13 +427,17 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
         CaseModel,
         DraftModel,
         decode_cache,
-        measured_weights,
+        engine_weights,
         route_draft,
         route_dummy_runs,
     )
     from capture_plan.tests.engines.sizing import vllm_034
 
-    weights = measured_weights(target)
+    # vLLM's model holds its rope's cos/sin cache from its load on (rotary_embedding/base.py
+    # RotaryEmbeddingBase.__init__: cast to the model's dtype), in place of transformers'
+    # inv_freq buffers (vLLM keeps none): made before the profile, counted with the weights
+    weights, rope = engine_weights(target)
+    rope_bytes = rope.nbytes if rope is not None else 0
     committed, per_token, full, sliding = decode_cache(target)
     k = s.num_speculative_tokens
     model = CaseModel(target, s.max_num_batched_tokens, "target_verify" if k else "decode", 1 + k)
@@ -477,12 +484,14 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             "total_consumed_bytes": worker.total_consumed,
             "free_after_capture_bytes": kv.free_memory_measured if kv is not None else None,
             "committed_bytes": committed,
+            "rope_cache_bytes": rope_bytes,
             "kv_bytes_per_token_layer": per_token,
             "layers": {"full": full, "sliding": sliding},
             "graphs": len(runner.cudagraph_manager.graphs) + sum(len(m.graphs) for m in managers(runner.speculator)),
             **split,
         }
         runner.release()
+        del rope
     return {**json.loads(sizing.to_json()), "measured": measured}
 
 

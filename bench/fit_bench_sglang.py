@@ -8,7 +8,7 @@ For each bench model, in a fresh process on the device:
             device (``handle_gpu_memory_settings``: nvidia-smi's total, its chunked-prefill
             size, decode sizes and ``mem_fraction_static``); ``pre_model_load_memory``; the
             case's model loaded (bench.harness ``case_target``) and SGLang's float32 rope
-            cache made beside it (``rope_cache``, counted with the weights); the pool sized from the
+            cache made beside it (``case_model.engine_weights``, counted with the weights); the pool sized from the
             free memory (``_profile_available_bytes``, ``calculate_pool_sizes``,
             ``resolve_max_num_reqs``) and allocated; the decode graphs captured, their free
             memory drop measured (``capture_decode_graph``); then, not a release step, one
@@ -53,7 +53,7 @@ DIFFERS = [
     "no attention backend buffers and no eager runner input registry; the decode graphs' outputs go "
     "to the shared float32 logits buffer as the release's do (tests/engines/case_model.py SGLangCaseModel)",
     "the case model (transformers') keeps no rotary cos/sin cache: the runner makes SGLang's after it is "
-    "built, before the pool is sized (tests/engines/sglang_memory.py rope_cache: max_position_embeddings x "
+    "built, before the pool is sized (tests/engines/case_model.py engine_weights: max_position_embeddings x "
     "rotary_dim in float32, as layers/rotary_embedding/base.py keeps it on CUDA), and its weights are the "
     "case model's parameters and buffers with that cache in place of the case model's rotary inv_freq "
     "buffers (SGLang keeps none; they stay in the memory the load took). Runs before this change counted "
@@ -200,8 +200,7 @@ def start_up(startup, target) -> dict:
 
     from bench.baselines import hidden_state_outputs
     from bench.harness import free_bytes
-    from capture_plan.tests.engines.case_model import SGLangCaseModel, decode_cache, measured_weights
-    from capture_plan.tests.engines.sglang_memory import rope_cache
+    from capture_plan.tests.engines.case_model import SGLangCaseModel, decode_cache, engine_weights, measured_weights
     from capture_plan.tests.engines.sizing import sglang_0523
 
     s = startup.settings
@@ -209,9 +208,9 @@ def start_up(startup, target) -> dict:
     cell = per_token * (full + sliding)  # DefaultPoolConfigurator: every layer (none is hybrid SWA in SGLang)
     model = SGLangCaseModel(target, s.chunked_prefill_size)  # its LM head taken before the swap below
     # SGLang's model holds its rope's cos/sin cache from its load on: made before the pool is sized
-    rope = rope_cache(getattr(getattr(target, "model", None), "config", None), model.device)
+    # (layers/rotary_embedding/base.py RotaryEmbedding.__init__: float32 on CUDA)
+    weights, rope = engine_weights(target, torch.float32)
     rope_bytes = rope.nbytes if rope is not None else 0
-    weights = measured_weights(target, rotary=False) + rope_bytes
     with torch.no_grad(), hidden_state_outputs(target):
         pool = startup.alloc_memory_pool(model, cell=cell, committed_bytes=committed)
         free = free_bytes()

@@ -232,7 +232,9 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
         )
         hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
         target = HFTarget(hf, max_bs=8, max_seqlen=16, sdpa_backends=None)
-        weights = sum(p.nbytes for p in hf.parameters()) + sum(b.nbytes for b in hf.buffers())
+        weights = sum(p.nbytes for p in hf.parameters())
+        weights += sum(b.nbytes for n, b in hf.named_buffers() if "rotary_emb." not in n)
+        weights += cfg.max_position_embeddings * 16 * 4  # vLLM's cos/sin cache, in the model's float32
         committed = sum(layer.keys.nbytes + layer.values.nbytes for layer in target.cache.layers)
         per_token = 2 * 2 * 16 * 4  # K and V, 2 KV heads of 16, float32
     # CUDA faked once the model is built (transformers' lazy imports read torch.cuda's types)
@@ -678,11 +680,13 @@ def test_the_command_runs_sglang_cases_and_the_docs_table_reads_them(monkeypatch
 
 
 @pytest.mark.parametrize("case", ["llama", "gemma2", "qwen2", "mixtral", "qwen2_moe"])
-def test_fits_sglang_weights_are_the_case_models_with_sglangs_rope_cache(case, tmp_path):
-    """What the SGLang runner counts as weights (the case model's parameters and buffers, its
-    transformers rotary buffers replaced by SGLang's float32 cos/sin cache, start_up) is fit's
-    weights for sglang==0.5.23 to the byte, on each bench architecture made small: gemma2's four
-    norms a layer and its normalizer, qwen2_moe's shared-expert gate, the float32 rope cache."""
+@pytest.mark.parametrize(("release", "element"), [("sglang==0.5.23", "float32"), ("vllm==0.34.0", None)])
+def test_fits_weights_are_the_case_models_with_the_engines_rope_cache(case, release, element, tmp_path):
+    """What a runner counts as weights (the case model's parameters and buffers, its
+    transformers rotary buffers replaced by the engine's cos/sin cache: SGLang's float32,
+    vLLM's in the model's dtype; case_model.engine_weights as each start_up calls it) is fit's
+    weights for the release to the byte, on each bench architecture made small: gemma2's four
+    norms a layer and its normalizer, qwen2_moe's shared-expert gate, the rope cache."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import msgspec
@@ -690,8 +694,7 @@ def test_fits_sglang_weights_are_the_case_models_with_sglangs_rope_cache(case, t
     from bench.harness import hf_config
     from capture_plan.planner.fit.model import load_model, weight_bytes
     from capture_plan.planner.fit.rope import rotary_cache
-    from capture_plan.tests.engines.case_model import measured_weights
-    from capture_plan.tests.engines.sglang_memory import rope_cache
+    from capture_plan.tests.engines.case_model import engine_weights, measured_weights
 
     small = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
     small |= dict(num_hidden_layers=2, vocab_size=128, max_position_embeddings=96)
@@ -703,10 +706,10 @@ def test_fits_sglang_weights_are_the_case_models_with_sglangs_rope_cache(case, t
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     target = type("Target", (), {"model": model})()
-    rope = rope_cache(cfg, "cpu")
-    assert rope.dtype == torch.float32 and rope.shape == (96, 16)
-    runner = measured_weights(target, rotary=False) + rope.nbytes
+    runner, rope = engine_weights(target, element and getattr(torch, element))
+    assert rope.dtype == getattr(torch, element or "bfloat16") and rope.shape == (96, 16)
     assert measured_weights(target) > measured_weights(target, rotary=False)  # inv_freq left out
     m = load_model(str(tmp_path / "config.json"))
-    rope = rotary_cache(m, "sglang", "0.5.23")  # fit_rules.toml [rope.sglang-0-5-23]: float32 rows
+    engine, version = release.split("==")
+    rope = rotary_cache(m, engine, version)  # fit_rules.toml [rope.*]: float32 rows (SGLang), model dtype (vLLM)
     assert weight_bytes(msgspec.structs.replace(m, max_positions=0), 1) + rope.bytes == runner

@@ -169,6 +169,49 @@ def measured_weights(target, rotary: bool = True) -> int:
     return sum(seen.values())
 
 
+#: rope types whose cache has max_position_embeddings rows in both engines (only the
+#: frequencies differ): the types the bench's case models use
+MAX_ROW_ROPES = (None, "default", "llama3")
+
+
+def rotary_cache(config, device, dtype: torch.dtype) -> torch.Tensor | None:
+    """The rotary cos/sin cache an engine's ``RotaryEmbedding.__init__`` makes while the
+    weights load (``_compute_cos_sin_cache``: ``(max_position_embeddings, rotary_dim)``, cos
+    then sin), kept as ``dtype`` (SGLang: float32 on CUDA; vLLM: the model's dtype), one for
+    the model (both engines share a rope by its settings). ``config``: a transformers config
+    (None, or one without rotary embeddings: None). A rope type whose rows are not
+    max_position_embeddings (:data:`MAX_ROW_ROPES`) raises ValueError: not modelled here."""
+    if config is None:
+        return None
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if not getattr(text, "max_position_embeddings", None):
+        return None
+    rope = getattr(text, "rope_parameters", None) or {}
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind not in MAX_ROW_ROPES:
+        raise ValueError(f"rope type {kind!r}: its cache rows are not modelled by tests/engines/case_model.py")
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    rotary_dim = int(head_dim * (getattr(text, "partial_rotary_factor", None) or 1.0))
+    base = getattr(text, "rope_theta", None) or rope.get("rope_theta", 10000.0)
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device=device) / rotary_dim))
+    t = torch.arange(text.max_position_embeddings, dtype=torch.float, device=device)
+    freqs = torch.einsum("i,j -> ij", t, inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+def engine_weights(target, dtype: torch.dtype | None = None) -> tuple[int, torch.Tensor | None]:
+    """(bytes, rope cache) of the case model as an engine holds it: its parameters and buffers
+    with the engine's rotary cache (:func:`rotary_cache`, kept as ``dtype``; None: the model's
+    dtype) in place of transformers' inv_freq buffers, which neither engine keeps. The cache is
+    made on the model's device and must stay alive while the engine's memory is read; a target
+    without a transformers model (the reference) is its :func:`measured_weights` and no cache."""
+    hf = getattr(target, "model", None)
+    if not isinstance(hf, torch.nn.Module):
+        return measured_weights(target), None
+    rope = rotary_cache(hf.config, next(hf.parameters()).device, dtype or hf.dtype)
+    return measured_weights(target, rotary=rope is None) + (rope.nbytes if rope is not None else 0), rope
+
+
 def decode_cache(target) -> tuple[int, int, int, int]:
     """(bytes, KV bytes one token takes in one layer, full layers, sliding layers) of the
     model's own decode cache (EAGLE's: the target's and the draft's layers)."""

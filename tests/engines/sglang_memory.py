@@ -69,7 +69,9 @@ Where this runner deviates (each stated where it is used, bench/fit_bench_sglang
   is made after the pool is sized, with the sized request count;
 * the case model is transformers' (bench.harness ``case_target``), not SGLang's: its rotary
   module keeps ``inv_freq`` buffers SGLang's does not, and no cos/sin cache; the runner makes
-  SGLang's (:func:`rope_cache`) once the model is built, before the pool is sized, and counts it
+  SGLang's (tests/engines/case_model.py ``engine_weights``: layers/rotary_embedding/base.py
+  ``RotaryEmbedding.__init__`` keeps the cache in float32 on CUDA, "for numerical stability")
+  once the model is built, before the pool is sized, and counts it
   with the weights in place of the case model's rotary buffers (a few hundred bytes, left in
   the memory the load took);
 * the case model keeps a static decode cache of its own (allocated with its weights): it is
@@ -268,30 +270,6 @@ def gpu_memory_capacity_mib() -> float:
     import torch
 
     return min(torch.cuda.mem_get_info(i)[1] // 1024 // 1024 for i in range(torch.cuda.device_count()))
-
-
-def rope_cache(config, device):
-    """layers/rotary_embedding/base.py ``RotaryEmbedding.__init__`` on CUDA, as the model's
-    ``get_rope`` makes it while the weights load (one for the model: factory.py's
-    ``_ROPE_DICT`` shares a rope by its settings): ``_compute_cos_sin_cache``'s
-    ``(max_position_embeddings, rotary_dim)`` cos and sin in float32, kept in float32 on CUDA
-    ("cache needs to be in FP32 for numerical stability"; forward_cuda reads it as is).
-    ``config``: a transformers config (None, or one without rotary embeddings: None)."""
-    import torch
-
-    if config is None:
-        return None
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    if not getattr(text, "max_position_embeddings", None):
-        return None
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    rotary_dim = int(head_dim * (getattr(text, "partial_rotary_factor", None) or 1.0))
-    rope = getattr(text, "rope_parameters", None) or {}
-    base = getattr(text, "rope_theta", None) or rope.get("rope_theta", 10000.0)
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device=device) / rotary_dim))
-    t = torch.arange(text.max_position_embeddings, dtype=torch.float, device=device)
-    freqs = torch.einsum("i,j -> ij", t, inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
 
 def get_available_gpu_memory(empty_cache: bool = True) -> float:
