@@ -16,8 +16,14 @@ default stream, then the same matmul on a new stream, then on a second new strea
 each, the free-memory drop (``torch.cuda.mem_get_info``) and the caching allocator's growth
 (``memory_reserved``); ``outside`` is the drop less the growth.
 
+``--case NAME``: a bench case's decode step at its plan's largest size in place of the matmul
+(:func:`child_case`): the step an engine's capture stream runs first. In the SGLang runner's
+process a decode step on a new stream took about 70 MiB outside torch where a matmul took
+none (a probe at 21d6a15), and vLLM 0.34.0's runner, which captures on a new stream too, lost
+as much more than 0.33.0's (fit-bench-2026-12-07-h100-034-rope: its capture's driver share).
+
 Writes bench/results/side-stream-<date>.json; prints one line per run and SUMMARY last.
-Run: python -m bench.side_stream_bench [--runs 3] [--dtype bfloat16] [--n 1024]
+Run: python -m bench.side_stream_bench [--runs 3] [--dtype bfloat16] [--n 1024] [--case llama]
 """
 
 from __future__ import annotations
@@ -61,9 +67,46 @@ def child(dtype: str, n: int) -> dict:
     return out
 
 
+def child_case(case: str) -> dict:
+    """The steps of :func:`child` with the bench case's decode step at its plan's largest size
+    for the matmul (``--case``): the transformers cases attend with FA3 over their cache, as
+    the engines' sm90 backends (``bench.harness case_target``). The default stream's step is
+    the process's first forward (cuBLAS initialized in it); the first side stream's is what an
+    engine's capture stream runs first where no forward ran on a stream of its own before it
+    (SGLang 0.5.23's decode warm-ups, vLLM 0.34.0's ``graph_capture`` stream)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from bench.harness import case_options, fitted_target
+    from capture_plan.planner import build_plan
+
+    plan = build_plan(case_options(case, Path(tempfile.mkdtemp())))
+    kw = {"attention": "fa3"} if case not in ("reference", "eagle") else {}
+    target, why = fitted_target(case, plan, **kw)
+    if why:
+        return {"skipped": why}
+    phase = plan.phases[0]
+    bs = max(phase.sizes)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    target.prepare(phase.name, bs, bs, gen)
+    out: dict = {"case": case, "phase": phase.name, "bs": bs}
+    with torch.no_grad():
+        for step in STEPS:
+            stream = torch.cuda.current_stream() if step == "default_stream" else torch.cuda.Stream()
+            a = driver_state()
+            with torch.cuda.stream(stream):
+                target.run(phase.name, bs, None)
+            b = driver_state()
+            out[step] = {"outside_bytes": outside_bytes(a, b), "reserved_growth_bytes": b[1] - a[1]}
+    return out
+
+
 def summary(res: dict) -> str:
     """The SUMMARY line: per step, the outside bytes over the runs (min..max MiB)."""
-    runs = [r for r in res["runs"] if "error" not in r]
+    runs = [r for r in res["runs"] if "error" not in r and "skipped" not in r]
     if not runs:
         return "SUMMARY no run finished"
 
@@ -75,7 +118,8 @@ def summary(res: dict) -> str:
         f"{s.replace('_', ' ')} {span(s, 'outside_bytes')} MiB (torch +{span(s, 'reserved_growth_bytes')})"
         for s in STEPS
     ]
-    return f"SUMMARY {len(runs)} runs, {res['dtype']} {res['n']}x{res['n']} matmul, outside torch: " + "; ".join(parts)
+    what = f"{res['case']} decode step" if res.get("case") else f"{res['dtype']} {res['n']}x{res['n']} matmul"
+    return f"SUMMARY {len(runs)} runs, {what}, outside torch: " + "; ".join(parts)
 
 
 def main() -> None:
@@ -83,21 +127,22 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--case", default="", help="a bench case's decode step instead of the matmul (child_case)")
     ap.add_argument("--tag", default="")
     add_out_dir(ap)
     add_overwrite(ap)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.dtype, args.n)), flush=True)
+        got = child_case(args.case) if args.case else child(args.dtype, args.n)
+        print("RESULT " + json.dumps(got), flush=True)
         return
     res = header(device=True)
     path = result_file(args, "side-stream", res["date"], args.tag)
-    res.update(dtype=args.dtype, n=args.n, runs=[])
+    res.update(dtype=args.dtype, n=args.n, case=args.case, runs=[])
+    flags = ["--case", args.case] if args.case else ["--dtype", args.dtype, "--n", str(args.n)]
     for i in range(args.runs):
-        p = run_module(
-            "side_stream_bench", ["--child", "--dtype", args.dtype, "--n", str(args.n)], capture_output=True, text=True
-        )
+        p = run_module("side_stream_bench", ["--child", *flags], capture_output=True, text=True)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         r = json.loads(lines[-1][7:]) if lines and not p.returncode else {"error": (p.stderr or p.stdout)[-1500:]}
         res["runs"].append(r)

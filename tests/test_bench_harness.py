@@ -794,3 +794,6 @@ def test_side_stream_summary_spans_the_runs_and_skips_failed_ones():
         "first side stream 0 MiB (torch +52); second side stream 0 MiB (torch +52)"
     )
     assert ss.summary({**res, "runs": [{"error": "boom"}]}) == "SUMMARY no run finished"
+    # --case: the case's decode step is named, and a case the device cannot hold is left out
+    case = {**res, "case": "llama", "runs": [run(66), {"skipped": "llama does not fit this device"}]}
+    assert ss.summary(case).startswith("SUMMARY 1 runs, llama decode step, outside torch: default stream 66 MiB")
