@@ -22,8 +22,14 @@ process a decode step on a new stream took about 70 MiB outside torch where a ma
 none (a probe at 21d6a15), and vLLM 0.34.0's runner, which captures on a new stream too, lost
 as much more than 0.33.0's (fit-bench-2026-12-07-h100-034-rope: its capture's driver share).
 
+``--streams N``: what creating streams takes (:func:`child_streams`). A probe at 43db924 found
+the runners' 70 MiB there: the process's first ``torch.cuda.Stream()`` took 70 MiB outside
+torch on an H100 (torch makes its stream pools at once), a second none, and a driver stream
+544 KiB; the SGLang runner's capture stream and vLLM 0.34.0's ``graph_capture`` stream are
+their processes' first. The steps above create their streams before reading, so they miss it.
+
 Writes bench/results/side-stream-<date>.json; prints one line per run and SUMMARY last.
-Run: python -m bench.side_stream_bench [--runs 3] [--dtype bfloat16] [--n 1024] [--case llama]
+Run: python -m bench.side_stream_bench [--runs 3] [--dtype bfloat16] [--n 1024] [--case llama] [--streams 64]
 """
 
 from __future__ import annotations
@@ -104,11 +110,53 @@ def child_case(case: str) -> dict:
     return out
 
 
+def child_streams(n: int) -> dict:
+    """``--streams N``: what creating streams takes, outside torch: the process's first
+    ``torch.cuda.Stream()`` (torch makes its stream pools then, every stream of them at once:
+    c10/cuda/CUDAStream.cpp ``initDeviceStreamState``), a second one (taken from the pools), and
+    ``N`` driver streams made directly (``cuStreamCreate``, non-blocking), whose mean is the
+    driver's bytes per stream; ``pool_streams`` is the first's bytes over that mean."""
+    import ctypes
+
+    import torch
+
+    from capture_plan.executor.libcuda import call
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the context, before any reading
+    out: dict = {}
+    for step in ("first_torch_stream", "second_torch_stream"):
+        a = driver_state()
+        torch.cuda.Stream()
+        out[step] = {"outside_bytes": outside_bytes(a, driver_state())}
+    create, destroy = call("cuStreamCreate"), call("cuStreamDestroy_v2")
+    handles = [ctypes.c_void_p() for _ in range(n)]
+    a = driver_state()
+    for h in handles:
+        if create(ctypes.byref(h), 1):  # CU_STREAM_NON_BLOCKING
+            raise RuntimeError("cuStreamCreate failed")
+    raw = outside_bytes(a, driver_state())
+    for h in handles:
+        destroy(h)
+    per = raw / n
+    out["raw_streams"] = {"count": n, "outside_bytes": raw, "per_stream_bytes": per}
+    out["pool_streams"] = round(out["first_torch_stream"]["outside_bytes"] / per) if per else None
+    return out
+
+
 def summary(res: dict) -> str:
     """The SUMMARY line: per step, the outside bytes over the runs (min..max MiB)."""
     runs = [r for r in res["runs"] if "error" not in r and "skipped" not in r]
     if not runs:
         return "SUMMARY no run finished"
+    if res.get("streams"):
+        first = [r["first_torch_stream"]["outside_bytes"] / MiB for r in runs]
+        per = [r["raw_streams"]["per_stream_bytes"] / 1024 for r in runs]
+        return (
+            f"SUMMARY {len(runs)} runs, outside torch: first torch.cuda.Stream() "
+            f"{min(first):.0f}..{max(first):.0f} MiB; "
+            f"a driver stream {min(per):.0f}..{max(per):.0f} KiB; torch's pools {runs[0]['pool_streams']} streams"
+        )
 
     def span(step: str, key: str) -> str:
         v = [r[step][key] / MiB for r in runs]
@@ -127,6 +175,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--streams", type=int, default=0, help="N: what creating streams takes (child_streams)")
     ap.add_argument("--case", default="", help="a bench case's decode step instead of the matmul (child_case)")
     ap.add_argument("--tag", default="")
     add_out_dir(ap)
@@ -134,13 +183,20 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        got = child_case(args.case) if args.case else child(args.dtype, args.n)
+        got = (
+            child_streams(args.streams)
+            if args.streams
+            else child_case(args.case)
+            if args.case
+            else child(args.dtype, args.n)
+        )
         print("RESULT " + json.dumps(got), flush=True)
         return
     res = header(device=True)
     path = result_file(args, "side-stream", res["date"], args.tag)
-    res.update(dtype=args.dtype, n=args.n, case=args.case, runs=[])
+    res.update(dtype=args.dtype, n=args.n, case=args.case, streams=args.streams, runs=[])
     flags = ["--case", args.case] if args.case else ["--dtype", args.dtype, "--n", str(args.n)]
+    flags = ["--streams", str(args.streams)] if args.streams else flags
     for i in range(args.runs):
         p = run_module("side_stream_bench", ["--child", *flags], capture_output=True, text=True)
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -797,3 +797,13 @@ def test_side_stream_summary_spans_the_runs_and_skips_failed_ones():
     # --case: the case's decode step is named, and a case the device cannot hold is left out
     case = {**res, "case": "llama", "runs": [run(66), {"skipped": "llama does not fit this device"}]}
     assert ss.summary(case).startswith("SUMMARY 1 runs, llama decode step, outside torch: default stream 66 MiB")
+    # --streams: the first torch stream's bytes over the runs, a driver stream's, torch's pool count
+    streams = {
+        "first_torch_stream": {"outside_bytes": 70 << 20},
+        "raw_streams": {"count": 64, "outside_bytes": 34 << 20, "per_stream_bytes": (34 << 20) / 64},
+        "pool_streams": 132,
+    }
+    assert ss.summary({"streams": 64, "runs": [streams, {"error": "boom"}]}) == (
+        "SUMMARY 1 runs, outside torch: first torch.cuda.Stream() 70..70 MiB; a driver stream 544..544 KiB; "
+        "torch's pools 132 streams"
+    )
