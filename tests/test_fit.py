@@ -728,3 +728,29 @@ def test_where_the_default_graphs_do_not_leave_one_request_fewer_sizes_are_a_fix
     for fix in ("--max-cudagraph-capture-size 64", "--enforce-eager"):
         code, out, err = run("fit", *base, *fix.split(), capsys=capsys)
         assert code == 0, err
+
+
+def test_a_release_creating_its_first_torch_stream_in_capture_pays_torch_s_stream_pools(monkeypatch):
+    """Where a release's start-up creates the process's first torch stream inside its graph
+    measurement (its rule's ``first_stream = "capture"``: torch makes its stream pools then),
+    graph memory holds devices.toml's measured ``[first_torch_stream]`` bytes, estimated or of
+    a plan alike, and names it; a device without that figure leaves the item unknown, never
+    priced without it."""
+    from capture_plan.planner.fit import estimate
+    from capture_plan.planner.fit.graph_count import whole_graphs
+    from capture_plan.planner.inputs.resources import data
+
+    m = load_model("llama-3-8b")
+    graphs = whole_graphs(4, "four graphs")
+    pools = data("devices.toml")["first_torch_stream"]["sm90"]
+    plain = estimate.graph_memory(m, 1, "sm90", graphs, 256)
+    for pool in (None, (256 << 20, "a plan's pool")):
+        before = estimate.graph_memory(m, 1, "sm90", graphs, 256, pool)
+        capture = estimate.graph_memory(m, 1, "sm90", graphs, 256, pool, first_stream=True)
+        assert capture.bytes - before.bytes == pools > 0
+        assert "first torch stream" in capture.source and "first torch stream" not in before.source
+    devices = {k: v for k, v in data("devices.toml").items() if k != "first_torch_stream"}
+    monkeypatch.setattr(estimate, "data", lambda name: devices if name == "devices.toml" else data(name))
+    item = estimate.graph_memory(m, 1, "sm90", graphs, 256, first_stream=True)
+    assert item.status == "unknown" and item.bytes is None and "[first_torch_stream]" in item.source
+    assert estimate.graph_memory(m, 1, "sm90", graphs, 256) == plain  # not asked for: priced as before

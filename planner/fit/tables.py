@@ -89,6 +89,11 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: releases that count max_num_batched_tokens) or 2 (VllmConfig.max_in_flight_tokens
     #: under async scheduling)
     in_flight_batches: int = 2
+    #: where the release's start-up creates the process's first torch stream, whose creation
+    #: makes torch's stream pools at once (planner/data/devices.toml [first_torch_stream]):
+    #: "before" its first free-memory reading, "profile" (in its profiling run's non-torch
+    #: growth) or "capture" (inside its graph-memory measurement: fit adds it to graph memory)
+    first_stream: Literal["before", "profile", "capture"] = "before"
 
 
 class ContextRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
