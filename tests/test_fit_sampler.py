@@ -1,8 +1,14 @@
 """The profiling run's dummy sampler, per release: fit's counted rule (planner/data/fit_rules.toml
-[sampler], planner/fit/estimate.py sampler_phase), each row's facts read from its wheel."""
+[sampler], planner/fit/estimate.py sampler_phase) and the runners' stand-in
+(tests/engines/vllm_runner.py Sampler for 0.33.0, vllm_runner_034.py for 0.34.0), which must
+allocate what the rule counts. The CPU has no allocator peak statistics: the stand-in's
+allocations are recorded by a dispatch mode (every op's outputs, their storages' bytes while a
+tensor holds them), the peak and the tensors live there read from that record."""
 
 from __future__ import annotations
 
+import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -98,6 +104,112 @@ def test_fit_passes_the_releases_row_and_sglang_keeps_its_figure():
         r = fit(FitRequest(model, "H100", engine, 1, {}))
         (act,) = [i for i in r.items if i.name == "activation peak"]
         assert f"[sampler.{name}]" in act.source, engine
+
+
+# -- the runners' stand-in -----------------------------------------------------------------------
+
+
+def _recorder():
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Recorder(TorchDispatchMode):
+        """Every op's outputs under it, weakly: the storages they hold that were made under it,
+        their bytes summed after each op (the peak, and the tensors live there)."""
+
+        def __init__(self):
+            super().__init__()
+            self.refs: list = []
+            self.before: set[int] = set()
+            self.peak, self.at_peak = 0, []
+
+        def live(self) -> dict[int, tuple]:
+            out = {}
+            for ref in self.refs:
+                t = ref()
+                if t is not None and t.untyped_storage().data_ptr() not in self.before:
+                    s = t.untyped_storage()  # the first live tensor of a storage: the op that made it
+                    out.setdefault(s.data_ptr(), (s.nbytes(), tuple(t.shape), str(t.dtype).split(".")[1]))
+            return out
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            made = self.live()
+            for t in tree_flatten((args, kwargs or {}))[0]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in made:
+                    self.before.add(t.untyped_storage().data_ptr())  # made before the record
+            out = func(*args, **(kwargs or {}))
+            self.refs += [weakref.ref(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            live = self.live()
+            total = sum(v[0] for v in live.values())
+            if total > self.peak:
+                self.peak, self.at_peak = total, sorted(live.values())
+            return out
+
+    return torch, Recorder
+
+
+def _runner_module(tmp_path):
+    """0.34.0's runner as the bench loads it (bench/fit_bench.py runner_034): 0.33.0's before the
+    adoption, 0.34.0's files over it."""
+    from engines import adoption, plugged, vllm_runner
+
+    module = adoption.before_module(Path(vllm_runner.__file__), tmp_path, f"vllm_sampler_{tmp_path.name}")
+    for path in plugged.later("vllm", "0.34.0"):
+        exec(compile(path.read_text(), str(path), "exec"), vars(module))
+    return module
+
+
+@pytest.mark.parametrize("release, flashinfer", [("0.34.0", False), ("0.33.0", False), ("0.34.0", True)])
+def test_the_runners_dummy_sampler_allocates_what_the_release_does(release, flashinfer, tmp_path):
+    """The runner's _dummy_sampler_run (vllm_runner_034.py, model_runner.py 1039-1066) with the
+    release's sampler stand-in, on the CPU: at its peak it holds the model-dtype logits, the
+    float32 copy and Gumbel-max's per-block scratch (FlashInfer's branch: the copy, its mask and
+    its probabilities), with the release's per-request vectors beside them (0.34.0: the sampled
+    ids; 0.33.0: also the block argmax it gathers with), and the bytes above what stays (the
+    Triton top-k/top-p scratch and tables, FlashInfer's row states, kept as the release keeps
+    them) are fit's row's sampler phase less the held hidden states, plus those vectors (fails
+    before: the stand-in had no release branch, and held two float32 copies, a log-softmax
+    beside the float32 logits, where the release holds one)."""
+    torch, Recorder = _recorder()
+    module = _runner_module(tmp_path)
+    sampler_cls = module.Sampler if release == "0.34.0" else module.Sampler.__base__
+    rows, hidden, vocab, sms = 6, 32, 16384, 4  # vocab: Gumbel's 16 blocks outweigh the logprobs' tensors
+    blocks = vocab // 1024
+    hidden_states = torch.randn(rows, hidden, dtype=torch.bfloat16)
+    head = torch.randn(hidden, vocab, dtype=torch.bfloat16)
+    runner = types.SimpleNamespace(
+        model_state=module.ModelState(),
+        sampler=sampler_cls(use_flashinfer=flashinfer, num_sm=sms),
+        compute_logits=lambda h: h @ head,
+    )
+    with Recorder() as rec:
+        module.GPUModelRunner._dummy_sampler_run(runner, hidden_states)
+        kept = rec.live()
+    kept_bytes = sum(b for b, _, _ in kept.values())
+    kept = sorted((shape, dtype) for _, shape, dtype in kept.values())
+    vector = [v for v in rec.at_peak if v[1] in ((rows,), (rows, 1))]  # per-request vectors
+    vectors = sum(b for b, _, _ in vector)
+    vector = sorted((shape, dtype) for _, shape, dtype in vector)
+    big = sorted((shape, dtype) for _, shape, dtype in rec.at_peak if shape not in ((rows,), (rows, 1)))
+    triton = [((sms, vocab), "float32"), ((2, 200), "float32")]  # min(next_power_of_2(min(SMs, rows)), SMs) x vocab
+    logits, copy = ((rows, vocab), "bfloat16"), ((rows, vocab), "float32")
+    if flashinfer:
+        assert big == sorted([logits, copy, copy, copy, ((1 << 20,), "uint8")])
+        assert kept == [((1 << 20,), "uint8")]
+    else:
+        gumbel = [((rows, blocks), "int64"), ((rows, blocks), "float32")]
+        assert big == sorted([logits, copy, *gumbel, *triton]) and kept == sorted(triton)
+        ids = [((rows,), "int64")] if release == "0.34.0" else [((rows, 1), "int64")] * 2  # 0.33.0: argmax, gather
+        assert vector == sorted([((rows,), "int32"), ((rows,), "float32"), *ids])  # top-k, top-p, the ids
+    # fit's row, less what the rule holds outside the sampler run (the forward's hidden states)
+    m = FitModel(
+        name="toy", model_type="llama", layers=1, hidden=hidden, heads=1, kv_heads=1, head_dim=hidden,
+        v_head_dim=hidden, intermediate=hidden, vocab=vocab, dtype_bytes=2,
+    )  # fmt: skip
+    default, alt = estimate.sampler_phase(m, 1, 0, rows, sampler_rule("vllm", release).rule)
+    counted = (alt if flashinfer else default) - rows * hidden * 2
+    assert rec.peak - kept_bytes - vectors == counted and vectors <= rows * 32
 
 
 #: what the [sampler.vllm-0-33] row's figures rest on, as each wheel's code says it: (file, text)
