@@ -68,7 +68,8 @@ RELEASE = "vllm==0.34.0"
 RELEASES = {
     RELEASE: "the extensible KV cache (0.34.0's default on CUDA): sized after capture",
     "vllm==0.33.0": "0.33.0-shaped: the 0.34.0 runner with the extensible KV cache off, so 0.33.0's graph "
-    "estimate (profile_cudagraph_memory) is taken from the budget before capture; fit's vllm==0.33.0 rule",
+    "estimate (profile_cudagraph_memory) is taken from the budget before capture, and 0.33.0's sampler; "
+    "fit's vllm==0.33.0 rule",
     sgl.RELEASE: sgl.DESCRIPTION,
 }
 #: the context length both sides are given (every case's KV is counted for it; the runner's
@@ -115,7 +116,15 @@ DIFFERS = [
     "piecewise split; fit is given the same mode",
     "the dummy runs (profile_run's and the sizing warm-up's) run the model's profile_hidden: attention "
     "skipped (0.34.0's sizing warm-up runs a mixed prefill-decode step with attention)",
-    "the sampler is tests/engines' stand-in (softmax/argmax, then a float32 log-softmax and top-k)",
+    "the sampler is tests/engines' stand-in of the release's (vllm_runner_034.py Sampler; 0.33.0-shaped: "
+    "vllm_runner.py's, 0.33.0's, which 0.34.0's extends): it allocates what the release's sampler does "
+    "in the profiling run's two passes, in its shapes, dtypes and order (the model-dtype logits, the "
+    "float32 copy, the Triton top-k/top-p scratch made once and kept, Gumbel-max's per-block scratch, "
+    "the logprob tensors), on the branch where FlashInfer's sampler does not run (fit's: "
+    "fit_rules.toml [sampler.vllm-0-33]), not its kernels; the sampler's per-request state the release "
+    "makes at load (penalties' max_num_seqs x vocab counts, logit bias, bad words) is not stood in, and "
+    "fit counts neither it nor the kept Triton scratch. Runs before this change used softmax/argmax, "
+    "then a float32 log-softmax and top-k",
     "the model's decode cache (its own static KV, read by the captured graphs) stays allocated through "
     "capture and counts as KV: committed blocks after capture (the release keeps min_committed_blocks), "
     "or, 0.33.0-shaped, given back to the budget (the release allocates its cache after profiling)",
@@ -459,6 +468,8 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             decode_query_lens={1 + k: s.max_num_seqs},
         )
         runner.model_memory_usage = weights
+        if not extensible:  # 0.33.0's sampler (vllm_runner.py), which 0.34.0's Sampler extends
+            runner.sampler = module.Sampler.__base__()
         route_dummy_runs(runner, model)
         if runner.speculator is not None:
             route_draft(runner.speculator, target)

@@ -395,9 +395,9 @@ def test_the_kv_gates_fix_for_a_plan_with_a_config_adds_no_context_length(cli, t
         (("build", *AUTO, "--dry-run"), "0.05", "would not start with the plan's graphs (378.0 MiB"),
         # enough for one request without graphs, not with the plan's 378 MiB of them (vLLM 0.34.0
         # sizes its KV cache after capture): the plan's own graphs are what the engine fails on
-        (("build", "--dry-run"), "0.23", "would not start with the plan's graphs (378.0 MiB"),
-        (("sizes", "--traffic", str(TRAFFIC)), "0.23", "would not start with the plan's graphs"),
-        (("sizes", "--traffic", str(TRAFFIC), "--min-kv-tokens", "1000"), "0.23", "with one size's graphs"),
+        (("build", "--dry-run"), "0.22", "would not start with the plan's graphs (378.0 MiB"),
+        (("sizes", "--traffic", str(TRAFFIC)), "0.22", "would not start with the plan's graphs"),
+        (("sizes", "--traffic", str(TRAFFIC), "--min-kv-tokens", "1000"), "0.22", "with one size's graphs"),
     ],
 )
 def test_a_build_whose_engine_would_not_start_is_refused_with_a_command_that_works(cli, command, utilization, needle):

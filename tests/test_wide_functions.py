@@ -33,7 +33,9 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/cli/fit.py:command": _CLI,
     "planner/cli/plot.py:command": _CLI,
     "planner/cli/sizes.py:command": _CLI,
+    "planner/fit/estimate.py:activation_peak": _FIT,
     "planner/fit/estimate.py:graph_memory": _FIT,
+    "planner/fit/estimate.py:sampler_phase": _FIT,
     "planner/fit/measured.py:calibration_graph": "a report read for planner fit: its path, the plan it must match",
     "planner/fit/result.py:graph_memory": _FIT,
     "planner/fit/rope.py:rotary_cache": "a model's rotary caches as one release keeps them: the model, the release "

@@ -14,12 +14,13 @@ from capture_plan.schemas.fit import FitItem
 
 from .graph_count import GraphCount
 from .model import FitModel
-from .tables import estimates
+from .tables import GiB, SamplerRow, SamplerRule, estimates
 
 __all__ = [
     "context",
     "non_torch",
     "activation_peak",
+    "sampler_phase",
     "activation_per_token",
     "moe_workspace",
     "graph_memory",
@@ -72,19 +73,36 @@ def moe_workspace(m: FitModel, tp: int, tokens: int) -> int:
     return m.dtype_bytes * (ws13 + ws2)
 
 
-def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int) -> FitItem:
-    """The profiling run's transient torch peak (vLLM's profile_run): ``tokens`` through the
-    layers, then the dummy sampler over ``seqs`` requests while the forward's hidden states
-    are still held, each on top of the MoE workspace the forward leaves allocated.
+_ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 
-    The sampler phase follows vLLM 0.19.0's vllm/v1/worker/gpu_model_runner.py
-    (profile_run, _dummy_sampler_run) and vllm/v1/sample: profile_run holds the dummy run's
-    hidden states (tokens x hidden) and the sampled rows (seqs x hidden), the sampler run a
-    random copy of them and the model-dtype logits over the whole vocabulary on every rank
-    (LogitsProcessor all-gathers: Platform.use_all_gather() is True for CUDA); the sampler
-    then holds a float32 copy (Sampler.forward), the float32 probabilities
-    (TopKTopPSampler.forward_native; top-k/top-p are applied in place) and random_sample's
-    exponential draw of the same shape."""
+
+def sampler_phase(m: FitModel, tp: int, tokens: int, rows: int, r: SamplerRule) -> tuple[int, int | None]:
+    """The profiling run's peak while its dummy sampler runs over ``rows`` requests after a
+    forward of ``tokens``, as rule ``r`` counts it (planner/data/fit_rules.toml [sampler], each
+    step's file and function in its ``sources``): the forward's hidden states and the sampled
+    rows held, then the larger of the logits' gather (tp > 1: the shard, the all-gathered
+    padded vocabulary and its reshaped copy) and the second pass (the model-dtype logits over the
+    padded vocabulary, ``fp32_copies`` float32 copies, Gumbel-max's per-block scratch). Returns
+    that figure and the one where FlashInfer's sampler runs instead (None: not read)."""
+    d, v = m.dtype_bytes, m.vocab
+    padded = -(-v // r.vocab_padding) * r.vocab_padding
+    held = tokens * m.hidden * d + r.sampled_hidden_copies * rows * m.hidden * d
+    logits = rows * padded * d
+    gather = rows * d * (padded // tp + r.gather_copies * padded) if tp > 1 and r.gather_copies else logits
+    scratch = rows * -(-v // r.sample_block) * (8 + 4) if r.sample_block else 0
+    default = held + max(gather, logits + r.fp32_copies * rows * v * 4 + scratch)
+    if r.flashinfer_fp32_copies is None:
+        return default, None
+    return default, held + max(gather, logits + r.flashinfer_fp32_copies * rows * v * 4)
+
+
+def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int, sampler: SamplerRow) -> FitItem:
+    """The profiling run's transient torch peak (vLLM's profile_run): ``tokens`` through the
+    layers, then the dummy sampler over min(``seqs``, ``tokens``) requests while the forward's
+    hidden states are still held (:func:`sampler_phase`, the release's row ``sampler``), each on
+    top of the MoE workspace the forward leaves allocated. Where the row reads FlashInfer's
+    sampler, which runs or not by the host's installation (fit cannot know), the error bar
+    holds the difference."""
     e = estimates()["activation"]
     d = m.dtype_bytes
     workspace = moe_workspace(m, tp, tokens)
@@ -92,10 +110,20 @@ def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int) -> FitItem:
     if m.experts:  # the MoE part of a token's peak is the workspace, counted once
         dense_token = d * (e["hidden_copies"] * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim // tp)
     layer = tokens * dense_token
-    rows = min(seqs, tokens)
-    sampler = tokens * m.hidden * d + 2 * rows * m.hidden * d + rows * m.vocab * (d + 4 * e["sampler_copies"])
-    b = workspace + max(layer, sampler)
-    return FitItem("activation peak", b, int(b * e["error_fraction"]), "estimated", e["source"])
+    phase, flashinfer = sampler_phase(m, tp, tokens, min(seqs, tokens), sampler.rule)
+    b = workspace + max(layer, phase)
+    err = int(b * e["error_fraction"])
+    name, engine = sampler.name, _ENGINES.get(sampler.rule.engine, sampler.rule.engine)
+    read = "" if sampler.read else f", {sampler.version} not read for it"
+    source = (
+        f"{engine} {sampler.version}'s profile_run, counted: planner/fit/estimate.py activation_peak, "
+        f"the sampler as fit_rules.toml [sampler.{name}]{read} (not measured on an engine)"
+    )
+    if flashinfer is not None and workspace + max(layer, flashinfer) > b:
+        more = workspace + max(layer, flashinfer) - b
+        err = max(err, more)
+        source += f"; FlashInfer's sampler, where the host runs it, {more / GiB:.2f} GiB more: in the error bar"
+    return FitItem("activation peak", b, err, "estimated", source)
 
 
 def nodes_per_layer(m: FitModel) -> float | None:

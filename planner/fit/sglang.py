@@ -18,7 +18,7 @@ from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
 from .swa import DISABLE_FLAG, RATIO_FLAG, sglang_pool
-from .tables import GiB
+from .tables import GiB, sampler_rule
 
 __all__ = ["fit_sglang"]
 
@@ -82,7 +82,10 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     dw = d.weights if d is not None else None
     loaded = known(weights) + (known(dw) if dw is not None else 0)  # both load before the pool (init_model_worker)
     nt = estimate.non_torch(inp.tp)
-    act = estimate.activation_peak(m, inp.tp, chunk, max_bs)
+    # SGLang runs no profiling forward (its pool is sized from mem_fraction_static): the figure
+    # only checks the slack holds one prefill chunk, counted as fit counted it before the
+    # releases' samplers were read, vLLM 0.19.0's (fit_rules.toml [sampler.vllm-0-19])
+    act = estimate.activation_peak(m, inp.tp, chunk, max_bs, sampler_rule("vllm", "0.19.0"))
 
     def graph_of(ss: list[int]) -> FitItem:
         g = result.graph_memory(inp, sglang_graphs(len(ss), len(prefill), m.layers), max(ss))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 from packaging.version import InvalidVersion, Version
@@ -23,6 +23,10 @@ __all__ = [
     "ContextRule",
     "SwaRule",
     "SpecRule",
+    "SamplerRule",
+    "SamplerRow",
+    "sampler_rule",
+    "sampler_rules",
     "spec_rule",
     "spec_rules",
     "context_rule",
@@ -257,6 +261,38 @@ class RopeRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     refused_keys: dict[str, str] = {}
 
 
+class SamplerRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The profiling run's dummy sampler as releases allocate it (fit_rules.toml [sampler.NAME];
+    followed by planner/fit/estimate.py sampler_phase, each step's file and function in
+    ``sources``). Its rows x vocabulary tensors and what it holds beside them; where FlashInfer's
+    sampler runs, ``flashinfer_fp32_copies`` float32 copies instead (None: not read)."""
+
+    engine: str
+    releases: list[str]
+    #: rows x hidden tensors held beside the forward's hidden states (the gathered rows, copies)
+    sampled_hidden_copies: int
+    #: the logits' vocabulary is padded up to this (1: unpadded)
+    vocab_padding: int
+    #: rows x vocab float32 tensors live at the second pass's peak, besides the model-dtype logits
+    fp32_copies: int
+    sources: list[str]
+    #: tp > 1: rows x padded-vocab tensors the all-gather makes beside the shard (0: not counted)
+    gather_copies: int = 0
+    #: Gumbel-max's vocabulary block: an int64 and a float32 per block and row (0: none)
+    sample_block: int = 0
+    flashinfer_fp32_copies: int | None = None
+
+
+class SamplerRow(NamedTuple):
+    """The sampler rule fit takes for a release: its name, the rule, the release asked and
+    whether that release was read for it."""
+
+    name: str
+    rule: SamplerRule
+    version: str
+    read: bool
+
+
 class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     wheels: dict[str, Wheel]
     rules: dict[str, Rule]
@@ -264,6 +300,7 @@ class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     swa: dict[str, SwaRule]
     speculative: dict[str, SpecRule] = {}
     rope: dict[str, RopeRule] = {}
+    sampler: dict[str, SamplerRule] = {}
 
 
 @functools.cache
@@ -304,11 +341,10 @@ def context_rule(engine: str, version: str) -> tuple[str, ContextRule]:
     raise RuntimeError(f"planner/data/fit_rules.toml: no [context] rule for {engine}=={version}")
 
 
-def rope_rule(engine: str, version: str) -> tuple[str, RopeRule, bool]:
-    """The rotary-cache rule of ``engine``'s release: (its name, the rule, whether the release
-    was read for it); a release not read takes the engine's nearest read (the newest at or
-    below it, else the oldest)."""
-    own = [(n, r) for n, r in _rules().rope.items() if r.engine == engine]
+def _nearest(rows: dict, engine: str, version: str) -> tuple[str, Any, bool]:
+    """(name, rule, read) of ``engine``'s rows for ``version``: the row listing it, else the
+    nearest read release's (the newest at or below it, else the oldest)."""
+    own = [(n, r) for n, r in rows.items() if r.engine == engine]
     for n, r in own:
         if version in r.releases:
             return n, r, True
@@ -317,6 +353,24 @@ def rope_rule(engine: str, version: str) -> tuple[str, RopeRule, bool]:
     everything = sorted(((Version(v), n, r) for n, r in own for v in r.releases), key=lambda x: x[0])
     _, n, r = max(below, key=lambda x: x[0]) if below else everything[0]
     return n, r, False
+
+
+def rope_rule(engine: str, version: str) -> tuple[str, RopeRule, bool]:
+    """The rotary-cache rule of ``engine``'s release: (its name, the rule, whether the release
+    was read for it); a release not read takes the engine's nearest read (the newest at or
+    below it, else the oldest)."""
+    return _nearest(_rules().rope, engine, version)
+
+
+def sampler_rules() -> dict[str, SamplerRule]:
+    return dict(_rules().sampler)
+
+
+def sampler_rule(engine: str, version: str) -> SamplerRow:
+    """The dummy-sampler rule of ``engine``'s release (fit_rules.toml [sampler]); a release not
+    read for it takes the nearest read release's row, as :func:`rope_rule`."""
+    name, rule, read = _nearest(_rules().sampler, engine, version)
+    return SamplerRow(name, rule, version, read)
 
 
 def spec_rule(engine: str, version: str) -> tuple[str, SpecRule] | None:

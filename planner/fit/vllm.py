@@ -16,7 +16,7 @@ from .graph_count import full_graph_sizes, vllm_graphs
 from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
-from .tables import GiB, estimates
+from .tables import GiB, estimates, sampler_rule
 
 __all__ = ["fit_vllm"]
 
@@ -80,7 +80,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         settings["speculative-config"] = inp.flags["speculative-config"]
     requested = sizing.vllm_requested(total, util)
     nt = estimate.non_torch(inp.tp)
-    act = estimate.activation_peak(m, inp.tp, batched, seqs)
+    act = estimate.activation_peak(m, inp.tp, batched, seqs, sampler_rule("vllm", inp.version))
     ctx = estimate.context()
     weights = result.weights(inp)
     dw = d.weights if d is not None else None

@@ -502,6 +502,188 @@ class EagleSpeculator:
             m.release_graphs()
 
 
+#: vllm/sampling_params.py SamplingParams.for_sampler_warmup: what the dummy sampler run's second
+#: pass gives every request (model_runner.py _dummy_sampler_run)
+SAMPLER_WARMUP = {
+    "temperature": 0.9,
+    "top_p": 0.9,
+    "top_k": 50,
+    "min_p": 0.1,
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.5,
+    "repetition_penalty": 1.2,
+    "min_tokens": 2,
+    "logit_bias": {0: -1.0, 1: 0.5},
+    "bad_words": [[0], [1, 2]],
+    "logprobs": 5,
+}
+
+
+def _processes(params: dict) -> bool:
+    """Whether a request's logits are processed (sample/states.py SamplingStates.add_request: a
+    temperature other than 0 with anything to scale or filter; the logits processors' add_request:
+    a logit bias, bad words, penalties). A request never added is greedy (temperature 0)."""
+    t = params.get("temperature", 0.0)
+    filtered = params.get("min_p", 0.0) != 0.0 or "top_k" in params or params.get("top_p", 1.0) != 1.0
+    penalised = any(params.get(k, 0.0) != 0.0 for k in ("frequency_penalty", "presence_penalty"))
+    biased = bool(params.get("logit_bias") or params.get("bad_words"))
+    return (t != 0.0 and (t != 1.0 or filtered)) or penalised or biased
+
+
+class Sampler:
+    """vLLM 0.33.0's sampler (v1/worker/gpu/sample/sampler.py ``Sampler``) as the profiling run's
+    dummy sampler drives it: a stand-in that allocates what the release allocates, in its shapes,
+    dtypes and order, each step naming the release's function; not its kernels (the release's
+    run in Triton, in place: those here are a stand-in's, the draw a per-block argmax without
+    Gumbel noise). The per-request state the release builds with the sampler (penalties' counts,
+    logit bias, bad words: made at load, kept) is not stood in. ``use_flashinfer``: the branch
+    where FlashInfer's sampler runs (``flashinfer_sampler_supported``: the host's FlashInfer);
+    ``num_sm``: the SMs the Triton top-k/top-p scratch is sized by (the CUDA device's where None,
+    1 on the CPU). This 0.33.0 runner has no profiling run of its own: the 0.34.0 runner's
+    (vllm_runner_034.py, which 0.34.0 kept) drives it in the bench's 0.33.0-shaped path."""
+
+    #: sample/gumbel.py gumbel_sample's BLOCK_SIZE
+    GUMBEL_BLOCK = 1024
+    #: flashinfer/sampling.py top_k_mask_logits' row-states cache (_get_cache_buf, zeroed)
+    FLASHINFER_ROW_STATES = 1 << 20
+
+    def __init__(self, use_flashinfer: bool = False, num_sm: int | None = None):
+        self.use_flashinfer, self.num_sm = use_flashinfer, num_sm
+        self.requests: dict[int, dict] = {}
+        #: the caches kept after a pass: topk_topp_triton.py _TRITON_BUFFER_CACHE and
+        #: _TRITON_TABLE_CACHE, FlashInfer's row states
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def add_request(self, req_idx: int, params: dict) -> None:
+        self.requests[req_idx] = params
+
+    def apply_staged_writes(self) -> None:
+        """The requests' parameters into the state made at load (penalties' bincount, the staged
+        writes): nothing allocated that the pass keeps."""
+
+    def reset_buffer_cache(self) -> None:
+        """topk_topp_triton.py reset_buffer_cache (the release's shutdown)."""
+        self.buffers.clear()
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """sampler.py ``Sampler.__call__``: the sample (the processed logits held until it
+        returns), then the logprobs where a request asks (get_logprobs_dims), of the raw logits
+        (logprobs_mode raw_logprobs, the default)."""
+        params = [self.requests.get(i, {}) for i in range(logits.shape[0])]
+        num_logprobs = max((p.get("logprobs", -1) for p in params), default=-1)
+        sampled, processed = self.sample(logits, params)
+        if num_logprobs >= 0:
+            self.compute_topk_scores(logits, num_logprobs, sampled)
+        del processed  # the release's local, held to here
+        return sampled
+
+    def sample(self, logits: torch.Tensor, params: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """sampler.py ``sample`` and ``_sample_random``: the processed logits; each request's
+        top-k and top-p gathered to the device where any sets them (SamplingStates.get_top_k_top_p);
+        FlashInfer's fused sampler where it runs and the batch is eligible (top-k or top-p set, no
+        greedy request), else top-k/top-p in place and Gumbel-max."""
+        processed = self.apply_sampling_params(logits, params)
+        ks, ps = [p.get("top_k", 0) for p in params], [p.get("top_p", 1.0) for p in params]
+        top_k = self._gathered(ks, torch.int32, logits.device) if any(ks) else None
+        top_p = self._gathered(ps, torch.float32, logits.device) if any(x != 1.0 for x in ps) else None
+        greedy = any(p.get("temperature", 0.0) == 0.0 for p in params)
+        if self.use_flashinfer and (top_k is not None or top_p is not None) and not greedy:
+            return self.flashinfer_sample(processed, top_k, top_p).to(torch.int64), processed
+        processed = self.apply_top_k_top_p(processed, top_k, top_p)
+        return self.gumbel_sample(processed), processed
+
+    @staticmethod
+    def _gathered(values: list, dtype: torch.dtype, device) -> torch.Tensor:
+        """A per-request vector on the device (the release indexes its pinned host state,
+        ``self.top_k.gpu[expanded_idx_mapping]``: a rows-long device tensor)."""
+        return torch.empty(len(values), dtype=dtype, device=device).copy_(torch.tensor(values, dtype=dtype))
+
+    def apply_sampling_params(self, logits: torch.Tensor, params: list[dict]) -> torch.Tensor:
+        """sampler.py ``apply_sampling_params`` (skip_top_k_top_p): the logits as they are where no
+        request is processed, else a float32 copy (torch.empty_like(logits, dtype=torch.float32)
+        .copy_(logits)) which the logits processors (logit_bias.py, penalties.py, bad_words.py),
+        the temperature and min-p change in place (the temperature alone here)."""
+        if not any(_processes(p) for p in params):
+            return logits
+        logits = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
+        logits.div_(params[0].get("temperature") or 1.0)
+        return logits
+
+    def _sms(self, logits: torch.Tensor) -> int:
+        if self.num_sm is not None:
+            return self.num_sm
+        return torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 1
+
+    def apply_top_k_top_p(self, logits: torch.Tensor, k, p) -> torch.Tensor:
+        """topk_topp_sampler.py ``apply_top_k_top_p`` -> topk_topp_triton.py
+        ``apply_top_k_top_p_triton``: in place; its scratch of min(next_power_of_2(min(SMs, rows)),
+        SMs) x vocab in the logits' dtype and its two lookup tables made on the first call and
+        kept (the tables: 200 float32 each). The stand-in masks nothing."""
+        if k is None and p is None:
+            return logits
+        rows, vocab = logits.shape
+        sms = self._sms(logits)
+        programs = min(sms, rows)
+        key = ("topk_topp", logits.device, logits.dtype, vocab)
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.shape[0] < programs:
+            self.buffers[key] = logits.new_empty((min(1 << (programs - 1).bit_length(), sms), vocab))
+        if ("tables", logits.device) not in self.buffers:
+            self.buffers["tables", logits.device] = logits.new_empty((2, 200))
+        return logits
+
+    def gumbel_sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """sample/gumbel.py ``gumbel_sample`` (lines 344-417): local_argmax (int64) and local_max
+        (float32) of rows x ceil(vocab / 1024), one per block (a Triton kernel; a per-block argmax
+        here), then the sampled ids (:meth:`_combine`)."""
+        rows, vocab = logits.shape
+        block = self.GUMBEL_BLOCK
+        blocks = -(-vocab // block)
+        local_argmax = logits.new_empty(rows, blocks, dtype=torch.int64)
+        local_max = logits.new_empty(rows, blocks, dtype=torch.float32)
+        for b in range(blocks):  # the stand-in's kernel: a block's argmax and max (a rows-long temporary)
+            part = logits[:, b * block : (b + 1) * block]
+            torch.argmax(part, dim=-1, out=local_argmax[:, b])
+            local_argmax[:, b].add_(b * block)
+            local_max[:, b].copy_(part.amax(dim=-1))
+        return self._combine(local_argmax, local_max)
+
+    @staticmethod
+    def _combine(local_argmax: torch.Tensor, local_max: torch.Tensor) -> torch.Tensor:
+        """gumbel.py (0.33.0) lines 415-416: the winning block (rows x 1), its id gathered."""
+        max_block_idx = local_max.argmax(dim=-1, keepdim=True)
+        return local_argmax.gather(dim=-1, index=max_block_idx).view(-1)
+
+    def flashinfer_sample(self, logits: torch.Tensor, k, p) -> torch.Tensor:
+        """topk_topp_sampler.py ``flashinfer_sample`` (top-k and top-p) -> flashinfer/sampling.py
+        ``top_k_top_p_sampling_from_logits`` (top_k a tensor: not its top-k-first fast path):
+        top_k_mask_logits' mask (torch.empty_like; its row-states cache made once and kept), the
+        softmax's probabilities, then top_p_sampling_from_probs' int32 samples and valid flags."""
+        key = ("flashinfer_row_states", logits.device)
+        if key not in self.buffers:
+            self.buffers[key] = torch.zeros(self.FLASHINFER_ROW_STATES, dtype=torch.uint8, device=logits.device)
+        masked = torch.empty_like(logits).copy_(logits)
+        probs = torch.softmax(masked, dim=-1)
+        samples = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+        valid = torch.empty(logits.shape[0], dtype=torch.bool, device=logits.device)
+        samples.copy_(probs.argmax(dim=-1))
+        del masked, probs, valid
+        return samples
+
+    @staticmethod
+    def compute_topk_scores(logits: torch.Tensor, num_logprobs: int, sampled: torch.Tensor):
+        """sample/logprob.py ``compute_topk_scores`` (no request's own token ids): the top
+        ``num_logprobs`` ids (torch.topk) after the sampled one, their float32 logprobs
+        (compute_token_logprobs, a Triton kernel; left as made here) and the sampled ids' ranks."""
+        ids = sampled.unsqueeze(-1)
+        if num_logprobs > 0:
+            topk_indices = torch.topk(logits, num_logprobs, dim=-1).indices
+            ids = torch.cat((ids, topk_indices), dim=1)
+        logprobs = logits.new_empty((logits.shape[0], ids.shape[1]), dtype=torch.float32)
+        ranks = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        return ids, logprobs, ranks
+
+
 class Config:
     """What the plugin reads of vLLM's config: TP size and the model's folder."""
 

@@ -40,7 +40,7 @@ parameter names the release's where the plugin hooks them):
   speculator's, the cache emptied again, free memory read: the drop; ``profile_run`` (lines
   1070-1107): ``_dummy_run(max_num_tokens)`` (lines 888-1036: the forward eagerly, the
   speculator's propose) and ``_dummy_sampler_run`` (lines 1039-1066: a default pass and a
-  warm-up-parameter pass; the sampler here is a stand-in, :class:`Sampler`).
+  warm-up-parameter pass; :class:`Sampler`, a stand-in allocating as 0.34.0's sampler does).
 * ``spec_decode/autoregressive/speculator.py`` ``init_cudagraph_manager`` (lines 36-52): the
   draft decode manager FULL_DECODE_ONLY where the model's decode mode is FULL, else NONE;
   ``capture`` (lines 124-164): ``specialize_spec_tokens`` where the fused decode and dynamic
@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # 0.33.0's, in whose namespace this file runs
     from .vllm_runner import (
         FULL_AND_PIECEWISE,
         FULL_DECODE_ONLY,
+        SAMPLER_WARMUP,
         BatchDescriptor,
         BatchExecutionDescriptor,
         Config,
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # 0.33.0's, in whose namespace this file runs
         GPUModelRunner,
         ModelCudaGraphManager,
         PiecewiseModel,
+        Sampler,
         UBatchRunner,
         get_global_graph_pool,
         profile_cudagraph_memory,
@@ -449,20 +451,19 @@ class ModelState:
         return False
 
 
-class Sampler:
-    """The sampler's device work as the dummy sampler run exercises it: a stand-in, not
-    vLLM's sampler (its kernels are the release's; the toy's are these): the default pass
-    samples from softmax(logits) greedily, the warm-up-parameter pass pays for the fp32
-    logits pipeline (a float32 copy, log-softmax for logprobs, top-k)."""
+class Sampler(Sampler):  # 0.33.0's stand-in (vllm_runner.py), as 0.34.0 changed it
+    """vLLM 0.34.0's sampler: 0.33.0's but for where Gumbel-max returns its ids (sample/gumbel.py
+    ``gumbel_sample`` lines 443-479): the sampled ids (rows x int64) made before a combine kernel
+    (``_gumbel_combine_kernel``) writes each row's winning block's id into them, no argmax
+    index between. sampler.py's other changes (``may_mask_logits``, ``get_logprobs_dims``)
+    allocate nothing."""
 
-    def __init__(self):
-        self.warmup_params = False
-
-    def __call__(self, logits):
-        if not self.warmup_params:
-            return logits.softmax(-1).argmax(-1)
-        lp = logits.float().log_softmax(-1)
-        return lp.topk(min(20, lp.shape[-1]), dim=-1)
+    @staticmethod
+    def _combine(local_argmax: torch.Tensor, local_max: torch.Tensor) -> torch.Tensor:
+        sampled = local_argmax.new_empty(local_argmax.shape[0])
+        torch.argmax(local_max, dim=-1, out=sampled)  # the combine kernel's work, into its output
+        torch.gather(local_argmax, 1, sampled.view(-1, 1), out=sampled.view(-1, 1))
+        return sampled
 
 
 class GPUModelRunner:
@@ -555,16 +556,19 @@ class GPUModelRunner:
         return head(hidden_states) if head is not None else hidden_states @ model.w
 
     def _dummy_sampler_run(self, hidden_states) -> None:
-        """model_runner.py lines 1039-1066: the default pass, then the warm-up-parameter pass
-        (the fp32 logits pipeline the profiled peak must pay for)."""
+        """model_runner.py lines 1039-1066: the logits of the requests' last tokens, the default
+        pass, then every request given SamplingParams.for_sampler_warmup() and a second pass (the
+        float32 pipeline the profiled peak must pay for); :class:`Sampler` allocates as the
+        release's (its FlashInfer-free branch unless made with ``use_flashinfer``)."""
         if self.model_state.dummy_sampler_run(self.sampler, hidden_states):
             return
+        num_reqs = hidden_states.shape[0]
         logits = self.compute_logits(hidden_states)
-        self.sampler.warmup_params = False
         self.sampler(logits)
-        self.sampler.warmup_params = True
+        for req_idx in range(num_reqs):
+            self.sampler.add_request(req_idx, SAMPLER_WARMUP)
+        self.sampler.apply_staged_writes()
         self.sampler(logits)
-        self.sampler.warmup_params = False
 
     def profile_run(self) -> None:
         """model_runner.py lines 1070-1107: a dummy run at max_num_batched_tokens (attention
@@ -583,6 +587,7 @@ class GPUModelRunner:
 
     def release(self) -> None:
         self.cudagraph_manager.release()
+        self.sampler.reset_buffer_cache()
         if self.speculator is not None:
             self.speculator.release()
         if self.model_state.encoder_runner is not None:
