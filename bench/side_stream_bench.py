@@ -25,8 +25,10 @@ as much more than 0.33.0's (fit-bench-2026-12-07-h100-034-rope: its capture's dr
 ``--streams N``: what creating streams takes (:func:`child_streams`). A probe at 43db924 found
 the runners' 70 MiB there: the process's first ``torch.cuda.Stream()`` took 70 MiB outside
 torch on an H100 (torch makes its stream pools at once), a second none, and a driver stream
-544 KiB; the SGLang runner's capture stream and vLLM 0.34.0's ``graph_capture`` stream are
-their processes' first. The steps above create their streams before reading, so they miss it.
+544 KiB. The runners' capture streams were their processes' first; the releases make theirs
+earlier (vLLM's GPUModelRunner output_copy_stream, SGLang's ModelRunner forward_stream: after
+the first free-memory reading, before the profile), and so do the runners since. The steps
+above create their streams before reading, so they miss it.
 
 Writes bench/results/side-stream-<date>.json; prints one line per run and SUMMARY last.
 Run: python -m bench.side_stream_bench [--runs 3] [--dtype bfloat16] [--n 1024] [--case llama] [--streams 64]

@@ -495,8 +495,15 @@ def test_the_sglang_runners_start_up_on_a_case_model(monkeypatch, tmp_path):
     )
     module = adoption.before_module(Path(sglang_runner.__file__), tmp_path, "sglang_fit_bench_test")
     monkeypatch.delitem(sys.modules, "sglang_fit_bench_test")
+    import torch
+
+    events, reading, stream = [], sm.get_available_gpu_memory, torch.cuda.Stream
+    monkeypatch.setattr(sm, "get_available_gpu_memory", lambda *a: (events.append("reading"), reading(*a))[1])
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **kw: (events.append("stream"), stream(*a, **kw))[1])
     startup = sm.StartUp(module, ms)
     assert startup.pre_model_load_memory == 56 / 1024  # GiB, as get_available_gpu_memory returns it
+    # ModelRunner.__init__'s forward_stream, the process's first torch stream, right after the reading
+    assert events == ["reading", "stream"] and startup.forward_stream is not None
     mem.outside += weights + committed  # the model built after the reading
     runs, peaks = [], []
     real_run, real_hidden = target.run, target.profile_hidden

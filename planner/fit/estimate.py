@@ -34,12 +34,25 @@ def context() -> FitItem:
     return FitItem("CUDA context", e["bytes"], e["error_bytes"], "estimated", e["source"])
 
 
-def non_torch(tp: int) -> FitItem:
+def non_torch(tp: int, sm: str = "", first_stream: bool = False) -> FitItem:
+    """Memory outside torch's allocator that the start-up takes after its first free-memory
+    reading (fit_estimates.toml ``[non_torch]``, more for tp > 1); ``first_stream``: the
+    release creates the process's first torch stream in that span (its rule's
+    ``first_stream = "profile"``), whose stream pools' driver bytes (planner/data/devices.toml
+    ``[first_torch_stream]``, measured) are added where ``sm`` has that figure, else said to
+    be within the error bar."""
     e = estimates()["non_torch"]
-    b, err = e["bytes"], e["error_bytes"]
+    b, err, src = e["bytes"], e["error_bytes"], e["source"]
     if tp > 1:
         b, err = b + e["tp_bytes"], err + e["tp_error_bytes"]
-    return FitItem("non-torch memory", b, err, "estimated", e["source"])
+    if first_stream:
+        pools = data("devices.toml").get("first_torch_stream", {}).get(sm)
+        if pools is None:
+            src += f"; the process's first torch stream (its pools) not measured for {sm}: within the error bar"
+        else:
+            b += int(pools)
+            src += f"; + the process's first torch stream (its pools: planner/data/devices.toml [first_torch_stream] {sm})"
+    return FitItem("non-torch memory", b, err, "estimated", src)
 
 
 def activation_per_token(m: FitModel, tp: int) -> int:

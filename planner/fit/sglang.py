@@ -81,7 +81,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     weights = result.weights(inp)
     dw = d.weights if d is not None else None
     loaded = known(weights) + (known(dw) if dw is not None else 0)  # both load before the pool (init_model_worker)
-    nt = estimate.non_torch(inp.tp)
+    nt = estimate.non_torch(inp.tp, inp.device.sm, inp.rule.first_stream == "profile")
     # SGLang runs no profiling forward (its pool is sized from mem_fraction_static): the figure
     # only checks the slack holds one prefill chunk, counted as fit counted it before the
     # releases' samplers were read, vLLM 0.19.0's (fit_rules.toml [sampler.vllm-0-19])

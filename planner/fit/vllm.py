@@ -79,7 +79,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     if d is not None:
         settings["speculative-config"] = inp.flags["speculative-config"]
     requested = sizing.vllm_requested(total, util)
-    nt = estimate.non_torch(inp.tp)
+    nt = estimate.non_torch(inp.tp, inp.device.sm, inp.rule.first_stream == "profile")
     act = estimate.activation_peak(m, inp.tp, batched, seqs, sampler_rule("vllm", inp.version))
     ctx = estimate.context()
     weights = result.weights(inp)

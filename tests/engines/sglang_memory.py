@@ -308,6 +308,12 @@ class StartUp:
         module.reset_globals()
         module.publish(settings.decode_bs)  # runtime_context.publish: the resolved decode sizes
         self.pre_model_load_memory = get_available_gpu_memory()
+        # model_runner.py ModelRunner.__init__ (line 469), right after init_torch_distributed:
+        # forward_stream, the process's first torch stream (torch makes its stream pools here,
+        # inside what _profile_available_bytes reads; the capture stream comes from them later)
+        import torch
+
+        self.forward_stream = torch.cuda.Stream()
         self.pool: Pool | None = None
         self.model_runner = None
 

@@ -494,6 +494,10 @@ class GPUModelRunner:
         self.max_num_tokens = max_num_tokens or model.x.shape[0]
         self.max_num_reqs = max_num_reqs or max(capture_sizes)
         self.sampler = Sampler()
+        # model_runner.py line 243: the process's first torch stream (async_utils.py
+        # new_d2h_stream), after the Worker's init snapshot: torch makes its stream pools here,
+        # before the profile, so graph_capture's stream later comes from them
+        self.output_copy_stream = torch.cuda.Stream()
         #: the weights' bytes (gpu_worker.py's model_memory_usage: what loading took)
         self.model_memory_usage = 0
         self.ubatch_runner = UBatchRunner(ubatch_stream) if ubatch_stream is not None else None
