@@ -51,7 +51,7 @@ def non_torch(tp: int, sm: str = "", first_stream: bool = False) -> FitItem:
             src += f"; the process's first torch stream (its pools) not measured for {sm}: within the error bar"
         else:
             b += int(pools)
-            src += f"; + the process's first torch stream (its pools: planner/data/devices.toml [first_torch_stream] {sm})"
+            src += f"; + the process's first torch stream (its pools: devices.toml [first_torch_stream] {sm})"
     return FitItem("non-torch memory", b, err, "estimated", src)
 
 
