@@ -2412,6 +2412,21 @@ def _side_stream_gemm(d: dict) -> str:
     )
 
 
+SIDE_STREAM_POOLS = "side-stream-2026-12-07-streams.json"
+
+
+@figure("side-stream-pools", SIDE_STREAM_POOLS)
+def _side_stream_pools(d: dict) -> str:
+    runs = [r for r in d["runs"] if "error" not in r]
+    first = _span([r["first_torch_stream"]["outside_bytes"] / MiB for r in runs], ",.0f")
+    second = _span([r["second_torch_stream"]["outside_bytes"] / MiB for r in runs], ",.0f")
+    per = _span([r["raw_streams"]["per_stream_bytes"] / 1024 for r in runs], ",.0f")
+    return (
+        f"the process's first `torch.cuda.Stream()` takes {first} MiB outside torch's allocator, a second"
+        f" {second} MiB, and a stream the driver makes alone {per} KiB, in {_word(len(runs))} fresh processes"
+    )
+
+
 def render_figures(text: str, where: str) -> str:
     """``text`` with every figure region's body rendered again; an unknown name is an error."""
 
