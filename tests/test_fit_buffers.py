@@ -1,10 +1,15 @@
 """The V2 model runner's persistent device buffers (planner/data/fit_rules.toml [buffers],
 planner/fit/buffers.py): fit's "engine buffers" item counted by hand for each release read, the
-KV cache smaller by exactly that item, and the releases not read leaving it unknown."""
+KV cache smaller by exactly that item, the releases not read leaving it unknown, and the
+runners' stand-ins (tests/engines/vllm_runner.py, vllm_runner_034.py) allocating what the rule
+counts. The CPU has no device allocator: the stand-ins' tensors are recorded by a dispatch mode
+(every op's outputs, those alive at the end)."""
 
 from __future__ import annotations
 
 import json
+import math
+import weakref
 from pathlib import Path
 
 import pytest
@@ -134,3 +139,96 @@ def test_under_ngram_the_token_history_is_on_the_device():
     dense = [t for t in buffers.counted(rule, ("init",), "ngram") if t.methods]
     assert [buffers.tensor_bytes(t, dims) for t in dense] == [4 * 1000 * 4]
     assert not [t for t in buffers.counted(rule, ("init",), "eagle") if t.methods]
+
+
+# -- the runners' stand-ins -------------------------------------------------------------------------
+
+
+def _recorder():
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Recorder(TorchDispatchMode):
+        """Every op's outputs under it, weakly; :meth:`live`: (elements, dtype) of each storage
+        made under it that a tensor still holds."""
+
+        def __init__(self):
+            super().__init__()
+            self.refs: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.refs += [weakref.ref(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            return out
+
+        def live(self) -> list[tuple[int, str]]:
+            seen: dict[int, tuple[int, str]] = {}
+            for ref in self.refs:
+                t = ref()
+                if t is not None and t.untyped_storage().nbytes():
+                    s = t.untyped_storage()
+                    seen.setdefault(s.data_ptr(), (s.nbytes() // t.element_size(), str(t.dtype).split(".")[1]))
+            return sorted(seen.values())
+
+    return torch, Recorder
+
+
+@pytest.mark.parametrize("release", ["0.34.0", "0.33.0"])
+def test_the_runners_stand_ins_allocate_what_the_rule_counts(release, fake, tmp_path):
+    """The 0.34.0 runner as the bench loads it (0.33.0-shaped with 0.33.0's sampler), on the CPU:
+    what its start-up keeps (GPUModelRunner.__init__'s request state and input buffers, the
+    sampler's state and the structured outputs' buffers, the Triton caches after the dummy sampler
+    run, the block tables at initialize_kv_cache) is what fit's rule counts for the release at the
+    same settings, tensor by tensor (elements and dtype) (fails before: the runner made none of
+    them, and took no vocabulary)."""
+    torch, Recorder = _recorder()
+    from engines import adoption, plugged, vllm_runner
+    from engines.toy import ToyModel
+
+    module = adoption.before_module(Path(vllm_runner.__file__), tmp_path, f"vllm_buffers_{tmp_path.name}")
+    for path in plugged.later("vllm", "0.34.0"):
+        exec(compile(path.read_text(), str(path), "exec"), vars(module))
+    module.reset_globals()
+    seqs, tokens, vocab, mml, block, sms = 6, 24, 3000, 100, 16, 4
+    model = ToyModel({"decode": 1}, max_tokens=tokens, fake=fake)
+    head = torch.randn(model.hidden, vocab)
+    hidden = torch.randn(seqs, model.hidden)
+    sampler = None if release == "0.34.0" else module.Sampler.__base__
+    with Recorder() as rec:
+        runner = module.GPUModelRunner(
+            model,
+            [1, 2, 4],
+            max_num_tokens=tokens,
+            max_num_reqs=seqs,
+            vocab_size=vocab,
+            max_model_len=mml,
+            sampler_cls=sampler,
+        )
+        runner.sampler.num_sm = sms
+        runner.compute_logits = lambda h: h @ head
+        runner._dummy_sampler_run(hidden)
+        if release == "0.34.0":  # the extensible cache's initialize_kv_cache, before the measure
+            runner.initialize_kv_cache([block])
+        kept = rec.live()
+    _, rule = buffer_rule("vllm", release)
+    dims = {
+        "max_num_seqs": seqs,
+        "max_num_seqs_plus_one": seqs + 1,
+        "max_num_batched_tokens": tokens,
+        "max_model_len": mml,
+        "vocab": vocab,
+        "vocab_words": math.ceil(vocab / 32),
+        "speculative_tokens": 0,
+        "decode_query_len": 1,
+        "topk_programs": 4,  # min(next_power_of_2(min(4 SMs, 6 rows)), 4)
+        "kv_groups": 1,
+        "block_table_width": 8,  # cdiv(100, 16) = 7 blocks, to a multiple of 128 / 16 = 8
+    }
+    stages = ("init", "load", "profile", "kv-init") if release == "0.34.0" else ("init", "load", "profile")
+    want = sorted(
+        (buffers.tensor_bytes(t, dims) // buffers._DTYPE_BYTES[t.dtype], t.dtype)
+        for t in buffers.counted(rule, stages, "")
+        if buffers.tensor_bytes(t, dims)
+    )
+    assert kept == want
