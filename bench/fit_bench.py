@@ -121,10 +121,16 @@ DIFFERS = [
     "in the profiling run's two passes, in its shapes, dtypes and order (the model-dtype logits, the "
     "float32 copy, the Triton top-k/top-p scratch made once and kept, Gumbel-max's per-block scratch, "
     "the logprob tensors), on the branch where FlashInfer's sampler does not run (fit's: "
-    "fit_rules.toml [sampler.vllm-0-33]), not its kernels; the sampler's per-request state the release "
-    "makes at load (penalties' max_num_seqs x vocab counts, logit bias, bad words) is not stood in, and "
-    "fit counts neither it nor the kept Triton scratch. Runs before this change used softmax/argmax, "
+    "fit_rules.toml [sampler.vllm-0-33]), not its kernels. Runs before this change used softmax/argmax, "
     "then a float32 log-softmax and top-k",
+    "the persistent buffers the release makes after its init snapshot are stand-ins in its shapes, dtypes "
+    "and order (tests/engines/vllm_runner.py RequestState, InputBuffers, the Sampler's PenaltiesState, "
+    "LogitBiasState, BadWordsState and LogprobTokenIdsState, StructuredOutputsWorker, and 0.34.0's "
+    "BlockTables at initialize_kv_cache; the Triton top-k/top-p scratch kept after the profile), fit's "
+    "'engine buffers' item (fit_rules.toml [buffers.vllm-0-33]); their pinned-host staging and kernels "
+    "are not, and neither side has the block tables' per-group vectors, FlashAttention's scheduler "
+    "metadata (a few KiB) or the speculator's own buffers (EAGLE's). Runs before this change had none of "
+    "them (the Triton scratch alone, which fit did not count)",
     "the model's decode cache (its own static KV, read by the captured graphs) stays allocated through "
     "capture and counts as KV: committed blocks after capture (the release keeps min_committed_blocks), "
     "or, 0.33.0-shaped, given back to the budget (the release allocates its cache after profiling)",
@@ -439,6 +445,7 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
         engine_weights,
         route_draft,
         route_dummy_runs,
+        vocab_size,
     )
     from capture_plan.tests.engines.sizing import vllm_034
 
@@ -466,16 +473,27 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             draft=draft,
             speculator_options=spec,
             decode_query_lens={1 + k: s.max_num_seqs},
+            # the release's request state, sampler state and block tables, in the model's shapes
+            vocab_size=vocab_size(target),
+            max_model_len=s.max_model_len,
+            # 0.33.0's sampler (vllm_runner.py), which 0.34.0's Sampler extends
+            sampler_cls=None if extensible else module.Sampler.__base__,
         )
         runner.model_memory_usage = weights
-        if not extensible:  # 0.33.0's sampler (vllm_runner.py), which 0.34.0's Sampler extends
-            runner.sampler = module.Sampler.__base__()
         route_dummy_runs(runner, model)
         if runner.speculator is not None:
             route_draft(runner.speculator, target)
-        block_bytes = page_group(full, sliding) * s.block_size * per_token
+        group = page_group(full, sliding)
+        block_bytes = group * s.block_size * per_token
+        groups = -(-full // group) + -(-sliding // group)  # the KV cache groups: a block table each
         requested = math.ceil(snapshot.total_memory * s.gpu_memory_utilization)  # request_memory
-        worker = module.Worker(runner, block_bytes=block_bytes, requested_memory=requested, init_snapshot=snapshot)
+        worker = module.Worker(
+            runner,
+            block_bytes=block_bytes,
+            requested_memory=requested,
+            init_snapshot=snapshot,
+            block_sizes=[s.block_size] * groups,
+        )
         split = capture_split(runner)
         worker.determine_available_memory()
         if not extensible:

@@ -207,14 +207,15 @@ def test_sglang_graphs_and_activations_must_fit_the_slack_alone():
 
 def test_the_kv_error_bar_sums_the_items_the_rule_takes_it_from():
     """The KV item's error bar is the sum of the error bars of the named items its rule
-    subtracts: before capture the budget, weights, non-torch, the peak (and the graphs where
-    deducted); after capture the same with the graphs, the budget side or, where the free
-    side binds, the device total and the CUDA context; SGLang: its pool's."""
+    subtracts: before capture the budget, weights, non-torch, the engine's buffers (unknown, so
+    none, for a release not read for them: 0.19.0), the peak (and the graphs where deducted);
+    after capture the same with the graphs, the budget side or, where the free side binds, the
+    device total and the CUDA context; SGLang: its pool's."""
 
     def bar(r, *names):
         return sum(_item(r, n).error_bytes or 0 for n in names)
 
-    taken = ("weights", "non-torch memory", "activation peak")
+    taken = ("weights", "non-torch memory", "engine buffers", "activation peak")
     r = _llama("vllm==0.33.0")  # before capture, graphs deducted
     assert _item(r, "KV cache").error_bytes == bar(r, "engine budget", *taken, "graph memory")
     r = _llama("vllm==0.19.0")  # before capture, graphs logged only

@@ -261,7 +261,24 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     monkeypatch.setattr(main, "profile_hidden", profile_hidden)
     monkeypatch.setattr(target, "run", lambda phase, bs, ws: (runs.append((phase, bs)), run(phase, bs, ws))[1])
     extensible = release == "vllm==0.34.0"
+    made = {}  # the release's persistent buffers, as the runner holds them when it is released
+    release_runner = module.GPUModelRunner.release
+
+    def release_and_record(runner):
+        made.update(
+            counts=tuple(runner.sampler.penalties_state.output_bin_counts.shape),
+            bitmask=tuple(runner.structured_outputs_worker.grammar_bitmask.shape),
+            tables=[tuple(t.shape) for t in runner.block_tables.block_tables],
+            sampler=type(runner.sampler),
+        )
+        release_runner(runner)
+
+    monkeypatch.setattr(module.GPUModelRunner, "release", release_and_record)
     record = fb.start_up(module, target, s, snapshot, extensible=extensible)
+    # max_num_seqs 8 x the vocabulary 100; 1 + k rows a request; one KV group, 64 / 16 = 4 blocks a
+    # row to a multiple of 8; 0.33.0-shaped, 0.33.0's sampler (fails before: none of them made)
+    assert made["counts"] == (8, 100) and made["bitmask"] == (8 * (1 + k), 4) and made["tables"] == [(8, 8)]
+    assert made["sampler"] is (module.Sampler if extensible else module.Sampler.__base__)
     assert forwards == [32, 32][: 1 + extensible]  # profile_run's dummy run, then the sizing warm-up's
     assert record["weights_bytes"] == weights and record["measured"]["committed_bytes"] == committed
     assert record["measured"]["kv_bytes_per_token_layer"] == per_token

@@ -121,23 +121,30 @@ def _recorder():
         def __init__(self):
             super().__init__()
             self.refs: list = []
-            self.before: set[int] = set()
+            #: storages made before the record, by address, while a tensor holds them (a freed
+            #: one's address, reused by a tensor made under the record, is that tensor's)
+            self.before: dict[int, weakref.ref] = {}
             self.peak, self.at_peak = 0, []
 
         def live(self) -> dict[int, tuple]:
             out = {}
             for ref in self.refs:
                 t = ref()
-                if t is not None and t.untyped_storage().data_ptr() not in self.before:
+                if t is not None and not self._before(t.untyped_storage().data_ptr()):
                     s = t.untyped_storage()  # the first live tensor of a storage: the op that made it
                     out.setdefault(s.data_ptr(), (s.nbytes(), tuple(t.shape), str(t.dtype).split(".")[1]))
             return out
+
+        def _before(self, ptr: int) -> bool:
+            held = self.before.get(ptr)
+            t = held() if held is not None else None
+            return t is not None and t.untyped_storage().data_ptr() == ptr
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             made = self.live()
             for t in tree_flatten((args, kwargs or {}))[0]:
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in made:
-                    self.before.add(t.untyped_storage().data_ptr())  # made before the record
+                    self.before[t.untyped_storage().data_ptr()] = weakref.ref(t)  # made before the record
             out = func(*args, **(kwargs or {}))
             self.refs += [weakref.ref(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
             live = self.live()
@@ -192,7 +199,8 @@ def test_the_runners_dummy_sampler_allocates_what_the_release_does(release, flas
     vectors = sum(b for b, _, _ in vector)
     vector = sorted((shape, dtype) for _, shape, dtype in vector)
     big = sorted((shape, dtype) for _, shape, dtype in rec.at_peak if shape not in ((rows,), (rows, 1)))
-    triton = [((sms, vocab), "float32"), ((2, 200), "float32")]  # min(next_power_of_2(min(SMs, rows)), SMs) x vocab
+    # min(next_power_of_2(min(SMs, rows)), SMs) x vocab, and the two 200-entry tables
+    triton = [((sms, vocab), "float32"), ((200,), "float32"), ((200,), "float32")]
     logits, copy = ((rows, vocab), "bfloat16"), ((rows, vocab), "float32")
     if flashinfer:
         assert big == sorted([logits, copy, copy, copy, ((1 << 20,), "uint8")])

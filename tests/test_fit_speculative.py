@@ -106,6 +106,13 @@ def eagle_head_bytes(rotary_element: int, fc_bias: bool) -> int:
     return attn + mlp + norms + fc + 8192 * 128 * rotary_element
 
 
+#: the V2 runner's buffers that grow with 3 speculative tokens at the H100's 1024 sequences
+#: (fit_rules.toml [buffers.vllm-0-33]): RequestState.draft_tokens (1024 x 3 int64), and the
+#: structured outputs' logits indices and bitmask over 1024 x (1 + 3) rows (int32, the bitmask
+#: cdiv(128256, 32) = 4008 words a row) instead of 1024
+SPEC_BUFFERS = 1024 * 3 * 8 + 1024 * 3 * 4 + 1024 * 3 * 4008 * 4
+
+
 def spec(method: str, model: str | None = EAGLE, n: int = 3) -> str:
     d = {"method": method, "num_speculative_tokens": n}
     if model is not None:
@@ -118,14 +125,17 @@ def test_vllm_eagle_head_weights_and_its_layer_in_every_block(engine, capsys):
     """Llama-3.1-8B + its EAGLE head on an H100, no graphs (enforce-eager: the graph figure is 0
     either way, so the comparison is exact): the cache is smaller by the head's bytes, and a
     block is one 16-token page of the 32 target layers and the head's one layer (4096 B a token
-    each: 8 KV heads x (128 + 128) x 2)."""
+    each: 8 KV heads x (128 + 128) x 2), and by the runner's buffers that grow with the 3
+    speculative tokens (:data:`SPEC_BUFFERS`; the speculator's own are not counted)."""
     base = ("--max-model-len", "8192", "--enforce-eager")
     alone = fit_json(engine, *base, capsys=capsys)
     res = fit_json(engine, *base, "--speculative-config", spec("eagle"), capsys=capsys)
     head = eagle_head_bytes(2, fc_bias=False)  # vLLM keeps the rotary cache in the model's dtype
     assert item(res, "draft weights")["bytes"] == head
     assert item(res, "weights")["bytes"] == item(alone, "weights")["bytes"]
-    assert res["kv_bytes"] == alone["kv_bytes"] - head
+    assert item(res, "engine buffers")["bytes"] == item(alone, "engine buffers")["bytes"] + SPEC_BUFFERS
+    assert "speculator's own buffers not counted" in item(res, "engine buffers")["source"]
+    assert res["kv_bytes"] == alone["kv_bytes"] - head - SPEC_BUFFERS
     block = 16 * (32 * 4096 + 1 * 4096)
     blocks = res["kv_bytes"] // block
     assert res["kv_blocks"] == blocks
@@ -144,12 +154,17 @@ def test_vllm_draft_graphs_are_unknown_never_zero(capsys):
 
 
 def test_vllm_ngram_has_no_draft_weights_nor_kv(capsys):
+    """n-gram: no draft weights or KV; the runner keeps its requests' token history on the device
+    for it (RequestState.all_token_ids, 1024 x 8192 int32: pinned host memory otherwise) beside
+    the buffers that grow with its 3 tokens: the cache is smaller by those alone."""
     base = ("--max-model-len", "8192", "--enforce-eager")
     alone = fit_json("vllm==0.34.0", *base, capsys=capsys)
     res = fit_json("vllm==0.34.0", *base, "--speculative-config", spec("ngram", None), capsys=capsys)
     d = item(res, "draft weights")
     assert d["bytes"] == 0 and d["status"] == "exact" and "[speculative.vllm-0-33]" in d["source"]
-    assert res["kv_tokens"] == alone["kv_tokens"] == res["speculative"]["kv_tokens_without"]
+    history = 1024 * 8192 * 4
+    assert res["kv_bytes"] == alone["kv_bytes"] - history - SPEC_BUFFERS
+    assert alone["kv_tokens"] == res["speculative"]["kv_tokens_without"] > res["kv_tokens"]
 
 
 def test_vllm_ngram_takes_a_sliding_window_target(capsys):

@@ -18,6 +18,7 @@ __all__ = [
     "vllm_after_capture",
     "vllm_after_capture_by_budget",
     "vllm_blocks",
+    "vllm_kv_groups",
     "vllm_request_bytes",
     "vllm_default_sizes",
     "vllm_given_sizes",
@@ -83,20 +84,32 @@ def vllm_requested(total: int, utilization: float) -> int:
     return math.ceil(total * utilization)
 
 
-def vllm_before_capture(requested: int, *, weights: int, non_torch: int, activation: int, graph: int) -> int:
+def vllm_before_capture(
+    requested: int, *, weights: int, non_torch: int, activation: int, graph: int, buffers: int = 0
+) -> int:
     """0.33.0's determine_available_memory: the requested budget less what the profile
-    consumed (weights, non-torch), its transient peak and profile_cudagraph_memory's estimate.
-    The byte counts by name: four ints in a row are too easy to swap."""
-    return requested - (weights + non_torch + activation) - graph
+    consumed (weights, non-torch, the runner's persistent ``buffers``), its transient peak and
+    profile_cudagraph_memory's estimate. The byte counts by name: four ints in a row are too
+    easy to swap."""
+    return requested - (weights + non_torch + buffers + activation) - graph
 
 
 def vllm_after_capture(
-    rule: Rule, requested: int, init_free: int, *, weights: int, non_torch: int, activation: int, graph: int
+    rule: Rule,
+    requested: int,
+    init_free: int,
+    *,
+    weights: int,
+    non_torch: int,
+    activation: int,
+    graph: int,
+    buffers: int = 0,
 ) -> int:
     """0.34.0's measure_kv_cache_bytes after warm-up and capture (nothing committed yet;
     torch's reserve growth taken as 0: the transient peak bounds it on a fresh start). The
-    item byte counts by name (as :func:`vllm_before_capture`'s)."""
-    free = init_free - weights - non_torch - graph
+    item byte counts by name (as :func:`vllm_before_capture`'s); ``buffers``: the runner's
+    persistent buffers, in what the start-up used as the weights are."""
+    free = init_free - weights - non_torch - buffers - graph
     non_kv_used = init_free - free
     return min(requested - non_kv_used, free - vllm_margin(rule, activation)) - activation
 
@@ -113,18 +126,30 @@ def vllm_after_capture_by_budget(rule: Rule, requested: int, init_free: int, act
     return requested <= init_free - vllm_margin(rule, activation)
 
 
+def _vllm_group(m: FitModel) -> int:
+    """Layers per KV group (kv_cache_planning): the smallest type's count, or the largest's where
+    it is under 1.5x the smallest (fewer padding layers: 12 sliding + 13 full pad to 13 + 13, not
+    24 + 13)."""
+    counts = [n for n in (m.full_layers, m.sliding_layers) if n > 0]
+    return max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+
+
 def _vllm_request(m: FitModel, block_size: int, max_model_len: int, in_flight: int) -> tuple[int, int]:
     """(layers per KV group, blocks one request at max_model_len takes): see :func:`vllm_blocks`."""
     full, sliding = m.full_layers, m.sliding_layers
-    counts = [n for n in (full, sliding) if n > 0]
-    # kv_cache_planning: the smallest type's count, or the largest's where it is under 1.5x the smallest
-    # (fewer padding layers: 12 sliding + 13 full pad to 13 + 13, not 24 + 13)
-    group = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+    group = _vllm_group(m)
     per_request = math.ceil(full / group) * math.ceil(max_model_len / block_size) if full else 0
     if sliding:
         window = min(m.sliding_window - 1 + in_flight, max_model_len)
         per_request += math.ceil(sliding / group) * (math.ceil(window / block_size) + 1)
     return group, per_request
+
+
+def vllm_kv_groups(m: FitModel) -> int:
+    """The KV cache groups of :func:`vllm_blocks`' grouping (one per ``group`` layers of a type,
+    the last padded): the rows of the runner's block tables."""
+    group = _vllm_group(m)
+    return sum(math.ceil(n / group) for n in (m.full_layers, m.sliding_layers) if n)
 
 
 def vllm_request_bytes(

@@ -25,6 +25,10 @@ __all__ = [
     "SpecRule",
     "SamplerRule",
     "SamplerRow",
+    "BufferTensor",
+    "BufferRule",
+    "buffer_rule",
+    "buffer_rules",
     "sampler_rule",
     "sampler_rules",
     "spec_rule",
@@ -54,6 +58,9 @@ class Device(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sm: str
     smi_total_mib: int
     smi_source: str
+    #: streaming multiprocessors (multi_processor_count), and where the figure was read
+    sms: int
+    sms_source: str
     torch_total_gib: float | None = None
     torch_source: str | None = None
 
@@ -283,6 +290,51 @@ class SamplerRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     flashinfer_fp32_copies: int | None = None
 
 
+#: a buffer's dimension by name (fit_rules.toml [buffers]'s comment defines each)
+BufferDim = Literal[
+    "max_num_seqs",
+    "max_num_seqs_plus_one",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "vocab",
+    "vocab_words",
+    "speculative_tokens",
+    "decode_query_len",
+    "topk_programs",
+    "kv_groups",
+    "block_table_width",
+]
+
+
+class BufferTensor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One persistent device tensor of a release's runner (fit_rules.toml [[buffers.NAME.tensors]])."""
+
+    #: the release's class and attribute (or cache)
+    name: str
+    #: dimensions by name, or constants
+    shape: list[int | BufferDim]
+    dtype: Literal["bool", "uint8", "int32", "int64", "float32"]
+    #: when the start-up makes it: GPUModelRunner.__init__, load_model, profile_run (kept),
+    #: initialize_kv_cache
+    at: Literal["init", "load", "profile", "kv-init"]
+    source: str
+    #: "triton": made where FlashInfer's sampler does not run (fit's branch); "flashinfer": where it does
+    sampler: Literal["any", "triton", "flashinfer"] = "any"
+    #: made only under these speculative methods (empty: always)
+    methods: list[str] = []
+
+
+class BufferRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The persistent device buffers releases' runners make between the worker's first free-memory
+    reading and the KV cache's sizing (fit_rules.toml [buffers.NAME]; followed by
+    planner/fit/buffers.py), in the order the start-up makes them."""
+
+    engine: str
+    releases: list[str]
+    tensors: list[BufferTensor]
+    sources: list[str]
+
+
 class SamplerRow(NamedTuple):
     """The sampler rule fit takes for a release: its name, the rule, the release asked and
     whether that release was read for it."""
@@ -301,6 +353,7 @@ class _Rules(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     speculative: dict[str, SpecRule] = {}
     rope: dict[str, RopeRule] = {}
     sampler: dict[str, SamplerRule] = {}
+    buffers: dict[str, BufferRule] = {}
 
 
 @functools.cache
@@ -371,6 +424,15 @@ def sampler_rule(engine: str, version: str) -> SamplerRow:
     read for it takes the nearest read release's row, as :func:`rope_rule`."""
     name, rule, read = _nearest(_rules().sampler, engine, version)
     return SamplerRow(name, rule, version, read)
+
+
+def buffer_rules() -> dict[str, BufferRule]:
+    return dict(_rules().buffers)
+
+
+def buffer_rule(engine: str, version: str) -> tuple[str, BufferRule] | None:
+    """The persistent-buffer rule of a release (None: the release was not read for it)."""
+    return next(((n, r) for n, r in _rules().buffers.items() if r.engine == engine and version in r.releases), None)
 
 
 def spec_rule(engine: str, version: str) -> tuple[str, SpecRule] | None:

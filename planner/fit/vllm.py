@@ -11,6 +11,7 @@ import math
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, result, sizing
+from .buffers import engine_buffers
 from .draft import speculative
 from .graph_count import full_graph_sizes, vllm_graphs
 from .inputs import FitInputs
@@ -82,6 +83,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     nt = estimate.non_torch(inp.tp, inp.device.sm, inp.rule.first_stream == "profile")
     act = estimate.activation_peak(m, inp.tp, batched, seqs, sampler_rule("vllm", inp.version))
     ctx = estimate.context()
+    bufs = engine_buffers(inp, settings)  # the runner's persistent buffers (fit_rules.toml [buffers])
     weights = result.weights(inp)
     dw = d.weights if d is not None else None
     loaded = known(weights) + (known(dw) if dw is not None else 0)  # the draft loads beside the target
@@ -94,7 +96,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         transient = split_kv_accum(inp, full_graph_sizes(mode, ss, seqs))
         return result.graph_memory(inp, count, max(ss, default=0), transient=transient)
 
-    def kv_of(graph: int, weights_bytes: int = loaded) -> int:
+    def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = bufs.bytes or 0) -> int:
         if after:
             return sizing.vllm_after_capture(
                 rule,
@@ -104,10 +106,16 @@ def fit_vllm(inp: FitInputs) -> FitResult:
                 non_torch=known(nt),
                 activation=known(act),
                 graph=graph,
+                buffers=buffers_bytes,
             )
         deducted = graph if rule.graph_estimate == "deducted" else 0
         return sizing.vllm_before_capture(
-            requested, weights=weights_bytes, non_torch=known(nt), activation=known(act), graph=deducted
+            requested,
+            weights=weights_bytes,
+            non_torch=known(nt),
+            activation=known(act),
+            graph=deducted,
+            buffers=buffers_bytes,
         )
 
     in_flight = batched * rule.in_flight_batches  # async scheduling (on by default): two batches in flight
@@ -137,7 +145,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         "rule",
         f"ceil(total x gpu-memory-utilization {util}) (vllm/v1/worker/utils.py: request_memory)",
     )
-    items = [result.device_total(inp), budget, weights, *([dw] if dw else []), nt, act, graph]
+    items = [result.device_total(inp), budget, weights, *([dw] if dw else []), nt, bufs, act, graph]
     if after:
         items.insert(1, ctx)
     notes = inp.context_notes()
@@ -155,9 +163,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     if after:
         by_budget = sizing.vllm_after_capture_by_budget(rule, requested, init_free, known(act))
         taken = [budget] if by_budget else [items[0], ctx]
-        taken += [weights, nt, graph, act]
+        taken += [weights, nt, bufs, graph, act]
     else:
-        taken = [budget, weights, nt, act] + ([graph] if rule.graph_estimate == "deducted" else [])
+        taken = [budget, weights, nt, bufs, act] + ([graph] if rule.graph_estimate == "deducted" else [])
     err = sum(i.error_bytes or 0 for i in taken + ([dw] if dw else []))
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", "; ".join(rule.steps[-3:-1])))
     blocks, conc, kv_tokens = count(kv_bytes)
@@ -181,10 +189,11 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         budget_fix = ""
         if "gpu-memory-utilization" in inp.flags:  # the user's budget starves the cache: the one that fits
             # both rules take weights, non-torch, the peak and the deducted graphs from the budget
-            taken = loaded + known(nt) + known(act) + ((graph.bytes or 0) if after else deducted_graph)
+            taken = loaded + known(nt) + (bufs.bytes or 0) + known(act)
+            taken += (graph.bytes or 0) if after else deducted_graph
             one = sizing.vllm_request_bytes(m, inp.per_layer, block, mml, in_flight, draft_kv)
             budget_fix = result.budget_fix("gpu-memory-utilization", taken + one, total)
-        biggest = max((i for i in (weights, nt, act, graph) if i.bytes), key=lambda i: i.bytes or 0)
+        biggest = max((i for i in (weights, nt, bufs, act, graph) if i.bytes), key=lambda i: i.bytes or 0)
         verdict = Verdict(
             False,
             f"KV cache {max(kv_bytes, 0) / GiB:.2f} GiB holds {kv_tokens} tokens, fewer than one request of "
@@ -203,8 +212,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         )
     kv = Kv(max(kv_bytes, 0), blocks, block, kv_tokens, conc, mml)
     spec = None
-    if d is not None:  # the same settings and graph figure without the draft's weights and KV
-        _, conc0, tokens0 = count(kv_of(graph.bytes or 0, known(weights)), 0)
+    if d is not None:  # the same settings and graph figure without the draft's weights, KV and buffers
+        without = engine_buffers(inp, settings, draft=False).bytes or 0
+        _, conc0, tokens0 = count(kv_of(graph.bytes or 0, known(weights), without), 0)
         spec = speculative(d, tokens0, conc0)
         notes.append(result.draft_note(d.method, graph.bytes is None))
     return result.result(

@@ -212,6 +212,16 @@ def engine_weights(target, dtype: torch.dtype | None = None) -> tuple[int, torch
     return measured_weights(target, rotary=rope is None) + (rope.nbytes if rope is not None else 0), rope
 
 
+def vocab_size(target) -> int:
+    """The model's vocabulary as vLLM reads it (model_config.get_vocab_size(): the text config's
+    vocab_size, unpadded); the reference's, its spec's."""
+    hf = getattr(target, "model", None)
+    if isinstance(hf, torch.nn.Module):
+        return hf.config.get_text_config(decoder=True).vocab_size
+    main = _main(target)
+    return getattr(main, "vocab", None) or main.cfg.model.vocab
+
+
 def decode_cache(target) -> tuple[int, int, int, int]:
     """(bytes, KV bytes one token takes in one layer, full layers, sliding layers) of the
     model's own decode cache (EAGLE's: the target's and the draft's layers)."""

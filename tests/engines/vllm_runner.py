@@ -70,6 +70,7 @@ import contextlib
 import dataclasses
 import enum
 import itertools
+import math
 
 import torch
 
@@ -530,13 +531,137 @@ def _processes(params: dict) -> bool:
     return (t != 0.0 and (t != 1.0 or filtered)) or penalised or biased
 
 
+#: the persistent state below (the release's request and sampler state, its block tables): made
+#: on the device as the release makes it, each class named for the release's and allocating its
+#: device tensors in their shapes, dtypes and order (a StagedWriteTensor's: ``torch.zeros`` on
+#: the device; its staging, and every UvaBackedTensor, pinned host memory: not made here).
+#: 0.34.0 kept every one of them (tests/engines/vllm_runner_034.py makes them at start-up).
+
+
+def _staged(size, dtype, device) -> torch.Tensor:
+    """buffer_utils.py ``StagedWriteTensor``'s device tensor (``uva_instead_of_gpu`` off)."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+class RequestState:
+    """v1/worker/gpu/states.py ``RequestState.__init__``: ``all_token_ids`` on the device only
+    where ``use_dense_all_token_ids`` (an n-gram speculator; else UVA: pinned host), then
+    ``total_len``, ``num_computed_tokens``, ``last_sampled_tokens``, ``draft_tokens`` and
+    ``next_prefill_tokens``."""
+
+    def __init__(
+        self,
+        max_num_reqs,
+        max_model_len,
+        max_num_batched_tokens,
+        num_speculative_steps,
+        vocab_size,
+        device,
+        num_prefill_lookahead=1,
+        use_dense_all_token_ids=False,
+    ):
+        self.max_num_reqs, self.max_model_len, self.vocab_size = max_num_reqs, max_model_len, vocab_size
+        self.all_token_ids = (
+            _staged((max_num_reqs, max_model_len), torch.int32, device) if use_dense_all_token_ids else None
+        )
+        self.total_len = _staged(max_num_reqs, torch.int32, device)
+        self.num_computed_tokens = _staged(max_num_reqs, torch.int32, device)
+        self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64, device=device)
+        self.draft_tokens = torch.zeros(max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device)
+        self.next_prefill_tokens = torch.zeros(num_prefill_lookahead, max_num_reqs, dtype=torch.int32, device=device)
+
+
+class InputBuffers:
+    """v1/worker/gpu/input_batch.py ``InputBuffers.__init__``."""
+
+    def __init__(self, max_num_reqs, max_num_tokens, device):
+        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.is_padding = torch.zeros(max_num_tokens, dtype=torch.bool, device=device)
+        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
+        self.dcp_local_seq_lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
+
+
+class PenaltiesState:
+    """v1/worker/gpu/sample/penalties.py ``PenaltiesState.__init__``: the prompt's bit mask and the
+    output's counts, max_num_reqs x vocab int32, whatever the requests ask."""
+
+    def __init__(self, max_num_reqs, vocab_size, device):
+        self.prompt_bin_mask = torch.zeros(max_num_reqs, -(-vocab_size // 32), dtype=torch.int32, device=device)
+        self.output_bin_counts = torch.zeros(max_num_reqs, vocab_size, dtype=torch.int32, device=device)
+
+
+class LogitBiasState:
+    """v1/worker/gpu/sample/logit_bias.py ``LogitBiasState.__init__`` (MAX_NUM_ALLOWED_TOKEN_IDS,
+    MAX_NUM_LOGIT_BIAS_TOKENS 1024, MAX_NUM_STOP_TOKEN_IDS 128)."""
+
+    def __init__(self, max_num_reqs, device):
+        self.allowed_token_ids = _staged((max_num_reqs, 1024), torch.int32, device)
+        self.logit_bias_token_ids = _staged((max_num_reqs, 1024), torch.int32, device)
+        self.logit_bias = _staged((max_num_reqs, 1024), torch.float32, device)
+        self.stop_token_ids = _staged((max_num_reqs, 128), torch.int32, device)
+
+
+class BadWordsState:
+    """v1/worker/gpu/sample/bad_words.py ``BadWordsState.__init__`` (envs.py
+    VLLM_MAX_BAD_WORDS_TOTAL_TOKENS 1024, VLLM_MAX_NUM_BAD_WORDS 128: their defaults)."""
+
+    def __init__(self, max_num_reqs, device, max_total_tokens=1024, max_num_bad_words=128):
+        self.bad_word_token_ids = _staged((max_num_reqs, max_total_tokens), torch.int32, device)
+        self.bad_word_offsets = _staged((max_num_reqs, max_num_bad_words + 1), torch.int32, device)
+
+
+class LogprobTokenIdsState:
+    """v1/worker/gpu/sample/logprob.py ``LogprobTokenIdsState.__init__`` (sampling_params.py
+    MAX_LOGPROB_TOKEN_IDS 128)."""
+
+    def __init__(self, max_num_reqs, device):
+        self.token_ids = _staged((max_num_reqs, 128), torch.int32, device)
+
+
+class StructuredOutputsWorker:
+    """v1/worker/gpu/structured_outputs.py ``StructuredOutputsWorker.__init__`` (its copy stream
+    is not the process's first: no memory)."""
+
+    def __init__(self, max_num_logits, vocab_size, device, mask_stride=1):
+        self.logits_indices = torch.zeros(max_num_logits, dtype=torch.int32, device=device)
+        self.grammar_bitmask = torch.zeros((max_num_logits, -(-vocab_size // 32)), dtype=torch.int32, device=device)
+        self.mask_stride = mask_stride
+
+
+class BlockTables:
+    """v1/worker/gpu/block_table.py ``BlockTables.__init__``: per KV cache group a block table and
+    its input copy (max_num_reqs x its width, int32), then the slot mappings (groups x
+    max_num_batched_tokens, int64); the six per-group vectors after them (pointers, strides, block
+    sizes, flags: a few bytes each) are not made here."""
+
+    def __init__(self, block_sizes, max_num_reqs, max_num_batched_tokens, max_num_blocks_per_group, device):
+        self.block_sizes = list(block_sizes)
+        self.block_tables = [_staged((max_num_reqs, n), torch.int32, device) for n in max_num_blocks_per_group]
+        self.input_block_tables = [torch.zeros_like(b) for b in self.block_tables]
+        self.slot_mappings = torch.zeros(
+            len(self.block_sizes), max_num_batched_tokens, dtype=torch.int64, device=device
+        )
+
+
+def get_block_table_width(max_num_blocks: int, block_size: int, token_alignment: int | None = 128) -> int:
+    """v1/kv_cache_interface.py ``get_block_table_width`` (KVCacheSpec's block_table_token_alignment: 128)."""
+    if token_alignment is not None:
+        alignment = token_alignment // math.gcd(token_alignment, block_size)
+        max_num_blocks = -(-max_num_blocks // alignment) * alignment
+    return max_num_blocks
+
+
 class Sampler:
     """vLLM 0.33.0's sampler (v1/worker/gpu/sample/sampler.py ``Sampler``) as the profiling run's
     dummy sampler drives it: a stand-in that allocates what the release allocates, in its shapes,
     dtypes and order, each step naming the release's function; not its kernels (the release's
     run in Triton, in place: those here are a stand-in's, the draw a per-block argmax without
-    Gumbel noise). The per-request state the release builds with the sampler (penalties' counts,
-    logit bias, bad words: made at load, kept) is not stood in. ``use_flashinfer``: the branch
+    Gumbel noise). Given ``max_num_reqs``, ``vocab_size`` and ``device``, it makes the per-request
+    state the release's ``Sampler.__init__`` builds with it (made at load, kept: penalties'
+    counts, logit bias, bad words, the logprob token ids; the rest pinned host memory); without
+    them, none (a sampler-only test). ``use_flashinfer``: the branch
     where FlashInfer's sampler runs (``flashinfer_sampler_supported``: the host's FlashInfer);
     ``num_sm``: the SMs the Triton top-k/top-p scratch is sized by (the CUDA device's where None,
     1 on the CPU). This 0.33.0 runner has no profiling run of its own: the 0.34.0 runner's
@@ -547,12 +672,25 @@ class Sampler:
     #: flashinfer/sampling.py top_k_mask_logits' row-states cache (_get_cache_buf, zeroed)
     FLASHINFER_ROW_STATES = 1 << 20
 
-    def __init__(self, use_flashinfer: bool = False, num_sm: int | None = None):
+    def __init__(
+        self,
+        use_flashinfer: bool = False,
+        num_sm: int | None = None,
+        *,
+        max_num_reqs: int | None = None,
+        vocab_size: int | None = None,
+        device=None,
+    ):
         self.use_flashinfer, self.num_sm = use_flashinfer, num_sm
+        if vocab_size is not None:  # sampler.py Sampler.__init__'s order (SamplingStates: pinned host)
+            self.penalties_state = PenaltiesState(max_num_reqs, vocab_size, device)
+            self.logit_bias_state = LogitBiasState(max_num_reqs, device)
+            self.bad_words_state = BadWordsState(max_num_reqs, device)
+            self.logprob_token_ids_state = LogprobTokenIdsState(max_num_reqs, device)
         self.requests: dict[int, dict] = {}
         #: the caches kept after a pass: topk_topp_triton.py _TRITON_BUFFER_CACHE and
         #: _TRITON_TABLE_CACHE, FlashInfer's row states
-        self.buffers: dict[tuple, torch.Tensor] = {}
+        self.buffers: dict[tuple, torch.Tensor | tuple] = {}
 
     def add_request(self, req_idx: int, params: dict) -> None:
         self.requests[req_idx] = params
@@ -618,7 +756,7 @@ class Sampler:
         """topk_topp_sampler.py ``apply_top_k_top_p`` -> topk_topp_triton.py
         ``apply_top_k_top_p_triton``: in place; its scratch of min(next_power_of_2(min(SMs, rows)),
         SMs) x vocab in the logits' dtype and its two lookup tables made on the first call and
-        kept (the tables: 200 float32 each). The stand-in masks nothing."""
+        kept (the tables: two of 200 float32). The stand-in masks nothing."""
         if k is None and p is None:
             return logits
         rows, vocab = logits.shape
@@ -628,8 +766,8 @@ class Sampler:
         buffer = self.buffers.get(key)
         if buffer is None or buffer.shape[0] < programs:
             self.buffers[key] = logits.new_empty((min(1 << (programs - 1).bit_length(), sms), vocab))
-        if ("tables", logits.device) not in self.buffers:
-            self.buffers["tables", logits.device] = logits.new_empty((2, 200))
+        if ("tables", logits.device) not in self.buffers:  # _NORMAL_CDF_TO_SIGMA_TABLE, _PERCENTILE_TO_STD_TABLE
+            self.buffers["tables", logits.device] = logits.new_empty(200), logits.new_empty(200)
         return logits
 
     def gumbel_sample(self, logits: torch.Tensor) -> torch.Tensor:

@@ -72,14 +72,19 @@ if TYPE_CHECKING:  # 0.33.0's, in whose namespace this file runs
         SAMPLER_WARMUP,
         BatchDescriptor,
         BatchExecutionDescriptor,
+        BlockTables,
         Config,
         CudaGraphManager,
         CUDAGraphMode,
         GPUModelRunner,
+        InputBuffers,
         ModelCudaGraphManager,
         PiecewiseModel,
+        RequestState,
         Sampler,
+        StructuredOutputsWorker,
         UBatchRunner,
+        get_block_table_width,
         get_global_graph_pool,
         profile_cudagraph_memory,
         set_forward_context,
@@ -485,6 +490,9 @@ class GPUModelRunner:
         max_num_reqs: int | None = None,
         speculator_options=None,
         decode_query_lens=None,
+        vocab_size: int | None = None,
+        max_model_len: int | None = None,
+        sampler_cls=None,
     ):
         self.vllm_config = Config(tp)
         self.cache_config = CacheConfig(extensible_kv_cache)
@@ -493,11 +501,33 @@ class GPUModelRunner:
         #: max_num_batched_tokens and max_num_seqs (default: the model's rows, the largest size)
         self.max_num_tokens = max_num_tokens or model.x.shape[0]
         self.max_num_reqs = max_num_reqs or max(capture_sizes)
-        self.sampler = Sampler()
+        #: the model's vocabulary (model_config.get_vocab_size()) and max_model_len: given, the
+        #: release's request state, input buffers, sampler state and block tables are made where it
+        #: makes them; None (a capture test's toy, no vocabulary): none of them
+        self.vocab_size, self.max_model_len = vocab_size, max_model_len or self.max_num_tokens
+        device = getattr(model, "device", None)
+        steps = int(dict(speculator_options or {}).get("num_speculative_steps", 0)) if draft is not None else 0
         # model_runner.py line 243: the process's first torch stream (async_utils.py
         # new_d2h_stream), after the Worker's init snapshot: torch makes its stream pools here,
         # before the profile, so graph_capture's stream later comes from them
         self.output_copy_stream = torch.cuda.Stream()
+        self.req_states = self.input_buffers = self.structured_outputs_worker = self.block_tables = None
+        if vocab_size is not None:  # lines 297-306 and 338-342: the request state, the input buffers
+            # (all_token_ids dense only for an n-gram speculator: not one of this runner's)
+            self.req_states = RequestState(
+                self.max_num_reqs, self.max_model_len, self.max_num_tokens, steps, vocab_size, device
+            )
+            self.input_buffers = InputBuffers(self.max_num_reqs, self.max_num_tokens, device)
+        # load_model (lines 415-553), after the weights' measurement (the caller's model is built
+        # before the runner): the sampler with its request state (line 513; ``sampler_cls``: the
+        # stand-in of another release's sampler), then the structured outputs worker (line 549)
+        sampler_cls = sampler_cls or Sampler
+        if vocab_size is None:
+            self.sampler = sampler_cls()
+        else:
+            self.sampler = sampler_cls(max_num_reqs=self.max_num_reqs, vocab_size=vocab_size, device=device)
+            q = 1 + steps  # decode_query_len
+            self.structured_outputs_worker = StructuredOutputsWorker(self.max_num_reqs * q, vocab_size, device, q)
         #: the weights' bytes (gpu_worker.py's model_memory_usage: what loading took)
         self.model_memory_usage = 0
         self.ubatch_runner = UBatchRunner(ubatch_stream) if ubatch_stream is not None else None
@@ -517,6 +547,18 @@ class GPUModelRunner:
             self.speculator.init_cudagraph_manager(cudagraph_mode)
 
     manager = GPUModelRunner.manager  # 0.33.0's
+
+    def initialize_kv_cache(self, block_sizes, device=None) -> None:
+        """model_runner.py ``initialize_kv_cache`` (lines 644-760), as far as its own buffers: per KV
+        cache group (``block_sizes``: each group's block size) a block table row of
+        ``get_block_table_width(cdiv(max_model_len, block_size), block_size)`` blocks (line 704),
+        in ``BlockTables`` (line 753); nothing where the runner has no request state. The KV
+        cache is the worker's (``ExtensibleKVCache``) or the caller's model's own."""
+        if self.vocab_size is None:
+            return
+        widths = [get_block_table_width(-(-self.max_model_len // b), b) for b in block_sizes]
+        device = device or getattr(self.cudagraph_manager.model, "device", None)
+        self.block_tables = BlockTables(block_sizes, self.max_num_reqs, self.max_num_tokens, widths, device)
 
     def capture_model(self, *, profile_only=False):
         """model_runner.py lines 1141-1215: nothing to capture, 0; else the cache emptied, free

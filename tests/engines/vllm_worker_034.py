@@ -17,7 +17,9 @@ this code is our own, its names the release's; each step names the lines it foll
   ``memory_profiling``; the graph estimate only where the flag above is on;
   ``peak_activation_memory = transient_peak_headroom + estimate``; the KV budget
   ``requested - non_kv_cache_memory - estimate``. ``initialize_from_config`` (lines 887-964):
-  the extensible cache's ``reserved_headroom_bytes = peak_activation_memory``.
+  the runner's ``initialize_kv_cache`` (its block tables: before capture and the measure with
+  the extensible cache, after the sizing without it) and the extensible cache's
+  ``reserved_headroom_bytes = peak_activation_memory``.
   ``_compile_or_warm_up_model`` (lines 1022-1244): the peak reset, the sizing warm-up
   (``run_kv_cache_sizing_warmup``), ``record_transient_peak``, the capture, then
   ``measure_kv_cache_blocks``.
@@ -218,12 +220,22 @@ class Worker:
     ``init_snapshot``: the snapshot ``init_device`` takes before the model is loaded
     (default: taken now, so that what the caller loaded before is not in
     ``total_consumed``); ``requested_memory``: ``ceil(total * utilization)``
-    (``request_memory``); ``block_bytes``: one KV block's bytes, all layers."""
+    (``request_memory``); ``block_bytes``: one KV block's bytes, all layers; ``block_sizes``: each
+    KV cache group's block size, for the runner's block tables (None: the runner's
+    ``initialize_kv_cache`` is not called)."""
 
     def __init__(
-        self, runner: GPUModelRunner, *, block_bytes: int, requested_memory: int, init_snapshot=None, device=None
+        self,
+        runner: GPUModelRunner,
+        *,
+        block_bytes: int,
+        requested_memory: int,
+        init_snapshot=None,
+        device=None,
+        block_sizes=None,
     ):
         self.model_runner, self.block_bytes, self.requested_memory = runner, block_bytes, requested_memory
+        self.block_sizes = block_sizes
         self.device = device
         self.init_snapshot = init_snapshot if init_snapshot is not None else MemorySnapshot().measure(device)
         self.cudagraph_memory_estimate = 0
@@ -247,11 +259,17 @@ class Worker:
         return self.available_kv_cache_memory_bytes
 
     def initialize_from_config(self) -> None:
+        """Lines 935-958: the runner's ``initialize_kv_cache`` (its ``ExtensibleKVCache`` and block
+        tables; else the blocks the budget holds, then its block tables)."""
         if self.model_runner.cache_config.enable_extensible_kv_cache:
             kv = self.model_runner.extensible_kv_cache = ExtensibleKVCache(self.block_bytes)
+            if self.block_sizes:
+                self.model_runner.initialize_kv_cache(self.block_sizes, self.device)
             kv.reserved_headroom_bytes = self.peak_activation_memory
         else:
             self.num_blocks = max(self.available_kv_cache_memory_bytes, 0) // self.block_bytes
+            if self.block_sizes:
+                self.model_runner.initialize_kv_cache(self.block_sizes, self.device)
 
     def _measure_sizing_step(self, step) -> None:
         """warmup.py lines 452-480 around ``step()``."""
