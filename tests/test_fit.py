@@ -170,6 +170,9 @@ def test_sglang_defaults_follow_the_memory_hook():
     assert sizing.sglang_defaults(81559, 1) == (8192, 256) and sizing.sglang_defaults(81559, 4) == (8192, 512)
     r = fit(FitRequest(cfg("llama-3.1-8b"), "H100", "sglang==0.5.23", 1, {"context-length": 8192}))
     assert r.settings["mem-fraction-static"] == 0.83 and r.kv_tokens == r.kv_blocks
+    # the KV cache item cites the pool's own step, whatever steps the rule lists above it
+    kv = next(i for i in r.items if i.name == "KV cache")
+    assert "_profile_available_bytes: rest" in kv.source
 
 
 def test_sglang_without_prefill_graphs_reserves_none_for_them():
@@ -731,27 +734,68 @@ def test_where_the_default_graphs_do_not_leave_one_request_fewer_sizes_are_a_fix
         assert code == 0, err
 
 
-def test_a_release_creating_its_first_torch_stream_in_capture_pays_torch_s_stream_pools(monkeypatch):
-    """Where a release's start-up creates the process's first torch stream inside its graph
-    measurement (its rule's ``first_stream = "capture"``: torch makes its stream pools then),
-    graph memory holds devices.toml's measured ``[first_torch_stream]`` bytes, estimated or of
-    a plan alike, and names it; a device without that figure leaves the item unknown, never
-    priced without it."""
-    from capture_plan.planner.fit import estimate
-    from capture_plan.planner.fit.graph_count import whole_graphs
+def test_a_release_making_its_first_torch_stream_before_its_profile_pays_torch_s_stream_pools(monkeypatch):
+    """Where a release's start-up makes the process's first torch stream after its first
+    free-memory reading (its rule's ``first_stream = "profile"``: torch makes its stream pools
+    then), the non-torch item holds devices.toml's measured ``[first_torch_stream]`` bytes and
+    names them; a device without that figure keeps the item as it was, its source saying the
+    pools are within the error bar; a rule not read for it (None) adds nothing. vLLM 0.34.0 on
+    an H100: its KV cache is smaller by exactly those bytes than with the rule unread."""
+    import msgspec
+
+    from capture_plan.planner.fit import estimate, inputs
     from capture_plan.planner.inputs.resources import data
 
-    m = load_model("llama-3-8b")
-    graphs = whole_graphs(4, "four graphs")
     pools = data("devices.toml")["first_torch_stream"]["sm90"]
-    plain = estimate.graph_memory(m, 1, "sm90", graphs, 256)
-    for pool in (None, (256 << 20, "a plan's pool")):
-        before = estimate.graph_memory(m, 1, "sm90", graphs, 256, pool)
-        capture = estimate.graph_memory(m, 1, "sm90", graphs, 256, pool, first_stream=True)
-        assert capture.bytes - before.bytes == pools > 0
-        assert "first torch stream" in capture.source and "first torch stream" not in before.source
-    devices = {k: v for k, v in data("devices.toml").items() if k != "first_torch_stream"}
-    monkeypatch.setattr(estimate, "data", lambda name: devices if name == "devices.toml" else data(name))
-    item = estimate.graph_memory(m, 1, "sm90", graphs, 256, first_stream=True)
-    assert item.status == "unknown" and item.bytes is None and "[first_torch_stream]" in item.source
-    assert estimate.graph_memory(m, 1, "sm90", graphs, 256) == plain  # not asked for: priced as before
+    plain = estimate.non_torch(1)
+    paid = estimate.non_torch(1, "sm90", True)
+    assert paid.bytes - plain.bytes == pools > 0 and paid.error_bytes == plain.error_bytes
+    assert "first torch stream" in paid.source and "first torch stream" not in plain.source
+    unmeasured = estimate.non_torch(1, "sm80", True)
+    assert unmeasured.bytes == plain.bytes and "not measured for sm80: within the error bar" in unmeasured.source
+    request = FitRequest(cfg("llama-3.1-8b"), "H100", "vllm==0.34.0", 1, {"max-model-len": 8192})
+    paid_fit = fit(request)
+    real = inputs.rule_for
+
+    def unread(engine):  # the same release, its rule not read for the first stream
+        eng, version, name, rule = real(engine)
+        return eng, version, name, msgspec.structs.replace(rule, first_stream=None)
+
+    monkeypatch.setattr(inputs, "rule_for", unread)
+    unread_fit = fit(request)
+    assert unread_fit.kv_bytes - paid_fit.kv_bytes == pools
+
+
+#: per release whose rule says ``first_stream = "profile"``: the file and the line that makes its
+#: first torch stream, after its first free-memory reading and before its profile
+FIRST_STREAMS = {
+    "vllm==0.33.0": ("vllm/v1/worker/gpu/model_runner.py", "self.output_copy_stream = torch.cuda.Stream(self.device)"),
+    "vllm==0.34.0": ("vllm/v1/worker/gpu/model_runner.py", "self.output_copy_stream = new_d2h_stream(self.device)"),
+    "sglang==0.5.23": (
+        "sglang/srt/model_executor/model_runner.py",
+        "self.init_torch_distributed()\n\n        # Init forward stream for overlap schedule\n"
+        "        self.forward_stream = torch.get_device_module(self.device).Stream()",
+    ),
+}
+
+
+@pytest.mark.parametrize("release", sorted(FIRST_STREAMS))
+def test_the_first_stream_rows_rest_on_the_wheels_code(release):
+    """Each release fit says makes its first torch stream before its profile does so in its
+    wheel's code (read with zipfile: nothing installed): vLLM's GPUModelRunner.__init__, SGLang's
+    ModelRunner.__init__ right after init_torch_distributed (which reads pre_model_load_memory)."""
+    import os
+    import zipfile
+
+    from capture_plan.adapters.plugins import contract
+    from capture_plan.planner.fit.tables import rule_for
+
+    engine, version = release.split("==")
+    assert rule_for(release)[3].first_stream == "profile"
+    wheels = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / "engine-wheels")
+    wheel = contract.find_wheel(wheels, engine, version)
+    if wheel is None:
+        pytest.skip(f"no {engine}-{version} wheel in {wheels} (pip download --no-deps -d {wheels} {release})")
+    path, text = FIRST_STREAMS[release]
+    with zipfile.ZipFile(wheel) as z:
+        assert text in z.read(path).decode(), (release, path)

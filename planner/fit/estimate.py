@@ -169,7 +169,6 @@ def graph_memory(
     largest: int,
     pool: tuple[int, str] | None = None,
     transient: tuple[int, str] | None = None,
-    first_stream: bool = False,
 ) -> FitItem:
     """Graph memory as one figure: graph-exec (``graphs.whole`` graphs' nodes x the device's
     per-node figure, + ``graphs.execs`` x its per-graph figure where one is measured) + the
@@ -180,26 +179,21 @@ def graph_memory(
     a plan's pool too, where the caller found the plan's backend to be the one whose kernels
     allocate them (its simulation holds no such temporaries). Without a
     per-graph figure the execs are priced by their nodes only and the
-    source says so: an engine's thousands of piecewise graphs may then cost more.
-    ``first_stream``: the release creates the process's first torch stream inside its graph
-    measurement (its rule's ``first_stream``), whose driver bytes (torch's stream pools,
-    planner/data/devices.toml ``[first_torch_stream]``) the figure then holds: unknown where
-    the device has no measured figure."""
+    source says so: an engine's thousands of piecewise graphs may then cost more. The
+    process's first torch stream (torch's stream pools) is not here: every release read makes
+    it before its capture (:func:`non_torch`)."""
     if graphs.execs == 0:
         return FitItem("graph memory", 0, 0, "exact", "no CUDA graphs captured")
     devs = data("devices.toml")
     exec_graph, per_node = per_graph(sm)
     workspace = devs.get("stream_workspace", {}).get(sm)
     per_layer = nodes_per_layer(m)
-    stream = devs.get("first_torch_stream", {}).get(sm) if first_stream else 0
     g = estimates()["graph"]
-    if per_node is None or workspace is None or per_layer is None or stream is None:
+    if per_node is None or workspace is None or per_layer is None:
         missing = (
             f"no per-node graph-exec figure for {sm} (planner/data/devices.toml)"
             if per_node is None or workspace is None
             else f"no measured node count for model type {m.model_type}"
-            if per_layer is None
-            else f"no measured first-stream figure for {sm} (planner/data/devices.toml [first_torch_stream])"
         )
         return FitItem("graph memory", None, None, "unknown", missing)
     exec_bytes = int(graphs.whole * per_layer * m.layers * per_node)
@@ -213,9 +207,6 @@ def graph_memory(
         execs = f"{graphs.how} x {exec_graph} B per graph (planner/data/devices.toml [graph_exec_per_graph])"
     extra, why = transient if transient else (0, "")
     plus = f" + {why}" if extra else ""
-    if stream:  # the stream pools are the driver's, like the execs: the same error fraction
-        extra += int(stream)
-        plus += " + the process's first torch stream (its pools: planner/data/devices.toml [first_torch_stream])"
     if pool is None:
         b = exec_bytes + largest * activation_per_token(m, tp) + extra + int(workspace)
         return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", f"{g['source']}{plus}; {execs}")

@@ -118,8 +118,7 @@ def graph_memory(
         if p is None:
             raise ValueError("graphs None is a plan's")
         graphs = whole_graphs(p.graphs, "plan graphs captured whole")
-    first = inp.rule.first_stream == "capture"
-    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool, transient, first)
+    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool, transient)
 
 
 def plan_cost(inp: FitInputs, tokens_of, none_tokens: int, transient: tuple[int, str] | None = None) -> list[SizeCost]:

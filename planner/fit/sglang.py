@@ -115,7 +115,10 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     tokens, swa_tokens = pool.tokens(kv_bytes, page)
     # the error bar: the items the pool is taken from (free at start: the context's) and those it subtracts
     err = sum(i.error_bytes or 0 for i in (ctx, budget, weights, nt, *([dw] if dw else [])))
-    items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", inp.rule.steps[3]))
+    # the step the pool's bytes follow, found by what it names (the rule's steps are the
+    # release's reading in order, and a step added above it must not change the citation)
+    step = next(s for s in inp.rule.steps if "_profile_available_bytes: rest" in s)
+    items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", step))
     slack = int(pre * (1 - frac))
     notes = inp.context_notes() + [
         "SGLang sizes its pool from a static fraction: capture sizes cost no tokens, they must fit in the slack"

@@ -102,9 +102,10 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     in_flight_batches: int = 2
     #: where the release's start-up creates the process's first torch stream, whose creation
     #: makes torch's stream pools at once (planner/data/devices.toml [first_torch_stream]):
-    #: "before" its first free-memory reading, "profile" (in its profiling run's non-torch
-    #: growth) or "capture" (inside its graph-memory measurement: fit adds it to graph memory)
-    first_stream: Literal["before", "profile", "capture"] = "before"
+    #: "profile" (after its first free-memory reading, before its KV sizing reads: fit adds the
+    #: pools to the non-torch item) or "before" (before that reading: in the CUDA context's
+    #: span, nothing to add); None: not read for the rule's releases (within non-torch's bar)
+    first_stream: Literal["before", "profile"] | None = None
 
 
 class ContextRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
