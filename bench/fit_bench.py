@@ -8,7 +8,8 @@ For each bench model (bench/device_bench.py's CASES, random weights: bench.harne
             them), on the case's own model (the transformers cases attending with FA3 over
             their cache, 32 splits, as vLLM's sm90 backend: adapters/hf.py
             ``attention="fa3"``): the init snapshot before the model is built;
-            the weights' bytes measured (its parameters and buffers); ``profile_run`` (the
+            the weights' bytes measured (its parameters and buffers, vLLM's rope cache in place
+            of transformers' inv_freq buffers); ``profile_run`` (the
             dummy run at max_num_batched_tokens, attention skipped as vLLM's profiling run
             skips it: the model's ``profile_hidden``; then the dummy sampler run) with its
             activation peak measured; the sizing warm-up; the capture at the release's
@@ -101,7 +102,8 @@ def long_context():
 EAGLE_TOKENS = 3
 #: what fit leaves out of a case, written into its row
 FIT_LACKS = {
-    "eagle": "fit does not model speculative decoding: the draft's weights, KV layers and graphs are the "
+    "eagle": "the bench gives fit the target model alone (no --speculative-config): the draft's weights, "
+    "KV layers and graphs are the "
     "runner's alone (fit is given the target model and the same capture sizes)",
 }
 #: where the runner's model differs from vLLM's: agreement proves consistency with the wheel
@@ -130,7 +132,12 @@ DIFFERS = [
     "'engine buffers' item (fit_rules.toml [buffers.vllm-0-33]); their pinned-host staging and kernels "
     "are not, and neither side has the block tables' per-group vectors, FlashAttention's scheduler "
     "metadata (a few KiB) or the speculator's own buffers (EAGLE's). Runs before this change had none of "
-    "them (the Triton scratch alone, which fit did not count)",
+    "them",
+    "the runner makes the process's first torch stream where the release does (GPUModelRunner.__init__'s "
+    "output_copy_stream, after the init snapshot, before the profile): torch's stream pools are then in "
+    "its non-KV memory, not its capture. Runs before this change made the first in the capture "
+    "(graph_capture's stream), whose drop then held the pools (70 MiB on an H100: "
+    "side-stream-2026-12-07-streams.json)",
     "the model's decode cache (its own static KV, read by the captured graphs) stays allocated through "
     "capture and counts as KV: committed blocks after capture (the release keeps min_committed_blocks), "
     "or, 0.33.0-shaped, given back to the budget (the release allocates its cache after profiling)",
@@ -528,8 +535,9 @@ def capture_split(runner) -> dict:
     """Records, into the dict returned, how the runner's ``capture_model`` drop splits:
     ``capture_reserved_growth_bytes``, torch's reserve after it less before it (both read
     where the release empties the cache: the pool, the capture streams' workspaces), the rest
-    of ``capture_drop_bytes`` being the driver's (graph execs, what a stream's first kernels
-    initialize). The release's call is wrapped: the wrapper empties torch's cache before it
+    of ``capture_drop_bytes`` being the driver's (graph execs; and torch's stream pools in the
+    runs where the capture's stream was the process's first torch stream, before the runner
+    made its first where the release does). The release's call is wrapped: the wrapper empties torch's cache before it
     (the release's first step where it captures anything) and reads torch's reserve around it."""
     import torch
 

@@ -38,11 +38,16 @@ DESCRIPTION = (
 )
 #: the cases not run, and why
 SKIP = {
-    "eagle": "fit does not model SGLang's speculative decoding (the draft's KV in the cell, the EAGLE "
-    "runners' sizes and graphs): the SGLang runner follows the non-speculative start-up only",
+    "eagle": "the SGLang runner follows the non-speculative start-up only (no EAGLE runners' sizes and "
+    "graphs, no draft KV in the cell)",
 }
 #: where the SGLang runner differs from SGLang (beside the case models' own code: fit_bench.DIFFERS)
 DIFFERS = [
+    "the start-up makes the process's first torch stream where the release does (ModelRunner.__init__'s "
+    "forward_stream, right after pre_model_load_memory): torch's stream pools are in what the pool is "
+    "sized from, not in the decode graphs' drop. Runs before this change made the first at the capture "
+    "(the global capture stream), whose drop then held the pools (70 MiB on an H100: "
+    "side-stream-2026-12-07-streams.json) and whose pool was that much larger",
     "prefill graphs disabled on both sides (--disable-prefill-cuda-graph): SGLang's CUDA default is "
     "breakable prefill graphs, which the case models cannot be captured as; mem_fraction_static then "
     "reserves no prefill-graph memory (reserve_for_graph_mb)",

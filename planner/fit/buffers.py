@@ -81,6 +81,8 @@ def tensor_bytes(t: BufferTensor, dims: dict[str, int]) -> int:
 def _segment_slack(sizes: list[int]) -> int:
     """What a fresh native pool of PyTorch's caching allocator reserves for ``sizes`` (allocated
     in order, kept) beyond their bytes: its 2 MiB and 20 MiB segments' rounding."""
+    # imported here: the allocator's module is the planner's memory layer, which fit reaches
+    # into for this one figure only
     from capture_plan.planner.memory.allocator import PoolSim
 
     pool = PoolSim()
