@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -122,8 +123,9 @@ DIFFERS = [
     "vllm_runner.py's, 0.33.0's, which 0.34.0's extends): it allocates what the release's sampler does "
     "in the profiling run's two passes, in its shapes, dtypes and order (the model-dtype logits, the "
     "float32 copy, the Triton top-k/top-p scratch made once and kept, Gumbel-max's per-block scratch, "
-    "the logprob tensors), on the branch where FlashInfer's sampler does not run (fit's: "
-    "fit_rules.toml [sampler.vllm-0-33]), not its kernels. Runs before this change used softmax/argmax, "
+    "the logprob tensors), on the branch a stock install runs (fit's: fit_rules.toml "
+    "[sampler.vllm-0-33] flashinfer_default: 0.34.0 the Triton branch, 0.33.0 FlashInfer's, its two more "
+    "float32 copies and row-states cache), not its kernels. Runs before this change used softmax/argmax, "
     "then a float32 log-softmax and top-k",
     "the persistent buffers the release makes after its init snapshot are stand-ins in its shapes, dtypes "
     "and order (tests/engines/vllm_runner.py RequestState, InputBuffers, the Sampler's PenaltiesState, "
@@ -483,8 +485,9 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             # the release's request state, sampler state and block tables, in the model's shapes
             vocab_size=vocab_size(target),
             max_model_len=s.max_model_len,
-            # 0.33.0's sampler (vllm_runner.py), which 0.34.0's Sampler extends
-            sampler_cls=None if extensible else module.Sampler.__base__,
+            # 0.33.0's sampler (vllm_runner.py), which 0.34.0's Sampler extends, on the branch a
+            # stock install of 0.33.0 runs: FlashInfer's (fit_rules.toml [sampler] flashinfer_default)
+            sampler_cls=None if extensible else functools.partial(module.Sampler.__base__, use_flashinfer=True),
         )
         runner.model_memory_usage = weights
         route_dummy_runs(runner, model)

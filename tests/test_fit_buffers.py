@@ -48,9 +48,10 @@ def by_hand(release: str) -> int:
     bad_words = SEQS * 1024 * 4 + SEQS * 129 * 4
     logprob_ids = SEQS * 128 * 4
     structured = SEQS * 4 + SEQS * WORDS * 4  # logits indices, grammar bitmask
-    # the Triton top-k/top-p scratch: min(next_power_of_2(min(132 SMs, 16 rows)), 132) rows, and two tables
-    triton = 16 * V * 4 + 2 * 200 * 4
-    b = request_state + input_buffers + penalties + logit_bias + bad_words + logprob_ids + structured + triton
+    # the Triton top-k/top-p scratch: min(next_power_of_2(min(132 SMs, 16 rows)), 132) rows, and two
+    # tables; 0.33.0's stock install runs FlashInfer's sampler instead: its 1 MiB row-states cache
+    sampler = (1 << 20) if release == "0.33.0" else 16 * V * 4 + 2 * 200 * 4
+    b = request_state + input_buffers + penalties + logit_bias + bad_words + logprob_ids + structured + sampler
     if release == "0.34.0":  # one KV group: 256 / 16 = 16 blocks (a multiple of 128 / 16 = 8) a row, twice; slots
         b += 2 * SEQS * 16 * 4 + TOKENS * 8
     return b
@@ -60,9 +61,9 @@ def by_hand(release: str) -> int:
 def test_the_engine_buffers_item_is_the_runners_tensors_counted_by_hand(release, capsys):
     """vLLM 0.33.0 and 0.34.0: the request state and input buffers (GPUModelRunner.__init__), the
     sampler's per-request state and the structured outputs' bitmask (load_model), the Triton
-    top-k/top-p scratch the profile keeps and, in 0.34.0 only, the block tables its KV cache's
-    measure follows; its error bar holds FlashInfer's branch (a 1 MiB row-state cache in place of
-    the Triton scratch) (fails before: no such item)."""
+    top-k/top-p scratch the profile keeps (0.33.0, whose stock install runs FlashInfer's sampler:
+    its 1 MiB row-state cache instead) and, in 0.34.0 only, the block tables its KV cache's
+    measure follows; its error bar holds the other sampler branch (fails before: no such item)."""
     res = _fit(f"vllm=={release}", capsys)
     item = _item(res, "engine buffers")
     assert item["bytes"] == by_hand(release) and item["status"] == "exact"
@@ -94,7 +95,8 @@ def test_fits_kv_cache_is_smaller_by_exactly_the_item(release, flags, monkeypatc
         == _item(without, "KV cache")["error_bytes"] + _item(res, "engine buffers")["error_bytes"]
     )
     if not flags:  # the defaults on an H100: 1024 sequences, 8192 tokens, the 128K context
-        assert 600 << 20 < moved < 700 << 20
+        # (0.33.0 without the Triton scratch: its stock install runs FlashInfer's sampler)
+        assert (550 if release == "0.33.0" else 600) << 20 < moved < 700 << 20
 
 
 def test_a_release_not_read_for_them_leaves_the_item_unknown(capsys):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from capture_plan.schemas.fit import FitItem
 
 from .sizing import vllm_kv_groups
-from .tables import BufferRule, BufferTensor, buffer_rule, buffer_rules
+from .tables import BufferRule, BufferTensor, buffer_rule, buffer_rules, sampler_rule
 
 if TYPE_CHECKING:
     from .inputs import FitInputs
@@ -111,10 +111,13 @@ def engine_buffers(inp: FitInputs, settings: dict, draft: bool = True) -> FitIte
     stages = _AFTER_CAPTURE if after else _BEFORE_CAPTURE
     method = inp.draft.method if draft and inp.draft is not None else ""
     dims = buffer_dims(inp, settings, draft)
-    tensors = counted(rule, stages, method)
+    sampler = sampler_rule(inp.engine, inp.version)
+    branch = sampler.rule.branch(inp.version)  # the sampler a stock install runs: its scratch
+    tensors = counted(rule, stages, method, branch)
     sizes = [tensor_bytes(t, dims) for t in tensors]
     b = sum(sizes)
-    other = sum(tensor_bytes(t, dims) for t in counted(rule, stages, method, "flashinfer"))
+    unbranch = "triton" if branch == "flashinfer" else "flashinfer"
+    other = sum(tensor_bytes(t, dims) for t in counted(rule, stages, method, unbranch))
     err = _segment_slack(sizes) + abs(other - b)
     largest = sorted(zip(sizes, (t.name for t in tensors)), reverse=True)[:3]
     when = "through initialize_kv_cache (sized after capture)" if after else "by the profile (sized before capture)"

@@ -123,7 +123,9 @@ def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int, sampler: Sampl
     if m.experts:  # the MoE part of a token's peak is the workspace, counted once
         dense_token = d * (e["hidden_copies"] * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim // tp)
     layer = tokens * dense_token
-    phase, flashinfer = sampler_phase(m, tp, tokens, min(seqs, tokens), sampler.rule)
+    triton, flashinfer = sampler_phase(m, tp, tokens, min(seqs, tokens), sampler.rule)
+    central = sampler.rule.branch(sampler.version)
+    phase, other = (flashinfer, triton) if central == "flashinfer" and flashinfer is not None else (triton, flashinfer)
     b = workspace + max(layer, phase)
     err = int(b * e["error_fraction"])
     name, engine = sampler.name, _ENGINES.get(sampler.rule.engine, sampler.rule.engine)
@@ -132,10 +134,17 @@ def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int, sampler: Sampl
         f"{engine} {sampler.version}'s profile_run, counted: planner/fit/estimate.py activation_peak, "
         f"the sampler as fit_rules.toml [sampler.{name}]{read} (not measured on an engine)"
     )
-    if flashinfer is not None and workspace + max(layer, flashinfer) > b:
-        more = workspace + max(layer, flashinfer) - b
-        err = max(err, more)
-        source += f"; FlashInfer's sampler, where the host runs it, {more / GiB:.2f} GiB more: in the error bar"
+    if central == "flashinfer":
+        source += f"; FlashInfer's sampler, which {sampler.version}'s stock install runs"
+    if other is not None and workspace + max(layer, other) != b:
+        more = workspace + max(layer, other) - b
+        err = max(err, abs(more))
+        where = (
+            "the Triton branch, where FlashInfer's does not run"
+            if central == "flashinfer"
+            else ("FlashInfer's sampler, where the host runs it")
+        )
+        source += f"; {where}, {abs(more) / GiB:.2f} GiB {'more' if more > 0 else 'less'}: in the error bar"
     return FitItem("activation peak", b, err, "estimated", source)
 
 

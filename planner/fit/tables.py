@@ -289,6 +289,14 @@ class SamplerRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: Gumbel-max's vocabulary block: an int64 and a float32 per block and row (0: none)
     sample_block: int = 0
     flashinfer_fp32_copies: int | None = None
+    #: the row's releases whose stock install runs FlashInfer's sampler (flashinfer-python is a
+    #: requirement and nothing else gates it): their central figure is FlashInfer's branch, the
+    #: other branch's in the error bar (the rest: the Triton branch central)
+    flashinfer_default: list[str] = []
+
+    def branch(self, version: str) -> str:
+        """The sampler branch a stock install of ``version`` runs: "flashinfer" or "triton"."""
+        return "flashinfer" if version in self.flashinfer_default and self.flashinfer_fp32_copies else "triton"
 
 
 #: a buffer's dimension by name (fit_rules.toml [buffers]'s comment defines each)
