@@ -274,7 +274,15 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
         release_runner(runner)
 
     monkeypatch.setattr(module.GPUModelRunner, "release", release_and_record)
+    import torch
+
+    events, stream, profile = [], torch.cuda.Stream, module.GPUModelRunner.profile_run
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **kw: (events.append("stream"), stream(*a, **kw))[1])
+    monkeypatch.setattr(module.GPUModelRunner, "profile_run", lambda r: (events.append("profile"), profile(r))[1])
     record = fb.start_up(module, target, s, snapshot, extensible=extensible)
+    # the process's first torch stream made by the runner's __init__ (the release's
+    # output_copy_stream), after the init snapshot and before the profile: not in the capture
+    assert events[0] == "stream" and "profile" in events
     # max_num_seqs 8 x the vocabulary 100; 1 + k rows a request; one KV group, 64 / 16 = 4 blocks a
     # row to a multiple of 8; 0.33.0-shaped, 0.33.0's sampler (fails before: none of them made)
     assert made["counts"] == (8, 100) and made["bitmask"] == (8 * (1 + k), 4) and made["tables"] == [(8, 8)]
