@@ -114,8 +114,9 @@ def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int, sampler: Sampl
     layers, then the dummy sampler over min(``seqs``, ``tokens``) requests while the forward's
     hidden states are still held (:func:`sampler_phase`, the release's row ``sampler``), each on
     top of the MoE workspace the forward leaves allocated. Where the row reads FlashInfer's
-    sampler, which runs or not by the host's installation (fit cannot know), the error bar
-    holds the difference."""
+    sampler, which runs or not by the host's installation (fit cannot know), the central figure
+    is the branch the release's stock install runs (``SamplerRule.branch``) and the error bar
+    holds the other's difference."""
     e = estimates()["activation"]
     d = m.dtype_bytes
     workspace = moe_workspace(m, tp, tokens)
@@ -142,7 +143,7 @@ def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int, sampler: Sampl
         where = (
             "the Triton branch, where FlashInfer's does not run"
             if central == "flashinfer"
-            else ("FlashInfer's sampler, where the host runs it")
+            else "FlashInfer's sampler, where the host runs it"
         )
         source += f"; {where}, {abs(more) / GiB:.2f} GiB {'more' if more > 0 else 'less'}: in the error bar"
     return FitItem("activation peak", b, err, "estimated", source)

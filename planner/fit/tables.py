@@ -327,7 +327,8 @@ class BufferTensor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: initialize_kv_cache
     at: Literal["init", "load", "profile", "kv-init"]
     source: str
-    #: "triton": made where FlashInfer's sampler does not run (fit's branch); "flashinfer": where it does
+    #: "triton": made where FlashInfer's sampler does not run; "flashinfer": where it does (fit
+    #: counts the branch the release's stock install runs: SamplerRule.branch)
     sampler: Literal["any", "triton", "flashinfer"] = "any"
     #: made only under these speculative methods (empty: always)
     methods: list[str] = []
