@@ -28,6 +28,19 @@ WHEELS = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / 
 RELEASES = [(e, v) for e, versions in KNOWN.items() for v in versions]
 
 
+def wheel_source(engine: str, version: str, file: str) -> str:
+    """``file``'s text in the release's wheel under :data:`WHEELS` (read with zipfile: nothing
+    installed); the test skips where the wheel is missing (.ci/run downloads it, and CI fails a
+    skip there)."""
+    import zipfile
+
+    wheel = contract.find_wheel(WHEELS, engine, version)
+    if wheel is None:
+        pytest.skip(f"no {engine}-{version} wheel in {WHEELS} (.ci/run downloads it)")
+    with zipfile.ZipFile(wheel) as z:
+        return z.read(file).decode()
+
+
 @pytest.mark.parametrize(("engine", "version"), RELEASES, ids=[f"{e}-{v}" for e, v in RELEASES])
 def test_every_hook_point_exists_in_the_release_it_names(engine, version):
     wheel = contract.find_wheel(WHEELS, engine, version)
@@ -175,15 +188,9 @@ def test_every_sketch_names_a_release_and_a_file_of_the_table():
 
 
 def test_every_removed_line_of_the_sketches_is_in_the_release():
-    import zipfile
-
     missing = []
     for engine, version, file, removed in _sketches():
-        wheel = contract.find_wheel(WHEELS, engine, version)
-        if wheel is None:
-            pytest.skip(f"no {engine}-{version} wheel in {WHEELS} (.ci/run downloads it)")
-        with zipfile.ZipFile(wheel) as z:
-            lines = {ln.strip() for ln in z.read(file).decode().splitlines()}
+        lines = {ln.strip() for ln in wheel_source(engine, version, file).splitlines()}
         missing += [f"{engine} {version} {file}: {ln!r}" for ln in removed if ln not in lines]
     assert missing == [], "a sketch removes lines the release does not have"
 
@@ -258,14 +265,9 @@ def _wheel_functions(engine: str, version: str, file: str, names: tuple[str, ...
     import ast
     import bisect
     import math
-    import zipfile
     from collections.abc import Callable, Iterable, Mapping
 
-    wheel = contract.find_wheel(WHEELS, engine, version)
-    if wheel is None:
-        pytest.skip(f"no {engine}-{version} wheel in {WHEELS} (.ci/run downloads it)")
-    with zipfile.ZipFile(wheel) as z:
-        tree = ast.parse(z.read(file).decode())
+    tree = ast.parse(wheel_source(engine, version, file))
     nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert {n.name for n in nodes} == set(names)
     scope: dict = {"math": math, "bisect": bisect, "Callable": Callable, "Iterable": Iterable, "Mapping": Mapping}

@@ -784,18 +784,10 @@ def test_the_first_stream_rows_rest_on_the_wheels_code(release):
     """Each release fit says makes its first torch stream before its profile does so in its
     wheel's code (read with zipfile: nothing installed): vLLM's GPUModelRunner.__init__, SGLang's
     ModelRunner.__init__ right after init_torch_distributed (which reads pre_model_load_memory)."""
-    import os
-    import zipfile
-
-    from capture_plan.adapters.plugins import contract
     from capture_plan.planner.fit.tables import rule_for
+    from test_engine_contract import wheel_source
 
     engine, version = release.split("==")
     assert rule_for(release)[3].first_stream == "profile"
-    wheels = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / "engine-wheels")
-    wheel = contract.find_wheel(wheels, engine, version)
-    if wheel is None:
-        pytest.skip(f"no {engine}-{version} wheel in {wheels} (pip download --no-deps -d {wheels} {release})")
     path, text = FIRST_STREAMS[release]
-    with zipfile.ZipFile(wheel) as z:
-        assert text in z.read(path).decode(), (release, path)
+    assert text in wheel_source(engine, version, path), (release, path)

@@ -259,18 +259,10 @@ WHEEL_FACTS = {
 def test_the_v2_runners_row_rests_on_the_wheels_code(version):
     """Each fact the 0.33.0/0.34.0 row counts is in that release's wheel (read with zipfile:
     nothing installed) (fails before: no such row)."""
-    import os
-    import zipfile
+    from test_engine_contract import wheel_source
 
-    from capture_plan.adapters.plugins import contract
-
-    wheels = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / "engine-wheels")
-    wheel = contract.find_wheel(wheels, "vllm", version)
-    if wheel is None:
-        pytest.skip(f"no vllm-{version} wheel in {wheels} (pip download --no-deps -d {wheels} vllm=={version})")
     row = sampler_rules()["vllm-0-33"]
     assert (row.vocab_padding, row.sampled_hidden_copies, row.fp32_copies, row.sample_block) == (64, 1, 1, 1024)
     assert (row.gather_copies, row.flashinfer_fp32_copies) == (2, 3)
-    with zipfile.ZipFile(wheel) as z:
-        for fact, (path, text) in WHEEL_FACTS.items():
-            assert text in z.read(path).decode(), (version, fact, path)
+    for fact, (path, text) in WHEEL_FACTS.items():
+        assert text in wheel_source("vllm", version, path), (version, fact, path)
