@@ -540,8 +540,9 @@ def capture_split(runner) -> dict:
     where the release empties the cache: the pool, the capture streams' workspaces), the rest
     of ``capture_drop_bytes`` being the driver's (graph execs; and torch's stream pools in the
     runs where the capture's stream was the process's first torch stream, before the runner
-    made its first where the release does). The release's call is wrapped: the wrapper empties torch's cache before it
-    (the release's first step where it captures anything) and reads torch's reserve around it."""
+    made its first where the release does). The release's call is wrapped: the wrapper
+    empties torch's cache before it (the release's first step where it captures anything)
+    and reads torch's reserve around it."""
     import torch
 
     split: dict = {}

@@ -54,6 +54,22 @@ from bench.harness import (
 STEPS = ("default_stream", "first_side_stream", "second_side_stream")
 
 
+def _steps(run) -> dict:
+    """Per step of :data:`STEPS`, what ``run()`` takes on its stream (the default stream, then a
+    new one, then another), each stream made before the first reading: outside torch and in it."""
+    import torch
+
+    out = {}
+    for step in STEPS:
+        stream = torch.cuda.current_stream() if step == "default_stream" else torch.cuda.Stream()
+        a = driver_state()
+        with torch.cuda.stream(stream):
+            run()
+        b = driver_state()
+        out[step] = {"outside_bytes": outside_bytes(a, b), "reserved_growth_bytes": b[1] - a[1]}
+    return out
+
+
 def child(dtype: str, n: int) -> dict:
     import torch
 
@@ -64,15 +80,7 @@ def child(dtype: str, n: int) -> dict:
     # buffer), which is the bench's, not cuBLAS's (the first results, side-stream-2026-12-07,
     # count it in the side streams' growth: 52 = 32 MiB workspace + that segment)
     o = torch.empty_like(w)
-    out = {}
-    for step in STEPS:
-        stream = torch.cuda.current_stream() if step == "default_stream" else torch.cuda.Stream()
-        a = driver_state()
-        with torch.cuda.stream(stream):
-            torch.matmul(w, w, out=o)
-        b = driver_state()
-        out[step] = {"outside_bytes": outside_bytes(a, b), "reserved_growth_bytes": b[1] - a[1]}
-    return out
+    return _steps(lambda: torch.matmul(w, w, out=o))
 
 
 def child_case(case: str) -> dict:
@@ -100,16 +108,8 @@ def child_case(case: str) -> dict:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     target.prepare(phase.name, bs, bs, gen)
-    out: dict = {"case": case, "phase": phase.name, "bs": bs}
     with torch.no_grad():
-        for step in STEPS:
-            stream = torch.cuda.current_stream() if step == "default_stream" else torch.cuda.Stream()
-            a = driver_state()
-            with torch.cuda.stream(stream):
-                target.run(phase.name, bs, None)
-            b = driver_state()
-            out[step] = {"outside_bytes": outside_bytes(a, b), "reserved_growth_bytes": b[1] - a[1]}
-    return out
+        return {"case": case, "phase": phase.name, "bs": bs, **_steps(lambda: target.run(phase.name, bs, None))}
 
 
 def child_streams(n: int) -> dict:
