@@ -679,23 +679,28 @@ def test_a_calibration_from_another_device_than_the_trace_is_refused_naming_both
     assert code == 1 and "H100" in err and "H200" in err and err.count("\n") == 1, err
 
 
-def test_config_builds_are_approximate_and_require_exact_refuses_them(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "hidden_size": 2048,
-                "num_hidden_layers": 4,
-                "num_attention_heads": 16,
-                "num_key_value_heads": 8,
-                "intermediate_size": 5632,
-                "vocab_size": 32000,
-                "dtype": "bfloat16",
-            }
-        )
-    )
+def _config_spec(tmp_path: Path, config: dict) -> Path:
+    """A spec (m.toml) whose model is ``config`` in bfloat16, written beside it as config.json,
+    and one decode phase of sizes 1 and 8."""
+    (tmp_path / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
     spec = tmp_path / "m.toml"
     spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
+    return spec
+
+
+def test_config_builds_are_approximate_and_require_exact_refuses_them(tmp_path, capsys):
+    spec = _config_spec(
+        tmp_path,
+        {
+            "model_type": "llama",
+            "hidden_size": 2048,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "intermediate_size": 5632,
+            "vocab_size": 32000,
+        },
+    )
     plan = build_plan(BuildOptions(backend="torch", spec=spec, output=tmp_path / "m.json"))
     assert plan.predicted.fidelity == "approximate"
     caveat = plan.predicted.caveat
@@ -737,24 +742,20 @@ def test_a_report_from_another_device_than_the_calibration_is_refused_naming_bot
 
 
 def test_report_require_exact_refuses_an_approximate_plan_and_needs_one(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "mixtral",
-                "hidden_size": 1024,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 16,
-                "num_key_value_heads": 8,
-                "intermediate_size": 3584,
-                "vocab_size": 32000,
-                "num_local_experts": 8,
-                "num_experts_per_tok": 2,
-                "dtype": "bfloat16",
-            }
-        )
+    spec = _config_spec(
+        tmp_path,
+        {
+            "model_type": "mixtral",
+            "hidden_size": 1024,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "intermediate_size": 3584,
+            "vocab_size": 32000,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+        },
     )
-    spec = tmp_path / "m.toml"
-    spec.write_text('[model]\nconfig = "config.json"\n[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1, 8]\n')
     out = tmp_path / "m.json"
     assert main(["build", "-b", "torch", "--spec", str(spec), "-o", str(out)]) == 0
     plan = json.loads(out.read_text())

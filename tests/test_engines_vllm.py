@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine_checks import check_adoption  # noqa: E402
+from engine_checks import check_adoption, speculator_graph  # noqa: E402
 from engines import (  # noqa: E402
     adoption,
     harness,  # noqa: E402
@@ -101,20 +101,7 @@ def test_a_graph_made_outside_the_loop_into_the_global_pool_is_counted_apart(tmp
     plan = vllm_plan(tmp_path)
     model = _model(fake)
     outside = []
-
-    def speculator_graph(runner, streams):
-        capture = runner.manager.capture
-
-        def capture_and_speculate(model, loop):
-            capture(model, loop)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=vllm_runner.get_global_graph_pool()):
-                outside.append(fake.pool_tensor(64, 8))
-            outside.append(g)
-
-        runner.manager.capture = capture_and_speculate
-
-    loop, runner = start(plan, model, configure=speculator_graph)
+    loop, runner = start(plan, model, configure=speculator_graph(outside, lambda: fake.pool_tensor(64, 8)))
     report = loop.graphs.report
     assert report.outside_graphs == 1 and report.outside_bytes == 64 * 8 * 4
     assert report.pool_bytes == report.steps[-1].reserved  # the loop's own graphs' growth, not the speculator's

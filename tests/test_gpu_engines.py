@@ -124,22 +124,10 @@ def test_the_vllm_manager_s_pieces_and_full_graphs_replay_right_and_verify_clean
 def test_a_vllm_graph_made_outside_the_loop_is_counted_apart(tmp_path):
     import torch
 
-    from engines import vllm_runner
+    from engine_checks import speculator_graph
 
     outside = []
-
-    def speculator(runner, streams):
-        capture = runner.manager.capture
-
-        def capture_and_speculate(model, loop):
-            capture(model, loop)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=vllm_runner.get_global_graph_pool()):
-                outside.append(torch.ones(1 << 20, device="cuda"))
-            outside.append(g)
-
-        runner.manager.capture = capture_and_speculate
-
+    speculator = speculator_graph(outside, lambda: torch.ones(1 << 20, device="cuda"))
     plan, model, loop, runner, _ = _vllm(tmp_path, configure=speculator)
     report = loop.graphs.report
     try:

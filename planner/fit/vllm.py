@@ -97,26 +97,12 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         return result.graph_memory(inp, count, max(ss, default=0), transient=transient)
 
     def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = bufs.bytes or 0) -> int:
+        # the items the profile measured: both sizings take the same ones, by name
+        profiled = dict(weights=weights_bytes, non_torch=known(nt), activation=known(act), buffers=buffers_bytes)
         if after:
-            return sizing.vllm_after_capture(
-                rule,
-                requested,
-                init_free,
-                weights=weights_bytes,
-                non_torch=known(nt),
-                activation=known(act),
-                graph=graph,
-                buffers=buffers_bytes,
-            )
+            return sizing.vllm_after_capture(rule, requested, init_free, graph=graph, **profiled)
         deducted = graph if rule.graph_estimate == "deducted" else 0
-        return sizing.vllm_before_capture(
-            requested,
-            weights=weights_bytes,
-            non_torch=known(nt),
-            activation=known(act),
-            graph=deducted,
-            buffers=buffers_bytes,
-        )
+        return sizing.vllm_before_capture(requested, graph=deducted, **profiled)
 
     in_flight = batched * rule.in_flight_batches  # async scheduling (on by default): two batches in flight
 
