@@ -78,7 +78,12 @@ def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_pla
     assert "items" in got["plan"], got["plan"]
     if case != "eagle":  # EAGLE's plan lists its phases' request counts, the draft decode grid's too
         assert got["plan"]["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
-    assert got["plan"]["items"]["graph memory"]["bytes"] != graph["bytes"]  # the plan's pool, not the estimate's
+    planned = got["plan"]["items"]["graph memory"]["bytes"]
+    if case == "eagle":  # the plan's target and draft phases, not the speculative estimate
+        assert planned != graph["bytes"]
+    else:  # the planner's simulation of the same FULL graphs, in the same order, that fit's
+        # estimate simulates (planner/fit/graph_pool.py): one figure
+        assert planned == graph["bytes"]
 
 
 def test_a_spec_without_a_config_is_the_reference_decode_step(tmp_path, cli):
@@ -747,3 +752,31 @@ def test_fits_weights_are_the_case_models_with_the_engines_rope_cache(case, rele
     engine, version = release.split("==")
     rope = rotary_cache(m, engine, version)  # fit_rules.toml [rope.*]: float32 rows (SGLang), model dtype (vLLM)
     assert weight_bytes(msgspec.structs.replace(m, max_positions=0), 1) + rope.bytes == runner
+
+
+def test_sglangs_case_model_soft_caps_gemma2s_logits_in_the_float32_buffer(monkeypatch):
+    """SGLang 0.5.23 fuses Gemma2's final soft-capping into the float32 copy of the logits
+    (logits_processor.py ``_copy_logits_to_buffer``: ``softcap_to_float32_logits``), so its
+    decode graph holds the model-dtype logits and nothing more in the pool; the case model's
+    decode step writes cap * tanh(logits / cap) into the rows of the shared buffer and
+    returns a view of them (its float32 values, not those of a model-dtype soft-capping)."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    cls = sgl_case_model()
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 16, bias=False).to(torch.bfloat16)
+    model = cls.__new__(cls)
+    model.head, model.softcap, model.vocab, model.device = head, 5.0, 16, "cpu"
+    model.x = torch.zeros(4, dtype=torch.long)
+    hidden = 4 * torch.randn(4, 8, dtype=torch.bfloat16)
+    monkeypatch.setattr(model, "piece", lambda k, x: hidden[: x.shape[0]], raising=False)
+    model.target = SimpleNamespace()
+    buf = model.create_logits_buffer(4)
+    out = model.forward("decode", 3, None)
+    want = 5.0 * torch.tanh(head(hidden[:3]).float() / 5.0)
+    assert out.data_ptr() == buf.data_ptr() and out.dtype == torch.float32
+    assert torch.allclose(out, want, atol=1e-6) and buf[3].abs().sum() == 0
+    assert not torch.equal(out, (5.0 * torch.tanh(head(hidden[:3]) / 5.0)).float())  # not soft-capped in bf16
+    model.softcap = None
+    assert torch.equal(model.forward("decode", 2, None), head(hidden[:2]).float())

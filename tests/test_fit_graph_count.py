@@ -13,6 +13,7 @@ from bench_modules import bench_module
 from capture_plan.planner.fit import estimate
 from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.graph_count import sglang_graphs, vllm_graphs
+from capture_plan.planner.fit.graph_pool import Captures
 from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.inputs.resources import data
 
@@ -121,28 +122,42 @@ def test_the_overhead_bench_fit_recovers_per_graph_and_per_node_bytes():
     assert f["max_abs_residual_bytes"] < 1
 
 
-def _split_kv(config: str, tp: int, sm: str, full: list[int]):
+def _inputs(config: str, tp: int, sm: str):
     from types import SimpleNamespace
 
-    from capture_plan.planner.fit.vllm import split_kv_accum
-
     m = load_model(str(ROOT / config))
-    return split_kv_accum(SimpleNamespace(model=m, tp=tp, device=SimpleNamespace(sm=sm)), full)
+    return SimpleNamespace(model=m, tp=tp, device=SimpleNamespace(sm=sm))
 
 
-def test_vllm_full_graphs_on_fa3_hold_one_layers_split_kv_accumulators_in_the_pool():
+def test_vllm_full_graphs_on_fa3_hold_split_kv_accumulators_at_each_attention_call():
     # vLLM 0.19.0 flash_attn.py: 32 splits for FULL-graph batches; FA3's float32 out_accum
     # [splits, heads, tokens, head_dim_v] and softmax_lse_accum [splits, heads, tokens]
-    b, why = _split_kv(LLAMA_CFG, 1, "sm90", SIZES)
-    assert b == 4 * 32 * 32 * 512 * (128 + 1) and "at 512 tokens" in why
-    assert _split_kv(LLAMA_CFG, 4, "sm90", SIZES)[0] == b // 4  # heads per rank
-    assert _split_kv(LLAMA_CFG, 1, "sm90", []) is None  # PIECEWISE only: no FULL graph
-    assert _split_kv(LLAMA_CFG, 1, "sm80", SIZES) is None  # FA2: no num_splits in graphs
-    assert _split_kv("planner/data/configs/deepseek-v2-lite.json", 1, "sm90", SIZES) is None  # MLA: its own backend
-    # and fit's graph memory holds it where vLLM captures FULL graphs
+    from capture_plan.planner.fit import graph_pool
+    from capture_plan.planner.fit.vllm import split_kv_accum, vllm_captures
+
+    inp = _inputs(LLAMA_CFG, 1, "sm90")
+    per_token, why = split_kv_accum(inp)
+    assert per_token == 4 * 32 * 32 * (128 + 1) and "split-KV" in why
+    assert split_kv_accum(_inputs(LLAMA_CFG, 4, "sm90"))[0] == per_token // 4  # heads per rank
+    assert split_kv_accum(_inputs(LLAMA_CFG, 1, "sm80")) is None  # FA2: no num_splits in graphs
+    assert split_kv_accum(_inputs("planner/data/configs/deepseek-v2-lite.json", 1, "sm90")) is None  # MLA
+    # vLLM's order: PIECEWISE sizes first, then FULL ones (decode sizes <= max_num_seqs), each
+    # largest first; the accumulators in FULL graphs only (attention runs between pieces)
+    caps = vllm_captures(inp, "FULL_AND_PIECEWISE", SIZES, 256)
+    assert caps.graphs[: len(SIZES)] == [(t, 0) for t in sorted(SIZES, reverse=True)]
+    assert caps.graphs[len(SIZES) :] == [(t, t * per_token) for t in sorted(SIZES, reverse=True) if t <= 256]
+    assert vllm_captures(inp, "PIECEWISE", SIZES, 256).extra_source == ""
+    # in the simulated pool they add at most their block at the largest FULL size: the layer's
+    # later temporaries are served from it once it is freed
+    m = inp.model
+    full = Captures([(t, a) for t, a in caps.graphs if a])
+    bare = Captures([(t, 0) for t, _ in full.graphs])
+    grown = graph_pool.pool_bytes(m, 1, "sm90", full, False)[0] - graph_pool.pool_bytes(m, 1, "sm90", bare, False)[0]
+    assert 0 < grown <= 256 * per_token + (2 << 20)
+    # and fit's graph memory holds them where vLLM captures FULL graphs
     both, piecewise = _graph(), _graph(**{"cudagraph-mode": "PIECEWISE"})
     assert "split-KV accumulators" in both.source and "split-KV" not in piecewise.source
-    assert both.bytes - piecewise.bytes > b
+    assert both.bytes > piecewise.bytes
 
 
 def test_sglangs_graph_memory_holds_the_shared_float32_logits_buffer(monkeypatch):

@@ -12,7 +12,9 @@ from __future__ import annotations
 from capture_plan.planner.inputs.resources import data
 from capture_plan.schemas.fit import FitItem
 
+from . import graph_pool
 from .graph_count import GraphCount
+from .graph_pool import Captures
 from .model import FitModel
 from .tables import GiB, SamplerRow, SamplerRule, estimates
 
@@ -176,18 +178,20 @@ def graph_memory(
     tp: int,
     sm: str,
     graphs: GraphCount,
-    largest: int,
+    captures: Captures,
     pool: tuple[int, str] | None = None,
     transient: tuple[int, str] | None = None,
+    logits: bool = False,
 ) -> FitItem:
     """Graph memory as one figure: graph-exec (``graphs.whole`` graphs' nodes x the device's
     per-node figure, + ``graphs.execs`` x its per-graph figure where one is measured) + the
-    pool (the largest size's activations, which every smaller graph reuses; or ``pool``'s
-    bytes, a plan's predicted pool, and where they come from) + the capture stream's cuBLAS
-    workspace; ``transient``: bytes an engine's kernels allocate in the pool at the peak
-    besides the activations (the engine's layer counts them), and what they are: added to
-    a plan's pool too, where the caller found the plan's backend to be the one whose kernels
-    allocate them (its simulation holds no such temporaries). Without a
+    pool (the engine's ``captures`` simulated in one pool, :func:`.graph_pool.pool_bytes`,
+    with ``logits`` where the graph computes them; or
+    ``pool``'s bytes, a plan's predicted pool, and where they come from) + the capture
+    stream's cuBLAS workspace; ``transient``: bytes an engine's kernels or its capture
+    allocate besides the forward's activations (the engine's layer counts them), and what
+    they are: added to a plan's pool too, where the caller found the plan's backend to be
+    the one whose kernels allocate them (its simulation holds no such temporaries). Without a
     per-graph figure the execs are priced by their nodes only and the
     source says so: an engine's thousands of piecewise graphs may then cost more. The
     process's first torch stream (torch's stream pools) is not here: every release read makes
@@ -218,8 +222,11 @@ def graph_memory(
     extra, why = transient if transient else (0, "")
     plus = f" + {why}" if extra else ""
     if pool is None:
-        b = exec_bytes + largest * activation_per_token(m, tp) + extra + int(workspace)
-        return FitItem("graph memory", b, int(b * g["error_fraction"]), "estimated", f"{g['source']}{plus}; {execs}")
+        pooled, how = graph_pool.pool_bytes(m, tp, sm, captures, logits)
+        b = exec_bytes + pooled + extra + int(workspace)
+        return FitItem(
+            "graph memory", b, int(b * g["error_fraction"]), "estimated", f"{g['source']}; {how}{plus}; {execs}"
+        )
     # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
     # is graph-exec's, the workspace's and the engine's kernels' transient bytes (which the
     # plan's simulation does not hold: the caller passes them only for the plan's backend)

@@ -12,6 +12,7 @@ from capture_plan.schemas.fit import FIT_SCHEMA_VERSION, FitItem, FitResult, Siz
 
 from . import estimate
 from .graph_count import GraphCount, whole_graphs
+from .graph_pool import Captures
 from .inputs import FitInputs
 from .model import replicated_bytes, weight_bytes
 from .rope import rotary_cache
@@ -102,12 +103,14 @@ def weights(inp: FitInputs) -> FitItem:
 def graph_memory(
     inp: FitInputs,
     graphs: GraphCount | None,
-    largest: int,
+    captures: Captures,
     *,
     plan: bool = False,
     transient: tuple[int, str] | None = None,
+    logits: bool = False,
 ) -> FitItem:
-    """Graph memory of ``graphs`` up to ``largest`` (:func:`.estimate.graph_memory`);
+    """Graph memory of ``graphs``, captured as ``captures`` says (:func:`.estimate.graph_memory`,
+    its ``logits`` too: neither read where ``plan``);
     ``plan``: they are the plan's (``graphs`` None: its graphs, each captured whole), whose
     predicted pool is the figure's pool; ``transient``: the engine's kernels' pool bytes at
     the peak besides the activations (:func:`.estimate.graph_memory`; with ``plan``, only
@@ -118,7 +121,7 @@ def graph_memory(
         if p is None:
             raise ValueError("graphs None is a plan's")
         graphs = whole_graphs(p.graphs, "plan graphs captured whole")
-    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, largest, pool, transient)
+    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, captures, pool, transient, logits)
 
 
 def plan_cost(inp: FitInputs, tokens_of, none_tokens: int, transient: tuple[int, str] | None = None) -> list[SizeCost]:
@@ -131,7 +134,7 @@ def plan_cost(inp: FitInputs, tokens_of, none_tokens: int, transient: tuple[int,
     gi = inp.graph_measured or (
         draft_graphs(inp)
         if inp.speculative_graphs
-        else graph_memory(inp, None, max(p.sizes), plan=True, transient=transient)
+        else graph_memory(inp, None, Captures([]), plan=True, transient=transient)
     )
     t = None if gi.bytes is None else tokens_of(gi.bytes)
     return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]

@@ -14,6 +14,7 @@ from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 from . import estimate, result, sizing
 from .draft import speculative
 from .graph_count import sglang_graphs
+from .graph_pool import Captures
 from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
@@ -88,7 +89,12 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     act = estimate.activation_peak(m, inp.tp, chunk, max_bs, sampler_rule("vllm", "0.19.0"))
 
     def graph_of(ss: list[int]) -> FitItem:
-        g = result.graph_memory(inp, sglang_graphs(len(ss), len(prefill), m.layers), max(ss))
+        g = result.graph_memory(
+            inp,
+            sglang_graphs(len(ss), len(prefill), m.layers),
+            Captures([(s, 0) for s in sorted(ss, reverse=True)]),
+            logits=True,
+        )
         return _with_logits_buffer(g, max(ss), m.vocab)
 
     default_graph = graph_of(decode)
@@ -99,7 +105,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         if d is not None:
             planned = default_graph
         else:
-            planned = result.graph_memory(inp, None, max(plan.sizes), plan=True)
+            planned = result.graph_memory(inp, None, Captures([]), plan=True)
         graph = measured or _with_logits_buffer(planned, max(plan.sizes), m.vocab)
     else:
         graph = measured or default_graph

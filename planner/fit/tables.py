@@ -106,6 +106,11 @@ class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: pools to the non-torch item) or "before" (before that reading: in the CUDA context's
     #: span, nothing to add); None: not read for the rule's releases (within non-torch's bar)
     first_stream: Literal["before", "profile"] | None = None
+    #: the model graph manager allocates its persistent output buffers (hidden states, and
+    #: EAGLE-3's auxiliary hidden states, max capture tokens wide) at its first warm-up, inside
+    #: the window the release measures its capture by, on the capture stream where no cached
+    #: block is free: a segment of their own in the graph figure (planner/fit/vllm.py)
+    capture_outputs: bool = False
 
 
 class ContextRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

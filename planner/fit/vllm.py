@@ -10,31 +10,83 @@ import math
 
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
-from . import estimate, result, sizing
+from . import estimate, graph_pool, result, sizing
 from .buffers import engine_buffers
 from .draft import speculative
 from .graph_count import full_graph_sizes, vllm_graphs
+from .graph_pool import Captures
 from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
-from .tables import GiB, estimates, sampler_rule
+from .tables import GiB, MiB, estimates, sampler_rule
 
 __all__ = ["fit_vllm"]
 
 
-def split_kv_accum(inp: FitInputs, full_sizes: list[int]) -> tuple[int, str] | None:
-    """The FA3 split-KV accumulators vLLM's FULL graphs allocate in the pool at one layer of
-    the largest of ``full_sizes`` (planner/data/fit_estimates.toml [graph.vllm_split_kv]):
-    float32 out_accum [splits, heads / tp, tokens, head_dim_v] and softmax_lse_accum
-    [splits, heads / tp, tokens]; None where FA3 is not vLLM's backend (an MLA model, a
-    device of another compute capability) or no FULL graph is captured."""
+def split_kv_accum(inp: FitInputs) -> tuple[int, str] | None:
+    """The FA3 split-KV accumulators vLLM's FULL graphs allocate in the pool at each
+    attention call, per token of the graph (planner/data/fit_estimates.toml
+    [graph.vllm_split_kv]): float32 out_accum [splits, heads / tp, tokens, head_dim_v] and
+    softmax_lse_accum [splits, heads / tp, tokens]; None where FA3 is not vLLM's backend (an
+    MLA model, a device of another compute capability)."""
     m = inp.model
     e = estimates()["graph"]["vllm_split_kv"]
-    if not full_sizes or m.mla or inp.device.sm not in e["capabilities"]:
+    if m.mla or inp.device.sm not in e["capabilities"]:
         return None
-    tokens, heads = max(full_sizes), m.heads // inp.tp
-    b = 4 * e["splits"] * heads * tokens * (m.v_head_dim + 1)
-    return b, f"{e['source']} at {tokens} tokens"
+    return 4 * e["splits"] * (m.heads // inp.tp) * (m.v_head_dim + 1), e["source"]
+
+
+def vllm_captures(inp: FitInputs, mode: str, sizes: list[int], seqs: int) -> Captures:
+    """What vLLM's ``mode`` captures into its pool, in its order (cudagraph_utils.py
+    CudaGraphManager.capture: PIECEWISE first, then FULL, each largest first), the split-KV
+    accumulators at each attention call of its FULL graphs (attention runs eagerly between
+    PIECEWISE pieces)."""
+    accum = split_kv_accum(inp)
+    per_token = accum[0] if accum else 0
+    full = sorted(full_graph_sizes(mode, sizes, seqs), reverse=True)
+    piecewise = sorted(sizes, reverse=True) if vllm_graphs(mode, sizes, seqs, 0).whole > len(full) else []
+    graphs = [(t, 0) for t in piecewise] + [(t, t * per_token) for t in full]
+    return Captures(graphs, accum[1] if accum and full else "")
+
+
+def capture_outputs(inp: FitInputs, sizes: list[int]) -> tuple[int, str] | None:
+    """The model graph manager's persistent hidden states where the release makes them inside
+    the window it measures its capture by (the rule's ``capture_outputs``): ``max(sizes)``
+    rows of the hidden size in the model dtype, allocated on the capture stream, which has no
+    cached block free, so the allocator maps a segment for them (its 2 MiB or 20 MiB one, or
+    the request rounded to 2 MiB: planner/memory/allocator.py segment_size) that stays."""
+    if not inp.rule.capture_outputs or not sizes:
+        return None
+    from capture_plan.planner.memory.allocator import round_size, segment_size
+
+    m = inp.model
+    n = max(sizes) * m.hidden * m.dtype_bytes
+    seg = segment_size(round_size(n))
+    return seg, (
+        f"the graph manager's persistent hidden states, {max(sizes)} x {m.hidden} ({n / MiB:.1f} MiB) in a "
+        f"{seg / MiB:.0f} MiB segment made inside the capture's window (cudagraph_utils.py persistent_like)"
+    )
+
+
+def accum_growth(inp: FitInputs, sizes: list[int]) -> tuple[int, str] | None:
+    """What FA3's split-KV accumulators add to a pool of FULL graphs at ``sizes`` (whose
+    simulation holds none: a plan's): the simulated pool with them less the one without, since
+    the layer's later temporaries reuse the accumulators' freed block."""
+    accum = split_kv_accum(inp)
+    if accum is None or not sizes:
+        return None
+    order = sorted(sizes, reverse=True)
+    m, sm = inp.model, inp.device.sm
+    with_ = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, t * accum[0]) for t in order]), False)[0]
+    without = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, 0) for t in order]), False)[0]
+    return with_ - without, f"{accum[1]}: {(with_ - without) / MiB:.0f} MiB more pool in the simulation"
+
+
+def _both(a: tuple[int, str] | None, b: tuple[int, str] | None) -> tuple[int, str] | None:
+    """Two (bytes, what) additions as one."""
+    if a is None or b is None:
+        return a or b
+    return a[0] + b[0], f"{a[1]} + {b[1]}"
 
 
 def fit_vllm(inp: FitInputs) -> FitResult:
@@ -93,8 +145,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         if d is not None and d.counted != "none" and ss:  # ngram: the target's graphs alone, at its sizes
             return result.draft_graphs(inp)
         count = vllm_graphs(mode, ss, seqs, m.layers)
-        transient = split_kv_accum(inp, full_graph_sizes(mode, ss, seqs))
-        return result.graph_memory(inp, count, max(ss, default=0), transient=transient)
+        return result.graph_memory(inp, count, vllm_captures(inp, mode, ss, seqs), transient=capture_outputs(inp, ss))
 
     def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = bufs.bytes or 0) -> int:
         # the items the profile measured: both sizings take the same ones, by name
@@ -116,12 +167,13 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     # a plan's graphs are captured whole (FULL): with FA3 as the plan's backend, vLLM's split-KV
     # accumulators are in their pool, which the plan's simulation does not hold (the planner's
     # fa3 backend simulates no split temporaries: backends.toml attention_temp_factor 0)
-    plan_transient = split_kv_accum(inp, plan.sizes) if plan is not None and plan.backend == "fa3" else None
+    plan_transient = None
+    if plan is not None:
+        accum = split_kv_accum(inp) if plan.backend == "fa3" else None
+        plan_transient = _both(accum_growth(inp, plan.sizes) if accum else None, capture_outputs(inp, plan.sizes))
     if plan is not None:
         planned = result.draft_graphs(inp) if d is not None and d.counted != "none" else None
-        graph = (
-            measured or planned or result.graph_memory(inp, None, max(plan.sizes), plan=True, transient=plan_transient)
-        )
+        graph = measured or planned or result.graph_memory(inp, None, Captures([]), plan=True, transient=plan_transient)
     else:
         graph = measured if measured is not None and sizes else graph_of(sizes)
     budget = FitItem(

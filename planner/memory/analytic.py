@@ -40,6 +40,7 @@ __all__ = [
     "PROGRAMS",
     "analytic_program",
     "analytic_capture",
+    "forward_program",
     "workspace_bytes",
 ]
 
@@ -194,6 +195,8 @@ def _attention(ev: _Ops, s: _Shape, bs: int, tpr: int, in_graph: bool = True) ->
     factor = backend.attention_temp_factor
     if factor:
         ev.free(ev.alloc(_int(tokens * heads * hd * factor)))
+    if s.attention_extra:
+        ev.free(ev.alloc(s.attention_extra))
     if lse is not None:
         ev.free(lse)
     return out
@@ -207,6 +210,8 @@ class _Shape(msgspec.Struct, frozen=True):
     heads: int
     kv_heads: int
     inter: int
+    #: bytes each attention call allocates and frees besides the backend's own (forward_program)
+    attention_extra: int = 0
 
     @classmethod
     def of(cls, model: Model, backend: Backend, tp: int) -> _Shape:
@@ -306,6 +311,33 @@ def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool =
         return None
 
     return _forward(s, phase, bs, head, attention_in_graph)
+
+
+def forward_program(
+    model: Model, bs: int, backend: Backend, tp: int = 1, *, logits: bool = False, attention_extra: int = 0
+) -> Program:
+    """An engine's graph of ``bs`` tokens (one per request) whose outputs live outside its
+    pool: the layers and the final norm, and with ``logits`` the model-dtype logits over
+    ``model.vocab`` rows after it (with ``tp`` > 1 the rank's shard, then the all-gathered
+    rows), each freed at the graph's end; ``attention_extra``: bytes each attention call
+    allocates and frees besides ``backend``'s own (an engine's split-KV accumulators). SGLang
+    0.5.23's decode graph is such a graph: its float32 logits go into a buffer the engine
+    made before capture (graph_shared_output.py); vLLM's graphs end at the final norm, their
+    output copied into a persistent buffer. Not a phase kind: ``planner fit`` prices an
+    engine's default graphs with it."""
+    s = msgspec.structs.replace(_Shape.of(model, backend, tp), attention_extra=attention_extra)
+    phase = Phase(name="forward", kind="full", sizes=[1])
+
+    def head(ev: _Ops, tokens: int) -> EventKind | None:
+        x = _rmsnorm(ev, tokens, model.hidden, model.dtype_bytes)
+        if logits:
+            shard = ev.alloc(tokens * model.vocab // tp * model.dtype_bytes) if tp > 1 else None
+            full = ev.alloc(tokens * model.vocab * model.dtype_bytes)
+            ev.free(full, *(() if shard is None else (shard,)))
+        ev.free(x)
+        return None
+
+    return _forward(s, phase, bs, head)
 
 
 def _piecewise_program(s: _Shape, phase: Phase, bs: int) -> Program:

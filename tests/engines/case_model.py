@@ -80,9 +80,15 @@ class SGLangCaseModel(CaseModel):
         return self.logits_buffer
 
     def forward(self, phase: str, n: int, labels) -> torch.Tensor:
+        """The decode step, the head's model-dtype logits, and their float32 copy into the
+        shared buffer; Gemma2's final soft-capping fused into that copy, in place on the
+        buffer (layers/logits_processor.py ``_copy_logits_to_buffer``: ``softcap_to_float32_logits``
+        writes cap * tanh(logits / cap) into the float32 buffer, no model-dtype temporaries)."""
         assert self.logits_buffer is not None, "create_logits_buffer before the decode runner captures"
         out = self.logits_buffer[:n]
-        out.copy_(self.compute_logits(self.piece(0, self.x[:n])))
+        out.copy_(self.head(self.piece(0, self.x[:n])))
+        if self.softcap:
+            out.div_(self.softcap).tanh_().mul_(self.softcap)
         return out
 
     def prefill_peak(self, tokens: int, rows: int) -> int:

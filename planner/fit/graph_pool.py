@@ -1,0 +1,88 @@
+"""The graph pool an engine's capture leaves: its forward at every capture size, captured
+largest first into one private pool of PyTorch's caching allocator, as the planner simulates
+one (planner/memory/analytic.py's programs, planner/memory/allocator.py's pool).
+
+Why a simulation and not the largest size's bytes: the pool is made of the allocator's
+segments, not of tensors. At decode sizes a layer's tensors are a few MiB each, and the
+allocator serves them from 2 MiB segments (requests up to 1 MiB) and 20 MiB ones (up to
+10 MiB), so the pool is one to two times what its tensors add up to (a transformers-shaped
+Llama at 256 requests, 8 layers: 14 MiB of activations, 28 MiB of segments; measured on an
+H100, bench/results/fit-bench-2026-12-07-sglang-streams.json).
+
+Engine-neutral: the engines' layers say what their graphs hold after the forward
+(:func:`pool_bytes`'s ``logits``), and what their attention kernels add beside it (vLLM's FA3
+split-KV accumulators, planner/fit/vllm.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from capture_plan.planner.inputs.resources import backend
+from capture_plan.planner.memory.allocator import PoolSim
+from capture_plan.planner.memory.analytic import forward_program
+from capture_plan.schemas.spec import Model
+
+from .model import FitModel
+from .tables import estimates
+
+__all__ = ["Captures", "pool_bytes", "padded_vocab"]
+
+
+class Captures(NamedTuple):
+    """What an engine captures into its pool, in its order: ``graphs`` as ``(tokens, extra)``,
+    a graph of ``tokens`` (one per request) whose attention calls each allocate ``extra``
+    bytes besides the backend's own; ``extra_source``: what those bytes are ("" where none)."""
+
+    graphs: list[tuple[int, int]]
+    extra_source: str = ""
+
+
+def padded_vocab(m: FitModel) -> int:
+    """The LM head's rows: the vocabulary padded as both engines' ParallelLMHead pads it
+    (vLLM and SGLang ``pad_vocab_size``, ``DEFAULT_VOCAB_PADDING_SIZE`` 64)."""
+    pad = estimates()["graph"]["vocab_padding"]
+    return -(-m.vocab // pad) * pad
+
+
+def _spec_model(m: FitModel) -> Model:
+    """The planner's model of ``m``'s dense decoder (the analytic programs model no MoE
+    routing: an MoE model's layer is priced as its dense MLP, as planner/memory/analytic.py
+    says)."""
+    return Model(
+        name=m.name,
+        layers=m.layers,
+        hidden=m.hidden,
+        heads=m.heads,
+        kv_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        intermediate=m.intermediate or m.expert_intermediate,
+        vocab=padded_vocab(m),
+        dtype_bytes=m.dtype_bytes,
+    )
+
+
+def pool_bytes(m: FitModel, tp: int, sm: str, captures: Captures, logits: bool) -> tuple[int, str]:
+    """The bytes of the segments of one private pool after ``captures`` in their order, each
+    graph's blocks freed at its end, and what they are. ``logits``: the graph computes the
+    model-dtype logits over the padded vocabulary after the final norm (SGLang 0.5.23's
+    decode graph, which copies them into its own float32 buffer outside the pool); else it
+    ends at the final norm (vLLM's graphs). The attention backend is the one
+    fit_estimates.toml [graph.pool_backend] names for ``sm`` (the engines' default there),
+    else one with no per-call buffers."""
+    if not captures.graphs:
+        return 0, "no graphs"
+    e = estimates()["graph"]
+    name = e["pool_backend"].get(sm, e["pool_backend"]["default"])
+    model, be = _spec_model(m), backend(name)
+    pool = PoolSim()
+    for tokens, extra in captures.graphs:
+        pool.capture(forward_program(model, tokens, be, tp, logits=logits, attention_extra=extra), view=True)
+    tail = "the model-dtype logits (padded vocabulary) after the final norm" if logits else "the final norm"
+    extra = f"; {captures.extra_source}, allocated at each attention call" if captures.extra_source else ""
+    return pool.reserved, (
+        f"the pool simulated: {len(captures.graphs)} graphs captured in the engine's order into one private "
+        f"pool of PyTorch's caching allocator (planner/memory/allocator.py, its 2 MiB and 20 MiB segments), "
+        f"each the forward's layers and {tail} (planner/memory/analytic.py forward_program, {name} "
+        f"attention){extra}"
+    )
