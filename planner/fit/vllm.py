@@ -169,9 +169,8 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     # fa3 backend simulates no split temporaries: backends.toml attention_temp_factor 0)
     plan_transient = None
     if plan is not None:
-        accum = split_kv_accum(inp) if plan.backend == "fa3" else None
-        plan_transient = _both(accum_growth(inp, plan.sizes) if accum else None, capture_outputs(inp, plan.sizes))
-    if plan is not None:
+        growth = accum_growth(inp, plan.sizes) if plan.backend == "fa3" else None
+        plan_transient = _both(growth, capture_outputs(inp, plan.sizes))
         planned = result.draft_graphs(inp) if d is not None and d.counted != "none" else None
         graph = measured or planned or result.graph_memory(inp, None, Captures([]), plan=True, transient=plan_transient)
     else:
