@@ -805,3 +805,29 @@ def test_the_first_stream_rows_rest_on_the_wheels_code(release):
     assert rule_for(release)[3].first_stream == "profile"
     path, text = FIRST_STREAMS[release]
     assert text in wheel_source(engine, version, path), (release, path)
+
+
+@pytest.mark.parametrize("release", ["vllm==0.33.0", "vllm==0.34.0"])
+def test_the_fused_moe_workspace_is_persistent_where_the_release_splits_its_profile(release):
+    """vLLM's workspace manager keeps the fused-MoE workspace after the profiling run's forward.
+    0.33.0 and 0.34.0 count what stays allocated after the profile (total_consumed) apart from
+    its transient peak, so fit prices the workspace as an item of its own that the KV cache is
+    sized around like the engine buffers, and the activation peak leaves it out (before: it was
+    in the activation peak, and 0.34.0's after-capture margin, 0.75 x that peak, was too wide).
+    0.19.0 deducts the torch peak's increase, which holds it: no item of its own there. A dense
+    model has none."""
+    m = cfg("qwen3-30b-a3b")
+    tokens = 8192  # max_num_batched_tokens on an H100
+    # fused_moe.py TritonExperts.workspace_shapes: (M, topk, max(N / 2, K)) + (M, topk, max(N, K)), N = 2 I
+    n, k, top = 2 * m.expert_intermediate, m.hidden, m.experts_per_token
+    want = m.dtype_bytes * (tokens * top * max(n // 2, k) + tokens * top * max(n, k))
+    r = fit(FitRequest(m, "H100", release, 1, {"max-model-len": 8192}))
+    names = [i.name for i in r.items]
+    assert names.index("engine buffers") + 1 == names.index("MoE workspace") < names.index("activation peak")
+    assert _item(r, "MoE workspace").bytes == want and "workspace manager" in _item(r, "MoE workspace").source
+    old = fit(FitRequest(m, "H100", "vllm==0.19.0", 1, {"max-model-len": 8192}))
+    assert "MoE workspace" not in [i.name for i in old.items]
+    # the same profile's peak, counted without the workspace the engine keeps
+    assert _item(old, "activation peak").bytes - want >= _item(r, "activation peak").bytes > 0
+    assert "an item of its own" in _item(r, "activation peak").source
+    assert "MoE workspace" not in [i.name for i in _llama(release).items]

@@ -780,3 +780,38 @@ def test_sglangs_case_model_soft_caps_gemma2s_logits_in_the_float32_buffer(monke
     assert not torch.equal(out, (5.0 * torch.tanh(head(hidden[:3]) / 5.0)).float())  # not soft-capped in bf16
     model.softcap = None
     assert torch.equal(model.forward("decode", 2, None), head(hidden[:2]).float())
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen2_moe", "llama"])
+def test_the_vllm_runners_hold_vllms_fused_moe_workspace_as_its_manager_does(case, tmp_path):
+    """vLLM's fused-MoE layer takes its workspace from the workspace manager, which keeps it and
+    grows it to the largest forward (workspace.py ``_ensure_workspace_size``); transformers' MoE
+    layers ask for none, so the runners' case model allocates it at each dummy run, as the
+    engine's first MoE layer would: grown, never shrunk, kept. Its bytes are fit's
+    (planner/fit/estimate.py ``moe_workspace``) for the case's config, read independently. A
+    dense model holds none; SGLang's case model none either (its fused MoE allocates per call)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from bench.harness import hf_config
+    from capture_plan.planner.fit.estimate import moe_workspace
+    from capture_plan.planner.fit.model import load_model
+    from capture_plan.tests.engines import case_model as cm
+
+    text = hf_config(case, dtype="bfloat16").get_text_config(decoder=True)
+    model = cm.CaseModel.__new__(cm.CaseModel)
+    model.device, model.workspace, model.moe = "cpu", None, cm.moe_dims(text)
+    fitted = load_model(str(fb.case_spec(case, tmp_path, 32)))
+    if case == "llama":
+        assert model.moe is None and moe_workspace(fitted, 1, 8192) == 0
+        model.moe_workspace(8192)
+        assert model.workspace is None
+        return
+    assert cm.fused_moe_workspace_bytes(8192, *model.moe) == moe_workspace(fitted, 1, 8192) > 0
+    model.moe_workspace(4096)
+    first = model.workspace
+    assert first is not None and first.numel() == moe_workspace(fitted, 1, 4096)
+    model.moe_workspace(16)
+    assert model.workspace is first  # a smaller forward reuses it
+    model.moe_workspace(8192)
+    assert model.workspace.numel() == moe_workspace(fitted, 1, 8192) and model.workspace.dtype == torch.uint8
+    assert sgl_case_model().persistent_moe_workspace is False and cm.CaseModel.persistent_moe_workspace is True

@@ -25,6 +25,7 @@ __all__ = [
     "sampler_phase",
     "activation_per_token",
     "moe_workspace",
+    "moe_workspace_item",
     "graph_memory",
     "per_graph",
     "nodes_per_layer",
@@ -111,17 +112,40 @@ def sampler_phase(m: FitModel, tp: int, tokens: int, rows: int, r: SamplerRule) 
     return default, held + max(gather, logits + r.flashinfer_fp32_copies * rows * v * 4)
 
 
-def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int, sampler: SamplerRow) -> FitItem:
+def moe_workspace_item(m: FitModel, tp: int, tokens: int) -> FitItem | None:
+    """vLLM's fused-MoE workspace after its profiling run's forward of ``tokens``
+    (:func:`moe_workspace`): its workspace manager keeps it, so it is persistent memory the
+    release's profile counts (total_consumed), not its transient peak; None for a dense model."""
+    b = moe_workspace(m, tp, tokens)
+    if not b:
+        return None
+    e = estimates()["activation"]
+    return FitItem(
+        "MoE workspace",
+        b,
+        int(b * e["error_fraction"]),
+        "estimated",
+        f"vLLM's fused-MoE workspace at {tokens} tokens, kept by its workspace manager (vllm/v1/worker/workspace.py; "
+        "fused_moe/modular_kernel.py _allocate_buffers, TritonExperts.workspace_shapes): planner/fit/estimate.py "
+        "moe_workspace; another experts kernel asks for other shapes, in the error bar",
+    )
+
+
+def activation_peak(
+    m: FitModel, tp: int, tokens: int, seqs: int, sampler: SamplerRow, workspace_held: bool = False
+) -> FitItem:
     """The profiling run's transient torch peak (vLLM's profile_run): ``tokens`` through the
     layers, then the dummy sampler over min(``seqs``, ``tokens``) requests while the forward's
     hidden states are still held (:func:`sampler_phase`, the release's row ``sampler``), each on
-    top of the MoE workspace the forward leaves allocated. Where the row reads FlashInfer's
+    top of the MoE workspace the forward allocates; ``workspace_held``: the engine keeps that
+    workspace (vLLM's workspace manager), so the transient peak over what stays allocated does
+    not hold it (:func:`moe_workspace_item` counts it). Where the row reads FlashInfer's
     sampler, which runs or not by the host's installation (fit cannot know), the central figure
     is the branch the release's stock install runs (``SamplerRule.branch``) and the error bar
     holds the other's difference."""
     e = estimates()["activation"]
     d = m.dtype_bytes
-    workspace = moe_workspace(m, tp, tokens)
+    workspace = 0 if workspace_held else moe_workspace(m, tp, tokens)
     dense_token = activation_per_token(m, tp)
     if m.experts:  # the MoE part of a token's peak is the workspace, counted once
         dense_token = d * (e["hidden_copies"] * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim // tp)
@@ -139,6 +163,8 @@ def activation_peak(m: FitModel, tp: int, tokens: int, seqs: int, sampler: Sampl
     )
     if central == "flashinfer":
         source += f"; FlashInfer's sampler, which {sampler.version}'s stock install runs"
+    if workspace_held and m.experts:
+        source += "; the fused-MoE workspace, which the engine keeps, is an item of its own"
     if other is not None and workspace + max(layer, other) != b:
         more = workspace + max(layer, other) - b
         err = max(err, abs(more))

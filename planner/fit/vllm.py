@@ -18,7 +18,7 @@ from .graph_pool import Captures
 from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
-from .tables import GiB, MiB, estimates, sampler_rule
+from .tables import GiB, MiB, buffer_rule, estimates, sampler_rule
 
 __all__ = ["fit_vllm"]
 
@@ -133,7 +133,15 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         settings["speculative-config"] = inp.flags["speculative-config"]
     requested = sizing.vllm_requested(total, util)
     nt = estimate.non_torch(inp.tp, inp.device.sm, inp.rule.first_stream == "profile")
-    act = estimate.activation_peak(m, inp.tp, batched, seqs, sampler_rule("vllm", inp.version))
+    # the releases read for their persistent buffers count what stays allocated after the
+    # profile (total_consumed) apart from its transient peak (fit_rules.toml [buffers] sources:
+    # memory_profiling's transient_peak_headroom): the fused-MoE workspace, which the workspace
+    # manager keeps, is persistent there; the others log and deduct the torch peak's increase,
+    # which holds it (its own item only where the release splits them)
+    split = buffer_rule("vllm", inp.version) is not None
+    act = estimate.activation_peak(m, inp.tp, batched, seqs, sampler_rule("vllm", inp.version), workspace_held=split)
+    moe = estimate.moe_workspace_item(m, inp.tp, batched) if split else None
+    held = moe.bytes if moe is not None and moe.bytes else 0
     ctx = estimate.context()
     bufs = engine_buffers(inp, settings)  # the runner's persistent buffers (fit_rules.toml [buffers])
     weights = result.weights(inp)
@@ -147,7 +155,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         count = vllm_graphs(mode, ss, seqs, m.layers)
         return result.graph_memory(inp, count, vllm_captures(inp, mode, ss, seqs), transient=capture_outputs(inp, ss))
 
-    def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = bufs.bytes or 0) -> int:
+    def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = (bufs.bytes or 0) + held) -> int:
         # the items the profile measured: both sizings take the same ones, by name
         profiled = dict(weights=weights_bytes, non_torch=known(nt), activation=known(act), buffers=buffers_bytes)
         if after:
@@ -182,7 +190,8 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         "rule",
         f"ceil(total x gpu-memory-utilization {util}) (vllm/v1/worker/utils.py: request_memory)",
     )
-    items = [result.device_total(inp), budget, weights, *([dw] if dw else []), nt, bufs, act, graph]
+    moes = [moe] if moe is not None else []
+    items = [result.device_total(inp), budget, weights, *([dw] if dw else []), nt, bufs, *moes, act, graph]
     if after:
         items.insert(1, ctx)
     notes = inp.context_notes()
@@ -200,9 +209,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     if after:
         by_budget = sizing.vllm_after_capture_by_budget(rule, requested, init_free, known(act))
         taken = [budget] if by_budget else [items[0], ctx]
-        taken += [weights, nt, bufs, graph, act]
+        taken += [weights, nt, bufs, *moes, graph, act]
     else:
-        taken = [budget, weights, nt, bufs, act] + ([graph] if rule.graph_estimate == "deducted" else [])
+        taken = [budget, weights, nt, bufs, *moes, act] + ([graph] if rule.graph_estimate == "deducted" else [])
     err = sum(i.error_bytes or 0 for i in taken + ([dw] if dw else []))
     items.append(FitItem("KV cache", max(kv_bytes, 0), err, "rule", "; ".join(rule.steps[-3:-1])))
     blocks, conc, kv_tokens = count(kv_bytes)
@@ -250,7 +259,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     kv = Kv(max(kv_bytes, 0), blocks, block, kv_tokens, conc, mml)
     spec = None
     if d is not None:  # the same settings and graph figure without the draft's weights, KV and buffers
-        without = engine_buffers(inp, settings, draft=False).bytes or 0
+        without = (engine_buffers(inp, settings, draft=False).bytes or 0) + held
         _, conc0, tokens0 = count(kv_of(graph.bytes or 0, known(weights), without), 0)
         spec = speculative(d, tokens0, conc0)
         notes.append(result.draft_note(d.method, graph.bytes is None))

@@ -40,9 +40,17 @@ class CaseModel:
         self.x = torch.zeros(max_tokens, dtype=torch.long, device=self.device)
         self.wp = [None]
         self.dummy = False
+        #: the MoE dimensions of vLLM's fused-MoE workspace (None: a dense model), and the
+        #: workspace as its manager holds it (:meth:`moe_workspace`)
+        self.moe = moe_dims(text) if self.persistent_moe_workspace else None
+        self.workspace: torch.Tensor | None = None
+
+    #: the engine keeps its fused-MoE workspace after a forward (vLLM's workspace manager)
+    persistent_moe_workspace = True
 
     def piece(self, k: int, x: torch.Tensor) -> torch.Tensor:
         if self.dummy:
+            self.moe_workspace(x.shape[0])
             return _main(self.target).profile_hidden(x)
         out = self.target.run(self.phase, x.shape[0] // self.q, None)
         return out[0] if isinstance(out, tuple) else out  # EAGLE's verify: (hidden states, last layer's)
@@ -53,10 +61,51 @@ class CaseModel:
     def new(self, rows: int):
         raise AssertionError("one piece: no buffer between pieces")
 
+    def moe_workspace(self, tokens: int) -> None:
+        """vLLM's fused-MoE workspace for a forward of ``tokens``, grown as its manager grows it
+        and kept (vllm/v1/worker/workspace.py ``WorkspaceManager._ensure_workspace_size``: a
+        larger request drops the old buffer, empties the cache and allocates the new size; the
+        buffer stays allocated between forwards). The MoE layers of transformers' models run a
+        loop over the experts and ask for none, so the runner asks for it where vLLM's first
+        MoE layer does, before the layers' activations. Nothing for a dense model."""
+        if self.moe is None:
+            return
+        need = fused_moe_workspace_bytes(tokens, *self.moe)
+        if self.workspace is not None and self.workspace.numel() >= need:
+            return
+        self.workspace = None
+        torch.cuda.empty_cache()
+        self.workspace = torch.empty(need, dtype=torch.uint8, device=self.device)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's head (Gemma2's final soft-capping included)."""
         logits = self.head(hidden)
         return logits if not self.softcap else torch.tanh(logits / self.softcap) * self.softcap
+
+
+def moe_dims(text) -> tuple[int, int, int, int] | None:
+    """(top-k, expert intermediate, hidden, dtype bytes) of a transformers MoE text config
+    (Mixtral's ``num_local_experts`` and ``intermediate_size``, Qwen2-MoE's ``num_experts`` and
+    ``moe_intermediate_size``); None for a dense one or no config."""
+    if text is None or not (getattr(text, "num_local_experts", 0) or getattr(text, "num_experts", 0)):
+        return None
+    inter = getattr(text, "moe_intermediate_size", None) or text.intermediate_size
+    dtype = getattr(text, "dtype", None) or torch.bfloat16
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return text.num_experts_per_tok, inter, text.hidden_size, torch.empty((), dtype=dtype).element_size()
+
+
+def fused_moe_workspace_bytes(tokens: int, top_k: int, inter: int, hidden: int, elem: int) -> int:
+    """The bytes vLLM 0.19.0-0.34.0's fused-MoE layer asks its workspace manager for at a forward
+    of ``tokens`` (fused_moe/modular_kernel.py ``_allocate_buffers``: one ``get_simultaneous``
+    of max(workspace13, the output) and workspace2; fused_moe.py ``TritonExperts.workspace_shapes``:
+    workspace13 (M, topk, max(N / 2, K)), workspace2 (M, topk, max(N, K)), the output (M, K),
+    N = 2 x the expert intermediate, K = hidden, in the activation dtype). The views' 256-byte
+    alignment is left out."""
+    n = 2 * inter
+    ws13 = max(tokens * top_k * max(n // 2, hidden), tokens * hidden)
+    ws2 = tokens * top_k * max(n, hidden)
+    return elem * (ws13 + ws2)
 
 
 class SGLangCaseModel(CaseModel):
@@ -68,6 +117,9 @@ class SGLangCaseModel(CaseModel):
     before the decode runner's capture; layers/logits_processor.py ``_copy_logits_to_buffer``).
     :meth:`prefill_peak` is the runner's eager prefill chunk (module docstring of
     tests/engines/sglang_memory.py)."""
+
+    #: SGLang's fused MoE allocates its intermediate caches per call (transients)
+    persistent_moe_workspace = False
 
     def __init__(self, target, max_tokens: int, phase: str = "decode"):
         super().__init__(target, max_tokens, phase)
