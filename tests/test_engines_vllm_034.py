@@ -10,21 +10,17 @@ allocates, caches and keeps is the test's, so each figure is checked against ari
 from __future__ import annotations
 
 import ast
-import os
-import zipfile
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from capture_plan.adapters.plugins import contract  # noqa: E402
 from engines import harness  # noqa: E402
 from engines.plugged import vllm_release  # noqa: E402
 from engines.toy import ToyModel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-WHEELS = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / "engine-wheels")
 SIZES = [1, 2, 4, 8]
 GIB, MIB = 1 << 30, 1 << 20
 TOTAL = 80 * GIB
@@ -223,11 +219,9 @@ def test_specialize_spec_tokens_captures_a_draft_decode_graph_per_count(fake, mo
 
 
 def _release_function(name: str) -> ast.FunctionDef:
-    wheel = contract.find_wheel(WHEELS, "vllm", "0.34.0")
-    if wheel is None:
-        pytest.skip(f"no vllm-0.34.0 wheel in {WHEELS} (pip download --no-deps -d {WHEELS} vllm==0.34.0)")
-    with zipfile.ZipFile(wheel) as z:
-        tree = ast.parse(z.read("vllm/v1/worker/extensible_kv_cache.py"))
+    from test_engine_contract import wheel_source
+
+    tree = ast.parse(wheel_source("vllm", "0.34.0", "vllm/v1/worker/extensible_kv_cache.py"))
     return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), tree
 
 

@@ -27,10 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_plan.adapters.plugins import contract
-
 ROOT = Path(__file__).resolve().parent.parent
-WHEELS = Path(os.environ.get("CAPTURE_PLAN_ENGINE_WHEELS") or ROOT / ".cache" / "engine-wheels")
 OLD, NEW = "VllmConfig.get_draft_decode_cudagraph_request_sizes", "VllmConfig.draft_decode_cudagraph_request_sizes"
 WHEEL = "vllm-0.35.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 
@@ -39,15 +36,13 @@ def _wheel(folder: Path, rename: bool) -> str:
     """0.35.0's wheel as far as its hook rows read it: 0.34.0's files that the rows name, the
     renamed method renamed where ``rename``; its sha256."""
     from capture_plan.adapters.plugins.hooks import HOOKS
+    from test_engine_contract import wheel_source
 
-    real = contract.find_wheel(WHEELS, "vllm", "0.34.0")
-    if real is None:
-        pytest.skip(f"no vllm-0.34.0 wheel in {WHEELS} (pip download --no-deps -d {WHEELS} vllm==0.34.0)")
     files = {h.file for h in HOOKS if (h.engine, h.version) == ("vllm", "0.34.0")}
+    texts = {name: wheel_source("vllm", "0.34.0", name) for name in sorted(files)}
     path = folder / WHEEL
-    with zipfile.ZipFile(real) as src, zipfile.ZipFile(path, "w") as out:
-        for name in sorted(files):
-            text = src.read(name).decode()
+    with zipfile.ZipFile(path, "w") as out:
+        for name, text in texts.items():
             if rename:
                 text = text.replace(f"def {OLD.split('.')[1]}(", f"def {NEW.split('.')[1]}(")
             out.writestr(name, text)
