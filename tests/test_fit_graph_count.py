@@ -152,7 +152,7 @@ def test_vllm_full_graphs_on_fa3_hold_split_kv_accumulators_at_each_attention_ca
     m = inp.model
     full = Captures([(t, a) for t, a in caps.graphs if a])
     bare = Captures([(t, 0) for t, _ in full.graphs])
-    grown = graph_pool.pool_bytes(m, 1, "sm90", full, False)[0] - graph_pool.pool_bytes(m, 1, "sm90", bare, False)[0]
+    grown = graph_pool.pool_bytes(m, 1, "sm90", full)[0] - graph_pool.pool_bytes(m, 1, "sm90", bare)[0]
     assert 0 < grown <= 256 * per_token + (2 << 20)
     # and fit's graph memory holds them where vLLM captures FULL graphs
     both, piecewise = _graph(), _graph(**{"cudagraph-mode": "PIECEWISE"})

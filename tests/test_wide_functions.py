@@ -57,6 +57,8 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/memory/analytic.py:_attention": _PROGRAM,
     "planner/memory/analytic.py:_decoder_layer": _PROGRAM,
     "planner/memory/analytic.py:_forward": _PROGRAM,
+    "planner/memory/analytic.py:forward_program": "planner fit's engine graph as an analytic program: "
+    "the model's dimensions whole, a size, the backend, tp and what the graph holds besides its layers",
     "planner/memory/fitting.py:_Run._one": "a recorded trace's samples fitted: the trace's figures",
     "planner/memory/fitting.py:fit_phase": "a recorded trace's samples fitted: the trace's figures",
     "planner/memory/layers.py:_program": "a recorded trace's ops folded into a layer cycle",

@@ -207,12 +207,10 @@ def graph_memory(
     captures: Captures,
     pool: tuple[int, str] | None = None,
     transient: tuple[int, str] | None = None,
-    logits: bool = False,
 ) -> FitItem:
     """Graph memory as one figure: graph-exec (``graphs.whole`` graphs' nodes x the device's
     per-node figure, + ``graphs.execs`` x its per-graph figure where one is measured) + the
-    pool (the engine's ``captures`` simulated in one pool, :func:`.graph_pool.pool_bytes`,
-    with ``logits`` where the graph computes them; or
+    pool (the engine's ``captures`` simulated in one pool, :func:`.graph_pool.pool_bytes`; or
     ``pool``'s bytes, a plan's predicted pool, and where they come from) + the capture
     stream's cuBLAS workspace; ``transient``: bytes an engine's kernels or its capture
     allocate besides the forward's activations (the engine's layer counts them), and what
@@ -248,7 +246,7 @@ def graph_memory(
     extra, why = transient if transient else (0, "")
     plus = f" + {why}" if extra else ""
     if pool is None:
-        pooled, how = graph_pool.pool_bytes(m, tp, sm, captures, logits)
+        pooled, how = graph_pool.pool_bytes(m, tp, sm, captures)
         b = exec_bytes + pooled + extra + int(workspace)
         return FitItem(
             "graph memory", b, int(b * g["error_fraction"]), "estimated", f"{g['source']}; {how}{plus}; {execs}"

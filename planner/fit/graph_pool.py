@@ -32,10 +32,14 @@ __all__ = ["Captures", "pool_bytes", "padded_vocab"]
 class Captures(NamedTuple):
     """What an engine captures into its pool, in its order: ``graphs`` as ``(tokens, extra)``,
     a graph of ``tokens`` (one per request) whose attention calls each allocate ``extra``
-    bytes besides the backend's own; ``extra_source``: what those bytes are ("" where none)."""
+    bytes besides the backend's own; ``extra_source``: what those bytes are ("" where none);
+    ``logits``: the graphs compute the model-dtype logits over the padded vocabulary after the
+    final norm (SGLang 0.5.23's decode graphs, which copy them into the engine's own float32
+    buffer outside the pool), else they end at the final norm (vLLM's)."""
 
     graphs: list[tuple[int, int]]
     extra_source: str = ""
+    logits: bool = False
 
 
 def padded_vocab(m: FitModel) -> int:
@@ -62,12 +66,9 @@ def _spec_model(m: FitModel) -> Model:
     )
 
 
-def pool_bytes(m: FitModel, tp: int, sm: str, captures: Captures, logits: bool) -> tuple[int, str]:
+def pool_bytes(m: FitModel, tp: int, sm: str, captures: Captures) -> tuple[int, str]:
     """The bytes of the segments of one private pool after ``captures`` in their order, each
-    graph's blocks freed at its end, and what they are. ``logits``: the graph computes the
-    model-dtype logits over the padded vocabulary after the final norm (SGLang 0.5.23's
-    decode graph, which copies them into its own float32 buffer outside the pool); else it
-    ends at the final norm (vLLM's graphs). The attention backend is the one
+    graph's blocks freed at its end, and what they are. The attention backend is the one
     fit_estimates.toml [graph.pool_backend] names for ``sm`` (the engines' default there),
     else one with no per-call buffers."""
     if not captures.graphs:
@@ -77,8 +78,8 @@ def pool_bytes(m: FitModel, tp: int, sm: str, captures: Captures, logits: bool) 
     model, be = _spec_model(m), backend(name)
     pool = PoolSim()
     for tokens, extra in captures.graphs:
-        pool.capture(forward_program(model, tokens, be, tp, logits=logits, attention_extra=extra), view=True)
-    tail = "the model-dtype logits (padded vocabulary) after the final norm" if logits else "the final norm"
+        pool.capture(forward_program(model, tokens, be, tp, logits=captures.logits, attention_extra=extra), view=True)
+    tail = "the model-dtype logits (padded vocabulary) after the final norm" if captures.logits else "the final norm"
     extra = f"; {captures.extra_source}, allocated at each attention call" if captures.extra_source else ""
     return pool.reserved, (
         f"the pool simulated: {len(captures.graphs)} graphs captured in the engine's order into one private "

@@ -107,10 +107,9 @@ def graph_memory(
     *,
     plan: bool = False,
     transient: tuple[int, str] | None = None,
-    logits: bool = False,
 ) -> FitItem:
-    """Graph memory of ``graphs``, captured as ``captures`` says (:func:`.estimate.graph_memory`,
-    its ``logits`` too: neither read where ``plan``);
+    """Graph memory of ``graphs``, captured as ``captures`` says (:func:`.estimate.graph_memory`;
+    not read where ``plan``);
     ``plan``: they are the plan's (``graphs`` None: its graphs, each captured whole), whose
     predicted pool is the figure's pool; ``transient``: the engine's kernels' pool bytes at
     the peak besides the activations (:func:`.estimate.graph_memory`; with ``plan``, only
@@ -121,7 +120,7 @@ def graph_memory(
         if p is None:
             raise ValueError("graphs None is a plan's")
         graphs = whole_graphs(p.graphs, "plan graphs captured whole")
-    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, captures, pool, transient, logits)
+    return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, captures, pool, transient)
 
 
 def plan_cost(inp: FitInputs, tokens_of, none_tokens: int, transient: tuple[int, str] | None = None) -> list[SizeCost]:

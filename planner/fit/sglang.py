@@ -92,8 +92,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         g = result.graph_memory(
             inp,
             sglang_graphs(len(ss), len(prefill), m.layers),
-            Captures([(s, 0) for s in sorted(ss, reverse=True)]),
-            logits=True,
+            Captures([(s, 0) for s in sorted(ss, reverse=True)], logits=True),
         )
         return _with_logits_buffer(g, max(ss), m.vocab)
 

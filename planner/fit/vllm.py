@@ -77,8 +77,8 @@ def accum_growth(inp: FitInputs, sizes: list[int]) -> tuple[int, str] | None:
         return None
     order = sorted(sizes, reverse=True)
     m, sm = inp.model, inp.device.sm
-    with_ = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, t * accum[0]) for t in order]), False)[0]
-    without = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, 0) for t in order]), False)[0]
+    with_ = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, t * accum[0]) for t in order]))[0]
+    without = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, 0) for t in order]))[0]
     return with_ - without, f"{accum[1]}: {(with_ - without) / MiB:.0f} MiB more pool in the simulation"
 
 
