@@ -831,3 +831,22 @@ def test_the_fused_moe_workspace_is_persistent_where_the_release_splits_its_prof
     assert _item(old, "activation peak").bytes - want >= _item(r, "activation peak").bytes > 0
     assert "an item of its own" in _item(r, "activation peak").source
     assert "MoE workspace" not in [i.name for i in _llama(release).items]
+
+
+def test_a_shared_expert_is_a_dense_mlp_in_the_moe_layers_peak():
+    """An MoE layer's routed experts are priced by the fused-MoE workspace; a shared expert
+    (Qwen2-MoE's shared_expert_intermediate_size, DeepSeek's n_shared_experts x
+    moe_intermediate_size) is a dense MLP beside them in both engines' layers, whose gate_up and
+    activation are live at the layer's peak, sharded by tp (before: left out)."""
+    from capture_plan.planner.fit import estimate
+    from capture_plan.planner.fit.tables import sampler_rule
+
+    m = cfg("qwen3-30b-a3b")
+    assert m.experts and not m.shared_expert_intermediate
+    shared = msgspec.structs.replace(m, shared_expert_intermediate=4096)
+    row = sampler_rule("vllm", "0.34.0")
+    for tp in (1, 2):
+        # one request: the sampler phase is far below the layer phase at 16384 tokens
+        base = estimate.activation_peak(m, tp, 16384, 1, row, workspace_held=True).bytes
+        more = estimate.activation_peak(shared, tp, 16384, 1, row, workspace_held=True).bytes
+        assert more - base == 16384 * 3 * 4096 // tp * m.dtype_bytes

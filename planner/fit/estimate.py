@@ -147,8 +147,11 @@ def activation_peak(
     d = m.dtype_bytes
     workspace = 0 if workspace_held else moe_workspace(m, tp, tokens)
     dense_token = activation_per_token(m, tp)
-    if m.experts:  # the MoE part of a token's peak is the workspace, counted once
-        dense_token = d * (e["hidden_copies"] * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim // tp)
+    if m.experts:  # the routed experts' part of a token's peak is the workspace, counted once;
+        # a shared expert is a dense MLP beside them (vLLM's and SGLang's SharedFusedMoE /
+        # Qwen2MoeMLP, DeepSeek's shared_experts): its gate_up and activation, sharded by tp
+        shared = 3 * m.shared_expert_intermediate // tp
+        dense_token = d * (e["hidden_copies"] * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim // tp + shared)
     layer = tokens * dense_token
     triton, flashinfer = sampler_phase(m, tp, tokens, min(seqs, tokens), sampler.rule)
     central = sampler.rule.branch(sampler.version)
