@@ -1,16 +1,16 @@
-"""The graph pool an engine's capture leaves: its forward at every capture size, captured
-largest first into one private pool of PyTorch's caching allocator, as the planner simulates
-one (planner/memory/analytic.py's programs, planner/memory/allocator.py's pool).
+"""The graph pool an engine's capture leaves: its forward at every capture size, captured in
+the engine's order into one private pool of PyTorch's caching allocator, as the planner
+simulates one (planner/memory/analytic.py's programs, planner/memory/allocator.py's pool).
 
 Why a simulation and not the largest size's bytes: the pool is made of the allocator's
 segments, not of tensors. At decode sizes a layer's tensors are a few MiB each, and the
-allocator serves them from 2 MiB segments (requests up to 1 MiB) and 20 MiB ones (up to
-10 MiB), so the pool is one to two times what its tensors add up to (a transformers-shaped
-Llama at 256 requests, 8 layers: 14 MiB of activations, 28 MiB of segments; measured on an
-H100, bench/results/fit-bench-2026-12-07-sglang-streams.json).
+allocator serves them from 2 MiB segments (requests up to 1 MiB) and 20 MiB ones (under
+10 MiB), so the pool holds more than its tensors add up to: the simulated pool of the fit
+bench's 8-layer Llama at 256 requests is about twice its largest size's tensors, and the
+runners' measured pools agree with the simulation (bench/fit_bench.py, docs/fit.md).
 
 Engine-neutral: the engines' layers say what their graphs hold after the forward
-(:func:`pool_bytes`'s ``logits``), and what their attention kernels add beside it (vLLM's FA3
+(:class:`Captures`' ``logits``), and what their attention kernels add beside it (vLLM's FA3
 split-KV accumulators, planner/fit/vllm.py).
 """
 
