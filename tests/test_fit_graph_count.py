@@ -13,7 +13,7 @@ from bench_modules import bench_module
 from capture_plan.planner.fit import estimate
 from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.graph_count import sglang_graphs, vllm_graphs
-from capture_plan.planner.fit.graph_pool import Captures
+from capture_plan.planner.fit.graph_pool import Captures, Graph
 from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.inputs.resources import data
 
@@ -144,14 +144,14 @@ def test_vllm_full_graphs_on_fa3_hold_split_kv_accumulators_at_each_attention_ca
     # vLLM's order: PIECEWISE sizes first, then FULL ones (decode sizes <= max_num_seqs), each
     # largest first; the accumulators in FULL graphs only (attention runs between pieces)
     caps = vllm_captures(inp, "FULL_AND_PIECEWISE", SIZES, 256)
-    assert caps.graphs[: len(SIZES)] == [(t, 0) for t in sorted(SIZES, reverse=True)]
-    assert caps.graphs[len(SIZES) :] == [(t, t * per_token) for t in sorted(SIZES, reverse=True) if t <= 256]
+    assert caps.graphs[: len(SIZES)] == [Graph(t, pieces=True) for t in sorted(SIZES, reverse=True)]
+    assert caps.graphs[len(SIZES) :] == [Graph(t, t * per_token) for t in sorted(SIZES, reverse=True) if t <= 256]
     assert vllm_captures(inp, "PIECEWISE", SIZES, 256).extra_source == ""
     # in the simulated pool they add at most their block at the largest FULL size: the layer's
     # later temporaries are served from it once it is freed
     m = inp.model
-    full = Captures([(t, a) for t, a in caps.graphs if a])
-    bare = Captures([(t, 0) for t, _ in full.graphs])
+    full = Captures([g for g in caps.graphs if g.extra])
+    bare = Captures([Graph(g.tokens) for g in full.graphs])
     grown = graph_pool.pool_bytes(m, 1, "sm90", full)[0] - graph_pool.pool_bytes(m, 1, "sm90", bare)[0]
     assert 0 < grown <= 256 * per_token + (2 << 20)
     # and fit's graph memory holds them where vLLM captures FULL graphs
@@ -180,3 +180,33 @@ def test_sglangs_graph_memory_holds_the_shared_float32_logits_buffer(monkeypatch
         FitRequest(load_model(str(LLAMA)), H100, "sglang==0.5.23", 1, {"context-length": 8192}, measured_graph=given)
     )
     assert next(i for i in r.items if i.name == "graph memory").bytes == 1 << 30
+
+
+def test_sglangs_breakable_prefill_graphs_share_its_pool_before_the_decode_graphs():
+    """SGLang 0.5.23 captures its breakable prefill graphs (the CUDA default) into the one
+    global pool before its decode graphs, each largest first: the transformer body in pieces,
+    attention run between them, no LM head; then the decode graphs with their model-dtype
+    logits. fit's graph memory holds that pool: with the prefill graphs on it is larger than
+    without them by more than the decode pool alone (before: the decode sizes only, as if the
+    prefill graphs took no pool)."""
+    from capture_plan.planner.fit import graph_pool
+    from capture_plan.planner.fit.sglang import sglang_captures
+    from capture_plan.planner.fit.sizing import sglang_decode_sizes, sglang_prefill_sizes
+
+    prefill, decode = sglang_prefill_sizes(8192), sglang_decode_sizes(256, False)
+    caps = sglang_captures(prefill, decode)
+    assert caps.graphs == [Graph(t, pieces=True) for t in sorted(prefill, reverse=True)] + [
+        Graph(b, logits=True) for b in sorted(decode, reverse=True)
+    ]
+    m = load_model(str(LLAMA))
+    both = graph_pool.pool_bytes(m, 1, "sm90", caps)[0]
+    alone = graph_pool.pool_bytes(m, 1, "sm90", sglang_captures([], decode))[0]
+    assert both > alone > 0
+
+    def graph(**flags):
+        r = fit(FitRequest(m, H100, "sglang==0.5.23", 1, {"context-length": 8192, **flags}))
+        return next(i for i in r.items if i.name == "graph memory")
+
+    on, off = graph(), graph(**{"disable-prefill-cuda-graph": True})
+    assert "in pieces" in on.source and "in pieces" not in off.source
+    assert on.bytes - off.bytes >= both - alone

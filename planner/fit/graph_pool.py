@@ -10,7 +10,7 @@ bench's 8-layer Llama at 256 requests is about twice its largest size's tensors,
 runners' measured pools agree with the simulation (bench/fit_bench.py, docs/fit.md).
 
 Engine-neutral: the engines' layers say what their graphs hold after the forward
-(:class:`Captures`' ``logits``), and what their attention kernels add beside it (vLLM's FA3
+(:class:`Graph`'s ``logits`` and ``pieces``), and what their attention kernels add beside it (vLLM's FA3
 split-KV accumulators, planner/fit/vllm.py).
 """
 
@@ -26,20 +26,30 @@ from capture_plan.schemas.spec import Model
 from .model import FitModel
 from .tables import estimates
 
-__all__ = ["Captures", "pool_bytes", "padded_vocab"]
+__all__ = ["Graph", "Captures", "pool_bytes", "padded_vocab"]
+
+
+class Graph(NamedTuple):
+    """One graph an engine captures into its pool: its forward over ``tokens`` (one per
+    request); ``extra``: bytes each of its attention calls allocates besides the backend's own
+    (vLLM's FA3 split-KV accumulators in its FULL graphs); ``pieces``: it is pieces between
+    attention calls run eagerly (vLLM's PIECEWISE graphs, SGLang's breakable prefill graphs);
+    ``logits``: it computes the model-dtype logits over the padded vocabulary after the final
+    norm (SGLang 0.5.23's decode graphs, which copy them into the engine's own float32 buffer
+    outside the pool), else it ends at the final norm."""
+
+    tokens: int
+    extra: int = 0
+    pieces: bool = False
+    logits: bool = False
 
 
 class Captures(NamedTuple):
-    """What an engine captures into its pool, in its order: ``graphs`` as ``(tokens, extra)``,
-    a graph of ``tokens`` (one per request) whose attention calls each allocate ``extra``
-    bytes besides the backend's own; ``extra_source``: what those bytes are ("" where none);
-    ``logits``: the graphs compute the model-dtype logits over the padded vocabulary after the
-    final norm (SGLang 0.5.23's decode graphs, which copy them into the engine's own float32
-    buffer outside the pool), else they end at the final norm (vLLM's)."""
+    """What an engine captures into its pool, in its order; ``extra_source``: what the graphs'
+    ``extra`` bytes are ("" where none)."""
 
-    graphs: list[tuple[int, int]]
+    graphs: list[Graph]
     extra_source: str = ""
-    logits: bool = False
 
 
 def padded_vocab(m: FitModel) -> int:
@@ -77,13 +87,19 @@ def pool_bytes(m: FitModel, tp: int, sm: str, captures: Captures) -> tuple[int, 
     name = e["pool_backend"].get(sm, e["pool_backend"]["default"])
     model, be = _spec_model(m), backend(name)
     pool = PoolSim()
-    for tokens, extra in captures.graphs:
-        pool.capture(forward_program(model, tokens, be, tp, logits=captures.logits, attention_extra=extra), view=True)
-    tail = "the model-dtype logits (padded vocabulary) after the final norm" if captures.logits else "the final norm"
+    for g in captures.graphs:
+        prog = forward_program(model, g.tokens, be, tp, logits=g.logits, attention_extra=g.extra, pieces=g.pieces)
+        pool.capture(prog, view=True)
+    kinds = []
+    if pieced := sum(g.pieces for g in captures.graphs):
+        kinds.append(f"{pieced} in pieces (attention run between them)")
+    if logits := sum(g.logits for g in captures.graphs):
+        kinds.append(f"{logits} with the model-dtype logits (padded vocabulary) after the final norm")
+    what = f"; of them {', '.join(kinds)}" if kinds else ""
     extra = f"; {captures.extra_source}, allocated at each attention call" if captures.extra_source else ""
     return pool.reserved, (
         f"the pool simulated: {len(captures.graphs)} graphs captured in the engine's order into one private "
         f"pool of PyTorch's caching allocator (planner/memory/allocator.py, its 2 MiB and 20 MiB segments), "
-        f"each the forward's layers and {tail} (planner/memory/analytic.py forward_program, {name} "
-        f"attention){extra}"
+        f"each the forward's layers and final norm (planner/memory/analytic.py forward_program, {name} "
+        f"attention){what}{extra}"
     )

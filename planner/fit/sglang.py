@@ -14,7 +14,7 @@ from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 from . import estimate, result, sizing
 from .draft import speculative
 from .graph_count import sglang_graphs
-from .graph_pool import Captures
+from .graph_pool import Captures, Graph
 from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
@@ -92,7 +92,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         g = result.graph_memory(
             inp,
             sglang_graphs(len(ss), len(prefill), m.layers),
-            Captures([(s, 0) for s in sorted(ss, reverse=True)], logits=True),
+            sglang_captures(prefill, ss),
         )
         return _with_logits_buffer(g, max(ss), m.vocab)
 
@@ -182,6 +182,17 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     return result.result(
         inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes, speculative=spec
     )
+
+
+def sglang_captures(prefill: list[int], decode: list[int]) -> Captures:
+    """What 0.5.23 captures into its one global graph pool, in its order
+    (model_runner_components/cuda_graph_setup.py capture_cuda_graphs: "prefill before decode"):
+    the breakable prefill graphs at ``prefill`` tokens, largest first
+    (prefill_cuda_graph_runner.py capture: reversed(capture_num_tokens)), each the transformer
+    body in segments with attention run between them and no LM head ("the eager tail"); then
+    the decode graphs at ``decode`` requests, largest first, each with its model-dtype logits."""
+    graphs = [Graph(t, pieces=True) for t in sorted(prefill, reverse=True)]
+    return Captures(graphs + [Graph(b, logits=True) for b in sorted(decode, reverse=True)])
 
 
 def _with_logits_buffer(graph: FitItem, rows: int, vocab: int) -> FitItem:

@@ -14,7 +14,7 @@ from . import estimate, graph_pool, result, sizing
 from .buffers import engine_buffers
 from .draft import speculative
 from .graph_count import full_graph_sizes, vllm_graphs
-from .graph_pool import Captures
+from .graph_pool import Captures, Graph
 from .inputs import FitInputs
 from .refusal import Refusal
 from .result import Kv, Verdict, known
@@ -45,7 +45,7 @@ def vllm_captures(inp: FitInputs, mode: str, sizes: list[int], seqs: int) -> Cap
     per_token = accum[0] if accum else 0
     full = sorted(full_graph_sizes(mode, sizes, seqs), reverse=True)
     piecewise = sorted(sizes, reverse=True) if vllm_graphs(mode, sizes, seqs, 0).whole > len(full) else []
-    graphs = [(t, 0) for t in piecewise] + [(t, t * per_token) for t in full]
+    graphs = [Graph(t, pieces=True) for t in piecewise] + [Graph(t, t * per_token) for t in full]
     return Captures(graphs, accum[1] if accum and full else "")
 
 
@@ -77,8 +77,8 @@ def accum_growth(inp: FitInputs, sizes: list[int]) -> tuple[int, str] | None:
         return None
     order = sorted(sizes, reverse=True)
     m, sm = inp.model, inp.device.sm
-    with_ = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, t * accum[0]) for t in order]))[0]
-    without = graph_pool.pool_bytes(m, inp.tp, sm, Captures([(t, 0) for t in order]))[0]
+    with_ = graph_pool.pool_bytes(m, inp.tp, sm, Captures([Graph(t, t * accum[0]) for t in order]))[0]
+    without = graph_pool.pool_bytes(m, inp.tp, sm, Captures([Graph(t) for t in order]))[0]
     return with_ - without, f"{accum[1]}: {(with_ - without) / MiB:.0f} MiB more pool in the simulation"
 
 

@@ -314,13 +314,22 @@ def _hidden_program(s: _Shape, phase: Phase, bs: int, attention_in_graph: bool =
 
 
 def forward_program(
-    model: Model, bs: int, backend: Backend, tp: int = 1, *, logits: bool = False, attention_extra: int = 0
+    model: Model,
+    bs: int,
+    backend: Backend,
+    tp: int = 1,
+    *,
+    logits: bool = False,
+    attention_extra: int = 0,
+    pieces: bool = False,
 ) -> Program:
     """An engine's graph of ``bs`` tokens (one per request) whose outputs live outside its
     pool: the layers and the final norm, and with ``logits`` the model-dtype logits over
     ``model.vocab`` rows after it (with ``tp`` > 1 the rank's shard, then the all-gathered
     rows), each freed at the graph's end; ``attention_extra``: bytes each attention call
-    allocates and frees besides ``backend``'s own (an engine's split-KV accumulators). SGLang
+    allocates and frees besides ``backend``'s own (an engine's split-KV accumulators);
+    ``pieces``: the graph is pieces between attention calls run eagerly (vLLM's PIECEWISE,
+    SGLang's breakable prefill graphs), so only each call's output is in the pool. SGLang
     0.5.23's decode graph is such a graph: its float32 logits go into a buffer the engine
     made before capture (graph_shared_output.py); vLLM's graphs end at the final norm, their
     output copied into a persistent buffer. Not a phase kind: ``planner fit`` prices an
@@ -337,7 +346,7 @@ def forward_program(
         ev.free(x)
         return None
 
-    return _forward(s, phase, bs, head)
+    return _forward(s, phase, bs, head, attention_in_graph=not pieces)
 
 
 def _piecewise_program(s: _Shape, phase: Phase, bs: int) -> Program:
