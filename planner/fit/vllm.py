@@ -141,9 +141,11 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     split = buffer_rule("vllm", inp.version) is not None
     act = estimate.activation_peak(m, inp.tp, batched, seqs, sampler_rule("vllm", inp.version), workspace_held=split)
     moe = estimate.moe_workspace_item(m, inp.tp, batched) if split else None
-    held = moe.bytes if moe is not None and moe.bytes else 0
+    moes = [moe] if moe is not None else []
+    held = sum(known(i) for i in moes)
     ctx = estimate.context()
     bufs = engine_buffers(inp, settings)  # the runner's persistent buffers (fit_rules.toml [buffers])
+    persistent = (bufs.bytes or 0) + held  # what the profile keeps besides the weights and non-torch
     weights = result.weights(inp)
     dw = d.weights if d is not None else None
     loaded = known(weights) + (known(dw) if dw is not None else 0)  # the draft loads beside the target
@@ -155,7 +157,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         count = vllm_graphs(mode, ss, seqs, m.layers)
         return result.graph_memory(inp, count, vllm_captures(inp, mode, ss, seqs), transient=capture_outputs(inp, ss))
 
-    def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = (bufs.bytes or 0) + held) -> int:
+    def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = persistent) -> int:
         # the items the profile measured: both sizings take the same ones, by name
         profiled = dict(weights=weights_bytes, non_torch=known(nt), activation=known(act), buffers=buffers_bytes)
         if after:
@@ -190,7 +192,6 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         "rule",
         f"ceil(total x gpu-memory-utilization {util}) (vllm/v1/worker/utils.py: request_memory)",
     )
-    moes = [moe] if moe is not None else []
     items = [result.device_total(inp), budget, weights, *([dw] if dw else []), nt, bufs, *moes, act, graph]
     if after:
         items.insert(1, ctx)
@@ -234,12 +235,13 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         need = math.ceil(mml / block) * block * (inp.per_layer * m.layers + draft_kv)
         budget_fix = ""
         if "gpu-memory-utilization" in inp.flags:  # the user's budget starves the cache: the one that fits
-            # both rules take weights, non-torch, the peak and the deducted graphs from the budget
-            taken = loaded + known(nt) + (bufs.bytes or 0) + known(act)
+            # both rules take weights, non-torch, what the profile keeps, the peak and the
+            # deducted graphs from the budget
+            taken = loaded + known(nt) + persistent + known(act)
             taken += (graph.bytes or 0) if after else deducted_graph
             one = sizing.vllm_request_bytes(m, inp.per_layer, block, mml, in_flight, draft_kv)
             budget_fix = result.budget_fix("gpu-memory-utilization", taken + one, total)
-        biggest = max((i for i in (weights, nt, bufs, act, graph) if i.bytes), key=lambda i: i.bytes or 0)
+        biggest = max((i for i in (weights, nt, bufs, *moes, act, graph) if i.bytes), key=lambda i: i.bytes or 0)
         verdict = Verdict(
             False,
             f"KV cache {max(kv_bytes, 0) / GiB:.2f} GiB holds {kv_tokens} tokens, fewer than one request of "
