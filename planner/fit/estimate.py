@@ -59,13 +59,16 @@ def non_torch(tp: int, sm: str = "", first_stream: bool = False) -> FitItem:
 
 
 def activation_per_token(m: FitModel, tp: int) -> int:
-    """Bytes of the live tensors one token holds at a layer's peak on one rank."""
+    """Bytes of the live tensors one token holds at a layer's peak on one rank, the routed
+    experts of an MoE layer left out (the fused-MoE workspace prices them: :func:`moe_workspace`)."""
     e = estimates()["activation"]
     d = m.dtype_bytes
     # MLA too: its prefill up-projects q, k and v to heads x head_dim (nope + rope), kv_heads = heads
     qkv = (m.heads + 2 * m.kv_heads) * m.head_dim // tp
     if m.experts:
-        mlp = m.experts_per_token * (3 * m.expert_intermediate + m.hidden) // max(1, tp)
+        # a shared expert is a dense MLP beside the routed ones (vLLM's and SGLang's
+        # SharedFusedMoE / Qwen2MoeMLP, DeepSeek's shared_experts): its gate_up and activation
+        mlp = 3 * m.shared_expert_intermediate // tp
     else:
         mlp = 3 * m.intermediate // tp  # gate_up (2I) and its activation (I)
     return d * (e["hidden_copies"] * m.hidden + qkv + mlp)
@@ -144,15 +147,8 @@ def activation_peak(
     is the branch the release's stock install runs (``SamplerRule.branch``) and the error bar
     holds the other's difference."""
     e = estimates()["activation"]
-    d = m.dtype_bytes
     workspace = 0 if workspace_held else moe_workspace(m, tp, tokens)
-    dense_token = activation_per_token(m, tp)
-    if m.experts:  # the routed experts' part of a token's peak is the workspace, counted once;
-        # a shared expert is a dense MLP beside them (vLLM's and SGLang's SharedFusedMoE /
-        # Qwen2MoeMLP, DeepSeek's shared_experts): its gate_up and activation, sharded by tp
-        shared = 3 * m.shared_expert_intermediate // tp
-        dense_token = d * (e["hidden_copies"] * m.hidden + (m.heads + 2 * m.kv_heads) * m.head_dim // tp + shared)
-    layer = tokens * dense_token
+    layer = tokens * activation_per_token(m, tp)
     triton, flashinfer = sampler_phase(m, tp, tokens, min(seqs, tokens), sampler.rule)
     central = sampler.rule.branch(sampler.version)
     phase, other = (flashinfer, triton) if central == "flashinfer" and flashinfer is not None else (triton, flashinfer)
