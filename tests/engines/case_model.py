@@ -123,8 +123,7 @@ class SGLangCaseModel(CaseModel):
 
     def __init__(self, target, max_tokens: int, phase: str = "decode"):
         super().__init__(target, max_tokens, phase)
-        main = _main(target)
-        self.vocab = getattr(main, "vocab", None) or main.cfg.model.vocab
+        self.vocab = vocab_size(target)
         self.logits_buffer: torch.Tensor | None = None
 
     def create_logits_buffer(self, rows: int) -> torch.Tensor:
@@ -271,11 +270,9 @@ def engine_weights(target, dtype: torch.dtype | None = None) -> tuple[int, torch
 
 
 def vocab_size(target) -> int:
-    """The model's vocabulary as vLLM reads it (model_config.get_vocab_size(): the text config's
-    vocab_size, unpadded); the reference's, its spec's."""
-    hf = getattr(target, "model", None)
-    if isinstance(hf, torch.nn.Module):
-        return hf.config.get_text_config(decoder=True).vocab_size
+    """The model's vocabulary as the engines read it (vLLM's model_config.get_vocab_size(): the
+    text config's vocab_size, unpadded, which ``HFTarget.vocab`` holds); the reference's, its
+    spec's."""
     main = _main(target)
     return getattr(main, "vocab", None) or main.cfg.model.vocab
 
