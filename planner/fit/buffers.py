@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from capture_plan.schemas.fit import FitItem
 
 from .sizing import vllm_kv_groups
-from .tables import BufferRule, BufferTensor, buffer_rule, buffer_rules, sampler_rule
+from .tables import BufferRule, BufferTensor, MiB, buffer_rule, buffer_rules, sampler_rule
 
 if TYPE_CHECKING:
     from .inputs import FitInputs
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["engine_buffers", "buffer_dims", "counted", "tensor_bytes", "NAME"]
 
 NAME = "engine buffers"
-MiB = 1 << 20
 _DTYPE_BYTES = {"bool": 1, "uint8": 1, "int32": 4, "int64": 8, "float32": 4}
 #: what a release's start-up has made when it sizes the cache: before capture (0.33.0's
 #: determine_available_memory), or after capture, past initialize_kv_cache (0.34.0)

@@ -409,13 +409,17 @@ def context_rule(engine: str, version: str) -> tuple[str, ContextRule]:
     raise RuntimeError(f"planner/data/fit_rules.toml: no [context] rule for {engine}=={version}")
 
 
+def _listed(rows: dict, engine: str, version: str) -> tuple[str, Any] | None:
+    """(name, rule) of ``engine``'s row that lists ``version`` (None: no row does)."""
+    return next(((n, r) for n, r in rows.items() if r.engine == engine and version in r.releases), None)
+
+
 def _nearest(rows: dict, engine: str, version: str) -> tuple[str, Any, bool]:
     """(name, rule, read) of ``engine``'s rows for ``version``: the row listing it, else the
     nearest read release's (the newest at or below it, else the oldest)."""
+    if (listed := _listed(rows, engine, version)) is not None:
+        return *listed, True
     own = [(n, r) for n, r in rows.items() if r.engine == engine]
-    for n, r in own:
-        if version in r.releases:
-            return n, r, True
     want = Version(version)
     below = [(Version(v), n, r) for n, r in own for v in r.releases if Version(v) <= want]
     everything = sorted(((Version(v), n, r) for n, r in own for v in r.releases), key=lambda x: x[0])
@@ -447,12 +451,12 @@ def buffer_rules() -> dict[str, BufferRule]:
 
 def buffer_rule(engine: str, version: str) -> tuple[str, BufferRule] | None:
     """The persistent-buffer rule of a release (None: the release was not read for it)."""
-    return next(((n, r) for n, r in _rules().buffers.items() if r.engine == engine and version in r.releases), None)
+    return _listed(_rules().buffers, engine, version)
 
 
 def spec_rule(engine: str, version: str) -> tuple[str, SpecRule] | None:
     """The speculative-decoding rule of a release (None: the release was not read for it)."""
-    return next(((n, r) for n, r in _rules().speculative.items() if r.engine == engine and version in r.releases), None)
+    return _listed(_rules().speculative, engine, version)
 
 
 def spec_rules() -> dict[str, SpecRule]:
