@@ -148,6 +148,11 @@ DIFFERS = [
     "model's dtype, as rotary_embedding/base.py casts it), and its weights are the case model's "
     "parameters and buffers with that cache in place of the case model's rotary inv_freq buffers (vLLM "
     "keeps none). Runs before this change counted the inv_freq buffers and no cache",
+    "the MoE cases' layers loop over their experts (transformers') and ask for no fused-MoE workspace: the "
+    "runner's case model makes vLLM's at each dummy run, grown and kept as its workspace manager keeps it "
+    "(tests/engines/case_model.py moe_workspace; fit's 'MoE workspace' item); the loop's own transients are "
+    "in the runner's activation peak, where vLLM's fused kernels have few. Runs before 2028b99 had no "
+    "workspace",
     "the reference and EAGLE cases call FA3 with its own split heuristic and hoisted scheduler metadata, "
     "not vLLM's 32 splits: fit's graph figure holds vLLM's split-KV accumulators (planner/fit/vllm.py "
     "split_kv_accum), their runner's does not",
