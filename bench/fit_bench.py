@@ -117,8 +117,13 @@ DIFFERS = [
     "EAGLE's draft runs the speculative reference's draft phases (draft_extend, draft_decode)",
     "cudagraph_mode FULL_DECODE_ONLY (vLLM's default is FULL_AND_PIECEWISE): the case models have no "
     "piecewise split; fit is given the same mode",
-    "the dummy runs (profile_run's and the sizing warm-up's) run the model's profile_hidden: attention "
-    "skipped (0.34.0's sizing warm-up runs a mixed prefill-decode step with attention)",
+    "the dummy runs (profile_run's and the sizing warm-up's) run, for the transformers cases, vLLM "
+    "0.34.0's eager decoder layers over the model's weights (tests/engines/engine_layers.py: the merged "
+    "qkv and gate_up outputs, the in-place fused add-norm, SiluAndMul's output, Gemma2's native float32 "
+    "norms, the fused MoE's router, top-k, output and caches cut from its workspace, a shared expert "
+    "first; stand-ins of the fused kernels computed in row chunks into the outputs they allocate), the "
+    "references their own profile_hidden; attention skipped (0.34.0's sizing warm-up runs a mixed "
+    "prefill-decode step with attention). Runs before this change ran transformers' layers",
     "the sampler is tests/engines' stand-in of the release's (vllm_runner_034.py Sampler; 0.33.0-shaped: "
     "vllm_runner.py's, 0.33.0's, which 0.34.0's extends): it allocates what the release's sampler does "
     "in the profiling run's two passes, in its shapes, dtypes and order (the model-dtype logits, the "
@@ -148,11 +153,11 @@ DIFFERS = [
     "model's dtype, as rotary_embedding/base.py casts it), and its weights are the case model's "
     "parameters and buffers with that cache in place of the case model's rotary inv_freq buffers (vLLM "
     "keeps none). Runs before this change counted the inv_freq buffers and no cache",
-    "the MoE cases' layers loop over their experts (transformers') and ask for no fused-MoE workspace: the "
-    "runner's case model makes vLLM's at each dummy run, grown and kept as its workspace manager keeps it "
-    "(tests/engines/case_model.py moe_workspace; fit's 'MoE workspace' item); the loop's own transients are "
-    "in the runner's activation peak, where vLLM's fused kernels have few. Runs before 2028b99 had no "
-    "workspace",
+    "the MoE cases' fused-MoE workspace: the runner's case model makes vLLM's at each dummy run, grown "
+    "and kept as its workspace manager keeps it (tests/engines/case_model.py moe_workspace; fit's 'MoE "
+    "workspace' item), and the dummy runs' MoE layers cut their caches from it. Runs before 2028b99 had "
+    "no workspace; runs before the engine layers ran transformers' expert loop, whose transients were "
+    "in the runner's activation peak",
     "the reference and EAGLE cases call FA3 with its own split heuristic and hoisted scheduler metadata, "
     "not vLLM's 32 splits: fit's graph figure holds vLLM's split-KV accumulators (planner/fit/vllm.py "
     "split_kv_accum), their runner's does not",

@@ -69,7 +69,9 @@ DIFFERS = [
     "the reference case calls FA3 itself",
     "the activation peak is not SGLang's: the release runs no profiling forward (its slack is a "
     "heuristic); the runner measures one eager prefill chunk (chunked_prefill_size tokens, attention "
-    "skipped) and its sampling over cuda_graph_max_bs rows, after the pool and the graphs",
+    "skipped) and its sampling over cuda_graph_max_bs rows, after the pool and the graphs; the chunk "
+    "runs vLLM's eager layers (SGLang's are the same shape; tests/engines/engine_layers.py), the MoE "
+    "layers' caches allocated per call as SGLang's fused_experts_impl allocates them",
 ]
 
 

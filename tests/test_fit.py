@@ -842,7 +842,8 @@ def test_a_shared_expert_is_a_dense_mlp_in_the_moe_layers_peak():
     """An MoE layer's routed experts are priced by the fused-MoE workspace; a shared expert
     (Qwen2-MoE's shared_expert_intermediate_size, DeepSeek's n_shared_experts x
     moe_intermediate_size) is a dense MLP beside them in both engines' layers, whose gate_up and
-    activation are live at the layer's peak, sharded by tp (before: left out)."""
+    activation are live at the MLP phase's peak, sharded by tp (before: left out); the layer's
+    peak is the larger of that phase and the attention phase."""
     from capture_plan.planner.fit import estimate
     from capture_plan.planner.fit.tables import sampler_rule
 
@@ -850,8 +851,15 @@ def test_a_shared_expert_is_a_dense_mlp_in_the_moe_layers_peak():
     assert m.experts and not m.shared_expert_intermediate
     shared = msgspec.structs.replace(m, shared_expert_intermediate=4096)
     row = sampler_rule("vllm", "0.34.0")
+    h, d = m.hidden, m.dtype_bytes
     for tp in (1, 2):
         # one request: the sampler phase is far below the layer phase at 16384 tokens
         base = estimate.activation_peak(m, tp, 16384, 1, row, workspace_held=True).bytes
         more = estimate.activation_peak(shared, tp, 16384, 1, row, workspace_held=True).bytes
-        assert more - base == 16384 * 3 * 4096 // tp * m.dtype_bytes
+        # without one, the attention phase is the peak: residual, normed input, qkv, the
+        # attention's output, o_proj's; with one, its MLP phase: residual, normed input, gate_up, act
+        # (at tp 2 the shared expert's sharded MLP phase stays below the attention phase)
+        attention = 3 * h + ((m.heads + 2 * m.kv_heads) * m.head_dim + m.heads * m.v_head_dim) // tp
+        mlp = 2 * h + 3 * 4096 // tp
+        assert base == 16384 * d * attention
+        assert more == 16384 * d * max(attention, mlp) and (more > base) == (tp == 1)

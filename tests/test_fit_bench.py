@@ -256,14 +256,20 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     mem.outside += committed + weights  # the model built after the snapshot
     forwards, runs = [], []
     main = getattr(target, "target", target)
-    real, run = main.profile_hidden, target.run
+    run = target.run
+    # the dummy runs' forward: vLLM's layers over a dense transformers model's weights
+    # (tests/engines/engine_layers.py), a reference's own profile_hidden
+    from capture_plan.tests.engines import engine_layers
 
-    def profile_hidden(ids):
-        forwards.append(ids.shape[0])
+    owner, name = (engine_layers, "profile_forward") if case == "llama" else (main, "profile_hidden")
+    real = getattr(owner, name)
+
+    def forward(*args):
+        forwards.append(args[1 if owner is engine_layers else 0].shape[0])  # (model, ids, workspace), (ids)
         mem.transient(300 * MIB)
-        return real(ids)
+        return real(*args)
 
-    monkeypatch.setattr(main, "profile_hidden", profile_hidden)
+    monkeypatch.setattr(owner, name, forward)
     monkeypatch.setattr(target, "run", lambda phase, bs, ws: (runs.append((phase, bs)), run(phase, bs, ws))[1])
     extensible = release == "vllm==0.34.0"
     made = {}  # the release's persistent buffers, as the runner holds them when it is released
@@ -815,3 +821,61 @@ def test_the_vllm_runners_hold_vllms_fused_moe_workspace_as_its_manager_does(cas
     model.moe_workspace(8192)
     assert model.workspace.numel() == moe_workspace(fitted, 1, 8192) and model.workspace.dtype == torch.uint8
     assert sgl_case_model().persistent_moe_workspace is False and cm.CaseModel.persistent_moe_workspace is True
+
+
+def test_the_runners_profiling_forward_is_vllms_layers_over_the_models_weights():
+    """tests/engines/engine_layers.py (vLLM's eager decoder layers over a transformers model's
+    weights, what the runners' dummy runs run for the transformers cases) computes what
+    transformers' own layers compute with attention skipped (``HFTarget.profile_hidden``): the
+    same hidden states, for each architecture the bench runs (Qwen2's q/k/v biases, Gemma2's
+    four norms, scaled embedding and GeLU, Mixtral's routed experts, Qwen2-MoE's gated shared
+    expert), its MoE caches cut from a held workspace (vLLM's) or allocated per call (SGLang's)."""
+    pytest.importorskip("torch")
+    import torch
+    import torch.nn.functional as F
+
+    transformers = pytest.importorskip("transformers")
+    from capture_plan.adapters.hf import HFTarget
+    from capture_plan.tests.engines import engine_layers
+    from capture_plan.tests.engines.case_model import CaseModel, fused_moe_workspace_bytes, moe_dims
+
+    harness = bench_module("harness")
+    for name in ("llama", "qwen2", "gemma2", "mixtral", "qwen2_moe"):
+        cfg = harness.hf_config(name, num_hidden_layers=2, hidden_size=64, intermediate_size=128)
+        if name == "qwen2_moe":
+            cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size = 32, 64
+        cfg.head_dim = 16
+        torch.manual_seed(0)
+        hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        target = HFTarget(hf, max_bs=2, max_seqlen=8, sdpa_backends=None)
+        # float64 (after the target's float32 buffers): both norms compute in float32 (as vLLM's
+        # kernels do), in orders that agree to ~1e-7; a wrong step is off by 1e-4 or more
+        hf.to(torch.float64)
+        # transformers' grouped GEMM takes no float64: its reference loop (host-routed) does
+        hf.config._experts_implementation = "eager"
+        for p in hf.parameters():  # transformers initialises norms to 1 (Gemma's to 0): make them count
+            p.data.normal_(0.0, 0.5)
+        ids = torch.tensor([5, 7, 9, 11, 3] * 120)  # more rows than a stand-in's chunk
+        x = torch.randn(7, 64, dtype=torch.float64)
+        attn = hf.model.layers[0].self_attn  # the merged projection (biases: Qwen2's), which nothing later reads
+        with torch.no_grad():
+            linears = (attn.q_proj, attn.k_proj, attn.v_proj)
+            merged = torch.cat([F.linear(x, p.weight, p.bias) for p in linears], -1)
+            assert torch.allclose(engine_layers._projections(x, linears), merged)
+        case = CaseModel(target, len(ids))
+        assert case.engine_layers is hf
+        theirs = target.profile_hidden(ids)
+        outs = [engine_layers.profile_forward(hf, ids)]  # caches allocated per call
+        dims = moe_dims(hf.config)
+        if dims is not None:  # and cut from a held workspace of the size vLLM's manager asks for
+            held = torch.full((fused_moe_workspace_bytes(len(ids), *dims[:3], 8),), 255, dtype=torch.uint8)
+            outs.append(engine_layers.profile_forward(hf, ids, engine_layers.Workspace(held)))
+            assert (held != 255).any()
+        for ours in outs:
+            assert ours.shape == theirs.shape == (len(ids), 64)
+            assert torch.allclose(ours, theirs, rtol=2e-6, atol=2e-6), name
+        case.dummy = True
+        if dims is not None:  # the case model read the config's dtype, not the test's float64
+            case.moe = (*dims[:3], 8)
+        assert torch.equal(case.piece(0, ids), outs[-1])  # the runners' dummy runs take it
+        assert dims is None or case.workspace is not None

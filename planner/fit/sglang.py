@@ -85,8 +85,9 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     nt = estimate.non_torch(inp.tp, inp.device.sm, inp.rule.first_stream == "profile")
     # SGLang runs no profiling forward (its pool is sized from mem_fraction_static): the figure
     # only checks the slack holds one prefill chunk, counted as fit counted it before the
-    # releases' samplers were read, vLLM 0.19.0's (fit_rules.toml [sampler.vllm-0-19])
-    act = estimate.activation_peak(m, inp.tp, chunk, max_bs, sampler_rule("vllm", "0.19.0"))
+    # releases' samplers were read, vLLM 0.19.0's (fit_rules.toml [sampler.vllm-0-19]); its MoE
+    # layers allocate their caches per call (estimate.activation_per_token)
+    act = estimate.activation_peak(m, inp.tp, chunk, max_bs, sampler_rule("vllm", "0.19.0"), moe_per_call=True)
 
     def graph_of(ss: list[int]) -> FitItem:
         g = result.graph_memory(

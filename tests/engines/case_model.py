@@ -6,16 +6,21 @@ The case models have no piecewise split: :class:`CaseModel` is one piece, the wh
 A decode graph of ``n`` requests runs the case's own decode phase (``decode``, or EAGLE's
 ``target_verify`` at its query length), hidden states out (bench/baselines.py
 ``hidden_state_outputs``); a dummy run (the runner's ``_dummy_run``, wrapped by
-:func:`route_dummy_runs`) runs the model's ``profile_hidden`` (attention skipped, as vLLM's
-profiling run skips it). The EAGLE draft runs the speculative reference's draft phases
-(:func:`route_draft`). Also what the bench measures of the model: its weights' bytes and its
-own decode cache (:func:`measured_weights`, :func:`decode_cache`). SGLang's decode runner
+:func:`route_dummy_runs`) runs vLLM's eager decoder layers over a transformers model's
+weights (tests/engines/engine_layers.py; the MoE layers' caches in the workspace the case
+model holds as vLLM's manager does, or, SGLang's, allocated per call), else the model's
+``profile_hidden`` (the references' own), attention skipped as vLLM's profiling run skips
+it. The EAGLE draft runs the speculative reference's draft phases (:func:`route_draft`).
+Also what the bench measures of the model: its weights' bytes and its own decode cache
+(:func:`measured_weights`, :func:`decode_cache`). SGLang's decode runner
 (tests/engines/sglang_runner.py, bench/fit_bench_sglang.py) drives :class:`SGLangCaseModel`.
 """
 
 from __future__ import annotations
 
 import torch
+
+from . import engine_layers
 
 
 def _main(target):
@@ -44,6 +49,9 @@ class CaseModel:
         #: workspace as its manager holds it (:meth:`moe_workspace`)
         self.moe = moe_dims(text) if self.persistent_moe_workspace else None
         self.workspace: torch.Tensor | None = None
+        #: the transformers model whose dummy runs take the engine's eager layers
+        #: (tests/engines/engine_layers.py; None: the target's own ``profile_hidden``)
+        self.engine_layers = hf if isinstance(hf, torch.nn.Module) and engine_layers.supports(hf) else None
 
     #: the engine keeps its fused-MoE workspace after a forward (vLLM's workspace manager)
     persistent_moe_workspace = True
@@ -51,6 +59,9 @@ class CaseModel:
     def piece(self, k: int, x: torch.Tensor) -> torch.Tensor:
         if self.dummy:
             self.moe_workspace(x.shape[0])
+            if self.engine_layers is not None:
+                held = engine_layers.Workspace(self.workspace)  # None: SGLang's, allocated per call
+                return engine_layers.profile_forward(self.engine_layers, x, held)
             return _main(self.target).profile_hidden(x)
         out = self.target.run(self.phase, x.shape[0] // self.q, None)
         return out[0] if isinstance(out, tuple) else out  # EAGLE's verify: (hidden states, last layer's)
@@ -65,9 +76,9 @@ class CaseModel:
         """vLLM's fused-MoE workspace for a forward of ``tokens``, grown as its manager grows it
         and kept (vllm/v1/worker/workspace.py ``WorkspaceManager._ensure_workspace_size``: a
         larger request drops the old buffer, empties the cache and allocates the new size; the
-        buffer stays allocated between forwards). The MoE layers of transformers' models run a
-        loop over the experts and ask for none, so the runner asks for it where vLLM's first
-        MoE layer does, before the layers' activations. Nothing for a dense model."""
+        buffer stays allocated between forwards), asked for before the layers' activations,
+        where vLLM's first MoE layer asks; the dummy runs' MoE layers (engine_layers) cut their
+        caches from it. Nothing for a dense model."""
         if self.moe is None:
             return
         need = fused_moe_workspace_bytes(tokens, *self.moe)

@@ -1,0 +1,292 @@
+"""The profiling run's forward as vLLM's eager decoder layers make it, over a transformers
+model's own weights: what the runners' dummy runs run for the dense transformers cases, so
+that the activation peak they measure is the engine's layer code's, not transformers'.
+
+Followed (vllm==0.34.0, the eager path with its CUDA kernels; the profiling run skips
+attention: its backends, given no metadata, fill their output with zeros):
+
+* ``model_executor/models/llama.py`` (Qwen2's ``qwen2.py`` is the same with q/k/v biases):
+  ``LlamaModel.forward`` (the embedding; ``residual = None`` before the first layer; the
+  final ``norm(hidden_states, residual)``), ``LlamaDecoderLayer.forward`` (the first layer
+  keeps the embedding as its residual and norms into a new tensor; later ones add and norm
+  in place), ``LlamaAttention.forward`` (one ``qkv_proj`` output split into views; the rotary
+  embedding in place; the attention's output; ``o_proj``; q/k/v live until it returns),
+  ``LlamaMLP.forward`` (``gate_up_proj``'s output, then ``SiluAndMul``'s new output, then
+  ``down_proj``; the name ``x`` rebinds, so gate_up dies at the activation's return).
+* ``model_executor/models/gemma2.py`` ``Gemma2Model.embed_input_ids`` (embedding times the
+  normalizer: a new tensor) and ``Gemma2DecoderLayer.forward`` (four norms; the post-attention
+  and post-feedforward norms without residual make new tensors); ``GeluAndMul`` (tanh).
+* ``kernels/vllm_c.py``: ``rms_norm`` writes a new output, ``fused_add_rms_norm`` works in
+  place (``inplace=True``) where input and weight share a dtype; Gemma's norms pass
+  ``weight.float() + 1`` (``layers/layernorm.py GemmaRMSNorm.forward_native``), which that
+  implementation does not take, so they run ``ir/ops/layernorm.py``'s native functions: float32
+  temporaries, new outputs (copied here step by step: :func:`_native_rms_norm`).
+* ``layers/attention``: the layer allocates its output (tokens x heads x head_dim) and the
+  backend fills it with zeros.
+
+* MoE layers (Mixtral, Qwen2-MoE): ``models/mixtral.py`` and ``models/qwen2_moe.py``
+  ``*SparseMoeBlock.forward`` (the router's logits, then the experts); ``layers/fused_moe``:
+  ``runner/moe_runner.py`` (a shared expert first, ``Qwen2MoeMLP.forward`` with its sigmoid
+  gate, then the routed experts, then ``shared_output + fused_output``, a new tensor),
+  ``fused_topk`` (float32 weights, int32 ids and token-expert indices), ``modular_kernel.py``
+  ``FusedMoEKernelModularImpl.apply`` (the output, a new tensor) and ``_allocate_buffers``
+  (workspace13 and workspace2 from the workspace manager, which keeps them), and
+  ``TritonExperts.apply`` (cache1 in workspace2, cache2 in workspace13, cache3 in
+  workspace2 again, the routing weights applied by the second GEMM, ``moe_sum`` into the
+  output). SGLang 0.5.23 (``srt/layers/moe/moe_runner/triton_utils/fused_moe.py``
+  ``fused_experts_impl``) allocates its caches per call instead: the output, cache1 (kept
+  alive to the end by its second name ``gemm1_out``), cache2, cache3 (:class:`Workspace`).
+
+Stand-ins, and why they are exact for memory: a fused kernel that allocates nothing but its
+output (``rms_norm``, ``fused_add_rms_norm``, ``SiluAndMul``) is computed here in row
+chunks of :data:`ROWS` into that output, so its temporaries are tens of KiB; the projections
+of q/k/v (and gate/up) are one output buffer written by one GEMM per weight into contiguous
+slices of its transpose (no concatenated weight: the weights stay the model's); the
+rotary embedding is not applied (in place in the engine, it allocates nothing, and the
+profile's attention reads nothing); the fused MoE's GEMMs are one per expert over chunks of
+its rows, written into the caches (their gathers are chunk-sized), and ``moe_align_block_size``'s
+index buffers (tens of KiB) are left out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+#: rows a stand-in of a fused kernel computes at a time
+ROWS = 256
+
+#: transformers model types whose decoder layer this file follows (vLLM's class for each)
+TYPES = {
+    "llama": "LlamaDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "gemma2": "Gemma2DecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "qwen2_moe": "Qwen2MoeDecoderLayer",
+}
+
+
+def supports(model) -> bool:
+    """Whether ``model`` (a transformers ``*ForCausalLM``) is of a type this file follows."""
+    config = model.config.get_text_config(decoder=True)
+    return config.model_type in TYPES
+
+
+class Workspace:
+    """Where the fused MoE's caches live: ``held`` (vLLM's workspace manager's buffer, a
+    uint8 tensor at least :func:`case_model.fused_moe_workspace_bytes` long, which the views
+    are cut from) or None (SGLang's: each call allocates its own)."""
+
+    def __init__(self, held: torch.Tensor | None = None):
+        self.held = held
+
+    def caches(self, tokens: int, top_k: int, n: int, hidden: int, like: torch.Tensor):
+        """(cache1 (tokens x top_k, n), cache2 (tokens x top_k, n / 2), a function giving
+        cache3 (tokens, top_k, hidden) once cache1 is done with), as the engine places them."""
+        rows = tokens * top_k
+
+        def new(*shape):
+            return torch.empty(*shape, dtype=like.dtype, device=like.device)
+
+        if self.held is None:  # SGLang: three allocations, cache1 alive to the end
+            return new(rows, n), new(rows, n // 2), lambda: new(tokens, top_k, hidden)
+        flat = self.held.view(like.dtype)
+        ws13 = max(rows * max(n // 2, hidden), tokens * hidden)
+        ws2 = flat[ws13 : ws13 + rows * max(n, hidden)]
+        return (
+            ws2[: rows * n].view(rows, n),
+            flat[: rows * n // 2].view(rows, n // 2),
+            lambda: ws2[: rows * hidden].view(tokens, top_k, hidden),
+        )
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x`` in float32, times ``weight``, in ``x``'s dtype (vllm_c's kernel's math)."""
+    f = x.float()
+    return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vllm_c ``rms_norm``: a new output, nothing else kept."""
+    out = torch.empty_like(x)
+    for i in range(0, x.shape[0], ROWS):
+        out[i : i + ROWS] = _rms(x[i : i + ROWS], weight, eps)
+    return out
+
+
+def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """vllm_c ``fused_add_rms_norm``: ``residual += x``, then ``x`` = its norm; in place."""
+    for i in range(0, x.shape[0], ROWS):
+        r = residual[i : i + ROWS]
+        r.add_(x[i : i + ROWS])
+        x[i : i + ROWS] = _rms(r, weight, eps)
+    return x, residual
+
+
+def _native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """ir/ops/layernorm.py ``rms_norm`` (``residual`` None) and ``fused_add_rms_norm``, as
+    written: float32 copies, new outputs."""
+    orig = x.dtype
+    x = x.to(torch.float32)
+    if residual is not None:
+        x = x + residual.to(torch.float32)
+        residual = x.to(orig)
+    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    x = x.to(weight.dtype) * weight
+    return x.to(orig) if residual is None else (x.to(orig), residual)
+
+
+def _projections(x: torch.Tensor, linears) -> torch.Tensor:
+    """The merged projection's output (tokens x the linears' rows), one allocation: each
+    linear's GEMM writes a contiguous slice of its transpose (bias added by the GEMM)."""
+    rows = sum(lin.weight.shape[0] for lin in linears)
+    out = torch.empty(rows, x.shape[0], dtype=x.dtype, device=x.device)
+    at = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        if lin.bias is None:
+            torch.mm(lin.weight, x.t(), out=out[at : at + n])
+        else:
+            torch.addmm(lin.bias[:, None], lin.weight, x.t(), out=out[at : at + n])
+        at += n
+    return out.t()
+
+
+def _act_and_mul(gate_up: torch.Tensor, inter: int, tanh_gelu: bool) -> torch.Tensor:
+    """vllm_c ``silu_and_mul`` / ``gelu_tanh_and_mul``: a new (tokens x inter) output."""
+    out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
+    for i in range(0, out.shape[0], ROWS):
+        g, u = gate_up[i : i + ROWS, :inter], gate_up[i : i + ROWS, inter:]
+        out[i : i + ROWS] = (F.gelu(g, approximate="tanh") if tanh_gelu else F.silu(g)) * u
+    return out
+
+
+def _attention(attn, x: torch.Tensor) -> torch.Tensor:
+    """``LlamaAttention.forward`` in the profiling run: qkv, the layer's zero-filled output, o_proj."""
+    qkv = _projections(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+    heads = attn.config.num_attention_heads
+    out = torch.empty(x.shape[0], heads * attn.head_dim, dtype=x.dtype, device=x.device)
+    out.fill_(0)
+    o = F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+    del qkv, out
+    return o
+
+
+def _mlp(mlp, x: torch.Tensor, tanh_gelu: bool) -> torch.Tensor:
+    """``LlamaMLP.forward``: gate_up, the activation (gate_up dies there), down."""
+    gate_up = _projections(x, (mlp.gate_proj, mlp.up_proj))
+    act = _act_and_mul(gate_up, mlp.gate_proj.weight.shape[0], tanh_gelu)
+    del gate_up
+    return F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+
+
+def _fused_experts(block, x: torch.Tensor, router: torch.Tensor, workspace: Workspace) -> torch.Tensor:
+    """The routed experts over ``x`` (fused_topk, the fused kernel's caches, moe_sum) into a
+    new output; ``block``: a transformers sparse-MoE block (its router and stacked experts)."""
+    gate, experts = block.gate, block.experts
+    tokens, k = x.shape[0], gate.top_k
+    renorm = getattr(gate, "norm_topk_prob", True)  # Mixtral renormalises, Qwen2-MoE by its config
+    weights = torch.empty(tokens, k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(tokens, k, dtype=torch.int32, device=x.device)
+    token_expert = torch.empty(tokens, k, dtype=torch.int32, device=x.device)  # noqa: F841 (fused_topk's third output)
+    for i in range(0, tokens, ROWS):
+        v, j = torch.topk(torch.softmax(router[i : i + ROWS].float(), -1), k, -1)
+        weights[i : i + ROWS] = v / v.sum(-1, keepdim=True) if renorm else v
+        ids[i : i + ROWS] = j
+    output = x.new_empty(tokens, x.shape[1])
+    w13, w2 = experts.gate_up_proj, experts.down_proj  # (E, 2 x inter, hidden), (E, hidden, inter)
+    n = w13.shape[1]
+    cache1, cache2, cache3_of = workspace.caches(tokens, k, n, x.shape[1], x)
+    flat = ids.view(-1)
+    rows_of = [(e, (flat == e).nonzero().squeeze(1)) for e in range(w13.shape[0])]
+    for e, rows in rows_of:
+        for i in range(0, rows.shape[0], ROWS):
+            r = rows[i : i + ROWS]
+            cache1[r] = F.linear(x[r // k], w13[e])
+    for i in range(0, cache1.shape[0], ROWS):
+        g = cache1[i : i + ROWS]
+        cache2[i : i + ROWS] = F.silu(g[:, : n // 2]) * g[:, n // 2 :]
+    cache3 = cache3_of().view(tokens * k, -1)
+    for e, rows in rows_of:
+        for i in range(0, rows.shape[0], ROWS):
+            r = rows[i : i + ROWS]
+            cache3[r] = (F.linear(cache2[r], w2[e]) * weights.view(-1)[r, None]).to(x.dtype)
+    for i in range(0, tokens, ROWS):  # moe_sum
+        output[i : i + ROWS] = cache3.view(tokens, k, -1)[i : i + ROWS].sum(1)
+    return output
+
+
+def _moe(block, x: torch.Tensor, workspace: Workspace) -> torch.Tensor:
+    """``*SparseMoeBlock.forward`` through vLLM's MoE runner: the router's logits, a shared
+    expert first (its sigmoid gate applied inside, Qwen2MoeMLP), the routed experts, their sum."""
+    router = F.linear(x, block.gate.weight)
+    shared = None
+    if getattr(block, "shared_expert", None) is not None:
+        out = _mlp(block.shared_expert, x, tanh_gelu=False)
+        shared = torch.sigmoid(F.linear(x, block.shared_expert_gate.weight)) * out
+        del out
+    fused = _fused_experts(block, x, router, workspace)
+    return fused if shared is None else shared + fused
+
+
+def _eps(norm) -> float:
+    return getattr(norm, "variance_epsilon", None) or norm.eps
+
+
+def _dense_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace):
+    """``LlamaDecoderLayer.forward`` (Qwen2's, Mixtral's and Qwen2-MoE's alike, their MLP a
+    sparse-MoE block: :func:`_moe`)."""
+    n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+    if residual is None:
+        residual, h = h, rms_norm(h, n1.weight, _eps(n1))
+    else:
+        h, residual = fused_add_rms_norm_(h, residual, n1.weight, _eps(n1))
+    h = _attention(layer.self_attn, h)
+    h, residual = fused_add_rms_norm_(h, residual, n2.weight, _eps(n2))
+    if hasattr(layer.mlp, "experts"):
+        return _moe(layer.mlp, h, workspace), residual
+    return _mlp(layer.mlp, h, tanh_gelu=False), residual
+
+
+def _gemma2_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace):
+    """``Gemma2DecoderLayer.forward``: its norms take ``weight.float() + 1`` (native path)."""
+
+    def w(norm):
+        return norm.weight.float() + 1.0
+
+    n = layer.input_layernorm
+    if residual is None:
+        residual, h = h, _native_rms_norm(h, w(n), n.eps)
+    else:
+        h, residual = _native_rms_norm(h, w(n), n.eps, residual)
+    h = _attention(layer.self_attn, h)
+    h = _native_rms_norm(h, w(layer.post_attention_layernorm), layer.post_attention_layernorm.eps)
+    n = layer.pre_feedforward_layernorm
+    h, residual = _native_rms_norm(h, w(n), n.eps, residual)
+    h = _mlp(layer.mlp, h, tanh_gelu=True)
+    n = layer.post_feedforward_layernorm
+    return _native_rms_norm(h, w(n), n.eps), residual
+
+
+def profile_forward(model, ids: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
+    """The final-normed hidden states ``(tokens, hidden)`` of ``ids`` through ``model``'s
+    layers as vLLM's eager code runs its profiling forward (module docstring); the LM head
+    is not applied. ``model``: a transformers ``*ForCausalLM`` that :func:`supports`;
+    ``workspace``: where an MoE layer's caches live (default: allocated per call, SGLang's)."""
+    workspace = workspace or Workspace()
+    config = model.config.get_text_config(decoder=True)
+    base = model.base_model
+    gemma = config.model_type == "gemma2"
+    with torch.no_grad():
+        h = F.embedding(ids, base.embed_tokens.weight)
+        if gemma:  # Gemma2Model.embed_input_ids: embedding x normalizer, a new tensor
+            h = h * torch.tensor(config.hidden_size**0.5, dtype=h.dtype)
+        residual = None
+        for layer in base.layers:
+            h, residual = (_gemma2_layer if gemma else _dense_layer)(layer, h, residual, workspace)
+        norm = base.norm
+        if gemma:
+            h, _ = _native_rms_norm(h, norm.weight.float() + 1.0, norm.eps, residual)
+        else:
+            h, _ = fused_add_rms_norm_(h, residual, norm.weight, _eps(norm))
+    return h
