@@ -856,10 +856,11 @@ def test_a_shared_expert_is_a_dense_mlp_in_the_moe_layers_peak():
         # one request: the sampler phase is far below the layer phase at 16384 tokens
         base = estimate.activation_peak(m, tp, 16384, 1, row, workspace_held=True).bytes
         more = estimate.activation_peak(shared, tp, 16384, 1, row, workspace_held=True).bytes
-        # without one, the attention phase is the peak: residual, normed input, qkv, the
-        # attention's output, o_proj's; with one, its MLP phase: residual, normed input, gate_up, act
-        # (at tp 2 the shared expert's sharded MLP phase stays below the attention phase)
+        # without one, the attention phase is the peak: residual, the layer's input, qkv, the
+        # attention's output, o_proj's; with one at tp 1, its MLP phase: residual, the layer's
+        # input, the normed MLP input, gate_up, act; at tp 2 its sharded MLP stays below the
+        # routed phase: those three, the shared output, the routed output and their sum
         attention = 3 * h + ((m.heads + 2 * m.kv_heads) * m.head_dim + m.heads * m.v_head_dim) // tp
-        mlp = 2 * h + 3 * 4096 // tp
+        mlp = 3 * h + 3 * 4096 // tp
         assert base == 16384 * d * attention
-        assert more == 16384 * d * max(attention, mlp) and (more > base) == (tp == 1)
+        assert more == 16384 * d * max(attention, mlp, 6 * h) > base

@@ -866,16 +866,19 @@ def test_the_runners_profiling_forward_is_vllms_layers_over_the_models_weights()
         assert case.engine_layers is hf
         theirs = target.profile_hidden(ids)
         outs = [engine_layers.profile_forward(hf, ids)]  # caches allocated per call
+        vllm = outs[0]
         dims = moe_dims(hf.config)
         if dims is not None:  # and cut from a held workspace of the size vLLM's manager asks for
             held = torch.full((fused_moe_workspace_bytes(len(ids), *dims[:3], 8),), 255, dtype=torch.uint8)
-            outs.append(engine_layers.profile_forward(hf, ids, engine_layers.Workspace(held)))
+            vllm = engine_layers.profile_forward(hf, ids, engine_layers.Workspace(held))
+            outs.append(vllm)
             assert (held != 255).any()
+        outs.append(engine_layers.profile_forward(hf, ids, native_norms=False))  # SGLang's Gemma norms
         for ours in outs:
             assert ours.shape == theirs.shape == (len(ids), 64)
             assert torch.allclose(ours, theirs, rtol=2e-6, atol=2e-6), name
         case.dummy = True
         if dims is not None:  # the case model read the config's dtype, not the test's float64
             case.moe = (*dims[:3], 8)
-        assert torch.equal(case.piece(0, ids), outs[-1])  # the runners' dummy runs take it
+        assert torch.equal(case.piece(0, ids), vllm)  # the vLLM runners' dummy runs take it
         assert dims is None or case.workspace is not None

@@ -130,3 +130,19 @@ def engine_buffers(inp: FitInputs, settings: dict, draft: bool = True) -> FitIte
     if draft and inp.draft is not None:
         source += "; the speculator's own buffers not counted"
     return FitItem(NAME, b, err, "exact", source)
+
+
+def made_by_profile(inp: FitInputs, settings: dict) -> int:
+    """Bytes of the release's persistent buffers its profiling run's dummy sampler makes and
+    keeps (fit_rules.toml [buffers] tensors at "profile", on the branch a stock install runs:
+    the Triton top-k/top-p scratch and tables, or FlashInfer's row states): made after the
+    forward's peak and still allocated when memory_profiling reads what stays, so the
+    transient headroom holds the forward's peak less them (0 where the release was not read)."""
+    found = buffer_rule(inp.engine, inp.version)
+    if found is None:
+        return 0
+    _, rule = found
+    method = inp.draft.method if inp.draft is not None else ""
+    branch = sampler_rule(inp.engine, inp.version).rule.branch(inp.version)
+    dims = buffer_dims(inp, settings)
+    return sum(tensor_bytes(t, dims) for t in counted(rule, ("profile",), method, branch))

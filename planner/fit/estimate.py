@@ -58,41 +58,53 @@ def non_torch(tp: int, sm: str = "", first_stream: bool = False) -> FitItem:
     return FitItem("non-torch memory", b, err, "estimated", src)
 
 
-def activation_per_token(m: FitModel, tp: int, moe_per_call: bool = False) -> int:
-    """Bytes one token holds on one rank at a decoder layer's peak, the larger of its two
-    phases as vLLM's eager layer code allocates them (vllm==0.34.0
-    model_executor/models/llama.py ``LlamaDecoderLayer``, ``LlamaAttention``, ``LlamaMLP``;
-    kernels/vllm_c.py: ``fused_add_rms_norm`` in place, ``rms_norm`` and ``SiluAndMul`` into
-    new outputs; SGLang's layers are the same shape), ``[activation]`` of
-    planner/data/fit_estimates.toml naming the hidden-sized tensors of each:
+def activation_per_token(m: FitModel, tp: int, engine: str = "vllm") -> int:
+    """Bytes one token holds on one rank at a decoder layer's peak, the largest of its phases
+    as the engines' eager layer code allocates them (vllm==0.34.0
+    model_executor/models/llama.py ``LlamaModel``, ``LlamaDecoderLayer``, ``LlamaAttention``,
+    ``LlamaMLP``; kernels/vllm_c.py: ``fused_add_rms_norm`` in place, ``rms_norm`` and
+    ``SiluAndMul`` into new outputs; SGLang 0.5.23's layers are the same shape), in multiples
+    of the hidden size from ``[activation]`` of planner/data/fit_estimates.toml:
 
-    * attention, at o_proj's output: the residual, the normed input, the merged qkv (alive
-      until the attention module returns), the attention's output (heads x v head dim) and
-      o_proj's output (the TP all-reduce runs in place);
-    * MLP, at the activation's output: the residual, the normed input, gate_up (2 x the
-      rank's intermediate) and the activation's output (1 x); down_proj runs after gate_up
-      has died. An MoE layer's MLP phase is its shared expert's (none: Mixtral's); its routed
-      experts are the fused-MoE workspace (:func:`moe_workspace`).
+    * attention, at o_proj's output: the residual, the layer's input (normed in place; the
+      model's loop still holds it), the merged qkv (alive until the attention module returns),
+      the attention's output (heads x v head dim) and o_proj's output (the TP all-reduce runs
+      in place);
+    * MLP, at the activation's output: the residual, the layer's input, the normed MLP input
+      (o_proj's output), gate_up (2 x the rank's intermediate) and the activation's output;
+      down_proj runs after gate_up has died. An MoE layer's MLP phase is its shared expert's
+      (none: Mixtral's);
+    * an MoE layer's routed experts, besides those three: vLLM's (``engine`` "vllm") write
+      their caches into the fused-MoE workspace its manager keeps (:func:`moe_workspace`) and
+      allocate the output, then the sum with a shared expert's output; SGLang's
+      (srt/layers/moe/moe_runner/triton_utils/fused_moe.py ``fused_experts_impl``) allocate
+      at each call the output, cache1 (tokens x top-k x 2 x the rank's expert intermediate,
+      kept to the end by its second name ``gemm1_out``), cache2 (half of it) and cache3
+      (tokens x top-k x hidden), beside a shared expert's output.
 
-    ``moe_per_call``: the routed experts' caches are allocated at each call and freed at its
-    return (SGLang 0.5.23 srt/layers/moe/moe_runner/triton_utils/fused_moe.py
-    ``fused_experts_impl``: the output, cache1 (tokens x top-k x 2 x the rank's expert
-    intermediate, kept to the end by its second name ``gemm1_out``), cache2 (half of it) and
-    cache3 (tokens x top-k x hidden), beside the residual, the normed input and a shared
-    expert's output): a third phase. The rest of a layer (norms, the embedding, the rotary
-    embedding, the router's logits and top-k) stays below them."""
+    A model type in ``out_of_place_norms`` runs vLLM's norms on their native path (Gemma's
+    weight + 1 in float32, which vllm_c's kernels do not take: ir/ops/layernorm.py), whose
+    fused add-norm returns new tensors while the loop holds the old: one more hidden-sized
+    tensor at the MLP phase, two at attention's (SGLang's Gemma norms work in place). The rest
+    of a layer (norms' temporaries, the embedding, the rotary embedding, the router's logits
+    and top-k) stays below them."""
     e = estimates()["activation"]
-    d = m.dtype_bytes
+    h, d = m.hidden, m.dtype_bytes
+    native = engine == "vllm" and m.model_type in e["out_of_place_norms"]
     # MLA too: its prefill up-projects q, k and v to heads x head_dim (nope + rope), kv_heads = heads
     qkv = (m.heads + 2 * m.kv_heads) * m.head_dim // tp
-    attention = e["attention_hidden"] * m.hidden + qkv + m.heads * m.v_head_dim // tp
+    attention = (e["attention_hidden"] + 2 * native) * h + qkv + m.heads * m.v_head_dim // tp
+    base = (e["mlp_hidden"] + native) * h
     inter = m.shared_expert_intermediate if m.experts else m.intermediate
-    mlp = e["mlp_hidden"] * m.hidden + 3 * inter // tp
+    mlp = base + 3 * inter // tp
     routed = 0
-    if moe_per_call and m.experts:
-        n = 2 * m.expert_intermediate // tp
-        held = e["mlp_hidden"] + 1 + (1 if m.shared_expert_intermediate else 0)  # + the output, the shared one's
-        routed = held * m.hidden + m.experts_per_token * (n + n // 2 + m.hidden)
+    if m.experts:
+        shared = 1 if m.shared_expert_intermediate else 0
+        if engine == "sglang":
+            n = 2 * m.expert_intermediate // tp
+            routed = base + (1 + shared) * h + m.experts_per_token * (n + n // 2 + h)
+        else:  # the output, then the sum's beside both
+            routed = base + (1 + 2 * shared) * h
     return d * max(attention, mlp, routed)
 
 
@@ -163,22 +175,26 @@ def activation_peak(
     seqs: int,
     sampler: SamplerRow,
     workspace_held: bool = False,
-    moe_per_call: bool = False,
+    engine: str = "vllm",
+    kept: int = 0,
 ) -> FitItem:
     """The profiling run's transient torch peak (vLLM's profile_run): ``tokens`` through the
     layers, then the dummy sampler over min(``seqs``, ``tokens``) requests while the forward's
     hidden states are still held (:func:`sampler_phase`, the release's row ``sampler``), each on
     top of the MoE workspace the forward allocates; ``workspace_held``: the engine keeps that
     workspace (vLLM's workspace manager), so the transient peak over what stays allocated does
-    not hold it (:func:`moe_workspace_item` counts it); ``moe_per_call``: the MoE layers allocate
-    their caches at each call and free them (SGLang's), a phase of the layer
-    (:func:`activation_per_token`), no workspace after it. Where the row reads FlashInfer's
+    not hold it (:func:`moe_workspace_item` counts it); ``engine`` "sglang": the layers are
+    SGLang's, whose MoE layers allocate their caches at each call and free them, a phase of
+    the layer (:func:`activation_per_token`), no workspace after it; ``kept``: bytes the dummy
+    sampler makes and keeps after the forward (:func:`.buffers.made_by_profile`), which the
+    headroom over what stays allocated does not hold beside the forward's peak. Where the row reads FlashInfer's
     sampler, which runs or not by the host's installation (fit cannot know), the central figure
     is the branch the release's stock install runs (``SamplerRule.branch``) and the error bar
     holds the other's difference."""
     e = estimates()["activation"]
-    workspace = 0 if workspace_held or moe_per_call else moe_workspace(m, tp, tokens)
-    layer = tokens * activation_per_token(m, tp, moe_per_call)
+    per_call = engine == "sglang"
+    workspace = 0 if workspace_held or per_call else moe_workspace(m, tp, tokens)
+    layer = max(tokens * activation_per_token(m, tp, engine) - kept, 0)
     triton, flashinfer = sampler_phase(m, tp, tokens, min(seqs, tokens), sampler.rule)
     central = sampler.rule.branch(sampler.version)
     phase, other = (flashinfer, triton) if central == "flashinfer" and flashinfer is not None else (triton, flashinfer)
@@ -194,7 +210,7 @@ def activation_peak(
         source += f"; FlashInfer's sampler, which {sampler.version}'s stock install runs"
     if workspace_held and m.experts:
         source += "; the fused-MoE workspace, which the engine keeps, is an item of its own"
-    if moe_per_call and m.experts:
+    if per_call and m.experts:
         source += "; the MoE layers' caches, allocated per call, in the layer's phase"
     if other is not None and workspace + max(layer, other) != b:
         more = workspace + max(layer, other) - b

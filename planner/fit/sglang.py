@@ -87,7 +87,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     # only checks the slack holds one prefill chunk, counted as fit counted it before the
     # releases' samplers were read, vLLM 0.19.0's (fit_rules.toml [sampler.vllm-0-19]); its MoE
     # layers allocate their caches per call (estimate.activation_per_token)
-    act = estimate.activation_peak(m, inp.tp, chunk, max_bs, sampler_rule("vllm", "0.19.0"), moe_per_call=True)
+    act = estimate.activation_peak(m, inp.tp, chunk, max_bs, sampler_rule("vllm", "0.19.0"), engine="sglang")
 
     def graph_of(ss: list[int]) -> FitItem:
         g = result.graph_memory(

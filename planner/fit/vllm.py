@@ -11,7 +11,7 @@ import math
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, graph_pool, result, sizing
-from .buffers import engine_buffers
+from .buffers import engine_buffers, made_by_profile
 from .draft import speculative
 from .graph_count import full_graph_sizes, vllm_graphs
 from .graph_pool import Captures, Graph
@@ -139,7 +139,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     # manager keeps, is persistent there; the others log and deduct the torch peak's increase,
     # which holds it (its own item only where the release splits them)
     split = buffer_rule("vllm", inp.version) is not None
-    act = estimate.activation_peak(m, inp.tp, batched, seqs, sampler_rule("vllm", inp.version), workspace_held=split)
+    row = sampler_rule("vllm", inp.version)
+    kept = made_by_profile(inp, settings)  # the sampler's scratch, made after the forward's peak
+    act = estimate.activation_peak(m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept)
     moe = estimate.moe_workspace_item(m, inp.tp, batched) if split else None
     moes = [moe] if moe is not None else []
     held = sum(known(i) for i in moes)

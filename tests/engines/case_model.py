@@ -55,13 +55,15 @@ class CaseModel:
 
     #: the engine keeps its fused-MoE workspace after a forward (vLLM's workspace manager)
     persistent_moe_workspace = True
+    #: the engine's Gemma norms take the native path, new tensors (vLLM's; engine_layers)
+    native_norms = True
 
     def piece(self, k: int, x: torch.Tensor) -> torch.Tensor:
         if self.dummy:
             self.moe_workspace(x.shape[0])
             if self.engine_layers is not None:
                 held = engine_layers.Workspace(self.workspace)  # None: SGLang's, allocated per call
-                return engine_layers.profile_forward(self.engine_layers, x, held)
+                return engine_layers.profile_forward(self.engine_layers, x, held, self.native_norms)
             return _main(self.target).profile_hidden(x)
         out = self.target.run(self.phase, x.shape[0] // self.q, None)
         return out[0] if isinstance(out, tuple) else out  # EAGLE's verify: (hidden states, last layer's)
@@ -131,6 +133,8 @@ class SGLangCaseModel(CaseModel):
 
     #: SGLang's fused MoE allocates its intermediate caches per call (transients)
     persistent_moe_workspace = False
+    #: SGLang's Gemma norms work in place (gemma_fused_add_rmsnorm)
+    native_norms = False
 
     def __init__(self, target, max_tokens: int, phase: str = "decode"):
         super().__init__(target, max_tokens, phase)

@@ -20,7 +20,9 @@ attention: its backends, given no metadata, fill their output with zeros):
   place (``inplace=True``) where input and weight share a dtype; Gemma's norms pass
   ``weight.float() + 1`` (``layers/layernorm.py GemmaRMSNorm.forward_native``), which that
   implementation does not take, so they run ``ir/ops/layernorm.py``'s native functions: float32
-  temporaries, new outputs (copied here step by step: :func:`_native_rms_norm`).
+  temporaries, new outputs (copied here step by step: :func:`_native_rms_norm`). SGLang's
+  (0.5.23 srt/layers/layernorm.py ``GemmaRMSNorm._forward_impl``) work in place
+  (``native_norms=False``).
 * ``layers/attention``: the layer allocates its output (tokens x heads x head_dim) and the
   backend fills it with zeros.
 
@@ -53,8 +55,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-#: rows a stand-in of a fused kernel computes at a time
-ROWS = 256
+#: rows a stand-in of a fused kernel computes at a time (its temporaries: a few MiB at most)
+ROWS = 64
 
 #: transformers model types whose decoder layer this file follows (vLLM's class for each)
 TYPES = {
@@ -233,7 +235,7 @@ def _eps(norm) -> float:
     return getattr(norm, "variance_epsilon", None) or norm.eps
 
 
-def _dense_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace):
+def _dense_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace, native: bool):
     """``LlamaDecoderLayer.forward`` (Qwen2's, Mixtral's and Qwen2-MoE's alike, their MLP a
     sparse-MoE block: :func:`_moe`)."""
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
@@ -248,31 +250,36 @@ def _dense_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspac
     return _mlp(layer.mlp, h, tanh_gelu=False), residual
 
 
-def _gemma2_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace):
-    """``Gemma2DecoderLayer.forward``: its norms take ``weight.float() + 1`` (native path)."""
+def _gemma_norm(norm, x: torch.Tensor, residual: torch.Tensor | None, native: bool):
+    """A Gemma norm (weight + 1): vLLM's native path (new tensors, ``native``) or SGLang's
+    kernels (``gemma_fused_add_rmsnorm`` in place, ``gemma_rmsnorm`` into a new output)."""
+    weight = norm.weight.float() + 1.0
+    if native:
+        return _native_rms_norm(x, weight, norm.eps, residual)
+    return rms_norm(x, weight, norm.eps) if residual is None else fused_add_rms_norm_(x, residual, weight, norm.eps)
 
-    def w(norm):
-        return norm.weight.float() + 1.0
 
-    n = layer.input_layernorm
+def _gemma2_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace, native: bool):
+    """``Gemma2DecoderLayer.forward``: four norms (:func:`_gemma_norm`)."""
     if residual is None:
-        residual, h = h, _native_rms_norm(h, w(n), n.eps)
+        residual, h = h, _gemma_norm(layer.input_layernorm, h, None, native)
     else:
-        h, residual = _native_rms_norm(h, w(n), n.eps, residual)
+        h, residual = _gemma_norm(layer.input_layernorm, h, residual, native)
     h = _attention(layer.self_attn, h)
-    h = _native_rms_norm(h, w(layer.post_attention_layernorm), layer.post_attention_layernorm.eps)
-    n = layer.pre_feedforward_layernorm
-    h, residual = _native_rms_norm(h, w(n), n.eps, residual)
+    h = _gemma_norm(layer.post_attention_layernorm, h, None, native)
+    h, residual = _gemma_norm(layer.pre_feedforward_layernorm, h, residual, native)
     h = _mlp(layer.mlp, h, tanh_gelu=True)
-    n = layer.post_feedforward_layernorm
-    return _native_rms_norm(h, w(n), n.eps), residual
+    return _gemma_norm(layer.post_feedforward_layernorm, h, None, native), residual
 
 
-def profile_forward(model, ids: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
+def profile_forward(
+    model, ids: torch.Tensor, workspace: Workspace | None = None, native_norms: bool = True
+) -> torch.Tensor:
     """The final-normed hidden states ``(tokens, hidden)`` of ``ids`` through ``model``'s
     layers as vLLM's eager code runs its profiling forward (module docstring); the LM head
     is not applied. ``model``: a transformers ``*ForCausalLM`` that :func:`supports`;
-    ``workspace``: where an MoE layer's caches live (default: allocated per call, SGLang's)."""
+    ``workspace``: where an MoE layer's caches live (default: allocated per call, SGLang's);
+    ``native_norms``: Gemma's norms on vLLM's native path (False: SGLang's in-place kernels)."""
     workspace = workspace or Workspace()
     config = model.config.get_text_config(decoder=True)
     base = model.base_model
@@ -283,10 +290,10 @@ def profile_forward(model, ids: torch.Tensor, workspace: Workspace | None = None
             h = h * torch.tensor(config.hidden_size**0.5, dtype=h.dtype)
         residual = None
         for layer in base.layers:
-            h, residual = (_gemma2_layer if gemma else _dense_layer)(layer, h, residual, workspace)
+            h, residual = (_gemma2_layer if gemma else _dense_layer)(layer, h, residual, workspace, native_norms)
         norm = base.norm
         if gemma:
-            h, _ = _native_rms_norm(h, norm.weight.float() + 1.0, norm.eps, residual)
+            h, _ = _gemma_norm(norm, h, residual, native_norms)
         else:
             h, _ = fused_add_rms_norm_(h, residual, norm.weight, _eps(norm))
     return h
