@@ -1533,6 +1533,8 @@ def fit_bench() -> list[str]:
     refitted = set(latest) | {n for n in runs if "refit_of" in _load(n) and n not in latest.values()}
     rows, sources = [], []
     verdict: dict[str, dict[str, list[dict]]] = {}  # release -> item -> its comparisons
+    # (release, case) -> (the run's date, its comparisons, the file): the newest run of each
+    newest: dict[tuple[str, str], tuple[str, dict, str]] = {}
     for name in (n for n in runs if n not in refitted):
         d = _load(name)
         source = _source(name, d).strip()
@@ -1558,6 +1560,8 @@ def fit_bench() -> list[str]:
                 continue
             for item in ("weights", "activation peak", "graph memory", "kv tokens"):
                 verdict.setdefault(label, {}).setdefault(item, []).append(c[item])
+            if (label, case) not in newest or newest[label, case][0] < d["date"]:
+                newest[label, case] = (d["date"], c, name)
             verdict[label].setdefault("rule", []).append(r)
             rows.append(
                 [
@@ -1593,7 +1597,20 @@ def fit_bench() -> list[str]:
             else:
                 parts.append(f"{item} met in {sum(x['ok'] for x in cs)} of {len(cs)} (fit {span})")
         lines.append(f"- {label}: " + "; ".join(parts) + ".")
-    return [*_table(header, rows), "", *lines, "", *sources]
+    latest = []  # each release's cases at their newest run: where the runners and fit stand now
+    for label in verdict:
+        cases = sorted(case for lab, case in newest if lab == label)
+        parts = []
+        for item in ("weights", "activation peak", "graph memory", "kv tokens"):
+            cs = [newest[label, case][1][item] for case in cases]
+            met = [case for case, x in zip(cases, cs) if x["ok"]]
+            missed = [case for case in cases if case not in met]
+            parts.append(f"{item} met in {len(met)} of {len(cs)}" + (f" (not {', '.join(missed)})" if missed else ""))
+        files = sorted({newest[label, case][2] for case in cases})
+        latest.append(
+            f"- {label}, each case's newest run ({', '.join(f'`{f}`' for f in files)}): " + "; ".join(parts) + "."
+        )
+    return [*_table(header, rows), "", *lines, "", *latest, "", *sources]
 
 
 def fit_sglang_bench() -> list[str]:
