@@ -121,9 +121,10 @@ DIFFERS = [
     "0.34.0's eager decoder layers over the model's weights (tests/engines/engine_layers.py: the merged "
     "qkv and gate_up outputs, the in-place fused add-norm, SiluAndMul's output, Gemma2's native float32 "
     "norms, the fused MoE's router, top-k, output and caches cut from its workspace, a shared expert "
-    "first; stand-ins of the fused kernels computed in row chunks into the outputs they allocate), the "
-    "references their own profile_hidden; attention skipped (0.34.0's sizing warm-up runs a mixed "
-    "prefill-decode step with attention). Runs before this change ran transformers' layers",
+    "first; stand-ins of the fused kernels computed in row chunks into the outputs they allocate), and "
+    "over the reference decode step's weights for the reference and EAGLE cases' targets; attention "
+    "skipped (0.34.0's sizing warm-up runs a mixed prefill-decode step with attention). Runs before "
+    "this change ran transformers' layers, and the references their own profile_hidden",
     "the sampler is tests/engines' stand-in of the release's (vllm_runner_034.py Sampler; 0.33.0-shaped: "
     "vllm_runner.py's, 0.33.0's, which 0.34.0's extends): it allocates what the release's sampler does "
     "in the profiling run's two passes, in its shapes, dtypes and order (the model-dtype logits, the "
@@ -158,9 +159,10 @@ DIFFERS = [
     "workspace' item), and the dummy runs' MoE layers cut their caches from it. Runs before 2028b99 had "
     "no workspace; runs before the engine layers ran transformers' expert loop, whose transients were "
     "in the runner's activation peak",
-    "the reference and EAGLE cases call FA3 with its own split heuristic and hoisted scheduler metadata, "
-    "not vLLM's 32 splits: fit's graph figure holds vLLM's split-KV accumulators (planner/fit/vllm.py "
-    "split_kv_accum), their runner's does not",
+    "the reference case calls FA3 with vLLM's 32 splits and its hoisted scheduler metadata "
+    "(references/decode.py ReferenceConfig.fa3_splits; runs before this change used FA3's own split "
+    "heuristic, whose graphs hold none of the split-KV accumulators fit prices: planner/fit/vllm.py "
+    "split_kv_accum); the EAGLE case's speculative reference still uses FA3's heuristic",
 ]
 
 

@@ -891,10 +891,11 @@ def case_target(
     **config,
 ):
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
-    decode step or the speculative reference (``layers`` layers; they call FA3 themselves),
-    or the transformers model of :data:`HF_ARCHS` (``config`` on top) in ``HFTarget``, with
-    ``attention`` (``"model"``: the case's attention implementation; ``"fa3"``: FA3 over the
-    cache as the engines' sm90 backends, ``fa3_splits`` its split count: ``HFTarget``'s);
+    decode step or the speculative reference (``layers`` layers; they call FA3 themselves,
+    the reference with ``fa3_splits`` splits), or the transformers model of :data:`HF_ARCHS`
+    (``config`` on top) in ``HFTarget``, with ``attention`` (``"model"``: the case's attention
+    implementation; ``"fa3"``: FA3 over the cache as the engines' sm90 backends, ``fa3_splits``
+    its split count: ``HFTarget``'s);
     sized for ``max_bs`` requests (default: the plan's largest size). Every
     case's cache length is sized for the device by :func:`fit_seqlen` within
     :func:`kv_budget`, read before the model is built: :data:`REFERENCE_SEQLEN` (the
@@ -912,7 +913,7 @@ def case_target(
     if case == "reference":
         from capture_plan.references.decode import ReferenceConfig, ReferenceModel
 
-        cfg = ReferenceConfig(model=model, max_bs=max_bs)
+        cfg = ReferenceConfig(model=model, max_bs=max_bs, fa3_splits=fa3_splits)
         seqlen = fit_seqlen(
             budget=budget,
             slots=max_bs,

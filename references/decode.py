@@ -43,6 +43,10 @@ class ReferenceConfig:
     #: tokens per request of each phase
     tokens: dict = field(default_factory=lambda: {"decode": 1, "target_verify": 4})
     seed: int = 0
+    #: FA3's ``num_splits`` for its scheduler metadata and its calls (0: FA3's own heuristic;
+    #: vLLM's FULL graphs pass ``max_num_splits``, 32, whose split-KV accumulators each call
+    #: then allocates)
+    fa3_splits: int = 0
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -156,6 +160,7 @@ class ReferenceModel:
             headdim_v=self.head_dim,
             max_seqlen_k_new=tpr,
             causal=True,
+            num_splits=self.cfg.fa3_splits,
         )
         buf = workspace.view(torch.int32)
         if md.numel() > buf.numel():
@@ -239,7 +244,15 @@ class ReferenceModel:
         if self.fa3 is not None:
             new = dict(k=k, v=v) if append else {}
             out = self.fa3.flash_attn_with_kvcache(
-                q, kc, vc, **new, cache_seqlens=seqlens, cache_batch_idx=idx, causal=True, scheduler_metadata=md
+                q,
+                kc,
+                vc,
+                **new,
+                cache_seqlens=seqlens,
+                cache_batch_idx=idx,
+                causal=True,
+                scheduler_metadata=md,
+                num_splits=self.cfg.fa3_splits,
             )
             return out[0] if isinstance(out, tuple) else out
         # SDPA fallback: append K/V at each request's position, then attend with a mask.

@@ -255,21 +255,20 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     snapshot = module.MemorySnapshot().measure()
     mem.outside += committed + weights  # the model built after the snapshot
     forwards, runs = [], []
-    main = getattr(target, "target", target)
     run = target.run
-    # the dummy runs' forward: vLLM's layers over a dense transformers model's weights
-    # (tests/engines/engine_layers.py), a reference's own profile_hidden
+    # the dummy runs' forward: vLLM's layers over the transformers model's or the reference's
+    # weights (tests/engines/engine_layers.py)
     from capture_plan.tests.engines import engine_layers
 
-    owner, name = (engine_layers, "profile_forward") if case == "llama" else (main, "profile_hidden")
-    real = getattr(owner, name)
+    name = "profile_forward" if case == "llama" else "reference_forward"
+    real = getattr(engine_layers, name)
 
     def forward(*args):
-        forwards.append(args[1 if owner is engine_layers else 0].shape[0])  # (model, ids, workspace), (ids)
+        forwards.append(args[1].shape[0])  # (the model, the ids, ...)
         mem.transient(300 * MIB)
         return real(*args)
 
-    monkeypatch.setattr(owner, name, forward)
+    monkeypatch.setattr(engine_layers, name, forward)
     monkeypatch.setattr(target, "run", lambda phase, bs, ws: (runs.append((phase, bs)), run(phase, bs, ws))[1])
     extensible = release == "vllm==0.34.0"
     made = {}  # the release's persistent buffers, as the runner holds them when it is released
@@ -544,15 +543,19 @@ def test_the_sglang_runners_start_up_on_a_case_model(monkeypatch, tmp_path):
     assert events == ["reading", "stream"] and startup.forward_stream is not None
     mem.outside += weights + committed  # the model built after the reading
     runs, peaks = [], []
-    real_run, real_hidden = target.run, target.profile_hidden
+    real_run = target.run
+    # the prefill chunk's forward: vLLM's layers over the reference's weights (engine_layers)
+    from capture_plan.tests.engines import engine_layers
 
-    def profile_hidden(ids):
+    real_forward = engine_layers.reference_forward
+
+    def reference_forward(ref, ids):
         peaks.append(ids.shape[0])
         mem.transient(5 * MIB)
-        return real_hidden(ids)
+        return real_forward(ref, ids)
 
     monkeypatch.setattr(target, "run", lambda phase, bs, ws: (runs.append((phase, bs)), real_run(phase, bs, ws))[1])
-    monkeypatch.setattr(target, "profile_hidden", profile_hidden)
+    monkeypatch.setattr(engine_layers, "reference_forward", reference_forward)
     create = sgl_case_model().create_logits_buffer
 
     def create_logits_buffer(self, rows):  # the fake device sees the buffer the runner makes
@@ -882,3 +885,59 @@ def test_the_runners_profiling_forward_is_vllms_layers_over_the_models_weights()
             case.moe = (*dims[:3], 8)
         assert torch.equal(case.piece(0, ids), vllm)  # the vLLM runners' dummy runs take it
         assert dims is None or case.workspace is not None
+
+
+def test_the_reference_cases_profiling_forward_is_vllms_layers_and_its_fa3_splits_are_given(monkeypatch):
+    """The reference decode step's dummy runs take vLLM's eager layers over its weights
+    (engine_layers.reference_forward: its own profile_hidden's hidden states, in float64 to
+    ~1e-7), for the EAGLE case's target too; and ``ReferenceConfig.fa3_splits`` reaches FA3's
+    scheduler metadata and its calls (vLLM's FULL graphs pass 32: fit_bench gives the reference
+    the splits it gives the transformers cases; 0, FA3's heuristic, by default)."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    import torch
+
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
+    from capture_plan.tests.engines import engine_layers
+    from capture_plan.tests.engines.case_model import CaseModel
+
+    model = Model(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=100)
+    ref = ReferenceModel(ReferenceConfig(model=model, max_bs=2, max_seqlen=8), backend="torch", device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    for d in [*ref.layers, ref.__dict__]:  # float64, norms that count
+        for k, t in list(d.items()):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                d[k] = torch.randn(t.shape, generator=gen, dtype=torch.float64) * (0.5 if t.dim() > 1 else 1.0)
+    ids = torch.tensor([5, 7, 9, 11, 3] * 40)
+    ours, theirs = engine_layers.reference_forward(ref, ids), ref.profile_hidden(ids)
+    assert torch.allclose(ours, theirs, rtol=2e-6, atol=2e-6)
+    case = CaseModel(ref, len(ids))
+    case.dummy = True
+    assert case.reference is ref and torch.equal(case.piece(0, ids), ours)
+
+    seen = []
+
+    class FA3:  # records what the reference passes; the attention's values do not matter here
+        @staticmethod
+        def get_scheduler_metadata(*args, **kw):
+            seen.append(("metadata", kw["num_splits"]))
+            return torch.zeros(4, dtype=torch.int32)
+
+        @staticmethod
+        def flash_attn_with_kvcache(q, *args, **kw):
+            seen.append(("attention", kw["num_splits"]))
+            return torch.zeros_like(q)
+
+    for splits in (0, 32):
+        r = ReferenceModel(
+            dataclasses.replace(ReferenceConfig(model=model, max_bs=2, max_seqlen=8), fa3_splits=splits),
+            backend="torch",
+            device="cpu",
+        )
+        r.fa3, seen[:] = FA3, []
+        workspace = torch.zeros(64, dtype=torch.uint8)
+        r.refresh("decode", 2, 2, workspace)
+        r.run("decode", 2, workspace)
+        assert seen == [("metadata", splits)] + [("attention", splits)] * model.layers

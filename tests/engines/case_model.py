@@ -6,19 +6,21 @@ The case models have no piecewise split: :class:`CaseModel` is one piece, the wh
 A decode graph of ``n`` requests runs the case's own decode phase (``decode``, or EAGLE's
 ``target_verify`` at its query length), hidden states out (bench/baselines.py
 ``hidden_state_outputs``); a dummy run (the runner's ``_dummy_run``, wrapped by
-:func:`route_dummy_runs`) runs vLLM's eager decoder layers over a transformers model's
-weights (tests/engines/engine_layers.py; the MoE layers' caches in the workspace the case
-model holds as vLLM's manager does, or, SGLang's, allocated per call), else the model's
-``profile_hidden`` (the references' own), attention skipped as vLLM's profiling run skips
-it. The EAGLE draft runs the speculative reference's draft phases (:func:`route_draft`).
-Also what the bench measures of the model: its weights' bytes and its own decode cache
-(:func:`measured_weights`, :func:`decode_cache`). SGLang's decode runner
-(tests/engines/sglang_runner.py, bench/fit_bench_sglang.py) drives :class:`SGLangCaseModel`.
+:func:`route_dummy_runs`) runs vLLM's eager decoder layers over a transformers model's or
+the reference decode step's weights (tests/engines/engine_layers.py; the MoE layers' caches
+in the workspace the case model holds as vLLM's manager does, or, SGLang's, allocated per
+call), attention skipped as vLLM's profiling run skips it. The EAGLE draft runs the
+speculative reference's draft phases (:func:`route_draft`). Also what the bench measures of
+the model: its weights' bytes and its own decode cache (:func:`measured_weights`,
+:func:`decode_cache`). SGLang's decode runner (tests/engines/sglang_runner.py,
+bench/fit_bench_sglang.py) drives :class:`SGLangCaseModel`.
 """
 
 from __future__ import annotations
 
 import torch
+
+from capture_plan.references.decode import ReferenceModel
 
 from . import engine_layers
 
@@ -52,6 +54,9 @@ class CaseModel:
         #: the transformers model whose dummy runs take the engine's eager layers
         #: (tests/engines/engine_layers.py; None: the target's own ``profile_hidden``)
         self.engine_layers = hf if isinstance(hf, torch.nn.Module) and engine_layers.supports(hf) else None
+        #: the reference decode step whose dummy runs take the engine's layers (engine_layers
+        #: reference_forward; the EAGLE case's target included)
+        self.reference = main if isinstance(main, ReferenceModel) else None
 
     #: the engine keeps its fused-MoE workspace after a forward (vLLM's workspace manager)
     persistent_moe_workspace = True
@@ -64,6 +69,8 @@ class CaseModel:
             if self.engine_layers is not None:
                 held = engine_layers.Workspace(self.workspace)  # None: SGLang's, allocated per call
                 return engine_layers.profile_forward(self.engine_layers, x, held, self.native_norms)
+            if self.reference is not None:
+                return engine_layers.reference_forward(self.reference, x)
             return _main(self.target).profile_hidden(x)
         out = self.target.run(self.phase, x.shape[0] // self.q, None)
         return out[0] if isinstance(out, tuple) else out  # EAGLE's verify: (hidden states, last layer's)

@@ -297,3 +297,39 @@ def profile_forward(
         else:
             h, _ = fused_add_rms_norm_(h, residual, norm.weight, _eps(norm))
     return h
+
+
+#: the reference decode step's norms' epsilon (references/decode.py ``_rmsnorm``)
+REFERENCE_EPS = 1e-5
+
+
+def _reference_layer(ref, layer: dict, h: torch.Tensor, residual: torch.Tensor | None):
+    """``LlamaDecoderLayer.forward`` over one of the reference decode step's layers (its
+    merged ``wqkv`` and ``wgu``; the TP all-reduce of o_proj's output in place)."""
+    if residual is None:
+        residual, h = h, rms_norm(h, layer["norm1"], REFERENCE_EPS)
+    else:
+        h, residual = fused_add_rms_norm_(h, residual, layer["norm1"], REFERENCE_EPS)
+    qkv = F.linear(h, layer["wqkv"])
+    out = torch.empty(h.shape[0], ref.heads * ref.head_dim, dtype=h.dtype, device=h.device)
+    out.fill_(0)
+    o = F.linear(out, layer["wo"])
+    ref._all_reduce(o)
+    del qkv, out
+    h, residual = fused_add_rms_norm_(o, residual, layer["norm2"], REFERENCE_EPS)
+    gate_up = F.linear(h, layer["wgu"])
+    act = _act_and_mul(gate_up, ref.inter, tanh_gelu=False)
+    del gate_up
+    return F.linear(act, layer["wd"]), residual
+
+
+def reference_forward(ref, ids: torch.Tensor) -> torch.Tensor:
+    """:func:`profile_forward` over the reference decode step's weights
+    (references/decode.py ``ReferenceModel``): what its own ``profile_hidden`` computes, with
+    vLLM's eager layers' allocations."""
+    with torch.no_grad():
+        h, residual = F.embedding(ids, ref.embed), None
+        for layer in ref.layers:
+            h, residual = _reference_layer(ref, layer, h, residual)
+        h, _ = fused_add_rms_norm_(h, residual, ref.final_norm, REFERENCE_EPS)
+    return h
