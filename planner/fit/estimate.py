@@ -16,7 +16,7 @@ from . import graph_pool
 from .graph_count import GraphCount
 from .graph_pool import Captures
 from .model import FitModel
-from .tables import GiB, SamplerRow, SamplerRule, estimates
+from .tables import GiB, MiB, SamplerRow, SamplerRule, estimates
 
 __all__ = [
     "context",
@@ -187,10 +187,10 @@ def activation_peak(
     SGLang's, whose MoE layers allocate their caches at each call and free them, a phase of
     the layer (:func:`activation_per_token`), no workspace after it; ``kept``: bytes the dummy
     sampler makes and keeps after the forward (:func:`.buffers.made_by_profile`), which the
-    headroom over what stays allocated does not hold beside the forward's peak. Where the row reads FlashInfer's
-    sampler, which runs or not by the host's installation (fit cannot know), the central figure
-    is the branch the release's stock install runs (``SamplerRule.branch``) and the error bar
-    holds the other's difference."""
+    headroom over what stays allocated does not hold beside the forward's peak. Where the
+    row reads FlashInfer's sampler, which runs or not by the host's installation (fit cannot
+    know), the central figure is the branch the release's stock install runs
+    (``SamplerRule.branch``) and the error bar holds the other's difference."""
     e = estimates()["activation"]
     per_call = engine == "sglang"
     workspace = 0 if workspace_held or per_call else moe_workspace(m, tp, tokens)
@@ -212,6 +212,8 @@ def activation_peak(
         source += "; the fused-MoE workspace, which the engine keeps, is an item of its own"
     if per_call and m.experts:
         source += "; the MoE layers' caches, allocated per call, in the layer's phase"
+    if kept:
+        source += f"; the layers' peak less the sampler's kept scratch ({kept / MiB:.1f} MiB, made after it)"
     if other is not None and workspace + max(layer, other) != b:
         more = workspace + max(layer, other) - b
         err = max(err, abs(more))
