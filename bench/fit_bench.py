@@ -517,6 +517,7 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             block_sizes=[s.block_size] * groups,
         )
         split = capture_split(runner)
+        samples = estimate_samples(runner.cudagraph_manager)
         worker.determine_available_memory()
         if not extensible:
             worker.available_kv_cache_memory_bytes += committed
@@ -539,6 +540,7 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             "kv_bytes_per_token_layer": per_token,
             "layers": {"full": full, "sliding": sliding},
             "graphs": len(runner.cudagraph_manager.graphs) + sum(len(m.graphs) for m in managers(runner.speculator)),
+            "graph_estimate_samples_bytes": samples,
             **split,
         }
         runner.release()
@@ -569,6 +571,26 @@ def capture_split(runner) -> dict:
 
     runner.capture_model = measured
     return split
+
+
+def estimate_samples(manager) -> list[int]:
+    """The free-memory drops of the FULL graphs the 0.33.0-shaped graph estimate samples, in
+    the list returned once the estimate has run (cudagraph_utils.py profile_cudagraph_memory:
+    the first ``_FULL_GRAPH_PROFILING_SAMPLES`` FULL captures into a throwaway pool, which it
+    extrapolates as the first + (FULL graphs - 1) x max(the second, 1 MiB)); empty where the
+    release samples none (0.34.0's extensible cache). The manager's ``capture`` is wrapped to
+    read its ``_capture_mem_samples`` after each call; the release's code is left as it is."""
+    samples: list[int] = []
+    capture = manager.capture
+
+    def recorded(*a, **kw):
+        out = capture(*a, **kw)
+        if manager._capture_mem_samples is not None:
+            samples.extend(manager._capture_mem_samples)
+        return out
+
+    manager.capture = recorded
+    return samples
 
 
 def managers(speculator) -> list:

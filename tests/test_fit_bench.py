@@ -316,11 +316,14 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     check = fb.rule_check(record, release)
     assert check["blocks"] == record["blocks"] > 0 and check["error"] == 0
     if extensible:  # the decode cache counts as the cache's: the free side gets it back
+        assert record["measured"]["graph_estimate_samples_bytes"] == []  # 0.34.0 samples none
         margin = max(GIB, int(300 * MIB * 0.75))
         free = 80 * GIB - GIB - committed - weights
         assert record["blocks"] == (free + committed - margin - 300 * MIB) // record["block_bytes"]
     else:  # the budget less what the profile consumed but the decode cache, its peak, the estimate
         assert record["graph_estimate_bytes"] == 3 * MIB  # 4 graphs: 3 at vLLM's 1 MiB floor (no drop here)
+        # the two FULL captures the estimate sampled, recorded (the fake device drops nothing)
+        assert record["measured"]["graph_estimate_samples_bytes"] == [0, 0]
         budget = math.ceil(80 * GIB * 0.92) - weights - 300 * MIB - 3 * MIB
         assert record["blocks"] == budget // record["block_bytes"]
     fitted = {"default": {"items": {}, "kv_blocks": record["blocks"], "block_tokens": 16}, "plan": {"skipped": "x"}}
