@@ -124,7 +124,10 @@ DIFFERS = [
     "first; stand-ins of the fused kernels computed in row chunks into the outputs they allocate), and "
     "over the reference decode step's weights for the reference and EAGLE cases' targets; attention "
     "skipped (0.34.0's sizing warm-up runs a mixed prefill-decode step with attention). Runs before "
-    "this change ran transformers' layers, and the references their own profile_hidden",
+    "this change ran transformers' layers, and the references their own profile_hidden; runs before "
+    "engine_layers.code_of let gate_up die at the activation in every MLP (vLLM's Qwen2, Gemma 2 and "
+    "Qwen2-MoE MLPs and all of SGLang's keep it to down_proj) and gave SGLang's MoE a new output (its "
+    "fused_experts_impl writes the input in place where the layer has no shared expert)",
     "the sampler is tests/engines' stand-in of the release's (vllm_runner_034.py Sampler; 0.33.0-shaped: "
     "vllm_runner.py's, 0.33.0's, which 0.34.0's extends): it allocates what the release's sampler does "
     "in the profiling run's two passes, in its shapes, dtypes and order (the model-dtype logits, the "

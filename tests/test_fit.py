@@ -857,10 +857,14 @@ def test_a_shared_expert_is_a_dense_mlp_in_the_moe_layers_peak():
         base = estimate.activation_peak(m, tp, 16384, 1, row, workspace_held=True).bytes
         more = estimate.activation_peak(shared, tp, 16384, 1, row, workspace_held=True).bytes
         # without one, the attention phase is the peak: residual, the layer's input, qkv, the
-        # attention's output, o_proj's; with one at tp 1, its MLP phase: residual, the layer's
-        # input, the normed MLP input, gate_up, act; at tp 2 its sharded MLP stays below the
-        # routed phase: those three, the shared output, the routed output and their sum
-        attention = 3 * h + ((m.heads + 2 * m.kv_heads) * m.head_dim + m.heads * m.v_head_dim) // tp
-        mlp = 3 * h + 3 * 4096 // tp
+        # attention's output, o_proj's (and its reduced copy at tp 2: vLLM's all-reduce is out
+        # of place); with one, its MLP phase at down_proj: residual, the layer's input, the
+        # normed MLP input, gate_up (Qwen3-MoE's MLP keeps it to its return), the activation,
+        # down_proj's output (and its reduced copy); beside the routed phase: those three, the
+        # shared output, the routed output, their sum (and its reduced copy)
+        reduced = h if tp > 1 else 0
+        qkv = (m.heads // tp + 2 * max(1, m.kv_heads // tp)) * m.head_dim
+        attention = 3 * h + qkv + m.heads * m.v_head_dim // tp + reduced
+        mlp = 3 * h + 3 * 4096 // tp + h + reduced
         assert base == 16384 * d * attention
-        assert more == 16384 * d * max(attention, mlp, 6 * h) > base
+        assert more == 16384 * d * max(attention, mlp, 6 * h + reduced) > base

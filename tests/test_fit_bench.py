@@ -879,7 +879,7 @@ def test_the_runners_profiling_forward_is_vllms_layers_over_the_models_weights()
             vllm = engine_layers.profile_forward(hf, ids, engine_layers.Workspace(held))
             outs.append(vllm)
             assert (held != 255).any()
-        outs.append(engine_layers.profile_forward(hf, ids, native_norms=False))  # SGLang's Gemma norms
+        outs.append(engine_layers.profile_forward(hf, ids, engine="sglang"))  # SGLang's norms, MoE in place
         for ours in outs:
             assert ours.shape == theirs.shape == (len(ids), 64)
             assert torch.allclose(ours, theirs, rtol=2e-6, atol=2e-6), name

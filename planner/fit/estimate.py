@@ -63,48 +63,62 @@ def activation_per_token(m: FitModel, tp: int, engine: str = "vllm") -> int:
     as the engines' eager layer code allocates them (vllm==0.34.0
     model_executor/models/llama.py ``LlamaModel``, ``LlamaDecoderLayer``, ``LlamaAttention``,
     ``LlamaMLP``; kernels/vllm_c.py: ``fused_add_rms_norm`` in place, ``rms_norm`` and
-    ``SiluAndMul`` into new outputs; SGLang 0.5.23's layers are the same shape), in multiples
-    of the hidden size from ``[activation]`` of planner/data/fit_estimates.toml:
+    ``SiluAndMul`` into new outputs; SGLang 0.5.23's, where read, differ as said below), in
+    multiples of the hidden size from ``[activation]`` of planner/data/fit_estimates.toml:
 
     * attention, at o_proj's output: the residual, the layer's input (normed in place; the
-      model's loop still holds it), the merged qkv (alive until the attention module returns),
-      the attention's output (heads x v head dim) and o_proj's output (the TP all-reduce runs
-      in place);
-    * MLP, at the activation's output: the residual, the layer's input, the normed MLP input
-      (o_proj's output), gate_up (2 x the rank's intermediate) and the activation's output;
-      down_proj runs after gate_up has died. An MoE layer's MLP phase is its shared expert's
-      (none: Mixtral's);
+      model's loop still holds it), the merged qkv (alive until the attention module returns;
+      a rank keeps at least one KV head), the attention's output (heads x v head dim) and
+      o_proj's output, and at tp > 1 its reduced copy (vLLM's all-reduce is out of place);
+    * MLP: the residual, the layer's input and the normed MLP input (o_proj's output), then
+      the larger of the activation's point (gate_up, 2 x the rank's intermediate, and the
+      activation's output) and down_proj's (the activation's output, down_proj's, its
+      reduced copy at tp > 1, and gate_up where the MLP keeps it to the end: every MLP read
+      but vLLM's llama.py and mistral.py, ``gate_up_dies_at_activation``). An MoE layer's
+      MLP phase is its shared expert's (none: Mixtral's);
     * an MoE layer's routed experts, besides those three: vLLM's (``engine`` "vllm") write
       their caches into the fused-MoE workspace its manager keeps (:func:`moe_workspace`) and
-      allocate the output, then the sum with a shared expert's output; SGLang's
-      (srt/layers/moe/moe_runner/triton_utils/fused_moe.py ``fused_experts_impl``) allocate
-      at each call the output, cache1 (tokens x top-k x 2 x the rank's expert intermediate,
-      kept to the end by its second name ``gemm1_out``), cache2 (half of it) and cache3
-      (tokens x top-k x hidden), beside a shared expert's output.
+      allocate the output, then the sum with a shared expert's output, then its reduced copy;
+      SGLang's (srt/layers/moe/moe_runner/triton_utils/fused_moe.py ``fused_experts_impl``)
+      allocate at each call cache1 (tokens x top-k x 2 x the rank's expert intermediate,
+      kept to the end by its second name ``gemm1_out``), cache2 (half of it), cache3 (tokens
+      x top-k x hidden) and, beside a shared expert's output, a new output (with none it
+      writes the input in place).
 
     A model type in ``out_of_place_norms`` runs vLLM's norms on their native path (Gemma's
     weight + 1 in float32, which vllm_c's kernels do not take: ir/ops/layernorm.py), whose
     fused add-norm returns new tensors while the loop holds the old: one more hidden-sized
     tensor at the MLP phase, two at attention's (SGLang's Gemma norms work in place). The rest
     of a layer (norms' temporaries, the embedding, the rotary embedding, the router's logits
-    and top-k) stays below them."""
+    and top-k) stays below them. SGLang's layers were read for their MLPs and fused MoE; its
+    layer-boundary residual stages (srt/layers/layer_boundary) were not traced."""
     e = estimates()["activation"]
     h, d = m.hidden, m.dtype_bytes
     native = engine == "vllm" and m.model_type in e["out_of_place_norms"]
+    # vLLM's tensor-parallel all-reduce is out of place (distributed/parallel_state.py
+    # GroupCoordinator.all_reduce): o_proj's and down_proj's unreduced outputs live beside
+    # the reduced ones
+    reduced = h if tp > 1 else 0
+    # a rank keeps at least one KV head (llama.py LlamaAttention: max(1, kv_heads // tp)).
     # MLA too: its prefill up-projects q, k and v to heads x head_dim (nope + rope), kv_heads = heads
-    qkv = (m.heads + 2 * m.kv_heads) * m.head_dim // tp
-    attention = (e["attention_hidden"] + 2 * native) * h + qkv + m.heads * m.v_head_dim // tp
+    qkv = (m.heads // tp + 2 * max(1, m.kv_heads // tp)) * m.head_dim
+    attention = (e["attention_hidden"] + 2 * native) * h + qkv + m.heads * m.v_head_dim // tp + reduced
     base = (e["mlp_hidden"] + native) * h
-    inter = m.shared_expert_intermediate if m.experts else m.intermediate
-    mlp = base + 3 * inter // tp
+    inter = (m.shared_expert_intermediate if m.experts else m.intermediate) // tp
+    # at the activation: gate_up and its output; at down_proj: its output (and the reduced
+    # one) beside the activation's, and gate_up where the MLP keeps it to the end
+    keeps = engine == "sglang" or m.model_type not in e["gate_up_dies_at_activation"]
+    mlp = base + max(3 * inter, (2 * keeps + 1) * inter + h + reduced) if inter else 0
     routed = 0
     if m.experts:
         shared = 1 if m.shared_expert_intermediate else 0
         if engine == "sglang":
+            # fused_experts_impl writes in place where the layer has no shared expert
+            # (FusedMoE inplace=True by default; Qwen2-MoE passes inplace=False)
             n = 2 * m.expert_intermediate // tp
-            routed = base + (1 + shared) * h + m.experts_per_token * (n + n // 2 + h)
-        else:  # the output, then the sum's beside both
-            routed = base + (1 + 2 * shared) * h
+            routed = base + 2 * shared * h + m.experts_per_token * (n + n // 2 + h)
+        else:  # the output, then the sum's beside both, then the reduced sum
+            routed = base + (1 + 2 * shared) * h + reduced
     return d * max(attention, mlp, routed)
 
 

@@ -60,15 +60,15 @@ class CaseModel:
 
     #: the engine keeps its fused-MoE workspace after a forward (vLLM's workspace manager)
     persistent_moe_workspace = True
-    #: the engine's Gemma norms take the native path, new tensors (vLLM's; engine_layers)
-    native_norms = True
+    #: whose layer code the dummy runs follow (engine_layers.code_of)
+    engine = "vllm"
 
     def piece(self, k: int, x: torch.Tensor) -> torch.Tensor:
         if self.dummy:
             self.moe_workspace(x.shape[0])
             if self.engine_layers is not None:
                 held = engine_layers.Workspace(self.workspace)  # None: SGLang's, allocated per call
-                return engine_layers.profile_forward(self.engine_layers, x, held, self.native_norms)
+                return engine_layers.profile_forward(self.engine_layers, x, held, self.engine)
             if self.reference is not None:
                 return engine_layers.reference_forward(self.reference, x)
             return _main(self.target).profile_hidden(x)
@@ -140,8 +140,8 @@ class SGLangCaseModel(CaseModel):
 
     #: SGLang's fused MoE allocates its intermediate caches per call (transients)
     persistent_moe_workspace = False
-    #: SGLang's Gemma norms work in place (gemma_fused_add_rmsnorm)
-    native_norms = False
+    #: SGLang's layer code: in-place Gemma norms, gate_up kept, the fused MoE in place
+    engine = "sglang"
 
     def __init__(self, target, max_tokens: int, phase: str = "decode"):
         super().__init__(target, max_tokens, phase)

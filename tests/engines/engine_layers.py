@@ -21,8 +21,11 @@ attention: its backends, given no metadata, fill their output with zeros):
   ``weight.float() + 1`` (``layers/layernorm.py GemmaRMSNorm.forward_native``), which that
   implementation does not take, so they run ``ir/ops/layernorm.py``'s native functions: float32
   temporaries, new outputs (copied here step by step: :func:`_native_rms_norm`). SGLang's
-  (0.5.23 srt/layers/layernorm.py ``GemmaRMSNorm._forward_impl``) work in place
-  (``native_norms=False``).
+  (0.5.23 srt/layers/layernorm.py ``GemmaRMSNorm._forward_impl``) work in place.
+* The MLPs: ``LlamaMLP.forward`` (llama.py, mistral.py) rebinds ``x``, so gate_up dies at the
+  activation's return; qwen2.py, gemma2.py and qwen2_moe.py name it ``gate_up`` and keep it
+  to their return, beside down_proj's output; SGLang 0.5.23's keep it in every model read
+  (:func:`code_of`).
 * ``layers/attention``: the layer allocates its output (tokens x heads x head_dim) and the
   backend fills it with zeros.
 
@@ -52,6 +55,8 @@ index buffers (tens of KiB) are left out.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +71,30 @@ TYPES = {
     "mixtral": "MixtralDecoderLayer",
     "qwen2_moe": "Qwen2MoeDecoderLayer",
 }
+
+
+class Code(NamedTuple):
+    """Where the engines' layer code allocates differently (:func:`code_of`)."""
+
+    #: Gemma's norms take vLLM's native path: new tensors, float32 temporaries
+    native_norms: bool
+    #: the MLP keeps gate_up to its return, beside down_proj's output
+    keeps_gate_up: bool
+    #: the fused MoE writes its output into its input where the layer has no shared expert
+    inplace_moe: bool
+
+
+def code_of(engine: str, model_type: str) -> Code:
+    """vLLM 0.34.0's code (``engine`` "vllm": Gemma's norms native; gate_up dies at the
+    activation in llama.py and mistral.py only, fit_estimates.toml [activation]
+    ``gate_up_dies_at_activation``) or SGLang 0.5.23's (in-place Gemma norms; every MLP keeps
+    gate_up, models/llama.py LlamaMLP.forward; ``FusedMoE(inplace=True)`` by default)."""
+    from capture_plan.planner.fit.tables import estimates
+
+    if engine == "sglang":
+        return Code(native_norms=False, keeps_gate_up=True, inplace_moe=True)
+    dies = estimates()["activation"]["gate_up_dies_at_activation"]
+    return Code(native_norms=True, keeps_gate_up=model_type not in dies, inplace_moe=False)
 
 
 def supports(model) -> bool:
@@ -174,17 +203,29 @@ def _attention(attn, x: torch.Tensor) -> torch.Tensor:
     return o
 
 
-def _mlp(mlp, x: torch.Tensor, tanh_gelu: bool) -> torch.Tensor:
-    """``LlamaMLP.forward``: gate_up, the activation (gate_up dies there), down."""
+def _mlp(mlp, x: torch.Tensor, tanh_gelu: bool, keeps_gate_up: bool, gate=None) -> torch.Tensor:
+    """The MLP's forward: gate_up, the activation, down; gate_up dies at the activation
+    (``LlamaMLP.forward`` rebinds ``x``) or at the return (``Qwen2MLP.forward`` and the
+    others name it ``gate_up``, ``keeps_gate_up``); ``gate``: Qwen2-MoE's shared-expert gate,
+    ``sigmoid(gate(x)) * out`` before the return (``Qwen2MoeMLP.forward``)."""
     gate_up = _projections(x, (mlp.gate_proj, mlp.up_proj))
     act = _act_and_mul(gate_up, mlp.gate_proj.weight.shape[0], tanh_gelu)
-    del gate_up
-    return F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+    if not keeps_gate_up:
+        del gate_up
+    out = F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+    del act
+    if gate is not None:
+        out = torch.sigmoid(F.linear(x, gate.weight)) * out
+    return out
 
 
-def _fused_experts(block, x: torch.Tensor, router: torch.Tensor, workspace: Workspace) -> torch.Tensor:
+def _fused_experts(
+    block, x: torch.Tensor, router: torch.Tensor, workspace: Workspace, inplace: bool = False
+) -> torch.Tensor:
     """The routed experts over ``x`` (fused_topk, the fused kernel's caches, moe_sum) into a
-    new output; ``block``: a transformers sparse-MoE block (its router and stacked experts)."""
+    new output, or into ``x`` (``inplace``: SGLang's ``fused_experts_impl``, whose GEMMs
+    have read it before the sum writes it); ``block``: a transformers sparse-MoE block (its
+    router and stacked experts)."""
     gate, experts = block.gate, block.experts
     tokens, k = x.shape[0], gate.top_k
     renorm = getattr(gate, "norm_topk_prob", True)  # Mixtral renormalises, Qwen2-MoE by its config
@@ -195,7 +236,7 @@ def _fused_experts(block, x: torch.Tensor, router: torch.Tensor, workspace: Work
         v, j = torch.topk(torch.softmax(router[i : i + ROWS].float(), -1), k, -1)
         weights[i : i + ROWS] = v / v.sum(-1, keepdim=True) if renorm else v
         ids[i : i + ROWS] = j
-    output = x.new_empty(tokens, x.shape[1])
+    output = x if inplace else x.new_empty(tokens, x.shape[1])
     w13, w2 = experts.gate_up_proj, experts.down_proj  # (E, 2 x inter, hidden), (E, hidden, inter)
     n = w13.shape[1]
     cache1, cache2, cache3_of = workspace.caches(tokens, k, n, x.shape[1], x)
@@ -218,16 +259,15 @@ def _fused_experts(block, x: torch.Tensor, router: torch.Tensor, workspace: Work
     return output
 
 
-def _moe(block, x: torch.Tensor, workspace: Workspace) -> torch.Tensor:
-    """``*SparseMoeBlock.forward`` through vLLM's MoE runner: the router's logits, a shared
-    expert first (its sigmoid gate applied inside, Qwen2MoeMLP), the routed experts, their sum."""
+def _moe(block, x: torch.Tensor, workspace: Workspace, code: Code) -> torch.Tensor:
+    """``*SparseMoeBlock.forward`` through the MoE runner: the router's logits, a shared
+    expert first (its sigmoid gate applied inside, Qwen2MoeMLP), the routed experts (in place
+    where the engine's kernel writes its input and no shared expert needs it), their sum."""
     router = F.linear(x, block.gate.weight)
     shared = None
     if getattr(block, "shared_expert", None) is not None:
-        out = _mlp(block.shared_expert, x, tanh_gelu=False)
-        shared = torch.sigmoid(F.linear(x, block.shared_expert_gate.weight)) * out
-        del out
-    fused = _fused_experts(block, x, router, workspace)
+        shared = _mlp(block.shared_expert, x, False, code.keeps_gate_up, block.shared_expert_gate)
+    fused = _fused_experts(block, x, router, workspace, inplace=code.inplace_moe and shared is None)
     return fused if shared is None else shared + fused
 
 
@@ -235,7 +275,7 @@ def _eps(norm) -> float:
     return getattr(norm, "variance_epsilon", None) or norm.eps
 
 
-def _dense_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace, native: bool):
+def _dense_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace, code: Code):
     """``LlamaDecoderLayer.forward`` (Qwen2's, Mixtral's and Qwen2-MoE's alike, their MLP a
     sparse-MoE block: :func:`_moe`)."""
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
@@ -246,8 +286,8 @@ def _dense_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspac
     h = _attention(layer.self_attn, h)
     h, residual = fused_add_rms_norm_(h, residual, n2.weight, _eps(n2))
     if hasattr(layer.mlp, "experts"):
-        return _moe(layer.mlp, h, workspace), residual
-    return _mlp(layer.mlp, h, tanh_gelu=False), residual
+        return _moe(layer.mlp, h, workspace, code), residual
+    return _mlp(layer.mlp, h, False, code.keeps_gate_up), residual
 
 
 def _gemma_norm(norm, x: torch.Tensor, residual: torch.Tensor | None, native: bool):
@@ -259,8 +299,9 @@ def _gemma_norm(norm, x: torch.Tensor, residual: torch.Tensor | None, native: bo
     return rms_norm(x, weight, norm.eps) if residual is None else fused_add_rms_norm_(x, residual, weight, norm.eps)
 
 
-def _gemma2_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace, native: bool):
+def _gemma2_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspace: Workspace, code: Code):
     """``Gemma2DecoderLayer.forward``: four norms (:func:`_gemma_norm`)."""
+    native = code.native_norms
     if residual is None:
         residual, h = h, _gemma_norm(layer.input_layernorm, h, None, native)
     else:
@@ -268,32 +309,31 @@ def _gemma2_layer(layer, h: torch.Tensor, residual: torch.Tensor | None, workspa
     h = _attention(layer.self_attn, h)
     h = _gemma_norm(layer.post_attention_layernorm, h, None, native)
     h, residual = _gemma_norm(layer.pre_feedforward_layernorm, h, residual, native)
-    h = _mlp(layer.mlp, h, tanh_gelu=True)
+    h = _mlp(layer.mlp, h, True, code.keeps_gate_up)
     return _gemma_norm(layer.post_feedforward_layernorm, h, None, native), residual
 
 
-def profile_forward(
-    model, ids: torch.Tensor, workspace: Workspace | None = None, native_norms: bool = True
-) -> torch.Tensor:
+def profile_forward(model, ids: torch.Tensor, workspace: Workspace | None = None, engine: str = "vllm") -> torch.Tensor:
     """The final-normed hidden states ``(tokens, hidden)`` of ``ids`` through ``model``'s
-    layers as vLLM's eager code runs its profiling forward (module docstring); the LM head
-    is not applied. ``model``: a transformers ``*ForCausalLM`` that :func:`supports`;
-    ``workspace``: where an MoE layer's caches live (default: allocated per call, SGLang's);
-    ``native_norms``: Gemma's norms on vLLM's native path (False: SGLang's in-place kernels)."""
+    layers as ``engine``'s eager code runs its profiling forward ("vllm", "sglang":
+    :func:`code_of`; module docstring); the LM head is not applied. ``model``: a
+    transformers ``*ForCausalLM`` that :func:`supports`; ``workspace``: where an MoE layer's
+    caches live (default: allocated per call, SGLang's)."""
     workspace = workspace or Workspace()
     config = model.config.get_text_config(decoder=True)
     base = model.base_model
     gemma = config.model_type == "gemma2"
+    code = code_of(engine, config.model_type)
     with torch.no_grad():
         h = F.embedding(ids, base.embed_tokens.weight)
         if gemma:  # Gemma2Model.embed_input_ids: embedding x normalizer, a new tensor
             h = h * torch.tensor(config.hidden_size**0.5, dtype=h.dtype)
         residual = None
         for layer in base.layers:
-            h, residual = (_gemma2_layer if gemma else _dense_layer)(layer, h, residual, workspace, native_norms)
+            h, residual = (_gemma2_layer if gemma else _dense_layer)(layer, h, residual, workspace, code)
         norm = base.norm
         if gemma:
-            h, _ = _gemma_norm(norm, h, residual, native_norms)
+            h, _ = _gemma_norm(norm, h, residual, code.native_norms)
         else:
             h, _ = fused_add_rms_norm_(h, residual, norm.weight, _eps(norm))
     return h
@@ -305,7 +345,7 @@ REFERENCE_EPS = 1e-5
 
 def _reference_layer(ref, layer: dict, h: torch.Tensor, residual: torch.Tensor | None):
     """``LlamaDecoderLayer.forward`` over one of the reference decode step's layers (its
-    merged ``wqkv`` and ``wgu``; the TP all-reduce of o_proj's output in place)."""
+    merged ``wqkv`` and ``wgu``; o_proj's and down_proj's outputs all-reduced out of place)."""
     if residual is None:
         residual, h = h, rms_norm(h, layer["norm1"], REFERENCE_EPS)
     else:
@@ -313,14 +353,25 @@ def _reference_layer(ref, layer: dict, h: torch.Tensor, residual: torch.Tensor |
     qkv = F.linear(h, layer["wqkv"])
     out = torch.empty(h.shape[0], ref.heads * ref.head_dim, dtype=h.dtype, device=h.device)
     out.fill_(0)
-    o = F.linear(out, layer["wo"])
-    ref._all_reduce(o)
+    o = _reduced(ref, F.linear(out, layer["wo"]))
     del qkv, out
     h, residual = fused_add_rms_norm_(o, residual, layer["norm2"], REFERENCE_EPS)
-    gate_up = F.linear(h, layer["wgu"])
+    gate_up = F.linear(h, layer["wgu"])  # kept to the return, as the reference's own MLP names it
     act = _act_and_mul(gate_up, ref.inter, tanh_gelu=False)
-    del gate_up
-    return F.linear(act, layer["wd"]), residual
+    down = _reduced(ref, F.linear(act, layer["wd"]))
+    del act, gate_up
+    return down, residual
+
+
+def _reduced(ref, partial: torch.Tensor) -> torch.Tensor:
+    """vLLM's tensor-parallel all-reduce, out of place (distributed/parallel_state.py
+    ``GroupCoordinator.all_reduce``): a new tensor made while the partial one lives; the
+    partial one itself where the reference runs on one rank."""
+    if ref.tp == 1:
+        return partial
+    out = partial.clone()
+    ref._all_reduce(out)
+    return out
 
 
 def reference_forward(ref, ids: torch.Tensor) -> torch.Tensor:
