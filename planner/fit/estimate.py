@@ -226,7 +226,7 @@ def activation_peak(
         source += "; the fused-MoE workspace, which the engine keeps, is an item of its own"
     if per_call and m.experts:
         source += "; the MoE layers' caches, allocated per call, in the layer's phase"
-    if kept:
+    if kept and layer >= phase:
         source += f"; the layers' peak less the sampler's kept scratch ({kept / MiB:.1f} MiB, made after it)"
     if other is not None and workspace + max(layer, other) != b:
         more = workspace + max(layer, other) - b
