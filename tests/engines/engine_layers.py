@@ -1,11 +1,14 @@
-"""The profiling run's forward as vLLM's eager decoder layers make it, over a transformers
-model's own weights: what the runners' dummy runs run for the dense transformers cases, so
-that the activation peak they measure is the engine's layer code's, not transformers'.
+"""The profiling run's forward as the engines' eager decoder layers make it, over a
+transformers model's own weights or the reference decode step's: what the runners' dummy
+runs run, so that the activation peak they measure is the engine's layer code's, not
+transformers'. vLLM 0.34.0's code by default; SGLang 0.5.23's where it differs
+(:func:`code_of`).
 
 Followed (vllm==0.34.0, the eager path with its CUDA kernels; the profiling run skips
 attention: its backends, given no metadata, fill their output with zeros):
 
-* ``model_executor/models/llama.py`` (Qwen2's ``qwen2.py`` is the same with q/k/v biases):
+* ``model_executor/models/llama.py`` (Qwen2's ``qwen2.py`` has the same layer and attention,
+  with q/k/v biases):
   ``LlamaModel.forward`` (the embedding; ``residual = None`` before the first layer; the
   final ``norm(hidden_states, residual)``), ``LlamaDecoderLayer.forward`` (the first layer
   keeps the embedding as its residual and norms into a new tensor; later ones add and norm
@@ -39,8 +42,13 @@ attention: its backends, given no metadata, fill their output with zeros):
   ``TritonExperts.apply`` (cache1 in workspace2, cache2 in workspace13, cache3 in
   workspace2 again, the routing weights applied by the second GEMM, ``moe_sum`` into the
   output). SGLang 0.5.23 (``srt/layers/moe/moe_runner/triton_utils/fused_moe.py``
-  ``fused_experts_impl``) allocates its caches per call instead: the output, cache1 (kept
-  alive to the end by its second name ``gemm1_out``), cache2, cache3 (:class:`Workspace`).
+  ``fused_experts_impl``) allocates its caches per call instead: cache1 (kept alive to the
+  end by its second name ``gemm1_out``), cache2, cache3 (:class:`Workspace`), and a new
+  output only beside a shared expert (``FusedMoE(inplace=True)`` by default writes the input).
+* The reference decode step (references/decode.py): ``LlamaDecoderLayer.forward`` over its
+  merged ``wqkv`` and ``wgu`` (:func:`reference_forward`), its MLP keeping gate_up as its own
+  code does, o_proj's and down_proj's outputs all-reduced out of place at tp > 1 (vLLM's
+  ``GroupCoordinator.all_reduce``).
 
 Stand-ins, and why they are exact for memory: a fused kernel that allocates nothing but its
 output (``rms_norm``, ``fused_add_rms_norm``, ``SiluAndMul``) is computed here in row
