@@ -108,10 +108,7 @@ def engine_buffers(inp: FitInputs, settings: dict, draft: bool = True) -> FitIte
     name, rule = found
     after = inp.rule.kind == "vllm-after-capture"
     stages = _AFTER_CAPTURE if after else _BEFORE_CAPTURE
-    method = inp.draft.method if draft and inp.draft is not None else ""
-    dims = buffer_dims(inp, settings, draft)
-    sampler = sampler_rule(inp.engine, inp.version)
-    branch = sampler.rule.branch(inp.version)  # the sampler a stock install runs: its scratch
+    method, branch, dims = _counting(inp, settings, draft)
     tensors = counted(rule, stages, method, branch)
     sizes = [tensor_bytes(t, dims) for t in tensors]
     b = sum(sizes)
@@ -141,8 +138,13 @@ def made_by_profile(inp: FitInputs, settings: dict) -> int:
     found = buffer_rule(inp.engine, inp.version)
     if found is None:
         return 0
-    _, rule = found
-    method = inp.draft.method if inp.draft is not None else ""
+    method, branch, dims = _counting(inp, settings)
+    return sum(tensor_bytes(t, dims) for t in counted(found[1], ("profile",), method, branch))
+
+
+def _counting(inp: FitInputs, settings: dict, draft: bool = True) -> tuple[str, str, dict[str, int]]:
+    """How the release's buffers are counted: the speculative method (``draft`` False or none:
+    ""), the sampler branch a stock install runs (its scratch), the dimensions' values."""
+    method = inp.draft.method if draft and inp.draft is not None else ""
     branch = sampler_rule(inp.engine, inp.version).rule.branch(inp.version)
-    dims = buffer_dims(inp, settings)
-    return sum(tensor_bytes(t, dims) for t in counted(rule, ("profile",), method, branch))
+    return method, branch, buffer_dims(inp, settings, draft)
