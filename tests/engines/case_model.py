@@ -121,11 +121,8 @@ def fused_moe_workspace_bytes(tokens: int, top_k: int, inter: int, hidden: int, 
     of max(workspace13, the output) and workspace2; fused_moe.py ``TritonExperts.workspace_shapes``:
     workspace13 (M, topk, max(N / 2, K)), workspace2 (M, topk, max(N, K)), the output (M, K),
     N = 2 x the expert intermediate, K = hidden, in the activation dtype). The views' 256-byte
-    alignment is left out."""
-    n = 2 * inter
-    ws13 = max(tokens * top_k * max(n // 2, hidden), tokens * hidden)
-    ws2 = tokens * top_k * max(n, hidden)
-    return elem * (ws13 + ws2)
+    alignment is left out (the layout: engine_layers.workspace_layout)."""
+    return elem * sum(engine_layers.workspace_layout(tokens, top_k, 2 * inter, hidden))
 
 
 class SGLangCaseModel(CaseModel):

@@ -111,10 +111,20 @@ def supports(model) -> bool:
     return config.model_type in TYPES
 
 
+def workspace_layout(tokens: int, top_k: int, n: int, hidden: int) -> tuple[int, int]:
+    """(workspace13, workspace2) elements of vLLM's fused-MoE workspace at ``tokens``, one after
+    the other in the buffer its manager keeps (fused_moe/modular_kernel.py ``_allocate_buffers``:
+    max(workspace13, the output (M, K)), then workspace2; ``TritonExperts.workspace_shapes``:
+    workspace13 (M, topk, max(N / 2, K)), workspace2 (M, topk, max(N, K))); ``n``: N, 2 x the
+    expert intermediate."""
+    rows = tokens * top_k
+    return max(rows * max(n // 2, hidden), tokens * hidden), rows * max(n, hidden)
+
+
 class Workspace:
     """Where the fused MoE's caches live: ``held`` (vLLM's workspace manager's buffer, a
-    uint8 tensor at least :func:`case_model.fused_moe_workspace_bytes` long, which the views
-    are cut from) or None (SGLang's: each call allocates its own)."""
+    uint8 tensor at least :func:`workspace_layout` long, which the views are cut from) or None
+    (SGLang's: each call allocates its own)."""
 
     def __init__(self, held: torch.Tensor | None = None):
         self.held = held
@@ -130,8 +140,8 @@ class Workspace:
         if self.held is None:  # SGLang: three allocations, cache1 alive to the end
             return new(rows, n), new(rows, n // 2), lambda: new(tokens, top_k, hidden)
         flat = self.held.view(like.dtype)
-        ws13 = max(rows * max(n // 2, hidden), tokens * hidden)
-        ws2 = flat[ws13 : ws13 + rows * max(n, hidden)]
+        ws13, ws2_len = workspace_layout(tokens, top_k, n, hidden)
+        ws2 = flat[ws13 : ws13 + ws2_len]
         return (
             ws2[: rows * n].view(rows, n),
             flat[: rows * n // 2].view(rows, n // 2),
