@@ -360,8 +360,9 @@ def rule_check(runner: dict, release: str = RELEASE) -> dict:
     ``vllm_before_capture``) fed the runner's own measured items (weights, the other memory
     its free memory lost, the transient peak, the capture's drop or the graph estimate; the
     committed decode cache is KV): its blocks against the runner's. It isolates the rule
-    from fit's estimates: a miss here is the rule's arithmetic, not an estimate's. After
-    capture, fit takes torch's reserve growth as 0."""
+    from fit's estimates: a miss here is the rule's arithmetic, not an estimate's (after
+    capture, the runner's measured torch reserve growth is given too, as fit gives its own
+    simulated one: planner/fit/reserve.py)."""
     from capture_plan.planner.fit import sizing
     from capture_plan.planner.fit.tables import rule_for
 
@@ -378,6 +379,7 @@ def rule_check(runner: dict, release: str = RELEASE) -> dict:
             non_torch=other,
             activation=runner["transient_peak_bytes"],
             graph=runner["graph_bytes"],
+            reserve_growth=runner["torch_reserve_growth_bytes"],
         )
     else:  # before capture: what the profile consumed, its peak, the estimate if the rule deducts it
         other = m["total_consumed_bytes"] - committed - weights

@@ -479,8 +479,10 @@ def test_a_refit_keeps_the_runners_records_and_recomputes_fits_side(monkeypatch,
     assert sorted(seen) == sorted(source["cases"]) and res["device"] == source["device"]
     assert res["refit_of"]["file"] == MEASURED.name and res["refit_of"]["git_commit"] == source["git_commit"]
     for (case, release), row in rows.items():
-        # what fit leaves out is fit's side: a refit writes today's words for it
+        # what fit leaves out is fit's side: a refit writes today's words for it, and its
+        # rule check is this commit's rule fed the run's measured items
         want = {**row, "fit_lacks": fb.FIT_LACKS[case]} if "fit_lacks" in row else row
+        want = {**want, "rule_check": fb.rule_check(row["runner"], release)}
         assert res["cases"][case][release] == want, case
 
 

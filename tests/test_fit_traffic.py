@@ -174,7 +174,7 @@ def test_a_fix_that_leaves_the_traffic_above_the_largest_size_is_not_offered(cap
     """A does-not-fit's fixes are checked with the traffic: the fewer-sizes fix (largest 64)
     would refuse the skewed traffic (to 256), so it is not offered with it."""
     model = load_model(LLAMA)
-    flags = {"max-model-len": 53000, "gpu-memory-utilization": 0.3}
+    flags = {"max-model-len": 48000, "gpu-memory-utilization": 0.3}
     bare = fit(FitRequest(model, "H100", "vllm==0.34.0", 1, flags))
     with_traffic = fit_traffic(FitRequest(model, "H100", "vllm==0.34.0", 1, flags), str(SKEWED))
     assert not bare.fits and "--max-cudagraph-capture-size 64" in bare.fixes

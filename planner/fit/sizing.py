@@ -104,14 +104,16 @@ def vllm_after_capture(
     activation: int,
     graph: int,
     buffers: int = 0,
+    reserve_growth: int = 0,
 ) -> int:
-    """0.34.0's measure_kv_cache_bytes after warm-up and capture (nothing committed yet;
-    torch's reserve growth taken as 0: the transient peak bounds it on a fresh start). The
-    item byte counts by name (as :func:`vllm_before_capture`'s); ``buffers``: the runner's
+    """0.34.0's measure_kv_cache_bytes after warm-up and capture (nothing committed yet): what
+    is free, less the margin, less the larger of the transient peak (``activation``) and
+    torch's reserve growth over the sizing step (``reserve_growth``, planner/fit/reserve.py).
+    The item byte counts by name (as :func:`vllm_before_capture`'s); ``buffers``: the runner's
     persistent buffers, in what the start-up used as the weights are."""
     free = init_free - weights - non_torch - buffers - graph
     non_kv_used = init_free - free
-    return min(requested - non_kv_used, free - vllm_margin(rule, activation)) - activation
+    return min(requested - non_kv_used, free - vllm_margin(rule, activation)) - max(activation, reserve_growth)
 
 
 def vllm_margin(rule: Rule, activation: int) -> int:

@@ -1,0 +1,260 @@
+"""Torch's reserve growth over vLLM 0.34.0's KV-cache sizing step, simulated: how far the
+caching allocator's reserved memory rises above what it keeps allocated while the step runs
+(vllm/v1/worker/gpu/warmup.py ``run_kv_cache_sizing_warmup``, lines 452-480, around the largest
+dummy step and its sampling), which ``measure_kv_cache_bytes`` keeps free beside the transient
+peak: ``available -= max(transient_peak, torch_reserve_growth)``.
+
+Why a simulation: the step starts from an emptied cache (``gc.collect``; ``torch.cuda.empty_cache``)
+and its tensors are tens to hundreds of MiB each. The allocator gives each request it cannot
+serve from a free block a segment of its own (the request rounded up to 2 MiB) and never hands
+segments back while the step runs, so the reserve's peak is the segments the step's order of
+requests leaves, not its largest set of live tensors: the sampler's float32 copy of the logits
+(rows x vocabulary x 4), bigger than every block the layers freed, takes a segment beside all
+of theirs. On the reference decode step at 8192 tokens that is 1.46 GiB of reserve against a
+0.85 GiB transient peak (bench/fit_bench.py's runners measure both).
+
+The step's requests, in order, are the engine's eager layers' (the same reading as
+:func:`.estimate.activation_per_token`, tests/engines/engine_layers.py's stand-ins, module
+docstring there): the embedding; each layer's norm (in place but for the first layer's and
+Gemma's native path), merged qkv, the attention's output, o_proj's output (its reduced copy at
+tp > 1), the MLP's gate_up, activation and down_proj (an MoE layer's router logits, shared
+expert, top-k tensors, output and sum; its caches in the workspace the manager already keeps);
+the final norm; then the dummy sampler's two passes over min(max_num_seqs, tokens) rows (the
+gathered rows, the model-dtype logits over the padded vocabulary, Gumbel-max's per-block
+scratch, the second pass's float32 copy, fit_rules.toml [sampler]). The pool starts empty: the
+blocks free in segments that hold live tensors (weights, buffers) when the step starts are not
+modelled, so the figure is high by at most what they could have served. Not modelled: kernels'
+own scratch below a MiB, and the stand-ins' row-chunk temporaries (the engine's fused kernels
+allocate none)."""
+
+from __future__ import annotations
+
+from capture_plan.planner.memory.allocator import FREE, PoolSim
+from capture_plan.schemas.fit import FitItem
+
+from .model import FitModel
+from .tables import SamplerRule, estimates
+
+__all__ = ["sizing_step_growth", "sizing_step_requests", "reserve_growth_item"]
+
+
+class _Step:
+    """The step's requests in order, ``(bytes, id)`` to allocate and ``(FREE, id)`` to free
+    (PoolSim.run's compact form), over ``tokens`` of ``m`` on one rank of ``tp``."""
+
+    def __init__(self, m: FitModel, tp: int, tokens: int) -> None:
+        e = estimates()["activation"]
+        self.ops: list[tuple[int, int]] = []
+        self._next = 0
+        self.m, self.tp, self.t = m, tp, tokens
+        self.h, self.d = m.hidden, m.dtype_bytes
+        #: Gemma's norms on vLLM's native path (fit_estimates.toml [activation])
+        self.native = m.model_type in e["out_of_place_norms"]
+        #: the MLP keeps gate_up to its return
+        self.keeps = m.model_type not in e["gate_up_dies_at_activation"]
+        #: vLLM's tensor-parallel all-reduce, out of place
+        self.reduced = tp > 1
+
+    def new(self, nbytes: int) -> int:
+        i = self._next
+        self._next += 1
+        self.ops.append((nbytes, i))
+        return i
+
+    def drop(self, *ids: int | None) -> None:
+        self.ops.extend((FREE, i) for i in ids if i is not None)
+
+    def hidden(self) -> int:
+        """A new (tokens x hidden) tensor in the model's dtype."""
+        return self.new(self.t * self.h * self.d)
+
+    def reduce(self, partial: int) -> int:
+        """The all-reduce's new tensor at tp > 1 (made while the partial one lives), else
+        ``partial`` itself."""
+        if not self.reduced:
+            return partial
+        out = self.hidden()
+        self.drop(partial)
+        return out
+
+    def native_norm(self, residual: int | None) -> tuple[int, int | None]:
+        """vLLM's ir/ops/layernorm.py ``rms_norm`` / ``fused_add_rms_norm`` (Gemma's weight + 1
+        takes it): float32 copies, a new output (and, given a residual, a new residual); the
+        input and the residual stay the caller's."""
+        f32, rows = self.t * self.h * 4, self.t * 4
+        x32 = self.new(f32)
+        new_res = None
+        if residual is not None:
+            res32 = self.new(f32)
+            summed = self.new(f32)
+            self.drop(res32, x32)
+            x32 = summed
+            new_res = self.hidden()
+        pw = self.new(f32)
+        mean = self.new(rows)
+        self.drop(pw)
+        eps = self.new(rows)
+        self.drop(mean)
+        rs = self.new(rows)
+        self.drop(eps)
+        y = self.new(f32)
+        self.drop(rs, x32)
+        yw = self.new(f32)
+        self.drop(y)
+        out = self.hidden()
+        self.drop(yw)
+        return out, new_res
+
+    def mlp(self, inter: int, gate: bool = False) -> int:
+        """gate_up, the activation's output, down_proj's (reduced at tp > 1); gate_up freed at
+        the activation or at the return (``keeps``); ``gate``: Qwen2-MoE's shared expert,
+        ``sigmoid(gate(x)) * out`` before the return (Qwen2MoeMLP.forward), never reduced."""
+        t, d = self.t, self.d
+        gate_up = self.new(t * 2 * inter * d)
+        act = self.new(t * inter * d)
+        if not self.keeps:
+            self.drop(gate_up)
+        down = self.hidden()
+        self.drop(act)
+        if gate:
+            logit = self.new(t * d)
+            sig = self.new(t * d)
+            self.drop(logit)
+            gated = self.hidden()
+            self.drop(sig, down)
+            down = gated
+        else:
+            down = self.reduce(down)
+        if self.keeps:
+            self.drop(gate_up)
+        return down
+
+    def moe(self) -> int:
+        """vLLM's ``*SparseMoeBlock.forward``: the router's logits, a shared expert (its sigmoid
+        gate), fused_topk's float32 weights, int32 ids and token-expert indices, the fused
+        kernel's output (its caches in the workspace the manager keeps), the sum beside a
+        shared expert's output, reduced at tp > 1."""
+        m, t = self.m, self.t
+        router = self.new(t * m.experts * self.d)
+        shared = self.mlp(m.shared_expert_intermediate // self.tp, gate=True) if m.shared_expert_intermediate else None
+        topk = [self.new(t * m.experts_per_token * 4) for _ in range(3)]
+        fused = self.hidden()
+        self.drop(*topk)
+        if shared is not None:
+            total = self.hidden()
+            self.drop(shared, fused)
+            fused = total
+        fused = self.reduce(fused)
+        self.drop(router)
+        return fused
+
+    def layer(self, index: int, hidden: int, residual: int) -> tuple[int, int]:
+        """One decoder layer; the model's loop holds its input and the residual until it
+        returns (then drops what the layer replaced). Returns (output, residual)."""
+        m, tp = self.m, self.tp
+        if self.native:
+            x, new_res = self.native_norm(None if index == 0 else residual)
+            layer_res = residual if new_res is None else new_res
+        else:  # rms_norm's new output for the first layer, else the fused add-norm in place
+            x, layer_res = (self.hidden() if index == 0 else hidden), residual
+        qkv = self.new(self.t * (m.heads // tp + 2 * max(1, m.kv_heads // tp)) * m.head_dim * self.d)
+        attn = self.new(self.t * m.heads * m.v_head_dim // tp * self.d)
+        o = self.hidden()
+        self.drop(qkv, attn)
+        o = self.reduce(o)
+        if x != hidden:
+            self.drop(x)
+        if self.native:  # the post-attention norm (no residual), then the pre-feedforward one with it
+            y, _ = self.native_norm(None)
+            self.drop(o)
+            o, res2 = self.native_norm(layer_res)
+            self.drop(y)
+            if layer_res != residual:
+                self.drop(layer_res)
+            layer_res = res2 if res2 is not None else layer_res
+        out = self.moe() if m.experts and index >= m.dense_layers else self.mlp(m.intermediate // tp)
+        self.drop(o)
+        if self.native:  # the post-feedforward norm
+            normed, _ = self.native_norm(None)
+            self.drop(out)
+            out = normed
+        if hidden != residual:
+            self.drop(hidden)
+        if layer_res != residual:
+            self.drop(residual)
+        return out, layer_res
+
+    def sampler(self, rows: int, s: SamplerRule) -> None:
+        """The dummy sampler's default pass and its warm-up pass (fit_rules.toml [sampler]): the
+        gathered rows, the logits over the padded vocabulary (tp > 1: the shard, the
+        all-gathered copy and its reshaped one), Gumbel-max's per-block scratch each pass, the
+        second pass's float32 copies; the Triton top-k/top-p scratch exists already (made by
+        the profiling run)."""
+        m, d, v = self.m, self.d, self.m.vocab
+        padded = -(-v // s.vocab_padding) * s.vocab_padding
+        sampled = [self.new(rows * m.hidden * d) for _ in range(s.sampled_hidden_copies)]
+        if self.tp > 1 and s.gather_copies:
+            shard = self.new(rows * padded // self.tp * d)
+            copies = [self.new(rows * padded * d) for _ in range(s.gather_copies)]
+            logits = copies.pop()
+            self.drop(shard, *copies)
+        else:
+            logits = self.new(rows * padded * d)
+        blocks = -(-v // s.sample_block) if s.sample_block else 0
+        for copies in (0, s.fp32_copies):
+            f32 = [self.new(rows * v * 4) for _ in range(copies)]
+            scratch = [self.new(rows * blocks * 8), self.new(rows * blocks * 4)] if blocks else []
+            self.drop(*scratch, *f32)
+        self.drop(logits, *sampled)
+
+
+def sizing_step_requests(m: FitModel, tp: int, tokens: int, rows: int, sampler: SamplerRule) -> list[tuple[int, int]]:
+    """The sizing step's allocations and frees on one rank, in order (module docstring):
+    ``tokens`` through the layers, then the dummy sampler's two passes over ``rows``."""
+    step = _Step(m, tp, tokens)
+    hidden = step.hidden()  # the embedding
+    if step.native:  # Gemma2Model.embed_input_ids: times the normalizer, a new tensor
+        scaled = step.hidden()
+        step.drop(hidden)
+        hidden = scaled
+    residual = hidden
+    for index in range(m.layers):
+        hidden, residual = step.layer(index, hidden, residual)
+    if step.native:  # the final norm with the residual: new tensors
+        final, res = step.native_norm(residual)
+        step.drop(hidden, residual, res)
+        hidden = final
+    elif residual != hidden:
+        step.drop(residual)  # the final fused add-norm works in place; the residual dies with the forward
+    step.sampler(rows, sampler)
+    step.drop(hidden)
+    return step.ops
+
+
+def sizing_step_growth(m: FitModel, tp: int, tokens: int, rows: int, sampler: SamplerRule) -> int:
+    """The reserve's peak over the step from an empty cache, less what the step leaves
+    allocated (none: it frees every request), as ``_measure_sizing_step`` reads it
+    (reserved_bytes.all.peak - reserved before - left allocated)."""
+    pool = PoolSim()
+    pool.run(sizing_step_requests(m, tp, tokens, rows, sampler), {})
+    return pool.peak_reserved - pool.allocated
+
+
+def reserve_growth_item(m: FitModel, tp: int, tokens: int, seqs: int, rule: SamplerRule, transient: int) -> FitItem:
+    """0.34.0's torch reserve growth over its sizing step (:func:`sizing_step_growth`, at
+    ``tokens`` = max_num_batched_tokens and min(max_num_seqs, tokens) rows, the sampler as
+    ``rule``), which the KV cache's sizing keeps free where it exceeds the ``transient`` peak.
+    The error bar is its excess over that peak: segments the profiling run left pinned by the
+    tensors it keeps can serve the step instead (a speculator's, made in its propose, can take
+    it all), which the simulation from an empty cache does not see."""
+    b = sizing_step_growth(m, tp, tokens, min(seqs, tokens), rule)
+    return FitItem(
+        "torch reserve growth",
+        b,
+        max(b - transient, 0),
+        "estimated",
+        f"the sizing step ({tokens} tokens, {min(seqs, tokens)} sampled rows) simulated from an emptied cache in "
+        "PyTorch's caching allocator (planner/fit/reserve.py, planner/memory/allocator.py): its reserve's peak; "
+        "vllm/v1/worker/gpu/warmup.py run_kv_cache_sizing_warmup, extensible_kv_cache.py measure_kv_cache_bytes "
+        "keeps max(transient peak, this) free",
+    )
