@@ -17,7 +17,7 @@ from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.fit.reserve import sizing_step_growth, sizing_step_requests
 from capture_plan.planner.fit.tables import rules, sampler_rule
-from capture_plan.planner.memory.allocator import FREE, PoolSim
+from capture_plan.planner.memory.allocator import PoolSim
 
 fb = bench_module("fit_bench")
 MIB, GIB = 1 << 20, 1 << 30
@@ -75,8 +75,9 @@ def test_the_reference_grows_past_its_transient_peak_and_the_simulation_says_why
     ops = sizing_step_requests(model, 1, 8192, 1024, rule)
     f32 = 1024 * model.vocab * 4
     assert sum(n == f32 for n, _ in ops) == rule.fp32_copies
+    copies = {i for n, i in ops if n == f32}
     pool = PoolSim()
-    pool.run([op for op in ops if op[0] != f32 and not (op[0] == FREE and op[1] in {i for n, i in ops if n == f32})], {})
+    pool.run([(n, i) for n, i in ops if i not in copies], {})
     assert sim - pool.peak_reserved >= f32 - 2 * MIB
 
 
