@@ -546,11 +546,36 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             "layers": {"full": full, "sliding": sliding},
             "graphs": len(runner.cudagraph_manager.graphs) + sum(len(m.graphs) for m in managers(runner.speculator)),
             "graph_estimate_samples_bytes": samples,
+            "live_tensors": live_tensors(),
             **split,
         }
         runner.release()
         del rope
     return {**json.loads(sizing.to_json()), "measured": measured}
+
+
+def live_tensors(top: int = 24) -> list[dict]:
+    """What stays allocated once the KV cache is sized, for telling which of the runner's
+    persistent tensors fit does not count: the live CUDA tensors the garbage collector sees,
+    each storage once, grouped by shape and dtype, the ``top`` largest groups by bytes
+    (``shape``, ``dtype``, ``count``, ``bytes``), and ``allocated_bytes``, torch's count."""
+    import gc
+
+    import torch
+
+    storages: dict[int, tuple[tuple[int, ...], str, int]] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.is_cuda:  # type(): no __class__ lookups
+            st = obj.untyped_storage()
+            storages.setdefault(st.data_ptr(), (tuple(obj.shape), str(obj.dtype).removeprefix("torch."), st.nbytes()))
+    groups: dict[tuple, list[int]] = {}
+    for shape, dtype, nbytes in storages.values():
+        count_bytes = groups.setdefault((shape, dtype), [0, 0])
+        count_bytes[0] += 1
+        count_bytes[1] += nbytes
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
+    listed = [{"shape": list(k[0]), "dtype": k[1], "count": c, "bytes": b} for k, (c, b) in rows]
+    return [{"allocated_bytes": torch.cuda.memory_allocated()}, *listed]
 
 
 def capture_split(runner) -> dict:
