@@ -107,6 +107,15 @@ FIT_LACKS = {
     "KV layers and graphs are the "
     "runner's alone (fit is given the target model and the same capture sizes)",
 }
+#: how the reference case's weights are made (shared with bench/fit_bench_sglang.py's DIFFERS)
+REFERENCE_WEIGHTS = (
+    "the reference case's weights and cache are drawn into tensors allocated first, each float32 draw "
+    "given back to the device at once (references/decode.py ReferenceConfig.own_segments), as an engine "
+    "loads weights into tensors of their size. Runs before this change cast each draw into a new tensor: "
+    "the freed draws were split by the next tensors, whose segments then held free space (torch's reserve, "
+    "not allocated) that the runner's free-memory readings counted as used and fit does not; the EAGLE "
+    "case's speculative reference still makes them so"
+)
 #: where the runner's model differs from vLLM's: agreement proves consistency with the wheel
 #: reading, not the engine's figures
 DIFFERS = [
@@ -166,6 +175,7 @@ DIFFERS = [
     "(references/decode.py ReferenceConfig.fa3_splits; runs before this change used FA3's own split "
     "heuristic, whose graphs hold none of the split-KV accumulators fit prices: planner/fit/vllm.py "
     "split_kv_accum); the EAGLE case's speculative reference still uses FA3's heuristic",
+    REFERENCE_WEIGHTS,
 ]
 
 
@@ -558,7 +568,8 @@ def live_tensors(top: int = 24) -> list[dict]:
     """What stays allocated once the KV cache is sized, for telling which of the runner's
     persistent tensors fit does not count: the live CUDA tensors the garbage collector sees,
     each storage once, grouped by shape and dtype, the ``top`` largest groups by bytes
-    (``shape``, ``dtype``, ``count``, ``bytes``), and ``allocated_bytes``, torch's count."""
+    (``shape``, ``dtype``, ``count``, ``bytes``), after torch's own counts (``allocated_bytes``,
+    ``reserved_bytes``: their difference is free space in segments that live tensors pin)."""
     import gc
 
     import torch
@@ -575,7 +586,7 @@ def live_tensors(top: int = 24) -> list[dict]:
         count_bytes[1] += nbytes
     rows = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
     listed = [{"shape": list(k[0]), "dtype": k[1], "count": c, "bytes": b} for k, (c, b) in rows]
-    return [{"allocated_bytes": torch.cuda.memory_allocated()}, *listed]
+    return [{"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()}, *listed]
 
 
 def capture_split(runner) -> dict:
@@ -652,7 +663,7 @@ def child(case: str, layers: int, release: str = RELEASE) -> dict:
     try:
         # vLLM's sm90 attention: FA3 with max_num_splits for its FULL graphs (fit's own reading)
         splits = estimates()["graph"]["vllm_split_kv"]["splits"]
-        target = case_target(case, None, layers, max_bs=max_bs, attention="fa3", fa3_splits=splits)
+        target = case_target(case, None, layers, max_bs=max_bs, attention="fa3", fa3_splits=splits, own_segments=True)
     except CaseDoesNotFit as err:  # a result: the case is skipped on this device, saying why
         return {"skipped": f"{case} does not fit this device: {err}"}
     torch.cuda.synchronize()

@@ -67,6 +67,10 @@ DIFFERS = [
     "SGLang's sm90 default backend (adapters/hf.py attention='fa3'; runs before this change used "
     "transformers' SDPA, whose grouped K/V heads are expanded over the whole cache in the graph pool); "
     "the reference case calls FA3 itself",
+    "the reference case's weights and cache are drawn into tensors allocated first, each float32 draw given "
+    "back to the device at once (references/decode.py ReferenceConfig.own_segments), as an engine loads "
+    "weights; runs before this change left the freed draws' space pinned in the weights' segments, which "
+    "the pool's free-memory reading (and the logits buffer, carved from it) saw",
     "the activation peak is not SGLang's: the release runs no profiling forward (its slack is a "
     "heuristic); the runner measures one eager prefill chunk (chunked_prefill_size tokens, attention "
     "skipped) and its sampling over cuda_graph_max_bs rows, after the pool and the graphs; the chunk "
@@ -281,7 +285,7 @@ def child(case: str, layers: int, context_length: int) -> dict:
     try:
         # SGLang's sm90 default: FA3, num_splits 0 (FA3's own split heuristic) unless deterministic
         # (sglang/srt/layers/attention/flashattention_backend.py FlashAttentionBackend.__init__)
-        target = case_target(case, None, layers, max_bs=ms.decode_max_bs, attention="fa3")
+        target = case_target(case, None, layers, max_bs=ms.decode_max_bs, attention="fa3", own_segments=True)
     except CaseDoesNotFit as err:
         return {"skipped": f"{case} does not fit this device: {err}"}
     torch.cuda.synchronize()

@@ -888,11 +888,13 @@ def case_target(
     max_bs: int | None = None,
     attention: str = "model",
     fa3_splits: int = 0,
+    own_segments: bool = False,
     **config,
 ):
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
     decode step or the speculative reference (``layers`` layers; they call FA3 themselves,
-    the reference with ``fa3_splits`` splits), or the transformers model of :data:`HF_ARCHS`
+    the reference with ``fa3_splits`` splits, its weights in segments of their own with
+    ``own_segments``), or the transformers model of :data:`HF_ARCHS`
     (``config`` on top) in ``HFTarget``, with ``attention`` (``"model"``: the case's attention
     implementation; ``"fa3"``: FA3 over the cache as the engines' sm90 backends, ``fa3_splits``
     its split count: ``HFTarget``'s);
@@ -913,7 +915,7 @@ def case_target(
     if case == "reference":
         from capture_plan.references.decode import ReferenceConfig, ReferenceModel
 
-        cfg = ReferenceConfig(model=model, max_bs=max_bs, fa3_splits=fa3_splits)
+        cfg = ReferenceConfig(model=model, max_bs=max_bs, fa3_splits=fa3_splits, own_segments=own_segments)
         seqlen = fit_seqlen(
             budget=budget,
             slots=max_bs,

@@ -47,6 +47,13 @@ class ReferenceConfig:
     #: vLLM's FULL graphs pass ``max_num_splits``, 32, whose split-KV accumulators each call
     #: then allocates)
     fa3_splits: int = 0
+    #: draw each weight and cache into a tensor of its own allocated first, its float32 draw
+    #: given back to the device at once (an engine loads its weights into tensors of their
+    #: size); False: the draw is cast into a new tensor, and the freed draws' space is split
+    #: by the next tensors, leaving free space pinned in their segments (reserved by torch,
+    #: not allocated: used memory to a free-memory reading, GiBs of it at 32 layers). The
+    #: values are the same either way
+    own_segments: bool = False
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -100,7 +107,15 @@ class ReferenceModel:
         hd, H, KV = m.head_dim, self.heads, self.kv_heads
 
         def w(*shape, std=0.02):
-            return (torch.randn(*shape, generator=g, device=self.device, dtype=torch.float32) * std).to(dt)
+            if not cfg.own_segments:
+                return (torch.randn(*shape, generator=g, device=self.device, dtype=torch.float32) * std).to(dt)
+            out = torch.empty(*shape, device=self.device, dtype=dt)
+            draw = torch.randn(*shape, generator=g, device=self.device, dtype=torch.float32)
+            out.copy_(draw.mul_(std))  # the same float32 product, cast as .to casts it
+            del draw
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # the draw's segment back to the device, not split later
+            return out
 
         self.embed = w(m.vocab, m.hidden, std=1.0)
         self.lm_head = w(m.vocab, m.hidden)

@@ -36,3 +36,18 @@ def test_prepare_keeps_every_phase_inside_the_kv_cache(model):
         gen.manual_seed(seed)
         model.prepare("decode", 8, 8, gen)
         assert int(model.cache_seqlens.max()) + 4 <= model.cfg.max_seqlen  # room for target_verify's 4 tokens
+
+
+def test_weights_in_their_own_segments_are_the_same_weights():
+    """``own_segments`` changes where the draws live, not what they are: every weight and
+    cache tensor is bit-for-bit the one the cast-into-a-new-tensor path makes (the benches
+    that compare against engines' free-memory readings use it; the rest keep the old path)."""
+    from capture_plan.references.decode import ReferenceConfig, ReferenceModel
+    from capture_plan.schemas.spec import Model
+
+    shape = Model(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=97)
+    cfgs = [ReferenceConfig(model=shape, max_bs=4, max_seqlen=16, own_segments=own) for own in (False, True)]
+    old, new = (ReferenceModel(c, backend="torch", device="cpu") for c in cfgs)
+    assert torch.equal(old.embed, new.embed) and torch.equal(old.lm_head, new.lm_head)
+    for a, b in zip(old.layers, new.layers, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
