@@ -144,7 +144,8 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     kept = made_by_profile(inp, settings)  # the sampler's scratch, made after the forward's peak
     act = estimate.activation_peak(m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept)
     # 0.34.0 keeps the larger of the transient peak and torch's reserve growth over its sizing step
-    reserve = reserve_growth_item(m, inp.tp, batched, seqs, row.rule, known(act)) if after else None
+    reserves = [reserve_growth_item(m, inp.tp, batched, seqs, row.rule, known(act))] if after else []
+    grown = sum(known(i) for i in reserves)
     moe = estimate.moe_workspace_item(m, inp.tp, batched) if split else None
     moes = [moe] if moe is not None else []
     held = sum(known(i) for i in moes)
@@ -166,7 +167,6 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         # the items the profile measured: both sizings take the same ones, by name
         profiled = dict(weights=weights_bytes, non_torch=known(nt), activation=known(act), buffers=buffers_bytes)
         if after:
-            grown = known(reserve) if reserve is not None else 0
             return sizing.vllm_after_capture(rule, requested, init_free, graph=graph, reserve_growth=grown, **profiled)
         deducted = graph if rule.graph_estimate == "deducted" else 0
         return sizing.vllm_before_capture(requested, graph=deducted, **profiled)
@@ -199,7 +199,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         f"ceil(total x gpu-memory-utilization {util}) (vllm/v1/worker/utils.py: request_memory)",
     )
     items = [result.device_total(inp), budget, weights, *([dw] if dw else []), nt, bufs, *moes, act]
-    items += [*([reserve] if reserve is not None else []), graph]
+    items += [*reserves, graph]
     if after:
         items.insert(1, ctx)
     notes = inp.context_notes()
@@ -217,7 +217,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     if after:
         by_budget = sizing.vllm_after_capture_by_budget(rule, requested, init_free, known(act))
         taken = [budget] if by_budget else [items[0], ctx]
-        taken += [weights, nt, bufs, *moes, graph, act, *([reserve] if reserve is not None else [])]
+        taken += [weights, nt, bufs, *moes, graph, act, *reserves]
     else:
         taken = [budget, weights, nt, bufs, *moes, act] + ([graph] if rule.graph_estimate == "deducted" else [])
     err = sum(i.error_bytes or 0 for i in taken + ([dw] if dw else []))
@@ -244,7 +244,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         if "gpu-memory-utilization" in inp.flags:  # the user's budget starves the cache: the one that fits
             # both rules take weights, non-torch, what the profile keeps, the peak and the
             # deducted graphs from the budget
-            taken = loaded + known(nt) + persistent + max(known(act), known(reserve) if reserve is not None else 0)
+            taken = loaded + known(nt) + persistent + max(known(act), grown)
             taken += (graph.bytes or 0) if after else deducted_graph
             one = sizing.vllm_request_bytes(m, inp.per_layer, block, mml, in_flight, draft_kv)
             budget_fix = result.budget_fix("gpu-memory-utilization", taken + one, total)
