@@ -37,7 +37,10 @@ EXACT = {"llama", "qwen2", "mixtral"}
 
 
 def _case(case: str) -> tuple[int, int, int]:
-    """(simulated growth, measured growth, measured transient peak) of the case's 0.34.0 run."""
+    """(simulated growth, measured growth, measured transient peak) of the case's 0.34.0 run
+    (a transformers case's spec is written from its transformers config: skipped without it)."""
+    if case != "reference":
+        pytest.importorskip("transformers")
     source = json.loads((RESULTS / MEASURED[case]).read_text())
     row = source["cases"][case]["vllm==0.34.0"]
     s = row["settings"]
