@@ -31,8 +31,8 @@ MEASURED = {
     "qwen2_moe": "fit-bench-2026-12-07-vllm-layers.json",
     "reference": "fit-bench-2026-12-07-vllm-refs-layers.json",
 }
-#: where the simulation meets the measured growth to the MiB (elsewhere it is above it: segments
-#: the profile's kept tensors pin serve part of the runner's step, module docstring there)
+#: where the simulation meets the measured growth to the MiB (elsewhere the runner's start-up left
+#: segments pinned that the step reused: planner/fit/reserve.py's docstring)
 EXACT = {"llama", "qwen2", "mixtral"}
 
 
@@ -52,16 +52,22 @@ def _case(case: str) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("case", sorted(MEASURED))
-def test_the_simulated_growth_bounds_the_runners_measured_growth_from_above(case):
+def test_the_simulated_growth_meets_the_runners_measured_growth_within_its_error_bar(case):
     """The runner (tests/engines/vllm_worker_034.py ``_measure_sizing_step``, the release's
-    reading of the reserve around its sizing step) measured its growth on an H100; the
-    simulation from an emptied cache never reads below it, meets it where nothing the profile
-    kept pins a segment the step reuses, and stays within the transient peak's size above it."""
+    reading of the reserve around its sizing step) measured its growth on an H100. The
+    simulation from an emptied cache meets it where nothing the start-up left pins a segment
+    the step reuses, and is within the item's error bar everywhere (what fit's KV cache is
+    held to)."""
     sim, measured, transient = _case(case)
-    assert sim >= measured, (sim / MIB, measured / MIB)
     if case in EXACT:
-        assert sim - measured < 1 * MIB, (sim / MIB, measured / MIB)
-    assert sim - measured <= transient, (sim / MIB, measured / MIB, transient / MIB)
+        assert abs(sim - measured) < 1 * MIB, (sim / MIB, measured / MIB)
+    flags = {"max-model-len": 4096, "max-num-batched-tokens": 8192, "max-num-seqs": 1024}
+    source = json.loads((RESULTS / MEASURED[case]).read_text())
+    model = load_model(str(fb.case_spec(case, Path(tempfile.mkdtemp()), source["layers"])))
+    with fb.long_context():
+        items = {i.name: i for i in fit(FitRequest(model, "H100", "vllm==0.34.0", 1, flags)).items}
+    growth = items["torch reserve growth"]
+    assert growth.bytes == sim and abs(sim - measured) <= growth.error_bytes, (sim / MIB, measured / MIB)
 
 
 def test_the_reference_grows_past_its_transient_peak_and_the_simulation_says_why():
@@ -96,14 +102,15 @@ def test_vllm_034_keeps_the_larger_of_the_peak_and_the_growth_free():
 
 
 def test_fit_prices_the_growth_for_034_only_and_takes_it_from_the_kv_cache():
-    """The 0.34.0 result has a "torch reserve growth" item (estimated, its excess over the
-    transient peak as error bar) and its KV cache is what the rule leaves with it; 0.33.0
-    sizes before capture and has none."""
+    """The 0.34.0 result has a "torch reserve growth" item (estimated, its error bar the
+    activation items' fraction of it or its excess over the transient peak, the larger);
+    0.33.0 sizes before capture and has none."""
     model = load_model(str(Path(__file__).resolve().parent.parent / "planner/data/configs/llama-3.1-8b.json"))
     r = fit(FitRequest(model, "H100", "vllm==0.34.0", 1, {"max-model-len": 8192}))
     items = {i.name: i for i in r.items}
     growth, act = items["torch reserve growth"], items["activation peak"]
     assert growth.status == "estimated" and growth.bytes > act.bytes
-    assert growth.error_bytes == growth.bytes - act.bytes and "planner/fit/reserve.py" in growth.source
+    assert growth.error_bytes == max(growth.bytes // 2, growth.bytes - act.bytes)
+    assert "planner/fit/reserve.py" in growth.source
     old = fit(FitRequest(model, "H100", "vllm==0.33.0", 1, {"max-model-len": 8192}))
     assert "torch reserve growth" not in {i.name for i in old.items}

@@ -1,8 +1,9 @@
 """Torch's reserve growth over vLLM 0.34.0's KV-cache sizing step, simulated: how far the
 caching allocator's reserved memory rises above what it keeps allocated while the step runs
-(vllm/v1/worker/gpu/warmup.py ``run_kv_cache_sizing_warmup``, lines 452-480, around the largest
-dummy step and its sampling), which ``measure_kv_cache_bytes`` keeps free beside the transient
-peak: ``available -= max(transient_peak, torch_reserve_growth)``.
+(vllm/v1/worker/gpu/warmup.py ``run_kv_cache_sizing_warmup``, lines 483-540: the largest dummy
+step and its sampling, read around it by ``_measure_sizing_step``, lines 452-480), which
+``measure_kv_cache_bytes`` keeps free beside the transient peak:
+``available -= max(transient_peak, torch_reserve_growth)``.
 
 Why a simulation: the step starts from an emptied cache (``gc.collect``; ``torch.cuda.empty_cache``)
 and its tensors are tens to hundreds of MiB each. The allocator gives each request it cannot
@@ -10,8 +11,8 @@ serve from a free block a segment of its own (the request rounded up to 2 MiB) a
 segments back while the step runs, so the reserve's peak is the segments the step's order of
 requests leaves, not its largest set of live tensors: the sampler's float32 copy of the logits
 (rows x vocabulary x 4), bigger than every block the layers freed, takes a segment beside all
-of theirs. On the reference decode step at 8192 tokens that is 1.46 GiB of reserve against a
-0.85 GiB transient peak (bench/fit_bench.py's runners measure both).
+of theirs. On the reference decode step at 8192 tokens the runner measured 1.43 GiB of growth
+against a 0.85 GiB transient peak (bench/fit_bench.py; tests/test_fit_reserve.py).
 
 The step's requests, in order, are the engine's eager layers' (the same reading as
 :func:`.estimate.activation_per_token`, tests/engines/engine_layers.py's stand-ins, module
@@ -20,12 +21,18 @@ Gemma's native path), merged qkv, the attention's output, o_proj's output (its r
 tp > 1), the MLP's gate_up, activation and down_proj (an MoE layer's router logits, shared
 expert, top-k tensors, output and sum; its caches in the workspace the manager already keeps);
 the final norm; then the dummy sampler's two passes over min(max_num_seqs, tokens) rows (the
-gathered rows, the model-dtype logits over the padded vocabulary, Gumbel-max's per-block
-scratch, the second pass's float32 copy, fit_rules.toml [sampler]). The pool starts empty: the
-blocks free in segments that hold live tensors (weights, buffers) when the step starts are not
-modelled, so the figure is high by at most what they could have served. Not modelled: kernels'
-own scratch below a MiB, and the stand-ins' row-chunk temporaries (the engine's fused kernels
-allocate none)."""
+gathered rows, the model-dtype logits over the padded vocabulary and, for a model with
+``final_logit_softcapping``, the LogitsProcessor's three out-of-place soft-cap steps,
+Gumbel-max's per-block scratch, the second pass's float32 copy, fit_rules.toml [sampler]).
+
+The pool starts empty. What the start-up left before the step is not modelled: free space in
+segments that live tensors pin (the weights' load, the profiling run's kept tensors: the
+sampler's Triton top-k/top-p scratch, made while the profile's blocks were free, pins one of
+their segments). Such space can serve the step's requests and lower the growth, or split a
+later, larger request's way and raise it: the item's error bar (:func:`reserve_growth_item`)
+holds either. Not modelled either: kernels' scratch and requests below a MiB (a small-pool
+segment or so), and the stand-ins' row-chunk temporaries (the engine's fused kernels allocate
+none)."""
 
 from __future__ import annotations
 
@@ -200,6 +207,11 @@ class _Step:
             self.drop(shard, *copies)
         else:
             logits = self.new(rows * padded * d)
+        if "final_logit_softcapping" in m.config_keys:  # logits / cap, tanh, * cap: each rebinds
+            for _ in range(3):
+                capped = self.new(rows * v * d)
+                self.drop(logits)
+                logits = capped
         blocks = -(-v // s.sample_block) if s.sample_block else 0
         for copies in (0, s.fp32_copies):
             f32 = [self.new(rows * v * 4) for _ in range(copies)]
@@ -244,14 +256,16 @@ def reserve_growth_item(m: FitModel, tp: int, tokens: int, seqs: int, rule: Samp
     """0.34.0's torch reserve growth over its sizing step (:func:`sizing_step_growth`, at
     ``tokens`` = max_num_batched_tokens and min(max_num_seqs, tokens) rows, the sampler as
     ``rule``), which the KV cache's sizing keeps free where it exceeds the ``transient`` peak.
-    The error bar is its excess over that peak: segments the profiling run left pinned by the
-    tensors it keeps can serve the step instead (a speculator's, made in its propose, can take
-    it all), which the simulation from an empty cache does not see."""
+    The error bar, the activation items' fraction of it (fit_estimates.toml [activation]
+    error_fraction), holds what the simulation from an emptied cache does not see (module
+    docstring): segments pinned before the step lower or raise it, and a speculator whose
+    propose keeps tensors in the profile's freed segments can take it to nothing, where the
+    transient peak is what the rule keeps free."""
     b = sizing_step_growth(m, tp, tokens, min(seqs, tokens), rule)
     return FitItem(
         "torch reserve growth",
         b,
-        max(b - transient, 0),
+        max(int(b * estimates()["activation"]["error_fraction"]), b - transient),
         "estimated",
         f"the sizing step ({tokens} tokens, {min(seqs, tokens)} sampled rows) simulated from an emptied cache in "
         "PyTorch's caching allocator (planner/fit/reserve.py, planner/memory/allocator.py): its reserve's peak; "
