@@ -25,18 +25,21 @@ gathered rows, the model-dtype logits over the padded vocabulary and, for a mode
 ``final_logit_softcapping``, the LogitsProcessor's three out-of-place soft-cap steps,
 Gumbel-max's per-block scratch, the second pass's float32 copy, fit_rules.toml [sampler]).
 
-The pool starts empty. What the start-up left before the step is not modelled: free space in
-segments that live tensors pin (the weights' load, the profiling run's kept tensors: the
-sampler's Triton top-k/top-p scratch, made while the profile's blocks were free, pins one of
-their segments). Such space can serve the step's requests and lower the growth, or split a
-later, larger request's way and raise it: the item's error bar (:func:`reserve_growth_item`)
-holds either. Not modelled either: kernels' scratch and requests below a MiB (a small-pool
-segment or so), and the stand-ins' row-chunk temporaries (the engine's fused kernels allocate
-none)."""
+The step follows the profiling run, the same requests, which also made and kept what the step
+finds made (vLLM's fused-MoE workspace, asked for before the first MoE layer's activations; the
+sampler's Triton top-k/top-p scratch, made in its second pass while the float32 copies live),
+and an emptied cache: the segments with nothing allocated are given back, those that what the
+profile kept pins stay, with free space the step reuses (the scratch pins a segment of the
+layers' on the Qwen2-MoE case: 92 MiB less growth, as the runner measured). What came before
+the profile is not simulated: free space pinned by the weights' load or the persistent buffers
+can serve the step's requests and lower the growth, or split a later, larger request's way and
+raise it; the item's error bar (:func:`reserve_growth_item`) holds either. Not modelled either:
+kernels' scratch and requests below a MiB, and the stand-ins' row-chunk temporaries (the
+engine's fused kernels allocate none)."""
 
 from __future__ import annotations
 
-from capture_plan.planner.memory.allocator import FREE, PoolSim
+from capture_plan.planner.memory.allocator import FREE, SMALL_SIZE, PoolSim
 from capture_plan.schemas.fit import FitItem
 
 from .model import FitModel
@@ -191,12 +194,13 @@ class _Step:
             self.drop(residual)
         return out, layer_res
 
-    def sampler(self, rows: int, s: SamplerRule) -> None:
+    def sampler(self, rows: int, s: SamplerRule, kept: int = 0) -> None:
         """The dummy sampler's default pass and its warm-up pass (fit_rules.toml [sampler]): the
         gathered rows, the logits over the padded vocabulary (tp > 1: the shard, the
         all-gathered copy and its reshaped one), Gumbel-max's per-block scratch each pass, the
-        second pass's float32 copies; the Triton top-k/top-p scratch exists already (made by
-        the profiling run)."""
+        second pass's float32 copies; ``kept``: what the second pass makes and keeps once, after
+        its float32 copies (the Triton top-k/top-p scratch: the profiling run makes it, the
+        sizing step finds it made)."""
         m, d, v = self.m, self.d, self.m.vocab
         padded = -(-v // s.vocab_padding) * s.vocab_padding
         sampled = [self.new(rows * m.hidden * d) for _ in range(s.sampled_hidden_copies)]
@@ -215,15 +219,24 @@ class _Step:
         blocks = -(-v // s.sample_block) if s.sample_block else 0
         for copies in (0, s.fp32_copies):
             f32 = [self.new(rows * v * 4) for _ in range(copies)]
+            if copies and kept:
+                self.new(kept)  # never freed
             scratch = [self.new(rows * blocks * 8), self.new(rows * blocks * 4)] if blocks else []
             self.drop(*scratch, *f32)
         self.drop(logits, *sampled)
 
 
-def sizing_step_requests(m: FitModel, tp: int, tokens: int, rows: int, sampler: SamplerRule) -> list[tuple[int, int]]:
+def sizing_step_requests(
+    m: FitModel, tp: int, tokens: int, rows: int, sampler: SamplerRule, made: tuple[int, int] = (0, 0)
+) -> list[tuple[int, int]]:
     """The sizing step's allocations and frees on one rank, in order (module docstring):
-    ``tokens`` through the layers, then the dummy sampler's two passes over ``rows``."""
+    ``tokens`` through the layers, then the dummy sampler's two passes over ``rows``; with
+    ``made`` (the profiling run, the same step): (the fused-MoE workspace its first MoE layer
+    asks for before the activations, what its sampler's second pass keeps), both kept."""
     step = _Step(m, tp, tokens)
+    workspace, kept = made
+    if workspace:
+        step.new(workspace)  # never freed (vLLM's workspace manager keeps it)
     hidden = step.hidden()  # the embedding
     if step.native:  # Gemma2Model.embed_input_ids: times the normalizer, a new tensor
         scaled = step.hidden()
@@ -238,37 +251,53 @@ def sizing_step_requests(m: FitModel, tp: int, tokens: int, rows: int, sampler: 
         hidden = final
     elif residual != hidden:
         step.drop(residual)  # the final fused add-norm works in place; the residual dies with the forward
-    step.sampler(rows, sampler)
+    step.sampler(rows, sampler, kept)
     step.drop(hidden)
     return step.ops
 
 
-def sizing_step_growth(m: FitModel, tp: int, tokens: int, rows: int, sampler: SamplerRule) -> int:
-    """The reserve's peak over the step from an empty cache, less what the step leaves
-    allocated (none: it frees every request), as ``_measure_sizing_step`` reads it
-    (reserved_bytes.all.peak - reserved before - left allocated)."""
+def sizing_step_growth(
+    m: FitModel, tp: int, tokens: int, rows: int, sampler: SamplerRule, made: tuple[int, int] = (0, 0)
+) -> int:
+    """The reserve's peak over the step, less what it leaves allocated (none: it frees every
+    request), as ``_measure_sizing_step`` reads it (reserved_bytes.all.peak - reserved before -
+    left allocated), after the profiling run (:func:`sizing_step_requests` with ``made``) and
+    the cache emptied: the segments left with nothing allocated are given back (here: each taken
+    whole by a request the step never frees, so that the step cannot use it), those that what
+    the profile keeps pins stay, with their free space."""
     pool = PoolSim()
+    pool.run(sizing_step_requests(m, tp, tokens, rows, sampler, made), {})
+    for small, size, blocks in sorted(pool.layout(), key=lambda seg: -seg[1]):
+        if not any(allocated for _, allocated in blocks):  # torch.cuda.empty_cache gives it back
+            for _ in range(size // SMALL_SIZE if small else 1):  # a small segment: its 1 MiB halves
+                pool.alloc(SMALL_SIZE if small else size)
+    before, held = pool.reserved, pool.allocated
+    pool.peak_reserved = before
     pool.run(sizing_step_requests(m, tp, tokens, rows, sampler), {})
-    return pool.peak_reserved - pool.allocated
+    return pool.peak_reserved - before - (pool.allocated - held)
 
 
-def reserve_growth_item(m: FitModel, tp: int, tokens: int, seqs: int, rule: SamplerRule, transient: int) -> FitItem:
+def reserve_growth_item(
+    m: FitModel, tp: int, tokens: int, seqs: int, rule: SamplerRule, transient: int, made: tuple[int, int] = (0, 0)
+) -> FitItem:
     """0.34.0's torch reserve growth over its sizing step (:func:`sizing_step_growth`, at
     ``tokens`` = max_num_batched_tokens and min(max_num_seqs, tokens) rows, the sampler as
-    ``rule``), which the KV cache's sizing keeps free where it exceeds the ``transient`` peak.
+    ``rule``, after the profiling run that made and kept ``made``), which the KV cache's sizing
+    keeps free where it exceeds the ``transient`` peak.
     The error bar, the activation items' fraction of it (fit_estimates.toml [activation]
     error_fraction), holds what the simulation from an emptied cache does not see (module
     docstring): segments pinned before the step lower or raise it, and a speculator whose
     propose keeps tensors in the profile's freed segments can take it to nothing, where the
     transient peak is what the rule keeps free."""
-    b = sizing_step_growth(m, tp, tokens, min(seqs, tokens), rule)
+    b = sizing_step_growth(m, tp, tokens, min(seqs, tokens), rule, made)
     return FitItem(
         "torch reserve growth",
         b,
         max(int(b * estimates()["activation"]["error_fraction"]), b - transient),
         "estimated",
-        f"the sizing step ({tokens} tokens, {min(seqs, tokens)} sampled rows) simulated from an emptied cache in "
-        "PyTorch's caching allocator (planner/fit/reserve.py, planner/memory/allocator.py): its reserve's peak; "
+        f"the sizing step ({tokens} tokens, {min(seqs, tokens)} sampled rows) simulated after the profiling run and "
+        "an emptied cache in PyTorch's caching allocator (planner/fit/reserve.py, planner/memory/allocator.py): "
+        "its reserve's peak; "
         "vllm/v1/worker/gpu/warmup.py run_kv_cache_sizing_warmup, extensible_kv_cache.py measure_kv_cache_bytes "
         "keeps max(transient peak, this) free",
     )

@@ -143,12 +143,14 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     row = sampler_rule("vllm", inp.version)
     kept = made_by_profile(inp, settings)  # the sampler's scratch, made after the forward's peak
     act = estimate.activation_peak(m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept)
-    # 0.34.0 keeps the larger of the transient peak and torch's reserve growth over its sizing step
-    reserves = [reserve_growth_item(m, inp.tp, batched, seqs, row.rule, known(act))] if after else []
-    grown = sum(known(i) for i in reserves)
     moe = estimate.moe_workspace_item(m, inp.tp, batched) if split else None
     moes = [moe] if moe is not None else []
     held = sum(known(i) for i in moes)
+    # 0.34.0 keeps the larger of the transient peak and torch's reserve growth over its sizing
+    # step, which follows the profiling run (what that kept: the MoE workspace, the scratch)
+    made = (held, kept)
+    reserves = [reserve_growth_item(m, inp.tp, batched, seqs, row.rule, known(act), made)] if after else []
+    grown = sum(known(i) for i in reserves)
     ctx = estimate.context()
     bufs = engine_buffers(inp, settings)  # the runner's persistent buffers (fit_rules.toml [buffers])
     persistent = (bufs.bytes or 0) + held  # what the profile keeps besides the weights and non-torch

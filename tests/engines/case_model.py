@@ -98,9 +98,14 @@ class CaseModel:
         self.workspace = torch.empty(need, dtype=torch.uint8, device=self.device)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The model's head (Gemma2's final soft-capping included)."""
+        """The model's head (Gemma2's final soft-capping included, as vLLM's LogitsProcessor
+        applies it: ``logits / cap``, ``tanh``, ``* cap``, each rebinding ``logits``)."""
         logits = self.head(hidden)
-        return logits if not self.softcap else torch.tanh(logits / self.softcap) * self.softcap
+        if self.softcap:
+            logits = logits / self.softcap
+            logits = torch.tanh(logits)
+            logits = logits * self.softcap
+        return logits
 
 
 def moe_dims(text) -> tuple[int, int, int, int] | None:
