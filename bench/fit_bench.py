@@ -107,7 +107,7 @@ FIT_LACKS = {
     "KV layers and graphs are the "
     "runner's alone (fit is given the target model and the same capture sizes)",
 }
-#: how the reference case's weights are made (shared with bench/fit_bench_sglang.py's DIFFERS)
+#: how the reference case's weights are made (bench/fit_bench_sglang.py's DIFFERS says it for SGLang)
 REFERENCE_WEIGHTS = (
     "the reference case's weights and cache are drawn into tensors allocated first, each float32 draw "
     "given back to the device at once (references/decode.py ReferenceConfig.own_segments), as an engine "

@@ -51,8 +51,8 @@ class ReferenceConfig:
     #: given back to the device at once (an engine loads its weights into tensors of their
     #: size); False: the draw is cast into a new tensor, and the freed draws' space is split
     #: by the next tensors, leaving free space pinned in their segments (reserved by torch,
-    #: not allocated: used memory to a free-memory reading, GiBs of it at 32 layers). The
-    #: values are the same either way
+    #: not allocated: used memory to a free-memory reading; 1-2 GiB at 32 layers in the
+    #: allocator model, planner/memory/allocator.py). The values are the same either way
     own_segments: bool = False
 
 

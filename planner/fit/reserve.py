@@ -285,10 +285,10 @@ def reserve_growth_item(
     ``rule``, after the profiling run that made and kept ``made``), which the KV cache's sizing
     keeps free where it exceeds the ``transient`` peak.
     The error bar, the activation items' fraction of it (fit_estimates.toml [activation]
-    error_fraction), holds what the simulation from an emptied cache does not see (module
-    docstring): segments pinned before the step lower or raise it, and a speculator whose
-    propose keeps tensors in the profile's freed segments can take it to nothing, where the
-    transient peak is what the rule keeps free."""
+    error_fraction) or its excess over the transient peak (the larger), holds what the
+    simulation does not see (module docstring): free space pinned before the profile lowers or
+    raises it, and a speculator whose propose keeps tensors in the profile's freed segments can
+    take it to nothing, where the transient peak is what the rule keeps free."""
     b = sizing_step_growth(m, tp, tokens, min(seqs, tokens), rule, made)
     return FitItem(
         "torch reserve growth",
