@@ -89,9 +89,8 @@ def test_what_the_profile_keeps_pins_a_segment_the_step_reuses():
 def test_the_reference_grows_past_its_transient_peak_and_the_simulation_says_why():
     """On the reference at 8192 tokens the measured growth is 1.7x the transient peak: the
     sampler's float32 logits (1024 rows x 128256 x 4 B) are larger than every block the layers
-    freed, so they take a segment of their own beside the layers'. The simulation shows it: the
-    reserve's peak comes after the last float32 copy is requested, and without the sampler's
-    float32 copy the growth falls to within the layers' segments."""
+    freed, so they take a segment of their own beside the layers'. The simulation shows it:
+    without the sampler's float32 copy the reserve's peak falls by that copy's size."""
     growth, measured, transient = _case("reference")
     sim = growth.bytes
     assert measured > 1.5 * transient and sim > 1.5 * transient
@@ -118,7 +117,7 @@ def test_vllm_034_keeps_the_larger_of_the_peak_and_the_growth_free():
     assert below - above == 3 * GIB - peak
 
 
-def test_fit_prices_the_growth_for_034_only_and_takes_it_from_the_kv_cache():
+def test_fit_prices_the_growth_for_034_only():
     """The 0.34.0 result has a "torch reserve growth" item (estimated, its error bar the
     activation items' fraction of it or its excess over the transient peak, the larger);
     0.33.0 sizes before capture and has none."""
