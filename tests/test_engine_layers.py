@@ -38,7 +38,12 @@ def _tracer():
                 if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
                     s = t.untyped_storage()
                     if s.data_ptr() not in self.before:
-                        self.storages.setdefault(s.data_ptr(), (s.nbytes(), []))[1].append(weakref.ref(t))
+                        entry = self.storages.get(s.data_ptr())
+                        # the allocator may hand a freed storage's address to a new one before
+                        # the next call sweeps it: a dead entry is that old storage, not this one
+                        if entry is None or not any(r() is not None for r in entry[1]):
+                            entry = self.storages[s.data_ptr()] = (s.nbytes(), [])
+                        entry[1].append(weakref.ref(t))
             live = 0
             for ptr, (nbytes, refs) in list(self.storages.items()):
                 if any(r() is not None for r in refs):
