@@ -15,7 +15,7 @@ from capture_plan.schemas.fit import FitItem
 from . import graph_pool
 from .graph_count import GraphCount
 from .graph_pool import Captures
-from .model import FitModel
+from .model import FitModel, qkv_width
 from .tables import GiB, MiB, SamplerRow, SamplerRule, estimates
 
 __all__ = [
@@ -99,9 +99,7 @@ def activation_per_token(m: FitModel, tp: int, engine: str = "vllm") -> int:
     # GroupCoordinator.all_reduce): o_proj's and down_proj's unreduced outputs live beside
     # the reduced ones
     reduced = h if tp > 1 else 0
-    # a rank keeps at least one KV head (llama.py LlamaAttention: max(1, kv_heads // tp)).
-    # MLA too: its prefill up-projects q, k and v to heads x head_dim (nope + rope), kv_heads = heads
-    qkv = (m.heads // tp + 2 * max(1, m.kv_heads // tp)) * m.head_dim
+    qkv = qkv_width(m, tp)
     attention = (e["attention_hidden"] + 2 * native) * h + qkv + m.heads * m.v_head_dim // tp + reduced
     base = (e["mlp_hidden"] + native) * h
     inter = (m.shared_expert_intermediate if m.experts else m.intermediate) // tp
@@ -152,11 +150,11 @@ def sampler_phase(m: FitModel, tp: int, tokens: int, rows: int, r: SamplerRule) 
     padded vocabulary, ``fp32_copies`` float32 copies, Gumbel-max's per-block scratch). Returns
     that figure and the one where FlashInfer's sampler runs instead (None: not read)."""
     d, v = m.dtype_bytes, m.vocab
-    padded = -(-v // r.vocab_padding) * r.vocab_padding
+    padded = r.padded_vocab(v)
     held = tokens * m.hidden * d + r.sampled_hidden_copies * rows * m.hidden * d
     logits = rows * padded * d
     gather = rows * d * (padded // tp + r.gather_copies * padded) if tp > 1 and r.gather_copies else logits
-    scratch = rows * -(-v // r.sample_block) * (8 + 4) if r.sample_block else 0
+    scratch = rows * r.sample_blocks(v) * (8 + 4)
     default = held + max(gather, logits + r.fp32_copies * rows * v * 4 + scratch)
     if r.flashinfer_fp32_copies is None:
         return default, None

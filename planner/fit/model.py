@@ -403,6 +403,13 @@ def kv_heads_per_rank(m: FitModel, tp: int) -> int:
     return max(1, m.kv_heads // tp)
 
 
+def qkv_width(m: FitModel, tp: int) -> int:
+    """The merged qkv projection's output width on one rank (vLLM's llama.py LlamaAttention:
+    the rank's query heads and its KV heads, at least one). MLA too: its prefill up-projects
+    q, k and v to heads x head_dim (nope + rope), kv_heads = heads."""
+    return (m.heads // tp + 2 * kv_heads_per_rank(m, tp)) * m.head_dim
+
+
 def kv_bytes_per_token(m: FitModel, tp: int, kv_dtype_bytes: int) -> int:
     """KV bytes one token takes in one layer on one rank: K and V per KV head, or
     MLA's latent (kv_lora_rank + qk_rope_head_dim, one copy on every rank)."""

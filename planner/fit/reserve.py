@@ -42,7 +42,7 @@ from __future__ import annotations
 from capture_plan.planner.memory.allocator import FREE, SMALL_SIZE, PoolSim
 from capture_plan.schemas.fit import FitItem
 
-from .model import FitModel
+from .model import FitModel, qkv_width
 from .tables import SamplerRule, estimates
 
 __all__ = ["sizing_step_growth", "sizing_step_requests", "reserve_growth_item"]
@@ -167,7 +167,7 @@ class _Step:
             layer_res = residual if new_res is None else new_res
         else:  # rms_norm's new output for the first layer, else the fused add-norm in place
             x, layer_res = (self.hidden() if index == 0 else hidden), residual
-        qkv = self.new(self.t * (m.heads // tp + 2 * max(1, m.kv_heads // tp)) * m.head_dim * self.d)
+        qkv = self.new(self.t * qkv_width(m, tp) * self.d)
         attn = self.new(self.t * m.heads * m.v_head_dim // tp * self.d)
         o = self.hidden()
         self.drop(qkv, attn)
@@ -181,7 +181,8 @@ class _Step:
             self.drop(y)
             if layer_res != residual:
                 self.drop(layer_res)
-            layer_res = res2 if res2 is not None else layer_res
+            assert res2 is not None  # given a residual, the native path makes a new one
+            layer_res = res2
         out = self.moe() if m.experts and index >= m.dense_layers else self.mlp(m.intermediate // tp)
         self.drop(o)
         if self.native:  # the post-feedforward norm
@@ -202,7 +203,7 @@ class _Step:
         its float32 copies (the Triton top-k/top-p scratch: the profiling run makes it, the
         sizing step finds it made)."""
         m, d, v = self.m, self.d, self.m.vocab
-        padded = -(-v // s.vocab_padding) * s.vocab_padding
+        padded = s.padded_vocab(v)
         sampled = [self.new(rows * m.hidden * d) for _ in range(s.sampled_hidden_copies)]
         if self.tp > 1 and s.gather_copies:
             shard = self.new(rows * padded // self.tp * d)
@@ -216,7 +217,7 @@ class _Step:
                 capped = self.new(rows * v * d)
                 self.drop(logits)
                 logits = capped
-        blocks = -(-v // s.sample_block) if s.sample_block else 0
+        blocks = s.sample_blocks(v)
         for copies in (0, s.fp32_copies):
             f32 = [self.new(rows * v * 4) for _ in range(copies)]
             if copies and kept:
@@ -289,13 +290,14 @@ def reserve_growth_item(
     simulation does not see (module docstring): free space pinned before the profile lowers or
     raises it, and a speculator whose propose keeps tensors in the profile's freed segments can
     take it to nothing, where the transient peak is what the rule keeps free."""
-    b = sizing_step_growth(m, tp, tokens, min(seqs, tokens), rule, made)
+    rows = min(seqs, tokens)
+    b = sizing_step_growth(m, tp, tokens, rows, rule, made)
     return FitItem(
         "torch reserve growth",
         b,
         max(int(b * estimates()["activation"]["error_fraction"]), b - transient),
         "estimated",
-        f"the sizing step ({tokens} tokens, {min(seqs, tokens)} sampled rows) simulated after the profiling run and "
+        f"the sizing step ({tokens} tokens, {rows} sampled rows) simulated after the profiling run and "
         "an emptied cache in PyTorch's caching allocator (planner/fit/reserve.py, planner/memory/allocator.py): "
         "its reserve's peak; "
         "vllm/v1/worker/gpu/warmup.py run_kv_cache_sizing_warmup, extensible_kv_cache.py measure_kv_cache_bytes "

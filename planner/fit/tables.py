@@ -299,6 +299,14 @@ class SamplerRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: other branch's in the error bar (the rest: the Triton branch central)
     flashinfer_default: list[str] = []
 
+    def padded_vocab(self, vocab: int) -> int:
+        """The logits' width: ``vocab`` padded up to ``vocab_padding``."""
+        return -(-vocab // self.vocab_padding) * self.vocab_padding
+
+    def sample_blocks(self, vocab: int) -> int:
+        """Gumbel-max's vocabulary blocks per row (0: no Gumbel scratch)."""
+        return -(-vocab // self.sample_block) if self.sample_block else 0
+
     def branch(self, version: str) -> str:
         """The sampler branch a stock install of ``version`` runs: "flashinfer" or "triton"."""
         return "flashinfer" if version in self.flashinfer_default and self.flashinfer_fp32_copies else "triton"
