@@ -16,7 +16,8 @@ against a 0.85 GiB transient peak (bench/fit_bench.py; tests/test_fit_reserve.py
 
 The step's requests, in order, are the engine's eager layers' (the same reading as
 :func:`.estimate.activation_per_token`, tests/engines/engine_layers.py's stand-ins, module
-docstring there): the embedding; each layer's norm (in place but for the first layer's and
+docstring there; tests/test_engine_layers.py holds the two to the same order of requests, op by
+op on the CPU): the embedding; each layer's norm (in place but for the first layer's and
 Gemma's native path), merged qkv, the attention's output, o_proj's output (its reduced copy at
 tp > 1), the MLP's gate_up, activation and down_proj (an MoE layer's router logits, shared
 expert, top-k tensors, output and sum; its caches in the workspace the manager already keeps);
