@@ -101,11 +101,17 @@ def long_context():
 
 #: speculative tokens a step of the EAGLE case (bench.harness eagle_config: 3 draft steps, 4 tokens verified)
 EAGLE_TOKENS = 3
+#: the EAGLE case's draft layers (references/speculative.py SpeculativeConfig.draft_layers, which
+#: eagle_config leaves at its default; written here so that fit's side imports no torch)
+EAGLE_DRAFT_LAYERS = 1
 #: what fit leaves out of a case, written into its row
 FIT_LACKS = {
-    "eagle": "the bench gives fit the target model alone (no --speculative-config): the draft's weights, "
-    "KV layers and graphs are the "
-    "runner's alone (fit is given the target model and the same capture sizes)",
+    "eagle": "fit is given the draft as vLLM's --speculative-config (an EAGLE head of the target's dimensions, "
+    "one layer: speculative_config): its weights (beside the target's in the weights compared) and its KV "
+    "layer are counted, its graphs (the draft decode grid, the extend graphs, the target's verify widths) "
+    "are in no measured family, so fit's graph memory is unknown and its KV figures an upper bound; the "
+    "runner's draft phases are the speculative reference's (bench.harness eagle_config), not vLLM's "
+    "EAGLE code. Runs refit before this change gave fit the target alone",
 }
 #: how the reference case's weights are made (bench/fit_bench_sglang.py's DIFFERS says it for SGLang)
 REFERENCE_WEIGHTS = (
@@ -234,9 +240,16 @@ def settings_for(device_name: str, release: str = RELEASE, case: str = "") -> Se
     return Settings(rule.default_utilization, MAX_MODEL_LEN, seqs, batched, 16, tuple(sizes), num_speculative_tokens=k)
 
 
-def fit_flags(s: Settings) -> dict:
-    """``s`` under vLLM's flag names, as ``planner fit`` takes them."""
-    return {
+def fit_flags(s: Settings, folder: Path | None = None) -> dict:
+    """``s`` under vLLM's flag names, as ``planner fit`` takes them; with speculative tokens,
+    the EAGLE draft's ``--speculative-config`` too (:func:`speculative_config`, its spec
+    written into ``folder``)."""
+    spec = {}
+    if s.num_speculative_tokens:
+        if folder is None:
+            raise ValueError("the EAGLE case's flags need a folder for the draft's spec")
+        spec = {"speculative-config": speculative_config(folder, s.num_speculative_tokens)}
+    return spec | {
         "gpu-memory-utilization": s.gpu_memory_utilization,
         "max-model-len": s.max_model_len,
         "max-num-seqs": s.max_num_seqs,
@@ -246,6 +259,19 @@ def fit_flags(s: Settings) -> dict:
         "cudagraph-mode": s.cudagraph_mode,
         "kv-cache-dtype": s.kv_cache_dtype,
     }
+
+
+def speculative_config(folder: Path, tokens: int) -> str:
+    """vLLM's ``--speculative-config`` for the EAGLE case's draft, as fit takes it: method
+    eagle, ``tokens`` a step, the draft the speculative reference runs (references/speculative.py:
+    :data:`EAGLE_DRAFT_LAYERS` decoder layers of the target's dimensions, the target's embedding
+    shared) as a spec written into ``folder``."""
+    path = folder / "eagle-draft.toml"
+    path.write_text(
+        f'[model]\npreset = "llama-3-8b"\nlayers = {EAGLE_DRAFT_LAYERS}\n\n'
+        '[[phases]]\nname = "decode"\nkind = "decode"\nsizes = [1]\n'
+    )
+    return json.dumps({"method": "eagle", "model": str(path), "num_speculative_tokens": tokens})
 
 
 def page_group(full: int, sliding: int) -> int:
@@ -285,7 +311,7 @@ def fit_side(
     model = load_model(str(case_spec(case, folder, layers)))
     out = {"model": model.name, "model_type": model.model_type, "source": model.source}
     with long_context():
-        out["default"] = fit_figures(fit(FitRequest(model, device_name, release, 1, fit_flags(s))))
+        out["default"] = fit_figures(fit(FitRequest(model, device_name, release, 1, fit_flags(s, folder))))
     try:
         plan = case_plan(case, folder, layers, model)
     except Exception as err:  # a plan that cannot be built is a result: the row says why
@@ -295,7 +321,7 @@ def fit_side(
         out["plan"] = {"skipped": f"the plan captures {plan.graphs} graphs, the runner {graphs}"}
         return out
     with long_context():
-        planned = fit(FitRequest(model, device_name, release, 1, fit_flags(s), plan=plan))
+        planned = fit(FitRequest(model, device_name, release, 1, fit_flags(s, folder), plan=plan))
     out["plan"] = {"plan": plan.name, **fit_figures(planned)}
     return out
 
@@ -356,8 +382,12 @@ def compare(runner: dict, fitted: dict) -> dict:
     def of(name: str) -> int | None:
         return items.get(name, {}).get("bytes")
 
+    # the runner's weights hold a speculative draft's; fit counts the draft's apart
+    weights = of("weights")
+    if weights is not None and of("draft weights") is not None:
+        weights += of("draft weights")
     pairs = {
-        "weights": (runner["weights_bytes"], of("weights")),
+        "weights": (runner["weights_bytes"], weights),
         "activation peak": (runner["activation_peak_bytes"], of("activation peak")),
         "graph memory": (runner["graph_bytes"], of("graph memory")),
         "kv tokens": (runner["kv_tokens"], fitted["kv_blocks"] * fitted["block_tokens"]),

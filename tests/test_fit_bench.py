@@ -61,7 +61,8 @@ def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_pla
     family has measured node counts (graph memory known), and the plan of the runner's graphs
     gives the ``--plan`` figure. EAGLE's sizes are the shared sizes with its uniform decode
     sizes at query length 4 (bench/baselines.py; on an H100 all already in the grid), given to
-    fit explicitly."""
+    fit explicitly, with its draft (``--speculative-config``): the draft's weights counted, its
+    graphs unknown with or without the plan (only a calibration measures a draft's graphs)."""
     if case not in ("reference", "eagle"):
         pytest.importorskip("transformers")
     if case == "eagle":  # its plan is built from the speculative reference's config (torch)
@@ -74,16 +75,22 @@ def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_pla
     got = fb.fit_side(case, tmp_path, 32, H100, s)
     assert got["model_type"] == ("reference" if case in ("reference", "eagle") else case)
     graph = got["default"]["items"]["graph memory"]
-    assert graph["bytes"] and graph["status"] == "estimated"
     assert "items" in got["plan"], got["plan"]
-    if case != "eagle":  # EAGLE's plan lists its phases' request counts, the draft decode grid's too
-        assert got["plan"]["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
-    planned = got["plan"]["items"]["graph memory"]["bytes"]
-    if case == "eagle":  # the plan's target and draft phases, not the speculative estimate
-        assert planned != graph["bytes"]
-    else:  # the planner's simulation of the same FULL graphs, in the same order, that fit's
-        # estimate simulates (planner/fit/graph_pool.py): one figure
-        assert planned == graph["bytes"]
+    planned = got["plan"]["items"]["graph memory"]
+    if case == "eagle":
+        from capture_plan.references.speculative import SpeculativeConfig
+
+        assert fb.EAGLE_DRAFT_LAYERS == SpeculativeConfig.draft_layers  # the draft the runner runs
+        spec = json.loads(fb.fit_flags(s, tmp_path)["speculative-config"])
+        assert (spec["method"], spec["num_speculative_tokens"]) == ("eagle", 3)
+        assert got["default"]["items"]["draft weights"]["bytes"] > 0
+        assert graph["status"] == planned["status"] == "unknown" and graph["bytes"] is None
+        return
+    assert graph["bytes"] and graph["status"] == "estimated"
+    assert got["plan"]["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))
+    # the planner's simulation of the same FULL graphs, in the same order, that fit's estimate
+    # simulates (planner/fit/graph_pool.py): one figure
+    assert planned["bytes"] == graph["bytes"]
 
 
 def test_a_spec_without_a_config_is_the_reference_decode_step(tmp_path, cli):
@@ -132,6 +139,15 @@ def test_the_comparison_follows_the_issues_targets():
     assert not got["graph memory"]["ok"] and got["kv tokens"]["ok"] and not got["activation peak"]["ok"]
     fitted["items"]["graph memory"]["bytes"] = 219 * MIB  # +9.5%
     assert fb.compare(runner, fitted)["graph memory"]["ok"]
+
+
+def test_the_runners_weights_are_compared_with_the_targets_and_the_drafts_together():
+    """The EAGLE runner's weights hold its draft's; fit counts the draft's as an item of its own
+    (``draft weights``), which the comparison adds to the target's."""
+    runner = {"weights_bytes": 1300 * MIB, "activation_peak_bytes": GIB, "graph_bytes": 0, "kv_tokens": 1}
+    items = {"weights": {"bytes": 1000 * MIB}, "draft weights": {"bytes": 300 * MIB}}
+    got = fb.compare(runner, {"items": items, "kv_blocks": 1, "block_tokens": 1})
+    assert got["weights"]["fit"] == 1300 * MIB and got["weights"]["ok"]
 
 
 def test_vllms_kv_blocks_span_a_group_of_layers():
