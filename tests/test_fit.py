@@ -208,6 +208,51 @@ def test_sglang_graphs_and_activations_must_fit_the_slack_alone():
         assert fit(FitRequest(llama, "H100", "sglang==0.5.23", 1, flags, given)).fits is fits
 
 
+def test_sglang_slack_fixes_name_the_fraction_and_batch_size_that_fit(capsys):
+    """Fails before: the fixes were the fraction less 0.05 and half the batch size, which at a
+    fraction of 0.99 (or a batch size many halvings too large) do not fit, so fit said none of
+    its single changes fits. Now: the largest fraction whose slack holds the graphs and the
+    activations, and the largest halved --cuda-graph-max-bs that fits (the first kept); each
+    fix's command fits, and the next size up does not."""
+    args = ("llama-3.1-8b", "H100", "sglang==0.5.23", "--context-length", "8192")
+    code, _, err = fit_cli(*args, "--chunked-prefill-size", "16384", "--mem-fraction-static", "0.99", capsys=capsys)
+    assert code == 1 and "exceed the" in err and "none of fit's" not in err, err
+    fix = fixes_of(err)[0]
+    assert fix.startswith("--mem-fraction-static 0.9") and run_fix(err, capsys)[0] == 0, err
+    code, _, err = fit_cli(*args, "--mem-fraction-static", "0.95", "--cuda-graph-max-bs", "2048", capsys=capsys)
+    halved = [f for f in fixes_of(err) if f.startswith("--cuda-graph-max-bs ")]
+    assert code == 1 and len(halved) == 1, err
+    bs = int(halved[0].split()[1])
+    for size, rc in ((bs, 0), (bs * 2, 1)):
+        assert fit_cli(*args, "--mem-fraction-static", "0.95", "--cuda-graph-max-bs", str(size), capsys=capsys)[0] == rc
+
+
+def test_a_fix_the_engine_refuses_does_not_hide_the_answer(capsys):
+    """Fails before: checking the --tp fixes, fit asked SGLang's default fraction at --tp 32
+    (-0.001, refused), and that refusal escaped as the answer to the user's own settings, whose
+    default fraction (0.16) is valid. The answer is theirs: the weights leave no KV cache."""
+    more = ("--chunked-prefill-size", "12288", "--cuda-graph-max-bs", "512")
+    code, _, err = fit_cli("llama-3.1-8b", "4090", "sglang==0.5.23", *more, capsys=capsys)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "leave no KV cache under mem-fraction-static 0.16" in err and "memory_hook" not in err, err
+
+
+def test_vllms_defaulted_batch_limits_cap_each_other_and_a_refused_pair_is_one_line(capsys):
+    """vllm/engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args: a defaulted
+    max_num_seqs is capped at the batched tokens (fails before: fit kept 1024 sequences, their
+    buffers, beside 256 batched tokens), defaulted batched tokens at max_num_seqs x
+    max_model_len; SchedulerConfig refuses batched tokens below max_num_seqs, so fit does too,
+    with a fix whose command fits."""
+    r = _llama("vllm==0.34.0", **{"max-num-batched-tokens": 256, "max-model-len": 8192})
+    assert (r.settings["max-num-seqs"], r.settings["max-num-batched-tokens"]) == (256, 256)
+    r = _llama("vllm==0.34.0", **{"max-num-seqs": 8, "max-model-len": 4})
+    assert (r.settings["max-num-seqs"], r.settings["max-num-batched-tokens"]) == (8, 32)
+    more = ("--max-model-len", "8192", "--max-num-batched-tokens", "256", "--max-num-seqs", "1024")
+    code, _, err = fit_cli("llama-3.1-8b", "H100", "vllm==0.34.0", *more, capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "must be greater than or equal to max_num_seqs" in err, err
+    assert "--max-num-seqs 256" in err and run_fix(err, capsys)[0] == 0, err
+
+
 def test_the_kv_error_bar_sums_the_items_the_rule_takes_it_from():
     """The KV item's error bar is the sum of the error bars of the named items its rule
     subtracts: before capture the budget, weights, non-torch, the engine's buffers (unknown, so

@@ -182,6 +182,30 @@ def test_a_longer_context_is_refused_with_the_longest_as_a_command_that_works(ca
 
 
 @pytest.mark.parametrize(
+    ("engine", "flag", "env", "device"),
+    [
+        (V34, "max-model-len", "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "H200"),
+        (SGL, "context-length", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "H100"),
+    ],
+)
+def test_a_fix_let_through_by_the_engines_variable_is_printed_behind_it(monkeypatch, capsys, engine, flag, env, device):
+    """Fails before: a million-token context let through by the engine's variable does not
+    fit, and the fix (a shorter length, still past the model's own) was printed as a bare
+    `planner fit ...`, which a fresh shell refuses. It is printed behind the variable, and
+    runs there (the variable set) as printed."""
+    monkeypatch.setenv(env, "1")
+    args = ["fit", "--model", str(LLAMA31), "--device", device, "--engine", engine]
+    code, _, err = run(*args, f"--{flag}", "1000000", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1, err
+    command = err.split("`")[1]
+    assert command.startswith(f"{env}=1 planner fit "), err
+    argv = shlex.split(command)
+    assert run(*argv[2:], capsys=capsys)[0] == 0, err
+    monkeypatch.delenv(env)
+    assert run(*argv[2:], capsys=capsys)[0] == 1  # without it, refused: the prefix is needed
+
+
+@pytest.mark.parametrize(
     ("engine", "flag", "env", "value", "allowed"),
     [
         (V34, "max-model-len", "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1", True),

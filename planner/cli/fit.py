@@ -41,10 +41,13 @@ def _engines() -> str:
 def fit_command(req: FitRequest, model: str, tail: list[str], changes: dict) -> str:
     """The ``planner fit`` command of request ``req`` (``model``: its ``--model`` as given;
     ``tail``: the other options as given, files and ``--json``) with a refusal's ``changes``
-    applied."""
+    applied; behind the engine's variable (``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 planner fit ...``)
+    where the changed request's context length is let through by it, since the command is
+    pasted into a shell that may not have it set."""
     import shlex
 
     req = req.changed(changes)
+    env = _allowed_by(req)
     argv = ["planner", "fit", "--model", model, "--device", req.device, "--engine", req.engine]
     argv += ["--tp", str(req.tp)] if req.tp != 1 else []
     for name, v in req.flags.items():
@@ -52,7 +55,20 @@ def fit_command(req: FitRequest, model: str, tail: list[str], changes: dict) -> 
             argv.append(f"--{name}")
         elif v is not False:
             argv += [f"--{name}", ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
-    return shlex.join(argv + tail)
+    return (f"{env}=1 " if env else "") + shlex.join(argv + tail)
+
+
+def _allowed_by(req: FitRequest) -> str:
+    """The engine's variable (set in this process) that lets ``req``'s context length past the
+    length the release derives; "" where none does, or where ``req`` is refused (its refusal's
+    command is rendered, not resolved)."""
+    from capture_plan.planner.fit.inputs import resolve
+    from capture_plan.schemas.errors import InputError
+
+    try:
+        return resolve(req).context.allowed_by
+    except InputError:
+        return ""
 
 
 @click.command("fit", cls=Command)

@@ -33,7 +33,9 @@ def fit(req: FitRequest) -> FitResult:
     calibration, or the engine's own logged ``Estimated CUDA graph memory``) in place of
     fit's estimate of the graphs captured; its plan, one whose sizes and phases replace the
     engine default's (:func:`.measured.plan_graphs`). Where it does not fit, only the fixes
-    that fit when applied are kept (of the ``--tp`` ones, the smallest)."""
+    that fit when applied are kept, and of several candidates for one flag (``--tp`` doublings,
+    SGLang's ``--cuda-graph-max-bs`` halvings) the first that fits: the engine's layer lists
+    them in the order an operator would take them (the fewest GPUs, the most batch sizes)."""
     inp = resolve(req)
     res = _ENGINES[inp.engine](inp)
     if res.fits:
@@ -41,7 +43,7 @@ def fit(req: FitRequest) -> FitResult:
     checked = msgspec.structs.replace(req, flags=inp.flags)
     kept: list[str] = []
     for fix in res.fixes:
-        if fix.startswith("--tp ") and any(k.startswith("--tp ") for k in kept):
+        if fix.startswith("--") and any(k.split(" ", 1)[0] == fix.split(" ", 1)[0] for k in kept):
             continue
         if _works(checked.changed(changes_of(fix))):
             kept.append(fix)
@@ -49,9 +51,11 @@ def fit(req: FitRequest) -> FitResult:
 
 
 def _works(req: FitRequest) -> bool:
-    """Whether ``req`` (a fix applied) fits."""
+    """Whether ``req`` (a fix applied) fits. A fix the engine's layer refuses (SGLang's default
+    memory fraction out of (0, 1) at a larger --tp, say) does not work: its refusal is the
+    fix's, not the user's settings', so it must not escape as the answer."""
     try:
         inp = resolve(req)
+        return _ENGINES[inp.engine](inp).fits
     except InputError:
         return False
-    return _ENGINES[inp.engine](inp).fits

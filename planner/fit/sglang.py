@@ -138,10 +138,10 @@ def fit_sglang(inp: FitInputs) -> FitResult:
         costs.append(SizeCost(name, sorted(ss), graph_of(sorted(ss)).bytes if ss else 0, tokens, 0))
     costs.append(SizeCost("none", [], 0, tokens, 0))
     verdict = result.FITS
-    budget_fix = ""
-    if "mem-fraction-static" in inp.flags:  # the user's fraction starves the pool: the one that holds a request
-        need = loaded + known(nt) + math.ceil(-(-ctx_len // page) * page * pool.cell)
-        budget_fix = result.budget_fix("mem-fraction-static", need, pre)
+    # the fraction (given, or the release's default, which a large chunked-prefill-size or
+    # cuda-graph-max-bs lowers) that holds one request, where it is one (fit checks it fits)
+    need = loaded + known(nt) + math.ceil(-(-ctx_len // page) * page * pool.cell)
+    budget_fix = result.budget_fix("mem-fraction-static", need, pre) if need < pre else ""
     if kv_bytes <= 0:
         verdict = Verdict(
             False,
@@ -162,7 +162,7 @@ def fit_sglang(inp: FitInputs) -> FitResult:
             False,
             f"graph memory {graph.bytes / GiB:.2f} GiB + activations {known(act) / GiB:.2f} GiB exceed the "
             f"{slack / GiB:.2f} GiB mem-fraction-static {frac} leaves",
-            [f"--mem-fraction-static {round(frac - 0.05, 2)}", f"--cuda-graph-max-bs {max(1, max_bs // 2)}"],
+            _slack_fixes(pre, graph.bytes + known(act), max_bs),
         )
     elif tokens < ctx_len:
         verdict = Verdict(
@@ -183,6 +183,22 @@ def fit_sglang(inp: FitInputs) -> FitResult:
     return result.result(
         inp, settings=settings, items=items, kv=kv, costs=costs, verdict=verdict, notes=notes, speculative=spec
     )
+
+
+def _slack_fixes(pre: int, need: int, max_bs: int) -> list[str]:
+    """Fixes where the graphs and the activations (``need`` bytes) overflow the slack a
+    fraction of the free memory ``pre`` leaves: the largest --mem-fraction-static (rounded down
+    to 0.01) whose slack holds them, where one above 0 does, then --cuda-graph-max-bs halved
+    and halved again down to 1 (fit keeps the first that fits: the most batch sizes)."""
+    fixes = []
+    frac = (pre - need) * 100 // pre / 100
+    if frac > 0:
+        fixes.append(f"--mem-fraction-static {frac}")
+    bs = max_bs // 2
+    while bs >= 1:
+        fixes.append(f"--cuda-graph-max-bs {bs}")
+        bs //= 2
+    return fixes
 
 
 def sglang_captures(prefill: list[int], decode: list[int]) -> Captures:

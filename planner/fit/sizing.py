@@ -41,6 +41,22 @@ def vllm_batch_defaults(total: int, device: str, tier_160: bool = True) -> tuple
     return 256, 2048
 
 
+def vllm_batch_limits(
+    defaults: tuple[int, int], seqs: int | None, batched: int | None, max_model_len: int
+) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as vLLM resolves them from the given flags
+    (None: not given) and the release's ``defaults`` (:func:`vllm_batch_defaults`):
+    vllm/engine/arg_utils.py EngineArgs._set_default_max_num_seqs_and_batched_tokens_args
+    (read in 0.33.0 and 0.34.0; the cap of max_num_seqs by max_num_batched_tokens is in every
+    vLLM's EngineArgs since its first): defaulted batched tokens capped at max_num_seqs x
+    max_model_len (chunked prefill on, the default: no max_model_len floor), then a defaulted
+    max_num_seqs capped at the batched tokens. The engine refuses batched tokens below
+    max_num_seqs (vllm/config/scheduler.py SchedulerConfig): the caller checks."""
+    s = defaults[0] if seqs is None else seqs
+    b = min(s * max_model_len, defaults[1]) if batched is None else batched
+    return (min(s, b) if seqs is None else s), b
+
+
 def vllm_default_sizes(
     max_num_seqs: int,
     max_num_batched_tokens: int,

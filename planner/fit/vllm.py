@@ -95,10 +95,19 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     total = dev.torch_total
     after = rule.kind == "vllm-after-capture"
     util = inp.flag("gpu-memory-utilization", rule.default_utilization)
-    seqs0, tokens0 = sizing.vllm_batch_defaults(total, inp.device_name, rule.batch_tier_160)
+    defaults = sizing.vllm_batch_defaults(total, inp.device_name, rule.batch_tier_160)
     mml = inp.context.value  # given, else the release's default (planner/fit/context.py)
-    seqs = inp.flag("max-num-seqs", seqs0)
-    batched = inp.flag("max-num-batched-tokens", tokens0)
+    seqs, batched = sizing.vllm_batch_limits(
+        defaults, inp.flag("max-num-seqs", None), inp.flag("max-num-batched-tokens", None), mml
+    )
+    if batched < seqs:  # vllm/config/scheduler.py SchedulerConfig refuses it at start-up
+        raise Refusal(
+            f"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs ({seqs}), "
+            "as vLLM's SchedulerConfig refuses it",
+            where="--max-num-batched-tokens",
+            hint="as many sequences as batched tokens at most",
+            changes={"max-num-seqs": batched},
+        )
     block = inp.flag("block-size", 64 if m.mla else 16)
     mode = inp.flag("cudagraph-mode", "FULL_AND_PIECEWISE")
     eager = inp.flag("enforce-eager", False)
