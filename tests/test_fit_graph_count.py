@@ -210,3 +210,18 @@ def test_sglangs_breakable_prefill_graphs_share_its_pool_before_the_decode_graph
     on, off = graph(), graph(**{"disable-prefill-cuda-graph": True})
     assert "in pieces" in on.source and "in pieces" not in off.source
     assert on.bytes - off.bytes >= both - alone
+
+
+def test_fit_simulates_each_distinct_capture_once_while_it_checks_its_fixes():
+    """A result that does not fit is answered again for each fix fit checks (a larger
+    utilization, --tp 2), and each prices the same capture lists: the pool simulation runs
+    once per distinct (model, backend, tp, graphs), not once per answer (fails before: every
+    answer simulated every list again, seconds each at thousands of capture sizes)."""
+    from capture_plan.planner.fit import graph_pool
+
+    graph_pool._simulated.cache_clear()
+    m = load_model(str(ROOT / "planner/data/configs/llama-3.1-8b.json"))
+    res = fit(FitRequest(m, "H100", "vllm==0.34.0", 1, {"gpu-memory-utilization": 0.1}))
+    assert not res.fits and res.fixes  # a starved budget: its fixes were checked
+    info = graph_pool._simulated.cache_info()
+    assert info.hits > 0, info  # the fixes' answers priced lists simulated for the first answer

@@ -16,6 +16,7 @@ split-KV accumulators, planner/fit/vllm.py).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from capture_plan.planner.inputs.resources import backend
@@ -85,11 +86,7 @@ def pool_bytes(m: FitModel, tp: int, sm: str, captures: Captures) -> tuple[int, 
         return 0, "no graphs"
     e = estimates()["graph"]
     name = e["pool_backend"].get(sm, e["pool_backend"]["default"])
-    model, be = _spec_model(m), backend(name)
-    pool = PoolSim()
-    for g in captures.graphs:
-        prog = forward_program(model, g.tokens, be, tp, logits=g.logits, attention_extra=g.extra, pieces=g.pieces)
-        pool.capture(prog, view=True)
+    reserved = _simulated(_spec_model(m), name, tp, tuple(captures.graphs))
     kinds = []
     if pieced := sum(g.pieces for g in captures.graphs):
         kinds.append(f"{pieced} in pieces (attention run between them)")
@@ -97,9 +94,23 @@ def pool_bytes(m: FitModel, tp: int, sm: str, captures: Captures) -> tuple[int, 
         kinds.append(f"{logits} with the model-dtype logits (padded vocabulary) after the final norm")
     what = f"; of them {', '.join(kinds)}" if kinds else ""
     extra = f"; {captures.extra_source}, allocated at each attention call" if captures.extra_source else ""
-    return pool.reserved, (
+    return reserved, (
         f"the pool simulated: {len(captures.graphs)} graphs captured in the engine's order into one private "
         f"pool of PyTorch's caching allocator (planner/memory/allocator.py, its 2 MiB and 20 MiB segments), "
         f"each the forward's layers and final norm (planner/memory/analytic.py forward_program, {name} "
         f"attention){what}{extra}"
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _simulated(model: Model, backend_name: str, tp: int, graphs: tuple[Graph, ...]) -> int:
+    """The reserved bytes of one private pool after ``graphs`` in their order. Cached: fit prices
+    the same captures again for every fix it checks (a shorter context, fp8 KV) and every size
+    list, and an engine's thousands of capture sizes (--max-cudagraph-capture-size 65536) take
+    seconds each time."""
+    be = backend(backend_name)
+    pool = PoolSim()
+    for g in graphs:
+        prog = forward_program(model, g.tokens, be, tp, logits=g.logits, attention_extra=g.extra, pieces=g.pieces)
+        pool.capture(prog, view=True)
+    return pool.reserved
