@@ -1614,9 +1614,9 @@ def fit_bench() -> list[str]:
 
 
 def fit_sglang_bench() -> list[str]:
-    """The SGLang 0.5.23 rows of bench/fit_bench.py's latest run (its latest refit where one
-    exists), item by item: what the runner's figures hold that SGLang's do not. The runner's
-    graph figure is the capture's free-memory drop: the pool, the shared float32 logits buffer
+    """The SGLang 0.5.23 rows of bench/fit_bench.py's runs, each case's newest (a refit is
+    newer than the run it refits), item by item: what the runner's figures hold that SGLang's
+    do not. The runner's graph figure is the capture's free-memory drop: the pool, the shared float32 logits buffer
     and the rest (the decode graphs' execs, the capture stream's workspaces, the allocator's
     reserve); of the pool, the transformers attention's K and V expanded from the KV heads to
     the query heads (SDPA's and eager's ``repeat_kv`` over the case's static decode cache at
@@ -1633,17 +1633,19 @@ def fit_sglang_bench() -> list[str]:
         return [
             "Not measured yet: `python -m bench.fit_bench --releases sglang==0.5.23` writes the JSON this table reads."
         ]
-    measured = max((n for n in runs if "refit_of" not in _load(n)), key=lambda n: _load(n)["date"], default=None)
-    refits = [n for n in runs if _load(n).get("refit_of", {}).get("file") == measured]
-    name = max(refits or [measured or runs[-1]], key=lambda n: _load(n)["date"])
-    d = _load(name)
-    # runs whose runner attends with FA3 (its DIFFERS says so: bench/fit_bench_sglang.py) expand nothing
-    fa3 = any("attend with FA3" in x for x in d.get("differs_sglang", []))
+    # each case's newest run (a refit is newer than the run it refits): a run may hold some cases
+    newest: dict[str, str] = {}
+    for n in runs:
+        for case, by in _load(n)["cases"].items():
+            if by.get("sglang==0.5.23", {}).get("compare") and case in HF_ARCHS:
+                if case not in newest or _load(newest[case])["date"] < _load(n)["date"]:
+                    newest[case] = n
     rows = []
-    for case, by in d["cases"].items():
-        row = by.get("sglang==0.5.23", {})
-        if not row.get("compare") or case not in HF_ARCHS:
-            continue
+    for case in sorted(newest):
+        d = _load(newest[case])
+        # runs whose runner attends with FA3 (its DIFFERS says so: bench/fit_bench_sglang.py) expand nothing
+        fa3 = any("attend with FA3" in x for x in d.get("differs_sglang", []))
+        row = d["cases"][case]["sglang==0.5.23"]
         r, c, m = row["runner"], row["compare"], row["runner"]["measured"]
         kw = HF_ARCHS[case][1]
         heads, kv = kw["num_attention_heads"], kw["num_key_value_heads"]
@@ -1677,13 +1679,17 @@ def fit_sglang_bench() -> list[str]:
         "of the pool: transformers' K/V expansion MiB (none under FA3)",
         "fit's graph MiB",
     ]
-    of = d.get("refit_of")
-    refit = (
-        f" fit re-run at `{(d.get('git_commit') or '?')[:7]}` over the runner's records of `{of['file']}`."
-        if of
-        else ""
-    )
-    return [*_table(header, rows), _source(name, d) + refit]
+    sources = []
+    for name in sorted(set(newest.values())):
+        d = _load(name)
+        of = d.get("refit_of")
+        refit = (
+            f" fit re-run at `{(d.get('git_commit') or '?')[:7]}` over the runner's records of `{of['file']}`."
+            if of
+            else ""
+        )
+        sources.append(_source(name, d) + refit)
+    return [*_table(header, rows), *sources]
 
 
 TABLES = {
