@@ -152,7 +152,9 @@ def fixes(
 ) -> list[str]:
     """Candidate fixes, each checked by :func:`.fit.fit` before it is shown (one that does
     not fit is dropped): ``budget``, the engine's budget flag at the value that fits, where
-    the user set that flag; where the weights alone leave no room, the smallest --tp whose
+    the engine's layer offers it (vLLM: where the user set the flag; SGLang: its default
+    fraction too, which a large chunked-prefill-size or cuda-graph-max-bs lowers); where the
+    weights alone leave no room, the smallest --tp whose
     shard leaves a quarter of ``total``; else a ``len_flag`` the cache holds (``tokens``),
     ``fp8`` KV where halving a 2-byte element doubles the tokens past one request, and
     ``graphs`` (fewer capture sizes, none); then more GPUs (every doubling of --tp up to 64:
