@@ -25,39 +25,55 @@ def _tracer():
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    class Peak(TorchDispatchMode):
-        """The most bytes the storages made under it held at once (a storage counts while a
-        tensor made under it holds it)."""
+    from capture_plan.planner.memory.allocator import FREE
+
+    class Trace(TorchDispatchMode):
+        """The storages made under it in order, as PoolSim.run's requests: ``(bytes, id)``
+        where an op makes one, ``(FREE, id)`` before the next op once no tensor made under it
+        holds it (so an address the allocator hands on is a new storage); the ids of boolean
+        ones in ``masks`` (the stand-in's expert masks: the engine's fused kernel makes none)."""
 
         def __init__(self, before=()):
             super().__init__()
             #: storages made before it (a view of one is not a new one): not counted
             self.before = {t.untyped_storage().data_ptr() for t in before}
-            self.storages: dict[int, tuple[int, list]] = {}
-            self.peak = 0
+            self.live: dict[int, tuple[int, list]] = {}
+            self.ops: list[tuple[int, int]] = []
+            self.masks: set[int] = set()
+
+        def sweep(self):
+            for ptr, (i, refs) in list(self.live.items()):
+                if not any(r() is not None for r in refs):
+                    self.ops.append((FREE, i))
+                    del self.live[ptr]
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.sweep()  # what died since the last op dies before this one allocates
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
                     s = t.untyped_storage()
-                    if s.data_ptr() not in self.before:
-                        entry = self.storages.get(s.data_ptr())
-                        # the allocator may hand a freed storage's address to a new one before
-                        # the next call sweeps it: a dead entry is that old storage, not this one
-                        if entry is None or not any(r() is not None for r in entry[1]):
-                            entry = self.storages[s.data_ptr()] = (s.nbytes(), [])
-                        entry[1].append(weakref.ref(t))
-            live = 0
-            for ptr, (nbytes, refs) in list(self.storages.items()):
-                if any(r() is not None for r in refs):
-                    live += nbytes
-                else:
-                    del self.storages[ptr]
-            self.peak = max(self.peak, live)
+                    if s.data_ptr() in self.before:
+                        continue
+                    if s.data_ptr() not in self.live:
+                        self.live[s.data_ptr()] = (len(self.ops), [])
+                        if t.dtype == torch.bool:
+                            self.masks.add(len(self.ops))
+                        self.ops.append((s.nbytes(), len(self.ops)))
+                    self.live[s.data_ptr()][1].append(weakref.ref(t))
             return out
 
-    return torch, Peak
+        @property
+        def peak(self) -> int:
+            """The most bytes the storages held at once."""
+            size = {i: b for b, i in self.ops if b != FREE}
+            held = top = 0
+            for b, i in self.ops:
+                held += -size[i] if b == FREE else b
+                top = max(top, held)
+            return top
+
+    return torch, Trace
 
 
 def _case(name: str, tmp_path, dtype: str, tokens: int, engine: str):
@@ -96,69 +112,28 @@ def _case(name: str, tmp_path, dtype: str, tokens: int, engine: str):
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("name", ["llama", "qwen2", "gemma2", "mixtral", "qwen2_moe"])
 def test_the_profiling_forward_holds_at_its_peak_what_fit_counts(name, engine, tmp_path):
-    torch, Peak = _tracer()
+    torch, Trace = _tracer()
     from capture_plan.planner.fit import estimate
     from capture_plan.tests.engines import engine_layers
 
     tokens = 4096  # the stand-ins' 64-row chunks and the norms' (tokens x 1) are under 2% of it
     hf, m, ids, workspace, before = _case(name, tmp_path, "float32", tokens, engine)
-    with torch.no_grad(), Peak(before) as peak:
+    with torch.no_grad(), Trace(before) as peak:
         out = engine_layers.profile_forward(hf, ids, workspace, engine)
         del out
     fit = tokens * estimate.activation_per_token(m, 1, engine)
     assert fit <= peak.peak <= fit * 1.02, (peak.peak, fit)
 
 
-def _sequence_tracer():
-    torch = pytest.importorskip("torch")
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    from capture_plan.planner.memory.allocator import FREE
-
-    class Sequence(TorchDispatchMode):
-        """The storages made under it in order, as PoolSim.run's requests: ``(bytes, id)``
-        where an op makes one, ``(FREE, id)`` before the next op once no tensor holds it.
-        Boolean tensors are left out (the stand-in's expert masks; the engine's fused kernel
-        makes none)."""
-
-        def __init__(self, before=()):
-            super().__init__()
-            self.before = {t.untyped_storage().data_ptr() for t in before}
-            self.live: dict[int, tuple[int, list]] = {}
-            self.ops: list[tuple[int, int]] = []
-
-        def sweep(self):
-            for ptr, (i, refs) in list(self.live.items()):
-                if not any(r() is not None for r in refs):
-                    self.ops.append((FREE, i))
-                    del self.live[ptr]
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.sweep()  # what died since the last op dies before this one allocates
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.dtype != torch.bool and t.untyped_storage().nbytes():
-                    s = t.untyped_storage()
-                    if s.data_ptr() in self.before:
-                        continue
-                    if s.data_ptr() not in self.live:
-                        self.live[s.data_ptr()] = (len(self.ops), [])
-                        self.ops.append((s.nbytes(), len(self.ops)))
-                    self.live[s.data_ptr()][1].append(weakref.ref(t))
-            return out
-
-    return torch, Sequence
-
-
-def _per_token(ops: list[tuple[int, int]], tokens: int) -> list[tuple]:
+def _per_token(ops: list[tuple[int, int]], tokens: int, masks: set[int] = frozenset()) -> list[tuple]:
     """``ops``' tensors of a whole number of bytes a token (the stand-ins' row chunks and
-    weight-sized temporaries are not: ``tokens`` is prime to them) as (bytes a token, the
-    earlier such tensors, by their order, freed since the last one), and what is left to free
-    at the end."""
+    weight-sized temporaries are not: ``tokens`` is prime to them), but ``masks``, as (bytes a
+    token, the earlier such tensors, by their order, freed since the last one), and what is
+    left to free at the end."""
     from capture_plan.planner.memory.allocator import FREE
 
-    order = {i: k for k, i in enumerate(i for b, i in ops if b != FREE and b and b % tokens == 0)}
+    kept = (i for b, i in ops if b != FREE and b and b % tokens == 0 and i not in masks)
+    order = {i: k for k, i in enumerate(kept)}
     out, freed = [], []
     for b, i in ops:
         if i not in order:
@@ -197,7 +172,7 @@ def test_the_sizing_steps_layers_allocate_in_the_order_fit_simulates(name, tmp_p
     reference decode step's layers as vLLM's), traced op by op in the model's dtype, allocates
     and frees its per-token tensors in the order the simulation's layers do, each of the size
     it gives (the MoE layers' caches in the kept workspace, as both take them)."""
-    torch, Sequence = _sequence_tracer()
+    torch, Trace = _tracer()
     from capture_plan.planner.fit.reserve import sizing_step_requests
     from capture_plan.planner.fit.tables import sampler_rule
     from capture_plan.tests.engines import engine_layers
@@ -209,10 +184,10 @@ def test_the_sizing_steps_layers_allocate_in_the_order_fit_simulates(name, tmp_p
     else:
         hf, m, ids, workspace, before = _case(name, tmp_path, "bfloat16", tokens, "vllm")
         forward = partial(engine_layers.profile_forward, hf, ids, workspace, "vllm")
-    with torch.no_grad(), Sequence(before) as seq:
+    with torch.no_grad(), Trace(before) as seq:
         out = forward()
         del out
         seq.sweep()
     # the step's layers alone: no sampled rows, so the sampler's requests are of 0 bytes
     simulated = sizing_step_requests(m, 1, tokens, 0, sampler_rule("vllm", "0.34.0").rule)
-    assert _per_token(seq.ops, tokens) == _per_token(simulated, tokens)
+    assert _per_token(seq.ops, tokens, seq.masks) == _per_token(simulated, tokens)
