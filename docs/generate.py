@@ -1519,6 +1519,20 @@ def _fit_cell(c: dict, tokens: bool = False) -> str:
     return f"{shown(c['runner'])} / {shown(c['fit'])} ({err}, {'met' if c['ok'] else 'miss'})"
 
 
+def _newest_fit_runs(names: list[str], release: str) -> dict[str, str]:
+    """Each case's newest fit-bench file among ``names`` (sorted) that compares fit with the
+    runner for ``release`` (a refit is dated after the run it refits, so it is the newer; of
+    runs of one date, the first): case -> file."""
+    newest: dict[str, str] = {}
+    for name in names:
+        for case, by in _load(name)["cases"].items():
+            if (by.get(release) or {}).get("compare") and (
+                case not in newest or _load(newest[case])["date"] < _load(name)["date"]
+            ):
+                newest[case] = name
+    return newest
+
+
 def fit_bench() -> list[str]:
     """Per run (bench/results/fit-bench-*.json, oldest first) and case of bench/fit_bench.py:
     each item the engine-faithful runner (vLLM 0.34.0- or 0.33.0-shaped, SGLang 0.5.23-shaped)
@@ -1533,8 +1547,6 @@ def fit_bench() -> list[str]:
     refitted = set(latest) | {n for n in runs if "refit_of" in _load(n) and n not in latest.values()}
     rows, sources = [], []
     verdict: dict[str, dict[str, list[dict]]] = {}  # release -> item -> its comparisons
-    # (release, case) -> (the run's date, its comparisons, the file): the newest run of each
-    newest: dict[tuple[str, str], tuple[str, dict, str]] = {}
     for name in (n for n in runs if n not in refitted):
         d = _load(name)
         source = _source(name, d).strip()
@@ -1560,8 +1572,6 @@ def fit_bench() -> list[str]:
                 continue
             for item in ("weights", "activation peak", "graph memory", "kv tokens"):
                 verdict.setdefault(label, {}).setdefault(item, []).append(c[item])
-            if (label, case) not in newest or newest[label, case][0] < d["date"]:
-                newest[label, case] = (d["date"], c, name)
             verdict[label].setdefault("rule", []).append(r)
             rows.append(
                 [
@@ -1599,14 +1609,16 @@ def fit_bench() -> list[str]:
         lines.append(f"- {label}: " + "; ".join(parts) + ".")
     latest = []  # each release's cases at their newest run: where the runners and fit stand now
     for label in verdict:
-        cases = sorted(case for lab, case in newest if lab == label)
+        release = label.replace(" ", "==")
+        newest = _newest_fit_runs([n for n in runs if n not in refitted], release)
+        cases = sorted(newest)
         parts = []
         for item in ("weights", "activation peak", "graph memory", "kv tokens"):
-            cs = [newest[label, case][1][item] for case in cases]
+            cs = [_load(newest[case])["cases"][case][release]["compare"][item] for case in cases]
             met = [case for case, x in zip(cases, cs) if x["ok"]]
             missed = [case for case in cases if case not in met]
             parts.append(f"{item} met in {len(met)} of {len(cs)}" + (f" (not {', '.join(missed)})" if missed else ""))
-        files = sorted({newest[label, case][2] for case in cases})
+        files = sorted(set(newest.values()))
         latest.append(
             f"- {label}, each case's newest run ({', '.join(f'`{f}`' for f in files)}): " + "; ".join(parts) + "."
         )
@@ -1633,13 +1645,8 @@ def fit_sglang_bench() -> list[str]:
         return [
             "Not measured yet: `python -m bench.fit_bench --releases sglang==0.5.23` writes the JSON this table reads."
         ]
-    # each case's newest run (a refit is newer than the run it refits): a run may hold some cases
-    newest: dict[str, str] = {}
-    for n in runs:
-        for case, by in _load(n)["cases"].items():
-            if by.get("sglang==0.5.23", {}).get("compare") and case in HF_ARCHS:
-                if case not in newest or _load(newest[case])["date"] < _load(n)["date"]:
-                    newest[case] = n
+    # each case's newest run: a run may hold some cases
+    newest = {c: n for c, n in _newest_fit_runs(runs, "sglang==0.5.23").items() if c in HF_ARCHS}
     rows = []
     for case in sorted(newest):
         d = _load(newest[case])
