@@ -42,11 +42,12 @@ def fit(req: FitRequest) -> FitResult:
         return res
     checked = msgspec.structs.replace(req, flags=inp.flags)
     kept: list[str] = []
+    flags: set[str] = set()  # the flag each kept fix sets first: one value each
     for fix in res.fixes:
-        if fix.startswith("--") and any(k.split(" ", 1)[0] == fix.split(" ", 1)[0] for k in kept):
-            continue
-        if _works(checked.changed(changes_of(fix))):
+        flag = fix.split(" ", 1)[0]
+        if flag not in flags and _works(checked.changed(changes_of(fix))):
             kept.append(fix)
+            flags.add(flag)
     return msgspec.structs.replace(res, fixes=kept)
 
 
