@@ -108,10 +108,11 @@ EAGLE_DRAFT_LAYERS = 1
 FIT_LACKS = {
     "eagle": "fit is given the draft as vLLM's --speculative-config (an EAGLE head of the target's dimensions, "
     "one layer: speculative_config): its weights (beside the target's in the weights compared) and its KV "
-    "layer are counted, its graphs (the draft decode grid, the extend graphs, the target's verify widths) "
-    "are in no measured family, so fit's graph memory is unknown and its KV figures an upper bound; the "
-    "runner's draft phases are the speculative reference's (bench.harness eagle_config), not vLLM's "
-    "EAGLE code. Runs refit before this change gave fit the target alone",
+    "layer are counted, its graphs priced as vLLM's EAGLE speculator captures them (planner/fit/vllm.py "
+    "draft_captures: bf16 logits and a greedy argmax); the runner's draft phases are the speculative "
+    "reference's (bench.harness eagle_config: its own lm_head, softmax and top-k in float32), not vLLM's "
+    "EAGLE code, so the weights, graph and KV columns compare two different drafts. Runs refit before "
+    "stop 64 gave fit the target alone; runs before stop 65 left fit's draft graphs unknown",
 }
 #: how the reference case's weights are made (bench/fit_bench_sglang.py's DIFFERS says it for SGLang)
 REFERENCE_WEIGHTS = (

@@ -7,13 +7,14 @@ import copy
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bench_modules import bench_module
 from capture_plan.planner.fit import estimate
 from capture_plan.planner.fit.fit import FitRequest, fit
 from capture_plan.planner.fit.graph_count import sglang_graphs, vllm_graphs
-from capture_plan.planner.fit.graph_pool import Captures, Graph
+from capture_plan.planner.fit.graph_pool import Captures, Graph, _spec_model
 from capture_plan.planner.fit.model import load_model
 from capture_plan.planner.inputs.resources import data
 
@@ -225,3 +226,62 @@ def test_fit_simulates_each_distinct_capture_once_while_it_checks_its_fixes():
     assert not res.fits and res.fixes  # a starved budget: its fixes were checked
     info = graph_pool._simulated.cache_info()
     assert info.hits > 0, info  # the fixes' answers priced lists simulated for the first answer
+
+
+def test_an_eagle_draft_step_allocates_as_vllms_speculator_runs_it():
+    """planner/memory/analytic.py eagle_draft_program against vLLM's code (target_dependent_ar/
+    speculator.py _prefill and _decode, llama_eagle.py LlamaModel.forward, sample_draft's greedy
+    path): the positions gathered, the embedding, its concatenation with the target's hidden
+    states and fc; after the layers, hidden + residual, each request's last token gathered, the
+    model-dtype logits of the requests alone and the argmax (0.34.0's partials per 4096 columns,
+    0.33.0's torch argmax none), every tensor freed by the step's end."""
+    from capture_plan.planner.inputs.resources import backend
+    from capture_plan.planner.memory.analytic import eagle_draft_program
+    from capture_plan.planner.memory.program import Alloc, Free
+
+    m = msgspec.structs.replace(_spec_model(load_model("llama-3-8b")), layers=1)
+    h, v, reqs, q = m.hidden, m.vocab, 2, 4
+    tokens = reqs * q
+    p = eagle_draft_program(m, reqs, q, 1, backend("fa3"), argmax_block=4096)
+    assert [op.size for op in p.prologue if type(op) is Alloc] == [
+        8 * reqs,
+        8 * reqs,
+        tokens * h * 2,
+        tokens * 2 * h * 2,
+        tokens * h * 2,
+    ]
+    assert type(p.prologue[-1]) is Free and p.repeats == 1 and p.carry_in == p.prologue[-2].id
+    sizes = [op.size for op in p.epilogue if type(op) is Alloc]
+    splits = -(-v // 4096)
+    assert sizes == [tokens * h * 2, reqs * h * 2, reqs * v * 2, reqs * 8, reqs * splits * 4, reqs * splits * 4]
+    made = {op.id for sec in (p.prologue, p.epilogue) for op in sec if type(op) is Alloc}
+    freed = {op.id for sec in (p.prologue, p.epilogue) for op in sec if type(op) is Free}
+    assert made <= freed | {p.carry_in}  # nothing outlives the step (the carry dies in the body)
+    # 0.33.0's argmax keeps no partials; a decode graph of 2 fused steps runs the head twice,
+    # one token a request, no gather
+    old = eagle_draft_program(m, reqs, q, 1, backend("fa3"))
+    assert [op.size for op in old.epilogue if type(op) is Alloc] == sizes[:4]
+    dec = eagle_draft_program(m, reqs, 1, 2, backend("fa3"), argmax_block=4096)
+    logits = [op for sec in (dec.prologue, dec.epilogue) for op in sec if type(op) is Alloc and op.size == reqs * v * 2]
+    assert len(logits) == 2 and not any(type(op) is Alloc and op.size == 8 * reqs for op in dec.prologue)
+
+
+def test_each_draft_manager_is_a_pool_of_its_own_segments():
+    """vLLM captures each manager on a capture stream of its own (graph_capture makes one), and
+    the caching allocator gives a stream's freed blocks to that stream alone: the draft's pool
+    is the sum of each manager's, with one cuBLAS workspace per stream in the graph figure."""
+    from capture_plan.planner.fit import graph_pool
+    from capture_plan.planner.fit.graph_pool import DraftCaptures, DraftGraph
+
+    target = load_model(str(LLAMA))
+    head = msgspec.structs.replace(target, layers=1)
+    prefill = tuple(DraftGraph(n, 4, 1) for n in (128, 64, 8))
+    decode = tuple(DraftGraph(n, 1, 2) for n in (1024, 512, 8))
+
+    def pool(*managers):
+        return graph_pool.pool_bytes(target, 1, "sm90", Captures([], draft=DraftCaptures(head, managers, 4096)))[0]
+
+    assert pool(prefill, decode) == pool(prefill) + pool(decode)
+    # one stream would have served the decode graphs from the prefill graphs' freed blocks
+    assert pool(prefill + decode) < pool(prefill, decode)
+    assert Captures([Graph(8)], draft=DraftCaptures(head, (prefill, decode))).streams == 3

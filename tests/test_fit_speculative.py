@@ -146,11 +146,50 @@ def test_vllm_eagle_head_weights_and_its_layer_in_every_block(engine, capsys):
     assert sp["max_concurrency_without"] == alone["max_concurrency"]
 
 
-def test_vllm_draft_graphs_are_unknown_never_zero(capsys):
-    res = fit_json("vllm==0.34.0", "--max-model-len", "8192", "--speculative-config", spec("eagle"), capsys=capsys)
-    g = item(res, "graph memory")
-    assert g["bytes"] is None and g["status"] == "unknown" and "draft" in g["source"]
-    assert any("graph memory unknown" in n for n in res["notes"])
+def test_vllm_eagle_graphs_are_priced_as_the_speculator_captures_them(capsys):
+    """An EAGLE head's graphs, after the target's, on capture streams of their own: the prefill
+    manager's (PIECEWISE at the 51 sizes, FULL at the 49 request counts of 4 tokens) and the
+    decode manager's FULL ones (0.34.0: its grid to max_num_seqs; 0.33.0: the shared sizes). The
+    largest decode graph holds the draft's model-dtype logits of 1024 requests, so the graph
+    memory grows by more than those; and with the plan's sizes alone, no figure is near."""
+    base = ("--max-model-len", "8192")
+    eagle = ("--speculative-config", spec("eagle"))
+    for release, decode in (("vllm==0.34.0", 64), ("vllm==0.33.0", 51)):
+        alone = item(fit_json(release, *base, capsys=capsys), "graph memory")
+        res = fit_json(release, *base, *eagle, capsys=capsys)
+        g = item(res, "graph memory")
+        assert g["status"] == "estimated" and f"(100 PIECEWISE and FULL + {decode} FULL" in g["source"]
+        assert g["bytes"] - alone["bytes"] > 1024 * 128256 * 2
+        assert not any("graph memory unknown" in n for n in res["notes"])
+    only_decode = fit_json("vllm==0.34.0", *base, *eagle, "--cudagraph-mode", "FULL_DECODE_ONLY", capsys=capsys)
+    assert "(49 FULL + 64 FULL" in item(only_decode, "graph memory")["source"]
+
+
+def test_vllm_draft_graphs_not_modelled_are_unknown_never_zero(capsys):
+    """An EAGLE3 head's graphs, and an EAGLE head's under cudagraph mode FULL (token-keyed FULL
+    draft graphs): not modelled, so unknown, and the KV figures say they exclude them."""
+    base = ("vllm==0.34.0", "--max-model-len", "8192")
+    eagle3 = ("--speculative-config", spec("eagle3", str(CONFIGS / "eagle3-llama-3.1-8b.json")))
+    for extra in (eagle3, ("--speculative-config", spec("eagle"), "--cudagraph-mode", "FULL")):
+        res = fit_json(*base, *extra, capsys=capsys)
+        g = item(res, "graph memory")
+        assert g["bytes"] is None and g["status"] == "unknown" and "draft" in g["source"]
+        assert any("graph memory unknown" in n for n in res["notes"])
+
+
+def test_the_draft_graphs_sizes_are_the_releases():
+    """vLLM 0.34.0's request grid (vllm/config/compilation.py decode_cudagraph_capture_grid: 64
+    sizes at 1024, its docstring says) and the EAGLE managers' request counts at the bench's
+    sizes: the prefill manager's up to 512 / 4, the decode manager's grid or shared sizes."""
+    from capture_plan.planner.fit import sizing
+
+    grid = sizing.vllm_request_grid(1024)
+    assert len(grid) == 64 and grid[:8] == [1, 2, 3, 4, 5, 6, 8, 10] and grid[-1] == 1024
+    shared = sizing.vllm_default_sizes(1024, 8192)
+    prefill, decode = sizing.vllm_draft_graphs(shared, 1024, 3, "request-grid")
+    assert len(prefill) == 49 and prefill[0] == 128 and decode == grid[::-1]
+    assert sizing.vllm_draft_graphs(shared, 1024, 3, "capture-sizes")[1] == shared[::-1]
+    assert sizing.vllm_draft_graphs(shared, 1024, 1, "request-grid")[1] == []  # one step: no decode graphs
 
 
 def test_vllm_ngram_has_no_draft_weights_nor_kv(capsys):

@@ -60,6 +60,11 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/memory/analytic.py:_attention": _PROGRAM,
     "planner/memory/analytic.py:_decoder_layer": _PROGRAM,
     "planner/memory/analytic.py:_forward": _PROGRAM,
+    "planner/memory/analytic.py:eagle_draft_program": "planner fit's EAGLE draft graph as an analytic program: "
+    "the head's dimensions whole, one graph's shape (requests, tokens a request, steps), the backend, tp and the "
+    "release's argmax",
+    "planner/fit/graph_pool.py:_drafted": "one draft manager's graphs simulated, hashable for its cache: the "
+    "head's model, the backend's name, tp, the graphs and the release's argmax",
     "planner/memory/analytic.py:forward_program": "planner fit's engine graph as an analytic program: "
     "the model's dimensions whole, a size, the backend, tp and what the graph holds besides its layers",
     "planner/memory/fitting.py:_Run._one": "a recorded trace's samples fitted: the trace's figures",

@@ -84,6 +84,8 @@ class Draft(msgspec.Struct, frozen=True):
     #: VllmConfig._limit_max_model_len_to_draft: :func:`_limit`), and the warning it logs then
     max_model_len: int = 0
     limit_log: str = ""
+    #: the draft model's config as loaded (None: no draft model)
+    model: FitModel | None = None
 
 
 def speculative(d: Draft, tokens_without: int, concurrency_without: float) -> Speculative:
@@ -177,7 +179,7 @@ def _vllm(inp: FitInputs, rule_name: str, rule: SpecRule) -> Draft:
     w = _weights(inp, d, method, draft_tp)
     per = _kv_per_token(inp, rule, d, draft_tp)
     length, log = _limit(inp, rule, d, method)
-    return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per, w, _src(rule_name), length, log)
+    return Draft(rule_name, method, counted, n, settings, str(model), d.layers, per, w, _src(rule_name), length, log, d)
 
 
 def _shares_positions(rule: SpecRule, d: FitModel, method: str) -> bool:

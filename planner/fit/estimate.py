@@ -270,9 +270,10 @@ def graph_memory(
     transient: tuple[int, str] | None = None,
 ) -> FitItem:
     """Graph memory as one figure: graph-exec (``graphs.whole`` graphs' nodes x the device's
-    per-node figure, + ``graphs.execs`` x its per-graph figure where one is measured) + the
+    per-node figure, + ``graphs.execs`` x its per-graph figure where one is measured; a draft's
+    graphs in ``captures`` likewise, its layers' nodes counted as the target family's) + the
     pool (the engine's ``captures`` simulated in one pool, :func:`.graph_pool.pool_bytes`; or
-    ``pool``'s bytes, a plan's predicted pool, and where they come from) + the capture
+    ``pool``'s bytes, a plan's predicted pool, and where they come from) + each capture
     stream's cuBLAS workspace; ``transient``: bytes an engine's kernels or its capture
     allocate besides the forward's activations (the engine's layer counts them), and what
     they are: added to a plan's pool too, where the caller found the plan's backend to be
@@ -295,28 +296,42 @@ def graph_memory(
             else f"no measured node count for model type {m.model_type}"
         )
         return FitItem("graph memory", None, None, "unknown", missing)
-    exec_bytes = int(graphs.whole * per_layer * m.layers * per_node)
+    # a draft's graphs: its layers' nodes (the target family's count a layer), one exec each
+    dr = captures.draft
+    exec_bytes, n_execs, how = int(graphs.whole * per_layer * m.layers * per_node), graphs.execs, graphs.how
+    if dr is not None:
+        exec_bytes += int(dr.layer_runs * per_layer * per_node)
+        n_execs += dr.execs
+        how += f" + {dr.how}, {dr.layer_runs} of its layers in all"
     if exec_graph is None:
         execs = (
-            f"{graphs.how}, priced by their nodes only: the per-graph cost is not measured for {sm} "
+            f"{how}, priced by their nodes only: the per-graph cost is not measured for {sm} "
             "(planner/data/devices.toml [graph_exec_per_graph]; bench/graph_exec_bench.py --overhead)"
         )
     else:
-        exec_bytes += graphs.execs * exec_graph
-        execs = f"{graphs.how} x {exec_graph} B per graph (planner/data/devices.toml [graph_exec_per_graph])"
+        exec_bytes += n_execs * exec_graph
+        execs = f"{how} x {exec_graph} B per graph (planner/data/devices.toml [graph_exec_per_graph])"
+    # each capture stream keeps its cuBLAS workspace (a draft's managers capture on streams of their own)
+    streams = max(1, captures.streams)
+    ws = int(workspace) * streams
     extra, why = transient if transient else (0, "")
     plus = f" + {why}" if extra else ""
     if pool is None:
-        pooled, how = graph_pool.pool_bytes(m, tp, sm, captures)
-        b = exec_bytes + pooled + extra + int(workspace)
+        pooled, pool_how = graph_pool.pool_bytes(m, tp, sm, captures)
+        b = exec_bytes + pooled + extra + ws
+        on = f"; {streams} capture streams' cuBLAS workspaces" if streams > 1 else ""
         return FitItem(
-            "graph memory", b, int(b * g["error_fraction"]), "estimated", f"{g['source']}; {how}{plus}; {execs}"
+            "graph memory",
+            b,
+            int(b * g["error_fraction"]),
+            "estimated",
+            f"{g['source']}; {pool_how}{plus}; {execs}{on}",
         )
     # the plan's pool is the allocator's simulation of its graphs: the estimate's error bar
     # is graph-exec's, the workspace's and the engine's kernels' transient bytes (which the
     # plan's simulation does not hold: the caller passes them only for the plan's backend)
-    b = exec_bytes + pool[0] + extra + int(workspace)
-    err = int((exec_bytes + extra + int(workspace)) * g["error_fraction"])
+    b = exec_bytes + pool[0] + extra + ws
+    err = int((exec_bytes + extra + ws) * g["error_fraction"])
     return FitItem(
         "graph memory", b, err, "estimated", f"the pool: {pool[1]}{plus}; graph-exec: {g['exec_source']}; {execs}"
     )

@@ -227,12 +227,14 @@ def result(
 
 
 def draft_graphs(inp: FitInputs) -> FitItem:
-    """Graph memory under ``inp``'s speculative decoding: unknown, never zero (no capture report
-    measures a draft's graphs or the target's verify widths); where the request gives a measured
-    figure of a plan without speculative phases, it says it holds none of them."""
+    """Graph memory under ``inp``'s speculative decoding where its draft's graphs are not
+    modelled (fit prices vLLM's EAGLE heads' alone: planner/fit/vllm.py draft_captures) or a
+    plan's figure stands for the target's: unknown, never zero (no capture report measures a
+    draft's graphs or the target's verify widths); where the request gives a measured figure
+    of a plan without speculative phases, it says it holds none of them."""
     d, measured = inp.draft, inp.measured_without_drafts
     assert d is not None, "speculative decoding's graph memory"
-    whose = "and the draft's own decode graphs are" if d.counted != "none" else "are"
+    whose = "and the draft's own graphs are" if d.counted != "none" else "are"
     why = (
         f"speculative decoding ({d.method}): the target's graphs at its verify widths {whose} in no committed "
         "capture report, so no measured figure is near"
@@ -245,7 +247,7 @@ def draft_graphs(inp: FitInputs) -> FitItem:
 
 def draft_note(method: str, graph_unknown: bool) -> str:
     """The line a result under speculative decoding carries."""
-    tail = "; graph memory unknown (no capture report measures a draft's graphs): KV figures exclude it"
+    tail = "; graph memory unknown (the draft's graphs are neither modelled nor measured here): KV figures exclude it"
     tail = tail if graph_unknown else ""
     return (
         f"speculative decoding ({method}): the draft's weights load beside the target's and its KV layers share "

@@ -89,6 +89,38 @@ def vllm_default_sizes(
     return sorted(set(sizes))
 
 
+def vllm_request_grid(max_requests: int) -> list[int]:
+    """0.34.0's request-count grid up to ``max_requests`` (vllm/config/compilation.py:
+    decode_cudagraph_capture_grid over _walk_grid): every count up to 6, then the next multiple
+    of the largest power of two not above 0.65 x n^(2/3); 64 sizes at 1024."""
+    grid, size = [], 1
+    while size < max_requests:
+        grid.append(size)
+        stride = 1 << max(0, math.floor(math.log2(max(1.0, 0.65 * size ** (2 / 3)))))
+        size = (size // stride + 1) * stride
+    return [*grid, max_requests] if max_requests else []
+
+
+def vllm_draft_graphs(
+    sizes: list[int], max_num_seqs: int, tokens: int, decode_sizes: str
+) -> tuple[list[int], list[int]]:
+    """The request counts of an EAGLE speculator's graphs, each manager's largest first: the
+    draft prefill manager's (query length ``tokens`` + 1: the shared ``sizes`` as uniform-decode
+    request counts, vllm/config/vllm.py _split_cudagraph_capture_sizes; 0.33.0 keys them by
+    tokens, the same shapes) and, with 2 or more speculative ``tokens``, the draft decode
+    manager's (one token a request): ``decode_sizes`` "request-grid" (0.34.0's
+    get_draft_decode_cudagraph_request_sizes: :func:`vllm_request_grid` to max_num_seqs) or
+    "capture-sizes" (0.33.0: the shared sizes up to max_num_seqs)."""
+    q = tokens + 1
+    top = max(sizes, default=0)
+    prefill = {min(-(-s // q), max_num_seqs) for s in sizes if -(-s // q) * q <= top}
+    decode: list[int] = []
+    if tokens >= 2:
+        decode = vllm_request_grid(max_num_seqs) if decode_sizes == "request-grid" else sizes
+        decode = [n for n in decode if n <= max_num_seqs]
+    return sorted(prefill, reverse=True), sorted(set(decode), reverse=True)
+
+
 def vllm_given_sizes(sizes: list[int], max_num_batched_tokens: int) -> list[int]:
     """--cudagraph-capture-sizes as vLLM keeps them (VllmConfig._set_cudagraph_sizes): de-duplicated,
     sorted, those above max_num_batched_tokens dropped."""

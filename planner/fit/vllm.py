@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 
+from capture_plan.planner.inputs.releases import release
 from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 
 from . import estimate, graph_pool, result, sizing
 from .buffers import engine_buffers, made_by_profile
 from .draft import speculative
-from .graph_count import full_graph_sizes, vllm_graphs
-from .graph_pool import Captures, Graph
+from .graph_count import FULL_DECODE, PIECEWISE, full_graph_sizes, vllm_graphs
+from .graph_pool import Captures, DraftCaptures, DraftGraph, Graph
 from .inputs import FitInputs
 from .refusal import Refusal
 from .reserve import reserve_growth_item
@@ -48,6 +49,41 @@ def vllm_captures(inp: FitInputs, mode: str, sizes: list[int], seqs: int) -> Cap
     piecewise = sorted(sizes, reverse=True) if vllm_graphs(mode, sizes, seqs, 0).whole > len(full) else []
     graphs = [Graph(t, pieces=True) for t in piecewise] + [Graph(t, t * per_token) for t in full]
     return Captures(graphs, accum[1] if accum and full else "")
+
+
+def draft_captures(inp: FitInputs, mode: str, sizes: list[int], seqs: int) -> DraftCaptures | None:
+    """An EAGLE head's graphs, captured after the target's (gpu/model_runner.py capture_model:
+    the model's manager, then ``speculator.capture()``: the draft prefill manager, then the
+    draft decode manager, each on a capture stream of its own, PIECEWISE before FULL, each
+    largest first). The prefill manager (the model's ``mode``): PIECEWISE graphs of the draft's
+    forward at every size where ``mode`` has them (its sampling eager), and FULL graphs of
+    num_speculative_tokens + 1 tokens a request, forward and sampling; the decode manager (FULL
+    where ``mode``'s decode graphs are): the fused multi-step decode (speculator.py
+    ``_fused_multi_step_decode``, FlashAttention's supports_draft_decode_metadata_update:
+    num_speculative_tokens - 1 steps in one graph), at the release's sizes
+    (:func:`.sizing.vllm_draft_graphs`, the release's ``draft_decode_sizes``) and with its
+    argmax (``draft_argmax_block``); FA3's split-KV accumulators at each attention call of a
+    FULL graph as in the target's. None: no EAGLE head (no draft, n-gram, a whole draft model
+    or an EAGLE3 head, whose graphs are not modelled), or mode FULL (whose token-keyed FULL
+    draft graphs are not modelled)."""
+    d = inp.draft
+    if d is None or d.counted != "eagle" or d.model is None or not sizes or mode not in (*FULL_DECODE, "PIECEWISE"):
+        return None
+    facts = release("vllm", inp.version).facts
+    assert facts is not None, "a vLLM release's facts"
+    accum = split_kv_accum(inp)
+    per_token = accum[0] if accum else 0
+    q = d.tokens + 1
+    prefill, decode = sizing.vllm_draft_graphs(sizes, seqs, d.tokens, facts.draft_decode_sizes)
+    if mode not in FULL_DECODE:  # PIECEWISE: no FULL graphs, no draft decode graphs
+        prefill, decode = [], []
+    pieces = sorted(sizes, reverse=True) if mode in PIECEWISE else []
+    managers = (
+        tuple(DraftGraph(t, 1, 1, pieces=True) for t in pieces)
+        + tuple(DraftGraph(n, q, 1, n * q * per_token) for n in prefill),
+        tuple(DraftGraph(n, 1, d.tokens - 1, n * per_token) for n in decode),
+    )
+    return DraftCaptures(d.model, tuple(m for m in managers if m), facts.draft_argmax_block)
 
 
 def capture_outputs(inp: FitInputs, sizes: list[int]) -> tuple[int, str] | None:
@@ -169,10 +205,12 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     init_free = total - known(ctx)
 
     def graph_of(ss: list[int]) -> FitItem:
-        if d is not None and d.counted != "none" and ss:  # ngram: the target's graphs alone, at its sizes
+        drafted = draft_captures(inp, mode, ss, seqs)
+        if d is not None and d.counted != "none" and ss and drafted is None:  # ngram: the target's graphs alone
             return result.draft_graphs(inp)
         count = vllm_graphs(mode, ss, seqs, m.layers)
-        return result.graph_memory(inp, count, vllm_captures(inp, mode, ss, seqs), transient=capture_outputs(inp, ss))
+        captures = vllm_captures(inp, mode, ss, seqs)._replace(draft=drafted)
+        return result.graph_memory(inp, count, captures, transient=capture_outputs(inp, ss))
 
     def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = persistent) -> int:
         # the items the profile measured: both sizings take the same ones, by name

@@ -69,6 +69,10 @@ class ReleaseFacts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     decode_keys: Literal["tokens", "requests"]
     #: the draft decode graphs' sizes: the ``capture-sizes`` or a ``request-grid`` to max_num_seqs
     draft_decode_sizes: Literal["capture-sizes", "request-grid"]
+    #: the block of the greedy argmax a draft samples with: 0 (torch's ``argmax``: its int64
+    #: result alone) or the block width of a two-pass argmax whose float32 and int32 partials
+    #: are [rows, ceil(vocab / block)]
+    draft_argmax_block: int
     #: fact name -> "file: function" it comes from
     sources: dict[str, str]
 

@@ -40,6 +40,7 @@ __all__ = [
     "PROGRAMS",
     "analytic_program",
     "analytic_capture",
+    "eagle_draft_program",
     "forward_program",
     "workspace_bytes",
 ]
@@ -221,13 +222,21 @@ class _Shape(msgspec.Struct, frozen=True):
 
 
 def _decoder_layer(
-    ev: _Ops, s: _Shape, h_in: int, bs: int, tpr: int, attention_in_graph: bool = True, splits: list | None = None
+    ev: _Ops,
+    s: _Shape,
+    h_in: int,
+    bs: int,
+    tpr: int,
+    attention_in_graph: bool = True,
+    splits: list | None = None,
+    input_norm: bool = True,
 ) -> int:
     """One decoder layer over ``bs * tpr`` tokens; frees ``h_in``, returns the new hidden state.
-    ``splits``: the attention output's id is appended (a piece graph ends after it)."""
+    ``splits``: the attention output's id is appended (a piece graph ends after it);
+    ``input_norm`` False: the layer's input norm is an identity (an EAGLE head's first layer)."""
     d, hd, h = s.model.dtype_bytes, s.model.head_dim, s.model.hidden
     tokens = bs * tpr
-    x = _rmsnorm(ev, tokens, h, d)
+    x = _rmsnorm(ev, tokens, h, d) if input_norm else None
     qkv = ev.alloc(tokens * (s.heads + 2 * s.kv_heads) * hd * d)
     attn = _attention(ev, s, bs, tpr, attention_in_graph)
     if splits is not None:
@@ -242,7 +251,7 @@ def _decoder_layer(
     down = ev.alloc(tokens * h * d)
     ev.free(prod)
     new_hidden = ev.alloc(tokens * h * d)
-    ev.free(x, qkv, attn, o, res, x2, gate_up, down, h_in)  # the layer returns
+    ev.free(*(() if x is None else (x,)), qkv, attn, o, res, x2, gate_up, down, h_in)  # the layer returns
     return new_hidden
 
 
@@ -347,6 +356,79 @@ def forward_program(
         return None
 
     return _forward(s, phase, bs, head, attention_in_graph=not pieces)
+
+
+def eagle_draft_program(
+    model: Model,
+    reqs: int,
+    tokens_per_request: int,
+    steps: int,
+    backend: Backend,
+    tp: int = 1,
+    *,
+    argmax_block: int = 0,
+    attention_extra: int = 0,
+) -> Program:
+    """vLLM's EAGLE draft graph (0.33.0 and 0.34.0: v1/worker/gpu/spec_decode/target_dependent_ar/
+    speculator.py ``_prefill`` and ``_decode``), whose outputs live outside its pool: ``steps``
+    steps over ``reqs`` requests of ``tokens_per_request`` tokens each (the draft prefill
+    manager's graphs: one step of num_speculative_tokens + 1 tokens a request; the draft decode
+    manager's: the fused multi-step decode's steps of one token). ``model``: the draft's layers
+    at the target's padded vocabulary (the head is the target's lm_head, shared).
+
+    A step: (prefill) the requests' positions gathered and their successors (int64, alive to the
+    step's end); the draft's forward (llama_eagle.py LlamaModel.forward): the embedding (alive to
+    the forward's return), its concatenation with the target's hidden states [T, 2 x hidden],
+    fc to hidden, the layers (the first one's input norm an identity), ``hidden + residual``
+    (no final norm); (prefill) each request's last token's hidden state gathered; its logits
+    over the vocabulary in the model dtype (LogitsProcessor: no float32 copy; with ``tp`` > 1 the
+    rank's shard, then the gathered rows); the greedy argmax (sample_draft's default greedy
+    path): with ``argmax_block`` (0.34.0's greedy_argmax) its int64 result, then float32 and
+    int32 partials [reqs, ceil(vocab / block)], freed at its return; else torch's argmax's
+    int64 result. Every tensor dies by the step's end (the speculator copies the results into
+    its persistent buffers). Not counted: the FA scheduler metadata a fused step rebuilds (a
+    few KiB); the forward is the eager one (vLLM compiles the head's forward).
+    ``attention_extra`` as :func:`forward_program`'s."""
+    s = msgspec.structs.replace(_Shape.of(model, backend, tp), attention_extra=attention_extra)
+    ev = _Ops()
+    m, tpr = model, tokens_per_request
+    tokens, d = reqs * tpr, model.dtype_bytes
+
+    def forward_in() -> tuple[tuple[int, ...], int]:
+        kept = (ev.alloc(reqs * 8), ev.alloc(reqs * 8)) if tpr > 1 else ()  # positions, sample_src_positions
+        embeds = ev.alloc(tokens * m.hidden * d)
+        cat = ev.alloc(tokens * 2 * m.hidden * d)
+        fc = ev.alloc(tokens * m.hidden * d)
+        ev.free(cat)
+        return (*kept, embeds), fc
+
+    def tail(h: int, kept: tuple[int, ...]) -> None:
+        out = ev.alloc(tokens * m.hidden * d)  # hidden_states + residual: the forward returns it twice
+        ev.free(h, kept[-1])  # the layers' output and the embedding die with the forward
+        rows = (ev.alloc(reqs * m.hidden * d),) if tpr > 1 else ()  # last_hidden_states[last_token_indices]
+        shard = ev.alloc(reqs * m.vocab // tp * d) if tp > 1 else None
+        logits = ev.alloc(reqs * m.vocab * d)
+        if shard is not None:
+            ev.free(shard)
+        sampled = ev.alloc(reqs * 8)
+        if argmax_block:
+            splits = -(-m.vocab // argmax_block)
+            ev.free(ev.alloc(reqs * splits * 4), ev.alloc(reqs * splits * 4))
+        ev.free(logits, sampled, out, *rows, *kept[:-1])
+
+    kept, carry = forward_in()
+    prologue = ev.take()
+    first = _decoder_layer(ev, s, CARRY, reqs, tpr, input_norm=False)
+    body = ev.take()
+    tail(CARRY, kept)
+    for _ in range(steps - 1):
+        kept, h = forward_in()
+        for i in range(m.layers):
+            h = _decoder_layer(ev, s, h, reqs, tpr, input_norm=i > 0)
+        tail(h, kept)
+    # the body is the first layer alone: a head of several layers repeats it with its input
+    # norm an identity each time, a small undercount (an rmsnorm's temporaries a layer)
+    return Program(prologue=prologue, body=body, repeats=m.layers, epilogue=ev.take(), carry_in=carry, carry_out=first)
 
 
 def _piecewise_program(s: _Shape, phase: Phase, bs: int) -> Program:
