@@ -627,3 +627,20 @@ def test_the_draft_limit_is_vllms_alone(tmp_path, monkeypatch, capsys):
     more = ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", short)
     res = fit_json("sglang==0.5.23", "--context-length", "8192", *more, capsys=capsys)
     assert res["settings"]["context-length"] == 8192
+
+
+def test_an_eagle_heads_dummy_propose_is_in_the_profiles_peak(capsys):
+    """vLLM's profiling run proposes with the EAGLE head after the target's forward, eagerly,
+    over all 8192 tokens (gpu/model_runner.py _dummy_run, target_dependent_ar/speculator.py
+    propose): the head's layer at 8192 tokens with the target's hidden states and its own
+    embedding held is above the target's forward and 0.34.0's Triton sampler, so it is the peak;
+    0.33.0's stock FlashInfer sampler holds more, so its peak stays."""
+    base = ("--max-model-len", "8192")
+    eagle = ("--speculative-config", spec("eagle"))
+    alone = item(fit_json("vllm==0.34.0", *base, capsys=capsys), "activation peak")
+    act = item(fit_json("vllm==0.34.0", *base, *eagle, capsys=capsys), "activation peak")
+    assert act["bytes"] > alone["bytes"] and "the draft's dummy propose" in act["source"]
+    assert "its peak" in act["source"]
+    alone = item(fit_json("vllm==0.33.0", *base, capsys=capsys), "activation peak")
+    act = item(fit_json("vllm==0.33.0", *base, *eagle, capsys=capsys), "activation peak")
+    assert act["bytes"] == alone["bytes"] and "below the target's" in act["source"]

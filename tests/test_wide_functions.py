@@ -34,6 +34,7 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/cli/plot.py:command": _CLI,
     "planner/cli/sizes.py:command": _CLI,
     "planner/fit/estimate.py:activation_peak": _FIT,
+    "planner/fit/estimate.py:eagle_profile_peak": _FIT,
     "planner/fit/estimate.py:graph_memory": _FIT,
     "planner/fit/estimate.py:sampler_phase": _FIT,
     "planner/fit/measured.py:calibration_graph": "a report read for planner fit: its path, the plan it must match",

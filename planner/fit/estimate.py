@@ -24,6 +24,7 @@ __all__ = [
     "activation_peak",
     "sampler_phase",
     "activation_per_token",
+    "eagle_profile_peak",
     "moe_workspace",
     "moe_workspace_item",
     "graph_memory",
@@ -189,11 +190,13 @@ def activation_peak(
     workspace_held: bool = False,
     engine: str = "vllm",
     kept: int = 0,
+    draft: tuple[int, str] | None = None,
 ) -> FitItem:
     """The profiling run's transient torch peak (vLLM's profile_run): ``tokens`` through the
-    layers, then the dummy sampler over min(``seqs``, ``tokens``) requests while the forward's
-    hidden states are still held (:func:`sampler_phase`, the release's row ``sampler``), each on
-    top of the MoE workspace the forward allocates; ``workspace_held``: the engine keeps that
+    layers, then (``draft``: its peak's bytes and what it is, :func:`eagle_profile_peak`) the
+    speculator's dummy propose, then the dummy sampler over min(``seqs``, ``tokens``) requests
+    while the forward's hidden states are still held (:func:`sampler_phase`, the release's row
+    ``sampler``), each on top of the MoE workspace the forward allocates; ``workspace_held``: the engine keeps that
     workspace (vLLM's workspace manager), so the transient peak over what stays allocated does
     not hold it (:func:`moe_workspace_item` counts it); ``engine`` "sglang": the layers are
     SGLang's, whose MoE layers allocate their caches at each call and free them, a phase of
@@ -210,7 +213,8 @@ def activation_peak(
     triton, flashinfer = sampler_phase(m, tp, tokens, min(seqs, tokens), sampler.rule)
     central = sampler.rule.branch(sampler.version)
     phase, other = (flashinfer, triton) if central == "flashinfer" and flashinfer is not None else (triton, flashinfer)
-    b = workspace + max(layer, phase)
+    drafted = max((draft[0] if draft else 0) - kept, 0)
+    b = workspace + max(layer, phase, drafted)
     err = int(b * e["error_fraction"])
     name, engine = sampler.name, _ENGINES.get(sampler.rule.engine, sampler.rule.engine)
     read = "" if sampler.read else f", {sampler.version} not read for it"
@@ -224,10 +228,13 @@ def activation_peak(
         source += "; the fused-MoE workspace, which the engine keeps, is an item of its own"
     if per_call and m.experts:
         source += "; the MoE layers' caches, allocated per call, in the layer's phase"
-    if kept and layer >= phase:
-        source += f"; the layers' peak less the sampler's kept scratch ({kept / MiB:.1f} MiB, made after it)"
-    if other is not None and workspace + max(layer, other) != b:
-        more = workspace + max(layer, other) - b
+    if draft:
+        top = "its peak" if drafted > max(layer, phase) else "below the target's"
+        source += f"; the draft's dummy propose ({draft[1]}): {drafted / MiB:.1f} MiB, {top}"
+    if kept and max(layer, drafted) >= phase:
+        source += f"; the forward's peak less the sampler's kept scratch ({kept / MiB:.1f} MiB, made after it)"
+    if other is not None and workspace + max(layer, other, drafted) != b:
+        more = workspace + max(layer, other, drafted) - b
         err = max(err, abs(more))
         where = (
             "the Triton branch, where FlashInfer's does not run"
@@ -236,6 +243,31 @@ def activation_peak(
         )
         source += f"; {where}, {abs(more) / GiB:.2f} GiB {'more' if more > 0 else 'less'}: in the error bar"
     return FitItem("activation peak", b, err, "estimated", source)
+
+
+def eagle_profile_peak(head: FitModel, target: FitModel, tp: int, tokens: int, reqs: int, argmax_block: int) -> int:
+    """The transient peak of vLLM's dummy propose of an EAGLE head in the profiling run
+    (gpu/model_runner.py ``_dummy_run``: ``speculator.propose`` after the target's forward,
+    eagerly, while the target's hidden states are held; target_dependent_ar/speculator.py
+    ``_prefill`` over all ``tokens`` with ``reqs`` sampled rows), the larger of two points:
+
+    * the head's layer: ``tokens`` x :func:`activation_per_token` of the head, less one hidden
+      state a token (its first layer's input norm is an identity, so its input is its residual:
+      llama_eagle.py), plus the target's hidden states and the head's embedding (alive to the
+      forward's return);
+    * its sampling: the target's hidden states, the head's output, the gathered rows, the
+      model-dtype logits over the target's vocabulary and the greedy argmax's result and
+      partials (``argmax_block``: planner/memory/analytic.py eagle_draft_program).
+
+    Its draft decode steps (one token a request) hold less at the profile's sizes and are not
+    counted; nor is Inductor's code for the head (vLLM compiles it): the eager layer is priced."""
+    d, h = head.dtype_bytes, head.hidden
+    row = tokens * h * d
+    layer = tokens * activation_per_token(head, tp) - row + 2 * row
+    vocab = reqs * graph_pool.padded_vocab(target) * d  # the gathered rows on every rank
+    partials = reqs * -(-target.vocab // argmax_block) * 8 if argmax_block else 0
+    sampling = 2 * row + reqs * h * d + vocab + reqs * 8 + partials
+    return max(layer, sampling)
 
 
 def nodes_per_layer(m: FitModel) -> float | None:

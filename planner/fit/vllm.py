@@ -86,6 +86,21 @@ def draft_captures(inp: FitInputs, mode: str, sizes: list[int], seqs: int) -> Dr
     return DraftCaptures(d.model, tuple(m for m in managers if m), facts.draft_argmax_block)
 
 
+def draft_profile(inp: FitInputs, batched: int, seqs: int) -> tuple[int, str] | None:
+    """The peak of an EAGLE head's dummy propose in vLLM's profiling run and what it is
+    (:func:`.estimate.eagle_profile_peak`: its prefill over the profile's ``batched`` tokens,
+    min(``seqs``, ``batched``) sampled rows); None without an EAGLE head (another draft's
+    propose is not counted)."""
+    d = inp.draft
+    if d is None or d.counted != "eagle" or d.model is None:
+        return None
+    facts = release("vllm", inp.version).facts
+    assert facts is not None, "a vLLM release's facts"
+    reqs = min(seqs, batched)
+    peak = estimate.eagle_profile_peak(d.model, inp.model, inp.tp, batched, reqs, facts.draft_argmax_block)
+    return peak, f"its EAGLE head's prefill over {batched} tokens, {reqs} sampled rows, after the target's forward"
+
+
 def capture_outputs(inp: FitInputs, sizes: list[int]) -> tuple[int, str] | None:
     """The model graph manager's persistent hidden states where the release makes them inside
     the window it measures its capture by (the rule's ``capture_outputs``): ``max(sizes)``
@@ -187,7 +202,9 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     split = buffer_rule("vllm", inp.version) is not None
     row = sampler_rule("vllm", inp.version)
     kept = made_by_profile(inp, settings)  # the sampler's scratch, made after the forward's peak
-    act = estimate.activation_peak(m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept)
+    act = estimate.activation_peak(
+        m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept, draft=draft_profile(inp, batched, seqs)
+    )
     moe = estimate.moe_workspace_item(m, inp.tp, batched) if split else None
     moes = [moe] if moe is not None else []
     held = sum(known(i) for i in moes)
