@@ -314,7 +314,7 @@ def graph_memory(
     source says so: an engine's thousands of piecewise graphs may then cost more. The
     process's first torch stream (torch's stream pools) is not here: every release read makes
     it before its capture (:func:`non_torch`)."""
-    if graphs.execs == 0:
+    if graphs.execs == 0 and captures.draft is None:
         return FitItem("graph memory", 0, 0, "exact", "no CUDA graphs captured")
     devs = data("devices.toml")
     exec_graph, per_node = per_graph(sm)

@@ -32,6 +32,7 @@ __all__ = [
     "result",
     "draft_graphs",
     "draft_note",
+    "with_drafts",
 ]
 
 #: what a does-not-fit says when none of the single changes :func:`fixes` proposes fits once
@@ -123,17 +124,40 @@ def graph_memory(
     return estimate.graph_memory(inp.model, inp.tp, inp.device.sm, graphs, captures, pool, transient)
 
 
-def plan_cost(inp: FitInputs, tokens_of, none_tokens: int, transient: tuple[int, str] | None = None) -> list[SizeCost]:
+def with_drafts(target: FitItem, drafts: FitItem) -> FitItem:
+    """A figure of the target's graphs alone (a plan's, predicted or measured; a size list's)
+    with the draft's graphs estimated beside it (the engine's speculator captures them after
+    the plan's: planner/fit/vllm.py draft_captures)."""
+    if target.bytes is None or drafts.bytes is None:
+        return target if target.bytes is None else drafts
+    return FitItem(
+        "graph memory",
+        target.bytes + drafts.bytes,
+        (target.error_bytes or 0) + (drafts.error_bytes or 0),
+        "estimated",
+        f"{target.source}; + the draft's graphs: {drafts.source}",
+    )
+
+
+def plan_cost(
+    inp: FitInputs,
+    tokens_of,
+    none_tokens: int,
+    transient: tuple[int, str] | None = None,
+    drafts: FitItem | None = None,
+) -> list[SizeCost]:
     """The plan's sizes priced (``tokens_of(graph bytes)``: the KV tokens they leave), where a
     plan is given: its measured figure where a calibration gives one; ``transient`` as
-    :func:`graph_memory`'s."""
+    :func:`graph_memory`'s; ``drafts``: the draft's graphs where fit models them, beside a
+    plan's figure that holds none of them (else such a figure leaves the graph memory unknown)."""
     p = inp.request.plan
     if p is None:
         return []
+    planned = inp.measured_without_drafts or graph_memory(inp, None, Captures([]), plan=True, transient=transient)
     gi = inp.graph_measured or (
-        draft_graphs(inp)
+        (with_drafts(planned, drafts) if drafts is not None else draft_graphs(inp))
         if inp.speculative_graphs
-        else graph_memory(inp, None, Captures([]), plan=True, transient=transient)
+        else planned
     )
     t = None if gi.bytes is None else tokens_of(gi.bytes)
     return [SizeCost("plan", p.sizes, gi.bytes, t, None if t is None else none_tokens - t)]

@@ -14,7 +14,7 @@ from capture_plan.schemas.fit import FitItem, FitResult, SizeCost
 from . import estimate, graph_pool, result, sizing
 from .buffers import engine_buffers, made_by_profile
 from .draft import speculative
-from .graph_count import FULL_DECODE, PIECEWISE, full_graph_sizes, vllm_graphs
+from .graph_count import FULL_DECODE, PIECEWISE, GraphCount, full_graph_sizes, vllm_graphs
 from .graph_pool import Captures, DraftCaptures, DraftGraph, Graph
 from .inputs import FitInputs
 from .refusal import Refusal
@@ -246,6 +246,11 @@ def fit_vllm(inp: FitInputs) -> FitResult:
 
     measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
     plan = inp.request.plan
+    # an EAGLE head's graphs beside a figure of the target's alone (a plan's, a size list's):
+    # the engine's speculator captures them at the sizes the plan gives it
+    drafted = draft_captures(inp, mode, captured, seqs)
+    drafts = result.graph_memory(inp, GraphCount(0, 0, "none"), Captures([], draft=drafted)) if drafted else None
+    target_alone = inp.measured_without_drafts
     # a plan's graphs are captured whole (FULL): with FA3 as the plan's backend, vLLM's split-KV
     # accumulators are in their pool, which the plan's simulation does not hold (the planner's
     # fa3 backend simulates no split temporaries: backends.toml attention_temp_factor 0)
@@ -253,10 +258,16 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     if plan is not None:
         growth = accum_growth(inp, plan.sizes) if plan.backend == "fa3" else None
         plan_transient = _both(growth, capture_outputs(inp, plan.sizes))
-        planned = result.draft_graphs(inp) if d is not None and d.counted != "none" else None
-        graph = measured or planned or result.graph_memory(inp, None, Captures([]), plan=True, transient=plan_transient)
+        alone = target_alone or result.graph_memory(inp, None, Captures([]), plan=True, transient=plan_transient)
+        graph = measured or alone
+        if d is not None and d.counted != "none" and measured is None:
+            graph = result.with_drafts(alone, drafts) if drafts else result.draft_graphs(inp)
+    elif measured is not None and sizes:
+        graph = measured
+    elif target_alone is not None and drafts is not None and sizes:  # a size list's figure (planner sizes)
+        graph = result.with_drafts(target_alone, drafts)
     else:
-        graph = measured if measured is not None and sizes else graph_of(sizes)
+        graph = graph_of(sizes)
     budget = FitItem(
         "engine budget",
         requested,
@@ -300,7 +311,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         t = None if gi.bytes is None else tokens_of(gi.bytes)
         return SizeCost(name, ss, gi.bytes, t, None if t is None else none_tokens - t)
 
-    costs = [cost_of("engine default", sizes), *result.plan_cost(inp, tokens_of, none_tokens, plan_transient)]
+    costs = [cost_of("engine default", sizes), *result.plan_cost(inp, tokens_of, none_tokens, plan_transient, drafts)]
     costs += [cost_of(name, sorted(ss)) for name, ss in inp.request.lists.items()]
     costs += [cost_of("fewer", [s for s in sizes if s <= FEWER_MAX]), cost_of("none", [])]
     verdict = result.FITS
