@@ -63,7 +63,8 @@ def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_pla
     sizes at query length 4 (bench/baselines.py; on an H100 all already in the grid), given to
     fit explicitly, with its draft (``--speculative-config``): the draft's weights counted, its
     graphs priced as vLLM's EAGLE speculator captures them (49 prefill graphs, 64 of the decode
-    grid), beside the plan's figure with the plan (which holds none of them)."""
+    grid); with the plan of the runner's graphs, whose speculative phases stand for the draft's,
+    unknown without a calibration of it."""
     if case not in ("reference", "eagle"):
         pytest.importorskip("transformers")
     if case == "eagle":  # its plan is built from the speculative reference's config (torch)
@@ -85,9 +86,10 @@ def test_fit_knows_every_case_model_and_prices_the_runners_graphs_with_their_pla
         spec = json.loads(fb.fit_flags(s, tmp_path)["speculative-config"])
         assert (spec["method"], spec["num_speculative_tokens"]) == ("eagle", 3)
         assert got["default"]["items"]["draft weights"]["bytes"] > 0
-        # the draft's graphs priced from vLLM's EAGLE speculator, beside the plan's figure too
+        # the draft's graphs priced from vLLM's EAGLE speculator; the plan's own draft phases
+        # stand for them, and only a calibration of them is taken (no double count)
         assert graph["status"] == "estimated" and graph["bytes"] > 1024 * 128256 * 2  # its 1024 requests' logits
-        assert planned["status"] == "estimated" and planned["bytes"] > 1024 * 128256 * 2
+        assert planned["status"] == "unknown" and planned["bytes"] is None
         return
     assert graph["bytes"] and graph["status"] == "estimated"
     assert got["plan"]["settings"]["cudagraph-capture-sizes"] == ",".join(map(str, s.capture_sizes))

@@ -175,3 +175,15 @@ def test_a_calibration_of_a_plan_with_speculative_phases_prices_them(cli):
         planned = next(c for c in res["size_costs"] if c["name"] == "plan")
         assert _graph(res)["status"] == status and _graph(res)["bytes"], _graph(res)
         assert planned["kv_tokens"] is not None, planned
+
+
+def test_a_plans_own_draft_phases_stand_for_the_engines_and_are_not_counted_twice(cli):
+    """A plan with speculative phases captures the draft's graphs itself: without a calibration
+    of them fit takes no figure (unknown, as before), never its predicted pool plus the EAGLE
+    head's graphs estimated again; a plan without them gets the head's graphs beside it."""
+    fit = ["fit", "--model", "llama-3-8b", "--device", "H200", "--engine", "vllm==0.34.0", "--max-model-len", "8192",
+           "--speculative-config", VLLM_EAGLE, "--json"]  # fmt: skip
+    for plan, status in (("fa3-eagle-ci-h200.json", "unknown"), ("fa3-ci-h200.json", "estimated")):
+        code, out, err = cli(*fit, "--plan", str(ROOT / "plans" / plan))
+        assert code == 0, err
+        assert _graph(json.loads(out))["status"] == status, (plan, _graph(json.loads(out)))

@@ -35,6 +35,7 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/cli/sizes.py:command": _CLI,
     "planner/fit/estimate.py:activation_peak": _FIT,
     "planner/fit/estimate.py:eagle_profile_peak": _FIT,
+    "planner/fit/result.py:plan_cost": _FIT,
     "planner/fit/estimate.py:graph_memory": _FIT,
     "planner/fit/estimate.py:sampler_phase": _FIT,
     "planner/fit/measured.py:calibration_graph": "a report read for planner fit: its path, the plan it must match",

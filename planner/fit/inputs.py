@@ -37,6 +37,9 @@ class PlanGraphs(msgspec.Struct, frozen=True):
     #: that the plan's simulation does not hold are added to its pool only for the backend whose
     #: kernels allocate them (vLLM's FA3 split-KV accumulators: "fa3")
     backend: str = ""
+    #: the plan has speculative phases (its own draft graphs, which stand for the engine's:
+    #: fit adds no draft graphs of its own beside its figure)
+    speculative: bool = False
 
 
 class FitRequest(msgspec.Struct, frozen=True):

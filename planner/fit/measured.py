@@ -51,8 +51,16 @@ def plan_graphs(plan: Plan, source: str, model: FitModel) -> PlanGraphs:
     sizes = sorted({s for p in plan.phases for s in p.sizes})
     graphs = sum(1 for s in plan.steps if s.op == "capture")
     pool = plan.predicted.pool_bytes + plan.predicted.hoisted_bytes
+    from capture_plan.planner.inputs.specs import speculative_kinds
+
     return PlanGraphs(
-        name=plan.name, sizes=sizes, graphs=graphs, pool_bytes=pool, source=source, backend=plan.requires.backend
+        name=plan.name,
+        sizes=sizes,
+        graphs=graphs,
+        pool_bytes=pool,
+        source=source,
+        backend=plan.requires.backend,
+        speculative=any(p.kind in speculative_kinds() for p in plan.phases),
     )
 
 

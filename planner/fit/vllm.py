@@ -248,7 +248,7 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     plan = inp.request.plan
     # an EAGLE head's graphs beside a figure of the target's alone (a plan's, a size list's):
     # the engine's speculator captures them at the sizes the plan gives it
-    drafted = draft_captures(inp, mode, captured, seqs)
+    drafted = draft_captures(inp, mode, captured, seqs) if plan is None or not plan.speculative else None
     drafts = result.graph_memory(inp, GraphCount(0, 0, "none"), Captures([], draft=drafted)) if drafted else None
     target_alone = inp.measured_without_drafts
     # a plan's graphs are captured whole (FULL): with FA3 as the plan's backend, vLLM's split-KV
