@@ -107,12 +107,11 @@ EAGLE_DRAFT_LAYERS = 1
 #: what fit leaves out of a case, written into its row
 FIT_LACKS = {
     "eagle": "fit is given the draft as vLLM's --speculative-config (an EAGLE head of the target's dimensions, "
-    "one layer: speculative_config): its weights (beside the target's in the weights compared) and its KV "
-    "layer are counted, its graphs priced as vLLM's EAGLE speculator captures them (planner/fit/vllm.py "
-    "draft_captures: bf16 logits and a greedy argmax); the runner's draft phases are the speculative "
-    "reference's (bench.harness eagle_config: its own lm_head, softmax and top-k in float32), not vLLM's "
-    "EAGLE code, so the weights, graph and KV columns compare two different drafts. Runs refit before "
-    "stop 64 gave fit the target alone; runs before stop 65 left fit's draft graphs unknown",
+    "one layer: speculative_config): its weights (beside the target's in the weights compared), its KV layer, "
+    "its graphs and its dummy propose in the profile are priced from vLLM's EAGLE code (planner/fit/vllm.py "
+    "draft_captures, draft_profile). Runs before stop 65 ran the speculative reference's draft phases (its own "
+    "lm_head, softmax and top-k in float32) in the runner, not vLLM's EAGLE head, and left fit's draft graphs "
+    "unknown; runs refit before stop 64 gave fit the target alone",
 }
 #: how the reference case's weights are made (bench/fit_bench_sglang.py's DIFFERS says it for SGLang)
 REFERENCE_WEIGHTS = (
@@ -130,7 +129,10 @@ DIFFERS = [
     "but for attention: the transformers cases attend with FA3 over their cache, as vLLM's sm90 backend, "
     "with its FULL graphs' 32 splits (adapters/hf.py attention='fa3'; runs before this change used "
     "transformers' SDPA, whose grouped K/V heads are expanded over the whole cache in the graph pool); "
-    "EAGLE's draft runs the speculative reference's draft phases (draft_extend, draft_decode)",
+    "EAGLE's draft is vLLM's EAGLE head (tests/engines/case_model.py as_vllm_eagle, route_vllm_eagle: fc, the "
+    "target's embedding and lm_head, greedy argmax) over the speculative reference's draft layer and cache "
+    "(the reference's layer code: its first input norm runs, with the target's weight); 0.33.0's rows run "
+    "0.34.0's speculator (its decode grid to max_num_seqs) with 0.33.0's argmax",
     "cudagraph_mode FULL_DECODE_ONLY (vLLM's default is FULL_AND_PIECEWISE): the case models have no "
     "piecewise split; fit is given the same mode",
     "the dummy runs (profile_run's and the sizing warm-up's) run, for the transformers cases, vLLM "
@@ -505,13 +507,15 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
     import torch
 
     from bench.baselines import hidden_state_outputs
+    from capture_plan.planner.inputs.releases import release
     from capture_plan.tests.engines.case_model import (
         CaseModel,
         DraftModel,
+        as_vllm_eagle,
         decode_cache,
         engine_weights,
-        route_draft,
         route_dummy_runs,
+        route_vllm_eagle,
         vocab_size,
     )
     from capture_plan.tests.engines.sizing import vllm_034
@@ -519,10 +523,12 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
     # vLLM's model holds its rope's cos/sin cache from its load on (rotary_embedding/base.py
     # RotaryEmbeddingBase.__init__: cast to the model's dtype), in place of transformers'
     # inv_freq buffers (vLLM keeps none): made before the profile, counted with the weights
+    k = s.num_speculative_tokens
+    if k:  # the draft as vLLM's EAGLE head, before its weights are measured
+        as_vllm_eagle(target)
     weights, rope = engine_weights(target)
     rope_bytes = rope.nbytes if rope is not None else 0
     committed, per_token, full, sliding = decode_cache(target)
-    k = s.num_speculative_tokens
     model = CaseModel(target, s.max_num_batched_tokens, "target_verify" if k else "decode", 1 + k)
     draft = DraftModel(target, max(s.max_num_seqs, *s.capture_sizes)) if k else None
     spec = {"num_speculative_steps": k, "max_num_seqs": s.max_num_seqs} if k else None
@@ -550,7 +556,13 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
         runner.model_memory_usage = weights
         route_dummy_runs(runner, model)
         if runner.speculator is not None:
-            route_draft(runner.speculator, target)
+            # the head's sampling is the release's (0.33.0's rows run 0.34.0's runner, its
+            # sizing 0.33.0's: DIFFERS)
+            facts = release("vllm", "0.34.0" if extensible else "0.33.0").facts
+            assert facts is not None
+            route_vllm_eagle(
+                runner.speculator, target, s.max_num_batched_tokens, s.max_num_seqs, k - 1, facts.draft_argmax_block
+            )
         group = page_group(full, sliding)
         block_bytes = group * s.block_size * per_token
         groups = -(-full // group) + -(-sliding // group)  # the KV cache groups: a block table each
@@ -586,6 +598,7 @@ def start_up(module, target, s: Settings, snapshot, extensible: bool = True) -> 
             "kv_bytes_per_token_layer": per_token,
             "layers": {"full": full, "sliding": sliding},
             "graphs": len(runner.cudagraph_manager.graphs) + sum(len(m.graphs) for m in managers(runner.speculator)),
+            "draft_graphs": [len(m.graphs) for m in managers(runner.speculator)],
             "graph_estimate_samples_bytes": samples,
             "live_tensors": live_tensors(),
             **split,

@@ -938,7 +938,7 @@ def case_target(
             longest=max(cfg.num_draft_tokens, cfg.num_steps + 1),
             page_size=cfg.page_size,
         )
-        return SpeculativeModel(dataclasses.replace(cfg, max_seqlen=seqlen))
+        return SpeculativeModel(dataclasses.replace(cfg, max_seqlen=seqlen, own_segments=own_segments))
     import transformers
 
     from capture_plan.adapters.hf import HFTarget

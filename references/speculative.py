@@ -115,6 +115,9 @@ class SpeculativeConfig:
     bugs: frozenset = frozenset()
     phases: dict = field(default_factory=lambda: {p: p for p in PHASES})
     seed: int = 0
+    #: the target's and the draft's weights drawn into tensors of their own segments
+    #: (references/decode.py ReferenceConfig.own_segments)
+    own_segments: bool = False
 
     def __post_init__(self):
         unknown = set(self.bugs) - set(BUGS)
@@ -159,13 +162,27 @@ class SpeculativeModel:
         self.pad_row = cfg.max_bs
         toks = {k: cfg.tokens(k) for k in PHASES}
         self.target = ReferenceModel(
-            ReferenceConfig(model=cfg.model, max_bs=slots, max_seqlen=cfg.max_seqlen, tokens=toks, seed=cfg.seed),
+            ReferenceConfig(
+                model=cfg.model,
+                max_bs=slots,
+                max_seqlen=cfg.max_seqlen,
+                tokens=toks,
+                seed=cfg.seed,
+                own_segments=cfg.own_segments,
+            ),
             backend,
             self.device,
         )
         draft_shape = msgspec.structs.replace(cfg.model, layers=cfg.draft_layers)
         self.draft = ReferenceModel(
-            ReferenceConfig(model=draft_shape, max_bs=slots, max_seqlen=cfg.max_seqlen, tokens=toks, seed=cfg.seed + 1),
+            ReferenceConfig(
+                model=draft_shape,
+                max_bs=slots,
+                max_seqlen=cfg.max_seqlen,
+                tokens=toks,
+                seed=cfg.seed + 1,
+                own_segments=cfg.own_segments,
+            ),
             backend,
             self.device,
         )

@@ -217,9 +217,10 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     KV (committed blocks after capture; before it, 0.33.0-shaped, given back to the budget the
     graph estimate is taken from), and fit's rule fed the runner's measured items gives the
     runner's blocks; the row is JSON and has its SUMMARY. EAGLE: the target's decode graphs at
-    query length 4 (its verify phase), the speculator's draft prefill graphs (draft_extend) and
-    draft decode grid (draft_decode), the dummy run's propose a draft decode, the draft's
-    weights and cache layers counted with the target's."""
+    query length 4 (its verify phase), the speculator's draft prefill graphs and draft decode
+    grid of vLLM's EAGLE head (tests/engines/case_model.py route_vllm_eagle), the dummy run's
+    propose its prefill over all the run's tokens then its decode steps, the head's weights
+    (fc; the target's embedding and lm_head) and cache layer counted with the target's."""
     pytest.importorskip("torch")
     from fake_cuda import install
 
@@ -242,6 +243,17 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
             models = [target]
         weights = sum(t.nbytes for t in [models[0].embed] + [t for m in models for t in (m.lm_head, m.final_norm)])
         weights += sum(t.nbytes for m in models for layer in m.layers for k, t in layer.items() if "cache" not in k)
+        if case == "eagle":  # vLLM's EAGLE head: + fc; no lm_head, final norm, first input norm of its own
+            weights += 64 * 128 * 2 - 100 * 64 * 2 - 64 * 2 - 64 * 2
+            from capture_plan.tests.engines.case_model import as_vllm_eagle
+
+            as_vllm_eagle(target)  # start_up makes it so too (once)
+            draft_layers = []
+            layer_of = target.draft._layer
+            target.draft._layer = lambda layer, h, bs, tpr, *a, skip_attention=False: (
+                draft_layers.append((bs, tpr, skip_attention)),
+                layer_of(layer, h, bs, tpr, *a, skip_attention=skip_attention),
+            )[1]
         committed = sum(layer[k].nbytes for m in models for layer in m.layers for k in ("k_cache", "v_cache"))
         per_token = 2 * 2 * 16 * 2  # K and V, 2 KV heads of 16, bf16
     else:
@@ -329,9 +341,18 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
     captured = {p: sorted({n for q, n in runs if q == p}) for p, _ in runs}
     if k:  # requests of the decode graphs at query length 4: the shared sizes' (tokens / 4), to 32 tokens
         grid = module.decode_cudagraph_capture_grid(8)
-        assert captured == {"target_verify": [1, 2, 4, 8], "draft_extend": [1, 2, 4, 8], "draft_decode": grid}
-        assert ("draft_decode", 8) in runs[:2]  # the dummy runs' propose: max_num_seqs requests' draft
-        assert record["measured"]["graphs"] == 4 + 4 + len(grid)
+        assert captured == {"target_verify": [1, 2, 4, 8]}  # the draft is the EAGLE head's, not a phase
+        assert record["measured"]["graphs"] == 4 + 4 + len(grid) and record["measured"]["draft_graphs"] == [
+            4,
+            len(grid),
+        ]
+        # the profiling run's propose: the head over all 32 tokens of 8 requests, then its 2 decode
+        # steps of one token a request, attention skipped; the prefill graphs at 4 tokens a request
+        assert draft_layers[:3] == [(8, 4, True), (8, 1, True), (8, 1, True)], draft_layers[:3]
+        assert {(bs, tpr) for bs, tpr, skip in draft_layers if not skip} == {
+            *((n, 4) for n in (1, 2, 4, 8)),
+            *((n, 1) for n in grid),
+        }
     else:
         assert captured == {"decode": [1, 2, 4, 8]} and record["measured"]["graphs"] == 4
     check = fb.rule_check(record, release)

@@ -94,14 +94,15 @@ def item(res: dict, name: str) -> dict:
 
 
 def eagle_head_bytes(rotary_element: int, fc_bias: bool) -> int:
-    """eagle-llama-3.1-8b.json by hand: one Llama layer (q, k, v, o; gate, up, down; two RMS
-    norms), the final norm, fc (2 x hidden -> hidden), the rotary cos/sin cache of 8192
-    positions (the target's 8192 tokens, past its own 2048: vLLM raises them, SGLang under
-    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN) x head_dim 128; float16. No embedding, no
-    lm_head (the target's, shared)."""
+    """eagle-llama-3.1-8b.json by hand: one Llama layer (q, k, v, o; gate, up, down; its
+    post-attention RMS norm alone: both engines' llama_eagle.py delete the first layer's input
+    norm), no final norm (neither builds one), fc (2 x hidden -> hidden), the rotary cos/sin
+    cache of 8192 positions (the target's 8192 tokens, past its own 2048: vLLM raises them,
+    SGLang under SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN) x head_dim 128; float16. No
+    embedding, no lm_head (the target's, shared)."""
     attn = H * (32 + 2 * 8) * 128 * 2 + 32 * 128 * H * 2
     mlp = 3 * H * 14336 * 2
-    norms = 3 * H * 2
+    norms = 1 * H * 2
     fc = 2 * H * H * 2 + (H * 2 if fc_bias else 0)
     return attn + mlp + norms + fc + 8192 * 128 * rotary_element
 

@@ -347,7 +347,12 @@ def _weights(inp: FitInputs, d: FitModel, method: str, tp: int) -> FitItem:
     shared = d.vocab * h * dt * (1 if d.tie_embeddings else 2) // tp
     if counted == "eagle":
         b += 2 * h * h * dt + (h * dt if fc_bias else 0)  # fc, replicated
-        what = "its layers and fc (2 x hidden), the target's embedding and lm_head shared"
+        # both engines' llama_eagle.py delete the first layer's input norm and build no final norm
+        b -= 2 * h * dt
+        what = (
+            "its layers (the first without its input norm) and fc (2 x hidden), no final norm, the target's "
+            "embedding and lm_head shared"
+        )
     else:
         dv = d.draft_vocab or d.vocab  # llama_eagle3.py: its draft_vocab_size, else its vocab_size
         qkv = (d.heads + 2 * d.kv_heads) * d.head_dim

@@ -9,8 +9,9 @@ A decode graph of ``n`` requests runs the case's own decode phase (``decode``, o
 :func:`route_dummy_runs`) runs vLLM's eager decoder layers over a transformers model's or
 the reference decode step's weights (tests/engines/engine_layers.py; the MoE layers' caches
 in the workspace the case model holds as vLLM's manager does, or, SGLang's, allocated per
-call), attention skipped as vLLM's profiling run skips it. The EAGLE draft runs the
-speculative reference's draft phases (:func:`route_draft`). Also what the bench measures of
+call), attention skipped as vLLM's profiling run skips it. The EAGLE draft is vLLM's EAGLE
+head over the speculative reference's draft layer (:func:`as_vllm_eagle`,
+:func:`route_vllm_eagle`). Also what the bench measures of
 the model: its weights' bytes and its own decode cache (:func:`measured_weights`,
 :func:`decode_cache`). SGLang's decode runner (tests/engines/sglang_runner.py,
 bench/fit_bench_sglang.py) drives :class:`SGLangCaseModel`.
@@ -201,7 +202,7 @@ def route_dummy_runs(runner, model: CaseModel) -> None:
 
 
 class DraftModel:
-    """What the runner's EAGLE speculator reads of its draft before :func:`route_draft`
+    """What the runner's EAGLE speculator reads of its draft before :func:`route_vllm_eagle`
     replaces its forward: token rows, one piece, the device."""
 
     def __init__(self, target, max_tokens: int):
@@ -210,23 +211,117 @@ class DraftModel:
         self.wp = [None]
 
     def piece(self, k: int, x: torch.Tensor):
-        raise AssertionError("the speculator's forward is routed to the draft phases (route_draft)")
+        raise AssertionError("the speculator's forward is routed to the EAGLE head (route_vllm_eagle)")
 
     def launch(self, fn) -> None:
         fn()
 
 
-def route_draft(speculator, target) -> None:
-    """The speculator's forward (``_forward(num_reqs, num_tokens, cg_mode)``) as the speculative
-    reference's draft phases: ``draft_extend`` where a request has several tokens (the draft
-    prefill manager's graphs, query length ``num_speculative_steps + 1``), ``draft_decode``
-    where it has one (the draft decode manager's, and the dummy run's propose); each writes
-    its outputs into buffers of its own (the reference's), not the speculator's."""
+def as_vllm_eagle(target) -> None:
+    """The speculative reference's draft made vLLM's EAGLE head (0.33.0 and 0.34.0:
+    model_executor/models/llama_eagle.py; v1/worker/gpu/spec_decode/eagle/utils.py
+    load_eagle_model): an ``fc`` of 2 x hidden to hidden (ReplicatedLinear, no bias), the
+    target's embedding and lm_head (share_target_lm_head: a checkpoint without its own), no
+    final norm and no input norm in its first layer (llama_eagle.py: an Identity). The
+    reference's layer code still runs that norm, so its weight is the target's first one (one
+    storage, which :func:`measured_weights` counts once); the draft's own embedding, head and
+    norms are given back to the device. Call before the weights are measured."""
+    d, t, m = target.draft, target.target, target.cfg.model
+    if hasattr(d, "fc"):  # made so already
+        return
+    g = torch.Generator(device=target.device)
+    g.manual_seed(target.cfg.seed + 2)
+    fc = torch.empty(m.hidden, 2 * m.hidden, device=target.device, dtype=torch.bfloat16)
+    draw = torch.randn(m.hidden, 2 * m.hidden, generator=g, device=target.device, dtype=torch.float32)
+    fc.copy_(draw.mul_(0.02))
+    del draw
+    d.fc = fc
+    d.embed, d.lm_head, d.final_norm = t.embed, t.lm_head, t.final_norm
+    d.layers[0]["norm1"] = t.layers[0]["norm1"]
+    if fc.device.type == "cuda":
+        torch.cuda.empty_cache()  # the draws and the draft's own copies back to the device
 
-    def forward(num_reqs, num_tokens, cg_mode):
-        target.run("draft_decode" if num_tokens == num_reqs else "draft_extend", num_reqs, None)
+
+def route_vllm_eagle(speculator, target, max_tokens: int, max_reqs: int, steps: int, argmax_block: int) -> None:
+    """The speculator's forward (``_forward(num_reqs, num_tokens, cg_mode, skip_attn=False)``)
+    as vLLM's EAGLE head runs it over :func:`as_vllm_eagle`'s head and the reference draft's
+    cache (target_dependent_ar/speculator.py ``_prefill`` and ``_decode``, llama_eagle.py
+    LlamaModel.forward, speculator.py sample_draft's greedy path): where a request has several
+    tokens, one step over all of them (the draft prefill manager's graphs, the profiling run's
+    propose), the last token of each request sampled; where it has one, ``steps`` steps (the
+    draft decode manager's fused multi-step decode: num_speculative_tokens - 1). A step: the
+    requests' positions gathered (several tokens a request), the embedding, its concatenation
+    with the target's hidden states, fc, the layers (``skip_attn``: the attention output zeroed,
+    as the profiling run's dummy propose skips it), the logits of the sampled rows in the model
+    dtype through the target's lm_head, and the greedy argmax (``argmax_block``: 0.34.0's
+    greedy_argmax's int64 result and float32 and int32 partials per block of columns; 0:
+    torch's argmax), the results copied into the speculator's persistent buffers
+    (``max_tokens`` rows: its hidden states, input ids and positions; ``max_reqs`` rows: its
+    last-token indices, sampling positions and draft tokens), made here, before the profile, as vLLM
+    makes them at the runner's init."""
+    from capture_plan.references.decode import CacheRows
+
+    d, t, dev = target.draft, target.target, target.device
+    m, rows_max = target.cfg.model, max_reqs
+    hidden = torch.zeros(max_tokens, m.hidden, dtype=torch.bfloat16, device=dev)
+    ids = torch.zeros(max_tokens, dtype=torch.int32, device=dev)
+    positions = torch.zeros(max_tokens, dtype=torch.int64, device=dev)
+    last = torch.zeros(rows_max, dtype=torch.int64, device=dev)
+    sampled_src = torch.zeros(rows_max, dtype=torch.int64, device=dev)
+    draft_tokens = torch.zeros(rows_max, steps + 1, dtype=torch.int64, device=dev)
+
+    def sample(rows: torch.Tensor) -> torch.Tensor:
+        logits = rows @ t.lm_head.t()  # LogitsProcessor: the model dtype, no float32 copy
+        n, vocab = logits.shape
+        out = torch.empty(n, dtype=torch.int64, device=dev)
+        if argmax_block:  # greedy_argmax's partials, then its result
+            splits = -(-vocab // argmax_block)
+            values = torch.empty(n, splits, dtype=torch.float32, device=dev)
+            index = torch.empty(n, splits, dtype=torch.int32, device=dev)
+            torch.argmax(logits, dim=-1, out=out)
+            del values, index
+            return out
+        return logits.argmax(dim=-1)
+
+    def step(n: int, q: int, cache: CacheRows, skip_attn: bool, col: int) -> None:
+        tokens = n * q
+        if q > 1:  # positions[last_token_indices] and its successor, alive to the step's end
+            at = positions[last[:n]]
+            src = at + 1
+        embeds = torch.nn.functional.embedding(ids[:tokens].long(), t.embed)
+        x = torch.cat((embeds, hidden[:tokens]), dim=-1) @ d.fc.t()
+        for layer in d.layers:
+            x = d._layer(layer, x, n, q, None, cache, skip_attention=skip_attn)
+        del embeds
+        rows = x[last[:n]] if q > 1 else x  # last_hidden_states[last_token_indices]: a gather
+        draft_tokens[:n, col].copy_(sample(rows))
+        hidden[:n].copy_(rows)
+        if q > 1:
+            positions[:n].copy_(at)
+            sampled_src[:n].copy_(src)
+
+    # the attention's cache rows and lengths, as vLLM builds its metadata outside the graph:
+    # made at a size's first (eager) run, its warm-up, and read by its capture
+    made: dict = {}
+
+    def cache_of(n: int, ahead: int) -> CacheRows:
+        if (n, ahead) not in made:
+            index = made[(n, 0)].index if (n, 0) in made else target._cache_rows(n)
+            made[(n, ahead)] = CacheRows(index, target.seq_lens[:n] + ahead)
+        return made[(n, ahead)]
+
+    def forward(num_reqs, num_tokens, cg_mode, skip_attn: bool = False):
+        if num_tokens % num_reqs:
+            raise ValueError(f"{num_tokens} tokens are not whole requests of {num_reqs}")
+        q = num_tokens // num_reqs
+        if q > 1:
+            step(num_reqs, q, cache_of(num_reqs, 0), skip_attn, 0)
+            return
+        for s in range(steps):
+            step(num_reqs, 1, cache_of(num_reqs, s + 1), skip_attn, s + 1)
 
     speculator._forward = forward
+    speculator.state = (hidden, ids, positions, last, sampled_src, draft_tokens)
 
 
 def _reference_models(target) -> list:
@@ -244,7 +339,7 @@ def measured_weights(target, rotary: bool = True) -> int:
     else:
         tensors = []
         for m in _reference_models(target):
-            tensors += [m.embed, m.lm_head, m.final_norm]
+            tensors += [m.embed, m.lm_head, m.final_norm, *([m.fc] if hasattr(m, "fc") else [])]
             tensors += [t for layer in m.layers for k, t in layer.items() if not k.endswith("_cache")]
     seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(seen.values())

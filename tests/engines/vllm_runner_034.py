@@ -355,7 +355,7 @@ class AutoRegressiveSpeculator:
         )
         self.decode_cudagraph_manager.dynamic_schedule = self.dynamic_schedule
 
-    def _forward(self, num_reqs, num_tokens, cg_mode):
+    def _forward(self, num_reqs, num_tokens, cg_mode, skip_attn: bool = False):
         x = self.draft.x[:num_tokens]
         with set_forward_context(num_tokens, cg_mode, BatchDescriptor(num_tokens)):
             out = self.compiled(x)
@@ -374,10 +374,16 @@ class AutoRegressiveSpeculator:
             specialize_spec_tokens=self.supports_decode_metadata_update and bool(self.dynamic_schedule),
         )
 
-    def propose(self, num_reqs: int) -> None:
-        """The dummy run's ``speculator.propose`` (model_runner.py lines 985-1018): the draft's
-        forward at the requests' tokens, eagerly (the profiling run's draft transient)."""
-        self._forward(num_reqs, num_reqs, CUDAGraphMode.NONE)
+    def propose(self, num_reqs: int, num_tokens: int | None = None) -> None:
+        """The dummy run's ``speculator.propose`` (model_runner.py lines 993-1030;
+        target_dependent_ar/speculator.py ``propose``), eagerly, attention skipped as the
+        profiling run's dummy run skips it (``skip_attn_for_dummy_run``): the draft's prefill
+        over the run's ``num_tokens`` (default ``num_reqs``), then, with 2 or more speculative
+        steps, its decode of one token a request (the profiling run's draft transient)."""
+        n = num_tokens or num_reqs
+        self._forward(num_reqs, n, CUDAGraphMode.NONE, skip_attn=True)
+        if self.num_speculative_steps >= 2 and n != num_reqs:
+            self._forward(num_reqs, num_reqs, CUDAGraphMode.NONE, skip_attn=True)
 
     def release(self) -> None:
         for m in (self.prefill_cudagraph_manager, self.decode_cudagraph_manager):
@@ -591,7 +597,7 @@ class GPUModelRunner:
         with set_forward_context(num_tokens, CUDAGraphMode.NONE, BatchDescriptor(num_tokens)):
             hidden_states = self.cudagraph_manager.compiled(model.x[:num_tokens])
         if self.speculator is not None:
-            self.speculator.propose(num_reqs)
+            self.speculator.propose(num_reqs, num_tokens)
         logits_indices = torch.tensor(list(itertools.accumulate(per_req)), device=hidden_states.device) - 1
         return hidden_states, hidden_states[logits_indices]
 
