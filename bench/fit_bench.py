@@ -183,7 +183,8 @@ DIFFERS = [
     "the reference case calls FA3 with vLLM's 32 splits and its hoisted scheduler metadata "
     "(references/decode.py ReferenceConfig.fa3_splits; runs before this change used FA3's own split "
     "heuristic, whose graphs hold none of the split-KV accumulators fit prices: planner/fit/vllm.py "
-    "split_kv_accum); the EAGLE case's speculative reference still uses FA3's heuristic",
+    "split_kv_accum); the EAGLE case's speculative reference (target and draft) too since stop 65, "
+    "FA3's heuristic before",
     REFERENCE_WEIGHTS,
 ]
 

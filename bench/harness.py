@@ -893,9 +893,8 @@ def case_target(
 ):
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
     decode step or the speculative reference (``layers`` layers; they call FA3 themselves,
-    the reference with ``fa3_splits`` splits, its weights in segments of their own with
-    ``own_segments``), or the transformers model of :data:`HF_ARCHS`
-    (``config`` on top) in ``HFTarget``, with ``attention`` (``"model"``: the case's attention
+    with ``fa3_splits`` splits, their weights in segments of their own with
+    ``own_segments``), or the transformers model of :data:`HF_ARCHS` (``config`` on top) in ``HFTarget``, with ``attention`` (``"model"``: the case's attention
     implementation; ``"fa3"``: FA3 over the cache as the engines' sm90 backends, ``fa3_splits``
     its split count: ``HFTarget``'s);
     sized for ``max_bs`` requests (default: the plan's largest size). Every
@@ -938,7 +937,9 @@ def case_target(
             longest=max(cfg.num_draft_tokens, cfg.num_steps + 1),
             page_size=cfg.page_size,
         )
-        return SpeculativeModel(dataclasses.replace(cfg, max_seqlen=seqlen, own_segments=own_segments))
+        return SpeculativeModel(
+            dataclasses.replace(cfg, max_seqlen=seqlen, own_segments=own_segments, fa3_splits=fa3_splits)
+        )
     import transformers
 
     from capture_plan.adapters.hf import HFTarget

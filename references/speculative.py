@@ -118,6 +118,9 @@ class SpeculativeConfig:
     #: the target's and the draft's weights drawn into tensors of their own segments
     #: (references/decode.py ReferenceConfig.own_segments)
     own_segments: bool = False
+    #: FA3's split count for the target's and the draft's attention (ReferenceConfig.fa3_splits;
+    #: 0: FA3's heuristic)
+    fa3_splits: int = 0
 
     def __post_init__(self):
         unknown = set(self.bugs) - set(BUGS)
@@ -169,6 +172,7 @@ class SpeculativeModel:
                 tokens=toks,
                 seed=cfg.seed,
                 own_segments=cfg.own_segments,
+                fa3_splits=cfg.fa3_splits,
             ),
             backend,
             self.device,
@@ -182,6 +186,7 @@ class SpeculativeModel:
                 tokens=toks,
                 seed=cfg.seed + 1,
                 own_segments=cfg.own_segments,
+                fa3_splits=cfg.fa3_splits,
             ),
             backend,
             self.device,

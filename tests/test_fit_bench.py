@@ -248,12 +248,18 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
             from capture_plan.tests.engines.case_model import as_vllm_eagle
 
             as_vllm_eagle(target)  # start_up makes it so too (once)
-            draft_layers = []
+            draft_layers, proposed = [], []
             layer_of = target.draft._layer
-            target.draft._layer = lambda layer, h, bs, tpr, *a, skip_attention=False: (
-                draft_layers.append((bs, tpr, skip_attention)),
-                layer_of(layer, h, bs, tpr, *a, skip_attention=skip_attention),
+            target.draft._layer = lambda layer, h, bs, tpr, *a, **kw: (
+                draft_layers.append((bs, tpr)),
+                layer_of(layer, h, bs, tpr, *a, **kw),
             )[1]
+            from capture_plan.tests.engines import engine_layers as layers_code
+
+            eagle = layers_code.eagle_forward
+            monkeypatch.setattr(
+                layers_code, "eagle_forward", lambda ref, h: (proposed.append(h.shape[0]), eagle(ref, h))[1]
+            )
         committed = sum(layer[k].nbytes for m in models for layer in m.layers for k in ("k_cache", "v_cache"))
         per_token = 2 * 2 * 16 * 2  # K and V, 2 KV heads of 16, bf16
     else:
@@ -346,13 +352,11 @@ def test_the_runners_start_up_on_a_case_model(case, release, monkeypatch, tmp_pa
             4,
             len(grid),
         ]
-        # the profiling run's propose: the head over all 32 tokens of 8 requests, then its 2 decode
-        # steps of one token a request, attention skipped; the prefill graphs at 4 tokens a request
-        assert draft_layers[:3] == [(8, 4, True), (8, 1, True), (8, 1, True)], draft_layers[:3]
-        assert {(bs, tpr) for bs, tpr, skip in draft_layers if not skip} == {
-            *((n, 4) for n in (1, 2, 4, 8)),
-            *((n, 1) for n in grid),
-        }
+        # the dummy runs' propose (the profile's, then 0.34.0's sizing warm-up's): vLLM's eager
+        # layers over all 32 tokens of 8 requests, then its 2 decode steps of one token a request;
+        # the graphs: the prefill manager's at 4 tokens a request, the decode grid's at one
+        assert proposed[:3] == [32, 8, 8], proposed
+        assert set(draft_layers) == {*((n, 4) for n in (1, 2, 4, 8)), *((n, 1) for n in grid)}
     else:
         assert captured == {"decode": [1, 2, 4, 8]} and record["measured"]["graphs"] == 4
     check = fb.rule_check(record, release)

@@ -251,8 +251,9 @@ def route_vllm_eagle(speculator, target, max_tokens: int, max_reqs: int, steps: 
     propose), the last token of each request sampled; where it has one, ``steps`` steps (the
     draft decode manager's fused multi-step decode: num_speculative_tokens - 1). A step: the
     requests' positions gathered (several tokens a request), the embedding, its concatenation
-    with the target's hidden states, fc, the layers (``skip_attn``: the attention output zeroed,
-    as the profiling run's dummy propose skips it), the logits of the sampled rows in the model
+    with the target's hidden states, fc, the layers (the case's own layer code in a graph, as
+    the target's graphs run theirs; ``skip_attn``, the profiling run's dummy propose: vLLM's
+    eager layers, attention skipped, engine_layers.py ``eagle_forward``), the logits of the sampled rows in the model
     dtype through the target's lm_head, and the greedy argmax (``argmax_block``: 0.34.0's
     greedy_argmax's int64 result and float32 and int32 partials per block of columns; 0:
     torch's argmax), the results copied into the speculator's persistent buffers
@@ -290,8 +291,11 @@ def route_vllm_eagle(speculator, target, max_tokens: int, max_reqs: int, steps: 
             src = at + 1
         embeds = torch.nn.functional.embedding(ids[:tokens].long(), t.embed)
         x = torch.cat((embeds, hidden[:tokens]), dim=-1) @ d.fc.t()
-        for layer in d.layers:
-            x = d._layer(layer, x, n, q, None, cache, skip_attention=skip_attn)
+        if skip_attn:  # the profiling run's dummy propose: vLLM's eager layers (engine_layers.py)
+            x = engine_layers.eagle_forward(d, x)
+        else:  # a graph: the case's own layer code, as the target's graphs run theirs
+            for layer in d.layers:
+                x = d._layer(layer, x, n, q, None, cache)
         del embeds
         rows = x[last[:n]] if q > 1 else x  # last_hidden_states[last_token_indices]: a gather
         draft_tokens[:n, col].copy_(sample(rows))

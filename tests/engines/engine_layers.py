@@ -402,3 +402,30 @@ def reference_forward(ref, ids: torch.Tensor) -> torch.Tensor:
             h, residual = _reference_layer(ref, layer, h, residual)
         h, _ = fused_add_rms_norm_(h, residual, ref.final_norm, REFERENCE_EPS)
     return h
+
+
+def eagle_forward(ref, h: torch.Tensor) -> torch.Tensor:
+    """vLLM's EAGLE head's layers after its fc (model_executor/models/llama_eagle.py
+    ``LlamaModel.forward``, its ``LlamaDecoderLayer``) over a reference model's layers, as the
+    profiling run's dummy propose runs them (attention skipped): the first layer's input norm an
+    Identity (its input is its residual), the others' fused in place; then ``hidden + residual``
+    (no final norm)."""
+    with torch.no_grad():
+        residual = None
+        for i, layer in enumerate(ref.layers):
+            if i == 0:
+                residual = h
+            else:
+                h, residual = fused_add_rms_norm_(h, residual, layer["norm1"], REFERENCE_EPS)
+            qkv = F.linear(h, layer["wqkv"])
+            out = torch.empty(h.shape[0], ref.heads * ref.head_dim, dtype=h.dtype, device=h.device)
+            out.fill_(0)
+            o = _reduced(ref, F.linear(out, layer["wo"]))
+            del qkv, out
+            h, residual = fused_add_rms_norm_(o, residual, layer["norm2"], REFERENCE_EPS)
+            gate_up = F.linear(h, layer["wgu"])
+            act = _act_and_mul(gate_up, ref.inter, tanh_gelu=False)
+            del gate_up  # llama.py LlamaMLP rebinds x: gate_up dies at the activation
+            h = _reduced(ref, F.linear(act, layer["wd"]))
+            del act
+        return h + residual
