@@ -894,8 +894,9 @@ def case_target(
     """The model of a bench case for ``plan``, random weights on the GPU: the reference
     decode step or the speculative reference (``layers`` layers; they call FA3 themselves,
     with ``fa3_splits`` splits, their weights in segments of their own with
-    ``own_segments``), or the transformers model of :data:`HF_ARCHS` (``config`` on top) in ``HFTarget``, with ``attention`` (``"model"``: the case's attention
-    implementation; ``"fa3"``: FA3 over the cache as the engines' sm90 backends, ``fa3_splits``
+    ``own_segments``), or the transformers model of :data:`HF_ARCHS` (``config`` on top) in
+    ``HFTarget``, with ``attention`` (``"model"``: the case's attention implementation;
+    ``"fa3"``: FA3 over the cache as the engines' sm90 backends, ``fa3_splits``
     its split count: ``HFTarget``'s);
     sized for ``max_bs`` requests (default: the plan's largest size). Every
     case's cache length is sized for the device by :func:`fit_seqlen` within
