@@ -191,3 +191,43 @@ def test_the_sizing_steps_layers_allocate_in_the_order_fit_simulates(name, tmp_p
     # the step's layers alone: no sampled rows, so the sampler's requests are of 0 bytes
     simulated = sizing_step_requests(m, 1, tokens, 0, sampler_rule("vllm", "0.34.0").rule)
     assert _per_token(seq.ops, tokens, seq.masks) == _per_token(simulated, tokens)
+
+
+def test_an_eagle_heads_dummy_propose_holds_at_its_peak_what_fit_counts(tmp_path):
+    """The fit bench's EAGLE head (tests/engines/case_model.py route_vllm_eagle, vLLM's eager
+    layers in the profiling run's dummy propose: engine_layers.eagle_forward) over all the run's
+    tokens while the target's hidden states are held, traced on the CPU op by op, against
+    planner/fit/estimate.py eagle_profile_peak for the same dimensions."""
+    torch, Trace = _tracer()
+    import msgspec
+
+    from capture_plan.planner.fit import estimate
+    from capture_plan.planner.fit.model import load_model
+    from capture_plan.references.speculative import SpeculativeConfig, SpeculativeModel
+    from capture_plan.schemas.spec import Model
+    from capture_plan.tests.engines.case_model import as_vllm_eagle, route_vllm_eagle
+
+    dims = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "intermediate": 1024, "vocab": 100}
+    target = SpeculativeModel(
+        SpeculativeConfig(model=Model(**dims), max_bs=512, max_seqlen=16), backend="torch", device="cpu"
+    )
+    as_vllm_eagle(target)
+
+    class Speculator:  # what the route sets on the runner's speculator
+        pass
+
+    spec, reqs, tokens = Speculator(), 512, 4096
+    route_vllm_eagle(spec, target, tokens, reqs, 2, 4096)
+    made = [t for m in (target.target, target.draft) for d in [*m.layers, m.__dict__] for t in d.values()]
+    before = [t for t in [*made, *target.__dict__.values(), *spec.state] if isinstance(t, torch.Tensor)]
+    with torch.no_grad(), Trace(before) as peak:
+        held = torch.zeros(tokens, dims["hidden"], dtype=torch.bfloat16)  # the target's hidden states
+        spec._forward(reqs, tokens, None, skip_attn=True)
+        del held
+    (tmp_path / "t.toml").write_text(
+        "[model]\n" + "".join(f"{k} = {v}\n" for k, v in dims.items()) + '\n[[phases]]\nname = "decode"\n'
+        'kind = "decode"\nsizes = [1]\n'
+    )
+    m = load_model(str(tmp_path / "t.toml"))
+    fit = estimate.eagle_profile_peak(msgspec.structs.replace(m, layers=1), m, 1, tokens, reqs, 4096)
+    assert fit <= peak.peak <= fit * 1.02, (peak.peak, fit)

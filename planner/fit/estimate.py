@@ -9,6 +9,8 @@ model type with no measured family) is ``unknown``: ``bytes`` None, never zero.
 
 from __future__ import annotations
 
+import msgspec
+
 from capture_plan.planner.inputs.resources import data
 from capture_plan.schemas.fit import FitItem
 
@@ -263,7 +265,11 @@ def eagle_profile_peak(head: FitModel, target: FitModel, tp: int, tokens: int, r
     counted; nor is Inductor's code for the head (vLLM compiles it): the eager layer is priced."""
     d, h = head.dtype_bytes, head.hidden
     row = tokens * h * d
-    layer = tokens * activation_per_token(head, tp) - row + 2 * row
+    # the head's layers are the engine's llama_eagle.py ones (llama.py's decoder layer, gate_up
+    # dying at the activation) whatever its spec says: the project's reference spec's own
+    # layer code keeps gate_up, the engine's EAGLE head does not
+    code = msgspec.structs.replace(head, model_type="llama") if head.model_type == "reference" else head
+    layer = tokens * activation_per_token(code, tp) - row + 2 * row
     vocab = reqs * graph_pool.padded_vocab(target) * d  # the gathered rows on every rank
     partials = reqs * -(-target.vocab // argmax_block) * 8 if argmax_block else 0
     sampling = 2 * row + reqs * h * d + vocab + reqs * 8 + partials
