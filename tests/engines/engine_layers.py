@@ -368,17 +368,25 @@ def _reference_layer(ref, layer: dict, h: torch.Tensor, residual: torch.Tensor |
         residual, h = h, rms_norm(h, layer["norm1"], REFERENCE_EPS)
     else:
         h, residual = fused_add_rms_norm_(h, residual, layer["norm1"], REFERENCE_EPS)
-    qkv = F.linear(h, layer["wqkv"])
-    out = torch.empty(h.shape[0], ref.heads * ref.head_dim, dtype=h.dtype, device=h.device)
-    out.fill_(0)
-    o = _reduced(ref, F.linear(out, layer["wo"]))
-    del qkv, out
+    o = _reference_attention(ref, layer, h)
     h, residual = fused_add_rms_norm_(o, residual, layer["norm2"], REFERENCE_EPS)
     gate_up = F.linear(h, layer["wgu"])  # kept to the return, as the reference's own MLP names it
     act = _act_and_mul(gate_up, ref.inter, tanh_gelu=False)
     down = _reduced(ref, F.linear(act, layer["wd"]))
     del act, gate_up
     return down, residual
+
+
+def _reference_attention(ref, layer: dict, h: torch.Tensor) -> torch.Tensor:
+    """``LlamaAttention.forward`` over a reference layer in the profiling run: the merged qkv,
+    the layer's zero-filled output (attention skipped), o_proj's output all-reduced; qkv and the
+    zeros die at the return."""
+    qkv = F.linear(h, layer["wqkv"])
+    out = torch.empty(h.shape[0], ref.heads * ref.head_dim, dtype=h.dtype, device=h.device)
+    out.fill_(0)
+    o = _reduced(ref, F.linear(out, layer["wo"]))
+    del qkv, out
+    return o
 
 
 def _reduced(ref, partial: torch.Tensor) -> torch.Tensor:
@@ -417,11 +425,7 @@ def eagle_forward(ref, h: torch.Tensor) -> torch.Tensor:
                 residual = h
             else:
                 h, residual = fused_add_rms_norm_(h, residual, layer["norm1"], REFERENCE_EPS)
-            qkv = F.linear(h, layer["wqkv"])
-            out = torch.empty(h.shape[0], ref.heads * ref.head_dim, dtype=h.dtype, device=h.device)
-            out.fill_(0)
-            o = _reduced(ref, F.linear(out, layer["wo"]))
-            del qkv, out
+            o = _reference_attention(ref, layer, h)
             h, residual = fused_add_rms_norm_(o, residual, layer["norm2"], REFERENCE_EPS)
             gate_up = F.linear(h, layer["wgu"])
             act = _act_and_mul(gate_up, ref.inter, tanh_gelu=False)
