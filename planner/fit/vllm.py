@@ -249,7 +249,11 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     # an EAGLE head's graphs beside a figure of the target's alone (a plan's, a size list's):
     # the engine's speculator captures them at the sizes the plan gives it
     drafted = draft_captures(inp, mode, captured, seqs) if plan is None or not plan.speculative else None
-    drafts = result.graph_memory(inp, GraphCount(0, 0, "none"), Captures([], draft=drafted)) if drafted else None
+    drafts = (
+        result.graph_memory(inp, GraphCount(0, 0, "the target's graphs apart"), Captures([], draft=drafted))
+        if drafted
+        else None
+    )
     target_alone = inp.measured_without_drafts
     # a plan's graphs are captured whole (FULL): with FA3 as the plan's backend, vLLM's split-KV
     # accumulators are in their pool, which the plan's simulation does not hold (the planner's
