@@ -37,7 +37,7 @@ def build_plan(opts: BuildOptions) -> Plan:
         r = resolve(opts)
         plan = pipeline.plan(r)
         if r.kv is not None:  # --engine: a plan whose graphs leave the engine unable to start is refused
-            r.kv.check_plan(plan.predicted.kv)
+            r.kv.check_plan(plan.predicted.kv, r.kv.plan_sizes(plan))
         return plan
     from .sizes.record import size_record  # only --sizes auto reads traffic
     from .sizes.sizes import check_budget, for_build
@@ -47,7 +47,7 @@ def build_plan(opts: BuildOptions) -> Plan:
         choice = for_build(r, worth=True)
     plan = pipeline.plan(r.with_sizes(choice.lists), size_record(choice, r))
     if r.kv is not None:
-        r.kv.check_plan(plan.predicted.kv)
+        r.kv.check_plan(plan.predicted.kv, r.kv.plan_sizes(plan))
     with _choice_errors(opts):
         check_budget(choice, plan)
     return plan

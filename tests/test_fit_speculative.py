@@ -156,7 +156,10 @@ def test_vllm_eagle_graphs_are_priced_as_the_speculator_captures_them(capsys):
     base = ("--max-model-len", "8192")
     eagle = ("--speculative-config", spec("eagle"))
     for release, decode in (("vllm==0.34.0", 64), ("vllm==0.33.0", 51)):
-        alone = item(fit_json(release, *base, capsys=capsys), "graph memory")
+        # n-gram: the target's graphs at the same verify-width sizes, no draft's
+        alone = item(
+            fit_json(release, *base, "--speculative-config", spec("ngram", None), capsys=capsys), "graph memory"
+        )
         res = fit_json(release, *base, *eagle, capsys=capsys)
         g = item(res, "graph memory")
         assert g["status"] == "estimated" and f"(100 PIECEWISE and FULL + {decode} FULL" in g["source"]
@@ -191,6 +194,12 @@ def test_the_draft_graphs_sizes_are_the_releases():
     assert len(prefill) == 49 and prefill[0] == 128 and decode == grid[::-1]
     assert sizing.vllm_draft_graphs(shared, 1024, 3, "capture-sizes")[1] == shared[::-1]
     assert sizing.vllm_draft_graphs(shared, 1024, 1, "request-grid")[1] == []  # one step: no decode graphs
+    # the sizes vLLM resolves under 3 speculative tokens (the uniform decode sizes appended)
+    verify = sizing.vllm_default_sizes(1024, 8192, None, ["max-num-seqs"], 4)
+    assert sizing.vllm_draft_graphs(verify, 1024, 3, "request-grid")[0][0] == 128
+    # a count past max_num_seqs: 0.34.0 clamps it, 0.33.0 (token-keyed) drops it
+    assert sizing.vllm_draft_graphs([1, 4, 8, 20], 4, 3, "request-grid")[0] == [4, 2, 1]
+    assert sizing.vllm_draft_graphs([1, 4, 8, 20], 4, 3, "capture-sizes", "tokens")[0] == [2, 1]
 
 
 def test_vllm_ngram_has_no_draft_weights_nor_kv(capsys):

@@ -75,6 +75,32 @@ def test_a_build_under_vllms_eagle_prices_the_plans_graphs_with_the_drafts_besid
     assert code == 0, err
     assert kv["kv_tokens"] < _kv("t.json")["kv_tokens"]  # the draft's graphs and its KV layer cost tokens
     assert cli("check", "s.json")[0] == 0
+    # uncalibrated, a plan with speculative phases holds its own draft graphs: no figure of
+    # them, so unknown, never its figure with the head's graphs estimated again beside it
+    code, _, err = cli("build", "-b", "fa3", "--speculative", "eagle", "--ci", "--device", "H200",
+                       *_build_flags("vllm eagle"), "-o", "e.json")  # fmt: skip
+    assert code == 0, err
+    assert _kv("e.json")["kv_tokens"] is None, _kv("e.json")
+
+
+def test_the_eagle_heads_graphs_are_priced_at_the_figures_sizes():
+    """KvPricer prices a figure of the target's graphs with the EAGLE head's captured at the
+    figure's own sizes (every phase's: the engine's shared sizes in plugin mode), so fewer
+    sizes leave more tokens for the same target figure; a figure of no graphs has none of the
+    head's either; the tokens without graphs are those."""
+    from capture_plan.planner.fit.inputs import FitRequest
+    from capture_plan.planner.fit.kv_price import KvPricer
+    from capture_plan.planner.fit.model import load_model
+
+    flags = {"max-model-len": 8192, "speculative-config": VLLM_EAGLE}
+    pricer = KvPricer(FitRequest(load_model("llama-3-8b"), "H100", "vllm==0.34.0", 1, flags))
+    figure = 300 << 20
+    few, many = pricer.tokens(figure, (1, 2, 4)), pricer.tokens(figure, tuple(range(8, 513, 8)))
+    assert few > many, (few, many)  # the prefill manager's graphs follow the sizes
+    assert pricer.tokens(0, ()) == pricer.none_tokens > pricer.tokens(0, (1,))
+    res = pricer.result(figure, (1, 2, 4))
+    graph = next(i for i in res.items if i.name == "graph memory")
+    assert graph.status == "estimated" and "the draft's graphs" in graph.source and graph.bytes > figure
 
 
 @pytest.mark.parametrize("case", sorted(c for c in ENGINES if c != "vllm eagle"))
@@ -107,8 +133,8 @@ def _size_rows(out: str) -> list[str]:
 
 
 def test_planner_sizes_prices_each_list_beside_vllms_eagle_graphs(cli):
-    """Each list's graphs with the EAGLE head's beside them: more graphs, fewer tokens (the
-    draft's graphs are the same for every list, so only the list's own pool moves them)."""
+    """Each list's graphs with the EAGLE head's beside them, captured at the list's sizes:
+    more graphs, fewer tokens."""
     args = ["sizes", "-b", "fa3", "--traffic", TRAFFIC, "--max-graphs", "4", "--device", "H100"]
     code, out, err = cli(*args, *_build_flags("vllm eagle"))
     assert code == 0, err
@@ -149,8 +175,9 @@ def test_a_method_without_draft_graphs_is_priced(cli):
 
 
 def test_a_calibration_of_a_plan_with_speculative_phases_prices_them(cli):
-    """The EAGLE plan's calibration measured its verify and draft graphs: the tokens are priced
-    (in the build and in fit alike); the plain plan's calibration measured none of them: unknown."""
+    """The EAGLE plan's calibration measured its verify and draft graphs: its figure is taken
+    whole (in the build and in fit alike); the plain plan's calibration measured none of them:
+    its figure with the EAGLE head's graphs estimated beside it."""
     spec = ["--engine-flag", f"speculative-config={VLLM_EAGLE}"]
     engine = ["--engine", "vllm==0.34.0", "--engine-flag", "max-model-len=8192", *spec]
     code, _, err = cli("build", "-b", "fa3", "--speculative", "eagle", "--ci", "--calibration", EAGLE_CALIBRATION,

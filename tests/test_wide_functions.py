@@ -36,6 +36,8 @@ NOT_THE_BUILD: dict[str, str] = {
     "planner/fit/estimate.py:activation_peak": _FIT,
     "planner/fit/estimate.py:eagle_profile_peak": _FIT,
     "planner/fit/result.py:plan_cost": _FIT,
+    "planner/fit/sizing.py:vllm_draft_graphs": "a release's arithmetic over vLLM's own settings (the shared "
+    "sizes, max_num_seqs, the speculative tokens) and two of its release facts",
     "planner/fit/estimate.py:graph_memory": _FIT,
     "planner/fit/estimate.py:sampler_phase": _FIT,
     "planner/fit/measured.py:calibration_graph": "a report read for planner fit: its path, the plan it must match",

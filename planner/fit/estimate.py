@@ -27,6 +27,7 @@ __all__ = [
     "sampler_phase",
     "activation_per_token",
     "eagle_profile_peak",
+    "argmax_temporaries",
     "moe_workspace",
     "moe_workspace_item",
     "graph_memory",
@@ -270,10 +271,23 @@ def eagle_profile_peak(head: FitModel, target: FitModel, tp: int, tokens: int, r
     # layer code keeps gate_up, the engine's EAGLE head does not
     code = msgspec.structs.replace(head, model_type="llama") if head.model_type == "reference" else head
     layer = tokens * activation_per_token(code, tp) - row + 2 * row
-    vocab = reqs * graph_pool.padded_vocab(target) * d  # the gathered rows on every rank
-    partials = reqs * -(-target.vocab // argmax_block) * 8 if argmax_block else 0
-    sampling = 2 * row + reqs * h * d + vocab + reqs * 8 + partials
+    padded = graph_pool.padded_vocab(target)
+    vocab = reqs * padded * d  # the gathered rows on every rank (a rank's shard beside them at tp > 1)
+    shard = reqs * padded // tp * d if tp > 1 else 0
+    sampling = 2 * row + reqs * h * d + vocab + shard + reqs * 8 + argmax_temporaries(reqs, padded, d, argmax_block)
     return max(layer, sampling)
+
+
+def argmax_temporaries(rows: int, vocab: int, dtype_bytes: int, block: int) -> int:
+    """Bytes a draft's greedy argmax holds beside the logits and its int64 result: with
+    ``block`` (0.34.0's greedy_argmax) its float32 and int32 partials [rows, ceil(vocab /
+    block)], or, under ``block`` columns, its fallback's NaN mask and masked copy
+    (``logits.masked_fill(logits.isnan(), -inf)``); 0: torch's argmax, none."""
+    if not block:
+        return 0
+    if vocab < block:
+        return rows * vocab * (1 + dtype_bytes)
+    return rows * -(-vocab // block) * 8
 
 
 def nodes_per_layer(m: FitModel) -> float | None:

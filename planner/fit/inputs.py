@@ -65,6 +65,13 @@ class FitRequest(msgspec.Struct, frozen=True):
     #: graphs: planner/inputs/specs.py speculative_kinds); without it, under speculative
     #: decoding the measured figure holds none of the draft's graphs (:attr:`FitInputs.graph_measured`)
     measured_speculative: bool = False
+    #: the capture sizes ``measured_graph`` is of (every phase's: a build's plan, a size list),
+    #: at which the engine's speculator captures a draft's graphs beside it; () its figure is
+    #: of no graphs at all (the draft's none either); None not given (the engine default's)
+    figure_sizes: tuple[int, ...] | None = None
+    #: ``measured_graph`` is of a plan with speculative phases, measured or not: it holds the
+    #: draft's graphs itself (fit adds none beside it; uncalibrated, it is no figure of them)
+    figure_speculative: bool = False
     #: more capture-size lists to price as the engine default's is, by name (their rows follow the
     #: engine default's and the plan's): a traffic's front (planner/sizes/fit_traffic.py)
     lists: dict[str, list[int]] = {}

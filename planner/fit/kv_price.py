@@ -128,7 +128,7 @@ class KvPricer:
 
     def __init__(self, request: FitRequest, command: Callable[[dict[str, object]], str] | None = None) -> None:
         self.request, self.command = request, command
-        none = self.result(0)  # capturing nothing: refuses a setting fit refuses
+        none = self.result(0, ())  # capturing nothing: refuses a setting fit refuses
         # a context length past the model's, let through by the engine's variable: the label says so
         allowed = resolve(request).context.allowed_by
         flags, tp = request.flags, request.tp
@@ -139,11 +139,12 @@ class KvPricer:
             + (f" under {allowed}=1" if allowed else "")
         )
         self.none_tokens = none.kv_tokens or 0
-        graph = next(i for i in none.items if i.name == "graph memory")
+        graph = next(i for i in self.result(0).items if i.name == "graph memory")
         #: why fit leaves the graph memory unknown whatever the plan's figure ("": it takes the
-        #: figure): the engine captures graphs the plan's do not hold (a speculative draft's, which
-        #: only a calibration of a plan with speculative phases measured). The KV tokens are then
-        #: unknown (:meth:`tokens`), never those of the plan's graphs with the draft's as 0.
+        #: figure, with the draft's graphs beside it where fit models them): the engine captures
+        #: graphs the plan's do not hold (a speculative draft's fit does not model, or a plan's
+        #: own speculative phases uncalibrated). The KV tokens are then unknown (:meth:`tokens`),
+        #: never those of the plan's graphs with the draft's as 0.
         self.unpriced = graph.source if graph.bytes is None else ""
 
     @property
@@ -152,25 +153,28 @@ class KvPricer:
         return self.request.engine
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one pricer per build: its cache lives as long)
-    def result(self, graph_bytes: int) -> FitResult:
+    def result(self, graph_bytes: int, sizes: tuple[int, ...] | None = None) -> FitResult:
+        """fit with ``graph_bytes`` as the graph figure, of the capture ``sizes`` (every phase's;
+        () no graphs; None the engine default's: FitRequest.figure_sizes)."""
         item = FitItem("graph memory", graph_bytes, 0, "measured", "the plan's graph memory")
         try:
-            return fit(msgspec.structs.replace(self.request, measured_graph=item))
+            return fit(msgspec.structs.replace(self.request, measured_graph=item, figure_sizes=sizes))
         except InputError as err:
             raise _as_build_error(err, self.request.flags, self.command) from err  # its cause: fit's refusal
 
-    def tokens(self, graph_bytes: int) -> int | None:
-        """The KV tokens left with ``graph_bytes`` of graph memory; 0 where the engine would not
-        start (fit's verdict: fewer than one request, or graphs over SGLang's slack); None where
-        the graph memory is unknown whatever the plan's (:attr:`unpriced`)."""
+    def tokens(self, graph_bytes: int, sizes: tuple[int, ...] | None = None) -> int | None:
+        """The KV tokens left with ``graph_bytes`` of graph memory, of the capture ``sizes``
+        (:meth:`result`); 0 where the engine would not start (fit's verdict: fewer than one
+        request, or graphs over SGLang's slack); None where the graph memory is unknown whatever
+        the plan's (:attr:`unpriced`)."""
         if self.unpriced:
             return None
-        res = self.result(graph_bytes)
+        res = self.result(graph_bytes, sizes)
         return (res.kv_tokens or 0) if res.fits else 0
 
-    def why_not(self, graph_bytes: int) -> str:
-        """fit's one line where ``graph_bytes`` does not fit ("" where it does)."""
-        return self.result(graph_bytes).overflow
+    def why_not(self, graph_bytes: int, sizes: tuple[int, ...] | None = None) -> str:
+        """fit's one line where ``graph_bytes`` of ``sizes`` does not fit ("" where it does)."""
+        return self.result(graph_bytes, sizes).overflow
 
     def not_starting(self, res: FitResult, what: str) -> ConstraintError:
         """The build refused where the engine would not start (``res``, fit's verdict), ``what``
@@ -187,10 +191,21 @@ class KvPricer:
             err.fix = f"{first}: {shown}" + (f" (or {' or '.join(more)})" if more else "")
         return err
 
-    def check_plan(self, kv: KvCost | None) -> None:
+    @staticmethod
+    def sizes_of(groups) -> tuple[int, ...]:
+        """Every capture size of ``groups`` (each phase's list), sorted, once: the sizes a
+        plan's graph figure is of, as :meth:`result` takes them (:func:`all_sizes`)."""
+        return all_sizes(groups)
+
+    def plan_sizes(self, plan) -> tuple[int, ...]:
+        """Every phase's capture sizes of ``plan`` (a Plan)."""
+        return all_sizes(p.sizes for p in plan.phases)
+
+    def check_plan(self, kv: KvCost | None, sizes: tuple[int, ...] | None = None) -> None:
         """Refuse (:meth:`not_starting`) a plan whose graphs (``kv``: what its build recorded of
-        them, planner/schedule/kv.py ``kv_cost``) leave the engine unable to start, or, where
-        its graph memory is unknown, one whose engine would not start even without graphs."""
+        them, planner/schedule/kv.py ``kv_cost``; ``sizes``: every phase's capture sizes, as
+        :meth:`result` takes them) leave the engine unable to start, or, where its graph memory
+        is unknown, one whose engine would not start even without graphs."""
         if kv is None:
             return
         if kv.graph_bytes is None:
@@ -198,7 +213,13 @@ class KvPricer:
                 raise self.not_starting(none, "even without graphs")
         elif kv.overflow:
             graphs = f"with the plan's graphs ({kv.graph_bytes / (1 << 20):,.1f} MiB, {kv.graph})"
-            raise self.not_starting(self.result(kv.graph_bytes), graphs)
+            raise self.not_starting(self.result(kv.graph_bytes, sizes), graphs)
+
+
+def all_sizes(groups) -> tuple[int, ...]:
+    """Every capture size of ``groups`` (each phase's list), sorted, once: the sizes a plan's
+    graph figure is of, as :meth:`KvPricer.result` takes them."""
+    return tuple(sorted({s for g in groups for s in g}))
 
 
 def _names(switches: bool) -> str:

@@ -102,18 +102,24 @@ def vllm_request_grid(max_requests: int) -> list[int]:
 
 
 def vllm_draft_graphs(
-    sizes: list[int], max_num_seqs: int, tokens: int, decode_sizes: str
+    sizes: list[int], max_num_seqs: int, tokens: int, decode_sizes: str, decode_keys: str = "requests"
 ) -> tuple[list[int], list[int]]:
     """The request counts of an EAGLE speculator's graphs, each manager's largest first: the
     draft prefill manager's (query length ``tokens`` + 1: the shared ``sizes`` as uniform-decode
-    request counts, vllm/config/vllm.py _split_cudagraph_capture_sizes; 0.33.0 keys them by
-    tokens, the same shapes) and, with 2 or more speculative ``tokens``, the draft decode
+    request counts: ``decode_keys`` "requests", 0.34.0's vllm/config/vllm.py
+    _split_cudagraph_capture_sizes, a count past max_num_seqs clamped to it; "tokens", 0.33.0's
+    cudagraph_utils.py CudaGraphManager, each size rounded up to whole requests and one past
+    max_num_seqs dropped) and, with 2 or more speculative ``tokens``, the draft decode
     manager's (one token a request): ``decode_sizes`` "request-grid" (0.34.0's
     get_draft_decode_cudagraph_request_sizes: :func:`vllm_request_grid` to max_num_seqs) or
     "capture-sizes" (0.33.0: the shared sizes up to max_num_seqs)."""
     q = tokens + 1
     top = max(sizes, default=0)
-    prefill = {min(-(-s // q), max_num_seqs) for s in sizes if -(-s // q) * q <= top}
+    counts = [-(-s // q) for s in sizes if -(-s // q) * q <= top]
+    if decode_keys == "requests":
+        prefill = {min(n, max_num_seqs) for n in counts}
+    else:
+        prefill = {n for n in counts if n <= max_num_seqs}
     decode: list[int] = []
     if tokens >= 2:
         decode = vllm_request_grid(max_num_seqs) if decode_sizes == "request-grid" else sizes

@@ -74,7 +74,7 @@ def draft_captures(inp: FitInputs, mode: str, sizes: list[int], seqs: int) -> Dr
     accum = split_kv_accum(inp)
     per_token = accum[0] if accum else 0
     q = d.tokens + 1
-    prefill, decode = sizing.vllm_draft_graphs(sizes, seqs, d.tokens, facts.draft_decode_sizes)
+    prefill, decode = sizing.vllm_draft_graphs(sizes, seqs, d.tokens, facts.draft_decode_sizes, facts.decode_keys)
     if mode not in FULL_DECODE:  # PIECEWISE: no FULL graphs, no draft decode graphs
         prefill, decode = [], []
     pieces = sorted(sizes, reverse=True) if mode in PIECEWISE else []
@@ -202,8 +202,12 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     split = buffer_rule("vllm", inp.version) is not None
     row = sampler_rule("vllm", inp.version)
     kept = made_by_profile(inp, settings)  # the sampler's scratch, made after the forward's peak
-    act = estimate.activation_peak(
-        m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept, draft=draft_profile(inp, batched, seqs)
+    act_alone = estimate.activation_peak(m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept)
+    proposed = draft_profile(inp, batched, seqs)
+    act = (
+        estimate.activation_peak(m, inp.tp, batched, seqs, row, workspace_held=split, kept=kept, draft=proposed)
+        if proposed
+        else act_alone
     )
     moe = estimate.moe_workspace_item(m, inp.tp, batched) if split else None
     moes = [moe] if moe is not None else []
@@ -221,17 +225,21 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     loaded = known(weights) + (known(dw) if dw is not None else 0)  # the draft loads beside the target
     init_free = total - known(ctx)
 
-    def graph_of(ss: list[int]) -> FitItem:
-        drafted = draft_captures(inp, mode, ss, seqs)
-        if d is not None and d.counted != "none" and ss and drafted is None:  # ngram: the target's graphs alone
+    def graph_of(ss: list[int], drafts: bool = True) -> FitItem:
+        """The engine's graphs at ``ss``; ``drafts`` False: the target's alone."""
+        drafted = draft_captures(inp, mode, ss, seqs) if drafts else None
+        if drafts and d is not None and d.counted != "none" and ss and drafted is None:  # ngram: the target's alone
             return result.draft_graphs(inp)
         count = vllm_graphs(mode, ss, seqs, m.layers)
         captures = vllm_captures(inp, mode, ss, seqs)._replace(draft=drafted)
         return result.graph_memory(inp, count, captures, transient=capture_outputs(inp, ss))
 
-    def kv_of(graph: int, weights_bytes: int = loaded, buffers_bytes: int = persistent) -> int:
+    def kv_of(
+        graph: int, weights_bytes: int = loaded, buffers_bytes: int = persistent, activation: int | None = None
+    ) -> int:
         # the items the profile measured: both sizings take the same ones, by name
-        profiled = dict(weights=weights_bytes, non_torch=known(nt), activation=known(act), buffers=buffers_bytes)
+        peak = known(act) if activation is None else activation
+        profiled = dict(weights=weights_bytes, non_torch=known(nt), activation=peak, buffers=buffers_bytes)
         if after:
             return sizing.vllm_after_capture(rule, requested, init_free, graph=graph, reserve_growth=grown, **profiled)
         deducted = graph if rule.graph_estimate == "deducted" else 0
@@ -247,8 +255,12 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     measured = inp.graph_measured  # None under speculative decoding, unless of a plan with its phases
     plan = inp.request.plan
     # an EAGLE head's graphs beside a figure of the target's alone (a plan's, a size list's):
-    # the engine's speculator captures them at the sizes the plan gives it
-    drafted = draft_captures(inp, mode, captured, seqs) if plan is None or not plan.speculative else None
+    # the engine's speculator captures them at the sizes the figure is of; a plan with
+    # speculative phases holds them itself, a figure of no graphs none of them
+    req = inp.request
+    holds = (plan is not None and plan.speculative) or req.figure_speculative
+    at = list(req.figure_sizes) if req.figure_sizes is not None else captured
+    drafted = None if holds or not at else draft_captures(inp, mode, at, seqs)
     drafts = (
         result.graph_memory(inp, GraphCount(0, 0, "the target's graphs apart"), Captures([], draft=drafted))
         if drafted
@@ -264,14 +276,21 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         plan_transient = _both(growth, capture_outputs(inp, plan.sizes))
         alone = target_alone or result.graph_memory(inp, None, Captures([]), plan=True, transient=plan_transient)
         graph = measured or alone
-        if d is not None and d.counted != "none" and measured is None:
+        if measured is not None:  # a calibration of every graph the engine captures
+            alone = measured
+        elif d is not None and d.counted != "none":
             graph = result.with_drafts(alone, drafts) if drafts else result.draft_graphs(inp)
     elif measured is not None and sizes:
-        graph = measured
-    elif target_alone is not None and drafts is not None and sizes:  # a size list's figure (planner sizes)
-        graph = result.with_drafts(target_alone, drafts)
+        alone = graph = measured
+    elif target_alone is not None and sizes:  # a build's figure, or a size list's (planner sizes)
+        alone = target_alone
+        if req.figure_sizes == ():  # no graphs at all: the draft's none either
+            graph = target_alone
+        else:
+            graph = result.with_drafts(target_alone, drafts) if drafts else result.draft_graphs(inp)
     else:
         graph = graph_of(sizes)
+        alone = graph_of(sizes, drafts=False) if d is not None else graph
     budget = FitItem(
         "engine budget",
         requested,
@@ -348,9 +367,10 @@ def fit_vllm(inp: FitInputs) -> FitResult:
         )
     kv = Kv(max(kv_bytes, 0), blocks, block, kv_tokens, conc, mml)
     spec = None
-    if d is not None:  # the same settings and graph figure without the draft's weights, KV and buffers
+    if d is not None:  # the same settings without the draft: its weights, KV, buffers, graphs and propose
         without = (engine_buffers(inp, settings, draft=False).bytes or 0) + held
-        _, conc0, tokens0 = count(kv_of(graph.bytes or 0, known(weights), without), 0)
+        target_graphs = alone.bytes if alone.bytes is not None else (graph.bytes or 0)
+        _, conc0, tokens0 = count(kv_of(target_graphs, known(weights), without, known(act_alone)), 0)
         spec = speculative(d, tokens0, conc0)
         notes.append(result.draft_note(d.method, graph.bytes is None))
     return result.result(

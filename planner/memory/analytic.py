@@ -384,9 +384,10 @@ def eagle_draft_program(
     over the vocabulary in the model dtype (LogitsProcessor: no float32 copy; with ``tp`` > 1 the
     rank's shard, then the gathered rows); the greedy argmax (sample_draft's default greedy
     path): with ``argmax_block`` (0.34.0's greedy_argmax) its int64 result, then float32 and
-    int32 partials [reqs, ceil(vocab / block)], freed at its return; else torch's argmax's
-    int64 result. Every tensor dies by the step's end (the speculator copies the results into
-    its persistent buffers). Not counted: the FA scheduler metadata a fused step rebuilds (a
+    int32 partials [reqs, ceil(vocab / block)] (under ``argmax_block`` columns its fallback's
+    NaN mask and masked copy), freed at its return; else torch's argmax's int64 result. Every
+    tensor dies by the step's end (the speculator copies the results into its persistent
+    buffers). Not counted: the FA scheduler metadata a fused step rebuilds (a
     few KiB); the forward is the eager one (vLLM compiles the head's forward).
     ``attention_extra`` as :func:`forward_program`'s."""
     s = msgspec.structs.replace(_Shape.of(model, backend, tp), attention_extra=attention_extra)
@@ -411,7 +412,9 @@ def eagle_draft_program(
         if shard is not None:
             ev.free(shard)
         sampled = ev.alloc(reqs * 8)
-        if argmax_block:
+        if argmax_block and m.vocab < argmax_block:  # greedy_argmax's fallback: a NaN mask, a masked copy
+            ev.free(ev.alloc(reqs * m.vocab), ev.alloc(reqs * m.vocab * d))
+        elif argmax_block:
             splits = -(-m.vocab // argmax_block)
             ev.free(ev.alloc(reqs * splits * 4), ev.alloc(reqs * splits * 4))
         ev.free(logits, sampled, out, *rows, *kept[:-1])

@@ -112,12 +112,21 @@ def kv_pricer(opts: BuildOptions, read: SpecRead, calibration: Calibration | Non
         fixed = changed_command(opts, err.changes, has_config)
         raise InputError(err.what, where=err.where, fix=f"{err.hint}: `{fixed}`") from None
     model = spec_model(read.model.name, dict(read.model.dimensions), read.config_path)
-    # a calibration of a plan with speculative phases measured its verify and draft graphs
+    # a plan with speculative phases holds the draft's graphs itself; a calibration of it
+    # measured them (its verify and draft graphs)
     kinds = speculative_kinds()
-    spec = calibration is not None and any(p.kind in kinds for p in read.spec.phases)
+    holds = any(p.kind in kinds for p in read.spec.phases)
     try:
         command = functools.partial(changed_command, opts, has_config=has_config)
-        request = FitRequest(model, device, opts.engine, tp, flags, measured_speculative=spec)
+        request = FitRequest(
+            model,
+            device,
+            opts.engine,
+            tp,
+            flags,
+            measured_speculative=holds and calibration is not None,
+            figure_speculative=holds,
+        )
         return KvPricer(request, command)
     except InputError as err:
         if isinstance(err.__cause__, NoContextLength) and not has_config:
@@ -143,8 +152,9 @@ def graph_figure(device: DevicePrediction | None) -> tuple[int | None, str]:
     return sum(known.values()), f"the device items known (graph-exec included; {', '.join(unknown)} unknown)"
 
 
-def kv_cost(pricer: KvPricer | None, device: DevicePrediction | None) -> KvCost | None:
-    """The plan's graph memory (:func:`graph_figure`) in the pricer's KV tokens (None: no engine)."""
+def kv_cost(pricer: KvPricer | None, device: DevicePrediction | None, sizes: tuple[int, ...] = ()) -> KvCost | None:
+    """The plan's graph memory (:func:`graph_figure`), of its capture ``sizes`` (every phase's),
+    in the pricer's KV tokens (None: no engine)."""
     if pricer is None:
         return None
     graph, what = graph_figure(device)
@@ -154,7 +164,7 @@ def kv_cost(pricer: KvPricer | None, device: DevicePrediction | None) -> KvCost 
         engine=pricer.label,
         graph_bytes=graph,
         graph=what,
-        kv_tokens=None if graph is None else pricer.tokens(graph),
+        kv_tokens=None if graph is None else pricer.tokens(graph, sizes),
         kv_tokens_without_graphs=pricer.none_tokens,
-        overflow="" if graph is None or pricer.unpriced else pricer.why_not(graph),
+        overflow="" if graph is None or pricer.unpriced else pricer.why_not(graph, sizes),
     )

@@ -450,7 +450,7 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
                 n: TraceSamples(measured=list(m), derived=list(d)) for n, (m, d) in sorted(r.workload.samples.items())
             },
             device=device,
-            kv=None if r.kv is None else _kv_cost(r.kv, device),
+            kv=None if r.kv is None else _kv_cost(r.kv, device, [b.sequence.sizes[n] for n in r.sequence]),
             fidelity=fid,
             describes=describes,
             caveat=caveat,
@@ -464,11 +464,12 @@ def _assemble(b: Build, ordered: _Ordered, pred: _Predicted, chosen: SizeRecord 
     return seal(msgspec.structs.replace(plan, revision=needed_revision(plan, base=base)))
 
 
-def _kv_cost(pricer, device):
-    """The plan's graph memory in KV tokens, for a build that names an engine (schedule/kv.py)."""
+def _kv_cost(pricer, device, lists):
+    """The plan's graph memory, of its phases' capture ``lists``, in KV tokens, for a build
+    that names an engine (schedule/kv.py)."""
     from .kv import kv_cost  # a build that names an engine only
 
-    return kv_cost(pricer, device)
+    return kv_cost(pricer, device, pricer.sizes_of(lists))
 
 
 def schedule(r: Resolved) -> dict[str, Strategy]:

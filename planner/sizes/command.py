@@ -35,7 +35,7 @@ def choose_sizes(opts: SizesOptions, *, worth: bool = False) -> SizesResult:
     choice = choose(r, opts, worth=worth)
     plan = pipeline.plan(r.with_sizes(choice.lists))
     if r.kv is not None:  # --engine: the chosen lists' graphs leave the engine unable to start
-        r.kv.check_plan(plan.predicted.kv)
+        r.kv.check_plan(plan.predicted.kv, r.kv.plan_sizes(plan))
     check_budget(choice, plan)
     device = plan.predicted.device
     calibrated = r.calibration is not None

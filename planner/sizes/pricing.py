@@ -165,6 +165,12 @@ class Pricing:
         point may say -0.0 where a list pads nothing)."""
         return max(0.0, 100.0 * (seconds - self.ideal) / self.ideal) if self.ideal > 0 else 0.0
 
+    def figure_sizes(self, sizes) -> tuple[int, ...]:
+        """Every phase's capture sizes with this phase's at ``sizes``: what a row's graph figure
+        is of (planner/fit/kv_price.py KvPricer.result)."""
+        assert self.kv is not None, "a row is priced in KV tokens under an engine"
+        return self.kv.sizes_of([*self.others.values(), sizes])
+
     def at(self, k: int) -> Row:
         """The best list of ``k`` sizes, priced (memoized: memory is simulated once)."""
         if k not in self._rows:
@@ -191,7 +197,7 @@ class Pricing:
             approximate=not exact,
             capture_approximate=cap_approx,
             graph_bytes=graph,
-            kv_tokens=None if self.kv is None or graph is None else self.kv.tokens(graph),
+            kv_tokens=None if self.kv is None or graph is None else self.kv.tokens(graph, self.figure_sizes(sizes)),
         )
 
     def choose(
@@ -237,11 +243,12 @@ class Pricing:
                 if left < opts.min_kv_tokens:
                     assert self.kv is not None, "a floor is priced under an engine"
                     graph = at(best).graph_bytes
-                    why = self.kv.why_not(graph) if graph is not None else ""
+                    at_sizes = self.figure_sizes(self.best[best].sizes)
+                    why = self.kv.why_not(graph, at_sizes) if graph is not None else ""
                     what = f"phase {phase!r}: the best list that pads at most {opts.max_padding:g}% ({best} sizes)"
                     if why and graph is not None:  # not a floor to lower: the engine would not start
                         best_list = f"the best list of phase {phase!r} that pads at most {opts.max_padding:g}%"
-                        raise self.kv.not_starting(self.kv.result(graph), f"with the graphs of {best_list}")
+                        raise self.kv.not_starting(self.kv.result(graph, at_sizes), f"with the graphs of {best_list}")
                     raise floor_error(opts.min_kv_tokens, left, self.kv.label, what)
             least = padding(limit)
             err = ConstraintError(
@@ -262,10 +269,11 @@ class Pricing:
         if opts.min_kv_tokens is not None and (one.kv_tokens or 0) < opts.min_kv_tokens:
             # one size leaves the most tokens a list leaves: no list meets the floor
             assert self.kv is not None, "a floor is priced under an engine"
-            why = self.kv.why_not(one.graph_bytes) if one.graph_bytes is not None else ""
+            one_sizes = self.figure_sizes(self.best[1].sizes)
+            why = self.kv.why_not(one.graph_bytes, one_sizes) if one.graph_bytes is not None else ""
             if why and one.graph_bytes is not None:  # not a floor to lower: the engine would not start
                 raise self.kv.not_starting(
-                    self.kv.result(one.graph_bytes), f"with one size's graphs in phase {phase!r}"
+                    self.kv.result(one.graph_bytes, one_sizes), f"with one size's graphs in phase {phase!r}"
                 )
             raise floor_error(opts.min_kv_tokens, one.kv_tokens or 0, self.kv.label, f"phase {phase!r}: one size")
         used = budget_of(one, calibrated)

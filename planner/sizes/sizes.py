@@ -308,7 +308,9 @@ def choose(r: Resolved, ask: SizesOptions, *, worth: bool = False) -> Choice:
         lists[name] = list(price.best[chosen_k].sizes)
     if worth:
         pool, hoisted, total, graph = memory.of(lists)
-        kv_tokens = r.kv.tokens(graph) if r.kv is not None and graph is not None else None
+        kv_tokens = (
+            r.kv.tokens(graph, r.kv.sizes_of(lists.values())) if r.kv is not None and graph is not None else None
+        )
         choices = [
             dataclasses.replace(
                 c,
@@ -407,7 +409,11 @@ def _worth(price: Pricing, lists: dict[str, list[int]]) -> list[SizeWorth]:
     for s in sizes:
         rest = [x for x in sizes if x != s]
         p2, h2, _, g2 = price.memory.of({**lists, name: rest})
-        kv2 = price.kv.tokens(g2) if price.kv is not None and g2 is not None else None
+        kv2 = (
+            price.kv.tokens(g2, price.kv.sizes_of({**lists, name: rest}.values()))
+            if price.kv is not None and g2 is not None
+            else None
+        )
         saved = None
         if s != sizes[-1]:
             # at least 0: a list without the size runs its steps on a larger graph, never faster
