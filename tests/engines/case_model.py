@@ -243,11 +243,11 @@ def as_vllm_eagle(target) -> None:
 
 
 def route_vllm_eagle(speculator, target, max_tokens: int, max_reqs: int, steps: int, argmax_block: int) -> None:
-    """The speculator's forward (``_forward(num_reqs, num_tokens, cg_mode, skip_attn=False)``)
+    """The speculator's forward (``_forward(num_reqs, num_tokens, cg_mode, skip_attn, prefill)``)
     as vLLM's EAGLE head runs it over :func:`as_vllm_eagle`'s head and the reference draft's
     cache (target_dependent_ar/speculator.py ``_prefill`` and ``_decode``, llama_eagle.py
-    LlamaModel.forward, speculator.py sample_draft's greedy path): where a request has several
-    tokens, one step over all of them (the draft prefill manager's graphs, the profiling run's
+    LlamaModel.forward, speculator.py sample_draft's greedy path): ``prefill`` (None: where a
+    request has several tokens), one step over all of them (the draft prefill manager's graphs, the profiling run's
     propose), the last token of each request sampled; where it has one, ``steps`` steps (the
     draft decode manager's fused multi-step decode: num_speculative_tokens - 1). A step: the
     requests' positions gathered (several tokens a request), the embedding, its concatenation
@@ -285,8 +285,8 @@ def route_vllm_eagle(speculator, target, max_tokens: int, max_reqs: int, steps: 
         return logits.argmax(dim=-1)
 
     def step(n: int, q: int, cache: CacheRows, skip_attn: bool, col: int) -> None:
-        tokens = n * q
-        if q > 1:  # positions[last_token_indices] and its successor, alive to the step's end
+        tokens, prefill = n * q, col == 0  # the prefill samples draft token 0
+        if prefill:  # positions[last_token_indices] and its successor, alive to the step's end
             at = positions[last[:n]]
             src = at + 1
         embeds = torch.nn.functional.embedding(ids[:tokens].long(), t.embed)
@@ -297,10 +297,10 @@ def route_vllm_eagle(speculator, target, max_tokens: int, max_reqs: int, steps: 
             for layer in d.layers:
                 x = d._layer(layer, x, n, q, None, cache)
         del embeds
-        rows = x[last[:n]] if q > 1 else x  # last_hidden_states[last_token_indices]: a gather
+        rows = x[last[:n]] if prefill else x  # last_hidden_states[last_token_indices]: a gather
         draft_tokens[:n, col].copy_(sample(rows))
         hidden[:n].copy_(rows)
-        if q > 1:
+        if prefill:
             positions[:n].copy_(at)
             sampled_src[:n].copy_(src)
 
@@ -314,11 +314,11 @@ def route_vllm_eagle(speculator, target, max_tokens: int, max_reqs: int, steps: 
             made[(n, ahead)] = CacheRows(index, target.seq_lens[:n] + ahead)
         return made[(n, ahead)]
 
-    def forward(num_reqs, num_tokens, cg_mode, skip_attn: bool = False):
+    def forward(num_reqs, num_tokens, cg_mode, skip_attn: bool = False, prefill: bool | None = None):
         if num_tokens % num_reqs:
             raise ValueError(f"{num_tokens} tokens are not whole requests of {num_reqs}")
         q = num_tokens // num_reqs
-        if q > 1:
+        if (q > 1) if prefill is None else prefill:
             step(num_reqs, q, cache_of(num_reqs, 0), skip_attn, 0)
             return
         for s in range(steps):

@@ -355,7 +355,7 @@ class AutoRegressiveSpeculator:
         )
         self.decode_cudagraph_manager.dynamic_schedule = self.dynamic_schedule
 
-    def _forward(self, num_reqs, num_tokens, cg_mode, skip_attn: bool = False):
+    def _forward(self, num_reqs, num_tokens, cg_mode, skip_attn: bool = False, prefill: bool | None = None):
         x = self.draft.x[:num_tokens]
         with set_forward_context(num_tokens, cg_mode, BatchDescriptor(num_tokens)):
             out = self.compiled(x)
@@ -381,9 +381,9 @@ class AutoRegressiveSpeculator:
         over the run's ``num_tokens`` (default ``num_reqs``), then, with 2 or more speculative
         steps, its decode of one token a request (the profiling run's draft transient)."""
         n = num_tokens or num_reqs
-        self._forward(num_reqs, n, CUDAGraphMode.NONE, skip_attn=True)
-        if self.num_speculative_steps >= 2 and n != num_reqs:
-            self._forward(num_reqs, num_reqs, CUDAGraphMode.NONE, skip_attn=True)
+        self._forward(num_reqs, n, CUDAGraphMode.NONE, skip_attn=True, prefill=True)
+        if self.num_speculative_steps >= 2:
+            self._forward(num_reqs, num_reqs, CUDAGraphMode.NONE, skip_attn=True, prefill=False)
 
     def release(self) -> None:
         for m in (self.prefill_cudagraph_manager, self.decode_cudagraph_manager):
