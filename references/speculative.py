@@ -164,32 +164,18 @@ class SpeculativeModel:
         slots = cfg.max_bs + 1  # the last row is the padding rows' spare
         self.pad_row = cfg.max_bs
         toks = {k: cfg.tokens(k) for k in PHASES}
-        self.target = ReferenceModel(
-            ReferenceConfig(
-                model=cfg.model,
-                max_bs=slots,
-                max_seqlen=cfg.max_seqlen,
-                tokens=toks,
-                seed=cfg.seed,
-                own_segments=cfg.own_segments,
-                fa3_splits=cfg.fa3_splits,
-            ),
-            backend,
-            self.device,
+        # the target and the draft: the same slots, cache length and weight drawing, their own seeds
+        shared = dict(
+            max_bs=slots,
+            max_seqlen=cfg.max_seqlen,
+            tokens=toks,
+            own_segments=cfg.own_segments,
+            fa3_splits=cfg.fa3_splits,
         )
+        self.target = ReferenceModel(ReferenceConfig(model=cfg.model, seed=cfg.seed, **shared), backend, self.device)
         draft_shape = msgspec.structs.replace(cfg.model, layers=cfg.draft_layers)
         self.draft = ReferenceModel(
-            ReferenceConfig(
-                model=draft_shape,
-                max_bs=slots,
-                max_seqlen=cfg.max_seqlen,
-                tokens=toks,
-                seed=cfg.seed + 1,
-                own_segments=cfg.own_segments,
-                fa3_splits=cfg.fa3_splits,
-            ),
-            backend,
-            self.device,
+            ReferenceConfig(model=draft_shape, seed=cfg.seed + 1, **shared), backend, self.device
         )
         self.draft.embed = self.target.embed  # EAGLE shares the target's embedding; its lm_head is its own
         self.backend = self.target.backend

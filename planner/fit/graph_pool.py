@@ -168,16 +168,14 @@ def _drafted(head: Model, backend_name: str, tp: int, graphs: tuple[DraftGraph, 
     """The reserved bytes of one capture stream's segments after a draft manager's ``graphs`` in
     their order (cached as :func:`_simulated`)."""
     be = backend(backend_name)
-    pool = PoolSim()
-    for g in graphs:
-        if g.pieces:
-            pool.capture(forward_program(head, g.reqs, be, tp, pieces=True), view=True)
-            continue
-        prog = eagle_draft_program(
+    return _reserved(
+        forward_program(head, g.reqs, be, tp, pieces=True)
+        if g.pieces
+        else eagle_draft_program(
             head, g.reqs, g.tokens_per_request, g.steps, be, tp, argmax_block=argmax_block, attention_extra=g.extra
         )
-        pool.capture(prog, view=True)
-    return pool.reserved
+        for g in graphs
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -187,8 +185,16 @@ def _simulated(model: Model, backend_name: str, tp: int, graphs: tuple[Graph, ..
     list, and an engine's thousands of capture sizes (--max-cudagraph-capture-size 65536) take
     seconds each time."""
     be = backend(backend_name)
+    return _reserved(
+        forward_program(model, g.tokens, be, tp, logits=g.logits, attention_extra=g.extra, pieces=g.pieces)
+        for g in graphs
+    )
+
+
+def _reserved(programs) -> int:
+    """The reserved bytes of one private pool after ``programs`` captured in their order, each
+    graph's blocks freed at its end."""
     pool = PoolSim()
-    for g in graphs:
-        prog = forward_program(model, g.tokens, be, tp, logits=g.logits, attention_extra=g.extra, pieces=g.pieces)
+    for prog in programs:
         pool.capture(prog, view=True)
     return pool.reserved

@@ -194,12 +194,12 @@ class KvPricer:
     @staticmethod
     def sizes_of(groups) -> tuple[int, ...]:
         """Every capture size of ``groups`` (each phase's list), sorted, once: the sizes a
-        plan's graph figure is of, as :meth:`result` takes them (:func:`all_sizes`)."""
-        return all_sizes(groups)
+        plan's graph figure is of, as :meth:`result` takes them."""
+        return tuple(sorted({s for g in groups for s in g}))
 
     def plan_sizes(self, plan) -> tuple[int, ...]:
         """Every phase's capture sizes of ``plan`` (a Plan)."""
-        return all_sizes(p.sizes for p in plan.phases)
+        return self.sizes_of(p.sizes for p in plan.phases)
 
     def check_plan(self, kv: KvCost | None, sizes: tuple[int, ...] | None = None) -> None:
         """Refuse (:meth:`not_starting`) a plan whose graphs (``kv``: what its build recorded of
@@ -214,12 +214,6 @@ class KvPricer:
         elif kv.overflow:
             graphs = f"with the plan's graphs ({kv.graph_bytes / (1 << 20):,.1f} MiB, {kv.graph})"
             raise self.not_starting(self.result(kv.graph_bytes, sizes), graphs)
-
-
-def all_sizes(groups) -> tuple[int, ...]:
-    """Every capture size of ``groups`` (each phase's list), sorted, once: the sizes a plan's
-    graph figure is of, as :meth:`KvPricer.result` takes them."""
-    return tuple(sorted({s for g in groups for s in g}))
 
 
 def _names(switches: bool) -> str:

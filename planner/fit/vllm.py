@@ -256,17 +256,19 @@ def fit_vllm(inp: FitInputs) -> FitResult:
     plan = inp.request.plan
     # an EAGLE head's graphs beside a figure of the target's alone (a plan's, a size list's):
     # the engine's speculator captures them at the sizes the figure is of; a plan with
-    # speculative phases holds them itself, a figure of no graphs none of them
+    # speculative phases holds them itself, a figure of no graphs none of them; without such a
+    # figure, graph_of prices them with the engine default's graphs
     req = inp.request
+    target_alone = inp.measured_without_drafts
     holds = (plan is not None and plan.speculative) or req.figure_speculative
     at = list(req.figure_sizes) if req.figure_sizes is not None else captured
-    drafted = None if holds or not at else draft_captures(inp, mode, at, seqs)
+    figure = plan is not None or target_alone is not None
+    drafted = draft_captures(inp, mode, at, seqs) if figure and not holds and at else None
     drafts = (
         result.graph_memory(inp, GraphCount(0, 0, "the target's graphs apart"), Captures([], draft=drafted))
         if drafted
         else None
     )
-    target_alone = inp.measured_without_drafts
     # a plan's graphs are captured whole (FULL): with FA3 as the plan's backend, vLLM's split-KV
     # accumulators are in their pool, which the plan's simulation does not hold (the planner's
     # fa3 backend simulates no split temporaries: backends.toml attention_temp_factor 0)

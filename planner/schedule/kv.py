@@ -152,7 +152,7 @@ def graph_figure(device: DevicePrediction | None) -> tuple[int | None, str]:
     return sum(known.values()), f"the device items known (graph-exec included; {', '.join(unknown)} unknown)"
 
 
-def kv_cost(pricer: KvPricer | None, device: DevicePrediction | None, sizes: tuple[int, ...] = ()) -> KvCost | None:
+def kv_cost(pricer: KvPricer | None, device: DevicePrediction | None, sizes: tuple[int, ...]) -> KvCost | None:
     """The plan's graph memory (:func:`graph_figure`), of its capture ``sizes`` (every phase's),
     in the pricer's KV tokens (None: no engine)."""
     if pricer is None:
