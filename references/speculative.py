@@ -63,7 +63,7 @@ the concatenated embedding and hidden state (a sum here).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -165,18 +165,19 @@ class SpeculativeModel:
         self.pad_row = cfg.max_bs
         toks = {k: cfg.tokens(k) for k in PHASES}
         # the target and the draft: the same slots, cache length and weight drawing, their own seeds
-        shared = dict(
+        config = ReferenceConfig(
+            model=cfg.model,
             max_bs=slots,
             max_seqlen=cfg.max_seqlen,
             tokens=toks,
+            seed=cfg.seed,
             own_segments=cfg.own_segments,
             fa3_splits=cfg.fa3_splits,
         )
-        self.target = ReferenceModel(ReferenceConfig(model=cfg.model, seed=cfg.seed, **shared), backend, self.device)
+        self.target = ReferenceModel(config, backend, self.device)
         draft_shape = msgspec.structs.replace(cfg.model, layers=cfg.draft_layers)
-        self.draft = ReferenceModel(
-            ReferenceConfig(model=draft_shape, seed=cfg.seed + 1, **shared), backend, self.device
-        )
+        draft_config = replace(config, model=draft_shape, seed=cfg.seed + 1)
+        self.draft = ReferenceModel(draft_config, backend, self.device)
         self.draft.embed = self.target.embed  # EAGLE shares the target's embedding; its lm_head is its own
         self.backend = self.target.backend
         self.kernels = _triton_kernels() if self.device.type == "cuda" else None
